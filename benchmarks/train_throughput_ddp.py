@@ -1,0 +1,129 @@
+"""Data-parallel training throughput: N processes under torchrun against one process alone.
+
+    torchrun --standalone --nproc_per_node=2 benchmarks/train_throughput_ddp.py --config configs/small.yaml
+    OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 benchmarks/train_throughput_ddp.py \
+        --config configs/tiny.yaml --set train.device=cpu --steps 5
+
+1. Rank 0 alone (the other ranks wait at a barrier) runs ``--steps`` optimizer steps of the
+   config's model without DDP: the single-process baseline.
+2. Every rank runs the same steps with the model wrapped by ``training.distributed.wrap_model``
+   (DDP, NCCL between GPUs, gloo on CPU), each on its own micro-batch of ``train.batch_size``
+   sequences; the gradient all-reduce runs at every step, so its cost is all in the timing.
+3. Prints a table and the scaling efficiency: global tokens/s divided by N x the baseline.
+
+Both use ``measure_run`` from train_throughput.py (the trainer's own step functions), so the two
+benchmarks time the same step. With gradient accumulation the trainer all-reduces once per
+optimizer step instead of once per micro-batch, so its efficiency is at least what is shown here.
+Timings only; nothing here is a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.train_throughput import RunMeasurement, measure_peak, measure_run  # noqa: E402
+from training.distributed import barrier, init_distributed, shutdown, wrap_model  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default="configs/tiny.yaml")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per measurement")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (>= 1)")
+    parser.add_argument("--compile", choices=("auto", "true", "false"), default="auto")
+    args = parser.parse_args(argv)
+
+    from common.errors import UserError
+    from model import GPT
+    from training.config import load_config
+    from training.device import configure_backends, resolve_precision
+    from training.metrics import format_flops
+
+    try:
+        cfg = load_config(args.config, args.overrides)
+        ctx = init_distributed(cfg.train.device)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
+        device = ctx.device
+        configure_backends(device)
+        amp_dtype = resolve_precision(cfg.train.precision, device)
+        compiled = device.type == "cuda" if args.compile == "auto" else args.compile == "true"
+        m, tc = cfg.model, cfg.train
+        common = dict(
+            batch_size=tc.batch_size, block_size=m.block_size, vocab_size=m.vocab_size, steps=args.steps,
+            warmup=max(1, args.warmup), device=device, amp_dtype=amp_dtype, compile_model=compiled,
+            lr=tc.lr, grad_clip=tc.grad_clip,
+        )
+
+        def fresh_model() -> GPT:
+            torch.manual_seed(0)
+            return GPT(m)
+
+        single: RunMeasurement | None = None
+        peak = 0.0
+        if ctx.is_main:
+            # Alone, so that neither the baseline nor the peak shares the machine with the other
+            # ranks (they matter on the CPU, where processes compete for the same cores).
+            peak = measure_peak(device, amp_dtype)
+            model = fresh_model()
+            single = measure_run("1 process", model, flops=model.flops_per_token(), **common)
+            del model
+        barrier(ctx)
+
+        model = fresh_model()
+        flops = model.flops_per_token()
+        ddp = measure_run(f"{ctx.world_size} processes (DDP)", wrap_model(model.to(device), ctx), flops=flops, **common)
+        # The ranks step in lockstep (every step ends in an all-reduce), so the slowest rank sets
+        # the pace of all of them.
+        step_s = _max_over_ranks(ddp.step_s, ctx)
+        if not ctx.is_main:
+            return 0
+
+        assert single is not None
+        dtype_name = "bf16" if amp_dtype == torch.bfloat16 else "fp32"
+        name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads/process)"
+        print(f"device: {name}; backend {ctx.backend or 'none'}; measured {dtype_name} matmul peak "
+              f"{format_flops(peak)}FLOP/s per device")
+        print(f"config: {args.config}: {m.n_layer} layers, {m.n_embd} wide, block {m.block_size}, "
+              f"micro-batch {tc.batch_size} per process; compile {str(compiled).lower()}; {args.steps} timed steps\n")
+        rows = [
+            ("1 process", 1, single.step_s, tc.batch_size * m.block_size / single.step_s),
+            (f"{ctx.world_size} processes (DDP)", ctx.world_size, step_s,
+             ctx.world_size * tc.batch_size * m.block_size / step_s),
+        ]
+        header = f"{'run':22} {'procs':>5} {'ms/step':>9} {'tok/s (all)':>12} {'MFU':>7}"
+        print(header)
+        print("-" * len(header))
+        for label, procs, s, tps in rows:
+            print(f"{label:22} {procs:5d} {1e3 * s:9.1f} {tps:12.0f} {100 * flops * tps / (procs * peak):6.1f}%")
+        efficiency = rows[1][3] / (ctx.world_size * rows[0][3])
+        print(f"\nscaling efficiency: {100 * efficiency:.0f}% of {ctx.world_size} x the single-process "
+              f"tokens/s ({rows[1][3] / rows[0][3]:.2f}x faster)")
+        if not ctx.enabled:
+            print("(one process only: launch with torchrun --nproc_per_node=N to measure DDP)")
+        return 0
+    finally:
+        shutdown(ctx)
+
+
+def _max_over_ranks(value: float, ctx) -> float:
+    if not ctx.enabled:
+        return value
+    import torch.distributed as dist
+
+    t = torch.tensor([value], dtype=torch.float64, device=ctx.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""Batches training reads: random windows for training, fixed windows for validation.
+
+A window is block_size + 1 consecutive tokens; x is its first block_size tokens and y the same
+shifted by one (each position's next token). Windows are gathered in one vectorised indexing
+operation on the memory-mapped token array, never row by row in Python.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Iterator
+
+import numpy as np
+import torch
+
+from data.errors import DataError
+
+
+class TrainBatches:
+    """Random training windows from a seeded generator whose state can be saved for exact resume.
+
+    Each (seed, rank) pair seeds its own generator, so distributed ranks draw different windows
+    and a resumed run draws exactly the windows the interrupted one would have.
+    """
+
+    def __init__(
+        self,
+        tokens: np.ndarray,
+        block_size: int,
+        batch_size: int,
+        *,
+        seed: int,
+        rank: int = 0,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        _check_sizes(block_size, batch_size)
+        if len(tokens) < block_size + 1:
+            raise DataError(
+                f"the training split has {len(tokens)} tokens, fewer than one block of "
+                f"block_size + 1 = {block_size + 1}: lower model.block_size or use a larger corpus"
+            )
+        self.tokens = tokens
+        self.block_size = block_size
+        self.batch_size = batch_size
+        self.device = torch.device(device)
+        self.generator = torch.Generator()
+        self.generator.manual_seed(_stream_seed(seed, rank))
+        self._offsets = np.arange(block_size + 1, dtype=np.int64)
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x, y), int64 (batch_size, block_size), on the configured device."""
+        # A window starting at s needs tokens s .. s + block_size, so s <= len - block_size - 1.
+        high = len(self.tokens) - self.block_size
+        starts = torch.randint(0, high, (self.batch_size,), generator=self.generator).numpy()
+        return _windows(self.tokens, starts, self._offsets, self.device)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        while True:
+            yield self.next()
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {"generator_state": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.generator.set_state(state["generator_state"])
+
+
+def iter_val_batches(
+    tokens: np.ndarray,
+    block_size: int,
+    batch_size: int,
+    *,
+    max_batches: int | None = None,
+    device: str | torch.device = "cpu",
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Non-overlapping validation windows, in order; the same every call.
+
+    max_batches=None: the full pass, every window that fits (the last batch may have fewer
+    rows; fewer than block_size trailing tokens are not scored). Otherwise a cheap fixed subset of
+    max_batches full batches whose windows are spread evenly over the whole array, so a frequent
+    estimate sees every part of the validation text, not just its first documents.
+    """
+    _check_sizes(block_size, batch_size)
+    n_windows = (len(tokens) - 1) // block_size
+    if n_windows < 1:
+        raise DataError(
+            f"the validation split has {len(tokens)} tokens, fewer than one block of "
+            f"block_size + 1 = {block_size + 1}: lower model.block_size or use a larger corpus"
+        )
+    starts = np.arange(n_windows, dtype=np.int64) * block_size
+    if max_batches is not None:
+        if max_batches < 0:
+            raise ValueError(f"max_batches must be >= 0 or None, got {max_batches}")
+        count = min(n_windows, max_batches * batch_size)
+        # Spacing >= 1 before rounding, so the picked windows are distinct.
+        starts = starts[np.linspace(0, n_windows - 1, count).round().astype(np.int64)]
+    offsets = np.arange(block_size + 1, dtype=np.int64)
+    device = torch.device(device)
+    for i in range(0, len(starts), batch_size):
+        yield _windows(tokens, starts[i : i + batch_size], offsets, device)
+
+
+def _windows(
+    tokens: np.ndarray, starts: np.ndarray, offsets: np.ndarray, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    # One fancy-indexing gather (B, block_size + 1) straight from the memmap, then contiguous
+    # int64 copies for embedding lookups and cross-entropy targets. The copies are made in numpy
+    # on purpose: torch would split these tiny copies over its OpenMP threads, which costs
+    # milliseconds per batch when the cores are busy (e.g. with the training step itself).
+    windows = tokens[starts[:, None] + offsets]
+    x = torch.from_numpy(np.ascontiguousarray(windows[:, :-1], dtype=np.int64))
+    y = torch.from_numpy(np.ascontiguousarray(windows[:, 1:], dtype=np.int64))
+    if device.type == "cuda":
+        # Page-locked host memory lets the copy run asynchronously with the previous step.
+        x = x.pin_memory().to(device, non_blocking=True)
+        y = y.pin_memory().to(device, non_blocking=True)
+    elif device.type != "cpu":
+        x, y = x.to(device), y.to(device)
+    return x, y
+
+
+def _stream_seed(seed: int, rank: int) -> int:
+    """A 63-bit generator seed unique to (seed, rank); hashing keeps nearby seeds unrelated."""
+    digest = hashlib.blake2b(f"train-batches\0{seed}\0{rank}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
+
+
+def _check_sizes(block_size: int, batch_size: int) -> None:
+    if block_size < 1 or batch_size < 1:
+        raise ValueError(f"block_size and batch_size must be positive, got {block_size} and {batch_size}")

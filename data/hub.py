@@ -1,0 +1,171 @@
+"""A Hugging Face hub dataset (or a local directory laid out like one) as a corpus source.
+
+The same `datasets.load_dataset` call reads the hub and local directories, so the offline tests
+exercise the real path. The dataset's own validation split is used when it has one. A cap
+(`max_documents` / `max_bytes`) takes leading whole documents; with a separate validation split,
+val_fraction of the cap goes to it. A streamed slice is read once and kept in memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any, Iterator
+
+from tqdm import tqdm
+
+from data.config import HubSourceConfig
+from data.documents import (
+    SourceDocuments,
+    check_text_column,
+    file_identity,
+    find_cause,
+    first_line,
+    row_ids,
+    text_only,
+)
+from data.errors import DataError
+
+
+def hub_spec(hub: HubSourceConfig) -> dict[str, Any]:
+    """What decides the documents, for the cache key (no network, no `datasets`)."""
+    spec: dict[str, Any] = {
+        "type": "hub",
+        "name": hub.name,
+        "config_name": hub.config_name,
+        "train_split": hub.train_split,
+        "val_split": hub.val_split,
+        "text_column": hub.text_column,
+        "max_documents": hub.max_documents,
+        "max_bytes": hub.max_bytes,
+    }
+    # A local dataset directory can change under the same name; its files are the identity.
+    root = Path(hub.name).expanduser()
+    if root.is_dir():
+        spec["local_files"] = [file_identity(p, root) for p in sorted(root.rglob("*")) if p.is_file()]
+    return spec
+
+
+def load_hub(hub: HubSourceConfig, val_fraction: float, progress: bool) -> SourceDocuments:
+    """Read the training split (and the validation split when the dataset has one), capped."""
+    import datasets
+
+    description = f"hub dataset {hub.name}" + (f" ({hub.config_name})" if hub.config_name else "")
+    with _hub_errors(hub.name):
+        splits = datasets.get_dataset_split_names(hub.name, hub.config_name)
+    if hub.train_split not in splits:
+        raise DataError(
+            f"{description} has no split {hub.train_split!r} (it has {', '.join(splits)}): "
+            "set data.hub.train_split"
+        )
+    has_val = hub.val_split is not None and hub.val_split in splits
+    # One budget for the whole corpus: with a separate validation split, it gets val_fraction.
+    train_docs, val_docs = _share(hub.max_documents, val_fraction, has_val)
+    train_bytes, val_bytes = _share(hub.max_bytes, val_fraction, has_val)
+    train, train_ids = _load_hub_split(hub, hub.train_split, train_docs, train_bytes, progress)
+    if not has_val:
+        return SourceDocuments(description, train, train_ids)
+    val, val_ids = _load_hub_split(hub, hub.val_split, val_docs, val_bytes, progress)
+    return SourceDocuments(description, train, train_ids, val, val_ids, val_split=hub.val_split)
+
+
+def _share(cap: int | None, val_fraction: float, has_val: bool) -> tuple[int | None, int | None]:
+    if cap is None or not has_val:
+        return cap, None
+    val = max(1, round(cap * val_fraction))
+    return max(1, cap - val), val
+
+
+def _load_hub_split(
+    hub: HubSourceConfig, split: str, max_docs: int | None, max_bytes: int | None, progress: bool
+) -> tuple[Any, list[str]]:
+    import datasets
+
+    with _hub_errors(hub.name):
+        dataset = datasets.load_dataset(
+            hub.name, hub.config_name, split=split, streaming=hub.streaming
+        )
+        if hub.streaming:
+            # A streamed slice is read once and kept in memory: its size is the user's cap.
+            return _take_streamed(dataset, hub, split, max_docs, max_bytes, progress)
+    check_text_column(dataset, hub.text_column, f"hub dataset {hub.name}", "data.hub.text_column")
+    count = _count_within_caps(dataset, hub.text_column, max_docs, max_bytes)
+    if count < len(dataset):
+        dataset = dataset.select(range(count))
+    return text_only(dataset, hub.text_column), row_ids(dataset)
+
+
+def _take_streamed(
+    dataset: Any,
+    hub: HubSourceConfig,
+    split: str,
+    max_docs: int | None,
+    max_bytes: int | None,
+    progress: bool,
+) -> tuple[Any, list[str]]:
+    import datasets
+
+    texts: list[str] = []
+    ids: list[str] = []
+    total_bytes = 0
+    bar = tqdm(desc=f"reading {hub.name} [{split}]", unit="doc", total=max_docs, disable=not progress)
+    with bar:
+        for row in dataset:
+            if not texts:
+                check_text_column(row, hub.text_column, f"hub dataset {hub.name}", "data.hub.text_column")
+            text = row[hub.text_column] or ""
+            ids.append(str(row["id"]) if "id" in row else str(len(texts)))
+            texts.append(text)
+            total_bytes += len(text.encode("utf-8"))
+            bar.update(1)
+            if (max_docs is not None and len(texts) >= max_docs) or (
+                max_bytes is not None and total_bytes >= max_bytes
+            ):
+                break
+    return datasets.Dataset.from_dict({"text": texts}), ids
+
+
+def _count_within_caps(dataset: Any, column: str, max_docs: int | None, max_bytes: int | None) -> int:
+    """How many leading documents fit the caps (whole documents, until a cap is reached)."""
+    count = len(dataset) if max_docs is None else min(max_docs, len(dataset))
+    if max_bytes is None:
+        return count
+    total = 0
+    seen = 0
+    for batch in dataset.select_columns([column]).select(range(count)).iter(batch_size=1000):
+        for text in batch[column]:
+            seen += 1
+            total += len((text or "").encode("utf-8"))
+            if total >= max_bytes:
+                return seen
+    return count
+
+
+@contextlib.contextmanager
+def _hub_errors(name: str) -> Iterator[None]:
+    """Turn hub failures into one-line DataErrors that say what to do."""
+    try:
+        yield
+    except DataError:
+        raise
+    except (ConnectionError, TimeoutError) as exc:
+        raise DataError(
+            f"cannot reach hub dataset {name!r}: this machine is offline (or the hub is unreachable). "
+            f"Download it where there is a network (hf download {name} --repo-type dataset "
+            "--local-dir DIR) and set data.hub.name to DIR, or use data.source: files with local "
+            ".txt/.jsonl/.parquet files"
+        ) from exc
+    except FileNotFoundError as exc:
+        raise DataError(
+            f"hub dataset {name!r} not found ({first_line(exc)}): check data.hub.name, or point it "
+            "at a local dataset directory"
+        ) from exc
+    except Exception as exc:
+        # ValueError (unknown config or split), HTTP errors, and datasets' own generation errors,
+        # whose first line is generic: report the innermost cause.
+        import datasets.exceptions
+
+        if not isinstance(exc, (ValueError, OSError, datasets.exceptions.DatasetsError)):
+            raise
+        cause = find_cause(exc, Exception) or exc
+        raise DataError(f"cannot load hub dataset {name!r}: {first_line(cause)}") from exc

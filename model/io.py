@@ -1,0 +1,147 @@
+"""Saving and loading a model as a self-describing directory: model_config.json + model.safetensors.
+
+safetensors holds raw tensors and no code, so loading a downloaded checkpoint cannot execute
+anything. A SHA-256 of the tensors is stored in the file's metadata: the format itself detects a
+truncated file, but not flipped bytes inside the tensor data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from common.files import atomic_output, atomic_write_text
+from model.config import GPTConfig
+from model.gpt import GPT
+
+CONFIG_FILE = "model_config.json"
+WEIGHTS_FILE = "model.safetensors"
+_DIGEST_KEY = "tensors_sha256"
+
+
+class ModelFileError(ValueError):
+    """A model directory that cannot be loaded: missing, corrupt or inconsistent files."""
+
+
+def save_pretrained(model: nn.Module, directory: str | os.PathLike) -> None:
+    """Write the model's config and weights into ``directory`` (created if needed), atomically.
+
+    A DDP- or torch.compile-wrapped model is unwrapped first. A tied LM head shares the token
+    embedding's tensor, so only the embedding is stored and the tie is rebuilt on load.
+    """
+    from safetensors.torch import save_file
+
+    model = _unwrap(model)
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    state = {name: t.detach().to("cpu").contiguous() for name, t in _stored_state(model).items()}
+    metadata = {"format": "pt", _DIGEST_KEY: _digest(state)}
+    with atomic_output(directory / WEIGHTS_FILE) as tmp:
+        save_file(state, str(tmp), metadata=metadata)
+    # The config goes last: a directory whose save was interrupted fails to load loudly.
+    atomic_write_text(directory / CONFIG_FILE, json.dumps(model.config.to_dict(), indent=2) + "\n")
+
+
+def load_pretrained(directory: str | os.PathLike, device: torch.device | str = "cpu") -> GPT:
+    """Rebuild the model saved in ``directory``, on ``device``, in eval mode.
+
+    Raises ModelFileError (a ValueError) with a one-line message when a file is missing,
+    unreadable, corrupt, or does not match the config.
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise ModelFileError(f"model directory {directory} does not exist; "
+                             f"pass a directory written by save_pretrained")
+    config = _read_config(directory / CONFIG_FILE)
+    model = GPT(config)
+    state = _read_weights(directory / WEIGHTS_FILE)
+    _check_matches(state, _stored_state(model), directory)
+    model.load_state_dict(state, strict=False)  # strict would ask for the tied head's second name
+    return model.to(device).eval()
+
+
+def _read_config(path: Path) -> GPTConfig:
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ModelFileError(f"{path} is missing; the directory was not written by save_pretrained, "
+                             f"or its save was interrupted") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ModelFileError(f"{path} is unreadable or not valid JSON ({_one_line(e)}); "
+                             f"restore it or save the model again") from None
+    try:
+        return GPTConfig.from_dict(raw)
+    except (TypeError, ValueError) as e:
+        raise ModelFileError(f"{path} holds an invalid model config: {_one_line(e)}") from None
+
+
+def _read_weights(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError, safe_open
+
+    if not path.is_file():
+        raise ModelFileError(f"{path} is missing; the directory was not written by save_pretrained, "
+                             f"or its save was interrupted")
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            metadata = f.metadata() or {}
+            state = {name: f.get_tensor(name) for name in f.keys()}
+    except (SafetensorError, OSError, RuntimeError, ValueError) as e:
+        raise ModelFileError(f"{path} is corrupt or truncated ({_one_line(e)}); "
+                             f"restore it or save the model again") from None
+    expected = metadata.get(_DIGEST_KEY)
+    if expected is not None and expected != _digest(state):
+        raise ModelFileError(f"{path} is corrupt: its tensors do not match the checksum stored when it "
+                             f"was saved; restore it or save the model again")
+    return state
+
+
+def _check_matches(state: dict[str, torch.Tensor], wanted: dict[str, torch.Tensor], directory: Path) -> None:
+    missing = sorted(set(wanted) - set(state))
+    unexpected = sorted(set(state) - set(wanted))
+    if missing or unexpected:
+        raise ModelFileError(
+            f"{directory / WEIGHTS_FILE} does not match {directory / CONFIG_FILE}: "
+            f"missing {missing[:3]}, unexpected {unexpected[:3]}; save config and weights together"
+        )
+    for name, tensor in wanted.items():
+        if state[name].shape != tensor.shape:
+            raise ModelFileError(
+                f"{directory / WEIGHTS_FILE} does not match {directory / CONFIG_FILE}: {name} has shape "
+                f"{tuple(state[name].shape)} in the file but {tuple(tensor.shape)} in the config"
+            )
+
+
+def _stored_state(model: GPT) -> dict[str, torch.Tensor]:
+    state = model.state_dict()
+    if model.config.tie_embeddings:
+        del state["lm_head.weight"]  # same tensor as tok_emb.weight
+    return state
+
+
+def _digest(state: dict[str, torch.Tensor]) -> str:
+    h = hashlib.sha256()
+    for name in sorted(state):
+        t = state[name]
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
+    return h.hexdigest()
+
+
+def _unwrap(model: nn.Module) -> GPT:
+    # torch.compile keeps the original as _orig_mod; DDP/FSDP-style wrappers as .module.
+    while not isinstance(model, GPT):
+        inner = getattr(model, "_orig_mod", None) or getattr(model, "module", None)
+        if inner is None:
+            raise TypeError(f"save_pretrained expects a GPT (possibly wrapped), got {type(model).__name__}")
+        model = inner
+    return model
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__

@@ -1,0 +1,40 @@
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from data import bits_per_byte, target_nats_and_bytes
+
+
+def test_bits_per_byte_on_a_hand_computed_example():
+    # 4 targets each predicted with probability 1/2 -> 4 ln 2 nats = 4 bits; over 8 bytes -> 0.5.
+    assert bits_per_byte(4 * math.log(2), 8) == pytest.approx(0.5, abs=1e-12)
+    assert bits_per_byte(0.0, 3) == 0.0
+    with pytest.raises(ValueError, match="positive byte count"):
+        bits_per_byte(1.0, 0)
+
+
+def test_target_sums_skip_zero_byte_and_ignored_targets():
+    token_bytes = torch.tensor([0, 1, 2, 3])  # id 0 is the end-of-text token
+    logits = torch.zeros(1, 4, 4)  # uniform over 4 ids: every target costs ln 4 nats
+    logits[0, 3] = torch.tensor([0.0, 0.0, math.log(3.0), 0.0])  # target 2 at p = 3/6 = 1/2
+    targets = torch.tensor([[3, 0, -1, 2]])
+    nats, nbytes = target_nats_and_bytes(logits, targets, token_bytes)
+    # Scored: position 0 (id 3, 3 bytes, ln 4) and position 3 (id 2, 2 bytes, ln 2).
+    # Position 1 is EOT (0 bytes) and position 2 is ignored (-1): neither counts.
+    assert nbytes.item() == 5
+    assert nats.item() == pytest.approx(math.log(4) + math.log(2), abs=1e-6)
+    assert bits_per_byte(nats.item(), nbytes.item()) == pytest.approx(3 / 5, abs=1e-6)
+
+
+def test_target_sums_match_the_mean_loss_when_every_target_counts():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 5, 7)
+    targets = torch.randint(1, 7, (2, 5))
+    token_bytes = torch.ones(7, dtype=torch.int64)
+    nats, nbytes = target_nats_and_bytes(logits, targets, token_bytes)
+    mean = torch.nn.functional.cross_entropy(logits.view(-1, 7), targets.view(-1))
+    assert nbytes.item() == 10
+    assert nats.item() == pytest.approx(mean.item() * 10, rel=1e-6)

@@ -1,0 +1,110 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from data import DataError, TrainBatches, iter_val_batches
+from data.prepare import token_dtype
+
+
+@pytest.fixture
+def tokens(tmp_path) -> np.memmap:
+    """A memory-mapped uint16 token file whose value at i is i % 50000: windows are checkable."""
+    path = tmp_path / "train.bin"
+    (np.arange(10_000) % 50_000).astype(np.uint16).tofile(path)
+    return np.memmap(path, dtype=np.uint16, mode="r")
+
+
+def test_shapes_dtypes_and_targets_shifted_by_one(tokens):
+    x, y = TrainBatches(tokens, block_size=16, batch_size=4, seed=0).next()
+    assert x.shape == y.shape == (4, 16) and x.dtype == y.dtype == torch.int64
+    assert x.is_contiguous() and y.is_contiguous()
+    # Each row is a real window of the token array, y being x moved on by one token.
+    assert torch.equal(x[:, 1:], y[:, :-1])
+    starts = x[:, 0]
+    assert torch.equal(x, starts[:, None] + torch.arange(16))
+    assert torch.equal(y, starts[:, None] + torch.arange(1, 17))
+
+
+def test_windows_reach_both_ends_and_never_run_past_the_end(tokens):
+    short = tokens[:40]
+    batches = TrainBatches(short, block_size=30, batch_size=64, seed=1)
+    starts = torch.cat([batches.next()[0][:, 0] for _ in range(20)])
+    assert starts.min() == 0 and starts.max() == len(short) - 31
+
+
+def test_same_seed_same_batches_and_different_seeds_or_ranks_differ(tokens):
+    def draw(seed, rank):
+        b = TrainBatches(tokens, 8, 4, seed=seed, rank=rank)
+        return torch.cat([b.next()[0] for _ in range(3)])
+
+    assert torch.equal(draw(1, 0), draw(1, 0))
+    assert not torch.equal(draw(1, 0), draw(2, 0))
+    by_rank = [draw(1, r)[:, 0] for r in range(4)]
+    for a in range(4):
+        for b in range(a + 1, 4):
+            assert not torch.equal(by_rank[a], by_rank[b])
+
+
+def test_state_dict_restores_the_exact_stream(tokens):
+    batches = TrainBatches(tokens, 8, 4, seed=3, rank=1)
+    batches.next()
+    state = batches.state_dict()
+    assert set(state) == {"generator_state"} and state["generator_state"].dtype == torch.uint8
+    expected = [batches.next()[0] for _ in range(3)]
+    # A fresh object (e.g. after restart) with the saved state continues identically.
+    resumed = TrainBatches(tokens, 8, 4, seed=999, rank=0)
+    resumed.load_state_dict({k: v.clone() for k, v in state.items()})
+    assert all(torch.equal(a, resumed.next()[0]) for a in expected)
+
+
+def test_too_short_for_one_block_is_a_clear_error(tokens):
+    with pytest.raises(DataError, match="fewer than one block"):
+        TrainBatches(tokens[:16], block_size=16, batch_size=2, seed=0)
+    TrainBatches(tokens[:17], block_size=16, batch_size=2, seed=0).next()
+    with pytest.raises(DataError, match="validation split has 10 tokens"):
+        next(iter_val_batches(tokens[:10], block_size=16, batch_size=2))
+
+
+def test_full_validation_pass_covers_every_window_once(tokens):
+    block = 64
+    batches = list(iter_val_batches(tokens, block, batch_size=7))
+    x = torch.cat([b[0] for b in batches])
+    y = torch.cat([b[1] for b in batches])
+    n_windows = (len(tokens) - 1) // block
+    assert x.shape == (n_windows, block)
+    assert [len(b[0]) for b in batches[:-1]] == [7] * (len(batches) - 1)
+    # Non-overlapping and in order: every target position 1 .. n_windows*block exactly once.
+    assert torch.equal(y.flatten(), torch.arange(1, n_windows * block + 1))
+    again = torch.cat([b[0] for b in iter_val_batches(tokens, block, batch_size=7)])
+    assert torch.equal(x, again)
+
+
+def test_validation_subset_is_fixed_and_spread_over_the_array(tokens):
+    subset = list(iter_val_batches(tokens, 64, batch_size=4, max_batches=3))
+    assert len(subset) == 3 and all(b[0].shape == (4, 64) for b in subset)
+    starts = torch.cat([b[0][:, 0] for b in subset])
+    assert len(set(starts.tolist())) == 12
+    assert starts.min() == 0 and starts.max() > len(tokens) * 0.9  # first and last windows
+    assert all(s % 64 == 0 for s in starts.tolist())  # the same windows as the full pass
+    again = torch.cat([b[0][:, 0] for b in iter_val_batches(tokens, 64, batch_size=4, max_batches=3)])
+    assert torch.equal(starts, again)
+    # Asking for more than there is gives the full pass.
+    many = list(iter_val_batches(tokens[:300], 64, batch_size=4, max_batches=100))
+    assert sum(len(b[0]) for b in many) == (300 - 1) // 64
+
+
+def test_token_dtype_widens_only_when_ids_do_not_fit():
+    assert token_dtype(65_536) == np.uint16
+    assert token_dtype(65_537) == np.uint32
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_batches_arrive_on_the_device(tokens):
+    x, y = TrainBatches(tokens, 16, 4, seed=0, device="cuda").next()
+    assert x.is_cuda and y.is_cuda
+    cpu_x, _ = TrainBatches(tokens, 16, 4, seed=0).next()
+    assert torch.equal(x.cpu(), cpu_x)
+    vx, _ = next(iter_val_batches(tokens, 16, 4, device="cuda"))
+    assert vx.is_cuda

@@ -1,0 +1,134 @@
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer, pre_tokenizers
+
+import data.tokenizer as tk
+from data import EOT, DataError, load_tokenizer, token_byte_lengths
+from data.tokenizer import byte_to_unicode, encode_documents, split_for_encoding, train_tokenizer
+
+from data_testkit import make_documents
+
+HOSTILE = [
+    "",
+    " ",
+    "   leading spaces",
+    "trailing spaces   ",
+    "multiple     spaces  inside",
+    "\n\nnewlines\n\n\n",
+    "\ttabs\t\tand\r\nCRLF\r",
+    "emoji 😀👍🏽 family 👨‍👩‍👧 flags 🇫🇷",
+    "CJK 東京都 中文 한국어 日本語",
+    "combining e\u0301 a\u0308 n\u0303 \u0301 alone",
+    "zero width \u200b\u200d joiner, bidi \u202e reversed",
+    "control \x00\x01\x7f chars and \ufeff BOM",
+    "astral 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 𐍈",
+    "unpaired-looking surrogates are not str, but \U0010ffff is",
+    "mixed: Ωmega ß ẞ ﬁ ﬀ Ǆ İ ı",
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Tokenizer:
+    return train_tokenizer(make_documents(30), vocab_size=400)
+
+
+def test_trained_tokenizer_has_eot_first_and_the_requested_size(tokenizer):
+    assert tokenizer.token_to_id(EOT) == 0
+    assert tokenizer.get_vocab_size() == 400
+
+
+@pytest.mark.parametrize("text", HOSTILE)
+def test_round_trip_on_hostile_unicode(tokenizer, text):
+    ids = tokenizer.encode(text, add_special_tokens=False).ids
+    assert tokenizer.decode(ids, skip_special_tokens=False) == text
+
+
+def test_round_trip_on_random_code_points(tokenizer):
+    rng = random.Random(0)
+    for _ in range(50):
+        ranges = [(0x20, 0x7F), (0xA0, 0xD7FF), (0x10000, 0x10FFFF), (0x20, 0x21), (0x0A, 0x0B)]
+        text = "".join(chr(rng.randrange(*rng.choice(ranges))) for _ in range(rng.randrange(1, 60)))
+        assert tokenizer.decode(tokenizer.encode(text).ids) == text
+
+
+def test_byte_alphabet_matches_the_pre_tokenizer():
+    mapping = byte_to_unicode()
+    assert sorted(mapping) == list(range(256))
+    assert set(mapping.values()) == set(pre_tokenizers.ByteLevel.alphabet())
+    assert mapping[ord("A")] == "A" and mapping[ord(" ")] == "Ġ" and mapping[ord("\n")] == "Ċ"
+
+
+def test_token_byte_lengths_sum_to_the_utf8_length(tokenizer):
+    lengths = token_byte_lengths(tokenizer)
+    assert lengths.shape == (tokenizer.get_vocab_size(),)
+    assert lengths[tokenizer.token_to_id(EOT)] == 0
+    assert (lengths[1:257] == 1).all()  # the 256 single-byte symbols follow the EOT
+    for text in HOSTILE:
+        ids = tokenizer.encode(text).ids
+        assert lengths[ids].sum() == len(text.encode("utf-8"))
+    # Per token, too: each id's byte count is what it decodes to as raw bytes.
+    for token_id in range(257, tokenizer.get_vocab_size(), 17):
+        raw = tk.token_bytes(tokenizer.id_to_token(token_id))
+        assert lengths[token_id] == len(raw) >= 2
+
+
+def test_eot_inside_text_stays_text_when_encoding_documents(tokenizer):
+    tokenizer = Tokenizer.from_str(tokenizer.to_str())
+    tokenizer.encode_special_tokens = True
+    ids = encode_documents(tokenizer, ["a <|endoftext|> b", "c"], eot=0)
+    assert ids.count(0) == 2 and ids[0] == 0
+    assert tokenizer.decode(ids[1 : ids.index(0, 1)]) == "a <|endoftext|> b"
+
+
+def test_split_for_encoding_never_changes_the_tokens(tokenizer, monkeypatch):
+    monkeypatch.setattr(tk, "_PIECE_CHARS", 8)
+    rng = random.Random(1)
+    alphabet = ["a", "Z", "é", "😀", " ", "  ", "\n", "\n\n", "\t", "'s", "'ll", "9", "!", "\r\n", "東",
+                "\x1c", "\x85", "\u180e", "\u200b", "\u00a0", "\u3000", "\u2028", "\x0b"]
+    for _ in range(400):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(1, 80)))
+        pieces = split_for_encoding(text)
+        assert "".join(pieces) == text
+        whole = tokenizer.encode(text).ids
+        assert [i for p in pieces for i in tokenizer.encode(p).ids] == whole
+    assert len(split_for_encoding("line one\nline two\nline three\n" * 5)) > 1
+
+
+def test_saved_file_loads_with_tokenizers_and_has_no_normalizer(tokenizer, tmp_path):
+    path = tmp_path / "tokenizer.json"
+    path.write_text(tokenizer.to_str(), encoding="utf-8")
+    loaded = load_tokenizer(path)
+    assert loaded.encode("To be, or not").ids == tokenizer.encode("To be, or not").ids
+    spec = json.loads(path.read_text(encoding="utf-8"))
+    assert spec["normalizer"] is None
+    assert spec["pre_tokenizer"]["type"] == "ByteLevel" and spec["pre_tokenizer"]["add_prefix_space"] is False
+    assert spec["decoder"]["type"] == "ByteLevel"
+
+
+def test_saved_file_loads_with_transformers(tokenizer, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    path = tmp_path / "tokenizer.json"
+    path.write_text(tokenizer.to_str(), encoding="utf-8")
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_file=str(path))
+    for text in HOSTILE:
+        assert fast.decode(fast.encode(text)) == text
+
+
+def test_load_tokenizer_errors(tmp_path):
+    with pytest.raises(DataError, match="does not exist"):
+        load_tokenizer(tmp_path / "missing.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json", encoding="utf-8")
+    with pytest.raises(DataError, match="not a valid tokenizer.json"):
+        load_tokenizer(bad)
+
+
+def test_token_bytes_rejects_non_byte_level_tokens():
+    with pytest.raises(DataError, match="not byte-level"):
+        tk.token_bytes("\u4e00")
+    assert np.array_equal(np.frombuffer(tk.token_bytes("ĠĊ"), np.uint8), [32, 10])

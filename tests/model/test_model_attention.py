@@ -1,0 +1,89 @@
+"""Grouped-query attention against the textbook formula and against torch's own MHA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import model.attention as attention
+from model import GPTConfig, KVCache
+from model.attention import CausalSelfAttention, causal_mask, reference_attention
+
+N_HEAD = 6
+
+
+def make_layer(n_kv_head: int, seed: int = 0) -> CausalSelfAttention:
+    torch.manual_seed(seed)
+    cfg = GPTConfig(vocab_size=11, block_size=40, n_layer=1, n_head=N_HEAD, n_kv_head=n_kv_head, n_embd=42)
+    layer = CausalSelfAttention(cfg, layer_idx=0).eval()
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.normal_(0.0, 0.3)  # large enough that attention weights are far from uniform
+    return layer
+
+
+def reference_layer(layer: CausalSelfAttention, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The layer's projections around reference_attention instead of SDPA."""
+    B, T, C = x.shape
+    q, k, v = layer.split_heads(x)
+    y = reference_attention(q, k, v, mask)
+    return layer.proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+def test_causal_mask_aligns_bottom_right():
+    # Two newest queries of five positions: the first of them may not see the last key.
+    expected = torch.tensor([[True, True, True, True, False], [True, True, True, True, True]])
+    assert torch.equal(causal_mask(2, 5), expected)
+    assert torch.equal(causal_mask(4, 4), torch.ones(4, 4).tril().bool())
+
+
+@pytest.mark.parametrize("n_kv_head", [1, 2, N_HEAD])
+@pytest.mark.parametrize("gqa_kernel", [True, False], ids=["enable_gqa", "repeat_fallback"])
+def test_full_sequence_matches_reference(n_kv_head, gqa_kernel, monkeypatch):
+    monkeypatch.setattr(attention, "SDPA_HAS_GQA", gqa_kernel)
+    layer = make_layer(n_kv_head)
+    x = torch.randn(3, 23, 42)
+    with torch.inference_mode():
+        got = layer(x)
+        want = reference_layer(layer, x, causal_mask(23, 23))
+    assert (got - want).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize("n_kv_head", [1, 2, N_HEAD])
+def test_cached_chunks_and_single_tokens_match_reference(n_kv_head):
+    """Chunk on a filled cache (bottom-right mask) and one-token steps (folded query heads)."""
+    layer = make_layer(n_kv_head, seed=1)
+    x = torch.randn(2, 17, 42)
+    cache = KVCache(1, 2, n_kv_head, 40, 7)
+    with torch.inference_mode():
+        want = reference_layer(layer, x, causal_mask(17, 17))
+        pieces = []
+        for start, end in [(0, 6), (6, 11), (11, 12), (12, 13), (13, 17)]:
+            pieces.append(layer(x[:, start:end], cache))
+            cache.advance(end - start)
+        got = torch.cat(pieces, dim=1)
+    assert (got - want).abs().max().item() <= 1e-5
+
+
+def test_mha_case_equals_torch_multihead_attention():
+    layer = make_layer(N_HEAD, seed=2)
+    mha = torch.nn.MultiheadAttention(42, N_HEAD, bias=False, batch_first=True).eval()
+    with torch.no_grad():
+        # Same layouts: in_proj stacks [Wq; Wk; Wv], and heads are contiguous slices of width d.
+        mha.in_proj_weight.copy_(layer.qkv.weight)
+        mha.out_proj.weight.copy_(layer.proj.weight)
+    x = torch.randn(2, 19, 42)
+    with torch.inference_mode():
+        want, _ = mha(x, x, x, attn_mask=~causal_mask(19, 19), need_weights=False)  # True = blocked
+        got = layer(x)
+    assert (got - want).abs().max().item() <= 1e-5
+
+
+def test_cache_stores_kv_heads_only():
+    layer = make_layer(2)
+    cache = KVCache(1, 1, 2, 40, 7)
+    with torch.inference_mode():
+        x = torch.randn(1, 5, 42)
+        _, k, v = layer.split_heads(x)
+        layer(x, cache)
+    assert torch.equal(cache.k[0, :, :, :5], k) and torch.equal(cache.v[0, :, :, :5], v)

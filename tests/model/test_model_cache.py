@@ -1,0 +1,157 @@
+"""KV cache: incremental logits equal full recomputation; memory, reset, and overflow errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from model import KVCache
+
+# Absolute tolerance on logits whose magnitude is a few units to a few tens (see conftest):
+# fp32 rounding of two summation orders differs by ~1e-6 here.
+ATOL = 1e-5
+
+CONFIGS = [
+    dict(n_kv_head=1),
+    dict(n_kv_head=2),
+    dict(n_kv_head=6),
+    dict(n_kv_head=3, n_head=3, n_embd=33, vocab_size=61, n_layer=3, block_size=29, tie_embeddings=False),
+]
+
+
+def max_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a - b).abs().max().item()
+
+
+@pytest.mark.parametrize("overrides", CONFIGS, ids=lambda d: "-".join(f"{k}{v}" for k, v in d.items()))
+def test_prefill_then_decode_matches_full_forward_every_step(make_model, overrides):
+    model = make_model(seed=3, **overrides)
+    block = model.config.block_size
+    seq = torch.randint(0, model.config.vocab_size, (2, block), generator=torch.Generator().manual_seed(4))
+    cache = model.init_cache(2)
+    with torch.inference_mode():
+        step_logits = model(seq[:, :5], cache=cache)
+        assert max_err(step_logits, model(seq[:, :5])) <= ATOL
+        for t in range(5, block):  # up to the very last position of the table
+            step_logits = model(seq[:, t:t + 1], cache=cache)[:, -1]
+            full = model(seq[:, : t + 1])[:, -1]
+            assert max_err(step_logits, full) <= ATOL, f"position {t}"
+    assert cache.pos == block
+
+
+@pytest.mark.parametrize("n_kv_head", [1, 2, 6])
+def test_uneven_chunks_match_full_forward(make_model, n_kv_head):
+    model = make_model(seed=5, n_kv_head=n_kv_head)
+    seq = torch.randint(0, 97, (3, 3 + 5 + 1 + 7 + 2), generator=torch.Generator().manual_seed(6))
+    cache = model.init_cache(3, max_len=18)
+    with torch.inference_mode():
+        full = model(seq)
+        pieces, start = [], 0
+        for size in (3, 5, 1, 7, 2):
+            pieces.append(model(seq[:, start:start + size], cache=cache))
+            start += size
+    assert max_err(torch.cat(pieces, dim=1), full) <= ATOL
+
+
+def test_batch_rows_equal_single_sequence_runs(make_model):
+    model = make_model(seed=7)
+    seq = torch.randint(0, 97, (3, 20), generator=torch.Generator().manual_seed(8))
+    with torch.inference_mode():
+        batch_cache = model.init_cache(3)
+        batched = [model(seq[:, :9], cache=batch_cache)] + [
+            model(seq[:, t:t + 1], cache=batch_cache) for t in range(9, 20)
+        ]
+        batched = torch.cat(batched, dim=1)
+        for row in range(3):
+            single_cache = model.init_cache(1)
+            single = [model(seq[row:row + 1, :9], cache=single_cache)] + [
+                model(seq[row:row + 1, t:t + 1], cache=single_cache) for t in range(9, 20)
+            ]
+            assert max_err(batched[row:row + 1], torch.cat(single, dim=1)) <= ATOL
+
+
+def test_reset_cache_serves_a_second_prompt_without_stale_keys(make_model):
+    model = make_model(seed=9)
+    gen = torch.Generator().manual_seed(10)
+    long_prompt = torch.randint(0, 97, (1, 30), generator=gen)
+    short_prompt = torch.randint(0, 97, (1, 12), generator=gen)
+    cache = model.init_cache(1)
+    with torch.inference_mode():
+        first = [model(long_prompt[:, :20], cache=cache), model(long_prompt[:, 20:], cache=cache)]
+        first = torch.cat(first, dim=1)
+        assert max_err(first, model(long_prompt)) <= ATOL
+        cache.reset()
+        # The cache still holds 30 positions of the first prompt; only the first 12 are rewritten.
+        second = [model(short_prompt[:, :4], cache=cache)]
+        second += [model(short_prompt[:, t:t + 1], cache=cache) for t in range(4, 12)]
+        assert max_err(torch.cat(second, 1), model(short_prompt)) <= ATOL
+
+
+def test_buffers_are_preallocated_and_written_in_place(make_model):
+    model = make_model(n_kv_head=2)
+    cache = model.init_cache(2, max_len=30)
+    k_ptr, v_ptr = cache.k.data_ptr(), cache.v.data_ptr()
+    with torch.inference_mode():
+        model(torch.zeros(2, 10, dtype=torch.long), cache=cache)
+        for _ in range(5):
+            model(torch.zeros(2, 1, dtype=torch.long), cache=cache)
+    assert (cache.k.data_ptr(), cache.v.data_ptr()) == (k_ptr, v_ptr)
+    assert cache.k[1].shape == (2, 2, 30, 7)  # layer 1: (B, n_kv_head, max_len, head_dim)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cache_bytes_match_formula_and_gqa_ratio(make_model, dtype):
+    n_layer, batch, max_len, head_dim = 2, 3, 25, 7
+    sizes = {}
+    for n_kv_head in (1, 2, 6):
+        cache = make_model(n_kv_head=n_kv_head).init_cache(batch, max_len=max_len, dtype=dtype)
+        elem = torch.tensor([], dtype=dtype).element_size()
+        assert cache.nbytes() == 2 * n_layer * batch * n_kv_head * max_len * head_dim * elem
+        sizes[n_kv_head] = cache.nbytes()
+    assert sizes[2] * 6 == sizes[6] * 2 and sizes[1] * 6 == sizes[6]
+
+
+def test_writing_past_block_size_raises_and_leaves_cache_unchanged(make_model):
+    model = make_model()  # block_size 37
+    cache = model.init_cache(1)
+    with torch.inference_mode():
+        model(torch.zeros(1, 30, dtype=torch.long), cache=cache)
+        with pytest.raises(ValueError, match=r"positions 30\.\.37 exceed block_size 37.*reset\(\) the cache"):
+            model(torch.zeros(1, 8, dtype=torch.long), cache=cache)
+        assert cache.pos == 30
+        model(torch.zeros(1, 7, dtype=torch.long), cache=cache)  # exactly fills the table
+        with pytest.raises(ValueError, match="exceed block_size 37"):
+            model(torch.zeros(1, 1, dtype=torch.long), cache=cache)
+
+
+def test_writing_past_a_short_cache_raises(make_model):
+    model = make_model()
+    cache = model.init_cache(1, max_len=8)
+    with torch.inference_mode():
+        model(torch.zeros(1, 6, dtype=torch.long), cache=cache)
+        expected = r"KV cache overflow: 3 new token\(s\) at position 6 need 9 slots"
+        with pytest.raises(ValueError, match=expected):
+            model(torch.zeros(1, 3, dtype=torch.long), cache=cache)
+
+
+def test_uncached_input_longer_than_block_size_raises(make_model):
+    model = make_model()
+    with pytest.raises(ValueError, match=r"sequence length 38 exceeds block_size 37; crop"):
+        model(torch.zeros(1, 38, dtype=torch.long))
+
+
+def test_cache_arguments_are_checked(make_model):
+    model = make_model()
+    with pytest.raises(ValueError, match=r"max_len must be in \[1, block_size=37\]"):
+        model.init_cache(1, max_len=38)
+    cache = model.init_cache(2)
+    with pytest.raises(ValueError, match=r"batch size 1 but the cache was made for 2"):
+        model(torch.zeros(1, 3, dtype=torch.long), cache=cache)
+
+
+def test_standalone_cache_reports_its_shape():
+    cache = KVCache(n_layer=3, batch_size=2, n_kv_head=4, max_len=9, head_dim=5)
+    assert (cache.n_layer, cache.batch_size, cache.max_len, cache.pos) == (3, 2, 9, 0)
+    cache.advance(4)
+    cache.reset()
+    assert cache.pos == 0

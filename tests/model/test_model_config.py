@@ -1,0 +1,67 @@
+"""GPTConfig: derived sizes, validation messages that name the field, dict round trip."""
+
+from __future__ import annotations
+
+import pytest
+
+from model import GPTConfig
+
+VALID = dict(vocab_size=97, block_size=37, n_layer=2, n_head=6, n_kv_head=2, n_embd=42)
+
+
+def test_derived_sizes():
+    cfg = GPTConfig(**VALID)
+    assert cfg.head_dim == 7
+    # 8/3 * 42 = 112 -> next multiple of 64.
+    assert cfg.ffn_dim == 128
+    assert GPTConfig(**{**VALID, "n_embd": 384}).ffn_dim == 1024  # 8/3 * 384 = 1024 exactly
+    assert GPTConfig(**{**VALID, "n_embd": 512, "n_head": 8}).ffn_dim == 1408  # 1365 -> 1408
+    assert GPTConfig(**VALID, ffn_hidden=100).ffn_dim == 100
+
+
+@pytest.mark.parametrize(
+    "field, value, fix",
+    [
+        ("vocab_size", 0, "at least 1"),
+        ("block_size", -3, "at least 1"),
+        ("n_layer", 2.5, "whole number"),
+        ("n_head", True, "whole number"),
+        ("n_kv_head", "2", "whole number"),
+        ("n_embd", 0, "at least 1"),
+        ("ffn_hidden", 0, "at least 1"),
+        ("dropout", 1.0, "0.0 to disable"),
+        ("norm_eps", 0.0, "default is 1e-5"),
+        ("tie_embeddings", "yes", "true or false"),
+    ],
+)
+def test_bad_field_names_field_and_fix(field, value, fix):
+    with pytest.raises(ValueError) as info:
+        GPTConfig(**{**VALID, field: value})
+    message = str(info.value)
+    assert field in message and fix in message and "\n" not in message
+
+
+def test_n_embd_must_divide_by_n_head():
+    with pytest.raises(ValueError, match=r"n_embd \(40\) must be divisible by n_head \(6\)"):
+        GPTConfig(**{**VALID, "n_embd": 40})
+
+
+def test_n_head_must_divide_by_n_kv_head():
+    with pytest.raises(ValueError, match=r"n_head \(6\) must be divisible by n_kv_head \(4\).*divisor"):
+        GPTConfig(**{**VALID, "n_kv_head": 4})
+
+
+def test_dict_round_trip_keeps_every_field():
+    cfg = GPTConfig(**VALID, ffn_hidden=96, dropout=0.1, norm_eps=1e-6, tie_embeddings=False)
+    assert GPTConfig.from_dict(cfg.to_dict()) == cfg
+
+
+def test_from_dict_rejects_unknown_and_missing_keys():
+    with pytest.raises(ValueError, match=r"unknown model config key\(s\) 'n_embed'.*valid keys are"):
+        GPTConfig.from_dict({**VALID, "n_embed": 42})
+    partial = dict(VALID)
+    del partial["n_layer"]
+    with pytest.raises(ValueError, match=r"missing 'n_layer'"):
+        GPTConfig.from_dict(partial)
+    with pytest.raises(ValueError, match="must be a mapping"):
+        GPTConfig.from_dict([1, 2])

@@ -1,0 +1,110 @@
+"""The GPT module: loss, causality, initialisation, parameter and FLOP accounting."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
+
+from model import GPT, GPTConfig
+
+SMALL = dict(vocab_size=10, block_size=8, n_layer=2, n_head=4, n_kv_head=2, n_embd=12, ffn_hidden=16)
+
+
+def test_forward_shapes_and_loss(make_model):
+    model = make_model(seed=1)
+    idx = torch.randint(0, 97, (3, 11))
+    targets = torch.randint(0, 97, (3, 11))
+    targets[0, :4] = -1  # ignored positions
+    logits, loss = model(idx, targets)
+    assert model(idx).shape == logits.shape == (3, 11, 97)
+    keep = targets.flatten() != -1
+    manual = -logits.reshape(-1, 97).log_softmax(-1)[keep, targets.flatten()[keep]].mean()
+    assert abs(loss.item() - manual.item()) < 1e-5
+    assert (model.next_token_logits(idx) - logits[:, -1]).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize("n_kv_head", [1, 2, 6])
+def test_changing_a_token_never_changes_earlier_logits(make_model, n_kv_head):
+    model = make_model(seed=2, n_kv_head=n_kv_head)
+    idx = torch.randint(0, 97, (1, 30), generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        base = model(idx)
+        for t in (0, 13, 29):
+            changed = idx.clone()
+            changed[0, t] = (idx[0, t] + 1) % 97
+            out = model(changed)
+            if t > 0:
+                assert (out[:, :t] - base[:, :t]).abs().max().item() <= 1e-6
+            assert (out[:, t] - base[:, t]).abs().max().item() > 1e-3  # the change does matter
+
+
+def test_hand_counted_parameters():
+    tied = GPT(GPTConfig(**SMALL))
+    # Per block: 2 norms (12 each) + qkv 12*(4+2+2)*3 + proj 12*12 + gate_up 12*32 + down 16*12.
+    block = 2 * 12 + 12 * 24 + 144 + 384 + 192
+    embeddings = 10 * 12 + 8 * 12
+    assert tied.num_params() == embeddings + 2 * block + 12
+    assert tied.num_params(include_embeddings=False) == 2 * block + 12
+    untied = GPT(GPTConfig(**SMALL, tie_embeddings=False))
+    assert untied.num_params() == embeddings + 2 * block + 12 + 10 * 12
+    assert untied.num_params(include_embeddings=False) == 2 * block + 12 + 10 * 12
+
+
+@pytest.mark.parametrize("n_kv_head", [1, 2, 6])
+def test_flops_per_token_matches_a_measured_count(make_model, n_kv_head):
+    """FlopCounterMode counts every matmul of a real forward + backward. The math SDPA backend
+    spells attention out as matmuls (full score matrix, K/V repeated per query head), which is
+    exactly what the formula assumes."""
+    model = make_model(n_kv_head=n_kv_head).train()
+    batch, seq_len = 2, 24
+    idx = torch.randint(0, 97, (batch, seq_len))
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        _, loss = model(idx, idx)
+        loss.backward()
+    assert model.flops_per_token(seq_len) == counter.get_total_flops() / (batch * seq_len)
+    assert model.flops_per_token() == model.flops_per_token(model.config.block_size)
+
+
+def test_gpt2_initialisation():
+    cfg = GPTConfig(vocab_size=512, block_size=64, n_layer=4, n_head=4, n_kv_head=2, n_embd=128)
+    torch.manual_seed(0)
+    model = GPT(cfg)
+    residual_std = 0.02 / math.sqrt(2 * cfg.n_layer)
+    for name, p in model.named_parameters():
+        if p.dim() == 1:
+            assert torch.equal(p, torch.ones_like(p)), name
+        else:
+            expected = residual_std if name.endswith(("attn.proj.weight", "ffn.down.weight")) else 0.02
+            assert abs(p.std().item() / expected - 1) < 0.05, name
+            assert abs(p.mean().item()) < expected / 10, name
+    assert model.lm_head.weight is model.tok_emb.weight
+
+
+def test_untied_head_is_a_separate_matrix():
+    model = GPT(GPTConfig(**SMALL, tie_embeddings=False))
+    assert model.lm_head.weight is not model.tok_emb.weight
+
+
+def test_loss_trains_down_on_a_repeated_batch():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=16, block_size=16, n_layer=1, n_head=2, n_kv_head=1, n_embd=16))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    x = torch.randint(0, 16, (4, 16))
+    first = None
+    for _ in range(30):
+        _, loss = model(x[:, :-1], x[:, 1:])
+        first = loss.item() if first is None else first
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.5 * first
+
+
+def test_bad_input_shape_raises(make_model):
+    with pytest.raises(ValueError, match=r"\(batch, time\) tensor"):
+        make_model()(torch.zeros(5, dtype=torch.long))

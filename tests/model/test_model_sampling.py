@@ -1,0 +1,152 @@
+"""Sampling helpers: top-k, top-p, repetition penalty, temperature, generator semantics."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import model.sampling as sampling
+from model.sampling import apply_repetition_penalty, filter_logits, sample_next_token
+
+NEG_INF = float("-inf")
+
+
+def gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def test_top_k_keeps_exactly_the_k_largest():
+    logits = torch.randn(4, 50, generator=gen(0))
+    for k in (1, 7, 50, 80):
+        kept = filter_logits(logits, top_k=k).isfinite()
+        assert kept.sum(-1).tolist() == [min(k, 50)] * 4
+        smallest_kept = logits.masked_fill(~kept, float("inf")).min(-1).values
+        largest_dropped = logits.masked_fill(kept, NEG_INF).max(-1).values
+        assert (smallest_kept > largest_dropped).all()
+
+
+def test_top_k_keeps_exactly_k_under_ties():
+    logits = torch.tensor([[1.0, 3.0, 3.0, 3.0, 0.0]])
+    assert filter_logits(logits, top_k=2).isfinite().sum().item() == 2
+
+
+def test_top_k_leaves_kept_values_unchanged():
+    logits = torch.randn(2, 10, generator=gen(1))
+    out = filter_logits(logits, top_k=3)
+    assert torch.equal(out[out.isfinite()], logits[out.isfinite()])
+
+
+@pytest.mark.parametrize("p, kept", [(0.3, [0]), (0.75, [0, 1]), (0.81, [0, 1, 2]), (0.99, [0, 1, 2, 3])])
+def test_top_p_keeps_smallest_prefix_with_enough_mass(p, kept):
+    # Probabilities 0.5, 0.3, 0.15, 0.05 sit on shuffled ids.
+    order = torch.tensor([2, 0, 3, 1])
+    logits = torch.empty(1, 4)
+    logits[0, order] = torch.tensor([0.5, 0.3, 0.15, 0.05]).log()
+    out = filter_logits(logits, top_p=p)
+    assert sorted(out[0].isfinite().nonzero().flatten().tolist()) == sorted(order[kept].tolist())
+
+
+def test_top_p_stops_as_soon_as_the_mass_reaches_p():
+    # Four equal probabilities of exactly 0.25: two ids hold exactly 0.5, so a third is not needed.
+    assert filter_logits(torch.zeros(1, 4), top_p=0.5).isfinite().sum().item() == 2
+
+
+def test_top_p_property_on_random_distributions():
+    logits = 2 * torch.randn(64, 30, generator=gen(2))
+    probs = logits.softmax(-1)
+    for p in (0.1, 0.5, 0.9):
+        kept = filter_logits(logits, top_p=p).isfinite()
+        for row in range(64):
+            mass = probs[row][kept[row]]
+            dropped = probs[row][~kept[row]]
+            assert mass.sum() >= p - 1e-6  # enough mass
+            assert mass.sum() - mass.min() < p + 1e-6  # minimal: without its smallest it falls short
+            if dropped.numel():  # a prefix by probability
+                assert mass.min() >= dropped.max()
+
+
+def test_top_p_one_and_none_keep_everything():
+    logits = torch.randn(3, 20, generator=gen(3))
+    assert torch.equal(filter_logits(logits, top_p=1.0), logits)
+    assert torch.equal(filter_logits(logits), logits)
+
+
+def test_repetition_penalty_divides_positive_and_multiplies_negative():
+    logits = torch.tensor([[2.0, -2.0, 1.0, -1.0, 0.5]])
+    seen = torch.tensor([[0, 1, 1, 4]])  # id 1 twice: penalised once
+    out = apply_repetition_penalty(logits, seen, 2.0)
+    assert torch.equal(out, torch.tensor([[1.0, -4.0, 1.0, -1.0, 0.25]]))
+    assert torch.equal(logits, torch.tensor([[2.0, -2.0, 1.0, -1.0, 0.5]]))  # input untouched
+    assert apply_repetition_penalty(logits, seen, 1.0) is logits
+
+
+def test_repetition_penalty_is_per_row():
+    logits = torch.ones(2, 4)
+    out = apply_repetition_penalty(logits, torch.tensor([[0], [3]]), 4.0)
+    assert out.tolist() == [[0.25, 1, 1, 1], [1, 1, 1, 0.25]]
+
+
+def test_temperature_zero_is_argmax_and_consumes_no_randomness():
+    logits = torch.randn(5, 40, generator=gen(4))
+    g = gen(5)
+    before = g.get_state()
+    assert torch.equal(sample_next_token(logits, temperature=0.0, top_k=3, generator=g), logits.argmax(-1))
+    assert torch.equal(g.get_state(), before)
+
+
+def test_greedy_applies_the_repetition_penalty_first():
+    logits = torch.tensor([[3.0, 2.0, -1.0]])
+    token = sample_next_token(logits, repetition_penalty=2.0, prev_tokens=torch.tensor([[0]]))
+    assert token.item() == 1  # 3 / 2 = 1.5 < 2
+
+
+def test_sampling_is_inverse_cdf_of_one_uniform_per_row():
+    probs = torch.tensor([0.1, 0.2, 0.7])
+    logits = probs.log().expand(4, 3)
+    for seed in range(30):
+        u = torch.rand(4, generator=gen(seed))
+        expected = (u >= 0.1).long() + (u >= 0.3).long()  # id order: [0, .1), [.1, .3), [.3, 1)
+        g = gen(seed)
+        assert torch.equal(sample_next_token(logits, temperature=1.0, generator=g), expected)
+        u_gen = gen(seed)
+        torch.rand(4, generator=u_gen)  # one draw per row, whatever the logits
+        assert torch.equal(g.get_state(), u_gen.get_state())
+
+
+def test_a_draw_rounded_up_to_the_total_mass_still_picks_an_allowed_id(monkeypatch):
+    # u * total can round up to total; searchsorted then points past the end (or at a filtered id).
+    monkeypatch.setattr(sampling, "uniform_per_row", lambda batch, generator, device: torch.ones(batch))
+    logits = torch.tensor([[0.0, 0.0, 0.0, 5.0, 0.0, 4.0, 0.0, 0.0, 0.0, 0.0]])
+    assert sample_next_token(logits, temperature=1.0, top_k=2).item() == 5
+
+
+def test_filtered_ids_are_never_sampled():
+    logits = torch.randn(1, 30, generator=gen(6)).expand(500, 30)
+    tokens = sample_next_token(logits, temperature=1.5, top_k=3, generator=gen(7))
+    assert set(tokens.tolist()) == set(logits[0].topk(3).indices.tolist())
+
+
+def test_generator_list_gives_each_row_its_own_stream():
+    logits = torch.randn(3, 25, generator=gen(8))
+    batch = sample_next_token(logits, temperature=1.0, generator=[gen(10), gen(11), gen(12)])
+    for row in range(3):
+        single = sample_next_token(logits[row:row + 1], temperature=1.0, generator=gen(10 + row))
+        assert batch[row] == single[0]
+    with pytest.raises(ValueError, match="got 2 generators for 3 rows"):
+        sample_next_token(logits, temperature=1.0, generator=[gen(1), gen(2)])
+
+
+def test_single_generator_serves_rows_in_order():
+    logits = torch.randn(1, 25, generator=gen(9)).expand(2, 25)
+    batch = sample_next_token(logits, temperature=1.0, generator=gen(13))
+    g = gen(13)
+    first = sample_next_token(logits[:1], temperature=1.0, generator=g)
+    second = sample_next_token(logits[:1], temperature=1.0, generator=g)
+    assert batch.tolist() == [first.item(), second.item()]
+
+
+def test_sampling_frequencies_follow_the_distribution():
+    probs = torch.tensor([0.6, 0.3, 0.1])
+    tokens = sample_next_token(probs.log().expand(20000, 3), temperature=1.0, generator=gen(14))
+    freq = torch.bincount(tokens, minlength=3).float() / 20000
+    assert (freq - probs).abs().max() < 0.015  # ~4 standard errors

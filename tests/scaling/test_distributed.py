@@ -1,0 +1,167 @@
+"""training.distributed: the single-process no-ops, the batch split, and a real 2-process step."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from common.errors import UserError
+from training.distributed import (
+    DistContext,
+    all_reduce_mean,
+    all_reduce_sum,
+    barrier,
+    gather_to_main,
+    init_distributed,
+    launched_by_torchrun,
+    select_rank_state,
+    shutdown,
+    split_global_batch,
+    sync_gradients,
+    unwrap_model,
+    wrap_model,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun_env() -> dict[str, str]:
+    """The test's environment for a torchrun child: repo importable, one thread per process
+    (two ranks on a shared 2-core machine), and no torchrun variables leaking in."""
+    env = {k: v for k, v in os.environ.items() if k not in TORCHRUN_VARS}
+    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    return env
+
+
+# ---------------------------------------------------------------------------------------------
+# Batch split
+
+
+@pytest.mark.parametrize(
+    ("global_batch", "micro", "world", "accum"),
+    [(32, 8, 1, 4), (32, 8, 2, 2), (32, 8, 4, 1), (12, 3, 2, 2)],
+)
+def test_split_global_batch_keeps_the_global_batch(global_batch, micro, world, accum):
+    assert split_global_batch(global_batch, micro, world) == accum
+    assert micro * accum * world == global_batch
+
+
+@pytest.mark.parametrize(("global_batch", "micro", "world"), [(24, 8, 2), (8, 8, 2), (10, 4, 1)])
+def test_split_global_batch_refuses_a_batch_that_does_not_divide(global_batch, micro, world):
+    with pytest.raises(UserError) as info:
+        split_global_batch(global_batch, micro, world)
+    message = str(info.value)
+    assert "\n" not in message
+    assert f"global batch of {global_batch}" in message and f"{world} processes" in message
+    assert "train.grad_accum_steps" in message
+
+
+def test_split_global_batch_rejects_non_positive_sizes():
+    with pytest.raises(UserError, match="world size must be a positive integer"):
+        split_global_batch(8, 8, 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# A single process: everything is a no-op
+
+
+def test_single_process_context_without_torchrun(monkeypatch):
+    for name in TORCHRUN_VARS:
+        monkeypatch.delenv(name, raising=False)
+    assert not launched_by_torchrun()
+    ctx = init_distributed("cpu")
+    assert ctx == DistContext(device=torch.device("cpu"))
+    assert ctx.is_main and not ctx.enabled and ctx.world_size == 1
+
+    model = nn.Linear(3, 2)
+    assert wrap_model(model, ctx) is model
+    assert unwrap_model(model) is model
+    t = torch.tensor([1.5, 2.5])
+    assert all_reduce_mean(t, ctx) is t and all_reduce_sum(2.0, ctx) == 2.0
+    assert gather_to_main({"a": 1}, ctx) == [{"a": 1}]
+    barrier(ctx)
+    shutdown(ctx)
+
+    # Without DDP, sync_gradients(False) must not stop gradients from accumulating.
+    for _ in range(2):
+        with sync_gradients(model, enabled=False):
+            model(torch.ones(1, 3)).sum().backward()
+    assert torch.equal(model.bias.grad, torch.full((2,), 2.0))
+
+
+def test_torchrun_with_one_process_needs_no_process_group(monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    ctx = init_distributed("cpu")
+    assert not ctx.enabled and ctx.is_main
+    assert not torch.distributed.is_initialized()
+
+
+def test_torchrun_refuses_a_device_that_pins_one_gpu(monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(UserError, match="use train.device=cuda .*CUDA_VISIBLE_DEVICES"):
+        init_distributed("cuda:1")
+    with pytest.raises(UserError, match="not supported with torchrun"):
+        init_distributed("mps")
+
+
+def test_select_rank_state_same_and_different_world_size():
+    ctx = DistContext(rank=1, world_size=2, is_main=False, enabled=True)
+    assert select_rank_state(["s0", "s1"], 2, ctx) == ("s1", None)
+    assert select_rank_state(None, None, ctx) == (None, None)
+    state, message = select_rank_state(["s0", "s1", "s2", "s3"], 4, ctx)
+    assert state is None
+    assert "saved with 4 process(es) on 2" in message and "resume with 4" in message
+
+
+# ---------------------------------------------------------------------------------------------
+# Two real processes (gloo)
+
+
+@pytest.mark.distributed
+def test_two_rank_step_equals_single_process_accumulation(tmp_path):
+    out = tmp_path / "result.json"
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run",
+        "--nproc_per_node=2", "--nnodes=1",
+        "--master_addr=127.0.0.1", f"--master_port={free_port()}",
+        str(ROOT / "tests" / "scaling" / "ddp_equivalence_worker.py"), str(out),
+    ]
+    proc = subprocess.run(cmd, cwd=ROOT, env=torchrun_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["world_size"] == 2 and result["backend"] == "gloo"
+
+    for case, accum in (("A", 1), ("B", 2)):
+        r = result[case]
+        assert r["accum"] == accum
+        # wrap_model gave rank 1 (built from another seed) rank 0's weights ...
+        assert r["start_max_diff_between_ranks"] == 0.0
+        # ... both ranks took the same step ...
+        assert r["max_diff_between_ranks"] == 0.0
+        # ... and it is the step one process makes on the whole global batch.
+        assert r["max_grad_diff_vs_single_process"] <= 1e-6 * r["max_grad"]
+        assert r["max_param_change"] > 5e-4  # the step did move the weights (lr 1e-3)
+        assert r["max_diff_vs_single_process"] < 1e-6
+        assert r["loss"] == pytest.approx(r["single_process_loss"], rel=1e-6)
+        # Only the last micro-step of each rank communicates.
+        calls = r["calls_per_micro_step"]
+        assert calls[:-1] == [0] * (accum - 1) and calls[-1] >= 1

@@ -1,0 +1,186 @@
+"""The trainer with wandb and torchrun, on configs/small.yaml pointed at local files and shrunk.
+
+What W&B received is read back from the offline run's record files (wandb_records.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.scaling.wandb_records import read_offline_runs
+
+ROOT = Path(__file__).resolve().parents[2]
+TRAIN_METRICS = ("loss", "lr", "grad_norm", "tokens", "tokens_per_s", "mfu")
+
+
+def run_training(config):
+    from training.trainer import train
+
+    return train(config, progress=False)
+
+
+def metrics_lines(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+# ---------------------------------------------------------------------------------------------
+# configs/small.yaml as shipped
+
+
+def test_small_config_is_minimind2_small_sized():
+    from model import GPT
+    from training.config import load_config
+
+    config = load_config(ROOT / "configs" / "small.yaml", [])
+    assert (config.data.source, config.data.hub.name) == ("hub", "roneneldan/TinyStories")
+    assert (config.train.precision, config.train.compile) == ("bf16", True)
+    m = config.model
+    assert (m.n_embd, m.n_layer, m.n_head, m.n_kv_head, m.vocab_size) == (512, 8, 8, 2, 6400)
+    with torch.device("meta"):  # count parameters without allocating them
+        params = GPT(m).num_params()
+    assert 24e6 < params < 28e6
+
+
+def test_small_config_offline_fails_with_the_hub_message(tmp_path):
+    """No network and no cached copy: one line that says offline and how to use local files."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    env.update(
+        HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HOME=str(tmp_path / "hf"),
+        HOME=str(tmp_path / "home"), WANDB_MODE="disabled",
+    )
+    cmd = [
+        sys.executable, "train.py", "--config", "configs/small.yaml",
+        "--set", f"run.out_dir={tmp_path / 'run'}", "--set", f"data.cache_dir={tmp_path / 'cache'}",
+    ]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    assert "roneneldan/TinyStories" in lines[0] and "offline" in lines[0]
+    assert "local" in lines[0] and "Traceback" not in proc.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# wandb through the trainer
+
+
+def test_wandb_receives_metrics_samples_summary_and_a_resume_continues_the_run(small_config, tmp_path, monkeypatch):
+    """configs/small.yaml on local files: 2 steps, then --resume to 4 steps, logging offline."""
+    from training.config import config_to_dict
+    from training.trainer import train
+
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    run_dir = tmp_path / "run"
+    first_result = train(small_config("logging.wandb.mode=offline", "train.max_steps=2"), progress=False)
+    config = small_config("logging.wandb.mode=offline")
+    result = train(config, resume=True, progress=False)
+    assert (first_result.step, result.step, result.stopped_by) == (2, 4, "max_steps")
+    for name in ("model.safetensors", "model_config.json", "trainer_state.pt", "metrics.jsonl", "tokenizer.json"):
+        assert (run_dir / name).is_file(), name
+
+    # The resumed process continued the same wandb run: same id, the chart picks up at step 3.
+    first, second = read_offline_runs(run_dir / "wandb")
+    assert first.run_id == second.run_id
+    assert torch.load(run_dir / "trainer_state.pt", weights_only=True)["wandb_run_id"] == first.run_id
+    assert (first.exit_code, second.exit_code) == (0, 0)
+    assert [s for s, _ in first.series("train/loss")] == [1, 2]
+    assert [s for s, _ in second.series("train/loss")] == [3, 4]
+
+    # The run's config is the resolved config.
+    assert {k: v for k, v in second.config.items() if k != "_wandb"} == json.loads(json.dumps(config_to_dict(config)))
+
+    # Every line of metrics.jsonl reached wandb with the same values at the same step.
+    lines = metrics_lines(run_dir)
+    train_lines = [r for r in lines if r["kind"] == "train"]
+    assert [r["step"] for r in train_lines] == [1, 2, 3, 4]
+    for key in TRAIN_METRICS:
+        logged = first.series(f"train/{key}") + second.series(f"train/{key}")
+        assert logged == [(r["step"], pytest.approx(r[key])) for r in train_lines], key
+    assert second.series("train/tokens")[-1] == (4, 4 * 4 * 2 * 32)  # steps x batch x accum x block
+
+    evals = {r["step"]: r for r in lines if r["kind"] == "eval"}
+    for key in ("loss", "bpb"):
+        logged = first.series(f"val/{key}") + second.series(f"val/{key}")
+        assert logged == [(s, pytest.approx(evals[s][f"val_{key}"])) for s in (2, 4)]
+    assert second.series("final/bpb") == [(4, pytest.approx(result.val_bpb))]
+
+    # A samples table at each evaluation, holding the sample metrics.jsonl recorded.
+    tables = first.series("samples") + second.series("samples")
+    assert [s for s, _ in tables] == [2, 4]
+    first_table = first.table(tables[0][1])
+    assert first_table == {"columns": ["prompt", "completion"], "data": [[config.eval.sample_prompt, evals[2]["sample"]]]}
+    [[prompt, completion]] = second.table(tables[1][1])["data"]
+    assert prompt == config.eval.sample_prompt and completion
+
+    # The final numbers are in the summary.
+    assert second.summary["val_loss"] == pytest.approx(result.val_loss)
+    assert second.summary["val_bpb"] == pytest.approx(result.val_bpb)
+    assert second.summary["step"] == 4 and second.summary["stopped_by"] == "max_steps"
+
+
+def test_wandb_failing_to_start_does_not_stop_training(small_config, tmp_path, monkeypatch, capsys):
+    import wandb
+
+    def refuse(*args, **kwargs):
+        raise wandb.errors.CommError("could not reach the server")
+
+    monkeypatch.setattr(wandb, "init", refuse)
+    result = run_training(small_config("logging.wandb.mode=offline", "train.max_steps=2", "eval.interval=0"))
+    assert result.step == 2 and result.val_loss is not None
+    run_dir = tmp_path / "run"
+    assert (run_dir / "trainer_state.pt").is_file() and (run_dir / "metrics.jsonl").is_file()
+    assert torch.load(run_dir / "trainer_state.pt", weights_only=True)["wandb_run_id"] is None
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("wandb:")]
+    assert err == ["wandb: could not start (CommError: could not reach the server); training continues without wandb"]
+
+
+# ---------------------------------------------------------------------------------------------
+# torchrun
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.distributed
+def test_torchrun_two_processes_train_and_only_rank0_writes(small_overrides, tmp_path):
+    run_dir = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "WANDB_API_KEY")}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), HOME=str(tmp_path / "home"))
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run",
+        "--nproc_per_node=2", "--nnodes=1", "--master_addr=127.0.0.1", f"--master_port={free_port()}",
+        "train.py", "--config", "configs/small.yaml", "--no-progress",
+        *[arg for o in small_overrides for arg in ("--set", o)],
+        "--set", f"run.out_dir={run_dir}", "--set", "logging.wandb.mode=offline",
+        "--set", "eval.interval=0",
+    ]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.count("done: 4 steps") == 1  # rank 0 reports; rank 1 stays quiet
+
+    # One checkpoint, one metrics file, one wandb run: all from rank 0.
+    assert sorted(p.name for p in run_dir.glob("trainer_state*")) == ["trainer_state.pt"]
+    lines = metrics_lines(run_dir)
+    assert [r["step"] for r in lines if r["kind"] == "train"] == [1, 2, 3, 4]
+    assert [r["kind"] for r in lines if r["kind"] != "train"] == ["final_eval"]
+    [run] = read_offline_runs(run_dir / "wandb")
+    assert [s for s, _ in run.series("train/loss")] == [1, 2, 3, 4]
+
+    # The global batch stayed 4 x 2 sequences: each rank ran one micro-batch per step.
+    assert lines[-2]["tokens"] == 4 * 4 * 2 * 32
+    state = torch.load(run_dir / "trainer_state.pt", weights_only=True)
+    assert state["world_size"] == 2 and len(state["ranks"]) == 2
+    # Every rank drew its own batches: their sampler states differ.
+    g0, g1 = (r["batches"]["generator_state"] for r in state["ranks"])
+    assert not torch.equal(g0, g1)

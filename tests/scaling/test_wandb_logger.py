@@ -1,0 +1,282 @@
+"""WandbLogger: mode resolution, what an offline run records, resume, and failing without harm.
+
+Real wandb runs here are offline and read back from their record files (wandb_records.py), so
+the tests check what `wandb sync` would upload rather than what the logger meant to send.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from common.errors import UserError
+from tests.scaling.wandb_records import read_offline_runs
+from training.wandb_logger import WandbLogger, has_credentials, resolve_mode
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def no_credentials(monkeypatch, tmp_path):
+    """An environment with no W&B credentials anywhere, and no WANDB_MODE override."""
+    for name in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_BASE_URL", "NETRC"):
+        monkeypatch.delenv(name, raising=False)
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    return home
+
+
+def wandb_config(**kwargs):
+    from training.config import WandbConfig
+
+    return WandbConfig(**kwargs)
+
+
+def write_netrc(path: Path, machine: str) -> Path:
+    path.write_text(f"machine {machine}\n  login user\n  password abc123\n")
+    path.chmod(0o600)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# Mode resolution (no wandb involved)
+
+
+def test_auto_is_offline_without_credentials_and_online_with_them(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {"HOME": str(home)}
+    mode, note = resolve_mode("auto", env)
+    assert mode == "offline" and "no W&B credentials" in note
+
+    assert resolve_mode("auto", {**env, "WANDB_API_KEY": "k" * 40}) == ("online", None)
+
+    write_netrc(home / ".netrc", "api.wandb.ai")
+    assert resolve_mode("auto", env) == ("online", None)
+    # A netrc entry for another server is not a login for the one being used.
+    assert resolve_mode("auto", {**env, "WANDB_BASE_URL": "https://wandb.example.com"})[0] == "offline"
+
+
+def test_netrc_location_follows_NETRC_and_the_server_host(tmp_path):
+    custom = write_netrc(tmp_path / "creds", "wandb.example.com")
+    env = {"HOME": str(tmp_path), "NETRC": str(custom)}
+    assert not has_credentials(env)
+    assert has_credentials({**env, "WANDB_BASE_URL": "https://wandb.example.com:8443"})
+    assert not has_credentials({"HOME": str(tmp_path), "WANDB_API_KEY": "  "})
+
+
+def test_WANDB_MODE_steers_auto_but_not_an_explicit_mode(tmp_path):
+    env = {"HOME": str(tmp_path), "WANDB_API_KEY": "k" * 40}
+    assert resolve_mode("auto", {**env, "WANDB_MODE": "disabled"}) == ("disabled", None)
+    assert resolve_mode("auto", {**env, "WANDB_MODE": "dryrun"}) == ("offline", None)
+    assert resolve_mode("online", {**env, "WANDB_MODE": "disabled"}) == ("online", None)
+    assert resolve_mode("disabled", env) == ("disabled", None)
+
+
+def test_online_without_credentials_falls_back_to_offline(tmp_path):
+    mode, note = resolve_mode("online", {"HOME": str(tmp_path)})
+    assert mode == "offline"
+    assert "WANDB_API_KEY" in note and "wandb login" in note
+
+
+def test_unknown_mode_is_a_user_error():
+    with pytest.raises(UserError, match="logging.wandb.mode must be one of"):
+        resolve_mode("sometimes", {})
+
+
+# ---------------------------------------------------------------------------------------------
+# Real offline runs, read back
+
+
+def test_offline_run_records_metrics_samples_config_and_summary(tmp_path, no_credentials, capsys):
+    run_dir = tmp_path / "run"
+    run_config = {"model": {"n_layer": 2, "n_embd": 32}, "train": {"lr": 0.003}}
+    logger = WandbLogger.start(
+        wandb_config(mode="auto", project="scaling-test", tags=["t1"]),
+        run_dir=run_dir,
+        run_config=run_config,
+    )
+    assert logger.active and logger.run_id
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and "no W&B credentials" in out[0]
+    assert f"wandb sync {run_dir / 'wandb'}/offline-run-*-{logger.run_id}*" in out[0]
+
+    for step in (10, 20, 30):
+        logger.log({"train/loss": 4.0 - step / 10, "train/lr": 1e-3, "train/tokens_seen": step * 64}, step=step)
+    logger.log({"val/loss": 3.5, "val/bpb": 1.25}, step=30)
+    logger.log_samples(30, [("ROMEO:", " wherefore art"), ("JULIET:", " thou")])
+    logger.finish({"final/val_loss": 3.25, "final/val_bpb": 1.2})
+    logger.finish({"ignored": 1})  # a second finish is a no-op, not an error
+
+    [run] = read_offline_runs(run_dir / "wandb")
+    assert run.run_id == logger.run_id
+    assert run.project == "scaling-test" and run.tags == ["t1"] and run.name == "run"
+    assert {k: run.config[k] for k in run_config} == run_config
+    assert run.series("train/loss") == [(10, 3.0), (20, 2.0), (30, 1.0)]
+    assert run.series("train/tokens_seen") == [(10, 640), (20, 1280), (30, 1920)]
+    assert run.series("val/bpb") == [(30, 1.25)]
+    [(step, ref)] = run.series("samples")
+    assert step == 30
+    assert run.table(ref) == {"columns": ["prompt", "completion"], "data": [["ROMEO:", " wherefore art"], ["JULIET:", " thou"]]}
+    assert run.summary["final/val_loss"] == 3.25 and run.summary["final/val_bpb"] == 1.2
+    assert "ignored" not in run.summary
+    assert run.exit_code == 0
+
+
+def test_resumed_run_continues_the_same_wandb_run(tmp_path, no_credentials, capsys):
+    run_dir = tmp_path / "run"
+    cfg = wandb_config(mode="offline")
+    first = WandbLogger.start(cfg, run_dir=run_dir, run_config={"a": 1})
+    first.log({"train/loss": 2.0}, step=1)
+    first.finish({})
+    run_id = first.run_id
+
+    second = WandbLogger.start(cfg, run_dir=run_dir, run_config={"a": 1}, resume_id=run_id)
+    assert second.run_id == run_id
+    second.log({"train/loss": 1.5}, step=2)
+    second.finish({"final/val_loss": 1.4})
+
+    pieces = read_offline_runs(run_dir / "wandb")
+    assert [p.run_id for p in pieces] == [run_id, run_id]
+    assert [p.series("train/loss") for p in pieces] == [[(1, 2.0)], [(2, 1.5)]]
+    # The printed sync command covers both pieces (one line per start).
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 2 and lines[0] == lines[1]
+    pattern = lines[1].split("wandb sync ", 1)[1]
+    assert sorted(Path(p).name for p in glob.glob(pattern)) == sorted(p.directory.name for p in pieces)
+
+
+# ---------------------------------------------------------------------------------------------
+# Failing without harm
+
+
+def test_failure_to_start_is_one_line_and_keeps_the_resume_id(tmp_path, monkeypatch, capsys):
+    import wandb
+
+    def broken_init(*args, **kwargs):
+        raise RuntimeError("service exploded\nwith a second line")
+
+    monkeypatch.setattr(wandb, "init", broken_init)
+    logger = WandbLogger.start(wandb_config(mode="offline"), run_dir=tmp_path, run_config={}, resume_id="abc123")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["wandb: could not start (RuntimeError: service exploded); training continues without wandb"]
+    assert not logger.active and logger.run_id == "abc123"
+    logger.log({"loss": 1.0}, step=1)
+    logger.log_samples(1, [("a", "b")])
+    logger.finish({"x": 1})
+    assert capsys.readouterr() == ("", "")
+
+
+def test_a_failing_log_call_reports_once_and_stops_logging(capsys):
+    class FlakyRun:
+        def __init__(self):
+            self.calls, self.finished_with = 0, None
+
+        def log(self, metrics, step):
+            self.calls += 1
+            raise ConnectionError("network is down")
+
+        def finish(self, exit_code=0):
+            self.finished_with = exit_code
+
+    run = FlakyRun()
+    logger = WandbLogger(run=run, run_id="r1")
+    logger.log({"loss": 1.0}, step=1)
+    logger.log({"loss": 0.9}, step=2)
+    logger.finish({"final": 1})
+    assert run.calls == 1 and run.finished_with == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "wandb: could not log (ConnectionError: network is down); training continues without wandb"
+    ]
+    assert logger.run_id == "r1"
+
+
+def test_non_main_ranks_and_disabled_mode_are_free(tmp_path):
+    """Neither imports wandb nor writes a file; importing the module does not import wandb."""
+    script = textwrap.dedent(
+        f"""
+        import sys
+        from pathlib import Path
+        from training.wandb_logger import WandbLogger
+        assert "wandb" not in sys.modules, "importing the logger imported wandb"
+
+        class Cfg:
+            mode, project, entity, name, tags = "online", "p", None, None, []
+
+        run_dir = Path({str(tmp_path)!r}) / "run"
+        logger = WandbLogger.start(Cfg(), run_dir=run_dir, run_config={{}}, resume_id="r7", is_main=False)
+        Cfg.mode = "disabled"
+        disabled = WandbLogger.start(Cfg(), run_dir=run_dir, run_config={{}}, resume_id=None)
+        for lg in (logger, disabled):
+            lg.log({{"loss": 1.0}}, step=1)
+            lg.log_samples(1, [("a", "b")])
+            lg.finish({{"x": 1}})
+        assert (logger.run_id, disabled.run_id) == ("r7", None)
+        assert "wandb" not in sys.modules, "a no-op logger imported wandb"
+        assert not run_dir.exists()
+        print("ok")
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "ok\n" and result.stderr == ""
+
+
+def test_never_prompts_even_on_a_terminal(tmp_path):
+    """mode=online with no credentials and a terminal attached: wandb would normally ask for an
+    API key and wait forever; the logger must log offline instead and return promptly."""
+    import pty
+
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_") and k != "NETRC"}
+    env.update(HOME=str(home), PYTHONPATH=str(ROOT))
+    script = textwrap.dedent(
+        f"""
+        from training.wandb_logger import WandbLogger
+
+        class Cfg:
+            mode, project, entity, name, tags = "online", "p", None, None, []
+
+        logger = WandbLogger.start(Cfg(), run_dir={str(tmp_path / 'run')!r}, run_config={{}})
+        logger.log({{"loss": 1.0}}, step=1)
+        logger.finish({{}})
+        """
+    )
+    leader, follower = pty.openpty()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", script], cwd=ROOT, env=env,
+            stdin=follower, stdout=follower, stderr=follower, close_fds=True,
+        )
+        os.close(follower)
+        output = b""
+        try:
+            proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # EIO: the terminal's other side is closed and drained
+                break
+            if not chunk:
+                break
+            output += chunk
+    finally:
+        os.close(leader)
+    text = output.decode(errors="replace")
+    assert proc.returncode == 0, text
+    assert "API key" not in text and "logging offline instead" in text
+    [run] = read_offline_runs(tmp_path / "run" / "wandb")
+    assert run.series("loss") == [(1, 1.0)]

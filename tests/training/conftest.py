@@ -1,0 +1,105 @@
+"""Fixtures for the training tests: a small local corpus and a tiny, fast run config.
+
+The corpus is generated (deterministically) rather than read from the embedded Shakespeare, so
+tokenizer training takes a fraction of a second; it is built and tokenized once per session and
+every run reads the same data cache.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+_SUBJECTS = ["the miller", "a young knight", "the old queen", "my brother", "the weaver", "a shepherd"]
+_VERBS = ["walked to", "looked at", "spoke of", "dreamed of", "sang about", "rode past"]
+_OBJECTS = ["the river", "the quiet hills", "a golden crown", "the market", "the winter sea", "his garden"]
+_ENDINGS = ["at dawn.", "before the rain.", "with a heavy heart.", "and said nothing.", "for a long time."]
+
+
+def _paragraph(rng: random.Random) -> str:
+    sentences = []
+    for _ in range(rng.randint(3, 6)):
+        s = f"{rng.choice(_SUBJECTS)} {rng.choice(_VERBS)} {rng.choice(_OBJECTS)} {rng.choice(_ENDINGS)}"
+        sentences.append(s[0].upper() + s[1:])
+    speaker = rng.choice(["ROMEO", "JULIET", "NURSE", "FRIAR"])
+    return f"{speaker}:\n" + " ".join(sentences)
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Run these tests on one intra-op thread.
+
+    The tiny models here cannot use two threads, and on a machine shared with other jobs
+    OpenMP's spinning workers make each step ~10x slower than a single thread.
+    """
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="session")
+def corpus_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    rng = random.Random(0)
+    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
+    path.write_text("\n\n".join(_paragraph(rng) for _ in range(500)) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="session")
+def data_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("data_cache")
+
+
+@pytest.fixture(scope="session")
+def base_raw(corpus_file: Path, data_cache: Path) -> dict[str, Any]:
+    """A config dict for a run of a few seconds (out_dir filled in per test)."""
+    raw = {
+        "model": {"n_layer": 2, "n_head": 2, "n_kv_head": 1, "n_embd": 32, "block_size": 32},
+        "data": {
+            "source": "files",
+            "vocab_size": 300,
+            "cache_dir": str(data_cache),
+            "files": {"paths": [str(corpus_file)], "txt_document": "paragraph"},
+        },
+        "train": {
+            "max_steps": 20,
+            "batch_size": 8,
+            "lr": 3e-3,
+            "min_lr": 3e-4,
+            "warmup_steps": 3,
+            "device": "cpu",
+            "compile": False,
+            "peak_flops": 1e11,  # skip the matmul measurement in every run
+        },
+        "eval": {"interval": 10, "max_batches": 2, "sample_tokens": 8, "final_max_batches": 4},
+        "logging": {"interval": 1, "wandb": {"mode": "disabled"}},
+        "run": {"checkpoint_interval": 0},
+    }
+    # Tokenize once for the whole session; every run afterwards hits the cache.
+    from data import prepare_data
+    from training.config import config_from_dict
+
+    prepare_data(config_from_dict({**raw, "run": {"out_dir": "unused"}}).data, progress=False)
+    return raw
+
+
+@pytest.fixture
+def make_config(base_raw: dict[str, Any], tmp_path: Path):
+    """``make_config(**sections)``: the base config with per-section updates, out_dir in tmp."""
+    from training.config import config_from_dict
+
+    def make(out_dir: str | Path | None = None, **sections: dict[str, Any]):
+        raw = copy.deepcopy(base_raw)
+        for section, values in sections.items():
+            raw.setdefault(section, {}).update(values)
+        raw["run"]["out_dir"] = str(out_dir if out_dir is not None else tmp_path / "run")
+        return config_from_dict(raw)
+
+    return make

@@ -1,0 +1,147 @@
+"""Checkpoint files, RNG state round trips, run-directory rules, and the metrics file."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from model import GPT, GPTConfig, load_pretrained
+from training.checkpoint import (
+    STATE_FILE,
+    CheckpointError,
+    capture_rng_state,
+    check_model_shape,
+    load_trainer_state,
+    prepare_run_dir,
+    restore_rng_state,
+    save_checkpoint,
+)
+from training.config import TrainConfig
+from training.metrics import MetricsLog, known_gpu_peak, measure_matmul_flops, mfu, read_metrics
+from training.optim import build_optimizer
+
+SHAPE = dict(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_kv_head=1, n_embd=32)
+
+
+def draws() -> tuple:
+    return torch.rand(3).tolist(), np.random.rand(3).tolist(), [random.random() for _ in range(3)]
+
+
+def test_rng_states_survive_a_weights_only_round_trip(tmp_path):
+    torch.manual_seed(1)
+    np.random.seed(2)
+    random.seed(3)
+    np.random.randn()  # leaves a cached gaussian in numpy's state
+    state = capture_rng_state()
+    expected = draws()
+    torch.save(state, tmp_path / "rng.pt")
+    torch.manual_seed(99)
+    np.random.seed(99)
+    random.seed(99)
+    restore_rng_state(torch.load(tmp_path / "rng.pt", weights_only=True))
+    assert draws() == expected
+
+
+def test_checkpoint_round_trip(tmp_path):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**SHAPE))
+    opt = build_optimizer(model, TrainConfig(max_steps=1), torch.device("cpu"))
+    x = torch.randint(0, 64, (2, 16))
+    model(x, x)[1].backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    save_checkpoint(tmp_path, model, {"step": 1, "model": model.state_dict(), "optimizer": opt.state_dict()})
+
+    state = load_trainer_state(tmp_path)
+    fresh = GPT(GPTConfig(**SHAPE))
+    fresh_opt = build_optimizer(fresh, TrainConfig(max_steps=1), torch.device("cpu"))
+    fresh.load_state_dict(state["model"])
+    fresh_opt.load_state_dict(state["optimizer"])
+    for a, b in zip(model.state_dict().values(), fresh.state_dict().values()):
+        assert torch.equal(a, b)
+    # The optimizer continues identically: one more identical step gives identical weights.
+    for m, o in ((model, opt), (fresh, fresh_opt)):
+        m(x, x)[1].backward()
+        o.step()
+        o.zero_grad(set_to_none=True)
+    for a, b in zip(model.parameters(), fresh.parameters()):
+        assert torch.equal(a, b)
+    # The safetensors copy is what generate.py loads.
+    loaded = load_pretrained(tmp_path)
+    assert torch.equal(loaded.state_dict()["tok_emb.weight"], state["model"]["tok_emb.weight"])
+
+
+def test_unreadable_checkpoint_is_a_user_error(tmp_path):
+    (tmp_path / STATE_FILE).write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError, match="cannot be read"):
+        load_trainer_state(tmp_path)
+
+
+class Evil:
+    """Any class: unpickling it would run arbitrary code, so weights_only refuses it."""
+
+
+def test_checkpoint_with_a_pickled_object_is_refused(tmp_path):
+    torch.save({"format_version": 1, "thing": Evil()}, tmp_path / STATE_FILE)
+    with pytest.raises(CheckpointError):
+        load_trainer_state(tmp_path)
+
+
+def test_model_shape_check_names_the_key(tmp_path):
+    check_model_shape(GPTConfig(**SHAPE), GPTConfig(**{**SHAPE, "dropout": 0.1}), tmp_path)  # not a shape
+    with pytest.raises(CheckpointError, match="model.n_layer is 3 in the config but 2"):
+        check_model_shape(GPTConfig(**SHAPE), GPTConfig(**{**SHAPE, "n_layer": 3}), tmp_path)
+
+
+def test_run_dir_rules(tmp_path):
+    prepare_run_dir(tmp_path / "new", resume=False, overwrite=False)  # created
+    assert (tmp_path / "new").is_dir()
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    with pytest.raises(CheckpointError, match="not empty"):
+        prepare_run_dir(other, resume=False, overwrite=False)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("{}\n")
+    (run / "notes.txt").write_text("keep me")
+    with pytest.raises(CheckpointError, match="already holds a run"):
+        prepare_run_dir(run, resume=False, overwrite=False)
+    prepare_run_dir(run, resume=False, overwrite=True)
+    # Overwriting removes the run's own files only.
+    assert not (run / "metrics.jsonl").exists() and (run / "notes.txt").read_text() == "keep me"
+    with pytest.raises(CheckpointError, match="no checkpoint"):
+        prepare_run_dir(run, resume=True, overwrite=False)
+
+
+def test_metrics_log_appends_reads_and_truncates(tmp_path):
+    log = MetricsLog(tmp_path / "metrics.jsonl")
+    for step in range(1, 6):
+        log.append({"kind": "train", "step": step, "loss": 1.0 / step})
+    log.append({"kind": "eval", "step": 5, "val_loss": 0.5})
+    with open(log.path, "a") as f:
+        f.write('{"kind": "train", "step": 6, "lo')  # torn by a crash
+    assert [r["step"] for r in read_metrics(log.path)] == [1, 2, 3, 4, 5, 5]
+    log.truncate_after(3)
+    assert [r["step"] for r in read_metrics(log.path)] == [1, 2, 3]
+    log.append({"kind": "train", "step": 4, "loss": 0.2})
+    assert read_metrics(log.path)[-1] == {"kind": "train", "step": 4, "loss": 0.2}
+
+
+def test_mfu_and_peaks():
+    assert mfu(6e6, 1e5, 1.2e12) == pytest.approx(0.5)
+    assert known_gpu_peak("NVIDIA H100 80GB HBM3") == 989e12
+    assert known_gpu_peak("NVIDIA H100 PCIe") == 756e12
+    assert known_gpu_peak("NVIDIA A100-SXM4-80GB") == 312e12
+    assert known_gpu_peak("Some Future GPU") is None
+
+
+def test_measuring_the_peak_leaves_the_global_rng_alone():
+    torch.manual_seed(5)
+    expected = torch.rand(2)
+    torch.manual_seed(5)
+    assert measure_matmul_flops(torch.device("cpu"), size=64, max_seconds=0.05) > 0
+    assert torch.equal(torch.rand(2), expected)

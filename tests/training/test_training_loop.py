@@ -1,0 +1,289 @@
+"""The training loop end to end in-process: learning, accumulation, checkpoints, resume, failures."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+import torch
+
+import training.trainer as trainer_module
+from common.errors import UserError
+from model import GPT, load_pretrained
+from training.checkpoint import STATE_FILE, CheckpointError, load_trainer_state
+from training.config import load_config
+from training.metrics import read_metrics
+from training.trainer import NonFiniteLossError, accumulate_gradients, train
+
+# Fields of metrics.jsonl that depend only on the computation (not on timing).
+DETERMINISTIC = ("kind", "step", "loss", "lr", "grad_norm", "tokens", "val_loss", "val_bpb", "val_tokens", "sample")
+
+
+def deterministic(records):
+    return [{k: r[k] for k in DETERMINISTIC if k in r} for r in records]
+
+
+def max_weight_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+
+
+def interrupt_at(monkeypatch, step: int, signum: int = signal.SIGTERM) -> None:
+    """Deliver a real signal to this process while optimizer step ``step`` is running."""
+    original = trainer_module.accumulate_gradients
+
+    def wrapped(*args, **kwargs):
+        result = original(*args, **kwargs)
+        wrapped.calls += 1
+        if wrapped.calls == step:
+            os.kill(os.getpid(), signum)
+        return result
+
+    wrapped.calls = 0
+    monkeypatch.setattr(trainer_module, "accumulate_gradients", wrapped)
+
+
+def test_loss_decreases_and_the_run_dir_describes_itself(make_config, tmp_path):
+    cfg = make_config(train={"max_steps": 40}, eval={"interval": 20})
+    result = train(cfg, progress=False)
+    assert result.stopped_by == "max_steps" and result.step == 40
+    run = tmp_path / "run"
+    for name in ("config.yaml", "tokenizer.json", "model_config.json", "model.safetensors", STATE_FILE, "metrics.jsonl"):
+        assert (run / name).is_file(), name
+    records = read_metrics(run / "metrics.jsonl")
+    train_records = [r for r in records if r["kind"] == "train"]
+    assert [r["step"] for r in train_records] == list(range(1, 41))
+    first, last = train_records[0]["loss"], train_records[-1]["loss"]
+    assert last < first - 1.0, (first, last)
+    evals = [r for r in records if r["kind"] == "eval"]
+    assert [r["step"] for r in evals] == [20, 40]
+    assert isinstance(evals[0]["sample"], str) and evals[0]["sample"].startswith("ROMEO:")
+    final = [r for r in records if r["kind"] == "final_eval"]
+    assert len(final) == 1 and final[0]["val_loss"] == pytest.approx(result.val_loss)
+    assert result.val_loss < evals[0]["val_loss"] + 0.5
+    assert 0 < result.val_bpb < 8
+    # The saved config is the one trained with; the weights load for generation.
+    assert load_config(run / "config.yaml") == cfg
+    model = load_pretrained(run)
+    state = load_trainer_state(run)
+    assert max_weight_diff(model.state_dict(), state["model"]) == 0.0
+    assert state["step"] == 40 and state["tokens_seen"] == 40 * 8 * 32 == result.tokens_seen
+
+
+def test_grad_accumulation_equals_one_larger_batch():
+    torch.manual_seed(0)
+    from model import GPTConfig
+
+    model = GPT(GPTConfig(vocab_size=50, block_size=12, n_layer=2, n_head=2, n_kv_head=1, n_embd=32))
+    x = torch.randint(0, 50, (12, 12))
+    y = torch.randint(0, 50, (12, 12))
+
+    chunks = iter(list(zip(x.chunk(4), y.chunk(4))))
+    loss_accum = accumulate_gradients(model, lambda: next(chunks), 4)
+    grads_accum = [p.grad.clone() for p in model.parameters()]
+    micro_losses = [model(xc, yc)[1].item() for xc, yc in zip(x.chunk(4), y.chunk(4))]
+    model.zero_grad(set_to_none=True)
+
+    loss_big = accumulate_gradients(model, lambda: (x, y), 1)
+    grads_big = [p.grad.clone() for p in model.parameters()]
+
+    for a, b in zip(grads_accum, grads_big):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    # The returned loss is the mean of the micro-batch losses (= the big batch's loss here).
+    assert loss_accum.item() == pytest.approx(sum(micro_losses) / 4, rel=1e-6)
+    assert loss_accum.item() == pytest.approx(loss_big.item(), rel=1e-5)
+
+
+def test_logged_loss_is_the_mean_over_micro_batches(make_config, tmp_path):
+    from data import TrainBatches, prepare_data
+
+    cfg = make_config(train={"max_steps": 1, "grad_accum_steps": 3}, eval={"interval": 0})
+    train(cfg, progress=False)
+    logged = read_metrics(tmp_path / "run" / "metrics.jsonl")[0]
+    assert logged["kind"] == "train" and logged["step"] == 1
+
+    # Rebuild step 1 by hand: the same initial weights and the same three micro-batches.
+    torch.manual_seed(cfg.train.seed)
+    model = GPT(cfg.model)
+    prepared = prepare_data(cfg.data, progress=False)
+    batches = TrainBatches(prepared.train_tokens(), cfg.model.block_size, cfg.train.batch_size, seed=cfg.train.seed)
+    with torch.no_grad():
+        losses = [model(*batches.next())[1].item() for _ in range(3)]
+    assert len(set(losses)) == 3  # three different micro-batches
+    assert logged["loss"] == pytest.approx(sum(losses) / 3, rel=1e-5)
+    assert logged["tokens"] == 3 * cfg.train.batch_size * cfg.model.block_size
+
+
+def test_resume_equals_an_uninterrupted_run(make_config, tmp_path, monkeypatch):
+    sections = dict(train={"max_steps": 16, "grad_accum_steps": 2}, eval={"interval": 5}, run={"checkpoint_interval": 4})
+    straight = make_config(tmp_path / "straight", **sections)
+    expected = train(straight, progress=False)
+
+    broken = make_config(tmp_path / "broken", **sections)
+    interrupt_at(monkeypatch, 7)
+    stopped = train(broken, progress=False)
+    monkeypatch.undo()
+    assert stopped.interrupted and stopped.step == 7 and stopped.signal == signal.SIGTERM
+    assert load_trainer_state(tmp_path / "broken")["step"] == 7
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # handlers restored
+
+    resumed = train(broken, resume=True, progress=False)
+    assert resumed.step == 16 and resumed.stopped_by == "max_steps"
+
+    a, b = load_trainer_state(tmp_path / "straight"), load_trainer_state(tmp_path / "broken")
+    assert max_weight_diff(a["model"], b["model"]) <= 1e-6
+    assert resumed.val_loss == pytest.approx(expected.val_loss, abs=1e-6)
+    m_straight = deterministic(read_metrics(tmp_path / "straight" / "metrics.jsonl"))
+    m_broken = deterministic(read_metrics(tmp_path / "broken" / "metrics.jsonl"))
+    assert m_broken == m_straight
+
+
+def test_a_checkpoint_interrupted_mid_write_leaves_the_previous_one(make_config, tmp_path, monkeypatch):
+    cfg = make_config(train={"max_steps": 8}, eval={"interval": 0}, run={"checkpoint_interval": 4})
+    import training.checkpoint as checkpoint_module
+
+    real_save = torch.save
+    calls = {"n": 0}
+
+    def half_then_die(obj, f, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:  # the step-8 trainer state
+            with open(f, "wb") as out:
+                out.write(b"PK\x03\x04 half a zip file")
+            raise OSError("disk pulled out mid-write")
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint_module.torch, "save", half_then_die)
+    with pytest.raises(OSError, match="mid-write"):
+        train(cfg, progress=False)
+    monkeypatch.undo()
+    run = tmp_path / "run"
+    assert load_trainer_state(run)["step"] == 4
+    assert not [p for p in run.iterdir() if p.name.endswith(".tmp")]  # no temp file left behind
+    resumed = train(cfg, resume=True, progress=False)
+    assert resumed.step == 8
+    steps = [r["step"] for r in read_metrics(run / "metrics.jsonl") if r["kind"] == "train"]
+    assert steps == list(range(1, 9))
+
+
+def test_nan_loss_stops_the_run_and_keeps_the_last_checkpoint(make_config, tmp_path, monkeypatch):
+    cfg = make_config(train={"max_steps": 10}, eval={"interval": 0}, run={"checkpoint_interval": 3})
+    real_forward = GPT.forward
+    calls = {"n": 0}
+
+    def poisoned(self, idx, targets=None, cache=None):
+        out = real_forward(self, idx, targets, cache)
+        if targets is not None and self.training:
+            calls["n"] += 1
+            if calls["n"] == 5:  # step 5: after the step-3 checkpoint
+                return out[0], out[1] * float("nan")
+        return out
+
+    monkeypatch.setattr(GPT, "forward", poisoned)
+    with pytest.raises(NonFiniteLossError) as info:
+        train(cfg, progress=False)
+    message = str(info.value)
+    assert isinstance(info.value, UserError)
+    assert "step 5" in message and "step 3" in message and "\n" not in message
+    run = tmp_path / "run"
+    state = load_trainer_state(run)
+    assert state["step"] == 3
+    assert all(torch.isfinite(t).all() for t in state["model"].values())
+    assert all(torch.isfinite(t).all() for t in load_pretrained(run).state_dict().values())
+    metrics = run / "metrics.jsonl"
+    assert max(r["step"] for r in read_metrics(metrics)) == 4
+
+    # Resuming drops the lines logged after the checkpoint (and a torn last line), then appends.
+    with open(metrics, "a") as f:
+        f.write('{"kind": "train", "st')
+    monkeypatch.undo()
+    resumed = train(cfg, resume=True, progress=False)
+    assert resumed.step == 10
+    steps = [(r["kind"], r["step"]) for r in read_metrics(metrics)]
+    assert steps == [("train", s) for s in range(1, 11)] + [("final_eval", 10)]
+
+
+def test_time_budget_ends_the_run_cleanly_at_the_floor(make_config):
+    cfg = make_config(train={"max_steps": None, "max_minutes": 0.02, "warmup_steps": 0}, eval={"interval": 0})
+    result = train(cfg, progress=False)
+    assert result.stopped_by == "max_minutes" and result.step >= 1
+    assert result.val_loss is not None
+    last = [r for r in read_metrics(result.run_dir / "metrics.jsonl") if r["kind"] == "train"][-1]
+    assert last["lr"] < 0.5 * cfg.train.lr  # annealed by the clock
+
+
+def test_token_budget(make_config):
+    cfg = make_config(train={"max_steps": 100, "max_tokens": 5 * 8 * 32}, eval={"interval": 0})
+    result = train(cfg, progress=False)
+    assert result.stopped_by == "max_tokens" and result.step == 5
+
+
+def test_run_dir_holding_a_run_is_refused_then_overwritten_when_asked(make_config, tmp_path):
+    cfg = make_config(train={"max_steps": 2}, eval={"interval": 0})
+    train(cfg, progress=False)
+    with pytest.raises(CheckpointError, match="already holds a run.*--resume.*--overwrite"):
+        train(make_config(train={"max_steps": 3}, eval={"interval": 0}), progress=False)
+    assert load_trainer_state(tmp_path / "run")["step"] == 2  # untouched by the refusal
+    result = train(make_config(train={"max_steps": 3}, eval={"interval": 0}), overwrite=True, progress=False)
+    assert result.step == 3
+    assert [r["step"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["kind"] == "train"] == [1, 2, 3]
+
+
+def test_resume_without_a_checkpoint_is_refused(make_config, tmp_path):
+    with pytest.raises(CheckpointError, match="no checkpoint"):
+        train(make_config(tmp_path / "empty"), resume=True, progress=False)
+
+
+def test_resume_with_another_model_shape_is_refused(make_config, tmp_path):
+    train(make_config(train={"max_steps": 2}, eval={"interval": 0}), progress=False)
+    with pytest.raises(CheckpointError, match="model.n_embd is 64 in the config but 32"):
+        train(make_config(model={"n_embd": 64}, train={"max_steps": 4}), resume=True, progress=False)
+
+
+class FakeLogger:
+    """Stands in for WandbLogger: records what the trainer sends it."""
+
+    started: list[dict] = []
+
+    def __init__(self, resume_id):
+        self.run_id = resume_id or "run-1"
+        self.logged: list[tuple[int, dict]] = []
+        self.samples: list[tuple[int, list]] = []
+        self.finished: list[tuple[dict, int]] = []
+
+    @classmethod
+    def start(cls, cfg, *, run_dir, run_config, resume_id=None, is_main=True):
+        logger = cls(resume_id)
+        cls.started.append({"resume_id": resume_id, "run_config": run_config, "logger": logger})
+        return logger
+
+    def log(self, metrics, step):
+        self.logged.append((step, dict(metrics)))
+
+    def log_samples(self, step, rows):
+        self.samples.append((step, rows))
+
+    def finish(self, summary=None, *, exit_code=0):
+        self.finished.append((dict(summary or {}), exit_code))
+
+
+def test_wandb_gets_metrics_samples_and_the_run_id_survives_resume(make_config, monkeypatch):
+    import training.wandb_logger
+
+    FakeLogger.started = []
+    monkeypatch.setattr(training.wandb_logger, "WandbLogger", FakeLogger)
+    cfg = make_config(train={"max_steps": 4}, eval={"interval": 2}, logging={"interval": 2})
+    train(cfg, progress=False)
+    first = FakeLogger.started[0]
+    assert first["resume_id"] is None and first["run_config"]["train"]["max_steps"] == 4
+    logger = first["logger"]
+    assert [step for step, m in logger.logged if "train/loss" in m] == [1, 2, 4]
+    assert [step for step, _ in logger.samples] == [2, 4, 4]  # two evaluations and the final one
+    assert logger.samples[0][1][0][0] == "ROMEO:"
+    summary, exit_code = logger.finished[0]
+    assert exit_code == 0 and summary["step"] == 4 and "val_loss" in summary
+    assert load_trainer_state(cfg.out_dir)["wandb_run_id"] == "run-1"
+
+    train(make_config(train={"max_steps": 6}, eval={"interval": 2}), resume=True, progress=False)
+    assert FakeLogger.started[1]["resume_id"] == "run-1"

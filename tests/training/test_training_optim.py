@@ -1,0 +1,83 @@
+"""Parameter groups for weight decay, and the warmup + cosine schedule by steps and by time."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from model import GPT, GPTConfig
+from training.config import TrainConfig
+from training.optim import LRSchedule, build_optimizer, build_schedule, param_groups, planned_steps
+
+
+def tiny_gpt() -> GPT:
+    torch.manual_seed(0)
+    return GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_kv_head=1, n_embd=32))
+
+
+def test_weight_decay_only_on_linear_weights():
+    model = tiny_gpt()
+    decay, no_decay = param_groups(model, 0.1)
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    decayed = {id(p) for p in decay["params"]}
+    linear = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    # Linear weights other than the (tied) output head are decayed; nothing else is.
+    assert decayed == linear - embeddings
+    assert not decayed & embeddings
+    for p in no_decay["params"]:
+        assert p.ndim < 2 or id(p) in embeddings
+    # Every trainable tensor sits in exactly one group.
+    all_params = {id(p) for p in model.parameters()}
+    assert decayed | {id(p) for p in no_decay["params"]} == all_params
+    assert len(decay["params"]) + len(no_decay["params"]) == len(all_params)
+
+
+def test_optimizer_applies_no_decay_to_norms_and_embeddings():
+    model = tiny_gpt()
+    opt = build_optimizer(model, TrainConfig(max_steps=1, weight_decay=0.5, lr=1e-2), torch.device("cpu"))
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    # With zero gradients Adam's update is zero, so any change is the decay alone.
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    for name, p in model.named_parameters():
+        changed = not torch.equal(p, before[name])
+        is_matrix = p.ndim >= 2 and "wte" not in name and "wpe" not in name and "emb" not in name
+        assert changed == is_matrix, name
+
+
+def test_warmup_then_cosine_to_the_floor():
+    s = LRSchedule(lr=1.0, min_lr=0.1, warmup_steps=10, max_steps=110, max_seconds=None)
+    assert s(0) == pytest.approx(0.1)
+    assert s(4) == pytest.approx(0.5)
+    assert s(10) == pytest.approx(1.0)  # warmup ends at the peak
+    assert s(60) == pytest.approx(0.55)  # half-way down the cosine
+    assert s(110) == pytest.approx(0.1)
+    assert s(500) == pytest.approx(0.1)  # never below the floor
+    lrs = [s(i) for i in range(10, 111)]
+    assert all(a >= b for a, b in zip(lrs, lrs[1:]))
+
+
+def test_time_budget_drives_the_decay_when_it_binds():
+    s = LRSchedule(lr=1.0, min_lr=0.0, warmup_steps=0, max_steps=1000, max_seconds=100.0)
+    # Few steps done, but the clock is half gone: progress follows the clock.
+    assert s(10, elapsed_s=50.0) == pytest.approx(0.5)
+    assert s(10, elapsed_s=100.0) == pytest.approx(0.0)
+    # Steps ahead of the clock: progress follows the steps.
+    assert s(500, elapsed_s=1.0) == pytest.approx(0.5)
+    time_only = LRSchedule(lr=1.0, min_lr=0.0, warmup_steps=0, max_steps=None, max_seconds=60.0)
+    assert time_only(12345, elapsed_s=15.0) == pytest.approx(0.5 * (1 + math.cos(math.pi / 4)))
+
+
+def test_token_budget_becomes_a_step_budget():
+    cfg = TrainConfig(max_steps=None, max_tokens=10_000)
+    assert planned_steps(cfg, tokens_per_step=1000) == 10
+    assert planned_steps(cfg, tokens_per_step=3000) == 4  # rounded up: the budget is reached
+    both = TrainConfig(max_steps=5, max_tokens=10_000)
+    assert planned_steps(both, tokens_per_step=1000) == 5
+    assert build_schedule(TrainConfig(max_minutes=2.0), 100).max_steps is None
+    assert build_schedule(TrainConfig(max_minutes=2.0), 100).max_seconds == 120.0

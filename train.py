@@ -1,0 +1,74 @@
+"""Train a GPT: ``python train.py --config configs/tiny.yaml [--set section.key=value ...]``.
+
+A thin command line over ``training.train``. Mistakes the user can fix (a config typo, a missing
+file, a run directory already in use) print one ``error: ...`` line and exit with status 2.
+Ctrl-C / SIGTERM finish the current step, save a checkpoint and exit with 128 + the signal number;
+``--resume`` continues from there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description="Train a GPT from a YAML config; the run directory (run.out_dir) receives the "
+        "config, tokenizer, weights, trainer state and metrics.jsonl."
+    )
+    parser.add_argument("--config", required=True, help="YAML config file, e.g. configs/tiny.yaml")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override a config value (YAML syntax), e.g. --set train.max_steps=100; repeatable",
+    )
+    parser.add_argument("--resume", action="store_true", help="continue the run in run.out_dir from its checkpoint")
+    parser.add_argument("--overwrite", action="store_true", help="replace a run already in run.out_dir")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar or evaluation lines")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from common.errors import UserError
+
+    try:
+        from training.config import load_config
+        from training.trainer import train
+
+        config = load_config(args.config, args.overrides)
+        result = train(config, resume=args.resume, overwrite=args.overwrite, progress=not args.no_progress)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        # A second Ctrl-C (or one during setup): nothing is saved beyond the last checkpoint.
+        print("error: interrupted; the last saved checkpoint (if any) is intact", file=sys.stderr)
+        return 130
+    if result.interrupted:
+        if not result.is_main:  # under torchrun only rank 0 reports; every rank keeps the exit code
+            return 128 + (result.signal or 2)
+        print(
+            f"stopped at step {result.step}; checkpoint saved in {result.run_dir}"
+            + " ".join(
+                ["; continue with: python train.py --config", args.config, "--resume"]
+                + [f"--set {o}" for o in args.overrides]
+            ),
+            file=sys.stderr,
+        )
+        return 128 + (result.signal or 2)
+    if result.is_main:
+        print(
+            f"done: {result.step} steps ({result.stopped_by}), {result.tokens_seen:,} tokens, "
+            f"{result.train_seconds / 60:.1f} min; final val loss {result.val_loss:.4f} nats/token, "
+            f"{result.val_bpb:.4f} bits/byte; run saved in {result.run_dir}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,151 @@
+"""The run directory: what it holds, refusing to clobber another run, and the trainer state.
+
+A checkpoint is two things written one after the other, each atomically:
+
+1. ``model_config.json`` + ``model.safetensors`` (``model.save_pretrained``): everything
+   ``generate.py`` needs.
+2. ``trainer_state.pt``: model and optimizer state, counters, RNG states, the batch sampler's
+   state and the wandb run id, i.e. everything ``--resume`` needs. It is self-contained (it holds
+   the weights too), so a kill between 1 and 2 leaves a consistent resume point: the previous
+   trainer state.
+
+The trainer state holds only tensors, dicts, lists and scalars, so it loads with
+``torch.load(weights_only=True)``; numpy's and Python's RNG states are converted to such types.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from common.errors import UserError
+from common.files import atomic_output
+from model import GPTConfig
+
+CONFIG_FILE = "config.yaml"
+TOKENIZER_FILE = "tokenizer.json"
+METRICS_FILE = "metrics.jsonl"
+STATE_FILE = "trainer_state.pt"
+MODEL_FILES = ("model_config.json", "model.safetensors")
+RUN_FILES = (CONFIG_FILE, TOKENIZER_FILE, METRICS_FILE, STATE_FILE, *MODEL_FILES)
+FORMAT_VERSION = 1
+
+# The fields that fix the shapes of the weights; dropout or norm_eps may change on resume.
+SHAPE_KEYS = ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd", "ffn_dim", "tie_embeddings")
+
+
+class CheckpointError(UserError):
+    """A run directory or checkpoint that does not fit the request."""
+
+
+def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
+    """Check that ``run_dir`` may be used, clearing an old run only when told to."""
+    if resume:
+        if not (run_dir / STATE_FILE).is_file():
+            raise CheckpointError(
+                f"cannot resume: no checkpoint ({STATE_FILE}) in {run_dir}; "
+                f"start a new run without --resume or point run.out_dir at an existing run"
+            )
+        return
+    if run_dir.exists() and not run_dir.is_dir():
+        raise CheckpointError(f"run.out_dir {run_dir} is a file, not a directory; choose another run.out_dir")
+    if run_dir.is_dir() and any(run_dir.iterdir()):
+        holds_run = any((run_dir / name).exists() for name in RUN_FILES)
+        if not overwrite:
+            if holds_run:
+                raise CheckpointError(
+                    f"{run_dir} already holds a run; pass --resume to continue it, --overwrite to "
+                    f"replace it, or set run.out_dir to a new directory"
+                )
+            raise CheckpointError(
+                f"{run_dir} is not empty and holds no run; set run.out_dir to an empty or new "
+                f"directory, or pass --overwrite to train there anyway"
+            )
+        # Only what a run writes is removed: out_dir could be pointed anywhere by mistake.
+        for name in RUN_FILES:
+            (run_dir / name).unlink(missing_ok=True)
+        shutil.rmtree(run_dir / "wandb", ignore_errors=True)
+    run_dir.mkdir(parents=True, exist_ok=True)
+
+
+def save_checkpoint(run_dir: Path, model: nn.Module, state: dict[str, Any]) -> None:
+    """Write the model files, then the trainer state (the commit point for ``--resume``)."""
+    from model import save_pretrained
+
+    save_pretrained(model, run_dir)
+    payload = {"format_version": FORMAT_VERSION, **state}
+    with atomic_output(run_dir / STATE_FILE) as tmp:
+        torch.save(payload, tmp)
+
+
+def load_trainer_state(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / STATE_FILE
+    if not path.is_file():
+        raise CheckpointError(f"cannot resume: no checkpoint ({STATE_FILE}) in {run_dir}")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any failure to unpickle means the file is unusable
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise CheckpointError(f"checkpoint {path} cannot be read ({reason}); start a new run with --overwrite") from None
+    if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(f"checkpoint {path} has an unknown format; start a new run with --overwrite")
+    return state
+
+
+def check_model_shape(saved: GPTConfig, current: GPTConfig, run_dir: Path) -> None:
+    """Refuse to resume when the config would build a model of another shape."""
+    for key in SHAPE_KEYS:
+        was, now = getattr(saved, key), getattr(current, key)
+        if was != now:
+            name = "ffn_hidden" if key == "ffn_dim" else key
+            raise CheckpointError(
+                f"cannot resume {run_dir}: model.{name} is {now!r} in the config but {was!r} in "
+                f"the checkpoint; use the run's own config.yaml or start a new run"
+            )
+
+
+# ---------------------------------------------------------------------------------------------
+# RNG states as weights_only-loadable values
+
+
+def capture_rng_state() -> dict[str, Any]:
+    _, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
+    version, internal, gauss_next = random.getstate()
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "numpy": {
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached_gaussian),
+        },
+        "python": {"version": int(version), "internal": list(internal), "gauss_next": gauss_next},
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    np_state = state["numpy"]
+    np.random.set_state(
+        (
+            "MT19937",
+            np_state["keys"].numpy().astype(np.uint32),
+            np_state["pos"],
+            np_state["has_gauss"],
+            np_state["cached_gaussian"],
+        )
+    )
+    py = state["python"]
+    random.setstate((py["version"], tuple(py["internal"]), py["gauss_next"]))
+    cuda = state.get("cuda")
+    if cuda is not None and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(cuda)

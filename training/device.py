@@ -1,0 +1,71 @@
+"""Where and how the model runs: the device, the autocast precision, TF32, torch.compile."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import ContextManager
+
+import torch
+
+from common.device import select_device as common_select_device
+from common.errors import UserError
+
+
+def select_device(preference: str = "auto") -> torch.device:
+    """``auto`` picks CUDA, then Apple's MPS, then the CPU; an explicit choice must be available."""
+    return common_select_device(preference, setting="train.device")
+
+
+def resolve_precision(preference: str, device: torch.device) -> torch.dtype:
+    """The autocast dtype: bf16 on GPUs that support it (auto), fp32 otherwise.
+
+    fp16 is deliberately absent: it needs loss scaling, and every GPU worth training on here has
+    bf16. On the CPU bf16 autocast works but is slower than fp32 for small matmuls, so auto keeps
+    fp32 there.
+    """
+    if preference == "fp32":
+        return torch.float32
+    if preference == "bf16":
+        if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+            raise UserError("train.precision=bf16 but this GPU has no bf16 support; use fp32")
+        return torch.bfloat16
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return torch.float32
+
+
+def autocast(device: torch.device, dtype: torch.dtype) -> ContextManager:
+    """Mixed precision for forward passes; a no-op context in fp32."""
+    if dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def configure_backends(device: torch.device) -> None:
+    """Allow TF32 for fp32 matmuls and convolutions on CUDA (Ampere and later run them ~8x faster
+    at a precision that does not matter for training); the CPU is unaffected."""
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        torch.set_float32_matmul_precision("high")
+
+
+def should_compile(setting: bool | str, device: torch.device) -> bool:
+    """``auto`` compiles on CUDA only.
+
+    On the CPU (configs/tiny.yaml, benchmarks/train_throughput.py --compile both, 2 shared cores)
+    compiling made steps 1.2-1.65x faster but cost 45-100 s of compilation on a cold cache, which
+    a short CPU run never earns back; it also needs a working C++ toolchain, which a CPU-only
+    machine may lack. Set ``train.compile: true`` for long CPU runs.
+    """
+    if isinstance(setting, bool):
+        return setting
+    return device.type == "cuda"
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued kernels, so wall-clock timings cover the work they claim to."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()

@@ -1,0 +1,306 @@
+"""Data-parallel training across processes started by ``torchrun``.
+
+One process per device. ``torchrun`` sets RANK / LOCAL_RANK / WORLD_SIZE (and the rendezvous
+address) in each process's environment; ``init_distributed`` reads them, joins the process group
+(NCCL between GPUs, gloo between CPU processes) and pins the process to its GPU. Run without
+``torchrun`` everything here is a cheap no-op, so the trainer has a single code path.
+
+The trainer's loop with N processes and A accumulation steps per process::
+
+    ctx = init_distributed(cfg.train.device)
+    accum = split_global_batch(cfg.train.batch_size * cfg.train.grad_accum_steps,
+                               cfg.train.batch_size, ctx.world_size)
+    model = wrap_model(model.to(ctx.device), ctx)        # then torch.compile, if wanted
+    for micro_step in range(accum):
+        with sync_gradients(model, micro_step == accum - 1):
+            (loss / accum).backward()
+    optimizer.step()
+    ...
+    shutdown(ctx)
+
+DDP averages gradients over processes, each process averages over its micro-steps, so the update
+is the one a single process would make on the whole global batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import torch
+from torch import nn
+
+from common.errors import UserError
+from training.device import select_device
+
+# Variables torchrun sets in every worker; RANK alone is not enough (a user may export it).
+_TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """Where this process sits among its peers. The default is a plain single process."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    is_main: bool = True
+    enabled: bool = False  # True when a process group with more than one process is live
+    backend: str | None = None  # "nccl" | "gloo" when enabled
+
+
+def launched_by_torchrun(env: dict[str, str] | None = None) -> bool:
+    env = os.environ if env is None else env
+    return all(name in env for name in _TORCHRUN_ENV)
+
+
+def init_distributed(device_pref: str = "auto", *, timeout_s: float | None = None) -> DistContext:
+    """Join the process group torchrun set up, or describe a single process.
+
+    ``device_pref`` is ``train.device``. Under torchrun each process takes the GPU numbered by
+    its LOCAL_RANK (pick which GPUs with CUDA_VISIBLE_DEVICES), so a specific ``cuda:N`` is
+    refused there. ``timeout_s`` bounds every collective (torch's default when None): a rank that
+    waits longer than this for its peers fails instead of hanging.
+    """
+    if not launched_by_torchrun():
+        return DistContext(device=select_device(device_pref))
+
+    rank = _env_int("RANK")
+    local_rank = _env_int("LOCAL_RANK")
+    world_size = _env_int("WORLD_SIZE")
+    if world_size == 1:
+        # torchrun with one process: nothing to synchronise, so no process group and no DDP.
+        return DistContext(device=select_device(device_pref))
+    device = _device_for_rank(device_pref, local_rank)
+
+    import torch.distributed as dist
+
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    kwargs: dict[str, Any] = {}
+    if timeout_s is not None:
+        kwargs["timeout"] = datetime.timedelta(seconds=timeout_s)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        # Binding the group to this GPU lets barriers and collectives know their device up
+        # front (no guessing, no warning) and creates the NCCL communicator eagerly.
+        kwargs["device_id"] = device
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend, rank=rank, world_size=world_size, **kwargs)
+    return DistContext(
+        rank=rank,
+        local_rank=local_rank,
+        world_size=world_size,
+        device=device,
+        is_main=rank == 0,
+        enabled=True,
+        backend=backend,
+    )
+
+
+def split_global_batch(global_batch_size: int, micro_batch_size: int, world_size: int) -> int:
+    """Accumulation steps per process so that micro-batch × steps × processes = global batch.
+
+    The config describes the optimizer step (train.batch_size × train.grad_accum_steps
+    sequences); launching more processes must not silently change it, because the learning rate
+    and schedule were chosen for that batch. So the accumulation is divided among processes, and
+    a split that does not come out whole is an error rather than a rounded batch.
+    """
+    for name, value in (
+        ("global batch size", global_batch_size),
+        ("micro-batch size", micro_batch_size),
+        ("world size", world_size),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise UserError(f"{name} must be a positive integer, got {value!r}")
+    per_step = micro_batch_size * world_size
+    if global_batch_size % per_step != 0:
+        raise UserError(
+            f"the global batch of {global_batch_size} sequences (train.batch_size × "
+            f"train.grad_accum_steps) does not split over {world_size} processes × "
+            f"{micro_batch_size} sequences per micro-batch; make train.grad_accum_steps a "
+            f"multiple of the number of processes, or launch a number of processes that divides it"
+        )
+    return global_batch_size // per_step
+
+
+def wrap_model(model: nn.Module, ctx: DistContext) -> nn.Module:
+    """The one place the model is wrapped for multi-process training (DDP today, FSDP later).
+
+    Call it after moving the model to ``ctx.device`` and before ``torch.compile`` (compiling the
+    wrapper lets dynamo split the graph at DDP's bucket boundaries, so communication overlaps
+    the backward pass). DDP broadcasts rank 0's weights on construction, so every rank starts
+    from the same parameters whatever its own initialisation was.
+    """
+    if not ctx.enabled:
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+    return DistributedDataParallel(model, device_ids=device_ids)
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The bare model inside torch.compile and DDP wrappers: the one to save or evaluate.
+
+    Its state dict has the plain parameter names (no ``module.`` / ``_orig_mod.`` prefixes), and
+    its forward runs without DDP's gradient hooks.
+    """
+    while True:
+        if hasattr(model, "_orig_mod"):  # torch.compile's OptimizedModule
+            model = model._orig_mod
+        elif isinstance(model, nn.parallel.DistributedDataParallel):
+            model = model.module
+        else:
+            return model
+
+
+@contextlib.contextmanager
+def sync_gradients(model: nn.Module, enabled: bool) -> Iterator[None]:
+    """Run one micro-step's backward; all-reduce the gradients only when ``enabled``.
+
+    Pass ``enabled = (this is the last micro-step)``: the earlier micro-steps accumulate into the
+    local ``.grad`` without communication, and the last backward all-reduces the accumulated sum
+    once. Without DDP (one process) this does nothing.
+    """
+    ddp = _find_ddp(model)
+    if enabled or ddp is None:
+        yield
+        return
+    with ddp.no_sync():
+        yield
+
+
+def barrier(ctx: DistContext) -> None:
+    """Wait until every process gets here (no-op for a single process)."""
+    if ctx.enabled:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
+def all_reduce_mean(value: torch.Tensor | float, ctx: DistContext) -> torch.Tensor | float:
+    """The mean of ``value`` over processes (returned as the type given; input left untouched).
+
+    For logging a loss that every rank computed on its own share of the batch.
+    """
+    return _all_reduce(value, ctx, mean=True)
+
+
+def all_reduce_sum(value: torch.Tensor | float, ctx: DistContext) -> torch.Tensor | float:
+    """The sum of ``value`` over processes, e.g. nats and bytes of a sharded validation pass."""
+    return _all_reduce(value, ctx, mean=False)
+
+
+def gather_to_main(obj: Any, ctx: DistContext) -> list[Any] | None:
+    """Every rank's ``obj`` (a picklable value) as a list indexed by rank, on rank 0 only.
+
+    For state that differs per rank, such as each rank's batch-sampler generator, which the
+    checkpoint must hold for all ranks so that a resumed run draws the same batches.
+    """
+    if not ctx.enabled:
+        return [obj]
+    import torch.distributed as dist
+
+    gathered: list[Any] = [None] * ctx.world_size
+    # all_gather_object rather than gather_object: it works the same on gloo and NCCL, and these
+    # objects are small and gathered only at checkpoints.
+    dist.all_gather_object(gathered, obj)
+    return gathered if ctx.is_main else None
+
+
+def select_rank_state(
+    saved: list[Any] | None, saved_world_size: int | None, ctx: DistContext
+) -> tuple[Any | None, str | None]:
+    """This rank's entry of per-rank state saved by ``gather_to_main``, for a resumed run.
+
+    Returns ``(state, None)`` when the run is resumed with the world size it was saved with.
+    With another world size the per-rank streams cannot be carried over (there are more or
+    fewer of them), so it returns ``(None, message)``: the caller keeps fresh per-rank samplers
+    and rank 0 prints the message. The weights, optimizer, step count and schedule resume
+    exactly either way; only the order of the training batches departs from an uninterrupted run.
+    """
+    if saved is None or saved_world_size is None:
+        return None, None
+    if saved_world_size == ctx.world_size and len(saved) == ctx.world_size:
+        return saved[ctx.rank], None
+    return None, (
+        f"resuming a run saved with {saved_world_size} process(es) on {ctx.world_size}: weights, "
+        f"optimizer state and step count continue, but the batch order starts afresh for each "
+        f"process (resume with {saved_world_size} process(es) to continue it exactly)"
+    )
+
+
+def shutdown(ctx: DistContext) -> None:
+    """Leave the process group (safe to call more than once, or without one)."""
+    if ctx.enabled:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _all_reduce(value: torch.Tensor | float, ctx: DistContext, *, mean: bool) -> torch.Tensor | float:
+    if not ctx.enabled:
+        return value
+    import torch.distributed as dist
+
+    is_tensor = isinstance(value, torch.Tensor)
+    # float64 so that sums of many large numbers (nats over a validation split) stay exact
+    # enough; NCCL needs the tensor on this rank's GPU.
+    t = value.detach().to(ctx.device, torch.float64, copy=True) if is_tensor else (
+        torch.tensor(float(value), dtype=torch.float64, device=ctx.device)
+    )
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    if mean:
+        t /= ctx.world_size
+    if is_tensor:
+        return t.to(device=value.device, dtype=value.dtype)
+    return t.item()
+
+
+def _find_ddp(model: nn.Module) -> nn.parallel.DistributedDataParallel | None:
+    while True:
+        if isinstance(model, nn.parallel.DistributedDataParallel):
+            return model
+        if hasattr(model, "_orig_mod"):
+            model = model._orig_mod
+        else:
+            return None
+
+
+def _device_for_rank(device_pref: str, local_rank: int) -> torch.device:
+    pref = device_pref.strip()
+    if pref == "auto":
+        pref = "cuda" if torch.cuda.is_available() else "cpu"
+    if pref == "cpu":
+        return torch.device("cpu")
+    if pref == "cuda":
+        if not torch.cuda.is_available():
+            raise UserError("train.device=cuda but CUDA is not available; use train.device=cpu")
+        count = torch.cuda.device_count()
+        if local_rank >= count:
+            raise UserError(
+                f"local rank {local_rank} has no GPU: this node has {count}; launch at most "
+                f"{count} process(es) per node with torchrun --nproc_per_node"
+            )
+        return torch.device("cuda", local_rank)
+    if pref.startswith("cuda:"):
+        raise UserError(
+            f"train.device={pref} names one GPU but torchrun starts a process per GPU; use "
+            f"train.device=cuda (process i takes GPU i) and choose GPUs with CUDA_VISIBLE_DEVICES"
+        )
+    raise UserError(
+        f"train.device={pref} is not supported with torchrun; use train.device=cuda or cpu"
+    )
+
+
+def _env_int(name: str) -> int:
+    text = os.environ.get(name, "")
+    try:
+        return int(text)
+    except ValueError:
+        raise UserError(f"environment variable {name}={text!r} is not an integer; launch with torchrun") from None

@@ -1,0 +1,121 @@
+"""Validation loss (nats per token and bits per byte) and a text sample from the KV-cache path."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Callable, ContextManager
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from common.errors import UserError
+
+
+@dataclass
+class EvalResult:
+    loss: float  # mean cross-entropy, nats per target token
+    bpb: float  # bits per UTF-8 byte of the target text: comparable across tokenizers
+    tokens: int
+    bytes: int
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module,
+    val_tokens: np.ndarray,
+    token_bytes: torch.Tensor,
+    *,
+    block_size: int,
+    batch_size: int,
+    max_batches: int | None,
+    device: torch.device,
+    amp: Callable[[], ContextManager] | None = None,
+    ctx: Any = None,
+) -> EvalResult:
+    """Score ``max_batches`` fixed validation batches (None: the whole split).
+
+    With several processes (``ctx`` a live DistContext) each takes every ``world_size``-th batch
+    and the sums are added up, so the result equals a single-process evaluation.
+    """
+    from data import bits_per_byte, iter_val_batches, target_nats_and_bytes
+    from training.distributed import all_reduce_sum
+
+    rank, world_size = (ctx.rank, ctx.world_size) if ctx is not None else (0, 1)
+
+    was_training = model.training
+    model.eval()
+    # nats and count over every scored target (the loss); nats and UTF-8 bytes over the targets
+    # that stand for text (bits per byte: end-of-text has no bytes, so it is left out of both).
+    sums = torch.zeros(4, dtype=torch.float64, device=device)
+    try:
+        batches = iter_val_batches(val_tokens, block_size, batch_size, max_batches=max_batches, device=device)
+        for i, (x, y) in enumerate(batches):
+            if i % world_size != rank:
+                continue
+            with amp() if amp is not None else contextlib.nullcontext():
+                logits = model(x)
+            logits = logits.float()
+            sums[0] += F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=-1, reduction="sum").double()
+            sums[1] += (y != -1).sum()
+            text_nats, text_bytes = target_nats_and_bytes(logits, y, token_bytes)
+            sums[2] += text_nats
+            sums[3] += text_bytes
+    finally:
+        model.train(was_training)
+    if ctx is not None:
+        sums = all_reduce_sum(sums, ctx)
+    nats, tokens, text_nats, nbytes = sums.tolist()
+    if tokens == 0:
+        raise UserError(
+            "the validation split has no window of model.block_size + 1 tokens; "
+            "lower model.block_size or give the data more validation text (data.val_fraction)"
+        )
+    return EvalResult(
+        loss=nats / tokens,
+        bpb=bits_per_byte(text_nats, int(nbytes)),
+        tokens=int(tokens),
+        bytes=int(nbytes),
+    )
+
+
+@torch.no_grad()
+def generate_sample(
+    model: Any,
+    tokenizer: Any,
+    prompt: str,
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int | None,
+    seed: int,
+    device: torch.device,
+    start_id: int | None = None,
+) -> str:
+    """Continue ``prompt`` through the KV-cache generation path; returns prompt + continuation.
+
+    A private generator with a fixed seed makes the sample a function of the weights alone (so
+    samples at the same step of a resumed and an uninterrupted run match) and leaves the
+    training RNG untouched.
+    """
+    ids = tokenizer.encode(prompt).ids if prompt else []
+    if not ids:
+        ids = [start_id if start_id is not None else 0]
+    idx = torch.tensor([ids], dtype=torch.long, device=device)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    was_training = model.training
+    model.eval()
+    try:
+        out = model.generate(
+            idx,
+            max_new_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            use_cache=True,
+            generator=generator,
+        )
+    finally:
+        model.train(was_training)
+    return tokenizer.decode(out[0].tolist())

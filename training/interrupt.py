@@ -1,0 +1,52 @@
+"""Ctrl-C and SIGTERM as a request to stop after the current step, so a checkpoint gets saved."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from types import FrameType
+from typing import Any
+
+
+class StopRequest:
+    """Records the first SIGINT/SIGTERM instead of dying; a second Ctrl-C aborts at once.
+
+    Killing the process mid-step would lose everything since the last checkpoint; finishing the
+    step (seconds at most) and saving loses nothing. Schedulers send SIGTERM before SIGKILL for
+    exactly this.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    def install(self) -> None:
+        # Python only lets the main thread set handlers; elsewhere signals keep their defaults.
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in self.SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._handle)
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.signum is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        if self.signum is None:
+            name = signal.Signals(signum).name
+            sys.stderr.write(
+                f"\n{name} received: finishing this step, saving a checkpoint, then exiting "
+                f"(press Ctrl-C again to abort without saving)\n"
+            )
+            sys.stderr.flush()
+        self.signum = signum

@@ -1,0 +1,173 @@
+"""metrics.jsonl (one JSON object per logged step and per evaluation) and MFU accounting."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from common.files import atomic_write_text
+
+
+class MetricsLog:
+    """Appends records to ``metrics.jsonl``.
+
+    Lines are appended rather than the whole file rewritten through a temporary file: rewriting
+    would make an overnight run quadratic in its length. Each line goes out in one ``write`` on an
+    ``O_APPEND`` descriptor, which a killed process cannot leave half-done; a line torn by a power
+    cut is skipped by ``read_metrics``. The one rewrite, on resume, is atomic.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def append(self, record: dict[str, Any]) -> None:
+        data = (json.dumps(record, separators=(", ", ": ")) + "\n").encode("utf-8")
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            written = os.write(fd, data)
+            while written < len(data):  # only a full disk or a signal gets here
+                written += os.write(fd, data[written:])
+        finally:
+            os.close(fd)
+
+    def truncate_after(self, step: int) -> None:
+        """Keep only records with ``step`` <= ``step`` (the checkpoint a resumed run starts from)."""
+        if not self.path.exists():
+            return
+        kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= step]
+        atomic_write_text(self.path, "".join(json.dumps(r, separators=(", ", ": ")) + "\n" for r in kept))
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """All complete records of a metrics file (a torn last line is ignored)."""
+    records = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if not line.endswith("\n"):
+                break
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return records
+
+
+# ---------------------------------------------------------------------------------------------
+# Peak FLOP/s and MFU
+
+# Dense bf16 tensor-core peaks (FLOP/s) from the vendors' datasheets, matched by substring of
+# torch.cuda.get_device_name(); more specific names come first. Anything else is measured.
+_GPU_BF16_PEAKS: list[tuple[str, float]] = [
+    ("GH200", 989e12),
+    ("H200", 989e12),
+    ("H100 NVL", 835e12),
+    ("H100 PCIe", 756e12),
+    ("H100", 989e12),  # SXM
+    ("H800", 989e12),
+    ("B200", 2250e12),
+    ("A100", 312e12),
+    ("A800", 312e12),
+    ("L40S", 362e12),
+    ("L4", 121e12),
+]
+
+
+def known_gpu_peak(name: str) -> float | None:
+    for key, peak in _GPU_BF16_PEAKS:
+        if key in name:
+            return peak
+    return None
+
+
+def measure_matmul_flops(
+    device: torch.device,
+    dtype: torch.dtype = torch.float32,
+    size: int = 1024,
+    max_seconds: float = 0.5,
+    max_repeats: int = 50,
+) -> float:
+    """Best achieved FLOP/s of an ``size x size`` matmul on ``device`` (the practical peak).
+
+    Best-of rather than mean: the question is what the hardware can do, not what the other
+    processes sharing it left over this time.
+    """
+    from training.device import synchronize
+
+    # A private generator: measuring must not move the global RNG that seeds the model.
+    gen = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(size, size, device=device, dtype=dtype, generator=gen)
+    b = torch.randn(size, size, device=device, dtype=dtype, generator=gen)
+    torch.matmul(a, b)  # first call pays for library initialisation
+    synchronize(device)
+    best = math.inf
+    start = time.perf_counter()
+    for _ in range(max_repeats):
+        t0 = time.perf_counter()
+        torch.matmul(a, b)
+        synchronize(device)
+        best = min(best, time.perf_counter() - t0)
+        if time.perf_counter() - start > max_seconds:
+            break
+    return 2.0 * size**3 / best
+
+
+def peak_flops(setting: float | str, device: torch.device, dtype: torch.dtype) -> tuple[float, str]:
+    """Peak FLOP/s of one device for MFU, and where the number came from."""
+    if not isinstance(setting, str):
+        return float(setting), "config"
+    if device.type == "cuda" and dtype == torch.bfloat16:
+        known = known_gpu_peak(torch.cuda.get_device_name(device))
+        if known is not None:
+            return known, "datasheet"
+    # The CPU (and unknown GPUs) get a short measurement: a datasheet number for "a CPU" does not
+    # exist, and the measured matmul rate is the ceiling this model could reach anyway.
+    size = 1024 if device.type == "cpu" else 4096
+    return measure_matmul_flops(device, dtype, size=size), "measured"
+
+
+def mfu(flops_per_token: float, tokens_per_second: float, peak: float) -> float:
+    """Model FLOPs utilisation: the fraction of peak that the model's own arithmetic uses."""
+    return flops_per_token * tokens_per_second / peak if peak > 0 else 0.0
+
+
+class Throughput:
+    """Tokens per second over a window of recent steps (startup and evaluations excluded)."""
+
+    def __init__(self, window: int = 20) -> None:
+        self.window = window
+        self._samples: list[tuple[int, float]] = []
+
+    def add(self, tokens: int, seconds: float) -> None:
+        self._samples.append((tokens, seconds))
+        if len(self._samples) > self.window:
+            self._samples.pop(0)
+
+    def tokens_per_second(self) -> float:
+        tokens = sum(t for t, _ in self._samples)
+        seconds = sum(s for _, s in self._samples)
+        return tokens / seconds if seconds > 0 else 0.0
+
+    def seconds_per_step(self) -> float:
+        if not self._samples:
+            return 0.0
+        return sum(s for _, s in self._samples) / len(self._samples)
+
+
+def format_duration(seconds: float) -> str:
+    seconds = max(0, int(round(seconds)))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def format_flops(value: float) -> str:
+    for unit, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if value >= scale:
+            return f"{value / scale:.3g}{unit}"
+    return f"{value:.3g}"

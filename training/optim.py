@@ -1,0 +1,105 @@
+"""AdamW with decoupled weight decay on weight matrices only, and the learning-rate schedule."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from training.config import TrainConfig
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Split parameters into a decayed group (matrices) and an undecayed one.
+
+    Decay pulls weights toward zero, which regularises the linear maps but would only fight the
+    scale parameters of norms and the biases; embeddings are excluded too because a row that is
+    rarely looked up would be shrunk at every step while it gets almost no gradient. (With tied
+    embeddings the output projection is the same tensor, so it is not decayed either.)
+    """
+    embedding_params = {
+        id(module.weight) for module in model.modules() if isinstance(module, nn.Embedding)
+    }
+    decay, no_decay = [], []
+    for param in model.parameters():  # parameters() yields a tied tensor once
+        if not param.requires_grad:
+            continue
+        if param.ndim >= 2 and id(param) not in embedding_params:
+            decay.append(param)
+        else:
+            no_decay.append(param)
+    return [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+
+
+def build_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
+    # The fused CUDA kernel updates every parameter in one launch; elsewhere the default
+    # (foreach) implementation is the fast one.
+    fused = device.type == "cuda"
+    return torch.optim.AdamW(
+        param_groups(model, cfg.weight_decay),
+        lr=cfg.lr,
+        betas=(cfg.beta1, cfg.beta2),
+        eps=cfg.eps,
+        fused=fused or None,
+    )
+
+
+@dataclass(frozen=True)
+class LRSchedule:
+    """Linear warmup over ``warmup_steps``, then cosine decay from ``lr`` to ``min_lr``.
+
+    The decay is driven by *progress*, the largest fraction used of any budget:
+    ``max((step - warmup) / (max_steps - warmup), elapsed / max_seconds)``. A token budget is a
+    step budget in disguise (tokens per step are fixed), so it is folded into ``max_steps``. When
+    the wall clock is the binding budget, progress follows the clock and the run still reaches
+    the floor as time runs out, instead of stopping half-way down a step-based curve. Time
+    progress counts from the start of training: warmup is a few seconds of a budget measured in
+    minutes, so the step at which it ends is not worth tracking separately.
+    """
+
+    lr: float
+    min_lr: float
+    warmup_steps: int
+    max_steps: int | None  # planned steps (after folding in max_tokens); None = time only
+    max_seconds: float | None
+
+    def progress(self, step: int, elapsed_s: float) -> float:
+        fractions = [0.0]
+        if self.max_steps is not None:
+            span = self.max_steps - self.warmup_steps
+            fractions.append((step - self.warmup_steps) / span if span > 0 else 1.0)
+        if self.max_seconds is not None:
+            fractions.append(elapsed_s / self.max_seconds)
+        return min(1.0, max(fractions))
+
+    def __call__(self, step: int, elapsed_s: float = 0.0) -> float:
+        """Learning rate for optimizer step ``step`` (0-based) at ``elapsed_s`` seconds in."""
+        if step < self.warmup_steps:
+            return self.lr * (step + 1) / self.warmup_steps
+        p = self.progress(step, elapsed_s)
+        return self.min_lr + 0.5 * (self.lr - self.min_lr) * (1.0 + math.cos(math.pi * p))
+
+
+def planned_steps(cfg: TrainConfig, tokens_per_step: int) -> int | None:
+    """The step count the step and token budgets allow (None when only time is limited)."""
+    limits = []
+    if cfg.max_steps is not None:
+        limits.append(cfg.max_steps)
+    if cfg.max_tokens is not None:
+        limits.append(max(1, math.ceil(cfg.max_tokens / tokens_per_step)))
+    return min(limits) if limits else None
+
+
+def build_schedule(cfg: TrainConfig, tokens_per_step: int) -> LRSchedule:
+    return LRSchedule(
+        lr=cfg.lr,
+        min_lr=cfg.min_lr,
+        warmup_steps=cfg.warmup_steps,
+        max_steps=planned_steps(cfg, tokens_per_step),
+        max_seconds=cfg.max_minutes * 60.0 if cfg.max_minutes is not None else None,
+    )

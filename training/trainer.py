@@ -1,0 +1,504 @@
+"""The training loop: from a validated ``Config`` to a run directory holding a trained model.
+
+Order of work in ``train``: check the run directory (and the checkpoint, when resuming) before
+anything slow; prepare the data; build model, optimizer, schedule and batch sampler; restore the
+trainer state when resuming; then step until a budget or a signal ends the run; save; run the full
+validation pass.
+
+Reproducibility: the model is initialised right after ``torch.manual_seed(train.seed)`` on every
+rank (so ranks start identical), then every RNG is reseeded with ``seed + rank`` for dropout. The
+batch sampler has its own generator. Everything that consumes randomness is in the trainer state,
+so a resumed run replays the uninterrupted one exactly (on the CPU, bit for bit).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, ContextManager
+
+import numpy as np
+import torch
+from torch import nn
+
+from common.errors import UserError
+from common.files import atomic_write_bytes
+from training.checkpoint import (
+    CONFIG_FILE,
+    METRICS_FILE,
+    TOKENIZER_FILE,
+    CheckpointError,
+    capture_rng_state,
+    check_model_shape,
+    load_trainer_state,
+    prepare_run_dir,
+    restore_rng_state,
+    save_checkpoint,
+)
+from training.config import Config, ConfigError, config_to_dict, save_config
+from training.device import autocast, configure_backends, resolve_precision, should_compile
+from training.distributed import (
+    all_reduce_mean,
+    all_reduce_sum,
+    barrier,
+    gather_to_main,
+    init_distributed,
+    select_rank_state,
+    shutdown,
+    split_global_batch,
+    sync_gradients,
+    wrap_model,
+)
+from training.evaluate import EvalResult, evaluate, generate_sample
+from training.interrupt import StopRequest
+from training.metrics import MetricsLog, Throughput, format_duration, format_flops, mfu, peak_flops
+from training.optim import build_optimizer, build_schedule
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    step: int  # optimizer steps taken in total (including those before a resume)
+    tokens_seen: int
+    stopped_by: str  # max_steps | max_tokens | max_minutes | interrupted
+    train_seconds: float
+    val_loss: float | None = None  # from the final full validation pass (None when interrupted)
+    val_bpb: float | None = None
+    last_loss: float | None = None  # training loss of the last step
+    signal: int | None = None  # the signal that interrupted the run
+    is_main: bool = True  # rank 0 (or a single process): the one that reports to the user
+
+    @property
+    def interrupted(self) -> bool:
+        return self.stopped_by == "interrupted"
+
+
+class NonFiniteLossError(UserError):
+    """The loss or gradient became NaN/Inf; the run stopped without saving."""
+
+
+def train(config: Config, *, resume: bool = False, overwrite: bool = False, progress: bool = True) -> TrainResult:
+    """Train as ``config`` says; ``resume`` continues the run in ``run.out_dir``.
+
+    ``overwrite`` (or ``run.overwrite``) replaces a run already in ``run.out_dir``; without it
+    such a directory is refused. ``progress`` shows the progress bar and evaluation lines.
+    """
+    ctx = init_distributed(config.train.device)
+    try:
+        trainer = Trainer(config, ctx, progress=progress)
+        trainer.setup(resume=resume, overwrite=(overwrite or config.run.overwrite) and not resume)
+        return trainer.fit()
+    finally:
+        shutdown(ctx)
+
+
+def accumulate_gradients(
+    model: nn.Module,
+    next_batch: Callable[[], tuple[torch.Tensor, torch.Tensor]],
+    micro_steps: int,
+    *,
+    amp: Callable[[], ContextManager] | None = None,
+    sync: Callable[[bool], ContextManager] | None = None,
+) -> torch.Tensor:
+    """Forward and backward ``micro_steps`` micro-batches; return their mean loss (detached).
+
+    Each loss is divided by ``micro_steps`` before ``backward`` so the accumulated gradient is the
+    gradient of the mean, i.e. that of one batch ``micro_steps`` times larger. ``sync(is_last)``
+    lets data-parallel training skip the gradient all-reduce on all but the last micro-batch.
+    """
+    total = None
+    for i in range(micro_steps):
+        x, y = next_batch()
+        with sync(i == micro_steps - 1) if sync is not None else contextlib.nullcontext():
+            with amp() if amp is not None else contextlib.nullcontext():
+                _, loss = model(x, y)
+            (loss / micro_steps).backward()
+        total = loss.detach() if total is None else total + loss.detach()
+    return total / micro_steps
+
+
+def clip_gradients(model: nn.Module, max_norm: float) -> torch.Tensor:
+    """Clip the global gradient norm to ``max_norm`` (0: no clipping); return the norm before."""
+    return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm if max_norm > 0 else math.inf)
+
+
+def seed_everything(seed: int) -> None:
+    torch.manual_seed(seed)
+    np.random.seed(seed % 2**32)
+    random.seed(seed)
+
+
+class Trainer:
+    """One training run; ``setup`` then ``fit``. Attributes are the live state of the run."""
+
+    def __init__(self, config: Config, ctx: Any, *, progress: bool = True) -> None:
+        self.config = config
+        self.ctx = ctx
+        self.device: torch.device = torch.device(ctx.device)
+        self.run_dir = config.out_dir
+        self.verbose = progress and ctx.is_main
+        self.step = 0
+        self.tokens_seen = 0
+        self.base_seconds = 0.0  # training time before this process (from the checkpoint)
+        self.saved_step: int | None = None
+        self.loop_start = time.perf_counter()
+        self.throughput = Throughput()
+        self.summary: dict[str, Any] = {}
+
+    # -----------------------------------------------------------------------------------------
+    # Setup
+
+    def setup(self, *, resume: bool, overwrite: bool) -> None:
+        from data import TrainBatches, load_tokenizer, prepare_data
+        from model import GPT, GPTConfig
+        from training.wandb_logger import WandbLogger
+
+        cfg, ctx, tc = self.config, self.ctx, self.config.train
+        # Cheap checks first: a refused run directory or an incompatible checkpoint should not
+        # cost a tokenizer training first.
+        if ctx.is_main:
+            prepare_run_dir(self.run_dir, resume=resume, overwrite=overwrite)
+        state = None
+        if resume:
+            state = load_trainer_state(self.run_dir)
+            try:
+                saved_model = GPTConfig.from_dict(state["model_config"])
+            except (KeyError, ValueError, TypeError) as e:
+                raise CheckpointError(f"checkpoint in {self.run_dir} has no valid model config ({e})") from None
+            check_model_shape(saved_model, cfg.model, self.run_dir)
+        barrier(ctx)
+
+        prepared = prepare_data(cfg.data, progress=self.verbose, is_main=ctx.is_main)
+        barrier(ctx)
+        prepared.check_block_size(cfg.model.block_size)
+        if prepared.vocab_size > cfg.model.vocab_size:
+            raise ConfigError(
+                f"the tokenizer has {prepared.vocab_size} tokens but model.vocab_size is "
+                f"{cfg.model.vocab_size}; remove model.vocab_size or raise it"
+            )
+        if resume and (self.run_dir / TOKENIZER_FILE).is_file():
+            if load_tokenizer(self.run_dir / TOKENIZER_FILE).get_vocab() != prepared.tokenizer().get_vocab():
+                raise CheckpointError(
+                    f"cannot resume {self.run_dir}: the data section now builds a different "
+                    f"tokenizer than the run was trained with; use the run's own config.yaml"
+                )
+        self.prepared = prepared
+        self.tokenizer = prepared.tokenizer()
+        self.val_tokens = prepared.val_tokens()
+        self.token_bytes = torch.as_tensor(np.asarray(prepared.token_bytes()), dtype=torch.long, device=self.device)
+
+        configure_backends(self.device)
+        self.amp_dtype = resolve_precision(tc.precision, self.device)
+        # Measured (on the CPU) before seeding, with its own generator anyway.
+        self.peak, self.peak_source = peak_flops(tc.peak_flops, self.device, self.amp_dtype)
+
+        torch.manual_seed(tc.seed)
+        self.model = GPT(cfg.model).to(self.device)
+        seed_everything(tc.seed + ctx.rank)
+        self.optimizer = build_optimizer(self.model, tc, self.device)
+        # The optimizer step always covers batch_size x grad_accum_steps sequences; more
+        # processes share the accumulation instead of silently growing the batch.
+        self.micro_steps = split_global_batch(tc.batch_size * tc.grad_accum_steps, tc.batch_size, ctx.world_size)
+        self.tokens_per_step = tc.batch_size * tc.grad_accum_steps * cfg.model.block_size
+        self.schedule = build_schedule(tc, self.tokens_per_step)
+        self.batches = TrainBatches(
+            prepared.train_tokens(),
+            cfg.model.block_size,
+            tc.batch_size,
+            seed=tc.seed,
+            rank=ctx.rank,
+            device=self.device,
+        )
+        wandb_run_id = None
+        if state is not None:
+            wandb_run_id = self._restore(state)
+
+        self.metrics = MetricsLog(self.run_dir / METRICS_FILE)
+        if ctx.is_main:
+            # The config is rewritten on resume too: a longer budget is a legitimate change, and
+            # the directory should describe the run as it continues.
+            save_config(cfg, self.run_dir / CONFIG_FILE)
+            if not resume:
+                atomic_write_bytes(self.run_dir / TOKENIZER_FILE, Path(prepared.tokenizer_path).read_bytes())
+            else:
+                self.metrics.truncate_after(self.step)
+
+        self.wrapped = wrap_model(self.model, ctx)
+        self.compiled = should_compile(tc.compile, self.device)
+        self.train_model = torch.compile(self.wrapped) if self.compiled else self.wrapped
+        self.flops_per_token = self.model.flops_per_token(cfg.model.block_size)
+        self.logger = WandbLogger.start(
+            cfg.logging.wandb,
+            run_dir=self.run_dir,
+            run_config=config_to_dict(cfg),
+            resume_id=wandb_run_id,
+            is_main=ctx.is_main,
+        )
+        if self.verbose:
+            self._say(
+                f"{'resuming' if resume else 'training'} {self.model.num_params() / 1e6:.2f}M parameters "
+                f"on {self.device} ({'bf16' if self.amp_dtype == torch.bfloat16 else 'fp32'}"
+                f"{', compiled' if self.compiled else ''}); {self.tokens_per_step} tokens/step; "
+                f"peak {format_flops(self.peak)}FLOP/s ({self.peak_source}); run dir {self.run_dir}"
+            )
+
+    def _restore(self, state: dict[str, Any]) -> str | None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step = int(state["step"])
+        self.tokens_seen = int(state["tokens_seen"])
+        self.base_seconds = float(state["train_seconds"])
+        self.saved_step = self.step
+        rank_state, message = select_rank_state(state["ranks"], state["world_size"], self.ctx)
+        if rank_state is not None:
+            self.batches.load_state_dict(rank_state["batches"])
+            restore_rng_state(rank_state["rng"])
+        elif message and self.ctx.is_main:
+            self._say(f"warning: {message}")
+        return state.get("wandb_run_id")
+
+    # -----------------------------------------------------------------------------------------
+    # The loop
+
+    def fit(self) -> TrainResult:
+        from tqdm.auto import tqdm
+
+        stop = StopRequest()
+        stop.install()
+        self.loop_start = time.perf_counter()
+        bar = tqdm(
+            total=self.schedule.max_steps,
+            initial=self.step,
+            disable=not self.verbose,
+            desc="train",
+            unit="step",
+            dynamic_ncols=True,
+        )
+        last_loss = None
+        failed = True
+        try:
+            try:
+                while True:
+                    reason = self._budget_reason()
+                    interrupted, reason = self._agree(stop.requested, reason)
+                    if interrupted:
+                        reason = "interrupted"
+                    if reason is not None:
+                        break
+                    last_loss, lr, grad_norm = self._train_step()
+                    bar.update(1)
+                    bar.set_postfix_str(self._postfix(last_loss, lr), refresh=False)
+                    self._after_step(last_loss, lr, grad_norm)
+                if self.saved_step != self.step:
+                    self._save()
+            finally:
+                stop.restore()
+                bar.close()
+            result = TrainResult(
+                run_dir=self.run_dir,
+                step=self.step,
+                tokens_seen=self.tokens_seen,
+                stopped_by=reason,
+                train_seconds=self._elapsed(),
+                last_loss=last_loss,
+                signal=stop.signum,
+                is_main=self.ctx.is_main,
+            )
+            self.summary.update(step=self.step, tokens=self.tokens_seen, stopped_by=reason)
+            if reason != "interrupted":
+                final = self._evaluate(final=True)
+                result.val_loss, result.val_bpb = final.loss, final.bpb
+                self.summary.update(val_loss=final.loss, val_bpb=final.bpb)
+            failed = False
+            return result
+        finally:
+            # A diverged or crashed run shows as failed in wandb; its files are closed either way.
+            self.logger.finish(self.summary, exit_code=1 if failed else 0)
+
+    def _train_step(self) -> tuple[float, float, float]:
+        tc = self.config.train
+        t0 = time.perf_counter()
+        lr = self.schedule(self.step, self._elapsed())
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        loss = accumulate_gradients(
+            self.train_model,
+            self.batches.next,
+            self.micro_steps,
+            amp=lambda: autocast(self.device, self.amp_dtype),
+            sync=lambda last: sync_gradients(self.wrapped, last),
+        )
+        grad_norm = clip_gradients(self.model, tc.grad_clip)
+        # One host sync per step: the cost of noticing a NaN before it reaches the optimizer (and
+        # any checkpoint). The grad norm is already identical on all ranks; the loss is averaged.
+        loss_value, grad_norm_value = all_reduce_mean(loss, self.ctx).item(), grad_norm.item()
+        if not (math.isfinite(loss_value) and math.isfinite(grad_norm_value)):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise NonFiniteLossError(self._nonfinite_message(loss_value, grad_norm_value))
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        self.tokens_seen += self.tokens_per_step
+        self.throughput.add(self.tokens_per_step, time.perf_counter() - t0)
+        return loss_value, lr, grad_norm_value
+
+    def _after_step(self, loss: float, lr: float, grad_norm: float) -> None:
+        step, ec = self.step, self.config.eval
+        if step % self.config.logging.interval == 0 or step == 1:
+            tokens_per_s = self.throughput.tokens_per_second()
+            record = {
+                "kind": "train",
+                "step": step,
+                "loss": loss,
+                "lr": lr,
+                "grad_norm": grad_norm,
+                "tokens": self.tokens_seen,
+                "tokens_per_s": tokens_per_s,
+                "mfu": mfu(self.flops_per_token, tokens_per_s, self.peak * self.ctx.world_size),
+                "elapsed_s": self._elapsed(),
+            }
+            if self.ctx.is_main:
+                self.metrics.append(record)
+                self.logger.log({f"train/{k}": v for k, v in record.items() if k not in ("kind", "step")}, step)
+        if ec.interval and step % ec.interval == 0:
+            self._evaluate(final=False)
+        interval = self.config.run.checkpoint_interval
+        if interval and step % interval == 0:
+            self._save()
+
+    # -----------------------------------------------------------------------------------------
+    # Budgets, evaluation, checkpoints
+
+    def _budget_reason(self) -> str | None:
+        tc = self.config.train
+        if tc.max_steps is not None and self.step >= tc.max_steps:
+            return "max_steps"
+        if tc.max_tokens is not None and self.tokens_seen >= tc.max_tokens:
+            return "max_tokens"
+        if tc.max_minutes is not None and self._elapsed() >= tc.max_minutes * 60.0:
+            return "max_minutes"
+        return None
+
+    def _agree(self, interrupted: bool, reason: str | None) -> tuple[bool, str | None]:
+        """Make every rank stop at the same step: a signal or the clock may reach only some."""
+        if not self.ctx.enabled:
+            return interrupted, reason
+        flags = torch.tensor([float(interrupted), float(reason == "max_minutes")], device=self.device)
+        flags = all_reduce_sum(flags, self.ctx)
+        interrupted = bool(flags[0].item() > 0)
+        if reason is None and flags[1].item() > 0:
+            reason = "max_minutes"
+        return interrupted, reason
+
+    def _evaluate(self, *, final: bool) -> EvalResult:
+        cfg, ec = self.config, self.config.eval
+        result = evaluate(
+            self.model,
+            self.val_tokens,
+            self.token_bytes,
+            block_size=cfg.model.block_size,
+            batch_size=ec.batch_size or cfg.train.batch_size,
+            max_batches=ec.final_max_batches if final else ec.max_batches,
+            device=self.device,
+            amp=lambda: autocast(self.device, self.amp_dtype),
+            ctx=self.ctx,
+        )
+        if not self.ctx.is_main:
+            return result
+        record: dict[str, Any] = {
+            "kind": "final_eval" if final else "eval",
+            "step": self.step,
+            "val_loss": result.loss,
+            "val_bpb": result.bpb,
+            "val_tokens": result.tokens,
+        }
+        if ec.sample_tokens > 0:
+            record["sample"] = generate_sample(
+                self.model,
+                self.tokenizer,
+                ec.sample_prompt,
+                max_new_tokens=ec.sample_tokens,
+                temperature=ec.sample_temperature,
+                top_k=ec.sample_top_k,
+                seed=ec.sample_seed,
+                device=self.device,
+                start_id=self.prepared.eot_id,
+            )
+        self.metrics.append(record)
+        prefix = "final/" if final else "val/"
+        self.logger.log({prefix + "loss": result.loss, prefix + "bpb": result.bpb}, self.step)
+        if "sample" in record:
+            self.logger.log_samples(self.step, [(ec.sample_prompt, record["sample"])])
+        if self.verbose:
+            scope = "full validation" if final else "validation"
+            self._say(f"step {self.step} {scope}: loss {result.loss:.4f} nats/token, {result.bpb:.4f} bits/byte")
+            if "sample" in record:
+                self._say("  sample: " + record["sample"].replace("\n", "\n          "))
+        return result
+
+    def _save(self) -> None:
+        # Each rank's sampler and RNG streams differ, and all are needed to resume exactly.
+        ranks = gather_to_main({"rng": capture_rng_state(), "batches": self.batches.state_dict()}, self.ctx)
+        if self.ctx.is_main:
+            state = {
+                "step": self.step,
+                "tokens_seen": self.tokens_seen,
+                "train_seconds": self._elapsed(),
+                "model_config": self.config.model.to_dict(),
+                "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "ranks": ranks,
+                "world_size": self.ctx.world_size,
+                "wandb_run_id": self.logger.run_id,
+            }
+            save_checkpoint(self.run_dir, self.model, state)
+        self.saved_step = self.step
+
+    # -----------------------------------------------------------------------------------------
+    # Small helpers
+
+    def _elapsed(self) -> float:
+        return self.base_seconds + time.perf_counter() - self.loop_start
+
+    def _time_left(self) -> float | None:
+        estimates = []
+        if self.schedule.max_steps is not None and self.throughput.seconds_per_step() > 0:
+            estimates.append((self.schedule.max_steps - self.step) * self.throughput.seconds_per_step())
+        if self.schedule.max_seconds is not None:
+            estimates.append(self.schedule.max_seconds - self._elapsed())
+        return min(estimates) if estimates else None
+
+    def _postfix(self, loss: float, lr: float) -> str:
+        tokens_per_s = self.throughput.tokens_per_second()
+        util = mfu(self.flops_per_token, tokens_per_s, self.peak * self.ctx.world_size)
+        left = self._time_left()
+        parts = [
+            f"loss {loss:.4f}",
+            f"lr {lr:.2e}",
+            f"{tokens_per_s / 1e3:.1f}k tok/s",
+            f"mfu {100 * util:.1f}%",
+        ]
+        if left is not None:
+            parts.append(f"left {format_duration(left)}")
+        return " | ".join(parts)
+
+    def _nonfinite_message(self, loss: float, grad_norm: float) -> str:
+        where = (
+            f"the last good checkpoint (step {self.saved_step}) in {self.run_dir} is untouched"
+            if self.saved_step is not None
+            else "no checkpoint had been written yet"
+        )
+        return (
+            f"training diverged at step {self.step + 1}: loss {loss}, gradient norm {grad_norm}; "
+            f"stopped without saving, {where}; lower train.lr or raise train.warmup_steps"
+        )
+
+    def _say(self, message: str) -> None:
+        from tqdm.auto import tqdm
+
+        tqdm.write(message, file=sys.stdout)

@@ -1,0 +1,218 @@
+"""Weights & Biases logging that can neither prompt nor take a training run down.
+
+Modes (``logging.wandb.mode``):
+
+- ``auto``: honour ``WANDB_MODE`` if the environment sets it; otherwise online when credentials
+  exist (``WANDB_API_KEY`` or a netrc entry for the W&B host), else offline.
+- ``online`` / ``offline`` / ``disabled``: as named. Online without credentials falls back to
+  offline with a one-line note, since a login prompt would hang a job that has no terminal.
+
+Offline runs are written under ``<run_dir>/wandb/`` and uploaded later with ``wandb sync``.
+A resumed run passes the stored run id back, so its charts continue the same run.
+
+Anything wandb raises, at start or later, is reported in one line and turns the logger into a
+no-op: experiment tracking is never a reason to lose a training run. Only rank 0 logs; other
+ranks get a no-op logger without importing wandb at all.
+"""
+
+from __future__ import annotations
+
+import netrc
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlparse
+
+from common.errors import UserError
+
+if TYPE_CHECKING:
+    from training.config import WandbConfig
+
+MODES = ("auto", "online", "offline", "disabled")
+DEFAULT_HOST = "https://api.wandb.ai"
+SAMPLE_COLUMNS = ("prompt", "completion")
+SAMPLES_KEY = "samples"
+
+# WANDB_MODE values wandb itself accepts, mapped to ours ("dryrun"/"run" are its old spellings).
+_ENV_MODES = {"online": "online", "run": "online", "offline": "offline", "dryrun": "offline", "disabled": "disabled"}
+
+
+def has_credentials(env: dict[str, str] | None = None) -> bool:
+    """Whether wandb could log in without asking: an API key in the environment or in netrc.
+
+    Checked here rather than by asking wandb, because wandb's own check ends in an interactive
+    prompt when it finds nothing and a terminal is attached.
+    """
+    env = os.environ if env is None else env
+    if env.get("WANDB_API_KEY", "").strip():
+        return True
+    host = urlparse(env.get("WANDB_BASE_URL") or DEFAULT_HOST).hostname or ""
+    for path in _netrc_paths(env):
+        try:
+            entry = netrc.netrc(str(path)).authenticators(host)
+        except (OSError, netrc.NetrcParseError):
+            continue
+        if entry and entry[2]:
+            return True
+    return False
+
+
+def resolve_mode(requested: str, env: dict[str, str] | None = None) -> tuple[str, str | None]:
+    """The mode wandb will run in, and a one-line reason when it differs from the request."""
+    env = os.environ if env is None else env
+    if requested not in MODES:
+        raise UserError(f"logging.wandb.mode must be one of {', '.join(MODES)}, got {requested!r}")
+    mode = requested
+    if mode == "auto":
+        # WANDB_MODE is how people already switch wandb off (or offline) for one command.
+        from_env = _ENV_MODES.get(env.get("WANDB_MODE", "").strip().lower())
+        if from_env is not None:
+            mode = from_env
+        else:
+            mode = "online" if has_credentials(env) else "offline"
+            if mode == "offline":
+                return mode, "no W&B credentials found (WANDB_API_KEY or netrc), logging offline"
+    if mode == "online" and not has_credentials(env):
+        return "offline", (
+            "online logging asked for but no W&B credentials found (set WANDB_API_KEY or run "
+            "`wandb login`), logging offline instead"
+        )
+    return mode, None
+
+
+class WandbLogger:
+    """A wandb run owned by the trainer, or a stand-in that accepts the same calls and drops them."""
+
+    def __init__(self, run: Any = None, run_id: str | None = None) -> None:
+        self._run = run
+        self._run_id = run_id
+
+    @classmethod
+    def start(
+        cls,
+        cfg: WandbConfig,
+        *,
+        run_dir: str | os.PathLike,
+        run_config: dict[str, Any],
+        resume_id: str | None = None,
+        is_main: bool = True,
+    ) -> WandbLogger:
+        """Start (or, given ``resume_id``, continue) the run for ``run_dir``.
+
+        Never raises for wandb's sake (an unknown mode is a config error and does raise). When
+        nothing is logged, ``run_id`` still returns ``resume_id``, so a checkpoint written now
+        keeps pointing at the run that a later, logging resume should continue.
+        """
+        if not is_main:
+            return cls(run_id=resume_id)
+        mode, note = resolve_mode(cfg.mode)
+        if mode == "disabled":
+            return cls(run_id=resume_id)
+        run_dir = Path(run_dir)
+        try:
+            import wandb
+
+            run_dir.mkdir(parents=True, exist_ok=True)
+            run = wandb.init(
+                project=cfg.project,
+                entity=cfg.entity,
+                name=cfg.name or run_dir.resolve().name,
+                tags=list(cfg.tags) or None,
+                config=run_config,
+                dir=str(run_dir),
+                mode=mode,
+                id=resume_id,
+                # "allow": continue the run with this id if the server has it, else create it.
+                resume="allow",
+                # Each logger owns its run object; a run left open by an earlier failure in the
+                # same process must not be handed back to us under its own id.
+                reinit="create_new",
+                settings=wandb.Settings(
+                    # silent: no banner, and no login prompt either (wandb only prompts when it
+                    # may print); console off: tqdm's bars and our prints stay out of the run.
+                    silent=True,
+                    console="off",
+                ),
+            )
+        except Exception as e:  # noqa: BLE001 - whatever wandb raises, training goes on
+            _say(f"wandb: could not start ({_one_line(e)}); training continues without wandb", err=True)
+            return cls(run_id=resume_id)
+        if mode == "offline":
+            # The glob takes every piece of a run resumed several times; wandb sync uploads
+            # pieces with the same id in the order they started, so the charts join up.
+            sync = f"wandb sync {run_dir / 'wandb'}/offline-run-*-{run.id}*"
+            _say(f"wandb: {note + '; ' if note else ''}upload later with: {sync}")
+        else:
+            _say(f"wandb: logging to {run.url}")
+        return cls(run=run, run_id=run.id)
+
+    @property
+    def run_id(self) -> str | None:
+        """The id to store in the trainer state so that ``--resume`` continues this run."""
+        return self._run_id
+
+    @property
+    def active(self) -> bool:
+        return self._run is not None
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        """Log scalars at optimizer step ``step`` (steps must not decrease within a run)."""
+        if self._run is None:
+            return
+        try:
+            self._run.log(dict(metrics), step=step)
+        except Exception as e:  # noqa: BLE001
+            self._give_up("log", e)
+
+    def log_samples(self, step: int, rows: list[tuple[str, str]]) -> None:
+        """Log generated text as a table of (prompt, completion) rows at ``step``."""
+        if self._run is None:
+            return
+        try:
+            import wandb
+
+            table = wandb.Table(columns=list(SAMPLE_COLUMNS), data=[[p, c] for p, c in rows])
+            self._run.log({SAMPLES_KEY: table}, step=step)
+        except Exception as e:  # noqa: BLE001
+            self._give_up("log samples", e)
+
+    def finish(self, summary: dict[str, Any] | None = None, *, exit_code: int = 0) -> None:
+        """Record the final numbers in the run summary and close the run (idempotent).
+
+        A non-zero ``exit_code`` marks the run as failed in the W&B interface.
+        """
+        run, self._run = self._run, None
+        if run is None:
+            return
+        try:
+            for key, value in (summary or {}).items():
+                run.summary[key] = value
+            run.finish(exit_code=exit_code)
+        except Exception as e:  # noqa: BLE001
+            _say(f"wandb: could not finish the run ({_one_line(e)}); its local files may be incomplete", err=True)
+
+    def _give_up(self, what: str, error: Exception) -> None:
+        _say(f"wandb: could not {what} ({_one_line(error)}); training continues without wandb", err=True)
+        run, self._run = self._run, None
+        try:
+            run.finish(exit_code=1)
+        except Exception:  # noqa: BLE001 - already reported; closing is best effort
+            pass
+
+
+def _netrc_paths(env: dict[str, str]) -> list[Path]:
+    # Where wandb and requests look: $NETRC, then ~/.netrc (and ~/_netrc, the Windows name).
+    if env.get("NETRC"):
+        return [Path(env["NETRC"]).expanduser()]
+    home = Path(env.get("HOME") or Path.home())
+    return [home / ".netrc", home / "_netrc"]
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
+
+
+def _say(message: str, *, err: bool = False) -> None:
+    print(message, file=sys.stderr if err else sys.stdout, flush=True)
