@@ -47,12 +47,13 @@ def error_of(path: Path, overrides: list[str] = ()) -> str:
 def test_tiny_yaml_loads_with_the_documented_shape():
     cfg = load_config(TINY)
     assert isinstance(cfg, Config)
-    assert (cfg.model.n_layer, cfg.model.n_head, cfg.model.n_kv_head, cfg.model.n_embd) == (4, 4, 2, 256)
-    assert cfg.model.block_size == 256
+    assert (cfg.model.n_layer, cfg.model.n_head, cfg.model.n_kv_head, cfg.model.n_embd) == (6, 4, 2, 128)
+    assert cfg.model.block_size == 128
     assert cfg.data.vocab_size == 2048
     assert cfg.model.vocab_size == cfg.data.vocab_size  # defaulted from the data section
-    assert cfg.train.batch_size == 32
-    assert cfg.train.lr == pytest.approx(3e-3) and isinstance(cfg.train.lr, float)
+    assert cfg.train.batch_size == 16
+    assert cfg.train.compile is True and cfg.train.max_minutes == pytest.approx(8.5)
+    assert cfg.train.lr == pytest.approx(4e-3) and isinstance(cfg.train.lr, float)
     assert cfg.eval.sample_prompt == "ROMEO:"
 
 

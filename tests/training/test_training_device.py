@@ -33,3 +33,12 @@ def test_cpu_defaults_fp32_eager():
         assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.float32
     with autocast(cpu, torch.bfloat16):
         assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16
+
+
+def test_compile_on_cpu_without_a_cxx_compiler_trains_uncompiled(monkeypatch, capsys):
+    monkeypatch.setenv("CXX", "")
+    monkeypatch.setattr("shutil.which", lambda name: None)
+    assert should_compile(True, torch.device("cpu")) is False
+    assert "no C++ compiler" in capsys.readouterr().err
+    # A GPU compiles with Triton, not the host C++ compiler: the setting stands.
+    assert should_compile(True, torch.device("cuda")) is True
