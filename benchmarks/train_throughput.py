@@ -5,15 +5,17 @@
 
 1. Measures this machine's matmul peak itself: large square matmuls, best of several (fp32 on
    the CPU, bf16 on CUDA; the dtype the trainer computes in).
-2. Runs ``--steps`` full optimizer steps (forward, backward, clipping, AdamW; the trainer's own
-   functions) of the config's model on random tokens, after ``--warmup`` untimed steps.
+2. Runs ``--steps`` full optimizer steps (forward, backward, clipping, and the config's optimizer:
+   the trainer's own functions) of the config's model on random tokens, after ``--warmup``
+   untimed steps. ``--set train.optimizer=adamw`` shows what Muon's extra matmuls cost.
 3. Does the same for a plain GPT-2-style model of the same width, depth, context and vocabulary
    (LayerNorm, multi-head attention with a fused qkv projection, GELU MLP 4x, tied embeddings),
-   written here as a comparison point.
+   written here as a comparison point, with the same optimizer.
 
 FLOPs per token are counted the same way for both (``flops_per_token`` below, the convention
 ``model.GPT.flops_per_token`` uses: 6 per matmul weight plus the full attention matrix), so the
-MFU column compares how well each model turns its arithmetic into throughput.
+MFU column compares how well each model turns its arithmetic into throughput. The optimizer's
+own arithmetic (Muon's Newton-Schulz iterations) is not model FLOPs, so it lowers MFU.
 
 Timings only; nothing here is a test. ``measure_run`` is the per-run measurement, kept apart so
 that a multi-process launcher can call it per rank.
@@ -33,6 +35,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from training.config import TrainConfig  # noqa: E402
 from training.device import autocast, configure_backends, resolve_precision, select_device, synchronize  # noqa: E402
 from training.metrics import format_flops  # noqa: E402
 
@@ -125,7 +128,7 @@ class TrainStepRunner:
     """One model with its optimizer and a few random batches, ready to take timed steps.
 
     A step is what the trainer does per optimizer step (its own functions): forward and backward
-    through ``accumulate_gradients``, gradient clipping, AdamW.
+    through ``accumulate_gradients``, gradient clipping, the optimizer ``train`` configures.
     """
 
     def __init__(
@@ -140,18 +143,16 @@ class TrainStepRunner:
         device: torch.device,
         amp_dtype: torch.dtype,
         compile_model: bool,
-        lr: float = 1e-3,
-        grad_clip: float = 1.0,
+        train: TrainConfig,
     ) -> None:
-        from training.config import TrainConfig
         from training.optim import build_optimizer
 
         self.name, self.flops, self.compiled = name, flops, compile_model
-        self.device, self.amp_dtype, self.grad_clip = device, amp_dtype, grad_clip
+        self.device, self.amp_dtype, self.grad_clip = device, amp_dtype, train.grad_clip
         self.tokens_per_step = batch_size * block_size
         self.model = model.to(device).train()
         self.params = sum(p.numel() for p in model.parameters())
-        self.optimizer = build_optimizer(self.model, TrainConfig(max_steps=1, lr=lr), device)
+        self.optimizer = build_optimizer(self.model, train, device)
         self.run_model = torch.compile(self.model) if compile_model else self.model
         gen = torch.Generator().manual_seed(0)
         windows = torch.randint(0, vocab_size, (4, batch_size, block_size + 1), generator=gen).to(device)
@@ -251,10 +252,11 @@ def main(argv: list[str] | None = None) -> int:
     m, tc = cfg.model, cfg.train
     print(f"device: {name}; measured {dtype_name} matmul peak {format_flops(peak)}FLOP/s")
     print(f"config: {args.config}: {m.n_layer} layers, {m.n_embd} wide, {m.n_head}/{m.n_kv_head} heads, "
-          f"block {m.block_size}, vocab {m.vocab_size}, batch {tc.batch_size}; {args.steps} timed steps\n")
+          f"block {m.block_size}, vocab {m.vocab_size}, batch {tc.batch_size}, {tc.optimizer}; "
+          f"{args.steps} timed steps\n")
 
     common = dict(batch_size=tc.batch_size, block_size=m.block_size, vocab_size=m.vocab_size,
-                  device=device, amp_dtype=amp_dtype, lr=tc.lr, grad_clip=tc.grad_clip)
+                  device=device, amp_dtype=amp_dtype, train=tc)
     runners: list[TrainStepRunner] = []
     for compiled in compile_modes:
         torch.manual_seed(0)

@@ -27,7 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.train_throughput import RunMeasurement, measure_peak, measure_run  # noqa: E402
+from benchmarks.train_throughput import RunMeasurement, TrainStepRunner, measure_peak, measure_run  # noqa: E402
 from training.distributed import barrier, init_distributed, shutdown, wrap_model  # noqa: E402
 
 
@@ -59,10 +59,10 @@ def main(argv: list[str] | None = None) -> int:
         compiled = device.type == "cuda" if args.compile == "auto" else args.compile == "true"
         m, tc = cfg.model, cfg.train
         common = dict(
-            batch_size=tc.batch_size, block_size=m.block_size, vocab_size=m.vocab_size, steps=args.steps,
-            warmup=max(1, args.warmup), device=device, amp_dtype=amp_dtype, compile_model=compiled,
-            lr=tc.lr, grad_clip=tc.grad_clip,
+            batch_size=tc.batch_size, block_size=m.block_size, vocab_size=m.vocab_size, device=device,
+            amp_dtype=amp_dtype, compile_model=compiled, train=tc,
         )
+        timing = dict(steps=args.steps, warmup=max(1, args.warmup))
 
         def fresh_model() -> GPT:
             torch.manual_seed(0)
@@ -75,13 +75,14 @@ def main(argv: list[str] | None = None) -> int:
             # ranks (they matter on the CPU, where processes compete for the same cores).
             peak = measure_peak(device, amp_dtype)
             model = fresh_model()
-            single = measure_run("1 process", model, flops=model.flops_per_token(), **common)
+            single = measure_run(TrainStepRunner("1 process", model, flops=model.flops_per_token(), **common), **timing)
             del model
         barrier(ctx)
 
         model = fresh_model()
         flops = model.flops_per_token()
-        ddp = measure_run(f"{ctx.world_size} processes (DDP)", wrap_model(model.to(device), ctx), flops=flops, **common)
+        runner = TrainStepRunner(f"{ctx.world_size} processes (DDP)", wrap_model(model.to(device), ctx), flops=flops, **common)
+        ddp = measure_run(runner, **timing)
         # The ranks step in lockstep (every step ends in an all-reduce), so the slowest rank sets
         # the pace of all of them.
         step_s = _max_over_ranks(ddp.step_s, ctx)

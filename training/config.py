@@ -40,8 +40,11 @@ class TrainConfig:
     max_tokens: int | None = None
     batch_size: int = 32  # sequences per micro-batch (per process)
     grad_accum_steps: int = 1  # micro-batches per optimizer step
-    lr: float = 3e-3
+    optimizer: str = "adamw"  # adamw | muon (Muon for hidden matrices, AdamW for the rest)
+    lr: float = 3e-3  # AdamW's peak learning rate
     min_lr: float = 3e-4  # floor the cosine decays to
+    muon_lr: float = 0.02  # Muon's peak; the schedule scales it by the same factor as lr
+    muon_momentum: float = 0.95
     warmup_steps: int = 100
     weight_decay: float = 0.1  # applied to weight matrices only
     beta1: float = 0.9
@@ -64,7 +67,13 @@ class TrainConfig:
         _check(self.max_tokens is None or self.max_tokens >= 1, "train.max_tokens must be >= 1")
         _check(self.batch_size >= 1, "train.batch_size must be >= 1")
         _check(self.grad_accum_steps >= 1, "train.grad_accum_steps must be >= 1")
+        _check(
+            self.optimizer in ("adamw", "muon"),
+            f"train.optimizer must be adamw or muon (got {self.optimizer!r})",
+        )
         _check(self.lr > 0, "train.lr must be > 0")
+        _check(self.muon_lr > 0, "train.muon_lr must be > 0")
+        _check(0 <= self.muon_momentum < 1, "train.muon_momentum must be in [0, 1)")
         _check(0 <= self.min_lr <= self.lr, "train.min_lr must be between 0 and train.lr")
         _check(self.warmup_steps >= 0, "train.warmup_steps must be >= 0")
         _check(self.weight_decay >= 0, "train.weight_decay must be >= 0")

@@ -1,14 +1,16 @@
-"""AdamW with decoupled weight decay on weight matrices only, and the learning-rate schedule."""
+"""The optimizers (AdamW, or Muon for hidden matrices with AdamW for the rest) and the LR schedule."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
 from training.config import TrainConfig
+from training.muon import Muon
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -36,17 +38,65 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     ]
 
 
-def build_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
+def build_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
+    """The optimizer ``train.optimizer`` names, with a ``lr_scale`` in every parameter group.
+
+    The schedule produces one learning rate; each group runs at ``lr * lr_scale``. That keeps one
+    schedule for both halves of Muon + AdamW, whose learning rates live on different scales.
+    """
+    decay, no_decay = param_groups(model, cfg.weight_decay)
+    if cfg.optimizer == "adamw":
+        return _adamw([decay, no_decay], cfg, device)
+    muon = Muon(decay["params"], lr=cfg.muon_lr, momentum=cfg.muon_momentum, weight_decay=cfg.weight_decay)
+    muon.param_groups[0]["lr_scale"] = cfg.muon_lr / cfg.lr
+    # The embedding (which is also the output head) and the norm gains are not hidden matrices:
+    # Muon's orthogonalised update suits maps between hidden states, so these keep AdamW.
+    return MuonWithAdamW(muon, _adamw([no_decay], cfg, device))
+
+
+def _adamw(groups: list[dict], cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
+    for group in groups:
+        group["lr_scale"] = 1.0
     # The fused CUDA kernel updates every parameter in one launch; elsewhere the default
     # (foreach) implementation is the fast one.
     fused = device.type == "cuda"
     return torch.optim.AdamW(
-        param_groups(model, cfg.weight_decay),
+        groups,
         lr=cfg.lr,
         betas=(cfg.beta1, cfg.beta2),
         eps=cfg.eps,
         fused=fused or None,
     )
+
+
+class MuonWithAdamW:
+    """Muon for the hidden weight matrices and AdamW for everything else, stepped as one optimizer.
+
+    It offers what the trainer uses of ``torch.optim.Optimizer``: ``param_groups`` (both
+    optimizers' groups, for the schedule), ``step``, ``zero_grad`` and a state dict holding both.
+    """
+
+    def __init__(self, muon: Muon, adamw: torch.optim.AdamW) -> None:
+        self.muon, self.adamw = muon, adamw
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.muon.param_groups + self.adamw.param_groups
+
+    def step(self) -> None:
+        self.muon.step()
+        self.adamw.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.muon.zero_grad(set_to_none=set_to_none)
+        self.adamw.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"muon": self.muon.state_dict(), "adamw": self.adamw.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.muon.load_state_dict(state["muon"])
+        self.adamw.load_state_dict(state["adamw"])
 
 
 @dataclass(frozen=True)

@@ -325,7 +325,7 @@ class Trainer:
         t0 = time.perf_counter()
         lr = self.schedule(self.step, self._elapsed())
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group["lr_scale"]
         loss = accumulate_gradients(
             self.train_model,
             self.batches.next,

@@ -45,10 +45,11 @@ def test_rng_states_survive_a_weights_only_round_trip(tmp_path):
     assert draws() == expected
 
 
-def test_checkpoint_round_trip(tmp_path):
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_checkpoint_round_trip(tmp_path, optimizer):
     torch.manual_seed(0)
     model = GPT(GPTConfig(**SHAPE))
-    opt = build_optimizer(model, TrainConfig(max_steps=1), torch.device("cpu"))
+    opt = build_optimizer(model, TrainConfig(max_steps=1, optimizer=optimizer), torch.device("cpu"))
     x = torch.randint(0, 64, (2, 16))
     model(x, x)[1].backward()
     opt.step()
@@ -57,7 +58,7 @@ def test_checkpoint_round_trip(tmp_path):
 
     state = load_trainer_state(tmp_path)
     fresh = GPT(GPTConfig(**SHAPE))
-    fresh_opt = build_optimizer(fresh, TrainConfig(max_steps=1), torch.device("cpu"))
+    fresh_opt = build_optimizer(fresh, TrainConfig(max_steps=1, optimizer=optimizer), torch.device("cpu"))
     fresh.load_state_dict(state["model"])
     fresh_opt.load_state_dict(state["optimizer"])
     for a, b in zip(model.state_dict().values(), fresh.state_dict().values()):

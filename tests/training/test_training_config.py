@@ -52,7 +52,8 @@ def test_tiny_yaml_loads_with_the_documented_shape():
     assert cfg.data.vocab_size == 2048
     assert cfg.model.vocab_size == cfg.data.vocab_size  # defaulted from the data section
     assert cfg.train.batch_size == 16
-    assert cfg.train.compile is True and cfg.train.max_minutes == pytest.approx(8.5)
+    assert cfg.train.compile is True and cfg.train.max_minutes == pytest.approx(8.8)
+    assert cfg.train.optimizer == "muon" and cfg.train.min_lr == 0.0
     assert cfg.train.lr == pytest.approx(4e-3) and isinstance(cfg.train.lr, float)
     assert cfg.eval.sample_prompt == "ROMEO:"
 
@@ -135,6 +136,9 @@ def test_wrong_types_name_the_key(tmp_path, override, key):
         ("train.batch_size=0", "train.batch_size"),
         ("train.device=gpu", "train.device"),
         ("train.compile=sometimes", "train.compile"),
+        ("train.optimizer=sgd", "train.optimizer"),
+        ("train.muon_lr=0", "train.muon_lr"),
+        ("train.muon_momentum=1.0", "train.muon_momentum"),
         ("logging.wandb.mode=loud", "logging.wandb.mode"),
         ("model.n_layer=0", "n_layer"),
         ("data.source=nowhere", "data.source"),

@@ -115,8 +115,13 @@ def test_logged_loss_is_the_mean_over_micro_batches(make_config, tmp_path):
     assert logged["tokens"] == 3 * cfg.train.batch_size * cfg.model.block_size
 
 
-def test_resume_equals_an_uninterrupted_run(make_config, tmp_path, monkeypatch):
-    sections = dict(train={"max_steps": 16, "grad_accum_steps": 2}, eval={"interval": 5}, run={"checkpoint_interval": 4})
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_resume_equals_an_uninterrupted_run(make_config, tmp_path, monkeypatch, optimizer):
+    sections = dict(
+        train={"max_steps": 16, "grad_accum_steps": 2, "optimizer": optimizer},
+        eval={"interval": 5},
+        run={"checkpoint_interval": 4},
+    )
     straight = make_config(tmp_path / "straight", **sections)
     expected = train(straight, progress=False)
 

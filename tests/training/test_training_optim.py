@@ -10,6 +10,7 @@ from torch import nn
 
 from model import GPT, GPTConfig
 from training.config import TrainConfig
+from training.muon import Muon
 from training.optim import LRSchedule, build_optimizer, build_schedule, param_groups, planned_steps
 
 
@@ -81,3 +82,34 @@ def test_token_budget_becomes_a_step_budget():
     assert planned_steps(both, tokens_per_step=1000) == 5
     assert build_schedule(TrainConfig(max_minutes=2.0), 100).max_steps is None
     assert build_schedule(TrainConfig(max_minutes=2.0), 100).max_seconds == 120.0
+
+
+def test_muon_takes_the_hidden_matrices_and_adamw_the_rest():
+    model = tiny_gpt()
+    cfg = TrainConfig(max_steps=1, optimizer="muon", lr=1e-3, muon_lr=0.05, weight_decay=0.2)
+    opt = build_optimizer(model, cfg, torch.device("cpu"))
+    muon = {id(p) for g in opt.muon.param_groups for p in g["params"]}
+    adamw = {id(p) for g in opt.adamw.param_groups for p in g["params"]}
+    linear = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    assert muon == linear - embeddings  # attention and MLP matrices, not the tied head
+    assert not muon & adamw and muon | adamw == {id(p) for p in model.parameters()}
+    assert isinstance(opt.muon, Muon) and isinstance(opt.adamw, torch.optim.AdamW)
+    assert opt.muon.param_groups[0]["weight_decay"] == 0.2
+    assert all(g["weight_decay"] == 0.0 for g in opt.adamw.param_groups)
+    # One schedule drives both: the trainer sets lr * lr_scale, so Muon runs at muon_lr at the peak.
+    assert [g["lr_scale"] for g in opt.param_groups] == [pytest.approx(50.0), 1.0]
+
+
+def test_muon_and_adamw_both_move_their_parameters():
+    model = tiny_gpt()
+    opt = build_optimizer(model, TrainConfig(max_steps=1, optimizer="muon"), torch.device("cpu"))
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    x = torch.randint(0, 64, (2, 16))
+    model(x, x)[1].backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    for name, p in model.named_parameters():
+        assert not torch.equal(p, before[name]), name
+        assert p.grad is None
+
