@@ -47,7 +47,7 @@ def error_of(path: Path, overrides: list[str] = ()) -> str:
 def test_tiny_yaml_loads_with_the_documented_shape():
     cfg = load_config(TINY)
     assert isinstance(cfg, Config)
-    assert (cfg.model.n_layer, cfg.model.n_head, cfg.model.n_kv_head, cfg.model.n_embd) == (6, 4, 2, 128)
+    assert (cfg.model.n_layer, cfg.model.n_head, cfg.model.n_kv_head, cfg.model.n_embd) == (4, 4, 2, 128)
     assert cfg.model.block_size == 128
     assert cfg.data.vocab_size == 2048
     assert cfg.model.vocab_size == cfg.data.vocab_size  # defaulted from the data section
