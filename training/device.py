@@ -56,9 +56,10 @@ def configure_backends(device: torch.device) -> None:
 def should_compile(setting: bool | str, device: torch.device) -> bool:
     """``auto`` compiles on CUDA only; ``true`` compiles anywhere a compiler is at hand.
 
-    On the CPU compiling made tiny.yaml's steps 1.2-1.65x faster at the cost of 45-100 s of
-    compilation on a cold cache: it pays for a run of several minutes (configs/tiny.yaml sets
-    ``compile: true``), not for a short one, so ``auto`` leaves it off there. Inductor builds CPU
+    On the CPU compiling made tiny.yaml's steps 1.05-1.65x faster, depending on the machine and
+    the optimizer, at the cost of 25-100 s of compilation on a cold cache; on this project's
+    development machine that was a net loss for tiny.yaml's 8.8-minute run, so ``auto`` (which
+    tiny.yaml uses) leaves it off there. Inductor builds CPU
     kernels with a C++ compiler; without one a compiled run would crash at its first step, so it
     trains uncompiled and says so instead.
     """

@@ -201,6 +201,9 @@ class Trainer:
         self.model = GPT(cfg.model).to(self.device)
         seed_everything(tc.seed + ctx.rank)
         self.optimizer = build_optimizer(self.model, tc, self.device)
+        # Taken from the config now, not from a checkpoint's saved groups: a run resumed with a
+        # new train.lr or train.muon_lr runs at the new ratio between the two.
+        self.lr_scales = [group["lr_scale"] for group in self.optimizer.param_groups]
         # The optimizer step always covers batch_size x grad_accum_steps sequences; more
         # processes share the accumulation instead of silently growing the batch.
         self.micro_steps = split_global_batch(tc.batch_size * tc.grad_accum_steps, tc.batch_size, ctx.world_size)
@@ -324,8 +327,8 @@ class Trainer:
         tc = self.config.train
         t0 = time.perf_counter()
         lr = self.schedule(self.step, self._elapsed())
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr * group["lr_scale"]
+        for group, scale in zip(self.optimizer.param_groups, self.lr_scales):
+            group["lr"] = lr * scale
         loss = accumulate_gradients(
             self.train_model,
             self.batches.next,

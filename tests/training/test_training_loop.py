@@ -292,3 +292,18 @@ def test_wandb_gets_metrics_samples_and_the_run_id_survives_resume(make_config, 
 
     train(make_config(train={"max_steps": 6}, eval={"interval": 2}), resume=True, progress=False)
     assert FakeLogger.started[1]["resume_id"] == "run-1"
+
+
+def test_resume_takes_the_muon_to_adamw_ratio_from_the_config(make_config, tmp_path):
+    # A checkpoint's optimizer groups carry the ratio they were built with; resuming with a new
+    # train.muon_lr must run at the new one, as a new train.lr does.
+    sections = dict(eval={"interval": 0}, run={"checkpoint_interval": 0})
+    first = make_config(tmp_path / "run", train={"max_steps": 2, "optimizer": "muon", "muon_lr": 0.02}, **sections)
+    train(first, progress=False)
+    changed = make_config(tmp_path / "run", train={"max_steps": 4, "optimizer": "muon", "muon_lr": 0.06}, **sections)
+    train(changed, resume=True, progress=False)
+    optimizer = load_trainer_state(tmp_path / "run")["optimizer"]
+    muon_lr = optimizer["muon"]["param_groups"][0]["lr"]
+    adamw_lr = optimizer["adamw"]["param_groups"][0]["lr"]
+    assert adamw_lr > 0
+    assert muon_lr / adamw_lr == pytest.approx(0.06 / changed.train.lr)
