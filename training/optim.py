@@ -38,7 +38,7 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     ]
 
 
-def build_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
+def build_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW | MuonWithAdamW:
     """The optimizer ``train.optimizer`` names, with a ``lr_scale`` in every parameter group.
 
     The schedule produces one learning rate; each group runs at ``lr * lr_scale``. That keeps one
