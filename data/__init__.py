@@ -22,6 +22,7 @@ from data.tokenizer import EOT, load_tokenizer, token_byte_lengths
 # Names whose modules import torch (seconds on a busy machine): loaded on first access.
 _NEEDS_TORCH = {
     "TrainBatches": "data.batches",
+    "EpochBatches": "data.batches",
     "iter_val_batches": "data.batches",
     "bits_per_byte": "data.metrics",
     "target_nats_and_bytes": "data.metrics",

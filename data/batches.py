@@ -1,8 +1,16 @@
-"""Batches training reads: random windows for training, fixed windows for validation.
+"""Batches training reads: sampled windows for training, fixed windows for validation.
 
 A window is block_size + 1 consecutive tokens; x is its first block_size tokens and y the same
 shifted by one (each position's next token). Windows are gathered in one vectorised indexing
 operation on the memory-mapped token array, never row by row in Python.
+
+Training draws windows one of two ways (``train.sampling``):
+- ``TrainBatches`` ("random"): each window starts at a uniformly random token, with replacement,
+  as nanoGPT does. Over a few epochs some text is seen many times and some never (at 2.5 epochs
+  about e^-2.5 = 8% of the tokens are never drawn).
+- ``EpochBatches`` ("epoch"): the split is cut into back-to-back windows and each epoch visits
+  every one once, in shuffled order; the grid of cut points moves by a random offset each epoch,
+  so a token does not always sit at the same position of its window.
 """
 
 from __future__ import annotations
@@ -65,6 +73,82 @@ class TrainBatches:
         self.generator.set_state(state["generator_state"])
 
 
+class EpochBatches:
+    """Every training window once per epoch, shuffled; ranks split each draw between them.
+
+    Epoch e's offset and order come from a generator seeded by (seed, e) alone, so all ranks
+    agree on them: a draw is the next world_size x batch_size windows of the shuffled order, and
+    rank r takes the r-th batch_size of them. Windows left over at the end of an epoch (fewer
+    than one draw) are skipped. The state is just (epoch, position), so resuming is exact.
+    """
+
+    def __init__(
+        self,
+        tokens: np.ndarray,
+        block_size: int,
+        batch_size: int,
+        *,
+        seed: int,
+        rank: int = 0,
+        world_size: int = 1,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        _check_sizes(block_size, batch_size)
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, world_size), got rank {rank} of {world_size}")
+        self.tokens = tokens
+        self.block_size = block_size
+        self.batch_size = batch_size
+        self.rank = rank
+        self.draw_size = batch_size * world_size
+        # The fewest windows any epoch has (its grid offset is block_size - 1).
+        fewest = (len(tokens) - block_size) // block_size
+        if fewest < self.draw_size:
+            raise DataError(
+                f"the training split has {len(tokens)} tokens, fewer than one batch of "
+                f"{self.draw_size} non-overlapping windows of {block_size + 1} tokens for "
+                f"train.sampling=epoch: use train.sampling=random or a smaller batch or block"
+            )
+        self.seed = seed
+        self.device = torch.device(device)
+        self._offsets = np.arange(block_size + 1, dtype=np.int64)
+        self.epoch = 0
+        self.position = 0  # windows of this epoch's order already drawn (by all ranks)
+        self._order = self._shuffled_starts(self.epoch)
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x, y), int64 (batch_size, block_size), on the configured device."""
+        if self.position + self.draw_size > len(self._order):
+            self.epoch += 1
+            self.position = 0
+            self._order = self._shuffled_starts(self.epoch)
+        first = self.position + self.rank * self.batch_size
+        starts = self._order[first : first + self.batch_size]
+        self.position += self.draw_size
+        return _windows(self.tokens, starts, self._offsets, self.device)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        while True:
+            yield self.next()
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+        self._order = self._shuffled_starts(self.epoch)
+
+    def _shuffled_starts(self, epoch: int) -> np.ndarray:
+        generator = torch.Generator()
+        generator.manual_seed(_stream_seed(self.seed, f"epoch {epoch}"))
+        offset = int(torch.randint(0, self.block_size, (1,), generator=generator))
+        # Window i starts at offset + i * block_size and needs its last token at
+        # start + block_size <= len - 1.
+        count = (len(self.tokens) - 1 - offset) // self.block_size
+        order = torch.randperm(count, generator=generator).numpy()
+        return offset + order.astype(np.int64) * self.block_size
+
+
 def iter_val_batches(
     tokens: np.ndarray,
     block_size: int,
@@ -119,9 +203,9 @@ def _windows(
     return x, y
 
 
-def _stream_seed(seed: int, rank: int) -> int:
-    """A 63-bit generator seed unique to (seed, rank); hashing keeps nearby seeds unrelated."""
-    digest = hashlib.blake2b(f"train-batches\0{seed}\0{rank}".encode(), digest_size=8).digest()
+def _stream_seed(seed: int, stream: int | str) -> int:
+    """A 63-bit generator seed unique to (seed, stream); hashing keeps nearby seeds unrelated."""
+    digest = hashlib.blake2b(f"train-batches\0{seed}\0{stream}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") >> 1
 
 

@@ -40,9 +40,14 @@ class TrainConfig:
     max_tokens: int | None = None
     batch_size: int = 32  # sequences per micro-batch (per process)
     grad_accum_steps: int = 1  # micro-batches per optimizer step
+    # random: windows at uniformly random offsets, with replacement (nanoGPT's way);
+    # epoch: every non-overlapping window once per epoch, shuffled (see data/batches.py)
+    sampling: str = "random"
     optimizer: str = "adamw"  # adamw | muon (Muon for hidden matrices, AdamW for the rest)
     lr: float = 3e-3  # AdamW's peak learning rate
-    min_lr: float = 3e-4  # floor the cosine decays to
+    min_lr: float = 3e-4  # floor the decay ends at
+    lr_schedule: str = "cosine"  # cosine | wsd (warmup, hold at lr, then linear decay to min_lr)
+    lr_decay_fraction: float = 0.4  # wsd only: the final fraction of the budget spent decaying
     muon_lr: float = 0.02  # Muon's peak; the schedule scales it by the same factor as lr
     muon_momentum: float = 0.95
     warmup_steps: int = 100
@@ -68,6 +73,10 @@ class TrainConfig:
         _check(self.batch_size >= 1, "train.batch_size must be >= 1")
         _check(self.grad_accum_steps >= 1, "train.grad_accum_steps must be >= 1")
         _check(
+            self.sampling in ("random", "epoch"),
+            f"train.sampling must be random or epoch (got {self.sampling!r})",
+        )
+        _check(
             self.optimizer in ("adamw", "muon"),
             f"train.optimizer must be adamw or muon (got {self.optimizer!r})",
         )
@@ -75,6 +84,11 @@ class TrainConfig:
         _check(self.muon_lr > 0, "train.muon_lr must be > 0")
         _check(0 <= self.muon_momentum < 1, "train.muon_momentum must be in [0, 1)")
         _check(0 <= self.min_lr <= self.lr, "train.min_lr must be between 0 and train.lr")
+        _check(
+            self.lr_schedule in ("cosine", "wsd"),
+            f"train.lr_schedule must be cosine or wsd (got {self.lr_schedule!r})",
+        )
+        _check(0 < self.lr_decay_fraction <= 1, "train.lr_decay_fraction must be in (0, 1]")
         _check(self.warmup_steps >= 0, "train.warmup_steps must be >= 0")
         _check(self.weight_decay >= 0, "train.weight_decay must be >= 0")
         _check(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, "train.beta1/beta2 must be in [0, 1)")

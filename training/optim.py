@@ -101,7 +101,13 @@ class MuonWithAdamW:
 
 @dataclass(frozen=True)
 class LRSchedule:
-    """Linear warmup over ``warmup_steps``, then cosine decay from ``lr`` to ``min_lr``.
+    """Linear warmup over ``warmup_steps``, then a decay from ``lr`` to ``min_lr``.
+
+    ``shape`` "cosine" decays along a half cosine over the whole budget. "wsd" (warmup, stable,
+    decay) holds ``lr`` and then falls linearly to ``min_lr`` over the last ``decay_fraction`` of
+    the budget: a long stretch at the peak followed by a linear cool-down matched or beat cosine
+    in most fixed-budget comparisons (e.g. Hägele et al. 2024, "Scaling Laws and Compute-Optimal
+    Training Beyond Fixed Training Durations").
 
     The decay is driven by *progress*, the largest fraction used of any budget:
     ``max((step - warmup) / (max_steps - warmup), elapsed / max_seconds)``. A token budget is a
@@ -117,6 +123,8 @@ class LRSchedule:
     warmup_steps: int
     max_steps: int | None  # planned steps (after folding in max_tokens); None = time only
     max_seconds: float | None
+    shape: str = "cosine"  # cosine | wsd
+    decay_fraction: float = 0.4  # wsd only
 
     def progress(self, step: int, elapsed_s: float) -> float:
         fractions = [0.0]
@@ -132,7 +140,12 @@ class LRSchedule:
         if step < self.warmup_steps:
             return self.lr * (step + 1) / self.warmup_steps
         p = self.progress(step, elapsed_s)
-        return self.min_lr + 0.5 * (self.lr - self.min_lr) * (1.0 + math.cos(math.pi * p))
+        if self.shape == "wsd":
+            # Fraction of the peak-to-floor drop still ahead: 1 while stable, then down to 0.
+            remaining = min(1.0, (1.0 - p) / self.decay_fraction)
+        else:
+            remaining = 0.5 * (1.0 + math.cos(math.pi * p))
+        return self.min_lr + (self.lr - self.min_lr) * remaining
 
 
 def planned_steps(cfg: TrainConfig, tokens_per_step: int) -> int | None:
@@ -152,4 +165,6 @@ def build_schedule(cfg: TrainConfig, tokens_per_step: int) -> LRSchedule:
         warmup_steps=cfg.warmup_steps,
         max_steps=planned_steps(cfg, tokens_per_step),
         max_seconds=cfg.max_minutes * 60.0 if cfg.max_minutes is not None else None,
+        shape=cfg.lr_schedule,
+        decay_fraction=cfg.lr_decay_fraction,
     )

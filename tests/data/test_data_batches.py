@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from data import DataError, TrainBatches, iter_val_batches
+from data import DataError, EpochBatches, TrainBatches, iter_val_batches
 from data.prepare import token_dtype
 
 
@@ -57,6 +57,66 @@ def test_state_dict_restores_the_exact_stream(tokens):
     resumed = TrainBatches(tokens, 8, 4, seed=999, rank=0)
     resumed.load_state_dict({k: v.clone() for k, v in state.items()})
     assert all(torch.equal(a, resumed.next()[0]) for a in expected)
+
+
+def epoch_starts(batches: EpochBatches, draws: int) -> list[np.ndarray]:
+    return [batches.next()[0][:, 0].numpy() for _ in range(draws)]
+
+
+def test_epoch_sampling_visits_every_window_of_a_shifted_grid_once(tokens):
+    batches = EpochBatches(tokens, block_size=16, batch_size=8, seed=0)
+    x, y = batches.next()
+    assert x.shape == y.shape == (8, 16) and torch.equal(x[:, 1:], y[:, :-1])
+    assert torch.equal(x, x[:, :1] + torch.arange(16))
+    batches = EpochBatches(tokens, block_size=16, batch_size=8, seed=0)
+    per_epoch = []
+    for _ in range(3):
+        first = batches.next()[0][:, 0].numpy()  # moves on to the next epoch if one ended
+        epoch, draws = batches.epoch, len(batches._order) // 8
+        starts = np.concatenate([first] + [batches.next()[0][:, 0].numpy() for _ in range(draws - 1)])
+        assert batches.epoch == epoch
+        offset = int(starts.min()) % 16
+        # Distinct windows on one grid, spaced a block apart, all inside the array.
+        assert len(set(starts.tolist())) == len(starts)
+        assert np.all(starts % 16 == offset) and starts.max() + 16 <= len(tokens) - 1
+        # All of that epoch's windows but the few (< one batch) left at its end.
+        assert (len(tokens) - 1 - offset) // 16 - len(starts) < 8
+        assert not np.all(np.diff(starts) > 0)  # shuffled, not in order
+        per_epoch.append((offset, starts))
+    # Each epoch moves the grid (seed 0 happens to give three different offsets).
+    assert len({offset for offset, _ in per_epoch}) == 3
+
+
+def test_epoch_sampling_splits_each_draw_between_ranks(tokens):
+    single = EpochBatches(tokens, 8, 6, seed=5)
+    ranks = [EpochBatches(tokens, 8, 2, seed=5, rank=r, world_size=3) for r in range(3)]
+    # Three ranks of 2 together draw exactly what one process drawing 6 at a time draws,
+    # across the epoch boundary too.
+    for _ in range(len(single._order) // 6 + 5):
+        together = np.concatenate([r.next()[0][:, 0].numpy() for r in ranks])
+        assert np.array_equal(together, single.next()[0][:, 0].numpy())
+    assert single.epoch == 1 and all(r.epoch == 1 for r in ranks)
+
+
+def test_epoch_sampling_state_restores_the_exact_stream(tokens):
+    batches = EpochBatches(tokens, 16, 8, seed=3)
+    epoch_starts(batches, 100)  # into the second epoch (78 draws each)
+    state = batches.state_dict()
+    assert state["epoch"] == 1
+    expected = epoch_starts(batches, 80)  # and on into the third
+    resumed = EpochBatches(tokens, 16, 8, seed=3)
+    resumed.load_state_dict(dict(state))
+    assert all(np.array_equal(a, b) for a, b in zip(expected, epoch_starts(resumed, 80)))
+    other_seed = EpochBatches(tokens, 16, 8, seed=4)
+    assert not np.array_equal(epoch_starts(other_seed, 1)[0], epoch_starts(EpochBatches(tokens, 16, 8, seed=3), 1)[0])
+
+
+def test_epoch_sampling_needs_one_batch_of_windows(tokens):
+    with pytest.raises(DataError, match="train.sampling=random"):
+        EpochBatches(tokens[:100], block_size=16, batch_size=8, seed=0)
+    EpochBatches(tokens[:200], block_size=16, batch_size=8, seed=0).next()
+    with pytest.raises(ValueError, match="rank"):
+        EpochBatches(tokens, 16, 8, seed=0, rank=2, world_size=2)
 
 
 def test_too_short_for_one_block_is_a_clear_error(tokens):

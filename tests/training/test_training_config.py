@@ -139,6 +139,8 @@ def test_wrong_types_name_the_key(tmp_path, override, key):
         ("train.optimizer=sgd", "train.optimizer"),
         ("train.muon_lr=0", "train.muon_lr"),
         ("train.muon_momentum=1.0", "train.muon_momentum"),
+        ("train.lr_schedule=step", "train.lr_schedule"),
+        ("train.lr_decay_fraction=0", "train.lr_decay_fraction"),
         ("logging.wandb.mode=loud", "logging.wandb.mode"),
         ("model.n_layer=0", "n_layer"),
         ("data.source=nowhere", "data.source"),

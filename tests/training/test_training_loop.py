@@ -115,10 +115,10 @@ def test_logged_loss_is_the_mean_over_micro_batches(make_config, tmp_path):
     assert logged["tokens"] == 3 * cfg.train.batch_size * cfg.model.block_size
 
 
-@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
-def test_resume_equals_an_uninterrupted_run(make_config, tmp_path, monkeypatch, optimizer):
+@pytest.mark.parametrize("optimizer, sampling", [("adamw", "random"), ("muon", "random"), ("muon", "epoch")])
+def test_resume_equals_an_uninterrupted_run(make_config, tmp_path, monkeypatch, optimizer, sampling):
     sections = dict(
-        train={"max_steps": 16, "grad_accum_steps": 2, "optimizer": optimizer},
+        train={"max_steps": 16, "grad_accum_steps": 2, "optimizer": optimizer, "sampling": sampling},
         eval={"interval": 5},
         run={"checkpoint_interval": 4},
     )

@@ -63,6 +63,33 @@ def test_warmup_then_cosine_to_the_floor():
     assert all(a >= b for a, b in zip(lrs, lrs[1:]))
 
 
+def test_wsd_holds_the_peak_then_decays_linearly_over_the_last_fraction():
+    s = LRSchedule(
+        lr=1.0, min_lr=0.1, warmup_steps=10, max_steps=110, max_seconds=None, shape="wsd", decay_fraction=0.4
+    )
+    assert s(4) == pytest.approx(0.5)  # the same warmup as cosine
+    assert s(10) == pytest.approx(1.0)
+    assert s(70) == pytest.approx(1.0)  # progress 0.6: the last moment of the stable phase
+    assert s(80) == pytest.approx(1.0 - 0.9 * 0.25)  # a quarter of the way down the ramp
+    assert s(90) == pytest.approx(0.55)  # half-way down
+    assert s(110) == pytest.approx(0.1)
+    assert s(500) == pytest.approx(0.1)
+    lrs = [s(i) for i in range(10, 111)]
+    assert all(a >= b for a, b in zip(lrs, lrs[1:]))
+    # The clock drives it the same way when time binds.
+    timed = LRSchedule(
+        lr=1.0, min_lr=0.0, warmup_steps=0, max_steps=None, max_seconds=100.0, shape="wsd", decay_fraction=0.5
+    )
+    assert timed(7, elapsed_s=40.0) == pytest.approx(1.0)
+    assert timed(7, elapsed_s=75.0) == pytest.approx(0.5)
+
+
+def test_the_config_picks_the_schedule_shape():
+    schedule = build_schedule(TrainConfig(max_steps=100, lr_schedule="wsd", lr_decay_fraction=0.3), 10)
+    assert (schedule.shape, schedule.decay_fraction) == ("wsd", 0.3)
+    assert build_schedule(TrainConfig(max_steps=100), 10).shape == "cosine"
+
+
 def test_time_budget_drives_the_decay_when_it_binds():
     s = LRSchedule(lr=1.0, min_lr=0.0, warmup_steps=0, max_steps=1000, max_seconds=100.0)
     # Few steps done, but the clock is half gone: progress follows the clock.
