@@ -52,7 +52,8 @@ def test_tiny_yaml_loads_with_the_documented_shape():
     assert cfg.data.vocab_size == 2048
     assert cfg.model.vocab_size == cfg.data.vocab_size  # defaulted from the data section
     assert cfg.train.batch_size == 16
-    assert cfg.train.compile == "auto" and cfg.train.max_minutes == pytest.approx(8.8)
+    assert cfg.train.compile == "auto" and cfg.train.max_minutes == pytest.approx(9.2)
+    assert cfg.train.sampling == "epoch"
     assert cfg.train.optimizer == "muon" and cfg.train.min_lr == 0.0
     assert cfg.train.lr == pytest.approx(4e-3) and isinstance(cfg.train.lr, float)
     assert cfg.eval.sample_prompt == "ROMEO:"
