@@ -23,6 +23,7 @@ from data.tokenizer import EOT, load_tokenizer, token_byte_lengths
 _NEEDS_TORCH = {
     "TrainBatches": "data.batches",
     "EpochBatches": "data.batches",
+    "train_batches": "data.batches",
     "iter_val_batches": "data.batches",
     "bits_per_byte": "data.metrics",
     "target_nats_and_bytes": "data.metrics",

@@ -24,63 +24,9 @@ import torch
 from data.errors import DataError
 
 
-class TrainBatches:
-    """Random training windows from a seeded generator whose state can be saved for exact resume.
-
-    Each (seed, rank) pair seeds its own generator, so distributed ranks draw different windows
-    and a resumed run draws exactly the windows the interrupted one would have.
-    """
-
-    def __init__(
-        self,
-        tokens: np.ndarray,
-        block_size: int,
-        batch_size: int,
-        *,
-        seed: int,
-        rank: int = 0,
-        device: str | torch.device = "cpu",
-    ) -> None:
-        _check_sizes(block_size, batch_size)
-        if len(tokens) < block_size + 1:
-            raise DataError(
-                f"the training split has {len(tokens)} tokens, fewer than one block of "
-                f"block_size + 1 = {block_size + 1}: lower model.block_size or use a larger corpus"
-            )
-        self.tokens = tokens
-        self.block_size = block_size
-        self.batch_size = batch_size
-        self.device = torch.device(device)
-        self.generator = torch.Generator()
-        self.generator.manual_seed(_stream_seed(seed, rank))
-        self._offsets = np.arange(block_size + 1, dtype=np.int64)
-
-    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(x, y), int64 (batch_size, block_size), on the configured device."""
-        # A window starting at s needs tokens s .. s + block_size, so s <= len - block_size - 1.
-        high = len(self.tokens) - self.block_size
-        starts = torch.randint(0, high, (self.batch_size,), generator=self.generator).numpy()
-        return _windows(self.tokens, starts, self._offsets, self.device)
-
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        while True:
-            yield self.next()
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return {"generator_state": self.generator.get_state()}
-
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        self.generator.set_state(state["generator_state"])
-
-
-class EpochBatches:
-    """Every training window once per epoch, shuffled; ranks split each draw between them.
-
-    Epoch e's offset and order come from a generator seeded by (seed, e) alone, so all ranks
-    agree on them: a draw is the next world_size x batch_size windows of the shuffled order, and
-    rank r takes the r-th batch_size of them. Windows left over at the end of an epoch (fewer
-    than one draw) are skipped. The state is just (epoch, position), so resuming is exact.
-    """
+class _TrainWindows:
+    """What both samplers share: the arguments, the gather and iteration. Subclasses choose the
+    window starts (``_starts``) and say what to save for an exact resume (``state_dict``)."""
 
     def __init__(
         self,
@@ -94,13 +40,69 @@ class EpochBatches:
         device: str | torch.device = "cpu",
     ) -> None:
         _check_sizes(block_size, batch_size)
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank must be in [0, world_size), got rank {rank} of {world_size}")
+        if len(tokens) < block_size + 1:
+            raise DataError(
+                f"the training split has {len(tokens)} tokens, fewer than one block of "
+                f"block_size + 1 = {block_size + 1}: lower model.block_size or use a larger corpus"
+            )
         self.tokens = tokens
         self.block_size = block_size
         self.batch_size = batch_size
-        self.rank = rank
-        self.draw_size = batch_size * world_size
+        self.seed, self.rank, self.world_size = seed, rank, world_size
+        self.device = torch.device(device)
+        self._offsets = np.arange(block_size + 1, dtype=np.int64)
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x, y), int64 (batch_size, block_size), on the configured device."""
+        return _windows(self.tokens, self._starts(), self._offsets, self.device)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        while True:
+            yield self.next()
+
+    def _starts(self) -> np.ndarray:
+        raise NotImplementedError
+
+
+class TrainBatches(_TrainWindows):
+    """Random training windows from a seeded generator whose state can be saved for exact resume.
+
+    Each (seed, rank) pair seeds its own generator, so distributed ranks draw different windows
+    (world_size is not needed) and a resumed run draws exactly the windows the interrupted one
+    would have.
+    """
+
+    def __init__(self, tokens: np.ndarray, block_size: int, batch_size: int, **kwargs) -> None:
+        super().__init__(tokens, block_size, batch_size, **kwargs)
+        self.generator = torch.Generator()
+        self.generator.manual_seed(_stream_seed(self.seed, self.rank))
+
+    def _starts(self) -> np.ndarray:
+        # A window starting at s needs tokens s .. s + block_size, so s <= len - block_size - 1.
+        high = len(self.tokens) - self.block_size
+        return torch.randint(0, high, (self.batch_size,), generator=self.generator).numpy()
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {"generator_state": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.generator.set_state(state["generator_state"])
+
+
+class EpochBatches(_TrainWindows):
+    """Every training window once per epoch, shuffled; ranks split each draw between them.
+
+    Epoch e's offset and order come from a generator seeded by (seed, e) alone, so all ranks
+    agree on them: a draw is the next world_size x batch_size windows of the shuffled order, and
+    rank r takes the r-th batch_size of them. Windows left over at the end of an epoch (fewer
+    than one draw) are skipped. The state is just (epoch, position), so resuming is exact.
+    """
+
+    def __init__(self, tokens: np.ndarray, block_size: int, batch_size: int, **kwargs) -> None:
+        super().__init__(tokens, block_size, batch_size, **kwargs)
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank must be in [0, world_size), got rank {self.rank} of {self.world_size}")
+        self.draw_size = batch_size * self.world_size
         # The fewest windows any epoch has (its grid offset is block_size - 1).
         fewest = (len(tokens) - block_size) // block_size
         if fewest < self.draw_size:
@@ -109,27 +111,18 @@ class EpochBatches:
                 f"{self.draw_size} non-overlapping windows of {block_size + 1} tokens for "
                 f"train.sampling=epoch: use train.sampling=random or a smaller batch or block"
             )
-        self.seed = seed
-        self.device = torch.device(device)
-        self._offsets = np.arange(block_size + 1, dtype=np.int64)
         self.epoch = 0
         self.position = 0  # windows of this epoch's order already drawn (by all ranks)
         self._order = self._shuffled_starts(self.epoch)
 
-    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(x, y), int64 (batch_size, block_size), on the configured device."""
+    def _starts(self) -> np.ndarray:
         if self.position + self.draw_size > len(self._order):
             self.epoch += 1
             self.position = 0
             self._order = self._shuffled_starts(self.epoch)
         first = self.position + self.rank * self.batch_size
-        starts = self._order[first : first + self.batch_size]
         self.position += self.draw_size
-        return _windows(self.tokens, starts, self._offsets, self.device)
-
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        while True:
-            yield self.next()
+        return self._order[first : first + self.batch_size]
 
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.epoch, "position": self.position}
@@ -147,6 +140,16 @@ class EpochBatches:
         count = (len(self.tokens) - 1 - offset) // self.block_size
         order = torch.randperm(count, generator=generator).numpy()
         return offset + order.astype(np.int64) * self.block_size
+
+
+SAMPLERS = {"random": TrainBatches, "epoch": EpochBatches}
+
+
+def train_batches(sampling: str, tokens: np.ndarray, block_size: int, batch_size: int, **kwargs) -> _TrainWindows:
+    """The sampler ``train.sampling`` names ("random" or "epoch"), built with the same arguments."""
+    if sampling not in SAMPLERS:
+        raise ValueError(f"sampling must be one of {sorted(SAMPLERS)}, got {sampling!r}")
+    return SAMPLERS[sampling](tokens, block_size, batch_size, **kwargs)
 
 
 def iter_val_batches(

@@ -154,7 +154,7 @@ class Trainer:
     # Setup
 
     def setup(self, *, resume: bool, overwrite: bool) -> None:
-        from data import EpochBatches, TrainBatches, load_tokenizer, prepare_data
+        from data import load_tokenizer, prepare_data, train_batches
         from model import GPT, GPTConfig
         from training.wandb_logger import WandbLogger
 
@@ -209,25 +209,16 @@ class Trainer:
         self.micro_steps = split_global_batch(tc.batch_size * tc.grad_accum_steps, tc.batch_size, ctx.world_size)
         self.tokens_per_step = tc.batch_size * tc.grad_accum_steps * cfg.model.block_size
         self.schedule = build_schedule(tc, self.tokens_per_step)
-        if tc.sampling == "epoch":
-            self.batches = EpochBatches(
-                prepared.train_tokens(),
-                cfg.model.block_size,
-                tc.batch_size,
-                seed=tc.seed,
-                rank=ctx.rank,
-                world_size=ctx.world_size,
-                device=self.device,
-            )
-        else:
-            self.batches = TrainBatches(
-                prepared.train_tokens(),
-                cfg.model.block_size,
-                tc.batch_size,
-                seed=tc.seed,
-                rank=ctx.rank,
-                device=self.device,
-            )
+        self.batches = train_batches(
+            tc.sampling,
+            prepared.train_tokens(),
+            cfg.model.block_size,
+            tc.batch_size,
+            seed=tc.seed,
+            rank=ctx.rank,
+            world_size=ctx.world_size,
+            device=self.device,
+        )
         wandb_run_id = None
         if state is not None:
             wandb_run_id = self._restore(state)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from data import DataError, EpochBatches, TrainBatches, iter_val_batches
+from data import DataError, EpochBatches, TrainBatches, iter_val_batches, train_batches
 from data.prepare import token_dtype
 
 
@@ -109,6 +109,15 @@ def test_epoch_sampling_state_restores_the_exact_stream(tokens):
     assert all(np.array_equal(a, b) for a, b in zip(expected, epoch_starts(resumed, 80)))
     other_seed = EpochBatches(tokens, 16, 8, seed=4)
     assert not np.array_equal(epoch_starts(other_seed, 1)[0], epoch_starts(EpochBatches(tokens, 16, 8, seed=3), 1)[0])
+
+
+def test_train_batches_builds_the_named_sampler(tokens):
+    for sampling, cls in [("random", TrainBatches), ("epoch", EpochBatches)]:
+        made = train_batches(sampling, tokens, 16, 4, seed=2, rank=1, world_size=2)
+        direct = cls(tokens, 16, 4, seed=2, rank=1, world_size=2)
+        assert type(made) is cls and torch.equal(made.next()[0], direct.next()[0])
+    with pytest.raises(ValueError, match="sampling"):
+        train_batches("sequential", tokens, 16, 4, seed=0)
 
 
 def test_epoch_sampling_needs_one_batch_of_windows(tokens):
