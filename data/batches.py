@@ -104,7 +104,7 @@ class EpochBatches(_TrainWindows):
             raise ValueError(f"rank must be in [0, world_size), got rank {self.rank} of {self.world_size}")
         self.draw_size = batch_size * self.world_size
         # The fewest windows any epoch has (its grid offset is block_size - 1).
-        fewest = (len(tokens) - block_size) // block_size
+        fewest = _grid_windows(len(tokens), block_size, offset=block_size - 1)
         if fewest < self.draw_size:
             raise DataError(
                 f"the training split has {len(tokens)} tokens, fewer than one batch of "
@@ -135,9 +135,7 @@ class EpochBatches(_TrainWindows):
         generator = torch.Generator()
         generator.manual_seed(_stream_seed(self.seed, f"epoch {epoch}"))
         offset = int(torch.randint(0, self.block_size, (1,), generator=generator))
-        # Window i starts at offset + i * block_size and needs its last token at
-        # start + block_size <= len - 1.
-        count = (len(self.tokens) - 1 - offset) // self.block_size
+        count = _grid_windows(len(self.tokens), self.block_size, offset=offset)
         order = torch.randperm(count, generator=generator).numpy()
         return offset + order.astype(np.int64) * self.block_size
 
@@ -168,7 +166,7 @@ def iter_val_batches(
     estimate sees every part of the validation text, not just its first documents.
     """
     _check_sizes(block_size, batch_size)
-    n_windows = (len(tokens) - 1) // block_size
+    n_windows = _grid_windows(len(tokens), block_size)
     if n_windows < 1:
         raise DataError(
             f"the validation split has {len(tokens)} tokens, fewer than one block of "
@@ -204,6 +202,14 @@ def _windows(
     elif device.type != "cpu":
         x, y = x.to(device), y.to(device)
     return x, y
+
+
+def _grid_windows(n_tokens: int, block_size: int, offset: int = 0) -> int:
+    """How many back-to-back windows start at offset, offset + block_size, ... and fit.
+
+    A window starting at s needs tokens s .. s + block_size, so s + block_size <= n_tokens - 1.
+    """
+    return max(0, (n_tokens - 1 - offset) // block_size)
 
 
 def _stream_seed(seed: int, stream: int | str) -> int:
