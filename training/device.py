@@ -58,10 +58,10 @@ def should_compile(setting: bool | str, device: torch.device) -> bool:
 
     On the CPU compiling made tiny.yaml's steps 1.05-1.65x faster, depending on the machine and
     the optimizer, at the cost of 25-100 s of compilation on a cold cache; on this project's
-    development machine that was a net loss for tiny.yaml's 8.8-minute run, so ``auto`` (which
-    tiny.yaml uses) leaves it off there. Inductor builds CPU
-    kernels with a C++ compiler; without one a compiled run would crash at its first step, so it
-    trains uncompiled and says so instead.
+    development machine that was a net loss for tiny.yaml's run of under 10 minutes, so ``auto``
+    (which tiny.yaml uses) leaves it off there. Inductor builds CPU kernels with a C++ compiler;
+    without one a compiled run would crash at its first step, so it trains uncompiled and says
+    so instead.
     """
     wanted = setting if isinstance(setting, bool) else device.type == "cuda"
     if wanted and device.type == "cpu" and not _have_cxx_compiler():

@@ -11,8 +11,9 @@ between about 0.7 and 1.15.
 torch.optim.Muon (torch >= 2.9) does the same mathematics, but always iterates in bfloat16. That
 is right on a GPU and ruinous on a CPU without bf16 matrix units: on this project's 2-core
 development machine the 24 matrices of a 6-layer tiny model took 1.37 s per step in bf16
-against 55 ms in fp32, while its forward and backward pass took about 0.25 s. This version iterates in bf16
-on CUDA and in fp32 elsewhere, and orthogonalises all matrices of one shape in one batched matmul.
+against 55 ms in fp32, while its forward and backward pass took about 0.25 s. This version
+iterates in bf16 on CUDA and in fp32 elsewhere, and orthogonalises all matrices of one shape in
+one batched matmul.
 """
 
 from __future__ import annotations
