@@ -59,6 +59,9 @@ from training.interrupt import StopRequest
 from training.metrics import MetricsLog, Throughput, format_duration, format_flops, mfu, peak_flops
 from training.optim import build_optimizer, build_schedule
 
+# tqdm's default bar without its "<remaining" estimate (see Trainer.fit).
+_BAR_WITHOUT_ETA = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}, {rate_fmt}{postfix}]"
+
 
 @dataclass
 class TrainResult:
@@ -283,6 +286,9 @@ class Trainer:
             desc="train",
             unit="step",
             dynamic_ncols=True,
+            # tqdm's own estimate assumes every step of max_steps will run; under a clock budget
+            # the postfix's "left" (the sooner of both budgets) is the one to trust.
+            bar_format=None if self.schedule.max_seconds is None else _BAR_WITHOUT_ETA,
         )
         last_loss = None
         failed = True

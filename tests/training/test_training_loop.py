@@ -218,6 +218,17 @@ def test_time_budget_ends_the_run_cleanly_at_the_floor(make_config):
     assert last["lr"] < 0.5 * cfg.train.lr  # annealed by the clock
 
 
+@pytest.mark.parametrize("max_minutes", [None, 5.0])
+def test_progress_bar_trusts_the_clock_budget_over_tqdms_estimate(make_config, capsys, max_minutes):
+    # Under a clock budget most of max_steps never runs, so tqdm's step-based "<remaining" would
+    # overstate the time left; the postfix's "left" (the sooner of both budgets) stays.
+    cfg = make_config(train={"max_steps": 3, "max_minutes": max_minutes}, eval={"interval": 0})
+    train(cfg, progress=True)
+    bar = [line for line in capsys.readouterr().err.split("\r") if line.startswith("train:")][-1]
+    assert "3/3" in bar and "left " in bar
+    assert ("<" in bar) == (max_minutes is None)
+
+
 def test_token_budget(make_config):
     cfg = make_config(train={"max_steps": 100, "max_tokens": 5 * 8 * 32}, eval={"interval": 0})
     result = train(cfg, progress=False)
