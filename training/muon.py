@@ -39,10 +39,16 @@ def orthogonalize(matrices: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> 
     # Dividing by the Frobenius norm bounds the spectral norm by 1, inside the region where the
     # iteration is defined to map singular values toward 1.
     x = x / x.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)
+    stack_shape = x.shape[:-2]
+    x = x.reshape(-1, *x.shape[-2:])  # baddbmm takes exactly one batch dimension
     for _ in range(steps):
         gram = x @ x.mT
-        poly = b * gram + c * gram @ gram
-        x = a * x + poly @ x
+        # b·G + c·G·G, then a·X + P·X, each as one fused multiply-add instead of a matmul followed
+        # by separate scale and add passes. On a 2-core CPU that cut tiny.yaml's 16 matrices from
+        # about 29 to 21 ms per step, against roughly 200 ms for the whole step.
+        poly = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)
+        x = torch.baddbmm(x, poly, x, beta=a)
+    x = x.reshape(*stack_shape, *x.shape[-2:])
     if not wide:
         x = x.mT
     return x.to(matrices.dtype)
