@@ -25,6 +25,21 @@ def test_orthogonalize_pushes_every_singular_value_near_one(shape):
     assert cosine > 0.98
 
 
+@pytest.mark.parametrize("shape", [(24, 8), (8, 24), (3, 24, 8), (2, 3, 8, 24)])
+def test_orthogonalize_is_the_quintic_iteration_written_out(shape):
+    # The iteration as the module doc states it, one plain step at a time, for any stack shape:
+    # the fused multiply-adds must compute exactly this (in fp32, up to rounding).
+    a, b, c = 3.4445, -4.7750, 2.0315
+    g = torch.randn(shape, generator=torch.Generator().manual_seed(2))
+    x = g if shape[-2] <= shape[-1] else g.mT
+    x = x / x.norm(dim=(-2, -1), keepdim=True)
+    for _ in range(5):
+        gram = x @ x.mT
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    expected = x if shape[-2] <= shape[-1] else x.mT
+    torch.testing.assert_close(orthogonalize(g), expected, atol=1e-5, rtol=1e-5)
+
+
 def test_orthogonalize_is_scale_invariant_and_batched_like_one_at_a_time():
     gen = torch.Generator().manual_seed(1)
     stack = torch.randn(3, 24, 8, generator=gen)
