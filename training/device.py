@@ -1,8 +1,10 @@
-"""Where and how the model runs: the device, the autocast precision, TF32, torch.compile."""
+"""Where and how the model runs: the device, the autocast precision, TF32, the host allocator,
+torch.compile."""
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import shutil
 import sys
@@ -46,11 +48,39 @@ def autocast(device: torch.device, dtype: torch.dtype) -> ContextManager:
 
 def configure_backends(device: torch.device) -> None:
     """Allow TF32 for fp32 matmuls and convolutions on CUDA (Ampere and later run them ~8x faster
-    at a precision that does not matter for training); the CPU is unaffected."""
+    at a precision that does not matter for training); on the CPU, keep freed memory for reuse."""
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
         torch.set_float32_matmul_precision("high")
+    elif device.type == "cpu":
+        keep_freed_memory()
+
+
+# mallopt parameter numbers, from glibc's malloc.h.
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+
+
+def keep_freed_memory() -> bool:
+    """Ask glibc to keep freed memory for reuse instead of handing it back to the kernel.
+
+    By default glibc returns the free top of its heap to the kernel once it passes a few MB, and
+    serves large blocks from fresh mappings. A training step frees and reallocates the same
+    activation-sized blocks (1-16 MB for tiny.yaml) every time, so every step faulted its memory
+    back in page by page: about 5,000 page faults per tiny.yaml step on a 2-core virtual machine,
+    where the RMSNorm forward and backward alone took 2.3 ms instead of 1.4 ms. Raising both
+    thresholds lets the blocks be reused; the cost is that the process keeps its peak resident
+    size. Returns whether glibc accepted the settings (False on other C libraries and systems).
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    # Older glibc refuses mmap thresholds above 32 MiB; blocks larger than that still get mappings.
+    return bool(mallopt(_M_MMAP_THRESHOLD, 32 << 20)) and bool(mallopt(_M_TRIM_THRESHOLD, 1 << 30))
 
 
 def should_compile(setting: bool | str, device: torch.device) -> bool:
