@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from training.muon import Muon, orthogonalize
+from training.muon import NS_COEFFICIENTS, Muon, orthogonalize
 
 
 @pytest.mark.parametrize("shape", [(48, 16), (16, 16), (16, 40)])
@@ -29,7 +29,7 @@ def test_orthogonalize_pushes_every_singular_value_near_one(shape):
 def test_orthogonalize_is_the_quintic_iteration_written_out(shape):
     # The iteration as the module doc states it, one plain step at a time, for any stack shape:
     # the fused multiply-adds must compute exactly this (in fp32, up to rounding).
-    a, b, c = 3.4445, -4.7750, 2.0315
+    a, b, c = NS_COEFFICIENTS
     g = torch.randn(shape, generator=torch.Generator().manual_seed(2))
     x = g if shape[-2] <= shape[-1] else g.mT
     x = x / x.norm(dim=(-2, -1), keepdim=True)
