@@ -1,0 +1,120 @@
+"""RMSNorm's CPU training path (model.layers.RMSNormCPUFunction) against autograd's, and LayerNorm.
+
+    python benchmarks/rms_norm_backward.py --config configs/tiny.yaml
+    python benchmarks/rms_norm_backward.py --config configs/tiny.yaml --steps 200
+
+1. One norm's forward and backward on a (batch, block_size, n_embd) activation of the config:
+   F.rms_norm differentiated by autograd (what RMSNorm did before), RMSNormCPUFunction, and
+   nanoGPT's LayerNorm without bias (one fused kernel each way) for scale.
+2. Whole training steps of the config's model (the trainer's own step functions, see
+   train_throughput.py) with and without RMSNormCPUFunction, two identical models taking turns,
+   so the host's drifting speed hits both alike. Reported: the median of the per-turn ratios.
+
+Timings only; nothing here is a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+from unittest import mock
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import model.layers as layers  # noqa: E402
+from benchmarks.train_throughput import TrainStepRunner  # noqa: E402
+from training.device import configure_backends, select_device  # noqa: E402
+
+
+def time_norms(shape: tuple[int, ...], repeats: int) -> dict[str, float]:
+    """Median seconds of one forward and backward per variant, the variants taking turns."""
+    dim = shape[-1]
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(shape, generator=gen)
+    grad = torch.randn(shape, generator=gen)
+    weight = torch.nn.Parameter(torch.rand(dim, generator=gen) + 0.5)
+    layer_norm = torch.nn.LayerNorm(dim, bias=False)
+    variants: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+        "RMSNorm, autograd over F.rms_norm": lambda t: F.rms_norm(t, (dim,), weight, 1e-5),
+        "RMSNorm, RMSNormCPUFunction": lambda t: layers.RMSNormCPUFunction.apply(t, weight, 1e-5),
+        "LayerNorm (nanoGPT, no bias)": layer_norm,
+    }
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for i in range(repeats + 5):
+        for name, fn in variants.items():
+            leaf = x.detach().requires_grad_()
+            t0 = time.perf_counter()
+            fn(leaf).backward(grad)
+            if i >= 5:  # the first few allocate
+                times[name].append(time.perf_counter() - t0)
+    return {name: sorted(ts)[len(ts) // 2] for name, ts in times.items()}
+
+
+def time_steps(cfg, device: torch.device, steps: int) -> tuple[float, float, float]:
+    """Median step seconds with and without RMSNormCPUFunction, and the median per-turn ratio."""
+    from model import GPT
+
+    m, tc = cfg.model, cfg.train
+    runners = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        model = GPT(m)
+        runners.append(TrainStepRunner("", model, flops=model.flops_per_token(), batch_size=tc.batch_size,
+                                       block_size=m.block_size, vocab_size=m.vocab_size, device=device,
+                                       amp_dtype=torch.float32, compile_model=False, train=tc))
+    with_fn, without_fn = runners
+    new: list[float] = []
+    old: list[float] = []
+    for i in range(steps + 3):
+        t_new = with_fn.step()
+        with mock.patch.object(layers, "_wants_cpu_backward", lambda x, w: False):
+            t_old = without_fn.step()
+        if i >= 3:
+            new.append(t_new)
+            old.append(t_old)
+    ratios = sorted(o / n for o, n in zip(old, new))
+    return sorted(new)[steps // 2], sorted(old)[steps // 2], ratios[steps // 2]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default="configs/tiny.yaml")
+    parser.add_argument("--repeats", type=int, default=300, help="timed forward+backward passes per norm")
+    parser.add_argument("--steps", type=int, default=100, help="timed training steps per model (0: skip)")
+    args = parser.parse_args(argv)
+
+    from common.errors import UserError
+    from training.config import load_config
+
+    try:
+        cfg = load_config(args.config)
+        device = select_device("cpu")
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    configure_backends(device)
+    m = cfg.model
+    shape = (cfg.train.batch_size, m.block_size, m.n_embd)
+    print(f"cpu ({torch.get_num_threads()} threads); {args.config}: activation {tuple(shape)}\n")
+
+    norms = time_norms(shape, args.repeats)
+    base = norms["RMSNorm, autograd over F.rms_norm"]
+    print(f"{'one norm, forward + backward':36} {'ms':>7} {'vs autograd':>12}")
+    for name, seconds in norms.items():
+        print(f"{name:36} {1e3 * seconds:7.3f} {base / seconds:11.2f}x")
+
+    if args.steps > 0:
+        new, old, ratio = time_steps(cfg, device, args.steps)
+        print(f"\ntraining step, {args.steps} turns each: {1e3 * new:.1f} ms with RMSNormCPUFunction, "
+              f"{1e3 * old:.1f} ms without; per-turn ratio without/with: median {ratio:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""RMSNorm's CPU training path (LayerNorm's backward kernel plus a correction) against the formula."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from model.layers import RMSNorm, RMSNormCPUFunction
+
+
+def textbook_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def norm_with_gains(dim: int, seed: int) -> RMSNorm:
+    norm = RMSNorm(dim, eps=1e-5)
+    with torch.no_grad():  # unit gains would hide a mix-up of weight and input gradients
+        norm.weight.copy_(torch.rand(dim, generator=torch.Generator().manual_seed(seed)) + 0.5)
+    return norm
+
+
+@pytest.mark.parametrize("shape", [(7, 16), (3, 5, 16), (2, 3, 4, 16)])
+def test_training_path_matches_the_formula_and_its_autograd_gradients(shape):
+    norm = norm_with_gains(shape[-1], seed=len(shape))
+    gen = torch.Generator().manual_seed(1)
+    # A mean far from zero makes LayerNorm's centring term large, so forgetting to undo it fails.
+    x = (torch.randn(shape, generator=gen) + 3.0).requires_grad_()
+    grad_out = torch.randn(shape, generator=gen)
+
+    out = norm(x)
+    assert out.grad_fn is not None and "RMSNormCPUFunction" in type(out.grad_fn).__name__
+    grad_x, grad_w = torch.autograd.grad(out, (x, norm.weight), grad_out)
+
+    x_ref = x.detach().double().requires_grad_()
+    w_ref = norm.weight.detach().double().requires_grad_()
+    out_ref = textbook_rms_norm(x_ref, w_ref, norm.eps)
+    grad_x_ref, grad_w_ref = torch.autograd.grad(out_ref, (x_ref, w_ref), grad_out.double())
+
+    torch.testing.assert_close(out, out_ref.float(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(grad_x, grad_x_ref.float(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(grad_w, grad_w_ref.float(), rtol=1e-5, atol=1e-5)
+
+
+def test_gradients_pass_gradcheck_in_float64():
+    gen = torch.Generator().manual_seed(2)
+    x = (torch.randn(3, 4, 8, generator=gen, dtype=torch.float64) + 1.0).requires_grad_()
+    w = (torch.rand(8, generator=gen, dtype=torch.float64) + 0.5).requires_grad_()
+    assert torch.autograd.gradcheck(lambda a, b: RMSNormCPUFunction.apply(a, b, 1e-5), (x, w))
+
+
+def test_only_the_gradients_asked_for_are_computed():
+    norm = norm_with_gains(16, seed=3)
+    x = torch.randn(4, 16)  # an input that needs no gradient, as token embeddings under no_grad
+    (grad_w,) = torch.autograd.grad(norm(x).square().sum(), norm.weight)
+    w_ref = norm.weight.detach().clone().requires_grad_()
+    (grad_w_ref,) = torch.autograd.grad(textbook_rms_norm(x, w_ref, norm.eps).square().sum(), w_ref)
+    torch.testing.assert_close(grad_w, grad_w_ref, rtol=1e-5, atol=1e-5)
+
+    norm.weight.requires_grad_(False)
+    x.requires_grad_()
+    (grad_x,) = torch.autograd.grad(norm(x).sum(), x)
+    x_ref = x.detach().clone().requires_grad_()
+    (grad_x_ref,) = torch.autograd.grad(textbook_rms_norm(x_ref, norm.weight, norm.eps).sum(), x_ref)
+    torch.testing.assert_close(grad_x, grad_x_ref, rtol=1e-5, atol=1e-6)
+
+
+def test_inference_uses_the_plain_kernel_with_the_same_values():
+    norm = norm_with_gains(16, seed=4)
+    x = torch.randn(2, 3, 16)
+    with torch.no_grad():
+        plain = norm(x)
+    trained = norm(x.requires_grad_())
+    assert plain.grad_fn is None
+    assert "RMSNormCPUFunction" in type(trained.grad_fn).__name__
+    torch.testing.assert_close(plain, trained.detach(), rtol=1e-6, atol=1e-6)
+
+
+def test_a_second_derivative_is_refused_rather_than_wrong():
+    norm = norm_with_gains(8, seed=5)
+    x = torch.randn(3, 8, requires_grad=True)
+    (grad_x,) = torch.autograd.grad(norm(x).pow(3).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable|not differentiable|does not require grad"):
+        grad_x.sum().backward()
+
+
+def test_bf16_autocast_keeps_the_norm_in_float32():
+    # The trainer's precision=bf16 on a CPU: the norm's statistics must not be rounded to bf16.
+    norm = norm_with_gains(16, seed=6)
+    head = torch.nn.Linear(16, 4)
+    x = torch.randn(5, 16, requires_grad=True)
+    x_ref = x.detach().clone().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = norm(x)
+        out_ref = textbook_rms_norm(x_ref, norm.weight, norm.eps)
+        head(out).float().sum().backward()
+        head(out_ref).float().sum().backward()
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, out_ref, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(x.grad, x_ref.grad, rtol=1e-4, atol=1e-5)
