@@ -317,14 +317,14 @@ def main(argv: list[str] | None = None) -> int:
               f"{100 * r.mfu(peak):6.1f}%")
     print()
     for compiled in compile_modes:
-        pair = [r for r in results if r.compiled == compiled]
+        # results[i] measured runners[i]; in each compile mode ours comes first, then the reference.
+        pair = [i for i, r in enumerate(runners) if r.compiled == compiled]
         if len(pair) == 2:
-            ours_mfu, ref_mfu = (r.mfu(peak) for r in pair)
-            ours_runner, ref_runner = (next(r for r in runners if r.name == p.name and r.compiled == compiled) for p in pair)
-            low, mid, high = paired_ratio_quartiles(by_round[id(ours_runner)], by_round[id(ref_runner)],
-                                                    ours_runner.flops / ref_runner.flops)
+            ours, ref = (runners[i] for i in pair)
+            ours_mfu, ref_mfu = (results[i].mfu(peak) for i in pair)
+            low, mid, high = paired_ratio_quartiles(by_round[id(ours)], by_round[id(ref)], ours.flops / ref.flops)
             print(f"compile={str(compiled).lower()}: MFU ratio ours/reference = {ours_mfu / ref_mfu:.3f} "
-                  f"(tokens/s ratio {pair[0].tokens_per_s / pair[1].tokens_per_s:.3f}); "
+                  f"(tokens/s ratio {results[pair[0]].tokens_per_s / results[pair[1]].tokens_per_s:.3f}); "
                   f"round by round: median {mid:.3f}, middle half {low:.3f}-{high:.3f} over {rounds} rounds")
     if len(compile_modes) == 2:
         for label in {r.name for r in results}:
