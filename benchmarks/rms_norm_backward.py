@@ -28,7 +28,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import model.layers as layers  # noqa: E402
-from benchmarks.train_throughput import TrainStepRunner  # noqa: E402
+from benchmarks.train_throughput import TrainStepRunner, median, paired_ratio_quartiles  # noqa: E402
 from training.device import configure_backends, select_device  # noqa: E402
 
 
@@ -53,7 +53,7 @@ def time_norms(shape: tuple[int, ...], repeats: int) -> dict[str, float]:
             fn(leaf).backward(grad)
             if i >= 5:  # the first few allocate
                 times[name].append(time.perf_counter() - t0)
-    return {name: sorted(ts)[len(ts) // 2] for name, ts in times.items()}
+    return {name: median(ts) for name, ts in times.items()}
 
 
 def time_steps(cfg, device: torch.device, steps: int) -> tuple[float, float, float]:
@@ -78,8 +78,9 @@ def time_steps(cfg, device: torch.device, steps: int) -> tuple[float, float, flo
         if i >= 3:
             new.append(t_new)
             old.append(t_old)
-    ratios = sorted(o / n for o, n in zip(old, new))
-    return sorted(new)[steps // 2], sorted(old)[steps // 2], ratios[steps // 2]
+    # One step per round, the model without the function as the reference: the ratio is old/new.
+    _, ratio, _ = paired_ratio_quartiles([[t] for t in new], [[t] for t in old], flops_ratio=1.0)
+    return median(new), median(old), ratio
 
 
 def main(argv: list[str] | None = None) -> int:

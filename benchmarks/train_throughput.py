@@ -203,7 +203,7 @@ def measure_run(runner: TrainStepRunner, *, steps: int, warmup: int = 2) -> RunM
 
 def summarize(runner: TrainStepRunner, step_times: list[float], first_step_s: float) -> RunMeasurement:
     # The median, because other processes on a shared machine make single steps slow at random.
-    step_s = _median(step_times)
+    step_s = median(step_times)
     return RunMeasurement(
         name=runner.name,
         compiled=runner.compiled,
@@ -225,13 +225,13 @@ def paired_ratio_quartiles(
     ratios shows how far one run's overall ratio can be trusted.
     """
     ratios = sorted(
-        flops_ratio * _median(r) / _median(o) for o, r in zip(ours, ref, strict=True)
+        flops_ratio * median(r) / median(o) for o, r in zip(ours, ref, strict=True)
     )
     n = len(ratios)
     return ratios[n // 4], ratios[n // 2], ratios[(3 * n) // 4]
 
 
-def _median(values: list[float]) -> float:
+def median(values: list[float]) -> float:
     return sorted(values)[len(values) // 2]
 
 
