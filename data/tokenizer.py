@@ -14,9 +14,13 @@ from typing import Iterable
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from data.chat import CHAT_SPECIAL_TOKENS
 from data.errors import DataError
 
 EOT = "<|endoftext|>"
+# EOT is id 0; the chat tokens follow, so any pretrained run can be chat-tuned without growing its
+# embedding.
+SPECIAL_TOKENS = [EOT, *CHAT_SPECIAL_TOKENS]
 
 # Everything that decides which tokenizer a corpus gets, besides the corpus and vocab size. It is
 # part of the cache key: change it and every cached entry is rebuilt.
@@ -25,8 +29,8 @@ TOKENIZER_RECIPE: dict[str, object] = {
     "pre_tokenizer": "byte_level",
     "add_prefix_space": False,
     "normalizer": None,
-    "special_tokens": [EOT],
-    "version": 1,
+    "special_tokens": SPECIAL_TOKENS,
+    "version": 2,
 }
 
 # A split point inside a document that cannot change its tokens: a newline between two
@@ -50,14 +54,15 @@ def new_tokenizer() -> Tokenizer:
 def train_tokenizer(
     texts: Iterable[str] | Iterable[list[str]], vocab_size: int, *, length: int | None = None
 ) -> Tokenizer:
-    """Train byte-level BPE on `texts` (the training split only) with `EOT` as id 0.
+    """Train byte-level BPE on `texts` (the training split only) with `EOT` as id 0 and the chat
+    tokens after it.
 
     `texts` may yield strings or batches (lists) of strings; `length` is their count, if known.
     """
     tokenizer = new_tokenizer()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=[EOT],
+        special_tokens=SPECIAL_TOKENS,
         # All 256 byte symbols are always in the vocabulary, so no input is ever unencodable.
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,

@@ -66,13 +66,14 @@ def test_byte_alphabet_matches_the_pre_tokenizer():
 def test_token_byte_lengths_sum_to_the_utf8_length(tokenizer):
     lengths = token_byte_lengths(tokenizer)
     assert lengths.shape == (tokenizer.get_vocab_size(),)
-    assert lengths[tokenizer.token_to_id(EOT)] == 0
-    assert (lengths[1:257] == 1).all()  # the 256 single-byte symbols follow the EOT
+    n_special = len(tk.SPECIAL_TOKENS)
+    assert (lengths[:n_special] == 0).all()  # EOT and the chat tokens stand for no text
+    assert (lengths[n_special:n_special + 256] == 1).all()  # then the 256 single-byte symbols
     for text in HOSTILE:
         ids = tokenizer.encode(text).ids
         assert lengths[ids].sum() == len(text.encode("utf-8"))
     # Per token, too: each id's byte count is what it decodes to as raw bytes.
-    for token_id in range(257, tokenizer.get_vocab_size(), 17):
+    for token_id in range(n_special + 256, tokenizer.get_vocab_size(), 17):
         raw = tk.token_bytes(tokenizer.id_to_token(token_id))
         assert lengths[token_id] == len(raw) >= 2
 

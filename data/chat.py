@@ -1,0 +1,134 @@
+"""The chat format, defined once: its special tokens, and a conversation rendered to token ids.
+
+A conversation is a list of messages, each a role (system, user or assistant) and its text. Every
+turn is the role's token, the text as ordinary tokens, and the end-of-turn token:
+
+    <|system|>You are Hamlet.<|end|><|user|>Who's there?<|end|><|assistant|>Nay, answer me.<|end|>
+
+A reply is generated after a bare ``<|assistant|>`` and is over when the model emits ``<|end|>``.
+Nothing else renders a conversation: supervised fine-tuning, ``generate.py --chat``, the Hugging
+Face export (as the Jinja template below) and the server all call this module.
+
+The text of a message is encoded with special-token matching off, so a user who types "<|end|>"
+gets those characters, never the control token. Rendering the conversation turn by turn gives
+the same ids as rendering it whole, which is what lets a chat append each turn to its KV cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from tokenizers import Tokenizer
+
+from data.errors import DataError
+
+ROLES = ("system", "user", "assistant")
+ROLE_TOKENS = {role: f"<|{role}|>" for role in ROLES}
+END_OF_TURN = "<|end|>"
+# Reserved by every tokenizer the project trains, right after <|endoftext|>.
+CHAT_SPECIAL_TOKENS = (*ROLE_TOKENS.values(), END_OF_TURN)
+
+# The same rendering for transformers' ``apply_chat_template`` (tokenizer_config.json). Message
+# text there is tokenized with special tokens recognised, the one way the two can differ.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if message['role'] not in ['system', 'user', 'assistant'] %}"
+    "{{ raise_exception('unknown role ' + message['role'] + '; use system, user or assistant') }}"
+    "{% endif %}"
+    "{{ '<|' + message['role'] + '|>' + message['content'] + '<|end|>' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
+)
+
+
+@dataclass(frozen=True)
+class Message:
+    role: str
+    content: str
+
+
+@dataclass(frozen=True)
+class ChatTokenIds:
+    """The ids of the chat special tokens in one tokenizer."""
+
+    role: dict[str, int]
+    end: int
+
+    @classmethod
+    def of(cls, tokenizer: Tokenizer) -> ChatTokenIds:
+        ids = {token: tokenizer.token_to_id(token) for token in CHAT_SPECIAL_TOKENS}
+        missing = [token for token, token_id in ids.items() if token_id is None]
+        if missing:
+            raise DataError(
+                f"this tokenizer has no chat tokens ({', '.join(missing)}): it was trained before the "
+                "chat format existed; pretrain a new run (its tokenizer reserves them) and chat-tune that"
+            )
+        return cls({role: ids[token] for role, token in ROLE_TOKENS.items()}, ids[END_OF_TURN])
+
+
+@dataclass
+class RenderedChat:
+    """Token ids of a conversation, and which of them a fine-tuned model learns to produce.
+
+    ``loss_mask[i]`` is True for the tokens of assistant replies, each reply's ``<|end|>``
+    included: those are the targets. Role tokens, system and user text carry no loss.
+    """
+
+    ids: list[int]
+    loss_mask: list[bool]
+
+
+def to_messages(raw: object) -> list[Message]:
+    """Check a list of ``{"role", "content"}`` mappings (or Messages) and return Messages."""
+    if isinstance(raw, (str, bytes)) or not isinstance(raw, Sequence):
+        raise DataError(f"a conversation must be a list of {{'role', 'content'}} messages, "
+                        f"got {type(raw).__name__}")
+    messages = []
+    for i, item in enumerate(raw):
+        if isinstance(item, Message):
+            role, content = item.role, item.content
+        elif isinstance(item, Mapping) and "role" in item and "content" in item:
+            role, content = item["role"], item["content"]
+        else:
+            raise DataError(f"message {i} must be a mapping with 'role' and 'content', got {item!r:.80}")
+        if role not in ROLES:
+            raise DataError(f"message {i} has unknown role {role!r}; use one of {', '.join(ROLES)}")
+        if not isinstance(content, str):
+            raise DataError(f"message {i} content must be a string, got {type(content).__name__}")
+        messages.append(Message(role, content))
+    return messages
+
+
+def chat_text(messages: Iterable[Message], add_generation_prompt: bool = False) -> str:
+    """The conversation as text, exactly as CHAT_TEMPLATE renders it."""
+    text = "".join(f"{ROLE_TOKENS[m.role]}{m.content}{END_OF_TURN}" for m in messages)
+    return text + (ROLE_TOKENS["assistant"] if add_generation_prompt else "")
+
+
+def render_chat(
+    tokenizer: Tokenizer, messages: Sequence[Message], add_generation_prompt: bool = False
+) -> RenderedChat:
+    """Token ids and loss mask of ``messages``; with ``add_generation_prompt``, ending in the
+    ``<|assistant|>`` token a reply is generated after."""
+    special = ChatTokenIds.of(tokenizer)
+    ids: list[int] = []
+    loss_mask: list[bool] = []
+    for message, content_ids in zip(messages, encode_plain(tokenizer, [m.content for m in messages])):
+        learned = message.role == "assistant"
+        ids += [special.role[message.role], *content_ids, special.end]
+        loss_mask += [False] + [learned] * (len(content_ids) + 1)
+    if add_generation_prompt:
+        ids.append(special.role["assistant"])
+        loss_mask.append(False)
+    return RenderedChat(ids, loss_mask)
+
+
+def encode_plain(tokenizer: Tokenizer, texts: list[str]) -> list[list[int]]:
+    """Token ids of each text, with special tokens never matched inside it."""
+    previous = tokenizer.encode_special_tokens
+    tokenizer.encode_special_tokens = True
+    try:
+        return [e.ids for e in tokenizer.encode_batch(texts, add_special_tokens=False)]
+    finally:
+        tokenizer.encode_special_tokens = previous
