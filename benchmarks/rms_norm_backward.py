@@ -29,7 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import model.layers as layers  # noqa: E402
 from benchmarks.train_throughput import TrainStepRunner, median, paired_ratio_quartiles  # noqa: E402
-from training.device import configure_backends, select_device  # noqa: E402
+from common.device import select_device  # noqa: E402
+from training.device import configure_backends  # noqa: E402
 
 
 def time_norms(shape: tuple[int, ...], repeats: int) -> dict[str, float]:

@@ -39,7 +39,8 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from training.config import TrainConfig  # noqa: E402
-from training.device import autocast, configure_backends, resolve_precision, select_device, synchronize  # noqa: E402
+from common.device import select_device  # noqa: E402
+from training.device import autocast, configure_backends, resolve_precision, synchronize  # noqa: E402
 from training.metrics import format_flops  # noqa: E402
 
 
