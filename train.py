@@ -11,6 +11,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from common.errors import UserError
+from training.config import load_config
+from training.trainer import train
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
@@ -34,12 +38,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from common.errors import UserError
-
     try:
-        from training.config import load_config
-        from training.trainer import train
-
         config = load_config(args.config, args.overrides)
         result = train(config, resume=args.resume, overwrite=args.overwrite, progress=not args.no_progress)
     except UserError as e:

@@ -17,9 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from data import DataConfig, TrainBatches, prepare_data  # noqa: E402
+from data import DataConfig, TrainBatches, prepare_data
 
 TARGET_PREPARE_S = 30.0
 TARGET_CACHED_S = 2.0

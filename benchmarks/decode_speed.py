@@ -23,10 +23,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
-
-from model import GPT, GPTConfig, KVCache  # noqa: E402
-from model.generation import generate_tokens  # noqa: E402
+from model import GPT, GPTConfig, KVCache
+from model.generation import generate_tokens
 
 DEFAULT_CONFIG = Path("configs/tiny.yaml")
 BUILTIN_TINY = GPTConfig(vocab_size=4096, block_size=512, n_layer=4, n_head=4, n_kv_head=2, n_embd=256)

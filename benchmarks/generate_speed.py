@@ -27,14 +27,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere, like the tests
+import torch
 
-import torch  # noqa: E402
-
-from inference.completion import generate_completions  # noqa: E402
-from inference.runs import LoadedRun, load_run  # noqa: E402
-from inference.settings import GenerationSettings  # noqa: E402
-from model import GPT, GPTConfig  # noqa: E402
+from inference.completion import generate_completions
+from inference.runs import LoadedRun, load_run
+from inference.settings import GenerationSettings
+from model import GPT, GPTConfig
 
 TINY = GPTConfig(vocab_size=2048, block_size=512, n_layer=4, n_head=4, n_kv_head=2, n_embd=256)
 SHORT_PROMPT = 16

@@ -1,4 +1,4 @@
-"""RMSNorm's CPU training path (model.layers.RMSNormCPUFunction) against autograd's, and LayerNorm.
+"""RMSNorm's CPU training path (model.rms_norm_cpu.RMSNormCPUFunction) against autograd's, and LayerNorm.
 
     python benchmarks/rms_norm_backward.py --config configs/tiny.yaml
     python benchmarks/rms_norm_backward.py --config configs/tiny.yaml --steps 200
@@ -18,18 +18,16 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 from typing import Callable
 from unittest import mock
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import model.layers as layers  # noqa: E402
-from benchmarks.train_throughput import TrainStepRunner, median, paired_ratio_quartiles  # noqa: E402
-from training.device import configure_backends, select_device  # noqa: E402
+import model.rms_norm_cpu as rms_norm_cpu
+from benchmarks.train_throughput import TrainStepRunner, median, paired_ratio_quartiles
+from common.device import select_device
+from training.device import configure_backends
 
 
 def time_norms(shape: tuple[int, ...], repeats: int) -> dict[str, float]:
@@ -42,7 +40,7 @@ def time_norms(shape: tuple[int, ...], repeats: int) -> dict[str, float]:
     layer_norm = torch.nn.LayerNorm(dim, bias=False)
     variants: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
         "RMSNorm, autograd over F.rms_norm": lambda t: F.rms_norm(t, (dim,), weight, 1e-5),
-        "RMSNorm, RMSNormCPUFunction": lambda t: layers.RMSNormCPUFunction.apply(t, weight, 1e-5),
+        "RMSNorm, RMSNormCPUFunction": lambda t: rms_norm_cpu.RMSNormCPUFunction.apply(t, weight, 1e-5),
         "LayerNorm (nanoGPT, no bias)": layer_norm,
     }
     times: dict[str, list[float]] = {name: [] for name in variants}
@@ -73,7 +71,7 @@ def time_steps(cfg, device: torch.device, steps: int) -> tuple[float, float, flo
     old: list[float] = []
     for i in range(steps + 3):
         t_new = with_fn.step()
-        with mock.patch.object(layers, "_wants_cpu_backward", lambda x, w: False):
+        with mock.patch.object(rms_norm_cpu, "ENABLED", False):
             t_old = without_fn.step()
         if i >= 3:
             new.append(t_new)

@@ -30,17 +30,15 @@ import argparse
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from training.config import TrainConfig  # noqa: E402
-from training.device import autocast, configure_backends, resolve_precision, select_device, synchronize  # noqa: E402
-from training.metrics import format_flops  # noqa: E402
+from training.config import TrainConfig
+from common.device import select_device
+from training.device import autocast, configure_backends, resolve_precision, synchronize
+from training.metrics import format_flops
 
 
 # ---------------------------------------------------------------------------------------------

@@ -21,14 +21,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.train_throughput import RunMeasurement, TrainStepRunner, measure_peak, measure_run  # noqa: E402
-from training.distributed import barrier, init_distributed, shutdown, wrap_model  # noqa: E402
+from benchmarks.train_throughput import RunMeasurement, TrainStepRunner, measure_peak, measure_run
+from training.distributed import barrier, init_distributed, shutdown, wrap_model
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,3 +8,11 @@ is a bug and keeps its traceback.
 
 class UserError(Exception):
     """An error caused by the user's input; its message says what to change."""
+
+
+def one_line(error: BaseException, *, with_type: bool = False) -> str:
+    """The first line of an exception's message, for one-line reports (its type name if empty)."""
+    lines = str(error).strip().splitlines()
+    if not lines:
+        return type(error).__name__
+    return f"{type(error).__name__}: {lines[0]}" if with_type else lines[0]

@@ -10,6 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from common.config import build, check_types, require
 from data.errors import DataError
 
 SOURCES = ("shakespeare", "hub", "files")
@@ -37,22 +38,13 @@ class HubSourceConfig:
     max_bytes: int | None = None
 
     def __post_init__(self) -> None:
-        _check_type("data.hub.name", self.name, str)
-        _check_type("data.hub.config_name", self.config_name, str, optional=True)
-        _check_type("data.hub.train_split", self.train_split, str)
-        _check_type("data.hub.val_split", self.val_split, str, optional=True)
-        _check_type("data.hub.text_column", self.text_column, str)
-        _check_type("data.hub.streaming", self.streaming, bool)
+        check_types(self, "data.hub", DataError)
         for key in ("max_documents", "max_bytes"):
             value = getattr(self, key)
-            _check_type(f"data.hub.{key}", value, int, optional=True)
-            if value is not None and value < 1:
-                raise DataError(f"data.hub.{key} must be a positive integer or null, got {value}")
-        if self.streaming and self.max_documents is None and self.max_bytes is None:
-            raise DataError(
-                "data.hub.streaming reads a slice of a large corpus: set data.hub.max_documents "
-                "or data.hub.max_bytes (or set data.hub.streaming: false)"
-            )
+            _require(value is None or value >= 1, f"data.hub.{key} must be a positive integer or null, got {value}")
+        _require(not self.streaming or self.max_documents is not None or self.max_bytes is not None,
+                 "data.hub.streaming reads a slice of a large corpus: set data.hub.max_documents "
+                 "or data.hub.max_bytes (or set data.hub.streaming: false)")
 
 
 @dataclass
@@ -70,15 +62,10 @@ class FilesSourceConfig:
     txt_document: str = "file"
 
     def __post_init__(self) -> None:
-        if isinstance(self.paths, str):
-            raise DataError("data.files.paths must be a list of paths or globs, e.g. [corpus/*.txt]")
-        _check_type("data.files.paths", self.paths, list)
-        for path in self.paths:
-            _check_type("data.files.paths[]", path, str)
-        _check_choice("data.files.format", self.format, FILE_FORMATS)
-        _check_type("data.files.text_column", self.text_column, str)
-        _check_choice("data.files.encoding_errors", self.encoding_errors, ENCODING_ERRORS)
-        _check_choice("data.files.txt_document", self.txt_document, TXT_DOCUMENTS)
+        check_types(self, "data.files", DataError)
+        _require_choice("data.files.format", self.format, FILE_FORMATS)
+        _require_choice("data.files.encoding_errors", self.encoding_errors, ENCODING_ERRORS)
+        _require_choice("data.files.txt_document", self.txt_document, TXT_DOCUMENTS)
 
 
 @dataclass
@@ -97,39 +84,21 @@ class DataConfig:
     tokenize_batch_size: int = 1024
 
     def __post_init__(self) -> None:
-        if self.source not in SOURCES:
-            raise DataError(
-                f"unknown data.source {self.source!r}: use one of {', '.join(SOURCES)}"
-            )
-        _check_type("data.vocab_size", self.vocab_size, int)
+        check_types(self, "data", DataError)
+        _require(self.source in SOURCES, f"unknown data.source {self.source!r}: use one of {', '.join(SOURCES)}")
         # 256 byte symbols + the end-of-text token is the smallest byte-level vocabulary; uint32
         # token files cap it far above anything trained here.
-        if not 257 <= self.vocab_size <= 2**32 - 1:
-            raise DataError(f"data.vocab_size must be at least 257, got {self.vocab_size}")
-        _check_type("data.val_fraction", self.val_fraction, float)
-        if not 0.0 < self.val_fraction < 1.0:
-            raise DataError(
-                f"data.val_fraction must be between 0 and 1 (exclusive), got {self.val_fraction}"
-            )
-        _check_type("data.split_seed", self.split_seed, int)
-        _check_type("data.cache_dir", self.cache_dir, str)
-        if not self.cache_dir:
-            raise DataError("data.cache_dir must not be empty; e.g. data_cache")
-        _check_type("data.tokenize_batch_size", self.tokenize_batch_size, int)
-        if self.tokenize_batch_size < 1:
-            raise DataError("data.tokenize_batch_size must be a positive integer")
-        _check_type("data.hub", self.hub, HubSourceConfig)
-        _check_type("data.files", self.files, FilesSourceConfig)
-        if self.source == "hub" and not self.hub.name:
-            raise DataError(
-                "data.source is 'hub' but data.hub.name is empty: set it to a hub dataset "
-                "(e.g. roneneldan/TinyStories) or a local dataset directory"
-            )
-        if self.source == "files" and not self.files.paths:
-            raise DataError(
-                "data.source is 'files' but data.files.paths is empty: list .txt, .jsonl or "
-                ".parquet paths or globs"
-            )
+        _require(257 <= self.vocab_size <= 2**32 - 1, f"data.vocab_size must be at least 257, got {self.vocab_size}")
+        _require(0.0 < self.val_fraction < 1.0,
+                 f"data.val_fraction must be between 0 and 1 (exclusive), got {self.val_fraction}")
+        _require(self.cache_dir != "", "data.cache_dir must not be empty; e.g. data_cache")
+        _require(self.tokenize_batch_size >= 1, "data.tokenize_batch_size must be a positive integer")
+        _require(self.source != "hub" or self.hub.name != "",
+                 "data.source is 'hub' but data.hub.name is empty: set it to a hub dataset "
+                 "(e.g. roneneldan/TinyStories) or a local dataset directory")
+        _require(self.source != "files" or self.files.paths != [],
+                 "data.source is 'files' but data.files.paths is empty: list .txt, .jsonl or "
+                 ".parquet paths or globs")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -137,36 +106,12 @@ class DataConfig:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> DataConfig:
         """Build from a plain dict (e.g. parsed YAML); unknown keys are errors, not ignored."""
-        d = dict(d)
-        _reject_unknown("data", d, cls)
-        if isinstance(d.get("hub"), dict):
-            _reject_unknown("data.hub", d["hub"], HubSourceConfig)
-            d["hub"] = HubSourceConfig(**d["hub"])
-        if isinstance(d.get("files"), dict):
-            _reject_unknown("data.files", d["files"], FilesSourceConfig)
-            d["files"] = FilesSourceConfig(**d["files"])
-        return cls(**d)
+        return build(cls, d, "data", DataError)
 
 
-def _reject_unknown(section: str, d: dict[str, Any], cls: type) -> None:
-    known = [f.name for f in dataclasses.fields(cls)]
-    for key in d:
-        if key not in known:
-            raise DataError(f"unknown key {section}.{key}: valid keys are {', '.join(known)}")
+def _require(condition: bool, message: str) -> None:
+    require(condition, message, DataError)
 
 
-def _check_type(key: str, value: Any, kind: type, optional: bool = False) -> None:
-    if value is None and optional:
-        return
-    # bool is an int subclass; a YAML `true` where a number belongs is a mistake, not 1.
-    ok = isinstance(value, kind) and not (kind in (int, float) and isinstance(value, bool))
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        ok = True
-    if not ok:
-        wanted = kind.__name__ + (" or null" if optional else "")
-        raise DataError(f"{key} must be {wanted}, got {value!r}")
-
-
-def _check_choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise DataError(f"{key} must be one of {', '.join(choices)}, got {value!r}")
+def _require_choice(key: str, value: str, choices: tuple[str, ...]) -> None:
+    _require(value in choices, f"{key} must be one of {', '.join(choices)}, got {value!r}")

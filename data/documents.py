@@ -80,8 +80,3 @@ def find_cause(exc: BaseException, kind: type) -> BaseException | None:
             found = current
         current = current.__cause__ or current.__context__
     return found
-
-
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0]

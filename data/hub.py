@@ -14,16 +14,9 @@ from typing import Any, Iterator
 
 from tqdm import tqdm
 
+from common.errors import one_line
 from data.config import HubSourceConfig
-from data.documents import (
-    SourceDocuments,
-    check_text_column,
-    file_identity,
-    find_cause,
-    first_line,
-    row_ids,
-    text_only,
-)
+from data.documents import SourceDocuments, check_text_column, file_identity, find_cause, row_ids, text_only
 from data.errors import DataError
 
 
@@ -48,7 +41,7 @@ def hub_spec(hub: HubSourceConfig) -> dict[str, Any]:
 
 def load_hub(hub: HubSourceConfig, val_fraction: float, progress: bool) -> SourceDocuments:
     """Read the training split (and the validation split when the dataset has one), capped."""
-    import datasets
+    import datasets  # slow to import (docs/results.md): loaded only once a corpus is read
 
     description = f"hub dataset {hub.name}" + (f" ({hub.config_name})" if hub.config_name else "")
     with _hub_errors(hub.name):
@@ -79,7 +72,7 @@ def _share(cap: int | None, val_fraction: float, has_val: bool) -> tuple[int | N
 def _load_hub_split(
     hub: HubSourceConfig, split: str, max_docs: int | None, max_bytes: int | None, progress: bool
 ) -> tuple[Any, list[str]]:
-    import datasets
+    import datasets  # slow to import (docs/results.md): loaded only once a corpus is read
 
     with _hub_errors(hub.name):
         dataset = datasets.load_dataset(
@@ -103,7 +96,7 @@ def _take_streamed(
     max_bytes: int | None,
     progress: bool,
 ) -> tuple[Any, list[str]]:
-    import datasets
+    import datasets  # slow to import (docs/results.md): loaded only once a corpus is read
 
     texts: list[str] = []
     ids: list[str] = []
@@ -157,7 +150,7 @@ def _hub_errors(name: str) -> Iterator[None]:
         ) from exc
     except FileNotFoundError as exc:
         raise DataError(
-            f"hub dataset {name!r} not found ({first_line(exc)}): check data.hub.name, or point it "
+            f"hub dataset {name!r} not found ({one_line(exc)}): check data.hub.name, or point it "
             "at a local dataset directory"
         ) from exc
     except Exception as exc:
@@ -168,4 +161,4 @@ def _hub_errors(name: str) -> Iterator[None]:
         if not isinstance(exc, (ValueError, OSError, datasets.exceptions.DatasetsError)):
             raise
         cause = find_cause(exc, Exception) or exc
-        raise DataError(f"cannot load hub dataset {name!r}: {first_line(cause)}") from exc
+        raise DataError(f"cannot load hub dataset {name!r}: {one_line(cause)}") from exc

@@ -14,16 +14,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+from common.errors import one_line
 from data.config import FilesSourceConfig
-from data.documents import (
-    SourceDocuments,
-    check_text_column,
-    file_identity,
-    find_cause,
-    first_line,
-    row_ids,
-    text_only,
-)
+from data.documents import SourceDocuments, check_text_column, file_identity, find_cause, row_ids, text_only
 from data.errors import DataError
 
 _COMPRESSION_SUFFIXES = (".gz", ".bz2", ".xz", ".zst", ".lz4")
@@ -57,7 +50,7 @@ def files_spec(files_cfg: FilesSourceConfig) -> dict[str, Any]:
 
 def load_files(files_cfg: FilesSourceConfig) -> SourceDocuments:
     """Read the files into one `datasets.Dataset` (a training split; the caller hash-splits it)."""
-    import datasets
+    import datasets  # slow to import (docs/results.md): loaded only once a corpus is read
 
     files = resolve_files(files_cfg.paths)
     fmt = files_format(files, files_cfg.format)
@@ -146,7 +139,7 @@ def _file_read_error(exc: BaseException, files: list[Path], description: str) ->
         fix = "fix the file, or set data.files.encoding_errors: replace (bad bytes become U+FFFD)"
         return DataError(f"{where}: {fix}")
     cause = find_cause(exc, Exception) or exc
-    return DataError(f"cannot read {description}: {first_line(cause)}; check the files and data.files.format")
+    return DataError(f"cannot read {description}: {one_line(cause)}; check the files and data.files.format")
 
 
 def _first_undecodable(files: list[Path]) -> tuple[Path, str] | None:

@@ -45,7 +45,7 @@ def load_source(cfg: DataConfig, *, progress: bool) -> SourceDocuments:
 
 
 def _load_shakespeare(progress: bool) -> SourceDocuments:
-    import datasets
+    import datasets  # slow to import (docs/results.md): loaded only once a corpus is read
 
     ids, texts = shakespeare_documents(progress=progress)
     # In memory: 5 MB needs no Arrow cache files on disk.
@@ -60,7 +60,7 @@ def _unknown_source(source: str) -> DataError:
 @contextlib.contextmanager
 def _datasets_progress(progress: bool) -> Iterator[None]:
     """Show or hide `datasets`' own bars for the duration of a read, then restore the setting."""
-    import datasets
+    import datasets  # slow to import (docs/results.md): loaded only once a corpus is read
 
     was_enabled = datasets.is_progress_bar_enabled()
     if progress:

@@ -14,6 +14,7 @@ from typing import Iterable
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from common.errors import one_line
 from data.chat import CHAT_SPECIAL_TOKENS
 from data.errors import DataError
 
@@ -81,7 +82,7 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     try:
         tokenizer = Tokenizer.from_file(str(path))
     except Exception as exc:  # tokenizers raises a bare Exception for malformed JSON
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        reason = one_line(exc)
         raise DataError(
             f"tokenizer file {path} is not a valid tokenizer.json ({reason}); prepare the data again"
         ) from exc
@@ -177,18 +178,25 @@ def token_bytes(token: str) -> bytes:
         ) from exc
 
 
+def token_byte_table(tokenizer: Tokenizer) -> list[bytes]:
+    """The bytes each token id decodes to, indexed by id (special tokens: their text)."""
+    if not isinstance(tokenizer.decoder, decoders.ByteLevel):
+        raise DataError("tokenizer.json is not a byte-level BPE tokenizer; use the tokenizer.json that "
+                        "train.py saved in the run directory")
+    table = [b""] * tokenizer.get_vocab_size(with_added_tokens=True)
+    added = tokenizer.get_added_tokens_decoder()
+    for token, token_id in tokenizer.get_vocab(with_added_tokens=True).items():
+        # Added tokens are matched and decoded as their literal text, not through the byte alphabet.
+        table[token_id] = added[token_id].content.encode("utf-8") if token_id in added else token_bytes(token)
+    return table
+
+
 def token_byte_lengths(tokenizer: Tokenizer) -> np.ndarray:
     """UTF-8 bytes each token id stands for (int64, length = vocab size); special tokens are 0.
 
     Summing this over the target tokens a model is scored on gives the bytes of text they cover,
     the denominator of bits per byte.
     """
-    size = tokenizer.get_vocab_size(with_added_tokens=True)
-    lengths = np.zeros(size, dtype=np.int64)
     added = tokenizer.get_added_tokens_decoder()
-    for token, token_id in tokenizer.get_vocab(with_added_tokens=True).items():
-        if token_id in added:
-            continue
-        lengths[token_id] = len(token_bytes(token))
-    return lengths
-
+    table = token_byte_table(tokenizer)
+    return np.array([0 if i in added else len(b) for i, b in enumerate(table)], dtype=np.int64)

@@ -1,7 +1,6 @@
 """The ``generate.py`` command line: parse and check flags, load a run, stream its continuation.
 
-Flags are checked before torch is imported, so a typo costs milliseconds, and before anything is
-printed, so a failed command writes nothing to stdout. User errors become ``error: ...`` on stderr
+Flags are checked before anything is printed, so a failed command writes nothing to stdout. User errors become ``error: ...`` on stderr
 and exit code 2; anything else is a bug and keeps its traceback.
 """
 
@@ -13,13 +12,14 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn, Sequence
+from typing import NoReturn, Sequence
 
+from common.device import select_device
 from common.errors import UserError
-from inference.settings import CONTEXT_KEEP_FRACTION, GenerationSettings
-
-if TYPE_CHECKING:
-    from inference.completion import GenerationResult
+from inference.completion import GenerationResult, encode_prompt, generate_completions
+from inference.runs import find_latest_run, load_run
+from inference.settings import GenerationSettings
+from model.generation import KEEP_FRACTION
 
 _EPILOG = f"""\
 output:
@@ -41,7 +41,7 @@ stop strings:
 
 context window:
   The model sees at most block_size tokens. A longer prompt keeps its last block_size tokens (with
-  a notice). When generation fills the window, its most recent tokens (a fraction {CONTEXT_KEEP_FRACTION:g} of it) are
+  a notice). When generation fills the window, its most recent tokens (a fraction {KEEP_FRACTION:g} of it) are
   kept and re-encoded from position 0, since learned positions cannot slide; --no-cache recomputes
   exactly the same window at every step, so both give the same tokens.
 
@@ -61,111 +61,65 @@ class _ArgumentParser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    defaults = GenerationSettings()
     parser = _ArgumentParser(
         prog="generate.py",
         description="Continue a prompt with a trained model, streaming the text as it is generated.",
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    _add_input_flags(parser)
+    _add_sampling_flags(parser, GenerationSettings())
+    _add_output_flags(parser)
+    return parser
+
+
+def _add_input_flags(parser: argparse.ArgumentParser) -> None:
+    """What to continue, and with which run on which device."""
     source = parser.add_mutually_exclusive_group()
     source.add_argument(
-        "--prompt",
-        metavar="TEXT",
+        "--prompt", metavar="TEXT",
         help='text to continue; "-" reads it from stdin (UTF-8, verbatim: a trailing newline stays '
         "part of the prompt). Empty or left out: an unconditional sample, starting from <|endoftext|>",
     )
-    source.add_argument(
-        "--prompt-file", metavar="PATH", type=Path, help="read the prompt from a UTF-8 file (verbatim)"
-    )
-    parser.add_argument(
-        "--run",
-        metavar="DIR",
-        type=Path,
-        help="run directory to load (default: the most recently trained run under runs/)",
-    )
-    parser.add_argument(
-        "--device",
-        default="auto",
-        help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--max-new-tokens",
-        type=int,
-        default=defaults.max_new_tokens,
-        metavar="N",
-        help="tokens to generate per sample (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--temperature",
-        type=float,
-        default=defaults.temperature,
-        metavar="T",
-        help="sampling temperature; 0 = greedy, always the most likely token (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--top-k",
-        type=int,
-        default=defaults.top_k,
-        metavar="K",
-        help="sample only from the K most likely tokens (default: off)",
-    )
-    parser.add_argument(
-        "--top-p",
-        type=float,
-        default=defaults.top_p,
-        metavar="P",
-        help="sample only from the smallest set of tokens whose probability reaches P; "
-        "1 turns it off (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--repetition-penalty",
-        type=float,
-        default=defaults.repetition_penalty,
-        metavar="R",
-        help="divide positive logits (multiply negative ones) of tokens already in the text by R; "
-        "1 = off (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--seed",
-        type=int,
-        default=defaults.seed,
-        metavar="S",
-        help="seed for reproducible sampling (default: a random seed, reported on stderr)",
-    )
-    parser.add_argument(
-        "--num-samples",
-        type=int,
-        default=defaults.num_samples,
-        metavar="N",
-        help="continuations of the prompt, decoded as one batch (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--stop",
-        action="append",
-        default=[],
-        metavar="STRING",
-        help="end a sample when STRING appears; printed text ends before it (repeatable)",
-    )
-    parser.add_argument(
-        "--no-cache",
-        action="store_true",
-        help="recompute the whole window at every step instead of using the KV cache "
-        "(slow; the reference the cache is tested against)",
-    )
+    source.add_argument("--prompt-file", metavar="PATH", type=Path, help="read the prompt from a UTF-8 file (verbatim)")
+    parser.add_argument("--run", metavar="DIR", type=Path,
+                        help="run directory to load (default: the most recently trained run under runs/)")
+    parser.add_argument("--device", default="auto",
+                        help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps (default: %(default)s)")
+
+
+def _add_sampling_flags(parser: argparse.ArgumentParser, defaults: GenerationSettings) -> None:
+    """How many tokens, drawn how; the defaults are GenerationSettings'."""
+    parser.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens, metavar="N",
+                        help="tokens to generate per sample (default: %(default)s)")
+    parser.add_argument("--temperature", type=float, default=defaults.temperature, metavar="T",
+                        help="sampling temperature; 0 = greedy, always the most likely token (default: %(default)s)")
+    parser.add_argument("--top-k", type=int, default=defaults.top_k, metavar="K",
+                        help="sample only from the K most likely tokens (default: off)")
+    parser.add_argument("--top-p", type=float, default=defaults.top_p, metavar="P",
+                        help="sample only from the smallest set of tokens whose probability reaches P; "
+                        "1 turns it off (default: %(default)s)")
+    parser.add_argument("--repetition-penalty", type=float, default=defaults.repetition_penalty, metavar="R",
+                        help="divide positive logits (multiply negative ones) of tokens already in the text "
+                        "by R; 1 = off (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=defaults.seed, metavar="S",
+                        help="seed for reproducible sampling (default: a random seed, reported on stderr)")
+    parser.add_argument("--num-samples", type=int, default=defaults.num_samples, metavar="N",
+                        help="continuations of the prompt, decoded as one batch (default: %(default)s)")
+    parser.add_argument("--stop", action="append", default=[], metavar="STRING",
+                        help="end a sample when STRING appears; printed text ends before it (repeatable)")
+    parser.add_argument("--no-cache", action="store_true",
+                        help="recompute the whole window at every step instead of using the KV cache "
+                        "(slow; the reference the cache is tested against)")
+
+
+def _add_output_flags(parser: argparse.ArgumentParser) -> None:
     output = parser.add_mutually_exclusive_group()
-    output.add_argument(
-        "--quiet",
-        action="store_true",
-        help="print only the generated text: no prompt echo, no headers, nothing on stderr but errors",
-    )
-    output.add_argument(
-        "--json",
-        action="store_true",
-        help="print one JSON object when done (prompt, samples with text, token ids, finish reason "
-        "and seed, statistics) instead of streaming text",
-    )
-    return parser
+    output.add_argument("--quiet", action="store_true",
+                        help="print only the generated text: no prompt echo, no headers, nothing on stderr but errors")
+    output.add_argument("--json", action="store_true",
+                        help="print one JSON object when done (prompt, samples with text, token ids, finish "
+                        "reason and seed, statistics) instead of streaming text")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -203,11 +157,7 @@ def _generate(args: argparse.Namespace) -> int:
     )
     prompt = read_prompt(args)
 
-    # Torch and the model load only once the flags are known to be good.
-    from inference.completion import encode_prompt, generate_completions
-    from inference.runs import find_latest_run, load_run, resolve_device
-
-    device = resolve_device(args.device)
+    device = select_device(args.device, setting="--device")
     run = load_run(args.run if args.run is not None else find_latest_run(), device)
     prompt_tokens = encode_prompt(run, prompt)
     if prompt_tokens.cropped and not args.quiet:

@@ -13,9 +13,12 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+import torch
+
 from inference.runs import LoadedRun
-from inference.settings import CONTEXT_KEEP_FRACTION, GenerationSettings
+from inference.settings import GenerationSettings
 from inference.streaming import TextStream
+from model.generation import generate_tokens
 
 # Called with (row, new_text) whenever a row has text that is safe to print.
 TextCallback = Callable[[int, str], None]
@@ -85,14 +88,10 @@ def generate_completions(
     Row i draws from its own generator seeded ``seed + i``, so it equals the single-row run with
     that seed. Every row's streamed pieces join to its ``Completion.text``.
     """
-    import torch
-
-    from model.generation import generate_tokens
-
     seed = settings.seed if settings.seed is not None else secrets.randbelow(2**31)
     rows = settings.num_samples
     idx = torch.tensor([list(prompt_ids)] * rows, dtype=torch.long, device=run.device)
-    # CPU generators: a seed draws the same numbers whatever the device (model.sampling moves the
+    # CPU generators: a seed draws the same numbers whatever the device (model.generation moves the
     # draws to the logits), and every backend supports them.
     generators = [torch.Generator().manual_seed(seed + row) for row in range(rows)]
     streams = [TextStream(run.token_bytes, settings.stop) for _ in range(rows)]
@@ -114,7 +113,6 @@ def generate_completions(
         repetition_penalty=settings.repetition_penalty,
         use_cache=settings.use_cache,
         generator=generators,
-        keep_fraction=CONTEXT_KEEP_FRACTION,
     )
     # closing(): leaving early (all rows stopped, Ctrl-C) frees the generator's KV cache and token
     # buffer at once rather than whenever the generator is garbage collected.

@@ -9,19 +9,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+
+import torch
+from tokenizers import Tokenizer
 
 from common.errors import UserError
-
-if TYPE_CHECKING:
-    import torch
-    from tokenizers import Tokenizer
-
-    from model import GPT
+from common.run_files import TOKENIZER_FILE, WEIGHTS_FILE
+from data.tokenizer import eot_id, load_tokenizer, token_byte_table
+from model import GPT, ModelFileError, load_pretrained
 
 RUNS_DIR = Path("runs")
-WEIGHTS_FILE = "model.safetensors"
-TOKENIZER_FILE = "tokenizer.json"
 TRAIN_COMMAND = "python train.py --config configs/tiny.yaml"
 
 
@@ -49,23 +46,9 @@ def find_latest_run(runs_dir: Path = RUNS_DIR) -> Path:
     return newest.parent
 
 
-def resolve_device(name: str) -> torch.device:
-    """``auto`` picks CUDA, then Apple's MPS, then the CPU; an explicit device must exist here."""
-    from common.device import select_device
-
-    return select_device(name, setting="--device")
-
-
 def load_run(directory: str | Path, device: torch.device) -> LoadedRun:
     """Load a run's tokenizer and weights onto ``device``; the model comes back in eval mode
     (``load_pretrained`` returns it so)."""
-    from data import load_tokenizer
-    from data.tokenizer import eot_id
-    from model import load_pretrained
-    from model.io import ModelFileError
-
-    from inference.streaming import token_byte_table
-
     directory = Path(directory)
     if not directory.is_dir():
         problem = "is not a directory" if directory.exists() else "does not exist"

@@ -1,19 +1,15 @@
 """How to sample: one dataclass holding the defaults that ``generate.py --help`` shows.
 
-It imports nothing heavy, so the command line can validate its flags before torch loads.
+The sampling values are checked by ``model.generation.check_sampling_args``, like every other
+caller's; the rest (sample count, seed, stop strings) only exist here.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from common.errors import UserError
-
-# When the window of tokens the model sees reaches block_size, generation keeps this fraction of it
-# (the most recent tokens) and re-encodes them from position 0: learned absolute positions cannot
-# slide. Half a window leaves room for block_size / 2 new tokens before the next re-encode.
-CONTEXT_KEEP_FRACTION = 0.5
+from model.generation import check_sampling_args
 
 _MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed takes a signed 64-bit value
 
@@ -41,19 +37,10 @@ class GenerationSettings:
     def __post_init__(self) -> None:
         if self.max_new_tokens < 0:
             raise UserError(f"max_new_tokens must be >= 0 (got {self.max_new_tokens})")
-        if not (math.isfinite(self.temperature) and self.temperature >= 0):
-            raise UserError(
-                f"temperature must be a finite number >= 0 (got {self.temperature}); use 0 for greedy decoding"
-            )
-        if self.top_k is not None and self.top_k < 1:
-            raise UserError(f"top_k must be >= 1 (got {self.top_k}); leave it out to sample from all tokens")
-        if not 0 < self.top_p <= 1:  # also rejects NaN
-            raise UserError(f"top_p must be in (0, 1] (got {self.top_p}); use 1 to turn nucleus sampling off")
-        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
-            raise UserError(
-                f"repetition_penalty must be a finite number > 0 (got {self.repetition_penalty}); "
-                "1 means no penalty"
-            )
+        try:
+            check_sampling_args(self.temperature, self.top_k, self.top_p, self.repetition_penalty)
+        except ValueError as e:
+            raise UserError(str(e)) from None
         if self.num_samples < 1:
             raise UserError(f"num_samples must be >= 1 (got {self.num_samples})")
         if self.seed is not None and not 0 <= self.seed <= _MAX_SEED - self.num_samples:

@@ -15,31 +15,7 @@ Special tokens stay visible (``<|endoftext|>`` shows where the model ended a doc
 from __future__ import annotations
 
 import codecs
-from typing import TYPE_CHECKING, Sequence
-
-from common.errors import UserError
-
-if TYPE_CHECKING:
-    from tokenizers import Tokenizer
-
-
-def token_byte_table(tokenizer: Tokenizer) -> list[bytes]:
-    """The bytes each token id decodes to, indexed by id (special tokens: their text)."""
-    from tokenizers import decoders
-
-    from data.tokenizer import token_bytes
-
-    if not isinstance(tokenizer.decoder, decoders.ByteLevel):
-        raise UserError(
-            "tokenizer.json is not a byte-level BPE tokenizer; use the tokenizer.json that "
-            "train.py saved in the run directory"
-        )
-    table = [b""] * tokenizer.get_vocab_size(with_added_tokens=True)
-    added = tokenizer.get_added_tokens_decoder()
-    for token, token_id in tokenizer.get_vocab(with_added_tokens=True).items():
-        # Added tokens are matched and decoded as their literal text, not through the byte alphabet.
-        table[token_id] = added[token_id].content.encode("utf-8") if token_id in added else token_bytes(token)
-    return table
+from typing import Sequence
 
 
 class TextStream:

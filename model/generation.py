@@ -1,4 +1,4 @@
-"""Autoregressive generation, with or without the KV cache, token for token the same.
+"""Autoregressive generation and sampling, with or without the KV cache, token for token the same.
 
 The model sees a window of at most ``block_size`` tokens. When a new token would overflow it, the
 window is cut to its most recent ``max(1, int(keep_fraction * block_size))`` tokens and re-encoded
@@ -6,21 +6,131 @@ from position 0. Learned absolute positions make this necessary (a cached key ca
 it was written at, so keys cannot be shifted along), and cutting by a fraction rather than one
 token at a time amortises the re-encoding over many cheap cached steps. The uncached path feeds
 exactly the same window at every step, so both paths see identical inputs.
+
+Cached and uncached generation both call ``sample_next_token``, so equal logits and equal generator
+states give equal tokens. Every sampled row consumes exactly one uniform draw, whatever its
+logits, so a row's random stream never depends on what the model predicted.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import math
+from collections.abc import Iterator, Sequence
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
-from model.gpt import GPT
 from model.kv_cache import KVCache
-from model.sampling import Generators, check_sampling_args, sample_next_token
+
+# When the window reaches block_size, this fraction of it (the most recent tokens) is kept and
+# re-encoded: half a window leaves room for block_size / 2 new tokens before the next re-encode.
+KEEP_FRACTION = 0.5
+
+Generators = torch.Generator | Sequence[torch.Generator] | None
+
+
+def check_sampling_args(
+    temperature: float, top_k: int | None, top_p: float | None, repetition_penalty: float
+) -> None:
+    """Raise ValueError naming the first bad sampling setting."""
+    if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature >= 0):
+        raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {temperature!r}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise ValueError(f"top_k must be a positive integer or None (no limit), got {top_k!r}")
+    if top_p is not None and not (isinstance(top_p, (int, float)) and 0.0 < top_p <= 1.0):
+        raise ValueError(f"top_p must be in (0, 1] or None (no limit), got {top_p!r}")
+    if not (isinstance(repetition_penalty, (int, float)) and math.isfinite(repetition_penalty)
+            and repetition_penalty > 0):
+        raise ValueError(f"repetition_penalty must be a finite number > 0 (1.0 = off), "
+                         f"got {repetition_penalty!r}")
+
+
+def apply_repetition_penalty(logits: torch.Tensor, prev_tokens: torch.Tensor, penalty: float) -> torch.Tensor:
+    """CTRL-style penalty on every token id present in ``prev_tokens`` (B, L) of its row.
+
+    A positive logit is divided by ``penalty`` and a negative one multiplied, so with
+    penalty > 1 a seen token always becomes less likely, whatever the sign of its logit.
+    Each id is penalised once however often it occurs. Returns a new tensor.
+    """
+    if penalty == 1.0 or prev_tokens.numel() == 0:
+        return logits
+    seen = logits.gather(-1, prev_tokens)
+    seen = torch.where(seen > 0, seen / penalty, seen * penalty)
+    # Repeated ids scatter the same value, so the result does not depend on write order.
+    return logits.scatter(-1, prev_tokens, seen)
+
+
+def filter_logits(logits: torch.Tensor, top_k: int | None = None, top_p: float | None = None) -> torch.Tensor:
+    """Set to -inf every logit outside the top-k, then outside the top-p nucleus.
+
+    top-k keeps exactly k ids per row (ties at the k-th value broken by ``torch.topk``).
+    top-p keeps the smallest prefix of ids by descending probability whose mass is >= p
+    (ties in probability ordered by id), and always at least the most likely id.
+    """
+    if top_k is not None and top_k < logits.size(-1):
+        values, indices = logits.topk(top_k, dim=-1)
+        logits = torch.full_like(logits, float("-inf")).scatter_(-1, indices, values)
+    if top_p is not None and top_p < 1.0:
+        sorted_probs, order = torch.softmax(logits, dim=-1).sort(dim=-1, descending=True, stable=True)
+        # Mass strictly before each id: an id is needed while the ids above it hold < p.
+        mass_before = F.pad(sorted_probs.cumsum(dim=-1)[..., :-1], (1, 0))
+        drop_sorted = mass_before >= top_p
+        drop_sorted[..., 0] = False
+        drop = torch.empty_like(drop_sorted).scatter_(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def sample_next_token(
+    logits: torch.Tensor,
+    *,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    repetition_penalty: float = 1.0,
+    prev_tokens: torch.Tensor | None = None,
+    generator: Generators = None,
+) -> torch.Tensor:
+    """Pick one token id per row from ``logits`` (B, vocab); returns a LongTensor (B,).
+
+    temperature 0 is greedy: the argmax after the repetition penalty, consuming no randomness.
+    Otherwise each row draws one uniform u and takes the id where the cumulative probability
+    (in id order) first exceeds u. ``generator`` may be one generator shared by the rows in
+    order, or one generator per row (row i then consumes only generator i).
+    """
+    check_sampling_args(temperature, top_k, top_p, repetition_penalty)
+    logits = logits.float()
+    if prev_tokens is not None:
+        logits = apply_repetition_penalty(logits, prev_tokens, repetition_penalty)
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    probs = torch.softmax(filter_logits(logits / temperature, top_k, top_p), dim=-1)
+    u = uniform_per_row(logits.shape[0], generator, logits.device)
+    # Id order rather than sorted order: a tiny change in the logits then moves the
+    # boundaries between ids a tiny amount, instead of reordering near-tied ids.
+    cdf = probs.cumsum(dim=-1)
+    idx = torch.searchsorted(cdf, u.unsqueeze(-1) * cdf[:, -1:], right=True).squeeze(-1)
+    # u * total can round up to total itself; fall back to the last id that has probability.
+    last_allowed = probs.shape[-1] - 1 - (probs.flip(-1) > 0).int().argmax(dim=-1)
+    return torch.minimum(idx, last_allowed)
+
+
+def uniform_per_row(batch: int, generator: Generators, device: torch.device) -> torch.Tensor:
+    """One U[0, 1) draw per row, on ``device``, from the generator(s) as described above."""
+    if generator is None:
+        return torch.rand(batch, device=device)
+    if isinstance(generator, torch.Generator):
+        return torch.rand(batch, generator=generator, device=generator.device).to(device)
+    generators = list(generator)
+    if len(generators) != batch:
+        raise ValueError(f"got {len(generators)} generators for {batch} rows; "
+                         f"pass one per row or a single one")
+    return torch.cat([torch.rand(1, generator=g, device=g.device) for g in generators]).to(device)
 
 
 def generate_tokens(
-    model: GPT,
+    model: nn.Module,
     idx: torch.Tensor,
     max_new_tokens: int,
     *,
@@ -30,7 +140,7 @@ def generate_tokens(
     repetition_penalty: float = 1.0,
     use_cache: bool = True,
     generator: Generators = None,
-    keep_fraction: float = 0.5,
+    keep_fraction: float = KEEP_FRACTION,
 ) -> Iterator[torch.Tensor]:
     """Yield each new token column (B,) as it is produced, ``max_new_tokens`` of them.
 
@@ -60,7 +170,7 @@ def generate_tokens(
 # every yield, so it never leaks into the caller's code between tokens.
 @torch.inference_mode()
 def _generate(
-    model: GPT, idx: torch.Tensor, max_new_tokens: int, sampling: dict, use_cache: bool, keep: int
+    model: nn.Module, idx: torch.Tensor, max_new_tokens: int, sampling: dict, use_cache: bool, keep: int
 ) -> Iterator[torch.Tensor]:
     if max_new_tokens == 0:
         return
@@ -93,7 +203,7 @@ def _generate(
             logits = model.next_token_logits(tokens[:, start:n])
 
 
-def _encode_window(model: GPT, window: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
+def _encode_window(model: nn.Module, window: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
     """Next-token logits for a window placed at position 0 (refilling the cache, if any)."""
     if cache is not None:
         cache.reset()

@@ -1,17 +1,199 @@
-"""The decoder-only GPT: embeddings, pre-norm blocks, tied LM head, and size/FLOP accounting."""
+"""The GPT, from token ids to logits, top to bottom: config, RMSNorm, SwiGLU, attention, block, model.
+
+A decoder-only transformer with grouped-query attention (query head h reads key/value head
+``h // (n_head // n_kv_head)``), learned absolute positions, pre-norm RMSNorm blocks with a
+SwiGLU feed-forward, and an LM head tied to the token embedding. The decode path (the KV cache
+and sampling) lives in ``model.kv_cache`` and ``model.generation``.
+"""
 
 from __future__ import annotations
 
 import math
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.attention import CausalSelfAttention
-from model.config import GPTConfig
+from common.config import build, check_types, require
+from model.rms_norm_cpu import RMSNormCPUFunction, use_cpu_backward
+from model.generation import KEEP_FRACTION, generate_tokens
 from model.kv_cache import KVCache
-from model.layers import RMSNorm, SwiGLU
+
+_REQUIRED_INTS = ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd")
+
+
+@dataclass
+class GPTConfig:
+    """Sizes of a decoder-only GPT with grouped-query attention and learned positions.
+
+    ``n_kv_head`` key/value heads are shared by ``n_head // n_kv_head`` query heads each:
+    1 gives multi-query attention, ``n_head`` gives standard multi-head attention.
+    ``ffn_hidden=None`` derives the SwiGLU width from ``n_embd`` (see ``ffn_dim``).
+    """
+
+    vocab_size: int
+    block_size: int
+    n_layer: int
+    n_head: int
+    n_kv_head: int
+    n_embd: int
+    ffn_hidden: int | None = None
+    dropout: float = 0.0
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = True
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        for name in (*_REQUIRED_INTS, "ffn_hidden"):
+            value = getattr(self, name)
+            require(value is None or value >= 1, f"{name} must be a positive integer, got {value}; set it to at least 1")
+        require(self.n_embd % self.n_head == 0, f"n_embd ({self.n_embd}) must be divisible by n_head "
+                f"({self.n_head}); pick n_head from the divisors of n_embd or change n_embd")
+        require(self.n_head % self.n_kv_head == 0, f"n_head ({self.n_head}) must be divisible by n_kv_head "
+                f"({self.n_kv_head}); set n_kv_head to a divisor of n_head (1 = multi-query, n_head = multi-head)")
+        require(0.0 <= self.dropout < 1.0, f"dropout must be in [0, 1), got {self.dropout}; use 0.0 to disable it")
+        require(self.norm_eps > 0.0, f"norm_eps must be > 0, got {self.norm_eps}; the default is 1e-5")
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    @property
+    def ffn_dim(self) -> int:
+        """SwiGLU hidden width: ``ffn_hidden`` if given, else 8/3·n_embd rounded up to 64.
+
+        SwiGLU has three matrices instead of two, so 8/3 (not 4) keeps the parameter count of a
+        classic 4x MLP; a multiple of 64 keeps matmul shapes friendly to vectorised kernels.
+        """
+        if self.ffn_hidden is not None:
+            return self.ffn_hidden
+        return 64 * -(-int(8 * self.n_embd / 3) // 64)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> GPTConfig:
+        """Build a config from a plain dict (JSON or YAML), rejecting unknown or missing keys."""
+        return build(cls, d, "model")
+
+
+class RMSNorm(nn.Module):
+    """Scale each vector to unit root-mean-square, then by a learned per-channel gain.
+
+    Unlike LayerNorm it neither centres nor adds a bias: cheaper, and as good in practice.
+    """
+
+    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if use_cpu_backward(x, self.weight):
+            return RMSNormCPUFunction.apply(x, self.weight, self.eps)
+        # The fused kernel is one op instead of five, which matters in the per-token decode loop.
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+
+
+class SwiGLU(nn.Module):
+    """Feed-forward ``down(silu(gate(x)) * up(x))``.
+
+    Gate and up projections are stored as one matrix so a decode step does one matmul instead of
+    two; on a CPU the per-call overhead of a small matmul is comparable to its arithmetic.
+    """
+
+    def __init__(self, dim: int, hidden: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.gate_up = nn.Linear(dim, 2 * hidden, bias=False)
+        self.down = nn.Linear(hidden, dim, bias=False)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.dropout(self.down(F.silu(gate) * up))
+
+
+def causal_mask(q_len: int, k_len: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """Boolean (q_len, k_len) mask, True where attending is allowed, aligned bottom-right.
+
+    The queries are the last ``q_len`` of ``k_len`` positions, so query i may read keys
+    ``j <= k_len - q_len + i``. (SDPA's ``is_causal=True`` aligns top-left, which is only right
+    when ``q_len == k_len``.)
+    """
+    offset = k_len - q_len
+    q_pos = torch.arange(q_len, device=device).unsqueeze(1) + offset
+    return torch.arange(k_len, device=device).unsqueeze(0) <= q_pos
+
+
+# enable_gqa arrived in torch 2.5 and the project still admits 2.4. A plain constant rather than
+# a function call, so torch.compile sees a fixed branch.
+SDPA_HAS_GQA = torch.__version__ >= "2.5"
+
+
+class CausalSelfAttention(nn.Module):
+    """Causal self-attention with ``n_head`` query heads sharing ``n_kv_head`` K/V heads."""
+
+    def __init__(self, config: GPTConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.n_head = config.n_head
+        self.n_kv_head = config.n_kv_head
+        self.head_dim = config.head_dim
+        # Q, K and V in one matmul: fewer kernel launches per decode step.
+        qkv_dim = (config.n_head + 2 * config.n_kv_head) * config.head_dim
+        self.qkv = nn.Linear(config.n_embd, qkv_dim, bias=False)
+        self.proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
+        self.attn_dropout = config.dropout
+        self.resid_dropout = nn.Dropout(config.dropout)
+
+    def split_heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Project x (B, T, C) to q (B, n_head, T, d) and k, v (B, n_kv_head, T, d)."""
+        B, T, _ = x.shape
+        d = self.head_dim
+        q, k, v = self.qkv(x).split([self.n_head * d, self.n_kv_head * d, self.n_kv_head * d], dim=-1)
+        q = q.view(B, T, self.n_head, d).transpose(1, 2)
+        k = k.view(B, T, self.n_kv_head, d).transpose(1, 2)
+        v = v.view(B, T, self.n_kv_head, d).transpose(1, 2)
+        return q, k, v
+
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """Attend over this chunk, and over the cache's earlier positions when one is given.
+
+        The caller (GPT.forward) checks that the chunk fits and advances ``cache.pos`` after
+        the last layer, so every layer writes at the same position.
+        """
+        B, T, C = x.shape
+        q, k, v = self.split_heads(x)
+        if cache is not None:
+            k, v = cache.update(self.layer_idx, k, v)
+        y = self._attend(q, k, v)
+        y = y.transpose(1, 2).reshape(B, T, C)
+        return self.resid_dropout(self.proj(y))
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        B, H, T, d = q.shape
+        S = k.shape[2]
+        dropout_p = self.attn_dropout if self.training else 0.0
+        if T == 1:
+            # The newest token may read every key, so no mask. Viewing the group's query heads
+            # as its query positions lets the group share its K/V head with no copy, on any
+            # backend and torch version; it is also faster than enable_gqa for one query.
+            grouped = q.view(B, self.n_kv_head, H // self.n_kv_head, d)
+            return F.scaled_dot_product_attention(grouped, k, v, dropout_p=dropout_p).view(B, H, 1, d)
+        # A whole sequence (T == S) is plain causal; a chunk on top of a filled cache needs
+        # the bottom-right mask, which is_causal=True would get wrong.
+        mask = None if T == S else causal_mask(T, S, device=q.device)
+        options = dict(attn_mask=mask, dropout_p=dropout_p, is_causal=mask is None)
+        if H != self.n_kv_head:
+            if SDPA_HAS_GQA:
+                options["enable_gqa"] = True
+            else:  # torch < 2.5: the kernel cannot broadcast K/V heads, so repeat them
+                group = H // self.n_kv_head
+                k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        return F.scaled_dot_product_attention(q, k, v, **options)
 
 
 class Block(nn.Module):
@@ -151,11 +333,9 @@ class GPT(nn.Module):
         repetition_penalty: float = 1.0,
         use_cache: bool = True,
         generator: torch.Generator | list[torch.Generator] | None = None,
-        keep_fraction: float = 0.5,
+        keep_fraction: float = KEEP_FRACTION,
     ) -> torch.Tensor:
         """``idx`` (B, T) followed by ``max_new_tokens`` generated tokens; see generate_tokens."""
-        from model.generation import generate_tokens  # generation imports this module
-
         out = torch.empty(idx.shape[0], idx.shape[1] + max_new_tokens, dtype=torch.long, device=idx.device)
         out[:, : idx.shape[1]] = idx
         steps = generate_tokens(
@@ -193,3 +373,11 @@ class GPT(nn.Module):
         matmul_params = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
         attention = 2 * cfg.n_layer * cfg.n_head * cfg.head_dim * seq_len
         return 6 * matmul_params + 6 * attention
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The bare model inside torch.compile (``_orig_mod``) and DDP (``module``) wrappers: the one
+    to save or evaluate, with plain parameter names and no gradient hooks."""
+    while isinstance(inner := getattr(model, "_orig_mod", None) or getattr(model, "module", None), nn.Module):
+        model = inner
+    return model

@@ -13,14 +13,16 @@ import os
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 from torch import nn
 
+from common.errors import one_line
 from common.files import atomic_output, atomic_write_text
-from model.config import GPTConfig
-from model.gpt import GPT
+from common.run_files import MODEL_CONFIG_FILE as CONFIG_FILE
+from common.run_files import WEIGHTS_FILE
+from model.gpt import GPT, GPTConfig, unwrap
 
-CONFIG_FILE = "model_config.json"
-WEIGHTS_FILE = "model.safetensors"
 _DIGEST_KEY = "tensors_sha256"
 
 
@@ -34,9 +36,9 @@ def save_pretrained(model: nn.Module, directory: str | os.PathLike) -> None:
     A DDP- or torch.compile-wrapped model is unwrapped first. A tied LM head shares the token
     embedding's tensor, so only the embedding is stored and the tie is rebuilt on load.
     """
-    from safetensors.torch import save_file
-
-    model = _unwrap(model)
+    model = unwrap(model)
+    if not isinstance(model, GPT):
+        raise TypeError(f"save_pretrained expects a GPT (possibly wrapped), got {type(model).__name__}")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     state = {name: t.detach().to("cpu").contiguous() for name, t in _stored_state(model).items()}
@@ -72,17 +74,15 @@ def _read_config(path: Path) -> GPTConfig:
         raise ModelFileError(f"{path} is missing; the directory was not written by save_pretrained, "
                              f"or its save was interrupted") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ModelFileError(f"{path} is unreadable or not valid JSON ({_one_line(e)}); "
+        raise ModelFileError(f"{path} is unreadable or not valid JSON ({one_line(e)}); "
                              f"restore it or save the model again") from None
     try:
         return GPTConfig.from_dict(raw)
     except (TypeError, ValueError) as e:
-        raise ModelFileError(f"{path} holds an invalid model config: {_one_line(e)}") from None
+        raise ModelFileError(f"{path} holds an invalid model config: {one_line(e)}") from None
 
 
 def _read_weights(path: Path) -> dict[str, torch.Tensor]:
-    from safetensors import SafetensorError, safe_open
-
     if not path.is_file():
         raise ModelFileError(f"{path} is missing; the directory was not written by save_pretrained, "
                              f"or its save was interrupted")
@@ -91,7 +91,7 @@ def _read_weights(path: Path) -> dict[str, torch.Tensor]:
             metadata = f.metadata() or {}
             state = {name: f.get_tensor(name) for name in f.keys()}
     except (SafetensorError, OSError, RuntimeError, ValueError) as e:
-        raise ModelFileError(f"{path} is corrupt or truncated ({_one_line(e)}); "
+        raise ModelFileError(f"{path} is corrupt or truncated ({one_line(e)}); "
                              f"restore it or save the model again") from None
     expected = metadata.get(_DIGEST_KEY)
     if expected is not None and expected != _digest(state):
@@ -130,18 +130,3 @@ def _digest(state: dict[str, torch.Tensor]) -> str:
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
         h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
     return h.hexdigest()
-
-
-def _unwrap(model: nn.Module) -> GPT:
-    # torch.compile keeps the original as _orig_mod; DDP/FSDP-style wrappers as .module.
-    while not isinstance(model, GPT):
-        inner = getattr(model, "_orig_mod", None) or getattr(model, "module", None)
-        if inner is None:
-            raise TypeError(f"save_pretrained expects a GPT (possibly wrapped), got {type(model).__name__}")
-        model = inner
-    return model
-
-
-def _one_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0] if text else type(e).__name__

@@ -24,16 +24,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from common.errors import UserError
+from common.errors import UserError, one_line
 from common.files import atomic_output
-from model import GPTConfig
+from common.run_files import RUN_FILES, STATE_FILE
+from model import GPTConfig, save_pretrained
 
-CONFIG_FILE = "config.yaml"
-TOKENIZER_FILE = "tokenizer.json"
-METRICS_FILE = "metrics.jsonl"
-STATE_FILE = "trainer_state.pt"
-MODEL_FILES = ("model_config.json", "model.safetensors")
-RUN_FILES = (CONFIG_FILE, TOKENIZER_FILE, METRICS_FILE, STATE_FILE, *MODEL_FILES)
 FORMAT_VERSION = 1
 
 # The fields that fix the shapes of the weights; dropout or norm_eps may change on resume.
@@ -76,8 +71,6 @@ def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
 
 def save_checkpoint(run_dir: Path, model: nn.Module, state: dict[str, Any]) -> None:
     """Write the model files, then the trainer state (the commit point for ``--resume``)."""
-    from model import save_pretrained
-
     save_pretrained(model, run_dir)
     payload = {"format_version": FORMAT_VERSION, **state}
     with atomic_output(run_dir / STATE_FILE) as tmp:
@@ -91,8 +84,7 @@ def load_trainer_state(run_dir: Path) -> dict[str, Any]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - any failure to unpickle means the file is unusable
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise CheckpointError(f"checkpoint {path} cannot be read ({reason}); start a new run with --overwrite") from None
+        raise CheckpointError(f"checkpoint {path} cannot be read ({one_line(e)}); start a new run with --overwrite") from None
     if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(f"checkpoint {path} has an unknown format; start a new run with --overwrite")
     return state

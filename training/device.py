@@ -12,13 +12,7 @@ from typing import ContextManager
 
 import torch
 
-from common.device import select_device as common_select_device
 from common.errors import UserError
-
-
-def select_device(preference: str = "auto") -> torch.device:
-    """``auto`` picks CUDA, then Apple's MPS, then the CPU; an explicit choice must be available."""
-    return common_select_device(preference, setting="train.device")
 
 
 def resolve_precision(preference: str, device: torch.device) -> torch.dtype:

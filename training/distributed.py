@@ -31,10 +31,12 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from common.errors import UserError
-from training.device import select_device
+from common.device import select_device
 
 # Variables torchrun sets in every worker; RANK alone is not enough (a user may export it).
 _TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
@@ -67,17 +69,15 @@ def init_distributed(device_pref: str = "auto", *, timeout_s: float | None = Non
     waits longer than this for its peers fails instead of hanging.
     """
     if not launched_by_torchrun():
-        return DistContext(device=select_device(device_pref))
+        return DistContext(device=select_device(device_pref, setting="train.device"))
 
     rank = _env_int("RANK")
     local_rank = _env_int("LOCAL_RANK")
     world_size = _env_int("WORLD_SIZE")
     if world_size == 1:
         # torchrun with one process: nothing to synchronise, so no process group and no DDP.
-        return DistContext(device=select_device(device_pref))
+        return DistContext(device=select_device(device_pref, setting="train.device"))
     device = _device_for_rank(device_pref, local_rank)
-
-    import torch.distributed as dist
 
     backend = "nccl" if device.type == "cuda" else "gloo"
     kwargs: dict[str, Any] = {}
@@ -137,25 +137,8 @@ def wrap_model(model: nn.Module, ctx: DistContext) -> nn.Module:
     """
     if not ctx.enabled:
         return model
-    from torch.nn.parallel import DistributedDataParallel
-
     device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
     return DistributedDataParallel(model, device_ids=device_ids)
-
-
-def unwrap_model(model: nn.Module) -> nn.Module:
-    """The bare model inside torch.compile and DDP wrappers: the one to save or evaluate.
-
-    Its state dict has the plain parameter names (no ``module.`` / ``_orig_mod.`` prefixes), and
-    its forward runs without DDP's gradient hooks.
-    """
-    while True:
-        if hasattr(model, "_orig_mod"):  # torch.compile's OptimizedModule
-            model = model._orig_mod
-        elif isinstance(model, nn.parallel.DistributedDataParallel):
-            model = model.module
-        else:
-            return model
 
 
 @contextlib.contextmanager
@@ -177,8 +160,6 @@ def sync_gradients(model: nn.Module, enabled: bool) -> Iterator[None]:
 def barrier(ctx: DistContext) -> None:
     """Wait until every process gets here (no-op for a single process)."""
     if ctx.enabled:
-        import torch.distributed as dist
-
         dist.barrier()
 
 
@@ -203,8 +184,6 @@ def gather_to_main(obj: Any, ctx: DistContext) -> list[Any] | None:
     """
     if not ctx.enabled:
         return [obj]
-    import torch.distributed as dist
-
     gathered: list[Any] = [None] * ctx.world_size
     # all_gather_object rather than gather_object: it works the same on gloo and NCCL, and these
     # objects are small and gathered only at checkpoints.
@@ -237,8 +216,6 @@ def select_rank_state(
 def shutdown(ctx: DistContext) -> None:
     """Leave the process group (safe to call more than once, or without one)."""
     if ctx.enabled:
-        import torch.distributed as dist
-
         if dist.is_initialized():
             dist.destroy_process_group()
 
@@ -246,8 +223,6 @@ def shutdown(ctx: DistContext) -> None:
 def _all_reduce(value: torch.Tensor | float, ctx: DistContext, *, mean: bool) -> torch.Tensor | float:
     if not ctx.enabled:
         return value
-    import torch.distributed as dist
-
     is_tensor = isinstance(value, torch.Tensor)
     # float64 so that sums of many large numbers (nats over a validation split) stay exact
     # enough; NCCL needs the tensor on this rank's GPU.

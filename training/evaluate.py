@@ -12,6 +12,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from common.errors import UserError
+from data import bits_per_byte, iter_val_batches, target_nats_and_bytes
+from training.distributed import DistContext, all_reduce_sum
 
 
 @dataclass
@@ -33,16 +35,13 @@ def evaluate(
     max_batches: int | None,
     device: torch.device,
     amp: Callable[[], ContextManager] | None = None,
-    ctx: Any = None,
+    ctx: DistContext | None = None,
 ) -> EvalResult:
     """Score ``max_batches`` fixed validation batches (None: the whole split).
 
     With several processes (``ctx`` a live DistContext) each takes every ``world_size``-th batch
     and the sums are added up, so the result equals a single-process evaluation.
     """
-    from data import bits_per_byte, iter_val_batches, target_nats_and_bytes
-    from training.distributed import all_reduce_sum
-
     rank, world_size = (ctx.rank, ctx.world_size) if ctx is not None else (0, 1)
 
     was_training = model.training

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from common.files import atomic_write_text
+from training.device import synchronize
 
 
 class MetricsLog:
@@ -97,7 +98,6 @@ def measure_matmul_flops(
     Best-of rather than mean: the question is what the hardware can do, not what the other
     processes sharing it left over this time.
     """
-    from training.device import synchronize
 
     # A private generator: measuring must not move the global RNG that seeds the model.
     gen = torch.Generator(device=device).manual_seed(0)

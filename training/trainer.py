@@ -25,13 +25,14 @@ from typing import Any, Callable, ContextManager
 import numpy as np
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 
 from common.errors import UserError
 from common.files import atomic_write_bytes
+from common.run_files import CONFIG_FILE, METRICS_FILE, TOKENIZER_FILE
+from data import load_tokenizer, prepare_data, train_batches
+from model import GPT, GPTConfig
 from training.checkpoint import (
-    CONFIG_FILE,
-    METRICS_FILE,
-    TOKENIZER_FILE,
     CheckpointError,
     capture_rng_state,
     check_model_shape,
@@ -45,6 +46,7 @@ from training.device import autocast, configure_backends, resolve_precision, sho
 from training.distributed import (
     all_reduce_mean,
     all_reduce_sum,
+    DistContext,
     barrier,
     gather_to_main,
     init_distributed,
@@ -58,6 +60,7 @@ from training.evaluate import EvalResult, evaluate, generate_sample
 from training.interrupt import StopRequest
 from training.metrics import MetricsLog, Throughput, format_duration, format_flops, mfu, peak_flops
 from training.optim import build_optimizer, build_schedule
+from training.wandb_logger import WandbLogger
 
 # tqdm's default bar without its "<remaining" estimate (see Trainer.fit).
 _BAR_WITHOUT_ETA = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}, {rate_fmt}{postfix}]"
@@ -139,7 +142,7 @@ def seed_everything(seed: int) -> None:
 class Trainer:
     """One training run; ``setup`` then ``fit``. Attributes are the live state of the run."""
 
-    def __init__(self, config: Config, ctx: Any, *, progress: bool = True) -> None:
+    def __init__(self, config: Config, ctx: DistContext, *, progress: bool = True) -> None:
         self.config = config
         self.ctx = ctx
         self.device: torch.device = torch.device(ctx.device)
@@ -157,10 +160,6 @@ class Trainer:
     # Setup
 
     def setup(self, *, resume: bool, overwrite: bool) -> None:
-        from data import load_tokenizer, prepare_data, train_batches
-        from model import GPT, GPTConfig
-        from training.wandb_logger import WandbLogger
-
         cfg, ctx, tc = self.config, self.ctx, self.config.train
         # Cheap checks first: a refused run directory or an incompatible checkpoint should not
         # cost a tokenizer training first.
@@ -274,8 +273,6 @@ class Trainer:
     # The loop
 
     def fit(self) -> TrainResult:
-        from tqdm.auto import tqdm
-
         stop = StopRequest()
         stop.install()
         self.loop_start = time.perf_counter()
@@ -510,6 +507,4 @@ class Trainer:
         )
 
     def _say(self, message: str) -> None:
-        from tqdm.auto import tqdm
-
         tqdm.write(message, file=sys.stdout)

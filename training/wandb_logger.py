@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
-from common.errors import UserError
+from common.errors import UserError, one_line
 
 if TYPE_CHECKING:
     from training.config import WandbConfig
@@ -111,7 +111,7 @@ class WandbLogger:
             return cls(run_id=resume_id)
         run_dir = Path(run_dir)
         try:
-            import wandb
+            import wandb  # slow to import (docs/results.md): loaded only when logging is on
 
             run_dir.mkdir(parents=True, exist_ok=True)
             run = wandb.init(
@@ -136,7 +136,7 @@ class WandbLogger:
                 ),
             )
         except Exception as e:  # noqa: BLE001 - whatever wandb raises, training goes on
-            _say(f"wandb: could not start ({_one_line(e)}); training continues without wandb", err=True)
+            _say(f"wandb: could not start ({one_line(e, with_type=True)}); training continues without wandb", err=True)
             return cls(run_id=resume_id)
         if mode == "offline":
             # The glob takes every piece of a run resumed several times; wandb sync uploads
@@ -170,7 +170,7 @@ class WandbLogger:
         if self._run is None:
             return
         try:
-            import wandb
+            import wandb  # slow to import (docs/results.md): loaded only when logging is on
 
             table = wandb.Table(columns=list(SAMPLE_COLUMNS), data=[[p, c] for p, c in rows])
             self._run.log({SAMPLES_KEY: table}, step=step)
@@ -190,10 +190,10 @@ class WandbLogger:
                 run.summary[key] = value
             run.finish(exit_code=exit_code)
         except Exception as e:  # noqa: BLE001
-            _say(f"wandb: could not finish the run ({_one_line(e)}); its local files may be incomplete", err=True)
+            _say(f"wandb: could not finish the run ({one_line(e, with_type=True)}); its local files may be incomplete", err=True)
 
     def _give_up(self, what: str, error: Exception) -> None:
-        _say(f"wandb: could not {what} ({_one_line(error)}); training continues without wandb", err=True)
+        _say(f"wandb: could not {what} ({one_line(error, with_type=True)}); training continues without wandb", err=True)
         run, self._run = self._run, None
         try:
             run.finish(exit_code=1)
@@ -207,11 +207,6 @@ def _netrc_paths(env: dict[str, str]) -> list[Path]:
         return [Path(env["NETRC"]).expanduser()]
     home = Path(env.get("HOME") or Path.home())
     return [home / ".netrc", home / "_netrc"]
-
-
-def _one_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
 
 
 def _say(message: str, *, err: bool = False) -> None:

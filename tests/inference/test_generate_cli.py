@@ -129,7 +129,7 @@ def assert_user_error(capsys, argv, *needles) -> None:
         (["--top-p", "0"], "top_p must be in (0, 1]"),
         (["--top-p", "nan"], "top_p must be in (0, 1]"),
         (["--top-p", "1.5"], "top_p must be in (0, 1]"),
-        (["--top-k", "0"], "top_k must be >= 1"),
+        (["--top-k", "0"], "top_k must be a positive integer"),
         (["--max-new-tokens", "-1"], "max_new_tokens must be >= 0"),
         (["--num-samples", "0"], "num_samples must be >= 1"),
         (["--repetition-penalty", "0"], "repetition_penalty must be a finite number > 0"),

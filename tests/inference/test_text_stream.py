@@ -8,7 +8,8 @@ import random
 import pytest
 from tokenizers import Tokenizer
 
-from inference.streaming import TextStream, token_byte_table
+from data.tokenizer import token_byte_table
+from inference.streaming import TextStream
 
 
 @pytest.fixture(scope="module")

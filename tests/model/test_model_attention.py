@@ -2,14 +2,32 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
-import model.attention as attention
+import model.gpt as gpt
 from model import GPTConfig, KVCache
-from model.attention import CausalSelfAttention, causal_mask, reference_attention
+from model.gpt import CausalSelfAttention, causal_mask
 
 N_HEAD = 6
+
+
+def reference_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """softmax(QKᵀ/√d + mask)·V with K/V heads repeated explicitly: the slow, plain oracle.
+
+    q: (B, n_head, Tq, d); k, v: (B, n_kv_head, Tk, d); mask: bool (Tq, Tk), True = allowed.
+    """
+    group = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(group, dim=1)
+    v = v.repeat_interleave(group, dim=1)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v
 
 
 def make_layer(n_kv_head: int, seed: int = 0) -> CausalSelfAttention:
@@ -40,7 +58,7 @@ def test_causal_mask_aligns_bottom_right():
 @pytest.mark.parametrize("n_kv_head", [1, 2, N_HEAD])
 @pytest.mark.parametrize("gqa_kernel", [True, False], ids=["enable_gqa", "repeat_fallback"])
 def test_full_sequence_matches_reference(n_kv_head, gqa_kernel, monkeypatch):
-    monkeypatch.setattr(attention, "SDPA_HAS_GQA", gqa_kernel)
+    monkeypatch.setattr(gpt, "SDPA_HAS_GQA", gqa_kernel)
     layer = make_layer(n_kv_head)
     x = torch.randn(3, 23, 42)
     with torch.inference_mode():

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model.layers import RMSNorm, RMSNormCPUFunction
+from model.gpt import RMSNorm
+from model.rms_norm_cpu import RMSNormCPUFunction
 
 
 def textbook_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -19,7 +19,7 @@ import sys
 import torch
 
 from common.files import atomic_write_text
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, unwrap
 from training.distributed import (
     all_reduce_mean,
     gather_to_main,
@@ -27,7 +27,6 @@ from training.distributed import (
     shutdown,
     split_global_batch,
     sync_gradients,
-    unwrap_model,
     wrap_model,
 )
 
@@ -52,11 +51,11 @@ def fresh_model(seed: int) -> GPT:
 
 
 def flat_params(model: torch.nn.Module) -> torch.Tensor:
-    return torch.cat([p.detach().reshape(-1) for p in unwrap_model(model).parameters()])
+    return torch.cat([p.detach().reshape(-1) for p in unwrap(model).parameters()])
 
 
 def flat_grads(model: torch.nn.Module) -> torch.Tensor:
-    return torch.cat([p.grad.reshape(-1) for p in unwrap_model(model).parameters()])
+    return torch.cat([p.grad.reshape(-1) for p in unwrap(model).parameters()])
 
 
 def reference_step(batches: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor, float]:

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from common.errors import UserError
+from model import unwrap
 from training.distributed import (
     DistContext,
     all_reduce_mean,
@@ -26,7 +27,6 @@ from training.distributed import (
     shutdown,
     split_global_batch,
     sync_gradients,
-    unwrap_model,
     wrap_model,
 )
 
@@ -90,7 +90,7 @@ def test_single_process_context_without_torchrun(monkeypatch):
 
     model = nn.Linear(3, 2)
     assert wrap_model(model, ctx) is model
-    assert unwrap_model(model) is model
+    assert unwrap(model) is model
     t = torch.tensor([1.5, 2.5])
     assert all_reduce_mean(t, ctx) is t and all_reduce_sum(2.0, ctx) == 2.0
     assert gather_to_main({"a": 1}, ctx) == [{"a": 1}]

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from model import GPT, GPTConfig, load_pretrained
+from common.run_files import STATE_FILE
 from training.checkpoint import (
-    STATE_FILE,
     CheckpointError,
     capture_rng_state,
     check_model_shape,

@@ -11,7 +11,8 @@ import torch
 
 import training.device as device_module
 from common.errors import UserError
-from training.device import autocast, configure_backends, resolve_precision, select_device, should_compile
+from common.device import select_device
+from training.device import autocast, configure_backends, resolve_precision, should_compile
 
 
 def test_explicit_cpu_and_auto():

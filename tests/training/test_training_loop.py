@@ -11,7 +11,8 @@ import torch
 import training.trainer as trainer_module
 from common.errors import UserError
 from model import GPT, load_pretrained
-from training.checkpoint import STATE_FILE, CheckpointError, load_trainer_state
+from common.run_files import STATE_FILE
+from training.checkpoint import CheckpointError, load_trainer_state
 from training.config import load_config
 from training.metrics import read_metrics
 from training.trainer import NonFiniteLossError, accumulate_gradients, train
@@ -285,10 +286,8 @@ class FakeLogger:
 
 
 def test_wandb_gets_metrics_samples_and_the_run_id_survives_resume(make_config, monkeypatch):
-    import training.wandb_logger
-
     FakeLogger.started = []
-    monkeypatch.setattr(training.wandb_logger, "WandbLogger", FakeLogger)
+    monkeypatch.setattr(trainer_module, "WandbLogger", FakeLogger)
     cfg = make_config(train={"max_steps": 4}, eval={"interval": 2}, logging={"interval": 2})
     train(cfg, progress=False)
     first = FakeLogger.started[0]

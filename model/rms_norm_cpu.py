@@ -1,39 +1,27 @@
-"""The two small building blocks around attention: RMSNorm and the SwiGLU feed-forward."""
+"""RMSNorm with a fused CPU backward: an optional speed-up for eager CPU training, nothing else.
+
+``RMSNorm`` in ``model.gpt`` calls ``F.rms_norm`` everywhere except where ``use_cpu_backward``
+says this path applies. ``ENABLED`` is the one switch: set it to False and every norm takes the
+plain path (the values are the same; ``benchmarks/rms_norm_backward.py`` compares the two).
+"""
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 from torch.autograd.function import once_differentiable
 
-
-class RMSNorm(nn.Module):
-    """Scale each vector to unit root-mean-square, then by a learned per-channel gain.
-
-    Unlike LayerNorm it neither centres nor adds a bias: cheaper, and as good in practice.
-    """
-
-    def __init__(self, dim: int, eps: float = 1e-5) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if _wants_cpu_backward(x, self.weight):
-            return RMSNormCPUFunction.apply(x, self.weight, self.eps)
-        # The fused kernel is one op instead of five, which matters in the per-token decode loop.
-        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+ENABLED = True
 
 
-def _wants_cpu_backward(x: torch.Tensor, weight: torch.Tensor) -> bool:
+def use_cpu_backward(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Training in eager mode on the CPU in fp32/fp64: the case RMSNormCPUFunction is for.
 
     Inference needs no backward, CUDA has a fused RMSNorm backward kernel, and torch.compile
     fuses the plain formula itself.
     """
     return (
-        torch.is_grad_enabled()
+        ENABLED
+        and torch.is_grad_enabled()
         and (x.requires_grad or weight.requires_grad)
         and x.device.type == "cpu"
         and x.dtype == weight.dtype
@@ -55,10 +43,7 @@ class RMSNormCPUFunction(torch.autograd.Function):
 
     whose first term is RMSNorm's input gradient; the second is LayerNorm's centring, which
     RMSNorm does not have, so it is added back (one matrix-vector product for mean(g·w)).
-
-    On tiny.yaml's (16, 128, 128) activations on 2 CPU cores, a forward and backward took 0.86 ms
-    against 1.17 ms through autograd (LayerNorm: 0.42 ms), and a training step, with nine norms,
-    got 1.6% faster (benchmarks/rms_norm_backward.py).
+    It pays for itself in a training step on the CPU (see docs/results.md, RMSNorm backward).
     """
 
     @staticmethod
@@ -84,21 +69,3 @@ class RMSNormCPUFunction(torch.autograd.Function):
             mean_gw = torch.mv(grad.reshape(-1, dim), weight).view_as(rstd).div_(dim)
             grad_x.add_(mean_gw.mul_(rstd))
         return grad_x, grad_weight, None
-
-
-class SwiGLU(nn.Module):
-    """Feed-forward ``down(silu(gate(x)) * up(x))``.
-
-    Gate and up projections are stored as one matrix so a decode step does one matmul instead of
-    two; on a CPU the per-call overhead of a small matmul is comparable to its arithmetic.
-    """
-
-    def __init__(self, dim: int, hidden: int, dropout: float = 0.0) -> None:
-        super().__init__()
-        self.gate_up = nn.Linear(dim, 2 * hidden, bias=False)
-        self.down = nn.Linear(hidden, dim, bias=False)
-        self.dropout = nn.Dropout(dropout)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up(x).chunk(2, dim=-1)
-        return self.dropout(self.down(F.silu(gate) * up))

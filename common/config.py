@@ -1,0 +1,168 @@
+"""The one mechanism behind every config section: typed dataclasses, checked strictly, read from YAML.
+
+Each section (``GPTConfig``, ``DataConfig``, ``TrainConfig``, ...) is a dataclass whose
+``__post_init__`` calls ``check_types`` and then checks its values with ``require``. ``build`` turns
+a plain dict (parsed YAML) into such a dataclass: an unknown key is rejected with a suggestion, a
+nested section is built the same way, and any failure becomes one line naming the key.
+Types are strict: ``true`` is not an int, ``"3"`` is not a number; an int is accepted (and stored
+as a float) where a float is expected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+import re
+import types
+import typing
+from typing import Any, Union
+
+import yaml
+
+from common.errors import UserError, one_line
+
+
+class ConfigError(UserError, ValueError):
+    """A configuration file, override or value the user has to fix."""
+
+
+def require(condition: bool, message: str, error: type[Exception] = ConfigError) -> None:
+    if not condition:
+        raise error(message)
+
+
+# ---------------------------------------------------------------------------------------------
+# YAML
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML 1.2 numbers and booleans.
+
+    PyYAML follows YAML 1.1, where ``3e-3`` (no dot) is a *string* and ``on``/``no`` are
+    booleans; both surprise people writing learning rates and wandb modes.
+    """
+
+
+_BOOL, _FLOAT = "tag:yaml.org,2002:bool", "tag:yaml.org,2002:float"
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag not in (_BOOL, _FLOAT)]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver(_BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
+_Loader.add_implicit_resolver(
+    _FLOAT,
+    re.compile(r"""^(?:[-+]?[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?|[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+
+                  |[-+]?\.[0-9_]+(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$""", re.X),
+    list("-+0123456789."),
+)
+
+
+def read_yaml(text: str, source: str) -> Any:
+    """Parse YAML text; a syntax error becomes a ConfigError naming ``source`` and the line."""
+    try:
+        return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or one_line(e)
+        raise ConfigError(f"{source}{where}: invalid YAML ({problem}); fix the syntax") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Dicts to dataclasses
+
+
+def build(cls: type, raw: Any, path: str = "", error: type[Exception] = ConfigError) -> Any:
+    """``cls`` from a plain dict; any problem raises ``error`` with one line naming the key."""
+    if not isinstance(raw, dict):
+        raise error(f"{path or 'the config'} must be a mapping of keys, got {_show(raw)}")
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    hints = _hints(cls)
+    kwargs = {}
+    for key, value in raw.items():
+        if key not in fields:
+            raise error(_unknown_key_message(str(key), list(fields), path))
+        if dataclasses.is_dataclass(hints[key]) and isinstance(value, dict):
+            value = build(hints[key], value, _join(path, key), error)
+        kwargs[key] = value
+    for name, f in fields.items():
+        if name not in raw and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise error(f"missing required config key {_join(path, name)!r}")
+    try:
+        return cls(**kwargs)
+    except (UserError, ValueError, TypeError) as e:
+        message = one_line(e)
+        if path and not message.startswith(path):
+            message = f"{path}: {message}"
+        raise error(message) from None
+
+
+def check_types(section: Any, path: str = "", error: type[Exception] = ConfigError) -> None:
+    """Check every field of a dataclass instance against its type hint; ints become floats
+    where a float is expected. Call it first thing in ``__post_init__``."""
+    for name, hint in _hints(type(section)).items():
+        value = _checked(getattr(section, name), hint, _join(path, name), error)
+        object.__setattr__(section, name, value)
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {name: hint for name, hint in typing.get_type_hints(cls).items() if name in names}
+
+
+def _checked(value: Any, hint: Any, key: str, error: type[Exception]) -> Any:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is Union or origin is types.UnionType:
+        for arg in args:
+            try:
+                return _checked(value, arg, key, error)
+            except error:
+                continue
+    elif origin is list:
+        if isinstance(value, list):
+            return [_checked(v, args[0], f"{key}[{i}]", error) for i, v in enumerate(value)]
+    elif hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif hint is type(None):
+        if value is None:
+            return value
+    elif isinstance(value, hint):
+        return value
+    raise error(f"{key} must be {_describe(hint)}, got {_show(value)}")
+
+
+def _describe(hint: Any) -> str:
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) in (Union, types.UnionType):
+        text = " or ".join(_describe(a) for a in args if a is not type(None))
+        return text + " or null" if type(None) in args else text
+    if typing.get_origin(hint) is list:
+        return f"a list of {_describe(args[0])}s"
+    names = {bool: "true or false", int: "a whole number", float: "a number", str: "a string"}
+    if hint in names:
+        return names[hint]
+    return "a section (mapping)" if dataclasses.is_dataclass(hint) else getattr(hint, "__name__", str(hint))
+
+
+def _show(value: Any) -> str:
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    return {dict: "a mapping", list: "a list"}.get(type(value), repr(value))
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+def _unknown_key_message(key: str, valid: list[str], path: str) -> str:
+    kind = "config key" if path else "config section"
+    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
+    if close:
+        return f"unknown {kind} {_join(path, key)!r}; did you mean {_join(path, close[0])!r}?"
+    return f"unknown {kind} {_join(path, key)!r}; valid keys{' in ' + path if path else ''}: {', '.join(valid)}"

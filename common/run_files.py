@@ -1,0 +1,9 @@
+"""The names of the files in a run directory: written by training, read by generation."""
+
+CONFIG_FILE = "config.yaml"  # the resolved run configuration
+TOKENIZER_FILE = "tokenizer.json"
+METRICS_FILE = "metrics.jsonl"
+STATE_FILE = "trainer_state.pt"  # everything --resume needs
+MODEL_CONFIG_FILE = "model_config.json"  # with WEIGHTS_FILE: what save_pretrained writes
+WEIGHTS_FILE = "model.safetensors"
+RUN_FILES = (CONFIG_FILE, TOKENIZER_FILE, METRICS_FILE, STATE_FILE, MODEL_CONFIG_FILE, WEIGHTS_FILE)
