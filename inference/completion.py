@@ -11,7 +11,7 @@ import contextlib
 import secrets
 import time
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 
@@ -95,13 +95,6 @@ def generate_completions(
     # draws to the logits), and every backend supports them.
     generators = [torch.Generator().manual_seed(seed + row) for row in range(rows)]
     streams = [TextStream(run.token_bytes, settings.stop) for _ in range(rows)]
-    tokens: list[list[int]] = [[] for _ in range(rows)]
-
-    def emit(row: int, text: str) -> None:
-        if text and on_text is not None:
-            on_text(row, text)
-
-    steps, first, last = 0, None, None
     start = time.perf_counter()
     columns = generate_tokens(
         run.model,
@@ -114,23 +107,7 @@ def generate_completions(
         use_cache=settings.use_cache,
         generator=generators,
     )
-    # closing(): leaving early (all rows stopped, Ctrl-C) frees the generator's KV cache and token
-    # buffer at once rather than whenever the generator is garbage collected.
-    with contextlib.closing(columns):
-        for column in columns:
-            column_ids = column.tolist()  # waits for the device, so the timings are honest
-            last = time.perf_counter()
-            first = first if first is not None else last
-            steps += 1
-            for row, token_id in enumerate(column_ids):
-                if not streams[row].stopped:
-                    tokens[row].append(token_id)
-                    emit(row, streams[row].push(token_id))
-            if all(stream.stopped for stream in streams):
-                break
-    for row, stream in enumerate(streams):
-        emit(row, stream.finish())
-
+    tokens, steps, first, last = _stream_columns(columns, streams, on_text)
     completions = [
         Completion(
             token_ids=tokens[row],
@@ -147,3 +124,36 @@ def generate_completions(
         decode_time_s=0.0 if first is None else last - first,
     )
     return GenerationResult(completions, stats, seed)
+
+
+def _stream_columns(
+    columns: Iterator[torch.Tensor], streams: list[TextStream], on_text: TextCallback | None
+) -> tuple[list[list[int]], int, float | None, float | None]:
+    """Feed each row's tokens to its stream until every row stops or the columns run out.
+
+    Returns (tokens per row, steps taken, time of the first column, time of the last).
+    """
+    tokens: list[list[int]] = [[] for _ in streams]
+
+    def emit(row: int, text: str) -> None:
+        if text and on_text is not None:
+            on_text(row, text)
+
+    steps, first, last = 0, None, None
+    # closing(): leaving early (all rows stopped, Ctrl-C) frees the generator's KV cache and token
+    # buffer at once rather than whenever the generator is garbage collected.
+    with contextlib.closing(columns):
+        for column in columns:
+            column_ids = column.tolist()  # waits for the device, so the timings are honest
+            last = time.perf_counter()
+            first = first if first is not None else last
+            steps += 1
+            for row, token_id in enumerate(column_ids):
+                if not streams[row].stopped:
+                    tokens[row].append(token_id)
+                    emit(row, streams[row].push(token_id))
+            if all(stream.stopped for stream in streams):
+                break
+    for row, stream in enumerate(streams):
+        emit(row, stream.finish())
+    return tokens, steps, first, last

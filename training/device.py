@@ -41,8 +41,8 @@ def autocast(device: torch.device, dtype: torch.dtype) -> ContextManager:
 
 
 def configure_backends(device: torch.device) -> None:
-    """Allow TF32 for fp32 matmuls and convolutions on CUDA (Ampere and later run them ~8x faster
-    at a precision that does not matter for training); on the CPU, keep freed memory for reuse."""
+    """Allow TF32 for fp32 matmuls on CUDA (much faster on Ampere and later, at a precision that
+    does not matter for training); on the CPU, keep freed memory for reuse."""
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
@@ -59,14 +59,10 @@ _M_MMAP_THRESHOLD = -3
 def keep_freed_memory() -> bool:
     """Ask glibc to keep freed memory for reuse instead of handing it back to the kernel.
 
-    By default glibc returns the free top of its heap to the kernel once it passes a few MB, and
-    serves large blocks from fresh mappings. A training step frees and reallocates the same
-    activation-sized blocks (1-16 MB for tiny.yaml) every time, so every step faulted its memory
-    back in page by page: about 5,000 page faults per tiny.yaml step on a 2-core virtual machine,
-    688 of them in one RMSNorm forward and backward (10 with this setting), and steps about 3%
-    slower. Raising both thresholds lets the blocks be reused; the cost is that the process keeps
-    its peak resident size. Returns whether glibc accepted the settings (False on other C libraries
-    and systems).
+    A training step frees and reallocates the same activation-sized blocks every time; by default
+    glibc hands them back to the kernel, so every step faults its memory back in page by page
+    (docs/results.md). Raising both thresholds lets the blocks be reused; the cost is that the
+    process keeps its peak resident size. Returns whether glibc accepted the settings.
     """
     if not sys.platform.startswith("linux"):
         return False
@@ -81,12 +77,10 @@ def keep_freed_memory() -> bool:
 def should_compile(setting: bool | str, device: torch.device) -> bool:
     """``auto`` compiles on CUDA only; ``true`` compiles anywhere a compiler is at hand.
 
-    On the CPU compiling made tiny.yaml's steps 1.05-1.65x faster, depending on the machine and
-    the optimizer, at the cost of 25-100 s of compilation on a cold cache; on this project's
-    development machine that was a net loss for tiny.yaml's run of under 10 minutes, so ``auto``
-    (which tiny.yaml uses) leaves it off there. Inductor builds CPU kernels with a C++ compiler;
-    without one a compiled run would crash at its first step, so it trains uncompiled and says
-    so instead.
+    On the CPU a cold compile costs more of a ten-minute budget than its faster steps win back
+    (docs/results.md), so ``auto`` leaves it off there. Inductor builds CPU kernels with a C++
+    compiler; without one a compiled run would crash at its first step, so it trains uncompiled
+    and says so instead.
     """
     wanted = setting if isinstance(setting, bool) else device.type == "cuda"
     if wanted and device.type == "cpu" and not _have_cxx_compiler():

@@ -9,11 +9,9 @@ up fast rather than to converge exactly: for a random matrix the singular values
 between about 0.7 and 1.15.
 
 torch.optim.Muon (torch >= 2.9) does the same mathematics, but always iterates in bfloat16. That
-is right on a GPU and ruinous on a CPU without bf16 matrix units: on this project's 2-core
-development machine the 24 matrices of a 6-layer tiny model took 1.37 s per step in bf16
-against 55 ms in fp32, while its forward and backward pass took about 0.25 s. This version
-iterates in bf16 on CUDA and in fp32 elsewhere, and orthogonalises all matrices of one shape in
-one batched matmul.
+is right on a GPU and far slower than the whole forward and backward pass on a CPU without bf16
+matrix units (docs/results.md). This version iterates in bf16 on CUDA and in fp32 elsewhere, and
+orthogonalises all matrices of one shape in one batched matmul.
 """
 
 from __future__ import annotations
@@ -44,8 +42,7 @@ def orthogonalize(matrices: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> 
     for _ in range(steps):
         gram = x @ x.mT
         # b·G + c·G·G, then a·X + P·X, each as one fused multiply-add instead of a matmul followed
-        # by separate scale and add passes. On a 2-core CPU that cut tiny.yaml's 16 matrices from
-        # about 29 to 21 ms per step, against roughly 200 ms for the whole step.
+        # by separate scale and add passes, which is markedly faster on a CPU.
         poly = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)
         x = torch.baddbmm(x, poly, x, beta=a)
     x = x.reshape(*stack_shape, *x.shape[-2:])

@@ -107,7 +107,7 @@ class LRSchedule:
     decay) holds ``lr`` and then falls linearly to ``min_lr`` over the last ``decay_fraction`` of
     the budget: a long stretch at the peak followed by a linear cool-down matched or beat cosine
     in most fixed-budget comparisons (e.g. Hägele et al. 2024, "Scaling Laws and Compute-Optimal
-    Training Beyond Fixed Training Durations"); on tiny.yaml it tied with cosine (README: Results).
+    Training Beyond Fixed Training Durations"); on tiny.yaml it tied with cosine (docs/results.md).
 
     The decay is driven by *progress*, the largest fraction used of any budget:
     ``max((step - warmup) / (max_steps - warmup), elapsed / max_seconds)``. A token budget is a

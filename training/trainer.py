@@ -1,9 +1,7 @@
 """The training loop: from a validated ``Config`` to a run directory holding a trained model.
 
-Order of work in ``train``: check the run directory (and the checkpoint, when resuming) before
-anything slow; prepare the data; build model, optimizer, schedule and batch sampler; restore the
-trainer state when resuming; then step until a budget or a signal ends the run; save; run the full
-validation pass.
+``Trainer.setup`` works in stages, cheapest first: the run directory (and the checkpoint, when
+resuming), the data, the model and optimizer, the restored state. ``Trainer.fit`` is the loop.
 
 Reproducibility: the model is initialised right after ``torch.manual_seed(train.seed)`` on every
 rank (so ranks start identical), then every RNG is reseeded with ``seed + rank`` for dropout. The
@@ -32,21 +30,13 @@ from common.files import atomic_write_bytes
 from common.run_files import CONFIG_FILE, METRICS_FILE, TOKENIZER_FILE
 from data import load_tokenizer, prepare_data, train_batches
 from model import GPT, GPTConfig
-from training.checkpoint import (
-    CheckpointError,
-    capture_rng_state,
-    check_model_shape,
-    load_trainer_state,
-    prepare_run_dir,
-    restore_rng_state,
-    save_checkpoint,
-)
+import training.checkpoint as checkpoint
 from training.config import Config, ConfigError, config_to_dict, save_config
 from training.device import autocast, configure_backends, resolve_precision, should_compile
 from training.distributed import (
+    DistContext,
     all_reduce_mean,
     all_reduce_sum,
-    DistContext,
     barrier,
     gather_to_main,
     init_distributed,
@@ -157,35 +147,46 @@ class Trainer:
         self.summary: dict[str, Any] = {}
 
     # -----------------------------------------------------------------------------------------
-    # Setup
+    # Setup, by stage
 
     def setup(self, *, resume: bool, overwrite: bool) -> None:
-        cfg, ctx, tc = self.config, self.ctx, self.config.train
-        # Cheap checks first: a refused run directory or an incompatible checkpoint should not
-        # cost a tokenizer training first.
-        if ctx.is_main:
-            prepare_run_dir(self.run_dir, resume=resume, overwrite=overwrite)
+        state = self._open_run_dir(resume=resume, overwrite=overwrite)
+        self._prepare_data(resume=resume)
+        self._build_model_and_optimizer()
+        wandb_run_id = self._restore(state) if state is not None else None
+        self._start_outputs(resume=resume, wandb_run_id=wandb_run_id)
+
+    def _open_run_dir(self, *, resume: bool, overwrite: bool) -> dict[str, Any] | None:
+        """Refuse a bad run directory or checkpoint before anything slow (a tokenizer training)."""
+        if self.ctx.is_main:
+            checkpoint.prepare_run_dir(self.run_dir, resume=resume, overwrite=overwrite)
         state = None
         if resume:
-            state = load_trainer_state(self.run_dir)
+            state = checkpoint.load_trainer_state(self.run_dir)
             try:
                 saved_model = GPTConfig.from_dict(state["model_config"])
             except (KeyError, ValueError, TypeError) as e:
-                raise CheckpointError(f"checkpoint in {self.run_dir} has no valid model config ({e})") from None
-            check_model_shape(saved_model, cfg.model, self.run_dir)
-        barrier(ctx)
+                raise checkpoint.CheckpointError(
+                    f"checkpoint in {self.run_dir} has no valid model config ({e})"
+                ) from None
+            checkpoint.check_model_shape(saved_model, self.config.model, self.run_dir)
+        barrier(self.ctx)
+        return state
 
-        prepared = prepare_data(cfg.data, progress=self.verbose, is_main=ctx.is_main)
-        barrier(ctx)
+    def _prepare_data(self, *, resume: bool) -> None:
+        cfg = self.config
+        prepared = prepare_data(cfg.data, progress=self.verbose, is_main=self.ctx.is_main)
+        barrier(self.ctx)
         prepared.check_block_size(cfg.model.block_size)
         if prepared.vocab_size > cfg.model.vocab_size:
             raise ConfigError(
                 f"the tokenizer has {prepared.vocab_size} tokens but model.vocab_size is "
                 f"{cfg.model.vocab_size}; remove model.vocab_size or raise it"
             )
-        if resume and (self.run_dir / TOKENIZER_FILE).is_file():
-            if load_tokenizer(self.run_dir / TOKENIZER_FILE).get_vocab() != prepared.tokenizer().get_vocab():
-                raise CheckpointError(
+        saved_tokenizer = self.run_dir / TOKENIZER_FILE
+        if resume and saved_tokenizer.is_file():
+            if load_tokenizer(saved_tokenizer).get_vocab() != prepared.tokenizer().get_vocab():
+                raise checkpoint.CheckpointError(
                     f"cannot resume {self.run_dir}: the data section now builds a different "
                     f"tokenizer than the run was trained with; use the run's own config.yaml"
                 )
@@ -194,6 +195,8 @@ class Trainer:
         self.val_tokens = prepared.val_tokens()
         self.token_bytes = torch.as_tensor(np.asarray(prepared.token_bytes()), dtype=torch.long, device=self.device)
 
+    def _build_model_and_optimizer(self) -> None:
+        cfg, tc, ctx = self.config, self.config.train, self.ctx
         configure_backends(self.device)
         self.amp_dtype = resolve_precision(tc.precision, self.device)
         # Measured (on the CPU) before seeding, with its own generator anyway.
@@ -213,7 +216,7 @@ class Trainer:
         self.schedule = build_schedule(tc, self.tokens_per_step)
         self.batches = train_batches(
             tc.sampling,
-            prepared.train_tokens(),
+            self.prepared.train_tokens(),
             cfg.model.block_size,
             tc.batch_size,
             seed=tc.seed,
@@ -221,40 +224,13 @@ class Trainer:
             world_size=ctx.world_size,
             device=self.device,
         )
-        wandb_run_id = None
-        if state is not None:
-            wandb_run_id = self._restore(state)
-
-        self.metrics = MetricsLog(self.run_dir / METRICS_FILE)
-        if ctx.is_main:
-            # The config is rewritten on resume too: a longer budget is a legitimate change, and
-            # the directory should describe the run as it continues.
-            save_config(cfg, self.run_dir / CONFIG_FILE)
-            if not resume:
-                atomic_write_bytes(self.run_dir / TOKENIZER_FILE, Path(prepared.tokenizer_path).read_bytes())
-            else:
-                self.metrics.truncate_after(self.step)
-
         self.wrapped = wrap_model(self.model, ctx)
         self.compiled = should_compile(tc.compile, self.device)
         self.train_model = torch.compile(self.wrapped) if self.compiled else self.wrapped
         self.flops_per_token = self.model.flops_per_token(cfg.model.block_size)
-        self.logger = WandbLogger.start(
-            cfg.logging.wandb,
-            run_dir=self.run_dir,
-            run_config=config_to_dict(cfg),
-            resume_id=wandb_run_id,
-            is_main=ctx.is_main,
-        )
-        if self.verbose:
-            self._say(
-                f"{'resuming' if resume else 'training'} {self.model.num_params() / 1e6:.2f}M parameters "
-                f"on {self.device} ({'bf16' if self.amp_dtype == torch.bfloat16 else 'fp32'}"
-                f"{', compiled' if self.compiled else ''}); {self.tokens_per_step} tokens/step; "
-                f"peak {format_flops(self.peak)}FLOP/s ({self.peak_source}); run dir {self.run_dir}"
-            )
 
     def _restore(self, state: dict[str, Any]) -> str | None:
+        """Load a checkpoint's trainer state; return the wandb run id to resume."""
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.step = int(state["step"])
@@ -264,15 +240,42 @@ class Trainer:
         rank_state, message = select_rank_state(state["ranks"], state["world_size"], self.ctx)
         if rank_state is not None:
             self.batches.load_state_dict(rank_state["batches"])
-            restore_rng_state(rank_state["rng"])
+            checkpoint.restore_rng_state(rank_state["rng"])
         elif message and self.ctx.is_main:
             self._say(f"warning: {message}")
         return state.get("wandb_run_id")
+
+    def _start_outputs(self, *, resume: bool, wandb_run_id: str | None) -> None:
+        cfg = self.config
+        self.metrics = MetricsLog(self.run_dir / METRICS_FILE)
+        if self.ctx.is_main:
+            # The config is rewritten on resume too: a longer budget is a legitimate change, and
+            # the directory should describe the run as it continues.
+            save_config(cfg, self.run_dir / CONFIG_FILE)
+            if resume:
+                self.metrics.truncate_after(self.step)
+            else:
+                atomic_write_bytes(self.run_dir / TOKENIZER_FILE, Path(self.prepared.tokenizer_path).read_bytes())
+        self.logger = WandbLogger.start(
+            cfg.logging.wandb,
+            run_dir=self.run_dir,
+            run_config=config_to_dict(cfg),
+            resume_id=wandb_run_id,
+            is_main=self.ctx.is_main,
+        )
+        if self.verbose:
+            self._say(
+                f"{'resuming' if resume else 'training'} {self.model.num_params() / 1e6:.2f}M parameters "
+                f"on {self.device} ({'bf16' if self.amp_dtype == torch.bfloat16 else 'fp32'}"
+                f"{', compiled' if self.compiled else ''}); {self.tokens_per_step} tokens/step; "
+                f"peak {format_flops(self.peak)}FLOP/s ({self.peak_source}); run dir {self.run_dir}"
+            )
 
     # -----------------------------------------------------------------------------------------
     # The loop
 
     def fit(self) -> TrainResult:
+        tc, cfg = self.config.train, self.config
         stop = StopRequest()
         stop.install()
         self.loop_start = time.perf_counter()
@@ -287,121 +290,111 @@ class Trainer:
             # the postfix's "left" (the sooner of both budgets) is the one to trust.
             bar_format=None if self.schedule.max_seconds is None else _BAR_WITHOUT_ETA,
         )
-        last_loss = None
+        loss = None
         failed = True
         try:
             try:
-                while True:
-                    reason = self._budget_reason()
-                    interrupted, reason = self._agree(stop.requested, reason)
-                    if interrupted:
-                        reason = "interrupted"
-                    if reason is not None:
-                        break
-                    last_loss, lr, grad_norm = self._train_step()
+                while (reason := self._stop_reason(stop)) is None:
+                    t0 = time.perf_counter()
+                    lr = self.schedule(self.step, self._elapsed())
+                    for group, scale in zip(self.optimizer.param_groups, self.lr_scales):
+                        group["lr"] = lr * scale
+                    loss = accumulate_gradients(
+                        self.train_model,
+                        self.batches.next,
+                        self.micro_steps,
+                        amp=lambda: autocast(self.device, self.amp_dtype),
+                        sync=lambda last: sync_gradients(self.wrapped, last),
+                    )
+                    grad_norm = clip_gradients(self.model, tc.grad_clip)
+                    # One host sync per step: the cost of noticing a NaN before it reaches the
+                    # optimizer (and any checkpoint). The grad norm is the same on all ranks.
+                    loss, grad_norm = all_reduce_mean(loss, self.ctx).item(), grad_norm.item()
+                    if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+                        self.optimizer.zero_grad(set_to_none=True)
+                        raise NonFiniteLossError(self._nonfinite_message(loss, grad_norm))
+                    self.optimizer.step()
+                    self.optimizer.zero_grad(set_to_none=True)
+                    self.step += 1
+                    self.tokens_seen += self.tokens_per_step
+                    self.throughput.add(self.tokens_per_step, time.perf_counter() - t0)
+
                     bar.update(1)
-                    bar.set_postfix_str(self._postfix(last_loss, lr), refresh=False)
-                    self._after_step(last_loss, lr, grad_norm)
+                    bar.set_postfix_str(self._postfix(loss, lr), refresh=False)
+                    if self.step % cfg.logging.interval == 0 or self.step == 1:
+                        self._log_train(loss, lr, grad_norm)
+                    if cfg.eval.interval and self.step % cfg.eval.interval == 0:
+                        self._evaluate(final=False)
+                    if cfg.run.checkpoint_interval and self.step % cfg.run.checkpoint_interval == 0:
+                        self._save()
                 if self.saved_step != self.step:
                     self._save()
             finally:
                 stop.restore()
                 bar.close()
-            result = TrainResult(
-                run_dir=self.run_dir,
-                step=self.step,
-                tokens_seen=self.tokens_seen,
-                stopped_by=reason,
-                train_seconds=self._elapsed(),
-                last_loss=last_loss,
-                signal=stop.signum,
-                is_main=self.ctx.is_main,
-            )
-            self.summary.update(step=self.step, tokens=self.tokens_seen, stopped_by=reason)
-            if reason != "interrupted":
-                final = self._evaluate(final=True)
-                result.val_loss, result.val_bpb = final.loss, final.bpb
-                self.summary.update(val_loss=final.loss, val_bpb=final.bpb)
+            result = self._finish(reason, loss, stop.signum)
             failed = False
             return result
         finally:
             # A diverged or crashed run shows as failed in wandb; its files are closed either way.
             self.logger.finish(self.summary, exit_code=1 if failed else 0)
 
-    def _train_step(self) -> tuple[float, float, float]:
-        tc = self.config.train
-        t0 = time.perf_counter()
-        lr = self.schedule(self.step, self._elapsed())
-        for group, scale in zip(self.optimizer.param_groups, self.lr_scales):
-            group["lr"] = lr * scale
-        loss = accumulate_gradients(
-            self.train_model,
-            self.batches.next,
-            self.micro_steps,
-            amp=lambda: autocast(self.device, self.amp_dtype),
-            sync=lambda last: sync_gradients(self.wrapped, last),
+    def _finish(self, reason: str, last_loss: float | None, signum: int | None) -> TrainResult:
+        """The result of the run, with the full validation pass unless it was interrupted."""
+        result = TrainResult(
+            run_dir=self.run_dir,
+            step=self.step,
+            tokens_seen=self.tokens_seen,
+            stopped_by=reason,
+            train_seconds=self._elapsed(),
+            last_loss=last_loss,
+            signal=signum,
+            is_main=self.ctx.is_main,
         )
-        grad_norm = clip_gradients(self.model, tc.grad_clip)
-        # One host sync per step: the cost of noticing a NaN before it reaches the optimizer (and
-        # any checkpoint). The grad norm is already identical on all ranks; the loss is averaged.
-        loss_value, grad_norm_value = all_reduce_mean(loss, self.ctx).item(), grad_norm.item()
-        if not (math.isfinite(loss_value) and math.isfinite(grad_norm_value)):
-            self.optimizer.zero_grad(set_to_none=True)
-            raise NonFiniteLossError(self._nonfinite_message(loss_value, grad_norm_value))
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.step += 1
-        self.tokens_seen += self.tokens_per_step
-        self.throughput.add(self.tokens_per_step, time.perf_counter() - t0)
-        return loss_value, lr, grad_norm_value
+        self.summary.update(step=self.step, tokens=self.tokens_seen, stopped_by=reason)
+        if reason != "interrupted":
+            final = self._evaluate(final=True)
+            result.val_loss, result.val_bpb = final.loss, final.bpb
+            self.summary.update(val_loss=final.loss, val_bpb=final.bpb)
+        return result
 
-    def _after_step(self, loss: float, lr: float, grad_norm: float) -> None:
-        step, ec = self.step, self.config.eval
-        if step % self.config.logging.interval == 0 or step == 1:
-            tokens_per_s = self.throughput.tokens_per_second()
-            record = {
-                "kind": "train",
-                "step": step,
-                "loss": loss,
-                "lr": lr,
-                "grad_norm": grad_norm,
-                "tokens": self.tokens_seen,
-                "tokens_per_s": tokens_per_s,
-                "mfu": mfu(self.flops_per_token, tokens_per_s, self.peak * self.ctx.world_size),
-                "elapsed_s": self._elapsed(),
-            }
-            if self.ctx.is_main:
-                self.metrics.append(record)
-                self.logger.log({f"train/{k}": v for k, v in record.items() if k not in ("kind", "step")}, step)
-        if ec.interval and step % ec.interval == 0:
-            self._evaluate(final=False)
-        interval = self.config.run.checkpoint_interval
-        if interval and step % interval == 0:
-            self._save()
+    def _stop_reason(self, stop: StopRequest) -> str | None:
+        """Why to stop before the next step, agreed by every rank (a signal may reach only some)."""
+        tc = self.config.train
+        interrupted, reason = stop.requested, None
+        if tc.max_steps is not None and self.step >= tc.max_steps:
+            reason = "max_steps"
+        elif tc.max_tokens is not None and self.tokens_seen >= tc.max_tokens:
+            reason = "max_tokens"
+        elif tc.max_minutes is not None and self._elapsed() >= tc.max_minutes * 60.0:
+            reason = "max_minutes"
+        if self.ctx.enabled:
+            flags = torch.tensor([float(interrupted), float(reason == "max_minutes")], device=self.device)
+            flags = all_reduce_sum(flags, self.ctx)
+            interrupted = bool(flags[0].item() > 0)
+            if reason is None and flags[1].item() > 0:
+                reason = "max_minutes"
+        return "interrupted" if interrupted else reason
 
     # -----------------------------------------------------------------------------------------
-    # Budgets, evaluation, checkpoints
+    # Logging, evaluation, checkpoints
 
-    def _budget_reason(self) -> str | None:
-        tc = self.config.train
-        if tc.max_steps is not None and self.step >= tc.max_steps:
-            return "max_steps"
-        if tc.max_tokens is not None and self.tokens_seen >= tc.max_tokens:
-            return "max_tokens"
-        if tc.max_minutes is not None and self._elapsed() >= tc.max_minutes * 60.0:
-            return "max_minutes"
-        return None
-
-    def _agree(self, interrupted: bool, reason: str | None) -> tuple[bool, str | None]:
-        """Make every rank stop at the same step: a signal or the clock may reach only some."""
-        if not self.ctx.enabled:
-            return interrupted, reason
-        flags = torch.tensor([float(interrupted), float(reason == "max_minutes")], device=self.device)
-        flags = all_reduce_sum(flags, self.ctx)
-        interrupted = bool(flags[0].item() > 0)
-        if reason is None and flags[1].item() > 0:
-            reason = "max_minutes"
-        return interrupted, reason
+    def _log_train(self, loss: float, lr: float, grad_norm: float) -> None:
+        tokens_per_s = self.throughput.tokens_per_second()
+        record = {
+            "kind": "train",
+            "step": self.step,
+            "loss": loss,
+            "lr": lr,
+            "grad_norm": grad_norm,
+            "tokens": self.tokens_seen,
+            "tokens_per_s": tokens_per_s,
+            "mfu": mfu(self.flops_per_token, tokens_per_s, self.peak * self.ctx.world_size),
+            "elapsed_s": self._elapsed(),
+        }
+        if self.ctx.is_main:
+            self.metrics.append(record)
+            self.logger.log({f"train/{k}": v for k, v in record.items() if k not in ("kind", "step")}, self.step)
 
     def _evaluate(self, *, final: bool) -> EvalResult:
         cfg, ec = self.config, self.config.eval
@@ -451,7 +444,7 @@ class Trainer:
 
     def _save(self) -> None:
         # Each rank's sampler and RNG streams differ, and all are needed to resume exactly.
-        ranks = gather_to_main({"rng": capture_rng_state(), "batches": self.batches.state_dict()}, self.ctx)
+        ranks = gather_to_main({"rng": checkpoint.capture_rng_state(), "batches": self.batches.state_dict()}, self.ctx)
         if self.ctx.is_main:
             state = {
                 "step": self.step,
@@ -464,7 +457,7 @@ class Trainer:
                 "world_size": self.ctx.world_size,
                 "wandb_run_id": self.logger.run_id,
             }
-            save_checkpoint(self.run_dir, self.model, state)
+            checkpoint.save_checkpoint(self.run_dir, self.model, state)
         self.saved_step = self.step
 
     # -----------------------------------------------------------------------------------------
@@ -473,26 +466,18 @@ class Trainer:
     def _elapsed(self) -> float:
         return self.base_seconds + time.perf_counter() - self.loop_start
 
-    def _time_left(self) -> float | None:
-        estimates = []
-        if self.schedule.max_steps is not None and self.throughput.seconds_per_step() > 0:
-            estimates.append((self.schedule.max_steps - self.step) * self.throughput.seconds_per_step())
-        if self.schedule.max_seconds is not None:
-            estimates.append(self.schedule.max_seconds - self._elapsed())
-        return min(estimates) if estimates else None
-
     def _postfix(self, loss: float, lr: float) -> str:
         tokens_per_s = self.throughput.tokens_per_second()
         util = mfu(self.flops_per_token, tokens_per_s, self.peak * self.ctx.world_size)
-        left = self._time_left()
-        parts = [
-            f"loss {loss:.4f}",
-            f"lr {lr:.2e}",
-            f"{tokens_per_s / 1e3:.1f}k tok/s",
-            f"mfu {100 * util:.1f}%",
-        ]
-        if left is not None:
-            parts.append(f"left {format_duration(left)}")
+        parts = [f"loss {loss:.4f}", f"lr {lr:.2e}", f"{tokens_per_s / 1e3:.1f}k tok/s", f"mfu {100 * util:.1f}%"]
+        # Time left is the sooner of the step budget (at the current pace) and the clock budget.
+        left = []
+        if self.schedule.max_steps is not None and self.throughput.seconds_per_step() > 0:
+            left.append((self.schedule.max_steps - self.step) * self.throughput.seconds_per_step())
+        if self.schedule.max_seconds is not None:
+            left.append(self.schedule.max_seconds - self._elapsed())
+        if left:
+            parts.append(f"left {format_duration(min(left))}")
         return " | ".join(parts)
 
     def _nonfinite_message(self, loss: float, grad_norm: float) -> str:
