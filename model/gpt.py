@@ -18,7 +18,7 @@ from torch import nn
 
 from common.config import build, check_types, require
 from model.rms_norm_cpu import RMSNormCPUFunction, use_cpu_backward
-from model.generation import KEEP_FRACTION, generate_tokens
+from model.generation import generate_tokens
 from model.kv_cache import KVCache
 
 _REQUIRED_INTS = ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd")
@@ -323,27 +323,12 @@ class GPT(nn.Module):
             dtype=weight.dtype if dtype is None else dtype,
         )
 
-    def generate(
-        self,
-        idx: torch.Tensor,
-        max_new_tokens: int,
-        temperature: float = 0.0,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        repetition_penalty: float = 1.0,
-        use_cache: bool = True,
-        generator: torch.Generator | list[torch.Generator] | None = None,
-        keep_fraction: float = KEEP_FRACTION,
-    ) -> torch.Tensor:
-        """``idx`` (B, T) followed by ``max_new_tokens`` generated tokens; see generate_tokens."""
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, **sampling: Any) -> torch.Tensor:
+        """``idx`` (B, T) followed by ``max_new_tokens`` generated tokens; ``sampling`` takes the
+        keyword arguments of ``model.generation.generate_tokens``."""
         out = torch.empty(idx.shape[0], idx.shape[1] + max_new_tokens, dtype=torch.long, device=idx.device)
         out[:, : idx.shape[1]] = idx
-        steps = generate_tokens(
-            self, idx, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-            repetition_penalty=repetition_penalty, use_cache=use_cache, generator=generator,
-            keep_fraction=keep_fraction,
-        )
-        for i, token in enumerate(steps):
+        for i, token in enumerate(generate_tokens(self, idx, max_new_tokens, **sampling)):
             out[:, idx.shape[1] + i] = token
         return out
 

@@ -1,25 +1,10 @@
 """Data-parallel training across processes started by ``torchrun``.
 
-One process per device. ``torchrun`` sets RANK / LOCAL_RANK / WORLD_SIZE (and the rendezvous
-address) in each process's environment; ``init_distributed`` reads them, joins the process group
-(NCCL between GPUs, gloo between CPU processes) and pins the process to its GPU. Run without
-``torchrun`` everything here is a cheap no-op, so the trainer has a single code path.
-
-The trainer's loop with N processes and A accumulation steps per process::
-
-    ctx = init_distributed(cfg.train.device)
-    accum = split_global_batch(cfg.train.batch_size * cfg.train.grad_accum_steps,
-                               cfg.train.batch_size, ctx.world_size)
-    model = wrap_model(model.to(ctx.device), ctx)        # then torch.compile, if wanted
-    for micro_step in range(accum):
-        with sync_gradients(model, micro_step == accum - 1):
-            (loss / accum).backward()
-    optimizer.step()
-    ...
-    shutdown(ctx)
-
-DDP averages gradients over processes, each process averages over its micro-steps, so the update
-is the one a single process would make on the whole global batch.
+One process per device: ``init_distributed`` reads the rank variables torchrun sets, joins the
+process group (NCCL between GPUs, gloo between CPU processes) and pins the process to its GPU.
+Without ``torchrun`` everything here is a cheap no-op, so the trainer has a single code path.
+DDP averages gradients over processes and each process averages over its micro-steps, so the
+update is the one a single process would make on the whole global batch.
 """
 
 from __future__ import annotations
@@ -63,10 +48,8 @@ def launched_by_torchrun(env: dict[str, str] | None = None) -> bool:
 def init_distributed(device_pref: str = "auto", *, timeout_s: float | None = None) -> DistContext:
     """Join the process group torchrun set up, or describe a single process.
 
-    ``device_pref`` is ``train.device``. Under torchrun each process takes the GPU numbered by
-    its LOCAL_RANK (pick which GPUs with CUDA_VISIBLE_DEVICES), so a specific ``cuda:N`` is
-    refused there. ``timeout_s`` bounds every collective (torch's default when None): a rank that
-    waits longer than this for its peers fails instead of hanging.
+    Under torchrun each process takes the GPU numbered by its LOCAL_RANK, so a specific
+    ``cuda:N`` is refused. ``timeout_s`` bounds every collective (torch's default when None).
     """
     if not launched_by_torchrun():
         return DistContext(device=select_device(device_pref, setting="train.device"))
@@ -104,10 +87,8 @@ def init_distributed(device_pref: str = "auto", *, timeout_s: float | None = Non
 def split_global_batch(global_batch_size: int, micro_batch_size: int, world_size: int) -> int:
     """Accumulation steps per process so that micro-batch × steps × processes = global batch.
 
-    The config describes the optimizer step (train.batch_size × train.grad_accum_steps
-    sequences); launching more processes must not silently change it, because the learning rate
-    and schedule were chosen for that batch. So the accumulation is divided among processes, and
-    a split that does not come out whole is an error rather than a rounded batch.
+    More processes must not silently change the batch the learning rate was chosen for, so the
+    accumulation is divided among them, and a split that is not whole is an error.
     """
     for name, value in (
         ("global batch size", global_batch_size),
@@ -128,12 +109,10 @@ def split_global_batch(global_batch_size: int, micro_batch_size: int, world_size
 
 
 def wrap_model(model: nn.Module, ctx: DistContext) -> nn.Module:
-    """The one place the model is wrapped for multi-process training (DDP today, FSDP later).
+    """The one place the model is wrapped for multi-process training (DDP).
 
-    Call it after moving the model to ``ctx.device`` and before ``torch.compile`` (compiling the
-    wrapper lets dynamo split the graph at DDP's bucket boundaries, so communication overlaps
-    the backward pass). DDP broadcasts rank 0's weights on construction, so every rank starts
-    from the same parameters whatever its own initialisation was.
+    Call it before ``torch.compile``: compiling the wrapper lets communication overlap the
+    backward pass. DDP broadcasts rank 0's weights on construction, so every rank starts equal.
     """
     if not ctx.enabled:
         return model
@@ -143,12 +122,8 @@ def wrap_model(model: nn.Module, ctx: DistContext) -> nn.Module:
 
 @contextlib.contextmanager
 def sync_gradients(model: nn.Module, enabled: bool) -> Iterator[None]:
-    """Run one micro-step's backward; all-reduce the gradients only when ``enabled``.
-
-    Pass ``enabled = (this is the last micro-step)``: the earlier micro-steps accumulate into the
-    local ``.grad`` without communication, and the last backward all-reduces the accumulated sum
-    once. Without DDP (one process) this does nothing.
-    """
+    """Run one micro-step's backward; all-reduce the gradients only when ``enabled`` (the last
+    micro-step), so earlier ones accumulate locally without communication."""
     ddp = _find_ddp(model)
     if enabled or ddp is None:
         yield
@@ -164,10 +139,7 @@ def barrier(ctx: DistContext) -> None:
 
 
 def all_reduce_mean(value: torch.Tensor | float, ctx: DistContext) -> torch.Tensor | float:
-    """The mean of ``value`` over processes (returned as the type given; input left untouched).
-
-    For logging a loss that every rank computed on its own share of the batch.
-    """
+    """The mean of ``value`` over processes (returned as the type given; input left untouched)."""
     return _all_reduce(value, ctx, mean=True)
 
 
@@ -177,11 +149,7 @@ def all_reduce_sum(value: torch.Tensor | float, ctx: DistContext) -> torch.Tenso
 
 
 def gather_to_main(obj: Any, ctx: DistContext) -> list[Any] | None:
-    """Every rank's ``obj`` (a picklable value) as a list indexed by rank, on rank 0 only.
-
-    For state that differs per rank, such as each rank's batch-sampler generator, which the
-    checkpoint must hold for all ranks so that a resumed run draws the same batches.
-    """
+    """Every rank's ``obj`` (a picklable value) as a list indexed by rank, on rank 0 only."""
     if not ctx.enabled:
         return [obj]
     gathered: list[Any] = [None] * ctx.world_size
@@ -196,11 +164,8 @@ def select_rank_state(
 ) -> tuple[Any | None, str | None]:
     """This rank's entry of per-rank state saved by ``gather_to_main``, for a resumed run.
 
-    Returns ``(state, None)`` when the run is resumed with the world size it was saved with.
-    With another world size the per-rank streams cannot be carried over (there are more or
-    fewer of them), so it returns ``(None, message)``: the caller keeps fresh per-rank samplers
-    and rank 0 prints the message. The weights, optimizer, step count and schedule resume
-    exactly either way; only the order of the training batches departs from an uninterrupted run.
+    With another world size than the saved one the per-rank streams cannot be carried over, so
+    it returns ``(None, message)``: the batch order starts afresh, everything else resumes.
     """
     if saved is None or saved_world_size is None:
         return None, None
@@ -215,9 +180,8 @@ def select_rank_state(
 
 def shutdown(ctx: DistContext) -> None:
     """Leave the process group (safe to call more than once, or without one)."""
-    if ctx.enabled:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    if ctx.enabled and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def _all_reduce(value: torch.Tensor | float, ctx: DistContext, *, mean: bool) -> torch.Tensor | float:
@@ -237,14 +201,9 @@ def _all_reduce(value: torch.Tensor | float, ctx: DistContext, *, mean: bool) ->
     return t.item()
 
 
-def _find_ddp(model: nn.Module) -> nn.parallel.DistributedDataParallel | None:
-    while True:
-        if isinstance(model, nn.parallel.DistributedDataParallel):
-            return model
-        if hasattr(model, "_orig_mod"):
-            model = model._orig_mod
-        else:
-            return None
+def _find_ddp(model: nn.Module) -> DistributedDataParallel | None:
+    model = getattr(model, "_orig_mod", model)  # through torch.compile's wrapper
+    return model if isinstance(model, DistributedDataParallel) else None
 
 
 def _device_for_rank(device_pref: str, local_rank: int) -> torch.device:
