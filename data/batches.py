@@ -4,13 +4,9 @@ A window is block_size + 1 consecutive tokens; x is its first block_size tokens 
 shifted by one (each position's next token). Windows are gathered in one vectorised indexing
 operation on the memory-mapped token array, never row by row in Python.
 
-Training draws windows one of two ways (``train.sampling``):
-- ``TrainBatches`` ("random"): each window starts at a uniformly random token, with replacement,
-  as nanoGPT does. Over a few epochs some text is seen many times and some never (at 2.8 epochs,
-  tiny.yaml's, about e^-2.8 = 6% of the tokens are never drawn).
-- ``EpochBatches`` ("epoch"): the split is cut into back-to-back windows and each epoch visits
-  every one once, in shuffled order; the grid of cut points moves by a random offset each epoch,
-  so a token does not always sit at the same position of its window.
+``TrainBatches`` ("random") starts each window at a uniformly random token, as nanoGPT does, so
+some text is seen many times and some never. ``EpochBatches`` ("epoch") visits every
+back-to-back window once per epoch in shuffled order, the grid shifted randomly each epoch.
 """
 
 from __future__ import annotations

@@ -103,19 +103,12 @@ class MuonWithAdamW:
 class LRSchedule:
     """Linear warmup over ``warmup_steps``, then a decay from ``lr`` to ``min_lr``.
 
-    ``shape`` "cosine" decays along a half cosine over the whole budget. "wsd" (warmup, stable,
-    decay) holds ``lr`` and then falls linearly to ``min_lr`` over the last ``decay_fraction`` of
-    the budget: a long stretch at the peak followed by a linear cool-down matched or beat cosine
-    in most fixed-budget comparisons (e.g. Hägele et al. 2024, "Scaling Laws and Compute-Optimal
-    Training Beyond Fixed Training Durations"); on tiny.yaml it tied with cosine (docs/results.md).
+    ``shape`` "cosine" decays along a half cosine over the whole budget; "wsd" (warmup, stable,
+    decay) holds ``lr`` and then falls linearly over the last ``decay_fraction`` of it.
 
-    The decay is driven by *progress*, the largest fraction used of any budget:
-    ``max((step - warmup) / (max_steps - warmup), elapsed / max_seconds)``. A token budget is a
-    step budget in disguise (tokens per step are fixed), so it is folded into ``max_steps``. When
-    the wall clock is the binding budget, progress follows the clock and the run still reaches
-    the floor as time runs out, instead of stopping half-way down a step-based curve. Time
-    progress counts from the start of training: warmup is a few seconds of a budget measured in
-    minutes, so the step at which it ends is not worth tracking separately.
+    The decay follows *progress*, the largest fraction used of any budget (a token budget is
+    folded into ``max_steps``). When the clock binds, progress follows the clock, so the run
+    still reaches the floor as time runs out instead of stopping half-way down a step curve.
     """
 
     lr: float

@@ -1,18 +1,9 @@
 """Weights & Biases logging that can neither prompt nor take a training run down.
 
-Modes (``logging.wandb.mode``):
-
-- ``auto``: honour ``WANDB_MODE`` if the environment sets it; otherwise online when credentials
-  exist (``WANDB_API_KEY`` or a netrc entry for the W&B host), else offline.
-- ``online`` / ``offline`` / ``disabled``: as named. Online without credentials falls back to
-  offline with a one-line note, since a login prompt would hang a job that has no terminal.
-
-Offline runs are written under ``<run_dir>/wandb/`` and uploaded later with ``wandb sync``.
-A resumed run passes the stored run id back, so its charts continue the same run.
-
-Anything wandb raises, at start or later, is reported in one line and turns the logger into a
-no-op: experiment tracking is never a reason to lose a training run. Only rank 0 logs; other
-ranks get a no-op logger without importing wandb at all.
+``logging.wandb.mode`` ``auto`` honours ``WANDB_MODE``, else runs online when credentials exist
+and offline otherwise; online without credentials falls back to offline, since a login prompt
+would hang a job with no terminal. Anything wandb raises is reported in one line and turns the
+logger into a no-op: experiment tracking is never a reason to lose a training run.
 """
 
 from __future__ import annotations
