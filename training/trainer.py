@@ -34,9 +34,9 @@ import training.checkpoint as checkpoint
 from training.config import Config, ConfigError, config_to_dict, save_config
 from training.device import autocast, configure_backends, resolve_precision, should_compile
 from training.distributed import (
-    DistContext,
     all_reduce_mean,
     all_reduce_sum,
+    DistContext,
     barrier,
     gather_to_main,
     init_distributed,
