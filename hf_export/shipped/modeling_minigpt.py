@@ -92,7 +92,8 @@ def attention_mask_4d(
 
     The queries are the last ``length`` of ``past + length`` positions (causal, aligned to the
     bottom right). Padding keys are hidden; a padding query still reads itself, because a query
-    that reads nothing makes softmax produce NaN, which would leak into real rows through the cache.
+    that reads nothing is NaN in the softmax formula and in some attention kernels, and a NaN
+    value leaks into real rows (0 x NaN) once a padding position is read from the cache.
     """
     total = past + length
     query = torch.arange(past, total, device=device).unsqueeze(1)
