@@ -21,7 +21,7 @@ class RunRecord:
     val_bpb: float | None
     val_scope: str | None  # "full validation set at step N" or "validation subset at step N"
     steps: int | None
-    tokens: int | None
+    tokens_per_step: int | None
 
     @classmethod
     def read(cls, run_dir: Path) -> RunRecord:
@@ -38,9 +38,15 @@ class RunRecord:
             data=data,
             val_bpb=last_eval.get("val_bpb") if last_eval else None,
             val_scope=scope,
-            steps=train[-1].get("step") if train else None,
-            tokens=train[-1].get("tokens") if train else None,
+            steps=max((r["step"] for r in records if isinstance(r.get("step"), int)), default=None),
+            tokens_per_step=_tokens_per_step(train[-1]) if train else None,
         )
+
+
+def _tokens_per_step(record: dict) -> int | None:
+    # Every step trains on the same number of tokens; the records log the running total.
+    tokens, step = record.get("tokens"), record.get("step")
+    return tokens // step if isinstance(tokens, int) and isinstance(step, int) and step > 0 else None
 
 
 def _describe_data(config_path: Path) -> str | None:
@@ -69,8 +75,9 @@ def model_card(name: str, config: GPTConfig, params: int, record: RunRecord, has
     """The README.md text, front matter included; ``params`` counts a tied head once."""
     bpb = (f"**{record.val_bpb:.4f} bits/byte** on the {record.val_scope}"
            if record.val_bpb is not None else "not recorded (the run has no validation result)")
-    trained = (f"{record.steps} steps, {record.tokens:,} tokens" if record.steps is not None and record.tokens
-               else "not recorded")
+    trained = "not recorded" if record.steps is None else f"{record.steps} steps"
+    if record.steps is not None and record.tokens_per_step:
+        trained += f" of {record.tokens_per_step:,} tokens ({record.steps * record.tokens_per_step:,} tokens)"
     chat = ("The tokenizer has the chat tokens, and `tokenizer.apply_chat_template` renders a "
             "conversation exactly as the training code does; generation also stops at `<|end|>`."
             if has_chat else "This tokenizer has no chat tokens: it is a plain language model.")

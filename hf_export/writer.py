@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
-import tempfile
+import uuid
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from common.errors import UserError
+from common.files import atomic_output
 from hf_export.hub_files import MODEL_TYPE, SpecialTokens, generation_config, model_config, tokenizer_config
 from hf_export.model_card import RunRecord, model_card
 from hf_export.weights import hf_state_dict
@@ -43,13 +44,16 @@ def export_run(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool = Fa
     weights = hf_state_dict(run.model)
     dtype = str(next(iter(weights.values())).dtype).removeprefix("torch.")
 
+    staging = _sibling(out_dir, "tmp")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
+    staging.mkdir()  # not mkdtemp: its owner-only mode would stay on the finished folder
     try:
         from safetensors.torch import save_file
 
-        # transformers accepts a safetensors file only with this format tag in its metadata.
-        save_file(weights, str(staging / "model.safetensors"), metadata={"format": "pt"})
+        # atomic_output also gives the file the mode a plain open() would (safetensors' is owner-only).
+        with atomic_output(staging / "model.safetensors") as tmp:
+            # transformers accepts a safetensors file only with this format tag in its metadata.
+            save_file(weights, str(tmp), metadata={"format": "pt"})
         _write_json(staging / "config.json", model_config(config, tokens, dtype))
         _write_json(staging / "generation_config.json", generation_config(tokens))
         _write_json(staging / "tokenizer_config.json", tokenizer_config(config, tokens))
@@ -95,8 +99,7 @@ def _replace_dir(staging: Path, out_dir: Path) -> None:
     if not out_dir.exists():
         staging.rename(out_dir)
         return
-    old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".old", dir=out_dir.parent))
-    old.rmdir()
+    old = _sibling(out_dir, "old")
     out_dir.rename(old)
     try:
         staging.rename(out_dir)
@@ -104,6 +107,12 @@ def _replace_dir(staging: Path, out_dir: Path) -> None:
         old.rename(out_dir)  # put the previous export back
         raise
     shutil.rmtree(old, ignore_errors=True)
+
+
+def _sibling(out_dir: Path, kind: str) -> Path:
+    """A hidden name beside ``out_dir`` that no other export uses, so the final rename stays on one
+    filesystem (and so is atomic)."""
+    return out_dir.parent / f".{out_dir.name}.{uuid.uuid4().hex[:12]}.{kind}"
 
 
 def _write_json(path: Path, content: dict) -> None:

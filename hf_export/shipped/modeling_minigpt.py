@@ -176,12 +176,7 @@ class MiniGPTForCausalLM(MiniGPTPreTrainedModel, GenerationMixin):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.model.embed_tokens
-
-    def set_input_embeddings(self, value: nn.Embedding) -> None:
-        self.model.embed_tokens = value
-
+    # The input embeddings are found through base_model_prefix ("model").
     def get_output_embeddings(self) -> nn.Linear:
         return self.lm_head
 
