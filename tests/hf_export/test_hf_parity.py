@@ -107,6 +107,12 @@ def test_weights_are_tied_on_load_and_unchanged_by_a_save(make_export, tmp_path)
     assert saved.keys() == stored.keys()
     for name, tensor in stored.items():
         assert torch.equal(saved[name], tensor), name
+    # push_to_hub uploads what save_pretrained writes: the modeling code must go along.
+    assert {"modeling_minigpt.py", "configuration_minigpt.py"} <= {p.name for p in (tmp_path / "again").iterdir()}
+    again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "again", trust_remote_code=True)
+    ids = torch.arange(10)[None]
+    with torch.no_grad():
+        assert torch.equal(again(ids).logits, model(ids).logits)
 
 
 def test_untied_head_is_stored_and_loaded(make_export, hf_models):
