@@ -42,6 +42,7 @@ def export_run(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool = Fa
     tokens = SpecialTokens.of(run.tokenizer)
     config = run.model.config
     weights = hf_state_dict(run.model)
+    num_params = run.model.num_params()
     dtype = str(next(iter(weights.values())).dtype).removeprefix("torch.")
 
     staging = _sibling(out_dir, "tmp")
@@ -61,13 +62,13 @@ def export_run(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool = Fa
         shipped = resources.files("hf_export.shipped")
         for name in SHIPPED_FILES:
             (staging / name).write_bytes(shipped.joinpath(name).read_bytes())
-        card = model_card(out_dir.name, config, run.model.num_params(), RunRecord.read(run_dir), tokens.has_chat)
+        card = model_card(out_dir.name, config, num_params, RunRecord.read(run_dir), tokens.has_chat)
         (staging / "README.md").write_text(card, encoding="utf-8")
         _replace_dir(staging, out_dir)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    return ExportResult(out_dir, tokens.has_chat, run.model.num_params())
+    return ExportResult(out_dir, tokens.has_chat, num_params)
 
 
 def is_export(directory: Path) -> bool:

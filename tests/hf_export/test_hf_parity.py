@@ -36,6 +36,9 @@ def test_logits_match_ours_on_prompts_of_several_lengths(make_export, hf_models,
         for length in (1, 7, BLOCK_SIZE):
             ids = _random_ids(g, length, batch=2)
             torch.testing.assert_close(theirs(ids).logits, ours(ids), atol=ATOL, rtol=0)
+        # labels are shifted inside the model, as transformers' causal LMs do
+        _, our_loss = ours(ids[:, :-1], targets=ids[:, 1:])
+        torch.testing.assert_close(theirs(ids, labels=ids).loss, our_loss, atol=ATOL, rtol=0)
 
 
 @pytest.mark.parametrize("side", ["left", "right"])
