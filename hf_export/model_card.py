@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 
 from model import GPTConfig
-from training.checkpoint import CONFIG_FILE, METRICS_FILE
+from common.run_files import CONFIG_FILE, METRICS_FILE
 from training.metrics import read_metrics
 
 

@@ -21,7 +21,8 @@ from common.files import atomic_output
 from hf_export.hub_files import MODEL_TYPE, SpecialTokens, generation_config, model_config, tokenizer_config
 from hf_export.model_card import RunRecord, model_card
 from hf_export.weights import hf_state_dict
-from inference.runs import TOKENIZER_FILE, load_run
+from common.run_files import TOKENIZER_FILE
+from inference.runs import load_run
 
 SHIPPED_FILES = ("configuration_minigpt.py", "modeling_minigpt.py")
 
