@@ -1,0 +1,107 @@
+"""The JSON files transformers reads from an exported folder, built from a run's config and
+tokenizer: ``config.json``, ``generation_config.json`` and ``tokenizer_config.json``.
+
+``<|endoftext|>`` is the end-of-text, beginning-of-text and padding token at once, as in GPT-2:
+training puts it before every document, so it is also what an unconditional sample starts from,
+and padding positions are masked out, so what they hold never matters. A run whose tokenizer has
+the chat tokens also stops generating at ``<|end|>`` and carries the chat template.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tokenizers import Tokenizer
+
+from data.chat import CHAT_TEMPLATE, ChatTokenIds
+from data.errors import DataError
+from data.tokenizer import EOT, eot_id
+from inference.settings import GenerationSettings
+from model import GPTConfig
+
+MODEL_TYPE = "minigpt"
+CONFIG_CLASS = "configuration_minigpt.MiniGPTConfig"
+MODEL_CLASS = "modeling_minigpt.MiniGPTForCausalLM"
+
+
+@dataclass(frozen=True)
+class SpecialTokens:
+    """What ends, starts and pads a sequence; ``end_of_turn`` is None for a tokenizer without chat tokens."""
+
+    eot: int
+    end_of_turn: int | None
+
+    @classmethod
+    def of(cls, tokenizer: Tokenizer) -> SpecialTokens:
+        try:
+            end = ChatTokenIds.of(tokenizer).end
+        except DataError:  # trained before the chat format: a plain language model
+            end = None
+        return cls(eot_id(tokenizer), end)
+
+    @property
+    def has_chat(self) -> bool:
+        return self.end_of_turn is not None
+
+    @property
+    def stop_ids(self) -> list[int]:
+        return [self.eot] if self.end_of_turn is None else [self.eot, self.end_of_turn]
+
+
+def model_config(config: GPTConfig, tokens: SpecialTokens, dtype: str) -> dict:
+    """``config.json``: the shipped MiniGPTConfig's fields, and where transformers finds its code."""
+    return {
+        "architectures": ["MiniGPTForCausalLM"],
+        "auto_map": {"AutoConfig": CONFIG_CLASS, "AutoModelForCausalLM": MODEL_CLASS},
+        "model_type": MODEL_TYPE,
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.n_embd,
+        "intermediate_size": config.ffn_dim,
+        "num_hidden_layers": config.n_layer,
+        "num_attention_heads": config.n_head,
+        "num_key_value_heads": config.n_kv_head,
+        "max_position_embeddings": config.block_size,
+        "rms_norm_eps": config.norm_eps,
+        "tie_word_embeddings": config.tie_embeddings,
+        "use_cache": True,
+        "bos_token_id": tokens.eot,
+        "eos_token_id": tokens.stop_ids,
+        "pad_token_id": tokens.eot,
+        "dtype": dtype,
+    }
+
+
+def generation_config(tokens: SpecialTokens) -> dict:
+    """``generation_config.json``: generate.py's sampling defaults and stop tokens.
+
+    No ``max_length``: transformers warns on every call that passes ``max_new_tokens`` when one is
+    set. A request past the learned positions fails in the model with a message that says so."""
+    defaults = GenerationSettings()
+    return {
+        "bos_token_id": tokens.eot,
+        "eos_token_id": tokens.stop_ids,
+        "pad_token_id": tokens.eot,
+        "do_sample": defaults.temperature > 0,
+        "temperature": defaults.temperature,
+        "top_k": defaults.top_k or 0,  # 0 turns top-k off (transformers' default would be 50)
+        "top_p": defaults.top_p,
+        "repetition_penalty": defaults.repetition_penalty,
+    }
+
+
+def tokenizer_config(config: GPTConfig, tokens: SpecialTokens) -> dict:
+    """``tokenizer_config.json`` for the run's ``tokenizer.json``, which is copied unchanged."""
+    settings = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": EOT,
+        "eos_token": EOT,
+        "pad_token": EOT,
+        "model_max_length": config.block_size,
+        # Byte-level BPE decodes exactly; transformers' clean-up would delete spaces before punctuation.
+        "clean_up_tokenization_spaces": False,
+        # Left padding keeps every row's last token at the end, where generate() reads the next one.
+        "padding_side": "left",
+    }
+    if tokens.has_chat:
+        settings["chat_template"] = CHAT_TEMPLATE
+    return settings

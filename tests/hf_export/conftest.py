@@ -1,0 +1,68 @@
+"""Fixtures for the export tests: tiny runs in the layout train.py writes (weights, tokenizer.json,
+config.yaml, metrics.jsonl), each exported once per session."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from export_testkit import build_run, train_test_tokenizer
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Tiny models on a shared 2-core machine: a second intra-op thread mostly waits."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def chat_tokenizer(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("tokenizer") / "tokenizer.json"
+    train_test_tokenizer(chat=True).save(str(path))
+    return path
+
+
+@pytest.fixture(scope="session")
+def make_export(tmp_path_factory, chat_tokenizer):
+    """``make_export(n_kv_head=2, tie=True)`` -> (run_dir, export_dir), built once per shape."""
+    from hf_export import export_run
+
+    made: dict[tuple, tuple[Path, Path]] = {}
+
+    def make(n_kv_head: int = 2, tie: bool = True) -> tuple[Path, Path]:
+        key = (n_kv_head, tie)
+        if key not in made:
+            root = tmp_path_factory.mktemp(f"kv{n_kv_head}-{'tied' if tie else 'untied'}")
+            run_dir = build_run(root / "run", chat_tokenizer, n_kv_head=n_kv_head, tie=tie)
+            export_run(run_dir, root / "export")
+            made[key] = (run_dir, root / "export")
+        return made[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def hf_models():
+    """transformers models loaded from an export folder, cached by folder."""
+    transformers = pytest.importorskip("transformers")
+    loaded = {}
+
+    def load(folder: Path):
+        if folder not in loaded:
+            loaded[folder] = transformers.AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).eval()
+        return loaded[folder]
+
+    return load
+
+
+@pytest.fixture
+def copy_run(make_export, tmp_path):
+    """A copy of the default run that a test may damage."""
+    run_dir, _ = make_export()
+    return Path(shutil.copytree(run_dir, tmp_path / "run"))

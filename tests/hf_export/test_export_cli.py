@@ -1,0 +1,118 @@
+"""python export.py: what it writes, and one line with exit code 2 for every input it refuses.
+
+These tests need no transformers: they check the folder's files, not that transformers loads them
+(test_hf_parity.py does that).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from export_testkit import BLOCK_SIZE, FINAL_BPB, read_json
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "export.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def _assert_one_line_error(done: subprocess.CompletedProcess, *fragments: str) -> None:
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+def test_folder_holds_what_transformers_and_the_hub_need(make_export):
+    _, folder = make_export()
+    names = {path.name for path in folder.iterdir()}
+    assert names == {"config.json", "configuration_minigpt.py", "modeling_minigpt.py", "model.safetensors",
+                     "generation_config.json", "tokenizer.json", "tokenizer_config.json", "README.md"}
+    config = read_json(folder / "config.json")
+    assert config["model_type"] == "minigpt" and config["architectures"] == ["MiniGPTForCausalLM"]
+    assert config["auto_map"]["AutoModelForCausalLM"] == "modeling_minigpt.MiniGPTForCausalLM"
+    assert config["tie_word_embeddings"] is True and config["max_position_embeddings"] == BLOCK_SIZE
+    assert read_json(folder / "generation_config.json")["eos_token_id"] == [0, 4]  # <|endoftext|>, <|end|>
+    tokenizer_config = read_json(folder / "tokenizer_config.json")
+    assert tokenizer_config["eos_token"] == tokenizer_config["pad_token"] == "<|endoftext|>"
+    from data.chat import CHAT_TEMPLATE
+
+    assert tokenizer_config["chat_template"] == CHAT_TEMPLATE
+    card = (folder / "README.md").read_text(encoding="utf-8")
+    assert f"{FINAL_BPB:.4f} bits/byte" in card and "Shakespeare" in card and "llama.cpp" in card
+
+
+def test_shipped_code_imports_nothing_from_this_repository():
+    import ast
+
+    for path in (ROOT / "hf_export" / "shipped").glob("*ing_minigpt.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                roots = {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                roots = {"." if node.level else node.module.split(".")[0]}
+            else:
+                continue
+            assert roots <= {"torch", "transformers", "."}, (path.name, roots)
+
+
+def test_a_tokenizer_without_chat_tokens_exports_without_a_template(copy_run, tmp_path):
+    from export_testkit import train_test_tokenizer
+    from hf_export import export_run
+
+    train_test_tokenizer(chat=False).save(str(copy_run / "tokenizer.json"))
+    result = export_run(copy_run, tmp_path / "plain")
+    assert not result.has_chat
+    assert "chat_template" not in read_json(tmp_path / "plain" / "tokenizer_config.json")
+    assert read_json(tmp_path / "plain" / "generation_config.json")["eos_token_id"] == [0]
+
+
+def test_not_a_run_is_refused(tmp_path):
+    (tmp_path / "empty").mkdir()
+    _assert_one_line_error(_run_cli("--run", str(tmp_path / "empty"), "--out", str(tmp_path / "out")),
+                           "has no model.safetensors")
+    assert not (tmp_path / "out").exists()
+
+
+def test_corrupt_weights_are_refused_like_generate_py_refuses_them(copy_run, tmp_path):
+    weights = copy_run / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-100] ^= 0xFF  # a flipped byte inside the tensor data
+    weights.write_bytes(bytes(data))
+    _assert_one_line_error(_run_cli("--run", str(copy_run), "--out", str(tmp_path / "out")), "corrupt")
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.*"))
+
+
+def test_existing_output_is_refused_then_replaced_with_overwrite(make_export, tmp_path, capsys):
+    from hf_export.cli import main
+
+    run_dir, _ = make_export()
+    out = tmp_path / "out"
+    assert main(["--run", str(run_dir), "--out", str(out)]) == 0
+    (out / "stale.txt").write_text("from an earlier export")
+    assert main(["--run", str(run_dir), "--out", str(out)]) == 2
+    assert "already exists; pass --overwrite" in capsys.readouterr().err
+    assert (out / "stale.txt").exists()
+    assert main(["--run", str(run_dir), "--out", str(out), "--overwrite"]) == 0
+    assert not (out / "stale.txt").exists() and (out / "model.safetensors").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no staging or backup left behind
+
+
+@pytest.mark.parametrize("target", ["not_an_export", "the_run"])
+def test_overwrite_never_deletes_what_is_not_an_export(copy_run, tmp_path, capsys, target):
+    from hf_export.cli import main
+
+    out = copy_run if target == "the_run" else tmp_path / "notes"
+    out.mkdir(exist_ok=True)
+    (out / "keep.txt").write_text("precious")
+    assert main(["--run", str(copy_run), "--out", str(out), "--overwrite"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and len(err.strip().splitlines()) == 1
+    assert (out / "keep.txt").read_text() == "precious"

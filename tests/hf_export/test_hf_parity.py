@@ -1,0 +1,203 @@
+"""The exported folder, loaded by transformers, computes what our model computes.
+
+Logits agree within 1e-5 in fp32 (with and without padding), greedy generation gives exactly
+generate.py's tokens (with and without the cache, for every GQA ratio), the tokenizer and chat
+template agree token for token, and a save through transformers changes no weight.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from export_testkit import BLOCK_SIZE, VOCAB_SIZE
+
+transformers = pytest.importorskip("transformers")
+
+from model import load_pretrained  # noqa: E402
+
+ATOL = 1e-5
+
+
+def _random_ids(generator: torch.Generator, length: int, batch: int = 1) -> torch.Tensor:
+    return torch.randint(0, VOCAB_SIZE, (batch, length), generator=generator)
+
+
+@pytest.mark.parametrize("n_kv_head, tie", [(2, True), (2, False)])
+def test_logits_match_ours_on_prompts_of_several_lengths(make_export, hf_models, n_kv_head, tie):
+    run_dir, folder = make_export(n_kv_head, tie)
+    ours, theirs = load_pretrained(run_dir), hf_models(folder)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for length in (1, 7, BLOCK_SIZE):
+            ids = _random_ids(g, length, batch=2)
+            torch.testing.assert_close(theirs(ids).logits, ours(ids), atol=ATOL, rtol=0)
+        # labels are shifted inside the model, as transformers' causal LMs do
+        _, our_loss = ours(ids[:, :-1], targets=ids[:, 1:])
+        torch.testing.assert_close(theirs(ids, labels=ids).loss, our_loss, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_logits_match_ours_in_a_padded_batch(make_export, hf_models, side):
+    run_dir, folder = make_export()
+    ours, theirs = load_pretrained(run_dir), hf_models(folder)
+    g = torch.Generator().manual_seed(2)
+    rows = [_random_ids(g, length)[0] for length in (BLOCK_SIZE, 19, 4)]
+    ids = torch.zeros(len(rows), BLOCK_SIZE, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, row in enumerate(rows):
+        span = slice(BLOCK_SIZE - len(row), None) if side == "left" else slice(0, len(row))
+        ids[i, span], mask[i, span] = row, 1
+    with torch.no_grad():
+        logits = theirs(ids, attention_mask=mask).logits
+        assert torch.isfinite(logits).all()  # padding queries must not turn into NaN
+        for i, row in enumerate(rows):
+            torch.testing.assert_close(logits[i][mask[i].bool()], ours(row[None])[0], atol=ATOL, rtol=0)
+
+
+def _greedy_like_generate_py(run_dir, prompt_ids: list[int], max_new_tokens: int, use_cache: bool) -> list[int]:
+    """What ``generate.py --temperature 0`` produces, through the library call it makes."""
+    from inference.completion import generate_completions
+    from inference.runs import load_run
+    from inference.settings import GenerationSettings
+
+    run = load_run(run_dir, torch.device("cpu"))
+    settings = GenerationSettings(max_new_tokens=max_new_tokens, temperature=0.0, use_cache=use_cache, seed=0)
+    return generate_completions(run, prompt_ids, settings).completions[0].token_ids
+
+
+@pytest.mark.parametrize("use_cache", [True, False], ids=["cache", "no-cache"])
+@pytest.mark.parametrize("n_kv_head", [4, 2, 1], ids=["ratio1", "ratio2", "ratio4"])
+def test_greedy_generate_gives_generate_py_tokens(make_export, hf_models, n_kv_head, use_cache):
+    run_dir, folder = make_export(n_kv_head)
+    prompt = _random_ids(torch.Generator().manual_seed(3), 5)
+    new = BLOCK_SIZE - prompt.shape[1]  # every token that fits in the window
+    expected = _greedy_like_generate_py(run_dir, prompt[0].tolist(), new, use_cache)
+    # generate.py does not stop at <|endoftext|>; eos_token_id=None makes transformers run as long.
+    out = hf_models(folder).generate(prompt, max_new_tokens=new, do_sample=False, use_cache=use_cache,
+                                     eos_token_id=None, attention_mask=torch.ones_like(prompt))
+    assert out[0, prompt.shape[1]:].tolist() == expected
+    assert len(set(expected)) > 3  # a degenerate model repeating one token would prove little
+
+
+def test_generate_past_the_learned_positions_is_a_clear_error(make_export, hf_models):
+    _, folder = make_export()
+    model = hf_models(folder)
+    prompt = _random_ids(torch.Generator().manual_seed(4), 30)
+    with pytest.raises(ValueError, match=f"past this model's {BLOCK_SIZE} learned positions"):
+        model.generate(prompt, max_new_tokens=5, do_sample=False, eos_token_id=None)
+    with pytest.raises(ValueError, match="keep the prompt plus max_new_tokens within"):
+        model(_random_ids(torch.Generator().manual_seed(5), BLOCK_SIZE + 1))
+
+
+def test_weights_are_tied_on_load_and_unchanged_by_a_save(make_export, tmp_path):
+    from safetensors.torch import load_file
+
+    _, folder = make_export()
+    stored = load_file(folder / "model.safetensors")
+    assert "lm_head.weight" not in stored  # declared tied in config.json, stored once
+    model, info = transformers.AutoModelForCausalLM.from_pretrained(
+        folder, trust_remote_code=True, output_loading_info=True
+    )
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    model.save_pretrained(tmp_path / "again")
+    saved = load_file(tmp_path / "again" / "model.safetensors")
+    assert saved.keys() == stored.keys()
+    for name, tensor in stored.items():
+        assert torch.equal(saved[name], tensor), name
+    # push_to_hub uploads what save_pretrained writes: the modeling code must go along.
+    assert {"modeling_minigpt.py", "configuration_minigpt.py"} <= {p.name for p in (tmp_path / "again").iterdir()}
+    again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "again", trust_remote_code=True)
+    ids = torch.arange(10)[None]
+    with torch.no_grad():
+        assert torch.equal(again(ids).logits, model(ids).logits)
+
+
+def test_untied_head_is_stored_and_loaded(make_export, hf_models):
+    run_dir, folder = make_export(2, tie=False)
+    model = hf_models(folder)
+    assert model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr()
+    torch.testing.assert_close(model.lm_head.weight, load_pretrained(run_dir).lm_head.weight, atol=0, rtol=0)
+
+
+TEXTS = [
+    "ROMEO: But soft, what light through yonder window breaks?",
+    "Café 世界 😀🎉 and  two  spaces,\nnewlines\tand tabs ",
+    "<|endoftext|>JULIET: O Romeo<|user|>hi<|end|><|assistant|>",
+    "",
+]
+
+
+def test_tokenizer_encodes_and_decodes_like_ours(make_export, chat_tokenizer):
+    from data import load_tokenizer
+
+    _, folder = make_export()
+    ours = load_tokenizer(chat_tokenizer)
+    # Without trust_remote_code: the tokenizer itself needs none of the shipped code.
+    theirs = transformers.AutoTokenizer.from_pretrained(folder)
+    assert (theirs.eos_token, theirs.pad_token, theirs.eos_token_id) == ("<|endoftext|>", "<|endoftext|>", 0)
+    for text in TEXTS:
+        ids = ours.encode(text).ids
+        assert theirs(text)["input_ids"] == ids, text
+        for skip in (False, True):
+            assert theirs.decode(ids, skip_special_tokens=skip) == ours.decode(ids, skip_special_tokens=skip)
+    assert theirs("<|end|>")["input_ids"] == [ours.token_to_id("<|end|>")]
+
+
+def test_chat_template_renders_like_ours(make_export, chat_tokenizer):
+    from data import load_tokenizer
+    from data.chat import chat_text, render_chat, to_messages
+
+    _, folder = make_export()
+    ours = load_tokenizer(chat_tokenizer)
+    theirs = transformers.AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+    conversation = [
+        {"role": "system", "content": "You are Hamlet."},
+        {"role": "user", "content": "Who's there? Café 😀"},
+        {"role": "assistant", "content": "Nay, answer me."},
+        {"role": "user", "content": "Long live the king!"},
+    ]
+    messages = to_messages(conversation)
+    for prompt in (False, True):
+        text = theirs.apply_chat_template(conversation, tokenize=False, add_generation_prompt=prompt)
+        assert text == chat_text(messages, add_generation_prompt=prompt)
+        ids = theirs.apply_chat_template(conversation, tokenize=True, add_generation_prompt=prompt)
+        ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+        assert list(ids) == render_chat(ours, messages, add_generation_prompt=prompt).ids
+
+
+def test_pipeline_generates_text_from_a_folder_alone(make_export, tmp_path):
+    """In a fresh interpreter, outside the repository and with nothing of it importable."""
+    _, folder = make_export()
+    script = textwrap.dedent(f"""
+        import sys
+        from transformers import pipeline
+        assert not any(name in sys.modules for name in ("model", "data", "inference", "hf_export"))
+        generate = pipeline("text-generation", model={str(folder)!r}, trust_remote_code=True)
+        out = generate("ROMEO:", max_new_tokens=8, do_sample=False)[0]["generated_text"]
+        assert out.startswith("ROMEO:") and len(out) > len("ROMEO:"), out
+        assert not any(name in sys.modules for name in ("model", "data", "inference", "hf_export"))
+        print(repr(out))
+    """)
+    env = {k: v for k, v in __import__("os").environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("'ROMEO:")
+
+
+def test_attention_mask_hides_padding_and_leaves_no_query_empty():
+    from hf_export.shipped.modeling_minigpt import attention_mask_4d
+
+    padding = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+    mask = attention_mask_4d(padding, batch=2, length=3, past=2, device=torch.device("cpu"))
+    assert mask.shape == (2, 1, 3, 5)
+    assert mask.any(dim=-1).all()  # every query reads at least one key
+    assert not mask[0, 0, :, :2].any()  # real queries of row 0 never read its padding
+    expected_causal = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
+    assert torch.equal(mask[1, 0], expected_causal)  # bottom-right aligned on top of 2 cached positions
