@@ -34,7 +34,7 @@ RETRY_AFTER_S = 1
 @dataclass(frozen=True)
 class Limits:
     max_tokens_cap: int = 2048  # the largest max_tokens a request may ask for
-    default_max_tokens: int = 256  # when a request gives none
+    default_max_tokens: int = 256  # when a request gives none (at most the cap)
 
 
 class ApiError(Exception):
@@ -63,7 +63,9 @@ class _Service:
         if body.model != self.model_id:
             raise ApiError(404, f"model {body.model!r} does not exist; this server serves {self.model_id!r} "
                            "(GET /v1/models)", param="model", code="model_not_found")
-        max_tokens = body.requested_max_tokens() or self.limits.default_max_tokens
+        max_tokens = body.requested_max_tokens()
+        if max_tokens is None:
+            max_tokens = min(self.limits.default_max_tokens, self.limits.max_tokens_cap)
         if max_tokens > self.limits.max_tokens_cap:
             raise ApiError(400, f"max_tokens is {max_tokens} but this server allows at most "
                            f"{self.limits.max_tokens_cap}; ask for fewer", param="max_tokens")
