@@ -119,8 +119,8 @@ class _Request:
 class Engine:
     """Continuous batching over ``model`` (in eval mode) for up to ``max_batch`` requests at once.
 
-    ``max_queue`` requests may wait for a row (default 4 x max_batch); beyond that ``submit``
-    raises EngineBusy. ``row_exact=False`` lets the decode step use whole-batch matrix products:
+    ``max_queue`` requests may wait for a row (default 4 x max_batch) once every row is taken;
+    beyond that ``submit`` raises EngineBusy. ``row_exact=False`` lets the decode step use whole-batch matrix products:
     faster, but rows then match their solo results only to fp32 rounding, not token for token.
     """
 
@@ -181,7 +181,9 @@ class Engine:
             tokens=list(prompt_ids),
         )
         with self._wake:
-            if len(self._waiting) >= self.max_queue:
+            # Requests the loop has not admitted yet may still have free rows waiting for them.
+            free_rows = self.max_batch - self.active
+            if len(self._waiting) - free_rows >= self.max_queue:
                 raise EngineBusy(f"{len(self._waiting)} requests are already waiting")
             self._waiting.append(request)
             self._wake.notify()

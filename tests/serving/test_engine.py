@@ -138,7 +138,7 @@ def test_cancel_frees_the_row_at_the_next_iteration(chat_run):
 
 def test_a_full_queue_refuses_at_once(chat_run):
     engine = Engine(chat_run.model, chat_run.token_bytes, max_batch=1, max_queue=2)
-    for _ in range(2):
+    for _ in range(3):  # one for the free row (not admitted yet: the loop has not run), two waiting
         engine.submit([5], SamplingParams(1), Collector())
     with pytest.raises(EngineBusy):
         engine.submit([5], SamplingParams(1), Collector())
