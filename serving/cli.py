@@ -13,7 +13,13 @@ import sys
 from pathlib import Path
 from typing import NoReturn, Sequence
 
+import uvicorn
+
+from common.device import DEVICE_CHOICES, select_device
 from common.errors import UserError
+from inference.runs import find_latest_run, load_run
+from serving.api import Limits, create_app
+from serving.engine import Engine
 
 _EPILOG = """\
 endpoints:
@@ -59,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--prefill-chunk", type=int, default=None, metavar="N",
                         help="encode prompts in chunks of N tokens, between decode steps of the other "
                         "requests (default: the model's context, one chunk)")
-    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default: %(default)s)")
+    parser.add_argument("--device", default="auto", help=f"{DEVICE_CHOICES} (default: %(default)s)")
     parser.add_argument("--batched-matmul", action="store_true",
                         help="decode rows with whole-batch matrix products: faster, but a request's "
                         "tokens may then differ from the same request served alone (fp32 rounding)")
@@ -95,15 +101,8 @@ def _check(args: argparse.Namespace) -> None:
 def _serve(args: argparse.Namespace) -> int:
     _check(args)
     _check_port_free(args.host, args.port)
-
-    # Torch, the model and the web stack load only once the flags are known to be good.
-    import uvicorn
-
-    from inference.runs import find_latest_run, load_run, resolve_device
-    from serving.api import Limits, create_app
-    from serving.engine import Engine
-
-    run = load_run(args.run if args.run is not None else find_latest_run(), resolve_device(args.device))
+    device = select_device(args.device, setting="--device")
+    run = load_run(args.run if args.run is not None else find_latest_run(), device)
     engine = Engine(run.model, run.token_bytes, max_batch=args.max_batch, max_queue=args.max_queue,
                     prefill_chunk=args.prefill_chunk, row_exact=not args.batched_matmul)
     model_id = run.directory.resolve().name

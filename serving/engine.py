@@ -16,7 +16,7 @@ Rows are independent: a request gets exactly the tokens it would get served alon
 what ``generate.py`` gives for the same prompt, seed and settings. Each request samples from its
 own ``torch.Generator`` seeded like generate.py's first sample; past the context window a row
 re-encodes its most recent tokens from position 0 by generate.py's rule (``kept_window`` of
-``CONTEXT_KEEP_FRACTION``); the batched decode step computes each row bit for bit as alone
+``KEEP_FRACTION``); the batched decode step computes each row bit for bit as alone
 (``serving.row_exact``). A prompt longer than ``prefill_chunk`` is encoded in chunks; the chunks
 depend only on the request, so it still equals itself served alone.
 
@@ -36,11 +36,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from inference.settings import CONTEXT_KEEP_FRACTION
 from inference.streaming import TextStream
 from model import GPT, RowCache
-from model.generation import kept_window
-from model.sampling import sample_next_token
+from model.generation import KEEP_FRACTION, kept_window, sample_next_token
 from serving.row_exact import rows_computed_alone
 
 log = logging.getLogger(__name__)
@@ -145,7 +143,7 @@ class Engine:
         if self.max_queue < 0 or self.prefill_chunk < 1:
             raise ValueError("max_queue must be >= 0 and prefill_chunk >= 1")
         self.block_size = cfg.block_size
-        self.keep = kept_window(cfg.block_size, CONTEXT_KEEP_FRACTION)
+        self.keep = kept_window(cfg.block_size, KEEP_FRACTION)
         weight = model.tok_emb.weight
         self.cache = RowCache(cfg.n_layer, max_batch, cfg.n_kv_head, cfg.block_size, cfg.head_dim,
                               device=weight.device, dtype=weight.dtype)

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from inference.runs import load_run
 from serve_testkit import build_run
 
 
@@ -31,6 +32,4 @@ def plain_run_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def chat_run(chat_run_dir):
-    from inference.runs import load_run
-
     return load_run(chat_run_dir, torch.device("cpu"))

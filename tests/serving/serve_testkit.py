@@ -8,6 +8,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from tokenizers import Tokenizer, pre_tokenizers, trainers
+
+from common.run_files import TOKENIZER_FILE
+from data.tokenizer import EOT, new_tokenizer, train_tokenizer
+from model import GPT, GPTConfig, save_pretrained
 
 # Enough text for a few hundred merges, with multi-byte characters split across tokens.
 CORPUS = [
@@ -24,11 +29,9 @@ BLOCK_SIZE = 32
 def build_run(directory: Path, *, chat: bool = True, seed: int = 0) -> Path:
     """A random GPT (weights scaled up so greedy decoding does not repeat one token) and a
     byte-level BPE tokenizer, saved the way train.py saves a run."""
-    from model import GPT, GPTConfig, save_pretrained
-
     tokenizer = _chat_tokenizer() if chat else _tokenizer_without_chat()
     directory.mkdir(parents=True, exist_ok=True)
-    tokenizer.save(str(directory / "tokenizer.json"))
+    tokenizer.save(str(directory / TOKENIZER_FILE))
     torch.manual_seed(seed)
     config = GPTConfig(vocab_size=tokenizer.get_vocab_size(), block_size=BLOCK_SIZE, n_layer=2,
                        n_head=4, n_kv_head=2, n_embd=64)
@@ -41,18 +44,12 @@ def build_run(directory: Path, *, chat: bool = True, seed: int = 0) -> Path:
     return directory
 
 
-def _chat_tokenizer():
-    from data.tokenizer import train_tokenizer
-
+def _chat_tokenizer() -> Tokenizer:
     return train_tokenizer(CORPUS * 20, VOCAB_SIZE)
 
 
-def _tokenizer_without_chat():
+def _tokenizer_without_chat() -> Tokenizer:
     """As runs were trained before the chat format: only <|endoftext|> is special."""
-    from tokenizers import pre_tokenizers, trainers
-
-    from data.tokenizer import EOT, new_tokenizer
-
     tokenizer = new_tokenizer()
     trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=[EOT], show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import httpx
 import pytest
 import torch
 
+from data.chat import ChatTokenIds, render_chat, to_messages
 from inference.completion import generate_completions
 from inference.settings import GenerationSettings
 from server_process import running_server
@@ -80,8 +82,6 @@ def test_seed_repeats_and_differs(client):
 
 
 def test_chat_uses_the_chat_template_and_ends_at_end_of_turn(client, chat_run):
-    from data.chat import ChatTokenIds, render_chat, to_messages
-
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Who's there?"}]
     reply = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=60, temperature=0.0)
     ids = render_chat(chat_run.tokenizer, to_messages(messages), add_generation_prompt=True).ids
@@ -148,8 +148,6 @@ def test_overload_answers_503_with_retry_after_at_once(server):
 
     async def flood():
         async with httpx.AsyncClient(base_url=server, timeout=60) as http:
-            import asyncio
-
             streams = [http.stream("POST", "/v1/completions", json={**body, "stream": True}) for _ in range(6)]
             opened = [await s.__aenter__() for s in streams]
             await asyncio.sleep(0.5)
@@ -157,8 +155,6 @@ def test_overload_answers_503_with_retry_after_at_once(server):
             for s in streams:
                 await s.__aexit__(None, None, None)
             return [r.status_code for r in opened], refused
-
-    import asyncio
 
     statuses, refused = asyncio.run(flood())
     assert statuses == [200] * 6
