@@ -6,7 +6,7 @@ Importing the package only defines classes and functions; nothing is built or re
 from model.generation import generate_tokens, sample_next_token
 from model.gpt import GPT, GPTConfig, unwrap
 from model.io import ModelFileError, load_pretrained, save_pretrained
-from model.kv_cache import KVCache
+from model.kv_cache import KVCache, RowCache
 
-__all__ = ["GPT", "GPTConfig", "KVCache", "ModelFileError", "generate_tokens", "load_pretrained",
+__all__ = ["GPT", "GPTConfig", "KVCache", "ModelFileError", "RowCache", "generate_tokens", "load_pretrained",
            "sample_next_token", "save_pretrained", "unwrap"]

@@ -162,8 +162,13 @@ def generate_tokens(
                          f"pass one per row or a single one")
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p,
                     repetition_penalty=repetition_penalty, generator=generator)
-    keep = max(1, int(keep_fraction * model.config.block_size))
+    keep = kept_window(model.config.block_size, keep_fraction)
     return _generate(model, idx, max_new_tokens, sampling, use_cache, keep)
+
+
+def kept_window(block_size: int, keep_fraction: float) -> int:
+    """How many of the most recent tokens are re-encoded when the window overflows."""
+    return max(1, int(keep_fraction * block_size))
 
 
 # As a decorator on a generator function, inference_mode is entered on every resume and left on

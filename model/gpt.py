@@ -19,7 +19,7 @@ from torch import nn
 from common.config import build, check_types, require
 from model.rms_norm_cpu import RMSNormCPUFunction, use_cpu_backward
 from model.generation import generate_tokens
-from model.kv_cache import KVCache
+from model.kv_cache import KVCache, RowStep
 
 _REQUIRED_INTS = ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd")
 
@@ -159,7 +159,7 @@ class CausalSelfAttention(nn.Module):
         v = v.view(B, T, self.n_kv_head, d).transpose(1, 2)
         return q, k, v
 
-    def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: KVCache | RowStep | None = None) -> torch.Tensor:
         """Attend over this chunk, and over the cache's earlier positions when one is given.
 
         The caller (GPT.forward) checks that the chunk fits and advances ``cache.pos`` after
@@ -167,9 +167,18 @@ class CausalSelfAttention(nn.Module):
         """
         B, T, C = x.shape
         q, k, v = self.split_heads(x)
-        if cache is not None:
-            k, v = cache.update(self.layer_idx, k, v)
-        y = self._attend(q, k, v)
+        if isinstance(cache, RowStep):
+            # Rows hold different lengths, so each row attends over its own keys alone: the very
+            # call it would make decoding by itself. (A padded batch with a mask gives values
+            # that differ in the last bits, which can flip a near-tied token.)
+            y = torch.cat([
+                self._attend(q[i:i + 1], *cache.update_row(self.layer_idx, i, k[i:i + 1], v[i:i + 1]))
+                for i in range(B)
+            ])
+        else:
+            if cache is not None:
+                k, v = cache.update(self.layer_idx, k, v)
+            y = self._attend(q, k, v)
         y = y.transpose(1, 2).reshape(B, T, C)
         return self.resid_dropout(self.proj(y))
 
@@ -206,7 +215,7 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(config.n_embd, config.norm_eps)
         self.ffn = SwiGLU(config.n_embd, config.ffn_dim, config.dropout)
 
-    def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: KVCache | RowStep | None = None) -> torch.Tensor:
         x = x + self.attn(self.attn_norm(x), cache)
         return x + self.ffn(self.ffn_norm(x))
 
@@ -244,30 +253,37 @@ class GPT(nn.Module):
     # ---------------------------------------------------------------- forward passes
 
     def forward(
-        self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: KVCache | None = None
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: KVCache | RowStep | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Logits (B, T, vocab) for token ids ``idx`` (B, T); with ``targets`` also the mean
         cross-entropy (positions with target -1 are ignored). With ``cache``, the chunk sits at
-        positions ``cache.pos + arange(T)`` and is appended to the cache."""
+        positions ``cache.pos + arange(T)`` and is appended to the cache; with a ``RowStep``, row
+        i's one token sits at the length of its own cache row."""
         logits = self.lm_head(self._trunk(idx, cache))
         if targets is None:
             return logits
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
         return logits, loss
 
-    def next_token_logits(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+    def next_token_logits(self, idx: torch.Tensor, cache: KVCache | RowStep | None = None) -> torch.Tensor:
         """Logits (B, vocab) after the last token of ``idx``: the head runs on one position only,
         which is all a decoding step needs (the head is vocab x n_embd, often the largest matmul)."""
         return self.lm_head(self._trunk(idx, cache)[:, -1])
 
-    def _trunk(self, idx: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
+    def _trunk(self, idx: torch.Tensor, cache: KVCache | RowStep | None) -> torch.Tensor:
         if idx.dim() != 2:
             raise ValueError(f"idx must be a (batch, time) tensor of token ids, got shape {tuple(idx.shape)}")
         B, T = idx.shape
-        start = self._check_positions(B, T, cache)
-        # Positions are always contiguous, so a slice of the table replaces an index lookup;
-        # the checks above guarantee the slice is complete (never silently short).
-        x = self.tok_emb(idx) + self.pos_emb.weight[start:start + T]
+        if isinstance(cache, RowStep):
+            # Continuous batching: each row's token sits at that row's own position.
+            cache.check(B, T, self.config.block_size)
+            positions = self.pos_emb(cache.positions(idx.device))
+        else:
+            start = self._check_positions(B, T, cache)
+            # Positions are always contiguous, so a slice of the table replaces an index lookup;
+            # the checks above guarantee the slice is complete (never silently short).
+            positions = self.pos_emb.weight[start:start + T]
+        x = self.tok_emb(idx) + positions
         x = self.drop(x)
         for block in self.blocks:
             x = block(x, cache)

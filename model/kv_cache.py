@@ -75,3 +75,102 @@ class KVCache:
     def advance(self, n_new: int) -> None:
         """Mark ``n_new`` positions as written; the model calls this after its last layer."""
         self.pos += n_new
+
+    @classmethod
+    def over(cls, k: torch.Tensor, v: torch.Tensor, pos: int = 0) -> KVCache:
+        """A cache over existing ``(n_layer, B, n_kv_head, max_len, head_dim)`` buffers (e.g. views
+        of one row of a ``RowCache``), with ``pos`` positions already written."""
+        cache = cls.__new__(cls)
+        cache.k, cache.v, cache.pos = k, v, pos
+        return cache
+
+
+class RowCache:
+    """K/V buffers for ``batch_size`` independent rows, each filled to its own length.
+
+    This is the cache of continuous batching (``serving.engine``): a row holds one request and
+    starts, re-encodes and ends on its own. A row is filled through ``row(r)``, an ordinary
+    ``KVCache`` over that row alone, so a prompt is encoded exactly as it would be by itself. Then
+    the rows decode together, one token each per ``step(rows)``, every row at its own position.
+    ``lengths[r]`` is the number of positions written in row r; setting it to 0 frees the row
+    (no zeroing needed, as in ``KVCache.reset``).
+    """
+
+    def __init__(
+        self,
+        n_layer: int,
+        batch_size: int,
+        n_kv_head: int,
+        max_len: int,
+        head_dim: int,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        self.buffers = KVCache(n_layer, batch_size, n_kv_head, max_len, head_dim, device=device, dtype=dtype)
+        self.lengths = [0] * batch_size
+
+    @property
+    def batch_size(self) -> int:
+        return self.buffers.batch_size
+
+    @property
+    def max_len(self) -> int:
+        return self.buffers.max_len
+
+    def row(self, r: int) -> KVCache:
+        """Row r as a one-row KVCache at its current length; copy ``pos`` back to ``lengths[r]``
+        after writing through it."""
+        return KVCache.over(self.buffers.k[:, r:r + 1], self.buffers.v[:, r:r + 1], self.lengths[r])
+
+    def step(self, rows: list[int]) -> RowStep:
+        """The cache argument for one decode token in each of ``rows`` (distinct row indices)."""
+        if len(set(rows)) != len(rows):
+            raise ValueError(f"rows must be distinct, got {rows}")
+        return RowStep(self, rows)
+
+
+class RowStep:
+    """One new token for each of ``rows`` of a RowCache, each at its own position.
+
+    Given as the cache to ``GPT.forward``, it supplies each row's position, and each row's
+    attention reads that row's keys alone (``update_row``), never another row's or padding.
+    """
+
+    def __init__(self, cache: RowCache, rows: list[int]) -> None:
+        self.cache = cache
+        self.rows = rows
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.rows)
+
+    def check(self, B: int, T: int, block_size: int) -> None:
+        """Raise ValueError unless idx is (len(rows), 1) and every row has room for its token."""
+        if T != 1 or B != len(self.rows):
+            raise ValueError(f"a RowStep decodes one token for each of its {len(self.rows)} rows; "
+                             f"got idx of shape ({B}, {T})")
+        limit = min(block_size, self.cache.max_len)
+        full = [r for r in self.rows if self.cache.lengths[r] >= limit]
+        if full:
+            raise ValueError(f"rows {full} already hold {limit} positions; re-encode a shorter "
+                             f"window into them first (see model.generation)")
+
+    def positions(self, device: torch.device) -> torch.Tensor:
+        """(B, 1) position of each row's new token: the row's length so far."""
+        return torch.tensor([[self.cache.lengths[r]] for r in self.rows], device=device)
+
+    def update_row(
+        self, layer: int, i: int, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the i-th row's (1, n_kv_head, 1, head_dim) key/value at its length; return
+        views of that row's keys/values so far, shaped as a one-row cache would return them."""
+        r, pos = self.rows[i], self.cache.lengths[self.rows[i]]
+        buffers = self.cache.buffers
+        buffers.k[layer, r:r + 1, :, pos:pos + 1] = k
+        buffers.v[layer, r:r + 1, :, pos:pos + 1] = v
+        return buffers.k[layer, r:r + 1, :, :pos + 1], buffers.v[layer, r:r + 1, :, :pos + 1]
+
+    def advance(self, n_new: int) -> None:
+        for r in self.rows:
+            self.cache.lengths[r] += n_new

@@ -1,0 +1,210 @@
+"""Serving throughput: concurrent streaming clients against the same requests served one at a time.
+
+    python -m benchmarks.serve_throughput --run runs/tiny
+    python -m benchmarks.serve_throughput --run runs/tiny --clients 1 16 --requests 16 --max-tokens 32
+
+The same list of requests (Shakespeare prompts, temperature 0.8, top_p 0.95, one seed each) is
+served by N closed-loop clients for each N in --clients: a client sends its next request when its
+last one has finished. One client is the one-at-a-time baseline. Each level is measured twice:
+
+- engine: ``serving.engine.Engine`` driven in this process, no HTTP;
+- http: ``serve.py`` in a subprocess on 127.0.0.1, clients streaming Server-Sent Events with httpx.
+
+and in both decode modes: rows computed alone (the default, token-for-token equal to solo) and
+whole-batch matrix products (``--batched-matmul``). Reported: generated tokens/s over the level's
+wall time, its ratio to one client, and p50/p95 time to first token and inter-token latency (for
+http, between text chunks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import torch
+
+from inference.runs import load_run
+from serving.engine import Engine, Event, SamplingParams
+
+PROMPTS = ["ROMEO:", "JULIET:\nO Romeo,", "KING LEAR:\n", "First Citizen:\nBefore we proceed",
+           "HAMLET:\nTo be, or not", "MACBETH:\nIs this a dagger", "PORTIA:\nThe quality of mercy",
+           "PROSPERO:\nWe are such stuff"]
+
+
+@dataclass
+class Timing:
+    submitted: float
+    stamps: list[float] = field(default_factory=list)
+    tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Level:
+    clients: int
+    tokens: int
+    seconds: float
+    ttft: list[float]
+    itl: list[float]
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds
+
+
+def requests(count: int, max_tokens: int) -> list[tuple[str, SamplingParams]]:
+    return [(PROMPTS[i % len(PROMPTS)], SamplingParams(max_tokens, 0.8, 0.95, seed=i)) for i in range(count)]
+
+
+def summarize(clients: int, timings: list[Timing], seconds: float) -> Level:
+    ttft = [t.stamps[0] - t.submitted for t in timings if t.stamps]
+    itl = [b - a for t in timings for a, b in zip(t.stamps, t.stamps[1:])]
+    return Level(clients, sum(t.tokens for t in timings), seconds, ttft, itl)
+
+
+def run_engine(run, work, clients: int, row_exact: bool, max_batch: int) -> Level:
+    """Closed-loop clients on an in-process engine: each finish submits that client's next request."""
+    timings: list[Timing] = []
+    all_done = threading.Event()
+    remaining = [len(work)]
+    lock = threading.Lock()
+    queues = [work[c::clients] for c in range(clients)]
+    with Engine(run.model, run.token_bytes, max_batch=max_batch, row_exact=row_exact) as engine:
+
+        def submit_next(queue: list) -> None:
+            prompt, params = queue.pop(0)
+            timing = Timing(time.perf_counter())
+            timings.append(timing)
+
+            def on_event(event: Event) -> None:
+                if event.token_id is not None:
+                    timing.stamps.append(time.perf_counter())
+                if event.finish is not None:
+                    timing.tokens = event.finish.completion_tokens
+                    with lock:
+                        remaining[0] -= 1
+                        if remaining[0] == 0:
+                            all_done.set()
+                    if queue:
+                        submit_next(queue)
+
+            engine.submit(run.tokenizer.encode(prompt).ids, params, on_event)
+
+        start = time.perf_counter()
+        for queue in queues:
+            if queue:
+                submit_next(queue)
+        all_done.wait()
+        seconds = time.perf_counter() - start
+    return summarize(clients, timings, seconds)
+
+
+async def _http_level(base: str, model: str, work, clients: int) -> Level:
+    timings: list[Timing] = []
+
+    async def client(http: httpx.AsyncClient, queue) -> None:
+        for prompt, params in queue:
+            body = {"model": model, "prompt": prompt, "max_tokens": params.max_tokens, "stream": True,
+                    "temperature": params.temperature, "top_p": params.top_p, "seed": params.seed,
+                    "stream_options": {"include_usage": True}}
+            timing = Timing(time.perf_counter())
+            timings.append(timing)
+            async with http.stream("POST", "/v1/completions", json=body) as response:
+                response.raise_for_status()
+                async for line in response.aiter_lines():
+                    if not line.startswith("data: {"):
+                        continue
+                    chunk = json.loads(line[6:])
+                    if chunk.get("usage"):
+                        timing.tokens = chunk["usage"]["completion_tokens"]
+                    elif chunk["choices"] and chunk["choices"][0]["text"]:
+                        timing.stamps.append(time.perf_counter())
+
+    async with httpx.AsyncClient(base_url=base, timeout=600, limits=httpx.Limits(max_connections=clients)) as http:
+        start = time.perf_counter()
+        await asyncio.gather(*(client(http, work[c::clients]) for c in range(clients)))
+        seconds = time.perf_counter() - start
+    return summarize(clients, timings, seconds)
+
+
+@contextlib.contextmanager
+def server(run_dir: Path, max_batch: int, batched_matmul: bool):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "serve.py", "--run", str(run_dir), "--port", str(port),
+               "--max-batch", str(max_batch), "--max-queue", "1000"]
+    process = subprocess.Popen(command + (["--batched-matmul"] if batched_matmul else []),
+                               cwd=Path(__file__).resolve().parents[1], stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{base}/health", timeout=1).status_code == 200:
+                    break
+            time.sleep(0.1)
+        yield base
+    finally:
+        process.kill()
+        process.wait()
+
+
+def ms_quantiles(values: list[float]) -> str:
+    if len(values) < 2:
+        return "-"
+    cuts = statistics.quantiles(values, n=20)
+    return f"{statistics.median(values) * 1e3:.1f} / {cuts[18] * 1e3:.1f}"
+
+
+def print_table(title: str, levels: list[Level]) -> None:
+    base = levels[0].tokens_per_s if levels and levels[0].clients == 1 else None
+    print(f"\n{title}")
+    print("| clients | tokens | seconds | tokens/s | x one at a time | TTFT p50 / p95 ms | ITL p50 / p95 ms |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for level in levels:
+        ratio = f"{level.tokens_per_s / base:.2f}" if base else "-"
+        print(f"| {level.clients} | {level.tokens} | {level.seconds:.2f} | {level.tokens_per_s:.0f} | {ratio} "
+              f"| {ms_quantiles(level.ttft)} | {ms_quantiles(level.itl)} |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--run", type=Path, required=True, help="run directory written by train.py")
+    parser.add_argument("--clients", type=int, nargs="+", default=[1, 4, 16, 32])
+    parser.add_argument("--requests", type=int, default=32, help="requests served at every level")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--max-batch", type=int, default=32)
+    parser.add_argument("--only", choices=["engine", "http"], default=None)
+    args = parser.parse_args(argv)
+
+    run = load_run(args.run, torch.device("cpu"))
+    work = requests(args.requests, args.max_tokens)
+    model_id = args.run.resolve().name
+    print(f"run {args.run} ({run.model.num_params() / 1e6:.2f}M parameters), {args.requests} requests x "
+          f"{args.max_tokens} tokens, max batch {args.max_batch}, torch threads {torch.get_num_threads()}, "
+          f"{os.cpu_count()} CPUs")
+    for row_exact in (True, False):
+        mode = "rows computed alone (default)" if row_exact else "--batched-matmul"
+        if args.only != "http":
+            run_engine(run, work[:4], 4, row_exact, args.max_batch)  # warm-up
+            print_table(f"engine, {mode}", [run_engine(run, work, c, row_exact, args.max_batch) for c in args.clients])
+        if args.only != "engine":
+            with server(args.run, args.max_batch, batched_matmul=not row_exact) as base:
+                asyncio.run(_http_level(base, model_id, work[:4], 4))  # warm-up
+                print_table(f"http, {mode}", [asyncio.run(_http_level(base, model_id, work, c)) for c in args.clients])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,139 @@
+"""The ``serve.py`` command line: load a run, start the engine, serve the OpenAI API with uvicorn.
+
+User errors (a bad flag, a missing run, a port in use) become ``error: ...`` on stderr and exit code
+2. The server binds to 127.0.0.1 unless told otherwise: anyone who can reach the port can use it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import socket
+import sys
+from pathlib import Path
+from typing import NoReturn, Sequence
+
+import uvicorn
+
+from common.device import DEVICE_CHOICES, select_device
+from common.errors import UserError
+from inference.runs import find_latest_run, load_run
+from serving.api import Limits, create_app
+from serving.engine import Engine
+
+_EPILOG = """\
+endpoints:
+  GET  /health               liveness, and how many requests are running and waiting
+  GET  /v1/models            the one model served (its id is the run directory's name)
+  POST /v1/completions       continue a prompt
+  POST /v1/chat/completions  reply to a conversation (runs whose tokenizer has the chat tokens)
+
+examples:
+  python serve.py --run runs/tiny
+  python serve.py --run runs/tiny --port 8080 --max-batch 32
+  curl http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \\
+       -d '{"model": "tiny", "prompt": "ROMEO:", "max_tokens": 40}'
+"""
+
+
+class _ArgumentParser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UserError(f"{message}; see python serve.py --help")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _ArgumentParser(
+        prog="serve.py",
+        description="Serve a trained run through an OpenAI-compatible HTTP API, batching concurrent "
+        "requests through one KV cache.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--run", type=Path, metavar="DIR",
+                        help="run directory to serve (default: the most recently trained run under runs/)")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to listen on (default: %(default)s, this machine only; 0.0.0.0 "
+                        "exposes the server to the network, with no authentication)")
+    parser.add_argument("--port", type=int, default=8000, help="TCP port (default: %(default)s)")
+    parser.add_argument("--max-batch", type=int, default=16, metavar="N",
+                        help="requests decoded at once, one KV cache row each (default: %(default)s)")
+    parser.add_argument("--max-queue", type=int, default=None, metavar="N",
+                        help="requests that may wait for a row; more are refused with 503 "
+                        "(default: 4 x --max-batch)")
+    parser.add_argument("--max-tokens-cap", type=int, default=2048, metavar="N",
+                        help="the largest max_tokens a request may ask for (default: %(default)s)")
+    parser.add_argument("--prefill-chunk", type=int, default=None, metavar="N",
+                        help="encode prompts in chunks of N tokens, between decode steps of the other "
+                        "requests (default: the model's context, one chunk)")
+    parser.add_argument("--device", default="auto", help=f"{DEVICE_CHOICES} (default: %(default)s)")
+    parser.add_argument("--batched-matmul", action="store_true",
+                        help="decode rows with whole-batch matrix products: faster, but a request's "
+                        "tokens may then differ from the same request served alone (fp32 rounding)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        try:
+            args = build_parser().parse_args(argv)
+        except SystemExit as done:  # --help
+            return int(done.code or 0)
+        return _serve(args)
+    except UserError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _check(args: argparse.Namespace) -> None:
+    if not 0 <= args.port <= 65535:
+        raise UserError(f"--port must be in 0..65535, got {args.port}")
+    for flag, value in (("--max-batch", args.max_batch), ("--max-tokens-cap", args.max_tokens_cap)):
+        if value < 1:
+            raise UserError(f"{flag} must be at least 1, got {value}")
+    if args.max_queue is not None and args.max_queue < 0:
+        raise UserError(f"--max-queue must be >= 0, got {args.max_queue}")
+    if args.prefill_chunk is not None and args.prefill_chunk < 1:
+        raise UserError(f"--prefill-chunk must be at least 1, got {args.prefill_chunk}")
+
+
+def _serve(args: argparse.Namespace) -> int:
+    _check(args)
+    _check_port_free(args.host, args.port)
+    device = select_device(args.device, setting="--device")
+    run = load_run(args.run if args.run is not None else find_latest_run(), device)
+    engine = Engine(run.model, run.token_bytes, max_batch=args.max_batch, max_queue=args.max_queue,
+                    prefill_chunk=args.prefill_chunk, row_exact=not args.batched_matmul)
+    model_id = run.directory.resolve().name
+    app = create_app(run, engine, model_id=model_id, limits=Limits(max_tokens_cap=args.max_tokens_cap))
+    if not _is_loopback(args.host):
+        print(f"warning: listening on {args.host}: anyone who can reach this port can use the model",
+              file=sys.stderr)
+    print(f"serving {run.directory} as model {model_id!r} at http://{args.host}:{args.port}/v1 "
+          f"(max batch {args.max_batch})", file=sys.stderr, flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def _check_port_free(host: str, port: int) -> None:
+    """A port in use becomes a one-line error before the model loads, not a uvicorn traceback."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as error:
+        raise UserError(f"--host {host} is not an address of this machine ({error.strerror})") from None
+    family, _, _, _, address = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as error:
+            raise UserError(f"cannot listen on {host}:{port} ({error.strerror}); pass another --port "
+                            "or stop the program using it") from None

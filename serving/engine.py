@@ -1,0 +1,348 @@
+"""The inference engine: many requests decoded together through one KV cache (continuous batching).
+
+One background thread owns the model and a ``RowCache`` of ``max_batch`` rows. Each iteration of
+its loop schedules every token:
+
+1. drop requests whose client went away, freeing their rows;
+2. admit waiting requests into free rows;
+3. encode (prefill) one chunk of each newly admitted prompt into its own row;
+4. run one batched decode step for every row that is decoding, each row at its own position;
+5. sample the next token of every row that has fresh logits, stream its text, and free the row
+   the moment its request ends (length, an end token, a stop string).
+
+A request never waits for the batch to drain: it joins at the next iteration with a free row.
+
+Rows are independent: a request gets exactly the tokens it would get served alone, and exactly
+what ``generate.py`` gives for the same prompt, seed and settings. Each request samples from its
+own ``torch.Generator`` seeded like generate.py's first sample; past the context window a row
+re-encodes its most recent tokens from position 0 by generate.py's rule (``kept_window`` of
+``KEEP_FRACTION``); the batched decode step computes each row bit for bit as alone
+(``serving.row_exact``). A prompt longer than ``prefill_chunk`` is encoded in chunks; the chunks
+depend only on the request, so it still equals itself served alone.
+
+Results go back through a callback, called on the engine thread with one ``Event`` per generated
+token and a last one carrying the ``Finish``. The callback must be quick and must not raise.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import secrets
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from inference.streaming import TextStream
+from model import GPT, RowCache
+from model.generation import KEEP_FRACTION, kept_window, sample_next_token
+from serving.row_exact import rows_computed_alone
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one request is decoded. temperature 0 is greedy; top_p 1 turns nucleus sampling off;
+    seed None draws a fresh random seed."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Finish:
+    reason: str  # "length", "stop" (a stop string or an end token), "cancelled" or "error"
+    prompt_tokens: int
+    token_ids: tuple[int, ...]  # every token generated, an end token or stop-string token included
+    text: str  # the whole text, ending before a stop string; end tokens are not shown
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass(frozen=True)
+class Event:
+    text: str  # new text (whole characters), possibly empty
+    token_id: int | None = None  # the token generated; None on a last event that only flushes text
+    finish: Finish | None = None  # set on the request's last event
+
+
+EventCallback = Callable[[Event], None]
+
+
+class EngineBusy(Exception):
+    """The waiting queue is full; the caller should try again later."""
+
+
+class Ticket:
+    """A submitted request; ``cancel()`` ends it (from any thread) and frees its row."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        self._engine._wake_up()
+
+
+@dataclass(eq=False)
+class _Request:
+    ticket: Ticket
+    prompt_ids: list[int]
+    params: SamplingParams
+    end_ids: frozenset[int]
+    on_event: EventCallback
+    stream: TextStream
+    generator: torch.Generator
+    tokens: list[int] = field(default_factory=list)  # prompt + generated: the window reads it
+    start: int = 0  # the model sees tokens[start:]
+    row: int = -1
+    prefilling: bool = True  # the row's window still has to be encoded into its cache row
+    logits: torch.Tensor | None = None  # (1, vocab) next-token logits, once the row has them
+
+    @property
+    def generated(self) -> int:
+        return len(self.tokens) - len(self.prompt_ids)
+
+
+class Engine:
+    """Continuous batching over ``model`` (in eval mode) for up to ``max_batch`` requests at once.
+
+    ``max_queue`` requests may wait for a row (default 4 x max_batch) once every row is taken;
+    beyond that ``submit`` raises EngineBusy. ``row_exact=False`` lets the decode step use whole-batch matrix products:
+    faster, but rows then match their solo results only to fp32 rounding, not token for token.
+    """
+
+    def __init__(
+        self,
+        model: GPT,
+        token_bytes: Sequence[bytes],
+        *,
+        max_batch: int = 16,
+        max_queue: int | None = None,
+        prefill_chunk: int | None = None,
+        row_exact: bool = True,
+    ) -> None:
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be at least 1, got {max_batch}")
+        cfg = model.config
+        self.model = model
+        self.token_bytes = token_bytes
+        self.max_batch = max_batch
+        self.max_queue = 4 * max_batch if max_queue is None else max_queue
+        self.prefill_chunk = cfg.block_size if prefill_chunk is None else prefill_chunk
+        if self.max_queue < 0 or self.prefill_chunk < 1:
+            raise ValueError("max_queue must be >= 0 and prefill_chunk >= 1")
+        self.block_size = cfg.block_size
+        self.keep = kept_window(cfg.block_size, KEEP_FRACTION)
+        weight = model.tok_emb.weight
+        self.cache = RowCache(cfg.n_layer, max_batch, cfg.n_kv_head, cfg.block_size, cfg.head_dim,
+                              device=weight.device, dtype=weight.dtype)
+        self._row_mode = rows_computed_alone if row_exact else contextlib.nullcontext
+        self._waiting: collections.deque[_Request] = collections.deque()
+        self._rows: list[_Request | None] = [None] * max_batch
+        self._wake = threading.Condition()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    # ---------------------------------------------------------------- the caller's side
+
+    def submit(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        on_event: EventCallback,
+        end_ids: Sequence[int] = (),
+    ) -> Ticket:
+        """Queue a request (thread-safe). Generation ends early at any token in ``end_ids``."""
+        prompt_ids = list(prompt_ids)
+        if not 1 <= len(prompt_ids) <= self.block_size:
+            raise ValueError(f"a prompt must have 1 to {self.block_size} tokens, got {len(prompt_ids)}")
+        if params.max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {params.max_tokens}")
+        seed = params.seed if params.seed is not None else secrets.randbelow(2**31)
+        ticket = Ticket(self)
+        request = _Request(
+            ticket, prompt_ids, params, frozenset(end_ids), on_event,
+            TextStream(self.token_bytes, params.stop),
+            # A CPU generator seeded as generate.py seeds its first sample: the same draws anywhere.
+            torch.Generator().manual_seed(seed),
+            tokens=list(prompt_ids),
+        )
+        with self._wake:
+            # Requests the loop has not admitted yet may still have free rows waiting for them.
+            free_rows = self.max_batch - self.active
+            if len(self._waiting) - free_rows >= self.max_queue:
+                raise EngineBusy(f"{len(self._waiting)} requests are already waiting")
+            self._waiting.append(request)
+            self._wake.notify()
+        return ticket
+
+    @property
+    def active(self) -> int:
+        return sum(request is not None for request in self._rows)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    def start(self) -> Engine:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="engine", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """End the loop; requests still in flight are finished as cancelled."""
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        for request in [*self._waiting, *filter(None, self._rows)]:
+            self._finish(request, "cancelled")
+        self._waiting.clear()
+
+    def __enter__(self) -> Engine:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def _wake_up(self) -> None:
+        with self._wake:
+            self._wake.notify()
+
+    # ---------------------------------------------------------------- the loop
+
+    def _loop(self) -> None:
+        while True:
+            with self._wake:
+                while not self._stopping and not self._waiting and self.active == 0:
+                    self._wake.wait()
+                if self._stopping:
+                    return
+            try:
+                self.step()
+            except Exception:  # a bug: fail the requests in flight, keep serving the next ones
+                log.exception("engine iteration failed; ending the requests in flight")
+                for request in filter(None, self._rows):
+                    self._finish(request, "error")
+
+    @torch.inference_mode()
+    def step(self) -> None:
+        """One iteration: cancel, admit, prefill a chunk, decode one token per row, sample.
+        The loop thread calls it; a test may call it directly on an engine never started."""
+        self._drop_cancelled()
+        self._admit()
+        for request in filter(None, self._rows):
+            if request.prefilling:
+                self._prefill_chunk(request)
+        decoding = [r for r in self._rows if r is not None and not r.prefilling and r.logits is None]
+        if decoding:
+            self._decode(decoding)
+        ready = [r for r in self._rows if r is not None and r.logits is not None]
+        if ready:
+            self._sample(ready)
+
+    def _drop_cancelled(self) -> None:
+        with self._wake:
+            gone = [r for r in self._waiting if r.ticket.cancelled]
+            for request in gone:
+                self._waiting.remove(request)
+        for request in gone + [r for r in self._rows if r is not None and r.ticket.cancelled]:
+            self._finish(request, "cancelled")
+
+    def _admit(self) -> None:
+        with self._wake:
+            for row, occupant in enumerate(self._rows):
+                if occupant is None and self._waiting:
+                    request = self._waiting.popleft()
+                    request.row = row
+                    self._rows[row] = request
+                    self.cache.lengths[row] = 0
+
+    def _prefill_chunk(self, request: _Request) -> None:
+        """Encode the next chunk of the row's window; the last chunk yields next-token logits."""
+        window = request.tokens[request.start:]
+        done = self.cache.lengths[request.row]
+        chunk = window[done:done + self.prefill_chunk]
+        view = self.cache.row(request.row)
+        logits = self.model.next_token_logits(torch.tensor([chunk], device=view.k.device), view)
+        self.cache.lengths[request.row] = view.pos
+        if view.pos == len(window):
+            request.logits = logits
+            request.prefilling = False
+
+    def _decode(self, requests: list[_Request]) -> None:
+        """One token for every decoding row, in one batched forward pass."""
+        step = self.cache.step([r.row for r in requests])
+        device = self.cache.buffers.k.device
+        idx = torch.tensor([[r.tokens[-1]] for r in requests], device=device)
+        with self._row_mode():
+            logits = self.model.next_token_logits(idx, step)
+        for i, request in enumerate(requests):
+            request.logits = logits[i:i + 1]
+
+    def _sample(self, requests: list[_Request]) -> None:
+        # Rows with the same settings sample in one call, each from its own generator; the
+        # sampler works row by row, so that equals sampling each alone.
+        groups: dict[tuple[float, float], list[_Request]] = collections.defaultdict(list)
+        for request in requests:
+            groups[(request.params.temperature, request.params.top_p)].append(request)
+        for (temperature, top_p), group in groups.items():
+            logits = torch.cat([r.logits for r in group])
+            tokens = sample_next_token(
+                logits, temperature=temperature, top_p=top_p if top_p < 1 else None,
+                generator=[r.generator for r in group],
+            ).tolist()
+            for request, token in zip(group, tokens):
+                request.logits = None
+                self._advance(request, token)
+
+    def _advance(self, request: _Request, token: int) -> None:
+        """Record a sampled token, stream it, and decide what the row does next."""
+        request.tokens.append(token)
+        if token in request.end_ids:
+            self._finish(request, "stop", token)
+            return
+        text = request.stream.push(token)
+        if request.stream.stopped:
+            self._finish(request, "stop", token, text)
+        elif request.generated == request.params.max_tokens:
+            self._finish(request, "length", token, text)
+        else:
+            self._emit(request, Event(text, token))
+            if len(request.tokens) - request.start > self.block_size:
+                # The window is full: keep its most recent tokens and re-encode them from
+                # position 0, as generate.py does (learned positions cannot slide).
+                request.start = len(request.tokens) - self.keep
+                request.prefilling = True
+                self.cache.lengths[request.row] = 0
+
+    def _finish(self, request: _Request, reason: str, token: int | None = None, text: str = "") -> None:
+        """Free the request's row and send its last event."""
+        if request.row >= 0 and self._rows[request.row] is request:
+            self._rows[request.row] = None
+            self.cache.lengths[request.row] = 0
+        if reason in ("length", "stop"):
+            text += request.stream.finish()  # an unfinished character at the end, as U+FFFD
+        generated = tuple(request.tokens[len(request.prompt_ids):])
+        finish = Finish(reason, len(request.prompt_ids), generated, request.stream.text)
+        self._emit(request, Event(text, token, finish))
+
+    def _emit(self, request: _Request, event: Event) -> None:
+        try:
+            request.on_event(event)
+        except Exception:  # the caller's bug must not stop everyone else's generation
+            log.exception("an engine event callback raised")

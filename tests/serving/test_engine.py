@@ -1,0 +1,204 @@
+"""The engine without a socket: every request gets exactly its solo tokens, whatever else runs."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from inference.completion import generate_completions
+from inference.settings import GenerationSettings
+from model import RowCache
+from serving.engine import Engine, EngineBusy, Event, SamplingParams
+from serving.row_exact import rows_computed_alone
+
+
+class Collector:
+    """An on_event callback that keeps every event and signals the last one."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+        self.done = threading.Event()
+
+    def __call__(self, event: Event) -> None:
+        self.events.append(event)
+        if event.finish is not None:
+            self.done.set()
+
+    @property
+    def finish(self):
+        return self.events[-1].finish
+
+    @property
+    def text(self) -> str:
+        return "".join(e.text for e in self.events)
+
+
+def mixed_requests(run, count: int) -> list[tuple[list[int], SamplingParams]]:
+    """Prompts of 1 to block_size tokens; lengths that stay inside the window and that slide it
+    several times; greedy and seeded sampling at several temperatures and top_p."""
+    g = torch.Generator().manual_seed(11)
+    block = run.block_size
+    requests = []
+    for i in range(count):
+        prompt_len = [1, 3, 9, block // 2, block - 1, block][i % 6]
+        prompt = torch.randint(5, len(run.token_bytes), (prompt_len,), generator=g).tolist()
+        max_tokens = [1, 7, 20, 45, 70, 3 * block][i % 6 if i % 4 else (i + 3) % 6]
+        temperature = [0.0, 0.7, 1.0, 1.4][i % 4]
+        top_p = [1.0, 0.9, 0.5][i % 3]
+        requests.append((prompt, SamplingParams(max_tokens, temperature, top_p, seed=1000 + i)))
+    return requests
+
+
+def serve_all(engine: Engine, requests) -> list[Collector]:
+    collectors = [Collector() for _ in requests]
+    for (prompt, params), collect in zip(requests, collectors):
+        engine.submit(prompt, params, collect)
+    for collect in collectors:
+        assert collect.done.wait(120), "a request never finished"
+    return collectors
+
+
+def test_32_concurrent_requests_each_equal_their_solo_run_and_generate_py(chat_run):
+    requests = mixed_requests(chat_run, 32)
+    with Engine(chat_run.model, chat_run.token_bytes, max_batch=1) as engine:
+        solo = [serve_all(engine, [request])[0].finish for request in requests]
+    with Engine(chat_run.model, chat_run.token_bytes, max_batch=16) as engine:
+        together = [c.finish for c in serve_all(engine, requests)]
+    assert any(len(f.token_ids) > 2 * chat_run.block_size for f in solo)  # the window slid
+    for i, ((prompt, params), alone, mixed) in enumerate(zip(requests, solo, together)):
+        assert mixed.token_ids == alone.token_ids, f"request {i}"
+        assert (mixed.text, mixed.reason, mixed.prompt_tokens) == (alone.text, "length", len(prompt))
+        settings = GenerationSettings(max_new_tokens=params.max_tokens, temperature=params.temperature,
+                                      top_p=params.top_p, seed=params.seed)
+        reference = generate_completions(chat_run, prompt, settings).completions[0]
+        assert list(alone.token_ids) == reference.token_ids, f"request {i} against generate.py"
+        assert alone.text == reference.text
+
+
+def test_streamed_text_joins_to_the_whole_text(chat_run):
+    with Engine(chat_run.model, chat_run.token_bytes, max_batch=4) as engine:
+        collectors = serve_all(engine, mixed_requests(chat_run, 8))
+    for collect in collectors:
+        assert collect.text == collect.finish.text
+        assert [e.token_id for e in collect.events] == list(collect.finish.token_ids)
+
+
+def test_a_long_prompt_is_prefilled_in_chunks_between_other_rows_decode_steps(chat_run):
+    prompt = list(range(5, 5 + chat_run.block_size))
+    params = SamplingParams(40, temperature=0.9, seed=3)
+    solo_engine = Engine(chat_run.model, chat_run.token_bytes, max_batch=1, prefill_chunk=5)
+    alone = Collector()
+    solo_engine.submit(prompt, params, alone)
+    while not alone.done.is_set():
+        solo_engine.step()
+
+    engine = Engine(chat_run.model, chat_run.token_bytes, max_batch=2, prefill_chunk=5)
+    other = Collector()
+    engine.submit([7, 8], SamplingParams(60, temperature=0.0), other)
+    engine.step()
+    chunked = Collector()
+    engine.submit(prompt, params, chunked)
+    tokens_before = len(other.events)
+    while not chunked.events:
+        engine.step()
+    # ceil(32 / 5) = 7 chunks: the other row decoded a token in every one of those iterations.
+    assert len(other.events) - tokens_before == 7
+    while not chunked.done.is_set():
+        engine.step()
+    assert chunked.finish.token_ids == alone.finish.token_ids
+
+
+def test_a_new_request_joins_while_others_are_still_decoding(chat_run):
+    engine = Engine(chat_run.model, chat_run.token_bytes, max_batch=2)
+    short, long = Collector(), Collector()
+    engine.submit([5], SamplingParams(3, temperature=0.0), short)
+    engine.submit([6], SamplingParams(50, temperature=0.0), long)
+    late = Collector()
+    engine.submit([7], SamplingParams(2, temperature=0.0), late)
+    while not short.done.is_set():
+        engine.step()
+    engine.step()  # the freed row takes the waiting request at once
+    assert late.events and not long.done.is_set()
+    assert engine.active == 2 and engine.waiting == 0
+
+
+def test_cancel_frees_the_row_at_the_next_iteration(chat_run):
+    engine = Engine(chat_run.model, chat_run.token_bytes, max_batch=1)
+    first, second = Collector(), Collector()
+    ticket = engine.submit([5, 6], SamplingParams(100, temperature=0.0), first)
+    engine.submit([5, 6], SamplingParams(2, temperature=0.0), second)
+    for _ in range(3):
+        engine.step()
+    ticket.cancel()
+    engine.step()
+    assert first.finish.reason == "cancelled" and len(first.finish.token_ids) == 3
+    assert second.events  # admitted into the freed row in the same iteration
+
+
+def test_a_full_queue_refuses_at_once(chat_run):
+    engine = Engine(chat_run.model, chat_run.token_bytes, max_batch=1, max_queue=2)
+    for _ in range(3):  # one for the free row (not admitted yet: the loop has not run), two waiting
+        engine.submit([5], SamplingParams(1), Collector())
+    with pytest.raises(EngineBusy):
+        engine.submit([5], SamplingParams(1), Collector())
+
+
+def test_end_tokens_and_stop_strings_end_a_request_with_reason_stop(chat_run):
+    engine = Engine(chat_run.model, chat_run.token_bytes, max_batch=2)
+    greedy = SamplingParams(30, temperature=0.0)
+    full = Collector()
+    engine.submit([9, 10, 11], greedy, full)
+    while not full.done.is_set():
+        engine.step()
+    ids = full.finish.token_ids
+
+    ended = Collector()
+    engine.submit([9, 10, 11], greedy, ended, end_ids=[ids[4]])
+    stop = full.finish.text[len(full.finish.text) // 2:][:3]
+    stopped = Collector()
+    engine.submit([9, 10, 11], SamplingParams(30, temperature=0.0, stop=(stop,)), stopped)
+    while not (ended.done.is_set() and stopped.done.is_set()):
+        engine.step()
+    first_end = ids.index(ids[4])
+    assert ended.finish.reason == "stop" and ended.finish.token_ids == ids[:first_end + 1]
+    assert ended.finish.text == generate_completions(
+        chat_run, [9, 10, 11], GenerationSettings(max_new_tokens=first_end, temperature=0.0)).completions[0].text
+    reference = generate_completions(
+        chat_run, [9, 10, 11], GenerationSettings(max_new_tokens=30, temperature=0.0, stop=(stop,))).completions[0]
+    assert (stopped.finish.reason, stopped.finish.text) == ("stop", reference.text)
+    assert stopped.finish.token_ids == tuple(reference.token_ids) and stop not in stopped.text
+
+
+def test_rows_computed_alone_gives_each_row_its_one_row_result_bit_for_bit():
+    g = torch.Generator().manual_seed(0)
+    weight = torch.randn(384, 128, generator=g)
+    for rows in (2, 5, 16, 33):
+        x = torch.randn(rows, 1, 128, generator=g)
+        with rows_computed_alone():
+            together = torch.nn.functional.linear(x, weight)
+            flat = torch.nn.functional.linear(x[:, 0], weight)
+        alone = torch.cat([torch.nn.functional.linear(x[i], weight) for i in range(rows)])
+        assert torch.equal(together[:, 0], alone) and torch.equal(flat, alone)
+
+
+def test_a_batched_decode_step_gives_each_row_its_solo_logits_bit_for_bit(chat_run):
+    """What makes the token-for-token equality hold for any model, not only this one's wide logit gaps."""
+    model, cfg = chat_run.model, chat_run.model.config
+    cache = RowCache(cfg.n_layer, 8, cfg.n_kv_head, cfg.block_size, cfg.head_dim)
+    prompts = [list(range(5, 5 + n)) for n in (1, 4, 9, 16, 2, 30)]
+    solo_caches, solo_logits = [], []
+    with torch.inference_mode():
+        for r, prompt in enumerate(prompts):
+            view = cache.row(r)
+            model.next_token_logits(torch.tensor([prompt[:-1] or prompt]), view)
+            cache.lengths[r] = view.pos
+            solo = model.init_cache(1)
+            model.next_token_logits(torch.tensor([prompt[:-1] or prompt]), solo)
+            solo_logits.append(model.next_token_logits(torch.tensor([[prompt[-1]]]), solo))
+        with rows_computed_alone():
+            batched = model.next_token_logits(torch.tensor([[p[-1]] for p in prompts]),
+                                              cache.step(list(range(len(prompts)))))
+    for i, alone in enumerate(solo_logits):
+        assert torch.equal(batched[i:i + 1], alone), f"row {i}"

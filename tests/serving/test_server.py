@@ -1,0 +1,162 @@
+"""The server through the real OpenAI client, over a real socket on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+import torch
+
+from data.chat import ChatTokenIds, render_chat, to_messages
+from inference.completion import generate_completions
+from inference.settings import GenerationSettings
+from server_process import running_server
+
+openai = pytest.importorskip("openai")
+
+MODEL = "tiny-chat"
+
+
+@pytest.fixture(scope="module")
+def server(chat_run_dir):
+    with running_server(chat_run_dir, "--max-batch", "4", "--max-queue", "2", "--max-tokens-cap", "200") as (base, _):
+        yield base
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"{server}/v1", api_key="x", max_retries=0, timeout=60)
+
+
+def reference(run, prompt_ids, **settings):
+    return generate_completions(run, prompt_ids, GenerationSettings(**settings)).completions[0]
+
+
+def test_models_and_health(client, server):
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    health = httpx.get(f"{server}/health").json()
+    assert health["status"] == "ok" and health["max_batch"] == 4
+
+
+def test_completion_equals_generate_py_with_usage(client, chat_run):
+    reply = client.completions.create(model=MODEL, prompt="ROMEO: But soft", max_tokens=40,
+                                      temperature=0.8, top_p=0.9, seed=7)
+    ids = chat_run.tokenizer.encode("ROMEO: But soft").ids
+    expected = reference(chat_run, ids, max_new_tokens=40, temperature=0.8, top_p=0.9, seed=7)
+    choice = reply.choices[0]
+    if chat_run.eot_id in expected.token_ids:  # the server stops at <|endoftext|>
+        pytest.skip("this seed reaches <|endoftext|>")
+    assert (choice.text, choice.finish_reason) == (expected.text, "length")
+    assert (reply.usage.prompt_tokens, reply.usage.completion_tokens, reply.usage.total_tokens) == (
+        len(ids), 40, len(ids) + 40)
+
+
+def test_streamed_completion_joins_to_the_whole_text(client, chat_run):
+    """Streamed by whole characters: the pieces join to what the tokenizer decodes from the tokens."""
+    kwargs = dict(model=MODEL, prompt="Café 😀", max_tokens=50, temperature=1.0, seed=3)
+    whole = client.completions.create(**kwargs).choices[0]
+    chunks = list(client.completions.create(stream=True, **kwargs))
+    assert "".join(c.choices[0].text for c in chunks) == whole.text
+    assert chunks[-1].choices[0].finish_reason == whole.finish_reason
+    expected = reference(chat_run, chat_run.tokenizer.encode("Café 😀").ids, max_new_tokens=50,
+                         temperature=1.0, top_p=1.0, seed=3)
+    if chat_run.eot_id not in expected.token_ids:
+        assert whole.text == expected.text
+
+
+def test_stop_string_ends_the_text_before_it(client):
+    kwargs = dict(model=MODEL, prompt="JULIET:", max_tokens=30, temperature=0.0)
+    full = client.completions.create(**kwargs).choices[0].text
+    stop = full[10:13]
+    reply = client.completions.create(stop=[stop], **kwargs).choices[0]
+    assert reply.finish_reason == "stop" and reply.text == full[: full.index(stop)]
+
+
+def test_seed_repeats_and_differs(client):
+    kwargs = dict(model=MODEL, prompt="The quick", max_tokens=20, temperature=1.2)
+    a, b = (client.completions.create(seed=5, **kwargs).choices[0].text for _ in range(2))
+    c = client.completions.create(seed=6, **kwargs).choices[0].text
+    assert a == b and a != c
+
+
+def test_chat_uses_the_chat_template_and_ends_at_end_of_turn(client, chat_run):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Who's there?"}]
+    reply = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=60, temperature=0.0)
+    ids = render_chat(chat_run.tokenizer, to_messages(messages), add_generation_prompt=True).ids
+    expected = reference(chat_run, ids, max_new_tokens=60, temperature=0.0)
+    end = {ChatTokenIds.of(chat_run.tokenizer).end, chat_run.eot_id}
+    cut = next((i for i, t in enumerate(expected.token_ids) if t in end), None)
+    choice = reply.choices[0]
+    assert reply.usage.prompt_tokens == len(ids)
+    assert choice.message.role == "assistant"
+    if cut is None:
+        assert (choice.message.content, choice.finish_reason) == (expected.text, "length")
+    else:
+        assert choice.finish_reason == "stop" and reply.usage.completion_tokens == cut + 1
+        assert choice.message.content == chat_run.tokenizer.decode(expected.token_ids[:cut], skip_special_tokens=False)
+    streamed = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=60,
+                                                   temperature=0.0, stream=True,
+                                                   stream_options={"include_usage": True}))
+    assert streamed[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == choice.message.content
+    assert streamed[-1].usage.completion_tokens == reply.usage.completion_tokens
+
+
+@pytest.mark.parametrize("body, status, fragment", [
+    (b'{"model": "tiny-chat", "prompt": ', 400, "not valid JSON"),
+    ({"model": MODEL}, 400, "missing required field: messages"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 201}, 400, "at most 200"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "temperature": -0.5}, 400, "temperature"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "x" * 1_000_000}]}, 400, "context of 32 tokens"),
+    ({"model": "gpt-4", "messages": [{"role": "user", "content": "x"}]}, 404, "does not exist"),
+    ({"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}, 400, "unknown role"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "logit_bias": {}}, 400, "unrecognized"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 2}, 400, "n:"),
+])
+def test_bad_requests_get_an_openai_error_and_the_server_keeps_serving(server, client, body, status, fragment):
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    response = httpx.post(f"{server}/v1/chat/completions", content=content,
+                          headers={"Content-Type": "application/json"}, timeout=30)
+    assert response.status_code == status
+    error = response.json()["error"]
+    assert fragment in error["message"] and "\n" not in error["message"] and error["type"]
+    assert client.completions.create(model=MODEL, prompt="ok", max_tokens=2).choices[0].text is not None
+
+
+def test_the_openai_client_raises_its_own_errors(client):
+    with pytest.raises(openai.BadRequestError, match="temperature"):
+        client.completions.create(model=MODEL, prompt="x", temperature=-1)
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        client.completions.create(model="nope", prompt="x")
+    with pytest.raises(openai.BadRequestError, match="context"):
+        client.completions.create(model=MODEL, prompt="x" * 1_000_000)
+
+
+def test_a_run_without_chat_tokens_refuses_chat_but_completes(plain_run_dir):
+    with running_server(plain_run_dir) as (base, _):
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0)
+        with pytest.raises(openai.BadRequestError, match="no chat tokens.*pretrain a new run"):
+            client.chat.completions.create(model="tiny-plain", messages=[{"role": "user", "content": "hi"}])
+        assert client.completions.create(model="tiny-plain", prompt="hi", max_tokens=3).usage.completion_tokens >= 1
+
+
+def test_overload_answers_503_with_retry_after_at_once(server):
+    """4 rows + 2 waiting are full; the next requests are refused at once, not left to hang."""
+    body = {"model": MODEL, "prompt": "a", "max_tokens": 200, "temperature": 0.0}
+
+    async def flood():
+        async with httpx.AsyncClient(base_url=server, timeout=60) as http:
+            streams = [http.stream("POST", "/v1/completions", json={**body, "stream": True}) for _ in range(6)]
+            opened = [await s.__aenter__() for s in streams]
+            await asyncio.sleep(0.5)
+            refused = await http.post("/v1/completions", json=body)
+            for s in streams:
+                await s.__aexit__(None, None, None)
+            return [r.status_code for r in opened], refused
+
+    statuses, refused = asyncio.run(flood())
+    assert statuses == [200] * 6
+    assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+    assert "busy" in refused.json()["error"]["message"]
