@@ -6,4 +6,5 @@ METRICS_FILE = "metrics.jsonl"
 STATE_FILE = "trainer_state.pt"  # everything --resume needs
 MODEL_CONFIG_FILE = "model_config.json"  # with WEIGHTS_FILE: what save_pretrained writes
 WEIGHTS_FILE = "model.safetensors"
-RUN_FILES = (CONFIG_FILE, TOKENIZER_FILE, METRICS_FILE, STATE_FILE, MODEL_CONFIG_FILE, WEIGHTS_FILE)
+PARENT_FILE = "parent.json"  # the run a fine-tuning run started from (train.init_from)
+RUN_FILES = (CONFIG_FILE, TOKENIZER_FILE, METRICS_FILE, STATE_FILE, MODEL_CONFIG_FILE, WEIGHTS_FILE, PARENT_FILE)

@@ -14,6 +14,7 @@ from common.config import build, check_types, require
 from data.errors import DataError
 
 SOURCES = ("shakespeare", "hub", "files")
+FORMATS = ("text", "chat")  # text: documents for pretraining; chat: conversations for fine-tuning
 FILE_FORMATS = ("auto", "txt", "jsonl", "parquet")
 TXT_DOCUMENTS = ("file", "paragraph", "line")
 ENCODING_ERRORS = ("strict", "replace")
@@ -73,6 +74,7 @@ class DataConfig:
     """Where the corpus comes from, how it is split, and the tokenizer trained on it."""
 
     source: str = "shakespeare"
+    format: str = "text"  # chat: conversations (see data/conversations.py), for train.init_from
     vocab_size: int = 2048
     val_fraction: float = 0.1
     split_seed: int = 1234
@@ -86,6 +88,7 @@ class DataConfig:
     def __post_init__(self) -> None:
         check_types(self, "data", DataError)
         _require(self.source in SOURCES, f"unknown data.source {self.source!r}: use one of {', '.join(SOURCES)}")
+        _require_choice("data.format", self.format, FORMATS)
         # 256 byte symbols + the end-of-text token is the smallest byte-level vocabulary; uint32
         # token files cap it far above anything trained here.
         _require(257 <= self.vocab_size <= 2**32 - 1, f"data.vocab_size must be at least 257, got {self.vocab_size}")

@@ -44,7 +44,7 @@ def load_hub(hub: HubSourceConfig, val_fraction: float, progress: bool) -> Sourc
     import datasets  # slow to import (docs/results.md): loaded only once a corpus is read
 
     description = f"hub dataset {hub.name}" + (f" ({hub.config_name})" if hub.config_name else "")
-    with _hub_errors(hub.name):
+    with hub_errors(hub.name):
         splits = datasets.get_dataset_split_names(hub.name, hub.config_name)
     if hub.train_split not in splits:
         raise DataError(
@@ -74,7 +74,7 @@ def _load_hub_split(
 ) -> tuple[Any, list[str]]:
     import datasets  # slow to import (docs/results.md): loaded only once a corpus is read
 
-    with _hub_errors(hub.name):
+    with hub_errors(hub.name):
         dataset = datasets.load_dataset(
             hub.name, hub.config_name, split=split, streaming=hub.streaming
         )
@@ -135,7 +135,7 @@ def _count_within_caps(dataset: Any, column: str, max_docs: int | None, max_byte
 
 
 @contextlib.contextmanager
-def _hub_errors(name: str) -> Iterator[None]:
+def hub_errors(name: str) -> Iterator[None]:
     """Turn hub failures into one-line DataErrors that say what to do."""
     try:
         yield

@@ -50,11 +50,25 @@ def files_spec(files_cfg: FilesSourceConfig) -> dict[str, Any]:
 
 def load_files(files_cfg: FilesSourceConfig) -> SourceDocuments:
     """Read the files into one `datasets.Dataset` (a training split; the caller hash-splits it)."""
-    import datasets  # slow to import (docs/results.md): loaded only once a corpus is read
-
     files = resolve_files(files_cfg.paths)
     fmt = files_format(files, files_cfg.format)
     description = f"local {fmt} files ({len(files)} file{'s' if len(files) != 1 else ''})"
+    dataset = load_files_dataset(files, fmt, files_cfg, description)
+    text_column = "text" if fmt == "txt" else files_cfg.text_column
+    check_text_column(dataset, text_column, description, "data.files.text_column")
+    if fmt == "txt" and files_cfg.txt_document == "file" and len(dataset) == len(files):
+        # One row per file, in the order given to load_dataset.
+        root = _common_root(files)
+        ids = [str(p.relative_to(root)) for p in files]
+    else:
+        ids = row_ids(dataset)
+    return SourceDocuments(description, text_only(dataset, text_column), ids)
+
+
+def load_files_dataset(files: list[Path], fmt: str, files_cfg: FilesSourceConfig, description: str) -> Any:
+    """`files` (all of format `fmt`) as one `datasets.Dataset` with every column they hold."""
+    import datasets  # slow to import (docs/results.md): loaded only once a corpus is read
+
     kwargs: dict[str, Any] = {}
     if fmt == "txt":
         kwargs["sample_by"] = _TXT_SAMPLE_BY[files_cfg.txt_document]
@@ -67,20 +81,11 @@ def load_files(files_cfg: FilesSourceConfig) -> SourceDocuments:
         kwargs["encoding"] = "utf_8"
         kwargs["encoding_errors"] = files_cfg.encoding_errors
     try:
-        dataset = datasets.load_dataset(
+        return datasets.load_dataset(
             _BUILDER_BY_FORMAT[fmt], data_files=[str(p) for p in files], split="train", **kwargs
         )
     except Exception as exc:
         raise _file_read_error(exc, files, description) from exc
-    text_column = "text" if fmt == "txt" else files_cfg.text_column
-    check_text_column(dataset, text_column, description, "data.files.text_column")
-    if fmt == "txt" and files_cfg.txt_document == "file" and len(dataset) == len(files):
-        # One row per file, in the order given to load_dataset.
-        root = _common_root(files)
-        ids = [str(p.relative_to(root)) for p in files]
-    else:
-        ids = row_ids(dataset)
-    return SourceDocuments(description, text_only(dataset, text_column), ids)
 
 
 def resolve_files(patterns: list[str]) -> list[Path]:

@@ -135,13 +135,22 @@ class PreparedData:
                 )
 
 
-def cache_key(cfg: DataConfig) -> tuple[dict[str, Any], str]:
-    """(spec, key): what decides an entry's contents, and its hash."""
+def cache_key(cfg: DataConfig, tokenizer_file: Path | None = None) -> tuple[dict[str, Any], str]:
+    """(spec, key): what decides an entry's contents, and its hash.
+
+    With `tokenizer_file` (a parent run's tokenizer, for fine-tuning) no tokenizer is trained:
+    that file's hash replaces the recipe in the key.
+    """
+    tokenizer = (
+        {"vocab_size": cfg.vocab_size, **TOKENIZER_RECIPE}
+        if tokenizer_file is None
+        else {"file_sha256": _sha256(Path(tokenizer_file))}
+    )
     spec = {
         "format_version": FORMAT_VERSION,
         "source": source_spec(cfg),
         "split": {"val_fraction": cfg.val_fraction, "split_seed": cfg.split_seed},
-        "tokenizer": {"vocab_size": cfg.vocab_size, **TOKENIZER_RECIPE},
+        "tokenizer": tokenizer,
     }
     blob = json.dumps(spec, sort_keys=True, separators=(",", ":")).encode("utf-8")
     return spec, hashlib.sha256(blob).hexdigest()[:16]
@@ -162,9 +171,13 @@ def prepare_data(
     progress: bool = True,
     is_main: bool = True,
     wait_timeout_s: float = 3600.0,
+    tokenizer_file: Path | None = None,
 ) -> PreparedData:
-    """Return the prepared data for `cfg`, building it on a cache miss (main process only)."""
-    spec, key = cache_key(cfg)
+    """Return the prepared data for `cfg`, building it on a cache miss (main process only).
+
+    `tokenizer_file`: tokenize with this tokenizer.json instead of training one.
+    """
+    spec, key = cache_key(cfg, tokenizer_file)
     entry = _entry(cfg, key)
     if not is_main:
         return _wait_for_entry(entry, wait_timeout_s)
@@ -177,10 +190,12 @@ def prepare_data(
         else:
             _say(progress, f"data: using cached {entry} ({_totals(data.meta)})")
             return data
-    return _build(cfg, spec, key, entry, progress)
+    return _build(cfg, spec, key, entry, progress, tokenizer_file)
 
 
-def _build(cfg: DataConfig, spec: dict[str, Any], key: str, entry: Path, progress: bool) -> PreparedData:
+def _build(
+    cfg: DataConfig, spec: dict[str, Any], key: str, entry: Path, progress: bool, tokenizer_file: Path | None
+) -> PreparedData:
     start = time.perf_counter()
     _remove_stale_temps(entry)
     docs = load_source(cfg, progress=progress)
@@ -195,7 +210,7 @@ def _build(cfg: DataConfig, spec: dict[str, Any], key: str, entry: Path, progres
             f"cannot write to data.cache_dir {entry.parent} ({exc.strerror}): choose a writable directory"
         ) from exc
     try:
-        tokenizer, train_stats, val_stats = _write_tokenizer_and_tokens(temp, cfg, train, val, progress)
+        tokenizer, train_stats, val_stats = _write_tokenizer_and_tokens(temp, cfg, train, val, progress, tokenizer_file)
         _check_not_empty(train_stats, val_stats, docs.description, val_from)
         meta = {
             **spec,
@@ -226,11 +241,15 @@ def _build(cfg: DataConfig, spec: dict[str, Any], key: str, entry: Path, progres
 
 
 def _write_tokenizer_and_tokens(
-    temp: Path, cfg: DataConfig, train: Any, val: Any, progress: bool
+    temp: Path, cfg: DataConfig, train: Any, val: Any, progress: bool, tokenizer_file: Path | None = None
 ) -> tuple[Tokenizer, dict[str, Any], dict[str, Any]]:
-    """Train the tokenizer on `train`, save it, and write both token files into `temp`."""
-    with tqdm(total=len(train), desc="training tokenizer", unit="doc", disable=not progress) as bar:
-        tokenizer = train_tokenizer(_texts(train, bar), cfg.vocab_size, length=len(train))
+    """Train the tokenizer on `train` (or take `tokenizer_file`), save it, and write both token
+    files into `temp`."""
+    if tokenizer_file is not None:
+        tokenizer = load_tokenizer(tokenizer_file)
+    else:
+        with tqdm(total=len(train), desc="training tokenizer", unit="doc", disable=not progress) as bar:
+            tokenizer = train_tokenizer(_texts(train, bar), cfg.vocab_size, length=len(train))
     atomic_write_text(temp / TOKENIZER_FILE, tokenizer.to_str())
     # Corpus text that happens to spell "<|endoftext|>" stays text: only we place EOTs.
     tokenizer.encode_special_tokens = True

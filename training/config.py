@@ -22,6 +22,7 @@ from common.files import atomic_write_text
 from data import DataConfig
 from model import GPTConfig
 from model.generation import check_sampling_args
+from training.init_from import find_parent, model_section_from_parent
 
 __all__ = ["Config", "ConfigError", "load_config", "config_from_dict", "config_to_dict", "save_config"]
 
@@ -57,6 +58,7 @@ class TrainConfig:
     precision: str = "auto"  # auto (bf16 autocast where the GPU supports it, else fp32) | bf16 | fp32
     compile: bool | str = "auto"  # auto (on for CUDA, off elsewhere) | true | false
     peak_flops: float | str = "auto"  # FLOP/s of one device for MFU; auto = table or measured
+    init_from: str | None = None  # a run directory to start from (its weights, shape and tokenizer)
 
     def __post_init__(self) -> None:
         check_types(self, "train")
@@ -226,6 +228,13 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
 def config_from_dict(raw: dict[str, Any]) -> Config:
     """Validate a plain nested dict (as read from YAML) into a ``Config``."""
     raw = dict(raw)
+    train = raw.get("train")
+    if isinstance(train, dict) and train.get("init_from"):
+        # The parent run fixes the model's shape and the tokenizer's size.
+        parent = find_parent(train["init_from"])
+        raw["model"] = model_section_from_parent(raw.get("model"), parent)
+        data = raw.get("data") if isinstance(raw.get("data"), dict) else {}
+        raw["data"] = {**data, "vocab_size": parent.model_config.vocab_size}
     # model.vocab_size defaults to the tokenizer's size, so it is filled in before validation.
     model, data = raw.get("model"), raw.get("data")
     if isinstance(model, dict) and "vocab_size" not in model:

@@ -29,6 +29,8 @@ from common.errors import UserError
 from common.files import atomic_write_bytes
 from common.run_files import CONFIG_FILE, METRICS_FILE, TOKENIZER_FILE
 from data import load_tokenizer, prepare_data, train_batches
+from data.chat_batches import ChatBatches
+from data.chat_prepare import prepare_chat_data
 from model import GPT, GPTConfig
 import training.checkpoint as checkpoint
 from training.config import Config, ConfigError, config_to_dict, save_config
@@ -47,9 +49,11 @@ from training.distributed import (
     wrap_model,
 )
 from training.evaluate import EvalResult, evaluate, generate_sample
+from training.init_from import check_parent_tokenizer, find_parent, load_parent_weights, write_parent_record
 from training.interrupt import StopRequest
 from training.metrics import MetricsLog, Throughput, format_duration, format_flops, mfu, peak_flops
 from training.optim import build_optimizer, build_schedule
+from training.sft import accumulate_chat_gradients, chat_reply_samples, evaluate_chat
 from training.wandb_logger import WandbLogger
 
 # tqdm's default bar without its "<remaining" estimate (see Trainer.fit).
@@ -175,7 +179,7 @@ class Trainer:
 
     def _prepare_data(self, *, resume: bool) -> None:
         cfg = self.config
-        prepared = prepare_data(cfg.data, progress=self.verbose, is_main=self.ctx.is_main)
+        prepared = self._load_data(resume=resume)
         barrier(self.ctx)
         prepared.check_block_size(cfg.model.block_size)
         if prepared.vocab_size > cfg.model.vocab_size:
@@ -191,9 +195,27 @@ class Trainer:
                     f"tokenizer than the run was trained with; use the run's own config.yaml"
                 )
         self.prepared = prepared
+        self.chat = prepared if cfg.data.format == "chat" else None
         self.tokenizer = prepared.tokenizer()
-        self.val_tokens = prepared.val_tokens()
+        self.val_tokens = None if self.chat else prepared.val_tokens()
         self.token_bytes = torch.as_tensor(np.asarray(prepared.token_bytes()), dtype=torch.long, device=self.device)
+
+    def _load_data(self, *, resume: bool) -> Any:
+        """Conversations (data.format: chat) or documents; from a parent run (train.init_from),
+        tokenized with its tokenizer (this run's own copy when resuming), never a new one."""
+        cfg = self.config
+        self.parent = find_parent(cfg.train.init_from) if cfg.train.init_from else None
+        tokenizer_file = None
+        if self.parent is not None:
+            check_parent_tokenizer(self.parent, cfg.model.vocab_size)
+            tokenizer_file = self.run_dir / TOKENIZER_FILE if resume else self.parent.tokenizer_file
+        if cfg.data.format == "chat":
+            if tokenizer_file is None:
+                raise ConfigError("data.format: chat fine-tunes a trained run: set train.init_from to its directory")
+            return prepare_chat_data(
+                cfg.data, tokenizer_file, cfg.model.block_size, progress=self.verbose, is_main=self.ctx.is_main
+            )
+        return prepare_data(cfg.data, progress=self.verbose, is_main=self.ctx.is_main, tokenizer_file=tokenizer_file)
 
     def _build_model_and_optimizer(self) -> None:
         cfg, tc, ctx = self.config, self.config.train, self.ctx
@@ -204,6 +226,8 @@ class Trainer:
 
         torch.manual_seed(tc.seed)
         self.model = GPT(cfg.model).to(self.device)
+        if self.parent is not None:
+            load_parent_weights(self.model, self.parent)  # a resumed run's checkpoint replaces them
         seed_everything(tc.seed + ctx.rank)
         self.optimizer = build_optimizer(self.model, tc, self.device)
         # Taken from the config now, not from a checkpoint's saved groups: a run resumed with a
@@ -214,7 +238,10 @@ class Trainer:
         self.micro_steps = split_global_batch(tc.batch_size * tc.grad_accum_steps, tc.batch_size, ctx.world_size)
         self.tokens_per_step = tc.batch_size * tc.grad_accum_steps * cfg.model.block_size
         self.schedule = build_schedule(tc, self.tokens_per_step)
-        self.batches = train_batches(
+        self.batches = ChatBatches(
+            self.prepared.train, tc.batch_size, pad_id=self.prepared.eot_id, seed=tc.seed, rank=ctx.rank,
+            world_size=ctx.world_size, device=self.device,
+        ) if self.chat else train_batches(
             tc.sampling,
             self.prepared.train_tokens(),
             cfg.model.block_size,
@@ -256,6 +283,8 @@ class Trainer:
                 self.metrics.truncate_after(self.step)
             else:
                 atomic_write_bytes(self.run_dir / TOKENIZER_FILE, Path(self.prepared.tokenizer_path).read_bytes())
+                if self.parent is not None:
+                    write_parent_record(self.run_dir, self.parent)
         self.logger = WandbLogger.start(
             cfg.logging.wandb,
             run_dir=self.run_dir,
@@ -270,6 +299,10 @@ class Trainer:
                 f"{', compiled' if self.compiled else ''}); {self.tokens_per_step} tokens/step; "
                 f"peak {format_flops(self.peak)}FLOP/s ({self.peak_source}); run dir {self.run_dir}"
             )
+            if self.parent is not None:
+                self._say(f"starting from {self.parent.directory}")
+            if self.chat:
+                self._say(f"chat batches: {100 * self.batches.epoch_padding_fraction():.1f}% of computed tokens are padding")
 
     # -----------------------------------------------------------------------------------------
     # The loop
@@ -299,13 +332,7 @@ class Trainer:
                     lr = self.schedule(self.step, self._elapsed())
                     for group, scale in zip(self.optimizer.param_groups, self.lr_scales):
                         group["lr"] = lr * scale
-                    loss = accumulate_gradients(
-                        self.train_model,
-                        self.batches.next,
-                        self.micro_steps,
-                        amp=lambda: autocast(self.device, self.amp_dtype),
-                        sync=lambda last: sync_gradients(self.wrapped, last),
-                    )
+                    loss, tokens = self._accumulate()
                     grad_norm = clip_gradients(self.model, tc.grad_clip)
                     # One host sync per step: the cost of noticing a NaN before it reaches the
                     # optimizer (and any checkpoint). The grad norm is the same on all ranks.
@@ -316,8 +343,8 @@ class Trainer:
                     self.optimizer.step()
                     self.optimizer.zero_grad(set_to_none=True)
                     self.step += 1
-                    self.tokens_seen += self.tokens_per_step
-                    self.throughput.add(self.tokens_per_step, time.perf_counter() - t0)
+                    self.tokens_seen += tokens
+                    self.throughput.add(tokens, time.perf_counter() - t0)
 
                     bar.update(1)
                     bar.set_postfix_str(self._postfix(loss, lr), refresh=False)
@@ -338,6 +365,18 @@ class Trainer:
         finally:
             # A diverged or crashed run shows as failed in wandb; its files are closed either way.
             self.logger.finish(self.summary, exit_code=1 if failed else 0)
+
+    def _accumulate(self) -> tuple[torch.Tensor, int]:
+        """Forward and backward one step's micro-batches: (mean loss, tokens computed)."""
+        amp = lambda: autocast(self.device, self.amp_dtype)  # noqa: E731
+        sync = lambda last: sync_gradients(self.wrapped, last)  # noqa: E731
+        if not self.chat:
+            loss = accumulate_gradients(self.train_model, self.batches.next, self.micro_steps, amp=amp, sync=sync)
+            return loss, self.tokens_per_step
+        # Assistant-only loss over every loss-bearing target of the step, on all ranks together.
+        micro_batches = [self.batches.next() for _ in range(self.micro_steps)]
+        loss = accumulate_chat_gradients(self.train_model, micro_batches, amp=amp, sync=sync, ctx=self.ctx)
+        return loss, sum(x.numel() for x, _ in micro_batches) * self.ctx.world_size
 
     def _finish(self, reason: str, last_loss: float | None, signum: int | None) -> TrainResult:
         """The result of the run, with the full validation pass unless it was interrupted."""
@@ -392,23 +431,26 @@ class Trainer:
             "mfu": mfu(self.flops_per_token, tokens_per_s, self.peak * self.ctx.world_size),
             "elapsed_s": self._elapsed(),
         }
+        if self.chat:
+            record["padding_fraction"] = self.batches.padding_fraction
         if self.ctx.is_main:
             self.metrics.append(record)
             self.logger.log({f"train/{k}": v for k, v in record.items() if k not in ("kind", "step")}, self.step)
 
     def _evaluate(self, *, final: bool) -> EvalResult:
         cfg, ec = self.config, self.config.eval
-        result = evaluate(
-            self.model,
-            self.val_tokens,
-            self.token_bytes,
-            block_size=cfg.model.block_size,
+        shared = dict(
             batch_size=ec.batch_size or cfg.train.batch_size,
             max_batches=ec.final_max_batches if final else ec.max_batches,
             device=self.device,
             amp=lambda: autocast(self.device, self.amp_dtype),
             ctx=self.ctx,
         )
+        if self.chat:
+            # Loss and bits/byte of the replies only, over held-out conversations.
+            result = evaluate_chat(self.model, self.chat.val, self.token_bytes, pad_id=self.chat.eot_id, **shared)
+        else:
+            result = evaluate(self.model, self.val_tokens, self.token_bytes, block_size=cfg.model.block_size, **shared)
         if not self.ctx.is_main:
             return result
         record: dict[str, Any] = {
@@ -418,29 +460,47 @@ class Trainer:
             "val_bpb": result.bpb,
             "val_tokens": result.tokens,
         }
-        if ec.sample_tokens > 0:
-            record["sample"] = generate_sample(
-                self.model,
-                self.tokenizer,
-                ec.sample_prompt,
-                max_new_tokens=ec.sample_tokens,
-                temperature=ec.sample_temperature,
-                top_k=ec.sample_top_k,
-                seed=ec.sample_seed,
-                device=self.device,
-                start_id=self.prepared.eot_id,
-            )
+        samples = self._samples() if ec.sample_tokens > 0 else []
+        if self.chat:
+            record["samples"] = [{"prompt": p, "reply": r} for p, r in samples]
+        elif samples:
+            record["sample"] = samples[0][1]
         self.metrics.append(record)
         prefix = "final/" if final else "val/"
         self.logger.log({prefix + "loss": result.loss, prefix + "bpb": result.bpb}, self.step)
-        if "sample" in record:
-            self.logger.log_samples(self.step, [(ec.sample_prompt, record["sample"])])
+        if samples:
+            self.logger.log_samples(self.step, samples)
         if self.verbose:
             scope = "full validation" if final else "validation"
-            self._say(f"step {self.step} {scope}: loss {result.loss:.4f} nats/token, {result.bpb:.4f} bits/byte")
-            if "sample" in record:
-                self._say("  sample: " + record["sample"].replace("\n", "\n          "))
+            what = ("assistant loss", " of assistant text") if self.chat else ("loss", "")
+            self._say(f"step {self.step} {scope}: {what[0]} {result.loss:.4f} nats/token, {result.bpb:.4f} bits/byte{what[1]}")
+            for prompt, text in samples[:1]:
+                shown = prompt + text if self.chat else text
+                self._say("  sample: " + shown.replace("\n", "\n          "))
         return result
+
+    def _samples(self) -> list[tuple[str, str]]:
+        """(prompt, text) rows: replies to held-out conversations' first user turns when
+        chat-tuning, else the continuation of eval.sample_prompt (prompt included)."""
+        ec = self.config.eval
+        if self.chat:
+            return chat_reply_samples(
+                self.model, self.tokenizer, self.chat.val, self.tokenizer.token_to_id("<|end|>"), count=4,
+                max_new_tokens=ec.sample_tokens, temperature=ec.sample_temperature, top_k=ec.sample_top_k,
+                seed=ec.sample_seed, device=self.device,
+            )
+        text = generate_sample(
+            self.model,
+            self.tokenizer,
+            ec.sample_prompt,
+            max_new_tokens=ec.sample_tokens,
+            temperature=ec.sample_temperature,
+            top_k=ec.sample_top_k,
+            seed=ec.sample_seed,
+            device=self.device,
+            start_id=self.prepared.eot_id,
+        )
+        return [(ec.sample_prompt, text)]
 
     def _save(self) -> None:
         # Each rank's sampler and RNG streams differ, and all are needed to resume exactly.

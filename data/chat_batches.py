@@ -1,0 +1,133 @@
+"""Batches of whole conversations for fine-tuning: each row starts at position 0, padded at the end.
+
+x is a conversation's ids but the last, y the ids shifted by one with -1 wherever the loss mask is
+off (system and user text, role tokens) and over the padding, so only the model's replies are
+learned. Right-padding never changes the real tokens' outputs (attention is causal).
+
+Rows of similar length share a batch, so little of what is computed is padding: each epoch
+shuffles the conversations, sorts each bucket of ``_BUCKET_BATCHES`` draws' worth by length, cuts
+it into draws, and shuffles the draws. The order depends only on (seed, epoch), so every rank agrees
+on it and a resumed run continues it exactly; rank r takes the r-th ``batch_size`` rows of a draw.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Iterator
+
+import numpy as np
+import torch
+
+from data.chat_prepare import ChatSplit
+from data.errors import DataError
+
+_BUCKET_BATCHES = 64
+
+
+def collate(split: ChatSplit, rows: np.ndarray, pad_id: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """(x, y) for conversations ``rows``, padded to the longest; y is -1 off the loss mask."""
+    lengths = split.lengths[rows] - 1
+    width = int(lengths.max())
+    x = np.full((len(rows), width), pad_id, dtype=np.int64)
+    y = np.full((len(rows), width), -1, dtype=np.int64)
+    for r, i in enumerate(rows):
+        ids, mask = split.conversation(int(i))
+        n = len(ids) - 1
+        x[r, :n] = ids[:-1]
+        y[r, :n] = np.where(mask[1:], ids[1:], -1)
+    return torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
+
+
+class ChatBatches:
+    """Length-grouped training batches of conversations, every one once per epoch."""
+
+    def __init__(
+        self, split: ChatSplit, batch_size: int, *, pad_id: int, seed: int, rank: int = 0, world_size: int = 1,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        self.split, self.batch_size, self.pad_id = split, batch_size, pad_id
+        self.seed, self.rank, self.world_size = seed, rank, world_size
+        self.device = torch.device(device)
+        self.draw_size = batch_size * world_size
+        if len(split) < self.draw_size:
+            raise DataError(
+                f"the training split has {len(split)} conversations, fewer than one batch of {self.draw_size}: "
+                "lower train.batch_size or add conversations"
+            )
+        self.epoch = 0
+        self.position = 0  # draws of this epoch already taken
+        self._draws = self._epoch_draws(self.epoch)
+        self.computed_tokens = 0  # positions run through the model, padding included
+        self.padding_tokens = 0
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.position >= len(self._draws):
+            self.epoch, self.position = self.epoch + 1, 0
+            self._draws = self._epoch_draws(self.epoch)
+        draw = self._draws[self.position]
+        self.position += 1
+        rows = draw[self.rank * self.batch_size : (self.rank + 1) * self.batch_size]
+        x, y = collate(self.split, rows, self.pad_id, self.device)
+        self.computed_tokens += x.numel()
+        self.padding_tokens += x.numel() - int((self.split.lengths[rows] - 1).sum())
+        return x, y
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        while True:
+            yield self.next()
+
+    @property
+    def padding_fraction(self) -> float:
+        """Share of the positions computed so far (this process) that were padding."""
+        return self.padding_tokens / self.computed_tokens if self.computed_tokens else 0.0
+
+    def epoch_padding_fraction(self) -> float:
+        """Share of an epoch's computed positions that are padding (epoch 0's order)."""
+        lengths = self.split.lengths - 1
+        computed = padded = 0
+        for draw in self._epoch_draws(0):
+            for r in range(self.world_size):
+                rows = lengths[draw[r * self.batch_size : (r + 1) * self.batch_size]]
+                computed += int(rows.max()) * len(rows)
+                padded += int(rows.max()) * len(rows) - int(rows.sum())
+        return padded / computed
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+        self._draws = self._epoch_draws(self.epoch)
+
+    def _epoch_draws(self, epoch: int) -> list[np.ndarray]:
+        generator = torch.Generator().manual_seed(_stream_seed(self.seed, epoch))
+        order = torch.randperm(len(self.split), generator=generator).numpy()
+        lengths = self.split.lengths
+        bucket = self.draw_size * _BUCKET_BATCHES
+        draws = []
+        for start in range(0, len(order), bucket):
+            chunk = order[start : start + bucket]
+            chunk = chunk[np.argsort(lengths[chunk], kind="stable")]
+            # Whole draws only: the few conversations left over wait for the next epoch's order.
+            draws += [chunk[i : i + self.draw_size] for i in range(0, len(chunk) - self.draw_size + 1, self.draw_size)]
+        shuffle = torch.randperm(len(draws), generator=generator).tolist()
+        return [draws[i] for i in shuffle]
+
+
+def iter_chat_val_batches(
+    split: ChatSplit, batch_size: int, *, pad_id: int, max_batches: int | None = None,
+    device: str | torch.device = "cpu",
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Held-out conversations in length order (little padding), the same every call; with
+    ``max_batches`` a fixed subset spread evenly over them."""
+    rows = np.argsort(split.lengths, kind="stable")
+    if max_batches is not None:
+        count = min(len(rows), max_batches * batch_size)
+        rows = rows[np.linspace(0, len(rows) - 1, count).round().astype(np.int64)]
+    for i in range(0, len(rows), batch_size):
+        yield collate(split, rows[i : i + batch_size], pad_id, device)
+
+
+def _stream_seed(seed: int, epoch: int) -> int:
+    digest = hashlib.blake2b(f"chat-batches\0{seed}\0{epoch}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1

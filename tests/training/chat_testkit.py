@@ -1,0 +1,27 @@
+"""Small conversation files for the fine-tuning tests (generated, deterministic)."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+_WORDS = ["the river", "a golden crown", "the market", "the winter sea", "his garden", "the quiet hills"]
+
+
+def conversation(rng: random.Random, turns: int = 1) -> list[dict[str, str]]:
+    messages = [{"role": "system", "content": f"You are {rng.choice(['ROMEO', 'JULIET', 'NURSE'])}."}]
+    for _ in range(turns):
+        messages.append({"role": "user", "content": f"Where is {rng.choice(_WORDS)}?"})
+        messages.append({"role": "assistant", "content": f"It lies by {rng.choice(_WORDS)}, my lord."})
+    return messages
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    return path
+
+
+def chat_file(path: Path, count: int = 200, seed: int = 0) -> Path:
+    rng = random.Random(seed)
+    return write_jsonl(path, [{"id": str(i), "messages": conversation(rng, 1 + i % 3)} for i in range(count)])

@@ -1,0 +1,94 @@
+"""train.init_from: a run that starts from another run's weights, shape and tokenizer."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from common.errors import UserError
+
+
+@pytest.fixture(scope="module")
+def parent_run(base_raw, tmp_path_factory) -> Path:
+    """A pretrained run of a few steps (its tokenizer reserves the chat tokens)."""
+    import copy
+
+    from training.config import config_from_dict
+    from training.trainer import train
+
+    raw = copy.deepcopy(base_raw)
+    raw["train"]["max_steps"] = 3
+    raw["eval"] = {"interval": 0, "max_batches": 1, "sample_tokens": 0, "final_max_batches": 1}
+    raw["run"]["out_dir"] = str(tmp_path_factory.mktemp("parent") / "run")
+    result = train(config_from_dict(raw), progress=False)
+    return result.run_dir
+
+
+def _setup(config):
+    from training.distributed import init_distributed
+    from training.trainer import Trainer
+
+    trainer = Trainer(config, init_distributed("cpu"), progress=False)
+    trainer.setup(resume=False, overwrite=False)
+    return trainer
+
+
+def test_init_from_loads_the_parents_weights_exactly_and_records_it(make_config, parent_run, tmp_path):
+    from model import load_pretrained
+
+    # No model section at all: the parent's shape is used.
+    config = make_config(train={"init_from": str(parent_run)})
+    trainer = _setup(config)
+    parent = load_pretrained(parent_run)
+    assert trainer.model.config == parent.config
+    for name, tensor in parent.state_dict().items():
+        assert torch.equal(trainer.model.state_dict()[name], tensor), name
+    # Fresh optimizer and step; the tokenizer is the parent's, byte for byte; the parent is recorded.
+    assert trainer.step == 0 and not trainer.optimizer.state
+    assert (tmp_path / "run" / "tokenizer.json").read_bytes() == (parent_run / "tokenizer.json").read_bytes()
+    record = json.loads((tmp_path / "run" / "parent.json").read_text())
+    assert record["init_from"] == str(parent_run.resolve())
+    # Continued pretraining tokenizes its data with the parent's tokenizer: none is trained.
+    assert trainer.prepared.tokenizer_path.read_bytes() == (parent_run / "tokenizer.json").read_bytes()
+    trainer.logger.finish()
+
+
+def test_a_model_section_that_disagrees_with_the_parent_names_the_field(base_raw, parent_run, tmp_path):
+    import copy
+
+    from training.config import config_from_dict
+
+    raw = copy.deepcopy(base_raw)
+    raw["train"]["init_from"] = str(parent_run)
+    raw["run"]["out_dir"] = str(tmp_path / "run")
+    raw["model"]["n_layer"] = 3
+    with pytest.raises(UserError, match=r"model\.n_layer is 3 in the config but 2 in the parent run"):
+        config_from_dict(raw)
+    # Agreeing fields, and settings that do not change the shape, are fine.
+    raw["model"]["n_layer"] = 2
+    raw["model"]["dropout"] = 0.1
+    assert config_from_dict(raw).model.dropout == 0.1
+
+
+def test_init_from_refuses_a_non_run(make_config, tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match=r"is not a trained run \(no model_config.json"):
+        make_config(train={"init_from": str(tmp_path / "empty")})
+    with pytest.raises(UserError, match="is not a run directory"):
+        make_config(train={"init_from": str(tmp_path / "missing")})
+
+
+def test_init_from_refuses_a_tokenizer_that_does_not_fit_the_model(make_config, parent_run, tmp_path):
+    from data.tokenizer import train_tokenizer
+
+    parent = Path(shutil.copytree(parent_run, tmp_path / "parent"))
+    # A tokenizer from another run: more tokens than this model has embeddings.
+    bigger = train_tokenizer([f"word{i} other{i * 7}" for i in range(3000)], 600)
+    (parent / "tokenizer.json").write_text(bigger.to_str())
+    config = make_config(train={"init_from": str(parent)})
+    with pytest.raises(UserError, match="is not the tokenizer these weights were trained with"):
+        _setup(config)

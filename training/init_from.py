@@ -1,0 +1,106 @@
+"""Starting a run from another run's weights (``train.init_from``): fine-tuning and continued
+pretraining.
+
+The parent run fixes what the weights depend on: its ``model_config.json`` is the model's shape,
+and its ``tokenizer.json`` tokenizes the new data (no tokenizer is trained). A ``model`` section
+in the config may be left out; a field it sets that would change the shape is an error naming the
+field. The optimizer, schedule and step start fresh. The new run records its parent in
+``parent.json``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from common.errors import UserError, one_line
+from common.files import atomic_write_text
+from common.run_files import MODEL_CONFIG_FILE, PARENT_FILE, TOKENIZER_FILE, WEIGHTS_FILE
+from data import load_tokenizer
+from model import GPTConfig, ModelFileError, load_pretrained
+
+# The fields a config may not change when it starts from a parent: they fix the weights' shapes.
+_SHAPE_FIELDS = ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd", "ffn_hidden", "tie_embeddings")
+
+
+class InitFromError(UserError):
+    """train.init_from names something that is not a usable parent run."""
+
+
+@dataclass(frozen=True)
+class ParentRun:
+    directory: Path
+    model_config: GPTConfig
+
+    @property
+    def tokenizer_file(self) -> Path:
+        return self.directory / TOKENIZER_FILE
+
+
+def find_parent(init_from: str | Path) -> ParentRun:
+    """The run directory ``init_from`` names, checked to hold a model and its tokenizer."""
+    directory = Path(init_from).expanduser()
+    if not directory.is_dir():
+        raise InitFromError(
+            f"train.init_from: {directory} is not a run directory; point it at a directory written by train.py"
+        )
+    missing = [name for name in (MODEL_CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE) if not (directory / name).is_file()]
+    if missing:
+        raise InitFromError(
+            f"train.init_from: {directory} is not a trained run (no {', '.join(missing)}); point it at a "
+            "directory written by train.py"
+        )
+    try:
+        raw = json.loads((directory / MODEL_CONFIG_FILE).read_text(encoding="utf-8"))
+        config = GPTConfig.from_dict(raw)
+    except (OSError, ValueError, TypeError) as e:
+        raise InitFromError(f"train.init_from: {directory / MODEL_CONFIG_FILE} is unreadable ({one_line(e)}); use another run") from None
+    return ParentRun(directory, config)
+
+
+def model_section_from_parent(model: Any, parent: ParentRun) -> dict[str, Any]:
+    """The ``model`` config section for a run starting from ``parent``: the parent's shape, with
+    the config's other settings (dropout, norm_eps) on top. A shape field that differs is an error."""
+    if model is None:
+        model = {}
+    if not isinstance(model, dict):
+        raise InitFromError("model must be a section (or left out with train.init_from)")
+    inherited = parent.model_config.to_dict()
+    for name in _SHAPE_FIELDS:
+        if name in model and model[name] != inherited[name]:
+            raise InitFromError(
+                f"model.{name} is {model[name]!r} in the config but {inherited[name]!r} in the parent run "
+                f"{parent.directory} (train.init_from); remove model.{name} or match the parent"
+            )
+    return {**inherited, **model}
+
+
+def load_parent_weights(model: Any, parent: ParentRun) -> None:
+    """Copy the parent's weights into ``model`` (same shape, checked by the config)."""
+    try:
+        source = load_pretrained(parent.directory)
+    except ModelFileError as e:
+        raise InitFromError(f"train.init_from: {e}") from None
+    model.load_state_dict(source.state_dict())
+
+
+def check_parent_tokenizer(parent: ParentRun, vocab_size: int) -> None:
+    """The parent's tokenizer must fit its model: a tokenizer.json from another run does not."""
+    size = load_tokenizer(parent.tokenizer_file).get_vocab_size(with_added_tokens=True)
+    if size > vocab_size:
+        raise InitFromError(
+            f"train.init_from: {parent.tokenizer_file} has {size} tokens but the model's vocab_size is "
+            f"{vocab_size}: it is not the tokenizer these weights were trained with; restore the run's own"
+        )
+
+
+def write_parent_record(run_dir: Path, parent: ParentRun) -> None:
+    record = {
+        "init_from": str(parent.directory.resolve()),
+        "model_config": parent.model_config.to_dict(),
+        "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+    atomic_write_text(run_dir / PARENT_FILE, json.dumps(record, indent=2) + "\n")

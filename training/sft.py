@@ -1,0 +1,132 @@
+"""Supervised fine-tuning on conversations: the assistant-only loss, its evaluation, chat samples.
+
+The loss of an optimizer step is the summed cross-entropy over every loss-bearing target of the
+step (all micro-batches, all processes) divided by their count, so a long reply weighs what its
+tokens weigh wherever it falls. The count is taken before the backward passes (one small
+all-reduce per step), and clamped to at least 1: a step, or a micro-batch, with no loss-bearing
+token then contributes a loss of 0 and zero gradients instead of the 0/0 = NaN a mean over no
+targets gives.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, ContextManager
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from data import bits_per_byte, target_nats_and_bytes
+from data.chat_batches import iter_chat_val_batches
+from data.chat_prepare import ChatSplit
+from training.distributed import all_reduce_sum
+from training.evaluate import EvalResult
+
+
+def summed_target_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy summed over targets that are not -1 (0 when there are none)."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1, reduction="sum")
+
+
+def accumulate_chat_gradients(
+    model: nn.Module,
+    micro_batches: list[tuple[torch.Tensor, torch.Tensor]],
+    *,
+    amp: Callable[[], ContextManager] | None = None,
+    sync: Callable[[bool], ContextManager] | None = None,
+    ctx: Any = None,
+) -> torch.Tensor:
+    """Backward the step's assistant-only loss; return it (detached, the same on every rank).
+
+    Data-parallel gradients are averaged over ``world_size`` processes, so each process scales
+    its summed loss by world_size / (targets of the whole step) to get the gradient of the mean.
+    """
+    world_size = ctx.world_size if ctx is not None else 1
+    count = torch.stack([(y != -1).sum() for _, y in micro_batches]).sum().double()
+    if ctx is not None:
+        count = all_reduce_sum(count, ctx)
+    scale = world_size / count.clamp(min=1)
+    total = torch.zeros((), dtype=torch.float64, device=count.device)
+    for i, (x, y) in enumerate(micro_batches):
+        last = i == len(micro_batches) - 1
+        with sync(last) if sync is not None else contextlib.nullcontext():
+            with amp() if amp is not None else contextlib.nullcontext():
+                logits = model(x)
+            loss = summed_target_loss(logits, y)
+            (loss * scale.float()).backward()
+        total += loss.detach().double()
+    if ctx is not None:
+        total = all_reduce_sum(total, ctx)
+    return (total / count.clamp(min=1)).float()
+
+
+@torch.no_grad()
+def evaluate_chat(
+    model: nn.Module,
+    split: ChatSplit,
+    token_bytes: torch.Tensor,
+    *,
+    batch_size: int,
+    max_batches: int | None,
+    pad_id: int,
+    device: torch.device,
+    amp: Callable[[], ContextManager] | None = None,
+    ctx: Any = None,
+) -> EvalResult:
+    """Loss per assistant token (each reply's <|end|> included) and bits per byte of assistant
+    text, over held-out conversations; summed over processes like ``training.evaluate``."""
+    rank, world_size = (ctx.rank, ctx.world_size) if ctx is not None else (0, 1)
+    was_training = model.training
+    model.eval()
+    sums = torch.zeros(4, dtype=torch.float64, device=device)
+    try:
+        batches = iter_chat_val_batches(split, batch_size, pad_id=pad_id, max_batches=max_batches, device=device)
+        for i, (x, y) in enumerate(batches):
+            if i % world_size != rank:
+                continue
+            with amp() if amp is not None else contextlib.nullcontext():
+                logits = model(x)
+            logits = logits.float()
+            sums[0] += summed_target_loss(logits, y).double()
+            sums[1] += (y != -1).sum()
+            text_nats, text_bytes = target_nats_and_bytes(logits, y, token_bytes)
+            sums[2] += text_nats
+            sums[3] += text_bytes
+    finally:
+        model.train(was_training)
+    if ctx is not None:
+        sums = all_reduce_sum(sums, ctx)
+    nats, tokens, text_nats, nbytes = sums.tolist()
+    return EvalResult(loss=nats / max(tokens, 1), bpb=bits_per_byte(text_nats, int(nbytes)), tokens=int(tokens), bytes=int(nbytes))
+
+
+@torch.no_grad()
+def chat_reply_samples(
+    model: Any, tokenizer: Any, split: ChatSplit, end_id: int, *, count: int, max_new_tokens: int,
+    temperature: float, top_k: int | None, seed: int, device: torch.device,
+) -> list[tuple[str, str]]:
+    """(prompt, reply) for the first reply of ``count`` held-out conversations spread over the split.
+
+    A private generator keeps the samples a function of the weights alone.
+    """
+    rows = sorted({round(i * (len(split) - 1) / max(count - 1, 1)) for i in range(count)})
+    generator = torch.Generator(device=device).manual_seed(seed)
+    was_training = model.training
+    model.eval()
+    samples = []
+    try:
+        for row in rows:
+            prompt = split.first_reply_prompt(row)
+            room = model.config.block_size - len(prompt)
+            if room < 1:
+                continue
+            idx = torch.tensor([prompt], dtype=torch.long, device=device)
+            out = model.generate(idx, min(max_new_tokens, room), temperature=temperature, top_k=top_k, generator=generator)
+            reply = out[0, len(prompt):].tolist()
+            if end_id in reply:
+                reply = reply[: reply.index(end_id) + 1]
+            samples.append((tokenizer.decode(prompt, skip_special_tokens=False), tokenizer.decode(reply, skip_special_tokens=False)))
+    finally:
+        model.train(was_training)
+    return samples
