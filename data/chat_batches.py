@@ -34,7 +34,7 @@ def collate(split: ChatSplit, rows: np.ndarray, pad_id: int, device: torch.devic
         ids, mask = split.conversation(int(i))
         n = len(ids) - 1
         x[r, :n] = ids[:-1]
-        y[r, :n] = np.where(mask[1:], ids[1:], -1)
+        y[r, :n] = np.where(mask[1:], ids[1:].astype(np.int64), -1)
     return torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
 
 

@@ -6,14 +6,16 @@ import json
 import random
 from pathlib import Path
 
-_WORDS = ["the river", "a golden crown", "the market", "the winter sea", "his garden", "the quiet hills"]
+# Words of the training tests' corpus, so the small tokenizer there encodes them in few tokens.
+_SUBJECTS = ["the miller", "the weaver", "a shepherd", "my brother"]
+_OBJECTS = ["the river", "the market", "his garden", "the winter sea"]
 
 
 def conversation(rng: random.Random, turns: int = 1) -> list[dict[str, str]]:
-    messages = [{"role": "system", "content": f"You are {rng.choice(['ROMEO', 'JULIET', 'NURSE'])}."}]
+    messages = [{"role": "system", "content": rng.choice(["ROMEO", "JULIET", "NURSE"])}]
     for _ in range(turns):
-        messages.append({"role": "user", "content": f"Where is {rng.choice(_WORDS)}?"})
-        messages.append({"role": "assistant", "content": f"It lies by {rng.choice(_WORDS)}, my lord."})
+        messages.append({"role": "user", "content": f"{rng.choice(_SUBJECTS)}?"})
+        messages.append({"role": "assistant", "content": f"{rng.choice(_OBJECTS)}."})
     return messages
 
 

@@ -1,0 +1,132 @@
+"""Conversations for fine-tuning: the two row shapes, their errors, the Shakespeare chat set,
+fitting the window at turn boundaries, and length-grouped batches that start at position 0."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from tokenizers import Tokenizer
+
+from data.chat import ChatTokenIds, Message, render_chat
+from data.chat_batches import ChatBatches, collate
+from data.chat_prepare import ChatSplit, fit_to_window, tokenize_conversations
+from data.config import DataConfig, FilesSourceConfig
+from data.conversations import load_conversations
+from data.errors import DataError
+from data.tokenizer import train_tokenizer
+from data_testkit import make_documents
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Tokenizer:
+    return train_tokenizer(make_documents(40), 400)
+
+
+def _files_cfg(*paths: Path) -> DataConfig:
+    return DataConfig(source="files", format="chat", files=FilesSourceConfig(paths=[str(p) for p in paths]))
+
+
+def _jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def _chat(i: int) -> list[dict]:
+    return [{"role": "user", "content": f"question {i}"}, {"role": "assistant", "content": f"answer {i}"}]
+
+
+def test_messages_and_instruction_columns_become_the_same_conversations(tmp_path):
+    messages = _jsonl(tmp_path / "m.jsonl", [{"messages": _chat(i)} for i in range(30)])
+    alpaca = _jsonl(tmp_path / "a.jsonl", [
+        {"instruction": "Add", "input": "2 and 2", "output": "4"},
+        {"instruction": "Greet", "input": "", "output": "Hello."},
+    ] * 10)
+    loaded = load_conversations(_files_cfg(messages))
+    assert len(loaded.train) + len(loaded.val) == 30 and loaded.val  # held out by hash of row ids
+    assert all(len(c) == 2 and c[1].role == "assistant" for c in loaded.train + loaded.val)
+    both = load_conversations(_files_cfg(alpaca)).train
+    assert [Message("user", "Add\n\n2 and 2"), Message("assistant", "4")] in both
+    assert [Message("user", "Greet"), Message("assistant", "Hello.")] in both
+
+
+@pytest.mark.parametrize(
+    "row, fragment",
+    [
+        ({"messages": [{"role": "user", "content": "hi"}]}, "row 3: the conversation has no assistant turn"),
+        ({"messages": [{"role": "wizard", "content": "hi"}]}, "row 3: message 0 has unknown role 'wizard'"),
+        ({"text": "hello"}, "has no 'messages' column (columns: text)"),
+    ],
+)
+def test_bad_rows_name_the_file_and_row(tmp_path, row, fragment):
+    rows = [{"messages": _chat(i)} for i in range(3)] + [row] if "messages" in row else [row] * 4
+    path = _jsonl(tmp_path / "bad.jsonl", rows)
+    with pytest.raises(DataError) as info:
+        load_conversations(_files_cfg(path))
+    assert fragment in str(info.value) and str(path) in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_shakespeare_chat_holds_out_the_plays_pretraining_holds_out():
+    from data.shakespeare import play_files, play_id
+    from data.split import hash_split
+
+    chat = load_conversations(DataConfig(format="chat"))
+    ids = [play_id(p) for p in play_files()]
+    _, val = hash_split(ids, 0.1, 1234)
+    assert chat.val_from == "held-out plays: " + ", ".join(sorted(ids[i] for i in val))
+    assert len(chat.train) > 5 * len(chat.val) > 0
+    # Every conversation: a system prompt naming the speaker, then alternating user/assistant turns.
+    for conversation in chat.train[:500]:
+        assert conversation[0].role == "system" and conversation[0].content.startswith("You are ")
+        assert [m.role for m in conversation[1:]] == ["user", "assistant"] * (len(conversation) // 2)
+    hamlet = [c for c in chat.train if c[0].content == "You are FRANCISCO in Hamlet."]
+    assert [Message("user", "Who's there?"), Message("assistant", "Nay, answer me: stand, and unfold yourself.")] == hamlet[0][1:]
+
+
+def test_a_long_conversation_keeps_its_system_prompt_and_most_recent_whole_turns(tokenizer):
+    special = ChatTokenIds.of(tokenizer)
+    messages = [Message("system", "Be brief."), Message("user", "one two three"), Message("assistant", "four five six"),
+                Message("user", "seven"), Message("assistant", "eight")]
+    whole = render_chat(tokenizer, messages)
+    expected = render_chat(tokenizer, [messages[0], *messages[3:]])
+    fitted, cut = fit_to_window(whole, special, [m.role for m in messages], len(expected.ids))
+    assert cut and fitted.ids == expected.ids and fitted.loss_mask == expected.loss_mask
+    assert fit_to_window(whole, special, [m.role for m in messages], len(whole.ids)) == (whole, False)
+    assert fit_to_window(whole, special, [m.role for m in messages], len(expected.ids) - 1) == (None, False)
+    split, stats = tokenize_conversations(tokenizer, [messages, messages], len(expected.ids) - 1)
+    assert (stats["conversations"], stats["cut"]) == (2, 2)
+    split, stats = tokenize_conversations(tokenizer, [messages], len(expected.ids) - 2)
+    assert (stats["conversations"], stats["dropped"]) == (0, 1)
+
+
+def test_batches_start_every_conversation_at_position_0_and_learn_only_replies(tokenizer):
+    conversations = [[Message("system", "s" * (i % 5)), Message("user", f"u{i}"), Message("assistant", "a" * (i % 7 + 1))]
+                     for i in range(40)]
+    split, _ = tokenize_conversations(tokenizer, conversations, 64)
+    special = ChatTokenIds.of(tokenizer)
+    rows = np.arange(5)
+    x, y = collate(split, rows, pad_id=0)
+    for r in rows:
+        rendered = render_chat(tokenizer, conversations[r])
+        n = len(rendered.ids) - 1
+        assert x[r, 0].item() == special.role["system"]
+        assert x[r, :n].tolist() == rendered.ids[:-1]
+        expected = [t if m else -1 for t, m in zip(rendered.ids[1:], rendered.loss_mask[1:])]
+        assert y[r, :n].tolist() == expected and y[r, n:].eq(-1).all()
+        assert expected[-1] == special.end  # the reply's end-of-turn token is learned
+
+    batches = ChatBatches(split, 4, pad_id=0, seed=3)
+    seen = [batches.next() for _ in range(10)]  # one epoch: every conversation once
+    assert sum(int((y[:, :1] != -2).sum()) for _, y in seen) == 40
+    assert 0 <= batches.padding_fraction < 0.5
+    # Resume: the same batches follow from the saved state.
+    state = batches.state_dict()
+    after = [batches.next() for _ in range(3)]
+    again = ChatBatches(split, 4, pad_id=0, seed=3)
+    again.load_state_dict(state)
+    for (xa, ya), (xb, yb) in zip(after, [again.next() for _ in range(3)]):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)

@@ -1,0 +1,110 @@
+"""Supervised fine-tuning: the assistant-only loss, and a fine-tuning run that resumes exactly."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from chat_testkit import chat_file
+from model import GPT, GPTConfig
+from training.sft import accumulate_chat_gradients
+
+
+def _model() -> GPT:
+    torch.manual_seed(0)
+    return GPT(GPTConfig(vocab_size=40, block_size=16, n_layer=1, n_head=2, n_kv_head=1, n_embd=16))
+
+
+def test_a_fully_masked_step_gives_zero_loss_and_zero_gradients_not_nan():
+    model = _model()
+    x = torch.randint(0, 40, (3, 10))
+    y = torch.full((3, 10), -1)
+    loss = accumulate_chat_gradients(model, [(x, y), (x, y)])
+    assert loss.item() == 0.0
+    for name, p in model.named_parameters():
+        assert p.grad is not None and torch.all(p.grad == 0), name
+
+
+def test_the_step_loss_is_the_mean_over_every_loss_bearing_target_of_all_micro_batches():
+    # Two micro-batches with very different numbers of targets (one has none in its first row):
+    # the step must equal one batch holding both, not the mean of the two micro-batch means.
+    g = torch.Generator().manual_seed(1)
+    x1, x2 = torch.randint(0, 40, (2, 12), generator=g), torch.randint(0, 40, (2, 12), generator=g)
+    y1, y2 = torch.randint(0, 40, (2, 12), generator=g), torch.randint(0, 40, (2, 12), generator=g)
+    y1[0] = -1
+    y1[1, :9] = -1
+    y2[:, :2] = -1
+    model = _model()
+    loss = accumulate_chat_gradients(model, [(x1, y1), (x2, y2)])
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    reference = _model()
+    logits = reference(torch.cat([x1, x2]))
+    expected = F.cross_entropy(logits.flatten(0, 1), torch.cat([y1, y2]).flatten(), ignore_index=-1)
+    expected.backward()
+    torch.testing.assert_close(loss, expected.detach(), rtol=1e-5, atol=1e-6)
+    for name, p in reference.named_parameters():
+        torch.testing.assert_close(grads[name], p.grad, rtol=1e-4, atol=1e-7, msg=name)
+
+
+@pytest.fixture(scope="module")
+def parent_run(base_raw, tmp_path_factory) -> Path:
+    from training.config import config_from_dict
+    from training.trainer import train
+
+    raw = copy.deepcopy(base_raw)
+    raw["train"]["max_steps"] = 3
+    raw["eval"] = {"interval": 0, "max_batches": 1, "sample_tokens": 0, "final_max_batches": 1}
+    raw["run"]["out_dir"] = str(tmp_path_factory.mktemp("parent") / "run")
+    return train(config_from_dict(raw), progress=False).run_dir
+
+
+@pytest.fixture
+def sft_config(make_config, parent_run, tmp_path):
+    data_file = chat_file(tmp_path / "chats.jsonl")
+
+    def make(out_dir: Path, **train):
+        return make_config(
+            out_dir,
+            data={"format": "chat", "files": {"paths": [str(data_file)]}},
+            train={"init_from": str(parent_run), "max_steps": 6, "batch_size": 4, "grad_accum_steps": 2, **train},
+            eval={"interval": 3, "max_batches": 2, "sample_tokens": 6, "final_max_batches": 3},
+            run={"checkpoint_interval": 3},
+        )
+
+    return make
+
+
+def test_fine_tuning_learns_replies_and_resumes_exactly(sft_config, tmp_path):
+    from model import load_pretrained
+    from training.trainer import train
+
+    whole = train(sft_config(tmp_path / "whole"), progress=False)
+    records = [json.loads(line) for line in (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()]
+    final = [r for r in records if r["kind"] == "final_eval"][0]
+    assert whole.step == 6 and 0 < final["val_bpb"] < 20
+    assert final["samples"] and all(s["prompt"].endswith("<|assistant|>") for s in final["samples"])
+    assert all(0 <= r["padding_fraction"] < 1 for r in records if r["kind"] == "train")
+
+    train(sft_config(tmp_path / "resumed", max_steps=3), progress=False)
+    resumed = train(sft_config(tmp_path / "resumed"), resume=True, progress=False)
+    assert resumed.step == 6
+    a, b = load_pretrained(tmp_path / "whole"), load_pretrained(tmp_path / "resumed")
+    for name, tensor in a.state_dict().items():
+        torch.testing.assert_close(b.state_dict()[name], tensor, rtol=0, atol=1e-6, msg=name)
+    assert resumed.val_bpb == pytest.approx(whole.val_bpb, abs=1e-6)
+
+
+def test_chat_data_needs_a_parent_run(make_config, tmp_path):
+    from common.errors import UserError
+    from training.distributed import init_distributed
+    from training.trainer import Trainer
+
+    config = make_config(data={"format": "chat", "files": {"paths": [str(chat_file(tmp_path / "c.jsonl"))]}})
+    with pytest.raises(UserError, match="set train.init_from"):
+        Trainer(config, init_distributed("cpu"), progress=False).setup(resume=False, overwrite=False)
