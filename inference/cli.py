@@ -16,6 +16,7 @@ from typing import NoReturn, Sequence
 
 from common.device import select_device
 from common.errors import UserError
+from inference.chat_cli import chat_main
 from inference.completion import GenerationResult, encode_prompt, generate_completions
 from inference.runs import find_latest_run, load_run
 from inference.settings import GenerationSettings
@@ -69,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_input_flags(parser)
     _add_sampling_flags(parser, GenerationSettings())
+    _add_chat_flags(parser)
     _add_output_flags(parser)
     return parser
 
@@ -111,6 +113,13 @@ def _add_sampling_flags(parser: argparse.ArgumentParser, defaults: GenerationSet
     parser.add_argument("--no-cache", action="store_true",
                         help="recompute the whole window at every step instead of using the KV cache "
                         "(slow; the reference the cache is tested against)")
+
+
+def _add_chat_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--chat", action="store_true",
+                        help="talk to a chat-tuned run: an interactive conversation (/reset, /exit), or one "
+                        "reply to --prompt; replies end when the model ends its turn")
+    parser.add_argument("--system", metavar="TEXT", help="with --chat: a system prompt, e.g. 'You are HAMLET.'")
 
 
 def _add_output_flags(parser: argparse.ArgumentParser) -> None:
@@ -156,6 +165,11 @@ def _generate(args: argparse.Namespace) -> int:
         use_cache=not args.no_cache,
     )
     prompt = read_prompt(args)
+    if args.chat:
+        given = args.prompt is not None or args.prompt_file is not None
+        return chat_main(args, settings, prompt if given else None)
+    if args.system is not None:
+        raise UserError("--system needs --chat")
 
     device = select_device(args.device, setting="--device")
     run = load_run(args.run if args.run is not None else find_latest_run(), device)

@@ -1,0 +1,151 @@
+"""A conversation with a chat-tuned run, turn by turn, over one KV cache.
+
+The session keeps the window of token ids the model sees, starting at position 0 (learned
+positions: a conversation always starts there, as in fine-tuning), and its KV cache holds the
+first ``cache.pos`` of them. Each user turn is rendered by ``data.chat`` and appended; only the ids
+the cache has not seen are run through the model, so the history is never re-encoded while it
+fits. When the window would overflow, the oldest whole turns are dropped (the system prompt is
+kept while it fits), the rest is re-encoded from position 0, and the session says so. Without the
+cache (``use_cache=False``) the whole window is recomputed for every token: the reference the
+cached path is tested against.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from common.errors import UserError
+from data.chat import ChatTokenIds, Message, render_chat
+from inference.runs import LoadedRun
+from inference.settings import GenerationSettings
+from inference.streaming import TextStream
+from model import sample_next_token
+
+
+@dataclass(frozen=True)
+class ChatReply:
+    text: str
+    token_ids: list[int]  # generated ids, the closing <|end|> included when the model produced it
+    finish_reason: str  # "end": the model ended its turn; "length": max_new_tokens or a full window
+
+
+class ChatSession:
+    """One conversation; ``reply`` adds a user turn and returns the model's answer."""
+
+    def __init__(
+        self,
+        run: LoadedRun,
+        settings: GenerationSettings,
+        *,
+        system_prompt: str | None = None,
+        use_cache: bool = True,
+        on_notice: Callable[[str], None] | None = None,
+    ) -> None:
+        self.run = run
+        self.settings = settings
+        self.special = ChatTokenIds.of(run.tokenizer)  # a run from before the chat format: one-line error
+        self.block_size = run.block_size
+        self.system_turn = render_chat(run.tokenizer, [Message("system", system_prompt)]).ids if system_prompt else []
+        if len(self.system_turn) >= self.block_size // 2:
+            raise UserError(
+                f"the system prompt is {len(self.system_turn)} tokens, too much of the model's {self.block_size}-token "
+                "window; shorten it"
+            )
+        self.seed = settings.seed if settings.seed is not None else secrets.randbelow(2**31)
+        self.generator = torch.Generator().manual_seed(self.seed)
+        self.cache = run.model.init_cache(1) if use_cache else None
+        self.on_notice = on_notice or (lambda message: None)
+        self.tokens_encoded = 0  # positions run through the model: shows the history is reused
+        self.turns: list[list[int]] = []
+        self.window: list[int] = []
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the conversation (the system prompt stays)."""
+        self.turns = [self.system_turn] if self.system_turn else []
+        self.window = list(self.system_turn)
+        if self.cache is not None:
+            self.cache.reset()
+
+    def reply(self, user_text: str, on_text: Callable[[str], None] | None = None) -> ChatReply:
+        """Append the user's turn, generate the reply (streamed through ``on_text``), keep both."""
+        prompt = render_chat(self.run.tokenizer, [Message("user", user_text)], add_generation_prompt=True).ids
+        if len(prompt) + len(self.system_turn) >= self.block_size:
+            raise UserError(
+                f"the message is {len(prompt)} tokens; with the system prompt it does not fit the model's "
+                f"{self.block_size}-token window: shorten it"
+            )
+        # Room for the prompt and a quarter window of reply before anything has to move again.
+        reserve = max(1, self.block_size // 4)
+        if not self._make_room(len(prompt) + reserve, current=[]):
+            self._make_room(len(prompt), current=[])
+        self.window += prompt
+        stream = TextStream(self.run.token_bytes)
+        generated: list[int] = []
+        finish = "length"
+        emit = on_text or (lambda text: None)
+        for _ in range(self.settings.max_new_tokens):
+            if len(self.window) > self.block_size:
+                current = prompt + generated
+                if not self._make_room(reserve, current=current) and not self._make_room(0, current=current):
+                    break  # this exchange alone fills the window
+            token = self._next_token()
+            generated.append(token)
+            self.window.append(token)
+            if token == self.special.end:
+                finish = "end"
+                break
+            emit(stream.push(token))
+        emit(stream.finish())
+        if finish != "end":
+            self.window.append(self.special.end)  # close the turn, as the template renders it
+        self.turns += [prompt[:-1], [prompt[-1], *generated] + ([] if finish == "end" else [self.special.end])]
+        return ChatReply(stream.text, generated, finish)
+
+    # -----------------------------------------------------------------------------------------
+
+    def _next_token(self) -> int:
+        # With the cache only the ids it has not seen yet; without it, the whole window every time.
+        ids = self.window[self.cache.pos :] if self.cache is not None else self.window
+        logits = self._forward(ids)
+        s = self.settings
+        prev = torch.tensor([self.window], device=self.run.device) if s.repetition_penalty != 1.0 else None
+        token = sample_next_token(
+            logits, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p if s.top_p < 1 else None,
+            repetition_penalty=s.repetition_penalty, prev_tokens=prev, generator=self.generator,
+        )
+        return int(token.item())
+
+    @torch.inference_mode()
+    def _forward(self, ids: list[int]) -> torch.Tensor:
+        self.tokens_encoded += len(ids)
+        idx = torch.tensor([ids], dtype=torch.long, device=self.run.device)
+        return self.run.model.next_token_logits(idx, self.cache)
+
+    def _make_room(self, needed: int, *, current: list[int]) -> bool:
+        """Drop the oldest whole turns (the system prompt last) until they, the exchange in
+        progress (``current``) and ``needed`` more tokens fit the window; if any went, re-encode
+        from position 0 and say so. Returns whether it fits."""
+
+        def size(turns: list[list[int]]) -> int:
+            return sum(len(t) for t in turns) + len(current) + needed
+
+        turns = list(self.turns)
+        while turns and size(turns) > self.block_size:
+            keeps_system = turns[0] is self.system_turn and len(turns) > 1
+            turns.pop(1 if keeps_system else 0)
+        if len(turns) < len(self.turns):
+            dropped = len(self.turns) - len(turns)
+            self.turns = turns
+            self.window = [t for turn in turns for t in turn] + current
+            if self.cache is not None:
+                self.cache.reset()
+            self.on_notice(
+                f"the conversation filled the model's {self.block_size}-token window: dropped the {dropped} "
+                f"oldest turn(s) and re-encoded the remaining {len(self.window)} tokens from position 0"
+            )
+        return size(turns) <= self.block_size

@@ -1,0 +1,123 @@
+"""generate.py --chat: a conversation through the KV cache equals full recomputation, the window
+policy keeps whole recent turns, and the command line's REPL, one-shot mode and errors."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from data.chat import Message, render_chat
+from generate_testkit import build_model
+from inference.chat import ChatSession
+from inference.cli import main
+from inference.runs import LoadedRun
+from inference.settings import GenerationSettings
+
+REPO = Path(__file__).resolve().parents[2]
+MESSAGES = ["Who is there?", "O Romeo 😀", "the fox", "世界", "again and again"]
+
+
+def _conversation(run, *, use_cache: bool, **settings):
+    notices: list[str] = []
+    session = ChatSession(run, GenerationSettings(**settings), system_prompt="You are JULIET.",
+                          use_cache=use_cache, on_notice=notices.append)
+    replies = [session.reply(message).token_ids for message in MESSAGES]
+    return replies, notices, session
+
+
+@pytest.mark.parametrize("settings", [dict(temperature=0, max_new_tokens=9), dict(seed=3, max_new_tokens=9, top_k=40)])
+def test_multi_turn_chat_through_the_cache_equals_full_recomputation(loaded_run, settings):
+    cached, cached_notices, session = _conversation(loaded_run, use_cache=True, **settings)
+    recomputed, recomputed_notices, reference = _conversation(loaded_run, use_cache=False, **settings)
+    assert cached == recomputed
+    # A 32-token window cannot hold five exchanges: the oldest turns were dropped, the same way.
+    assert cached_notices == recomputed_notices and cached_notices
+    assert session.window == reference.window and len(session.window) <= loaded_run.block_size + 1
+    assert session.tokens_encoded < reference.tokens_encoded
+
+
+def test_turns_are_appended_to_the_cache_not_re_encoded(loaded_run):
+    model = build_model(loaded_run.model.config.vocab_size, block_size=256)
+    run = LoadedRun(loaded_run.directory, model, loaded_run.tokenizer, loaded_run.token_bytes, loaded_run.eot_id,
+                    torch.device("cpu"))
+    replies, notices, session = _conversation(run, use_cache=True, temperature=0, max_new_tokens=6)
+    assert not notices
+    # Every position was run through the model exactly once, and the window is the template's
+    # rendering of the whole conversation so far.
+    assert session.tokens_encoded == session.cache.pos
+    # The window is the template's rendering of the conversation: each user turn, then the reply's
+    # ids, closed by <|end|> (added when the reply was cut off by max_new_tokens).
+    tokenizer, end = run.tokenizer, session.special.end
+    expected = render_chat(tokenizer, [Message("system", "You are JULIET.")]).ids
+    for message, reply in zip(MESSAGES, replies):
+        expected += render_chat(tokenizer, [Message("user", message)], add_generation_prompt=True).ids
+        expected += reply if reply[-1:] == [end] else [*reply, end]
+    assert session.window == expected == [t for turn in session.turns for t in turn]
+
+
+def cli(capsys, *argv) -> tuple[int, str, str]:
+    code = main([str(arg) for arg in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_one_shot_prints_one_reply(capsys, run_dir, loaded_run):
+    code, out, err = cli(capsys, "--run", run_dir, "--chat", "--prompt", MESSAGES[0], "--temperature", 0,
+                         "--max-new-tokens", 7, "--system", "You are JULIET.")
+    assert code == 0
+    session = ChatSession(loaded_run, GenerationSettings(temperature=0, max_new_tokens=7), system_prompt="You are JULIET.")
+    assert out == session.reply(MESSAGES[0]).text + "\n"
+
+
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["--chat", "--num-samples", "2", "--prompt", "hi"], "--chat gives one reply at a time"),
+        (["--system", "You are X.", "--prompt", "hi"], "--system needs --chat"),
+        (["--chat", "--prompt", "x" * 200], "does not fit the model's 32-token window"),
+    ],
+)
+def test_chat_user_errors_are_one_line(capsys, run_dir, argv, fragment):
+    code, out, err = cli(capsys, "--run", run_dir, *argv)
+    assert code == 2 and out == ""
+    assert fragment in err and err.count("\n") == 1
+
+
+def test_a_run_without_chat_tokens_is_told_to_retrain(capsys, copy_run):
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    from generate_testkit import CORPUS
+
+    run = copy_run("old")
+    old = Tokenizer(models.BPE())
+    old.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    from tokenizers import decoders
+
+    old.decoder = decoders.ByteLevel()
+    old.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=280, special_tokens=["<|endoftext|>"],
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    old.save(str(run / "tokenizer.json"))
+    code, out, err = cli(capsys, "--run", run, "--chat", "--prompt", "hi")
+    assert code == 2 and "it was trained before the chat format existed" in err and "pretrain a new run" in err
+
+
+def test_repl_over_stdin_resets_and_exits(run_dir, loaded_run):
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    stdin = f"{MESSAGES[0]}\n/reset\n{MESSAGES[0]}\n{MESSAGES[1]}\n/exit\nnever read\n"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "generate.py"), "--run", str(run_dir), "--chat", "--temperature", "0",
+         "--max-new-tokens", "5", "--system", "You are JULIET."],
+        input=stdin, capture_output=True, text=True, timeout=120, env=env, cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and "(conversation cleared)" in proc.stderr
+    session = ChatSession(loaded_run, GenerationSettings(temperature=0, max_new_tokens=5), system_prompt="You are JULIET.")
+    first = session.reply(MESSAGES[0]).text
+    second = session.reply(MESSAGES[1]).text
+    # After /reset the same first message gets the same first reply; /exit stops before the last line.
+    assert proc.stdout == f"{first}\n{first}\n{second}\n"
