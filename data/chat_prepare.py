@@ -159,7 +159,7 @@ def prepare_chat_data(
         _say(progress, f"data: using cached {path} ({_totals(data.meta)})")
         return data
     start = time.perf_counter()
-    conversations = load_conversations(cfg)
+    conversations = load_conversations(cfg, progress=progress)
     train, train_stats = tokenize_conversations(tokenizer, conversations.train, block_size)
     val, val_stats = tokenize_conversations(tokenizer, conversations.val, block_size)
     for name, split in (("training", train), ("held-out", val)):

@@ -27,6 +27,7 @@ from data.hub import hub_errors, hub_spec
 from data.local_files import files_format, files_spec, load_files_dataset, resolve_files
 from data.shakespeare import shakespeare_fingerprint
 from data.shakespeare_chat import CHAT_SET_VERSION, shakespeare_chat
+from data.sources import datasets_progress
 from data.split import hash_split
 
 ALPACA_COLUMNS = ("instruction", "output")
@@ -49,8 +50,13 @@ def conversations_spec(cfg: DataConfig) -> dict[str, Any]:
     return files_spec(cfg.files)
 
 
-def load_conversations(cfg: DataConfig) -> ConversationSet:
+def load_conversations(cfg: DataConfig, *, progress: bool = False) -> ConversationSet:
     """The configured conversations, checked, split into training and held-out ones."""
+    with datasets_progress(progress):
+        return _load(cfg)
+
+
+def _load(cfg: DataConfig) -> ConversationSet:
     if cfg.source == "shakespeare":
         chat = shakespeare_chat(cfg.val_fraction, cfg.split_seed)
         return ConversationSet(

@@ -34,7 +34,7 @@ def source_spec(cfg: DataConfig) -> dict[str, Any]:
 
 def load_source(cfg: DataConfig, *, progress: bool) -> SourceDocuments:
     """Read the configured corpus."""
-    with _datasets_progress(progress):
+    with datasets_progress(progress):
         if cfg.source == "shakespeare":
             return _load_shakespeare(progress)
         if cfg.source == "hub":
@@ -58,7 +58,7 @@ def _unknown_source(source: str) -> DataError:
 
 
 @contextlib.contextmanager
-def _datasets_progress(progress: bool) -> Iterator[None]:
+def datasets_progress(progress: bool) -> Iterator[None]:
     """Show or hide `datasets`' own bars for the duration of a read, then restore the setting."""
     import datasets  # slow to import (docs/results.md): loaded only once a corpus is read
 

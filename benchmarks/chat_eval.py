@@ -1,0 +1,113 @@
+"""Chat quality of runs on held-out plays: assistant-text bits/byte, and how often a reply ends.
+
+    python -m benchmarks.chat_eval --runs runs/tiny runs/tiny-chat [--replies 200] [--transcript]
+
+For each run (a pretrained one and its chat fine-tune, say), on the held-out conversations of
+``configs/tiny-chat.yaml``'s data (the Shakespeare chat set's held-out plays, tokenized with the
+run's tokenizer and its window):
+
+- bits per byte of assistant text (each reply's text; role tokens, system and user text not
+  scored), over every held-out conversation;
+- the share of replies to held-out user turns (the first exchange of ``--replies`` conversations
+  spread evenly over the split) that end with <|end|> within ``--max-new-tokens`` tokens, sampled
+  as ``generate.py --chat`` samples by default (temperature 0.8, top-p 0.95, seeded), and greedily;
+- the mean length of the replies that ended.
+
+``--transcript`` adds a short multi-turn conversation with each run through ``generate.py --chat``'s
+session. The last column of the table is each run's figure over the first run's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from data.chat_prepare import prepare_chat_data
+from data.config import DataConfig
+from inference.chat import ChatSession
+from inference.runs import load_run
+from inference.settings import GenerationSettings
+from model.generation import generate_tokens
+from training.sft import evaluate_chat
+
+TRANSCRIPT_SYSTEM = "You are HAMLET in Hamlet."
+TRANSCRIPT = ["Who's there?", "My lord, the king your father is dead.", "What will you do now?"]
+
+
+@dataclass
+class Row:
+    run: str
+    bpb: float
+    ended_sampled: float
+    ended_greedy: float
+    mean_reply_tokens: float
+
+
+def ended_share(model, split, end_id: int, rows: list[int], max_new_tokens: int, temperature: float, seed: int):
+    """(share of rows whose reply ends with end_id within max_new_tokens, mean length of those)."""
+    lengths = []
+    for row in rows:
+        prompt = torch.tensor([split.first_reply_prompt(row)], dtype=torch.long)
+        generator = torch.Generator().manual_seed(seed + row)
+        steps = generate_tokens(model, prompt, max_new_tokens, temperature=temperature, top_p=0.95 if temperature else None,
+                                generator=generator)
+        for n, token in enumerate(steps, start=1):
+            if int(token) == end_id:
+                lengths.append(n)
+                break
+        steps.close()
+    return len(lengths) / len(rows), (statistics.mean(lengths) if lengths else float("nan"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=Path, nargs="+", required=True)
+    parser.add_argument("--cache-dir", default="data_cache")
+    parser.add_argument("--replies", type=int, default=200)
+    parser.add_argument("--max-new-tokens", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--transcript", action="store_true")
+    args = parser.parse_args(argv)
+
+    device = torch.device("cpu")
+    rows: list[Row] = []
+    for directory in args.runs:
+        run = load_run(directory, device)
+        data = prepare_chat_data(DataConfig(format="chat", cache_dir=args.cache_dir), directory / "tokenizer.json",
+                                 run.block_size, progress=False)
+        token_bytes = torch.as_tensor(data.token_bytes(), dtype=torch.long)
+        end_id = run.tokenizer.token_to_id("<|end|>")
+        result = evaluate_chat(run.model, data.val, token_bytes, batch_size=32, max_batches=None,
+                               pad_id=data.eot_id, device=device)
+        picks = sorted({round(i * (len(data.val) - 1) / max(args.replies - 1, 1)) for i in range(args.replies)})
+        sampled, mean_len = ended_share(run.model, data.val, end_id, picks, args.max_new_tokens, 0.8, args.seed)
+        greedy, _ = ended_share(run.model, data.val, end_id, picks, args.max_new_tokens, 0.0, args.seed)
+        rows.append(Row(str(directory), result.bpb, sampled, greedy, mean_len))
+        print(f"{directory}: {len(data.val)} held-out conversations ({data.meta['val_from']}), "
+              f"{result.tokens:,} assistant tokens scored, {len(picks)} replies", flush=True)
+        if args.transcript:
+            session = ChatSession(run, GenerationSettings(seed=args.seed, max_new_tokens=args.max_new_tokens),
+                                  system_prompt=TRANSCRIPT_SYSTEM,
+                                  on_notice=lambda message: print(f"  (notice: {message})"))
+            print(f"  system: {TRANSCRIPT_SYSTEM}")
+            for message in TRANSCRIPT:
+                reply = session.reply(message)
+                print(f"  user: {message}\n  assistant: " + reply.text.replace("\n", "\n             ")
+                      + ("" if reply.finish_reason == "end" else "  [no <|end|>]"))
+
+    first = rows[0]
+    print()
+    print("| run | assistant bits/byte | ended with <|end|> (sampled) | ended (greedy) | mean reply tokens | bits/byte vs first |")
+    print("|---|---|---|---|---|---|")
+    for row in rows:
+        print(f"| {row.run} | {row.bpb:.3f} | {100 * row.ended_sampled:.1f}% | {100 * row.ended_greedy:.1f}% "
+              f"| {row.mean_reply_tokens:.1f} | {row.bpb / first.bpb:.3f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
