@@ -71,13 +71,18 @@ def markdown_to_play_text(markdown: str) -> str:
             line = heading.group(1)
         elif speaker:
             line = speaker.group(1).strip() + ":"
-        line = _MARKUP.sub(lambda m: m.group(1) or "", line).strip()
+        line = strip_markup(line).strip()
         # Collapse runs of blank lines: one blank line separates speeches, as in the source.
         if line or (lines and lines[-1]):
             lines.append(line)
     while lines and not lines[-1]:
         lines.pop()
     return "\n".join(lines) + "\n"
+
+
+def strip_markup(text: str) -> str:
+    """``text`` without markdown emphasis; escaped characters kept."""
+    return _MARKUP.sub(lambda m: m.group(1) or "", text)
 
 
 def shakespeare_documents(progress: bool = False) -> tuple[list[str], list[str]]:

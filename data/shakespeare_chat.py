@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 
 from data.chat import Message
-from data.shakespeare import _MARKUP, play_files, play_id
+from data.shakespeare import play_files, play_id, strip_markup
 from data.split import hash_split
 
 # Bump when the conversations built from the plays change, so cached ones are rebuilt.
@@ -105,4 +105,4 @@ def shakespeare_chat(val_fraction: float, split_seed: int) -> ChatSet:
 
 
 def _plain(text: str) -> str:
-    return _MARKUP.sub(lambda m: m.group(1) or "", text).strip()
+    return strip_markup(text).strip()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager
+from typing import Any, Callable, ContextManager, Iterable
 
 import numpy as np
 import torch
@@ -42,6 +42,30 @@ def evaluate(
     With several processes (``ctx`` a live DistContext) each takes every ``world_size``-th batch
     and the sums are added up, so the result equals a single-process evaluation.
     """
+    batches = iter_val_batches(val_tokens, block_size, batch_size, max_batches=max_batches, device=device)
+    result = score_batches(model, batches, token_bytes, device=device, amp=amp, ctx=ctx)
+    if result.tokens == 0:
+        raise UserError(
+            "the validation split has no window of model.block_size + 1 tokens; "
+            "lower model.block_size or give the data more validation text (data.val_fraction)"
+        )
+    return result
+
+
+@torch.no_grad()
+def score_batches(
+    model: nn.Module,
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    token_bytes: torch.Tensor,
+    *,
+    device: torch.device,
+    amp: Callable[[], ContextManager] | None = None,
+    ctx: DistContext | None = None,
+) -> EvalResult:
+    """Loss over the targets of ``batches`` that are not -1, and bits per byte of their text.
+
+    With several processes each scores every ``world_size``-th batch and the sums are added up.
+    """
     rank, world_size = (ctx.rank, ctx.world_size) if ctx is not None else (0, 1)
 
     was_training = model.training
@@ -50,7 +74,6 @@ def evaluate(
     # that stand for text (bits per byte: end-of-text has no bytes, so it is left out of both).
     sums = torch.zeros(4, dtype=torch.float64, device=device)
     try:
-        batches = iter_val_batches(val_tokens, block_size, batch_size, max_batches=max_batches, device=device)
         for i, (x, y) in enumerate(batches):
             if i % world_size != rank:
                 continue
@@ -67,14 +90,9 @@ def evaluate(
     if ctx is not None:
         sums = all_reduce_sum(sums, ctx)
     nats, tokens, text_nats, nbytes = sums.tolist()
-    if tokens == 0:
-        raise UserError(
-            "the validation split has no window of model.block_size + 1 tokens; "
-            "lower model.block_size or give the data more validation text (data.val_fraction)"
-        )
     return EvalResult(
-        loss=nats / tokens,
-        bpb=bits_per_byte(text_nats, int(nbytes)),
+        loss=nats / max(tokens, 1),
+        bpb=bits_per_byte(text_nats, int(nbytes)) if nbytes > 0 else float("nan"),
         tokens=int(tokens),
         bytes=int(nbytes),
     )

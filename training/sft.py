@@ -17,11 +17,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from data import bits_per_byte, target_nats_and_bytes
 from data.chat_batches import iter_chat_val_batches
 from data.chat_prepare import ChatSplit
 from training.distributed import all_reduce_sum
-from training.evaluate import EvalResult
+from training.evaluate import EvalResult, score_batches
 
 
 def summed_target_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -61,7 +60,6 @@ def accumulate_chat_gradients(
     return (total / count.clamp(min=1)).float()
 
 
-@torch.no_grad()
 def evaluate_chat(
     model: nn.Module,
     split: ChatSplit,
@@ -75,30 +73,9 @@ def evaluate_chat(
     ctx: Any = None,
 ) -> EvalResult:
     """Loss per assistant token (each reply's <|end|> included) and bits per byte of assistant
-    text, over held-out conversations; summed over processes like ``training.evaluate``."""
-    rank, world_size = (ctx.rank, ctx.world_size) if ctx is not None else (0, 1)
-    was_training = model.training
-    model.eval()
-    sums = torch.zeros(4, dtype=torch.float64, device=device)
-    try:
-        batches = iter_chat_val_batches(split, batch_size, pad_id=pad_id, max_batches=max_batches, device=device)
-        for i, (x, y) in enumerate(batches):
-            if i % world_size != rank:
-                continue
-            with amp() if amp is not None else contextlib.nullcontext():
-                logits = model(x)
-            logits = logits.float()
-            sums[0] += summed_target_loss(logits, y).double()
-            sums[1] += (y != -1).sum()
-            text_nats, text_bytes = target_nats_and_bytes(logits, y, token_bytes)
-            sums[2] += text_nats
-            sums[3] += text_bytes
-    finally:
-        model.train(was_training)
-    if ctx is not None:
-        sums = all_reduce_sum(sums, ctx)
-    nats, tokens, text_nats, nbytes = sums.tolist()
-    return EvalResult(loss=nats / max(tokens, 1), bpb=bits_per_byte(text_nats, int(nbytes)), tokens=int(tokens), bytes=int(nbytes))
+    text (the text of the replies: <|end|> has no bytes), over held-out conversations."""
+    batches = iter_chat_val_batches(split, batch_size, pad_id=pad_id, max_batches=max_batches, device=device)
+    return score_batches(model, batches, token_bytes, device=device, amp=amp, ctx=ctx)
 
 
 @torch.no_grad()

@@ -29,7 +29,7 @@ def _common(tmp_path: Path) -> list[str]:
 
 
 @pytest.mark.e2e
-def test_pretrain_then_chat_tune_then_chat(tmp_path: Path) -> None:
+def test_pretrain_then_chat_tune_then_chat(tmp_path: Path, capsys) -> None:
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n\n".join(f"NURSE:\n{a} and {b}." for a in WORDS for b in WORDS) * 20)
     chats = tmp_path / "chats.jsonl"
@@ -64,21 +64,16 @@ def test_pretrain_then_chat_tune_then_chat(tmp_path: Path) -> None:
     assert reply.stdout.endswith("\n") and reply.stdout.count("\n") >= 1
     assert "Traceback" not in reply.stderr
 
-    # A conversation with no assistant turn: one line, exit 2, nothing trained.
+    # Bad input is one line and exit 2 (in-process: the same main() the command runs).
+    import train as train_cli
+
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
-    refused = _run([
-        str(ROOT / "train.py"), "--config", str(ROOT / "configs" / "tiny-chat.yaml"), *_common(tmp_path),
-        "--set", f"train.init_from={base}", "--set", "data.source=files", "--set", f"data.files.paths=[{bad}]",
-        "--set", "train.max_steps=3", "--set", f"run.out_dir={tmp_path / 'refused'}",
-    ], cwd=tmp_path)
-    assert refused.returncode == 2
-    assert refused.stderr.strip().count("\n") == 0 and "row 0: the conversation has no assistant turn" in refused.stderr
-
-    # init_from pointing at something that is not a run: one line, exit 2.
-    nonrun = _run([
-        str(ROOT / "train.py"), "--config", str(ROOT / "configs" / "tiny-chat.yaml"),
-        "--set", f"train.init_from={tmp_path / 'cache'}",
-    ], cwd=tmp_path)
-    assert nonrun.returncode == 2 and nonrun.stderr.startswith("error: train.init_from:")
-    assert nonrun.stderr.strip().count("\n") == 0
+    common = ["--config", str(ROOT / "configs" / "tiny-chat.yaml"), *_common(tmp_path), "--set", "train.max_steps=3"]
+    code = train_cli.main([*common, "--set", f"train.init_from={base}", "--set", "data.source=files",
+                           "--set", f"data.files.paths=[{bad}]", "--set", f"run.out_dir={tmp_path / 'refused'}"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "row 0: the conversation has no assistant turn" in err
+    code = train_cli.main([*common, "--set", f"train.init_from={tmp_path / 'cache'}"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: train.init_from:") and err.count("\n") == 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
+from typing import Any
 
 # Words of the training tests' corpus, so the small tokenizer there encodes them in few tokens.
 _SUBJECTS = ["the miller", "the weaver", "a shepherd", "my brother"]
@@ -27,3 +28,18 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
 def chat_file(path: Path, count: int = 200, seed: int = 0) -> Path:
     rng = random.Random(seed)
     return write_jsonl(path, [{"id": str(i), "messages": conversation(rng, 1 + i % 3)} for i in range(count)])
+
+
+def pretrain(base_raw: dict[str, Any], out_dir: Path) -> Path:
+    """A pretrained run of three steps from the tests' base config (its tokenizer reserves the
+    chat tokens, as every tokenizer the project trains does)."""
+    import copy
+
+    from training.config import config_from_dict
+    from training.trainer import train
+
+    raw = copy.deepcopy(base_raw)
+    raw["train"]["max_steps"] = 3
+    raw["eval"] = {"interval": 0, "max_batches": 1, "sample_tokens": 0, "final_max_batches": 1}
+    raw["run"]["out_dir"] = str(out_dir)
+    return train(config_from_dict(raw), progress=False).run_dir

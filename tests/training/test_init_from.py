@@ -9,23 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from chat_testkit import pretrain
 from common.errors import UserError
 
 
 @pytest.fixture(scope="module")
 def parent_run(base_raw, tmp_path_factory) -> Path:
-    """A pretrained run of a few steps (its tokenizer reserves the chat tokens)."""
-    import copy
-
-    from training.config import config_from_dict
-    from training.trainer import train
-
-    raw = copy.deepcopy(base_raw)
-    raw["train"]["max_steps"] = 3
-    raw["eval"] = {"interval": 0, "max_batches": 1, "sample_tokens": 0, "final_max_batches": 1}
-    raw["run"]["out_dir"] = str(tmp_path_factory.mktemp("parent") / "run")
-    result = train(config_from_dict(raw), progress=False)
-    return result.run_dir
+    return pretrain(base_raw, tmp_path_factory.mktemp("parent") / "run")
 
 
 def _setup(config):

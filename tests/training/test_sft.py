@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from chat_testkit import chat_file
+from chat_testkit import chat_file, pretrain
 from model import GPT, GPTConfig
 from training.sft import accumulate_chat_gradients
 
@@ -54,14 +54,7 @@ def test_the_step_loss_is_the_mean_over_every_loss_bearing_target_of_all_micro_b
 
 @pytest.fixture(scope="module")
 def parent_run(base_raw, tmp_path_factory) -> Path:
-    from training.config import config_from_dict
-    from training.trainer import train
-
-    raw = copy.deepcopy(base_raw)
-    raw["train"]["max_steps"] = 3
-    raw["eval"] = {"interval": 0, "max_batches": 1, "sample_tokens": 0, "final_max_batches": 1}
-    raw["run"]["out_dir"] = str(tmp_path_factory.mktemp("parent") / "run")
-    return train(config_from_dict(raw), progress=False).run_dir
+    return pretrain(base_raw, tmp_path_factory.mktemp("parent") / "run")
 
 
 @pytest.fixture
