@@ -144,8 +144,9 @@ class ChatSession:
             self.window = [t for turn in turns for t in turn] + current
             if self.cache is not None:
                 self.cache.reset()
+            kept = f"kept the last {len(turns)}" if turns else "kept none"
             self.on_notice(
                 f"the conversation filled the model's {self.block_size}-token window: dropped the {dropped} "
-                f"oldest turn(s) and re-encoded the remaining {len(self.window)} tokens from position 0"
+                f"oldest turn(s), {kept}, and re-encoded from position 0"
             )
         return size(turns) <= self.block_size

@@ -39,6 +39,10 @@ def test_multi_turn_chat_through_the_cache_equals_full_recomputation(loaded_run,
     assert cached_notices == recomputed_notices and cached_notices
     assert session.window == reference.window and len(session.window) <= loaded_run.block_size + 1
     assert session.tokens_encoded < reference.tokens_encoded
+    # What is left is whole turns: the last exchanges, each starting with its role token.
+    assert session.window == [t for turn in session.turns for t in turn]
+    roles = set(session.special.role.values())
+    assert all(turn[0] in roles for turn in session.turns) and len(session.turns) < 2 * len(MESSAGES) + 1
 
 
 def test_turns_are_appended_to_the_cache_not_re_encoded(loaded_run):
