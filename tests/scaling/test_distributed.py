@@ -165,3 +165,20 @@ def test_two_rank_step_equals_single_process_accumulation(tmp_path):
         # Only the last micro-step of each rank communicates.
         calls = r["calls_per_micro_step"]
         assert calls[:-1] == [0] * (accum - 1) and calls[-1] >= 1
+
+
+@pytest.mark.distributed
+def test_two_rank_chat_step_takes_the_mean_over_all_loss_bearing_targets(tmp_path):
+    out = tmp_path / "result.json"
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run",
+        "--nproc_per_node=2", "--nnodes=1",
+        "--master_addr=127.0.0.1", f"--master_port={free_port()}",
+        str(ROOT / "tests" / "scaling" / "chat_ddp_worker.py"), str(out),
+    ]
+    proc = subprocess.run(cmd, cwd=ROOT, env=torchrun_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["world_size"] == 2
+    assert result["loss"] == pytest.approx(result["expected_loss"], rel=1e-5)
+    assert result["max_grad_diff"] <= 1e-5 * result["max_grad"]

@@ -1,0 +1,68 @@
+"""Run under ``torchrun --nproc_per_node=2``: the assistant-only loss of a data-parallel step must
+equal one process's loss over the whole global batch, mean over every loss-bearing target.
+
+The ranks hold very different numbers of targets (rank 1's first micro-batch has none at all), so
+averaging per-rank means would give another gradient. Rank 0 writes the comparison as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from common.files import atomic_write_text
+from model import GPT, GPTConfig
+from training.distributed import init_distributed, shutdown, sync_gradients, unwrap_model, wrap_model
+from training.sft import accumulate_chat_gradients
+
+CONFIG = GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_kv_head=1, n_embd=16)
+
+
+def global_batch() -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
+    """Per rank, two micro-batches of (x, y); y is -1 where no loss is taken."""
+    g = torch.Generator().manual_seed(7)
+    ranks = []
+    for rank in range(2):
+        micro = []
+        for i in range(2):
+            x = torch.randint(0, 64, (2, 12), generator=g)
+            y = torch.randint(0, 64, (2, 12), generator=g)
+            if rank == 1 and i == 0:
+                y[:] = -1
+            elif rank == 0:
+                y[:, : 3 + 4 * i] = -1
+            micro.append((x, y))
+        ranks.append(micro)
+    return ranks
+
+
+def main(out: str) -> None:
+    ctx = init_distributed("cpu")
+    batches = global_batch()
+    torch.manual_seed(0)
+    model = wrap_model(GPT(CONFIG), ctx)
+    loss = accumulate_chat_gradients(model, batches[ctx.rank], sync=lambda last: sync_gradients(model, last), ctx=ctx)
+    grads = torch.cat([p.grad.reshape(-1) for p in unwrap_model(model).parameters()])
+    if ctx.is_main:
+        torch.manual_seed(0)
+        reference = GPT(CONFIG)
+        xs = torch.cat([x for rank in batches for x, _ in rank])
+        ys = torch.cat([y for rank in batches for _, y in rank])
+        expected = F.cross_entropy(reference(xs).flatten(0, 1), ys.flatten(), ignore_index=-1)
+        expected.backward()
+        ref_grads = torch.cat([p.grad.reshape(-1) for p in reference.parameters()])
+        atomic_write_text(out, json.dumps({
+            "world_size": ctx.world_size,
+            "loss": loss.item(),
+            "expected_loss": expected.item(),
+            "max_grad_diff": (grads - ref_grads).abs().max().item(),
+            "max_grad": ref_grads.abs().max().item(),
+        }))
+    shutdown(ctx)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
