@@ -120,7 +120,7 @@ def _load_files(cfg: DataConfig) -> ConversationSet:
 
 
 def _load_hub(cfg: DataConfig) -> ConversationSet:
-    import datasets
+    import datasets  # slow to import (docs/results.md): loaded only once a corpus is read
 
     hub = cfg.hub
     description = f"hub dataset {hub.name}"

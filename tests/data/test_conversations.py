@@ -17,6 +17,8 @@ from data.chat_prepare import ChatSplit, fit_to_window, tokenize_conversations
 from data.config import DataConfig, FilesSourceConfig
 from data.conversations import load_conversations
 from data.errors import DataError
+from data.shakespeare import play_files, play_id
+from data.split import hash_split
 from data.tokenizer import train_tokenizer
 from data_testkit import make_documents
 
@@ -71,9 +73,6 @@ def test_bad_rows_name_the_file_and_row(tmp_path, row, fragment):
 
 
 def test_shakespeare_chat_holds_out_the_plays_pretraining_holds_out():
-    from data.shakespeare import play_files, play_id
-    from data.split import hash_split
-
     chat = load_conversations(DataConfig(format="chat"))
     ids = [play_id(p) for p in play_files()]
     _, val = hash_split(ids, 0.1, 1234)

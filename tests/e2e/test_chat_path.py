@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+import train as train_cli
+
 ROOT = Path(__file__).resolve().parents[2]
 WORDS = ["the river", "the market", "his garden", "the winter sea", "the miller", "a shepherd"]
 
@@ -65,8 +67,6 @@ def test_pretrain_then_chat_tune_then_chat(tmp_path: Path, capsys) -> None:
     assert "Traceback" not in reply.stderr
 
     # Bad input is one line and exit 2 (in-process: the same main() the command runs).
-    import train as train_cli
-
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
     common = ["--config", str(ROOT / "configs" / "tiny-chat.yaml"), *_common(tmp_path), "--set", "train.max_steps=3"]

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from data.chat import Message, render_chat
-from generate_testkit import build_model
+from generate_testkit import CORPUS, build_model
 from inference.chat import ChatSession
 from inference.cli import main
 from inference.runs import LoadedRun
@@ -93,15 +94,9 @@ def test_chat_user_errors_are_one_line(capsys, run_dir, argv, fragment):
 
 
 def test_a_run_without_chat_tokens_is_told_to_retrain(capsys, copy_run):
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-
-    from generate_testkit import CORPUS
-
     run = copy_run("old")
     old = Tokenizer(models.BPE())
     old.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    from tokenizers import decoders
-
     old.decoder = decoders.ByteLevel()
     old.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=280, special_tokens=["<|endoftext|>"],
                                                         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))

@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from common.files import atomic_write_text
-from model import GPT, GPTConfig
-from training.distributed import init_distributed, shutdown, sync_gradients, unwrap_model, wrap_model
+from model import GPT, GPTConfig, unwrap
+from training.distributed import init_distributed, shutdown, sync_gradients, wrap_model
 from training.sft import accumulate_chat_gradients
 
 CONFIG = GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_kv_head=1, n_embd=16)
@@ -45,7 +45,7 @@ def main(out: str) -> None:
     torch.manual_seed(0)
     model = wrap_model(GPT(CONFIG), ctx)
     loss = accumulate_chat_gradients(model, batches[ctx.rank], sync=lambda last: sync_gradients(model, last), ctx=ctx)
-    grads = torch.cat([p.grad.reshape(-1) for p in unwrap_model(model).parameters()])
+    grads = torch.cat([p.grad.reshape(-1) for p in unwrap(model).parameters()])
     if ctx.is_main:
         torch.manual_seed(0)
         reference = GPT(CONFIG)

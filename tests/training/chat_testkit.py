@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import random
 from pathlib import Path
 from typing import Any
+
+from training.config import config_from_dict
+from training.trainer import train
 
 # Words of the training tests' corpus, so the small tokenizer there encodes them in few tokens.
 _SUBJECTS = ["the miller", "the weaver", "a shepherd", "my brother"]
@@ -33,11 +37,6 @@ def chat_file(path: Path, count: int = 200, seed: int = 0) -> Path:
 def pretrain(base_raw: dict[str, Any], out_dir: Path) -> Path:
     """A pretrained run of three steps from the tests' base config (its tokenizer reserves the
     chat tokens, as every tokenizer the project trains does)."""
-    import copy
-
-    from training.config import config_from_dict
-    from training.trainer import train
-
     raw = copy.deepcopy(base_raw)
     raw["train"]["max_steps"] = 3
     raw["eval"] = {"interval": 0, "max_batches": 1, "sample_tokens": 0, "final_max_batches": 1}

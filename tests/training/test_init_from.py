@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 from pathlib import Path
@@ -11,6 +12,11 @@ import torch
 
 from chat_testkit import pretrain
 from common.errors import UserError
+from data.tokenizer import train_tokenizer
+from model import load_pretrained
+from training.config import config_from_dict
+from training.distributed import init_distributed
+from training.trainer import Trainer
 
 
 @pytest.fixture(scope="module")
@@ -19,17 +25,12 @@ def parent_run(base_raw, tmp_path_factory) -> Path:
 
 
 def _setup(config):
-    from training.distributed import init_distributed
-    from training.trainer import Trainer
-
     trainer = Trainer(config, init_distributed("cpu"), progress=False)
     trainer.setup(resume=False, overwrite=False)
     return trainer
 
 
 def test_init_from_loads_the_parents_weights_exactly_and_records_it(make_config, parent_run, tmp_path):
-    from model import load_pretrained
-
     # No model section at all: the parent's shape is used.
     config = make_config(train={"init_from": str(parent_run)})
     trainer = _setup(config)
@@ -48,10 +49,6 @@ def test_init_from_loads_the_parents_weights_exactly_and_records_it(make_config,
 
 
 def test_a_model_section_that_disagrees_with_the_parent_names_the_field(base_raw, parent_run, tmp_path):
-    import copy
-
-    from training.config import config_from_dict
-
     raw = copy.deepcopy(base_raw)
     raw["train"]["init_from"] = str(parent_run)
     raw["run"]["out_dir"] = str(tmp_path / "run")
@@ -73,8 +70,6 @@ def test_init_from_refuses_a_non_run(make_config, tmp_path):
 
 
 def test_init_from_refuses_a_tokenizer_that_does_not_fit_the_model(make_config, parent_run, tmp_path):
-    from data.tokenizer import train_tokenizer
-
     parent = Path(shutil.copytree(parent_run, tmp_path / "parent"))
     # A tokenizer from another run: more tokens than this model has embeddings.
     bigger = train_tokenizer([f"word{i} other{i * 7}" for i in range(3000)], 600)

@@ -10,8 +10,11 @@ import torch
 import torch.nn.functional as F
 
 from chat_testkit import chat_file, pretrain
-from model import GPT, GPTConfig
+from common.errors import UserError
+from model import GPT, GPTConfig, load_pretrained
+from training.distributed import init_distributed
 from training.sft import accumulate_chat_gradients
+from training.trainer import Trainer, train
 
 
 def _model() -> GPT:
@@ -73,9 +76,6 @@ def sft_config(make_config, parent_run, tmp_path):
 
 
 def test_fine_tuning_learns_replies_and_resumes_exactly(sft_config, tmp_path):
-    from model import load_pretrained
-    from training.trainer import train
-
     whole = train(sft_config(tmp_path / "whole"), progress=False)
     records = [json.loads(line) for line in (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()]
     final = [r for r in records if r["kind"] == "final_eval"][0]
@@ -93,10 +93,6 @@ def test_fine_tuning_learns_replies_and_resumes_exactly(sft_config, tmp_path):
 
 
 def test_chat_data_needs_a_parent_run(make_config, tmp_path):
-    from common.errors import UserError
-    from training.distributed import init_distributed
-    from training.trainer import Trainer
-
     config = make_config(data={"format": "chat", "files": {"paths": [str(chat_file(tmp_path / "c.jsonl"))]}})
     with pytest.raises(UserError, match="set train.init_from"):
         Trainer(config, init_distributed("cpu"), progress=False).setup(resume=False, overwrite=False)
