@@ -136,18 +136,22 @@ def test_select_rank_state_same_and_different_world_size():
 # Two real processes (gloo)
 
 
-@pytest.mark.distributed
-def test_two_rank_step_equals_single_process_accumulation(tmp_path):
-    out = tmp_path / "result.json"
+def _two_ranks(worker: str, out: Path) -> dict:
+    """Run ``tests/scaling/<worker>`` under torchrun with two CPU processes; return its JSON."""
     cmd = [
         sys.executable, "-m", "torch.distributed.run",
         "--nproc_per_node=2", "--nnodes=1",
         "--master_addr=127.0.0.1", f"--master_port={free_port()}",
-        str(ROOT / "tests" / "scaling" / "ddp_equivalence_worker.py"), str(out),
+        str(ROOT / "tests" / "scaling" / worker), str(out),
     ]
     proc = subprocess.run(cmd, cwd=ROOT, env=torchrun_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    result = json.loads(out.read_text())
+    return json.loads(out.read_text())
+
+
+@pytest.mark.distributed
+def test_two_rank_step_equals_single_process_accumulation(tmp_path):
+    result = _two_ranks("ddp_equivalence_worker.py", tmp_path / "result.json")
     assert result["world_size"] == 2 and result["backend"] == "gloo"
 
     for case, accum in (("A", 1), ("B", 2)):
@@ -169,16 +173,7 @@ def test_two_rank_step_equals_single_process_accumulation(tmp_path):
 
 @pytest.mark.distributed
 def test_two_rank_chat_step_takes_the_mean_over_all_loss_bearing_targets(tmp_path):
-    out = tmp_path / "result.json"
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run",
-        "--nproc_per_node=2", "--nnodes=1",
-        "--master_addr=127.0.0.1", f"--master_port={free_port()}",
-        str(ROOT / "tests" / "scaling" / "chat_ddp_worker.py"), str(out),
-    ]
-    proc = subprocess.run(cmd, cwd=ROOT, env=torchrun_env(), capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    result = json.loads(out.read_text())
+    result = _two_ranks("chat_ddp_worker.py", tmp_path / "result.json")
     assert result["world_size"] == 2
     assert result["loss"] == pytest.approx(result["expected_loss"], rel=1e-5)
     assert result["max_grad_diff"] <= 1e-5 * result["max_grad"]
