@@ -7,3 +7,6 @@ STATE_FILE = "trainer_state.pt"  # everything --resume needs
 MODEL_CONFIG_FILE = "model_config.json"  # with WEIGHTS_FILE: what save_pretrained writes
 WEIGHTS_FILE = "model.safetensors"
 RUN_FILES = (CONFIG_FILE, TOKENIZER_FILE, METRICS_FILE, STATE_FILE, MODEL_CONFIG_FILE, WEIGHTS_FILE)
+LOCK_FILE = ".run.lock"  # held by the training that writes the directory (training/run_lock.py)
+LOCK_OWNER_FILE = ".run.lock.owner"  # that training's pid and host
+LOCK_FILES = (LOCK_FILE, LOCK_OWNER_FILE)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 
 import torch
@@ -44,7 +45,10 @@ def save_pretrained(model: nn.Module, directory: str | os.PathLike) -> None:
     state = {name: t.detach().to("cpu").contiguous() for name, t in _stored_state(model).items()}
     metadata = {"format": "pt", _DIGEST_KEY: _digest(state)}
     with atomic_output(directory / WEIGHTS_FILE) as tmp:
-        save_file(state, str(tmp), metadata=metadata)
+        try:
+            save_file(state, str(tmp), metadata=metadata)
+        except SafetensorError as e:
+            raise _as_os_error(e, directory / WEIGHTS_FILE) from None
     # The config goes last: a directory whose save was interrupted fails to load loudly.
     atomic_write_text(directory / CONFIG_FILE, json.dumps(model.config.to_dict(), indent=2) + "\n")
 
@@ -130,3 +134,12 @@ def _digest(state: dict[str, torch.Tensor]) -> str:
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
         h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
     return h.hexdigest()
+
+
+def _as_os_error(error: Exception, path: Path) -> Exception:
+    """safetensors reports a failed write (a full disk) as text; recover the OSError it was."""
+    found = re.search(r"os error (\d+)", str(error))
+    if found is None:
+        return error
+    code = int(found.group(1))
+    return OSError(code, os.strerror(code), str(path))

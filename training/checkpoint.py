@@ -26,7 +26,7 @@ from torch import nn
 
 from common.errors import UserError, one_line
 from common.files import atomic_output
-from common.run_files import RUN_FILES, STATE_FILE
+from common.run_files import LOCK_FILES, RUN_FILES, STATE_FILE
 from model import GPTConfig, save_pretrained
 
 FORMAT_VERSION = 1
@@ -50,7 +50,7 @@ def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
         return
     if run_dir.exists() and not run_dir.is_dir():
         raise CheckpointError(f"run.out_dir {run_dir} is a file, not a directory; choose another run.out_dir")
-    if run_dir.is_dir() and any(run_dir.iterdir()):
+    if run_dir.is_dir() and any(p.name not in LOCK_FILES for p in run_dir.iterdir()):
         holds_run = any((run_dir / name).exists() for name in RUN_FILES)
         if not overwrite:
             if holds_run:
@@ -74,7 +74,10 @@ def save_checkpoint(run_dir: Path, model: nn.Module, state: dict[str, Any]) -> N
     save_pretrained(model, run_dir)
     payload = {"format_version": FORMAT_VERSION, **state}
     with atomic_output(run_dir / STATE_FILE) as tmp:
-        torch.save(payload, tmp)
+        # Through a Python file object, a full disk surfaces as OSError(ENOSPC); given a path,
+        # torch's own writer reports it as an opaque RuntimeError.
+        with open(tmp, "wb") as f:
+            torch.save(payload, f)
 
 
 def load_trainer_state(run_dir: Path) -> dict[str, Any]:

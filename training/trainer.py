@@ -50,6 +50,7 @@ from training.evaluate import EvalResult, evaluate, generate_sample
 from training.interrupt import StopRequest
 from training.metrics import MetricsLog, Throughput, format_duration, format_flops, mfu, peak_flops
 from training.optim import build_optimizer, build_schedule
+from training.run_lock import hold_run_dir
 from training.wandb_logger import WandbLogger
 
 # tqdm's default bar without its "<remaining" estimate (see Trainer.fit).
@@ -85,11 +86,12 @@ def train(config: Config, *, resume: bool = False, overwrite: bool = False, prog
     such a directory is refused. ``progress`` shows the progress bar and evaluation lines.
     """
     ctx = init_distributed(config.train.device)
+    trainer = Trainer(config, ctx, progress=progress)
     try:
-        trainer = Trainer(config, ctx, progress=progress)
         trainer.setup(resume=resume, overwrite=(overwrite or config.run.overwrite) and not resume)
         return trainer.fit()
     finally:
+        trainer.close()
         shutdown(ctx)
 
 
@@ -145,6 +147,7 @@ class Trainer:
         self.loop_start = time.perf_counter()
         self.throughput = Throughput()
         self.summary: dict[str, Any] = {}
+        self._held = contextlib.ExitStack()  # the run-directory lock, from setup until close
 
     # -----------------------------------------------------------------------------------------
     # Setup, by stage
@@ -159,6 +162,8 @@ class Trainer:
     def _open_run_dir(self, *, resume: bool, overwrite: bool) -> dict[str, Any] | None:
         """Refuse a bad run directory or checkpoint before anything slow (a tokenizer training)."""
         if self.ctx.is_main:
+            # Taken before anything is read, written or cleared; held until close().
+            self._held.enter_context(hold_run_dir(self.run_dir))
             checkpoint.prepare_run_dir(self.run_dir, resume=resume, overwrite=overwrite)
         state = None
         if resume:
@@ -270,6 +275,10 @@ class Trainer:
                 f"{', compiled' if self.compiled else ''}); {self.tokens_per_step} tokens/step; "
                 f"peak {format_flops(self.peak)}FLOP/s ({self.peak_source}); run dir {self.run_dir}"
             )
+
+    def close(self) -> None:
+        """Release the run directory (after the last file is written, or after a failure)."""
+        self._held.close()
 
     # -----------------------------------------------------------------------------------------
     # The loop
