@@ -50,6 +50,7 @@ from training.evaluate import EvalResult, evaluate, generate_sample
 from training.interrupt import StopRequest
 from training.metrics import MetricsLog, Throughput, format_duration, format_flops, mfu, peak_flops
 from training.optim import build_optimizer, build_schedule
+from training.resume_rules import check_fixed_settings, fixed_settings, restore_error
 from training.run_lock import hold_run_dir
 from training.wandb_logger import WandbLogger
 
@@ -175,6 +176,7 @@ class Trainer:
                     f"checkpoint in {self.run_dir} has no valid model config ({e})"
                 ) from None
             checkpoint.check_model_shape(saved_model, self.config.model, self.run_dir)
+            check_fixed_settings(state, self.config.train, self.run_dir)
         barrier(self.ctx)
         return state
 
@@ -236,17 +238,21 @@ class Trainer:
 
     def _restore(self, state: dict[str, Any]) -> str | None:
         """Load a checkpoint's trainer state; return the wandb run id to resume."""
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.step = int(state["step"])
-        self.tokens_seen = int(state["tokens_seen"])
-        self.base_seconds = float(state["train_seconds"])
+        try:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.step = int(state["step"])
+            self.tokens_seen = int(state["tokens_seen"])
+            self.base_seconds = float(state["train_seconds"])
+            rank_state, message = select_rank_state(state["ranks"], state["world_size"], self.ctx)
+            if rank_state is not None:
+                self.batches.load_state_dict(rank_state["batches"])
+                checkpoint.restore_rng_state(rank_state["rng"])
+        except (KeyError, ValueError, TypeError, RuntimeError) as e:
+            # A state with keys missing, or saved by another optimizer or sampler.
+            raise restore_error(self.run_dir, e) from None
         self.saved_step = self.step
-        rank_state, message = select_rank_state(state["ranks"], state["world_size"], self.ctx)
-        if rank_state is not None:
-            self.batches.load_state_dict(rank_state["batches"])
-            checkpoint.restore_rng_state(rank_state["rng"])
-        elif message and self.ctx.is_main:
+        if rank_state is None and message and self.ctx.is_main:
             self._say(f"warning: {message}")
         return state.get("wandb_run_id")
 
@@ -465,6 +471,7 @@ class Trainer:
                 "ranks": ranks,
                 "world_size": self.ctx.world_size,
                 "wandb_run_id": self.logger.run_id,
+                "fixed_settings": fixed_settings(self.config.train),
             }
             checkpoint.save_checkpoint(self.run_dir, self.model, state)
         self.saved_step = self.step
