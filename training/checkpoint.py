@@ -15,6 +15,7 @@ The trainer state holds only tensors, dicts, lists and scalars, so it loads with
 
 from __future__ import annotations
 
+import pickle
 import random
 import shutil
 from pathlib import Path
@@ -24,7 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from common.errors import UserError, one_line
+from common.errors import UserError
 from common.files import atomic_output
 from common.run_files import LOCK_FILES, RUN_FILES, STATE_FILE
 from model import GPTConfig, save_pretrained
@@ -86,8 +87,18 @@ def load_trainer_state(run_dir: Path) -> dict[str, Any]:
         raise CheckpointError(f"cannot resume: no checkpoint ({STATE_FILE}) in {run_dir}")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        # Never quote torch's message here: it suggests retrying with weights_only=False, which
+        # would run whatever code the file carries.
+        raise CheckpointError(
+            f"checkpoint {path} holds Python objects other than tensors and plain values, so "
+            f"train.py did not write it (or it was altered) and it is not loaded; restore the run's "
+            f"own trainer_state.pt or start a new run with --overwrite"
+        ) from None
     except Exception as e:  # noqa: BLE001 - any failure to unpickle means the file is unusable
-        raise CheckpointError(f"checkpoint {path} cannot be read ({one_line(e)}); start a new run with --overwrite") from None
+        lines = [line for line in str(e).splitlines() if line.strip() and "weights_only" not in line]
+        reason = lines[0] if lines else type(e).__name__
+        raise CheckpointError(f"checkpoint {path} cannot be read ({reason}); start a new run with --overwrite") from None
     if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(f"checkpoint {path} has an unknown format; start a new run with --overwrite")
     return state

@@ -68,3 +68,21 @@ def test_metrics_path_that_is_a_directory_is_refused_in_one_line(make_config):
     metrics.mkdir()
     with pytest.raises(UserError, match="metrics.jsonl is not a file; move it aside"):
         train(make_config(train={"max_steps": 2}, eval=QUIET), resume=True, progress=False)
+
+
+class _NotATensor:
+    """Unpickling this needs code execution: weights_only refuses it."""
+
+
+def test_a_pickle_with_code_is_refused_without_quoting_unsafe_advice(make_config):
+    config = make_config(train={"max_steps": 1}, eval=QUIET)
+    train(config, progress=False)
+    path = config.out_dir / "trainer_state.pt"
+    state = torch.load(path, weights_only=True)
+    state["payload"] = _NotATensor()
+    torch.save(state, path)
+    with pytest.raises(CheckpointError) as info:
+        train(make_config(train={"max_steps": 2}, eval=QUIET), resume=True, progress=False)
+    message = str(info.value)
+    assert "is not loaded" in message and "\n" not in message
+    assert "weights_only" not in message and "can still be loaded" not in message
