@@ -47,7 +47,7 @@ from training.distributed import (
     wrap_model,
 )
 from training.evaluate import EvalResult, evaluate, generate_sample
-from training.interrupt import StopRequest
+from training.interrupt import StopNow, StopRequest
 from training.metrics import MetricsLog, Throughput, format_duration, format_flops, mfu, peak_flops
 from training.optim import build_optimizer, build_schedule
 from training.resume_rules import check_fixed_settings, fixed_settings, restore_error
@@ -103,15 +103,20 @@ def accumulate_gradients(
     *,
     amp: Callable[[], ContextManager] | None = None,
     sync: Callable[[bool], ContextManager] | None = None,
-) -> torch.Tensor:
+    should_stop: Callable[[], bool] | None = None,
+) -> torch.Tensor | None:
     """Forward and backward ``micro_steps`` micro-batches; return their mean loss (detached).
 
     Each loss is divided by ``micro_steps`` before ``backward`` so the accumulated gradient is the
     gradient of the mean, i.e. that of one batch ``micro_steps`` times larger. ``sync(is_last)``
     lets data-parallel training skip the gradient all-reduce on all but the last micro-batch.
+    ``should_stop`` is asked before each micro-batch after the first; when it says yes, the
+    step is abandoned half-accumulated and None is returned.
     """
     total = None
     for i in range(micro_steps):
+        if i > 0 and should_stop is not None and should_stop():
+            return None
         x, y = next_batch()
         with sync(i == micro_steps - 1) if sync is not None else contextlib.nullcontext():
             with amp() if amp is not None else contextlib.nullcontext():
@@ -314,17 +319,30 @@ class Trainer:
                     lr = self.schedule(self.step, self._elapsed())
                     for group, scale in zip(self.optimizer.param_groups, self.lr_scales):
                         group["lr"] = lr * scale
-                    loss = accumulate_gradients(
+                    # A long accumulation is interruptible between micro-batches. Single process
+                    # only: under DDP every rank must reach the last micro-batch's all-reduce. The
+                    # sampler and RNG states are kept so that an abandoned step leaves the run
+                    # exactly where the step found it.
+                    interruptible = self.micro_steps > 1 and not self.ctx.enabled
+                    before = (self.batches.state_dict(), checkpoint.capture_rng_state()) if interruptible else None
+                    mean_loss = accumulate_gradients(
                         self.train_model,
                         self.batches.next,
                         self.micro_steps,
                         amp=lambda: autocast(self.device, self.amp_dtype),
                         sync=lambda last: sync_gradients(self.wrapped, last),
+                        should_stop=(lambda: stop.requested) if interruptible else None,
                     )
+                    if mean_loss is None:
+                        self.optimizer.zero_grad(set_to_none=True)
+                        self.batches.load_state_dict(before[0])
+                        checkpoint.restore_rng_state(before[1])
+                        reason = "interrupted"
+                        break
                     grad_norm = clip_gradients(self.model, tc.grad_clip)
                     # One host sync per step: the cost of noticing a NaN before it reaches the
                     # optimizer (and any checkpoint). The grad norm is the same on all ranks.
-                    loss, grad_norm = all_reduce_mean(loss, self.ctx).item(), grad_norm.item()
+                    loss, grad_norm = all_reduce_mean(mean_loss, self.ctx).item(), grad_norm.item()
                     if not (math.isfinite(loss) and math.isfinite(grad_norm)):
                         self.optimizer.zero_grad(set_to_none=True)
                         raise NonFiniteLossError(self._nonfinite_message(loss, grad_norm))
@@ -345,16 +363,16 @@ class Trainer:
                 if self.saved_step != self.step:
                     self._save()
             finally:
-                stop.restore()
                 bar.close()
-            result = self._finish(reason, loss, stop.signum)
+            result = self._finish(reason, loss, stop)
             failed = False
             return result
         finally:
+            stop.restore()
             # A diverged or crashed run shows as failed in wandb; its files are closed either way.
             self.logger.finish(self.summary, exit_code=1 if failed else 0)
 
-    def _finish(self, reason: str, last_loss: float | None, signum: int | None) -> TrainResult:
+    def _finish(self, reason: str, last_loss: float | None, stop: StopRequest) -> TrainResult:
         """The result of the run, with the full validation pass unless it was interrupted."""
         result = TrainResult(
             run_dir=self.run_dir,
@@ -363,14 +381,20 @@ class Trainer:
             stopped_by=reason,
             train_seconds=self._elapsed(),
             last_loss=last_loss,
-            signal=signum,
+            signal=stop.signum,
             is_main=self.ctx.is_main,
         )
         self.summary.update(step=self.step, tokens=self.tokens_seen, stopped_by=reason)
         if reason != "interrupted":
-            final = self._evaluate(final=True)
-            result.val_loss, result.val_bpb = final.loss, final.bpb
-            self.summary.update(val_loss=final.loss, val_bpb=final.bpb)
+            # Everything is saved: a signal now skips the final validation, and says so.
+            stop.raise_on_signal = True
+            try:
+                final = self._evaluate(final=True)
+            except StopNow:
+                result.stopped_by, result.signal = "interrupted", stop.signum
+            else:
+                result.val_loss, result.val_bpb = final.loss, final.bpb
+                self.summary.update(val_loss=final.loss, val_bpb=final.bpb)
         return result
 
     def _stop_reason(self, stop: StopRequest) -> str | None:
