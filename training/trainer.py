@@ -42,7 +42,7 @@ from training.distributed import (
     init_distributed,
     select_rank_state,
     shutdown,
-    split_global_batch,
+    split_batch,
     sync_gradients,
     wrap_model,
 )
@@ -222,15 +222,16 @@ class Trainer:
         # new train.lr or train.muon_lr runs at the new ratio between the two.
         self.lr_scales = [group["lr_scale"] for group in self.optimizer.param_groups]
         # The optimizer step always covers batch_size x grad_accum_steps sequences; more
-        # processes share the accumulation instead of silently growing the batch.
-        self.micro_steps = split_global_batch(tc.batch_size * tc.grad_accum_steps, tc.batch_size, ctx.world_size)
+        # processes share it instead of silently growing the batch.
+        split = split_batch(tc.batch_size, tc.grad_accum_steps, ctx.world_size)
+        self.micro_steps = split.micro_steps
         self.tokens_per_step = tc.batch_size * tc.grad_accum_steps * cfg.model.block_size
         self.schedule = build_schedule(tc, self.tokens_per_step)
         self.batches = train_batches(
             tc.sampling,
             self.prepared.train_tokens(),
             cfg.model.block_size,
-            tc.batch_size,
+            split.batch_size,
             seed=tc.seed,
             rank=ctx.rank,
             world_size=ctx.world_size,
