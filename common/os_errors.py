@@ -26,3 +26,10 @@ def describe_os_error(error: OSError, path: str | os.PathLike | None = None) -> 
     reason = error.strerror or type(error).__name__
     fix = _FIXES.get(error.errno or 0, "check the path and the disk")
     return f"{where}: {reason}; {fix}"
+
+
+def with_path(error: OSError, path: str | os.PathLike) -> OSError:
+    """``error`` naming ``path`` when it names no file (a failed ``os.write`` names none)."""
+    if error.filename is not None:
+        return error
+    return OSError(error.errno, error.strerror, os.fspath(path))

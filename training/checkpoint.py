@@ -27,6 +27,7 @@ from torch import nn
 
 from common.errors import UserError
 from common.files import atomic_output
+from common.os_errors import with_path
 from common.run_files import LOCK_FILES, RUN_FILES, STATE_FILE
 from model import GPTConfig, save_pretrained
 
@@ -76,9 +77,17 @@ def save_checkpoint(run_dir: Path, model: nn.Module, state: dict[str, Any]) -> N
     payload = {"format_version": FORMAT_VERSION, **state}
     with atomic_output(run_dir / STATE_FILE) as tmp:
         # Through a Python file object, a full disk surfaces as OSError(ENOSPC); given a path,
-        # torch's own writer reports it as an opaque RuntimeError.
+        # torch's own writer reports it as an opaque RuntimeError. Even so, closing the zip
+        # after the failed write raises a RuntimeError over it: report the OSError underneath.
         with open(tmp, "wb") as f:
-            torch.save(payload, f)
+            try:
+                torch.save(payload, f)
+            except OSError as e:
+                raise with_path(e, run_dir / STATE_FILE) from None
+            except RuntimeError as e:
+                if isinstance(e.__context__, OSError):
+                    raise with_path(e.__context__, run_dir / STATE_FILE) from None
+                raise
 
 
 def load_trainer_state(run_dir: Path) -> dict[str, Any]:

@@ -13,6 +13,7 @@ import torch
 
 from common.errors import UserError
 from common.files import atomic_write_text
+from common.os_errors import with_path
 from training.device import synchronize
 
 
@@ -35,6 +36,8 @@ class MetricsLog:
             written = os.write(fd, data)
             while written < len(data):  # only a full disk or a signal gets here
                 written += os.write(fd, data[written:])
+        except OSError as e:
+            raise with_path(e, self.path) from None
         finally:
             os.close(fd)
 
