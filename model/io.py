@@ -64,9 +64,13 @@ def load_pretrained(directory: str | os.PathLike, device: torch.device | str = "
         raise ModelFileError(f"model directory {directory} does not exist; "
                              f"pass a directory written by save_pretrained")
     config = _read_config(directory / CONFIG_FILE)
-    model = GPT(config)
     state = _read_weights(directory / WEIGHTS_FILE)
-    _check_matches(state, _stored_state(model), directory)
+    # Shapes first, on the meta device (nothing allocated): a config claiming an absurd size
+    # must not allocate it before the file proves otherwise.
+    with torch.device("meta"):
+        skeleton = GPT(config)
+    _check_matches(state, _stored_state(skeleton), directory)
+    model = GPT(config)
     model.load_state_dict(state, strict=False)  # strict would ask for the tied head's second name
     return model.to(device).eval()
 

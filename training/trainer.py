@@ -48,6 +48,7 @@ from training.distributed import (
 )
 from training.evaluate import EvalResult, evaluate, generate_sample
 from training.interrupt import StopNow, StopRequest
+from training.memory_budget import check_model_fits
 from training.metrics import MetricsLog, Throughput, format_duration, format_flops, mfu, peak_flops
 from training.optim import build_optimizer, build_schedule
 from training.resume_rules import check_fixed_settings, fixed_settings, restore_error
@@ -160,6 +161,7 @@ class Trainer:
 
     def setup(self, *, resume: bool, overwrite: bool) -> None:
         state = self._open_run_dir(resume=resume, overwrite=overwrite)
+        check_model_fits(self.config.model, self.device)  # an absurd size, before anything slow
         self._prepare_data(resume=resume)
         self._build_model_and_optimizer()
         wandb_run_id = self._restore(state) if state is not None else None
