@@ -18,6 +18,7 @@ from common.errors import one_line
 from data.config import HubSourceConfig
 from data.documents import SourceDocuments, check_text_column, file_identity, find_cause, row_ids, text_only
 from data.errors import DataError
+from data.hub_network import check_hub_reachable
 
 
 def hub_spec(hub: HubSourceConfig) -> dict[str, Any]:
@@ -45,6 +46,7 @@ def load_hub(hub: HubSourceConfig, val_fraction: float, progress: bool) -> Sourc
 
     description = f"hub dataset {hub.name}" + (f" ({hub.config_name})" if hub.config_name else "")
     with _hub_errors(hub.name):
+        check_hub_reachable(hub.name)
         splits = datasets.get_dataset_split_names(hub.name, hub.config_name)
     if hub.train_split not in splits:
         raise DataError(
@@ -143,7 +145,7 @@ def _hub_errors(name: str) -> Iterator[None]:
         raise
     except (ConnectionError, TimeoutError) as exc:
         raise DataError(
-            f"cannot reach hub dataset {name!r}: this machine is offline (or the hub is unreachable). "
+            f"cannot reach hub dataset {name!r}: a network problem ({one_line(exc)}), not a missing dataset. "
             f"Download it where there is a network (hf download {name} --repo-type dataset "
             "--local-dir DIR) and set data.hub.name to DIR, or use data.source: files with local "
             ".txt/.jsonl/.parquet files"
