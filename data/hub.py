@@ -19,6 +19,7 @@ from data.config import HubSourceConfig
 from data.documents import SourceDocuments, check_text_column, file_identity, find_cause, row_ids, text_only
 from data.errors import DataError
 from data.hub_network import check_hub_reachable
+from data.local_checks import loading_script
 
 
 def hub_spec(hub: HubSourceConfig) -> dict[str, Any]:
@@ -45,6 +46,13 @@ def load_hub(hub: HubSourceConfig, val_fraction: float, progress: bool) -> Sourc
     import datasets  # slow to import (docs/results.md): loaded only once a corpus is read
 
     description = f"hub dataset {hub.name}" + (f" ({hub.config_name})" if hub.config_name else "")
+    root = Path(hub.name).expanduser()
+    script = loading_script(root) if root.is_dir() else None
+    if script is not None:
+        raise DataError(
+            f"local dataset directory {root} has a loading script ({script}), which datasets no longer "
+            "runs; point data.hub.name at a directory of data files, or use data.source: files"
+        )
     with _hub_errors(hub.name):
         check_hub_reachable(hub.name)
         splits = datasets.get_dataset_split_names(hub.name, hub.config_name)
@@ -145,7 +153,8 @@ def _hub_errors(name: str) -> Iterator[None]:
         raise
     except (ConnectionError, TimeoutError) as exc:
         raise DataError(
-            f"cannot reach hub dataset {name!r}: a network problem ({one_line(exc)}), not a missing dataset. "
+            f"cannot reach hub dataset {name!r}: a network problem, not a missing dataset (this machine "
+            f"is offline or the hub is unreachable: {one_line(exc)}). "
             f"Download it where there is a network (hf download {name} --repo-type dataset "
             "--local-dir DIR) and set data.hub.name to DIR, or use data.source: files with local "
             ".txt/.jsonl/.parquet files"

@@ -29,6 +29,7 @@ from common.errors import UserError
 from common.files import atomic_write_bytes
 from common.run_files import CONFIG_FILE, METRICS_FILE, TOKENIZER_FILE
 from data import load_tokenizer, prepare_data, train_batches
+from data.tokenizer import RUN_TOKENIZER_FIX
 from model import GPT, GPTConfig
 import training.checkpoint as checkpoint
 from training.config import Config, ConfigError, config_to_dict, save_config
@@ -199,7 +200,7 @@ class Trainer:
             )
         saved_tokenizer = self.run_dir / TOKENIZER_FILE
         if resume and saved_tokenizer.is_file():
-            if load_tokenizer(saved_tokenizer).get_vocab() != prepared.tokenizer().get_vocab():
+            if load_tokenizer(saved_tokenizer, RUN_TOKENIZER_FIX).get_vocab() != prepared.tokenizer().get_vocab():
                 raise checkpoint.CheckpointError(
                     f"cannot resume {self.run_dir}: the data section now builds a different "
                     f"tokenizer than the run was trained with; use the run's own config.yaml"
