@@ -96,21 +96,32 @@ def load_trainer_state(run_dir: Path) -> dict[str, Any]:
         raise CheckpointError(f"cannot resume: no checkpoint ({STATE_FILE}) in {run_dir}")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:
+    except pickle.UnpicklingError as e:
         # Never quote torch's message here: it suggests retrying with weights_only=False, which
         # would run whatever code the file carries.
+        if "Unsupported global" not in str(e):
+            raise CheckpointError(
+                f"checkpoint {path} cannot be read (not a file torch.save wrote, or damaged); "
+                f"start a new run with --overwrite"
+            ) from None
         raise CheckpointError(
             f"checkpoint {path} holds Python objects other than tensors and plain values, so "
             f"train.py did not write it (or it was altered) and it is not loaded; restore the run's "
             f"own trainer_state.pt or start a new run with --overwrite"
         ) from None
     except Exception as e:  # noqa: BLE001 - any failure to unpickle means the file is unusable
-        lines = [line for line in str(e).splitlines() if line.strip() and "weights_only" not in line]
-        reason = lines[0] if lines else type(e).__name__
-        raise CheckpointError(f"checkpoint {path} cannot be read ({reason}); start a new run with --overwrite") from None
+        raise CheckpointError(
+            f"checkpoint {path} cannot be read ({_reason_without_unsafe_advice(e)}); start a new run with --overwrite"
+        ) from None
     if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(f"checkpoint {path} has an unknown format; start a new run with --overwrite")
     return state
+
+
+def _reason_without_unsafe_advice(error: Exception) -> str:
+    """The error's first line, leaving out any line that mentions weights_only (torch's advice)."""
+    lines = [line for line in str(error).splitlines() if line.strip() and "weights_only" not in line]
+    return lines[0] if lines else type(error).__name__
 
 
 def check_model_shape(saved: GPTConfig, current: GPTConfig, run_dir: Path) -> None:
