@@ -14,8 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from common.run_files import STATE_FILE
+from crash_testkit import attempt
+from data import load_tokenizer
 from model import load_pretrained
-from training.checkpoint import STATE_FILE, load_trainer_state
+from training.checkpoint import load_trainer_state
 from training.config import load_config
 from training.metrics import read_metrics
 
@@ -47,8 +50,6 @@ def _forkserver(monkeypatch: pytest.MonkeyPatch):
 
 
 def _run(ctx, raw: dict, *, kill_after_s: float | None = None, kill_at_write: int | None = None) -> int:
-    from crash_testkit import attempt
-
     out = Path(raw["run"]["out_dir"])
     resume = (out / STATE_FILE).is_file()
     proc = ctx.Process(target=attempt, args=(raw, resume, not resume, kill_at_write))
@@ -78,8 +79,6 @@ def _check_every_file_loads(out: Path) -> None:
     if (out / "config.yaml").exists():
         load_config(out / "config.yaml")
     if (out / "tokenizer.json").exists():
-        from data import load_tokenizer
-
         load_tokenizer(out / "tokenizer.json")
 
 
