@@ -7,7 +7,7 @@ import os
 import socket
 import subprocess
 import sys
-import time
+import threading
 from pathlib import Path
 
 import pytest
@@ -42,9 +42,18 @@ def test_train_with_an_unreachable_hub_is_one_line_naming_the_network(tmp_path):
 def test_a_hub_that_never_answers_is_given_up_on_after_the_timeout(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "0")
-    monkeypatch.setattr(hub_network.socket, "create_connection", lambda *a, **k: time.sleep(30))
-    with pytest.raises(ConnectionError, match="no answer from huggingface.co:443 within 0.2 s"):
-        check_hub_reachable("someone/some-corpus", timeout_s=0.2)
+    release = threading.Event()
+
+    def never_answers(*args, **kwargs):
+        release.wait(30)
+        raise OSError("released by the test")  # like a late refusal; the probe has given up by then
+
+    monkeypatch.setattr(hub_network.socket, "create_connection", never_answers)
+    try:
+        with pytest.raises(ConnectionError, match="no answer from huggingface.co:443 within 0.2 s"):
+            check_hub_reachable("someone/some-corpus", timeout_s=0.2)
+    finally:
+        release.set()  # the probe's thread ends now, not in the middle of a later test
 
 
 def test_local_directories_and_offline_mode_are_not_probed(monkeypatch, tmp_path):
