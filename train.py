@@ -12,6 +12,7 @@ import argparse
 import sys
 
 from common.errors import UserError
+from common.os_errors import describe_os_error
 from training.config import load_config
 from training.trainer import train
 
@@ -43,6 +44,9 @@ def main(argv: list[str] | None = None) -> int:
         result = train(config, resume=args.resume, overwrite=args.overwrite, progress=not args.no_progress)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a full disk, a read-only mount: every file already saved is intact
+        print(f"error: {describe_os_error(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         # A second Ctrl-C (or one during setup): nothing is saved beyond the last checkpoint.

@@ -16,11 +16,13 @@ import functools
 import re
 import types
 import typing
+from pathlib import Path
 from typing import Any, Union
 
 import yaml
 
 from common.errors import UserError, one_line
+from common.yaml_safe import BoundedSafeLoader, YamlLimitError, read_yaml_text
 
 
 class ConfigError(UserError, ValueError):
@@ -36,8 +38,8 @@ def require(condition: bool, message: str, error: type[Exception] = ConfigError)
 # YAML
 
 
-class _Loader(yaml.SafeLoader):
-    """YAML 1.2 numbers and booleans.
+class _Loader(BoundedSafeLoader):
+    """YAML 1.2 numbers and booleans; no duplicate keys, no alias bombs.
 
     PyYAML follows YAML 1.1, where ``3e-3`` (no dot) is a *string* and ``on``/``no`` are
     booleans; both surprise people writing learning rates and wandb modes.
@@ -58,10 +60,26 @@ _Loader.add_implicit_resolver(
 )
 
 
+def read_yaml_file(path: str | Path) -> Any:
+    """Parse a YAML file, read with a size cap (``/dev/zero`` never ends); errors are one line."""
+    try:
+        text = read_yaml_text(path)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {str(path)!r} not found; pass an existing YAML file") from None
+    except YamlLimitError as e:
+        raise ConfigError(str(e)) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"cannot read config file {str(path)!r}: {one_line(e)}") from None
+    return read_yaml(text, source=str(path))
+
+
 def read_yaml(text: str, source: str) -> Any:
-    """Parse YAML text; a syntax error becomes a ConfigError naming ``source`` and the line."""
+    """Parse YAML text; a syntax error or a refused document becomes a ConfigError naming
+    ``source`` (and the line)."""
     try:
         return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+    except YamlLimitError as e:
+        raise ConfigError(f"{source}: {e}") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""

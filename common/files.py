@@ -24,11 +24,15 @@ def atomic_output(path: str | os.PathLike) -> Iterator[Path]:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     # mkstemp creates the file owner-only (0600); give it the mode a plain open() would have.
-    os.fchmod(fd, 0o666 & ~_current_umask())
+    mode = 0o666 & ~_current_umask()
+    os.fchmod(fd, mode)
     os.close(fd)
     tmp = Path(tmp_name)
     try:
         yield tmp
+        # Some writers (safetensors) replace the file rather than write into it, and create the
+        # replacement owner-only; set the mode again on whatever is there now.
+        os.chmod(tmp, mode)
         _fsync_file(tmp)
         os.replace(tmp, path)
         _fsync_dir(path.parent)

@@ -23,7 +23,7 @@ from data.chat import Message, to_messages
 from data.config import DataConfig
 from data.documents import row_ids
 from data.errors import DataError
-from data.hub import hub_errors, hub_spec
+from data.hub import hub_errors, hub_spec, hub_split_names
 from data.local_files import files_format, files_spec, load_files_dataset, resolve_files
 from data.shakespeare import shakespeare_fingerprint
 from data.shakespeare_chat import CHAT_SET_VERSION, shakespeare_chat
@@ -124,8 +124,7 @@ def _load_hub(cfg: DataConfig) -> ConversationSet:
 
     hub = cfg.hub
     description = f"hub dataset {hub.name}"
-    with hub_errors(hub.name):
-        splits = datasets.get_dataset_split_names(hub.name, hub.config_name)
+    splits = hub_split_names(hub)
     if hub.train_split not in splits:
         raise DataError(f"{description} has no split {hub.train_split!r} (it has {', '.join(splits)}): set data.hub.train_split")
 

@@ -18,6 +18,8 @@ from common.errors import one_line
 from data.config import HubSourceConfig
 from data.documents import SourceDocuments, check_text_column, file_identity, find_cause, row_ids, text_only
 from data.errors import DataError
+from data.hub_network import check_hub_reachable
+from data.local_checks import loading_script
 
 
 def hub_spec(hub: HubSourceConfig) -> dict[str, Any]:
@@ -41,11 +43,8 @@ def hub_spec(hub: HubSourceConfig) -> dict[str, Any]:
 
 def load_hub(hub: HubSourceConfig, val_fraction: float, progress: bool) -> SourceDocuments:
     """Read the training split (and the validation split when the dataset has one), capped."""
-    import datasets  # slow to import (docs/results.md): loaded only once a corpus is read
-
     description = f"hub dataset {hub.name}" + (f" ({hub.config_name})" if hub.config_name else "")
-    with hub_errors(hub.name):
-        splits = datasets.get_dataset_split_names(hub.name, hub.config_name)
+    splits = hub_split_names(hub)
     if hub.train_split not in splits:
         raise DataError(
             f"{description} has no split {hub.train_split!r} (it has {', '.join(splits)}): "
@@ -134,6 +133,23 @@ def _count_within_caps(dataset: Any, column: str, max_docs: int | None, max_byte
     return count
 
 
+def hub_split_names(hub: HubSourceConfig) -> list[str]:
+    """The dataset's split names, after the checks that fail fast: a local directory with a loading
+    script, and a hub that cannot be reached."""
+    import datasets  # slow to import (docs/results.md): loaded only once a corpus is read
+
+    root = Path(hub.name).expanduser()
+    script = loading_script(root) if root.is_dir() else None
+    if script is not None:
+        raise DataError(
+            f"local dataset directory {root} has a loading script ({script}), which datasets no longer "
+            "runs; point data.hub.name at a directory of data files, or use data.source: files"
+        )
+    with hub_errors(hub.name):
+        check_hub_reachable(hub.name)
+        return datasets.get_dataset_split_names(hub.name, hub.config_name)
+
+
 @contextlib.contextmanager
 def hub_errors(name: str) -> Iterator[None]:
     """Turn hub failures into one-line DataErrors that say what to do."""
@@ -143,7 +159,8 @@ def hub_errors(name: str) -> Iterator[None]:
         raise
     except (ConnectionError, TimeoutError) as exc:
         raise DataError(
-            f"cannot reach hub dataset {name!r}: this machine is offline (or the hub is unreachable). "
+            f"cannot reach hub dataset {name!r}: a network problem, not a missing dataset (this machine "
+            f"is offline or the hub is unreachable: {one_line(exc)}). "
             f"Download it where there is a network (hf download {name} --repo-type dataset "
             "--local-dir DIR) and set data.hub.name to DIR, or use data.source: files with local "
             ".txt/.jsonl/.parquet files"

@@ -18,6 +18,7 @@ from common.errors import one_line
 from data.config import FilesSourceConfig
 from data.documents import SourceDocuments, check_text_column, file_identity, find_cause, row_ids, text_only
 from data.errors import DataError
+from data.local_checks import first_malformed_json_line
 
 _COMPRESSION_SUFFIXES = (".gz", ".bz2", ".xz", ".zst", ".lz4")
 _FORMAT_BY_SUFFIX = {
@@ -143,6 +144,10 @@ def _file_read_error(exc: BaseException, files: list[Path], description: str) ->
         where = f"file {bad[0]} is not valid UTF-8 ({bad[1]})" if bad else f"{description}: not valid UTF-8"
         fix = "fix the file, or set data.files.encoding_errors: replace (bad bytes become U+FFFD)"
         return DataError(f"{where}: {fix}")
+    if description.startswith("local jsonl"):
+        malformed = first_malformed_json_line(files)
+        if malformed is not None:
+            return DataError(f"cannot read {description}: {malformed}; each line must be one JSON object, fix or remove that line")
     cause = find_cause(exc, Exception) or exc
     return DataError(f"cannot read {description}: {one_line(cause)}; check the files and data.files.format")
 

@@ -4,8 +4,8 @@ An entry lives in `<cache_dir>/<source>-<key>/`, where key hashes everything tha
 contents (source identity, split settings, tokenizer recipe and vocab size). A finished entry is
 only ever created by renaming a complete temporary directory built beside it, so an entry that
 exists is whole: a prepare killed halfway leaves a `.tmp-*` directory, which the next prepare
-removes, never a half-written entry. Entries are also checked on open (sizes, tokenizer hash),
-and the main process rebuilds one that fails the check.
+removes, never a half-written entry. Entries are also checked on open (sizes, token checksums
+and id range, tokenizer hash), and the main process rebuilds one that fails the check.
 
 In a multi-process run only the main process prepares; the others wait for its entry.
 
@@ -39,6 +39,7 @@ from data.config import DataConfig
 from data.errors import DataError
 from data.sources import SourceDocuments, load_source, source_spec
 from data.split import hash_split
+from data.token_files import TokenDigester, digest_token_file
 from data.tokenizer import (
     TOKENIZER_RECIPE,
     encode_documents,
@@ -49,7 +50,7 @@ from data.tokenizer import (
 )
 
 # Bump when the entry layout or token file format changes: old entries then stop matching.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: token files carry a SHA-256 and their largest id
 META_FILE = "meta.json"
 TOKENIZER_FILE = "tokenizer.json"
 TRAIN_FILE = "train.bin"
@@ -78,10 +79,12 @@ class PreparedData:
             meta = json.loads(meta_path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
             raise DataError(f"prepared data in {directory} has no readable {META_FILE}; {_REDO}") from exc
+        if not isinstance(meta, dict):
+            raise DataError(f"prepared data in {directory} has a malformed {META_FILE}; {_REDO}")
         data = cls(directory, directory / TOKENIZER_FILE, directory / TRAIN_FILE, directory / VAL_FILE, meta)
         try:
             data._check_complete()
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise DataError(f"prepared data in {directory} has a malformed {META_FILE}; {_REDO}") from exc
         return data
 
@@ -95,6 +98,13 @@ class PreparedData:
             actual = path.stat().st_size if path.is_file() else -1
             if actual != expected:
                 raise DataError(f"prepared data file {path} is missing or truncated; {_REDO}")
+            # Same size is not same content: a file overwritten in place must not be trained on.
+            found = digest_token_file(path, self.dtype)
+            if found.sha256 != meta["splits"][split]["sha256"]:
+                raise DataError(f"prepared data file {path} does not match its recorded checksum; {_REDO}")
+            if found.max_id >= int(meta["vocab_size"]):
+                raise DataError(f"prepared data file {path} holds token id {found.max_id}, beyond the "
+                                f"vocabulary of {meta['vocab_size']}; {_REDO}")
         if not self.tokenizer_path.is_file() or _sha256(self.tokenizer_path) != meta["tokenizer_sha256"]:
             raise DataError(f"prepared tokenizer {self.tokenizer_path} is missing or changed; {_REDO}")
 
@@ -315,17 +325,27 @@ def _write_tokens(
 ) -> dict[str, Any]:
     """Tokenize every non-empty document of `dataset` into the flat token file `path`."""
     documents = tokens = nbytes = 0
+    digester = TokenDigester()
     bar = tqdm(total=len(dataset), desc=f"tokenizing {label}", unit="doc", disable=not progress)
     with bar, atomic_output(path) as temp, open(temp, "wb") as f:
         for batch in dataset.iter(batch_size=batch_size):
             texts = [text for text in batch["text"] if text]
             ids = np.asarray(encode_documents(tokenizer, texts, eot), dtype=dtype)
             ids.tofile(f)
+            digester.update(ids)
             documents += len(texts)
             tokens += len(ids)
             nbytes += sum(len(text.encode("utf-8")) for text in texts)
             bar.update(len(batch["text"]))
-    return {"file": path.name, "documents": documents, "tokens": tokens, "bytes": nbytes}
+    digest = digester.digest()
+    return {
+        "file": path.name,
+        "documents": documents,
+        "tokens": tokens,
+        "bytes": nbytes,
+        "sha256": digest.sha256,
+        "max_id": digest.max_id,
+    }
 
 
 def _check_not_empty(train: dict[str, Any], val: dict[str, Any], description: str, val_from: str) -> None:

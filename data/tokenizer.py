@@ -72,8 +72,15 @@ def train_tokenizer(
     return tokenizer
 
 
-def load_tokenizer(path: str | Path) -> Tokenizer:
-    """Load a tokenizer.json written by `prepare_data` (checked to have `EOT`)."""
+RUN_TOKENIZER_FIX = "restore the run's own tokenizer.json from a backup (retraining it gives other ids)"
+
+
+def load_tokenizer(path: str | Path, fix: str = "prepare the data again") -> Tokenizer:
+    """Load a tokenizer.json written by `prepare_data` (checked to have `EOT`).
+
+    ``fix`` ends the error for a damaged file: a cache entry's tokenizer can be rebuilt, a run's
+    (``RUN_TOKENIZER_FIX``) cannot, since its model was trained on those exact ids.
+    """
     path = Path(path)
     if not path.is_file():
         raise DataError(
@@ -84,10 +91,10 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     except Exception as exc:  # tokenizers raises a bare Exception for malformed JSON
         reason = one_line(exc)
         raise DataError(
-            f"tokenizer file {path} is not a valid tokenizer.json ({reason}); prepare the data again"
+            f"tokenizer file {path} is not a valid tokenizer.json ({reason}); {fix}"
         ) from exc
     if tokenizer.token_to_id(EOT) is None:
-        raise DataError(f"tokenizer file {path} has no {EOT} token; prepare the data again")
+        raise DataError(f"tokenizer file {path} has no {EOT} token; {fix}")
     return tokenizer
 
 

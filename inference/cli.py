@@ -16,6 +16,7 @@ from typing import NoReturn, Sequence
 
 from common.device import select_device
 from common.errors import UserError
+from common.os_errors import describe_os_error
 from inference.chat_cli import chat_main
 from inference.completion import GenerationResult, encode_prompt, generate_completions
 from inference.runs import find_latest_run, load_run
@@ -133,6 +134,9 @@ def _add_output_flags(parser: argparse.ArgumentParser) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code (2 for a user error)."""
+    if sys.stdout is None:  # started with stdout closed (`>&-`): nowhere to put the text
+        print("error: standard output is closed; redirect it to a file or a pipe", file=sys.stderr)
+        return 2
     try:
         try:
             args = build_parser().parse_args(argv)
@@ -150,6 +154,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         # does not raise again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as error:  # stdout on a full disk or /dev/full
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        print(f"error: cannot write the output: {describe_os_error(error, 'standard output')}", file=sys.stderr)
+        return 2
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -161,7 +169,7 @@ def _generate(args: argparse.Namespace) -> int:
         repetition_penalty=args.repetition_penalty,
         num_samples=args.num_samples,
         seed=args.seed,
-        stop=tuple(args.stop),
+        stop=tuple(decode_argument(stop, "--stop") for stop in args.stop),
         use_cache=not args.no_cache,
     )
     prompt = read_prompt(args)
@@ -218,8 +226,16 @@ def read_prompt(args: argparse.Namespace) -> str:
         data = sys.stdin.buffer.read()
         source = "the prompt on stdin"
     else:
-        data = (args.prompt or "").encode("utf-8", errors="surrogateescape")
-        source = "--prompt"
+        return decode_argument(args.prompt or "", "--prompt")
+    return _decode_utf8(data, source)
+
+
+def decode_argument(text: str, source: str) -> str:
+    """A command-line argument as text; bytes that were not UTF-8 are refused, naming ``source``."""
+    return _decode_utf8(text.encode("utf-8", errors="surrogateescape"), source)
+
+
+def _decode_utf8(data: bytes, source: str) -> str:
     # A byte-order mark (as some Windows editors write) is never meant as prompt text.
     data = data.removeprefix(codecs.BOM_UTF8)
     try:

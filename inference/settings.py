@@ -12,6 +12,8 @@ from common.errors import UserError
 from model.generation import check_sampling_args
 
 _MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed takes a signed 64-bit value
+# Samples decode as one batch through one cache; beyond this the cache alone outgrows a laptop.
+MAX_NUM_SAMPLES = 1024
 
 
 @dataclass(frozen=True)
@@ -41,8 +43,11 @@ class GenerationSettings:
             check_sampling_args(self.temperature, self.top_k, self.top_p, self.repetition_penalty)
         except ValueError as e:
             raise UserError(str(e)) from None
-        if self.num_samples < 1:
-            raise UserError(f"num_samples must be >= 1 (got {self.num_samples})")
+        if not 1 <= self.num_samples <= MAX_NUM_SAMPLES:
+            raise UserError(
+                f"num_samples must be >= 1 and at most {MAX_NUM_SAMPLES} (got {self.num_samples}): all samples "
+                f"share one batch and its KV cache; run the command several times for more"
+            )
         if self.seed is not None and not 0 <= self.seed <= _MAX_SEED - self.num_samples:
             raise UserError(f"seed must be between 0 and 2**63 - 1 - num_samples (got {self.seed})")
         if any(not s for s in self.stop):

@@ -105,7 +105,7 @@ def sample_next_token(
         logits = apply_repetition_penalty(logits, prev_tokens, repetition_penalty)
     if temperature == 0:
         return logits.argmax(dim=-1)
-    probs = torch.softmax(filter_logits(logits / temperature, top_k, top_p), dim=-1)
+    probs = torch.softmax(filter_logits(scale_by_temperature(logits, temperature), top_k, top_p), dim=-1)
     u = uniform_per_row(logits.shape[0], generator, logits.device)
     # Id order rather than sorted order: a tiny change in the logits then moves the
     # boundaries between ids a tiny amount, instead of reordering near-tied ids.
@@ -114,6 +114,22 @@ def sample_next_token(
     # u * total can round up to total itself; fall back to the last id that has probability.
     last_allowed = probs.shape[-1] - 1 - (probs.flip(-1) > 0).int().argmax(dim=-1)
     return torch.minimum(idx, last_allowed)
+
+
+def scale_by_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``logits / temperature``, with rows that overflow replaced by their limit as T -> 0.
+
+    A tiny temperature (1e-39) pushes the largest logits past the float range; softmax of
+    inf - inf is NaN. The limit of the distribution is uniform over the ids tied at the maximum
+    (greedy when one id leads), which is what such rows get; they still consume their draw.
+    """
+    scaled = logits / temperature
+    overflow = torch.isposinf(scaled).any(dim=-1, keepdim=True)
+    if not bool(overflow.any()):
+        return scaled
+    at_max = logits == logits.amax(dim=-1, keepdim=True)
+    limit = torch.zeros_like(logits).masked_fill(~at_max, float("-inf"))
+    return torch.where(overflow, limit, scaled)
 
 
 def uniform_per_row(batch: int, generator: Generators, device: torch.device) -> torch.Tensor:

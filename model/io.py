@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 
 import torch
@@ -44,7 +45,10 @@ def save_pretrained(model: nn.Module, directory: str | os.PathLike) -> None:
     state = {name: t.detach().to("cpu").contiguous() for name, t in _stored_state(model).items()}
     metadata = {"format": "pt", _DIGEST_KEY: _digest(state)}
     with atomic_output(directory / WEIGHTS_FILE) as tmp:
-        save_file(state, str(tmp), metadata=metadata)
+        try:
+            save_file(state, str(tmp), metadata=metadata)
+        except SafetensorError as e:
+            raise _as_os_error(e, directory / WEIGHTS_FILE) from None
     # The config goes last: a directory whose save was interrupted fails to load loudly.
     atomic_write_text(directory / CONFIG_FILE, json.dumps(model.config.to_dict(), indent=2) + "\n")
 
@@ -60,9 +64,13 @@ def load_pretrained(directory: str | os.PathLike, device: torch.device | str = "
         raise ModelFileError(f"model directory {directory} does not exist; "
                              f"pass a directory written by save_pretrained")
     config = _read_config(directory / CONFIG_FILE)
-    model = GPT(config)
     state = _read_weights(directory / WEIGHTS_FILE)
-    _check_matches(state, _stored_state(model), directory)
+    # Shapes first, on the meta device (nothing allocated): a config claiming an absurd size
+    # must not allocate it before the file proves otherwise.
+    with torch.device("meta"):
+        skeleton = GPT(config)
+    _check_matches(state, _stored_state(skeleton), directory)
+    model = GPT(config)
     model.load_state_dict(state, strict=False)  # strict would ask for the tied head's second name
     return model.to(device).eval()
 
@@ -130,3 +138,12 @@ def _digest(state: dict[str, torch.Tensor]) -> str:
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
         h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
     return h.hexdigest()
+
+
+def _as_os_error(error: Exception, path: Path) -> Exception:
+    """safetensors reports a failed write (a full disk) as text; recover the OSError it was."""
+    found = re.search(r"os error (\d+)", str(error))
+    if found is None:
+        return error
+    code = int(found.group(1))
+    return OSError(code, os.strerror(code), str(path))

@@ -15,6 +15,7 @@ The trainer state holds only tensors, dicts, lists and scalars, so it loads with
 
 from __future__ import annotations
 
+import pickle
 import random
 import shutil
 from pathlib import Path
@@ -24,9 +25,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from common.errors import UserError, one_line
+from common.errors import UserError
 from common.files import atomic_output
-from common.run_files import RUN_FILES, STATE_FILE
+from common.os_errors import with_path
+from common.run_files import LOCK_FILES, RUN_FILES, STATE_FILE
 from model import GPTConfig, save_pretrained
 
 FORMAT_VERSION = 1
@@ -50,7 +52,7 @@ def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
         return
     if run_dir.exists() and not run_dir.is_dir():
         raise CheckpointError(f"run.out_dir {run_dir} is a file, not a directory; choose another run.out_dir")
-    if run_dir.is_dir() and any(run_dir.iterdir()):
+    if run_dir.is_dir() and any(p.name not in LOCK_FILES for p in run_dir.iterdir()):
         holds_run = any((run_dir / name).exists() for name in RUN_FILES)
         if not overwrite:
             if holds_run:
@@ -74,7 +76,18 @@ def save_checkpoint(run_dir: Path, model: nn.Module, state: dict[str, Any]) -> N
     save_pretrained(model, run_dir)
     payload = {"format_version": FORMAT_VERSION, **state}
     with atomic_output(run_dir / STATE_FILE) as tmp:
-        torch.save(payload, tmp)
+        # Through a Python file object, a full disk surfaces as OSError(ENOSPC); given a path,
+        # torch's own writer reports it as an opaque RuntimeError. Even so, closing the zip
+        # after the failed write raises a RuntimeError over it: report the OSError underneath.
+        with open(tmp, "wb") as f:
+            try:
+                torch.save(payload, f)
+            except OSError as e:
+                raise with_path(e, run_dir / STATE_FILE) from None
+            except RuntimeError as e:
+                if isinstance(e.__context__, OSError):
+                    raise with_path(e.__context__, run_dir / STATE_FILE) from None
+                raise
 
 
 def load_trainer_state(run_dir: Path) -> dict[str, Any]:
@@ -83,11 +96,32 @@ def load_trainer_state(run_dir: Path) -> dict[str, Any]:
         raise CheckpointError(f"cannot resume: no checkpoint ({STATE_FILE}) in {run_dir}")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        # Never quote torch's message here: it suggests retrying with weights_only=False, which
+        # would run whatever code the file carries.
+        if "Unsupported global" not in str(e):
+            raise CheckpointError(
+                f"checkpoint {path} cannot be read (not a file torch.save wrote, or damaged); "
+                f"start a new run with --overwrite"
+            ) from None
+        raise CheckpointError(
+            f"checkpoint {path} holds Python objects other than tensors and plain values, so "
+            f"train.py did not write it (or it was altered) and it is not loaded; restore the run's "
+            f"own trainer_state.pt or start a new run with --overwrite"
+        ) from None
     except Exception as e:  # noqa: BLE001 - any failure to unpickle means the file is unusable
-        raise CheckpointError(f"checkpoint {path} cannot be read ({one_line(e)}); start a new run with --overwrite") from None
+        raise CheckpointError(
+            f"checkpoint {path} cannot be read ({_reason_without_unsafe_advice(e)}); start a new run with --overwrite"
+        ) from None
     if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(f"checkpoint {path} has an unknown format; start a new run with --overwrite")
     return state
+
+
+def _reason_without_unsafe_advice(error: Exception) -> str:
+    """The error's first line, leaving out any line that mentions weights_only (torch's advice)."""
+    lines = [line for line in str(error).splitlines() if line.strip() and "weights_only" not in line]
+    return lines[0] if lines else type(error).__name__
 
 
 def check_model_shape(saved: GPTConfig, current: GPTConfig, run_dir: Path) -> None:

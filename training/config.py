@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from common.config import ConfigError, build, check_types, read_yaml, require
+from common.config import ConfigError, build, check_types, read_yaml, read_yaml_file, require
 from common.files import atomic_write_text
 from data import DataConfig
 from model import GPTConfig
@@ -208,13 +208,7 @@ class Config:
 def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Read a YAML config, apply ``--set key=value`` overrides, validate, return a ``Config``."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"config file {str(path)!r} not found; pass an existing YAML file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"cannot read config file {str(path)!r}: {e}") from None
-    raw = read_yaml(text, source=str(path)) or {}
+    raw = read_yaml_file(path) or {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections (model:, train:, ...)")
     raw = apply_overrides(raw, overrides)

@@ -84,28 +84,33 @@ def init_distributed(device_pref: str = "auto", *, timeout_s: float | None = Non
     )
 
 
-def split_global_batch(global_batch_size: int, micro_batch_size: int, world_size: int) -> int:
-    """Accumulation steps per process so that micro-batch × steps × processes = global batch.
+@dataclass(frozen=True)
+class BatchSplit:
+    """How one optimizer step's sequences are shared: per process, per micro-batch."""
 
-    More processes must not silently change the batch the learning rate was chosen for, so the
-    accumulation is divided among them, and a split that is not whole is an error.
+    batch_size: int  # sequences per micro-batch on each process
+    micro_steps: int  # micro-batches each process accumulates per optimizer step
+
+
+def split_batch(batch_size: int, grad_accum_steps: int, world_size: int) -> BatchSplit:
+    """Share the config's optimizer step (batch_size x grad_accum_steps sequences) among processes.
+
+    The global batch stays what the config says, whatever the number of processes: the
+    accumulation steps are divided among them when they divide evenly (the per-process batch and
+    its memory stay as configured); otherwise the per-process batch is divided. When neither
+    divides, the error lists process counts and accumulation settings that would work.
     """
-    for name, value in (
-        ("global batch size", global_batch_size),
-        ("micro-batch size", micro_batch_size),
-        ("world size", world_size),
-    ):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise UserError(f"{name} must be a positive integer, got {value!r}")
-    per_step = micro_batch_size * world_size
-    if global_batch_size % per_step != 0:
-        raise UserError(
-            f"the global batch of {global_batch_size} sequences (train.batch_size × "
-            f"train.grad_accum_steps) does not split over {world_size} processes × "
-            f"{micro_batch_size} sequences per micro-batch; make train.grad_accum_steps a "
-            f"multiple of the number of processes, or launch a number of processes that divides it"
-        )
-    return global_batch_size // per_step
+    if grad_accum_steps % world_size == 0:
+        return BatchSplit(batch_size, grad_accum_steps // world_size)
+    if batch_size % world_size == 0:
+        return BatchSplit(batch_size // world_size, grad_accum_steps)
+    divisors = sorted({n for n in range(2, 65) if grad_accum_steps % n == 0 or batch_size % n == 0})
+    counts = ", ".join(map(str, divisors[:8])) or "1"
+    raise UserError(
+        f"the global batch of {batch_size} x {grad_accum_steps} sequences (train.batch_size x "
+        f"train.grad_accum_steps) cannot be shared by {world_size} processes: neither divides by "
+        f"{world_size}; launch {counts} processes, or set train.grad_accum_steps to a multiple of {world_size}"
+    )
 
 
 def wrap_model(model: nn.Module, ctx: DistContext) -> nn.Module:

@@ -9,6 +9,10 @@ from types import FrameType
 from typing import Any
 
 
+class StopNow(Exception):
+    """A signal arrived after the last checkpoint was saved; the work in progress is dropped."""
+
+
 class StopRequest:
     """Records the first SIGINT/SIGTERM instead of dying; a second Ctrl-C aborts at once.
 
@@ -21,6 +25,9 @@ class StopRequest:
 
     def __init__(self) -> None:
         self.signum: int | None = None
+        # Set once everything is saved (the final validation): a signal then ends that work at
+        # once by raising StopNow, since nothing is left to save.
+        self.raise_on_signal = False
         self._previous: dict[int, Any] = {}
 
     @property
@@ -40,6 +47,9 @@ class StopRequest:
         self._previous.clear()
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.raise_on_signal:
+            self.signum = signum
+            raise StopNow(signum)
         if self.signum is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt
         if self.signum is None:

@@ -11,7 +11,9 @@ from typing import Any
 
 import torch
 
+from common.errors import UserError
 from common.files import atomic_write_text
+from common.os_errors import with_path
 from training.device import synchronize
 
 
@@ -34,6 +36,8 @@ class MetricsLog:
             written = os.write(fd, data)
             while written < len(data):  # only a full disk or a signal gets here
                 written += os.write(fd, data[written:])
+        except OSError as e:
+            raise with_path(e, self.path) from None
         finally:
             os.close(fd)
 
@@ -41,21 +45,30 @@ class MetricsLog:
         """Keep only records with ``step`` <= ``step`` (the checkpoint a resumed run starts from)."""
         if not self.path.exists():
             return
-        kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= step]
+        if not self.path.is_file():
+            raise UserError(f"{self.path} is not a file; move it aside so the run can write its metrics there")
+        records = read_metrics(self.path)
+        kept = [r for r in records if isinstance(r.get("step", 0), int) and r.get("step", 0) <= step]
         atomic_write_text(self.path, "".join(json.dumps(r, separators=(", ", ": ")) + "\n" for r in kept))
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """All complete records of a metrics file (a torn last line is ignored)."""
+    """All complete records of a metrics file.
+
+    A torn last line, bytes that are not UTF-8 or JSON, and lines that are not objects are
+    skipped: a damaged line must not cost the good ones around it.
+    """
     records = []
-    with open(path, encoding="utf-8") as f:
+    with open(path, "rb") as f:
         for line in f:
-            if not line.endswith("\n"):
+            if not line.endswith(b"\n"):
                 break
             try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
+                record = json.loads(line.decode("utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError):
                 continue
+            if isinstance(record, dict):
+                records.append(record)
     return records
 
 

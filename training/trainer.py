@@ -31,6 +31,7 @@ from common.run_files import CONFIG_FILE, METRICS_FILE, TOKENIZER_FILE
 from data import load_tokenizer, prepare_data, train_batches
 from data.chat_batches import ChatBatches
 from data.chat_prepare import prepare_chat_data
+from data.tokenizer import RUN_TOKENIZER_FIX
 from model import GPT, GPTConfig
 import training.checkpoint as checkpoint
 from training.config import Config, ConfigError, config_to_dict, save_config
@@ -44,15 +45,18 @@ from training.distributed import (
     init_distributed,
     select_rank_state,
     shutdown,
-    split_global_batch,
+    split_batch,
     sync_gradients,
     wrap_model,
 )
 from training.evaluate import EvalResult, evaluate, generate_sample
 from training.init_from import check_parent_tokenizer, find_parent, load_parent_weights, write_parent_record
-from training.interrupt import StopRequest
+from training.interrupt import StopNow, StopRequest
+from training.memory_budget import check_model_fits
 from training.metrics import MetricsLog, Throughput, format_duration, format_flops, mfu, peak_flops
 from training.optim import build_optimizer, build_schedule
+from training.resume_rules import check_fixed_settings, fixed_settings, restore_error
+from training.run_lock import hold_run_dir
 from training.sft import accumulate_chat_gradients, chat_reply_samples, evaluate_chat
 from training.wandb_logger import WandbLogger
 
@@ -89,11 +93,12 @@ def train(config: Config, *, resume: bool = False, overwrite: bool = False, prog
     such a directory is refused. ``progress`` shows the progress bar and evaluation lines.
     """
     ctx = init_distributed(config.train.device)
+    trainer = Trainer(config, ctx, progress=progress)
     try:
-        trainer = Trainer(config, ctx, progress=progress)
         trainer.setup(resume=resume, overwrite=(overwrite or config.run.overwrite) and not resume)
         return trainer.fit()
     finally:
+        trainer.close()
         shutdown(ctx)
 
 
@@ -104,15 +109,20 @@ def accumulate_gradients(
     *,
     amp: Callable[[], ContextManager] | None = None,
     sync: Callable[[bool], ContextManager] | None = None,
-) -> torch.Tensor:
+    should_stop: Callable[[], bool] | None = None,
+) -> torch.Tensor | None:
     """Forward and backward ``micro_steps`` micro-batches; return their mean loss (detached).
 
     Each loss is divided by ``micro_steps`` before ``backward`` so the accumulated gradient is the
     gradient of the mean, i.e. that of one batch ``micro_steps`` times larger. ``sync(is_last)``
     lets data-parallel training skip the gradient all-reduce on all but the last micro-batch.
+    ``should_stop`` is asked before each micro-batch after the first; when it says yes, the
+    step is abandoned half-accumulated and None is returned.
     """
     total = None
     for i in range(micro_steps):
+        if i > 0 and should_stop is not None and should_stop():
+            return None
         x, y = next_batch()
         with sync(i == micro_steps - 1) if sync is not None else contextlib.nullcontext():
             with amp() if amp is not None else contextlib.nullcontext():
@@ -149,12 +159,14 @@ class Trainer:
         self.loop_start = time.perf_counter()
         self.throughput = Throughput()
         self.summary: dict[str, Any] = {}
+        self._held = contextlib.ExitStack()  # the run-directory lock, from setup until close
 
     # -----------------------------------------------------------------------------------------
     # Setup, by stage
 
     def setup(self, *, resume: bool, overwrite: bool) -> None:
         state = self._open_run_dir(resume=resume, overwrite=overwrite)
+        check_model_fits(self.config.model, self.device)  # an absurd size, before anything slow
         self._prepare_data(resume=resume)
         self._build_model_and_optimizer()
         wandb_run_id = self._restore(state) if state is not None else None
@@ -163,6 +175,8 @@ class Trainer:
     def _open_run_dir(self, *, resume: bool, overwrite: bool) -> dict[str, Any] | None:
         """Refuse a bad run directory or checkpoint before anything slow (a tokenizer training)."""
         if self.ctx.is_main:
+            # Taken before anything is read, written or cleared; held until close().
+            self._held.enter_context(hold_run_dir(self.run_dir))
             checkpoint.prepare_run_dir(self.run_dir, resume=resume, overwrite=overwrite)
         state = None
         if resume:
@@ -174,6 +188,7 @@ class Trainer:
                     f"checkpoint in {self.run_dir} has no valid model config ({e})"
                 ) from None
             checkpoint.check_model_shape(saved_model, self.config.model, self.run_dir)
+            check_fixed_settings(state, self.config.train, self.run_dir)
         barrier(self.ctx)
         return state
 
@@ -189,7 +204,7 @@ class Trainer:
             )
         saved_tokenizer = self.run_dir / TOKENIZER_FILE
         if resume and saved_tokenizer.is_file():
-            if load_tokenizer(saved_tokenizer).get_vocab() != prepared.tokenizer().get_vocab():
+            if load_tokenizer(saved_tokenizer, RUN_TOKENIZER_FIX).get_vocab() != prepared.tokenizer().get_vocab():
                 raise checkpoint.CheckpointError(
                     f"cannot resume {self.run_dir}: the data section now builds a different "
                     f"tokenizer than the run was trained with; use the run's own config.yaml"
@@ -234,8 +249,9 @@ class Trainer:
         # new train.lr or train.muon_lr runs at the new ratio between the two.
         self.lr_scales = [group["lr_scale"] for group in self.optimizer.param_groups]
         # The optimizer step always covers batch_size x grad_accum_steps sequences; more
-        # processes share the accumulation instead of silently growing the batch.
-        self.micro_steps = split_global_batch(tc.batch_size * tc.grad_accum_steps, tc.batch_size, ctx.world_size)
+        # processes share it instead of silently growing the batch.
+        split = split_batch(tc.batch_size, tc.grad_accum_steps, ctx.world_size)
+        self.micro_steps = split.micro_steps
         self.tokens_per_step = tc.batch_size * tc.grad_accum_steps * cfg.model.block_size
         self.schedule = build_schedule(tc, self.tokens_per_step)
         self.batches = ChatBatches(
@@ -245,7 +261,7 @@ class Trainer:
             tc.sampling,
             self.prepared.train_tokens(),
             cfg.model.block_size,
-            tc.batch_size,
+            split.batch_size,
             seed=tc.seed,
             rank=ctx.rank,
             world_size=ctx.world_size,
@@ -258,17 +274,21 @@ class Trainer:
 
     def _restore(self, state: dict[str, Any]) -> str | None:
         """Load a checkpoint's trainer state; return the wandb run id to resume."""
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.step = int(state["step"])
-        self.tokens_seen = int(state["tokens_seen"])
-        self.base_seconds = float(state["train_seconds"])
+        try:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.step = int(state["step"])
+            self.tokens_seen = int(state["tokens_seen"])
+            self.base_seconds = float(state["train_seconds"])
+            rank_state, message = select_rank_state(state["ranks"], state["world_size"], self.ctx)
+            if rank_state is not None:
+                self.batches.load_state_dict(rank_state["batches"])
+                checkpoint.restore_rng_state(rank_state["rng"])
+        except (KeyError, ValueError, TypeError, RuntimeError) as e:
+            # A state with keys missing, or saved by another optimizer or sampler.
+            raise restore_error(self.run_dir, e) from None
         self.saved_step = self.step
-        rank_state, message = select_rank_state(state["ranks"], state["world_size"], self.ctx)
-        if rank_state is not None:
-            self.batches.load_state_dict(rank_state["batches"])
-            checkpoint.restore_rng_state(rank_state["rng"])
-        elif message and self.ctx.is_main:
+        if rank_state is None and message and self.ctx.is_main:
             self._say(f"warning: {message}")
         return state.get("wandb_run_id")
 
@@ -304,6 +324,10 @@ class Trainer:
             if self.chat:
                 self._say(f"chat batches: {100 * self.batches.epoch_padding_fraction():.1f}% of computed tokens are padding")
 
+    def close(self) -> None:
+        """Release the run directory (after the last file is written, or after a failure)."""
+        self._held.close()
+
     # -----------------------------------------------------------------------------------------
     # The loop
 
@@ -332,11 +356,14 @@ class Trainer:
                     lr = self.schedule(self.step, self._elapsed())
                     for group, scale in zip(self.optimizer.param_groups, self.lr_scales):
                         group["lr"] = lr * scale
-                    loss, tokens = self._accumulate()
+                    step_loss, tokens = self._accumulate(stop)
+                    if step_loss is None:
+                        reason = "interrupted"
+                        break
                     grad_norm = clip_gradients(self.model, tc.grad_clip)
                     # One host sync per step: the cost of noticing a NaN before it reaches the
                     # optimizer (and any checkpoint). The grad norm is the same on all ranks.
-                    loss, grad_norm = all_reduce_mean(loss, self.ctx).item(), grad_norm.item()
+                    loss, grad_norm = all_reduce_mean(step_loss, self.ctx).item(), grad_norm.item()
                     if not (math.isfinite(loss) and math.isfinite(grad_norm)):
                         self.optimizer.zero_grad(set_to_none=True)
                         raise NonFiniteLossError(self._nonfinite_message(loss, grad_norm))
@@ -357,28 +384,42 @@ class Trainer:
                 if self.saved_step != self.step:
                     self._save()
             finally:
-                stop.restore()
                 bar.close()
-            result = self._finish(reason, loss, stop.signum)
+            result = self._finish(reason, loss, stop)
             failed = False
             return result
         finally:
+            stop.restore()
             # A diverged or crashed run shows as failed in wandb; its files are closed either way.
             self.logger.finish(self.summary, exit_code=1 if failed else 0)
 
-    def _accumulate(self) -> tuple[torch.Tensor, int]:
-        """Forward and backward one step's micro-batches: (mean loss, tokens computed)."""
+    def _accumulate(self, stop: StopRequest) -> tuple[torch.Tensor | None, int]:
+        """Forward and backward one step's micro-batches: (mean loss, tokens computed), or
+        (None, 0) when a stop request abandoned the step."""
         amp = lambda: autocast(self.device, self.amp_dtype)  # noqa: E731
         sync = lambda last: sync_gradients(self.wrapped, last)  # noqa: E731
-        if not self.chat:
-            loss = accumulate_gradients(self.train_model, self.batches.next, self.micro_steps, amp=amp, sync=sync)
-            return loss, self.tokens_per_step
-        # Assistant-only loss over every loss-bearing target of the step, on all ranks together.
-        micro_batches = [self.batches.next() for _ in range(self.micro_steps)]
-        loss = accumulate_chat_gradients(self.train_model, micro_batches, amp=amp, sync=sync, ctx=self.ctx)
-        return loss, sum(x.numel() for x, _ in micro_batches) * self.ctx.world_size
+        if self.chat:
+            # Assistant-only loss over every loss-bearing target of the step, on all ranks together.
+            micro_batches = [self.batches.next() for _ in range(self.micro_steps)]
+            loss = accumulate_chat_gradients(self.train_model, micro_batches, amp=amp, sync=sync, ctx=self.ctx)
+            return loss, sum(x.numel() for x, _ in micro_batches) * self.ctx.world_size
+        # A long accumulation is interruptible between micro-batches. Single process only: under
+        # DDP every rank must reach the last micro-batch's all-reduce. The sampler and RNG states
+        # are kept so that an abandoned step leaves the run exactly where the step found it.
+        interruptible = self.micro_steps > 1 and not self.ctx.enabled
+        before = (self.batches.state_dict(), checkpoint.capture_rng_state()) if interruptible else None
+        loss = accumulate_gradients(
+            self.train_model, self.batches.next, self.micro_steps, amp=amp, sync=sync,
+            should_stop=(lambda: stop.requested) if interruptible else None,
+        )
+        if loss is None:
+            self.optimizer.zero_grad(set_to_none=True)
+            self.batches.load_state_dict(before[0])
+            checkpoint.restore_rng_state(before[1])
+            return None, 0
+        return loss, self.tokens_per_step
 
-    def _finish(self, reason: str, last_loss: float | None, signum: int | None) -> TrainResult:
+    def _finish(self, reason: str, last_loss: float | None, stop: StopRequest) -> TrainResult:
         """The result of the run, with the full validation pass unless it was interrupted."""
         result = TrainResult(
             run_dir=self.run_dir,
@@ -387,14 +428,20 @@ class Trainer:
             stopped_by=reason,
             train_seconds=self._elapsed(),
             last_loss=last_loss,
-            signal=signum,
+            signal=stop.signum,
             is_main=self.ctx.is_main,
         )
         self.summary.update(step=self.step, tokens=self.tokens_seen, stopped_by=reason)
         if reason != "interrupted":
-            final = self._evaluate(final=True)
-            result.val_loss, result.val_bpb = final.loss, final.bpb
-            self.summary.update(val_loss=final.loss, val_bpb=final.bpb)
+            # Everything is saved: a signal now skips the final validation, and says so.
+            stop.raise_on_signal = True
+            try:
+                final = self._evaluate(final=True)
+            except StopNow:
+                result.stopped_by, result.signal = "interrupted", stop.signum
+            else:
+                result.val_loss, result.val_bpb = final.loss, final.bpb
+                self.summary.update(val_loss=final.loss, val_bpb=final.bpb)
         return result
 
     def _stop_reason(self, stop: StopRequest) -> str | None:
@@ -516,6 +563,7 @@ class Trainer:
                 "ranks": ranks,
                 "world_size": self.ctx.world_size,
                 "wandb_run_id": self.logger.run_id,
+                "fixed_settings": fixed_settings(self.config.train),
             }
             checkpoint.save_checkpoint(self.run_dir, self.model, state)
         self.saved_step = self.step

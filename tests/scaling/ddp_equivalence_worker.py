@@ -25,7 +25,7 @@ from training.distributed import (
     gather_to_main,
     init_distributed,
     shutdown,
-    split_global_batch,
+    split_batch,
     sync_gradients,
     wrap_model,
 )
@@ -73,7 +73,7 @@ def reference_step(batches: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[to
 
 
 def ddp_step(ctx, num_micro_batches: int) -> dict:
-    accum = split_global_batch(num_micro_batches * MICRO_BATCH, MICRO_BATCH, ctx.world_size)
+    accum = split_batch(MICRO_BATCH, num_micro_batches, ctx.world_size).micro_steps
     batches = micro_batches(num_micro_batches)
     mine = batches[ctx.rank * accum : (ctx.rank + 1) * accum]  # each rank its own share
 

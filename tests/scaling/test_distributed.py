@@ -15,6 +15,7 @@ from torch import nn
 
 from common.errors import UserError
 from model import unwrap
+from training.checkpoint import load_trainer_state
 from training.distributed import (
     DistContext,
     all_reduce_mean,
@@ -25,7 +26,7 @@ from training.distributed import (
     launched_by_torchrun,
     select_rank_state,
     shutdown,
-    split_global_batch,
+    split_batch,
     sync_gradients,
     wrap_model,
 )
@@ -53,27 +54,27 @@ def torchrun_env() -> dict[str, str]:
 
 
 @pytest.mark.parametrize(
-    ("global_batch", "micro", "world", "accum"),
-    [(32, 8, 1, 4), (32, 8, 2, 2), (32, 8, 4, 1), (12, 3, 2, 2)],
+    ("batch", "accum", "world", "expected"),
+    [
+        (8, 4, 1, (8, 4)),
+        (8, 4, 2, (8, 2)),  # accumulation divides: the per-process batch stays as configured
+        (8, 4, 4, (8, 1)),
+        (8, 1, 2, (4, 1)),  # tiny.yaml under two processes: the per-process batch is halved
+        (6, 3, 2, (3, 3)),
+    ],
 )
-def test_split_global_batch_keeps_the_global_batch(global_batch, micro, world, accum):
-    assert split_global_batch(global_batch, micro, world) == accum
-    assert micro * accum * world == global_batch
+def test_split_batch_keeps_the_global_batch(batch, accum, world, expected):
+    split = split_batch(batch, accum, world)
+    assert (split.batch_size, split.micro_steps) == expected
+    assert split.batch_size * split.micro_steps * world == batch * accum
 
 
-@pytest.mark.parametrize(("global_batch", "micro", "world"), [(24, 8, 2), (8, 8, 2), (10, 4, 1)])
-def test_split_global_batch_refuses_a_batch_that_does_not_divide(global_batch, micro, world):
+def test_split_batch_refuses_when_neither_divides_and_names_what_would_work():
     with pytest.raises(UserError) as info:
-        split_global_batch(global_batch, micro, world)
+        split_batch(9, 5, 2)
     message = str(info.value)
-    assert "\n" not in message
-    assert f"global batch of {global_batch}" in message and f"{world} processes" in message
-    assert "train.grad_accum_steps" in message
-
-
-def test_split_global_batch_rejects_non_positive_sizes():
-    with pytest.raises(UserError, match="world size must be a positive integer"):
-        split_global_batch(8, 8, 0)
+    assert "\n" not in message and "9 x 5 sequences" in message and "2 processes" in message
+    assert "launch 3, 5, 9 processes" in message and "multiple of 2" in message
 
 
 # ---------------------------------------------------------------------------------------------
@@ -136,16 +137,21 @@ def test_select_rank_state_same_and_different_world_size():
 # Two real processes (gloo)
 
 
-def _two_ranks(worker: str, out: Path) -> dict:
-    """Run ``tests/scaling/<worker>`` under torchrun with two CPU processes; return its JSON."""
+def _torchrun_two(args: list[str], timeout: int = 120) -> subprocess.CompletedProcess:
+    """Run ``args`` (a script and its arguments) under torchrun with two CPU processes."""
     cmd = [
         sys.executable, "-m", "torch.distributed.run",
         "--nproc_per_node=2", "--nnodes=1",
-        "--master_addr=127.0.0.1", f"--master_port={free_port()}",
-        str(ROOT / "tests" / "scaling" / worker), str(out),
+        "--master_addr=127.0.0.1", f"--master_port={free_port()}", *args,
     ]
-    proc = subprocess.run(cmd, cwd=ROOT, env=torchrun_env(), capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(cmd, cwd=ROOT, env=torchrun_env(), capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def _two_ranks(worker: str, out: Path) -> dict:
+    """Run ``tests/scaling/<worker>`` under torchrun with two CPU processes; return its JSON."""
+    _torchrun_two([str(ROOT / "tests" / "scaling" / worker), str(out)])
     return json.loads(out.read_text())
 
 
@@ -177,3 +183,16 @@ def test_two_rank_chat_step_takes_the_mean_over_all_loss_bearing_targets(tmp_pat
     assert result["world_size"] == 2
     assert result["loss"] == pytest.approx(result["expected_loss"], rel=1e-5)
     assert result["max_grad_diff"] <= 1e-5 * result["max_grad"]
+
+
+@pytest.mark.distributed
+def test_torchrun_two_processes_on_tiny_yaml_with_one_accumulation_step(small_overrides, tmp_path):
+    # tiny.yaml has grad_accum_steps 1, so two processes split its batch of sequences instead.
+    out = tmp_path / "run"
+    sets = [*small_overrides, "train.max_steps=2", "train.grad_accum_steps=1", "eval.interval=0",
+            "eval.sample_tokens=0", "logging.wandb.mode=disabled", f"run.out_dir={json.dumps(str(out))}"]
+    args = ["train.py", "--config", "configs/tiny.yaml", "--no-progress", *[a for s in sets for a in ("--set", s)]]
+    proc = _torchrun_two(args, timeout=180)
+    assert "done: 2 steps" in proc.stdout
+    state = load_trainer_state(out)
+    assert state["world_size"] == 2 and state["tokens_seen"] == 2 * 4 * 32  # steps x batch x block

@@ -1,0 +1,52 @@
+"""Checksums of the flat token files, recorded when they are written and verified when opened.
+
+A cache entry's token files are trusted only if their bytes hash to what preparation recorded and
+every id is below the vocabulary size: a file overwritten in place (same size, other content)
+is then rebuilt instead of trained on. Both checks run in one sequential read; SHA-256 is used
+because CPUs with SHA extensions hash faster than they read from disk (docs/results.md,
+"Hardening", has the measured cost).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+_CHUNK_BYTES = 64 * 2**20
+
+
+@dataclass(frozen=True)
+class TokenFileDigest:
+    sha256: str
+    max_id: int  # -1 for an empty file
+
+
+class TokenDigester:
+    """Hashes token arrays as they are appended to a file, in file order."""
+
+    def __init__(self) -> None:
+        self._hash = hashlib.sha256()
+        self._max = -1
+
+    def update(self, ids: np.ndarray) -> None:
+        self._hash.update(memoryview(np.ascontiguousarray(ids)).cast("B"))
+        if ids.size:
+            self._max = max(self._max, int(ids.max()))
+
+    def digest(self) -> TokenFileDigest:
+        return TokenFileDigest(self._hash.hexdigest(), self._max)
+
+
+def digest_token_file(path: Path, dtype: np.dtype) -> TokenFileDigest:
+    """Hash ``path`` and find its largest id, reading it once in chunks (constant memory)."""
+    digester = TokenDigester()
+    itemsize = np.dtype(dtype).itemsize
+    size = min(_CHUNK_BYTES, max(path.stat().st_size, itemsize))
+    buffer = bytearray(size - size % itemsize)  # reused: no allocation per chunk
+    with open(path, "rb", buffering=0) as f:
+        while read := f.readinto(buffer):
+            digester.update(np.frombuffer(buffer, dtype=dtype, count=read // itemsize))
+    return digester.digest()

@@ -1,0 +1,60 @@
+"""Local corpora and run files that parse but are wrong: a malformed .jsonl line is named by
+file and line, a dataset directory with a loading script is refused in one line, and a damaged
+run tokenizer asks for the run's own file back rather than new data."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from data import DataConfig, DataError, FilesSourceConfig, HubSourceConfig, prepare_data
+from data.tokenizer import train_tokenizer
+from inference.runs import load_run
+from model import GPT, GPTConfig, save_pretrained
+
+
+@pytest.mark.parametrize(
+    "bad_line, reason",
+    [('{"text": broken', "Expecting value"), ("[1, 2]", "a JSON list, not an object"), ("\"text\"", "a JSON str")],
+)
+def test_malformed_jsonl_names_the_file_and_line(tmp_path, bad_line, reason):
+    good = tmp_path / "a.jsonl"
+    good.write_text('{"text": "fine"}\n' * 3)
+    bad = tmp_path / "b.jsonl"
+    bad.write_text('{"text": "ok"}\n\n{"text": "also ok"}\n' + bad_line + "\n")
+    cfg = DataConfig(source="files", cache_dir=str(tmp_path / "cache"), vocab_size=300,
+                     files=FilesSourceConfig(paths=[str(good), str(bad)]))
+    with pytest.raises(DataError) as info:
+        prepare_data(cfg, progress=False)
+    message = str(info.value)
+    assert f"{bad} line 4: " in message and reason in message and "\n" not in message
+
+
+def test_local_dataset_directory_with_a_loading_script_is_refused(tmp_path):
+    folder = tmp_path / "my_corpus"
+    folder.mkdir()
+    (folder / "my_corpus.py").write_text("import datasets\n")
+    (folder / "train.jsonl").write_text('{"text": "hello"}\n')
+    cfg = DataConfig(source="hub", cache_dir=str(tmp_path / "cache"), hub=HubSourceConfig(name=str(folder)))
+    with pytest.raises(DataError, match="has a loading script .*my_corpus.py.*data.source: files"):
+        prepare_data(cfg, progress=False)
+
+
+def test_a_damaged_run_tokenizer_asks_for_the_runs_own_file(copy_run_dir):
+    (copy_run_dir / "tokenizer.json").write_text('{"not": "a tokenizer"')
+    with pytest.raises(DataError) as info:
+        load_run(copy_run_dir, "cpu")
+    assert "restore the run's own tokenizer.json" in str(info.value)
+    assert "prepare the data again" not in str(info.value)
+
+
+@pytest.fixture
+def copy_run_dir(tmp_path):
+    """A tiny saved run: model files and a real tokenizer."""
+    tokenizer = train_tokenizer([["hello world, hello run"] * 20], 300, length=20)
+    run = tmp_path / "run"
+    torch.manual_seed(0)
+    save_pretrained(GPT(GPTConfig(vocab_size=tokenizer.get_vocab_size(), block_size=16, n_layer=1, n_head=2,
+                                  n_kv_head=1, n_embd=16)), run)
+    (run / "tokenizer.json").write_text(tokenizer.to_str())
+    return run

@@ -1,0 +1,79 @@
+"""generate.py at the edges: a near-zero temperature is greedy, stdout closed or full, a --stop
+that is not UTF-8, an absurd --num-samples: one line and exit 2, never a traceback or a hang."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from inference.cli import main
+from model import sample_next_token
+
+REPO = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def test_tiny_temperatures_sample_the_argmax_and_ties_share_the_draw():
+    logits = torch.tensor([[1.0, 5.0, 2.0, -3.0], [7.0, 7.0, 0.0, float("-inf")]])
+    for temperature in (1e-39, 1e-30, 1e-45):
+        g = torch.Generator().manual_seed(0)
+        picked = sample_next_token(logits, temperature=temperature, generator=g)
+        assert picked[0].item() == 1 and picked[1].item() in (0, 1)
+    # Across seeds, a tie at the maximum is split between the tied ids and nothing else.
+    seen = {sample_next_token(logits[1:], temperature=1e-39, generator=torch.Generator().manual_seed(s)).item()
+            for s in range(32)}
+    assert seen == {0, 1}
+
+
+def test_cli_near_zero_temperature_equals_greedy(capsys, run_dir):
+    outputs = []
+    for temperature in ("0", "1e-39"):
+        code = main(["--run", str(run_dir), "--prompt", "JULIET:", "--temperature", temperature,
+                     "--max-new-tokens", "24", "--quiet"])
+        out, err = capsys.readouterr()
+        assert code == 0, err
+        outputs.append(out)
+    assert outputs[0] == outputs[1]
+
+
+def test_stop_that_is_not_utf8_is_refused_like_the_prompt(capsys, run_dir):
+    for flag in ("--stop", "--prompt"):
+        args = ["--run", str(run_dir), "--prompt", "ok", "--max-new-tokens", "2", flag, "ab\udcff"]
+        assert main(args) == 2
+        err = capsys.readouterr().err.strip()
+        assert err == f"error: {flag} is not valid UTF-8 (byte 0xff at offset 2); convert it to UTF-8"
+
+
+def test_absurd_num_samples_is_refused_before_loading(capsys, run_dir):
+    assert main(["--run", str(run_dir), "--num-samples", "10000000"]) == 2
+    assert "num_samples must be >= 1 and at most 1024" in capsys.readouterr().err
+
+
+def _generate(run_dir: Path, shell_redirect: str) -> subprocess.CompletedProcess:
+    command = f'"{sys.executable}" generate.py --run "{run_dir}" --prompt hi --max-new-tokens 4 {shell_redirect}'
+    return subprocess.run(["bash", "-c", command], cwd=REPO, env=ENV, capture_output=False,
+                          stderr=subprocess.PIPE, text=True, timeout=120)
+
+
+def test_closed_stdout_is_one_line_and_exit_2(run_dir):
+    proc = _generate(run_dir, ">&-")
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr
+    assert proc.stderr.strip() == "error: standard output is closed; redirect it to a file or a pipe"
+
+
+def test_full_stdout_is_one_line_and_exit_2(run_dir, monkeypatch, capsys):
+    if not Path("/dev/full").exists():
+        pytest.skip("this system has no /dev/full")
+    with open("/dev/full", "w") as full:  # every flush fails with ENOSPC
+        monkeypatch.setattr(sys, "stdout", full)
+        code = main(["--run", str(run_dir), "--prompt", "hi", "--max-new-tokens", "4"])
+        monkeypatch.undo()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1
+    assert err[0].startswith("error: cannot write the output: ") and "No space left on device" in err[0]

@@ -1,0 +1,39 @@
+"""The child side of the crash-consistency test: one training attempt in a forked process.
+
+The test's forkserver preloads this module (and with it torch and the trainer), so each attempt
+starts in milliseconds instead of re-importing torch. ``kill_at_write`` makes the child SIGKILL
+itself inside its n-th atomic write, after the temporary file is written and before it is renamed
+into place: the moment a checkpoint is most exposed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+import safetensors.torch  # noqa: F401 - the imports below are preloaded once by the forkserver
+import torch
+import torch._dynamo  # noqa: F401 - torch.optim imports it lazily, which costs seconds per child
+import tqdm.auto  # noqa: F401
+
+import common.files
+import training.wandb_logger  # noqa: F401
+from training.config import config_from_dict
+from training.trainer import train
+
+
+def attempt(raw: dict[str, Any], resume: bool, overwrite: bool, kill_at_write: int | None) -> None:
+    torch.set_num_threads(1)
+    if kill_at_write is not None:
+        real_fsync = common.files._fsync_file
+        calls = {"n": 0}
+
+        def fsync_then_maybe_die(path):
+            real_fsync(path)
+            calls["n"] += 1
+            if calls["n"] == kill_at_write:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        common.files._fsync_file = fsync_then_maybe_die
+    train(config_from_dict(raw), resume=resume, overwrite=overwrite, progress=False)

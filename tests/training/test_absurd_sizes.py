@@ -1,0 +1,36 @@
+"""Absurd sizes are refused before anything is allocated: a vocabulary of 100 million for
+training, and a model_config.json claiming a billion positions for loading."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from model import GPT, ModelFileError, load_pretrained
+from training.config import ConfigError
+from training.memory_budget import parameter_count
+from training.trainer import train
+
+
+def test_a_model_too_large_for_the_machine_is_refused_before_building(make_config):
+    config = make_config(model={"vocab_size": 100_000_000, "n_embd": 1024})  # 1.5 TB of state
+    with pytest.raises(ConfigError, match=r"GiB for weights, gradients and optimizer state.*lower model.vocab_size"):
+        train(config, progress=False)
+    assert not (config.out_dir / "model.safetensors").exists()
+
+
+def test_parameter_count_matches_a_built_model(make_config):
+    config = make_config().model
+    assert parameter_count(config) == GPT(config).num_params()
+
+
+def test_a_config_claiming_a_billion_positions_is_refused_by_shape_first(make_config):
+    config = make_config(train={"max_steps": 1}, eval={"interval": 0, "sample_tokens": 0})
+    train(config, progress=False)
+    path = config.out_dir / "model_config.json"
+    raw = json.loads(path.read_text())
+    raw["block_size"] = 1_000_000_000  # 128 GB of position table if it were built
+    path.write_text(json.dumps(raw))
+    with pytest.raises(ModelFileError, match="pos_emb.weight has shape"):
+        load_pretrained(config.out_dir)

@@ -1,0 +1,88 @@
+"""--resume with settings the checkpoint depends on, with a damaged trainer state or a damaged
+metrics.jsonl: one clear error naming the key or file, or a resume that keeps the good lines."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from common.errors import UserError
+from training.checkpoint import CheckpointError
+from training.metrics import read_metrics
+from training.trainer import train
+
+QUIET = {"interval": 0, "sample_tokens": 0}
+
+
+@pytest.mark.parametrize(
+    "first, changed, key",
+    [
+        ({"optimizer": "muon"}, {"optimizer": "adamw"}, "train.optimizer"),
+        ({"sampling": "epoch"}, {"sampling": "random"}, "train.sampling"),
+        ({"seed": 1}, {"seed": 2}, "train.seed"),
+    ],
+)
+def test_resume_refuses_a_fixed_setting_naming_the_key(make_config, first, changed, key):
+    train(make_config(train={"max_steps": 1, **first}, eval=QUIET), progress=False)
+    with pytest.raises(CheckpointError, match=f"{key} is .* may not change on resume") as info:
+        train(make_config(train={"max_steps": 2, **changed}, eval=QUIET), resume=True, progress=False)
+    assert "\n" not in str(info.value)
+
+
+def test_resume_may_change_budgets_and_learning_rate(make_config):
+    train(make_config(train={"max_steps": 1}, eval=QUIET), progress=False)
+    result = train(make_config(train={"max_steps": 2, "lr": 1e-3}, eval=QUIET), resume=True, progress=False)
+    assert result.step == 2
+
+
+@pytest.mark.parametrize("drop", ["optimizer", "ranks", "step"])
+def test_trainer_state_missing_a_key_is_a_clear_error(make_config, drop):
+    config = make_config(train={"max_steps": 1}, eval=QUIET)
+    train(config, progress=False)
+    path = config.out_dir / "trainer_state.pt"
+    state = torch.load(path, weights_only=True)
+    del state[drop]
+    torch.save(state, path)
+    with pytest.raises(CheckpointError, match=f"does not fit this config \\(missing '{drop}'\\)"):
+        train(make_config(train={"max_steps": 2}, eval=QUIET), resume=True, progress=False)
+
+
+def test_damaged_metrics_lines_are_dropped_and_the_good_ones_kept(make_config):
+    config = make_config(train={"max_steps": 2}, logging={"interval": 1, "wandb": {"mode": "disabled"}}, eval=QUIET)
+    train(config, progress=False)
+    metrics = config.out_dir / "metrics.jsonl"
+    good = read_metrics(metrics)
+    with open(metrics, "ab") as f:
+        f.write(b"[1, 2]\n\"just a string\"\n\xff\xfe\x00garbage\n{\"step\": \"x\"}\n\x80\x81 torn")
+    train(make_config(train={"max_steps": 3}, eval=QUIET), resume=True, progress=False)
+    records = read_metrics(metrics)
+    assert records[: len(good)] == [r for r in good if r["step"] <= 2]
+    assert [r["step"] for r in records if r["kind"] == "train"] == [1, 2, 3]
+
+
+def test_metrics_path_that_is_a_directory_is_refused_in_one_line(make_config):
+    config = make_config(train={"max_steps": 1}, eval=QUIET)
+    train(config, progress=False)
+    metrics = config.out_dir / "metrics.jsonl"
+    metrics.unlink()
+    metrics.mkdir()
+    with pytest.raises(UserError, match="metrics.jsonl is not a file; move it aside"):
+        train(make_config(train={"max_steps": 2}, eval=QUIET), resume=True, progress=False)
+
+
+class _NotATensor:
+    """Unpickling this needs code execution: weights_only refuses it."""
+
+
+def test_a_pickle_with_code_is_refused_without_quoting_unsafe_advice(make_config):
+    config = make_config(train={"max_steps": 1}, eval=QUIET)
+    train(config, progress=False)
+    path = config.out_dir / "trainer_state.pt"
+    state = torch.load(path, weights_only=True)
+    state["payload"] = _NotATensor()
+    torch.save(state, path)
+    with pytest.raises(CheckpointError) as info:
+        train(make_config(train={"max_steps": 2}, eval=QUIET), resume=True, progress=False)
+    message = str(info.value)
+    assert "is not loaded" in message and "\n" not in message
+    assert "weights_only" not in message and "can still be loaded" not in message

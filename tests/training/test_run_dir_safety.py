@@ -1,0 +1,103 @@
+"""One training per run directory (an OS lock naming its holder), leftover temporary files
+removed on start, and every run file readable by the group like any other file."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from test_train_cli import ENV, REPO, run_cli, small_overrides
+from training.metrics import read_metrics
+from common.run_files import LOCK_OWNER_FILE
+from training.run_lock import RunDirectoryBusy, hold_run_dir
+from training.trainer import train
+
+
+def _start_training(base_raw, out: Path, steps: int) -> subprocess.Popen:
+    args = ["--config", "configs/tiny.yaml", "--no-progress", *small_overrides(base_raw, out, steps)]
+    return subprocess.Popen(
+        [sys.executable, "train.py", *args], cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def _wait_for_lines(path: Path, count: int, proc: subprocess.Popen, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and len(read_metrics(path)) >= count:
+            return
+        assert proc.poll() is None, proc.communicate()[1]
+        time.sleep(0.1)
+    raise AssertionError(f"{path} never reached {count} records")
+
+
+@pytest.mark.e2e
+def test_second_training_is_refused_naming_the_holder_and_kill_9_leaves_no_stale_lock(base_raw, tmp_path):
+    out = tmp_path / "run"
+    first = _start_training(base_raw, out, 100000)
+    try:
+        _wait_for_lines(out / "metrics.jsonl", 2, first)
+        for extra in ([], ["--overwrite"]):  # --resume takes the same lock, before anything else
+            second = run_cli(["--config", "configs/tiny.yaml", "--no-progress", *extra, *small_overrides(base_raw, out, 5)])
+            lines = second.stderr.strip().splitlines()
+            assert second.returncode == 2, second.stderr
+            assert len(lines) == 1 and "in use by another training" in lines[0], second.stderr
+            assert f"pid {first.pid}" in lines[0] and socket.gethostname() in lines[0]
+        # The refused runs wrote nothing: every step is logged once, by the first run.
+        first.kill()  # SIGKILL: the kernel releases the lock with the process
+        first.communicate(timeout=30)
+        steps = [r["step"] for r in read_metrics(out / "metrics.jsonl") if r["kind"] == "train"]
+        assert steps == sorted(set(steps))
+        assert (out / "config.yaml").is_file()
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.communicate()
+    with hold_run_dir(out):  # the killed holder left no stale lock
+        pass
+
+
+def test_lock_is_exclusive_within_and_across_processes(tmp_path):
+    run_dir = tmp_path / "run"
+    with hold_run_dir(run_dir):
+        assert f"pid {os.getpid()}" in (run_dir / LOCK_OWNER_FILE).read_text()
+        with pytest.raises(RunDirectoryBusy, match=f"pid {os.getpid()}"):
+            with hold_run_dir(run_dir):
+                pass
+        probe = subprocess.run(
+            [sys.executable, "-c", "import sys; from pathlib import Path; from training.run_lock import hold_run_dir\n"
+             "with hold_run_dir(Path(sys.argv[1])): pass", str(run_dir)],
+            cwd=REPO, env=ENV, capture_output=True, text=True, timeout=60,
+        )
+        assert probe.returncode != 0 and "RunDirectoryBusy" in probe.stderr
+    with hold_run_dir(run_dir):  # released on exit from the block
+        pass
+
+
+def test_leftover_temporary_files_are_removed_when_a_run_resumes(make_config, tmp_path):
+    config = make_config(train={"max_steps": 2}, eval={"interval": 0, "sample_tokens": 0})
+    train(config, progress=False)
+    leftovers = [config.out_dir / ".trainer_state.pt.k3j2.tmp", config.out_dir / ".model.safetensors.x9.tmp"]
+    for path in leftovers:
+        path.write_bytes(b"\0" * 1000)
+    keep = config.out_dir / "notes.tmp"  # not an atomic-write leftover: never touched
+    keep.write_text("mine")
+    train(make_config(train={"max_steps": 3}, eval={"interval": 0, "sample_tokens": 0}), resume=True, progress=False)
+    assert not any(path.exists() for path in leftovers)
+    assert keep.read_text() == "mine"
+
+
+def test_run_files_get_the_same_mode(make_config):
+    config = make_config(train={"max_steps": 1}, eval={"interval": 0, "sample_tokens": 0})
+    train(config, progress=False)
+    umask = os.umask(0o022)
+    os.umask(umask)
+    expected = 0o666 & ~umask
+    for name in ("model.safetensors", "model_config.json", "trainer_state.pt", "config.yaml", "tokenizer.json"):
+        assert (config.out_dir / name).stat().st_mode & 0o777 == expected, name

@@ -1,0 +1,46 @@
+"""Refuse a model that cannot fit before allocating it: an absurd ``model.vocab_size`` or
+``n_embd`` should be one line, not a machine brought down by swapping."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from model import GPT, GPTConfig
+from training.config import ConfigError
+
+# fp32 weights, their gradients and two optimizer moments (AdamW's; Muon keeps one, so this is
+# an upper bound). Activations come on top and scale with the batch.
+BYTES_PER_PARAMETER = 4 * 4
+
+
+def parameter_count(config: GPTConfig) -> int:
+    """Parameters of the model ``config`` describes, counted on the meta device (no memory)."""
+    with torch.device("meta"):
+        return GPT(config).num_params()
+
+
+def device_memory_bytes(device: torch.device) -> int | None:
+    """Total memory of ``device`` (physical RAM for the CPU); None where it cannot be read."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[1]
+    if device.type == "cpu":
+        try:
+            return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            return None
+    return None
+
+
+def check_model_fits(config: GPTConfig, device: torch.device) -> None:
+    """Raise ConfigError when training ``config`` would need more memory than ``device`` has."""
+    params = parameter_count(config)
+    need = params * BYTES_PER_PARAMETER
+    have = device_memory_bytes(device)
+    if have is not None and need > have:
+        raise ConfigError(
+            f"the model has {params / 1e6:,.0f}M parameters and needs at least {need / 2**30:,.1f} GiB "
+            f"for weights, gradients and optimizer state, more than the {have / 2**30:,.1f} GiB of "
+            f"{device}; lower model.vocab_size, model.n_embd or model.n_layer"
+        )

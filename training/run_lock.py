@@ -1,0 +1,82 @@
+"""One training per run directory: an OS-level lock held by the writing process for the whole run.
+
+The lock is an ``fcntl``/``LockFileEx`` lock taken through ``filelock`` on ``.run.lock`` inside
+the run directory. The kernel drops it when the process exits for any reason, kill -9 included,
+so a crashed run never leaves a stale lock behind. The holder's pid and host are written to a
+sidecar file, so a refused second training can say who holds the directory. Readers
+(``generate.py``) never take the lock.
+
+Holding the lock also makes it safe to delete temporary files that interrupted atomic writes left
+behind (``.<name>.*.tmp``): no other process can be writing them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+from pathlib import Path
+from typing import Iterator
+
+from filelock import FileLock, Timeout
+
+from common.errors import UserError
+from common.os_errors import describe_os_error
+from common.run_files import LOCK_FILE, LOCK_OWNER_FILE
+
+
+class RunDirectoryBusy(UserError):
+    """Another process is training in this run directory."""
+
+
+@contextlib.contextmanager
+def hold_run_dir(run_dir: Path) -> Iterator[None]:
+    """Hold ``run_dir``'s lock for the duration of the block."""
+    make_run_dir(run_dir)
+    lock = FileLock(str(run_dir / LOCK_FILE), timeout=0, mode=0o644)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise RunDirectoryBusy(
+            f"{run_dir} is in use by another training ({_read_owner(run_dir)}); wait for it to "
+            f"finish or stop it, or set run.out_dir to another directory"
+        ) from None
+    except OSError as e:
+        raise UserError(describe_os_error(e, run_dir)) from None
+    try:
+        try:
+            (run_dir / LOCK_OWNER_FILE).write_text(f"pid {os.getpid()} on host {socket.gethostname()}\n")
+        except OSError as e:
+            raise UserError(describe_os_error(e, run_dir / LOCK_OWNER_FILE)) from None
+        remove_leftover_temps(run_dir)
+        yield
+    finally:
+        lock.release()
+
+
+def make_run_dir(run_dir: Path) -> None:
+    """Create ``run_dir`` (and parents), turning filesystem refusals into one-line errors."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UserError(f"run.out_dir {run_dir} is a file, not a directory; choose another run.out_dir")
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(describe_os_error(e, run_dir)) from None
+
+
+def remove_leftover_temps(run_dir: Path) -> list[Path]:
+    """Delete ``.<name>.*.tmp`` files left by atomic writes that were killed; return them."""
+    removed = []
+    for path in run_dir.glob(".*.tmp"):
+        if path.is_file():
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
+
+
+def _read_owner(run_dir: Path) -> str:
+    try:
+        owner = (run_dir / LOCK_OWNER_FILE).read_text().strip()
+    except OSError:
+        owner = ""
+    return owner or "holder unknown"
