@@ -11,13 +11,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from common.errors import UserError
+from common.cli import run_command
 from common.os_errors import describe_os_error
 from training.config import load_config
 from training.trainer import train
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    # Plain argparse: a flag mistake prints the usage with the error, as it always has.
     parser = argparse.ArgumentParser(
         description="Train a GPT from a YAML config; the run directory (run.out_dir) receives the "
         "config, tokenizer, weights, trainer state and metrics.jsonl."
@@ -34,17 +35,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--resume", action="store_true", help="continue the run in run.out_dir from its checkpoint")
     parser.add_argument("--overwrite", action="store_true", help="replace a run already in run.out_dir")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar or evaluation lines")
-    return parser.parse_args(argv)
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    return run_command(build_parser(), argv, _train)
+
+
+def _train(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config, args.overrides)
         result = train(config, resume=args.resume, overwrite=args.overwrite, progress=not args.no_progress)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
     except OSError as e:  # a full disk, a read-only mount: every file already saved is intact
         print(f"error: {describe_os_error(e)}", file=sys.stderr)
         return 2

@@ -7,20 +7,14 @@ line and exit with status 2; anything else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
-from typing import NoReturn, Sequence
+from typing import Sequence
 
-from common.errors import UserError
-
-
-class _ArgumentParser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise UserError(f"{message}; see python export.py --help")
+from common.cli import ArgumentParser, run_command
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _ArgumentParser(
+    parser = ArgumentParser(
         prog="export.py",
         description="Write a trained run as a folder that Hugging Face transformers loads with "
         "AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).",
@@ -34,17 +28,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        try:
-            args = build_parser().parse_args(argv)
-        except SystemExit as done:  # --help
-            return int(done.code or 0)
-        from hf_export import export_run  # torch loads only once the flags are good
+    return run_command(build_parser(), argv, _export)
 
-        result = export_run(args.run, args.out, overwrite=args.overwrite)
-    except UserError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+
+def _export(args: argparse.Namespace) -> int:
+    from hf_export import export_run  # torch loads only once the flags are good
+
+    result = export_run(args.run, args.out, overwrite=args.overwrite)
     chat = "with the chat template" if result.has_chat else "without chat tokens"
     print(f"exported {args.run} ({result.num_params / 1e6:.2f}M parameters, {chat}) to {result.out_dir}")
     print(f"load it with: AutoModelForCausalLM.from_pretrained({str(result.out_dir)!r}, trust_remote_code=True)")

@@ -12,8 +12,9 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import NoReturn, Sequence
+from typing import Sequence
 
+from common.cli import ArgumentParser, run_command
 from common.device import select_device
 from common.errors import UserError
 from common.os_errors import describe_os_error
@@ -54,16 +55,8 @@ examples:
 """
 
 
-class _ArgumentParser(argparse.ArgumentParser):
-    """argparse that raises a UserError instead of printing usage and exiting, so flag mistakes get
-    the same one-line message as every other user error (and ``main`` can be called in-process)."""
-
-    def error(self, message: str) -> NoReturn:
-        raise UserError(f"{message}; see python generate.py --help")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _ArgumentParser(
+    parser = ArgumentParser(
         prog="generate.py",
         description="Continue a prompt with a trained model, streaming the text as it is generated.",
         epilog=_EPILOG,
@@ -138,14 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("error: standard output is closed; redirect it to a file or a pipe", file=sys.stderr)
         return 2
     try:
-        try:
-            args = build_parser().parse_args(argv)
-        except SystemExit as done:  # --help
-            return int(done.code or 0)
-        return _generate(args)
-    except UserError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+        return run_command(build_parser(), argv, _generate)
     except KeyboardInterrupt:
         print(file=sys.stderr)  # put the shell prompt back on a line of its own
         return 130

@@ -11,10 +11,11 @@ import ipaddress
 import socket
 import sys
 from pathlib import Path
-from typing import NoReturn, Sequence
+from typing import Sequence
 
 import uvicorn
 
+from common.cli import ArgumentParser, run_command
 from common.device import DEVICE_CHOICES, select_device
 from common.errors import UserError
 from inference.runs import find_latest_run, load_run
@@ -36,13 +37,8 @@ examples:
 """
 
 
-class _ArgumentParser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise UserError(f"{message}; see python serve.py --help")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _ArgumentParser(
+    parser = ArgumentParser(
         prog="serve.py",
         description="Serve a trained run through an OpenAI-compatible HTTP API, batching concurrent "
         "requests through one KV cache.",
@@ -74,14 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        try:
-            args = build_parser().parse_args(argv)
-        except SystemExit as done:  # --help
-            return int(done.code or 0)
-        return _serve(args)
-    except UserError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+        return run_command(build_parser(), argv, _serve)
     except KeyboardInterrupt:
         return 130
 
