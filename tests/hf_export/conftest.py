@@ -7,18 +7,13 @@ import shutil
 from pathlib import Path
 
 import pytest
-import torch
 
 from export_testkit import build_run, train_test_tokenizer
 
 
 @pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Tiny models on a shared 2-core machine: a second intra-op thread mostly waits."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _single_thread(one_torch_thread):
     yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,5 @@
-"""Builders for the export tests: a small tokenizer and a run directory like the ones train.py writes.
+"""Builders for the export tests: tiny runs like train.py writes, with config.yaml and metrics.jsonl
+for the model card.
 
 A plain module (not conftest) so tests can import it by a name no other test directory uses.
 """
@@ -6,57 +7,32 @@ A plain module (not conftest) so tests can import it by a name no other test dir
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
-import torch
+import yaml
+from tokenizers import Tokenizer
 
-CORPUS = [
-    "ROMEO: But soft, what light through yonder window breaks? It is the east.\n",
-    "JULIET: O Romeo, Romeo, wherefore art thou Romeo? Deny thy father.\n",
-    "Café crème, naïve façade, smörgåsbord, Straße; 世界你好，東京と大阪; emoji 😀 🎉 🚀.\n",
-    "The quick brown fox jumps over the lazy dog, again and again.\n",
-]
+import run_testkit
+from run_testkit import BLOCK_SIZE
+from training.metrics import MetricsLog
+
 VOCAB_SIZE = 320
-BLOCK_SIZE = 32
 FINAL_BPB = 2.34567
 
+__all__ = ["BLOCK_SIZE", "FINAL_BPB", "VOCAB_SIZE", "build_run", "read_json", "train_test_tokenizer"]
 
-def train_test_tokenizer(chat: bool = True):
+
+def train_test_tokenizer(chat: bool = True) -> Tokenizer:
     """With ``chat``, the project's own recipe (chat tokens reserved); without, only <|endoftext|>,
     like a tokenizer trained before the chat format existed."""
-    from tokenizers import pre_tokenizers, trainers
-
-    from data.tokenizer import EOT, new_tokenizer, train_tokenizer
-
-    if chat:
-        return train_tokenizer(CORPUS * 10, VOCAB_SIZE)
-    tokenizer = new_tokenizer()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=[EOT], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tokenizer.train_from_iterator(CORPUS * 10, trainer)
-    return tokenizer
+    return run_testkit.chat_tokenizer(VOCAB_SIZE) if chat else run_testkit.tokenizer_without_chat(VOCAB_SIZE)
 
 
 def build_run(directory: Path, tokenizer_path: Path, *, n_kv_head: int = 2, tie: bool = True, seed: int = 0) -> Path:
-    """A run directory: random weights scaled up 10x (at the standard init the logits are nearly
-    flat and greedy decoding repeats one token, which would hide a wrong position or mask), the
-    tokenizer, config.yaml's data section and a metrics.jsonl with a final validation record."""
-    import yaml
-
-    from model import GPT, GPTConfig, save_pretrained
-    from training.metrics import MetricsLog
-
-    torch.manual_seed(seed)
-    config = GPTConfig(vocab_size=VOCAB_SIZE, block_size=BLOCK_SIZE, n_layer=2, n_head=4, n_kv_head=n_kv_head,
-                       n_embd=64, tie_embeddings=tie)
-    model = GPT(config).eval()
-    with torch.no_grad():
-        for param in model.parameters():
-            if param.dim() >= 2:
-                param.mul_(10.0)
-    save_pretrained(model, directory)
-    shutil.copy(tokenizer_path, directory / "tokenizer.json")
+    """A run directory (``run_testkit.build_run``) with config.yaml's data section and a
+    metrics.jsonl holding a final validation record."""
+    tokenizer = Tokenizer.from_file(str(tokenizer_path))
+    run_testkit.build_run(directory, tokenizer, vocab_size=VOCAB_SIZE, n_kv_head=n_kv_head, tie=tie, seed=seed)
     (directory / "config.yaml").write_text(yaml.safe_dump({"data": {"source": "shakespeare", "vocab_size": VOCAB_SIZE}}))
     metrics = MetricsLog(directory / "metrics.jsonl")
     metrics.append({"kind": "train", "step": 20, "loss": 3.0, "tokens": 5120})

@@ -8,38 +8,27 @@ from pathlib import Path
 
 import pytest
 import torch
+from tokenizers import Tokenizer
 
-from generate_testkit import build_model, train_tokenizer
+from run_testkit import build_run, chat_tokenizer
 
 
 @pytest.fixture(autouse=True)
-def one_torch_thread():
-    """These models are tiny: on a shared 2-core machine a second intra-op thread mostly waits for
-    the first (measured ~8x slower per token under load), so run single-threaded and restore."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _single_thread(one_torch_thread):
     yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")
 def tokenizer_path(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("tokenizer") / "tokenizer.json"
-    train_tokenizer(path)
+    chat_tokenizer().save(str(path))
     return path
 
 
 @pytest.fixture(scope="session")
 def run_dir(tmp_path_factory, tokenizer_path) -> Path:
     """A read-only-by-convention run; tests that damage files copy it first (``copy_run``)."""
-    from model import save_pretrained
-    from tokenizers import Tokenizer
-
-    directory = tmp_path_factory.mktemp("runs") / "tiny"
-    vocab_size = Tokenizer.from_file(str(tokenizer_path)).get_vocab_size()
-    save_pretrained(build_model(vocab_size), directory)
-    shutil.copy(tokenizer_path, directory / "tokenizer.json")
-    return directory
+    return build_run(tmp_path_factory.mktemp("runs") / "tiny", Tokenizer.from_file(str(tokenizer_path)))
 
 
 @pytest.fixture(scope="session")

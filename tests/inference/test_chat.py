@@ -13,7 +13,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from data.chat import Message, render_chat
-from generate_testkit import CORPUS, build_model
+from run_testkit import CORPUS, build_model
 from inference.chat import ChatSession
 from inference.cli import main
 from inference.runs import LoadedRun

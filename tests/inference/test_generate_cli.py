@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from generate_testkit import build_model
+from run_testkit import build_model
 from inference.cli import main
 from inference.completion import encode_prompt, generate_completions
 from inference.settings import GenerationSettings

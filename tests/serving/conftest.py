@@ -8,26 +8,22 @@ import pytest
 import torch
 
 from inference.runs import load_run
-from serve_testkit import build_run
+from run_testkit import build_run, chat_tokenizer, tokenizer_without_chat
 
 
 @pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Tiny models on a shared 2-core machine: a second intra-op thread mostly waits."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _single_thread(one_torch_thread):
     yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")
 def chat_run_dir(tmp_path_factory) -> Path:
-    return build_run(tmp_path_factory.mktemp("runs") / "tiny-chat", chat=True)
+    return build_run(tmp_path_factory.mktemp("runs") / "tiny-chat", chat_tokenizer())
 
 
 @pytest.fixture(scope="session")
 def plain_run_dir(tmp_path_factory) -> Path:
-    return build_run(tmp_path_factory.mktemp("runs") / "tiny-plain", chat=False, seed=1)
+    return build_run(tmp_path_factory.mktemp("runs") / "tiny-plain", tokenizer_without_chat(), seed=1)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,72 @@
+"""Builders for tiny runs, shared by the inference, serving and export tests: a byte-level BPE
+tokenizer (with or without the chat tokens) and a random GPT that does not degenerate, saved the
+way train.py saves a run.
+
+A plain module (not conftest): ``tests/conftest.py`` puts this directory on the path, so tests
+import it as ``run_testkit``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, pre_tokenizers, trainers
+
+from common.run_files import TOKENIZER_FILE
+from data.tokenizer import EOT, new_tokenizer, train_tokenizer
+from model import GPT, GPTConfig, save_pretrained
+
+# Enough text for a few hundred merges, with accents, CJK and emoji so that the small vocabulary
+# leaves multi-byte characters split across tokens.
+CORPUS = [
+    "ROMEO: But soft, what light through yonder window breaks? It is the east. ",
+    "JULIET: O Romeo, Romeo, wherefore art thou Romeo? Deny thy father. ",
+    "Café crème, naïve façade, jalapeño piñata, smörgåsbord, Straße. ",
+    "世界你好，今天天气很好。東京と大阪。 ",
+    "Emoji: 😀 🎉 🚀 ❤️ 👍🏽 🐍 and more 😀🎉. ",
+    "The quick brown fox jumps over the lazy dog, again and again and again. ",
+]
+VOCAB_SIZE = 300
+BLOCK_SIZE = 32
+
+
+def chat_tokenizer(vocab_size: int = VOCAB_SIZE) -> Tokenizer:
+    """Trained with data's own recipe (chat tokens reserved), so tests see the tokenizers runs hold."""
+    return train_tokenizer(CORPUS * 20, vocab_size)
+
+
+def tokenizer_without_chat(vocab_size: int = VOCAB_SIZE) -> Tokenizer:
+    """As runs were trained before the chat format: only <|endoftext|> is special."""
+    tokenizer = new_tokenizer()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOT], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator(CORPUS * 20, trainer)
+    return tokenizer
+
+
+def build_model(vocab_size: int, block_size: int = BLOCK_SIZE, *, n_kv_head: int = 2, tie: bool = True,
+                seed: int = 0) -> GPT:
+    """A random GPT whose weights are scaled up 10x: at the standard init the logits are nearly
+    flat and greedy decoding repeats one token, which would let a broken cache, position or mask
+    pass unnoticed."""
+    torch.manual_seed(seed)
+    config = GPTConfig(vocab_size=vocab_size, block_size=block_size, n_layer=2, n_head=4, n_kv_head=n_kv_head,
+                       n_embd=64, tie_embeddings=tie)
+    model = GPT(config).eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() >= 2:
+                param.mul_(10.0)
+    return model
+
+
+def build_run(directory: Path, tokenizer: Tokenizer, *, vocab_size: int | None = None, n_kv_head: int = 2,
+              tie: bool = True, seed: int = 0) -> Path:
+    """A run directory holding ``build_model``'s weights and the tokenizer (its vocabulary unless
+    ``vocab_size`` says otherwise)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(directory / TOKENIZER_FILE))
+    model = build_model(vocab_size or tokenizer.get_vocab_size(), n_kv_head=n_kv_head, tie=tie, seed=seed)
+    save_pretrained(model, directory)
+    return directory
