@@ -29,8 +29,8 @@ from data.chat import ChatTokenIds, Message, RenderedChat, render_chat
 from data.config import DataConfig
 from data.conversations import conversations_spec, load_conversations
 from data.errors import DataError
-from data.prepare import token_dtype
-from data.tokenizer import eot_id, load_tokenizer, token_byte_lengths
+from data.prepare import PreparedTokenizer, token_dtype
+from data.tokenizer import eot_id, load_tokenizer
 
 FORMAT_VERSION = 1
 _POLL_S = 0.2
@@ -62,26 +62,12 @@ class ChatSplit:
 
 
 @dataclass
-class PreparedChat:
+class PreparedChat(PreparedTokenizer):
     path: Path
     tokenizer_path: Path
     train: ChatSplit
     val: ChatSplit
     meta: dict[str, Any]
-
-    def tokenizer(self) -> Tokenizer:
-        return load_tokenizer(self.tokenizer_path)
-
-    @property
-    def eot_id(self) -> int:
-        return int(self.meta["eot_id"])
-
-    @property
-    def vocab_size(self) -> int:
-        return int(self.meta["vocab_size"])
-
-    def token_bytes(self) -> np.ndarray:
-        return token_byte_lengths(self.tokenizer())
 
     def check_block_size(self, block_size: int) -> None:
         if self.meta["block_size"] != block_size:

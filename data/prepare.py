@@ -60,8 +60,32 @@ _POLL_S = 0.2
 _REDO = "delete that cache entry and run again to prepare it afresh"
 
 
+class PreparedTokenizer:
+    """What every prepared cache entry (token files here, conversations in ``data.chat_prepare``)
+    tells about its tokenizer, read from the entry's tokenizer.json and meta.json."""
+
+    tokenizer_path: Path
+    meta: dict[str, Any]
+
+    @property
+    def eot_id(self) -> int:
+        return int(self.meta["eot_id"])
+
+    @property
+    def vocab_size(self) -> int:
+        """The trained vocabulary's size (can be below the requested size on a small corpus)."""
+        return int(self.meta["vocab_size"])
+
+    def tokenizer(self) -> Tokenizer:
+        return load_tokenizer(self.tokenizer_path)
+
+    def token_bytes(self) -> np.ndarray:
+        """UTF-8 bytes of each token id (special tokens 0); see `token_byte_lengths`."""
+        return token_byte_lengths(self.tokenizer())
+
+
 @dataclass
-class PreparedData:
+class PreparedData(PreparedTokenizer):
     """A finished cache entry. Token arrays are memory-mapped, so opening one costs nothing."""
 
     directory: Path
@@ -112,27 +136,11 @@ class PreparedData:
     def dtype(self) -> np.dtype:
         return np.dtype(self.meta["dtype"])
 
-    @property
-    def eot_id(self) -> int:
-        return int(self.meta["eot_id"])
-
-    @property
-    def vocab_size(self) -> int:
-        """The trained vocabulary's size (can be below the requested size on a small corpus)."""
-        return int(self.meta["vocab_size"])
-
-    def tokenizer(self) -> Tokenizer:
-        return load_tokenizer(self.tokenizer_path)
-
     def train_tokens(self) -> np.memmap:
         return np.memmap(self.train_path, dtype=self.dtype, mode="r")
 
     def val_tokens(self) -> np.memmap:
         return np.memmap(self.val_path, dtype=self.dtype, mode="r")
-
-    def token_bytes(self) -> np.ndarray:
-        """UTF-8 bytes of each token id (special tokens 0); see `token_byte_lengths`."""
-        return token_byte_lengths(self.tokenizer())
 
     def check_block_size(self, block_size: int) -> None:
         """Both splits must hold at least one window of block_size + 1 tokens (inputs + targets)."""
