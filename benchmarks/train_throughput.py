@@ -237,12 +237,18 @@ def median(values: list[float]) -> float:
 # Command line
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def throughput_parser(description: str, steps_help: str) -> argparse.ArgumentParser:
+    """The flags both throughput benchmarks take: the config, its overrides and the step counts."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--config", default="configs/tiny.yaml")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--steps", type=int, default=10, help="timed steps per model")
+    parser.add_argument("--steps", type=int, default=10, help=steps_help)
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (>= 1)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = throughput_parser(__doc__.splitlines()[0], "timed steps per model")
     parser.add_argument("--rounds", type=int, default=None,
                         help="interleaved timing rounds, the steps split over them (default: one step per round)")
     parser.add_argument("--compile", choices=("auto", "true", "false", "both"), default="auto")

@@ -19,21 +19,16 @@ Timings only; nothing here is a test.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import torch
 
-from benchmarks.train_throughput import RunMeasurement, TrainStepRunner, measure_peak, measure_run
+from benchmarks.train_throughput import RunMeasurement, TrainStepRunner, measure_peak, measure_run, throughput_parser
 from training.distributed import barrier, init_distributed, shutdown, wrap_model
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default="configs/tiny.yaml")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--steps", type=int, default=10, help="timed steps per measurement")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (>= 1)")
+    parser = throughput_parser(__doc__.splitlines()[0], "timed steps per measurement")
     parser.add_argument("--compile", choices=("auto", "true", "false"), default="auto")
     args = parser.parse_args(argv)
 
