@@ -139,12 +139,12 @@ async def _http_level(base: str, model: str, work, clients: int) -> Level:
 
 
 @contextlib.contextmanager
-def server(run_dir: Path, max_batch: int, batched_matmul: bool):
+def server(run_dir: Path, max_batch: int, batched_matmul: bool, threads: int):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     command = [sys.executable, "serve.py", "--run", str(run_dir), "--port", str(port),
-               "--max-batch", str(max_batch), "--max-queue", "1000"]
+               "--max-batch", str(max_batch), "--max-queue", "1000", "--threads", str(threads)]
     process = subprocess.Popen(command + (["--batched-matmul"] if batched_matmul else []),
                                cwd=Path(__file__).resolve().parents[1], stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
@@ -186,7 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--max-batch", type=int, default=32)
     parser.add_argument("--only", choices=["engine", "http"], default=None)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads, as serve.py --threads")
     args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
 
     run = load_run(args.run, torch.device("cpu"))
     work = requests(args.requests, args.max_tokens)
@@ -200,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
             run_engine(run, work[:4], 4, row_exact, args.max_batch)  # warm-up
             print_table(f"engine, {mode}", [run_engine(run, work, c, row_exact, args.max_batch) for c in args.clients])
         if args.only != "engine":
-            with server(args.run, args.max_batch, batched_matmul=not row_exact) as base:
+            with server(args.run, args.max_batch, batched_matmul=not row_exact, threads=args.threads) as base:
                 asyncio.run(_http_level(base, model_id, work[:4], 4))  # warm-up
                 print_table(f"http, {mode}", [asyncio.run(_http_level(base, model_id, work, c)) for c in args.clients])
     return 0

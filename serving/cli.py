@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+import torch
 import uvicorn
 
 from common.cli import ArgumentParser, run_command
@@ -62,6 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="encode prompts in chunks of N tokens, between decode steps of the other "
                         "requests (default: the model's context, one chunk)")
     parser.add_argument("--device", default="auto", help=f"{DEVICE_CHOICES} (default: %(default)s)")
+    parser.add_argument("--threads", type=int, default=1, metavar="N",
+                        help="CPU threads for the model's operations (default: %(default)s: a decode step "
+                        "of a small model is too short to share between cores, and the HTTP layer "
+                        "needs a core of its own)")
     parser.add_argument("--batched-matmul", action="store_true",
                         help="decode rows with whole-batch matrix products: faster, but a request's "
                         "tokens may then differ from the same request served alone (fp32 rounding)")
@@ -83,6 +88,8 @@ def _check(args: argparse.Namespace) -> None:
             raise UserError(f"{flag} must be at least 1, got {value}")
     if args.max_queue is not None and args.max_queue < 0:
         raise UserError(f"--max-queue must be >= 0, got {args.max_queue}")
+    if args.threads < 1:
+        raise UserError(f"--threads must be at least 1, got {args.threads}")
     if args.prefill_chunk is not None and args.prefill_chunk < 1:
         raise UserError(f"--prefill-chunk must be at least 1, got {args.prefill_chunk}")
 
@@ -91,6 +98,7 @@ def _serve(args: argparse.Namespace) -> int:
     _check(args)
     _check_port_free(args.host, args.port)
     device = select_device(args.device, setting="--device")
+    torch.set_num_threads(args.threads)
     run = load_run(args.run if args.run is not None else find_latest_run(), device)
     engine = Engine(run.model, run.token_bytes, max_batch=args.max_batch, max_queue=args.max_queue,
                     prefill_chunk=args.prefill_chunk, row_exact=not args.batched_matmul)

@@ -1,0 +1,31 @@
+"""serve.py's user errors: one line on stderr, exit code 2, nothing started."""
+
+from __future__ import annotations
+
+import pytest
+
+from serving.cli import main
+
+
+@pytest.mark.parametrize(
+    "flags, fragment",
+    [
+        (["--threads", "0"], "--threads must be at least 1"),
+        (["--max-batch", "0"], "--max-batch must be at least 1"),
+        (["--port", "70000"], "--port must be in 0..65535"),
+        (["--prefill-chunk", "0"], "--prefill-chunk must be at least 1"),
+        (["--device", "tpu"], "unknown device 'tpu'"),
+        (["--max-batch", "many"], "invalid int value"),
+    ],
+)
+def test_bad_flags_are_one_line_and_exit_2(tmp_path, capsys, flags, fragment):
+    code = main(["--run", str(tmp_path), "--port", "0", *flags])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("error: ") and fragment in err and err.count("\n") == 1
+
+
+def test_a_directory_that_is_not_a_run_is_refused(tmp_path, capsys):
+    assert main(["--run", str(tmp_path / "missing"), "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "does not exist" in err and err.count("\n") == 1
