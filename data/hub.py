@@ -135,9 +135,8 @@ def _count_within_caps(dataset: Any, column: str, max_docs: int | None, max_byte
 
 def hub_split_names(hub: HubSourceConfig) -> list[str]:
     """The dataset's split names, after the checks that fail fast: a local directory with a loading
-    script, and a hub that cannot be reached."""
-    import datasets  # slow to import (docs/results.md): loaded only once a corpus is read
-
+    script, and a hub that cannot be reached (probed before ``datasets`` is imported, which takes
+    longer than the probe)."""
     root = Path(hub.name).expanduser()
     script = loading_script(root) if root.is_dir() else None
     if script is not None:
@@ -147,6 +146,8 @@ def hub_split_names(hub: HubSourceConfig) -> list[str]:
         )
     with hub_errors(hub.name):
         check_hub_reachable(hub.name)
+        import datasets  # slow to import (docs/results.md): loaded only once a corpus is read
+
         return datasets.get_dataset_split_names(hub.name, hub.config_name)
 
 

@@ -71,6 +71,16 @@ class GPTConfig:
             return self.ffn_hidden
         return 64 * -(-int(8 * self.n_embd / 3) // 64)
 
+    def num_params(self) -> int:
+        """Parameters of a GPT of this shape (a tied head counted once), from the sizes alone:
+        checking that a model fits must not build one, not even on the meta device, whose
+        initialisers import torch's compiler (seconds at start-up)."""
+        C = self.n_embd
+        attention = C * (self.n_head + 2 * self.n_kv_head) * self.head_dim + C * C
+        ffn = 3 * C * self.ffn_dim
+        head = 0 if self.tie_embeddings else self.vocab_size * C
+        return (self.vocab_size + self.block_size) * C + self.n_layer * (attention + ffn + 2 * C) + C + head
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

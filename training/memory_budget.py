@@ -7,18 +7,12 @@ import os
 
 import torch
 
-from model import GPT, GPTConfig
+from model import GPTConfig
 from training.config import ConfigError
 
 # fp32 weights, their gradients and two optimizer moments (AdamW's; Muon keeps one, so this is
 # an upper bound). Activations come on top and scale with the batch.
 BYTES_PER_PARAMETER = 4 * 4
-
-
-def parameter_count(config: GPTConfig) -> int:
-    """Parameters of the model ``config`` describes, counted on the meta device (no memory)."""
-    with torch.device("meta"):
-        return GPT(config).num_params()
 
 
 def device_memory_bytes(device: torch.device) -> int | None:
@@ -35,7 +29,7 @@ def device_memory_bytes(device: torch.device) -> int | None:
 
 def check_model_fits(config: GPTConfig, device: torch.device) -> None:
     """Raise ConfigError when training ``config`` would need more memory than ``device`` has."""
-    params = parameter_count(config)
+    params = config.num_params()
     need = params * BYTES_PER_PARAMETER
     have = device_memory_bytes(device)
     if have is not None and need > have:

@@ -13,7 +13,7 @@ from tokenizers import Tokenizer
 
 from data.chat import ChatTokenIds, Message, render_chat
 from data.chat_batches import ChatBatches, collate
-from data.chat_prepare import ChatSplit, fit_to_window, tokenize_conversations
+from data.chat_prepare import fit_to_window, tokenize_conversations
 from data.config import DataConfig, FilesSourceConfig
 from data.conversations import load_conversations
 from data.errors import DataError

@@ -188,7 +188,7 @@ def test_a_batched_decode_step_gives_each_row_its_solo_logits_bit_for_bit(chat_r
     model, cfg = chat_run.model, chat_run.model.config
     cache = RowCache(cfg.n_layer, 8, cfg.n_kv_head, cfg.block_size, cfg.head_dim)
     prompts = [list(range(5, 5 + n)) for n in (1, 4, 9, 16, 2, 30)]
-    solo_caches, solo_logits = [], []
+    solo_logits = []
     with torch.inference_mode():
         for r, prompt in enumerate(prompts):
             view = cache.row(r)

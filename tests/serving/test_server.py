@@ -7,7 +7,6 @@ import json
 
 import httpx
 import pytest
-import torch
 
 from data.chat import ChatTokenIds, render_chat, to_messages
 from inference.completion import generate_completions

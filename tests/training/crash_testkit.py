@@ -15,7 +15,7 @@ from typing import Any
 import safetensors.torch  # noqa: F401 - the imports below are preloaded once by the forkserver
 import torch
 import torch._dynamo  # noqa: F401 - torch.optim imports it lazily, which costs seconds per child
-import tqdm.auto  # noqa: F401
+import tqdm.auto  # noqa: F401 - preloaded as well
 
 import common.files
 import training.wandb_logger  # noqa: F401

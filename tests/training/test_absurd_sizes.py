@@ -3,13 +3,13 @@ training, and a model_config.json claiming a billion positions for loading."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
 from model import GPT, ModelFileError, load_pretrained
 from training.config import ConfigError
-from training.memory_budget import parameter_count
 from training.trainer import train
 
 
@@ -20,9 +20,10 @@ def test_a_model_too_large_for_the_machine_is_refused_before_building(make_confi
     assert not (config.out_dir / "model.safetensors").exists()
 
 
-def test_parameter_count_matches_a_built_model(make_config):
-    config = make_config().model
-    assert parameter_count(config) == GPT(config).num_params()
+@pytest.mark.parametrize("tied, n_kv_head, ffn_hidden", [(True, 2, None), (False, 1, None), (True, 1, 96)])
+def test_parameter_count_from_the_config_matches_a_built_model(make_config, tied, n_kv_head, ffn_hidden):
+    config = dataclasses.replace(make_config().model, tie_embeddings=tied, n_kv_head=n_kv_head, ffn_hidden=ffn_hidden)
+    assert config.num_params() == GPT(config).num_params()
 
 
 def test_a_config_claiming_a_billion_positions_is_refused_by_shape_first(make_config):

@@ -4,7 +4,6 @@ removed on start, and every run file readable by the group like any other file."
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
