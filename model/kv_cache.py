@@ -96,19 +96,10 @@ class RowCache:
     (no zeroing needed, as in ``KVCache.reset``).
     """
 
-    def __init__(
-        self,
-        n_layer: int,
-        batch_size: int,
-        n_kv_head: int,
-        max_len: int,
-        head_dim: int,
-        *,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype = torch.float32,
-    ) -> None:
-        self.buffers = KVCache(n_layer, batch_size, n_kv_head, max_len, head_dim, device=device, dtype=dtype)
-        self.lengths = [0] * batch_size
+    def __init__(self, buffers: KVCache) -> None:
+        """Rows over ``buffers`` (e.g. ``model.init_cache(max_batch)``), every row empty."""
+        self.buffers = buffers
+        self.lengths = [0] * buffers.batch_size
 
     @property
     def batch_size(self) -> int:

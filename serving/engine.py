@@ -144,9 +144,7 @@ class Engine:
             raise ValueError("max_queue must be >= 0 and prefill_chunk >= 1")
         self.block_size = cfg.block_size
         self.keep = kept_window(cfg.block_size, KEEP_FRACTION)
-        weight = model.tok_emb.weight
-        self.cache = RowCache(cfg.n_layer, max_batch, cfg.n_kv_head, cfg.block_size, cfg.head_dim,
-                              device=weight.device, dtype=weight.dtype)
+        self.cache = RowCache(model.init_cache(max_batch))
         self._row_mode = rows_computed_alone if row_exact else contextlib.nullcontext
         self._waiting: collections.deque[_Request] = collections.deque()
         self._rows: list[_Request | None] = [None] * max_batch

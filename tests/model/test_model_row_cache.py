@@ -11,8 +11,7 @@ ATOL = 1e-5  # fp32 logits of a few units (see conftest): two summation orders d
 
 
 def new_row_cache(model, rows: int) -> RowCache:
-    cfg = model.config
-    return RowCache(cfg.n_layer, rows, cfg.n_kv_head, cfg.block_size, cfg.head_dim)
+    return RowCache(model.init_cache(rows))
 
 
 def prefill(model, cache: RowCache, r: int, ids: list[int]) -> torch.Tensor:

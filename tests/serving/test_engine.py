@@ -185,8 +185,8 @@ def test_rows_computed_alone_gives_each_row_its_one_row_result_bit_for_bit():
 
 def test_a_batched_decode_step_gives_each_row_its_solo_logits_bit_for_bit(chat_run):
     """What makes the token-for-token equality hold for any model, not only this one's wide logit gaps."""
-    model, cfg = chat_run.model, chat_run.model.config
-    cache = RowCache(cfg.n_layer, 8, cfg.n_kv_head, cfg.block_size, cfg.head_dim)
+    model = chat_run.model
+    cache = RowCache(model.init_cache(8))
     prompts = [list(range(5, 5 + n)) for n in (1, 4, 9, 16, 2, 30)]
     solo_logits = []
     with torch.inference_mode():
