@@ -204,7 +204,9 @@ def _generate(
     start = max(0, n - block_size)  # the model sees tokens[:, start:n]
     cache = None
     if use_cache:
-        cache = model.init_cache(batch, max_len=min(block_size, n - start + max_new_tokens))
+        # A whole-window cache: one-token steps then attend over the same shapes as the serving
+        # engine's rows, so a request decodes bit for bit alike here and there.
+        cache = model.init_cache(batch)
     penalise = sampling["repetition_penalty"] != 1.0
 
     logits = _encode_window(model, tokens[:, start:n], cache)

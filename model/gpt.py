@@ -172,36 +172,36 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor, cache: KVCache | RowStep | None = None) -> torch.Tensor:
         """Attend over this chunk, and over the cache's earlier positions when one is given.
 
-        The caller (GPT.forward) checks that the chunk fits and advances ``cache.pos`` after
-        the last layer, so every layer writes at the same position.
+        The caller (GPT.forward) checks that the chunk fits and advances the cache after the
+        last layer, so every layer writes at the same position.
         """
         B, T, C = x.shape
         q, k, v = self.split_heads(x)
-        if isinstance(cache, RowStep):
-            # Rows hold different lengths, so each row attends over its own keys alone: the very
-            # call it would make decoding by itself. (A padded batch with a mask gives values
-            # that differ in the last bits, which can flip a near-tied token.)
-            y = torch.cat([
-                self._attend(q[i:i + 1], *cache.update_row(self.layer_idx, i, k[i:i + 1], v[i:i + 1]))
-                for i in range(B)
-            ])
-        else:
-            if cache is not None:
-                k, v = cache.update(self.layer_idx, k, v)
+        if cache is None:
             y = self._attend(q, k, v)
+        elif T == 1:
+            y = self._attend_token(q, *cache.write_token(self.layer_idx, k, v))
+        else:
+            y = self._attend(q, *cache.update(self.layer_idx, k, v))
         y = y.transpose(1, 2).reshape(B, T, C)
         return self.resid_dropout(self.proj(y))
+
+    def _attend_token(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """One new token per row against the rows' whole K/V buffers, ``mask`` hiding the slots
+        not written yet. The shapes are the same at every position and in every batch, so a
+        row's arithmetic never depends on how far it is or on which rows decode beside it:
+        a request decodes bit for bit alike alone and batched with others (serving). Viewing
+        the group's query heads as its query positions lets the group share its K/V head with
+        no copy."""
+        B, H, _, d = q.shape
+        grouped = q.view(B, self.n_kv_head, H // self.n_kv_head, d)
+        dropout_p = self.attn_dropout if self.training else 0.0
+        return F.scaled_dot_product_attention(grouped, k, v, attn_mask=mask, dropout_p=dropout_p).view(B, H, 1, d)
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         B, H, T, d = q.shape
         S = k.shape[2]
         dropout_p = self.attn_dropout if self.training else 0.0
-        if T == 1:
-            # The newest token may read every key, so no mask. Viewing the group's query heads
-            # as its query positions lets the group share its K/V head with no copy, on any
-            # backend and torch version; it is also faster than enable_gqa for one query.
-            grouped = q.view(B, self.n_kv_head, H // self.n_kv_head, d)
-            return F.scaled_dot_product_attention(grouped, k, v, dropout_p=dropout_p).view(B, H, 1, d)
         # A whole sequence (T == S) is plain causal; a chunk on top of a filled cache needs
         # the bottom-right mask, which is_causal=True would get wrong.
         mask = None if T == S else causal_mask(T, S, device=q.device)
@@ -287,7 +287,7 @@ class GPT(nn.Module):
         if isinstance(cache, RowStep):
             # Continuous batching: each row's token sits at that row's own position.
             cache.check(B, T, self.config.block_size)
-            positions = self.pos_emb(cache.positions(idx.device))
+            positions = self.pos_emb(cache.positions())
         else:
             start = self._check_positions(B, T, cache)
             # Positions are always contiguous, so a slice of the table replaces an index lookup;

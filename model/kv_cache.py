@@ -72,6 +72,16 @@ class KVCache:
         self.v[layer, :, :, self.pos:end] = v
         return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
 
+    def write_token(
+        self, layer: int, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Write one new token's keys/values at ``pos``; return the layer's whole buffers and a
+        (1, 1, 1, max_len) mask of the positions written so far (the new one included)."""
+        self.k[layer, :, :, self.pos] = k[:, :, 0]
+        self.v[layer, :, :, self.pos] = v[:, :, 0]
+        written = torch.arange(self.max_len, device=self.k.device) <= self.pos
+        return self.k[layer], self.v[layer], written.view(1, 1, 1, -1)
+
     def advance(self, n_new: int) -> None:
         """Mark ``n_new`` positions as written; the model calls this after its last layer."""
         self.pos += n_new
@@ -124,13 +134,19 @@ class RowCache:
 class RowStep:
     """One new token for each of ``rows`` of a RowCache, each at its own position.
 
-    Given as the cache to ``GPT.forward``, it supplies each row's position, and each row's
-    attention reads that row's keys alone (``update_row``), never another row's or padding.
+    Given as the cache to ``GPT.forward``, it supplies each row's position, writes each row's
+    new key/value at that row's length, and masks every row's attention to its own written
+    positions, so that no row reads another row's keys or stale ones.
     """
 
     def __init__(self, cache: RowCache, rows: list[int]) -> None:
         self.cache = cache
         self.rows = rows
+        device = cache.buffers.k.device
+        self._index = torch.tensor(rows, device=device)
+        self._lengths = torch.tensor([cache.lengths[r] for r in rows], device=device)
+        written = torch.arange(cache.max_len, device=device) <= self._lengths.unsqueeze(1)
+        self._mask = written.view(len(rows), 1, 1, -1)
 
     @property
     def batch_size(self) -> int:
@@ -147,20 +163,19 @@ class RowStep:
             raise ValueError(f"rows {full} already hold {limit} positions; re-encode a shorter "
                              f"window into them first (see model.generation)")
 
-    def positions(self, device: torch.device) -> torch.Tensor:
+    def positions(self) -> torch.Tensor:
         """(B, 1) position of each row's new token: the row's length so far."""
-        return torch.tensor([[self.cache.lengths[r]] for r in self.rows], device=device)
+        return self._lengths.unsqueeze(1)
 
-    def update_row(
-        self, layer: int, i: int, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write the i-th row's (1, n_kv_head, 1, head_dim) key/value at its length; return
-        views of that row's keys/values so far, shaped as a one-row cache would return them."""
-        r, pos = self.rows[i], self.cache.lengths[self.rows[i]]
-        buffers = self.cache.buffers
-        buffers.k[layer, r:r + 1, :, pos:pos + 1] = k
-        buffers.v[layer, r:r + 1, :, pos:pos + 1] = v
-        return buffers.k[layer, r:r + 1, :, :pos + 1], buffers.v[layer, r:r + 1, :, :pos + 1]
+    def write_token(
+        self, layer: int, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Write row i's (n_kv_head, head_dim) key/value from ``k[i], v[i]`` at its length;
+        return the rows' whole buffers and a (B, 1, 1, max_len) mask of their written slots."""
+        k_layer, v_layer = self.cache.buffers.k[layer], self.cache.buffers.v[layer]
+        k_layer[self._index, :, self._lengths] = k[:, :, 0]
+        v_layer[self._index, :, self._lengths] = v[:, :, 0]
+        return k_layer.index_select(0, self._index), v_layer.index_select(0, self._index), self._mask
 
     def advance(self, n_new: int) -> None:
         for r in self.rows:
