@@ -16,8 +16,9 @@ Rows are independent: a request gets exactly the tokens it would get served alon
 what ``generate.py`` gives for the same prompt, seed and settings. Each request samples from its
 own ``torch.Generator`` seeded like generate.py's first sample; past the context window a row
 re-encodes its most recent tokens from position 0 by generate.py's rule (``kept_window`` of
-``KEEP_FRACTION``); the batched decode step computes each row bit for bit as alone
-(``serving.row_exact``). A prompt longer than ``prefill_chunk`` is encoded in chunks; the chunks
+``KEEP_FRACTION``); the batched decode step computes each row bit for bit as alone (its
+attention reads the row's whole cache buffer under a mask, as generate.py's does, and
+``serving.row_exact`` runs its matrix products one row at a time). A prompt longer than ``prefill_chunk`` is encoded in chunks; the chunks
 depend only on the request, so it still equals itself served alone.
 
 Results go back through a callback, called on the engine thread with one ``Event`` per generated
