@@ -54,16 +54,10 @@ def _train(args: argparse.Namespace) -> int:
         print("error: interrupted; the last saved checkpoint (if any) is intact", file=sys.stderr)
         return 130
     if result.interrupted:
-        if not result.is_main:  # under torchrun only rank 0 reports; every rank keeps the exit code
-            return 128 + (result.signal or 2)
-        print(
-            f"stopped at step {result.step}; checkpoint saved in {result.run_dir}"
-            + " ".join(
-                ["; continue with: python train.py --config", args.config, "--resume"]
-                + [f"--set {o}" for o in args.overrides]
-            ),
-            file=sys.stderr,
-        )
+        if result.is_main:  # under torchrun only rank 0 reports; every rank keeps the exit code
+            again = ["python train.py --config", args.config, "--resume"] + [f"--set {o}" for o in args.overrides]
+            where = f"stopped at step {result.step}; checkpoint saved in {result.run_dir}"
+            print(f"{where}; continue with: {' '.join(again)}", file=sys.stderr)
         return 128 + (result.signal or 2)
     if result.is_main:
         print(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager, Iterable
+from typing import Any, Callable, ContextManager, Iterable, Iterator
 
 import numpy as np
 import torch
@@ -24,6 +24,17 @@ class EvalResult:
     bytes: int
 
 
+@contextlib.contextmanager
+def eval_mode(model: nn.Module) -> Iterator[None]:
+    """``model`` in eval mode (no dropout) for the block, then back in the mode it was in."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
 @torch.no_grad()
 def evaluate(
     model: nn.Module,
@@ -37,11 +48,7 @@ def evaluate(
     amp: Callable[[], ContextManager] | None = None,
     ctx: DistContext | None = None,
 ) -> EvalResult:
-    """Score ``max_batches`` fixed validation batches (None: the whole split).
-
-    With several processes (``ctx`` a live DistContext) each takes every ``world_size``-th batch
-    and the sums are added up, so the result equals a single-process evaluation.
-    """
+    """Score ``max_batches`` fixed validation batches (None: the whole split), as ``score_batches``."""
     batches = iter_val_batches(val_tokens, block_size, batch_size, max_batches=max_batches, device=device)
     result = score_batches(model, batches, token_bytes, device=device, amp=amp, ctx=ctx)
     if result.tokens == 0:
@@ -64,16 +71,14 @@ def score_batches(
 ) -> EvalResult:
     """Loss over the targets of ``batches`` that are not -1, and bits per byte of their text.
 
-    With several processes each scores every ``world_size``-th batch and the sums are added up.
+    With several processes each scores every ``world_size``-th batch and the sums are added up,
+    so the result equals a single-process evaluation.
     """
     rank, world_size = (ctx.rank, ctx.world_size) if ctx is not None else (0, 1)
-
-    was_training = model.training
-    model.eval()
     # nats and count over every scored target (the loss); nats and UTF-8 bytes over the targets
     # that stand for text (bits per byte: end-of-text has no bytes, so it is left out of both).
     sums = torch.zeros(4, dtype=torch.float64, device=device)
-    try:
+    with eval_mode(model):
         for i, (x, y) in enumerate(batches):
             if i % world_size != rank:
                 continue
@@ -85,8 +90,6 @@ def score_batches(
             text_nats, text_bytes = target_nats_and_bytes(logits, y, token_bytes)
             sums[2] += text_nats
             sums[3] += text_bytes
-    finally:
-        model.train(was_training)
     if ctx is not None:
         sums = all_reduce_sum(sums, ctx)
     nats, tokens, text_nats, nbytes = sums.tolist()
@@ -122,17 +125,8 @@ def generate_sample(
         ids = [start_id if start_id is not None else 0]
     idx = torch.tensor([ids], dtype=torch.long, device=device)
     generator = torch.Generator(device=device).manual_seed(seed)
-    was_training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         out = model.generate(
-            idx,
-            max_new_tokens,
-            temperature=temperature,
-            top_k=top_k,
-            use_cache=True,
-            generator=generator,
+            idx, max_new_tokens, temperature=temperature, top_k=top_k, use_cache=True, generator=generator
         )
-    finally:
-        model.train(was_training)
     return tokenizer.decode(out[0].tolist())

@@ -20,7 +20,7 @@ from torch import nn
 from data.chat_batches import iter_chat_val_batches
 from data.chat_prepare import ChatSplit
 from training.distributed import all_reduce_sum
-from training.evaluate import EvalResult, score_batches
+from training.evaluate import EvalResult, eval_mode, score_batches
 
 
 def summed_target_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -89,10 +89,8 @@ def chat_reply_samples(
     """
     rows = sorted({round(i * (len(split) - 1) / max(count - 1, 1)) for i in range(count)})
     generator = torch.Generator(device=device).manual_seed(seed)
-    was_training = model.training
-    model.eval()
     samples = []
-    try:
+    with eval_mode(model):
         for row in rows:
             prompt = split.first_reply_prompt(row)
             room = model.config.block_size - len(prompt)
@@ -104,6 +102,4 @@ def chat_reply_samples(
             if end_id in reply:
                 reply = reply[: reply.index(end_id) + 1]
             samples.append((tokenizer.decode(prompt, skip_special_tokens=False), tokenizer.decode(reply, skip_special_tokens=False)))
-    finally:
-        model.train(was_training)
     return samples

@@ -37,17 +37,8 @@ import training.checkpoint as checkpoint
 from training.config import Config, ConfigError, config_to_dict, save_config
 from training.device import autocast, configure_backends, resolve_precision, should_compile
 from training.distributed import (
-    all_reduce_mean,
-    all_reduce_sum,
-    DistContext,
-    barrier,
-    gather_to_main,
-    init_distributed,
-    select_rank_state,
-    shutdown,
-    split_batch,
-    sync_gradients,
-    wrap_model,
+    DistContext, all_reduce_mean, all_reduce_sum, barrier, gather_to_main, init_distributed, select_rank_state,
+    shutdown, split_batch, sync_gradients, wrap_model,
 )
 from training.evaluate import EvalResult, evaluate, generate_sample
 from training.init_from import check_parent_tokenizer, find_parent, load_parent_weights, write_parent_record
@@ -254,19 +245,12 @@ class Trainer:
         self.micro_steps = split.micro_steps
         self.tokens_per_step = tc.batch_size * tc.grad_accum_steps * cfg.model.block_size
         self.schedule = build_schedule(tc, self.tokens_per_step)
-        self.batches = ChatBatches(
-            self.prepared.train, tc.batch_size, pad_id=self.prepared.eot_id, seed=tc.seed, rank=ctx.rank,
-            world_size=ctx.world_size, device=self.device,
-        ) if self.chat else train_batches(
-            tc.sampling,
-            self.prepared.train_tokens(),
-            cfg.model.block_size,
-            split.batch_size,
-            seed=tc.seed,
-            rank=ctx.rank,
-            world_size=ctx.world_size,
-            device=self.device,
-        )
+        placement = dict(seed=tc.seed, rank=ctx.rank, world_size=ctx.world_size, device=self.device)
+        if self.chat:
+            self.batches = ChatBatches(self.prepared.train, tc.batch_size, pad_id=self.prepared.eot_id, **placement)
+        else:
+            tokens = self.prepared.train_tokens()
+            self.batches = train_batches(tc.sampling, tokens, cfg.model.block_size, split.batch_size, **placement)
         self.wrapped = wrap_model(self.model, ctx)
         self.compiled = should_compile(tc.compile, self.device)
         self.train_model = torch.compile(self.wrapped) if self.compiled else self.wrapped
@@ -306,10 +290,7 @@ class Trainer:
                 if self.parent is not None:
                     write_parent_record(self.run_dir, self.parent)
         self.logger = WandbLogger.start(
-            cfg.logging.wandb,
-            run_dir=self.run_dir,
-            run_config=config_to_dict(cfg),
-            resume_id=wandb_run_id,
+            cfg.logging.wandb, run_dir=self.run_dir, run_config=config_to_dict(cfg), resume_id=wandb_run_id,
             is_main=self.ctx.is_main,
         )
         if self.verbose:
@@ -336,21 +317,16 @@ class Trainer:
         stop = StopRequest()
         stop.install()
         self.loop_start = time.perf_counter()
-        bar = tqdm(
-            total=self.schedule.max_steps,
-            initial=self.step,
-            disable=not self.verbose,
-            desc="train",
-            unit="step",
-            dynamic_ncols=True,
-            # tqdm's own estimate assumes every step of max_steps will run; under a clock budget
-            # the postfix's "left" (the sooner of both budgets) is the one to trust.
-            bar_format=None if self.schedule.max_seconds is None else _BAR_WITHOUT_ETA,
-        )
+        # tqdm's own estimate assumes every step of max_steps will run; under a clock budget the
+        # postfix's "left" (the sooner of both budgets) is the one to trust.
+        bar_format = None if self.schedule.max_seconds is None else _BAR_WITHOUT_ETA
         loss = None
         failed = True
         try:
-            try:
+            with tqdm(
+                total=self.schedule.max_steps, initial=self.step, disable=not self.verbose, desc="train",
+                unit="step", dynamic_ncols=True, bar_format=bar_format,
+            ) as bar:
                 while (reason := self._stop_reason(stop)) is None:
                     t0 = time.perf_counter()
                     lr = self.schedule(self.step, self._elapsed())
@@ -383,8 +359,6 @@ class Trainer:
                         self._save()
                 if self.saved_step != self.step:
                     self._save()
-            finally:
-                bar.close()
             result = self._finish(reason, loss, stop)
             failed = False
             return result
@@ -422,14 +396,8 @@ class Trainer:
     def _finish(self, reason: str, last_loss: float | None, stop: StopRequest) -> TrainResult:
         """The result of the run, with the full validation pass unless it was interrupted."""
         result = TrainResult(
-            run_dir=self.run_dir,
-            step=self.step,
-            tokens_seen=self.tokens_seen,
-            stopped_by=reason,
-            train_seconds=self._elapsed(),
-            last_loss=last_loss,
-            signal=stop.signum,
-            is_main=self.ctx.is_main,
+            run_dir=self.run_dir, step=self.step, tokens_seen=self.tokens_seen, stopped_by=reason,
+            train_seconds=self._elapsed(), last_loss=last_loss, signal=stop.signum, is_main=self.ctx.is_main,
         )
         self.summary.update(step=self.step, tokens=self.tokens_seen, stopped_by=reason)
         if reason != "interrupted":
@@ -530,23 +498,15 @@ class Trainer:
         """(prompt, text) rows: replies to held-out conversations' first user turns when
         chat-tuning, else the continuation of eval.sample_prompt (prompt included)."""
         ec = self.config.eval
-        if self.chat:
-            return chat_reply_samples(
-                self.model, self.tokenizer, self.chat.val, self.tokenizer.token_to_id("<|end|>"), count=4,
-                max_new_tokens=ec.sample_tokens, temperature=ec.sample_temperature, top_k=ec.sample_top_k,
-                seed=ec.sample_seed, device=self.device,
-            )
-        text = generate_sample(
-            self.model,
-            self.tokenizer,
-            ec.sample_prompt,
-            max_new_tokens=ec.sample_tokens,
-            temperature=ec.sample_temperature,
-            top_k=ec.sample_top_k,
-            seed=ec.sample_seed,
-            device=self.device,
-            start_id=self.prepared.eot_id,
+        sampling = dict(
+            max_new_tokens=ec.sample_tokens, temperature=ec.sample_temperature, top_k=ec.sample_top_k,
+            seed=ec.sample_seed, device=self.device,
         )
+        if self.chat:
+            end_id = self.tokenizer.token_to_id("<|end|>")
+            return chat_reply_samples(self.model, self.tokenizer, self.chat.val, end_id, count=4, **sampling)
+        start_id = self.prepared.eot_id
+        text = generate_sample(self.model, self.tokenizer, ec.sample_prompt, start_id=start_id, **sampling)
         return [(ec.sample_prompt, text)]
 
     def _save(self) -> None:
