@@ -23,8 +23,13 @@ from data import DataConfig
 from model import GPTConfig
 from model.generation import check_sampling_args
 from training.init_from import find_parent, model_section_from_parent
+from training.wandb_logger import MODES as WANDB_MODES
 
 __all__ = ["Config", "ConfigError", "load_config", "config_from_dict", "config_to_dict", "save_config"]
+
+
+def _require_one_of(value: str, key: str, choices: tuple[str, ...]) -> None:
+    require(value in choices, f"{key} must be {', '.join(choices[:-1])} or {choices[-1]} (got {value!r})")
 
 
 @dataclass
@@ -71,22 +76,13 @@ class TrainConfig:
         require(self.max_tokens is None or self.max_tokens >= 1, "train.max_tokens must be >= 1")
         require(self.batch_size >= 1, "train.batch_size must be >= 1")
         require(self.grad_accum_steps >= 1, "train.grad_accum_steps must be >= 1")
-        require(
-            self.sampling in ("random", "epoch"),
-            f"train.sampling must be random or epoch (got {self.sampling!r})",
-        )
-        require(
-            self.optimizer in ("adamw", "muon"),
-            f"train.optimizer must be adamw or muon (got {self.optimizer!r})",
-        )
+        _require_one_of(self.sampling, "train.sampling", ("random", "epoch"))
+        _require_one_of(self.optimizer, "train.optimizer", ("adamw", "muon"))
         require(self.lr > 0, "train.lr must be > 0")
         require(self.muon_lr > 0, "train.muon_lr must be > 0")
         require(0 <= self.muon_momentum < 1, "train.muon_momentum must be in [0, 1)")
         require(0 <= self.min_lr <= self.lr, "train.min_lr must be between 0 and train.lr")
-        require(
-            self.lr_schedule in ("cosine", "wsd"),
-            f"train.lr_schedule must be cosine or wsd (got {self.lr_schedule!r})",
-        )
+        _require_one_of(self.lr_schedule, "train.lr_schedule", ("cosine", "wsd"))
         require(0 < self.lr_decay_fraction <= 1, "train.lr_decay_fraction must be in (0, 1]")
         require(self.warmup_steps >= 0, "train.warmup_steps must be >= 0")
         require(self.weight_decay >= 0, "train.weight_decay must be >= 0")
@@ -97,10 +93,7 @@ class TrainConfig:
             self.device == "auto" or re.fullmatch(r"cpu|mps|cuda(:\d+)?", self.device) is not None,
             f"train.device must be auto, cpu, cuda, cuda:N or mps (got {self.device!r})",
         )
-        require(
-            self.precision in ("auto", "bf16", "fp32"),
-            f"train.precision must be auto, bf16 or fp32 (got {self.precision!r})",
-        )
+        _require_one_of(self.precision, "train.precision", ("auto", "bf16", "fp32"))
         require(
             isinstance(self.compile, bool) or self.compile == "auto",
             f"train.compile must be auto, true or false (got {self.compile!r})",
@@ -149,10 +142,7 @@ class WandbConfig:
 
     def __post_init__(self) -> None:
         check_types(self, "logging.wandb")
-        require(
-            self.mode in ("auto", "online", "offline", "disabled"),
-            f"logging.wandb.mode must be auto, online, offline or disabled (got {self.mode!r})",
-        )
+        _require_one_of(self.mode, "logging.wandb.mode", WANDB_MODES)
 
 
 @dataclass

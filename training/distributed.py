@@ -10,7 +10,6 @@ update is the one a single process would make on the whole global batch.
 from __future__ import annotations
 
 import contextlib
-import datetime
 import os
 from dataclasses import dataclass, field
 from typing import Any, Iterator
@@ -40,48 +39,33 @@ class DistContext:
     backend: str | None = None  # "nccl" | "gloo" when enabled
 
 
-def launched_by_torchrun(env: dict[str, str] | None = None) -> bool:
-    env = os.environ if env is None else env
-    return all(name in env for name in _TORCHRUN_ENV)
+def launched_by_torchrun() -> bool:
+    return all(name in os.environ for name in _TORCHRUN_ENV)
 
 
-def init_distributed(device_pref: str = "auto", *, timeout_s: float | None = None) -> DistContext:
+def init_distributed(device_pref: str = "auto") -> DistContext:
     """Join the process group torchrun set up, or describe a single process.
 
     Under torchrun each process takes the GPU numbered by its LOCAL_RANK, so a specific
-    ``cuda:N`` is refused. ``timeout_s`` bounds every collective (torch's default when None).
+    ``cuda:N`` is refused.
     """
-    if not launched_by_torchrun():
-        return DistContext(device=select_device(device_pref, setting="train.device"))
-
-    rank = _env_int("RANK")
-    local_rank = _env_int("LOCAL_RANK")
-    world_size = _env_int("WORLD_SIZE")
+    if launched_by_torchrun():
+        rank, local_rank, world_size = _env_int("RANK"), _env_int("LOCAL_RANK"), _env_int("WORLD_SIZE")
+    else:
+        rank, local_rank, world_size = 0, 0, 1
     if world_size == 1:
-        # torchrun with one process: nothing to synchronise, so no process group and no DDP.
+        # A single process (or torchrun with one): nothing to synchronise, no process group, no DDP.
         return DistContext(device=select_device(device_pref, setting="train.device"))
     device = _device_for_rank(device_pref, local_rank)
-
     backend = "nccl" if device.type == "cuda" else "gloo"
-    kwargs: dict[str, Any] = {}
-    if timeout_s is not None:
-        kwargs["timeout"] = datetime.timedelta(seconds=timeout_s)
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    if not dist.is_initialized():
         # Binding the group to this GPU lets barriers and collectives know their device up
         # front (no guessing, no warning) and creates the NCCL communicator eagerly.
-        kwargs["device_id"] = device
-    if not dist.is_initialized():
-        dist.init_process_group(backend=backend, rank=rank, world_size=world_size, **kwargs)
-    return DistContext(
-        rank=rank,
-        local_rank=local_rank,
-        world_size=world_size,
-        device=device,
-        is_main=rank == 0,
-        enabled=True,
-        backend=backend,
-    )
+        device_id = device if device.type == "cuda" else None
+        dist.init_process_group(backend=backend, rank=rank, world_size=world_size, device_id=device_id)
+    return DistContext(rank, local_rank, world_size, device, is_main=rank == 0, enabled=True, backend=backend)
 
 
 @dataclass(frozen=True)
@@ -129,8 +113,8 @@ def wrap_model(model: nn.Module, ctx: DistContext) -> nn.Module:
 def sync_gradients(model: nn.Module, enabled: bool) -> Iterator[None]:
     """Run one micro-step's backward; all-reduce the gradients only when ``enabled`` (the last
     micro-step), so earlier ones accumulate locally without communication."""
-    ddp = _find_ddp(model)
-    if enabled or ddp is None:
+    ddp = getattr(model, "_orig_mod", model)  # through torch.compile's wrapper
+    if enabled or not isinstance(ddp, DistributedDataParallel):
         yield
         return
     with ddp.no_sync():
@@ -204,11 +188,6 @@ def _all_reduce(value: torch.Tensor | float, ctx: DistContext, *, mean: bool) ->
     if is_tensor:
         return t.to(device=value.device, dtype=value.dtype)
     return t.item()
-
-
-def _find_ddp(model: nn.Module) -> DistributedDataParallel | None:
-    model = getattr(model, "_orig_mod", model)  # through torch.compile's wrapper
-    return model if isinstance(model, DistributedDataParallel) else None
 
 
 def _device_for_rank(device_pref: str, local_rank: int) -> torch.device:

@@ -22,8 +22,6 @@ if TYPE_CHECKING:
 
 MODES = ("auto", "online", "offline", "disabled")
 DEFAULT_HOST = "https://api.wandb.ai"
-SAMPLE_COLUMNS = ("prompt", "completion")
-SAMPLES_KEY = "samples"
 
 # WANDB_MODE values wandb itself accepts, mapped to ours ("dryrun"/"run" are its old spellings).
 _ENV_MODES = {"online": "online", "run": "online", "offline": "offline", "dryrun": "offline", "disabled": "disabled"}
@@ -57,13 +55,10 @@ def resolve_mode(requested: str, env: dict[str, str] | None = None) -> tuple[str
     mode = requested
     if mode == "auto":
         # WANDB_MODE is how people already switch wandb off (or offline) for one command.
-        from_env = _ENV_MODES.get(env.get("WANDB_MODE", "").strip().lower())
-        if from_env is not None:
-            mode = from_env
-        else:
-            mode = "online" if has_credentials(env) else "offline"
-            if mode == "offline":
-                return mode, "no W&B credentials found (WANDB_API_KEY or netrc), logging offline"
+        mode = _ENV_MODES.get(env.get("WANDB_MODE", "").strip().lower())
+        if mode is None and not has_credentials(env):
+            return "offline", "no W&B credentials found (WANDB_API_KEY or netrc), logging offline"
+        mode = mode or "online"
     if mode == "online" and not has_credentials(env):
         return "offline", (
             "online logging asked for but no W&B credentials found (set WANDB_API_KEY or run "
@@ -77,7 +72,7 @@ class WandbLogger:
 
     def __init__(self, run: Any = None, run_id: str | None = None) -> None:
         self._run = run
-        self._run_id = run_id
+        self.run_id = run_id  # stored in the trainer state so that --resume continues this run
 
     @classmethod
     def start(
@@ -92,12 +87,10 @@ class WandbLogger:
         """Start (or, given ``resume_id``, continue) the run for ``run_dir``.
 
         Never raises for wandb's sake (an unknown mode is a config error and does raise). When
-        nothing is logged, ``run_id`` still returns ``resume_id``, so a checkpoint written now
+        nothing is logged, ``run_id`` still holds ``resume_id``, so a checkpoint written now
         keeps pointing at the run that a later, logging resume should continue.
         """
-        if not is_main:
-            return cls(run_id=resume_id)
-        mode, note = resolve_mode(cfg.mode)
+        mode, note = resolve_mode(cfg.mode) if is_main else ("disabled", None)
         if mode == "disabled":
             return cls(run_id=resume_id)
         run_dir = Path(run_dir)
@@ -139,11 +132,6 @@ class WandbLogger:
         return cls(run=run, run_id=run.id)
 
     @property
-    def run_id(self) -> str | None:
-        """The id to store in the trainer state so that ``--resume`` continues this run."""
-        return self._run_id
-
-    @property
     def active(self) -> bool:
         return self._run is not None
 
@@ -163,8 +151,8 @@ class WandbLogger:
         try:
             import wandb  # slow to import (docs/results.md): loaded only when logging is on
 
-            table = wandb.Table(columns=list(SAMPLE_COLUMNS), data=[[p, c] for p, c in rows])
-            self._run.log({SAMPLES_KEY: table}, step=step)
+            table = wandb.Table(columns=["prompt", "completion"], data=[[p, c] for p, c in rows])
+            self._run.log({"samples": table}, step=step)
         except Exception as e:  # noqa: BLE001
             self._give_up("log samples", e)
 
