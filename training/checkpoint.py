@@ -33,8 +33,9 @@ from model import GPTConfig, save_pretrained
 
 FORMAT_VERSION = 1
 
-# The fields that fix the shapes of the weights; dropout or norm_eps may change on resume.
-SHAPE_KEYS = ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd", "ffn_dim", "tie_embeddings")
+# The model keys that fix the shapes of the weights, which neither a resume nor a run started from a
+# parent (train.init_from) may change; dropout or norm_eps may.
+SHAPE_KEYS = ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd", "ffn_hidden", "tie_embeddings")
 
 
 class CheckpointError(UserError):
@@ -127,11 +128,11 @@ def _reason_without_unsafe_advice(error: Exception) -> str:
 def check_model_shape(saved: GPTConfig, current: GPTConfig, run_dir: Path) -> None:
     """Refuse to resume when the config would build a model of another shape."""
     for key in SHAPE_KEYS:
-        was, now = getattr(saved, key), getattr(current, key)
+        attr = "ffn_dim" if key == "ffn_hidden" else key  # the width an unset ffn_hidden gives
+        was, now = getattr(saved, attr), getattr(current, attr)
         if was != now:
-            name = "ffn_hidden" if key == "ffn_dim" else key
             raise CheckpointError(
-                f"cannot resume {run_dir}: model.{name} is {now!r} in the config but {was!r} in "
+                f"cannot resume {run_dir}: model.{key} is {now!r} in the config but {was!r} in "
                 f"the checkpoint; use the run's own config.yaml or start a new run"
             )
 
@@ -161,15 +162,8 @@ def capture_rng_state() -> dict[str, Any]:
 def restore_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     np_state = state["numpy"]
-    np.random.set_state(
-        (
-            "MT19937",
-            np_state["keys"].numpy().astype(np.uint32),
-            np_state["pos"],
-            np_state["has_gauss"],
-            np_state["cached_gaussian"],
-        )
-    )
+    keys = np_state["keys"].numpy().astype(np.uint32)
+    np.random.set_state(("MT19937", keys, np_state["pos"], np_state["has_gauss"], np_state["cached_gaussian"]))
     py = state["python"]
     random.setstate((py["version"], tuple(py["internal"]), py["gauss_next"]))
     cuda = state.get("cuda")

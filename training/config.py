@@ -23,9 +23,10 @@ from data import DataConfig
 from model import GPTConfig
 from model.generation import check_sampling_args
 from training.init_from import find_parent, model_section_from_parent
-from training.wandb_logger import MODES as WANDB_MODES
 
 __all__ = ["Config", "ConfigError", "load_config", "config_from_dict", "config_to_dict", "save_config"]
+
+WANDB_MODES = ("auto", "online", "offline", "disabled")
 
 
 def _require_one_of(value: str, key: str, choices: tuple[str, ...]) -> None:

@@ -21,9 +21,7 @@ from common.files import atomic_write_text
 from common.run_files import MODEL_CONFIG_FILE, PARENT_FILE, TOKENIZER_FILE, WEIGHTS_FILE
 from data import load_tokenizer
 from model import GPTConfig, ModelFileError, load_pretrained
-
-# The fields a config may not change when it starts from a parent: they fix the weights' shapes.
-_SHAPE_FIELDS = ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd", "ffn_hidden", "tie_embeddings")
+from training.checkpoint import SHAPE_KEYS
 
 
 class InitFromError(UserError):
@@ -64,12 +62,11 @@ def find_parent(init_from: str | Path) -> ParentRun:
 def model_section_from_parent(model: Any, parent: ParentRun) -> dict[str, Any]:
     """The ``model`` config section for a run starting from ``parent``: the parent's shape, with
     the config's other settings (dropout, norm_eps) on top. A shape field that differs is an error."""
-    if model is None:
-        model = {}
+    model = {} if model is None else model
     if not isinstance(model, dict):
         raise InitFromError("model must be a section (or left out with train.init_from)")
     inherited = parent.model_config.to_dict()
-    for name in _SHAPE_FIELDS:
+    for name in SHAPE_KEYS:
         if name in model and model[name] != inherited[name]:
             raise InitFromError(
                 f"model.{name} is {model[name]!r} in the config but {inherited[name]!r} in the parent run "

@@ -6,6 +6,7 @@ import json
 import math
 import os
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -100,10 +101,7 @@ def known_gpu_peak(name: str) -> float | None:
 
 
 def measure_matmul_flops(
-    device: torch.device,
-    dtype: torch.dtype = torch.float32,
-    size: int = 1024,
-    max_seconds: float = 0.5,
+    device: torch.device, dtype: torch.dtype = torch.float32, size: int = 1024, max_seconds: float = 0.5,
     max_repeats: int = 50,
 ) -> float:
     """Best achieved FLOP/s of an ``size x size`` matmul on ``device`` (the practical peak).
@@ -111,7 +109,6 @@ def measure_matmul_flops(
     Best-of rather than mean: the question is what the hardware can do, not what the other
     processes sharing it left over this time.
     """
-
     # A private generator: measuring must not move the global RNG that seeds the model.
     gen = torch.Generator(device=device).manual_seed(0)
     a = torch.randn(size, size, device=device, dtype=dtype, generator=gen)
@@ -153,13 +150,10 @@ class Throughput:
     """Tokens per second over a window of recent steps (startup and evaluations excluded)."""
 
     def __init__(self, window: int = 20) -> None:
-        self.window = window
-        self._samples: list[tuple[int, float]] = []
+        self._samples: deque[tuple[int, float]] = deque(maxlen=window)
 
     def add(self, tokens: int, seconds: float) -> None:
         self._samples.append((tokens, seconds))
-        if len(self._samples) > self.window:
-            self._samples.pop(0)
 
     def tokens_per_second(self) -> float:
         tokens = sum(t for t, _ in self._samples)

@@ -17,7 +17,7 @@ orthogonalises all matrices of one shape in one batched matmul.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Callable, Iterable
+from typing import Iterable
 
 import torch
 
@@ -82,11 +82,7 @@ class Muon(torch.optim.Optimizer):
                     raise ValueError(f"Muon only updates 2-D weight matrices, got a parameter of shape {tuple(p.shape)}")
 
     @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+    def step(self) -> None:
         for group in self.param_groups:
             lr, wd, beta = group["lr"], group["weight_decay"], group["momentum"]
             # Matrices of one shape (and device and dtype) share one batched orthogonalisation.
@@ -107,4 +103,3 @@ class Muon(torch.optim.Optimizer):
                 for (p, _), update in zip(items, updates):
                     p.mul_(1 - lr * wd)
                     p.add_(update, alpha=-lr * scale)
-        return loss

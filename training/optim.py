@@ -59,14 +59,8 @@ def _adamw(groups: list[dict], cfg: TrainConfig, device: torch.device) -> torch.
         group["lr_scale"] = 1.0
     # The fused CUDA kernel updates every parameter in one launch; elsewhere the default
     # (foreach) implementation is the fast one.
-    fused = device.type == "cuda"
-    return torch.optim.AdamW(
-        groups,
-        lr=cfg.lr,
-        betas=(cfg.beta1, cfg.beta2),
-        eps=cfg.eps,
-        fused=fused or None,
-    )
+    fused = device.type == "cuda" or None
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, fused=fused)
 
 
 class MuonWithAdamW:
@@ -153,11 +147,8 @@ def planned_steps(cfg: TrainConfig, tokens_per_step: int) -> int | None:
 
 def build_schedule(cfg: TrainConfig, tokens_per_step: int) -> LRSchedule:
     return LRSchedule(
-        lr=cfg.lr,
-        min_lr=cfg.min_lr,
-        warmup_steps=cfg.warmup_steps,
+        lr=cfg.lr, min_lr=cfg.min_lr, warmup_steps=cfg.warmup_steps,
         max_steps=planned_steps(cfg, tokens_per_step),
         max_seconds=cfg.max_minutes * 60.0 if cfg.max_minutes is not None else None,
-        shape=cfg.lr_schedule,
-        decay_fraction=cfg.lr_decay_fraction,
+        shape=cfg.lr_schedule, decay_fraction=cfg.lr_decay_fraction,
     )

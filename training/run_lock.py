@@ -31,8 +31,13 @@ class RunDirectoryBusy(UserError):
 
 @contextlib.contextmanager
 def hold_run_dir(run_dir: Path) -> Iterator[None]:
-    """Hold ``run_dir``'s lock for the duration of the block."""
-    make_run_dir(run_dir)
+    """Create ``run_dir`` if needed and hold its lock for the duration of the block."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UserError(f"run.out_dir {run_dir} is a file, not a directory; choose another run.out_dir")
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(describe_os_error(e, run_dir)) from None
     lock = FileLock(str(run_dir / LOCK_FILE), timeout=0, mode=0o644)
     try:
         lock.acquire()
@@ -54,24 +59,11 @@ def hold_run_dir(run_dir: Path) -> Iterator[None]:
         lock.release()
 
 
-def make_run_dir(run_dir: Path) -> None:
-    """Create ``run_dir`` (and parents), turning filesystem refusals into one-line errors."""
-    if run_dir.exists() and not run_dir.is_dir():
-        raise UserError(f"run.out_dir {run_dir} is a file, not a directory; choose another run.out_dir")
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UserError(describe_os_error(e, run_dir)) from None
-
-
-def remove_leftover_temps(run_dir: Path) -> list[Path]:
-    """Delete ``.<name>.*.tmp`` files left by atomic writes that were killed; return them."""
-    removed = []
+def remove_leftover_temps(run_dir: Path) -> None:
+    """Delete ``.<name>.*.tmp`` files left by atomic writes that were killed."""
     for path in run_dir.glob(".*.tmp"):
         if path.is_file():
             path.unlink(missing_ok=True)
-            removed.append(path)
-    return removed
 
 
 def _read_owner(run_dir: Path) -> str:

@@ -12,15 +12,12 @@ import netrc
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlparse
 
 from common.errors import UserError, one_line
+from training.config import WANDB_MODES, WandbConfig
 
-if TYPE_CHECKING:
-    from training.config import WandbConfig
-
-MODES = ("auto", "online", "offline", "disabled")
 DEFAULT_HOST = "https://api.wandb.ai"
 
 # WANDB_MODE values wandb itself accepts, mapped to ours ("dryrun"/"run" are its old spellings).
@@ -50,8 +47,8 @@ def has_credentials(env: dict[str, str] | None = None) -> bool:
 def resolve_mode(requested: str, env: dict[str, str] | None = None) -> tuple[str, str | None]:
     """The mode wandb will run in, and a one-line reason when it differs from the request."""
     env = os.environ if env is None else env
-    if requested not in MODES:
-        raise UserError(f"logging.wandb.mode must be one of {', '.join(MODES)}, got {requested!r}")
+    if requested not in WANDB_MODES:
+        raise UserError(f"logging.wandb.mode must be one of {', '.join(WANDB_MODES)}, got {requested!r}")
     mode = requested
     if mode == "auto":
         # WANDB_MODE is how people already switch wandb off (or offline) for one command.
