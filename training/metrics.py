@@ -94,10 +94,7 @@ _GPU_BF16_PEAKS: list[tuple[str, float]] = [
 
 
 def known_gpu_peak(name: str) -> float | None:
-    for key, peak in _GPU_BF16_PEAKS:
-        if key in name:
-            return peak
-    return None
+    return next((peak for key, peak in _GPU_BF16_PEAKS if key in name), None)
 
 
 def measure_matmul_flops(
