@@ -247,7 +247,7 @@ class Trainer:
         self.schedule = build_schedule(tc, self.tokens_per_step)
         placement = dict(seed=tc.seed, rank=ctx.rank, world_size=ctx.world_size, device=self.device)
         if self.chat:
-            self.batches = ChatBatches(self.prepared.train, tc.batch_size, pad_id=self.prepared.eot_id, **placement)
+            self.batches = ChatBatches(self.prepared.train, split.batch_size, pad_id=self.prepared.eot_id, **placement)
         else:
             tokens = self.prepared.train_tokens()
             self.batches = train_batches(tc.sampling, tokens, cfg.model.block_size, split.batch_size, **placement)
