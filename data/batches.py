@@ -1,12 +1,7 @@
 """Batches training reads: sampled windows for training, fixed windows for validation.
 
-A window is block_size + 1 consecutive tokens; x is its first block_size tokens and y the same
-shifted by one (each position's next token). Windows are gathered in one vectorised indexing
-operation on the memory-mapped token array, never row by row in Python.
-
-``TrainBatches`` ("random") starts each window at a uniformly random token, as nanoGPT does, so
-some text is seen many times and some never. ``EpochBatches`` ("epoch") visits every
-back-to-back window once per epoch in shuffled order, the grid shifted randomly each epoch.
+A window is block_size + 1 consecutive tokens: x is its first block_size tokens, y the same shifted
+by one. Windows are gathered in one vectorised indexing of the memory-mapped tokens, never row by row.
 """
 
 from __future__ import annotations
@@ -36,11 +31,7 @@ class _TrainWindows:
         device: str | torch.device = "cpu",
     ) -> None:
         _check_sizes(block_size, batch_size)
-        if len(tokens) < block_size + 1:
-            raise DataError(
-                f"the training split has {len(tokens)} tokens, fewer than one block of "
-                f"block_size + 1 = {block_size + 1}: lower model.block_size or use a larger corpus"
-            )
+        check_one_window("training", len(tokens), block_size)
         self.tokens = tokens
         self.block_size = block_size
         self.batch_size = batch_size
@@ -61,17 +52,14 @@ class _TrainWindows:
 
 
 class TrainBatches(_TrainWindows):
-    """Random training windows from a seeded generator whose state can be saved for exact resume.
-
-    Each (seed, rank) pair seeds its own generator, so distributed ranks draw different windows
-    (world_size is not needed) and a resumed run draws exactly the windows the interrupted one
-    would have.
-    """
+    """Windows starting at uniformly random tokens ("random", as nanoGPT), so some text is seen
+    many times and some never. Each (seed, rank) seeds its own generator, whose state is saved for
+    an exact resume; ranks draw different windows."""
 
     def __init__(self, tokens: np.ndarray, block_size: int, batch_size: int, **kwargs) -> None:
         super().__init__(tokens, block_size, batch_size, **kwargs)
         self.generator = torch.Generator()
-        self.generator.manual_seed(_stream_seed(self.seed, self.rank))
+        self.generator.manual_seed(stream_seed("train-batches", self.seed, self.rank))
 
     def _starts(self) -> np.ndarray:
         # A window starting at s needs tokens s .. s + block_size, so s <= len - block_size - 1.
@@ -86,7 +74,7 @@ class TrainBatches(_TrainWindows):
 
 
 class EpochBatches(_TrainWindows):
-    """Every training window once per epoch, shuffled; ranks split each draw between them.
+    """Every back-to-back window once per epoch ("epoch"), shuffled, the grid shifted randomly.
 
     Epoch e's offset and order come from a generator seeded by (seed, e) alone, so all ranks
     agree on them: a draw is the next world_size x batch_size windows of the shuffled order, and
@@ -129,7 +117,7 @@ class EpochBatches(_TrainWindows):
 
     def _shuffled_starts(self, epoch: int) -> np.ndarray:
         generator = torch.Generator()
-        generator.manual_seed(_stream_seed(self.seed, f"epoch {epoch}"))
+        generator.manual_seed(stream_seed("train-batches", self.seed, f"epoch {epoch}"))
         offset = int(torch.randint(0, self.block_size, (1,), generator=generator))
         count = _grid_windows(len(self.tokens), self.block_size, offset=offset)
         order = torch.randperm(count, generator=generator).numpy()
@@ -162,12 +150,8 @@ def iter_val_batches(
     estimate sees every part of the validation text, not just its first documents.
     """
     _check_sizes(block_size, batch_size)
+    check_one_window("validation", len(tokens), block_size)
     n_windows = _grid_windows(len(tokens), block_size)
-    if n_windows < 1:
-        raise DataError(
-            f"the validation split has {len(tokens)} tokens, fewer than one block of "
-            f"block_size + 1 = {block_size + 1}: lower model.block_size or use a larger corpus"
-        )
     starts = np.arange(n_windows, dtype=np.int64) * block_size
     if max_batches is not None:
         if max_batches < 0:
@@ -201,17 +185,23 @@ def _windows(
 
 
 def _grid_windows(n_tokens: int, block_size: int, offset: int = 0) -> int:
-    """How many back-to-back windows start at offset, offset + block_size, ... and fit.
-
-    A window starting at s needs tokens s .. s + block_size, so s + block_size <= n_tokens - 1.
-    """
+    """How many back-to-back windows start at offset, offset + block_size, ... and fit."""
     return max(0, (n_tokens - 1 - offset) // block_size)
 
 
-def _stream_seed(seed: int, stream: int | str) -> int:
-    """A 63-bit generator seed unique to (seed, stream); hashing keeps nearby seeds unrelated."""
-    digest = hashlib.blake2b(f"train-batches\0{seed}\0{stream}".encode(), digest_size=8).digest()
+def stream_seed(sampler: str, seed: int, stream: int | str) -> int:
+    """A 63-bit generator seed unique to (sampler, seed, stream); hashing keeps nearby seeds unrelated."""
+    digest = hashlib.blake2b(f"{sampler}\0{seed}\0{stream}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") >> 1
+
+
+def check_one_window(split: str, n_tokens: int, block_size: int) -> None:
+    """A split must hold at least one window: block_size + 1 tokens (inputs and shifted targets)."""
+    if n_tokens < block_size + 1:
+        raise DataError(
+            f"the {split} split has {n_tokens} tokens, fewer than one block of "
+            f"block_size + 1 = {block_size + 1}: lower model.block_size or use a larger corpus"
+        )
 
 
 def _check_sizes(block_size: int, batch_size: int) -> None:

@@ -12,12 +12,12 @@ on it and a resumed run continues it exactly; rank r takes the r-th ``batch_size
 
 from __future__ import annotations
 
-import hashlib
 from typing import Iterator
 
 import numpy as np
 import torch
 
+from data.batches import stream_seed
 from data.chat_prepare import ChatSplit
 from data.errors import DataError
 
@@ -100,7 +100,7 @@ class ChatBatches:
         self._draws = self._epoch_draws(self.epoch)
 
     def _epoch_draws(self, epoch: int) -> list[np.ndarray]:
-        generator = torch.Generator().manual_seed(_stream_seed(self.seed, epoch))
+        generator = torch.Generator().manual_seed(stream_seed("chat-batches", self.seed, epoch))
         order = torch.randperm(len(self.split), generator=generator).numpy()
         lengths = self.split.lengths
         bucket = self.draw_size * _BUCKET_BATCHES
@@ -126,8 +126,3 @@ def iter_chat_val_batches(
         rows = rows[np.linspace(0, len(rows) - 1, count).round().astype(np.int64)]
     for i in range(0, len(rows), batch_size):
         yield collate(split, rows[i : i + batch_size], pad_id, device)
-
-
-def _stream_seed(seed: int, epoch: int) -> int:
-    digest = hashlib.blake2b(f"chat-batches\0{seed}\0{epoch}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") >> 1

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,11 +28,10 @@ from data.chat import ChatTokenIds, Message, RenderedChat, render_chat
 from data.config import DataConfig
 from data.conversations import conversations_spec, load_conversations
 from data.errors import DataError
-from data.prepare import PreparedTokenizer, token_dtype
+from data.prepare import POLL_S, PreparedTokenizer, file_sha256, say, token_dtype
 from data.tokenizer import eot_id, load_tokenizer
 
 FORMAT_VERSION = 1
-_POLL_S = 0.2
 
 
 @dataclass
@@ -133,7 +131,7 @@ def prepare_chat_data(
         "format_version": FORMAT_VERSION,
         "source": conversations_spec(cfg),
         "split": {"val_fraction": cfg.val_fraction, "split_seed": cfg.split_seed},
-        "tokenizer_sha256": hashlib.sha256(tokenizer_file.read_bytes()).hexdigest(),
+        "tokenizer_sha256": file_sha256(tokenizer_file),
         "block_size": block_size,
     }
     key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
@@ -142,7 +140,7 @@ def prepare_chat_data(
         return _wait_for(path, tokenizer_file, wait_timeout_s)
     if path.is_file():
         data = _open(path, tokenizer_file)
-        _say(progress, f"data: using cached {path} ({_totals(data.meta)})")
+        say(progress, f"data: using cached {path} ({_totals(data.meta)})")
         return data
     start = time.perf_counter()
     conversations = load_conversations(cfg, progress=progress)
@@ -169,7 +167,7 @@ def prepare_chat_data(
             train_ids=train.ids, train_mask=train.mask, train_offsets=train.offsets,
             val_ids=val.ids, val_mask=val.mask, val_offsets=val.offsets,
         )
-    _say(progress, f"data: prepared {conversations.description}: {_totals(meta)}, "
+    say(progress, f"data: prepared {conversations.description}: {_totals(meta)}, "
                    f"{time.perf_counter() - start:.1f} s -> {path}")
     return _open(path, tokenizer_file)
 
@@ -189,18 +187,13 @@ def _wait_for(path: Path, tokenizer_file: Path, timeout_s: float) -> PreparedCha
     while not path.is_file():
         if time.monotonic() >= deadline:
             raise DataError(f"waited {timeout_s:g} s for the main process to prepare {path}; check its output")
-        time.sleep(_POLL_S)
+        time.sleep(POLL_S)
     return _open(path, tokenizer_file)
 
 
 def _totals(meta: dict[str, Any]) -> str:
-    parts = []
-    for name, s in meta["splits"].items():
-        parts.append(f"{name} {s['conversations']:,} conversations ({s['cut']:,} cut to the window, "
-                     f"{s['dropped']:,} dropped), {s['assistant_tokens']:,} of {s['tokens']:,} tokens learned")
-    return "; ".join(parts)
-
-
-def _say(progress: bool, message: str) -> None:
-    if progress:
-        print(message, file=sys.stderr, flush=True)
+    return "; ".join(
+        f"{name} {s['conversations']:,} conversations ({s['cut']:,} cut to the window, "
+        f"{s['dropped']:,} dropped), {s['assistant_tokens']:,} of {s['tokens']:,} tokens learned"
+        for name, s in meta["splits"].items()
+    )

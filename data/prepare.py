@@ -1,18 +1,13 @@
 """From a `DataConfig` to a cache entry training reads: tokenizer.json, train.bin, val.bin, meta.json.
 
-An entry lives in `<cache_dir>/<source>-<key>/`, where key hashes everything that decides its
-contents (source identity, split settings, tokenizer recipe and vocab size). A finished entry is
-only ever created by renaming a complete temporary directory built beside it, so an entry that
-exists is whole: a prepare killed halfway leaves a `.tmp-*` directory, which the next prepare
-removes, never a half-written entry. Entries are also checked on open (sizes, token checksums
-and id range, tokenizer hash), and the main process rebuilds one that fails the check.
+An entry lives in `<cache_dir>/<source>-<key>/`, the key hashing everything that decides its
+contents. It only ever appears by renaming a complete temporary directory built beside it, so an
+entry that exists is whole: a prepare killed halfway leaves a `.tmp-*` directory, which the next
+prepare removes. Entries are checked on open (sizes, token checksums and id range, tokenizer hash),
+and the main process rebuilds one that fails; in a multi-process run the others wait for it.
 
-In a multi-process run only the main process prepares; the others wait for its entry.
-
-Token files are flat arrays of uint16 (uint32 when the vocabulary needs it): each document is
-preceded by the end-of-text token, so every document start follows an EOT and the model learns
-where documents end. meta.json records the source, settings, tokenizer hash, tokens and UTF-8
-bytes per split, the held-out document ids and the creation time.
+Token files are flat uint16 arrays (uint32 when the vocabulary needs it), each document preceded by
+the end-of-text token so the model learns where documents end.
 """
 
 from __future__ import annotations
@@ -35,6 +30,7 @@ from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from common.files import atomic_output, atomic_write_text
+from data.batches import check_one_window
 from data.config import DataConfig
 from data.errors import DataError
 from data.sources import SourceDocuments, load_source, source_spec
@@ -56,13 +52,13 @@ TOKENIZER_FILE = "tokenizer.json"
 TRAIN_FILE = "train.bin"
 VAL_FILE = "val.bin"
 _TEMP_PREFIX = ".tmp-"
-_POLL_S = 0.2
+POLL_S = 0.2
 _REDO = "delete that cache entry and run again to prepare it afresh"
 
 
 class PreparedTokenizer:
-    """What every prepared cache entry (token files here, conversations in ``data.chat_prepare``)
-    tells about its tokenizer, read from the entry's tokenizer.json and meta.json."""
+    """What a prepared entry (token files here, conversations in ``data.chat_prepare``) tells about
+    its tokenizer."""
 
     tokenizer_path: Path
     meta: dict[str, Any]
@@ -80,7 +76,6 @@ class PreparedTokenizer:
         return load_tokenizer(self.tokenizer_path)
 
     def token_bytes(self) -> np.ndarray:
-        """UTF-8 bytes of each token id (special tokens 0); see `token_byte_lengths`."""
         return token_byte_lengths(self.tokenizer())
 
 
@@ -116,11 +111,9 @@ class PreparedData(PreparedTokenizer):
         meta = self.meta
         if meta.get("format_version") != FORMAT_VERSION:
             raise DataError(f"prepared data in {self.directory} has an old format; {_REDO}")
-        itemsize = np.dtype(meta["dtype"]).itemsize
         for split, path in (("train", self.train_path), ("val", self.val_path)):
-            expected = meta["splits"][split]["tokens"] * itemsize
-            actual = path.stat().st_size if path.is_file() else -1
-            if actual != expected:
+            expected = meta["splits"][split]["tokens"] * self.dtype.itemsize
+            if not path.is_file() or path.stat().st_size != expected:
                 raise DataError(f"prepared data file {path} is missing or truncated; {_REDO}")
             # Same size is not same content: a file overwritten in place must not be trained on.
             found = digest_token_file(path, self.dtype)
@@ -129,7 +122,7 @@ class PreparedData(PreparedTokenizer):
             if found.max_id >= int(meta["vocab_size"]):
                 raise DataError(f"prepared data file {path} holds token id {found.max_id}, beyond the "
                                 f"vocabulary of {meta['vocab_size']}; {_REDO}")
-        if not self.tokenizer_path.is_file() or _sha256(self.tokenizer_path) != meta["tokenizer_sha256"]:
+        if not self.tokenizer_path.is_file() or file_sha256(self.tokenizer_path) != meta["tokenizer_sha256"]:
             raise DataError(f"prepared tokenizer {self.tokenizer_path} is missing or changed; {_REDO}")
 
     @property
@@ -143,14 +136,8 @@ class PreparedData(PreparedTokenizer):
         return np.memmap(self.val_path, dtype=self.dtype, mode="r")
 
     def check_block_size(self, block_size: int) -> None:
-        """Both splits must hold at least one window of block_size + 1 tokens (inputs + targets)."""
         for split in ("train", "val"):
-            tokens = self.meta["splits"][split]["tokens"]
-            if tokens < block_size + 1:
-                raise DataError(
-                    f"the {split} split has {tokens} tokens, fewer than one block of "
-                    f"block_size + 1 = {block_size + 1}: lower model.block_size or use a larger corpus"
-                )
+            check_one_window(split, self.meta["splits"][split]["tokens"], block_size)
 
 
 def cache_key(cfg: DataConfig, tokenizer_file: Path | None = None) -> tuple[dict[str, Any], str]:
@@ -162,7 +149,7 @@ def cache_key(cfg: DataConfig, tokenizer_file: Path | None = None) -> tuple[dict
     tokenizer = (
         {"vocab_size": cfg.vocab_size, **TOKENIZER_RECIPE}
         if tokenizer_file is None
-        else {"file_sha256": _sha256(Path(tokenizer_file))}
+        else {"file_sha256": file_sha256(Path(tokenizer_file))}
     )
     spec = {
         "format_version": FORMAT_VERSION,
@@ -191,10 +178,8 @@ def prepare_data(
     wait_timeout_s: float = 3600.0,
     tokenizer_file: Path | None = None,
 ) -> PreparedData:
-    """Return the prepared data for `cfg`, building it on a cache miss (main process only).
-
-    `tokenizer_file`: tokenize with this tokenizer.json instead of training one.
-    """
+    """The prepared data for `cfg`, built on a cache miss (main process only); with `tokenizer_file`
+    tokenized by that tokenizer.json instead of a newly trained one."""
     spec, key = cache_key(cfg, tokenizer_file)
     entry = _entry(cfg, key)
     if not is_main:
@@ -203,10 +188,10 @@ def prepare_data(
         try:
             data = PreparedData.open(entry)
         except DataError as exc:
-            _say(progress, f"data: rebuilding damaged cache entry ({exc})")
+            say(progress, f"data: rebuilding damaged cache entry ({exc})")
             _discard(entry)
         else:
-            _say(progress, f"data: using cached {entry} ({_totals(data.meta)})")
+            say(progress, f"data: using cached {entry} ({_totals(data.meta)})")
             return data
     return _build(cfg, spec, key, entry, progress, tokenizer_file)
 
@@ -234,7 +219,7 @@ def _build(
             **spec,
             "key": key,
             "description": docs.description,
-            "tokenizer_sha256": _sha256(temp / TOKENIZER_FILE),
+            "tokenizer_sha256": file_sha256(temp / TOKENIZER_FILE),
             "vocab_size": tokenizer.get_vocab_size(),
             "eot_id": eot_id(tokenizer),
             "dtype": token_dtype(tokenizer.get_vocab_size()).name,
@@ -254,12 +239,12 @@ def _build(
         shutil.rmtree(temp, ignore_errors=True)
     data = PreparedData.open(entry)
     seconds = time.perf_counter() - start
-    _say(progress, f"data: prepared {docs.description}: {_totals(meta)}, {seconds:.1f} s -> {entry}")
+    say(progress, f"data: prepared {docs.description}: {_totals(meta)}, {seconds:.1f} s -> {entry}")
     return data
 
 
 def _write_tokenizer_and_tokens(
-    temp: Path, cfg: DataConfig, train: Any, val: Any, progress: bool, tokenizer_file: Path | None = None
+    temp: Path, cfg: DataConfig, train: Any, val: Any, progress: bool, tokenizer_file: Path | None
 ) -> tuple[Tokenizer, dict[str, Any], dict[str, Any]]:
     """Train the tokenizer on `train` (or take `tokenizer_file`), save it, and write both token
     files into `temp`."""
@@ -271,14 +256,7 @@ def _write_tokenizer_and_tokens(
     atomic_write_text(temp / TOKENIZER_FILE, tokenizer.to_str())
     # Corpus text that happens to spell "<|endoftext|>" stays text: only we place EOTs.
     tokenizer.encode_special_tokens = True
-    dtype = token_dtype(tokenizer.get_vocab_size())
-    write = dict(
-        tokenizer=tokenizer,
-        dtype=dtype,
-        eot=eot_id(tokenizer),
-        batch_size=cfg.tokenize_batch_size,
-        progress=progress,
-    )
+    write = dict(tokenizer=tokenizer, batch_size=cfg.tokenize_batch_size, progress=progress)
     train_stats = _write_tokens(train, temp / TRAIN_FILE, label="train", **write)
     val_stats = _write_tokens(val, temp / VAL_FILE, label="val", **write)
     return tokenizer, train_stats, val_stats
@@ -321,17 +299,10 @@ def _texts(dataset: Any, bar: tqdm, batch_size: int = 256):
 
 
 def _write_tokens(
-    dataset: Any,
-    path: Path,
-    *,
-    label: str,
-    tokenizer: Tokenizer,
-    dtype: np.dtype,
-    eot: int,
-    batch_size: int,
-    progress: bool,
+    dataset: Any, path: Path, *, label: str, tokenizer: Tokenizer, batch_size: int, progress: bool
 ) -> dict[str, Any]:
     """Tokenize every non-empty document of `dataset` into the flat token file `path`."""
+    dtype, eot = token_dtype(tokenizer.get_vocab_size()), eot_id(tokenizer)
     documents = tokens = nbytes = 0
     digester = TokenDigester()
     bar = tqdm(total=len(dataset), desc=f"tokenizing {label}", unit="doc", disable=not progress)
@@ -400,7 +371,7 @@ def _wait_for_entry(entry: Path, timeout_s: float) -> PreparedData:
                 f"waited {timeout_s:g} s for the main process to prepare {entry}: check its output "
                 "for an error, or prepare the data once in a single process before launching"
             )
-        time.sleep(_POLL_S)
+        time.sleep(POLL_S)
 
 
 def _remove_stale_temps(entry: Path) -> None:
@@ -421,14 +392,12 @@ def _remove_stale_temps(entry: Path) -> None:
 
 
 def _process_alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass  # alive, but another user's
     return True
 
 
@@ -439,7 +408,7 @@ def _discard(entry: Path) -> None:
     shutil.rmtree(doomed, ignore_errors=True)
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
@@ -454,6 +423,7 @@ def _totals(meta: dict[str, Any]) -> str:
     )
 
 
-def _say(progress: bool, message: str) -> None:
+def say(progress: bool, message: str) -> None:
+    """Print a data preparation message on stderr, unless progress output is off."""
     if progress:
         print(message, file=sys.stderr, flush=True)
