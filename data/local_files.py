@@ -22,12 +22,7 @@ from data.local_checks import first_malformed_json_line
 
 _COMPRESSION_SUFFIXES = (".gz", ".bz2", ".xz", ".zst", ".lz4")
 _FORMAT_BY_SUFFIX = {
-    ".txt": "txt",
-    ".text": "txt",
-    ".jsonl": "jsonl",
-    ".json": "jsonl",
-    ".ndjson": "jsonl",
-    ".parquet": "parquet",
+    ".txt": "txt", ".text": "txt", ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet"
 }
 _BUILDER_BY_FORMAT = {"txt": "text", "jsonl": "json", "parquet": "parquet"}
 _TXT_SAMPLE_BY = {"file": "document", "paragraph": "paragraph", "line": "line"}
@@ -103,8 +98,7 @@ def resolve_files(patterns: list[str]) -> list[Path]:
             found.append(Path(expanded))
         else:
             raise DataError(f"data.files.paths: no such file {pattern!r}")
-    unique = {p.resolve(): None for p in found}
-    return sorted(unique)
+    return sorted({p.resolve() for p in found})
 
 
 def files_format(files: list[Path], fmt: str) -> str:

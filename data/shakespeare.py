@@ -24,8 +24,8 @@ from data.errors import DataError
 # Bump when the conversion below changes, so cached corpora built with the old text are rebuilt.
 CONVERSION_VERSION = 1
 
-_HEADING = re.compile(r"^#+\s*(.*?)\s*$")
-_SPEAKER = re.compile(r"^\*\*([^*]+?)\*\*\s*$")
+HEADING = re.compile(r"^(#+)\s*(.*?)\s*$")  # (level, text)
+SPEAKER = re.compile(r"^\*\*([^*]+?)\*\*\s*$")
 # One pass handles both: a backslash escape keeps its character, a bare * or _ is emphasis markup
 # (the plays use no literal asterisks or underscores) and is dropped.
 _MARKUP = re.compile(r"\\(.)|[*_]")
@@ -65,10 +65,10 @@ def markdown_to_play_text(markdown: str) -> str:
     lines: list[str] = []
     for raw in markdown.splitlines():
         line = raw.rstrip()
-        heading = _HEADING.match(line)
-        speaker = _SPEAKER.match(line)
+        heading = HEADING.match(line)
+        speaker = SPEAKER.match(line)
         if heading:
-            line = heading.group(1)
+            line = heading.group(2)
         elif speaker:
             line = speaker.group(1).strip() + ":"
         line = strip_markup(line).strip()

