@@ -115,7 +115,7 @@ class ChatSession:
         s = self.settings
         prev = torch.tensor([self.window], device=self.run.device) if s.repetition_penalty != 1.0 else None
         token = sample_next_token(
-            logits, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p if s.top_p < 1 else None,
+            logits, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
             repetition_penalty=s.repetition_penalty, prev_tokens=prev, generator=self.generator,
         )
         return int(token.item())

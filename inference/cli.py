@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import codecs
+import dataclasses
 import json
 import os
 import sys
@@ -148,15 +149,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _generate(args: argparse.Namespace) -> int:
     settings = GenerationSettings(
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        repetition_penalty=args.repetition_penalty,
-        num_samples=args.num_samples,
-        seed=args.seed,
-        stop=tuple(decode_argument(stop, "--stop") for stop in args.stop),
-        use_cache=not args.no_cache,
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+        repetition_penalty=args.repetition_penalty, num_samples=args.num_samples, seed=args.seed,
+        stop=tuple(decode_argument(stop, "--stop") for stop in args.stop), use_cache=not args.no_cache,
     )
     prompt = read_prompt(args)
     if args.chat:
@@ -244,15 +239,7 @@ def _json_report(run_dir: Path, prompt: str, prompt_ids: list[int], result: Gene
         "run": str(run_dir),
         "prompt": prompt,
         "prompt_tokens": len(prompt_ids),
-        "samples": [
-            {
-                "text": completion.text,
-                "token_ids": completion.token_ids,
-                "finish_reason": completion.finish_reason,
-                "seed": completion.seed,
-            }
-            for completion in result.completions
-        ],
+        "samples": [dataclasses.asdict(completion) for completion in result.completions],
         "tokens_generated": stats.tokens_generated,
         "time_to_first_token_s": stats.time_to_first_token_s,
         "decode_tokens_per_s": stats.decode_tokens_per_s,

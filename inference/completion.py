@@ -36,8 +36,8 @@ class PromptTokens:
 
 @dataclass(frozen=True)
 class Completion:
-    token_ids: list[int]  # generated tokens, up to and including the one that completed a stop string
     text: str  # the continuation (without the prompt), ending before a stop string
+    token_ids: list[int]  # generated tokens, up to and including the one that completed a stop string
     finish_reason: str  # "length": max_new_tokens reached; "stop": a stop string appeared
     seed: int | None  # the row's generator seed; None when decoding greedily
 
@@ -97,32 +97,20 @@ def generate_completions(
     streams = [TextStream(run.token_bytes, settings.stop) for _ in range(rows)]
     start = time.perf_counter()
     columns = generate_tokens(
-        run.model,
-        idx,
-        settings.max_new_tokens,
-        temperature=settings.temperature,
-        top_k=settings.top_k,
-        top_p=settings.top_p if settings.top_p < 1 else None,
-        repetition_penalty=settings.repetition_penalty,
-        use_cache=settings.use_cache,
+        run.model, idx, settings.max_new_tokens, temperature=settings.temperature, top_k=settings.top_k,
+        top_p=settings.top_p, repetition_penalty=settings.repetition_penalty, use_cache=settings.use_cache,
         generator=generators,
     )
     tokens, steps, first, last = _stream_columns(columns, streams, on_text)
     completions = [
-        Completion(
-            token_ids=tokens[row],
-            text=stream.text,
-            finish_reason="stop" if stream.stopped else "length",
-            seed=None if settings.greedy else seed + row,
-        )
+        Completion(text=stream.text, token_ids=tokens[row], finish_reason="stop" if stream.stopped else "length",
+                   seed=None if settings.greedy else seed + row)
         for row, stream in enumerate(streams)
     ]
-    stats = GenerationStats(
-        rows=rows,
-        steps=steps,
-        time_to_first_token_s=None if first is None else first - start,
-        decode_time_s=0.0 if first is None else last - first,
-    )
+    if first is None:
+        stats = GenerationStats(rows, steps, time_to_first_token_s=None, decode_time_s=0.0)
+    else:
+        stats = GenerationStats(rows, steps, time_to_first_token_s=first - start, decode_time_s=last - first)
     return GenerationResult(completions, stats, seed)
 
 
