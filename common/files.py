@@ -43,9 +43,8 @@ def atomic_output(path: str | os.PathLike) -> Iterator[Path]:
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically."""
-    with atomic_output(path) as tmp:
-        with open(tmp, "wb") as f:
-            f.write(data)
+    with atomic_output(path) as tmp, open(tmp, "wb") as f:
+        f.write(data)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:

@@ -9,6 +9,7 @@ val_fraction of the cap goes to it. A streamed slice is read once and kept in me
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -24,16 +25,8 @@ from data.local_checks import loading_script
 
 def hub_spec(hub: HubSourceConfig) -> dict[str, Any]:
     """What decides the documents, for the cache key (no network, no `datasets`)."""
-    spec: dict[str, Any] = {
-        "type": "hub",
-        "name": hub.name,
-        "config_name": hub.config_name,
-        "train_split": hub.train_split,
-        "val_split": hub.val_split,
-        "text_column": hub.text_column,
-        "max_documents": hub.max_documents,
-        "max_bytes": hub.max_bytes,
-    }
+    spec: dict[str, Any] = {"type": "hub", **dataclasses.asdict(hub)}
+    del spec["streaming"]  # it changes how the documents are read, not which ones
     # A local dataset directory can change under the same name; its files are the identity.
     root = Path(hub.name).expanduser()
     if root.is_dir():

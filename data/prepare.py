@@ -98,12 +98,10 @@ class PreparedData(PreparedTokenizer):
             meta = json.loads(meta_path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
             raise DataError(f"prepared data in {directory} has no readable {META_FILE}; {_REDO}") from exc
-        if not isinstance(meta, dict):
-            raise DataError(f"prepared data in {directory} has a malformed {META_FILE}; {_REDO}")
         data = cls(directory, directory / TOKENIZER_FILE, directory / TRAIN_FILE, directory / VAL_FILE, meta)
         try:
             data._check_complete()
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:  # AttributeError: not a mapping
             raise DataError(f"prepared data in {directory} has a malformed {META_FILE}; {_REDO}") from exc
         return data
 
@@ -375,13 +373,8 @@ def _wait_for_entry(entry: Path, timeout_s: float) -> PreparedData:
 
 
 def _remove_stale_temps(entry: Path) -> None:
-    """Delete temp dirs for this entry left by prepares that died (their process is gone).
-
-    A temp dir made on another host (a cache on a shared filesystem) is left alone: its owner's
-    pid means nothing here.
-    """
-    if not entry.parent.is_dir():
-        return
+    """Delete temp dirs for this entry left by prepares that died. One made on another host (a cache
+    on a shared filesystem) is left alone: its owner's pid means nothing here."""
     for temp in entry.parent.glob(f"{_TEMP_PREFIX}{entry.name}-*"):
         owner = temp.name[len(_TEMP_PREFIX) + len(entry.name) + 1 :].partition("-")[2]
         pid, _, host = owner.partition("@")
