@@ -20,7 +20,6 @@ from data.config import HubSourceConfig
 from data.documents import SourceDocuments, check_text_column, file_identity, find_cause, row_ids, text_only
 from data.errors import DataError
 from data.hub_network import check_hub_reachable
-from data.local_checks import loading_script
 
 
 def hub_spec(hub: HubSourceConfig) -> dict[str, Any]:
@@ -75,7 +74,8 @@ def _load_hub_split(
 
 
 def _take_streamed(
-    dataset: Any, hub: HubSourceConfig, split: str, max_docs: int | None, max_bytes: int | None, progress: bool
+    dataset: Any, hub: HubSourceConfig, split: str, max_docs: int | None, max_bytes: int | None,
+    progress: bool,
 ) -> tuple[Any, list[str]]:
     import datasets  # slow to import (docs/results.md): loaded only once a corpus is read
 
@@ -119,10 +119,10 @@ def hub_has_val_split(hub: HubSourceConfig, description: str) -> bool:
     split; first the checks that fail fast: a local directory with a loading script, and a hub that
     cannot be reached (probed before ``datasets`` is imported, which takes longer than the probe)."""
     root = Path(hub.name).expanduser()
-    script = loading_script(root) if root.is_dir() else None
-    if script is not None:
+    scripts = sorted(root.glob("*.py")) if root.is_dir() else []
+    if scripts:
         raise DataError(
-            f"local dataset directory {root} has a loading script ({script}), which datasets no longer "
+            f"local dataset directory {root} has a loading script ({scripts[0]}), which datasets no longer "
             "runs; point data.hub.name at a directory of data files, or use data.source: files"
         )
     with hub_errors(hub.name):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import glob
 import gzip
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -18,11 +19,11 @@ from common.errors import one_line
 from data.config import FilesSourceConfig
 from data.documents import SourceDocuments, check_text_column, file_identity, find_cause, row_ids, text_only
 from data.errors import DataError
-from data.local_checks import first_malformed_json_line
 
 _COMPRESSION_SUFFIXES = (".gz", ".bz2", ".xz", ".zst", ".lz4")
 _FORMAT_BY_SUFFIX = {
-    ".txt": "txt", ".text": "txt", ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet"
+    ".txt": "txt", ".text": "txt", ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl",
+    ".parquet": "parquet",
 }
 _BUILDER_BY_FORMAT = {"txt": "text", "jsonl": "json", "parquet": "parquet"}
 _TXT_SAMPLE_BY = {"file": "document", "paragraph": "paragraph", "line": "line"}
@@ -155,4 +156,22 @@ def _first_undecodable(files: list[Path]) -> tuple[Path, str] | None:
             data.decode("utf-8")
         except UnicodeDecodeError as err:
             return path, f"byte 0x{data[err.start]:02x} at offset {err.start}"
+    return None
+
+
+def first_malformed_json_line(files: list[Path]) -> str | None:
+    """'FILE line N: reason' for the first non-blank line that is not a JSON object, or None."""
+    for path in files:
+        opener = gzip.open if path.name.endswith(".gz") else open
+        with opener(path, "rb") as f:
+            for number, raw in enumerate(f, start=1):
+                if not raw.strip():
+                    continue
+                try:
+                    value = json.loads(raw)
+                except (UnicodeDecodeError, json.JSONDecodeError) as e:
+                    reason = e.msg if isinstance(e, json.JSONDecodeError) else "not valid UTF-8"
+                    return f"{path} line {number}: {reason}"
+                if not isinstance(value, dict):
+                    return f"{path} line {number}: a JSON {type(value).__name__}, not an object"
     return None

@@ -89,7 +89,9 @@ def load_tokenizer(path: str | Path, fix: str = "prepare the data again") -> Tok
     try:
         tokenizer = Tokenizer.from_file(str(path))
     except Exception as exc:  # tokenizers raises a bare Exception for malformed JSON
-        raise DataError(f"tokenizer file {path} is not a valid tokenizer.json ({one_line(exc)}); {fix}") from exc
+        raise DataError(
+            f"tokenizer file {path} is not a valid tokenizer.json ({one_line(exc)}); {fix}"
+        ) from exc
     if tokenizer.token_to_id(EOT) is None:
         raise DataError(f"tokenizer file {path} has no {EOT} token; {fix}")
     return tokenizer

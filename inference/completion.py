@@ -103,8 +103,10 @@ def generate_completions(
     )
     tokens, steps, first, last = _stream_columns(columns, streams, on_text)
     completions = [
-        Completion(text=stream.text, token_ids=tokens[row], finish_reason="stop" if stream.stopped else "length",
-                   seed=None if settings.greedy else seed + row)
+        Completion(
+            text=stream.text, token_ids=tokens[row], finish_reason="stop" if stream.stopped else "length",
+            seed=None if settings.greedy else seed + row,
+        )
         for row, stream in enumerate(streams)
     ]
     if first is None:
