@@ -50,11 +50,8 @@ class HubSourceConfig:
 
 @dataclass
 class FilesSourceConfig:
-    """Local .txt / .jsonl / .parquet files (paths or globs, optionally .gz/.bz2/.xz/.zst).
-
-    A .txt document is one whole file by default (`txt_document: file`); `paragraph` makes each
-    blank-line separated block a document and `line` each line.
-    """
+    """Local .txt / .jsonl / .parquet files (paths or globs, optionally .gz/.bz2/.xz/.zst); what a
+    document is: see data/local_files.py."""
 
     paths: list[str] = field(default_factory=list)
     format: str = "auto"

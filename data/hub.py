@@ -1,9 +1,8 @@
 """A Hugging Face hub dataset (or a local directory laid out like one) as a corpus source.
 
 The same `datasets.load_dataset` call reads the hub and local directories, so the offline tests
-exercise the real path. The dataset's own validation split is used when it has one. A cap
-(`max_documents` / `max_bytes`) takes leading whole documents; with a separate validation split,
-val_fraction of the cap goes to it. A streamed slice is read once and kept in memory.
+exercise the real path. The dataset's own validation split is used when it has one; how the caps
+divide between the splits is described on `HubSourceConfig`.
 """
 
 from __future__ import annotations
@@ -37,7 +36,6 @@ def load_hub(hub: HubSourceConfig, val_fraction: float, progress: bool) -> Sourc
     """Read the training split (and the validation split when the dataset has one), capped."""
     description = f"hub dataset {hub.name}" + (f" ({hub.config_name})" if hub.config_name else "")
     has_val = hub_has_val_split(hub, description)
-    # One budget for the whole corpus: with a separate validation split, it gets val_fraction.
     train_docs, val_docs = _share(hub.max_documents, val_fraction, has_val)
     train_bytes, val_bytes = _share(hub.max_bytes, val_fraction, has_val)
     train, train_ids = _load_hub_split(hub, hub.train_split, train_docs, train_bytes, progress)

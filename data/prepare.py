@@ -267,19 +267,16 @@ def token_dtype(vocab_size: int) -> np.dtype:
 
 def _split(docs: SourceDocuments, cfg: DataConfig) -> tuple[Any, Any, list[str], str]:
     """(train, val, held-out ids, where val came from): the source's own split, or a hash split."""
+    if len(docs.train) == 0:
+        what = "training documents" if docs.val is not None else "documents"
+        raise DataError(f"corpus is empty: {docs.description} has no {what}; check the source settings")
     if docs.val is not None:
-        if len(docs.train) == 0:
-            raise DataError(
-                f"corpus is empty: {docs.description} has no training documents; check the source settings"
-            )
         if len(docs.val) == 0:
             raise DataError(
                 f"the validation split {docs.val_split!r} of {docs.description} is empty: set "
                 "data.hub.val_split: null to hold out training documents instead"
             )
         return docs.train, docs.val, list(docs.val_ids or []), f"split {docs.val_split!r}"
-    if len(docs.train) == 0:
-        raise DataError(f"corpus is empty: {docs.description} has no documents; check the source settings")
     train_idx, val_idx = hash_split(docs.train_ids, cfg.val_fraction, cfg.split_seed)
     # keep_in_memory: only an index mapping is made, never an Arrow cache file on disk.
     train = docs.train.select(train_idx, keep_in_memory=True)

