@@ -20,15 +20,8 @@ class _TrainWindows:
     window starts (``_starts``) and say what to save for an exact resume (``state_dict``)."""
 
     def __init__(
-        self,
-        tokens: np.ndarray,
-        block_size: int,
-        batch_size: int,
-        *,
-        seed: int,
-        rank: int = 0,
-        world_size: int = 1,
-        device: str | torch.device = "cpu",
+        self, tokens: np.ndarray, block_size: int, batch_size: int, *, seed: int, rank: int = 0,
+        world_size: int = 1, device: str | torch.device = "cpu",
     ) -> None:
         _check_sizes(block_size, batch_size)
         check_one_window("training", len(tokens), block_size)
@@ -135,11 +128,7 @@ def train_batches(sampling: str, tokens: np.ndarray, block_size: int, batch_size
 
 
 def iter_val_batches(
-    tokens: np.ndarray,
-    block_size: int,
-    batch_size: int,
-    *,
-    max_batches: int | None = None,
+    tokens: np.ndarray, block_size: int, batch_size: int, *, max_batches: int | None = None,
     device: str | torch.device = "cpu",
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Non-overlapping validation windows, in order; the same every call.

@@ -169,11 +169,7 @@ def _entry(cfg: DataConfig, key: str) -> Path:
 
 
 def prepare_data(
-    cfg: DataConfig,
-    *,
-    progress: bool = True,
-    is_main: bool = True,
-    wait_timeout_s: float = 3600.0,
+    cfg: DataConfig, *, progress: bool = True, is_main: bool = True, wait_timeout_s: float = 3600.0,
     tokenizer_file: Path | None = None,
 ) -> PreparedData:
     """The prepared data for `cfg`, built on a cache miss (main process only); with `tokenizer_file`

@@ -37,13 +37,8 @@ class ChatSession:
     """One conversation; ``reply`` adds a user turn and returns the model's answer."""
 
     def __init__(
-        self,
-        run: LoadedRun,
-        settings: GenerationSettings,
-        *,
-        system_prompt: str | None = None,
-        use_cache: bool = True,
-        on_notice: Callable[[str], None] | None = None,
+        self, run: LoadedRun, settings: GenerationSettings, *, system_prompt: str | None = None,
+        use_cache: bool = True, on_notice: Callable[[str], None] | None = None,
     ) -> None:
         self.run = run
         self.settings = settings

@@ -78,9 +78,7 @@ def encode_prompt(run: LoadedRun, prompt: str) -> PromptTokens:
 
 
 def generate_completions(
-    run: LoadedRun,
-    prompt_ids: Sequence[int],
-    settings: GenerationSettings,
+    run: LoadedRun, prompt_ids: Sequence[int], settings: GenerationSettings,
     on_text: TextCallback | None = None,
 ) -> GenerationResult:
     """Sample ``settings.num_samples`` continuations of ``prompt_ids`` as one batch (one cache).
