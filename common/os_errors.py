@@ -29,10 +29,8 @@ def describe_os_error(error: OSError, path: str | os.PathLike | None = None) -> 
 
 
 def with_path(error: OSError, path: str | os.PathLike) -> OSError:
-    """``error`` naming ``path`` when it names no file (a failed ``os.write`` names none).
-
-    An OSError without an errno carries only its message, which is kept as it is.
-    """
+    """``error`` naming ``path`` when it names no file (a failed ``os.write`` names none); one without
+    an errno carries only its message, and is kept as it is."""
     if error.filename is not None or error.errno is None:
         return error
     return OSError(error.errno, error.strerror, os.fspath(path))

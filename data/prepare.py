@@ -139,11 +139,8 @@ class PreparedData(PreparedTokenizer):
 
 
 def cache_key(cfg: DataConfig, tokenizer_file: Path | None = None) -> tuple[dict[str, Any], str]:
-    """(spec, key): what decides an entry's contents, and its hash.
-
-    With `tokenizer_file` (a parent run's tokenizer, for fine-tuning) no tokenizer is trained:
-    that file's hash replaces the recipe in the key.
-    """
+    """(spec, key): what decides an entry's contents, and its hash. With `tokenizer_file` (a parent
+    run's, for fine-tuning) no tokenizer is trained: that file's hash replaces the recipe."""
     tokenizer = (
         {"vocab_size": cfg.vocab_size, **TOKENIZER_RECIPE}
         if tokenizer_file is None

@@ -40,6 +40,4 @@ def hash_split(
         is_val[min(range(len(scores)), key=scores.__getitem__)] = True
     elif all(is_val):
         is_val[max(range(len(scores)), key=scores.__getitem__)] = False
-    train = [i for i, v in enumerate(is_val) if not v]
-    val = [i for i, v in enumerate(is_val) if v]
-    return train, val
+    return [i for i, v in enumerate(is_val) if not v], [i for i, v in enumerate(is_val) if v]

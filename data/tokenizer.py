@@ -55,11 +55,8 @@ def new_tokenizer() -> Tokenizer:
 def train_tokenizer(
     texts: Iterable[str] | Iterable[list[str]], vocab_size: int, *, length: int | None = None
 ) -> Tokenizer:
-    """Train byte-level BPE on `texts` (the training split only) with `EOT` as id 0 and the chat
-    tokens after it.
-
-    `texts` may yield strings or batches (lists) of strings; `length` is their count, if known.
-    """
+    """Train byte-level BPE on `texts` (strings or batches of them; `length`: their count, if known),
+    with `EOT` as id 0 and the chat tokens after it."""
     tokenizer = new_tokenizer()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -76,11 +73,8 @@ RUN_TOKENIZER_FIX = "restore the run's own tokenizer.json from a backup (retrain
 
 
 def load_tokenizer(path: str | Path, fix: str = "prepare the data again") -> Tokenizer:
-    """Load a tokenizer.json written by `prepare_data` (checked to have `EOT`).
-
-    ``fix`` ends the error for a damaged file: a cache entry's tokenizer can be rebuilt, a run's
-    (``RUN_TOKENIZER_FIX``) cannot, since its model was trained on those exact ids.
-    """
+    """Load a tokenizer.json that has `EOT`. ``fix`` ends the error for a damaged file: a cache entry's
+    tokenizer can be rebuilt, a run's (``RUN_TOKENIZER_FIX``) cannot, its model knows those ids."""
     path = Path(path)
     if not path.is_file():
         raise DataError(

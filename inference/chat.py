@@ -101,8 +101,6 @@ class ChatSession:
         self.turns += [prompt[:-1], [prompt[-1], *generated] + ([] if finish == "end" else [self.special.end])]
         return ChatReply(stream.text, generated, finish)
 
-    # -----------------------------------------------------------------------------------------
-
     def _next_token(self) -> int:
         # With the cache only the ids it has not seen yet; without it, the whole window every time.
         ids = self.window[self.cache.pos :] if self.cache is not None else self.window

@@ -18,13 +18,9 @@ MAX_NUM_SAMPLES = 1024
 
 @dataclass(frozen=True)
 class GenerationSettings:
-    """Sampling settings; the defaults are the command line's defaults.
-
-    ``seed`` None means a fresh random seed (reported with the result, so any run can be
-    repeated). Row i of ``num_samples`` uses a generator seeded ``seed + i``, so it equals the
-    single-sample run with seed ``seed + i``. ``stop``: generation of a row ends as soon as one of
-    these strings appears in its continuation; the text ends just before the stop string.
-    """
+    """Sampling settings; the defaults are the command line's. ``seed`` None means a fresh random
+    seed, reported with the result so any run can be repeated; row i of ``num_samples`` is seeded
+    ``seed + i``. ``stop``: a row ends where one of these strings appears, the text just before it."""
 
     max_new_tokens: int = 200
     temperature: float = 0.8
