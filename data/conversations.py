@@ -1,17 +1,14 @@
-"""Conversations for supervised fine-tuning, from the same sources as pretraining text.
-
-``data.format: chat`` reads conversations instead of documents: the embedded Shakespeare chat set
-(data/shakespeare_chat.py), local .jsonl/.parquet files, or a hub dataset, through the same
-``datasets`` calls. A row is one conversation, in one of two shapes:
+"""Conversations for supervised fine-tuning (``data.format: chat``), from the same sources as
+pretraining text: the Shakespeare chat set, local .jsonl/.parquet files, or a hub dataset. A row is
+one conversation, in one of two shapes:
 
 - a ``messages`` column: a list of ``{"role", "content"}`` (e.g. HuggingFaceTB/smol-smoltalk);
 - ``instruction`` / ``input`` / ``output`` columns (e.g. tatsu-lab/alpaca): the instruction, a
   blank line and the input (when there is one) become the user turn, the output the reply.
 
-Every conversation is checked when read: known roles, text content, at least one assistant turn.
-A bad row is an error naming the file (or dataset) and the row. Held-out conversations come from
-the dataset's own validation split when it has one, else by a seeded hash of each row's id, as
-documents are held out (data/split.py).
+Every conversation is checked when read (known roles, text content, an assistant turn); a bad row
+is an error naming the file (or dataset) and the row. Held-out conversations come from the
+dataset's own validation split when it has one, else by a seeded hash of row ids (data/split.py).
 """
 
 from __future__ import annotations
@@ -66,10 +63,7 @@ def load_conversations(cfg: DataConfig, *, progress: bool = False) -> Conversati
 def conversation_from_row(row: dict[str, Any], where: str) -> list[Message]:
     """One row (either shape) as checked messages; ``where`` names the row in errors."""
     try:
-        if "messages" in row:
-            messages = to_messages(row["messages"])
-        else:
-            messages = _alpaca_messages(row)
+        messages = to_messages(row["messages"]) if "messages" in row else _alpaca_messages(row)
     except DataError as e:
         raise DataError(f"{where}: {e}") from None
     if not any(m.role == "assistant" for m in messages):

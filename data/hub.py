@@ -58,9 +58,7 @@ def _load_hub_split(
     import datasets  # slow to import (docs/results.md): loaded only once a corpus is read
 
     with hub_errors(hub.name):
-        dataset = datasets.load_dataset(
-            hub.name, hub.config_name, split=split, streaming=hub.streaming
-        )
+        dataset = datasets.load_dataset(hub.name, hub.config_name, split=split, streaming=hub.streaming)
         if hub.streaming:
             # A streamed slice is read once and kept in memory: its size is the user's cap.
             return _take_streamed(dataset, hub, split, max_docs, max_bytes, progress)

@@ -305,14 +305,8 @@ def _write_tokens(
             nbytes += sum(len(text.encode("utf-8")) for text in texts)
             bar.update(len(batch["text"]))
     digest = digester.digest()
-    return {
-        "file": path.name,
-        "documents": documents,
-        "tokens": tokens,
-        "bytes": nbytes,
-        "sha256": digest.sha256,
-        "max_id": digest.max_id,
-    }
+    return {"file": path.name, "documents": documents, "tokens": tokens, "bytes": nbytes,
+            "sha256": digest.sha256, "max_id": digest.max_id}
 
 
 def _check_not_empty(train: dict[str, Any], val: dict[str, Any], description: str, val_from: str) -> None:

@@ -24,9 +24,7 @@ def validation_score(doc_id: str, seed: int) -> float:
     return int.from_bytes(digest, "big") / 2**64
 
 
-def hash_split(
-    doc_ids: Sequence[str], val_fraction: float, seed: int
-) -> tuple[list[int], list[int]]:
+def hash_split(doc_ids: Sequence[str], val_fraction: float, seed: int) -> tuple[list[int], list[int]]:
     """(train indices, validation indices) into `doc_ids`, both non-empty and in corpus order."""
     if len(doc_ids) < 2:
         raise DataError(

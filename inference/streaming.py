@@ -7,9 +7,7 @@ UTF-8 decoder, which holds an incomplete character back until its last byte arri
 
 Python's decoder and the tokenizer's own ``decode`` both turn malformed bytes into U+FFFD by the same
 rule (one per maximal ill-formed subpart), and an incremental decoder returns exactly what one-shot
-decoding of all the bytes returns. So the streamed pieces join to
-``tokenizer.decode(ids, skip_special_tokens=False)``; tests check that on random id sequences.
-Special tokens stay visible (``<|endoftext|>`` shows where the model ended a document).
+decoding returns, so the streamed pieces join to ``tokenizer.decode(ids, skip_special_tokens=False)``.
 """
 
 from __future__ import annotations
