@@ -10,10 +10,8 @@ last one has finished. One client is the one-at-a-time baseline. Each level is m
 - engine: ``serving.engine.Engine`` driven in this process, no HTTP;
 - http: ``serve.py`` in a subprocess on 127.0.0.1, clients streaming Server-Sent Events with httpx.
 
-and in both decode modes: rows computed alone (the default, token-for-token equal to solo) and
-whole-batch matrix products (``--batched-matmul``). Reported: generated tokens/s over the level's
-wall time, its ratio to one client, and p50/p95 time to first token and inter-token latency (for
-http, between text chunks).
+Reported: generated tokens/s over the level's wall time, its ratio to one client, and p50/p95 time
+to first token and inter-token latency (for http, between text chunks).
 """
 
 from __future__ import annotations
@@ -73,14 +71,14 @@ def summarize(clients: int, timings: list[Timing], seconds: float) -> Level:
     return Level(clients, sum(t.tokens for t in timings), seconds, ttft, itl)
 
 
-def run_engine(run, work, clients: int, row_exact: bool, max_batch: int) -> Level:
+def run_engine(run, work, clients: int, max_batch: int) -> Level:
     """Closed-loop clients on an in-process engine: each finish submits that client's next request."""
     timings: list[Timing] = []
     all_done = threading.Event()
     remaining = [len(work)]
     lock = threading.Lock()
     queues = [work[c::clients] for c in range(clients)]
-    with Engine(run.model, run.token_bytes, max_batch=max_batch, row_exact=row_exact) as engine:
+    with Engine(run.model, run.token_bytes, max_batch=max_batch) as engine:
 
         def submit_next(queue: list) -> None:
             prompt, params = queue.pop(0)
@@ -139,14 +137,13 @@ async def _http_level(base: str, model: str, work, clients: int) -> Level:
 
 
 @contextlib.contextmanager
-def server(run_dir: Path, max_batch: int, batched_matmul: bool, threads: int):
+def server(run_dir: Path, max_batch: int, threads: int):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     command = [sys.executable, "serve.py", "--run", str(run_dir), "--port", str(port),
                "--max-batch", str(max_batch), "--max-queue", "1000", "--threads", str(threads)]
-    process = subprocess.Popen(command + (["--batched-matmul"] if batched_matmul else []),
-                               cwd=Path(__file__).resolve().parents[1], stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(command, cwd=Path(__file__).resolve().parents[1], stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
     try:
         for _ in range(600):
@@ -196,15 +193,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"run {args.run} ({run.model.num_params() / 1e6:.2f}M parameters), {args.requests} requests x "
           f"{args.max_tokens} tokens, max batch {args.max_batch}, torch threads {torch.get_num_threads()}, "
           f"{os.cpu_count()} CPUs")
-    for row_exact in (True, False):
-        mode = "rows computed alone (default)" if row_exact else "--batched-matmul"
-        if args.only != "http":
-            run_engine(run, work[:4], 4, row_exact, args.max_batch)  # warm-up
-            print_table(f"engine, {mode}", [run_engine(run, work, c, row_exact, args.max_batch) for c in args.clients])
-        if args.only != "engine":
-            with server(args.run, args.max_batch, batched_matmul=not row_exact, threads=args.threads) as base:
-                asyncio.run(_http_level(base, model_id, work[:4], 4))  # warm-up
-                print_table(f"http, {mode}", [asyncio.run(_http_level(base, model_id, work, c)) for c in args.clients])
+    if args.only != "http":
+        run_engine(run, work[:4], 4, args.max_batch)  # warm-up
+        print_table("engine", [run_engine(run, work, c, args.max_batch) for c in args.clients])
+    if args.only != "engine":
+        with server(args.run, args.max_batch, threads=args.threads) as base:
+            asyncio.run(_http_level(base, model_id, work[:4], 4))  # warm-up
+            print_table("http", [asyncio.run(_http_level(base, model_id, work, c)) for c in args.clients])
     return 0
 
 

@@ -72,14 +72,43 @@ def filter_logits(logits: torch.Tensor, top_k: int | None = None, top_p: float |
         values, indices = logits.topk(top_k, dim=-1)
         logits = torch.full_like(logits, float("-inf")).scatter_(-1, indices, values)
     if top_p is not None and top_p < 1.0:
-        sorted_probs, order = torch.softmax(logits, dim=-1).sort(dim=-1, descending=True, stable=True)
-        # Mass strictly before each id: an id is needed while the ids above it hold < p.
-        mass_before = F.pad(sorted_probs.cumsum(dim=-1)[..., :-1], (1, 0))
-        drop_sorted = mass_before >= top_p
-        drop_sorted[..., 0] = False
-        drop = torch.empty_like(drop_sorted).scatter_(-1, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
+        logits = logits.masked_fill(outside_nucleus(torch.softmax(logits, dim=-1), top_p), float("-inf"))
     return logits
+
+
+# The nucleus is first looked for among this many most likely ids: a partial sort of them costs a
+# fraction of sorting the whole vocabulary, which sampling would otherwise do for every token.
+NUCLEUS_CANDIDATES = 256
+
+
+def outside_nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """True for every id outside the top-p nucleus of ``probs`` (B, vocab), as ``filter_logits``
+    defines it. Rows whose nucleus lies within the ``NUCLEUS_CANDIDATES`` most likely ids are
+    answered from those alone; the others sort their whole vocabulary. Both give the same answer."""
+    vocab = probs.size(-1)
+    top, ids = probs.topk(min(NUCLEUS_CANDIDATES, vocab), dim=-1)
+    # topk orders tied probabilities arbitrarily: put the candidates in id order, then sort them
+    # stably by probability, as a stable sort of the whole vocabulary would.
+    ids, by_id = ids.sort(dim=-1)
+    top, order = top.gather(-1, by_id).sort(dim=-1, descending=True, stable=True)
+    inside = _nucleus_prefix(top, top_p)
+    outside = torch.ones_like(probs, dtype=torch.bool).scatter_(-1, ids.gather(-1, order), ~inside)
+    # topk may have cut a tie at the smallest candidate, so a row's answer stands only where its
+    # nucleus and the first id after it lie strictly above that probability.
+    unsettled = (inside.sum(-1) >= (top > top[..., -1:]).sum(-1)).nonzero().flatten()
+    if top.size(-1) < vocab and unsettled.numel():
+        full, order = probs[unsettled].sort(dim=-1, descending=True, stable=True)
+        outside[unsettled] = torch.ones_like(full, dtype=torch.bool).scatter_(-1, order, ~_nucleus_prefix(full, top_p))
+    return outside
+
+
+def _nucleus_prefix(sorted_probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Which of the ids, sorted by descending probability, the nucleus holds: an id is needed
+    while the mass strictly before it is < p, and the first one always."""
+    mass_before = F.pad(sorted_probs.cumsum(dim=-1)[..., :-1], (1, 0))
+    inside = mass_before < top_p
+    inside[..., 0] = True
+    return inside
 
 
 def sample_next_token(

@@ -108,6 +108,33 @@ class RMSNorm(nn.Module):
         return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
 
+# A decode step runs its one-token rows through every linear layer in blocks of exactly this many.
+DECODE_ROW_BLOCK = 16
+
+
+class BatchInvariantLinear(nn.Linear):
+    """``nn.Linear`` that computes one-token rows (decoding) in blocks of ``DECODE_ROW_BLOCK`` rows.
+
+    A BLAS library picks its kernel, and with it the order of summation, from the matrix shape:
+    a row multiplied alone and the same row among 15 others differ in the last bits, and in
+    generation a near-tie then picks another token. Padded to whole blocks, a row gets the same
+    arithmetic whether it decodes alone (generate.py) or batched with any other requests
+    (serve.py), at the price of multiplying the padding rows too. Sequences (training, prompts)
+    take the plain product.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() > 2 and x.shape[-2] != 1:
+            return F.linear(x, self.weight, self.bias)
+        rows = x.reshape(-1, x.shape[-1])
+        padded = F.pad(rows, (0, 0, 0, -rows.shape[0] % DECODE_ROW_BLOCK))
+        if padded.shape[0] == DECODE_ROW_BLOCK:
+            out = F.linear(padded, self.weight, self.bias)
+        else:
+            out = torch.cat([F.linear(block, self.weight, self.bias) for block in padded.split(DECODE_ROW_BLOCK)])
+        return out[:rows.shape[0]].view(*x.shape[:-1], -1)
+
+
 class SwiGLU(nn.Module):
     """Feed-forward ``down(silu(gate(x)) * up(x))``.
 
@@ -117,8 +144,8 @@ class SwiGLU(nn.Module):
 
     def __init__(self, dim: int, hidden: int, dropout: float = 0.0) -> None:
         super().__init__()
-        self.gate_up = nn.Linear(dim, 2 * hidden, bias=False)
-        self.down = nn.Linear(hidden, dim, bias=False)
+        self.gate_up = BatchInvariantLinear(dim, 2 * hidden, bias=False)
+        self.down = BatchInvariantLinear(hidden, dim, bias=False)
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -154,8 +181,8 @@ class CausalSelfAttention(nn.Module):
         self.head_dim = config.head_dim
         # Q, K and V in one matmul: fewer kernel launches per decode step.
         qkv_dim = (config.n_head + 2 * config.n_kv_head) * config.head_dim
-        self.qkv = nn.Linear(config.n_embd, qkv_dim, bias=False)
-        self.proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
+        self.qkv = BatchInvariantLinear(config.n_embd, qkv_dim, bias=False)
+        self.proj = BatchInvariantLinear(config.n_embd, config.n_embd, bias=False)
         self.attn_dropout = config.dropout
         self.resid_dropout = nn.Dropout(config.dropout)
 
@@ -190,9 +217,11 @@ class CausalSelfAttention(nn.Module):
         """One new token per row against the rows' whole K/V buffers, ``mask`` hiding the slots
         not written yet. The shapes are the same at every position and in every batch, so a
         row's arithmetic never depends on how far it is or on which rows decode beside it:
-        a request decodes bit for bit alike alone and batched with others (serving). Viewing
-        the group's query heads as its query positions lets the group share its K/V head with
-        no copy."""
+        a request decodes bit for bit alike alone and batched with others (serving). (On the
+        CPU this also needs every row of q, k and v to start 64 bytes apart from the others,
+        which holds when head_dim is a multiple of 16: the kernels' summation order depends on
+        where a row starts in memory.) Viewing the group's query heads as its query positions
+        lets the group share its K/V head with no copy."""
         B, H, _, d = q.shape
         grouped = q.view(B, self.n_kv_head, H // self.n_kv_head, d)
         dropout_p = self.attn_dropout if self.training else 0.0
@@ -241,7 +270,7 @@ class GPT(nn.Module):
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layer))
         self.norm = RMSNorm(config.n_embd, config.norm_eps)
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head = BatchInvariantLinear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_embeddings:
             # One matrix both reads tokens in and scores them out: fewer parameters, and the
             # output layer gets gradient for every token, not only the ones that appear as input.

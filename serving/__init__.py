@@ -2,7 +2,6 @@
 
 - ``serving.engine``: the inference engine. One background loop owns the model and a KV cache of
   ``max_batch`` rows, and schedules every token (continuous batching). Usable without a socket.
-- ``serving.row_exact``: makes a batched decode step compute each row bit for bit as it would alone.
 - ``serving.schemas``: the OpenAI request bodies, as typed models.
 - ``serving.api``: the FastAPI app: OpenAI requests -> engine requests, engine events -> JSON/SSE.
 - ``serving.cli``: the ``serve.py`` command line.

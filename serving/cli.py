@@ -67,9 +67,6 @@ def build_parser() -> argparse.ArgumentParser:
                         help="CPU threads for the model's operations (default: %(default)s: a decode step "
                         "of a small model is too short to share between cores, and the HTTP layer "
                         "needs a core of its own)")
-    parser.add_argument("--batched-matmul", action="store_true",
-                        help="decode rows with whole-batch matrix products: faster, but a request's "
-                        "tokens may then differ from the same request served alone (fp32 rounding)")
     return parser
 
 
@@ -101,7 +98,7 @@ def _serve(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     run = load_run(args.run if args.run is not None else find_latest_run(), device)
     engine = Engine(run.model, run.token_bytes, max_batch=args.max_batch, max_queue=args.max_queue,
-                    prefill_chunk=args.prefill_chunk, row_exact=not args.batched_matmul)
+                    prefill_chunk=args.prefill_chunk)
     model_id = run.directory.resolve().name
     app = create_app(run, engine, model_id=model_id, limits=Limits(max_tokens_cap=args.max_tokens_cap))
     if not _is_loopback(args.host):

@@ -17,8 +17,8 @@ what ``generate.py`` gives for the same prompt, seed and settings. Each request 
 own ``torch.Generator`` seeded like generate.py's first sample; past the context window a row
 re-encodes its most recent tokens from position 0 by generate.py's rule (``kept_window`` of
 ``KEEP_FRACTION``); the batched decode step computes each row bit for bit as alone (its
-attention reads the row's whole cache buffer under a mask, as generate.py's does, and
-``serving.row_exact`` runs its matrix products one row at a time). A prompt longer than ``prefill_chunk`` is encoded in chunks; the chunks
+attention reads the row's whole cache buffer under a mask, and its matrix products run in fixed
+blocks of rows: see ``model.gpt.BatchInvariantLinear``). A prompt longer than ``prefill_chunk`` is encoded in chunks; the chunks
 depend only on the request, so it still equals itself served alone.
 
 Results go back through a callback, called on the engine thread with one ``Event`` per generated
@@ -28,7 +28,6 @@ token and a last one carrying the ``Finish``. The callback must be quick and mus
 from __future__ import annotations
 
 import collections
-import contextlib
 import logging
 import secrets
 import threading
@@ -40,7 +39,6 @@ import torch
 from inference.streaming import TextStream
 from model import GPT, RowCache
 from model.generation import KEEP_FRACTION, kept_window, sample_next_token
-from serving.row_exact import rows_computed_alone
 
 log = logging.getLogger(__name__)
 
@@ -119,8 +117,7 @@ class Engine:
     """Continuous batching over ``model`` (in eval mode) for up to ``max_batch`` requests at once.
 
     ``max_queue`` requests may wait for a row (default 4 x max_batch) once every row is taken;
-    beyond that ``submit`` raises EngineBusy. ``row_exact=False`` lets the decode step use whole-batch matrix products:
-    faster, but rows then match their solo results only to fp32 rounding, not token for token.
+    beyond that ``submit`` raises EngineBusy.
     """
 
     def __init__(
@@ -131,7 +128,6 @@ class Engine:
         max_batch: int = 16,
         max_queue: int | None = None,
         prefill_chunk: int | None = None,
-        row_exact: bool = True,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
@@ -146,7 +142,6 @@ class Engine:
         self.block_size = cfg.block_size
         self.keep = kept_window(cfg.block_size, KEEP_FRACTION)
         self.cache = RowCache(model.init_cache(max_batch))
-        self._row_mode = rows_computed_alone if row_exact else contextlib.nullcontext
         self._waiting: collections.deque[_Request] = collections.deque()
         self._rows: list[_Request | None] = [None] * max_batch
         self._wake = threading.Condition()
@@ -288,8 +283,7 @@ class Engine:
         step = self.cache.step([r.row for r in requests])
         device = self.cache.buffers.k.device
         idx = torch.tensor([[r.tokens[-1]] for r in requests], device=device)
-        with self._row_mode():
-            logits = self.model.next_token_logits(idx, step)
+        logits = self.model.next_token_logits(idx, step)
         for i, request in enumerate(requests):
             request.logits = logits[i:i + 1]
 

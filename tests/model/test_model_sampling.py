@@ -150,3 +150,26 @@ def test_sampling_frequencies_follow_the_distribution():
     tokens = sample_next_token(probs.log().expand(20000, 3), temperature=1.0, generator=gen(14))
     freq = torch.bincount(tokens, minlength=3).float() / 20000
     assert (freq - probs).abs().max() < 0.015  # ~4 standard errors
+
+
+def nucleus_by_full_sort(probs: torch.Tensor, p: float) -> torch.Tensor:
+    """The definition, written the slow way: sort the whole vocabulary (ties in id order)."""
+    sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)
+    mass_before = torch.nn.functional.pad(sorted_probs.cumsum(dim=-1)[..., :-1], (1, 0))
+    drop = mass_before >= p
+    drop[..., 0] = False
+    return torch.empty_like(drop).scatter_(-1, order, drop)
+
+
+@pytest.mark.parametrize("candidates", [4, 16, 256])
+def test_the_nucleus_from_candidates_equals_sorting_the_whole_vocabulary(monkeypatch, candidates):
+    monkeypatch.setattr(sampling, "NUCLEUS_CANDIDATES", candidates)
+    g = gen(4)
+    flat = (0.3 * torch.randn(16, 300, generator=g)).softmax(-1)  # wide nuclei: the fallback runs
+    peaked = (4 * torch.randn(16, 300, generator=g)).softmax(-1)  # narrow nuclei: candidates suffice
+    # Probabilities on a coarse grid tie often, at the nucleus edge and at the last candidate.
+    tied = torch.randint(1, 6, (16, 300), generator=g).float()
+    tied = tied / tied.sum(-1, keepdim=True)
+    for probs in (flat, peaked, tied, torch.full((2, 300), 1 / 300)):
+        for p in (0.05, 0.3, 0.5, 0.9, 0.999):
+            assert torch.equal(sampling.outside_nucleus(probs, p), nucleus_by_full_sort(probs, p)), (candidates, p)

@@ -11,7 +11,6 @@ from inference.completion import generate_completions
 from inference.settings import GenerationSettings
 from model import RowCache
 from serving.engine import Engine, EngineBusy, Event, SamplingParams
-from serving.row_exact import rows_computed_alone
 
 
 class Collector:
@@ -171,18 +170,6 @@ def test_end_tokens_and_stop_strings_end_a_request_with_reason_stop(chat_run):
     assert stopped.finish.token_ids == tuple(reference.token_ids) and stop not in stopped.text
 
 
-def test_rows_computed_alone_gives_each_row_its_one_row_result_bit_for_bit():
-    g = torch.Generator().manual_seed(0)
-    weight = torch.randn(384, 128, generator=g)
-    for rows in (2, 5, 16, 33):
-        x = torch.randn(rows, 1, 128, generator=g)
-        with rows_computed_alone():
-            together = torch.nn.functional.linear(x, weight)
-            flat = torch.nn.functional.linear(x[:, 0], weight)
-        alone = torch.cat([torch.nn.functional.linear(x[i], weight) for i in range(rows)])
-        assert torch.equal(together[:, 0], alone) and torch.equal(flat, alone)
-
-
 def test_a_batched_decode_step_gives_each_row_its_solo_logits_bit_for_bit(chat_run):
     """What makes the token-for-token equality hold for any model, not only this one's wide logit gaps."""
     model = chat_run.model
@@ -197,8 +184,7 @@ def test_a_batched_decode_step_gives_each_row_its_solo_logits_bit_for_bit(chat_r
             solo = model.init_cache(1)
             model.next_token_logits(torch.tensor([prompt[:-1] or prompt]), solo)
             solo_logits.append(model.next_token_logits(torch.tensor([[prompt[-1]]]), solo))
-        with rows_computed_alone():
-            batched = model.next_token_logits(torch.tensor([[p[-1]] for p in prompts]),
-                                              cache.step(list(range(len(prompts)))))
+        batched = model.next_token_logits(torch.tensor([[p[-1]] for p in prompts]),
+                                          cache.step(list(range(len(prompts)))))
     for i, alone in enumerate(solo_logits):
         assert torch.equal(batched[i:i + 1], alone), f"row {i}"
