@@ -20,7 +20,7 @@ MODEL = "tiny-chat"
 
 @pytest.fixture(scope="module")
 def server(chat_run_dir):
-    with running_server(chat_run_dir, "--max-batch", "4", "--max-queue", "2", "--max-tokens-cap", "200") as (base, _):
+    with running_server(chat_run_dir, "--max-batch", "4", "--max-queue", "2", "--max-tokens-cap", "20000") as (base, _):
         yield base
 
 
@@ -106,7 +106,7 @@ def test_chat_uses_the_chat_template_and_ends_at_end_of_turn(client, chat_run):
 @pytest.mark.parametrize("body, status, fragment", [
     (b'{"model": "tiny-chat", "prompt": ', 400, "not valid JSON"),
     ({"model": MODEL}, 400, "missing required field: messages"),
-    ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 201}, 400, "at most 200"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 20001}, 400, "at most 20000"),
     ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "temperature": -0.5}, 400, "temperature"),
     ({"model": MODEL, "messages": [{"role": "user", "content": "x" * 1_000_000}]}, 400, "context of 32 tokens"),
     ({"model": "gpt-4", "messages": [{"role": "user", "content": "x"}]}, 404, "does not exist"),
@@ -143,7 +143,9 @@ def test_a_run_without_chat_tokens_refuses_chat_but_completes(plain_run_dir):
 
 def test_overload_answers_503_with_retry_after_at_once(server):
     """4 rows + 2 waiting are full; the next requests are refused at once, not left to hang."""
-    body = {"model": MODEL, "prompt": "a", "max_tokens": 200, "temperature": 0.0}
+    # Long enough that none of the six can finish before the seventh arrives, however fast the
+    # engine; closing the streams cancels them.
+    body = {"model": MODEL, "prompt": "a", "max_tokens": 20000, "temperature": 0.0}
 
     async def flood():
         async with httpx.AsyncClient(base_url=server, timeout=60) as http:
