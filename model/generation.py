@@ -233,8 +233,8 @@ def _generate(
     start = max(0, n - block_size)  # the model sees tokens[:, start:n]
     cache = None
     if use_cache:
-        # A whole-window cache: one-token steps then attend over the same shapes as the serving
-        # engine's rows, so a request decodes bit for bit alike here and there.
+        # A whole-window cache: one-token steps then attend over the shapes the serving engine's
+        # rows do, so with model.gpt.batch_invariant a request decodes bit for bit alike here.
         cache = model.init_cache(batch)
     penalise = sampling["repetition_penalty"] != 1.0
 

@@ -8,7 +8,10 @@ and sampling) lives in ``model.kv_cache`` and ``model.generation``.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -108,23 +111,36 @@ class RMSNorm(nn.Module):
         return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
 
-# A decode step runs its one-token rows through every linear layer in blocks of exactly this many.
+# Inside batch_invariant(), one-token rows go through every linear layer in blocks of this many.
 DECODE_ROW_BLOCK = 16
+_row_blocks = contextvars.ContextVar("row_blocks", default=False)
+
+
+@contextlib.contextmanager
+def batch_invariant() -> Iterator[None]:
+    """Within this context, each decoding row's result is the same bits whatever other rows are
+    computed beside it (see ``BatchInvariantLinear``). The serving engine decodes in it."""
+    token = _row_blocks.set(True)
+    try:
+        yield
+    finally:
+        _row_blocks.reset(token)
 
 
 class BatchInvariantLinear(nn.Linear):
-    """``nn.Linear`` that computes one-token rows (decoding) in blocks of ``DECODE_ROW_BLOCK`` rows.
+    """``nn.Linear`` that, inside ``batch_invariant()``, computes one-token rows (decoding) in
+    blocks of exactly ``DECODE_ROW_BLOCK`` rows.
 
     A BLAS library picks its kernel, and with it the order of summation, from the matrix shape:
     a row multiplied alone and the same row among 15 others differ in the last bits, and in
     generation a near-tie then picks another token. Padded to whole blocks, a row gets the same
-    arithmetic whether it decodes alone (generate.py) or batched with any other requests
-    (serve.py), at the price of multiplying the padding rows too. Sequences (training, prompts)
-    take the plain product.
+    arithmetic whether it is served alone or batched with any other requests. Multiplying the
+    padding costs a single stream speed, so outside the context (training, generate.py) every
+    product is the plain one.
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() > 2 and x.shape[-2] != 1:
+        if not _row_blocks.get() or (x.dim() > 2 and x.shape[-2] != 1):
             return F.linear(x, self.weight, self.bias)
         rows = x.reshape(-1, x.shape[-1])
         padded = F.pad(rows, (0, 0, 0, -rows.shape[0] % DECODE_ROW_BLOCK))
@@ -204,24 +220,24 @@ class CausalSelfAttention(nn.Module):
         """
         B, T, C = x.shape
         q, k, v = self.split_heads(x)
-        if cache is None:
-            y = self._attend(q, k, v)
-        elif T == 1:
+        if isinstance(cache, RowStep) or (cache is not None and T == 1 and _row_blocks.get()):
             y = self._attend_token(q, *cache.write_token(self.layer_idx, k, v))
         else:
-            y = self._attend(q, *cache.update(self.layer_idx, k, v))
+            if cache is not None:
+                k, v = cache.update(self.layer_idx, k, v)
+            y = self._attend(q, k, v)
         y = y.transpose(1, 2).reshape(B, T, C)
         return self.resid_dropout(self.proj(y))
 
     def _attend_token(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """One new token per row against the rows' whole K/V buffers, ``mask`` hiding the slots
-        not written yet. The shapes are the same at every position and in every batch, so a
-        row's arithmetic never depends on how far it is or on which rows decode beside it:
-        a request decodes bit for bit alike alone and batched with others (serving). (On the
-        CPU this also needs every row of q, k and v to start 64 bytes apart from the others,
-        which holds when head_dim is a multiple of 16: the kernels' summation order depends on
-        where a row starts in memory.) Viewing the group's query heads as its query positions
-        lets the group share its K/V head with no copy."""
+        not written yet: how rows at different lengths decode together (``RowStep``), and how
+        every one-token step decodes inside ``batch_invariant``. The shapes are the same at
+        every position and in every batch, so a row's arithmetic never depends on how far it
+        is or on which rows decode beside it: a request decodes bit for bit alike alone and
+        batched with others. (On the CPU this also needs every row of q, k and v to start 64
+        bytes apart from the others, which holds when head_dim is a multiple of 16: the
+        kernels' summation order depends on where a row starts in memory.)"""
         B, H, _, d = q.shape
         grouped = q.view(B, self.n_kv_head, H // self.n_kv_head, d)
         dropout_p = self.attn_dropout if self.training else 0.0
@@ -231,6 +247,11 @@ class CausalSelfAttention(nn.Module):
         B, H, T, d = q.shape
         S = k.shape[2]
         dropout_p = self.attn_dropout if self.training else 0.0
+        if T == 1:
+            # The newest token may read every key, so no mask. Viewing the group's query heads
+            # as its query positions lets the group share its K/V head with no copy.
+            grouped = q.view(B, self.n_kv_head, H // self.n_kv_head, d)
+            return F.scaled_dot_product_attention(grouped, k, v, dropout_p=dropout_p).view(B, H, 1, d)
         # A whole sequence (T == S) is plain causal; a chunk on top of a filled cache needs
         # the bottom-right mask, which is_causal=True would get wrong.
         mask = None if T == S else causal_mask(T, S, device=q.device)

@@ -12,14 +12,15 @@ its loop schedules every token:
 
 A request never waits for the batch to drain: it joins at the next iteration with a free row.
 
-Rows are independent: a request gets exactly the tokens it would get served alone, and exactly
-what ``generate.py`` gives for the same prompt, seed and settings. Each request samples from its
-own ``torch.Generator`` seeded like generate.py's first sample; past the context window a row
-re-encodes its most recent tokens from position 0 by generate.py's rule (``kept_window`` of
-``KEEP_FRACTION``); the batched decode step computes each row bit for bit as alone (its
-attention reads the row's whole cache buffer under a mask, and its matrix products run in fixed
-blocks of rows: see ``model.gpt.BatchInvariantLinear``). A prompt longer than ``prefill_chunk`` is encoded in chunks; the chunks
-depend only on the request, so it still equals itself served alone.
+Rows are independent: a request gets exactly the tokens it would get served alone, whatever else
+is being served. Each request samples from its own ``torch.Generator`` seeded like generate.py's
+first sample; past the context window a row re-encodes its most recent tokens from position 0 by
+generate.py's rule (``kept_window`` of ``KEEP_FRACTION``); the batched decode step computes each
+row bit for bit as alone (its attention reads the row's whole cache buffer under a mask, and its
+matrix products run in fixed blocks of rows: ``model.gpt.batch_invariant``). Against generate.py,
+whose single stream takes the plain one-row products, tokens agree up to fp32 rounding. A prompt
+longer than ``prefill_chunk`` is encoded in chunks; the chunks depend only on the request, so it
+still equals itself served alone.
 
 Results go back through a callback, called on the engine thread with one ``Event`` per generated
 token and a last one carrying the ``Finish``. The callback must be quick and must not raise.
@@ -38,6 +39,7 @@ import torch
 
 from inference.streaming import TextStream
 from model import GPT, RowCache
+from model.gpt import batch_invariant
 from model.generation import KEEP_FRACTION, kept_window, sample_next_token
 
 log = logging.getLogger(__name__)
@@ -234,6 +236,7 @@ class Engine:
                     self._finish(request, "error")
 
     @torch.inference_mode()
+    @batch_invariant()
     def step(self) -> None:
         """One iteration: cancel, admit, prefill a chunk, decode one token per row, sample.
         The loop thread calls it; a test may call it directly on an engine never started."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from model.gpt import DECODE_ROW_BLOCK, BatchInvariantLinear
+from model.gpt import DECODE_ROW_BLOCK, BatchInvariantLinear, batch_invariant
 
 
 def layer(n_in: int, n_out: int, seed: int) -> BatchInvariantLinear:
@@ -17,7 +17,7 @@ def test_each_row_equals_itself_alone_in_any_batch_and_slot():
     linear = layer(128, 384, seed=0)
     g = torch.Generator().manual_seed(1)
     x = torch.randn(1, 1, 128, generator=g)
-    with torch.inference_mode():
+    with torch.inference_mode(), batch_invariant():
         alone = linear(x)
         for rows in (2, DECODE_ROW_BLOCK - 1, DECODE_ROW_BLOCK, DECODE_ROW_BLOCK + 1, 2 * DECODE_ROW_BLOCK + 3):
             for slot in (0, rows // 2, rows - 1):
@@ -39,11 +39,12 @@ def test_a_plain_product_would_not_be_batch_invariant_here_or_the_test_above_pro
     assert differs
 
 
-def test_sequences_take_the_plain_product_and_gradients_flow():
+def test_sequences_and_code_outside_the_context_take_the_plain_product():
     linear = layer(32, 48, seed=4)
-    x = torch.randn(3, 5, 32, requires_grad=True)
-    out = linear(x)
-    assert torch.equal(out, F.linear(x, linear.weight))
+    x = torch.randn(3, 5, 32)
     token = torch.randn(3, 1, 32, requires_grad=True)
-    linear(token).sum().backward()
+    assert torch.equal(linear(token), F.linear(token, linear.weight))  # outside batch_invariant()
+    with batch_invariant():
+        assert torch.equal(linear(x), F.linear(x, linear.weight))  # a sequence per row
+        linear(token).sum().backward()  # the padded path is differentiable too
     assert torch.allclose(token.grad, linear.weight.sum(0).expand(3, 1, 32), atol=1e-6)

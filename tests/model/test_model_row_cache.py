@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from model import RowCache
+from model.gpt import batch_invariant
 
 ATOL = 1e-5  # fp32 logits of a few units (see conftest): two summation orders differ by ~1e-6
 
@@ -31,7 +32,7 @@ def test_rows_at_different_lengths_decode_as_each_would_alone(make_model, n_kv_h
     cache = new_row_cache(model, 6)
     rows = [4, 0, 2, 5]  # not in order, and with free rows between them
     solo_caches = [model.init_cache(1) for _ in prompts]
-    with torch.inference_mode():
+    with torch.inference_mode(), batch_invariant():
         for r, prompt, solo in zip(rows, prompts, solo_caches):
             batched = prefill(model, cache, r, prompt)
             assert torch.equal(batched, model.next_token_logits(torch.tensor([prompt]), solo))

@@ -10,6 +10,7 @@ import torch
 from inference.completion import generate_completions
 from inference.settings import GenerationSettings
 from model import RowCache
+from model.gpt import batch_invariant
 from serving.engine import Engine, EngineBusy, Event, SamplingParams
 
 
@@ -71,7 +72,8 @@ def test_32_concurrent_requests_each_equal_their_solo_run_and_generate_py(chat_r
         assert (mixed.text, mixed.reason, mixed.prompt_tokens) == (alone.text, "length", len(prompt))
         settings = GenerationSettings(max_new_tokens=params.max_tokens, temperature=params.temperature,
                                       top_p=params.top_p, seed=params.seed)
-        reference = generate_completions(chat_run, prompt, settings).completions[0]
+        with batch_invariant():  # generate.py's decoding, in the engine's row blocks
+            reference = generate_completions(chat_run, prompt, settings).completions[0]
         assert list(alone.token_ids) == reference.token_ids, f"request {i} against generate.py"
         assert alone.text == reference.text
 
@@ -162,10 +164,12 @@ def test_end_tokens_and_stop_strings_end_a_request_with_reason_stop(chat_run):
         engine.step()
     first_end = ids.index(ids[4])
     assert ended.finish.reason == "stop" and ended.finish.token_ids == ids[:first_end + 1]
-    assert ended.finish.text == generate_completions(
-        chat_run, [9, 10, 11], GenerationSettings(max_new_tokens=first_end, temperature=0.0)).completions[0].text
-    reference = generate_completions(
-        chat_run, [9, 10, 11], GenerationSettings(max_new_tokens=30, temperature=0.0, stop=(stop,))).completions[0]
+    with batch_invariant():
+        until_end = generate_completions(chat_run, [9, 10, 11], GenerationSettings(max_new_tokens=first_end,
+                                                                                  temperature=0.0))
+        reference = generate_completions(
+            chat_run, [9, 10, 11], GenerationSettings(max_new_tokens=30, temperature=0.0, stop=(stop,))).completions[0]
+    assert ended.finish.text == until_end.completions[0].text
     assert (stopped.finish.reason, stopped.finish.text) == ("stop", reference.text)
     assert stopped.finish.token_ids == tuple(reference.token_ids) and stop not in stopped.text
 
@@ -176,7 +180,7 @@ def test_a_batched_decode_step_gives_each_row_its_solo_logits_bit_for_bit(chat_r
     cache = RowCache(model.init_cache(8))
     prompts = [list(range(5, 5 + n)) for n in (1, 4, 9, 16, 2, 30)]
     solo_logits = []
-    with torch.inference_mode():
+    with torch.inference_mode(), batch_invariant():
         for r, prompt in enumerate(prompts):
             view = cache.row(r)
             model.next_token_logits(torch.tensor([prompt[:-1] or prompt]), view)
