@@ -34,6 +34,7 @@ import httpx
 import torch
 
 from inference.runs import load_run
+from model.generation import generate_tokens
 from serving.engine import Engine, Event, SamplingParams
 
 PROMPTS = ["ROMEO:", "JULIET:\nO Romeo,", "KING LEAR:\n", "First Citizen:\nBefore we proceed",
@@ -63,6 +64,18 @@ class Level:
 
 def requests(count: int, max_tokens: int) -> list[tuple[str, SamplingParams]]:
     return [(PROMPTS[i % len(PROMPTS)], SamplingParams(max_tokens, 0.8, 0.95, seed=i)) for i in range(count)]
+
+
+def run_generate(run, work) -> float:
+    """Tokens/s of the same requests through generate.py's decoding, one after another, no engine:
+    the fastest way this project has to serve one request at a time (plain one-row products)."""
+    tokens, start = 0, time.perf_counter()
+    for prompt, params in work:
+        ids = torch.tensor([run.tokenizer.encode(prompt).ids])
+        generator = torch.Generator().manual_seed(params.seed)
+        tokens += sum(1 for _ in generate_tokens(run.model, ids, params.max_tokens, temperature=params.temperature,
+                                                 top_p=params.top_p, generator=generator))
+    return tokens / (time.perf_counter() - start)
 
 
 def summarize(clients: int, timings: list[Timing], seconds: float) -> Level:
@@ -195,7 +208,11 @@ def main(argv: list[str] | None = None) -> int:
           f"{os.cpu_count()} CPUs")
     if args.only != "http":
         run_engine(run, work[:4], 4, args.max_batch)  # warm-up
-        print_table("engine", [run_engine(run, work, c, args.max_batch) for c in args.clients])
+        levels = [run_engine(run, work, c, args.max_batch) for c in args.clients]
+        print_table("engine", levels)
+        alone = run_generate(run, work)
+        print(f"\ngenerate.py's decoding, one request at a time, no engine: {alone:.0f} tokens/s; "
+              + ", ".join(f"{level.clients} clients {level.tokens_per_s / alone:.2f}x that" for level in levels))
     if args.only != "engine":
         with server(args.run, args.max_batch, threads=args.threads) as base:
             asyncio.run(_http_level(base, model_id, work[:4], 4))  # warm-up
