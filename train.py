@@ -1,9 +1,7 @@
 """Train a GPT: ``python train.py --config configs/tiny.yaml [--set section.key=value ...]``.
 
-A thin command line over ``training.train``. Mistakes the user can fix (a config typo, a missing
-file, a run directory already in use) print one ``error: ...`` line and exit with status 2.
-Ctrl-C / SIGTERM finish the current step, save a checkpoint and exit with 128 + the signal number;
-``--resume`` continues from there.
+A thin command line over ``training.train``. Ctrl-C / SIGTERM finish the current step, save a
+checkpoint and exit with 128 + the signal number; ``--resume`` continues from there.
 """
 
 from __future__ import annotations

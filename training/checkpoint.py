@@ -1,14 +1,5 @@
 """The run directory: what it holds, refusing to clobber another run, and the trainer state.
 
-A checkpoint is two things written one after the other, each atomically:
-
-1. ``model_config.json`` + ``model.safetensors`` (``model.save_pretrained``): everything
-   ``generate.py`` needs.
-2. ``trainer_state.pt``: model and optimizer state, counters, RNG states, the batch sampler's
-   state and the wandb run id, i.e. everything ``--resume`` needs. It is self-contained (it holds
-   the weights too), so a kill between 1 and 2 leaves a consistent resume point: the previous
-   trainer state.
-
 The trainer state holds only tensors, dicts, lists and scalars, so it loads with
 ``torch.load(weights_only=True)``; numpy's and Python's RNG states are converted to such types.
 """
@@ -73,7 +64,9 @@ def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
 
 
 def save_checkpoint(run_dir: Path, model: nn.Module, state: dict[str, Any]) -> None:
-    """Write the model files, then the trainer state (the commit point for ``--resume``)."""
+    """Write the model files (all ``generate.py`` needs), then the trainer state (all ``--resume``
+    needs, the weights included): a kill between the two leaves the previous trainer state as a
+    consistent resume point."""
     save_pretrained(model, run_dir)
     payload = {"format_version": FORMAT_VERSION, **state}
     with atomic_output(run_dir / STATE_FILE) as tmp:
@@ -111,18 +104,15 @@ def load_trainer_state(run_dir: Path) -> dict[str, Any]:
             f"own trainer_state.pt or start a new run with --overwrite"
         ) from None
     except Exception as e:  # noqa: BLE001 - any failure to unpickle means the file is unusable
+        # The error's first line, without the lines of torch's advice to pass weights_only=False.
+        lines = [line for line in str(e).splitlines() if line.strip() and "weights_only" not in line]
+        reason = lines[0] if lines else type(e).__name__
         raise CheckpointError(
-            f"checkpoint {path} cannot be read ({_reason_without_unsafe_advice(e)}); start a new run with --overwrite"
+            f"checkpoint {path} cannot be read ({reason}); start a new run with --overwrite"
         ) from None
     if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(f"checkpoint {path} has an unknown format; start a new run with --overwrite")
     return state
-
-
-def _reason_without_unsafe_advice(error: Exception) -> str:
-    """The error's first line, leaving out any line that mentions weights_only (torch's advice)."""
-    lines = [line for line in str(error).splitlines() if line.strip() and "weights_only" not in line]
-    return lines[0] if lines else type(error).__name__
 
 
 def check_model_shape(saved: GPTConfig, current: GPTConfig, run_dir: Path) -> None:

@@ -1,9 +1,7 @@
 """The run configuration: typed dataclasses loaded from YAML, validated once, saved with the run.
 
 A YAML file maps one-to-one onto ``Config``: a top-level section per dataclass field, a key per
-field of that section. ``common.config`` does the checking for every section (including ``model``
-and ``data``, which other packages define): unknown keys with a suggestion, strict types, then
-each dataclass's own value checks, all as a ``ConfigError`` naming the key.
+field of that section, checked by ``common.config``.
 """
 
 from __future__ import annotations

@@ -83,7 +83,8 @@ def should_compile(setting: bool | str, device: torch.device) -> bool:
     and says so instead.
     """
     wanted = setting if isinstance(setting, bool) else device.type == "cuda"
-    if wanted and device.type == "cpu" and not _have_cxx_compiler():
+    compilers = [os.environ.get("CXX", ""), "c++", "g++", "clang++"]
+    if wanted and device.type == "cpu" and not any(name and shutil.which(name) for name in compilers):
         print(
             "warning: train.compile is on but no C++ compiler (c++, g++ or clang++; or $CXX) was found, "
             "which torch.compile needs on the CPU; training uncompiled",
@@ -91,11 +92,6 @@ def should_compile(setting: bool | str, device: torch.device) -> bool:
         )
         return False
     return wanted
-
-
-def _have_cxx_compiler() -> bool:
-    candidates = [os.environ.get("CXX", ""), "c++", "g++", "clang++"]
-    return any(name and shutil.which(name) for name in candidates)
 
 
 def synchronize(device: torch.device) -> None:

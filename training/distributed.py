@@ -1,10 +1,6 @@
-"""Data-parallel training across processes started by ``torchrun``.
+"""Data-parallel training across processes started by ``torchrun``, one per device.
 
-One process per device: ``init_distributed`` reads the rank variables torchrun sets, joins the
-process group (NCCL between GPUs, gloo between CPU processes) and pins the process to its GPU.
 Without ``torchrun`` everything here is a cheap no-op, so the trainer has a single code path.
-DDP averages gradients over processes and each process averages over its micro-steps, so the
-update is the one a single process would make on the whole global batch.
 """
 
 from __future__ import annotations
@@ -44,11 +40,8 @@ def launched_by_torchrun() -> bool:
 
 
 def init_distributed(device_pref: str = "auto") -> DistContext:
-    """Join the process group torchrun set up, or describe a single process.
-
-    Under torchrun each process takes the GPU numbered by its LOCAL_RANK, so a specific
-    ``cuda:N`` is refused.
-    """
+    """Join the process group torchrun set up (NCCL between GPUs, gloo between CPU processes), or
+    describe a single process. Each process takes the GPU numbered by its LOCAL_RANK."""
     if launched_by_torchrun():
         rank, local_rank, world_size = _env_int("RANK"), _env_int("LOCAL_RANK"), _env_int("WORLD_SIZE")
     else:

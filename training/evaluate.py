@@ -112,7 +112,7 @@ def generate_sample(
     top_k: int | None,
     seed: int,
     device: torch.device,
-    start_id: int | None = None,
+    start_id: int,
 ) -> str:
     """Continue ``prompt`` through the KV-cache generation path; returns prompt + continuation.
 
@@ -120,10 +120,8 @@ def generate_sample(
     samples at the same step of a resumed and an uninterrupted run match) and leaves the
     training RNG untouched.
     """
-    ids = tokenizer.encode(prompt).ids if prompt else []
-    if not ids:
-        ids = [start_id if start_id is not None else 0]
-    idx = torch.tensor([ids], dtype=torch.long, device=device)
+    # An empty prompt starts from ``start_id`` (end-of-text: the start of a document).
+    idx = torch.tensor([tokenizer.encode(prompt).ids or [start_id]], dtype=torch.long, device=device)
     generator = torch.Generator(device=device).manual_seed(seed)
     with eval_mode(model):
         out = model.generate(

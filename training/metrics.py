@@ -31,7 +31,7 @@ class MetricsLog:
         self.path = Path(path)
 
     def append(self, record: dict[str, Any]) -> None:
-        data = (json.dumps(record, separators=(", ", ": ")) + "\n").encode("utf-8")
+        data = (json.dumps(record) + "\n").encode("utf-8")
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             written = os.write(fd, data)
@@ -48,9 +48,8 @@ class MetricsLog:
             return
         if not self.path.is_file():
             raise UserError(f"{self.path} is not a file; move it aside so the run can write its metrics there")
-        records = read_metrics(self.path)
-        kept = [r for r in records if isinstance(r.get("step", 0), int) and r.get("step", 0) <= step]
-        atomic_write_text(self.path, "".join(json.dumps(r, separators=(", ", ": ")) + "\n" for r in kept))
+        kept = [r for r in read_metrics(self.path) if isinstance(r.get("step", 0), int) and r.get("step", 0) <= step]
+        atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
@@ -98,8 +97,7 @@ def known_gpu_peak(name: str) -> float | None:
 
 
 def measure_matmul_flops(
-    device: torch.device, dtype: torch.dtype = torch.float32, size: int = 1024, max_seconds: float = 0.5,
-    max_repeats: int = 50,
+    device: torch.device, dtype: torch.dtype = torch.float32, size: int = 1024, max_seconds: float = 0.5
 ) -> float:
     """Best achieved FLOP/s of an ``size x size`` matmul on ``device`` (the practical peak).
 
@@ -114,7 +112,7 @@ def measure_matmul_flops(
     synchronize(device)
     best = math.inf
     start = time.perf_counter()
-    for _ in range(max_repeats):
+    for _ in range(50):
         t0 = time.perf_counter()
         torch.matmul(a, b)
         synchronize(device)

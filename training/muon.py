@@ -65,8 +65,6 @@ class Muon(torch.optim.Optimizer):
         lr: float = 0.02,
         momentum: float = 0.95,
         weight_decay: float = 0.0,
-        nesterov: bool = True,
-        ns_steps: int = 5,
     ) -> None:
         if lr <= 0:
             raise ValueError(f"Muon lr must be > 0, got {lr}")
@@ -74,8 +72,7 @@ class Muon(torch.optim.Optimizer):
             raise ValueError(f"Muon momentum must be in [0, 1), got {momentum}")
         if weight_decay < 0:
             raise ValueError(f"Muon weight_decay must be >= 0, got {weight_decay}")
-        defaults = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov, ns_steps=ns_steps)
-        super().__init__(params, defaults)
+        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay))
         for group in self.param_groups:
             for p in group["params"]:
                 if p.ndim != 2:
@@ -95,10 +92,9 @@ class Muon(torch.optim.Optimizer):
                     state["momentum_buffer"] = torch.zeros_like(p)
                 buf = state["momentum_buffer"]
                 buf.lerp_(p.grad, 1 - beta)
-                update = p.grad.lerp(buf, beta) if group["nesterov"] else buf
-                by_shape[(p.shape, p.device, p.dtype)].append((p, update))
+                by_shape[(p.shape, p.device, p.dtype)].append((p, p.grad.lerp(buf, beta)))  # Nesterov
             for (shape, _, _), items in by_shape.items():
-                updates = orthogonalize(torch.stack([u for _, u in items]), steps=group["ns_steps"])
+                updates = orthogonalize(torch.stack([u for _, u in items]))
                 scale = max(1.0, shape[0] / shape[1]) ** 0.5
                 for (p, _), update in zip(items, updates):
                     p.mul_(1 - lr * wd)

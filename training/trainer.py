@@ -1,8 +1,5 @@
 """The training loop: from a validated ``Config`` to a run directory holding a trained model.
 
-``Trainer.setup`` works in stages, cheapest first: the run directory (and the checkpoint, when
-resuming), the data, the model and optimizer, the restored state. ``Trainer.fit`` is the loop.
-
 Reproducibility: the model is initialised right after ``torch.manual_seed(train.seed)`` on every
 rank (so ranks start identical), then every RNG is reseeded with ``seed + rank`` for dropout. The
 batch sampler has its own generator. Everything that consumes randomness is in the trainer state,
@@ -128,12 +125,6 @@ def clip_gradients(model: nn.Module, max_norm: float) -> torch.Tensor:
     return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm if max_norm > 0 else math.inf)
 
 
-def seed_everything(seed: int) -> None:
-    torch.manual_seed(seed)
-    np.random.seed(seed % 2**32)
-    random.seed(seed)
-
-
 class Trainer:
     """One training run; ``setup`` then ``fit``. Attributes are the live state of the run."""
 
@@ -156,6 +147,7 @@ class Trainer:
     # Setup, by stage
 
     def setup(self, *, resume: bool, overwrite: bool) -> None:
+        """Cheapest stages first, so a bad directory or config fails before anything slow."""
         state = self._open_run_dir(resume=resume, overwrite=overwrite)
         check_model_fits(self.config.model, self.device)  # an absurd size, before anything slow
         self._prepare_data(resume=resume)
@@ -234,7 +226,9 @@ class Trainer:
         self.model = GPT(cfg.model).to(self.device)
         if self.parent is not None:
             load_parent_weights(self.model, self.parent)  # a resumed run's checkpoint replaces them
-        seed_everything(tc.seed + ctx.rank)
+        torch.manual_seed(tc.seed + ctx.rank)  # for dropout, differing per rank
+        np.random.seed((tc.seed + ctx.rank) % 2**32)
+        random.seed(tc.seed + ctx.rank)
         self.optimizer = build_optimizer(self.model, tc, self.device)
         # Taken from the config now, not from a checkpoint's saved groups: a run resumed with a
         # new train.lr or train.muon_lr runs at the new ratio between the two.

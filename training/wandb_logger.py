@@ -34,7 +34,13 @@ def has_credentials(env: dict[str, str] | None = None) -> bool:
     if env.get("WANDB_API_KEY", "").strip():
         return True
     host = urlparse(env.get("WANDB_BASE_URL") or DEFAULT_HOST).hostname or ""
-    for path in _netrc_paths(env):
+    # Where wandb and requests look: $NETRC, then ~/.netrc (and ~/_netrc, the Windows name).
+    if env.get("NETRC"):
+        paths = [Path(env["NETRC"]).expanduser()]
+    else:
+        home = Path(env.get("HOME") or Path.home())
+        paths = [home / ".netrc", home / "_netrc"]
+    for path in paths:
         try:
             entry = netrc.netrc(str(path)).authenticators(host)
         except (OSError, netrc.NetrcParseError):
@@ -175,14 +181,6 @@ class WandbLogger:
             run.finish(exit_code=1)
         except Exception:  # noqa: BLE001 - already reported; closing is best effort
             pass
-
-
-def _netrc_paths(env: dict[str, str]) -> list[Path]:
-    # Where wandb and requests look: $NETRC, then ~/.netrc (and ~/_netrc, the Windows name).
-    if env.get("NETRC"):
-        return [Path(env["NETRC"]).expanduser()]
-    home = Path(env.get("HOME") or Path.home())
-    return [home / ".netrc", home / "_netrc"]
 
 
 def _say(message: str, *, err: bool = False) -> None:
