@@ -74,8 +74,7 @@ def split_batch(batch_size: int, grad_accum_steps: int, world_size: int) -> Batc
 
     The global batch stays what the config says, whatever the number of processes: the
     accumulation steps are divided among them when they divide evenly (the per-process batch and
-    its memory stay as configured); otherwise the per-process batch is divided. When neither
-    divides, the error lists process counts and accumulation settings that would work.
+    its memory stay as configured); otherwise the per-process batch is divided.
     """
     if grad_accum_steps % world_size == 0:
         return BatchSplit(batch_size, grad_accum_steps // world_size)
@@ -107,10 +106,8 @@ def sync_gradients(model: nn.Module, enabled: bool) -> Iterator[None]:
     """Run one micro-step's backward; all-reduce the gradients only when ``enabled`` (the last
     micro-step), so earlier ones accumulate locally without communication."""
     ddp = getattr(model, "_orig_mod", model)  # through torch.compile's wrapper
-    if enabled or not isinstance(ddp, DistributedDataParallel):
-        yield
-        return
-    with ddp.no_sync():
+    skip_sync = not enabled and isinstance(ddp, DistributedDataParallel)
+    with ddp.no_sync() if skip_sync else contextlib.nullcontext():
         yield
 
 
@@ -169,18 +166,13 @@ def shutdown(ctx: DistContext) -> None:
 def _all_reduce(value: torch.Tensor | float, ctx: DistContext, *, mean: bool) -> torch.Tensor | float:
     if not ctx.enabled:
         return value
-    is_tensor = isinstance(value, torch.Tensor)
     # float64 so that sums of many large numbers (nats over a validation split) stay exact
     # enough; NCCL needs the tensor on this rank's GPU.
-    t = value.detach().to(ctx.device, torch.float64, copy=True) if is_tensor else (
-        torch.tensor(float(value), dtype=torch.float64, device=ctx.device)
-    )
+    t = torch.as_tensor(value, dtype=torch.float64).detach().to(ctx.device, copy=True)
     dist.all_reduce(t, op=dist.ReduceOp.SUM)
     if mean:
         t /= ctx.world_size
-    if is_tensor:
-        return t.to(device=value.device, dtype=value.dtype)
-    return t.item()
+    return t.to(device=value.device, dtype=value.dtype) if isinstance(value, torch.Tensor) else t.item()
 
 
 def _device_for_rank(device_pref: str, local_rank: int) -> torch.device:

@@ -1,13 +1,12 @@
 """Weights & Biases logging that can neither prompt nor take a training run down.
 
-``logging.wandb.mode`` ``auto`` honours ``WANDB_MODE``, else runs online when credentials exist
-and offline otherwise; online without credentials falls back to offline, since a login prompt
-would hang a job with no terminal. Anything wandb raises is reported in one line and turns the
-logger into a no-op: experiment tracking is never a reason to lose a training run.
+Without credentials it logs offline, since a login prompt would hang a job with no terminal.
+Anything wandb raises is reported in one line and turns the logger into a no-op.
 """
 
 from __future__ import annotations
 
+import contextlib
 import netrc
 import os
 import sys
@@ -160,10 +159,8 @@ class WandbLogger:
             self._give_up("log samples", e)
 
     def finish(self, summary: dict[str, Any] | None = None, *, exit_code: int = 0) -> None:
-        """Record the final numbers in the run summary and close the run (idempotent).
-
-        A non-zero ``exit_code`` marks the run as failed in the W&B interface.
-        """
+        """Record ``summary`` in the run and close it (idempotent); a non-zero ``exit_code`` marks it
+        failed."""
         run, self._run = self._run, None
         if run is None:
             return
@@ -177,10 +174,8 @@ class WandbLogger:
     def _give_up(self, what: str, error: Exception) -> None:
         _say(f"wandb: could not {what} ({one_line(error, with_type=True)}); training continues without wandb", err=True)
         run, self._run = self._run, None
-        try:
+        with contextlib.suppress(Exception):  # already reported; closing is best effort
             run.finish(exit_code=1)
-        except Exception:  # noqa: BLE001 - already reported; closing is best effort
-            pass
 
 
 def _say(message: str, *, err: bool = False) -> None:
