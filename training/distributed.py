@@ -27,7 +27,6 @@ class DistContext:
     """Where this process sits among its peers. The default is a plain single process."""
 
     rank: int = 0
-    local_rank: int = 0
     world_size: int = 1
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     is_main: bool = True
@@ -58,7 +57,7 @@ def init_distributed(device_pref: str = "auto") -> DistContext:
         # front (no guessing, no warning) and creates the NCCL communicator eagerly.
         device_id = device if device.type == "cuda" else None
         dist.init_process_group(backend=backend, rank=rank, world_size=world_size, device_id=device_id)
-    return DistContext(rank, local_rank, world_size, device, is_main=rank == 0, enabled=True, backend=backend)
+    return DistContext(rank, world_size, device, is_main=rank == 0, enabled=True, backend=backend)
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ def evaluate(
     max_batches: int | None,
     device: torch.device,
     amp: Callable[[], ContextManager] | None = None,
-    ctx: DistContext | None = None,
+    ctx: DistContext = DistContext(),
 ) -> EvalResult:
     """Score ``max_batches`` fixed validation batches (None: the whole split), as ``score_batches``."""
     batches = iter_val_batches(val_tokens, block_size, batch_size, max_batches=max_batches, device=device)
@@ -67,20 +67,19 @@ def score_batches(
     *,
     device: torch.device,
     amp: Callable[[], ContextManager] | None = None,
-    ctx: DistContext | None = None,
+    ctx: DistContext = DistContext(),
 ) -> EvalResult:
     """Loss over the targets of ``batches`` that are not -1, and bits per byte of their text.
 
     With several processes each scores every ``world_size``-th batch and the sums are added up,
     so the result equals a single-process evaluation.
     """
-    rank, world_size = (ctx.rank, ctx.world_size) if ctx is not None else (0, 1)
     # nats and count over every scored target (the loss); nats and UTF-8 bytes over the targets
     # that stand for text (bits per byte: end-of-text has no bytes, so it is left out of both).
     sums = torch.zeros(4, dtype=torch.float64, device=device)
     with eval_mode(model):
         for i, (x, y) in enumerate(batches):
-            if i % world_size != rank:
+            if i % ctx.world_size != ctx.rank:
                 continue
             with amp() if amp is not None else contextlib.nullcontext():
                 logits = model(x)
@@ -90,9 +89,7 @@ def score_batches(
             text_nats, text_bytes = target_nats_and_bytes(logits, y, token_bytes)
             sums[2] += text_nats
             sums[3] += text_bytes
-    if ctx is not None:
-        sums = all_reduce_sum(sums, ctx)
-    nats, tokens, text_nats, nbytes = sums.tolist()
+    nats, tokens, text_nats, nbytes = all_reduce_sum(sums, ctx).tolist()
     return EvalResult(
         loss=nats / max(tokens, 1),
         bpb=bits_per_byte(text_nats, int(nbytes)) if nbytes > 0 else float("nan"),

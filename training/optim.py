@@ -64,11 +64,8 @@ def _adamw(groups: list[dict], cfg: TrainConfig, device: torch.device) -> torch.
 
 
 class MuonWithAdamW:
-    """Muon for the hidden weight matrices and AdamW for everything else, stepped as one optimizer.
-
-    It offers what the trainer uses of ``torch.optim.Optimizer``: ``param_groups`` (both
-    optimizers' groups, for the schedule), ``step``, ``zero_grad`` and a state dict holding both.
-    """
+    """Muon for the hidden weight matrices and AdamW for everything else, stepped as one optimizer
+    with the parts of ``torch.optim.Optimizer`` that the trainer uses."""
 
     def __init__(self, muon: Muon, adamw: torch.optim.AdamW) -> None:
         self.muon, self.adamw = muon, adamw
