@@ -104,8 +104,6 @@ def split_for_encoding(text: str) -> list[str]:
     Encoding a 300 KB play as one input is markedly slower than encoding its pieces (and gives
     encode_batch's threads nothing to share); see `_SAFE_SPLIT` for why the cut is exact.
     """
-    if len(text) <= _PIECE_CHARS:
-        return [text]
     pieces: list[str] = []
     start = 0
     while len(text) - start > _PIECE_CHARS:

@@ -55,14 +55,12 @@ class ChatSession:
         self.cache = run.model.init_cache(1) if use_cache else None
         self.on_notice = on_notice or (lambda message: None)
         self.tokens_encoded = 0  # positions run through the model: shows the history is reused
-        self.turns: list[list[int]] = []
-        self.window: list[int] = []
         self.reset()
 
     def reset(self) -> None:
         """Forget the conversation (the system prompt stays)."""
-        self.turns = [self.system_turn] if self.system_turn else []
-        self.window = list(self.system_turn)
+        self.turns: list[list[int]] = [self.system_turn] if self.system_turn else []
+        self.window: list[int] = list(self.system_turn)
         if self.cache is not None:
             self.cache.reset()
 

@@ -310,8 +310,6 @@ class GPT(nn.Module):
             elif isinstance(module, RMSNorm):
                 nn.init.ones_(module.weight)
 
-    # ---------------------------------------------------------------- forward passes
-
     def forward(
         self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: KVCache | RowStep | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
@@ -374,17 +372,14 @@ class GPT(nn.Module):
         cache.check_room(T)
         return cache.pos
 
-    # ---------------------------------------------------------------- inference helpers
-
     def init_cache(
         self,
         batch_size: int,
         max_len: int | None = None,
-        device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> KVCache:
         """An empty KV cache for ``batch_size`` rows and up to ``max_len`` (<= block_size) positions,
-        on the model's device and in its parameter dtype unless told otherwise."""
+        on the model's device, in its parameter dtype unless told otherwise."""
         cfg = self.config
         max_len = cfg.block_size if max_len is None else max_len
         if not 1 <= max_len <= cfg.block_size:
@@ -395,7 +390,7 @@ class GPT(nn.Module):
         weight = self.tok_emb.weight
         return KVCache(
             cfg.n_layer, batch_size, cfg.n_kv_head, max_len, cfg.head_dim,
-            device=weight.device if device is None else device,
+            device=weight.device,
             dtype=weight.dtype if dtype is None else dtype,
         )
 
@@ -407,8 +402,6 @@ class GPT(nn.Module):
         for i, token in enumerate(generate_tokens(self, idx, max_new_tokens, **sampling)):
             out[:, idx.shape[1] + i] = token
         return out
-
-    # ---------------------------------------------------------------- accounting
 
     def num_params(self, include_embeddings: bool = True) -> int:
         """Number of distinct parameters (a tied head is counted once).
