@@ -99,10 +99,13 @@ class ChatSession:
         self.turns += [prompt[:-1], [prompt[-1], *generated] + ([] if finish == "end" else [self.special.end])]
         return ChatReply(stream.text, generated, finish)
 
+    @torch.inference_mode()
     def _next_token(self) -> int:
         # With the cache only the ids it has not seen yet; without it, the whole window every time.
         ids = self.window[self.cache.pos :] if self.cache is not None else self.window
-        logits = self._forward(ids)
+        self.tokens_encoded += len(ids)
+        idx = torch.tensor([ids], dtype=torch.long, device=self.run.device)
+        logits = self.run.model.next_token_logits(idx, self.cache)
         s = self.settings
         prev = torch.tensor([self.window], device=self.run.device) if s.repetition_penalty != 1.0 else None
         token = sample_next_token(
@@ -110,12 +113,6 @@ class ChatSession:
             repetition_penalty=s.repetition_penalty, prev_tokens=prev, generator=self.generator,
         )
         return int(token.item())
-
-    @torch.inference_mode()
-    def _forward(self, ids: list[int]) -> torch.Tensor:
-        self.tokens_encoded += len(ids)
-        idx = torch.tensor([ids], dtype=torch.long, device=self.run.device)
-        return self.run.model.next_token_logits(idx, self.cache)
 
     def _make_room(self, needed: int, *, current: list[int]) -> bool:
         """Drop the oldest whole turns (the system prompt last) until they, the exchange in

@@ -397,11 +397,8 @@ class GPT(nn.Module):
     def generate(self, idx: torch.Tensor, max_new_tokens: int, **sampling: Any) -> torch.Tensor:
         """``idx`` (B, T) followed by ``max_new_tokens`` generated tokens; ``sampling`` takes the
         keyword arguments of ``model.generation.generate_tokens``."""
-        out = torch.empty(idx.shape[0], idx.shape[1] + max_new_tokens, dtype=torch.long, device=idx.device)
-        out[:, : idx.shape[1]] = idx
-        for i, token in enumerate(generate_tokens(self, idx, max_new_tokens, **sampling)):
-            out[:, idx.shape[1] + i] = token
-        return out
+        columns = [token.unsqueeze(1) for token in generate_tokens(self, idx, max_new_tokens, **sampling)]
+        return torch.cat([idx, *columns], dim=1)
 
     def num_params(self, include_embeddings: bool = True) -> int:
         """Number of distinct parameters (a tied head is counted once).
