@@ -176,8 +176,7 @@ def causal_mask(q_len: int, k_len: int, device: torch.device | str | None = None
     ``j <= k_len - q_len + i``. (SDPA's ``is_causal=True`` aligns top-left, which is only right
     when ``q_len == k_len``.)
     """
-    offset = k_len - q_len
-    q_pos = torch.arange(q_len, device=device).unsqueeze(1) + offset
+    q_pos = torch.arange(q_len, device=device).unsqueeze(1) + (k_len - q_len)
     return torch.arange(k_len, device=device).unsqueeze(0) <= q_pos
 
 
@@ -341,8 +340,7 @@ class GPT(nn.Module):
             # Positions are always contiguous, so a slice of the table replaces an index lookup;
             # the checks above guarantee the slice is complete (never silently short).
             positions = self.pos_emb.weight[start:start + T]
-        x = self.tok_emb(idx) + positions
-        x = self.drop(x)
+        x = self.drop(self.tok_emb(idx) + positions)
         for block in self.blocks:
             x = block(x, cache)
         if cache is not None:
