@@ -16,7 +16,7 @@ from data.errors import DataError
 
 
 class _TrainWindows:
-    """What both samplers share: the arguments, the gather and iteration. Subclasses choose the
+    """What both samplers share: the arguments and the gather. Subclasses choose the
     window starts (``_starts``) and say what to save for an exact resume (``state_dict``)."""
 
     def __init__(
@@ -34,10 +34,6 @@ class _TrainWindows:
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(x, y), int64 (batch_size, block_size), on the configured device."""
         return _windows(self.tokens, self._starts(), self.block_size, self.device)
-
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        while True:
-            yield self.next()
 
     def _starts(self) -> np.ndarray:
         raise NotImplementedError
