@@ -116,8 +116,7 @@ def files_format(files: list[Path], fmt: str) -> str:
 def _format_of(path: Path) -> str:
     name = path.name.lower()
     for suffix in _COMPRESSION_SUFFIXES:
-        if name.endswith(suffix):
-            name = name[: -len(suffix)]
+        name = name.removesuffix(suffix)
     fmt = _FORMAT_BY_SUFFIX.get(os.path.splitext(name)[1])
     if fmt is None:
         raise DataError(
