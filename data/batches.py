@@ -16,7 +16,7 @@ from data.errors import DataError
 
 
 class _TrainWindows:
-    """What both samplers share: the arguments, the gather and iteration. Subclasses choose the
+    """What both samplers share: the arguments and the gather. Subclasses choose the
     window starts (``_starts``) and say what to save for an exact resume (``state_dict``)."""
 
     def __init__(
@@ -30,15 +30,10 @@ class _TrainWindows:
         self.batch_size = batch_size
         self.seed, self.rank, self.world_size = seed, rank, world_size
         self.device = torch.device(device)
-        self._offsets = np.arange(block_size + 1, dtype=np.int64)
 
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(x, y), int64 (batch_size, block_size), on the configured device."""
-        return _windows(self.tokens, self._starts(), self._offsets, self.device)
-
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        while True:
-            yield self.next()
+        return _windows(self.tokens, self._starts(), self.block_size, self.device)
 
     def _starts(self) -> np.ndarray:
         raise NotImplementedError
@@ -148,20 +143,19 @@ def iter_val_batches(
         count = min(n_windows, max_batches * batch_size)
         # Spacing >= 1 before rounding, so the picked windows are distinct.
         starts = starts[np.linspace(0, n_windows - 1, count).round().astype(np.int64)]
-    offsets = np.arange(block_size + 1, dtype=np.int64)
     device = torch.device(device)
     for i in range(0, len(starts), batch_size):
-        yield _windows(tokens, starts[i : i + batch_size], offsets, device)
+        yield _windows(tokens, starts[i : i + batch_size], block_size, device)
 
 
 def _windows(
-    tokens: np.ndarray, starts: np.ndarray, offsets: np.ndarray, device: torch.device
+    tokens: np.ndarray, starts: np.ndarray, block_size: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
     # One fancy-indexing gather (B, block_size + 1) straight from the memmap, then contiguous
     # int64 copies for embedding lookups and cross-entropy targets. The copies are made in numpy
     # on purpose: torch would split these tiny copies over its OpenMP threads, which costs
     # milliseconds per batch when the cores are busy (e.g. with the training step itself).
-    windows = tokens[starts[:, None] + offsets]
+    windows = tokens[starts[:, None] + np.arange(block_size + 1, dtype=np.int64)]
     x = torch.from_numpy(np.ascontiguousarray(windows[:, :-1], dtype=np.int64))
     y = torch.from_numpy(np.ascontiguousarray(windows[:, 1:], dtype=np.int64))
     if device.type == "cuda":

@@ -78,8 +78,7 @@ def _take_streamed(
     texts: list[str] = []
     ids: list[str] = []
     total_bytes = 0
-    bar = tqdm(desc=f"reading {hub.name} [{split}]", unit="doc", total=max_docs, disable=not progress)
-    with bar:
+    with tqdm(desc=f"reading {hub.name} [{split}]", unit="doc", total=max_docs, disable=not progress) as bar:
         for row in dataset:
             if not texts:
                 check_text_column(row, hub.text_column, f"hub dataset {hub.name}", "data.hub.text_column")

@@ -116,8 +116,7 @@ def files_format(files: list[Path], fmt: str) -> str:
 def _format_of(path: Path) -> str:
     name = path.name.lower()
     for suffix in _COMPRESSION_SUFFIXES:
-        if name.endswith(suffix):
-            name = name[: -len(suffix)]
+        name = name.removesuffix(suffix)
     fmt = _FORMAT_BY_SUFFIX.get(os.path.splitext(name)[1])
     if fmt is None:
         raise DataError(
@@ -135,8 +134,7 @@ def _common_root(files: list[Path]) -> Path:
 
 def _file_read_error(exc: BaseException, files: list[Path], description: str) -> DataError:
     if find_cause(exc, UnicodeDecodeError) is not None:
-        bad = _first_undecodable(files)
-        where = f"file {bad[0]} is not valid UTF-8 ({bad[1]})" if bad else f"{description}: not valid UTF-8"
+        where = _first_undecodable(files) or f"{description}: not valid UTF-8"
         fix = "fix the file, or set data.files.encoding_errors: replace (bad bytes become U+FFFD)"
         return DataError(f"{where}: {fix}")
     if description.startswith("local jsonl"):
@@ -147,7 +145,7 @@ def _file_read_error(exc: BaseException, files: list[Path], description: str) ->
     return DataError(f"cannot read {description}: {one_line(cause)}; check the files and data.files.format")
 
 
-def _first_undecodable(files: list[Path]) -> tuple[Path, str] | None:
+def _first_undecodable(files: list[Path]) -> str | None:
     for path in files:
         opener = gzip.open if path.name.endswith(".gz") else open
         with opener(path, "rb") as f:
@@ -155,7 +153,7 @@ def _first_undecodable(files: list[Path]) -> tuple[Path, str] | None:
         try:
             data.decode("utf-8")
         except UnicodeDecodeError as err:
-            return path, f"byte 0x{data[err.start]:02x} at offset {err.start}"
+            return f"file {path} is not valid UTF-8 (byte 0x{data[err.start]:02x} at offset {err.start})"
     return None
 
 

@@ -104,8 +104,6 @@ def split_for_encoding(text: str) -> list[str]:
     Encoding a 300 KB play as one input is markedly slower than encoding its pieces (and gives
     encode_batch's threads nothing to share); see `_SAFE_SPLIT` for why the cut is exact.
     """
-    if len(text) <= _PIECE_CHARS:
-        return [text]
     pieces: list[str] = []
     start = 0
     while len(text) - start > _PIECE_CHARS:
@@ -124,19 +122,15 @@ def encode_documents(tokenizer: Tokenizer, texts: list[str], eot: int) -> list[i
     The caller must have set `tokenizer.encode_special_tokens = True`, so a literal
     "<|endoftext|>" inside a document is text, never a document boundary.
     """
-    pieces: list[str] = []
-    counts: list[int] = []
-    for text in texts:
-        parts = split_for_encoding(text)
-        pieces.extend(parts)
-        counts.append(len(parts))
+    documents = [split_for_encoding(text) for text in texts]
+    pieces = [piece for parts in documents for piece in parts]
     # encode_batch runs on all cores (Rust threads); add_special_tokens=False: no post-processor
     # tokens, our own EOT placement below is the only one.
     encodings = iter(tokenizer.encode_batch(pieces, add_special_tokens=False))
     ids: list[int] = []
-    for count in counts:
+    for parts in documents:
         ids.append(eot)
-        for _ in range(count):
+        for _ in parts:
             ids.extend(next(encodings).ids)
     return ids
 

@@ -55,14 +55,12 @@ class ChatSession:
         self.cache = run.model.init_cache(1) if use_cache else None
         self.on_notice = on_notice or (lambda message: None)
         self.tokens_encoded = 0  # positions run through the model: shows the history is reused
-        self.turns: list[list[int]] = []
-        self.window: list[int] = []
         self.reset()
 
     def reset(self) -> None:
         """Forget the conversation (the system prompt stays)."""
-        self.turns = [self.system_turn] if self.system_turn else []
-        self.window = list(self.system_turn)
+        self.turns: list[list[int]] = [self.system_turn] if self.system_turn else []
+        self.window: list[int] = list(self.system_turn)
         if self.cache is not None:
             self.cache.reset()
 
@@ -101,10 +99,13 @@ class ChatSession:
         self.turns += [prompt[:-1], [prompt[-1], *generated] + ([] if finish == "end" else [self.special.end])]
         return ChatReply(stream.text, generated, finish)
 
+    @torch.inference_mode()
     def _next_token(self) -> int:
         # With the cache only the ids it has not seen yet; without it, the whole window every time.
         ids = self.window[self.cache.pos :] if self.cache is not None else self.window
-        logits = self._forward(ids)
+        self.tokens_encoded += len(ids)
+        idx = torch.tensor([ids], dtype=torch.long, device=self.run.device)
+        logits = self.run.model.next_token_logits(idx, self.cache)
         s = self.settings
         prev = torch.tensor([self.window], device=self.run.device) if s.repetition_penalty != 1.0 else None
         token = sample_next_token(
@@ -112,12 +113,6 @@ class ChatSession:
             repetition_penalty=s.repetition_penalty, prev_tokens=prev, generator=self.generator,
         )
         return int(token.item())
-
-    @torch.inference_mode()
-    def _forward(self, ids: list[int]) -> torch.Tensor:
-        self.tokens_encoded += len(ids)
-        idx = torch.tensor([ids], dtype=torch.long, device=self.run.device)
-        return self.run.model.next_token_logits(idx, self.cache)
 
     def _make_room(self, needed: int, *, current: list[int]) -> bool:
         """Drop the oldest whole turns (the system prompt last) until they, the exchange in

@@ -60,8 +60,8 @@ def chat_main(args: argparse.Namespace, settings: GenerationSettings, prompt: st
 
 
 def _reply(session: ChatSession, text: str) -> None:
-    reply = session.reply(text, on_text=_write)
-    _write("\n")
+    reply = session.reply(text, on_text=write_stdout)
+    write_stdout("\n")
     if reply.finish_reason != "end":
         print(
             "notice: the reply was cut off before the model ended its turn (--max-new-tokens or the window)",
@@ -69,6 +69,7 @@ def _reply(session: ChatSession, text: str) -> None:
         )
 
 
-def _write(text: str) -> None:
+def write_stdout(text: str) -> None:
+    """Write ``text`` to stdout at once (streamed text must not wait in a buffer)."""
     sys.stdout.write(text)
     sys.stdout.flush()

@@ -18,7 +18,7 @@ from common.cli import ArgumentParser, run_command
 from common.device import select_device
 from common.errors import UserError
 from common.os_errors import describe_os_error
-from inference.chat_cli import chat_main
+from inference.chat_cli import chat_main, write_stdout
 from inference.completion import GenerationResult, encode_prompt, generate_completions
 from inference.runs import find_latest_run, load_run
 from inference.settings import GenerationSettings
@@ -157,22 +157,22 @@ def _generate(args: argparse.Namespace) -> int:
 
     streaming = settings.num_samples == 1 and not args.json
     if streaming and not args.quiet:
-        _write(prompt)
+        write_stdout(prompt)
     result = generate_completions(
-        run, prompt_tokens.ids, settings, on_text=(lambda _row, text: _write(text)) if streaming else None
+        run, prompt_tokens.ids, settings, on_text=(lambda _row, text: write_stdout(text)) if streaming else None
     )
 
     if args.json:
         report = _json_report(run.directory, prompt, prompt_tokens.ids, result)
-        _write(json.dumps(report, ensure_ascii=False) + "\n")
+        write_stdout(json.dumps(report, ensure_ascii=False) + "\n")
     elif streaming:
-        _write("\n")  # the text is out already; end its line
+        write_stdout("\n")  # the text is out already; end its line
     elif args.quiet:
-        _write("".join(completion.text + "\n" for completion in result.completions))
+        write_stdout("".join(completion.text + "\n" for completion in result.completions))
     else:
         for number, completion in enumerate(result.completions, start=1):
             seed = "" if completion.seed is None else f" (seed {completion.seed})"
-            _write(f"--- sample {number}/{settings.num_samples}{seed} ---\n{prompt}{completion.text}\n")
+            write_stdout(f"--- sample {number}/{settings.num_samples}{seed} ---\n{prompt}{completion.text}\n")
     if not args.quiet:
         print(_stats_line(result, settings), file=sys.stderr)
     return 0
@@ -211,11 +211,6 @@ def _decode_utf8(data: bytes, source: str) -> str:
             f"{source} is not valid UTF-8 (byte 0x{data[error.start]:02x} at offset {error.start}); "
             "convert it to UTF-8"
         ) from None
-
-
-def _write(text: str) -> None:
-    sys.stdout.write(text)
-    sys.stdout.flush()
 
 
 def _json_report(run_dir: Path, prompt: str, prompt_ids: list[int], result: GenerationResult) -> dict:

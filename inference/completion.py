@@ -107,10 +107,8 @@ def generate_completions(
         )
         for row, stream in enumerate(streams)
     ]
-    if first is None:
-        stats = GenerationStats(rows, steps, time_to_first_token_s=None, decode_time_s=0.0)
-    else:
-        stats = GenerationStats(rows, steps, time_to_first_token_s=first - start, decode_time_s=last - first)
+    ttft, decode_time = (None, 0.0) if first is None else (first - start, last - first)
+    stats = GenerationStats(rows, steps, time_to_first_token_s=ttft, decode_time_s=decode_time)
     return GenerationResult(completions, stats, seed)
 
 

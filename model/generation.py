@@ -231,16 +231,13 @@ def _generate(
     tokens[:, :prompt_len] = idx
     n = prompt_len
     start = max(0, n - block_size)  # the model sees tokens[:, start:n]
-    cache = None
-    if use_cache:
-        # A whole-window cache: one-token steps then attend over the shapes the serving engine's
-        # rows do, so with model.gpt.batch_invariant a request decodes bit for bit alike here.
-        cache = model.init_cache(batch)
-    penalise = sampling["repetition_penalty"] != 1.0
+    # A whole-window cache: one-token steps then attend over the shapes the serving engine's
+    # rows do, so with model.gpt.batch_invariant a request decodes bit for bit alike here.
+    cache = model.init_cache(batch) if use_cache else None
 
     logits = _encode_window(model, tokens[:, start:n], cache)
     for step in range(max_new_tokens):
-        token = sample_next_token(logits, prev_tokens=tokens[:, :n] if penalise else None, **sampling)
+        token = sample_next_token(logits, prev_tokens=tokens[:, :n], **sampling)
         tokens[:, n] = token
         n += 1
         yield token

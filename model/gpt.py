@@ -176,8 +176,7 @@ def causal_mask(q_len: int, k_len: int, device: torch.device | str | None = None
     ``j <= k_len - q_len + i``. (SDPA's ``is_causal=True`` aligns top-left, which is only right
     when ``q_len == k_len``.)
     """
-    offset = k_len - q_len
-    q_pos = torch.arange(q_len, device=device).unsqueeze(1) + offset
+    q_pos = torch.arange(q_len, device=device).unsqueeze(1) + (k_len - q_len)
     return torch.arange(k_len, device=device).unsqueeze(0) <= q_pos
 
 
@@ -310,8 +309,6 @@ class GPT(nn.Module):
             elif isinstance(module, RMSNorm):
                 nn.init.ones_(module.weight)
 
-    # ---------------------------------------------------------------- forward passes
-
     def forward(
         self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: KVCache | RowStep | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
@@ -343,8 +340,7 @@ class GPT(nn.Module):
             # Positions are always contiguous, so a slice of the table replaces an index lookup;
             # the checks above guarantee the slice is complete (never silently short).
             positions = self.pos_emb.weight[start:start + T]
-        x = self.tok_emb(idx) + positions
-        x = self.drop(x)
+        x = self.drop(self.tok_emb(idx) + positions)
         for block in self.blocks:
             x = block(x, cache)
         if cache is not None:
@@ -374,17 +370,14 @@ class GPT(nn.Module):
         cache.check_room(T)
         return cache.pos
 
-    # ---------------------------------------------------------------- inference helpers
-
     def init_cache(
         self,
         batch_size: int,
         max_len: int | None = None,
-        device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> KVCache:
         """An empty KV cache for ``batch_size`` rows and up to ``max_len`` (<= block_size) positions,
-        on the model's device and in its parameter dtype unless told otherwise."""
+        on the model's device, in its parameter dtype unless told otherwise."""
         cfg = self.config
         max_len = cfg.block_size if max_len is None else max_len
         if not 1 <= max_len <= cfg.block_size:
@@ -395,20 +388,15 @@ class GPT(nn.Module):
         weight = self.tok_emb.weight
         return KVCache(
             cfg.n_layer, batch_size, cfg.n_kv_head, max_len, cfg.head_dim,
-            device=weight.device if device is None else device,
+            device=weight.device,
             dtype=weight.dtype if dtype is None else dtype,
         )
 
     def generate(self, idx: torch.Tensor, max_new_tokens: int, **sampling: Any) -> torch.Tensor:
         """``idx`` (B, T) followed by ``max_new_tokens`` generated tokens; ``sampling`` takes the
         keyword arguments of ``model.generation.generate_tokens``."""
-        out = torch.empty(idx.shape[0], idx.shape[1] + max_new_tokens, dtype=torch.long, device=idx.device)
-        out[:, : idx.shape[1]] = idx
-        for i, token in enumerate(generate_tokens(self, idx, max_new_tokens, **sampling)):
-            out[:, idx.shape[1] + i] = token
-        return out
-
-    # ---------------------------------------------------------------- accounting
+        columns = [token.unsqueeze(1) for token in generate_tokens(self, idx, max_new_tokens, **sampling)]
+        return torch.cat([idx, *columns], dim=1)
 
     def num_params(self, include_embeddings: bool = True) -> int:
         """Number of distinct parameters (a tied head is counted once).

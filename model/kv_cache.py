@@ -111,14 +111,6 @@ class RowCache:
         self.buffers = buffers
         self.lengths = [0] * buffers.batch_size
 
-    @property
-    def batch_size(self) -> int:
-        return self.buffers.batch_size
-
-    @property
-    def max_len(self) -> int:
-        return self.buffers.max_len
-
     def row(self, r: int) -> KVCache:
         """Row r as a one-row KVCache at its current length; copy ``pos`` back to ``lengths[r]``
         after writing through it."""
@@ -145,19 +137,15 @@ class RowStep:
         device = cache.buffers.k.device
         self._index = torch.tensor(rows, device=device)
         self._lengths = torch.tensor([cache.lengths[r] for r in rows], device=device)
-        written = torch.arange(cache.max_len, device=device) <= self._lengths.unsqueeze(1)
+        written = torch.arange(cache.buffers.max_len, device=device) <= self._lengths.unsqueeze(1)
         self._mask = written.view(len(rows), 1, 1, -1)
-
-    @property
-    def batch_size(self) -> int:
-        return len(self.rows)
 
     def check(self, B: int, T: int, block_size: int) -> None:
         """Raise ValueError unless idx is (len(rows), 1) and every row has room for its token."""
         if T != 1 or B != len(self.rows):
             raise ValueError(f"a RowStep decodes one token for each of its {len(self.rows)} rows; "
                              f"got idx of shape ({B}, {T})")
-        limit = min(block_size, self.cache.max_len)
+        limit = min(block_size, self.cache.buffers.max_len)
         full = [r for r in self.rows if self.cache.lengths[r] >= limit]
         if full:
             raise ValueError(f"rows {full} already hold {limit} positions; re-encode a shorter "
