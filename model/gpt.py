@@ -228,15 +228,18 @@ class CausalSelfAttention(nn.Module):
         y = y.transpose(1, 2).reshape(B, T, C)
         return self.resid_dropout(self.proj(y))
 
-    def _attend_token(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """One new token per row against the rows' whole K/V buffers, ``mask`` hiding the slots
-        not written yet: how rows at different lengths decode together (``RowStep``), and how
-        every one-token step decodes inside ``batch_invariant``. The shapes are the same at
+    def _attend_token(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        """One new token per row against keys ``k, v``; ``mask`` hides the slots of the rows'
+        whole K/V buffers not written yet. That is how rows at different lengths decode
+        together (``RowStep``), and how every one-token step decodes inside ``batch_invariant``. The shapes are the same at
         every position and in every batch, so a row's arithmetic never depends on how far it
         is or on which rows decode beside it: a request decodes bit for bit alike alone and
         batched with others. (On the CPU this also needs every row of q, k and v to start 64
         bytes apart from the others, which holds when head_dim is a multiple of 16: the
-        kernels' summation order depends on where a row starts in memory.)"""
+        kernels' summation order depends on where a row starts in memory.) Viewing the group's
+        query heads as its query positions lets the group share its K/V head with no copy."""
         B, H, _, d = q.shape
         grouped = q.view(B, self.n_kv_head, H // self.n_kv_head, d)
         dropout_p = self.attn_dropout if self.training else 0.0
@@ -246,11 +249,8 @@ class CausalSelfAttention(nn.Module):
         B, H, T, d = q.shape
         S = k.shape[2]
         dropout_p = self.attn_dropout if self.training else 0.0
-        if T == 1:
-            # The newest token may read every key, so no mask. Viewing the group's query heads
-            # as its query positions lets the group share its K/V head with no copy.
-            grouped = q.view(B, self.n_kv_head, H // self.n_kv_head, d)
-            return F.scaled_dot_product_attention(grouped, k, v, dropout_p=dropout_p).view(B, H, 1, d)
+        if T == 1:  # the newest token may read every key
+            return self._attend_token(q, k, v, mask=None)
         # A whole sequence (T == S) is plain causal; a chunk on top of a filled cache needs
         # the bottom-right mask, which is_causal=True would get wrong.
         mask = None if T == S else causal_mask(T, S, device=q.device)
