@@ -15,8 +15,8 @@ class KVCache:
 
     ``pos`` is the number of positions already written. A forward pass with this cache writes
     its chunk at ``[pos, pos + T)`` in every layer and then advances ``pos`` by T. Attention
-    only ever reads ``[0, pos + T)``, so ``reset()`` needs no zeroing: old entries beyond the
-    new ``pos`` are overwritten before they can be read.
+    only ever uses ``[0, pos + T)`` (a ``write_token`` step reads the whole buffer but masks the
+    rest), so ``reset()`` needs no zeroing: old entries beyond the new ``pos`` never count.
     """
 
     def __init__(
