@@ -34,10 +34,6 @@ def require(condition: bool, message: str, error: type[Exception] = ConfigError)
         raise error(message)
 
 
-# ---------------------------------------------------------------------------------------------
-# YAML
-
-
 class _Loader(BoundedSafeLoader):
     """YAML 1.2 numbers and booleans; no duplicate keys, no alias bombs.
 
@@ -85,10 +81,6 @@ def read_yaml(text: str, source: str) -> Any:
         where = f" line {mark.line + 1}" if mark is not None else ""
         problem = getattr(e, "problem", None) or one_line(e)
         raise ConfigError(f"{source}{where}: invalid YAML ({problem}); fix the syntax") from None
-
-
-# ---------------------------------------------------------------------------------------------
-# Dicts to dataclasses
 
 
 def build(cls: type, raw: Any, path: str = "", error: type[Exception] = ConfigError) -> Any:

@@ -190,10 +190,6 @@ class Config:
         return Path(self.run.out_dir if self.run.out_dir is not None else "runs/default")
 
 
-# ---------------------------------------------------------------------------------------------
-# Loading
-
-
 def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Read a YAML config, apply ``--set key=value`` overrides, validate, return a ``Config``."""
     path = Path(path)

@@ -72,9 +72,6 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     return records
 
 
-# ---------------------------------------------------------------------------------------------
-# Peak FLOP/s and MFU
-
 # Dense bf16 tensor-core peaks (FLOP/s) from the vendors' datasheets, matched by substring of
 # torch.cuda.get_device_name(); more specific names come first. Anything else is measured.
 _GPU_BF16_PEAKS: list[tuple[str, float]] = [
