@@ -19,7 +19,7 @@ def select_device(name: str = "auto", *, setting: str = "device") -> torch.devic
     if name == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda")
-        if mps_available():
+        if torch.backends.mps.is_available():
             return torch.device("mps")
         return torch.device("cpu")
     try:
@@ -35,11 +35,6 @@ def select_device(name: str = "auto", *, setting: str = "device") -> torch.devic
             raise UserError(
                 f"{setting} is {name!r} but only {torch.cuda.device_count()} CUDA device(s) exist here"
             )
-    if device.type == "mps" and not mps_available():
+    if device.type == "mps" and not torch.backends.mps.is_available():
         raise UserError(f"{setting} is {name!r} but MPS is not available here; use auto or cpu")
     return device
-
-
-def mps_available() -> bool:
-    backend = getattr(torch.backends, "mps", None)
-    return bool(backend is not None and backend.is_available())

@@ -24,7 +24,10 @@ def atomic_output(path: str | os.PathLike) -> Iterator[Path]:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     # mkstemp creates the file owner-only (0600); give it the mode a plain open() would have.
-    mode = 0o666 & ~_current_umask()
+    # The only portable way to read the umask is to set it and put it back.
+    umask = os.umask(0o022)
+    os.umask(umask)
+    mode = 0o666 & ~umask
     os.fchmod(fd, mode)
     os.close(fd)
     tmp = Path(tmp_name)
@@ -50,13 +53,6 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     """Write ``text`` as UTF-8 to ``path`` atomically."""
     atomic_write_bytes(path, text.encode("utf-8"))
-
-
-def _current_umask() -> int:
-    # The only portable way to read the umask is to set it and put it back.
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 def _fsync_file(path: Path) -> None:
