@@ -44,7 +44,6 @@ def configure_backends(device: torch.device) -> None:
     """Allow TF32 for fp32 matmuls on CUDA (much faster on Ampere and later, at a precision that
     does not matter for training); on the CPU, keep freed memory for reuse."""
     if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
         torch.set_float32_matmul_precision("high")
     elif device.type == "cpu":

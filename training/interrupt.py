@@ -21,8 +21,6 @@ class StopRequest:
     exactly this.
     """
 
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
     def __init__(self) -> None:
         self.signum: int | None = None
         # Set once everything is saved (the final validation): a signal then ends that work at
@@ -38,7 +36,7 @@ class StopRequest:
         # Python only lets the main thread set handlers; elsewhere signals keep their defaults.
         if threading.current_thread() is not threading.main_thread():
             return
-        for sig in self.SIGNALS:
+        for sig in (signal.SIGINT, signal.SIGTERM):
             self._previous[sig] = signal.signal(sig, self._handle)
 
     def restore(self) -> None:
