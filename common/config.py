@@ -139,10 +139,7 @@ def _checked(value: Any, hint: Any, key: str, error: type[Exception]) -> Any:
     elif hint is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-    elif hint is type(None):
-        if value is None:
-            return value
-    elif isinstance(value, hint):
+    elif isinstance(value, hint):  # also None against NoneType
         return value
     raise error(f"{key} must be {_describe(hint)}, got {_show(value)}")
 
