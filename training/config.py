@@ -22,8 +22,6 @@ from model import GPTConfig
 from model.generation import check_sampling_args
 from training.init_from import find_parent, model_section_from_parent
 
-__all__ = ["Config", "ConfigError", "load_config", "config_from_dict", "config_to_dict", "save_config"]
-
 WANDB_MODES = ("auto", "online", "offline", "disabled")
 
 
