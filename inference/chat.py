@@ -2,7 +2,7 @@
 
 The session keeps the window of token ids the model sees, starting at position 0 (learned
 positions: a conversation always starts there, as in fine-tuning), and its KV cache holds the
-first ``cache.pos`` of them. Each user turn is rendered by ``data.chat`` and appended; only the ids
+first ``cache.lengths[0]`` of them. Each user turn is rendered by ``data.chat`` and appended; only the ids
 the cache has not seen are run through the model, so the history is never re-encoded while it
 fits. When the window would overflow, the oldest whole turns are dropped (the system prompt is
 kept while it fits), the rest is re-encoded from position 0, and the session says so. Without the
@@ -102,7 +102,7 @@ class ChatSession:
     @torch.inference_mode()
     def _next_token(self) -> int:
         # With the cache only the ids it has not seen yet; without it, the whole window every time.
-        ids = self.window[self.cache.pos :] if self.cache is not None else self.window
+        ids = self.window[self.cache.lengths[0] :] if self.cache is not None else self.window
         self.tokens_encoded += len(ids)
         idx = torch.tensor([ids], dtype=torch.long, device=self.run.device)
         logits = self.run.model.next_token_logits(idx, self.cache)

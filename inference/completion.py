@@ -79,12 +79,13 @@ def encode_prompt(run: LoadedRun, prompt: str) -> PromptTokens:
 
 def generate_completions(
     run: LoadedRun, prompt_ids: Sequence[int], settings: GenerationSettings,
-    on_text: TextCallback | None = None,
+    on_text: TextCallback | None = None, *, batch_invariant: bool = False,
 ) -> GenerationResult:
     """Sample ``settings.num_samples`` continuations of ``prompt_ids`` as one batch (one cache).
 
     Row i draws from its own generator seeded ``seed + i``, so it equals the single-row run with
-    that seed. Every row's streamed pieces join to its ``Completion.text``.
+    that seed. Every row's streamed pieces join to its ``Completion.text``. ``batch_invariant``:
+    decode with the serving engine's arithmetic (see ``GPT.next_token_logits``).
     """
     seed = settings.seed if settings.seed is not None else secrets.randbelow(2**31)
     rows = settings.num_samples
@@ -97,7 +98,7 @@ def generate_completions(
     columns = generate_tokens(
         run.model, idx, settings.max_new_tokens, temperature=settings.temperature, top_k=settings.top_k,
         top_p=settings.top_p, repetition_penalty=settings.repetition_penalty, use_cache=settings.use_cache,
-        generator=generators,
+        generator=generators, batch_invariant=batch_invariant,
     )
     tokens, steps, first, last = _stream_columns(columns, streams, on_text)
     completions = [

@@ -19,8 +19,8 @@ from collections.abc import Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
+from model.gpt import GPT
 from model.kv_cache import KVCache
 
 # When the window reaches block_size, this fraction of it (the most recent tokens) is kept and
@@ -126,9 +126,9 @@ def sample_next_token(
     temperature 0 is greedy: the argmax after the repetition penalty, consuming no randomness.
     Otherwise each row draws one uniform u and takes the id where the cumulative probability
     (in id order) first exceeds u. ``generator`` may be one generator shared by the rows in
-    order, or one generator per row (row i then consumes only generator i).
+    order, or one generator per row (row i then consumes only generator i). The settings are
+    trusted: whoever took them from a user checked them (``check_sampling_args``), once.
     """
-    check_sampling_args(temperature, top_k, top_p, repetition_penalty)
     logits = logits.float()
     if prev_tokens is not None:
         logits = apply_repetition_penalty(logits, prev_tokens, repetition_penalty)
@@ -175,7 +175,7 @@ def uniform_per_row(batch: int, generator: Generators, device: torch.device) -> 
 
 
 def generate_tokens(
-    model: nn.Module,
+    model: GPT,
     idx: torch.Tensor,
     max_new_tokens: int,
     *,
@@ -186,12 +186,15 @@ def generate_tokens(
     use_cache: bool = True,
     generator: Generators = None,
     keep_fraction: float = KEEP_FRACTION,
+    batch_invariant: bool = False,
 ) -> Iterator[torch.Tensor]:
     """Yield each new token column (B,) as it is produced, ``max_new_tokens`` of them.
 
     ``idx`` (B, T) is the prompt, T >= 1; a prompt longer than block_size is cut to its last
     block_size tokens. Call with the model in eval mode (dropout would make steps random).
-    Arguments are checked here, before the first token is asked for.
+    Arguments are checked here, before the first token is asked for. ``batch_invariant``: the
+    one-token steps take the serving engine's arithmetic (``GPT.next_token_logits``), so a
+    request decodes here bit for bit as the server decodes it.
     """
     if idx.dim() != 2 or idx.shape[1] == 0 or idx.dtype != torch.long:
         raise ValueError(f"idx must be a non-empty (batch, time) LongTensor of token ids, got "
@@ -208,7 +211,14 @@ def generate_tokens(
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p,
                     repetition_penalty=repetition_penalty, generator=generator)
     keep = kept_window(model.config.block_size, keep_fraction)
-    return _generate(model, idx, max_new_tokens, sampling, use_cache, keep)
+    return _generate(model, idx, max_new_tokens, sampling, use_cache, keep, batch_invariant)
+
+
+def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, **options) -> torch.Tensor:
+    """``idx`` (B, T) followed by ``max_new_tokens`` generated tokens; ``options`` are
+    ``generate_tokens``' keyword arguments."""
+    columns = [token.unsqueeze(1) for token in generate_tokens(model, idx, max_new_tokens, **options)]
+    return torch.cat([idx, *columns], dim=1)
 
 
 def kept_window(block_size: int, keep_fraction: float) -> int:
@@ -220,7 +230,8 @@ def kept_window(block_size: int, keep_fraction: float) -> int:
 # every yield, so it never leaks into the caller's code between tokens.
 @torch.inference_mode()
 def _generate(
-    model: nn.Module, idx: torch.Tensor, max_new_tokens: int, sampling: dict, use_cache: bool, keep: int
+    model: GPT, idx: torch.Tensor, max_new_tokens: int, sampling: dict, use_cache: bool, keep: int,
+    batch_invariant: bool,
 ) -> Iterator[torch.Tensor]:
     if max_new_tokens == 0:
         return
@@ -231,11 +242,12 @@ def _generate(
     tokens[:, :prompt_len] = idx
     n = prompt_len
     start = max(0, n - block_size)  # the model sees tokens[:, start:n]
-    # A whole-window cache: one-token steps then attend over the shapes the serving engine's
-    # rows do, so with model.gpt.batch_invariant a request decodes bit for bit alike here.
+    # A whole-window cache: with batch_invariant, one-token steps then attend over the shapes the
+    # serving engine's rows do, so a request decodes bit for bit alike here.
     cache = model.init_cache(batch) if use_cache else None
+    invariant = dict(batch_invariant=batch_invariant)
 
-    logits = _encode_window(model, tokens[:, start:n], cache)
+    logits = _encode_window(model, tokens[:, start:n], cache, invariant)
     for step in range(max_new_tokens):
         token = sample_next_token(logits, prev_tokens=tokens[:, :n], **sampling)
         tokens[:, n] = token
@@ -245,15 +257,15 @@ def _generate(
             break  # the next logits would never be used
         if n - start > block_size:
             start = n - keep
-            logits = _encode_window(model, tokens[:, start:n], cache)
+            logits = _encode_window(model, tokens[:, start:n], cache, invariant)
         elif cache is not None:
-            logits = model.next_token_logits(tokens[:, n - 1:n], cache)
+            logits = model.next_token_logits(tokens[:, n - 1:n], cache, **invariant)
         else:
-            logits = model.next_token_logits(tokens[:, start:n])
+            logits = model.next_token_logits(tokens[:, start:n], **invariant)
 
 
-def _encode_window(model: nn.Module, window: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
+def _encode_window(model: GPT, window: torch.Tensor, cache: KVCache | None, invariant: dict) -> torch.Tensor:
     """Next-token logits for a window placed at position 0 (refilling the cache, if any)."""
     if cache is not None:
         cache.reset()
-    return model.next_token_logits(window, cache)
+    return model.next_token_logits(window, cache, **invariant)

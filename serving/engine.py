@@ -1,6 +1,7 @@
 """The inference engine: many requests decoded together through one KV cache (continuous batching).
 
-One background thread owns the model and a ``RowCache`` of ``max_batch`` rows. Each iteration of
+One background thread owns the model and a ``KVCache`` of ``max_batch`` rows, each filled to its own
+length. Each iteration of
 its loop schedules every token:
 
 1. drop requests whose client went away, freeing their rows;
@@ -16,9 +17,10 @@ Rows are independent: a request gets exactly the tokens it would get served alon
 is being served. Each request samples from its own ``torch.Generator`` seeded like generate.py's
 first sample; past the context window a row re-encodes its most recent tokens from position 0 by
 generate.py's rule (``kept_window`` of ``KEEP_FRACTION``); the batched decode step computes each
-row bit for bit as alone (its attention reads the row's whole cache buffer under a mask, and its
-matrix products run in fixed blocks of rows: ``model.gpt.batch_invariant``). Against generate.py,
-whose single stream takes the plain one-row products, tokens agree up to fp32 rounding. A prompt
+row bit for bit as alone (``GPT.next_token_logits(batch_invariant=True)``: its attention reads the
+row's whole cache buffer under a mask, and its matrix products run in fixed blocks of rows; on the
+CPU this holds when the model's head_dim is a multiple of 16). Against generate.py, whose single
+stream takes the plain one-row products, tokens agree up to fp32 rounding. A prompt
 longer than ``prefill_chunk`` is encoded in chunks; the chunks depend only on the request, so it
 still equals itself served alone.
 
@@ -38,8 +40,7 @@ from dataclasses import dataclass, field
 import torch
 
 from inference.streaming import TextStream
-from model import GPT, RowCache
-from model.gpt import batch_invariant
+from model import GPT
 from model.generation import KEEP_FRACTION, kept_window, sample_next_token
 
 log = logging.getLogger(__name__)
@@ -143,7 +144,7 @@ class Engine:
             raise ValueError("max_queue must be >= 0 and prefill_chunk >= 1")
         self.block_size = cfg.block_size
         self.keep = kept_window(cfg.block_size, KEEP_FRACTION)
-        self.cache = RowCache(model.init_cache(max_batch))
+        self.cache = model.init_cache(max_batch)
         self._waiting: collections.deque[_Request] = collections.deque()
         self._rows: list[_Request | None] = [None] * max_batch
         self._wake = threading.Condition()
@@ -236,7 +237,6 @@ class Engine:
                     self._finish(request, "error")
 
     @torch.inference_mode()
-    @batch_invariant()
     def step(self) -> None:
         """One iteration: cancel, admit, prefill a chunk, decode one token per row, sample.
         The loop thread calls it; a test may call it directly on an engine never started."""
@@ -267,26 +267,23 @@ class Engine:
                     request = self._waiting.popleft()
                     request.row = row
                     self._rows[row] = request
-                    self.cache.lengths[row] = 0
+                    self.cache.reset([row])
 
     def _prefill_chunk(self, request: _Request) -> None:
         """Encode the next chunk of the row's window; the last chunk yields next-token logits."""
         window = request.tokens[request.start:]
         done = self.cache.lengths[request.row]
         chunk = window[done:done + self.prefill_chunk]
-        view = self.cache.row(request.row)
-        logits = self.model.next_token_logits(torch.tensor([chunk], device=view.k.device), view)
-        self.cache.lengths[request.row] = view.pos
-        if view.pos == len(window):
+        idx = torch.tensor([chunk], device=self.cache.device)
+        logits = self.model.next_token_logits(idx, self.cache, [request.row], batch_invariant=True)
+        if self.cache.lengths[request.row] == len(window):
             request.logits = logits
             request.prefilling = False
 
     def _decode(self, requests: list[_Request]) -> None:
         """One token for every decoding row, in one batched forward pass."""
-        step = self.cache.step([r.row for r in requests])
-        device = self.cache.buffers.k.device
-        idx = torch.tensor([[r.tokens[-1]] for r in requests], device=device)
-        logits = self.model.next_token_logits(idx, step)
+        idx = torch.tensor([[r.tokens[-1]] for r in requests], device=self.cache.device)
+        logits = self.model.next_token_logits(idx, self.cache, [r.row for r in requests], batch_invariant=True)
         for i, request in enumerate(requests):
             request.logits = logits[i:i + 1]
 
@@ -324,13 +321,13 @@ class Engine:
                 # position 0, as generate.py does (learned positions cannot slide).
                 request.start = len(request.tokens) - self.keep
                 request.prefilling = True
-                self.cache.lengths[request.row] = 0
+                self.cache.reset([request.row])
 
     def _finish(self, request: _Request, reason: str, token: int | None = None, text: str = "") -> None:
         """Free the request's row and send its last event."""
         if request.row >= 0 and self._rows[request.row] is request:
             self._rows[request.row] = None
-            self.cache.lengths[request.row] = 0
+            self.cache.reset([request.row])
         if reason in ("length", "stop"):
             text += request.stream.finish()  # an unfinished character at the end, as U+FFFD
         generated = tuple(request.tokens[len(request.prompt_ids):])

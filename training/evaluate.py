@@ -13,6 +13,7 @@ from torch import nn
 
 from common.errors import UserError
 from data import bits_per_byte, iter_val_batches, target_nats_and_bytes
+from model.generation import generate
 from training.distributed import DistContext, all_reduce_sum
 
 
@@ -121,7 +122,7 @@ def generate_sample(
     idx = torch.tensor([tokenizer.encode(prompt).ids or [start_id]], dtype=torch.long, device=device)
     generator = torch.Generator(device=device).manual_seed(seed)
     with eval_mode(model):
-        out = model.generate(
-            idx, max_new_tokens, temperature=temperature, top_k=top_k, use_cache=True, generator=generator
+        out = generate(
+            model, idx, max_new_tokens, temperature=temperature, top_k=top_k, use_cache=True, generator=generator
         )
     return tokenizer.decode(out[0].tolist())

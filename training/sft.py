@@ -19,6 +19,7 @@ from torch import nn
 
 from data.chat_batches import iter_chat_val_batches
 from data.chat_prepare import ChatSplit
+from model.generation import generate
 from training.distributed import all_reduce_sum
 from training.evaluate import EvalResult, eval_mode, score_batches
 
@@ -97,7 +98,7 @@ def chat_reply_samples(
             if room < 1:
                 continue
             idx = torch.tensor([prompt], dtype=torch.long, device=device)
-            out = model.generate(idx, min(max_new_tokens, room), temperature=temperature, top_k=top_k, generator=generator)
+            out = generate(model, idx, min(max_new_tokens, room), temperature=temperature, top_k=top_k, generator=generator)
             reply = out[0, len(prompt):].tolist()
             if end_id in reply:
                 reply = reply[: reply.index(end_id) + 1]

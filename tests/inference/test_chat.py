@@ -54,7 +54,7 @@ def test_turns_are_appended_to_the_cache_not_re_encoded(loaded_run):
     assert not notices
     # Every position was run through the model exactly once, and the window is the template's
     # rendering of the whole conversation so far.
-    assert session.tokens_encoded == session.cache.pos
+    assert session.tokens_encoded == session.cache.lengths[0]
     # The window is the template's rendering of the conversation: each user turn, then the reply's
     # ids, closed by <|end|> (added when the reply was cut off by max_new_tokens).
     tokenizer, end = run.tokenizer, session.special.end

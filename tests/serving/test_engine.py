@@ -9,8 +9,6 @@ import torch
 
 from inference.completion import generate_completions
 from inference.settings import GenerationSettings
-from model import RowCache
-from model.gpt import batch_invariant
 from serving.engine import Engine, EngineBusy, Event, SamplingParams
 
 
@@ -72,8 +70,8 @@ def test_32_concurrent_requests_each_equal_their_solo_run_and_generate_py(chat_r
         assert (mixed.text, mixed.reason, mixed.prompt_tokens) == (alone.text, "length", len(prompt))
         settings = GenerationSettings(max_new_tokens=params.max_tokens, temperature=params.temperature,
                                       top_p=params.top_p, seed=params.seed)
-        with batch_invariant():  # generate.py's decoding, in the engine's row blocks
-            reference = generate_completions(chat_run, prompt, settings).completions[0]
+        # generate.py's decoding, in the engine's arithmetic
+        reference = generate_completions(chat_run, prompt, settings, batch_invariant=True).completions[0]
         assert list(alone.token_ids) == reference.token_ids, f"request {i} against generate.py"
         assert alone.text == reference.text
 
@@ -164,11 +162,10 @@ def test_end_tokens_and_stop_strings_end_a_request_with_reason_stop(chat_run):
         engine.step()
     first_end = ids.index(ids[4])
     assert ended.finish.reason == "stop" and ended.finish.token_ids == ids[:first_end + 1]
-    with batch_invariant():
-        until_end = generate_completions(chat_run, [9, 10, 11], GenerationSettings(max_new_tokens=first_end,
-                                                                                  temperature=0.0))
-        reference = generate_completions(
-            chat_run, [9, 10, 11], GenerationSettings(max_new_tokens=30, temperature=0.0, stop=(stop,))).completions[0]
+    until_end = generate_completions(chat_run, [9, 10, 11], GenerationSettings(max_new_tokens=first_end,
+                                                                              temperature=0.0), batch_invariant=True)
+    reference = generate_completions(chat_run, [9, 10, 11], GenerationSettings(max_new_tokens=30, temperature=0.0,
+                                     stop=(stop,)), batch_invariant=True).completions[0]
     assert ended.finish.text == until_end.completions[0].text
     assert (stopped.finish.reason, stopped.finish.text) == ("stop", reference.text)
     assert stopped.finish.token_ids == tuple(reference.token_ids) and stop not in stopped.text
@@ -177,18 +174,16 @@ def test_end_tokens_and_stop_strings_end_a_request_with_reason_stop(chat_run):
 def test_a_batched_decode_step_gives_each_row_its_solo_logits_bit_for_bit(chat_run):
     """What makes the token-for-token equality hold for any model, not only this one's wide logit gaps."""
     model = chat_run.model
-    cache = RowCache(model.init_cache(8))
+    cache = model.init_cache(8)
     prompts = [list(range(5, 5 + n)) for n in (1, 4, 9, 16, 2, 30)]
     solo_logits = []
-    with torch.inference_mode(), batch_invariant():
+    with torch.inference_mode():
         for r, prompt in enumerate(prompts):
-            view = cache.row(r)
-            model.next_token_logits(torch.tensor([prompt[:-1] or prompt]), view)
-            cache.lengths[r] = view.pos
+            model.next_token_logits(torch.tensor([prompt[:-1] or prompt]), cache, [r], batch_invariant=True)
             solo = model.init_cache(1)
-            model.next_token_logits(torch.tensor([prompt[:-1] or prompt]), solo)
-            solo_logits.append(model.next_token_logits(torch.tensor([[prompt[-1]]]), solo))
-        batched = model.next_token_logits(torch.tensor([[p[-1]] for p in prompts]),
-                                          cache.step(list(range(len(prompts)))))
+            model.next_token_logits(torch.tensor([prompt[:-1] or prompt]), solo, batch_invariant=True)
+            solo_logits.append(model.next_token_logits(torch.tensor([[prompt[-1]]]), solo, batch_invariant=True))
+        batched = model.next_token_logits(torch.tensor([[p[-1]] for p in prompts]), cache,
+                                          list(range(len(prompts))), batch_invariant=True)
     for i, alone in enumerate(solo_logits):
         assert torch.equal(batched[i:i + 1], alone), f"row {i}"

@@ -11,7 +11,6 @@ import pytest
 from data.chat import ChatTokenIds, render_chat, to_messages
 from inference.completion import generate_completions
 from inference.settings import GenerationSettings
-from model.gpt import batch_invariant
 from server_process import running_server
 
 openai = pytest.importorskip("openai")
@@ -31,8 +30,8 @@ def client(server):
 
 
 def reference(run, prompt_ids, **settings):
-    with batch_invariant():  # generate.py's decoding, in the server's row blocks
-        return generate_completions(run, prompt_ids, GenerationSettings(**settings)).completions[0]
+    # generate.py's decoding, in the server's arithmetic
+    return generate_completions(run, prompt_ids, GenerationSettings(**settings), batch_invariant=True).completions[0]
 
 
 def test_models_and_health(client, server):
