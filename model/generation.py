@@ -1,4 +1,4 @@
-"""Autoregressive generation and sampling, with or without the KV cache, token for token the same.
+"""Autoregressive generation, with or without the KV cache, token for token the same.
 
 The model sees a window of at most ``block_size`` tokens. When a new token would overflow it, the
 window is cut to its most recent ``max(1, int(keep_fraction * block_size))`` tokens and re-encoded
@@ -7,171 +7,23 @@ it was written at, so keys cannot be shifted along), and cutting by a fraction r
 token at a time amortises the re-encoding over many cheap cached steps. The uncached path feeds
 exactly the same window at every step, so both paths see identical inputs.
 
-Cached and uncached generation both call ``sample_next_token``, so equal logits and equal generator
-states give equal tokens. Every sampled row consumes exactly one uniform draw, whatever its
-logits, so a row's random stream never depends on what the model predicted.
+Cached and uncached generation both call ``model.sampling.sample_next_token``, so equal logits and
+equal generator states give equal tokens.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator, Sequence
 
 import torch
-import torch.nn.functional as F
 
 from model.gpt import GPT
 from model.kv_cache import KVCache
+from model.sampling import Generators, check_sampling_args, sample_next_token
 
 # When the window reaches block_size, this fraction of it (the most recent tokens) is kept and
 # re-encoded: half a window leaves room for block_size / 2 new tokens before the next re-encode.
 KEEP_FRACTION = 0.5
-
-Generators = torch.Generator | Sequence[torch.Generator] | None
-
-
-def check_sampling_args(
-    temperature: float, top_k: int | None, top_p: float | None, repetition_penalty: float
-) -> None:
-    """Raise ValueError naming the first bad sampling setting."""
-    if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature >= 0):
-        raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {temperature!r}")
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
-        raise ValueError(f"top_k must be a positive integer or None (no limit), got {top_k!r}")
-    if top_p is not None and not (isinstance(top_p, (int, float)) and 0.0 < top_p <= 1.0):
-        raise ValueError(f"top_p must be in (0, 1] or None (no limit), got {top_p!r}")
-    if not (isinstance(repetition_penalty, (int, float)) and math.isfinite(repetition_penalty)
-            and repetition_penalty > 0):
-        raise ValueError(f"repetition_penalty must be a finite number > 0 (1.0 = off), "
-                         f"got {repetition_penalty!r}")
-
-
-def apply_repetition_penalty(logits: torch.Tensor, prev_tokens: torch.Tensor, penalty: float) -> torch.Tensor:
-    """CTRL-style penalty on every token id present in ``prev_tokens`` (B, L) of its row.
-
-    A positive logit is divided by ``penalty`` and a negative one multiplied, so with
-    penalty > 1 a seen token always becomes less likely, whatever the sign of its logit.
-    Each id is penalised once however often it occurs. Returns a new tensor.
-    """
-    if penalty == 1.0 or prev_tokens.numel() == 0:
-        return logits
-    seen = logits.gather(-1, prev_tokens)
-    seen = torch.where(seen > 0, seen / penalty, seen * penalty)
-    # Repeated ids scatter the same value, so the result does not depend on write order.
-    return logits.scatter(-1, prev_tokens, seen)
-
-
-def filter_logits(logits: torch.Tensor, top_k: int | None = None, top_p: float | None = None) -> torch.Tensor:
-    """Set to -inf every logit outside the top-k, then outside the top-p nucleus.
-
-    top-k keeps exactly k ids per row (ties at the k-th value broken by ``torch.topk``).
-    top-p keeps the smallest prefix of ids by descending probability whose mass is >= p
-    (ties in probability ordered by id), and always at least the most likely id.
-    """
-    if top_k is not None and top_k < logits.size(-1):
-        values, indices = logits.topk(top_k, dim=-1)
-        logits = torch.full_like(logits, float("-inf")).scatter_(-1, indices, values)
-    if top_p is not None and top_p < 1.0:
-        logits = logits.masked_fill(outside_nucleus(torch.softmax(logits, dim=-1), top_p), float("-inf"))
-    return logits
-
-
-# The nucleus is first looked for among this many most likely ids: a partial sort of them costs a
-# fraction of sorting the whole vocabulary, which sampling would otherwise do for every token.
-NUCLEUS_CANDIDATES = 256
-
-
-def outside_nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """True for every id outside the top-p nucleus of ``probs`` (B, vocab), as ``filter_logits``
-    defines it. Rows whose nucleus lies within the ``NUCLEUS_CANDIDATES`` most likely ids are
-    answered from those alone; the others sort their whole vocabulary. Both give the same answer."""
-    vocab = probs.size(-1)
-    top, ids = probs.topk(min(NUCLEUS_CANDIDATES, vocab), dim=-1)
-    # topk orders tied probabilities arbitrarily: put the candidates in id order, then sort them
-    # stably by probability, as a stable sort of the whole vocabulary would.
-    ids, by_id = ids.sort(dim=-1)
-    top, order = top.gather(-1, by_id).sort(dim=-1, descending=True, stable=True)
-    inside = _nucleus_prefix(top, top_p)
-    outside = torch.ones_like(probs, dtype=torch.bool).scatter_(-1, ids.gather(-1, order), ~inside)
-    # topk may have cut a tie at the smallest candidate, so a row's answer stands only where its
-    # nucleus and the first id after it lie strictly above that probability.
-    unsettled = (inside.sum(-1) >= (top > top[..., -1:]).sum(-1)).nonzero().flatten()
-    if top.size(-1) < vocab and unsettled.numel():
-        full, order = probs[unsettled].sort(dim=-1, descending=True, stable=True)
-        outside[unsettled] = torch.ones_like(full, dtype=torch.bool).scatter_(-1, order, ~_nucleus_prefix(full, top_p))
-    return outside
-
-
-def _nucleus_prefix(sorted_probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Which of the ids, sorted by descending probability, the nucleus holds: an id is needed
-    while the mass strictly before it is < p, and the first one always."""
-    mass_before = F.pad(sorted_probs.cumsum(dim=-1)[..., :-1], (1, 0))
-    inside = mass_before < top_p
-    inside[..., 0] = True
-    return inside
-
-
-def sample_next_token(
-    logits: torch.Tensor,
-    *,
-    temperature: float = 0.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    repetition_penalty: float = 1.0,
-    prev_tokens: torch.Tensor | None = None,
-    generator: Generators = None,
-) -> torch.Tensor:
-    """Pick one token id per row from ``logits`` (B, vocab); returns a LongTensor (B,).
-
-    temperature 0 is greedy: the argmax after the repetition penalty, consuming no randomness.
-    Otherwise each row draws one uniform u and takes the id where the cumulative probability
-    (in id order) first exceeds u. ``generator`` may be one generator shared by the rows in
-    order, or one generator per row (row i then consumes only generator i). The settings are
-    trusted: whoever took them from a user checked them (``check_sampling_args``), once.
-    """
-    logits = logits.float()
-    if prev_tokens is not None:
-        logits = apply_repetition_penalty(logits, prev_tokens, repetition_penalty)
-    if temperature == 0:
-        return logits.argmax(dim=-1)
-    probs = torch.softmax(filter_logits(scale_by_temperature(logits, temperature), top_k, top_p), dim=-1)
-    u = uniform_per_row(logits.shape[0], generator, logits.device)
-    # Id order rather than sorted order: a tiny change in the logits then moves the
-    # boundaries between ids a tiny amount, instead of reordering near-tied ids.
-    cdf = probs.cumsum(dim=-1)
-    idx = torch.searchsorted(cdf, u.unsqueeze(-1) * cdf[:, -1:], right=True).squeeze(-1)
-    # u * total can round up to total itself; fall back to the last id that has probability.
-    last_allowed = probs.shape[-1] - 1 - (probs.flip(-1) > 0).int().argmax(dim=-1)
-    return torch.minimum(idx, last_allowed)
-
-
-def scale_by_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """``logits / temperature``, with rows that overflow replaced by their limit as T -> 0.
-
-    A tiny temperature (1e-39) pushes the largest logits past the float range; softmax of
-    inf - inf is NaN. The limit of the distribution is uniform over the ids tied at the maximum
-    (greedy when one id leads), which is what such rows get; they still consume their draw.
-    """
-    scaled = logits / temperature
-    overflow = torch.isposinf(scaled).any(dim=-1, keepdim=True)
-    if not bool(overflow.any()):
-        return scaled
-    at_max = logits == logits.amax(dim=-1, keepdim=True)
-    limit = torch.zeros_like(logits).masked_fill(~at_max, float("-inf"))
-    return torch.where(overflow, limit, scaled)
-
-
-def uniform_per_row(batch: int, generator: Generators, device: torch.device) -> torch.Tensor:
-    """One U[0, 1) draw per row, on ``device``, from the generator(s) as described above."""
-    if generator is None:
-        return torch.rand(batch, device=device)
-    if isinstance(generator, torch.Generator):
-        return torch.rand(batch, generator=generator, device=generator.device).to(device)
-    generators = list(generator)
-    if len(generators) != batch:
-        raise ValueError(f"got {len(generators)} generators for {batch} rows; "
-                         f"pass one per row or a single one")
-    return torch.cat([torch.rand(1, generator=g, device=g.device) for g in generators]).to(device)
 
 
 def generate_tokens(
@@ -187,6 +39,7 @@ def generate_tokens(
     generator: Generators = None,
     keep_fraction: float = KEEP_FRACTION,
     batch_invariant: bool = False,
+    suppress_ids: Sequence[int] = (),
 ) -> Iterator[torch.Tensor]:
     """Yield each new token column (B,) as it is produced, ``max_new_tokens`` of them.
 
@@ -209,7 +62,7 @@ def generate_tokens(
         raise ValueError(f"got {len(generator)} generators for {idx.shape[0]} rows; "
                          f"pass one per row or a single one")
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p,
-                    repetition_penalty=repetition_penalty, generator=generator)
+                    repetition_penalty=repetition_penalty, generator=generator, suppress_ids=tuple(suppress_ids))
     keep = kept_window(model.config.block_size, keep_fraction)
     return _generate(model, idx, max_new_tokens, sampling, use_cache, keep, batch_invariant)
 
@@ -221,9 +74,16 @@ def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, **options) -> t
     return torch.cat([idx, *columns], dim=1)
 
 
-def kept_window(block_size: int, keep_fraction: float) -> int:
+def kept_window(block_size: int, keep_fraction: float = KEEP_FRACTION) -> int:
     """How many of the most recent tokens are re-encoded when the window overflows."""
     return max(1, int(keep_fraction * block_size))
+
+
+def window_start(start: int, length: int, block_size: int, keep: int) -> int:
+    """Where the model's window over tokens[start:length] begins, the newest token included: where
+    it did while it fits ``block_size``; past that, at the most recent ``keep`` tokens, which are
+    re-encoded from position 0. The one slide rule of generate.py and the serving engine."""
+    return length - keep if length - start > block_size else start
 
 
 # As a decorator on a generator function, inference_mode is entered on every resume and left on
@@ -255,8 +115,8 @@ def _generate(
         yield token
         if step == max_new_tokens - 1:
             break  # the next logits would never be used
-        if n - start > block_size:
-            start = n - keep
+        slid, start = start, window_start(start, n, block_size, keep)
+        if start != slid:
             logits = _encode_window(model, tokens[:, start:n], cache, invariant)
         elif cache is not None:
             logits = model.next_token_logits(tokens[:, n - 1:n], cache, **invariant)

@@ -24,7 +24,8 @@ from data.chat import ChatTokenIds, render_chat, to_messages
 from data.errors import DataError
 from inference.completion import encode_prompt
 from inference.runs import LoadedRun
-from serving.engine import Engine, EngineBusy, Event, Finish, SamplingParams, Ticket
+from model.sampling import SamplingSettings
+from serving.engine import Engine, EngineBusy, Event, Finish, Ticket
 from serving.schemas import ChatCompletionRequest, CompletionRequest, _Common, error_body
 
 # How long an overloaded server asks clients to wait before trying again (seconds).
@@ -81,7 +82,9 @@ class _Service:
             raise ApiError(400, f"the {param} is {size}, more than this model's context of {block} "
                            f"tokens; shorten it", param=param, code="context_length_exceeded")
 
-    def submit(self, prompt_ids: list[int], params: SamplingParams, end_ids: list[int]) -> tuple[Ticket, asyncio.Queue]:
+    def submit(
+        self, prompt_ids: list[int], params: SamplingSettings, end_ids: list[int]
+    ) -> tuple[Ticket, asyncio.Queue]:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Event] = asyncio.Queue()
 
@@ -138,7 +141,7 @@ def create_app(run: LoadedRun, engine: Engine, *, model_id: str, limits: Limits 
         service.check_length(len(body.prompt), None, "prompt")
         prompt = encode_prompt(run, body.prompt)
         service.check_length(len(body.prompt), prompt.original_length, "prompt")
-        params = SamplingParams(max_tokens, body.temperature, body.top_p, body.seed, stop)
+        params = _settings(body, max_tokens, stop)
         ticket, queue = service.submit(prompt.ids, params, [run.eot_id])
         reply = _Reply("cmpl", "text_completion", model_id, chat=False)
         if body.stream:
@@ -159,14 +162,20 @@ def create_app(run: LoadedRun, engine: Engine, *, model_id: str, limits: Limits 
             raise ApiError(400, str(error), param="messages") from None
         ids = render_chat(run.tokenizer, messages, add_generation_prompt=True).ids
         service.check_length(chars, len(ids), "messages")
-        params = SamplingParams(max_tokens, body.temperature, body.top_p, body.seed, stop)
-        ticket, queue = service.submit(ids, params, [service.chat_ids.end, run.eot_id])
+        # The chat rule (data.chat.ChatTokenIds): role tokens never sampled, end tokens never shown.
+        params = _settings(body, max_tokens, stop, suppress_ids=service.chat_ids.suppress_ids)
+        ticket, queue = service.submit(ids, params, list(service.chat_ids.reply_end_ids))
         reply = _Reply("chatcmpl", "chat.completion", model_id, chat=True)
         if body.stream:
             return _sse(reply.stream(ticket, queue, _include_usage(body)))
         return reply.body(await _wait_for_finish(request, ticket, queue))
 
     return app
+
+
+def _settings(body: _Common, max_tokens: int, stop: tuple[str, ...], suppress_ids: tuple[int, ...] = ()) -> SamplingSettings:
+    return SamplingSettings(max_new_tokens=max_tokens, temperature=body.temperature, top_k=None, top_p=body.top_p,
+                            seed=body.seed, stop=stop, suppress_ids=suppress_ids)
 
 
 class _Reply:

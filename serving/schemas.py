@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed takes a signed 64-bit value
+from model.sampling import MAX_SEED
 
 
 class StreamOptions(BaseModel):
