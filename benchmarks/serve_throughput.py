@@ -34,8 +34,7 @@ import httpx
 import torch
 
 from inference.runs import load_run
-from model.generation import generate_tokens
-from model.sampling import SamplingSettings
+from model.generation import SamplingSettings, generate_tokens
 from serving.engine import Engine, Event
 
 PROMPTS = ["ROMEO:", "JULIET:\nO Romeo,", "KING LEAR:\n", "First Citizen:\nBefore we proceed",

@@ -22,7 +22,7 @@ from data.chat import ChatTokenIds, Message, render_chat
 from inference.runs import LoadedRun
 from inference.settings import GenerationSettings
 from inference.streaming import TextStream
-from model.sampling import new_seed, sample_next_token, seeded_generator
+from model.generation import new_seed, sample_next_token, seeded_generator
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,8 @@ class ChatSession:
     ) -> None:
         self.run = run
         self.special = ChatTokenIds.of(run.tokenizer)  # a run from before the chat format: one-line error
-        self.settings = replace(settings, suppress_ids=tuple(sorted({*settings.suppress_ids, *self.special.suppress_ids})))
+        suppress_ids = tuple(sorted({*settings.suppress_ids, *self.special.suppress_ids}))
+        self.settings = replace(settings, suppress_ids=suppress_ids)
         self.block_size = run.block_size
         self.system_turn = render_chat(run.tokenizer, [Message("system", system_prompt)]).ids if system_prompt else []
         if len(self.system_turn) >= self.block_size // 2:

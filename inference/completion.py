@@ -18,8 +18,7 @@ from data.tokenizer import prompt_ids
 from inference.runs import LoadedRun
 from inference.settings import GenerationSettings
 from inference.streaming import TextStream
-from model.generation import generate_tokens
-from model.sampling import new_seed, seeded_generator
+from model.generation import generate_tokens, new_seed, seeded_generator
 
 # Called with (row, new_text) whenever a row has text that is safe to print.
 TextCallback = Callable[[int, str], None]

@@ -3,11 +3,10 @@
 Importing the package only defines classes and functions; nothing is built or read.
 """
 
-from model.generation import generate, generate_tokens
+from model.generation import SamplingSettings, generate, generate_tokens, sample_next_token
 from model.gpt import GPT, GPTConfig, unwrap
 from model.io import ModelFileError, load_pretrained, save_pretrained
 from model.kv_cache import KVCache
-from model.sampling import SamplingSettings, sample_next_token
 
 __all__ = ["GPT", "GPTConfig", "KVCache", "ModelFileError", "SamplingSettings", "generate", "generate_tokens",
            "load_pretrained", "sample_next_token", "save_pretrained", "unwrap"]

@@ -1,25 +1,220 @@
-"""Autoregressive generation, with or without the KV cache, token for token the same.
+"""Decoding: the settings every decoder shares, the sampler, and the generation loop.
+
+``SamplingSettings`` is the one description of a decode, used by generate.py, the chat, the serving
+engine, training's samples and the export's generation config. The edges that take it from a user
+(configs, command lines, request schemas) check it once with ``check_sampling_args``; the sampler
+trusts it and never re-checks per token. Every sampled row consumes exactly one uniform draw,
+whatever its logits, so a row's random stream never depends on what the model predicted.
 
 The model sees a window of at most ``block_size`` tokens. When a new token would overflow it, the
 window is cut to its most recent ``max(1, int(keep_fraction * block_size))`` tokens and re-encoded
-from position 0. Learned absolute positions make this necessary (a cached key carries the position
-it was written at, so keys cannot be shifted along), and cutting by a fraction rather than one
-token at a time amortises the re-encoding over many cheap cached steps. The uncached path feeds
-exactly the same window at every step, so both paths see identical inputs.
-
-Cached and uncached generation both call ``model.sampling.sample_next_token``, so equal logits and
-equal generator states give equal tokens.
+from position 0 (``window_start``). Learned absolute positions make this necessary (a cached key
+carries the position it was written at, so keys cannot be shifted along), and cutting by a fraction
+rather than one token at a time amortises the re-encoding over many cheap cached steps. The
+uncached path feeds exactly the same window at every step, and both call ``sample_next_token``, so
+cached and uncached generation give the same tokens.
 """
 
 from __future__ import annotations
 
+import math
+import secrets
 from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
 
 import torch
+import torch.nn.functional as F
 
 from model.gpt import GPT
 from model.kv_cache import KVCache
-from model.sampling import Generators, check_sampling_args, sample_next_token
+
+Generators = torch.Generator | Sequence[torch.Generator] | None
+
+MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed takes a signed 64-bit value
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """How to decode one request; the defaults are generate.py's.
+
+    temperature 0 is greedy; ``top_k``/``top_p`` None turn those filters off; ``seed`` None means a
+    fresh random seed (see ``new_seed``). A reply ends after ``max_new_tokens``, or where one of the
+    ``stop`` strings appears (the text ends just before it). ``suppress_ids`` are never sampled
+    (their logits are -inf): the chat's role tokens, for example.
+    """
+
+    max_new_tokens: int = 200
+    temperature: float = 0.8
+    top_k: int | None = None
+    top_p: float | None = 0.95
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    suppress_ids: tuple[int, ...] = ()
+
+    def token_options(self) -> dict:
+        """The keyword arguments of ``sample_next_token`` (and ``generate_tokens``) these settings set."""
+        names = ("temperature", "top_k", "top_p", "repetition_penalty", "suppress_ids")
+        return {name: value for name, value in asdict(self).items() if name in names}
+
+
+def new_seed() -> int:
+    """A fresh random seed, small enough to read and type back to repeat a run."""
+    return secrets.randbelow(2**31)
+
+
+def seeded_generator(seed: int) -> torch.Generator:
+    """A CPU generator: a seed draws the same numbers whatever the model's device (the draws are
+    moved to the logits), and every backend supports it."""
+    return torch.Generator().manual_seed(seed)
+
+
+def check_sampling_args(
+    temperature: float, top_k: int | None, top_p: float | None, repetition_penalty: float
+) -> None:
+    """Raise ValueError naming the first bad sampling setting."""
+    if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature >= 0):
+        raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {temperature!r}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise ValueError(f"top_k must be a positive integer or None (no limit), got {top_k!r}")
+    if top_p is not None and not (isinstance(top_p, (int, float)) and 0.0 < top_p <= 1.0):
+        raise ValueError(f"top_p must be in (0, 1] or None (no limit), got {top_p!r}")
+    if not (isinstance(repetition_penalty, (int, float)) and math.isfinite(repetition_penalty)
+            and repetition_penalty > 0):
+        raise ValueError(f"repetition_penalty must be a finite number > 0 (1.0 = off), "
+                         f"got {repetition_penalty!r}")
+
+
+def apply_repetition_penalty(logits: torch.Tensor, prev_tokens: torch.Tensor, penalty: float) -> torch.Tensor:
+    """CTRL-style penalty on every token id present in ``prev_tokens`` (B, L) of its row.
+
+    A positive logit is divided by ``penalty`` and a negative one multiplied, so with
+    penalty > 1 a seen token always becomes less likely, whatever the sign of its logit.
+    Each id is penalised once however often it occurs. Returns a new tensor.
+    """
+    if penalty == 1.0 or prev_tokens.numel() == 0:
+        return logits
+    seen = logits.gather(-1, prev_tokens)
+    seen = torch.where(seen > 0, seen / penalty, seen * penalty)
+    # Repeated ids scatter the same value, so the result does not depend on write order.
+    return logits.scatter(-1, prev_tokens, seen)
+
+
+def filter_logits(logits: torch.Tensor, top_k: int | None = None, top_p: float | None = None) -> torch.Tensor:
+    """Set to -inf every logit outside the top-k, then outside the top-p nucleus.
+
+    top-k keeps exactly k ids per row (ties at the k-th value broken by ``torch.topk``).
+    top-p keeps the smallest prefix of ids by descending probability whose mass is >= p
+    (ties in probability ordered by id), and always at least the most likely id.
+    """
+    if top_k is not None and top_k < logits.size(-1):
+        values, indices = logits.topk(top_k, dim=-1)
+        logits = torch.full_like(logits, float("-inf")).scatter_(-1, indices, values)
+    if top_p is not None and top_p < 1.0:
+        logits = logits.masked_fill(outside_nucleus(torch.softmax(logits, dim=-1), top_p), float("-inf"))
+    return logits
+
+
+# The nucleus is first looked for among this many most likely ids: a partial sort of them costs a
+# fraction of sorting the whole vocabulary, which sampling would otherwise do for every token.
+NUCLEUS_CANDIDATES = 256
+
+
+def outside_nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """True for every id outside the top-p nucleus of ``probs`` (B, vocab), as ``filter_logits``
+    defines it. Rows whose nucleus lies within the ``NUCLEUS_CANDIDATES`` most likely ids are
+    answered from those alone; the others sort their whole vocabulary. Both give the same answer."""
+    vocab = probs.size(-1)
+    top, ids = probs.topk(min(NUCLEUS_CANDIDATES, vocab), dim=-1)
+    # topk orders tied probabilities arbitrarily: put the candidates in id order, then sort them
+    # stably by probability, as a stable sort of the whole vocabulary would.
+    ids, by_id = ids.sort(dim=-1)
+    top, order = top.gather(-1, by_id).sort(dim=-1, descending=True, stable=True)
+    inside = _nucleus_prefix(top, top_p)
+    outside = torch.ones_like(probs, dtype=torch.bool).scatter_(-1, ids.gather(-1, order), ~inside)
+    # topk may have cut a tie at the smallest candidate, so a row's answer stands only where its
+    # nucleus and the first id after it lie strictly above that probability.
+    unsettled = (inside.sum(-1) >= (top > top[..., -1:]).sum(-1)).nonzero().flatten()
+    if top.size(-1) < vocab and unsettled.numel():
+        full, order = probs[unsettled].sort(dim=-1, descending=True, stable=True)
+        outside[unsettled] = torch.ones_like(full, dtype=torch.bool).scatter_(-1, order, ~_nucleus_prefix(full, top_p))
+    return outside
+
+
+def _nucleus_prefix(sorted_probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Which of the ids, sorted by descending probability, the nucleus holds: an id is needed
+    while the mass strictly before it is < p, and the first one always."""
+    mass_before = F.pad(sorted_probs.cumsum(dim=-1)[..., :-1], (1, 0))
+    inside = mass_before < top_p
+    inside[..., 0] = True
+    return inside
+
+
+def sample_next_token(
+    logits: torch.Tensor,
+    *,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    repetition_penalty: float = 1.0,
+    prev_tokens: torch.Tensor | None = None,
+    generator: Generators = None,
+    suppress_ids: Sequence[int] = (),
+) -> torch.Tensor:
+    """Pick one token id per row from ``logits`` (B, vocab); returns a LongTensor (B,).
+
+    temperature 0 is greedy: the argmax after the repetition penalty, consuming no randomness.
+    Otherwise each row draws one uniform u and takes the id where the cumulative probability
+    (in id order) first exceeds u. ``generator`` may be one generator shared by the rows in
+    order, or one generator per row (row i then consumes only generator i). The settings are
+    trusted: whoever took them from a user checked them (``check_sampling_args``), once.
+    """
+    logits = logits.float()
+    if suppress_ids:
+        logits = logits.index_fill(-1, torch.tensor(suppress_ids, device=logits.device), float("-inf"))
+    if prev_tokens is not None:
+        logits = apply_repetition_penalty(logits, prev_tokens, repetition_penalty)
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    probs = torch.softmax(filter_logits(scale_by_temperature(logits, temperature), top_k, top_p), dim=-1)
+    u = uniform_per_row(logits.shape[0], generator, logits.device)
+    # Id order rather than sorted order: a tiny change in the logits then moves the
+    # boundaries between ids a tiny amount, instead of reordering near-tied ids.
+    cdf = probs.cumsum(dim=-1)
+    idx = torch.searchsorted(cdf, u.unsqueeze(-1) * cdf[:, -1:], right=True).squeeze(-1)
+    # u * total can round up to total itself; fall back to the last id that has probability.
+    last_allowed = probs.shape[-1] - 1 - (probs.flip(-1) > 0).int().argmax(dim=-1)
+    return torch.minimum(idx, last_allowed)
+
+
+def scale_by_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``logits / temperature``, with rows that overflow replaced by their limit as T -> 0.
+
+    A tiny temperature (1e-39) pushes the largest logits past the float range; softmax of
+    inf - inf is NaN. The limit of the distribution is uniform over the ids tied at the maximum
+    (greedy when one id leads), which is what such rows get; they still consume their draw.
+    """
+    scaled = logits / temperature
+    overflow = torch.isposinf(scaled).any(dim=-1, keepdim=True)
+    if not bool(overflow.any()):
+        return scaled
+    at_max = logits == logits.amax(dim=-1, keepdim=True)
+    limit = torch.zeros_like(logits).masked_fill(~at_max, float("-inf"))
+    return torch.where(overflow, limit, scaled)
+
+
+def uniform_per_row(batch: int, generator: Generators, device: torch.device) -> torch.Tensor:
+    """One U[0, 1) draw per row, on ``device``, from the generator(s) as described above."""
+    if generator is None:
+        return torch.rand(batch, device=device)
+    if isinstance(generator, torch.Generator):
+        return torch.rand(batch, generator=generator, device=generator.device).to(device)
+    generators = list(generator)
+    if len(generators) != batch:
+        raise ValueError(f"got {len(generators)} generators for {batch} rows; "
+                         f"pass one per row or a single one")
+    return torch.cat([torch.rand(1, generator=g, device=g.device) for g in generators]).to(device)
+
 
 # When the window reaches block_size, this fraction of it (the most recent tokens) is kept and
 # re-encoded: half a window leaves room for block_size / 2 new tokens before the next re-encode.

@@ -187,7 +187,8 @@ class CausalSelfAttention(nn.Module):
         """Project x (B, T, C) to q (B, n_head, T, d) and k, v (B, n_kv_head, T, d)."""
         B, T, _ = x.shape
         d = self.head_dim
-        q, k, v = linear(self.qkv, x, row_blocks).split([self.n_head * d, self.n_kv_head * d, self.n_kv_head * d], dim=-1)
+        sizes = [self.n_head * d, self.n_kv_head * d, self.n_kv_head * d]
+        q, k, v = linear(self.qkv, x, row_blocks).split(sizes, dim=-1)
         q = q.view(B, T, self.n_head, d).transpose(1, 2)
         k = k.view(B, T, self.n_kv_head, d).transpose(1, 2)
         v = v.view(B, T, self.n_kv_head, d).transpose(1, 2)
@@ -213,7 +214,9 @@ class CausalSelfAttention(nn.Module):
         y = y.transpose(1, 2).reshape(B, T, C)
         return self.resid_dropout(linear(self.proj, y, row_blocks))
 
-    def _attend_token(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    def _attend_token(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+    ) -> torch.Tensor:
         """One new token per row against keys ``k, v``; ``mask`` (R, 1, 1, S), when given, hides
         the slots of each row's K/V buffer it may not read. With whole buffers under a mask (a
         batch-invariant pass) the shapes are the same at every position and in every batch, so

@@ -24,7 +24,7 @@ from data.chat import ChatTokenIds, render_chat, to_messages
 from data.errors import DataError
 from inference.completion import encode_prompt
 from inference.runs import LoadedRun
-from model.sampling import SamplingSettings
+from model.generation import SamplingSettings
 from serving.engine import Engine, EngineBusy, Event, Finish, Ticket
 from serving.schemas import ChatCompletionRequest, CompletionRequest, _Common, error_body
 
@@ -173,7 +173,9 @@ def create_app(run: LoadedRun, engine: Engine, *, model_id: str, limits: Limits 
     return app
 
 
-def _settings(body: _Common, max_tokens: int, stop: tuple[str, ...], suppress_ids: tuple[int, ...] = ()) -> SamplingSettings:
+def _settings(
+    body: _Common, max_tokens: int, stop: tuple[str, ...], suppress_ids: tuple[int, ...] = ()
+) -> SamplingSettings:
     return SamplingSettings(max_new_tokens=max_tokens, temperature=body.temperature, top_k=None, top_p=body.top_p,
                             seed=body.seed, stop=stop, suppress_ids=suppress_ids)
 

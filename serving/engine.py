@@ -40,8 +40,7 @@ import torch
 
 from inference.streaming import TextStream
 from model import GPT
-from model.generation import kept_window, window_start
-from model.sampling import SamplingSettings, new_seed, sample_next_token, seeded_generator
+from model.generation import SamplingSettings, kept_window, new_seed, sample_next_token, seeded_generator, window_start
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from model.sampling import MAX_SEED
+from model.generation import MAX_SEED
 
 
 class StreamOptions(BaseModel):

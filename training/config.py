@@ -19,7 +19,7 @@ from common.config import ConfigError, build, check_types, read_yaml, read_yaml_
 from common.files import atomic_write_text
 from data import DataConfig
 from model import GPTConfig
-from model.sampling import check_sampling_args
+from model.generation import check_sampling_args
 from training.init_from import find_parent, model_section_from_parent
 
 WANDB_MODES = ("auto", "online", "offline", "disabled")

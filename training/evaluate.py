@@ -14,8 +14,7 @@ from torch import nn
 from common.errors import UserError
 from data import bits_per_byte, iter_val_batches, target_nats_and_bytes
 from data.tokenizer import prompt_ids
-from model.generation import generate
-from model.sampling import SamplingSettings
+from model.generation import SamplingSettings, generate
 from training.distributed import DistContext, all_reduce_sum
 
 

@@ -19,8 +19,7 @@ from torch import nn
 
 from data.chat_batches import iter_chat_val_batches
 from data.chat_prepare import ChatSplit
-from model.generation import generate
-from model.sampling import SamplingSettings
+from model.generation import SamplingSettings, generate
 from training.distributed import all_reduce_sum
 from training.evaluate import EvalResult, eval_mode, score_batches
 

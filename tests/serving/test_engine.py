@@ -9,7 +9,7 @@ import torch
 
 from inference.completion import generate_completions
 from inference.settings import GenerationSettings
-from model.sampling import SamplingSettings
+from model.generation import SamplingSettings
 from serving.engine import Engine, EngineBusy, Event
 
 def api_settings(max_tokens: int, temperature: float = 1.0, top_p: float = 1.0, **options) -> SamplingSettings:

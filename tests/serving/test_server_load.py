@@ -9,7 +9,7 @@ import time
 
 import httpx
 from server_process import rss_bytes, running_server
-from model.sampling import SamplingSettings
+from model.generation import SamplingSettings
 from serving.engine import Engine
 
 CLIENTS = 32
