@@ -8,6 +8,7 @@ the README shows (``CHAT_PAGE_SCREENSHOT=docs/chat-page.png``).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -120,6 +121,14 @@ def _api(base: str, path: str, body: dict) -> dict:
 def _active(base: str) -> int:
     health = httpx.get(f"{base}/health", timeout=5).json()
     return health["active"] + health["waiting"]
+
+
+def test_the_page_is_one_file_that_calls_only_its_own_server(server):
+    response = httpx.get(f"{server}/", timeout=10)
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/html")
+    # No script, style sheet, image or font from anywhere, and no address of another host.
+    assert not re.search(r"\b(src|href)\s*=|@import|url\(", response.text)
+    assert "://" not in response.text
 
 
 def test_the_streamed_chat_equals_the_api_for_the_same_seed(browser, server, tmp_path):
