@@ -213,3 +213,9 @@ def test_a_run_without_chat_tokens_gets_a_completion_box(browser, plain_run_dir)
                                                "temperature": 0.9, "max_tokens": 30, "seed": 3})
         assert page.texts(".completion .text") == ["ROMEO: But soft" + reply["choices"][0]["text"]]
         assert page.texts(".generated") == [reply["choices"][0]["text"]]
+
+        page.settings(max_tokens=10**6)
+        page.send("JULIET:")
+        page.wait_for(lambda: page.state() == "idle" and page.error() != "", "the error", error_expected=True)
+        assert page.error().startswith("The server refused the request (400): max_tokens is 1000000")
+        assert page.field("input").get_attribute("value") == "JULIET:" and page.texts(".msg") == []
