@@ -39,6 +39,7 @@ def _browser():
                                     "(pip install -r requirements-dev.txt)")
     options = webdriver.ChromeOptions()
     options.binary_location = chromium
+    # No sandbox: Chromium refuses to start its sandbox as root, which CI containers often are.
     for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1100,760"):
         options.add_argument(argument)
     service = webdriver.ChromeService(executable_path=chromedriver)
