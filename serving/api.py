@@ -1,6 +1,6 @@
 """The HTTP layer: OpenAI requests become engine requests, engine events become JSON or SSE.
 
-Routes: ``GET /health``, ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions``.
+Routes: ``GET /`` (the chat page, ``chat.html``), ``GET /health``, ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions``.
 Every refusal is an OpenAI error body with a 4xx status, and the server goes on serving. Text
 streams as Server-Sent Events, one chunk per piece of whole characters, ending ``data: [DONE]``.
 A client that goes away mid-request cancels it, which frees its row in the engine.
@@ -15,10 +15,11 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 
 from data.chat import ChatTokenIds, render_chat, to_messages
 from data.errors import DataError
@@ -122,10 +123,15 @@ def create_app(run: LoadedRun, engine: Engine, *, model_id: str, limits: Limits 
         message, param = _describe(error.errors())
         return JSONResponse(error_body(message, param=param), status_code=400)
 
+    @app.get("/", include_in_schema=False)
+    async def chat_page() -> FileResponse:
+        return FileResponse(Path(__file__).with_name("chat.html"), media_type="text/html")
+
     @app.get("/health")
     async def health() -> dict:
+        # "chat" tells the page whether to offer a chat or a completion box.
         return {"status": "ok", "model": model_id, "active": engine.active, "waiting": engine.waiting,
-                "max_batch": engine.max_batch}
+                "max_batch": engine.max_batch, "chat": service.chat_ids is not None}
 
     @app.get("/v1/models")
     async def models() -> dict:
