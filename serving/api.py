@@ -31,7 +31,8 @@ from data.errors import DataError
 from inference.completion import encode_prompt
 from inference.runs import LoadedRun
 from serving.engine import Engine, EngineBusy, Event, Finish, SamplingParams, Ticket
-from serving.schemas import Body, ChatCompletionRequest, CompletionRequest, RequestError, _Common, error_body, parse_request
+from serving.schemas import (Body, ChatCompletionRequest, CompletionRequest, RequestError, _Common, error_body,
+                             parse_request)
 
 # How long an overloaded server asks clients to wait before trying again (seconds).
 RETRY_AFTER_S = 1
@@ -152,7 +153,7 @@ def create_app(run: LoadedRun, engine: Engine, *, model_id: str, limits: Limits 
                             status_code=error.status, headers=error.headers)
 
     @app.exception_handler(HTTPException)
-    async def no_route(request: Request, error: HTTPException) -> JSONResponse:
+    async def framework_refusal(request: Request, error: HTTPException) -> JSONResponse:
         """The framework's own refusals (no such route, a method the route lacks), OpenAI-shaped."""
         where = f"{request.method} {request.url.path}"
         if error.status_code == 404:
@@ -160,7 +161,7 @@ def create_app(run: LoadedRun, engine: Engine, *, model_id: str, limits: Limits 
                                for method in sorted(route.methods))
             message = f"no such endpoint: {where}; this server has {routes}"
         elif error.status_code == 405:
-            message = f"{where} is not allowed; {request.url.path} takes {error.headers['Allow']}"
+            message = f"{where} is not allowed; {request.url.path} takes {(error.headers or {}).get('Allow', 'other methods')}"
         else:
             message = f"{where}: {error.detail}"
         return JSONResponse(error_body(message), status_code=error.status_code, headers=error.headers)
