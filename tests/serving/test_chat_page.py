@@ -64,8 +64,8 @@ def server(tmp_path_factory):
     run_dir = build_run(tmp_path_factory.mktemp("runs") / "tiny-chat", chat_tokenizer(), block_size=256,
                         never_predicts=(END_OF_TURN, EOT))
     with running_server(run_dir, "--max-batch", "1", "--max-queue", "0",
-                        "--max-tokens-cap", str(CAP)) as (base, _):
-        yield base
+                        "--max-tokens-cap", str(CAP)) as server:
+        yield server.base
 
 
 class Page:
@@ -203,7 +203,8 @@ def test_refusals_show_as_a_readable_message(browser, server):
 
 
 def test_a_run_without_chat_tokens_gets_a_completion_box(browser, plain_run_dir):
-    with running_server(plain_run_dir) as (base, _):
+    with running_server(plain_run_dir) as server:
+        base = server.base
         page = Page(browser, base)
         assert "text completion" in page.field("model").text
         assert not page.field("system").is_displayed()
