@@ -73,7 +73,8 @@ async def one_request(http: httpx.AsyncClient, n: int) -> tuple[int, str, str | 
 
 def test_300_requests_from_32_clients_none_lost_and_memory_steady(chat_run_dir, chat_run):
     expected = expected_texts(chat_run)
-    with running_server(chat_run_dir, "--max-batch", "16") as (base, process):
+    with running_server(chat_run_dir, "--max-batch", "16") as server:
+        base, process = server.base, server.process
 
         async def client(http, numbers, results):
             for n in numbers:
