@@ -19,7 +19,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from common.config import build, check_types, require
-from model.rms_norm_cpu import RMSNormCPUFunction, use_cpu_backward
 from model.kv_cache import KVCache
 
 _REQUIRED_INTS = ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd")
@@ -103,8 +102,6 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if use_cpu_backward(x, self.weight):
-            return RMSNormCPUFunction.apply(x, self.weight, self.eps)
         # The fused kernel is one op instead of five, which matters in the per-token decode loop.
         return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
