@@ -328,7 +328,7 @@ class GPT(nn.Module):
     def _trunk(
         self, idx: torch.Tensor, cache: KVCache | None, rows: Sequence[int] | None, row_blocks: bool
     ) -> torch.Tensor:
-        B, T = idx.shape
+        T = idx.shape[1]
         if cache is None:
             assert 1 <= T <= self.config.block_size, f"{T} tokens do not fit block_size {self.config.block_size}"
             # A slice of the table: the same values as a lookup, and a cheaper backward.
