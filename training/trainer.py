@@ -147,7 +147,11 @@ class Trainer:
     # Setup, by stage
 
     def setup(self, *, resume: bool, overwrite: bool) -> None:
-        """Cheapest stages first, so a bad directory or config fails before anything slow."""
+        """Cheapest stages first, so a bad directory or config fails before anything slow.
+
+        Nothing in the run directory is deleted or written until every input (config, parent
+        run, data, checkpoint) has been read and checked: a run replaced with --overwrite stays
+        whole when the new one cannot start."""
         state = self._open_run_dir(resume=resume, overwrite=overwrite)
         check_model_fits(self.config.model, self.device)  # an absurd size, before anything slow
         self._prepare_data(resume=resume)
@@ -160,7 +164,7 @@ class Trainer:
         if self.ctx.is_main:
             # Taken before anything is read, written or cleared; held until close().
             self._held.enter_context(hold_run_dir(self.run_dir))
-            checkpoint.prepare_run_dir(self.run_dir, resume=resume, overwrite=overwrite)
+            checkpoint.check_run_dir(self.run_dir, resume=resume, overwrite=overwrite)
         state = None
         if resume:
             state = checkpoint.load_trainer_state(self.run_dir)
@@ -274,6 +278,8 @@ class Trainer:
         cfg = self.config
         self.metrics = MetricsLog(self.run_dir / METRICS_FILE)
         if self.ctx.is_main:
+            if not resume:
+                checkpoint.clear_old_run(self.run_dir)  # a run being replaced (--overwrite)
             # The config is rewritten on resume too: a longer budget is a legitimate change, and
             # the directory should describe the run as it continues.
             save_config(cfg, self.run_dir / CONFIG_FILE)
