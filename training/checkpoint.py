@@ -76,15 +76,16 @@ def save_checkpoint(run_dir: Path, model: nn.Module, state: dict[str, Any]) -> N
         # Through a Python file object, a full disk surfaces as OSError(ENOSPC); given a path,
         # torch's own writer reports it as an opaque RuntimeError. Even so, closing the zip
         # after the failed write raises a RuntimeError over it: report the OSError underneath.
-        with open(tmp, "wb") as f:
-            try:
+        # The disk may also fill only when the file's last buffer is flushed on close.
+        try:
+            with open(tmp, "wb") as f:
                 torch.save(payload, f)
-            except OSError as e:
-                raise with_path(e, run_dir / STATE_FILE) from None
-            except RuntimeError as e:
-                if isinstance(e.__context__, OSError):
-                    raise with_path(e.__context__, run_dir / STATE_FILE) from None
-                raise
+        except OSError as e:
+            raise with_path(e, run_dir / STATE_FILE) from None
+        except RuntimeError as e:
+            if isinstance(e.__context__, OSError):
+                raise with_path(e.__context__, run_dir / STATE_FILE) from None
+            raise
 
 
 def load_trainer_state(run_dir: Path) -> dict[str, Any]:

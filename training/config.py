@@ -107,7 +107,7 @@ class TrainConfig:
 class EvalConfig:
     """Periodic validation on a fixed subset, the final pass, and the text sample."""
 
-    interval: int = 250  # steps between evaluations; 0 = only the final pass
+    interval: int = 250  # steps between evaluations, or a tenth of train.max_minutes if sooner; 0 = final only
     max_batches: int = 20  # size of the fixed validation subset used during training
     batch_size: int | None = None  # None = train.batch_size
     final_max_batches: int | None = None  # None = the whole validation split at the end
