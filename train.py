@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from common.cli import run_command
 from common.os_errors import describe_os_error
 from training.config import load_config
+from training.loss_curve import write_run_loss_curve
 from training.trainer import TrainResult, train
 
 
@@ -63,15 +65,24 @@ def _train(args: argparse.Namespace) -> int:
             f"{result.train_seconds / 60:.1f} min; final val loss {result.val_loss:.4f} nats/token, "
             f"{result.val_bpb:.4f} bits/byte; run saved in {result.run_dir}"
         )
-        print(summary(result))
+        print(summary(result, _draw_loss_curve(result.run_dir)))
     return 0
 
 
-def summary(result: TrainResult) -> str:
+def _draw_loss_curve(run_dir: Path) -> Path | None:
+    """The run's loss_curve.png, or None with a warning: a failure costs only the picture."""
+    try:
+        return write_run_loss_curve(run_dir)
+    except (OSError, ValueError, ImportError) as e:
+        print(f"warning: could not draw the loss curve ({describe_os_error(e) if isinstance(e, OSError) else e})")
+        return None
+
+
+def summary(result: TrainResult, loss_curve: Path | None) -> str:
     """What a finished run reached, where it is, and the commands that use it."""
     run = result.run_dir
     lines = [f"final validation: {result.val_bpb:.4f} bits/byte{' of assistant text' if result.chat else ''}"]
-    lines.append(f"the run is in {run}" + (f"; its loss curve is {result.loss_curve}" if result.loss_curve else ""))
+    lines.append(f"the run is in {run}" + (f"; its loss curve is {loss_curve}" if loss_curve else ""))
     if result.chat:
         commands = [(f"python generate.py --run {run} --chat", "talk to it")]
     else:

@@ -1,5 +1,9 @@
 """The loss curve of a run as a PNG beside its metrics: training and validation loss against the
-step and against training time. People would rather look at a curve than read metrics.jsonl."""
+step and against training time. People would rather look at a curve than read metrics.jsonl.
+
+train.py draws it when a run ends; the library's ``train`` does not, since matplotlib costs
+about a second that programs and tests calling it in a loop do not need.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,15 @@ from pathlib import Path
 from typing import Any
 
 from common.files import atomic_write_bytes
+from common.run_files import LOSS_CURVE_FILE, METRICS_FILE
 from training.metrics import read_metrics
+
+
+def write_run_loss_curve(run_dir: Path) -> Path:
+    """Draw ``run_dir``'s metrics.jsonl into its loss_curve.png; return that path."""
+    out_file = run_dir / LOSS_CURVE_FILE
+    write_loss_curve(run_dir / METRICS_FILE, out_file)
+    return out_file
 
 
 def write_loss_curve(metrics_file: Path, out_file: Path) -> None:

@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 
 from common.errors import UserError
 from common.files import atomic_write_bytes
-from common.run_files import CONFIG_FILE, LOSS_CURVE_FILE, METRICS_FILE, TOKENIZER_FILE
+from common.run_files import CONFIG_FILE, METRICS_FILE, TOKENIZER_FILE
 from data import load_tokenizer, prepare_data, train_batches
 from data.chat_batches import ChatBatches
 from data.chat_prepare import prepare_chat_data
@@ -40,7 +40,6 @@ from training.distributed import (
 from training.evaluate import EvalResult, evaluate, generate_sample
 from training.init_from import check_parent_tokenizer, find_parent, load_parent_weights, write_parent_record
 from training.interrupt import StopNow, StopRequest
-from training.loss_curve import write_loss_curve
 from training.memory_budget import check_model_fits
 from training.metrics import MetricsLog, Throughput, format_duration, format_flops, mfu, peak_flops
 from training.optim import build_optimizer, build_schedule
@@ -69,7 +68,6 @@ class TrainResult:
     signal: int | None = None  # the signal that interrupted the run
     is_main: bool = True  # rank 0 (or a single process): the one that reports to the user
     chat: bool = False  # a chat-tuned run (data.format: chat)
-    loss_curve: Path | None = None  # the PNG drawn from metrics.jsonl, when it could be written
     wandb_sync: str | None = None  # the command that uploads an offline wandb run
 
     @property
@@ -368,8 +366,9 @@ class Trainer:
                         self._evaluate(final=False)
                     if cfg.run.checkpoint_interval and self.step % cfg.run.checkpoint_interval == 0:
                         self._save()
-                bar.total = self.step  # the budget that bound is used up: a full bar
-                bar.refresh()
+                if reason != "interrupted":
+                    bar.total = self.step  # the budget that bound is used up: a full bar
+                    bar.refresh()
                 if self.saved_step != self.step:
                     self._save()
             result = self._finish(reason, loss, stop)
@@ -424,19 +423,7 @@ class Trainer:
             else:
                 result.val_loss, result.val_bpb = final.loss, final.bpb
                 self.summary.update(val_loss=final.loss, val_bpb=final.bpb)
-        if self.ctx.is_main:
-            result.loss_curve = self._draw_loss_curve()
         return result
-
-    def _draw_loss_curve(self) -> Path | None:
-        """loss_curve.png from metrics.jsonl; a failure costs only the picture (said on stdout)."""
-        path = self.run_dir / LOSS_CURVE_FILE
-        try:
-            write_loss_curve(self.run_dir / METRICS_FILE, path)
-        except (OSError, ValueError, ImportError) as e:
-            self._say(f"warning: could not draw {path} ({e}); the run itself is saved")
-            return None
-        return path
 
     def _stop_reason(self, stop: StopRequest) -> str | None:
         """Why to stop before the next step, agreed by every rank (a signal may reach only some)."""

@@ -82,7 +82,7 @@ def test_summary_repeats_the_wandb_sync_line_and_suits_a_chat_run(tmp_path):
         run_dir=Path("runs/tiny-chat"), step=5, tokens_seen=100, stopped_by="max_steps", train_seconds=1.0,
         val_loss=1.0, val_bpb=1.5, chat=True, wandb_sync="wandb sync runs/tiny-chat/wandb/offline-run-*-abc*",
     )
-    text = train_cli.summary(result)
+    text = train_cli.summary(result, None)
     assert "final validation: 1.5000 bits/byte of assistant text" in text
     assert "python generate.py --run runs/tiny-chat --chat" in text and "init_from" not in text
     assert text.splitlines()[-1] == "wandb logged offline; upload it with: wandb sync runs/tiny-chat/wandb/offline-run-*-abc*"
