@@ -1,8 +1,8 @@
 """The loss curve of a run as a PNG beside its metrics: training and validation loss against the
 step and against training time. People would rather look at a curve than read metrics.jsonl.
 
-train.py draws it when a run ends; the library's ``train`` does not, since matplotlib costs
-about a second that programs and tests calling it in a loop do not need.
+train.py draws it when a run ends; the library's ``train`` does not: importing matplotlib and drawing
+take time that programs and tests calling it in a loop do not need.
 """
 
 from __future__ import annotations
