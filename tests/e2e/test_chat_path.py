@@ -117,10 +117,10 @@ def test_a_barely_trained_chat_never_shows_a_control_token(chat_tuned, capsys) -
         out = capsys.readouterr().out
         assert code == 0 and not any(token in out for token in CONTROL_TEXT), (seed, out)
 
-    with running_server(chat) as (base, _):
+    with running_server(chat) as served:
         for seed in range(40):
             body = {"model": "chat", "messages": [{"role": "user", "content": "the river?"}], "max_tokens": 24,
                     "temperature": 1.5, "seed": seed}
-            reply = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=60).json()
+            reply = httpx.post(f"{served.base}/v1/chat/completions", json=body, timeout=60).json()
             text = reply["choices"][0]["message"]["content"]
             assert not any(token in text for token in CONTROL_TEXT), (seed, text)
