@@ -57,7 +57,7 @@ def export_run(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool = Fa
             # transformers accepts a safetensors file only with this format tag in its metadata.
             save_file(weights, str(tmp), metadata={"format": "pt"})
         _write_json(staging / "config.json", model_config(config, tokens, dtype))
-        _write_json(staging / "generation_config.json", generation_config(tokens))
+        _write_json(staging / "generation_config.json", generation_config(config, tokens))
         _write_json(staging / "tokenizer_config.json", tokenizer_config(config, tokens))
         shutil.copyfile(run_dir / TOKENIZER_FILE, staging / "tokenizer.json")
         shipped = resources.files("hf_export.shipped")

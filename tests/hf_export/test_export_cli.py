@@ -39,7 +39,10 @@ def test_folder_holds_what_transformers_and_the_hub_need(make_export):
     assert config["model_type"] == "minigpt" and config["architectures"] == ["MiniGPTForCausalLM"]
     assert config["auto_map"]["AutoModelForCausalLM"] == "modeling_minigpt.MiniGPTForCausalLM"
     assert config["tie_word_embeddings"] is True and config["max_position_embeddings"] == BLOCK_SIZE
-    assert read_json(folder / "generation_config.json")["eos_token_id"] == [0, 4]  # <|endoftext|>, <|end|>
+    generation = read_json(folder / "generation_config.json")
+    assert generation["eos_token_id"] == [0, 4]  # <|endoftext|>, <|end|>
+    assert generation["suppress_tokens"] == [1, 2, 3]  # <|system|>, <|user|>, <|assistant|>
+    assert generation["max_length"] == BLOCK_SIZE  # a call that names no length stays in the window
     tokenizer_config = read_json(folder / "tokenizer_config.json")
     assert tokenizer_config["eos_token"] == tokenizer_config["pad_token"] == "<|endoftext|>"
     from data.chat import CHAT_TEMPLATE
@@ -71,7 +74,8 @@ def test_a_tokenizer_without_chat_tokens_exports_without_a_template(copy_run, tm
     result = export_run(copy_run, tmp_path / "plain")
     assert not result.has_chat
     assert "chat_template" not in read_json(tmp_path / "plain" / "tokenizer_config.json")
-    assert read_json(tmp_path / "plain" / "generation_config.json")["eos_token_id"] == [0]
+    generation = read_json(tmp_path / "plain" / "generation_config.json")
+    assert generation["eos_token_id"] == [0] and "suppress_tokens" not in generation
 
 
 def test_not_a_run_is_refused(tmp_path):
