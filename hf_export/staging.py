@@ -16,6 +16,8 @@ import shutil
 import uuid
 from pathlib import Path
 
+from common.files import process_alive
+
 _LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)-[0-9a-f]{12}\.(?P<kind>tmp|old)$")
 
 
@@ -48,22 +50,10 @@ def clean_leftovers(parent: Path) -> None:
         return
     for path in parent.iterdir():
         found = _LEFTOVER.match(path.name)
-        if found is None or not path.is_dir() or _is_running(int(found["pid"])):
+        if found is None or not path.is_dir() or process_alive(int(found["pid"])):
             continue
         target = parent / found["name"]
         if found["kind"] == "old" and not target.exists():
             path.rename(target)  # killed between the two renames of replace_dir
         else:
             shutil.rmtree(path, ignore_errors=True)
-
-
-def _is_running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    except OverflowError:  # not a pid this system could have
-        return False
-    return True
