@@ -31,7 +31,8 @@ from data.chat import ChatTokenIds, render_chat, to_messages
 from data.errors import DataError
 from inference.completion import encode_prompt
 from inference.runs import LoadedRun
-from serving.engine import Engine, EngineBusy, Event, Finish, SamplingParams, Ticket
+from model.generation import SamplingSettings
+from serving.engine import Engine, EngineBusy, Event, Finish, Ticket
 from serving.schemas import (Body, ChatCompletionRequest, CompletionRequest, RequestError, _Common, error_body,
                              parse_request)
 
@@ -116,7 +117,9 @@ class _Service:
             raise ApiError(400, f"the {param} is {size}, more than this model's context of {block} "
                            f"tokens; shorten it", param=param, code="context_length_exceeded")
 
-    def submit(self, prompt_ids: list[int], params: SamplingParams, end_ids: list[int]) -> tuple[Ticket, asyncio.Queue]:
+    def submit(
+        self, prompt_ids: list[int], params: SamplingSettings, end_ids: list[int]
+    ) -> tuple[Ticket, asyncio.Queue]:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Event] = asyncio.Queue()
 
@@ -195,7 +198,7 @@ def create_app(run: LoadedRun, engine: Engine, *, model_id: str, limits: Limits 
         service.check_length(len(body.prompt), None, "prompt")
         prompt = encode_prompt(run, body.prompt)
         service.check_length(len(body.prompt), prompt.original_length, "prompt")
-        params = SamplingParams(max_tokens, body.temperature, body.top_p, body.seed, stop)
+        params = _settings(body, max_tokens, stop)
         ticket, queue = service.submit(prompt.ids, params, [run.eot_id])
         reply = _Reply("cmpl", "text_completion", model_id, len(prompt.ids), chat=False)
         return await _answer(request, body, reply, ticket, queue)
@@ -215,12 +218,20 @@ def create_app(run: LoadedRun, engine: Engine, *, model_id: str, limits: Limits 
             raise ApiError(400, str(error), param="messages") from None
         ids = render_chat(run.tokenizer, messages, add_generation_prompt=True).ids
         service.check_length(chars, len(ids), "messages")
-        params = SamplingParams(max_tokens, body.temperature, body.top_p, body.seed, stop)
-        ticket, queue = service.submit(ids, params, [service.chat_ids.end, run.eot_id])
+        # The chat rule (data.chat.ChatTokenIds): role tokens never sampled, end tokens never shown.
+        params = _settings(body, max_tokens, stop, suppress_ids=service.chat_ids.suppress_ids)
+        ticket, queue = service.submit(ids, params, list(service.chat_ids.reply_end_ids))
         reply = _Reply("chatcmpl", "chat.completion", model_id, len(ids), chat=True)
         return await _answer(request, body, reply, ticket, queue)
 
     return app
+
+
+def _settings(
+    body: _Common, max_tokens: int, stop: tuple[str, ...], suppress_ids: tuple[int, ...] = ()
+) -> SamplingSettings:
+    return SamplingSettings(max_new_tokens=max_tokens, temperature=body.temperature, top_k=None, top_p=body.top_p,
+                            seed=body.seed, stop=stop, suppress_ids=suppress_ids)
 
 
 class _Reply:

@@ -17,7 +17,8 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed takes a signed 64-bit value
+from model.generation import MAX_SEED
+
 # The deepest a body of these models goes is a chat message's field (body, messages, message,
 # field); anything far deeper is hostile, and refused before it can exhaust the stack.
 MAX_DEPTH = 16

@@ -13,7 +13,6 @@ import pytest
 from data.chat import ChatTokenIds, render_chat, to_messages
 from inference.completion import generate_completions
 from inference.settings import GenerationSettings
-from model.gpt import batch_invariant
 from server_process import running_server
 
 openai = pytest.importorskip("openai")
@@ -40,8 +39,8 @@ def client(server):
 
 
 def reference(run, prompt_ids, **settings):
-    with batch_invariant():  # generate.py's decoding, in the server's row blocks
-        return generate_completions(run, prompt_ids, GenerationSettings(**settings)).completions[0]
+    # generate.py's decoding, in the server's arithmetic
+    return generate_completions(run, prompt_ids, GenerationSettings(**settings), batch_invariant=True).completions[0]
 
 
 def test_models_and_health(client, server):
@@ -95,8 +94,11 @@ def test_chat_uses_the_chat_template_and_ends_at_end_of_turn(client, chat_run):
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Who's there?"}]
     reply = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=60, temperature=0.0)
     ids = render_chat(chat_run.tokenizer, to_messages(messages), add_generation_prompt=True).ids
-    expected = reference(chat_run, ids, max_new_tokens=60, temperature=0.0)
-    end = {ChatTokenIds.of(chat_run.tokenizer).end, chat_run.eot_id}
+    special = ChatTokenIds.of(chat_run.tokenizer)
+    # The chat rule: role tokens never sampled (this untrained model would pick one within 60 tokens).
+    expected = reference(chat_run, ids, max_new_tokens=60, temperature=0.0, suppress_ids=special.suppress_ids)
+    assert reference(chat_run, ids, max_new_tokens=60, temperature=0.0).token_ids != expected.token_ids
+    end = set(special.reply_end_ids)
     cut = next((i for i, t in enumerate(expected.token_ids) if t in end), None)
     choice = reply.choices[0]
     assert reply.usage.prompt_tokens == len(ids)
