@@ -27,13 +27,17 @@ class KVCache:
         max_len: int,
         head_dim: int,
         *,
+        value_dim: int | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype = torch.float32,
     ) -> None:
+        """``value_dim`` is the width of a value (``head_dim`` unless given). Latent attention
+        (``model.mla``) caches one latent per token as its "key" and no value: ``value_dim=0``
+        makes V an empty buffer that every write and read below handles unchanged."""
         shape = (n_layer, batch_size, n_kv_head, max_len, head_dim)
         # One allocation per kind; cache.k[i] is layer i's (B, n_kv_head, max_len, head_dim) view.
         self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape[:-1] + (head_dim if value_dim is None else value_dim,), device=device, dtype=dtype)
         self.pos = 0
 
     @property
