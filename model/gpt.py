@@ -41,6 +41,8 @@ class GPTConfig:
     read from one cached latent of ``kv_latent_dim`` numbers per token (required), and the query
     optionally from its own latent of ``q_latent_dim``. Every head then has its own key and value,
     so ``n_kv_head`` must equal ``n_head``; the latent sizes are refused with ``attention="gqa"``.
+    Served decoding is batch-invariant on the CPU when ``kv_latent_dim`` is a multiple of 16, as
+    it is for grouped-query attention when ``head_dim`` is (see ``CausalSelfAttention._attend_token``).
     """
 
     vocab_size: int
