@@ -11,22 +11,15 @@ import torch
 from common.config import ConfigError
 from model import GPT, GPTConfig, RowCache
 from model.gpt import batch_invariant
+from run_testkit import build_model
 
 RTOL, ATOL = 1e-5, 1e-5
 
 
-def mla_model(kv_latent_dim: int, q_latent_dim: int | None = None, *, block_size: int = 40, seed: int = 0) -> GPT:
-    """A random MLA GPT (head_dim 16) with matrices scaled up, so that logits are far from flat and
-    a wrong cache position or mask changes greedy tokens."""
-    torch.manual_seed(seed)
-    config = GPTConfig(vocab_size=97, block_size=block_size, n_layer=2, n_head=4, n_kv_head=4, n_embd=64,
-                       attention="mla", kv_latent_dim=kv_latent_dim, q_latent_dim=q_latent_dim)
-    model = GPT(config).eval()
-    with torch.no_grad():
-        for param in model.parameters():
-            if param.dim() >= 2:
-                param.mul_(5.0)
-    return model
+def mla_model(kv_latent_dim: int, q_latent_dim: int | None = None, *, block_size: int = 40) -> GPT:
+    """A random MLA GPT with head_dim 16 and logits far from flat (``run_testkit.build_model``)."""
+    return build_model(97, block_size, n_kv_head=4, attention="mla", kv_latent_dim=kv_latent_dim,
+                       q_latent_dim=q_latent_dim)
 
 
 # kv_latent_dim below, equal to and above head_dim (16); with and without a query latent.
