@@ -13,6 +13,8 @@ from torch import nn
 
 from common.errors import UserError
 from data import bits_per_byte, iter_val_batches, target_nats_and_bytes
+from data.tokenizer import prompt_ids
+from model.generation import SamplingSettings, generate
 from training.distributed import DistContext, all_reduce_sum
 
 
@@ -103,13 +105,9 @@ def generate_sample(
     model: Any,
     tokenizer: Any,
     prompt: str,
+    settings: SamplingSettings,
     *,
-    max_new_tokens: int,
-    temperature: float,
-    top_k: int | None,
-    seed: int,
     device: torch.device,
-    start_id: int,
 ) -> str:
     """Continue ``prompt`` through the KV-cache generation path; returns prompt + continuation.
 
@@ -117,11 +115,8 @@ def generate_sample(
     samples at the same step of a resumed and an uninterrupted run match) and leaves the
     training RNG untouched.
     """
-    # An empty prompt starts from ``start_id`` (end-of-text: the start of a document).
-    idx = torch.tensor([tokenizer.encode(prompt).ids or [start_id]], dtype=torch.long, device=device)
-    generator = torch.Generator(device=device).manual_seed(seed)
+    idx = torch.tensor([prompt_ids(tokenizer, prompt)], dtype=torch.long, device=device)
+    generator = torch.Generator(device=device).manual_seed(settings.seed)
     with eval_mode(model):
-        out = model.generate(
-            idx, max_new_tokens, temperature=temperature, top_k=top_k, use_cache=True, generator=generator
-        )
+        out = generate(model, idx, settings.max_new_tokens, **settings.token_options(), generator=generator)
     return tokenizer.decode(out[0].tolist())

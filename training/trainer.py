@@ -29,7 +29,7 @@ from data import load_tokenizer, prepare_data, train_batches
 from data.chat_batches import ChatBatches
 from data.chat_prepare import prepare_chat_data
 from data.tokenizer import RUN_TOKENIZER_FIX
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, SamplingSettings
 import training.checkpoint as checkpoint
 from training.config import Config, ConfigError, config_to_dict, save_config
 from training.device import autocast, configure_backends, resolve_precision, should_compile
@@ -492,15 +492,13 @@ class Trainer:
         """(prompt, text) rows: replies to held-out conversations' first user turns when
         chat-tuning, else the continuation of eval.sample_prompt (prompt included)."""
         ec = self.config.eval
-        sampling = dict(
-            max_new_tokens=ec.sample_tokens, temperature=ec.sample_temperature, top_k=ec.sample_top_k,
-            seed=ec.sample_seed, device=self.device,
-        )
+        settings = SamplingSettings(max_new_tokens=ec.sample_tokens, temperature=ec.sample_temperature,
+                                    top_k=ec.sample_top_k, top_p=None, seed=ec.sample_seed)
         if self.chat:
             end_id = self.tokenizer.token_to_id("<|end|>")
-            return chat_reply_samples(self.model, self.tokenizer, self.chat.val, end_id, count=4, **sampling)
-        start_id = self.prepared.eot_id
-        text = generate_sample(self.model, self.tokenizer, ec.sample_prompt, start_id=start_id, **sampling)
+            return chat_reply_samples(self.model, self.tokenizer, self.chat.val, end_id, settings, count=4,
+                                      device=self.device)
+        text = generate_sample(self.model, self.tokenizer, ec.sample_prompt, settings, device=self.device)
         return [(ec.sample_prompt, text)]
 
     def _save(self) -> None:

@@ -54,14 +54,15 @@ def test_turns_are_appended_to_the_cache_not_re_encoded(loaded_run):
     assert not notices
     # Every position was run through the model exactly once, and the window is the template's
     # rendering of the whole conversation so far.
-    assert session.tokens_encoded == session.cache.pos
+    assert session.tokens_encoded == session.cache.lengths[0]
     # The window is the template's rendering of the conversation: each user turn, then the reply's
-    # ids, closed by <|end|> (added when the reply was cut off by max_new_tokens).
-    tokenizer, end = run.tokenizer, session.special.end
+    # ids, closed by <|end|> (in place of the <|end|> or <|endoftext|> that ended the reply, or
+    # added when the reply was cut off by max_new_tokens).
+    tokenizer, ends = run.tokenizer, session.special.reply_end_ids
     expected = render_chat(tokenizer, [Message("system", "You are JULIET.")]).ids
     for message, reply in zip(MESSAGES, replies):
         expected += render_chat(tokenizer, [Message("user", message)], add_generation_prompt=True).ids
-        expected += reply if reply[-1:] == [end] else [*reply, end]
+        expected += [*(reply[:-1] if reply[-1] in ends else reply), session.special.end]
     assert session.window == expected == [t for turn in session.turns for t in turn]
 
 

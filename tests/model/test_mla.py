@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from common.config import ConfigError
-from model import GPT, GPTConfig, RowCache
-from model.gpt import batch_invariant
+from model import GPT, GPTConfig
+from model.generation import generate
 from run_testkit import build_model
 
 RTOL, ATOL = 1e-5, 1e-5
@@ -47,8 +47,8 @@ def test_greedy_tokens_with_and_without_the_cache_are_identical(kv_latent_dim, q
     prompt = torch.randint(0, 97, (2, 5), generator=torch.Generator().manual_seed(2))
     # 50 new tokens in a 24-position window: the window slides and the cache is refilled. The
     # penalty keeps greedy decoding of random weights from settling on one token.
-    cached = model.generate(prompt, 50, use_cache=True, repetition_penalty=1.5)
-    recomputed = model.generate(prompt, 50, use_cache=False, repetition_penalty=1.5)
+    cached = generate(model, prompt, 50, use_cache=True, repetition_penalty=1.5)
+    recomputed = generate(model, prompt, 50, use_cache=False, repetition_penalty=1.5)
     assert torch.equal(cached, recomputed)
     assert len(set(cached[0, 5:].tolist())) > 3  # not one repeated token: the test could fail
 
@@ -63,27 +63,58 @@ def test_chunked_prefill_equals_one_pass():
     assert_close(torch.cat(chunks, dim=1), full)
 
 
-def test_ragged_rows_decode_together_as_each_alone_and_as_full_recomputation():
+def test_decoding_never_builds_per_head_keys_or_values(monkeypatch):
+    model = mla_model(16, 24)
+    idx = torch.randint(0, 97, (2, 9), generator=torch.Generator().manual_seed(5))
+    cache = model.init_cache(2)
+    with torch.no_grad():
+        full = model(idx)
+        model(idx[:, :8], cache=cache)  # the prefill expands them
+
+        def expanded(*args):
+            raise AssertionError("a one-token step up-projected the latents")
+
+        for block in model.blocks:
+            monkeypatch.setattr(block.attn.kv_up, "forward", expanded)
+        assert_close(model(idx[:, 8:], cache=cache)[:, -1], full[:, -1])
+
+
+def test_ragged_rows_decode_together_as_each_alone_bit_for_bit():
     model = mla_model(16, 24)
     prompts = [list(range(3, 3 + n)) for n in (1, 5, 12, 30)]
-    cache = RowCache(model.init_cache(6))
     rows = [5, 0, 3, 1]  # rows are not in order, and two rows stay empty
+    cache = model.init_cache(6)
     solo = []
-    with torch.inference_mode(), batch_invariant():
+    with torch.inference_mode():
         for r, prompt in zip(rows, prompts):
-            view = cache.row(r)
-            model.next_token_logits(torch.tensor([prompt[:-1] or prompt]), view)
-            cache.lengths[r] = view.pos
+            model.next_token_logits(torch.tensor([prompt[:-1] or prompt]), cache, [r], batch_invariant=True)
             alone = model.init_cache(1)
-            model.next_token_logits(torch.tensor([prompt[:-1] or prompt]), alone)
-            solo.append(model.next_token_logits(torch.tensor([[prompt[-1]]]), alone))
-        batched = model.next_token_logits(torch.tensor([[p[-1]] for p in prompts]), cache.step(rows))
-    for i, prompt in enumerate(prompts):
-        # Served beside others == alone, bit for bit (kv_latent_dim a multiple of 16).
+            model.next_token_logits(torch.tensor([prompt[:-1] or prompt]), alone, batch_invariant=True)
+            solo.append(model.next_token_logits(torch.tensor([[prompt[-1]]]), alone, batch_invariant=True))
+        batched = model.next_token_logits(torch.tensor([[p[-1]] for p in prompts]), cache, rows,
+                                          batch_invariant=True)
+    for i in range(len(prompts)):  # served beside others == alone (kv_latent_dim a multiple of 16)
         assert torch.equal(batched[i:i + 1], solo[i]), f"row {rows[i]}"
-        if len(prompt) > 1:
-            with torch.no_grad():
-                assert_close(batched[i], model(torch.tensor([prompt]))[0, -1])
+
+
+@pytest.mark.parametrize("batch_invariant", [False, True])
+def test_ragged_rows_and_chunks_into_them_equal_full_recomputation(batch_invariant):
+    model = mla_model(8, None)
+    seqs = [torch.randint(0, 97, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (20, 24, 26)]
+    done = [3, 9, 1]  # prefilled lengths: ragged
+    cache = model.init_cache(3)
+    with torch.no_grad():
+        for r, n in enumerate(done):
+            model(torch.tensor([seqs[r][:n]]), cache=cache, rows=[r])
+        # A 4-token chunk into every row at once (a masked multi-token pass), then one-token steps.
+        chunk = model(torch.tensor([s[n:n + 4] for s, n in zip(seqs, done)]), cache=cache)
+        for r, n in enumerate(done):
+            assert_close(chunk[r], model(torch.tensor([seqs[r][:n + 4]]))[0, n:])
+        for step in range(6):
+            idx = torch.tensor([[s[n + 4 + step]] for s, n in zip(seqs, done)])
+            logits = model.next_token_logits(idx, cache, batch_invariant=batch_invariant)
+            for r, n in enumerate(done):
+                assert_close(logits[r], model(torch.tensor([seqs[r][:n + 5 + step]]))[0, -1])
 
 
 @pytest.mark.parametrize("kv_latent_dim,q_latent_dim", SHAPES)

@@ -13,10 +13,10 @@ import torch
 from inference.completion import generate_completions
 from inference.runs import load_run
 from inference.settings import GenerationSettings
-from model.gpt import batch_invariant
+from model.generation import SamplingSettings
 from run_testkit import build_run, chat_tokenizer
 from server_process import running_server
-from serving.engine import Engine, SamplingParams
+from serving.engine import Engine
 
 openai = pytest.importorskip("openai")
 
@@ -33,13 +33,18 @@ def mla_run(mla_run_dir):
     return load_run(mla_run_dir, torch.device("cpu"))
 
 
-def requests(run) -> list[tuple[list[int], SamplingParams]]:
+def requests(run) -> list[tuple[list[int], SamplingSettings]]:
     """Prompts from 1 token to the whole window, some generating past it (the window slides)."""
     g = torch.Generator().manual_seed(5)
     lengths, new = [1, 4, 13, 31, 32, 7], [20, 45, 9, 70, 3, 40]
     return [(torch.randint(5, len(run.token_bytes), (n,), generator=g).tolist(),
-             SamplingParams(m, temperature=[0.0, 0.9, 1.3][i % 3], top_p=[1.0, 0.8][i % 2], seed=40 + i))
+             settings(m, temperature=[0.0, 0.9, 1.3][i % 3], top_p=[1.0, 0.8][i % 2], seed=40 + i))
             for i, (n, m) in enumerate(zip(lengths, new))]
+
+
+def settings(max_tokens: int, **options) -> SamplingSettings:
+    """As the server builds them: OpenAI's defaults (no top-k, top_p 1)."""
+    return SamplingSettings(**{"max_new_tokens": max_tokens, "top_k": None, "top_p": 1.0, **options})
 
 
 def serve(engine: Engine, batch) -> list[tuple[int, ...]]:
@@ -59,11 +64,11 @@ def serve(engine: Engine, batch) -> list[tuple[int, ...]]:
     return [finished[i] for i in range(len(batch))]
 
 
-def reference(run, prompt, params: SamplingParams) -> list[int]:
-    settings = GenerationSettings(max_new_tokens=params.max_tokens, temperature=params.temperature,
-                                  top_p=params.top_p, seed=params.seed)
-    with batch_invariant():  # generate.py's decoding, in the server's row blocks
-        return generate_completions(run, prompt, settings).completions[0].token_ids
+def reference(run, prompt, params: SamplingSettings) -> list[int]:
+    """generate.py's tokens, decoded in the server's arithmetic."""
+    settings = GenerationSettings(max_new_tokens=params.max_new_tokens, temperature=params.temperature,
+                                  top_k=None, top_p=params.top_p, seed=params.seed)
+    return generate_completions(run, prompt, settings, batch_invariant=True).completions[0].token_ids
 
 
 def test_each_served_request_equals_its_solo_run_and_generate_py(mla_run):
@@ -78,8 +83,8 @@ def test_each_served_request_equals_its_solo_run_and_generate_py(mla_run):
 
 def test_concurrent_completions_over_a_socket_equal_generate_py(mla_run_dir, mla_run):
     prompts = ["ROMEO: But soft", "Café 😀", "JULIET: O", "The quick brown fox"]
-    with running_server(mla_run_dir, "--max-batch", "4") as (base, _):
-        client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=60)
+    with running_server(mla_run_dir, "--max-batch", "4") as server:
+        client = openai.OpenAI(base_url=f"{server.base}/v1", api_key="x", max_retries=0, timeout=60)
 
         def complete(i):
             return client.completions.create(model="mla", prompt=prompts[i], max_tokens=24, temperature=0.8,
@@ -89,7 +94,7 @@ def test_concurrent_completions_over_a_socket_equal_generate_py(mla_run_dir, mla
             texts = list(pool.map(complete, range(len(prompts))))
     for i, (prompt, text) in enumerate(zip(prompts, texts)):
         ids = mla_run.tokenizer.encode(prompt).ids
-        expected = reference(mla_run, ids, SamplingParams(24, temperature=0.8, seed=i))
+        expected = reference(mla_run, ids, settings(24, temperature=0.8, seed=i))
         if mla_run.eot_id in expected:  # the server stops at <|endoftext|>
             expected = expected[:expected.index(mla_run.eot_id)]
         assert text == mla_run.tokenizer.decode(expected, skip_special_tokens=False), f"prompt {i}"
