@@ -63,6 +63,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="a further train.py override for every run (e.g. eval.final_max_batches=4); repeatable")
     p.add_argument("--forms", action="store_true", help="only time MLA's expanded vs absorbed forms")
+    p.add_argument("--repeats", type=int, default=9, help="with --forms: timed repeats of each step")
     return p.parse_args(argv)
 
 
@@ -201,7 +202,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.forms:
         shape = {**model, "vocab_size": doc["data"]["vocab_size"], "attention": "mla", "n_kv_head": model["n_head"]}
         for r in args.latents:
-            compare_forms(GPTConfig.from_dict({**shape, "kv_latent_dim": r}))
+            compare_forms(GPTConfig.from_dict({**shape, "kv_latent_dim": r}), repeats=args.repeats)
         return
     rows = []
     for name, overrides in variants(model, args.latents).items():

@@ -362,7 +362,8 @@ class GPT(nn.Module):
         ``batch_invariant``: a one-token pass computes each row bit for bit as it would alone, in
         any batch, at any length (whole cache rows under a mask, products in fixed row blocks:
         see ``linear``); the serving engine asks for it. On the CPU it holds when head_dim is a
-        multiple of 16 (see ``_attend_token``). Longer chunks take the plain path either way."""
+        multiple of 16 (see ``_attend_token``; kv_latent_dim for latent attention). Longer chunks take
+        the plain path either way."""
         row_blocks = batch_invariant and idx.shape[1] == 1
         return linear(self.lm_head, self._trunk(idx, cache, rows, row_blocks)[:, -1], row_blocks)
 
