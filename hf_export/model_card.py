@@ -81,6 +81,10 @@ def model_card(name: str, config: GPTConfig, params: int, record: RunRecord, has
     chat = ("The tokenizer has the chat tokens, and `tokenizer.apply_chat_template` renders a "
             "conversation exactly as the training code does; generation also stops at `<|end|>`."
             if has_chat else "This tokenizer has no chat tokens: it is a plain language model.")
+    attention, heads = "grouped-query attention", f"{config.n_head} / {config.n_kv_head}"
+    if config.attention == "mla":
+        attention = "multi-head latent attention (keys and values read from one cached latent per token)"
+        heads = f"{config.n_head} / {config.n_head}, from a latent of {config.kv_latent_dim}"
     return f"""---
 library_name: transformers
 pipeline_tag: text-generation
@@ -92,7 +96,7 @@ tags:
 # {name}
 
 A {params / 1e6:.2f}M-parameter decoder-only GPT trained from scratch with minigpt: learned absolute
-position embeddings, RMSNorm, SwiGLU, grouped-query attention and tied input/output embeddings.
+position embeddings, RMSNorm, SwiGLU, {attention} and tied input/output embeddings.
 transformers has no built-in architecture with that combination, so the modeling code ships in this
 folder and loading needs `trust_remote_code=True`.
 
@@ -100,7 +104,7 @@ folder and loading needs `trust_remote_code=True`.
 |---|---|
 | layers | {config.n_layer} |
 | width | {config.n_embd} |
-| attention heads / key-value heads | {config.n_head} / {config.n_kv_head} |
+| attention heads / key-value heads | {heads} |
 | feed-forward width (SwiGLU) | {config.ffn_dim} |
 | context (learned positions) | {config.block_size} tokens |
 | vocabulary | {config.vocab_size} |

@@ -78,3 +78,11 @@ def test_greedy_generate_gives_generate_py_tokens(mla_export, use_cache):
                           eos_token_id=None, attention_mask=torch.ones_like(prompt))
     assert out[0, prompt.shape[1]:].tolist() == expected
     assert len(set(expected)) > 3
+
+
+def test_model_card_names_the_latent_attention(mla_export):
+    run_dir, folder, _ = mla_export
+    card = (folder / "README.md").read_text(encoding="utf-8")
+    latent = load_pretrained(run_dir).config.kv_latent_dim
+    assert "multi-head latent attention" in card and "grouped-query" not in card
+    assert f"| attention heads / key-value heads | 4 / 4, from a latent of {latent} |" in card
