@@ -21,11 +21,12 @@ built, and a decode step reads r numbers per cached position instead of building
 Both lines are only re-bracketed matrix products, so the two forms are equal up to rounding. The
 softmax scale stays 1/sqrt(d): the scores are the same numbers, only computed in another order.
 
-Why this is exact here and needs a decoupled RoPE key in DeepSeek: with rotary embeddings the key
-is ``R_s c_s W_UK`` with a rotation R_s that depends on the key's position, and it sits between
-the query and ``W_UK``, so ``W_UK`` cannot move into the query for all s at once. This model adds
-learned positions to the input embedding, before any projection, so nothing position-dependent
-sits inside attention and the absorption holds exactly.
+Why this is exact here and needs a decoupled RoPE key in DeepSeek: with rotary embeddings the
+query at position t and the key at s are rotated, q R_t and c_s W_UK R_s, so the score is
+q R_t R_s^T W_UK^T . c_s = q R_(t-s) W_UK^T . c_s. A rotation that depends on s sits between the
+query and W_UK^T, so no single latent query serves every cached position. This model adds learned
+positions to the input embedding, before any projection, so nothing position-dependent sits
+inside attention and the absorption holds exactly.
 
 Which form runs when: a one-token step with a cache (decoding) uses the absorbed form; every
 other forward (training, prefill, chunks) expands the keys and values and runs ordinary
