@@ -9,8 +9,7 @@ from pathlib import Path
 import yaml
 
 from model import GPTConfig
-from common.run_files import CONFIG_FILE, METRICS_FILE
-from training.metrics import read_metrics
+from common.run_files import CONFIG_FILE, METRICS_FILE, read_metrics
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from common.config import build, check_types, require
-from model.rms_norm_cpu import RMSNormCPUFunction, use_cpu_backward
 from model.kv_cache import KVCache
 from model.mla import LatentAttention
 
@@ -138,8 +137,6 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if use_cpu_backward(x, self.weight):
-            return RMSNormCPUFunction.apply(x, self.weight, self.eps)
         # The fused kernel is one op instead of five, which matters in the per-token decode loop.
         return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
@@ -370,7 +367,7 @@ class GPT(nn.Module):
     def _trunk(
         self, idx: torch.Tensor, cache: KVCache | None, rows: Sequence[int] | None, row_blocks: bool
     ) -> torch.Tensor:
-        B, T = idx.shape
+        T = idx.shape[1]
         if cache is None:
             assert 1 <= T <= self.config.block_size, f"{T} tokens do not fit block_size {self.config.block_size}"
             # A slice of the table: the same values as a lookup, and a cheaper backward.

@@ -1,8 +1,7 @@
 """The inference engine: many requests decoded together through one KV cache (continuous batching).
 
 One background thread owns the model and a ``KVCache`` of ``max_batch`` rows, each filled to its own
-length. Each iteration of
-its loop schedules every token:
+length. Each iteration of its loop schedules every token:
 
 1. drop requests whose client went away, freeing their rows;
 2. admit waiting requests into free rows;

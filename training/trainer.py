@@ -30,6 +30,7 @@ from data.chat_batches import ChatBatches
 from data.chat_prepare import prepare_chat_data
 from data.tokenizer import RUN_TOKENIZER_FIX
 from model import GPT, GPTConfig, SamplingSettings
+from model.rms_norm_cpu import install_cpu_backward
 import training.checkpoint as checkpoint
 from training.config import Config, ConfigError, config_to_dict, save_config
 from training.device import autocast, configure_backends, resolve_precision, should_compile
@@ -224,6 +225,7 @@ class Trainer:
 
         torch.manual_seed(tc.seed)
         self.model = GPT(cfg.model).to(self.device)
+        install_cpu_backward(self.model)  # a faster RMSNorm backward in eager CPU training
         if self.parent is not None:
             load_parent_weights(self.model, self.parent)  # a resumed run's checkpoint replaces them
         torch.manual_seed(tc.seed + ctx.rank)  # for dropout, differing per rank
