@@ -74,8 +74,10 @@ def test_greedy_generate_gives_generate_py_tokens(mla_export, use_cache):
     settings = GenerationSettings(max_new_tokens=new, temperature=0.0, use_cache=use_cache, seed=0)
     expected = generate_completions(load_run(run_dir, torch.device("cpu")), prompt[0].tolist(),
                                     settings).completions[0].token_ids
+    # generate.py's plain completion neither stops at an end token nor suppresses the role tokens
+    # that the chat export's generation config suppresses: ask transformers for the same.
     out = theirs.generate(prompt, max_new_tokens=new, do_sample=False, use_cache=use_cache,
-                          eos_token_id=None, attention_mask=torch.ones_like(prompt))
+                          eos_token_id=None, suppress_tokens=None, attention_mask=torch.ones_like(prompt))
     assert out[0, prompt.shape[1]:].tolist() == expected
     assert len(set(expected)) > 3
 
