@@ -14,7 +14,6 @@ over all block_size slots at every step (its price for fixed shapes).
 
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 import time
@@ -23,25 +22,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.generate_speed import TINY, Row, ours_timer, print_table, random_run
-from inference.runs import load_run
+from benchmarks.generate_speed import Row, decode_parser, load_benchmark_run, ours_timer, print_table
 from model import GPT
 from onnx_export.graph import export_graph
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--run", type=Path, help="benchmark this run's model instead of a random tiny one")
+    parser = decode_parser(__doc__, 64)
     parser.add_argument("--context", type=int, default=128, help="prompt tokens before decoding (default 128)")
-    parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=3, help="best of this many timed runs (default 3)")
-    parser.add_argument("--threads", type=int, help="intra-op threads for torch and ONNX Runtime (default: torch's)")
     args = parser.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
     import onnxruntime as ort
 
-    run = load_run(args.run, torch.device("cpu")) if args.run else random_run(TINY)
+    run = load_benchmark_run(args)
     config = run.model.config
     if args.context + args.new_tokens > config.block_size:
         parser.error(f"--context + --new-tokens must fit block_size {config.block_size}")
