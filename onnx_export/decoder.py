@@ -2,10 +2,11 @@
 
 Our ``KVCache`` is a Python object with host-side lengths, which an exported graph cannot hold, so
 these wrappers pass the cache as plain tensors named the way Hugging Face Optimum names decoders
-(``past_key_values.{i}.key``/``.value`` in, ``present.{i}.key``/``.value`` out). They run the
-model's own modules (embeddings, norms, the attention's projections, the feed-forward, the head);
-only the attention arithmetic is written out here, because the graph needs one form for every
-chunk length and a mask from tensors rather than from the cache's Python state.
+(``past_key_values.{i}.key``/``.value`` in, ``present.{i}.key``/``.value`` out). What a layer
+caches is what its attention declares for ``KVCache`` (``cache_entries``), so the names follow it.
+The wrappers run the model's own modules (embeddings, norms, the attention's projections, the
+feed-forward, the head); only the attention arithmetic is written out here, because the graph
+needs one form for every chunk length and a mask from tensors rather than from the cache's state.
 
 - ``DynamicDecoder``: any batch, any number of new tokens, any past length (0 for the first call);
   presents are the pasts with the new tokens appended. ``attention_mask`` (batch, past + new) marks
@@ -17,34 +18,66 @@ chunk length and a mask from tensors rather than from the cache's Python state.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.gpt import GPT, Block
+from model.gpt import GPT
+
+# Optimum's names for grouped-query attention's entries; any other entry keeps its own name.
+ONNX_ENTRY_NAMES = {"k": "key", "v": "value"}
 
 
-def input_names(n_layer: int) -> list[str]:
-    pasts = [f"past_key_values.{i}.{kind}" for i in range(n_layer) for kind in ("key", "value")]
-    return ["input_ids", "attention_mask", "position_ids", *pasts]
+def cache_entries(model: GPT) -> dict[str, tuple[int, int]]:
+    """Each cached tensor's ONNX name (``key``, ``value``) and its (heads, dim) per token and layer."""
+    entries = model.blocks[0].attn.cache_entries()
+    return {ONNX_ENTRY_NAMES.get(name, name): shape for name, shape in entries.items()}
 
 
-def output_names(n_layer: int) -> list[str]:
-    return ["logits", *(f"present.{i}.{kind}" for i in range(n_layer) for kind in ("key", "value"))]
+def cache_names(model: GPT) -> list[str]:
+    """``{layer}.{entry}`` for every cached tensor, in the order the graph takes them."""
+    return [f"{i}.{name}" for i in range(model.config.n_layer) for name in cache_entries(model)]
 
 
-def _attend(block: Block, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q: torch.Tensor,
-            allowed: torch.Tensor) -> torch.Tensor:
-    """Block ``block``'s attention output for queries q over keys k, v where ``allowed``
-    (batch, 1, new, keys) is True, then its residual and feed-forward: the rest of the block."""
-    attn = block.attn
+def input_names(model: GPT) -> list[str]:
+    return ["input_ids", "attention_mask", "position_ids", *(f"past_key_values.{n}" for n in cache_names(model))]
+
+
+def output_names(model: GPT) -> list[str]:
+    return ["logits", *(f"present.{n}" for n in cache_names(model))]
+
+
+Combine = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (past, new) -> present
+
+
+def _decode(model: GPT, input_ids: torch.Tensor, position_ids: torch.Tensor, pasts: tuple[torch.Tensor, ...],
+            combine: Combine, allowed: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Logits and presents: every block with its attention reading ``combine(past, new)`` where
+    ``allowed`` (batch, 1, new, keys) is True."""
+    x = model.tok_emb(input_ids) + model.pos_emb(position_ids)
+    per_layer = len(pasts) // model.config.n_layer
+    presents: list[torch.Tensor] = []
+    for i, block in enumerate(model.blocks):
+        attn = block.attn
+        q, *new = attn.split_heads(block.attn_norm(x))
+        cached = [combine(past, n) for past, n in zip(pasts[i * per_layer:(i + 1) * per_layer], new)]
+        presents += cached
+        y = _attend(attn, q, cached, allowed)
+        B, _, T, _ = q.shape
+        x = x + attn.proj(y.transpose(1, 2).reshape(B, T, -1))
+        x = x + block.ffn(block.ffn_norm(x))
+    return (model.lm_head(model.norm(x)), *presents)
+
+
+def _attend(attn: nn.Module, q: torch.Tensor, cached: list[torch.Tensor], allowed: torch.Tensor) -> torch.Tensor:
+    """Grouped-query attention of q over the cached keys and values, where ``allowed``."""
+    k, v = cached
     group = attn.n_head // attn.n_kv_head
     # Repeated K/V heads rather than SDPA's enable_gqa: the plain form exports on every opset.
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
-    B, _, T, _ = q.shape
-    x = x + attn.proj(y.transpose(1, 2).reshape(B, T, -1))
-    return x + block.ffn(block.ffn_norm(x))
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
 
 
 class DynamicDecoder(nn.Module):
@@ -56,7 +89,6 @@ class DynamicDecoder(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
                 *pasts: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        model = self.model
         T = input_ids.shape[1]
         S = attention_mask.shape[1]  # past + new
         # Query i (at slot S - T + i) reads the real keys up to its own slot, and always itself:
@@ -65,15 +97,8 @@ class DynamicDecoder(nn.Module):
         query_slots = (torch.arange(T, device=input_ids.device) + (S - T)).unsqueeze(1)
         causal = slots.unsqueeze(0) <= query_slots
         allowed = (causal & attention_mask.bool()[:, None, None, :]) | (slots.unsqueeze(0) == query_slots)
-        x = model.tok_emb(input_ids) + model.pos_emb(position_ids)
-        presents: list[torch.Tensor] = []
-        for i, block in enumerate(model.blocks):
-            q, k, v = block.attn.split_heads(block.attn_norm(x))
-            k = torch.cat([pasts[2 * i], k], dim=2)
-            v = torch.cat([pasts[2 * i + 1], v], dim=2)
-            presents += [k, v]
-            x = _attend(block, x, k, v, q, allowed)
-        return (model.lm_head(model.norm(x)), *presents)
+        append = lambda past, new: torch.cat([past, new], dim=2)  # noqa: E731
+        return _decode(self.model, input_ids, position_ids, pasts, append, allowed)
 
 
 class StaticDecoder(nn.Module):
@@ -86,17 +111,9 @@ class StaticDecoder(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
                 *caches: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        model = self.model
-        slots = torch.arange(model.config.block_size, device=input_ids.device)
+        slots = torch.arange(self.model.config.block_size, device=input_ids.device)
+        written = slots.unsqueeze(0) == position_ids  # (batch, slots)
+        allowed = (attention_mask.bool() | written)[:, None, None, :]
         # A select instead of a scatter: the same shapes in and out, and an op every runtime has.
-        written = (slots.unsqueeze(0) == position_ids)[:, None, :, None]  # (batch, 1, slots, 1)
-        allowed = (attention_mask.bool() | written[:, 0, :, 0])[:, None, None, :]
-        x = model.tok_emb(input_ids) + model.pos_emb(position_ids)
-        presents: list[torch.Tensor] = []
-        for i, block in enumerate(model.blocks):
-            q, k, v = block.attn.split_heads(block.attn_norm(x))
-            k = torch.where(written, k, caches[2 * i])
-            v = torch.where(written, v, caches[2 * i + 1])
-            presents += [k, v]
-            x = _attend(block, x, k, v, q, allowed)
-        return (model.lm_head(model.norm(x)), *presents)
+        write = lambda cache, new: torch.where(written[:, None, :, None], new, cache)  # noqa: E731
+        return _decode(self.model, input_ids, position_ids, caches, write, allowed)

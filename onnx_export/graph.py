@@ -16,14 +16,12 @@ import torch
 from torch.export import Dim
 
 from model.gpt import GPT
-from onnx_export.decoder import DynamicDecoder, StaticDecoder, input_names, output_names
+from onnx_export.decoder import DynamicDecoder, StaticDecoder, cache_entries, input_names, output_names
 
 
 def export_graph(model: GPT, path: Path, *, static_batch: int | None = None) -> None:
     """Write ``model`` as an ONNX decoder to ``path`` and check it: the dynamic form, or with
     ``static_batch`` the fixed-shape form for that many rows."""
-    config = model.config
-    n_layer = config.n_layer
     if static_batch is None:
         wrapper = DynamicDecoder(model)
         inputs, dynamic_shapes = _dynamic_example(model)
@@ -34,7 +32,7 @@ def export_graph(model: GPT, path: Path, *, static_batch: int | None = None) -> 
         warnings.simplefilter("ignore")  # the exporter's deprecation notes are for PyTorch developers
         program = torch.onnx.export(
             wrapper.eval(), inputs, dynamo=True, dynamic_shapes=dynamic_shapes, verbose=False,
-            input_names=input_names(n_layer), output_names=output_names(n_layer),
+            input_names=input_names(model), output_names=output_names(model),
         )
     if static_batch is None:
         _name_total_length(program.model)
@@ -62,7 +60,7 @@ def _dynamic_example(model: GPT) -> tuple[tuple[torch.Tensor, ...], dict]:
     ids = torch.zeros(batch, new, dtype=torch.long)
     mask = torch.ones(batch, past + new, dtype=torch.long)
     positions = torch.arange(past, past + new).expand(batch, new)
-    pasts = tuple(torch.zeros(batch, config.n_kv_head, past, config.head_dim) for _ in range(2 * config.n_layer))
+    pasts = _caches(model, batch, past)
     rows = Dim("batch", min=1)
     tokens = Dim("sequence_length", min=1, max=config.block_size)
     history = Dim("past_sequence_length", min=0, max=config.block_size - 1)
@@ -82,8 +80,12 @@ def _static_example(model: GPT, batch: int) -> tuple[torch.Tensor, ...]:
     ids = torch.zeros(batch, 1, dtype=torch.long)
     mask = torch.zeros(batch, slots, dtype=torch.long)
     positions = torch.zeros(batch, 1, dtype=torch.long)
-    caches = tuple(torch.zeros(batch, config.n_kv_head, slots, config.head_dim) for _ in range(2 * config.n_layer))
-    return (ids, mask, positions, *caches)
+    return (ids, mask, positions, *_caches(model, batch, slots))
+
+
+def _caches(model: GPT, batch: int, length: int) -> tuple[torch.Tensor, ...]:
+    entries = cache_entries(model).values()
+    return tuple(torch.zeros(batch, heads, length, dim) for _ in range(model.config.n_layer) for heads, dim in entries)
 
 
 class _quiet_exporter:

@@ -20,6 +20,7 @@ from common.run_files import TOKENIZER_FILE
 from hf_export.hub_files import SpecialTokens, model_config, tokenizer_config
 from hf_export.writer import _check_destination, _replace_dir, _sibling, _write_json
 from inference.runs import load_run
+from onnx_export.decoder import cache_entries
 from onnx_export.graph import export_graph
 from onnx_export.readme import export_readme
 
@@ -53,8 +54,9 @@ def export_onnx(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool = F
     config = model_config(model.config, tokens, "float32")
     for shipped_code in ("auto_map", "architectures"):  # the modeling files stay with the hf format
         config.pop(shipped_code, None)
+    # What the README's loop needs to build the inputs: each cached entry's (heads, dim) per token.
     config["onnx"] = {"shapes": "dynamic" if static_batch is None else "static", "batch_size": static_batch,
-                      "head_dim": model.config.head_dim}
+                      "cache": {name: list(shape) for name, shape in cache_entries(model).items()}}
 
     staging = _sibling(out_dir, "tmp")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -64,7 +66,7 @@ def export_onnx(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool = F
         _write_json(staging / "config.json", config)
         _write_json(staging / "tokenizer_config.json", tokenizer_config(model.config, tokens))
         shutil.copyfile(run_dir / TOKENIZER_FILE, staging / "tokenizer.json")
-        readme = export_readme(out_dir.name, model.config, static_batch)
+        readme = export_readme(out_dir.name, model, static_batch)
         (staging / "README.md").write_text(readme, encoding="utf-8")
         _replace_dir(staging, out_dir)
     except BaseException:

@@ -37,12 +37,13 @@ class Exported:
         return json.loads((self.folder / "config.json").read_text(encoding="utf-8"))
 
     def cache_names(self) -> list[str]:
-        return [f"past_key_values.{i}.{kind}" for i in range(self.config["num_hidden_layers"])
-                for kind in ("key", "value")]
+        return [f"past_key_values.{i}.{entry}" for i in range(self.config["num_hidden_layers"])
+                for entry in self.config["onnx"]["cache"]]
 
     def empty_past(self, batch: int, length: int = 0) -> dict[str, np.ndarray]:
-        shape = (batch, self.config["num_key_value_heads"], length, self.config["onnx"]["head_dim"])
-        return {name: np.zeros(shape, np.float32) for name in self.cache_names()}
+        """Cache inputs of ``length`` positions (the static graph's: block_size), zeros."""
+        shapes = [(batch, heads, length, dim) for heads, dim in self.config["onnx"]["cache"].values()]
+        return {name: np.zeros(shape, np.float32) for name, shape in zip(self.cache_names(), shapes * self.config["num_hidden_layers"])}
 
     def run(self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray,
             past: dict[str, np.ndarray]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
@@ -70,7 +71,7 @@ def greedy_dynamic(exported: Exported, ids: list[int], steps: int) -> list[int]:
 def greedy_static(exported: Exported, ids: list[int], steps: int) -> list[int]:
     """As ``greedy_dynamic`` through the fixed-shape graph: every token, the prompt's too, one call."""
     slots = exported.config["max_position_embeddings"]
-    cache = {name: np.zeros((1, *shape[1:]), np.float32) for name, shape in _static_shapes(exported).items()}
+    cache = exported.empty_past(1, slots)
     mask = np.zeros((1, slots), np.int64)
     tokens = list(ids)
     for position in range(len(ids) + steps - 1):
@@ -79,7 +80,3 @@ def greedy_static(exported: Exported, ids: list[int], steps: int) -> list[int]:
         if position >= len(ids) - 1:
             tokens.append(int(logits[0, -1].argmax()))
     return tokens[len(ids):]
-
-
-def _static_shapes(exported: Exported) -> dict[str, tuple[int, ...]]:
-    return {i.name: tuple(i.shape) for i in exported.session.get_inputs() if i.name.startswith("past_key_values")}

@@ -89,11 +89,13 @@ def test_ragged_rows_left_padded_under_the_attention_mask(dynamic_export):
 
 def test_static_graph_has_fixed_shapes(static_export):
     inputs = {i.name: i.shape for i in static_export.session.get_inputs()}
-    heads, head_dim = static_export.config["num_key_value_heads"], static_export.config["onnx"]["head_dim"]
+    model = static_export.model
+    heads, head_dim = model.config.n_kv_head, model.config.head_dim
     assert inputs["input_ids"] == inputs["position_ids"] == [1, 1]
     assert inputs["attention_mask"] == [1, BLOCK_SIZE]
     assert inputs["past_key_values.1.value"] == [1, heads, BLOCK_SIZE, head_dim]
-    assert static_export.config["onnx"] == {"shapes": "static", "batch_size": 1, "head_dim": head_dim}
+    assert static_export.config["onnx"] == {"shapes": "static", "batch_size": 1,
+                                            "cache": {"key": [heads, head_dim], "value": [heads, head_dim]}}
 
 
 def test_static_cache_one_token_a_call_reads_only_written_slots(static_export):
@@ -103,8 +105,8 @@ def test_static_cache_one_token_a_call_reads_only_written_slots(static_export):
     ids = _random_ids(1, 10, vocab, seed=5)
     reference = _reference(model, ids)
     rng = np.random.default_rng(6)
-    shape = (1, static_export.config["num_key_value_heads"], BLOCK_SIZE, static_export.config["onnx"]["head_dim"])
-    cache = {name: rng.standard_normal(shape).astype(np.float32) for name in static_export.cache_names()}
+    cache = {name: rng.standard_normal(zeros.shape).astype(np.float32)
+             for name, zeros in static_export.empty_past(1, BLOCK_SIZE).items()}
     mask = np.zeros((1, BLOCK_SIZE), np.int64)
     for position in range(ids.shape[1]):
         mask[0, position] = 1
