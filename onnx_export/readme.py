@@ -61,7 +61,7 @@ def export_readme(name: str, model: GPT, static_batch: int | None) -> str:
     """README.md for the export called ``name`` of ``model``."""
     config, static = model.config, static_batch is not None
     entries = cache_entries(model)
-    cached = " / ".join(f"`.{entry}`" for entry in entries)
+    presents = " / ".join(f"`present.{{i}}.{entry}`" for entry in entries)
     rows = "\n".join(
         f"| `past_key_values.{{i}}.{entry}` | ({static_batch if static else 'batch'}, {heads}, "
         f"{config.block_size if static else 'past_sequence_length'}, {dim}) float32 | layer i's {_MEANING.get(entry, entry)} |"
@@ -78,7 +78,7 @@ def export_readme(name: str, model: GPT, static_batch: int | None) -> str:
 | `attention_mask` | ({static_batch}, {config.block_size}) int64 | 1 for every slot written so far, this call's included |
 {rows}
 
-Outputs: `logits` ({static_batch}, 1, {config.vocab_size}), and `present.{{i}}`{cached}: the cache with this
+Outputs: `logits` ({static_batch}, 1, {config.vocab_size}), and {presents}: the cache with this
 call's slot written; feed them back as the next call's `past_key_values`. Slots the mask leaves at
 0 are never read, so the cache needs no zeroing to start a new sequence.
 
@@ -94,7 +94,7 @@ tokens and the past length are all dynamic, and an empty past (length 0) starts 
 | `position_ids` | (batch, sequence_length) int64 | the new tokens' positions, from 0 at each row's first real token |
 {rows}
 
-Outputs: `logits` (batch, sequence_length, {config.vocab_size}), and `present.{{i}}`{cached}, the past
+Outputs: `logits` (batch, sequence_length, {config.vocab_size}), and {presents}, the past
 with the new tokens appended (past_sequence_length + sequence_length); feed them back as the next
 call's past.
 
