@@ -103,8 +103,8 @@ padding 0 in `attention_mask`, and number each row's real tokens from 0 in `posi
 Runtimes that need fixed shapes (NPUs, ahead-of-time compilers) take the `--static-shapes` export."""
     return f"""# {name}: ONNX decoder
 
-A {config.n_layer}-layer GPT trained with minigpt ({_attention(config)}), exported to one ONNX
-graph with its cache. It runs on ONNX Runtime (or any ONNX runtime) with no PyTorch and no code
+A {config.n_layer}-layer GPT trained with minigpt, exported to one ONNX graph with its cache; its attention:
+{_attention(config)}. It runs on ONNX Runtime (or any ONNX runtime) with no PyTorch and no code
 from the training repository. `config.json` holds its sizes; its `onnx` entry gives the form
 (`shapes`, `batch_size`) and each cached tensor's (heads, dim) per token and layer (`cache`).
 
