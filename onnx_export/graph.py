@@ -2,8 +2,9 @@
 
 The exporter is the one PyTorch recommends: ``torch.onnx.export(..., dynamo=True)``, which captures
 the graph with ``torch.export`` and so sees every shape as a symbol. Batch, new tokens and past
-length become named dynamic axes; the legacy tracer would record the example's Python integers
-(the cache length among them) as constants unless each were marked by hand.
+length become named dynamic axes. The legacy TorchScript tracer cannot export this model at all:
+it has no conversion for ``aten::rms_norm`` (the model's ``F.rms_norm``) at any opset it writes,
+so it would need the norm forked into elementwise ops; the dynamo exporter decomposes it itself.
 """
 
 from __future__ import annotations
