@@ -104,8 +104,9 @@ Runtimes that need fixed shapes (NPUs, ahead-of-time compilers) take the `--stat
     return f"""# {name}: ONNX decoder
 
 A {config.n_layer}-layer GPT trained with minigpt, exported to one ONNX graph with its cache; its attention:
-{_attention(config)}. It runs on ONNX Runtime (or any ONNX runtime) with no PyTorch and no code
-from the training repository. `config.json` holds its sizes; its `onnx` entry gives the form
+{_attention(config)}.
+It runs on ONNX Runtime (or any ONNX runtime) with no PyTorch and no code from the training
+repository. `config.json` holds its sizes; its `onnx` entry gives the form
 (`shapes`, `batch_size`) and each cached tensor's (heads, dim) per token and layer (`cache`).
 
 {form}
