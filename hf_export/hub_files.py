@@ -78,6 +78,9 @@ def model_config(config: GPTConfig, tokens: SpecialTokens, dtype: str) -> dict:
         "eos_token_id": tokens.stop_ids,
         "pad_token_id": tokens.eot,
         "dtype": dtype,
+        # Latent attention's fields, only where used: a grouped-query export stays as it was.
+        **({"attention": "mla", "kv_latent_dim": config.kv_latent_dim, "q_latent_dim": config.q_latent_dim}
+           if config.attention == "mla" else {}),
     }
 
 

@@ -104,6 +104,10 @@ def model_card(name: str, config: GPTConfig, params: int, record: RunRecord, has
     if record.steps is not None and record.tokens_per_step:
         trained += f" of {record.tokens_per_step:,} tokens ({record.steps * record.tokens_per_step:,} tokens)"
     chat = CHAT_SECTION if has_chat else "This tokenizer has no chat tokens: it is a plain language model."
+    attention, heads = "grouped-query attention", f"{config.n_head} / {config.n_kv_head}"
+    if config.attention == "mla":
+        attention = "multi-head latent attention (keys and values read from one cached latent per token)"
+        heads = f"{config.n_head} / {config.n_head}, from a latent of {config.kv_latent_dim}"
     return f"""---
 library_name: transformers
 pipeline_tag: text-generation
@@ -115,7 +119,7 @@ tags:
 # {name}
 
 A {params / 1e6:.2f}M-parameter decoder-only GPT trained from scratch with minigpt: learned absolute
-position embeddings, RMSNorm, SwiGLU, grouped-query attention and tied input/output embeddings.
+position embeddings, RMSNorm, SwiGLU, {attention} and tied input/output embeddings.
 transformers has no built-in architecture with that combination, so the modeling code ships in this
 folder and loading needs `trust_remote_code=True`.
 
@@ -123,7 +127,7 @@ folder and loading needs `trust_remote_code=True`.
 |---|---|
 | layers | {config.n_layer} |
 | width | {config.n_embd} |
-| attention heads / key-value heads | {config.n_head} / {config.n_kv_head} |
+| attention heads / key-value heads | {heads} |
 | feed-forward width (SwiGLU) | {config.ffn_dim} |
 | context (learned positions) | {config.block_size} tokens |
 | vocabulary | {config.vocab_size} |

@@ -26,7 +26,8 @@ FORMAT_VERSION = 1
 
 # The model keys that fix the shapes of the weights, which neither a resume nor a run started from a
 # parent (train.init_from) may change; dropout or norm_eps may.
-SHAPE_KEYS = ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd", "ffn_hidden", "tie_embeddings")
+SHAPE_KEYS = ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd", "ffn_hidden", "tie_embeddings",
+              "attention", "kv_latent_dim", "q_latent_dim")
 
 
 class CheckpointError(UserError):
