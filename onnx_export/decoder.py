@@ -3,7 +3,8 @@
 Our ``KVCache`` is a Python object with host-side lengths, which an exported graph cannot hold, so
 these wrappers pass the cache as plain tensors named the way Hugging Face Optimum names decoders
 (``past_key_values.{i}.key``/``.value`` in, ``present.{i}.key``/``.value`` out). What a layer
-caches is what its attention declares for ``KVCache`` (``cache_entries``), so the names follow it.
+caches is what its attention declares for ``KVCache`` (``cache_entries``), so the names follow it:
+multi-head latent attention caches one ``past_key_values.{i}.latent`` per layer instead.
 The wrappers run the model's own modules (embeddings, norms, the attention's projections, the
 feed-forward, the head); only the attention arithmetic is written out here, because the graph
 needs one form for every chunk length and a mask from tensors rather than from the cache's state.
@@ -72,7 +73,11 @@ def _decode(model: GPT, input_ids: torch.Tensor, position_ids: torch.Tensor, pas
 
 
 def _attend(attn: nn.Module, q: torch.Tensor, cached: list[torch.Tensor], allowed: torch.Tensor) -> torch.Tensor:
-    """Grouped-query attention of q over the cached keys and values, where ``allowed``."""
+    """q's attention over what the layer caches, where ``allowed``: grouped-query attention's keys
+    and values, or multi-head latent attention's one latent (``model.mla``), whose expanded form
+    (every head's key and value up-projected from the latent) takes the mask as it is."""
+    if len(cached) == 1:
+        return attn.attend_expanded(q, cached[0], allowed)
     k, v = cached
     group = attn.n_head // attn.n_kv_head
     # Repeated K/V heads rather than SDPA's enable_gqa: the plain form exports on every opset.

@@ -125,7 +125,8 @@ on an empty past, which the loop below does not do.
 """
 
 
-_MEANING = {"key": "keys so far", "value": "values so far"}
+_MEANING = {"key": "keys so far", "value": "values so far",
+            "latent": "key/value latents so far (one per token, shared by every head)"}
 
 STATIC_RUNTIMES = """Fixed shapes are what ahead-of-time compilers and NPU back ends need: ONNX Runtime's QNN (Qualcomm
 Hexagon NPU) and NNAPI (Android) execution providers, Core ML on Apple devices, Intel's NPU through
@@ -134,4 +135,7 @@ dynamic form (`export.py` without `--static-shapes`), which reads a whole prompt
 
 
 def _attention(config: GPTConfig) -> str:
+    if config.attention == "mla":
+        return (f"multi-head latent attention, {config.n_head} heads whose keys and values are up-projected\n"
+                f"from one cached latent of {config.kv_latent_dim} numbers per token and layer")
     return f"{config.n_head} query heads sharing {config.n_kv_head} key/value heads"

@@ -28,10 +28,6 @@ from onnx_export.decoder import cache_entries
 from onnx_export.graph import export_graph
 from onnx_export.readme import export_readme
 
-# What the graph carries: one attention kind. Anything else is refused before any work is done.
-SUPPORTED_ATTENTION = ("gqa",)
-
-
 @dataclass(frozen=True)
 class OnnxExportResult:
     out_dir: Path
@@ -52,9 +48,6 @@ def export_onnx(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool = F
     check_destination(run_dir, out_dir, overwrite)
     run = load_run(run_dir, torch.device("cpu"))
     model = run.model.float()
-    attention = getattr(model.config, "attention", "gqa")
-    if attention not in SUPPORTED_ATTENTION:
-        raise UserError(f"ONNX export of attention: {attention} is not supported yet; export it with --format hf")
     tokens = SpecialTokens.of(run.tokenizer)
     config = model_config(model.config, tokens, "float32")
     for shipped_code in ("auto_map", "architectures"):  # the modeling files stay with the hf format
