@@ -147,7 +147,7 @@ def load_model(args) -> tuple[GPT, Tokenizer, list[bytes], str]:
         run = load_run(args.run, torch.device("cpu"))
         return run.model, run.tokenizer, run.token_bytes, f"run {args.run}"
     config = load_config(args.config).model
-    plays, _ = shakespeare_documents()
+    _, plays = shakespeare_documents()
     tokenizer = train_tokenizer(plays[:8], config.vocab_size)
     torch.manual_seed(0)
     model = GPT(config).eval()
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     model, tokenizer, token_bytes, what = load_model(args)
     block = model.config.block_size
     reply_tokens = args.reply_tokens or block // 16
-    plays, _ = shakespeare_documents()
+    _, plays = shakespeare_documents()
     talks = conversations(tokenizer, block, args.clients, args.turns, plays[8:])
     print(f"{what} ({model.num_params() / 1e6:.1f}M parameters, context {block}), {args.clients} clients x "
           f"{args.turns} turns, replies up to {reply_tokens} tokens, max batch {args.clients}, torch threads "
