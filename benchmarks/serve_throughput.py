@@ -34,7 +34,7 @@ import httpx
 import torch
 
 from inference.runs import load_run
-from model.generation import SamplingSettings, generate_tokens
+from model.generation import SamplingSettings, generate_tokens, seeded_generator
 from serving.engine import Engine, Event
 
 PROMPTS = ["ROMEO:", "JULIET:\nO Romeo,", "KING LEAR:\n", "First Citizen:\nBefore we proceed",
@@ -77,9 +77,9 @@ def run_generate(run, work) -> float:
     tokens, start = 0, time.perf_counter()
     for prompt, params in work:
         ids = torch.tensor([run.tokenizer.encode(prompt).ids])
-        generator = torch.Generator().manual_seed(params.seed)
-        tokens += sum(1 for _ in generate_tokens(run.model, ids, params.max_new_tokens, temperature=params.temperature,
-                                                 top_p=params.top_p, generator=generator))
+        generator = seeded_generator(params.seed)
+        tokens += sum(1 for _ in generate_tokens(run.model, ids, params.max_new_tokens, **params.token_options(),
+                                                 generator=generator))
     return tokens / (time.perf_counter() - start)
 
 

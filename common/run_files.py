@@ -14,7 +14,10 @@ STATE_FILE = "trainer_state.pt"  # everything --resume needs
 MODEL_CONFIG_FILE = "model_config.json"  # with WEIGHTS_FILE: what save_pretrained writes
 WEIGHTS_FILE = "model.safetensors"
 PARENT_FILE = "parent.json"  # the run a fine-tuning run started from (train.init_from)
-RUN_FILES = (CONFIG_FILE, TOKENIZER_FILE, METRICS_FILE, STATE_FILE, MODEL_CONFIG_FILE, WEIGHTS_FILE, PARENT_FILE)
+LOSS_CURVE_FILE = "loss_curve.png"  # drawn from METRICS_FILE at the end of training
+RUN_FILES = (
+    CONFIG_FILE, TOKENIZER_FILE, METRICS_FILE, STATE_FILE, MODEL_CONFIG_FILE, WEIGHTS_FILE, PARENT_FILE, LOSS_CURVE_FILE,
+)
 LOCK_FILE = ".run.lock"  # held by the training that writes the directory (training/run_lock.py)
 LOCK_OWNER_FILE = ".run.lock.owner"  # that training's pid and host
 LOCK_FILES = (LOCK_FILE, LOCK_OWNER_FILE)

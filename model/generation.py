@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import secrets
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -54,8 +54,8 @@ class SamplingSettings:
 
     def token_options(self) -> dict:
         """The keyword arguments of ``sample_next_token`` (and ``generate_tokens``) these settings set."""
-        names = ("temperature", "top_k", "top_p", "repetition_penalty", "suppress_ids")
-        return {name: value for name, value in asdict(self).items() if name in names}
+        return dict(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
+                    repetition_penalty=self.repetition_penalty, suppress_ids=self.suppress_ids)
 
 
 def new_seed() -> int:

@@ -20,8 +20,10 @@ from torch import nn
 
 from common.config import build, check_types, require
 from model.kv_cache import KVCache
+from model.mla import LatentAttention
 
 _REQUIRED_INTS = ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd")
+ATTENTION_KINDS = ("gqa", "mla")
 
 
 @dataclass
@@ -31,6 +33,13 @@ class GPTConfig:
     ``n_kv_head`` key/value heads are shared by ``n_head // n_kv_head`` query heads each:
     1 gives multi-query attention, ``n_head`` gives standard multi-head attention.
     ``ffn_hidden=None`` derives the SwiGLU width from ``n_embd`` (see ``ffn_dim``).
+
+    ``attention="mla"`` swaps in multi-head latent attention (``model.mla``): keys and values are
+    read from one cached latent of ``kv_latent_dim`` numbers per token (required), and the query
+    optionally from its own latent of ``q_latent_dim``. Every head then has its own key and value,
+    so ``n_kv_head`` must equal ``n_head``; the latent sizes are refused with ``attention="gqa"``.
+    Served decoding is batch-invariant on the CPU when ``kv_latent_dim`` is a multiple of 16, as
+    it is for grouped-query attention when ``head_dim`` is (see ``CausalSelfAttention._attend_token``).
     """
 
     vocab_size: int
@@ -43,6 +52,9 @@ class GPTConfig:
     dropout: float = 0.0
     norm_eps: float = 1e-5
     tie_embeddings: bool = True
+    attention: str = "gqa"
+    kv_latent_dim: int | None = None
+    q_latent_dim: int | None = None
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -53,8 +65,27 @@ class GPTConfig:
                 f"({self.n_head}); pick n_head from the divisors of n_embd or change n_embd")
         require(self.n_head % self.n_kv_head == 0, f"n_head ({self.n_head}) must be divisible by n_kv_head "
                 f"({self.n_kv_head}); set n_kv_head to a divisor of n_head (1 = multi-query, n_head = multi-head)")
+        self._check_attention()
         require(0.0 <= self.dropout < 1.0, f"dropout must be in [0, 1), got {self.dropout}; use 0.0 to disable it")
         require(self.norm_eps > 0.0, f"norm_eps must be > 0, got {self.norm_eps}; the default is 1e-5")
+
+    def _check_attention(self) -> None:
+        require(self.attention in ATTENTION_KINDS, f"attention must be one of {', '.join(ATTENTION_KINDS)}, "
+                f"got {self.attention!r}; use gqa (grouped-query) or mla (multi-head latent)")
+        for name in ("kv_latent_dim", "q_latent_dim"):
+            value = getattr(self, name)
+            if self.attention != "mla":
+                require(value is None, f"{name} is set ({value}) but attention is {self.attention!r}; "
+                        f"remove {name} or set attention: mla")
+            else:
+                require(value is None or value >= 1, f"{name} must be a positive integer, got {value}; "
+                        f"set it to at least 1")
+        if self.attention == "mla":
+            require(self.kv_latent_dim is not None, "attention mla needs kv_latent_dim, the width of the "
+                    "cached key/value latent; set it (e.g. kv_latent_dim: 64)")
+            require(self.n_kv_head == self.n_head, f"attention mla gives every head its own key and value "
+                    f"(read from the shared latent), so n_kv_head must equal n_head ({self.n_head}), "
+                    f"got {self.n_kv_head}; set n_kv_head: {self.n_head}")
 
     @property
     def head_dim(self) -> int:
@@ -77,6 +108,10 @@ class GPTConfig:
         initialisers import torch's compiler (seconds at start-up)."""
         C = self.n_embd
         attention = C * (self.n_head + 2 * self.n_kv_head) * self.head_dim + C * C
+        if self.attention == "mla":  # model.mla.LatentAttention's matrices and latent norm gains
+            r, q = self.kv_latent_dim, self.q_latent_dim
+            query = C * C if q is None else C * q + q + q * C
+            attention = query + C * r + r + r * 2 * C + C * C
         ffn = 3 * C * self.ffn_dim
         head = 0 if self.tie_embeddings else self.vocab_size * C
         return (self.vocab_size + self.block_size) * C + self.n_layer * (attention + ffn + 2 * C) + C + head
@@ -257,7 +292,10 @@ class Block(nn.Module):
     def __init__(self, config: GPTConfig, layer_idx: int) -> None:
         super().__init__()
         self.attn_norm = RMSNorm(config.n_embd, config.norm_eps)
-        self.attn = CausalSelfAttention(config, layer_idx)
+        if config.attention == "mla":
+            self.attn = LatentAttention(config, layer_idx, norm=RMSNorm, linear=linear)
+        else:
+            self.attn = CausalSelfAttention(config, layer_idx)
         self.ffn_norm = RMSNorm(config.n_embd, config.norm_eps)
         self.ffn = SwiGLU(config.n_embd, config.ffn_dim, config.dropout)
 
@@ -321,7 +359,8 @@ class GPT(nn.Module):
         ``batch_invariant``: a one-token pass computes each row bit for bit as it would alone, in
         any batch, at any length (whole cache rows under a mask, products in fixed row blocks:
         see ``linear``); the serving engine asks for it. On the CPU it holds when head_dim is a
-        multiple of 16 (see ``_attend_token``). Longer chunks take the plain path either way."""
+        multiple of 16 (see ``_attend_token``; kv_latent_dim for latent attention). Longer chunks take
+        the plain path either way."""
         row_blocks = batch_invariant and idx.shape[1] == 1
         return linear(self.lm_head, self._trunk(idx, cache, rows, row_blocks)[:, -1], row_blocks)
 
@@ -371,7 +410,8 @@ class GPT(nn.Module):
         6·N for the N weights used in matmuls (2 per multiply-add forward, 4 backward), plus the
         attention scores and weighted sum: 2 matmuls of n_head·head_dim·seq_len multiply-adds per
         layer and token, times 6 as well. This counts the full seq_len x seq_len score matrix (the
-        PaLM / nanoGPT convention for MFU), not only its causal half.
+        PaLM / nanoGPT convention for MFU), not only its causal half. Latent attention trains in its
+        expanded form (``model.mla``): the same per-head scores, its up-projections among the matmuls.
         """
         cfg = self.config
         seq_len = cfg.block_size if seq_len is None else seq_len

@@ -97,7 +97,9 @@ class KVCache:
             self._pass = _Pass(rows, new, slice(rows[0], rows[-1] + 1), start, None, None, None, all_rows)
             return torch.arange(start, start + new, device=self.device).unsqueeze(0)
         index = torch.tensor(rows, device=self.device)
-        positions = torch.tensor(lengths, device=self.device).unsqueeze(1) + torch.arange(new, device=self.device)
+        positions = torch.tensor(lengths, device=self.device).unsqueeze(1)
+        if new > 1:
+            positions = positions + torch.arange(new, device=self.device)
         mask = torch.arange(self.max_len, device=self.device) <= positions.unsqueeze(-1)
         self._pass = _Pass(rows, new, None, 0, index, positions, mask.unsqueeze(1), all_rows)
         return positions
@@ -116,7 +118,10 @@ class KVCache:
                 buffer[p.span, :, p.start:end] = x
             return [buffer[p.span, :, :end] for buffer in buffers], None
         for buffer, x in zip(buffers, new):
-            buffer[p.index.unsqueeze(1), :, p.positions] = x.transpose(1, 2)
+            if p.new == 1:  # a decode step: one plain store per row
+                buffer[p.index, :, p.positions[:, 0]] = x[:, :, 0]
+            else:
+                buffer[p.index.unsqueeze(1), :, p.positions] = x.transpose(1, 2)
         if not p.all_rows:
             buffers = [buffer.index_select(0, p.index) for buffer in buffers]
         return buffers, p.mask

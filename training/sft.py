@@ -21,7 +21,7 @@ from data.chat_batches import iter_chat_val_batches
 from data.chat_prepare import ChatSplit
 from model.generation import SamplingSettings, generate
 from training.distributed import all_reduce_sum
-from training.evaluate import EvalResult, eval_mode, score_batches
+from training.evaluate import EvalResult, eval_mode, score_batches, validation_bar
 
 
 def summed_target_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -72,10 +72,14 @@ def evaluate_chat(
     device: torch.device,
     amp: Callable[[], ContextManager] | None = None,
     ctx: Any = None,
+    progress: bool = False,
 ) -> EvalResult:
     """Loss per assistant token (each reply's <|end|> included) and bits per byte of assistant
-    text (the text of the replies: <|end|> has no bytes), over held-out conversations."""
+    text (the text of the replies: <|end|> has no bytes), over held-out conversations;
+    ``progress`` shows a progress bar."""
     batches = iter_chat_val_batches(split, batch_size, pad_id=pad_id, max_batches=max_batches, device=device)
+    if progress:
+        batches = validation_bar(batches, len(split.lengths), batch_size, max_batches)
     return score_batches(model, batches, token_bytes, device=device, amp=amp, ctx=ctx)
 
 

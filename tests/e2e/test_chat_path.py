@@ -5,9 +5,6 @@ small generated corpus and a few steps keep the whole path to seconds."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import httpx
@@ -20,22 +17,10 @@ from inference.cli import main as cli_main
 from inference.completion import generate_completions
 from inference.runs import load_run
 from inference.settings import GenerationSettings
+from e2e_testkit import ROOT, quick_settings as _common, run_command as _run
 from server_process import running_server
 
-ROOT = Path(__file__).resolve().parents[2]
 WORDS = ["the river", "the market", "his garden", "the winter sea", "the miller", "a shepherd"]
-
-
-def _run(args: list[str], cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
-    env = dict(os.environ, WANDB_MODE="disabled", PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-    return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL)
-
-
-def _common(tmp_path: Path) -> list[str]:
-    return ["--set", f"data.cache_dir={tmp_path / 'cache'}", "--set", "logging.wandb.mode=disabled",
-            "--set", "train.max_minutes=null", "--set", "train.peak_flops=1e11", "--set", "eval.max_batches=1",
-            "--set", "eval.final_max_batches=2", "--set", "eval.sample_tokens=4", "--no-progress"]
 
 
 @pytest.fixture(scope="module")
@@ -117,10 +102,10 @@ def test_a_barely_trained_chat_never_shows_a_control_token(chat_tuned, capsys) -
         out = capsys.readouterr().out
         assert code == 0 and not any(token in out for token in CONTROL_TEXT), (seed, out)
 
-    with running_server(chat) as (base, _):
+    with running_server(chat) as served:
         for seed in range(40):
             body = {"model": "chat", "messages": [{"role": "user", "content": "the river?"}], "max_tokens": 24,
                     "temperature": 1.5, "seed": seed}
-            reply = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=60).json()
+            reply = httpx.post(f"{served.base}/v1/chat/completions", json=body, timeout=60).json()
             text = reply["choices"][0]["message"]["content"]
             assert not any(token in text for token in CONTROL_TEXT), (seed, text)

@@ -156,8 +156,9 @@ def test_a_lone_surrogate_in_a_prompt_is_a_400_naming_it(server):
 
 
 @pytest.mark.parametrize("method, path, status, fragment", [
-    ("GET", "/v1/nope", 404, "no such endpoint: GET /v1/nope; this server has GET /health"),
-    ("POST", "/", 404, "POST /v1/completions, POST /v1/chat/completions"),
+    ("GET", "/v1/nope", 404, "no such endpoint: GET /v1/nope; this server has GET /, GET /health"),
+    ("POST", "/v1/nope", 404, "POST /v1/completions, POST /v1/chat/completions"),
+    ("POST", "/", 405, "POST / is not allowed; / takes GET"),
     ("GET", "/v1/completions", 405, "GET /v1/completions is not allowed; /v1/completions takes POST"),
     ("DELETE", "/v1/models", 405, "/v1/models takes GET"),
 ])
