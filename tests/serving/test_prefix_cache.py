@@ -33,6 +33,14 @@ def wide_run(wide_run_dir):
     return load_run(wide_run_dir, torch.device("cpu"))
 
 
+@pytest.fixture(scope="module")
+def wide_mla_run(tmp_path_factory):
+    """Multi-head latent attention: the cache's one entry is a latent, not K and V."""
+    directory = build_run(tmp_path_factory.mktemp("runs") / "wide-mla", chat_tokenizer(), block_size=BLOCK,
+                          n_kv_head=4, attention="mla", kv_latent_dim=32, q_latent_dim=16)
+    return load_run(directory, torch.device("cpu"))
+
+
 def engine(run, *, max_batch=1, prefix_cache_bytes=0, prefill_chunk=PAGE) -> Engine:
     return Engine(run.model, run.token_bytes, max_batch=max_batch, prefill_chunk=prefill_chunk,
                   prefix_cache_bytes=prefix_cache_bytes)
@@ -109,7 +117,9 @@ def test_this_model_gives_other_bits_when_a_prompt_is_cut_into_other_chunks(wide
     assert differ > 0
 
 
-def test_hits_skip_prefill_and_change_no_token_nor_logprob_bit(wide_run):
+@pytest.mark.parametrize("attention", ["gqa", "mla"])
+def test_hits_skip_prefill_and_change_no_token_nor_logprob_bit(request, attention):
+    wide_run = request.getfixturevalue("wide_mla_run" if attention == "mla" else "wide_run")
     turns = conversations(wide_run)
     solo = [[serve_one(engine(wide_run), *turn).finish for turn in client] for client in turns]
 
