@@ -181,15 +181,17 @@ def main(argv: list[str] | None = None) -> int:
         modes = [serve(model, tokenizer, token_bytes, talks, cache_bytes=0, **options, name="off"),
                  serve(model, tokenizer, token_bytes, talks, cache_bytes=int(args.cache_mb * 2**20), **options,
                        name="on")]
-    print("| prefix cache | prompt tokens | prefill tokens computed | cached | TTFT p50 / p95 ms | tokens/s | seconds |")
+    print("| prefix cache | prompt tokens | prefill tokens computed | cached | TTFT p50 / p95 ms | tokens/s "
+          "| seconds |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for mode in modes:
         print(f"| {mode.name} | {mode.prompt_tokens} | {mode.computed} | {mode.cached} | {ms_quantiles(mode.ttft)} "
               f"| {mode.generated / mode.seconds:.0f} | {mode.seconds:.1f} |")
     off, on = modes
+    speedup = (on.generated / on.seconds) / (off.generated / off.seconds)
     print(f"\nprefill tokens {off.computed / on.computed:.2f}x fewer, p50 TTFT "
-          f"{statistics.median(off.ttft) / statistics.median(on.ttft):.2f}x lower, tokens/s "
-          f"{(on.generated / on.seconds) / (off.generated / off.seconds):.2f}x; same replies: {off.replies == on.replies}")
+          f"{statistics.median(off.ttft) / statistics.median(on.ttft):.2f}x lower, tokens/s {speedup:.2f}x; "
+          f"same replies: {off.replies == on.replies}")
     return 0
 
 

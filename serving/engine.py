@@ -396,7 +396,8 @@ class Engine:
 def _token_logprobs(logprobs: torch.Tensor, token_ids: Sequence[int], top: int) -> list[TokenLogprob]:
     """``TokenLogprob`` of ``token_ids[i]`` under row i of ``logprobs`` (rows, vocab), with the
     ``top`` most likely tokens of each row."""
-    chosen = logprobs.gather(1, torch.tensor(token_ids, dtype=torch.long, device=logprobs.device).unsqueeze(1))[:, 0].tolist()
+    index = torch.tensor(token_ids, dtype=torch.long, device=logprobs.device).unsqueeze(1)
+    chosen = logprobs.gather(1, index)[:, 0].tolist()
     values, ids = logprobs.topk(top, dim=-1) if top else (logprobs[:, :0], logprobs[:, :0].long())
     return [TokenLogprob(token, value, tuple(zip(row_ids, row_values)))
             for token, value, row_ids, row_values in zip(token_ids, chosen, ids.tolist(), values.tolist())]

@@ -5,8 +5,10 @@ lists, each top entry a ``{token: logprob}`` object; with ``echo`` the prompt's 
 and the first has ``null`` (nothing precedes it). Chat: ``{"content": [{"token", "logprob", "bytes",
 "top_logprobs": [{"token", "logprob", "bytes"}]}], "refusal": null}``.
 
-A token's text is its bytes decoded as UTF-8; a token that holds part of a character has no text
-of its own, and is written ``bytes:\\xe2\\x80`` as OpenAI writes it.
+Completions list every generated token, an ending ``<|endoftext|>`` included, as OpenAI's legacy
+completions did; chat leaves out the end token, as its text does. A token's text is its bytes
+decoded as UTF-8; a token that holds part of a character has no text of its own, and is written
+``bytes:\\xe2\\x80`` as OpenAI writes it.
 """
 
 from __future__ import annotations
