@@ -16,7 +16,7 @@ class MiniGPTConfig(PretrainedConfig):
     """
 
     model_type = "minigpt"
-    keys_to_ignore_at_inference = ["past_key_values"]
+    keys_to_ignore_at_inference = ["past_key_values", "cache"]  # the cache's name before and since transformers 5
 
     def __init__(
         self,

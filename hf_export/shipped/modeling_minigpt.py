@@ -7,6 +7,12 @@ positions with RMSNorm, SwiGLU and grouped-query attention, hence this file.
 Each block is pre-norm: x + attention(norm(x)), then x + mlp(norm(x)). Learned positions have
 ``max_position_embeddings`` rows and nothing past them, so a longer sequence is an error (with the
 fix in the message), never a silent wrap-around or an IndexError from the embedding lookup.
+
+The KV cache crosses transformers' API under two names: ``generate`` passes it to ``forward`` as
+``past_key_values`` before transformers 5 and as ``cache`` since, and reads it back from the output's
+field of the same name. ``forward`` accepts both names, and the outputs are built positionally: the
+cache is their third field (second for the base model) under either name. Nothing here reads the
+version of transformers.
 """
 
 import torch
@@ -46,13 +52,13 @@ class MiniGPTAttention(nn.Module):
         self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, past_key_values: Cache | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, cache: Cache | None) -> torch.Tensor:
         batch, length, _ = x.shape
         q = self.q_proj(x).view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        if past_key_values is not None:  # the cache stores the key/value heads, not their copies
-            k, v = past_key_values.update(k, v, self.layer_idx)
+        if cache is not None:  # the cache stores the key/value heads, not their copies
+            k, v = cache.update(k, v, self.layer_idx)
         group = self.num_heads // self.num_kv_heads
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
@@ -80,8 +86,8 @@ class MiniGPTBlock(nn.Module):
         self.post_attention_layernorm = MiniGPTRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MiniGPTMLP(config)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, past_key_values: Cache | None) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), mask, past_key_values)
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, cache: Cache | None) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), mask, cache)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -135,13 +141,12 @@ class MiniGPTModel(MiniGPTPreTrainedModel):
         position_ids: torch.LongTensor | None = None,
         past_key_values: Cache | None = None,
         use_cache: bool | None = None,
+        cache: Cache | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPast:
-        use_cache = self.config.use_cache if use_cache is None else use_cache
-        if use_cache and past_key_values is None:
-            past_key_values = DynamicCache()
+        cache = self._cache_for(cache, past_key_values, use_cache)
         batch, length = input_ids.shape
-        past = past_key_values.get_seq_length() if past_key_values is not None else 0
+        past = cache.get_seq_length() if cache is not None else 0
         if position_ids is None:
             if attention_mask is not None:  # left padding: each row's first real token is position 0
                 position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -length:]
@@ -151,8 +156,15 @@ class MiniGPTModel(MiniGPTPreTrainedModel):
         x = self.embed_tokens(input_ids) + self.embed_positions(position_ids)
         mask = attention_mask_4d(attention_mask, batch, length, past, input_ids.device)
         for layer in self.layers:
-            x = layer(x, mask, past_key_values if use_cache else None)
-        return BaseModelOutputWithPast(last_hidden_state=self.norm(x), past_key_values=past_key_values)
+            x = layer(x, mask, cache)
+        return BaseModelOutputWithPast(self.norm(x), cache)
+
+    def _cache_for(self, cache: Cache | None, past_key_values: Cache | None, use_cache: bool | None) -> Cache | None:
+        """The cache to read and extend: the one passed under either name, a new one, or None."""
+        if not (self.config.use_cache if use_cache is None else use_cache):
+            return None
+        cache = past_key_values if cache is None else cache
+        return DynamicCache() if cache is None else cache
 
     def _check_positions(self, position_ids: torch.Tensor) -> None:
         limit = self.config.max_position_embeddings
@@ -192,11 +204,14 @@ class MiniGPTForCausalLM(MiniGPTPreTrainedModel, GenerationMixin):
         use_cache: bool | None = None,
         labels: torch.LongTensor | None = None,
         logits_to_keep: int = 0,
+        cache: Cache | None = None,
         **kwargs,
     ) -> CausalLMOutputWithPast:
         """Logits for ``input_ids``; with ``labels`` (usually the input ids, -100 = ignore), also
-        the mean next-token cross-entropy (the shift by one happens here)."""
-        out = self.model(input_ids, attention_mask, position_ids, past_key_values, use_cache)
+        the mean next-token cross-entropy (the shift by one happens here). The KV cache comes as
+        ``cache`` or ``past_key_values``, whichever this transformers passes (see the module doc)."""
+        cache = self.model._cache_for(cache, past_key_values, use_cache)
+        out = self.model(input_ids, attention_mask, position_ids, cache=cache, use_cache=cache is not None)
         hidden = out.last_hidden_state
         # generate() asks for the last position only: the head is often the largest matmul.
         logits = self.lm_head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden)
@@ -205,4 +220,4 @@ class MiniGPTForCausalLM(MiniGPTPreTrainedModel, GenerationMixin):
             loss = F.cross_entropy(
                 logits[:, :-1].reshape(-1, logits.size(-1)).float(), labels[:, 1:].reshape(-1), ignore_index=-100
             )
-        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=out.past_key_values)
+        return CausalLMOutputWithPast(loss, logits, cache)
