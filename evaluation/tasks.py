@@ -8,8 +8,8 @@ Three tasks, each a YAML file beside its jsonl file, loaded through lm-eval's in
   choice cannot be made from who speaks or how the play talks, only from what came just before.
 - ``shakespeare_speaker``: a few lines of a scene, then a speech's first line under 4 speaker
   names; the true speaker's and three others of the scene (of the play where the scene has too
-  few). The previous speech's speaker is never a candidate: a speech never answers its own speaker
-  in this format, and that alone would give the answer away.
+  few). The previous speech's speaker is never a candidate: in a dialogue a speech answers someone
+  else, and that alone would give the answer away.
 
 Items are drawn by a generator seeded by (task, seed), from the plays alone (no tokenizer), so the
 files are the same for every run that holds the same plays out, and for every model.
@@ -93,16 +93,18 @@ def speaker_items(plays: list[HeldOutPlay], settings: TaskSettings) -> list[dict
     rng = random.Random(f"{SPEAKER_TASK}:{settings.seed}")
     rendered = [_RenderedPlay.of(play) for play in plays]
     candidates = [
-        (play, lines, k)
+        (play, lines, k, previous)
         for play in rendered
         for lines in play.scenes
         for k in range(CONTEXT_LINES + 1, len(lines))
         if lines[k].starts_speech and _askable(lines[k].text)
+        # A speech that goes on after a stage direction is not asked: the previous speaker's name is
+        # the answer there, and it is never a candidate elsewhere.
+        and (previous := _previous_speaker(lines, k)) != lines[k].speaker
     ]
     items = []
-    for play, lines, k in _draw(rng, candidates, settings.items):
+    for play, lines, k, previous in _draw(rng, candidates, settings.items):
         speaker = lines[k].speaker
-        previous = next(line.speaker for line in reversed(lines[: k - 1]) if line.speaker is not None)
         scene_speakers = sorted({line.speaker for line in lines if line.speaker is not None})
         others = _pick(rng, 3, [scene_speakers, sorted(play.lines_by_speaker)], {speaker, previous})
         if others is not None:
@@ -110,6 +112,11 @@ def speaker_items(plays: list[HeldOutPlay], settings: TaskSettings) -> list[dict
             choices = [f"{name}:\n{lines[k].text}\n" for name in [speaker, *others]]
             items.append(_item(rng, play.play_id, _context(lines, k - 1), choices, line=lines[k].text))
     return items
+
+
+def _previous_speaker(lines: list[_Line], k: int) -> str:
+    """Who spoke the speech before the one starting at line ``k`` (not the first of its scene)."""
+    return next(line.speaker for line in reversed(lines[: k - 1]) if line.speaker is not None)
 
 
 @dataclass(frozen=True)
