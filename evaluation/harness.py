@@ -7,10 +7,11 @@ jsonl files through the ``json`` dataset builder, so the hub is never asked for 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from common.errors import UserError
 
@@ -33,27 +34,43 @@ def run_lm_eval(
     limit: int | None = None, verbose: bool = False,
 ) -> dict[str, Any]:
     """lm-eval's results for ``tasks`` (found in ``task_dir``) on the transformers folder ``export_dir``."""
-    os.environ["HF_DATASETS_OFFLINE"] = "1"
-    os.environ["HF_HUB_OFFLINE"] = "1"
     require_lm_eval()
-    import lm_eval
-    from lm_eval.tasks import TaskManager
+    # Offline before datasets and huggingface_hub are imported (they read it then); no bars, as
+    # lm-eval draws one per batch.
+    with _environment(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", TQDM_DISABLE=None if verbose else "1"):
+        import lm_eval
+        from lm_eval.tasks import TaskManager
 
-    if not verbose:
-        logging.getLogger("lm_eval").setLevel(logging.WARNING)
-    manager = TaskManager(include_path=str(task_dir), include_defaults=False)
-    return lm_eval.simple_evaluate(
-        model="hf",
-        # float32: the numbers must match train.py's fp32 evaluation, not a half-precision copy.
-        model_args={"pretrained": str(export_dir), "trust_remote_code": True, "dtype": "float32"},
-        tasks=tasks,
-        batch_size=batch_size,
-        device=device,
-        limit=limit,
-        task_manager=manager,
-        log_samples=False,
-        bootstrap_iters=BOOTSTRAP_ITERS,
-    )
+        if not verbose:
+            logging.getLogger("lm_eval").setLevel(logging.WARNING)
+        manager = TaskManager(include_path=str(task_dir), include_defaults=False)
+        return lm_eval.simple_evaluate(
+            model="hf",
+            # float32: the numbers must match train.py's fp32 evaluation, not a half-precision copy.
+            model_args={"pretrained": str(export_dir), "trust_remote_code": True, "dtype": "float32"},
+            tasks=tasks,
+            batch_size=batch_size,
+            device=device,
+            limit=limit,
+            task_manager=manager,
+            log_samples=False,
+            bootstrap_iters=BOOTSTRAP_ITERS,
+        )
+
+
+@contextlib.contextmanager
+def _environment(**values: str | None) -> Iterator[None]:
+    """Environment variables set (None: left as they are) for the block, then restored."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update({name: value for name, value in values.items() if value is not None})
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def results_table(results: dict[str, Any]) -> str:

@@ -200,7 +200,7 @@ def _task_config(task: str, data_file: Path) -> dict:
         config |= {"output_type": "multiple_choice", "doc_to_text": "context", "doc_to_choice": "choices",
                    "doc_to_target": "gold", "target_delimiter": ""}
         config["metric_list"] = [
-            {"metric": metric, "aggregation": "mean", "higher_is_better": True} for metric in ("acc", "acc_norm")
+            {"metric": metric, "aggregation": "mean", "higher_is_better": True} for metric in ("acc", "acc_norm", "acc_mutual_info")
         ]
     config["metadata"] = {"version": 1}
     return config
