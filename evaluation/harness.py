@@ -35,14 +35,14 @@ def run_lm_eval(
 ) -> dict[str, Any]:
     """lm-eval's results for ``tasks`` (found in ``task_dir``) on the transformers folder ``export_dir``."""
     require_lm_eval()
-    # Offline before datasets and huggingface_hub are imported (they read it then); no bars, as
-    # lm-eval draws one per batch.
-    with _environment(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", TQDM_DISABLE=None if verbose else "1"):
+    # Offline before datasets and huggingface_hub are imported: they read the setting then.
+    with _environment(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1"):
         import lm_eval
         from lm_eval.tasks import TaskManager
 
         if not verbose:
-            logging.getLogger("lm_eval").setLevel(logging.WARNING)
+            # lm-eval warns for every context it shortens to fit the window, which is expected here.
+            logging.getLogger("lm_eval").setLevel(logging.ERROR)
         manager = TaskManager(include_path=str(task_dir), include_defaults=False)
         return lm_eval.simple_evaluate(
             model="hf",
@@ -59,10 +59,10 @@ def run_lm_eval(
 
 
 @contextlib.contextmanager
-def _environment(**values: str | None) -> Iterator[None]:
-    """Environment variables set (None: left as they are) for the block, then restored."""
+def _environment(**values: str) -> Iterator[None]:
+    """Environment variables set for the block, then restored."""
     saved = {name: os.environ.get(name) for name in values}
-    os.environ.update({name: value for name, value in values.items() if value is not None})
+    os.environ.update(values)
     try:
         yield
     finally:
