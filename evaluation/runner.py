@@ -120,6 +120,8 @@ def _run_sections(run_dir: Path) -> tuple[DataConfig, LoggingConfig]:
 
 def _log_to_wandb(run_dir: Path, logging_config: LoggingConfig, mode: str | None, metrics: dict[str, float]) -> None:
     wandb_config = logging_config.wandb if mode is None else dataclasses.replace(logging_config.wandb, mode=mode)
+    if wandb_config.mode == "disabled":
+        return
     logger = WandbLogger.start(wandb_config, run_dir=run_dir, run_config={}, resume_id=_wandb_run_id(run_dir))
     logger.finish({f"eval/{name}": value for name, value in metrics.items()})
 

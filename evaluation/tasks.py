@@ -83,7 +83,7 @@ def next_line_items(plays: list[HeldOutPlay], settings: TaskSettings) -> list[di
     items = []
     for play, lines, k in _draw(rng, candidates, settings.items):
         truth = lines[k].text
-        others = _pick(rng, 3, [play.lines_by_speaker[lines[k].speaker], play.all_lines], {truth})
+        others = _pick(rng, CHOICES - 1, [play.lines_by_speaker[lines[k].speaker], play.all_lines], {truth})
         if others is not None:
             items.append(_item(rng, play.play_id, _context(lines, k), [t + "\n" for t in [truth, *others]]))
     return items
@@ -106,7 +106,7 @@ def speaker_items(plays: list[HeldOutPlay], settings: TaskSettings) -> list[dict
     for play, lines, k, previous in _draw(rng, candidates, settings.items):
         speaker = lines[k].speaker
         scene_speakers = sorted({line.speaker for line in lines if line.speaker is not None})
-        others = _pick(rng, 3, [scene_speakers, sorted(play.lines_by_speaker)], {speaker, previous})
+        others = _pick(rng, CHOICES - 1, [scene_speakers, sorted(play.lines_by_speaker)], {speaker, previous})
         if others is not None:
             # The heading line (k - 1) is what is chosen; the context ends before it.
             choices = [f"{name}:\n{lines[k].text}\n" for name in [speaker, *others]]
