@@ -13,6 +13,8 @@ import pytest
 from evaluation import EvalSettings, TaskSettings, evaluate_run
 from evaluation.cli import main
 
+pytest.importorskip("lm_eval")  # optional: requirements-dev.txt installs it
+
 NEXT_LINE_ITEMS = 500
 
 

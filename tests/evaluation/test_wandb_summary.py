@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from evaluation import EvalSettings, evaluate_run
 from run_testkit import build_run, tokenizer_without_chat
 from tests.scaling.wandb_records import read_offline_runs
+
+pytest.importorskip("lm_eval")  # optional: requirements-dev.txt installs it
 
 
 def test_results_reach_wandb_as_summary_metrics(tmp_path: Path, monkeypatch):
