@@ -7,12 +7,15 @@ checkpoint and exit with 128 + the signal number; ``--resume`` continues from th
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
+from pathlib import Path
 
 from common.cli import run_command
 from common.os_errors import describe_os_error
 from training.config import load_config
-from training.trainer import train
+from training.loss_curve import write_run_loss_curve
+from training.trainer import TrainResult, train
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -63,7 +66,42 @@ def _train(args: argparse.Namespace) -> int:
             f"{result.train_seconds / 60:.1f} min; final val loss {result.val_loss:.4f} nats/token, "
             f"{result.val_bpb:.4f} bits/byte; run saved in {result.run_dir}"
         )
+        print(summary(result, _draw_loss_curve(result.run_dir), prompt=config.eval.sample_prompt))
     return 0
+
+
+def _draw_loss_curve(run_dir: Path) -> Path | None:
+    """The run's loss_curve.png, or None with a warning: a failure costs only the picture."""
+    try:
+        return write_run_loss_curve(run_dir)
+    except (OSError, ValueError, ImportError) as e:
+        print(f"warning: could not draw the loss curve ({describe_os_error(e) if isinstance(e, OSError) else e})")
+        return None
+
+
+def summary(result: TrainResult, loss_curve: Path | None, *, prompt: str = "ROMEO:") -> str:
+    """What a finished run reached, where it is, and the commands that use it (``prompt``: the
+    one its evaluation samples continued)."""
+    run = result.run_dir
+    lines = [f"final validation: {result.val_bpb:.4f} bits/byte{' of assistant text' if result.chat else ''}"]
+    lines.append(f"the run is in {run}" + (f"; its loss curve is {loss_curve}" if loss_curve else ""))
+    if result.chat:
+        commands = [(f"python generate.py --run {run} --chat", "talk to it")]
+    else:
+        commands = [
+            (f"python generate.py --run {run} --prompt {shlex.quote(prompt)}", "sample from it"),
+            (f"python train.py --config configs/tiny-chat.yaml --set train.init_from={run} "
+             f"--set run.out_dir={run}-chat", "chat-tune it"),
+        ]
+    commands += [
+        (f"python export.py --run {run} --out exports/{run.name}", "a Hugging Face model folder"),
+        (f"python serve.py --run {run}", "an OpenAI-compatible server"),
+    ]
+    lines.append("next:")
+    lines += [f"  {command}   # {why}" for command, why in commands]
+    if result.wandb_sync:
+        lines.append(f"wandb logged offline; upload it with: {result.wandb_sync}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ from data.config import DataConfig
 from inference.chat import ChatSession
 from inference.runs import load_run
 from inference.settings import GenerationSettings
-from model.generation import generate_tokens
+from model.generation import generate_tokens, seeded_generator
 from training.sft import evaluate_chat
 
 TRANSCRIPT_SYSTEM = "You are HAMLET in Hamlet."
@@ -52,7 +52,7 @@ def ended_share(model, split, end_id: int, rows: list[int], max_new_tokens: int,
     lengths = []
     for row in rows:
         prompt = torch.tensor([split.first_reply_prompt(row)], dtype=torch.long)
-        generator = torch.Generator().manual_seed(seed + row)
+        generator = seeded_generator(seed + row)
         steps = generate_tokens(model, prompt, max_new_tokens, temperature=temperature, top_p=0.95 if temperature else None,
                                 generator=generator)
         for n, token in enumerate(steps, start=1):

@@ -89,7 +89,8 @@ def step_latencies(stamps: list[float]) -> list[float]:
 
 
 def kv_bytes(config: GPTConfig, n_kv_head: int, dtype: torch.dtype) -> int:
-    cache = KVCache(config.n_layer, 1, n_kv_head, config.block_size, config.head_dim, dtype=dtype)
+    entries = {"k": (n_kv_head, config.head_dim), "v": (n_kv_head, config.head_dim)}
+    cache = KVCache(config.n_layer, 1, config.block_size, entries, device="meta", dtype=dtype)
     return cache.nbytes()
 
 

@@ -34,8 +34,8 @@ import httpx
 import torch
 
 from inference.runs import load_run
-from model.generation import generate_tokens
-from serving.engine import Engine, Event, SamplingParams
+from model.generation import SamplingSettings, generate_tokens, seeded_generator
+from serving.engine import Engine, Event
 
 PROMPTS = ["ROMEO:", "JULIET:\nO Romeo,", "KING LEAR:\n", "First Citizen:\nBefore we proceed",
            "HAMLET:\nTo be, or not", "MACBETH:\nIs this a dagger", "PORTIA:\nThe quality of mercy",
@@ -61,9 +61,14 @@ class Level:
     def tokens_per_s(self) -> float:
         return self.tokens / self.seconds
 
+def api_settings(max_tokens: int, temperature: float = 1.0, top_p: float = 1.0, **options) -> SamplingSettings:
+    """Sampling settings with the server's (OpenAI's) defaults, as serving.api builds them."""
+    return SamplingSettings(max_new_tokens=max_tokens, temperature=temperature, top_k=None, top_p=top_p, **options)
 
-def requests(count: int, max_tokens: int) -> list[tuple[str, SamplingParams]]:
-    return [(PROMPTS[i % len(PROMPTS)], SamplingParams(max_tokens, 0.8, 0.95, seed=i)) for i in range(count)]
+
+
+def requests(count: int, max_tokens: int) -> list[tuple[str, SamplingSettings]]:
+    return [(PROMPTS[i % len(PROMPTS)], api_settings(max_tokens, 0.8, 0.95, seed=i)) for i in range(count)]
 
 
 def run_generate(run, work) -> float:
@@ -72,9 +77,9 @@ def run_generate(run, work) -> float:
     tokens, start = 0, time.perf_counter()
     for prompt, params in work:
         ids = torch.tensor([run.tokenizer.encode(prompt).ids])
-        generator = torch.Generator().manual_seed(params.seed)
-        tokens += sum(1 for _ in generate_tokens(run.model, ids, params.max_tokens, temperature=params.temperature,
-                                                 top_p=params.top_p, generator=generator))
+        generator = seeded_generator(params.seed)
+        tokens += sum(1 for _ in generate_tokens(run.model, ids, params.max_new_tokens, **params.token_options(),
+                                                 generator=generator))
     return tokens / (time.perf_counter() - start)
 
 
@@ -126,7 +131,7 @@ async def _http_level(base: str, model: str, work, clients: int) -> Level:
 
     async def client(http: httpx.AsyncClient, queue) -> None:
         for prompt, params in queue:
-            body = {"model": model, "prompt": prompt, "max_tokens": params.max_tokens, "stream": True,
+            body = {"model": model, "prompt": prompt, "max_tokens": params.max_new_tokens, "stream": True,
                     "temperature": params.temperature, "top_p": params.top_p, "seed": params.seed,
                     "stream_options": {"include_usage": True}}
             timing = Timing(time.perf_counter())

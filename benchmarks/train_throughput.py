@@ -257,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from common.errors import UserError
     from model import GPT
+    from model.rms_norm_cpu import install_cpu_backward
     from training.config import load_config
 
     try:
@@ -289,6 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     for compiled in compile_modes:
         torch.manual_seed(0)
         ours = GPT(m)
+        install_cpu_backward(ours)  # as the trainer does
         assert flops_per_token(ours, m.n_layer, m.n_embd, m.block_size) == ours.flops_per_token()
         runners.append(TrainStepRunner("ours (GQA, SwiGLU, RMSNorm)", ours, flops=ours.flops_per_token(),
                                        compile_model=compiled, **common))

@@ -34,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from common.errors import UserError
     from model import GPT
+    from model.rms_norm_cpu import install_cpu_backward
     from training.config import load_config
     from training.device import configure_backends, resolve_precision
     from training.metrics import format_flops
@@ -58,7 +59,9 @@ def main(argv: list[str] | None = None) -> int:
 
         def fresh_model() -> GPT:
             torch.manual_seed(0)
-            return GPT(m)
+            model = GPT(m)
+            install_cpu_backward(model)  # as the trainer does
+            return model
 
         single: RunMeasurement | None = None
         peak = 0.0

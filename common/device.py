@@ -1,7 +1,10 @@
-"""Which device to run on: one picker shared by train.py (``train.device``) and generate.py
-(``--device``), so both accept the same names and fail with the same kind of message."""
+"""Which device to run on, and how much memory it has: one picker shared by train.py
+(``train.device``), generate.py and serve.py (``--device``), so all accept the same names and fail
+with the same kind of message."""
 
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -38,3 +41,15 @@ def select_device(name: str = "auto", *, setting: str = "device") -> torch.devic
     if device.type == "mps" and not torch.backends.mps.is_available():
         raise UserError(f"{setting} is {name!r} but MPS is not available here; use auto or cpu")
     return device
+
+
+def device_memory_bytes(device: torch.device) -> int | None:
+    """Total memory of ``device`` (physical RAM for the CPU); None where it cannot be read."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[1]
+    if device.type == "cpu":
+        try:
+            return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            return None
+    return None

@@ -68,3 +68,17 @@ def _fsync_dir(directory: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def process_alive(pid: int) -> bool:
+    """Whether a process with this id runs on this machine, so that what it is writing (a temporary
+    file or folder) must be left alone; one of another user counts as running."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    except OverflowError:  # not a pid this system could have
+        return False
+    return True

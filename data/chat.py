@@ -5,7 +5,8 @@ turn is the role's token, the text as ordinary tokens, and the end-of-turn token
 
     <|system|>You are Hamlet.<|end|><|user|>Who's there?<|end|><|assistant|>Nay, answer me.<|end|>
 
-A reply is generated after a bare ``<|assistant|>`` and is over when the model emits ``<|end|>``.
+A reply is generated after a bare ``<|assistant|>`` and is over when the model emits ``<|end|>``
+(or ``<|endoftext|>``); the role tokens are never sampled in a reply (``ChatTokenIds``).
 Nothing else renders a conversation: supervised fine-tuning, ``generate.py --chat``, the Hugging
 Face export (as the Jinja template below) and the server all call this module.
 
@@ -26,6 +27,7 @@ from data.errors import DataError
 ROLES = ("system", "user", "assistant")
 ROLE_TOKENS = {role: f"<|{role}|>" for role in ROLES}
 END_OF_TURN = "<|end|>"
+END_OF_TEXT = "<|endoftext|>"  # the tokenizer's document separator (data.tokenizer.EOT)
 # Reserved by every tokenizer the project trains, right after <|endoftext|>.
 CHAT_SPECIAL_TOKENS = (*ROLE_TOKENS.values(), END_OF_TURN)
 
@@ -50,21 +52,35 @@ class Message:
 
 @dataclass(frozen=True)
 class ChatTokenIds:
-    """The ids of the chat special tokens in one tokenizer."""
+    """The ids of the chat special tokens in one tokenizer, and the rule for them in a reply."""
 
     role: dict[str, int]
     end: int
+    end_of_text: int
+
+    @property
+    def reply_end_ids(self) -> tuple[int, ...]:
+        """Tokens that end a reply, never shown as text: ``<|end|>``, and ``<|endoftext|>``, which a
+        chat model may still produce from pretraining."""
+        return (self.end, self.end_of_text)
+
+    @property
+    def suppress_ids(self) -> tuple[int, ...]:
+        """Tokens a reply never samples (their logits are -inf): the role tokens, so the model can
+        neither open a new turn nor print a control token as text. The one place the rule is made;
+        the CLI, the server and the export's generation config all apply it."""
+        return tuple(sorted(self.role.values()))
 
     @classmethod
     def of(cls, tokenizer: Tokenizer) -> ChatTokenIds:
-        ids = {token: tokenizer.token_to_id(token) for token in CHAT_SPECIAL_TOKENS}
+        ids = {token: tokenizer.token_to_id(token) for token in (*CHAT_SPECIAL_TOKENS, END_OF_TEXT)}
         missing = [token for token, token_id in ids.items() if token_id is None]
         if missing:
             raise DataError(
                 f"this tokenizer has no chat tokens ({', '.join(missing)}): it was trained before the "
                 "chat format existed; pretrain a new run (its tokenizer reserves them) and chat-tune that"
             )
-        return cls({role: ids[token] for role, token in ROLE_TOKENS.items()}, ids[END_OF_TURN])
+        return cls({role: ids[token] for role, token in ROLE_TOKENS.items()}, ids[END_OF_TURN], ids[END_OF_TEXT])
 
 
 @dataclass

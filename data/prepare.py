@@ -29,7 +29,7 @@ import numpy as np
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
-from common.files import atomic_output, atomic_write_text
+from common.files import atomic_output, atomic_write_text, process_alive
 from data.batches import check_one_window
 from data.config import DataConfig
 from data.errors import DataError
@@ -364,18 +364,8 @@ def _remove_stale_temps(entry: Path) -> None:
         pid, _, host = owner.partition("@")
         if host and host != socket.gethostname():
             continue
-        if not pid.isdigit() or not _process_alive(int(pid)):
+        if not pid.isdigit() or not process_alive(int(pid)):
             shutil.rmtree(temp, ignore_errors=True)
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # alive, but another user's
-    return True
 
 
 def _discard(entry: Path) -> None:

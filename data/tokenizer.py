@@ -15,10 +15,10 @@ import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from common.errors import one_line
-from data.chat import CHAT_SPECIAL_TOKENS
+from data.chat import CHAT_SPECIAL_TOKENS, END_OF_TEXT
 from data.errors import DataError
 
-EOT = "<|endoftext|>"
+EOT = END_OF_TEXT
 # EOT is id 0; the chat tokens follow, so any pretrained run can be chat-tuned without growing its
 # embedding.
 SPECIAL_TOKENS = [EOT, *CHAT_SPECIAL_TOKENS]
@@ -96,6 +96,12 @@ def eot_id(tokenizer: Tokenizer) -> int:
     if token_id is None:
         raise DataError(f"tokenizer has no {EOT} token; prepare the data again")
     return token_id
+
+
+def prompt_ids(tokenizer: Tokenizer, prompt: str) -> list[int]:
+    """The ids of a prompt to continue. An empty prompt is the end-of-text token alone, so the model
+    starts a fresh document (an unconditional sample)."""
+    return (tokenizer.encode(prompt).ids if prompt else []) or [eot_id(tokenizer)]
 
 
 def split_for_encoding(text: str) -> list[str]:

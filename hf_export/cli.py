@@ -1,16 +1,29 @@
 """The ``export.py`` command line: parse flags, export the run, print where it went.
 
-User errors (not a run, damaged weights, an output folder that exists) print one ``error: ...``
-line and exit with status 2; anything else is a bug and keeps its traceback.
+User errors (not a run, damaged weights, an output folder that exists) and filesystem failures (a
+full disk, a read-only folder) print one ``error: ...`` line and exit with status 2; anything else
+is a bug and keeps its traceback. Ctrl-C exits with 130 and SIGTERM with 143, both after removing
+the half-written folder; only a SIGKILL leaves one, which the next export to that parent removes.
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
+import sys
 from pathlib import Path
 from typing import Sequence
 
 from common.cli import ArgumentParser, run_command
+from common.os_errors import describe_os_error
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised where the export is, so that its clean-up runs as it does for Ctrl-C."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,7 +41,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return run_command(build_parser(), argv, _export)
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        return run_command(build_parser(), argv, _export)
+    except OSError as error:
+        print(f"error: {describe_os_error(error)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(file=sys.stderr)  # put the shell prompt back on a line of its own
+        return 130
+    except Terminated as stop:
+        return 128 + stop.signum
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated(signum)
 
 
 def _export(args: argparse.Namespace) -> int:

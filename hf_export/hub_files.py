@@ -4,7 +4,8 @@ tokenizer: ``config.json``, ``generation_config.json`` and ``tokenizer_config.js
 ``<|endoftext|>`` is the end-of-text, beginning-of-text and padding token at once, as in GPT-2:
 training puts it before every document, so it is also what an unconditional sample starts from,
 and padding positions are masked out, so what they hold never matters. A run whose tokenizer has
-the chat tokens also stops generating at ``<|end|>`` and carries the chat template.
+the chat tokens also carries the chat template, and follows the project's rule for chat output:
+``<|end|>`` and ``<|endoftext|>`` end a reply, and the role tokens are never sampled.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 
 from tokenizers import Tokenizer
 
-from data.chat import CHAT_TEMPLATE, ChatTokenIds
+from data.chat import CHAT_TEMPLATE, ROLES, ChatTokenIds
 from data.errors import DataError
 from data.tokenizer import EOT, eot_id
 from inference.settings import GenerationSettings
@@ -26,18 +27,20 @@ MODEL_CLASS = "modeling_minigpt.MiniGPTForCausalLM"
 
 @dataclass(frozen=True)
 class SpecialTokens:
-    """What ends, starts and pads a sequence; ``end_of_turn`` is None for a tokenizer without chat tokens."""
+    """What ends, starts and pads a sequence, and the chat tokens; ``end_of_turn`` is None and
+    ``roles`` empty for a tokenizer without chat tokens."""
 
     eot: int
     end_of_turn: int | None
+    roles: tuple[int, ...] = ()
 
     @classmethod
     def of(cls, tokenizer: Tokenizer) -> SpecialTokens:
         try:
-            end = ChatTokenIds.of(tokenizer).end
+            chat = ChatTokenIds.of(tokenizer)
         except DataError:  # trained before the chat format: a plain language model
-            end = None
-        return cls(eot_id(tokenizer), end)
+            return cls(eot_id(tokenizer), None)
+        return cls(eot_id(tokenizer), chat.end, tuple(chat.role[role] for role in ROLES))
 
     @property
     def has_chat(self) -> bool:
@@ -45,7 +48,14 @@ class SpecialTokens:
 
     @property
     def stop_ids(self) -> list[int]:
+        """The ids that end generation: ``<|endoftext|>``, and ``<|end|>`` (a reply's end) for chat."""
         return [self.eot] if self.end_of_turn is None else [self.eot, self.end_of_turn]
+
+    @property
+    def never_sampled(self) -> list[int]:
+        """The role tokens: a reply that sampled one would show it as text, or start a turn the
+        user never wrote, so chat generation never samples them."""
+        return list(self.roles)
 
 
 def model_config(config: GPTConfig, tokens: SpecialTokens, dtype: str) -> dict:
@@ -68,25 +78,35 @@ def model_config(config: GPTConfig, tokens: SpecialTokens, dtype: str) -> dict:
         "eos_token_id": tokens.stop_ids,
         "pad_token_id": tokens.eot,
         "dtype": dtype,
+        # Latent attention's fields, only where used: a grouped-query export stays as it was.
+        **({"attention": "mla", "kv_latent_dim": config.kv_latent_dim, "q_latent_dim": config.q_latent_dim}
+           if config.attention == "mla" else {}),
     }
 
 
-def generation_config(tokens: SpecialTokens) -> dict:
-    """``generation_config.json``: generate.py's sampling defaults and stop tokens.
+def generation_config(config: GPTConfig, tokens: SpecialTokens) -> dict:
+    """``generation_config.json``: generate.py's sampling defaults, the stop tokens, the role tokens
+    that chat never samples, and the window as the longest sequence.
 
-    No ``max_length``: transformers warns on every call that passes ``max_new_tokens`` when one is
-    set. A request past the learned positions fails in the model with a message that says so."""
+    ``max_length`` keeps a call that names no length inside the learned positions: without it the
+    text-generation pipeline asks for 256 new tokens, past a small model's window. A call's own
+    ``max_new_tokens`` takes precedence (transformers 5 logs a note that both are set), and one that
+    passes the window fails in the model with a message that says so."""
     defaults = GenerationSettings()
-    return {
+    settings = {
         "bos_token_id": tokens.eot,
         "eos_token_id": tokens.stop_ids,
         "pad_token_id": tokens.eot,
+        "max_length": config.block_size,
         "do_sample": defaults.temperature > 0,
         "temperature": defaults.temperature,
         "top_k": defaults.top_k or 0,  # 0 turns top-k off (transformers' default would be 50)
         "top_p": defaults.top_p,
         "repetition_penalty": defaults.repetition_penalty,
     }
+    if tokens.never_sampled:
+        settings["suppress_tokens"] = tokens.never_sampled
+    return settings
 
 
 def tokenizer_config(config: GPTConfig, tokens: SpecialTokens) -> dict:
@@ -101,6 +121,8 @@ def tokenizer_config(config: GPTConfig, tokens: SpecialTokens) -> dict:
         "clean_up_tokenization_spaces": False,
         # Left padding keeps every row's last token at the end, where generate() reads the next one.
         "padding_side": "left",
+        # No token_type_ids: the model takes none, and transformers 4.x's generate refuses them.
+        "model_input_names": ["input_ids", "attention_mask"],
     }
     if tokens.has_chat:
         settings["chat_template"] = CHAT_TEMPLATE

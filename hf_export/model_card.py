@@ -9,8 +9,7 @@ from pathlib import Path
 import yaml
 
 from model import GPTConfig
-from common.run_files import CONFIG_FILE, METRICS_FILE
-from training.metrics import read_metrics
+from common.run_files import CONFIG_FILE, METRICS_FILE, read_metrics
 
 
 @dataclass(frozen=True)
@@ -71,6 +70,32 @@ def _describe_data(config_path: Path) -> str | None:
     return f"{corpus}, with a byte-level BPE tokenizer of {data.get('vocab_size')} tokens trained on it"
 
 
+# The chat section of the card. Its code block is run by tests/hf_export/test_hf_parity.py.
+CHAT_SECTION = """## Chat
+
+The tokenizer has the chat tokens, and `tokenizer.apply_chat_template` renders a conversation
+exactly as the training code does. Generation ends a reply at `<|end|>` (or `<|endoftext|>`) and
+never samples a role token (`suppress_tokens` in `generation_config.json`).
+
+**Untrusted text.** The chat template is a string template: the conversation is rendered to text
+and then tokenized, so a user who types `<|end|><|assistant|>` into a message gets the real control
+tokens, and can end their turn and write the assistant's. This is inherent to string chat
+templates (minigpt's own server and `generate.py --chat` tokenize message text apart from the
+control tokens, and are immune). For text you do not control, build the ids yourself, with the
+message text tokenized so that special tokens inside it stay plain text:
+
+```python
+def encode_chat(tokenizer, messages, add_generation_prompt=True):
+    token = tokenizer.convert_tokens_to_ids
+    ids = []
+    for message in messages:
+        text = tokenizer(message["content"], add_special_tokens=False, split_special_tokens=True)
+        ids += [token(f"<|{message['role']}|>"), *text["input_ids"], token("<|end|>")]
+    return ids + [token("<|assistant|>")] if add_generation_prompt else ids
+```
+"""
+
+
 def model_card(name: str, config: GPTConfig, params: int, record: RunRecord, has_chat: bool) -> str:
     """The README.md text, front matter included; ``params`` counts a tied head once."""
     bpb = (f"**{record.val_bpb:.4f} bits/byte** on the {record.val_scope}"
@@ -78,9 +103,11 @@ def model_card(name: str, config: GPTConfig, params: int, record: RunRecord, has
     trained = "not recorded" if record.steps is None else f"{record.steps} steps"
     if record.steps is not None and record.tokens_per_step:
         trained += f" of {record.tokens_per_step:,} tokens ({record.steps * record.tokens_per_step:,} tokens)"
-    chat = ("The tokenizer has the chat tokens, and `tokenizer.apply_chat_template` renders a "
-            "conversation exactly as the training code does; generation also stops at `<|end|>`."
-            if has_chat else "This tokenizer has no chat tokens: it is a plain language model.")
+    chat = CHAT_SECTION if has_chat else "This tokenizer has no chat tokens: it is a plain language model."
+    attention, heads = "grouped-query attention", f"{config.n_head} / {config.n_kv_head}"
+    if config.attention == "mla":
+        attention = "multi-head latent attention (keys and values read from one cached latent per token)"
+        heads = f"{config.n_head} / {config.n_head}, from a latent of {config.kv_latent_dim}"
     return f"""---
 library_name: transformers
 pipeline_tag: text-generation
@@ -92,7 +119,7 @@ tags:
 # {name}
 
 A {params / 1e6:.2f}M-parameter decoder-only GPT trained from scratch with minigpt: learned absolute
-position embeddings, RMSNorm, SwiGLU, grouped-query attention and tied input/output embeddings.
+position embeddings, RMSNorm, SwiGLU, {attention} and tied input/output embeddings.
 transformers has no built-in architecture with that combination, so the modeling code ships in this
 folder and loading needs `trust_remote_code=True`.
 
@@ -100,7 +127,7 @@ folder and loading needs `trust_remote_code=True`.
 |---|---|
 | layers | {config.n_layer} |
 | width | {config.n_embd} |
-| attention heads / key-value heads | {config.n_head} / {config.n_kv_head} |
+| attention heads / key-value heads | {heads} |
 | feed-forward width (SwiGLU) | {config.ffn_dim} |
 | context (learned positions) | {config.block_size} tokens |
 | vocabulary | {config.vocab_size} |

@@ -1,15 +1,16 @@
 """Write a run as a folder that Hugging Face transformers loads on its own.
 
 The folder is built in a hidden sibling directory and renamed into place when complete, so an
-interrupted export leaves the previous folder (or nothing) behind, never half of one. The run is
-loaded through ``inference.runs.load_run``: a run that ``generate.py`` refuses is refused here too.
+interrupted export leaves the previous folder (or nothing) behind, never half of one
+(``hf_export/staging.py``). The run is loaded through ``inference.runs.load_run``: a run that
+``generate.py`` refuses is refused here too. Filesystem failures (a full disk, a read-only folder)
+surface as ``OSError`` naming the path, which the command line reports in one line.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
-import uuid
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -17,9 +18,10 @@ from pathlib import Path
 import torch
 
 from common.errors import UserError
-from common.files import atomic_output
+from common.files import atomic_write_bytes
 from hf_export.hub_files import MODEL_TYPE, SpecialTokens, generation_config, model_config, tokenizer_config
 from hf_export.model_card import RunRecord, model_card
+from hf_export.staging import clean_leftovers, replace_dir, sibling
 from hf_export.weights import hf_state_dict
 from common.run_files import TOKENIZER_FILE
 from inference.runs import load_run
@@ -38,6 +40,7 @@ def export_run(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool = Fa
     """Export the run in ``run_dir`` to ``out_dir``; an existing ``out_dir`` is replaced only with
     ``overwrite``, and only if it is an earlier export (so a typo cannot delete a run)."""
     run_dir, out_dir = Path(run_dir), Path(out_dir)
+    clean_leftovers(out_dir.parent)  # first: it may put back the export a killed one was replacing
     _check_destination(run_dir, out_dir, overwrite)
     run = load_run(run_dir, torch.device("cpu"))
     tokens = SpecialTokens.of(run.tokenizer)
@@ -46,18 +49,18 @@ def export_run(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool = Fa
     num_params = run.model.num_params()
     dtype = str(next(iter(weights.values())).dtype).removeprefix("torch.")
 
-    staging = _sibling(out_dir, "tmp")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging.mkdir()  # not mkdtemp: its owner-only mode would stay on the finished folder
+    staging = sibling(out_dir, "tmp")
     try:
-        from safetensors.torch import save_file
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        staging.mkdir()  # not mkdtemp: its owner-only mode would stay on the finished folder
+        from safetensors.torch import save
 
-        # atomic_output also gives the file the mode a plain open() would (safetensors' is owner-only).
-        with atomic_output(staging / "model.safetensors") as tmp:
-            # transformers accepts a safetensors file only with this format tag in its metadata.
-            save_file(weights, str(tmp), metadata={"format": "pt"})
+        # Serialised in memory and written by Python, so a full disk is an OSError naming the file
+        # (safetensors' own writer reports it as text); transformers accepts a safetensors file
+        # only with this format tag in its metadata.
+        atomic_write_bytes(staging / "model.safetensors", save(weights, metadata={"format": "pt"}))
         _write_json(staging / "config.json", model_config(config, tokens, dtype))
-        _write_json(staging / "generation_config.json", generation_config(tokens))
+        _write_json(staging / "generation_config.json", generation_config(config, tokens))
         _write_json(staging / "tokenizer_config.json", tokenizer_config(config, tokens))
         shutil.copyfile(run_dir / TOKENIZER_FILE, staging / "tokenizer.json")
         shipped = resources.files("hf_export.shipped")
@@ -65,9 +68,12 @@ def export_run(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool = Fa
             (staging / name).write_bytes(shipped.joinpath(name).read_bytes())
         card = model_card(out_dir.name, config, num_params, RunRecord.read(run_dir), tokens.has_chat)
         (staging / "README.md").write_text(card, encoding="utf-8")
-        _replace_dir(staging, out_dir)
-    except BaseException:
+        replace_dir(staging, out_dir)
+    except BaseException as error:
         shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(error, OSError) and error.errno is not None:
+            # Name the folder the user asked for, not the hidden one it was being built in.
+            raise OSError(error.errno, error.strerror, str(out_dir)) from None
         raise
     return ExportResult(out_dir, tokens.has_chat, num_params)
 
@@ -81,6 +87,9 @@ def is_export(directory: Path) -> bool:
 
 
 def _check_destination(run_dir: Path, out_dir: Path, overwrite: bool) -> None:
+    blocking = next((parent for parent in out_dir.absolute().parents if parent.exists()), None)
+    if blocking is not None and not blocking.is_dir():
+        raise UserError(f"--out {out_dir} is inside {blocking}, which is a file; choose a folder elsewhere")
     if not out_dir.exists():
         return
     if not out_dir.is_dir():
@@ -94,27 +103,6 @@ def _check_destination(run_dir: Path, out_dir: Path, overwrite: bool) -> None:
             f"--out {out_dir} is not empty and is not an earlier export, so --overwrite will not delete it; "
             "choose a new folder"
         )
-
-
-def _replace_dir(staging: Path, out_dir: Path) -> None:
-    """Move the finished ``staging`` folder to ``out_dir``, which keeps its old contents until then."""
-    if not out_dir.exists():
-        staging.rename(out_dir)
-        return
-    old = _sibling(out_dir, "old")
-    out_dir.rename(old)
-    try:
-        staging.rename(out_dir)
-    except BaseException:
-        old.rename(out_dir)  # put the previous export back
-        raise
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def _sibling(out_dir: Path, kind: str) -> Path:
-    """A hidden name beside ``out_dir`` that no other export uses, so the final rename stays on one
-    filesystem (and so is atomic)."""
-    return out_dir.parent / f".{out_dir.name}.{uuid.uuid4().hex[:12]}.{kind}"
 
 
 def _write_json(path: Path, content: dict) -> None:

@@ -2,7 +2,7 @@
 
 The session keeps the window of token ids the model sees, starting at position 0 (learned
 positions: a conversation always starts there, as in fine-tuning), and its KV cache holds the
-first ``cache.pos`` of them. Each user turn is rendered by ``data.chat`` and appended; only the ids
+first ``cache.lengths[0]`` of them. Each user turn is rendered by ``data.chat`` and appended; only the ids
 the cache has not seen are run through the model, so the history is never re-encoded while it
 fits. When the window would overflow, the oldest whole turns are dropped (the system prompt is
 kept while it fits), the rest is re-encoded from position 0, and the session says so. Without the
@@ -12,8 +12,7 @@ cached path is tested against.
 
 from __future__ import annotations
 
-import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
@@ -23,7 +22,7 @@ from data.chat import ChatTokenIds, Message, render_chat
 from inference.runs import LoadedRun
 from inference.settings import GenerationSettings
 from inference.streaming import TextStream
-from model import sample_next_token
+from model.generation import new_seed, sample_next_token, seeded_generator
 
 
 @dataclass(frozen=True)
@@ -31,6 +30,10 @@ class ChatReply:
     text: str
     token_ids: list[int]  # generated ids, the closing <|end|> included when the model produced it
     finish_reason: str  # "end": the model ended its turn; "length": max_new_tokens or a full window
+
+
+# In a reply the role tokens are never sampled, and <|end|> or <|endoftext|> ends it unseen: the
+# rule of data.chat.ChatTokenIds, which the server's chat endpoint applies too.
 
 
 class ChatSession:
@@ -41,8 +44,9 @@ class ChatSession:
         use_cache: bool = True, on_notice: Callable[[str], None] | None = None,
     ) -> None:
         self.run = run
-        self.settings = settings
         self.special = ChatTokenIds.of(run.tokenizer)  # a run from before the chat format: one-line error
+        suppress_ids = tuple(sorted({*settings.suppress_ids, *self.special.suppress_ids}))
+        self.settings = replace(settings, suppress_ids=suppress_ids)
         self.block_size = run.block_size
         self.system_turn = render_chat(run.tokenizer, [Message("system", system_prompt)]).ids if system_prompt else []
         if len(self.system_turn) >= self.block_size // 2:
@@ -50,8 +54,8 @@ class ChatSession:
                 f"the system prompt is {len(self.system_turn)} tokens, too much of the model's {self.block_size}-token "
                 "window; shorten it"
             )
-        self.seed = settings.seed if settings.seed is not None else secrets.randbelow(2**31)
-        self.generator = torch.Generator().manual_seed(self.seed)
+        self.seed = settings.seed if settings.seed is not None else new_seed()
+        self.generator = seeded_generator(self.seed)
         self.cache = run.model.init_cache(1) if use_cache else None
         self.on_notice = on_notice or (lambda message: None)
         self.tokens_encoded = 0  # positions run through the model: shows the history is reused
@@ -88,30 +92,28 @@ class ChatSession:
                     break  # this exchange alone fills the window
             token = self._next_token()
             generated.append(token)
-            self.window.append(token)
-            if token == self.special.end:
+            if token in self.special.reply_end_ids:
                 finish = "end"
                 break
+            self.window.append(token)
             emit(stream.push(token))
         emit(stream.finish())
-        if finish != "end":
-            self.window.append(self.special.end)  # close the turn, as the template renders it
-        self.turns += [prompt[:-1], [prompt[-1], *generated] + ([] if finish == "end" else [self.special.end])]
+        # Close the turn as the template renders it, whichever token ended it (if any did).
+        reply = generated[:-1] if finish == "end" else generated
+        self.window.append(self.special.end)
+        self.turns += [prompt[:-1], [prompt[-1], *reply, self.special.end]]
         return ChatReply(stream.text, generated, finish)
 
     @torch.inference_mode()
     def _next_token(self) -> int:
         # With the cache only the ids it has not seen yet; without it, the whole window every time.
-        ids = self.window[self.cache.pos :] if self.cache is not None else self.window
+        ids = self.window[self.cache.lengths[0] :] if self.cache is not None else self.window
         self.tokens_encoded += len(ids)
         idx = torch.tensor([ids], dtype=torch.long, device=self.run.device)
         logits = self.run.model.next_token_logits(idx, self.cache)
         s = self.settings
         prev = torch.tensor([self.window], device=self.run.device) if s.repetition_penalty != 1.0 else None
-        token = sample_next_token(
-            logits, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
-            repetition_penalty=s.repetition_penalty, prev_tokens=prev, generator=self.generator,
-        )
+        token = sample_next_token(logits, **s.token_options(), prev_tokens=prev, generator=self.generator)
         return int(token.item())
 
     def _make_room(self, needed: int, *, current: list[int]) -> bool:

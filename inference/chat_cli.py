@@ -1,8 +1,9 @@
 """``generate.py --chat``: talk to a chat-tuned run, interactively or one reply at a time.
 
-Interactive: each line typed is a user turn; the reply streams to stdout. ``/reset`` starts the
-conversation afresh (the system prompt stays), ``/exit`` (or end of input) leaves. The ``you>``
-prompt and notices go to stderr, so stdout holds only the replies, one per line. With
+Interactive: each line typed is a user turn; the reply streams to stdout. Lines starting with a
+command (``/help`` lists them) are not sent to the model. The ``you>`` prompt and notices go to
+stderr (at a terminal the prompt shares the screen with the replies), so stdout holds only the
+replies, one per line. A line that is not UTF-8 is refused and the conversation goes on. With
 ``--prompt`` (or ``--prompt-file``) one reply is printed and the command exits.
 """
 
@@ -11,65 +12,68 @@ from __future__ import annotations
 import argparse
 import sys
 
-from common.device import select_device
 from common.errors import UserError
 from inference.chat import ChatSession
-from inference.runs import find_latest_run, load_run
+from inference.runs import LoadedRun
 from inference.settings import GenerationSettings
+from inference.terminal import LineReader, write_stdout
 
-HELP = "type a message; /reset starts over, /exit leaves"
+COMMANDS = {
+    "/help": "list these commands",
+    "/reset": "start the conversation afresh (the system prompt stays)",
+    "/exit": "leave (so does Ctrl-D, or the end of the input)",
+}
 
 
-def chat_main(args: argparse.Namespace, settings: GenerationSettings, prompt: str | None) -> int:
-    """Run a chat from parsed ``generate.py`` flags; ``prompt`` None means interactive."""
-    if settings.num_samples != 1 or args.json or settings.stop:
-        raise UserError("--chat gives one reply at a time: drop --num-samples, --json and --stop")
-    device = select_device(args.device, setting="--device")
-    run = load_run(args.run if args.run is not None else find_latest_run(), device)
+def chat_main(args: argparse.Namespace, run: LoadedRun, settings: GenerationSettings, prompt: str | None) -> int:
+    """Chat with ``run`` as the parsed ``generate.py`` flags say; ``prompt`` None means interactive."""
     session = ChatSession(
         run, settings, system_prompt=args.system, use_cache=not args.no_cache,
-        on_notice=lambda message: print(f"notice: {message}", file=sys.stderr, flush=True),
+        on_notice=lambda message: _tell(f"notice: {message}"),
     )
     if prompt is not None:
         _reply(session, prompt)
         return 0
-    interactive = sys.stdin.isatty()
     if not args.quiet:
-        print(f"chatting with {run.directory} ({HELP})", file=sys.stderr, flush=True)
+        _tell(f"chatting with {run.directory} (type a message; /help lists the commands)")
+    reader = LineReader("you> ")
     while True:
-        if interactive:
-            print("you> ", end="", file=sys.stderr, flush=True)
-        line = sys.stdin.readline()
-        if not line:
+        try:
+            text = reader.read()
+        except UserError as error:  # a line that is not UTF-8: nothing was sent, carry on
+            _tell(f"error: {error}")
+            continue
+        if text is None:
+            if reader.interactive:
+                _tell("")  # Ctrl-D: put the shell prompt back on a line of its own
             break
-        text = line.rstrip("\n")
         command = text.strip()
         if command == "/exit":
             break
         if command == "/reset":
             session.reset()
-            print("(conversation cleared)", file=sys.stderr, flush=True)
-            continue
-        if not command:
-            continue
-        try:
-            _reply(session, text)
-        except UserError as error:  # a message too long for the window: say so and carry on
-            print(f"error: {error}", file=sys.stderr, flush=True)
+            _tell("(conversation cleared)")
+        elif command == "/help":
+            _tell("\n".join(f"  {name:<7} {what}" for name, what in COMMANDS.items()))
+        elif command:
+            try:
+                _reply(session, text)
+            except UserError as error:  # a message too long for the window: say so and carry on
+                _tell(f"error: {error}")
     return 0
+
+
+def check_chat_flags(settings: GenerationSettings, args: argparse.Namespace) -> None:
+    if settings.num_samples != 1 or args.json or settings.stop:
+        raise UserError("--chat gives one reply at a time: drop --num-samples, --json and --stop")
 
 
 def _reply(session: ChatSession, text: str) -> None:
     reply = session.reply(text, on_text=write_stdout)
     write_stdout("\n")
     if reply.finish_reason != "end":
-        print(
-            "notice: the reply was cut off before the model ended its turn (--max-new-tokens or the window)",
-            file=sys.stderr, flush=True,
-        )
+        _tell("notice: the reply was cut off before the model ended its turn (--max-new-tokens or the window)")
 
 
-def write_stdout(text: str) -> None:
-    """Write ``text`` to stdout at once (streamed text must not wait in a buffer)."""
-    sys.stdout.write(text)
-    sys.stdout.flush()
+def _tell(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)

@@ -6,7 +6,6 @@ Flags are checked before anything is printed, so a failed command writes nothing
 from __future__ import annotations
 
 import argparse
-import codecs
 import dataclasses
 import json
 import os
@@ -18,10 +17,11 @@ from common.cli import ArgumentParser, run_command
 from common.device import select_device
 from common.errors import UserError
 from common.os_errors import describe_os_error
-from inference.chat_cli import chat_main, write_stdout
+from inference.chat_cli import chat_main, check_chat_flags
 from inference.completion import GenerationResult, encode_prompt, generate_completions
 from inference.runs import find_latest_run, load_run
 from inference.settings import GenerationSettings
+from inference.terminal import decode_argument, decode_utf8, write_stdout
 from model.generation import KEEP_FRACTION
 
 _EPILOG = f"""\
@@ -99,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(slow; the reference the cache is tested against)")
     # Chat, and the shape of the output.
     parser.add_argument("--chat", action="store_true",
-                        help="talk to a chat-tuned run: an interactive conversation (/reset, /exit), or one "
+                        help="talk to a chat-tuned run: an interactive conversation (/help lists its commands), or one "
                         "reply to --prompt; replies end when the model ends its turn")
     parser.add_argument("--system", metavar="TEXT", help="with --chat: a system prompt, e.g. 'You are HAMLET.'")
     output = parser.add_mutually_exclusive_group()
@@ -140,13 +140,15 @@ def _generate(args: argparse.Namespace) -> int:
     )
     prompt = read_prompt(args)
     if args.chat:
-        given = args.prompt is not None or args.prompt_file is not None
-        return chat_main(args, settings, prompt if given else None)
-    if args.system is not None:
+        check_chat_flags(settings, args)
+    elif args.system is not None:
         raise UserError("--system needs --chat")
 
     device = select_device(args.device, setting="--device")
-    run = load_run(args.run if args.run is not None else find_latest_run(), device)
+    run = load_run(_run_directory(args), device)
+    if args.chat:
+        given = args.prompt is not None or args.prompt_file is not None
+        return chat_main(args, run, settings, prompt if given else None)
     prompt_tokens = encode_prompt(run, prompt)
     if prompt_tokens.cropped and not args.quiet:
         print(
@@ -193,24 +195,18 @@ def read_prompt(args: argparse.Namespace) -> str:
         source = "the prompt on stdin"
     else:
         return decode_argument(args.prompt or "", "--prompt")
-    return _decode_utf8(data, source)
+    return decode_utf8(data, source)
 
 
-def decode_argument(text: str, source: str) -> str:
-    """A command-line argument as text; bytes that were not UTF-8 are refused, naming ``source``."""
-    return _decode_utf8(text.encode("utf-8", errors="surrogateescape"), source)
-
-
-def _decode_utf8(data: bytes, source: str) -> str:
-    # A byte-order mark (as some Windows editors write) is never meant as prompt text.
-    data = data.removeprefix(codecs.BOM_UTF8)
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise UserError(
-            f"{source} is not valid UTF-8 (byte 0x{data[error.start]:02x} at offset {error.start}); "
-            "convert it to UTF-8"
-        ) from None
+def _run_directory(args: argparse.Namespace) -> Path:
+    """--run, or else the newest run under runs/, named on stderr: after a fine-tune that is the
+    chat run, which may not be the one meant."""
+    if args.run is not None:
+        return args.run
+    directory = find_latest_run()
+    if not args.quiet:
+        print(f"using {directory}, the most recently trained run (choose another with --run)", file=sys.stderr)
+    return directory
 
 
 def _json_report(run_dir: Path, prompt: str, prompt_ids: list[int], result: GenerationResult) -> dict:

@@ -8,17 +8,17 @@ stop strings, and measures time to first token and decode speed.
 from __future__ import annotations
 
 import contextlib
-import secrets
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
 import torch
 
+from data.tokenizer import prompt_ids
 from inference.runs import LoadedRun
 from inference.settings import GenerationSettings
 from inference.streaming import TextStream
-from model.generation import generate_tokens
+from model.generation import generate_tokens, new_seed, seeded_generator
 
 # Called with (row, new_text) whenever a row has text that is safe to print.
 TextCallback = Callable[[int, str], None]
@@ -69,35 +69,31 @@ class GenerationResult:
 
 
 def encode_prompt(run: LoadedRun, prompt: str) -> PromptTokens:
-    """Token ids for ``prompt``. An empty prompt becomes the end-of-text token, so the model starts a
-    fresh document (an unconditional sample). Longer than the context: the last block_size tokens."""
-    ids = run.tokenizer.encode(prompt).ids if prompt else []
-    if not ids:
-        ids = [run.eot_id]
+    """Token ids for ``prompt`` (``data.tokenizer.prompt_ids``: an empty prompt is end-of-text).
+    Longer than the context: the last block_size tokens."""
+    ids = prompt_ids(run.tokenizer, prompt)
     return PromptTokens(ids[-run.block_size :], len(ids))
 
 
 def generate_completions(
-    run: LoadedRun, prompt_ids: Sequence[int], settings: GenerationSettings,
-    on_text: TextCallback | None = None,
+    run: LoadedRun, ids: Sequence[int], settings: GenerationSettings,
+    on_text: TextCallback | None = None, *, batch_invariant: bool = False,
 ) -> GenerationResult:
-    """Sample ``settings.num_samples`` continuations of ``prompt_ids`` as one batch (one cache).
+    """Sample ``settings.num_samples`` continuations of ``ids`` as one batch (one cache).
 
     Row i draws from its own generator seeded ``seed + i``, so it equals the single-row run with
-    that seed. Every row's streamed pieces join to its ``Completion.text``.
+    that seed. Every row's streamed pieces join to its ``Completion.text``. ``batch_invariant``:
+    decode with the serving engine's arithmetic (see ``GPT.next_token_logits``).
     """
-    seed = settings.seed if settings.seed is not None else secrets.randbelow(2**31)
+    seed = settings.seed if settings.seed is not None else new_seed()
     rows = settings.num_samples
-    idx = torch.tensor([list(prompt_ids)] * rows, dtype=torch.long, device=run.device)
-    # CPU generators: a seed draws the same numbers whatever the device (model.generation moves the
-    # draws to the logits), and every backend supports them.
-    generators = [torch.Generator().manual_seed(seed + row) for row in range(rows)]
+    idx = torch.tensor([list(ids)] * rows, dtype=torch.long, device=run.device)
+    generators = [seeded_generator(seed + row) for row in range(rows)]
     streams = [TextStream(run.token_bytes, settings.stop) for _ in range(rows)]
     start = time.perf_counter()
     columns = generate_tokens(
-        run.model, idx, settings.max_new_tokens, temperature=settings.temperature, top_k=settings.top_k,
-        top_p=settings.top_p, repetition_penalty=settings.repetition_penalty, use_cache=settings.use_cache,
-        generator=generators,
+        run.model, idx, settings.max_new_tokens, **settings.token_options(), use_cache=settings.use_cache,
+        generator=generators, batch_invariant=batch_invariant,
     )
     tokens, steps, first, last = _stream_columns(columns, streams, on_text)
     completions = [

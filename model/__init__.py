@@ -3,10 +3,10 @@
 Importing the package only defines classes and functions; nothing is built or read.
 """
 
-from model.generation import generate_tokens, sample_next_token
+from model.generation import SamplingSettings, generate, generate_tokens, sample_next_token
 from model.gpt import GPT, GPTConfig, unwrap
 from model.io import ModelFileError, load_pretrained, save_pretrained
-from model.kv_cache import KVCache, RowCache
+from model.kv_cache import KVCache
 
-__all__ = ["GPT", "GPTConfig", "KVCache", "ModelFileError", "RowCache", "generate_tokens", "load_pretrained",
-           "sample_next_token", "save_pretrained", "unwrap"]
+__all__ = ["GPT", "GPTConfig", "KVCache", "ModelFileError", "SamplingSettings", "generate", "generate_tokens",
+           "load_pretrained", "sample_next_token", "save_pretrained", "unwrap"]

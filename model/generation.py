@@ -1,33 +1,72 @@
-"""Autoregressive generation and sampling, with or without the KV cache, token for token the same.
+"""Decoding: the settings every decoder shares, the sampler, and the generation loop.
+
+``SamplingSettings`` is the one description of a decode, used by generate.py, the chat, the serving
+engine, training's samples and the export's generation config. The edges that take it from a user
+(configs, command lines, request schemas) check it once with ``check_sampling_args``; the sampler
+trusts it and never re-checks per token. Every sampled row consumes exactly one uniform draw,
+whatever its logits, so a row's random stream never depends on what the model predicted.
 
 The model sees a window of at most ``block_size`` tokens. When a new token would overflow it, the
 window is cut to its most recent ``max(1, int(keep_fraction * block_size))`` tokens and re-encoded
-from position 0. Learned absolute positions make this necessary (a cached key carries the position
-it was written at, so keys cannot be shifted along), and cutting by a fraction rather than one
-token at a time amortises the re-encoding over many cheap cached steps. The uncached path feeds
-exactly the same window at every step, so both paths see identical inputs.
-
-Cached and uncached generation both call ``sample_next_token``, so equal logits and equal generator
-states give equal tokens. Every sampled row consumes exactly one uniform draw, whatever its
-logits, so a row's random stream never depends on what the model predicted.
+from position 0 (``window_start``). Learned absolute positions make this necessary (a cached key
+carries the position it was written at, so keys cannot be shifted along), and cutting by a fraction
+rather than one token at a time amortises the re-encoding over many cheap cached steps. The
+uncached path feeds exactly the same window at every step, and both call ``sample_next_token``, so
+cached and uncached generation give the same tokens.
 """
 
 from __future__ import annotations
 
 import math
+import secrets
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
+from model.gpt import GPT
 from model.kv_cache import KVCache
 
-# When the window reaches block_size, this fraction of it (the most recent tokens) is kept and
-# re-encoded: half a window leaves room for block_size / 2 new tokens before the next re-encode.
-KEEP_FRACTION = 0.5
-
 Generators = torch.Generator | Sequence[torch.Generator] | None
+
+MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed takes a signed 64-bit value
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """How to decode one request; the defaults are generate.py's.
+
+    temperature 0 is greedy; ``top_k``/``top_p`` None turn those filters off; ``seed`` None means a
+    fresh random seed (see ``new_seed``). A reply ends after ``max_new_tokens``, or where one of the
+    ``stop`` strings appears (the text ends just before it). ``suppress_ids`` are never sampled
+    (their logits are -inf): the chat's role tokens, for example.
+    """
+
+    max_new_tokens: int = 200
+    temperature: float = 0.8
+    top_k: int | None = None
+    top_p: float | None = 0.95
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    suppress_ids: tuple[int, ...] = ()
+
+    def token_options(self) -> dict:
+        """The keyword arguments of ``sample_next_token`` (and ``generate_tokens``) these settings set."""
+        return dict(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
+                    repetition_penalty=self.repetition_penalty, suppress_ids=self.suppress_ids)
+
+
+def new_seed() -> int:
+    """A fresh random seed, small enough to read and type back to repeat a run."""
+    return secrets.randbelow(2**31)
+
+
+def seeded_generator(seed: int) -> torch.Generator:
+    """A CPU generator: a seed draws the same numbers whatever the model's device (the draws are
+    moved to the logits), and every backend supports it."""
+    return torch.Generator().manual_seed(seed)
 
 
 def check_sampling_args(
@@ -120,16 +159,19 @@ def sample_next_token(
     repetition_penalty: float = 1.0,
     prev_tokens: torch.Tensor | None = None,
     generator: Generators = None,
+    suppress_ids: Sequence[int] = (),
 ) -> torch.Tensor:
     """Pick one token id per row from ``logits`` (B, vocab); returns a LongTensor (B,).
 
     temperature 0 is greedy: the argmax after the repetition penalty, consuming no randomness.
     Otherwise each row draws one uniform u and takes the id where the cumulative probability
     (in id order) first exceeds u. ``generator`` may be one generator shared by the rows in
-    order, or one generator per row (row i then consumes only generator i).
+    order, or one generator per row (row i then consumes only generator i). The settings are
+    trusted: whoever took them from a user checked them (``check_sampling_args``), once.
     """
-    check_sampling_args(temperature, top_k, top_p, repetition_penalty)
     logits = logits.float()
+    if suppress_ids:
+        logits = logits.index_fill(-1, torch.tensor(suppress_ids, device=logits.device), float("-inf"))
     if prev_tokens is not None:
         logits = apply_repetition_penalty(logits, prev_tokens, repetition_penalty)
     if temperature == 0:
@@ -174,8 +216,13 @@ def uniform_per_row(batch: int, generator: Generators, device: torch.device) -> 
     return torch.cat([torch.rand(1, generator=g, device=g.device) for g in generators]).to(device)
 
 
+# When the window reaches block_size, this fraction of it (the most recent tokens) is kept and
+# re-encoded: half a window leaves room for block_size / 2 new tokens before the next re-encode.
+KEEP_FRACTION = 0.5
+
+
 def generate_tokens(
-    model: nn.Module,
+    model: GPT,
     idx: torch.Tensor,
     max_new_tokens: int,
     *,
@@ -186,12 +233,16 @@ def generate_tokens(
     use_cache: bool = True,
     generator: Generators = None,
     keep_fraction: float = KEEP_FRACTION,
+    batch_invariant: bool = False,
+    suppress_ids: Sequence[int] = (),
 ) -> Iterator[torch.Tensor]:
     """Yield each new token column (B,) as it is produced, ``max_new_tokens`` of them.
 
     ``idx`` (B, T) is the prompt, T >= 1; a prompt longer than block_size is cut to its last
     block_size tokens. Call with the model in eval mode (dropout would make steps random).
-    Arguments are checked here, before the first token is asked for.
+    Arguments are checked here, before the first token is asked for. ``batch_invariant``: the
+    one-token steps take the serving engine's arithmetic (``GPT.next_token_logits``), so a
+    request decodes here bit for bit as the server decodes it.
     """
     if idx.dim() != 2 or idx.shape[1] == 0 or idx.dtype != torch.long:
         raise ValueError(f"idx must be a non-empty (batch, time) LongTensor of token ids, got "
@@ -206,21 +257,36 @@ def generate_tokens(
         raise ValueError(f"got {len(generator)} generators for {idx.shape[0]} rows; "
                          f"pass one per row or a single one")
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p,
-                    repetition_penalty=repetition_penalty, generator=generator)
+                    repetition_penalty=repetition_penalty, generator=generator, suppress_ids=tuple(suppress_ids))
     keep = kept_window(model.config.block_size, keep_fraction)
-    return _generate(model, idx, max_new_tokens, sampling, use_cache, keep)
+    return _generate(model, idx, max_new_tokens, sampling, use_cache, keep, batch_invariant)
 
 
-def kept_window(block_size: int, keep_fraction: float) -> int:
+def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, **options) -> torch.Tensor:
+    """``idx`` (B, T) followed by ``max_new_tokens`` generated tokens; ``options`` are
+    ``generate_tokens``' keyword arguments."""
+    columns = [token.unsqueeze(1) for token in generate_tokens(model, idx, max_new_tokens, **options)]
+    return torch.cat([idx, *columns], dim=1)
+
+
+def kept_window(block_size: int, keep_fraction: float = KEEP_FRACTION) -> int:
     """How many of the most recent tokens are re-encoded when the window overflows."""
     return max(1, int(keep_fraction * block_size))
+
+
+def window_start(start: int, length: int, block_size: int, keep: int) -> int:
+    """Where the model's window over tokens[start:length] begins, the newest token included: where
+    it did while it fits ``block_size``; past that, at the most recent ``keep`` tokens, which are
+    re-encoded from position 0. The one slide rule of generate.py and the serving engine."""
+    return length - keep if length - start > block_size else start
 
 
 # As a decorator on a generator function, inference_mode is entered on every resume and left on
 # every yield, so it never leaks into the caller's code between tokens.
 @torch.inference_mode()
 def _generate(
-    model: nn.Module, idx: torch.Tensor, max_new_tokens: int, sampling: dict, use_cache: bool, keep: int
+    model: GPT, idx: torch.Tensor, max_new_tokens: int, sampling: dict, use_cache: bool, keep: int,
+    batch_invariant: bool,
 ) -> Iterator[torch.Tensor]:
     if max_new_tokens == 0:
         return
@@ -231,11 +297,12 @@ def _generate(
     tokens[:, :prompt_len] = idx
     n = prompt_len
     start = max(0, n - block_size)  # the model sees tokens[:, start:n]
-    # A whole-window cache: one-token steps then attend over the shapes the serving engine's
-    # rows do, so with model.gpt.batch_invariant a request decodes bit for bit alike here.
+    # A whole-window cache: with batch_invariant, one-token steps then attend over the shapes the
+    # serving engine's rows do, so a request decodes bit for bit alike here.
     cache = model.init_cache(batch) if use_cache else None
+    invariant = dict(batch_invariant=batch_invariant)
 
-    logits = _encode_window(model, tokens[:, start:n], cache)
+    logits = _encode_window(model, tokens[:, start:n], cache, invariant)
     for step in range(max_new_tokens):
         token = sample_next_token(logits, prev_tokens=tokens[:, :n], **sampling)
         tokens[:, n] = token
@@ -243,17 +310,17 @@ def _generate(
         yield token
         if step == max_new_tokens - 1:
             break  # the next logits would never be used
-        if n - start > block_size:
-            start = n - keep
-            logits = _encode_window(model, tokens[:, start:n], cache)
+        slid, start = start, window_start(start, n, block_size, keep)
+        if start != slid:
+            logits = _encode_window(model, tokens[:, start:n], cache, invariant)
         elif cache is not None:
-            logits = model.next_token_logits(tokens[:, n - 1:n], cache)
+            logits = model.next_token_logits(tokens[:, n - 1:n], cache, **invariant)
         else:
-            logits = model.next_token_logits(tokens[:, start:n])
+            logits = model.next_token_logits(tokens[:, start:n], **invariant)
 
 
-def _encode_window(model: nn.Module, window: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
+def _encode_window(model: GPT, window: torch.Tensor, cache: KVCache | None, invariant: dict) -> torch.Tensor:
     """Next-token logits for a window placed at position 0 (refilling the cache, if any)."""
     if cache is not None:
         cache.reset()
-    return model.next_token_logits(window, cache)
+    return model.next_token_logits(window, cache, **invariant)

@@ -1,170 +1,134 @@
-"""Preallocated key/value cache for incremental decoding.
+"""The KV cache: preallocated per-layer buffers, and how many positions each row holds.
 
-Buffers are allocated once, for the key/value heads only (never the repeated per-query-head
-copies), and written in place at ``pos``. Growing a cache with ``torch.cat`` would copy the whole
-history at every step, which is what makes naive decode loops quadratic in memory traffic.
+Buffers are allocated once, for what attention stores per token (for grouped-query attention the
+key/value heads only, never the repeated per-query-head copies), and written in place. Growing a
+cache with ``torch.cat`` would copy the whole history at every step, which is what makes naive
+decode loops quadratic in memory traffic.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 import torch
 
 
-class KVCache:
-    """Per-layer K and V buffers of shape ``(batch_size, n_kv_head, max_len, head_dim)``.
+@dataclass
+class _Pass:
+    """Where one forward pass writes and what it reads, worked out once for all layers."""
 
-    ``pos`` is the number of positions already written. A forward pass with this cache writes
-    its chunk at ``[pos, pos + T)`` in every layer and then advances ``pos`` by T. Attention
-    only ever uses ``[0, pos + T)`` (a ``write_token`` step reads the whole buffer but masks the
-    rest), so ``reset()`` needs no zeroing: old entries beyond the new ``pos`` never count.
+    rows: list[int]
+    new: int  # tokens per row in this pass
+    span: slice | None  # rows that are contiguous and at one length: written and read as views
+    start: int  # that common length (span passes only)
+    index: torch.Tensor | None  # otherwise: the rows' ids,
+    positions: torch.Tensor | None  # (R, new) positions written,
+    mask: torch.Tensor | None  # and the (R, 1, new, max_len) keys each query may read
+    all_rows: bool  # the pass covers rows 0..B-1 in order: read the buffers without a gather
+
+
+class KVCache:
+    """``batch_size`` rows of up to ``max_len`` positions; row r holds ``lengths[r]`` of them.
+
+    ``entries`` names what each layer stores per token, with its ``(heads, dim)``: grouped-query
+    attention declares ``{"k": (n_kv_head, head_dim), "v": (n_kv_head, head_dim)}``. Entry ``name``
+    is one buffer ``buffers[name]`` of shape ``(n_layer, batch_size, heads, max_len, dim)``.
+
+    A forward pass with the cache writes each row's new chunk at that row's own length, so one
+    object serves every case: a batch of equal rows (generate.py, ``--num-samples``), a prompt
+    prefilled in chunks into one row of many, and one-token decode steps of rows at different
+    lengths (continuous batching). The model drives it: ``begin`` once per pass (it returns the
+    positions of the new tokens, each row's own length onwards), ``update`` in every layer,
+    ``end`` after the last layer. Callers only choose rows and ``reset`` them; no length is ever
+    copied back by hand. Positions past a row's length are never read, so ``reset`` needs no
+    zeroing.
+
+    Multi-head latent attention (DeepSeek's MLA) caches one compressed vector per token and layer
+    instead of K and V per head. It plugs in by declaring ``{"latent": (1, latent_dim)}`` (plus a
+    small decoupled positional key if it uses RoPE); ``update`` then returns the latents of the
+    rows' positions with the same mask, and the attention module up-projects them (or absorbs the
+    up-projection into its query and output matrices). Nothing in this class changes.
     """
 
     def __init__(
         self,
         n_layer: int,
         batch_size: int,
-        n_kv_head: int,
         max_len: int,
-        head_dim: int,
+        entries: dict[str, tuple[int, int]],
         *,
         device: torch.device | str | None = None,
         dtype: torch.dtype = torch.float32,
     ) -> None:
-        shape = (n_layer, batch_size, n_kv_head, max_len, head_dim)
-        # One allocation per kind; cache.k[i] is layer i's (B, n_kv_head, max_len, head_dim) view.
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
-        self.pos = 0
-
-    @property
-    def n_layer(self) -> int:
-        return self.k.shape[0]
-
-    @property
-    def batch_size(self) -> int:
-        return self.k.shape[1]
-
-    @property
-    def max_len(self) -> int:
-        return self.k.shape[3]
-
-    def reset(self) -> None:
-        """Forget every position so the cache can serve a new prompt."""
-        self.pos = 0
+        self.buffers = {
+            name: torch.zeros((n_layer, batch_size, heads, max_len, dim), device=device, dtype=dtype)
+            for name, (heads, dim) in entries.items()
+        }
+        self.batch_size = batch_size
+        self.max_len = max_len
+        self.device = next(iter(self.buffers.values())).device
+        # Host-side integers: checking room and planning a pass then never waits for the device.
+        self.lengths = [0] * batch_size
+        self._pass: _Pass | None = None
 
     def nbytes(self) -> int:
-        """Bytes held by the K and V buffers together."""
-        return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
+        """Bytes held by all buffers together."""
+        return sum(b.numel() * b.element_size() for b in self.buffers.values())
 
-    def check_room(self, n_new: int) -> None:
-        """Raise ValueError if ``n_new`` more positions do not fit; called before any write."""
-        if self.pos + n_new > self.max_len:
-            raise ValueError(
-                f"KV cache overflow: {n_new} new token(s) at position {self.pos} need "
-                f"{self.pos + n_new} slots but the cache holds {self.max_len}; reset() the cache, "
-                f"or crop the context to fit (generate_tokens slides its window automatically)"
-            )
+    def reset(self, rows: Sequence[int] | None = None) -> None:
+        """Forget every position of ``rows`` (default: all), e.g. to free a row or re-encode it."""
+        for r in range(self.batch_size) if rows is None else rows:
+            self.lengths[r] = 0
 
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write a chunk's keys/values at ``pos`` and return views of all keys/values so far."""
-        end = self.pos + k.shape[2]
-        self.k[layer, :, :, self.pos:end] = k
-        self.v[layer, :, :, self.pos:end] = v
-        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+    def begin(self, new: int, rows: Sequence[int] | None = None, whole_buffers: bool = False) -> torch.Tensor:
+        """Plan a pass that adds ``new`` tokens to each of ``rows`` (default: all, in order); return
+        their positions, (R, new) or (1, new) when shared. ``whole_buffers``: every row reads its
+        whole buffer under a mask, so its attention has the same shape at every length and beside
+        any other rows (what a batch-invariant decode step needs)."""
+        rows = list(range(self.batch_size)) if rows is None else list(rows)
+        lengths = [self.lengths[r] for r in rows]
+        assert len(set(rows)) == len(rows), f"rows must be distinct, got {rows}"
+        assert max(lengths) + new <= self.max_len, f"rows {rows} at {lengths} have no room for {new} more"
+        contiguous = rows == list(range(rows[0], rows[0] + len(rows)))
+        all_rows = rows == list(range(self.batch_size))
+        if contiguous and len(set(lengths)) == 1 and not whole_buffers:
+            start = lengths[0]
+            self._pass = _Pass(rows, new, slice(rows[0], rows[-1] + 1), start, None, None, None, all_rows)
+            return torch.arange(start, start + new, device=self.device).unsqueeze(0)
+        index = torch.tensor(rows, device=self.device)
+        positions = torch.tensor(lengths, device=self.device).unsqueeze(1)
+        if new > 1:
+            positions = positions + torch.arange(new, device=self.device)
+        mask = torch.arange(self.max_len, device=self.device) <= positions.unsqueeze(-1)
+        self._pass = _Pass(rows, new, None, 0, index, positions, mask.unsqueeze(1), all_rows)
+        return positions
 
-    def write_token(
-        self, layer: int, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Write one new token's keys/values at ``pos``; return the layer's whole buffers and a
-        (1, 1, 1, max_len) mask of the positions written so far (the new one included)."""
-        self.k[layer, :, :, self.pos] = k[:, :, 0]
-        self.v[layer, :, :, self.pos] = v[:, :, 0]
-        written = torch.arange(self.max_len, device=self.k.device) <= self.pos
-        return self.k[layer], self.v[layer], written.view(1, 1, 1, -1)
+    def update(self, layer: int, *new: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+        """Write this pass's entries of ``layer`` (each (R, heads, new, dim), in the declared order)
+        and return what the queries read: each entry over the rows' positions, and a
+        (R, 1, new, S) mask of the keys each query may read, or None when the entries end at the
+        newest position (plain causal attention, aligned bottom-right)."""
+        p = self._pass
+        assert p is not None and all(x.shape[2] == p.new for x in new), "call begin() before update()"
+        buffers = [b[layer] for b in self.buffers.values()]
+        if p.span is not None:
+            end = p.start + p.new
+            for buffer, x in zip(buffers, new):
+                buffer[p.span, :, p.start:end] = x
+            return [buffer[p.span, :, :end] for buffer in buffers], None
+        for buffer, x in zip(buffers, new):
+            if p.new == 1:  # a decode step: one plain store per row
+                buffer[p.index, :, p.positions[:, 0]] = x[:, :, 0]
+            else:
+                buffer[p.index.unsqueeze(1), :, p.positions] = x.transpose(1, 2)
+        if not p.all_rows:
+            buffers = [buffer.index_select(0, p.index) for buffer in buffers]
+        return buffers, p.mask
 
-    def advance(self, n_new: int) -> None:
-        """Mark ``n_new`` positions as written; the model calls this after its last layer."""
-        self.pos += n_new
-
-    @classmethod
-    def over(cls, k: torch.Tensor, v: torch.Tensor, pos: int = 0) -> KVCache:
-        """A cache over existing ``(n_layer, B, n_kv_head, max_len, head_dim)`` buffers (e.g. views
-        of one row of a ``RowCache``), with ``pos`` positions already written."""
-        cache = cls.__new__(cls)
-        cache.k, cache.v, cache.pos = k, v, pos
-        return cache
-
-
-class RowCache:
-    """K/V buffers for ``batch_size`` independent rows, each filled to its own length.
-
-    This is the cache of continuous batching (``serving.engine``): a row holds one request and
-    starts, re-encodes and ends on its own. A row is filled through ``row(r)``, an ordinary
-    ``KVCache`` over that row alone, so a prompt is encoded exactly as it would be by itself. Then
-    the rows decode together, one token each per ``step(rows)``, every row at its own position.
-    ``lengths[r]`` is the number of positions written in row r; setting it to 0 frees the row
-    (no zeroing needed, as in ``KVCache.reset``).
-    """
-
-    def __init__(self, buffers: KVCache) -> None:
-        """Rows over ``buffers`` (e.g. ``model.init_cache(max_batch)``), every row empty."""
-        self.buffers = buffers
-        self.lengths = [0] * buffers.batch_size
-
-    def row(self, r: int) -> KVCache:
-        """Row r as a one-row KVCache at its current length; copy ``pos`` back to ``lengths[r]``
-        after writing through it."""
-        return KVCache.over(self.buffers.k[:, r:r + 1], self.buffers.v[:, r:r + 1], self.lengths[r])
-
-    def step(self, rows: list[int]) -> RowStep:
-        """The cache argument for one decode token in each of ``rows`` (distinct row indices)."""
-        if len(set(rows)) != len(rows):
-            raise ValueError(f"rows must be distinct, got {rows}")
-        return RowStep(self, rows)
-
-
-class RowStep:
-    """One new token for each of ``rows`` of a RowCache, each at its own position.
-
-    Given as the cache to ``GPT.forward``, it supplies each row's position, writes each row's
-    new key/value at that row's length, and masks every row's attention to its own written
-    positions, so that no row reads another row's keys or stale ones.
-    """
-
-    def __init__(self, cache: RowCache, rows: list[int]) -> None:
-        self.cache = cache
-        self.rows = rows
-        device = cache.buffers.k.device
-        self._index = torch.tensor(rows, device=device)
-        self._lengths = torch.tensor([cache.lengths[r] for r in rows], device=device)
-        written = torch.arange(cache.buffers.max_len, device=device) <= self._lengths.unsqueeze(1)
-        self._mask = written.view(len(rows), 1, 1, -1)
-
-    def check(self, B: int, T: int, block_size: int) -> None:
-        """Raise ValueError unless idx is (len(rows), 1) and every row has room for its token."""
-        if T != 1 or B != len(self.rows):
-            raise ValueError(f"a RowStep decodes one token for each of its {len(self.rows)} rows; "
-                             f"got idx of shape ({B}, {T})")
-        limit = min(block_size, self.cache.buffers.max_len)
-        full = [r for r in self.rows if self.cache.lengths[r] >= limit]
-        if full:
-            raise ValueError(f"rows {full} already hold {limit} positions; re-encode a shorter "
-                             f"window into them first (see model.generation)")
-
-    def positions(self) -> torch.Tensor:
-        """(B, 1) position of each row's new token: the row's length so far."""
-        return self._lengths.unsqueeze(1)
-
-    def write_token(
-        self, layer: int, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Write row i's (n_kv_head, head_dim) key/value from ``k[i], v[i]`` at its length;
-        return the rows' whole buffers and a (B, 1, 1, max_len) mask of their written slots."""
-        k_layer, v_layer = self.cache.buffers.k[layer], self.cache.buffers.v[layer]
-        k_layer[self._index, :, self._lengths] = k[:, :, 0]
-        v_layer[self._index, :, self._lengths] = v[:, :, 0]
-        return k_layer.index_select(0, self._index), v_layer.index_select(0, self._index), self._mask
-
-    def advance(self, n_new: int) -> None:
-        for r in self.rows:
-            self.cache.lengths[r] += n_new
+    def end(self) -> None:
+        """Count the pass's tokens in each of its rows; the model calls this after its last layer."""
+        p = self._pass
+        for r in p.rows:
+            self.lengths[r] += p.new
+        self._pass = None

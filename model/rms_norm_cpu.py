@@ -1,16 +1,38 @@
 """RMSNorm with a fused CPU backward: an optional speed-up for eager CPU training, nothing else.
 
-``RMSNorm`` in ``model.gpt`` calls ``F.rms_norm`` everywhere except where ``use_cpu_backward``
-says this path applies. ``ENABLED`` is the one switch: set it to False and every norm takes the
-plain path (the values are the same; ``benchmarks/rms_norm_backward.py`` compares the two).
+``model.gpt.RMSNorm`` always calls ``F.rms_norm``. Training asks for this path explicitly with
+``install_cpu_backward(model)``, which swaps each norm for a ``CPUBackwardRMSNorm`` holding the same
+gain; everything else (inference, the server, the export) never meets it. The values are the same
+either way; ``benchmarks/rms_norm_backward.py`` compares the speed.
 """
 
 from __future__ import annotations
 
 import torch
+from torch import nn
 from torch.autograd.function import once_differentiable
 
-ENABLED = True
+from model.gpt import RMSNorm
+
+
+def install_cpu_backward(model: nn.Module) -> None:
+    """Replace every ``RMSNorm`` of ``model`` by a ``CPUBackwardRMSNorm`` sharing its gain
+    parameter (same names and state dict, same optimizer parameters)."""
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is RMSNorm:
+                norm = CPUBackwardRMSNorm(child.weight.shape[0], child.eps)
+                norm.weight = child.weight
+                setattr(parent, name, norm)
+
+
+class CPUBackwardRMSNorm(RMSNorm):
+    """``RMSNorm`` whose backward in eager CPU training is ``RMSNormCPUFunction``'s."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if use_cpu_backward(x, self.weight):
+            return RMSNormCPUFunction.apply(x, self.weight, self.eps)
+        return super().forward(x)
 
 
 def use_cpu_backward(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -20,8 +42,7 @@ def use_cpu_backward(x: torch.Tensor, weight: torch.Tensor) -> bool:
     fuses the plain formula itself.
     """
     return (
-        ENABLED
-        and torch.is_grad_enabled()
+        torch.is_grad_enabled()
         and (x.requires_grad or weight.requires_grad)
         and x.device.type == "cpu"
         and x.dtype == weight.dtype

@@ -1,9 +1,11 @@
 """The HTTP layer: OpenAI requests become engine requests, engine events become JSON or SSE.
 
-Routes: ``GET /health``, ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions``.
-Every refusal is an OpenAI error body with a 4xx status, and the server goes on serving. Text
-streams as Server-Sent Events, one chunk per piece of whole characters, ending ``data: [DONE]``.
-A client that goes away mid-request cancels it, which frees its row in the engine.
+Routes: ``GET /`` (the chat page, ``chat.html``), ``GET /health``, ``GET /v1/models``,
+``POST /v1/completions``, ``POST /v1/chat/completions``. Every refusal is an OpenAI error body with a 4xx status (an unknown route or method and an
+over-size body included), and the server goes on serving. Text streams as Server-Sent Events, one
+chunk per piece of whole characters, ending ``data: [DONE]``. A client that goes away mid-request
+cancels it, streaming or not, which frees its row in the engine. Each request ends with one line on
+the ``serving.access`` logger: method, path, status, tokens in and out, and time.
 """
 
 from __future__ import annotations
@@ -11,30 +13,42 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
+from fastapi.routing import APIRoute
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from data.chat import ChatTokenIds, render_chat, to_messages
 from data.errors import DataError
 from inference.completion import encode_prompt
 from inference.runs import LoadedRun
-from serving.engine import Engine, EngineBusy, Event, Finish, SamplingParams, Ticket
-from serving.schemas import ChatCompletionRequest, CompletionRequest, _Common, error_body
+from model.generation import SamplingSettings
+from serving.engine import Engine, EngineBusy, Event, Finish, Ticket
+from serving.schemas import (Body, ChatCompletionRequest, CompletionRequest, RequestError, _Common, error_body,
+                             parse_request)
 
 # How long an overloaded server asks clients to wait before trying again (seconds).
 RETRY_AFTER_S = 1
+
+access_log = logging.getLogger("serving.access")
 
 
 @dataclass(frozen=True)
 class Limits:
     max_tokens_cap: int = 2048  # the largest max_tokens a request may ask for
     default_max_tokens: int = 256  # when a request gives none (at most the cap)
+    # The largest request body read. A prompt fills the context long before this, even with every
+    # character JSON-escaped; a bigger body only costs memory.
+    max_body_bytes: int = 2**20
 
 
 class ApiError(Exception):
@@ -59,6 +73,28 @@ class _Service:
         # refused before the tokenizer spends time on it.
         self.max_prompt_chars = run.block_size * max(len(b) for b in run.token_bytes)
 
+    async def read(self, request: Request, schema: type[Body]) -> Body:
+        """The request's body as ``schema``; refused with 413 past ``max_body_bytes``, before reading
+        more than that (whether or not the client declared a Content-Length)."""
+        limit = self.limits.max_body_bytes
+        too_large = ApiError(413, f"the request body is over this server's limit of {limit} bytes "
+                             "(serve.py --max-body-bytes); send a shorter one", code="request_too_large")
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise too_large
+        raw = bytearray()
+        try:
+            async for chunk in request.stream():
+                raw += chunk
+                if len(raw) > limit:
+                    raise too_large
+        except ClientDisconnect:
+            raise ApiError(499, "the client closed the connection") from None
+        try:
+            return parse_request(bytes(raw), schema)
+        except RequestError as error:
+            raise ApiError(400, str(error), param=error.param) from None
+
     def check_common(self, body: _Common) -> tuple[int, tuple[str, ...]]:
         if body.model != self.model_id:
             raise ApiError(404, f"model {body.model!r} does not exist; this server serves {self.model_id!r} "
@@ -81,7 +117,9 @@ class _Service:
             raise ApiError(400, f"the {param} is {size}, more than this model's context of {block} "
                            f"tokens; shorten it", param=param, code="context_length_exceeded")
 
-    def submit(self, prompt_ids: list[int], params: SamplingParams, end_ids: list[int]) -> tuple[Ticket, asyncio.Queue]:
+    def submit(
+        self, prompt_ids: list[int], params: SamplingSettings, end_ids: list[int]
+    ) -> tuple[Ticket, asyncio.Queue]:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Event] = asyncio.Queue()
 
@@ -111,21 +149,42 @@ def create_app(run: LoadedRun, engine: Engine, *, model_id: str, limits: Limits 
             engine.stop()
 
     app = FastAPI(title="minigpt", lifespan=lifespan)
+    app.add_middleware(_AccessLog)
 
     @app.exception_handler(ApiError)
     async def api_error(_request: Request, error: ApiError) -> JSONResponse:
         return JSONResponse(error_body(str(error), kind=error.kind, param=error.param, code=error.code),
                             status_code=error.status, headers=error.headers)
 
-    @app.exception_handler(RequestValidationError)
-    async def bad_request(_request: Request, error: RequestValidationError) -> JSONResponse:
-        message, param = _describe(error.errors())
-        return JSONResponse(error_body(message, param=param), status_code=400)
+    @app.exception_handler(HTTPException)
+    async def framework_refusal(request: Request, error: HTTPException) -> JSONResponse:
+        """The framework's own refusals (no such route, a method the route lacks), OpenAI-shaped."""
+        where = f"{request.method} {request.url.path}"
+        if error.status_code == 404:
+            routes = ", ".join(f"{method} {route.path}" for route in app.routes if isinstance(route, APIRoute)
+                               for method in sorted(route.methods))
+            message = f"no such endpoint: {where}; this server has {routes}"
+        elif error.status_code == 405:
+            message = f"{where} is not allowed; {request.url.path} takes {(error.headers or {}).get('Allow', 'other methods')}"
+        else:
+            message = f"{where}: {error.detail}"
+        return JSONResponse(error_body(message), status_code=error.status_code, headers=error.headers)
+
+    @app.exception_handler(Exception)
+    async def bug(_request: Request, _error: Exception) -> JSONResponse:
+        # Starlette still raises the exception afterwards, so its traceback reaches the log.
+        return JSONResponse(error_body("the server failed on this request (a bug: see its log)",
+                                       kind="server_error"), status_code=500)
+
+    @app.get("/", include_in_schema=False)
+    async def chat_page() -> FileResponse:
+        return FileResponse(Path(__file__).with_name("chat.html"), media_type="text/html")
 
     @app.get("/health")
     async def health() -> dict:
+        # "chat" tells the page whether to offer a chat or a completion box.
         return {"status": "ok", "model": model_id, "active": engine.active, "waiting": engine.waiting,
-                "max_batch": engine.max_batch}
+                "max_batch": engine.max_batch, "chat": service.chat_ids is not None}
 
     @app.get("/v1/models")
     async def models() -> dict:
@@ -133,20 +192,20 @@ def create_app(run: LoadedRun, engine: Engine, *, model_id: str, limits: Limits 
             {"id": model_id, "object": "model", "created": service.created, "owned_by": "minigpt"}]}
 
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, request: Request):
+    async def completions(request: Request):
+        body = await service.read(request, CompletionRequest)
         max_tokens, stop = service.check_common(body)
         service.check_length(len(body.prompt), None, "prompt")
         prompt = encode_prompt(run, body.prompt)
         service.check_length(len(body.prompt), prompt.original_length, "prompt")
-        params = SamplingParams(max_tokens, body.temperature, body.top_p, body.seed, stop)
+        params = _settings(body, max_tokens, stop)
         ticket, queue = service.submit(prompt.ids, params, [run.eot_id])
-        reply = _Reply("cmpl", "text_completion", model_id, chat=False)
-        if body.stream:
-            return _sse(reply.stream(ticket, queue, _include_usage(body)))
-        return reply.body(await _wait_for_finish(request, ticket, queue))
+        reply = _Reply("cmpl", "text_completion", model_id, len(prompt.ids), chat=False)
+        return await _answer(request, body, reply, ticket, queue)
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest, request: Request):
+    async def chat_completions(request: Request):
+        body = await service.read(request, ChatCompletionRequest)
         max_tokens, stop = service.check_common(body)
         if service.chat_ids is None:
             raise ApiError(400, f"this run cannot chat: {service.no_chat_reason}; /v1/completions "
@@ -159,23 +218,31 @@ def create_app(run: LoadedRun, engine: Engine, *, model_id: str, limits: Limits 
             raise ApiError(400, str(error), param="messages") from None
         ids = render_chat(run.tokenizer, messages, add_generation_prompt=True).ids
         service.check_length(chars, len(ids), "messages")
-        params = SamplingParams(max_tokens, body.temperature, body.top_p, body.seed, stop)
-        ticket, queue = service.submit(ids, params, [service.chat_ids.end, run.eot_id])
-        reply = _Reply("chatcmpl", "chat.completion", model_id, chat=True)
-        if body.stream:
-            return _sse(reply.stream(ticket, queue, _include_usage(body)))
-        return reply.body(await _wait_for_finish(request, ticket, queue))
+        # The chat rule (data.chat.ChatTokenIds): role tokens never sampled, end tokens never shown.
+        params = _settings(body, max_tokens, stop, suppress_ids=service.chat_ids.suppress_ids)
+        ticket, queue = service.submit(ids, params, list(service.chat_ids.reply_end_ids))
+        reply = _Reply("chatcmpl", "chat.completion", model_id, len(ids), chat=True)
+        return await _answer(request, body, reply, ticket, queue)
 
     return app
 
 
-class _Reply:
-    """One response's id and shapes, for a whole body or for its stream of chunks."""
+def _settings(
+    body: _Common, max_tokens: int, stop: tuple[str, ...], suppress_ids: tuple[int, ...] = ()
+) -> SamplingSettings:
+    return SamplingSettings(max_new_tokens=max_tokens, temperature=body.temperature, top_k=None, top_p=body.top_p,
+                            seed=body.seed, stop=stop, suppress_ids=suppress_ids)
 
-    def __init__(self, prefix: str, kind: str, model_id: str, *, chat: bool) -> None:
+
+class _Reply:
+    """One response's id and shapes, for a whole body or for its stream of chunks, and the tokens
+    it has counted so far (for the access log)."""
+
+    def __init__(self, prefix: str, kind: str, model_id: str, prompt_tokens: int, *, chat: bool) -> None:
         self.id = f"{prefix}-{uuid.uuid4().hex}"
         self.kind, self.model_id, self.chat = kind, model_id, chat
         self.created = int(time.time())
+        self.prompt_tokens, self.completion_tokens = prompt_tokens, 0
 
     def _envelope(self, kind: str, choices: list[dict]) -> dict:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model_id,
@@ -203,6 +270,7 @@ class _Reply:
                 yield self._chunk(None, role=True)
             while True:
                 event: Event = await queue.get()
+                self.completion_tokens += event.token_id is not None
                 if event.text:
                     yield self._chunk(event.text)
                 finish = event.finish
@@ -229,22 +297,38 @@ def _sse(chunks: AsyncIterator[dict]) -> StreamingResponse:
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
-async def _wait_for_finish(request: Request, ticket: Ticket, queue: asyncio.Queue) -> Finish:
-    """The request's Finish; if the client disconnects first, cancel the request."""
+async def _answer(request: Request, body: _Common, reply: _Reply, ticket: Ticket, queue: asyncio.Queue):
+    request.state.reply = reply  # the access log reads its token counts
+    if body.stream:
+        return _sse(reply.stream(ticket, queue, _include_usage(body)))
+    return reply.body(await _wait_for_finish(request, reply, ticket, queue))
+
+
+async def _wait_for_finish(request: Request, reply: _Reply, ticket: Ticket, queue: asyncio.Queue) -> Finish:
+    """The request's Finish; if the client disconnects first, the request is cancelled at once."""
+    watcher = asyncio.create_task(_cancel_on_disconnect(request, ticket))
     try:
         while True:
-            try:
-                event: Event = await asyncio.wait_for(queue.get(), timeout=0.5)
-            except asyncio.TimeoutError:
-                if await request.is_disconnected():
-                    raise ApiError(499, "the client closed the connection") from None
+            event: Event = await queue.get()
+            finish = event.finish
+            if finish is None:
                 continue
-            if event.finish is not None:
-                if event.finish.reason not in ("stop", "length"):
-                    raise ApiError(500, f"generation ended early ({event.finish.reason})", kind="server_error")
-                return event.finish
+            reply.completion_tokens = finish.completion_tokens
+            if finish.reason == "cancelled":
+                raise ApiError(499, "the client closed the connection")
+            if finish.reason not in ("stop", "length"):
+                raise ApiError(500, f"generation ended early ({finish.reason})", kind="server_error")
+            return finish
     finally:
+        watcher.cancel()
         ticket.cancel()
+
+
+async def _cancel_on_disconnect(request: Request, ticket: Ticket) -> None:
+    # The body has been read, so the next message the server passes on is the disconnect.
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    ticket.cancel()
 
 
 def _usage(finish: Finish) -> dict:
@@ -256,15 +340,30 @@ def _include_usage(body: _Common) -> bool:
     return body.stream_options is not None and body.stream_options.include_usage
 
 
-def _describe(errors: list[dict]) -> tuple[str, str | None]:
-    """One line for the first problem pydantic found, and the field it concerns."""
-    first = errors[0]
-    path = [str(part) for part in first.get("loc", ()) if part != "body"]
-    field = ".".join(path) or None
-    if first.get("type") == "json_invalid":
-        return f"the request body is not valid JSON ({first.get('ctx', {}).get('error', 'parse error')}); send a JSON object", None
-    if first.get("type") == "extra_forbidden":
-        return f"unrecognized request argument: {field}; this server does not implement it", field
-    if first.get("type") == "missing":
-        return f"missing required field: {field}", field
-    return f"{field}: {first.get('msg')} (got {first.get('input')!r:.60})", field
+class _AccessLog:
+    """ASGI middleware: one line per request, whatever answered it (a route, a refusal, a bug)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start, status = time.perf_counter(), 500  # 500 unless a response starts
+        state = scope.setdefault("state", {})  # where the route leaves its _Reply
+
+        async def send_and_note(message: dict) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_note)
+        finally:
+            reply = state.get("reply")
+            tokens = f"in={reply.prompt_tokens} out={reply.completion_tokens}" if reply else "in=- out=-"
+            client = scope["client"][0] if scope.get("client") else "-"
+            access_log.info("%s %s %s %d %s %.3fs", client, scope["method"], scope["path"], status, tokens,
+                            time.perf_counter() - start)

@@ -1,13 +1,15 @@
 """The ``serve.py`` command line: load a run, start the engine, serve the OpenAI API with uvicorn.
 
-User errors (a bad flag, a missing run, a port in use) become ``error: ...`` on stderr and exit code
-2. The server binds to 127.0.0.1 unless told otherwise: anyone who can reach the port can use it.
+User errors (a bad flag, a missing run, a port in use, a KV cache larger than the device's memory)
+become ``error: ...`` on stderr and exit code 2. Each request gets one access-log line on stderr.
+The server binds to 127.0.0.1 unless told otherwise: anyone who can reach the port can use it.
 """
 
 from __future__ import annotations
 
 import argparse
 import ipaddress
+import logging
 import socket
 import sys
 from pathlib import Path
@@ -17,10 +19,11 @@ import torch
 import uvicorn
 
 from common.cli import ArgumentParser, run_command
-from common.device import DEVICE_CHOICES, select_device
+from common.device import DEVICE_CHOICES, device_memory_bytes, select_device
 from common.errors import UserError
 from inference.runs import find_latest_run, load_run
-from serving.api import Limits, create_app
+from model import GPT
+from serving.api import Limits, access_log, create_app
 from serving.engine import Engine
 
 _EPILOG = """\
@@ -59,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: 4 x --max-batch)")
     parser.add_argument("--max-tokens-cap", type=int, default=2048, metavar="N",
                         help="the largest max_tokens a request may ask for (default: %(default)s)")
+    parser.add_argument("--max-body-bytes", type=int, default=Limits.max_body_bytes, metavar="N",
+                        help="the largest request body read; larger ones are refused with 413 "
+                        "(default: %(default)s)")
     parser.add_argument("--prefill-chunk", type=int, default=None, metavar="N",
                         help="encode prompts in chunks of N tokens, between decode steps of the other "
                         "requests (default: the model's context, one chunk)")
@@ -80,7 +86,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _check(args: argparse.Namespace) -> None:
     if not 0 <= args.port <= 65535:
         raise UserError(f"--port must be in 0..65535, got {args.port}")
-    for flag, value in (("--max-batch", args.max_batch), ("--max-tokens-cap", args.max_tokens_cap)):
+    for flag, value in (("--max-batch", args.max_batch), ("--max-tokens-cap", args.max_tokens_cap),
+                        ("--max-body-bytes", args.max_body_bytes)):
         if value < 1:
             raise UserError(f"{flag} must be at least 1, got {value}")
     if args.max_queue is not None and args.max_queue < 0:
@@ -97,15 +104,18 @@ def _serve(args: argparse.Namespace) -> int:
     device = select_device(args.device, setting="--device")
     torch.set_num_threads(args.threads)
     run = load_run(args.run if args.run is not None else find_latest_run(), device)
+    _check_cache_fits(run.model, args.max_batch, device)
     engine = Engine(run.model, run.token_bytes, max_batch=args.max_batch, max_queue=args.max_queue,
                     prefill_chunk=args.prefill_chunk)
     model_id = run.directory.resolve().name
-    app = create_app(run, engine, model_id=model_id, limits=Limits(max_tokens_cap=args.max_tokens_cap))
+    app = create_app(run, engine, model_id=model_id, limits=Limits(max_tokens_cap=args.max_tokens_cap,
+                                                                         max_body_bytes=args.max_body_bytes))
     if not _is_loopback(args.host):
         print(f"warning: listening on {args.host}: anyone who can reach this port can use the model",
               file=sys.stderr)
     print(f"serving {run.directory} as model {model_id!r} at http://{args.host}:{args.port}/v1 "
           f"(max batch {args.max_batch})", file=sys.stderr, flush=True)
+    _log_requests_to_stderr()
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
 
@@ -131,3 +141,21 @@ def _check_port_free(host: str, port: int) -> None:
         except OSError as error:
             raise UserError(f"cannot listen on {host}:{port} ({error.strerror}); pass another --port "
                             "or stop the program using it") from None
+
+
+def _check_cache_fits(model: GPT, max_batch: int, device: torch.device) -> None:
+    """A --max-batch whose KV cache cannot fit becomes one line, not an allocator traceback."""
+    row = model.init_cache(1).nbytes()
+    need, have = row * max_batch, device_memory_bytes(device)
+    if have is not None and need > have:
+        raise UserError(f"--max-batch {max_batch} needs a KV cache of {need / 2**30:,.1f} GiB "
+                        f"({row / 2**20:,.2f} MiB a row), more than the {have / 2**30:,.1f} GiB of {device}; "
+                        f"pass --max-batch {have // row} or less")
+
+
+def _log_requests_to_stderr() -> None:
+    if not access_log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+        access_log.addHandler(handler)
+        access_log.setLevel(logging.INFO)

@@ -1,7 +1,7 @@
 """The inference engine: many requests decoded together through one KV cache (continuous batching).
 
-One background thread owns the model and a ``RowCache`` of ``max_batch`` rows. Each iteration of
-its loop schedules every token:
+One background thread owns the model and a ``KVCache`` of ``max_batch`` rows, each filled to its own
+length. Each iteration of its loop schedules every token:
 
 1. drop requests whose client went away, freeing their rows;
 2. admit waiting requests into free rows;
@@ -15,10 +15,11 @@ A request never waits for the batch to drain: it joins at the next iteration wit
 Rows are independent: a request gets exactly the tokens it would get served alone, whatever else
 is being served. Each request samples from its own ``torch.Generator`` seeded like generate.py's
 first sample; past the context window a row re-encodes its most recent tokens from position 0 by
-generate.py's rule (``kept_window`` of ``KEEP_FRACTION``); the batched decode step computes each
-row bit for bit as alone (its attention reads the row's whole cache buffer under a mask, and its
-matrix products run in fixed blocks of rows: ``model.gpt.batch_invariant``). Against generate.py,
-whose single stream takes the plain one-row products, tokens agree up to fp32 rounding. A prompt
+generate.py's rule (``model.generation.window_start``); the batched decode step computes each
+row bit for bit as alone (``GPT.next_token_logits(batch_invariant=True)``: its attention reads the
+row's whole cache buffer under a mask, and its matrix products run in fixed blocks of rows; on the
+CPU this holds when the model's head_dim is a multiple of 16). Against generate.py, whose single
+stream takes the plain one-row products, tokens agree up to fp32 rounding. A prompt
 longer than ``prefill_chunk`` is encoded in chunks; the chunks depend only on the request, so it
 still equals itself served alone.
 
@@ -30,7 +31,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import secrets
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -38,23 +38,10 @@ from dataclasses import dataclass, field
 import torch
 
 from inference.streaming import TextStream
-from model import GPT, RowCache
-from model.gpt import batch_invariant
-from model.generation import KEEP_FRACTION, kept_window, sample_next_token
+from model import GPT
+from model.generation import SamplingSettings, kept_window, new_seed, sample_next_token, seeded_generator, window_start
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How one request is decoded. temperature 0 is greedy; top_p 1 turns nucleus sampling off;
-    seed None draws a fresh random seed."""
-
-    max_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -99,7 +86,7 @@ class Ticket:
 class _Request:
     ticket: Ticket
     prompt_ids: list[int]
-    params: SamplingParams
+    settings: SamplingSettings
     end_ids: frozenset[int]
     on_event: EventCallback
     stream: TextStream
@@ -142,8 +129,8 @@ class Engine:
         if self.max_queue < 0 or self.prefill_chunk < 1:
             raise ValueError("max_queue must be >= 0 and prefill_chunk >= 1")
         self.block_size = cfg.block_size
-        self.keep = kept_window(cfg.block_size, KEEP_FRACTION)
-        self.cache = RowCache(model.init_cache(max_batch))
+        self.keep = kept_window(cfg.block_size)
+        self.cache = model.init_cache(max_batch)
         self._waiting: collections.deque[_Request] = collections.deque()
         self._rows: list[_Request | None] = [None] * max_batch
         self._wake = threading.Condition()
@@ -155,23 +142,22 @@ class Engine:
     def submit(
         self,
         prompt_ids: Sequence[int],
-        params: SamplingParams,
+        settings: SamplingSettings,
         on_event: EventCallback,
         end_ids: Sequence[int] = (),
     ) -> Ticket:
-        """Queue a request (thread-safe). Generation ends early at any token in ``end_ids``."""
+        """Queue a request (thread-safe). Generation ends early at any token in ``end_ids``. The
+        caller (the HTTP layer's schemas) has checked the settings; repetition_penalty is not
+        served."""
         prompt_ids = list(prompt_ids)
-        if not 1 <= len(prompt_ids) <= self.block_size:
-            raise ValueError(f"a prompt must have 1 to {self.block_size} tokens, got {len(prompt_ids)}")
-        if params.max_tokens < 1:
-            raise ValueError(f"max_tokens must be at least 1, got {params.max_tokens}")
-        seed = params.seed if params.seed is not None else secrets.randbelow(2**31)
+        assert 1 <= len(prompt_ids) <= self.block_size, f"a prompt must have 1 to {self.block_size} tokens"
+        assert settings.max_new_tokens >= 1 and settings.repetition_penalty == 1.0
         ticket = Ticket(self)
         request = _Request(
-            ticket, prompt_ids, params, frozenset(end_ids), on_event,
-            TextStream(self.token_bytes, params.stop),
-            # A CPU generator seeded as generate.py seeds its first sample: the same draws anywhere.
-            torch.Generator().manual_seed(seed),
+            ticket, prompt_ids, settings, frozenset(end_ids), on_event,
+            TextStream(self.token_bytes, settings.stop),
+            # Seeded as generate.py seeds its first sample: the same draws anywhere.
+            seeded_generator(settings.seed if settings.seed is not None else new_seed()),
             tokens=list(prompt_ids),
         )
         with self._wake:
@@ -236,7 +222,6 @@ class Engine:
                     self._finish(request, "error")
 
     @torch.inference_mode()
-    @batch_invariant()
     def step(self) -> None:
         """One iteration: cancel, admit, prefill a chunk, decode one token per row, sample.
         The loop thread calls it; a test may call it directly on an engine never started."""
@@ -267,41 +252,35 @@ class Engine:
                     request = self._waiting.popleft()
                     request.row = row
                     self._rows[row] = request
-                    self.cache.lengths[row] = 0
+                    self.cache.reset([row])
 
     def _prefill_chunk(self, request: _Request) -> None:
         """Encode the next chunk of the row's window; the last chunk yields next-token logits."""
         window = request.tokens[request.start:]
         done = self.cache.lengths[request.row]
         chunk = window[done:done + self.prefill_chunk]
-        view = self.cache.row(request.row)
-        logits = self.model.next_token_logits(torch.tensor([chunk], device=view.k.device), view)
-        self.cache.lengths[request.row] = view.pos
-        if view.pos == len(window):
+        idx = torch.tensor([chunk], device=self.cache.device)
+        logits = self.model.next_token_logits(idx, self.cache, [request.row], batch_invariant=True)
+        if self.cache.lengths[request.row] == len(window):
             request.logits = logits
             request.prefilling = False
 
     def _decode(self, requests: list[_Request]) -> None:
         """One token for every decoding row, in one batched forward pass."""
-        step = self.cache.step([r.row for r in requests])
-        device = self.cache.buffers.k.device
-        idx = torch.tensor([[r.tokens[-1]] for r in requests], device=device)
-        logits = self.model.next_token_logits(idx, step)
+        idx = torch.tensor([[r.tokens[-1]] for r in requests], device=self.cache.device)
+        logits = self.model.next_token_logits(idx, self.cache, [r.row for r in requests], batch_invariant=True)
         for i, request in enumerate(requests):
             request.logits = logits[i:i + 1]
 
     def _sample(self, requests: list[_Request]) -> None:
         # Rows with the same settings sample in one call, each from its own generator; the
         # sampler works row by row, so that equals sampling each alone.
-        groups: dict[tuple[float, float], list[_Request]] = collections.defaultdict(list)
+        groups: dict[tuple, list[_Request]] = collections.defaultdict(list)
         for request in requests:
-            groups[(request.params.temperature, request.params.top_p)].append(request)
-        for (temperature, top_p), group in groups.items():
+            groups[tuple(request.settings.token_options().items())].append(request)
+        for options, group in groups.items():
             logits = torch.cat([r.logits for r in group])
-            tokens = sample_next_token(
-                logits, temperature=temperature, top_p=top_p if top_p < 1 else None,
-                generator=[r.generator for r in group],
-            ).tolist()
+            tokens = sample_next_token(logits, **dict(options), generator=[r.generator for r in group]).tolist()
             for request, token in zip(group, tokens):
                 request.logits = None
                 self._advance(request, token)
@@ -315,22 +294,22 @@ class Engine:
         text = request.stream.push(token)
         if request.stream.stopped:
             self._finish(request, "stop", token, text)
-        elif request.generated == request.params.max_tokens:
+        elif request.generated == request.settings.max_new_tokens:
             self._finish(request, "length", token, text)
         else:
             self._emit(request, Event(text, token))
-            if len(request.tokens) - request.start > self.block_size:
-                # The window is full: keep its most recent tokens and re-encode them from
-                # position 0, as generate.py does (learned positions cannot slide).
-                request.start = len(request.tokens) - self.keep
+            start = window_start(request.start, len(request.tokens), self.block_size, self.keep)
+            if start != request.start:
+                # Learned positions cannot slide: the kept tokens are re-encoded from position 0.
+                request.start = start
                 request.prefilling = True
-                self.cache.lengths[request.row] = 0
+                self.cache.reset([request.row])
 
     def _finish(self, request: _Request, reason: str, token: int | None = None, text: str = "") -> None:
         """Free the request's row and send its last event."""
         if request.row >= 0 and self._rows[request.row] is request:
             self._rows[request.row] = None
-            self.cache.lengths[request.row] = 0
+            self.cache.reset([request.row])
         if reason in ("length", "stop"):
             text += request.stream.finish()  # an unfinished character at the end, as U+FFFD
         generated = tuple(request.tokens[len(request.prompt_ids):])

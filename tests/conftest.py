@@ -1,6 +1,9 @@
 """Fixtures every test directory may use. Its presence also puts ``tests/`` on the path, so the
 shared builders import as ``run_testkit``."""
 
+import subprocess
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -13,3 +16,23 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def mount_tmpfs(tmp_path):
+    """``mount_tmpfs(size_bytes, read_only=False)`` -> a mounted directory, unmounted afterwards."""
+    mounted: list[Path] = []
+
+    def mount(size: int, read_only: bool = False) -> Path:
+        point = tmp_path / f"mnt{len(mounted)}"
+        point.mkdir()
+        options = f"size={size}" + (",ro" if read_only else "")
+        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(point)], capture_output=True, text=True)
+        if proc.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here ({proc.stderr.strip() or 'mount failed'})")
+        mounted.append(point)
+        return point
+
+    yield mount
+    for point in mounted:
+        subprocess.run(["umount", "-l", str(point)], capture_output=True)

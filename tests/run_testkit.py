@@ -46,13 +46,14 @@ def tokenizer_without_chat(vocab_size: int = VOCAB_SIZE) -> Tokenizer:
 
 
 def build_model(vocab_size: int, block_size: int = BLOCK_SIZE, *, n_kv_head: int = 2, tie: bool = True,
-                seed: int = 0) -> GPT:
+                seed: int = 0, **attention) -> GPT:
     """A random GPT whose weights are scaled up 10x: at the standard init the logits are nearly
     flat and greedy decoding repeats one token, which would let a broken cache, position or mask
-    pass unnoticed."""
+    pass unnoticed. ``attention`` takes the latent-attention fields of GPTConfig (attention="mla",
+    kv_latent_dim, q_latent_dim)."""
     torch.manual_seed(seed)
     config = GPTConfig(vocab_size=vocab_size, block_size=block_size, n_layer=2, n_head=4, n_kv_head=n_kv_head,
-                       n_embd=64, tie_embeddings=tie)
+                       n_embd=64, tie_embeddings=tie, **attention)
     model = GPT(config).eval()
     with torch.no_grad():
         for param in model.parameters():
@@ -62,11 +63,18 @@ def build_model(vocab_size: int, block_size: int = BLOCK_SIZE, *, n_kv_head: int
 
 
 def build_run(directory: Path, tokenizer: Tokenizer, *, vocab_size: int | None = None, n_kv_head: int = 2,
-              tie: bool = True, seed: int = 0) -> Path:
+              tie: bool = True, seed: int = 0, block_size: int = BLOCK_SIZE,
+              never_predicts: tuple[str, ...] = (), **attention) -> Path:
     """A run directory holding ``build_model``'s weights and the tokenizer (its vocabulary unless
-    ``vocab_size`` says otherwise)."""
+    ``vocab_size`` says otherwise). The tokens in ``never_predicts`` get a zero output row: a logit of
+    0 loses to the largest of the others, which is far above 0 at these scaled weights, so
+    generation never ends at them."""
     directory.mkdir(parents=True, exist_ok=True)
     tokenizer.save(str(directory / TOKENIZER_FILE))
-    model = build_model(vocab_size or tokenizer.get_vocab_size(), n_kv_head=n_kv_head, tie=tie, seed=seed)
+    model = build_model(vocab_size or tokenizer.get_vocab_size(), block_size, n_kv_head=n_kv_head, tie=tie,
+                        seed=seed, **attention)
+    with torch.no_grad():
+        for token in never_predicts:
+            model.lm_head.weight[tokenizer.token_to_id(token)] = 0.0
     save_pretrained(model, directory)
     return directory

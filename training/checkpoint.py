@@ -26,15 +26,17 @@ FORMAT_VERSION = 1
 
 # The model keys that fix the shapes of the weights, which neither a resume nor a run started from a
 # parent (train.init_from) may change; dropout or norm_eps may.
-SHAPE_KEYS = ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd", "ffn_hidden", "tie_embeddings")
+SHAPE_KEYS = ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd", "ffn_hidden", "tie_embeddings",
+              "attention", "kv_latent_dim", "q_latent_dim")
 
 
 class CheckpointError(UserError):
     """A run directory or checkpoint that does not fit the request."""
 
 
-def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
-    """Check that ``run_dir`` may be used, clearing an old run only when told to."""
+def check_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
+    """Refuse a ``run_dir`` that may not be used; an old run there is only cleared later, by
+    ``clear_old_run``, once every input of the new run has been read and checked."""
     if resume:
         if not (run_dir / STATE_FILE).is_file():
             raise CheckpointError(
@@ -44,22 +46,24 @@ def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
         return
     if run_dir.exists() and not run_dir.is_dir():
         raise CheckpointError(f"run.out_dir {run_dir} is a file, not a directory; choose another run.out_dir")
-    if run_dir.is_dir() and any(p.name not in LOCK_FILES for p in run_dir.iterdir()):
-        holds_run = any((run_dir / name).exists() for name in RUN_FILES)
-        if not overwrite:
-            if holds_run:
-                raise CheckpointError(
-                    f"{run_dir} already holds a run; pass --resume to continue it, --overwrite to "
-                    f"replace it, or set run.out_dir to a new directory"
-                )
+    if run_dir.is_dir() and any(p.name not in LOCK_FILES for p in run_dir.iterdir()) and not overwrite:
+        if any((run_dir / name).exists() for name in RUN_FILES):
             raise CheckpointError(
-                f"{run_dir} is not empty and holds no run; set run.out_dir to an empty or new "
-                f"directory, or pass --overwrite to train there anyway"
+                f"{run_dir} already holds a run; pass --resume to continue it, --overwrite to "
+                f"replace it, or set run.out_dir to a new directory"
             )
-        # Only what a run writes is removed: out_dir could be pointed anywhere by mistake.
-        for name in RUN_FILES:
-            (run_dir / name).unlink(missing_ok=True)
-        shutil.rmtree(run_dir / "wandb", ignore_errors=True)
+        raise CheckpointError(
+            f"{run_dir} is not empty and holds no run; set run.out_dir to an empty or new "
+            f"directory, or pass --overwrite to train there anyway"
+        )
+
+
+def clear_old_run(run_dir: Path) -> None:
+    """Remove the files of a run being replaced (--overwrite) and make sure ``run_dir`` exists."""
+    # Only what a run writes is removed: out_dir could be pointed anywhere by mistake.
+    for name in RUN_FILES:
+        (run_dir / name).unlink(missing_ok=True)
+    shutil.rmtree(run_dir / "wandb", ignore_errors=True)
     run_dir.mkdir(parents=True, exist_ok=True)
 
 
@@ -73,15 +77,16 @@ def save_checkpoint(run_dir: Path, model: nn.Module, state: dict[str, Any]) -> N
         # Through a Python file object, a full disk surfaces as OSError(ENOSPC); given a path,
         # torch's own writer reports it as an opaque RuntimeError. Even so, closing the zip
         # after the failed write raises a RuntimeError over it: report the OSError underneath.
-        with open(tmp, "wb") as f:
-            try:
+        # The disk may also fill only when the file's last buffer is flushed on close.
+        try:
+            with open(tmp, "wb") as f:
                 torch.save(payload, f)
-            except OSError as e:
-                raise with_path(e, run_dir / STATE_FILE) from None
-            except RuntimeError as e:
-                if isinstance(e.__context__, OSError):
-                    raise with_path(e.__context__, run_dir / STATE_FILE) from None
-                raise
+        except OSError as e:
+            raise with_path(e, run_dir / STATE_FILE) from None
+        except RuntimeError as e:
+            if isinstance(e.__context__, OSError):
+                raise with_path(e.__context__, run_dir / STATE_FILE) from None
+            raise
 
 
 def load_trainer_state(run_dir: Path) -> dict[str, Any]:

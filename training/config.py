@@ -20,9 +20,10 @@ from common.files import atomic_write_text
 from data import DataConfig
 from model import GPTConfig
 from model.generation import check_sampling_args
-from training.init_from import find_parent, model_section_from_parent
+from training.init_from import find_parent, model_section_from_parent, refuse_own_parent
 
 WANDB_MODES = ("auto", "online", "offline", "disabled")
+DEFAULT_OUT_DIR = "runs/default"  # where a config without run.out_dir (and no file name) trains
 
 
 def _require_one_of(value: str, key: str, choices: tuple[str, ...]) -> None:
@@ -106,7 +107,7 @@ class TrainConfig:
 class EvalConfig:
     """Periodic validation on a fixed subset, the final pass, and the text sample."""
 
-    interval: int = 250  # steps between evaluations; 0 = only the final pass
+    interval: int = 250  # steps between evaluations, or a tenth of train.max_minutes if sooner; 0 = final only
     max_batches: int = 20  # size of the fixed validation subset used during training
     batch_size: int | None = None  # None = train.batch_size
     final_max_batches: int | None = None  # None = the whole validation split at the end
@@ -185,7 +186,7 @@ class Config:
 
     @property
     def out_dir(self) -> Path:
-        return Path(self.run.out_dir if self.run.out_dir is not None else "runs/default")
+        return Path(self.run.out_dir if self.run.out_dir is not None else DEFAULT_OUT_DIR)
 
 
 def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
@@ -207,6 +208,10 @@ def config_from_dict(raw: dict[str, Any]) -> Config:
     raw = dict(raw)
     train = raw.get("train")
     if isinstance(train, dict) and train.get("init_from"):
+        run = raw.get("run") if isinstance(raw.get("run"), dict) else {}
+        out_dir = run.get("out_dir") or DEFAULT_OUT_DIR
+        if isinstance(train["init_from"], str) and isinstance(out_dir, str):
+            refuse_own_parent(train["init_from"], out_dir)
         # The parent run fixes the model's shape and the tokenizer's size.
         parent = find_parent(train["init_from"])
         raw["model"] = model_section_from_parent(raw.get("model"), parent)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Iterable, Iterator
 
@@ -10,9 +11,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from tqdm.auto import tqdm
 
 from common.errors import UserError
 from data import bits_per_byte, iter_val_batches, target_nats_and_bytes
+from data.tokenizer import prompt_ids
+from model.generation import SamplingSettings, generate
 from training.distributed import DistContext, all_reduce_sum
 
 
@@ -47,9 +51,14 @@ def evaluate(
     device: torch.device,
     amp: Callable[[], ContextManager] | None = None,
     ctx: DistContext = DistContext(),
+    progress: bool = False,
 ) -> EvalResult:
-    """Score ``max_batches`` fixed validation batches (None: the whole split), as ``score_batches``."""
+    """Score ``max_batches`` fixed validation batches (None: the whole split), as ``score_batches``;
+    ``progress`` shows a progress bar."""
     batches = iter_val_batches(val_tokens, block_size, batch_size, max_batches=max_batches, device=device)
+    if progress:
+        windows = max(0, (len(val_tokens) - 1) // block_size)  # as iter_val_batches cuts them
+        batches = validation_bar(batches, windows, batch_size, max_batches)
     result = score_batches(model, batches, token_bytes, device=device, amp=amp, ctx=ctx)
     if result.tokens == 0:
         raise UserError(
@@ -57,6 +66,17 @@ def evaluate(
             "lower model.block_size or give the data more validation text (data.val_fraction)"
         )
     return result
+
+
+def validation_bar(
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor]], rows: int, batch_size: int, max_batches: int | None
+) -> Iterable[tuple[torch.Tensor, torch.Tensor]]:
+    """``batches`` (``rows`` sequences before ``max_batches``) behind a progress bar on stderr."""
+    if max_batches is not None:
+        rows = min(rows, max_batches * batch_size)
+    return tqdm(
+        batches, total=math.ceil(rows / batch_size), desc="full validation", unit="batch", leave=False, dynamic_ncols=True
+    )
 
 
 @torch.no_grad()
@@ -103,13 +123,9 @@ def generate_sample(
     model: Any,
     tokenizer: Any,
     prompt: str,
+    settings: SamplingSettings,
     *,
-    max_new_tokens: int,
-    temperature: float,
-    top_k: int | None,
-    seed: int,
     device: torch.device,
-    start_id: int,
 ) -> str:
     """Continue ``prompt`` through the KV-cache generation path; returns prompt + continuation.
 
@@ -117,11 +133,8 @@ def generate_sample(
     samples at the same step of a resumed and an uninterrupted run match) and leaves the
     training RNG untouched.
     """
-    # An empty prompt starts from ``start_id`` (end-of-text: the start of a document).
-    idx = torch.tensor([tokenizer.encode(prompt).ids or [start_id]], dtype=torch.long, device=device)
-    generator = torch.Generator(device=device).manual_seed(seed)
+    idx = torch.tensor([prompt_ids(tokenizer, prompt)], dtype=torch.long, device=device)
+    generator = torch.Generator(device=device).manual_seed(settings.seed)
     with eval_mode(model):
-        out = model.generate(
-            idx, max_new_tokens, temperature=temperature, top_k=top_k, use_cache=True, generator=generator
-        )
+        out = generate(model, idx, settings.max_new_tokens, **settings.token_options(), generator=generator)
     return tokenizer.decode(out[0].tolist())

@@ -11,6 +11,7 @@ field. The optimizer, schedule and step start fresh. The new run records its par
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -36,6 +37,20 @@ class ParentRun:
     @property
     def tokenizer_file(self) -> Path:
         return self.directory / TOKENIZER_FILE
+
+
+def refuse_own_parent(init_from: str, out_dir: str) -> None:
+    """A run cannot start from its own directory: replacing it would delete the parent before its
+    weights are read. Any spelling of the same directory counts (``./runs/tiny/``, a symlink)."""
+    parent, own = Path(init_from).expanduser(), Path(out_dir)
+    same = parent.resolve() == own.resolve()
+    if not same and parent.exists() and own.exists():
+        same = os.path.samefile(parent, own)  # a bind mount, or a case-insensitive file system
+    if same:
+        raise InitFromError(
+            f"train.init_from {init_from} is run.out_dir {out_dir}, the directory this run writes; "
+            "set run.out_dir to a new directory (e.g. --set run.out_dir=runs/tiny-chat)"
+        )
 
 
 def find_parent(init_from: str | Path) -> ParentRun:

@@ -3,28 +3,15 @@
 
 from __future__ import annotations
 
-import os
-
 import torch
 
+from common.device import device_memory_bytes
 from model import GPTConfig
 from training.config import ConfigError
 
 # fp32 weights, their gradients and two optimizer moments (AdamW's; Muon keeps one, so this is
 # an upper bound). Activations come on top and scale with the batch.
 BYTES_PER_PARAMETER = 4 * 4
-
-
-def device_memory_bytes(device: torch.device) -> int | None:
-    """Total memory of ``device`` (physical RAM for the CPU); None where it cannot be read."""
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[1]
-    if device.type == "cpu":
-        try:
-            return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        except (ValueError, OSError, AttributeError):
-            return None
-    return None
 
 
 def check_model_fits(config: GPTConfig, device: torch.device) -> None:

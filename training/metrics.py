@@ -15,6 +15,7 @@ import torch
 from common.errors import UserError
 from common.files import atomic_write_text
 from common.os_errors import with_path
+from common.run_files import read_metrics
 from training.device import synchronize
 
 
@@ -50,26 +51,6 @@ class MetricsLog:
             raise UserError(f"{self.path} is not a file; move it aside so the run can write its metrics there")
         kept = [r for r in read_metrics(self.path) if isinstance(r.get("step", 0), int) and r.get("step", 0) <= step]
         atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
-
-
-def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """All complete records of a metrics file.
-
-    A torn last line, bytes that are not UTF-8 or JSON, and lines that are not objects are
-    skipped: a damaged line must not cost the good ones around it.
-    """
-    records = []
-    with open(path, "rb") as f:
-        for line in f:
-            if not line.endswith(b"\n"):
-                break
-            try:
-                record = json.loads(line.decode("utf-8"))
-            except (UnicodeDecodeError, json.JSONDecodeError):
-                continue
-            if isinstance(record, dict):
-                records.append(record)
-    return records
 
 
 # Dense bf16 tensor-core peaks (FLOP/s) from the vendors' datasheets, matched by substring of

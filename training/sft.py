@@ -19,8 +19,9 @@ from torch import nn
 
 from data.chat_batches import iter_chat_val_batches
 from data.chat_prepare import ChatSplit
+from model.generation import SamplingSettings, generate
 from training.distributed import all_reduce_sum
-from training.evaluate import EvalResult, eval_mode, score_batches
+from training.evaluate import EvalResult, eval_mode, score_batches, validation_bar
 
 
 def summed_target_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -71,24 +72,28 @@ def evaluate_chat(
     device: torch.device,
     amp: Callable[[], ContextManager] | None = None,
     ctx: Any = None,
+    progress: bool = False,
 ) -> EvalResult:
     """Loss per assistant token (each reply's <|end|> included) and bits per byte of assistant
-    text (the text of the replies: <|end|> has no bytes), over held-out conversations."""
+    text (the text of the replies: <|end|> has no bytes), over held-out conversations;
+    ``progress`` shows a progress bar."""
     batches = iter_chat_val_batches(split, batch_size, pad_id=pad_id, max_batches=max_batches, device=device)
+    if progress:
+        batches = validation_bar(batches, len(split.lengths), batch_size, max_batches)
     return score_batches(model, batches, token_bytes, device=device, amp=amp, ctx=ctx)
 
 
 @torch.no_grad()
 def chat_reply_samples(
-    model: Any, tokenizer: Any, split: ChatSplit, end_id: int, *, count: int, max_new_tokens: int,
-    temperature: float, top_k: int | None, seed: int, device: torch.device,
+    model: Any, tokenizer: Any, split: ChatSplit, end_id: int, settings: SamplingSettings, *, count: int,
+    device: torch.device,
 ) -> list[tuple[str, str]]:
     """(prompt, reply) for the first reply of ``count`` held-out conversations spread over the split.
 
     A private generator keeps the samples a function of the weights alone.
     """
     rows = sorted({round(i * (len(split) - 1) / max(count - 1, 1)) for i in range(count)})
-    generator = torch.Generator(device=device).manual_seed(seed)
+    generator = torch.Generator(device=device).manual_seed(settings.seed)
     samples = []
     with eval_mode(model):
         for row in rows:
@@ -97,7 +102,8 @@ def chat_reply_samples(
             if room < 1:
                 continue
             idx = torch.tensor([prompt], dtype=torch.long, device=device)
-            out = model.generate(idx, min(max_new_tokens, room), temperature=temperature, top_k=top_k, generator=generator)
+            new = min(settings.max_new_tokens, room)
+            out = generate(model, idx, new, **settings.token_options(), generator=generator)
             reply = out[0, len(prompt):].tolist()
             if end_id in reply:
                 reply = reply[: reply.index(end_id) + 1]

@@ -29,7 +29,8 @@ from data import load_tokenizer, prepare_data, train_batches
 from data.chat_batches import ChatBatches
 from data.chat_prepare import prepare_chat_data
 from data.tokenizer import RUN_TOKENIZER_FIX
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, SamplingSettings
+from model.rms_norm_cpu import install_cpu_backward
 import training.checkpoint as checkpoint
 from training.config import Config, ConfigError, config_to_dict, save_config
 from training.device import autocast, configure_backends, resolve_precision, should_compile
@@ -50,6 +51,9 @@ from training.wandb_logger import WandbLogger
 
 # tqdm's default bar without its "<remaining" estimate (see Trainer.fit).
 _BAR_WITHOUT_ETA = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}, {rate_fmt}{postfix}]"
+# Under a clock budget an evaluation is also due when this fraction of train.max_minutes has passed
+# since the last one, so a slow machine that reaches few eval.interval steps still shows samples.
+_CLOCK_EVAL_FRACTION = 0.1
 
 
 @dataclass
@@ -64,6 +68,8 @@ class TrainResult:
     last_loss: float | None = None  # training loss of the last step
     signal: int | None = None  # the signal that interrupted the run
     is_main: bool = True  # rank 0 (or a single process): the one that reports to the user
+    chat: bool = False  # a chat-tuned run (data.format: chat)
+    wandb_sync: str | None = None  # the command that uploads an offline wandb run
 
     @property
     def interrupted(self) -> bool:
@@ -140,6 +146,8 @@ class Trainer:
         self.saved_step: int | None = None
         self.loop_start = time.perf_counter()
         self.throughput = Throughput()
+        self.last_eval_s = 0.0  # training time at the end of the last evaluation
+        self.eval_due_by_clock = False
         self.summary: dict[str, Any] = {}
         self._held = contextlib.ExitStack()  # the run-directory lock, from setup until close
 
@@ -147,7 +155,11 @@ class Trainer:
     # Setup, by stage
 
     def setup(self, *, resume: bool, overwrite: bool) -> None:
-        """Cheapest stages first, so a bad directory or config fails before anything slow."""
+        """Cheapest stages first, so a bad directory or config fails before anything slow.
+
+        Nothing in the run directory is deleted or written until every input (config, parent
+        run, data, checkpoint) has been read and checked: a run replaced with --overwrite stays
+        whole when the new one cannot start."""
         state = self._open_run_dir(resume=resume, overwrite=overwrite)
         check_model_fits(self.config.model, self.device)  # an absurd size, before anything slow
         self._prepare_data(resume=resume)
@@ -160,7 +172,7 @@ class Trainer:
         if self.ctx.is_main:
             # Taken before anything is read, written or cleared; held until close().
             self._held.enter_context(hold_run_dir(self.run_dir))
-            checkpoint.prepare_run_dir(self.run_dir, resume=resume, overwrite=overwrite)
+            checkpoint.check_run_dir(self.run_dir, resume=resume, overwrite=overwrite)
         state = None
         if resume:
             state = checkpoint.load_trainer_state(self.run_dir)
@@ -224,6 +236,7 @@ class Trainer:
 
         torch.manual_seed(tc.seed)
         self.model = GPT(cfg.model).to(self.device)
+        install_cpu_backward(self.model)  # a faster RMSNorm backward in eager CPU training
         if self.parent is not None:
             load_parent_weights(self.model, self.parent)  # a resumed run's checkpoint replaces them
         torch.manual_seed(tc.seed + ctx.rank)  # for dropout, differing per rank
@@ -274,6 +287,8 @@ class Trainer:
         cfg = self.config
         self.metrics = MetricsLog(self.run_dir / METRICS_FILE)
         if self.ctx.is_main:
+            if not resume:
+                checkpoint.clear_old_run(self.run_dir)  # a run being replaced (--overwrite)
             # The config is rewritten on resume too: a longer budget is a legitimate change, and
             # the directory should describe the run as it continues.
             save_config(cfg, self.run_dir / CONFIG_FILE)
@@ -311,6 +326,7 @@ class Trainer:
         stop = StopRequest()
         stop.install()
         self.loop_start = time.perf_counter()
+        self.last_eval_s = self.base_seconds
         # tqdm's own estimate assumes every step of max_steps will run; under a clock budget the
         # postfix's "left" (the sooner of both budgets) is the one to trust.
         bar_format = None if self.schedule.max_seconds is None else _BAR_WITHOUT_ETA
@@ -318,7 +334,7 @@ class Trainer:
         failed = True
         try:
             with tqdm(
-                total=self.schedule.max_steps, initial=self.step, disable=not self.verbose, desc="train",
+                total=self._expected_steps(), initial=self.step, disable=not self.verbose, desc="train",
                 unit="step", dynamic_ncols=True, bar_format=bar_format,
             ) as bar:
                 while (reason := self._stop_reason(stop)) is None:
@@ -343,14 +359,18 @@ class Trainer:
                     self.tokens_seen += tokens
                     self.throughput.add(tokens, time.perf_counter() - t0)
 
+                    bar.total = self._expected_steps()
                     bar.update(1)
                     bar.set_postfix_str(self._postfix(loss, lr), refresh=False)
                     if self.step % cfg.logging.interval == 0 or self.step == 1:
                         self._log_train(loss, lr, grad_norm)
-                    if cfg.eval.interval and self.step % cfg.eval.interval == 0:
+                    if cfg.eval.interval and (self.step % cfg.eval.interval == 0 or self.eval_due_by_clock):
                         self._evaluate(final=False)
                     if cfg.run.checkpoint_interval and self.step % cfg.run.checkpoint_interval == 0:
                         self._save()
+                if reason != "interrupted":
+                    bar.total = self.step  # the budget that bound is used up: a full bar
+                    bar.refresh()
                 if self.saved_step != self.step:
                     self._save()
             result = self._finish(reason, loss, stop)
@@ -392,6 +412,7 @@ class Trainer:
         result = TrainResult(
             run_dir=self.run_dir, step=self.step, tokens_seen=self.tokens_seen, stopped_by=reason,
             train_seconds=self._elapsed(), last_loss=last_loss, signal=stop.signum, is_main=self.ctx.is_main,
+            chat=self.chat is not None, wandb_sync=self.logger.sync_command,
         )
         self.summary.update(step=self.step, tokens=self.tokens_seen, stopped_by=reason)
         if reason != "interrupted":
@@ -410,6 +431,7 @@ class Trainer:
         """Why to stop before the next step, agreed by every rank (a signal may reach only some)."""
         tc = self.config.train
         interrupted, reason = stop.requested, None
+        self.eval_due_by_clock = self._clock_eval_due()
         if tc.max_steps is not None and self.step >= tc.max_steps:
             reason = "max_steps"
         elif tc.max_tokens is not None and self.tokens_seen >= tc.max_tokens:
@@ -417,11 +439,12 @@ class Trainer:
         elif tc.max_minutes is not None and self._elapsed() >= tc.max_minutes * 60.0:
             reason = "max_minutes"
         if self.ctx.enabled:
-            flags = torch.tensor([float(interrupted), float(reason == "max_minutes")], device=self.device)
-            flags = all_reduce_sum(flags, self.ctx)
-            interrupted = bool(flags[0].item() > 0)
-            if reason is None and flags[1].item() > 0:
+            flags = [float(interrupted), float(reason == "max_minutes"), float(self.eval_due_by_clock)]
+            flags = all_reduce_sum(torch.tensor(flags, device=self.device), self.ctx).tolist()
+            interrupted = flags[0] > 0
+            if reason is None and flags[1] > 0:
                 reason = "max_minutes"
+            self.eval_due_by_clock = flags[2] > 0  # every rank evaluates, or none does
         return "interrupted" if interrupted else reason
 
     # -----------------------------------------------------------------------------------------
@@ -454,6 +477,7 @@ class Trainer:
             device=self.device,
             amp=lambda: autocast(self.device, self.amp_dtype),
             ctx=self.ctx,
+            progress=final and self.verbose,  # the full pass can take minutes on a slow host
         )
         if self.chat:
             # Loss and bits/byte of the replies only, over held-out conversations.
@@ -461,10 +485,12 @@ class Trainer:
         else:
             result = evaluate(self.model, self.val_tokens, self.token_bytes, block_size=cfg.model.block_size, **shared)
         if not self.ctx.is_main:
+            self.last_eval_s = self._elapsed()
             return result
         record: dict[str, Any] = {
             "kind": "final_eval" if final else "eval",
             "step": self.step,
+            "elapsed_s": self._elapsed(),
             "val_loss": result.loss,
             "val_bpb": result.bpb,
             "val_tokens": result.tokens,
@@ -486,21 +512,20 @@ class Trainer:
             for prompt, text in samples[:1]:
                 shown = prompt + text if self.chat else text
                 self._say("  sample: " + shown.replace("\n", "\n          "))
+        self.last_eval_s = self._elapsed()
         return result
 
     def _samples(self) -> list[tuple[str, str]]:
         """(prompt, text) rows: replies to held-out conversations' first user turns when
         chat-tuning, else the continuation of eval.sample_prompt (prompt included)."""
         ec = self.config.eval
-        sampling = dict(
-            max_new_tokens=ec.sample_tokens, temperature=ec.sample_temperature, top_k=ec.sample_top_k,
-            seed=ec.sample_seed, device=self.device,
-        )
+        settings = SamplingSettings(max_new_tokens=ec.sample_tokens, temperature=ec.sample_temperature,
+                                    top_k=ec.sample_top_k, top_p=None, seed=ec.sample_seed)
         if self.chat:
             end_id = self.tokenizer.token_to_id("<|end|>")
-            return chat_reply_samples(self.model, self.tokenizer, self.chat.val, end_id, count=4, **sampling)
-        start_id = self.prepared.eot_id
-        text = generate_sample(self.model, self.tokenizer, ec.sample_prompt, start_id=start_id, **sampling)
+            return chat_reply_samples(self.model, self.tokenizer, self.chat.val, end_id, settings, count=4,
+                                      device=self.device)
+        text = generate_sample(self.model, self.tokenizer, ec.sample_prompt, settings, device=self.device)
         return [(ec.sample_prompt, text)]
 
     def _save(self) -> None:
@@ -527,6 +552,22 @@ class Trainer:
 
     def _elapsed(self) -> float:
         return self.base_seconds + time.perf_counter() - self.loop_start
+
+    def _expected_steps(self) -> int | None:
+        """The step the run will end at, by the budget that binds: the planned steps, or fewer
+        when the clock will end the run first at the current pace (None: not known yet)."""
+        planned, max_seconds = self.schedule.max_steps, self.schedule.max_seconds
+        pace = self.throughput.seconds_per_step()
+        if max_seconds is None or pace <= 0:
+            return planned
+        by_clock = self.step + math.ceil(max(0.0, max_seconds - self._elapsed()) / pace)
+        return by_clock if planned is None else min(planned, by_clock)
+
+    def _clock_eval_due(self) -> bool:
+        max_seconds = self.schedule.max_seconds
+        if max_seconds is None or not self.config.eval.interval:
+            return False
+        return self._elapsed() - self.last_eval_s >= _CLOCK_EVAL_FRACTION * max_seconds
 
     def _postfix(self, loss: float, lr: float) -> str:
         tokens_per_s = self.throughput.tokens_per_second()

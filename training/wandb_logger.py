@@ -75,6 +75,7 @@ class WandbLogger:
     def __init__(self, run: Any = None, run_id: str | None = None) -> None:
         self._run = run
         self.run_id = run_id  # stored in the trainer state so that --resume continues this run
+        self.sync_command: str | None = None  # logging offline: the command that uploads the run
 
     @classmethod
     def start(
@@ -131,7 +132,10 @@ class WandbLogger:
             _say(f"wandb: {note + '; ' if note else ''}upload later with: {sync}")
         else:
             _say(f"wandb: logging to {run.url}")
-        return cls(run=run, run_id=run.id)
+            sync = None
+        logger = cls(run=run, run_id=run.id)
+        logger.sync_command = sync
+        return logger
 
     @property
     def active(self) -> bool:

@@ -13,6 +13,10 @@ class MiniGPTConfig(PretrainedConfig):
 
     ``max_position_embeddings`` is a hard limit: the position table has that many rows and nothing
     past them, so a sequence (prompt plus generated tokens) can never be longer.
+
+    ``attention="mla"`` is multi-head latent attention instead: every head's key and value are read
+    from one latent of ``kv_latent_dim`` numbers per token (the only thing the cache stores), and
+    the query from a latent of ``q_latent_dim`` when that is set.
     """
 
     model_type = "minigpt"
@@ -31,6 +35,9 @@ class MiniGPTConfig(PretrainedConfig):
         initializer_range: float = 0.02,
         use_cache: bool = True,
         tie_word_embeddings: bool = True,
+        attention: str = "gqa",
+        kv_latent_dim: int | None = None,
+        q_latent_dim: int | None = None,
         **kwargs,
     ):
         if hidden_size % num_attention_heads or num_attention_heads % num_key_value_heads:
@@ -38,6 +45,12 @@ class MiniGPTConfig(PretrainedConfig):
                 f"hidden_size ({hidden_size}) must be divisible by num_attention_heads "
                 f"({num_attention_heads}), and that by num_key_value_heads ({num_key_value_heads})"
             )
+        if attention not in ("gqa", "mla") or (attention == "mla") != (kv_latent_dim is not None):
+            raise ValueError(f"attention must be 'gqa', or 'mla' with kv_latent_dim set; got {attention!r} "
+                             f"with kv_latent_dim={kv_latent_dim}")
+        self.attention = attention
+        self.kv_latent_dim = kv_latent_dim
+        self.q_latent_dim = q_latent_dim
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
         self.intermediate_size = intermediate_size

@@ -2,7 +2,7 @@
 
 Shipped inside every exported folder and loaded with ``trust_remote_code=True``; it depends on
 torch and transformers only. No built-in transformers architecture combines learned absolute
-positions with RMSNorm, SwiGLU and grouped-query attention, hence this file.
+positions with RMSNorm, SwiGLU and grouped-query (or multi-head latent) attention, hence this file.
 
 Each block is pre-norm: x + attention(norm(x)), then x + mlp(norm(x)). Learned positions have
 ``max_position_embeddings`` rows and nothing past them, so a longer sequence is an error (with the
@@ -65,6 +65,48 @@ class MiniGPTAttention(nn.Module):
         return self.o_proj(y.transpose(1, 2).reshape(batch, length, -1))
 
 
+class MiniGPTLatentAttention(nn.Module):
+    """Multi-head latent attention: every head's key and value are read from one latent per token,
+    ``c = norm(kv_a_proj(x))``, and the cache stores only ``c`` (as its keys, with empty values).
+
+    Keys and values are expanded from the latents at every call: the plainest form, equal to the
+    latent-space ("absorbed") form that the original model decodes with."""
+
+    def __init__(self, config: MiniGPTConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads = config.num_attention_heads
+        self.head_dim = config.hidden_size // config.num_attention_heads
+        width = self.num_heads * self.head_dim
+        if config.q_latent_dim is None:
+            self.q_proj = nn.Linear(config.hidden_size, width, bias=False)
+        else:
+            self.q_a_proj = nn.Linear(config.hidden_size, config.q_latent_dim, bias=False)
+            self.q_a_layernorm = MiniGPTRMSNorm(config.q_latent_dim, config.rms_norm_eps)
+            self.q_b_proj = nn.Linear(config.q_latent_dim, width, bias=False)
+        self.kv_a_proj = nn.Linear(config.hidden_size, config.kv_latent_dim, bias=False)
+        self.kv_a_layernorm = MiniGPTRMSNorm(config.kv_latent_dim, config.rms_norm_eps)
+        self.k_b_proj = nn.Linear(config.kv_latent_dim, width, bias=False)
+        self.v_b_proj = nn.Linear(config.kv_latent_dim, width, bias=False)
+        self.o_proj = nn.Linear(width, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, past_key_values: Cache | None) -> torch.Tensor:
+        batch, length, _ = x.shape
+        if hasattr(self, "q_proj"):
+            q = self.q_proj(x)
+        else:
+            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        q = q.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
+        latent = self.kv_a_layernorm(self.kv_a_proj(x)).unsqueeze(1)  # (batch, 1, length, kv_latent_dim)
+        if past_key_values is not None:
+            latent, _ = past_key_values.update(latent, latent[..., :0], self.layer_idx)
+        total = latent.shape[2]
+        k = self.k_b_proj(latent[:, 0]).view(batch, total, self.num_heads, self.head_dim).transpose(1, 2)
+        v = self.v_b_proj(latent[:, 0]).view(batch, total, self.num_heads, self.head_dim).transpose(1, 2)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.o_proj(y.transpose(1, 2).reshape(batch, length, -1))
+
+
 class MiniGPTMLP(nn.Module):
     """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
 
@@ -82,7 +124,8 @@ class MiniGPTBlock(nn.Module):
     def __init__(self, config: MiniGPTConfig, layer_idx: int):
         super().__init__()
         self.input_layernorm = MiniGPTRMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = MiniGPTAttention(config, layer_idx)
+        attention = MiniGPTLatentAttention if config.attention == "mla" else MiniGPTAttention
+        self.self_attn = attention(config, layer_idx)
         self.post_attention_layernorm = MiniGPTRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MiniGPTMLP(config)
 

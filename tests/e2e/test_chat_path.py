@@ -5,33 +5,28 @@ small generated corpus and a few steps keep the whole path to seconds."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
+import httpx
 import pytest
+import torch
 
 import train as train_cli
+from data.chat import ChatTokenIds, Message, render_chat
+from inference.cli import main as cli_main
+from inference.completion import generate_completions
+from inference.runs import load_run
+from inference.settings import GenerationSettings
+from e2e_testkit import ROOT, quick_settings as _common, run_command as _run
+from server_process import running_server
 
-ROOT = Path(__file__).resolve().parents[2]
 WORDS = ["the river", "the market", "his garden", "the winter sea", "the miller", "a shepherd"]
 
 
-def _run(args: list[str], cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
-    env = dict(os.environ, WANDB_MODE="disabled", PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-    return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL)
-
-
-def _common(tmp_path: Path) -> list[str]:
-    return ["--set", f"data.cache_dir={tmp_path / 'cache'}", "--set", "logging.wandb.mode=disabled",
-            "--set", "train.max_minutes=null", "--set", "train.peak_flops=1e11", "--set", "eval.max_batches=1",
-            "--set", "eval.final_max_batches=2", "--set", "eval.sample_tokens=4", "--no-progress"]
-
-
-@pytest.mark.e2e
-def test_pretrain_then_chat_tune_then_chat(tmp_path: Path, capsys) -> None:
+@pytest.fixture(scope="module")
+def chat_tuned(tmp_path_factory) -> tuple[Path, Path, Path, str]:
+    """(work dir, pretrained run, its chat-tuned child, the chat-tuning's stdout): 3 steps each."""
+    tmp_path = tmp_path_factory.mktemp("chat_path")
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n\n".join(f"NURSE:\n{a} and {b}." for a in WORDS for b in WORDS) * 20)
     chats = tmp_path / "chats.jsonl"
@@ -56,7 +51,13 @@ def test_pretrain_then_chat_tune_then_chat(tmp_path: Path, capsys) -> None:
         "--set", "train.max_steps=3", "--set", "train.batch_size=4", "--set", f"run.out_dir={chat}",
     ], cwd=tmp_path)
     assert sft.returncode == 0, sft.stderr[-3000:]
-    assert "done: 3 steps" in sft.stdout and "bits/byte" in sft.stdout
+    return tmp_path, base, chat, sft.stdout
+
+
+@pytest.mark.e2e
+def test_pretrain_then_chat_tune_then_chat(chat_tuned, capsys) -> None:
+    tmp_path, base, chat, sft_stdout = chat_tuned
+    assert "done: 3 steps" in sft_stdout and "bits/byte" in sft_stdout
     assert json.loads((chat / "parent.json").read_text())["init_from"] == str(base.resolve())
     assert (chat / "tokenizer.json").read_bytes() == (base / "tokenizer.json").read_bytes()
 
@@ -77,3 +78,34 @@ def test_pretrain_then_chat_tune_then_chat(tmp_path: Path, capsys) -> None:
     code = train_cli.main([*common, "--set", f"train.init_from={tmp_path / 'cache'}"])
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("error: train.init_from:") and err.count("\n") == 1
+
+
+CONTROL_TEXT = ("<|system|>", "<|user|>", "<|assistant|>", "<|end|>", "<|endoftext|>")
+
+
+@pytest.mark.e2e
+def test_a_barely_trained_chat_never_shows_a_control_token(chat_tuned, capsys) -> None:
+    """The chat rule (data.chat.ChatTokenIds): role tokens are never sampled, <|end|> and
+    <|endoftext|> end the reply unseen; in generate.py --chat and in the server's chat endpoint."""
+    _, _, chat, _ = chat_tuned
+    run = load_run(chat, torch.device("cpu"))
+    special = ChatTokenIds.of(run.tokenizer)
+    prompt = render_chat(run.tokenizer, [Message("user", "the river?")], add_generation_prompt=True).ids
+    # Without the rule this model does sample role tokens here, so the checks below can fail.
+    unruled = generate_completions(run, prompt, GenerationSettings(max_new_tokens=24, temperature=1.5, top_p=1.0,
+                                                                   num_samples=40, seed=0))
+    assert any(set(c.token_ids) & set(special.suppress_ids) for c in unruled.completions)
+
+    for seed in range(40):
+        code = cli_main(["--run", str(chat), "--chat", "--prompt", "the river?", "--max-new-tokens", "24",
+                         "--temperature", "1.5", "--top-p", "1", "--seed", str(seed)])
+        out = capsys.readouterr().out
+        assert code == 0 and not any(token in out for token in CONTROL_TEXT), (seed, out)
+
+    with running_server(chat) as served:
+        for seed in range(40):
+            body = {"model": "chat", "messages": [{"role": "user", "content": "the river?"}], "max_tokens": 24,
+                    "temperature": 1.5, "seed": seed}
+            reply = httpx.post(f"{served.base}/v1/chat/completions", json=body, timeout=60).json()
+            text = reply["choices"][0]["message"]["content"]
+            assert not any(token in text for token in CONTROL_TEXT), (seed, text)

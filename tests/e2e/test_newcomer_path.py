@@ -49,7 +49,7 @@ def test_train_tiny_then_generate(tmp_path: Path) -> None:
 
     # The run directory explains itself: all generate.py needs, plus what --resume needs.
     for name in ("config.yaml", "tokenizer.json", "model_config.json", "model.safetensors",
-                 "trainer_state.pt", "metrics.jsonl"):
+                 "trainer_state.pt", "metrics.jsonl", "loss_curve.png"):
         assert (run_dir / name).is_file(), f"{name} missing from the run directory"
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert any(r.get("step") == 3 for r in records)

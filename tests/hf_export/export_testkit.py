@@ -7,6 +7,8 @@ A plain module (not conftest) so tests can import it by a name no other test dir
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import yaml
@@ -18,8 +20,10 @@ from training.metrics import MetricsLog
 
 VOCAB_SIZE = 320
 FINAL_BPB = 2.34567
+ROOT = Path(__file__).resolve().parents[2]
 
-__all__ = ["BLOCK_SIZE", "FINAL_BPB", "VOCAB_SIZE", "build_run", "read_json", "train_test_tokenizer"]
+__all__ = ["BLOCK_SIZE", "FINAL_BPB", "ROOT", "VOCAB_SIZE", "assert_one_line_error", "build_run", "read_json",
+           "run_export_cli", "train_test_tokenizer"]
 
 
 def train_test_tokenizer(chat: bool = True) -> Tokenizer:
@@ -28,11 +32,13 @@ def train_test_tokenizer(chat: bool = True) -> Tokenizer:
     return run_testkit.chat_tokenizer(VOCAB_SIZE) if chat else run_testkit.tokenizer_without_chat(VOCAB_SIZE)
 
 
-def build_run(directory: Path, tokenizer_path: Path, *, n_kv_head: int = 2, tie: bool = True, seed: int = 0) -> Path:
-    """A run directory (``run_testkit.build_run``) with config.yaml's data section and a
-    metrics.jsonl holding a final validation record."""
+def build_run(directory: Path, tokenizer_path: Path, *, n_kv_head: int = 2, tie: bool = True, seed: int = 0,
+              **attention) -> Path:
+    """A run directory (``run_testkit.build_run``, ``attention`` as there) with config.yaml's data
+    section and a metrics.jsonl holding a final validation record."""
     tokenizer = Tokenizer.from_file(str(tokenizer_path))
-    run_testkit.build_run(directory, tokenizer, vocab_size=VOCAB_SIZE, n_kv_head=n_kv_head, tie=tie, seed=seed)
+    run_testkit.build_run(directory, tokenizer, vocab_size=VOCAB_SIZE, n_kv_head=n_kv_head, tie=tie, seed=seed,
+                          **attention)
     (directory / "config.yaml").write_text(yaml.safe_dump({"data": {"source": "shakespeare", "vocab_size": VOCAB_SIZE}}))
     metrics = MetricsLog(directory / "metrics.jsonl")
     metrics.append({"kind": "train", "step": 20, "loss": 3.0, "tokens": 5120})
@@ -42,3 +48,19 @@ def build_run(directory: Path, tokenizer_path: Path, *, n_kv_head: int = 2, tie:
 
 def read_json(path: Path) -> dict:
     return json.loads(path.read_text(encoding="utf-8"))
+
+
+def run_export_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "export.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def assert_one_line_error(done: subprocess.CompletedProcess, *fragments: str) -> str:
+    """The command refused its input: exit 2, nothing on stdout, one ``error:`` line holding each
+    fragment; returns that line."""
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]

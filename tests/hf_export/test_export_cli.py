@@ -6,29 +6,9 @@ These tests need no transformers: they check the folder's files, not that transf
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-from export_testkit import BLOCK_SIZE, FINAL_BPB, read_json
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "export.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
-
-
-def _assert_one_line_error(done: subprocess.CompletedProcess, *fragments: str) -> None:
-    assert done.returncode == 2, done.stderr
-    assert done.stdout == ""
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
-    for fragment in fragments:
-        assert fragment in lines[0]
-
+from export_testkit import BLOCK_SIZE, FINAL_BPB, ROOT, assert_one_line_error, read_json, run_export_cli
 
 def test_folder_holds_what_transformers_and_the_hub_need(make_export):
     _, folder = make_export()
@@ -39,7 +19,10 @@ def test_folder_holds_what_transformers_and_the_hub_need(make_export):
     assert config["model_type"] == "minigpt" and config["architectures"] == ["MiniGPTForCausalLM"]
     assert config["auto_map"]["AutoModelForCausalLM"] == "modeling_minigpt.MiniGPTForCausalLM"
     assert config["tie_word_embeddings"] is True and config["max_position_embeddings"] == BLOCK_SIZE
-    assert read_json(folder / "generation_config.json")["eos_token_id"] == [0, 4]  # <|endoftext|>, <|end|>
+    generation = read_json(folder / "generation_config.json")
+    assert generation["eos_token_id"] == [0, 4]  # <|endoftext|>, <|end|>
+    assert generation["suppress_tokens"] == [1, 2, 3]  # <|system|>, <|user|>, <|assistant|>
+    assert generation["max_length"] == BLOCK_SIZE  # a call that names no length stays in the window
     tokenizer_config = read_json(folder / "tokenizer_config.json")
     assert tokenizer_config["eos_token"] == tokenizer_config["pad_token"] == "<|endoftext|>"
     from data.chat import CHAT_TEMPLATE
@@ -71,12 +54,13 @@ def test_a_tokenizer_without_chat_tokens_exports_without_a_template(copy_run, tm
     result = export_run(copy_run, tmp_path / "plain")
     assert not result.has_chat
     assert "chat_template" not in read_json(tmp_path / "plain" / "tokenizer_config.json")
-    assert read_json(tmp_path / "plain" / "generation_config.json")["eos_token_id"] == [0]
+    generation = read_json(tmp_path / "plain" / "generation_config.json")
+    assert generation["eos_token_id"] == [0] and "suppress_tokens" not in generation
 
 
 def test_not_a_run_is_refused(tmp_path):
     (tmp_path / "empty").mkdir()
-    _assert_one_line_error(_run_cli("--run", str(tmp_path / "empty"), "--out", str(tmp_path / "out")),
+    assert_one_line_error(run_export_cli("--run", str(tmp_path / "empty"), "--out", str(tmp_path / "out")),
                            "has no model.safetensors")
     assert not (tmp_path / "out").exists()
 
@@ -86,7 +70,7 @@ def test_corrupt_weights_are_refused_like_generate_py_refuses_them(copy_run, tmp
     data = bytearray(weights.read_bytes())
     data[-100] ^= 0xFF  # a flipped byte inside the tensor data
     weights.write_bytes(bytes(data))
-    _assert_one_line_error(_run_cli("--run", str(copy_run), "--out", str(tmp_path / "out")), "corrupt")
+    assert_one_line_error(run_export_cli("--run", str(copy_run), "--out", str(tmp_path / "out")), "corrupt")
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.*"))
 
 

@@ -54,14 +54,15 @@ def test_turns_are_appended_to_the_cache_not_re_encoded(loaded_run):
     assert not notices
     # Every position was run through the model exactly once, and the window is the template's
     # rendering of the whole conversation so far.
-    assert session.tokens_encoded == session.cache.pos
+    assert session.tokens_encoded == session.cache.lengths[0]
     # The window is the template's rendering of the conversation: each user turn, then the reply's
-    # ids, closed by <|end|> (added when the reply was cut off by max_new_tokens).
-    tokenizer, end = run.tokenizer, session.special.end
+    # ids, closed by <|end|> (in place of the <|end|> or <|endoftext|> that ended the reply, or
+    # added when the reply was cut off by max_new_tokens).
+    tokenizer, ends = run.tokenizer, session.special.reply_end_ids
     expected = render_chat(tokenizer, [Message("system", "You are JULIET.")]).ids
     for message, reply in zip(MESSAGES, replies):
         expected += render_chat(tokenizer, [Message("user", message)], add_generation_prompt=True).ids
-        expected += reply if reply[-1:] == [end] else [*reply, end]
+        expected += [*(reply[:-1] if reply[-1] in ends else reply), session.special.end]
     assert session.window == expected == [t for turn in session.turns for t in turn]
 
 
@@ -120,3 +121,74 @@ def test_repl_over_stdin_resets_and_exits(run_dir, loaded_run):
     second = session.reply(MESSAGES[1]).text
     # After /reset the same first message gets the same first reply; /exit stops before the last line.
     assert proc.stdout == f"{first}\n{first}\n{second}\n"
+
+
+def _chat_command(run_dir: Path) -> list[str]:
+    return [sys.executable, str(REPO / "generate.py"), "--run", str(run_dir), "--chat", "--temperature", "0",
+            "--max-new-tokens", "5"]
+
+
+def test_repl_refuses_a_line_that_is_not_utf8_and_goes_on_and_help_is_not_sent(run_dir, loaded_run):
+    stdin = b"\xff\xfe caf\xe9\n/help\n" + MESSAGES[0].encode() + b"\n"
+    proc = subprocess.run(_chat_command(run_dir), input=stdin, capture_output=True, timeout=120, cwd=REPO,
+                          env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    err = proc.stderr.decode()
+    assert proc.returncode == 0 and "Traceback" not in err, err[-2000:]
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert errors == ["error: that line is not valid UTF-8 (byte 0xff at offset 0); convert it to UTF-8"]
+    assert "/reset" in err and "/exit" in err  # /help listed the commands...
+    # ...and only the one real message reached the model, as the first turn of the conversation.
+    expected = ChatSession(loaded_run, GenerationSettings(temperature=0, max_new_tokens=5)).reply(MESSAGES[0]).text
+    assert proc.stdout.decode() == expected + "\n"
+
+
+def _read_until(fd: int, needle: bytes, seen: bytearray, count: int, timeout: float = 60.0) -> None:
+    """Read the terminal into ``seen`` until ``needle`` occurs ``count`` times (or it closes)."""
+    import select
+    import time
+
+    deadline = time.monotonic() + timeout
+    while seen.count(needle) < count:
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            raise AssertionError(f"timed out waiting for {needle!r}; the terminal shows {bytes(seen)[-500:]!r}")
+        try:
+            chunk = os.read(fd, 4096)
+        except OSError:  # EIO: the other side closed
+            return
+        if not chunk:
+            return
+        seen += chunk
+
+
+@pytest.mark.skipif(not hasattr(os, "openpty"), reason="needs a pseudo-terminal")
+def test_at_a_terminal_lines_are_edited_recalled_and_ctrl_d_ends_the_line(run_dir):
+    import re
+
+    pytest.importorskip("readline")
+    try:
+        controller, terminal = os.openpty()
+    except OSError as error:  # a container without /dev/ptmx
+        pytest.skip(f"no pseudo-terminal here ({error})")
+    env = dict(os.environ, TERM="xterm", INPUTRC=os.devnull, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(_chat_command(run_dir), stdin=terminal, stdout=terminal, stderr=terminal, cwd=REPO,
+                            env=env, close_fds=True)
+    os.close(terminal)
+    seen = bytearray()
+    try:
+        _read_until(controller, b"you> ", seen, 1)
+        os.write(controller, MESSAGES[0].encode() + b"\r")
+        _read_until(controller, b"you> ", seen, 2)
+        os.write(controller, b"\x1b[A\r")  # Up arrow: the line before, sent again
+        _read_until(controller, b"you> ", seen, 3)
+        os.write(controller, b"\x04")  # Ctrl-D
+        _read_until(controller, b"\0never", seen, 1)  # to the end of the output
+        assert proc.wait(timeout=60) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+        os.close(controller)
+    shown = re.sub(rb"\x1b\[[0-9;?]*[A-Za-z]", b"", bytes(seen)).replace(b"\r", b"").decode(errors="replace")
+    assert "^[[A" not in shown and "Traceback" not in shown
+    assert shown.count(MESSAGES[0]) == 2, shown  # typed once, recalled once
+    assert shown.endswith("you> \n"), shown  # Ctrl-D leaves the shell prompt on a fresh line

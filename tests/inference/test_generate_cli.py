@@ -98,8 +98,12 @@ def test_latest_run_under_runs_is_used_by_default(capsys, monkeypatch, copy_run,
     os.utime(older / "model.safetensors", (2_000_000_000, 2_000_000_000))
     os.utime(newer / "model.safetensors", (1_000_000_000, 1_000_000_000))
     monkeypatch.chdir(tmp_path)
-    code, out, _ = cli(capsys, "--max-new-tokens", 2, "--json")
+    code, out, err = cli(capsys, "--max-new-tokens", 2, "--json")
     assert code == 0 and json.loads(out)["run"] == str(Path("runs") / "older")
+    # The choice is said on stderr: after a fine-tune the newest run may not be the one meant.
+    assert f"using {Path('runs') / 'older'}, the most recently trained run" in err
+    code, _, err = cli(capsys, "--max-new-tokens", 2, "--quiet")
+    assert code == 0 and err == ""
 
 
 def test_help_documents_the_defaults(capsys):

@@ -72,13 +72,14 @@ def test_cached_chunks_and_single_tokens_match_reference(n_kv_head):
     """Chunk on a filled cache (bottom-right mask) and one-token steps (folded query heads)."""
     layer = make_layer(n_kv_head, seed=1)
     x = torch.randn(2, 17, 42)
-    cache = KVCache(1, 2, n_kv_head, 40, 7)
+    cache = KVCache(1, 2, 40, layer.cache_entries())
     with torch.inference_mode():
         want = reference_layer(layer, x, causal_mask(17, 17))
         pieces = []
         for start, end in [(0, 6), (6, 11), (11, 12), (12, 13), (13, 17)]:
+            cache.begin(end - start)
             pieces.append(layer(x[:, start:end], cache))
-            cache.advance(end - start)
+            cache.end()
         got = torch.cat(pieces, dim=1)
     assert (got - want).abs().max().item() <= 1e-5
 
@@ -99,9 +100,11 @@ def test_mha_case_equals_torch_multihead_attention():
 
 def test_cache_stores_kv_heads_only():
     layer = make_layer(2)
-    cache = KVCache(1, 1, 2, 40, 7)
+    cache = KVCache(1, 1, 40, layer.cache_entries())
     with torch.inference_mode():
         x = torch.randn(1, 5, 42)
         _, k, v = layer.split_heads(x)
+        cache.begin(5)
         layer(x, cache)
-    assert torch.equal(cache.k[0, :, :, :5], k) and torch.equal(cache.v[0, :, :, :5], v)
+    assert cache.buffers["k"].shape == (1, 1, 2, 40, 7)
+    assert torch.equal(cache.buffers["k"][0, :, :, :5], k) and torch.equal(cache.buffers["v"][0, :, :, :5], v)

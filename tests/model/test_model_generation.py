@@ -1,4 +1,4 @@
-"""generate_tokens / GPT.generate: cached == uncached token for token, greedy and sampled,
+"""generate_tokens / generate: cached == uncached token for token, greedy and sampled,
 within and past block_size, batched and single."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model.generation import generate_tokens
+from model.generation import generate, generate_tokens
 
 SAMPLING = dict(temperature=0.9, top_k=40, top_p=0.95, repetition_penalty=1.3)
 
@@ -23,7 +23,7 @@ def test_greedy_equals_a_plain_argmax_loop(make_model):
     """Independent of generate_tokens: recompute the whole sequence and take the argmax."""
     model = make_model(seed=1, block_size=80)
     seq = prompt(2, 6)
-    out = model.generate(seq, 70)
+    out = generate(model, seq, 70)
     with torch.inference_mode():
         for _ in range(70):
             seq = torch.cat([seq, model(seq)[:, -1].argmax(-1, keepdim=True)], dim=1)
@@ -34,8 +34,8 @@ def test_greedy_equals_a_plain_argmax_loop(make_model):
 def test_greedy_cached_equals_uncached(make_model, n_kv_head):
     model = make_model(seed=2, n_kv_head=n_kv_head, block_size=80)
     idx = prompt(1, 7, seed=3)
-    cached = model.generate(idx, 64, use_cache=True)
-    assert torch.equal(cached, model.generate(idx, 64, use_cache=False))
+    cached = generate(model, idx, 64, use_cache=True)
+    assert torch.equal(cached, generate(model, idx, 64, use_cache=False))
     assert torch.equal(cached[:, :7], idx)
     assert len(set(cached[0, 7:].tolist())) > 5  # a real continuation, not one repeated id
 
@@ -43,10 +43,10 @@ def test_greedy_cached_equals_uncached(make_model, n_kv_head):
 def test_seeded_sampling_cached_equals_uncached(make_model):
     model = make_model(seed=4, block_size=80)
     idx = prompt(1, 5, seed=5)
-    cached = model.generate(idx, 64, **SAMPLING, use_cache=True, generator=gen(11))
-    uncached = model.generate(idx, 64, **SAMPLING, use_cache=False, generator=gen(11))
+    cached = generate(model, idx, 64, **SAMPLING, use_cache=True, generator=gen(11))
+    uncached = generate(model, idx, 64, **SAMPLING, use_cache=False, generator=gen(11))
     assert torch.equal(cached, uncached)
-    other_seed = model.generate(idx, 64, **SAMPLING, use_cache=True, generator=gen(12))
+    other_seed = generate(model, idx, 64, **SAMPLING, use_cache=True, generator=gen(12))
     assert not torch.equal(cached, other_seed)
 
 
@@ -57,7 +57,7 @@ def test_past_block_size_cached_equals_uncached(make_model, keep_fraction, sampl
     idx = prompt(2, 5, seed=7)
     kwargs = dict(SAMPLING) if sampled else {}
     runs = [
-        model.generate(idx, 48, **kwargs, use_cache=use_cache, keep_fraction=keep_fraction,
+        generate(model, idx, 48, **kwargs, use_cache=use_cache, keep_fraction=keep_fraction,
                        generator=[gen(21), gen(22)])
         for use_cache in (True, False)
     ]
@@ -70,7 +70,7 @@ def test_window_slide_and_penalty_follow_the_documented_rules(make_model):
     tokens; the repetition penalty still covers every token of the row so far."""
     model = make_model(seed=8, block_size=16)
     idx = prompt(1, 10, seed=9)
-    out = model.generate(idx, 30, keep_fraction=0.5, repetition_penalty=1.5)
+    out = generate(model, idx, 30, keep_fraction=0.5, repetition_penalty=1.5)
     tokens = out[0].tolist()
     start = 0
     with torch.inference_mode():
@@ -86,19 +86,19 @@ def test_window_slide_and_penalty_follow_the_documented_rules(make_model):
 def test_prompt_longer_than_block_size_is_cut_to_its_tail(make_model):
     model = make_model(seed=10, block_size=16)
     idx = prompt(1, 40, seed=11)
-    out = model.generate(idx, 20)
-    assert torch.equal(out, model.generate(idx, 20, use_cache=False))
-    assert torch.equal(out[:, 40:], model.generate(idx[:, -16:], 20)[:, 16:])
+    out = generate(model, idx, 20)
+    assert torch.equal(out, generate(model, idx, 20, use_cache=False))
+    assert torch.equal(out[:, 40:], generate(model, idx[:, -16:], 20)[:, 16:])
 
 
 def test_batch_rows_equal_single_rows(make_model):
     model = make_model(seed=12, block_size=40)
     idx = prompt(3, 6, seed=13)
-    greedy = model.generate(idx, 30)
-    sampled = model.generate(idx, 30, **SAMPLING, generator=[gen(100 + i) for i in range(3)])
+    greedy = generate(model, idx, 30)
+    sampled = generate(model, idx, 30, **SAMPLING, generator=[gen(100 + i) for i in range(3)])
     for row in range(3):
-        assert torch.equal(greedy[row:row + 1], model.generate(idx[row:row + 1], 30))
-        single = model.generate(idx[row:row + 1], 30, **SAMPLING, generator=gen(100 + row))
+        assert torch.equal(greedy[row:row + 1], generate(model, idx[row:row + 1], 30))
+        single = generate(model, idx[row:row + 1], 30, **SAMPLING, generator=gen(100 + row))
         assert torch.equal(sampled[row:row + 1], single)
 
 
@@ -107,7 +107,7 @@ def test_generate_tokens_streams_one_column_per_step(make_model):
     idx = prompt(2, 4, seed=15)
     steps = list(generate_tokens(model, idx, 9))
     assert len(steps) == 9 and all(s.shape == (2,) and s.dtype == torch.long for s in steps)
-    assert torch.equal(torch.stack(steps, dim=1), model.generate(idx, 9)[:, 4:])
+    assert torch.equal(torch.stack(steps, dim=1), generate(model, idx, 9)[:, 4:])
     assert list(generate_tokens(model, idx, 0)) == []
     assert not torch.is_inference_mode_enabled()
 
@@ -134,6 +134,6 @@ def test_bad_arguments_raise_before_iteration(make_model, kwargs, message):
 def test_empty_or_malformed_prompt_raises(make_model):
     model = make_model()
     with pytest.raises(ValueError, match="non-empty"):
-        model.generate(torch.zeros(1, 0, dtype=torch.long), 3)
+        generate(model, torch.zeros(1, 0, dtype=torch.long), 3)
     with pytest.raises(ValueError, match="LongTensor"):
-        model.generate(torch.zeros(1, 3, dtype=torch.int32), 3)
+        generate(model, torch.zeros(1, 3, dtype=torch.int32), 3)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model.gpt import RMSNorm
-from model.rms_norm_cpu import RMSNormCPUFunction
+from model.gpt import GPT, GPTConfig, RMSNorm
+from model.rms_norm_cpu import CPUBackwardRMSNorm, RMSNormCPUFunction, install_cpu_backward
 
 
 def textbook_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -14,7 +14,7 @@ def textbook_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torc
 
 
 def norm_with_gains(dim: int, seed: int) -> RMSNorm:
-    norm = RMSNorm(dim, eps=1e-5)
+    norm = CPUBackwardRMSNorm(dim, eps=1e-5)
     with torch.no_grad():  # unit gains would hide a mix-up of weight and input gradients
         norm.weight.copy_(torch.rand(dim, generator=torch.Generator().manual_seed(seed)) + 0.5)
     return norm
@@ -98,3 +98,27 @@ def test_bf16_autocast_keeps_the_norm_in_float32():
     assert out.dtype == torch.float32
     torch.testing.assert_close(out, out_ref, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(x.grad, x_ref.grad, rtol=1e-4, atol=1e-5)
+
+
+def backward_functions(out: torch.Tensor) -> set[str]:
+    """Names of every autograd node ``out`` was computed through."""
+    names, stack = set(), [out.grad_fn]
+    while stack:
+        fn = stack.pop()
+        if fn is not None and type(fn).__name__ not in names:
+            names.add(type(fn).__name__)
+            stack.extend(f for f, _ in fn.next_functions)
+    return names
+
+
+def test_only_an_installed_model_takes_the_cpu_backward_and_its_parameters_stay_the_same():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_kv_head=1, n_embd=16))
+    idx = torch.randint(0, 11, (2, 8))
+    assert not any("RMSNormCPUFunction" in name for name in backward_functions(model(idx)))  # not by default
+    params, state = list(model.parameters()), model.state_dict()
+    install_cpu_backward(model)
+    norms = [m for m in model.modules() if isinstance(m, RMSNorm)]
+    assert len(norms) == 2 * 2 + 1 and all(type(m) is CPUBackwardRMSNorm for m in norms)
+    assert all(a is b for a, b in zip(params, model.parameters())) and model.state_dict().keys() == state.keys()
+    assert any("RMSNormCPUFunction" in name for name in backward_functions(model(idx)))

@@ -173,3 +173,11 @@ def test_the_nucleus_from_candidates_equals_sorting_the_whole_vocabulary(monkeyp
     for probs in (flat, peaked, tied, torch.full((2, 300), 1 / 300)):
         for p in (0.05, 0.3, 0.5, 0.9, 0.999):
             assert torch.equal(sampling.outside_nucleus(probs, p), nucleus_by_full_sort(probs, p)), (candidates, p)
+
+
+def test_suppressed_ids_are_never_picked_greedy_or_sampled():
+    logits = torch.tensor([[5.0, 4.0, -1.0, 0.0]]).expand(500, 4)
+    assert sample_next_token(logits[:1], suppress_ids=(0,)).item() == 1
+    tokens = sample_next_token(logits, temperature=2.0, suppress_ids=(0, 1), generator=gen(15))
+    assert set(tokens.tolist()) == {2, 3}
+    assert logits[0, 0] == 5.0  # the caller's logits are left as they were

@@ -107,6 +107,7 @@ def test_offline_run_records_metrics_samples_config_and_summary(tmp_path, no_cre
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 1 and "no W&B credentials" in out[0]
     assert f"wandb sync {run_dir / 'wandb'}/offline-run-*-{logger.run_id}*" in out[0]
+    assert logger.sync_command is not None and logger.sync_command in out[0]  # train.py says it again at the end
 
     for step in (10, 20, 30):
         logger.log({"train/loss": 4.0 - step / 10, "train/lr": 1e-3, "train/tokens_seen": step * 64}, step=step)

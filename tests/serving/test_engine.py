@@ -9,9 +9,13 @@ import torch
 
 from inference.completion import generate_completions
 from inference.settings import GenerationSettings
-from model import RowCache
-from model.gpt import batch_invariant
-from serving.engine import Engine, EngineBusy, Event, SamplingParams
+from model.generation import SamplingSettings
+from serving.engine import Engine, EngineBusy, Event
+
+def api_settings(max_tokens: int, temperature: float = 1.0, top_p: float = 1.0, **options) -> SamplingSettings:
+    """Sampling settings with the server's (OpenAI's) defaults, as serving.api builds them."""
+    return SamplingSettings(max_new_tokens=max_tokens, temperature=temperature, top_k=None, top_p=top_p, **options)
+
 
 
 class Collector:
@@ -35,7 +39,7 @@ class Collector:
         return "".join(e.text for e in self.events)
 
 
-def mixed_requests(run, count: int) -> list[tuple[list[int], SamplingParams]]:
+def mixed_requests(run, count: int) -> list[tuple[list[int], SamplingSettings]]:
     """Prompts of 1 to block_size tokens; lengths that stay inside the window and that slide it
     several times; greedy and seeded sampling at several temperatures and top_p."""
     g = torch.Generator().manual_seed(11)
@@ -47,7 +51,7 @@ def mixed_requests(run, count: int) -> list[tuple[list[int], SamplingParams]]:
         max_tokens = [1, 7, 20, 45, 70, 3 * block][i % 6 if i % 4 else (i + 3) % 6]
         temperature = [0.0, 0.7, 1.0, 1.4][i % 4]
         top_p = [1.0, 0.9, 0.5][i % 3]
-        requests.append((prompt, SamplingParams(max_tokens, temperature, top_p, seed=1000 + i)))
+        requests.append((prompt, api_settings(max_tokens, temperature, top_p, seed=1000 + i)))
     return requests
 
 
@@ -70,10 +74,10 @@ def test_32_concurrent_requests_each_equal_their_solo_run_and_generate_py(chat_r
     for i, ((prompt, params), alone, mixed) in enumerate(zip(requests, solo, together)):
         assert mixed.token_ids == alone.token_ids, f"request {i}"
         assert (mixed.text, mixed.reason, mixed.prompt_tokens) == (alone.text, "length", len(prompt))
-        settings = GenerationSettings(max_new_tokens=params.max_tokens, temperature=params.temperature,
+        settings = GenerationSettings(max_new_tokens=params.max_new_tokens, temperature=params.temperature,
                                       top_p=params.top_p, seed=params.seed)
-        with batch_invariant():  # generate.py's decoding, in the engine's row blocks
-            reference = generate_completions(chat_run, prompt, settings).completions[0]
+        # generate.py's decoding, in the engine's arithmetic
+        reference = generate_completions(chat_run, prompt, settings, batch_invariant=True).completions[0]
         assert list(alone.token_ids) == reference.token_ids, f"request {i} against generate.py"
         assert alone.text == reference.text
 
@@ -88,7 +92,7 @@ def test_streamed_text_joins_to_the_whole_text(chat_run):
 
 def test_a_long_prompt_is_prefilled_in_chunks_between_other_rows_decode_steps(chat_run):
     prompt = list(range(5, 5 + chat_run.block_size))
-    params = SamplingParams(40, temperature=0.9, seed=3)
+    params = api_settings(40, temperature=0.9, seed=3)
     solo_engine = Engine(chat_run.model, chat_run.token_bytes, max_batch=1, prefill_chunk=5)
     alone = Collector()
     solo_engine.submit(prompt, params, alone)
@@ -97,7 +101,7 @@ def test_a_long_prompt_is_prefilled_in_chunks_between_other_rows_decode_steps(ch
 
     engine = Engine(chat_run.model, chat_run.token_bytes, max_batch=2, prefill_chunk=5)
     other = Collector()
-    engine.submit([7, 8], SamplingParams(60, temperature=0.0), other)
+    engine.submit([7, 8], api_settings(60, temperature=0.0), other)
     engine.step()
     chunked = Collector()
     engine.submit(prompt, params, chunked)
@@ -114,10 +118,10 @@ def test_a_long_prompt_is_prefilled_in_chunks_between_other_rows_decode_steps(ch
 def test_a_new_request_joins_while_others_are_still_decoding(chat_run):
     engine = Engine(chat_run.model, chat_run.token_bytes, max_batch=2)
     short, long = Collector(), Collector()
-    engine.submit([5], SamplingParams(3, temperature=0.0), short)
-    engine.submit([6], SamplingParams(50, temperature=0.0), long)
+    engine.submit([5], api_settings(3, temperature=0.0), short)
+    engine.submit([6], api_settings(50, temperature=0.0), long)
     late = Collector()
-    engine.submit([7], SamplingParams(2, temperature=0.0), late)
+    engine.submit([7], api_settings(2, temperature=0.0), late)
     while not short.done.is_set():
         engine.step()
     engine.step()  # the freed row takes the waiting request at once
@@ -128,8 +132,8 @@ def test_a_new_request_joins_while_others_are_still_decoding(chat_run):
 def test_cancel_frees_the_row_at_the_next_iteration(chat_run):
     engine = Engine(chat_run.model, chat_run.token_bytes, max_batch=1)
     first, second = Collector(), Collector()
-    ticket = engine.submit([5, 6], SamplingParams(100, temperature=0.0), first)
-    engine.submit([5, 6], SamplingParams(2, temperature=0.0), second)
+    ticket = engine.submit([5, 6], api_settings(100, temperature=0.0), first)
+    engine.submit([5, 6], api_settings(2, temperature=0.0), second)
     for _ in range(3):
         engine.step()
     ticket.cancel()
@@ -141,14 +145,14 @@ def test_cancel_frees_the_row_at_the_next_iteration(chat_run):
 def test_a_full_queue_refuses_at_once(chat_run):
     engine = Engine(chat_run.model, chat_run.token_bytes, max_batch=1, max_queue=2)
     for _ in range(3):  # one for the free row (not admitted yet: the loop has not run), two waiting
-        engine.submit([5], SamplingParams(1), Collector())
+        engine.submit([5], api_settings(1), Collector())
     with pytest.raises(EngineBusy):
-        engine.submit([5], SamplingParams(1), Collector())
+        engine.submit([5], api_settings(1), Collector())
 
 
 def test_end_tokens_and_stop_strings_end_a_request_with_reason_stop(chat_run):
     engine = Engine(chat_run.model, chat_run.token_bytes, max_batch=2)
-    greedy = SamplingParams(30, temperature=0.0)
+    greedy = api_settings(30, temperature=0.0)
     full = Collector()
     engine.submit([9, 10, 11], greedy, full)
     while not full.done.is_set():
@@ -159,16 +163,15 @@ def test_end_tokens_and_stop_strings_end_a_request_with_reason_stop(chat_run):
     engine.submit([9, 10, 11], greedy, ended, end_ids=[ids[4]])
     stop = full.finish.text[len(full.finish.text) // 2:][:3]
     stopped = Collector()
-    engine.submit([9, 10, 11], SamplingParams(30, temperature=0.0, stop=(stop,)), stopped)
+    engine.submit([9, 10, 11], api_settings(30, temperature=0.0, stop=(stop,)), stopped)
     while not (ended.done.is_set() and stopped.done.is_set()):
         engine.step()
     first_end = ids.index(ids[4])
     assert ended.finish.reason == "stop" and ended.finish.token_ids == ids[:first_end + 1]
-    with batch_invariant():
-        until_end = generate_completions(chat_run, [9, 10, 11], GenerationSettings(max_new_tokens=first_end,
-                                                                                  temperature=0.0))
-        reference = generate_completions(
-            chat_run, [9, 10, 11], GenerationSettings(max_new_tokens=30, temperature=0.0, stop=(stop,))).completions[0]
+    until_end = generate_completions(chat_run, [9, 10, 11], GenerationSettings(max_new_tokens=first_end,
+                                                                              temperature=0.0), batch_invariant=True)
+    reference = generate_completions(chat_run, [9, 10, 11], GenerationSettings(max_new_tokens=30, temperature=0.0,
+                                     stop=(stop,)), batch_invariant=True).completions[0]
     assert ended.finish.text == until_end.completions[0].text
     assert (stopped.finish.reason, stopped.finish.text) == ("stop", reference.text)
     assert stopped.finish.token_ids == tuple(reference.token_ids) and stop not in stopped.text
@@ -177,18 +180,16 @@ def test_end_tokens_and_stop_strings_end_a_request_with_reason_stop(chat_run):
 def test_a_batched_decode_step_gives_each_row_its_solo_logits_bit_for_bit(chat_run):
     """What makes the token-for-token equality hold for any model, not only this one's wide logit gaps."""
     model = chat_run.model
-    cache = RowCache(model.init_cache(8))
+    cache = model.init_cache(8)
     prompts = [list(range(5, 5 + n)) for n in (1, 4, 9, 16, 2, 30)]
     solo_logits = []
-    with torch.inference_mode(), batch_invariant():
+    with torch.inference_mode():
         for r, prompt in enumerate(prompts):
-            view = cache.row(r)
-            model.next_token_logits(torch.tensor([prompt[:-1] or prompt]), view)
-            cache.lengths[r] = view.pos
+            model.next_token_logits(torch.tensor([prompt[:-1] or prompt]), cache, [r], batch_invariant=True)
             solo = model.init_cache(1)
-            model.next_token_logits(torch.tensor([prompt[:-1] or prompt]), solo)
-            solo_logits.append(model.next_token_logits(torch.tensor([[prompt[-1]]]), solo))
-        batched = model.next_token_logits(torch.tensor([[p[-1]] for p in prompts]),
-                                          cache.step(list(range(len(prompts)))))
+            model.next_token_logits(torch.tensor([prompt[:-1] or prompt]), solo, batch_invariant=True)
+            solo_logits.append(model.next_token_logits(torch.tensor([[prompt[-1]]]), solo, batch_invariant=True))
+        batched = model.next_token_logits(torch.tensor([[p[-1]] for p in prompts]), cache,
+                                          list(range(len(prompts))), batch_invariant=True)
     for i, alone in enumerate(solo_logits):
         assert torch.equal(batched[i:i + 1], alone), f"row {i}"

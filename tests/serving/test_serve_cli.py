@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from serving.cli import main
@@ -16,6 +18,7 @@ from serving.cli import main
         (["--prefill-chunk", "0"], "--prefill-chunk must be at least 1"),
         (["--device", "tpu"], "unknown device 'tpu'"),
         (["--max-batch", "many"], "invalid int value"),
+        (["--max-body-bytes", "0"], "--max-body-bytes must be at least 1"),
     ],
 )
 def test_bad_flags_are_one_line_and_exit_2(tmp_path, capsys, flags, fragment):
@@ -29,3 +32,10 @@ def test_a_directory_that_is_not_a_run_is_refused(tmp_path, capsys):
     assert main(["--run", str(tmp_path / "missing"), "--port", "0"]) == 2
     err = capsys.readouterr().err
     assert "does not exist" in err and err.count("\n") == 1
+
+
+def test_a_kv_cache_larger_than_memory_is_one_line_before_allocating(chat_run_dir, capsys):
+    code = main(["--run", str(chat_run_dir), "--port", "0", "--device", "cpu", "--max-batch", "100000000"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1
+    assert re.match(r"error: --max-batch 100000000 needs a KV cache of [\d,.]+ GiB .* pass --max-batch \d+ or less$", err)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+import time
 
 import httpx
 import pytest
@@ -11,18 +13,24 @@ import pytest
 from data.chat import ChatTokenIds, render_chat, to_messages
 from inference.completion import generate_completions
 from inference.settings import GenerationSettings
-from model.gpt import batch_invariant
 from server_process import running_server
 
 openai = pytest.importorskip("openai")
 
 MODEL = "tiny-chat"
+MAX_BODY = 2_000_000  # above the default, so that the context-length case below reaches the model
 
 
 @pytest.fixture(scope="module")
-def server(chat_run_dir):
-    with running_server(chat_run_dir, "--max-batch", "4", "--max-queue", "2", "--max-tokens-cap", "20000") as (base, _):
-        yield base
+def served(chat_run_dir):
+    with running_server(chat_run_dir, "--max-batch", "4", "--max-queue", "2", "--max-tokens-cap", "20000",
+                        "--max-body-bytes", str(MAX_BODY)) as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def server(served):
+    return served.base
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +39,8 @@ def client(server):
 
 
 def reference(run, prompt_ids, **settings):
-    with batch_invariant():  # generate.py's decoding, in the server's row blocks
-        return generate_completions(run, prompt_ids, GenerationSettings(**settings)).completions[0]
+    # generate.py's decoding, in the server's arithmetic
+    return generate_completions(run, prompt_ids, GenerationSettings(**settings), batch_invariant=True).completions[0]
 
 
 def test_models_and_health(client, server):
@@ -86,8 +94,11 @@ def test_chat_uses_the_chat_template_and_ends_at_end_of_turn(client, chat_run):
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Who's there?"}]
     reply = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=60, temperature=0.0)
     ids = render_chat(chat_run.tokenizer, to_messages(messages), add_generation_prompt=True).ids
-    expected = reference(chat_run, ids, max_new_tokens=60, temperature=0.0)
-    end = {ChatTokenIds.of(chat_run.tokenizer).end, chat_run.eot_id}
+    special = ChatTokenIds.of(chat_run.tokenizer)
+    # The chat rule: role tokens never sampled (this untrained model would pick one within 60 tokens).
+    expected = reference(chat_run, ids, max_new_tokens=60, temperature=0.0, suppress_ids=special.suppress_ids)
+    assert reference(chat_run, ids, max_new_tokens=60, temperature=0.0).token_ids != expected.token_ids
+    end = set(special.reply_end_ids)
     cut = next((i for i, t in enumerate(expected.token_ids) if t in end), None)
     choice = reply.choices[0]
     assert reply.usage.prompt_tokens == len(ids)
@@ -115,6 +126,16 @@ def test_chat_uses_the_chat_template_and_ends_at_end_of_turn(client, chat_run):
     ({"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}, 400, "unknown role"),
     ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "logit_bias": {}}, 400, "unrecognized"),
     ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 2}, 400, "n:"),
+    (b'{"model": "tiny-chat", "messages": [{"role": "user", "content": "a\\ud800"}]}', 400,
+     "messages.0.content has a lone surrogate"),
+    (b'{"model": "tiny-chat", "\\udfff": 1}', 400, "a key with a lone surrogate"),
+    (b"", 400, "the request body is empty; send a JSON object with model and messages"),
+    (b"  [1, 2]", 400, "the request body is an array; send a JSON object"),
+    (b"\xff\xfe{}", 400, "not UTF-8"),
+    (b'{"model": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", 400, "nests deeper than 16 levels"),
+    (b'{"model": ' + b"[" * 100 + b"]" * 100 + b"}", 400, "nests deeper than 16 levels"),
+    (b'{"model": "tiny-chat", "messages": [], "temperature": NaN}', 400, "NaN, which is not a JSON number"),
+    (b'{"model": "tiny-chat", "messages": [], "seed": 1' + b"0" * 5000 + b"}", 400, "an integer of 5001"),
 ])
 def test_bad_requests_get_an_openai_error_and_the_server_keeps_serving(server, client, body, status, fragment):
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
@@ -123,7 +144,79 @@ def test_bad_requests_get_an_openai_error_and_the_server_keeps_serving(server, c
     assert response.status_code == status
     error = response.json()["error"]
     assert fragment in error["message"] and "\n" not in error["message"] and error["type"]
+    assert "None" not in error["message"]
     assert client.completions.create(model=MODEL, prompt="ok", max_tokens=2).choices[0].text is not None
+
+
+def test_a_lone_surrogate_in_a_prompt_is_a_400_naming_it(server):
+    response = httpx.post(f"{server}/v1/completions", content=b'{"model": "tiny-chat", "prompt": "\\ud800 x"}',
+                          headers={"Content-Type": "application/json"}, timeout=30)
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "prompt" and "lone surrogate" in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("method, path, status, fragment", [
+    ("GET", "/v1/nope", 404, "no such endpoint: GET /v1/nope; this server has GET /, GET /health"),
+    ("POST", "/v1/nope", 404, "POST /v1/completions, POST /v1/chat/completions"),
+    ("POST", "/", 405, "POST / is not allowed; / takes GET"),
+    ("GET", "/v1/completions", 405, "GET /v1/completions is not allowed; /v1/completions takes POST"),
+    ("DELETE", "/v1/models", 405, "/v1/models takes GET"),
+])
+def test_unknown_routes_and_methods_are_openai_errors(server, method, path, status, fragment):
+    response = httpx.request(method, f"{server}{path}", timeout=30)
+    assert response.status_code == status
+    assert response.json()["error"]["type"] == "invalid_request_error"
+    assert fragment in response.json()["error"]["message"]
+
+
+def test_an_over_size_body_is_refused_with_413_declared_or_not(server, client):
+    prompt = "x" * MAX_BODY
+    declared = httpx.post(f"{server}/v1/completions", json={"model": MODEL, "prompt": prompt}, timeout=30)
+
+    def chunks():  # no Content-Length: httpx sends it chunked, so only counting the bytes finds it
+        yield json.dumps({"model": MODEL, "prompt": prompt}).encode()
+
+    chunked = httpx.post(f"{server}/v1/completions", content=chunks(), timeout=30)
+    for response in (declared, chunked):
+        assert response.status_code == 413
+        error = response.json()["error"]
+        assert error["code"] == "request_too_large" and f"limit of {MAX_BODY} bytes" in error["message"]
+    assert client.completions.create(model=MODEL, prompt="ok", max_tokens=2).usage.completion_tokens == 2
+
+
+def wait_for_idle(server: str, timeout_s: float) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        health = httpx.get(f"{server}/health", timeout=10).json()
+        if health["active"] == health["waiting"] == 0 or time.monotonic() > deadline:
+            return health
+        time.sleep(0.05)
+
+
+def test_a_non_streaming_client_that_leaves_frees_its_row_at_once(served):
+    """Tokens keep coming, so no pause would ever reveal that the client left: the server must
+    hear the disconnect itself. (Greedy "ROMEO:" on this model runs for thousands of tokens without
+    reaching <|endoftext|>; the access log's 499 shows that the request did not just end.)"""
+    assert wait_for_idle(served.base, 10)["active"] == 0
+    body = {"model": MODEL, "prompt": "ROMEO:", "max_tokens": 20000, "temperature": 0.0}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{served.base}/v1/completions", json=body, timeout=httpx.Timeout(30, read=1.0))
+    left = time.monotonic()
+    health = wait_for_idle(served.base, 2)
+    assert health["active"] == 0, f"the row is still held {time.monotonic() - left:.1f} s after the client left"
+    assert re.search(r"POST /v1/completions 499 in=\d+ out=\d+ ", served.output())
+
+
+def test_each_request_gets_one_access_log_line(served, client):
+    reply = client.completions.create(model=MODEL, prompt="ROMEO: But soft", max_tokens=7, temperature=0)
+    usage = reply.usage
+    httpx.get(f"{served.base}/v1/nope")
+    deadline = time.monotonic() + 10
+    pattern = rf"POST /v1/completions 200 in={usage.prompt_tokens} out={usage.completion_tokens} \d+\.\d+s$"
+    while not re.search(pattern, served.output(), re.MULTILINE) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert re.search(pattern, served.output(), re.MULTILINE), served.output()[-2000:]
+    assert re.search(r"GET /v1/nope 404 in=- out=- \d+\.\d+s$", served.output(), re.MULTILINE)
 
 
 def test_the_openai_client_raises_its_own_errors(client):
@@ -136,8 +229,8 @@ def test_the_openai_client_raises_its_own_errors(client):
 
 
 def test_a_run_without_chat_tokens_refuses_chat_but_completes(plain_run_dir):
-    with running_server(plain_run_dir) as (base, _):
-        client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0)
+    with running_server(plain_run_dir) as served:
+        client = openai.OpenAI(base_url=f"{served.base}/v1", api_key="x", max_retries=0)
         with pytest.raises(openai.BadRequestError, match="no chat tokens.*pretrain a new run"):
             client.chat.completions.create(model="tiny-plain", messages=[{"role": "user", "content": "hi"}])
         assert client.completions.create(model="tiny-plain", prompt="hi", max_tokens=3).usage.completion_tokens >= 1

@@ -9,7 +9,8 @@ import time
 
 import httpx
 from server_process import rss_bytes, running_server
-from serving.engine import Engine, SamplingParams
+from model.generation import SamplingSettings
+from serving.engine import Engine
 
 CLIENTS = 32
 REQUESTS = 300
@@ -21,6 +22,11 @@ RSS_GROWTH_BOUND = 24 * 2**20
 SPECS = [("ROMEO:", 0.0, 12), ("JULIET: O", 0.9, 20), ("Café", 1.2, 16), ("The quick brown", 0.7, 24),
          ("世界", 1.0, 8), ("again and", 0.0, 18)]
 
+def api_settings(max_tokens: int, temperature: float = 1.0, top_p: float = 1.0, **options) -> SamplingSettings:
+    """Sampling settings with the server's (OpenAI's) defaults, as serving.api builds them."""
+    return SamplingSettings(max_new_tokens=max_tokens, temperature=temperature, top_k=None, top_p=top_p, **options)
+
+
 
 def expected_texts(run) -> dict[int, tuple[str, str, int]]:
     """Each spec served alone by an in-process engine: (text, finish_reason, completion_tokens)."""
@@ -29,7 +35,7 @@ def expected_texts(run) -> dict[int, tuple[str, str, int]]:
         for i, (prompt, temperature, max_tokens) in enumerate(SPECS):
             done = threading.Event()
             box = []
-            engine.submit(run.tokenizer.encode(prompt).ids, SamplingParams(max_tokens, temperature, seed=i),
+            engine.submit(run.tokenizer.encode(prompt).ids, api_settings(max_tokens, temperature, seed=i),
                           lambda e: (box.append(e), e.finish and done.set()), end_ids=[run.eot_id])
             assert done.wait(60)
             finish = box[-1].finish
@@ -67,7 +73,8 @@ async def one_request(http: httpx.AsyncClient, n: int) -> tuple[int, str, str | 
 
 def test_300_requests_from_32_clients_none_lost_and_memory_steady(chat_run_dir, chat_run):
     expected = expected_texts(chat_run)
-    with running_server(chat_run_dir, "--max-batch", "16") as (base, process):
+    with running_server(chat_run_dir, "--max-batch", "16") as server:
+        base, process = server.base, server.process
 
         async def client(http, numbers, results):
             for n in numbers:

@@ -32,26 +32,6 @@ def _train(base_raw, out: Path, steps: int, *extra: str) -> subprocess.Completed
     return run_cli(["--config", "configs/tiny.yaml", "--no-progress", *extra, *small_overrides(base_raw, out, steps), *sets])
 
 
-@pytest.fixture
-def mount_tmpfs(tmp_path):
-    """``mount_tmpfs(size_bytes, read_only=False)`` -> a mounted directory, unmounted afterwards."""
-    mounted: list[Path] = []
-
-    def mount(size: int, read_only: bool = False) -> Path:
-        point = tmp_path / f"mnt{len(mounted)}"
-        point.mkdir()
-        options = f"size={size}" + (",ro" if read_only else "")
-        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(point)], capture_output=True, text=True)
-        if proc.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs here ({proc.stderr.strip() or 'mount failed'})")
-        mounted.append(point)
-        return point
-
-    yield mount
-    for point in mounted:
-        subprocess.run(["umount", "-l", str(point)], capture_output=True)
-
-
 @pytest.mark.e2e
 def test_real_full_disk_during_a_checkpoint_and_during_resume(base_raw, tmp_path, mount_tmpfs):
     probe = tmp_path / "probe"

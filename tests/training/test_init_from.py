@@ -16,7 +16,7 @@ from data.tokenizer import train_tokenizer
 from model import load_pretrained
 from training.config import config_from_dict
 from training.distributed import init_distributed
-from training.trainer import Trainer
+from training.trainer import Trainer, train
 
 
 @pytest.fixture(scope="module")
@@ -77,3 +77,56 @@ def test_init_from_refuses_a_tokenizer_that_does_not_fit_the_model(make_config, 
     config = make_config(train={"init_from": str(parent)})
     with pytest.raises(UserError, match="is not the tokenizer these weights were trained with"):
         _setup(config)
+
+
+def _snapshot(directory: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir()) if p.is_file()}
+
+
+def _write_config(path: Path, raw: dict) -> Path:
+    import yaml
+
+    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("spelling", ["runs/tiny", "./runs/tiny/", "runs//tiny", "runs/link", "ABSOLUTE"])
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_init_from_equal_to_out_dir_is_refused_and_the_run_is_untouched(
+    base_raw, parent_run, tmp_path, monkeypatch, capsys, spelling, overwrite
+):
+    import train as train_cli
+
+    monkeypatch.chdir(tmp_path)
+    run = Path(shutil.copytree(parent_run, tmp_path / "runs" / "tiny"))
+    (tmp_path / "runs" / "link").symlink_to("tiny")
+    before = _snapshot(run)
+    raw = copy.deepcopy(base_raw)
+    raw["train"]["init_from"] = "runs/tiny"
+    config = _write_config(tmp_path / "chat.yaml", raw)
+    out_dir = str(run.resolve()) if spelling == "ABSOLUTE" else spelling
+    argv = ["--config", str(config), "--set", f"run.out_dir={out_dir}"] + (["--overwrite"] if overwrite else [])
+    assert train_cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "train.init_from runs/tiny is run.out_dir" in err[0], err
+    assert _snapshot(run) == before
+
+
+def test_overwrite_keeps_the_old_run_when_the_new_one_cannot_start(base_raw, parent_run, tmp_path):
+    # Each of these fails after the run directory was checked but before training: every input
+    # is read first, so the run being replaced is still whole afterwards.
+    run = Path(shutil.copytree(parent_run, tmp_path / "run"))
+    before = _snapshot(run)
+    broken_parent = Path(shutil.copytree(parent_run, tmp_path / "broken"))
+    (broken_parent / "model.safetensors").write_bytes(b"not weights")
+    missing_data = copy.deepcopy(base_raw)
+    missing_data["data"]["files"]["paths"] = [str(tmp_path / "no_such_corpus.txt")]
+    missing_data["data"]["cache_dir"] = str(tmp_path / "cache")
+    bad_parent = copy.deepcopy(base_raw)
+    bad_parent["train"]["init_from"] = str(broken_parent)
+    for raw in (missing_data, bad_parent):
+        raw = copy.deepcopy(raw)
+        raw["run"]["out_dir"] = str(run)
+        with pytest.raises(UserError):
+            train(config_from_dict(raw), overwrite=True, progress=False)
+        assert _snapshot(run) == before

@@ -15,7 +15,8 @@ from training.checkpoint import (
     capture_rng_state,
     check_model_shape,
     load_trainer_state,
-    prepare_run_dir,
+    check_run_dir,
+    clear_old_run,
     restore_rng_state,
     save_checkpoint,
 )
@@ -98,24 +99,26 @@ def test_model_shape_check_names_the_key(tmp_path):
 
 
 def test_run_dir_rules(tmp_path):
-    prepare_run_dir(tmp_path / "new", resume=False, overwrite=False)  # created
-    assert (tmp_path / "new").is_dir()
+    check_run_dir(tmp_path / "new", resume=False, overwrite=False)  # a new directory is fine
     other = tmp_path / "other"
     other.mkdir()
     (other / "notes.txt").write_text("mine")
     with pytest.raises(CheckpointError, match="not empty"):
-        prepare_run_dir(other, resume=False, overwrite=False)
+        check_run_dir(other, resume=False, overwrite=False)
     run = tmp_path / "run"
     run.mkdir()
     (run / "metrics.jsonl").write_text("{}\n")
     (run / "notes.txt").write_text("keep me")
     with pytest.raises(CheckpointError, match="already holds a run"):
-        prepare_run_dir(run, resume=False, overwrite=False)
-    prepare_run_dir(run, resume=False, overwrite=True)
+        check_run_dir(run, resume=False, overwrite=False)
+    check_run_dir(run, resume=False, overwrite=True)
+    # Checking never deletes: the old run goes only when the trainer clears it.
+    assert (run / "metrics.jsonl").exists()
+    clear_old_run(run)
     # Overwriting removes the run's own files only.
     assert not (run / "metrics.jsonl").exists() and (run / "notes.txt").read_text() == "keep me"
     with pytest.raises(CheckpointError, match="no checkpoint"):
-        prepare_run_dir(run, resume=True, overwrite=False)
+        check_run_dir(run, resume=True, overwrite=False)
 
 
 def test_metrics_log_appends_reads_and_truncates(tmp_path):

@@ -264,6 +264,7 @@ class FakeLogger:
 
     def __init__(self, resume_id):
         self.run_id = resume_id or "run-1"
+        self.sync_command = None  # as WandbLogger when not logging offline
         self.logged: list[tuple[int, dict]] = []
         self.samples: list[tuple[int, list]] = []
         self.finished: list[tuple[dict, int]] = []

@@ -1,0 +1,162 @@
+"""Multi-head latent attention (MLA, as in DeepSeek-V2/V3), the second attention kind beside the
+grouped-query ``CausalSelfAttention`` of ``model.gpt``; ``GPTConfig.attention`` picks one.
+
+Each token's keys and values are compressed into one latent vector ``c = RMSNorm(x W_DKV)`` of
+``kv_latent_dim`` numbers, shared by every head. Head h reads its key ``c W_UK[h]`` and its value
+``c W_UV[h]``, so the model has ``n_head`` distinct key/value heads (multi-head attention's
+expressiveness) while the cache stores only ``c``: ``kv_latent_dim`` numbers per token and layer,
+against ``2 * n_kv_head * head_dim`` for grouped-query attention. The query may be low-rank too
+(``q_latent_dim``): ``q = RMSNorm(x W_DQ) W_UQ``, else ``q = x W_Q``.
+
+Absorbing the up-projections. For one head (dropping h), a query row q (1 x d), and the key and
+value of position s, k_s = c_s W_UK and v_s = c_s W_UV, with W_UK and W_UV of shape (r x d):
+
+    score_s = q . k_s = q (c_s W_UK)^T = (q W_UK^T) . c_s
+    y       = sum_s p_s v_s = (sum_s p_s c_s) W_UV
+
+So a head can attend in latent space: its latent query ``q W_UK^T`` (1 x r) scores the cached
+latents directly, and the weighted sum of latents goes through ``W_UV`` (and then the output
+projection) once, per query rather than per cached position. Per-head keys and values are never
+built, and a decode step reads r numbers per cached position instead of building 2 x n_head x d.
+Both lines are only re-bracketed matrix products, so the two forms are equal up to rounding. The
+softmax scale stays 1/sqrt(d): the scores are the same numbers, only computed in another order.
+
+Why this is exact here and needs a decoupled RoPE key in DeepSeek: with rotary embeddings the
+query at position t and the key at s are rotated, q R_t and c_s W_UK R_s, so the score is
+q R_t R_s^T W_UK^T . c_s = q R_(t-s) W_UK^T . c_s. A rotation that depends on s sits between the
+query and W_UK^T, so no single latent query serves every cached position. This model adds learned
+positions to the input embedding, before any projection, so nothing position-dependent sits
+inside attention and the absorption holds exactly.
+
+Which form runs when: a one-token step with a cache (decoding) uses the absorbed form; every
+other forward (training, prefill, chunks) expands the keys and values and runs ordinary
+multi-head SDPA, which is the faster of the two there (``python -m benchmarks.attention_variants
+--forms``; numbers in docs/results.md). The cache (``model.kv_cache``) holds one entry, the
+latent, and serves both forms alike: what it returns and its mask are those of grouped-query
+attention's keys.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from model.kv_cache import KVCache
+
+# model.gpt.linear: a product that, asked for row blocks, computes each row alike in any batch.
+Linear = Callable[[nn.Linear, torch.Tensor, bool], torch.Tensor]
+
+
+class LatentAttention(nn.Module):
+    """Causal self-attention whose ``n_head`` keys and values are read from one cached latent.
+
+    ``config`` is a ``GPTConfig`` with ``attention == "mla"``. ``norm`` and ``linear`` are the
+    RMSNorm class and the product function of ``model.gpt``, passed in because that file builds
+    this one (it cannot be imported from here): the latent attention then normalises and
+    multiplies exactly as the layers around it do, batch-invariant decoding included.
+    """
+
+    def __init__(self, config: Any, layer_idx: int, *, norm: type[nn.Module], linear: Linear) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.n_head = config.n_head
+        self.head_dim = config.head_dim
+        self.kv_latent_dim = config.kv_latent_dim
+        self.q_latent_dim = config.q_latent_dim
+        self.linear = linear
+        width = config.n_head * config.head_dim
+        self.q_down_dim = width if config.q_latent_dim is None else config.q_latent_dim
+        # The query (or its latent) and the key/value latent in one matmul: both read x.
+        self.down = nn.Linear(config.n_embd, self.q_down_dim + config.kv_latent_dim, bias=False)
+        if config.q_latent_dim is not None:
+            self.q_norm = norm(config.q_latent_dim, config.norm_eps)
+            self.q_up = nn.Linear(config.q_latent_dim, width, bias=False)
+        self.kv_norm = norm(config.kv_latent_dim, config.norm_eps)
+        # Rows [0, width) are W_UK for every head, rows [width, 2 width) are W_UV.
+        self.kv_up = nn.Linear(config.kv_latent_dim, 2 * width, bias=False)
+        self.proj = nn.Linear(width, config.n_embd, bias=False)
+        self.attn_dropout = config.dropout
+        self.resid_dropout = nn.Dropout(config.dropout)
+
+    def split_heads(self, x: torch.Tensor, row_blocks: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Project x (B, T, C) to q (B, n_head, T, d) and the latents c (B, 1, T, kv_latent_dim):
+        one latent "head" that the cache stores in place of n_kv_head key and value heads."""
+        B, T, _ = x.shape
+        q, c = self.linear(self.down, x, row_blocks).split([self.q_down_dim, self.kv_latent_dim], dim=-1)
+        if self.q_latent_dim is not None:
+            q = self.linear(self.q_up, self.q_norm(q), row_blocks)
+        q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
+        return q, self.kv_norm(c).unsqueeze(1)
+
+    def cache_entries(self) -> dict[str, tuple[int, int]]:
+        """What this attention caches per token and layer, as ``KVCache`` takes it: the latent
+        alone, ``n_layer x kv_latent_dim`` numbers per token in all."""
+        return {"latent": (1, self.kv_latent_dim)}
+
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None, row_blocks: bool = False) -> torch.Tensor:
+        """Attend over this chunk, and over the cache's earlier positions when one is given.
+
+        The caller (GPT) begins the cache's pass before the first layer and ends it after the
+        last, so every layer writes at the same positions. ``row_blocks``: see ``model.gpt.linear``.
+        """
+        B, T, C = x.shape
+        q, c = self.split_heads(x, row_blocks)
+        mask = None
+        if cache is not None:
+            (c,), mask = cache.update(self.layer_idx, c)
+        if cache is not None and T == 1:  # decoding: attention in latent space
+            y = self.attend_absorbed(q, c, mask)
+        else:
+            y = self.attend_expanded(q, c, mask)
+        y = y.transpose(1, 2).reshape(B, T, C)
+        return self.resid_dropout(self.linear(self.proj, y, row_blocks))
+
+    def up_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """W_UK and W_UV, each (n_head, head_dim, kv_latent_dim): views of ``kv_up``'s weight."""
+        w_uk, w_uv = self.kv_up.weight.chunk(2)
+        shape = (self.n_head, self.head_dim, self.kv_latent_dim)
+        return w_uk.view(shape), w_uv.view(shape)
+
+    def attend_expanded(self, q: torch.Tensor, c: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """Per-head keys and values built from the latents c (B, 1, S, r), then multi-head SDPA.
+        ``mask`` None means the latents end at the newest query (plain causal, bottom-right)."""
+        B, H, T, d = q.shape
+        S = c.shape[2]
+        k, v = self.kv_up(c[:, 0]).view(B, S, 2 * H, d).transpose(1, 2).chunk(2, dim=1)
+        if mask is None and T != S:
+            mask = _bottom_right_causal(T, S, q.device)
+        dropout_p = self.attn_dropout if self.training else 0.0
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=mask is None)
+
+    def attend_absorbed(self, q: torch.Tensor, c: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """The same attention in latent space (the module docstring derives it): latent queries
+        score the latents c (B, 1, S, r) directly, and the weighted latents go through W_UV.
+
+        As in ``CausalSelfAttention._attend_token``, the heads are viewed as query positions of
+        one shared key/value "head" (the latent), so every head reads c with no copy, and the
+        mask (R, 1, T, S) repeats once per head. Over whole cache rows under a mask (a
+        batch-invariant pass) the shapes are the same at every position and in every batch, so a
+        request decodes alike alone or beside others (on the CPU when kv_latent_dim is a
+        multiple of 16, for the memory-alignment reason given there for head_dim)."""
+        B, H, T, d = q.shape
+        S = c.shape[2]
+        w_uk, w_uv = self.up_weights()
+        latent_q = torch.matmul(q, w_uk).view(B, 1, H * T, self.kv_latent_dim)
+        if T > 1:  # one causal mask per head; a single query may read every latent it is given
+            mask = _bottom_right_causal(T, S, q.device) if mask is None else mask
+            mask = mask.repeat(*[1] * (mask.dim() - 2), H, 1)
+        dropout_p = self.attn_dropout if self.training else 0.0
+        latent_y = F.scaled_dot_product_attention(
+            latent_q, c, c, attn_mask=mask, dropout_p=dropout_p, scale=1.0 / math.sqrt(d))
+        return torch.matmul(latent_y.view(B, H, T, self.kv_latent_dim), w_uv.transpose(1, 2))
+
+
+def _bottom_right_causal(T: int, S: int, device: torch.device) -> torch.Tensor:
+    """(T, S) mask of the last T of S positions reading only keys at or before their own (what
+    ``model.gpt.causal_mask`` builds for grouped-query attention; that file imports this one)."""
+    return torch.ones(T, S, dtype=torch.bool, device=device).tril(S - T)

@@ -1,0 +1,162 @@
+"""export.py when the filesystem or the user stops it: a full disk, a read-only folder, ``--out``
+under a file, Ctrl-C, SIGTERM and SIGKILL. Each is one line and exit 2, or the signal's exit code,
+with the previous export intact and no hidden folder left behind (a SIGKILL's is removed by the
+next export to the same parent)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from export_testkit import ROOT, assert_one_line_error, read_json
+
+
+def _hidden(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith("."))
+
+
+def _export(capsys, *args: str) -> subprocess.CompletedProcess:
+    """export.py's main in this process (a subprocess only where a signal must reach it)."""
+    from hf_export.cli import main
+
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(["export.py", *args], code, out, err)
+
+
+def test_out_under_a_file_is_one_line(make_export, tmp_path, capsys):
+    run_dir, _ = make_export()
+    (tmp_path / "notes.txt").write_text("a file")
+    done = _export(capsys, "--run", str(run_dir), "--out", str(tmp_path / "notes.txt" / "deeper" / "export"))
+    assert_one_line_error(done, "notes.txt", "which is a file")
+    assert (tmp_path / "notes.txt").read_text() == "a file"
+
+
+def test_read_only_folder_is_one_line(make_export, mount_tmpfs, capsys):
+    run_dir, _ = make_export()
+    disk = mount_tmpfs(1 << 20, read_only=True)
+    line = assert_one_line_error(_export(capsys, "--run", str(run_dir), "--out", str(disk / "export")), str(disk))
+    assert "Read-only file system" in line and "choose a writable directory" in line
+
+
+def test_overwrite_on_a_read_only_filesystem_keeps_the_export(make_export, mount_tmpfs, capsys):
+    run_dir, _ = make_export()
+    disk = mount_tmpfs(1 << 20)
+    assert _export(capsys, "--run", str(run_dir), "--out", str(disk / "export")).returncode == 0
+    before = {p.name: p.read_bytes() for p in (disk / "export").iterdir()}
+    subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+    done = _export(capsys, "--run", str(run_dir), "--out", str(disk / "export"), "--overwrite")
+    assert "Read-only file system" in assert_one_line_error(done)
+    assert {p.name: p.read_bytes() for p in (disk / "export").iterdir()} == before
+
+
+def test_full_disk_is_one_line_and_leaves_nothing(make_export, mount_tmpfs, capsys):
+    run_dir, folder = make_export()
+    disk = mount_tmpfs((folder / "model.safetensors").stat().st_size // 2)
+    line = assert_one_line_error(_export(capsys, "--run", str(run_dir), "--out", str(disk / "export")))
+    assert "No space left on device" in line and "the disk is full" in line and str(disk) in line
+    assert list(disk.iterdir()) == []
+
+
+def test_full_disk_anywhere_is_one_line(make_export, tmp_path, monkeypatch, capsys):
+    """The same without a mount, which some machines do not allow: the weights' write fails."""
+    import hf_export.writer
+
+    def full(path, data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # as a failed write() reports it
+
+    monkeypatch.setattr(hf_export.writer, "atomic_write_bytes", full)
+    run_dir, _ = make_export()
+    out = tmp_path / "export"
+    assert_one_line_error(_export(capsys, "--run", str(run_dir), "--out", str(out)), f"{out}: ", "the disk is full")
+    assert list(tmp_path.iterdir()) == []
+
+
+def _start_paused_export(run_dir: Path, out: Path, marker: Path) -> subprocess.Popen:
+    """export.py, paused mid-write (config.json written, the rest not) until it is signalled."""
+    script = textwrap.dedent(f"""
+        import pathlib, sys, time
+        import hf_export.writer as writer
+        from hf_export.cli import main
+
+        write = writer._write_json
+
+        def paused(path, content):
+            write(path, content)
+            if path.name == "config.json":
+                pathlib.Path({str(marker)!r}).touch()
+                time.sleep(60)
+
+        writer._write_json = paused
+        sys.exit(main(["--run", {str(run_dir)!r}, "--out", {str(out)!r}]))
+    """)
+    process = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not marker.exists():
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"the export never reached its write: {process.communicate()[1][-2000:]}")
+        time.sleep(0.05)
+    return process
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["ctrl-c", "sigterm"])
+def test_interrupt_during_the_write_exits_quietly_and_cleans_up(make_export, tmp_path, signum, code):
+    run_dir, _ = make_export()
+    parent = tmp_path / "exports"
+    process = _start_paused_export(run_dir, parent / "tiny", tmp_path / "marker")
+    assert _hidden(parent)  # the half-written folder exists
+    try:
+        process.send_signal(signum)
+        _, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == code, err
+    assert "Traceback" not in err and err.strip() == "", err
+    assert list(parent.iterdir()) == []
+
+
+def test_a_sigkill_leftover_is_removed_by_the_next_export(make_export, tmp_path, capsys):
+    run_dir, _ = make_export()
+    parent = tmp_path / "exports"
+    process = _start_paused_export(run_dir, parent / "tiny", tmp_path / "marker")
+    process.kill()
+    process.communicate(timeout=60)
+    leftover = _hidden(parent)
+    assert len(leftover) == 1 and leftover[0].endswith(".tmp")
+
+    assert _export(capsys, "--run", str(run_dir), "--out", str(parent / "other")).returncode == 0
+    assert sorted(p.name for p in parent.iterdir()) == ["other"]
+
+
+def test_leftovers_of_running_exports_stay_and_an_interrupted_swap_is_undone(make_export, tmp_path):
+    from hf_export import export_run
+
+    run_dir, folder = make_export()
+    parent = tmp_path / "exports"
+    parent.mkdir()
+    gone = 2**22 + 12345  # above Linux's largest pid: no process has it
+    running = parent / f".busy.{os.getpid()}-{'a' * 12}.tmp"
+    dead = parent / f".busy.{gone}-{'b' * 12}.tmp"
+    # Killed between replace_dir's two renames: the previous export was moved aside, and the new
+    # one never arrived.
+    swapped = parent / f".previous.{gone}-{'c' * 12}.old"
+    for path in (running, dead):
+        path.mkdir()
+    subprocess.run(["cp", "-r", str(folder), str(swapped)], check=True)
+    not_ours = parent / ".notes"
+    not_ours.mkdir()
+
+    export_run(run_dir, parent / "new")
+    assert _hidden(parent) == sorted([running.name, not_ours.name])
+    assert read_json(parent / "previous" / "config.json") == read_json(folder / "config.json")
+    assert (parent / "new" / "model.safetensors").is_file()

@@ -1,0 +1,54 @@
+"""generate.py's library paths on a multi-head latent attention run: the cache (absorbed decoding)
+against recomputation (expanded), several samples against single runs, and a chat whose turns are
+appended to the latent cache against recomputing the history."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from inference.chat import ChatSession
+from inference.completion import generate_completions
+from inference.runs import load_run
+from inference.settings import GenerationSettings
+from run_testkit import build_run, chat_tokenizer
+
+MESSAGES = ["Who is there?", "O Romeo 😀", "the fox", "世界", "again and again"]
+
+
+@pytest.fixture(scope="module")
+def mla_run(tmp_path_factory):
+    run_dir = build_run(tmp_path_factory.mktemp("runs") / "mla", chat_tokenizer(), n_kv_head=4,
+                        attention="mla", kv_latent_dim=24, q_latent_dim=16)
+    return load_run(run_dir, torch.device("cpu"))
+
+
+def _completions(run, prompt, **settings):
+    return generate_completions(run, prompt, GenerationSettings(**settings)).completions
+
+
+@pytest.mark.parametrize("settings", [dict(temperature=0.0), dict(temperature=0.9, top_k=40)])
+def test_cache_and_no_cache_give_the_same_tokens_past_the_window(mla_run, settings):
+    prompt = list(range(5, 25))
+    cached = _completions(mla_run, prompt, max_new_tokens=60, seed=3, **settings)[0]
+    recomputed = _completions(mla_run, prompt, max_new_tokens=60, seed=3, use_cache=False, **settings)[0]
+    assert cached.token_ids == recomputed.token_ids and cached.text == recomputed.text
+    assert len(set(cached.token_ids)) > 3
+
+
+def test_sample_i_of_several_equals_the_single_run_seeded_seed_plus_i(mla_run):
+    rows = _completions(mla_run, [9, 10, 11], max_new_tokens=20, temperature=1.0, seed=5, num_samples=3)
+    for i, row in enumerate(rows):
+        alone = _completions(mla_run, [9, 10, 11], max_new_tokens=20, temperature=1.0, seed=5 + i)[0]
+        assert row.token_ids == alone.token_ids
+
+
+def test_chat_through_the_latent_cache_equals_recomputing_the_history(mla_run):
+    def conversation(use_cache):
+        session = ChatSession(mla_run, GenerationSettings(temperature=0, max_new_tokens=9),
+                              system_prompt="You are JULIET.", use_cache=use_cache)
+        return [session.reply(message).token_ids for message in MESSAGES], session
+
+    (cached, session), (recomputed, reference) = conversation(True), conversation(False)
+    assert cached == recomputed and session.window == reference.window
+    assert session.tokens_encoded < reference.tokens_encoded  # turns were appended, not re-encoded

@@ -1,0 +1,171 @@
+"""Multi-head latent attention (model.mla): the absorbed decode path against full recomputation in
+the expanded form, the latent-only cache, and the config's refusals."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from common.config import ConfigError
+from model import GPT, GPTConfig
+from model.generation import generate
+from run_testkit import build_model
+
+RTOL, ATOL = 1e-5, 1e-5
+
+
+def mla_model(kv_latent_dim: int, q_latent_dim: int | None = None, *, block_size: int = 40) -> GPT:
+    """A random MLA GPT with head_dim 16 and logits far from flat (``run_testkit.build_model``)."""
+    return build_model(97, block_size, n_kv_head=4, attention="mla", kv_latent_dim=kv_latent_dim,
+                       q_latent_dim=q_latent_dim)
+
+
+# kv_latent_dim below, equal to and above head_dim (16); with and without a query latent.
+SHAPES = [(8, None), (16, 24), (48, None), (48, 8)]
+
+
+def assert_close(got: torch.Tensor, want: torch.Tensor) -> None:
+    torch.testing.assert_close(got, want, rtol=RTOL, atol=ATOL * want.abs().max().item())
+
+
+@pytest.mark.parametrize("kv_latent_dim,q_latent_dim", SHAPES)
+def test_cached_decode_equals_full_recomputation(kv_latent_dim, q_latent_dim):
+    model = mla_model(kv_latent_dim, q_latent_dim)
+    idx = torch.randint(0, 97, (3, 30), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        full = model(idx)
+        cache = model.init_cache(3)
+        steps = [model(idx[:, :1], cache=cache)] + [model(idx[:, t:t + 1], cache=cache) for t in range(1, 30)]
+    assert_close(torch.cat(steps, dim=1), full)
+
+
+@pytest.mark.parametrize("kv_latent_dim,q_latent_dim", SHAPES)
+def test_greedy_tokens_with_and_without_the_cache_are_identical(kv_latent_dim, q_latent_dim):
+    model = mla_model(kv_latent_dim, q_latent_dim, block_size=24)
+    prompt = torch.randint(0, 97, (2, 5), generator=torch.Generator().manual_seed(2))
+    # 50 new tokens in a 24-position window: the window slides and the cache is refilled. The
+    # penalty keeps greedy decoding of random weights from settling on one token.
+    cached = generate(model, prompt, 50, use_cache=True, repetition_penalty=1.5)
+    recomputed = generate(model, prompt, 50, use_cache=False, repetition_penalty=1.5)
+    assert torch.equal(cached, recomputed)
+    assert len(set(cached[0, 5:].tolist())) > 3  # not one repeated token: the test could fail
+
+
+def test_chunked_prefill_equals_one_pass():
+    model = mla_model(48, 8)
+    idx = torch.randint(0, 97, (2, 33), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        full = model(idx)
+        cache = model.init_cache(2)
+        chunks = [model(idx[:, a:b], cache=cache) for a, b in ((0, 7), (7, 8), (8, 20), (20, 33))]
+    assert_close(torch.cat(chunks, dim=1), full)
+
+
+def test_decoding_never_builds_per_head_keys_or_values(monkeypatch):
+    model = mla_model(16, 24)
+    idx = torch.randint(0, 97, (2, 9), generator=torch.Generator().manual_seed(5))
+    cache = model.init_cache(2)
+    with torch.no_grad():
+        full = model(idx)
+        model(idx[:, :8], cache=cache)  # the prefill expands them
+
+        def expanded(*args):
+            raise AssertionError("a one-token step up-projected the latents")
+
+        for block in model.blocks:
+            monkeypatch.setattr(block.attn.kv_up, "forward", expanded)
+        assert_close(model(idx[:, 8:], cache=cache)[:, -1], full[:, -1])
+
+
+def test_ragged_rows_decode_together_as_each_alone_bit_for_bit():
+    model = mla_model(16, 24)
+    prompts = [list(range(3, 3 + n)) for n in (1, 5, 12, 30)]
+    rows = [5, 0, 3, 1]  # rows are not in order, and two rows stay empty
+    cache = model.init_cache(6)
+    solo = []
+    with torch.inference_mode():
+        for r, prompt in zip(rows, prompts):
+            model.next_token_logits(torch.tensor([prompt[:-1] or prompt]), cache, [r], batch_invariant=True)
+            alone = model.init_cache(1)
+            model.next_token_logits(torch.tensor([prompt[:-1] or prompt]), alone, batch_invariant=True)
+            solo.append(model.next_token_logits(torch.tensor([[prompt[-1]]]), alone, batch_invariant=True))
+        batched = model.next_token_logits(torch.tensor([[p[-1]] for p in prompts]), cache, rows,
+                                          batch_invariant=True)
+    for i in range(len(prompts)):  # served beside others == alone (kv_latent_dim a multiple of 16)
+        assert torch.equal(batched[i:i + 1], solo[i]), f"row {rows[i]}"
+
+
+@pytest.mark.parametrize("batch_invariant", [False, True])
+def test_ragged_rows_and_chunks_into_them_equal_full_recomputation(batch_invariant):
+    model = mla_model(8, None)
+    seqs = [torch.randint(0, 97, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (20, 24, 26)]
+    done = [3, 9, 1]  # prefilled lengths: ragged
+    cache = model.init_cache(3)
+    with torch.no_grad():
+        for r, n in enumerate(done):
+            model(torch.tensor([seqs[r][:n]]), cache=cache, rows=[r])
+        # A 4-token chunk into every row at once (a masked multi-token pass), then one-token steps.
+        chunk = model(torch.tensor([s[n:n + 4] for s, n in zip(seqs, done)]), cache=cache)
+        for r, n in enumerate(done):
+            assert_close(chunk[r], model(torch.tensor([seqs[r][:n + 4]]))[0, n:])
+        for step in range(6):
+            idx = torch.tensor([[s[n + 4 + step]] for s, n in zip(seqs, done)])
+            logits = model.next_token_logits(idx, cache, batch_invariant=batch_invariant)
+            for r, n in enumerate(done):
+                assert_close(logits[r], model(torch.tensor([seqs[r][:n + 5 + step]]))[0, -1])
+
+
+@pytest.mark.parametrize("kv_latent_dim,q_latent_dim", SHAPES)
+def test_absorbed_attention_equals_expanded_attention_on_the_same_weights(kv_latent_dim, q_latent_dim):
+    attention = mla_model(kv_latent_dim, q_latent_dim).blocks[1].attn
+    x = torch.randn(2, 11, 64, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        q, c = attention.split_heads(x)
+        assert c.shape == (2, 1, 11, kv_latent_dim)
+        assert_close(attention.attend_absorbed(q, c, None), attention.attend_expanded(q, c, None))
+        # A 4-token chunk on top of 7 cached positions: the bottom-right causal mask.
+        mask = torch.ones(4, 11, dtype=torch.bool).tril(7)
+        assert_close(attention.attend_absorbed(q[:, :, 7:], c, mask), attention.attend_expanded(q[:, :, 7:], c, mask))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_cache_holds_the_latent_only(dtype):
+    model = mla_model(48, 8)
+    cache = model.init_cache(5, max_len=32, dtype=dtype)
+    element = torch.tensor([], dtype=dtype).element_size()
+    assert cache.nbytes() == model.config.n_layer * 5 * 32 * 48 * element
+
+
+def test_parameter_count_from_the_config_matches_the_model():
+    for kv_latent_dim, q_latent_dim in SHAPES:
+        model = mla_model(kv_latent_dim, q_latent_dim)
+        assert model.config.num_params() == model.num_params()
+
+
+def base(**changes) -> dict:
+    return {"vocab_size": 97, "block_size": 16, "n_layer": 1, "n_head": 4, "n_kv_head": 4, "n_embd": 32, **changes}
+
+
+@pytest.mark.parametrize("changes,words", [
+    ({"attention": "mla"}, "needs kv_latent_dim"),
+    ({"attention": "mla", "kv_latent_dim": 0}, "kv_latent_dim must be a positive integer"),
+    ({"attention": "mla", "kv_latent_dim": 8, "q_latent_dim": -1}, "q_latent_dim must be a positive integer"),
+    ({"attention": "foo"}, "attention must be one of gqa, mla, got 'foo'"),
+    ({"kv_latent_dim": 8}, "kv_latent_dim is set (8) but attention is 'gqa'"),
+    ({"q_latent_dim": 8}, "q_latent_dim is set (8) but attention is 'gqa'"),
+    ({"attention": "mla", "kv_latent_dim": 8, "n_kv_head": 2}, "n_kv_head must equal n_head (4), got 2"),
+])
+def test_bad_attention_settings_get_one_clear_line(changes, words):
+    with pytest.raises(ConfigError) as error:
+        GPTConfig.from_dict(base(**changes))
+    message = str(error.value)
+    assert words in message and "\n" not in message
+
+
+def test_a_config_saved_before_attention_kinds_loads_as_grouped_query():
+    saved = json.loads(json.dumps(base(n_kv_head=2)))  # a model_config.json without the new keys
+    config = GPTConfig.from_dict(saved)
+    assert (config.attention, config.kv_latent_dim, config.q_latent_dim) == ("gqa", None, None)
+    assert GPTConfig.from_dict(config.to_dict()) == config

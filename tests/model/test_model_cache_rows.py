@@ -1,0 +1,98 @@
+"""One cache, rows at their own lengths: chunked prefill into one row, ragged decode steps."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+ATOL = 1e-5  # fp32 logits of a few units (see conftest): two summation orders differ by ~1e-6
+
+
+def prefill(model, cache, r: int, ids: list[int], chunk: int | None = None) -> torch.Tensor:
+    """Encode ``ids`` into row r of ``cache`` in chunks; the logits after the last one."""
+    chunk = chunk or len(ids)
+    for start in range(0, len(ids), chunk):
+        logits = model.next_token_logits(torch.tensor([ids[start:start + chunk]]), cache, [r], batch_invariant=True)
+    return logits
+
+
+@pytest.mark.parametrize("n_kv_head", [1, 2, 6])
+def test_rows_at_different_lengths_decode_as_each_would_alone(make_model, n_kv_head):
+    # head_dim 16: rows 64 bytes apart, as bit-exactness on the CPU needs (see _attend_token).
+    model = make_model(seed=5, n_kv_head=n_kv_head, n_embd=96)
+    vocab, block = model.config.vocab_size, model.config.block_size
+    g = torch.Generator().manual_seed(6)
+    prompts = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in (1, 7, 20, 3)]
+    cache = model.init_cache(6)
+    rows = [4, 0, 2, 5]  # not in order, and with free rows between them
+    solo_caches = [model.init_cache(1) for _ in prompts]
+    with torch.inference_mode():
+        for r, prompt, solo in zip(rows, prompts, solo_caches):
+            batched = prefill(model, cache, r, prompt)
+            assert torch.equal(batched, prefill(model, solo, 0, prompt))
+        tokens = [p[-1] for p in prompts]
+        for _ in range(block - 20):
+            idx = torch.tensor([[t] for t in tokens])
+            step_logits = model.next_token_logits(idx, cache, rows, batch_invariant=True)
+            for i, solo in enumerate(solo_caches):
+                alone = model.next_token_logits(idx[i:i + 1], solo, batch_invariant=True)[0]
+                assert torch.equal(step_logits[i], alone)  # bit for bit, not merely close
+            tokens = step_logits.argmax(-1).tolist()
+    assert [cache.lengths[r] for r in rows] == [s.lengths[0] for s in solo_caches]
+    assert cache.lengths[1] == cache.lengths[3] == 0
+
+
+@pytest.mark.parametrize("batch_invariant", [False, True])
+def test_ragged_rows_and_chunked_prefill_agree_with_full_recomputation(make_model, batch_invariant):
+    model = make_model(seed=7)
+    vocab = model.config.vocab_size
+    seqs = [torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (4, 11, 9)]
+    cache = model.init_cache(3)
+    with torch.inference_mode():
+        for r, seq in enumerate(seqs):
+            prefill(model, cache, r, seq[:-3], chunk=3)
+        for back in (3, 2, 1):  # three ragged one-token steps, rows given out of order
+            rows = [2, 0, 1]
+            idx = torch.tensor([[seqs[r][-back]] for r in rows])
+            logits = model.next_token_logits(idx, cache, rows, batch_invariant=batch_invariant)
+            for i, r in enumerate(rows):
+                full = model.next_token_logits(torch.tensor([seqs[r][:len(seqs[r]) - back + 1]]))[0]
+                assert (logits[i] - full).abs().max().item() <= ATOL
+    assert cache.lengths == [len(s) for s in seqs]
+
+
+def test_a_multi_token_chunk_into_rows_at_different_lengths(make_model):
+    model = make_model(seed=3)
+    seqs = [torch.randint(0, 97, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (12, 17)]
+    cache = model.init_cache(2)
+    with torch.inference_mode():
+        model(torch.tensor([seqs[0][:5]]), cache=cache, rows=[0])
+        model(torch.tensor([seqs[1][:10]]), cache=cache, rows=[1])
+        got = model(torch.tensor([seqs[0][5:12], seqs[1][10:17]]), cache=cache)  # one pass, two lengths
+        for i, seq in enumerate(seqs):
+            want = model(torch.tensor([seq]))[0, -7:]
+            assert (got[i] - want).abs().max().item() <= ATOL
+
+
+def test_a_freed_row_is_reused_without_reading_old_keys(make_model):
+    model = make_model(seed=8)
+    cache = model.init_cache(2)
+    with torch.inference_mode():
+        prefill(model, cache, 0, list(range(30)))
+        cache.reset([0])  # free it
+        reused = prefill(model, cache, 0, [3, 4, 5])
+        fresh = model.next_token_logits(torch.tensor([[3, 4, 5]]), model.init_cache(1))
+    assert torch.equal(reused, fresh)
+
+
+def test_a_full_row_or_repeated_rows_are_refused(make_model):
+    model = make_model(seed=9)
+    block = model.config.block_size
+    cache = model.init_cache(2)
+    with torch.inference_mode():
+        prefill(model, cache, 0, [1] * block)
+        prefill(model, cache, 1, [1])
+        with pytest.raises(AssertionError, match="no room"):
+            model.next_token_logits(torch.tensor([[1], [1]]), cache, [0, 1])
+        with pytest.raises(AssertionError, match="distinct"):
+            model.next_token_logits(torch.tensor([[1], [1]]), cache, [1, 1])

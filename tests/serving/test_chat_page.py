@@ -1,0 +1,223 @@
+"""The chat page at GET /, driven in headless Chromium against a real serve.py on 127.0.0.1.
+
+Needs Debian's ``chromium`` and ``chromium-driver`` and the ``selenium`` package; without them the
+tests skip, saying what to install. Set ``CHAT_PAGE_SCREENSHOT`` to a path to keep the screenshot
+the README shows (``CHAT_PAGE_SCREENSHOT=docs/chat-page.png``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from data.chat import END_OF_TURN
+from data.tokenizer import EOT
+from run_testkit import build_run, chat_tokenizer
+from server_process import running_server
+
+pytestmark = pytest.mark.e2e
+
+CAP = 20000  # the server's --max-tokens-cap: a reply this long is still running when Stop is pressed
+SYSTEM = "You are HAMLET in Hamlet."
+TURNS = ["Who's there?", "Stand, and unfold yourself."]
+
+
+def _browser():
+    """Headless Chromium through selenium, or a skip that names what is missing."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    chromedriver = shutil.which("chromedriver")
+    if chromium is None or chromedriver is None:
+        pytest.skip("the chat page's browser tests need Chromium and its driver "
+                    "(Debian: apt-get install chromium chromium-driver)")
+    webdriver = pytest.importorskip("selenium.webdriver", reason="the browser tests need selenium "
+                                    "(pip install -r requirements-dev.txt)")
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    # No sandbox: Chromium refuses to start its sandbox as root, which CI containers often are.
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1100,760"):
+        options.add_argument(argument)
+    service = webdriver.ChromeService(executable_path=chromedriver)
+    return webdriver.Chrome(options=options, service=service)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    driver = _browser()
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    # A context long enough for a system prompt and two turns, and a model that never ends a reply
+    # by itself, so that Stop always meets a running request. One row and no queue: a second
+    # request while one runs is refused with 503, and a row the page's Stop did not free would
+    # refuse the next request too.
+    run_dir = build_run(tmp_path_factory.mktemp("runs") / "tiny-chat", chat_tokenizer(), block_size=256,
+                        never_predicts=(END_OF_TURN, EOT))
+    with running_server(run_dir, "--max-batch", "1", "--max-queue", "0",
+                        "--max-tokens-cap", str(CAP)) as server:
+        yield server.base
+
+
+class Page:
+    """The page's controls by their ids, and waits on the state it shows in ``body[data-state]``."""
+
+    def __init__(self, driver, base: str) -> None:
+        from selenium.webdriver.common.by import By
+
+        self.driver, self.by = driver, By
+        driver.get(base + "/")
+        self.wait_for(lambda: self.state() == "idle", "the page to load")
+
+    def field(self, element_id: str):
+        return self.driver.find_element(self.by.ID, element_id)
+
+    def fill(self, element_id: str, value: object) -> None:
+        element = self.field(element_id)
+        element.clear()
+        element.send_keys(str(value))
+
+    def settings(self, **values: object) -> None:
+        for element_id, value in values.items():
+            self.fill(element_id.replace("_", "-"), value)
+
+    def send(self, text: str) -> None:
+        self.fill("input", text)
+        self.field("send").click()
+
+    def state(self) -> str:
+        return self.driver.find_element(self.by.TAG_NAME, "body").get_attribute("data-state")
+
+    def texts(self, selector: str) -> list[str]:
+        # textContent, exactly as the page holds it (WebElement.text would normalise whitespace).
+        return self.driver.execute_script(
+            "return [...document.querySelectorAll(arguments[0])].map(e => e.textContent)", selector)
+
+    def error(self) -> str:
+        return self.field("error").get_attribute("textContent")
+
+    def wait_for(self, condition, what: str, *, error_expected: bool = False, timeout_s: float = 60) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            if (not error_expected and self.error()) or time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what}; the page shows: {self.error()!r}")
+            time.sleep(0.05)
+
+
+def _api(base: str, path: str, body: dict) -> dict:
+    response = httpx.post(f"{base}{path}", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def _active(base: str) -> int:
+    health = httpx.get(f"{base}/health", timeout=5).json()
+    return health["active"] + health["waiting"]
+
+
+def test_the_page_is_one_file_that_calls_only_its_own_server(server):
+    response = httpx.get(f"{server}/", timeout=10)
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/html")
+    # No script, style sheet, image or font from anywhere, and no address of another host.
+    assert not re.search(r"\b(src|href)\s*=|@import|url\(", response.text)
+    assert "://" not in response.text
+
+
+def test_the_streamed_chat_equals_the_api_for_the_same_seed(browser, server, tmp_path):
+    page = Page(browser, server)
+    page.fill("system", SYSTEM)
+    page.settings(temperature=0.8, top_p=0.9, max_tokens=40, seed=7)
+    settings = {"temperature": 0.8, "top_p": 0.9, "max_tokens": 40, "seed": 7}
+    messages = [{"role": "system", "content": SYSTEM}]
+    for turn, text in enumerate(TURNS):
+        page.send(text)
+        page.wait_for(lambda: page.state() == "idle" and len(page.texts(".assistant .text")) == turn + 1,
+                      "the reply")
+        # The page resends the whole conversation each turn, as an OpenAI client does.
+        messages.append({"role": "user", "content": text})
+        reply = _api(server, "/v1/chat/completions", {"model": "tiny-chat", "messages": messages, **settings})
+        messages.append(reply["choices"][0]["message"])
+        replies = [m["content"] for m in messages if m["role"] == "assistant"]
+        assert page.texts(".assistant .text") == replies
+    assert all(replies) and page.error() == ""
+    assert page.texts(".user .text") == TURNS
+
+    shot = tmp_path / "chat-page.png"
+    assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
+    if os.environ.get("CHAT_PAGE_SCREENSHOT"):
+        target = Path(os.environ["CHAT_PAGE_SCREENSHOT"])
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(shot, target)
+
+    page.field("new").click()
+    assert page.texts(".msg") == []
+
+
+def test_stop_cancels_the_reply_and_the_server_frees_the_row(browser, server):
+    page = Page(browser, server)
+    page.settings(temperature=0, max_tokens=CAP)
+    page.send("Speak, speak!")
+    # Text has streamed in while the request still runs: the reply arrives piece by piece.
+    page.wait_for(lambda: page.state() == "streaming" and len("".join(page.texts(".assistant .text"))) > 20,
+                  "the reply to start streaming")
+    assert _active(server) == 1
+    partial = page.texts(".assistant .text")[0]
+    page.field("stop").click()
+    page.wait_for(lambda: page.state() == "idle", "the page to stop")
+    deadline = time.monotonic() + 10
+    while _active(server) != 0:
+        assert time.monotonic() < deadline, "the server still runs the request the page stopped"
+        time.sleep(0.05)
+    shown = page.texts(".assistant .text")[0]
+    assert shown.startswith(partial) and page.texts(".note") == ["stopped"] and page.error() == ""
+    # The one row is free: the next request is served rather than refused with 503.
+    assert _api(server, "/v1/completions", {"model": "tiny-chat", "prompt": "a", "max_tokens": 2})["choices"]
+
+
+def test_refusals_show_as_a_readable_message(browser, server):
+    page = Page(browser, server)
+    page.settings(max_tokens=CAP + 1)
+    page.send("Who's there?")
+    page.wait_for(lambda: page.state() == "idle" and page.error() != "", "the error", error_expected=True)
+    assert page.error().startswith("The server refused the request (400): max_tokens is 20001")
+    # The message comes back to the input box, and the conversation does not keep the failed turn.
+    assert page.field("input").get_attribute("value") == "Who's there?" and page.texts(".msg") == []
+
+    page.settings(max_tokens=20)
+    body = {"model": "tiny-chat", "prompt": "a", "max_tokens": CAP, "stream": True}
+    with httpx.stream("POST", f"{server}/v1/completions", json=body, timeout=60) as occupying:
+        assert occupying.status_code == 200
+        page.field("send").click()
+        page.wait_for(lambda: page.state() == "idle" and page.error() != "", "the busy message", error_expected=True)
+    assert page.error().startswith("The server refused the request (503): the server is busy")
+    assert page.error().endswith("Try again in 1 s.")
+
+
+def test_a_run_without_chat_tokens_gets_a_completion_box(browser, plain_run_dir):
+    with running_server(plain_run_dir) as server:
+        base = server.base
+        page = Page(browser, base)
+        assert "text completion" in page.field("model").text
+        assert not page.field("system").is_displayed()
+        page.settings(temperature=0.9, max_tokens=30, seed=3)
+        page.send("ROMEO: But soft")
+        page.wait_for(lambda: page.state() == "idle" and page.texts(".generated") != [""], "the completion")
+        reply = _api(base, "/v1/completions", {"model": "tiny-plain", "prompt": "ROMEO: But soft",
+                                               "temperature": 0.9, "max_tokens": 30, "seed": 3})
+        assert page.texts(".completion .text") == ["ROMEO: But soft" + reply["choices"][0]["text"]]
+        assert page.texts(".generated") == [reply["choices"][0]["text"]]
+
+        page.settings(max_tokens=10**6)
+        page.send("JULIET:")
+        page.wait_for(lambda: page.state() == "idle" and page.error() != "", "the error", error_expected=True)
+        assert page.error().startswith("The server refused the request (400): max_tokens is 1000000")
+        assert page.field("input").get_attribute("value") == "JULIET:" and page.texts(".msg") == []

@@ -1,0 +1,100 @@
+"""A multi-head latent attention run served: each request equals the same request alone, bit for
+bit, and generate.py, whatever else decodes beside it (the latent cache's masked whole-buffer
+one-token path), in the engine and through the real OpenAI client over a socket."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+from inference.completion import generate_completions
+from inference.runs import load_run
+from inference.settings import GenerationSettings
+from model.generation import SamplingSettings
+from run_testkit import build_run, chat_tokenizer
+from server_process import running_server
+from serving.engine import Engine
+
+openai = pytest.importorskip("openai")
+
+
+@pytest.fixture(scope="module")
+def mla_run_dir(tmp_path_factory):
+    # kv_latent_dim a multiple of 16: the CPU condition for batch-invariant decoding (model.mla).
+    return build_run(tmp_path_factory.mktemp("runs") / "mla", chat_tokenizer(), n_kv_head=4,
+                     attention="mla", kv_latent_dim=32, q_latent_dim=16)
+
+
+@pytest.fixture(scope="module")
+def mla_run(mla_run_dir):
+    return load_run(mla_run_dir, torch.device("cpu"))
+
+
+def requests(run) -> list[tuple[list[int], SamplingSettings]]:
+    """Prompts from 1 token to the whole window, some generating past it (the window slides)."""
+    g = torch.Generator().manual_seed(5)
+    lengths, new = [1, 4, 13, 31, 32, 7], [20, 45, 9, 70, 3, 40]
+    return [(torch.randint(5, len(run.token_bytes), (n,), generator=g).tolist(),
+             settings(m, temperature=[0.0, 0.9, 1.3][i % 3], top_p=[1.0, 0.8][i % 2], seed=40 + i))
+            for i, (n, m) in enumerate(zip(lengths, new))]
+
+
+def settings(max_tokens: int, **options) -> SamplingSettings:
+    """As the server builds them: OpenAI's defaults (no top-k, top_p 1)."""
+    return SamplingSettings(**{"max_new_tokens": max_tokens, "top_k": None, "top_p": 1.0, **options})
+
+
+def serve(engine: Engine, batch) -> list[tuple[int, ...]]:
+    finished, done = {}, threading.Event()
+
+    def collect(i):
+        def on_event(event):
+            if event.finish is not None:
+                finished[i] = event.finish.token_ids
+                if len(finished) == len(batch):
+                    done.set()
+        return on_event
+
+    for i, (prompt, params) in enumerate(batch):
+        engine.submit(prompt, params, collect(i))
+    assert done.wait(120), "a request never finished"
+    return [finished[i] for i in range(len(batch))]
+
+
+def reference(run, prompt, params: SamplingSettings) -> list[int]:
+    """generate.py's tokens, decoded in the server's arithmetic."""
+    settings = GenerationSettings(max_new_tokens=params.max_new_tokens, temperature=params.temperature,
+                                  top_k=None, top_p=params.top_p, seed=params.seed)
+    return generate_completions(run, prompt, settings, batch_invariant=True).completions[0].token_ids
+
+
+def test_each_served_request_equals_its_solo_run_and_generate_py(mla_run):
+    batch = requests(mla_run)
+    with Engine(mla_run.model, mla_run.token_bytes, max_batch=4, prefill_chunk=8) as engine:
+        together = serve(engine, batch)
+        alone = [serve(engine, [request])[0] for request in batch]
+    for i, (request, mixed, solo) in enumerate(zip(batch, together, alone)):
+        assert mixed == solo, f"request {i}"
+        assert list(solo) == reference(mla_run, *request), f"request {i} against generate.py"
+
+
+def test_concurrent_completions_over_a_socket_equal_generate_py(mla_run_dir, mla_run):
+    prompts = ["ROMEO: But soft", "Café 😀", "JULIET: O", "The quick brown fox"]
+    with running_server(mla_run_dir, "--max-batch", "4") as server:
+        client = openai.OpenAI(base_url=f"{server.base}/v1", api_key="x", max_retries=0, timeout=60)
+
+        def complete(i):
+            return client.completions.create(model="mla", prompt=prompts[i], max_tokens=24, temperature=0.8,
+                                             seed=i, stop=None).choices[0].text
+
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            texts = list(pool.map(complete, range(len(prompts))))
+    for i, (prompt, text) in enumerate(zip(prompts, texts)):
+        ids = mla_run.tokenizer.encode(prompt).ids
+        expected = reference(mla_run, ids, settings(24, temperature=0.8, seed=i))
+        if mla_run.eot_id in expected:  # the server stops at <|endoftext|>
+            expected = expected[:expected.index(mla_run.eot_id)]
+        assert text == mla_run.tokenizer.decode(expected, skip_special_tokens=False), f"prompt {i}"

@@ -1,0 +1,88 @@
+"""What train.py shows while it runs and when it ends: progress against the budget that binds,
+evaluations that follow the clock, a bar over the final validation, a summary and a loss curve."""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+import train as train_cli
+from training.metrics import read_metrics
+from training.trainer import TrainResult
+
+
+def _run(base_raw: dict, tmp_path: Path, capsys, eval_interval: int = 10, **train) -> tuple[Path, str, str]:
+    raw = copy.deepcopy(base_raw)
+    raw["train"].update(train)
+    # final_max_batches None: the whole split, the pass that needs a bar.
+    raw["eval"] = {**raw["eval"], "interval": eval_interval, "final_max_batches": None}
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    run_dir = tmp_path / "run"
+    assert train_cli.main(["--config", str(config), "--set", f"run.out_dir={run_dir}"]) == 0
+    out, err = capsys.readouterr()
+    return run_dir, out, err
+
+
+def test_a_clock_bound_run_shows_progress_evaluations_summary_and_curve(base_raw, tmp_path, capsys):
+    # The clock binds long before max_steps, and no step reaches eval.interval: as on a slow host.
+    run_dir, out, err = _run(base_raw, tmp_path, capsys, eval_interval=50_000, max_steps=100_000, max_minutes=0.04)
+    records = read_metrics(run_dir / "metrics.jsonl")
+    steps = max(r["step"] for r in records if r["kind"] == "train")
+    assert steps < 100_000
+    # The bar ends full, counted in the steps the clock allowed, not against max_steps.
+    last_bar = [line for line in re.split(r"[\r\n]", err) if line.startswith("train:")][-1]
+    assert f"| {steps}/{steps} " in last_bar and "100%" in last_bar, last_bar
+    # Evaluations came along the way, every tenth of the clock budget.
+    evals = [r for r in records if r["kind"] == "eval"]
+    assert 3 <= len(evals) <= 10, [r["step"] for r in evals]
+    assert all("elapsed_s" in r for r in evals)
+    # The final full validation has a progress bar.
+    assert re.search(r"full validation: +\d+%\|", err), err[-2000:]
+    # The summary: final bits/byte, where the run is, and what to do next.
+    final = [r for r in records if r["kind"] == "final_eval"][0]
+    assert f"final validation: {final['val_bpb']:.4f} bits/byte" in out
+    assert f"the run is in {run_dir}; its loss curve is {run_dir / 'loss_curve.png'}" in out
+    for command in ("python generate.py --run", "--set train.init_from=", "python export.py --run", "python serve.py --run"):
+        assert command in out, command
+    assert (run_dir / "loss_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_step_bound_run_counts_to_max_steps_and_evaluates_by_steps(base_raw, tmp_path, capsys):
+    run_dir, _, err = _run(base_raw, tmp_path, capsys, max_steps=12)
+    last_bar = [line for line in re.split(r"[\r\n]", err) if line.startswith("train:")][-1]
+    assert "| 12/12 " in last_bar, last_bar
+    evals = [r["step"] for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "eval"]
+    assert evals == [10]  # no clock budget: exactly every eval.interval steps
+
+
+def test_loss_curve_draws_train_and_validation_against_step_and_time(tmp_path):
+    matplotlib = pytest.importorskip("matplotlib")
+    from matplotlib.image import imread
+
+    from training.loss_curve import write_loss_curve
+    from training.metrics import MetricsLog
+
+    log = MetricsLog(tmp_path / "metrics.jsonl")
+    for step in range(1, 21):
+        log.append({"kind": "train", "step": step, "loss": 5.0 / step, "elapsed_s": step * 0.5})
+    log.append({"kind": "eval", "step": 10, "val_loss": 1.0, "elapsed_s": 5.2})
+    log.append({"kind": "final_eval", "step": 20, "val_loss": 0.5})  # an older record: no time
+    write_loss_curve(tmp_path / "metrics.jsonl", tmp_path / "loss_curve.png")
+    image = imread(tmp_path / "loss_curve.png")
+    assert image.shape[:2] == (420, 1100) and matplotlib.__version__
+
+
+def test_summary_repeats_the_wandb_sync_line_and_suits_a_chat_run(tmp_path):
+    result = TrainResult(
+        run_dir=Path("runs/tiny-chat"), step=5, tokens_seen=100, stopped_by="max_steps", train_seconds=1.0,
+        val_loss=1.0, val_bpb=1.5, chat=True, wandb_sync="wandb sync runs/tiny-chat/wandb/offline-run-*-abc*",
+    )
+    text = train_cli.summary(result, None)
+    assert "final validation: 1.5000 bits/byte of assistant text" in text
+    assert "python generate.py --run runs/tiny-chat --chat" in text and "init_from" not in text
+    assert text.splitlines()[-1] == "wandb logged offline; upload it with: wandb sync runs/tiny-chat/wandb/offline-run-*-abc*"
