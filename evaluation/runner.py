@@ -49,7 +49,7 @@ class EvalSettings:
 class EvalReport:
     table: str  # lm-eval's table
     metrics: dict[str, float]  # "<task>/<metric>" -> value
-    train_bpb: float | None  # train.py's last validation bits/byte, from metrics.jsonl
+    train_bpb: float | None  # train.py's last validation bits/byte (metrics.jsonl), for a run trained on text
     results_file: Path
 
 
@@ -71,7 +71,8 @@ def evaluate_run(run_dir: str | Path, settings: EvalSettings = EvalSettings()) -
             limit=settings.limit, verbose=settings.verbose,
         )
     metrics = summary_metrics(results)
-    train_bpb = RunRecord.read(run_dir).val_bpb
+    # A chat run's validation scores its held-out replies, not the plays: nothing to compare with.
+    train_bpb = RunRecord.read(run_dir).val_bpb if data.format == "text" else None
     results_file = run_dir / EVAL_DIR / RESULTS_FILE
     saved = {
         "run": str(run_dir),
