@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Export a run for Hugging Face transformers: python export.py --run runs/tiny --out exports/tiny."""
+"""Export a run for transformers or ONNX Runtime: python export.py --run runs/tiny --out exports/tiny [--format onnx]."""
 
 import sys
 

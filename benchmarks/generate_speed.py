@@ -47,17 +47,26 @@ class Row:
     note: str = ""
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def decode_parser(description: str, new_tokens: int) -> argparse.ArgumentParser:
+    """The flags every decode-speed benchmark takes: --run, --new-tokens, --repeats, --threads."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run", type=Path, help="benchmark this run's model instead of a random tiny one")
-    parser.add_argument("--new-tokens", type=int, default=256)
+    parser.add_argument("--new-tokens", type=int, default=new_tokens)
     parser.add_argument("--repeats", type=int, default=3, help="best of this many timed runs (default 3)")
-    parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
-    args = parser.parse_args(argv)
+    parser.add_argument("--threads", type=int, help="intra-op threads (default: torch's choice)")
+    return parser
+
+
+def load_benchmark_run(args: argparse.Namespace) -> LoadedRun:
+    """``--run``'s model, or a random one of the tiny size, after applying ``--threads``."""
     if args.threads:
         torch.set_num_threads(args.threads)
+    return load_run(args.run, torch.device("cpu")) if args.run else random_run(TINY)
 
-    run = load_run(args.run, torch.device("cpu")) if args.run else random_run(TINY)
+
+def main(argv: list[str] | None = None) -> int:
+    args = decode_parser(__doc__, 256).parse_args(argv)
+    run = load_benchmark_run(args)
     config = run.model.config
     new = args.new_tokens
     generator = torch.Generator().manual_seed(0)

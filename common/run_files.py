@@ -21,6 +21,7 @@ RUN_FILES = (
 LOCK_FILE = ".run.lock"  # held by the training that writes the directory (training/run_lock.py)
 LOCK_OWNER_FILE = ".run.lock.owner"  # that training's pid and host
 LOCK_FILES = (LOCK_FILE, LOCK_OWNER_FILE)
+EVAL_DIR = "eval"  # what evaluate.py writes: its task files (tasks/) and lm-eval's results (results.json)
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:

@@ -14,11 +14,31 @@ import os
 import re
 import shutil
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from common.files import process_alive
 
 _LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)-[0-9a-f]{12}\.(?P<kind>tmp|old)$")
+
+
+@contextmanager
+def staged_export(out_dir: Path) -> Iterator[Path]:
+    """A new hidden folder beside ``out_dir`` to write an export into (both formats use it); when
+    the block ends it is swapped into place, and if the block fails it is removed. A filesystem
+    failure names ``out_dir``, the folder the user asked for, not the hidden one."""
+    staging = sibling(out_dir, "tmp")
+    try:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        staging.mkdir()  # not mkdtemp: its owner-only mode would stay on the finished folder
+        yield staging
+        replace_dir(staging, out_dir)
+    except BaseException as error:
+        shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(error, OSError) and error.errno is not None:
+            raise OSError(error.errno, error.strerror, str(out_dir)) from None
+        raise
 
 
 def sibling(out_dir: Path, kind: str) -> Path:

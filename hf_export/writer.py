@@ -21,7 +21,7 @@ from common.errors import UserError
 from common.files import atomic_write_bytes
 from hf_export.hub_files import MODEL_TYPE, SpecialTokens, generation_config, model_config, tokenizer_config
 from hf_export.model_card import RunRecord, model_card
-from hf_export.staging import clean_leftovers, replace_dir, sibling
+from hf_export.staging import clean_leftovers, staged_export
 from hf_export.weights import hf_state_dict
 from common.run_files import TOKENIZER_FILE
 from inference.runs import load_run
@@ -41,7 +41,7 @@ def export_run(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool = Fa
     ``overwrite``, and only if it is an earlier export (so a typo cannot delete a run)."""
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     clean_leftovers(out_dir.parent)  # first: it may put back the export a killed one was replacing
-    _check_destination(run_dir, out_dir, overwrite)
+    check_destination(run_dir, out_dir, overwrite)
     run = load_run(run_dir, torch.device("cpu"))
     tokens = SpecialTokens.of(run.tokenizer)
     config = run.model.config
@@ -49,10 +49,7 @@ def export_run(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool = Fa
     num_params = run.model.num_params()
     dtype = str(next(iter(weights.values())).dtype).removeprefix("torch.")
 
-    staging = sibling(out_dir, "tmp")
-    try:
-        out_dir.parent.mkdir(parents=True, exist_ok=True)
-        staging.mkdir()  # not mkdtemp: its owner-only mode would stay on the finished folder
+    with staged_export(out_dir) as staging:
         from safetensors.torch import save
 
         # Serialised in memory and written by Python, so a full disk is an OSError naming the file
@@ -68,13 +65,6 @@ def export_run(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool = Fa
             (staging / name).write_bytes(shipped.joinpath(name).read_bytes())
         card = model_card(out_dir.name, config, num_params, RunRecord.read(run_dir), tokens.has_chat)
         (staging / "README.md").write_text(card, encoding="utf-8")
-        replace_dir(staging, out_dir)
-    except BaseException as error:
-        shutil.rmtree(staging, ignore_errors=True)
-        if isinstance(error, OSError) and error.errno is not None:
-            # Name the folder the user asked for, not the hidden one it was being built in.
-            raise OSError(error.errno, error.strerror, str(out_dir)) from None
-        raise
     return ExportResult(out_dir, tokens.has_chat, num_params)
 
 
@@ -86,7 +76,8 @@ def is_export(directory: Path) -> bool:
         return False
 
 
-def _check_destination(run_dir: Path, out_dir: Path, overwrite: bool) -> None:
+def check_destination(run_dir: Path, out_dir: Path, overwrite: bool) -> None:
+    """Refuse, in one line, an ``out_dir`` that an export (of either format) must not write to."""
     blocking = next((parent for parent in out_dir.absolute().parents if parent.exists()), None)
     if blocking is not None and not blocking.is_dir():
         raise UserError(f"--out {out_dir} is inside {blocking}, which is a file; choose a folder elsewhere")

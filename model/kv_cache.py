@@ -132,3 +132,19 @@ class KVCache:
         for r in p.rows:
             self.lengths[r] += p.new
         self._pass = None
+
+    def read(self, row: int, start: int, end: int) -> dict[str, torch.Tensor]:
+        """A copy of every entry of ``row`` at positions ``start..end-1``, each (n_layer, heads,
+        end - start, dim), by entry name: what a prefix cache keeps of a prompt's positions."""
+        assert 0 <= start < end <= self.lengths[row], f"row {row} holds {self.lengths[row]} positions"
+        return {name: buffer[:, row, :, start:end].clone() for name, buffer in self.buffers.items()}
+
+    def extend(self, row: int, entries: dict[str, torch.Tensor]) -> None:
+        """Append ``entries`` (as ``read`` returns them) to ``row`` at its length, and count them:
+        a prefix computed earlier is put back without running the model."""
+        start = self.lengths[row]
+        new = next(iter(entries.values())).shape[2]
+        assert entries.keys() == self.buffers.keys() and start + new <= self.max_len
+        for name, buffer in self.buffers.items():
+            buffer[:, row, :, start:start + new] = entries[name]
+        self.lengths[row] += new

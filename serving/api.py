@@ -33,6 +33,7 @@ from inference.completion import encode_prompt
 from inference.runs import LoadedRun
 from model.generation import SamplingSettings
 from serving.engine import Engine, EngineBusy, Event, Finish, Ticket
+from serving.logprobs import ReplyLogprobs
 from serving.schemas import (Body, ChatCompletionRequest, CompletionRequest, RequestError, _Common, error_body,
                              parse_request)
 
@@ -117,8 +118,31 @@ class _Service:
             raise ApiError(400, f"the {param} is {size}, more than this model's context of {block} "
                            f"tokens; shorten it", param=param, code="context_length_exceeded")
 
+    def completion_prompt(self, prompt: str | list) -> tuple[list[int], str]:
+        """A completion request's prompt as token ids, and as text (what echo returns)."""
+        if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+            if len(prompt) != 1:
+                raise ApiError(400, f"prompt is a batch of {len(prompt)} prompts; this server takes one "
+                               "prompt per request: send them one at a time", param="prompt")
+            prompt = prompt[0]
+        if isinstance(prompt, str):
+            self.check_length(len(prompt), None, "prompt")
+            encoded = encode_prompt(self.run, prompt)
+            self.check_length(len(prompt), encoded.original_length, "prompt")
+            return encoded.ids, prompt
+        vocab = len(self.run.token_bytes)
+        if not prompt:
+            raise ApiError(400, "prompt is an empty list of token ids; send at least one", param="prompt")
+        if not all(0 <= i < vocab for i in prompt):
+            bad = next(i for i in prompt if not 0 <= i < vocab)
+            raise ApiError(400, f"prompt has token id {bad}, outside this model's vocabulary (0 to {vocab - 1})",
+                           param="prompt")
+        self.check_length(0, len(prompt), "prompt")
+        return list(prompt), b"".join(self.run.token_bytes[i] for i in prompt).decode("utf-8", "replace")
+
     def submit(
-        self, prompt_ids: list[int], params: SamplingSettings, end_ids: list[int]
+        self, prompt_ids: list[int], params: SamplingSettings, end_ids: list[int], logprobs: int | None = None,
+        echo: bool = False,
     ) -> tuple[Ticket, asyncio.Queue]:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Event] = asyncio.Queue()
@@ -128,7 +152,7 @@ class _Service:
                 loop.call_soon_threadsafe(queue.put_nowait, event)
 
         try:
-            ticket = self.engine.submit(prompt_ids, params, on_event, end_ids=end_ids)
+            ticket = self.engine.submit(prompt_ids, params, on_event, end_ids=end_ids, logprobs=logprobs, echo=echo)
         except EngineBusy:
             raise ApiError(503, "the server is busy: every row and the waiting queue are full; retry "
                            "shortly", kind="server_busy", code="overloaded",
@@ -195,12 +219,15 @@ def create_app(run: LoadedRun, engine: Engine, *, model_id: str, limits: Limits 
     async def completions(request: Request):
         body = await service.read(request, CompletionRequest)
         max_tokens, stop = service.check_common(body)
-        service.check_length(len(body.prompt), None, "prompt")
-        prompt = encode_prompt(run, body.prompt)
-        service.check_length(len(body.prompt), prompt.original_length, "prompt")
+        ids, text = service.completion_prompt(body.prompt)
+        if body.stream and body.echo and body.logprobs is not None:
+            raise ApiError(400, "echo with logprobs is answered whole, not streamed; send stream: false",
+                           param="echo")
         params = _settings(body, max_tokens, stop)
-        ticket, queue = service.submit(prompt.ids, params, [run.eot_id])
-        reply = _Reply("cmpl", "text_completion", model_id, len(prompt.ids), chat=False)
+        wanted = body.logprobs is not None
+        ticket, queue = service.submit(ids, params, [run.eot_id], body.logprobs, body.echo and wanted)
+        logprobs = ReplyLogprobs(run.token_bytes, wanted, text, body.echo)
+        reply = _Reply("cmpl", "text_completion", model_id, ids, logprobs, echo=text if body.echo else "")
         return await _answer(request, body, reply, ticket, queue)
 
     @app.post("/v1/chat/completions")
@@ -220,8 +247,12 @@ def create_app(run: LoadedRun, engine: Engine, *, model_id: str, limits: Limits 
         service.check_length(chars, len(ids), "messages")
         # The chat rule (data.chat.ChatTokenIds): role tokens never sampled, end tokens never shown.
         params = _settings(body, max_tokens, stop, suppress_ids=service.chat_ids.suppress_ids)
-        ticket, queue = service.submit(ids, params, list(service.chat_ids.reply_end_ids))
-        reply = _Reply("chatcmpl", "chat.completion", model_id, len(ids), chat=True)
+        if body.top_logprobs is not None and not body.logprobs:
+            raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        top = (body.top_logprobs or 0) if body.logprobs else None
+        ticket, queue = service.submit(ids, params, list(service.chat_ids.reply_end_ids), top)
+        reply = _Reply("chatcmpl", "chat.completion", model_id, ids,
+                       ReplyLogprobs(run.token_bytes, body.logprobs, chat=True, hidden=service.chat_ids.reply_end_ids))
         return await _answer(request, body, reply, ticket, queue)
 
     return app
@@ -236,43 +267,50 @@ def _settings(
 
 class _Reply:
     """One response's id and shapes, for a whole body or for its stream of chunks, and the tokens
-    it has counted so far (for the access log)."""
+    it has counted so far (for the access log). ``echo``: the prompt text a completion begins with."""
 
-    def __init__(self, prefix: str, kind: str, model_id: str, prompt_tokens: int, *, chat: bool) -> None:
+    def __init__(self, prefix: str, kind: str, model_id: str, prompt_ids: list[int], logprobs: ReplyLogprobs,
+                 *, echo: str = "") -> None:
         self.id = f"{prefix}-{uuid.uuid4().hex}"
-        self.kind, self.model_id, self.chat = kind, model_id, chat
+        self.kind, self.model_id, self.chat = kind, model_id, logprobs.chat
         self.created = int(time.time())
-        self.prompt_tokens, self.completion_tokens = prompt_tokens, 0
+        self.prompt_ids, self.logprobs, self.echo = prompt_ids, logprobs, echo
+        self.prompt_tokens, self.completion_tokens = len(prompt_ids), 0
 
     def _envelope(self, kind: str, choices: list[dict]) -> dict:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model_id,
                 "choices": choices}
 
     def body(self, finish: Finish) -> dict:
+        logprobs = self.logprobs.whole(self.prompt_ids, finish)
         if self.chat:
             choice = {"index": 0, "message": {"role": "assistant", "content": finish.text},
-                      "logprobs": None, "finish_reason": finish.reason}
+                      "logprobs": logprobs, "finish_reason": finish.reason}
         else:
-            choice = {"index": 0, "text": finish.text, "logprobs": None, "finish_reason": finish.reason}
+            choice = {"index": 0, "text": self.echo + finish.text, "logprobs": logprobs, "finish_reason": finish.reason}
         return {**self._envelope(self.kind, [choice]), "usage": _usage(finish)}
 
-    def _chunk(self, text: str | None, finish_reason: str | None = None, *, role: bool = False) -> dict:
+    def _chunk(self, text: str | None, finish_reason: str | None = None, *, role: bool = False,
+               logprobs: dict | None = None) -> dict:
         if self.chat:
             delta = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
             return self._envelope("chat.completion.chunk", [choice])
-        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
         return self._envelope("text_completion", [choice])
 
     async def stream(self, ticket: Ticket, queue: asyncio.Queue, include_usage: bool) -> AsyncIterator[dict]:
         try:
             if self.chat:
                 yield self._chunk(None, role=True)
+            if self.echo:
+                yield self._chunk(self.echo)
             while True:
                 event: Event = await queue.get()
                 self.completion_tokens += event.token_id is not None
-                if event.text:
-                    yield self._chunk(event.text)
+                logprobs = self.logprobs.chunk(event)
+                if event.text or logprobs:
+                    yield self._chunk(event.text, logprobs=logprobs)
                 finish = event.finish
                 if finish is None:
                     continue
@@ -333,7 +371,8 @@ async def _cancel_on_disconnect(request: Request, ticket: Ticket) -> None:
 
 def _usage(finish: Finish) -> dict:
     return {"prompt_tokens": finish.prompt_tokens, "completion_tokens": finish.completion_tokens,
-            "total_tokens": finish.prompt_tokens + finish.completion_tokens}
+            "total_tokens": finish.prompt_tokens + finish.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": finish.cached_tokens}}
 
 
 def _include_usage(body: _Common) -> bool:

@@ -24,7 +24,7 @@ from common.errors import UserError
 from inference.runs import find_latest_run, load_run
 from model import GPT
 from serving.api import Limits, access_log, create_app
-from serving.engine import Engine
+from serving.engine import DEFAULT_PREFILL_CHUNK, Engine
 
 _EPILOG = """\
 endpoints:
@@ -65,9 +65,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-body-bytes", type=int, default=Limits.max_body_bytes, metavar="N",
                         help="the largest request body read; larger ones are refused with 413 "
                         "(default: %(default)s)")
-    parser.add_argument("--prefill-chunk", type=int, default=None, metavar="N",
+    parser.add_argument("--prefill-chunk", type=int, default=DEFAULT_PREFILL_CHUNK, metavar="N",
                         help="encode prompts in chunks of N tokens, between decode steps of the other "
-                        "requests (default: the model's context, one chunk)")
+                        "requests; also the prefix cache's page (default: %(default)s)")
+    parser.add_argument("--prefix-cache-mb", type=float, default=256, metavar="MB",
+                        help="memory for the KV entries of recent prompts' pages, reused by prompts that "
+                        "begin alike, least recently used evicted first; 0 turns it off (default: %(default)s)")
     parser.add_argument("--device", default="auto", help=f"{DEVICE_CHOICES} (default: %(default)s)")
     parser.add_argument("--threads", type=int, default=1, metavar="N",
                         help="CPU threads for the model's operations (default: %(default)s: a decode step "
@@ -94,8 +97,10 @@ def _check(args: argparse.Namespace) -> None:
         raise UserError(f"--max-queue must be >= 0, got {args.max_queue}")
     if args.threads < 1:
         raise UserError(f"--threads must be at least 1, got {args.threads}")
-    if args.prefill_chunk is not None and args.prefill_chunk < 1:
+    if args.prefill_chunk < 1:
         raise UserError(f"--prefill-chunk must be at least 1, got {args.prefill_chunk}")
+    if not 0 <= args.prefix_cache_mb < float("inf"):
+        raise UserError(f"--prefix-cache-mb must be 0 (off) or more, got {args.prefix_cache_mb}")
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -106,7 +111,7 @@ def _serve(args: argparse.Namespace) -> int:
     run = load_run(args.run if args.run is not None else find_latest_run(), device)
     _check_cache_fits(run.model, args.max_batch, device)
     engine = Engine(run.model, run.token_bytes, max_batch=args.max_batch, max_queue=args.max_queue,
-                    prefill_chunk=args.prefill_chunk)
+                    prefill_chunk=args.prefill_chunk, prefix_cache_bytes=int(args.prefix_cache_mb * 2**20))
     model_id = run.directory.resolve().name
     app = create_app(run, engine, model_id=model_id, limits=Limits(max_tokens_cap=args.max_tokens_cap,
                                                                          max_body_bytes=args.max_body_bytes))

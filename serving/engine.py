@@ -20,8 +20,16 @@ row bit for bit as alone (``GPT.next_token_logits(batch_invariant=True)``: its a
 row's whole cache buffer under a mask, and its matrix products run in fixed blocks of rows; on the
 CPU this holds when the model's head_dim is a multiple of 16). Against generate.py, whose single
 stream takes the plain one-row products, tokens agree up to fp32 rounding. A prompt
-longer than ``prefill_chunk`` is encoded in chunks; the chunks depend only on the request, so it
-still equals itself served alone.
+is encoded in chunks of ``prefill_chunk`` tokens on a fixed grid from position 0; the chunks
+depend only on the request, so it still equals itself served alone.
+
+With a prefix cache (``prefix_cache_bytes``, see ``serving.prefix_cache``) the whole chunks a
+prompt shares with a recent one are copied in instead of computed: the grid makes them bit for
+bit the chunks it would have computed, so a hit changes no token, only the time to the first.
+
+A request may ask for log-probabilities (``logprobs``: the chosen token's and the ``logprobs``
+most likely tokens', from the model's distribution before temperature, top-p and suppressed ids),
+for its generated tokens and, with ``echo``, for its prompt's.
 
 Results go back through a callback, called on the engine thread with one ``Event`` per generated
 token and a last one carrying the ``Finish``. The callback must be quick and must not raise.
@@ -40,8 +48,24 @@ import torch
 from inference.streaming import TextStream
 from model import GPT
 from model.generation import SamplingSettings, kept_window, new_seed, sample_next_token, seeded_generator, window_start
+from serving.prefix_cache import PrefixCache
 
 log = logging.getLogger(__name__)
+
+# Tokens a prompt is encoded in per iteration, and so the prefix cache's page: small enough that
+# a prompt sharing most of its tokens with a cached one skips most of its work, large enough that
+# a chunk's matrix products stay efficient.
+DEFAULT_PREFILL_CHUNK = 32
+MAX_TOP_LOGPROBS = 20  # the most alternatives OpenAI reports (its chat endpoint; its completions: 5)
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A token's log-probability under the model, and the most likely tokens there, best first."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]
 
 
 @dataclass(frozen=True)
@@ -50,6 +74,9 @@ class Finish:
     prompt_tokens: int
     token_ids: tuple[int, ...]  # every token generated, an end token or stop-string token included
     text: str  # the whole text, ending before a stop string; end tokens are not shown
+    cached_tokens: int = 0  # prompt tokens copied from the prefix cache rather than computed
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per token of token_ids, when asked for
+    prompt_logprobs: tuple[TokenLogprob | None, ...] = ()  # with echo: one per prompt token, the first None
 
     @property
     def completion_tokens(self) -> int:
@@ -61,6 +88,7 @@ class Event:
     text: str  # new text (whole characters), possibly empty
     token_id: int | None = None  # the token generated; None on a last event that only flushes text
     finish: Finish | None = None  # set on the request's last event
+    logprob: TokenLogprob | None = None  # token_id's, when the request asked for logprobs
 
 
 EventCallback = Callable[[Event], None]
@@ -88,6 +116,8 @@ class _Request:
     prompt_ids: list[int]
     settings: SamplingSettings
     end_ids: frozenset[int]
+    logprobs: int | None  # how many alternatives to report per token; None: no logprobs
+    echo: bool  # report the prompt's logprobs too
     on_event: EventCallback
     stream: TextStream
     generator: torch.Generator
@@ -96,6 +126,9 @@ class _Request:
     row: int = -1
     prefilling: bool = True  # the row's window still has to be encoded into its cache row
     logits: torch.Tensor | None = None  # (1, vocab) next-token logits, once the row has them
+    cached_tokens: int = 0
+    token_logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: tuple[TokenLogprob | None, ...] = ()
 
     @property
     def generated(self) -> int:
@@ -106,7 +139,8 @@ class Engine:
     """Continuous batching over ``model`` (in eval mode) for up to ``max_batch`` requests at once.
 
     ``max_queue`` requests may wait for a row (default 4 x max_batch) once every row is taken;
-    beyond that ``submit`` raises EngineBusy.
+    beyond that ``submit`` raises EngineBusy. ``prefill_chunk``: tokens a prompt is encoded in per
+    iteration (at most the context). ``prefix_cache_bytes``: memory for the prefix cache (0: none).
     """
 
     def __init__(
@@ -117,6 +151,7 @@ class Engine:
         max_batch: int = 16,
         max_queue: int | None = None,
         prefill_chunk: int | None = None,
+        prefix_cache_bytes: int = 0,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
@@ -125,12 +160,14 @@ class Engine:
         self.token_bytes = token_bytes
         self.max_batch = max_batch
         self.max_queue = 4 * max_batch if max_queue is None else max_queue
-        self.prefill_chunk = cfg.block_size if prefill_chunk is None else prefill_chunk
-        if self.max_queue < 0 or self.prefill_chunk < 1:
-            raise ValueError("max_queue must be >= 0 and prefill_chunk >= 1")
+        self.prefill_chunk = min(DEFAULT_PREFILL_CHUNK if prefill_chunk is None else prefill_chunk, cfg.block_size)
+        if self.max_queue < 0 or self.prefill_chunk < 1 or prefix_cache_bytes < 0:
+            raise ValueError("max_queue must be >= 0, prefill_chunk >= 1 and prefix_cache_bytes >= 0")
         self.block_size = cfg.block_size
         self.keep = kept_window(cfg.block_size)
         self.cache = model.init_cache(max_batch)
+        self.prefix_cache = PrefixCache(self.prefill_chunk, prefix_cache_bytes) if prefix_cache_bytes else None
+        self.prefill_tokens = 0  # prompt tokens the model has encoded (not copied from the prefix cache)
         self._waiting: collections.deque[_Request] = collections.deque()
         self._rows: list[_Request | None] = [None] * max_batch
         self._wake = threading.Condition()
@@ -145,16 +182,21 @@ class Engine:
         settings: SamplingSettings,
         on_event: EventCallback,
         end_ids: Sequence[int] = (),
+        *,
+        logprobs: int | None = None,
+        echo: bool = False,
     ) -> Ticket:
-        """Queue a request (thread-safe). Generation ends early at any token in ``end_ids``. The
-        caller (the HTTP layer's schemas) has checked the settings; repetition_penalty is not
-        served."""
+        """Queue a request (thread-safe). Generation ends early at any token in ``end_ids``.
+        ``logprobs`` (0 to MAX_TOP_LOGPROBS alternatives) reports each token's log-probability;
+        ``echo`` also the prompt's. The caller (the HTTP layer's schemas) has checked the settings;
+        repetition_penalty is not served."""
         prompt_ids = list(prompt_ids)
         assert 1 <= len(prompt_ids) <= self.block_size, f"a prompt must have 1 to {self.block_size} tokens"
         assert settings.max_new_tokens >= 1 and settings.repetition_penalty == 1.0
+        assert logprobs is None or 0 <= logprobs <= MAX_TOP_LOGPROBS
         ticket = Ticket(self)
         request = _Request(
-            ticket, prompt_ids, settings, frozenset(end_ids), on_event,
+            ticket, prompt_ids, settings, frozenset(end_ids), logprobs, echo, on_event,
             TextStream(self.token_bytes, settings.stop),
             # Seeded as generate.py seeds its first sample: the same draws anywhere.
             seeded_generator(settings.seed if settings.seed is not None else new_seed()),
@@ -255,15 +297,34 @@ class Engine:
                     self.cache.reset([row])
 
     def _prefill_chunk(self, request: _Request) -> None:
-        """Encode the next chunk of the row's window; the last chunk yields next-token logits."""
+        """Encode the next chunk of the row's window (copying in the cached pages it begins with,
+        first); the last chunk yields next-token logits. Whole chunks go to the prefix cache."""
         window = request.tokens[request.start:]
-        done = self.cache.lengths[request.row]
-        chunk = window[done:done + self.prefill_chunk]
+        row, size = request.row, self.prefill_chunk
+        if self.cache.lengths[row] == 0 and self.prefix_cache is not None:
+            for page in self.prefix_cache.lookup(window):
+                self.cache.extend(row, page)
+            if request.generated == 0:
+                request.cached_tokens = self.cache.lengths[row]
+        done = self.cache.lengths[row]
+        chunk = window[done:done + size]
         idx = torch.tensor([chunk], device=self.cache.device)
-        logits = self.model.next_token_logits(idx, self.cache, [request.row], batch_invariant=True)
-        if self.cache.lengths[request.row] == len(window):
+        logits = self.model.next_token_logits(idx, self.cache, [row], batch_invariant=True)
+        self.prefill_tokens += len(chunk)
+        if self.prefix_cache is not None and len(chunk) == size:
+            self.prefix_cache.store(window[:done + size], self.cache.read(row, done, done + size))
+        if self.cache.lengths[row] == len(window):
             request.logits = logits
             request.prefilling = False
+            if request.echo and not request.prompt_logprobs:
+                request.prompt_logprobs = self._prompt_logprobs(request)
+
+    def _prompt_logprobs(self, request: _Request) -> tuple[TokenLogprob | None, ...]:
+        """Each prompt token's log-probability given the tokens before it (the first has none),
+        from one pass over the whole prompt: the chunks above keep only each chunk's last logits."""
+        prompt = torch.tensor([request.prompt_ids], device=self.cache.device)
+        logprobs = torch.log_softmax(self.model(prompt)[0, :-1].float(), dim=-1)
+        return (None, *_token_logprobs(logprobs, request.prompt_ids[1:], request.logprobs or 0))
 
     def _decode(self, requests: list[_Request]) -> None:
         """One token for every decoding row, in one batched forward pass."""
@@ -281,8 +342,11 @@ class Engine:
         for options, group in groups.items():
             logits = torch.cat([r.logits for r in group])
             tokens = sample_next_token(logits, **dict(options), generator=[r.generator for r in group]).tolist()
-            for request, token in zip(group, tokens):
+            for i, (request, token) in enumerate(zip(group, tokens)):
                 request.logits = None
+                if request.logprobs is not None:
+                    logprobs = torch.log_softmax(logits[i:i + 1].float(), dim=-1)
+                    request.token_logprobs += _token_logprobs(logprobs, [token], request.logprobs)
                 self._advance(request, token)
 
     def _advance(self, request: _Request, token: int) -> None:
@@ -297,7 +361,7 @@ class Engine:
         elif request.generated == request.settings.max_new_tokens:
             self._finish(request, "length", token, text)
         else:
-            self._emit(request, Event(text, token))
+            self._emit(request, Event(text, token, logprob=self._last_logprob(request)))
             start = window_start(request.start, len(request.tokens), self.block_size, self.keep)
             if start != request.start:
                 # Learned positions cannot slide: the kept tokens are re-encoded from position 0.
@@ -313,11 +377,27 @@ class Engine:
         if reason in ("length", "stop"):
             text += request.stream.finish()  # an unfinished character at the end, as U+FFFD
         generated = tuple(request.tokens[len(request.prompt_ids):])
-        finish = Finish(reason, len(request.prompt_ids), generated, request.stream.text)
-        self._emit(request, Event(text, token, finish))
+        finish = Finish(reason, len(request.prompt_ids), generated, request.stream.text, request.cached_tokens,
+                        tuple(request.token_logprobs), request.prompt_logprobs)
+        logprob = self._last_logprob(request) if token is not None else None
+        self._emit(request, Event(text, token, finish, logprob))
+
+    @staticmethod
+    def _last_logprob(request: _Request) -> TokenLogprob | None:
+        return request.token_logprobs[-1] if request.token_logprobs else None
 
     def _emit(self, request: _Request, event: Event) -> None:
         try:
             request.on_event(event)
         except Exception:  # the caller's bug must not stop everyone else's generation
             log.exception("an engine event callback raised")
+
+
+def _token_logprobs(logprobs: torch.Tensor, token_ids: Sequence[int], top: int) -> list[TokenLogprob]:
+    """``TokenLogprob`` of ``token_ids[i]`` under row i of ``logprobs`` (rows, vocab), with the
+    ``top`` most likely tokens of each row."""
+    index = torch.tensor(token_ids, dtype=torch.long, device=logprobs.device).unsqueeze(1)
+    chosen = logprobs.gather(1, index)[:, 0].tolist()
+    values, ids = logprobs.topk(top, dim=-1) if top else (logprobs[:, :0], logprobs[:, :0].long())
+    return [TokenLogprob(token, value, tuple(zip(row_ids, row_values)))
+            for token, value, row_ids, row_values in zip(token_ids, chosen, ids.tolist(), values.tolist())]

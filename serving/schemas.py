@@ -2,8 +2,9 @@
 
 Unknown fields are refused with 400, as OpenAI's API does ("Unrecognized request argument"), so
 a client never believes a setting took effect when it did not. Fields OpenAI defines that this
-server does not implement are accepted only at their neutral value (``n`` 1, penalties 0, no
-logprobs); any other value is refused, naming the field.
+server does not implement are accepted only at their neutral value (``n`` 1, penalties 0); any
+other value is refused, naming the field. ``logprobs`` takes each endpoint's own shape: a number of
+alternatives (0 to 5) for completions, ``true`` with ``top_logprobs`` for chat.
 
 ``parse_request`` turns the raw body into one of these models, or a ``RequestError`` whose one line
 names what is wrong: not UTF-8, not JSON, not an object, nested absurdly deep, a lone surrogate
@@ -45,7 +46,6 @@ class _Common(BaseModel):
     n: Literal[1] = 1
     presence_penalty: Literal[0] = 0
     frequency_penalty: Literal[0] = 0
-    logprobs: Literal[False] | None = None
     user: str | None = None  # an end-user id for abuse monitoring; nothing to do with it here
 
     def requested_max_tokens(self) -> int | None:
@@ -58,7 +58,11 @@ class _Common(BaseModel):
 
 
 class CompletionRequest(_Common):
-    prompt: str
+    # Text, or token ids (what lm-evaluation-harness sends); a list of one of these is a batch of
+    # one (the api refuses longer batches).
+    prompt: str | list[int] | list[str] | list[list[int]]
+    logprobs: int | None = Field(default=None, ge=0, le=5)
+    echo: bool = False
 
 
 class ChatMessage(BaseModel):
@@ -71,6 +75,8 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)  # OpenAI's newer name for max_tokens
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens

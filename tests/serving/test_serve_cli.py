@@ -16,6 +16,8 @@ from serving.cli import main
         (["--max-batch", "0"], "--max-batch must be at least 1"),
         (["--port", "70000"], "--port must be in 0..65535"),
         (["--prefill-chunk", "0"], "--prefill-chunk must be at least 1"),
+        (["--prefix-cache-mb", "-1"], "--prefix-cache-mb must be 0 (off) or more"),
+        (["--prefix-cache-mb", "nan"], "--prefix-cache-mb must be 0 (off) or more"),
         (["--device", "tpu"], "unknown device 'tpu'"),
         (["--max-batch", "many"], "invalid int value"),
         (["--max-body-bytes", "0"], "--max-body-bytes must be at least 1"),

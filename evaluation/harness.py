@@ -1,0 +1,92 @@
+"""The one place that calls lm-evaluation-harness: its ``hf`` model on an export, local tasks only.
+
+lm-eval is an optional dependency (requirements-dev.txt), imported only here and only when an
+evaluation runs. Everything stays offline: the model is a local folder and the tasks read local
+jsonl files through the ``json`` dataset builder, so the hub is never asked for anything.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from pathlib import Path
+from typing import Any, Iterator
+
+from common.errors import UserError
+
+INSTALL = 'pip install "lm-eval[hf]>=0.4.13,<0.5" (or pip install -r requirements-dev.txt)'
+# Stderr of bits/byte and perplexity comes from bootstrap resamples of the plays; lm-eval's
+# default count is meant for thousands of documents and only costs time on a handful.
+BOOTSTRAP_ITERS = 1000
+
+
+def require_lm_eval() -> None:
+    """Raise a UserError saying how to install lm-eval when it is missing."""
+    try:
+        import lm_eval  # noqa: F401
+    except ImportError:
+        raise UserError(f"evaluation runs lm-evaluation-harness, which is not installed: {INSTALL}") from None
+
+
+def run_lm_eval(
+    export_dir: Path, task_dir: Path, tasks: list[str], *, batch_size: int, device: str,
+    limit: int | None = None, verbose: bool = False,
+) -> dict[str, Any]:
+    """lm-eval's results for ``tasks`` (found in ``task_dir``) on the transformers folder ``export_dir``."""
+    require_lm_eval()
+    # Offline before datasets and huggingface_hub are imported: they read the setting then.
+    with _environment(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1"):
+        import lm_eval
+        from lm_eval.tasks import TaskManager
+
+        if not verbose:
+            # lm-eval warns for every context it shortens to fit the window, which is expected here.
+            logging.getLogger("lm_eval").setLevel(logging.ERROR)
+        manager = TaskManager(include_path=str(task_dir), include_defaults=False)
+        return lm_eval.simple_evaluate(
+            model="hf",
+            # float32: the numbers must match train.py's fp32 evaluation, not a half-precision copy.
+            model_args={"pretrained": str(export_dir), "trust_remote_code": True, "dtype": "float32"},
+            tasks=tasks,
+            batch_size=batch_size,
+            device=device,
+            limit=limit,
+            task_manager=manager,
+            log_samples=False,
+            bootstrap_iters=BOOTSTRAP_ITERS,
+        )
+
+
+@contextlib.contextmanager
+def _environment(**values: str) -> Iterator[None]:
+    """Environment variables set for the block, then restored."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def results_table(results: dict[str, Any]) -> str:
+    """lm-eval's own markdown table of the results."""
+    from lm_eval.utils import make_table
+
+    return make_table(results)
+
+
+def summary_metrics(results: dict[str, Any]) -> dict[str, float]:
+    """``{task}/{metric}`` -> value for every number lm-eval reported (stderr included), e.g.
+    ``shakespeare_next_line/acc``; lm-eval's ``,none`` filter suffix is dropped."""
+    metrics = {}
+    for task, values in results["results"].items():
+        for key, value in values.items():
+            name, _, _filter = key.partition(",")
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and name != "alias":
+                metrics[f"{task}/{name}"] = float(value)
+    return metrics

@@ -1,0 +1,39 @@
+"""The plays a run never trained on: the Shakespeare plays its config held out, read as training read them.
+
+The split is the one data preparation made (a seeded hash of play ids, see data/split.py), with
+the settings of the run's own ``data:`` section, so the tasks score exactly its validation text. A
+chat run (configs/tiny-chat.yaml) splits the plays the same way, so it is scored on the same
+plays as its parent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from common.errors import UserError
+from data.config import DataConfig
+from data.shakespeare import markdown_to_play_text, play_files, play_id
+from data.shakespeare_chat import Speech, play_scenes
+from data.split import hash_split
+
+
+@dataclass(frozen=True)
+class HeldOutPlay:
+    play_id: str
+    text: str  # the document exactly as data preparation tokenized it
+    scenes: list[list[Speech]]  # per scene, its speeches in order (see data.shakespeare_chat)
+
+
+def held_out_plays(run_dir: Path, data: DataConfig) -> list[HeldOutPlay]:
+    """The held-out plays of the run in ``run_dir`` trained with ``data``, in corpus order."""
+    if data.source != "shakespeare":
+        raise UserError(f"{run_dir} was trained on data.source={data.source}; the evaluation tasks are built "
+                        "from held-out Shakespeare plays, so evaluate a run trained on data.source=shakespeare")
+    files = play_files()
+    _, val_idx = hash_split([play_id(path) for path in files], data.val_fraction, data.split_seed)
+    plays = []
+    for i in val_idx:
+        markdown = files[i].read_text(encoding="utf-8")
+        plays.append(HeldOutPlay(play_id(files[i]), markdown_to_play_text(markdown), play_scenes(markdown)[1]))
+    return plays

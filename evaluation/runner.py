@@ -1,0 +1,137 @@
+"""Evaluate a run: export it, build the tasks from its held-out plays, run lm-eval, keep the results.
+
+The export goes to a temporary folder that is removed afterwards, so it can never be stale; the
+tasks and lm-eval's results stay in the run directory's ``eval/`` folder. With wandb on (the run's
+``logging.wandb`` or ``--wandb``), the numbers become summary metrics of the run's own wandb run
+when its id is known (``eval/<task>/<metric>``), else of a new run in the same project.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from common.config import build, read_yaml_file
+from common.device import select_device
+from common.errors import UserError
+from common.files import atomic_write_text
+from common.run_files import CONFIG_FILE, EVAL_DIR, STATE_FILE
+from data.config import DataConfig
+from evaluation.harness import require_lm_eval, results_table, run_lm_eval, summary_metrics
+from evaluation.plays import held_out_plays
+from evaluation.tasks import BPB_TASK, TASKS, TaskSettings, write_tasks
+from hf_export import export_run
+from hf_export.model_card import RunRecord
+from training.config import LoggingConfig
+from training.wandb_logger import WandbLogger
+
+RESULTS_FILE = "results.json"
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    tasks: tuple[str, ...] = TASKS
+    task_settings: TaskSettings = field(default_factory=TaskSettings)
+    batch_size: int = 32
+    device: str = "auto"
+    limit: int | None = None  # lm-eval's --limit: the first N documents of each task
+    wandb_mode: str | None = None  # None: the run's logging.wandb.mode
+    verbose: bool = False
+
+
+@dataclass(frozen=True)
+class EvalReport:
+    table: str  # lm-eval's table
+    metrics: dict[str, float]  # "<task>/<metric>" -> value
+    train_bpb: float | None  # train.py's last validation bits/byte (metrics.jsonl), for a run trained on text
+    results_file: Path
+
+
+def evaluate_run(run_dir: str | Path, settings: EvalSettings = EvalSettings()) -> EvalReport:
+    run_dir = Path(run_dir)
+    unknown = [name for name in settings.tasks if name not in TASKS]
+    if unknown or not settings.tasks:
+        raise UserError(f"unknown task(s) {', '.join(map(repr, unknown)) or '(none given)'}; choose from {', '.join(TASKS)}")
+    require_lm_eval()
+    device = select_device(settings.device, setting="--device")
+    with tempfile.TemporaryDirectory(prefix="minigpt-eval-") as tmp:
+        # Exporting loads the run, so a missing or damaged one is refused before anything is built.
+        export_dir = export_run(run_dir, Path(tmp) / "export").out_dir
+        data, logging_config = _run_sections(run_dir)
+        task_dir = write_tasks(held_out_plays(run_dir, data), run_dir / EVAL_DIR / "tasks", settings.task_settings)
+        _check_choices_fit(export_dir, task_dir, settings.tasks)
+        results = run_lm_eval(
+            export_dir, task_dir, list(settings.tasks), batch_size=settings.batch_size, device=str(device),
+            limit=settings.limit, verbose=settings.verbose,
+        )
+    metrics = summary_metrics(results)
+    # A chat run's validation scores its held-out replies, not the plays: nothing to compare with.
+    train_bpb = RunRecord.read(run_dir).val_bpb if data.format == "text" else None
+    results_file = run_dir / EVAL_DIR / RESULTS_FILE
+    saved = {
+        "run": str(run_dir),
+        "settings": dataclasses.asdict(settings),
+        "train_val_bpb": train_bpb,
+        "metrics": metrics,
+        **{key: results[key] for key in ("results", "versions", "n-samples", "configs") if key in results},
+    }
+    atomic_write_text(results_file, json.dumps(saved, indent=2, default=str) + "\n")
+    _log_to_wandb(run_dir, logging_config, settings.wandb_mode, metrics)
+    return EvalReport(results_table(results), metrics, train_bpb, results_file)
+
+
+def _check_choices_fit(export_dir: Path, task_dir: Path, tasks: tuple[str, ...]) -> None:
+    """Refuse a context window too short for a multiple-choice task: lm-eval scores each choice in
+    one window, so the longest choice must fit in it with at least one token of context."""
+    from tokenizers import Tokenizer
+
+    block_size = json.loads((export_dir / "config.json").read_text(encoding="utf-8"))["max_position_embeddings"]
+    tokenizer = Tokenizer.from_file(str(export_dir / "tokenizer.json"))
+    for task in (task for task in tasks if task != BPB_TASK):
+        rows = [json.loads(line) for line in (task_dir / f"{task}.jsonl").read_text(encoding="utf-8").splitlines()]
+        # lm-eval moves the context's trailing newline into the choice it scores.
+        longest = max((len(tokenizer.encode("\n" + choice).ids) for row in rows for choice in row["choices"]), default=0)
+        if longest > block_size - 1:
+            raise UserError(
+                f"{task} has choices of up to {longest} tokens, which does not fit the run's context of "
+                f"{block_size} tokens; evaluate only --tasks {BPB_TASK}, or a run with a larger model.block_size"
+            )
+
+
+def _run_sections(run_dir: Path) -> tuple[DataConfig, LoggingConfig]:
+    """The ``data:`` and ``logging:`` sections of the run's config.yaml (a chat run's config names
+    a parent run, which need not exist any more, so the whole config is not rebuilt)."""
+    path = run_dir / CONFIG_FILE
+    if not path.is_file():
+        raise UserError(f"{run_dir} has no {CONFIG_FILE}, so its held-out plays are unknown; pass --run a run "
+                        "directory written by train.py")
+    try:
+        raw = read_yaml_file(path)
+        raw = raw if isinstance(raw, dict) else {}
+        return build(DataConfig, raw.get("data") or {}, "data"), build(LoggingConfig, raw.get("logging") or {}, "logging")
+    except UserError as error:
+        raise UserError(f"{path} is damaged ({error}); restore the config the run was trained with") from None
+
+
+def _log_to_wandb(run_dir: Path, logging_config: LoggingConfig, mode: str | None, metrics: dict[str, float]) -> None:
+    wandb_config = logging_config.wandb if mode is None else dataclasses.replace(logging_config.wandb, mode=mode)
+    if wandb_config.mode == "disabled":
+        return
+    logger = WandbLogger.start(wandb_config, run_dir=run_dir, run_config={}, resume_id=_wandb_run_id(run_dir))
+    logger.finish({f"eval/{name}": value for name, value in metrics.items()})
+
+
+def _wandb_run_id(run_dir: Path) -> str | None:
+    """The training's wandb run id, kept in its trainer state (None when there is none to read)."""
+    try:
+        state: Any = torch.load(run_dir / STATE_FILE, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # noqa: BLE001 - no state, or one this torch cannot read: start a new wandb run
+        return None
+    run_id = state.get("wandb_run_id") if isinstance(state, dict) else None
+    return run_id if isinstance(run_id, str) else None

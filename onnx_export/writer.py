@@ -1,0 +1,79 @@
+"""Write a run as a folder that ONNX Runtime decodes with no PyTorch: model.onnx, the tokenizer
+files, config.json and a README.md with the decoding loop.
+
+The folder takes the layout of Hugging Face Optimum's ONNX exports (config.json beside model.onnx
+and the tokenizer), so ONNX tooling that reads those finds its way. It is built and swapped into
+place exactly as the Hugging Face export is (``hf_export.staging``): a half-written folder never
+looks complete, what a killed export left is cleaned up by the next, and ``--overwrite`` replaces
+only an earlier export (``hf_export.writer.check_destination``).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from common.errors import UserError
+from common.files import atomic_write_text
+from common.run_files import TOKENIZER_FILE
+from hf_export.hub_files import SpecialTokens, model_config, tokenizer_config
+from hf_export.staging import clean_leftovers, staged_export
+from hf_export.writer import check_destination
+from inference.runs import load_run
+from onnx_export.decoder import cache_entries
+from onnx_export.graph import export_graph
+from onnx_export.readme import export_readme
+
+@dataclass(frozen=True)
+class OnnxExportResult:
+    out_dir: Path
+    static_batch: int | None  # None: the dynamic form
+    num_params: int
+
+
+def export_onnx(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool = False,
+                static_batch: int | None = None) -> OnnxExportResult:
+    """Export the run in ``run_dir`` to ``out_dir`` as an ONNX decoder: the dynamic form, or with
+    ``static_batch`` the fixed-shape form for that many rows. ``overwrite`` as in
+    ``hf_export.export_run``."""
+    run_dir, out_dir = Path(run_dir), Path(out_dir)
+    if static_batch is not None and static_batch < 1:
+        raise UserError(f"--static-batch must be at least 1, got {static_batch}")
+    _require_exporter()
+    clean_leftovers(out_dir.parent)  # first: it may put back the export a killed one was replacing
+    check_destination(run_dir, out_dir, overwrite)
+    run = load_run(run_dir, torch.device("cpu"))
+    model = run.model.float()
+    tokens = SpecialTokens.of(run.tokenizer)
+    config = model_config(model.config, tokens, "float32")
+    for shipped_code in ("auto_map", "architectures"):  # the modeling files stay with the hf format
+        config.pop(shipped_code, None)
+    # What the README's loop needs to build the inputs: each cached entry's (heads, dim) per token.
+    config["onnx"] = {"shapes": "dynamic" if static_batch is None else "static", "batch_size": static_batch,
+                      "cache": {name: list(shape) for name, shape in cache_entries(model).items()}}
+
+    with staged_export(out_dir) as staging:
+        export_graph(model, staging / "model.onnx", static_batch=static_batch)
+        _write_json(staging / "config.json", config)
+        _write_json(staging / "tokenizer_config.json", tokenizer_config(model.config, tokens))
+        shutil.copyfile(run_dir / TOKENIZER_FILE, staging / "tokenizer.json")
+        (staging / "README.md").write_text(export_readme(out_dir.name, model, static_batch), encoding="utf-8")
+    return OnnxExportResult(out_dir, static_batch, model.num_params())
+
+
+def _write_json(path: Path, content: dict) -> None:
+    atomic_write_text(path, json.dumps(content, indent=2) + "\n")
+
+
+def _require_exporter() -> None:
+    """The exporter's packages are development dependencies: say how to get them, in one line."""
+    import importlib.util
+
+    missing = [name for name in ("onnx", "onnxscript") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise UserError(f"ONNX export needs {' and '.join(missing)}; install them with "
+                        "pip install -r requirements-dev.txt")

@@ -1,0 +1,58 @@
+"""Fixtures for the evaluation tests: a short run of configs/tiny.yaml on the real plays (the tasks
+are built from its held-out plays, so no stand-in corpus will do), and the same run untrained.
+
+The run holds out fewer plays than tiny.yaml (data.val_fraction), which keeps its validation pass
+and lm-eval's rolling bits/byte short; both are still the whole held-out text.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+TRAIN_STEPS = 400  # enough for shakespeare_next_line to beat the untrained model (docs/results.md)
+VAL_FRACTION = 0.05
+
+
+@pytest.fixture(autouse=True)
+def _single_thread(one_torch_thread):
+    yield
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """configs/tiny.yaml trained for ``TRAIN_STEPS`` steps on one CPU thread."""
+    from training import load_config, train
+
+    root = tmp_path_factory.mktemp("eval-run")
+    overrides = [
+        f"train.max_steps={TRAIN_STEPS}", "train.max_minutes=null", f"data.val_fraction={VAL_FRACTION}",
+        f"data.cache_dir={root / 'cache'}", f"run.out_dir={root / 'run'}", "logging.wandb.mode=disabled",
+        "eval.interval=100000", "eval.sample_tokens=0", "run.checkpoint_interval=0",
+    ]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        train(load_config(ROOT / "configs" / "tiny.yaml", overrides), progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    return root / "run"
+
+
+@pytest.fixture(scope="session")
+def untrained_run(trained_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The trained run's config and tokenizer with freshly initialised weights: the floor."""
+    from common.run_files import CONFIG_FILE, TOKENIZER_FILE
+    from model import GPT, load_pretrained, save_pretrained
+
+    directory = tmp_path_factory.mktemp("untrained") / "run"
+    directory.mkdir()
+    for name in (CONFIG_FILE, TOKENIZER_FILE):
+        shutil.copyfile(trained_run / name, directory / name)
+    torch.manual_seed(0)
+    save_pretrained(GPT(load_pretrained(trained_run).config), directory)
+    return directory

@@ -1,0 +1,107 @@
+"""The task files: built deterministically from the held-out plays, in the shape lm-eval reads.
+
+No model and no lm-eval here: only the builder, on the real plays that a run config holds out.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+
+from data.config import DataConfig
+from data.shakespeare import shakespeare_documents
+from data.split import hash_split
+from evaluation import TASKS, TaskSettings, write_tasks
+from evaluation.plays import held_out_plays
+
+DATA = DataConfig(source="shakespeare", val_fraction=0.1, split_seed=1234)
+ITEMS = 200
+
+
+@pytest.fixture(scope="module")
+def plays(tmp_path_factory):
+    return held_out_plays(tmp_path_factory.mktemp("run"), DATA)
+
+
+def _rows(directory: Path, task: str) -> list[dict]:
+    return [json.loads(line) for line in (directory / f"{task}.jsonl").read_text(encoding="utf-8").splitlines()]
+
+
+def test_the_same_plays_and_seed_give_the_same_files_byte_for_byte(plays, tmp_path):
+    first = write_tasks(plays, tmp_path / "a", TaskSettings(seed=3, items=ITEMS))
+    second = write_tasks(plays, tmp_path / "b", TaskSettings(seed=3, items=ITEMS))
+    for task in TASKS:
+        assert (first / f"{task}.jsonl").read_bytes() == (second / f"{task}.jsonl").read_bytes()
+        # The YAML differs only in where its data file is.
+        config_a = yaml.safe_load((first / f"{task}.yaml").read_text())
+        config_b = yaml.safe_load((second / f"{task}.yaml").read_text())
+        assert config_a["dataset_kwargs"]["data_files"]["test"] == str((first / f"{task}.jsonl").resolve())
+        config_a["dataset_kwargs"] = config_b["dataset_kwargs"] = None
+        assert config_a == config_b
+    other_seed = write_tasks(plays, tmp_path / "c", TaskSettings(seed=4, items=ITEMS))
+    assert _rows(other_seed, "shakespeare_next_line") != _rows(first, "shakespeare_next_line")
+    assert _rows(other_seed, "shakespeare_bpb") == _rows(first, "shakespeare_bpb")
+
+
+def test_bpb_documents_are_the_held_out_plays_as_training_reads_them(plays, tmp_path):
+    ids, texts = shakespeare_documents()
+    _, val_idx = hash_split(ids, DATA.val_fraction, DATA.split_seed)
+    rows = _rows(write_tasks(plays, tmp_path, TaskSettings(items=10)), "shakespeare_bpb")
+    assert [row["play"] for row in rows] == [ids[i] for i in val_idx]
+    assert [row["text"] for row in rows] == [texts[i] for i in val_idx]
+    config = yaml.safe_load((tmp_path / "shakespeare_bpb.yaml").read_text())
+    assert config["output_type"] == "loglikelihood_rolling"
+    assert "bits_per_byte" in [metric["metric"] for metric in config["metric_list"]]
+
+
+@pytest.mark.parametrize("task", ["shakespeare_next_line", "shakespeare_speaker"])
+def test_multiple_choice_items_have_four_distinct_choices_and_the_truth_follows_the_context(plays, tmp_path, task):
+    rows = _rows(write_tasks(plays, tmp_path, TaskSettings(items=ITEMS)), task)
+    assert len(rows) == ITEMS
+    held_out = {play.play_id: play.text for play in plays}
+    follows = 0
+    for row in rows:
+        assert row["play"] in held_out
+        assert len(row["choices"]) == 4 and len(set(row["choices"])) == 4
+        assert 0 <= row["gold"] < 4 and row["context"].endswith("\n")
+        # The last context line and the true choice stand together in the play's text (unless a
+        # stage direction, which scenes leave out, stands between them: an entrance before a speech).
+        last_line = row["context"].rstrip("\n").rsplit("\n", 1)[-1]
+        blank = "" if task == "shakespeare_next_line" else "\n"
+        follows += f"{last_line}\n{blank}{row['choices'][row['gold']]}" in held_out[row["play"]]
+    assert follows >= 0.85 * len(rows)
+    # The truth is not always in the same place.
+    assert len(Counter(row["gold"] for row in rows)) == 4
+    config = yaml.safe_load((tmp_path / f"{task}.yaml").read_text())
+    assert config["output_type"] == "multiple_choice" and config["target_delimiter"] == ""
+
+
+def test_next_line_distractors_are_the_same_speakers_lines_of_the_same_play(plays, tmp_path):
+    rows = _rows(write_tasks(plays, tmp_path, TaskSettings(items=ITEMS)), "shakespeare_next_line")
+    lines_of = {}  # (play, speaker) -> lines
+    for play in plays:
+        for scene in play.scenes:
+            for speech in scene:
+                lines_of.setdefault((play.play_id, speech.speaker), set()).update(speech.text.split("\n"))
+    same_speaker = 0
+    for row in rows:
+        choices = [choice.rstrip("\n") for choice in row["choices"]]
+        speakers = [{s for (p, s), lines in lines_of.items() if p == row["play"] and c in lines} for c in choices]
+        same_speaker += bool(set.intersection(*speakers))
+    assert same_speaker >= 0.9 * len(rows)
+
+
+def test_speaker_choices_differ_only_in_the_name_and_never_name_the_previous_speaker(plays, tmp_path):
+    rows = _rows(write_tasks(plays, tmp_path, TaskSettings(items=ITEMS)), "shakespeare_speaker")
+    for row in rows:
+        names = [choice.split(":\n", 1)[0] for choice in row["choices"]]
+        assert {choice.split(":\n", 1)[1] for choice in row["choices"]} == {row["line"] + "\n"}
+        # A speaker heading follows the blank line between speeches (verse lines end in ":" too).
+        lines = row["context"].splitlines()
+        headings = [line for before, line in zip(lines, lines[1:]) if before == "" and line.endswith(":")]
+        if headings:
+            assert headings[-1][:-1] not in names

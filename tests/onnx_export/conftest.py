@@ -1,0 +1,46 @@
+"""Fixtures for the ONNX export tests: one tiny random run with a window of 128 positions (room for
+a prompt and 100 greedy tokens), exported once per session in each form, and ONNX Runtime sessions
+on the CPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from onnx_testkit import BLOCK_SIZE, Exported
+
+
+@pytest.fixture(autouse=True)
+def _single_thread(one_torch_thread):
+    yield
+
+
+@pytest.fixture(scope="session")
+def onnx_run(tmp_path_factory) -> Path:
+    import run_testkit
+    from data.tokenizer import EOT
+
+    # <|endoftext|> never wins, so generate.py's 100 tokens never end early.
+    return run_testkit.build_run(tmp_path_factory.mktemp("onnx-run") / "run", run_testkit.chat_tokenizer(),
+                                 block_size=BLOCK_SIZE, never_predicts=(EOT,))
+
+
+def _export(tmp_path_factory, run: Path, static_batch: int | None) -> Exported:
+    pytest.importorskip("onnxruntime")
+    from model import load_pretrained
+    from onnx_export import export_onnx
+
+    folder = tmp_path_factory.mktemp("onnx-export") / ("static" if static_batch else "dynamic")
+    export_onnx(run, folder, static_batch=static_batch)
+    return Exported(folder, load_pretrained(run))
+
+
+@pytest.fixture(scope="session")
+def dynamic_export(tmp_path_factory, onnx_run) -> Exported:
+    return _export(tmp_path_factory, onnx_run, None)
+
+
+@pytest.fixture(scope="session")
+def static_export(tmp_path_factory, onnx_run) -> Exported:
+    return _export(tmp_path_factory, onnx_run, 1)

@@ -1,0 +1,148 @@
+"""logprobs and echo through the real OpenAI client: the values are the model's own log-softmax
+(before temperature and top-p), recomputed here over the whole sequence without a cache."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+import torch
+
+from data.chat import render_chat, to_messages
+from server_process import running_server
+from serving.logprobs import token_text
+
+openai = pytest.importorskip("openai")
+
+MODEL = "tiny-chat"
+TOLERANCE = 1e-4  # fp32: the engine's cached, chunked arithmetic against one uncached pass
+
+
+@pytest.fixture(scope="module")
+def served(chat_run_dir):
+    with running_server(chat_run_dir, "--max-batch", "2") as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def client(served):
+    return openai.OpenAI(base_url=f"{served.base}/v1", api_key="x", max_retries=0, timeout=60)
+
+
+def model_logprobs(run, ids: list[int]) -> torch.Tensor:
+    """(len(ids), vocab): row i is the distribution of the token after ids[:i + 1]."""
+    with torch.no_grad():
+        return torch.log_softmax(run.model(torch.tensor([ids]))[0].float(), dim=-1)
+
+
+def ids_of(run, texts: list[str]) -> list[int]:
+    """Token ids from the token texts a reply lists (each token's bytes are distinct here)."""
+    by_text = {token_text(raw): i for i, raw in enumerate(run.token_bytes)}
+    return [by_text[t] for t in texts]
+
+
+def check_top(run, expected: torch.Tensor, top: dict[str, float], k: int) -> None:
+    values, ids = expected.topk(k)
+    assert len(top) == k
+    for value, token_id in zip(values.tolist(), ids.tolist()):
+        assert top[token_text(run.token_bytes[token_id])] == pytest.approx(value, abs=TOLERANCE)
+
+
+def test_completion_logprobs_are_the_models_before_temperature_and_top_p(client, chat_run):
+    prompt = "ROMEO: But soft"
+    reply = client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=1.3, top_p=0.8,
+                                      seed=5, logprobs=3)
+    choice = reply.choices[0]
+    logprobs = choice.logprobs
+    prompt_ids = chat_run.tokenizer.encode(prompt).ids
+    generated = ids_of(chat_run, logprobs.tokens)
+    expected = model_logprobs(chat_run, prompt_ids + generated)
+    for i, token_id in enumerate(generated):
+        row = expected[len(prompt_ids) - 1 + i]
+        assert logprobs.token_logprobs[i] == pytest.approx(row[token_id].item(), abs=TOLERANCE)
+        check_top(chat_run, row, logprobs.top_logprobs[i], 3)
+    lengths = [len(t) for t in logprobs.tokens]
+    assert logprobs.text_offset == [len(prompt) + sum(lengths[:i]) for i in range(len(lengths))]
+    if chat_run.eot_id not in generated and not any(t.startswith("bytes:") for t in logprobs.tokens):
+        assert "".join(logprobs.tokens) == choice.text
+
+
+def test_echo_gives_the_prompt_tokens_first_with_null_for_the_first(client, chat_run):
+    """What lm-evaluation-harness's local-completions sends for a log-likelihood: token ids, echo,
+    logprobs 1, max_tokens 1, temperature 0."""
+    text = "JULIET: O Romeo, Romeo"
+    ids = chat_run.tokenizer.encode(text).ids
+    reply = client.completions.create(model=MODEL, prompt=[ids], max_tokens=1, temperature=0, logprobs=1,
+                                      echo=True)
+    choice = reply.choices[0]
+    logprobs = choice.logprobs
+    expected = model_logprobs(chat_run, ids)
+    assert ids_of(chat_run, logprobs.tokens[:len(ids)]) == ids
+    assert logprobs.token_logprobs[0] is None and logprobs.top_logprobs[0] is None
+    for i in range(1, len(ids)):
+        assert logprobs.token_logprobs[i] == pytest.approx(expected[i - 1, ids[i]].item(), abs=TOLERANCE)
+        check_top(chat_run, expected[i - 1], logprobs.top_logprobs[i], 1)
+    # The one generated token: greedy, so the most likely one.
+    assert len(logprobs.tokens) == len(ids) + 1
+    assert logprobs.token_logprobs[-1] == pytest.approx(expected[-1].max().item(), abs=TOLERANCE)
+    assert choice.text.startswith(text) and logprobs.text_offset[0] == 0
+    assert reply.usage.prompt_tokens == len(ids)
+
+
+def test_echo_without_logprobs_returns_the_prompt_before_the_text(client):
+    plain = client.completions.create(model=MODEL, prompt="KING:", max_tokens=6, temperature=0)
+    echoed = client.completions.create(model=MODEL, prompt="KING:", max_tokens=6, temperature=0, echo=True)
+    assert echoed.choices[0].text == "KING:" + plain.choices[0].text
+    assert plain.choices[0].logprobs is None and echoed.choices[0].logprobs is None
+    streamed = client.completions.create(model=MODEL, prompt="KING:", max_tokens=6, temperature=0, echo=True,
+                                         stream=True)
+    assert "".join(c.choices[0].text for c in streamed) == echoed.choices[0].text
+
+
+def test_chat_logprobs_in_openais_chat_shape(client, chat_run):
+    messages = [{"role": "user", "content": "Who's there?"}]
+    reply = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=10, temperature=0.7,
+                                           seed=2, logprobs=True, top_logprobs=2)
+    content = reply.choices[0].logprobs.content
+    assert b"".join(bytes(entry.bytes) for entry in content).decode("utf-8", "replace") == \
+        reply.choices[0].message.content
+    prompt_ids = render_chat(chat_run.tokenizer, to_messages(messages), add_generation_prompt=True).ids
+    generated = ids_of(chat_run, [entry.token for entry in content])
+    expected = model_logprobs(chat_run, prompt_ids + generated)
+    for i, entry in enumerate(content):
+        row = expected[len(prompt_ids) - 1 + i]
+        assert entry.logprob == pytest.approx(row[generated[i]].item(), abs=TOLERANCE)
+        check_top(chat_run, row, {t.token: t.logprob for t in entry.top_logprobs}, 2)
+
+
+def test_streamed_logprobs_join_to_the_whole_bodys(client):
+    kwargs = dict(model=MODEL, prompt="Café 😀", max_tokens=15, temperature=1.0, seed=9, logprobs=2)
+    whole = client.completions.create(**kwargs).choices[0].logprobs
+    chunks = [c.choices[0].logprobs for c in client.completions.create(stream=True, **kwargs)]
+    joined = {key: [x for c in chunks if c is not None for x in getattr(c, key)] for key in
+              ("tokens", "token_logprobs", "top_logprobs", "text_offset")}
+    assert joined == {key: getattr(whole, key) for key in joined}
+    chat = dict(model=MODEL, messages=[{"role": "user", "content": "Hail"}], max_tokens=8, temperature=1.0,
+                seed=9, logprobs=True)
+    whole_chat = client.chat.completions.create(**chat).choices[0].logprobs.content
+    streamed = [e for c in client.chat.completions.create(stream=True, **chat)
+                if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in whole_chat]
+
+
+@pytest.mark.parametrize("path, extra, fragment", [
+    ("/v1/completions", {"logprobs": 6}, "logprobs"),
+    ("/v1/completions", {"echo": True, "logprobs": 1, "stream": True}, "echo with logprobs is answered whole"),
+    ("/v1/completions", {"prompt": ["a", "b"]}, "one prompt per request"),
+    ("/v1/completions", {"prompt": [[1, 2], [3]]}, "one prompt per request"),
+    ("/v1/completions", {"prompt": [5, 10**6]}, "outside this model's vocabulary"),
+    ("/v1/completions", {"prompt": []}, "empty list of token ids"),
+    ("/v1/chat/completions", {"top_logprobs": 2}, "top_logprobs needs logprobs: true"),
+    ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+])
+def test_bad_logprobs_requests_are_one_line_400s(served, path, extra, fragment):
+    body = {"model": MODEL, "max_tokens": 2}
+    body.update({"prompt": "Hi"} if path == "/v1/completions" else {"messages": [{"role": "user", "content": "Hi"}]})
+    body.update(extra)
+    response = httpx.post(f"{served.base}{path}", json=body, timeout=30)
+    assert response.status_code == 400, response.text
+    assert fragment in response.json()["error"]["message"]
