@@ -77,3 +77,15 @@ def format_roles(roles: list[HeadRole]) -> str:
         lines.append(f"| {r.layer} | {r.head} | {r.previous_token:.3f} | {r.sink:.3f} | "
                      f"{r.entropy_bits:.3f} | {r.induction:.3f} |")
     return "\n".join(lines)
+
+
+def attention_summary(model: nn.Module, text_windows: torch.Tensor) -> dict[str, float]:
+    """What training logs at each evaluation: each layer's mean attention entropy over
+    ``text_windows`` and the best induction score of any head (``head_roles``' definitions)."""
+    roles = head_roles(model, text_windows)
+    summary = {}
+    for layer in range(model.config.n_layer):
+        heads = [r.entropy_bits for r in roles if r.layer == layer]
+        summary[f"attn_entropy_layer{layer}"] = sum(heads) / len(heads)
+    summary["induction_best"] = max(r.induction for r in roles)
+    return summary

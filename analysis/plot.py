@@ -35,8 +35,7 @@ def _draw_map(ax, probs: torch.Tensor, tokens: Sequence[str] | None, title: str,
     T = weights.shape[-1]
     future = np.triu(np.ones((T, T), dtype=bool), k=1)
     plt = _pyplot()
-    cmap = plt.get_cmap("Blues").copy()
-    cmap.set_bad(MASKED_COLOUR)
+    cmap = plt.get_cmap("Blues").with_extremes(bad=MASKED_COLOUR)
     image = ax.imshow(np.ma.masked_array(weights, mask=future), cmap=cmap, vmin=0.0, vmax=1.0,
                       interpolation="nearest")
     # Hatching on top of the grey: distinct from zero weight even in a greyscale print.
