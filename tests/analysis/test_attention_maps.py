@@ -70,3 +70,20 @@ def test_attention_weights_leave_dropout_out_and_the_model_in_its_mode(model):
     first = attention_maps(model, ids())
     assert model.training
     torch.testing.assert_close(first[0], attention_maps(model, ids())[0])
+
+
+def test_without_positions_attention_cannot_tell_order_and_with_them_it_can(model):
+    """The last token reads its prefix as a set: shuffle the tokens before it and, with no position
+    embedding added, its attention output is the same; with the learned positions it changes.
+    That is why the model adds positions at the input."""
+    tokens = ids(batch=1, T=12)
+    shuffled = torch.cat([tokens[:, :11][:, torch.randperm(11, generator=torch.Generator().manual_seed(4))],
+                          tokens[:, 11:]], dim=1)
+    assert not torch.equal(tokens, shuffled)
+    block = model.blocks[0]
+    with torch.no_grad():
+        def last_output(t, positions):
+            x = model.tok_emb(t) + (model.pos_emb.weight[:12] if positions else 0)
+            return block.attn(block.attn_norm(x))[:, -1]
+        torch.testing.assert_close(last_output(tokens, False), last_output(shuffled, False), atol=1e-5, rtol=1e-5)
+        assert not torch.allclose(last_output(tokens, True), last_output(shuffled, True), atol=1e-3)
