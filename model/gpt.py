@@ -1,4 +1,4 @@
-"""The GPT, from token ids to logits, top to bottom: config, RMSNorm, SwiGLU, attention, block, model.
+"""The GPT, from token ids to logits, top to bottom: config, block, model.
 
 A decoder-only transformer with grouped-query attention (query head h reads key/value head
 ``h // (n_head // n_kv_head)``), learned absolute positions, pre-norm RMSNorm blocks with a
@@ -20,6 +20,8 @@ from torch import nn
 
 from common.config import build, check_types, require
 from model.kv_cache import KVCache
+from model.gqa import CausalSelfAttention
+from model.layers import RMSNorm, SwiGLU, causal_attention_weights, linear
 from model.mla import LatentAttention
 
 _REQUIRED_INTS = ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd")
@@ -125,167 +127,6 @@ class GPTConfig:
         return build(cls, d, "model")
 
 
-class RMSNorm(nn.Module):
-    """Scale each vector to unit root-mean-square, then by a learned per-channel gain.
-
-    Unlike LayerNorm it neither centres nor adds a bias: cheaper, and as good in practice.
-    """
-
-    def __init__(self, dim: int, eps: float = 1e-5) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # The fused kernel is one op instead of five, which matters in the per-token decode loop.
-        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
-
-
-# A batch-invariant pass computes one-token rows through every linear layer in blocks of this many.
-DECODE_ROW_BLOCK = 16
-
-
-def linear(layer: nn.Linear, x: torch.Tensor, row_blocks: bool = False) -> torch.Tensor:
-    """``layer(x)``; with ``row_blocks``, the rows of x in blocks of exactly ``DECODE_ROW_BLOCK``.
-
-    A BLAS library picks its kernel, and with it the order of summation, from the matrix shape:
-    a row multiplied alone and the same row among 15 others may differ in the last bits, and in
-    generation a near-tie then picks another token. Padded to whole blocks, a row gets the same
-    arithmetic whether it is served alone or batched with any other requests. The padding costs
-    a single stream speed, so only the batch-invariant decode step (the serving engine's) asks.
-    """
-    if not row_blocks:
-        return layer(x)
-    rows = x.reshape(-1, x.shape[-1])
-    padded = F.pad(rows, (0, 0, 0, -rows.shape[0] % DECODE_ROW_BLOCK))
-    if padded.shape[0] == DECODE_ROW_BLOCK:
-        out = F.linear(padded, layer.weight, layer.bias)
-    else:
-        out = torch.cat([F.linear(block, layer.weight, layer.bias) for block in padded.split(DECODE_ROW_BLOCK)])
-    return out[:rows.shape[0]].view(*x.shape[:-1], -1)
-
-
-class SwiGLU(nn.Module):
-    """Feed-forward ``down(silu(gate(x)) * up(x))``.
-
-    Gate and up projections are stored as one matrix so a decode step does one matmul instead of
-    two; on a CPU the per-call overhead of a small matmul is comparable to its arithmetic.
-    """
-
-    def __init__(self, dim: int, hidden: int, dropout: float = 0.0) -> None:
-        super().__init__()
-        self.gate_up = nn.Linear(dim, 2 * hidden, bias=False)
-        self.down = nn.Linear(hidden, dim, bias=False)
-        self.dropout = nn.Dropout(dropout)
-
-    def forward(self, x: torch.Tensor, row_blocks: bool = False) -> torch.Tensor:
-        gate, up = linear(self.gate_up, x, row_blocks).chunk(2, dim=-1)
-        return self.dropout(linear(self.down, F.silu(gate) * up, row_blocks))
-
-
-def causal_mask(q_len: int, k_len: int, device: torch.device | str | None = None) -> torch.Tensor:
-    """Boolean (q_len, k_len) mask, True where attending is allowed, aligned bottom-right.
-
-    The queries are the last ``q_len`` of ``k_len`` positions, so query i may read keys
-    ``j <= k_len - q_len + i``. (SDPA's ``is_causal=True`` aligns top-left, which is only right
-    when ``q_len == k_len``.)
-    """
-    q_pos = torch.arange(q_len, device=device).unsqueeze(1) + (k_len - q_len)
-    return torch.arange(k_len, device=device).unsqueeze(0) <= q_pos
-
-
-# enable_gqa arrived in torch 2.5 and the project still admits 2.4. A plain constant rather than
-# a function call, so torch.compile sees a fixed branch.
-SDPA_HAS_GQA = torch.__version__ >= "2.5"
-
-
-class CausalSelfAttention(nn.Module):
-    """Causal self-attention with ``n_head`` query heads sharing ``n_kv_head`` K/V heads."""
-
-    def __init__(self, config: GPTConfig, layer_idx: int) -> None:
-        super().__init__()
-        self.layer_idx = layer_idx
-        self.n_head = config.n_head
-        self.n_kv_head = config.n_kv_head
-        self.head_dim = config.head_dim
-        # Q, K and V in one matmul: fewer kernel launches per decode step.
-        qkv_dim = (config.n_head + 2 * config.n_kv_head) * config.head_dim
-        self.qkv = nn.Linear(config.n_embd, qkv_dim, bias=False)
-        self.proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
-        self.attn_dropout = config.dropout
-        self.resid_dropout = nn.Dropout(config.dropout)
-
-    def split_heads(self, x: torch.Tensor, row_blocks: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Project x (B, T, C) to q (B, n_head, T, d) and k, v (B, n_kv_head, T, d)."""
-        B, T, _ = x.shape
-        d = self.head_dim
-        sizes = [self.n_head * d, self.n_kv_head * d, self.n_kv_head * d]
-        q, k, v = linear(self.qkv, x, row_blocks).split(sizes, dim=-1)
-        q = q.view(B, T, self.n_head, d).transpose(1, 2)
-        k = k.view(B, T, self.n_kv_head, d).transpose(1, 2)
-        v = v.view(B, T, self.n_kv_head, d).transpose(1, 2)
-        return q, k, v
-
-    def cache_entries(self) -> dict[str, tuple[int, int]]:
-        """What this attention caches per token and layer, as ``KVCache`` takes it: K and V of the
-        key/value heads only."""
-        return {"k": (self.n_kv_head, self.head_dim), "v": (self.n_kv_head, self.head_dim)}
-
-    def forward(self, x: torch.Tensor, cache: KVCache | None = None, row_blocks: bool = False) -> torch.Tensor:
-        """Attend over this chunk, and over the cache's earlier positions when one is given.
-
-        The caller (GPT) begins the cache's pass before the first layer and ends it after the
-        last, so every layer writes at the same positions. ``row_blocks``: see ``linear``.
-        """
-        B, T, C = x.shape
-        q, k, v = self.split_heads(x, row_blocks)
-        mask = None
-        if cache is not None:
-            (k, v), mask = cache.update(self.layer_idx, k, v)
-        y = self._attend(q, k, v, mask)
-        y = y.transpose(1, 2).reshape(B, T, C)
-        return self.resid_dropout(linear(self.proj, y, row_blocks))
-
-    def _attend_token(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
-    ) -> torch.Tensor:
-        """One new token per row against keys ``k, v``; ``mask`` (R, 1, 1, S), when given, hides
-        the slots of each row's K/V buffer it may not read. With whole buffers under a mask (a
-        batch-invariant pass) the shapes are the same at every position and in every batch, so
-        a row's arithmetic never depends on how far it is or on which rows decode beside it.
-        (On the CPU this also needs every row of q, k and v to start 64 bytes apart from the
-        others, which holds when head_dim is a multiple of 16: the kernels' summation order
-        depends on where a row starts in memory.)
-
-        Viewing the group's query heads as its query positions lets the group share its K/V
-        head with no copy, on any backend and torch version; for one query it is also faster
-        than ``enable_gqa``."""
-        B, H, _, d = q.shape
-        grouped = q.view(B, self.n_kv_head, H // self.n_kv_head, d)
-        dropout_p = self.attn_dropout if self.training else 0.0
-        return F.scaled_dot_product_attention(grouped, k, v, attn_mask=mask, dropout_p=dropout_p).view(B, H, 1, d)
-
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        """Causal attention of q over k, v; ``mask`` None means the keys end at the newest query."""
-        B, H, T, d = q.shape
-        S = k.shape[2]
-        dropout_p = self.attn_dropout if self.training else 0.0
-        if T == 1:  # the newest token may read every key the mask allows
-            return self._attend_token(q, k, v, mask)
-        # A whole sequence (T == S) is plain causal; a chunk on top of a filled cache needs
-        # the bottom-right mask, which is_causal=True would get wrong.
-        if mask is None and T != S:
-            mask = causal_mask(T, S, device=q.device)
-        options = dict(attn_mask=mask, dropout_p=dropout_p, is_causal=mask is None)
-        if H != self.n_kv_head:
-            if SDPA_HAS_GQA:
-                options["enable_gqa"] = True
-            else:  # torch < 2.5: the kernel cannot broadcast K/V heads, so repeat them
-                group = H // self.n_kv_head
-                k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        return F.scaled_dot_product_attention(q, k, v, **options)
-
-
 class Block(nn.Module):
     """Pre-norm transformer block: x + attn(norm(x)), then x + ffn(norm(x))."""
 
@@ -293,7 +134,7 @@ class Block(nn.Module):
         super().__init__()
         self.attn_norm = RMSNorm(config.n_embd, config.norm_eps)
         if config.attention == "mla":
-            self.attn = LatentAttention(config, layer_idx, norm=RMSNorm, linear=linear)
+            self.attn = LatentAttention(config, layer_idx)
         else:
             self.attn = CausalSelfAttention(config, layer_idx)
         self.ffn_norm = RMSNorm(config.n_embd, config.norm_eps)
@@ -358,8 +199,8 @@ class GPT(nn.Module):
 
         ``batch_invariant``: a one-token pass computes each row bit for bit as it would alone, in
         any batch, at any length (whole cache rows under a mask, products in fixed row blocks:
-        see ``linear``); the serving engine asks for it. On the CPU it holds when head_dim is a
-        multiple of 16 (see ``_attend_token``; kv_latent_dim for latent attention). Longer chunks take
+        see ``model.layers.linear``); the serving engine asks for it. On the CPU it holds when head_dim is a
+        multiple of 16 (see ``model.gqa``'s ``_attend_token``; kv_latent_dim for latent attention). Longer chunks take
         the plain path either way."""
         row_blocks = batch_invariant and idx.shape[1] == 1
         return linear(self.lm_head, self._trunk(idx, cache, rows, row_blocks)[:, -1], row_blocks)
@@ -381,6 +222,21 @@ class GPT(nn.Module):
         if cache is not None:
             cache.end()
         return self.norm(x)
+
+    @torch.no_grad()
+    def attention_weights(self, idx: torch.Tensor) -> list[torch.Tensor]:
+        """Per layer, the (B, n_head, T, T) attention probabilities of token ids ``idx`` (B, T) read
+        from position 0: what each layer's attention applies to its values, from the layer's own
+        projections (``per_head``). The analysis package (``attention.py``) draws and scores them."""
+        T = idx.shape[1]
+        assert 1 <= T <= self.config.block_size, f"{T} tokens do not fit block_size {self.config.block_size}"
+        x = self.drop(self.tok_emb(idx) + self.pos_emb.weight[:T])
+        weights = []
+        for block in self.blocks:
+            q, k, _ = block.attn.per_head(block.attn_norm(x))
+            weights.append(causal_attention_weights(q, k))
+            x = block(x)
+        return weights
 
     def init_cache(self, batch_size: int, max_len: int | None = None, dtype: torch.dtype | None = None) -> KVCache:
         """An empty KV cache for ``batch_size`` rows and up to ``max_len`` (<= block_size) positions,

@@ -39,7 +39,6 @@ attention's keys.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -47,36 +46,30 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.kv_cache import KVCache
-
-# model.gpt.linear: a product that, asked for row blocks, computes each row alike in any batch.
-Linear = Callable[[nn.Linear, torch.Tensor, bool], torch.Tensor]
+from model.layers import RMSNorm, causal_mask, linear
 
 
 class LatentAttention(nn.Module):
     """Causal self-attention whose ``n_head`` keys and values are read from one cached latent.
 
-    ``config`` is a ``GPTConfig`` with ``attention == "mla"``. ``norm`` and ``linear`` are the
-    RMSNorm class and the product function of ``model.gpt``, passed in because that file builds
-    this one (it cannot be imported from here): the latent attention then normalises and
-    multiplies exactly as the layers around it do, batch-invariant decoding included.
+    ``config`` is a ``GPTConfig`` with ``attention == "mla"``.
     """
 
-    def __init__(self, config: Any, layer_idx: int, *, norm: type[nn.Module], linear: Linear) -> None:
+    def __init__(self, config: Any, layer_idx: int) -> None:
         super().__init__()
         self.layer_idx = layer_idx
         self.n_head = config.n_head
         self.head_dim = config.head_dim
         self.kv_latent_dim = config.kv_latent_dim
         self.q_latent_dim = config.q_latent_dim
-        self.linear = linear
         width = config.n_head * config.head_dim
         self.q_down_dim = width if config.q_latent_dim is None else config.q_latent_dim
         # The query (or its latent) and the key/value latent in one matmul: both read x.
         self.down = nn.Linear(config.n_embd, self.q_down_dim + config.kv_latent_dim, bias=False)
         if config.q_latent_dim is not None:
-            self.q_norm = norm(config.q_latent_dim, config.norm_eps)
+            self.q_norm = RMSNorm(config.q_latent_dim, config.norm_eps)
             self.q_up = nn.Linear(config.q_latent_dim, width, bias=False)
-        self.kv_norm = norm(config.kv_latent_dim, config.norm_eps)
+        self.kv_norm = RMSNorm(config.kv_latent_dim, config.norm_eps)
         # Rows [0, width) are W_UK for every head, rows [width, 2 width) are W_UV.
         self.kv_up = nn.Linear(config.kv_latent_dim, 2 * width, bias=False)
         self.proj = nn.Linear(width, config.n_embd, bias=False)
@@ -87,9 +80,9 @@ class LatentAttention(nn.Module):
         """Project x (B, T, C) to q (B, n_head, T, d) and the latents c (B, 1, T, kv_latent_dim):
         one latent "head" that the cache stores in place of n_kv_head key and value heads."""
         B, T, _ = x.shape
-        q, c = self.linear(self.down, x, row_blocks).split([self.q_down_dim, self.kv_latent_dim], dim=-1)
+        q, c = linear(self.down, x, row_blocks).split([self.q_down_dim, self.kv_latent_dim], dim=-1)
         if self.q_latent_dim is not None:
-            q = self.linear(self.q_up, self.q_norm(q), row_blocks)
+            q = linear(self.q_up, self.q_norm(q), row_blocks)
         q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
         return q, self.kv_norm(c).unsqueeze(1)
 
@@ -102,7 +95,7 @@ class LatentAttention(nn.Module):
         """Attend over this chunk, and over the cache's earlier positions when one is given.
 
         The caller (GPT) begins the cache's pass before the first layer and ends it after the
-        last, so every layer writes at the same positions. ``row_blocks``: see ``model.gpt.linear``.
+        last, so every layer writes at the same positions. ``row_blocks``: see ``model.layers.linear``.
         """
         B, T, C = x.shape
         q, c = self.split_heads(x, row_blocks)
@@ -114,7 +107,19 @@ class LatentAttention(nn.Module):
         else:
             y = self.attend_expanded(q, c, mask)
         y = y.transpose(1, 2).reshape(B, T, C)
-        return self.resid_dropout(self.linear(self.proj, y, row_blocks))
+        return self.resid_dropout(linear(self.proj, y, row_blocks))
+
+    def expand(self, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-head keys and values (B, n_head, S, d) from latents c (B, 1, S, r): ``c W_UK[h]``
+        and ``c W_UV[h]`` for every head h, in one product."""
+        B, _, S, _ = c.shape
+        return self.kv_up(c[:, 0]).view(B, S, 2 * self.n_head, self.head_dim).transpose(1, 2).chunk(2, dim=1)
+
+    def per_head(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k and v of x (B, T, C), each (B, n_head, T, d), the keys and values expanded from the
+        latents. Only for looking at the heads (``GPT.attention_weights``)."""
+        q, c = self.split_heads(x)
+        return (q, *self.expand(c))
 
     def up_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
         """W_UK and W_UV, each (n_head, head_dim, kv_latent_dim): views of ``kv_up``'s weight."""
@@ -125,11 +130,10 @@ class LatentAttention(nn.Module):
     def attend_expanded(self, q: torch.Tensor, c: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """Per-head keys and values built from the latents c (B, 1, S, r), then multi-head SDPA.
         ``mask`` None means the latents end at the newest query (plain causal, bottom-right)."""
-        B, H, T, d = q.shape
-        S = c.shape[2]
-        k, v = self.kv_up(c[:, 0]).view(B, S, 2 * H, d).transpose(1, 2).chunk(2, dim=1)
+        T, S = q.shape[2], c.shape[2]
+        k, v = self.expand(c)
         if mask is None and T != S:
-            mask = _bottom_right_causal(T, S, q.device)
+            mask = causal_mask(T, S, device=q.device)
         dropout_p = self.attn_dropout if self.training else 0.0
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=mask is None)
 
@@ -148,15 +152,10 @@ class LatentAttention(nn.Module):
         w_uk, w_uv = self.up_weights()
         latent_q = torch.matmul(q, w_uk).view(B, 1, H * T, self.kv_latent_dim)
         if T > 1:  # one causal mask per head; a single query may read every latent it is given
-            mask = _bottom_right_causal(T, S, q.device) if mask is None else mask
+            mask = causal_mask(T, S, device=q.device) if mask is None else mask
             mask = mask.repeat(*[1] * (mask.dim() - 2), H, 1)
         dropout_p = self.attn_dropout if self.training else 0.0
         latent_y = F.scaled_dot_product_attention(
             latent_q, c, c, attn_mask=mask, dropout_p=dropout_p, scale=1.0 / math.sqrt(d))
         return torch.matmul(latent_y.view(B, H, T, self.kv_latent_dim), w_uv.transpose(1, 2))
 
-
-def _bottom_right_causal(T: int, S: int, device: torch.device) -> torch.Tensor:
-    """(T, S) mask of the last T of S positions reading only keys at or before their own (what
-    ``model.gpt.causal_mask`` builds for grouped-query attention; that file imports this one)."""
-    return torch.ones(T, S, dtype=torch.bool, device=device).tril(S - T)

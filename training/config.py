@@ -116,9 +116,15 @@ class EvalConfig:
     sample_temperature: float = 0.8
     sample_top_k: int | None = 50
     sample_seed: int = 0
+    # Attention at every evaluation (text runs): each layer's mean entropy and the best induction
+    # score, to metrics.jsonl and wandb; and every attention_image_interval-th evaluation a figure of
+    # the maps over sample_prompt, to wandb only (0 = never). See docs/attention.md.
+    attention_stats: bool = True
+    attention_image_interval: int = 4
 
     def __post_init__(self) -> None:
         check_types(self, "eval")
+        require(self.attention_image_interval >= 0, "eval.attention_image_interval must be >= 0 (0 = no images)")
         require(self.interval >= 0, "eval.interval must be >= 0 (0 = only at the end)")
         require(self.max_batches >= 1, "eval.max_batches must be >= 1")
         require(self.batch_size is None or self.batch_size >= 1, "eval.batch_size must be >= 1")

@@ -12,6 +12,7 @@ import contextlib
 import math
 import random
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -146,6 +147,7 @@ class Trainer:
         self.saved_step: int | None = None
         self.loop_start = time.perf_counter()
         self.throughput = Throughput()
+        self.evaluations = 0  # evaluations so far in this session (attention figures go to wandb every few)
         self.last_eval_s = 0.0  # training time at the end of the last evaluation
         self.eval_due_by_clock = False
         self.summary: dict[str, Any] = {}
@@ -500,6 +502,8 @@ class Trainer:
             record["samples"] = [{"prompt": p, "reply": r} for p, r in samples]
         elif samples:
             record["sample"] = samples[0][1]
+        if ec.attention_stats and not self.chat:
+            record.update(self._attention_stats(final))
         self.metrics.append(record)
         prefix = "final/" if final else "val/"
         self.logger.log({prefix + "loss": result.loss, prefix + "bpb": result.bpb}, self.step)
@@ -514,6 +518,33 @@ class Trainer:
                 self._say("  sample: " + shown.replace("\n", "\n          "))
         self.last_eval_s = self._elapsed()
         return result
+
+    def _attention_stats(self, final: bool) -> dict[str, float]:
+        """Per-layer attention entropy and the best induction score over a few fixed held-out
+        windows, logged to wandb as ``attn/...``; now and then a figure of the maps too."""
+        from analysis.maps import attention_maps, attention_summary
+        from analysis.plot import draw_attention_grid
+
+        T = self.config.model.block_size
+        count = min(4, len(self.val_tokens) // T)
+        if count < 1:
+            return {}
+        windows = torch.as_tensor(np.asarray(self.val_tokens[:count * T], dtype=np.int64).reshape(count, T),
+                                  device=self.device)
+        stats = attention_summary(self.model, windows)
+        self.logger.log({f"attn/{k}": v for k, v in stats.items()}, self.step)
+        self.evaluations += 1
+        every = self.config.eval.attention_image_interval
+        if self.logger.active and every and (final or self.evaluations % every == 1):
+            prompt = self.config.eval.sample_prompt
+            ids = self.tokenizer.encode(prompt, add_special_tokens=False).ids[:T] or [0]
+            maps = [layer[0] for layer in attention_maps(self.model, torch.tensor([ids], device=self.device))]
+            pieces = [self.tokenizer.decode([i]) for i in ids]
+            with tempfile.TemporaryDirectory() as folder:
+                figure = Path(folder) / "attention.png"
+                draw_attention_grid(maps, pieces, figure, title=f"step {self.step}: attention over {prompt!r}")
+                self.logger.log_image("attn/maps", str(figure), self.step)
+        return stats
 
     def _samples(self) -> list[tuple[str, str]]:
         """(prompt, text) rows: replies to held-out conversations' first user turns when

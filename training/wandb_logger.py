@@ -162,6 +162,17 @@ class WandbLogger:
         except Exception as e:  # noqa: BLE001
             self._give_up("log samples", e)
 
+    def log_image(self, key: str, path: str, step: int) -> None:
+        """Log the PNG at ``path`` as an image under ``key`` at ``step``."""
+        if self._run is None:
+            return
+        try:
+            import wandb  # slow to import (docs/results.md): loaded only when logging is on
+
+            self._run.log({key: wandb.Image(path)}, step=step)
+        except Exception as e:  # noqa: BLE001
+            self._give_up("log an image", e)
+
     def finish(self, summary: dict[str, Any] | None = None, *, exit_code: int = 0) -> None:
         """Record ``summary`` in the run and close it (idempotent); a non-zero ``exit_code`` marks it
         failed."""

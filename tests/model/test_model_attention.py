@@ -7,9 +7,10 @@ import math
 import pytest
 import torch
 
-import model.gpt as gpt
+import model.gqa as gqa
 from model import GPTConfig, KVCache
-from model.gpt import CausalSelfAttention, causal_mask
+from model.gqa import CausalSelfAttention
+from model.layers import causal_mask
 
 N_HEAD = 6
 
@@ -58,7 +59,7 @@ def test_causal_mask_aligns_bottom_right():
 @pytest.mark.parametrize("n_kv_head", [1, 2, N_HEAD])
 @pytest.mark.parametrize("gqa_kernel", [True, False], ids=["enable_gqa", "repeat_fallback"])
 def test_full_sequence_matches_reference(n_kv_head, gqa_kernel, monkeypatch):
-    monkeypatch.setattr(gpt, "SDPA_HAS_GQA", gqa_kernel)
+    monkeypatch.setattr(gqa, "SDPA_HAS_GQA", gqa_kernel)
     layer = make_layer(n_kv_head)
     x = torch.randn(3, 23, 42)
     with torch.inference_mode():

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model.gpt import GPT, GPTConfig, RMSNorm
+from model.gpt import GPT, GPTConfig
+from model.layers import RMSNorm
 from model.rms_norm_cpu import CPUBackwardRMSNorm, RMSNormCPUFunction, install_cpu_backward
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+from pathlib import Path
 
 import pytest
 import torch
@@ -268,6 +269,8 @@ class FakeLogger:
         self.logged: list[tuple[int, dict]] = []
         self.samples: list[tuple[int, list]] = []
         self.finished: list[tuple[dict, int]] = []
+        self.images: list[tuple[str, int, bytes]] = []
+        self.active = True
 
     @classmethod
     def start(cls, cfg, *, run_dir, run_config, resume_id=None, is_main=True):
@@ -280,6 +283,9 @@ class FakeLogger:
 
     def log_samples(self, step, rows):
         self.samples.append((step, rows))
+
+    def log_image(self, key, path, step):
+        self.images.append((key, step, Path(path).read_bytes()))
 
     def finish(self, summary=None, *, exit_code=0):
         self.finished.append((dict(summary or {}), exit_code))
@@ -296,6 +302,17 @@ def test_wandb_gets_metrics_samples_and_the_run_id_survives_resume(make_config, 
     assert [step for step, m in logger.logged if "train/loss" in m] == [1, 2, 4]
     assert [step for step, _ in logger.samples] == [2, 4, 4]  # two evaluations and the final one
     assert logger.samples[0][1][0][0] == "ROMEO:"
+    # Attention at every evaluation: per-layer entropy and the best induction score, to wandb and
+    # metrics.jsonl; the maps' figure at the first evaluation and the final one (interval 4).
+    attention = [(step, m) for step, m in logger.logged if "attn/induction_best" in m]
+    assert [step for step, _ in attention] == [2, 4, 4]
+    layers = cfg.model.n_layer
+    assert all(0 <= m[f"attn/attn_entropy_layer{layers - 1}"] and 0 <= m["attn/induction_best"] <= 1
+               for _, m in attention)
+    assert [(key, step) for key, step, _ in logger.images] == [("attn/maps", 2), ("attn/maps", 4)]
+    assert all(png[:4] == b"\x89PNG" for _, _, png in logger.images)
+    evals = [r for r in read_metrics(cfg.out_dir / "metrics.jsonl") if r["kind"] in ("eval", "final_eval")]
+    assert all("induction_best" in r and "attn_entropy_layer0" in r for r in evals)
     summary, exit_code = logger.finished[0]
     assert exit_code == 0 and summary["step"] == 4 and "val_loss" in summary
     assert load_trainer_state(cfg.out_dir)["wandb_run_id"] == "run-1"

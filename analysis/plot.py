@@ -1,0 +1,104 @@
+"""Figures of attention maps, drawn with matplotlib's Agg backend (no display needed).
+
+Each map is a (T, T) matrix of probabilities: row i is query position i, column j key position j.
+Cells the causal mask hides (j > i) are drawn in a hatched grey, so that they cannot be mistaken
+for a weight of zero, which is drawn white.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from common.files import atomic_output
+
+# Token pieces label the axes only while they stay readable.
+MAX_LABELLED_TOKENS = 32
+MASKED_COLOUR = "#bdbdbd"
+
+
+def _pyplot():
+    """matplotlib's pyplot on the Agg backend, imported on first use (it is slow to import)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _draw_map(ax, probs: torch.Tensor, tokens: Sequence[str] | None, title: str, fontsize: float):
+    weights = probs.detach().float().cpu().numpy()
+    T = weights.shape[-1]
+    future = np.triu(np.ones((T, T), dtype=bool), k=1)
+    plt = _pyplot()
+    cmap = plt.get_cmap("Blues").with_extremes(bad=MASKED_COLOUR)
+    image = ax.imshow(np.ma.masked_array(weights, mask=future), cmap=cmap, vmin=0.0, vmax=1.0,
+                      interpolation="nearest")
+    # Hatching on top of the grey: distinct from zero weight even in a greyscale print.
+    ax.contourf(np.arange(T), np.arange(T), future.astype(float), levels=[0.5, 1.5], colors="none",
+                hatches=["////"])
+    ax.set_title(title, fontsize=fontsize + 1)
+    if tokens is not None and len(tokens) <= MAX_LABELLED_TOKENS:
+        ax.set_xticks(range(T), tokens, rotation=90, fontsize=fontsize)
+        ax.set_yticks(range(T), tokens, fontsize=fontsize)
+    else:
+        ax.set_xticks([])
+        ax.set_yticks([])
+    return image
+
+
+def draw_attention_grid(
+    maps: Sequence[torch.Tensor],
+    tokens: Sequence[str] | None,
+    out: Path,
+    *,
+    title: str,
+    compare: Sequence[torch.Tensor] | None = None,
+    compare_title: str = "untrained",
+) -> None:
+    """One heatmap per layer (rows) and head (columns), written as a PNG to ``out``.
+
+    ``maps[l]`` is layer l's (n_head, T, T) probabilities for one sequence. With ``compare``
+    (maps of the same shape, e.g. from an untrained model), its heads are drawn to the right of
+    the first set's, under ``compare_title``.
+    """
+    sets = [(title, maps)] + ([(compare_title, compare)] if compare is not None else [])
+    n_layer, n_head = len(maps), maps[0].shape[0]
+    cols = n_head * len(sets)
+    plt = _pyplot()
+    fontsize = 6 if tokens is not None and len(tokens) > 16 else 8
+    fig, axes = plt.subplots(n_layer, cols, figsize=(2.6 * cols + 1.0, 2.6 * n_layer + 0.6),
+                             squeeze=False, constrained_layout=True)
+    image = None
+    for s, (name, layers) in enumerate(sets):
+        for layer, probs in enumerate(layers):
+            for head in range(n_head):
+                label = f"{name}: layer {layer} head {head}" if len(sets) > 1 else f"layer {layer} head {head}"
+                image = _draw_map(axes[layer][s * n_head + head], probs[head], tokens, label, fontsize)
+    fig.colorbar(image, ax=axes, shrink=0.6, label="attention weight (hatched grey: masked future)")
+    if len(sets) == 1:
+        fig.suptitle(title)
+    _save(fig, out)
+
+
+def draw_attention_map(probs: torch.Tensor, tokens: Sequence[str] | None, out: Path, *, title: str) -> None:
+    """One (T, T) map, large, written as a PNG to ``out``."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 7.5), constrained_layout=True)
+    image = _draw_map(ax, probs, tokens, title, fontsize=9)
+    fig.colorbar(image, ax=ax, shrink=0.8, label="attention weight (hatched grey: masked future)")
+    _save(fig, out)
+
+
+def _save(fig, out: Path) -> None:
+    """Write the figure atomically: an existing file at ``out`` is replaced whole or kept."""
+    plt = _pyplot()
+    try:
+        with atomic_output(out) as tmp:
+            fig.savefig(tmp, dpi=110, format="png")
+    finally:
+        plt.close(fig)

@@ -1,0 +1,66 @@
+"""Scores that say what a head does, from its attention probabilities.
+
+Every function takes ``probs`` of shape (..., T, T): row i is where query position i puts its
+weight over key positions 0..T-1 (zero past i, by the causal mask). Leading dimensions (batch,
+heads) are kept, so one call scores every head at once; average over the batch afterwards.
+
+- previous-token score: the mean weight a token puts on the token just before it. A head near 1
+  copies the previous token's information forward, the first step of an induction circuit.
+- first-token (sink) score: the mean weight on position 0. Many heads park weight there when
+  nothing else is relevant, because softmax must put its mass somewhere.
+- entropy: the mean entropy of a query's weights, in bits. 0 is a head that looks at one token;
+  log2(i + 1) is a query i that spreads evenly over everything it may see.
+- induction score: on a random sequence repeated twice, the mean weight a token of the second copy
+  puts on the token that followed its earlier occurrence. A head near 1 completes patterns it has
+  seen before in the context ("A B ... A -> B") whatever the tokens mean.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def previous_token_score(probs: torch.Tensor) -> torch.Tensor:
+    """Mean of ``probs[..., i, i - 1]`` over queries i >= 1 (query 0 has no previous token)."""
+    return probs.diagonal(offset=-1, dim1=-2, dim2=-1).mean(-1)
+
+
+def sink_score(probs: torch.Tensor) -> torch.Tensor:
+    """Mean of ``probs[..., i, 0]`` over queries i >= 1 (query 0 can only read position 0)."""
+    return probs[..., 1:, 0].mean(-1)
+
+
+def attention_entropy(probs: torch.Tensor) -> torch.Tensor:
+    """Mean over queries of the entropy of their weights, in bits (0 log 0 counted as 0)."""
+    p = probs.double()
+    plogp = torch.where(p > 0, p * p.clamp_min(1e-300).log(), torch.zeros_like(p))
+    return (-plogp.sum(-1) / math.log(2)).mean(-1).to(probs.dtype)
+
+
+def induction_score(probs: torch.Tensor, period: int, offset: int = 0) -> torch.Tensor:
+    """Mean weight on the token after the earlier occurrence, for a sequence whose positions
+    ``offset .. offset + period - 1`` are repeated at ``offset + period .. offset + 2 * period - 1``.
+
+    Query ``offset + period + j`` (the second copy's j-th token) is scored by its weight on key
+    ``offset + j + 1``, which holds the token that followed the first copy's j-th token.
+    """
+    T = probs.shape[-1]
+    if period < 1 or offset < 0 or offset + 2 * period > T:
+        raise ValueError(f"a repeat of period {period} at offset {offset} does not fit in {T} positions")
+    queries = torch.arange(period, device=probs.device) + offset + period
+    keys = queries - period + 1
+    return probs[..., queries, keys].mean(-1)
+
+
+def repeated_random_tokens(
+    batch: int, period: int, vocab_size: int, generator: torch.Generator, low: int = 0
+) -> torch.Tensor:
+    """(batch, 2 * period) ids: ``period`` uniform ids from [low, vocab_size), then the same again.
+
+    Random ids carry no meaning the model could have learned, so only a head that looks back
+    for an earlier copy can attend to what came next: that is what the induction score measures.
+    """
+    first = torch.randint(low, vocab_size, (batch, period), generator=generator)
+    return torch.cat([first, first], dim=1)

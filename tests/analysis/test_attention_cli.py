@@ -1,0 +1,78 @@
+"""attention.py end to end on saved runs of both attention kinds: the figure, the JSON, the roles
+table, and one-line refusals (exit 2) for bad input."""
+
+import json
+
+import pytest
+
+from analysis.cli import main
+from run_testkit import build_run, chat_tokenizer
+
+PROMPT = "ROMEO: But soft, what light"
+
+
+@pytest.fixture(scope="module", params=["gqa", "mla"])
+def run_dir(request, tmp_path_factory):
+    attention = {} if request.param == "gqa" else dict(attention="mla", kv_latent_dim=16)
+    n_kv_head = 2 if request.param == "gqa" else 4
+    return build_run(tmp_path_factory.mktemp(request.param) / "run", chat_tokenizer(), n_kv_head=n_kv_head,
+                     **attention)
+
+
+def is_png(path):
+    return path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_grid_the_single_map_and_the_untrained_comparison_are_drawn(run_dir, tmp_path, capsys):
+    assert main(["--run", str(run_dir), "--prompt", PROMPT, "--out", str(tmp_path / "grid.png")]) == 0
+    assert main(["--run", str(run_dir), "--prompt", PROMPT, "--layer", "1", "--head", "3",
+                 "--out", str(tmp_path / "one.png")]) == 0
+    assert main(["--run", str(run_dir), "--prompt", PROMPT, "--compare-init", "--out", str(tmp_path / "init.png")]) == 0
+    for name in ("grid.png", "one.png", "init.png"):
+        assert is_png(tmp_path / name)
+    assert "wrote" in capsys.readouterr().err
+
+
+def test_json_holds_the_tokens_and_rows_that_sum_to_one(run_dir, capsys):
+    assert main(["--run", str(run_dir), "--prompt", PROMPT, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    T = len(report["token_ids"])
+    assert len(report["tokens"]) == T and len(report["weights"]) == 2  # build_run has 2 layers
+    for layer in report["weights"]:
+        for head in layer:
+            assert len(head) == T
+            for i, row in enumerate(head):
+                assert sum(row) == pytest.approx(1.0, abs=1e-5)
+                assert all(w == 0.0 for w in row[i + 1:])
+
+
+def test_roles_print_one_row_per_layer_and_head(run_dir, tmp_path, capsys):
+    text = tmp_path / "held_out.txt"
+    text.write_text("JULIET: O Romeo, Romeo, wherefore art thou Romeo? Deny thy father. " * 40, encoding="utf-8")
+    assert main(["--run", str(run_dir), "--roles", "--text-file", str(text), "--windows", "2"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert len(rows) == 2 * 4
+    for row in rows:
+        scores = [float(cell) for cell in row.strip("|").split("|")[2:]]
+        assert all(0.0 <= s for s in scores) and scores[0] <= 1 and scores[1] <= 1 and scores[3] <= 1
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--prompt", ""], "give the text to draw with --prompt"),
+    (["--prompt", PROMPT, "--layer", "2", "--head", "0"], "--layer 2 is out of range"),
+    (["--prompt", PROMPT, "--layer", "0", "--head", "4"], "--head 4 is out of range"),
+    (["--prompt", PROMPT, "--layer", "0"], "--layer and --head go together"),
+    (["--prompt", PROMPT, "--out", "/nonexistent-dir/x.png"], "does not exist"),
+    (["--roles", "--prompt", PROMPT], "--roles prints a table"),
+])
+def test_bad_input_is_one_line_and_exit_2(run_dir, args, message, capsys):
+    assert main(["--run", str(run_dir), *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1
+
+
+def test_a_missing_run_and_an_out_that_is_a_folder_are_refused(tmp_path, run_dir, capsys):
+    assert main(["--run", str(tmp_path / "nope"), "--prompt", PROMPT]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["--run", str(run_dir), "--prompt", PROMPT, "--out", str(tmp_path)]) == 2
+    assert "is a directory" in capsys.readouterr().err

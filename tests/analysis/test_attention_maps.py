@@ -1,0 +1,89 @@
+"""The drawn weights are the model's own: rows sum to 1, the future is exactly 0, and the
+weights times the values reproduce each attention layer's output, for both attention kinds."""
+
+import pytest
+import torch
+
+from model import GPT, GPTConfig
+
+KINDS = {
+    "gqa": dict(n_kv_head=2),
+    "mla": dict(n_kv_head=4, attention="mla", kv_latent_dim=12),
+    "mla-qlatent": dict(n_kv_head=4, attention="mla", kv_latent_dim=24, q_latent_dim=16),
+}
+
+
+@pytest.fixture(params=list(KINDS))
+def model(request):
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=60, block_size=24, n_layer=3, n_head=4, n_embd=32, **KINDS[request.param])
+    model = GPT(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.2)  # weights far from uniform, so a wrong map cannot pass by accident
+    return model
+
+
+def ids(batch=2, T=17, seed=1):
+    return torch.randint(0, 60, (batch, T), generator=torch.Generator().manual_seed(seed))
+
+
+def test_rows_sum_to_one_and_the_future_is_exactly_zero(model):
+    weights = model.attention_weights(ids())
+    assert len(weights) == model.config.n_layer
+    for w in weights:
+        assert w.shape == (2, 4, 17, 17)
+        torch.testing.assert_close(w.sum(-1), torch.ones(2, 4, 17), atol=1e-6, rtol=0)
+        future = torch.triu(torch.ones(17, 17, dtype=torch.bool), diagonal=1)
+        assert torch.count_nonzero(w[..., future]) == 0
+        assert bool((w[..., ~future] > 0).all())  # softmax never gives exactly zero where allowed
+
+
+def test_weights_times_values_reproduce_each_layer_output(model):
+    x = model.tok_emb(ids()) + model.pos_emb.weight[:17]
+    weights = model.attention_weights(ids())
+    with torch.no_grad():
+        for block, w in zip(model.blocks, weights):
+            h = block.attn_norm(x)
+            _, _, v = block.attn.per_head(h)
+            B, H, T, d = v.shape
+            mixed = (w @ v).transpose(1, 2).reshape(B, T, H * d)
+            torch.testing.assert_close(block.attn.proj(mixed), block.attn(h), atol=1e-5, rtol=1e-5)
+            x = block(x)
+
+
+def test_weights_do_not_depend_on_other_rows_or_later_tokens(model):
+    """Row 0 alone gives the same maps as in a batch, and a prefix's maps are the top-left corner
+    of the longer sequence's: the causal mask never lets a later token in."""
+    batch = model.attention_weights(ids())
+    alone = model.attention_weights(ids()[:1])
+    prefix = model.attention_weights(ids()[:1, :9])
+    for b, a, p in zip(batch, alone, prefix):
+        torch.testing.assert_close(b[:1], a, atol=1e-6, rtol=0)
+        torch.testing.assert_close(a[..., :9, :9], p, atol=1e-6, rtol=0)
+
+
+def test_attention_weights_leave_dropout_out_and_the_model_in_its_mode(model):
+    from analysis.maps import attention_maps
+
+    model.train()
+    first = attention_maps(model, ids())
+    assert model.training
+    torch.testing.assert_close(first[0], attention_maps(model, ids())[0])
+
+
+def test_without_positions_attention_cannot_tell_order_and_with_them_it_can(model):
+    """The last token reads its prefix as a set: shuffle the tokens before it and, with no position
+    embedding added, its attention output is the same; with the learned positions it changes.
+    That is why the model adds positions at the input."""
+    tokens = ids(batch=1, T=12)
+    shuffled = torch.cat([tokens[:, :11][:, torch.randperm(11, generator=torch.Generator().manual_seed(4))],
+                          tokens[:, 11:]], dim=1)
+    assert not torch.equal(tokens, shuffled)
+    block = model.blocks[0]
+    with torch.no_grad():
+        def last_output(t, positions):
+            x = model.tok_emb(t) + (model.pos_emb.weight[:12] if positions else 0)
+            return block.attn(block.attn_norm(x))[:, -1]
+        torch.testing.assert_close(last_output(tokens, False), last_output(shuffled, False), atol=1e-5, rtol=1e-5)
+        assert not torch.allclose(last_output(tokens, True), last_output(shuffled, True), atol=1e-3)

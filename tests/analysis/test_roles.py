@@ -1,0 +1,98 @@
+"""Head-role scores on hand-built attention patterns whose answers are known."""
+
+import math
+
+import pytest
+import torch
+
+from analysis.roles import (
+    attention_entropy,
+    induction_score,
+    previous_token_score,
+    repeated_random_tokens,
+    sink_score,
+)
+
+T = 8
+
+
+def previous_token_head(T: int) -> torch.Tensor:
+    """Query 0 reads itself; every later query reads only the token before it."""
+    p = torch.zeros(T, T)
+    p[0, 0] = 1.0
+    p[torch.arange(1, T), torch.arange(T - 1)] = 1.0
+    return p
+
+
+def sink_head(T: int) -> torch.Tensor:
+    p = torch.zeros(T, T)
+    p[:, 0] = 1.0
+    return p
+
+
+def uniform_head(T: int) -> torch.Tensor:
+    """Each query spreads evenly over every position it may see."""
+    allowed = torch.tril(torch.ones(T, T))
+    return allowed / allowed.sum(-1, keepdim=True)
+
+
+def test_previous_token_head_scores_one_and_sink_head_zero():
+    assert previous_token_score(previous_token_head(T)).item() == 1.0
+    assert previous_token_score(sink_head(T)).item() == pytest.approx(1 / (T - 1))  # only query 1's key 0
+
+
+def test_sink_score_of_sink_previous_and_uniform_heads():
+    assert sink_score(sink_head(T)).item() == 1.0
+    assert sink_score(previous_token_head(T)).item() == pytest.approx(1 / (T - 1))
+    expected = sum(1 / (i + 1) for i in range(1, T)) / (T - 1)
+    assert sink_score(uniform_head(T)).item() == pytest.approx(expected, rel=1e-6)
+
+
+def test_entropy_is_zero_for_one_hot_and_log_of_span_for_uniform():
+    assert attention_entropy(previous_token_head(T)).item() == 0.0
+    expected = sum(math.log2(i + 1) for i in range(T)) / T
+    assert attention_entropy(uniform_head(T)).item() == pytest.approx(expected, rel=1e-6)
+
+
+def test_scores_keep_leading_dimensions():
+    stacked = torch.stack([previous_token_head(T), sink_head(T), uniform_head(T)]).unsqueeze(0)
+    assert previous_token_score(stacked).shape == (1, 3)
+    assert torch.equal(sink_score(stacked)[0, 1], torch.tensor(1.0))
+
+
+def induction_head(period: int, offset: int) -> torch.Tensor:
+    """A perfect induction head over a repeat of ``period`` tokens after ``offset`` others."""
+    n = offset + 2 * period
+    p = sink_head(n).clone()
+    for j in range(period):
+        q = offset + period + j
+        p[q] = 0.0
+        p[q, offset + j + 1] = 1.0
+    return p
+
+
+@pytest.mark.parametrize("offset", [0, 1, 3])
+def test_induction_head_scores_one_and_previous_token_head_does_not(offset):
+    period = 5
+    assert induction_score(induction_head(period, offset), period, offset).item() == 1.0
+    n = offset + 2 * period
+    assert induction_score(previous_token_head(n), period, offset).item() == 0.0
+    # A head that reads the earlier copy of the *same* token (not the one after it) scores 0 too.
+    same = sink_head(n).clone()
+    for j in range(period):
+        same[offset + period + j] = 0.0
+        same[offset + period + j, offset + j] = 1.0
+    assert induction_score(same, period, offset).item() == 0.0
+
+
+def test_induction_score_refuses_a_repeat_that_does_not_fit():
+    with pytest.raises(ValueError, match="does not fit"):
+        induction_score(uniform_head(8), period=5)
+
+
+def test_repeated_random_tokens_repeat_exactly_within_range():
+    g = torch.Generator().manual_seed(0)
+    ids = repeated_random_tokens(3, 7, vocab_size=50, generator=g, low=5)
+    assert ids.shape == (3, 14)
+    assert torch.equal(ids[:, :7], ids[:, 7:])
+    assert int(ids.min()) >= 5 and int(ids.max()) < 50
