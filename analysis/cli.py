@@ -21,8 +21,8 @@ from common.cli import ArgumentParser, run_command
 from common.device import select_device
 from common.errors import UserError
 from common.os_errors import describe_os_error
-from common.run_files import CONFIG_FILE, TOKENIZER_FILE
-from inference.runs import LoadedRun, find_latest_run, load_run
+from rundir.files import CONFIG_FILE, TOKENIZER_FILE
+from rundir.loading import LoadedRun, find_latest_run, load_run
 
 _EPILOG = """\
 examples:

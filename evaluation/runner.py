@@ -13,21 +13,19 @@ import json
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import torch
 
 from common.config import build, read_yaml_file
 from common.device import select_device
 from common.errors import UserError
 from common.files import atomic_write_text
-from common.run_files import CONFIG_FILE, EVAL_DIR, STATE_FILE
 from data.config import DataConfig
 from evaluation.harness import require_lm_eval, results_table, run_lm_eval, summary_metrics
 from evaluation.plays import held_out_plays
 from evaluation.tasks import BPB_TASK, TASKS, TaskSettings, write_tasks
 from hf_export import export_run
-from hf_export.model_card import RunRecord
+from rundir.checkpoint import peek_trainer_state
+from rundir.files import CONFIG_FILE, EVAL_DIR
+from rundir.metrics import RunRecord
 from training.config import LoggingConfig
 from training.wandb_logger import WandbLogger
 
@@ -128,10 +126,7 @@ def _log_to_wandb(run_dir: Path, logging_config: LoggingConfig, mode: str | None
 
 
 def _wandb_run_id(run_dir: Path) -> str | None:
-    """The training's wandb run id, kept in its trainer state (None when there is none to read)."""
-    try:
-        state: Any = torch.load(run_dir / STATE_FILE, map_location="cpu", weights_only=True, mmap=True)
-    except Exception:  # noqa: BLE001 - no state, or one this torch cannot read: start a new wandb run
-        return None
-    run_id = state.get("wandb_run_id") if isinstance(state, dict) else None
+    """The training's wandb run id, kept in its trainer state (None when there is none to read:
+    a new wandb run is started then)."""
+    run_id = peek_trainer_state(run_dir, "wandb_run_id")
     return run_id if isinstance(run_id, str) else None

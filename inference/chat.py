@@ -19,10 +19,10 @@ import torch
 
 from common.errors import UserError
 from data.chat import ChatTokenIds, Message, render_chat
-from inference.runs import LoadedRun
 from inference.settings import GenerationSettings
 from inference.streaming import TextStream
 from model.generation import new_seed, sample_next_token, seeded_generator
+from rundir.loading import LoadedRun
 
 
 @dataclass(frozen=True)

@@ -17,12 +17,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from common.errors import UserError, one_line
+from common.errors import UserError
 from common.files import atomic_write_text
-from common.run_files import MODEL_CONFIG_FILE, PARENT_FILE, TOKENIZER_FILE, WEIGHTS_FILE
 from data import load_tokenizer
 from model import GPTConfig, ModelFileError, load_pretrained
-from training.checkpoint import SHAPE_KEYS
+from model.io import load_config
+from rundir.files import MODEL_CONFIG_FILE, PARENT_FILE, TOKENIZER_FILE, WEIGHTS_FILE
+from training.resume_rules import SHAPE_KEYS
 
 
 class InitFromError(UserError):
@@ -67,11 +68,9 @@ def find_parent(init_from: str | Path) -> ParentRun:
             "directory written by train.py"
         )
     try:
-        raw = json.loads((directory / MODEL_CONFIG_FILE).read_text(encoding="utf-8"))
-        config = GPTConfig.from_dict(raw)
-    except (OSError, ValueError, TypeError) as e:
-        raise InitFromError(f"train.init_from: {directory / MODEL_CONFIG_FILE} is unreadable ({one_line(e)}); use another run") from None
-    return ParentRun(directory, config)
+        return ParentRun(directory, load_config(directory))
+    except ModelFileError as e:
+        raise InitFromError(f"train.init_from: {e}; or use another run") from None
 
 
 def model_section_from_parent(model: Any, parent: ParentRun) -> dict[str, Any]:
