@@ -14,7 +14,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common.config import build, read_yaml_file
+from common.config import build
 from common.device import select_device
 from common.errors import UserError
 from common.files import atomic_write_text
@@ -25,7 +25,7 @@ from evaluation.tasks import BPB_TASK, TASKS, TaskSettings, write_tasks
 from hf_export import export_run
 from rundir.checkpoint import peek_trainer_state
 from rundir.files import CONFIG_FILE, EVAL_DIR
-from rundir.metrics import RunRecord
+from rundir.record import RunRecord, read_config
 from training.config import LoggingConfig
 from training.wandb_logger import WandbLogger
 
@@ -103,18 +103,12 @@ def _check_choices_fit(export_dir: Path, task_dir: Path, tasks: tuple[str, ...])
 
 
 def _run_sections(run_dir: Path) -> tuple[DataConfig, LoggingConfig]:
-    """The ``data:`` and ``logging:`` sections of the run's config.yaml (a chat run's config names
-    a parent run, which need not exist any more, so the whole config is not rebuilt)."""
-    path = run_dir / CONFIG_FILE
-    if not path.is_file():
-        raise UserError(f"{run_dir} has no {CONFIG_FILE}, so its held-out plays are unknown; pass --run a run "
-                        "directory written by train.py")
+    """The ``data:`` and ``logging:`` sections of the run's config.yaml, as written."""
+    raw = read_config(run_dir)
     try:
-        raw = read_yaml_file(path)
-        raw = raw if isinstance(raw, dict) else {}
         return build(DataConfig, raw.get("data") or {}, "data"), build(LoggingConfig, raw.get("logging") or {}, "logging")
     except UserError as error:
-        raise UserError(f"{path} is damaged ({error}); restore the config the run was trained with") from None
+        raise UserError(f"{run_dir / CONFIG_FILE} is damaged ({error}); restore the config the run was trained with") from None
 
 
 def _log_to_wandb(run_dir: Path, logging_config: LoggingConfig, mode: str | None, metrics: dict[str, float]) -> None:

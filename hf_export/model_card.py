@@ -1,12 +1,12 @@
 """The exported folder's README.md: a Hugging Face model card written from what the run recorded
-(its model config, and ``rundir.metrics.RunRecord``: its data settings and final bits/byte)."""
+(its model config, and ``rundir.record.RunRecord``: its data settings and final bits/byte)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from model import GPTConfig
-from rundir.metrics import RunRecord
+from rundir.record import RunRecord
 
 
 def _describe_data(data: dict[str, Any]) -> str | None:

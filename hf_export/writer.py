@@ -25,7 +25,7 @@ from hf_export.staging import clean_leftovers, staged_export
 from hf_export.weights import hf_state_dict
 from rundir.files import TOKENIZER_FILE
 from rundir.loading import load_run
-from rundir.metrics import RunRecord
+from rundir.record import RunRecord
 
 SHIPPED_FILES = ("configuration_minigpt.py", "modeling_minigpt.py")
 

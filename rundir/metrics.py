@@ -1,21 +1,16 @@
 """metrics.jsonl: one JSON object per logged step and per evaluation, appended by training and read
-by the loss curve, the export's model card and evaluation; and ``RunRecord``, what a finished run
-recorded about itself."""
+by the loss curve and by ``rundir.record``."""
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from common.errors import UserError
 from common.files import atomic_write_text
 from common.os_errors import with_path
-from rundir.files import CONFIG_FILE, METRICS_FILE
 
 
 class MetricsLog:
@@ -70,49 +65,3 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
             if isinstance(record, dict):
                 records.append(record)
     return records
-
-
-@dataclass(frozen=True)
-class RunRecord:
-    """What a run recorded about its training; None (or empty) where it did not record it."""
-
-    data: dict[str, Any]  # config.yaml's data section, as written
-    val_bpb: float | None
-    val_scope: str | None  # "full validation set at step N" or "validation subset at step N"
-    steps: int | None
-    tokens_per_step: int | None
-
-    @classmethod
-    def read(cls, run_dir: Path) -> RunRecord:
-        """Never fails: a missing or damaged file leaves its part unrecorded."""
-        records = read_metrics(run_dir / METRICS_FILE) if (run_dir / METRICS_FILE).is_file() else []
-        train = [r for r in records if r.get("kind") == "train"]
-        final = [r for r in records if r.get("kind") == "final_eval"]
-        evals = final or [r for r in records if r.get("kind") == "eval"]
-        last_eval = evals[-1] if evals else None
-        scope = None
-        if last_eval is not None:
-            scope = f"{'full validation set' if final else 'validation subset'} at step {last_eval.get('step')}"
-        return cls(
-            data=_data_section(run_dir / CONFIG_FILE),
-            val_bpb=last_eval.get("val_bpb") if last_eval else None,
-            val_scope=scope,
-            steps=max((r["step"] for r in records if isinstance(r.get("step"), int)), default=None),
-            tokens_per_step=_tokens_per_step(train[-1]) if train else None,
-        )
-
-
-def _tokens_per_step(record: dict) -> int | None:
-    # Every step trains on the same number of tokens; the records log the running total.
-    tokens, step = record.get("tokens"), record.get("step")
-    return tokens // step if isinstance(tokens, int) and isinstance(step, int) and step > 0 else None
-
-
-def _data_section(config_path: Path) -> dict[str, Any]:
-    if not config_path.is_file():
-        return {}
-    try:
-        data = (yaml.safe_load(config_path.read_text(encoding="utf-8")) or {}).get("data") or {}
-    except (yaml.YAMLError, OSError, AttributeError):
-        return {}
-    return data if isinstance(data, dict) else {}

@@ -5,24 +5,21 @@ The parent run fixes what the weights depend on: its ``model_config.json`` is th
 and its ``tokenizer.json`` tokenizes the new data (no tokenizer is trained). A ``model`` section
 in the config may be left out; a field it sets that would change the shape is an error naming the
 field. The optimizer, schedule and step start fresh. The new run records its parent in
-``parent.json``.
+``parent.json`` (``rundir.record``).
 """
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from common.errors import UserError
-from common.files import atomic_write_text
 from data import load_tokenizer
 from model import GPTConfig, ModelFileError, load_pretrained
 from model.io import load_config
-from rundir.files import MODEL_CONFIG_FILE, PARENT_FILE, TOKENIZER_FILE, WEIGHTS_FILE
+from rundir.files import MODEL_CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE
 from training.resume_rules import SHAPE_KEYS
 
 
@@ -106,12 +103,3 @@ def check_parent_tokenizer(parent: ParentRun, vocab_size: int) -> None:
             f"train.init_from: {parent.tokenizer_file} has {size} tokens but the model's vocab_size is "
             f"{vocab_size}: it is not the tokenizer these weights were trained with; restore the run's own"
         )
-
-
-def write_parent_record(run_dir: Path, parent: ParentRun) -> None:
-    record = {
-        "init_from": str(parent.directory.resolve()),
-        "model_config": parent.model_config.to_dict(),
-        "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-    }
-    atomic_write_text(run_dir / PARENT_FILE, json.dumps(record, indent=2) + "\n")

@@ -35,6 +35,7 @@ from rundir.checkpoint import CheckpointError, check_run_dir, clear_old_run, loa
 from rundir.files import CONFIG_FILE, METRICS_FILE, TOKENIZER_FILE
 from rundir.lock import hold_run_dir
 from rundir.metrics import MetricsLog
+from rundir.record import write_parent_record
 from training.config import Config, ConfigError, config_to_dict, save_config
 from training.device import autocast, configure_backends, resolve_precision, should_compile
 from training.distributed import (
@@ -42,7 +43,7 @@ from training.distributed import (
     shutdown, split_batch, sync_gradients, wrap_model,
 )
 from training.evaluate import EvalResult, evaluate, generate_sample
-from training.init_from import check_parent_tokenizer, find_parent, load_parent_weights, write_parent_record
+from training.init_from import check_parent_tokenizer, find_parent, load_parent_weights
 from training.interrupt import StopNow, StopRequest
 from training.memory_budget import check_model_fits
 from training.metrics import Throughput, format_duration, format_flops, mfu, peak_flops
@@ -301,7 +302,7 @@ class Trainer:
             else:
                 atomic_write_bytes(self.run_dir / TOKENIZER_FILE, Path(self.prepared.tokenizer_path).read_bytes())
                 if self.parent is not None:
-                    write_parent_record(self.run_dir, self.parent)
+                    write_parent_record(self.run_dir, self.parent.directory, self.parent.model_config.to_dict())
         self.logger = WandbLogger.start(
             cfg.logging.wandb, run_dir=self.run_dir, run_config=config_to_dict(cfg), resume_id=wandb_run_id,
             is_main=self.ctx.is_main,
