@@ -23,6 +23,7 @@ from rundir.files import LOCK_FILES, RUN_FILES, STATE_FILE
 
 FORMAT_VERSION = 1
 
+
 class CheckpointError(UserError):
     """A run directory or checkpoint that does not fit the request."""
 
