@@ -21,8 +21,9 @@ from common.cli import ArgumentParser, run_command
 from common.device import select_device
 from common.errors import UserError
 from common.os_errors import describe_os_error
-from common.run_files import CONFIG_FILE, TOKENIZER_FILE
-from inference.runs import LoadedRun, find_latest_run, load_run
+from rundir.files import CONFIG_FILE, TOKENIZER_FILE
+from rundir.loading import LoadedRun, find_latest_run, load_run
+from rundir.record import read_config
 
 _EPILOG = """\
 examples:
@@ -171,15 +172,14 @@ def _held_out_windows(run: LoadedRun, text_file: Path | None, count: int) -> tor
 
 def _validation_tokens(run: LoadedRun) -> np.ndarray:
     """The run's held-out text, tokenized by its own tokenizer (prepared and cached like training's)."""
-    from data import prepare_data
-    from training.config import load_config
+    from common.config import build
+    from data import DataConfig, prepare_data
 
-    config_path = run.directory / CONFIG_FILE
-    if not config_path.is_file():
+    if not (run.directory / CONFIG_FILE).is_file():
         raise UserError(f"{run.directory} has no {CONFIG_FILE} to find its validation text; pass --text-file")
-    config = load_config(config_path)
-    if config.data.format != "text":
-        raise UserError(f"{run.directory} was trained on {config.data.format} data; pass held-out plain text "
+    data = build(DataConfig, read_config(run.directory).get("data") or {}, "data")
+    if data.format != "text":
+        raise UserError(f"{run.directory} was trained on {data.format} data; pass held-out plain text "
                         "with --text-file")
-    prepared = prepare_data(config.data, progress=False, tokenizer_file=run.directory / TOKENIZER_FILE)
+    prepared = prepare_data(data, progress=False, tokenizer_file=run.directory / TOKENIZER_FILE)
     return np.asarray(prepared.val_tokens())

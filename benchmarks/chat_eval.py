@@ -29,9 +29,9 @@ import torch
 from data.chat_prepare import prepare_chat_data
 from data.config import DataConfig
 from inference.chat import ChatSession
-from inference.runs import load_run
 from inference.settings import GenerationSettings
 from model.generation import generate_tokens, seeded_generator
+from rundir.loading import load_run
 from training.sft import evaluate_chat
 
 TRANSCRIPT_SYSTEM = "You are HAMLET in Hamlet."

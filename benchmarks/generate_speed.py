@@ -30,9 +30,9 @@ from pathlib import Path
 import torch
 
 from inference.completion import generate_completions
-from inference.runs import LoadedRun, load_run
 from inference.settings import GenerationSettings
 from model import GPT, GPTConfig
+from rundir.loading import LoadedRun, load_run
 
 TINY = GPTConfig(vocab_size=2048, block_size=512, n_layer=4, n_head=4, n_kv_head=2, n_embd=256)
 SHORT_PROMPT = 16

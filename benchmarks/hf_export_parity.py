@@ -19,8 +19,8 @@ import torch
 
 from hf_export import export_run
 from inference.completion import encode_prompt, generate_completions
-from inference.runs import load_run
 from inference.settings import GenerationSettings
+from rundir.loading import load_run
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -32,8 +32,8 @@ from tokenizers import Tokenizer
 from data.chat import ChatTokenIds, Message, render_chat
 from data.shakespeare import shakespeare_documents
 from data.tokenizer import token_byte_table, train_tokenizer
-from inference.runs import load_run
 from model import GPT
+from rundir.loading import load_run
 from serving.engine import Engine, Event
 from training.config import load_config
 from benchmarks.serve_throughput import api_settings, ms_quantiles

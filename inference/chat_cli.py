@@ -14,9 +14,9 @@ import sys
 
 from common.errors import UserError
 from inference.chat import ChatSession
-from inference.runs import LoadedRun
 from inference.settings import GenerationSettings
 from inference.terminal import LineReader, write_stdout
+from rundir.loading import LoadedRun
 
 COMMANDS = {
     "/help": "list these commands",

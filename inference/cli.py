@@ -19,10 +19,10 @@ from common.errors import UserError
 from common.os_errors import describe_os_error
 from inference.chat_cli import chat_main, check_chat_flags
 from inference.completion import GenerationResult, encode_prompt, generate_completions
-from inference.runs import find_latest_run, load_run
 from inference.settings import GenerationSettings
 from inference.terminal import decode_argument, decode_utf8, write_stdout
 from model.generation import KEEP_FRACTION
+from rundir.loading import find_latest_run, load_run
 
 _EPILOG = f"""\
 output:

@@ -15,10 +15,10 @@ from typing import Callable, Iterator, Sequence
 import torch
 
 from data.tokenizer import prompt_ids
-from inference.runs import LoadedRun
 from inference.settings import GenerationSettings
 from inference.streaming import TextStream
 from model.generation import generate_tokens, new_seed, seeded_generator
+from rundir.loading import LoadedRun
 
 # Called with (row, new_text) whenever a row has text that is safe to print.
 TextCallback = Callable[[int, str], None]

@@ -20,10 +20,10 @@ from torch import nn
 
 from common.errors import one_line
 from common.files import atomic_output, atomic_write_text
-from common.run_files import MODEL_CONFIG_FILE as CONFIG_FILE
-from common.run_files import WEIGHTS_FILE
 from model.gpt import GPT, GPTConfig, unwrap
 
+CONFIG_FILE = "model_config.json"
+WEIGHTS_FILE = "model.safetensors"
 _DIGEST_KEY = "tensors_sha256"
 
 
@@ -73,6 +73,12 @@ def load_pretrained(directory: str | os.PathLike, device: torch.device | str = "
     model = GPT(config)
     model.load_state_dict(state, strict=False)  # strict would ask for the tied head's second name
     return model.to(device).eval()
+
+
+def load_config(directory: str | os.PathLike) -> GPTConfig:
+    """The config saved in ``directory``, without reading the weights; ModelFileError as
+    ``load_pretrained`` raises it."""
+    return _read_config(Path(directory) / CONFIG_FILE)
 
 
 def _read_config(path: Path) -> GPTConfig:

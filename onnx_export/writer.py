@@ -19,14 +19,14 @@ import torch
 
 from common.errors import UserError
 from common.files import atomic_write_text
-from common.run_files import TOKENIZER_FILE
 from hf_export.hub_files import SpecialTokens, model_config, tokenizer_config
 from hf_export.staging import clean_leftovers, staged_export
 from hf_export.writer import check_destination
-from inference.runs import load_run
 from onnx_export.decoder import cache_entries
 from onnx_export.graph import export_graph
 from onnx_export.readme import export_readme
+from rundir.files import TOKENIZER_FILE
+from rundir.loading import load_run
 
 @dataclass(frozen=True)
 class OnnxExportResult:

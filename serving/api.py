@@ -30,8 +30,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from data.chat import ChatTokenIds, render_chat, to_messages
 from data.errors import DataError
 from inference.completion import encode_prompt
-from inference.runs import LoadedRun
 from model.generation import SamplingSettings
+from rundir.loading import LoadedRun
 from serving.engine import Engine, EngineBusy, Event, Finish, Ticket
 from serving.logprobs import ReplyLogprobs
 from serving.schemas import (Body, ChatCompletionRequest, CompletionRequest, RequestError, _Common, error_body,

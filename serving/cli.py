@@ -21,8 +21,8 @@ import uvicorn
 from common.cli import ArgumentParser, run_command
 from common.device import DEVICE_CHOICES, device_memory_bytes, select_device
 from common.errors import UserError
-from inference.runs import find_latest_run, load_run
 from model import GPT
+from rundir.loading import find_latest_run, load_run
 from serving.api import Limits, access_log, create_app
 from serving.engine import DEFAULT_PREFILL_CHUNK, Engine
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer, pre_tokenizers, trainers
 
-from common.run_files import TOKENIZER_FILE
 from data.tokenizer import EOT, new_tokenizer, train_tokenizer
 from model import GPT, GPTConfig, save_pretrained
+from rundir.files import TOKENIZER_FILE
 
 # Enough text for a few hundred merges, with accents, CJK and emoji so that the small vocabulary
 # leaves multi-byte characters split across tokens.

@@ -1,8 +1,7 @@
 """Training: config, loop, optimizer and schedule, checkpoints, metrics, distributed, wandb."""
 
-from training.checkpoint import CheckpointError
 from training.config import Config, ConfigError, config_from_dict, config_to_dict, load_config, save_config
 from training.trainer import NonFiniteLossError, TrainResult, train
 
-__all__ = ["CheckpointError", "Config", "ConfigError", "NonFiniteLossError", "TrainResult", "config_from_dict",
+__all__ = ["Config", "ConfigError", "NonFiniteLossError", "TrainResult", "config_from_dict",
            "config_to_dict", "load_config", "save_config", "train"]

@@ -5,24 +5,22 @@ The parent run fixes what the weights depend on: its ``model_config.json`` is th
 and its ``tokenizer.json`` tokenizes the new data (no tokenizer is trained). A ``model`` section
 in the config may be left out; a field it sets that would change the shape is an error naming the
 field. The optimizer, schedule and step start fresh. The new run records its parent in
-``parent.json``.
+``parent.json`` (``rundir.record``).
 """
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from common.errors import UserError, one_line
-from common.files import atomic_write_text
-from common.run_files import MODEL_CONFIG_FILE, PARENT_FILE, TOKENIZER_FILE, WEIGHTS_FILE
+from common.errors import UserError
 from data import load_tokenizer
 from model import GPTConfig, ModelFileError, load_pretrained
-from training.checkpoint import SHAPE_KEYS
+from model.io import load_config
+from rundir.files import MODEL_CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE
+from training.resume_rules import SHAPE_KEYS
 
 
 class InitFromError(UserError):
@@ -67,11 +65,9 @@ def find_parent(init_from: str | Path) -> ParentRun:
             "directory written by train.py"
         )
     try:
-        raw = json.loads((directory / MODEL_CONFIG_FILE).read_text(encoding="utf-8"))
-        config = GPTConfig.from_dict(raw)
-    except (OSError, ValueError, TypeError) as e:
-        raise InitFromError(f"train.init_from: {directory / MODEL_CONFIG_FILE} is unreadable ({one_line(e)}); use another run") from None
-    return ParentRun(directory, config)
+        return ParentRun(directory, load_config(directory))
+    except ModelFileError as e:
+        raise InitFromError(f"train.init_from: {e}; or use another run") from None
 
 
 def model_section_from_parent(model: Any, parent: ParentRun) -> dict[str, Any]:
@@ -107,12 +103,3 @@ def check_parent_tokenizer(parent: ParentRun, vocab_size: int) -> None:
             f"train.init_from: {parent.tokenizer_file} has {size} tokens but the model's vocab_size is "
             f"{vocab_size}: it is not the tokenizer these weights were trained with; restore the run's own"
         )
-
-
-def write_parent_record(run_dir: Path, parent: ParentRun) -> None:
-    record = {
-        "init_from": str(parent.directory.resolve()),
-        "model_config": parent.model_config.to_dict(),
-        "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-    }
-    atomic_write_text(run_dir / PARENT_FILE, json.dumps(record, indent=2) + "\n")

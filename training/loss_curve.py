@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from common.files import atomic_write_bytes
-from common.run_files import LOSS_CURVE_FILE, METRICS_FILE
-from training.metrics import read_metrics
+from rundir.files import LOSS_CURVE_FILE, METRICS_FILE
+from rundir.metrics import read_metrics
 
 
 def write_run_loss_curve(run_dir: Path) -> Path:

@@ -1,56 +1,15 @@
-"""metrics.jsonl (one JSON object per logged step and per evaluation) and MFU accounting."""
+"""What the metrics record measures: model FLOPs utilisation, throughput, and their formatting
+(the metrics file itself is ``rundir.metrics``)."""
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import time
 from collections import deque
-from pathlib import Path
-from typing import Any
 
 import torch
 
-from common.errors import UserError
-from common.files import atomic_write_text
-from common.os_errors import with_path
-from common.run_files import read_metrics
 from training.device import synchronize
-
-
-class MetricsLog:
-    """Appends records to ``metrics.jsonl``.
-
-    Lines are appended rather than the whole file rewritten through a temporary file: rewriting
-    would make an overnight run quadratic in its length. Each line goes out in one ``write`` on an
-    ``O_APPEND`` descriptor, which a killed process cannot leave half-done; a line torn by a power
-    cut is skipped by ``read_metrics``. The one rewrite, on resume, is atomic.
-    """
-
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-
-    def append(self, record: dict[str, Any]) -> None:
-        data = (json.dumps(record) + "\n").encode("utf-8")
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            written = os.write(fd, data)
-            while written < len(data):  # only a full disk or a signal gets here
-                written += os.write(fd, data[written:])
-        except OSError as e:
-            raise with_path(e, self.path) from None
-        finally:
-            os.close(fd)
-
-    def truncate_after(self, step: int) -> None:
-        """Keep only records with ``step`` <= ``step`` (the checkpoint a resumed run starts from)."""
-        if not self.path.exists():
-            return
-        if not self.path.is_file():
-            raise UserError(f"{self.path} is not a file; move it aside so the run can write its metrics there")
-        kept = [r for r in read_metrics(self.path) if isinstance(r.get("step", 0), int) and r.get("step", 0) <= step]
-        atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
 
 
 # Dense bf16 tensor-core peaks (FLOP/s) from the vendors' datasheets, matched by substring of

@@ -17,9 +17,27 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import one_line
-from training.checkpoint import CheckpointError
+from model import GPTConfig
+from rundir.checkpoint import CheckpointError
+from rundir.files import STATE_FILE
 
 FIXED_ON_RESUME = ("optimizer", "sampling", "seed")
+# The model keys that fix the shapes of the weights, which neither a resume nor a run started from a
+# parent (train.init_from) may change; dropout or norm_eps may.
+SHAPE_KEYS = ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd", "ffn_hidden", "tie_embeddings",
+              "attention", "kv_latent_dim", "q_latent_dim")
+
+
+def check_model_shape(saved: GPTConfig, current: GPTConfig, run_dir: Path) -> None:
+    """Refuse to resume when the config would build a model of another shape."""
+    for key in SHAPE_KEYS:
+        attr = "ffn_dim" if key == "ffn_hidden" else key  # the width an unset ffn_hidden gives
+        was, now = getattr(saved, attr), getattr(current, attr)
+        if was != now:
+            raise CheckpointError(
+                f"cannot resume {run_dir}: model.{key} is {now!r} in the config but {was!r} in "
+                f"the checkpoint; use the run's own config.yaml or start a new run"
+            )
 
 
 def fixed_settings(train_config: Any) -> dict[str, Any]:
@@ -44,6 +62,6 @@ def restore_error(run_dir: Path, error: Exception) -> CheckpointError:
     """A one-line error for a trainer state that does not fit the model, optimizer or sampler."""
     what = f"missing {error}" if isinstance(error, KeyError) else one_line(error)
     return CheckpointError(
-        f"cannot resume {run_dir}: its trainer_state.pt does not fit this config ({what}); resume with "
+        f"cannot resume {run_dir}: its {STATE_FILE} does not fit this config ({what}); resume with "
         f"the run's own config.yaml, or start a new run with --overwrite"
     )

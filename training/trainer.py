@@ -25,14 +25,17 @@ from tqdm.auto import tqdm
 
 from common.errors import UserError
 from common.files import atomic_write_bytes
-from common.run_files import CONFIG_FILE, METRICS_FILE, TOKENIZER_FILE
 from data import load_tokenizer, prepare_data, train_batches
 from data.chat_batches import ChatBatches
 from data.chat_prepare import prepare_chat_data
 from data.tokenizer import RUN_TOKENIZER_FIX
 from model import GPT, GPTConfig, SamplingSettings
 from model.rms_norm_cpu import install_cpu_backward
-import training.checkpoint as checkpoint
+from rundir.checkpoint import CheckpointError, check_run_dir, clear_old_run, load_trainer_state, save_checkpoint
+from rundir.files import CONFIG_FILE, METRICS_FILE, TOKENIZER_FILE
+from rundir.lock import hold_run_dir
+from rundir.metrics import MetricsLog
+from rundir.record import write_parent_record
 from training.config import Config, ConfigError, config_to_dict, save_config
 from training.device import autocast, configure_backends, resolve_precision, should_compile
 from training.distributed import (
@@ -40,13 +43,13 @@ from training.distributed import (
     shutdown, split_batch, sync_gradients, wrap_model,
 )
 from training.evaluate import EvalResult, evaluate, generate_sample
-from training.init_from import check_parent_tokenizer, find_parent, load_parent_weights, write_parent_record
+from training.init_from import check_parent_tokenizer, find_parent, load_parent_weights
 from training.interrupt import StopNow, StopRequest
 from training.memory_budget import check_model_fits
-from training.metrics import MetricsLog, Throughput, format_duration, format_flops, mfu, peak_flops
+from training.metrics import Throughput, format_duration, format_flops, mfu, peak_flops
 from training.optim import build_optimizer, build_schedule
-from training.resume_rules import check_fixed_settings, fixed_settings, restore_error
-from training.run_lock import hold_run_dir
+from training.resume_rules import check_fixed_settings, check_model_shape, fixed_settings, restore_error
+from training.rng_state import capture_rng_state, restore_rng_state
 from training.sft import accumulate_chat_gradients, chat_reply_samples, evaluate_chat
 from training.wandb_logger import WandbLogger
 
@@ -174,17 +177,17 @@ class Trainer:
         if self.ctx.is_main:
             # Taken before anything is read, written or cleared; held until close().
             self._held.enter_context(hold_run_dir(self.run_dir))
-            checkpoint.check_run_dir(self.run_dir, resume=resume, overwrite=overwrite)
+            check_run_dir(self.run_dir, resume=resume, overwrite=overwrite)
         state = None
         if resume:
-            state = checkpoint.load_trainer_state(self.run_dir)
+            state = load_trainer_state(self.run_dir)
             try:
                 saved_model = GPTConfig.from_dict(state["model_config"])
             except (KeyError, ValueError, TypeError) as e:
-                raise checkpoint.CheckpointError(
+                raise CheckpointError(
                     f"checkpoint in {self.run_dir} has no valid model config ({e})"
                 ) from None
-            checkpoint.check_model_shape(saved_model, self.config.model, self.run_dir)
+            check_model_shape(saved_model, self.config.model, self.run_dir)
             check_fixed_settings(state, self.config.train, self.run_dir)
         barrier(self.ctx)
         return state
@@ -202,7 +205,7 @@ class Trainer:
         saved_tokenizer = self.run_dir / TOKENIZER_FILE
         if resume and saved_tokenizer.is_file():
             if load_tokenizer(saved_tokenizer, RUN_TOKENIZER_FIX).get_vocab() != prepared.tokenizer().get_vocab():
-                raise checkpoint.CheckpointError(
+                raise CheckpointError(
                     f"cannot resume {self.run_dir}: the data section now builds a different "
                     f"tokenizer than the run was trained with; use the run's own config.yaml"
                 )
@@ -276,7 +279,7 @@ class Trainer:
             rank_state, message = select_rank_state(state["ranks"], state["world_size"], self.ctx)
             if rank_state is not None:
                 self.batches.load_state_dict(rank_state["batches"])
-                checkpoint.restore_rng_state(rank_state["rng"])
+                restore_rng_state(rank_state["rng"])
         except (KeyError, ValueError, TypeError, RuntimeError) as e:
             # A state with keys missing, or saved by another optimizer or sampler.
             raise restore_error(self.run_dir, e) from None
@@ -290,7 +293,7 @@ class Trainer:
         self.metrics = MetricsLog(self.run_dir / METRICS_FILE)
         if self.ctx.is_main:
             if not resume:
-                checkpoint.clear_old_run(self.run_dir)  # a run being replaced (--overwrite)
+                clear_old_run(self.run_dir)  # a run being replaced (--overwrite)
             # The config is rewritten on resume too: a longer budget is a legitimate change, and
             # the directory should describe the run as it continues.
             save_config(cfg, self.run_dir / CONFIG_FILE)
@@ -299,7 +302,7 @@ class Trainer:
             else:
                 atomic_write_bytes(self.run_dir / TOKENIZER_FILE, Path(self.prepared.tokenizer_path).read_bytes())
                 if self.parent is not None:
-                    write_parent_record(self.run_dir, self.parent)
+                    write_parent_record(self.run_dir, self.parent.directory, self.parent.model_config.to_dict())
         self.logger = WandbLogger.start(
             cfg.logging.wandb, run_dir=self.run_dir, run_config=config_to_dict(cfg), resume_id=wandb_run_id,
             is_main=self.ctx.is_main,
@@ -397,7 +400,7 @@ class Trainer:
         # DDP every rank must reach the last micro-batch's all-reduce. The sampler and RNG states
         # are kept so that an abandoned step leaves the run exactly where the step found it.
         interruptible = self.micro_steps > 1 and not self.ctx.enabled
-        before = (self.batches.state_dict(), checkpoint.capture_rng_state()) if interruptible else None
+        before = (self.batches.state_dict(), capture_rng_state()) if interruptible else None
         loss = accumulate_gradients(
             self.train_model, self.batches.next, self.micro_steps, amp=amp, sync=sync,
             should_stop=(lambda: stop.requested) if interruptible else None,
@@ -405,7 +408,7 @@ class Trainer:
         if loss is None:
             self.optimizer.zero_grad(set_to_none=True)
             self.batches.load_state_dict(before[0])
-            checkpoint.restore_rng_state(before[1])
+            restore_rng_state(before[1])
             return None, 0
         return loss, self.tokens_per_step
 
@@ -561,7 +564,7 @@ class Trainer:
 
     def _save(self) -> None:
         # Each rank's sampler and RNG streams differ, and all are needed to resume exactly.
-        ranks = gather_to_main({"rng": checkpoint.capture_rng_state(), "batches": self.batches.state_dict()}, self.ctx)
+        ranks = gather_to_main({"rng": capture_rng_state(), "batches": self.batches.state_dict()}, self.ctx)
         if self.ctx.is_main:
             state = {
                 "step": self.step,
@@ -575,7 +578,7 @@ class Trainer:
                 "wandb_run_id": self.logger.run_id,
                 "fixed_settings": fixed_settings(self.config.train),
             }
-            checkpoint.save_checkpoint(self.run_dir, self.model, state)
+            save_checkpoint(self.run_dir, self.model, state)
         self.saved_step = self.step
 
     # -----------------------------------------------------------------------------------------

@@ -76,3 +76,25 @@ def test_a_missing_run_and_an_out_that_is_a_folder_are_refused(tmp_path, run_dir
     assert "does not exist" in capsys.readouterr().err
     assert main(["--run", str(run_dir), "--prompt", PROMPT, "--out", str(tmp_path)]) == 2
     assert "is a directory" in capsys.readouterr().err
+
+
+def test_roles_default_to_the_runs_own_validation_text_read_from_its_config(run_dir, tmp_path, capsys):
+    import shutil
+
+    import yaml
+
+    run = shutil.copytree(run_dir, tmp_path / "run")
+    assert main(["--run", str(run), "--roles", "--windows", "1"]) == 2
+    assert "has no config.yaml to find its validation text" in capsys.readouterr().err
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(8):
+        (corpus / f"play{i}.txt").write_text(f"ROMEO {i}: But soft, what light through yonder window breaks? " * 30)
+    data = {"source": "files", "files": {"paths": [str(corpus / "*.txt")]}, "val_fraction": 0.5,
+            "cache_dir": str(tmp_path / "cache"), "vocab_size": 320}
+    (run / "config.yaml").write_text(yaml.safe_dump({"data": {**data, "format": "chat"}}))
+    assert main(["--run", str(run), "--roles", "--windows", "1"]) == 2
+    assert "was trained on chat data" in capsys.readouterr().err
+    (run / "config.yaml").write_text(yaml.safe_dump({"data": data, "train": {"init_from": str(tmp_path / "gone")}}))
+    assert main(["--run", str(run), "--roles", "--windows", "1"]) == 0
+    assert sum(line.startswith("| ") and line[2].isdigit() for line in capsys.readouterr().out.splitlines()) == 2 * 4

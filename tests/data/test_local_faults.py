@@ -9,8 +9,8 @@ import torch
 
 from data import DataConfig, DataError, FilesSourceConfig, HubSourceConfig, prepare_data
 from data.tokenizer import train_tokenizer
-from inference.runs import load_run
 from model import GPT, GPTConfig, save_pretrained
+from rundir.loading import load_run
 
 
 @pytest.mark.parametrize(

@@ -15,8 +15,8 @@ import train as train_cli
 from data.chat import ChatTokenIds, Message, render_chat
 from inference.cli import main as cli_main
 from inference.completion import generate_completions
-from inference.runs import load_run
 from inference.settings import GenerationSettings
+from rundir.loading import load_run
 from e2e_testkit import ROOT, quick_settings as _common, run_command as _run
 from server_process import running_server
 

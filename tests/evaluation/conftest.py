@@ -46,7 +46,7 @@ def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def untrained_run(trained_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The trained run's config and tokenizer with freshly initialised weights: the floor."""
-    from common.run_files import CONFIG_FILE, TOKENIZER_FILE
+    from rundir.files import CONFIG_FILE, TOKENIZER_FILE
     from model import GPT, load_pretrained, save_pretrained
 
     directory = tmp_path_factory.mktemp("untrained") / "run"

@@ -16,7 +16,7 @@ from tokenizers import Tokenizer
 
 import run_testkit
 from run_testkit import BLOCK_SIZE
-from training.metrics import MetricsLog
+from rundir.metrics import MetricsLog
 
 VOCAB_SIZE = 320
 FINAL_BPB = 2.34567

@@ -65,7 +65,7 @@ def test_cached_logits_match_ours_and_the_cache_holds_latents_only(mla_export):
 @pytest.mark.parametrize("use_cache", [True, False], ids=["cache", "no-cache"])
 def test_greedy_generate_gives_generate_py_tokens(mla_export, use_cache):
     from inference.completion import generate_completions
-    from inference.runs import load_run
+    from rundir.loading import load_run
     from inference.settings import GenerationSettings
 
     run_dir, _, theirs = mla_export

@@ -62,7 +62,7 @@ def test_logits_match_ours_in_a_padded_batch(make_export, hf_models, side):
 def _greedy_like_generate_py(run_dir, prompt_ids: list[int], max_new_tokens: int, use_cache: bool) -> list[int]:
     """What ``generate.py --temperature 0`` produces, through the library call it makes."""
     from inference.completion import generate_completions
-    from inference.runs import load_run
+    from rundir.loading import load_run
     from inference.settings import GenerationSettings
 
     run = load_run(run_dir, torch.device("cpu"))

@@ -33,7 +33,7 @@ def run_dir(tmp_path_factory, tokenizer_path) -> Path:
 
 @pytest.fixture(scope="session")
 def loaded_run(run_dir):
-    from inference.runs import load_run
+    from rundir.loading import load_run
 
     return load_run(run_dir, torch.device("cpu"))
 

@@ -16,8 +16,8 @@ from data.chat import Message, render_chat
 from run_testkit import CORPUS, build_model
 from inference.chat import ChatSession
 from inference.cli import main
-from inference.runs import LoadedRun
 from inference.settings import GenerationSettings
+from rundir.loading import LoadedRun
 
 REPO = Path(__file__).resolve().parents[2]
 MESSAGES = ["Who is there?", "O Romeo 😀", "the fox", "世界", "again and again"]

@@ -9,8 +9,8 @@ import torch
 
 from inference.chat import ChatSession
 from inference.completion import generate_completions
-from inference.runs import load_run
 from inference.settings import GenerationSettings
+from rundir.loading import load_run
 from run_testkit import build_run, chat_tokenizer
 
 MESSAGES = ["Who is there?", "O Romeo 😀", "the fox", "世界", "again and again"]

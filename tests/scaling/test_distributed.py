@@ -15,7 +15,7 @@ from torch import nn
 
 from common.errors import UserError
 from model import unwrap
-from training.checkpoint import load_trainer_state
+from rundir.checkpoint import load_trainer_state
 from training.distributed import (
     DistContext,
     all_reduce_mean,

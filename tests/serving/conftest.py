@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from inference.runs import load_run
+from rundir.loading import load_run
 from run_testkit import build_run, chat_tokenizer, tokenizer_without_chat
 
 

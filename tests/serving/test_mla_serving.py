@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from inference.completion import generate_completions
-from inference.runs import load_run
 from inference.settings import GenerationSettings
 from model.generation import SamplingSettings
+from rundir.loading import load_run
 from run_testkit import build_run, chat_tokenizer
 from server_process import running_server
 from serving.engine import Engine

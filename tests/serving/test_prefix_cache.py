@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inference.runs import load_run
+from rundir.loading import load_run
 from server_process import running_server
 from run_testkit import build_run, chat_tokenizer
 from serving.engine import Engine

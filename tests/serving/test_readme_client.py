@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from inference.completion import generate_completions
-from inference.runs import load_run
 from inference.settings import GenerationSettings
+from rundir.loading import load_run
 from run_testkit import build_run, chat_tokenizer
 from server_process import ROOT, running_server
 

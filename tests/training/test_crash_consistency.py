@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from common.run_files import STATE_FILE
+from rundir.files import STATE_FILE
 from crash_testkit import attempt
 from data import load_tokenizer
 from model import load_pretrained
-from training.checkpoint import load_trainer_state
+from rundir.checkpoint import load_trainer_state
+from rundir.metrics import read_metrics
 from training.config import load_config
-from training.metrics import read_metrics
 
 KILLS = 24
 MAX_STEPS = 10

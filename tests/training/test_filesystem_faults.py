@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 import train as train_cli
-import training.metrics as metrics_module
+import rundir.metrics as metrics_module
 from test_train_cli import run_cli, small_overrides
-from training.checkpoint import load_trainer_state
+from rundir.checkpoint import load_trainer_state
 from training.config import save_config
 from training.trainer import train
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from common.errors import UserError
-from training.checkpoint import CheckpointError
-from training.metrics import read_metrics
+from rundir.checkpoint import CheckpointError
+from rundir.metrics import read_metrics
 from training.trainer import train
 
 QUIET = {"interval": 0, "sample_tokens": 0}

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from test_train_cli import ENV, REPO, run_cli, small_overrides
-from training.metrics import read_metrics
-from common.run_files import LOCK_OWNER_FILE
-from training.run_lock import RunDirectoryBusy, hold_run_dir
+from rundir.files import LOCK_OWNER_FILE
+from rundir.lock import RunDirectoryBusy, hold_run_dir
+from rundir.metrics import read_metrics
 from training.trainer import train
 
 
@@ -70,7 +70,7 @@ def test_lock_is_exclusive_within_and_across_processes(tmp_path):
             with hold_run_dir(run_dir):
                 pass
         probe = subprocess.run(
-            [sys.executable, "-c", "import sys; from pathlib import Path; from training.run_lock import hold_run_dir\n"
+            [sys.executable, "-c", "import sys; from pathlib import Path; from rundir.lock import hold_run_dir\n"
              "with hold_run_dir(Path(sys.argv[1])): pass", str(run_dir)],
             cwd=REPO, env=ENV, capture_output=True, text=True, timeout=60,
         )

@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from test_train_cli import ENV, REPO, run_cli, small_overrides
-from training.checkpoint import load_trainer_state
+from rundir.checkpoint import load_trainer_state
 from training.config import load_config
 from training.trainer import Trainer, train
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from training.metrics import read_metrics
+from rundir.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -83,7 +83,7 @@ def test_ctrl_c_saves_and_resume_finishes(base_raw, tmp_path):
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signal.SIGINT, stderr
     assert "checkpoint saved" in stderr and "--resume" in stderr and "Traceback" not in stderr
-    from training.checkpoint import load_trainer_state
+    from rundir.checkpoint import load_trainer_state
 
     saved = load_trainer_state(out)["step"]
     assert saved >= 3

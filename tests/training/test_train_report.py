@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 import train as train_cli
-from training.metrics import read_metrics
+from rundir.metrics import read_metrics
 from training.trainer import TrainResult
 
 
@@ -65,7 +65,7 @@ def test_loss_curve_draws_train_and_validation_against_step_and_time(tmp_path):
     from matplotlib.image import imread
 
     from training.loss_curve import write_loss_curve
-    from training.metrics import MetricsLog
+    from rundir.metrics import MetricsLog
 
     log = MetricsLog(tmp_path / "metrics.jsonl")
     for step in range(1, 21):

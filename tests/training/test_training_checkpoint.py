@@ -1,4 +1,5 @@
-"""Checkpoint files, RNG state round trips, run-directory rules, and the metrics file."""
+"""Training's side of a checkpoint: the optimizer continuing from one, RNG state round trips, the
+shape a resume must keep, and MFU accounting (the files themselves: tests/rundir)."""
 
 from __future__ import annotations
 
@@ -9,20 +10,12 @@ import pytest
 import torch
 
 from model import GPT, GPTConfig, load_pretrained
-from common.run_files import STATE_FILE
-from training.checkpoint import (
-    CheckpointError,
-    capture_rng_state,
-    check_model_shape,
-    load_trainer_state,
-    check_run_dir,
-    clear_old_run,
-    restore_rng_state,
-    save_checkpoint,
-)
+from rundir.checkpoint import CheckpointError, load_trainer_state, save_checkpoint
 from training.config import TrainConfig
-from training.metrics import MetricsLog, known_gpu_peak, measure_matmul_flops, mfu, read_metrics
+from training.metrics import known_gpu_peak, measure_matmul_flops, mfu
 from training.optim import build_optimizer
+from training.resume_rules import check_model_shape
+from training.rng_state import capture_rng_state, restore_rng_state
 
 SHAPE = dict(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_kv_head=1, n_embd=32)
 
@@ -76,63 +69,10 @@ def test_checkpoint_round_trip(tmp_path, optimizer):
     assert torch.equal(loaded.state_dict()["tok_emb.weight"], state["model"]["tok_emb.weight"])
 
 
-def test_unreadable_checkpoint_is_a_user_error(tmp_path):
-    (tmp_path / STATE_FILE).write_bytes(b"not a checkpoint")
-    with pytest.raises(CheckpointError, match="cannot be read"):
-        load_trainer_state(tmp_path)
-
-
-class Evil:
-    """Any class: unpickling it would run arbitrary code, so weights_only refuses it."""
-
-
-def test_checkpoint_with_a_pickled_object_is_refused(tmp_path):
-    torch.save({"format_version": 1, "thing": Evil()}, tmp_path / STATE_FILE)
-    with pytest.raises(CheckpointError):
-        load_trainer_state(tmp_path)
-
-
 def test_model_shape_check_names_the_key(tmp_path):
     check_model_shape(GPTConfig(**SHAPE), GPTConfig(**{**SHAPE, "dropout": 0.1}), tmp_path)  # not a shape
     with pytest.raises(CheckpointError, match="model.n_layer is 3 in the config but 2"):
         check_model_shape(GPTConfig(**SHAPE), GPTConfig(**{**SHAPE, "n_layer": 3}), tmp_path)
-
-
-def test_run_dir_rules(tmp_path):
-    check_run_dir(tmp_path / "new", resume=False, overwrite=False)  # a new directory is fine
-    other = tmp_path / "other"
-    other.mkdir()
-    (other / "notes.txt").write_text("mine")
-    with pytest.raises(CheckpointError, match="not empty"):
-        check_run_dir(other, resume=False, overwrite=False)
-    run = tmp_path / "run"
-    run.mkdir()
-    (run / "metrics.jsonl").write_text("{}\n")
-    (run / "notes.txt").write_text("keep me")
-    with pytest.raises(CheckpointError, match="already holds a run"):
-        check_run_dir(run, resume=False, overwrite=False)
-    check_run_dir(run, resume=False, overwrite=True)
-    # Checking never deletes: the old run goes only when the trainer clears it.
-    assert (run / "metrics.jsonl").exists()
-    clear_old_run(run)
-    # Overwriting removes the run's own files only.
-    assert not (run / "metrics.jsonl").exists() and (run / "notes.txt").read_text() == "keep me"
-    with pytest.raises(CheckpointError, match="no checkpoint"):
-        check_run_dir(run, resume=True, overwrite=False)
-
-
-def test_metrics_log_appends_reads_and_truncates(tmp_path):
-    log = MetricsLog(tmp_path / "metrics.jsonl")
-    for step in range(1, 6):
-        log.append({"kind": "train", "step": step, "loss": 1.0 / step})
-    log.append({"kind": "eval", "step": 5, "val_loss": 0.5})
-    with open(log.path, "a") as f:
-        f.write('{"kind": "train", "step": 6, "lo')  # torn by a crash
-    assert [r["step"] for r in read_metrics(log.path)] == [1, 2, 3, 4, 5, 5]
-    log.truncate_after(3)
-    assert [r["step"] for r in read_metrics(log.path)] == [1, 2, 3]
-    log.append({"kind": "train", "step": 4, "loss": 0.2})
-    assert read_metrics(log.path)[-1] == {"kind": "train", "step": 4, "loss": 0.2}
 
 
 def test_mfu_and_peaks():

@@ -12,10 +12,10 @@ import torch
 import training.trainer as trainer_module
 from common.errors import UserError
 from model import GPT, load_pretrained
-from common.run_files import STATE_FILE
-from training.checkpoint import CheckpointError, load_trainer_state
+from rundir.checkpoint import CheckpointError, load_trainer_state
+from rundir.files import STATE_FILE
+from rundir.metrics import read_metrics
 from training.config import load_config
-from training.metrics import read_metrics
 from training.trainer import NonFiniteLossError, accumulate_gradients, train
 
 # Fields of metrics.jsonl that depend only on the computation (not on timing).
@@ -148,7 +148,7 @@ def test_resume_equals_an_uninterrupted_run(make_config, tmp_path, monkeypatch, 
 
 def test_a_checkpoint_interrupted_mid_write_leaves_the_previous_one(make_config, tmp_path, monkeypatch):
     cfg = make_config(train={"max_steps": 8}, eval={"interval": 0}, run={"checkpoint_interval": 4})
-    import training.checkpoint as checkpoint_module
+    import rundir.checkpoint as checkpoint_module
 
     real_save = torch.save
     calls = {"n": 0}

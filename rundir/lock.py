@@ -22,7 +22,7 @@ from filelock import FileLock, Timeout
 
 from common.errors import UserError
 from common.os_errors import describe_os_error
-from common.run_files import LOCK_FILE, LOCK_OWNER_FILE
+from rundir.files import LOCK_FILE, LOCK_OWNER_FILE
 
 
 class RunDirectoryBusy(UserError):

@@ -1,33 +1,27 @@
-"""The run directory: what it holds, refusing to clobber another run, and the trainer state.
+"""The run directory's checkpoint: refusing to clobber another run, and writing and reading the
+trainer state beside the saved model.
 
-The trainer state holds only tensors, dicts, lists and scalars, so it loads with
-``torch.load(weights_only=True)``; numpy's and Python's RNG states are converted to such types.
+The trainer state holds only tensors, dicts, lists and scalars (training converts its RNG states
+to such types), so it loads with ``torch.load(weights_only=True)``, which unpickles no code.
 """
 
 from __future__ import annotations
 
 import pickle
-import random
 import shutil
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
 from common.errors import UserError
 from common.files import atomic_output
 from common.os_errors import with_path
-from common.run_files import LOCK_FILES, RUN_FILES, STATE_FILE
-from model import GPTConfig, save_pretrained
+from model import save_pretrained
+from rundir.files import LOCK_FILES, RUN_FILES, STATE_FILE
 
 FORMAT_VERSION = 1
-
-# The model keys that fix the shapes of the weights, which neither a resume nor a run started from a
-# parent (train.init_from) may change; dropout or norm_eps may.
-SHAPE_KEYS = ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd", "ffn_hidden", "tie_embeddings",
-              "attention", "kv_latent_dim", "q_latent_dim")
 
 
 class CheckpointError(UserError):
@@ -120,47 +114,13 @@ def load_trainer_state(run_dir: Path) -> dict[str, Any]:
     return state
 
 
-def check_model_shape(saved: GPTConfig, current: GPTConfig, run_dir: Path) -> None:
-    """Refuse to resume when the config would build a model of another shape."""
-    for key in SHAPE_KEYS:
-        attr = "ffn_dim" if key == "ffn_hidden" else key  # the width an unset ffn_hidden gives
-        was, now = getattr(saved, attr), getattr(current, attr)
-        if was != now:
-            raise CheckpointError(
-                f"cannot resume {run_dir}: model.{key} is {now!r} in the config but {was!r} in "
-                f"the checkpoint; use the run's own config.yaml or start a new run"
-            )
+def peek_trainer_state(run_dir: Path, key: str) -> Any:
+    """One value of the run's trainer state, or None when there is no state this torch can read.
 
-
-# ---------------------------------------------------------------------------------------------
-# RNG states as weights_only-loadable values
-
-
-def capture_rng_state() -> dict[str, Any]:
-    _, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
-    version, internal, gauss_next = random.getstate()
-    state: dict[str, Any] = {
-        "torch": torch.get_rng_state(),
-        "numpy": {
-            "keys": torch.from_numpy(keys.astype(np.int64)),
-            "pos": int(pos),
-            "has_gauss": int(has_gauss),
-            "cached_gaussian": float(cached_gaussian),
-        },
-        "python": {"version": int(version), "internal": list(internal), "gauss_next": gauss_next},
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def restore_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    np_state = state["numpy"]
-    keys = np_state["keys"].numpy().astype(np.uint32)
-    np.random.set_state(("MT19937", keys, np_state["pos"], np_state["has_gauss"], np_state["cached_gaussian"]))
-    py = state["python"]
-    random.setstate((py["version"], tuple(py["internal"]), py["gauss_next"]))
-    cuda = state.get("cuda")
-    if cuda is not None and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
-        torch.cuda.set_rng_state_all(cuda)
+    For readers that only look (evaluate.py wants the run's wandb id): memory-mapped, so the
+    optimizer state is never read into memory, and loaded with ``weights_only`` like any state."""
+    try:
+        state: Any = torch.load(run_dir / STATE_FILE, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # noqa: BLE001 - missing, damaged or from another torch: nothing to peek at
+        return None
+    return state.get(key) if isinstance(state, dict) else None

@@ -1,4 +1,5 @@
-"""Find a trained run and load it, ready to sample: model in eval mode, tokenizer, token bytes.
+"""Find a trained run and load it for inference: model in eval mode, tokenizer, token bytes. Every
+reader of a trained model (generate.py, the server, the exports, evaluation, analysis) loads it here.
 
 A run directory (written by train.py) holds ``model_config.json`` + ``model.safetensors`` (see
 ``model.save_pretrained``) and ``tokenizer.json``. Nothing here unpickles anything. Every problem a
@@ -14,9 +15,9 @@ import torch
 from tokenizers import Tokenizer
 
 from common.errors import UserError
-from common.run_files import TOKENIZER_FILE, WEIGHTS_FILE
 from data.tokenizer import RUN_TOKENIZER_FIX, eot_id, load_tokenizer, token_byte_table
 from model import GPT, ModelFileError, load_pretrained
+from rundir.files import TOKENIZER_FILE, WEIGHTS_FILE
 
 RUNS_DIR = Path("runs")
 TRAIN_COMMAND = "python train.py --config configs/tiny.yaml"
@@ -27,7 +28,7 @@ class LoadedRun:
     directory: Path
     model: GPT
     tokenizer: Tokenizer
-    token_bytes: list[bytes]  # what each token id decodes to, for streaming (see inference.streaming)
+    token_bytes: list[bytes]  # what each token id decodes to, for streaming (inference.streaming)
     eot_id: int
     device: torch.device
 

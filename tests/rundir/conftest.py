@@ -1,0 +1,10 @@
+"""Fixtures for the run-directory tests: tiny models on one thread."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def _single_thread(one_torch_thread):
+    yield

@@ -1,0 +1,87 @@
+"""The trainer state beside the saved model: written atomically, read only as plain values, and the
+rules that keep a new run from clobbering another."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from model import GPT, GPTConfig, load_pretrained
+from rundir.checkpoint import (
+    CheckpointError, check_run_dir, clear_old_run, load_trainer_state, peek_trainer_state, save_checkpoint,
+)
+from rundir.files import STATE_FILE
+
+SHAPE = dict(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_kv_head=1, n_embd=32)
+
+
+def test_a_checkpoint_round_trip_gives_back_the_state_and_the_model(tmp_path):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**SHAPE))
+    state = {"step": 7, "model": model.state_dict(), "ranks": [{"rng": torch.get_rng_state()}], "wandb_run_id": "abc"}
+    save_checkpoint(tmp_path, model, state)
+
+    loaded = load_trainer_state(tmp_path)
+    assert loaded["format_version"] == 1 and loaded["step"] == 7 and loaded["wandb_run_id"] == "abc"
+    assert torch.equal(loaded["ranks"][0]["rng"], state["ranks"][0]["rng"])
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(loaded["model"][name], tensor), name
+    # The model files beside it are what generate.py loads.
+    assert torch.equal(load_pretrained(tmp_path).tok_emb.weight, model.tok_emb.weight)
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_peeking_reads_one_value_and_never_fails(tmp_path):
+    assert peek_trainer_state(tmp_path, "wandb_run_id") is None  # no state at all
+    model = GPT(GPTConfig(**SHAPE))
+    save_checkpoint(tmp_path, model, {"wandb_run_id": "abc"})
+    assert peek_trainer_state(tmp_path, "wandb_run_id") == "abc"
+    assert peek_trainer_state(tmp_path, "missing") is None
+    (tmp_path / STATE_FILE).write_bytes(b"damaged")
+    assert peek_trainer_state(tmp_path, "wandb_run_id") is None
+
+
+def test_unreadable_checkpoint_is_a_user_error(tmp_path):
+    (tmp_path / STATE_FILE).write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError, match="cannot be read"):
+        load_trainer_state(tmp_path)
+
+
+class Evil:
+    """Any class: unpickling it would run arbitrary code, so weights_only refuses it."""
+
+
+def test_checkpoint_with_a_pickled_object_is_refused(tmp_path):
+    torch.save({"format_version": 1, "thing": Evil()}, tmp_path / STATE_FILE)
+    with pytest.raises(CheckpointError, match="not loaded") as refused:
+        load_trainer_state(tmp_path)
+    assert "weights_only=False" not in str(refused.value)  # never advise running the file's code
+
+
+def test_checkpoint_of_another_format_is_refused(tmp_path):
+    torch.save({"format_version": 99}, tmp_path / STATE_FILE)
+    with pytest.raises(CheckpointError, match="unknown format"):
+        load_trainer_state(tmp_path)
+
+
+def test_run_dir_rules(tmp_path):
+    check_run_dir(tmp_path / "new", resume=False, overwrite=False)  # a new directory is fine
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    with pytest.raises(CheckpointError, match="not empty"):
+        check_run_dir(other, resume=False, overwrite=False)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("{}\n")
+    (run / "notes.txt").write_text("keep me")
+    with pytest.raises(CheckpointError, match="already holds a run"):
+        check_run_dir(run, resume=False, overwrite=False)
+    check_run_dir(run, resume=False, overwrite=True)
+    # Checking never deletes: the old run goes only when the trainer clears it.
+    assert (run / "metrics.jsonl").exists()
+    clear_old_run(run)
+    # Overwriting removes the run's own files only.
+    assert not (run / "metrics.jsonl").exists() and (run / "notes.txt").read_text() == "keep me"
+    with pytest.raises(CheckpointError, match="no checkpoint"):
+        check_run_dir(run, resume=True, overwrite=False)

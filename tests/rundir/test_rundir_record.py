@@ -1,0 +1,53 @@
+"""What a run records about itself: its config as written, its parent, and the summary of its
+training that the model card and evaluation report."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from common.errors import UserError
+from rundir.files import CONFIG_FILE, METRICS_FILE, PARENT_FILE
+from rundir.metrics import MetricsLog
+from rundir.record import RunRecord, read_config, write_parent_record
+
+
+def test_the_config_is_read_as_written_and_refused_when_missing_or_damaged(tmp_path):
+    with pytest.raises(UserError, match=f"has no {CONFIG_FILE}"):
+        read_config(tmp_path)
+    (tmp_path / CONFIG_FILE).write_text(yaml.safe_dump({"data": {"source": "files"}, "train": {"init_from": "gone"}}))
+    assert read_config(tmp_path) == {"data": {"source": "files"}, "train": {"init_from": "gone"}}
+    (tmp_path / CONFIG_FILE).write_text("data: [not, closed")
+    with pytest.raises(UserError, match="is damaged .*restore the config"):
+        read_config(tmp_path)
+
+
+def test_the_parent_record_names_the_parent_and_its_model(tmp_path):
+    (tmp_path / "parent").mkdir()
+    write_parent_record(tmp_path, tmp_path / "parent", {"n_layer": 2})
+    record = json.loads((tmp_path / PARENT_FILE).read_text())
+    assert record["init_from"] == str((tmp_path / "parent").resolve()) and record["model_config"] == {"n_layer": 2}
+    assert "started" in record
+
+
+def test_run_record_prefers_the_final_validation(tmp_path):
+    (tmp_path / CONFIG_FILE).write_text(yaml.safe_dump({"data": {"source": "shakespeare", "vocab_size": 320}}))
+    log = MetricsLog(tmp_path / METRICS_FILE)
+    log.append({"kind": "train", "step": 10, "loss": 3.0, "tokens": 2560})
+    log.append({"kind": "eval", "step": 10, "val_bpb": 3.1})
+    assert RunRecord.read(tmp_path).val_scope == "validation subset at step 10"
+    log.append({"kind": "final_eval", "step": 10, "val_bpb": 2.9})
+    log.append({"kind": "eval", "step": 10, "val_bpb": 3.0})
+    record = RunRecord.read(tmp_path)
+    assert record.data == {"source": "shakespeare", "vocab_size": 320}
+    assert (record.val_bpb, record.val_scope) == (2.9, "full validation set at step 10")
+    assert (record.steps, record.tokens_per_step) == (10, 256)
+
+
+def test_run_record_of_a_run_that_recorded_nothing(tmp_path):
+    (tmp_path / CONFIG_FILE).write_text("data: [not, a, section")  # damaged YAML
+    assert RunRecord.read(tmp_path) == RunRecord(data={}, val_bpb=None, val_scope=None, steps=None, tokens_per_step=None)
+    (tmp_path / CONFIG_FILE).write_text(json.dumps({"data": "a string"}))
+    assert RunRecord.read(tmp_path).data == {}
