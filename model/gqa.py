@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.kv_cache import KVCache
-from model.layers import causal_mask, linear
+from model.layers import RMSNorm, causal_mask, linear
 
 
 # enable_gqa arrived in torch 2.5 and the project still admits 2.4. A plain constant rather than
@@ -34,6 +34,12 @@ class CausalSelfAttention(nn.Module):
         qkv_dim = (config.n_head + 2 * config.n_kv_head) * config.head_dim
         self.qkv = nn.Linear(config.n_embd, qkv_dim, bias=False)
         self.proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
+        # QK-norm: every head's query and key scaled to unit RMS, then by one learned gain per
+        # channel, so the scores' size is learned rather than left to the weights' growth.
+        self.qk_norm = config.qk_norm
+        if config.qk_norm:
+            self.q_head_norm = RMSNorm(config.head_dim, config.norm_eps)
+            self.k_head_norm = RMSNorm(config.head_dim, config.norm_eps)
         self.attn_dropout = config.dropout
         self.resid_dropout = nn.Dropout(config.dropout)
 
@@ -46,6 +52,8 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, self.n_head, d).transpose(1, 2)
         k = k.view(B, T, self.n_kv_head, d).transpose(1, 2)
         v = v.view(B, T, self.n_kv_head, d).transpose(1, 2)
+        if self.qk_norm:  # before the cache: it stores the keys as the scores read them
+            q, k = self.q_head_norm(q), self.k_head_norm(k)
         return q, k, v
 
     def per_head(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
