@@ -117,9 +117,16 @@ def test_logged_loss_is_the_mean_over_micro_batches(make_config, tmp_path):
     assert logged["tokens"] == 3 * cfg.train.batch_size * cfg.model.block_size
 
 
-@pytest.mark.parametrize("optimizer, sampling", [("adamw", "random"), ("muon", "random"), ("muon", "epoch")])
-def test_resume_equals_an_uninterrupted_run(make_config, tmp_path, monkeypatch, optimizer, sampling):
+# The last case trains with every small-model option on: the saved config keeps them on resume.
+OPTIONS = dict(mlp="relu2", qk_norm=True, logit_softcap=15.0, residual_scalars=True, zero_init=True,
+               tie_embeddings=False)
+
+
+@pytest.mark.parametrize("optimizer, sampling, model", [("adamw", "random", {}), ("muon", "random", {}),
+                                                         ("muon", "epoch", {}), ("muon", "epoch", OPTIONS)])
+def test_resume_equals_an_uninterrupted_run(make_config, tmp_path, monkeypatch, optimizer, sampling, model):
     sections = dict(
+        model=model,
         train={"max_steps": 16, "grad_accum_steps": 2, "optimizer": optimizer, "sampling": sampling},
         eval={"interval": 5},
         run={"checkpoint_interval": 4},
