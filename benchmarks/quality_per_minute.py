@@ -30,6 +30,7 @@ TECHNIQUES: dict[str, dict] = {
     "qk-norm": {"qk_norm": True},
     "softcap": {"logit_softcap": 15.0},
     "residual-scalars": {"residual_scalars": True},
+    "value-embeddings": {"value_embeddings": True},
     "zero-init-untied": {"zero_init": True, "tie_embeddings": False},
 }
 TECHNIQUES["combination"] = {key: value for overrides in TECHNIQUES.values() for key, value in overrides.items()}

@@ -88,7 +88,8 @@ def model_config(config: GPTConfig, tokens: SpecialTokens, dtype: str) -> dict:
 def _options(config: GPTConfig) -> dict:
     """The model options that are on, under the shipped config's names (zero_init is an init only)."""
     options = {"mlp": config.mlp if config.mlp != "swiglu" else None, "qk_norm": config.qk_norm or None,
-               "final_logit_softcapping": config.logit_softcap, "residual_scalars": config.residual_scalars or None}
+               "final_logit_softcapping": config.logit_softcap, "residual_scalars": config.residual_scalars or None,
+               "value_embeddings": config.value_embeddings or None}
     return {name: value for name, value in options.items() if value is not None}
 
 

@@ -111,6 +111,7 @@ def model_card(name: str, config: GPTConfig, params: int, record: RunRecord, has
     mlp = "SwiGLU" if config.mlp == "swiglu" else "ReLU²"
     head = "tied input/output embeddings" if config.tie_embeddings else "an untied output head"
     options = [name for name, on in (("QK-norm", config.qk_norm), ("residual scalars", config.residual_scalars),
+                                     ("value embeddings", config.value_embeddings),
                                      (f"logit softcap {config.logit_softcap:g}" if config.logit_softcap else "", True))
                if on and name]
     extras = f" With {', '.join(options)}." if options else ""

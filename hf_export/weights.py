@@ -6,7 +6,8 @@ gate and up projections in one, while the export keeps transformers' usual separ
 Latent attention's matrices are split the same way, into DeepSeek-style names (``kv_a_proj`` down
 to the latent, ``k_b_proj`` and ``v_b_proj`` up from it, ``q_a_proj``/``q_b_proj`` for the query).
 The options' weights: QK-norm's gains as ``self_attn.q_norm``/``k_norm`` (Qwen3's names), a ReLU²
-MLP as ``up_proj``/``down_proj`` alone, the residual scalars as ``model.resid_lambdas``/``x0_lambdas``.
+MLP as ``up_proj``/``down_proj`` alone, the residual scalars as ``model.resid_lambdas``/``x0_lambdas``,
+value embeddings as ``model.value_embeds.{layer}`` with their gates as ``self_attn.value_gate``.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ def hf_state_dict(model: GPT) -> dict[str, torch.Tensor]:
         state["lm_head.weight"] = model.lm_head.weight
     if cfg.residual_scalars:
         state |= {"model.resid_lambdas": model.resid_lambdas, "model.x0_lambdas": model.x0_lambdas}
+    state |= {f"model.value_embeds.{i}.weight": table.weight for i, table in model.value_embs.items()}
     for i, block in enumerate(model.blocks):
         prefix = f"model.layers.{i}."
         state |= {f"{prefix}self_attn.{name}": weight for name, weight in _attention_weights(block.attn, cfg).items()}
@@ -53,7 +55,8 @@ def _attention_weights(attn: torch.nn.Module, cfg: GPTConfig) -> dict[str, torch
     """A block's attention input matrices, split from our fused ones, under the shipped names,
     and QK-norm's gains."""
     norms = {"q_norm.weight": attn.q_head_norm.weight, "k_norm.weight": attn.k_head_norm.weight} if cfg.qk_norm else {}
-    return norms | _projection_weights(attn, cfg)
+    gate = {"value_gate.weight": attn.value_gate.weight} if hasattr(attn, "value_gate") else {}
+    return norms | gate | _projection_weights(attn, cfg)
 
 
 def _projection_weights(attn: torch.nn.Module, cfg: GPTConfig) -> dict[str, torch.Tensor]:

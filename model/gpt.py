@@ -3,8 +3,8 @@
 A decoder-only transformer with grouped-query attention (query head h reads key/value head
 ``h // (n_head // n_kv_head)``), learned absolute positions, pre-norm RMSNorm blocks with a
 SwiGLU feed-forward, and an LM head tied to the token embedding. The small-model options of
-``GPTConfig`` (ReLU², QK-norm, a logit softcap, residual scalars, zero-initialised projections)
-are all off by default; docs/training.md lists them with where each idea comes from. The KV cache lives in
+``GPTConfig`` (ReLU², QK-norm, a logit softcap, residual scalars, value embeddings,
+zero-initialised projections) are all off by default; docs/training.md lists them with where each idea comes from. The KV cache lives in
 ``model.kv_cache``; sampling and the decode loop in ``model.generation``, which imports this file
 (never the other way round).
 """
@@ -49,7 +49,8 @@ class GPTConfig:
     Options for small models, each off by default (docs/training.md): ``mlp="relu2"`` (see
     ``ffn_dim``), ``qk_norm`` (RMSNorm with a learned gain on every head's query and key),
     ``logit_softcap`` c (logits ``c·tanh(logits/c)``, wherever logits are made), ``residual_scalars``
-    (each block reads ``λ_res·x + λ_0·x0``, x0 the embedding output; see ``GPT.block_input``) and
+    (each block reads ``λ_res·x + λ_0·x0``, x0 the embedding output; see ``GPT.block_input``),
+    ``value_embeddings`` (see ``value_embedding_layers``; grouped-query attention only) and
     ``zero_init`` (the blocks' output projections, and an untied LM head, start at zero).
     An untied LM head is ``tie_embeddings: false``.
     """
@@ -71,6 +72,7 @@ class GPTConfig:
     qk_norm: bool = False
     logit_softcap: float | None = None
     residual_scalars: bool = False
+    value_embeddings: bool = False
     zero_init: bool = False
 
     def __post_init__(self) -> None:
@@ -87,6 +89,10 @@ class GPTConfig:
         require(self.norm_eps > 0.0, f"norm_eps must be > 0, got {self.norm_eps}; the default is 1e-5")
         require(self.mlp in MLP_KINDS, f"mlp must be one of {', '.join(MLP_KINDS)}, got {self.mlp!r}; "
                 f"use swiglu (the default) or relu2")
+        # The gate that mixes a value embedding in reads the layer's input, which a latent-only
+        # cache does not keep: cached positions could not be decoded again from the latent alone.
+        require(not (self.value_embeddings and self.attention == "mla"), "value_embeddings needs attention gqa "
+                "(multi-head latent attention caches only the latent, not the gated values); set one of them off")
         cap = self.logit_softcap
         require(cap is None or 0.0 < cap < math.inf, f"logit_softcap must be a positive number (about 15) "
                 f"or null to turn it off, got {cap}")
@@ -128,6 +134,15 @@ class GPTConfig:
         swiglu = 64 * -(-int(8 * self.n_embd / 3) // 64)
         return swiglu if self.mlp == "swiglu" else 3 * swiglu // 2
 
+    @property
+    def value_embedding_layers(self) -> tuple[int, ...]:
+        """The layers whose attention values get a value embedding: every other layer, ending with
+        the last (nanochat's choice), or none. Each has its own table of ``n_kv_head·head_dim``
+        numbers per token, added to the values under a learned per-head gate (``model.gqa``)."""
+        if not self.value_embeddings:
+            return ()
+        return tuple(i for i in range(self.n_layer) if i % 2 == (self.n_layer - 1) % 2)
+
     def num_params(self) -> int:
         """Parameters of a GPT of this shape (a tied head counted once), from the sizes alone:
         checking that a model fits must not build one, not even on the meta device, whose
@@ -142,7 +157,9 @@ class GPTConfig:
         per_layer = attention + ffn + 2 * C + (2 * self.head_dim if self.qk_norm else 0)
         per_layer += 2 if self.residual_scalars else 0
         head = 0 if self.tie_embeddings else self.vocab_size * C
-        return (self.vocab_size + self.block_size) * C + self.n_layer * per_layer + C + head
+        kv_width = self.n_kv_head * self.head_dim
+        values = len(self.value_embedding_layers) * (self.vocab_size * kv_width + C * self.n_kv_head)
+        return (self.vocab_size + self.block_size) * C + self.n_layer * per_layer + C + head + values
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -167,8 +184,11 @@ class Block(nn.Module):
         mlp = SwiGLU if config.mlp == "swiglu" else ReLU2
         self.ffn = mlp(config.n_embd, config.ffn_dim, config.dropout)
 
-    def forward(self, x: torch.Tensor, cache: KVCache | None = None, row_blocks: bool = False) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), cache, row_blocks)
+    def forward(
+        self, x: torch.Tensor, cache: KVCache | None = None, row_blocks: bool = False,
+        value_embedding: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), cache, row_blocks, value_embedding)
         return x + self.ffn(self.ffn_norm(x), row_blocks)
 
 
@@ -188,6 +208,10 @@ class GPT(nn.Module):
             # Per block, the weights of the residual stream and of the embedding output x0 in its input.
             self.resid_lambdas = nn.Parameter(torch.ones(config.n_layer))
             self.x0_lambdas = nn.Parameter(torch.zeros(config.n_layer))
+        # Value embeddings: one table per layer that has them, keyed by the layer's index.
+        kv_width = config.n_kv_head * config.head_dim
+        self.value_embs = nn.ModuleDict({str(i): nn.Embedding(config.vocab_size, kv_width)
+                                         for i in config.value_embedding_layers})
         if config.tie_embeddings:
             # One matrix both reads tokens in and scores them out: fewer parameters, and the
             # output layer gets gradient for every token, not only the ones that appear as input.
@@ -208,7 +232,8 @@ class GPT(nn.Module):
         zeroed = ("attn.proj", "ffn.down", *(() if cfg.tie_embeddings else ("lm_head",)))
         for name, module in self.named_modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
-                if cfg.zero_init and name.endswith(zeroed):
+                # A zero gate weight opens every value-embedding gate half way (2·sigmoid(0) = 1).
+                if (cfg.zero_init and name.endswith(zeroed)) or name.endswith("value_gate"):
                     nn.init.zeros_(module.weight)
                     continue
                 std = residual_std if name.endswith(("attn.proj", "ffn.down")) else 0.02
@@ -265,6 +290,13 @@ class GPT(nn.Module):
             return x
         return self.resid_lambdas[i] * x + self.x0_lambdas[i] * x0
 
+    def value_embedding(self, i: int, idx: torch.Tensor) -> torch.Tensor | None:
+        """Layer ``i``'s value embeddings of token ids ``idx`` (B, T, n_kv_head·head_dim), or None
+        for a layer without them. They depend on the token alone, so a cache can hold the values
+        they were mixed into like any others."""
+        table = self.value_embs[str(i)] if str(i) in self.value_embs else None
+        return None if table is None else table(idx)
+
     def _trunk(
         self, idx: torch.Tensor, cache: KVCache | None, rows: Sequence[int] | None, row_blocks: bool
     ) -> torch.Tensor:
@@ -278,7 +310,7 @@ class GPT(nn.Module):
             positions = self.pos_emb(cache.begin(T, rows, whole_buffers=row_blocks))
         x = x0 = self.drop(self.tok_emb(idx) + positions)
         for i, block in enumerate(self.blocks):
-            x = block(self.block_input(i, x, x0), cache, row_blocks)
+            x = block(self.block_input(i, x, x0), cache, row_blocks, self.value_embedding(i, idx))
         if cache is not None:
             cache.end()
         return self.norm(x)
@@ -296,7 +328,7 @@ class GPT(nn.Module):
             x = self.block_input(i, x, x0)
             q, k, _ = block.attn.per_head(block.attn_norm(x))
             weights.append(causal_attention_weights(q, k))
-            x = block(x)
+            x = block(x, value_embedding=self.value_embedding(i, idx))
         return weights
 
     def init_cache(self, batch_size: int, max_len: int | None = None, dtype: torch.dtype | None = None) -> KVCache:
@@ -319,6 +351,7 @@ class GPT(nn.Module):
         total = sum(p.numel() for p in self.parameters())  # parameters() yields shared tensors once
         if not include_embeddings:
             total -= self.tok_emb.weight.numel() + self.pos_emb.weight.numel()
+            total -= sum(table.weight.numel() for table in self.value_embs.values())
         return total
 
     def flops_per_token(self, seq_len: int | None = None) -> int:

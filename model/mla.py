@@ -104,12 +104,17 @@ class LatentAttention(nn.Module):
         alone, ``n_layer x kv_latent_dim`` numbers per token in all."""
         return {"latent": (1, self.kv_latent_dim)}
 
-    def forward(self, x: torch.Tensor, cache: KVCache | None = None, row_blocks: bool = False) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cache: KVCache | None = None, row_blocks: bool = False,
+        value_embedding: None = None,
+    ) -> torch.Tensor:
         """Attend over this chunk, and over the cache's earlier positions when one is given.
 
         The caller (GPT) begins the cache's pass before the first layer and ends it after the
         last, so every layer writes at the same positions. ``row_blocks``: see ``model.layers.linear``.
+        ``value_embedding`` is always None: the config refuses value embeddings with MLA.
         """
+        assert value_embedding is None, "value embeddings are grouped-query attention's only"
         B, T, C = x.shape
         q, c = self.split_heads(x, row_blocks)
         mask = None

@@ -7,7 +7,7 @@ caches is what its attention declares for ``KVCache`` (``cache_entries``), so th
 multi-head latent attention caches one ``past_key_values.{i}.latent`` per layer instead.
 The wrappers run the model's own modules (embeddings, norms, the attention's projections, the
 feed-forward, each block's input and the head, so the model's options come along: QK-norm in the
-projections and the latent's expansion, ReLU² in the feed-forward, the residual scalars in
+projections and the latent's expansion, value embeddings in the values, ReLU² in the feed-forward, the residual scalars in
 ``GPT.block_input``, the softcap in ``GPT.logits``); only the attention arithmetic is written out here, because the graph
 needs one form for every chunk length and a mask from tensors rather than from the cache's state.
 
@@ -65,7 +65,9 @@ def _decode(model: GPT, input_ids: torch.Tensor, position_ids: torch.Tensor, pas
     for i, block in enumerate(model.blocks):
         x = model.block_input(i, x, x0)
         attn = block.attn
-        q, *new = attn.split_heads(block.attn_norm(x))
+        value_embedding = model.value_embedding(i, input_ids)
+        extra = {} if value_embedding is None else {"value_embedding": value_embedding}
+        q, *new = attn.split_heads(block.attn_norm(x), **extra)
         cached = [combine(past, n) for past, n in zip(pasts[i * per_layer:(i + 1) * per_layer], new)]
         presents += cached
         y = _attend(attn, q, cached, allowed)

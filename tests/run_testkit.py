@@ -32,7 +32,9 @@ BLOCK_SIZE = 32
 # Every small-model option of GPTConfig that changes what the model computes, on at once: the
 # cache, export, ONNX and serving tests run one model with all of them. The cap is loose enough
 # that the scaled weights below do not pile their top logits against it (greedy needs clear gaps).
-ALL_OPTIONS = dict(mlp="relu2", qk_norm=True, logit_softcap=20.0, residual_scalars=True)
+ALL_OPTIONS = dict(mlp="relu2", qk_norm=True, logit_softcap=20.0, residual_scalars=True, value_embeddings=True)
+# Multi-head latent attention refuses value embeddings (see GPTConfig): all the others.
+MLA_OPTIONS = {name: value for name, value in ALL_OPTIONS.items() if name != "value_embeddings"}
 
 
 def chat_tokenizer(vocab_size: int = VOCAB_SIZE) -> Tokenizer:
@@ -62,7 +64,9 @@ def build_model(vocab_size: int, block_size: int = BLOCK_SIZE, *, n_kv_head: int
     model = GPT(config).eval()
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if param.dim() >= 2:
+            if "value_gate" in name:  # zero at init, so every gate would be 1
+                param.normal_(0.0, 0.3)
+            elif param.dim() >= 2:
                 param.mul_(10.0)
             elif "head_norm" in name or "lambdas" in name:
                 param.uniform_(0.5, 1.5)

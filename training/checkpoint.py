@@ -30,7 +30,7 @@ FORMAT_VERSION = 1
 # mlp comes before ffn_hidden, whose width it changes: a switched MLP kind is named as such.
 SHAPE_KEYS = ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd", "mlp", "ffn_hidden",
               "tie_embeddings", "attention", "kv_latent_dim", "q_latent_dim", "qk_norm", "logit_softcap",
-              "residual_scalars")
+              "residual_scalars", "value_embeddings")
 
 
 class CheckpointError(UserError):

@@ -21,7 +21,9 @@ class MiniGPTConfig(PretrainedConfig):
     Options, each off by default: ``mlp="relu2"`` (the feed-forward ``down(relu(up(x))²)`` instead
     of SwiGLU), ``qk_norm`` (RMSNorm with a learned gain on every head's query and key),
     ``final_logit_softcapping`` c (logits ``c·tanh(logits/c)``, Gemma 2's name) and
-    ``residual_scalars`` (layer i reads ``resid_lambdas[i]·x + x0_lambdas[i]·x0``, x0 the embeddings).
+    ``residual_scalars`` (layer i reads ``resid_lambdas[i]·x + x0_lambdas[i]·x0``, x0 the embeddings)
+    and ``value_embeddings`` (every other layer, ending with the last, adds its own embedding of
+    each token to the attention values, under a gate ``2·sigmoid(value_gate(x))`` per key/value head).
     """
 
     model_type = "minigpt"
@@ -47,6 +49,7 @@ class MiniGPTConfig(PretrainedConfig):
         qk_norm: bool = False,
         final_logit_softcapping: float | None = None,
         residual_scalars: bool = False,
+        value_embeddings: bool = False,
         **kwargs,
     ):
         if hidden_size % num_attention_heads or num_attention_heads % num_key_value_heads:
@@ -63,6 +66,7 @@ class MiniGPTConfig(PretrainedConfig):
         self.qk_norm = qk_norm
         self.final_logit_softcapping = final_logit_softcapping
         self.residual_scalars = residual_scalars
+        self.value_embeddings = value_embeddings
         self.attention = attention
         self.kv_latent_dim = kv_latent_dim
         self.q_latent_dim = q_latent_dim

@@ -5,8 +5,8 @@ torch and transformers only. No built-in transformers architecture combines lear
 positions with RMSNorm, SwiGLU and grouped-query (or multi-head latent) attention, hence this file.
 
 Each block is pre-norm: x + attention(norm(x)), then x + mlp(norm(x)). The config's options (a
-ReLU² MLP, QK-norm, a logit softcap, residual scalars) each change one line of that, marked where
-it happens. Learned positions have
+ReLU² MLP, QK-norm, a logit softcap, residual scalars, value embeddings) each change a line or two
+of that, marked where it happens. Learned positions have
 ``max_position_embeddings`` rows and nothing past them, so a longer sequence is an error (with the
 fix in the message), never a silent wrap-around or an IndexError from the embedding lookup.
 
@@ -56,12 +56,19 @@ class MiniGPTAttention(nn.Module):
         if config.qk_norm:  # one gain per channel, shared by the heads
             self.q_norm = MiniGPTRMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = MiniGPTRMSNorm(self.head_dim, config.rms_norm_eps)
+        if value_embedding_layer(config, layer_idx):
+            self.value_gate = nn.Linear(config.hidden_size, self.num_kv_heads, bias=False)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, cache: Cache | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, cache: Cache | None,
+                value_embedding: torch.Tensor | None = None) -> torch.Tensor:
         batch, length, _ = x.shape
         q = self.q_proj(x).view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x)
+        if value_embedding is not None:  # the token's value embedding, gated per key/value head
+            gate = 2 * torch.sigmoid(self.value_gate(x)).unsqueeze(-1)
+            v = v + (gate * value_embedding.view(batch, length, self.num_kv_heads, self.head_dim)).flatten(2)
+        v = v.view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
         if hasattr(self, "q_norm"):  # QK-norm: the cache stores the normed keys
             q, k = self.q_norm(q), self.k_norm(k)
         if cache is not None:  # the cache stores the key/value heads, not their copies
@@ -100,7 +107,8 @@ class MiniGPTLatentAttention(nn.Module):
             self.q_norm = MiniGPTRMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = MiniGPTRMSNorm(self.head_dim, config.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, past_key_values: Cache | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, past_key_values: Cache | None,
+                value_embedding: None = None) -> torch.Tensor:
         batch, length, _ = x.shape
         if hasattr(self, "q_proj"):
             q = self.q_proj(x)
@@ -144,9 +152,15 @@ class MiniGPTBlock(nn.Module):
         self.post_attention_layernorm = MiniGPTRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MiniGPTMLP(config)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, cache: Cache | None) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), mask, cache)
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, cache: Cache | None,
+                value_embedding: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), mask, cache, value_embedding)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+
+def value_embedding_layer(config: MiniGPTConfig, layer_idx: int) -> bool:
+    """Whether layer ``layer_idx`` has value embeddings: every other layer, ending with the last."""
+    return config.value_embeddings and layer_idx % 2 == (config.num_hidden_layers - 1) % 2
 
 
 def attention_mask_4d(
@@ -187,6 +201,9 @@ class MiniGPTModel(MiniGPTPreTrainedModel):
         if config.residual_scalars:  # per layer, the weights of the residual stream and of x0
             self.resid_lambdas = nn.Parameter(torch.ones(config.num_hidden_layers))
             self.x0_lambdas = nn.Parameter(torch.zeros(config.num_hidden_layers))
+        kv_width = config.num_key_value_heads * config.hidden_size // config.num_attention_heads
+        self.value_embeds = nn.ModuleDict({str(i): nn.Embedding(config.vocab_size, kv_width)
+                                           for i in range(config.num_hidden_layers) if value_embedding_layer(config, i)})
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:
@@ -219,7 +236,8 @@ class MiniGPTModel(MiniGPTPreTrainedModel):
         for i, layer in enumerate(self.layers):
             if self.config.residual_scalars:  # each layer reads a learned mix of the stream and x0
                 x = self.resid_lambdas[i] * x + self.x0_lambdas[i] * x0
-            x = layer(x, mask, cache)
+            value_embedding = self.value_embeds[str(i)](input_ids) if str(i) in self.value_embeds else None
+            x = layer(x, mask, cache, value_embedding)
         return BaseModelOutputWithPast(self.norm(x), cache)
 
     def _cache_for(self, cache: Cache | None, past_key_values: Cache | None, use_cache: bool | None) -> Cache | None:

@@ -11,7 +11,7 @@ import torch
 from common.config import ConfigError
 from model import GPT, GPTConfig
 from model.generation import generate
-from run_testkit import ALL_OPTIONS, build_model
+from run_testkit import MLA_OPTIONS, build_model
 
 RTOL, ATOL = 1e-5, 1e-5
 
@@ -26,7 +26,7 @@ def mla_model(kv_latent_dim: int, q_latent_dim: int | None = None, *, block_size
 # kv_latent_dim below, equal to and above head_dim (16); with and without a query latent.
 SHAPES = [(8, None), (16, 24), (48, None), (48, 8)]
 # The same with the small-model options on (QK-norm makes decoding take the expanded form).
-CASES = [(*shape, {}) for shape in SHAPES] + [(16, 24, ALL_OPTIONS), (8, None, ALL_OPTIONS)]
+CASES = [(*shape, {}) for shape in SHAPES] + [(16, 24, MLA_OPTIONS), (8, None, MLA_OPTIONS)]
 CASE_IDS = [f"{kv}-{q}{'-options' if options else ''}" for kv, q, options in CASES]
 
 
@@ -57,7 +57,7 @@ def test_greedy_tokens_with_and_without_the_cache_are_identical(kv_latent_dim, q
     assert len(set(cached[0, 5:].tolist())) > 3  # not one repeated token: the test could fail
 
 
-@pytest.mark.parametrize("options", [{}, ALL_OPTIONS], ids=["plain", "options"])
+@pytest.mark.parametrize("options", [{}, MLA_OPTIONS], ids=["plain", "options"])
 def test_chunked_prefill_equals_one_pass(options):
     model = mla_model(48, 8, **options)
     idx = torch.randint(0, 97, (2, 33), generator=torch.Generator().manual_seed(3))
@@ -84,7 +84,7 @@ def test_decoding_never_builds_per_head_keys_or_values(monkeypatch):
         assert_close(model(idx[:, 8:], cache=cache)[:, -1], full[:, -1])
 
 
-@pytest.mark.parametrize("options", [{}, ALL_OPTIONS], ids=["plain", "options"])
+@pytest.mark.parametrize("options", [{}, MLA_OPTIONS], ids=["plain", "options"])
 def test_ragged_rows_decode_together_as_each_alone_bit_for_bit(options):
     model = mla_model(16, 24, **options)
     prompts = [list(range(3, 3 + n)) for n in (1, 5, 12, 30)]
@@ -103,7 +103,7 @@ def test_ragged_rows_decode_together_as_each_alone_bit_for_bit(options):
         assert torch.equal(batched[i:i + 1], solo[i]), f"row {rows[i]}"
 
 
-@pytest.mark.parametrize("options", [{}, ALL_OPTIONS], ids=["plain", "options"])
+@pytest.mark.parametrize("options", [{}, MLA_OPTIONS], ids=["plain", "options"])
 @pytest.mark.parametrize("batch_invariant", [False, True])
 def test_ragged_rows_and_chunks_into_them_equal_full_recomputation(batch_invariant, options):
     model = mla_model(8, None, **options)

@@ -24,6 +24,7 @@ CONFIGS = [
     dict(n_kv_head=6, qk_norm=True, tie_embeddings=False),
     dict(n_kv_head=1, logit_softcap=2.0),
     dict(n_kv_head=6, residual_scalars=True),
+    dict(n_kv_head=2, n_layer=3, value_embeddings=True),
 ]
 OPTION_CONFIGS = CONFIGS[4:]
 

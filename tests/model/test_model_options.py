@@ -10,7 +10,7 @@ import torch
 
 from common.config import ConfigError
 from model import GPT, GPTConfig
-from run_testkit import ALL_OPTIONS
+from run_testkit import ALL_OPTIONS, MLA_OPTIONS
 
 SHAPE = dict(vocab_size=97, block_size=16, n_layer=2, n_head=4, n_kv_head=2, n_embd=64)
 MLA = dict(attention="mla", n_kv_head=4, kv_latent_dim=16)
@@ -25,7 +25,7 @@ def test_relu2_is_as_large_as_swiglu_at_the_same_width(n_embd):
     assert GPT(relu2).num_params() == GPT(swiglu).num_params()
 
 
-@pytest.mark.parametrize("options", [ALL_OPTIONS, ALL_OPTIONS | MLA, dict(mlp="relu2", ffn_hidden=100)],
+@pytest.mark.parametrize("options", [ALL_OPTIONS, MLA_OPTIONS | MLA, dict(mlp="relu2", ffn_hidden=100)],
                          ids=["gqa", "mla", "relu2-hidden"])
 def test_parameter_count_from_the_config_matches_the_model(options):
     config = GPTConfig(**SHAPE | options)
@@ -39,6 +39,7 @@ def test_parameter_count_from_the_config_matches_the_model(options):
     ({"logit_softcap": float("inf")}, "or null to turn it off"),
     ({"qk_norm": "yes"}, "qk_norm must be true or false"),
     ({"residual_scalars": 1}, "residual_scalars must be true or false"),
+    ({"value_embeddings": True, **MLA}, "value_embeddings needs attention gqa"),
 ])
 def test_bad_option_values_get_one_clear_line(changes, words):
     with pytest.raises(ConfigError) as error:
@@ -48,8 +49,8 @@ def test_bad_option_values_get_one_clear_line(changes, words):
 
 def test_a_config_saved_before_the_options_loads_with_every_option_off():
     config = GPTConfig.from_dict(json.loads(json.dumps(SHAPE)))  # a model_config.json without the keys
-    assert (config.mlp, config.qk_norm, config.logit_softcap, config.residual_scalars, config.zero_init) == (
-        "swiglu", False, None, False, False)
+    assert (config.mlp, config.qk_norm, config.logit_softcap, config.residual_scalars, config.value_embeddings,
+            config.zero_init) == ("swiglu", False, None, False, False, False)
     with_options = GPTConfig(**SHAPE | ALL_OPTIONS)
     assert GPTConfig.from_dict(json.loads(json.dumps(with_options.to_dict()))) == with_options
 
@@ -97,3 +98,29 @@ def test_zero_init_zeroes_the_output_projections_and_an_untied_head(tie):
         losses.append(loss.item())
     assert losses[-1] < losses[0] - 0.1
     assert all(block.attn.proj.weight.any() for block in model.blocks)
+
+
+@pytest.mark.parametrize("n_layer,layers", [(1, (0,)), (2, (1,)), (3, (0, 2)), (4, (1, 3))])
+def test_value_embeddings_sit_on_alternate_layers_ending_with_the_last(n_layer, layers):
+    config = GPTConfig(**SHAPE | dict(n_layer=n_layer, value_embeddings=True))
+    model = GPT(config)
+    assert config.value_embedding_layers == layers and sorted(map(int, model.value_embs)) == list(layers)
+    assert [i for i, block in enumerate(model.blocks) if hasattr(block.attn, "value_gate")] == list(layers)
+    # Embedding tables: left out of the non-embedding count, as the token table is.
+    tables = sum(model.value_embs[str(i)].weight.numel() for i in layers)
+    assert model.num_params() - model.num_params(include_embeddings=False) == tables + (97 + 16) * 64
+
+
+def test_value_embeddings_change_only_the_values_of_their_layers(make_model):
+    model = make_model(seed=4, n_layer=3, value_embeddings=True)
+    idx = torch.randint(0, 97, (2, 9), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        before = model(idx)
+        model.value_embs["2"].weight.zero_()  # the last layer's values lose their embedding term
+        assert not torch.allclose(model(idx), before)
+        model.value_embs["0"].weight.zero_()  # with both tables at zero, the gates add nothing
+        zeroed = model(idx)
+    plain = make_model(seed=4, n_layer=3)
+    plain.load_state_dict({k: v for k, v in model.state_dict().items() if "value_" not in k})
+    with torch.no_grad():
+        torch.testing.assert_close(plain(idx), zeroed)

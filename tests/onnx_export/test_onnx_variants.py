@@ -14,12 +14,12 @@ import pytest
 import torch
 
 from onnx_testkit import BLOCK_SIZE, Exported, greedy_dynamic, greedy_static
-from run_testkit import ALL_OPTIONS
+from run_testkit import ALL_OPTIONS, MLA_OPTIONS
 
 LATENT = 32
 STEPS = 100
 MLA = dict(n_kv_head=4, attention="mla", kv_latent_dim=LATENT, q_latent_dim=48)
-VARIANTS = {"mla": MLA, "mla-options": MLA | ALL_OPTIONS, "gqa-options": ALL_OPTIONS}
+VARIANTS = {"mla": MLA, "mla-options": MLA | MLA_OPTIONS, "gqa-options": ALL_OPTIONS}
 
 
 @pytest.fixture(scope="module", params=list(VARIANTS))

@@ -15,7 +15,7 @@ from inference.completion import generate_completions
 from inference.runs import load_run
 from inference.settings import GenerationSettings
 from model.generation import SamplingSettings
-from run_testkit import ALL_OPTIONS, build_run, chat_tokenizer
+from run_testkit import MLA_OPTIONS, build_run, chat_tokenizer
 from server_process import running_server
 from serving.engine import Engine
 
@@ -25,7 +25,7 @@ openai = pytest.importorskip("openai")
 @pytest.fixture(scope="module", params=["plain", "options"])
 def mla_run_dir(request, tmp_path_factory):
     # kv_latent_dim a multiple of 16: the CPU condition for batch-invariant decoding (model.mla).
-    options = ALL_OPTIONS if request.param == "options" else {}
+    options = MLA_OPTIONS if request.param == "options" else {}
     return build_run(tmp_path_factory.mktemp("runs") / "mla", chat_tokenizer(), n_kv_head=4,
                      attention="mla", kv_latent_dim=32, q_latent_dim=16, **options)
 

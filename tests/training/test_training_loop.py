@@ -118,8 +118,8 @@ def test_logged_loss_is_the_mean_over_micro_batches(make_config, tmp_path):
 
 
 # The last case trains with every small-model option on: the saved config keeps them on resume.
-OPTIONS = dict(mlp="relu2", qk_norm=True, logit_softcap=15.0, residual_scalars=True, zero_init=True,
-               tie_embeddings=False)
+OPTIONS = dict(mlp="relu2", qk_norm=True, logit_softcap=15.0, residual_scalars=True, value_embeddings=True,
+               zero_init=True, tie_embeddings=False)
 
 
 @pytest.mark.parametrize("optimizer, sampling, model", [("adamw", "random", {}), ("muon", "random", {}),
