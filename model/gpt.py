@@ -2,11 +2,13 @@
 
 A decoder-only transformer with grouped-query attention (query head h reads key/value head
 ``h // (n_head // n_kv_head)``), learned absolute positions, pre-norm RMSNorm blocks with a
-SwiGLU feed-forward, and an LM head tied to the token embedding. The small-model options of
-``GPTConfig`` (ReLU², QK-norm, a logit softcap, residual scalars, value embeddings,
-zero-initialised projections) are all off by default; docs/training.md lists them with where each idea comes from. The KV cache lives in
+SwiGLU feed-forward, and an LM head tied to the token embedding. The KV cache lives in
 ``model.kv_cache``; sampling and the decode loop in ``model.generation``, which imports this file
 (never the other way round).
+
+The small-model options of ``GPTConfig`` (ReLU², QK-norm, a logit softcap, residual scalars, value
+embeddings, zero-initialised projections) are all off by default; docs/training.md lists them with
+where each idea comes from.
 """
 
 from __future__ import annotations
@@ -294,8 +296,7 @@ class GPT(nn.Module):
         """Layer ``i``'s value embeddings of token ids ``idx`` (B, T, n_kv_head·head_dim), or None
         for a layer without them. They depend on the token alone, so a cache can hold the values
         they were mixed into like any others."""
-        table = self.value_embs[str(i)] if str(i) in self.value_embs else None
-        return None if table is None else table(idx)
+        return self.value_embs[str(i)](idx) if str(i) in self.value_embs else None
 
     def _trunk(
         self, idx: torch.Tensor, cache: KVCache | None, rows: Sequence[int] | None, row_blocks: bool

@@ -6,10 +6,11 @@ these wrappers pass the cache as plain tensors named the way Hugging Face Optimu
 caches is what its attention declares for ``KVCache`` (``cache_entries``), so the names follow it:
 multi-head latent attention caches one ``past_key_values.{i}.latent`` per layer instead.
 The wrappers run the model's own modules (embeddings, norms, the attention's projections, the
-feed-forward, each block's input and the head, so the model's options come along: QK-norm in the
-projections and the latent's expansion, value embeddings in the values, ReLU² in the feed-forward, the residual scalars in
-``GPT.block_input``, the softcap in ``GPT.logits``); only the attention arithmetic is written out here, because the graph
-needs one form for every chunk length and a mask from tensors rather than from the cache's state.
+feed-forward, each block's input and the head), so the model's options come along: QK-norm in the
+projections and the latent's expansion, value embeddings in the values, ReLU² in the feed-forward,
+the residual scalars in ``GPT.block_input``, the softcap in ``GPT.logits``. Only the attention
+arithmetic is written out here, because the graph needs one form for every chunk length and a mask
+from tensors rather than from the cache's state.
 
 - ``DynamicDecoder``: any batch, any number of new tokens, any past length (0 for the first call);
   presents are the pasts with the new tokens appended. ``attention_mask`` (batch, past + new) marks

@@ -202,8 +202,8 @@ class MiniGPTModel(MiniGPTPreTrainedModel):
             self.resid_lambdas = nn.Parameter(torch.ones(config.num_hidden_layers))
             self.x0_lambdas = nn.Parameter(torch.zeros(config.num_hidden_layers))
         kv_width = config.num_key_value_heads * config.hidden_size // config.num_attention_heads
-        self.value_embeds = nn.ModuleDict({str(i): nn.Embedding(config.vocab_size, kv_width)
-                                           for i in range(config.num_hidden_layers) if value_embedding_layer(config, i)})
+        layers = [i for i in range(config.num_hidden_layers) if value_embedding_layer(config, i)]
+        self.value_embeds = nn.ModuleDict({str(i): nn.Embedding(config.vocab_size, kv_width) for i in layers})
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:

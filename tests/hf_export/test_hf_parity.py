@@ -289,7 +289,8 @@ def test_attention_mask_hides_padding_and_leaves_no_query_empty():
 def test_config_json_names_only_the_options_that_are_on(make_export):
     from export_testkit import read_json
 
-    plain, with_options = read_json(make_export()[1] / "config.json"), read_json(make_export(options=True)[1] / "config.json")
+    plain = read_json(make_export()[1] / "config.json")
+    with_options = read_json(make_export(options=True)[1] / "config.json")
     names = {"mlp", "qk_norm", "final_logit_softcapping", "residual_scalars", "value_embeddings"}
     assert not names & plain.keys()
     assert {name: with_options[name] for name in names} == {
