@@ -36,8 +36,8 @@ multiply-adds per cached position and layer, the work the absorbed form saves).
 
 Which form runs when: a one-token step with a cache (decoding) uses the absorbed form (unless
 QK-norm is on); every other forward (training, prefill, chunks) expands the keys and values and
-runs ordinary multi-head SDPA, which is the faster of the two there (``python -m benchmarks.attention_variants
---forms``; numbers in docs/results.md). The cache (``model.kv_cache``) holds one entry, the
+runs ordinary multi-head SDPA, which is the faster of the two there (``python -m
+benchmarks.attention_variants --forms``; numbers in docs/results.md). The cache (``model.kv_cache``) holds one entry, the
 latent, and serves both forms alike: what it returns and its mask are those of grouped-query
 attention's keys.
 """
