@@ -1,5 +1,6 @@
 """Quality per minute (issue 30): configs/tiny.yaml trained at equal wall time once per small-model
-option alone and once with a combination, on the same data and seeds, back to back on one host.
+option alone (and the Muon momentum warm-up), and once with all of them together, on the same data
+and seeds, back to back on one host.
 
     python -m benchmarks.quality_per_minute                                  # 9.2 minutes, seeds 1337 1338
     python -m benchmarks.quality_per_minute --only baseline relu-squared --minutes 0.05 --seeds 1337   # a quick check
@@ -23,15 +24,16 @@ import torch
 
 from benchmarks.attention_variants import CONFIG, final_eval, train
 
-# Each technique's model-section overrides on top of the config's; "combination" is all of them.
+# Each technique's overrides (section.key) on top of the config; "combination" is all of them.
 TECHNIQUES: dict[str, dict] = {
     "baseline": {},
-    "relu-squared": {"mlp": "relu2"},
-    "qk-norm": {"qk_norm": True},
-    "softcap": {"logit_softcap": 15.0},
-    "residual-scalars": {"residual_scalars": True},
-    "value-embeddings": {"value_embeddings": True},
-    "zero-init-untied": {"zero_init": True, "tie_embeddings": False},
+    "relu-squared": {"model.mlp": "relu2"},
+    "qk-norm": {"model.qk_norm": True},
+    "softcap": {"model.logit_softcap": 15.0},
+    "residual-scalars": {"model.residual_scalars": True},
+    "value-embeddings": {"model.value_embeddings": True},
+    "zero-init-untied": {"model.zero_init": True, "model.tie_embeddings": False},
+    "muon-momentum-warmup": {"train.muon_momentum_warmup": 300},
 }
 TECHNIQUES["combination"] = {key: value for overrides in TECHNIQUES.values() for key, value in overrides.items()}
 
@@ -64,6 +66,16 @@ def table(results: dict[str, list[tuple[int, float]]]) -> str:
     return "\n".join(lines)
 
 
+def train_technique(name: str, seed: int, args: argparse.Namespace) -> Path:
+    """One train.py run of technique ``name`` (``attention_variants.train``, which takes the model
+    overrides and names the run's folder by the name's first word and digits); other sections'
+    overrides go in as further --set settings."""
+    overrides = TECHNIQUES[name]
+    model = {key.removeprefix("model."): value for key, value in overrides.items() if key.startswith("model.")}
+    others = [f"{key}={value}" for key, value in overrides.items() if not key.startswith("model.")]
+    return train(name, model, seed, argparse.Namespace(**{**vars(args), "set": args.set + others}))
+
+
 def main(argv: list[str] | None = None) -> None:
     from training.metrics import peak_flops
 
@@ -72,8 +84,7 @@ def main(argv: list[str] | None = None) -> None:
     peak, source = peak_flops("auto", torch.device("cpu"), torch.float32)
     results = {}
     for name in args.only:
-        # attention_variants.train names a run's folder by its name's first word and digits.
-        results[name] = [final_eval(train(name, TECHNIQUES[name], seed, args)) for seed in args.seeds]
+        results[name] = [final_eval(train_technique(name, seed, args)) for seed in args.seeds]
     print(f"\n{args.config.name}, {args.minutes:g} training minutes per run, seeds {args.seeds}, "
           f"host matmul peak {peak / 1e9:.1f} GFLOP/s ({source}, fp32), torch threads {torch.get_num_threads()}\n")
     print(table(results))

@@ -341,3 +341,13 @@ def test_resume_takes_the_muon_to_adamw_ratio_from_the_config(make_config, tmp_p
     adamw_lr = optimizer["adamw"]["param_groups"][0]["lr"]
     assert adamw_lr > 0
     assert muon_lr / adamw_lr == pytest.approx(0.06 / changed.train.lr)
+
+
+def test_muon_momentum_warms_up_across_a_resume(make_config, tmp_path):
+    sections = dict(eval={"interval": 0}, run={"checkpoint_interval": 0})
+    settings = {"optimizer": "muon", "muon_momentum": 0.95, "muon_momentum_warmup": 10}
+    train(make_config(tmp_path / "run", train={"max_steps": 3, **settings}, **sections), progress=False)
+    momentum = lambda: load_trainer_state(tmp_path / "run")["optimizer"]["muon"]["param_groups"][0]["momentum"]  # noqa: E731
+    assert momentum() == pytest.approx(0.87)  # the last step, 2, ran at 0.85 + 0.1 * 2/10
+    train(make_config(tmp_path / "run", train={"max_steps": 6, **settings}, **sections), resume=True, progress=False)
+    assert momentum() == pytest.approx(0.90)  # step 5: the warm-up follows the step count, not the restart
