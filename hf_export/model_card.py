@@ -63,6 +63,13 @@ def model_card(name: str, config: GPTConfig, params: int, record: RunRecord, has
     if config.attention == "mla":
         attention = "multi-head latent attention (keys and values read from one cached latent per token)"
         heads = f"{config.n_head} / {config.n_head}, from a latent of {config.kv_latent_dim}"
+    mlp = "SwiGLU" if config.mlp == "swiglu" else "ReLU²"
+    head = "tied input/output embeddings" if config.tie_embeddings else "an untied output head"
+    options = [name for name, on in (("QK-norm", config.qk_norm), ("residual scalars", config.residual_scalars),
+                                     ("value embeddings", config.value_embeddings),
+                                     (f"logit softcap {config.logit_softcap:g}" if config.logit_softcap else "", True))
+               if on and name]
+    extras = f" With {', '.join(options)}." if options else ""
     return f"""---
 library_name: transformers
 pipeline_tag: text-generation
@@ -74,7 +81,7 @@ tags:
 # {name}
 
 A {params / 1e6:.2f}M-parameter decoder-only GPT trained from scratch with minigpt: learned absolute
-position embeddings, RMSNorm, SwiGLU, {attention} and tied input/output embeddings.
+position embeddings, RMSNorm, {mlp}, {attention} and {head}.{extras}
 transformers has no built-in architecture with that combination, so the modeling code ships in this
 folder and loading needs `trust_remote_code=True`.
 
@@ -83,7 +90,7 @@ folder and loading needs `trust_remote_code=True`.
 | layers | {config.n_layer} |
 | width | {config.n_embd} |
 | attention heads / key-value heads | {heads} |
-| feed-forward width (SwiGLU) | {config.ffn_dim} |
+| feed-forward width ({mlp}) | {config.ffn_dim} |
 | context (learned positions) | {config.block_size} tokens |
 | vocabulary | {config.vocab_size} |
 

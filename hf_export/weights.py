@@ -5,6 +5,9 @@ gate and up projections in one, while the export keeps transformers' usual separ
 ``k_proj``, ``v_proj``, ``gate_proj`` and ``up_proj``, which tools such as PEFT target by name.
 Latent attention's matrices are split the same way, into DeepSeek-style names (``kv_a_proj`` down
 to the latent, ``k_b_proj`` and ``v_b_proj`` up from it, ``q_a_proj``/``q_b_proj`` for the query).
+The options' weights: QK-norm's gains as ``self_attn.q_norm``/``k_norm`` (Qwen3's names), a ReLU²
+MLP as ``up_proj``/``down_proj`` alone, the residual scalars as ``model.resid_lambdas``/``x0_lambdas``,
+value embeddings as ``model.value_embeds.{layer}`` with their gates as ``self_attn.value_gate``.
 """
 
 from __future__ import annotations
@@ -25,23 +28,38 @@ def hf_state_dict(model: GPT) -> dict[str, torch.Tensor]:
     }
     if not cfg.tie_embeddings:
         state["lm_head.weight"] = model.lm_head.weight
+    if cfg.residual_scalars:
+        state |= {"model.resid_lambdas": model.resid_lambdas, "model.x0_lambdas": model.x0_lambdas}
+    state |= {f"model.value_embeds.{i}.weight": table.weight for i, table in model.value_embs.items()}
     for i, block in enumerate(model.blocks):
         prefix = f"model.layers.{i}."
-        gate, up = block.ffn.gate_up.weight.chunk(2)
         state |= {f"{prefix}self_attn.{name}": weight for name, weight in _attention_weights(block.attn, cfg).items()}
+        state |= {f"{prefix}mlp.{name}": weight for name, weight in _mlp_weights(block.ffn, cfg).items()}
         state |= {
             prefix + "input_layernorm.weight": block.attn_norm.weight,
             prefix + "self_attn.o_proj.weight": block.attn.proj.weight,
             prefix + "post_attention_layernorm.weight": block.ffn_norm.weight,
-            prefix + "mlp.gate_proj.weight": gate,
-            prefix + "mlp.up_proj.weight": up,
-            prefix + "mlp.down_proj.weight": block.ffn.down.weight,
         }
     return {name: tensor.detach().to("cpu").contiguous() for name, tensor in state.items()}
 
 
+def _mlp_weights(ffn: torch.nn.Module, cfg: GPTConfig) -> dict[str, torch.Tensor]:
+    """A block's feed-forward matrices under the shipped names, SwiGLU's fused gate/up split."""
+    if cfg.mlp == "relu2":
+        return {"up_proj.weight": ffn.up.weight, "down_proj.weight": ffn.down.weight}
+    gate, up = ffn.gate_up.weight.chunk(2)
+    return {"gate_proj.weight": gate, "up_proj.weight": up, "down_proj.weight": ffn.down.weight}
+
+
 def _attention_weights(attn: torch.nn.Module, cfg: GPTConfig) -> dict[str, torch.Tensor]:
-    """A block's attention input matrices, split from our fused ones, under the shipped names."""
+    """A block's attention input matrices, split from our fused ones, under the shipped names,
+    and QK-norm's gains."""
+    norms = {"q_norm.weight": attn.q_head_norm.weight, "k_norm.weight": attn.k_head_norm.weight} if cfg.qk_norm else {}
+    gate = {"value_gate.weight": attn.value_gate.weight} if hasattr(attn, "value_gate") else {}
+    return norms | gate | _projection_weights(attn, cfg)
+
+
+def _projection_weights(attn: torch.nn.Module, cfg: GPTConfig) -> dict[str, torch.Tensor]:
     d = cfg.head_dim
     if cfg.attention != "mla":
         q, k, v = attn.qkv.weight.split([cfg.n_head * d, cfg.n_kv_head * d, cfg.n_kv_head * d])

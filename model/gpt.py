@@ -5,6 +5,10 @@ A decoder-only transformer with grouped-query attention (query head h reads key/
 SwiGLU feed-forward, and an LM head tied to the token embedding. The KV cache lives in
 ``model.kv_cache``; sampling and the decode loop in ``model.generation``, which imports this file
 (never the other way round).
+
+The small-model options of ``GPTConfig`` (ReLU², QK-norm, a logit softcap, residual scalars, value
+embeddings, zero-initialised projections) are all off by default; docs/training.md lists them with
+where each idea comes from.
 """
 
 from __future__ import annotations
@@ -21,11 +25,12 @@ from torch import nn
 from common.config import build, check_types, require
 from model.kv_cache import KVCache
 from model.gqa import CausalSelfAttention
-from model.layers import RMSNorm, SwiGLU, causal_attention_weights, linear
+from model.layers import ReLU2, RMSNorm, SwiGLU, causal_attention_weights, linear
 from model.mla import LatentAttention
 
 _REQUIRED_INTS = ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd")
 ATTENTION_KINDS = ("gqa", "mla")
+MLP_KINDS = ("swiglu", "relu2")
 
 
 @dataclass
@@ -42,6 +47,14 @@ class GPTConfig:
     so ``n_kv_head`` must equal ``n_head``; the latent sizes are refused with ``attention="gqa"``.
     Served decoding is batch-invariant on the CPU when ``kv_latent_dim`` is a multiple of 16, as
     it is for grouped-query attention when ``head_dim`` is (see ``CausalSelfAttention._attend_token``).
+
+    Options for small models, each off by default (docs/training.md): ``mlp="relu2"`` (see
+    ``ffn_dim``), ``qk_norm`` (RMSNorm with a learned gain on every head's query and key),
+    ``logit_softcap`` c (logits ``c·tanh(logits/c)``, wherever logits are made), ``residual_scalars``
+    (each block reads ``λ_res·x + λ_0·x0``, x0 the embedding output; see ``GPT.block_input``),
+    ``value_embeddings`` (see ``value_embedding_layers``; grouped-query attention only) and
+    ``zero_init`` (the blocks' output projections, and an untied LM head, start at zero).
+    An untied LM head is ``tie_embeddings: false``.
     """
 
     vocab_size: int
@@ -57,6 +70,12 @@ class GPTConfig:
     attention: str = "gqa"
     kv_latent_dim: int | None = None
     q_latent_dim: int | None = None
+    mlp: str = "swiglu"
+    qk_norm: bool = False
+    logit_softcap: float | None = None
+    residual_scalars: bool = False
+    value_embeddings: bool = False
+    zero_init: bool = False
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -70,6 +89,15 @@ class GPTConfig:
         self._check_attention()
         require(0.0 <= self.dropout < 1.0, f"dropout must be in [0, 1), got {self.dropout}; use 0.0 to disable it")
         require(self.norm_eps > 0.0, f"norm_eps must be > 0, got {self.norm_eps}; the default is 1e-5")
+        require(self.mlp in MLP_KINDS, f"mlp must be one of {', '.join(MLP_KINDS)}, got {self.mlp!r}; "
+                f"use swiglu (the default) or relu2")
+        # The gate that mixes a value embedding in reads the layer's input, which a latent-only
+        # cache does not keep: cached positions could not be decoded again from the latent alone.
+        require(not (self.value_embeddings and self.attention == "mla"), "value_embeddings needs attention gqa "
+                "(multi-head latent attention caches only the latent, not the gated values); set one of them off")
+        cap = self.logit_softcap
+        require(cap is None or 0.0 < cap < math.inf, f"logit_softcap must be a positive number (about 15) "
+                f"or null to turn it off, got {cap}")
 
     def _check_attention(self) -> None:
         require(self.attention in ATTENTION_KINDS, f"attention must be one of {', '.join(ATTENTION_KINDS)}, "
@@ -95,14 +123,27 @@ class GPTConfig:
 
     @property
     def ffn_dim(self) -> int:
-        """SwiGLU hidden width: ``ffn_hidden`` if given, else 8/3·n_embd rounded up to 64.
+        """Feed-forward hidden width: ``ffn_hidden`` if given, else SwiGLU's 8/3·n_embd rounded up
+        to 64, and for ReLU² 3/2 of that (about 4·n_embd, a multiple of 32).
 
         SwiGLU has three matrices instead of two, so 8/3 (not 4) keeps the parameter count of a
-        classic 4x MLP; a multiple of 64 keeps matmul shapes friendly to vectorised kernels.
+        classic 4x MLP; a multiple of 64 keeps matmul shapes friendly to vectorised kernels. ReLU²
+        has two, so 3/2 of SwiGLU's width gives it exactly SwiGLU's parameters and FLOPs, and the
+        two MLP kinds compare at equal size.
         """
         if self.ffn_hidden is not None:
             return self.ffn_hidden
-        return 64 * -(-int(8 * self.n_embd / 3) // 64)
+        swiglu = 64 * -(-int(8 * self.n_embd / 3) // 64)
+        return swiglu if self.mlp == "swiglu" else 3 * swiglu // 2
+
+    @property
+    def value_embedding_layers(self) -> tuple[int, ...]:
+        """The layers whose attention values get a value embedding: every other layer, ending with
+        the last (nanochat's choice), or none. Each has its own table of ``n_kv_head·head_dim``
+        numbers per token, added to the values under a learned per-head gate (``model.gqa``)."""
+        if not self.value_embeddings:
+            return ()
+        return tuple(i for i in range(self.n_layer) if i % 2 == (self.n_layer - 1) % 2)
 
     def num_params(self) -> int:
         """Parameters of a GPT of this shape (a tied head counted once), from the sizes alone:
@@ -114,9 +155,13 @@ class GPTConfig:
             r, q = self.kv_latent_dim, self.q_latent_dim
             query = C * C if q is None else C * q + q + q * C
             attention = query + C * r + r + r * 2 * C + C * C
-        ffn = 3 * C * self.ffn_dim
+        ffn = (3 if self.mlp == "swiglu" else 2) * C * self.ffn_dim
+        per_layer = attention + ffn + 2 * C + (2 * self.head_dim if self.qk_norm else 0)
+        per_layer += 2 if self.residual_scalars else 0
         head = 0 if self.tie_embeddings else self.vocab_size * C
-        return (self.vocab_size + self.block_size) * C + self.n_layer * (attention + ffn + 2 * C) + C + head
+        kv_width = self.n_kv_head * self.head_dim
+        values = len(self.value_embedding_layers) * (self.vocab_size * kv_width + C * self.n_kv_head)
+        return (self.vocab_size + self.block_size) * C + self.n_layer * per_layer + C + head + values
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -138,10 +183,14 @@ class Block(nn.Module):
         else:
             self.attn = CausalSelfAttention(config, layer_idx)
         self.ffn_norm = RMSNorm(config.n_embd, config.norm_eps)
-        self.ffn = SwiGLU(config.n_embd, config.ffn_dim, config.dropout)
+        mlp = SwiGLU if config.mlp == "swiglu" else ReLU2
+        self.ffn = mlp(config.n_embd, config.ffn_dim, config.dropout)
 
-    def forward(self, x: torch.Tensor, cache: KVCache | None = None, row_blocks: bool = False) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), cache, row_blocks)
+    def forward(
+        self, x: torch.Tensor, cache: KVCache | None = None, row_blocks: bool = False,
+        value_embedding: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), cache, row_blocks, value_embedding)
         return x + self.ffn(self.ffn_norm(x), row_blocks)
 
 
@@ -157,6 +206,14 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layer))
         self.norm = RMSNorm(config.n_embd, config.norm_eps)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        if config.residual_scalars:
+            # Per block, the weights of the residual stream and of the embedding output x0 in its input.
+            self.resid_lambdas = nn.Parameter(torch.ones(config.n_layer))
+            self.x0_lambdas = nn.Parameter(torch.zeros(config.n_layer))
+        # Value embeddings: one table per layer that has them, keyed by the layer's index.
+        kv_width = config.n_kv_head * config.head_dim
+        self.value_embs = nn.ModuleDict({str(i): nn.Embedding(config.vocab_size, kv_width)
+                                         for i in config.value_embedding_layers})
         if config.tie_embeddings:
             # One matrix both reads tokens in and scores them out: fewer parameters, and the
             # output layer gets gradient for every token, not only the ones that appear as input.
@@ -166,14 +223,28 @@ class GPT(nn.Module):
     def reset_parameters(self) -> None:
         """GPT-2 initialisation: N(0, 0.02) everywhere, unit norm gains, and residual output
         projections shrunk by 1/sqrt(2·n_layer) because each block adds two of them to the
-        residual stream, whose variance would otherwise grow with depth."""
-        residual_std = 0.02 / math.sqrt(2 * self.config.n_layer)
+        residual stream, whose variance would otherwise grow with depth.
+
+        ``zero_init`` starts those projections (and an untied head) at zero instead, as the
+        modded-nanogpt records do: every block begins as the identity and the first steps shape
+        the residual stream before any block writes to it. A tied head is the embedding and keeps
+        its init. Residual scalars start at λ_res = 1, λ_0 = 0: the plain residual stream."""
+        cfg = self.config
+        residual_std = 0.02 / math.sqrt(2 * cfg.n_layer)
+        zeroed = ("attn.proj", "ffn.down", *(() if cfg.tie_embeddings else ("lm_head",)))
         for name, module in self.named_modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
+                # A zero gate weight opens every value-embedding gate half way (2·sigmoid(0) = 1).
+                if (cfg.zero_init and name.endswith(zeroed)) or name.endswith("value_gate"):
+                    nn.init.zeros_(module.weight)
+                    continue
                 std = residual_std if name.endswith(("attn.proj", "ffn.down")) else 0.02
                 nn.init.normal_(module.weight, mean=0.0, std=std)
             elif isinstance(module, RMSNorm):
                 nn.init.ones_(module.weight)
+        if cfg.residual_scalars:
+            nn.init.ones_(self.resid_lambdas)
+            nn.init.zeros_(self.x0_lambdas)
 
     def forward(
         self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: KVCache | None = None,
@@ -183,7 +254,7 @@ class GPT(nn.Module):
         cross-entropy (positions with target -1 are ignored). With ``cache``, row i's chunk is
         written into cache row ``rows[i]`` (default: row i) at that row's length, which is also
         the position of its first token."""
-        logits = self.lm_head(self._trunk(idx, cache, rows, False))
+        logits = self.logits(self._trunk(idx, cache, rows, False))
         if targets is None:
             return logits
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
@@ -203,7 +274,29 @@ class GPT(nn.Module):
         multiple of 16 (see ``model.gqa``'s ``_attend_token``; kv_latent_dim for latent attention). Longer chunks take
         the plain path either way."""
         row_blocks = batch_invariant and idx.shape[1] == 1
-        return linear(self.lm_head, self._trunk(idx, cache, rows, row_blocks)[:, -1], row_blocks)
+        return self.logits(self._trunk(idx, cache, rows, row_blocks)[:, -1], row_blocks)
+
+    def logits(self, hidden: torch.Tensor, row_blocks: bool = False) -> torch.Tensor:
+        """The LM head's scores of final-normed hidden states: the one place logits are made, for
+        training, evaluation, generation, serving and the ONNX graph. With ``logit_softcap`` c they
+        are ``c·tanh(logits/c)``: smooth, and never beyond ±c, so no logit can run away in training."""
+        logits = linear(self.lm_head, hidden, row_blocks)
+        cap = self.config.logit_softcap
+        return logits if cap is None else cap * torch.tanh(logits / cap)
+
+    def block_input(self, i: int, x: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
+        """What block ``i`` reads and adds to: the residual stream x, or with ``residual_scalars``
+        ``λ_res[i]·x + λ_0[i]·x0``, where x0 is the embedding output. Every block can then re-read
+        the token's own embedding, and scale down what earlier blocks wrote (nanochat's scalars)."""
+        if not self.config.residual_scalars:
+            return x
+        return self.resid_lambdas[i] * x + self.x0_lambdas[i] * x0
+
+    def value_embedding(self, i: int, idx: torch.Tensor) -> torch.Tensor | None:
+        """Layer ``i``'s value embeddings of token ids ``idx`` (B, T, n_kv_head·head_dim), or None
+        for a layer without them. They depend on the token alone, so a cache can hold the values
+        they were mixed into like any others."""
+        return self.value_embs[str(i)](idx) if str(i) in self.value_embs else None
 
     def _trunk(
         self, idx: torch.Tensor, cache: KVCache | None, rows: Sequence[int] | None, row_blocks: bool
@@ -216,9 +309,9 @@ class GPT(nn.Module):
         else:
             # Learned absolute positions: each row's new tokens sit at that row's length onwards.
             positions = self.pos_emb(cache.begin(T, rows, whole_buffers=row_blocks))
-        x = self.drop(self.tok_emb(idx) + positions)
-        for block in self.blocks:
-            x = block(x, cache, row_blocks)
+        x = x0 = self.drop(self.tok_emb(idx) + positions)
+        for i, block in enumerate(self.blocks):
+            x = block(self.block_input(i, x, x0), cache, row_blocks, self.value_embedding(i, idx))
         if cache is not None:
             cache.end()
         return self.norm(x)
@@ -230,12 +323,13 @@ class GPT(nn.Module):
         projections (``per_head``). The analysis package (``attention.py``) draws and scores them."""
         T = idx.shape[1]
         assert 1 <= T <= self.config.block_size, f"{T} tokens do not fit block_size {self.config.block_size}"
-        x = self.drop(self.tok_emb(idx) + self.pos_emb.weight[:T])
+        x = x0 = self.drop(self.tok_emb(idx) + self.pos_emb.weight[:T])
         weights = []
-        for block in self.blocks:
+        for i, block in enumerate(self.blocks):
+            x = self.block_input(i, x, x0)
             q, k, _ = block.attn.per_head(block.attn_norm(x))
             weights.append(causal_attention_weights(q, k))
-            x = block(x)
+            x = block(x, value_embedding=self.value_embedding(i, idx))
         return weights
 
     def init_cache(self, batch_size: int, max_len: int | None = None, dtype: torch.dtype | None = None) -> KVCache:
@@ -258,6 +352,7 @@ class GPT(nn.Module):
         total = sum(p.numel() for p in self.parameters())  # parameters() yields shared tensors once
         if not include_embeddings:
             total -= self.tok_emb.weight.numel() + self.pos_emb.weight.numel()
+            total -= sum(table.weight.numel() for table in self.value_embs.values())
         return total
 
     def flops_per_token(self, seq_len: int | None = None) -> int:

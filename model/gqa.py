@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.kv_cache import KVCache
-from model.layers import causal_mask, linear
+from model.layers import RMSNorm, causal_mask, linear
 
 
 # enable_gqa arrived in torch 2.5 and the project still admits 2.4. A plain constant rather than
@@ -34,18 +34,37 @@ class CausalSelfAttention(nn.Module):
         qkv_dim = (config.n_head + 2 * config.n_kv_head) * config.head_dim
         self.qkv = nn.Linear(config.n_embd, qkv_dim, bias=False)
         self.proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
+        # QK-norm: every head's query and key scaled to unit RMS, then by one learned gain per
+        # channel, so the scores' size is learned rather than left to the weights' growth.
+        self.qk_norm = config.qk_norm
+        if config.qk_norm:
+            self.q_head_norm = RMSNorm(config.head_dim, config.norm_eps)
+            self.k_head_norm = RMSNorm(config.head_dim, config.norm_eps)
+        if layer_idx in config.value_embedding_layers:
+            # Value embeddings (nanochat): the values get the token's own embedding under a gate
+            # 2·sigmoid(x W) per key/value head, read from the layer's input.
+            self.value_gate = nn.Linear(config.n_embd, config.n_kv_head, bias=False)
         self.attn_dropout = config.dropout
         self.resid_dropout = nn.Dropout(config.dropout)
 
-    def split_heads(self, x: torch.Tensor, row_blocks: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Project x (B, T, C) to q (B, n_head, T, d) and k, v (B, n_kv_head, T, d)."""
+    def split_heads(
+        self, x: torch.Tensor, row_blocks: bool = False, value_embedding: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Project x (B, T, C) to q (B, n_head, T, d) and k, v (B, n_kv_head, T, d); a layer with
+        value embeddings mixes ``value_embedding`` (B, T, n_kv_head·d, from ``GPT.value_embedding``)
+        into v."""
         B, T, _ = x.shape
         d = self.head_dim
         sizes = [self.n_head * d, self.n_kv_head * d, self.n_kv_head * d]
         q, k, v = linear(self.qkv, x, row_blocks).split(sizes, dim=-1)
+        if value_embedding is not None:
+            gate = 2 * torch.sigmoid(linear(self.value_gate, x, row_blocks))  # (B, T, n_kv_head)
+            v = v + (gate.unsqueeze(-1) * value_embedding.view(B, T, self.n_kv_head, d)).view(B, T, -1)
         q = q.view(B, T, self.n_head, d).transpose(1, 2)
         k = k.view(B, T, self.n_kv_head, d).transpose(1, 2)
         v = v.view(B, T, self.n_kv_head, d).transpose(1, 2)
+        if self.qk_norm:  # before the cache: it stores the keys as the scores read them
+            q, k = self.q_head_norm(q), self.k_head_norm(k)
         return q, k, v
 
     def per_head(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -61,14 +80,18 @@ class CausalSelfAttention(nn.Module):
         key/value heads only."""
         return {"k": (self.n_kv_head, self.head_dim), "v": (self.n_kv_head, self.head_dim)}
 
-    def forward(self, x: torch.Tensor, cache: KVCache | None = None, row_blocks: bool = False) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cache: KVCache | None = None, row_blocks: bool = False,
+        value_embedding: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Attend over this chunk, and over the cache's earlier positions when one is given.
 
         The caller (GPT) begins the cache's pass before the first layer and ends it after the
-        last, so every layer writes at the same positions. ``row_blocks``: see ``linear``.
+        last, so every layer writes at the same positions. ``row_blocks``: see ``linear``;
+        ``value_embedding``: see ``split_heads``.
         """
         B, T, C = x.shape
-        q, k, v = self.split_heads(x, row_blocks)
+        q, k, v = self.split_heads(x, row_blocks, value_embedding)
         mask = None
         if cache is not None:
             (k, v), mask = cache.update(self.layer_idx, k, v)

@@ -1,5 +1,5 @@
 """The layers every attention kind and block share: RMSNorm, the product that can be made
-batch-invariant, the SwiGLU feed-forward, and the bottom-right causal mask."""
+batch-invariant, the two feed-forwards (SwiGLU and ReLU²), and the bottom-right causal mask."""
 
 from __future__ import annotations
 
@@ -66,6 +66,24 @@ class SwiGLU(nn.Module):
     def forward(self, x: torch.Tensor, row_blocks: bool = False) -> torch.Tensor:
         gate, up = linear(self.gate_up, x, row_blocks).chunk(2, dim=-1)
         return self.dropout(linear(self.down, F.silu(gate) * up, row_blocks))
+
+
+class ReLU2(nn.Module):
+    """Feed-forward ``down(relu(up(x))²)``, the MLP of nanochat and the modded-nanogpt records.
+
+    Two matrices to SwiGLU's three, so ``GPTConfig.ffn_dim`` makes it 3/2 as wide: the same
+    parameters and FLOPs at the same ``n_embd``. The square keeps the gate-free MLP's activations
+    sparse (exact zeros below 0) while growing smoothly above it.
+    """
+
+    def __init__(self, dim: int, hidden: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.up = nn.Linear(dim, hidden, bias=False)
+        self.down = nn.Linear(hidden, dim, bias=False)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, row_blocks: bool = False) -> torch.Tensor:
+        return self.dropout(linear(self.down, F.relu(linear(self.up, x, row_blocks)).square(), row_blocks))
 
 
 def causal_mask(q_len: int, k_len: int, device: torch.device | str | None = None) -> torch.Tensor:

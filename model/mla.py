@@ -28,10 +28,16 @@ query and W_UK^T, so no single latent query serves every cached position. This m
 positions to the input embedding, before any projection, so nothing position-dependent sits
 inside attention and the absorption holds exactly.
 
-Which form runs when: a one-token step with a cache (decoding) uses the absorbed form; every
-other forward (training, prefill, chunks) expands the keys and values and runs ordinary
-multi-head SDPA, which is the faster of the two there (``python -m benchmarks.attention_variants
---forms``; numbers in docs/results.md). The cache (``model.kv_cache``) holds one entry, the
+QK-norm (``GPTConfig.qk_norm``) breaks the absorption: the key becomes ``g * k_s / rms(k_s)``
+with ``k_s = c_s W_UK``, and the division by each position's own rms(k_s) cannot move into the
+query. So with QK-norm decoding takes the expanded form too: the cache stays latent-only, but every
+step up-projects all cached latents of the row (2 * n_head * head_dim * kv_latent_dim
+multiply-adds per cached position and layer, the work the absorbed form saves).
+
+Which form runs when: a one-token step with a cache (decoding) uses the absorbed form (unless
+QK-norm is on); every other forward (training, prefill, chunks) expands the keys and values and
+runs ordinary multi-head SDPA, which is the faster of the two there (``python -m
+benchmarks.attention_variants --forms``; numbers in docs/results.md). The cache (``model.kv_cache``) holds one entry, the
 latent, and serves both forms alike: what it returns and its mask are those of grouped-query
 attention's keys.
 """
@@ -73,6 +79,11 @@ class LatentAttention(nn.Module):
         # Rows [0, width) are W_UK for every head, rows [width, 2 width) are W_UV.
         self.kv_up = nn.Linear(config.kv_latent_dim, 2 * width, bias=False)
         self.proj = nn.Linear(width, config.n_embd, bias=False)
+        # QK-norm, as in grouped-query attention: the query here, each key once it is expanded.
+        self.qk_norm = config.qk_norm
+        if config.qk_norm:
+            self.q_head_norm = RMSNorm(config.head_dim, config.norm_eps)
+            self.k_head_norm = RMSNorm(config.head_dim, config.norm_eps)
         self.attn_dropout = config.dropout
         self.resid_dropout = nn.Dropout(config.dropout)
 
@@ -84,6 +95,8 @@ class LatentAttention(nn.Module):
         if self.q_latent_dim is not None:
             q = linear(self.q_up, self.q_norm(q), row_blocks)
         q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
+        if self.qk_norm:
+            q = self.q_head_norm(q)
         return q, self.kv_norm(c).unsqueeze(1)
 
     def cache_entries(self) -> dict[str, tuple[int, int]]:
@@ -91,29 +104,36 @@ class LatentAttention(nn.Module):
         alone, ``n_layer x kv_latent_dim`` numbers per token in all."""
         return {"latent": (1, self.kv_latent_dim)}
 
-    def forward(self, x: torch.Tensor, cache: KVCache | None = None, row_blocks: bool = False) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cache: KVCache | None = None, row_blocks: bool = False,
+        value_embedding: None = None,
+    ) -> torch.Tensor:
         """Attend over this chunk, and over the cache's earlier positions when one is given.
 
         The caller (GPT) begins the cache's pass before the first layer and ends it after the
         last, so every layer writes at the same positions. ``row_blocks``: see ``model.layers.linear``.
+        ``value_embedding`` is always None: the config refuses value embeddings with MLA.
         """
+        assert value_embedding is None, "value embeddings are grouped-query attention's only"
         B, T, C = x.shape
         q, c = self.split_heads(x, row_blocks)
         mask = None
         if cache is not None:
             (c,), mask = cache.update(self.layer_idx, c)
-        if cache is not None and T == 1:  # decoding: attention in latent space
+        if cache is not None and T == 1 and not self.qk_norm:  # decoding: attention in latent space
             y = self.attend_absorbed(q, c, mask)
         else:
-            y = self.attend_expanded(q, c, mask)
+            y = self.attend_expanded(q, c, mask, row_blocks)
         y = y.transpose(1, 2).reshape(B, T, C)
         return self.resid_dropout(linear(self.proj, y, row_blocks))
 
-    def expand(self, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def expand(self, c: torch.Tensor, row_blocks: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-head keys and values (B, n_head, S, d) from latents c (B, 1, S, r): ``c W_UK[h]``
-        and ``c W_UV[h]`` for every head h, in one product."""
+        and ``c W_UV[h]`` for every head h, in one product (the keys then QK-normed if on)."""
         B, _, S, _ = c.shape
-        return self.kv_up(c[:, 0]).view(B, S, 2 * self.n_head, self.head_dim).transpose(1, 2).chunk(2, dim=1)
+        kv = linear(self.kv_up, c[:, 0], row_blocks).view(B, S, 2 * self.n_head, self.head_dim).transpose(1, 2)
+        k, v = kv.chunk(2, dim=1)
+        return (self.k_head_norm(k) if self.qk_norm else k), v
 
     def per_head(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q, k and v of x (B, T, C), each (B, n_head, T, d), the keys and values expanded from the
@@ -127,11 +147,14 @@ class LatentAttention(nn.Module):
         shape = (self.n_head, self.head_dim, self.kv_latent_dim)
         return w_uk.view(shape), w_uv.view(shape)
 
-    def attend_expanded(self, q: torch.Tensor, c: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    def attend_expanded(
+        self, q: torch.Tensor, c: torch.Tensor, mask: torch.Tensor | None, row_blocks: bool = False
+    ) -> torch.Tensor:
         """Per-head keys and values built from the latents c (B, 1, S, r), then multi-head SDPA.
-        ``mask`` None means the latents end at the newest query (plain causal, bottom-right)."""
+        ``mask`` None means the latents end at the newest query (plain causal, bottom-right).
+        ``row_blocks`` (a batch-invariant decode step with QK-norm): see ``model.layers.linear``."""
         T, S = q.shape[2], c.shape[2]
-        k, v = self.expand(c)
+        k, v = self.expand(c, row_blocks)
         if mask is None and T != S:
             mask = causal_mask(T, S, device=q.device)
         dropout_p = self.attn_dropout if self.training else 0.0
@@ -147,6 +170,7 @@ class LatentAttention(nn.Module):
         batch-invariant pass) the shapes are the same at every position and in every batch, so a
         request decodes alike alone or beside others (on the CPU when kv_latent_dim is a
         multiple of 16, for the memory-alignment reason given there for head_dim)."""
+        assert not self.qk_norm, "QK-norm's per-key division cannot be absorbed; use attend_expanded"
         B, H, T, d = q.shape
         S = c.shape[2]
         w_uk, w_uv = self.up_weights()

@@ -6,8 +6,11 @@ these wrappers pass the cache as plain tensors named the way Hugging Face Optimu
 caches is what its attention declares for ``KVCache`` (``cache_entries``), so the names follow it:
 multi-head latent attention caches one ``past_key_values.{i}.latent`` per layer instead.
 The wrappers run the model's own modules (embeddings, norms, the attention's projections, the
-feed-forward, the head); only the attention arithmetic is written out here, because the graph
-needs one form for every chunk length and a mask from tensors rather than from the cache's state.
+feed-forward, each block's input and the head), so the model's options come along: QK-norm in the
+projections and the latent's expansion, value embeddings in the values, ReLU² in the feed-forward,
+the residual scalars in ``GPT.block_input``, the softcap in ``GPT.logits``. Only the attention
+arithmetic is written out here, because the graph needs one form for every chunk length and a mask
+from tensors rather than from the cache's state.
 
 - ``DynamicDecoder``: any batch, any number of new tokens, any past length (0 for the first call);
   presents are the pasts with the new tokens appended. ``attention_mask`` (batch, past + new) marks
@@ -57,19 +60,22 @@ def _decode(model: GPT, input_ids: torch.Tensor, position_ids: torch.Tensor, pas
             combine: Combine, allowed: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """Logits and presents: every block with its attention reading ``combine(past, new)`` where
     ``allowed`` (batch, 1, new, keys) is True."""
-    x = model.tok_emb(input_ids) + model.pos_emb(position_ids)
+    x = x0 = model.tok_emb(input_ids) + model.pos_emb(position_ids)
     per_layer = len(pasts) // model.config.n_layer
     presents: list[torch.Tensor] = []
     for i, block in enumerate(model.blocks):
+        x = model.block_input(i, x, x0)
         attn = block.attn
-        q, *new = attn.split_heads(block.attn_norm(x))
+        value_embedding = model.value_embedding(i, input_ids)
+        extra = {} if value_embedding is None else {"value_embedding": value_embedding}
+        q, *new = attn.split_heads(block.attn_norm(x), **extra)
         cached = [combine(past, n) for past, n in zip(pasts[i * per_layer:(i + 1) * per_layer], new)]
         presents += cached
         y = _attend(attn, q, cached, allowed)
         B, _, T, _ = q.shape
         x = x + attn.proj(y.transpose(1, 2).reshape(B, T, -1))
         x = x + block.ffn(block.ffn_norm(x))
-    return (model.lm_head(model.norm(x)), *presents)
+    return (model.logits(model.norm(x)), *presents)
 
 
 def _attend(attn: nn.Module, q: torch.Tensor, cached: list[torch.Tensor], allowed: torch.Tensor) -> torch.Tensor:

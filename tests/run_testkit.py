@@ -29,6 +29,12 @@ CORPUS = [
 ]
 VOCAB_SIZE = 300
 BLOCK_SIZE = 32
+# Every small-model option of GPTConfig that changes what the model computes, on at once: the
+# cache, export, ONNX and serving tests run one model with all of them. The cap is loose enough
+# that the scaled weights below do not pile their top logits against it (greedy needs clear gaps).
+ALL_OPTIONS = dict(mlp="relu2", qk_norm=True, logit_softcap=20.0, residual_scalars=True, value_embeddings=True)
+# Multi-head latent attention refuses value embeddings (see GPTConfig): all the others.
+MLA_OPTIONS = {name: value for name, value in ALL_OPTIONS.items() if name != "value_embeddings"}
 
 
 def chat_tokenizer(vocab_size: int = VOCAB_SIZE) -> Tokenizer:
@@ -46,25 +52,30 @@ def tokenizer_without_chat(vocab_size: int = VOCAB_SIZE) -> Tokenizer:
 
 
 def build_model(vocab_size: int, block_size: int = BLOCK_SIZE, *, n_kv_head: int = 2, tie: bool = True,
-                seed: int = 0, **attention) -> GPT:
+                seed: int = 0, **options) -> GPT:
     """A random GPT whose weights are scaled up 10x: at the standard init the logits are nearly
     flat and greedy decoding repeats one token, which would let a broken cache, position or mask
-    pass unnoticed. ``attention`` takes the latent-attention fields of GPTConfig (attention="mla",
-    kv_latent_dim, q_latent_dim)."""
+    pass unnoticed. ``options`` takes other GPTConfig fields: the latent-attention ones
+    (attention="mla", kv_latent_dim, q_latent_dim) and those of ``ALL_OPTIONS``, whose gains and
+    scalars are drawn away from their init (an export that ignored them would then differ)."""
     torch.manual_seed(seed)
     config = GPTConfig(vocab_size=vocab_size, block_size=block_size, n_layer=2, n_head=4, n_kv_head=n_kv_head,
-                       n_embd=64, tie_embeddings=tie, **attention)
+                       n_embd=64, tie_embeddings=tie, **options)
     model = GPT(config).eval()
     with torch.no_grad():
-        for param in model.parameters():
-            if param.dim() >= 2:
+        for name, param in model.named_parameters():
+            if "value_gate" in name:  # zero at init, so every gate would be 1
+                param.normal_(0.0, 0.3)
+            elif param.dim() >= 2:
                 param.mul_(10.0)
+            elif "head_norm" in name or "lambdas" in name:
+                param.uniform_(0.5, 1.5)
     return model
 
 
 def build_run(directory: Path, tokenizer: Tokenizer, *, vocab_size: int | None = None, n_kv_head: int = 2,
               tie: bool = True, seed: int = 0, block_size: int = BLOCK_SIZE,
-              never_predicts: tuple[str, ...] = (), **attention) -> Path:
+              never_predicts: tuple[str, ...] = (), **options) -> Path:
     """A run directory holding ``build_model``'s weights and the tokenizer (its vocabulary unless
     ``vocab_size`` says otherwise). The tokens in ``never_predicts`` get a zero output row: a logit of
     0 loses to the largest of the others, which is far above 0 at these scaled weights, so
@@ -72,7 +83,7 @@ def build_run(directory: Path, tokenizer: Tokenizer, *, vocab_size: int | None =
     directory.mkdir(parents=True, exist_ok=True)
     tokenizer.save(str(directory / TOKENIZER_FILE))
     model = build_model(vocab_size or tokenizer.get_vocab_size(), block_size, n_kv_head=n_kv_head, tie=tie,
-                        seed=seed, **attention)
+                        seed=seed, **options)
     with torch.no_grad():
         for token in never_predicts:
             model.lm_head.weight[tokenizer.token_to_id(token)] = 0.0

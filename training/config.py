@@ -50,6 +50,7 @@ class TrainConfig:
     lr_decay_fraction: float = 0.4  # wsd only: the final fraction of the budget spent decaying
     muon_lr: float = 0.02  # Muon's peak; the schedule scales it by the same factor as lr
     muon_momentum: float = 0.95
+    muon_momentum_warmup: int = 0  # steps over which Muon's momentum rises to muon_momentum (0 = none)
     warmup_steps: int = 100
     weight_decay: float = 0.1  # applied to weight matrices only
     beta1: float = 0.9
@@ -79,6 +80,7 @@ class TrainConfig:
         require(self.lr > 0, "train.lr must be > 0")
         require(self.muon_lr > 0, "train.muon_lr must be > 0")
         require(0 <= self.muon_momentum < 1, "train.muon_momentum must be in [0, 1)")
+        require(self.muon_momentum_warmup >= 0, "train.muon_momentum_warmup must be >= 0 (0 = no warm-up)")
         require(0 <= self.min_lr <= self.lr, "train.min_lr must be between 0 and train.lr")
         _require_one_of(self.lr_schedule, "train.lr_schedule", ("cosine", "wsd"))
         require(0 < self.lr_decay_fraction <= 1, "train.lr_decay_fraction must be in (0, 1]")

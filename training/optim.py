@@ -12,6 +12,9 @@ from torch import nn
 from training.config import TrainConfig
 from training.muon import Muon
 
+# Where Muon's momentum starts a warm-up (train.muon_momentum_warmup), as in modded-nanogpt.
+MUON_MOMENTUM_START = 0.85
+
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     """Split parameters into a decayed group (matrices) and an undecayed one.
@@ -63,6 +66,17 @@ def _adamw(groups: list[dict], cfg: TrainConfig, device: torch.device) -> torch.
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, fused=fused)
 
 
+def muon_momentum(cfg: TrainConfig, step: int) -> float:
+    """Muon's momentum at optimizer step ``step``: ``train.muon_momentum``, or during the first
+    ``train.muon_momentum_warmup`` steps a linear rise to it from 0.85 (or from itself, if lower).
+    Early gradients change fast, and a long momentum average would keep stepping along stale ones."""
+    warmup = cfg.muon_momentum_warmup
+    if step >= warmup:
+        return cfg.muon_momentum
+    start = min(MUON_MOMENTUM_START, cfg.muon_momentum)
+    return start + (cfg.muon_momentum - start) * step / warmup
+
+
 class MuonWithAdamW:
     """Muon for the hidden weight matrices and AdamW for everything else, stepped as one optimizer
     with the parts of ``torch.optim.Optimizer`` that the trainer uses."""
@@ -73,6 +87,10 @@ class MuonWithAdamW:
     @property
     def param_groups(self) -> list[dict[str, Any]]:
         return self.muon.param_groups + self.adamw.param_groups
+
+    def set_momentum(self, momentum: float) -> None:
+        """Muon's momentum from the next step on (AdamW's betas stay as configured)."""
+        self.muon.param_groups[0]["momentum"] = momentum
 
     def step(self) -> None:
         self.muon.step()

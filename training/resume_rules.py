@@ -1,7 +1,7 @@
 """Which settings may change when a run is resumed, and the checks that refuse the others.
 
 May change on ``--resume``: the budgets (``train.max_steps``, ``max_minutes``, ``max_tokens``),
-learning rates and their schedule, warmup, weight decay, betas, eps, gradient clipping,
+learning rates and their schedule, warmup, Muon's momentum and its warm-up, weight decay, betas, eps, gradient clipping,
 ``train.batch_size`` and ``train.grad_accum_steps``, device, precision, compile, and the whole
 ``eval``, ``logging`` and ``run`` sections, plus ``model.dropout``.
 
@@ -22,10 +22,13 @@ from rundir.checkpoint import CheckpointError
 from rundir.files import STATE_FILE
 
 FIXED_ON_RESUME = ("optimizer", "sampling", "seed")
-# The model keys that fix the shapes of the weights, which neither a resume nor a run started from a
-# parent (train.init_from) may change; dropout or norm_eps may.
-SHAPE_KEYS = ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd", "ffn_hidden", "tie_embeddings",
-              "attention", "kv_latent_dim", "q_latent_dim")
+# The model keys that fix the shapes of the weights or what they compute, which neither a resume nor
+# a run started from a parent (train.init_from) may change: weights trained under a softcap or
+# QK-norm mean something else without it. dropout, norm_eps and zero_init (an init only) may.
+# mlp comes before ffn_hidden, whose width it changes: a switched MLP kind is named as such.
+SHAPE_KEYS = ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd", "mlp", "ffn_hidden",
+              "tie_embeddings", "attention", "kv_latent_dim", "q_latent_dim", "qk_norm", "logit_softcap",
+              "residual_scalars", "value_embeddings")
 
 
 def check_model_shape(saved: GPTConfig, current: GPTConfig, run_dir: Path) -> None:

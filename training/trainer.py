@@ -47,7 +47,7 @@ from training.init_from import check_parent_tokenizer, find_parent, load_parent_
 from training.interrupt import StopNow, StopRequest
 from training.memory_budget import check_model_fits
 from training.metrics import Throughput, format_duration, format_flops, mfu, peak_flops
-from training.optim import build_optimizer, build_schedule
+from training.optim import MuonWithAdamW, build_optimizer, build_schedule, muon_momentum
 from training.resume_rules import check_fixed_settings, check_model_shape, fixed_settings, restore_error
 from training.rng_state import capture_rng_state, restore_rng_state
 from training.sft import accumulate_chat_gradients, chat_reply_samples, evaluate_chat
@@ -347,6 +347,8 @@ class Trainer:
                     lr = self.schedule(self.step, self._elapsed())
                     for group, scale in zip(self.optimizer.param_groups, self.lr_scales):
                         group["lr"] = lr * scale
+                    if isinstance(self.optimizer, MuonWithAdamW):
+                        self.optimizer.set_momentum(muon_momentum(tc, self.step))
                     step_loss, tokens = self._accumulate(stop)
                     if step_loss is None:
                         reason = "interrupted"

@@ -4,7 +4,9 @@ Shipped inside every exported folder and loaded with ``trust_remote_code=True``;
 torch and transformers only. No built-in transformers architecture combines learned absolute
 positions with RMSNorm, SwiGLU and grouped-query (or multi-head latent) attention, hence this file.
 
-Each block is pre-norm: x + attention(norm(x)), then x + mlp(norm(x)). Learned positions have
+Each block is pre-norm: x + attention(norm(x)), then x + mlp(norm(x)). The config's options (a
+ReLU² MLP, QK-norm, a logit softcap, residual scalars, value embeddings) each change a line or two
+of that, marked where it happens. Learned positions have
 ``max_position_embeddings`` rows and nothing past them, so a longer sequence is an error (with the
 fix in the message), never a silent wrap-around or an IndexError from the embedding lookup.
 
@@ -51,12 +53,24 @@ class MiniGPTAttention(nn.Module):
         self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
         self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
+        if config.qk_norm:  # one gain per channel, shared by the heads
+            self.q_norm = MiniGPTRMSNorm(self.head_dim, config.rms_norm_eps)
+            self.k_norm = MiniGPTRMSNorm(self.head_dim, config.rms_norm_eps)
+        if value_embedding_layer(config, layer_idx):
+            self.value_gate = nn.Linear(config.hidden_size, self.num_kv_heads, bias=False)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, cache: Cache | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, cache: Cache | None,
+                value_embedding: torch.Tensor | None = None) -> torch.Tensor:
         batch, length, _ = x.shape
         q = self.q_proj(x).view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x)
+        if value_embedding is not None:  # the token's value embedding, gated per key/value head
+            gate = 2 * torch.sigmoid(self.value_gate(x)).unsqueeze(-1)
+            v = v + (gate * value_embedding.view(batch, length, self.num_kv_heads, self.head_dim)).flatten(2)
+        v = v.view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        if hasattr(self, "q_norm"):  # QK-norm: the cache stores the normed keys
+            q, k = self.q_norm(q), self.k_norm(k)
         if cache is not None:  # the cache stores the key/value heads, not their copies
             k, v = cache.update(k, v, self.layer_idx)
         group = self.num_heads // self.num_kv_heads
@@ -89,8 +103,12 @@ class MiniGPTLatentAttention(nn.Module):
         self.k_b_proj = nn.Linear(config.kv_latent_dim, width, bias=False)
         self.v_b_proj = nn.Linear(config.kv_latent_dim, width, bias=False)
         self.o_proj = nn.Linear(width, config.hidden_size, bias=False)
+        if config.qk_norm:  # on each head's query, and on each key once expanded from the latent
+            self.q_norm = MiniGPTRMSNorm(self.head_dim, config.rms_norm_eps)
+            self.k_norm = MiniGPTRMSNorm(self.head_dim, config.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, past_key_values: Cache | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, past_key_values: Cache | None,
+                value_embedding: None = None) -> torch.Tensor:
         batch, length, _ = x.shape
         if hasattr(self, "q_proj"):
             q = self.q_proj(x)
@@ -103,21 +121,26 @@ class MiniGPTLatentAttention(nn.Module):
         total = latent.shape[2]
         k = self.k_b_proj(latent[:, 0]).view(batch, total, self.num_heads, self.head_dim).transpose(1, 2)
         v = self.v_b_proj(latent[:, 0]).view(batch, total, self.num_heads, self.head_dim).transpose(1, 2)
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return self.o_proj(y.transpose(1, 2).reshape(batch, length, -1))
 
 
 class MiniGPTMLP(nn.Module):
-    """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
+    """SwiGLU feed-forward: down(silu(gate(x)) * up(x)); with ``mlp="relu2"``, down(relu(up(x))²)."""
 
     def __init__(self, config: MiniGPTConfig):
         super().__init__()
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        if config.mlp == "swiglu":
+            self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if hasattr(self, "gate_proj"):
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(F.relu(self.up_proj(x)).square())
 
 
 class MiniGPTBlock(nn.Module):
@@ -129,9 +152,15 @@ class MiniGPTBlock(nn.Module):
         self.post_attention_layernorm = MiniGPTRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MiniGPTMLP(config)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, cache: Cache | None) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), mask, cache)
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, cache: Cache | None,
+                value_embedding: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), mask, cache, value_embedding)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+
+def value_embedding_layer(config: MiniGPTConfig, layer_idx: int) -> bool:
+    """Whether layer ``layer_idx`` has value embeddings: every other layer, ending with the last."""
+    return config.value_embeddings and layer_idx % 2 == (config.num_hidden_layers - 1) % 2
 
 
 def attention_mask_4d(
@@ -169,6 +198,12 @@ class MiniGPTModel(MiniGPTPreTrainedModel):
         self.embed_positions = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.layers = nn.ModuleList(MiniGPTBlock(config, i) for i in range(config.num_hidden_layers))
         self.norm = MiniGPTRMSNorm(config.hidden_size, config.rms_norm_eps)
+        if config.residual_scalars:  # per layer, the weights of the residual stream and of x0
+            self.resid_lambdas = nn.Parameter(torch.ones(config.num_hidden_layers))
+            self.x0_lambdas = nn.Parameter(torch.zeros(config.num_hidden_layers))
+        kv_width = config.num_key_value_heads * config.hidden_size // config.num_attention_heads
+        layers = [i for i in range(config.num_hidden_layers) if value_embedding_layer(config, i)]
+        self.value_embeds = nn.ModuleDict({str(i): nn.Embedding(config.vocab_size, kv_width) for i in layers})
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:
@@ -196,10 +231,13 @@ class MiniGPTModel(MiniGPTPreTrainedModel):
             else:
                 position_ids = torch.arange(past, past + length, device=input_ids.device).unsqueeze(0)
         self._check_positions(position_ids)
-        x = self.embed_tokens(input_ids) + self.embed_positions(position_ids)
+        x = x0 = self.embed_tokens(input_ids) + self.embed_positions(position_ids)
         mask = attention_mask_4d(attention_mask, batch, length, past, input_ids.device)
-        for layer in self.layers:
-            x = layer(x, mask, cache)
+        for i, layer in enumerate(self.layers):
+            if self.config.residual_scalars:  # each layer reads a learned mix of the stream and x0
+                x = self.resid_lambdas[i] * x + self.x0_lambdas[i] * x0
+            value_embedding = self.value_embeds[str(i)](input_ids) if str(i) in self.value_embeds else None
+            x = layer(x, mask, cache, value_embedding)
         return BaseModelOutputWithPast(self.norm(x), cache)
 
     def _cache_for(self, cache: Cache | None, past_key_values: Cache | None, use_cache: bool | None) -> Cache | None:
@@ -258,6 +296,9 @@ class MiniGPTForCausalLM(MiniGPTPreTrainedModel, GenerationMixin):
         hidden = out.last_hidden_state
         # generate() asks for the last position only: the head is often the largest matmul.
         logits = self.lm_head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden)
+        cap = self.config.final_logit_softcapping
+        if cap is not None:  # the model was trained on these soft-capped logits
+            logits = cap * torch.tanh(logits / cap)
         loss = None
         if labels is not None:
             loss = F.cross_entropy(

@@ -8,14 +8,17 @@ import pytest
 import torch
 
 from export_testkit import BLOCK_SIZE, VOCAB_SIZE, build_run, read_json
+from run_testkit import MLA_OPTIONS
 
 transformers = pytest.importorskip("transformers")
 
 from model import load_pretrained  # noqa: E402
 
 ATOL = 1e-5
-# A latent wider than head_dim (16) with a query latent, and a narrower one without.
-SHAPES = {"wide-qlatent": {"kv_latent_dim": 32, "q_latent_dim": 24}, "narrow": {"kv_latent_dim": 8}}
+# A latent wider than head_dim (16) with a query latent, and a narrower one without; then with every
+# small-model option on (QK-norm: our decoding takes the expanded form too).
+SHAPES = {"wide-qlatent": {"kv_latent_dim": 32, "q_latent_dim": 24}, "narrow": {"kv_latent_dim": 8},
+          "options": {"kv_latent_dim": 16, **MLA_OPTIONS}}
 
 
 @pytest.fixture(scope="module", params=list(SHAPES))

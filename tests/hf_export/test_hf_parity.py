@@ -1,7 +1,8 @@
 """The exported folder, loaded by transformers, computes what our model computes.
 
 Logits agree within 1e-5 in fp32 (with and without padding), greedy generation gives exactly
-generate.py's tokens (with and without the cache, for every GQA ratio), the tokenizer and chat
+generate.py's tokens (with and without the cache, for every GQA ratio, and with every small-model
+option on), the tokenizer and chat
 template agree token for token, and a save through transformers changes no weight.
 """
 
@@ -27,9 +28,9 @@ def _random_ids(generator: torch.Generator, length: int, batch: int = 1) -> torc
     return torch.randint(0, VOCAB_SIZE, (batch, length), generator=generator)
 
 
-@pytest.mark.parametrize("n_kv_head, tie", [(2, True), (2, False)])
-def test_logits_match_ours_on_prompts_of_several_lengths(make_export, hf_models, n_kv_head, tie):
-    run_dir, folder = make_export(n_kv_head, tie)
+@pytest.mark.parametrize("n_kv_head, tie, options", [(2, True, False), (2, False, False), (2, False, True)])
+def test_logits_match_ours_on_prompts_of_several_lengths(make_export, hf_models, n_kv_head, tie, options):
+    run_dir, folder = make_export(n_kv_head, tie, options)
     ours, theirs = load_pretrained(run_dir), hf_models(folder)
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
@@ -41,9 +42,10 @@ def test_logits_match_ours_on_prompts_of_several_lengths(make_export, hf_models,
         torch.testing.assert_close(theirs(ids, labels=ids).loss, our_loss, atol=ATOL, rtol=0)
 
 
+@pytest.mark.parametrize("options", [False, True], ids=["plain", "options"])
 @pytest.mark.parametrize("side", ["left", "right"])
-def test_logits_match_ours_in_a_padded_batch(make_export, hf_models, side):
-    run_dir, folder = make_export()
+def test_logits_match_ours_in_a_padded_batch(make_export, hf_models, side, options):
+    run_dir, folder = make_export(options=options)
     ours, theirs = load_pretrained(run_dir), hf_models(folder)
     g = torch.Generator().manual_seed(2)
     rows = [_random_ids(g, length)[0] for length in (BLOCK_SIZE, 19, 4)]
@@ -71,15 +73,17 @@ def _greedy_like_generate_py(run_dir, prompt_ids: list[int], max_new_tokens: int
 
 
 @pytest.mark.parametrize("use_cache", [True, False], ids=["cache", "no-cache"])
-@pytest.mark.parametrize("n_kv_head", [4, 2, 1], ids=["ratio1", "ratio2", "ratio4"])
-def test_greedy_generate_gives_generate_py_tokens(make_export, hf_models, n_kv_head, use_cache):
-    run_dir, folder = make_export(n_kv_head)
+@pytest.mark.parametrize("n_kv_head, options", [(4, False), (2, False), (1, False), (2, True)],
+                         ids=["ratio1", "ratio2", "ratio4", "ratio2-options"])
+def test_greedy_generate_gives_generate_py_tokens(make_export, hf_models, n_kv_head, options, use_cache):
+    run_dir, folder = make_export(n_kv_head, options=options)
     prompt = _random_ids(torch.Generator().manual_seed(3), 5)
     new = BLOCK_SIZE - prompt.shape[1]  # every token that fits in the window
     expected = _greedy_like_generate_py(run_dir, prompt[0].tolist(), new, use_cache)
-    # generate.py does not stop at <|endoftext|>; eos_token_id=None makes transformers run as long.
+    # generate.py's plain completion neither stops at <|endoftext|> nor suppresses the role tokens
+    # that the chat export's generation config suppresses: ask transformers for the same.
     out = hf_models(folder).generate(prompt, max_new_tokens=new, do_sample=False, use_cache=use_cache,
-                                     eos_token_id=None, attention_mask=torch.ones_like(prompt))
+                                     eos_token_id=None, suppress_tokens=None, attention_mask=torch.ones_like(prompt))
     assert out[0, prompt.shape[1]:].tolist() == expected
     assert len(set(expected)) > 3  # a degenerate model repeating one token would prove little
 
@@ -280,3 +284,15 @@ def test_attention_mask_hides_padding_and_leaves_no_query_empty():
     assert not mask[0, 0, :, :2].any()  # real queries of row 0 never read its padding
     expected_causal = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
     assert torch.equal(mask[1, 0], expected_causal)  # bottom-right aligned on top of 2 cached positions
+
+
+def test_config_json_names_only_the_options_that_are_on(make_export):
+    from export_testkit import read_json
+
+    plain = read_json(make_export()[1] / "config.json")
+    with_options = read_json(make_export(options=True)[1] / "config.json")
+    names = {"mlp", "qk_norm", "final_logit_softcapping", "residual_scalars", "value_embeddings"}
+    assert not names & plain.keys()
+    assert {name: with_options[name] for name in names} == {
+        "mlp": "relu2", "qk_norm": True, "final_logit_softcapping": 20.0, "residual_scalars": True,
+        "value_embeddings": True}

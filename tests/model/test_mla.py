@@ -11,28 +11,32 @@ import torch
 from common.config import ConfigError
 from model import GPT, GPTConfig
 from model.generation import generate
-from run_testkit import build_model
+from run_testkit import MLA_OPTIONS, build_model
 
 RTOL, ATOL = 1e-5, 1e-5
 
 
-def mla_model(kv_latent_dim: int, q_latent_dim: int | None = None, *, block_size: int = 40) -> GPT:
-    """A random MLA GPT with head_dim 16 and logits far from flat (``run_testkit.build_model``)."""
+def mla_model(kv_latent_dim: int, q_latent_dim: int | None = None, *, block_size: int = 40, **options) -> GPT:
+    """A random MLA GPT with head_dim 16 and logits far from flat (``run_testkit.build_model``);
+    ``options``: other GPTConfig fields."""
     return build_model(97, block_size, n_kv_head=4, attention="mla", kv_latent_dim=kv_latent_dim,
-                       q_latent_dim=q_latent_dim)
+                       q_latent_dim=q_latent_dim, **options)
 
 
 # kv_latent_dim below, equal to and above head_dim (16); with and without a query latent.
 SHAPES = [(8, None), (16, 24), (48, None), (48, 8)]
+# The same with the small-model options on (QK-norm makes decoding take the expanded form).
+CASES = [(*shape, {}) for shape in SHAPES] + [(16, 24, MLA_OPTIONS), (8, None, MLA_OPTIONS)]
+CASE_IDS = [f"{kv}-{q}{'-options' if options else ''}" for kv, q, options in CASES]
 
 
 def assert_close(got: torch.Tensor, want: torch.Tensor) -> None:
     torch.testing.assert_close(got, want, rtol=RTOL, atol=ATOL * want.abs().max().item())
 
 
-@pytest.mark.parametrize("kv_latent_dim,q_latent_dim", SHAPES)
-def test_cached_decode_equals_full_recomputation(kv_latent_dim, q_latent_dim):
-    model = mla_model(kv_latent_dim, q_latent_dim)
+@pytest.mark.parametrize("kv_latent_dim,q_latent_dim,options", CASES, ids=CASE_IDS)
+def test_cached_decode_equals_full_recomputation(kv_latent_dim, q_latent_dim, options):
+    model = mla_model(kv_latent_dim, q_latent_dim, **options)
     idx = torch.randint(0, 97, (3, 30), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         full = model(idx)
@@ -41,9 +45,9 @@ def test_cached_decode_equals_full_recomputation(kv_latent_dim, q_latent_dim):
     assert_close(torch.cat(steps, dim=1), full)
 
 
-@pytest.mark.parametrize("kv_latent_dim,q_latent_dim", SHAPES)
-def test_greedy_tokens_with_and_without_the_cache_are_identical(kv_latent_dim, q_latent_dim):
-    model = mla_model(kv_latent_dim, q_latent_dim, block_size=24)
+@pytest.mark.parametrize("kv_latent_dim,q_latent_dim,options", CASES, ids=CASE_IDS)
+def test_greedy_tokens_with_and_without_the_cache_are_identical(kv_latent_dim, q_latent_dim, options):
+    model = mla_model(kv_latent_dim, q_latent_dim, block_size=24, **options)
     prompt = torch.randint(0, 97, (2, 5), generator=torch.Generator().manual_seed(2))
     # 50 new tokens in a 24-position window: the window slides and the cache is refilled. The
     # penalty keeps greedy decoding of random weights from settling on one token.
@@ -53,8 +57,9 @@ def test_greedy_tokens_with_and_without_the_cache_are_identical(kv_latent_dim, q
     assert len(set(cached[0, 5:].tolist())) > 3  # not one repeated token: the test could fail
 
 
-def test_chunked_prefill_equals_one_pass():
-    model = mla_model(48, 8)
+@pytest.mark.parametrize("options", [{}, MLA_OPTIONS], ids=["plain", "options"])
+def test_chunked_prefill_equals_one_pass(options):
+    model = mla_model(48, 8, **options)
     idx = torch.randint(0, 97, (2, 33), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         full = model(idx)
@@ -79,8 +84,9 @@ def test_decoding_never_builds_per_head_keys_or_values(monkeypatch):
         assert_close(model(idx[:, 8:], cache=cache)[:, -1], full[:, -1])
 
 
-def test_ragged_rows_decode_together_as_each_alone_bit_for_bit():
-    model = mla_model(16, 24)
+@pytest.mark.parametrize("options", [{}, MLA_OPTIONS], ids=["plain", "options"])
+def test_ragged_rows_decode_together_as_each_alone_bit_for_bit(options):
+    model = mla_model(16, 24, **options)
     prompts = [list(range(3, 3 + n)) for n in (1, 5, 12, 30)]
     rows = [5, 0, 3, 1]  # rows are not in order, and two rows stay empty
     cache = model.init_cache(6)
@@ -97,9 +103,10 @@ def test_ragged_rows_decode_together_as_each_alone_bit_for_bit():
         assert torch.equal(batched[i:i + 1], solo[i]), f"row {rows[i]}"
 
 
+@pytest.mark.parametrize("options", [{}, MLA_OPTIONS], ids=["plain", "options"])
 @pytest.mark.parametrize("batch_invariant", [False, True])
-def test_ragged_rows_and_chunks_into_them_equal_full_recomputation(batch_invariant):
-    model = mla_model(8, None)
+def test_ragged_rows_and_chunks_into_them_equal_full_recomputation(batch_invariant, options):
+    model = mla_model(8, None, **options)
     seqs = [torch.randint(0, 97, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (20, 24, 26)]
     done = [3, 9, 1]  # prefilled lengths: ragged
     cache = model.init_cache(3)
@@ -139,9 +146,16 @@ def test_the_cache_holds_the_latent_only(dtype):
 
 
 def test_parameter_count_from_the_config_matches_the_model():
-    for kv_latent_dim, q_latent_dim in SHAPES:
-        model = mla_model(kv_latent_dim, q_latent_dim)
+    for kv_latent_dim, q_latent_dim, options in CASES:
+        model = mla_model(kv_latent_dim, q_latent_dim, **options)
         assert model.config.num_params() == model.num_params()
+
+
+def test_qk_norm_decodes_in_the_expanded_form_and_refuses_the_absorbed_one():
+    model = mla_model(16, 24, qk_norm=True)
+    q, c = model.blocks[0].attn.split_heads(torch.randn(1, 3, 64))
+    with pytest.raises(AssertionError, match="cannot be absorbed"):
+        model.blocks[0].attn.attend_absorbed(q, c, None)
 
 
 def base(**changes) -> dict:

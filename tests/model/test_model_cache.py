@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from model import KVCache
+from run_testkit import ALL_OPTIONS
 
 # Absolute tolerance on logits whose magnitude is a few units to a few tens (see conftest):
 # fp32 rounding of two summation orders differs by ~1e-6 here.
@@ -16,7 +17,16 @@ CONFIGS = [
     dict(n_kv_head=2),
     dict(n_kv_head=6),
     dict(n_kv_head=3, n_head=3, n_embd=33, vocab_size=61, n_layer=3, block_size=29, tie_embeddings=False),
+    # The small-model options (all on; the cap at a few units, where these logits live) ...
+    dict(n_kv_head=2, **ALL_OPTIONS | dict(logit_softcap=3.0)),
+    # ... and each alone, on multi-head attention and an untied head.
+    dict(n_kv_head=6, mlp="relu2"),
+    dict(n_kv_head=6, qk_norm=True, tie_embeddings=False),
+    dict(n_kv_head=1, logit_softcap=2.0),
+    dict(n_kv_head=6, residual_scalars=True),
+    dict(n_kv_head=2, n_layer=3, value_embeddings=True),
 ]
+OPTION_CONFIGS = CONFIGS[4:]
 
 
 def max_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -39,9 +49,10 @@ def test_prefill_then_decode_matches_full_forward_every_step(make_model, overrid
     assert cache.lengths == [block, block]
 
 
-@pytest.mark.parametrize("n_kv_head", [1, 2, 6])
-def test_uneven_chunks_match_full_forward(make_model, n_kv_head):
-    model = make_model(seed=5, n_kv_head=n_kv_head)
+@pytest.mark.parametrize("overrides", [dict(n_kv_head=1), dict(n_kv_head=2), dict(n_kv_head=6), *OPTION_CONFIGS],
+                         ids=lambda d: "-".join(f"{k}{v}" for k, v in d.items()))
+def test_uneven_chunks_match_full_forward(make_model, overrides):
+    model = make_model(seed=5, **overrides)
     seq = torch.randint(0, 97, (3, 3 + 5 + 1 + 7 + 2), generator=torch.Generator().manual_seed(6))
     cache = model.init_cache(3, max_len=18)
     with torch.inference_mode():

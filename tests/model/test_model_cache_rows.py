@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from run_testkit import ALL_OPTIONS
+
 ATOL = 1e-5  # fp32 logits of a few units (see conftest): two summation orders differ by ~1e-6
 
 
@@ -16,10 +18,11 @@ def prefill(model, cache, r: int, ids: list[int], chunk: int | None = None) -> t
     return logits
 
 
-@pytest.mark.parametrize("n_kv_head", [1, 2, 6])
-def test_rows_at_different_lengths_decode_as_each_would_alone(make_model, n_kv_head):
+@pytest.mark.parametrize("overrides", [dict(n_kv_head=1), dict(n_kv_head=2), dict(n_kv_head=6),
+                                       dict(n_kv_head=2, **ALL_OPTIONS)], ids=["kv1", "kv2", "kv6", "options"])
+def test_rows_at_different_lengths_decode_as_each_would_alone(make_model, overrides):
     # head_dim 16: rows 64 bytes apart, as bit-exactness on the CPU needs (see _attend_token).
-    model = make_model(seed=5, n_kv_head=n_kv_head, n_embd=96)
+    model = make_model(seed=5, n_embd=96, **overrides)
     vocab, block = model.config.vocab_size, model.config.block_size
     g = torch.Generator().manual_seed(6)
     prompts = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in (1, 7, 20, 3)]
@@ -42,9 +45,10 @@ def test_rows_at_different_lengths_decode_as_each_would_alone(make_model, n_kv_h
     assert cache.lengths[1] == cache.lengths[3] == 0
 
 
+@pytest.mark.parametrize("options", [{}, ALL_OPTIONS], ids=["plain", "options"])
 @pytest.mark.parametrize("batch_invariant", [False, True])
-def test_ragged_rows_and_chunked_prefill_agree_with_full_recomputation(make_model, batch_invariant):
-    model = make_model(seed=7)
+def test_ragged_rows_and_chunked_prefill_agree_with_full_recomputation(make_model, batch_invariant, options):
+    model = make_model(seed=7, **options)
     vocab = model.config.vocab_size
     seqs = [torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (4, 11, 9)]
     cache = model.init_cache(3)

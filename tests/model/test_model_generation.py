@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from model.generation import generate, generate_tokens
+from run_testkit import ALL_OPTIONS
 
 SAMPLING = dict(temperature=0.9, top_k=40, top_p=0.95, repetition_penalty=1.3)
 
@@ -30,9 +31,10 @@ def test_greedy_equals_a_plain_argmax_loop(make_model):
     assert torch.equal(out, seq)
 
 
-@pytest.mark.parametrize("n_kv_head", [1, 2, 6])
-def test_greedy_cached_equals_uncached(make_model, n_kv_head):
-    model = make_model(seed=2, n_kv_head=n_kv_head, block_size=80)
+@pytest.mark.parametrize("overrides", [dict(n_kv_head=1), dict(n_kv_head=2), dict(n_kv_head=6),
+                                       dict(n_kv_head=2, **ALL_OPTIONS)], ids=["kv1", "kv2", "kv6", "options"])
+def test_greedy_cached_equals_uncached(make_model, overrides):
+    model = make_model(seed=2, block_size=80, **overrides)
     idx = prompt(1, 7, seed=3)
     cached = generate(model, idx, 64, use_cache=True)
     assert torch.equal(cached, generate(model, idx, 64, use_cache=False))

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rundir.loading import load_run
-from run_testkit import build_run, chat_tokenizer, tokenizer_without_chat
+from run_testkit import ALL_OPTIONS, build_run, chat_tokenizer, tokenizer_without_chat
 
 
 @pytest.fixture(autouse=True)
@@ -29,3 +29,10 @@ def plain_run_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def chat_run(chat_run_dir):
     return load_run(chat_run_dir, torch.device("cpu"))
+
+
+@pytest.fixture(scope="session")
+def options_run(tmp_path_factory):
+    """The chat run's shape with every small-model option on (``run_testkit.ALL_OPTIONS``)."""
+    run_dir = build_run(tmp_path_factory.mktemp("runs") / "tiny-options", chat_tokenizer(), **ALL_OPTIONS)
+    return load_run(run_dir, torch.device("cpu"))

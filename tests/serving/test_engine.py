@@ -64,7 +64,9 @@ def serve_all(engine: Engine, requests) -> list[Collector]:
     return collectors
 
 
-def test_32_concurrent_requests_each_equal_their_solo_run_and_generate_py(chat_run):
+@pytest.mark.parametrize("run_name", ["chat_run", "options_run"])
+def test_32_concurrent_requests_each_equal_their_solo_run_and_generate_py(request, run_name):
+    chat_run = request.getfixturevalue(run_name)
     requests = mixed_requests(chat_run, 32)
     with Engine(chat_run.model, chat_run.token_bytes, max_batch=1) as engine:
         solo = [serve_all(engine, [request])[0].finish for request in requests]

@@ -1,6 +1,7 @@
 """A multi-head latent attention run served: each request equals the same request alone, bit for
 bit, and generate.py, whatever else decodes beside it (the latent cache's masked whole-buffer
-one-token path), in the engine and through the real OpenAI client over a socket."""
+one-token path), in the engine and through the real OpenAI client over a socket; also with every
+small-model option on (QK-norm: the expanded form decodes, its up-projection in row blocks)."""
 
 from __future__ import annotations
 
@@ -14,18 +15,19 @@ from inference.completion import generate_completions
 from inference.settings import GenerationSettings
 from model.generation import SamplingSettings
 from rundir.loading import load_run
-from run_testkit import build_run, chat_tokenizer
+from run_testkit import MLA_OPTIONS, build_run, chat_tokenizer
 from server_process import running_server
 from serving.engine import Engine
 
 openai = pytest.importorskip("openai")
 
 
-@pytest.fixture(scope="module")
-def mla_run_dir(tmp_path_factory):
+@pytest.fixture(scope="module", params=["plain", "options"])
+def mla_run_dir(request, tmp_path_factory):
     # kv_latent_dim a multiple of 16: the CPU condition for batch-invariant decoding (model.mla).
+    options = MLA_OPTIONS if request.param == "options" else {}
     return build_run(tmp_path_factory.mktemp("runs") / "mla", chat_tokenizer(), n_kv_head=4,
-                     attention="mla", kv_latent_dim=32, q_latent_dim=16)
+                     attention="mla", kv_latent_dim=32, q_latent_dim=16, **options)
 
 
 @pytest.fixture(scope="module")

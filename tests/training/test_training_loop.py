@@ -117,9 +117,16 @@ def test_logged_loss_is_the_mean_over_micro_batches(make_config, tmp_path):
     assert logged["tokens"] == 3 * cfg.train.batch_size * cfg.model.block_size
 
 
-@pytest.mark.parametrize("optimizer, sampling", [("adamw", "random"), ("muon", "random"), ("muon", "epoch")])
-def test_resume_equals_an_uninterrupted_run(make_config, tmp_path, monkeypatch, optimizer, sampling):
+# The last case trains with every small-model option on: the saved config keeps them on resume.
+OPTIONS = dict(mlp="relu2", qk_norm=True, logit_softcap=15.0, residual_scalars=True, value_embeddings=True,
+               zero_init=True, tie_embeddings=False)
+
+
+@pytest.mark.parametrize("optimizer, sampling, model", [("adamw", "random", {}), ("muon", "random", {}),
+                                                         ("muon", "epoch", {}), ("muon", "epoch", OPTIONS)])
+def test_resume_equals_an_uninterrupted_run(make_config, tmp_path, monkeypatch, optimizer, sampling, model):
     sections = dict(
+        model=model,
         train={"max_steps": 16, "grad_accum_steps": 2, "optimizer": optimizer, "sampling": sampling},
         eval={"interval": 5},
         run={"checkpoint_interval": 4},
@@ -334,3 +341,13 @@ def test_resume_takes_the_muon_to_adamw_ratio_from_the_config(make_config, tmp_p
     adamw_lr = optimizer["adamw"]["param_groups"][0]["lr"]
     assert adamw_lr > 0
     assert muon_lr / adamw_lr == pytest.approx(0.06 / changed.train.lr)
+
+
+def test_muon_momentum_warms_up_across_a_resume(make_config, tmp_path):
+    sections = dict(eval={"interval": 0}, run={"checkpoint_interval": 0})
+    settings = {"optimizer": "muon", "muon_momentum": 0.95, "muon_momentum_warmup": 10}
+    train(make_config(tmp_path / "run", train={"max_steps": 3, **settings}, **sections), progress=False)
+    momentum = lambda: load_trainer_state(tmp_path / "run")["optimizer"]["muon"]["param_groups"][0]["momentum"]  # noqa: E731
+    assert momentum() == pytest.approx(0.87)  # the last step, 2, ran at 0.85 + 0.1 * 2/10
+    train(make_config(tmp_path / "run", train={"max_steps": 6, **settings}, **sections), resume=True, progress=False)
+    assert momentum() == pytest.approx(0.90)  # step 5: the warm-up follows the step count, not the restart
