@@ -98,8 +98,11 @@ def _start_paused_export(run_dir: Path, out: Path, marker: Path) -> subprocess.P
         writer._write_json = paused
         sys.exit(main(["--run", {str(run_dir)!r}, "--out", {str(out)!r}]))
     """)
+    # A shell without job control starts background jobs with SIGINT ignored, and a child inherits
+    # that (Python then installs no KeyboardInterrupt): give the export Ctrl-C's default back.
     process = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+                               stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 60
     while not marker.exists():
         if process.poll() is not None or time.monotonic() > deadline:
