@@ -14,7 +14,7 @@ layers, fp32), cache MiB at batch 16 and full context, and decode tokens/s at fu
 ``--decode-steps`` positions of the window) at batch 1 and 16. The figure plots bits/byte against
 KV bytes per token, one labelled point per variant (the seeds' mean, a bar spanning them).
 
-``--forms`` times one latent-attention layer of the tiny shape in both forms (``model.mla``):
+``--forms`` times one latent-attention layer of the tiny shape in both forms (``model.gpt.LatentAttention``):
 a training step (forward + backward over a batch of whole windows) and a one-token decode step
 at full context. It is how the model's choice of form for each case was made.
 """

@@ -1,10 +1,11 @@
-"""The GPT, from token ids to logits, top to bottom: config, block, model.
+"""The GPT, from token ids to logits, in one file that reads top to bottom: config, the layers
+every block shares, the two attention kinds side by side (grouped-query, and DeepSeek's multi-head
+latent attention), the block, and the model.
 
-A decoder-only transformer with grouped-query attention (query head h reads key/value head
-``h // (n_head // n_kv_head)``), learned absolute positions, pre-norm RMSNorm blocks with a
-SwiGLU feed-forward, and an LM head tied to the token embedding. The KV cache lives in
-``model.kv_cache``; sampling and the decode loop in ``model.generation``, which imports this file
-(never the other way round).
+A decoder-only transformer with learned absolute positions, pre-norm RMSNorm blocks with a SwiGLU
+feed-forward, and an LM head tied to the token embedding. The KV cache lives in ``model.kv_cache``;
+sampling and the decode loop in ``model.generation``, which imports this file (never the other way
+round). A decode step therefore reads three files of ``model/``: this one, the cache, and the loop.
 
 The small-model options of ``GPTConfig`` (ReLU², QK-norm, a logit softcap, residual scalars, value
 embeddings, zero-initialised projections) are all off by default; docs/training.md lists them with
@@ -24,9 +25,6 @@ from torch import nn
 
 from common.config import build, check_types, require
 from model.kv_cache import KVCache
-from model.gqa import CausalSelfAttention
-from model.layers import ReLU2, RMSNorm, SwiGLU, causal_attention_weights, linear
-from model.mla import LatentAttention
 
 _REQUIRED_INTS = ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd")
 ATTENTION_KINDS = ("gqa", "mla")
@@ -41,7 +39,7 @@ class GPTConfig:
     1 gives multi-query attention, ``n_head`` gives standard multi-head attention.
     ``ffn_hidden=None`` derives the SwiGLU width from ``n_embd`` (see ``ffn_dim``).
 
-    ``attention="mla"`` swaps in multi-head latent attention (``model.mla``): keys and values are
+    ``attention="mla"`` swaps in multi-head latent attention (``LatentAttention``): keys and values are
     read from one cached latent of ``kv_latent_dim`` numbers per token (required), and the query
     optionally from its own latent of ``q_latent_dim``. Every head then has its own key and value,
     so ``n_kv_head`` must equal ``n_head``; the latent sizes are refused with ``attention="gqa"``.
@@ -140,7 +138,7 @@ class GPTConfig:
     def value_embedding_layers(self) -> tuple[int, ...]:
         """The layers whose attention values get a value embedding: every other layer, ending with
         the last (nanochat's choice), or none. Each has its own table of ``n_kv_head·head_dim``
-        numbers per token, added to the values under a learned per-head gate (``model.gqa``)."""
+        numbers per token, added to the values under a learned per-head gate (``CausalSelfAttention``)."""
         if not self.value_embeddings:
             return ()
         return tuple(i for i in range(self.n_layer) if i % 2 == (self.n_layer - 1) % 2)
@@ -151,7 +149,7 @@ class GPTConfig:
         initialisers import torch's compiler (seconds at start-up)."""
         C = self.n_embd
         attention = C * (self.n_head + 2 * self.n_kv_head) * self.head_dim + C * C
-        if self.attention == "mla":  # model.mla.LatentAttention's matrices and latent norm gains
+        if self.attention == "mla":  # LatentAttention's matrices and latent norm gains
             r, q = self.kv_latent_dim, self.q_latent_dim
             query = C * C if q is None else C * q + q + q * C
             attention = query + C * r + r + r * 2 * C + C * C
@@ -170,6 +168,416 @@ class GPTConfig:
     def from_dict(cls, d: dict[str, Any]) -> GPTConfig:
         """Build a config from a plain dict (JSON or YAML), rejecting unknown or missing keys."""
         return build(cls, d, "model")
+
+
+# -------------------------------------------------------------------------------------------------
+# The layers every attention kind and block share: RMSNorm, the product that can be made
+# batch-invariant, the two feed-forwards (SwiGLU and ReLU²), and the bottom-right causal mask.
+
+
+class RMSNorm(nn.Module):
+    """Scale each vector to unit root-mean-square, then by a learned per-channel gain.
+
+    Unlike LayerNorm it neither centres nor adds a bias: cheaper, and as good in practice.
+    """
+
+    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # The fused kernel is one op instead of five, which matters in the per-token decode loop.
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+
+
+# A batch-invariant pass computes one-token rows through every linear layer in blocks of this many.
+DECODE_ROW_BLOCK = 16
+
+
+def linear(layer: nn.Linear, x: torch.Tensor, row_blocks: bool = False) -> torch.Tensor:
+    """``layer(x)``; with ``row_blocks``, the rows of x in blocks of exactly ``DECODE_ROW_BLOCK``.
+
+    A BLAS library picks its kernel, and with it the order of summation, from the matrix shape:
+    a row multiplied alone and the same row among 15 others may differ in the last bits, and in
+    generation a near-tie then picks another token. Padded to whole blocks, a row gets the same
+    arithmetic whether it is served alone or batched with any other requests. The padding costs
+    a single stream speed, so only the batch-invariant decode step (the serving engine's) asks.
+    """
+    if not row_blocks:
+        return layer(x)
+    rows = x.reshape(-1, x.shape[-1])
+    padded = F.pad(rows, (0, 0, 0, -rows.shape[0] % DECODE_ROW_BLOCK))
+    if padded.shape[0] == DECODE_ROW_BLOCK:
+        out = F.linear(padded, layer.weight, layer.bias)
+    else:
+        out = torch.cat([F.linear(block, layer.weight, layer.bias) for block in padded.split(DECODE_ROW_BLOCK)])
+    return out[:rows.shape[0]].view(*x.shape[:-1], -1)
+
+
+class SwiGLU(nn.Module):
+    """Feed-forward ``down(silu(gate(x)) * up(x))``.
+
+    Gate and up projections are stored as one matrix so a decode step does one matmul instead of
+    two; on a CPU the per-call overhead of a small matmul is comparable to its arithmetic.
+    """
+
+    def __init__(self, dim: int, hidden: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.gate_up = nn.Linear(dim, 2 * hidden, bias=False)
+        self.down = nn.Linear(hidden, dim, bias=False)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, row_blocks: bool = False) -> torch.Tensor:
+        gate, up = linear(self.gate_up, x, row_blocks).chunk(2, dim=-1)
+        return self.dropout(linear(self.down, F.silu(gate) * up, row_blocks))
+
+
+class ReLU2(nn.Module):
+    """Feed-forward ``down(relu(up(x))²)``, the MLP of nanochat and the modded-nanogpt records.
+
+    Two matrices to SwiGLU's three, so ``GPTConfig.ffn_dim`` makes it 3/2 as wide: the same
+    parameters and FLOPs at the same ``n_embd``. The square keeps the gate-free MLP's activations
+    sparse (exact zeros below 0) while growing smoothly above it.
+    """
+
+    def __init__(self, dim: int, hidden: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.up = nn.Linear(dim, hidden, bias=False)
+        self.down = nn.Linear(hidden, dim, bias=False)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, row_blocks: bool = False) -> torch.Tensor:
+        return self.dropout(linear(self.down, F.relu(linear(self.up, x, row_blocks)).square(), row_blocks))
+
+
+def causal_mask(q_len: int, k_len: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """Boolean (q_len, k_len) mask, True where attending is allowed, aligned bottom-right.
+
+    The queries are the last ``q_len`` of ``k_len`` positions, so query i may read keys
+    ``j <= k_len - q_len + i``. (SDPA's ``is_causal=True`` aligns top-left, which is only right
+    when ``q_len == k_len``.)
+    """
+    q_pos = torch.arange(q_len, device=device).unsqueeze(1) + (k_len - q_len)
+    return torch.arange(k_len, device=device).unsqueeze(0) <= q_pos
+
+
+def causal_attention_weights(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """The (B, H, T, T) probabilities ``softmax(q kᵀ / √d)`` of a whole sequence under the causal
+    mask, for q and k of shape (B, H, T, d): the weights that scaled-dot-product attention applies
+    to the values inside its fused kernel, written out so that they can be looked at
+    (``GPT.attention_weights``). Masked cells are exactly 0."""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    T = q.shape[-2]
+    return torch.softmax(scores.masked_fill(~causal_mask(T, T, device=q.device), float("-inf")), dim=-1)
+
+
+# -------------------------------------------------------------------------------------------------
+# Grouped-query attention: ``n_head`` query heads share ``n_kv_head`` key/value heads (query head h
+# reads key/value head ``h // (n_head // n_kv_head)``); 1 key/value head is multi-query attention,
+# ``n_head`` of them multi-head attention. ``LatentAttention``, below, is the other attention kind,
+# with the same interface, so the two can be read side by side.
+
+
+# enable_gqa arrived in torch 2.5 and the project still admits 2.4. A plain constant rather than
+# a function call, so torch.compile sees a fixed branch.
+SDPA_HAS_GQA = torch.__version__ >= "2.5"
+
+
+class CausalSelfAttention(nn.Module):
+    """Causal self-attention with ``n_head`` query heads sharing ``n_kv_head`` K/V heads."""
+
+    def __init__(self, config: Any, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.n_head = config.n_head
+        self.n_kv_head = config.n_kv_head
+        self.head_dim = config.head_dim
+        # Q, K and V in one matmul: fewer kernel launches per decode step.
+        qkv_dim = (config.n_head + 2 * config.n_kv_head) * config.head_dim
+        self.qkv = nn.Linear(config.n_embd, qkv_dim, bias=False)
+        self.proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
+        # QK-norm: every head's query and key scaled to unit RMS, then by one learned gain per
+        # channel, so the scores' size is learned rather than left to the weights' growth.
+        self.qk_norm = config.qk_norm
+        if config.qk_norm:
+            self.q_head_norm = RMSNorm(config.head_dim, config.norm_eps)
+            self.k_head_norm = RMSNorm(config.head_dim, config.norm_eps)
+        if layer_idx in config.value_embedding_layers:
+            # Value embeddings (nanochat): the values get the token's own embedding under a gate
+            # 2·sigmoid(x W) per key/value head, read from the layer's input.
+            self.value_gate = nn.Linear(config.n_embd, config.n_kv_head, bias=False)
+        self.attn_dropout = config.dropout
+        self.resid_dropout = nn.Dropout(config.dropout)
+
+    def split_heads(
+        self, x: torch.Tensor, row_blocks: bool = False, value_embedding: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Project x (B, T, C) to q (B, n_head, T, d) and k, v (B, n_kv_head, T, d); a layer with
+        value embeddings mixes ``value_embedding`` (B, T, n_kv_head·d, from ``GPT.value_embedding``)
+        into v."""
+        B, T, _ = x.shape
+        d = self.head_dim
+        sizes = [self.n_head * d, self.n_kv_head * d, self.n_kv_head * d]
+        q, k, v = linear(self.qkv, x, row_blocks).split(sizes, dim=-1)
+        if value_embedding is not None:
+            gate = 2 * torch.sigmoid(linear(self.value_gate, x, row_blocks))  # (B, T, n_kv_head)
+            v = v + (gate.unsqueeze(-1) * value_embedding.view(B, T, self.n_kv_head, d)).view(B, T, -1)
+        q = q.view(B, T, self.n_head, d).transpose(1, 2)
+        k = k.view(B, T, self.n_kv_head, d).transpose(1, 2)
+        v = v.view(B, T, self.n_kv_head, d).transpose(1, 2)
+        if self.qk_norm:  # before the cache: it stores the keys as the scores read them
+            q, k = self.q_head_norm(q), self.k_head_norm(k)
+        return q, k, v
+
+    def per_head(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k and v of x (B, T, C), each (B, n_head, T, d): every query head beside the key/value
+        head it reads. Only for looking at the heads (``GPT.attention_weights``): the forward pass
+        never copies the shared key/value heads."""
+        q, k, v = self.split_heads(x)
+        group = self.n_head // self.n_kv_head
+        return q, k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+
+    def cache_entries(self) -> dict[str, tuple[int, int]]:
+        """What this attention caches per token and layer, as ``KVCache`` takes it: K and V of the
+        key/value heads only."""
+        return {"k": (self.n_kv_head, self.head_dim), "v": (self.n_kv_head, self.head_dim)}
+
+    def forward(
+        self, x: torch.Tensor, cache: KVCache | None = None, row_blocks: bool = False,
+        value_embedding: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Attend over this chunk, and over the cache's earlier positions when one is given.
+
+        The caller (GPT) begins the cache's pass before the first layer and ends it after the
+        last, so every layer writes at the same positions. ``row_blocks``: see ``linear``;
+        ``value_embedding``: see ``split_heads``.
+        """
+        B, T, C = x.shape
+        q, k, v = self.split_heads(x, row_blocks, value_embedding)
+        mask = None
+        if cache is not None:
+            (k, v), mask = cache.update(self.layer_idx, k, v)
+        y = self._attend(q, k, v, mask)
+        y = y.transpose(1, 2).reshape(B, T, C)
+        return self.resid_dropout(linear(self.proj, y, row_blocks))
+
+    def _attend_token(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        """One new token per row against keys ``k, v``; ``mask`` (R, 1, 1, S), when given, hides
+        the slots of each row's K/V buffer it may not read. With whole buffers under a mask (a
+        batch-invariant pass) the shapes are the same at every position and in every batch, so
+        a row's arithmetic never depends on how far it is or on which rows decode beside it.
+        (On the CPU this also needs every row of q, k and v to start 64 bytes apart from the
+        others, which holds when head_dim is a multiple of 16: the kernels' summation order
+        depends on where a row starts in memory.)
+
+        Viewing the group's query heads as its query positions lets the group share its K/V
+        head with no copy, on any backend and torch version; for one query it is also faster
+        than ``enable_gqa``."""
+        B, H, _, d = q.shape
+        grouped = q.view(B, self.n_kv_head, H // self.n_kv_head, d)
+        dropout_p = self.attn_dropout if self.training else 0.0
+        return F.scaled_dot_product_attention(grouped, k, v, attn_mask=mask, dropout_p=dropout_p).view(B, H, 1, d)
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """Causal attention of q over k, v; ``mask`` None means the keys end at the newest query."""
+        B, H, T, d = q.shape
+        S = k.shape[2]
+        dropout_p = self.attn_dropout if self.training else 0.0
+        if T == 1:  # the newest token may read every key the mask allows
+            return self._attend_token(q, k, v, mask)
+        # A whole sequence (T == S) is plain causal; a chunk on top of a filled cache needs
+        # the bottom-right mask, which is_causal=True would get wrong.
+        if mask is None and T != S:
+            mask = causal_mask(T, S, device=q.device)
+        options = dict(attn_mask=mask, dropout_p=dropout_p, is_causal=mask is None)
+        if H != self.n_kv_head:
+            if SDPA_HAS_GQA:
+                options["enable_gqa"] = True
+            else:  # torch < 2.5: the kernel cannot broadcast K/V heads, so repeat them
+                group = H // self.n_kv_head
+                k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        return F.scaled_dot_product_attention(q, k, v, **options)
+
+
+# -------------------------------------------------------------------------------------------------
+# Multi-head latent attention (MLA, as in DeepSeek-V2/V3), the second attention kind beside the
+# grouped-query ``CausalSelfAttention`` of ``model.gpt``; ``GPTConfig.attention`` picks one.
+#
+# Each token's keys and values are compressed into one latent vector ``c = RMSNorm(x W_DKV)`` of
+# ``kv_latent_dim`` numbers, shared by every head. Head h reads its key ``c W_UK[h]`` and its value
+# ``c W_UV[h]``, so the model has ``n_head`` distinct key/value heads (multi-head attention's
+# expressiveness) while the cache stores only ``c``: ``kv_latent_dim`` numbers per token and layer,
+# against ``2 * n_kv_head * head_dim`` for grouped-query attention. The query may be low-rank too
+# (``q_latent_dim``): ``q = RMSNorm(x W_DQ) W_UQ``, else ``q = x W_Q``.
+#
+# Absorbing the up-projections. For one head (dropping h), a query row q (1 x d), and the key and
+# value of position s, k_s = c_s W_UK and v_s = c_s W_UV, with W_UK and W_UV of shape (r x d):
+#
+#     score_s = q . k_s = q (c_s W_UK)^T = (q W_UK^T) . c_s
+#     y       = sum_s p_s v_s = (sum_s p_s c_s) W_UV
+#
+# So a head can attend in latent space: its latent query ``q W_UK^T`` (1 x r) scores the cached
+# latents directly, and the weighted sum of latents goes through ``W_UV`` (and then the output
+# projection) once, per query rather than per cached position. Per-head keys and values are never
+# built, and a decode step reads r numbers per cached position instead of building 2 x n_head x d.
+# Both lines are only re-bracketed matrix products, so the two forms are equal up to rounding. The
+# softmax scale stays 1/sqrt(d): the scores are the same numbers, only computed in another order.
+#
+# Why this is exact here and needs a decoupled RoPE key in DeepSeek: with rotary embeddings the
+# query at position t and the key at s are rotated, q R_t and c_s W_UK R_s, so the score is
+# q R_t R_s^T W_UK^T . c_s = q R_(t-s) W_UK^T . c_s. A rotation that depends on s sits between the
+# query and W_UK^T, so no single latent query serves every cached position. This model adds learned
+# positions to the input embedding, before any projection, so nothing position-dependent sits
+# inside attention and the absorption holds exactly.
+#
+# QK-norm (``GPTConfig.qk_norm``) breaks the absorption: the key becomes ``g * k_s / rms(k_s)``
+# with ``k_s = c_s W_UK``, and the division by each position's own rms(k_s) cannot move into the
+# query. So with QK-norm decoding takes the expanded form too: the cache stays latent-only, but every
+# step up-projects all cached latents of the row (2 * n_head * head_dim * kv_latent_dim
+# multiply-adds per cached position and layer, the work the absorbed form saves).
+#
+# Which form runs when: a one-token step with a cache (decoding) uses the absorbed form (unless
+# QK-norm is on); every other forward (training, prefill, chunks) expands the keys and values and
+# runs ordinary multi-head SDPA, which is the faster of the two there (``python -m
+# benchmarks.attention_variants --forms``; numbers in docs/results.md). The cache
+# (``model.kv_cache``) holds one entry, the latent, and serves both forms alike: what it returns
+# and its mask are those of grouped-query attention's keys.
+
+
+class LatentAttention(nn.Module):
+    """Causal self-attention whose ``n_head`` keys and values are read from one cached latent.
+
+    ``config`` is a ``GPTConfig`` with ``attention == "mla"``.
+    """
+
+    def __init__(self, config: Any, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.n_head = config.n_head
+        self.head_dim = config.head_dim
+        self.kv_latent_dim = config.kv_latent_dim
+        self.q_latent_dim = config.q_latent_dim
+        width = config.n_head * config.head_dim
+        self.q_down_dim = width if config.q_latent_dim is None else config.q_latent_dim
+        # The query (or its latent) and the key/value latent in one matmul: both read x.
+        self.down = nn.Linear(config.n_embd, self.q_down_dim + config.kv_latent_dim, bias=False)
+        if config.q_latent_dim is not None:
+            self.q_norm = RMSNorm(config.q_latent_dim, config.norm_eps)
+            self.q_up = nn.Linear(config.q_latent_dim, width, bias=False)
+        self.kv_norm = RMSNorm(config.kv_latent_dim, config.norm_eps)
+        # Rows [0, width) are W_UK for every head, rows [width, 2 width) are W_UV.
+        self.kv_up = nn.Linear(config.kv_latent_dim, 2 * width, bias=False)
+        self.proj = nn.Linear(width, config.n_embd, bias=False)
+        # QK-norm, as in grouped-query attention: the query here, each key once it is expanded.
+        self.qk_norm = config.qk_norm
+        if config.qk_norm:
+            self.q_head_norm = RMSNorm(config.head_dim, config.norm_eps)
+            self.k_head_norm = RMSNorm(config.head_dim, config.norm_eps)
+        self.attn_dropout = config.dropout
+        self.resid_dropout = nn.Dropout(config.dropout)
+
+    def split_heads(self, x: torch.Tensor, row_blocks: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Project x (B, T, C) to q (B, n_head, T, d) and the latents c (B, 1, T, kv_latent_dim):
+        one latent "head" that the cache stores in place of n_kv_head key and value heads."""
+        B, T, _ = x.shape
+        q, c = linear(self.down, x, row_blocks).split([self.q_down_dim, self.kv_latent_dim], dim=-1)
+        if self.q_latent_dim is not None:
+            q = linear(self.q_up, self.q_norm(q), row_blocks)
+        q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
+        if self.qk_norm:
+            q = self.q_head_norm(q)
+        return q, self.kv_norm(c).unsqueeze(1)
+
+    def cache_entries(self) -> dict[str, tuple[int, int]]:
+        """What this attention caches per token and layer, as ``KVCache`` takes it: the latent
+        alone, ``n_layer x kv_latent_dim`` numbers per token in all."""
+        return {"latent": (1, self.kv_latent_dim)}
+
+    def forward(
+        self, x: torch.Tensor, cache: KVCache | None = None, row_blocks: bool = False,
+        value_embedding: None = None,
+    ) -> torch.Tensor:
+        """Attend over this chunk, and over the cache's earlier positions when one is given.
+
+        The caller (GPT) begins the cache's pass before the first layer and ends it after the
+        last, so every layer writes at the same positions. ``row_blocks``: see ``linear``.
+        ``value_embedding`` is always None: the config refuses value embeddings with MLA.
+        """
+        assert value_embedding is None, "value embeddings are grouped-query attention's only"
+        B, T, C = x.shape
+        q, c = self.split_heads(x, row_blocks)
+        mask = None
+        if cache is not None:
+            (c,), mask = cache.update(self.layer_idx, c)
+        if cache is not None and T == 1 and not self.qk_norm:  # decoding: attention in latent space
+            y = self.attend_absorbed(q, c, mask)
+        else:
+            y = self.attend_expanded(q, c, mask, row_blocks)
+        y = y.transpose(1, 2).reshape(B, T, C)
+        return self.resid_dropout(linear(self.proj, y, row_blocks))
+
+    def expand(self, c: torch.Tensor, row_blocks: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-head keys and values (B, n_head, S, d) from latents c (B, 1, S, r): ``c W_UK[h]``
+        and ``c W_UV[h]`` for every head h, in one product (the keys then QK-normed if on)."""
+        B, _, S, _ = c.shape
+        kv = linear(self.kv_up, c[:, 0], row_blocks).view(B, S, 2 * self.n_head, self.head_dim).transpose(1, 2)
+        k, v = kv.chunk(2, dim=1)
+        return (self.k_head_norm(k) if self.qk_norm else k), v
+
+    def per_head(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k and v of x (B, T, C), each (B, n_head, T, d), the keys and values expanded from the
+        latents. Only for looking at the heads (``GPT.attention_weights``)."""
+        q, c = self.split_heads(x)
+        return (q, *self.expand(c))
+
+    def up_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """W_UK and W_UV, each (n_head, head_dim, kv_latent_dim): views of ``kv_up``'s weight."""
+        w_uk, w_uv = self.kv_up.weight.chunk(2)
+        shape = (self.n_head, self.head_dim, self.kv_latent_dim)
+        return w_uk.view(shape), w_uv.view(shape)
+
+    def attend_expanded(
+        self, q: torch.Tensor, c: torch.Tensor, mask: torch.Tensor | None, row_blocks: bool = False
+    ) -> torch.Tensor:
+        """Per-head keys and values built from the latents c (B, 1, S, r), then multi-head SDPA.
+        ``mask`` None means the latents end at the newest query (plain causal, bottom-right).
+        ``row_blocks`` (a batch-invariant decode step with QK-norm): see ``linear``."""
+        T, S = q.shape[2], c.shape[2]
+        k, v = self.expand(c, row_blocks)
+        if mask is None and T != S:
+            mask = causal_mask(T, S, device=q.device)
+        dropout_p = self.attn_dropout if self.training else 0.0
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=mask is None)
+
+    def attend_absorbed(self, q: torch.Tensor, c: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """The same attention in latent space (the module docstring derives it): latent queries
+        score the latents c (B, 1, S, r) directly, and the weighted latents go through W_UV.
+
+        As in ``CausalSelfAttention._attend_token``, the heads are viewed as query positions of
+        one shared key/value "head" (the latent), so every head reads c with no copy, and the
+        mask (R, 1, T, S) repeats once per head. Over whole cache rows under a mask (a
+        batch-invariant pass) the shapes are the same at every position and in every batch, so a
+        request decodes alike alone or beside others (on the CPU when kv_latent_dim is a
+        multiple of 16, for the memory-alignment reason given there for head_dim)."""
+        assert not self.qk_norm, "QK-norm's per-key division cannot be absorbed; use attend_expanded"
+        B, H, T, d = q.shape
+        S = c.shape[2]
+        w_uk, w_uv = self.up_weights()
+        latent_q = torch.matmul(q, w_uk).view(B, 1, H * T, self.kv_latent_dim)
+        if T > 1:  # one causal mask per head; a single query may read every latent it is given
+            mask = causal_mask(T, S, device=q.device) if mask is None else mask
+            mask = mask.repeat(*[1] * (mask.dim() - 2), H, 1)
+        dropout_p = self.attn_dropout if self.training else 0.0
+        latent_y = F.scaled_dot_product_attention(
+            latent_q, c, c, attn_mask=mask, dropout_p=dropout_p, scale=1.0 / math.sqrt(d))
+        return torch.matmul(latent_y.view(B, H, T, self.kv_latent_dim), w_uv.transpose(1, 2))
+
+
+# -------------------------------------------------------------------------------------------------
+# The block and the model: each block runs one attention kind and one feed-forward.
 
 
 class Block(nn.Module):
@@ -270,8 +678,8 @@ class GPT(nn.Module):
 
         ``batch_invariant``: a one-token pass computes each row bit for bit as it would alone, in
         any batch, at any length (whole cache rows under a mask, products in fixed row blocks:
-        see ``model.layers.linear``); the serving engine asks for it. On the CPU it holds when head_dim is a
-        multiple of 16 (see ``model.gqa``'s ``_attend_token``; kv_latent_dim for latent attention). Longer chunks take
+        see ``linear``); the serving engine asks for it. On the CPU it holds when head_dim is a
+        multiple of 16 (see ``CausalSelfAttention._attend_token``; kv_latent_dim for latent attention). Longer chunks take
         the plain path either way."""
         row_blocks = batch_invariant and idx.shape[1] == 1
         return self.logits(self._trunk(idx, cache, rows, row_blocks)[:, -1], row_blocks)
@@ -362,7 +770,7 @@ class GPT(nn.Module):
         attention scores and weighted sum: 2 matmuls of n_head·head_dim·seq_len multiply-adds per
         layer and token, times 6 as well. This counts the full seq_len x seq_len score matrix (the
         PaLM / nanoGPT convention for MFU), not only its causal half. Latent attention trains in its
-        expanded form (``model.mla``): the same per-head scores, its up-projections among the matmuls.
+        expanded form (``LatentAttention``): the same per-head scores, its up-projections among the matmuls.
         """
         cfg = self.config
         seq_len = cfg.block_size if seq_len is None else seq_len

@@ -1,6 +1,6 @@
 """RMSNorm with a fused CPU backward: an optional speed-up for eager CPU training, nothing else.
 
-``model.layers.RMSNorm`` always calls ``F.rms_norm``. Training asks for this path explicitly with
+``model.gpt.RMSNorm`` always calls ``F.rms_norm``. Training asks for this path explicitly with
 ``install_cpu_backward(model)``, which swaps each norm for a ``CPUBackwardRMSNorm`` holding the same
 gain; everything else (inference, the server, the export) never meets it. The values are the same
 either way; ``benchmarks/rms_norm_backward.py`` compares the speed.
@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from model.layers import RMSNorm
+from model.gpt import RMSNorm
 
 
 def install_cpu_backward(model: nn.Module) -> None:

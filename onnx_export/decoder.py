@@ -80,7 +80,7 @@ def _decode(model: GPT, input_ids: torch.Tensor, position_ids: torch.Tensor, pas
 
 def _attend(attn: nn.Module, q: torch.Tensor, cached: list[torch.Tensor], allowed: torch.Tensor) -> torch.Tensor:
     """q's attention over what the layer caches, where ``allowed``: grouped-query attention's keys
-    and values, or multi-head latent attention's one latent (``model.mla``), whose expanded form
+    and values, or multi-head latent attention's one latent (``model.gpt.LatentAttention``), whose expanded form
     (every head's key and value up-projected from the latent) takes the mask as it is."""
     if len(cached) == 1:
         return attn.attend_expanded(q, cached[0], allowed)

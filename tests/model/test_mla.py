@@ -1,4 +1,4 @@
-"""Multi-head latent attention (model.mla): the absorbed decode path against full recomputation in
+"""Multi-head latent attention (model.gpt.LatentAttention): the absorbed decode path against full recomputation in
 the expanded form, the latent-only cache, and the config's refusals."""
 
 from __future__ import annotations

@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 
-import model.gqa as gqa
+import model.gpt as gqa
 from model import GPTConfig, KVCache
-from model.gqa import CausalSelfAttention
-from model.layers import causal_mask
+from model.gpt import CausalSelfAttention
+from model.gpt import causal_mask
 
 N_HEAD = 6
 

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.layers import DECODE_ROW_BLOCK, linear
+from model.gpt import DECODE_ROW_BLOCK, linear
 
 
 def layer(n_in: int, n_out: int, seed: int) -> nn.Linear:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from model.gpt import GPT, GPTConfig
-from model.layers import RMSNorm
+from model.gpt import RMSNorm
 from model.rms_norm_cpu import CPUBackwardRMSNorm, RMSNormCPUFunction, install_cpu_backward
 
 

@@ -24,7 +24,7 @@ openai = pytest.importorskip("openai")
 
 @pytest.fixture(scope="module", params=["plain", "options"])
 def mla_run_dir(request, tmp_path_factory):
-    # kv_latent_dim a multiple of 16: the CPU condition for batch-invariant decoding (model.mla).
+    # kv_latent_dim a multiple of 16: the CPU condition for batch-invariant decoding (model.gpt.LatentAttention).
     options = MLA_OPTIONS if request.param == "options" else {}
     return build_run(tmp_path_factory.mktemp("runs") / "mla", chat_tokenizer(), n_kv_head=4,
                      attention="mla", kv_latent_dim=32, q_latent_dim=16, **options)
