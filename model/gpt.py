@@ -228,15 +228,22 @@ class GPT(nn.Module):
         """Per layer, the (B, n_head, T, T) attention probabilities of token ids ``idx`` (B, T) read
         from position 0: what each layer's attention applies to its values, from the layer's own
         projections (``per_head``). The analysis package (``attention.py``) draws and scores them."""
+        return [causal_attention_weights(q, k) for q, k in self.attention_queries_keys(idx)]
+
+    @torch.no_grad()
+    def attention_queries_keys(self, idx: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer, the per-head queries and keys, each (B, n_head, T, d), of token ids ``idx``
+        (B, T) read from position 0: what ``attention_weights`` scores, for looking at the scores
+        themselves (``attention.py --compare-scale``)."""
         T = idx.shape[1]
         assert 1 <= T <= self.config.block_size, f"{T} tokens do not fit block_size {self.config.block_size}"
         x = self.drop(self.tok_emb(idx) + self.pos_emb.weight[:T])
-        weights = []
+        queries_keys = []
         for block in self.blocks:
             q, k, _ = block.attn.per_head(block.attn_norm(x))
-            weights.append(causal_attention_weights(q, k))
+            queries_keys.append((q, k))
             x = block(x)
-        return weights
+        return queries_keys
 
     def init_cache(self, batch_size: int, max_len: int | None = None, dtype: torch.dtype | None = None) -> KVCache:
         """An empty KV cache for ``batch_size`` rows and up to ``max_len`` (<= block_size) positions,

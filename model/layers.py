@@ -79,11 +79,13 @@ def causal_mask(q_len: int, k_len: int, device: torch.device | str | None = None
     return torch.arange(k_len, device=device).unsqueeze(0) <= q_pos
 
 
-def causal_attention_weights(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+def causal_attention_weights(q: torch.Tensor, k: torch.Tensor, scale: float | None = None) -> torch.Tensor:
     """The (B, H, T, T) probabilities ``softmax(q kᵀ / √d)`` of a whole sequence under the causal
     mask, for q and k of shape (B, H, T, d): the weights that scaled-dot-product attention applies
     to the values inside its fused kernel, written out so that they can be looked at
-    (``GPT.attention_weights``). Masked cells are exactly 0."""
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    (``GPT.attention_weights``). Masked cells are exactly 0. ``scale`` replaces the 1/√d factor
+    (1.0: the raw dot products), for showing what the scale does; the model never passes it."""
+    scores = q @ k.transpose(-2, -1)
+    scores = scores / math.sqrt(q.shape[-1]) if scale is None else scores * scale
     T = q.shape[-2]
     return torch.softmax(scores.masked_fill(~causal_mask(T, T, device=q.device), float("-inf")), dim=-1)
