@@ -229,7 +229,8 @@ def _check_flags(args: argparse.Namespace) -> None:
 
 def _refuse(args: argparse.Namespace, what: str, *flags: str) -> None:
     """A UserError naming the ``flags`` given that do not go with ``what``."""
-    given = [flag for flag in flags if getattr(args, flag[2:].replace("-", "_")) not in (None, False)]
+    values = {flag: getattr(args, flag[2:].replace("-", "_")) for flag in flags}
+    given = [flag for flag, value in values.items() if value is not None and value is not False]  # 0 is given
     if given:
         raise UserError(f"{what}; leave out {', '.join(given)}")
 
