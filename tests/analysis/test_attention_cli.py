@@ -128,7 +128,8 @@ def test_bad_runs_input_is_one_line_and_exit_2(variant_runs, args, message, caps
 
 @pytest.mark.parametrize("args, message", [
     (["--compare-scale"], "--compare-scale draws one head: give it with --layer and --head"),
-    (["--compare-scale", "--layer", "0", "--head", "0", "--json"], "--compare-scale draws one figure; leave out --json"),
+    (["--compare-scale", "--layer", "0", "--head", "0", "--json"],
+     "--compare-scale draws one figure; leave out --json"),
     (["--compare-scale", "--compare-init"], "--compare-init draws every head; leave out --compare-scale"),
     (["--windows", "2"], "--text-file and --windows go with --roles"),
 ])
