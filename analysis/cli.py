@@ -1,6 +1,8 @@
-"""The ``attention.py`` command line: draw a run's attention maps, or print its heads' roles.
+"""The ``attention.py`` command line: draw a run's attention maps (one head with and without the
+1/√d scale, or one layer of several runs side by side), print its heads' roles, or show how its
+attention changed over training.
 
-Flags are checked and the run loaded before anything is written, so a failed command leaves no
+Flags are checked and the runs loaded before anything is written, so a failed command leaves no
 file behind.
 """
 
@@ -9,14 +11,22 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import torch
 
-from analysis.maps import attention_maps, format_roles, head_roles
-from analysis.plot import draw_attention_grid, draw_attention_map
+from analysis.history import INDUCTION_THRESHOLD, format_history, read_attention_history
+from analysis.maps import attention_maps, describe_attention, format_roles, head_roles, scale_comparison
+from analysis.plot import (
+    draw_attention_grid,
+    draw_attention_history,
+    draw_attention_map,
+    draw_attention_rows,
+    draw_scale_comparison,
+)
 from common.cli import ArgumentParser, run_command
 from common.device import select_device
 from common.errors import UserError
@@ -31,8 +41,13 @@ examples:
   python attention.py --run runs/tiny --prompt "ROMEO: But soft" --layer 1 --head 0 --out head.png
   python attention.py --run runs/tiny --prompt "ROMEO: But soft" --compare-init --out init.png
   python attention.py --run runs/tiny --prompt "ROMEO:" --json > weights.json
+  python attention.py --run runs/tiny --prompt "ROMEO: But soft" --layer 1 --head 0 --compare-scale --out scale.png
   python attention.py --run runs/tiny --roles
+  python attention.py --run runs/tiny --history --out history.png
+  python attention.py --runs runs/mha runs/gqa runs/mla --prompt "ROMEO: But soft" --layer 3 --out variants.png
 """
+DEFAULT_OUT = Path("attention.png")
+DEFAULT_WINDOWS = 8
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,21 +60,36 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--run", metavar="DIR", type=Path,
                         help="run directory to load (default: the most recently trained run under runs/)")
     parser.add_argument("--prompt", metavar="TEXT", help="the text whose attention is drawn")
-    parser.add_argument("--out", metavar="PNG", type=Path, default=Path("attention.png"),
-                        help="where the figure is written (default: %(default)s)")
-    parser.add_argument("--layer", type=int, metavar="L", help="with --head: draw only this layer's head, large")
+    parser.add_argument("--runs", metavar="DIR", type=Path, nargs="+",
+                        help="draw one layer (--layer) of each of these runs over the same --prompt, one row per "
+                        "run labelled with its attention kind; the runs must split the prompt alike")
+    parser.add_argument("--out", metavar="PNG", type=Path,
+                        help=f"where the figure is written (default: {DEFAULT_OUT}; with --history, "
+                        "no figure unless given)")
+    parser.add_argument("--layer", type=int, metavar="L",
+                        help="with --head: draw only this layer's head, large; with --runs: the layer drawn")
     parser.add_argument("--head", type=int, metavar="H", help="with --layer: the head to draw")
     parser.add_argument("--json", action="store_true",
                         help="print the weights and the token pieces as JSON instead of drawing")
     parser.add_argument("--compare-init", action="store_true",
                         help="draw an untrained model of the same shape beside the trained one")
+    parser.add_argument("--compare-scale", action="store_true",
+                        help="with --layer and --head: draw the head's weights with the 1/sqrt(d) scale (as the "
+                        "model computes them) beside those of the same scores without it")
     parser.add_argument("--roles", action="store_true",
                         help="print each head's previous-token, first-token, entropy and induction scores")
     parser.add_argument("--text-file", metavar="PATH", type=Path,
                         help="with --roles: held-out UTF-8 text to score (default: the run's validation split)")
-    parser.add_argument("--windows", type=int, default=8, metavar="N",
+    parser.add_argument("--windows", type=int, metavar="N",
                         help="with --roles: windows of held-out text (and of repeated random tokens) scored "
-                        "(default: %(default)s)")
+                        f"(default: {DEFAULT_WINDOWS})")
+    parser.add_argument("--history", action="store_true",
+                        help="print each evaluation's attention entropy per layer and best induction score from "
+                        "the run's metrics.jsonl, and the first step an induction head appeared at; with --out, "
+                        "draw them")
+    parser.add_argument("--induction-threshold", type=float, metavar="X",
+                        help=f"with --history: the induction score a head must reach (default: {INDUCTION_THRESHOLD}, "
+                        "half its weight on the predicted token)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, mps or auto (default: %(default)s)")
     return parser
 
@@ -74,64 +104,163 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _attention(args: argparse.Namespace) -> int:
     _check_flags(args)
+    if args.history:
+        return _history(args)
     device = select_device(args.device, setting="--device")
+    if args.runs is not None:
+        return _draw_runs(args, device)
     run = load_run(args.run if args.run is not None else find_latest_run(), device)
     if args.roles:
-        windows = _held_out_windows(run, args.text_file, args.windows)
+        windows = _held_out_windows(run, args.text_file, args.windows or DEFAULT_WINDOWS)
         print(format_roles(head_roles(run.model, windows)))
         return 0
-    ids = run.tokenizer.encode(args.prompt, add_special_tokens=False).ids
-    if len(ids) > run.block_size:
-        raise UserError(f"the prompt is {len(ids)} tokens, longer than the model's {run.block_size}-token "
-                        "context; shorten it")
+    ids = _prompt_ids(run, args.prompt)
     _check_layer_head(args, run)
     idx = torch.tensor([ids], device=device)
+    tokens = _pieces(run, ids)
+    if args.compare_scale:
+        return _draw_scale(args, run, idx, tokens)
     maps = [layer[0] for layer in attention_maps(run.model, idx)]
-    tokens = [run.token_bytes[i].decode("utf-8", errors="replace") for i in ids]
     if args.json:
         print(json.dumps({"run": str(run.directory), "tokens": tokens, "token_ids": ids,
                           "weights": [layer.tolist() for layer in maps]}, ensure_ascii=False))
         return 0
-    _check_writable(args.out)
-    try:
+    out = _writable_out(args)
+    with _writing_figure(out):
         if args.layer is not None:
-            draw_attention_map(maps[args.layer][args.head], tokens, args.out,
+            draw_attention_map(maps[args.layer][args.head], tokens, out,
                                title=f"{run.directory.name}: layer {args.layer} head {args.head}")
         else:
             compare = _untrained_maps(run, idx) if args.compare_init else None
             title = f"{run.directory.name}: attention over the prompt"
-            draw_attention_grid(maps, tokens, args.out, title=title, compare=compare,
-                                compare_title="untrained")
-    except OSError as error:
-        raise UserError(f"cannot write the figure: {describe_os_error(error, args.out)}") from None
-    print(f"wrote {args.out}", file=sys.stderr)
+            draw_attention_grid(maps, tokens, out, title=title, compare=compare, compare_title="untrained")
+    return 0
+
+
+def _draw_scale(args: argparse.Namespace, run: LoadedRun, idx: torch.Tensor, tokens: list[str]) -> int:
+    """Experiment 2: one head's weights with the 1/√d scale and without it, from the same scores."""
+    comparison = scale_comparison(run.model, idx, args.layer, args.head)
+    scaled_bits, unscaled_bits = comparison.entropy_bits()
+    print(f"layer {args.layer} head {args.head} (d = {comparison.head_dim}): mean attention entropy "
+          f"{scaled_bits:.3f} bits with the 1/sqrt(d) scale, {unscaled_bits:.3f} bits without")
+    out = _writable_out(args)
+    with _writing_figure(out):
+        draw_scale_comparison(comparison, tokens, out,
+                              title=f"{run.directory.name}: layer {args.layer} head {args.head}, with and "
+                              "without the 1/√d scale")
+    return 0
+
+
+def _history(args: argparse.Namespace) -> int:
+    """Experiment 4: the run's logged attention statistics, and when an induction head appeared."""
+    run_dir = args.run if args.run is not None else find_latest_run()
+    threshold = INDUCTION_THRESHOLD if args.induction_threshold is None else args.induction_threshold
+    if args.out is not None:
+        _check_writable(args.out)
+    history = read_attention_history(run_dir)
+    print(format_history(history, threshold))
+    if args.out is not None:
+        with _writing_figure(args.out):
+            draw_attention_history(history, args.out, threshold=threshold,
+                                   title=f"{run_dir.name}: attention at each evaluation")
+    return 0
+
+
+def _draw_runs(args: argparse.Namespace, device: torch.device) -> int:
+    """Experiment 5: one layer of each run over the same prompt, one row per run."""
+    runs = [load_run(directory, device) for directory in args.runs]
+    ids = _prompt_ids(runs[0], args.prompt)
+    for run in runs:
+        _check_layer_head(args, run)
+        if _prompt_ids(run, args.prompt) != ids or _pieces(run, ids) != _pieces(runs[0], ids):
+            raise UserError(f"{runs[0].directory} and {run.directory} split the prompt into different tokens "
+                            "(their tokenizers differ); --runs compares runs that share a tokenizer")
+    out = _writable_out(args)
+    idx = torch.tensor([ids], device=device)
+    heads = [args.head] if args.head is not None else range(max(run.model.config.n_head for run in runs))
+    rows = []
+    for run in runs:
+        layer = attention_maps(run.model, idx)[args.layer][0]
+        if args.head is not None:
+            layer = layer[args.head:args.head + 1]
+        rows.append((f"{run.directory.name}: {describe_attention(run.model.config)}", layer))
+    with _writing_figure(out):
+        draw_attention_rows(rows, _pieces(runs[0], ids), out, title=f"layer {args.layer} over {args.prompt!r}",
+                            head_names=[f"layer {args.layer} head {h}" for h in heads])
     return 0
 
 
 def _check_flags(args: argparse.Namespace) -> None:
+    modes = [flag for flag, on in (("--roles", args.roles), ("--history", args.history),
+                                   ("--runs", args.runs is not None)) if on]
+    if len(modes) > 1:
+        raise UserError(f"{modes[0]} and {modes[1]} are separate commands; give one of them")
+    if args.windows is not None and args.windows < 1:
+        raise UserError(f"--windows must be at least 1, got {args.windows}")
+    threshold = args.induction_threshold
+    if threshold is not None and not 0.0 < threshold <= 1.0:
+        raise UserError(f"--induction-threshold is a weight in (0, 1], got {threshold}")
     if args.roles:
-        if args.prompt is not None or args.json or args.compare_init or args.layer is not None:
-            raise UserError("--roles prints a table of every head; leave out --prompt, --json, --compare-init "
-                            "and --layer/--head")
-        if args.windows < 1:
-            raise UserError(f"--windows must be at least 1, got {args.windows}")
+        _refuse(args, "--roles prints a table of every head", "--prompt", "--json", "--compare-init",
+                "--compare-scale", "--layer", "--head", "--out", "--induction-threshold")
         return
-    if args.text_file is not None:
-        raise UserError("--text-file goes with --roles")
+    if args.history:
+        _refuse(args, "--history reads the run's metrics.jsonl", "--prompt", "--json", "--compare-init",
+                "--compare-scale", "--layer", "--head", "--text-file", "--windows")
+        return
+    _refuse(args, "--text-file and --windows go with --roles", "--text-file", "--windows")
+    _refuse(args, "--induction-threshold goes with --history", "--induction-threshold")
     if not args.prompt:
         raise UserError('give the text to draw with --prompt, e.g. --prompt "ROMEO: But soft" (or use --roles)')
+    if args.runs is not None:
+        _refuse(args, "--runs draws one layer of each run given to it", "--run", "--json", "--compare-init",
+                "--compare-scale")
+        if args.layer is None:
+            raise UserError("--runs draws one layer of each run: give it with --layer (and --head for one head)")
+        return
     if (args.layer is None) != (args.head is None):
         raise UserError("--layer and --head go together: give both to draw one head, or neither for all")
-    if args.layer is not None and args.compare_init:
-        raise UserError("--compare-init draws every head; leave out --layer and --head")
+    if args.compare_init:
+        _refuse(args, "--compare-init draws every head", "--layer", "--head", "--compare-scale")
+    if args.compare_scale:
+        _refuse(args, "--compare-scale draws one figure", "--json")
+        if args.layer is None:
+            raise UserError("--compare-scale draws one head: give it with --layer and --head")
+
+
+def _refuse(args: argparse.Namespace, what: str, *flags: str) -> None:
+    """A UserError naming the ``flags`` given that do not go with ``what``."""
+    values = {flag: getattr(args, flag[2:].replace("-", "_")) for flag in flags}
+    given = [flag for flag, value in values.items() if value is not None and value is not False]  # 0 is given
+    if given:
+        raise UserError(f"{what}; leave out {', '.join(given)}")
+
+
+def _prompt_ids(run: LoadedRun, prompt: str) -> list[int]:
+    ids = run.tokenizer.encode(prompt, add_special_tokens=False).ids
+    if len(ids) > run.block_size:
+        raise UserError(f"the prompt is {len(ids)} tokens, longer than the {run.block_size}-token context of "
+                        f"{run.directory}; shorten it")
+    return ids
+
+
+def _pieces(run: LoadedRun, ids: list[int]) -> list[str]:
+    """The text of each token, for the axes (a piece of a multi-byte character shows as U+FFFD)."""
+    return [run.token_bytes[i].decode("utf-8", errors="replace") for i in ids]
 
 
 def _check_layer_head(args: argparse.Namespace, run: LoadedRun) -> None:
     cfg = run.model.config
     if args.layer is not None and not 0 <= args.layer < cfg.n_layer:
-        raise UserError(f"--layer {args.layer} is out of range: the model has layers 0..{cfg.n_layer - 1}")
+        raise UserError(f"--layer {args.layer} is out of range: {run.directory} has layers 0..{cfg.n_layer - 1}")
     if args.head is not None and not 0 <= args.head < cfg.n_head:
-        raise UserError(f"--head {args.head} is out of range: the model has heads 0..{cfg.n_head - 1}")
+        raise UserError(f"--head {args.head} is out of range: {run.directory} has heads 0..{cfg.n_head - 1}")
+
+
+def _writable_out(args: argparse.Namespace) -> Path:
+    out = DEFAULT_OUT if args.out is None else args.out
+    _check_writable(out)
+    return out
 
 
 def _check_writable(out: Path) -> None:
@@ -141,6 +270,16 @@ def _check_writable(out: Path) -> None:
     parent = out.parent if str(out.parent) else Path(".")
     if not parent.is_dir():
         raise UserError(f"--out {out}: the folder {parent} does not exist; create it or choose another path")
+
+
+@contextmanager
+def _writing_figure(out: Path) -> Iterator[None]:
+    """Turn a failure to write ``out`` into a one-line error; say where the figure went."""
+    try:
+        yield
+    except OSError as error:
+        raise UserError(f"cannot write the figure: {describe_os_error(error, out)}") from None
+    print(f"wrote {out}", file=sys.stderr)
 
 
 def _untrained_maps(run: LoadedRun, idx: torch.Tensor) -> list[torch.Tensor]:

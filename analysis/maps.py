@@ -1,4 +1,5 @@
-"""Attention probabilities of a model for given token ids, and the head-role table of a run.
+"""Attention probabilities of a model for given token ids (with and without the 1/√d scale), the
+head-role table of a run, and the words that name a run's attention kind.
 
 The probabilities come from ``GPT.attention_weights``: each attention kind's own projections and
 scores, the same code its forward pass runs, returned before they are applied to the values.
@@ -6,6 +7,8 @@ scores, the same code its forward pass runs, returned before they are applied to
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -18,18 +21,58 @@ from analysis.roles import (
     repeated_random_tokens,
     sink_score,
 )
+from model import GPTConfig
+from model.gpt import causal_attention_weights
 
 
 @torch.no_grad()
 def attention_maps(model: nn.Module, idx: torch.Tensor) -> list[torch.Tensor]:
     """Per layer, the (B, n_head, T, T) attention probabilities of ``model`` on ``idx`` (B, T),
     computed in eval mode (no dropout) and returned on the CPU in fp32."""
+    with _eval_mode(model):
+        return [probs.float().cpu() for probs in model.attention_weights(idx)]
+
+
+@contextmanager
+def _eval_mode(model: nn.Module) -> Iterator[None]:
+    """The model in eval mode (no dropout) inside, back in its own mode after."""
     was_training = model.training
     model.eval()
     try:
-        return [probs.float().cpu() for probs in model.attention_weights(idx)]
+        yield
     finally:
         model.train(was_training)
+
+
+@dataclass(frozen=True)
+class ScaleComparison:
+    """One head's (T, T) attention over a sequence, as the model computes it (``softmax(q kᵀ / √d)``)
+    and from the same scores without the 1/√d scale (``softmax(q kᵀ)``)."""
+
+    scaled: torch.Tensor
+    unscaled: torch.Tensor
+    head_dim: int
+
+    def entropy_bits(self) -> tuple[float, float]:
+        """Mean entropy over queries of the scaled and the unscaled weights, in bits."""
+        return float(attention_entropy(self.scaled)), float(attention_entropy(self.unscaled))
+
+
+@torch.no_grad()
+def scale_comparison(model: nn.Module, idx: torch.Tensor, layer: int, head: int) -> ScaleComparison:
+    """Head ``head`` of layer ``layer`` on token ids ``idx`` (1, T), with and without the 1/√d scale.
+
+    Both come from the layer's own queries and keys (``GPT.attention_queries_keys``) through the
+    same masked softmax the maps use; only the scale differs. Dividing by √d multiplies every
+    score by the same factor below 1, a softmax temperature above 1, so each scaled row is at
+    least as spread out as the unscaled one.
+    """
+    with _eval_mode(model):
+        q, k = model.attention_queries_keys(idx)[layer]
+    q, k = q[0, head:head + 1].float(), k[0, head:head + 1].float()
+    return ScaleComparison(scaled=causal_attention_weights(q, k)[0].cpu(),
+                           unscaled=causal_attention_weights(q, k, scale=1.0)[0].cpu(),
+                           head_dim=q.shape[-1])
 
 
 @dataclass(frozen=True)
@@ -89,3 +132,16 @@ def attention_summary(model: nn.Module, text_windows: torch.Tensor) -> dict[str,
         summary[f"attn_entropy_layer{layer}"] = sum(heads) / len(heads)
     summary["induction_best"] = max(r.induction for r in roles)
     return summary
+
+
+def describe_attention(config: GPTConfig) -> str:
+    """The attention kind of a model config in words, as figures label a run: MHA, GQA or MQA by
+    how many key/value heads the query heads share, MLA by the width of its cached latent."""
+    if config.attention == "mla":
+        query = f", query latent {config.q_latent_dim}" if config.q_latent_dim else ""
+        return f"MLA, latent {config.kv_latent_dim}{query}"
+    if config.n_kv_head == config.n_head:
+        return f"MHA, {config.n_head} KV heads"
+    if config.n_kv_head == 1:
+        return "MQA, 1 KV head"
+    return f"GQA, {config.n_kv_head} KV heads"

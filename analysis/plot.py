@@ -1,4 +1,5 @@
-"""Figures of attention maps, drawn with matplotlib's Agg backend (no display needed).
+"""Figures of attention maps, and of a run's attention over its training, drawn with matplotlib's
+Agg backend (no display needed).
 
 Each map is a (T, T) matrix of probabilities: row i is query position i, column j key position j.
 Cells the causal mask hides (j > i) are drawn in a hatched grey, so that they cannot be mistaken
@@ -13,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from analysis.history import AttentionEval, first_induction
+from analysis.maps import ScaleComparison
 from common.files import atomic_output
 
 # Token pieces label the axes only while they stay readable.
@@ -91,6 +94,81 @@ def draw_attention_map(probs: torch.Tensor, tokens: Sequence[str] | None, out: P
     fig, ax = plt.subplots(figsize=(8, 7.5), constrained_layout=True)
     image = _draw_map(ax, probs, tokens, title, fontsize=9)
     fig.colorbar(image, ax=ax, shrink=0.8, label="attention weight (hatched grey: masked future)")
+    _save(fig, out)
+
+
+def draw_attention_rows(rows: Sequence[tuple[str, torch.Tensor]], tokens: Sequence[str] | None, out: Path,
+                        *, title: str, head_names: Sequence[str]) -> None:
+    """One row of heatmaps per ``(label, maps)``, maps being (n, T, T) (say one layer of one run),
+    written as a PNG to ``out``; map c of every row is titled with its label and ``head_names[c]``.
+    Rows with fewer maps than the widest leave their last cells empty."""
+    cols = max(maps.shape[0] for _, maps in rows)
+    size = 2.6 if cols > 1 else 3.6
+    plt = _pyplot()
+    fontsize = 6 if tokens is not None and len(tokens) > 16 else 8
+    fig, axes = plt.subplots(len(rows), cols, figsize=(size * cols + 1.0, size * len(rows) + 0.6),
+                             squeeze=False, constrained_layout=True)
+    image = None
+    for r, (label, maps) in enumerate(rows):
+        for c in range(cols):
+            if c < maps.shape[0]:
+                image = _draw_map(axes[r][c], maps[c], tokens, f"{label}\n{head_names[c]}", fontsize)
+            else:
+                axes[r][c].axis("off")
+    fig.colorbar(image, ax=axes, shrink=0.6, label="attention weight (hatched grey: masked future)")
+    fig.suptitle(title)
+    _save(fig, out)
+
+
+def draw_scale_comparison(comparison: ScaleComparison, tokens: Sequence[str] | None, out: Path, *,
+                          title: str) -> None:
+    """A head's map as the model computes it (scores over √d) beside the map from the same scores
+    without the scale, and the last query's row of each as bars, written as a PNG to ``out``."""
+    plt = _pyplot()
+    d = comparison.head_dim
+    scaled_bits, unscaled_bits = comparison.entropy_bits()
+    T = comparison.scaled.shape[-1]
+    fontsize = 6 if T > 16 else 8
+    fig, axes = plt.subplots(1, 3, figsize=(18, 6), constrained_layout=True)
+    image = _draw_map(axes[0], comparison.scaled, tokens,
+                      f"softmax(q·k / √{d}), as the model computes it: {scaled_bits:.2f} bits", fontsize)
+    _draw_map(axes[1], comparison.unscaled, tokens,
+              f"softmax(q·k), the same scores unscaled: {unscaled_bits:.2f} bits", fontsize)
+    fig.colorbar(image, ax=axes[:2], shrink=0.8, label="attention weight (hatched grey: masked future)")
+    bars, x = axes[2], np.arange(T)
+    bars.bar(x - 0.2, comparison.scaled[-1].numpy(), width=0.4, label=f"with 1/√{d}")
+    bars.bar(x + 0.2, comparison.unscaled[-1].numpy(), width=0.4, label="without")
+    bars.set_ylim(0.0, 1.0)
+    bars.set_ylabel("attention weight")
+    bars.set_title("the last token's row", fontsize=fontsize + 1)
+    if tokens is not None and len(tokens) <= MAX_LABELLED_TOKENS:
+        bars.set_xticks(range(T), tokens, rotation=90, fontsize=fontsize)
+    bars.legend()
+    fig.suptitle(f"{title} (titles: mean entropy over queries)")
+    _save(fig, out)
+
+
+def draw_attention_history(history: Sequence[AttentionEval], out: Path, *, title: str, threshold: float) -> None:
+    """Each layer's mean attention entropy and the best induction score at every evaluation of a
+    run, with the induction threshold and the first evaluation past it, written as a PNG to ``out``."""
+    plt = _pyplot()
+    fig, (entropy, induction) = plt.subplots(1, 2, figsize=(12, 4.5), constrained_layout=True)
+    steps = [e.step for e in history]
+    for layer in range(len(history[0].entropy_bits)):
+        entropy.plot(steps, [e.entropy_bits[layer] for e in history], marker="o", label=f"layer {layer}")
+    entropy.set_xlabel("step")
+    entropy.set_ylabel("mean attention entropy (bits)")
+    entropy.legend()
+    induction.plot(steps, [e.induction_best for e in history], marker="o", label="best head")
+    induction.axhline(threshold, linestyle="--", color="grey", label=f"threshold {threshold}")
+    first = first_induction(list(history), threshold)
+    if first is not None:
+        induction.axvline(first.step, linestyle=":", color="black", label=f"first past it: step {first.step}")
+    induction.set_ylim(0.0, 1.0)
+    induction.set_xlabel("step")
+    induction.set_ylabel("induction score")
+    induction.legend()
+    fig.suptitle(title)
     _save(fig, out)
 
 

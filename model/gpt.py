@@ -262,12 +262,14 @@ def causal_mask(q_len: int, k_len: int, device: torch.device | str | None = None
     return torch.arange(k_len, device=device).unsqueeze(0) <= q_pos
 
 
-def causal_attention_weights(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+def causal_attention_weights(q: torch.Tensor, k: torch.Tensor, scale: float | None = None) -> torch.Tensor:
     """The (B, H, T, T) probabilities ``softmax(q kᵀ / √d)`` of a whole sequence under the causal
     mask, for q and k of shape (B, H, T, d): the weights that scaled-dot-product attention applies
     to the values inside its fused kernel, written out so that they can be looked at
-    (``GPT.attention_weights``). Masked cells are exactly 0."""
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    (``GPT.attention_weights``). Masked cells are exactly 0. ``scale`` replaces the 1/√d factor
+    (1.0: the raw dot products), for showing what the scale does; the model never passes it."""
+    scores = q @ k.transpose(-2, -1)
+    scores = scores / math.sqrt(q.shape[-1]) if scale is None else scores * scale
     T = q.shape[-2]
     return torch.softmax(scores.masked_fill(~causal_mask(T, T, device=q.device), float("-inf")), dim=-1)
 
@@ -729,16 +731,23 @@ class GPT(nn.Module):
         """Per layer, the (B, n_head, T, T) attention probabilities of token ids ``idx`` (B, T) read
         from position 0: what each layer's attention applies to its values, from the layer's own
         projections (``per_head``). The analysis package (``attention.py``) draws and scores them."""
+        return [causal_attention_weights(q, k) for q, k in self.attention_queries_keys(idx)]
+
+    @torch.no_grad()
+    def attention_queries_keys(self, idx: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer, the per-head queries and keys, each (B, n_head, T, d), of token ids ``idx``
+        (B, T) read from position 0: what ``attention_weights`` scores, for looking at the scores
+        themselves (``attention.py --compare-scale``)."""
         T = idx.shape[1]
         assert 1 <= T <= self.config.block_size, f"{T} tokens do not fit block_size {self.config.block_size}"
         x = x0 = self.drop(self.tok_emb(idx) + self.pos_emb.weight[:T])
-        weights = []
+        queries_keys = []
         for i, block in enumerate(self.blocks):
             x = self.block_input(i, x, x0)
             q, k, _ = block.attn.per_head(block.attn_norm(x))
-            weights.append(causal_attention_weights(q, k))
+            queries_keys.append((q, k))
             x = block(x, value_embedding=self.value_embedding(i, idx))
-        return weights
+        return queries_keys
 
     def init_cache(self, batch_size: int, max_len: int | None = None, dtype: torch.dtype | None = None) -> KVCache:
         """An empty KV cache for ``batch_size`` rows and up to ``max_len`` (<= block_size) positions,

@@ -98,3 +98,64 @@ def test_roles_default_to_the_runs_own_validation_text_read_from_its_config(run_
     (run / "config.yaml").write_text(yaml.safe_dump({"data": data, "train": {"init_from": str(tmp_path / "gone")}}))
     assert main(["--run", str(run), "--roles", "--windows", "1"]) == 0
     assert sum(line.startswith("| ") and line[2].isdigit() for line in capsys.readouterr().out.splitlines()) == 2 * 4
+
+
+def test_compare_scale_draws_one_head_and_prints_both_entropies(run_dir, tmp_path, capsys):
+    out = tmp_path / "scale.png"
+    assert main(["--run", str(run_dir), "--prompt", PROMPT, "--layer", "1", "--head", "2", "--compare-scale",
+                 "--out", str(out)]) == 0
+    assert is_png(out)
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("layer 1 head 2 (d = 16): mean attention entropy ")
+    with_scale, without = (float(part.split(" bits")[0].split()[-1]) for part in line.split(","))
+    assert without <= with_scale
+
+
+@pytest.fixture(scope="module")
+def variant_runs(tmp_path_factory):
+    """A GQA, an MQA and an MLA run sharing one tokenizer, and a run whose tokenizer differs."""
+    root = tmp_path_factory.mktemp("variants")
+    tokenizer = chat_tokenizer()
+    return {
+        "gqa": build_run(root / "gqa", tokenizer, n_kv_head=2),
+        "mqa": build_run(root / "mqa", tokenizer, n_kv_head=1, seed=1),
+        "mla": build_run(root / "mla", tokenizer, n_kv_head=4, attention="mla", kv_latent_dim=16),
+        "other-tokenizer": build_run(root / "other", chat_tokenizer(vocab_size=270), n_kv_head=2),
+    }
+
+
+@pytest.mark.parametrize("head", [[], ["--head", "3"]])
+def test_runs_of_every_kind_draw_side_by_side(variant_runs, tmp_path, head, capsys):
+    out = tmp_path / "variants.png"
+    runs = [str(variant_runs[kind]) for kind in ("gqa", "mqa", "mla")]
+    assert main(["--runs", *runs, "--prompt", PROMPT, "--layer", "1", *head, "--out", str(out)]) == 0
+    assert is_png(out) and "wrote" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--layer", "1"], "split the prompt into different tokens"),
+    ([], "--runs draws one layer of each run: give it with --layer"),
+    (["--layer", "2"], "--layer 2 is out of range"),
+    (["--layer", "0", "--head", "4"], "--head 4 is out of range"),
+    (["--layer", "0", "--json"], "leave out --json"),
+    (["--layer", "0", "--run", "runs/x"], "leave out --run"),
+    (["--layer", "0", "--roles"], "--roles and --runs are separate commands"),
+])
+def test_bad_runs_input_is_one_line_and_exit_2(variant_runs, args, message, capsys):
+    runs = [str(variant_runs["gqa"]), str(variant_runs["other-tokenizer"])]
+    assert main(["--runs", *runs, "--prompt", PROMPT, *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--compare-scale"], "--compare-scale draws one head: give it with --layer and --head"),
+    (["--compare-scale", "--layer", "0", "--head", "0", "--json"],
+     "--compare-scale draws one figure; leave out --json"),
+    (["--compare-scale", "--compare-init"], "--compare-init draws every head; leave out --compare-scale"),
+    (["--windows", "2"], "--text-file and --windows go with --roles"),
+])
+def test_bad_compare_scale_input_is_one_line_and_exit_2(run_dir, args, message, capsys):
+    assert main(["--run", str(run_dir), "--prompt", PROMPT, *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1

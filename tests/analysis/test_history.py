@@ -1,0 +1,114 @@
+"""Experiment 4, when an induction head appeared: the attention statistics read back from a run's
+hand-written metrics.jsonl, the first evaluation past the threshold, and attention.py --history."""
+
+import json
+
+import pytest
+
+from analysis.cli import main
+from analysis.history import (
+    INDUCTION_THRESHOLD,
+    AttentionEval,
+    attention_history,
+    first_induction,
+    format_history,
+    read_attention_history,
+)
+from common.errors import UserError
+
+
+def evaluation(step, induction, kind="eval", entropy=(5.0, 4.0)):
+    record = {"kind": kind, "step": step, "val_loss": 3.0, "induction_best": induction}
+    record.update({f"attn_entropy_layer{i}": h for i, h in enumerate(entropy)})
+    return record
+
+
+RECORDS = [
+    {"kind": "train", "step": 10, "loss": 5.0},
+    {"kind": "eval", "step": 50, "val_loss": 4.0},  # logged before the attention statistics existed
+    evaluation(100, 0.01),
+    {"kind": "train", "step": 110, "loss": 4.0},
+    evaluation(200, 0.49),
+    evaluation(300, 0.62, entropy=(5.1, 3.2)),
+    evaluation(400, 0.30),
+    evaluation(400, 0.71, kind="final_eval"),
+]
+
+
+def test_only_evaluations_with_attention_statistics_are_read():
+    history = attention_history(RECORDS)
+    assert [(e.step, e.final) for e in history] == [(100, False), (200, False), (300, False), (400, False),
+                                                  (400, True)]
+    assert history[2] == AttentionEval(step=300, final=False, entropy_bits=(5.1, 3.2), induction_best=0.62)
+
+
+def test_the_first_evaluation_past_the_threshold_is_the_step_an_induction_head_appeared():
+    history = attention_history(RECORDS)
+    assert first_induction(history).step == 300  # 0.49 at step 200 is below the default of 0.5
+    assert first_induction(history, threshold=0.49).step == 200  # reaching the threshold counts
+    assert first_induction(history, threshold=0.7).final
+    assert first_induction(history, threshold=0.9) is None
+    assert INDUCTION_THRESHOLD == 0.5
+
+
+def test_entropy_layers_are_read_in_layer_order_not_key_order():
+    record = evaluation(10, 0.0, entropy=[float(i) for i in range(12)])
+    shuffled = dict(reversed(list(record.items())))
+    assert attention_history([shuffled])[0].entropy_bits == tuple(float(i) for i in range(12))
+
+
+def test_the_table_names_the_step_or_the_best_score_reached():
+    table = format_history(attention_history(RECORDS))
+    assert "| 400 (final) | 5.000 | 4.000 | 0.710 |" in table
+    assert table.endswith("first induction head: step 300 (induction_best 0.620 >= 0.5)")
+    none = format_history(attention_history(RECORDS[:5]))
+    assert none.endswith("no induction head: induction_best stayed below 0.5 (highest 0.490, at step 200)")
+
+
+def write_metrics(run_dir, records):
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return run_dir
+
+
+def test_a_run_without_statistics_is_a_user_error(tmp_path):
+    with pytest.raises(UserError, match="does not exist"):
+        read_attention_history(tmp_path / "nope")
+    with pytest.raises(UserError, match="has no metrics.jsonl"):
+        read_attention_history(tmp_path)
+    with pytest.raises(UserError, match="holds no attention statistics"):
+        read_attention_history(write_metrics(tmp_path / "old", RECORDS[:2]))
+
+
+def test_history_command_prints_the_table_and_draws_the_curves(tmp_path, capsys):
+    run_dir = write_metrics(tmp_path / "run", RECORDS)
+    out = tmp_path / "history.png"
+    assert main(["--run", str(run_dir), "--history", "--out", str(out)]) == 0
+    printed = capsys.readouterr()
+    assert "first induction head: step 300" in printed.out and "wrote" in printed.err
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(["--run", str(run_dir), "--history", "--induction-threshold", "0.7"]) == 0
+    assert "first induction head: step 400" in capsys.readouterr().out
+    assert not (tmp_path / "attention.png").exists()  # no --out, no figure
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--history", "--induction-threshold", "0"], "--induction-threshold is a weight in (0, 1]"),
+    (["--history", "--induction-threshold", "1.5"], "--induction-threshold is a weight in (0, 1]"),
+    (["--history", "--prompt", "ROMEO:"], "--history reads the run's metrics.jsonl; leave out --prompt"),
+    (["--history", "--layer", "0", "--head", "0"], "leave out --layer, --head"),
+    (["--history", "--roles"], "--roles and --history are separate commands"),
+    (["--history", "--out", "/nonexistent-dir/h.png"], "does not exist"),
+    (["--prompt", "ROMEO:", "--induction-threshold", "0.3"], "--induction-threshold goes with --history"),
+])
+def test_bad_history_input_is_one_line_and_exit_2(tmp_path, args, message, capsys):
+    run_dir = write_metrics(tmp_path / "run", RECORDS)
+    assert main(["--run", str(run_dir), *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1
+
+
+def test_history_of_a_run_without_statistics_is_one_line(tmp_path, capsys):
+    assert main(["--run", str(write_metrics(tmp_path / "old", RECORDS[:2])), "--history"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "holds no attention statistics" in err and err.count("\n") == 1
