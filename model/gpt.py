@@ -289,7 +289,7 @@ SDPA_HAS_GQA = torch.__version__ >= "2.5"
 class CausalSelfAttention(nn.Module):
     """Causal self-attention with ``n_head`` query heads sharing ``n_kv_head`` K/V heads."""
 
-    def __init__(self, config: Any, layer_idx: int) -> None:
+    def __init__(self, config: GPTConfig, layer_idx: int) -> None:
         super().__init__()
         self.layer_idx = layer_idx
         self.n_head = config.n_head
@@ -450,12 +450,10 @@ class CausalSelfAttention(nn.Module):
 
 
 class LatentAttention(nn.Module):
-    """Causal self-attention whose ``n_head`` keys and values are read from one cached latent.
+    """Causal self-attention whose ``n_head`` keys and values are read from one cached latent
+    (built for a config with ``attention == "mla"``)."""
 
-    ``config`` is a ``GPTConfig`` with ``attention == "mla"``.
-    """
-
-    def __init__(self, config: Any, layer_idx: int) -> None:
+    def __init__(self, config: GPTConfig, layer_idx: int) -> None:
         super().__init__()
         self.layer_idx = layer_idx
         self.n_head = config.n_head
