@@ -15,7 +15,7 @@ where each idea comes from.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -707,8 +707,11 @@ class GPT(nn.Module):
         return self.value_embs[str(i)](idx) if str(i) in self.value_embs else None
 
     def _trunk(
-        self, idx: torch.Tensor, cache: KVCache | None, rows: Sequence[int] | None, row_blocks: bool
+        self, idx: torch.Tensor, cache: KVCache | None, rows: Sequence[int] | None, row_blocks: bool,
+        on_block_input: Callable[[Block, torch.Tensor], None] | None = None,
     ) -> torch.Tensor:
+        """The final-normed hidden states of ``idx``; ``on_block_input(block, x)`` sees what each
+        block reads (``attention_queries_keys`` takes the attention's queries and keys from it)."""
         T = idx.shape[1]
         if cache is None:
             assert 1 <= T <= self.config.block_size, f"{T} tokens do not fit block_size {self.config.block_size}"
@@ -719,7 +722,10 @@ class GPT(nn.Module):
             positions = self.pos_emb(cache.begin(T, rows, whole_buffers=row_blocks))
         x = x0 = self.drop(self.tok_emb(idx) + positions)
         for i, block in enumerate(self.blocks):
-            x = block(self.block_input(i, x, x0), cache, row_blocks, self.value_embedding(i, idx))
+            x = self.block_input(i, x, x0)
+            if on_block_input is not None:
+                on_block_input(block, x)
+            x = block(x, cache, row_blocks, self.value_embedding(i, idx))
         if cache is not None:
             cache.end()
         return self.norm(x)
@@ -736,15 +742,13 @@ class GPT(nn.Module):
         """Per layer, the per-head queries and keys, each (B, n_head, T, d), of token ids ``idx``
         (B, T) read from position 0: what ``attention_weights`` scores, for looking at the scores
         themselves (``attention.py --compare-scale``)."""
-        T = idx.shape[1]
-        assert 1 <= T <= self.config.block_size, f"{T} tokens do not fit block_size {self.config.block_size}"
-        x = x0 = self.drop(self.tok_emb(idx) + self.pos_emb.weight[:T])
         queries_keys = []
-        for i, block in enumerate(self.blocks):
-            x = self.block_input(i, x, x0)
+
+        def keep(block: Block, x: torch.Tensor) -> None:
             q, k, _ = block.attn.per_head(block.attn_norm(x))
             queries_keys.append((q, k))
-            x = block(x, value_embedding=self.value_embedding(i, idx))
+
+        self._trunk(idx, None, None, False, keep)
         return queries_keys
 
     def init_cache(self, batch_size: int, max_len: int | None = None, dtype: torch.dtype | None = None) -> KVCache:
