@@ -7,8 +7,6 @@ scores, the same code its forward pass runs, returned before they are applied to
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -22,26 +20,15 @@ from analysis.roles import (
     sink_score,
 )
 from model import GPTConfig
-from model.gpt import causal_attention_weights
+from model.gpt import causal_attention_weights, eval_mode
 
 
 @torch.no_grad()
 def attention_maps(model: nn.Module, idx: torch.Tensor) -> list[torch.Tensor]:
     """Per layer, the (B, n_head, T, T) attention probabilities of ``model`` on ``idx`` (B, T),
     computed in eval mode (no dropout) and returned on the CPU in fp32."""
-    with _eval_mode(model):
+    with eval_mode(model):
         return [probs.float().cpu() for probs in model.attention_weights(idx)]
-
-
-@contextmanager
-def _eval_mode(model: nn.Module) -> Iterator[None]:
-    """The model in eval mode (no dropout) inside, back in its own mode after."""
-    was_training = model.training
-    model.eval()
-    try:
-        yield
-    finally:
-        model.train(was_training)
 
 
 @dataclass(frozen=True)
@@ -67,7 +54,7 @@ def scale_comparison(model: nn.Module, idx: torch.Tensor, layer: int, head: int)
     score by the same factor below 1, a softmax temperature above 1, so each scaled row is at
     least as spread out as the unscaled one.
     """
-    with _eval_mode(model):
+    with eval_mode(model):
         q, k = model.attention_queries_keys(idx)[layer]
     q, k = q[0, head:head + 1].float(), k[0, head:head + 1].float()
     return ScaleComparison(scaled=causal_attention_weights(q, k)[0].cpu(),

@@ -15,7 +15,8 @@ where each idea comes from.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -796,3 +797,14 @@ def unwrap(model: nn.Module) -> nn.Module:
     while isinstance(inner := getattr(model, "_orig_mod", None) or getattr(model, "module", None), nn.Module):
         model = inner
     return model
+
+
+@contextmanager
+def eval_mode(model: nn.Module) -> Iterator[None]:
+    """``model`` in eval mode (no dropout) for the block, then back in the mode it was in."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager, Iterable, Iterator
+from typing import Any, Callable, ContextManager, Iterable
 
 import numpy as np
 import torch
@@ -17,6 +17,7 @@ from common.errors import UserError
 from data import bits_per_byte, iter_val_batches, target_nats_and_bytes
 from data.tokenizer import prompt_ids
 from model.generation import SamplingSettings, generate
+from model.gpt import eval_mode
 from training.distributed import DistContext, all_reduce_sum
 
 
@@ -26,17 +27,6 @@ class EvalResult:
     bpb: float  # bits per UTF-8 byte of the target text: comparable across tokenizers
     tokens: int
     bytes: int
-
-
-@contextlib.contextmanager
-def eval_mode(model: nn.Module) -> Iterator[None]:
-    """``model`` in eval mode (no dropout) for the block, then back in the mode it was in."""
-    was_training = model.training
-    model.eval()
-    try:
-        yield
-    finally:
-        model.train(was_training)
 
 
 @torch.no_grad()

@@ -20,8 +20,9 @@ from torch import nn
 from data.chat_batches import iter_chat_val_batches
 from data.chat_prepare import ChatSplit
 from model.generation import SamplingSettings, generate
+from model.gpt import eval_mode
 from training.distributed import all_reduce_sum
-from training.evaluate import EvalResult, eval_mode, score_batches, validation_bar
+from training.evaluate import EvalResult, score_batches, validation_bar
 
 
 def summed_target_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
