@@ -70,11 +70,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def variants(model: dict, latents: list[int]) -> dict[str, dict]:
     """The model-section overrides of each variant, on top of the config's model section."""
     n_head = model["n_head"]
-    mla = {"attention": "mla", "n_kv_head": n_head}
+    # Value embeddings are off in every variant: MLA cannot carry them, and the variants must differ
+    # in attention alone.
+    same = {"value_embeddings": False}
+    mla = {**same, "attention": "mla", "n_kv_head": n_head}
     return {
-        "MHA": {"n_kv_head": n_head},
-        f"GQA (n_kv_head {model['n_kv_head']})": {},
-        "MQA": {"n_kv_head": 1},
+        "MHA": {**same, "n_kv_head": n_head},
+        f"GQA (n_kv_head {model['n_kv_head']})": same,
+        "MQA": {**same, "n_kv_head": 1},
         **{f"MLA (latent {r})": {**mla, "kv_latent_dim": r} for r in latents},
     }
 
@@ -200,7 +203,8 @@ def main(argv: list[str] | None = None) -> None:
     doc = read_yaml_file(args.config)
     model = doc["model"]
     if args.forms:
-        shape = {**model, "vocab_size": doc["data"]["vocab_size"], "attention": "mla", "n_kv_head": model["n_head"]}
+        shape = {**model, "vocab_size": doc["data"]["vocab_size"], "attention": "mla", "n_kv_head": model["n_head"],
+                 "value_embeddings": False}
         for r in args.latents:
             compare_forms(GPTConfig.from_dict({**shape, "kv_latent_dim": r}), repeats=args.repeats)
         return

@@ -16,7 +16,7 @@ from e2e_testkit import ROOT, quick_settings, run_command
 
 WORDS = ["the river", "the market", "his garden", "the winter sea", "the miller", "a shepherd"]
 MLA = ["--set", "model.attention=mla", "--set", "model.n_kv_head=4", "--set", "model.kv_latent_dim=16",
-       "--set", "model.q_latent_dim=24"]
+       "--set", "model.q_latent_dim=24", "--set", "model.value_embeddings=false"]
 
 
 def _generate(run: Path, tmp_path: Path, *extra: str) -> str:
