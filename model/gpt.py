@@ -93,8 +93,8 @@ class GPTConfig:
         # The gate that mixes a value embedding in reads the layer's input, which a latent-only
         # cache does not keep: cached positions could not be decoded again from the latent alone.
         require(not (self.value_embeddings and self.attention == "mla"), "value_embeddings needs attention gqa "
-                "(multi-head latent attention caches only the latent, not the gated values); set value_embeddings: false "
-                "to use mla (configs/tiny.yaml turns it on)")
+                "(multi-head latent attention caches only the latent, not the gated values); set "
+                "value_embeddings: false to use mla (configs/tiny.yaml turns it on)")
         cap = self.logit_softcap
         require(cap is None or 0.0 < cap < math.inf, f"logit_softcap must be a positive number (about 15) "
                 f"or null to turn it off, got {cap}")
