@@ -67,17 +67,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+# Value embeddings are off in every variant: MLA cannot carry them, and the variants must differ in
+# attention alone.
+EVERY_VARIANT = {"value_embeddings": False}
+
+
+def mla_overrides(model: dict) -> dict:
+    """The model-section overrides that make the config's model multi-head latent attention, apart
+    from the latent's width."""
+    return {**EVERY_VARIANT, "attention": "mla", "n_kv_head": model["n_head"]}
+
+
 def variants(model: dict, latents: list[int]) -> dict[str, dict]:
     """The model-section overrides of each variant, on top of the config's model section."""
-    n_head = model["n_head"]
-    # Value embeddings are off in every variant: MLA cannot carry them, and the variants must differ
-    # in attention alone.
-    same = {"value_embeddings": False}
-    mla = {**same, "attention": "mla", "n_kv_head": n_head}
+    mla = mla_overrides(model)
     return {
-        "MHA": {**same, "n_kv_head": n_head},
-        f"GQA (n_kv_head {model['n_kv_head']})": same,
-        "MQA": {**same, "n_kv_head": 1},
+        "MHA": {**EVERY_VARIANT, "n_kv_head": model["n_head"]},
+        f"GQA (n_kv_head {model['n_kv_head']})": EVERY_VARIANT,
+        "MQA": {**EVERY_VARIANT, "n_kv_head": 1},
         **{f"MLA (latent {r})": {**mla, "kv_latent_dim": r} for r in latents},
     }
 
@@ -203,8 +210,7 @@ def main(argv: list[str] | None = None) -> None:
     doc = read_yaml_file(args.config)
     model = doc["model"]
     if args.forms:
-        shape = {**model, "vocab_size": doc["data"]["vocab_size"], "attention": "mla", "n_kv_head": model["n_head"],
-                 "value_embeddings": False}
+        shape = {**model, "vocab_size": doc["data"]["vocab_size"], **mla_overrides(model)}
         for r in args.latents:
             compare_forms(GPTConfig.from_dict({**shape, "kv_latent_dim": r}), repeats=args.repeats)
         return
