@@ -13,7 +13,8 @@ final validation bits/byte for each seed, and the difference of the seeds' mean 
 table: equal wall time only compares runs made on one host, and the peak says which host that was.
 Keep a technique only if its difference is beyond the spread between seeds. Value embeddings won
 that way and are now on in configs/tiny.yaml, so there their row repeats the baseline; the table in
-docs/results.md was measured before, against tiny.yaml without them.
+docs/results.md was measured before, against tiny.yaml without them (and with SwiGLU's default
+width, 384, where tiny.yaml now says ffn_hidden 192).
 """
 
 from __future__ import annotations
