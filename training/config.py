@@ -49,6 +49,9 @@ class TrainConfig:
     lr_schedule: str = "cosine"  # cosine | wsd (warmup, hold at lr, then linear decay to min_lr)
     lr_decay_fraction: float = 0.4  # wsd only: the final fraction of the budget spent decaying
     muon_lr: float = 0.02  # Muon's peak; the schedule scales it by the same factor as lr
+    # AdamW's peak for the value-embedding tables (model.value_embeddings), scaled by the schedule
+    # like muon_lr; null = lr. The small-model records train embedding tables far faster than the rest.
+    value_embedding_lr: float | None = None
     muon_momentum: float = 0.95
     muon_momentum_warmup: int = 0  # steps over which Muon's momentum rises to muon_momentum (0 = none)
     warmup_steps: int = 100
@@ -79,6 +82,8 @@ class TrainConfig:
         _require_one_of(self.optimizer, "train.optimizer", ("adamw", "muon"))
         require(self.lr > 0, "train.lr must be > 0")
         require(self.muon_lr > 0, "train.muon_lr must be > 0")
+        require(self.value_embedding_lr is None or self.value_embedding_lr > 0,
+                "train.value_embedding_lr must be > 0 (or null: the same as train.lr)")
         require(0 <= self.muon_momentum < 1, "train.muon_momentum must be in [0, 1)")
         require(self.muon_momentum_warmup >= 0, "train.muon_momentum_warmup must be >= 0 (0 = no warm-up)")
         require(0 <= self.min_lr <= self.lr, "train.min_lr must be between 0 and train.lr")

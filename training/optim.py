@@ -41,25 +41,41 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     ]
 
 
+def split_value_tables(model: nn.Module, group: dict, cfg: TrainConfig) -> list[dict]:
+    """``group`` as it is, or, when the model has value-embedding tables, ``group`` without them
+    plus a group of the tables at ``train.value_embedding_lr`` (its ``lr_scale``; lr when unset).
+
+    The tables get their own group whether or not the rate differs, so the optimizer's groups
+    depend on the model alone and a resume may change the rate like any other learning rate.
+    """
+    tables = {id(table.weight) for table in getattr(model, "value_embs", {}).values()}
+    if not tables:
+        return [group]
+    rest = [p for p in group["params"] if id(p) not in tables]
+    own = [p for p in group["params"] if id(p) in tables]
+    scale = (cfg.value_embedding_lr or cfg.lr) / cfg.lr
+    return [{**group, "params": rest}, {**group, "params": own, "lr_scale": scale}]
+
+
 def build_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW | MuonWithAdamW:
     """The optimizer ``train.optimizer`` names, with a ``lr_scale`` in every parameter group.
 
     The schedule produces one learning rate; each group runs at ``lr * lr_scale``. That keeps one
-    schedule for both halves of Muon + AdamW, whose learning rates live on different scales.
+    schedule for every group of Muon + AdamW, whose learning rates live on different scales.
     """
     decay, no_decay = param_groups(model, cfg.weight_decay)
     if cfg.optimizer == "adamw":
-        return _adamw([decay, no_decay], cfg, device)
+        return _adamw([decay, *split_value_tables(model, no_decay, cfg)], cfg, device)
     muon = Muon(decay["params"], lr=cfg.muon_lr, momentum=cfg.muon_momentum, weight_decay=cfg.weight_decay)
     muon.param_groups[0]["lr_scale"] = cfg.muon_lr / cfg.lr
     # The embedding (which is also the output head) and the norm gains are not hidden matrices:
     # Muon's orthogonalised update suits maps between hidden states, so these keep AdamW.
-    return MuonWithAdamW(muon, _adamw([no_decay], cfg, device))
+    return MuonWithAdamW(muon, _adamw(split_value_tables(model, no_decay, cfg), cfg, device))
 
 
 def _adamw(groups: list[dict], cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
     for group in groups:
-        group["lr_scale"] = 1.0
+        group.setdefault("lr_scale", 1.0)
     # The fused CUDA kernel updates every parameter in one launch; elsewhere the default
     # (foreach) implementation is the fast one.
     fused = device.type == "cuda" or None

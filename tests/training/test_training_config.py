@@ -139,6 +139,7 @@ def test_wrong_types_name_the_key(tmp_path, override, key):
         ("train.compile=sometimes", "train.compile"),
         ("train.optimizer=sgd", "train.optimizer"),
         ("train.muon_lr=0", "train.muon_lr"),
+        ("train.value_embedding_lr=0", "train.value_embedding_lr"),
         ("train.muon_momentum=1.0", "train.muon_momentum"),
         ("train.lr_schedule=step", "train.lr_schedule"),
         ("train.lr_decay_fraction=0", "train.lr_decay_fraction"),

@@ -343,6 +343,19 @@ def test_resume_takes_the_muon_to_adamw_ratio_from_the_config(make_config, tmp_p
     assert muon_lr / adamw_lr == pytest.approx(0.06 / changed.train.lr)
 
 
+def test_resume_takes_the_value_embedding_rate_from_the_config(make_config, tmp_path):
+    # The tables' group exists whether or not the rate is set, so setting it on resume works.
+    sections = dict(model={"value_embeddings": True}, eval={"interval": 0}, run={"checkpoint_interval": 0})
+    train(make_config(tmp_path / "run", train={"max_steps": 2, "optimizer": "muon"}, **sections), progress=False)
+    changed = make_config(tmp_path / "run", train={"max_steps": 4, "optimizer": "muon", "value_embedding_lr": 0.05},
+                          **sections)
+    train(changed, resume=True, progress=False)
+    groups = load_trainer_state(tmp_path / "run")["optimizer"]["adamw"]["param_groups"]
+    assert [len(g["params"]) for g in groups] == [len(groups[0]["params"]), 1]  # the one table (2 layers)
+    assert groups[0]["lr"] > 0
+    assert groups[1]["lr"] / groups[0]["lr"] == pytest.approx(0.05 / changed.train.lr)
+
+
 def test_muon_momentum_warms_up_across_a_resume(make_config, tmp_path):
     sections = dict(eval={"interval": 0}, run={"checkpoint_interval": 0})
     settings = {"optimizer": "muon", "muon_momentum": 0.95, "muon_momentum_warmup": 10}

@@ -138,6 +138,35 @@ def test_muon_takes_the_hidden_matrices_and_adamw_the_rest():
     assert [g["lr_scale"] for g in opt.param_groups] == [pytest.approx(50.0), 1.0]
 
 
+@pytest.mark.parametrize("optimizer", ["muon", "adamw"])
+def test_value_embedding_tables_run_at_their_own_rate(optimizer):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_kv_head=1, n_embd=32,
+                          value_embeddings=True))
+    tables = {id(t.weight) for t in model.value_embs.values()}
+    assert len(tables) == 1
+
+    def table_groups(cfg):
+        opt = build_optimizer(model, cfg, torch.device("cpu"))
+        groups = [g for g in opt.param_groups if {id(p) for p in g["params"]} & tables]
+        everything = [id(p) for g in opt.param_groups for p in g["params"]]
+        assert sorted(everything) == sorted(id(p) for p in model.parameters())  # each once
+        return opt, groups
+
+    opt, [own] = table_groups(TrainConfig(max_steps=1, optimizer=optimizer, lr=2e-3, value_embedding_lr=0.03))
+    assert {id(p) for p in own["params"]} == tables  # the tables alone, undecayed, at 15x lr
+    assert own["weight_decay"] == 0.0 and own["lr_scale"] == pytest.approx(15.0)
+    others = [g["lr_scale"] for g in opt.param_groups if g is not own]
+    assert others == pytest.approx([0.02 / 2e-3, 1.0] if optimizer == "muon" else [1.0, 1.0])  # muon_lr, rest
+    # Unset: the same groups (a resume may set it), at lr.
+    unset, [own] = table_groups(TrainConfig(max_steps=1, optimizer=optimizer, lr=2e-3))
+    assert own["lr_scale"] == 1.0 and len(unset.param_groups) == len(opt.param_groups)
+    # A model without tables has no such group, whatever the setting.
+    plain = build_optimizer(tiny_gpt(), TrainConfig(max_steps=1, optimizer=optimizer, value_embedding_lr=0.03),
+                            torch.device("cpu"))
+    assert len(plain.param_groups) == len(opt.param_groups) - 1
+
+
 def test_muon_and_adamw_both_move_their_parameters():
     model = tiny_gpt()
     opt = build_optimizer(model, TrainConfig(max_steps=1, optimizer="muon"), torch.device("cpu"))
