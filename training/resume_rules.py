@@ -61,6 +61,29 @@ def check_fixed_settings(state: dict[str, Any], train_config: Any, run_dir: Path
             )
 
 
+def _group_sizes(state: dict[str, Any]) -> list[int]:
+    """Parameters per group of a saved optimizer state (Muon + AdamW saves one state per half)."""
+    if "param_groups" in state:
+        return [len(group["params"]) for group in state["param_groups"]]
+    return [size for part in state.values() for size in _group_sizes(part)]
+
+
+def check_optimizer_groups(saved: dict[str, Any], current: dict[str, Any], run_dir: Path) -> None:
+    """Refuse an optimizer state whose parameters were grouped otherwise, saying how to go on.
+
+    With the model's shape and the optimizer already checked, a different grouping means the state
+    was saved by an earlier version: before ``train.value_embedding_lr``, value-embedding tables
+    shared the group of the embedding and the norm gains. The weights still serve a new run.
+    """
+    was, now = _group_sizes(saved), _group_sizes(current)
+    if was != now:
+        raise CheckpointError(
+            f"cannot resume {run_dir}: its optimizer state groups the parameters as {was}, this version "
+            f"as {now} (value-embedding tables have their own group since train.value_embedding_lr); "
+            f"start a new run from its weights with --set train.init_from={run_dir} and another run.out_dir"
+        )
+
+
 def restore_error(run_dir: Path, error: Exception) -> CheckpointError:
     """A one-line error for a trainer state that does not fit the model, optimizer or sampler."""
     what = f"missing {error}" if isinstance(error, KeyError) else one_line(error)

@@ -48,7 +48,9 @@ from training.interrupt import StopNow, StopRequest
 from training.memory_budget import check_model_fits
 from training.metrics import Throughput, format_duration, format_flops, mfu, peak_flops
 from training.optim import MuonWithAdamW, build_optimizer, build_schedule, muon_momentum
-from training.resume_rules import check_fixed_settings, check_model_shape, fixed_settings, restore_error
+from training.resume_rules import (
+    check_fixed_settings, check_model_shape, check_optimizer_groups, fixed_settings, restore_error,
+)
 from training.rng_state import capture_rng_state, restore_rng_state
 from training.sft import accumulate_chat_gradients, chat_reply_samples, evaluate_chat
 from training.wandb_logger import WandbLogger
@@ -272,6 +274,7 @@ class Trainer:
         """Load a checkpoint's trainer state; return the wandb run id to resume."""
         try:
             self.model.load_state_dict(state["model"])
+            check_optimizer_groups(state["optimizer"], self.optimizer.state_dict(), self.run_dir)
             self.optimizer.load_state_dict(state["optimizer"])
             self.step = int(state["step"])
             self.tokens_seen = int(state["tokens_seen"])

@@ -47,6 +47,22 @@ def test_trainer_state_missing_a_key_is_a_clear_error(make_config, drop):
         train(make_config(train={"max_steps": 2}, eval=QUIET), resume=True, progress=False)
 
 
+def test_an_optimizer_state_grouped_by_an_earlier_version_says_how_to_go_on(make_config):
+    # Before train.value_embedding_lr the value-embedding tables shared the AdamW group of the
+    # embedding and the norm gains: such a state cannot resume, and the error says what can.
+    config = make_config(model={"value_embeddings": True}, train={"max_steps": 1}, eval=QUIET)
+    train(config, progress=False)
+    path = config.out_dir / "trainer_state.pt"
+    state = torch.load(path, weights_only=True)
+    groups = state["optimizer"].get("param_groups") or state["optimizer"]["adamw"]["param_groups"]
+    groups[-2]["params"] += groups.pop()["params"]  # the tables back in the group before them
+    torch.save(state, path)
+    with pytest.raises(CheckpointError, match="groups the parameters as .* train.init_from=") as info:
+        train(make_config(model={"value_embeddings": True}, train={"max_steps": 2}, eval=QUIET),
+              resume=True, progress=False)
+    assert "\n" not in str(info.value)
+
+
 def test_damaged_metrics_lines_are_dropped_and_the_good_ones_kept(make_config):
     config = make_config(train={"max_steps": 2}, logging={"interval": 1, "wandb": {"mode": "disabled"}}, eval=QUIET)
     train(config, progress=False)
