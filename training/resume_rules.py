@@ -63,6 +63,8 @@ def check_fixed_settings(state: dict[str, Any], train_config: Any, run_dir: Path
 
 def _group_sizes(state: dict[str, Any]) -> list[int]:
     """Parameters per group of a saved optimizer state (Muon + AdamW saves one state per half)."""
+    if not isinstance(state, dict):
+        raise TypeError(f"an optimizer state is a {type(state).__name__}, not a dict")
     if "param_groups" in state:
         return [len(group["params"]) for group in state["param_groups"]]
     return [size for part in state.values() for size in _group_sizes(part)]
