@@ -112,7 +112,8 @@ class Page:
         deadline = time.monotonic() + timeout_s
         while not condition():
             if (not error_expected and self.error()) or time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {what}; the page shows: {self.error()!r}")
+                raise AssertionError(f"timed out waiting for {what}; the page shows {self.error()!r} in state "
+                                     f"{self.state()!r}, with {len(self.texts('.msg'))} messages")
             time.sleep(0.05)
 
 
@@ -199,8 +200,17 @@ def test_refusals_show_as_a_readable_message(browser, server):
     body = {"model": "tiny-chat", "prompt": "a", "max_tokens": CAP, "stream": True}
     with httpx.stream("POST", f"{server}/v1/completions", json=body, timeout=60) as occupying:
         assert occupying.status_code == 200
+        # The stream holds the one row (admitted and decoding) before the page asks for it.
+        deadline = time.monotonic() + 30
+        while httpx.get(f"{server}/health", timeout=5).json()["active"] != 1:
+            assert time.monotonic() < deadline, "the occupying stream never took the row"
+            time.sleep(0.05)
         page.field("send").click()
-        page.wait_for(lambda: page.state() == "idle" and page.error() != "", "the busy message", error_expected=True)
+        try:
+            page.wait_for(lambda: page.state() == "idle" and page.error() != "", "the busy message",
+                          error_expected=True)
+        except AssertionError as e:  # say what the server was doing, for a failure seen only under load
+            raise AssertionError(f"{e}; the server's /health: {httpx.get(f'{server}/health', timeout=5).json()}")
     assert page.error().startswith("The server refused the request (503): the server is busy")
     assert page.error().endswith("Try again in 1 s.")
 
