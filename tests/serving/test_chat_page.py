@@ -123,8 +123,12 @@ def _api(base: str, path: str, body: dict) -> dict:
     return response.json()
 
 
+def _health(base: str) -> dict:
+    return httpx.get(f"{base}/health", timeout=5).json()
+
+
 def _active(base: str) -> int:
-    health = httpx.get(f"{base}/health", timeout=5).json()
+    health = _health(base)
     return health["active"] + health["waiting"]
 
 
@@ -202,7 +206,7 @@ def test_refusals_show_as_a_readable_message(browser, server):
         assert occupying.status_code == 200
         # The stream holds the one row (admitted and decoding) before the page asks for it.
         deadline = time.monotonic() + 30
-        while httpx.get(f"{server}/health", timeout=5).json()["active"] != 1:
+        while _health(server)["active"] != 1:
             assert time.monotonic() < deadline, "the occupying stream never took the row"
             time.sleep(0.05)
         page.field("send").click()
@@ -210,7 +214,7 @@ def test_refusals_show_as_a_readable_message(browser, server):
             page.wait_for(lambda: page.state() == "idle" and page.error() != "", "the busy message",
                           error_expected=True)
         except AssertionError as e:  # say what the server was doing, for a failure seen only under load
-            raise AssertionError(f"{e}; the server's /health: {httpx.get(f'{server}/health', timeout=5).json()}")
+            raise AssertionError(f"{e}; the server's /health: {_health(server)}")
     assert page.error().startswith("The server refused the request (503): the server is busy")
     assert page.error().endswith("Try again in 1 s.")
 
