@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,8 +27,26 @@ WANDB_MODES = ("auto", "online", "offline", "disabled")
 DEFAULT_OUT_DIR = "runs/default"  # where a config without run.out_dir (and no file name) trains
 
 
+# The largest step size and weight decay a run may ask for. Far past anything that trains (the
+# configs use a few thousandths), low enough that the optimizer's arithmetic stays finite: a typo
+# such as 1e300 is refused here instead of overflowing mid-run.
+MAX_LR = 10.0
+MAX_WEIGHT_DECAY = 10.0
+# A clip far above any gradient norm is no clip, which 0 already says; a larger one is a typo.
+MAX_GRAD_CLIP = 1e6
+
+
 def _require_one_of(value: str, key: str, choices: tuple[str, ...]) -> None:
     require(value in choices, f"{key} must be {', '.join(choices[:-1])} or {choices[-1]} (got {value!r})")
+
+
+def _require_in(value: float, key: str, low: float, high: float, *, low_open: bool = False,
+                high_open: bool = False, note: str = "") -> None:
+    """``value`` is a finite number in the interval; nan and infinities never are."""
+    above = low < value if low_open else low <= value
+    below = value < high if high_open else value <= high
+    interval = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+    require(math.isfinite(value) and above and below, f"{key} must be in {interval}{note} (got {value!r})")
 
 
 @dataclass
@@ -74,26 +93,30 @@ class TrainConfig:
             "no budget set: give train.max_steps, train.max_minutes or train.max_tokens",
         )
         require(self.max_steps is None or self.max_steps >= 1, "train.max_steps must be >= 1")
-        require(self.max_minutes is None or self.max_minutes > 0, "train.max_minutes must be > 0")
+        require(self.max_minutes is None or (self.max_minutes > 0 and math.isfinite(self.max_minutes)),
+                f"train.max_minutes must be a finite number > 0 (got {self.max_minutes!r})")
         require(self.max_tokens is None or self.max_tokens >= 1, "train.max_tokens must be >= 1")
         require(self.batch_size >= 1, "train.batch_size must be >= 1")
         require(self.grad_accum_steps >= 1, "train.grad_accum_steps must be >= 1")
         _require_one_of(self.sampling, "train.sampling", ("random", "epoch"))
         _require_one_of(self.optimizer, "train.optimizer", ("adamw", "muon"))
-        require(self.lr > 0, "train.lr must be > 0")
-        require(self.muon_lr > 0, "train.muon_lr must be > 0")
-        require(self.value_embedding_lr is None or self.value_embedding_lr > 0,
-                "train.value_embedding_lr must be > 0 (or null: the same as train.lr)")
-        require(0 <= self.muon_momentum < 1, "train.muon_momentum must be in [0, 1)")
+        _require_in(self.lr, "train.lr", 0, MAX_LR, low_open=True)
+        _require_in(self.muon_lr, "train.muon_lr", 0, MAX_LR, low_open=True)
+        if self.value_embedding_lr is not None:
+            _require_in(self.value_embedding_lr, "train.value_embedding_lr", 0, MAX_LR, low_open=True,
+                        note=" (or null: the same as train.lr)")
+        _require_in(self.muon_momentum, "train.muon_momentum", 0, 1, high_open=True)
         require(self.muon_momentum_warmup >= 0, "train.muon_momentum_warmup must be >= 0 (0 = no warm-up)")
-        require(0 <= self.min_lr <= self.lr, "train.min_lr must be between 0 and train.lr")
+        _require_in(self.min_lr, "train.min_lr", 0, self.lr, note=" (0 to train.lr)")
         _require_one_of(self.lr_schedule, "train.lr_schedule", ("cosine", "wsd"))
-        require(0 < self.lr_decay_fraction <= 1, "train.lr_decay_fraction must be in (0, 1]")
+        _require_in(self.lr_decay_fraction, "train.lr_decay_fraction", 0, 1, low_open=True)
         require(self.warmup_steps >= 0, "train.warmup_steps must be >= 0")
-        require(self.weight_decay >= 0, "train.weight_decay must be >= 0")
-        require(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, "train.beta1/beta2 must be in [0, 1)")
-        require(self.eps > 0, "train.eps must be > 0")
-        require(self.grad_clip >= 0, "train.grad_clip must be >= 0 (0 disables clipping)")
+        _require_in(self.weight_decay, "train.weight_decay", 0, MAX_WEIGHT_DECAY)
+        _require_in(self.beta1, "train.beta1", 0, 1, high_open=True)
+        _require_in(self.beta2, "train.beta2", 0, 1, high_open=True)
+        # Adam divides by sqrt(v) + eps: past 1 it would outweigh any gradient of a normal scale.
+        _require_in(self.eps, "train.eps", 0, 1, low_open=True)
+        _require_in(self.grad_clip, "train.grad_clip", 0, MAX_GRAD_CLIP, note=" (0 disables clipping)")
         require(
             self.device == "auto" or re.fullmatch(r"cpu|mps|cuda(:\d+)?", self.device) is not None,
             f"train.device must be auto, cpu, cuda, cuda:N or mps (got {self.device!r})",
@@ -105,7 +128,7 @@ class TrainConfig:
         )
         require(
             self.peak_flops == "auto"
-            or (not isinstance(self.peak_flops, str) and self.peak_flops > 0),
+            or (not isinstance(self.peak_flops, str) and 0 < self.peak_flops < math.inf),
             f"train.peak_flops must be auto or a positive number (got {self.peak_flops!r})",
         )
 

@@ -154,6 +154,27 @@ def test_impossible_values_name_the_key(tmp_path, override, key):
     assert key in message
 
 
+OPTIMIZER_KEYS = ("lr", "min_lr", "muon_lr", "value_embedding_lr", "muon_momentum", "lr_decay_fraction",
+                  "weight_decay", "beta1", "beta2", "eps", "grad_clip")
+
+
+@pytest.mark.parametrize("value", [".nan", ".inf", "-.inf", "1e300", "-1"])
+@pytest.mark.parametrize("key", OPTIMIZER_KEYS)
+def test_every_optimizer_number_has_a_finite_range_checked_at_load(tmp_path, key, value):
+    """The class of a step size that overflows mid-run: every such key, every kind of bad number,
+    refused at load in one line naming the key and the value (--set goes through the same path)."""
+    message = error_of(write(tmp_path, MINIMAL), [f"train.{key}={value}"])
+    assert message.startswith(f"train.{key} must be in ") and "got " in message
+
+
+def test_optimizer_numbers_at_the_edges_of_their_ranges_load(tmp_path):
+    edges = ["train.lr=10", "train.min_lr=0", "train.muon_lr=10", "train.value_embedding_lr=10",
+             "train.muon_momentum=0", "train.lr_decay_fraction=1", "train.weight_decay=0", "train.beta1=0",
+             "train.beta2=0.999", "train.eps=1", "train.grad_clip=0"]
+    config = load_config(write(tmp_path, MINIMAL), edges)
+    assert (config.train.lr, config.train.eps, config.train.grad_clip) == (10.0, 1.0, 0.0)
+
+
 def test_heads_not_divisible_by_kv_heads(tmp_path):
     message = error_of(write(tmp_path, MINIMAL), ["model.n_kv_head=3"])
     assert message.startswith("model:") and "n_kv_head" in message
