@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fastapi import FastAPI, Request
-from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
@@ -50,6 +50,8 @@ class Limits:
     # The largest request body read. A prompt fills the context long before this, even with every
     # character JSON-escaped; a bigger body only costs memory.
     max_body_bytes: int = 2**20
+    # How long the rest of an over-size body is read and dropped before the 413 is sent anyway.
+    discard_s: float = 30.0
 
 
 class ApiError(Exception):
@@ -75,22 +77,32 @@ class _Service:
         self.max_prompt_chars = run.block_size * max(len(b) for b in run.token_bytes)
 
     async def read(self, request: Request, schema: type[Body]) -> Body:
-        """The request's body as ``schema``; refused with 413 past ``max_body_bytes``, before reading
+        """The request's body as ``schema``; refused with 413 past ``max_body_bytes``, keeping no
         more than that (whether or not the client declared a Content-Length)."""
         limit = self.limits.max_body_bytes
-        too_large = ApiError(413, f"the request body is over this server's limit of {limit} bytes "
-                             "(serve.py --max-body-bytes); send a shorter one", code="request_too_large")
         declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > limit:
-            raise too_large
-        raw = bytearray()
+        over = declared.isdigit() and int(declared) > limit
+        raw, deadline, cut_short = bytearray(), None, False
         try:
             async for chunk in request.stream():
-                raw += chunk
-                if len(raw) > limit:
-                    raise too_large
+                if not over:
+                    raw += chunk
+                    over = len(raw) > limit
+                if over:
+                    # The rest is read and dropped, not kept: most clients send the whole body
+                    # before reading the answer, and one that asked to close the connection
+                    # would otherwise see it reset instead of the 413 (a lingering close).
+                    raw.clear()
+                    deadline = deadline or time.monotonic() + self.limits.discard_s
+                    if time.monotonic() > deadline:
+                        cut_short = True  # and the connection closes after the answer
+                        break
         except ClientDisconnect:
             raise ApiError(499, "the client closed the connection") from None
+        if over:
+            raise ApiError(413, f"the request body is over this server's limit of {limit} bytes "
+                           "(serve.py --max-body-bytes); send a shorter one", code="request_too_large",
+                           headers={"Connection": "close"} if cut_short else None)
         try:
             return parse_request(bytes(raw), schema)
         except RequestError as error:
@@ -172,6 +184,7 @@ def create_app(run: LoadedRun, engine: Engine, *, model_id: str, limits: Limits 
         finally:
             engine.stop()
 
+    page = Path(__file__).with_name("chat.html").read_text(encoding="utf-8")
     app = FastAPI(title="minigpt", lifespan=lifespan)
     app.add_middleware(_AccessLog)
 
@@ -201,8 +214,10 @@ def create_app(run: LoadedRun, engine: Engine, *, model_id: str, limits: Limits 
                                        kind="server_error"), status_code=500)
 
     @app.get("/", include_in_schema=False)
-    async def chat_page() -> FileResponse:
-        return FileResponse(Path(__file__).with_name("chat.html"), media_type="text/html")
+    async def chat_page() -> HTMLResponse:
+        # The whole page, whatever Range a client sends (HTTP lets a server ignore Range): the page
+        # is small and only useful whole, so it offers no ranges and never answers 206 or 416.
+        return HTMLResponse(page)
 
     @app.get("/health")
     async def health() -> dict:

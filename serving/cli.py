@@ -8,6 +8,7 @@ The server binds to 127.0.0.1 unless told otherwise: anyone who can reach the po
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ipaddress
 import logging
 import socket
@@ -28,6 +29,7 @@ from serving.engine import DEFAULT_PREFILL_CHUNK, Engine
 
 _EPILOG = """\
 endpoints:
+  GET  /                     the chat page, for a browser
   GET  /health               liveness, and how many requests are running and waiting
   GET  /v1/models            the one model served (its id is the run directory's name)
   POST /v1/completions       continue a prompt
@@ -118,11 +120,20 @@ def _serve(args: argparse.Namespace) -> int:
     if not _is_loopback(args.host):
         print(f"warning: listening on {args.host}: anyone who can reach this port can use the model",
               file=sys.stderr)
-    print(f"serving {run.directory} as model {model_id!r} at http://{args.host}:{args.port}/v1 "
-          f"(max batch {args.max_batch})", file=sys.stderr, flush=True)
+    base = f"http://{_url_host(args.host)}:{args.port}"
+    print(f"serving {run.directory} as model {model_id!r} at {base}/v1 (max batch {args.max_batch})\n"
+          f"chat page: {base}/", file=sys.stderr, flush=True)
     _log_requests_to_stderr()
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
+
+
+def _url_host(host: str) -> str:
+    """``host`` as a URL writes it: an IPv6 address in brackets."""
+    with contextlib.suppress(ValueError):
+        if ipaddress.ip_address(host).version == 6:
+            return f"[{host}]"
+    return host
 
 
 def _is_loopback(host: str) -> bool:

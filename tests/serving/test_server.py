@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 import re
 import time
+from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -41,6 +44,21 @@ def client(server):
 def reference(run, prompt_ids, **settings):
     # generate.py's decoding, in the server's arithmetic
     return generate_completions(run, prompt_ids, GenerationSettings(**settings), batch_invariant=True).completions[0]
+
+
+def test_start_up_names_the_api_and_the_chat_page(served):
+    assert f"at {served.base}/v1 " in served.output()
+    assert f"chat page: {served.base}/\n" in served.output()
+
+
+@pytest.mark.parametrize("header", ["bytes=0-10", "bytes=-5", "bytes=999999-", "bytes=5-2", "bytes=abc",
+                                    "bytes=0-1,4-9", "items=0-1"])
+def test_the_page_is_served_whole_whatever_range_is_asked(server, header):
+    page = (Path(__file__).parents[2] / "serving" / "chat.html").read_text(encoding="utf-8")
+    response = httpx.get(f"{server}/", headers={"Range": header}, timeout=30)
+    assert response.status_code == 200 and response.text == page
+    assert response.headers["content-type"].startswith("text/html")
+    assert "content-range" not in response.headers and "accept-ranges" not in response.headers
 
 
 def test_models_and_health(client, server):
@@ -181,6 +199,40 @@ def test_an_over_size_body_is_refused_with_413_declared_or_not(server, client):
         assert response.status_code == 413
         error = response.json()["error"]
         assert error["code"] == "request_too_large" and f"limit of {MAX_BODY} bytes" in error["message"]
+    assert client.completions.create(model=MODEL, prompt="ok", max_tokens=2).usage.completion_tokens == 2
+
+
+def post_and_close(server: str, path: str, body: bytes, *, chunked: bool = False) -> tuple[int, dict]:
+    """POST ``body`` as a client that asks to close the connection after the answer (urllib's way)
+    and sends its whole body before reading: the status and the JSON it reads back."""
+    address = urlsplit(server)
+    connection = http.client.HTTPConnection(address.hostname, address.port, timeout=60)
+    try:
+        headers = {"Content-Type": "application/json", "Connection": "close"}
+        if chunked:
+            pieces = (body[i:i + 2**20] for i in range(0, len(body), 2**20))
+            connection.request("POST", path, body=pieces, headers=headers, encode_chunked=True)
+        else:
+            connection.request("POST", path, body=body, headers=headers)
+        response = connection.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        connection.close()
+
+
+@pytest.mark.parametrize("path, body, chunked", [
+    ("/v1/completions", {"model": MODEL, "prompt": "x" * 5 * MAX_BODY}, False),
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "é" * 3 * MAX_BODY}]}, False),
+    ("/v1/completions", {"model": MODEL, "prompt": "x" * 5 * MAX_BODY}, True),
+    ("/v1/completions", None, False),  # not even JSON
+])
+def test_a_client_that_closes_after_an_over_size_body_reads_the_413(server, client, path, body, chunked):
+    """The server reads the rest of an over-size body and drops it, so a client that sends all of
+    it before reading gets the 413, not a reset connection; then it serves the next request."""
+    raw = b"x" * 10 * MAX_BODY if body is None else json.dumps(body, ensure_ascii=False).encode()
+    status, answer = post_and_close(server, path, raw, chunked=chunked)
+    assert status == 413 and answer["error"]["code"] == "request_too_large"
+    assert f"limit of {MAX_BODY} bytes" in answer["error"]["message"]
     assert client.completions.create(model=MODEL, prompt="ok", max_tokens=2).usage.completion_tokens == 2
 
 
