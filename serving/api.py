@@ -241,7 +241,7 @@ def create_app(run: LoadedRun, engine: Engine, *, model_id: str, limits: Limits 
         params = _settings(body, max_tokens, stop)
         wanted = body.logprobs is not None
         ticket, queue = service.submit(ids, params, [run.eot_id], body.logprobs, body.echo and wanted)
-        logprobs = ReplyLogprobs(run.token_bytes, wanted, text, body.echo)
+        logprobs = ReplyLogprobs(run.token_bytes, wanted, text, body.echo, hidden=(run.eot_id,))
         reply = _Reply("cmpl", "text_completion", model_id, ids, logprobs, echo=text if body.echo else "")
         return await _answer(request, body, reply, ticket, queue)
 

@@ -8,11 +8,16 @@ and the first has ``null`` (nothing precedes it). Chat: ``{"content": [{"token",
 Completions list every generated token, an ending ``<|endoftext|>`` included, as OpenAI's legacy
 completions did; chat leaves out the end token, as its text does. A token's text is its bytes
 decoded as UTF-8; a token that holds part of a character has no text of its own, and is written
-``bytes:\\xe2\\x80`` as OpenAI writes it.
+``bytes:\\xe2\\x80`` as OpenAI writes it. ``text_offset`` indexes the text itself, not the token
+strings: for every i, ``text[offset[i]:offset[i + 1]]`` is what token i adds to it. A character
+split over several tokens is added by the token that completes it; the tokens before it add
+nothing (their offsets equal the next one's). An end token adds nothing, and neither does the
+``<|endoftext|>`` an empty prompt is encoded as; tokens past a stop string add nothing either.
 """
 
 from __future__ import annotations
 
+import codecs
 from collections.abc import Sequence
 
 from serving.engine import Event, Finish, TokenLogprob
@@ -25,21 +30,37 @@ def token_text(token_bytes: bytes) -> str:
         return "bytes:" + "".join(f"\\x{b:02x}" for b in token_bytes)
 
 
+def text_offsets(token_bytes: Sequence[bytes], text_length: int, *, ends: Sequence[bool] = ()) -> list[int]:
+    """Where each token's characters begin in a text decoded from these tokens' bytes as UTF-8
+    (``errors="replace"``) and possibly cut short (at a stop string, or left out: an empty prompt
+    is ``<|endoftext|>`` alone): offsets past ``text_length`` are ``text_length``. A character
+    counts at the token that completes it, so a token holding only the start of one begins where
+    the next does and contributes no text. ``ends[i]``: token i ends the text (it shows no bytes),
+    so a character left unfinished before it is the previous token's U+FFFD."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    count, offsets = 0, []
+    for i, raw in enumerate(token_bytes):
+        ended = i < len(ends) and ends[i]
+        if ended:
+            count += len(decoder.decode(b"", final=True))
+        offsets.append(min(count, text_length))
+        if not ended:
+            count += len(decoder.decode(raw))
+    return offsets
+
+
 class CompletionLogprobs:
-    """Builds the legacy completions object, counting ``text_offset`` from ``start`` (the length
-    of the text before the first token reported: the prompt's, unless it is echoed)."""
+    """Builds the legacy completions object for tokens that make one piece of text: ``text_offset``
+    indexes the text they begin at ``start`` (see ``text_offsets``). Tokens in ``hidden`` end the
+    text without showing (completions list the ending ``<|endoftext|>``, not its characters)."""
 
-    def __init__(self, token_bytes: Sequence[bytes], start: int = 0) -> None:
-        self.token_bytes = token_bytes
-        self.offset = start
+    def __init__(self, token_bytes: Sequence[bytes], hidden: Sequence[int] = ()) -> None:
+        self.token_bytes, self.hidden = token_bytes, hidden
 
-    def build(self, token_ids: Sequence[int], logprobs: Sequence[TokenLogprob | None]) -> dict:
-        out: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    def build(self, token_ids: Sequence[int], logprobs: Sequence[TokenLogprob | None], offsets: Sequence[int]) -> dict:
+        out: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": list(offsets)}
         for token_id, logprob in zip(token_ids, logprobs):
-            text = token_text(self.token_bytes[token_id])
-            out["tokens"].append(text)
-            out["text_offset"].append(self.offset)
-            self.offset += len(text)
+            out["tokens"].append(token_text(self.token_bytes[token_id]))
             if logprob is None:
                 out["token_logprobs"].append(None)
                 out["top_logprobs"].append(None)
@@ -47,6 +68,13 @@ class CompletionLogprobs:
                 out["token_logprobs"].append(logprob.logprob)
                 out["top_logprobs"].append({token_text(self.token_bytes[i]): value for i, value in logprob.top})
         return out
+
+    def whole(self, token_ids: Sequence[int], logprobs: Sequence[TokenLogprob | None], text: str,
+              start: int) -> dict:
+        """The object for tokens whose whole text (cut short or not) is ``text``."""
+        raw = [self.token_bytes[i] for i in token_ids]
+        offsets = text_offsets(raw, len(text), ends=[i in self.hidden for i in token_ids])
+        return self.build(token_ids, logprobs, [start + offset for offset in offsets])
 
 
 def chat_logprobs(token_bytes: Sequence[bytes], logprobs: Sequence[TokenLogprob]) -> dict:
@@ -60,28 +88,37 @@ def chat_logprobs(token_bytes: Sequence[bytes], logprobs: Sequence[TokenLogprob]
 
 class ReplyLogprobs:
     """One reply's logprobs, in its endpoint's shape, for the whole body or chunk by chunk.
-    ``wanted`` False: every ``logprobs`` field is null. Completions: ``prompt_text`` is what the
-    offsets count from, and with ``echo`` the prompt's tokens come first. Chat: tokens in
-    ``hidden`` (the end tokens, never shown) are left out."""
+    ``wanted`` False: every ``logprobs`` field is null. Tokens in ``hidden`` (the end tokens) are
+    never in the text; chat leaves them out of its list. Completions: ``text_offset`` indexes
+    ``prompt_text`` followed by the reply's text, as OpenAI's does, whether or not the prompt is
+    echoed (with ``echo`` its tokens come first, so the first offset is 0). A streamed chunk's
+    offset is where that chunk's text begins."""
 
     def __init__(self, token_bytes: Sequence[bytes], wanted: bool, prompt_text: str = "", echo: bool = False,
                  *, chat: bool = False, hidden: Sequence[int] = ()) -> None:
         self.token_bytes, self.wanted, self.echo, self.chat, self.hidden = token_bytes, wanted, echo, chat, hidden
-        self._offsets = CompletionLogprobs(token_bytes, 0 if echo else len(prompt_text))
+        self.prompt_text = prompt_text
+        self._completion = CompletionLogprobs(token_bytes, hidden)
+        self._streamed = len(prompt_text)  # characters before the next streamed chunk's text
 
     def whole(self, prompt_ids: Sequence[int], finish: Finish) -> dict | None:
         if not self.wanted:
             return None
         if self.chat:
             return chat_logprobs(self.token_bytes, [lp for lp in finish.logprobs if lp.token_id not in self.hidden])
-        parts = [self._offsets.build(prompt_ids, finish.prompt_logprobs)] if self.echo else []
-        parts.append(self._offsets.build(finish.token_ids, finish.logprobs))
+        # The prompt's text and the reply's are decoded apart (the prompt's own unfinished
+        # character, if any, is its last token's U+FFFD), as the text itself is.
+        prompt = CompletionLogprobs(self.token_bytes)
+        parts = [prompt.whole(prompt_ids, finish.prompt_logprobs, self.prompt_text, 0)] if self.echo else []
+        parts.append(self._completion.whole(finish.token_ids, finish.logprobs, finish.text, len(self.prompt_text)))
         return {key: [item for part in parts for item in part[key]] for key in parts[-1]}
 
     def chunk(self, event: Event) -> dict | None:
         """The logprobs of one streamed event's token, or None."""
+        offset = self._streamed
+        self._streamed += len(event.text)
         if not self.wanted or event.logprob is None:
             return None
         if self.chat:
             return None if event.token_id in self.hidden else chat_logprobs(self.token_bytes, [event.logprob])
-        return self._offsets.build([event.token_id], [event.logprob])
+        return self._completion.build([event.token_id], [event.logprob], [offset])

@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
+import os
 import httpx
 import pytest
 import torch
 
 from data.chat import render_chat, to_messages
 from server_process import running_server
-from serving.logprobs import token_text
+from serving.logprobs import text_offsets, token_text
 
 openai = pytest.importorskip("openai")
 
@@ -47,6 +48,42 @@ def check_top(run, expected: torch.Tensor, top: dict[str, float], k: int) -> Non
         assert top[token_text(run.token_bytes[token_id])] == pytest.approx(value, abs=TOLERANCE)
 
 
+def complete_characters(data: bytes) -> str:
+    """The characters ``data`` decodes to (``errors="replace"``) that no later byte can change: those
+    on which every continuation agrees (an unfinished character at the end is left out)."""
+    endings = (b"A", b"\x80\x80\x80", b"\x90\x80\x80", b"\xa0\x80\x80")  # each lead byte's second bytes
+    return os.path.commonprefix([(data + ending).decode("utf-8", "replace") for ending in endings])
+
+
+def check_offsets(run, text: str, ids: list[int], offsets: list[int], end_ids=()) -> None:
+    """``offsets`` (of ``ids``, counted from where ``text`` begins) index ``text``, which these
+    tokens make: each token adds exactly the characters its bytes complete, the last one (or the one
+    before an end token) also any unfinished character as U+FFFD, and an end token nothing. The
+    reference decodes every prefix of the bytes on its own, not token by token as the server does."""
+    assert len(offsets) == len(ids)
+    shown = [b"" if i in end_ids else run.token_bytes[i] for i in ids]
+    for i, offset in enumerate(offsets):
+        ends = i + 1 == len(ids) or ids[i + 1] in end_ids
+        before = complete_characters(b"".join(shown[:i]))
+        through = b"".join(shown[:i + 1]).decode("utf-8", "replace") if ends else \
+            complete_characters(b"".join(shown[:i + 1]))
+        assert text[:offset] == before[:len(text)]
+        end = offsets[i + 1] if i + 1 < len(offsets) else len(text)
+        if ids[i] not in end_ids:
+            assert text[offset:end] == through[len(before):len(text)], (i, run.token_bytes[ids[i]])
+
+
+def test_a_character_counts_at_the_token_that_completes_it():
+    """The rule on known bytes: "—" split over two tokens, an unfinished character before the end
+    token (its U+FFFD belongs to the token that began it), the end token adding nothing."""
+    tokens = [b"a", b"\xe2\x80", b"\x94", b"\xce", b"<|endoftext|>"]
+    text = "a\u2014\ufffd"
+    offsets = text_offsets(tokens, len(text), ends=[False, False, False, False, True])
+    assert offsets == [0, 1, 1, 2, 3]
+    assert [text[a:b] for a, b in zip(offsets, offsets[1:] + [len(text)])] == ["a", "", "\u2014", "\ufffd", ""]
+    assert text_offsets([b"<|endoftext|>"], 0) == [0]  # an empty prompt's text is empty
+
+
 def test_completion_logprobs_are_the_models_before_temperature_and_top_p(client, chat_run):
     prompt = "ROMEO: But soft"
     reply = client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=1.3, top_p=0.8,
@@ -60,10 +97,9 @@ def test_completion_logprobs_are_the_models_before_temperature_and_top_p(client,
         row = expected[len(prompt_ids) - 1 + i]
         assert logprobs.token_logprobs[i] == pytest.approx(row[token_id].item(), abs=TOLERANCE)
         check_top(chat_run, row, logprobs.top_logprobs[i], 3)
-    lengths = [len(t) for t in logprobs.tokens]
-    assert logprobs.text_offset == [len(prompt) + sum(lengths[:i]) for i in range(len(lengths))]
-    if chat_run.eot_id not in generated and not any(t.startswith("bytes:") for t in logprobs.tokens):
-        assert "".join(logprobs.tokens) == choice.text
+    # Without echo the offsets count from the prompt's start, as OpenAI's do.
+    check_offsets(chat_run, choice.text, generated, [o - len(prompt) for o in logprobs.text_offset],
+                  end_ids=(chat_run.eot_id,))
 
 
 def test_echo_gives_the_prompt_tokens_first_with_null_for_the_first(client, chat_run):
@@ -146,3 +182,39 @@ def test_bad_logprobs_requests_are_one_line_400s(served, path, extra, fragment):
     response = httpx.post(f"{served.base}{path}", json=body, timeout=30)
     assert response.status_code == 400, response.text
     assert fragment in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("prompt", ["Καλημέρα κόσμε", "東京は晴れ", "Crème brûlée à la café", "emoji 😀 here", "x",
+                                    ""])
+def test_echoed_offsets_index_the_text_for_characters_split_over_tokens(client, chat_run, prompt):
+    """Greek, CJK, accents and emoji take several byte tokens here (a small vocabulary): each token's
+    offset is where its characters begin in choices[0].text; a token holding part of a character
+    adds nothing, the one completing it adds the character, and the empty prompt's end-of-text
+    token adds nothing to the empty text."""
+    reply = client.completions.create(model=MODEL, prompt=prompt, max_tokens=10, temperature=1.0, seed=3,
+                                      logprobs=1, echo=True)
+    choice = reply.choices[0]
+    prompt_ids = chat_run.tokenizer.encode(prompt).ids if prompt else [chat_run.eot_id]
+    generated = ids_of(chat_run, choice.logprobs.tokens[len(prompt_ids):])
+    assert choice.text.startswith(prompt) and choice.logprobs.text_offset[0] == 0
+    offsets = choice.logprobs.text_offset
+    if prompt:
+        check_offsets(chat_run, prompt, prompt_ids, offsets[:len(prompt_ids)])
+        if any(token.startswith("bytes:") for token in choice.logprobs.tokens[:len(prompt_ids)]):
+            assert len(set(offsets[:len(prompt_ids)])) < len(prompt_ids)  # a token that adds nothing
+    else:
+        assert offsets[0] == 0 == offsets[1]
+    check_offsets(chat_run, choice.text[len(prompt):], generated, [o - len(prompt) for o in offsets[len(prompt_ids):]],
+                  end_ids=(chat_run.eot_id,))
+    assert all(a <= b <= len(choice.text) for a, b in zip(offsets, offsets[1:]))
+
+
+def test_offsets_past_a_stop_string_stay_inside_the_text(client, chat_run):
+    plain = dict(model=MODEL, prompt="ROMEO:", max_tokens=12, temperature=1.0, seed=4, logprobs=1)
+    full = client.completions.create(**plain).choices[0].text
+    stop = full[3:5]
+    if not stop or stop in full[:3] + full[3:4]:
+        pytest.skip("this seed's text has no clean stop string at characters 3-4")
+    choice = client.completions.create(stop=stop, **plain).choices[0]
+    assert choice.text == full[:3] and choice.finish_reason == "stop"
+    assert all(len("ROMEO:") <= o <= len("ROMEO:") + len(choice.text) for o in choice.logprobs.text_offset)
