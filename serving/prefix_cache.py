@@ -18,64 +18,135 @@ kind of entry would need a rule for where the rotation lives (MLA caches a separ
 beside its latent, since a rotation cannot pass through the latent's up-projection), and reuse at
 any other offset would need the keys re-rotated.
 
-Memory is bounded by ``max_bytes``, evicting the least recently used page first. A page is
-worthless without the pages before it, so every lookup and store touches a prompt's pages from
-the last to the first: a page is always evicted before the pages it extends.
+Memory is bounded by ``max_bytes``, counting all the cache holds: the pages' entries and the
+index that finds them (``page_cost``). Entries live in preallocated blocks of page slots, added
+as pages arrive: many small tensors would each cost an allocation and its bookkeeping, and fill
+the heap with holes it cannot give back. A page is keyed by its parent page's id and its own
+tokens, so a key holds one page of tokens, not the whole prompt up to it. The least recently used
+page is evicted first. A page is worthless without the pages before it, so every lookup and store
+touches a prompt's pages from the last to the first: a page is always evicted before the pages it
+extends.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 from collections.abc import Sequence
 
 import torch
 
 Page = dict[str, torch.Tensor]  # entry name -> (n_layer, heads, page, dim)
+_Key = tuple[int, tuple[int, ...]]  # (the parent page's id, 0 for none; this page's tokens)
+
+# What the index spends on one page (Python objects: its key, its node, its share of the ordered
+# dict's table) and on each of its tokens (a pointer, and the integer if no other object keeps it).
+# Upper bounds, checked in tests/serving/test_prefix_cache.py.
+INDEX_BYTES_PER_PAGE = 512
+INDEX_BYTES_PER_TOKEN = 48
+BLOCK_BYTES = 2**20  # entries are allocated this many bytes of page slots at a time
+
+
+def page_cost(page: int, entry_bytes: int) -> int:
+    """Bytes one cached page takes: its entries (``entry_bytes``) and its share of the index."""
+    return entry_bytes + INDEX_BYTES_PER_PAGE + INDEX_BYTES_PER_TOKEN * page
 
 
 class PrefixCache:
-    """Pages of ``page`` tokens, keyed by every token from position 0 to the page's end."""
+    """Pages of ``page`` tokens, each found through every token from position 0 to its end."""
 
     def __init__(self, page: int, max_bytes: int) -> None:
         assert page >= 1 and max_bytes >= 0
         self.page = page
         self.max_bytes = max_bytes
-        self.nbytes = 0
-        self._pages: OrderedDict[tuple[int, ...], Page] = OrderedDict()
+        self._index: OrderedDict[_Key, tuple[int, int]] = OrderedDict()  # key -> (page id, slot)
+        self._ids = itertools.count(1)
+        self._blocks: list[Page] = []  # entry name -> (slots, n_layer, heads, page, dim)
+        self._capacity = 0  # pages that fit max_bytes, known once the first page shows its size
+        self._per_block = 0
+        self._slots = 0  # slots handed out so far (all blocks hold this many, or a few more)
+        self._free: list[int] = []
+        self._shapes: dict[str, tuple[torch.Size, torch.dtype, torch.device]] | None = None
 
     def __len__(self) -> int:
-        return len(self._pages)
+        return len(self._index)
+
+    @property
+    def nbytes(self) -> int:
+        """What the cache holds: its blocks' storage and its index's share for each page."""
+        storage = sum(t.untyped_storage().nbytes() for block in self._blocks for t in block.values())
+        return storage + len(self._index) * (INDEX_BYTES_PER_PAGE + INDEX_BYTES_PER_TOKEN * self.page)
 
     def lookup(self, tokens: Sequence[int]) -> list[Page]:
-        """The cached pages that begin ``tokens``, in order. The last token is never covered: its
-        chunk must run to give the next-token logits."""
-        found = []
-        for end in range(self.page, len(tokens), self.page):
-            entries = self._pages.get(tuple(tokens[:end]))
-            if entries is None:
-                break
-            found.append(entries)
-        self._touch(tokens, len(found))
-        return found
+        """The cached pages that begin ``tokens``, in order, as views of the cache's blocks (copy
+        them before the next store). The last token is never covered: its chunk must run to give
+        the next-token logits."""
+        keys = self._chain(tokens, (len(tokens) - 1) // self.page)
+        self._touch(keys)
+        return [self._entries(self._index[key][1]) for key in keys]
 
     def store(self, tokens: Sequence[int], entries: Page) -> None:
         """Keep ``entries``, the page that ends ``tokens`` (a whole number of pages long)."""
         assert len(tokens) % self.page == 0
-        key = tuple(tokens)
-        size = sum(t.numel() * t.element_size() for t in entries.values())
-        if key in self._pages or size > self.max_bytes:
-            self._touch(tokens, len(tokens) // self.page)
-            return
-        while self.nbytes + size > self.max_bytes:
-            _, evicted = self._pages.popitem(last=False)
-            self.nbytes -= sum(t.numel() * t.element_size() for t in evicted.values())
-        self._pages[key] = entries
-        self.nbytes += size
-        self._touch(tokens, len(tokens) // self.page)
+        pages = len(tokens) // self.page
+        keys = self._chain(tokens, pages)
+        if len(keys) == pages - 1:  # not cached yet, and every page before it is
+            if self._shapes is None:
+                self._plan(entries)
+            slot = self._free_slot(keys)
+            if slot is not None:
+                for name, block in self._blocks[slot // self._per_block].items():
+                    block[slot % self._per_block].copy_(entries[name])
+                parent = self._index[keys[-1]][0] if keys else 0
+                self._index[(parent, tuple(tokens[-self.page:]))] = (next(self._ids), slot)
+        self._touch(keys)  # a new page is the newest but for the pages before it
 
-    def _touch(self, tokens: Sequence[int], pages: int) -> None:
-        """Mark a prompt's first ``pages`` pages as just used, the first page last (newest)."""
-        for end in range(pages * self.page, 0, -self.page):
-            key = tuple(tokens[:end])
-            if key in self._pages:
-                self._pages.move_to_end(key)
+    def _chain(self, tokens: Sequence[int], pages: int) -> list[_Key]:
+        """The keys of the first ``pages`` pages of ``tokens``, up to the first that is not cached."""
+        keys: list[_Key] = []
+        parent = 0
+        for end in range(self.page, pages * self.page + 1, self.page):
+            key = (parent, tuple(tokens[end - self.page:end]))
+            found = self._index.get(key)
+            if found is None:
+                break
+            keys.append(key)
+            parent = found[0]
+        return keys
+
+    def _plan(self, entries: Page) -> None:
+        entry_bytes = sum(t.numel() * t.element_size() for t in entries.values())
+        self._capacity = self.max_bytes // page_cost(self.page, entry_bytes)
+        self._per_block = max(1, min(self._capacity, BLOCK_BYTES // entry_bytes))
+        self._shapes = {name: (t.shape, t.dtype, t.device) for name, t in entries.items()}
+
+    def _free_slot(self, chain: list[_Key]) -> int | None:
+        """A slot for a new page that extends ``chain``: a free one, a new one within the bound, or
+        the least recently used page's. None if that page is in ``chain`` (the cache has room for
+        no other page), since the new page would be unreachable."""
+        if self._free:
+            return self._free.pop()
+        if self._slots < self._capacity:
+            if self._slots == len(self._blocks) * self._per_block:
+                size = min(self._per_block, self._capacity - self._slots)
+                self._blocks.append({name: torch.empty((size, *shape), dtype=dtype, device=device)
+                                     for name, (shape, dtype, device) in self._shapes.items()})
+            self._slots += 1
+            return self._slots - 1
+        if not self._index:
+            return None
+        key, (_, slot) = self._index.popitem(last=False)
+        if key in chain:
+            self._free.append(slot)
+            return None
+        return slot
+
+    def _entries(self, slot: int) -> Page:
+        return {name: block[slot % self._per_block] for name, block in self._blocks[slot // self._per_block].items()}
+
+    def _touch(self, keys: list[_Key]) -> None:
+        """Mark a prompt's pages as just used, the first page last (newest); one evicted meanwhile
+        (the last, by a store that found no other room) is skipped."""
+        for key in reversed(keys):
+            if key in self._index:
+                self._index.move_to_end(key)

@@ -1,4 +1,5 @@
-"""The prefix cache: a hit skips prefill work and changes no token, bit for bit.
+"""The prefix cache: a hit skips prefill work and changes no token, bit for bit; what it holds stays
+within its bound.
 
 The conversations run on a model whose arithmetic depends on how a prompt is cut into chunks (a
 wider context than the other serving tests; checked below), so a hit that skipped other chunks
@@ -7,14 +8,19 @@ than it would have computed would show in the log-probabilities, which are compa
 
 from __future__ import annotations
 
+import gc
+import random
+import tracemalloc
+
+import httpx
 import pytest
 import torch
 
 from rundir.loading import load_run
-from server_process import running_server
+from server_process import rss_bytes, running_server
 from run_testkit import build_run, chat_tokenizer
 from serving.engine import Engine
-from serving.prefix_cache import PrefixCache
+from serving.prefix_cache import PrefixCache, page_cost
 from test_engine import Collector, api_settings
 
 BLOCK = 256
@@ -91,19 +97,63 @@ def test_pages_are_found_from_position_0_and_the_last_token_is_never_covered():
 
 
 def test_memory_is_bounded_and_the_least_recently_used_page_goes_first_before_the_pages_it_begins():
-    page_bytes = 4 * 2 * 4  # one fp32 entry of (1 layer, 1 head, 4 positions, 2 dims)
-    cache = PrefixCache(page=4, max_bytes=3 * page_bytes)
+    page_bytes = page_cost(4, 4 * 2 * 4)  # one fp32 entry of (1 layer, 1 head, 4 positions, 2 dims)
+    cache = PrefixCache(page=4, max_bytes=3 * page_bytes + page_bytes // 2)
     a, b = list(range(100, 112)), list(range(200, 212))
     for end in (4, 8):
         cache.store(a[:end], {"latent": torch.zeros(1, 1, 4, 2)})  # any entry name works
     cache.store(b[:4], {"latent": torch.zeros(1, 1, 4, 2)})
-    assert cache.nbytes == 3 * page_bytes
+    assert len(cache) == 3 and cache.nbytes <= 3 * page_bytes
     cache.lookup(a)  # a's pages are now newer than b's
     cache.store(a[:12], {"latent": torch.zeros(1, 1, 4, 2)})
     assert cache.nbytes <= 3 * page_bytes and len(cache.lookup(b + [0])) == 0
     assert len(cache.lookup(a + [0])) == 3
     cache.store(b[:4], {"latent": torch.zeros(1, 1, 4, 2)})  # evicts a's last page, never its first
     assert len(cache.lookup(a + [0])) == 2
+
+
+def tensors_held(root) -> list[torch.Tensor]:
+    """Every tensor reachable from ``root`` through Python containers and objects."""
+    seen, found, stack = set(), [], [root]
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen or isinstance(obj, (int, str, bytes, type)):
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, torch.Tensor):
+            found.append(obj)
+        else:
+            stack.extend(gc.get_referents(obj))
+    return found
+
+
+@pytest.mark.parametrize("page", [1, 8])
+def test_what_the_cache_holds_stays_within_its_bound(page):
+    """Measured, not taken from the cache's own count: the storage of every tensor it references
+    (views and slack included), and every Python byte it keeps (tracemalloc: the index, its keys
+    and their integers, which the prompts it came from no longer share)."""
+    bound = 2**20
+    entries = {"k": torch.randn(2, 2, page, 16), "v": torch.randn(2, 2, page, 16)}
+    cache = PrefixCache(page, bound)
+    generator = random.Random(0)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        start = tracemalloc.get_traced_memory()[0]
+        for check in range(4):
+            for _ in range(6):
+                prompt = [generator.randrange(1000, 50000) for _ in range(60 * page)]  # ints no one else keeps
+                for end in range(page, len(prompt) + 1, page):
+                    cache.store(prompt[:end], entries)
+            del prompt
+            gc.collect()
+            python = tracemalloc.get_traced_memory()[0] - start
+            storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors_held(cache)}
+            assert sum(storages.values()) + python <= bound
+    finally:
+        tracemalloc.stop()
+    assert sum(storages.values()) + python > 0.8 * bound and len(cache) > 100  # it filled up, and no further
+    assert cache.nbytes <= bound
 
 
 def test_this_model_gives_other_bits_when_a_prompt_is_cut_into_other_chunks(wide_run):
@@ -178,3 +228,25 @@ def test_the_server_reports_cached_tokens_as_openai_does(wide_run_dir, wide_run)
     assert replies[0].choices[0].text == replies[1].choices[0].text
     cached = [r.usage.prompt_tokens_details.cached_tokens for r in replies]
     assert cached == [0, PAGE * ((length - 1) // PAGE)]
+
+
+@pytest.mark.e2e
+def test_a_server_with_one_token_pages_grows_by_about_its_bound(wide_run_dir):
+    """The case that once grew by forty times its bound: pages of one token, and 40 distinct
+    prompts that would fill the cache several times over. The server's resident memory may grow by
+    the bound, and as much again for the allocator and everything else a request touches."""
+    bound_mb = 4
+    generator = random.Random(1)
+    with running_server(wide_run_dir, "--prefill-chunk", "1", "--prefix-cache-mb", str(bound_mb),
+                        "--max-batch", "1") as served:
+        def ask(ids):
+            response = httpx.post(f"{served.base}/v1/completions", timeout=120,
+                                  json={"model": "wide-context", "prompt": ids, "max_tokens": 1})
+            assert response.status_code == 200, response.text
+
+        ask([5] * (BLOCK - 6))  # warm up: the first request's allocations are not the cache's
+        before = rss_bytes(served.process.pid)
+        for _ in range(40):
+            ask([generator.randrange(1, 256) for _ in range(BLOCK - 6)])
+        grown = rss_bytes(served.process.pid) - before
+    assert grown <= 2 * bound_mb * 2**20, f"grew by {grown / 2**20:.1f} MB"
