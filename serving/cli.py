@@ -71,8 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="encode prompts in chunks of N tokens, between decode steps of the other "
                         "requests; also the prefix cache's page (default: %(default)s)")
     parser.add_argument("--prefix-cache-mb", type=float, default=256, metavar="MB",
-                        help="memory for the KV entries of recent prompts' pages, reused by prompts that "
-                        "begin alike, least recently used evicted first; 0 turns it off (default: %(default)s)")
+                        help="memory for recent prompts' pages (their KV entries and the index that finds "
+                        "them), reused by prompts that begin alike, least recently used evicted first; 0 "
+                        "turns it off (default: %(default)s)")
     parser.add_argument("--device", default="auto", help=f"{DEVICE_CHOICES} (default: %(default)s)")
     parser.add_argument("--threads", type=int, default=1, metavar="N",
                         help="CPU threads for the model's operations (default: %(default)s: a decode step "
