@@ -34,8 +34,8 @@ from model.generation import SamplingSettings
 from rundir.loading import LoadedRun
 from serving.engine import Engine, EngineBusy, Event, Finish, Ticket
 from serving.logprobs import ReplyLogprobs
-from serving.schemas import (Body, ChatCompletionRequest, CompletionRequest, RequestError, _Common, error_body,
-                             parse_request)
+from serving.schemas import (Body, ChatCompletionRequest, CompletionRequest, RequestError, ServerRules, _Common,
+                             error_body, parse_request)
 
 # How long an overloaded server asks clients to wait before trying again (seconds).
 RETRY_AFTER_S = 1
@@ -66,6 +66,7 @@ class _Service:
 
     def __init__(self, run: LoadedRun, engine: Engine, limits: Limits, model_id: str) -> None:
         self.run, self.engine, self.limits, self.model_id = run, engine, limits, model_id
+        self.rules = ServerRules(model_id, len(run.token_bytes), limits.max_tokens_cap, limits.default_max_tokens)
         self.created = int(time.time())
         try:
             self.chat_ids: ChatTokenIds | None = ChatTokenIds.of(run.tokenizer)
@@ -104,24 +105,9 @@ class _Service:
                            "(serve.py --max-body-bytes); send a shorter one", code="request_too_large",
                            headers={"Connection": "close"} if cut_short else None)
         try:
-            return parse_request(bytes(raw), schema)
+            return parse_request(bytes(raw), schema, self.rules)
         except RequestError as error:
-            raise ApiError(400, str(error), param=error.param) from None
-
-    def check_common(self, body: _Common) -> tuple[int, tuple[str, ...]]:
-        if body.model != self.model_id:
-            raise ApiError(404, f"model {body.model!r} does not exist; this server serves {self.model_id!r} "
-                           "(GET /v1/models)", param="model", code="model_not_found")
-        max_tokens = body.requested_max_tokens()
-        if max_tokens is None:
-            max_tokens = min(self.limits.default_max_tokens, self.limits.max_tokens_cap)
-        if max_tokens > self.limits.max_tokens_cap:
-            raise ApiError(400, f"max_tokens is {max_tokens} but this server allows at most "
-                           f"{self.limits.max_tokens_cap}; ask for fewer", param="max_tokens")
-        stop = body.stop_strings()
-        if len(stop) > 4 or any(not s for s in stop):
-            raise ApiError(400, "stop must be up to 4 non-empty strings", param="stop")
-        return max_tokens, stop
+            raise ApiError(error.status, str(error), param=error.param, code=error.code) from None
 
     def check_length(self, chars: int, tokens: int | None, param: str) -> None:
         block = self.run.block_size
@@ -130,25 +116,14 @@ class _Service:
             raise ApiError(400, f"the {param} is {size}, more than this model's context of {block} "
                            f"tokens; shorten it", param=param, code="context_length_exceeded")
 
-    def completion_prompt(self, prompt: str | list) -> tuple[list[int], str]:
-        """A completion request's prompt as token ids, and as text (what echo returns)."""
-        if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
-            if len(prompt) != 1:
-                raise ApiError(400, f"prompt is a batch of {len(prompt)} prompts; this server takes one "
-                               "prompt per request: send them one at a time", param="prompt")
-            prompt = prompt[0]
+    def completion_prompt(self, prompt: str | list[int]) -> tuple[list[int], str]:
+        """A completion request's prompt (text, or token ids the schema has checked) as token ids,
+        and as text (what echo returns)."""
         if isinstance(prompt, str):
             self.check_length(len(prompt), None, "prompt")
             encoded = encode_prompt(self.run, prompt)
             self.check_length(len(prompt), encoded.original_length, "prompt")
             return encoded.ids, prompt
-        vocab = len(self.run.token_bytes)
-        if not prompt:
-            raise ApiError(400, "prompt is an empty list of token ids; send at least one", param="prompt")
-        if not all(0 <= i < vocab for i in prompt):
-            bad = next(i for i in prompt if not 0 <= i < vocab)
-            raise ApiError(400, f"prompt has token id {bad}, outside this model's vocabulary (0 to {vocab - 1})",
-                           param="prompt")
         self.check_length(0, len(prompt), "prompt")
         return list(prompt), b"".join(self.run.token_bytes[i] for i in prompt).decode("utf-8", "replace")
 
@@ -233,12 +208,8 @@ def create_app(run: LoadedRun, engine: Engine, *, model_id: str, limits: Limits 
     @app.post("/v1/completions")
     async def completions(request: Request):
         body = await service.read(request, CompletionRequest)
-        max_tokens, stop = service.check_common(body)
         ids, text = service.completion_prompt(body.prompt)
-        if body.stream and body.echo and body.logprobs is not None:
-            raise ApiError(400, "echo with logprobs is answered whole, not streamed; send stream: false",
-                           param="echo")
-        params = _settings(body, max_tokens, stop)
+        params = _settings(body)
         wanted = body.logprobs is not None
         ticket, queue = service.submit(ids, params, [run.eot_id], body.logprobs, body.echo and wanted)
         logprobs = ReplyLogprobs(run.token_bytes, wanted, text, body.echo, hidden=(run.eot_id,))
@@ -248,7 +219,6 @@ def create_app(run: LoadedRun, engine: Engine, *, model_id: str, limits: Limits 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         body = await service.read(request, ChatCompletionRequest)
-        max_tokens, stop = service.check_common(body)
         if service.chat_ids is None:
             raise ApiError(400, f"this run cannot chat: {service.no_chat_reason}; /v1/completions "
                            "still works", param="messages", code="chat_not_supported")
@@ -261,9 +231,7 @@ def create_app(run: LoadedRun, engine: Engine, *, model_id: str, limits: Limits 
         ids = render_chat(run.tokenizer, messages, add_generation_prompt=True).ids
         service.check_length(chars, len(ids), "messages")
         # The chat rule (data.chat.ChatTokenIds): role tokens never sampled, end tokens never shown.
-        params = _settings(body, max_tokens, stop, suppress_ids=service.chat_ids.suppress_ids)
-        if body.top_logprobs is not None and not body.logprobs:
-            raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        params = _settings(body, suppress_ids=service.chat_ids.suppress_ids)
         top = (body.top_logprobs or 0) if body.logprobs else None
         ticket, queue = service.submit(ids, params, list(service.chat_ids.reply_end_ids), top)
         reply = _Reply("chatcmpl", "chat.completion", model_id, ids,
@@ -273,11 +241,9 @@ def create_app(run: LoadedRun, engine: Engine, *, model_id: str, limits: Limits 
     return app
 
 
-def _settings(
-    body: _Common, max_tokens: int, stop: tuple[str, ...], suppress_ids: tuple[int, ...] = ()
-) -> SamplingSettings:
-    return SamplingSettings(max_new_tokens=max_tokens, temperature=body.temperature, top_k=None, top_p=body.top_p,
-                            seed=body.seed, stop=stop, suppress_ids=suppress_ids)
+def _settings(body: _Common, suppress_ids: tuple[int, ...] = ()) -> SamplingSettings:
+    return SamplingSettings(max_new_tokens=body.max_new_tokens, temperature=body.temperature, top_k=None,
+                            top_p=body.top_p, seed=body.seed, stop=body.stop_strings(), suppress_ids=suppress_ids)
 
 
 class _Reply:

@@ -8,15 +8,20 @@ alternatives (0 to 5) for completions, ``true`` with ``top_logprobs`` for chat.
 
 ``parse_request`` turns the raw body into one of these models, or a ``RequestError`` whose one line
 names what is wrong: not UTF-8, not JSON, not an object, nested absurdly deep, a lone surrogate
-(which no tokenizer can encode), or a field pydantic refuses.
+(which no tokenizer can encode), or a field pydantic refuses. Requests are checked here once,
+against the server's ``ServerRules`` too (the model served, the max_tokens cap, the vocabulary):
+the routes trust what they get. What needs the tokenizer (a prompt's length in tokens, a chat's
+roles) is checked where the prompt is encoded.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo, model_validator
+from pydantic_core import PydanticCustomError
 
 from model.generation import MAX_SEED
 
@@ -24,6 +29,29 @@ from model.generation import MAX_SEED
 # field); anything far deeper is hostile, and refused before it can exhaust the stack.
 MAX_DEPTH = 16
 MAX_INT_DIGITS = 40  # the largest integer a field takes is a 64-bit seed: 19 digits
+
+
+MAX_STOP = 4  # stop strings a request may give, as OpenAI allows
+
+
+@dataclass(frozen=True)
+class ServerRules:
+    """What a request is checked against beyond its shape."""
+
+    model_id: str
+    vocab_size: int
+    max_tokens_cap: int  # the largest max_tokens a request may ask for
+    default_max_tokens: int  # when a request gives none (at most the cap)
+
+
+def _refuse(message: str, *, param: str | None = None, status: int = 400, code: str | None = None) -> Exception:
+    """A refusal raised inside a validator, carried through pydantic to ``parse_request``."""
+    return PydanticCustomError("refused", "{message}", {"message": message, "param": param, "status": status,
+                                                        "code": code})
+
+
+def _rules(info: ValidationInfo) -> ServerRules:
+    return info.context["rules"]
 
 
 class StreamOptions(BaseModel):
@@ -47,6 +75,28 @@ class _Common(BaseModel):
     presence_penalty: Literal[0] = 0
     frequency_penalty: Literal[0] = 0
     user: str | None = None  # an end-user id for abuse monitoring; nothing to do with it here
+    _max_new_tokens: int = PrivateAttr(default=0)
+
+    @model_validator(mode="after")
+    def _check_common(self, info: ValidationInfo) -> _Common:
+        rules = _rules(info)
+        if self.model != rules.model_id:
+            raise _refuse(f"model {self.model!r} does not exist; this server serves {rules.model_id!r} "
+                          "(GET /v1/models)", param="model", status=404, code="model_not_found")
+        requested = self.requested_max_tokens()
+        if requested is not None and requested > rules.max_tokens_cap:
+            raise _refuse(f"max_tokens is {requested} but this server allows at most {rules.max_tokens_cap}; "
+                          "ask for fewer", param="max_tokens")
+        self._max_new_tokens = min(rules.default_max_tokens, rules.max_tokens_cap) if requested is None else requested
+        stop = self.stop_strings()
+        if len(stop) > MAX_STOP or any(not s for s in stop):
+            raise _refuse(f"stop must be up to {MAX_STOP} non-empty strings", param="stop")
+        return self
+
+    @property
+    def max_new_tokens(self) -> int:
+        """The tokens to generate at most: the request's max_tokens, or the server's default."""
+        return self._max_new_tokens
 
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
@@ -59,10 +109,30 @@ class _Common(BaseModel):
 
 class CompletionRequest(_Common):
     # Text, or token ids (what lm-evaluation-harness sends); a list of one of these is a batch of
-    # one (the api refuses longer batches).
+    # one, and becomes that one prompt: a longer batch is refused.
     prompt: str | list[int] | list[str] | list[list[int]]
     logprobs: int | None = Field(default=None, ge=0, le=5)
     echo: bool = False
+
+    @model_validator(mode="after")
+    def _check_prompt(self, info: ValidationInfo) -> CompletionRequest:
+        prompt = self.prompt
+        if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+            if len(prompt) != 1:
+                raise _refuse(f"prompt is a batch of {len(prompt)} prompts; this server takes one prompt per "
+                              "request: send them one at a time", param="prompt")
+            prompt = self.prompt = prompt[0]
+        if isinstance(prompt, list):
+            vocab = _rules(info).vocab_size
+            if not prompt:
+                raise _refuse("prompt is an empty list of token ids; send at least one", param="prompt")
+            bad = next((i for i in prompt if not 0 <= i < vocab), None)
+            if bad is not None:
+                raise _refuse(f"prompt has token id {bad}, outside this model's vocabulary (0 to {vocab - 1})",
+                              param="prompt")
+        if self.stream and self.echo and self.logprobs is not None:
+            raise _refuse("echo with logprobs is answered whole, not streamed; send stream: false", param="echo")
+        return self
 
 
 class ChatMessage(BaseModel):
@@ -81,6 +151,12 @@ class ChatCompletionRequest(_Common):
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
+    @model_validator(mode="after")
+    def _check_logprobs(self) -> ChatCompletionRequest:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise _refuse("top_logprobs needs logprobs: true", param="top_logprobs")
+        return self
+
 
 def error_body(message: str, *, kind: str = "invalid_request_error", param: str | None = None,
                code: str | None = None) -> dict:
@@ -89,11 +165,12 @@ def error_body(message: str, *, kind: str = "invalid_request_error", param: str 
 
 
 class RequestError(ValueError):
-    """A request body this server refuses; ``param`` is the field concerned, if one is."""
+    """A request body this server refuses: ``param`` is the field concerned, if one is; ``status``
+    the HTTP status (404 for a model it does not serve, else 400); ``code`` OpenAI's error code."""
 
-    def __init__(self, message: str, param: str | None = None) -> None:
+    def __init__(self, message: str, param: str | None = None, *, status: int = 400, code: str | None = None) -> None:
         super().__init__(message)
-        self.param = param
+        self.param, self.status, self.code = param, status, code
 
 
 Body = TypeVar("Body", bound=BaseModel)
@@ -102,8 +179,8 @@ _JSON_KINDS = {list: "an array", str: "a string", int: "a number", float: "a num
                type(None): "null"}
 
 
-def parse_request(raw: bytes, schema: type[Body]) -> Body:
-    """The body as ``schema``, or a RequestError naming the problem."""
+def parse_request(raw: bytes, schema: type[Body], rules: ServerRules) -> Body:
+    """The body as ``schema``, checked against ``rules``, or a RequestError naming the problem."""
     fields = " and ".join(name for name, info in schema.model_fields.items() if info.is_required())
     if not raw.strip():
         raise RequestError(f"the request body is empty; send a JSON object with {fields}")
@@ -125,9 +202,14 @@ def parse_request(raw: bytes, schema: type[Body]) -> Body:
                            f"send a JSON object with {fields}")
     _check_strings(data)
     try:
-        return schema.model_validate(data)
+        return schema.model_validate(data, context={"rules": rules})
     except ValidationError as error:
-        raise RequestError(*_describe(error.errors())) from None
+        first = error.errors()[0]
+        if first["type"] == "refused":
+            refusal = first["ctx"]
+            raise RequestError(refusal["message"], refusal["param"], status=refusal["status"],
+                               code=refusal["code"]) from None
+        raise RequestError(*_describe(first)) from None
 
 
 def _refuse_constant(name: str) -> Any:
@@ -168,9 +250,8 @@ def _check_text(text: str, field: str | None) -> None:
                            "which is not a Unicode character; send valid text", field) from None
 
 
-def _describe(errors: list[dict]) -> tuple[str, str | None]:
-    """One line for the first problem pydantic found, and the field it concerns."""
-    first = errors[0]
+def _describe(first: dict) -> tuple[str, str | None]:
+    """One line for a problem pydantic found, and the field it concerns."""
     field = ".".join(str(part) for part in first.get("loc", ())) or None
     if first.get("type") == "extra_forbidden":
         return f"unrecognized request argument: {field}; this server does not implement it", field
