@@ -50,7 +50,8 @@ class Limits:
     # The largest request body read. A prompt fills the context long before this, even with every
     # character JSON-escaped; a bigger body only costs memory.
     max_body_bytes: int = 2**20
-    # How long the rest of an over-size body is read and dropped before the 413 is sent anyway.
+    # How long the rest of an over-size body is read and dropped before the 413 is sent anyway (and
+    # the connection closed).
     discard_s: float = 30.0
 
 
@@ -83,27 +84,22 @@ class _Service:
         limit = self.limits.max_body_bytes
         declared = request.headers.get("content-length", "")
         over = declared.isdigit() and int(declared) > limit
-        raw, deadline, cut_short = bytearray(), None, False
+        stream, raw, ended = request.stream(), bytearray(), True
         try:
-            async for chunk in request.stream():
-                if not over:
+            if not over:
+                async for chunk in stream:
                     raw += chunk
-                    over = len(raw) > limit
-                if over:
-                    # The rest is read and dropped, not kept: most clients send the whole body
-                    # before reading the answer, and one that asked to close the connection
-                    # would otherwise see it reset instead of the 413 (a lingering close).
-                    raw.clear()
-                    deadline = deadline or time.monotonic() + self.limits.discard_s
-                    if time.monotonic() > deadline:
-                        cut_short = True  # and the connection closes after the answer
+                    if len(raw) > limit:
+                        over = True
                         break
+            if over:
+                ended = await _drop_rest(stream, self.limits.discard_s)
         except ClientDisconnect:
             raise ApiError(499, "the client closed the connection") from None
         if over:
             raise ApiError(413, f"the request body is over this server's limit of {limit} bytes "
                            "(serve.py --max-body-bytes); send a shorter one", code="request_too_large",
-                           headers={"Connection": "close"} if cut_short else None)
+                           headers=None if ended else {"Connection": "close"})
         try:
             return parse_request(bytes(raw), schema, self.rules)
         except RequestError as error:
@@ -239,6 +235,19 @@ def create_app(run: LoadedRun, engine: Engine, *, model_id: str, limits: Limits 
         return await _answer(request, body, reply, ticket, queue)
 
     return app
+
+
+async def _drop_rest(stream: AsyncIterator[bytes], seconds: float) -> bool:
+    """Read what is left of a body and drop it, for at most ``seconds``; whether it ended. Most
+    clients send a whole body before they read the answer: one that asked to close the connection
+    would see it reset instead of the 413 if the server closed it with the body still coming."""
+    try:
+        async with asyncio.timeout(seconds):
+            async for _ in stream:
+                pass
+        return True
+    except TimeoutError:
+        return False
 
 
 def _settings(body: _Common, suppress_ids: tuple[int, ...] = ()) -> SamplingSettings:

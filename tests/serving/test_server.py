@@ -6,6 +6,7 @@ import asyncio
 import http.client
 import json
 import re
+import socket
 import time
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -233,6 +234,22 @@ def test_a_client_that_closes_after_an_over_size_body_reads_the_413(server, clie
     status, answer = post_and_close(server, path, raw, chunked=chunked)
     assert status == 413 and answer["error"]["code"] == "request_too_large"
     assert f"limit of {MAX_BODY} bytes" in answer["error"]["message"]
+    assert client.completions.create(model=MODEL, prompt="ok", max_tokens=2).usage.completion_tokens == 2
+
+
+@pytest.mark.e2e
+def test_a_client_that_stalls_in_an_over_size_body_gets_the_413_and_a_closed_connection(server, client):
+    """The rest of a body is dropped for a bounded time only (serving.api.Limits.discard_s)."""
+    address = urlsplit(server)
+    with socket.create_connection((address.hostname, address.port), timeout=60) as sock:
+        sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {10 * MAX_BODY}\r\n\r\n".encode() + b"x" * (2 * MAX_BODY))
+        answer = b""
+        while chunk := sock.recv(65536):  # the server closes the connection after its answer
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 413") and b"connection: close" in head.lower()
+    assert json.loads(body)["error"]["code"] == "request_too_large"
     assert client.completions.create(model=MODEL, prompt="ok", max_tokens=2).usage.completion_tokens == 2
 
 
