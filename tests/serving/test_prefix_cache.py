@@ -98,7 +98,7 @@ def test_pages_are_found_from_position_0_and_the_last_token_is_never_covered():
 
 def test_memory_is_bounded_and_the_least_recently_used_page_goes_first_before_the_pages_it_begins():
     page_bytes = page_cost(4, 4 * 2 * 4)  # one fp32 entry of (1 layer, 1 head, 4 positions, 2 dims)
-    cache = PrefixCache(page=4, max_bytes=3 * page_bytes + page_bytes // 2)
+    cache = PrefixCache(page=4, max_bytes=3 * page_bytes)
     a, b = list(range(100, 112)), list(range(200, 212))
     for end in (4, 8):
         cache.store(a[:end], {"latent": torch.zeros(1, 1, 4, 2)})  # any entry name works
