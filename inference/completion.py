@@ -83,7 +83,7 @@ def generate_completions(
 
     Row i draws from its own generator seeded ``seed + i``, so it equals the single-row run with
     that seed. Every row's streamed pieces join to its ``Completion.text``. ``batch_invariant``:
-    decode with the serving engine's arithmetic (see ``GPT.next_token_logits``).
+    decode with the serving engine's arithmetic (see ``model.batch_invariant``).
     """
     seed = settings.seed if settings.seed is not None else new_seed()
     rows = settings.num_samples

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from model.batch_invariant import row_blocked
 from model.gpt import GPT
 from model.kv_cache import KVCache
 
@@ -240,9 +241,9 @@ def generate_tokens(
 
     ``idx`` (B, T) is the prompt, T >= 1; a prompt longer than block_size is cut to its last
     block_size tokens. Call with the model in eval mode (dropout would make steps random).
-    Arguments are checked here, before the first token is asked for. ``batch_invariant``: the
-    one-token steps take the serving engine's arithmetic (``GPT.next_token_logits``), so a
-    request decodes here bit for bit as the server decodes it.
+    Arguments are checked here, before the first token is asked for. ``batch_invariant``: decode
+    with the serving engine's model and cache (``model.batch_invariant``), so a request decodes
+    here bit for bit as the server decodes it.
     """
     if idx.dim() != 2 or idx.shape[1] == 0 or idx.dtype != torch.long:
         raise ValueError(f"idx must be a non-empty (batch, time) LongTensor of token ids, got "
@@ -297,12 +298,11 @@ def _generate(
     tokens[:, :prompt_len] = idx
     n = prompt_len
     start = max(0, n - block_size)  # the model sees tokens[:, start:n]
-    # A whole-window cache: with batch_invariant, one-token steps then attend over the shapes the
-    # serving engine's rows do, so a request decodes bit for bit alike here.
-    cache = model.init_cache(batch) if use_cache else None
-    invariant = dict(batch_invariant=batch_invariant)
+    # With batch_invariant, the serving engine's model and cache: a request decodes bit for bit alike here.
+    model = row_blocked(model) if batch_invariant else model
+    cache = model.init_cache(batch, whole_buffers=batch_invariant) if use_cache else None
 
-    logits = _encode_window(model, tokens[:, start:n], cache, invariant)
+    logits = _encode_window(model, tokens[:, start:n], cache)
     for step in range(max_new_tokens):
         token = sample_next_token(logits, prev_tokens=tokens[:, :n], **sampling)
         tokens[:, n] = token
@@ -312,15 +312,15 @@ def _generate(
             break  # the next logits would never be used
         slid, start = start, window_start(start, n, block_size, keep)
         if start != slid:
-            logits = _encode_window(model, tokens[:, start:n], cache, invariant)
+            logits = _encode_window(model, tokens[:, start:n], cache)
         elif cache is not None:
-            logits = model.next_token_logits(tokens[:, n - 1:n], cache, **invariant)
+            logits = model.next_token_logits(tokens[:, n - 1:n], cache)
         else:
-            logits = model.next_token_logits(tokens[:, start:n], **invariant)
+            logits = model.next_token_logits(tokens[:, start:n])
 
 
-def _encode_window(model: GPT, window: torch.Tensor, cache: KVCache | None, invariant: dict) -> torch.Tensor:
+def _encode_window(model: GPT, window: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
     """Next-token logits for a window placed at position 0 (refilling the cache, if any)."""
     if cache is not None:
         cache.reset()
-    return model.next_token_logits(window, cache, **invariant)
+    return model.next_token_logits(window, cache)

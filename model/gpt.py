@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from common.config import build, check_types, require
-from model.kv_cache import KVCache
+from model.kv_cache import KVCache, LayerCache
 
 _REQUIRED_INTS = ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd")
 ATTENTION_KINDS = ("gqa", "mla")
@@ -173,8 +173,8 @@ class GPTConfig:
 
 
 # -------------------------------------------------------------------------------------------------
-# The layers every attention kind and block share: RMSNorm, the product that can be made
-# batch-invariant, the two feed-forwards (SwiGLU and ReLU²), and the bottom-right causal mask.
+# The layers every attention kind and block share: RMSNorm, the two feed-forwards (SwiGLU and
+# ReLU²), and the bottom-right causal mask.
 
 
 class RMSNorm(nn.Module):
@@ -193,30 +193,6 @@ class RMSNorm(nn.Module):
         return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
 
-# A batch-invariant pass computes one-token rows through every linear layer in blocks of this many.
-DECODE_ROW_BLOCK = 16
-
-
-def linear(layer: nn.Linear, x: torch.Tensor, row_blocks: bool = False) -> torch.Tensor:
-    """``layer(x)``; with ``row_blocks``, the rows of x in blocks of exactly ``DECODE_ROW_BLOCK``.
-
-    A BLAS library picks its kernel, and with it the order of summation, from the matrix shape:
-    a row multiplied alone and the same row among 15 others may differ in the last bits, and in
-    generation a near-tie then picks another token. Padded to whole blocks, a row gets the same
-    arithmetic whether it is served alone or batched with any other requests. The padding costs
-    a single stream speed, so only the batch-invariant decode step (the serving engine's) asks.
-    """
-    if not row_blocks:
-        return layer(x)
-    rows = x.reshape(-1, x.shape[-1])
-    padded = F.pad(rows, (0, 0, 0, -rows.shape[0] % DECODE_ROW_BLOCK))
-    if padded.shape[0] == DECODE_ROW_BLOCK:
-        out = F.linear(padded, layer.weight, layer.bias)
-    else:
-        out = torch.cat([F.linear(block, layer.weight, layer.bias) for block in padded.split(DECODE_ROW_BLOCK)])
-    return out[:rows.shape[0]].view(*x.shape[:-1], -1)
-
-
 class SwiGLU(nn.Module):
     """Feed-forward ``down(silu(gate(x)) * up(x))``.
 
@@ -230,9 +206,9 @@ class SwiGLU(nn.Module):
         self.down = nn.Linear(hidden, dim, bias=False)
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor, row_blocks: bool = False) -> torch.Tensor:
-        gate, up = linear(self.gate_up, x, row_blocks).chunk(2, dim=-1)
-        return self.dropout(linear(self.down, F.silu(gate) * up, row_blocks))
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.dropout(self.down(F.silu(gate) * up))
 
 
 class ReLU2(nn.Module):
@@ -249,8 +225,8 @@ class ReLU2(nn.Module):
         self.down = nn.Linear(hidden, dim, bias=False)
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor, row_blocks: bool = False) -> torch.Tensor:
-        return self.dropout(linear(self.down, F.relu(linear(self.up, x, row_blocks)).square(), row_blocks))
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.down(F.relu(self.up(x)).square()))
 
 
 def causal_mask(q_len: int, k_len: int, device: torch.device | str | None = None) -> torch.Tensor:
@@ -315,7 +291,7 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(config.dropout)
 
     def split_heads(
-        self, x: torch.Tensor, row_blocks: bool = False, value_embedding: torch.Tensor | None = None
+        self, x: torch.Tensor, value_embedding: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Project x (B, T, C) to q (B, n_head, T, d) and k, v (B, n_kv_head, T, d); a layer with
         value embeddings mixes ``value_embedding`` (B, T, n_kv_head·d, from ``GPT.value_embedding``)
@@ -323,9 +299,9 @@ class CausalSelfAttention(nn.Module):
         B, T, _ = x.shape
         d = self.head_dim
         sizes = [self.n_head * d, self.n_kv_head * d, self.n_kv_head * d]
-        q, k, v = linear(self.qkv, x, row_blocks).split(sizes, dim=-1)
+        q, k, v = self.qkv(x).split(sizes, dim=-1)
         if value_embedding is not None:
-            gate = 2 * torch.sigmoid(linear(self.value_gate, x, row_blocks))  # (B, T, n_kv_head)
+            gate = 2 * torch.sigmoid(self.value_gate(x))  # (B, T, n_kv_head)
             v = v + (gate.unsqueeze(-1) * value_embedding.view(B, T, self.n_kv_head, d)).view(B, T, -1)
         q = q.view(B, T, self.n_head, d).transpose(1, 2)
         k = k.view(B, T, self.n_kv_head, d).transpose(1, 2)
@@ -348,23 +324,18 @@ class CausalSelfAttention(nn.Module):
         return {"k": (self.n_kv_head, self.head_dim), "v": (self.n_kv_head, self.head_dim)}
 
     def forward(
-        self, x: torch.Tensor, cache: KVCache | None = None, row_blocks: bool = False,
-        value_embedding: torch.Tensor | None = None,
+        self, x: torch.Tensor, cache: LayerCache | None = None, value_embedding: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Attend over this chunk, and over the cache's earlier positions when one is given.
-
-        The caller (GPT) begins the cache's pass before the first layer and ends it after the
-        last, so every layer writes at the same positions. ``row_blocks``: see ``linear``;
-        ``value_embedding``: see ``split_heads``.
-        """
+        """Attend over this chunk, and over what ``cache.update`` returns when a cache is given
+        (``value_embedding``: see ``split_heads``)."""
         B, T, C = x.shape
-        q, k, v = self.split_heads(x, row_blocks, value_embedding)
+        q, k, v = self.split_heads(x, value_embedding)
         mask = None
         if cache is not None:
             (k, v), mask = cache.update(self.layer_idx, k, v)
         y = self._attend(q, k, v, mask)
         y = y.transpose(1, 2).reshape(B, T, C)
-        return self.resid_dropout(linear(self.proj, y, row_blocks))
+        return self.resid_dropout(self.proj(y))
 
     def _attend_token(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
@@ -481,13 +452,13 @@ class LatentAttention(nn.Module):
         self.attn_dropout = config.dropout
         self.resid_dropout = nn.Dropout(config.dropout)
 
-    def split_heads(self, x: torch.Tensor, row_blocks: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    def split_heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Project x (B, T, C) to q (B, n_head, T, d) and the latents c (B, 1, T, kv_latent_dim):
         one latent "head" that the cache stores in place of n_kv_head key and value heads."""
         B, T, _ = x.shape
-        q, c = linear(self.down, x, row_blocks).split([self.q_down_dim, self.kv_latent_dim], dim=-1)
+        q, c = self.down(x).split([self.q_down_dim, self.kv_latent_dim], dim=-1)
         if self.q_latent_dim is not None:
-            q = linear(self.q_up, self.q_norm(q), row_blocks)
+            q = self.q_up(self.q_norm(q))
         q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
         if self.qk_norm:
             q = self.q_head_norm(q)
@@ -498,34 +469,27 @@ class LatentAttention(nn.Module):
         alone, ``n_layer x kv_latent_dim`` numbers per token in all."""
         return {"latent": (1, self.kv_latent_dim)}
 
-    def forward(
-        self, x: torch.Tensor, cache: KVCache | None = None, row_blocks: bool = False,
-        value_embedding: None = None,
-    ) -> torch.Tensor:
-        """Attend over this chunk, and over the cache's earlier positions when one is given.
-
-        The caller (GPT) begins the cache's pass before the first layer and ends it after the
-        last, so every layer writes at the same positions. ``row_blocks``: see ``linear``.
-        ``value_embedding`` is always None: the config refuses value embeddings with MLA.
-        """
+    def forward(self, x: torch.Tensor, cache: LayerCache | None = None, value_embedding: None = None) -> torch.Tensor:
+        """As ``CausalSelfAttention.forward``; ``value_embedding`` is always None (the config
+        refuses value embeddings with MLA)."""
         assert value_embedding is None, "value embeddings are grouped-query attention's only"
         B, T, C = x.shape
-        q, c = self.split_heads(x, row_blocks)
+        q, c = self.split_heads(x)
         mask = None
         if cache is not None:
             (c,), mask = cache.update(self.layer_idx, c)
         if cache is not None and T == 1 and not self.qk_norm:  # decoding: attention in latent space
             y = self.attend_absorbed(q, c, mask)
         else:
-            y = self.attend_expanded(q, c, mask, row_blocks)
+            y = self.attend_expanded(q, c, mask)
         y = y.transpose(1, 2).reshape(B, T, C)
-        return self.resid_dropout(linear(self.proj, y, row_blocks))
+        return self.resid_dropout(self.proj(y))
 
-    def expand(self, c: torch.Tensor, row_blocks: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    def expand(self, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-head keys and values (B, n_head, S, d) from latents c (B, 1, S, r): ``c W_UK[h]``
         and ``c W_UV[h]`` for every head h, in one product (the keys then QK-normed if on)."""
         B, _, S, _ = c.shape
-        kv = linear(self.kv_up, c[:, 0], row_blocks).view(B, S, 2 * self.n_head, self.head_dim).transpose(1, 2)
+        kv = self.kv_up(c[:, 0]).view(B, S, 2 * self.n_head, self.head_dim).transpose(1, 2)
         k, v = kv.chunk(2, dim=1)
         return (self.k_head_norm(k) if self.qk_norm else k), v
 
@@ -541,14 +505,11 @@ class LatentAttention(nn.Module):
         shape = (self.n_head, self.head_dim, self.kv_latent_dim)
         return w_uk.view(shape), w_uv.view(shape)
 
-    def attend_expanded(
-        self, q: torch.Tensor, c: torch.Tensor, mask: torch.Tensor | None, row_blocks: bool = False
-    ) -> torch.Tensor:
+    def attend_expanded(self, q: torch.Tensor, c: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """Per-head keys and values built from the latents c (B, 1, S, r), then multi-head SDPA.
-        ``mask`` None means the latents end at the newest query (plain causal, bottom-right).
-        ``row_blocks`` (a batch-invariant decode step with QK-norm): see ``linear``."""
+        ``mask`` None means the latents end at the newest query (plain causal, bottom-right)."""
         T, S = q.shape[2], c.shape[2]
-        k, v = self.expand(c, row_blocks)
+        k, v = self.expand(c)
         if mask is None and T != S:
             mask = causal_mask(T, S, device=q.device)
         dropout_p = self.attn_dropout if self.training else 0.0
@@ -597,11 +558,10 @@ class Block(nn.Module):
         self.ffn = mlp(config.n_embd, config.ffn_dim, config.dropout)
 
     def forward(
-        self, x: torch.Tensor, cache: KVCache | None = None, row_blocks: bool = False,
-        value_embedding: torch.Tensor | None = None,
+        self, x: torch.Tensor, cache: LayerCache | None = None, value_embedding: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), cache, row_blocks, value_embedding)
-        return x + self.ffn(self.ffn_norm(x), row_blocks)
+        x = x + self.attn(self.attn_norm(x), cache, value_embedding)
+        return x + self.ffn(self.ffn_norm(x))
 
 
 class GPT(nn.Module):
@@ -664,7 +624,7 @@ class GPT(nn.Module):
         cross-entropy (positions with target -1 are ignored). With ``cache``, row i's chunk is
         written into cache row ``rows[i]`` (default: row i) at that row's length, which is also
         the position of its first token."""
-        logits = self.logits(self._trunk(idx, cache, rows, False))
+        logits = self.logits(self._hidden_in(idx, cache, rows))
         if targets is None:
             return logits
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
@@ -672,25 +632,25 @@ class GPT(nn.Module):
 
     def next_token_logits(
         self, idx: torch.Tensor, cache: KVCache | None = None, rows: Sequence[int] | None = None,
-        batch_invariant: bool = False,
     ) -> torch.Tensor:
         """Logits (B, vocab) after the last token of each row of ``idx``: the head runs on one
         position only, which is all a decoding step needs (the head is vocab x n_embd, often the
-        largest matmul). ``cache`` and ``rows`` as in ``forward``.
+        largest matmul). ``cache`` and ``rows`` as in ``forward``."""
+        return self.logits(self._hidden_in(idx, cache, rows)[:, -1])
 
-        ``batch_invariant``: a one-token pass computes each row bit for bit as it would alone, in
-        any batch, at any length (whole cache rows under a mask, products in fixed row blocks:
-        see ``linear``); the serving engine asks for it. On the CPU it holds when head_dim is a
-        multiple of 16 (see ``CausalSelfAttention._attend_token``; kv_latent_dim for latent attention). Longer chunks take
-        the plain path either way."""
-        row_blocks = batch_invariant and idx.shape[1] == 1
-        return self.logits(self._trunk(idx, cache, rows, row_blocks)[:, -1], row_blocks)
+    def _hidden_in(self, idx: torch.Tensor, cache: KVCache | None, rows: Sequence[int] | None) -> torch.Tensor:
+        """``hidden_states`` of ``idx`` read from position 0, or as one pass of ``cache``'s ``rows``."""
+        if cache is None:
+            return self.hidden_states(idx)
+        hidden = self.hidden_states(idx, cache.begin(idx.shape[1], rows), cache)
+        cache.end()
+        return hidden
 
-    def logits(self, hidden: torch.Tensor, row_blocks: bool = False) -> torch.Tensor:
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The LM head's scores of final-normed hidden states: the one place logits are made, for
         training, evaluation, generation, serving and the ONNX graph. With ``logit_softcap`` c they
         are ``c·tanh(logits/c)``: smooth, and never beyond ±c, so no logit can run away in training."""
-        logits = linear(self.lm_head, hidden, row_blocks)
+        logits = self.lm_head(hidden)
         cap = self.config.logit_softcap
         return logits if cap is None else cap * torch.tanh(logits / cap)
 
@@ -708,28 +668,27 @@ class GPT(nn.Module):
         they were mixed into like any others."""
         return self.value_embs[str(i)](idx) if str(i) in self.value_embs else None
 
-    def _trunk(
-        self, idx: torch.Tensor, cache: KVCache | None, rows: Sequence[int] | None, row_blocks: bool,
+    def hidden_states(
+        self, idx: torch.Tensor, positions: torch.Tensor | None = None, cache: LayerCache | None = None, *,
         on_block_input: Callable[[Block, torch.Tensor], None] | None = None,
     ) -> torch.Tensor:
-        """The final-normed hidden states of ``idx``; ``on_block_input(block, x)`` sees what each
-        block reads (``attention_queries_keys`` takes the attention's queries and keys from it)."""
-        T = idx.shape[1]
-        if cache is None:
+        """The final-normed hidden states (B, T, n_embd) of token ids ``idx`` (B, T) at ``positions``
+        (B or 1, T; default 0..T-1): the model's one entry point, under the head (``logits``).
+        Every layer's attention reads what ``cache.update`` returns: a ``KVCache`` pass, or the
+        ONNX graph's past tensors. ``on_block_input(block, x)`` sees what each block reads."""
+        if positions is None:
+            T = idx.shape[1]
             assert 1 <= T <= self.config.block_size, f"{T} tokens do not fit block_size {self.config.block_size}"
             # A slice of the table: the same values as a lookup, and a cheaper backward.
-            positions = self.pos_emb.weight[:T]
+            x = self.tok_emb(idx) + self.pos_emb.weight[:T]
         else:
-            # Learned absolute positions: each row's new tokens sit at that row's length onwards.
-            positions = self.pos_emb(cache.begin(T, rows, whole_buffers=row_blocks))
-        x = x0 = self.drop(self.tok_emb(idx) + positions)
+            x = self.tok_emb(idx) + self.pos_emb(positions)
+        x = x0 = self.drop(x)
         for i, block in enumerate(self.blocks):
             x = self.block_input(i, x, x0)
             if on_block_input is not None:
                 on_block_input(block, x)
-            x = block(x, cache, row_blocks, self.value_embedding(i, idx))
-        if cache is not None:
-            cache.end()
+            x = block(x, cache, self.value_embedding(i, idx))
         return self.norm(x)
 
     @torch.no_grad()
@@ -750,17 +709,25 @@ class GPT(nn.Module):
             q, k, _ = block.attn.per_head(block.attn_norm(x))
             queries_keys.append((q, k))
 
-        self._trunk(idx, None, None, False, keep)
+        self.hidden_states(idx, on_block_input=keep)
         return queries_keys
 
-    def init_cache(self, batch_size: int, max_len: int | None = None, dtype: torch.dtype | None = None) -> KVCache:
+    def cache_entries(self) -> dict[str, tuple[int, int]]:
+        """What every layer caches per token, as ``KVCache`` takes it (see the attention's own)."""
+        return self.blocks[0].attn.cache_entries()
+
+    def init_cache(
+        self, batch_size: int, max_len: int | None = None, dtype: torch.dtype | None = None,
+        whole_buffers: bool = False,
+    ) -> KVCache:
         """An empty KV cache for ``batch_size`` rows and up to ``max_len`` (<= block_size) positions,
-        on the model's device, in its parameter dtype unless told otherwise."""
+        on the model's device, in its parameter dtype unless told otherwise (``whole_buffers``: see
+        ``KVCache``)."""
         max_len = self.config.block_size if max_len is None else max_len
         assert 1 <= max_len <= self.config.block_size, "positions past block_size have no embedding"
         weight = self.tok_emb.weight
         return KVCache(
-            self.config.n_layer, batch_size, max_len, self.blocks[0].attn.cache_entries(),
+            self.config.n_layer, batch_size, max_len, self.cache_entries(), whole_buffers=whole_buffers,
             device=weight.device, dtype=weight.dtype if dtype is None else dtype,
         )
 

@@ -10,8 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
+
+
+class LayerCache(Protocol):
+    """What attention asks of a cache: ``update`` as ``KVCache.update`` defines it. The ONNX graph
+    passes its past tensors through the same call."""
+
+    def update(self, layer: int, *new: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor | None]: ...
 
 
 @dataclass
@@ -49,6 +57,10 @@ class KVCache:
     small decoupled positional key if it uses RoPE); ``update`` then returns the latents of the
     rows' positions with the same mask, and the attention module up-projects them (or absorbs the
     up-projection into its query and output matrices). Nothing in this class changes.
+
+    ``whole_buffers``: in a one-token pass every row reads its whole buffer under a mask, so its
+    attention has the same shape at every length and beside any other rows (what batch-invariant
+    decoding needs, ``model.batch_invariant``).
     """
 
     def __init__(
@@ -60,6 +72,7 @@ class KVCache:
         *,
         device: torch.device | str | None = None,
         dtype: torch.dtype = torch.float32,
+        whole_buffers: bool = False,
     ) -> None:
         self.buffers = {
             name: torch.zeros((n_layer, batch_size, heads, max_len, dim), device=device, dtype=dtype)
@@ -70,6 +83,7 @@ class KVCache:
         self.device = next(iter(self.buffers.values())).device
         # Host-side integers: checking room and planning a pass then never waits for the device.
         self.lengths = [0] * batch_size
+        self.whole_buffers = whole_buffers
         self._pass: _Pass | None = None
 
     def nbytes(self) -> int:
@@ -81,18 +95,16 @@ class KVCache:
         for r in range(self.batch_size) if rows is None else rows:
             self.lengths[r] = 0
 
-    def begin(self, new: int, rows: Sequence[int] | None = None, whole_buffers: bool = False) -> torch.Tensor:
+    def begin(self, new: int, rows: Sequence[int] | None = None) -> torch.Tensor:
         """Plan a pass that adds ``new`` tokens to each of ``rows`` (default: all, in order); return
-        their positions, (R, new) or (1, new) when shared. ``whole_buffers``: every row reads its
-        whole buffer under a mask, so its attention has the same shape at every length and beside
-        any other rows (what a batch-invariant decode step needs)."""
+        their positions, (R, new) or (1, new) when shared."""
         rows = list(range(self.batch_size)) if rows is None else list(rows)
         lengths = [self.lengths[r] for r in rows]
         assert len(set(rows)) == len(rows), f"rows must be distinct, got {rows}"
         assert max(lengths) + new <= self.max_len, f"rows {rows} at {lengths} have no room for {new} more"
         contiguous = rows == list(range(rows[0], rows[0] + len(rows)))
         all_rows = rows == list(range(self.batch_size))
-        if contiguous and len(set(lengths)) == 1 and not whole_buffers:
+        if contiguous and len(set(lengths)) == 1 and not (self.whole_buffers and new == 1):
             start = lengths[0]
             self._pass = _Pass(rows, new, slice(rows[0], rows[-1] + 1), start, None, None, None, all_rows)
             return torch.arange(start, start + new, device=self.device).unsqueeze(0)

@@ -5,12 +5,11 @@ these wrappers pass the cache as plain tensors named the way Hugging Face Optimu
 (``past_key_values.{i}.key``/``.value`` in, ``present.{i}.key``/``.value`` out). What a layer
 caches is what its attention declares for ``KVCache`` (``cache_entries``), so the names follow it:
 multi-head latent attention caches one ``past_key_values.{i}.latent`` per layer instead.
-The wrappers run the model's own modules (embeddings, norms, the attention's projections, the
-feed-forward, each block's input and the head), so the model's options come along: QK-norm in the
-projections and the latent's expansion, value embeddings in the values, ReLU² in the feed-forward,
-the residual scalars in ``GPT.block_input``, the softcap in ``GPT.logits``. Only the attention
-arithmetic is written out here, because the graph needs one form for every chunk length and a mask
-from tensors rather than from the cache's state.
+The wrappers call the model itself (``GPT.hidden_states`` at the given positions, then
+``GPT.logits``), handing its attention the pasts through ``_GraphCache``: every option of the model
+comes along, and nothing of its trunk is written out here. The dynamic graph is traced on a
+3-token example, so it records attention's general path (a chunk under a mask), exact for one
+token too; the static graph's one token takes the decoding path.
 
 - ``DynamicDecoder``: any batch, any number of new tokens, any past length (0 for the first call);
   presents are the pasts with the new tokens appended. ``attention_mask`` (batch, past + new) marks
@@ -25,7 +24,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from model.gpt import GPT
@@ -36,8 +34,7 @@ ONNX_ENTRY_NAMES = {"k": "key", "v": "value"}
 
 def cache_entries(model: GPT) -> dict[str, tuple[int, int]]:
     """Each cached tensor's ONNX name (``key``, ``value``) and its (heads, dim) per token and layer."""
-    entries = model.blocks[0].attn.cache_entries()
-    return {ONNX_ENTRY_NAMES.get(name, name): shape for name, shape in entries.items()}
+    return {ONNX_ENTRY_NAMES.get(name, name): shape for name, shape in model.cache_entries().items()}
 
 
 def cache_names(model: GPT) -> list[str]:
@@ -56,39 +53,29 @@ def output_names(model: GPT) -> list[str]:
 Combine = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (past, new) -> present
 
 
+class _GraphCache:
+    """The pasts as the model's attention reads a cache (``model.kv_cache.LayerCache``): each
+    layer's new entries are combined with its pasts into the presents, read where ``allowed``
+    (batch, 1, new, keys) is True."""
+
+    def __init__(self, pasts: tuple[torch.Tensor, ...], n_layer: int, combine: Combine, allowed: torch.Tensor) -> None:
+        self.pasts, self.per_layer = pasts, len(pasts) // n_layer
+        self.combine, self.allowed = combine, allowed
+        self.presents: list[torch.Tensor] = []
+
+    def update(self, layer: int, *new: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+        pasts = self.pasts[layer * self.per_layer:(layer + 1) * self.per_layer]
+        presents = [self.combine(past, n) for past, n in zip(pasts, new)]
+        self.presents += presents
+        return presents, self.allowed
+
+
 def _decode(model: GPT, input_ids: torch.Tensor, position_ids: torch.Tensor, pasts: tuple[torch.Tensor, ...],
             combine: Combine, allowed: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """Logits and presents: every block with its attention reading ``combine(past, new)`` where
-    ``allowed`` (batch, 1, new, keys) is True."""
-    x = x0 = model.tok_emb(input_ids) + model.pos_emb(position_ids)
-    per_layer = len(pasts) // model.config.n_layer
-    presents: list[torch.Tensor] = []
-    for i, block in enumerate(model.blocks):
-        x = model.block_input(i, x, x0)
-        attn = block.attn
-        value_embedding = model.value_embedding(i, input_ids)
-        extra = {} if value_embedding is None else {"value_embedding": value_embedding}
-        q, *new = attn.split_heads(block.attn_norm(x), **extra)
-        cached = [combine(past, n) for past, n in zip(pasts[i * per_layer:(i + 1) * per_layer], new)]
-        presents += cached
-        y = _attend(attn, q, cached, allowed)
-        B, _, T, _ = q.shape
-        x = x + attn.proj(y.transpose(1, 2).reshape(B, T, -1))
-        x = x + block.ffn(block.ffn_norm(x))
-    return (model.logits(model.norm(x)), *presents)
-
-
-def _attend(attn: nn.Module, q: torch.Tensor, cached: list[torch.Tensor], allowed: torch.Tensor) -> torch.Tensor:
-    """q's attention over what the layer caches, where ``allowed``: grouped-query attention's keys
-    and values, or multi-head latent attention's one latent (``model.gpt.LatentAttention``), whose expanded form
-    (every head's key and value up-projected from the latent) takes the mask as it is."""
-    if len(cached) == 1:
-        return attn.attend_expanded(q, cached[0], allowed)
-    k, v = cached
-    group = attn.n_head // attn.n_kv_head
-    # Repeated K/V heads rather than SDPA's enable_gqa: the plain form exports on every opset.
-    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+    """Logits and presents of the model run at ``position_ids`` over the pasts."""
+    cache = _GraphCache(pasts, model.config.n_layer, combine, allowed)
+    logits = model.logits(model.hidden_states(input_ids, position_ids, cache))
+    return (logits, *cache.presents)
 
 
 class DynamicDecoder(nn.Module):

@@ -16,7 +16,7 @@ Rows are independent: a request gets exactly the tokens it would get served alon
 is being served. Each request samples from its own ``torch.Generator`` seeded like generate.py's
 first sample; past the context window a row re-encodes its most recent tokens from position 0 by
 generate.py's rule (``model.generation.window_start``); the batched decode step computes each
-row bit for bit as alone (``GPT.next_token_logits(batch_invariant=True)``: its attention reads the
+row bit for bit as alone (``model.batch_invariant``, chosen once in ``Engine.__init__``: its attention reads the
 row's whole cache buffer under a mask, and its matrix products run in fixed blocks of rows; on the
 CPU this holds when the model's head_dim is a multiple of 16). Against generate.py, whose single
 stream takes the plain one-row products, tokens agree up to fp32 rounding. A prompt
@@ -47,6 +47,7 @@ import torch
 
 from inference.streaming import TextStream
 from model import GPT
+from model.batch_invariant import row_blocked
 from model.generation import SamplingSettings, kept_window, new_seed, sample_next_token, seeded_generator, window_start
 from serving.prefix_cache import PrefixCache
 
@@ -156,7 +157,7 @@ class Engine:
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
         cfg = model.config
-        self.model = model
+        self.model = row_blocked(model)  # batch invariance: see model.batch_invariant
         self.token_bytes = token_bytes
         self.max_batch = max_batch
         self.max_queue = 4 * max_batch if max_queue is None else max_queue
@@ -165,7 +166,7 @@ class Engine:
             raise ValueError("max_queue must be >= 0, prefill_chunk >= 1 and prefix_cache_bytes >= 0")
         self.block_size = cfg.block_size
         self.keep = kept_window(cfg.block_size)
-        self.cache = model.init_cache(max_batch)
+        self.cache = model.init_cache(max_batch, whole_buffers=True)
         self.prefix_cache = PrefixCache(self.prefill_chunk, prefix_cache_bytes) if prefix_cache_bytes else None
         self.prefill_tokens = 0  # prompt tokens the model has encoded (not copied from the prefix cache)
         self._waiting: collections.deque[_Request] = collections.deque()
@@ -309,7 +310,7 @@ class Engine:
         done = self.cache.lengths[row]
         chunk = window[done:done + size]
         idx = torch.tensor([chunk], device=self.cache.device)
-        logits = self.model.next_token_logits(idx, self.cache, [row], batch_invariant=True)
+        logits = self.model.next_token_logits(idx, self.cache, [row])
         self.prefill_tokens += len(chunk)
         if self.prefix_cache is not None and len(chunk) == size:
             self.prefix_cache.store(window[:done + size], self.cache.read(row, done, done + size))
@@ -329,7 +330,7 @@ class Engine:
     def _decode(self, requests: list[_Request]) -> None:
         """One token for every decoding row, in one batched forward pass."""
         idx = torch.tensor([[r.tokens[-1]] for r in requests], device=self.cache.device)
-        logits = self.model.next_token_logits(idx, self.cache, [r.row for r in requests], batch_invariant=True)
+        logits = self.model.next_token_logits(idx, self.cache, [r.row for r in requests])
         for i, request in enumerate(requests):
             request.logits = logits[i:i + 1]
 

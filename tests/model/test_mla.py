@@ -10,6 +10,7 @@ import torch
 
 from common.config import ConfigError
 from model import GPT, GPTConfig
+from model.batch_invariant import row_blocked
 from model.generation import generate
 from run_testkit import MLA_OPTIONS, build_model
 
@@ -86,19 +87,18 @@ def test_decoding_never_builds_per_head_keys_or_values(monkeypatch):
 
 @pytest.mark.parametrize("options", [{}, MLA_OPTIONS], ids=["plain", "options"])
 def test_ragged_rows_decode_together_as_each_alone_bit_for_bit(options):
-    model = mla_model(16, 24, **options)
+    model = row_blocked(mla_model(16, 24, **options))
     prompts = [list(range(3, 3 + n)) for n in (1, 5, 12, 30)]
     rows = [5, 0, 3, 1]  # rows are not in order, and two rows stay empty
-    cache = model.init_cache(6)
+    cache = model.init_cache(6, whole_buffers=True)
     solo = []
     with torch.inference_mode():
         for r, prompt in zip(rows, prompts):
-            model.next_token_logits(torch.tensor([prompt[:-1] or prompt]), cache, [r], batch_invariant=True)
-            alone = model.init_cache(1)
-            model.next_token_logits(torch.tensor([prompt[:-1] or prompt]), alone, batch_invariant=True)
-            solo.append(model.next_token_logits(torch.tensor([[prompt[-1]]]), alone, batch_invariant=True))
-        batched = model.next_token_logits(torch.tensor([[p[-1]] for p in prompts]), cache, rows,
-                                          batch_invariant=True)
+            model.next_token_logits(torch.tensor([prompt[:-1] or prompt]), cache, [r])
+            alone = model.init_cache(1, whole_buffers=True)
+            model.next_token_logits(torch.tensor([prompt[:-1] or prompt]), alone)
+            solo.append(model.next_token_logits(torch.tensor([[prompt[-1]]]), alone))
+        batched = model.next_token_logits(torch.tensor([[p[-1]] for p in prompts]), cache, rows)
     for i in range(len(prompts)):  # served beside others == alone (kv_latent_dim a multiple of 16)
         assert torch.equal(batched[i:i + 1], solo[i]), f"row {rows[i]}"
 
@@ -107,9 +107,10 @@ def test_ragged_rows_decode_together_as_each_alone_bit_for_bit(options):
 @pytest.mark.parametrize("batch_invariant", [False, True])
 def test_ragged_rows_and_chunks_into_them_equal_full_recomputation(batch_invariant, options):
     model = mla_model(8, None, **options)
+    served = row_blocked(model) if batch_invariant else model
     seqs = [torch.randint(0, 97, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (20, 24, 26)]
     done = [3, 9, 1]  # prefilled lengths: ragged
-    cache = model.init_cache(3)
+    cache = model.init_cache(3, whole_buffers=batch_invariant)
     with torch.no_grad():
         for r, n in enumerate(done):
             model(torch.tensor([seqs[r][:n]]), cache=cache, rows=[r])
@@ -119,7 +120,7 @@ def test_ragged_rows_and_chunks_into_them_equal_full_recomputation(batch_invaria
             assert_close(chunk[r], model(torch.tensor([seqs[r][:n + 4]]))[0, n:])
         for step in range(6):
             idx = torch.tensor([[s[n + 4 + step]] for s, n in zip(seqs, done)])
-            logits = model.next_token_logits(idx, cache, batch_invariant=batch_invariant)
+            logits = served.next_token_logits(idx, cache)
             for r, n in enumerate(done):
                 assert_close(logits[r], model(torch.tensor([seqs[r][:n + 5 + step]]))[0, -1])
 

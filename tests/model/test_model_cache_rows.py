@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from model.batch_invariant import row_blocked
 from run_testkit import ALL_OPTIONS
 
 ATOL = 1e-5  # fp32 logits of a few units (see conftest): two summation orders differ by ~1e-6
@@ -14,7 +15,7 @@ def prefill(model, cache, r: int, ids: list[int], chunk: int | None = None) -> t
     """Encode ``ids`` into row r of ``cache`` in chunks; the logits after the last one."""
     chunk = chunk or len(ids)
     for start in range(0, len(ids), chunk):
-        logits = model.next_token_logits(torch.tensor([ids[start:start + chunk]]), cache, [r], batch_invariant=True)
+        logits = model.next_token_logits(torch.tensor([ids[start:start + chunk]]), cache, [r])
     return logits
 
 
@@ -22,13 +23,13 @@ def prefill(model, cache, r: int, ids: list[int], chunk: int | None = None) -> t
                                        dict(n_kv_head=2, **ALL_OPTIONS)], ids=["kv1", "kv2", "kv6", "options"])
 def test_rows_at_different_lengths_decode_as_each_would_alone(make_model, overrides):
     # head_dim 16: rows 64 bytes apart, as bit-exactness on the CPU needs (see _attend_token).
-    model = make_model(seed=5, n_embd=96, **overrides)
+    model = row_blocked(make_model(seed=5, n_embd=96, **overrides))
     vocab, block = model.config.vocab_size, model.config.block_size
     g = torch.Generator().manual_seed(6)
     prompts = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in (1, 7, 20, 3)]
-    cache = model.init_cache(6)
+    cache = model.init_cache(6, whole_buffers=True)
     rows = [4, 0, 2, 5]  # not in order, and with free rows between them
-    solo_caches = [model.init_cache(1) for _ in prompts]
+    solo_caches = [model.init_cache(1, whole_buffers=True) for _ in prompts]
     with torch.inference_mode():
         for r, prompt, solo in zip(rows, prompts, solo_caches):
             batched = prefill(model, cache, r, prompt)
@@ -36,9 +37,9 @@ def test_rows_at_different_lengths_decode_as_each_would_alone(make_model, overri
         tokens = [p[-1] for p in prompts]
         for _ in range(block - 20):
             idx = torch.tensor([[t] for t in tokens])
-            step_logits = model.next_token_logits(idx, cache, rows, batch_invariant=True)
+            step_logits = model.next_token_logits(idx, cache, rows)
             for i, solo in enumerate(solo_caches):
-                alone = model.next_token_logits(idx[i:i + 1], solo, batch_invariant=True)[0]
+                alone = model.next_token_logits(idx[i:i + 1], solo)[0]
                 assert torch.equal(step_logits[i], alone)  # bit for bit, not merely close
             tokens = step_logits.argmax(-1).tolist()
     assert [cache.lengths[r] for r in rows] == [s.lengths[0] for s in solo_caches]
@@ -49,16 +50,17 @@ def test_rows_at_different_lengths_decode_as_each_would_alone(make_model, overri
 @pytest.mark.parametrize("batch_invariant", [False, True])
 def test_ragged_rows_and_chunked_prefill_agree_with_full_recomputation(make_model, batch_invariant, options):
     model = make_model(seed=7, **options)
+    served = row_blocked(model) if batch_invariant else model
     vocab = model.config.vocab_size
     seqs = [torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (4, 11, 9)]
-    cache = model.init_cache(3)
+    cache = model.init_cache(3, whole_buffers=batch_invariant)
     with torch.inference_mode():
         for r, seq in enumerate(seqs):
-            prefill(model, cache, r, seq[:-3], chunk=3)
+            prefill(served, cache, r, seq[:-3], chunk=3)
         for back in (3, 2, 1):  # three ragged one-token steps, rows given out of order
             rows = [2, 0, 1]
             idx = torch.tensor([[seqs[r][-back]] for r in rows])
-            logits = model.next_token_logits(idx, cache, rows, batch_invariant=batch_invariant)
+            logits = served.next_token_logits(idx, cache, rows)
             for i, r in enumerate(rows):
                 full = model.next_token_logits(torch.tensor([seqs[r][:len(seqs[r]) - back + 1]]))[0]
                 assert (logits[i] - full).abs().max().item() <= ATOL

@@ -27,6 +27,36 @@ def test_forward_shapes_and_loss(make_model):
     assert (model.next_token_logits(idx) - logits[:, -1]).abs().max().item() <= 1e-5
 
 
+class PastsInTensors:
+    """A cache of plain tensors, as the ONNX graph hands the model its pasts: ``update`` appends a
+    layer's new entries to its pasts and lets every query read every key (one query row here)."""
+
+    def __init__(self, pasts: list[list[torch.Tensor]]) -> None:
+        self.pasts, self.layers = pasts, []
+
+    def update(self, layer: int, *new: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+        self.layers.append(layer)
+        self.pasts[layer] = [torch.cat([past, n], dim=2) for past, n in zip(self.pasts[layer], new)]
+        keys = self.pasts[layer][0].shape[2]
+        return self.pasts[layer], torch.ones(1, 1, new[0].shape[2], keys, dtype=torch.bool)
+
+
+@pytest.mark.parametrize("attention", ["gqa", "mla"])
+def test_the_entry_point_takes_positions_and_any_cache_with_update(make_model, attention):
+    mla = dict(attention="mla", n_kv_head=6, kv_latent_dim=16) if attention == "mla" else {}
+    model = make_model(seed=4, **mla)
+    idx = torch.randint(0, 97, (1, 9), generator=torch.Generator().manual_seed(5))
+    with torch.inference_mode():
+        full = model(idx)
+        cache = model.init_cache(1)
+        model.next_token_logits(idx[:, :8], cache)
+        pasts = [[buffer[layer, :, :, :8] for buffer in cache.buffers.values()] for layer in range(2)]
+        graph = PastsInTensors(pasts)
+        last = model.logits(model.hidden_states(idx[:, 8:], torch.tensor([[8]]), graph))
+    assert graph.layers == [0, 1]
+    torch.testing.assert_close(last[:, -1], full[:, -1], atol=1e-5, rtol=0)
+
+
 @pytest.mark.parametrize("n_kv_head", [1, 2, 6])
 def test_changing_a_token_never_changes_earlier_logits(make_model, n_kv_head):
     model = make_model(seed=2, n_kv_head=n_kv_head)

@@ -9,6 +9,7 @@ import torch
 
 from inference.completion import generate_completions
 from inference.settings import GenerationSettings
+from model.batch_invariant import row_blocked
 from model.generation import SamplingSettings
 from serving.engine import Engine, EngineBusy, Event
 
@@ -181,17 +182,16 @@ def test_end_tokens_and_stop_strings_end_a_request_with_reason_stop(chat_run):
 
 def test_a_batched_decode_step_gives_each_row_its_solo_logits_bit_for_bit(chat_run):
     """What makes the token-for-token equality hold for any model, not only this one's wide logit gaps."""
-    model = chat_run.model
-    cache = model.init_cache(8)
+    model = row_blocked(chat_run.model)  # the engine's choice (Engine.__init__)
+    cache = model.init_cache(8, whole_buffers=True)
     prompts = [list(range(5, 5 + n)) for n in (1, 4, 9, 16, 2, 30)]
     solo_logits = []
     with torch.inference_mode():
         for r, prompt in enumerate(prompts):
-            model.next_token_logits(torch.tensor([prompt[:-1] or prompt]), cache, [r], batch_invariant=True)
-            solo = model.init_cache(1)
-            model.next_token_logits(torch.tensor([prompt[:-1] or prompt]), solo, batch_invariant=True)
-            solo_logits.append(model.next_token_logits(torch.tensor([[prompt[-1]]]), solo, batch_invariant=True))
-        batched = model.next_token_logits(torch.tensor([[p[-1]] for p in prompts]), cache,
-                                          list(range(len(prompts))), batch_invariant=True)
+            model.next_token_logits(torch.tensor([prompt[:-1] or prompt]), cache, [r])
+            solo = model.init_cache(1, whole_buffers=True)
+            model.next_token_logits(torch.tensor([prompt[:-1] or prompt]), solo)
+            solo_logits.append(model.next_token_logits(torch.tensor([[prompt[-1]]]), solo))
+        batched = model.next_token_logits(torch.tensor([[p[-1]] for p in prompts]), cache, list(range(len(prompts))))
     for i, alone in enumerate(solo_logits):
         assert torch.equal(batched[i:i + 1], alone), f"row {i}"
