@@ -3,7 +3,11 @@
 
 import sys
 
-from serving.cli import main
+from common.threads import calm_openmp_workers
+
+calm_openmp_workers()  # before torch loads: OpenMP reads its wait policy once, at load
+
+from serving.cli import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -6,16 +6,21 @@ checkpoint and exit with 128 + the signal number; ``--resume`` continues from th
 
 from __future__ import annotations
 
-import argparse
-import shlex
-import sys
-from pathlib import Path
+from common.threads import calm_openmp_workers, parse_threads
 
-from common.cli import run_command
-from common.os_errors import describe_os_error
-from training.config import load_config
-from training.loss_curve import write_run_loss_curve
-from training.trainer import TrainResult, train
+calm_openmp_workers()  # before the imports below load torch: OpenMP reads its wait policy once
+
+import argparse  # noqa: E402
+import shlex  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from common.cli import run_command  # noqa: E402
+from common.os_errors import describe_os_error  # noqa: E402
+from training.config import load_config  # noqa: E402
+from training.loss_curve import write_run_loss_curve  # noqa: E402
+from training.trainer import TrainResult, train  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,6 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--resume", action="store_true", help="continue the run in run.out_dir from its checkpoint")
     parser.add_argument("--overwrite", action="store_true", help="replace a run already in run.out_dir")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar or evaluation lines")
+    parser.add_argument("--threads", metavar="N|auto",
+                        help="CPU threads for torch; sets train.threads (default: the config's, auto: the free CPUs)")
     return parser
 
 
@@ -44,6 +51,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
+    started = time.perf_counter()
+    if args.threads is not None:
+        threads = parse_threads(args.threads)
+        args.overrides.append(f"train.threads={'auto' if threads is None else threads}")
     try:
         config = load_config(args.config, args.overrides)
         result = train(config, resume=args.resume, overwrite=args.overwrite, progress=not args.no_progress)
@@ -63,7 +74,8 @@ def _train(args: argparse.Namespace) -> int:
     if result.is_main:
         print(
             f"done: {result.step} steps ({result.stopped_by}), {result.tokens_seen:,} tokens, "
-            f"{result.train_seconds / 60:.1f} min; final val loss {result.val_loss:.4f} nats/token, "
+            f"{result.train_seconds / 60:.1f} min of training, {(time.perf_counter() - started) / 60:.1f} min in all; "
+            f"final val loss {result.val_loss:.4f} nats/token, "
             f"{result.val_bpb:.4f} bits/byte; run saved in {result.run_dir}"
         )
         print(summary(result, _draw_loss_curve(result.run_dir), prompt=config.eval.sample_prompt))
@@ -84,6 +96,12 @@ def summary(result: TrainResult, loss_curve: Path | None, *, prompt: str = "ROME
     one its evaluation samples continued)."""
     run = result.run_dir
     lines = [f"final validation: {result.val_bpb:.4f} bits/byte{' of assistant text' if result.chat else ''}"]
+    if result.starved_share is not None and result.stopped_by == "max_minutes":
+        lines.append(
+            f"note: other programs held this machine's cores (the run was on a CPU {100 * result.starved_share:.0f}% "
+            f"of the time), so train.max_minutes ended it after {result.step} steps, fewer than this machine "
+            f"makes when quiet; run it again on a quieter machine, or with --threads 1, for the full result"
+        )
     lines.append(f"the run is in {run}" + (f"; its loss curve is {loss_curve}" if loss_curve else ""))
     if result.chat:
         commands = [(f"python generate.py --run {run} --chat", "talk to it")]

@@ -29,6 +29,7 @@ from analysis.plot import (
 )
 from common.cli import ArgumentParser, run_command
 from common.device import select_device
+from common.threads import add_threads_argument, parse_threads, use_threads
 from common.errors import UserError
 from common.os_errors import describe_os_error
 from rundir.files import CONFIG_FILE, TOKENIZER_FILE
@@ -91,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"with --history: the induction score a head must reach (default: {INDUCTION_THRESHOLD}, "
                         "half its weight on the predicted token)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, mps or auto (default: %(default)s)")
+    add_threads_argument(parser)
     return parser
 
 
@@ -107,6 +109,7 @@ def _attention(args: argparse.Namespace) -> int:
     if args.history:
         return _history(args)
     device = select_device(args.device, setting="--device")
+    use_threads(parse_threads(args.threads))
     if args.runs is not None:
         return _draw_runs(args, device)
     run = load_run(args.run if args.run is not None else find_latest_run(), device)

@@ -12,6 +12,7 @@ from typing import Sequence
 
 from common.cli import ArgumentParser, run_command
 from common.errors import UserError
+from common.threads import add_threads_argument, parse_threads, use_threads
 
 WANDB_CHOICES = ("auto", "online", "offline", "disabled")
 
@@ -33,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="score only the first N documents of each task (lm-eval's --limit), for a quick look")
     parser.add_argument("--batch-size", type=int, default=32, metavar="N", help="sequences per forward pass (default 32)")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default auto)")
+    add_threads_argument(parser)
     parser.add_argument("--wandb", choices=WANDB_CHOICES, default=None,
                         help="log the results to wandb in this mode (default: the run's logging.wandb.mode)")
     parser.add_argument("--verbose", action="store_true", help="show lm-eval's own log lines")
@@ -47,6 +49,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     for flag, value in (("--items", args.items), ("--batch-size", args.batch_size), ("--limit", args.limit)):
         if value is not None and value < 1:
             raise UserError(f"{flag} must be a positive integer, got {value}")
+    threads = parse_threads(args.threads)
     from evaluation import TASKS, EvalSettings, TaskSettings, evaluate_run  # torch loads only once the flags are good
 
     tasks = TASKS if args.tasks is None else tuple(name.strip() for name in args.tasks.split(","))
@@ -56,6 +59,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     )
     from rundir.loading import find_latest_run
 
+    use_threads(threads)
     report = evaluate_run(args.run or find_latest_run(), settings)
     print(report.table)
     if report.train_bpb is not None and "shakespeare_bpb/bits_per_byte" in report.metrics:

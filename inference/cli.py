@@ -10,6 +10,7 @@ import dataclasses
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Sequence
 
@@ -17,6 +18,7 @@ from common.cli import ArgumentParser, run_command
 from common.device import select_device
 from common.errors import UserError
 from common.os_errors import describe_os_error
+from common.threads import STARVED_SHARE, add_threads_argument, parse_threads, starved_advice, use_threads
 from inference.chat_cli import chat_main, check_chat_flags
 from inference.completion import GenerationResult, encode_prompt, generate_completions
 from inference.settings import GenerationSettings
@@ -72,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--prompt-file", metavar="PATH", type=Path, help="read the prompt from a UTF-8 file (verbatim)")
     parser.add_argument("--run", metavar="DIR", type=Path,
                         help="run directory to load (default: the most recently trained run under runs/)")
+    add_threads_argument(parser)
     parser.add_argument("--device", default="auto",
                         help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps (default: %(default)s)")
     # How many tokens, drawn how; the defaults are GenerationSettings'.
@@ -145,6 +148,7 @@ def _generate(args: argparse.Namespace) -> int:
         raise UserError("--system needs --chat")
 
     device = select_device(args.device, setting="--device")
+    threads = use_threads(parse_threads(args.threads))
     run = load_run(_run_directory(args), device)
     if args.chat:
         given = args.prompt is not None or args.prompt_file is not None
@@ -160,9 +164,11 @@ def _generate(args: argparse.Namespace) -> int:
     streaming = settings.num_samples == 1 and not args.json
     if streaming and not args.quiet:
         write_stdout(prompt)
+    started, on_cpu = time.perf_counter(), time.thread_time()
     result = generate_completions(
         run, prompt_tokens.ids, settings, on_text=(lambda _row, text: write_stdout(text)) if streaming else None
     )
+    share = (time.thread_time() - on_cpu) / max(time.perf_counter() - started, 1e-9)
 
     if args.json:
         report = _json_report(run.directory, prompt, prompt_tokens.ids, result)
@@ -177,6 +183,9 @@ def _generate(args: argparse.Namespace) -> int:
             write_stdout(f"--- sample {number}/{settings.num_samples}{seed} ---\n{prompt}{completion.text}\n")
     if not args.quiet:
         print(_stats_line(result, settings), file=sys.stderr)
+        # Only a decode long enough to measure: the first tokens include one-off set-up.
+        if device.type == "cpu" and result.stats.tokens_generated >= 32 and share < STARVED_SHARE:
+            print(starved_advice(share, threads.threads), file=sys.stderr)
     return 0
 
 

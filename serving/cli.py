@@ -22,6 +22,7 @@ import uvicorn
 from common.cli import ArgumentParser, run_command
 from common.device import DEVICE_CHOICES, device_memory_bytes, select_device
 from common.errors import UserError
+from common.threads import add_threads_argument, parse_threads, use_threads
 from model import GPT
 from rundir.loading import find_latest_run, load_run
 from serving.api import Limits, access_log, create_app
@@ -75,10 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "them), reused by prompts that begin alike, least recently used evicted first; 0 "
                         "turns it off (default: %(default)s)")
     parser.add_argument("--device", default="auto", help=f"{DEVICE_CHOICES} (default: %(default)s)")
-    parser.add_argument("--threads", type=int, default=1, metavar="N",
-                        help="CPU threads for the model's operations (default: %(default)s: a decode step "
-                        "of a small model is too short to share between cores, and the HTTP layer "
-                        "needs a core of its own)")
+    add_threads_argument(parser, default="1", why="; 1 by default: a decode step of a small model is too "
+                         "short to share between cores, and the HTTP layer needs a core of its own")
     return parser
 
 
@@ -98,8 +97,7 @@ def _check(args: argparse.Namespace) -> None:
             raise UserError(f"{flag} must be at least 1, got {value}")
     if args.max_queue is not None and args.max_queue < 0:
         raise UserError(f"--max-queue must be >= 0, got {args.max_queue}")
-    if args.threads < 1:
-        raise UserError(f"--threads must be at least 1, got {args.threads}")
+    parse_threads(args.threads)
     if args.prefill_chunk < 1:
         raise UserError(f"--prefill-chunk must be at least 1, got {args.prefill_chunk}")
     if not 0 <= args.prefix_cache_mb < float("inf"):
@@ -110,7 +108,7 @@ def _serve(args: argparse.Namespace) -> int:
     _check(args)
     _check_port_free(args.host, args.port)
     device = select_device(args.device, setting="--device")
-    torch.set_num_threads(args.threads)
+    use_threads(parse_threads(args.threads))
     run = load_run(args.run if args.run is not None else find_latest_run(), device)
     _check_cache_fits(run.model, args.max_batch, device)
     engine = Engine(run.model, run.token_bytes, max_batch=args.max_batch, max_queue=args.max_queue,

@@ -81,6 +81,7 @@ class TrainConfig:
     grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
     seed: int = 1337
     device: str = "auto"  # auto (cuda, then mps, then cpu) | cpu | cuda | cuda:N | mps
+    threads: int | str = "auto"  # CPU threads for torch; auto = the free CPUs (common/threads.py)
     precision: str = "auto"  # auto (bf16 autocast where the GPU supports it, else fp32) | bf16 | fp32
     compile: bool | str = "auto"  # auto (on for CUDA, off elsewhere) | true | false
     peak_flops: float | str = "auto"  # FLOP/s of one device for MFU; auto = table or measured
@@ -121,6 +122,8 @@ class TrainConfig:
             self.device == "auto" or re.fullmatch(r"cpu|mps|cuda(:\d+)?", self.device) is not None,
             f"train.device must be auto, cpu, cuda, cuda:N or mps (got {self.device!r})",
         )
+        require(self.threads == "auto" or (isinstance(self.threads, int) and self.threads >= 1),
+                f"train.threads must be auto or a whole number >= 1 (got {self.threads!r})")
         _require_one_of(self.precision, "train.precision", ("auto", "bf16", "fp32"))
         require(
             isinstance(self.compile, bool) or self.compile == "auto",

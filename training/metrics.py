@@ -79,23 +79,33 @@ def mfu(flops_per_token: float, tokens_per_second: float, peak: float) -> float:
 
 
 class Throughput:
-    """Tokens per second over a window of recent steps (startup and evaluations excluded)."""
+    """Tokens per second over a window of recent steps (startup and evaluations excluded), and
+    the CPU time the loop's thread got in those steps."""
 
     def __init__(self, window: int = 20) -> None:
-        self._samples: deque[tuple[int, float]] = deque(maxlen=window)
+        self._samples: deque[tuple[int, float, float]] = deque(maxlen=window)
 
-    def add(self, tokens: int, seconds: float) -> None:
-        self._samples.append((tokens, seconds))
+    def add(self, tokens: int, seconds: float, cpu_seconds: float = 0.0) -> None:
+        self._samples.append((tokens, seconds, cpu_seconds))
+
+    @property
+    def full(self) -> bool:
+        return len(self._samples) == self._samples.maxlen
 
     def tokens_per_second(self) -> float:
-        tokens = sum(t for t, _ in self._samples)
-        seconds = sum(s for _, s in self._samples)
-        return tokens / seconds if seconds > 0 else 0.0
+        seconds = self._seconds()
+        return sum(t for t, _, _ in self._samples) / seconds if seconds > 0 else 0.0
 
     def seconds_per_step(self) -> float:
-        if not self._samples:
-            return 0.0
-        return sum(s for _, s in self._samples) / len(self._samples)
+        return self._seconds() / len(self._samples) if self._samples else 0.0
+
+    def cpu_seconds_per_second(self) -> float:
+        """CPU seconds per wall second over the window, of whatever clock ``add`` was given."""
+        seconds = self._seconds()
+        return sum(c for _, _, c in self._samples) / seconds if seconds > 0 else 0.0
+
+    def _seconds(self) -> float:
+        return sum(s for _, s, _ in self._samples)
 
 
 def format_duration(seconds: float) -> str:

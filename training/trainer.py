@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 
 from common.errors import UserError
 from common.files import atomic_write_bytes
+from common.threads import STARVED_SHARE, starved_advice, use_threads
 from data import load_tokenizer, prepare_data, train_batches
 from data.chat_batches import ChatBatches
 from data.chat_prepare import prepare_chat_data
@@ -76,6 +77,7 @@ class TrainResult:
     is_main: bool = True  # rank 0 (or a single process): the one that reports to the user
     chat: bool = False  # a chat-tuned run (data.format: chat)
     wandb_sync: str | None = None  # the command that uploads an offline wandb run
+    starved_share: float | None = None  # set when other programs left the run under half its CPU time
 
     @property
     def interrupted(self) -> bool:
@@ -155,6 +157,7 @@ class Trainer:
         self.evaluations = 0  # evaluations so far in this session (attention figures go to wandb every few)
         self.last_eval_s = 0.0  # training time at the end of the last evaluation
         self.eval_due_by_clock = False
+        self.starved_share: float | None = None  # the CPU share when other programs starved the run
         self.summary: dict[str, Any] = {}
         self._held = contextlib.ExitStack()  # the run-directory lock, from setup until close
 
@@ -168,6 +171,8 @@ class Trainer:
         run, data, checkpoint) has been read and checked: a run replaced with --overwrite stays
         whole when the new one cannot start."""
         state = self._open_run_dir(resume=resume, overwrite=overwrite)
+        tc = self.config.train
+        self.threads = use_threads(None if tc.threads == "auto" else tc.threads, "train.threads")
         check_model_fits(self.config.model, self.device)  # an absurd size, before anything slow
         self._prepare_data(resume=resume)
         self._build_model_and_optimizer()
@@ -315,7 +320,8 @@ class Trainer:
                 f"{'resuming' if resume else 'training'} {self.model.num_params() / 1e6:.2f}M parameters "
                 f"on {self.device} ({'bf16' if self.amp_dtype == torch.bfloat16 else 'fp32'}"
                 f"{', compiled' if self.compiled else ''}); {self.tokens_per_step} tokens/step; "
-                f"peak {format_flops(self.peak)}FLOP/s ({self.peak_source}); run dir {self.run_dir}"
+                f"peak {format_flops(self.peak)}FLOP/s ({self.peak_source}); "
+                f"{self.threads.describe()}; run dir {self.run_dir}"
             )
             if self.parent is not None:
                 self._say(f"starting from {self.parent.directory}")
@@ -346,7 +352,7 @@ class Trainer:
                 unit="step", dynamic_ncols=True, bar_format=bar_format,
             ) as bar:
                 while (reason := self._stop_reason(stop)) is None:
-                    t0 = time.perf_counter()
+                    t0, cpu0 = time.perf_counter(), time.thread_time()
                     lr = self.schedule(self.step, self._elapsed())
                     for group, scale in zip(self.optimizer.param_groups, self.lr_scales):
                         group["lr"] = lr * scale
@@ -367,7 +373,8 @@ class Trainer:
                     self.optimizer.zero_grad(set_to_none=True)
                     self.step += 1
                     self.tokens_seen += tokens
-                    self.throughput.add(tokens, time.perf_counter() - t0)
+                    self.throughput.add(tokens, time.perf_counter() - t0, time.thread_time() - cpu0)
+                    self._watch_cpu_share()
 
                     bar.total = self._expected_steps()
                     bar.update(1)
@@ -422,7 +429,7 @@ class Trainer:
         result = TrainResult(
             run_dir=self.run_dir, step=self.step, tokens_seen=self.tokens_seen, stopped_by=reason,
             train_seconds=self._elapsed(), last_loss=last_loss, signal=stop.signum, is_main=self.ctx.is_main,
-            chat=self.chat is not None, wandb_sync=self.logger.sync_command,
+            chat=self.chat is not None, wandb_sync=self.logger.sync_command, starved_share=self.starved_share,
         )
         self.summary.update(step=self.step, tokens=self.tokens_seen, stopped_by=reason)
         if reason != "interrupted":
@@ -621,6 +628,21 @@ class Trainer:
         if left:
             parts.append(f"left {format_duration(min(left))}")
         return " | ".join(parts)
+
+    def _watch_cpu_share(self) -> None:
+        """Say once, on a CPU, when other programs leave the loop's thread on a core less than half
+        the time: the run is then far slower than the machine can go, and the user should know why.
+
+        The loop's own thread is the gauge: it computes its share of every operation and runs the
+        Python between them, so on a quiet machine it is on a core nearly all the time, whatever
+        the thread count."""
+        if self.device.type != "cpu" or self.starved_share is not None or not self.throughput.full:
+            return
+        share = self.throughput.cpu_seconds_per_second()
+        if share < STARVED_SHARE:
+            self.starved_share = share
+            if self.verbose:
+                self._say(starved_advice(share, self.threads.threads))
 
     def _nonfinite_message(self, loss: float, grad_norm: float) -> str:
         where = (

@@ -12,7 +12,7 @@ from serving.cli import main
 @pytest.mark.parametrize(
     "flags, fragment",
     [
-        (["--threads", "0"], "--threads must be at least 1"),
+        (["--threads", "0"], "--threads must be auto or a whole number of threads >= 1"),
         (["--max-batch", "0"], "--max-batch must be at least 1"),
         (["--port", "70000"], "--port must be in 0..65535"),
         (["--prefill-chunk", "0"], "--prefill-chunk must be at least 1"),

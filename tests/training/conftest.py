@@ -30,14 +30,16 @@ def _paragraph(rng: random.Random) -> str:
 
 
 @pytest.fixture(autouse=True)
-def one_torch_thread():
+def one_torch_thread(monkeypatch):
     """Run these tests on one intra-op thread.
 
     The tiny models here cannot use two threads, and on a machine shared with other jobs
-    OpenMP's spinning workers make each step ~10x slower than a single thread.
+    OpenMP's spinning workers make each step ~10x slower than a single thread. The trainer's
+    ``train.threads: auto`` keeps the environment's OMP_NUM_THREADS, so it stays at one too.
     """
     import torch
 
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

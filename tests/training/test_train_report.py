@@ -86,3 +86,43 @@ def test_summary_repeats_the_wandb_sync_line_and_suits_a_chat_run(tmp_path):
     assert "final validation: 1.5000 bits/byte of assistant text" in text
     assert "python generate.py --run runs/tiny-chat --chat" in text and "init_from" not in text
     assert text.splitlines()[-1] == "wandb logged offline; upload it with: wandb sync runs/tiny-chat/wandb/offline-run-*-abc*"
+
+
+@pytest.mark.parametrize("stopped_by, starved, noted", [
+    ("max_minutes", 0.3, True),  # the clock ended a starved run early: say so, and why
+    ("max_steps", 0.3, False),  # a step budget is not shortened by a slow machine
+    ("max_minutes", None, False),  # a run that got its cores
+])
+def test_summary_says_when_a_busy_machine_shortened_the_clock_budget(stopped_by, starved, noted):
+    result = TrainResult(run_dir=Path("runs/tiny"), step=136, tokens_seen=100, stopped_by=stopped_by,
+                         train_seconds=600.0, val_loss=1.0, val_bpb=2.75, starved_share=starved)
+    text = train_cli.summary(result, None)
+    assert ("train.max_minutes ended it after 136 steps" in text) == noted
+    assert ("on a CPU 30% of the time" in text) == noted
+
+
+def test_a_run_starved_of_cpu_time_says_so_once(capsys):
+    from types import SimpleNamespace
+
+    import torch
+
+    from common.threads import choose_threads
+    from training.metrics import Throughput
+    from training.trainer import Trainer
+
+    def trainer_with(cpu_per_wall: float):
+        throughput = Throughput(window=4)
+        for _ in range(4):
+            throughput.add(100, 1.0, cpu_per_wall)
+        said: list[str] = []
+        fake = SimpleNamespace(device=torch.device("cpu"), starved_share=None, throughput=throughput,
+                               threads=choose_threads(2, 2, None), verbose=True, _say=said.append)
+        Trainer._watch_cpu_share(fake)
+        Trainer._watch_cpu_share(fake)  # once is enough
+        return fake, said
+
+    starved, said = trainer_with(0.2)
+    assert starved.starved_share == pytest.approx(0.2)
+    assert len(said) == 1 and "20% of the time" in said[0] and "--threads 1" in said[0]
+    busy, said = trainer_with(0.97)
+    assert busy.starved_share is None and said == []

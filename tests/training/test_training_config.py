@@ -143,6 +143,8 @@ def test_wrong_types_name_the_key(tmp_path, override, key):
         ("train.muon_momentum=1.0", "train.muon_momentum"),
         ("train.lr_schedule=step", "train.lr_schedule"),
         ("train.lr_decay_fraction=0", "train.lr_decay_fraction"),
+        ("train.threads=0", "train.threads"),
+        ("train.threads=many", "train.threads"),
         ("logging.wandb.mode=loud", "logging.wandb.mode"),
         ("model.n_layer=0", "n_layer"),
         ("data.source=nowhere", "data.source"),

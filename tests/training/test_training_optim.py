@@ -61,6 +61,14 @@ def test_warmup_then_cosine_to_the_floor():
     assert s(500) == pytest.approx(0.1)  # never below the floor
     lrs = [s(i) for i in range(10, 111)]
     assert all(a >= b for a, b in zip(lrs, lrs[1:]))
+    # The shape between the ends: a half cosine, which a linear (or any other) decay through the
+    # same ends and midpoint is not: at a quarter of the way it is 0.868, a straight line 0.775.
+    assert s(35) == pytest.approx(0.1 + 0.9 * (1 + math.cos(math.pi / 4)) / 2)
+    for step in range(10, 111):
+        progress = (step - 10) / 100
+        assert s(step) == pytest.approx(0.1 + 0.45 * (1 + math.cos(math.pi * progress)), abs=1e-12), step
+    for step in range(10):
+        assert s(step) == pytest.approx((step + 1) / 10), step  # warmup: a straight line to the peak
 
 
 def test_wsd_holds_the_peak_then_decays_linearly_over_the_last_fraction():

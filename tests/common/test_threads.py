@@ -1,0 +1,126 @@
+"""The thread policy every command shares (common/threads.py): the choice, its refusals, OpenMP's
+wait policy set before torch loads, and the gauge that tells a starved command from a quiet one."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from common.errors import UserError
+from common.threads import choose_threads, parse_threads, starved_advice, use_threads
+from training.metrics import Throughput
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("value, expected", [("auto", None), (None, None), ("3", 3), (2, 2), (" 1 ", 1)])
+def test_threads_parse_auto_or_a_count(value, expected):
+    assert parse_threads(value) == expected
+
+
+@pytest.mark.parametrize("value", [0, -1, "0", "x", "1.5", 1.5, True, "", "2 threads"])
+def test_bad_thread_counts_are_refused_in_one_line(value):
+    with pytest.raises(UserError, match=r"^--threads must be auto or a whole number of threads >= 1"):
+        parse_threads(value)
+
+
+@pytest.mark.parametrize(
+    "cpus, load, threads",
+    [
+        (2, 0.0, 2),  # a quiet machine: every CPU
+        (2, None, 2),  # no load average to read: every CPU
+        (2, 0.4, 2),  # light background work does not cost a core
+        (2, 1.2, 1),  # one core's worth of other work: the other core
+        (2, 7.5, 1),  # far more work than cores: still one thread, never none
+        (8, 3.0, 5),
+    ],
+)
+def test_auto_takes_the_cpus_other_programs_leave_free(cpus, load, threads):
+    choice = choose_threads(None, cpus, load)
+    assert choice.threads == threads and choice.source == "auto"
+    assert choice.describe().startswith(f"{threads} thread")
+
+
+def test_an_explicit_count_is_never_second_guessed():
+    choice = choose_threads(6, 2, 9.0)
+    assert choice.threads == 6 and choice.describe() == "6 threads (--threads)"
+
+
+def test_use_threads_gives_torch_the_choice_and_keeps_the_environments(monkeypatch):
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.setenv("OMP_NUM_THREADS", "1")  # what torchrun sets for several processes
+        choice = use_threads(None)
+        assert (choice.threads, choice.source, torch.get_num_threads()) == (1, "OMP_NUM_THREADS", 1)
+        choice = use_threads(2, "train.threads")  # an explicit setting wins over the environment
+        assert (choice.threads, choice.source, torch.get_num_threads()) == (2, "train.threads", 2)
+        monkeypatch.delenv("OMP_NUM_THREADS")
+        choice = use_threads(None)
+        assert choice.source == "auto" and 1 <= choice.threads <= len(os.sched_getaffinity(0))
+        assert torch.get_num_threads() == choice.threads
+    finally:
+        torch.set_num_threads(before)
+
+
+_ENTRY_POINTS = [
+    ["train.py", "--config", "configs/tiny.yaml", "--threads", "0"],
+    ["generate.py", "--threads", "0"],
+    ["serve.py", "--threads", "0"],
+    ["attention.py", "--prompt", "x", "--threads", "0"],
+    ["evaluate.py", "--threads", "0"],
+]
+
+
+def _openmp_spin_count(command: list[str], **env: str) -> str | None:
+    """GNU OpenMP's spin count as it initialised in ``command`` (its OMP_DISPLAY_ENV report)."""
+    environment = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    environment.update(OMP_DISPLAY_ENV="verbose", **env)
+    done = subprocess.run([sys.executable, *command], cwd=ROOT, env=environment, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 2 and "error: --threads must be auto" in done.stderr, done.stderr[-500:]
+    line = next((l for l in done.stderr.splitlines() if l.strip().startswith("GOMP_SPINCOUNT")), None)
+    return None if line is None else line.split("=", 1)[1].strip().strip("'")
+
+
+def test_every_command_makes_openmp_workers_sleep_instead_of_spinning():
+    # The bug it prevents: beside other work, spinning workers made generate.py tens of times slower.
+    if _openmp_spin_count(["-c", "import sys, torch; sys.stderr.write('error: --threads must be auto'); "
+                                 "sys.exit(2)"]) is None:
+        pytest.skip("this torch build does not use GNU OpenMP, whose wait policy the commands set")
+    for command in _ENTRY_POINTS:
+        assert _openmp_spin_count(command) == "0", command[0]  # passive: no spinning
+    # A wait policy the user chose is kept.
+    assert _openmp_spin_count(_ENTRY_POINTS[1], OMP_WAIT_POLICY="active") != "0"
+
+
+def _measured_share(work) -> float:
+    throughput = Throughput(window=3)
+    for _ in range(3):
+        t0, cpu0 = time.perf_counter(), time.thread_time()
+        work()
+        throughput.add(1, time.perf_counter() - t0, time.thread_time() - cpu0)
+    return throughput.cpu_seconds_per_second()
+
+
+def test_the_starvation_gauge_reads_off_cpu_time_as_starved_and_computing_as_not():
+    # Known answers: a thread that sleeps is off the CPU, one that computes is on it.
+    assert _measured_share(lambda: time.sleep(0.05)) < 0.2
+
+    def compute():
+        end = time.perf_counter() + 0.05
+        while time.perf_counter() < end:
+            pass
+
+    assert _measured_share(compute) > 0.5 or os.getloadavg()[0] > 2 * len(os.sched_getaffinity(0)), \
+        "a computing thread read as starved on a machine that is not overloaded"
+
+
+def test_the_advice_names_the_cause_and_the_fix():
+    assert "--threads 1" in starved_advice(0.3, 2) and "30%" in starved_advice(0.3, 2)
+    assert "--threads 1" not in starved_advice(0.3, 1)
