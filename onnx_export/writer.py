@@ -3,29 +3,24 @@ files, config.json and a README.md with the decoding loop.
 
 The folder takes the layout of Hugging Face Optimum's ONNX exports (config.json beside model.onnx
 and the tokenizer), so ONNX tooling that reads those finds its way. It is built and swapped into
-place exactly as the Hugging Face export is (``hf_export.staging``): a half-written folder never
+place exactly as the Hugging Face export is (``exporting.folder``): a half-written folder never
 looks complete, what a killed export left is cleaned up by the next, and ``--overwrite`` replaces
-only an earlier export (``hf_export.writer.check_destination``).
+only an earlier export.
 """
 
 from __future__ import annotations
 
-import json
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from common.errors import UserError
-from common.files import atomic_write_text
-from hf_export.hub_files import SpecialTokens, model_config, tokenizer_config
-from hf_export.staging import clean_leftovers, staged_export
-from hf_export.writer import check_destination
+from exporting.folder import prepare_destination, staged_export
+from exporting.hub_files import SpecialTokens, model_config, write_json, write_tokenizer_files
 from onnx_export.decoder import cache_entries
 from onnx_export.graph import export_graph
 from onnx_export.readme import export_readme
-from rundir.files import TOKENIZER_FILE
 from rundir.loading import load_run
 
 @dataclass(frozen=True)
@@ -44,8 +39,7 @@ def export_onnx(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool = F
     if static_batch is not None and static_batch < 1:
         raise UserError(f"--static-batch must be at least 1, got {static_batch}")
     _require_exporter()
-    clean_leftovers(out_dir.parent)  # first: it may put back the export a killed one was replacing
-    check_destination(run_dir, out_dir, overwrite)
+    prepare_destination(run_dir, out_dir, overwrite)
     run = load_run(run_dir, torch.device("cpu"))
     model = run.model.float()
     tokens = SpecialTokens.of(run.tokenizer)
@@ -56,17 +50,12 @@ def export_onnx(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool = F
     config["onnx"] = {"shapes": "dynamic" if static_batch is None else "static", "batch_size": static_batch,
                       "cache": {name: list(shape) for name, shape in cache_entries(model).items()}}
 
-    with staged_export(out_dir) as staging:
+    with staged_export(out_dir, overwrite) as staging:
         export_graph(model, staging / "model.onnx", static_batch=static_batch)
-        _write_json(staging / "config.json", config)
-        _write_json(staging / "tokenizer_config.json", tokenizer_config(model.config, tokens))
-        shutil.copyfile(run_dir / TOKENIZER_FILE, staging / "tokenizer.json")
+        write_json(staging / "config.json", config)
+        write_tokenizer_files(staging, run_dir, model.config, tokens)
         (staging / "README.md").write_text(export_readme(out_dir.name, model, static_batch), encoding="utf-8")
     return OnnxExportResult(out_dir, static_batch, model.num_params())
-
-
-def _write_json(path: Path, content: dict) -> None:
-    atomic_write_text(path, json.dumps(content, indent=2) + "\n")
 
 
 def _require_exporter() -> None:

@@ -25,7 +25,7 @@ def _hidden(folder: Path) -> list[str]:
 
 def _export(capsys, *args: str) -> subprocess.CompletedProcess:
     """export.py's main in this process (a subprocess only where a signal must reach it)."""
-    from hf_export.cli import main
+    from exporting.cli import main
 
     code = main(list(args))
     out, err = capsys.readouterr()
@@ -85,9 +85,9 @@ def _start_paused_export(run_dir: Path, out: Path, marker: Path) -> subprocess.P
     script = textwrap.dedent(f"""
         import pathlib, sys, time
         import hf_export.writer as writer
-        from hf_export.cli import main
+        from exporting.cli import main
 
-        write = writer._write_json
+        write = writer.write_json
 
         def paused(path, content):
             write(path, content)
@@ -95,7 +95,7 @@ def _start_paused_export(run_dir: Path, out: Path, marker: Path) -> subprocess.P
                 pathlib.Path({str(marker)!r}).touch()
                 time.sleep(60)
 
-        writer._write_json = paused
+        writer.write_json = paused
         sys.exit(main(["--run", {str(run_dir)!r}, "--out", {str(out)!r}]))
     """)
     # A shell without job control starts background jobs with SIGINT ignored, and a child inherits
@@ -150,7 +150,7 @@ def test_leftovers_of_running_exports_stay_and_an_interrupted_swap_is_undone(mak
     gone = 2**22 + 12345  # above Linux's largest pid: no process has it
     running = parent / f".busy.{os.getpid()}-{'a' * 12}.tmp"
     dead = parent / f".busy.{gone}-{'b' * 12}.tmp"
-    # Killed between replace_dir's two renames: the previous export was moved aside, and the new
+    # Killed between publish's two renames: the previous export was moved aside, and the new
     # one never arrived.
     swapped = parent / f".previous.{gone}-{'c' * 12}.old"
     for path in (running, dead):

@@ -1,5 +1,5 @@
 """python export.py --format onnx: the folder it writes, and one line with exit code 2 for every
-input it refuses. Called in-process (``hf_export.cli.main``): the refusals come before any export."""
+input it refuses. Called in-process (``exporting.cli.main``): the refusals come before any export."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hf_export.cli import main
+from exporting.cli import main
 
 
 def _refused(capsys, *args: str) -> str:
