@@ -67,7 +67,9 @@ def run_stoppable(
     few seconds until the command stops, and a command that finishes anyway still exits with the
     signal's code."""
     stop = _StopRequest()
-    previous = {signum: signal.signal(signum, stop.handle) for signum in (signal.SIGINT, signal.SIGTERM)}
+    # A signal set to be ignored (Ctrl-C for a shell's background job) stays ignored.
+    previous = {signum: signal.signal(signum, stop.handle) for signum in (signal.SIGINT, signal.SIGTERM)
+                if signal.getsignal(signum) is not signal.SIG_IGN}
     try:
         code = run_command(parser, argv, command)
         return 128 + stop.signum if stop.signum else code

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from evaluation import EvalSettings, TaskSettings, evaluate_run
+from evaluation.runner import EvalSettings, evaluate_run
+from evaluation.tasks import TaskSettings
 from evaluation.cli import main
 
 pytest.importorskip("lm_eval")  # optional: requirements-dev.txt installs it

@@ -15,7 +15,7 @@ import yaml
 from data.config import DataConfig
 from data.shakespeare import shakespeare_documents
 from data.split import hash_split
-from evaluation import TASKS, TaskSettings, write_tasks
+from evaluation.tasks import TASKS, TaskSettings, write_tasks
 from evaluation.plays import held_out_plays
 
 DATA = DataConfig(source="shakespeare", val_fraction=0.1, split_seed=1234)

@@ -80,8 +80,9 @@ def test_full_disk_anywhere_is_one_line(make_export, tmp_path, monkeypatch, caps
     assert list(tmp_path.iterdir()) == []
 
 
-def _start_paused_export(run_dir: Path, out: Path, marker: Path) -> subprocess.Popen:
-    """export.py, paused mid-write (config.json written, the rest not) until it is signalled."""
+def _start_paused_export(run_dir: Path, out: Path, marker: Path, release: Path | None = None) -> subprocess.Popen:
+    """export.py, paused mid-write (config.json written, the rest not) until it is signalled, or
+    until ``release`` exists."""
     script = textwrap.dedent(f"""
         import pathlib, sys, time
         import hf_export.writer as writer
@@ -93,7 +94,11 @@ def _start_paused_export(run_dir: Path, out: Path, marker: Path) -> subprocess.P
             write(path, content)
             if path.name == "config.json":
                 pathlib.Path({str(marker)!r}).touch()
-                time.sleep(60)
+                release = {str(release) if release else None!r}
+                for _ in range(1200):
+                    if release and pathlib.Path(release).exists():
+                        break
+                    time.sleep(0.05)
 
         writer.write_json = paused
         sys.exit(main(["--run", {str(run_dir)!r}, "--out", {str(out)!r}]))
@@ -163,3 +168,51 @@ def test_leftovers_of_running_exports_stay_and_an_interrupted_swap_is_undone(mak
     assert _hidden(parent) == sorted([running.name, not_ours.name])
     assert read_json(parent / "previous" / "config.json") == read_json(folder / "config.json")
     assert (parent / "new" / "model.safetensors").is_file()
+
+
+def test_two_exports_to_one_new_folder_cannot_both_succeed(make_export, tmp_path):
+    """Both pass the check at the start and wait, then publish at once: one wins, one says so."""
+    run_dir, _ = make_export()
+    out, release = tmp_path / "exports" / "tiny", tmp_path / "go"
+    processes = [_start_paused_export(run_dir, out, tmp_path / f"marker{i}", release) for i in range(2)]
+    release.touch()
+    try:
+        done = [process.communicate(timeout=120) + (process.returncode,) for process in processes]
+    finally:
+        for process in processes:
+            process.kill()
+    assert sorted(code for _, _, code in done) == [0, 2], done
+    loser = next(err for _, err, code in done if code == 2)
+    assert loser.startswith("error: ") and len(loser.strip().splitlines()) == 1 and "appeared while" in loser
+    assert sorted(p.name for p in out.parent.iterdir()) == ["tiny"]
+    assert (out / "model.safetensors").is_file()
+
+
+@pytest.mark.parametrize("overwrite", [False, True], ids=["new", "overwrite"])
+@pytest.mark.parametrize("content", ["a file", "empty"])
+def test_a_folder_that_appears_during_the_export_is_never_replaced(make_export, tmp_path, monkeypatch, capsys,
+                                                                    overwrite, content):
+    """Only --overwrite of an empty folder may take its place: nothing is lost then."""
+    import hf_export.writer as writer
+
+    run_dir, _ = make_export()
+    out = tmp_path / "out"
+    write = writer.write_json
+
+    def someone_makes_the_folder(path, data):
+        write(path, data)
+        if path.name == "config.json":
+            out.mkdir()
+            if content == "a file":
+                (out / "notes.txt").write_text("mine")
+
+    monkeypatch.setattr(writer, "write_json", someone_makes_the_folder)
+    done = _export(capsys, "--run", str(run_dir), "--out", str(out), *(["--overwrite"] if overwrite else []))
+    if overwrite and content == "empty":
+        assert done.returncode == 0 and (out / "model.safetensors").is_file()
+    else:
+        assert_one_line_error(done, str(out))
+        assert [p.name for p in out.iterdir()] == (["notes.txt"] if content == "a file" else [])
+    if content == "a file":
+        assert (out / "notes.txt").read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
