@@ -14,6 +14,7 @@ from typing import Sequence
 
 from common.cli import ArgumentParser, run_stoppable
 from common.errors import UserError
+from common.signals import held_signals
 
 WANDB_CHOICES = ("auto", "online", "offline", "disabled")
 
@@ -50,9 +51,9 @@ def _evaluate(args: argparse.Namespace) -> int:
     for flag, value in (("--items", args.items), ("--batch-size", args.batch_size), ("--limit", args.limit)):
         if value is not None and value < 1:
             raise UserError(f"{flag} must be a positive integer, got {value}")
-    # torch loads only once the flags are good
-    from evaluation.runner import EvalSettings, evaluate_run
-    from evaluation.tasks import TASKS, TaskSettings
+    with held_signals():  # torch loads only once the flags are good, and is never half-imported
+        from evaluation.runner import EvalSettings, evaluate_run
+        from evaluation.tasks import TASKS, TaskSettings
 
     tasks = TASKS if args.tasks is None else tuple(name.strip() for name in args.tasks.split(","))
     settings = EvalSettings(

@@ -17,6 +17,7 @@ from typing import Sequence
 
 from common.cli import ArgumentParser, run_stoppable
 from common.errors import UserError
+from common.signals import held_signals
 
 # The static form preallocates a cache of batch x block_size slots per layer, and its example
 # inputs are allocated at that size while exporting: a bound keeps a typo from asking for
@@ -55,7 +56,8 @@ def _export(args: argparse.Namespace) -> int:
     _check_flags(args)
     if args.format == "onnx":
         return _export_onnx(args)
-    from hf_export import export_run  # torch loads only once the flags are good
+    with held_signals():  # torch loads only once the flags are good, and is never half-imported
+        from hf_export import export_run
 
     result = export_run(args.run, args.out, overwrite=args.overwrite)
     chat = "with the chat template" if result.has_chat else "without chat tokens"
@@ -77,7 +79,8 @@ def _check_flags(args: argparse.Namespace) -> None:
 
 
 def _export_onnx(args: argparse.Namespace) -> int:
-    from onnx_export import export_onnx  # torch and the exporter load only once the flags are good
+    with held_signals():  # as for the hf format
+        from onnx_export import export_onnx
 
     static_batch = (args.static_batch or 1) if args.static_shapes else None
     result = export_onnx(args.run, args.out, overwrite=args.overwrite, static_batch=static_batch)

@@ -27,8 +27,6 @@ import json
 import os
 import re
 import shutil
-import signal
-import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -38,6 +36,7 @@ from filelock import FileLock
 
 from common.errors import UserError
 from common.files import process_alive
+from common.signals import held_signals
 from exporting.hub_files import MODEL_TYPE
 
 # Every name an export of either format writes: the only entries --overwrite will delete.
@@ -47,7 +46,6 @@ EXPORT_FILES = frozenset({
 })
 
 _LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)-[0-9a-f]{12}\.(?P<kind>tmp|old)$")
-_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 
 def prepare_destination(run_dir: Path, out_dir: Path, overwrite: bool) -> None:
@@ -121,7 +119,7 @@ def sibling(out_dir: Path, kind: str) -> Path:
 def publish(staging: Path, out_dir: Path, overwrite: bool) -> None:
     """Move the finished ``staging`` folder to ``out_dir``: into a place nothing holds, or, with
     ``overwrite``, over an earlier export, which is removed once the new one is in place."""
-    with _publish_lock(out_dir), _signals_held():
+    with _publish_lock(out_dir), held_signals():
         if not out_dir.exists():
             _claim_and_move(staging, out_dir)
             return
@@ -180,28 +178,6 @@ def _publish_lock(out_dir: Path) -> Iterator[None]:
             yield
     finally:
         path.unlink(missing_ok=True)
-
-
-@contextmanager
-def _signals_held() -> Iterator[None]:
-    """Hold Ctrl-C and SIGTERM until the renames are done: each is noted, and raised again after.
-    (Blocking them would not do: another thread may take the signal, and Python then runs its
-    handler in the main thread all the same.) Outside the main thread Python runs no handler."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    caught: list[int] = []
-    previous = {signum: signal.getsignal(signum) for signum in _SIGNALS}
-    for signum, handler in previous.items():
-        if handler is not signal.SIG_IGN:
-            signal.signal(signum, lambda number, frame: caught.append(number))
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
-        if caught:
-            signal.raise_signal(caught[0])
 
 
 @contextmanager

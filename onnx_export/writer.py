@@ -10,6 +10,7 @@ only an earlier export.
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from common.errors import UserError
 from exporting.folder import prepare_destination, staged_export
 from exporting.hub_files import SpecialTokens, model_config, write_json, write_tokenizer_files
 from onnx_export.decoder import cache_entries
-from onnx_export.graph import export_graph
+from onnx_export.graph import MIN_DYNAMIC_BLOCK_SIZE, export_graph
 from onnx_export.readme import export_readme
 from rundir.loading import load_run
 
@@ -42,6 +43,10 @@ def export_onnx(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool = F
     prepare_destination(run_dir, out_dir, overwrite)
     run = load_run(run_dir, torch.device("cpu"))
     model = run.model.float()
+    if static_batch is None and model.config.block_size < MIN_DYNAMIC_BLOCK_SIZE:
+        raise UserError(f"{run_dir} has a window of {model.config.block_size} tokens (model.block_size), and the "
+                        f"dynamic ONNX form needs at least {MIN_DYNAMIC_BLOCK_SIZE} to be traced; add --static-shapes, "
+                        "or export a run with a larger window")
     tokens = SpecialTokens.of(run.tokenizer)
     config = model_config(model.config, tokens, "float32")
     for shipped_code in ("auto_map", "architectures"):  # the modeling files stay with the hf format
@@ -54,15 +59,23 @@ def export_onnx(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool = F
         export_graph(model, staging / "model.onnx", static_batch=static_batch)
         write_json(staging / "config.json", config)
         write_tokenizer_files(staging, run_dir, model.config, tokens)
-        (staging / "README.md").write_text(export_readme(out_dir.name, model, static_batch), encoding="utf-8")
+        readme = export_readme(out_dir.name, str(out_dir.absolute()), model, static_batch)
+        (staging / "README.md").write_text(readme, encoding="utf-8")
     return OnnxExportResult(out_dir, static_batch, model.num_params())
 
 
 def _require_exporter() -> None:
     """The exporter's packages are development dependencies: say how to get them, in one line."""
-    import importlib.util
-
-    missing = [name for name in ("onnx", "onnxscript") if importlib.util.find_spec(name) is None]
+    missing = [name for name in ("onnx", "onnxscript") if not _importable(name)]
     if missing:
-        raise UserError(f"ONNX export needs {' and '.join(missing)}; install them with "
-                        "pip install -r requirements-dev.txt")
+        names = " and ".join(missing)
+        raise UserError(f"ONNX export needs {names}, which {'is' if len(missing) == 1 else 'are'} not installed; "
+                        f"install with pip install {' '.join(missing)} (or pip install -r requirements-dev.txt)")
+
+
+def _importable(name: str) -> bool:
+    try:
+        importlib.import_module(name)
+    except ImportError:
+        return False
+    return True

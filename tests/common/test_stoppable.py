@@ -6,15 +6,13 @@ from __future__ import annotations
 import errno
 import signal
 import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
+from signal_testkit import start_paused, stop
 
 def _start(tmp_path: Path, body: str) -> subprocess.Popen:
     """A command run by run_stoppable whose ``work(args)`` is ``body``; it touches ``ready`` when
@@ -40,31 +38,13 @@ def _start(tmp_path: Path, body: str) -> subprocess.Popen:
 
         sys.exit(run_stoppable(ArgumentParser(prog="test"), [], command))
     ''').replace("{body}", textwrap.indent(textwrap.dedent(body), " " * 8))
-    process = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "ready"), str(tmp_path / "cleaned")],
-                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    deadline = time.monotonic() + 30
-    while not (tmp_path / "ready").exists():
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            pytest.fail(process.communicate()[1])
-        time.sleep(0.02)
-    return process
-
-
-def _stop(process: subprocess.Popen, signum: int) -> tuple[int, str]:
-    try:
-        process.send_signal(signum)
-        _, err = process.communicate(timeout=30)
-    finally:
-        process.kill()
-    return process.returncode, err
+    return start_paused(["-c", script, str(tmp_path / "ready"), str(tmp_path / "cleaned")], tmp_path / "ready")
 
 
 @pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["ctrl-c", "sigterm"])
 def test_a_signal_exits_with_its_code_after_the_clean_up(tmp_path, signum, code):
     process = _start(tmp_path, "wait()\nreturn 0")
-    assert _stop(process, signum) == (code, "\n" if signum == signal.SIGINT else "")
+    assert stop(process, signum) == (code, "\n" if signum == signal.SIGINT else "")
     assert (tmp_path / "cleaned").exists()
 
 
@@ -82,7 +62,7 @@ def test_a_signal_that_a_callback_swallows_is_raised_again(tmp_path, signum, cod
     """
     process = _start(tmp_path, body)
     started = time.monotonic()
-    returncode, err = _stop(process, signum)
+    returncode, err = stop(process, signum)
     assert returncode == code and "Traceback" not in err, err
     assert time.monotonic() - started < 20 and (tmp_path / "cleaned").exists()
 
@@ -95,7 +75,7 @@ def test_a_command_that_finishes_after_swallowing_a_signal_still_reports_it(tmp_
             pass
         return 0
     """
-    assert _stop(_start(tmp_path, body), signal.SIGINT)[0] == 130
+    assert stop(_start(tmp_path, body), signal.SIGINT)[0] == 130
 
 
 def test_a_filesystem_failure_is_one_line(capsys):

@@ -3,20 +3,8 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-import pytest
-
-from evaluation.cli import main
-
-
-def _one_line_error(capsys, argv: list[str], *fragments: str) -> None:
-    assert main(argv) == 2
-    out, err = capsys.readouterr()
-    lines = err.strip().splitlines()
-    assert out == "" and len(lines) == 1 and lines[0].startswith("error: "), err
-    for fragment in fragments:
-        assert fragment in lines[0]
+from eval_testkit import one_line_error as _one_line_error
 
 
 def test_without_lm_eval_says_how_to_install_it(capsys, monkeypatch, random_run):

@@ -17,22 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from evaluation.cli import main
+from eval_testkit import one_line_error as _one_line_error
+from signal_testkit import start_paused, stop
 
 ROOT = Path(__file__).resolve().parents[2]
 BPB = ["--tasks", "shakespeare_bpb", "--limit", "1"]
 
 pytest.importorskip("lm_eval")  # optional: requirements-dev.txt installs it
-
-
-def _one_line_error(capsys, argv: list[str], *fragments: str) -> str:
-    assert main(argv) == 2
-    out, err = capsys.readouterr()
-    lines = err.strip().splitlines()
-    assert out == "" and len(lines) == 1 and lines[0].startswith("error: "), err
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
-    return lines[0]
 
 
 def _scratch(tmp: Path) -> list[str]:
@@ -110,28 +101,15 @@ def _start_paused_evaluation(run: Path, tmp: Path, marker: Path) -> subprocess.P
         runner.run_lm_eval = paused
         sys.exit(main(["--run", {str(run)!r}, *{BPB!r}]))
     """)
-    process = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, env={**os.environ, "TMPDIR": str(tmp)},
-                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    deadline = time.monotonic() + 120
-    while not marker.exists():
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            pytest.fail(f"the evaluation never reached lm-eval: {process.communicate()[1][-2000:]}")
-        time.sleep(0.05)
-    return process
+    return start_paused(["-c", script], marker, env={**os.environ, "TMPDIR": str(tmp)})
 
 
 @pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["ctrl-c", "sigterm"])
 def test_interrupt_exits_quietly_and_removes_the_temporary_export(random_run, tmpdir_env, tmp_path, signum, code):
     process = _start_paused_evaluation(random_run, tmpdir_env, tmp_path / "marker")
     assert len(_scratch(tmpdir_env)) == 1
-    try:
-        process.send_signal(signum)
-        _, err = process.communicate(timeout=60)
-    finally:
-        process.kill()
-    assert process.returncode == code and "Traceback" not in err and err.strip() == "", err
+    returncode, err = stop(process, signum)
+    assert returncode == code and "Traceback" not in err and err.strip() == "", err
     assert _scratch(tmpdir_env) == []
 
 
@@ -152,9 +130,5 @@ def test_ctrl_c_while_starting_is_quiet(random_run):
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     time.sleep(0.3)
-    try:
-        process.send_signal(signal.SIGINT)
-        _, err = process.communicate(timeout=60)
-    finally:
-        process.kill()
-    assert process.returncode == 130 and "Traceback" not in err, err
+    returncode, err = stop(process, signal.SIGINT)
+    assert returncode == 130 and "Traceback" not in err, err

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from export_testkit import ROOT, assert_one_line_error, read_json
+from signal_testkit import start_paused, stop
 
 
 def _hidden(folder: Path) -> list[str]:
@@ -103,18 +104,7 @@ def _start_paused_export(run_dir: Path, out: Path, marker: Path, release: Path |
         writer.write_json = paused
         sys.exit(main(["--run", {str(run_dir)!r}, "--out", {str(out)!r}]))
     """)
-    # A shell without job control starts background jobs with SIGINT ignored, and a child inherits
-    # that (Python then installs no KeyboardInterrupt): give the export Ctrl-C's default back.
-    process = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True,
-                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    deadline = time.monotonic() + 60
-    while not marker.exists():
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            pytest.fail(f"the export never reached its write: {process.communicate()[1][-2000:]}")
-        time.sleep(0.05)
-    return process
+    return start_paused(["-c", script], marker)
 
 
 @pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["ctrl-c", "sigterm"])
@@ -123,12 +113,8 @@ def test_interrupt_during_the_write_exits_quietly_and_cleans_up(make_export, tmp
     parent = tmp_path / "exports"
     process = _start_paused_export(run_dir, parent / "tiny", tmp_path / "marker")
     assert _hidden(parent)  # the half-written folder exists
-    try:
-        process.send_signal(signum)
-        _, err = process.communicate(timeout=60)
-    finally:
-        process.kill()
-    assert process.returncode == code, err
+    returncode, err = stop(process, signum)
+    assert returncode == code, err
     assert "Traceback" not in err and err.strip() == "", err
     assert list(parent.iterdir()) == []
 
@@ -216,3 +202,16 @@ def test_a_folder_that_appears_during_the_export_is_never_replaced(make_export, 
     if content == "a file":
         assert (out / "notes.txt").read_text() == "mine"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+@pytest.mark.parametrize("delay", [0.1, 0.3])
+def test_ctrl_c_while_starting_is_quiet(make_export, tmp_path, delay):
+    """Python takes a second or more to import torch: a Ctrl-C then is as quiet as one later."""
+    run_dir, _ = make_export()
+    process = subprocess.Popen([sys.executable, "export.py", "--run", str(run_dir), "--out", str(tmp_path / "out")],
+                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    time.sleep(delay)
+    returncode, err = stop(process, signal.SIGINT)
+    assert returncode == 130 and "Traceback" not in err, err
+    assert list(tmp_path.iterdir()) == []
