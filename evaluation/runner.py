@@ -109,6 +109,8 @@ def _temporary_export(run_dir: Path) -> Iterator[Path]:
             scratch = stack.enter_context(scratch_folder(parent, "minigpt-eval"))
             export_dir = export_run(run_dir, scratch / "export").out_dir
         except OSError as error:
+            if not str(error.filename or "").startswith(str(parent)):
+                raise  # not TMPDIR's fault (reading the run, say): reported as it is
             raise UserError(f"the run is exported to TMPDIR ({parent}) for lm-eval, and that failed: "
                             f"{error.strerror or error}; set TMPDIR to a folder with room that you can write") from None
         yield export_dir

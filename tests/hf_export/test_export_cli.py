@@ -15,6 +15,9 @@ def test_folder_holds_what_transformers_and_the_hub_need(make_export):
     names = {path.name for path in folder.iterdir()}
     assert names == {"config.json", "configuration_minigpt.py", "modeling_minigpt.py", "model.safetensors",
                      "generation_config.json", "tokenizer.json", "tokenizer_config.json", "README.md"}
+    from exporting.folder import EXPORT_FILES
+
+    assert names <= EXPORT_FILES  # what --overwrite may delete covers what the export writes
     config = read_json(folder / "config.json")
     assert config["model_type"] == "minigpt" and config["architectures"] == ["MiniGPTForCausalLM"]
     assert config["auto_map"]["AutoModelForCausalLM"] == "modeling_minigpt.MiniGPTForCausalLM"
