@@ -3,7 +3,7 @@
 
 import sys
 
-from hf_export.cli import main
+from exporting.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

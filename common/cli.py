@@ -2,16 +2,21 @@
 
 ``run_command`` is the one place that turns a ``UserError`` into that line on stderr and exit code 2;
 anything else is a bug and keeps its traceback. Each command line adds only the failures that are
-its own (a closed pipe for ``generate.py``, a full disk for ``train.py``).
+its own (a closed pipe for ``generate.py``, a full disk for ``train.py``); ``run_stoppable`` adds
+filesystem failures and signals for the commands that write folders (export, evaluate).
 """
 
 from __future__ import annotations
 
+import _thread
 import argparse
+import signal
 import sys
+import threading
 from typing import Callable, NoReturn, Sequence
 
 from common.errors import UserError
+from common.os_errors import describe_os_error
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -37,3 +42,68 @@ def run_command(
     except UserError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised where the command is, so that its clean-up runs as it does for Ctrl-C."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def run_stoppable(
+    parser: argparse.ArgumentParser,
+    argv: Sequence[str] | None,
+    command: Callable[[argparse.Namespace], int],
+) -> int:
+    """``run_command`` for a command that writes files: a filesystem failure (full disk, read-only
+    folder) is one line and exit 2, and Ctrl-C exits with 130 and SIGTERM with 143, with no
+    traceback, once the command's own clean-up (its ``finally`` blocks) has run.
+
+    Call it before importing anything heavy (torch), so that a signal during those imports is
+    handled too. A signal is raised in the main thread as an exception; library code that catches
+    it and carries on would make the command run to its end, so the signal is raised again every
+    few seconds until the command stops, and a command that finishes anyway still exits with the
+    signal's code."""
+    stop = _StopRequest()
+    # A signal set to be ignored (Ctrl-C for a shell's background job) stays ignored.
+    previous = {signum: signal.signal(signum, stop.handle) for signum in (signal.SIGINT, signal.SIGTERM)
+                if signal.getsignal(signum) is not signal.SIG_IGN}
+    try:
+        code = run_command(parser, argv, command)
+        return 128 + stop.signum if stop.signum else code
+    except OSError as error:
+        print(f"error: {describe_os_error(error)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(file=sys.stderr)  # put the shell prompt back on a line of its own
+        return 128 + signal.SIGINT
+    except Terminated as stopped:
+        return 128 + stopped.signum
+    finally:
+        stop.done.set()
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+class _StopRequest:
+    """The first SIGINT or SIGTERM, raised as an exception and raised again until it is obeyed."""
+
+    AGAIN_AFTER_S = 5.0  # long enough for clean-up in ``finally`` blocks to finish undisturbed
+
+    def __init__(self) -> None:
+        self.signum = 0
+        self.done = threading.Event()
+
+    def handle(self, signum: int, frame: object) -> None:
+        if not self.signum:
+            self.signum = signum
+            threading.Thread(target=self._repeat, daemon=True).start()
+        if self.signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise Terminated(self.signum)
+
+    def _repeat(self) -> None:
+        while not self.done.wait(self.AGAIN_AFTER_S):
+            _thread.interrupt_main(self.signum)

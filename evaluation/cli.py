@@ -1,7 +1,9 @@
 """The ``evaluate.py`` command line: parse flags, evaluate the run, print lm-eval's table.
 
-User errors (no lm-eval installed, a missing or damaged run, a run not trained on the plays) print
-one ``error: ...`` line and exit with status 2; anything else is a bug and keeps its traceback.
+User errors (no lm-eval installed, a missing or damaged run, a run not trained on the plays) and
+filesystem failures (a read-only run, a full disk or TMPDIR) print one ``error: ...`` line and exit
+with status 2; anything else is a bug and keeps its traceback. Ctrl-C exits with 130 and SIGTERM
+with 143, after the temporary export is removed (``common.cli.run_stoppable``).
 """
 
 from __future__ import annotations
@@ -10,8 +12,9 @@ import argparse
 from pathlib import Path
 from typing import Sequence
 
-from common.cli import ArgumentParser, run_command
+from common.cli import ArgumentParser, run_stoppable
 from common.errors import UserError
+from common.signals import held_signals
 from common.threads import add_threads_argument, parse_threads, use_threads
 
 WANDB_CHOICES = ("auto", "online", "offline", "disabled")
@@ -37,12 +40,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_threads_argument(parser)
     parser.add_argument("--wandb", choices=WANDB_CHOICES, default=None,
                         help="log the results to wandb in this mode (default: the run's logging.wandb.mode)")
-    parser.add_argument("--verbose", action="store_true", help="show lm-eval's own log lines")
+    parser.add_argument("--verbose", action="store_true",
+                        help="show lm-eval's own log lines, progress bars and warnings, and its table")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return run_command(build_parser(), argv, _evaluate)
+    return run_stoppable(build_parser(), argv, _evaluate)
 
 
 def _evaluate(args: argparse.Namespace) -> int:
@@ -50,7 +54,9 @@ def _evaluate(args: argparse.Namespace) -> int:
         if value is not None and value < 1:
             raise UserError(f"{flag} must be a positive integer, got {value}")
     threads = parse_threads(args.threads)
-    from evaluation import TASKS, EvalSettings, TaskSettings, evaluate_run  # torch loads only once the flags are good
+    with held_signals():  # torch loads only once the flags are good, and is never half-imported
+        from evaluation.runner import EvalSettings, evaluate_run
+        from evaluation.tasks import TASKS, TaskSettings
 
     tasks = TASKS if args.tasks is None else tuple(name.strip() for name in args.tasks.split(","))
     settings = EvalSettings(
@@ -61,7 +67,7 @@ def _evaluate(args: argparse.Namespace) -> int:
 
     use_threads(threads)
     report = evaluate_run(args.run or find_latest_run(), settings)
-    print(report.table)
+    print(report.table if args.verbose else report.summary)
     if report.train_bpb is not None and "shakespeare_bpb/bits_per_byte" in report.metrics:
         print(f"shakespeare_bpb: {report.metrics['shakespeare_bpb/bits_per_byte']:.4f} bits/byte with lm-eval's "
               f"rolling windows; train.py's final validation: {report.train_bpb:.4f}")

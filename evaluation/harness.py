@@ -8,8 +8,10 @@ jsonl files through the ``json`` dataset builder, so the hub is never asked for 
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -44,18 +46,39 @@ def run_lm_eval(
             # lm-eval warns for every context it shortens to fit the window, which is expected here.
             logging.getLogger("lm_eval").setLevel(logging.ERROR)
         manager = TaskManager(include_path=str(task_dir), include_defaults=False)
-        return lm_eval.simple_evaluate(
-            model="hf",
-            # float32: the numbers must match train.py's fp32 evaluation, not a half-precision copy.
-            model_args={"pretrained": str(export_dir), "trust_remote_code": True, "dtype": "float32"},
-            tasks=tasks,
-            batch_size=batch_size,
-            device=device,
-            limit=limit,
-            task_manager=manager,
-            log_samples=False,
-            bootstrap_iters=BOOTSTRAP_ITERS,
-        )
+        with contextlib.nullcontext() if verbose else _quiet():
+            return lm_eval.simple_evaluate(
+                model="hf",
+                # float32: the numbers must match train.py's fp32 evaluation, not a half-precision copy.
+                model_args={"pretrained": str(export_dir), "trust_remote_code": True, "dtype": "float32"},
+                tasks=tasks,
+                batch_size=batch_size,
+                device=device,
+                limit=limit,
+                task_manager=manager,
+                log_samples=False,
+                bootstrap_iters=BOOTSTRAP_ITERS,
+            )
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Hide lm-eval's and transformers' progress bars (one per batch of requests, hundreds in all)
+    and transformers' note that a play is longer than the window (lm-eval's rolling windows are
+    what handles that). Should the evaluation fail with a bug, what was hidden is shown."""
+    import transformers
+
+    level = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()
+    hidden = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(hidden):
+            yield
+    except Exception:
+        sys.stderr.write(hidden.getvalue())
+        raise
+    finally:
+        transformers.logging.set_verbosity(level)
 
 
 @contextlib.contextmanager

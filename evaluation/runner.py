@@ -1,7 +1,9 @@
 """Evaluate a run: export it, build the tasks from its held-out plays, run lm-eval, keep the results.
 
-The export goes to a temporary folder that is removed afterwards, so it can never be stale; the
-tasks and lm-eval's results stay in the run directory's ``eval/`` folder. With wandb on (the run's
+The export goes to a hidden folder in TMPDIR that is removed afterwards, so it can never be stale;
+one left by a killed evaluation is removed by the next (``exporting.folder.scratch_folder``). The
+tasks and lm-eval's results stay in the run directory's ``eval/`` folder, each score beside the
+score of guessing (``chance``). With wandb on (the run's
 ``logging.wandb`` or ``--wandb``), the numbers become summary metrics of the run's own wandb run
 when its id is known (``eval/<task>/<metric>``), else of a new run in the same project.
 """
@@ -10,7 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import tempfile
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,10 +23,12 @@ from common.config import build
 from common.device import select_device
 from common.errors import UserError
 from common.files import atomic_write_text
+from common.os_errors import with_path
 from data.config import DataConfig
 from evaluation.harness import require_lm_eval, results_table, run_lm_eval, summary_metrics
 from evaluation.plays import held_out_plays
-from evaluation.tasks import BPB_TASK, TASKS, TaskSettings, write_tasks
+from evaluation.tasks import BPB_TASK, CHOICES, TASKS, TaskSettings, write_tasks
+from exporting.folder import scratch_folder
 from hf_export import export_run
 from rundir.checkpoint import peek_trainer_state
 from rundir.files import CONFIG_FILE, EVAL_DIR
@@ -46,7 +53,9 @@ class EvalSettings:
 @dataclass(frozen=True)
 class EvalReport:
     table: str  # lm-eval's table
+    summary: str  # each score beside its chance level
     metrics: dict[str, float]  # "<task>/<metric>" -> value
+    chance: dict[str, float]  # "<task>/<metric>" -> the score of guessing
     train_bpb: float | None  # train.py's last validation bits/byte (metrics.jsonl), for a run trained on text
     results_file: Path
 
@@ -58,12 +67,15 @@ def evaluate_run(run_dir: str | Path, settings: EvalSettings = EvalSettings()) -
         raise UserError(f"unknown task(s) {', '.join(map(repr, unknown)) or '(none given)'}; choose from {', '.join(TASKS)}")
     require_lm_eval()
     device = select_device(settings.device, setting="--device")
-    with tempfile.TemporaryDirectory(prefix="minigpt-eval-") as tmp:
-        # Exporting loads the run, so a missing or damaged one is refused before anything is built.
-        export_dir = export_run(run_dir, Path(tmp) / "export").out_dir
+    with _temporary_export(run_dir) as export_dir:  # exporting loads the run: a damaged one stops here
         data, logging_config = _run_sections(run_dir)
-        task_dir = write_tasks(held_out_plays(run_dir, data), run_dir / EVAL_DIR / "tasks", settings.task_settings)
+        eval_dir = _eval_dir(run_dir)
+        try:
+            task_dir = write_tasks(held_out_plays(run_dir, data), eval_dir / "tasks", settings.task_settings)
+        except OSError as error:
+            raise with_path(error, eval_dir) from None
         _check_choices_fit(export_dir, task_dir, settings.tasks)
+        chance = chance_levels(export_dir, task_dir, settings.tasks)
         results = run_lm_eval(
             export_dir, task_dir, list(settings.tasks), batch_size=settings.batch_size, device=str(device),
             limit=settings.limit, verbose=settings.verbose,
@@ -77,11 +89,82 @@ def evaluate_run(run_dir: str | Path, settings: EvalSettings = EvalSettings()) -
         "settings": dataclasses.asdict(settings),
         "train_val_bpb": train_bpb,
         "metrics": metrics,
+        "chance": chance,
         **{key: results[key] for key in ("results", "versions", "n-samples", "configs") if key in results},
     }
-    atomic_write_text(results_file, json.dumps(saved, indent=2, default=str) + "\n")
+    try:
+        atomic_write_text(results_file, json.dumps(saved, indent=2, default=str) + "\n")
+    except OSError as error:
+        raise with_path(error, results_file) from None
     _log_to_wandb(run_dir, logging_config, settings.wandb_mode, metrics)
-    return EvalReport(results_table(results), metrics, train_bpb, results_file)
+    return EvalReport(results_table(results), summary_table(metrics, chance), metrics, chance, train_bpb, results_file)
+
+
+@contextmanager
+def _temporary_export(run_dir: Path) -> Iterator[Path]:
+    """The run exported into a hidden folder in TMPDIR, removed when the block ends however it ends."""
+    parent = Path(tempfile.gettempdir())
+    with ExitStack() as stack:
+        try:
+            scratch = stack.enter_context(scratch_folder(parent, "minigpt-eval"))
+            export_dir = export_run(run_dir, scratch / "export").out_dir
+        except OSError as error:
+            if not str(error.filename or "").startswith(str(parent)):
+                raise  # not TMPDIR's fault (reading the run, say): reported as it is
+            raise UserError(f"the run is exported to TMPDIR ({parent}) for lm-eval, and that failed: "
+                            f"{error.strerror or error}; set TMPDIR to a folder with room that you can write") from None
+        yield export_dir
+
+
+def _eval_dir(run_dir: Path) -> Path:
+    """The run's ``eval/`` folder, made if missing; refused in one line if something else is there."""
+    eval_dir = run_dir / EVAL_DIR
+    if eval_dir.exists() and not eval_dir.is_dir():
+        raise UserError(f"{eval_dir} is a file, where evaluate.py keeps its tasks and results; "
+                        "move the file aside and evaluate again")
+    try:
+        eval_dir.mkdir(exist_ok=True)
+    except OSError as error:
+        raise with_path(error, eval_dir) from None
+    return eval_dir
+
+
+def chance_levels(export_dir: Path, task_dir: Path, tasks: tuple[str, ...]) -> dict[str, float]:
+    """The score of guessing, per ``<task>/<metric>``: one in ``CHOICES`` for a multiple-choice
+    task; for bits per byte, a uniform distribution over the vocabulary, which costs log2(vocab)
+    bits for every token of the plays."""
+    chance = {}
+    for task in tasks:
+        if task != BPB_TASK:
+            chance |= {f"{task}/{metric}": 1 / CHOICES for metric in ("acc", "acc_norm", "acc_mutual_info")}
+            continue
+        from tokenizers import Tokenizer
+
+        vocab = json.loads((export_dir / "config.json").read_text(encoding="utf-8"))["vocab_size"]
+        tokenizer = Tokenizer.from_file(str(export_dir / "tokenizer.json"))
+        texts = [json.loads(line)["text"] for line in (task_dir / f"{task}.jsonl").read_text(encoding="utf-8").splitlines()]
+        tokens = sum(len(encoding.ids) for encoding in tokenizer.encode_batch(texts))
+        bpb = math.log2(vocab) * tokens / max(1, sum(len(text.encode("utf-8")) for text in texts))
+        chance |= {f"{task}/bits_per_byte": bpb, f"{task}/byte_perplexity": 2**bpb}
+    return chance
+
+
+def summary_table(metrics: dict[str, float], chance: dict[str, float]) -> str:
+    """One line per score: task, metric, value, its standard error and the chance level."""
+    lines = [f"{'task':<24}{'metric':<18}{'score':>12}{'stderr':>10}{'chance':>12}"]
+    for name, value in metrics.items():
+        task, metric = name.split("/", 1)
+        if metric.endswith("_stderr") or metric == "sample_len":  # sample_len counts documents
+            continue
+        stderr = metrics.get(f"{name}_stderr")
+        lines.append(f"{task:<24}{metric:<18}{_number(value):>12}{_number(stderr):>10}{_number(chance.get(name)):>12}")
+    return "\n".join(lines)
+
+
+def _number(value: float | None) -> str:
+    if value is None or math.isnan(value):
+        return "-"
+    return f"{value:.4f}" if abs(value) < 1e6 else f"{value:.4g}"
 
 
 def _check_choices_fit(export_dir: Path, task_dir: Path, tasks: tuple[str, ...]) -> None:

@@ -53,11 +53,17 @@ def _name_total_length(graph_model) -> None:
     mask.shape = ir.Shape([mask.shape[0], present.shape[2]])
 
 
+# The dynamic form is traced on 2 new tokens after a past of 3 (see _dynamic_example): the
+# shortest window those fit in.
+MIN_DYNAMIC_BLOCK_SIZE = 5
+
+
 def _dynamic_example(model: GPT) -> tuple[tuple[torch.Tensor, ...], dict]:
-    """Inputs of sizes that no axis shares (batch 2, 3 new tokens on a past of 4), so the exporter
-    keeps every axis a symbol of its own; and the axes that stay dynamic."""
+    """Inputs of sizes that no axis shares (batch 4, 2 new tokens on a past of 3, 5 in all), so the
+    exporter keeps every axis a symbol of its own, and that fit the smallest window exported
+    (sizes 0 and 1 would be fixed into the graph); and the axes that stay dynamic."""
     config = model.config
-    batch, new, past = 2, 3, 4
+    batch, new, past = 4, 2, 3
     ids = torch.zeros(batch, new, dtype=torch.long)
     mask = torch.ones(batch, past + new, dtype=torch.long)
     positions = torch.arange(past, past + new).expand(batch, new)

@@ -9,7 +9,7 @@ from onnx_export.decoder import cache_entries
 DYNAMIC_LOOP = '''import json, numpy as np, onnxruntime as ort
 from tokenizers import Tokenizer
 
-folder, prompt = "FOLDER", "ROMEO:"
+folder, prompt = FOLDER, "ROMEO:"
 config = json.load(open(f"{folder}/config.json"))
 tokenizer = Tokenizer.from_file(f"{folder}/tokenizer.json")
 session = ort.InferenceSession(f"{folder}/model.onnx", providers=["CPUExecutionProvider"])
@@ -31,7 +31,7 @@ print(tokenizer.decode(ids))
 STATIC_LOOP = '''import json, numpy as np, onnxruntime as ort
 from tokenizers import Tokenizer
 
-folder, prompt = "FOLDER", "ROMEO:"
+folder, prompt = FOLDER, "ROMEO:"
 config = json.load(open(f"{folder}/config.json"))
 tokenizer = Tokenizer.from_file(f"{folder}/tokenizer.json")
 session = ort.InferenceSession(f"{folder}/model.onnx", providers=["CPUExecutionProvider"])
@@ -53,12 +53,14 @@ print(tokenizer.decode(ids))
 
 
 def decoding_loop(folder: str, static: bool) -> str:
-    """The README's Python block for the form exported to ``folder``."""
-    return (STATIC_LOOP if static else DYNAMIC_LOOP).replace("FOLDER", folder)
+    """The README's Python block for the form exported to ``folder``: its absolute path, so the
+    loop runs from any working directory, written as a Python literal (``repr``), so that quotes
+    or backslashes in it cannot break the code."""
+    return (STATIC_LOOP if static else DYNAMIC_LOOP).replace("FOLDER", repr(folder))
 
 
-def export_readme(name: str, model: GPT, static_batch: int | None) -> str:
-    """README.md for the export called ``name`` of ``model``."""
+def export_readme(name: str, folder: str, model: GPT, static_batch: int | None) -> str:
+    """README.md for the export called ``name`` of ``model``, written to ``folder`` (an absolute path)."""
     config, static = model.config, static_batch is not None
     entries = cache_entries(model)
     presents = " / ".join(f"`present.{{i}}.{entry}`" for entry in entries)
@@ -117,10 +119,11 @@ on an empty past, which the loop below does not do.
 
 ## Decoding with onnxruntime
 
-`pip install onnxruntime tokenizers numpy`, then (greedy, 100 tokens):
+`pip install onnxruntime tokenizers numpy`, then (greedy, 100 tokens; `folder` is where the export was
+written: change it if you move the folder):
 
 ```python
-{decoding_loop(name, static).rstrip()}
+{decoding_loop(folder, static).rstrip()}
 ```
 """
 

@@ -3,29 +3,25 @@ files, config.json and a README.md with the decoding loop.
 
 The folder takes the layout of Hugging Face Optimum's ONNX exports (config.json beside model.onnx
 and the tokenizer), so ONNX tooling that reads those finds its way. It is built and swapped into
-place exactly as the Hugging Face export is (``hf_export.staging``): a half-written folder never
+place exactly as the Hugging Face export is (``exporting.folder``): a half-written folder never
 looks complete, what a killed export left is cleaned up by the next, and ``--overwrite`` replaces
-only an earlier export (``hf_export.writer.check_destination``).
+only an earlier export.
 """
 
 from __future__ import annotations
 
-import json
-import shutil
+import importlib
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from common.errors import UserError
-from common.files import atomic_write_text
-from hf_export.hub_files import SpecialTokens, model_config, tokenizer_config
-from hf_export.staging import clean_leftovers, staged_export
-from hf_export.writer import check_destination
+from exporting.folder import prepare_destination, staged_export
+from exporting.hub_files import SpecialTokens, model_config, write_json, write_tokenizer_files
 from onnx_export.decoder import cache_entries
-from onnx_export.graph import export_graph
+from onnx_export.graph import MIN_DYNAMIC_BLOCK_SIZE, export_graph
 from onnx_export.readme import export_readme
-from rundir.files import TOKENIZER_FILE
 from rundir.loading import load_run
 
 @dataclass(frozen=True)
@@ -44,10 +40,13 @@ def export_onnx(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool = F
     if static_batch is not None and static_batch < 1:
         raise UserError(f"--static-batch must be at least 1, got {static_batch}")
     _require_exporter()
-    clean_leftovers(out_dir.parent)  # first: it may put back the export a killed one was replacing
-    check_destination(run_dir, out_dir, overwrite)
+    prepare_destination(run_dir, out_dir, overwrite)
     run = load_run(run_dir, torch.device("cpu"))
     model = run.model.float()
+    if static_batch is None and model.config.block_size < MIN_DYNAMIC_BLOCK_SIZE:
+        raise UserError(f"{run_dir} has a window of {model.config.block_size} tokens (model.block_size), and the "
+                        f"dynamic ONNX form needs at least {MIN_DYNAMIC_BLOCK_SIZE} to be traced; add --static-shapes, "
+                        "or export a run with a larger window")
     tokens = SpecialTokens.of(run.tokenizer)
     config = model_config(model.config, tokens, "float32")
     for shipped_code in ("auto_map", "architectures"):  # the modeling files stay with the hf format
@@ -56,24 +55,27 @@ def export_onnx(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool = F
     config["onnx"] = {"shapes": "dynamic" if static_batch is None else "static", "batch_size": static_batch,
                       "cache": {name: list(shape) for name, shape in cache_entries(model).items()}}
 
-    with staged_export(out_dir) as staging:
+    with staged_export(out_dir, overwrite) as staging:
         export_graph(model, staging / "model.onnx", static_batch=static_batch)
-        _write_json(staging / "config.json", config)
-        _write_json(staging / "tokenizer_config.json", tokenizer_config(model.config, tokens))
-        shutil.copyfile(run_dir / TOKENIZER_FILE, staging / "tokenizer.json")
-        (staging / "README.md").write_text(export_readme(out_dir.name, model, static_batch), encoding="utf-8")
+        write_json(staging / "config.json", config)
+        write_tokenizer_files(staging, run_dir, model.config, tokens)
+        readme = export_readme(out_dir.name, str(out_dir.absolute()), model, static_batch)
+        (staging / "README.md").write_text(readme, encoding="utf-8")
     return OnnxExportResult(out_dir, static_batch, model.num_params())
-
-
-def _write_json(path: Path, content: dict) -> None:
-    atomic_write_text(path, json.dumps(content, indent=2) + "\n")
 
 
 def _require_exporter() -> None:
     """The exporter's packages are development dependencies: say how to get them, in one line."""
-    import importlib.util
-
-    missing = [name for name in ("onnx", "onnxscript") if importlib.util.find_spec(name) is None]
+    missing = [name for name in ("onnx", "onnxscript") if not _importable(name)]
     if missing:
-        raise UserError(f"ONNX export needs {' and '.join(missing)}; install them with "
-                        "pip install -r requirements-dev.txt")
+        names = " and ".join(missing)
+        raise UserError(f"ONNX export needs {names}, which {'is' if len(missing) == 1 else 'are'} not installed; "
+                        f"install with pip install {' '.join(missing)} (or pip install -r requirements-dev.txt)")
+
+
+def _importable(name: str) -> bool:
+    try:
+        importlib.import_module(name)
+    except ImportError:
+        return False
+    return True

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from run_testkit import build_run, tokenizer_without_chat
+
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN_STEPS = 400  # enough for shakespeare_next_line to beat the untrained model (docs/results.md)
 VAL_FRACTION = 0.05
@@ -60,3 +62,11 @@ def untrained_run(trained_run: Path, tmp_path_factory: pytest.TempPathFactory) -
     torch.manual_seed(0)
     save_pretrained(GPT(load_pretrained(trained_run).config), directory)
     return directory
+
+
+@pytest.fixture
+def random_run(tmp_path: Path) -> Path:
+    """A run directory as train.py lays it out, trained on the plays (config.yaml says so)."""
+    run = build_run(tmp_path / "run", tokenizer_without_chat())
+    (run / "config.yaml").write_text("data:\n  source: shakespeare\nlogging:\n  wandb:\n    mode: disabled\n")
+    return run

@@ -3,29 +3,8 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-import pytest
-
-from evaluation.cli import main
-from run_testkit import build_run, tokenizer_without_chat
-
-
-def _one_line_error(capsys, argv: list[str], *fragments: str) -> None:
-    assert main(argv) == 2
-    out, err = capsys.readouterr()
-    lines = err.strip().splitlines()
-    assert out == "" and len(lines) == 1 and lines[0].startswith("error: "), err
-    for fragment in fragments:
-        assert fragment in lines[0]
-
-
-@pytest.fixture
-def random_run(tmp_path: Path) -> Path:
-    """A run directory as train.py lays it out, trained on the plays (config.yaml says so)."""
-    run = build_run(tmp_path / "run", tokenizer_without_chat())
-    (run / "config.yaml").write_text("data:\n  source: shakespeare\nlogging:\n  wandb:\n    mode: disabled\n")
-    return run
+from eval_testkit import one_line_error as _one_line_error
 
 
 def test_without_lm_eval_says_how_to_install_it(capsys, monkeypatch, random_run):

@@ -15,7 +15,7 @@ import yaml
 from data.config import DataConfig
 from data.shakespeare import shakespeare_documents
 from data.split import hash_split
-from evaluation import TASKS, TaskSettings, write_tasks
+from evaluation.tasks import TASKS, TaskSettings, write_tasks
 from evaluation.plays import held_out_plays
 
 DATA = DataConfig(source="shakespeare", val_fraction=0.1, split_seed=1234)
@@ -105,3 +105,34 @@ def test_speaker_choices_differ_only_in_the_name_and_never_name_the_previous_spe
         headings = [line for before, line in zip(lines, lines[1:]) if before == "" and line.endswith(":")]
         if headings:
             assert headings[-1][:-1] not in names
+
+
+def test_chance_levels_and_the_summary_beside_them(tmp_path):
+    import math
+
+    from evaluation.runner import chance_levels, summary_table
+    from run_testkit import tokenizer_without_chat
+
+    tokenizer = tokenizer_without_chat()
+    export = tmp_path / "export"
+    export.mkdir()
+    tokenizer.save(str(export / "tokenizer.json"))
+    (export / "config.json").write_text(json.dumps({"vocab_size": 512}))
+    texts = ["ROMEO:\nBut soft, what light.\n", "JULIET:\nAy me. \u00c9t\u00e9\n"]
+    (tmp_path / "shakespeare_bpb.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    chance = chance_levels(export, tmp_path, ("shakespeare_bpb", "shakespeare_speaker"))
+
+    # Guessing uniformly among 512 ids costs 9 bits per token, spread over the plays' UTF-8 bytes.
+    tokens = sum(len(tokenizer.encode(text).ids) for text in texts)
+    assert chance["shakespeare_bpb/bits_per_byte"] == pytest.approx(9 * tokens / len("".join(texts).encode()))
+    assert chance["shakespeare_bpb/byte_perplexity"] == pytest.approx(2 ** chance["shakespeare_bpb/bits_per_byte"])
+    assert chance["shakespeare_speaker/acc"] == chance["shakespeare_speaker/acc_norm"] == 0.25
+
+    metrics = {"shakespeare_speaker/acc": 0.3125, "shakespeare_speaker/acc_stderr": 0.02,
+               "shakespeare_bpb/bits_per_byte": 2.5, "shakespeare_bpb/sample_len": 2.0}
+    rows = summary_table(metrics, chance).splitlines()
+    assert rows[0].split() == ["task", "metric", "score", "stderr", "chance"]
+    assert rows[1].split() == ["shakespeare_speaker", "acc", "0.3125", "0.0200", "0.2500"]
+    bpb = rows[2].split()
+    assert bpb[:4] == ["shakespeare_bpb", "bits_per_byte", "2.5000", "-"] and not math.isnan(float(bpb[4]))
+    assert len(rows) == 3  # stderr has its column, sample_len is not a score

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from evaluation import EvalSettings, evaluate_run
+from evaluation.runner import EvalSettings, evaluate_run
 from run_testkit import build_run, tokenizer_without_chat
 from tests.scaling.wandb_records import read_offline_runs
 

@@ -15,6 +15,9 @@ def test_folder_holds_what_transformers_and_the_hub_need(make_export):
     names = {path.name for path in folder.iterdir()}
     assert names == {"config.json", "configuration_minigpt.py", "modeling_minigpt.py", "model.safetensors",
                      "generation_config.json", "tokenizer.json", "tokenizer_config.json", "README.md"}
+    from exporting.folder import EXPORT_FILES
+
+    assert names <= EXPORT_FILES  # what --overwrite may delete covers what the export writes
     config = read_json(folder / "config.json")
     assert config["model_type"] == "minigpt" and config["architectures"] == ["MiniGPTForCausalLM"]
     assert config["auto_map"]["AutoModelForCausalLM"] == "modeling_minigpt.MiniGPTForCausalLM"
@@ -75,23 +78,35 @@ def test_corrupt_weights_are_refused_like_generate_py_refuses_them(copy_run, tmp
 
 
 def test_existing_output_is_refused_then_replaced_with_overwrite(make_export, tmp_path, capsys):
-    from hf_export.cli import main
+    from exporting.cli import main
 
     run_dir, _ = make_export()
     out = tmp_path / "out"
     assert main(["--run", str(run_dir), "--out", str(out)]) == 0
-    (out / "stale.txt").write_text("from an earlier export")
+    (out / "model.safetensors").write_bytes(b"an earlier export's weights")
     assert main(["--run", str(run_dir), "--out", str(out)]) == 2
     assert "already exists; pass --overwrite" in capsys.readouterr().err
-    assert (out / "stale.txt").exists()
+    assert (out / "model.safetensors").read_bytes() == b"an earlier export's weights"
     assert main(["--run", str(run_dir), "--out", str(out), "--overwrite"]) == 0
-    assert not (out / "stale.txt").exists() and (out / "model.safetensors").is_file()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no staging or backup left behind
+    assert (out / "model.safetensors").read_bytes() != b"an earlier export's weights"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no staging, backup or lock left behind
+
+
+def test_overwrite_keeps_a_file_the_user_put_in_an_earlier_export(make_export, tmp_path, capsys):
+    from exporting.cli import main
+
+    run_dir, _ = make_export()
+    out = tmp_path / "out"
+    assert main(["--run", str(run_dir), "--out", str(out)]) == 0
+    (out / "notes.txt").write_text("mine")
+    assert main(["--run", str(run_dir), "--out", str(out), "--overwrite"]) == 2
+    assert "'notes.txt', which no export writes" in capsys.readouterr().err
+    assert (out / "notes.txt").read_text() == "mine" and (out / "model.safetensors").is_file()
 
 
 @pytest.mark.parametrize("target", ["not_an_export", "the_run"])
 def test_overwrite_never_deletes_what_is_not_an_export(copy_run, tmp_path, capsys, target):
-    from hf_export.cli import main
+    from exporting.cli import main
 
     out = copy_run if target == "the_run" else tmp_path / "notes"
     out.mkdir(exist_ok=True)

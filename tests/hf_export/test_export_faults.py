@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from export_testkit import ROOT, assert_one_line_error, read_json
+from signal_testkit import start_paused, stop
 
 
 def _hidden(folder: Path) -> list[str]:
@@ -25,7 +26,7 @@ def _hidden(folder: Path) -> list[str]:
 
 def _export(capsys, *args: str) -> subprocess.CompletedProcess:
     """export.py's main in this process (a subprocess only where a signal must reach it)."""
-    from hf_export.cli import main
+    from exporting.cli import main
 
     code = main(list(args))
     out, err = capsys.readouterr()
@@ -80,36 +81,30 @@ def test_full_disk_anywhere_is_one_line(make_export, tmp_path, monkeypatch, caps
     assert list(tmp_path.iterdir()) == []
 
 
-def _start_paused_export(run_dir: Path, out: Path, marker: Path) -> subprocess.Popen:
-    """export.py, paused mid-write (config.json written, the rest not) until it is signalled."""
+def _start_paused_export(run_dir: Path, out: Path, marker: Path, release: Path | None = None) -> subprocess.Popen:
+    """export.py, paused mid-write (config.json written, the rest not) until it is signalled, or
+    until ``release`` exists."""
     script = textwrap.dedent(f"""
         import pathlib, sys, time
         import hf_export.writer as writer
-        from hf_export.cli import main
+        from exporting.cli import main
 
-        write = writer._write_json
+        write = writer.write_json
 
         def paused(path, content):
             write(path, content)
             if path.name == "config.json":
                 pathlib.Path({str(marker)!r}).touch()
-                time.sleep(60)
+                release = {str(release) if release else None!r}
+                for _ in range(1200):
+                    if release and pathlib.Path(release).exists():
+                        break
+                    time.sleep(0.05)
 
-        writer._write_json = paused
+        writer.write_json = paused
         sys.exit(main(["--run", {str(run_dir)!r}, "--out", {str(out)!r}]))
     """)
-    # A shell without job control starts background jobs with SIGINT ignored, and a child inherits
-    # that (Python then installs no KeyboardInterrupt): give the export Ctrl-C's default back.
-    process = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True,
-                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    deadline = time.monotonic() + 60
-    while not marker.exists():
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            pytest.fail(f"the export never reached its write: {process.communicate()[1][-2000:]}")
-        time.sleep(0.05)
-    return process
+    return start_paused(["-c", script], marker)
 
 
 @pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["ctrl-c", "sigterm"])
@@ -118,12 +113,8 @@ def test_interrupt_during_the_write_exits_quietly_and_cleans_up(make_export, tmp
     parent = tmp_path / "exports"
     process = _start_paused_export(run_dir, parent / "tiny", tmp_path / "marker")
     assert _hidden(parent)  # the half-written folder exists
-    try:
-        process.send_signal(signum)
-        _, err = process.communicate(timeout=60)
-    finally:
-        process.kill()
-    assert process.returncode == code, err
+    returncode, err = stop(process, signum)
+    assert returncode == code, err
     assert "Traceback" not in err and err.strip() == "", err
     assert list(parent.iterdir()) == []
 
@@ -150,7 +141,7 @@ def test_leftovers_of_running_exports_stay_and_an_interrupted_swap_is_undone(mak
     gone = 2**22 + 12345  # above Linux's largest pid: no process has it
     running = parent / f".busy.{os.getpid()}-{'a' * 12}.tmp"
     dead = parent / f".busy.{gone}-{'b' * 12}.tmp"
-    # Killed between replace_dir's two renames: the previous export was moved aside, and the new
+    # Killed between publish's two renames: the previous export was moved aside, and the new
     # one never arrived.
     swapped = parent / f".previous.{gone}-{'c' * 12}.old"
     for path in (running, dead):
@@ -163,3 +154,64 @@ def test_leftovers_of_running_exports_stay_and_an_interrupted_swap_is_undone(mak
     assert _hidden(parent) == sorted([running.name, not_ours.name])
     assert read_json(parent / "previous" / "config.json") == read_json(folder / "config.json")
     assert (parent / "new" / "model.safetensors").is_file()
+
+
+def test_two_exports_to_one_new_folder_cannot_both_succeed(make_export, tmp_path):
+    """Both pass the check at the start and wait, then publish at once: one wins, one says so."""
+    run_dir, _ = make_export()
+    out, release = tmp_path / "exports" / "tiny", tmp_path / "go"
+    processes = [_start_paused_export(run_dir, out, tmp_path / f"marker{i}", release) for i in range(2)]
+    release.touch()
+    try:
+        done = [process.communicate(timeout=120) + (process.returncode,) for process in processes]
+    finally:
+        for process in processes:
+            process.kill()
+    assert sorted(code for _, _, code in done) == [0, 2], done
+    loser = next(err for _, err, code in done if code == 2)
+    assert loser.startswith("error: ") and len(loser.strip().splitlines()) == 1 and "appeared while" in loser
+    assert sorted(p.name for p in out.parent.iterdir()) == ["tiny"]
+    assert (out / "model.safetensors").is_file()
+
+
+@pytest.mark.parametrize("overwrite", [False, True], ids=["new", "overwrite"])
+@pytest.mark.parametrize("content", ["a file", "empty"])
+def test_a_folder_that_appears_during_the_export_is_never_replaced(make_export, tmp_path, monkeypatch, capsys,
+                                                                    overwrite, content):
+    """Only --overwrite of an empty folder may take its place: nothing is lost then."""
+    import hf_export.writer as writer
+
+    run_dir, _ = make_export()
+    out = tmp_path / "out"
+    write = writer.write_json
+
+    def someone_makes_the_folder(path, data):
+        write(path, data)
+        if path.name == "config.json":
+            out.mkdir()
+            if content == "a file":
+                (out / "notes.txt").write_text("mine")
+
+    monkeypatch.setattr(writer, "write_json", someone_makes_the_folder)
+    done = _export(capsys, "--run", str(run_dir), "--out", str(out), *(["--overwrite"] if overwrite else []))
+    if overwrite and content == "empty":
+        assert done.returncode == 0 and (out / "model.safetensors").is_file()
+    else:
+        assert_one_line_error(done, str(out))
+        assert [p.name for p in out.iterdir()] == (["notes.txt"] if content == "a file" else [])
+    if content == "a file":
+        assert (out / "notes.txt").read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+@pytest.mark.parametrize("delay", [0.1, 0.3])
+def test_ctrl_c_while_starting_is_quiet(make_export, tmp_path, delay):
+    """Python takes a second or more to import torch: a Ctrl-C then is as quiet as one later."""
+    run_dir, _ = make_export()
+    process = subprocess.Popen([sys.executable, "export.py", "--run", str(run_dir), "--out", str(tmp_path / "out")],
+                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    time.sleep(delay)
+    returncode, err = stop(process, signal.SIGINT)
+    assert returncode == 130 and "Traceback" not in err, err
+    assert list(tmp_path.iterdir()) == []

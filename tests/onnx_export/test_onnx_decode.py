@@ -63,10 +63,10 @@ def test_readme_snippet_decodes_the_same_text(form, request, generated, tmp_path
                 if isinstance(node, (ast.Import, ast.ImportFrom))
                 for alias in (node.names if isinstance(node, ast.Import) else [ast.alias(node.module)])}
     assert imported == {"json", "numpy", "onnxruntime", "tokenizers"}
-    first_line = f'folder, prompt = "{exported.folder.name}", "ROMEO:"'
-    assert first_line in snippet
+    first_line = f'folder, prompt = {str(exported.folder.absolute())!r}, "ROMEO:"'
+    assert first_line in snippet  # the folder as written, so the loop runs from any directory (cwd below)
     script = tmp_path / "decode.py"
-    script.write_text(snippet.replace(first_line, f"folder, prompt = {str(exported.folder)!r}, {PROMPT!r}"))
+    script.write_text(snippet.replace('"ROMEO:"', repr(PROMPT), 1))
     done = subprocess.run([sys.executable, str(script)], capture_output=True, timeout=300, check=True,
                           env={**os.environ, "PYTHONIOENCODING": "utf-8"}, cwd=tmp_path)
     prompt_ids, tokens = generated

@@ -1,32 +1,28 @@
-"""The ``export.py`` command line: parse flags, export the run, print where it went.
-
-``--format`` picks the exporter: ``hf`` (this package) or ``onnx`` (the sibling ``onnx_export``).
+"""The ``export.py`` command line: parse flags, hand the run to the exporter that ``--format``
+names (``hf_export`` or ``onnx_export``, siblings that share this package's files), print where it went.
 
 User errors (not a run, damaged weights, an output folder that exists) and filesystem failures (a
 full disk, a read-only folder) print one ``error: ...`` line and exit with status 2; anything else
 is a bug and keeps its traceback. Ctrl-C exits with 130 and SIGTERM with 143, both after removing
 the half-written folder; only a SIGKILL leaves one, which the next export to that parent removes.
+The exporters, and torch with them, are imported only once the signal handlers are in place and
+the flags are good.
 """
 
 from __future__ import annotations
 
 import argparse
-import signal
-import sys
 from pathlib import Path
 from typing import Sequence
 
-from common.cli import ArgumentParser, run_command
+from common.cli import ArgumentParser, run_stoppable
 from common.errors import UserError
-from common.os_errors import describe_os_error
+from common.signals import held_signals
 
-
-class Terminated(BaseException):
-    """SIGTERM, raised where the export is, so that its clean-up runs as it does for Ctrl-C."""
-
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
+# The static form preallocates a cache of batch x block_size slots per layer, and its example
+# inputs are allocated at that size while exporting: a bound keeps a typo from asking for
+# gigabytes. Runtimes that need fixed shapes serve a handful of rows; more is a dynamic-form job.
+MAX_STATIC_BATCH = 256
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,44 +35,29 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--run", required=True, type=Path, metavar="DIR", help="run directory written by train.py")
     parser.add_argument("--out", required=True, type=Path, metavar="DIR", help="folder to create for the export")
     parser.add_argument(
-        "--overwrite", action="store_true", help="replace --out if it holds an earlier export"
+        "--overwrite", action="store_true",
+        help="replace --out if it holds an earlier export (and nothing else: other files stop the export)",
     )
     parser.add_argument("--format", choices=("hf", "onnx"), default="hf",
                         help="hf: a Hugging Face transformers folder (default); onnx: an ONNX decoder graph")
     parser.add_argument("--static-shapes", action="store_true",
                         help="with --format onnx: fixed shapes and a preallocated cache of block_size "
                         "positions, for runtimes that need them (NPUs, ahead-of-time compilers)")
-    parser.add_argument("--static-batch", type=int, default=1, metavar="N",
-                        help="with --static-shapes: the fixed batch size (default 1)")
+    parser.add_argument("--static-batch", type=int, default=None, metavar="N",
+                        help=f"with --static-shapes: the fixed batch size, 1 to {MAX_STATIC_BATCH} (default 1)")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    previous = signal.signal(signal.SIGTERM, _terminate)
-    try:
-        return run_command(build_parser(), argv, _export)
-    except OSError as error:
-        print(f"error: {describe_os_error(error)}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(file=sys.stderr)  # put the shell prompt back on a line of its own
-        return 130
-    except Terminated as stop:
-        return 128 + stop.signum
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def _terminate(signum: int, frame: object) -> None:
-    raise Terminated(signum)
+    return run_stoppable(build_parser(), argv, _export)
 
 
 def _export(args: argparse.Namespace) -> int:
+    _check_flags(args)
     if args.format == "onnx":
         return _export_onnx(args)
-    if args.static_shapes:
-        raise UserError("--static-shapes applies to --format onnx only; add --format onnx or drop it")
-    from hf_export import export_run  # torch loads only once the flags are good
+    with held_signals():  # torch loads only once the flags are good, and is never half-imported
+        from hf_export import export_run
 
     result = export_run(args.run, args.out, overwrite=args.overwrite)
     chat = "with the chat template" if result.has_chat else "without chat tokens"
@@ -85,11 +66,24 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _export_onnx(args: argparse.Namespace) -> int:
-    from onnx_export import export_onnx  # torch and the exporter load only once the flags are good
+def _check_flags(args: argparse.Namespace) -> None:
+    if args.format == "hf" and (args.static_shapes or args.static_batch is not None):
+        flag = "--static-shapes" if args.static_shapes else "--static-batch"
+        raise UserError(f"{flag} applies to --format onnx only; add --format onnx or drop it")
+    if args.static_batch is not None and not args.static_shapes:
+        raise UserError("--static-batch sets the batch of the static form; add --static-shapes or drop it")
+    if args.static_batch is not None and not 1 <= args.static_batch <= MAX_STATIC_BATCH:
+        raise UserError(f"--static-batch must be between 1 and {MAX_STATIC_BATCH}, got {args.static_batch}: "
+                        "the static form preallocates a cache for every row; for large batches export "
+                        "the dynamic form (without --static-shapes)")
 
-    result = export_onnx(args.run, args.out, overwrite=args.overwrite,
-                         static_batch=args.static_batch if args.static_shapes else None)
+
+def _export_onnx(args: argparse.Namespace) -> int:
+    with held_signals():  # as for the hf format
+        from onnx_export import export_onnx
+
+    static_batch = (args.static_batch or 1) if args.static_shapes else None
+    result = export_onnx(args.run, args.out, overwrite=args.overwrite, static_batch=static_batch)
     form = "dynamic shapes" if result.static_batch is None else f"static shapes, batch {result.static_batch}"
     print(f"exported {args.run} ({result.num_params / 1e6:.2f}M parameters, {form}) to {result.out_dir / 'model.onnx'}")
     print(f"decode it with onnxruntime: see {result.out_dir / 'README.md'}")

@@ -1,5 +1,6 @@
-"""The JSON files transformers reads from an exported folder, built from a run's config and
-tokenizer: ``config.json``, ``generation_config.json`` and ``tokenizer_config.json``.
+"""The files both export formats write from a run's config and tokenizer, as transformers and
+Optimum read them: ``config.json``, ``generation_config.json``, ``tokenizer_config.json`` and the
+run's ``tokenizer.json``.
 
 ``<|endoftext|>`` is the end-of-text, beginning-of-text and padding token at once, as in GPT-2:
 training puts it before every document, so it is also what an unconditional sample starts from,
@@ -10,15 +11,20 @@ the chat tokens also carries the chat template, and follows the project's rule f
 
 from __future__ import annotations
 
+import json
+import shutil
 from dataclasses import dataclass
+from pathlib import Path
 
 from tokenizers import Tokenizer
 
+from common.files import atomic_write_text
 from data.chat import CHAT_TEMPLATE, ChatTokenIds
 from data.errors import DataError
 from data.tokenizer import EOT, eot_id
 from inference.settings import GenerationSettings
 from model import GPTConfig
+from rundir.files import TOKENIZER_FILE
 
 MODEL_TYPE = "minigpt"
 CONFIG_CLASS = "configuration_minigpt.MiniGPTConfig"
@@ -130,3 +136,13 @@ def tokenizer_config(config: GPTConfig, tokens: SpecialTokens) -> dict:
     if tokens.has_chat:
         settings["chat_template"] = CHAT_TEMPLATE
     return settings
+
+
+def write_tokenizer_files(folder: Path, run_dir: Path, config: GPTConfig, tokens: SpecialTokens) -> None:
+    """The run's ``tokenizer.json``, unchanged, and its ``tokenizer_config.json``."""
+    write_json(folder / "tokenizer_config.json", tokenizer_config(config, tokens))
+    shutil.copyfile(run_dir / TOKENIZER_FILE, folder / "tokenizer.json")
+
+
+def write_json(path: Path, content: dict) -> None:
+    atomic_write_text(path, json.dumps(content, indent=2) + "\n")

@@ -1,0 +1,89 @@
+"""common.cli.run_stoppable: a signal ends the command with 130 or 143 after its clean-up, even
+when library code catches the first one and carries on; filesystem failures are one line."""
+
+from __future__ import annotations
+
+import errno
+import signal
+import subprocess
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from signal_testkit import start_paused, stop
+
+def _start(tmp_path: Path, body: str) -> subprocess.Popen:
+    """A command run by run_stoppable whose ``work(args)`` is ``body``; it touches ``ready`` when
+    it waits for the signal and ``cleaned`` in its ``finally``."""
+    script = textwrap.dedent('''
+        import pathlib, sys, time
+        import common.cli as cli
+        from common.cli import ArgumentParser, run_stoppable
+
+        cli._StopRequest.AGAIN_AFTER_S = 0.5
+        ready, cleaned = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+
+        def wait():
+            ready.touch()
+            for _ in range(600):
+                time.sleep(0.05)
+
+        def command(args):
+            try:
+        {body}
+            finally:
+                cleaned.touch()
+
+        sys.exit(run_stoppable(ArgumentParser(prog="test"), [], command))
+    ''').replace("{body}", textwrap.indent(textwrap.dedent(body), " " * 8))
+    return start_paused(["-c", script, str(tmp_path / "ready"), str(tmp_path / "cleaned")], tmp_path / "ready")
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["ctrl-c", "sigterm"])
+def test_a_signal_exits_with_its_code_after_the_clean_up(tmp_path, signum, code):
+    process = _start(tmp_path, "wait()\nreturn 0")
+    assert stop(process, signum) == (code, "\n" if signum == signal.SIGINT else "")
+    assert (tmp_path / "cleaned").exists()
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["ctrl-c", "sigterm"])
+def test_a_signal_that_a_callback_swallows_is_raised_again(tmp_path, signum, code):
+    """The first signal lands in code that catches everything; the command then works on."""
+    body = """
+        try:
+            wait()
+        except BaseException:
+            pass  # a library callback that swallows the interrupt
+        for _ in range(600):
+            time.sleep(0.05)
+        return 0
+    """
+    process = _start(tmp_path, body)
+    started = time.monotonic()
+    returncode, err = stop(process, signum)
+    assert returncode == code and "Traceback" not in err, err
+    assert time.monotonic() - started < 20 and (tmp_path / "cleaned").exists()
+
+
+def test_a_command_that_finishes_after_swallowing_a_signal_still_reports_it(tmp_path):
+    body = """
+        try:
+            wait()
+        except BaseException:
+            pass
+        return 0
+    """
+    assert stop(_start(tmp_path, body), signal.SIGINT)[0] == 130
+
+
+def test_a_filesystem_failure_is_one_line(capsys):
+    from common.cli import ArgumentParser, run_stoppable
+
+    def full(args):
+        raise OSError(errno.ENOSPC, "No space left on device", "out/model.onnx")
+
+    assert run_stoppable(ArgumentParser(prog="test"), [], full) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: out/model.onnx: No space left on device; the disk is full") and err.count("\n") == 1

@@ -1,0 +1,134 @@
+"""evaluate.py when the filesystem or the user stops it: eval/ as a file, a read-only run, a full
+TMPDIR or disk, Ctrl-C, SIGTERM and SIGKILL. Each is one line and exit 2, or the signal's exit
+code, with nothing already written lost and no temporary export left behind (a SIGKILL's is
+removed by the next evaluation)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from eval_testkit import one_line_error as _one_line_error
+from signal_testkit import start_paused, stop
+
+ROOT = Path(__file__).resolve().parents[2]
+BPB = ["--tasks", "shakespeare_bpb", "--limit", "1"]
+
+pytest.importorskip("lm_eval")  # optional: requirements-dev.txt installs it
+
+
+def _scratch(tmp: Path) -> list[str]:
+    return sorted(p.name for p in tmp.iterdir() if p.name.startswith(".minigpt-eval."))
+
+
+@pytest.fixture
+def tmpdir_env(tmp_path, monkeypatch) -> Path:
+    """A TMPDIR of the test's own, so that what an evaluation leaves there can be seen."""
+    import tempfile
+
+    folder = tmp_path / "tmpdir"
+    folder.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    monkeypatch.setenv("TMPDIR", str(folder))
+    return folder
+
+
+def test_eval_that_is_a_file_is_one_line(capsys, random_run, tmpdir_env):
+    (random_run / "eval").write_text("my notes")
+    _one_line_error(capsys, ["--run", str(random_run), *BPB], str(random_run / "eval"), "is a file")
+    assert (random_run / "eval").read_text() == "my notes"
+    assert _scratch(tmpdir_env) == []
+
+
+def test_read_only_run_is_one_line(capsys, random_run, mount_tmpfs, tmpdir_env):
+    disk = mount_tmpfs(16 << 20)
+    run = Path(shutil.copytree(random_run, disk / "run"))
+    subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+    _one_line_error(capsys, ["--run", str(run), *BPB], str(run / "eval"), "Read-only file system")
+    assert _scratch(tmpdir_env) == []
+
+
+def test_full_tmpdir_is_one_line(capsys, random_run, mount_tmpfs, monkeypatch):
+    import tempfile
+
+    disk = mount_tmpfs(64 << 10)  # smaller than the export's weights
+    monkeypatch.setattr(tempfile, "tempdir", str(disk))
+    _one_line_error(capsys, ["--run", str(random_run), *BPB], "TMPDIR", str(disk), "No space left on device")
+    assert list(disk.iterdir()) == []
+    assert not (random_run / "eval").exists()
+
+
+def test_disk_that_fills_while_writing_the_tasks_keeps_the_earlier_results(capsys, random_run, tmpdir_env,
+                                                                        monkeypatch):
+    import evaluation.tasks
+
+    (random_run / "eval").mkdir()
+    (random_run / "eval" / "results.json").write_text('{"earlier": true}')
+    written = []
+
+    def fills(path, text):
+        if written:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # as a failed write() reports it
+        written.append(path)
+        path.write_text(text)
+
+    monkeypatch.setattr(evaluation.tasks, "atomic_write_text", fills)
+    _one_line_error(capsys, ["--run", str(random_run), *BPB], str(random_run / "eval"), "the disk is full")
+    assert (random_run / "eval" / "results.json").read_text() == '{"earlier": true}'
+    assert _scratch(tmpdir_env) == []
+
+
+def _start_paused_evaluation(run: Path, tmp: Path, marker: Path) -> subprocess.Popen:
+    """evaluate.py, paused where lm-eval would run (the temporary export made) until it is signalled."""
+    script = textwrap.dedent(f"""
+        import pathlib, sys, time
+        import evaluation.runner as runner
+        from evaluation.cli import main
+
+        def paused(*args, **kwargs):
+            pathlib.Path({str(marker)!r}).touch()
+            time.sleep(60)
+
+        runner.run_lm_eval = paused
+        sys.exit(main(["--run", {str(run)!r}, *{BPB!r}]))
+    """)
+    return start_paused(["-c", script], marker, env={**os.environ, "TMPDIR": str(tmp)})
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["ctrl-c", "sigterm"])
+def test_interrupt_exits_quietly_and_removes_the_temporary_export(random_run, tmpdir_env, tmp_path, signum, code):
+    process = _start_paused_evaluation(random_run, tmpdir_env, tmp_path / "marker")
+    assert len(_scratch(tmpdir_env)) == 1
+    returncode, err = stop(process, signum)
+    assert returncode == code and "Traceback" not in err and err.strip() == "", err
+    assert _scratch(tmpdir_env) == []
+
+
+def test_a_sigkill_leftover_is_removed_by_the_next_evaluation(capsys, random_run, tmpdir_env, tmp_path):
+    process = _start_paused_evaluation(random_run, tmpdir_env, tmp_path / "marker")
+    process.kill()
+    process.communicate(timeout=60)
+    assert len(_scratch(tmpdir_env)) == 1
+    # Refused once its own temporary export is made: a damaged config.
+    (random_run / "config.yaml").write_text("data:\n  source: files\n")
+    _one_line_error(capsys, ["--run", str(random_run), *BPB], "config.yaml is damaged")
+    assert _scratch(tmpdir_env) == []
+
+
+def test_ctrl_c_while_starting_is_quiet(random_run):
+    """Python takes a second or more to import torch: a Ctrl-C then is as quiet as one later."""
+    process = subprocess.Popen([sys.executable, "evaluate.py", "--run", str(random_run), *BPB], cwd=ROOT,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    time.sleep(0.3)
+    returncode, err = stop(process, signal.SIGINT)
+    assert returncode == 130 and "Traceback" not in err, err
