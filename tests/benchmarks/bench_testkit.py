@@ -6,6 +6,7 @@ A plain module (not conftest) so tests can import it by a name no other test dir
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -14,8 +15,19 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_python(args: list[str], cwd: Path = ROOT, timeout: float = 300) -> subprocess.CompletedProcess:
-    """``python *args`` from the repository root, with wandb off, one torch thread and no network."""
+    """``python *args`` from the repository root, with wandb off, one torch thread and no network.
+
+    The command runs in its own process group, and a command past ``timeout`` (or interrupted with
+    the test run) is killed with the whole group: a benchmark that hangs leaves no server or
+    torchrun worker behind."""
     env = dict(os.environ, WANDB_MODE="disabled", PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
                HF_DATASETS_OFFLINE="1")
-    return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL)
+    with subprocess.Popen([sys.executable, *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          stdin=subprocess.DEVNULL, text=True, start_new_session=True) as proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except BaseException:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
