@@ -32,6 +32,7 @@ from inference.chat import ChatSession
 from inference.settings import GenerationSettings
 from model.generation import generate_tokens, seeded_generator
 from rundir.loading import load_run
+from training.distributed import DistContext
 from training.sft import evaluate_chat
 
 TRANSCRIPT_SYSTEM = "You are HAMLET in Hamlet."
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         token_bytes = torch.as_tensor(data.token_bytes(), dtype=torch.long)
         end_id = run.tokenizer.token_to_id("<|end|>")
         result = evaluate_chat(run.model, data.val, token_bytes, batch_size=32, max_batches=None,
-                               pad_id=data.eot_id, device=device)
+                               pad_id=data.eot_id, device=device, ctx=DistContext())
         picks = sorted({round(i * (len(data.val) - 1) / max(args.replies - 1, 1)) for i in range(args.replies)})
         sampled, mean_len = ended_share(run.model, data.val, end_id, picks, args.max_new_tokens, 0.8, args.seed)
         greedy, _ = ended_share(run.model, data.val, end_id, picks, args.max_new_tokens, 0.0, args.seed)

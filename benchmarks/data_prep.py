@@ -1,7 +1,7 @@
 """Data preparation speed: full Shakespeare prepare, cached re-run, batch assembly, bytes/token.
 
-    python benchmarks/data_prep.py                 # everything (about a minute on 2 cores)
-    python benchmarks/data_prep.py --no-sweep      # skip the vocab-size sweep
+    python -m benchmarks.data_prep                 # everything (about a minute on 2 cores)
+    python -m benchmarks.data_prep --no-sweep      # skip the vocab-size sweep
 
 Every prepare uses a fresh temporary cache, so "from scratch" really is from scratch (the
 tokenizer is trained and the corpus tokenized). Times are wall-clock; CPU seconds are shown too,

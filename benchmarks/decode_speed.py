@@ -1,8 +1,8 @@
 """Decode speed with the KV cache vs full recomputation, and KV cache memory for MHA vs GQA.
 
-    python benchmarks/decode_speed.py                       # tiny (configs/tiny.yaml) + MiniMind-small
-    python benchmarks/decode_speed.py --block-size 512 --vocab-size 4096
-    python benchmarks/decode_speed.py --contexts 128 256 --only tiny
+    python -m benchmarks.decode_speed                       # tiny (configs/tiny.yaml) + MiniMind-small
+    python -m benchmarks.decode_speed --block-size 512 --vocab-size 4096
+    python -m benchmarks.decode_speed --contexts 128 256 --only tiny
 
 For each model, one greedy generation per path runs from a short prompt up to the largest context.
 Tokens/s "to context L" is the number of new tokens up to L divided by the time to produce them

@@ -2,7 +2,7 @@
 --no-cache (full recomputation), and Hugging Face ``transformers`` at the same dimensions as a
 point of comparison.
 
-    python benchmarks/generate_speed.py [--run DIR] [--new-tokens 256] [--threads N]
+    python -m benchmarks.generate_speed [--run DIR] [--new-tokens 256] [--threads N]
 
 Without ``--run`` the model is a random GPT of the tiny size (n_layer 4, n_embd 256, n_head 4,
 n_kv_head 2, vocab 2048, block_size 512); speed does not depend on the weights. Two prompts: a

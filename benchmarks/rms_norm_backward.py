@@ -1,7 +1,7 @@
 """RMSNorm's CPU training path (model.rms_norm_cpu.RMSNormCPUFunction) against autograd's, and LayerNorm.
 
-    python benchmarks/rms_norm_backward.py --config configs/tiny.yaml
-    python benchmarks/rms_norm_backward.py --config configs/tiny.yaml --steps 200
+    python -m benchmarks.rms_norm_backward --config configs/tiny.yaml
+    python -m benchmarks.rms_norm_backward --config configs/tiny.yaml --steps 200
 
 1. One norm's forward and backward on a (batch, block_size, n_embd) activation of the config:
    F.rms_norm differentiated by autograd (what RMSNorm did before), RMSNormCPUFunction, and

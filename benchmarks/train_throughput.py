@@ -1,7 +1,7 @@
 """Training throughput and MFU of a config's model, next to a nanoGPT-style reference model.
 
-    python benchmarks/train_throughput.py --config configs/tiny.yaml --steps 20
-    python benchmarks/train_throughput.py --config configs/tiny.yaml --compile both
+    python -m benchmarks.train_throughput --config configs/tiny.yaml --steps 20
+    python -m benchmarks.train_throughput --config configs/tiny.yaml --compile both
 
 1. Measures this machine's matmul peak itself: large square matmuls, best of several (fp32 on
    the CPU, bf16 on CUDA; the dtype the trainer computes in).

@@ -1,7 +1,7 @@
 """Data-parallel training throughput: N processes under torchrun against one process alone.
 
-    torchrun --standalone --nproc_per_node=2 benchmarks/train_throughput_ddp.py --config configs/small.yaml
-    OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 benchmarks/train_throughput_ddp.py \
+    torchrun --standalone --nproc_per_node=2 -m benchmarks.train_throughput_ddp --config configs/small.yaml
+    OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 -m benchmarks.train_throughput_ddp \
         --config configs/tiny.yaml --set train.device=cpu --steps 5
 
 1. Rank 0 alone (the other ranks wait at a barrier) runs ``--steps`` optimizer steps of the

@@ -1,0 +1,33 @@
+"""What the benchmark smoke tests share besides fixtures: running a command as a user does.
+
+A plain module (not conftest) so tests can import it by a name no other test directory uses.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_python(args: list[str], cwd: Path = ROOT, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``python *args`` from the repository root, with wandb off, one torch thread and no network.
+
+    The command runs in its own process group, and a command past ``timeout`` (or interrupted with
+    the test run) is killed with the whole group: a benchmark that hangs leaves no server or
+    torchrun worker behind."""
+    env = dict(os.environ, WANDB_MODE="disabled", PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
+               HF_DATASETS_OFFLINE="1")
+    with subprocess.Popen([sys.executable, *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          stdin=subprocess.DEVNULL, text=True, start_new_session=True) as proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except BaseException:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)

@@ -1,0 +1,125 @@
+"""Every script in benchmarks/ runs at a toy size and prints its table. Each one runs as a user runs
+it (``python -m benchmarks.NAME``, in a subprocess), so these tests see what the linked commands
+do and depend on no benchmark's internals. The figures themselves are not checked: at this size
+and on a shared machine they mean nothing; the words of each table's header are."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import pytest
+import torch.distributed
+
+from bench_testkit import run_python
+
+pytestmark = pytest.mark.e2e
+
+
+def bench(name: str, *args: object, launcher: tuple[str, ...] = ()) -> str:
+    """The benchmark's stdout, after checking that it exited 0 without a traceback."""
+    proc = run_python([*launcher, "-m", f"benchmarks.{name}", *map(str, args)])
+    assert proc.returncode == 0, f"benchmarks.{name} exited {proc.returncode}:\n{proc.stderr[-3000:]}"
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def assert_words(out: str, *words: str) -> None:
+    missing = [word for word in words if word not in out]
+    assert not missing, f"missing {missing} in:\n{out[-3000:]}"
+
+
+def test_chat_eval_scores_a_run_and_its_chat_tune(toy_run, toy_chat_run, toy_config) -> None:
+    cache = toy_config.parent / "cache"
+    out = bench("chat_eval", "--runs", toy_run, toy_chat_run, "--cache-dir", cache, "--replies", 2,
+                "--max-new-tokens", 4, "--transcript")
+    assert_words(out, "| run | assistant bits/byte |", "held-out conversations", "user: Who's there?")
+    for run in (toy_run, toy_chat_run):
+        row = re.search(rf"^\| {re.escape(str(run))} \| ([0-9.]+) \|", out, re.MULTILINE)
+        assert row and math.isfinite(float(row.group(1))), out[-3000:]
+
+
+def test_attention_variants_trains_each_variant(toy_config, bench_dir) -> None:
+    plot = bench_dir / "attention_variants.png"
+    out = bench("attention_variants", "--config", toy_config, "--latents", 16, 8, "--decode-steps", 2,
+                "--out", bench_dir / "attention_variants", "--plot", plot, "--set", "train.max_minutes=null",
+                "--set", "train.max_steps=2", "--set", "eval.max_batches=1", "--set", "eval.final_max_batches=1")
+    assert_words(out, "| variant |", "| MHA |", "| MQA |", "| MLA (latent 8) |", "figure:")
+    assert plot.stat().st_size > 0
+
+
+def test_attention_variants_times_the_latent_forms(toy_config) -> None:
+    out = bench("attention_variants", "--forms", "--config", toy_config, "--latents", 16, 8, "--repeats", 1)
+    assert_words(out, "kv_latent_dim 16", "kv_latent_dim 8", "expanded", "absorbed", "decode step")
+
+
+def test_quality_per_minute_runs_a_technique(toy_config, bench_dir) -> None:
+    out = bench("quality_per_minute", "--config", toy_config, "--only", "baseline", "qk-norm", "--seeds", 1337,
+                "--out", bench_dir / "quality_per_minute", "--set", "train.max_minutes=null",
+                "--set", "train.max_steps=2", "--set", "eval.max_batches=1", "--set", "eval.final_max_batches=1")
+    assert_words(out, "| technique |", "| baseline |", "| qk-norm |", "host matmul peak")
+
+
+def test_cache_verification(toy_run, toy_config) -> None:
+    entry = next(p for p in (toy_config.parent / "cache").iterdir() if p.name.startswith("shakespeare-"))
+    out = bench("cache_verification", "--entry", entry, "--synthetic-mb", 1, "--repeats", 1)
+    assert_words(out, "open with verification", "size checks only", "verification rate")
+
+
+def test_data_prep() -> None:
+    out = bench("data_prep", "--no-sweep", "--vocab-size", 300)
+    assert_words(out, "prepare Shakespeare from scratch", "cached re-run", "batch assembly", "held out for validation")
+
+
+def test_decode_speed() -> None:
+    out = bench("decode_speed", "--only", "tiny", "--block-size", 32, "--vocab-size", 300, "--contexts", 16, 32,
+                "--prompt-len", 4, "--device", "cpu", "--threads", 1)
+    assert_words(out, "context band", "cached ms/tok", "KV cache, batch 1")
+
+
+def test_generate_speed(toy_run) -> None:
+    out = bench("generate_speed", "--run", toy_run, "--new-tokens", 8, "--repeats", 1, "--threads", 1)
+    assert_words(out, "ours, KV cache", "ours, --no-cache", "goal:")
+
+
+def test_onnx_decode(toy_run) -> None:
+    out = bench("onnx_decode", "--run", toy_run, "--context", 8, "--new-tokens", 4, "--repeats", 1, "--threads", 1)
+    assert_words(out, "generate.py (PyTorch)", "ONNX Runtime, dynamic", "ONNX Runtime, static")
+
+
+def test_hf_export_parity(toy_run) -> None:
+    out = bench("hf_export_parity", "--run", toy_run)
+    assert_words(out, "left-padded batch", "greedy generate", "no cache")
+
+
+def test_prefix_cache(toy_chat_run) -> None:
+    out = bench("prefix_cache", "--run", toy_chat_run, "--clients", 2, "--turns", 2, "--reply-tokens", 2,
+                "--cache-mb", 4)
+    assert_words(out, "| prefix cache |", "| off |", "| on |", "same replies: True")
+
+
+def test_serve_throughput(toy_run) -> None:
+    out = bench("serve_throughput", "--run", toy_run, "--clients", 1, 2, "--requests", 2, "--max-tokens", 4,
+                "--max-batch", 2)
+    assert_words(out, "\nengine\n", "\nhttp\n", "| clients |", "TTFT")
+
+
+def test_train_throughput(toy_config) -> None:
+    out = bench("train_throughput", "--config", toy_config, "--steps", 1, "--warmup", 1, "--compile", "false",
+                "--set", "train.device=cpu", "--set", "train.batch_size=2")
+    assert_words(out, "ours (GQA, SwiGLU, RMSNorm)", "nanoGPT-style reference", "MFU")
+
+
+def test_rms_norm_backward(toy_config) -> None:
+    out = bench("rms_norm_backward", "--config", toy_config, "--repeats", 2, "--steps", 1)
+    assert_words(out, "RMSNormCPUFunction", "LayerNorm", "training step")
+
+
+@pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
+                    reason="this torch has no gloo backend for a CPU torchrun")
+def test_train_throughput_ddp_on_two_cpu_processes(toy_config) -> None:
+    out = bench("train_throughput_ddp", "--config", toy_config, "--steps", 1, "--warmup", 1, "--compile", "false",
+                "--set", "train.device=cpu", "--set", "train.batch_size=2",
+                launcher=("-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"))
+    assert_words(out, "1 process", "2 processes (DDP)", "scaling efficiency")

@@ -1,0 +1,18 @@
+"""A benchmark added without a smoke test would be the next linked command to rot: every script in
+benchmarks/ must be run by name in test_benchmarks_run.py. Reads files only, so it stays in the
+default suite."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from bench_testkit import ROOT
+
+
+def test_every_benchmark_script_has_a_smoke_test() -> None:
+    scripts = {path.stem for path in (ROOT / "benchmarks").glob("*.py") if path.stem != "__init__"}
+    smoke = (Path(__file__).parent / "test_benchmarks_run.py").read_text()
+    run = set(re.findall(r'\bbench\("(\w+)"', smoke))
+    assert scripts, "no benchmark scripts found"
+    assert scripts <= run, f"benchmarks without a smoke test in test_benchmarks_run.py: {sorted(scripts - run)}"
