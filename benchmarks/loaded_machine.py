@@ -1,7 +1,7 @@
 """The main commands beside other work: each one's time with two busy neighbours against its time alone.
 
     python -m benchmarks.loaded_machine                        # train.py 40 steps, generate.py 200 tokens
-    python -m benchmarks.loaded_machine --steps 10 --new-tokens 50 --repeats 1
+    python -m benchmarks.loaded_machine --steps 10 --new-tokens 50 --repeats 1 --only generate.py
 
 Users run these commands next to a browser, an IDE or a second training run. The neighbours here
 are two other PyTorch processes multiplying matrices at torch's default threads (spinning OpenMP
@@ -42,6 +42,9 @@ OLD_POLICY = {"GOMP_SPINCOUNT": "300000"}
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--config", default="configs/tiny.yaml", help="the model and data (default: %(default)s)")
+    p.add_argument("--only", nargs="+", choices=("train.py", "generate.py"), default=None,
+                   help="time only these commands (the run to generate from is trained either way)")
     p.add_argument("--steps", type=int, default=40, help="train.py steps (default: %(default)s)")
     p.add_argument("--new-tokens", type=int, default=200, help="generate.py tokens (default: %(default)s)")
     p.add_argument("--repeats", type=int, default=3, help="timed runs of each case; the median is reported")
@@ -49,9 +52,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def commands(workdir: Path, steps: int, new_tokens: int) -> dict[str, list[str]]:
+def commands(workdir: Path, config: str, steps: int, new_tokens: int) -> dict[str, list[str]]:
     run = workdir / "run"
-    train = [sys.executable, "train.py", "--config", "configs/tiny.yaml", "--no-progress", "--overwrite",
+    train = [sys.executable, "train.py", "--config", config, "--no-progress", "--overwrite",
              "--set", f"train.max_steps={steps}", "--set", "train.max_minutes=null", "--set", "eval.interval=0",
              "--set", "eval.final_max_batches=2", "--set", "eval.sample_tokens=0",
              "--set", "logging.wandb.mode=disabled", "--set", f"run.out_dir={run}"]
@@ -96,8 +99,9 @@ def policy_command(command: list[str], policy: str) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="loaded-machine-") as folder:
-        cases = commands(Path(folder), args.steps, args.new_tokens)
+        cases = commands(Path(folder), str(Path(args.config).resolve()), args.steps, args.new_tokens)
         timed(cases["train.py"], policy_env("new"))  # prepares the data and leaves a run to generate from
+        cases = {name: command for name, command in cases.items() if args.only is None or name in args.only}
         print(f"{os.cpu_count()} CPUs; {args.neighbours} neighbours; median of {args.repeats}; "
               f"train.py {args.steps} steps, generate.py {args.new_tokens} tokens")
         print(f"{'command':<12} {'policy':<6} {'quiet s':>8} {'loaded s':>9} {'loaded/quiet':>13}")

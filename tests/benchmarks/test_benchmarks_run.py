@@ -123,3 +123,9 @@ def test_train_throughput_ddp_on_two_cpu_processes(toy_config) -> None:
                 "--set", "train.device=cpu", "--set", "train.batch_size=2",
                 launcher=("-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"))
     assert_words(out, "1 process", "2 processes (DDP)", "scaling efficiency")
+
+
+def test_loaded_machine_times_a_command_quiet_and_beside_neighbours(toy_config) -> None:
+    out = bench("loaded_machine", "--config", toy_config, "--only", "generate.py", "--steps", 2,
+                "--new-tokens", 4, "--repeats", 1, "--neighbours", 1)
+    assert_words(out, "loaded/quiet", "generate.py  old", "generate.py  new")
