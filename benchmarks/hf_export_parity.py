@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from hf_export import export_run
+from exporting.hf import export_run
 from inference.completion import encode_prompt, generate_completions
 from inference.settings import GenerationSettings
 from rundir.loading import load_run

@@ -24,7 +24,7 @@ import torch
 
 from benchmarks.generate_speed import Row, decode_parser, load_benchmark_run, ours_timer, print_table
 from model import GPT
-from onnx_export.graph import export_graph
+from exporting.onnx.graph import export_graph
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,7 +29,7 @@ from evaluation.harness import require_lm_eval, results_table, run_lm_eval, summ
 from evaluation.plays import held_out_plays
 from evaluation.tasks import BPB_TASK, CHOICES, TASKS, TaskSettings, write_tasks
 from exporting.folder import scratch_folder
-from hf_export import export_run
+from exporting.hf import export_run
 from rundir.checkpoint import peek_trainer_state
 from rundir.files import CONFIG_FILE, EVAL_DIR
 from rundir.record import RunRecord, read_config

@@ -1,5 +1,5 @@
 """The ``export.py`` command line: parse flags, hand the run to the exporter that ``--format``
-names (``hf_export`` or ``onnx_export``, siblings that share this package's files), print where it went.
+names (``exporting.hf`` or ``exporting.onnx``, siblings that share this package's files), print where it went.
 
 User errors (not a run, damaged weights, an output folder that exists) and filesystem failures (a
 full disk, a read-only folder) print one ``error: ...`` line and exit with status 2; anything else
@@ -57,7 +57,7 @@ def _export(args: argparse.Namespace) -> int:
     if args.format == "onnx":
         return _export_onnx(args)
     with held_signals():  # torch loads only once the flags are good, and is never half-imported
-        from hf_export import export_run
+        from exporting.hf import export_run
 
     result = export_run(args.run, args.out, overwrite=args.overwrite)
     chat = "with the chat template" if result.has_chat else "without chat tokens"
@@ -80,7 +80,7 @@ def _check_flags(args: argparse.Namespace) -> None:
 
 def _export_onnx(args: argparse.Namespace) -> int:
     with held_signals():  # as for the hf format
-        from onnx_export import export_onnx
+        from exporting.onnx import export_onnx
 
     static_batch = (args.static_batch or 1) if args.static_shapes else None
     result = export_onnx(args.run, args.out, overwrite=args.overwrite, static_batch=static_batch)

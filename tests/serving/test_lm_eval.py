@@ -50,7 +50,7 @@ def test_the_harness_answers_through_the_server_as_through_the_exported_folder(c
                                                                                monkeypatch):
     from lm_eval.tasks import TaskManager
 
-    from hf_export import export_run
+    from exporting.hf import export_run
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")

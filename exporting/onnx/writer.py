@@ -19,9 +19,9 @@ import torch
 from common.errors import UserError
 from exporting.folder import prepare_destination, staged_export
 from exporting.hub_files import SpecialTokens, model_config, write_json, write_tokenizer_files
-from onnx_export.decoder import cache_entries
-from onnx_export.graph import MIN_DYNAMIC_BLOCK_SIZE, export_graph
-from onnx_export.readme import export_readme
+from exporting.onnx.decoder import cache_entries
+from exporting.onnx.graph import MIN_DYNAMIC_BLOCK_SIZE, export_graph
+from exporting.onnx.readme import export_readme
 from rundir.loading import load_run
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ def export_onnx(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool = F
                 static_batch: int | None = None) -> OnnxExportResult:
     """Export the run in ``run_dir`` to ``out_dir`` as an ONNX decoder: the dynamic form, or with
     ``static_batch`` the fixed-shape form for that many rows. ``overwrite`` as in
-    ``hf_export.export_run``."""
+    ``exporting.hf.export_run``."""
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     if static_batch is not None and static_batch < 1:
         raise UserError(f"--static-batch must be at least 1, got {static_batch}")

@@ -54,7 +54,7 @@ def test_damaged_run_is_one_line(capsys, onnx_run, tmp_path):
 
 
 def test_failed_export_leaves_nothing_that_looks_complete(onnx_run, tmp_path, monkeypatch):
-    import onnx_export.writer as writer
+    import exporting.onnx.writer as writer
 
     def half_written(model, path, **options):
         path.write_bytes(b"half a graph")
@@ -120,7 +120,7 @@ def test_a_window_too_short_to_trace_is_refused_and_the_static_form_still_works(
 
 def test_a_sigkill_leftover_is_removed_by_the_next_onnx_export(onnx_run, tmp_path, monkeypatch):
     """Both formats clean up through exporting.folder; the graph itself is not needed for that."""
-    import onnx_export.writer as writer
+    import exporting.onnx.writer as writer
 
     monkeypatch.setattr(writer, "export_graph", lambda model, path, **options: path.write_bytes(b"a graph"))
     gone = 2**22 + 12345  # above Linux's largest pid: no process has it
@@ -133,7 +133,7 @@ def test_a_sigkill_leftover_is_removed_by_the_next_onnx_export(onnx_run, tmp_pat
 def test_readme_loop_is_valid_python_for_any_folder_name():
     import ast
 
-    from onnx_export.readme import decoding_loop
+    from exporting.onnx.readme import decoding_loop
 
     folder = """/tmp/it's a "quoted" \\folder"""
     for static in (False, True):

@@ -207,7 +207,7 @@ def test_pipeline_generates_text_from_a_folder_alone(make_export, tmp_path):
     script = textwrap.dedent(f"""
         import sys
         from transformers import pipeline, set_seed
-        assert not any(name in sys.modules for name in ("model", "data", "inference", "hf_export"))
+        assert not any(name in sys.modules for name in ("model", "data", "inference", "exporting"))
         generate = pipeline("text-generation", model={str(folder)!r}, trust_remote_code=True)
         out = generate("ROMEO:", max_new_tokens=8, do_sample=False)[0]["generated_text"]
         assert out.startswith("ROMEO:") and len(out) > len("ROMEO:"), out
@@ -218,7 +218,7 @@ def test_pipeline_generates_text_from_a_folder_alone(make_export, tmp_path):
             assert generate("ROMEO:")[0]["generated_text"].startswith("ROMEO:")
             ids = generate("ROMEO:", return_tensors=True)[0]["generated_token_ids"]  # prompt included
             assert 2 < len(ids) <= {BLOCK_SIZE}, ids
-        assert not any(name in sys.modules for name in ("model", "data", "inference", "hf_export"))
+        assert not any(name in sys.modules for name in ("model", "data", "inference", "exporting"))
         print(repr(out))
     """)
     env = {k: v for k, v in __import__("os").environ.items() if k != "PYTHONPATH"}
@@ -275,7 +275,7 @@ def test_chat_generation_never_samples_a_role_token(make_export, hf_models):
 
 
 def test_attention_mask_hides_padding_and_leaves_no_query_empty():
-    from hf_export.shipped.modeling_minigpt import attention_mask_4d
+    from exporting.hf.shipped.modeling_minigpt import attention_mask_4d
 
     padding = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
     mask = attention_mask_4d(padding, batch=2, length=3, past=2, device=torch.device("cpu"))

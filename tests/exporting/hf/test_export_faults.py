@@ -69,12 +69,12 @@ def test_full_disk_is_one_line_and_leaves_nothing(make_export, mount_tmpfs, caps
 
 def test_full_disk_anywhere_is_one_line(make_export, tmp_path, monkeypatch, capsys):
     """The same without a mount, which some machines do not allow: the weights' write fails."""
-    import hf_export.writer
+    import exporting.hf.writer
 
     def full(path, data):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # as a failed write() reports it
 
-    monkeypatch.setattr(hf_export.writer, "atomic_write_bytes", full)
+    monkeypatch.setattr(exporting.hf.writer, "atomic_write_bytes", full)
     run_dir, _ = make_export()
     out = tmp_path / "export"
     assert_one_line_error(_export(capsys, "--run", str(run_dir), "--out", str(out)), f"{out}: ", "the disk is full")
@@ -86,7 +86,7 @@ def _start_paused_export(run_dir: Path, out: Path, marker: Path, release: Path |
     until ``release`` exists."""
     script = textwrap.dedent(f"""
         import pathlib, sys, time
-        import hf_export.writer as writer
+        import exporting.hf.writer as writer
         from exporting.cli import main
 
         write = writer.write_json
@@ -133,7 +133,7 @@ def test_a_sigkill_leftover_is_removed_by_the_next_export(make_export, tmp_path,
 
 
 def test_leftovers_of_running_exports_stay_and_an_interrupted_swap_is_undone(make_export, tmp_path):
-    from hf_export import export_run
+    from exporting.hf import export_run
 
     run_dir, folder = make_export()
     parent = tmp_path / "exports"
@@ -179,7 +179,7 @@ def test_two_exports_to_one_new_folder_cannot_both_succeed(make_export, tmp_path
 def test_a_folder_that_appears_during_the_export_is_never_replaced(make_export, tmp_path, monkeypatch, capsys,
                                                                     overwrite, content):
     """Only --overwrite of an empty folder may take its place: nothing is lost then."""
-    import hf_export.writer as writer
+    import exporting.hf.writer as writer
 
     run_dir, _ = make_export()
     out = tmp_path / "out"

@@ -35,7 +35,7 @@ def variant_run(request, tmp_path_factory):
 def exported(request, variant_run, tmp_path_factory) -> Exported:
     pytest.importorskip("onnxruntime")
     from model import load_pretrained
-    from onnx_export import export_onnx
+    from exporting.onnx import export_onnx
 
     folder = tmp_path_factory.mktemp("variant-export") / request.param
     export_onnx(variant_run, folder, static_batch=1 if request.param == "static" else None)

@@ -28,7 +28,7 @@ def chat_tokenizer(tmp_path_factory) -> Path:
 def make_export(tmp_path_factory, chat_tokenizer):
     """``make_export(n_kv_head=2, tie=True, options=False)`` -> (run_dir, export_dir), built once per
     shape; ``options`` turns on every small-model option (``run_testkit.ALL_OPTIONS``)."""
-    from hf_export import export_run
+    from exporting.hf import export_run
 
     made: dict[tuple, tuple[Path, Path]] = {}
 

@@ -38,7 +38,7 @@ def test_folder_holds_what_transformers_and_the_hub_need(make_export):
 def test_shipped_code_imports_nothing_from_this_repository():
     import ast
 
-    for path in (ROOT / "hf_export" / "shipped").glob("*ing_minigpt.py"):
+    for path in (ROOT / "exporting" / "hf" / "shipped").glob("*ing_minigpt.py"):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Import):
                 roots = {alias.name.split(".")[0] for alias in node.names}
@@ -51,7 +51,7 @@ def test_shipped_code_imports_nothing_from_this_repository():
 
 def test_a_tokenizer_without_chat_tokens_exports_without_a_template(copy_run, tmp_path):
     from export_testkit import train_test_tokenizer
-    from hf_export import export_run
+    from exporting.hf import export_run
 
     train_test_tokenizer(chat=False).save(str(copy_run / "tokenizer.json"))
     result = export_run(copy_run, tmp_path / "plain")

@@ -19,7 +19,7 @@ from tokenizers import Tokenizer
 
 from onnx_testkit import BLOCK_SIZE, PROMPT, greedy_dynamic, greedy_static
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 STEPS = 100
 
 

@@ -20,7 +20,7 @@ from rundir.metrics import MetricsLog
 
 VOCAB_SIZE = 320
 FINAL_BPB = 2.34567
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 __all__ = ["BLOCK_SIZE", "FINAL_BPB", "ROOT", "VOCAB_SIZE", "assert_one_line_error", "build_run", "read_json",
            "run_export_cli", "train_test_tokenizer"]

@@ -18,8 +18,8 @@ import torch
 from common.files import atomic_write_bytes
 from exporting.folder import prepare_destination, staged_export
 from exporting.hub_files import SpecialTokens, generation_config, model_config, write_json, write_tokenizer_files
-from hf_export.model_card import model_card
-from hf_export.weights import hf_state_dict
+from exporting.hf.model_card import model_card
+from exporting.hf.weights import hf_state_dict
 from rundir.loading import load_run
 from rundir.record import RunRecord
 
@@ -55,7 +55,7 @@ def export_run(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool = Fa
         write_json(staging / "config.json", model_config(config, tokens, dtype))
         write_json(staging / "generation_config.json", generation_config(config, tokens))
         write_tokenizer_files(staging, run_dir, config, tokens)
-        shipped = resources.files("hf_export.shipped")
+        shipped = resources.files("exporting.hf.shipped")
         for name in SHIPPED_FILES:
             (staging / name).write_bytes(shipped.joinpath(name).read_bytes())
         card = model_card(out_dir.name, config, num_params, RunRecord.read(run_dir), tokens.has_chat)

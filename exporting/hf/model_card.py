@@ -25,7 +25,7 @@ def _describe_data(data: dict[str, Any]) -> str | None:
     return f"{corpus}, with a byte-level BPE tokenizer of {data.get('vocab_size')} tokens trained on it"
 
 
-# The chat section of the card. Its code block is run by tests/hf_export/test_hf_parity.py.
+# The chat section of the card. Its code block is run by tests/exporting/hf/test_hf_parity.py.
 CHAT_SECTION = """## Chat
 
 The tokenizer has the chat tokens, and `tokenizer.apply_chat_template` renders a conversation

@@ -17,7 +17,7 @@ import torch
 from torch.export import Dim
 
 from model.gpt import GPT
-from onnx_export.decoder import DynamicDecoder, StaticDecoder, cache_entries, input_names, output_names
+from exporting.onnx.decoder import DynamicDecoder, StaticDecoder, cache_entries, input_names, output_names
 
 
 def export_graph(model: GPT, path: Path, *, static_batch: int | None = None) -> None:

@@ -23,7 +23,7 @@ SHAPES = {"wide-qlatent": {"kv_latent_dim": 32, "q_latent_dim": 24}, "narrow": {
 
 @pytest.fixture(scope="module", params=list(SHAPES))
 def mla_export(request, tmp_path_factory, chat_tokenizer, hf_models):
-    from hf_export import export_run
+    from exporting.hf import export_run
 
     root = tmp_path_factory.mktemp(f"mla-{request.param}")
     run_dir = build_run(root / "run", chat_tokenizer, n_kv_head=4, attention="mla", **SHAPES[request.param])

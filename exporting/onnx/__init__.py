@@ -5,6 +5,6 @@ builds the folder, and ``readme`` writes the folder's README, whose decoding loo
 numpy, onnxruntime and tokenizers.
 """
 
-from onnx_export.writer import OnnxExportResult, export_onnx
+from exporting.onnx.writer import OnnxExportResult, export_onnx
 
 __all__ = ["OnnxExportResult", "export_onnx"]
