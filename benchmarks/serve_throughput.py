@@ -7,7 +7,7 @@ The same list of requests (Shakespeare prompts, temperature 0.8, top_p 0.95, one
 served by N closed-loop clients for each N in --clients: a client sends its next request when its
 last one has finished. One client is the one-at-a-time baseline. Each level is measured twice:
 
-- engine: ``serving.engine.Engine`` driven in this process, no HTTP;
+- engine: ``inference.engine.Engine`` driven in this process, no HTTP;
 - http: ``serve.py`` in a subprocess on 127.0.0.1, clients streaming Server-Sent Events with httpx.
 
 Reported: generated tokens/s over the level's wall time, its ratio to one client, and p50/p95 time
@@ -35,7 +35,7 @@ import torch
 
 from model.generation import SamplingSettings, generate_tokens, seeded_generator
 from rundir.loading import load_run
-from serving.engine import Engine, Event
+from inference.engine import Engine, Event
 
 PROMPTS = ["ROMEO:", "JULIET:\nO Romeo,", "KING LEAR:\n", "First Citizen:\nBefore we proceed",
            "HAMLET:\nTo be, or not", "MACBETH:\nIs this a dagger", "PORTIA:\nThe quality of mercy",

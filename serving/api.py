@@ -32,7 +32,7 @@ from data.errors import DataError
 from inference.completion import encode_prompt
 from model.generation import SamplingSettings
 from rundir.loading import LoadedRun
-from serving.engine import Engine, EngineBusy, Event, Finish, Ticket
+from inference.engine import Engine, EngineBusy, Event, Finish, Ticket
 from serving.logprobs import ReplyLogprobs
 from serving.schemas import (Body, ChatCompletionRequest, CompletionRequest, RequestError, _Common, error_body,
                              parse_request)

@@ -13,8 +13,8 @@ import torch
 from rundir.loading import load_run
 from server_process import running_server
 from run_testkit import build_run, chat_tokenizer
-from serving.engine import Engine
-from serving.prefix_cache import PrefixCache
+from inference.engine import Engine
+from inference.prefix_cache import PrefixCache
 from test_engine import Collector, api_settings
 
 BLOCK = 256

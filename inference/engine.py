@@ -23,7 +23,7 @@ stream takes the plain one-row products, tokens agree up to fp32 rounding. A pro
 is encoded in chunks of ``prefill_chunk`` tokens on a fixed grid from position 0; the chunks
 depend only on the request, so it still equals itself served alone.
 
-With a prefix cache (``prefix_cache_bytes``, see ``serving.prefix_cache``) the whole chunks a
+With a prefix cache (``prefix_cache_bytes``, see ``inference.prefix_cache``) the whole chunks a
 prompt shares with a recent one are copied in instead of computed: the grid makes them bit for
 bit the chunks it would have computed, so a hit changes no token, only the time to the first.
 
@@ -48,7 +48,7 @@ import torch
 from inference.streaming import TextStream
 from model import GPT
 from model.generation import SamplingSettings, kept_window, new_seed, sample_next_token, seeded_generator, window_start
-from serving.prefix_cache import PrefixCache
+from inference.prefix_cache import PrefixCache
 
 log = logging.getLogger(__name__)
 
