@@ -33,7 +33,8 @@ from pathlib import Path
 import httpx
 import torch
 
-from model.generation import SamplingSettings, generate_tokens, seeded_generator
+from inference.engine import decode
+from model.generation import SamplingSettings
 from rundir.loading import load_run
 from inference.engine import Engine, Event
 
@@ -72,14 +73,12 @@ def requests(count: int, max_tokens: int) -> list[tuple[str, SamplingSettings]]:
 
 
 def run_generate(run, work) -> float:
-    """Tokens/s of the same requests through generate.py's decoding, one after another, no engine:
-    the fastest way this project has to serve one request at a time (plain one-row products)."""
+    """Tokens/s of the same requests through generate.py's decoding, one after another: the engine
+    stepped on this thread, one row, no server."""
     tokens, start = 0, time.perf_counter()
     for prompt, params in work:
-        ids = torch.tensor([run.tokenizer.encode(prompt).ids])
-        generator = seeded_generator(params.seed)
-        tokens += sum(1 for _ in generate_tokens(run.model, ids, params.max_new_tokens, **params.token_options(),
-                                                 generator=generator))
+        finish, = decode(run.model, [run.tokenizer.encode(prompt).ids], params)
+        tokens += finish.completion_tokens
     return tokens / (time.perf_counter() - start)
 
 
