@@ -198,8 +198,9 @@ def fit_chat(tokenizer: Tokenizer, messages: Sequence[Message], max_tokens: int,
                 fitted = RenderedChat(chat.ids[:head] + chat.ids[kept], chat.loss_mask[:head] + chat.loss_mask[kept])
                 return FittedChat(fitted, cut - first)
     last = len(chat.ids) - starts[cuts[-1]]
-    raise ChatTooLong(f"the last message is {last} tokens: with the system prompt ({head} tokens) that is more "
-                      f"than the {max_tokens} the model's window leaves for it; shorten it")
+    system = f" and the system prompt {head}" if head else ""
+    raise ChatTooLong(f"the last message is {last} tokens{system}: more than the {max_tokens} tokens the model's "
+                      "window leaves for them; shorten it")
 
 
 # A conversation to be answered leaves this share of the window for the reply where dropping old

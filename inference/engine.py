@@ -332,28 +332,29 @@ class Engine:
         first); the last chunk yields next-token logits. Whole chunks go to the prefix cache.
         Without the cache, the whole window is one chunk, encoded afresh for every token."""
         window = request.tokens[request.start:]
-        row = request.row
-        if not self.use_cache:
-            request.logits = self._run_model([window], None, request.echo)
-            return
+        row, size = request.row, self.prefill_chunk
         echo = request.echo and not request.prompt_logprobs
-        if self.cache.lengths[row] == 0 and self.prefix_cache is not None and not echo:
-            for page in self.prefix_cache.lookup(window):
-                self.cache.extend(row, page)
-            if request.generated == 0:
-                request.cached_tokens = self.cache.lengths[row]
-        done, size = self.cache.lengths[row], self.prefill_chunk
-        chunk = window[done:done + size]
-        logits = self._run_model([chunk], [row], echo)
+        if self.use_cache:
+            if self.cache.lengths[row] == 0 and self.prefix_cache is not None and not echo:
+                for page in self.prefix_cache.lookup(window):
+                    self.cache.extend(row, page)
+                if request.generated == 0:
+                    request.cached_tokens = self.cache.lengths[row]
+            done = self.cache.lengths[row]
+            chunk = window[done:done + size]
+            logits = self._run_model([chunk], [row], echo)
+            if self.prefix_cache is not None and len(chunk) == size:
+                self.prefix_cache.store(window[:done + size], self.cache.read(row, done, done + size))
+        else:
+            chunk = window
+            logits = self._run_model([chunk], None, echo)
         self.prefill_tokens += len(chunk)
-        if self.prefix_cache is not None and len(chunk) == size:
-            self.prefix_cache.store(window[:done + size], self.cache.read(row, done, done + size))
         if echo:
             request.prompt_logits.append(logits[0])
             logits = logits[:, -1]
-        if self.cache.lengths[row] == len(window):
+        if not self.use_cache or self.cache.lengths[row] == len(window):
             request.logits = logits
-            request.prefilling = False
+            request.prefilling = not self.use_cache  # uncached: the whole window again for the next token
             if echo:
                 request.prompt_logprobs = self._prompt_logprobs(request)
 

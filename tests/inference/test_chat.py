@@ -1,5 +1,5 @@
 """generate.py --chat: a conversation through the KV cache equals full recomputation, the window
-policy keeps whole recent turns, and the command line's REPL, one-shot mode and errors."""
+policy keeps whole recent messages, and the command line's REPL, one-shot mode, Ctrl-C and errors."""
 
 from __future__ import annotations
 
@@ -36,34 +36,33 @@ def test_multi_turn_chat_through_the_cache_equals_full_recomputation(loaded_run,
     cached, cached_notices, session = _conversation(loaded_run, use_cache=True, **settings)
     recomputed, recomputed_notices, reference = _conversation(loaded_run, use_cache=False, **settings)
     assert cached == recomputed
-    # A 32-token window cannot hold five exchanges: the oldest turns were dropped, the same way.
+    # A 32-token window cannot hold five exchanges: the oldest messages were dropped, the same way.
     assert cached_notices == recomputed_notices and cached_notices
-    assert session.window == reference.window and len(session.window) <= loaded_run.block_size + 1
+    assert all("oldest message(s) were dropped (the system prompt is kept)" in n for n in cached_notices)
+    assert session.messages == reference.messages
     assert session.tokens_encoded < reference.tokens_encoded
-    # What is left is whole turns: the last exchanges, each starting with its role token.
-    assert session.window == [t for turn in session.turns for t in turn]
-    roles = set(session.special.role.values())
-    assert all(turn[0] in roles for turn in session.turns) and len(session.turns) < 2 * len(MESSAGES) + 1
+    # What is left is whole exchanges, the most recent ones, each a user message and its reply.
+    kept = session.messages
+    assert 2 <= len(kept) < 2 * len(MESSAGES) and [m.role for m in kept] == ["user", "assistant"] * (len(kept) // 2)
+    assert [m.content for m in kept[::2]] == MESSAGES[-len(kept) // 2:]
 
 
-def test_turns_are_appended_to_the_cache_not_re_encoded(loaded_run):
+def test_earlier_turns_come_from_the_prefix_cache_not_re_encoded(loaded_run):
     model = build_model(loaded_run.model.config.vocab_size, block_size=256)
     run = LoadedRun(loaded_run.directory, model, loaded_run.tokenizer, loaded_run.token_bytes, loaded_run.eot_id,
                     torch.device("cpu"))
-    replies, notices, session = _conversation(run, use_cache=True, temperature=0, max_new_tokens=6)
+    _, notices, session = _conversation(run, use_cache=True, temperature=0, max_new_tokens=6)
     assert not notices
-    # Every position was run through the model exactly once, and the window is the template's
-    # rendering of the whole conversation so far.
-    assert session.tokens_encoded == session.cache.lengths[0]
-    # The window is the template's rendering of the conversation: each user turn, then the reply's
-    # ids, closed by <|end|> (in place of the <|end|> or <|endoftext|> that ended the reply, or
-    # added when the reply was cut off by max_new_tokens).
-    tokenizer, ends = run.tokenizer, session.special.reply_end_ids
-    expected = render_chat(tokenizer, [Message("system", "You are JULIET.")]).ids
-    for message, reply in zip(MESSAGES, replies):
-        expected += render_chat(tokenizer, [Message("user", message)], add_generation_prompt=True).ids
-        expected += [*(reply[:-1] if reply[-1] in ends else reply), session.special.end]
-    assert session.window == expected == [t for turn in session.turns for t in turn]
+    # The conversation kept is each user message and its reply, in order.
+    assert [m.content for m in session.messages[::2]] == MESSAGES
+    assert [m.role for m in session.messages[1::2]] == ["assistant"] * len(MESSAGES)
+    # Each turn's prompt begins with the last one's: its whole pages are copied, the rest encoded.
+    system = [Message("system", "You are JULIET.")]
+    prompts = [len(render_chat(run.tokenizer, [*system, *session.messages[:2 * i], Message("user", m)],
+                               add_generation_prompt=True).ids) for i, m in enumerate(MESSAGES)]
+    page = session.engine.prefill_chunk
+    reused = sum(page * (before // page) for before in prompts[:-1])
+    assert reused > 0 and session.tokens_encoded == sum(prompts) - reused
 
 
 def cli(capsys, *argv) -> tuple[int, str, str]:
@@ -85,7 +84,7 @@ def test_one_shot_prints_one_reply(capsys, run_dir, loaded_run):
     [
         (["--chat", "--num-samples", "2", "--prompt", "hi"], "--chat gives one reply at a time"),
         (["--system", "You are X.", "--prompt", "hi"], "--system needs --chat"),
-        (["--chat", "--prompt", "x" * 200], "does not fit the model's 32-token window"),
+        (["--chat", "--prompt", "x" * 200], "tokens: more than the 31 tokens the model's window leaves for them"),
     ],
 )
 def test_chat_user_errors_are_one_line(capsys, run_dir, argv, fragment):
