@@ -13,7 +13,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from data.chat import Message, render_chat
-from run_testkit import CORPUS, build_model
+from run_testkit import CORPUS, build_model, build_run
 from inference.chat import ChatSession
 from inference.cli import main
 from inference.settings import GenerationSettings
@@ -191,3 +191,79 @@ def test_at_a_terminal_lines_are_edited_recalled_and_ctrl_d_ends_the_line(run_di
     assert "^[[A" not in shown and "Traceback" not in shown
     assert shown.count(MESSAGES[0]) == 2, shown  # typed once, recalled once
     assert shown.endswith("you> \n"), shown  # Ctrl-D leaves the shell prompt on a fresh line
+
+
+def test_ctrl_c_in_a_reply_stops_it_and_keeps_what_was_said(loaded_run):
+    session = ChatSession(loaded_run, GenerationSettings(temperature=0, max_new_tokens=9), system_prompt="You are JULIET.")
+    whole = ChatSession(loaded_run, GenerationSettings(temperature=0, max_new_tokens=9),
+                        system_prompt="You are JULIET.").reply(MESSAGES[0])
+    shown: list[str] = []
+
+    def interrupt_after_two_pieces(text: str) -> None:
+        shown.append(text)
+        if text and len([t for t in shown if t]) == 2:
+            raise KeyboardInterrupt
+
+    stopped = session.reply(MESSAGES[0], on_text=interrupt_after_two_pieces)
+    assert stopped.finish_reason == "interrupted" and stopped.text == "".join(shown)
+    assert whole.text.startswith(stopped.text) and len(stopped.token_ids) < len(whole.token_ids)
+    assert session.messages == [Message("user", MESSAGES[0]), Message("assistant", stopped.text)]
+    assert session.engine.active == 0  # the row is free: the next turn is answered
+    assert session.reply(MESSAGES[1]).finish_reason in ("end", "length")
+
+
+@pytest.fixture(scope="module")
+def endless_run_dir(tmp_path_factory, tokenizer_path) -> Path:
+    """A run whose replies never end by themselves: only the 2048-token window stops them."""
+    return build_run(tmp_path_factory.mktemp("runs") / "endless", Tokenizer.from_file(str(tokenizer_path)),
+                     block_size=2048, never_predicts=("<|end|>", "<|endoftext|>"))
+
+
+def _read_more(fd: int, seen: bytearray, count: int, timeout: float = 60.0) -> None:
+    """Read the terminal into ``seen`` until ``count`` more bytes have come."""
+    import select
+
+    goal = len(seen) + count
+    while len(seen) < goal:
+        ready, _, _ = select.select([fd], [], [], timeout)
+        assert ready, f"timed out; the terminal shows {bytes(seen)[-500:]!r}"
+        seen += os.read(fd, 4096)
+
+
+@pytest.mark.e2e  # a real generate.py at a real terminal: seconds to start
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs a pseudo-terminal (pty.fork)")
+def test_at_a_terminal_ctrl_c_stops_the_reply_and_ctrl_c_at_an_empty_prompt_quits(endless_run_dir):
+    import pty
+    import signal
+
+    command = [sys.executable, str(REPO / "generate.py"), "--run", str(endless_run_dir), "--chat", "--temperature",
+               "0", "--max-new-tokens", "100000"]
+    env = dict(os.environ, TERM="xterm", INPUTRC=os.devnull, PYTHONUNBUFFERED="1")
+    pid, controller = pty.fork()  # the child's controlling terminal: Ctrl-C there is its SIGINT
+    if pid == 0:
+        os.chdir(REPO)
+        os.execve(sys.executable, command, env)
+    seen = bytearray()
+    try:
+        _read_until(controller, b"you> ", seen, 1)
+        for turn, message in enumerate(MESSAGES[:2], start=1):
+            os.write(controller, message.encode() + b"\r")
+            _read_until(controller, message.encode(), seen, 1)  # the line, echoed
+            _read_more(controller, seen, 40)  # the reply is streaming
+            os.write(controller, b"\x03")
+            _read_until(controller, b"reply stopped (Ctrl-C)", seen, turn)
+            _read_until(controller, b"you> ", seen, turn + 1)
+        os.write(controller, b"\x03")  # at an empty prompt: quit
+        _read_until(controller, b"\0never", seen, 1)  # to the end of the output
+        _, status = os.waitpid(pid, 0)
+        pid = 0
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        if pid:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        os.close(controller)
+    shown = bytes(seen).replace(b"\r", b"").decode(errors="replace")
+    assert "Traceback" not in shown and "KeyboardInterrupt" not in shown, shown[-2000:]
+    # Each notice starts a line of its own, after the stopped text, and the prompt comes back.
+    assert shown.count("\nnotice: reply stopped (Ctrl-C); the conversation goes on\nyou> ") == 2, shown[-2000:]
