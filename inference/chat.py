@@ -60,7 +60,7 @@ class ChatSession:
         # Room in the prefix cache for two windows: the last prompt's pages and the next one's.
         window_bytes = run.model.init_cache(1).nbytes()
         self.engine = Engine(run.model, run.token_bytes, max_batch=1, max_queue=0, use_cache=use_cache,
-                             prefix_cache_bytes=2 * window_bytes if use_cache else 0)
+                             prefix_cache_bytes=2 * window_bytes if use_cache else 0, batch_invariant=False)
         self.on_notice = on_notice or (lambda message: None)
         self.reset()
 

@@ -74,11 +74,13 @@ def encode_prompt(run: LoadedRun, prompt: str) -> PromptTokens:
 
 def generate_completions(
     run: LoadedRun, ids: Sequence[int], settings: GenerationSettings, on_text: TextCallback | None = None,
+    *, batch_invariant: bool = False,
 ) -> GenerationResult:
     """Sample ``settings.num_samples`` continuations of ``ids`` together, one engine row each
     (``inference.engine.decode``): row i is seeded ``seed + i``, so it equals the single-row run
-    with that seed, and the server's answer to the same request. Every row's streamed pieces join
-    to its ``Completion.text``."""
+    with that seed. Every row's streamed pieces join to its ``Completion.text``. ``batch_invariant``:
+    the server's arithmetic, so the rows equal its answers bit for bit (off: faster, equal to fp32
+    rounding)."""
     seed = settings.seed if settings.seed is not None else new_seed()
     rows = settings.num_samples
     clock = _Clock()
@@ -90,7 +92,7 @@ def generate_completions(
             on_text(row, event.text)
 
     finishes = decode(run.model, [ids] * rows, replace(settings, seed=seed), token_bytes=run.token_bytes,
-                      use_cache=settings.use_cache, on_event=on_event)
+                      use_cache=settings.use_cache, batch_invariant=batch_invariant, on_event=on_event)
     completions = [
         Completion(text=f.text, token_ids=list(f.token_ids), finish_reason=f.reason,
                    seed=None if settings.greedy else seed + row)

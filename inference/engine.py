@@ -16,14 +16,15 @@ iteration (``step``) schedules every token:
 A request never waits for the batch to drain: it joins at the next iteration with a free row.
 
 Rows are independent: a request gets exactly the tokens it would get served alone, whatever else
-is being served, so ``--num-samples`` row i equals the run seeded seed + i, and a served request
-equals generate.py. Seeding, one rule everywhere: a request samples from its own
+is being served, so ``--num-samples`` row i equals the run seeded seed + i. Seeding, one rule everywhere: a request samples from its own
 ``seeded_generator(seed)``, and sample i of a call that asks for several (``decode``: generate.py's
 rows, training's samples) is seeded ``seed + i``. Past the context window a row re-encodes its most
 recent tokens from position 0 (``model.generation.window_start``). The batched decode step computes
 each row bit for bit as alone (``GPT.next_token_logits(batch_invariant=True)``: its attention reads
 the row's whole cache buffer under a mask, and its matrix products run in fixed blocks of rows; on
-the CPU this holds when the model's head_dim is a multiple of 16). A prompt is encoded in chunks of
+the CPU this holds when the model's head_dim is a multiple of 16). The server needs that; a
+command line's few rows of one request may turn it off for speed (``decode``'s default), and then
+agree with the server up to fp32 rounding. A prompt is encoded in chunks of
 ``prefill_chunk`` tokens on a fixed grid from position 0; the chunks depend only on the request, so
 it still equals itself served alone. ``use_cache=False`` re-encodes each row's whole window for
 every token instead: the reference the cache is tested against.
@@ -152,6 +153,8 @@ class Engine:
     iteration (at most the context). ``prefix_cache_bytes``: memory for the prefix cache (0: none).
     ``keep_fraction``: how much of the window a row keeps when it slides (``kept_window``).
     ``token_bytes`` None: the events carry no text (a caller that wants only token ids).
+    ``batch_invariant`` False: decode steps take the plain, faster products, so a row's bits may
+    depend on the rows beside it (fine for one caller's rows; a server keeps it on).
     """
 
     def __init__(
@@ -165,6 +168,7 @@ class Engine:
         prefix_cache_bytes: int = 0,
         use_cache: bool = True,
         keep_fraction: float = KEEP_FRACTION,
+        batch_invariant: bool = True,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
@@ -179,6 +183,7 @@ class Engine:
         self.block_size = cfg.block_size
         self.keep = kept_window(cfg.block_size, keep_fraction)
         self.use_cache = use_cache
+        self.batch_invariant = batch_invariant
         self.cache = model.init_cache(max_batch)
         self.prefix_cache = PrefixCache(self.prefill_chunk, prefix_cache_bytes) if prefix_cache_bytes else None
         self.prefill_tokens = 0  # prompt tokens the model has encoded (not copied from the prefix cache)
@@ -380,7 +385,7 @@ class Engine:
         cache = self.cache if rows is not None else None
         if every_position:
             return self.model(idx, cache=cache, rows=rows)
-        return self.model.next_token_logits(idx, cache, rows, batch_invariant=True)
+        return self.model.next_token_logits(idx, cache, rows, batch_invariant=self.batch_invariant)
 
     def _sample(self, requests: list[_Request]) -> None:
         # Rows with the same settings sample in one call, each from its own generator; the
@@ -462,17 +467,19 @@ def decode(
     use_cache: bool = True,
     keep_fraction: float = KEEP_FRACTION,
     slide: bool = True,
+    batch_invariant: bool = False,
     on_event: Callable[[int, Event], None] | None = None,
 ) -> list[Finish]:
     """Decode every prompt on the calling thread, prompt i sampled from ``settings.seed + i`` (a
     fresh seed when None), each in a row of one engine; returns their ``Finish``es in order.
     A prompt longer than the context is cut to its last block_size tokens. ``on_event(i, event)``
-    streams prompt i's events as they come; ``slide`` as in ``Engine.submit``."""
+    streams prompt i's events as they come; ``slide`` as in ``Engine.submit``. ``batch_invariant``
+    (off: the faster plain products) makes every row bit for bit what the server gives it."""
     assert prompts, "decode needs at least one prompt"
     if settings.max_new_tokens == 0:
         return [Finish("length", min(len(p), model.config.block_size), (), "") for p in prompts]
     engine = Engine(model, token_bytes, max_batch=len(prompts), max_queue=0, use_cache=use_cache,
-                    keep_fraction=keep_fraction)
+                    keep_fraction=keep_fraction, batch_invariant=batch_invariant)
     seed = settings.seed if settings.seed is not None else new_seed()
     finishes: list[Finish | None] = [None] * len(prompts)
 

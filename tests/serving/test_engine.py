@@ -79,7 +79,7 @@ def test_32_concurrent_requests_each_equal_their_solo_run_and_generate_py(reques
         settings = GenerationSettings(max_new_tokens=params.max_new_tokens, temperature=params.temperature,
                                       top_p=params.top_p, seed=params.seed)
         # generate.py's decoding, in the engine's arithmetic
-        reference = generate_completions(chat_run, prompt, settings).completions[0]
+        reference = generate_completions(chat_run, prompt, settings, batch_invariant=True).completions[0]
         assert list(alone.token_ids) == reference.token_ids, f"request {i} against generate.py"
         assert alone.text == reference.text
 
@@ -171,9 +171,9 @@ def test_end_tokens_and_stop_strings_end_a_request_with_reason_stop(chat_run):
     first_end = ids.index(ids[4])
     assert ended.finish.reason == "stop" and ended.finish.token_ids == ids[:first_end + 1]
     until_end = generate_completions(chat_run, [9, 10, 11], GenerationSettings(max_new_tokens=first_end,
-                                                                              temperature=0.0))
+                                                                              temperature=0.0), batch_invariant=True)
     reference = generate_completions(chat_run, [9, 10, 11], GenerationSettings(max_new_tokens=30, temperature=0.0,
-                                     stop=(stop,))).completions[0]
+                                     stop=(stop,)), batch_invariant=True).completions[0]
     assert ended.finish.text == until_end.completions[0].text
     assert (stopped.finish.reason, stopped.finish.text) == ("stop", reference.text)
     assert stopped.finish.token_ids == tuple(reference.token_ids) and stop not in stopped.text

@@ -70,7 +70,7 @@ def reference(run, prompt, params: SamplingSettings) -> list[int]:
     """generate.py's tokens, decoded in the server's arithmetic."""
     settings = GenerationSettings(max_new_tokens=params.max_new_tokens, temperature=params.temperature,
                                   top_k=None, top_p=params.top_p, seed=params.seed)
-    return generate_completions(run, prompt, settings).completions[0].token_ids
+    return generate_completions(run, prompt, settings, batch_invariant=True).completions[0].token_ids
 
 
 def test_each_served_request_equals_its_solo_run_and_generate_py(mla_run):
