@@ -302,7 +302,7 @@ class Engine:
     @torch.inference_mode()
     def step(self) -> None:
         """One iteration: cancel, admit, prefill a chunk, decode one token per row, sample.
-        The loop thread calls it; a test may call it directly on an engine never started."""
+        The loop thread calls it, or ``run_until_idle`` on the caller's thread."""
         self._drop_cancelled()
         self._admit()
         for request in filter(None, self._rows):
