@@ -478,8 +478,10 @@ def decode(
     assert prompts, "decode needs at least one prompt"
     if settings.max_new_tokens == 0:
         return [Finish("length", min(len(p), model.config.block_size), (), "") for p in prompts]
-    engine = Engine(model, token_bytes, max_batch=len(prompts), max_queue=0, use_cache=use_cache,
-                    keep_fraction=keep_fraction, batch_invariant=batch_invariant)
+    # The server's arithmetic includes its prefill grid; otherwise a prompt is encoded in one pass.
+    chunk = None if batch_invariant else model.config.block_size
+    engine = Engine(model, token_bytes, max_batch=len(prompts), max_queue=0, prefill_chunk=chunk,
+                    use_cache=use_cache, keep_fraction=keep_fraction, batch_invariant=batch_invariant)
     seed = settings.seed if settings.seed is not None else new_seed()
     finishes: list[Finish | None] = [None] * len(prompts)
 
