@@ -152,6 +152,7 @@ class Engine:
     beyond that ``submit`` raises EngineBusy. ``prefill_chunk``: tokens a prompt is encoded in per
     iteration (at most the context). ``prefix_cache_bytes``: memory for the prefix cache (0: none).
     ``keep_fraction``: how much of the window a row keeps when it slides (``kept_window``).
+    ``use_cache`` False: every row's whole window is encoded afresh for every token (the reference).
     ``token_bytes`` None: the events carry no text (a caller that wants only token ids).
     ``batch_invariant`` False: decode steps take the plain, faster products, so a row's bits may
     depend on the rows beside it (fine for one caller's rows; a server keeps it on).
