@@ -30,7 +30,8 @@ from data.chat_prepare import prepare_chat_data
 from data.config import DataConfig
 from inference.chat import ChatSession
 from inference.settings import GenerationSettings
-from model.generation import generate_tokens, seeded_generator
+from inference.engine import decode
+from model.generation import SamplingSettings
 from rundir.loading import load_run
 from training.distributed import DistContext
 from training.sft import evaluate_chat
@@ -52,15 +53,11 @@ def ended_share(model, split, end_id: int, rows: list[int], max_new_tokens: int,
     """(share of rows whose reply ends with end_id within max_new_tokens, mean length of those)."""
     lengths = []
     for row in rows:
-        prompt = torch.tensor([split.first_reply_prompt(row)], dtype=torch.long)
-        generator = seeded_generator(seed + row)
-        steps = generate_tokens(model, prompt, max_new_tokens, temperature=temperature, top_p=0.95 if temperature else None,
-                                generator=generator)
-        for n, token in enumerate(steps, start=1):
-            if int(token) == end_id:
-                lengths.append(n)
-                break
-        steps.close()
+        settings = SamplingSettings(max_new_tokens=max_new_tokens, temperature=temperature,
+                                    top_p=0.95 if temperature else None, seed=seed + row)
+        finish, = decode(model, [split.first_reply_prompt(row)], settings, end_ids=[end_id])
+        if finish.token_ids and finish.token_ids[-1] == end_id:
+            lengths.append(finish.completion_tokens)
     return len(lengths) / len(rows), (statistics.mean(lengths) if lengths else float("nan"))
 
 

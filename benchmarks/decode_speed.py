@@ -7,7 +7,7 @@
 For each model, one greedy generation per path runs from a short prompt up to the largest context.
 Tokens/s "to context L" is the number of new tokens up to L divided by the time to produce them
 (prompt encoding included); the latency table is the median time of one decoding step within
-each band of context lengths. Both paths run the same code (model.generation.generate_tokens)
+each band of context lengths. Both paths run the same code (inference.engine.decode)
 and differ only in use_cache. Weights are random (GPT-2 init): speed does not depend on them.
 """
 
@@ -23,8 +23,9 @@ from pathlib import Path
 
 import torch
 
+from inference.engine import decode
 from model import GPT, GPTConfig, KVCache
-from model.generation import generate_tokens
+from model.generation import SamplingSettings
 
 DEFAULT_CONFIG = Path("configs/tiny.yaml")
 BUILTIN_TINY = GPTConfig(vocab_size=4096, block_size=512, n_layer=4, n_head=4, n_kv_head=2, n_embd=256)
@@ -72,14 +73,18 @@ def time_generation(model: GPT, prompt: torch.Tensor, new_tokens: int, use_cache
                     device: torch.device) -> list[float]:
     """Seconds from the start until each new token was produced (prompt encoding included)."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    for _ in generate_tokens(model, prompt, 4, use_cache=use_cache):  # warm up kernels and allocator
-        pass
+    greedy = SamplingSettings(max_new_tokens=4, temperature=0.0)
+    decode(model, prompt.tolist(), greedy, use_cache=use_cache)  # warm up kernels and allocator
     sync()
     stamps = []
+
+    def stamp(row: int, event) -> None:
+        if row == 0 and event.token_id is not None:
+            sync()
+            stamps.append(time.perf_counter() - start)
+
     start = time.perf_counter()
-    for _ in generate_tokens(model, prompt, new_tokens, use_cache=use_cache):
-        sync()
-        stamps.append(time.perf_counter() - start)
+    decode(model, prompt.tolist(), replace(greedy, max_new_tokens=new_tokens), use_cache=use_cache, on_event=stamp)
     return stamps
 
 

@@ -34,7 +34,7 @@ from data.shakespeare import shakespeare_documents
 from data.tokenizer import token_byte_table, train_tokenizer
 from model import GPT
 from rundir.loading import load_run
-from serving.engine import Engine, Event
+from inference.engine import Engine, Event
 from training.config import load_config
 from benchmarks.serve_throughput import api_settings, ms_quantiles
 

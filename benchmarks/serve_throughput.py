@@ -7,7 +7,7 @@ The same list of requests (Shakespeare prompts, temperature 0.8, top_p 0.95, one
 served by N closed-loop clients for each N in --clients: a client sends its next request when its
 last one has finished. One client is the one-at-a-time baseline. Each level is measured twice:
 
-- engine: ``serving.engine.Engine`` driven in this process, no HTTP;
+- engine: ``inference.engine.Engine`` driven in this process, no HTTP;
 - http: ``serve.py`` in a subprocess on 127.0.0.1, clients streaming Server-Sent Events with httpx.
 
 Reported: generated tokens/s over the level's wall time, its ratio to one client, and p50/p95 time
@@ -33,9 +33,10 @@ from pathlib import Path
 import httpx
 import torch
 
-from model.generation import SamplingSettings, generate_tokens, seeded_generator
+from inference.engine import decode
+from model.generation import SamplingSettings
 from rundir.loading import load_run
-from serving.engine import Engine, Event
+from inference.engine import Engine, Event
 
 PROMPTS = ["ROMEO:", "JULIET:\nO Romeo,", "KING LEAR:\n", "First Citizen:\nBefore we proceed",
            "HAMLET:\nTo be, or not", "MACBETH:\nIs this a dagger", "PORTIA:\nThe quality of mercy",
@@ -72,14 +73,12 @@ def requests(count: int, max_tokens: int) -> list[tuple[str, SamplingSettings]]:
 
 
 def run_generate(run, work) -> float:
-    """Tokens/s of the same requests through generate.py's decoding, one after another, no engine:
-    the fastest way this project has to serve one request at a time (plain one-row products)."""
+    """Tokens/s of the same requests through generate.py's decoding, one after another: the engine
+    stepped on this thread, one row, no server."""
     tokens, start = 0, time.perf_counter()
     for prompt, params in work:
-        ids = torch.tensor([run.tokenizer.encode(prompt).ids])
-        generator = seeded_generator(params.seed)
-        tokens += sum(1 for _ in generate_tokens(run.model, ids, params.max_new_tokens, **params.token_options(),
-                                                 generator=generator))
+        finish, = decode(run.model, [run.tokenizer.encode(prompt).ids], params)
+        tokens += finish.completion_tokens
     return tokens / (time.perf_counter() - start)
 
 

@@ -12,7 +12,14 @@ Face export (as the Jinja template below) and the server all call this module.
 
 The text of a message is encoded with special-token matching off, so a user who types "<|end|>"
 gets those characters, never the control token. Rendering the conversation turn by turn gives
-the same ids as rendering it whole, which is what lets a chat append each turn to its KV cache.
+the same ids as rendering it whole, which is what lets a chat reuse the cache of its earlier turns.
+
+A conversation longer than the model's window is cut by one policy, ``fit_chat``, for every
+surface (the REPL, the server's chat endpoint and its page, SFT preparation): learned positions
+mean a conversation is always read from position 0, so its oldest whole messages are dropped (the
+system prompt is kept) until the rest fits, resuming at a user message. The caller reports
+``FittedChat.dropped``. A conversation whose last exchange alone does not fit is refused
+(``ChatTooLong``) in one line.
 """
 
 from __future__ import annotations
@@ -83,6 +90,10 @@ class ChatTokenIds:
         return cls({role: ids[token] for role, token in ROLE_TOKENS.items()}, ids[END_OF_TURN], ids[END_OF_TEXT])
 
 
+class ChatTooLong(DataError):
+    """Even the system prompt and the last exchange do not fit the window."""
+
+
 @dataclass
 class RenderedChat:
     """Token ids of a conversation, and which of them a fine-tuned model learns to produce.
@@ -148,3 +159,57 @@ def encode_plain(tokenizer: Tokenizer, texts: list[str]) -> list[list[int]]:
         return [e.ids for e in tokenizer.encode_batch(texts, add_special_tokens=False)]
     finally:
         tokenizer.encode_special_tokens = previous
+
+
+@dataclass(frozen=True)
+class FittedChat:
+    """A conversation cut to fit: its rendering, and how many of its oldest messages were dropped
+    (the system prompt is never among them)."""
+
+    chat: RenderedChat
+    dropped: int
+
+    def notice(self, window: int) -> str:
+        """What a surface tells its user when messages were dropped."""
+        return (f"the conversation outgrew the model's {window}-token window: its {self.dropped} oldest "
+                "message(s) were dropped (the system prompt is kept)")
+
+
+def fit_chat(tokenizer: Tokenizer, messages: Sequence[Message], max_tokens: int, *,
+             add_generation_prompt: bool = False, min_tokens: int | None = None) -> FittedChat:
+    """``messages`` rendered within ``max_tokens`` tokens, dropping the fewest oldest whole messages.
+
+    The kept part is the system prompt (when the conversation begins with one) and the most recent
+    messages from a user message on. ``min_tokens`` (<= max_tokens): drop messages until the
+    conversation fits in that many where it can (room for a reply), settling for ``max_tokens``
+    when only the last exchange is left. Raises ChatTooLong when nothing fits."""
+    chat = render_chat(tokenizer, messages, add_generation_prompt)
+    special = ChatTokenIds.of(tokenizer)
+    role_ids = set(special.role.values())
+    # Plain text never encodes to a role token, so each one opens a message.
+    starts = [i for i, token in enumerate(chat.ids) if token in role_ids][:len(messages)] + [len(chat.ids)]
+    first = 1 if messages and messages[0].role == "system" else 0
+    head = starts[first]  # the system prompt, kept whole
+    cuts = [first] + [i for i in range(first + 1, len(messages)) if messages[i].role == "user"]
+    for budget in dict.fromkeys((max_tokens if min_tokens is None else min_tokens, max_tokens)):
+        for cut in cuts:
+            if head + len(chat.ids) - starts[cut] <= budget:
+                kept = slice(starts[cut], None)
+                fitted = RenderedChat(chat.ids[:head] + chat.ids[kept], chat.loss_mask[:head] + chat.loss_mask[kept])
+                return FittedChat(fitted, cut - first)
+    last = len(chat.ids) - starts[cuts[-1]]
+    system = f" and the system prompt {head}" if head else ""
+    raise ChatTooLong(f"the last message is {last} tokens{system}: more than the {max_tokens} tokens the model's "
+                      "window leaves for them; shorten it")
+
+
+# A conversation to be answered leaves this share of the window for the reply where dropping old
+# messages can make the room, so the next turns do not have to drop messages again at once.
+REPLY_ROOM_FRACTION = 0.25
+
+
+def fit_for_reply(tokenizer: Tokenizer, messages: Sequence[Message], window: int) -> FittedChat:
+    """``messages`` and the generation prompt, cut to leave room for a reply in ``window`` tokens:
+    ``REPLY_ROOM_FRACTION`` of it where dropping messages allows, and always at least one token."""
+    room = max(1, int(REPLY_ROOM_FRACTION * window))
+    return fit_chat(tokenizer, messages, window - 1, add_generation_prompt=True, min_tokens=window - room)

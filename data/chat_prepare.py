@@ -3,9 +3,9 @@
 Each conversation is rendered by ``data.chat.render_chat`` (the one chat template) with the
 parent run's tokenizer. Learned absolute positions mean a conversation is always seen from
 position 0, so one that is longer than the window (``block_size + 1`` tokens: inputs plus the
-shifted targets) keeps its system prompt and its most recent whole turns, exactly as a chat does
-at inference when its window fills. One whose last exchange alone does not fit is dropped; both
-are counted.
+shifted targets) is cut by the chat format's one policy (``data.chat.fit_chat``), exactly as a chat
+is at inference when its window fills. One whose last exchange alone does not fit, or that keeps
+no reply to learn from, is dropped; both are counted.
 
 An entry is one ``.npz`` file (no pickles) in ``data.cache_dir``, written atomically and keyed by
 the source, the split settings, the tokenizer's hash and the block size.
@@ -24,7 +24,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from common.files import atomic_output
-from data.chat import ChatTokenIds, Message, RenderedChat, render_chat
+from data.chat import ChatTokenIds, ChatTooLong, Message, fit_chat
 from data.config import DataConfig
 from data.conversations import conversations_spec, load_conversations
 from data.errors import DataError
@@ -72,46 +72,26 @@ class PreparedChat(PreparedTokenizer):
             raise DataError(f"prepared chat data is for block_size {self.meta['block_size']}, not {block_size}")
 
 
-def fit_to_window(chat: RenderedChat, special: ChatTokenIds, roles: list[str], max_tokens: int) -> tuple[RenderedChat | None, bool]:
-    """(``chat`` cut to fit ``max_tokens``, whether turns were cut); None if even the system
-    prompt plus the last exchange does not fit."""
-    if len(chat.ids) <= max_tokens:
-        return chat, False
-    # Plain text never encodes to a role token, so each one starts a turn.
-    role_ids = set(special.role.values())
-    starts = [i for i, token in enumerate(chat.ids) if token in role_ids] + [len(chat.ids)]
-    first = 1 if roles[0] == "system" else 0
-    kept_prefix = starts[first]  # the system prompt, kept whole
-    for turn in range(first + 1, len(roles)):
-        if "assistant" not in roles[turn:]:
-            break
-        if roles[turn] == "assistant":
-            continue  # resume at a user turn, never in the middle of an exchange
-        if kept_prefix + len(chat.ids) - starts[turn] <= max_tokens:
-            keep = slice(starts[turn], None)
-            return RenderedChat(chat.ids[:kept_prefix] + chat.ids[keep], chat.loss_mask[:kept_prefix] + chat.loss_mask[keep]), True
-    return None, False
-
-
 def tokenize_conversations(
     tokenizer: Tokenizer, conversations: list[list[Message]], block_size: int
 ) -> tuple[ChatSplit, dict[str, int]]:
     """Render, fit and pack ``conversations``; with counts of kept, cut and dropped ones."""
-    special = ChatTokenIds.of(tokenizer)
     dtype = token_dtype(tokenizer.get_vocab_size(with_added_tokens=True))
     ids: list[int] = []
     mask: list[bool] = []
     offsets = [0]
     cut = dropped = 0
     for conversation in conversations:
-        rendered = render_chat(tokenizer, conversation)
-        fitted, was_cut = fit_to_window(rendered, special, [m.role for m in conversation], block_size + 1)
-        if fitted is None:
+        try:
+            fitted = fit_chat(tokenizer, conversation, block_size + 1)
+        except ChatTooLong:
+            fitted = None
+        if fitted is None or not any(fitted.chat.loss_mask):  # nothing left to learn from
             dropped += 1
             continue
-        cut += was_cut
-        ids += fitted.ids
-        mask += fitted.loss_mask
+        cut += fitted.dropped > 0
+        ids += fitted.chat.ids
+        mask += fitted.chat.loss_mask
         offsets.append(len(ids))
     split = ChatSplit(np.asarray(ids, dtype=dtype), np.asarray(mask, dtype=bool), np.asarray(offsets, dtype=np.int64))
     stats = {"conversations": len(split), "cut": cut, "dropped": dropped, "tokens": len(ids),

@@ -1,5 +1,7 @@
-"""Sampling text from a trained run (loaded by ``rundir.loading``): ``settings``, ``streaming`` (ids
-to printable text), ``completion`` and ``chat``, and ``cli``, which ``generate.py`` is a thin line over.
+"""Sampling text from a trained run (loaded by ``rundir.loading``): ``engine``, the one decoder (every
+token of generate.py, the chat, training's samples and the server) with its ``prefix_cache``;
+``settings``, ``streaming`` (ids to printable text), ``completion`` and ``chat``, and ``cli``, which
+``generate.py`` is a thin line over.
 
 Nothing is imported here, so ``import inference`` (and ``generate.py --help``) stays instant.
 """

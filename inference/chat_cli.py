@@ -3,8 +3,10 @@
 Interactive: each line typed is a user turn; the reply streams to stdout. Lines starting with a
 command (``/help`` lists them) are not sent to the model. The ``you>`` prompt and notices go to
 stderr (at a terminal the prompt shares the screen with the replies), so stdout holds only the
-replies, one per line. A line that is not UTF-8 is refused and the conversation goes on. With
-``--prompt`` (or ``--prompt-file``) one reply is printed and the command exits.
+replies, one per line. A line that is not UTF-8 is refused and the conversation goes on. Ctrl-C
+during a reply stops it and gives the prompt back, the conversation kept (the reply so far
+included); Ctrl-C at an empty prompt, or Ctrl-D, quits. Notices go out between replies, never
+inside one. With ``--prompt`` (or ``--prompt-file``) one reply is printed and the command exits.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from rundir.loading import LoadedRun
 COMMANDS = {
     "/help": "list these commands",
     "/reset": "start the conversation afresh (the system prompt stays)",
-    "/exit": "leave (so does Ctrl-D, or the end of the input)",
+    "/exit": "leave (so do Ctrl-D, Ctrl-C at an empty prompt, and the end of the input)",
 }
 
 
@@ -32,7 +34,8 @@ def chat_main(args: argparse.Namespace, run: LoadedRun, settings: GenerationSett
         on_notice=lambda message: _tell(f"notice: {message}"),
     )
     if prompt is not None:
-        _reply(session, prompt)
+        if _reply(session, prompt) == "interrupted":
+            raise KeyboardInterrupt  # one reply was all there was to do: exit as interrupted
         return 0
     if not args.quiet:
         _tell(f"chatting with {run.directory} (type a message; /help lists the commands)")
@@ -43,9 +46,14 @@ def chat_main(args: argparse.Namespace, run: LoadedRun, settings: GenerationSett
         except UserError as error:  # a line that is not UTF-8: nothing was sent, carry on
             _tell(f"error: {error}")
             continue
+        except KeyboardInterrupt:
+            if reader.half_typed():  # Ctrl-C over a half-typed line drops the line, as a shell does
+                _tell("")
+                continue
+            text = None
         if text is None:
             if reader.interactive:
-                _tell("")  # Ctrl-D: put the shell prompt back on a line of its own
+                _tell("")  # Ctrl-D or Ctrl-C: put the shell prompt back on a line of its own
             break
         command = text.strip()
         if command == "/exit":
@@ -68,11 +76,15 @@ def check_chat_flags(settings: GenerationSettings, args: argparse.Namespace) -> 
         raise UserError("--chat gives one reply at a time: drop --num-samples, --json and --stop")
 
 
-def _reply(session: ChatSession, text: str) -> None:
+def _reply(session: ChatSession, text: str) -> str:
+    """Stream one reply; its finish reason."""
     reply = session.reply(text, on_text=write_stdout)
     write_stdout("\n")
-    if reply.finish_reason != "end":
+    if reply.finish_reason == "interrupted":
+        _tell("notice: reply stopped (Ctrl-C); the conversation goes on")
+    elif reply.finish_reason != "end":
         _tell("notice: the reply was cut off before the model ended its turn (--max-new-tokens or the window)")
+    return reply.finish_reason
 
 
 def _tell(message: str) -> None:

@@ -1,23 +1,20 @@
-"""From a prompt to streamed continuations: encode, drive ``generate_tokens``, decode, time.
+"""From a prompt to streamed continuations: encode, decode through the engine, time.
 
-``model.generation.generate_tokens`` owns the decoding itself (cache, sampling, the window policy
-past block_size); this module turns its token columns into per-row text as they arrive, applies
-stop strings, and measures time to first token and decode speed.
+``inference.engine`` owns the decoding itself (cache, sampling, stop strings, the window policy
+past block_size); this module asks it for ``num_samples`` rows, hands their text on as it arrives,
+and measures time to first token and decode speed.
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
-from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
-
-import torch
+from dataclasses import dataclass, replace
+from typing import Callable, Sequence
 
 from data.tokenizer import prompt_ids
+from inference.engine import Event, decode
 from inference.settings import GenerationSettings
-from inference.streaming import TextStream
-from model.generation import generate_tokens, new_seed, seeded_generator
+from model.generation import new_seed
 from rundir.loading import LoadedRun
 
 # Called with (row, new_text) whenever a row has text that is safe to print.
@@ -76,66 +73,47 @@ def encode_prompt(run: LoadedRun, prompt: str) -> PromptTokens:
 
 
 def generate_completions(
-    run: LoadedRun, ids: Sequence[int], settings: GenerationSettings,
-    on_text: TextCallback | None = None, *, batch_invariant: bool = False,
+    run: LoadedRun, ids: Sequence[int], settings: GenerationSettings, on_text: TextCallback | None = None,
+    *, batch_invariant: bool = False,
 ) -> GenerationResult:
-    """Sample ``settings.num_samples`` continuations of ``ids`` as one batch (one cache).
-
-    Row i draws from its own generator seeded ``seed + i``, so it equals the single-row run with
-    that seed. Every row's streamed pieces join to its ``Completion.text``. ``batch_invariant``:
-    decode with the serving engine's arithmetic (see ``model.batch_invariant``).
-    """
+    """Sample ``settings.num_samples`` continuations of ``ids`` together, one engine row each
+    (``inference.engine.decode``): row i is seeded ``seed + i``, so it equals the single-row run
+    with that seed. Every row's streamed pieces join to its ``Completion.text``. ``batch_invariant``:
+    the server's arithmetic, so the rows equal its answers bit for bit (off: faster, equal to fp32
+    rounding)."""
     seed = settings.seed if settings.seed is not None else new_seed()
     rows = settings.num_samples
-    idx = torch.tensor([list(ids)] * rows, dtype=torch.long, device=run.device)
-    generators = [seeded_generator(seed + row) for row in range(rows)]
-    streams = [TextStream(run.token_bytes, settings.stop) for _ in range(rows)]
-    start = time.perf_counter()
-    columns = generate_tokens(
-        run.model, idx, settings.max_new_tokens, **settings.token_options(), use_cache=settings.use_cache,
-        generator=generators, batch_invariant=batch_invariant,
-    )
-    tokens, steps, first, last = _stream_columns(columns, streams, on_text)
+    clock = _Clock()
+
+    def on_event(row: int, event: Event) -> None:
+        if event.token_id is not None:
+            clock.tick()
+        if event.text and on_text is not None:
+            on_text(row, event.text)
+
+    finishes = decode(run.model, [ids] * rows, replace(settings, seed=seed), token_bytes=run.token_bytes,
+                      use_cache=settings.use_cache, batch_invariant=batch_invariant, on_event=on_event)
     completions = [
-        Completion(
-            text=stream.text, token_ids=tokens[row], finish_reason="stop" if stream.stopped else "length",
-            seed=None if settings.greedy else seed + row,
-        )
-        for row, stream in enumerate(streams)
+        Completion(text=f.text, token_ids=list(f.token_ids), finish_reason=f.reason,
+                   seed=None if settings.greedy else seed + row)
+        for row, f in enumerate(finishes)
     ]
-    ttft, decode_time = (None, 0.0) if first is None else (first - start, last - first)
+    steps = max(f.completion_tokens for f in finishes)
+    first, last = clock.first, clock.last
+    ttft, decode_time = (None, 0.0) if first is None else (first - clock.start, last - first)
     stats = GenerationStats(rows, steps, time_to_first_token_s=ttft, decode_time_s=decode_time)
     return GenerationResult(completions, stats, seed)
 
 
-def _stream_columns(
-    columns: Iterator[torch.Tensor], streams: list[TextStream], on_text: TextCallback | None
-) -> tuple[list[list[int]], int, float | None, float | None]:
-    """Feed each row's tokens to its stream until every row stops or the columns run out.
+class _Clock:
+    """When the first and the last token came (the engine steps every row together)."""
 
-    Returns (tokens per row, steps taken, time of the first column, time of the last).
-    """
-    tokens: list[list[int]] = [[] for _ in streams]
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.first: float | None = None
+        self.last: float | None = None
 
-    def emit(row: int, text: str) -> None:
-        if text and on_text is not None:
-            on_text(row, text)
-
-    steps, first, last = 0, None, None
-    # closing(): leaving early (all rows stopped, Ctrl-C) frees the generator's KV cache and token
-    # buffer at once rather than whenever the generator is garbage collected.
-    with contextlib.closing(columns):
-        for column in columns:
-            column_ids = column.tolist()  # waits for the device, so the timings are honest
-            last = time.perf_counter()
-            first = first if first is not None else last
-            steps += 1
-            for row, token_id in enumerate(column_ids):
-                if not streams[row].stopped:
-                    tokens[row].append(token_id)
-                    emit(row, streams[row].push(token_id))
-            if all(stream.stopped for stream in streams):
-                break
-    for row, stream in enumerate(streams):
-        emit(row, stream.finish())
-    return tokens, steps, first, last
+    def tick(self) -> None:
+        self.last = time.perf_counter()
+        if self.first is None:
+            self.first = self.last

@@ -53,6 +53,16 @@ class LineReader:
             except ImportError:  # Windows, or a Python built without it: input() still works
                 pass
 
+    def half_typed(self) -> bool:
+        """Whether a line was being typed at the terminal (read after ``read`` was interrupted)."""
+        if not self.terminal:
+            return False
+        try:
+            import readline
+        except ImportError:
+            return False
+        return bool(readline.get_line_buffer())
+
     def read(self) -> str | None:
         """The next line without its line ending; a UserError for a line that is not UTF-8 (the
         line is consumed, so the next ``read`` goes on after it)."""

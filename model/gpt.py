@@ -3,9 +3,10 @@ every block shares, the two attention kinds side by side (grouped-query, and Dee
 latent attention), the block, and the model.
 
 A decoder-only transformer with learned absolute positions, pre-norm RMSNorm blocks with a SwiGLU
-feed-forward, and an LM head tied to the token embedding. The KV cache lives in ``model.kv_cache``;
-sampling and the decode loop in ``model.generation``, which imports this file (never the other way
-round). A decode step therefore reads three files of ``model/``: this one, the cache, and the loop.
+feed-forward, and an LM head tied to the token embedding. The KV cache lives in ``model.kv_cache``,
+sampling in ``model.generation``, and the one decode loop one floor up, in ``inference.engine``
+(whose ``Engine._run_model`` is its only call into this model). A decode step therefore reads this
+file, the cache, the sampler and the engine.
 
 The small-model options of ``GPTConfig`` (ReLU², QK-norm, a logit softcap, residual scalars, value
 embeddings, zero-initialised projections) are all off by default; docs/training.md lists them with

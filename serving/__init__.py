@@ -1,7 +1,6 @@
 """Serving a trained run to many users at once.
 
-- ``serving.engine``: the inference engine. One background loop owns the model and a KV cache of
-  ``max_batch`` rows, and schedules every token (continuous batching). Usable without a socket.
+- ``inference.engine`` (one floor down) schedules every token; the server drives it from its thread.
 - ``serving.schemas``: the OpenAI request bodies, as typed models.
 - ``serving.api``: the FastAPI app: OpenAI requests -> engine requests, engine events -> JSON/SSE.
 - ``serving.cli``: the ``serve.py`` command line.

@@ -3,7 +3,10 @@
 Routes: ``GET /`` (the chat page, ``chat.html``), ``GET /health``, ``GET /v1/models``,
 ``POST /v1/completions``, ``POST /v1/chat/completions``. Every refusal is an OpenAI error body with a 4xx status (an unknown route or method and an
 over-size body included), and the server goes on serving. Text streams as Server-Sent Events, one
-chunk per piece of whole characters, ending ``data: [DONE]``. A client that goes away mid-request
+chunk per piece of whole characters, ending ``data: [DONE]``. A chat longer than the model's window
+is cut by the chat format's policy (``data.chat.fit_for_reply``: the oldest whole messages go, the
+system prompt stays) and answered; the ``X-Dropped-Messages`` header of every chat response says
+how many were left out, and the reply ends where the window is full. A client that goes away mid-request
 cancels it, streaming or not, which frees its row in the engine. Each request ends with one line on
 the ``serving.access`` logger: method, path, status, tokens in and out, and time.
 """
@@ -27,12 +30,12 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from data.chat import ChatTokenIds, render_chat, to_messages
+from data.chat import ChatTokenIds, ChatTooLong, fit_for_reply, to_messages
 from data.errors import DataError
 from inference.completion import encode_prompt
 from model.generation import SamplingSettings
 from rundir.loading import LoadedRun
-from serving.engine import Engine, EngineBusy, Event, Finish, Ticket
+from inference.engine import Engine, EngineBusy, Event, Finish, Ticket
 from serving.logprobs import ReplyLogprobs
 from serving.schemas import (Body, ChatCompletionRequest, CompletionRequest, RequestError, ServerRules, _Common,
                              error_body, parse_request)
@@ -125,7 +128,7 @@ class _Service:
 
     def submit(
         self, prompt_ids: list[int], params: SamplingSettings, end_ids: list[int], logprobs: int | None = None,
-        echo: bool = False,
+        echo: bool = False, slide: bool = True,
     ) -> tuple[Ticket, asyncio.Queue]:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Event] = asyncio.Queue()
@@ -135,7 +138,8 @@ class _Service:
                 loop.call_soon_threadsafe(queue.put_nowait, event)
 
         try:
-            ticket = self.engine.submit(prompt_ids, params, on_event, end_ids=end_ids, logprobs=logprobs, echo=echo)
+            ticket = self.engine.submit(prompt_ids, params, on_event, end_ids=end_ids, logprobs=logprobs, echo=echo,
+                                        slide=slide)
         except EngineBusy:
             raise ApiError(503, "the server is busy: every row and the waiting queue are full; retry "
                            "shortly", kind="server_busy", code="overloaded",
@@ -218,20 +222,23 @@ def create_app(run: LoadedRun, engine: Engine, *, model_id: str, limits: Limits 
         if service.chat_ids is None:
             raise ApiError(400, f"this run cannot chat: {service.no_chat_reason}; /v1/completions "
                            "still works", param="messages", code="chat_not_supported")
-        chars = sum(len(m.content) for m in body.messages)
-        service.check_length(chars, None, "messages")
+        if body.messages:  # a last message that cannot fit is refused before the tokenizer spends time on it
+            service.check_length(len(body.messages[-1].content), None, "messages")
         try:
             messages = to_messages([{"role": m.role, "content": m.content} for m in body.messages])
+            fitted = fit_for_reply(run.tokenizer, messages, run.block_size)
+        except ChatTooLong as error:
+            raise ApiError(400, str(error), param="messages", code="context_length_exceeded") from None
         except DataError as error:
             raise ApiError(400, str(error), param="messages") from None
-        ids = render_chat(run.tokenizer, messages, add_generation_prompt=True).ids
-        service.check_length(chars, len(ids), "messages")
         # The chat rule (data.chat.ChatTokenIds): role tokens never sampled, end tokens never shown.
         params = _settings(body, suppress_ids=service.chat_ids.suppress_ids)
         top = (body.top_logprobs or 0) if body.logprobs else None
-        ticket, queue = service.submit(ids, params, list(service.chat_ids.reply_end_ids), top)
+        ids = fitted.chat.ids
+        ticket, queue = service.submit(ids, params, list(service.chat_ids.reply_end_ids), top, slide=False)
         reply = _Reply("chatcmpl", "chat.completion", model_id, ids,
-                       ReplyLogprobs(run.token_bytes, body.logprobs, chat=True, hidden=service.chat_ids.reply_end_ids))
+                       ReplyLogprobs(run.token_bytes, body.logprobs, chat=True, hidden=service.chat_ids.reply_end_ids),
+                       headers={"X-Dropped-Messages": str(fitted.dropped)})
         return await _answer(request, body, reply, ticket, queue)
 
     return app
@@ -260,11 +267,12 @@ class _Reply:
     it has counted so far (for the access log). ``echo``: the prompt text a completion begins with."""
 
     def __init__(self, prefix: str, kind: str, model_id: str, prompt_ids: list[int], logprobs: ReplyLogprobs,
-                 *, echo: str = "") -> None:
+                 *, echo: str = "", headers: dict[str, str] | None = None) -> None:
         self.id = f"{prefix}-{uuid.uuid4().hex}"
         self.kind, self.model_id, self.chat = kind, model_id, logprobs.chat
         self.created = int(time.time())
         self.prompt_ids, self.logprobs, self.echo = prompt_ids, logprobs, echo
+        self.headers = headers or {}  # sent with the response, streamed or whole
         self.prompt_tokens, self.completion_tokens = len(prompt_ids), 0
 
     def _envelope(self, kind: str, choices: list[dict]) -> dict:
@@ -315,21 +323,21 @@ class _Reply:
             ticket.cancel()  # the client left (or we are done): free the row at once
 
 
-def _sse(chunks: AsyncIterator[dict]) -> StreamingResponse:
+def _sse(chunks: AsyncIterator[dict], headers: dict[str, str]) -> StreamingResponse:
     async def lines() -> AsyncIterator[str]:
         async for chunk in chunks:
             yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
         yield "data: [DONE]\n\n"
 
     return StreamingResponse(lines(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers})
 
 
 async def _answer(request: Request, body: _Common, reply: _Reply, ticket: Ticket, queue: asyncio.Queue):
     request.state.reply = reply  # the access log reads its token counts
     if body.stream:
-        return _sse(reply.stream(ticket, queue, _include_usage(body)))
-    return reply.body(await _wait_for_finish(request, reply, ticket, queue))
+        return _sse(reply.stream(ticket, queue, _include_usage(body)), reply.headers)
+    return JSONResponse(reply.body(await _wait_for_finish(request, reply, ticket, queue)), headers=reply.headers)
 
 
 async def _wait_for_finish(request: Request, reply: _Reply, ticket: Ticket, queue: asyncio.Queue) -> Finish:

@@ -26,7 +26,7 @@ from common.threads import add_threads_argument, parse_threads, use_threads
 from model import GPT
 from rundir.loading import find_latest_run, load_run
 from serving.api import Limits, access_log, create_app
-from serving.engine import DEFAULT_PREFILL_CHUNK, Engine
+from inference.engine import DEFAULT_PREFILL_CHUNK, Engine
 
 _EPILOG = """\
 endpoints:

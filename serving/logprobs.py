@@ -20,7 +20,7 @@ from __future__ import annotations
 import codecs
 from collections.abc import Sequence
 
-from serving.engine import Event, Finish, TokenLogprob
+from inference.engine import Event, Finish, TokenLogprob
 
 
 def token_text(token_bytes: bytes) -> str:

@@ -16,7 +16,8 @@ from tqdm.auto import tqdm
 from common.errors import UserError
 from data import bits_per_byte, iter_val_batches, target_nats_and_bytes
 from data.tokenizer import prompt_ids
-from model.generation import SamplingSettings, generate
+from inference.engine import decode
+from model.generation import SamplingSettings
 from model.gpt import eval_mode
 from training.distributed import DistContext, all_reduce_sum
 
@@ -108,23 +109,19 @@ def score_batches(
     )
 
 
-@torch.no_grad()
 def generate_sample(
     model: Any,
     tokenizer: Any,
     prompt: str,
     settings: SamplingSettings,
-    *,
-    device: torch.device,
 ) -> str:
-    """Continue ``prompt`` through the KV-cache generation path; returns prompt + continuation.
+    """Continue ``prompt`` through the engine; returns prompt + continuation.
 
-    A private generator with a fixed seed makes the sample a function of the weights alone (so
-    samples at the same step of a resumed and an uninterrupted run match) and leaves the
-    training RNG untouched.
+    The engine's seeding rule (a private generator seeded ``settings.seed``) makes the sample a
+    function of the weights alone (so samples at the same step of a resumed and an uninterrupted
+    run match) and leaves the training RNG untouched.
     """
-    idx = torch.tensor([prompt_ids(tokenizer, prompt)], dtype=torch.long, device=device)
-    generator = torch.Generator(device=device).manual_seed(settings.seed)
+    ids = prompt_ids(tokenizer, prompt)
     with eval_mode(model):
-        out = generate(model, idx, settings.max_new_tokens, **settings.token_options(), generator=generator)
-    return tokenizer.decode(out[0].tolist())
+        finish, = decode(model, [ids], settings)
+    return tokenizer.decode(ids[-model.config.block_size:] + list(finish.token_ids))

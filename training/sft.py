@@ -19,7 +19,8 @@ from torch import nn
 
 from data.chat_batches import iter_chat_val_batches
 from data.chat_prepare import ChatSplit
-from model.generation import SamplingSettings, generate
+from inference.engine import decode
+from model.generation import SamplingSettings
 from model.gpt import eval_mode
 from training.distributed import all_reduce_sum
 from training.evaluate import EvalResult, score_batches, validation_bar
@@ -84,29 +85,21 @@ def evaluate_chat(
     return score_batches(model, batches, token_bytes, device=device, amp=amp, ctx=ctx)
 
 
-@torch.no_grad()
 def chat_reply_samples(
     model: Any, tokenizer: Any, split: ChatSplit, end_id: int, settings: SamplingSettings, *, count: int,
-    device: torch.device,
 ) -> list[tuple[str, str]]:
     """(prompt, reply) for the first reply of ``count`` held-out conversations spread over the split.
 
-    A private generator keeps the samples a function of the weights alone.
+    One engine call decodes them together, sample i seeded ``settings.seed + i`` (the engine's
+    rule), so the samples are a function of the weights alone. A reply ends at ``end_id`` (kept)
+    or where the window is full, as a chat's does.
     """
     rows = sorted({round(i * (len(split) - 1) / max(count - 1, 1)) for i in range(count)})
-    generator = torch.Generator(device=device).manual_seed(settings.seed)
-    samples = []
+    prompts = [p for p in map(split.first_reply_prompt, rows) if len(p) < model.config.block_size]
+    if not prompts:
+        return []
     with eval_mode(model):
-        for row in rows:
-            prompt = split.first_reply_prompt(row)
-            room = model.config.block_size - len(prompt)
-            if room < 1:
-                continue
-            idx = torch.tensor([prompt], dtype=torch.long, device=device)
-            new = min(settings.max_new_tokens, room)
-            out = generate(model, idx, new, **settings.token_options(), generator=generator)
-            reply = out[0, len(prompt):].tolist()
-            if end_id in reply:
-                reply = reply[: reply.index(end_id) + 1]
-            samples.append((tokenizer.decode(prompt, skip_special_tokens=False), tokenizer.decode(reply, skip_special_tokens=False)))
-    return samples
+        finishes = decode(model, prompts, settings, end_ids=[end_id], slide=False)
+    return [(tokenizer.decode(prompt, skip_special_tokens=False),
+             tokenizer.decode(list(finish.token_ids), skip_special_tokens=False))
+            for prompt, finish in zip(prompts, finishes)]

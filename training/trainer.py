@@ -569,9 +569,8 @@ class Trainer:
                                     top_k=ec.sample_top_k, top_p=None, seed=ec.sample_seed)
         if self.chat:
             end_id = self.tokenizer.token_to_id("<|end|>")
-            return chat_reply_samples(self.model, self.tokenizer, self.chat.val, end_id, settings, count=4,
-                                      device=self.device)
-        text = generate_sample(self.model, self.tokenizer, ec.sample_prompt, settings, device=self.device)
+            return chat_reply_samples(self.model, self.tokenizer, self.chat.val, end_id, settings, count=4)
+        text = generate_sample(self.model, self.tokenizer, ec.sample_prompt, settings)
         return [(ec.sample_prompt, text)]
 
     def _save(self) -> None:

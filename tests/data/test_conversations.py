@@ -11,9 +11,9 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from data.chat import ChatTokenIds, Message, render_chat
+from data.chat import ChatTokenIds, ChatTooLong, FittedChat, Message, fit_chat, fit_for_reply, render_chat
 from data.chat_batches import ChatBatches, collate
-from data.chat_prepare import fit_to_window, tokenize_conversations
+from data.chat_prepare import tokenize_conversations
 from data.config import DataConfig, FilesSourceConfig
 from data.conversations import load_conversations
 from data.errors import DataError
@@ -86,16 +86,32 @@ def test_shakespeare_chat_holds_out_the_plays_pretraining_holds_out():
     assert [Message("user", "Who's there?"), Message("assistant", "Nay, answer me: stand, and unfold yourself.")] == hamlet[0][1:]
 
 
+def test_a_conversation_to_answer_leaves_a_quarter_window_for_the_reply_where_dropping_can(tokenizer):
+    messages = [Message("system", "Be brief."), Message("user", "one two three four"),
+                Message("assistant", "five six seven eight"), Message("user", "nine")]
+    whole = render_chat(tokenizer, messages, add_generation_prompt=True)
+    last = render_chat(tokenizer, [messages[0], messages[3]], add_generation_prompt=True)
+    window = len(whole.ids) + 1  # the whole conversation fits, but leaves one token for the reply
+    assert window - len(last.ids) >= window // 4  # and dropping the first exchange leaves a quarter
+    assert fit_for_reply(tokenizer, messages, window) == FittedChat(last, 2)
+    # When the last exchange alone leaves less than a quarter, it is kept with what room there is.
+    assert fit_for_reply(tokenizer, messages[:1] + messages[3:], len(last.ids) + 1) == FittedChat(last, 0)
+    with pytest.raises(ChatTooLong):
+        fit_for_reply(tokenizer, messages, len(last.ids))
+
+
 def test_a_long_conversation_keeps_its_system_prompt_and_most_recent_whole_turns(tokenizer):
-    special = ChatTokenIds.of(tokenizer)
     messages = [Message("system", "Be brief."), Message("user", "one two three"), Message("assistant", "four five six"),
                 Message("user", "seven"), Message("assistant", "eight")]
     whole = render_chat(tokenizer, messages)
     expected = render_chat(tokenizer, [messages[0], *messages[3:]])
-    fitted, cut = fit_to_window(whole, special, [m.role for m in messages], len(expected.ids))
-    assert cut and fitted.ids == expected.ids and fitted.loss_mask == expected.loss_mask
-    assert fit_to_window(whole, special, [m.role for m in messages], len(whole.ids)) == (whole, False)
-    assert fit_to_window(whole, special, [m.role for m in messages], len(expected.ids) - 1) == (None, False)
+    fitted = fit_chat(tokenizer, messages, len(expected.ids))
+    assert fitted.dropped == 2 and fitted.chat == expected
+    assert fit_chat(tokenizer, messages, len(whole.ids)) == FittedChat(whole, 0)
+    system = len(render_chat(tokenizer, messages[:1]).ids)
+    with pytest.raises(ChatTooLong, match=f"the last message is {len(expected.ids) - system} tokens and the "
+                                          f"system prompt {system}: more than the {len(expected.ids) - 1} tokens"):
+        fit_chat(tokenizer, messages, len(expected.ids) - 1)
     split, stats = tokenize_conversations(tokenizer, [messages, messages], len(expected.ids) - 1)
     assert (stats["conversations"], stats["cut"]) == (2, 2)
     split, stats = tokenize_conversations(tokenizer, [messages], len(expected.ids) - 2)

@@ -1,5 +1,5 @@
 """generate.py --chat: a conversation through the KV cache equals full recomputation, the window
-policy keeps whole recent turns, and the command line's REPL, one-shot mode and errors."""
+policy keeps whole recent messages, and the command line's REPL, one-shot mode, Ctrl-C and errors."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from data.chat import Message, render_chat
-from run_testkit import CORPUS, build_model
+from run_testkit import CORPUS, build_model, build_run
 from inference.chat import ChatSession
 from inference.cli import main
 from inference.settings import GenerationSettings
@@ -36,34 +36,33 @@ def test_multi_turn_chat_through_the_cache_equals_full_recomputation(loaded_run,
     cached, cached_notices, session = _conversation(loaded_run, use_cache=True, **settings)
     recomputed, recomputed_notices, reference = _conversation(loaded_run, use_cache=False, **settings)
     assert cached == recomputed
-    # A 32-token window cannot hold five exchanges: the oldest turns were dropped, the same way.
+    # A 32-token window cannot hold five exchanges: the oldest messages were dropped, the same way.
     assert cached_notices == recomputed_notices and cached_notices
-    assert session.window == reference.window and len(session.window) <= loaded_run.block_size + 1
+    assert all("oldest message(s) were dropped (the system prompt is kept)" in n for n in cached_notices)
+    assert session.messages == reference.messages
     assert session.tokens_encoded < reference.tokens_encoded
-    # What is left is whole turns: the last exchanges, each starting with its role token.
-    assert session.window == [t for turn in session.turns for t in turn]
-    roles = set(session.special.role.values())
-    assert all(turn[0] in roles for turn in session.turns) and len(session.turns) < 2 * len(MESSAGES) + 1
+    # What is left is whole exchanges, the most recent ones, each a user message and its reply.
+    kept = session.messages
+    assert 2 <= len(kept) < 2 * len(MESSAGES) and [m.role for m in kept] == ["user", "assistant"] * (len(kept) // 2)
+    assert [m.content for m in kept[::2]] == MESSAGES[-len(kept) // 2:]
 
 
-def test_turns_are_appended_to_the_cache_not_re_encoded(loaded_run):
+def test_earlier_turns_come_from_the_prefix_cache_not_re_encoded(loaded_run):
     model = build_model(loaded_run.model.config.vocab_size, block_size=256)
     run = LoadedRun(loaded_run.directory, model, loaded_run.tokenizer, loaded_run.token_bytes, loaded_run.eot_id,
                     torch.device("cpu"))
-    replies, notices, session = _conversation(run, use_cache=True, temperature=0, max_new_tokens=6)
+    _, notices, session = _conversation(run, use_cache=True, temperature=0, max_new_tokens=6)
     assert not notices
-    # Every position was run through the model exactly once, and the window is the template's
-    # rendering of the whole conversation so far.
-    assert session.tokens_encoded == session.cache.lengths[0]
-    # The window is the template's rendering of the conversation: each user turn, then the reply's
-    # ids, closed by <|end|> (in place of the <|end|> or <|endoftext|> that ended the reply, or
-    # added when the reply was cut off by max_new_tokens).
-    tokenizer, ends = run.tokenizer, session.special.reply_end_ids
-    expected = render_chat(tokenizer, [Message("system", "You are JULIET.")]).ids
-    for message, reply in zip(MESSAGES, replies):
-        expected += render_chat(tokenizer, [Message("user", message)], add_generation_prompt=True).ids
-        expected += [*(reply[:-1] if reply[-1] in ends else reply), session.special.end]
-    assert session.window == expected == [t for turn in session.turns for t in turn]
+    # The conversation kept is each user message and its reply, in order.
+    assert [m.content for m in session.messages[::2]] == MESSAGES
+    assert [m.role for m in session.messages[1::2]] == ["assistant"] * len(MESSAGES)
+    # Each turn's prompt begins with the last one's: its whole pages are copied, the rest encoded.
+    system = [Message("system", "You are JULIET.")]
+    prompts = [len(render_chat(run.tokenizer, [*system, *session.messages[:2 * i], Message("user", m)],
+                               add_generation_prompt=True).ids) for i, m in enumerate(MESSAGES)]
+    page = session.engine.prefill_chunk
+    reused = sum(page * (before // page) for before in prompts[:-1])
+    assert reused > 0 and session.tokens_encoded == sum(prompts) - reused
 
 
 def cli(capsys, *argv) -> tuple[int, str, str]:
@@ -85,7 +84,7 @@ def test_one_shot_prints_one_reply(capsys, run_dir, loaded_run):
     [
         (["--chat", "--num-samples", "2", "--prompt", "hi"], "--chat gives one reply at a time"),
         (["--system", "You are X.", "--prompt", "hi"], "--system needs --chat"),
-        (["--chat", "--prompt", "x" * 200], "does not fit the model's 32-token window"),
+        (["--chat", "--prompt", "x" * 200], "tokens: more than the 31 tokens the model's window leaves for them"),
     ],
 )
 def test_chat_user_errors_are_one_line(capsys, run_dir, argv, fragment):
@@ -192,3 +191,84 @@ def test_at_a_terminal_lines_are_edited_recalled_and_ctrl_d_ends_the_line(run_di
     assert "^[[A" not in shown and "Traceback" not in shown
     assert shown.count(MESSAGES[0]) == 2, shown  # typed once, recalled once
     assert shown.endswith("you> \n"), shown  # Ctrl-D leaves the shell prompt on a fresh line
+
+
+def test_ctrl_c_in_a_reply_stops_it_and_keeps_what_was_said(loaded_run):
+    session = ChatSession(loaded_run, GenerationSettings(temperature=0, max_new_tokens=9), system_prompt="You are JULIET.")
+    whole = ChatSession(loaded_run, GenerationSettings(temperature=0, max_new_tokens=9),
+                        system_prompt="You are JULIET.").reply(MESSAGES[0])
+    shown: list[str] = []
+
+    def interrupt_after_two_pieces(text: str) -> None:
+        shown.append(text)
+        if text and len([t for t in shown if t]) == 2:
+            raise KeyboardInterrupt
+
+    stopped = session.reply(MESSAGES[0], on_text=interrupt_after_two_pieces)
+    assert stopped.finish_reason == "interrupted" and stopped.text == "".join(shown)
+    assert whole.text.startswith(stopped.text) and len(stopped.token_ids) < len(whole.token_ids)
+    assert session.messages == [Message("user", MESSAGES[0]), Message("assistant", stopped.text)]
+    assert session.engine.active == 0  # the row is free: the next turn is answered
+    assert session.reply(MESSAGES[1]).finish_reason in ("end", "length")
+
+
+@pytest.fixture(scope="module")
+def endless_run_dir(tmp_path_factory, tokenizer_path) -> Path:
+    """A run whose replies never end by themselves: only the 2048-token window stops them."""
+    return build_run(tmp_path_factory.mktemp("runs") / "endless", Tokenizer.from_file(str(tokenizer_path)),
+                     block_size=2048, never_predicts=("<|end|>", "<|endoftext|>"))
+
+
+def _read_more(fd: int, seen: bytearray, count: int, timeout: float = 60.0) -> None:
+    """Read the terminal into ``seen`` until ``count`` more bytes have come."""
+    import select
+
+    goal = len(seen) + count
+    while len(seen) < goal:
+        ready, _, _ = select.select([fd], [], [], timeout)
+        assert ready, f"timed out; the terminal shows {bytes(seen)[-500:]!r}"
+        seen += os.read(fd, 4096)
+
+
+@pytest.mark.e2e  # a real generate.py at a real terminal: seconds to start
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs a pseudo-terminal (pty.fork)")
+def test_at_a_terminal_ctrl_c_stops_the_reply_and_ctrl_c_at_an_empty_prompt_quits(endless_run_dir):
+    import pty
+    import signal
+    import time
+
+    command = [sys.executable, str(REPO / "generate.py"), "--run", str(endless_run_dir), "--chat", "--temperature",
+               "0", "--max-new-tokens", "100000"]
+    env = dict(os.environ, TERM="xterm", INPUTRC=os.devnull, PYTHONUNBUFFERED="1")
+    pid, controller = pty.fork()  # the child's controlling terminal: Ctrl-C there is its SIGINT
+    if pid == 0:
+        os.chdir(REPO)
+        os.execve(sys.executable, command, env)
+    seen = bytearray()
+    try:
+        _read_until(controller, b"you> ", seen, 1)
+        for turn, message in enumerate(MESSAGES[:2], start=1):
+            os.write(controller, message.encode() + b"\r")
+            _read_until(controller, message.encode(), seen, 1)  # the line, echoed
+            _read_more(controller, seen, 40)  # the reply is streaming
+            os.write(controller, b"\x03")
+            _read_until(controller, b"reply stopped (Ctrl-C)", seen, turn)
+            _read_until(controller, b"you> ", seen, turn + 1)
+        # At an empty prompt: quit. Not the instant the prompt shows: CPython's readline loop checks
+        # for a signal only when its select() is interrupted, so a SIGINT landing between drawing the
+        # prompt and that select() waits for the next key; a person is never that quick.
+        time.sleep(0.5)
+        os.write(controller, b"\x03")
+        _read_until(controller, b"\0never", seen, 1)  # to the end of the output
+        _, status = os.waitpid(pid, 0)
+        pid = 0
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        if pid:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        os.close(controller)
+    shown = bytes(seen).replace(b"\r", b"").decode(errors="replace")
+    assert "Traceback" not in shown and "KeyboardInterrupt" not in shown, shown[-2000:]
+    # Each notice starts a line of its own, after the stopped text, and the prompt comes back.
+    assert shown.count("\nnotice: reply stopped (Ctrl-C); the conversation goes on\nyou> ") == 2, shown[-2000:]

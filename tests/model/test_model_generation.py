@@ -1,12 +1,13 @@
-"""generate_tokens / generate: cached == uncached token for token, greedy and sampled,
-within and past block_size, batched and single."""
+"""The engine's synchronous ``decode``: cached == uncached (the whole window recomputed for every
+token) token for token, greedy and sampled, within and past block_size, batched and single."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from model.generation import generate, generate_tokens
+from inference.engine import decode
+from model.generation import KEEP_FRACTION, SamplingSettings
 from run_testkit import ALL_OPTIONS
 
 SAMPLING = dict(temperature=0.9, top_k=40, top_p=0.95, repetition_penalty=1.3)
@@ -16,12 +17,18 @@ def prompt(batch: int, length: int, seed: int = 0, vocab: int = 97) -> torch.Ten
     return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
 
 
-def gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
+def generate(model, idx: torch.Tensor, max_new_tokens: int, *, seed: int = 0, use_cache: bool = True,
+             keep_fraction: float = KEEP_FRACTION, **sampling) -> torch.Tensor:
+    """``idx`` (B, T) followed by the tokens ``decode`` gives each row (row i seeded seed + i);
+    greedy unless ``sampling`` says otherwise."""
+    settings = SamplingSettings(max_new_tokens=max_new_tokens, **{"temperature": 0.0, "top_p": None, **sampling},
+                                seed=seed)
+    finishes = decode(model, idx.tolist(), settings, use_cache=use_cache, keep_fraction=keep_fraction)
+    return torch.cat([idx, torch.tensor([f.token_ids for f in finishes])], dim=1)
 
 
 def test_greedy_equals_a_plain_argmax_loop(make_model):
-    """Independent of generate_tokens: recompute the whole sequence and take the argmax."""
+    """Independent of the engine: recompute the whole sequence and take the argmax."""
     model = make_model(seed=1, block_size=80)
     seq = prompt(2, 6)
     out = generate(model, seq, 70)
@@ -45,10 +52,10 @@ def test_greedy_cached_equals_uncached(make_model, overrides):
 def test_seeded_sampling_cached_equals_uncached(make_model):
     model = make_model(seed=4, block_size=80)
     idx = prompt(1, 5, seed=5)
-    cached = generate(model, idx, 64, **SAMPLING, use_cache=True, generator=gen(11))
-    uncached = generate(model, idx, 64, **SAMPLING, use_cache=False, generator=gen(11))
+    cached = generate(model, idx, 64, **SAMPLING, use_cache=True, seed=11)
+    uncached = generate(model, idx, 64, **SAMPLING, use_cache=False, seed=11)
     assert torch.equal(cached, uncached)
-    other_seed = generate(model, idx, 64, **SAMPLING, use_cache=True, generator=gen(12))
+    other_seed = generate(model, idx, 64, **SAMPLING, use_cache=True, seed=12)
     assert not torch.equal(cached, other_seed)
 
 
@@ -59,8 +66,7 @@ def test_past_block_size_cached_equals_uncached(make_model, keep_fraction, sampl
     idx = prompt(2, 5, seed=7)
     kwargs = dict(SAMPLING) if sampled else {}
     runs = [
-        generate(model, idx, 48, **kwargs, use_cache=use_cache, keep_fraction=keep_fraction,
-                       generator=[gen(21), gen(22)])
+        generate(model, idx, 48, **kwargs, use_cache=use_cache, keep_fraction=keep_fraction, seed=21)
         for use_cache in (True, False)
     ]
     assert runs[0].shape == (2, 5 + 48)
@@ -97,45 +103,21 @@ def test_batch_rows_equal_single_rows(make_model):
     model = make_model(seed=12, block_size=40)
     idx = prompt(3, 6, seed=13)
     greedy = generate(model, idx, 30)
-    sampled = generate(model, idx, 30, **SAMPLING, generator=[gen(100 + i) for i in range(3)])
+    sampled = generate(model, idx, 30, **SAMPLING, seed=100)
     for row in range(3):
         assert torch.equal(greedy[row:row + 1], generate(model, idx[row:row + 1], 30))
-        single = generate(model, idx[row:row + 1], 30, **SAMPLING, generator=gen(100 + row))
+        single = generate(model, idx[row:row + 1], 30, **SAMPLING, seed=100 + row)
         assert torch.equal(sampled[row:row + 1], single)
 
 
-def test_generate_tokens_streams_one_column_per_step(make_model):
+def test_decode_streams_one_event_per_token_of_each_row(make_model):
     model = make_model(seed=14)
     idx = prompt(2, 4, seed=15)
-    steps = list(generate_tokens(model, idx, 9))
-    assert len(steps) == 9 and all(s.shape == (2,) and s.dtype == torch.long for s in steps)
-    assert torch.equal(torch.stack(steps, dim=1), generate(model, idx, 9)[:, 4:])
-    assert list(generate_tokens(model, idx, 0)) == []
+    events: list[tuple[int, int | None]] = []
+    finishes = decode(model, idx.tolist(), SamplingSettings(max_new_tokens=9, temperature=0.0),
+                      on_event=lambda row, event: events.append((row, event.token_id)))
+    for row, finish in enumerate(finishes):
+        assert [t for r, t in events if r == row] == list(finish.token_ids)
+        assert finish.reason == "length" and finish.token_ids == tuple(generate(model, idx, 9)[row, 4:].tolist())
+    assert all(f.token_ids == () for f in decode(model, idx.tolist(), SamplingSettings(max_new_tokens=0)))
     assert not torch.is_inference_mode_enabled()
-
-
-@pytest.mark.parametrize(
-    "kwargs, message",
-    [
-        (dict(max_new_tokens=-1), "max_new_tokens must be an integer >= 0"),
-        (dict(keep_fraction=0.0), r"keep_fraction must be in \(0, 1\]"),
-        (dict(temperature=-1.0), "temperature must be a finite number >= 0"),
-        (dict(top_k=0), "top_k must be a positive integer"),
-        (dict(top_p=1.5), r"top_p must be in \(0, 1\]"),
-        (dict(repetition_penalty=0.0), "repetition_penalty must be a finite number > 0"),
-        (dict(generator=[torch.Generator()] * 2), "got 2 generators for 1 rows"),
-    ],
-)
-def test_bad_arguments_raise_before_iteration(make_model, kwargs, message):
-    model = make_model()
-    kwargs = {"max_new_tokens": 5, **kwargs}
-    with pytest.raises(ValueError, match=message):
-        generate_tokens(model, prompt(1, 3), **kwargs)  # no next(): raised at call time
-
-
-def test_empty_or_malformed_prompt_raises(make_model):
-    model = make_model()
-    with pytest.raises(ValueError, match="non-empty"):
-        generate(model, torch.zeros(1, 0, dtype=torch.long), 3)
-    with pytest.raises(ValueError, match="LongTensor"):
-        generate(model, torch.zeros(1, 3, dtype=torch.int32), 3)

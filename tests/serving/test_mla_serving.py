@@ -17,7 +17,7 @@ from model.generation import SamplingSettings
 from rundir.loading import load_run
 from run_testkit import MLA_OPTIONS, build_run, chat_tokenizer
 from server_process import running_server
-from serving.engine import Engine
+from inference.engine import Engine
 
 openai = pytest.importorskip("openai")
 

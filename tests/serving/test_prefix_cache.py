@@ -19,8 +19,8 @@ import torch
 from rundir.loading import load_run
 from server_process import rss_bytes, running_server
 from run_testkit import build_run, chat_tokenizer
-from serving.engine import Engine
-from serving.prefix_cache import PrefixCache, page_cost
+from inference.engine import Engine
+from inference.prefix_cache import PrefixCache, page_cost
 from test_engine import Collector, api_settings
 
 BLOCK = 256

@@ -114,9 +114,13 @@ def test_chat_uses_the_chat_template_and_ends_at_end_of_turn(client, chat_run):
     reply = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=60, temperature=0.0)
     ids = render_chat(chat_run.tokenizer, to_messages(messages), add_generation_prompt=True).ids
     special = ChatTokenIds.of(chat_run.tokenizer)
-    # The chat rule: role tokens never sampled (this untrained model would pick one within 60 tokens).
-    expected = reference(chat_run, ids, max_new_tokens=60, temperature=0.0, suppress_ids=special.suppress_ids)
-    assert reference(chat_run, ids, max_new_tokens=60, temperature=0.0).token_ids != expected.token_ids
+    # The chat rule: role tokens never sampled (this untrained model would pick one within 60 tokens),
+    # and the reply ends where the window is full.
+    ruled = reference(chat_run, ids, max_new_tokens=60, temperature=0.0, suppress_ids=special.suppress_ids)
+    assert reference(chat_run, ids, max_new_tokens=60, temperature=0.0).token_ids != ruled.token_ids
+    room = chat_run.block_size - len(ids)
+    expected = reference(chat_run, ids, max_new_tokens=room, temperature=0.0, suppress_ids=special.suppress_ids)
+    assert expected.token_ids == ruled.token_ids[:room]
     end = set(special.reply_end_ids)
     cut = next((i for i, t in enumerate(expected.token_ids) if t in end), None)
     choice = reply.choices[0]

@@ -10,7 +10,7 @@ import time
 import httpx
 from server_process import rss_bytes, running_server
 from model.generation import SamplingSettings
-from serving.engine import Engine
+from inference.engine import Engine
 
 CLIENTS = 32
 REQUESTS = 300

@@ -1,9 +1,12 @@
-"""The inference engine: many requests decoded together through one KV cache (continuous batching).
+"""The engine: the one place a token is scheduled and sampled, for every caller.
 
-One background thread owns the model and a ``KVCache`` of ``max_batch`` rows, each filled to its own
-length. Each iteration of its loop schedules every token:
+generate.py (one row or ``--num-samples``), the chat REPL, training's and SFT's samples and the
+server all decode here. A command line steps it on its own thread (``decode``, or ``submit`` then
+``run_until_idle``); the server runs ``start()``'s background loop, which steps it as requests come.
+It owns the model and a ``KVCache`` of ``max_batch`` rows, each filled to its own length. Each
+iteration (``step``) schedules every token:
 
-1. drop requests whose client went away, freeing their rows;
+1. drop requests whose caller went away, freeing their rows;
 2. admit waiting requests into free rows;
 3. encode (prefill) one chunk of each newly admitted prompt into its own row;
 4. run one batched decode step for every row that is decoding, each row at its own position;
@@ -13,25 +16,30 @@ length. Each iteration of its loop schedules every token:
 A request never waits for the batch to drain: it joins at the next iteration with a free row.
 
 Rows are independent: a request gets exactly the tokens it would get served alone, whatever else
-is being served. Each request samples from its own ``torch.Generator`` seeded like generate.py's
-first sample; past the context window a row re-encodes its most recent tokens from position 0 by
-generate.py's rule (``model.generation.window_start``); the batched decode step computes each
-row bit for bit as alone (``model.batch_invariant``, chosen once in ``Engine.__init__``: its attention reads the
-row's whole cache buffer under a mask, and its matrix products run in fixed blocks of rows; on the
-CPU this holds when the model's head_dim is a multiple of 16). Against generate.py, whose single
-stream takes the plain one-row products, tokens agree up to fp32 rounding. A prompt
-is encoded in chunks of ``prefill_chunk`` tokens on a fixed grid from position 0; the chunks
-depend only on the request, so it still equals itself served alone.
+is being served, so ``--num-samples`` row i equals the run seeded seed + i. Seeding, one rule
+everywhere: a request samples from its own ``seeded_generator(seed)``, and sample i of a call that
+asks for several (``decode``: generate.py's rows, training's samples) is seeded ``seed + i``. Past
+the context window a row re-encodes its most recent tokens from position 0
+(``model.generation.window_start``). The batched decode step computes each row bit for bit as alone
+(``model.batch_invariant``, chosen once when the engine is built: attention reads the row's whole
+cache buffer under a mask, and matrix products run in fixed blocks of rows; on the CPU this holds
+when the model's head_dim is a multiple of 16). The server needs that; a
+command line's few rows of one request may turn it off for speed (``decode``'s default), and then
+agree with the server up to fp32 rounding. A prompt is encoded in chunks of
+``prefill_chunk`` tokens on a fixed grid from position 0; the chunks depend only on the request, so
+it still equals itself served alone. ``use_cache=False`` re-encodes each row's whole window for
+every token instead: the reference the cache is tested against.
 
-With a prefix cache (``prefix_cache_bytes``, see ``serving.prefix_cache``) the whole chunks a
+With a prefix cache (``prefix_cache_bytes``, see ``inference.prefix_cache``) the whole chunks a
 prompt shares with a recent one are copied in instead of computed: the grid makes them bit for
 bit the chunks it would have computed, so a hit changes no token, only the time to the first.
 
 A request may ask for log-probabilities (``logprobs``: the chosen token's and the ``logprobs``
 most likely tokens', from the model's distribution before temperature, top-p and suppressed ids),
-for its generated tokens and, with ``echo``, for its prompt's.
+for its generated tokens and, with ``echo``, for its prompt's: those come from the prefill's own
+pass, which then keeps every position's logits (and so takes no pages from the prefix cache).
 
-Results go back through a callback, called on the engine thread with one ``Event`` per generated
+Results go back through a callback, called on the stepping thread with one ``Event`` per generated
 token and a last one carrying the ``Finish``. The callback must be quick and must not raise.
 """
 
@@ -41,15 +49,16 @@ import collections
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
+from inference.prefix_cache import PrefixCache
 from inference.streaming import TextStream
 from model import GPT
 from model.batch_invariant import row_blocked
-from model.generation import SamplingSettings, kept_window, new_seed, sample_next_token, seeded_generator, window_start
-from serving.prefix_cache import PrefixCache
+from model.generation import (KEEP_FRACTION, SamplingSettings, kept_window, new_seed, sample_next_token,
+                              seeded_generator, window_start)
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +128,7 @@ class _Request:
     end_ids: frozenset[int]
     logprobs: int | None  # how many alternatives to report per token; None: no logprobs
     echo: bool  # report the prompt's logprobs too
+    slide: bool  # past the window, re-encode the recent tokens; otherwise end there ("length")
     on_event: EventCallback
     stream: TextStream
     generator: torch.Generator
@@ -130,6 +140,7 @@ class _Request:
     cached_tokens: int = 0
     token_logprobs: list[TokenLogprob] = field(default_factory=list)
     prompt_logprobs: tuple[TokenLogprob | None, ...] = ()
+    prompt_logits: list[torch.Tensor] = field(default_factory=list)  # with echo: each prefill chunk's
 
     @property
     def generated(self) -> int:
@@ -142,31 +153,41 @@ class Engine:
     ``max_queue`` requests may wait for a row (default 4 x max_batch) once every row is taken;
     beyond that ``submit`` raises EngineBusy. ``prefill_chunk``: tokens a prompt is encoded in per
     iteration (at most the context). ``prefix_cache_bytes``: memory for the prefix cache (0: none).
+    ``keep_fraction``: how much of the window a row keeps when it slides (``kept_window``).
+    ``use_cache`` False: every row's whole window is encoded afresh for every token (the reference).
+    ``token_bytes`` None: the events carry no text (a caller that wants only token ids).
+    ``batch_invariant`` False: decode steps take the plain, faster products, so a row's bits may
+    depend on the rows beside it (fine for one caller's rows; a server keeps it on).
     """
 
     def __init__(
         self,
         model: GPT,
-        token_bytes: Sequence[bytes],
+        token_bytes: Sequence[bytes] | None = None,
         *,
         max_batch: int = 16,
         max_queue: int | None = None,
         prefill_chunk: int | None = None,
         prefix_cache_bytes: int = 0,
+        use_cache: bool = True,
+        keep_fraction: float = KEEP_FRACTION,
+        batch_invariant: bool = True,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
         cfg = model.config
-        self.model = row_blocked(model)  # batch invariance: see model.batch_invariant
-        self.token_bytes = token_bytes
+        # Batch invariance is chosen here, once: see model.batch_invariant.
+        self.model = row_blocked(model) if batch_invariant else model
+        self.token_bytes = token_bytes if token_bytes is not None else [b""] * cfg.vocab_size
         self.max_batch = max_batch
         self.max_queue = 4 * max_batch if max_queue is None else max_queue
         self.prefill_chunk = min(DEFAULT_PREFILL_CHUNK if prefill_chunk is None else prefill_chunk, cfg.block_size)
         if self.max_queue < 0 or self.prefill_chunk < 1 or prefix_cache_bytes < 0:
             raise ValueError("max_queue must be >= 0, prefill_chunk >= 1 and prefix_cache_bytes >= 0")
         self.block_size = cfg.block_size
-        self.keep = kept_window(cfg.block_size)
-        self.cache = model.init_cache(max_batch, whole_buffers=True)
+        self.keep = kept_window(cfg.block_size, keep_fraction)
+        self.use_cache = use_cache
+        self.cache = model.init_cache(max_batch, whole_buffers=batch_invariant)
         self.prefix_cache = PrefixCache(self.prefill_chunk, prefix_cache_bytes) if prefix_cache_bytes else None
         self.prefill_tokens = 0  # prompt tokens the model has encoded (not copied from the prefix cache)
         self._waiting: collections.deque[_Request] = collections.deque()
@@ -186,18 +207,21 @@ class Engine:
         *,
         logprobs: int | None = None,
         echo: bool = False,
+        slide: bool = True,
     ) -> Ticket:
         """Queue a request (thread-safe). Generation ends early at any token in ``end_ids``.
         ``logprobs`` (0 to MAX_TOP_LOGPROBS alternatives) reports each token's log-probability;
-        ``echo`` also the prompt's. The caller (the HTTP layer's schemas) has checked the settings;
-        repetition_penalty is not served."""
+        ``echo`` also the prompt's. ``slide`` False: the reply ends where the window is full rather
+        than re-encoding its tail (a chat's: a cut inside a turn is a conversation no template
+        renders; ``data.chat.fit_chat`` cuts whole turns before). The caller (a command line, the HTTP layer's schemas) has checked
+        the settings."""
         prompt_ids = list(prompt_ids)
         assert 1 <= len(prompt_ids) <= self.block_size, f"a prompt must have 1 to {self.block_size} tokens"
-        assert settings.max_new_tokens >= 1 and settings.repetition_penalty == 1.0
+        assert settings.max_new_tokens >= 1
         assert logprobs is None or 0 <= logprobs <= MAX_TOP_LOGPROBS
         ticket = Ticket(self)
         request = _Request(
-            ticket, prompt_ids, settings, frozenset(end_ids), logprobs, echo, on_event,
+            ticket, prompt_ids, settings, frozenset(end_ids), logprobs, echo, slide, on_event,
             TextStream(self.token_bytes, settings.stop),
             # Seeded as generate.py seeds its first sample: the same draws anywhere.
             seeded_generator(settings.seed if settings.seed is not None else new_seed()),
@@ -220,6 +244,22 @@ class Engine:
     def waiting(self) -> int:
         return len(self._waiting)
 
+    def run_until_idle(self) -> None:
+        """Step on the calling thread until every submitted request has finished: how a command
+        line drives the engine, with no thread. Ctrl-C stops it between or inside steps; the
+        requests in flight are then ended by ``cancel_all``."""
+        while self._waiting or self.active:
+            self.step()
+
+    def cancel_all(self) -> None:
+        """End every request as cancelled and free its row, on the calling thread (after an
+        interrupted ``run_until_idle``: a step cut short leaves nothing the next request reads)."""
+        with self._wake:
+            requests = [*self._waiting, *filter(None, self._rows)]
+            self._waiting.clear()
+        for request in requests:
+            self._finish(request, "cancelled")
+
     def start(self) -> Engine:
         if self._thread is None:
             self._thread = threading.Thread(target=self._loop, name="engine", daemon=True)
@@ -234,9 +274,7 @@ class Engine:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-        for request in [*self._waiting, *filter(None, self._rows)]:
-            self._finish(request, "cancelled")
-        self._waiting.clear()
+        self.cancel_all()
 
     def __enter__(self) -> Engine:
         return self.start()
@@ -267,7 +305,7 @@ class Engine:
     @torch.inference_mode()
     def step(self) -> None:
         """One iteration: cancel, admit, prefill a chunk, decode one token per row, sample.
-        The loop thread calls it; a test may call it directly on an engine never started."""
+        The loop thread calls it, or ``run_until_idle`` on the caller's thread."""
         self._drop_cancelled()
         self._admit()
         for request in filter(None, self._rows):
@@ -299,40 +337,58 @@ class Engine:
 
     def _prefill_chunk(self, request: _Request) -> None:
         """Encode the next chunk of the row's window (copying in the cached pages it begins with,
-        first); the last chunk yields next-token logits. Whole chunks go to the prefix cache."""
+        first); the last chunk yields next-token logits. Whole chunks go to the prefix cache.
+        Without the cache, the whole window is one chunk, encoded afresh for every token."""
         window = request.tokens[request.start:]
         row, size = request.row, self.prefill_chunk
-        if self.cache.lengths[row] == 0 and self.prefix_cache is not None:
-            for page in self.prefix_cache.lookup(window):
-                self.cache.extend(row, page)
-            if request.generated == 0:
-                request.cached_tokens = self.cache.lengths[row]
-        done = self.cache.lengths[row]
-        chunk = window[done:done + size]
-        idx = torch.tensor([chunk], device=self.cache.device)
-        logits = self.model.next_token_logits(idx, self.cache, [row])
+        echo = request.echo and not request.prompt_logprobs
+        if self.use_cache:
+            if self.cache.lengths[row] == 0 and self.prefix_cache is not None and not echo:
+                for page in self.prefix_cache.lookup(window):
+                    self.cache.extend(row, page)
+                if request.generated == 0:
+                    request.cached_tokens = self.cache.lengths[row]
+            done = self.cache.lengths[row]
+            chunk = window[done:done + size]
+            logits = self._run_model([chunk], [row], echo)
+            if self.prefix_cache is not None and len(chunk) == size:
+                self.prefix_cache.store(window[:done + size], self.cache.read(row, done, done + size))
+        else:
+            chunk = window
+            logits = self._run_model([chunk], None, echo)
         self.prefill_tokens += len(chunk)
-        if self.prefix_cache is not None and len(chunk) == size:
-            self.prefix_cache.store(window[:done + size], self.cache.read(row, done, done + size))
-        if self.cache.lengths[row] == len(window):
+        if echo:
+            request.prompt_logits.append(logits[0])
+            logits = logits[:, -1]
+        if not self.use_cache or self.cache.lengths[row] == len(window):
             request.logits = logits
-            request.prefilling = False
-            if request.echo and not request.prompt_logprobs:
+            request.prefilling = not self.use_cache  # uncached: the whole window again for the next token
+            if echo:
                 request.prompt_logprobs = self._prompt_logprobs(request)
 
     def _prompt_logprobs(self, request: _Request) -> tuple[TokenLogprob | None, ...]:
         """Each prompt token's log-probability given the tokens before it (the first has none),
-        from one pass over the whole prompt: the chunks above keep only each chunk's last logits."""
-        prompt = torch.tensor([request.prompt_ids], device=self.cache.device)
-        logprobs = torch.log_softmax(self.model(prompt)[0, :-1].float(), dim=-1)
+        from the logits its prefill chunks kept."""
+        logits = torch.cat(request.prompt_logits)[:-1]
+        request.prompt_logits = []
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
         return (None, *_token_logprobs(logprobs, request.prompt_ids[1:], request.logprobs or 0))
 
     def _decode(self, requests: list[_Request]) -> None:
         """One token for every decoding row, in one batched forward pass."""
-        idx = torch.tensor([[r.tokens[-1]] for r in requests], device=self.cache.device)
-        logits = self.model.next_token_logits(idx, self.cache, [r.row for r in requests])
+        logits = self._run_model([[r.tokens[-1]] for r in requests], [r.row for r in requests])
         for i, request in enumerate(requests):
             request.logits = logits[i:i + 1]
+
+    def _run_model(self, ids: list[list[int]], rows: list[int] | None, every_position: bool = False) -> torch.Tensor:
+        """The one call into the model: next-token logits (R, vocab) of ``ids`` (R rows of equal
+        length) appended to cache ``rows`` (None: no cache, from position 0), or with
+        ``every_position`` the logits (R, T, vocab) of every position."""
+        idx = torch.tensor(ids, device=self.cache.device)
+        cache = self.cache if rows is not None else None
+        if every_position:
+            return self.model(idx, cache=cache, rows=rows)
+        return self.model.next_token_logits(idx, cache, rows)
 
     def _sample(self, requests: list[_Request]) -> None:
         # Rows with the same settings sample in one call, each from its own generator; the
@@ -342,13 +398,22 @@ class Engine:
             groups[tuple(request.settings.token_options().items())].append(request)
         for options, group in groups.items():
             logits = torch.cat([r.logits for r in group])
-            tokens = sample_next_token(logits, **dict(options), generator=[r.generator for r in group]).tolist()
+            tokens = self._sample_group(logits, dict(options), group)
             for i, (request, token) in enumerate(zip(group, tokens)):
                 request.logits = None
                 if request.logprobs is not None:
                     logprobs = torch.log_softmax(logits[i:i + 1].float(), dim=-1)
                     request.token_logprobs += _token_logprobs(logprobs, [token], request.logprobs)
                 self._advance(request, token)
+
+    @staticmethod
+    def _sample_group(logits: torch.Tensor, options: dict, group: list[_Request]) -> list[int]:
+        if options["repetition_penalty"] == 1.0:
+            return sample_next_token(logits, **options, generator=[r.generator for r in group]).tolist()
+        # The penalty reads each row's own history (prompt and reply), of its own length.
+        return [int(sample_next_token(logits[i:i + 1], **options, generator=r.generator,
+                                      prev_tokens=torch.tensor([r.tokens], device=logits.device)))
+                for i, r in enumerate(group)]
 
     def _advance(self, request: _Request, token: int) -> None:
         """Record a sampled token, stream it, and decide what the row does next."""
@@ -359,16 +424,17 @@ class Engine:
         text = request.stream.push(token)
         if request.stream.stopped:
             self._finish(request, "stop", token, text)
-        elif request.generated == request.settings.max_new_tokens:
+        elif request.generated == request.settings.max_new_tokens or (
+                not request.slide and len(request.tokens) - request.start == self.block_size):
             self._finish(request, "length", token, text)
         else:
             self._emit(request, Event(text, token, logprob=self._last_logprob(request)))
             start = window_start(request.start, len(request.tokens), self.block_size, self.keep)
-            if start != request.start:
+            if start != request.start and self.use_cache:
                 # Learned positions cannot slide: the kept tokens are re-encoded from position 0.
-                request.start = start
                 request.prefilling = True
                 self.cache.reset([request.row])
+            request.start = start
 
     def _finish(self, request: _Request, reason: str, token: int | None = None, text: str = "") -> None:
         """Free the request's row and send its last event."""
@@ -392,6 +458,52 @@ class Engine:
             request.on_event(event)
         except Exception:  # the caller's bug must not stop everyone else's generation
             log.exception("an engine event callback raised")
+
+
+def decode(
+    model: GPT,
+    prompts: Sequence[Sequence[int]],
+    settings: SamplingSettings,
+    *,
+    token_bytes: Sequence[bytes] | None = None,
+    end_ids: Sequence[int] = (),
+    use_cache: bool = True,
+    keep_fraction: float = KEEP_FRACTION,
+    slide: bool = True,
+    batch_invariant: bool = False,
+    on_event: Callable[[int, Event], None] | None = None,
+) -> list[Finish]:
+    """Decode every prompt on the calling thread, prompt i sampled from ``settings.seed + i`` (a
+    fresh seed when None), each in a row of one engine; returns their ``Finish``es in order.
+    A prompt longer than the context is cut to its last block_size tokens. ``on_event(i, event)``
+    streams prompt i's events as they come; ``slide`` as in ``Engine.submit``. ``batch_invariant``
+    (off: the faster plain products) makes every row bit for bit what the server gives it."""
+    assert prompts, "decode needs at least one prompt"
+    if settings.max_new_tokens == 0:
+        return [Finish("length", min(len(p), model.config.block_size), (), "") for p in prompts]
+    # The server's arithmetic includes its prefill grid; otherwise a prompt is encoded in one pass.
+    chunk = None if batch_invariant else model.config.block_size
+    engine = Engine(model, token_bytes, max_batch=len(prompts), max_queue=0, prefill_chunk=chunk,
+                    use_cache=use_cache, keep_fraction=keep_fraction, batch_invariant=batch_invariant)
+    seed = settings.seed if settings.seed is not None else new_seed()
+    finishes: list[Finish | None] = [None] * len(prompts)
+
+    def collect(i: int) -> EventCallback:
+        def on(event: Event) -> None:
+            if event.finish is not None:
+                finishes[i] = event.finish
+            if on_event is not None:
+                on_event(i, event)
+        return on
+
+    for i, prompt in enumerate(prompts):
+        sample_settings = replace(settings, seed=seed + i)
+        engine.submit(list(prompt)[-engine.block_size:], sample_settings, collect(i), end_ids, slide=slide)
+    try:
+        engine.run_until_idle()
+    finally:
+        engine.cancel_all()  # after Ctrl-C: nothing is left half-done for a caller to see
+    return finishes
 
 
 def _token_logprobs(logprobs: torch.Tensor, token_ids: Sequence[int], top: int) -> list[TokenLogprob]:
