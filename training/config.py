@@ -67,6 +67,17 @@ class TrainConfig:
     peak_flops: float | str = "auto"  # FLOP/s of one device for MFU; auto = table or measured
     init_from: str | None = None  # a run directory to start from (its weights, shape and tokenizer)
 
+    def budget_reached(self, step: int, tokens: int, seconds: float) -> str | None:
+        """The budget a run at ``step``, having seen ``tokens`` in ``seconds`` of training, has used
+        up (``max_steps``, ``max_tokens`` or ``max_minutes``), or None while all have some left."""
+        if self.max_steps is not None and step >= self.max_steps:
+            return "max_steps"
+        if self.max_tokens is not None and tokens >= self.max_tokens:
+            return "max_tokens"
+        if self.max_minutes is not None and seconds >= self.max_minutes * 60.0:
+            return "max_minutes"
+        return None
+
     def __post_init__(self) -> None:
         check_types(self, "train")
         require(

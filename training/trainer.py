@@ -49,6 +49,7 @@ from training.memory_budget import check_model_fits
 from training.metrics import Throughput, format_duration, format_flops, mfu, peak_flops
 from training.optim import MuonWithAdamW, build_optimizer, build_schedule, muon_momentum
 from training.resume_rules import (
+    check_not_finished,
     check_fixed_settings, check_model_shape, check_optimizer_groups, fixed_settings, restore_error,
 )
 from training.rng_state import capture_rng_state, restore_rng_state
@@ -191,6 +192,7 @@ class Trainer:
                 ) from None
             check_model_shape(saved_model, self.config.model, self.run_dir)
             check_fixed_settings(state, self.config.train, self.run_dir)
+            check_not_finished(state, self.config.train, self.run_dir)
         barrier(self.ctx)
         return state
 
@@ -440,14 +442,9 @@ class Trainer:
     def _stop_reason(self, stop: StopRequest) -> str | None:
         """Why to stop before the next step, agreed by every rank (a signal may reach only some)."""
         tc = self.config.train
-        interrupted, reason = stop.requested, None
+        interrupted = stop.requested
         self.eval_due_by_clock = self._clock_eval_due()
-        if tc.max_steps is not None and self.step >= tc.max_steps:
-            reason = "max_steps"
-        elif tc.max_tokens is not None and self.tokens_seen >= tc.max_tokens:
-            reason = "max_tokens"
-        elif tc.max_minutes is not None and self._elapsed() >= tc.max_minutes * 60.0:
-            reason = "max_minutes"
+        reason = tc.budget_reached(self.step, self.tokens_seen, self._elapsed())
         if self.ctx.enabled:
             flags = [float(interrupted), float(reason == "max_minutes"), float(self.eval_due_by_clock)]
             flags = all_reduce_sum(torch.tensor(flags, device=self.device), self.ctx).tolist()
