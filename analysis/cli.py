@@ -138,7 +138,8 @@ def _attention(args: argparse.Namespace) -> int:
         else:
             compare = _untrained_maps(run, idx) if args.compare_init else None
             title = f"{run.directory.name}: attention over the prompt"
-            draw_attention_grid(maps, tokens, out, title=title, compare=compare, compare_title="untrained")
+            draw_attention_grid(maps, tokens, out, title=title, compare=compare,
+                                compare_title="untrained (same shape, seed 0)")
     return 0
 
 

@@ -49,12 +49,18 @@ def _draw_map(ax, probs: torch.Tensor, tokens: Sequence[str] | None, title: str,
     ax.add_patch(masked_region(T, hatch="////", fill=False, edgecolor=HATCH_COLOUR, linewidth=0))
     ax.set_title(title, fontsize=fontsize + 1)
     if tokens is not None and len(tokens) <= MAX_LABELLED_TOKENS:
-        ax.set_xticks(range(T), tokens, rotation=90, fontsize=fontsize)
-        ax.set_yticks(range(T), tokens, fontsize=fontsize)
+        ax.set_xticks(range(T), tick_labels(tokens), rotation=90, fontsize=fontsize)
+        ax.set_yticks(range(T), tick_labels(tokens), fontsize=fontsize)
     else:
         ax.set_xticks([])
         ax.set_yticks([])
     return image
+
+
+def tick_labels(tokens: Sequence[str]) -> list[str]:
+    """Token pieces as axis labels: a line break or tab is written as its escape, since drawn as
+    itself it makes a label blank and several lines tall, pushing its neighbours off the figure."""
+    return [token.replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t") for token in tokens]
 
 
 def masked_region(T: int, **style):
@@ -89,7 +95,9 @@ def draw_attention_grid(
     fontsize = 6 if tokens is not None and len(tokens) > 16 else 8
     fig = plt.figure(figsize=(2.6 * n_head * len(sets) + 1.0, 2.6 * n_layer + 0.6), layout="constrained")
     # One panel per set, titled once above its heads: titles naming the set in every cell overlap.
-    panels = fig.subfigures(1, len(sets), squeeze=False)[0]
+    # The last panel is wider by the colorbar's inch, so that every map is drawn the same size.
+    widths = [2.6 * n_head] * (len(sets) - 1) + [2.6 * n_head + 1.0]
+    panels = fig.subfigures(1, len(sets), squeeze=False, width_ratios=widths)[0]
     image = None
     for panel, (name, layers) in zip(panels, sets):
         axes = panel.subplots(n_layer, n_head, squeeze=False)
@@ -155,7 +163,7 @@ def draw_scale_comparison(comparison: ScaleComparison, tokens: Sequence[str] | N
     bars.set_ylabel("attention weight")
     bars.set_title("the last token's row", fontsize=fontsize + 1)
     if tokens is not None and len(tokens) <= MAX_LABELLED_TOKENS:
-        bars.set_xticks(range(T), tokens, rotation=90, fontsize=fontsize)
+        bars.set_xticks(range(T), tick_labels(tokens), rotation=90, fontsize=fontsize)
     bars.legend()
     fig.suptitle(f"{title} (titles: mean entropy over queries)")
     _save(fig, out)
@@ -192,6 +200,9 @@ def _save(fig, out: Path) -> None:
     suffix = out.suffix.lower().lstrip(".")
     try:
         with atomic_output(out) as tmp:
-            fig.savefig(tmp, dpi=110, format=suffix if suffix in FIGURE_FORMATS else "png")
+            # A tight box around everything drawn: constrained layout places square maps (fixed
+            # aspect) centred in their cells, and a long first tick label could fall off the edge.
+            fig.savefig(tmp, dpi=110, format=suffix if suffix in FIGURE_FORMATS else "png", bbox_inches="tight",
+                        pad_inches=0.1)
     finally:
         plt.close(fig)
