@@ -86,3 +86,27 @@ def test_summary_repeats_the_wandb_sync_line_and_suits_a_chat_run(tmp_path):
     assert "final validation: 1.5000 bits/byte of assistant text" in text
     assert "python generate.py --run runs/tiny-chat --chat" in text and "init_from" not in text
     assert text.splitlines()[-1] == "wandb logged offline; upload it with: wandb sync runs/tiny-chat/wandb/offline-run-*-abc*"
+
+
+def test_loss_curve_is_in_bits_per_byte_with_nats_per_token_beside(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    from rundir.metrics import MetricsLog
+    from training.loss_curve import write_loss_curve
+
+    log = MetricsLog(tmp_path / "metrics.jsonl")
+    for step in (1, 2):
+        log.append({"kind": "train", "step": step, "loss": 4.0 / step, "elapsed_s": step})
+    # 2 nats/token at 3 bytes/token is 2 / (3 ln 2) bits/byte.
+    log.append({"kind": "final_eval", "step": 2, "val_loss": 2.0, "val_bpb": 0.9618, "elapsed_s": 2.5})
+    drawn = []
+    real_savefig = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: (drawn.append(fig), real_savefig(fig, *a, **k)))
+    write_loss_curve(tmp_path / "metrics.jsonl", tmp_path / "loss_curve.png")
+    by_step = drawn[0].axes[0]
+    assert by_step.get_ylabel() == "bits per byte"
+    train_line, validation = by_step.get_lines()
+    assert list(train_line.get_ydata()) == pytest.approx([4.0 * 0.9618 / 2.0, 2.0 * 0.9618 / 2.0], abs=1e-9)
+    assert list(validation.get_ydata()) == [0.9618]
+    assert [ax.get_ylabel() for ax in by_step.child_axes] == ["loss (nats/token)"]
