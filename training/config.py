@@ -129,7 +129,9 @@ class EvalConfig:
     max_batches: int = 20  # size of the fixed validation subset used during training
     batch_size: int | None = None  # None = train.batch_size
     final_max_batches: int | None = None  # None = the whole validation split at the end
-    sample_prompt: str = "ROMEO:"
+    # None: derived from the run's data (data/sample_prompt.py): "ROMEO:" for the embedded plays,
+    # the first words of the held-out text for any other corpus.
+    sample_prompt: str | None = None
     sample_tokens: int = 64  # 0 disables the sample
     sample_temperature: float = 0.8
     sample_top_k: int | None = 50

@@ -28,6 +28,7 @@ from common.files import atomic_write_bytes
 from data import load_tokenizer, prepare_data, train_batches
 from data.chat_batches import ChatBatches
 from data.chat_prepare import prepare_chat_data
+from data.sample_prompt import default_sample_prompt
 from data.tokenizer import RUN_TOKENIZER_FIX
 from model import GPT, GPTConfig, SamplingSettings
 from model.rms_norm_cpu import install_cpu_backward
@@ -77,6 +78,7 @@ class TrainResult:
     is_main: bool = True  # rank 0 (or a single process): the one that reports to the user
     chat: bool = False  # a chat-tuned run (data.format: chat)
     wandb_sync: str | None = None  # the command that uploads an offline wandb run
+    sample_prompt: str | None = None  # what the evaluation samples continued (None for a chat run)
 
     @property
     def interrupted(self) -> bool:
@@ -217,6 +219,9 @@ class Trainer:
         self.chat = prepared if cfg.data.format == "chat" else None
         self.tokenizer = prepared.tokenizer()
         self.val_tokens = None if self.chat else prepared.val_tokens()
+        self.sample_prompt = cfg.eval.sample_prompt
+        if self.sample_prompt is None and self.chat is None:
+            self.sample_prompt = default_sample_prompt(cfg.data.source, self.tokenizer, self.val_tokens)
         self.token_bytes = torch.as_tensor(np.asarray(prepared.token_bytes()), dtype=torch.long, device=self.device)
 
     def _load_data(self, *, resume: bool) -> Any:
@@ -424,7 +429,7 @@ class Trainer:
         result = TrainResult(
             run_dir=self.run_dir, step=self.step, tokens_seen=self.tokens_seen, stopped_by=reason,
             train_seconds=self._elapsed(), last_loss=last_loss, signal=stop.signum, is_main=self.ctx.is_main,
-            chat=self.chat is not None, wandb_sync=self.logger.sync_command,
+            chat=self.chat is not None, wandb_sync=self.logger.sync_command, sample_prompt=self.sample_prompt,
         )
         self.summary.update(step=self.step, tokens=self.tokens_seen, stopped_by=reason)
         if reason != "interrupted":
@@ -541,7 +546,7 @@ class Trainer:
         self.evaluations += 1
         every = self.config.eval.attention_image_interval
         if self.logger.active and every and (final or self.evaluations % every == 1):
-            prompt = self.config.eval.sample_prompt
+            prompt = self.sample_prompt
             ids = self.tokenizer.encode(prompt, add_special_tokens=False).ids[:T] or [0]
             maps = [layer[0] for layer in attention_maps(self.model, torch.tensor([ids], device=self.device))]
             pieces = [self.tokenizer.decode([i]) for i in ids]
@@ -553,7 +558,7 @@ class Trainer:
 
     def _samples(self) -> list[tuple[str, str]]:
         """(prompt, text) rows: replies to held-out conversations' first user turns when
-        chat-tuning, else the continuation of eval.sample_prompt (prompt included)."""
+        chat-tuning, else the continuation of the sample prompt (prompt included)."""
         ec = self.config.eval
         settings = SamplingSettings(max_new_tokens=ec.sample_tokens, temperature=ec.sample_temperature,
                                     top_k=ec.sample_top_k, top_p=None, seed=ec.sample_seed)
@@ -561,8 +566,8 @@ class Trainer:
             end_id = self.tokenizer.token_to_id("<|end|>")
             return chat_reply_samples(self.model, self.tokenizer, self.chat.val, end_id, settings, count=4,
                                       device=self.device)
-        text = generate_sample(self.model, self.tokenizer, ec.sample_prompt, settings, device=self.device)
-        return [(ec.sample_prompt, text)]
+        text = generate_sample(self.model, self.tokenizer, self.sample_prompt, settings, device=self.device)
+        return [(self.sample_prompt, text)]
 
     def _save(self) -> None:
         # Each rank's sampler and RNG streams differ, and all are needed to resume exactly.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -110,3 +111,14 @@ def test_loss_curve_is_in_bits_per_byte_with_nats_per_token_beside(tmp_path, mon
     assert list(train_line.get_ydata()) == pytest.approx([4.0 * 0.9618 / 2.0, 2.0 * 0.9618 / 2.0], abs=1e-9)
     assert list(validation.get_ydata()) == [0.9618]
     assert [ax.get_ylabel() for ax in by_step.child_axes] == ["loss (nats/token)"]
+
+
+def test_the_hints_sample_from_the_runs_own_data_not_the_plays(base_raw, tmp_path, capsys, corpus_file):
+    run_dir, out, _ = _run(base_raw, tmp_path, capsys, max_steps=2)
+    hint = [line for line in out.splitlines() if "python generate.py --run" in line][0]
+    prompt = shlex.split(hint.split("#")[0])[-1]
+    assert "ROMEO" not in out
+    # The corpus's held-out text starts a line with the prompt's words, and the samples continued it.
+    assert any(line.startswith(prompt) for line in corpus_file.read_text(encoding="utf-8").splitlines())
+    evals = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "final_eval"]
+    assert evals[0]["sample"].startswith(prompt)
