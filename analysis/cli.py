@@ -33,6 +33,7 @@ from common.cli import ArgumentParser, run_command
 from common.device import select_device
 from common.errors import UserError
 from common.os_errors import describe_os_error
+from inference.terminal import decode_argument
 from rundir.files import CONFIG_FILE, METRICS_FILE, TOKENIZER_FILE
 from rundir.loading import LoadedRun, find_latest_run, load_run
 from rundir.record import read_config
@@ -221,7 +222,7 @@ def _check_flags(args: argparse.Namespace) -> None:
     _refuse(args, "--induction-threshold goes with --history", "--induction-threshold")
     if not args.prompt:
         raise UserError('give the text to draw with --prompt, e.g. --prompt "ROMEO: But soft" (or use --roles)')
-    _check_utf8(args.prompt)
+    args.prompt = decode_argument(args.prompt, "--prompt")
     if args.runs is not None:
         _refuse(args, "--runs draws one layer of each run given to it", "--run", "--json", "--compare-init",
                 "--compare-scale")
@@ -239,14 +240,6 @@ def _check_flags(args: argparse.Namespace) -> None:
     if args.json:
         _refuse(args, "--json prints every layer's weights instead of drawing", "--out", "--compare-init",
                 "--layer", "--head")
-
-
-def _check_utf8(prompt: str) -> None:
-    """Refuse a --prompt holding bytes that are not UTF-8 (Python keeps them as lone surrogates)."""
-    try:
-        prompt.encode("utf-8")
-    except UnicodeEncodeError:
-        raise UserError("--prompt is not valid UTF-8 text; give it in UTF-8 (check the terminal's encoding)") from None
 
 
 def _refuse(args: argparse.Namespace, what: str, *flags: str) -> None:
