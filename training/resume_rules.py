@@ -83,8 +83,7 @@ def check_not_finished(state: dict[str, Any], train_config: Any, run_dir: Path) 
         used, larger = f"{seconds / 60:.1f} minutes", f"train.max_minutes={2 * train_config.max_minutes:g}"
     raise CheckpointError(
         f"{run_dir} is finished: it reached train.{budget} ({used}) and had its final validation; to "
-        f"train it further, raise train.max_steps or train.max_minutes (whichever ended it), e.g. "
-        f"--resume --set {larger}"
+        f"train it further, raise train.max_steps or train.max_minutes, e.g. --resume --set {larger}"
     )
 
 
