@@ -47,3 +47,24 @@ def test_the_panels_of_a_comparison_have_titles_that_do_not_overlap(tmp_path, mo
     boxes = [ax.title.get_window_extent(renderer) for ax in fig.axes if ax.get_title()]
     assert len(boxes) == 2 * 2 * 4
     assert not any(a.overlaps(b) for a, b in itertools.combinations(boxes, 2))
+
+
+def _margin_is_blank(png_path, margin_px=4) -> bool:
+    from matplotlib.image import imread
+
+    image = imread(png_path)[..., :3]
+    edges = [image[:margin_px], image[-margin_px:], image[:, :margin_px], image[:, -margin_px:]]
+    return all(np.all(edge > 0.99) for edge in edges)
+
+
+def test_no_label_of_the_scale_figure_falls_off_its_edge(tmp_path):
+    # Line breaks first and a long label after them: the case whose first label was cut off.
+    from analysis.maps import ScaleComparison
+
+    tokens = ["\n", "\n", "ROMEO-MONTAGUE", ":", "\n", " But", " soft", ",", " what", " light", " through"]
+    T = len(tokens)
+    weights = torch.softmax(torch.randn(T, T), dim=-1).tril()
+    comparison = ScaleComparison(scaled=weights, unscaled=weights, head_dim=32)
+    out = tmp_path / "scale.png"
+    plot.draw_scale_comparison(comparison, tokens, out, title="run: layer 1 head 0")
+    assert _margin_is_blank(out)
