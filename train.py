@@ -78,7 +78,7 @@ def _train(args: argparse.Namespace) -> int:
             f"final val loss {result.val_loss:.4f} nats/token, "
             f"{result.val_bpb:.4f} bits/byte; run saved in {result.run_dir}"
         )
-        print(summary(result, _draw_loss_curve(result.run_dir), prompt=config.eval.sample_prompt))
+        print(summary(result, _draw_loss_curve(result.run_dir)))
     return 0
 
 
@@ -91,9 +91,9 @@ def _draw_loss_curve(run_dir: Path) -> Path | None:
         return None
 
 
-def summary(result: TrainResult, loss_curve: Path | None, *, prompt: str = "ROMEO:") -> str:
-    """What a finished run reached, where it is, and the commands that use it (``prompt``: the
-    one its evaluation samples continued)."""
+def summary(result: TrainResult, loss_curve: Path | None) -> str:
+    """What a finished run reached, where it is, and the commands that use it (sampling from the
+    prompt its evaluation samples continued, one that suits its data)."""
     run = result.run_dir
     lines = [f"final validation: {result.val_bpb:.4f} bits/byte{' of assistant text' if result.chat else ''}"]
     if result.starved_share is not None and result.stopped_by == "max_minutes":
@@ -107,7 +107,7 @@ def summary(result: TrainResult, loss_curve: Path | None, *, prompt: str = "ROME
         commands = [(f"python generate.py --run {run} --chat", "talk to it")]
     else:
         commands = [
-            (f"python generate.py --run {run} --prompt {shlex.quote(prompt)}", "sample from it"),
+            (f"python generate.py --run {run} --prompt {shlex.quote(result.sample_prompt or 'The')}", "sample from it"),
             (f"python train.py --config configs/tiny-chat.yaml --set train.init_from={run} "
              f"--set run.out_dir={run}-chat", "chat-tune it"),
         ]

@@ -9,6 +9,7 @@ file behind.
 from __future__ import annotations
 
 import argparse
+import codecs
 import json
 import sys
 from collections.abc import Iterator, Sequence
@@ -21,6 +22,7 @@ import torch
 from analysis.history import INDUCTION_THRESHOLD, format_history, read_attention_history
 from analysis.maps import attention_maps, describe_attention, format_roles, head_roles, scale_comparison
 from analysis.plot import (
+    FIGURE_FORMATS,
     draw_attention_grid,
     draw_attention_history,
     draw_attention_map,
@@ -32,7 +34,8 @@ from common.device import select_device
 from common.threads import add_threads_argument, parse_threads, use_threads
 from common.errors import UserError
 from common.os_errors import describe_os_error
-from rundir.files import CONFIG_FILE, TOKENIZER_FILE
+from inference.terminal import decode_argument
+from rundir.files import CONFIG_FILE, METRICS_FILE, TOKENIZER_FILE
 from rundir.loading import LoadedRun, find_latest_run, load_run
 from rundir.record import read_config
 
@@ -49,6 +52,9 @@ examples:
 """
 DEFAULT_OUT = Path("attention.png")
 DEFAULT_WINDOWS = 8
+# Every window is a forward pass whose attention maps are held at once, and --text-file is read up
+# to what the windows need: the bound keeps both finite.
+MAX_WINDOWS = 1024
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,9 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--runs", metavar="DIR", type=Path, nargs="+",
                         help="draw one layer (--layer) of each of these runs over the same --prompt, one row per "
                         "run labelled with its attention kind; the runs must split the prompt alike")
-    parser.add_argument("--out", metavar="PNG", type=Path,
-                        help=f"where the figure is written (default: {DEFAULT_OUT}; with --history, "
-                        "no figure unless given)")
+    parser.add_argument("--out", metavar="FILE", type=Path,
+                        help=f"where the figure is written, as {', '.join('.' + s for s in FIGURE_FORMATS)} by "
+                        f"its suffix (default: {DEFAULT_OUT}; with --history, no figure unless given)")
     parser.add_argument("--layer", type=int, metavar="L",
                         help="with --head: draw only this layer's head, large; with --runs: the layer drawn")
     parser.add_argument("--head", type=int, metavar="H", help="with --layer: the head to draw")
@@ -136,7 +142,8 @@ def _attention(args: argparse.Namespace) -> int:
         else:
             compare = _untrained_maps(run, idx) if args.compare_init else None
             title = f"{run.directory.name}: attention over the prompt"
-            draw_attention_grid(maps, tokens, out, title=title, compare=compare, compare_title="untrained")
+            draw_attention_grid(maps, tokens, out, title=title, compare=compare,
+                                compare_title="untrained (same shape, seed 0)")
     return 0
 
 
@@ -160,7 +167,10 @@ def _history(args: argparse.Namespace) -> int:
     threshold = INDUCTION_THRESHOLD if args.induction_threshold is None else args.induction_threshold
     if args.out is not None:
         _check_writable(args.out)
-    history = read_attention_history(run_dir)
+    history, skipped = read_attention_history(run_dir)
+    if skipped:
+        print(f"warning: skipped {skipped} evaluation record(s) of {run_dir / METRICS_FILE} whose attention "
+              "statistics are not numbers or miss a layer", file=sys.stderr)
     print(format_history(history, threshold))
     if args.out is not None:
         with _writing_figure(args.out):
@@ -198,8 +208,8 @@ def _check_flags(args: argparse.Namespace) -> None:
                                    ("--runs", args.runs is not None)) if on]
     if len(modes) > 1:
         raise UserError(f"{modes[0]} and {modes[1]} are separate commands; give one of them")
-    if args.windows is not None and args.windows < 1:
-        raise UserError(f"--windows must be at least 1, got {args.windows}")
+    if args.windows is not None and not 1 <= args.windows <= MAX_WINDOWS:
+        raise UserError(f"--windows must be from 1 to {MAX_WINDOWS}, got {args.windows}")
     threshold = args.induction_threshold
     if threshold is not None and not 0.0 < threshold <= 1.0:
         raise UserError(f"--induction-threshold is a weight in (0, 1], got {threshold}")
@@ -215,6 +225,7 @@ def _check_flags(args: argparse.Namespace) -> None:
     _refuse(args, "--induction-threshold goes with --history", "--induction-threshold")
     if not args.prompt:
         raise UserError('give the text to draw with --prompt, e.g. --prompt "ROMEO: But soft" (or use --roles)')
+    args.prompt = decode_argument(args.prompt, "--prompt")
     if args.runs is not None:
         _refuse(args, "--runs draws one layer of each run given to it", "--run", "--json", "--compare-init",
                 "--compare-scale")
@@ -229,6 +240,9 @@ def _check_flags(args: argparse.Namespace) -> None:
         _refuse(args, "--compare-scale draws one figure", "--json")
         if args.layer is None:
             raise UserError("--compare-scale draws one head: give it with --layer and --head")
+    if args.json:
+        _refuse(args, "--json prints every layer's weights instead of drawing", "--out", "--compare-init",
+                "--layer", "--head")
 
 
 def _refuse(args: argparse.Namespace, what: str, *flags: str) -> None:
@@ -270,6 +284,9 @@ def _check_writable(out: Path) -> None:
     """Refuse an --out that cannot be written before any work is done."""
     if out.is_dir():
         raise UserError(f"--out {out} is a directory; give a file name such as {out / 'attention.png'}")
+    if out.suffix.lower().lstrip(".") not in FIGURE_FORMATS:
+        raise UserError(f"--out {out}: the suffix names the figure's format; end the name with "
+                        f"{', '.join('.' + s for s in FIGURE_FORMATS)}")
     parent = out.parent if str(out.parent) else Path(".")
     if not parent.is_dir():
         raise UserError(f"--out {out}: the folder {parent} does not exist; create it or choose another path")
@@ -295,10 +312,7 @@ def _untrained_maps(run: LoadedRun, idx: torch.Tensor) -> list[torch.Tensor]:
 def _held_out_windows(run: LoadedRun, text_file: Path | None, count: int) -> torch.Tensor:
     """(count, block_size) windows of held-out tokens, back to back from the start."""
     if text_file is not None:
-        try:
-            text = text_file.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as error:
-            raise UserError(f"cannot read --text-file {text_file}: {error}; give a UTF-8 text file") from None
+        text = _read_text_prefix(text_file, count * run.block_size * max(map(len, run.token_bytes)))
         tokens = np.asarray(run.tokenizer.encode(text, add_special_tokens=False).ids)
         source = f"--text-file {text_file}"
     else:
@@ -310,6 +324,19 @@ def _held_out_windows(run: LoadedRun, text_file: Path | None, count: int) -> tor
         raise UserError(f"{source} has fewer than {T} tokens (one window); give a longer --text-file")
     windows = np.asarray(tokens[:count * T], dtype=np.int64).reshape(count, T)
     return torch.from_numpy(windows).to(run.device)
+
+
+def _read_text_prefix(text_file: Path, max_bytes: int) -> str:
+    """At most the first ``max_bytes`` bytes of ``text_file`` as text. No token is longer than the
+    longest token's bytes, so that many bytes per token needed always suffice, and a file with no
+    end (a pipe, /dev/zero) is never read whole."""
+    try:
+        with open(text_file, "rb") as f:
+            data = f.read(max_bytes)
+        # Not final: a character cut by the bound is dropped, not refused.
+        return codecs.getincrementaldecoder("utf-8")().decode(data, final=False)
+    except (OSError, UnicodeDecodeError) as error:
+        raise UserError(f"cannot read --text-file {text_file}: {error}; give a UTF-8 text file") from None
 
 
 def _validation_tokens(run: LoadedRun) -> np.ndarray:

@@ -5,6 +5,7 @@ and the first evaluation at which an induction head had appeared.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,33 +32,53 @@ class AttentionEval:
 
 
 def attention_history(records: list[dict[str, Any]]) -> list[AttentionEval]:
-    """The evaluations among metrics ``records`` that logged attention statistics, in file order."""
-    history = []
-    for record in records:
-        if record.get("kind") not in ("eval", "final_eval") or "induction_best" not in record:
+    """The evaluations among metrics ``records`` that logged attention statistics, in file order.
+
+    An evaluation whose statistics cannot be read (a step or a score that is not a number, layers
+    missing or fewer than the first readable one's) is left out, as a damaged line is."""
+    history: list[AttentionEval] = []
+    for record in _evaluations(records):
+        evaluation = _read_evaluation(record)
+        if evaluation is None or (history and len(evaluation.entropy_bits) != len(history[0].entropy_bits)):
             continue
-        layers = sorted(int(key[len(_ENTROPY_PREFIX):]) for key in record if key.startswith(_ENTROPY_PREFIX))
-        history.append(AttentionEval(
-            step=int(record["step"]),
-            final=record["kind"] == "final_eval",
-            entropy_bits=tuple(float(record[f"{_ENTROPY_PREFIX}{layer}"]) for layer in layers),
-            induction_best=float(record["induction_best"]),
-        ))
+        history.append(evaluation)
     return history
 
 
-def read_attention_history(run_dir: Path) -> list[AttentionEval]:
-    """``attention_history`` of the run in ``run_dir``; a run without any is a ``UserError``."""
+def _evaluations(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in records if r.get("kind") in ("eval", "final_eval") and "induction_best" in r]
+
+
+def _read_evaluation(record: dict[str, Any]) -> AttentionEval | None:
+    def number(value: Any) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+    entropy = {key[len(_ENTROPY_PREFIX):]: value for key, value in record.items() if key.startswith(_ENTROPY_PREFIX)}
+    layers = [str(layer) for layer in range(len(entropy))]
+    step = record.get("step")
+    if not (isinstance(step, int) and not isinstance(step, bool) and number(record["induction_best"])
+            and entropy and set(entropy) == set(layers) and all(map(number, entropy.values()))):
+        return None
+    return AttentionEval(step=step, final=record["kind"] == "final_eval",
+                         entropy_bits=tuple(float(entropy[layer]) for layer in layers),
+                         induction_best=float(record["induction_best"]))
+
+
+def read_attention_history(run_dir: Path) -> tuple[list[AttentionEval], int]:
+    """``attention_history`` of the run in ``run_dir``, and how many evaluations with attention
+    statistics it had to leave out; a run without any readable one is a ``UserError``."""
     path = run_dir / METRICS_FILE
     if not run_dir.is_dir():
         raise UserError(f"--run {run_dir} does not exist; give a run directory written by train.py")
     if not path.is_file():
         raise UserError(f"{run_dir} has no {METRICS_FILE}; give a run directory written by train.py")
-    history = attention_history(read_metrics(path))
+    records = read_metrics(path)
+    history = attention_history(records)
+    skipped = len(_evaluations(records)) - len(history)
     if not history:
         raise UserError(f"{path} holds no attention statistics (the run predates them or was trained with "
                         "eval.attention_stats: false); train it again to log them")
-    return history
+    return history, skipped
 
 
 def first_induction(history: list[AttentionEval], threshold: float = INDUCTION_THRESHOLD) -> AttentionEval | None:

@@ -21,6 +21,10 @@ from common.files import atomic_output
 # Token pieces label the axes only while they stay readable.
 MAX_LABELLED_TOKENS = 32
 MASKED_COLOUR = "#bdbdbd"
+HATCH_COLOUR = "#616161"
+# The formats a figure is written in, named by the suffix of its file (a name's suffix must say what
+# its bytes are: a .pdf holding a PNG opens nowhere).
+FIGURE_FORMATS = ("png", "pdf", "svg")
 
 
 def _pyplot():
@@ -42,16 +46,32 @@ def _draw_map(ax, probs: torch.Tensor, tokens: Sequence[str] | None, title: str,
     image = ax.imshow(np.ma.masked_array(weights, mask=future), cmap=cmap, vmin=0.0, vmax=1.0,
                       interpolation="nearest")
     # Hatching on top of the grey: distinct from zero weight even in a greyscale print.
-    ax.contourf(np.arange(T), np.arange(T), future.astype(float), levels=[0.5, 1.5], colors="none",
-                hatches=["////"])
+    ax.add_patch(masked_region(T, hatch="////", fill=False, edgecolor=HATCH_COLOUR, linewidth=0))
     ax.set_title(title, fontsize=fontsize + 1)
     if tokens is not None and len(tokens) <= MAX_LABELLED_TOKENS:
-        ax.set_xticks(range(T), tokens, rotation=90, fontsize=fontsize)
-        ax.set_yticks(range(T), tokens, fontsize=fontsize)
+        ax.set_xticks(range(T), tick_labels(tokens), rotation=90, fontsize=fontsize)
+        ax.set_yticks(range(T), tick_labels(tokens), fontsize=fontsize)
     else:
         ax.set_xticks([])
         ax.set_yticks([])
     return image
+
+
+def tick_labels(tokens: Sequence[str]) -> list[str]:
+    """Token pieces as axis labels: a line break or tab is written as its escape, since drawn as
+    itself it makes a label blank and several lines tall, pushing its neighbours off the figure."""
+    return [token.replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t") for token in tokens]
+
+
+def masked_region(T: int, **style):
+    """The cells a causal mask hides in a (T, T) map drawn by ``imshow`` (cell (i, j) spans
+    j ± 0.5 across and i ± 0.5 down), as one staircase polygon whose edges lie on cell boundaries."""
+    from matplotlib.patches import Polygon
+
+    corners = [(0.5, -0.5), (T - 0.5, -0.5), (T - 0.5, T - 1.5)]
+    for k in range(T - 1, 0, -1):  # up the staircase, one step per row
+        corners += [(k - 0.5, k - 0.5), (k - 0.5, k - 1.5)]
+    return Polygon(corners[:-1], closed=True, **style)
 
 
 def draw_attention_grid(
@@ -71,20 +91,21 @@ def draw_attention_grid(
     """
     sets = [(title, maps)] + ([(compare_title, compare)] if compare is not None else [])
     n_layer, n_head = len(maps), maps[0].shape[0]
-    cols = n_head * len(sets)
     plt = _pyplot()
     fontsize = 6 if tokens is not None and len(tokens) > 16 else 8
-    fig, axes = plt.subplots(n_layer, cols, figsize=(2.6 * cols + 1.0, 2.6 * n_layer + 0.6),
-                             squeeze=False, constrained_layout=True)
+    fig = plt.figure(figsize=(2.6 * n_head * len(sets) + 1.0, 2.6 * n_layer + 0.6), layout="constrained")
+    # One panel per set, titled once above its heads: titles naming the set in every cell overlap.
+    # The last panel is wider by the colorbar's inch, so that every map is drawn the same size.
+    widths = [2.6 * n_head] * (len(sets) - 1) + [2.6 * n_head + 1.0]
+    panels = fig.subfigures(1, len(sets), squeeze=False, width_ratios=widths)[0]
     image = None
-    for s, (name, layers) in enumerate(sets):
+    for panel, (name, layers) in zip(panels, sets):
+        axes = panel.subplots(n_layer, n_head, squeeze=False)
         for layer, probs in enumerate(layers):
             for head in range(n_head):
-                label = f"{name}: layer {layer} head {head}" if len(sets) > 1 else f"layer {layer} head {head}"
-                image = _draw_map(axes[layer][s * n_head + head], probs[head], tokens, label, fontsize)
-    fig.colorbar(image, ax=axes, shrink=0.6, label="attention weight (hatched grey: masked future)")
-    if len(sets) == 1:
-        fig.suptitle(title)
+                image = _draw_map(axes[layer][head], probs[head], tokens, f"layer {layer} head {head}", fontsize)
+        panel.suptitle(name)
+    fig.colorbar(image, ax=panels[-1].axes, shrink=0.6, label="attention weight (hatched grey: masked future)")
     _save(fig, out)
 
 
@@ -142,7 +163,7 @@ def draw_scale_comparison(comparison: ScaleComparison, tokens: Sequence[str] | N
     bars.set_ylabel("attention weight")
     bars.set_title("the last token's row", fontsize=fontsize + 1)
     if tokens is not None and len(tokens) <= MAX_LABELLED_TOKENS:
-        bars.set_xticks(range(T), tokens, rotation=90, fontsize=fontsize)
+        bars.set_xticks(range(T), tick_labels(tokens), rotation=90, fontsize=fontsize)
     bars.legend()
     fig.suptitle(f"{title} (titles: mean entropy over queries)")
     _save(fig, out)
@@ -173,10 +194,15 @@ def draw_attention_history(history: Sequence[AttentionEval], out: Path, *, title
 
 
 def _save(fig, out: Path) -> None:
-    """Write the figure atomically: an existing file at ``out`` is replaced whole or kept."""
+    """Write the figure atomically in the format ``out``'s suffix names (PNG without one): an
+    existing file at ``out`` is replaced whole or kept."""
     plt = _pyplot()
+    suffix = out.suffix.lower().lstrip(".")
     try:
         with atomic_output(out) as tmp:
-            fig.savefig(tmp, dpi=110, format="png")
+            # A tight box around everything drawn: constrained layout places square maps (fixed
+            # aspect) centred in their cells, and a long first tick label could fall off the edge.
+            fig.savefig(tmp, dpi=110, format=suffix if suffix in FIGURE_FORMATS else "png", bbox_inches="tight",
+                        pad_inches=0.1)
     finally:
         plt.close(fig)

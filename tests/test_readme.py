@@ -13,9 +13,10 @@ What the test changes, and nothing else:
 | ``python`` | this interpreter | the environment under test |
 | ``pip install ...`` | nothing | the environment under test is already installed |
 | ``python train.py ...`` | the same, then ``TRAIN_BUDGET`` appended | a few steps instead of minutes; later ``--set`` flags win |
+| ``python train.py ... --resume`` | the same, then ``RESUME_BUDGET`` appended | a few more steps than the run it continues |
 | ``python serve.py ...`` | the same with ``--port`` a free port, started in the background until the test ends | it never exits; another test may hold port 8000 |
 | ``127.0.0.1:8000`` in a block | the same free port | as above |
-| ``corpus/*.jsonl`` | written by the test from the embedded plays | the README means your own files |
+| ``input.txt``, ``corpus/*.jsonl`` | written by the test from the embedded plays | the README means your own files |
 
 Each block must exit with status 0 and print something: a snippet that shows the reader nothing
 has not shown what it claims.
@@ -45,6 +46,8 @@ TRAIN_BUDGET = [
     "--set", "eval.final_max_batches=2", "--set", "eval.interval=0", "--set", "logging.wandb.mode=disabled",
     "--no-progress",
 ]
+# A resume continues a run the budget above finished: only a larger budget has steps left.
+RESUME_BUDGET = [*TRAIN_BUDGET, "--set", "train.max_steps=5"]
 NOT_LINKED = {".git", ".venv", "runs", "exports", "data_cache", "wandb", ".ci-cache", ".pytest_cache"}
 
 
@@ -106,6 +109,7 @@ class Sandbox:
         with open(corpus / "plays.jsonl", "w", encoding="utf-8") as f:
             for text in texts[:4]:
                 f.write(json.dumps({"text": text}) + "\n")
+        (self.root / "input.txt").write_text("\n\n".join(texts[:2]), encoding="utf-8")
 
     def run(self, block: Block) -> subprocess.CompletedProcess | None:
         """The block's result; None for a block that only started servers."""
@@ -131,10 +135,14 @@ class Sandbox:
                 script.append(command)
         if not script:
             return None
-        budget = " ".join(TRAIN_BUDGET)
+        budget, resume_budget = " ".join(TRAIN_BUDGET), " ".join(RESUME_BUDGET)
         prelude = f"""set -euo pipefail
 pip() {{ :; }}
-python() {{ if [ "${{1:-}}" = train.py ]; then command python "$@" {budget}; else command python "$@"; fi; }}
+python() {{
+  if [ "${{1:-}}" != train.py ]; then command python "$@"
+  elif [[ " $* " == *" --resume "* ]]; then command python "$@" {resume_budget}
+  else command python "$@" {budget}; fi
+}}
 """
         return prelude + "\n".join(script)
 

@@ -87,6 +87,17 @@ class TrainConfig:
     peak_flops: float | str = "auto"  # FLOP/s of one device for MFU; auto = table or measured
     init_from: str | None = None  # a run directory to start from (its weights, shape and tokenizer)
 
+    def budget_reached(self, step: int, tokens: int, seconds: float) -> str | None:
+        """The budget a run at ``step``, having seen ``tokens`` in ``seconds`` of training, has used
+        up (``max_steps``, ``max_tokens`` or ``max_minutes``), or None while all have some left."""
+        if self.max_steps is not None and step >= self.max_steps:
+            return "max_steps"
+        if self.max_tokens is not None and tokens >= self.max_tokens:
+            return "max_tokens"
+        if self.max_minutes is not None and seconds >= self.max_minutes * 60.0:
+            return "max_minutes"
+        return None
+
     def __post_init__(self) -> None:
         check_types(self, "train")
         require(
@@ -144,7 +155,9 @@ class EvalConfig:
     max_batches: int = 20  # size of the fixed validation subset used during training
     batch_size: int | None = None  # None = train.batch_size
     final_max_batches: int | None = None  # None = the whole validation split at the end
-    sample_prompt: str = "ROMEO:"
+    # None: derived from the run's data (data/sample_prompt.py): "ROMEO:" for the embedded plays,
+    # the first words of the held-out text for any other corpus.
+    sample_prompt: str | None = None
     sample_tokens: int = 64  # 0 disables the sample
     sample_temperature: float = 0.8
     sample_top_k: int | None = 50

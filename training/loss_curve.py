@@ -8,8 +8,9 @@ take time that programs and tests calling it in a loop do not need.
 from __future__ import annotations
 
 import io
+import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from common.files import atomic_write_bytes
 from rundir.files import LOSS_CURVE_FILE, METRICS_FILE
@@ -24,22 +25,37 @@ def write_run_loss_curve(run_dir: Path) -> Path:
 
 
 def write_loss_curve(metrics_file: Path, out_file: Path) -> None:
-    """Draw the records of ``metrics_file`` into ``out_file`` (written atomically)."""
+    """Draw the records of ``metrics_file`` into ``out_file`` (written atomically).
+
+    The curve is in bits per byte, the number every report and table gives, with the loss in nats per
+    token on the right-hand axis. Training records carry only nats per token: they are converted at
+    the bytes per token of the validation split (the ratio of a validation record's two numbers);
+    a run with no validation yet is drawn in nats per token alone."""
     # The object API with the Agg canvas: no pyplot global state, no display needed.
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     records = read_metrics(metrics_file)
-    train = [r for r in records if r.get("kind") == "train" and "loss" in r]
-    evals = [r for r in records if r.get("kind") in ("eval", "final_eval") and "val_loss" in r]
+    train = [r for r in records if r.get("kind") == "train" and _number(r.get("loss"))]
+    evals = [r for r in records if r.get("kind") in ("eval", "final_eval") and _number(r.get("val_loss"))]
+    per_nat = bits_per_byte_per_nat(evals)
     figure = Figure(figsize=(11, 4.2), layout="constrained")
     FigureCanvasAgg(figure)
     for axes, x, label in zip(figure.subplots(1, 2), ("step", "elapsed_s"), ("step", "training time (minutes)")):
         scale = 1 / 60 if x == "elapsed_s" else 1
-        _plot(axes, train, x, "loss", scale, label="train", linewidth=1, alpha=0.8)
-        _plot(axes, evals, x, "val_loss", scale, label="validation", marker="o", markersize=4)
+        if per_nat is None:
+            _plot(axes, train, x, lambda r: r["loss"], scale, label="train", linewidth=1, alpha=0.8)
+            _plot(axes, evals, x, lambda r: r["val_loss"], scale, label="validation", marker="o", markersize=4)
+            axes.set_ylabel("loss (nats/token)")
+        else:
+            _plot(axes, train, x, lambda r: r["loss"] * per_nat, scale,
+                  label="train (at the validation split's bytes/token)", linewidth=1, alpha=0.8)
+            _plot(axes, evals, x, lambda r: r["val_bpb"] if _number(r.get("val_bpb")) else r["val_loss"] * per_nat,
+                  scale, label="validation", marker="o", markersize=4)
+            axes.set_ylabel("bits per byte")
+            nats = axes.secondary_yaxis("right", functions=(lambda b: b / per_nat, lambda n: n * per_nat))
+            nats.set_ylabel("loss (nats/token)")
         axes.set_xlabel(label)
-        axes.set_ylabel("loss (nats/token)")
         axes.grid(alpha=0.3)
         axes.legend()
     figure.suptitle(f"{out_file.parent.name}: loss")
@@ -48,7 +64,22 @@ def write_loss_curve(metrics_file: Path, out_file: Path) -> None:
     atomic_write_bytes(out_file, buffer.getvalue())
 
 
-def _plot(axes: Any, records: list[dict[str, Any]], x: str, y: str, scale: float, **style: Any) -> None:
-    points = [(r[x] * scale, r[y]) for r in records if isinstance(r.get(x), (int, float))]
+def bits_per_byte_per_nat(evals: list[dict[str, Any]]) -> float | None:
+    """Bits per byte per nat per token of the validation split, from the last evaluation that logged
+    both (1 / (ln 2 x bytes per token)); None when none did."""
+    for record in reversed(evals):
+        bpb, loss = record.get("val_bpb"), record.get("val_loss")
+        if _number(bpb) and _number(loss) and loss > 0 and bpb > 0:
+            return bpb / loss
+    return None
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _plot(axes: Any, records: list[dict[str, Any]], x: str, y: Callable[[dict[str, Any]], float], scale: float,
+          **style: Any) -> None:
+    points = [(r[x] * scale, y(r)) for r in records if _number(r.get(x))]
     if points:
         axes.plot(*zip(*points), **style)

@@ -19,7 +19,8 @@ from typing import Any
 from common.errors import one_line
 from model import GPTConfig
 from rundir.checkpoint import CheckpointError
-from rundir.files import STATE_FILE
+from rundir.files import METRICS_FILE, STATE_FILE
+from rundir.metrics import read_metrics
 
 FIXED_ON_RESUME = ("optimizer", "sampling", "seed")
 # The model keys that fix the shapes of the weights or what they compute, which neither a resume nor
@@ -59,6 +60,31 @@ def check_fixed_settings(state: dict[str, Any], train_config: Any, run_dir: Path
                 f"cannot resume {run_dir}: {key} is {now!r} but the run was trained with "
                 f"{saved[key]!r}, and it may not change on resume; drop the --set or start a new run"
             )
+
+
+def check_not_finished(state: dict[str, Any], train_config: Any, run_dir: Path) -> None:
+    """Refuse to resume a run that used up its budget and had its final validation: there is nothing
+    left to do, and doing it again would only repeat the validation and its metrics line. One stopped
+    during that validation is not finished: resuming runs the validation."""
+    try:
+        step, tokens, seconds = int(state["step"]), int(state["tokens_seen"]), float(state["train_seconds"])
+    except (KeyError, ValueError, TypeError):
+        return  # reported, with the rest of a state that does not fit, when it is restored
+    budget = train_config.budget_reached(step, tokens, seconds)
+    metrics = run_dir / METRICS_FILE
+    records = read_metrics(metrics) if budget is not None and metrics.is_file() else []
+    if not any(r.get("kind") == "final_eval" and r.get("step") == step for r in records):
+        return
+    if budget == "max_steps":
+        used, larger = f"step {step}", f"train.max_steps={2 * step}"
+    elif budget == "max_tokens":
+        used, larger = f"{tokens:,} tokens", f"train.max_tokens={2 * tokens}"
+    else:
+        used, larger = f"{seconds / 60:.1f} minutes", f"train.max_minutes={2 * train_config.max_minutes:g}"
+    raise CheckpointError(
+        f"{run_dir} is finished: it reached train.{budget} ({used}) and had its final validation; to "
+        f"train it further, raise train.max_steps or train.max_minutes, e.g. --resume --set {larger}"
+    )
 
 
 def _group_sizes(state: dict[str, Any]) -> list[int]:

@@ -29,6 +29,7 @@ from common.threads import STARVED_SHARE, starved_advice, use_threads
 from data import load_tokenizer, prepare_data, train_batches
 from data.chat_batches import ChatBatches
 from data.chat_prepare import prepare_chat_data
+from data.sample_prompt import default_sample_prompt
 from data.tokenizer import RUN_TOKENIZER_FIX
 from model import GPT, GPTConfig, SamplingSettings
 from model.rms_norm_cpu import install_cpu_backward
@@ -50,6 +51,7 @@ from training.memory_budget import check_model_fits
 from training.metrics import Throughput, format_duration, format_flops, mfu, peak_flops
 from training.optim import MuonWithAdamW, build_optimizer, build_schedule, muon_momentum
 from training.resume_rules import (
+    check_not_finished,
     check_fixed_settings, check_model_shape, check_optimizer_groups, fixed_settings, restore_error,
 )
 from training.rng_state import capture_rng_state, restore_rng_state
@@ -78,6 +80,7 @@ class TrainResult:
     chat: bool = False  # a chat-tuned run (data.format: chat)
     wandb_sync: str | None = None  # the command that uploads an offline wandb run
     starved_share: float | None = None  # set when other programs left the run under half its CPU time
+    sample_prompt: str | None = None  # what the evaluation samples continued (None for a chat run)
 
     @property
     def interrupted(self) -> bool:
@@ -196,6 +199,7 @@ class Trainer:
                 ) from None
             check_model_shape(saved_model, self.config.model, self.run_dir)
             check_fixed_settings(state, self.config.train, self.run_dir)
+            check_not_finished(state, self.config.train, self.run_dir)
         barrier(self.ctx)
         return state
 
@@ -220,6 +224,9 @@ class Trainer:
         self.chat = prepared if cfg.data.format == "chat" else None
         self.tokenizer = prepared.tokenizer()
         self.val_tokens = None if self.chat else prepared.val_tokens()
+        self.sample_prompt = cfg.eval.sample_prompt
+        if self.sample_prompt is None and self.chat is None:
+            self.sample_prompt = default_sample_prompt(cfg.data.source, self.tokenizer, self.val_tokens)
         self.token_bytes = torch.as_tensor(np.asarray(prepared.token_bytes()), dtype=torch.long, device=self.device)
 
     def _load_data(self, *, resume: bool) -> Any:
@@ -430,6 +437,7 @@ class Trainer:
             run_dir=self.run_dir, step=self.step, tokens_seen=self.tokens_seen, stopped_by=reason,
             train_seconds=self._elapsed(), last_loss=last_loss, signal=stop.signum, is_main=self.ctx.is_main,
             chat=self.chat is not None, wandb_sync=self.logger.sync_command, starved_share=self.starved_share,
+            sample_prompt=self.sample_prompt,
         )
         self.summary.update(step=self.step, tokens=self.tokens_seen, stopped_by=reason)
         if reason != "interrupted":
@@ -447,14 +455,9 @@ class Trainer:
     def _stop_reason(self, stop: StopRequest) -> str | None:
         """Why to stop before the next step, agreed by every rank (a signal may reach only some)."""
         tc = self.config.train
-        interrupted, reason = stop.requested, None
+        interrupted = stop.requested
         self.eval_due_by_clock = self._clock_eval_due()
-        if tc.max_steps is not None and self.step >= tc.max_steps:
-            reason = "max_steps"
-        elif tc.max_tokens is not None and self.tokens_seen >= tc.max_tokens:
-            reason = "max_tokens"
-        elif tc.max_minutes is not None and self._elapsed() >= tc.max_minutes * 60.0:
-            reason = "max_minutes"
+        reason = tc.budget_reached(self.step, self.tokens_seen, self._elapsed())
         if self.ctx.enabled:
             flags = [float(interrupted), float(reason == "max_minutes"), float(self.eval_due_by_clock)]
             flags = all_reduce_sum(torch.tensor(flags, device=self.device), self.ctx).tolist()
@@ -551,7 +554,7 @@ class Trainer:
         self.evaluations += 1
         every = self.config.eval.attention_image_interval
         if self.logger.active and every and (final or self.evaluations % every == 1):
-            prompt = self.config.eval.sample_prompt
+            prompt = self.sample_prompt
             ids = self.tokenizer.encode(prompt, add_special_tokens=False).ids[:T] or [0]
             maps = [layer[0] for layer in attention_maps(self.model, torch.tensor([ids], device=self.device))]
             pieces = [self.tokenizer.decode([i]) for i in ids]
@@ -563,15 +566,15 @@ class Trainer:
 
     def _samples(self) -> list[tuple[str, str]]:
         """(prompt, text) rows: replies to held-out conversations' first user turns when
-        chat-tuning, else the continuation of eval.sample_prompt (prompt included)."""
+        chat-tuning, else the continuation of the sample prompt (prompt included)."""
         ec = self.config.eval
         settings = SamplingSettings(max_new_tokens=ec.sample_tokens, temperature=ec.sample_temperature,
                                     top_k=ec.sample_top_k, top_p=None, seed=ec.sample_seed)
         if self.chat:
             end_id = self.tokenizer.token_to_id("<|end|>")
             return chat_reply_samples(self.model, self.tokenizer, self.chat.val, end_id, settings, count=4)
-        text = generate_sample(self.model, self.tokenizer, ec.sample_prompt, settings)
-        return [(ec.sample_prompt, text)]
+        text = generate_sample(self.model, self.tokenizer, self.sample_prompt, settings)
+        return [(self.sample_prompt, text)]
 
     def _save(self) -> None:
         # Each rank's sampler and RNG streams differ, and all are needed to resume exactly.

@@ -126,9 +126,10 @@ class WandbLogger:
             _say(f"wandb: could not start ({one_line(e, with_type=True)}); training continues without wandb", err=True)
             return cls(run_id=resume_id)
         if mode == "offline":
-            # The glob takes every piece of a run resumed several times; wandb sync uploads
-            # pieces with the same id in the order they started, so the charts join up.
-            sync = f"wandb sync {run_dir / 'wandb'}/offline-run-*-{run.id}*"
+            # wandb cannot reopen an offline run's folder: every session (a resume, an evaluation)
+            # of the run writes a piece of its own, named by its start time. The glob takes every
+            # piece, and --id uploads them into one run in the order they started.
+            sync = f"wandb sync --id {run.id} {run_dir / 'wandb'}/offline-run-*-{run.id}*"
             _say(f"wandb: {note + '; ' if note else ''}upload later with: {sync}")
         else:
             _say(f"wandb: logging to {run.url}")

@@ -159,3 +159,42 @@ def test_bad_compare_scale_input_is_one_line_and_exit_2(run_dir, args, message, 
     assert main(["--run", str(run_dir), "--prompt", PROMPT, *args]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--json", "--out", "weights.png"], "--json prints every layer's weights instead of drawing; leave out --out"),
+    (["--json", "--compare-init"], "leave out --compare-init"),
+    (["--json", "--layer", "0", "--head", "0"], "leave out --layer, --head"),
+    (["--out", "fig.jpeg2000"], "the suffix names the figure's format"),
+    (["--out", "attention"], "end the name with .png, .pdf, .svg"),
+    (["--roles", "--windows", "100000"], "--windows must be from 1 to"),
+])
+def test_flags_that_would_be_ignored_or_misread_are_refused(run_dir, args, message, tmp_path, capsys,
+                                                            monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    prompt = [] if "--roles" in args else ["--prompt", PROMPT]
+    assert main(["--run", str(run_dir), *prompt, *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_prompt_that_is_not_utf8_is_refused(run_dir, capsys):
+    # What Python makes of the argument bytes b"ROMEO \xff" on a UTF-8 system.
+    not_utf8 = b"ROMEO \xff".decode("utf-8", errors="surrogateescape")
+    assert main(["--run", str(run_dir), "--prompt", not_utf8, "--json"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --prompt is not valid UTF-8") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("suffix, magic", [(".pdf", b"%PDF"), (".svg", b"<?xml"), (".PNG", b"\x89PNG")])
+def test_the_figure_is_written_in_the_format_its_name_asks_for(run_dir, tmp_path, suffix, magic):
+    out = tmp_path / f"grid{suffix}"
+    assert main(["--run", str(run_dir), "--prompt", PROMPT, "--out", str(out)]) == 0
+    assert out.read_bytes().startswith(magic)
+
+
+def test_a_text_file_without_end_is_read_only_as_far_as_the_windows_need(run_dir, capsys):
+    # /dev/zero never ends: reading it whole would exhaust memory rather than finish.
+    assert main(["--run", str(run_dir), "--roles", "--text-file", "/dev/zero", "--windows", "2"]) == 0
+    assert sum(line.startswith("| ") and line[2].isdigit() for line in capsys.readouterr().out.splitlines()) == 2 * 4

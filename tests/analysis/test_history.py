@@ -112,3 +112,39 @@ def test_history_of_a_run_without_statistics_is_one_line(tmp_path, capsys):
     assert main(["--run", str(write_metrics(tmp_path / "old", RECORDS[:2])), "--history"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "holds no attention statistics" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("damaged", [
+    {"step": "300"},
+    {"step": True},
+    {"induction_best": "high"},
+    {"induction_best": float("nan")},
+    {"attn_entropy_layer1": None},
+    {"attn_entropy_layer1": "4.0"},
+])
+def test_an_evaluation_whose_statistics_are_not_numbers_is_left_out(damaged):
+    records = [evaluation(100, 0.2), {**evaluation(200, 0.9), **damaged}, evaluation(300, 0.3)]
+    assert [e.step for e in attention_history(records)] == [100, 300]
+
+
+def test_an_evaluation_missing_a_layer_is_left_out():
+    missing = evaluation(200, 0.9)
+    del missing["attn_entropy_layer1"]
+    fewer = evaluation(250, 0.9, entropy=(5.0,))
+    gap = evaluation(270, 0.9, entropy=(5.0, 4.0, 3.0))
+    del gap["attn_entropy_layer1"]
+    records = [evaluation(100, 0.2), missing, fewer, gap, evaluation(300, 0.3)]
+    assert [e.step for e in attention_history(records)] == [100, 300]
+
+
+def test_history_skips_unreadable_evaluations_and_says_so_in_one_line(tmp_path, capsys):
+    run_dir = write_metrics(tmp_path / "run", RECORDS + [{**evaluation(500, 0.8), "step": "x"},
+                                                         evaluation(600, 0.9, entropy=(1.0,))])
+    (run_dir / "metrics.jsonl").open("a").write('{"kind": "eval", "step": 700, "induction_best": []}\n')
+    out = tmp_path / "history.png"
+    assert main(["--run", str(run_dir), "--history", "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    warnings = [line for line in captured.err.splitlines() if line.startswith("warning:")]
+    assert warnings == [f"warning: skipped 3 evaluation record(s) of {run_dir / 'metrics.jsonl'} whose attention "
+                        "statistics are not numbers or miss a layer"]
+    assert "| 400 (final) |" in captured.out and "| 500" not in captured.out and out.is_file()

@@ -106,7 +106,7 @@ def test_offline_run_records_metrics_samples_config_and_summary(tmp_path, no_cre
     assert logger.active and logger.run_id
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 1 and "no W&B credentials" in out[0]
-    assert f"wandb sync {run_dir / 'wandb'}/offline-run-*-{logger.run_id}*" in out[0]
+    assert f"wandb sync --id {logger.run_id} {run_dir / 'wandb'}/offline-run-*-{logger.run_id}*" in out[0]
     assert logger.sync_command is not None and logger.sync_command in out[0]  # train.py says it again at the end
 
     for step in (10, 20, 30):
@@ -150,7 +150,7 @@ def test_resumed_run_continues_the_same_wandb_run(tmp_path, no_credentials, caps
     # The printed sync command covers both pieces (one line per start).
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 2 and lines[0] == lines[1]
-    pattern = lines[1].split("wandb sync ", 1)[1]
+    pattern = lines[1].split(f"wandb sync --id {run_id} ", 1)[1]
     assert sorted(Path(p).name for p in glob.glob(pattern)) == sorted(p.directory.name for p in pieces)
 
 

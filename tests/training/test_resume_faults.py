@@ -102,3 +102,50 @@ def test_a_pickle_with_code_is_refused_without_quoting_unsafe_advice(make_config
     message = str(info.value)
     assert "is not loaded" in message and "\n" not in message
     assert "weights_only" not in message and "can still be loaded" not in message
+
+
+def _snapshot(run_dir):
+    return {p.relative_to(run_dir): p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()}
+
+
+def test_resuming_a_finished_run_says_how_to_continue_and_changes_nothing(make_config, monkeypatch):
+    config = make_config(train={"max_steps": 2}, eval=QUIET)
+    train(config, progress=False)
+    before = _snapshot(config.out_dir)
+    import training.trainer as trainer_module
+
+    def no_wandb(*args, **kwargs):
+        raise AssertionError("a finished run opened a wandb run")
+
+    monkeypatch.setattr(trainer_module.WandbLogger, "start", no_wandb)
+    with pytest.raises(CheckpointError) as info:
+        train(make_config(train={"max_steps": 2}, eval=QUIET), resume=True, progress=False)
+    message = str(info.value)
+    assert "\n" not in message
+    assert f"{config.out_dir} is finished: it reached train.max_steps (step 2)" in message
+    assert "raise train.max_steps or train.max_minutes" in message and "--resume --set train.max_steps=4" in message
+    assert _snapshot(config.out_dir) == before  # no second validation line, no rewritten config
+
+
+def test_a_finished_run_whose_clock_ran_out_names_max_minutes(make_config):
+    config = make_config(train={"max_steps": 2}, eval=QUIET)
+    train(config, progress=False)
+    with pytest.raises(CheckpointError, match=r"reached train.max_minutes .* --set train.max_minutes=2e-06"):
+        train(make_config(train={"max_steps": 5, "max_minutes": 1e-6}, eval=QUIET), resume=True, progress=False)
+
+
+def test_a_run_stopped_during_its_final_validation_resumes_to_run_it_once(make_config):
+    config = make_config(train={"max_steps": 2}, eval=QUIET)
+    train(config, progress=False)
+    metrics = config.out_dir / "metrics.jsonl"
+    lines = metrics.read_text().splitlines(keepends=True)
+    metrics.write_text("".join(line for line in lines if '"final_eval"' not in line))
+    result = train(make_config(train={"max_steps": 2}, eval=QUIET), resume=True, progress=False)
+    assert result.step == 2 and result.val_bpb is not None
+    assert [r["step"] for r in read_metrics(metrics) if r["kind"] == "final_eval"] == [2]
+
+
+def test_a_finished_run_continues_when_its_budget_is_raised(make_config):
+    train(make_config(train={"max_steps": 2}, eval=QUIET), progress=False)
+    result = train(make_config(train={"max_steps": 3}, eval=QUIET), resume=True, progress=False)
+    assert result.step == 3 and result.stopped_by == "max_steps"

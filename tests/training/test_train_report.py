@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -126,3 +127,38 @@ def test_a_run_starved_of_cpu_time_says_so_once(capsys):
     assert len(said) == 1 and "20% of the time" in said[0] and "--threads 1" in said[0]
     busy, said = trainer_with(0.97)
     assert busy.starved_share is None and said == []
+
+
+def test_loss_curve_is_in_bits_per_byte_with_nats_per_token_beside(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    from rundir.metrics import MetricsLog
+    from training.loss_curve import write_loss_curve
+
+    log = MetricsLog(tmp_path / "metrics.jsonl")
+    for step in (1, 2):
+        log.append({"kind": "train", "step": step, "loss": 4.0 / step, "elapsed_s": step})
+    # 2 nats/token at 3 bytes/token is 2 / (3 ln 2) bits/byte.
+    log.append({"kind": "final_eval", "step": 2, "val_loss": 2.0, "val_bpb": 0.9618, "elapsed_s": 2.5})
+    drawn = []
+    real_savefig = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: (drawn.append(fig), real_savefig(fig, *a, **k)))
+    write_loss_curve(tmp_path / "metrics.jsonl", tmp_path / "loss_curve.png")
+    by_step = drawn[0].axes[0]
+    assert by_step.get_ylabel() == "bits per byte"
+    train_line, validation = by_step.get_lines()
+    assert list(train_line.get_ydata()) == pytest.approx([4.0 * 0.9618 / 2.0, 2.0 * 0.9618 / 2.0], abs=1e-9)
+    assert list(validation.get_ydata()) == [0.9618]
+    assert [ax.get_ylabel() for ax in by_step.child_axes] == ["loss (nats/token)"]
+
+
+def test_the_hints_sample_from_the_runs_own_data_not_the_plays(base_raw, tmp_path, capsys, corpus_file):
+    run_dir, out, _ = _run(base_raw, tmp_path, capsys, max_steps=2)
+    hint = [line for line in out.splitlines() if "python generate.py --run" in line][0]
+    prompt = shlex.split(hint.split("#")[0])[-1]
+    assert "ROMEO" not in out
+    # The corpus's held-out text starts a line with the prompt's words, and the samples continued it.
+    assert any(line.startswith(prompt) for line in corpus_file.read_text(encoding="utf-8").splitlines())
+    evals = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "final_eval"]
+    assert evals[0]["sample"].startswith(prompt)
