@@ -18,13 +18,22 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from analysis.history import INDUCTION_THRESHOLD, format_history, read_attention_history
-from analysis.maps import attention_maps, describe_attention, format_roles, head_roles, scale_comparison
+from analysis.history import INDUCTION_THRESHOLD, format_history, has_repeat_loss, read_attention_history
+from analysis.maps import (
+    attention_maps,
+    describe_attention,
+    format_roles,
+    head_roles,
+    induction_periods,
+    probe_ids,
+    scale_comparison,
+)
 from analysis.plot import (
     draw_attention_grid,
     draw_attention_history,
     draw_attention_map,
     draw_attention_rows,
+    draw_induction_history,
     draw_scale_comparison,
 )
 from common.cli import ArgumentParser, run_command
@@ -111,8 +120,12 @@ def _attention(args: argparse.Namespace) -> int:
         return _draw_runs(args, device)
     run = load_run(args.run if args.run is not None else find_latest_run(), device)
     if args.roles:
-        windows = _held_out_windows(run, args.text_file, args.windows or DEFAULT_WINDOWS)
-        print(format_roles(head_roles(run.model, windows)))
+        tokens, source = _held_out_tokens(run, args.text_file)
+        windows = _held_out_windows(run, tokens, source, args.windows or DEFAULT_WINDOWS)
+        ids = probe_ids(tokens, skip=[run.eot_id])
+        print(format_roles(head_roles(run.model, windows, ids)))
+        print(f"\ninduction: repeats of {len(ids)} distinct ids from {source}, at periods "
+              f"{', '.join(map(str, induction_periods(run.block_size, len(ids))))}")
         return 0
     ids = _prompt_ids(run, args.prompt)
     _check_layer_head(args, run)
@@ -160,9 +173,9 @@ def _history(args: argparse.Namespace) -> int:
     history = read_attention_history(run_dir)
     print(format_history(history, threshold))
     if args.out is not None:
+        draw = draw_induction_history if has_repeat_loss(history) else draw_attention_history
         with _writing_figure(args.out):
-            draw_attention_history(history, args.out, threshold=threshold,
-                                   title=f"{run_dir.name}: attention at each evaluation")
+            draw(history, args.out, threshold=threshold, title=f"{run_dir.name}: attention at each evaluation")
     return 0
 
 
@@ -289,18 +302,20 @@ def _untrained_maps(run: LoadedRun, idx: torch.Tensor) -> list[torch.Tensor]:
     return [layer[0] for layer in attention_maps(untrained, idx)]
 
 
-def _held_out_windows(run: LoadedRun, text_file: Path | None, count: int) -> torch.Tensor:
+def _held_out_tokens(run: LoadedRun, text_file: Path | None) -> tuple[np.ndarray, str]:
+    """The held-out tokens --roles scores, and where they came from: the --text-file, tokenized by the
+    run's tokenizer, or the run's validation split."""
+    if text_file is None:
+        return _validation_tokens(run), "the run's validation split"
+    try:
+        text = text_file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise UserError(f"cannot read --text-file {text_file}: {error}; give a UTF-8 text file") from None
+    return np.asarray(run.tokenizer.encode(text, add_special_tokens=False).ids), f"--text-file {text_file}"
+
+
+def _held_out_windows(run: LoadedRun, tokens: np.ndarray, source: str, count: int) -> torch.Tensor:
     """(count, block_size) windows of held-out tokens, back to back from the start."""
-    if text_file is not None:
-        try:
-            text = text_file.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as error:
-            raise UserError(f"cannot read --text-file {text_file}: {error}; give a UTF-8 text file") from None
-        tokens = np.asarray(run.tokenizer.encode(text, add_special_tokens=False).ids)
-        source = f"--text-file {text_file}"
-    else:
-        tokens = _validation_tokens(run)
-        source = "the run's validation split"
     T = run.block_size
     count = min(count, len(tokens) // T)
     if count < 1:

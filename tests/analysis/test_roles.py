@@ -90,9 +90,13 @@ def test_induction_score_refuses_a_repeat_that_does_not_fit():
         induction_score(uniform_head(8), period=5)
 
 
-def test_repeated_random_tokens_repeat_exactly_within_range():
+def test_repeated_random_tokens_repeat_distinct_ids_from_the_pool():
     g = torch.Generator().manual_seed(0)
-    ids = repeated_random_tokens(3, 7, vocab_size=50, generator=g, low=5)
-    assert ids.shape == (3, 14)
+    pool = torch.tensor([3, 9, 11, 40, 41, 42, 57, 60])
+    ids = repeated_random_tokens(200, 7, pool, g)
+    assert ids.shape == (200, 14)
     assert torch.equal(ids[:, :7], ids[:, 7:])
-    assert int(ids.min()) >= 5 and int(ids.max()) < 50
+    assert all(len(set(row[:7].tolist())) == 7 for row in ids)  # no id twice within a sequence
+    assert set(ids.unique().tolist()) == set(pool.tolist())  # every id of the pool is drawn, no other
+    with pytest.raises(ValueError, match="needs 9 distinct ids"):
+        repeated_random_tokens(1, 9, pool, g)
