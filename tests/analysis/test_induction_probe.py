@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from heads_testkit import previous_token_head, uniform_head
 from torch import nn
 
 # Through the module, so that the first test runs (and fails) against the metric as it was before
@@ -34,18 +35,6 @@ def embeddings() -> torch.Tensor:
     return table
 
 
-def previous_token(T: int) -> torch.Tensor:
-    p = torch.zeros(T, T)
-    p[0, 0] = 1.0
-    p[torch.arange(1, T), torch.arange(T - 1)] = 1.0
-    return p
-
-
-def uniform(T: int) -> torch.Tensor:
-    allowed = torch.tril(torch.ones(T, T))
-    return allowed / allowed.sum(-1, keepdim=True)
-
-
 class HandBuilt(nn.Module):
     """Two layers of two heads. Layer 0: a previous-token head and a uniform head. Layer 1: an
     induction head (query i matches key j by the embedding of the token before j, as the output of
@@ -66,7 +55,7 @@ class HandBuilt(nn.Module):
         scores[:, :, 0] = 0.0  # key 0 has no token before it: a neutral score
         scores = scores.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), float("-inf"))
         induction = torch.softmax(scores, dim=-1)
-        fixed = [h.expand(B, T, T) for h in (previous_token(T), uniform(T))]
+        fixed = [h.expand(B, T, T) for h in (previous_token_head(T), uniform_head(T))]
         return [torch.stack(fixed, dim=1), torch.stack([induction, fixed[1]], dim=1)]
 
 

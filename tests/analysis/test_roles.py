@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+from heads_testkit import previous_token_head, sink_head, uniform_head
 
 from analysis.roles import (
     attention_entropy,
@@ -14,26 +15,6 @@ from analysis.roles import (
 )
 
 T = 8
-
-
-def previous_token_head(T: int) -> torch.Tensor:
-    """Query 0 reads itself; every later query reads only the token before it."""
-    p = torch.zeros(T, T)
-    p[0, 0] = 1.0
-    p[torch.arange(1, T), torch.arange(T - 1)] = 1.0
-    return p
-
-
-def sink_head(T: int) -> torch.Tensor:
-    p = torch.zeros(T, T)
-    p[:, 0] = 1.0
-    return p
-
-
-def uniform_head(T: int) -> torch.Tensor:
-    """Each query spreads evenly over every position it may see."""
-    allowed = torch.tril(torch.ones(T, T))
-    return allowed / allowed.sum(-1, keepdim=True)
 
 
 def test_previous_token_head_scores_one_and_sink_head_zero():
