@@ -9,8 +9,8 @@ did not make.
 Each seed is a real ``train.py`` run (in ``--out``/s<seed>, one at a time, so that several do not share
 the cores). The table reports, per seed: the step at which the second-copy loss fell
 (``analysis.history.first_copying``), the seconds of training to it, the second-copy loss at the
-evaluation before and at it, and the steps at which a layer's heads and one head passed their
-induction thresholds.
+evaluation before, at it and at the end, the steps at which a layer's heads and one head passed
+their induction thresholds, and the wall-clock seconds of the whole ``train.py`` command.
 
 The held-out corpus is made by its own generator, not ``data/synthetic.py``: other letters, a
 word list of another size and shape, other lengths and another seed, and each copy on its own line.
@@ -24,6 +24,7 @@ import os
 import random
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from analysis.history import first_copying, first_induction, first_layer_induction, read_attention_history
@@ -67,27 +68,29 @@ def write_heldout(directory: Path) -> Path:
     return path
 
 
-def train(args: argparse.Namespace, seed: int) -> Path:
+def train(args: argparse.Namespace, seed: int) -> tuple[Path, float]:
+    """The run directory of ``seed``'s run, and the seconds its train.py command took."""
     run_dir = args.out / f"s{seed}"
     command = [sys.executable, str(ROOT / "train.py"), "--config", str(args.config), "--no-progress",
                "--set", f"train.seed={seed}", "--set", f"run.out_dir={run_dir}", "--set", "run.overwrite=true"]
     for override in args.set:
         command += ["--set", override]
+    start = time.perf_counter()
     subprocess.run(command, check=True, cwd=ROOT, env={**os.environ, "WANDB_MODE": "disabled"},
                    stdout=subprocess.DEVNULL)
-    return run_dir
+    return run_dir, time.perf_counter() - start
 
 
-def report_row(seed: int, run_dir: Path) -> str:
+def report_row(seed: int, run_dir: Path, wall: float) -> str:
     history = read_attention_history(run_dir)
     fell, layer, head = first_copying(history), first_layer_induction(history), first_induction(history)
     if fell is None:
-        return f"| {seed} | did not fall | | | | | | |"
+        return f"| {seed} | did not fall | | | | {history[-1].repeat_loss_second:.2f} | | | {wall:.0f} |"
     before = history[max(history.index(fell) - 1, 0)]
     elapsed = _elapsed_at(run_dir, fell.step)
     return (f"| {seed} | {fell.step} | {elapsed:.0f} | {before.repeat_loss_second:.2f} | "
             f"{fell.repeat_loss_second:.2f} | {history[-1].repeat_loss_second:.2f} | "
-            f"{layer.step if layer else 'none'} | {head.step if head else 'none'} |")
+            f"{layer.step if layer else 'none'} | {head.step if head else 'none'} | {wall:.0f} |")
 
 
 def _elapsed_at(run_dir: Path, step: int) -> float:
@@ -105,10 +108,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {write_heldout(args.heldout)}")
     if args.seeds:
         print("| seed | second-copy loss fell at step | seconds | second-copy loss before | at it | at the end "
-              "| layer sum >= 0.6 at step | head >= 0.5 at step |")
-        print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+              "| layer sum >= 0.6 at step | head >= 0.5 at step | train.py wall seconds |")
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for seed in args.seeds:
-            print(report_row(seed, train(args, seed)), flush=True)
+            print(report_row(seed, *train(args, seed)), flush=True)
     return 0
 
 
