@@ -140,8 +140,9 @@ def _copying_line(history: list[AttentionEval]) -> str:
     if fell is not None:
         return (f"second-copy loss fell: step {fell.step} ({fell.repeat_loss_second:.3f} nats against "
                 f"{fell.repeat_loss_first:.3f} on the first copy, <= {COPY_LOSS_RATIO} of it)")
-    low = min((e for e in history if e.repeat_loss_second is not None), key=lambda e: e.repeat_loss_second)
-    return (f"second-copy loss did not fall: it stayed above {COPY_LOSS_RATIO} of the first-copy loss (lowest "
+    low = min((e for e in history if e.repeat_loss_second is not None),
+              key=lambda e: e.repeat_loss_second / e.repeat_loss_first)
+    return (f"second-copy loss did not fall: it stayed above {COPY_LOSS_RATIO} of the first-copy loss (closest "
             f"{low.repeat_loss_second:.3f} against {low.repeat_loss_first:.3f}, at step {low.step})")
 
 

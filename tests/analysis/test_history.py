@@ -100,8 +100,11 @@ def test_the_table_names_when_the_second_copy_loss_fell_and_each_threshold_was_p
     assert "first induction layer: step 150 (layer 1's heads sum to 0.610 >= 0.6)" in table
     assert table.endswith("first induction head: step 200 (induction_best 0.550 >= 0.5)")
     early = format_history(attention_history(LAB[:2]))
-    assert "second-copy loss did not fall: it stayed above 0.5 of the first-copy loss (lowest 3.100 against " \
+    assert "second-copy loss did not fall: it stayed above 0.5 of the first-copy loss (closest 3.100 against " \
            "5.600, at step 100)" in early
+    # The closest is the lowest ratio of the two losses, not the lowest second-copy loss.
+    drifting = [copying(50, (0.1, 0.1), 6.0, 5.0), copying(100, (0.1, 0.1), 9.0, 5.5)]
+    assert "(closest 5.500 against 9.000, at step 100)" in format_history(attention_history(drifting))
     assert "no induction layer: no layer's heads summed to 0.6 (highest 0.400, at step 100)" in early
 
 
