@@ -8,6 +8,7 @@ scores, the same code its forward pass runs, returned before they are applied to
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -94,14 +95,12 @@ def probe_ids(tokens: np.ndarray, *, skip: Sequence[int] = ()) -> torch.Tensor:
 def induction_periods(block_size: int, n_ids: int) -> tuple[int, ...]:
     """The periods the probe repeats at: 8, 16, 32, ... up to half the context, and none longer
     than the number of distinct ids (a sequence repeats no id). A head that copies only at the
-    lengths it was trained on scores lower than one that copies at any length."""
+    lengths it was trained on scores lower than one that copies at any length. None when the
+    context is shorter than 16 tokens or fewer than 8 distinct ids are at hand."""
     periods, period = [], MIN_PERIOD
     while 2 * period <= block_size and period <= n_ids:
         periods.append(period)
         period *= 2
-    if not periods:
-        raise ValueError(f"no repeat of at least {MIN_PERIOD} distinct ids fits: the context is {block_size} "
-                         f"tokens and {n_ids} distinct ids were found")
     return tuple(periods)
 
 
@@ -120,13 +119,14 @@ def head_roles(
 
     Previous-token, sink and entropy are averaged over the (B, T) windows of held-out text;
     induction over ``repeat_probe``'s sequences (every period weighs the same), drawn from ``ids``
-    (default: the ids in ``text_windows``; give ``probe_ids`` of the run's held-out tokens).
+    (default: the ids in ``text_windows``; give ``probe_ids`` of the run's held-out tokens). With
+    no period to probe at (``induction_periods``), every induction score is NaN: not measured.
     """
     text = attention_maps(model, text_windows)
     if ids is None:
         ids = probe_ids(text_windows.cpu().numpy())
     probe = repeat_probe(ids, model.config.block_size, seed=seed)
-    induction = [torch.zeros(probs.shape[1]) for probs in text]
+    induction = [torch.full((probs.shape[1],), 0.0 if probe else math.nan) for probs in text]
     for period, sequences in probe:
         for layer, probs in enumerate(attention_maps(model, sequences.to(text_windows.device))):
             induction[layer] += induction_score(probs, period).mean(0) / len(probe)
@@ -189,17 +189,20 @@ def attention_summary(model: nn.Module, text_windows: torch.Tensor, ids: torch.T
     """What training logs at each evaluation: each layer's mean attention entropy over
     ``text_windows``, the best induction score of any head and each layer's sum (``head_roles``'
     definitions), and the loss on the first and second copies of the probe (``repeat_loss``)."""
+    if ids is None:
+        ids = probe_ids(text_windows.cpu().numpy())
     roles = head_roles(model, text_windows, ids)
     summary = {}
     for layer in range(model.config.n_layer):
         heads = [r.entropy_bits for r in roles if r.layer == layer]
         summary[f"attn_entropy_layer{layer}"] = sum(heads) / len(heads)
+    probe = repeat_probe(ids, model.config.block_size)
+    if not probe:  # a context or a corpus too small to probe: log no induction statistics at all
+        return summary
     summary["induction_best"] = max(r.induction for r in roles)
     for layer, total in enumerate(layer_induction(roles)):
         summary[f"induction_layer{layer}"] = total
-    if ids is None:
-        ids = probe_ids(text_windows.cpu().numpy())
-    loss = repeat_loss(model, repeat_probe(ids, model.config.block_size), text_windows.device)
+    loss = repeat_loss(model, probe, text_windows.device)
     summary["repeat_loss_first"], summary["repeat_loss_second"] = loss.first, loss.second
     return summary
 

@@ -65,6 +65,15 @@ def test_roles_print_one_row_per_layer_and_head(run_dir, tmp_path, capsys):
     assert f"distinct ids from --text-file {text}, at periods 8" in out
 
 
+def test_roles_refuse_text_too_uniform_to_probe(run_dir, tmp_path, capsys):
+    text = tmp_path / "same.txt"
+    text.write_text("a" * 4000, encoding="utf-8")
+    assert main(["--run", str(run_dir), "--roles", "--text-file", str(text)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "the induction probe repeats at least 8 distinct ones" in err
+    assert err.count("\n") == 1
+
+
 def table_rows(out):
     """The cells of every numeric row of the markdown tables in ``out``."""
     return [[cell.strip() for cell in line.strip().strip("|").split("|")]

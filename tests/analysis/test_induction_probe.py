@@ -96,8 +96,14 @@ def test_periods_double_up_to_half_the_context_and_the_ids_available():
     assert maps.induction_periods(128, 1000) == (8, 16, 32, 64)
     assert maps.induction_periods(128, 20) == (8, 16)
     assert maps.induction_periods(40, 1000) == (8, 16)
-    with pytest.raises(ValueError, match="no repeat of at least 8 distinct ids fits"):
-        maps.induction_periods(128, 5)
+    assert maps.induction_periods(128, 7) == () and maps.induction_periods(15, 1000) == ()
+
+
+def test_without_a_period_to_probe_induction_is_not_measured_nor_logged():
+    few = TRAINED[:7]
+    assert all(math.isnan(r.induction) for r in maps.head_roles(HandBuilt(), text_windows(), few))
+    summary = maps.attention_summary(HandBuilt(), text_windows(), few)
+    assert sorted(summary) == ["attn_entropy_layer0", "attn_entropy_layer1"]
 
 
 def test_probe_ids_are_the_distinct_held_out_ids_less_the_ones_skipped():
