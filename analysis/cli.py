@@ -20,6 +20,7 @@ import torch
 
 from analysis.history import INDUCTION_THRESHOLD, format_history, has_repeat_loss, read_attention_history
 from analysis.maps import (
+    MIN_COUNT,
     MIN_PERIOD,
     attention_maps,
     describe_attention,
@@ -126,11 +127,11 @@ def _attention(args: argparse.Namespace) -> int:
         ids = probe_ids(tokens, skip=[run.eot_id])
         periods = induction_periods(run.block_size, len(ids))
         if not periods:
-            raise UserError(f"{source} holds {len(ids)} distinct tokens; the induction probe repeats at least "
-                            f"{MIN_PERIOD} distinct ones (in a context of at least {2 * MIN_PERIOD}): give a "
-                            "more varied --text-file")
+            raise UserError(f"{source} holds {len(ids)} distinct tokens seen {MIN_COUNT} times or more; the induction "
+                            f"probe repeats at least {MIN_PERIOD} distinct ones (in a context of at least "
+                            f"{2 * MIN_PERIOD}): give a longer, more varied --text-file")
         print(format_roles(head_roles(run.model, windows, ids)))
-        print(f"\ninduction: repeats of {len(ids)} distinct ids from {source}, at periods "
+        print(f"\ninduction: repeats of {len(ids)} distinct ids (each seen {MIN_COUNT}+ times) from {source}, at periods "
               f"{', '.join(map(str, periods))}")
         return 0
     ids = _prompt_ids(run, args.prompt)

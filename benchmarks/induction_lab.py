@@ -84,13 +84,13 @@ def train(args: argparse.Namespace, seed: int) -> tuple[Path, float]:
 def report_row(seed: int, run_dir: Path, wall: float) -> str:
     history = read_attention_history(run_dir)
     fell, layer, head = first_copying(history), first_layer_induction(history), first_induction(history)
+    passed = f"{layer.step if layer else 'none'} | {head.step if head else 'none'} | {wall:.0f} |"
     if fell is None:
-        return f"| {seed} | did not fall | | | | {history[-1].repeat_loss_second:.2f} | | | {wall:.0f} |"
+        return f"| {seed} | did not fall | | | | {history[-1].repeat_loss_second:.2f} | {passed}"
     before = history[max(history.index(fell) - 1, 0)]
     elapsed = _elapsed_at(run_dir, fell.step)
     return (f"| {seed} | {fell.step} | {elapsed:.0f} | {before.repeat_loss_second:.2f} | "
-            f"{fell.repeat_loss_second:.2f} | {history[-1].repeat_loss_second:.2f} | "
-            f"{layer.step if layer else 'none'} | {head.step if head else 'none'} | {wall:.0f} |")
+            f"{fell.repeat_loss_second:.2f} | {history[-1].repeat_loss_second:.2f} | {passed}")
 
 
 def _elapsed_at(run_dir: Path, step: int) -> float:

@@ -62,7 +62,7 @@ def test_roles_print_one_row_per_layer_and_head(run_dir, tmp_path, capsys):
     for layer, total in layers:
         heads = [float(row[5]) for row in rows if row[0] == layer]
         assert float(total) == pytest.approx(sum(heads), abs=2e-3)
-    assert f"distinct ids from --text-file {text}, at periods 8" in out
+    assert f"distinct ids (each seen 10+ times) from --text-file {text}, at periods 8" in out
 
 
 def test_roles_refuse_text_too_uniform_to_probe(run_dir, tmp_path, capsys):

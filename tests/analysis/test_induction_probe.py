@@ -108,7 +108,10 @@ def test_without_a_period_to_probe_induction_is_not_measured_nor_logged():
 
 def test_probe_ids_are_the_distinct_held_out_ids_less_the_ones_skipped():
     tokens = np.array([0, 7, 3, 7, 0, 9, 3], dtype=np.uint16)
-    assert maps.probe_ids(tokens, skip=[0]).tolist() == [3, 7, 9]
+    assert maps.probe_ids(tokens, skip=[0], min_count=1).tolist() == [3, 7, 9]
+    assert maps.probe_ids(tokens, skip=[0], min_count=2).tolist() == [3, 7]  # 9 was seen once
+    common = np.repeat(np.array([4, 5, 6], dtype=np.uint32), [maps.MIN_COUNT, maps.MIN_COUNT - 1, 50])
+    assert maps.probe_ids(common).tolist() == [4, 6]
     probe = maps.repeat_probe(torch.arange(10, 30), 64, batch=3, seed=5)
     assert [period for period, _ in probe] == [8, 16]
     again = maps.repeat_probe(torch.arange(10, 30), 64, batch=3, seed=5)
