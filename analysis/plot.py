@@ -183,7 +183,7 @@ def draw_induction_history(history: Sequence[AttentionEval], out: Path, *, title
     """The two signals of an induction head forming, at every evaluation of a run, written as a PNG to
     ``out``: the loss on the first and second copies of repeated sequences (left), and the induction
     score of the best head and of each layer's heads summed (right), each with its threshold and a
-    dotted line at the first evaluation past it."""
+    vertical line at the first evaluation past it."""
     plt = _pyplot()
     fig, (losses, scores) = plt.subplots(1, 2, figsize=(12, 4.5), constrained_layout=True)
     logged = [e for e in history if e.repeat_loss_second is not None]
