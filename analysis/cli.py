@@ -19,14 +19,25 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from analysis.history import INDUCTION_THRESHOLD, format_history, read_attention_history
-from analysis.maps import attention_maps, describe_attention, format_roles, head_roles, scale_comparison
+from analysis.history import INDUCTION_THRESHOLD, format_history, has_repeat_loss, read_attention_history
+from analysis.maps import (
+    MIN_COUNT,
+    MIN_PERIOD,
+    attention_maps,
+    describe_attention,
+    format_roles,
+    head_roles,
+    induction_periods,
+    probe_ids,
+    scale_comparison,
+)
 from analysis.plot import (
     FIGURE_FORMATS,
     draw_attention_grid,
     draw_attention_history,
     draw_attention_map,
     draw_attention_rows,
+    draw_induction_history,
     draw_scale_comparison,
 )
 from common.cli import ArgumentParser, run_command
@@ -55,6 +66,9 @@ DEFAULT_WINDOWS = 8
 # Every window is a forward pass whose attention maps are held at once, and --text-file is read up
 # to what the windows need: the bound keeps both finite.
 MAX_WINDOWS = 1024
+# Tokens of a --text-file read at least, whatever the windows: the probe keeps ids seen MIN_COUNT
+# times, which needs more text than a few windows hold.
+PROBE_TOKENS = 200_000
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -120,8 +134,18 @@ def _attention(args: argparse.Namespace) -> int:
         return _draw_runs(args, device)
     run = load_run(args.run if args.run is not None else find_latest_run(), device)
     if args.roles:
-        windows = _held_out_windows(run, args.text_file, args.windows or DEFAULT_WINDOWS)
-        print(format_roles(head_roles(run.model, windows)))
+        count = args.windows or DEFAULT_WINDOWS
+        tokens, source = _held_out_tokens(run, args.text_file, count)
+        windows = _held_out_windows(run, tokens, source, count)
+        ids = probe_ids(tokens, skip=[run.eot_id])
+        periods = induction_periods(run.block_size, len(ids))
+        if not periods:
+            raise UserError(f"{source} holds {len(ids)} distinct tokens seen {MIN_COUNT} times or more; the induction "
+                            f"probe repeats at least {MIN_PERIOD} distinct ones (in a context of at least "
+                            f"{2 * MIN_PERIOD}): give a longer, more varied --text-file")
+        print(format_roles(head_roles(run.model, windows, ids)))
+        print(f"\ninduction: repeats of {len(ids)} distinct ids (each seen {MIN_COUNT}+ times) from {source}, at periods "
+              f"{', '.join(map(str, periods))}")
         return 0
     ids = _prompt_ids(run, args.prompt)
     _check_layer_head(args, run)
@@ -173,9 +197,9 @@ def _history(args: argparse.Namespace) -> int:
               "statistics are not numbers or miss a layer", file=sys.stderr)
     print(format_history(history, threshold))
     if args.out is not None:
+        draw = draw_induction_history if has_repeat_loss(history) else draw_attention_history
         with _writing_figure(args.out):
-            draw_attention_history(history, args.out, threshold=threshold,
-                                   title=f"{run_dir.name}: attention at each evaluation")
+            draw(history, args.out, threshold=threshold, title=f"{run_dir.name}: attention at each evaluation")
     return 0
 
 
@@ -309,15 +333,19 @@ def _untrained_maps(run: LoadedRun, idx: torch.Tensor) -> list[torch.Tensor]:
     return [layer[0] for layer in attention_maps(untrained, idx)]
 
 
-def _held_out_windows(run: LoadedRun, text_file: Path | None, count: int) -> torch.Tensor:
+def _held_out_tokens(run: LoadedRun, text_file: Path | None, count: int) -> tuple[np.ndarray, str]:
+    """The held-out tokens --roles scores, and where they came from: the --text-file, tokenized by the
+    run's tokenizer, or the run's validation split. Of a file, only what ``count`` windows and the
+    probe's id counts need is read."""
+    if text_file is None:
+        return _validation_tokens(run), "the run's validation split"
+    tokens = max(count * run.block_size, PROBE_TOKENS)
+    text = _read_text_prefix(text_file, tokens * max(map(len, run.token_bytes)))
+    return np.asarray(run.tokenizer.encode(text, add_special_tokens=False).ids), f"--text-file {text_file}"
+
+
+def _held_out_windows(run: LoadedRun, tokens: np.ndarray, source: str, count: int) -> torch.Tensor:
     """(count, block_size) windows of held-out tokens, back to back from the start."""
-    if text_file is not None:
-        text = _read_text_prefix(text_file, count * run.block_size * max(map(len, run.token_bytes)))
-        tokens = np.asarray(run.tokenizer.encode(text, add_special_tokens=False).ids)
-        source = f"--text-file {text_file}"
-    else:
-        tokens = _validation_tokens(run)
-        source = "the run's validation split"
     T = run.block_size
     count = min(count, len(tokens) // T)
     if count < 1:

@@ -1,6 +1,8 @@
 """A run's attention over its training: what each evaluation logged to ``metrics.jsonl`` (each
-layer's mean attention entropy and the best induction score over heads, see ``maps.attention_summary``),
-and the first evaluation at which an induction head had appeared.
+layer's mean attention entropy, the induction scores and the loss on the first and second copies of
+repeated sequences, see ``maps.attention_summary``), and the evaluations at which the run began to
+copy: its second-copy loss fell, a layer's heads together reached the induction threshold, and one
+head reached it alone.
 """
 
 from __future__ import annotations
@@ -19,8 +21,16 @@ from rundir.metrics import read_metrics
 # the copied token. A head that spreads evenly scores about 1 / period, far below; a threshold
 # that does not depend on the window length can be read the same way for any run.
 INDUCTION_THRESHOLD = 0.5
+# A layer passes when its heads' weights on the predicted token sum to this: copying shared by
+# several heads, none of which reaches the single-head threshold. It sits above the single head's
+# so that a layer of several evenly spread heads (each near 1 / period) stays far below it.
+LAYER_INDUCTION_THRESHOLD = 0.6
+# The second-copy loss has fallen once it is at most this fraction of the first-copy loss: the
+# model then predicts a repeated token far better than a fresh one, which only copying explains.
+COPY_LOSS_RATIO = 0.5
 
 _ENTROPY_PREFIX = "attn_entropy_layer"
+_LAYER_PREFIX = "induction_layer"
 
 
 @dataclass(frozen=True)
@@ -29,6 +39,14 @@ class AttentionEval:
     final: bool  # the evaluation after training ended (kind "final_eval")
     entropy_bits: tuple[float, ...]  # mean attention entropy of each layer, layer 0 first
     induction_best: float
+    induction_layers: tuple[float, ...] = ()  # each layer's heads' induction scores summed; () before they were logged
+    repeat_loss_first: float | None = None  # None: logged before the repeated-sequence loss was
+    repeat_loss_second: float | None = None
+
+
+def _layered(record: dict[str, Any], prefix: str) -> tuple[float, ...]:
+    layers = sorted(int(key[len(prefix):]) for key in record if key.startswith(prefix))
+    return tuple(float(record[f"{prefix}{layer}"]) for layer in layers)
 
 
 def attention_history(records: list[dict[str, Any]]) -> list[AttentionEval]:
@@ -59,9 +77,16 @@ def _read_evaluation(record: dict[str, Any]) -> AttentionEval | None:
     if not (isinstance(step, int) and not isinstance(step, bool) and number(record["induction_best"])
             and entropy and set(entropy) == set(layers) and all(map(number, entropy.values()))):
         return None
+    layer_sums = [value for key, value in record.items() if key.startswith(_LAYER_PREFIX)]
+    first, second = record.get("repeat_loss_first"), record.get("repeat_loss_second")
+    if not all(map(number, layer_sums)) or not all(v is None or number(v) for v in (first, second)):
+        return None
     return AttentionEval(step=step, final=record["kind"] == "final_eval",
                          entropy_bits=tuple(float(entropy[layer]) for layer in layers),
-                         induction_best=float(record["induction_best"]))
+                         induction_best=float(record["induction_best"]),
+                         induction_layers=_layered(record, _LAYER_PREFIX),
+                         repeat_loss_first=None if first is None else float(first),
+                         repeat_loss_second=None if second is None else float(second))
 
 
 def read_attention_history(run_dir: Path) -> tuple[list[AttentionEval], int]:
@@ -86,22 +111,81 @@ def first_induction(history: list[AttentionEval], threshold: float = INDUCTION_T
     return next((e for e in history if e.induction_best >= threshold), None)
 
 
+def first_layer_induction(history: list[AttentionEval],
+                          threshold: float = LAYER_INDUCTION_THRESHOLD) -> AttentionEval | None:
+    """The earliest evaluation at which some layer's summed induction score reaches ``threshold``."""
+    return next((e for e in history if e.induction_layers and max(e.induction_layers) >= threshold), None)
+
+
+def has_repeat_loss(history: list[AttentionEval]) -> bool:
+    """Whether the run logged the repeated-sequence losses (runs trained before them did not)."""
+    return any(e.repeat_loss_second is not None for e in history)
+
+
+def first_copying(history: list[AttentionEval], ratio: float = COPY_LOSS_RATIO) -> AttentionEval | None:
+    """The earliest evaluation whose second-copy loss is at most ``ratio`` times its first-copy loss."""
+    return next((e for e in history if e.repeat_loss_second is not None
+                 and e.repeat_loss_second <= ratio * e.repeat_loss_first), None)
+
+
 def format_history(history: list[AttentionEval], threshold: float = INDUCTION_THRESHOLD) -> str:
-    """A markdown table, one row per evaluation, and a line naming the step an induction head
-    first appeared at (or the best score reached, if none did)."""
+    """A markdown table, one row per evaluation, then a line each for the step the second-copy loss
+    fell at, the step a layer's heads together passed the layer threshold, and the step one head
+    passed ``threshold`` (or the best reached, when none did)."""
     n_layer = max(len(e.entropy_bits) for e in history)
-    header = ["step", *(f"entropy layer {i} (bits)" for i in range(n_layer)), "induction_best"]
+    layers = max(len(e.induction_layers) for e in history)
+    losses = has_repeat_loss(history)
+    header = ["step", *(f"entropy layer {i} (bits)" for i in range(n_layer)), "induction_best",
+              *(f"induction layer {i} (sum)" for i in range(layers)),
+              *(["first-copy loss", "second-copy loss"] if losses else [])]
     lines = ["| " + " | ".join(header) + " |", "|" + "---:|" * len(header)]
     for e in history:
         step = f"{e.step} (final)" if e.final else str(e.step)
-        cells = [step, *(f"{h:.3f}" for h in e.entropy_bits), f"{e.induction_best:.3f}"]
+        cells = [step, *(f"{h:.3f}" for h in e.entropy_bits), f"{e.induction_best:.3f}",
+                 *(f"{s:.3f}" for s in e.induction_layers), *([_nats(e.repeat_loss_first),
+                                                                 _nats(e.repeat_loss_second)] if losses else [])]
         lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append(_copying_line(history))
+    if layers:
+        lines.append(_layer_line(history))
+    lines.append(_head_line(history, threshold))
+    return "\n".join(lines)
+
+
+def _nats(value: float | None) -> str:
+    return "" if value is None else f"{value:.3f}"
+
+
+def _copying_line(history: list[AttentionEval]) -> str:
+    if not has_repeat_loss(history):
+        return ("no repeated-sequence loss: this run's evaluations did not log repeat_loss_first/second (it "
+                "predates them); train it again to see when it began to copy")
+    fell = first_copying(history)
+    if fell is not None:
+        return (f"second-copy loss fell: step {fell.step} ({fell.repeat_loss_second:.3f} nats against "
+                f"{fell.repeat_loss_first:.3f} on the first copy, <= {COPY_LOSS_RATIO} of it)")
+    low = min((e for e in history if e.repeat_loss_second is not None),
+              key=lambda e: e.repeat_loss_second / e.repeat_loss_first)
+    return (f"second-copy loss did not fall: it stayed above {COPY_LOSS_RATIO} of the first-copy loss (closest "
+            f"{low.repeat_loss_second:.3f} against {low.repeat_loss_first:.3f}, at step {low.step})")
+
+
+def _layer_line(history: list[AttentionEval]) -> str:
+    first = first_layer_induction(history)
+    if first is not None:
+        layer = max(range(len(first.induction_layers)), key=lambda i: first.induction_layers[i])
+        return (f"first induction layer: step {first.step} (layer {layer}'s heads sum to "
+                f"{first.induction_layers[layer]:.3f} >= {LAYER_INDUCTION_THRESHOLD})")
+    best = max((e for e in history if e.induction_layers), key=lambda e: max(e.induction_layers))
+    return (f"no induction layer: no layer's heads summed to {LAYER_INDUCTION_THRESHOLD} (highest "
+            f"{max(best.induction_layers):.3f}, at step {best.step})")
+
+
+def _head_line(history: list[AttentionEval], threshold: float) -> str:
     first = first_induction(history, threshold)
     if first is not None:
-        lines.append(f"\nfirst induction head: step {first.step} (induction_best {first.induction_best:.3f} "
-                     f">= {threshold})")
-    else:
-        best = max(history, key=lambda e: e.induction_best)
-        lines.append(f"\nno induction head: induction_best stayed below {threshold} (highest "
-                     f"{best.induction_best:.3f}, at step {best.step})")
-    return "\n".join(lines)
+        return f"first induction head: step {first.step} (induction_best {first.induction_best:.3f} >= {threshold})"
+    best = max(history, key=lambda e: e.induction_best)
+    return (f"no induction head: induction_best stayed below {threshold} (highest "
+            f"{best.induction_best:.3f}, at step {best.step})")

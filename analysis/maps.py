@@ -1,5 +1,6 @@
 """Attention probabilities of a model for given token ids (with and without the 1/√d scale), the
-head-role table of a run, and the words that name a run's attention kind.
+head-role table of a run, the repeated-sequence probe (its induction scores and its first- and
+second-copy losses), and the words that name a run's attention kind.
 
 The probabilities come from ``GPT.attention_weights``: each attention kind's own projections and
 scores, the same code its forward pass runs, returned before they are applied to the values.
@@ -7,8 +8,11 @@ scores, the same code its forward pass runs, returned before they are applied to
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -72,52 +76,141 @@ class HeadRole:
     induction: float
 
 
+# The shortest repeat scored: shorter ones put the predicted token among so few earlier positions
+# that a head spreading its weight evenly already scores high.
+MIN_PERIOD = 8
+# Ids looked for in at most this many held-out tokens: enough to meet every id a corpus uses
+# often, and a bounded cost at each evaluation of a run on a large corpus.
+PROBE_TOKENS = 1_000_000
+# The probe draws only ids seen at least this often among those tokens. An id the model met a
+# handful of times (a BPE piece that survives only inside rare words, a form that appears only at a
+# line's start) has an embedding training has barely moved: the blind spot of ids never seen, only
+# milder. Held-out text holds a twentieth to a tenth of the training tokens, so each such id was
+# trained on about a hundred times or more.
+MIN_COUNT = 10
+
+
+def probe_ids(tokens: np.ndarray, *, skip: Sequence[int] = (), min_count: int = MIN_COUNT) -> torch.Tensor:
+    """The ids seen at least ``min_count`` times in (a prefix of) a run's held-out ``tokens``, less
+    ``skip`` (the end-of-text id: a document boundary in the middle of a repeat would ask the model
+    to forget it): ids the model was trained on, which the induction probe draws from."""
+    counts = np.bincount(np.asarray(tokens[:PROBE_TOKENS]).ravel())  # counting beats sorting here
+    ids = np.flatnonzero(counts >= max(min_count, 1))
+    return torch.from_numpy(ids[~np.isin(ids, list(skip))])
+
+
+def induction_periods(block_size: int, n_ids: int) -> tuple[int, ...]:
+    """The periods the probe repeats at: 8, 16, 32, ... up to half the context, and none longer
+    than the number of distinct ids (a sequence repeats no id). A head that copies only at the
+    lengths it was trained on scores lower than one that copies at any length. None when the
+    context is shorter than 16 tokens or fewer than 8 distinct ids are at hand."""
+    periods, period = [], MIN_PERIOD
+    while 2 * period <= block_size and period <= n_ids:
+        periods.append(period)
+        period *= 2
+    return tuple(periods)
+
+
+def repeat_probe(ids: torch.Tensor, block_size: int, *, batch: int = 8, seed: int = 0) -> list[tuple[int, torch.Tensor]]:
+    """(period, (batch, 2 * period) sequences) for each of ``induction_periods``: random draws
+    from ``ids`` without replacement, each written twice, the same for the same ``seed``."""
+    generator = torch.Generator().manual_seed(seed)
+    return [(period, repeated_random_tokens(batch, period, ids, generator))
+            for period in induction_periods(block_size, len(ids))]
+
+
 def head_roles(
-    model: nn.Module, text_windows: torch.Tensor, *, induction_period: int | None = None, seed: int = 0
+    model: nn.Module, text_windows: torch.Tensor, ids: torch.Tensor | None = None, *, seed: int = 0
 ) -> list[HeadRole]:
     """Score every head of ``model``.
 
     Previous-token, sink and entropy are averaged over the (B, T) windows of held-out text;
-    induction over random tokens repeated twice (half a window each, unless ``induction_period``),
-    drawn from ids 1.. of the vocabulary with ``seed``.
+    induction over ``repeat_probe``'s sequences (every period weighs the same), drawn from ``ids``
+    (default: every id in ``text_windows``; give ``probe_ids`` of the run's held-out tokens). With
+    no period to probe at (``induction_periods``), every induction score is NaN: not measured.
     """
-    config = model.config
     text = attention_maps(model, text_windows)
-    period = induction_period or config.block_size // 2
-    generator = torch.Generator().manual_seed(seed)
-    repeats = repeated_random_tokens(text_windows.shape[0], period, config.vocab_size, generator, low=1)
-    repeated = attention_maps(model, repeats.to(text_windows.device))
+    if ids is None:
+        ids = probe_ids(text_windows.cpu().numpy(), min_count=1)
+    probe = repeat_probe(ids, model.config.block_size, seed=seed)
+    induction = [torch.full((probs.shape[1],), 0.0 if probe else math.nan) for probs in text]
+    for period, sequences in probe:
+        for layer, probs in enumerate(attention_maps(model, sequences.to(text_windows.device))):
+            induction[layer] += induction_score(probs, period).mean(0) / len(probe)
     roles = []
-    for layer, (probs, probs_repeat) in enumerate(zip(text, repeated)):
+    for layer, probs in enumerate(text):
         prev = previous_token_score(probs).mean(0)
         sink = sink_score(probs).mean(0)
         entropy = attention_entropy(probs).mean(0)
-        induction = induction_score(probs_repeat, period).mean(0)
         for head in range(probs.shape[1]):
             roles.append(HeadRole(layer, head, float(prev[head]), float(sink[head]),
-                                  float(entropy[head]), float(induction[head])))
+                                  float(entropy[head]), float(induction[layer][head])))
     return roles
 
 
+def layer_induction(roles: list[HeadRole]) -> list[float]:
+    """Per layer, the sum of its heads' induction scores: the weight the layer's heads together put
+    on the predicted token. Copying spread over several heads shows here before any one head
+    carries it alone."""
+    sums = [0.0] * (max(r.layer for r in roles) + 1)
+    for r in roles:
+        sums[r.layer] += r.induction
+    return sums
+
+
+@dataclass(frozen=True)
+class RepeatLoss:
+    first: float  # mean loss (nats) on the first copy's tokens: unpredictable, about log(#ids)
+    second: float  # on the second copy's tokens after its first: near 0 once the model copies
+
+
+@torch.no_grad()
+def repeat_loss(model: nn.Module, probe: list[tuple[int, torch.Tensor]], device: torch.device) -> RepeatLoss:
+    """The model's loss on the first and the second copy of ``repeat_probe``'s sequences (every
+    period weighs the same). The second copy's first token is left out: it follows the first copy's
+    last token, which nothing predicts. So is the first copy's first token, which has no context."""
+    first = second = 0.0
+    with eval_mode(model):
+        for period, sequences in probe:
+            sequences = sequences.to(device)
+            logprobs = torch.log_softmax(model(sequences[:, :-1]).float(), dim=-1)
+            nll = -logprobs.gather(-1, sequences[:, 1:, None])[..., 0]  # nll[:, i]: of token i + 1
+            first += float(nll[:, :period - 1].mean()) / len(probe)
+            second += float(nll[:, period:].mean()) / len(probe)
+    return RepeatLoss(first, second)
+
+
 def format_roles(roles: list[HeadRole]) -> str:
-    """A markdown table, one row per layer and head."""
+    """A markdown table, one row per layer and head, then each layer's summed induction score."""
     lines = ["| layer | head | previous-token | first-token (sink) | entropy (bits) | induction |",
              "|---:|---:|---:|---:|---:|---:|"]
     for r in roles:
         lines.append(f"| {r.layer} | {r.head} | {r.previous_token:.3f} | {r.sink:.3f} | "
                      f"{r.entropy_bits:.3f} | {r.induction:.3f} |")
+    lines += ["", "| layer | induction, summed over heads |", "|---:|---:|"]
+    lines += [f"| {layer} | {total:.3f} |" for layer, total in enumerate(layer_induction(roles))]
     return "\n".join(lines)
 
 
-def attention_summary(model: nn.Module, text_windows: torch.Tensor) -> dict[str, float]:
+def attention_summary(model: nn.Module, text_windows: torch.Tensor, ids: torch.Tensor | None = None) -> dict[str, float]:
     """What training logs at each evaluation: each layer's mean attention entropy over
-    ``text_windows`` and the best induction score of any head (``head_roles``' definitions)."""
-    roles = head_roles(model, text_windows)
+    ``text_windows``, the best induction score of any head and each layer's sum (``head_roles``'
+    definitions), and the loss on the first and second copies of the probe (``repeat_loss``)."""
+    if ids is None:
+        ids = probe_ids(text_windows.cpu().numpy(), min_count=1)
+    roles = head_roles(model, text_windows, ids)
     summary = {}
     for layer in range(model.config.n_layer):
         heads = [r.entropy_bits for r in roles if r.layer == layer]
         summary[f"attn_entropy_layer{layer}"] = sum(heads) / len(heads)
+    probe = repeat_probe(ids, model.config.block_size)
+    if not probe:  # a context or a corpus too small to probe: log no induction statistics at all
+        return summary
     summary["induction_best"] = max(r.induction for r in roles)
+    for layer, total in enumerate(layer_induction(roles)):
+        summary[f"induction_layer{layer}"] = total
+    loss = repeat_loss(model, probe, text_windows.device)
+    summary["repeat_loss_first"], summary["repeat_loss_second"] = loss.first, loss.second
     return summary
 
 

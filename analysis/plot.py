@@ -14,7 +14,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from analysis.history import AttentionEval, first_induction
+from analysis.history import (
+    COPY_LOSS_RATIO,
+    LAYER_INDUCTION_THRESHOLD,
+    AttentionEval,
+    first_copying,
+    first_induction,
+    first_layer_induction,
+)
 from analysis.maps import ScaleComparison
 from common.files import atomic_output
 
@@ -189,6 +196,45 @@ def draw_attention_history(history: Sequence[AttentionEval], out: Path, *, title
     induction.set_xlabel("step")
     induction.set_ylabel("induction score")
     induction.legend()
+    fig.suptitle(title)
+    _save(fig, out)
+
+
+def draw_induction_history(history: Sequence[AttentionEval], out: Path, *, title: str, threshold: float) -> None:
+    """The two signals of an induction head forming, at every evaluation of a run, written as a PNG to
+    ``out``: the loss on the first and second copies of repeated sequences (left), and the induction
+    score of the best head and of each layer's heads summed (right), each with its threshold and a
+    vertical line at the first evaluation past it."""
+    plt = _pyplot()
+    fig, (losses, scores) = plt.subplots(1, 2, figsize=(12, 4.5), constrained_layout=True)
+    logged = [e for e in history if e.repeat_loss_second is not None]
+    steps = [e.step for e in logged]
+    losses.plot(steps, [e.repeat_loss_first for e in logged], marker="o", label="first copy (unpredictable)")
+    losses.plot(steps, [e.repeat_loss_second for e in logged], marker="o", label="second copy (copyable)")
+    fell = first_copying(list(history))
+    if fell is not None:
+        losses.axvline(fell.step, linestyle=":", color="black",
+                       label=f"second ≤ {COPY_LOSS_RATIO} × first: step {fell.step}")
+    losses.set_ylim(bottom=0.0)
+    losses.set_xlabel("step")
+    losses.set_ylabel("loss on repeated random tokens (nats)")
+    losses.legend()
+    steps = [e.step for e in history]
+    scores.plot(steps, [e.induction_best for e in history], marker="o", label="best head")
+    for layer in range(max(len(e.induction_layers) for e in history)):
+        scores.plot(steps, [e.induction_layers[layer] if e.induction_layers else np.nan for e in history],
+                    marker=".", label=f"layer {layer}, heads summed")
+    scores.axhline(threshold, linestyle="--", color="grey", label=f"head threshold {threshold}")
+    scores.axhline(LAYER_INDUCTION_THRESHOLD, linestyle="-.", color="grey",
+                   label=f"layer threshold {LAYER_INDUCTION_THRESHOLD}")
+    for first, style, what in ((first_induction(list(history), threshold), ":", "head"),
+                               (first_layer_induction(list(history)), "--", "layer")):
+        if first is not None:
+            scores.axvline(first.step, linestyle=style, color="black", label=f"first {what} past it: step {first.step}")
+    scores.set_ylim(bottom=0.0)
+    scores.set_xlabel("step")
+    scores.set_ylabel("induction score (weight on the predicted token)")
+    scores.legend(fontsize=8)
     fig.suptitle(title)
     _save(fig, out)
 

@@ -54,13 +54,18 @@ def induction_score(probs: torch.Tensor, period: int, offset: int = 0) -> torch.
     return probs[..., queries, keys].mean(-1)
 
 
-def repeated_random_tokens(
-    batch: int, period: int, vocab_size: int, generator: torch.Generator, low: int = 0
-) -> torch.Tensor:
-    """(batch, 2 * period) ids: ``period`` uniform ids from [low, vocab_size), then the same again.
+def repeated_random_tokens(batch: int, period: int, ids: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """(batch, 2 * period) ids: ``period`` distinct ids drawn from ``ids``, then the same again.
 
     Random ids carry no meaning the model could have learned, so only a head that looks back
     for an earlier copy can attend to what came next: that is what the induction score measures.
+    ``ids`` should be ids the model was trained on: an id it never saw has an embedding that
+    training never pulled apart from the other unseen ones, and no head can find the earlier
+    copy of a token it cannot tell from its neighbours. Distinct ids within a sequence make the
+    token to copy unambiguous (a repeated id would have two successors).
     """
-    first = torch.randint(low, vocab_size, (batch, period), generator=generator)
+    if period > len(ids):
+        raise ValueError(f"a repeat of period {period} needs {period} distinct ids, only {len(ids)} given")
+    order = torch.rand(batch, len(ids), generator=generator).argsort(dim=1)[:, :period]
+    first = ids[order]
     return torch.cat([first, first], dim=1)

@@ -7,14 +7,14 @@
 """
 
 from data.batches import EpochBatches, TrainBatches, iter_val_batches, train_batches
-from data.config import DataConfig, FilesSourceConfig, HubSourceConfig
+from data.config import DataConfig, FilesSourceConfig, HubSourceConfig, SyntheticSourceConfig
 from data.errors import DataError
 from data.metrics import bits_per_byte, target_nats_and_bytes
 from data.prepare import PreparedData, prepare_data
 from data.tokenizer import EOT, load_tokenizer, token_byte_lengths
 
 __all__ = [
-    "DataConfig", "HubSourceConfig", "FilesSourceConfig", "DataError", "prepare_data", "PreparedData",
+    "DataConfig", "HubSourceConfig", "FilesSourceConfig", "SyntheticSourceConfig", "DataError", "prepare_data", "PreparedData",
     "load_tokenizer", "token_byte_lengths", "EOT", "TrainBatches", "EpochBatches", "train_batches",
     "iter_val_batches", "bits_per_byte", "target_nats_and_bytes",
 ]

@@ -13,7 +13,7 @@ from typing import Any
 from common.config import build, check_types, require
 from data.errors import DataError
 
-SOURCES = ("shakespeare", "hub", "files")
+SOURCES = ("shakespeare", "hub", "files", "synthetic")
 FORMATS = ("text", "chat")  # text: documents for pretraining; chat: conversations for fine-tuning
 FILE_FORMATS = ("auto", "txt", "jsonl", "parquet")
 TXT_DOCUMENTS = ("file", "paragraph", "line")
@@ -67,6 +67,26 @@ class FilesSourceConfig:
 
 
 @dataclass
+class SyntheticSourceConfig:
+    """Random sequences of made-up words, each written twice (data/synthetic.py): the induction lab's
+    corpus. Sequences are ``min_words..max_words`` distinct words from a list of ``words``."""
+
+    seed: int = 0
+    documents: int = 20000
+    words: int = 256
+    min_words: int = 8
+    max_words: int = 40
+
+    def __post_init__(self) -> None:
+        check_types(self, "data.synthetic", DataError)
+        _require(self.documents >= 1, f"data.synthetic.documents must be at least 1, got {self.documents}")
+        _require(2 <= self.words <= 10000, f"data.synthetic.words must be between 2 and 10000, got {self.words}")
+        _require(1 <= self.min_words <= self.max_words <= self.words,
+                 "data.synthetic needs 1 <= min_words <= max_words <= words (a sequence repeats no word), "
+                 f"got min_words {self.min_words}, max_words {self.max_words}, words {self.words}")
+
+
+@dataclass
 class DataConfig:
     """Where the corpus comes from, how it is split, and the tokenizer trained on it."""
 
@@ -78,6 +98,7 @@ class DataConfig:
     cache_dir: str = "data_cache"
     hub: HubSourceConfig = field(default_factory=HubSourceConfig)
     files: FilesSourceConfig = field(default_factory=FilesSourceConfig)
+    synthetic: SyntheticSourceConfig = field(default_factory=SyntheticSourceConfig)
     # Documents handed to one encode_batch call: large enough to keep every core busy, small
     # enough that a batch of long documents stays well inside memory.
     tokenize_batch_size: int = 1024

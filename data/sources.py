@@ -1,4 +1,5 @@
-"""Corpus sources: the embedded Shakespeare plays, a Hugging Face hub dataset, or local files.
+"""Corpus sources: the embedded Shakespeare plays, a Hugging Face hub dataset, local files, or the
+synthetic repeats of the induction lab.
 
 Every source ends up as `SourceDocuments`: `datasets.Dataset`s with one "text" column plus a stable
 id per document, which the split hashes (a play's id is its file name, "hamlet"). `source_spec`
@@ -17,6 +18,7 @@ from data.errors import DataError
 from data.hub import hub_spec, load_hub
 from data.local_files import files_spec, load_files
 from data.shakespeare import shakespeare_documents, shakespeare_fingerprint
+from data.synthetic import load_synthetic, synthetic_spec
 
 
 def source_spec(cfg: DataConfig) -> dict[str, Any]:
@@ -27,7 +29,9 @@ def source_spec(cfg: DataConfig) -> dict[str, Any]:
         return hub_spec(cfg.hub)
     if cfg.source == "files":
         return files_spec(cfg.files)
-    raise DataError(f"unknown data.source {cfg.source!r}: use shakespeare, hub or files")
+    if cfg.source == "synthetic":
+        return synthetic_spec(cfg.synthetic)
+    raise DataError(f"unknown data.source {cfg.source!r}: use shakespeare, hub, files or synthetic")
 
 
 def load_source(cfg: DataConfig, *, progress: bool) -> SourceDocuments:
@@ -37,6 +41,8 @@ def load_source(cfg: DataConfig, *, progress: bool) -> SourceDocuments:
             return _load_shakespeare(progress)
         if cfg.source == "hub":
             return load_hub(cfg.hub, cfg.val_fraction, progress)
+        if cfg.source == "synthetic":
+            return load_synthetic(cfg.synthetic)
         return load_files(cfg.files)  # any other source was refused by source_spec, which runs first
 
 

@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 from common.errors import UserError
 from common.files import atomic_write_bytes
 from common.threads import STARVED_SHARE, starved_advice, use_threads
-from data import load_tokenizer, prepare_data, train_batches
+from data import EOT, load_tokenizer, prepare_data, train_batches
 from data.chat_batches import ChatBatches
 from data.chat_prepare import prepare_chat_data
 from data.sample_prompt import default_sample_prompt
@@ -538,9 +538,10 @@ class Trainer:
         return result
 
     def _attention_stats(self, final: bool) -> dict[str, float]:
-        """Per-layer attention entropy and the best induction score over a few fixed held-out
-        windows, logged to wandb as ``attn/...``; now and then a figure of the maps too."""
-        from analysis.maps import attention_maps, attention_summary
+        """Per-layer attention entropy, the induction scores and the loss on the first and second
+        copies of repeated sequences of held-out ids (analysis.maps.attention_summary), logged to
+        wandb as ``attn/...``; now and then a figure of the maps too."""
+        from analysis.maps import attention_maps, attention_summary, probe_ids
         from analysis.plot import draw_attention_grid
 
         T = self.config.model.block_size
@@ -549,7 +550,8 @@ class Trainer:
             return {}
         windows = torch.as_tensor(np.asarray(self.val_tokens[:count * T], dtype=np.int64).reshape(count, T),
                                   device=self.device)
-        stats = attention_summary(self.model, windows)
+        ids = probe_ids(self.val_tokens, skip=[self.tokenizer.token_to_id(EOT)])
+        stats = attention_summary(self.model, windows, ids)
         self.logger.log({f"attn/{k}": v for k, v in stats.items()}, self.step)
         self.evaluations += 1
         every = self.config.eval.attention_image_interval

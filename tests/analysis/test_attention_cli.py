@@ -50,11 +50,39 @@ def test_roles_print_one_row_per_layer_and_head(run_dir, tmp_path, capsys):
     text = tmp_path / "held_out.txt"
     text.write_text("JULIET: O Romeo, Romeo, wherefore art thou Romeo? Deny thy father. " * 40, encoding="utf-8")
     assert main(["--run", str(run_dir), "--roles", "--text-file", str(text), "--windows", "2"]) == 0
-    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    out = capsys.readouterr().out
+    rows = head_rows(out)
     assert len(rows) == 2 * 4
     for row in rows:
-        scores = [float(cell) for cell in row.strip("|").split("|")[2:]]
+        scores = [float(cell) for cell in row[2:]]
         assert all(0.0 <= s for s in scores) and scores[0] <= 1 and scores[1] <= 1 and scores[3] <= 1
+    # Each layer's sum is the sum of its heads' induction scores (as printed, to rounding).
+    layers = [row for row in table_rows(out) if len(row) == 2]
+    assert [int(row[0]) for row in layers] == [0, 1]
+    for layer, total in layers:
+        heads = [float(row[5]) for row in rows if row[0] == layer]
+        assert float(total) == pytest.approx(sum(heads), abs=2e-3)
+    assert f"distinct ids (each seen 10+ times) from --text-file {text}, at periods 8" in out
+
+
+def test_roles_refuse_text_too_uniform_to_probe(run_dir, tmp_path, capsys):
+    text = tmp_path / "same.txt"
+    text.write_text("a" * 4000, encoding="utf-8")
+    assert main(["--run", str(run_dir), "--roles", "--text-file", str(text)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "the induction probe repeats at least 8 distinct ones" in err
+    assert err.count("\n") == 1
+
+
+def table_rows(out):
+    """The cells of every numeric row of the markdown tables in ``out``."""
+    return [[cell.strip() for cell in line.strip().strip("|").split("|")]
+            for line in out.splitlines() if line.startswith("| ") and line[2].isdigit()]
+
+
+def head_rows(out):
+    """The rows of the per-head table (layer, head and four scores)."""
+    return [row for row in table_rows(out) if len(row) == 6]
 
 
 @pytest.mark.parametrize("args, message", [
@@ -97,7 +125,7 @@ def test_roles_default_to_the_runs_own_validation_text_read_from_its_config(run_
     assert "was trained on chat data" in capsys.readouterr().err
     (run / "config.yaml").write_text(yaml.safe_dump({"data": data, "train": {"init_from": str(tmp_path / "gone")}}))
     assert main(["--run", str(run), "--roles", "--windows", "1"]) == 0
-    assert sum(line.startswith("| ") and line[2].isdigit() for line in capsys.readouterr().out.splitlines()) == 2 * 4
+    assert len(head_rows(capsys.readouterr().out)) == 2 * 4
 
 
 def test_compare_scale_draws_one_head_and_prints_both_entropies(run_dir, tmp_path, capsys):
@@ -196,5 +224,7 @@ def test_the_figure_is_written_in_the_format_its_name_asks_for(run_dir, tmp_path
 
 def test_a_text_file_without_end_is_read_only_as_far_as_the_windows_need(run_dir, capsys):
     # /dev/zero never ends: reading it whole would exhaust memory rather than finish.
-    assert main(["--run", str(run_dir), "--roles", "--text-file", "/dev/zero", "--windows", "2"]) == 0
-    assert sum(line.startswith("| ") and line[2].isdigit() for line in capsys.readouterr().out.splitlines()) == 2 * 4
+    # A bounded read of it holds one distinct token, too few for the induction probe: one line, exit 2.
+    assert main(["--run", str(run_dir), "--roles", "--text-file", "/dev/zero", "--windows", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --text-file /dev/zero holds 0 distinct tokens") and err.count("\n") == 1, err

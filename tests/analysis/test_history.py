@@ -10,7 +10,9 @@ from analysis.history import (
     INDUCTION_THRESHOLD,
     AttentionEval,
     attention_history,
+    first_copying,
     first_induction,
+    first_layer_induction,
     format_history,
     read_attention_history,
 )
@@ -65,6 +67,53 @@ def test_the_table_names_the_step_or_the_best_score_reached():
     assert none.endswith("no induction head: induction_best stayed below 0.5 (highest 0.490, at step 200)")
 
 
+def copying(step, layers, first, second, best=0.3):
+    """An evaluation that logged each layer's summed induction and the repeated-sequence losses."""
+    record = evaluation(step, best)
+    record.update({f"induction_layer{i}": v for i, v in enumerate(layers)})
+    record.update(repeat_loss_first=first, repeat_loss_second=second)
+    return record
+
+
+LAB = [
+    copying(50, (0.15, 0.16), 5.59, 5.58),
+    copying(100, (0.16, 0.40), 5.60, 3.10),  # 0.55 of the first copy's: not yet fallen
+    copying(150, (0.18, 0.61), 5.61, 2.80),  # exactly half counts
+    copying(200, (0.20, 0.95), 5.60, 0.40, best=0.55),
+]
+
+
+def test_the_losses_and_layer_sums_are_read_and_the_step_each_signal_passed_is_found():
+    history = attention_history(LAB)
+    assert history[1] == AttentionEval(step=100, final=False, entropy_bits=(5.0, 4.0), induction_best=0.3,
+                                       induction_layers=(0.16, 0.40), repeat_loss_first=5.60, repeat_loss_second=3.10)
+    assert first_copying(history).step == 150
+    assert first_layer_induction(history).step == 150
+    assert first_induction(history).step == 200
+    assert first_copying(history[:2]) is None and first_layer_induction(history[:2]) is None
+
+
+def test_the_table_names_when_the_second_copy_loss_fell_and_each_threshold_was_passed():
+    table = format_history(attention_history(LAB))
+    assert "| 150 | 5.000 | 4.000 | 0.300 | 0.180 | 0.610 | 5.610 | 2.800 |" in table
+    assert "second-copy loss fell: step 150 (2.800 nats against 5.610 on the first copy, <= 0.5 of it)" in table
+    assert "first induction layer: step 150 (layer 1's heads sum to 0.610 >= 0.6)" in table
+    assert table.endswith("first induction head: step 200 (induction_best 0.550 >= 0.5)")
+    early = format_history(attention_history(LAB[:2]))
+    assert "second-copy loss did not fall: it stayed above 0.5 of the first-copy loss (closest 3.100 against " \
+           "5.600, at step 100)" in early
+    # The closest is the lowest ratio of the two losses, not the lowest second-copy loss.
+    drifting = [copying(50, (0.1, 0.1), 6.0, 5.0), copying(100, (0.1, 0.1), 9.0, 5.5)]
+    assert "(closest 5.500 against 9.000, at step 100)" in format_history(attention_history(drifting))
+    assert "no induction layer: no layer's heads summed to 0.6 (highest 0.400, at step 100)" in early
+
+
+def test_a_run_that_logged_no_repeated_sequence_loss_says_so():
+    table = format_history(attention_history(RECORDS))
+    assert "no repeated-sequence loss: this run's evaluations did not log" in table
+    assert "induction layer" not in table  # nor the layer sums: no column, no line
+
+
 def write_metrics(run_dir, records):
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
@@ -90,6 +139,14 @@ def test_history_command_prints_the_table_and_draws_the_curves(tmp_path, capsys)
     assert main(["--run", str(run_dir), "--history", "--induction-threshold", "0.7"]) == 0
     assert "first induction head: step 400" in capsys.readouterr().out
     assert not (tmp_path / "attention.png").exists()  # no --out, no figure
+    lab = write_metrics(tmp_path / "lab", LAB)
+    assert main(["--run", str(lab), "--history", "--out", str(tmp_path / "lab.png")]) == 0
+    assert "second-copy loss fell: step 150" in capsys.readouterr().out
+    assert is_png(tmp_path / "lab.png")
+
+
+def is_png(path):
+    return path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.parametrize("args, message", [

@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+from heads_testkit import previous_token_head, sink_head, uniform_head
 
 from analysis.roles import (
     attention_entropy,
@@ -14,26 +15,6 @@ from analysis.roles import (
 )
 
 T = 8
-
-
-def previous_token_head(T: int) -> torch.Tensor:
-    """Query 0 reads itself; every later query reads only the token before it."""
-    p = torch.zeros(T, T)
-    p[0, 0] = 1.0
-    p[torch.arange(1, T), torch.arange(T - 1)] = 1.0
-    return p
-
-
-def sink_head(T: int) -> torch.Tensor:
-    p = torch.zeros(T, T)
-    p[:, 0] = 1.0
-    return p
-
-
-def uniform_head(T: int) -> torch.Tensor:
-    """Each query spreads evenly over every position it may see."""
-    allowed = torch.tril(torch.ones(T, T))
-    return allowed / allowed.sum(-1, keepdim=True)
 
 
 def test_previous_token_head_scores_one_and_sink_head_zero():
@@ -90,9 +71,13 @@ def test_induction_score_refuses_a_repeat_that_does_not_fit():
         induction_score(uniform_head(8), period=5)
 
 
-def test_repeated_random_tokens_repeat_exactly_within_range():
+def test_repeated_random_tokens_repeat_distinct_ids_from_the_pool():
     g = torch.Generator().manual_seed(0)
-    ids = repeated_random_tokens(3, 7, vocab_size=50, generator=g, low=5)
-    assert ids.shape == (3, 14)
+    pool = torch.tensor([3, 9, 11, 40, 41, 42, 57, 60])
+    ids = repeated_random_tokens(200, 7, pool, g)
+    assert ids.shape == (200, 14)
     assert torch.equal(ids[:, :7], ids[:, 7:])
-    assert int(ids.min()) >= 5 and int(ids.max()) < 50
+    assert all(len(set(row[:7].tolist())) == 7 for row in ids)  # no id twice within a sequence
+    assert set(ids.unique().tolist()) == set(pool.tolist())  # every id of the pool is drawn, no other
+    with pytest.raises(ValueError, match="needs 9 distinct ids"):
+        repeated_random_tokens(1, 9, pool, g)

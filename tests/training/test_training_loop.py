@@ -322,6 +322,9 @@ def test_wandb_gets_metrics_samples_and_the_run_id_survives_resume(make_config, 
     assert all(png[:4] == b"\x89PNG" for _, _, png in logger.images)
     evals = [r for r in read_metrics(cfg.out_dir / "metrics.jsonl") if r["kind"] in ("eval", "final_eval")]
     assert all("induction_best" in r and "attn_entropy_layer0" in r for r in evals)
+    # ...and each layer's summed induction and the probe's first- and second-copy losses (nats).
+    assert all(f"induction_layer{layers - 1}" in r and 0 < r["repeat_loss_second"] and 0 < r["repeat_loss_first"]
+               for r in evals)
     summary, exit_code = logger.finished[0]
     assert exit_code == 0 and summary["step"] == 4 and "val_loss" in summary
     assert load_trainer_state(cfg.out_dir)["wandb_run_id"] == "run-1"

@@ -1,0 +1,119 @@
+"""The induction lab over several seeds, and the held-out corpus that checks the probe on data the lab
+did not make.
+
+    python -m benchmarks.induction_lab --seeds 1337 1338 1339          # configs/induction.yaml per seed
+    python -m benchmarks.induction_lab --heldout runs/heldout-corpus   # write the held-out corpus
+    python -m benchmarks.induction_lab --seeds 1 --set data.source=files \\
+        --set 'data.files.paths=[runs/heldout-corpus/repeats.jsonl]' --out runs/heldout
+
+Each seed is a real ``train.py`` run (in ``--out``/s<seed>, one at a time, so that several do not share
+the cores). The table reports, per seed: the step at which the second-copy loss fell
+(``analysis.history.first_copying``), the seconds of training to it, the second-copy loss at the
+evaluation before, at it and at the end, the steps at which a layer's heads and one head passed
+their induction thresholds, and the wall-clock seconds of the whole ``train.py`` command.
+
+The held-out corpus is made by its own generator, not ``data/synthetic.py``: other letters, a
+word list of another size and shape, other lengths and another seed, and each copy on its own line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from analysis.history import first_copying, first_induction, first_layer_induction, read_attention_history
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "configs" / "induction.yaml"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--seeds", type=int, nargs="+", help="train.seed of each run")
+    p.add_argument("--config", type=Path, default=CONFIG, help="the training config of every run")
+    p.add_argument("--out", type=Path, default=Path("runs/induction_lab"), help="where the runs go")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a further train.py override for every run; repeatable")
+    p.add_argument("--heldout", type=Path, metavar="DIR", help="write the held-out corpus (repeats.jsonl) here")
+    return p.parse_args(argv)
+
+
+def heldout_documents(count: int = 12000, seed: int = 2024) -> list[str]:
+    """Random sequences of 10-30 words from 300 consonant-vowel-consonant words, each sequence on a
+    line and then again on the next."""
+    rng = random.Random(seed)
+    onsets, vowels, codas = "cfhjlmnrstwy", "aeiouy", "bdgklmnprst"
+    words = sorted({rng.choice(onsets) + rng.choice(vowels) + rng.choice(codas) + rng.choice(vowels)
+                    for _ in range(2000)})
+    words = rng.sample(words, 300)
+    documents = []
+    for _ in range(count):
+        line = " ".join(rng.sample(words, rng.randint(10, 30)))
+        documents.append(f"{line}\n{line}")
+    return documents
+
+
+def write_heldout(directory: Path) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "repeats.jsonl"
+    with open(path, "w", encoding="utf-8") as f:
+        for i, text in enumerate(heldout_documents()):
+            f.write(json.dumps({"id": f"heldout-{i}", "text": text}) + "\n")
+    return path
+
+
+def train(args: argparse.Namespace, seed: int) -> tuple[Path, float]:
+    """The run directory of ``seed``'s run, and the seconds its train.py command took."""
+    run_dir = args.out / f"s{seed}"
+    command = [sys.executable, str(ROOT / "train.py"), "--config", str(args.config), "--no-progress",
+               "--set", f"train.seed={seed}", "--set", f"run.out_dir={run_dir}", "--set", "run.overwrite=true"]
+    for override in args.set:
+        command += ["--set", override]
+    start = time.perf_counter()
+    subprocess.run(command, check=True, cwd=ROOT, env={**os.environ, "WANDB_MODE": "disabled"},
+                   stdout=subprocess.DEVNULL)
+    return run_dir, time.perf_counter() - start
+
+
+def report_row(seed: int, run_dir: Path, wall: float) -> str:
+    history = read_attention_history(run_dir)
+    fell, layer, head = first_copying(history), first_layer_induction(history), first_induction(history)
+    passed = f"{layer.step if layer else 'none'} | {head.step if head else 'none'} | {wall:.0f} |"
+    if fell is None:
+        return f"| {seed} | did not fall | | | | {history[-1].repeat_loss_second:.2f} | {passed}"
+    before = history[max(history.index(fell) - 1, 0)]
+    elapsed = _elapsed_at(run_dir, fell.step)
+    return (f"| {seed} | {fell.step} | {elapsed:.0f} | {before.repeat_loss_second:.2f} | "
+            f"{fell.repeat_loss_second:.2f} | {history[-1].repeat_loss_second:.2f} | {passed}")
+
+
+def _elapsed_at(run_dir: Path, step: int) -> float:
+    """Seconds of training at the evaluation of ``step``, from the run's metrics."""
+    for line in (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines():
+        record = json.loads(line)
+        if record.get("kind") == "eval" and record["step"] == step:
+            return float(record["elapsed_s"])
+    raise ValueError(f"{run_dir} logged no evaluation at step {step}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.heldout is not None:
+        print(f"wrote {write_heldout(args.heldout)}")
+    if args.seeds:
+        print("| seed | second-copy loss fell at step | seconds | second-copy loss before | at it | at the end "
+              "| layer sum >= 0.6 at step | head >= 0.5 at step | train.py wall seconds |")
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for seed in args.seeds:
+            print(report_row(seed, *train(args, seed)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
