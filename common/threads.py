@@ -2,15 +2,17 @@
 
 Two things make a PyTorch command collapse on a machine that is doing other work:
 
-- **Spinning workers.** PyTorch's CPU wheel parallelises with GNU OpenMP, whose idle workers spin
-  on a core between parallel regions by default. When other programs want that core, the spinning
-  worker and the program take turns, and every small operation (a decode step is hundreds of them)
-  waits for a worker the scheduler has parked. ``calm_openmp_workers`` asks OpenMP to sleep instead.
-  OpenMP reads the setting once, when torch's library loads, so the entry scripts call it before
-  they import anything that imports torch.
 - **More threads than free cores.** torch starts one thread per core, whatever else runs there.
-  ``choose_threads`` gives ``auto`` the cores this process may use minus the share the rest of the
-  machine keeps busy (the one-minute load average), and never fewer than one.
+  ``choose_threads`` gives ``auto`` the cores this process may use minus those the rest of the
+  machine keeps busy (sampled for a tenth of a second at start), and never fewer than one; a single
+  decoding stream takes one thread, since its operations are too small to share between cores.
+- **Spinning workers.** PyTorch's CPU wheel parallelises with GNU OpenMP, whose idle workers spin
+  on a core between parallel regions. When other programs want that core, the spinning worker and
+  the program take turns, and every small operation waits for a worker the scheduler has parked.
+  ``calm_openmp_workers`` shortens the spin tenfold. Sleeping at once (``OMP_WAIT_POLICY=PASSIVE``)
+  would help more beside other work but costs a quiet machine dearly, since every operation then
+  wakes its workers. OpenMP reads the setting once, when torch's library loads, so the entry
+  scripts call it before they import anything that imports torch.
 
 Every command that runs the model takes ``--threads N|auto`` (``train.threads`` in a config) and
 goes through ``use_threads``. An explicit number is the user's call and is never second-guessed.
@@ -19,6 +21,7 @@ goes through ``use_threads``. An explicit number is the user's call and is never
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 
 from common.errors import UserError
@@ -29,19 +32,25 @@ AUTO = "auto"
 STARVED_SHARE = 0.5
 
 
+# GNU OpenMP's spin before an idle worker sleeps, in iterations: a tenth of its default, which
+# costs a quiet machine nothing measurable (docs/results.md).
+WORKER_SPIN = "30000"
+
+
 def calm_openmp_workers() -> None:
-    """Make OpenMP's idle workers sleep rather than spin, unless the user chose a wait policy.
+    """Shorten how long OpenMP's idle workers spin, unless the user set a wait policy or spin.
 
     Effective only before torch is first imported in this process.
     """
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if "OMP_WAIT_POLICY" not in os.environ:
+        os.environ.setdefault("GOMP_SPINCOUNT", WORKER_SPIN)
 
 
 @dataclass(frozen=True)
 class ThreadChoice:
     threads: int
     usable_cpus: int  # the CPUs this process may run on
-    others_load: float | None  # the rest of the machine's load on those CPUs; None: not read
+    others_busy: float | None  # how many of those CPUs other programs kept busy; None: not read
     source: str  # auto, or the setting that fixed the number (--threads, train.threads, OMP_NUM_THREADS)
 
     def describe(self) -> str:
@@ -49,7 +58,7 @@ class ThreadChoice:
         plural = "thread" if self.threads == 1 else "threads"
         if self.source != AUTO:
             return f"{self.threads} {plural} ({self.source})"
-        busy = "" if self.others_load is None else f", {self.others_load:.1f} busy"
+        busy = "" if self.others_busy is None else f", {self.others_busy:.1f} busy"
         return f"{self.threads} {plural} (auto: {self.usable_cpus} CPUs{busy})"
 
 
@@ -64,38 +73,66 @@ def parse_threads(value: object, setting: str = "--threads") -> int | None:
     return value
 
 
-def usable_cpus() -> int:
-    """CPUs this process may run on (its affinity mask, e.g. under taskset or a container's cpuset)."""
+def usable_cpus() -> frozenset[int]:
+    """The CPUs this process may run on (its affinity mask, e.g. under taskset or a container's cpuset)."""
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        return frozenset(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # not Linux
-        return max(1, os.cpu_count() or 1)
+        return frozenset(range(os.cpu_count() or 1))
 
 
-def others_load(cpus: int) -> float | None:
-    """How many of ``cpus`` the rest of the machine keeps busy, from the one-minute load average.
+def busy_cpus(cpus: frozenset[int], seconds: float = 0.1) -> float | None:
+    """How many of ``cpus`` other programs keep busy right now: their non-idle share over a short
+    sample of the kernel's per-CPU counters (/proc/stat), taken while this process sleeps.
 
-    The load average counts runnable tasks on every CPU of the machine, so it is scaled to this
-    process's share of them. A command just starting adds little to a one-minute average.
+    A direct sample, not the load average: that one trails by a minute, so a command run right
+    after another would count its predecessor as a neighbour. None where the counters cannot be read.
     """
-    try:
-        load = os.getloadavg()[0]
-    except (AttributeError, OSError):
+    before = _cpu_counters(cpus)
+    if before is None:
         return None
-    total = max(cpus, os.cpu_count() or cpus)
-    return load * cpus / total
+    time.sleep(seconds)
+    after = _cpu_counters(cpus)
+    if after is None:
+        return None
+    busy = 0.0
+    for cpu, (total, idle) in after.items():
+        elapsed = total - before[cpu][0]
+        if elapsed > 0:
+            busy += 1.0 - (idle - before[cpu][1]) / elapsed
+    return busy
 
 
-def choose_threads(requested: int | None, cpus: int, load: float | None, setting: str = "--threads") -> ThreadChoice:
-    """The threads to use: ``requested`` as given, or for ``auto`` the ``cpus`` that ``load`` leaves free."""
+def _cpu_counters(cpus: frozenset[int]) -> dict[int, tuple[int, int]] | None:
+    """Per CPU in ``cpus``: (all ticks, idle ticks, waiting for I/O included) since boot."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    counters = {}
+    for line in lines:
+        name, *fields = line.split()
+        if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus:
+            ticks = [int(x) for x in fields[:8]]  # user nice system idle iowait irq softirq steal
+            counters[int(name[3:])] = (sum(ticks), ticks[3] + ticks[4])
+    return counters if set(counters) == set(cpus) else None
+
+
+def choose_threads(
+    requested: int | None, cpus: int, load: float | None, setting: str = "--threads", useful: int | None = None,
+) -> ThreadChoice:
+    """The threads to use: ``requested`` as given, or for ``auto`` the ``cpus`` that ``load`` leaves
+    free, at most ``useful`` (what the work can use; None: any number)."""
     if requested is not None:
         return ThreadChoice(requested, cpus, None, setting)
     free = cpus if load is None else round(cpus - load)
-    return ThreadChoice(min(cpus, max(1, free)), cpus, load, AUTO)
+    return ThreadChoice(min(cpus, useful or cpus, max(1, free)), cpus, load, AUTO)
 
 
-def use_threads(requested: int | None, setting: str = "--threads") -> ThreadChoice:
-    """Choose the thread count for ``requested`` (None = auto) on this machine and give it to torch.
+def use_threads(requested: int | None, setting: str = "--threads", useful: int | None = None) -> ThreadChoice:
+    """Choose the thread count for ``requested`` (None = auto, at most ``useful``) on this machine
+    and give it to torch.
 
     ``auto`` keeps an OMP_NUM_THREADS the environment sets: the user's, or torchrun's one thread
     per process when several share a machine.
@@ -105,9 +142,10 @@ def use_threads(requested: int | None, setting: str = "--threads") -> ThreadChoi
     cpus = usable_cpus()
     from_env = _omp_num_threads()
     if requested is None and from_env is not None:
-        choice = choose_threads(from_env, cpus, None, "OMP_NUM_THREADS")
+        choice = choose_threads(from_env, len(cpus), None, "OMP_NUM_THREADS")
     else:
-        choice = choose_threads(requested, cpus, None if requested is not None else others_load(cpus), setting)
+        busy = None if requested is not None or useful == 1 else busy_cpus(cpus)
+        choice = choose_threads(requested, len(cpus), busy, setting, useful)
     torch.set_num_threads(choice.threads)
     return choice
 

@@ -148,7 +148,8 @@ def _generate(args: argparse.Namespace) -> int:
         raise UserError("--system needs --chat")
 
     device = select_device(args.device, setting="--device")
-    threads = use_threads(parse_threads(args.threads))
+    # One stream decodes one token at a time: operations too small to share between cores.
+    threads = use_threads(parse_threads(args.threads), useful=1 if args.chat or settings.num_samples == 1 else None)
     run = load_run(_run_directory(args), device)
     if args.chat:
         given = args.prompt is not None or args.prompt_file is not None

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from common.errors import UserError
-from common.threads import choose_threads, parse_threads, starved_advice, use_threads
+from common.threads import WORKER_SPIN, busy_cpus, choose_threads, parse_threads, starved_advice, use_threads
 from training.metrics import Throughput
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,7 +34,7 @@ def test_bad_thread_counts_are_refused_in_one_line(value):
     "cpus, load, threads",
     [
         (2, 0.0, 2),  # a quiet machine: every CPU
-        (2, None, 2),  # no load average to read: every CPU
+        (2, None, 2),  # no counters to read: every CPU
         (2, 0.4, 2),  # light background work does not cost a core
         (2, 1.2, 1),  # one core's worth of other work: the other core
         (2, 7.5, 1),  # far more work than cores: still one thread, never none
@@ -45,6 +45,12 @@ def test_auto_takes_the_cpus_other_programs_leave_free(cpus, load, threads):
     choice = choose_threads(None, cpus, load)
     assert choice.threads == threads and choice.source == "auto"
     assert choice.describe().startswith(f"{threads} thread")
+
+
+def test_auto_gives_work_no_more_threads_than_it_can_use():
+    assert choose_threads(None, 8, 0.0, useful=1).threads == 1  # one decoding stream
+    assert choose_threads(None, 8, 6.0, useful=4).threads == 2  # the free CPUs bind first
+    assert choose_threads(3, 8, 0.0, useful=1).threads == 3  # an explicit count still wins
 
 
 def test_an_explicit_count_is_never_second_guessed():
@@ -88,15 +94,16 @@ def _openmp_spin_count(command: list[str], **env: str) -> str | None:
     return None if line is None else line.split("=", 1)[1].strip().strip("'")
 
 
-def test_every_command_makes_openmp_workers_sleep_instead_of_spinning():
-    # The bug it prevents: beside other work, spinning workers made generate.py tens of times slower.
+def test_every_command_shortens_openmp_workers_spin():
+    # Beside other work, spinning workers made each operation wait for a parked worker.
     if _openmp_spin_count(["-c", "import sys, torch; sys.stderr.write('error: none'); "
                                  "sys.exit(2)"]) is None:
         pytest.skip("this torch build does not use GNU OpenMP, whose wait policy the commands set")
     for command in _ENTRY_POINTS:
-        assert _openmp_spin_count(command) == "0", command[0]  # passive: no spinning
-    # A wait policy the user chose is kept.
-    assert _openmp_spin_count(_ENTRY_POINTS[1], OMP_WAIT_POLICY="active") != "0"
+        assert _openmp_spin_count(command) == WORKER_SPIN, command[0]
+    # A wait policy or a spin the user chose is kept.
+    assert _openmp_spin_count(_ENTRY_POINTS[1], OMP_WAIT_POLICY="passive") == "0"
+    assert _openmp_spin_count(_ENTRY_POINTS[1], GOMP_SPINCOUNT="1234") == "1234"
 
 
 def _measured_share(work) -> float:
@@ -124,3 +131,18 @@ def test_the_starvation_gauge_reads_off_cpu_time_as_starved_and_computing_as_not
 def test_the_advice_names_the_cause_and_the_fix():
     assert "--threads 1" in starved_advice(0.3, 2) and "30%" in starved_advice(0.3, 2)
     assert "--threads 1" not in starved_advice(0.3, 1)
+
+
+def test_a_cpu_kept_busy_by_another_program_is_counted_as_busy():
+    cpu = min(os.sched_getaffinity(0))
+    spin = "import os, time\nos.sched_setaffinity(0, {%d})\nend = time.time() + 30\nwhile time.time() < end: pass\n" % cpu
+    spinner = subprocess.Popen([sys.executable, "-c", spin])
+    try:
+        time.sleep(0.5)  # past its start-up, spinning on that CPU
+        busy = busy_cpus(frozenset({cpu}), seconds=0.3)
+    finally:
+        spinner.kill()
+        spinner.wait()
+    assert busy is not None and busy > 0.8, busy  # the CPU was never idle while it spun
+    everywhere = busy_cpus(frozenset(os.sched_getaffinity(0)))
+    assert everywhere is None or 0.0 <= everywhere <= len(os.sched_getaffinity(0))
