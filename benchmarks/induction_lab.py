@@ -82,7 +82,7 @@ def train(args: argparse.Namespace, seed: int) -> tuple[Path, float]:
 
 
 def report_row(seed: int, run_dir: Path, wall: float) -> str:
-    history = read_attention_history(run_dir)
+    history, _ = read_attention_history(run_dir)
     fell, layer, head = first_copying(history), first_layer_induction(history), first_induction(history)
     passed = f"{layer.step if layer else 'none'} | {head.step if head else 'none'} | {wall:.0f} |"
     if fell is None:

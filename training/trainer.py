@@ -175,7 +175,12 @@ class Trainer:
         whole when the new one cannot start."""
         state = self._open_run_dir(resume=resume, overwrite=overwrite)
         tc = self.config.train
-        self.threads = use_threads(None if tc.threads == "auto" else tc.threads, "train.threads")
+        if tc.threads == "auto" and state is not None and isinstance(state.get("threads"), int):
+            # The thread count changes how sums are split, and so the last bits of every step: a
+            # resume keeps the run's own, so it still ends on the weights of an uninterrupted run.
+            self.threads = use_threads(state["threads"], "the run's own, for an exact resume")
+        else:
+            self.threads = use_threads(None if tc.threads == "auto" else tc.threads, "train.threads")
         check_model_fits(self.config.model, self.device)  # an absurd size, before anything slow
         self._prepare_data(resume=resume)
         self._build_model_and_optimizer()
@@ -593,6 +598,7 @@ class Trainer:
                 "world_size": self.ctx.world_size,
                 "wandb_run_id": self.logger.run_id,
                 "fixed_settings": fixed_settings(self.config.train),
+                "threads": self.threads.threads,
             }
             save_checkpoint(self.run_dir, self.model, state)
         self.saved_step = self.step

@@ -227,4 +227,4 @@ def test_a_text_file_without_end_is_read_only_as_far_as_the_windows_need(run_dir
     # A bounded read of it holds one distinct token, too few for the induction probe: one line, exit 2.
     assert main(["--run", str(run_dir), "--roles", "--text-file", "/dev/zero", "--windows", "2"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: --text-file /dev/zero holds 0 distinct tokens") and err.count("\n") == 1, err
+    assert err.startswith("error: --text-file /dev/zero holds 1 distinct tokens") and err.count("\n") == 1, err

@@ -129,3 +129,12 @@ def test_loaded_machine_times_a_command_quiet_and_beside_neighbours(toy_config) 
     out = bench("loaded_machine", "--config", toy_config, "--only", "generate.py", "--steps", 2,
                 "--new-tokens", 4, "--repeats", 1, "--neighbours", 1)
     assert_words(out, "loaded/quiet", "generate.py  old", "generate.py  new")
+
+
+def test_induction_lab_trains_a_seed_and_writes_the_held_out_corpus(bench_dir) -> None:
+    heldout = bench_dir / "heldout"
+    bench("induction_lab", "--heldout", heldout)
+    assert (heldout / "repeats.jsonl").stat().st_size > 0
+    out = bench("induction_lab", "--seeds", 1, "--out", bench_dir / "induction_lab", "--set", "train.max_steps=4",
+                "--set", "eval.interval=2", "--set", "logging.wandb.mode=disabled")
+    assert_words(out, "seed")

@@ -30,20 +30,28 @@ def _paragraph(rng: random.Random) -> str:
 
 
 @pytest.fixture(autouse=True)
-def one_torch_thread(monkeypatch):
+def one_torch_thread():
     """Run these tests on one intra-op thread.
 
     The tiny models here cannot use two threads, and on a machine shared with other jobs
     OpenMP's spinning workers make each step ~10x slower than a single thread. The trainer's
-    ``train.threads: auto`` keeps the environment's OMP_NUM_THREADS, so it stays at one too.
+    ``train.threads: auto`` keeps the environment's OMP_NUM_THREADS, so it stays at one too. Set by
+    hand, not with ``monkeypatch``: tests that call ``monkeypatch.undo()`` would undo it midway.
     """
+    import os
+
     import torch
 
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    previous_env = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = "1"
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+    if previous_env is None:
+        del os.environ["OMP_NUM_THREADS"]
+    else:
+        os.environ["OMP_NUM_THREADS"] = previous_env
 
 
 @pytest.fixture(scope="session")

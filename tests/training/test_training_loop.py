@@ -369,3 +369,20 @@ def test_muon_momentum_warms_up_across_a_resume(make_config, tmp_path):
     assert momentum() == pytest.approx(0.87)  # the last step, 2, ran at 0.85 + 0.1 * 2/10
     train(make_config(tmp_path / "run", train={"max_steps": 6, **settings}, **sections), resume=True, progress=False)
     assert momentum() == pytest.approx(0.90)  # step 5: the warm-up follows the step count, not the restart
+
+
+def test_a_resume_keeps_the_runs_own_thread_count(make_config, tmp_path):
+    # The count changes the last bits of every step; a resume under auto takes the checkpoint's,
+    # whatever the machine (or OMP_NUM_THREADS) says now, so it stays exact.
+    import os
+
+    config = make_config(tmp_path / "run", train={"max_steps": 2}, eval={"interval": 0})
+    train(config, progress=False)  # one thread: the environment's OMP_NUM_THREADS (conftest)
+    longer = make_config(tmp_path / "run", train={"max_steps": 3}, eval={"interval": 0})
+    os.environ["OMP_NUM_THREADS"] = "2"
+    torch.set_num_threads(2)
+    try:
+        train(longer, resume=True, progress=False)
+        assert torch.get_num_threads() == 1
+    finally:
+        os.environ["OMP_NUM_THREADS"] = "1"
