@@ -19,6 +19,7 @@ import tqdm.auto  # noqa: F401 - preloaded as well
 
 import common.files
 import training.wandb_logger  # noqa: F401
+from rundir.checkpoint import CheckpointError
 from training.config import config_from_dict
 from training.trainer import train
 
@@ -36,4 +37,10 @@ def attempt(raw: dict[str, Any], resume: bool, overwrite: bool, kill_at_write: i
                 os.kill(os.getpid(), signal.SIGKILL)
 
         common.files._fsync_file = fsync_then_maybe_die
-    train(config_from_dict(raw), resume=resume, overwrite=overwrite, progress=False)
+    try:
+        train(config_from_dict(raw), resume=resume, overwrite=overwrite, progress=False)
+    except CheckpointError as error:
+        # Killed after its final validation was saved: the run had finished, and a resume is
+        # refused as having nothing left to do. For the test that is a run the kill came too late for.
+        if " is finished: " not in str(error):
+            raise
