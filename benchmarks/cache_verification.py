@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from data import DataConfig, PreparedData, prepare_data
-from data.token_files import digest_token_file
+from data.prepared.token_files import digest_token_file
 
 
 def median_seconds(fn, repeats: int) -> float:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from data.chat_prepare import prepare_chat_data
+from data.prepared.chat import prepare_chat_data
 from data.config import DataConfig
 from inference.chat import ChatSession
 from inference.settings import GenerationSettings

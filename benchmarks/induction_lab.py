@@ -12,7 +12,7 @@ the cores). The table reports, per seed: the step at which the second-copy loss 
 evaluation before, at it and at the end, the steps at which a layer's heads and one head passed
 their induction thresholds, and the wall-clock seconds of the whole ``train.py`` command.
 
-The held-out corpus is made by its own generator, not ``data/synthetic.py``: other letters, a
+The held-out corpus is made by its own generator, not ``data/sources/synthetic.py``: other letters, a
 word list of another size and shape, other lengths and another seed, and each copy on its own line.
 """
 

@@ -30,7 +30,7 @@ import torch
 from tokenizers import Tokenizer
 
 from data.chat import ChatTokenIds, Message, render_chat
-from data.shakespeare import shakespeare_documents
+from data.sources.shakespeare import shakespeare_documents
 from data.tokenizer import token_byte_table, train_tokenizer
 from model import GPT
 from rundir.loading import load_run

@@ -6,11 +6,11 @@
     x, y = batches.next()
 """
 
-from data.batches import EpochBatches, TrainBatches, iter_val_batches, train_batches
+from data.batches.text import EpochBatches, TrainBatches, iter_val_batches, train_batches
 from data.config import DataConfig, FilesSourceConfig, HubSourceConfig, SyntheticSourceConfig
 from data.errors import DataError
 from data.metrics import bits_per_byte, target_nats_and_bytes
-from data.prepare import PreparedData, prepare_data
+from data.prepared.text import PreparedData, prepare_data
 from data.tokenizer import EOT, load_tokenizer, token_byte_lengths
 
 __all__ = [

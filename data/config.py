@@ -51,7 +51,7 @@ class HubSourceConfig:
 @dataclass
 class FilesSourceConfig:
     """Local .txt / .jsonl / .parquet files (paths or globs, optionally .gz/.bz2/.xz/.zst); what a
-    document is: see data/local_files.py."""
+    document is: see data/sources/local_files.py."""
 
     paths: list[str] = field(default_factory=list)
     format: str = "auto"
@@ -68,7 +68,7 @@ class FilesSourceConfig:
 
 @dataclass
 class SyntheticSourceConfig:
-    """Random sequences of made-up words, each written twice (data/synthetic.py): the induction lab's
+    """Random sequences of made-up words, each written twice (data/sources/synthetic.py): the induction lab's
     corpus. Sequences are ``min_words..max_words`` distinct words from a list of ``words``."""
 
     seed: int = 0
@@ -91,7 +91,7 @@ class DataConfig:
     """Where the corpus comes from, how it is split, and the tokenizer trained on it."""
 
     source: str = "shakespeare"
-    format: str = "text"  # chat: conversations (see data/conversations.py), for train.init_from
+    format: str = "text"  # chat: conversations (see data/sources/conversations.py), for train.init_from
     vocab_size: int = 2048
     val_fraction: float = 0.1
     split_seed: int = 1234

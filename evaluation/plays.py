@@ -13,8 +13,8 @@ from pathlib import Path
 
 from common.errors import UserError
 from data.config import DataConfig
-from data.shakespeare import markdown_to_play_text, play_files, play_id
-from data.shakespeare_chat import Speech, play_scenes
+from data.sources.shakespeare import markdown_to_play_text, play_files, play_id
+from data.sources.shakespeare_chat import Speech, play_scenes
 from data.split import hash_split
 
 
@@ -22,7 +22,7 @@ from data.split import hash_split
 class HeldOutPlay:
     play_id: str
     text: str  # the document exactly as data preparation tokenized it
-    scenes: list[list[Speech]]  # per scene, its speeches in order (see data.shakespeare_chat)
+    scenes: list[list[Speech]]  # per scene, its speeches in order (see data.sources.shakespeare_chat)
 
 
 def held_out_plays(run_dir: Path, data: DataConfig) -> list[HeldOutPlay]:

@@ -25,7 +25,7 @@ from pathlib import Path
 import yaml
 
 from common.files import atomic_write_text
-from data.shakespeare_chat import Speech
+from data.sources.shakespeare_chat import Speech
 from evaluation.plays import HeldOutPlay
 
 BPB_TASK = "shakespeare_bpb"

@@ -101,7 +101,7 @@ class Sandbox:
         self._write_corpus()
 
     def _write_corpus(self) -> None:
-        from data.shakespeare import shakespeare_documents
+        from data.sources.shakespeare import shakespeare_documents
 
         corpus = self.root / "corpus"
         corpus.mkdir()

@@ -60,7 +60,7 @@ class TrainConfig:
     batch_size: int = 32  # sequences per micro-batch (per process)
     grad_accum_steps: int = 1  # micro-batches per optimizer step
     # random: windows at uniformly random offsets, with replacement (nanoGPT's way);
-    # epoch: every non-overlapping window once per epoch, shuffled (see data/batches.py)
+    # epoch: every non-overlapping window once per epoch, shuffled (see data/batches/text.py)
     sampling: str = "random"
     optimizer: str = "adamw"  # adamw | muon (Muon for hidden matrices, AdamW for the rest)
     lr: float = 3e-3  # AdamW's peak learning rate

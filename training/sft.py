@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from data.chat_batches import iter_chat_val_batches
-from data.chat_prepare import ChatSplit
+from data.batches.chat import iter_chat_val_batches
+from data.prepared.chat import ChatSplit
 from inference.engine import decode
 from model.generation import SamplingSettings
 from model.gpt import eval_mode

@@ -27,8 +27,8 @@ from common.errors import UserError
 from common.files import atomic_write_bytes
 from common.threads import STARVED_SHARE, starved_advice, use_threads
 from data import EOT, load_tokenizer, prepare_data, train_batches
-from data.chat_batches import ChatBatches
-from data.chat_prepare import prepare_chat_data
+from data.batches.chat import ChatBatches
+from data.prepared.chat import prepare_chat_data
 from data.sample_prompt import default_sample_prompt
 from data.tokenizer import RUN_TOKENIZER_FIX
 from model import GPT, GPTConfig, SamplingSettings

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from data import DataError, PreparedData, prepare_data
-from data.token_files import digest_token_file
+from data.prepared.token_files import digest_token_file
 
 
 def _same_size_garbage(path, dtype, high: int, fill: int | None = None) -> None:

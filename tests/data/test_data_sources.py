@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from data import DataConfig, DataError, FilesSourceConfig, HubSourceConfig, prepare_data
-from data.sources import load_source
+from data.sources.corpus import load_source
 from data_testkit import direct_tokens, make_documents
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-import data.hub_network as hub_network
-from data.hub_network import check_hub_reachable
+import data.sources.hub_network as hub_network
+from data.sources.hub_network import check_hub_reachable
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import data.prepare as prepare_module
-import data.sources as sources_module
+import data.prepared.text as prepare_module
+import data.sources.corpus as sources_module
 from data import DataConfig, DataError, FilesSourceConfig, PreparedData, prepare_data
-from data.prepare import entry_dir
-from data.shakespeare import shakespeare_documents
+from data.prepared.text import entry_dir
+from data.sources.shakespeare import shakespeare_documents
 from data.split import hash_split
 from data_testkit import direct_tokens, make_documents
 
@@ -117,7 +117,7 @@ def test_a_failed_prepare_leaves_nothing_and_the_next_one_succeeds(files_cfg, mo
 _KILLED_PREPARE = """
 import sys, time
 from pathlib import Path
-import data.prepare as prepare
+import data.prepared.text as prepare
 from data import DataConfig, FilesSourceConfig
 
 real = prepare._write_tokens

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from data import DataError
-from data.shakespeare import play_files, play_id
+from data.sources.shakespeare import play_files, play_id
 from data.split import hash_split, validation_score
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from data import DataConfig, DataError, SyntheticSourceConfig, prepare_data
-from data.sources import load_source, source_spec
-from data.synthetic import repeat_documents, word_list
+from data.sources.corpus import load_source, source_spec
+from data.sources.synthetic import repeat_documents, word_list
 
 SMALL = SyntheticSourceConfig(seed=3, documents=300, words=64, min_words=5, max_words=12)
 

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from data.config import DataConfig
-from data.shakespeare import shakespeare_documents
+from data.sources.shakespeare import shakespeare_documents
 from data.split import hash_split
 from evaluation.tasks import TASKS, TaskSettings, write_tasks
 from evaluation.plays import held_out_plays

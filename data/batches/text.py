@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from data.errors import DataError
+from data.prepared.token_files import check_one_window
 
 
 class _TrainWindows:
@@ -176,15 +177,6 @@ def stream_seed(sampler: str, seed: int, stream: int | str) -> int:
     """A 63-bit generator seed unique to (sampler, seed, stream); hashing keeps nearby seeds unrelated."""
     digest = hashlib.blake2b(f"{sampler}\0{seed}\0{stream}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") >> 1
-
-
-def check_one_window(split: str, n_tokens: int, block_size: int) -> None:
-    """A split must hold at least one window: block_size + 1 tokens (inputs and shifted targets)."""
-    if n_tokens < block_size + 1:
-        raise DataError(
-            f"the {split} split has {n_tokens} tokens, fewer than one block of "
-            f"block_size + 1 = {block_size + 1}: lower model.block_size or use a larger corpus"
-        )
 
 
 def _check_sizes(block_size: int, batch_size: int) -> None:

@@ -26,9 +26,9 @@ from tokenizers import Tokenizer
 from common.files import atomic_output
 from data.chat import ChatTokenIds, ChatTooLong, Message, fit_chat
 from data.config import DataConfig
-from data.conversations import conversations_spec, load_conversations
+from data.sources.conversations import conversations_spec, load_conversations
 from data.errors import DataError
-from data.prepare import POLL_S, PreparedTokenizer, file_sha256, say, token_dtype
+from data.prepared.text import POLL_S, PreparedTokenizer, file_sha256, say, token_dtype
 from data.tokenizer import eot_id, load_tokenizer
 
 FORMAT_VERSION = 1

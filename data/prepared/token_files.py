@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from data.errors import DataError
+
 _CHUNK_BYTES = 64 * 2**20
 
 
@@ -50,3 +52,12 @@ def digest_token_file(path: Path, dtype: np.dtype) -> TokenFileDigest:
         while read := f.readinto(buffer):
             digester.update(np.frombuffer(buffer, dtype=dtype, count=read // itemsize))
     return digester.digest()
+
+
+def check_one_window(split: str, n_tokens: int, block_size: int) -> None:
+    """A split must hold at least one window: block_size + 1 tokens (inputs and shifted targets)."""
+    if n_tokens < block_size + 1:
+        raise DataError(
+            f"the {split} split has {n_tokens} tokens, fewer than one block of "
+            f"block_size + 1 = {block_size + 1}: lower model.block_size or use a larger corpus"
+        )

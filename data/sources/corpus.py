@@ -13,12 +13,12 @@ import contextlib
 from typing import Any, Iterator
 
 from data.config import DataConfig
-from data.documents import SourceDocuments
+from data.sources.documents import SourceDocuments
 from data.errors import DataError
-from data.hub import hub_spec, load_hub
-from data.local_files import files_spec, load_files
-from data.shakespeare import shakespeare_documents, shakespeare_fingerprint
-from data.synthetic import load_synthetic, synthetic_spec
+from data.sources.hub import hub_spec, load_hub
+from data.sources.local_files import files_spec, load_files
+from data.sources.shakespeare import shakespeare_documents, shakespeare_fingerprint
+from data.sources.synthetic import load_synthetic, synthetic_spec
 
 
 def source_spec(cfg: DataConfig) -> dict[str, Any]:

@@ -17,8 +17,8 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from data.batches import stream_seed
-from data.chat_prepare import ChatSplit
+from data.batches.text import stream_seed
+from data.prepared.chat import ChatSplit
 from data.errors import DataError
 
 _BUCKET_BATCHES = 64

@@ -30,12 +30,11 @@ from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from common.files import atomic_output, atomic_write_text, process_alive
-from data.batches import check_one_window
 from data.config import DataConfig
 from data.errors import DataError
-from data.sources import SourceDocuments, load_source, source_spec
+from data.sources.corpus import SourceDocuments, load_source, source_spec
 from data.split import hash_split
-from data.token_files import TokenDigester, digest_token_file
+from data.prepared.token_files import TokenDigester, check_one_window, digest_token_file
 from data.tokenizer import (
     TOKENIZER_RECIPE,
     encode_documents,

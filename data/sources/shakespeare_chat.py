@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 
 from data.chat import Message
-from data.shakespeare import HEADING, SPEAKER, play_files, play_id, strip_markup
+from data.sources.shakespeare import HEADING, SPEAKER, play_files, play_id, strip_markup
 from data.split import hash_split
 
 # Bump when the conversations built from the plays change, so cached ones are rebuilt.

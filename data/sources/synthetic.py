@@ -17,7 +17,7 @@ import random
 from typing import Any
 
 from data.config import SyntheticSourceConfig
-from data.documents import SourceDocuments
+from data.sources.documents import SourceDocuments
 
 # Bump when the generator below changes, so cached corpora built by the old one are rebuilt.
 GENERATOR_VERSION = 1
