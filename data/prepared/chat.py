@@ -7,15 +7,13 @@ shifted targets) is cut by the chat format's one policy (``data.chat.fit_chat``)
 is at inference when its window fills. One whose last exchange alone does not fit, or that keeps
 no reply to learn from, is dropped; both are counted.
 
-An entry is one ``.npz`` file (no pickles) in ``data.cache_dir``, written atomically and keyed by
-the source, the split settings, the tokenizer's hash and the block size.
+An entry of the one prepared-data cache (``data.prepared.cache``), keyed by the source, the split
+settings, the tokenizer's hash and the block size, is `<cache_dir>/chat-<source>-<key>/`: one
+``conversations.npz`` (no pickles), whose checksum its meta.json records and every open verifies.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,15 +21,19 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
-from common.files import atomic_output
 from data.chat import ChatTokenIds, ChatTooLong, Message, fit_chat
 from data.config import DataConfig
-from data.sources.conversations import conversations_spec, load_conversations
 from data.errors import DataError
-from data.prepared.text import POLL_S, PreparedTokenizer, file_sha256, say, token_dtype
+from data.prepared import cache
+from data.prepared.token_files import token_dtype
+from data.sources.conversations import ConversationSet, conversations_spec, load_conversations
 from data.tokenizer import eot_id, load_tokenizer
 
-FORMAT_VERSION = 1
+# Bump when the entry layout changes: old entries then stop matching. 2: a directory in the shared
+# cache with a checksummed .npz (1 was a bare .npz beside it, which is no longer read).
+FORMAT_VERSION = 2
+CONVERSATIONS_FILE = "conversations.npz"
+_SPLITS = ("train", "val")
 
 
 @dataclass
@@ -60,12 +62,41 @@ class ChatSplit:
 
 
 @dataclass
-class PreparedChat(PreparedTokenizer):
-    path: Path
+class PreparedChat(cache.TokenizerMixin):
+    """A finished chat entry; ``tokenizer_path`` is the tokenizer it was made with (the parent run's)."""
+
+    directory: Path
     tokenizer_path: Path
     train: ChatSplit
     val: ChatSplit
     meta: dict[str, Any]
+
+    @classmethod
+    def open(cls, directory: Path, tokenizer_file: Path) -> PreparedChat:
+        """Open an entry, checking its conversations against their recorded checksum and shape;
+        raises DataError if they do not match."""
+        meta = cache.read_meta(directory, FORMAT_VERSION)
+        path = directory / CONVERSATIONS_FILE
+        recorded = cache.open_checked(directory, lambda: meta["conversations_sha256"])
+        cache.check_file_sha256(path, recorded, "prepared chat data")
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                splits = {s: ChatSplit(z[f"{s}_ids"], z[f"{s}_mask"], z[f"{s}_offsets"]) for s in _SPLITS}
+        except (OSError, ValueError, KeyError) as e:
+            raise DataError(f"prepared chat data {path} is unreadable ({e}); {cache.REDO}") from None
+        chat = cls(directory, Path(tokenizer_file), splits["train"], splits["val"], meta)
+        cache.open_checked(directory, chat._check_shape)
+        return chat
+
+    def _check_shape(self) -> None:
+        for name in _SPLITS:
+            split, stats = getattr(self, name), self.meta["splits"][name]
+            if not len(split.ids) == len(split.mask) == split.offsets[-1] == stats["tokens"]:
+                raise DataError(
+                    f"prepared chat data in {self.directory} does not match its {name} counts; {cache.REDO}"
+                )
+            if len(split.ids) and int(split.ids.max()) >= int(self.meta["vocab_size"]):
+                raise DataError(f"prepared chat data in {self.directory} holds ids beyond the vocabulary; {cache.REDO}")
 
     def check_block_size(self, block_size: int) -> None:
         if self.meta["block_size"] != block_size:
@@ -107,23 +138,37 @@ def prepare_chat_data(
     tokenizer_file = Path(tokenizer_file)
     tokenizer = load_tokenizer(tokenizer_file)
     ChatTokenIds.of(tokenizer)  # a tokenizer from before the chat format: say so before any work
-    spec = {
+    spec = chat_cache_spec(cfg, tokenizer_file, block_size)
+
+    def build(temp: Path) -> dict[str, Any]:
+        conversations = load_conversations(cfg, progress=progress)
+        return {**spec, **_write_conversations(temp, tokenizer, conversations, block_size)}
+
+    return cache.open_or_build(
+        chat_entry_dir(cfg, spec), open_entry=lambda entry: PreparedChat.open(entry, tokenizer_file), build=build,
+        totals=_totals, is_main=is_main, progress=progress, wait_timeout_s=wait_timeout_s,
+    )
+
+
+def chat_cache_spec(cfg: DataConfig, tokenizer_file: Path, block_size: int) -> dict[str, Any]:
+    """What decides a chat entry's contents."""
+    return {
         "format_version": FORMAT_VERSION,
         "source": conversations_spec(cfg),
         "split": {"val_fraction": cfg.val_fraction, "split_seed": cfg.split_seed},
-        "tokenizer_sha256": file_sha256(tokenizer_file),
+        "tokenizer_sha256": cache.file_sha256(tokenizer_file),
         "block_size": block_size,
     }
-    key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
-    path = Path(cfg.cache_dir).expanduser() / f"chat-{cfg.source}-{key}.npz"
-    if not is_main:
-        return _wait_for(path, tokenizer_file, wait_timeout_s)
-    if path.is_file():
-        data = _open(path, tokenizer_file)
-        say(progress, f"data: using cached {path} ({_totals(data.meta)})")
-        return data
-    start = time.perf_counter()
-    conversations = load_conversations(cfg, progress=progress)
+
+
+def chat_entry_dir(cfg: DataConfig, spec: dict[str, Any]) -> Path:
+    return cache.entry_path(cfg.cache_dir, f"chat-{cfg.source}", spec)
+
+
+def _write_conversations(
+    temp: Path, tokenizer: Tokenizer, conversations: ConversationSet, block_size: int
+) -> dict[str, Any]:
+    """Tokenize both splits into ``temp``'s conversations file; return what the meta records of them."""
     train, train_stats = tokenize_conversations(tokenizer, conversations.train, block_size)
     val, val_stats = tokenize_conversations(tokenizer, conversations.val, block_size)
     for name, split in (("training", train), ("held-out", val)):
@@ -132,43 +177,20 @@ def prepare_chat_data(
                 f"no {name} conversation of {conversations.description} fits in block_size {block_size}: "
                 "use shorter conversations or a run with a longer window"
             )
-    meta = {
-        **spec,
+    path = temp / CONVERSATIONS_FILE
+    with open(path, "wb") as f:
+        np.savez(
+            f, train_ids=train.ids, train_mask=train.mask, train_offsets=train.offsets,
+            val_ids=val.ids, val_mask=val.mask, val_offsets=val.offsets,
+        )
+    return {
         "description": conversations.description,
         "val_from": conversations.val_from,
         "eot_id": eot_id(tokenizer),
         "vocab_size": tokenizer.get_vocab_size(with_added_tokens=True),
         "splits": {"train": train_stats, "val": val_stats},
+        "conversations_sha256": cache.file_sha256(path),
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_output(path) as temp, open(temp, "wb") as f:
-        np.savez(
-            f, meta=np.array(json.dumps(meta)),
-            train_ids=train.ids, train_mask=train.mask, train_offsets=train.offsets,
-            val_ids=val.ids, val_mask=val.mask, val_offsets=val.offsets,
-        )
-    say(progress, f"data: prepared {conversations.description}: {_totals(meta)}, "
-                   f"{time.perf_counter() - start:.1f} s -> {path}")
-    return _open(path, tokenizer_file)
-
-
-def _open(path: Path, tokenizer_file: Path) -> PreparedChat:
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            meta = json.loads(str(z["meta"]))
-            splits = {s: ChatSplit(z[f"{s}_ids"], z[f"{s}_mask"], z[f"{s}_offsets"]) for s in ("train", "val")}
-    except (OSError, ValueError, KeyError) as e:
-        raise DataError(f"prepared chat data {path} is unreadable ({e}); delete it and run again") from None
-    return PreparedChat(path, tokenizer_file, splits["train"], splits["val"], meta)
-
-
-def _wait_for(path: Path, tokenizer_file: Path, timeout_s: float) -> PreparedChat:
-    deadline = time.monotonic() + timeout_s
-    while not path.is_file():
-        if time.monotonic() >= deadline:
-            raise DataError(f"waited {timeout_s:g} s for the main process to prepare {path}; check its output")
-        time.sleep(POLL_S)
-    return _open(path, tokenizer_file)
 
 
 def _totals(meta: dict[str, Any]) -> str:

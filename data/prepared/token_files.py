@@ -61,3 +61,8 @@ def check_one_window(split: str, n_tokens: int, block_size: int) -> None:
             f"the {split} split has {n_tokens} tokens, fewer than one block of "
             f"block_size + 1 = {block_size + 1}: lower model.block_size or use a larger corpus"
         )
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """uint16 while every id fits (half the disk and page cache of uint32), else uint32."""
+    return np.dtype(np.uint16 if vocab_size <= 2**16 else np.uint32)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from data import DataError, EpochBatches, TrainBatches, iter_val_batches, train_batches
-from data.prepared.text import token_dtype
+from data.prepared.token_files import token_dtype
 
 
 @pytest.fixture
