@@ -69,12 +69,14 @@ def train_tokenizer(
     return tokenizer
 
 
-RUN_TOKENIZER_FIX = "restore the run's own tokenizer.json from a backup (retraining it gives other ids)"
+# Advice that ends the error for a run's damaged tokenizer: unlike a cache entry's, it cannot be
+# rebuilt, since the run's model knows its ids.
+RUN_TOKENIZER_ADVICE = "restore the run's own tokenizer.json from a backup (retraining it gives other ids)"
 
 
-def load_tokenizer(path: str | Path, fix: str = "prepare the data again") -> Tokenizer:
-    """Load a tokenizer.json that has `EOT`. ``fix`` ends the error for a damaged file: a cache entry's
-    tokenizer can be rebuilt, a run's (``RUN_TOKENIZER_FIX``) cannot, its model knows those ids."""
+def load_tokenizer(path: str | Path, advice: str = "prepare the data again") -> Tokenizer:
+    """Load a tokenizer.json that has `EOT`; ``advice`` ends the error for a damaged file (a run's
+    tokenizer gets ``RUN_TOKENIZER_ADVICE``)."""
     path = Path(path)
     if not path.is_file():
         raise DataError(
@@ -84,10 +86,10 @@ def load_tokenizer(path: str | Path, fix: str = "prepare the data again") -> Tok
         tokenizer = Tokenizer.from_file(str(path))
     except Exception as exc:  # tokenizers raises a bare Exception for malformed JSON
         raise DataError(
-            f"tokenizer file {path} is not a valid tokenizer.json ({one_line(exc)}); {fix}"
+            f"tokenizer file {path} is not a valid tokenizer.json ({one_line(exc)}); {advice}"
         ) from exc
     if tokenizer.token_to_id(EOT) is None:
-        raise DataError(f"tokenizer file {path} has no {EOT} token; {fix}")
+        raise DataError(f"tokenizer file {path} has no {EOT} token; {advice}")
     return tokenizer
 
 

@@ -15,7 +15,7 @@ import torch
 from tokenizers import Tokenizer
 
 from common.errors import UserError
-from data.tokenizer import RUN_TOKENIZER_FIX, eot_id, load_tokenizer, token_byte_table
+from data.tokenizer import RUN_TOKENIZER_ADVICE, eot_id, load_tokenizer, token_byte_table
 from model import GPT, ModelFileError, load_pretrained
 from rundir.files import TOKENIZER_FILE, WEIGHTS_FILE
 
@@ -71,7 +71,7 @@ def load_run(directory: str | Path, device: torch.device) -> LoadedRun:
             "with (train.py saves it in the run directory)"
         )
     # The tokenizer first: it is cheap, and a wrong one makes loading the weights pointless.
-    tokenizer = load_tokenizer(directory / TOKENIZER_FILE, RUN_TOKENIZER_FIX)  # DataError (a UserError) if unusable
+    tokenizer = load_tokenizer(directory / TOKENIZER_FILE, RUN_TOKENIZER_ADVICE)  # DataError (a UserError) if unusable
     token_bytes = token_byte_table(tokenizer)
     try:
         model = load_pretrained(directory, device=str(device))

@@ -30,7 +30,7 @@ from data import EOT, load_tokenizer, prepare_data, train_batches
 from data.batches.chat import ChatBatches
 from data.prepared.chat import prepare_chat_data
 from data.sample_prompt import default_sample_prompt
-from data.tokenizer import RUN_TOKENIZER_FIX
+from data.tokenizer import RUN_TOKENIZER_ADVICE
 from model import GPT, GPTConfig, SamplingSettings
 from model.rms_norm_cpu import install_cpu_backward
 from rundir.checkpoint import CheckpointError, check_run_dir, clear_old_run, load_trainer_state, save_checkpoint
@@ -220,7 +220,7 @@ class Trainer:
             )
         saved_tokenizer = self.run_dir / TOKENIZER_FILE
         if resume and saved_tokenizer.is_file():
-            if load_tokenizer(saved_tokenizer, RUN_TOKENIZER_FIX).get_vocab() != prepared.tokenizer().get_vocab():
+            if load_tokenizer(saved_tokenizer, RUN_TOKENIZER_ADVICE).get_vocab() != prepared.tokenizer().get_vocab():
                 raise CheckpointError(
                     f"cannot resume {self.run_dir}: the data section now builds a different "
                     f"tokenizer than the run was trained with; use the run's own config.yaml"

@@ -33,7 +33,7 @@ from data.tokenizer import load_tokenizer, token_byte_lengths
 META_FILE = "meta.json"
 TEMP_PREFIX = ".tmp-"
 POLL_S = 0.2
-REDO = "delete that cache entry and run again to prepare it afresh"
+REBUILD_ADVICE = "delete that cache entry and run again to prepare it afresh"
 
 
 
@@ -120,11 +120,11 @@ def read_meta(directory: Path, format_version: int | None = None) -> dict[str, A
     try:
         meta = json.loads((directory / META_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise DataError(f"prepared data in {directory} has no readable {META_FILE}; {REDO}") from exc
+        raise DataError(f"prepared data in {directory} has no readable {META_FILE}; {REBUILD_ADVICE}") from exc
     if not isinstance(meta, dict):
-        raise DataError(f"prepared data in {directory} has a malformed {META_FILE}; {REDO}")
+        raise DataError(f"prepared data in {directory} has a malformed {META_FILE}; {REBUILD_ADVICE}")
     if format_version is not None and meta.get("format_version") != format_version:
-        raise DataError(f"prepared data in {directory} has an old format; {REDO}")
+        raise DataError(f"prepared data in {directory} has an old format; {REBUILD_ADVICE}")
     return meta
 
 
@@ -133,7 +133,7 @@ def open_checked(directory: Path, make: Callable[[], Entry]) -> Entry:
     try:
         return make()
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
-        raise DataError(f"prepared data in {directory} has a malformed {META_FILE}; {REDO}") from exc
+        raise DataError(f"prepared data in {directory} has a malformed {META_FILE}; {REBUILD_ADVICE}") from exc
 
 
 def file_sha256(path: Path) -> str:
@@ -143,7 +143,7 @@ def file_sha256(path: Path) -> str:
 def check_file_sha256(path: Path, expected: str, what: str) -> None:
     """Refuse a file that is missing or whose bytes no longer hash to what was recorded."""
     if not path.is_file() or file_sha256(path) != expected:
-        raise DataError(f"{what} {path} is missing or changed; {REDO}")
+        raise DataError(f"{what} {path} is missing or changed; {REBUILD_ADVICE}")
 
 
 class TokenizerMixin:

@@ -83,7 +83,7 @@ class PreparedChat(cache.TokenizerMixin):
             with np.load(path, allow_pickle=False) as z:
                 splits = {s: ChatSplit(z[f"{s}_ids"], z[f"{s}_mask"], z[f"{s}_offsets"]) for s in _SPLITS}
         except (OSError, ValueError, KeyError) as e:
-            raise DataError(f"prepared chat data {path} is unreadable ({e}); {cache.REDO}") from None
+            raise DataError(f"prepared chat data {path} is unreadable ({e}); {cache.REBUILD_ADVICE}") from None
         chat = cls(directory, Path(tokenizer_file), splits["train"], splits["val"], meta)
         cache.open_checked(directory, chat._check_shape)
         return chat
@@ -93,10 +93,12 @@ class PreparedChat(cache.TokenizerMixin):
             split, stats = getattr(self, name), self.meta["splits"][name]
             if not len(split.ids) == len(split.mask) == split.offsets[-1] == stats["tokens"]:
                 raise DataError(
-                    f"prepared chat data in {self.directory} does not match its {name} counts; {cache.REDO}"
+                    f"prepared chat data in {self.directory} does not match its {name} counts; {cache.REBUILD_ADVICE}"
                 )
             if len(split.ids) and int(split.ids.max()) >= int(self.meta["vocab_size"]):
-                raise DataError(f"prepared chat data in {self.directory} holds ids beyond the vocabulary; {cache.REDO}")
+                raise DataError(
+                    f"prepared chat data in {self.directory} holds ids beyond the vocabulary; {cache.REBUILD_ADVICE}"
+                )
 
     def check_block_size(self, block_size: int) -> None:
         if self.meta["block_size"] != block_size:

@@ -23,7 +23,7 @@ from common.files import atomic_output, atomic_write_text
 from data.config import DataConfig
 from data.errors import DataError
 from data.prepared.cache import (
-    REDO,
+    REBUILD_ADVICE,
     TokenizerMixin,
     check_file_sha256,
     entry_path,
@@ -75,14 +75,14 @@ class PreparedData(TokenizerMixin):
         for split, path in (("train", self.train_path), ("val", self.val_path)):
             expected = meta["splits"][split]["tokens"] * self.dtype.itemsize
             if not path.is_file() or path.stat().st_size != expected:
-                raise DataError(f"prepared data file {path} is missing or truncated; {REDO}")
+                raise DataError(f"prepared data file {path} is missing or truncated; {REBUILD_ADVICE}")
             # Same size is not same content: a file overwritten in place must not be trained on.
             found = digest_token_file(path, self.dtype)
             if found.sha256 != meta["splits"][split]["sha256"]:
-                raise DataError(f"prepared data file {path} does not match its recorded checksum; {REDO}")
+                raise DataError(f"prepared data file {path} does not match its recorded checksum; {REBUILD_ADVICE}")
             if found.max_id >= int(meta["vocab_size"]):
                 raise DataError(f"prepared data file {path} holds token id {found.max_id}, beyond the "
-                                f"vocabulary of {meta['vocab_size']}; {REDO}")
+                                f"vocabulary of {meta['vocab_size']}; {REBUILD_ADVICE}")
         check_file_sha256(self.tokenizer_path, meta["tokenizer_sha256"], "prepared tokenizer")
 
     @property

@@ -20,7 +20,7 @@ from data.chat import Message, to_messages
 from data.config import DataConfig
 from data.sources.documents import row_ids
 from data.errors import DataError
-from data.sources.hub import hub_errors, hub_has_val_split, hub_spec
+from data.sources.hub import hub_errors_explained, hub_has_val_split, hub_spec
 from data.sources.local_files import files_format, files_spec, load_files_dataset, resolve_files
 from data.sources.shakespeare import shakespeare_fingerprint
 from data.sources.shakespeare_chat import CHAT_SET_VERSION, shakespeare_chat
@@ -113,7 +113,7 @@ def _load_hub(cfg: DataConfig) -> ConversationSet:
     has_val = hub_has_val_split(hub, description)
 
     def read(split: str) -> tuple[list[list[Message]], list[str]]:
-        with hub_errors(hub.name):
+        with hub_errors_explained(hub.name):
             dataset = datasets.load_dataset(hub.name, hub.config_name, split=split)
         if hub.max_documents is not None and hub.max_documents < len(dataset):
             dataset = dataset.select(range(hub.max_documents))

@@ -57,7 +57,7 @@ def _load_hub_split(
 ) -> tuple[Any, list[str]]:
     import datasets  # slow to import (docs/results.md): loaded only once a corpus is read
 
-    with hub_errors(hub.name):
+    with hub_errors_explained(hub.name):
         dataset = datasets.load_dataset(hub.name, hub.config_name, split=split, streaming=hub.streaming)
         if hub.streaming:
             # A streamed slice is read once and kept in memory: its size is the user's cap.
@@ -120,7 +120,7 @@ def hub_has_val_split(hub: HubSourceConfig, description: str) -> bool:
             f"local dataset directory {root} has a loading script ({scripts[0]}), which datasets no longer "
             "runs; point data.hub.name at a directory of data files, or use data.source: files"
         )
-    with hub_errors(hub.name):
+    with hub_errors_explained(hub.name):
         check_hub_reachable(hub.name)
         import datasets  # slow to import (docs/results.md): loaded only once a corpus is read
 
@@ -134,7 +134,7 @@ def hub_has_val_split(hub: HubSourceConfig, description: str) -> bool:
 
 
 @contextlib.contextmanager
-def hub_errors(name: str) -> Iterator[None]:
+def hub_errors_explained(name: str) -> Iterator[None]:
     """Turn hub failures into one-line DataErrors that say what to do."""
     try:
         yield
