@@ -26,8 +26,8 @@ from pathlib import Path
 
 import torch
 
-from data.prepared.chat import prepare_chat_data
 from data.config import DataConfig
+from data.prepared.chat import prepare_chat_data
 from inference.chat import ChatSession
 from inference.settings import GenerationSettings
 from inference.engine import decode

@@ -18,8 +18,8 @@ import numpy as np
 import torch
 
 from data.batches.text import stream_seed
-from data.prepared.chat import ChatSplit
 from data.errors import DataError
+from data.prepared.chat import ChatSplit
 
 _BUCKET_BATCHES = 64
 

@@ -18,13 +18,13 @@ from typing import Any
 
 from data.chat import Message, to_messages
 from data.config import DataConfig
-from data.sources.documents import row_ids
 from data.errors import DataError
+from data.sources.corpus import datasets_progress
+from data.sources.documents import row_ids
 from data.sources.hub import hub_errors_explained, hub_has_val_split, hub_spec
 from data.sources.local_files import files_format, files_spec, load_files_dataset, resolve_files
 from data.sources.shakespeare import shakespeare_fingerprint
 from data.sources.shakespeare_chat import CHAT_SET_VERSION, shakespeare_chat
-from data.sources.corpus import datasets_progress
 from data.split import hash_split
 
 ALPACA_COLUMNS = ("instruction", "output")

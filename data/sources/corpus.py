@@ -13,8 +13,8 @@ import contextlib
 from typing import Any, Iterator
 
 from data.config import DataConfig
-from data.sources.documents import SourceDocuments
 from data.errors import DataError
+from data.sources.documents import SourceDocuments
 from data.sources.hub import hub_spec, load_hub
 from data.sources.local_files import files_spec, load_files
 from data.sources.shakespeare import shakespeare_documents, shakespeare_fingerprint

@@ -16,8 +16,8 @@ from tqdm import tqdm
 
 from common.errors import one_line
 from data.config import HubSourceConfig
-from data.sources.documents import SourceDocuments, check_text_column, file_identity, find_cause, row_ids, text_only
 from data.errors import DataError
+from data.sources.documents import SourceDocuments, check_text_column, file_identity, find_cause, row_ids, text_only
 from data.sources.hub_network import check_hub_reachable
 
 

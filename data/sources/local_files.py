@@ -17,8 +17,8 @@ from typing import Any
 
 from common.errors import one_line
 from data.config import FilesSourceConfig
-from data.sources.documents import SourceDocuments, check_text_column, file_identity, find_cause, row_ids, text_only
 from data.errors import DataError
+from data.sources.documents import SourceDocuments, check_text_column, file_identity, find_cause, row_ids, text_only
 
 _COMPRESSION_SUFFIXES = (".gz", ".bz2", ".xz", ".zst", ".lz4")
 _FORMAT_BY_SUFFIX = {

@@ -151,3 +151,18 @@ def test_other_processes_wait_for_the_main_one_even_past_a_damaged_entry(chat_se
 def test_a_wait_that_times_out_says_so_in_one_line(chat_setup):
     with pytest.raises(DataError, match="waited 0.2 s for the main process"):
         _prepare(chat_setup, is_main=False, wait_timeout_s=0.2)
+
+
+def test_a_build_that_loses_the_race_to_publish_takes_the_winners_entry(chat_setup, monkeypatch):
+    real = chat_module.load_conversations
+    winner: dict[str, PreparedChat] = {}
+
+    def another_process_finishes_first(*args, **kwargs):
+        monkeypatch.setattr(chat_module, "load_conversations", real)
+        winner["data"] = _prepare(chat_setup)  # publishes the entry while our build is under way
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(chat_module, "load_conversations", another_process_finishes_first)
+    ours = _prepare(chat_setup)
+    assert ours.directory == winner["data"].directory and ours.meta == winner["data"].meta
+    assert _cache_contents(chat_setup[0]) == [ours.directory.name]  # our temporary directory is gone

@@ -11,12 +11,12 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from data.chat import ChatTokenIds, ChatTooLong, FittedChat, Message, fit_chat, fit_for_reply, render_chat
 from data.batches.chat import ChatBatches, collate
-from data.prepared.chat import tokenize_conversations
+from data.chat import ChatTokenIds, ChatTooLong, FittedChat, Message, fit_chat, fit_for_reply, render_chat
 from data.config import DataConfig, FilesSourceConfig
-from data.sources.conversations import load_conversations
 from data.errors import DataError
+from data.prepared.chat import tokenize_conversations
+from data.sources.conversations import load_conversations
 from data.sources.shakespeare import play_files, play_id
 from data.split import hash_split
 from data.tokenizer import train_tokenizer
