@@ -33,8 +33,8 @@ from exporting.hf import export_run
 from rundir.checkpoint import peek_trainer_state
 from rundir.files import CONFIG_FILE, EVAL_DIR
 from rundir.record import RunRecord, read_config
-from training.config import LoggingConfig
-from training.wandb_logger import WandbLogger
+from tracking.config import LoggingConfig
+from tracking.wandb_logger import WandbLogger
 
 RESULTS_FILE = "results.json"
 

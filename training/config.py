@@ -21,9 +21,9 @@ from common.files import atomic_write_text
 from data import DataConfig
 from model import GPTConfig
 from model.generation import check_sampling_args
+from tracking.config import LoggingConfig
 from training.init_from import find_parent, model_section_from_parent, refuse_own_parent
 
-WANDB_MODES = ("auto", "online", "offline", "disabled")
 DEFAULT_OUT_DIR = "runs/default"  # where a config without run.out_dir (and no file name) trains
 
 
@@ -180,29 +180,6 @@ class EvalConfig:
         )
         require(self.sample_tokens >= 0, "eval.sample_tokens must be >= 0")
         check_sampling_args(self.sample_temperature, self.sample_top_k, None, 1.0)  # eval.sample_*
-
-
-@dataclass
-class WandbConfig:
-    mode: str = "auto"  # auto | online | offline | disabled
-    project: str = "minigpt"
-    entity: str | None = None
-    name: str | None = None
-    tags: list[str] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        check_types(self, "logging.wandb")
-        _require_one_of(self.mode, "logging.wandb.mode", WANDB_MODES)
-
-
-@dataclass
-class LoggingConfig:
-    interval: int = 10  # steps between lines in metrics.jsonl (and wandb points)
-    wandb: WandbConfig = field(default_factory=WandbConfig)
-
-    def __post_init__(self) -> None:
-        check_types(self, "logging")
-        require(self.interval >= 1, "logging.interval must be >= 1")
 
 
 @dataclass

@@ -38,6 +38,7 @@ from rundir.files import CONFIG_FILE, METRICS_FILE, TOKENIZER_FILE
 from rundir.lock import hold_run_dir
 from rundir.metrics import MetricsLog
 from rundir.record import write_parent_record
+from tracking.wandb_logger import WandbLogger
 from training.config import Config, ConfigError, config_to_dict, save_config
 from training.device import autocast, configure_backends, resolve_precision, should_compile
 from training.distributed import (
@@ -56,7 +57,6 @@ from training.resume_rules import (
 )
 from training.rng_state import capture_rng_state, restore_rng_state
 from training.sft import accumulate_chat_gradients, chat_reply_samples, evaluate_chat
-from training.wandb_logger import WandbLogger
 
 # tqdm's default bar without its "<remaining" estimate (see Trainer.fit).
 _BAR_WITHOUT_ETA = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}, {rate_fmt}{postfix}]"

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.scaling.wandb_records import read_offline_runs
+from tests.tracking.wandb_records import read_offline_runs
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN_METRICS = ("loss", "lr", "grad_norm", "tokens", "tokens_per_s", "mfu")

@@ -15,7 +15,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from common.errors import UserError, one_line
-from training.config import WANDB_MODES, WandbConfig
+from tracking.config import WANDB_MODES, WandbConfig
 
 DEFAULT_HOST = "https://api.wandb.ai"
 

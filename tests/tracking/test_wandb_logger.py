@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from common.errors import UserError
-from tests.scaling.wandb_records import read_offline_runs
-from training.wandb_logger import WandbLogger, has_credentials, resolve_mode
+from tests.tracking.wandb_records import read_offline_runs
+from tracking.wandb_logger import WandbLogger, has_credentials, resolve_mode
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,7 +34,7 @@ def no_credentials(monkeypatch, tmp_path):
 
 
 def wandb_config(**kwargs):
-    from training.config import WandbConfig
+    from tracking.config import WandbConfig
 
     return WandbConfig(**kwargs)
 
@@ -205,7 +205,7 @@ def test_non_main_ranks_and_disabled_mode_are_free(tmp_path):
         f"""
         import sys
         from pathlib import Path
-        from training.wandb_logger import WandbLogger
+        from tracking.wandb_logger import WandbLogger
         assert "wandb" not in sys.modules, "importing the logger imported wandb"
 
         class Cfg:
@@ -243,7 +243,7 @@ def test_never_prompts_even_on_a_terminal(tmp_path):
     env.update(HOME=str(home), PYTHONPATH=str(ROOT))
     script = textwrap.dedent(
         f"""
-        from training.wandb_logger import WandbLogger
+        from tracking.wandb_logger import WandbLogger
 
         class Cfg:
             mode, project, entity, name, tags = "online", "p", None, None, []
