@@ -218,7 +218,7 @@ class Config:
         return Path(self.run.out_dir if self.run.out_dir is not None else DEFAULT_OUT_DIR)
 
 
-def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+def load_run_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Read a YAML config, apply ``--set key=value`` overrides, validate, return a ``Config``."""
     path = Path(path)
     raw = read_yaml_file(path) or {}
