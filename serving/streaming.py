@@ -31,13 +31,15 @@ async def answer(request: Request, body: GenerationRequest, reply: Reply, ticket
     request.state.reply = reply  # the access log reads its token counts
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
-        return _sse(_chunks(reply, ticket, queue, include_usage), reply.headers)
+        return _sse(stream_chunks(reply, ticket, queue, include_usage), reply.headers)
     finish = await _wait_for_finish(request, reply, ticket, queue)
     return JSONResponse(reply.body(finish), headers=reply.headers)
 
 
-async def _chunks(reply: Reply, ticket: Ticket, queue: asyncio.Queue[Event],
-                  include_usage: bool) -> AsyncIterator[dict]:
+async def stream_chunks(reply: Reply, ticket: Ticket, queue: asyncio.Queue[Event],
+                        include_usage: bool) -> AsyncIterator[dict]:
+    """The reply's stream chunks, from the engine's events on ``queue`` until its Finish; the
+    ticket is cancelled whenever the stream stops, finished or abandoned."""
     try:
         for chunk in reply.opening():
             yield chunk
