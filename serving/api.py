@@ -25,14 +25,12 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
 
-from data.chat import ChatTooLong, fit_for_reply, to_messages
-from data.errors import DataError
 from inference.engine import Engine
 from model.generation import SamplingSettings
 from rundir.loading import LoadedRun
 from serving.access_log import AccessLog
 from serving.errors import ApiError, error_body
-from serving.logprobs import ReplyLogprobs
+from serving.logprobs import ChatReplyLogprobs, CompletionReplyLogprobs
 from serving.replies import ChatReply, CompletionReply
 from serving.schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from serving.service import Limits, Service
@@ -104,33 +102,21 @@ def create_app(run: LoadedRun, engine: Engine, *, model_id: str, limits: Limits 
         params = _settings(body)
         wanted = body.logprobs is not None
         ticket, queue = service.submit(ids, params, [run.eot_id], body.logprobs, body.echo and wanted)
-        logprobs = ReplyLogprobs(run.token_bytes, wanted, text, body.echo, hidden=(run.eot_id,))
+        logprobs = CompletionReplyLogprobs(run.token_bytes, wanted, text, body.echo, hidden=(run.eot_id,))
         reply = CompletionReply(model_id, ids, logprobs, echo=text if body.echo else "")
         return await answer(request, body, reply, ticket, queue)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         body = await service.read(request, ChatCompletionRequest)
-        if service.chat_ids is None:
-            raise ApiError(400, f"this run cannot chat: {service.no_chat_reason}; /v1/completions "
-                           "still works", param="messages", code="chat_not_supported")
-        if body.messages:  # a last message that cannot fit is refused before the tokenizer spends time on it
-            service.check_length(len(body.messages[-1].content), None, "messages")
-        try:
-            messages = to_messages([{"role": m.role, "content": m.content} for m in body.messages])
-            fitted = fit_for_reply(run.tokenizer, messages, run.block_size)
-        except ChatTooLong as error:
-            raise ApiError(400, str(error), param="messages", code="context_length_exceeded") from None
-        except DataError as error:
-            raise ApiError(400, str(error), param="messages") from None
+        chat_ids, fitted = service.chat_prompt(body.messages)
         # The chat rule (data.chat.ChatTokenIds): role tokens never sampled, end tokens never shown.
-        params = _settings(body, suppress_ids=service.chat_ids.suppress_ids)
+        params = _settings(body, suppress_ids=chat_ids.suppress_ids)
         top = (body.top_logprobs or 0) if body.logprobs else None
         ids = fitted.chat.ids
-        ticket, queue = service.submit(ids, params, list(service.chat_ids.reply_end_ids), top, slide=False)
-        reply = ChatReply(model_id, ids,
-                          ReplyLogprobs(run.token_bytes, body.logprobs, chat=True, hidden=service.chat_ids.reply_end_ids),
-                          headers={"X-Dropped-Messages": str(fitted.dropped)})
+        ticket, queue = service.submit(ids, params, list(chat_ids.reply_end_ids), top, slide=False)
+        logprobs = ChatReplyLogprobs(run.token_bytes, body.logprobs, hidden=chat_ids.reply_end_ids)
+        reply = ChatReply(model_id, ids, logprobs, headers={"X-Dropped-Messages": str(fitted.dropped)})
         return await answer(request, body, reply, ticket, queue)
 
     return app

@@ -1,26 +1,26 @@
 """What every route shares: the run, the engine, the server's limits and the chat token ids; and
-the steps a route takes with them: read a body within its limit, check a prompt's length, encode
-a completion's prompt, submit to the engine."""
+the steps a route takes with them: read a body within its limit, turn a completion's prompt or a
+chat's messages into token ids that fit the context, submit to the engine."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 from fastapi import Request
 from starlette.requests import ClientDisconnect
 
-from data.chat import ChatTokenIds
+from data.chat import ChatTokenIds, ChatTooLong, FittedChat, fit_for_reply, to_messages
 from data.errors import DataError
 from inference.completion import encode_prompt
 from inference.engine import Engine, EngineBusy, Event, Ticket
 from model.generation import SamplingSettings
 from rundir.loading import LoadedRun
 from serving.errors import ApiError
-from serving.schemas import Body, RequestError, ServerRules, parse_request
+from serving.schemas import Body, ChatMessage, RequestError, ServerRules, parse_request
 
 # How long an overloaded server asks clients to wait before trying again (seconds).
 RETRY_AFTER_S = 1
@@ -98,6 +98,22 @@ class Service:
             return encoded.ids, prompt
         self.check_length(0, len(prompt), "prompt")
         return list(prompt), b"".join(self.run.token_bytes[i] for i in prompt).decode("utf-8", "replace")
+
+    def chat_prompt(self, messages: Sequence[ChatMessage]) -> tuple[ChatTokenIds, FittedChat]:
+        """A chat request's messages rendered by the chat format and cut to leave room for the
+        reply; with the chat token ids, which only a run that can chat has."""
+        if self.chat_ids is None:
+            raise ApiError(400, f"this run cannot chat: {self.no_chat_reason}; /v1/completions "
+                           "still works", param="messages", code="chat_not_supported")
+        if messages:  # a last message that cannot fit is refused before the tokenizer spends time on it
+            self.check_length(len(messages[-1].content), None, "messages")
+        try:
+            checked = to_messages([{"role": m.role, "content": m.content} for m in messages])
+            return self.chat_ids, fit_for_reply(self.run.tokenizer, checked, self.run.block_size)
+        except ChatTooLong as error:
+            raise ApiError(400, str(error), param="messages", code="context_length_exceeded") from None
+        except DataError as error:
+            raise ApiError(400, str(error), param="messages") from None
 
     def submit(
         self, prompt_ids: list[int], params: SamplingSettings, end_ids: list[int], logprobs: int | None = None,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 
 from inference.engine import Event, Finish
-from serving.logprobs import ReplyLogprobs
+from serving.logprobs import ChatReplyLogprobs, CompletionReplyLogprobs
 from serving.replies import ChatReply, CompletionReply
 from serving.streaming import stream_chunks
 
@@ -38,11 +38,11 @@ EVENTS = [Event("h", 104), Event("i", 105), Event("", None, FINISH)]
 
 
 def completion(echo: str = "") -> CompletionReply:
-    return CompletionReply("m", [1, 2, 3], ReplyLogprobs(TOKEN_BYTES, False, echo, bool(echo)), echo=echo)
+    return CompletionReply("m", [1, 2, 3], CompletionReplyLogprobs(TOKEN_BYTES, False, echo, bool(echo)), echo=echo)
 
 
 def chat() -> ChatReply:
-    return ChatReply("m", [1, 2, 3], ReplyLogprobs(TOKEN_BYTES, False, chat=True), headers={"X-Dropped-Messages": "0"})
+    return ChatReply("m", [1, 2, 3], ChatReplyLogprobs(TOKEN_BYTES, False), headers={"X-Dropped-Messages": "0"})
 
 
 def test_whole_bodies_have_each_endpoints_shape():
