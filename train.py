@@ -18,7 +18,7 @@ from pathlib import Path  # noqa: E402
 
 from common.cli import run_command  # noqa: E402
 from common.os_errors import describe_os_error  # noqa: E402
-from training.config import load_config  # noqa: E402
+from training.config import load_run_config  # noqa: E402
 from training.loss_curve import write_run_loss_curve  # noqa: E402
 from training.trainer import TrainResult, train  # noqa: E402
 
@@ -56,7 +56,7 @@ def _train(args: argparse.Namespace) -> int:
         threads = parse_threads(args.threads)
         args.overrides.append(f"train.threads={'auto' if threads is None else threads}")
     try:
-        config = load_config(args.config, args.overrides)
+        config = load_run_config(args.config, args.overrides)
         result = train(config, resume=args.resume, overwrite=args.overwrite, progress=not args.no_progress)
     except OSError as e:  # a full disk, a read-only mount: every file already saved is intact
         print(f"error: {describe_os_error(e)}", file=sys.stderr)

@@ -46,7 +46,7 @@ from common.threads import add_threads_argument, parse_threads, use_threads
 from common.errors import UserError
 from common.os_errors import describe_os_error
 from inference.terminal import decode_argument
-from rundir.files import CONFIG_FILE, METRICS_FILE, TOKENIZER_FILE
+from rundir.files import METRICS_FILE, RUN_CONFIG_FILE, TOKENIZER_FILE
 from rundir.loading import LoadedRun, find_latest_run, load_run
 from rundir.record import read_config
 
@@ -372,8 +372,8 @@ def _validation_tokens(run: LoadedRun) -> np.ndarray:
     from common.config import build
     from data import DataConfig, prepare_data
 
-    if not (run.directory / CONFIG_FILE).is_file():
-        raise UserError(f"{run.directory} has no {CONFIG_FILE} to find its validation text; pass --text-file")
+    if not (run.directory / RUN_CONFIG_FILE).is_file():
+        raise UserError(f"{run.directory} has no {RUN_CONFIG_FILE} to find its validation text; pass --text-file")
     data = build(DataConfig, read_config(run.directory).get("data") or {}, "data")
     if data.format != "text":
         raise UserError(f"{run.directory} was trained on {data.format} data; pass held-out plain text "

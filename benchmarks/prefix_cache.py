@@ -35,7 +35,7 @@ from data.tokenizer import token_byte_table, train_tokenizer
 from model import GPT
 from rundir.loading import load_run
 from inference.engine import Engine, Event
-from training.config import load_config
+from training.config import load_run_config
 from benchmarks.serve_throughput import api_settings, ms_quantiles
 
 
@@ -146,7 +146,7 @@ def load_model(args) -> tuple[GPT, Tokenizer, list[bytes], str]:
     if args.run is not None:
         run = load_run(args.run, torch.device("cpu"))
         return run.model, run.tokenizer, run.token_bytes, f"run {args.run}"
-    config = load_config(args.config).model
+    config = load_run_config(args.config).model
     _, plays = shakespeare_documents()
     tokenizer = train_tokenizer(plays[:8], config.vocab_size)
     torch.manual_seed(0)

@@ -89,10 +89,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from common.errors import UserError
-    from training.config import load_config
+    from training.config import load_run_config
 
     try:
-        cfg = load_config(args.config)
+        cfg = load_run_config(args.config)
         device = select_device("cpu")
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)

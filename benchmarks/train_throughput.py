@@ -258,10 +258,10 @@ def main(argv: list[str] | None = None) -> int:
     from common.errors import UserError
     from model import GPT
     from model.rms_norm_cpu import install_cpu_backward
-    from training.config import load_config
+    from training.config import load_run_config
 
     try:
-        cfg = load_config(args.config, args.overrides)
+        cfg = load_run_config(args.config, args.overrides)
         device = select_device(cfg.train.device)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -35,12 +35,12 @@ def main(argv: list[str] | None = None) -> int:
     from common.errors import UserError
     from model import GPT
     from model.rms_norm_cpu import install_cpu_backward
-    from training.config import load_config
+    from training.config import load_run_config
     from training.device import configure_backends, resolve_precision
     from training.metrics import format_flops
 
     try:
-        cfg = load_config(args.config, args.overrides)
+        cfg = load_run_config(args.config, args.overrides)
         ctx = init_distributed(cfg.train.device)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -31,10 +31,10 @@ from evaluation.tasks import BPB_TASK, CHOICES, TASKS, TaskSettings, write_tasks
 from exporting.folder import scratch_folder
 from exporting.hf import export_run
 from rundir.checkpoint import peek_trainer_state
-from rundir.files import CONFIG_FILE, EVAL_DIR
+from rundir.files import EVAL_DIR, RUN_CONFIG_FILE
 from rundir.record import RunRecord, read_config
-from training.config import LoggingConfig
-from training.wandb_logger import WandbLogger
+from tracking.config import LoggingConfig
+from tracking.wandb_logger import WandbLogger
 
 RESULTS_FILE = "results.json"
 
@@ -191,7 +191,7 @@ def _run_sections(run_dir: Path) -> tuple[DataConfig, LoggingConfig]:
     try:
         return build(DataConfig, raw.get("data") or {}, "data"), build(LoggingConfig, raw.get("logging") or {}, "logging")
     except UserError as error:
-        raise UserError(f"{run_dir / CONFIG_FILE} is damaged ({error}); restore the config the run was trained with") from None
+        raise UserError(f"{run_dir / RUN_CONFIG_FILE} is damaged ({error}); restore the config the run was trained with") from None
 
 
 def _log_to_wandb(run_dir: Path, logging_config: LoggingConfig, mode: str | None, metrics: dict[str, float]) -> None:

@@ -22,7 +22,7 @@ from common.errors import one_line
 from common.files import atomic_output, atomic_write_text
 from model.gpt import GPT, GPTConfig, unwrap
 
-CONFIG_FILE = "model_config.json"
+MODEL_CONFIG_FILE = "model_config.json"
 WEIGHTS_FILE = "model.safetensors"
 _DIGEST_KEY = "tensors_sha256"
 
@@ -50,7 +50,7 @@ def save_pretrained(model: nn.Module, directory: str | os.PathLike) -> None:
         except SafetensorError as e:
             raise _as_os_error(e, directory / WEIGHTS_FILE) from None
     # The config goes last: a directory whose save was interrupted fails to load loudly.
-    atomic_write_text(directory / CONFIG_FILE, json.dumps(model.config.to_dict(), indent=2) + "\n")
+    atomic_write_text(directory / MODEL_CONFIG_FILE, json.dumps(model.config.to_dict(), indent=2) + "\n")
 
 
 def load_pretrained(directory: str | os.PathLike, device: torch.device | str = "cpu") -> GPT:
@@ -63,7 +63,7 @@ def load_pretrained(directory: str | os.PathLike, device: torch.device | str = "
     if not directory.is_dir():
         raise ModelFileError(f"model directory {directory} does not exist; "
                              f"pass a directory written by save_pretrained")
-    config = _read_config(directory / CONFIG_FILE)
+    config = _read_config(directory / MODEL_CONFIG_FILE)
     state = _read_weights(directory / WEIGHTS_FILE)
     # Shapes first, on the meta device (nothing allocated): a config claiming an absurd size
     # must not allocate it before the file proves otherwise.
@@ -75,10 +75,10 @@ def load_pretrained(directory: str | os.PathLike, device: torch.device | str = "
     return model.to(device).eval()
 
 
-def load_config(directory: str | os.PathLike) -> GPTConfig:
+def load_model_config(directory: str | os.PathLike) -> GPTConfig:
     """The config saved in ``directory``, without reading the weights; ModelFileError as
     ``load_pretrained`` raises it."""
-    return _read_config(Path(directory) / CONFIG_FILE)
+    return _read_config(Path(directory) / MODEL_CONFIG_FILE)
 
 
 def _read_config(path: Path) -> GPTConfig:
@@ -119,13 +119,13 @@ def _check_matches(state: dict[str, torch.Tensor], wanted: dict[str, torch.Tenso
     unexpected = sorted(set(state) - set(wanted))
     if missing or unexpected:
         raise ModelFileError(
-            f"{directory / WEIGHTS_FILE} does not match {directory / CONFIG_FILE}: "
+            f"{directory / WEIGHTS_FILE} does not match {directory / MODEL_CONFIG_FILE}: "
             f"missing {missing[:3]}, unexpected {unexpected[:3]}; save config and weights together"
         )
     for name, tensor in wanted.items():
         if state[name].shape != tensor.shape:
             raise ModelFileError(
-                f"{directory / WEIGHTS_FILE} does not match {directory / CONFIG_FILE}: {name} has shape "
+                f"{directory / WEIGHTS_FILE} does not match {directory / MODEL_CONFIG_FILE}: {name} has shape "
                 f"{tuple(state[name].shape)} in the file but {tuple(tensor.shape)} in the config"
             )
 

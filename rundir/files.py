@@ -5,17 +5,16 @@ from __future__ import annotations
 
 # The saved model's two files are named by its own save format (model.io), which also serves
 # directories that are not runs; a run directory holds one such saved model.
-from model.io import CONFIG_FILE as MODEL_CONFIG_FILE
-from model.io import WEIGHTS_FILE
+from model.io import MODEL_CONFIG_FILE, WEIGHTS_FILE
 
-CONFIG_FILE = "config.yaml"  # the resolved run configuration
+RUN_CONFIG_FILE = "config.yaml"  # the resolved run configuration
 TOKENIZER_FILE = "tokenizer.json"
 METRICS_FILE = "metrics.jsonl"
 STATE_FILE = "trainer_state.pt"  # everything --resume needs
 PARENT_FILE = "parent.json"  # the run a fine-tuning run started from (train.init_from)
 LOSS_CURVE_FILE = "loss_curve.png"  # drawn from METRICS_FILE at the end of training
 RUN_FILES = (
-    CONFIG_FILE, TOKENIZER_FILE, METRICS_FILE, STATE_FILE, MODEL_CONFIG_FILE, WEIGHTS_FILE, PARENT_FILE, LOSS_CURVE_FILE,
+    RUN_CONFIG_FILE, TOKENIZER_FILE, METRICS_FILE, STATE_FILE, MODEL_CONFIG_FILE, WEIGHTS_FILE, PARENT_FILE, LOSS_CURVE_FILE,
 )
 LOCK_FILE = ".run.lock"  # held by the training that writes the directory (rundir.lock)
 LOCK_OWNER_FILE = ".run.lock.owner"  # that training's pid and host

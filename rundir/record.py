@@ -13,16 +13,16 @@ from typing import Any
 from common.config import read_yaml_file
 from common.errors import UserError
 from common.files import atomic_write_text
-from rundir.files import CONFIG_FILE, METRICS_FILE, PARENT_FILE
+from rundir.files import METRICS_FILE, PARENT_FILE, RUN_CONFIG_FILE
 from rundir.metrics import read_metrics
 
 
 def read_config(run_dir: Path) -> dict[str, Any]:
     """The run's config.yaml as written, sections of plain values: not rebuilt into a training
     config, since a fine-tuned run's config names a parent run that need not exist any more."""
-    path = run_dir / CONFIG_FILE
+    path = run_dir / RUN_CONFIG_FILE
     if not path.is_file():
-        raise UserError(f"{run_dir} has no {CONFIG_FILE}; pass --run a run directory written by train.py")
+        raise UserError(f"{run_dir} has no {RUN_CONFIG_FILE}; pass --run a run directory written by train.py")
     try:
         raw = read_yaml_file(path)
     except UserError as error:

@@ -25,7 +25,9 @@ from common.errors import UserError
 from common.threads import add_threads_argument, parse_threads, use_threads
 from model import GPT
 from rundir.loading import find_latest_run, load_run
-from serving.api import Limits, access_log, create_app
+from serving.access_log import access_log
+from serving.api import create_app
+from serving.service import Limits
 from inference.engine import DEFAULT_PREFILL_CHUNK, Engine
 
 _EPILOG = """\

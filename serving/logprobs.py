@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import codecs
 from collections.abc import Sequence
+from typing import Protocol
 
 from inference.engine import Event, Finish, TokenLogprob
 
@@ -86,26 +87,31 @@ def chat_logprobs(token_bytes: Sequence[bytes], logprobs: Sequence[TokenLogprob]
                         for lp in logprobs], "refusal": None}
 
 
-class ReplyLogprobs:
-    """One reply's logprobs, in its endpoint's shape, for the whole body or chunk by chunk.
-    ``wanted`` False: every ``logprobs`` field is null. Tokens in ``hidden`` (the end tokens) are
-    never in the text; chat leaves them out of its list. Completions: ``text_offset`` indexes
+class ReplyLogprobs(Protocol):
+    """One reply's logprobs, in its endpoint's shape, for the whole body or chunk by chunk; None
+    where the request asked for none."""
+
+    def whole(self, prompt_ids: Sequence[int], finish: Finish) -> dict | None: ...
+
+    def chunk(self, event: Event) -> dict | None: ...
+
+
+class CompletionReplyLogprobs:
+    """A completion's logprobs. ``wanted`` False: every ``logprobs`` field is null. Tokens in
+    ``hidden`` (the end tokens) are listed but never in the text. ``text_offset`` indexes
     ``prompt_text`` followed by the reply's text, as OpenAI's does, whether or not the prompt is
     echoed (with ``echo`` its tokens come first, so the first offset is 0). A streamed chunk's
     offset is where that chunk's text begins."""
 
     def __init__(self, token_bytes: Sequence[bytes], wanted: bool, prompt_text: str = "", echo: bool = False,
-                 *, chat: bool = False, hidden: Sequence[int] = ()) -> None:
-        self.token_bytes, self.wanted, self.echo, self.chat, self.hidden = token_bytes, wanted, echo, chat, hidden
-        self.prompt_text = prompt_text
+                 *, hidden: Sequence[int] = ()) -> None:
+        self.token_bytes, self.wanted, self.echo, self.prompt_text = token_bytes, wanted, echo, prompt_text
         self._completion = CompletionLogprobs(token_bytes, hidden)
         self._streamed = len(prompt_text)  # characters before the next streamed chunk's text
 
     def whole(self, prompt_ids: Sequence[int], finish: Finish) -> dict | None:
         if not self.wanted:
             return None
-        if self.chat:
-            return chat_logprobs(self.token_bytes, [lp for lp in finish.logprobs if lp.token_id not in self.hidden])
         # The prompt's text and the reply's are decoded apart (the prompt's own unfinished
         # character, if any, is its last token's U+FFFD), as the text itself is.
         prompt = CompletionLogprobs(self.token_bytes)
@@ -114,11 +120,26 @@ class ReplyLogprobs:
         return {key: [item for part in parts for item in part[key]] for key in parts[-1]}
 
     def chunk(self, event: Event) -> dict | None:
-        """The logprobs of one streamed event's token, or None."""
         offset = self._streamed
         self._streamed += len(event.text)
         if not self.wanted or event.logprob is None:
             return None
-        if self.chat:
-            return None if event.token_id in self.hidden else chat_logprobs(self.token_bytes, [event.logprob])
         return self._completion.build([event.token_id], [event.logprob], [offset])
+
+
+class ChatReplyLogprobs:
+    """A chat reply's logprobs (``wanted`` False: null). Tokens in ``hidden`` (the end tokens) are
+    left out, as they are of the text."""
+
+    def __init__(self, token_bytes: Sequence[bytes], wanted: bool, *, hidden: Sequence[int] = ()) -> None:
+        self.token_bytes, self.wanted, self.hidden = token_bytes, wanted, hidden
+
+    def whole(self, prompt_ids: Sequence[int], finish: Finish) -> dict | None:
+        if not self.wanted:
+            return None
+        return chat_logprobs(self.token_bytes, [lp for lp in finish.logprobs if lp.token_id not in self.hidden])
+
+    def chunk(self, event: Event) -> dict | None:
+        if not self.wanted or event.logprob is None or event.token_id in self.hidden:
+            return None
+        return chat_logprobs(self.token_bytes, [event.logprob])

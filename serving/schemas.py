@@ -1,4 +1,4 @@
-"""OpenAI request bodies as typed models, and the error body every refusal carries.
+"""OpenAI request bodies as typed models (the error body every refusal carries is ``serving.errors``).
 
 Unknown fields are refused with 400, as OpenAI's API does ("Unrecognized request argument"), so
 a client never believes a setting took effect when it did not. Fields OpenAI defines that this
@@ -59,7 +59,9 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class _Common(BaseModel):
+class GenerationRequest(BaseModel):
+    """The fields every generation request shares, completion and chat alike."""
+
     model_config = ConfigDict(extra="forbid")
 
     model: str
@@ -78,7 +80,7 @@ class _Common(BaseModel):
     _max_new_tokens: int = PrivateAttr(default=0)
 
     @model_validator(mode="after")
-    def _check_common(self, info: ValidationInfo) -> _Common:
+    def _check_common(self, info: ValidationInfo) -> GenerationRequest:
         rules = _rules(info)
         if self.model != rules.model_id:
             raise _refuse(f"model {self.model!r} does not exist; this server serves {rules.model_id!r} "
@@ -107,7 +109,7 @@ class _Common(BaseModel):
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
 
 
-class CompletionRequest(_Common):
+class CompletionRequest(GenerationRequest):
     # Text, or token ids (what lm-evaluation-harness sends); a list of one of these is a batch of
     # one, and becomes that one prompt: a longer batch is refused.
     prompt: str | list[int] | list[str] | list[list[int]]
@@ -142,7 +144,7 @@ class ChatMessage(BaseModel):
     name: str | None = None
 
 
-class ChatCompletionRequest(_Common):
+class ChatCompletionRequest(GenerationRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)  # OpenAI's newer name for max_tokens
     logprobs: bool = False
@@ -156,12 +158,6 @@ class ChatCompletionRequest(_Common):
         if self.top_logprobs is not None and not self.logprobs:
             raise _refuse("top_logprobs needs logprobs: true", param="top_logprobs")
         return self
-
-
-def error_body(message: str, *, kind: str = "invalid_request_error", param: str | None = None,
-               code: str | None = None) -> dict:
-    """OpenAI's error shape: {"error": {"message", "type", "param", "code"}}."""
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
 class RequestError(ValueError):

@@ -21,9 +21,9 @@ from common.files import atomic_write_text
 from data import DataConfig
 from model import GPTConfig
 from model.generation import check_sampling_args
+from tracking.config import LoggingConfig
 from training.init_from import find_parent, model_section_from_parent, refuse_own_parent
 
-WANDB_MODES = ("auto", "online", "offline", "disabled")
 DEFAULT_OUT_DIR = "runs/default"  # where a config without run.out_dir (and no file name) trains
 
 
@@ -183,29 +183,6 @@ class EvalConfig:
 
 
 @dataclass
-class WandbConfig:
-    mode: str = "auto"  # auto | online | offline | disabled
-    project: str = "minigpt"
-    entity: str | None = None
-    name: str | None = None
-    tags: list[str] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        check_types(self, "logging.wandb")
-        _require_one_of(self.mode, "logging.wandb.mode", WANDB_MODES)
-
-
-@dataclass
-class LoggingConfig:
-    interval: int = 10  # steps between lines in metrics.jsonl (and wandb points)
-    wandb: WandbConfig = field(default_factory=WandbConfig)
-
-    def __post_init__(self) -> None:
-        check_types(self, "logging")
-        require(self.interval >= 1, "logging.interval must be >= 1")
-
-
-@dataclass
 class RunConfig:
     out_dir: str | None = None  # the run directory; None = runs/<config file stem>
     overwrite: bool = False  # replace a run already in out_dir instead of refusing
@@ -241,7 +218,7 @@ class Config:
         return Path(self.run.out_dir if self.run.out_dir is not None else DEFAULT_OUT_DIR)
 
 
-def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+def load_run_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Read a YAML config, apply ``--set key=value`` overrides, validate, return a ``Config``."""
     path = Path(path)
     raw = read_yaml_file(path) or {}

@@ -18,7 +18,7 @@ from typing import Any
 from common.errors import UserError
 from data import load_tokenizer
 from model import GPTConfig, ModelFileError, load_pretrained
-from model.io import load_config
+from model.io import load_model_config
 from rundir.files import MODEL_CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE
 from training.resume_rules import SHAPE_KEYS
 
@@ -65,7 +65,7 @@ def find_parent(init_from: str | Path) -> ParentRun:
             "directory written by train.py"
         )
     try:
-        return ParentRun(directory, load_config(directory))
+        return ParentRun(directory, load_model_config(directory))
     except ModelFileError as e:
         raise InitFromError(f"train.init_from: {e}; or use another run") from None
 

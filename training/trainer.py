@@ -34,10 +34,11 @@ from data.tokenizer import RUN_TOKENIZER_ADVICE
 from model import GPT, GPTConfig, SamplingSettings
 from model.rms_norm_cpu import install_cpu_backward
 from rundir.checkpoint import CheckpointError, check_run_dir, clear_old_run, load_trainer_state, save_checkpoint
-from rundir.files import CONFIG_FILE, METRICS_FILE, TOKENIZER_FILE
+from rundir.files import METRICS_FILE, RUN_CONFIG_FILE, TOKENIZER_FILE
 from rundir.lock import hold_run_dir
 from rundir.metrics import MetricsLog
 from rundir.record import write_parent_record
+from tracking.wandb_logger import WandbLogger
 from training.config import Config, ConfigError, config_to_dict, save_config
 from training.device import autocast, configure_backends, resolve_precision, should_compile
 from training.distributed import (
@@ -56,7 +57,6 @@ from training.resume_rules import (
 )
 from training.rng_state import capture_rng_state, restore_rng_state
 from training.sft import accumulate_chat_gradients, chat_reply_samples, evaluate_chat
-from training.wandb_logger import WandbLogger
 
 # tqdm's default bar without its "<remaining" estimate (see Trainer.fit).
 _BAR_WITHOUT_ETA = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}, {rate_fmt}{postfix}]"
@@ -316,7 +316,7 @@ class Trainer:
                 clear_old_run(self.run_dir)  # a run being replaced (--overwrite)
             # The config is rewritten on resume too: a longer budget is a legitimate change, and
             # the directory should describe the run as it continues.
-            save_config(cfg, self.run_dir / CONFIG_FILE)
+            save_config(cfg, self.run_dir / RUN_CONFIG_FILE)
             if resume:
                 self.metrics.truncate_after(self.step)
             else:

@@ -7,7 +7,7 @@ import pytest
 
 from common.config import ConfigError, read_yaml
 from common.yaml_safe import MAX_EXPANDED_NODES, YamlLimitError, read_yaml_text
-from training.config import load_config
+from training.config import load_run_config
 
 
 def _load(text: str):
@@ -58,7 +58,7 @@ def test_file_size_is_capped(tmp_path):
 )
 def test_config_loader_reports_each_in_one_line(tmp_path, make, expected):
     with pytest.raises(ConfigError, match=expected) as info:
-        load_config(make(tmp_path))
+        load_run_config(make(tmp_path))
     assert "\n" not in str(info.value)
 
 

@@ -28,7 +28,7 @@ def _single_thread(one_torch_thread):
 @pytest.fixture(scope="session")
 def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """configs/tiny.yaml trained for ``TRAIN_STEPS`` steps on one CPU thread."""
-    from training import load_config, train
+    from training import load_run_config, train
 
     root = tmp_path_factory.mktemp("eval-run")
     overrides = [
@@ -43,7 +43,7 @@ def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        train(load_config(ROOT / "configs" / "tiny.yaml", overrides), progress=False)
+        train(load_run_config(ROOT / "configs" / "tiny.yaml", overrides), progress=False)
     finally:
         torch.set_num_threads(threads)
     return root / "run"
@@ -52,12 +52,12 @@ def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def untrained_run(trained_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The trained run's config and tokenizer with freshly initialised weights: the floor."""
-    from rundir.files import CONFIG_FILE, TOKENIZER_FILE
+    from rundir.files import RUN_CONFIG_FILE, TOKENIZER_FILE
     from model import GPT, load_pretrained, save_pretrained
 
     directory = tmp_path_factory.mktemp("untrained") / "run"
     directory.mkdir()
-    for name in (CONFIG_FILE, TOKENIZER_FILE):
+    for name in (RUN_CONFIG_FILE, TOKENIZER_FILE):
         shutil.copyfile(trained_run / name, directory / name)
     torch.manual_seed(0)
     save_pretrained(GPT(load_pretrained(trained_run).config), directory)

@@ -8,7 +8,7 @@ import pytest
 
 from evaluation.runner import EvalSettings, evaluate_run
 from run_testkit import build_run, tokenizer_without_chat
-from tests.scaling.wandb_records import read_offline_runs
+from tests.tracking.wandb_records import read_offline_runs
 
 pytest.importorskip("lm_eval")  # optional: requirements-dev.txt installs it
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from model import GPT, ModelFileError, load_pretrained, save_pretrained
-from model.io import CONFIG_FILE, WEIGHTS_FILE
+from model.io import MODEL_CONFIG_FILE, WEIGHTS_FILE
 
 IDX = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6], [5, 3, 5, 8, 9, 7, 9, 3]])
 
@@ -23,7 +23,7 @@ def test_round_trip_gives_identical_logits(make_model, tmp_path, tie):
     with torch.inference_mode():
         assert torch.equal(loaded(IDX), model(IDX))
     assert (loaded.lm_head.weight is loaded.tok_emb.weight) == tie
-    assert {p.name for p in tmp_path.iterdir()} == {CONFIG_FILE, WEIGHTS_FILE}  # no temp files
+    assert {p.name for p in tmp_path.iterdir()} == {MODEL_CONFIG_FILE, WEIGHTS_FILE}  # no temp files
 
 
 def test_tied_weights_stay_tied_after_load_and_training_step(make_model, tmp_path):
@@ -67,8 +67,8 @@ def test_missing_directory_and_files(saved, tmp_path):
     assert "does not exist" in load_error(tmp_path / "nope")
     (saved / WEIGHTS_FILE).unlink()
     assert f"{WEIGHTS_FILE} is missing" in load_error(saved)
-    (saved / CONFIG_FILE).unlink()
-    assert f"{CONFIG_FILE} is missing" in load_error(saved)
+    (saved / MODEL_CONFIG_FILE).unlink()
+    assert f"{MODEL_CONFIG_FILE} is missing" in load_error(saved)
 
 
 def test_truncated_weights(saved):
@@ -91,7 +91,7 @@ def test_flipped_byte_in_tensor_data_is_caught_by_checksum(saved):
 
 
 def test_corrupt_or_invalid_config(saved):
-    path = saved / CONFIG_FILE
+    path = saved / MODEL_CONFIG_FILE
     original = json.loads(path.read_text())
     path.write_text("{ not json")
     assert "not valid JSON" in load_error(saved)
@@ -100,7 +100,7 @@ def test_corrupt_or_invalid_config(saved):
 
 
 def test_weights_that_do_not_fit_the_config(saved):
-    path = saved / CONFIG_FILE
+    path = saved / MODEL_CONFIG_FILE
     original = json.loads(path.read_text())
     path.write_text(json.dumps({**original, "vocab_size": original["vocab_size"] + 1}))
     assert "tok_emb.weight has shape (97, 42) in the file but (98, 42)" in load_error(saved)

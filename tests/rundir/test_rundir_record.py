@@ -9,17 +9,17 @@ import pytest
 import yaml
 
 from common.errors import UserError
-from rundir.files import CONFIG_FILE, METRICS_FILE, PARENT_FILE
+from rundir.files import METRICS_FILE, PARENT_FILE, RUN_CONFIG_FILE
 from rundir.metrics import MetricsLog
 from rundir.record import RunRecord, read_config, write_parent_record
 
 
 def test_the_config_is_read_as_written_and_refused_when_missing_or_damaged(tmp_path):
-    with pytest.raises(UserError, match=f"has no {CONFIG_FILE}"):
+    with pytest.raises(UserError, match=f"has no {RUN_CONFIG_FILE}"):
         read_config(tmp_path)
-    (tmp_path / CONFIG_FILE).write_text(yaml.safe_dump({"data": {"source": "files"}, "train": {"init_from": "gone"}}))
+    (tmp_path / RUN_CONFIG_FILE).write_text(yaml.safe_dump({"data": {"source": "files"}, "train": {"init_from": "gone"}}))
     assert read_config(tmp_path) == {"data": {"source": "files"}, "train": {"init_from": "gone"}}
-    (tmp_path / CONFIG_FILE).write_text("data: [not, closed")
+    (tmp_path / RUN_CONFIG_FILE).write_text("data: [not, closed")
     with pytest.raises(UserError, match="is damaged .*restore the config"):
         read_config(tmp_path)
 
@@ -33,7 +33,7 @@ def test_the_parent_record_names_the_parent_and_its_model(tmp_path):
 
 
 def test_run_record_prefers_the_final_validation(tmp_path):
-    (tmp_path / CONFIG_FILE).write_text(yaml.safe_dump({"data": {"source": "shakespeare", "vocab_size": 320}}))
+    (tmp_path / RUN_CONFIG_FILE).write_text(yaml.safe_dump({"data": {"source": "shakespeare", "vocab_size": 320}}))
     log = MetricsLog(tmp_path / METRICS_FILE)
     log.append({"kind": "train", "step": 10, "loss": 3.0, "tokens": 2560})
     log.append({"kind": "eval", "step": 10, "val_bpb": 3.1})
@@ -47,7 +47,7 @@ def test_run_record_prefers_the_final_validation(tmp_path):
 
 
 def test_run_record_of_a_run_that_recorded_nothing(tmp_path):
-    (tmp_path / CONFIG_FILE).write_text("data: [not, a, section")  # damaged YAML
+    (tmp_path / RUN_CONFIG_FILE).write_text("data: [not, a, section")  # damaged YAML
     assert RunRecord.read(tmp_path) == RunRecord(data={}, val_bpb=None, val_scope=None, steps=None, tokens_per_step=None)
-    (tmp_path / CONFIG_FILE).write_text(json.dumps({"data": "a string"}))
+    (tmp_path / RUN_CONFIG_FILE).write_text(json.dumps({"data": "a string"}))
     assert RunRecord.read(tmp_path).data == {}

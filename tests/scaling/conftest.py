@@ -73,18 +73,18 @@ def small_overrides(stories_jsonl: Path, tmp_path_factory: pytest.TempPathFactor
     ]
     # Tokenize once for the session, in this process, so the runs below only read the cache.
     from data import prepare_data
-    from training.config import load_config
+    from training.config import load_run_config
 
-    prepare_data(load_config(SMALL_CONFIG, overrides).data, progress=False)
+    prepare_data(load_run_config(SMALL_CONFIG, overrides).data, progress=False)
     return overrides
 
 
 @pytest.fixture
 def small_config(small_overrides: list[str], tmp_path: Path):
     """``small_config(*more_overrides)``: the shrunk small config with its run in tmp_path/run."""
-    from training.config import load_config
+    from training.config import load_run_config
 
     def make(*more: str):
-        return load_config(SMALL_CONFIG, [*small_overrides, f"run.out_dir={json.dumps(str(tmp_path / 'run'))}", *more])
+        return load_run_config(SMALL_CONFIG, [*small_overrides, f"run.out_dir={json.dumps(str(tmp_path / 'run'))}", *more])
 
     return make

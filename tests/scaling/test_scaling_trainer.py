@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.scaling.wandb_records import read_offline_runs
+from tests.tracking.wandb_records import read_offline_runs
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN_METRICS = ("loss", "lr", "grad_norm", "tokens", "tokens_per_s", "mfu")
@@ -37,9 +37,9 @@ def metrics_lines(run_dir: Path) -> list[dict]:
 
 def test_small_config_is_minimind2_small_sized():
     from model import GPT
-    from training.config import load_config
+    from training.config import load_run_config
 
-    config = load_config(ROOT / "configs" / "small.yaml", [])
+    config = load_run_config(ROOT / "configs" / "small.yaml", [])
     assert (config.data.source, config.data.hub.name) == ("hub", "roneneldan/TinyStories")
     assert (config.train.precision, config.train.compile) == ("bf16", True)
     m = config.model

@@ -243,7 +243,7 @@ def test_a_client_that_closes_after_an_over_size_body_reads_the_413(server, clie
 
 @pytest.mark.e2e
 def test_a_client_that_stalls_in_an_over_size_body_gets_the_413_and_a_closed_connection(server, client):
-    """The rest of a body is dropped for a bounded time only (serving.api.Limits.discard_s)."""
+    """The rest of a body is dropped for a bounded time only (serving.service.Limits.discard_s)."""
     address = urlsplit(server)
     with socket.create_connection((address.hostname, address.port), timeout=60) as sock:
         sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"

@@ -18,7 +18,7 @@ import torch._dynamo  # noqa: F401 - torch.optim imports it lazily, which costs 
 import tqdm.auto  # noqa: F401 - preloaded as well
 
 import common.files
-import training.wandb_logger  # noqa: F401
+import tracking.wandb_logger  # noqa: F401
 from rundir.checkpoint import CheckpointError
 from training.config import config_from_dict
 from training.trainer import train

@@ -20,7 +20,7 @@ from data import load_tokenizer
 from model import load_pretrained
 from rundir.checkpoint import load_trainer_state
 from rundir.metrics import read_metrics
-from training.config import load_config
+from training.config import load_run_config
 
 KILLS = 24
 MAX_STEPS = 10
@@ -77,7 +77,7 @@ def _check_every_file_loads(out: Path) -> None:
     if (out / "metrics.jsonl").exists():
         read_metrics(out / "metrics.jsonl")
     if (out / "config.yaml").exists():
-        load_config(out / "config.yaml")
+        load_run_config(out / "config.yaml")
     if (out / "tokenizer.json").exists():
         load_tokenizer(out / "tokenizer.json")
 

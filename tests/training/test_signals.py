@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from test_train_cli import ENV, REPO, run_cli, small_overrides
 from rundir.checkpoint import load_trainer_state
-from training.config import load_config
+from training.config import load_run_config
 from training.trainer import Trainer, train
 
 
@@ -63,7 +63,7 @@ def test_sigterm_inside_a_million_micro_batch_step_stops_and_resumes_exactly(bas
     resumed = run_cli(["--config", "configs/tiny.yaml", "--no-progress", "--resume", *small_overrides(base_raw, out, 2), *small])
     assert resumed.returncode == 0, resumed.stderr
     fresh_dir = tmp_path / "fresh"  # the same config, trained from scratch in this process
-    config = load_config(out / "config.yaml", [f"run.out_dir={fresh_dir}"])
+    config = load_run_config(out / "config.yaml", [f"run.out_dir={fresh_dir}"])
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as in the CLI's processes (OMP_NUM_THREADS=1): the same sums
     try:

@@ -10,7 +10,7 @@ from training.config import (
     Config,
     ConfigError,
     config_to_dict,
-    load_config,
+    load_run_config,
     save_config,
 )
 
@@ -38,14 +38,14 @@ def write(tmp_path: Path, text: str, name: str = "cfg.yaml") -> Path:
 
 def error_of(path: Path, overrides: list[str] = ()) -> str:
     with pytest.raises(ConfigError) as info:
-        load_config(path, list(overrides))
+        load_run_config(path, list(overrides))
     message = str(info.value)
     assert "\n" not in message  # one line, for the CLI
     return message
 
 
 def test_tiny_yaml_loads_with_the_documented_shape():
-    cfg = load_config(TINY)
+    cfg = load_run_config(TINY)
     assert isinstance(cfg, Config)
     assert (cfg.model.n_layer, cfg.model.n_head, cfg.model.n_kv_head, cfg.model.n_embd) == (4, 4, 2, 128)
     assert cfg.model.block_size == 128
@@ -61,13 +61,13 @@ def test_tiny_yaml_loads_with_the_documented_shape():
 
 def test_exponent_floats_without_a_dot_are_numbers(tmp_path):
     # PyYAML alone reads `3e-3` as a string; config files must not.
-    cfg = load_config(write(tmp_path, MINIMAL), ["train.min_lr=1e-4"])
+    cfg = load_run_config(write(tmp_path, MINIMAL), ["train.min_lr=1e-4"])
     assert cfg.train.lr == pytest.approx(3e-3)
     assert cfg.train.min_lr == pytest.approx(1e-4)
 
 
 def test_overrides_reach_nested_keys_and_parse_as_yaml(tmp_path):
-    cfg = load_config(
+    cfg = load_run_config(
         write(tmp_path, MINIMAL),
         [
             "train.max_steps=7",
@@ -91,7 +91,7 @@ def test_overrides_reach_nested_keys_and_parse_as_yaml(tmp_path):
 
 
 def test_out_dir_defaults_to_the_config_name(tmp_path):
-    cfg = load_config(write(tmp_path, MINIMAL, "my_experiment.yaml"))
+    cfg = load_run_config(write(tmp_path, MINIMAL, "my_experiment.yaml"))
     assert cfg.run.out_dir == "runs/my_experiment"
 
 
@@ -173,7 +173,7 @@ def test_optimizer_numbers_at_the_edges_of_their_ranges_load(tmp_path):
     edges = ["train.lr=10", "train.min_lr=0", "train.muon_lr=10", "train.value_embedding_lr=10",
              "train.muon_momentum=0", "train.lr_decay_fraction=1", "train.weight_decay=0", "train.beta1=0",
              "train.beta2=0.999", "train.eps=1", "train.grad_clip=0"]
-    config = load_config(write(tmp_path, MINIMAL), edges)
+    config = load_run_config(write(tmp_path, MINIMAL), edges)
     assert (config.train.lr, config.train.eps, config.train.grad_clip) == (10.0, 1.0, 0.0)
 
 
@@ -215,9 +215,9 @@ def test_override_through_a_value_is_refused(tmp_path):
 
 
 def test_saved_config_loads_back_identical(tmp_path):
-    cfg = load_config(TINY, ["logging.wandb.tags=[x]", "train.min_lr=1e-5"])
+    cfg = load_run_config(TINY, ["logging.wandb.tags=[x]", "train.min_lr=1e-5"])
     path = tmp_path / "config.yaml"
     save_config(cfg, path)
-    again = load_config(path)
+    again = load_run_config(path)
     assert again == cfg
     assert config_to_dict(again)["train"]["min_lr"] == pytest.approx(1e-5)

@@ -15,7 +15,7 @@ from model import GPT, load_pretrained
 from rundir.checkpoint import CheckpointError, load_trainer_state
 from rundir.files import STATE_FILE
 from rundir.metrics import read_metrics
-from training.config import load_config
+from training.config import load_run_config
 from training.trainer import NonFiniteLossError, accumulate_gradients, train
 
 # Fields of metrics.jsonl that depend only on the computation (not on timing).
@@ -67,7 +67,7 @@ def test_loss_decreases_and_the_run_dir_describes_itself(make_config, tmp_path):
     assert result.val_loss < evals[0]["val_loss"] + 0.5
     assert 0 < result.val_bpb < 8
     # The saved config is the one trained with; the weights load for generation.
-    assert load_config(run / "config.yaml") == cfg
+    assert load_run_config(run / "config.yaml") == cfg
     model = load_pretrained(run)
     state = load_trainer_state(run)
     assert max_weight_diff(model.state_dict(), state["model"]) == 0.0

@@ -11,7 +11,7 @@ a LevelDB-style log, as written by the wandb-core service:
   tail too short for a chunk header is zero padding;
 - each reassembled record is a ``wandb.proto.wandb_internal_pb2.Record`` protobuf.
 
-Other tests import this as ``from tests.scaling.wandb_records import read_offline_runs``.
+Other tests import this as ``from tests.tracking.wandb_records import read_offline_runs``.
 """
 
 from __future__ import annotations

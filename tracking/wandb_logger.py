@@ -9,13 +9,14 @@ from __future__ import annotations
 import contextlib
 import netrc
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
 from common.errors import UserError, one_line
-from training.config import WANDB_MODES, WandbConfig
+from tracking.config import WANDB_MODES, WandbConfig
 
 DEFAULT_HOST = "https://api.wandb.ai"
 
@@ -67,6 +68,21 @@ def resolve_mode(requested: str, env: dict[str, str] | None = None) -> tuple[str
             "`wandb login`), logging offline instead"
         )
     return mode, None
+
+
+def offline_sync_command(run_dir: str | os.PathLike, run_id: str) -> str:
+    """The one shell command that uploads every offline piece of wandb run ``run_id`` in ``run_dir``
+    as that one run.
+
+    wandb gives every process its own offline folder, ``offline-run-<start time>-<id>``, and never
+    reopens one (it ignores ``resume`` offline, and adds ``-1``, ``-2``... to a name already taken),
+    so each session of a run (a ``--resume``, an ``evaluate.py``) leaves one more piece. The glob
+    takes them all, and ``--id`` uploads them into one run in the order they started. The folder
+    is quoted, so the command still works when pasted for a path with spaces or quotes; the glob
+    stays outside the quotes for the shell to expand.
+    """
+    folder = shlex.quote(str(Path(run_dir) / "wandb"))
+    return f"wandb sync --id {shlex.quote(run_id)} {folder}/offline-run-*-{run_id}*"
 
 
 class WandbLogger:
@@ -126,10 +142,7 @@ class WandbLogger:
             _say(f"wandb: could not start ({one_line(e, with_type=True)}); training continues without wandb", err=True)
             return cls(run_id=resume_id)
         if mode == "offline":
-            # wandb cannot reopen an offline run's folder: every session (a resume, an evaluation)
-            # of the run writes a piece of its own, named by its start time. The glob takes every
-            # piece, and --id uploads them into one run in the order they started.
-            sync = f"wandb sync --id {run.id} {run_dir / 'wandb'}/offline-run-*-{run.id}*"
+            sync = offline_sync_command(run_dir, run.id)
             _say(f"wandb: {note + '; ' if note else ''}upload later with: {sync}")
         else:
             _say(f"wandb: logging to {run.url}")

@@ -6,8 +6,8 @@ the tests check what `wandb sync` would upload rather than what the logger meant
 
 from __future__ import annotations
 
-import glob
 import os
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from common.errors import UserError
-from tests.scaling.wandb_records import read_offline_runs
-from training.wandb_logger import WandbLogger, has_credentials, resolve_mode
+from tests.tracking.wandb_records import read_offline_runs
+from tracking.wandb_logger import WandbLogger, has_credentials, resolve_mode
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,7 +34,7 @@ def no_credentials(monkeypatch, tmp_path):
 
 
 def wandb_config(**kwargs):
-    from training.config import WandbConfig
+    from tracking.config import WandbConfig
 
     return WandbConfig(**kwargs)
 
@@ -132,7 +132,7 @@ def test_offline_run_records_metrics_samples_config_and_summary(tmp_path, no_cre
 
 
 def test_resumed_run_continues_the_same_wandb_run(tmp_path, no_credentials, capsys):
-    run_dir = tmp_path / "run"
+    run_dir = tmp_path / "Bob's run"  # the printed command must survive a space and a quote
     cfg = wandb_config(mode="offline")
     first = WandbLogger.start(cfg, run_dir=run_dir, run_config={"a": 1})
     first.log({"train/loss": 2.0}, step=1)
@@ -150,8 +150,21 @@ def test_resumed_run_continues_the_same_wandb_run(tmp_path, no_credentials, caps
     # The printed sync command covers both pieces (one line per start).
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 2 and lines[0] == lines[1]
-    pattern = lines[1].split(f"wandb sync --id {run_id} ", 1)[1]
-    assert sorted(Path(p).name for p in glob.glob(pattern)) == sorted(p.directory.name for p in pieces)
+    command = lines[1].split("upload later with: ", 1)[1]
+    assert command.startswith(f"wandb sync --id {run_id} ")
+
+    # The command as a user pastes it, through a real shell, with wandb's own --dry-run: it finds
+    # both pieces (it lists them by path; the upload orders them by start time). A closed port as
+    # the server keeps it off the network.
+    wandb_cli = shlex.quote(str(Path(sys.executable).parent / "wandb"))
+    dry_run = command.replace("wandb sync", f"{wandb_cli} sync --dry-run", 1)
+    env = {**os.environ, "WANDB_BASE_URL": "http://127.0.0.1:9", "WANDB_SILENT": "false"}
+    done = subprocess.run(["bash", "-c", dry_run], capture_output=True, text=True, timeout=60, env=env,
+                          stdin=subprocess.DEVNULL, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    listed = [line.split()[-1] for line in (done.stdout + done.stderr).splitlines() if line.endswith(".wandb")]
+    assert "Would sync 2 run(s)" in done.stdout + done.stderr
+    assert sorted(Path(f).parent.name for f in listed) == sorted(p.directory.name for p in pieces), done.stdout + done.stderr
 
 
 # ---------------------------------------------------------------------------------------------
@@ -205,7 +218,7 @@ def test_non_main_ranks_and_disabled_mode_are_free(tmp_path):
         f"""
         import sys
         from pathlib import Path
-        from training.wandb_logger import WandbLogger
+        from tracking.wandb_logger import WandbLogger
         assert "wandb" not in sys.modules, "importing the logger imported wandb"
 
         class Cfg:
@@ -243,7 +256,7 @@ def test_never_prompts_even_on_a_terminal(tmp_path):
     env.update(HOME=str(home), PYTHONPATH=str(ROOT))
     script = textwrap.dedent(
         f"""
-        from training.wandb_logger import WandbLogger
+        from tracking.wandb_logger import WandbLogger
 
         class Cfg:
             mode, project, entity, name, tags = "online", "p", None, None, []

@@ -1,0 +1,150 @@
+"""What every route shares: the run, the engine, the server's limits and the chat token ids; and
+the steps a route takes with them: read a body within its limit, turn a completion's prompt or a
+chat's messages into token ids that fit the context, submit to the engine."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+from fastapi import Request
+from starlette.requests import ClientDisconnect
+
+from data.chat import ChatTokenIds, ChatTooLong, FittedChat, fit_for_reply, to_messages
+from data.errors import DataError
+from inference.completion import encode_prompt
+from inference.engine import Engine, EngineBusy, Event, Ticket
+from model.generation import SamplingSettings
+from rundir.loading import LoadedRun
+from serving.errors import ApiError
+from serving.schemas import Body, ChatMessage, RequestError, ServerRules, parse_request
+
+# How long an overloaded server asks clients to wait before trying again (seconds).
+RETRY_AFTER_S = 1
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_tokens_cap: int = 2048  # the largest max_tokens a request may ask for
+    default_max_tokens: int = 256  # when a request gives none (at most the cap)
+    # The largest request body read. A prompt fills the context long before this, even with every
+    # character JSON-escaped; a bigger body only costs memory.
+    max_body_bytes: int = 2**20
+    # How long the rest of an over-size body is read and dropped before the 413 is sent anyway (and
+    # the connection closed).
+    discard_s: float = 30.0
+
+
+class Service:
+    """The run served, its engine and limits, and the chat token ids (None when it cannot chat)."""
+
+    def __init__(self, run: LoadedRun, engine: Engine, limits: Limits, model_id: str) -> None:
+        self.run, self.engine, self.limits, self.model_id = run, engine, limits, model_id
+        self.rules = ServerRules(model_id, len(run.token_bytes), limits.max_tokens_cap, limits.default_max_tokens)
+        self.created = int(time.time())
+        try:
+            self.chat_ids: ChatTokenIds | None = ChatTokenIds.of(run.tokenizer)
+            self.no_chat_reason = ""
+        except DataError as error:
+            self.chat_ids, self.no_chat_reason = None, str(error)
+        # A token stands for at most this many characters, so a longer text cannot fit the context:
+        # refused before the tokenizer spends time on it.
+        self.max_prompt_chars = run.block_size * max(len(b) for b in run.token_bytes)
+
+    async def read(self, request: Request, schema: type[Body]) -> Body:
+        """The request's body as ``schema``; refused with 413 past ``max_body_bytes``, keeping no
+        more than that (whether or not the client declared a Content-Length)."""
+        limit = self.limits.max_body_bytes
+        declared = request.headers.get("content-length", "")
+        over = declared.isdigit() and int(declared) > limit
+        stream, raw, ended = request.stream(), bytearray(), True
+        try:
+            if not over:
+                async for chunk in stream:
+                    raw += chunk
+                    if len(raw) > limit:
+                        over = True
+                        break
+            if over:
+                ended = await _drop_rest(stream, self.limits.discard_s)
+        except ClientDisconnect:
+            raise ApiError(499, "the client closed the connection") from None
+        if over:
+            raise ApiError(413, f"the request body is over this server's limit of {limit} bytes "
+                           "(serve.py --max-body-bytes); send a shorter one", code="request_too_large",
+                           headers=None if ended else {"Connection": "close"})
+        try:
+            return parse_request(bytes(raw), schema, self.rules)
+        except RequestError as error:
+            raise ApiError(error.status, str(error), param=error.param, code=error.code) from None
+
+    def check_length(self, chars: int, tokens: int | None, param: str) -> None:
+        block = self.run.block_size
+        if chars > self.max_prompt_chars or (tokens is not None and tokens > block):
+            size = f"{tokens} tokens" if tokens is not None else f"{chars} characters"
+            raise ApiError(400, f"the {param} is {size}, more than this model's context of {block} "
+                           f"tokens; shorten it", param=param, code="context_length_exceeded")
+
+    def completion_prompt(self, prompt: str | list[int]) -> tuple[list[int], str]:
+        """A completion request's prompt (text, or token ids the schema has checked) as token ids,
+        and as text (what echo returns)."""
+        if isinstance(prompt, str):
+            self.check_length(len(prompt), None, "prompt")
+            encoded = encode_prompt(self.run, prompt)
+            self.check_length(len(prompt), encoded.original_length, "prompt")
+            return encoded.ids, prompt
+        self.check_length(0, len(prompt), "prompt")
+        return list(prompt), b"".join(self.run.token_bytes[i] for i in prompt).decode("utf-8", "replace")
+
+    def chat_prompt(self, messages: Sequence[ChatMessage]) -> tuple[ChatTokenIds, FittedChat]:
+        """A chat request's messages rendered by the chat format and cut to leave room for the
+        reply; with the chat token ids, which only a run that can chat has."""
+        if self.chat_ids is None:
+            raise ApiError(400, f"this run cannot chat: {self.no_chat_reason}; /v1/completions "
+                           "still works", param="messages", code="chat_not_supported")
+        if messages:  # a last message that cannot fit is refused before the tokenizer spends time on it
+            self.check_length(len(messages[-1].content), None, "messages")
+        try:
+            checked = to_messages([{"role": m.role, "content": m.content} for m in messages])
+            return self.chat_ids, fit_for_reply(self.run.tokenizer, checked, self.run.block_size)
+        except ChatTooLong as error:
+            raise ApiError(400, str(error), param="messages", code="context_length_exceeded") from None
+        except DataError as error:
+            raise ApiError(400, str(error), param="messages") from None
+
+    def submit(
+        self, prompt_ids: list[int], params: SamplingSettings, end_ids: list[int], logprobs: int | None = None,
+        echo: bool = False, slide: bool = True,
+    ) -> tuple[Ticket, asyncio.Queue[Event]]:
+        """Hand a request to the engine; its events arrive on the returned queue, on this loop."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Event] = asyncio.Queue()
+
+        def on_event(event: Event) -> None:  # called on the engine thread
+            with contextlib.suppress(RuntimeError):  # the event loop has closed: shutting down
+                loop.call_soon_threadsafe(queue.put_nowait, event)
+
+        try:
+            ticket = self.engine.submit(prompt_ids, params, on_event, end_ids=end_ids, logprobs=logprobs, echo=echo,
+                                        slide=slide)
+        except EngineBusy:
+            raise ApiError(503, "the server is busy: every row and the waiting queue are full; retry "
+                           "shortly", kind="server_busy", code="overloaded",
+                           headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+        return ticket, queue
+
+
+async def _drop_rest(stream: AsyncIterator[bytes], seconds: float) -> bool:
+    """Read what is left of a body and drop it, for at most ``seconds``; whether it ended. Most
+    clients send a whole body before they read the answer: one that asked to close the connection
+    would see it reset instead of the 413 if the server closed it with the body still coming."""
+    try:
+        async with asyncio.timeout(seconds):
+            async for _ in stream:
+                pass
+        return True
+    except TimeoutError:
+        return False

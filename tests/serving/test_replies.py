@@ -1,0 +1,87 @@
+"""Each response kind's shape (serving.replies) and the stream a reply makes of engine events
+(serving.streaming.stream_chunks), without a model or a socket: the fields OpenAI's completions
+and chat completions APIs define, in each kind's own place."""
+
+from __future__ import annotations
+
+import asyncio
+
+from inference.engine import Event, Finish
+from serving.logprobs import ChatReplyLogprobs, CompletionReplyLogprobs
+from serving.replies import ChatReply, CompletionReply
+from serving.streaming import stream_chunks
+
+TOKEN_BYTES = [bytes([i]) for i in range(256)]
+FINISH = Finish(reason="stop", prompt_tokens=3, token_ids=(104, 105), text="hi", cached_tokens=1)
+USAGE = {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5, "prompt_tokens_details": {"cached_tokens": 1}}
+
+
+class Ticket:
+    cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+def stream(reply, events: list[Event], include_usage: bool = False) -> tuple[list[dict], Ticket]:
+    async def collect() -> list[dict]:
+        queue: asyncio.Queue[Event] = asyncio.Queue()
+        for event in events:
+            queue.put_nowait(event)
+        return [chunk async for chunk in stream_chunks(reply, ticket, queue, include_usage)]
+
+    ticket = Ticket()
+    return asyncio.run(collect()), ticket
+
+
+EVENTS = [Event("h", 104), Event("i", 105), Event("", None, FINISH)]
+
+
+def completion(echo: str = "") -> CompletionReply:
+    return CompletionReply("m", [1, 2, 3], CompletionReplyLogprobs(TOKEN_BYTES, False, echo, bool(echo)), echo=echo)
+
+
+def chat() -> ChatReply:
+    return ChatReply("m", [1, 2, 3], ChatReplyLogprobs(TOKEN_BYTES, False), headers={"X-Dropped-Messages": "0"})
+
+
+def test_whole_bodies_have_each_endpoints_shape():
+    body = completion(echo="ab").body(FINISH)
+    assert body["object"] == "text_completion" and body["id"].startswith("cmpl-") and body["model"] == "m"
+    assert body["choices"] == [{"index": 0, "text": "abhi", "logprobs": None, "finish_reason": "stop"}]
+    assert body["usage"] == USAGE
+
+    reply = chat()
+    body = reply.body(FINISH)
+    assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
+    assert body["choices"] == [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "logprobs": None,
+                                "finish_reason": "stop"}]
+    assert body["usage"] == USAGE and reply.headers == {"X-Dropped-Messages": "0"}
+
+
+def test_a_completion_streams_its_echo_then_text_then_the_end():
+    reply = completion(echo="ab")
+    chunks, ticket = stream(reply, EVENTS, include_usage=True)
+    assert {c["object"] for c in chunks} == {"text_completion"} and {c["id"] for c in chunks} == {reply.id}
+    assert [c["choices"][0]["text"] for c in chunks[:-1]] == ["ab", "h", "i", ""]
+    assert [c["choices"][0]["finish_reason"] for c in chunks[:-1]] == [None, None, None, "stop"]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == USAGE
+    assert reply.completion_tokens == 2 and ticket.cancelled
+
+
+def test_a_chat_streams_a_role_then_content_deltas_then_an_empty_delta():
+    reply = chat()
+    chunks, ticket = stream(reply, EVENTS)
+    assert {c["object"] for c in chunks} == {"chat.completion.chunk"}
+    assert [c["choices"][0]["delta"] for c in chunks] == [{"role": "assistant", "content": ""}, {"content": "h"},
+                                                          {"content": "i"}, {}]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop" and "usage" not in chunks[-1]
+    assert ticket.cancelled
+
+
+def test_a_generation_that_ends_early_streams_an_error_and_stops():
+    failed = Finish(reason="error", prompt_tokens=3, token_ids=(104,), text="h")
+    chunks, ticket = stream(completion(), [Event("h", 104), Event("", None, failed)], include_usage=True)
+    assert chunks[-1] == {"error": {"message": "generation ended early (error)", "type": "server_error",
+                                    "param": None, "code": None}}
+    assert len(chunks) == 2 and ticket.cancelled
