@@ -44,7 +44,7 @@ def test_init_from_loads_the_parents_weights_exactly_and_records_it(make_config,
     record = json.loads((tmp_path / "run" / "parent.json").read_text())
     assert record["init_from"] == str(parent_run.resolve())
     # Continued pretraining tokenizes its data with the parent's tokenizer: none is trained.
-    assert trainer.prepared.tokenizer_path.read_bytes() == (parent_run / "tokenizer.json").read_bytes()
+    assert trainer.task.prepared.tokenizer_path.read_bytes() == (parent_run / "tokenizer.json").read_bytes()
     trainer.logger.finish()
 
 

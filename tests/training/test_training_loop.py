@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import training.tasks as tasks_module
 import training.trainer as trainer_module
 from common.errors import UserError
 from model import GPT, load_pretrained
@@ -16,7 +17,8 @@ from rundir.checkpoint import CheckpointError, load_trainer_state
 from rundir.files import STATE_FILE
 from rundir.metrics import read_metrics
 from training.config import load_config
-from training.trainer import NonFiniteLossError, accumulate_gradients, train
+from training.tasks import accumulate_gradients
+from training.trainer import NonFiniteLossError, train
 
 # Fields of metrics.jsonl that depend only on the computation (not on timing).
 DETERMINISTIC = ("kind", "step", "loss", "lr", "grad_norm", "tokens", "val_loss", "val_bpb", "val_tokens", "sample")
@@ -33,7 +35,7 @@ def max_weight_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> f
 
 def interrupt_at(monkeypatch, step: int, signum: int = signal.SIGTERM) -> None:
     """Deliver a real signal to this process while optimizer step ``step`` is running."""
-    original = trainer_module.accumulate_gradients
+    original = tasks_module.accumulate_gradients
 
     def wrapped(*args, **kwargs):
         result = original(*args, **kwargs)
@@ -43,7 +45,7 @@ def interrupt_at(monkeypatch, step: int, signum: int = signal.SIGTERM) -> None:
         return result
 
     wrapped.calls = 0
-    monkeypatch.setattr(trainer_module, "accumulate_gradients", wrapped)
+    monkeypatch.setattr(tasks_module, "accumulate_gradients", wrapped)
 
 
 def test_loss_decreases_and_the_run_dir_describes_itself(make_config, tmp_path):
