@@ -293,6 +293,11 @@ class Trainer:
     # The loop
 
     def fit(self) -> TrainResult:
+        """The training loop. Until a budget is used up or a signal asks to stop, each step:
+        sets the learning rate of every parameter group, accumulates the gradient of one optimizer
+        step's micro-batches (``self.task`` knows how its loss is made), clips it, refuses a
+        non-finite loss, steps the optimizer; then logs, evaluates and saves on their intervals.
+        A last checkpoint and the full validation pass end the run."""
         tc, cfg = self.config.train, self.config
         stop = StopRequest()
         stop.install()
