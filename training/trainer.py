@@ -45,11 +45,12 @@ from training.evaluate import EvalResult
 from training.init_from import check_parent_tokenizer, load_parent_weights
 from training.interrupt import StopNow, StopRequest
 from training.memory_budget import check_model_fits
-from training.metrics import Throughput, format_duration, format_flops, mfu, peak_flops
+from training.metrics import Throughput, format_flops, mfu, peak_flops
 from training.optim import (
     MuonWithAdamW, build_optimizer, build_schedule, load_optimizer_state, muon_momentum, plan_param_groups,
     set_learning_rate,
 )
+from training.progress_bar import StepBar
 from training.resume_rules import (
     check_not_finished,
     check_fixed_settings, check_model_shape, check_optimizer_groups, fixed_settings, restore_error,
@@ -58,8 +59,6 @@ from training.rng_state import capture_rng_state, restore_rng_state
 from training.tasks import prepare_task
 from training.wandb_logger import WandbLogger
 
-# tqdm's default bar without its "<remaining" estimate (see Trainer.fit).
-_BAR_WITHOUT_ETA = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}, {rate_fmt}{postfix}]"
 # Under a clock budget an evaluation is also due when this fraction of train.max_minutes has passed
 # since the last one, so a slow machine that reaches few eval.interval steps still shows samples.
 _CLOCK_EVAL_FRACTION = 0.1
@@ -303,16 +302,11 @@ class Trainer:
         stop.install()
         self.loop_start = time.perf_counter()
         self.last_eval_s = self.base_seconds
-        # tqdm's own estimate assumes every step of max_steps will run; under a clock budget the
-        # postfix's "left" (the sooner of both budgets) is the one to trust.
-        bar_format = None if self.schedule.max_seconds is None else _BAR_WITHOUT_ETA
         loss = None
         failed = True
         try:
-            with tqdm(
-                total=self._expected_steps(), initial=self.step, disable=not self.verbose, desc="train",
-                unit="step", dynamic_ncols=True, bar_format=bar_format,
-            ) as bar:
+            with StepBar(self.schedule, self.throughput, self._mfu, step=self.step, elapsed_s=self._elapsed(),
+                         enabled=self.verbose) as bar:
                 while (reason := self._stop_reason(stop)) is None:
                     t0, cpu0 = time.perf_counter(), time.thread_time()
                     lr = self.schedule(self.step, self._elapsed())
@@ -342,9 +336,7 @@ class Trainer:
                     self.throughput.add(tokens, time.perf_counter() - t0, time.thread_time() - cpu0)
                     self._watch_cpu_share()
 
-                    bar.total = self._expected_steps()
-                    bar.update(1)
-                    bar.set_postfix_str(self._postfix(loss, lr), refresh=False)
+                    bar.advance(self.step, self._elapsed(), loss, lr)
                     if self.step % cfg.logging.interval == 0 or self.step == 1:
                         self._log_train(loss, lr, grad_norm)
                     if cfg.eval.interval and (self.step % cfg.eval.interval == 0 or self.eval_due_by_clock):
@@ -352,8 +344,7 @@ class Trainer:
                     if cfg.run.checkpoint_interval and self.step % cfg.run.checkpoint_interval == 0:
                         self._save()
                 if reason != "interrupted":
-                    bar.total = self.step  # the budget that bound is used up: a full bar
-                    bar.refresh()
+                    bar.complete(self.step)
                 if self.saved_step != self.step:
                     self._save()
             result = self._finish(reason, loss, stop)
@@ -413,7 +404,7 @@ class Trainer:
             "grad_norm": grad_norm,
             "tokens": self.tokens_seen,
             "tokens_per_s": tokens_per_s,
-            "mfu": mfu(self.flops_per_token, tokens_per_s, self.peak * self.ctx.world_size),
+            "mfu": self._mfu(tokens_per_s),
             "elapsed_s": self._elapsed(),
             **self.task.train_fields(self.batches),
         }
@@ -504,35 +495,14 @@ class Trainer:
     def _elapsed(self) -> float:
         return self.base_seconds + time.perf_counter() - self.loop_start
 
-    def _expected_steps(self) -> int | None:
-        """The step the run will end at, by the budget that binds: the planned steps, or fewer
-        when the clock will end the run first at the current pace (None: not known yet)."""
-        planned, max_seconds = self.schedule.max_steps, self.schedule.max_seconds
-        pace = self.throughput.seconds_per_step()
-        if max_seconds is None or pace <= 0:
-            return planned
-        by_clock = self.step + math.ceil(max(0.0, max_seconds - self._elapsed()) / pace)
-        return by_clock if planned is None else min(planned, by_clock)
-
     def _clock_eval_due(self) -> bool:
         max_seconds = self.schedule.max_seconds
         if max_seconds is None or not self.config.eval.interval:
             return False
         return self._elapsed() - self.last_eval_s >= _CLOCK_EVAL_FRACTION * max_seconds
 
-    def _postfix(self, loss: float, lr: float) -> str:
-        tokens_per_s = self.throughput.tokens_per_second()
-        util = mfu(self.flops_per_token, tokens_per_s, self.peak * self.ctx.world_size)
-        parts = [f"loss {loss:.4f}", f"lr {lr:.2e}", f"{tokens_per_s / 1e3:.1f}k tok/s", f"mfu {100 * util:.1f}%"]
-        # Time left is the sooner of the step budget (at the current pace) and the clock budget.
-        left = []
-        if self.schedule.max_steps is not None and self.throughput.seconds_per_step() > 0:
-            left.append((self.schedule.max_steps - self.step) * self.throughput.seconds_per_step())
-        if self.schedule.max_seconds is not None:
-            left.append(self.schedule.max_seconds - self._elapsed())
-        if left:
-            parts.append(f"left {format_duration(min(left))}")
-        return " | ".join(parts)
+    def _mfu(self, tokens_per_s: float) -> float:
+        return mfu(self.flops_per_token, tokens_per_s, self.peak * self.ctx.world_size)
 
     def _watch_cpu_share(self) -> None:
         """Say once, on a CPU, when other programs leave the loop's thread on a core less than half

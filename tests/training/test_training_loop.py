@@ -100,6 +100,21 @@ def test_grad_accumulation_equals_one_larger_batch():
     assert loss_accum.item() == pytest.approx(loss_big.item(), rel=1e-5)
 
 
+@pytest.mark.parametrize("grad_clip", [0.01, 0.0])
+def test_the_step_applies_the_clipped_gradient(make_config, tmp_path, grad_clip):
+    # AdamW's first update hardly depends on the gradient's scale, so read the clip from its state:
+    # after one step the first moment is (1 - beta1) times the gradient the optimizer was given,
+    # whose norm is the logged (unclipped) norm, or train.grad_clip when that is smaller.
+    cfg = make_config(train={"max_steps": 1, "grad_clip": grad_clip}, eval={"interval": 0, "sample_tokens": 0})
+    train(cfg, progress=False)
+    logged = next(r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["kind"] == "train")["grad_norm"]
+    moments = [s["exp_avg"] for s in load_trainer_state(tmp_path / "run")["optimizer"]["state"].values()]
+    given = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(m) for m in moments])).item()
+    assert logged > 0.01  # the norm at initialisation, so the small clip binds
+    expected = min(logged, grad_clip) if grad_clip > 0 else logged
+    assert given / (1 - cfg.train.beta1) == pytest.approx(expected, rel=1e-4)
+
+
 def test_logged_loss_is_the_mean_over_micro_batches(make_config, tmp_path):
     from data import TrainBatches, prepare_data
 
