@@ -135,6 +135,34 @@ def test_logged_loss_is_the_mean_over_micro_batches(make_config, tmp_path):
     assert logged["tokens"] == 3 * cfg.train.batch_size * cfg.model.block_size
 
 
+def test_a_step_abandoned_between_micro_batches_is_taken_whole_on_resume(make_config, tmp_path, monkeypatch):
+    # A signal between micro-batches abandons the step: the batch and dropout draws it made are
+    # put back, so the resumed run takes that step whole and ends where an uninterrupted one does.
+    sections = dict(model={"dropout": 0.1}, train={"max_steps": 4, "grad_accum_steps": 3}, eval={"interval": 0})
+    expected = train(make_config(tmp_path / "straight", **sections), progress=False)
+    original, calls = tasks_module.accumulate_gradients, []
+
+    def signal_after_one_micro_batch(*args, should_stop, **kwargs):
+        calls.append(1)
+        if len(calls) != 3:
+            return original(*args, should_stop=should_stop, **kwargs)
+
+        def stop_now() -> bool:
+            os.kill(os.getpid(), signal.SIGTERM)
+            return should_stop()
+        return original(*args, should_stop=stop_now, **kwargs)
+
+    monkeypatch.setattr(tasks_module, "accumulate_gradients", signal_after_one_micro_batch)
+    broken = make_config(tmp_path / "broken", **sections)
+    stopped = train(broken, progress=False)
+    monkeypatch.undo()
+    assert stopped.interrupted and stopped.step == 2 and load_trainer_state(tmp_path / "broken")["step"] == 2
+    resumed = train(broken, resume=True, progress=False)
+    assert resumed.step == 4 and resumed.last_loss == expected.last_loss
+    a, b = load_pretrained(tmp_path / "straight").state_dict(), load_pretrained(tmp_path / "broken").state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 # The last case trains with every small-model option on: the saved config keeps them on resume.
 OPTIONS = dict(mlp="relu2", qk_norm=True, logit_softcap=15.0, residual_scalars=True, value_embeddings=True,
                zero_init=True, tie_embeddings=False)
@@ -196,6 +224,21 @@ def test_a_checkpoint_interrupted_mid_write_leaves_the_previous_one(make_config,
     assert resumed.step == 8
     steps = [r["step"] for r in read_metrics(run / "metrics.jsonl") if r["kind"] == "train"]
     assert steps == list(range(1, 9))
+
+
+def test_an_infinite_gradient_with_a_finite_loss_stops_the_run_too(make_config, tmp_path, monkeypatch):
+    # A gradient can overflow while the loss stays finite: the norm is checked as well as the loss.
+    cfg = make_config(train={"max_steps": 6}, eval={"interval": 0}, run={"checkpoint_interval": 2})
+    real_clip, norms = trainer_module.clip_gradients, []
+
+    def overflowing(model, max_norm):
+        norms.append(real_clip(model, max_norm))
+        return norms[-1] * float("inf") if len(norms) == 3 else norms[-1]
+
+    monkeypatch.setattr(trainer_module, "clip_gradients", overflowing)
+    with pytest.raises(NonFiniteLossError, match=r"diverged at step 3: loss \d.*gradient norm inf"):
+        train(cfg, progress=False)
+    assert load_trainer_state(tmp_path / "run")["step"] == 2
 
 
 def test_nan_loss_stops_the_run_and_keeps_the_last_checkpoint(make_config, tmp_path, monkeypatch):
