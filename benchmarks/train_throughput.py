@@ -146,14 +146,14 @@ class TrainStepRunner:
         compile_model: bool,
         train: TrainConfig,
     ) -> None:
-        from training.optim import build_optimizer
+        from training.optim import build_optimizer, plan_param_groups
 
         self.name, self.flops, self.compiled = name, flops, compile_model
         self.device, self.amp_dtype, self.grad_clip = device, amp_dtype, train.grad_clip
         self.tokens_per_step = batch_size * block_size
         self.model = model.to(device).train()
         self.params = sum(p.numel() for p in model.parameters())
-        self.optimizer = build_optimizer(self.model, train, device)
+        self.optimizer = build_optimizer(plan_param_groups(self.model, train), train, device)
         self.run_model = torch.compile(self.model) if compile_model else self.model
         gen = torch.Generator().manual_seed(0)
         windows = torch.randint(0, vocab_size, (4, batch_size, block_size + 1), generator=gen).to(device)
@@ -162,7 +162,8 @@ class TrainStepRunner:
 
     def step(self) -> float:
         """One optimizer step; returns its wall-clock seconds (device work included)."""
-        from training.trainer import accumulate_gradients, clip_gradients
+        from training.tasks import accumulate_gradients
+        from training.trainer import clip_gradients
 
         batch = self.batches[self.count % len(self.batches)]
         self.count += 1

@@ -22,7 +22,7 @@ from data import DataConfig
 from model import GPTConfig
 from model.generation import check_sampling_args
 from tracking.config import LoggingConfig
-from training.init_from import find_parent, model_section_from_parent, refuse_own_parent
+from training.init_from import ParentRun, find_parent, model_section_from_parent, refuse_own_parent
 
 DEFAULT_OUT_DIR = "runs/default"  # where a config without run.out_dir (and no file name) trains
 
@@ -202,6 +202,9 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    # The run train.init_from names, found and checked once, when the config is read
+    # (config_from_dict); not a key of the YAML, and not saved: init_from says it.
+    parent: ParentRun | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -236,6 +239,7 @@ def config_from_dict(raw: dict[str, Any]) -> Config:
     """Validate a plain nested dict (as read from YAML) into a ``Config``."""
     raw = dict(raw)
     train = raw.get("train")
+    parent = None
     if isinstance(train, dict) and train.get("init_from"):
         run = raw.get("run") if isinstance(raw.get("run"), dict) else {}
         out_dir = run.get("out_dir") or DEFAULT_OUT_DIR
@@ -251,7 +255,9 @@ def config_from_dict(raw: dict[str, Any]) -> Config:
     if isinstance(model, dict) and "vocab_size" not in model:
         data_vocab = data.get("vocab_size", DataConfig.vocab_size) if isinstance(data, dict) else DataConfig.vocab_size
         raw["model"] = {**model, "vocab_size": data_vocab}
-    return build(Config, raw)
+    config = build(Config, raw)
+    config.parent = parent
+    return config
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
@@ -275,7 +281,7 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str] | tuple[str, ...])
 
 def config_to_dict(config: Config) -> dict[str, Any]:
     """The config as plain nested dicts/lists/scalars (what config.yaml holds)."""
-    return dataclasses.asdict(config)
+    return {f.name: dataclasses.asdict(getattr(config, f.name)) for f in dataclasses.fields(config) if f.init}
 
 
 def save_config(config: Config, path: str | Path) -> None:

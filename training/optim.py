@@ -16,8 +16,21 @@ from training.muon import Muon
 MUON_MOMENTUM_START = 0.85
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """Split parameters into a decayed group (matrices) and an undecayed one.
+@dataclass(frozen=True)
+class ParamGroup:
+    """One group of parameters as the optimizer steps it. The schedule gives one learning rate;
+    this group runs at that rate times ``lr_scale``, so Muon and AdamW, whose rates live on
+    different scales, follow the same warm-up and decay."""
+
+    name: str  # matrices | other | value_tables
+    params: list[nn.Parameter]
+    optimizer: str  # muon | adamw
+    weight_decay: float
+    lr_scale: float
+
+
+def decayed_and_not(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
+    """The parameters weight decay applies to (matrices), and the rest.
 
     Decay pulls weights toward zero, which regularises the linear maps but would only fight the
     scale parameters of norms and the biases; embeddings are excluded too because a row that is
@@ -35,51 +48,69 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
             decay.append(param)
         else:
             no_decay.append(param)
-    return [
-        {"params": decay, "weight_decay": weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
+    return decay, no_decay
 
 
-def split_value_tables(model: nn.Module, group: dict, cfg: TrainConfig) -> list[dict]:
-    """``group`` as it is, or, when the model has value-embedding tables, ``group`` without them
-    plus a group of the tables at ``train.value_embedding_lr`` (its ``lr_scale``; lr when unset).
+def plan_param_groups(model: nn.Module, cfg: TrainConfig) -> list[ParamGroup]:
+    """The groups ``build_optimizer`` makes, in its order, each with its learning-rate scale.
 
-    The tables get their own group whether or not the rate differs, so the optimizer's groups
-    depend on the model alone and a resume may change the rate like any other learning rate.
+    The hidden matrices go to Muon under ``train.optimizer: muon``: its orthogonalised update
+    suits maps between hidden states, not the embedding (which is also the output head) or the
+    norm gains. Value-embedding tables get a group of their own whether or not
+    ``train.value_embedding_lr`` differs from ``train.lr``, so the groups depend on the model
+    alone and a resume may change that rate like any other.
     """
+    decay, no_decay = decayed_and_not(model)
+    muon = cfg.optimizer == "muon"
+    groups = [ParamGroup("matrices", decay, "muon" if muon else "adamw", cfg.weight_decay,
+                         cfg.muon_lr / cfg.lr if muon else 1.0)]
     tables = {id(table.weight) for table in getattr(model, "value_embs", {}).values()}
-    if not tables:
-        return [group]
-    rest = [p for p in group["params"] if id(p) not in tables]
-    own = [p for p in group["params"] if id(p) in tables]
-    scale = (cfg.value_embedding_lr or cfg.lr) / cfg.lr
-    return [{**group, "params": rest}, {**group, "params": own, "lr_scale": scale}]
+    groups.append(ParamGroup("other", [p for p in no_decay if id(p) not in tables], "adamw", 0.0, 1.0))
+    if tables:
+        scale = (cfg.value_embedding_lr or cfg.lr) / cfg.lr
+        groups.append(ParamGroup("value_tables", [p for p in no_decay if id(p) in tables], "adamw", 0.0, scale))
+    return groups
 
 
-def build_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW | MuonWithAdamW:
-    """The optimizer ``train.optimizer`` names, with a ``lr_scale`` in every parameter group.
-
-    The schedule produces one learning rate; each group runs at ``lr * lr_scale``. That keeps one
-    schedule for every group of Muon + AdamW, whose learning rates live on different scales.
-    """
-    decay, no_decay = param_groups(model, cfg.weight_decay)
-    if cfg.optimizer == "adamw":
-        return _adamw([decay, *split_value_tables(model, no_decay, cfg)], cfg, device)
-    muon = Muon(decay["params"], lr=cfg.muon_lr, momentum=cfg.muon_momentum, weight_decay=cfg.weight_decay)
-    muon.param_groups[0]["lr_scale"] = cfg.muon_lr / cfg.lr
-    # The embedding (which is also the output head) and the norm gains are not hidden matrices:
-    # Muon's orthogonalised update suits maps between hidden states, so these keep AdamW.
-    return MuonWithAdamW(muon, _adamw(split_value_tables(model, no_decay, cfg), cfg, device))
-
-
-def _adamw(groups: list[dict], cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
-    for group in groups:
-        group.setdefault("lr_scale", 1.0)
+def build_optimizer(
+    groups: list[ParamGroup], cfg: TrainConfig, device: torch.device
+) -> torch.optim.AdamW | MuonWithAdamW:
+    """The optimizer ``train.optimizer`` names over ``groups``; its ``param_groups`` are in the
+    order of ``groups`` (Muon's first), which ``set_learning_rate`` relies on."""
+    kinds = [group.optimizer for group in groups]
+    assert kinds == sorted(kinds, key=lambda kind: kind != "muon"), kinds
     # The fused CUDA kernel updates every parameter in one launch; elsewhere the default
     # (foreach) implementation is the fast one.
-    fused = device.type == "cuda" or None
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, fused=fused)
+    adamw = torch.optim.AdamW(
+        [{"params": g.params, "weight_decay": g.weight_decay, "lr": cfg.lr * g.lr_scale}
+         for g in groups if g.optimizer == "adamw"],
+        lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, fused=device.type == "cuda" or None,
+    )
+    muon = [g for g in groups if g.optimizer == "muon"]
+    if not muon:
+        return adamw
+    [matrices] = muon
+    return MuonWithAdamW(
+        Muon(matrices.params, lr=cfg.lr * matrices.lr_scale, momentum=cfg.muon_momentum,
+             weight_decay=matrices.weight_decay),
+        adamw,
+    )
+
+
+def set_learning_rate(optimizer: torch.optim.AdamW | MuonWithAdamW, groups: list[ParamGroup], lr: float) -> None:
+    """Run every group of ``optimizer`` (built from ``groups``) at the schedule's ``lr`` times its scale."""
+    for torch_group, group in zip(optimizer.param_groups, groups, strict=True):
+        torch_group["lr"] = lr * group.lr_scale
+
+
+def load_optimizer_state(optimizer: torch.optim.AdamW | MuonWithAdamW, state: dict[str, Any]) -> None:
+    """Load a saved optimizer state, also one saved before the scales moved into ``ParamGroup``:
+    those states carry an ``lr_scale`` key per group, which the plan now owns, so it is dropped."""
+    parts = [state] if "param_groups" in state else list(state.values())
+    for part in parts:
+        for group in part["param_groups"]:
+            group.pop("lr_scale", None)
+    optimizer.load_state_dict(state)
 
 
 def muon_momentum(cfg: TrainConfig, step: int) -> float:

@@ -22,7 +22,7 @@ from data.prepared.chat import ChatSplit
 from inference.engine import decode
 from model.generation import SamplingSettings
 from model.gpt import eval_mode
-from training.distributed import all_reduce_sum
+from training.distributed import DistContext, all_reduce_sum
 from training.evaluate import EvalResult, score_batches, validation_bar
 
 
@@ -73,7 +73,7 @@ def evaluate_chat(
     pad_id: int,
     device: torch.device,
     amp: Callable[[], ContextManager] | None = None,
-    ctx: Any = None,
+    ctx: DistContext = DistContext(),
     progress: bool = False,
 ) -> EvalResult:
     """Loss per assistant token (each reply's <|end|> included) and bits per byte of assistant

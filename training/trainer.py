@@ -16,7 +16,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, ContextManager
+from typing import Any
 
 import numpy as np
 import torch
@@ -26,10 +26,7 @@ from tqdm.auto import tqdm
 from common.errors import UserError
 from common.files import atomic_write_bytes
 from common.threads import STARVED_SHARE, starved_advice, use_threads
-from data import EOT, load_tokenizer, prepare_data, train_batches
-from data.batches.chat import ChatBatches
-from data.prepared.chat import prepare_chat_data
-from data.sample_prompt import default_sample_prompt
+from data import load_tokenizer
 from data.tokenizer import RUN_TOKENIZER_ADVICE
 from model import GPT, GPTConfig, SamplingSettings
 from model.rms_norm_cpu import install_cpu_backward
@@ -39,27 +36,29 @@ from rundir.lock import hold_run_dir
 from rundir.metrics import MetricsLog
 from rundir.record import write_parent_record
 from tracking.wandb_logger import WandbLogger
-from training.config import Config, ConfigError, config_to_dict, save_config
+from training.config import Config, config_to_dict, save_config
 from training.device import autocast, configure_backends, resolve_precision, should_compile
 from training.distributed import (
     DistContext, all_reduce_mean, all_reduce_sum, barrier, gather_to_main, init_distributed, select_rank_state,
     shutdown, split_batch, sync_gradients, wrap_model,
 )
-from training.evaluate import EvalResult, evaluate, generate_sample
-from training.init_from import check_parent_tokenizer, find_parent, load_parent_weights
+from training.evaluate import EvalResult
+from training.init_from import check_parent_tokenizer, load_parent_weights
 from training.interrupt import StopNow, StopRequest
 from training.memory_budget import check_model_fits
-from training.metrics import Throughput, format_duration, format_flops, mfu, peak_flops
-from training.optim import MuonWithAdamW, build_optimizer, build_schedule, muon_momentum
+from training.metrics import Throughput, format_flops, mfu, peak_flops
+from training.optim import (
+    MuonWithAdamW, build_optimizer, build_schedule, load_optimizer_state, muon_momentum, plan_param_groups,
+    set_learning_rate,
+)
+from training.progress_bar import StepBar
 from training.resume_rules import (
     check_not_finished,
     check_fixed_settings, check_model_shape, check_optimizer_groups, fixed_settings, restore_error,
 )
 from training.rng_state import capture_rng_state, restore_rng_state
-from training.sft import accumulate_chat_gradients, chat_reply_samples, evaluate_chat
+from training.tasks import prepare_task
 
-# tqdm's default bar without its "<remaining" estimate (see Trainer.fit).
-_BAR_WITHOUT_ETA = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}, {rate_fmt}{postfix}]"
 # Under a clock budget an evaluation is also due when this fraction of train.max_minutes has passed
 # since the last one, so a slow machine that reaches few eval.interval steps still shows samples.
 _CLOCK_EVAL_FRACTION = 0.1
@@ -105,36 +104,6 @@ def train(config: Config, *, resume: bool = False, overwrite: bool = False, prog
     finally:
         trainer.close()
         shutdown(ctx)
-
-
-def accumulate_gradients(
-    model: nn.Module,
-    next_batch: Callable[[], tuple[torch.Tensor, torch.Tensor]],
-    micro_steps: int,
-    *,
-    amp: Callable[[], ContextManager] | None = None,
-    sync: Callable[[bool], ContextManager] | None = None,
-    should_stop: Callable[[], bool] | None = None,
-) -> torch.Tensor | None:
-    """Forward and backward ``micro_steps`` micro-batches; return their mean loss (detached).
-
-    Each loss is divided by ``micro_steps`` before ``backward`` so the accumulated gradient is the
-    gradient of the mean, i.e. that of one batch ``micro_steps`` times larger. ``sync(is_last)``
-    lets data-parallel training skip the gradient all-reduce on all but the last micro-batch.
-    ``should_stop`` is asked before each micro-batch after the first; when it says yes, the
-    step is abandoned half-accumulated and None is returned.
-    """
-    total = None
-    for i in range(micro_steps):
-        if i > 0 and should_stop is not None and should_stop():
-            return None
-        x, y = next_batch()
-        with sync(i == micro_steps - 1) if sync is not None else contextlib.nullcontext():
-            with amp() if amp is not None else contextlib.nullcontext():
-                _, loss = model(x, y)
-            (loss / micro_steps).backward()
-        total = loss.detach() if total is None else total + loss.detach()
-    return total / micro_steps
 
 
 def clip_gradients(model: nn.Module, max_norm: float) -> torch.Tensor:
@@ -209,47 +178,26 @@ class Trainer:
         return state
 
     def _prepare_data(self, *, resume: bool) -> None:
-        cfg = self.config
-        prepared = self._load_data(resume=resume)
-        barrier(self.ctx)
-        prepared.check_block_size(cfg.model.block_size)
-        if prepared.vocab_size > cfg.model.vocab_size:
-            raise ConfigError(
-                f"the tokenizer has {prepared.vocab_size} tokens but model.vocab_size is "
-                f"{cfg.model.vocab_size}; remove model.vocab_size or raise it"
-            )
-        saved_tokenizer = self.run_dir / TOKENIZER_FILE
-        if resume and saved_tokenizer.is_file():
-            if load_tokenizer(saved_tokenizer, RUN_TOKENIZER_ADVICE).get_vocab() != prepared.tokenizer().get_vocab():
-                raise CheckpointError(
-                    f"cannot resume {self.run_dir}: the data section now builds a different "
-                    f"tokenizer than the run was trained with; use the run's own config.yaml"
-                )
-        self.prepared = prepared
-        self.chat = prepared if cfg.data.format == "chat" else None
-        self.tokenizer = prepared.tokenizer()
-        self.val_tokens = None if self.chat else prepared.val_tokens()
-        self.sample_prompt = cfg.eval.sample_prompt
-        if self.sample_prompt is None and self.chat is None:
-            self.sample_prompt = default_sample_prompt(cfg.data.source, self.tokenizer, self.val_tokens)
-        self.token_bytes = torch.as_tensor(np.asarray(prepared.token_bytes()), dtype=torch.long, device=self.device)
-
-    def _load_data(self, *, resume: bool) -> Any:
-        """Conversations (data.format: chat) or documents; from a parent run (train.init_from),
+        """Documents or conversations (``training.tasks``); from a parent run (train.init_from),
         tokenized with its tokenizer (this run's own copy when resuming), never a new one."""
         cfg = self.config
-        self.parent = find_parent(cfg.train.init_from) if cfg.train.init_from else None
+        assert (cfg.parent is not None) == bool(cfg.train.init_from), "read configs with config_from_dict"
+        self.parent = cfg.parent
         tokenizer_file = None
         if self.parent is not None:
             check_parent_tokenizer(self.parent, cfg.model.vocab_size)
             tokenizer_file = self.run_dir / TOKENIZER_FILE if resume else self.parent.tokenizer_file
-        if cfg.data.format == "chat":
-            if tokenizer_file is None:
-                raise ConfigError("data.format: chat fine-tunes a trained run: set train.init_from to its directory")
-            return prepare_chat_data(
-                cfg.data, tokenizer_file, cfg.model.block_size, progress=self.verbose, is_main=self.ctx.is_main
-            )
-        return prepare_data(cfg.data, progress=self.verbose, is_main=self.ctx.is_main, tokenizer_file=tokenizer_file)
+        self.task = prepare_task(cfg, tokenizer_file, progress=self.verbose, is_main=self.ctx.is_main,
+                                 device=self.device)
+        barrier(self.ctx)
+        saved_tokenizer = self.run_dir / TOKENIZER_FILE
+        if resume and saved_tokenizer.is_file():
+            if load_tokenizer(saved_tokenizer, RUN_TOKENIZER_ADVICE).get_vocab() != self.task.tokenizer.get_vocab():
+                raise CheckpointError(
+                    f"cannot resume {self.run_dir}: the data section now builds a different "
+                    f"tokenizer than the run was trained with; use the run's own config.yaml"
+                )
+        self.probe = self.task.attention_probe(cfg.model.block_size, self.device) if cfg.eval.attention_stats else None
 
     def _build_model_and_optimizer(self) -> None:
         cfg, tc, ctx = self.config, self.config.train, self.ctx
@@ -266,22 +214,18 @@ class Trainer:
         torch.manual_seed(tc.seed + ctx.rank)  # for dropout, differing per rank
         np.random.seed((tc.seed + ctx.rank) % 2**32)
         random.seed(tc.seed + ctx.rank)
-        self.optimizer = build_optimizer(self.model, tc, self.device)
-        # Taken from the config now, not from a checkpoint's saved groups: a run resumed with a
-        # new train.lr or train.muon_lr runs at the new ratio between the two.
-        self.lr_scales = [group["lr_scale"] for group in self.optimizer.param_groups]
+        # Each group's learning-rate scale comes from the config, never from a checkpoint: a run
+        # resumed with a new train.lr or train.muon_lr runs at the new ratio between the two.
+        self.param_groups = plan_param_groups(self.model, tc)
+        self.optimizer = build_optimizer(self.param_groups, tc, self.device)
         # The optimizer step always covers batch_size x grad_accum_steps sequences; more
         # processes share it instead of silently growing the batch.
         split = split_batch(tc.batch_size, tc.grad_accum_steps, ctx.world_size)
         self.micro_steps = split.micro_steps
         self.tokens_per_step = tc.batch_size * tc.grad_accum_steps * cfg.model.block_size
         self.schedule = build_schedule(tc, self.tokens_per_step)
-        placement = dict(seed=tc.seed, rank=ctx.rank, world_size=ctx.world_size, device=self.device)
-        if self.chat:
-            self.batches = ChatBatches(self.prepared.train, split.batch_size, pad_id=self.prepared.eot_id, **placement)
-        else:
-            tokens = self.prepared.train_tokens()
-            self.batches = train_batches(tc.sampling, tokens, cfg.model.block_size, split.batch_size, **placement)
+        self.batches = self.task.batches(split.batch_size, seed=tc.seed, rank=ctx.rank, world_size=ctx.world_size,
+                                         device=self.device)
         self.wrapped = wrap_model(self.model, ctx)
         self.compiled = should_compile(tc.compile, self.device)
         self.train_model = torch.compile(self.wrapped) if self.compiled else self.wrapped
@@ -292,7 +236,7 @@ class Trainer:
         try:
             self.model.load_state_dict(state["model"])
             check_optimizer_groups(state["optimizer"], self.optimizer.state_dict(), self.run_dir)
-            self.optimizer.load_state_dict(state["optimizer"])
+            load_optimizer_state(self.optimizer, state["optimizer"])
             self.step = int(state["step"])
             self.tokens_seen = int(state["tokens_seen"])
             self.base_seconds = float(state["train_seconds"])
@@ -320,7 +264,7 @@ class Trainer:
             if resume:
                 self.metrics.truncate_after(self.step)
             else:
-                atomic_write_bytes(self.run_dir / TOKENIZER_FILE, Path(self.prepared.tokenizer_path).read_bytes())
+                atomic_write_bytes(self.run_dir / TOKENIZER_FILE, Path(self.task.prepared.tokenizer_path).read_bytes())
                 if self.parent is not None:
                     write_parent_record(self.run_dir, self.parent.directory, self.parent.model_config.to_dict())
         self.logger = WandbLogger.start(
@@ -337,8 +281,8 @@ class Trainer:
             )
             if self.parent is not None:
                 self._say(f"starting from {self.parent.directory}")
-            if self.chat:
-                self._say(f"chat batches: {100 * self.batches.epoch_padding_fraction():.1f}% of computed tokens are padding")
+            if (line := self.task.describe_batches(self.batches)) is not None:
+                self._say(line)
 
     def close(self) -> None:
         """Release the run directory (after the last file is written, or after a failure)."""
@@ -348,30 +292,34 @@ class Trainer:
     # The loop
 
     def fit(self) -> TrainResult:
+        """The training loop. Until a budget is used up or a signal asks to stop, each step:
+        sets the learning rate of every parameter group, accumulates the gradient of one optimizer
+        step's micro-batches (``self.task`` knows how its loss is made), clips it, refuses a
+        non-finite loss, steps the optimizer; then logs, evaluates and saves on their intervals.
+        A last checkpoint and the full validation pass end the run."""
         tc, cfg = self.config.train, self.config
         stop = StopRequest()
         stop.install()
         self.loop_start = time.perf_counter()
         self.last_eval_s = self.base_seconds
-        # tqdm's own estimate assumes every step of max_steps will run; under a clock budget the
-        # postfix's "left" (the sooner of both budgets) is the one to trust.
-        bar_format = None if self.schedule.max_seconds is None else _BAR_WITHOUT_ETA
         loss = None
         failed = True
         try:
-            with tqdm(
-                total=self._expected_steps(), initial=self.step, disable=not self.verbose, desc="train",
-                unit="step", dynamic_ncols=True, bar_format=bar_format,
-            ) as bar:
+            with StepBar(self.schedule, self.throughput, self._mfu, step=self.step, elapsed_s=self._elapsed(),
+                         enabled=self.verbose) as bar:
                 while (reason := self._stop_reason(stop)) is None:
                     t0, cpu0 = time.perf_counter(), time.thread_time()
                     lr = self.schedule(self.step, self._elapsed())
-                    for group, scale in zip(self.optimizer.param_groups, self.lr_scales):
-                        group["lr"] = lr * scale
+                    set_learning_rate(self.optimizer, self.param_groups, lr)
                     if isinstance(self.optimizer, MuonWithAdamW):
                         self.optimizer.set_momentum(muon_momentum(tc, self.step))
-                    step_loss, tokens = self._accumulate(stop)
-                    if step_loss is None:
+                    step_loss, tokens = self.task.accumulate(
+                        self.train_model, self.batches, self.micro_steps, ctx=self.ctx, stop=stop,
+                        amp=lambda: autocast(self.device, self.amp_dtype),
+                        sync=lambda last: sync_gradients(self.wrapped, last),
+                    )
+                    if step_loss is None:  # a stop request abandoned the step; the batches are rewound
+                        self.optimizer.zero_grad(set_to_none=True)
                         reason = "interrupted"
                         break
                     grad_norm = clip_gradients(self.model, tc.grad_clip)
@@ -388,9 +336,7 @@ class Trainer:
                     self.throughput.add(tokens, time.perf_counter() - t0, time.thread_time() - cpu0)
                     self._watch_cpu_share()
 
-                    bar.total = self._expected_steps()
-                    bar.update(1)
-                    bar.set_postfix_str(self._postfix(loss, lr), refresh=False)
+                    bar.advance(self.step, self._elapsed(), loss, lr)
                     if self.step % cfg.logging.interval == 0 or self.step == 1:
                         self._log_train(loss, lr, grad_norm)
                     if cfg.eval.interval and (self.step % cfg.eval.interval == 0 or self.eval_due_by_clock):
@@ -398,8 +344,7 @@ class Trainer:
                     if cfg.run.checkpoint_interval and self.step % cfg.run.checkpoint_interval == 0:
                         self._save()
                 if reason != "interrupted":
-                    bar.total = self.step  # the budget that bound is used up: a full bar
-                    bar.refresh()
+                    bar.complete(self.step)
                 if self.saved_step != self.step:
                     self._save()
             result = self._finish(reason, loss, stop)
@@ -410,39 +355,13 @@ class Trainer:
             # A diverged or crashed run shows as failed in wandb; its files are closed either way.
             self.logger.finish(self.summary, exit_code=1 if failed else 0)
 
-    def _accumulate(self, stop: StopRequest) -> tuple[torch.Tensor | None, int]:
-        """Forward and backward one step's micro-batches: (mean loss, tokens computed), or
-        (None, 0) when a stop request abandoned the step."""
-        amp = lambda: autocast(self.device, self.amp_dtype)  # noqa: E731
-        sync = lambda last: sync_gradients(self.wrapped, last)  # noqa: E731
-        if self.chat:
-            # Assistant-only loss over every loss-bearing target of the step, on all ranks together.
-            micro_batches = [self.batches.next() for _ in range(self.micro_steps)]
-            loss = accumulate_chat_gradients(self.train_model, micro_batches, amp=amp, sync=sync, ctx=self.ctx)
-            return loss, sum(x.numel() for x, _ in micro_batches) * self.ctx.world_size
-        # A long accumulation is interruptible between micro-batches. Single process only: under
-        # DDP every rank must reach the last micro-batch's all-reduce. The sampler and RNG states
-        # are kept so that an abandoned step leaves the run exactly where the step found it.
-        interruptible = self.micro_steps > 1 and not self.ctx.enabled
-        before = (self.batches.state_dict(), capture_rng_state()) if interruptible else None
-        loss = accumulate_gradients(
-            self.train_model, self.batches.next, self.micro_steps, amp=amp, sync=sync,
-            should_stop=(lambda: stop.requested) if interruptible else None,
-        )
-        if loss is None:
-            self.optimizer.zero_grad(set_to_none=True)
-            self.batches.load_state_dict(before[0])
-            restore_rng_state(before[1])
-            return None, 0
-        return loss, self.tokens_per_step
-
     def _finish(self, reason: str, last_loss: float | None, stop: StopRequest) -> TrainResult:
         """The result of the run, with the full validation pass unless it was interrupted."""
         result = TrainResult(
             run_dir=self.run_dir, step=self.step, tokens_seen=self.tokens_seen, stopped_by=reason,
             train_seconds=self._elapsed(), last_loss=last_loss, signal=stop.signum, is_main=self.ctx.is_main,
-            chat=self.chat is not None, wandb_sync=self.logger.sync_command, starved_share=self.starved_share,
-            sample_prompt=self.sample_prompt,
+            chat=self.task.is_chat, wandb_sync=self.logger.sync_command, starved_share=self.starved_share,
+            sample_prompt=self.task.sample_prompt,
         )
         self.summary.update(step=self.step, tokens=self.tokens_seen, stopped_by=reason)
         if reason != "interrupted":
@@ -485,18 +404,18 @@ class Trainer:
             "grad_norm": grad_norm,
             "tokens": self.tokens_seen,
             "tokens_per_s": tokens_per_s,
-            "mfu": mfu(self.flops_per_token, tokens_per_s, self.peak * self.ctx.world_size),
+            "mfu": self._mfu(tokens_per_s),
             "elapsed_s": self._elapsed(),
+            **self.task.train_fields(self.batches),
         }
-        if self.chat:
-            record["padding_fraction"] = self.batches.padding_fraction
         if self.ctx.is_main:
             self.metrics.append(record)
             self.logger.log({f"train/{k}": v for k, v in record.items() if k not in ("kind", "step")}, self.step)
 
     def _evaluate(self, *, final: bool) -> EvalResult:
         cfg, ec = self.config, self.config.eval
-        shared = dict(
+        result = self.task.evaluate(
+            self.model,
             batch_size=ec.batch_size or cfg.train.batch_size,
             max_batches=ec.final_max_batches if final else ec.max_batches,
             device=self.device,
@@ -504,11 +423,6 @@ class Trainer:
             ctx=self.ctx,
             progress=final and self.verbose,  # the full pass can take minutes on a slow host
         )
-        if self.chat:
-            # Loss and bits/byte of the replies only, over held-out conversations.
-            result = evaluate_chat(self.model, self.chat.val, self.token_bytes, pad_id=self.chat.eot_id, **shared)
-        else:
-            result = evaluate(self.model, self.val_tokens, self.token_bytes, block_size=cfg.model.block_size, **shared)
         if not self.ctx.is_main:
             self.last_eval_s = self._elapsed()
             return result
@@ -521,11 +435,8 @@ class Trainer:
             "val_tokens": result.tokens,
         }
         samples = self._samples() if ec.sample_tokens > 0 else []
-        if self.chat:
-            record["samples"] = [{"prompt": p, "reply": r} for p, r in samples]
-        elif samples:
-            record["sample"] = samples[0][1]
-        if ec.attention_stats and not self.chat:
+        record.update(self.task.sample_fields(samples))
+        if self.probe is not None:
             record.update(self._attention_stats(final))
         self.metrics.append(record)
         prefix = "final/" if final else "val/"
@@ -533,55 +444,30 @@ class Trainer:
         if samples:
             self.logger.log_samples(self.step, samples)
         if self.verbose:
-            scope = "full validation" if final else "validation"
-            what = ("assistant loss", " of assistant text") if self.chat else ("loss", "")
-            self._say(f"step {self.step} {scope}: {what[0]} {result.loss:.4f} nats/token, {result.bpb:.4f} bits/byte{what[1]}")
-            for prompt, text in samples[:1]:
-                shown = prompt + text if self.chat else text
-                self._say("  sample: " + shown.replace("\n", "\n          "))
+            self._say(self.task.eval_line("full validation" if final else "validation", self.step, result, samples))
         self.last_eval_s = self._elapsed()
         return result
 
     def _attention_stats(self, final: bool) -> dict[str, float]:
-        """Per-layer attention entropy, the induction scores and the loss on the first and second
-        copies of repeated sequences of held-out ids (analysis.maps.attention_summary), logged to
-        wandb as ``attn/...``; now and then a figure of the maps too."""
-        from analysis.maps import attention_maps, attention_summary, probe_ids
-        from analysis.plot import draw_attention_grid
-
-        T = self.config.model.block_size
-        count = min(4, len(self.val_tokens) // T)
-        if count < 1:
-            return {}
-        windows = torch.as_tensor(np.asarray(self.val_tokens[:count * T], dtype=np.int64).reshape(count, T),
-                                  device=self.device)
-        ids = probe_ids(self.val_tokens, skip=[self.tokenizer.token_to_id(EOT)])
-        stats = attention_summary(self.model, windows, ids)
+        """The attention probe's numbers (``training.attention_probe``), logged to wandb as
+        ``attn/...``; now and then a figure of the maps too."""
+        stats = self.probe.summary(self.model)
         self.logger.log({f"attn/{k}": v for k, v in stats.items()}, self.step)
         self.evaluations += 1
         every = self.config.eval.attention_image_interval
         if self.logger.active and every and (final or self.evaluations % every == 1):
-            prompt = self.sample_prompt
-            ids = self.tokenizer.encode(prompt, add_special_tokens=False).ids[:T] or [0]
-            maps = [layer[0] for layer in attention_maps(self.model, torch.tensor([ids], device=self.device))]
-            pieces = [self.tokenizer.decode([i]) for i in ids]
             with tempfile.TemporaryDirectory() as folder:
                 figure = Path(folder) / "attention.png"
-                draw_attention_grid(maps, pieces, figure, title=f"step {self.step}: attention over {prompt!r}")
+                title = f"step {self.step}: attention over {self.probe.prompt!r}"
+                self.probe.draw(self.model, self.task.tokenizer, figure, title=title)
                 self.logger.log_image("attn/maps", str(figure), self.step)
         return stats
 
     def _samples(self) -> list[tuple[str, str]]:
-        """(prompt, text) rows: replies to held-out conversations' first user turns when
-        chat-tuning, else the continuation of the sample prompt (prompt included)."""
         ec = self.config.eval
         settings = SamplingSettings(max_new_tokens=ec.sample_tokens, temperature=ec.sample_temperature,
                                     top_k=ec.sample_top_k, top_p=None, seed=ec.sample_seed)
-        if self.chat:
-            end_id = self.tokenizer.token_to_id("<|end|>")
-            return chat_reply_samples(self.model, self.tokenizer, self.chat.val, end_id, settings, count=4)
-        text = generate_sample(self.model, self.tokenizer, self.sample_prompt, settings)
-        return [(self.sample_prompt, text)]
+        return self.task.samples(self.model, settings)
 
     def _save(self) -> None:
         # Each rank's sampler and RNG streams differ, and all are needed to resume exactly.
@@ -609,35 +495,14 @@ class Trainer:
     def _elapsed(self) -> float:
         return self.base_seconds + time.perf_counter() - self.loop_start
 
-    def _expected_steps(self) -> int | None:
-        """The step the run will end at, by the budget that binds: the planned steps, or fewer
-        when the clock will end the run first at the current pace (None: not known yet)."""
-        planned, max_seconds = self.schedule.max_steps, self.schedule.max_seconds
-        pace = self.throughput.seconds_per_step()
-        if max_seconds is None or pace <= 0:
-            return planned
-        by_clock = self.step + math.ceil(max(0.0, max_seconds - self._elapsed()) / pace)
-        return by_clock if planned is None else min(planned, by_clock)
-
     def _clock_eval_due(self) -> bool:
         max_seconds = self.schedule.max_seconds
         if max_seconds is None or not self.config.eval.interval:
             return False
         return self._elapsed() - self.last_eval_s >= _CLOCK_EVAL_FRACTION * max_seconds
 
-    def _postfix(self, loss: float, lr: float) -> str:
-        tokens_per_s = self.throughput.tokens_per_second()
-        util = mfu(self.flops_per_token, tokens_per_s, self.peak * self.ctx.world_size)
-        parts = [f"loss {loss:.4f}", f"lr {lr:.2e}", f"{tokens_per_s / 1e3:.1f}k tok/s", f"mfu {100 * util:.1f}%"]
-        # Time left is the sooner of the step budget (at the current pace) and the clock budget.
-        left = []
-        if self.schedule.max_steps is not None and self.throughput.seconds_per_step() > 0:
-            left.append((self.schedule.max_steps - self.step) * self.throughput.seconds_per_step())
-        if self.schedule.max_seconds is not None:
-            left.append(self.schedule.max_seconds - self._elapsed())
-        if left:
-            parts.append(f"left {format_duration(min(left))}")
-        return " | ".join(parts)
+    def _mfu(self, tokens_per_s: float) -> float:
+        return mfu(self.flops_per_token, tokens_per_s, self.peak * self.ctx.world_size)
 
     def _watch_cpu_share(self) -> None:
         """Say once, on a CPU, when other programs leave the loop's thread on a core less than half

@@ -2,7 +2,8 @@
 equal one process's loss over the whole global batch, mean over every loss-bearing target.
 
 The ranks hold very different numbers of targets (rank 1's first micro-batch has none at all), so
-averaging per-rank means would give another gradient. Rank 0 writes the comparison as JSON.
+averaging per-rank means would give another gradient. The step goes through the chat task, as
+in training, which also counts the tokens every rank computed. Rank 0 writes the comparison as JSON.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch.nn.functional as F
 from common.files import atomic_write_text
 from model import GPT, GPTConfig, unwrap
 from training.distributed import init_distributed, shutdown, sync_gradients, wrap_model
-from training.sft import accumulate_chat_gradients
+from training.tasks import ChatTask
 
 CONFIG = GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_kv_head=1, n_embd=16)
 
@@ -39,12 +40,34 @@ def global_batch() -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
     return ranks
 
 
+class PreparedStub:
+    """What ChatTask reads of prepared chat data before a step: a tokenizer and each token's bytes."""
+
+    def tokenizer(self) -> None:
+        return None
+
+    def token_bytes(self) -> list[int]:
+        return [1] * CONFIG.vocab_size
+
+
+class Rows:
+    """The rank's micro-batches, drawn in order as from a batch sampler."""
+
+    def __init__(self, rows: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        self.rows = iter(rows)
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return next(self.rows)
+
+
 def main(out: str) -> None:
     ctx = init_distributed("cpu")
     batches = global_batch()
     torch.manual_seed(0)
     model = wrap_model(GPT(CONFIG), ctx)
-    loss = accumulate_chat_gradients(model, batches[ctx.rank], sync=lambda last: sync_gradients(model, last), ctx=ctx)
+    task = ChatTask(PreparedStub(), torch.device("cpu"))
+    loss, tokens = task.accumulate(model, Rows(batches[ctx.rank]), len(batches[ctx.rank]), amp=None,
+                                   sync=lambda last: sync_gradients(model, last), ctx=ctx, stop=None)
     grads = torch.cat([p.grad.reshape(-1) for p in unwrap(model).parameters()])
     if ctx.is_main:
         torch.manual_seed(0)
@@ -57,6 +80,8 @@ def main(out: str) -> None:
         atomic_write_text(out, json.dumps({
             "world_size": ctx.world_size,
             "loss": loss.item(),
+            "tokens": tokens,
+            "expected_tokens": sum(x.numel() for rank in batches for x, _ in rank),
             "expected_loss": expected.item(),
             "max_grad_diff": (grads - ref_grads).abs().max().item(),
             "max_grad": ref_grads.abs().max().item(),

@@ -183,6 +183,7 @@ def test_two_rank_chat_step_takes_the_mean_over_all_loss_bearing_targets(tmp_pat
     assert result["world_size"] == 2
     assert result["loss"] == pytest.approx(result["expected_loss"], rel=1e-5)
     assert result["max_grad_diff"] <= 1e-5 * result["max_grad"]
+    assert result["tokens"] == result["expected_tokens"]  # the step's tokens on both ranks
 
 
 @pytest.mark.distributed

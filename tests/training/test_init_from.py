@@ -44,8 +44,24 @@ def test_init_from_loads_the_parents_weights_exactly_and_records_it(make_config,
     record = json.loads((tmp_path / "run" / "parent.json").read_text())
     assert record["init_from"] == str(parent_run.resolve())
     # Continued pretraining tokenizes its data with the parent's tokenizer: none is trained.
-    assert trainer.prepared.tokenizer_path.read_bytes() == (parent_run / "tokenizer.json").read_bytes()
+    assert trainer.task.prepared.tokenizer_path.read_bytes() == (parent_run / "tokenizer.json").read_bytes()
     trainer.logger.finish()
+
+
+def test_the_parent_run_is_found_once_and_travels_with_the_config(make_config, parent_run, monkeypatch, tmp_path):
+    import training.config as config_module
+
+    found = []
+    find = config_module.find_parent
+    monkeypatch.setattr(config_module, "find_parent", lambda where: found.append(where) or find(where))
+    config = make_config(train={"init_from": str(parent_run)})
+    assert found == [str(parent_run)] and config.parent.directory == parent_run
+    trainer = _setup(config)
+    assert len(found) == 1 and trainer.parent is config.parent  # the trainer did not look again
+    trainer.logger.finish()
+    # The resolved parent is no key of the saved config: train.init_from says it.
+    saved = (tmp_path / "run" / "config.yaml").read_text()
+    assert "parent:" not in saved and f"init_from: {parent_run}" in saved
 
 
 def test_a_model_section_that_disagrees_with_the_parent_names_the_field(base_raw, parent_run, tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -13,7 +14,8 @@ from chat_testkit import chat_file, pretrain
 from common.errors import UserError
 from model import GPT, GPTConfig, load_pretrained
 from training.distributed import init_distributed
-from training.sft import accumulate_chat_gradients
+from data.prepared.chat import ChatSplit
+from training.sft import accumulate_chat_gradients, evaluate_chat
 from training.trainer import Trainer, train
 
 
@@ -73,6 +75,29 @@ def sft_config(make_config, parent_run, tmp_path):
         )
 
     return make
+
+
+def test_evaluation_scores_the_replies_alone_in_one_process():
+    # Three conversations of different lengths (padded together), each with a few reply tokens.
+    rng = np.random.default_rng(0)
+    lengths = [7, 12, 5]
+    ids = rng.integers(1, 40, sum(lengths))
+    mask = rng.random(sum(lengths)) < 0.4
+    split = ChatSplit(ids=ids, mask=mask, offsets=np.cumsum([0, *lengths]))
+    model = _model()
+    token_bytes = torch.ones(40, dtype=torch.long)
+    result = evaluate_chat(model, split, token_bytes, batch_size=2, max_batches=None, pad_id=0,
+                           device=torch.device("cpu"))  # no process group: one process
+    nats, count = 0.0, 0
+    with torch.no_grad():
+        for i in range(len(lengths)):
+            conv, flags = split.conversation(i)
+            logits = model(torch.as_tensor(conv[None, :-1], dtype=torch.long))[0]
+            targets = torch.as_tensor(np.where(flags[1:], conv[1:], -1), dtype=torch.long)
+            nats += F.cross_entropy(logits, targets, ignore_index=-1, reduction="sum").item()
+            count += int(flags[1:].sum())
+    assert result.tokens == count > 0
+    assert result.loss == pytest.approx(nats / count, rel=1e-5)
 
 
 def test_fine_tuning_learns_replies_and_resumes_exactly(sft_config, tmp_path):

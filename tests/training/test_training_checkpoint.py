@@ -13,7 +13,7 @@ from model import GPT, GPTConfig, load_pretrained
 from rundir.checkpoint import CheckpointError, load_trainer_state, save_checkpoint
 from training.config import TrainConfig
 from training.metrics import known_gpu_peak, measure_matmul_flops, mfu
-from training.optim import build_optimizer
+from training.optim import build_optimizer, plan_param_groups
 from training.resume_rules import check_model_shape
 from training.rng_state import capture_rng_state, restore_rng_state
 
@@ -43,7 +43,8 @@ def test_rng_states_survive_a_weights_only_round_trip(tmp_path):
 def test_checkpoint_round_trip(tmp_path, optimizer):
     torch.manual_seed(0)
     model = GPT(GPTConfig(**SHAPE))
-    opt = build_optimizer(model, TrainConfig(max_steps=1, optimizer=optimizer), torch.device("cpu"))
+    cfg = TrainConfig(max_steps=1, optimizer=optimizer)
+    opt = build_optimizer(plan_param_groups(model, cfg), cfg, torch.device("cpu"))
     x = torch.randint(0, 64, (2, 16))
     model(x, x)[1].backward()
     opt.step()
@@ -52,7 +53,7 @@ def test_checkpoint_round_trip(tmp_path, optimizer):
 
     state = load_trainer_state(tmp_path)
     fresh = GPT(GPTConfig(**SHAPE))
-    fresh_opt = build_optimizer(fresh, TrainConfig(max_steps=1, optimizer=optimizer), torch.device("cpu"))
+    fresh_opt = build_optimizer(plan_param_groups(fresh, cfg), cfg, torch.device("cpu"))
     fresh.load_state_dict(state["model"])
     fresh_opt.load_state_dict(state["optimizer"])
     for a, b in zip(model.state_dict().values(), fresh.state_dict().values()):

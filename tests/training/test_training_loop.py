@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import training.tasks as tasks_module
 import training.trainer as trainer_module
 from common.errors import UserError
 from model import GPT, load_pretrained
@@ -16,7 +17,8 @@ from rundir.checkpoint import CheckpointError, load_trainer_state
 from rundir.files import STATE_FILE
 from rundir.metrics import read_metrics
 from training.config import load_run_config
-from training.trainer import NonFiniteLossError, accumulate_gradients, train
+from training.tasks import accumulate_gradients
+from training.trainer import NonFiniteLossError, train
 
 # Fields of metrics.jsonl that depend only on the computation (not on timing).
 DETERMINISTIC = ("kind", "step", "loss", "lr", "grad_norm", "tokens", "val_loss", "val_bpb", "val_tokens", "sample")
@@ -33,7 +35,7 @@ def max_weight_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> f
 
 def interrupt_at(monkeypatch, step: int, signum: int = signal.SIGTERM) -> None:
     """Deliver a real signal to this process while optimizer step ``step`` is running."""
-    original = trainer_module.accumulate_gradients
+    original = tasks_module.accumulate_gradients
 
     def wrapped(*args, **kwargs):
         result = original(*args, **kwargs)
@@ -43,7 +45,7 @@ def interrupt_at(monkeypatch, step: int, signum: int = signal.SIGTERM) -> None:
         return result
 
     wrapped.calls = 0
-    monkeypatch.setattr(trainer_module, "accumulate_gradients", wrapped)
+    monkeypatch.setattr(tasks_module, "accumulate_gradients", wrapped)
 
 
 def test_loss_decreases_and_the_run_dir_describes_itself(make_config, tmp_path):
@@ -98,6 +100,21 @@ def test_grad_accumulation_equals_one_larger_batch():
     assert loss_accum.item() == pytest.approx(loss_big.item(), rel=1e-5)
 
 
+@pytest.mark.parametrize("grad_clip", [0.01, 0.0])
+def test_the_step_applies_the_clipped_gradient(make_config, tmp_path, grad_clip):
+    # AdamW's first update hardly depends on the gradient's scale, so read the clip from its state:
+    # after one step the first moment is (1 - beta1) times the gradient the optimizer was given,
+    # whose norm is the logged (unclipped) norm, or train.grad_clip when that is smaller.
+    cfg = make_config(train={"max_steps": 1, "grad_clip": grad_clip}, eval={"interval": 0, "sample_tokens": 0})
+    train(cfg, progress=False)
+    logged = next(r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["kind"] == "train")["grad_norm"]
+    moments = [s["exp_avg"] for s in load_trainer_state(tmp_path / "run")["optimizer"]["state"].values()]
+    given = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(m) for m in moments])).item()
+    assert logged > 0.01  # the norm at initialisation, so the small clip binds
+    expected = min(logged, grad_clip) if grad_clip > 0 else logged
+    assert given / (1 - cfg.train.beta1) == pytest.approx(expected, rel=1e-4)
+
+
 def test_logged_loss_is_the_mean_over_micro_batches(make_config, tmp_path):
     from data import TrainBatches, prepare_data
 
@@ -116,6 +133,34 @@ def test_logged_loss_is_the_mean_over_micro_batches(make_config, tmp_path):
     assert len(set(losses)) == 3  # three different micro-batches
     assert logged["loss"] == pytest.approx(sum(losses) / 3, rel=1e-5)
     assert logged["tokens"] == 3 * cfg.train.batch_size * cfg.model.block_size
+
+
+def test_a_step_abandoned_between_micro_batches_is_taken_whole_on_resume(make_config, tmp_path, monkeypatch):
+    # A signal between micro-batches abandons the step: the batch and dropout draws it made are
+    # put back, so the resumed run takes that step whole and ends where an uninterrupted one does.
+    sections = dict(model={"dropout": 0.1}, train={"max_steps": 4, "grad_accum_steps": 3}, eval={"interval": 0})
+    expected = train(make_config(tmp_path / "straight", **sections), progress=False)
+    original, calls = tasks_module.accumulate_gradients, []
+
+    def signal_after_one_micro_batch(*args, should_stop, **kwargs):
+        calls.append(1)
+        if len(calls) != 3:
+            return original(*args, should_stop=should_stop, **kwargs)
+
+        def stop_now() -> bool:
+            os.kill(os.getpid(), signal.SIGTERM)
+            return should_stop()
+        return original(*args, should_stop=stop_now, **kwargs)
+
+    monkeypatch.setattr(tasks_module, "accumulate_gradients", signal_after_one_micro_batch)
+    broken = make_config(tmp_path / "broken", **sections)
+    stopped = train(broken, progress=False)
+    monkeypatch.undo()
+    assert stopped.interrupted and stopped.step == 2 and load_trainer_state(tmp_path / "broken")["step"] == 2
+    resumed = train(broken, resume=True, progress=False)
+    assert resumed.step == 4 and resumed.last_loss == expected.last_loss
+    a, b = load_pretrained(tmp_path / "straight").state_dict(), load_pretrained(tmp_path / "broken").state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 # The last case trains with every small-model option on: the saved config keeps them on resume.
@@ -179,6 +224,21 @@ def test_a_checkpoint_interrupted_mid_write_leaves_the_previous_one(make_config,
     assert resumed.step == 8
     steps = [r["step"] for r in read_metrics(run / "metrics.jsonl") if r["kind"] == "train"]
     assert steps == list(range(1, 9))
+
+
+def test_an_infinite_gradient_with_a_finite_loss_stops_the_run_too(make_config, tmp_path, monkeypatch):
+    # A gradient can overflow while the loss stays finite: the norm is checked as well as the loss.
+    cfg = make_config(train={"max_steps": 6}, eval={"interval": 0}, run={"checkpoint_interval": 2})
+    real_clip, norms = trainer_module.clip_gradients, []
+
+    def overflowing(model, max_norm):
+        norms.append(real_clip(model, max_norm))
+        return norms[-1] * float("inf") if len(norms) == 3 else norms[-1]
+
+    monkeypatch.setattr(trainer_module, "clip_gradients", overflowing)
+    with pytest.raises(NonFiniteLossError, match=r"diverged at step 3: loss \d.*gradient norm inf"):
+        train(cfg, progress=False)
+    assert load_trainer_state(tmp_path / "run")["step"] == 2
 
 
 def test_nan_loss_stops_the_run_and_keeps_the_last_checkpoint(make_config, tmp_path, monkeypatch):

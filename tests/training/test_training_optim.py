@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -11,7 +12,10 @@ from torch import nn
 from model import GPT, GPTConfig
 from training.config import TrainConfig
 from training.muon import Muon
-from training.optim import LRSchedule, build_optimizer, build_schedule, muon_momentum, param_groups, planned_steps
+from training.optim import (
+    LRSchedule, build_optimizer, build_schedule, decayed_and_not, load_optimizer_state, muon_momentum,
+    plan_param_groups, planned_steps, set_learning_rate,
+)
 
 
 def tiny_gpt() -> GPT:
@@ -21,25 +25,27 @@ def tiny_gpt() -> GPT:
 
 def test_weight_decay_only_on_linear_weights():
     model = tiny_gpt()
-    decay, no_decay = param_groups(model, 0.1)
-    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
-    decayed = {id(p) for p in decay["params"]}
+    decay, no_decay = decayed_and_not(model)
+    decayed = {id(p) for p in decay}
     linear = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     # Linear weights other than the (tied) output head are decayed; nothing else is.
     assert decayed == linear - embeddings
     assert not decayed & embeddings
-    for p in no_decay["params"]:
+    for p in no_decay:
         assert p.ndim < 2 or id(p) in embeddings
     # Every trainable tensor sits in exactly one group.
     all_params = {id(p) for p in model.parameters()}
-    assert decayed | {id(p) for p in no_decay["params"]} == all_params
-    assert len(decay["params"]) + len(no_decay["params"]) == len(all_params)
+    assert decayed | {id(p) for p in no_decay} == all_params
+    assert len(decay) + len(no_decay) == len(all_params)
+    groups = plan_param_groups(model, TrainConfig(max_steps=1, weight_decay=0.1))
+    assert [(g.name, g.weight_decay) for g in groups] == [("matrices", 0.1), ("other", 0.0)]
 
 
 def test_optimizer_applies_no_decay_to_norms_and_embeddings():
     model = tiny_gpt()
-    opt = build_optimizer(model, TrainConfig(max_steps=1, weight_decay=0.5, lr=1e-2), torch.device("cpu"))
+    cfg = TrainConfig(max_steps=1, weight_decay=0.5, lr=1e-2)
+    opt = build_optimizer(plan_param_groups(model, cfg), cfg, torch.device("cpu"))
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
     # With zero gradients Adam's update is zero, so any change is the decay alone.
     for p in model.parameters():
@@ -57,6 +63,9 @@ def test_warmup_then_cosine_to_the_floor():
     assert s(4) == pytest.approx(0.5)
     assert s(10) == pytest.approx(1.0)  # warmup ends at the peak
     assert s(60) == pytest.approx(0.55)  # half-way down the cosine
+    # A quarter and three quarters down: a cosine (not a linear decay) is slow at both ends.
+    assert s(35) == pytest.approx(0.1 + 0.45 * (1 + math.cos(math.pi / 4)))
+    assert s(85) == pytest.approx(0.1 + 0.45 * (1 - math.cos(math.pi / 4)))
     assert s(110) == pytest.approx(0.1)
     assert s(500) == pytest.approx(0.1)  # never below the floor
     lrs = [s(i) for i in range(10, 111)]
@@ -132,7 +141,8 @@ def test_muon_momentum_warms_up_linearly_from_0_85_and_is_fixed_without_a_warmup
 def test_muon_takes_the_hidden_matrices_and_adamw_the_rest():
     model = tiny_gpt()
     cfg = TrainConfig(max_steps=1, optimizer="muon", lr=1e-3, muon_lr=0.05, weight_decay=0.2)
-    opt = build_optimizer(model, cfg, torch.device("cpu"))
+    groups = plan_param_groups(model, cfg)
+    opt = build_optimizer(groups, cfg, torch.device("cpu"))
     muon = {id(p) for g in opt.muon.param_groups for p in g["params"]}
     adamw = {id(p) for g in opt.adamw.param_groups for p in g["params"]}
     linear = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
@@ -142,8 +152,11 @@ def test_muon_takes_the_hidden_matrices_and_adamw_the_rest():
     assert isinstance(opt.muon, Muon) and isinstance(opt.adamw, torch.optim.AdamW)
     assert opt.muon.param_groups[0]["weight_decay"] == 0.2
     assert all(g["weight_decay"] == 0.0 for g in opt.adamw.param_groups)
-    # One schedule drives both: the trainer sets lr * lr_scale, so Muon runs at muon_lr at the peak.
-    assert [g["lr_scale"] for g in opt.param_groups] == [pytest.approx(50.0), 1.0]
+    # One schedule drives both: each group runs at lr * lr_scale, so Muon runs at muon_lr at the peak.
+    assert [g.lr_scale for g in groups] == [pytest.approx(50.0), 1.0]
+    set_learning_rate(opt, groups, 1e-3)
+    assert [g["lr"] for g in opt.param_groups] == [pytest.approx(0.05), pytest.approx(1e-3)]
+    assert opt.muon.param_groups[0]["lr"] == pytest.approx(0.05)
 
 
 @pytest.mark.parametrize("optimizer", ["muon", "adamw"])
@@ -155,29 +168,31 @@ def test_value_embedding_tables_run_at_their_own_rate(optimizer):
     assert len(tables) == 1
 
     def table_groups(cfg):
-        opt = build_optimizer(model, cfg, torch.device("cpu"))
-        groups = [g for g in opt.param_groups if {id(p) for p in g["params"]} & tables]
+        groups = plan_param_groups(model, cfg)
+        opt = build_optimizer(groups, cfg, torch.device("cpu"))
+        assert [len(g["params"]) for g in opt.param_groups] == [len(g.params) for g in groups]  # in order
+        own = [g for g in groups if {id(p) for p in g.params} & tables]
         everything = [id(p) for g in opt.param_groups for p in g["params"]]
         assert sorted(everything) == sorted(id(p) for p in model.parameters())  # each once
-        return opt, groups
+        return groups, own
 
-    opt, [own] = table_groups(TrainConfig(max_steps=1, optimizer=optimizer, lr=2e-3, value_embedding_lr=0.03))
-    assert {id(p) for p in own["params"]} == tables  # the tables alone, undecayed, at 15x lr
-    assert own["weight_decay"] == 0.0 and own["lr_scale"] == pytest.approx(15.0)
-    others = [g["lr_scale"] for g in opt.param_groups if g is not own]
+    groups, [own] = table_groups(TrainConfig(max_steps=1, optimizer=optimizer, lr=2e-3, value_embedding_lr=0.03))
+    assert {id(p) for p in own.params} == tables  # the tables alone, undecayed, at 15x lr
+    assert own.name == "value_tables" and own.weight_decay == 0.0 and own.lr_scale == pytest.approx(15.0)
+    others = [g.lr_scale for g in groups if g is not own]
     assert others == pytest.approx([0.02 / 2e-3, 1.0] if optimizer == "muon" else [1.0, 1.0])  # muon_lr, rest
     # Unset: the same groups (a resume may set it), at lr.
     unset, [own] = table_groups(TrainConfig(max_steps=1, optimizer=optimizer, lr=2e-3))
-    assert own["lr_scale"] == 1.0 and len(unset.param_groups) == len(opt.param_groups)
+    assert own.lr_scale == 1.0 and len(unset) == len(groups)
     # A model without tables has no such group, whatever the setting.
-    plain = build_optimizer(tiny_gpt(), TrainConfig(max_steps=1, optimizer=optimizer, value_embedding_lr=0.03),
-                            torch.device("cpu"))
-    assert len(plain.param_groups) == len(opt.param_groups) - 1
+    plain = plan_param_groups(tiny_gpt(), TrainConfig(max_steps=1, optimizer=optimizer, value_embedding_lr=0.03))
+    assert len(plain) == len(groups) - 1
 
 
 def test_muon_and_adamw_both_move_their_parameters():
     model = tiny_gpt()
-    opt = build_optimizer(model, TrainConfig(max_steps=1, optimizer="muon"), torch.device("cpu"))
+    cfg = TrainConfig(max_steps=1, optimizer="muon")
+    opt = build_optimizer(plan_param_groups(model, cfg), cfg, torch.device("cpu"))
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
     x = torch.randint(0, 64, (2, 16))
     model(x, x)[1].backward()
@@ -187,3 +202,33 @@ def test_muon_and_adamw_both_move_their_parameters():
         assert not torch.equal(p, before[name]), name
         assert p.grad is None
 
+
+
+@pytest.mark.parametrize("optimizer", ["muon", "adamw"])
+def test_a_state_saved_with_lr_scale_keys_loads_and_steps_the_same(optimizer):
+    # Earlier versions kept each group's scale as an "lr_scale" key in the optimizer's groups; their
+    # checkpoints still resume, and the key does not come back into the groups (the plan owns it).
+    cfg = TrainConfig(max_steps=1, optimizer=optimizer)
+    x = torch.randint(0, 64, (2, 16))
+    runs = []
+    for legacy in (False, True):
+        model = tiny_gpt()
+        groups = plan_param_groups(model, cfg)
+        opt = build_optimizer(groups, cfg, torch.device("cpu"))
+        model(x, x)[1].backward()
+        opt.step()
+        state = copy.deepcopy(opt.state_dict())
+        if legacy:
+            for part in [state] if "param_groups" in state else state.values():
+                for group in part["param_groups"]:
+                    group["lr_scale"] = 7.0  # whatever it was, the config's scale is the one that runs
+        fresh = build_optimizer(groups, cfg, torch.device("cpu"))
+        load_optimizer_state(fresh, state)
+        assert all("lr_scale" not in g for g in fresh.param_groups)
+        set_learning_rate(fresh, groups, 1e-3)
+        opt.zero_grad(set_to_none=True)
+        model(x, x)[1].backward()
+        fresh.step()
+        runs.append([p.detach().clone() for p in model.parameters()])
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)

@@ -1,0 +1,62 @@
+"""The attention probe a text run takes at every evaluation: each layer's attention entropy, the
+induction scores and the loss on both copies of repeated sequences (``analysis.maps``), and now
+and then a figure of the maps over the sample prompt (``analysis.plot``).
+
+Everything the probe reads from the data is fixed once, when the run starts: held-out windows,
+the ids the induction probe draws from, and the prompt's tokens. So the numbers of two
+evaluations differ only by the weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from analysis.maps import attention_maps, attention_summary, probe_ids
+from analysis.plot import draw_attention_grid
+
+WINDOWS = 4  # held-out windows the entropy is averaged over
+
+
+@dataclass(frozen=True)
+class AttentionProbe:
+    windows: torch.Tensor  # (WINDOWS or fewer, block_size) held-out token ids
+    ids: torch.Tensor  # ids the induction probe draws repeats from
+    prompt: str  # the text the figure shows the maps over
+    prompt_ids: list[int]
+
+    def summary(self, model: nn.Module) -> dict[str, float]:
+        """``analysis.maps.attention_summary`` of ``model`` on this probe's data."""
+        return attention_summary(model, self.windows, self.ids)
+
+    def draw(self, model: nn.Module, tokenizer: Any, path: Path, *, title: str) -> None:
+        """A figure of every layer's maps over the prompt, written to ``path``."""
+        ids = torch.tensor([self.prompt_ids], device=self.windows.device)
+        maps = [layer[0] for layer in attention_maps(model, ids)]
+        pieces = [tokenizer.decode([i]) for i in self.prompt_ids]
+        draw_attention_grid(maps, pieces, path, title=title)
+
+
+def attention_probe(
+    val_tokens: np.ndarray, tokenizer: Any, prompt: str, *, block_size: int, skip_id: int, device: torch.device,
+) -> AttentionProbe | None:
+    """The probe of a run over ``val_tokens``; None when they hold no full window.
+
+    ``skip_id`` (the end-of-text id) is never drawn: a document boundary in the middle of a
+    repeat would ask the model to forget it."""
+    count = min(WINDOWS, len(val_tokens) // block_size)
+    if count < 1:
+        return None
+    windows = np.asarray(val_tokens[:count * block_size], dtype=np.int64).reshape(count, block_size)
+    prompt_ids = tokenizer.encode(prompt, add_special_tokens=False).ids[:block_size] or [0]
+    return AttentionProbe(
+        windows=torch.as_tensor(windows, device=device),
+        ids=probe_ids(val_tokens, skip=[skip_id]),
+        prompt=prompt,
+        prompt_ids=prompt_ids,
+    )
