@@ -53,6 +53,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from inference.compiled_step import CompiledStep, spare_slot_cache
 from inference.prefix_cache import PrefixCache
 from inference.streaming import TextStream
 from model import GPT
@@ -158,6 +159,8 @@ class Engine:
     ``token_bytes`` None: the events carry no text (a caller that wants only token ids).
     ``batch_invariant`` False: decode steps take the plain, faster products, so a row's bits may
     depend on the rows beside it (fine for one caller's rows; a server keeps it on).
+    ``compile``: decode steps run ``inference.compiled_step`` (compiled here, once; the caller
+    has checked ``compiler_missing``), prompts stay eager.
     """
 
     def __init__(
@@ -172,6 +175,7 @@ class Engine:
         use_cache: bool = True,
         keep_fraction: float = KEEP_FRACTION,
         batch_invariant: bool = True,
+        compile: bool = False,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
@@ -187,7 +191,13 @@ class Engine:
         self.block_size = cfg.block_size
         self.keep = kept_window(cfg.block_size, keep_fraction)
         self.use_cache = use_cache
-        self.cache = model.init_cache(max_batch, whole_buffers=batch_invariant)
+        assert not (compile and not use_cache), "the compiled step is a cached decode step"
+        if compile:
+            self.cache = spare_slot_cache(model, max_batch, whole_buffers=batch_invariant)
+            self.compiled: CompiledStep | None = CompiledStep(self.model, self.cache)
+        else:
+            self.cache = model.init_cache(max_batch, whole_buffers=batch_invariant)
+            self.compiled = None
         self.prefix_cache = PrefixCache(self.prefill_chunk, prefix_cache_bytes) if prefix_cache_bytes else None
         self.prefill_tokens = 0  # prompt tokens the model has encoded (not copied from the prefix cache)
         self._waiting: collections.deque[_Request] = collections.deque()
@@ -376,6 +386,11 @@ class Engine:
 
     def _decode(self, requests: list[_Request]) -> None:
         """One token for every decoding row, in one batched forward pass."""
+        if self.compiled is not None:
+            logits = self.compiled({r.row: r.tokens[-1] for r in requests})
+            for request in requests:
+                request.logits = logits[request.row:request.row + 1]
+            return
         logits = self._run_model([[r.tokens[-1]] for r in requests], [r.row for r in requests])
         for i, request in enumerate(requests):
             request.logits = logits[i:i + 1]
@@ -397,7 +412,7 @@ class Engine:
         for request in requests:
             groups[tuple(request.settings.token_options().items())].append(request)
         for options, group in groups.items():
-            logits = torch.cat([r.logits for r in group])
+            logits = group[0].logits if len(group) == 1 else torch.cat([r.logits for r in group])
             tokens = self._sample_group(logits, dict(options), group)
             for i, (request, token) in enumerate(zip(group, tokens)):
                 request.logits = None

@@ -81,6 +81,9 @@ class KVCache:
         self.batch_size = batch_size
         self.max_len = max_len
         self.device = next(iter(self.buffers.values())).device
+        # Views made once: a pass then does no per-layer indexing or per-pass arange to find them.
+        self._layers = [tuple(b[layer] for b in self.buffers.values()) for layer in range(n_layer)]
+        self._positions = torch.arange(max_len, device=self.device).unsqueeze(0)
         # Host-side integers: checking room and planning a pass then never waits for the device.
         self.lengths = [0] * batch_size
         self.whole_buffers = whole_buffers
@@ -107,7 +110,7 @@ class KVCache:
         if contiguous and len(set(lengths)) == 1 and not (self.whole_buffers and new == 1):
             start = lengths[0]
             self._pass = _Pass(rows, new, slice(rows[0], rows[-1] + 1), start, None, None, None, all_rows)
-            return torch.arange(start, start + new, device=self.device).unsqueeze(0)
+            return self._positions[:, start:start + new]
         index = torch.tensor(rows, device=self.device)
         positions = torch.tensor(lengths, device=self.device).unsqueeze(1)
         if new > 1:
@@ -123,12 +126,13 @@ class KVCache:
         newest position (plain causal attention, aligned bottom-right)."""
         p = self._pass
         assert p is not None and all(x.shape[2] == p.new for x in new), "call begin() before update()"
-        buffers = [b[layer] for b in self.buffers.values()]
+        buffers = self._layers[layer]
         if p.span is not None:
-            end = p.start + p.new
-            for buffer, x in zip(buffers, new):
-                buffer[p.span, :, p.start:end] = x
-            return [buffer[p.span, :, :end] for buffer in buffers], None
+            rows = p.span.stop - p.span.start
+            read = [buffer.narrow(0, p.span.start, rows).narrow(2, 0, p.start + p.new) for buffer in buffers]
+            for entry, x in zip(read, new):
+                entry.narrow(2, p.start, p.new).copy_(x)
+            return read, None
         for buffer, x in zip(buffers, new):
             if p.new == 1:  # a decode step: one plain store per row
                 buffer[p.index, :, p.positions[:, 0]] = x[:, :, 0]
@@ -145,6 +149,12 @@ class KVCache:
             self.lengths[r] += p.new
         self._pass = None
 
+    def count(self, rows: Sequence[int]) -> None:
+        """Count one more position in each of ``rows``: written by a ``StaticStep`` over the buffers."""
+        for r in rows:
+            assert self.lengths[r] < self.max_len, f"row {r} is full"
+            self.lengths[r] += 1
+
     def read(self, row: int, start: int, end: int) -> dict[str, torch.Tensor]:
         """A copy of every entry of ``row`` at positions ``start..end-1``, each (n_layer, heads,
         end - start, dim), by entry name: what a prefix cache keeps of a prompt's positions."""
@@ -160,3 +170,23 @@ class KVCache:
         for name, buffer in self.buffers.items():
             buffer[:, row, :, start:start + new] = entries[name]
         self.lengths[row] += new
+
+
+class StaticStep:
+    """One token for every row of a cache's ``buffers`` (``KVCache.buffers``' values), row r written at
+    ``slots[r]`` and reading every slot up to it under a mask: a ``LayerCache`` whose shapes never
+    change with the rows' lengths or with which rows decode, so a compiled step is compiled once and
+    a CUDA graph can replay it. It keeps no lengths: the caller counts the rows that decoded
+    (``KVCache.count``) and points the others at a slot nothing reads."""
+
+    def __init__(self, buffers: Sequence[torch.Tensor], slots: torch.Tensor) -> None:
+        self.buffers = buffers
+        self.slots = slots
+        self.rows = torch.arange(slots.shape[0], device=slots.device)
+        max_len = buffers[0].shape[3]
+        self.mask = (torch.arange(max_len, device=slots.device) <= slots.unsqueeze(1)).view(-1, 1, 1, max_len)
+
+    def update(self, layer: int, *new: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+        for buffer, x in zip(self.buffers, new):
+            buffer[layer][self.rows, :, self.slots] = x[:, :, 0]
+        return [buffer[layer] for buffer in self.buffers], self.mask
