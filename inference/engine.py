@@ -486,20 +486,27 @@ def decode(
     keep_fraction: float = KEEP_FRACTION,
     slide: bool = True,
     batch_invariant: bool = False,
+    compile: bool = False,
     on_event: Callable[[int, Event], None] | None = None,
+    on_compiled: Callable[[float], None] | None = None,
 ) -> list[Finish]:
     """Decode every prompt on the calling thread, prompt i sampled from ``settings.seed + i`` (a
     fresh seed when None), each in a row of one engine; returns their ``Finish``es in order.
     A prompt longer than the context is cut to its last block_size tokens. ``on_event(i, event)``
     streams prompt i's events as they come; ``slide`` as in ``Engine.submit``. ``batch_invariant``
-    (off: the faster plain products) makes every row bit for bit what the server gives it."""
+    (off: the faster plain products) makes every row bit for bit what the server gives it.
+    ``compile``: decode steps run compiled (``inference.compiled_step``); ``on_compiled(seconds)``
+    is told how long compiling took, before the first token."""
     assert prompts, "decode needs at least one prompt"
     if settings.max_new_tokens == 0:
         return [Finish("length", min(len(p), model.config.block_size), (), "") for p in prompts]
     # The server's arithmetic includes its prefill grid; otherwise a prompt is encoded in one pass.
     chunk = None if batch_invariant else model.config.block_size
     engine = Engine(model, token_bytes, max_batch=len(prompts), max_queue=0, prefill_chunk=chunk,
-                    use_cache=use_cache, keep_fraction=keep_fraction, batch_invariant=batch_invariant)
+                    use_cache=use_cache, keep_fraction=keep_fraction, batch_invariant=batch_invariant,
+                    compile=compile)
+    if engine.compiled is not None and on_compiled is not None:
+        on_compiled(engine.compiled.compile_seconds)
     seed = settings.seed if settings.seed is not None else new_seed()
     finishes: list[Finish | None] = [None] * len(prompts)
 
