@@ -118,6 +118,7 @@ class Ticket:
 
     def cancel(self) -> None:
         self.cancelled = True
+        self._engine._cancel_pending = True
         self._engine._wake_up()
 
 
@@ -142,6 +143,10 @@ class _Request:
     token_logprobs: list[TokenLogprob] = field(default_factory=list)
     prompt_logprobs: tuple[TokenLogprob | None, ...] = ()
     prompt_logits: list[torch.Tensor] = field(default_factory=list)  # with echo: each prefill chunk's
+
+    def __post_init__(self) -> None:
+        # Rows with equal options sample together; the key is made once, not per token.
+        self.token_options = tuple(self.settings.token_options().items())
 
     @property
     def generated(self) -> int:
@@ -205,6 +210,7 @@ class Engine:
         self._wake = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
+        self._cancel_pending = False  # a ticket was cancelled since the last look: a step skips the scan otherwise
 
     # ---------------------------------------------------------------- the caller's side
 
@@ -254,12 +260,13 @@ class Engine:
     def waiting(self) -> int:
         return len(self._waiting)
 
+    @torch.inference_mode()  # entered once, not per step
     def run_until_idle(self) -> None:
         """Step on the calling thread until every submitted request has finished: how a command
         line drives the engine, with no thread. Ctrl-C stops it between or inside steps; the
         requests in flight are then ended by ``cancel_all``."""
         while self._waiting or self.active:
-            self.step()
+            self._step()
 
     def cancel_all(self) -> None:
         """End every request as cancelled and free its row, on the calling thread (after an
@@ -298,6 +305,7 @@ class Engine:
 
     # ---------------------------------------------------------------- the loop
 
+    @torch.inference_mode()
     def _loop(self) -> None:
         while True:
             with self._wake:
@@ -306,7 +314,7 @@ class Engine:
                 if self._stopping:
                     return
             try:
-                self.step()
+                self._step()
             except Exception:  # a bug: fail the requests in flight, keep serving the next ones
                 log.exception("engine iteration failed; ending the requests in flight")
                 for request in filter(None, self._rows):
@@ -316,6 +324,9 @@ class Engine:
     def step(self) -> None:
         """One iteration: cancel, admit, prefill a chunk, decode one token per row, sample.
         The loop thread calls it, or ``run_until_idle`` on the caller's thread."""
+        self._step()
+
+    def _step(self) -> None:
         self._drop_cancelled()
         self._admit()
         for request in filter(None, self._rows):
@@ -329,6 +340,9 @@ class Engine:
             self._sample(ready)
 
     def _drop_cancelled(self) -> None:
+        if not self._cancel_pending:
+            return
+        self._cancel_pending = False  # before the scan: a cancel that lands during it is seen next step
         with self._wake:
             gone = [r for r in self._waiting if r.ticket.cancelled]
             for request in gone:
@@ -337,6 +351,8 @@ class Engine:
             self._finish(request, "cancelled")
 
     def _admit(self) -> None:
+        if not self._waiting:  # a request submitted meanwhile is admitted at the next step
+            return
         with self._wake:
             for row, occupant in enumerate(self._rows):
                 if occupant is None and self._waiting:
@@ -410,7 +426,7 @@ class Engine:
         # sampler works row by row, so that equals sampling each alone.
         groups: dict[tuple, list[_Request]] = collections.defaultdict(list)
         for request in requests:
-            groups[tuple(request.settings.token_options().items())].append(request)
+            groups[request.token_options].append(request)
         for options, group in groups.items():
             logits = group[0].logits if len(group) == 1 else torch.cat([r.logits for r in group])
             tokens = self._sample_group(logits, dict(options), group)

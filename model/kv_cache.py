@@ -102,6 +102,11 @@ class KVCache:
         """Plan a pass that adds ``new`` tokens to each of ``rows`` (default: all, in order); return
         their positions, (R, new) or (1, new) when shared."""
         rows = list(range(self.batch_size)) if rows is None else list(rows)
+        if len(rows) == 1 and not (self.whole_buffers and new == 1):  # one row: the common case, planned cheaply
+            start = self.lengths[rows[0]]
+            assert start + new <= self.max_len, f"row {rows[0]} at {start} has no room for {new} more"
+            self._pass = _Pass(rows, new, slice(rows[0], rows[0] + 1), start, None, None, None, self.batch_size == 1)
+            return self._positions[:, start:start + new]
         lengths = [self.lengths[r] for r in rows]
         assert len(set(rows)) == len(rows), f"rows must be distinct, got {rows}"
         assert max(lengths) + new <= self.max_len, f"rows {rows} at {lengths} have no room for {new} more"
@@ -125,11 +130,12 @@ class KVCache:
         (R, 1, new, S) mask of the keys each query may read, or None when the entries end at the
         newest position (plain causal attention, aligned bottom-right)."""
         p = self._pass
-        assert p is not None and all(x.shape[2] == p.new for x in new), "call begin() before update()"
+        assert p is not None and new[0].shape[2] == p.new, "call begin() before update()"
         buffers = self._layers[layer]
         if p.span is not None:
-            rows = p.span.stop - p.span.start
-            read = [buffer.narrow(0, p.span.start, rows).narrow(2, 0, p.start + p.new) for buffer in buffers]
+            if not p.all_rows:
+                buffers = [buffer[p.span] for buffer in buffers]
+            read = [buffer.narrow(2, 0, p.start + p.new) for buffer in buffers]
             for entry, x in zip(read, new):
                 entry.narrow(2, p.start, p.new).copy_(x)
             return read, None
