@@ -194,5 +194,7 @@ class StaticStep:
 
     def update(self, layer: int, *new: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor | None]:
         for buffer, x in zip(self.buffers, new):
-            buffer[layer][self.rows, :, self.slots] = x[:, :, 0]
+            # Every index a tensor: one index_put_ on the whole buffer, which a compiler writes in
+            # place (through a view of one layer, it would copy the whole buffer at every step).
+            buffer[torch.full_like(self.rows, layer), self.rows, :, self.slots] = x[:, :, 0]
         return [buffer[layer] for buffer in self.buffers], self.mask
