@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
+from inference.chat import ChatSession
 from inference.cli import main
 from inference.compiled_step import compiler_missing
 from inference.completion import generate_completions
@@ -103,3 +104,17 @@ def test_generate_py_compile_reports_its_compile_once_and_prints_the_eager_text(
     out, err = capsys.readouterr()
     assert out == eager_out
     assert err.count("compiled the decode step in ") == 1 and "compiled" not in eager_err
+
+
+def test_a_compiled_chat_replies_as_the_eager_one_and_says_it_compiled(loaded_run):
+    def conversation(compile: bool) -> tuple[list[list[int]], list[str]]:
+        notices: list[str] = []
+        session = ChatSession(loaded_run, GenerationSettings(temperature=0, max_new_tokens=9, compile=compile),
+                              system_prompt="You are JULIET.", on_notice=notices.append)
+        return [session.reply(text).token_ids for text in ("Who is there?", "O Romeo", "the fox")], notices
+
+    compiled, notices = conversation(compile=True)
+    eager, eager_notices = conversation(compile=False)
+    assert compiled == eager
+    assert [n for n in notices if n.startswith("compiled the decode step in ")] == notices[:1]
+    assert not any("compiled" in n for n in eager_notices)
