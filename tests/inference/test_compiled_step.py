@@ -17,6 +17,7 @@ from inference.completion import generate_completions
 from inference.engine import Engine, Event, Finish
 from inference.settings import GenerationSettings
 from model.generation import SamplingSettings
+from serving.cli import main as serve_main
 
 pytestmark = pytest.mark.skipif(compiler_missing(torch.device("cpu")) is not None,
                                 reason=str(compiler_missing(torch.device("cpu"))))
@@ -118,3 +119,18 @@ def test_a_compiled_chat_replies_as_the_eager_one_and_says_it_compiled(loaded_ru
     assert compiled == eager
     assert [n for n in notices if n.startswith("compiled the decode step in ")] == notices[:1]
     assert not any("compiled" in n for n in eager_notices)
+
+
+@pytest.mark.parametrize("command", ["generate.py", "serve.py"])
+def test_compile_without_a_cxx_compiler_is_refused_before_loading(capsys, monkeypatch, tmp_path, command):
+    monkeypatch.setattr("inference.compiled_step.shutil.which", lambda name: None)
+    monkeypatch.delenv("CXX", raising=False)
+    missing = tmp_path / "not-a-run"  # the refusal comes before the run is looked for
+    if command == "generate.py":
+        code = main(["--run", str(missing), "--device", "cpu", "--compile", "--prompt", "x"])
+    else:
+        code = serve_main(["--run", str(missing), "--port", "0", "--device", "cpu", "--compile"])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    assert err.startswith("error: torch.compile needs a C++ compiler on the CPU") and err.endswith("; drop --compile\n")
+    assert err.count("\n") == 1
