@@ -14,8 +14,9 @@ from inference.chat import ChatSession
 from inference.cli import main
 from inference.compiled_step import compiler_missing
 from inference.completion import generate_completions
-from inference.engine import Engine, Event, Finish
+from inference.engine import Engine, Event, Finish, decode
 from inference.settings import GenerationSettings
+from model import GPT, GPTConfig
 from model.generation import SamplingSettings
 from serving.cli import main as serve_main
 
@@ -134,3 +135,15 @@ def test_compile_without_a_cxx_compiler_is_refused_before_loading(capsys, monkey
     assert code == 2 and out == ""
     assert err.startswith("error: torch.compile needs a C++ compiler on the CPU") and err.endswith("; drop --compile\n")
     assert err.count("\n") == 1
+
+
+@pytest.mark.e2e  # a compile of its own
+def test_a_compiled_latent_attention_model_decodes_as_eager():
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=256, block_size=32, n_layer=2, n_head=4, n_kv_head=4, n_embd=64,
+                       attention="mla", kv_latent_dim=32)
+    model = GPT(config).eval()
+    settings = SamplingSettings(max_new_tokens=LONG, temperature=0.9, seed=1)
+    [eager] = decode(model, [PROMPT_IDS], settings)
+    [compiled] = decode(model, [PROMPT_IDS], settings, compile=True)
+    assert compiled.token_ids == eager.token_ids and len(set(eager.token_ids)) > 20
