@@ -16,22 +16,19 @@ from __future__ import annotations
 
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from benchmarks.generate_speed import Row, decode_parser, load_benchmark_run, ours_timer, print_table
-from model import GPT
-from exporting.onnx.graph import export_graph
+from benchmarks.generate_speed import (Row, decode_parser, load_benchmark_run, onnx_session, onnx_timer, ours_timer,
+                                       print_table)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = decode_parser(__doc__, 64)
     parser.add_argument("--context", type=int, default=128, help="prompt tokens before decoding (default 128)")
     args = parser.parse_args(argv)
-    import onnxruntime as ort
+    import onnxruntime as ort  # here, a requirement: this benchmark is about it
 
     run = load_benchmark_run(args)
     config = run.model.config
@@ -45,8 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as folder:
         paths = {"generate.py (PyTorch)": ours_timer(run, prompt, args.new_tokens, use_cache=True)}
         for name, static in (("ONNX Runtime, dynamic", False), ("ONNX Runtime, static", True)):
-            session = _session(run.model, Path(folder) / f"{static}.onnx", static, torch.get_num_threads())
-            paths[name] = _onnx_timer(session, run.model, prompt, args.new_tokens, static)
+            _, session = onnx_session(run.model, Path(folder) / f"{static}.onnx", torch.get_num_threads(), static)
+            paths[name] = onnx_timer(session, run.model, prompt, args.new_tokens, static)
         timings: dict[str, list[tuple[float, float]]] = {name: [] for name in paths}
         for _ in range(args.repeats):
             for name, timer in paths.items():
@@ -55,53 +52,6 @@ def main(argv: list[str] | None = None) -> int:
     rows = [Row(name, context, min(t for t, _ in runs), max(r for _, r in runs)) for name, runs in timings.items()]
     print_table(rows)
     return 0
-
-
-def _session(model: GPT, path: Path, static: bool, threads: int):
-    import onnxruntime as ort
-
-    started = time.perf_counter()
-    export_graph(model, path, static_batch=1 if static else None)
-    print(f"exported the {'static' if static else 'dynamic'} graph in {time.perf_counter() - started:.1f} s")
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-
-
-def _onnx_timer(session, model: GPT, prompt: list[int], new: int, static: bool):
-    """A warmed-up callable returning (time to first token s, decode tokens/s) of one greedy decode."""
-    config = model.config
-    names = [f"past_key_values.{i}.{kind}" for i in range(config.n_layer) for kind in ("key", "value")]
-    slots = config.block_size if static else 0
-    shape = (1, config.n_kv_head, slots, config.head_dim)
-
-    def step(tokens: list[int], start: int, past: dict, mask: np.ndarray) -> tuple[int, dict]:
-        logits, *presents = session.run(None, {
-            "input_ids": np.array([tokens]), "attention_mask": mask,
-            "position_ids": np.arange(start, start + len(tokens))[None], **past})
-        return int(logits[0, -1].argmax()), dict(zip(names, presents))
-
-    def decode(n: int) -> tuple[float, float]:
-        begin = time.perf_counter()
-        past = {name: np.zeros(shape, np.float32) for name in names}
-        if static:
-            mask = np.zeros((1, slots), np.int64)
-            for position, token in enumerate(prompt):
-                mask[0, position] = 1
-                token, past = step([token], position, past, mask)
-        else:
-            token, past = step(prompt, 0, past, np.ones((1, len(prompt)), np.int64))
-        first = time.perf_counter()
-        for position in range(len(prompt), len(prompt) + n - 1):
-            if static:
-                mask[0, position] = 1
-            else:
-                mask = np.ones((1, position + 1), np.int64)
-            token, past = step([token], position, past, mask)
-        return first - begin, (n - 1) / (time.perf_counter() - first)
-
-    decode(8)  # warm-up
-    return lambda: decode(new)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from typing import Callable
 
 from common.errors import UserError
 from data.chat import ChatTokenIds, ChatTooLong, Message, fit_for_reply, render_chat
+from inference.compiled_step import compiled_notice
 from inference.engine import Engine, Event, Finish
 from inference.settings import GenerationSettings
 from model.generation import new_seed
@@ -60,8 +61,11 @@ class ChatSession:
         # Room in the prefix cache for two windows: the last prompt's pages and the next one's.
         window_bytes = run.model.init_cache(1).nbytes()
         self.engine = Engine(run.model, run.token_bytes, max_batch=1, max_queue=0, use_cache=use_cache,
-                             prefix_cache_bytes=2 * window_bytes if use_cache else 0, batch_invariant=False)
+                             prefix_cache_bytes=2 * window_bytes if use_cache else 0, batch_invariant=False,
+                             compile=settings.compile)
         self.on_notice = on_notice or (lambda message: None)
+        if self.engine.compiled is not None:
+            self.on_notice(compiled_notice(self.engine.compiled.compile_seconds))
         self.reset()
 
     @property

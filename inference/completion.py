@@ -43,8 +43,9 @@ class Completion:
 class GenerationStats:
     rows: int
     steps: int  # decoding steps taken = tokens generated per row
-    time_to_first_token_s: float | None  # prefill + first sample, from the call to the first token
+    time_to_first_token_s: float | None  # prefill + first sample, from the call (or the compile) to the first token
     decode_time_s: float  # from the first token to the last
+    compile_s: float | None = None  # compiling the decode step, when it was compiled
 
     @property
     def tokens_generated(self) -> int:
@@ -78,7 +79,8 @@ def generate_completions(
 ) -> GenerationResult:
     """Sample ``settings.num_samples`` continuations of ``ids`` together, one engine row each
     (``inference.engine.decode``): row i is seeded ``seed + i``, so it equals the single-row run
-    with that seed. Every row's streamed pieces join to its ``Completion.text``. ``batch_invariant``:
+    with that seed. Every row's streamed pieces join to its ``Completion.text``. ``settings.compile``
+    compiles the decode step first (``GenerationStats.compile_s``). ``batch_invariant``:
     the server's arithmetic, so the rows equal its answers bit for bit (off: faster, equal to fp32
     rounding)."""
     seed = settings.seed if settings.seed is not None else new_seed()
@@ -91,8 +93,15 @@ def generate_completions(
         if event.text and on_text is not None:
             on_text(row, event.text)
 
+    compile_s: list[float] = []
+
+    def on_compiled(seconds: float) -> None:
+        compile_s.append(seconds)
+        clock.start = time.perf_counter()  # time to first token leaves the one-off compile out
+
     finishes = decode(run.model, [ids] * rows, replace(settings, seed=seed), token_bytes=run.token_bytes,
-                      use_cache=settings.use_cache, batch_invariant=batch_invariant, on_event=on_event)
+                      use_cache=settings.use_cache, batch_invariant=batch_invariant, compile=settings.compile,
+                      on_event=on_event, on_compiled=on_compiled)
     completions = [
         Completion(text=f.text, token_ids=list(f.token_ids), finish_reason=f.reason,
                    seed=None if settings.greedy else seed + row)
@@ -101,7 +110,8 @@ def generate_completions(
     steps = max(f.completion_tokens for f in finishes)
     first, last = clock.first, clock.last
     ttft, decode_time = (None, 0.0) if first is None else (first - clock.start, last - first)
-    stats = GenerationStats(rows, steps, time_to_first_token_s=ttft, decode_time_s=decode_time)
+    stats = GenerationStats(rows, steps, time_to_first_token_s=ttft, decode_time_s=decode_time,
+                            compile_s=compile_s[0] if compile_s else None)
     return GenerationResult(completions, stats, seed)
 
 

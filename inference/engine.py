@@ -53,6 +53,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from inference.compiled_step import CompiledStep, spare_slot_cache
 from inference.prefix_cache import PrefixCache
 from inference.streaming import TextStream
 from model import GPT
@@ -117,6 +118,7 @@ class Ticket:
 
     def cancel(self) -> None:
         self.cancelled = True
+        self._engine._cancel_pending = True
         self._engine._wake_up()
 
 
@@ -142,6 +144,10 @@ class _Request:
     prompt_logprobs: tuple[TokenLogprob | None, ...] = ()
     prompt_logits: list[torch.Tensor] = field(default_factory=list)  # with echo: each prefill chunk's
 
+    def __post_init__(self) -> None:
+        # Rows with equal options sample together; the key is made once, not per token.
+        self.token_options = tuple(self.settings.token_options().items())
+
     @property
     def generated(self) -> int:
         return len(self.tokens) - len(self.prompt_ids)
@@ -158,6 +164,8 @@ class Engine:
     ``token_bytes`` None: the events carry no text (a caller that wants only token ids).
     ``batch_invariant`` False: decode steps take the plain, faster products, so a row's bits may
     depend on the rows beside it (fine for one caller's rows; a server keeps it on).
+    ``compile``: decode steps run ``inference.compiled_step`` (compiled here, once; the caller
+    has checked ``compiler_missing``), prompts stay eager.
     """
 
     def __init__(
@@ -172,6 +180,7 @@ class Engine:
         use_cache: bool = True,
         keep_fraction: float = KEEP_FRACTION,
         batch_invariant: bool = True,
+        compile: bool = False,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
@@ -187,7 +196,13 @@ class Engine:
         self.block_size = cfg.block_size
         self.keep = kept_window(cfg.block_size, keep_fraction)
         self.use_cache = use_cache
-        self.cache = model.init_cache(max_batch, whole_buffers=batch_invariant)
+        assert not (compile and not use_cache), "the compiled step is a cached decode step"
+        if compile:
+            self.cache = spare_slot_cache(model, max_batch, whole_buffers=batch_invariant)
+            self.compiled: CompiledStep | None = CompiledStep(self.model, self.cache)
+        else:
+            self.cache = model.init_cache(max_batch, whole_buffers=batch_invariant)
+            self.compiled = None
         self.prefix_cache = PrefixCache(self.prefill_chunk, prefix_cache_bytes) if prefix_cache_bytes else None
         self.prefill_tokens = 0  # prompt tokens the model has encoded (not copied from the prefix cache)
         self._waiting: collections.deque[_Request] = collections.deque()
@@ -195,6 +210,7 @@ class Engine:
         self._wake = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
+        self._cancel_pending = False  # a ticket was cancelled since the last look: a step skips the scan otherwise
 
     # ---------------------------------------------------------------- the caller's side
 
@@ -244,12 +260,13 @@ class Engine:
     def waiting(self) -> int:
         return len(self._waiting)
 
+    @torch.inference_mode()  # entered once, not per step
     def run_until_idle(self) -> None:
         """Step on the calling thread until every submitted request has finished: how a command
         line drives the engine, with no thread. Ctrl-C stops it between or inside steps; the
         requests in flight are then ended by ``cancel_all``."""
         while self._waiting or self.active:
-            self.step()
+            self._step()
 
     def cancel_all(self) -> None:
         """End every request as cancelled and free its row, on the calling thread (after an
@@ -288,6 +305,7 @@ class Engine:
 
     # ---------------------------------------------------------------- the loop
 
+    @torch.inference_mode()
     def _loop(self) -> None:
         while True:
             with self._wake:
@@ -296,7 +314,7 @@ class Engine:
                 if self._stopping:
                     return
             try:
-                self.step()
+                self._step()
             except Exception:  # a bug: fail the requests in flight, keep serving the next ones
                 log.exception("engine iteration failed; ending the requests in flight")
                 for request in filter(None, self._rows):
@@ -306,6 +324,9 @@ class Engine:
     def step(self) -> None:
         """One iteration: cancel, admit, prefill a chunk, decode one token per row, sample.
         The loop thread calls it, or ``run_until_idle`` on the caller's thread."""
+        self._step()
+
+    def _step(self) -> None:
         self._drop_cancelled()
         self._admit()
         for request in filter(None, self._rows):
@@ -319,6 +340,9 @@ class Engine:
             self._sample(ready)
 
     def _drop_cancelled(self) -> None:
+        if not self._cancel_pending:
+            return
+        self._cancel_pending = False  # before the scan: a cancel that lands during it is seen next step
         with self._wake:
             gone = [r for r in self._waiting if r.ticket.cancelled]
             for request in gone:
@@ -327,6 +351,8 @@ class Engine:
             self._finish(request, "cancelled")
 
     def _admit(self) -> None:
+        if not self._waiting:  # a request submitted meanwhile is admitted at the next step
+            return
         with self._wake:
             for row, occupant in enumerate(self._rows):
                 if occupant is None and self._waiting:
@@ -376,6 +402,11 @@ class Engine:
 
     def _decode(self, requests: list[_Request]) -> None:
         """One token for every decoding row, in one batched forward pass."""
+        if self.compiled is not None:
+            logits = self.compiled({r.row: r.tokens[-1] for r in requests})
+            for request in requests:
+                request.logits = logits[request.row:request.row + 1]
+            return
         logits = self._run_model([[r.tokens[-1]] for r in requests], [r.row for r in requests])
         for i, request in enumerate(requests):
             request.logits = logits[i:i + 1]
@@ -395,9 +426,9 @@ class Engine:
         # sampler works row by row, so that equals sampling each alone.
         groups: dict[tuple, list[_Request]] = collections.defaultdict(list)
         for request in requests:
-            groups[tuple(request.settings.token_options().items())].append(request)
+            groups[request.token_options].append(request)
         for options, group in groups.items():
-            logits = torch.cat([r.logits for r in group])
+            logits = group[0].logits if len(group) == 1 else torch.cat([r.logits for r in group])
             tokens = self._sample_group(logits, dict(options), group)
             for i, (request, token) in enumerate(zip(group, tokens)):
                 request.logits = None
@@ -471,20 +502,27 @@ def decode(
     keep_fraction: float = KEEP_FRACTION,
     slide: bool = True,
     batch_invariant: bool = False,
+    compile: bool = False,
     on_event: Callable[[int, Event], None] | None = None,
+    on_compiled: Callable[[float], None] | None = None,
 ) -> list[Finish]:
     """Decode every prompt on the calling thread, prompt i sampled from ``settings.seed + i`` (a
     fresh seed when None), each in a row of one engine; returns their ``Finish``es in order.
     A prompt longer than the context is cut to its last block_size tokens. ``on_event(i, event)``
     streams prompt i's events as they come; ``slide`` as in ``Engine.submit``. ``batch_invariant``
-    (off: the faster plain products) makes every row bit for bit what the server gives it."""
+    (off: the faster plain products) makes every row bit for bit what the server gives it.
+    ``compile``: decode steps run compiled (``inference.compiled_step``); ``on_compiled(seconds)``
+    is told how long compiling took, before the first token."""
     assert prompts, "decode needs at least one prompt"
     if settings.max_new_tokens == 0:
         return [Finish("length", min(len(p), model.config.block_size), (), "") for p in prompts]
     # The server's arithmetic includes its prefill grid; otherwise a prompt is encoded in one pass.
     chunk = None if batch_invariant else model.config.block_size
     engine = Engine(model, token_bytes, max_batch=len(prompts), max_queue=0, prefill_chunk=chunk,
-                    use_cache=use_cache, keep_fraction=keep_fraction, batch_invariant=batch_invariant)
+                    use_cache=use_cache, keep_fraction=keep_fraction, batch_invariant=batch_invariant,
+                    compile=compile)
+    if engine.compiled is not None and on_compiled is not None:
+        on_compiled(engine.compiled.compile_seconds)
     seed = settings.seed if settings.seed is not None else new_seed()
     finishes: list[Finish | None] = [None] * len(prompts)
 

@@ -1,4 +1,5 @@
-"""generate.py's settings: the shared sampling settings, plus how many samples and whether cached.
+"""generate.py's settings: the shared sampling settings, plus how many samples, whether cached and
+whether the decode step is compiled.
 
 This is the command line's edge: the values are checked here, once, with messages for the user.
 """
@@ -22,6 +23,7 @@ class GenerationSettings(SamplingSettings):
 
     num_samples: int = 1
     use_cache: bool = True
+    compile: bool = False  # decode through inference.compiled_step (the command line chose it)
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 0:

@@ -43,7 +43,12 @@ class TextStream:
         # Ids the tokenizer does not know (a model vocab padded past the tokenizer's) decode to
         # nothing, as in the tokenizer's own decode.
         data = self._token_bytes[token_id] if 0 <= token_id < len(self._token_bytes) else b""
-        return self._release(self._utf8.decode(data), final=False)
+        text = self._utf8.decode(data)
+        if not self._stop:  # nothing to hold back: every whole character goes out as it comes
+            if text:
+                self._pieces.append(text)
+            return text
+        return self._release(text, final=False)
 
     def finish(self) -> str:
         """The held-back rest; an unfinished character at the very end becomes U+FFFD."""

@@ -81,6 +81,9 @@ class KVCache:
         self.batch_size = batch_size
         self.max_len = max_len
         self.device = next(iter(self.buffers.values())).device
+        # Views made once: a pass then does no per-layer indexing or per-pass arange to find them.
+        self._layers = [tuple(b[layer] for b in self.buffers.values()) for layer in range(n_layer)]
+        self._positions = torch.arange(max_len, device=self.device).unsqueeze(0)
         # Host-side integers: checking room and planning a pass then never waits for the device.
         self.lengths = [0] * batch_size
         self.whole_buffers = whole_buffers
@@ -99,6 +102,11 @@ class KVCache:
         """Plan a pass that adds ``new`` tokens to each of ``rows`` (default: all, in order); return
         their positions, (R, new) or (1, new) when shared."""
         rows = list(range(self.batch_size)) if rows is None else list(rows)
+        if len(rows) == 1 and not (self.whole_buffers and new == 1):  # one row: the common case, planned cheaply
+            start = self.lengths[rows[0]]
+            assert start + new <= self.max_len, f"row {rows[0]} at {start} has no room for {new} more"
+            self._pass = _Pass(rows, new, slice(rows[0], rows[0] + 1), start, None, None, None, self.batch_size == 1)
+            return self._positions[:, start:start + new]
         lengths = [self.lengths[r] for r in rows]
         assert len(set(rows)) == len(rows), f"rows must be distinct, got {rows}"
         assert max(lengths) + new <= self.max_len, f"rows {rows} at {lengths} have no room for {new} more"
@@ -107,7 +115,7 @@ class KVCache:
         if contiguous and len(set(lengths)) == 1 and not (self.whole_buffers and new == 1):
             start = lengths[0]
             self._pass = _Pass(rows, new, slice(rows[0], rows[-1] + 1), start, None, None, None, all_rows)
-            return torch.arange(start, start + new, device=self.device).unsqueeze(0)
+            return self._positions[:, start:start + new]
         index = torch.tensor(rows, device=self.device)
         positions = torch.tensor(lengths, device=self.device).unsqueeze(1)
         if new > 1:
@@ -122,13 +130,15 @@ class KVCache:
         (R, 1, new, S) mask of the keys each query may read, or None when the entries end at the
         newest position (plain causal attention, aligned bottom-right)."""
         p = self._pass
-        assert p is not None and all(x.shape[2] == p.new for x in new), "call begin() before update()"
-        buffers = [b[layer] for b in self.buffers.values()]
+        assert p is not None and new[0].shape[2] == p.new, "call begin() before update()"
+        buffers = self._layers[layer]
         if p.span is not None:
-            end = p.start + p.new
-            for buffer, x in zip(buffers, new):
-                buffer[p.span, :, p.start:end] = x
-            return [buffer[p.span, :, :end] for buffer in buffers], None
+            if not p.all_rows:
+                buffers = [buffer[p.span] for buffer in buffers]
+            read = [buffer.narrow(2, 0, p.start + p.new) for buffer in buffers]
+            for entry, x in zip(read, new):
+                entry.narrow(2, p.start, p.new).copy_(x)
+            return read, None
         for buffer, x in zip(buffers, new):
             if p.new == 1:  # a decode step: one plain store per row
                 buffer[p.index, :, p.positions[:, 0]] = x[:, :, 0]
@@ -145,6 +155,12 @@ class KVCache:
             self.lengths[r] += p.new
         self._pass = None
 
+    def count(self, rows: Sequence[int]) -> None:
+        """Count one more position in each of ``rows``: written by a ``StaticStep`` over the buffers."""
+        for r in rows:
+            assert self.lengths[r] < self.max_len, f"row {r} is full"
+            self.lengths[r] += 1
+
     def read(self, row: int, start: int, end: int) -> dict[str, torch.Tensor]:
         """A copy of every entry of ``row`` at positions ``start..end-1``, each (n_layer, heads,
         end - start, dim), by entry name: what a prefix cache keeps of a prompt's positions."""
@@ -160,3 +176,25 @@ class KVCache:
         for name, buffer in self.buffers.items():
             buffer[:, row, :, start:start + new] = entries[name]
         self.lengths[row] += new
+
+
+class StaticStep:
+    """One token for every row of a cache's ``buffers`` (``KVCache.buffers``' values), row r written at
+    ``slots[r]`` and reading every slot up to it under a mask: a ``LayerCache`` whose shapes never
+    change with the rows' lengths or with which rows decode, so a compiled step is compiled once and
+    a CUDA graph can replay it. It keeps no lengths: the caller counts the rows that decoded
+    (``KVCache.count``) and points the others at a slot nothing reads."""
+
+    def __init__(self, buffers: Sequence[torch.Tensor], slots: torch.Tensor) -> None:
+        self.buffers = buffers
+        self.slots = slots
+        self.rows = torch.arange(slots.shape[0], device=slots.device)
+        max_len = buffers[0].shape[3]
+        self.mask = (torch.arange(max_len, device=slots.device) <= slots.unsqueeze(1)).view(-1, 1, 1, max_len)
+
+    def update(self, layer: int, *new: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+        for buffer, x in zip(self.buffers, new):
+            # Every index a tensor: one index_put_ on the whole buffer, which a compiler writes in
+            # place (through a view of one layer, it would copy the whole buffer at every step).
+            buffer[torch.full_like(self.rows, layer), self.rows, :, self.slots] = x[:, :, 0]
+        return [buffer[layer] for buffer in self.buffers], self.mask

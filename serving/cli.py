@@ -23,12 +23,13 @@ from common.cli import ArgumentParser, run_command
 from common.device import DEVICE_CHOICES, device_memory_bytes, select_device
 from common.errors import UserError
 from common.threads import add_threads_argument, parse_threads, use_threads
+from inference.compiled_step import choose_compile, compiled_notice
+from inference.engine import DEFAULT_PREFILL_CHUNK, Engine
 from model import GPT
 from rundir.loading import find_latest_run, load_run
 from serving.access_log import access_log
 from serving.api import create_app
 from serving.service import Limits
-from inference.engine import DEFAULT_PREFILL_CHUNK, Engine
 
 _EPILOG = """\
 endpoints:
@@ -78,6 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "them), reused by prompts that begin alike, least recently used evicted first; 0 "
                         "turns it off (default: %(default)s)")
     parser.add_argument("--device", default="auto", help=f"{DEVICE_CHOICES} (default: %(default)s)")
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                        help="compile the decode step with torch.compile before serving (a one-off cost, "
+                        "reported on stderr). Default: on a GPU; off on the CPU, where the compile takes tens "
+                        "of seconds")
     add_threads_argument(parser, default="1", why="; 1 by default: a decode step of a small model is too "
                          "short to share between cores, and the HTTP layer needs a core of its own")
     return parser
@@ -110,11 +115,15 @@ def _serve(args: argparse.Namespace) -> int:
     _check(args)
     _check_port_free(args.host, args.port)
     device = select_device(args.device, setting="--device")
+    compile = choose_compile(args.compile, device)
     use_threads(parse_threads(args.threads))
     run = load_run(args.run if args.run is not None else find_latest_run(), device)
     _check_cache_fits(run.model, args.max_batch, device)
     engine = Engine(run.model, run.token_bytes, max_batch=args.max_batch, max_queue=args.max_queue,
-                    prefill_chunk=args.prefill_chunk, prefix_cache_bytes=int(args.prefix_cache_mb * 2**20))
+                    prefill_chunk=args.prefill_chunk, prefix_cache_bytes=int(args.prefix_cache_mb * 2**20),
+                    compile=compile)
+    if engine.compiled is not None:
+        print(compiled_notice(engine.compiled.compile_seconds), file=sys.stderr, flush=True)
     model_id = run.directory.resolve().name
     app = create_app(run, engine, model_id=model_id, limits=Limits(max_tokens_cap=args.max_tokens_cap,
                                                                          max_body_bytes=args.max_body_bytes))

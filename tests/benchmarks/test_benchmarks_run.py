@@ -80,7 +80,8 @@ def test_decode_speed() -> None:
 
 def test_generate_speed(toy_run) -> None:
     out = bench("generate_speed", "--run", toy_run, "--new-tokens", 8, "--repeats", 1, "--threads", 1)
-    assert_words(out, "ours, KV cache", "ours, --no-cache", "goal:")
+    assert_words(out, "ours, KV cache", "ours, compiled", "ours, --no-cache", "ONNX Runtime", "arithmetic limit",
+                 "GFLOP/s", "goal:")
 
 
 def test_onnx_decode(toy_run) -> None:

@@ -1,0 +1,149 @@
+"""The compiled decode step (``inference.compiled_step``) against the eager path, which stays the
+reference: the same tokens (greedy and seeded), cache == recomputation still, log-probabilities
+within a stated fp32 bound, served rows equal to the same request alone, and one compilation for a
+generation of any length. Compiling costs seconds, so the step is compiled for as few shapes as
+possible (one row, and three batch-invariant rows) and reused across the tests."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from inference.chat import ChatSession
+from inference.cli import main
+from inference.compiled_step import compiler_missing
+from inference.completion import generate_completions
+from inference.engine import Engine, Event, Finish, decode
+from inference.settings import GenerationSettings
+from model import GPT, GPTConfig
+from model.generation import SamplingSettings
+from serving.cli import main as serve_main
+
+pytestmark = pytest.mark.skipif(compiler_missing(torch.device("cpu")) is not None,
+                                reason=str(compiler_missing(torch.device("cpu"))))
+
+PROMPT_IDS = [5, 17, 9, 30, 2, 11]
+LONG = 120  # past the test model's block_size (32) several times: the window slides and re-encodes
+# Compiled kernels may sum in another order than eager ones: a log-probability may move this much.
+LOGPROB_TOLERANCE = 1e-4
+
+
+def completions(loaded_run, **settings) -> list[list[int]]:
+    result = generate_completions(loaded_run, PROMPT_IDS, GenerationSettings(**settings))
+    return [completion.token_ids for completion in result.completions]
+
+
+def served(engine: Engine, requests: list[tuple[list[int], SamplingSettings]]) -> list[Finish]:
+    finishes: dict[int, Finish] = {}
+
+    def collect(i: int):
+        def on(event: Event) -> None:
+            if event.finish is not None:
+                finishes[i] = event.finish
+        return on
+
+    for i, (ids, settings) in enumerate(requests):
+        engine.submit(ids, settings, collect(i), logprobs=3)
+    engine.run_until_idle()
+    return [finishes[i] for i in range(len(requests))]
+
+
+@pytest.mark.parametrize("sampling", [dict(temperature=0), dict(temperature=0.9, top_k=40, seed=3)])
+def test_compiled_tokens_equal_eager_and_the_recomputation_across_the_window(loaded_run, sampling):
+    compiled = completions(loaded_run, max_new_tokens=LONG, compile=True, **sampling)
+    eager = completions(loaded_run, max_new_tokens=LONG, **sampling)
+    recomputed = completions(loaded_run, max_new_tokens=LONG, use_cache=False, **sampling)
+    assert len(set(compiled[0])) > 20  # a model stuck on one token would prove nothing
+    assert compiled == eager == recomputed
+
+
+def test_a_long_generation_compiles_once(loaded_run):
+    engine = Engine(loaded_run.model, max_batch=1, batch_invariant=False, compile=True)
+    graphs = counters["stats"]["unique_graphs"]
+    [finish] = served(engine, [(PROMPT_IDS, SamplingSettings(max_new_tokens=3 * LONG, temperature=0))])
+    assert finish.completion_tokens == 3 * LONG
+    assert counters["stats"]["unique_graphs"] == graphs  # every length, slide included, reused the graph
+    assert engine.compiled.compile_seconds > 0
+
+
+def test_compiled_logprobs_stay_within_the_bound_of_eager(loaded_run):
+    request = [(PROMPT_IDS, SamplingSettings(max_new_tokens=LONG, temperature=0))]
+    compiled = served(Engine(loaded_run.model, max_batch=1, batch_invariant=False, compile=True), request)[0]
+    eager = served(Engine(loaded_run.model, max_batch=1, batch_invariant=False), request)[0]
+    assert compiled.token_ids == eager.token_ids
+    pairs = [(c, e) for c, e in zip(compiled.logprobs, eager.logprobs)]
+    worst = max(abs(c.logprob - e.logprob) for c, e in pairs)
+    print(f"compiled vs eager log-probabilities: largest difference {worst:.2e}")
+    assert worst <= LOGPROB_TOLERANCE, f"compiled log-probabilities differ from eager by up to {worst:.2e}"
+    assert all([t for t, _ in c.top] == [t for t, _ in e.top] for c, e in pairs)
+
+
+@pytest.mark.e2e  # a second compile (three rows, batch-invariant): seconds more
+def test_a_compiled_server_row_equals_the_request_alone_bit_for_bit(loaded_run):
+    engine = Engine(loaded_run.model, max_batch=3, compile=True)  # batch-invariant, as the server builds it
+    mine = (PROMPT_IDS, SamplingSettings(max_new_tokens=50, temperature=0.8, seed=11))
+    others = [([7, 8, 9], SamplingSettings(max_new_tokens=20, temperature=1.0, seed=1)),
+              ([3] * 20, SamplingSettings(max_new_tokens=70, temperature=0.0))]
+    [alone] = served(engine, [mine])
+    together = served(engine, [others[0], mine, others[1]])[1]
+    assert together.token_ids == alone.token_ids
+    assert together.logprobs == alone.logprobs  # the same bits, not only the same tokens
+
+
+def test_compile_without_the_cache_is_refused_in_one_line(capsys, run_dir):
+    code = main(["--run", str(run_dir), "--compile", "--no-cache", "--prompt", "x"])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    assert err == "error: --compile compiles the cached decode step; drop --no-cache or --compile\n"
+
+
+def test_generate_py_compile_reports_its_compile_once_and_prints_the_eager_text(capsys, run_dir):
+    argv = ["--run", str(run_dir), "--prompt", "ROMEO:", "--temperature", "0", "--max-new-tokens", "40"]
+    assert main(argv) == 0
+    eager_out, eager_err = capsys.readouterr()
+    assert main([*argv, "--compile"]) == 0
+    out, err = capsys.readouterr()
+    assert out == eager_out
+    assert err.count("compiled the decode step in ") == 1 and "compiled" not in eager_err
+
+
+def test_a_compiled_chat_replies_as_the_eager_one_and_says_it_compiled(loaded_run):
+    def conversation(compile: bool) -> tuple[list[list[int]], list[str]]:
+        notices: list[str] = []
+        session = ChatSession(loaded_run, GenerationSettings(temperature=0, max_new_tokens=9, compile=compile),
+                              system_prompt="You are JULIET.", on_notice=notices.append)
+        return [session.reply(text).token_ids for text in ("Who is there?", "O Romeo", "the fox")], notices
+
+    compiled, notices = conversation(compile=True)
+    eager, eager_notices = conversation(compile=False)
+    assert compiled == eager
+    assert [n for n in notices if n.startswith("compiled the decode step in ")] == notices[:1]
+    assert not any("compiled" in n for n in eager_notices)
+
+
+@pytest.mark.parametrize("command", ["generate.py", "serve.py"])
+def test_compile_without_a_cxx_compiler_is_refused_before_loading(capsys, monkeypatch, tmp_path, command):
+    monkeypatch.setattr("inference.compiled_step.shutil.which", lambda name: None)
+    monkeypatch.delenv("CXX", raising=False)
+    missing = tmp_path / "not-a-run"  # the refusal comes before the run is looked for
+    if command == "generate.py":
+        code = main(["--run", str(missing), "--device", "cpu", "--compile", "--prompt", "x"])
+    else:
+        code = serve_main(["--run", str(missing), "--port", "0", "--device", "cpu", "--compile"])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    assert err.startswith("error: torch.compile needs a C++ compiler on the CPU") and err.endswith("; drop --compile\n")
+    assert err.count("\n") == 1
+
+
+@pytest.mark.e2e  # a compile of its own
+def test_a_compiled_latent_attention_model_decodes_as_eager():
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=256, block_size=32, n_layer=2, n_head=4, n_kv_head=4, n_embd=64,
+                       attention="mla", kv_latent_dim=32)
+    model = GPT(config).eval()
+    settings = SamplingSettings(max_new_tokens=LONG, temperature=0.9, seed=1)
+    [eager] = decode(model, [PROMPT_IDS], settings)
+    [compiled] = decode(model, [PROMPT_IDS], settings, compile=True)
+    assert compiled.token_ids == eager.token_ids and len(set(eager.token_ids)) > 20
