@@ -20,7 +20,7 @@ from common.errors import UserError
 from common.os_errors import describe_os_error
 from common.threads import STARVED_SHARE, add_threads_argument, parse_threads, starved_advice, use_threads
 from inference.chat_cli import chat_main, check_chat_flags
-from inference.compiled_step import LONG_GENERATION, choose_compile, compiled_notice
+from inference.compiled_step import choose_compile, compiled_notice
 from inference.completion import GenerationResult, encode_prompt, generate_completions
 from inference.settings import GenerationSettings
 from inference.terminal import decode_argument, decode_utf8, write_stdout
@@ -103,8 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(slow; the reference the cache is tested against)")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                         help="compile the decode step with torch.compile (a one-off cost, reported on stderr; "
-                        f"faster tokens after it). Default: on a GPU for --chat or at least {LONG_GENERATION} "
-                        "new tokens, off on the CPU, where the compile takes tens of seconds")
+                        "faster tokens after it). Default: off; on the CPU the compile takes tens of seconds")
     # Chat, and the shape of the output.
     parser.add_argument("--chat", action="store_true",
                         help="talk to a chat-tuned run: an interactive conversation (/help lists its commands), or one "
@@ -153,9 +152,8 @@ def _generate(args: argparse.Namespace) -> int:
         raise UserError("--system needs --chat")
 
     device = select_device(args.device, setting="--device")
-    long_running = args.chat or settings.max_new_tokens >= LONG_GENERATION
     settings = dataclasses.replace(settings, compile=choose_compile(
-        args.compile, device, use_cache=settings.use_cache, long_running=long_running))
+        args.compile, use_cache=settings.use_cache, device=device))
     # One stream decodes one token at a time: operations too small to share between cores.
     threads = use_threads(parse_threads(args.threads), useful=1 if args.chat or settings.num_samples == 1 else None)
     run = load_run(_run_directory(args), device)

@@ -26,19 +26,13 @@ from common.errors import UserError
 from model import GPT, KVCache
 from model.kv_cache import StaticStep
 
-# A generation of at least this many steps is long enough for a GPU's compile to pay (``choose_compile``).
-LONG_GENERATION = 256
-
-
-def choose_compile(flag: bool | None, device: torch.device, *, use_cache: bool = True,
-                   long_running: bool = True) -> bool:
-    """Whether a command compiles its decode step: ``--compile``/``--no-compile`` when given
-    (``flag``), else on a GPU when the command runs long (a server, a chat, a long generation).
+def choose_compile(flag: bool | None, *, use_cache: bool = True, device: torch.device) -> bool:
+    """Whether a command compiles its decode step: only when ``--compile`` asks (``flag``).
     On the CPU, Inductor's compile takes tens of seconds (its C++ build), as long as many thousand
-    small-model tokens save, so there it is asked for, never assumed. Refuses, in one line, a
-    compile that cannot run."""
+    small-model tokens save. On CUDA the step replays CUDA graphs, a path no GPU has yet run in this
+    project's tests, so it too waits to be asked for. Refuses, in one line, a compile that cannot run."""
     if flag is None:
-        return device.type == "cuda" and use_cache and long_running
+        return False
     if flag and not use_cache:
         raise UserError("--compile compiles the cached decode step; drop --no-cache or --compile")
     reason = compiler_missing(device) if flag else None
