@@ -44,11 +44,13 @@ from training.distributed import (
     DistContext, all_reduce_mean, all_reduce_sum, barrier, gather_to_main, init_distributed, select_rank_state,
     shutdown, split_batch, sync_gradients, wrap_model,
 )
+from training.fsdp import full_model_on_main, is_sharded, load_sharded, remove_stale_checkpoints, save_sharded
 from training.evaluate import EvalResult, evaluate, generate_sample
 from training.init_from import check_parent_tokenizer, find_parent, load_parent_weights
 from training.interrupt import StopNow, StopRequest
 from training.memory_budget import check_model_fits
 from training.metrics import Throughput, format_duration, format_flops, mfu, peak_flops
+from training.recompute import checkpoint_blocks
 from training.optim import MuonWithAdamW, build_optimizer, build_schedule, muon_momentum
 from training.resume_rules import (
     check_not_finished,
@@ -139,7 +141,9 @@ def accumulate_gradients(
 
 def clip_gradients(model: nn.Module, max_norm: float) -> torch.Tensor:
     """Clip the global gradient norm to ``max_norm`` (0: no clipping); return the norm before."""
-    return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm if max_norm > 0 else math.inf)
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm if max_norm > 0 else math.inf)
+    # Over FSDP's sharded gradients the norm is a DTensor: the whole model's norm, once gathered.
+    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
 
 class Trainer:
@@ -263,6 +267,10 @@ class Trainer:
         install_cpu_backward(self.model)  # a faster RMSNorm backward in eager CPU training
         if self.parent is not None:
             load_parent_weights(self.model, self.parent)  # a resumed run's checkpoint replaces them
+        if tc.activation_checkpointing:
+            checkpoint_blocks(self.model)
+        # Before the optimizer is built: FSDP replaces the parameters with sharded ones.
+        self.wrapped = wrap_model(self.model, ctx, tc.parallel)
         torch.manual_seed(tc.seed + ctx.rank)  # for dropout, differing per rank
         np.random.seed((tc.seed + ctx.rank) % 2**32)
         random.seed(tc.seed + ctx.rank)
@@ -282,7 +290,6 @@ class Trainer:
         else:
             tokens = self.prepared.train_tokens()
             self.batches = train_batches(tc.sampling, tokens, cfg.model.block_size, split.batch_size, **placement)
-        self.wrapped = wrap_model(self.model, ctx)
         self.compiled = should_compile(tc.compile, self.device)
         self.train_model = torch.compile(self.wrapped) if self.compiled else self.wrapped
         self.flops_per_token = self.model.flops_per_token(cfg.model.block_size)
@@ -290,9 +297,12 @@ class Trainer:
     def _restore(self, state: dict[str, Any]) -> str | None:
         """Load a checkpoint's trainer state; return the wandb run id to resume."""
         try:
-            self.model.load_state_dict(state["model"])
-            check_optimizer_groups(state["optimizer"], self.optimizer.state_dict(), self.run_dir)
-            self.optimizer.load_state_dict(state["optimizer"])
+            if "sharded" in state:  # saved by train.parallel=fsdp, at any number of processes
+                load_sharded(self.run_dir, state["sharded"], self.model, self.optimizer)
+            else:
+                self.model.load_state_dict(state["model"])
+                check_optimizer_groups(state["optimizer"], self.optimizer.state_dict(), self.run_dir)
+                self.optimizer.load_state_dict(state["optimizer"])
             self.step = int(state["step"])
             self.tokens_seen = int(state["tokens_seen"])
             self.base_seconds = float(state["train_seconds"])
@@ -300,7 +310,7 @@ class Trainer:
             if rank_state is not None:
                 self.batches.load_state_dict(rank_state["batches"])
                 restore_rng_state(rank_state["rng"])
-        except (KeyError, ValueError, TypeError, RuntimeError) as e:
+        except (KeyError, ValueError, TypeError, RuntimeError, FileNotFoundError) as e:
             # A state with keys missing, or saved by another optimizer or sampler.
             raise restore_error(self.run_dir, e) from None
         self.saved_step = self.step
@@ -509,6 +519,8 @@ class Trainer:
             result = evaluate_chat(self.model, self.chat.val, self.token_bytes, pad_id=self.chat.eot_id, **shared)
         else:
             result = evaluate(self.model, self.val_tokens, self.token_bytes, block_size=cfg.model.block_size, **shared)
+        # Samples and attention maps decode on rank 0 alone, so a sharded model is gathered first.
+        plain = self._unsharded_model() if ec.sample_tokens > 0 or ec.attention_stats else self.model
         if not self.ctx.is_main:
             self.last_eval_s = self._elapsed()
             return result
@@ -520,13 +532,13 @@ class Trainer:
             "val_bpb": result.bpb,
             "val_tokens": result.tokens,
         }
-        samples = self._samples() if ec.sample_tokens > 0 else []
+        samples = self._samples(plain) if ec.sample_tokens > 0 else []
         if self.chat:
             record["samples"] = [{"prompt": p, "reply": r} for p, r in samples]
         elif samples:
             record["sample"] = samples[0][1]
         if ec.attention_stats and not self.chat:
-            record.update(self._attention_stats(final))
+            record.update(self._attention_stats(plain, final))
         self.metrics.append(record)
         prefix = "final/" if final else "val/"
         self.logger.log({prefix + "loss": result.loss, prefix + "bpb": result.bpb}, self.step)
@@ -542,7 +554,7 @@ class Trainer:
         self.last_eval_s = self._elapsed()
         return result
 
-    def _attention_stats(self, final: bool) -> dict[str, float]:
+    def _attention_stats(self, model: GPT, final: bool) -> dict[str, float]:
         """Per-layer attention entropy, the induction scores and the loss on the first and second
         copies of repeated sequences of held-out ids (analysis.maps.attention_summary), logged to
         wandb as ``attn/...``; now and then a figure of the maps too."""
@@ -556,14 +568,14 @@ class Trainer:
         windows = torch.as_tensor(np.asarray(self.val_tokens[:count * T], dtype=np.int64).reshape(count, T),
                                   device=self.device)
         ids = probe_ids(self.val_tokens, skip=[self.tokenizer.token_to_id(EOT)])
-        stats = attention_summary(self.model, windows, ids)
+        stats = attention_summary(model, windows, ids)
         self.logger.log({f"attn/{k}": v for k, v in stats.items()}, self.step)
         self.evaluations += 1
         every = self.config.eval.attention_image_interval
         if self.logger.active and every and (final or self.evaluations % every == 1):
             prompt = self.sample_prompt
             ids = self.tokenizer.encode(prompt, add_special_tokens=False).ids[:T] or [0]
-            maps = [layer[0] for layer in attention_maps(self.model, torch.tensor([ids], device=self.device))]
+            maps = [layer[0] for layer in attention_maps(model, torch.tensor([ids], device=self.device))]
             pieces = [self.tokenizer.decode([i]) for i in ids]
             with tempfile.TemporaryDirectory() as folder:
                 figure = Path(folder) / "attention.png"
@@ -571,7 +583,7 @@ class Trainer:
                 self.logger.log_image("attn/maps", str(figure), self.step)
         return stats
 
-    def _samples(self) -> list[tuple[str, str]]:
+    def _samples(self, model: GPT) -> list[tuple[str, str]]:
         """(prompt, text) rows: replies to held-out conversations' first user turns when
         chat-tuning, else the continuation of the sample prompt (prompt included)."""
         ec = self.config.eval
@@ -579,29 +591,44 @@ class Trainer:
                                     top_k=ec.sample_top_k, top_p=None, seed=ec.sample_seed)
         if self.chat:
             end_id = self.tokenizer.token_to_id("<|end|>")
-            return chat_reply_samples(self.model, self.tokenizer, self.chat.val, end_id, settings, count=4)
-        text = generate_sample(self.model, self.tokenizer, self.sample_prompt, settings)
+            return chat_reply_samples(model, self.tokenizer, self.chat.val, end_id, settings, count=4)
+        text = generate_sample(model, self.tokenizer, self.sample_prompt, settings)
         return [(self.sample_prompt, text)]
 
     def _save(self) -> None:
         # Each rank's sampler and RNG streams differ, and all are needed to resume exactly.
         ranks = gather_to_main({"rng": capture_rng_state(), "batches": self.batches.state_dict()}, self.ctx)
+        sharded = None
+        if self.config.train.parallel == "fsdp":
+            sharded = save_sharded(self.run_dir, self.step, self.model, self.optimizer, self.ctx.is_main)
+            plain = self._unsharded_model()
         if self.ctx.is_main:
             state = {
                 "step": self.step,
                 "tokens_seen": self.tokens_seen,
                 "train_seconds": self._elapsed(),
                 "model_config": self.config.model.to_dict(),
-                "model": self.model.state_dict(),
-                "optimizer": self.optimizer.state_dict(),
                 "ranks": ranks,
                 "world_size": self.ctx.world_size,
                 "wandb_run_id": self.logger.run_id,
                 "fixed_settings": fixed_settings(self.config.train),
                 "threads": self.threads.threads,
             }
-            save_checkpoint(self.run_dir, self.model, state)
+            if sharded is None:
+                state.update(model=self.model.state_dict(), optimizer=self.optimizer.state_dict())
+                save_checkpoint(self.run_dir, self.model, state)
+            else:
+                # The weights and optimizer state are in the sharded folder that "sharded" names;
+                # model.safetensors gets the whole model, as in any run.
+                save_checkpoint(self.run_dir, plain, {**state, "sharded": sharded})
+                remove_stale_checkpoints(self.run_dir, keep=sharded)
         self.saved_step = self.step
+
+    def _unsharded_model(self) -> GPT | None:
+        """The model whole on rank 0 (None on the others; every rank must call it)."""
+        if not is_sharded(self.model):
+            return self.model
+        return full_model_on_main(self.model, self.config.model, self.ctx.is_main, self.device)
 
     # -----------------------------------------------------------------------------------------
     # Small helpers
