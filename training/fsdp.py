@@ -13,9 +13,11 @@ crash before that state is replaced leaves the previous checkpoint whole.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
+import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from torch import nn
@@ -97,7 +99,8 @@ def save_sharded(run_dir: Path, step: int, model: nn.Module, optimizer: Any, is_
     state = {"model": get_model_state_dict(model)}
     for key, part in _optimizer_parts(optimizer).items():
         state[key] = get_optimizer_state_dict(model, part)
-    dcp.save(state, checkpoint_id=partial)  # ends with a barrier when there is a process group
+    with _one_process_is_intended():
+        dcp.save(state, checkpoint_id=partial)  # ends with a barrier when there is a process group
     if is_main:
         shutil.rmtree(run_dir / name, ignore_errors=True)  # the same step saved before a resume
         partial.rename(run_dir / name)
@@ -121,10 +124,20 @@ def load_sharded(run_dir: Path, name: str, model: nn.Module, optimizer: Any) -> 
     state = {"model": get_model_state_dict(model)}
     for key, part in parts.items():
         state[key] = get_optimizer_state_dict(model, part)
-    dcp.load(state, checkpoint_id=folder)
+    with _one_process_is_intended():
+        dcp.load(state, checkpoint_id=folder)
     set_model_state_dict(model, state["model"])
     for key, part in parts.items():
         set_optimizer_state_dict(model, part, state[key])
+
+
+@contextlib.contextmanager
+def _one_process_is_intended() -> Iterator[None]:
+    """Without a process group, torch.distributed.checkpoint warns that it assumes one process:
+    here that is the plan (train.parallel=fsdp run, or resumed, by a single process)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        yield
 
 
 def remove_stale_checkpoints(run_dir: Path, keep: str | None) -> None:
