@@ -48,7 +48,7 @@ from training.fsdp import full_model_on_main, is_sharded, load_sharded, remove_s
 from training.evaluate import EvalResult, evaluate, generate_sample
 from training.init_from import check_parent_tokenizer, find_parent, load_parent_weights
 from training.interrupt import StopNow, StopRequest
-from training.memory_budget import check_model_fits
+from training.memory_budget import check_model_fits, plan_memory
 from training.metrics import Throughput, format_duration, format_flops, mfu, peak_flops
 from training.recompute import checkpoint_blocks
 from training.optim import MuonWithAdamW, build_optimizer, build_schedule, muon_momentum
@@ -186,6 +186,11 @@ class Trainer:
         else:
             self.threads = use_threads(None if tc.threads == "auto" else tc.threads, "train.threads")
         check_model_fits(self.config.model, self.device)  # an absurd size, before anything slow
+        # The whole step's estimate, from the config alone: refused here, before any allocation.
+        micro_batch = split_batch(tc.batch_size, tc.grad_accum_steps, self.ctx.world_size).batch_size
+        bf16 = resolve_precision(tc.precision, self.device) == torch.bfloat16
+        self.memory_plan = plan_memory(self.config.model, tc, self.device, world_size=self.ctx.world_size,
+                                       micro_batch=micro_batch, bf16=bf16)
         self._prepare_data(resume=resume)
         self._build_model_and_optimizer()
         wandb_run_id = self._restore(state) if state is not None else None
@@ -345,6 +350,7 @@ class Trainer:
                 f"peak {format_flops(self.peak)}FLOP/s ({self.peak_source}); "
                 f"{self.threads.describe()}; run dir {self.run_dir}"
             )
+            self._say(self.memory_plan)
             if self.parent is not None:
                 self._say(f"starting from {self.parent.directory}")
             if self.chat:
