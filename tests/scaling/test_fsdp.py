@@ -121,7 +121,8 @@ def test_muon_on_sharded_weights_equals_single_process_muon(tmp_path):
 @pytest.mark.distributed
 @pytest.mark.parametrize("attention", ["gqa", "mla"])
 def test_fsdp_losses_equal_ddp_then_resume_at_one_process_and_generate(attention, small_overrides, tmp_path):
-    more = ["train.grad_accum_steps=4"] + (MLA if attention == "mla" else [])  # 2 micro-steps a process
+    # 2 micro-steps a process; with MLA, both modes also recompute each block in the backward pass.
+    more = ["train.grad_accum_steps=4"] + (MLA + ["train.activation_checkpointing=true"] if attention == "mla" else [])
     runs = {}
     for parallel in ("ddp", "fsdp"):
         runs[parallel] = tmp_path / parallel
