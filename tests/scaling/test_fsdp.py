@@ -15,7 +15,7 @@ import torch
 
 from common.config import ConfigError
 from model import GPT, GPTConfig, load_pretrained
-from rundir.checkpoint import load_trainer_state
+from rundir.checkpoint import CheckpointError, load_trainer_state
 from rundir.files import METRICS_FILE
 from rundir.metrics import read_metrics
 from tests.scaling.test_distributed import free_port, torchrun_env
@@ -23,6 +23,7 @@ from training.config import TrainConfig
 from training.fsdp import load_sharded, torch_too_old
 from training.optim import build_optimizer
 from training.recompute import checkpoint_blocks
+from training.resume_rules import check_fixed_settings, fixed_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 MLA = ["model.attention=mla", "model.n_kv_head=4", "model.kv_latent_dim=32", "model.value_embeddings=false"]
@@ -184,3 +185,15 @@ def test_kill_9_in_a_sharded_save_leaves_the_previous_checkpoint_loadable(small_
     proc = _ok(_launch(2, [*_train_args(small_overrides, run, "train.parallel=fsdp"), "--resume"]))
     assert "done: 4 steps" in proc.stdout
     assert sorted(p.name for p in run.glob("sharded-step*")) == ["sharded-step00000004"]
+    # ... and ends where an uninterrupted run does: the sharded optimizer state came back whole.
+    whole = tmp_path / "whole"
+    _ok(_launch(2, _train_args(small_overrides, whole, "train.parallel=fsdp")))
+    expected = load_pretrained(whole).state_dict()
+    for name, tensor in load_pretrained(run).state_dict().items():
+        torch.testing.assert_close(tensor, expected[name], rtol=0, atol=1e-5)  # fp32 sums, reordered
+
+
+def test_resuming_with_another_train_parallel_is_refused_in_one_line(tmp_path):
+    state = {"fixed_settings": fixed_settings(TrainConfig(max_steps=1, parallel="ddp"))}
+    with pytest.raises(CheckpointError, match="train.parallel is 'fsdp' but the run was trained with 'ddp'"):
+        check_fixed_settings(state, TrainConfig(max_steps=1, parallel="fsdp"), tmp_path)
