@@ -96,6 +96,8 @@ def save_sharded(run_dir: Path, step: int, model: nn.Module, optimizer: Any, is_
     partial = run_dir / (name + _PARTIAL)
     if is_main:
         shutil.rmtree(partial, ignore_errors=True)  # left by a crash mid-save
+    if dist.is_initialized():
+        dist.barrier()  # no rank writes into the folder before it is cleared
     state = {"model": get_model_state_dict(model)}
     for key, part in _optimizer_parts(optimizer).items():
         state[key] = get_optimizer_state_dict(model, part)

@@ -14,7 +14,7 @@ Per device, in bytes:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -106,7 +106,7 @@ def plan_memory(
     if not train.activation_checkpointing:
         advice.append("set train.activation_checkpointing=true")
     if train.parallel == "ddp" and world_size > 1:
-        fsdp = estimate_memory(model, _with(train, parallel="fsdp"), world_size=world_size,
+        fsdp = estimate_memory(model, replace(train, parallel="fsdp"), world_size=world_size,
                                micro_batch=micro_batch, bf16=bf16)
         advice.append(f"set train.parallel=fsdp (about {_gib(fsdp.total)})")
     elif world_size == 1:
@@ -133,12 +133,6 @@ def _activations(model: GPTConfig, train: TrainConfig, batch: int, bf16: bool) -
     value_bytes = 2 if bf16 else 4
     # The logits are computed in fp32 for the loss even under autocast.
     return tokens * (value_bytes * kept + 4 * LOGIT_COPIES * model.vocab_size)
-
-
-def _with(train: TrainConfig, **changes: object) -> TrainConfig:
-    from dataclasses import replace
-
-    return replace(train, **changes)
 
 
 def _gib(n: int) -> str:

@@ -44,14 +44,14 @@ from training.distributed import (
     DistContext, all_reduce_mean, all_reduce_sum, barrier, gather_to_main, init_distributed, select_rank_state,
     shutdown, split_batch, sync_gradients, wrap_model,
 )
-from training.fsdp import full_model_on_main, is_sharded, load_sharded, remove_stale_checkpoints, save_sharded
 from training.evaluate import EvalResult, evaluate, generate_sample
+from training.fsdp import full_model_on_main, is_sharded, load_sharded, remove_stale_checkpoints, save_sharded
 from training.init_from import check_parent_tokenizer, find_parent, load_parent_weights
 from training.interrupt import StopNow, StopRequest
 from training.memory_budget import check_model_fits, plan_memory
 from training.metrics import Throughput, format_duration, format_flops, mfu, peak_flops
-from training.recompute import checkpoint_blocks
 from training.optim import MuonWithAdamW, build_optimizer, build_schedule, muon_momentum
+from training.recompute import checkpoint_blocks
 from training.resume_rules import (
     check_not_finished,
     check_fixed_settings, check_model_shape, check_optimizer_groups, fixed_settings, restore_error,
