@@ -33,8 +33,8 @@ ACTIVATION_WIDTHS = 12
 ACTIVATION_MLP_WIDTHS = 5
 LOGIT_COPIES = 5
 # With activation checkpointing, the block being differentiated holds its recomputed activations,
-# their gradients and the temporaries of its backward at once: about three blocks' worth.
-RECOMPUTED_BLOCKS = 3
+# their gradients and the temporaries of its backward at once: as much as about four blocks keep.
+RECOMPUTED_BLOCKS = 4
 GATHERED_BLOCKS = 2  # FSDP holds the block it computes and the one it prefetches
 
 
