@@ -29,7 +29,7 @@ def test_fsdp_divides_the_model_state_and_checkpointing_the_activations():
     # A quarter of the model, plus the two blocks gathered whole at a time.
     assert ddp.weights / 4 < fsdp.weights < ddp.weights / 2 and fsdp.activations == ddp.activations
     recomputed = estimate_memory(SMALL, TrainConfig(max_steps=1, batch_size=64, activation_checkpointing=True))
-    assert recomputed.activations < 0.6 * ddp.activations  # the logits stay: 6400 values a token
+    assert recomputed.activations < 0.7 * ddp.activations  # the logits stay: 6400 values a token
     assert estimate_memory(SMALL, train, bf16=True).activations < ddp.activations
 
 
