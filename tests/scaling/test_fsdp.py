@@ -1,5 +1,6 @@
 """train.parallel=fsdp (training/fsdp.py): the config's refusals, activation checkpointing, and,
-under torchrun with two gloo processes (e2e), Muon on sharded weights, losses equal to DDP's,
+under torchrun with two gloo processes (e2e), Muon on sharded weights, losses equal to DDP's (a
+chat-tune from a parent run too),
 sharded checkpoints resumed at another world size, and a kill -9 in the middle of a save."""
 
 from __future__ import annotations
@@ -197,3 +198,26 @@ def test_resuming_with_another_train_parallel_is_refused_in_one_line(tmp_path):
     state = {"fixed_settings": fixed_settings(TrainConfig(max_steps=1, parallel="ddp"))}
     with pytest.raises(CheckpointError, match="train.parallel is 'fsdp' but the run was trained with 'ddp'"):
         check_fixed_settings(state, TrainConfig(max_steps=1, parallel="fsdp"), tmp_path)
+
+
+@pytest.mark.e2e
+@pytest.mark.distributed
+def test_chat_tuning_from_a_parent_run_under_fsdp_equals_ddp(small_overrides, tmp_path):
+    parent = tmp_path / "parent"
+    _ok(subprocess.run([sys.executable, *_train_args(small_overrides, parent, "model.block_size=128",
+                                                     "data.source=shakespeare", "train.max_steps=2")],
+                       cwd=ROOT, env=torchrun_env(), capture_output=True, text=True, timeout=240))
+    cache = next(s for s in small_overrides if s.startswith("data.cache_dir="))
+    runs = {}
+    for parallel in ("ddp", "fsdp"):
+        runs[parallel] = tmp_path / f"chat-{parallel}"
+        sets = [f"train.init_from={json.dumps(str(parent))}", cache, "train.max_steps=3", "train.max_minutes=null",
+                "train.batch_size=4", "train.device=cpu", "train.peak_flops=1e11", "eval.interval=2",
+                "eval.max_batches=2", "eval.final_max_batches=3", "eval.sample_tokens=8", "logging.wandb.mode=disabled",
+                f"run.out_dir={json.dumps(str(runs[parallel]))}", f"train.parallel={parallel}"]
+        args = ["train.py", "--config", "configs/tiny-chat.yaml", "--no-progress", *[a for s in sets for a in ("--set", s)]]
+        assert "of assistant text" in _ok(_launch(2, args)).stdout
+    ddp, fsdp = _losses(runs["ddp"]), _losses(runs["fsdp"])
+    assert [(k, s) for k, s, _ in fsdp] == [(k, s) for k, s, _ in ddp] and len(fsdp) >= 3
+    for (_, _, want), (_, _, got) in zip(ddp, fsdp):
+        assert got == pytest.approx(want, rel=1e-5)
