@@ -19,7 +19,7 @@ from common.errors import UserError
 from common.files import atomic_output
 from common.os_errors import with_path
 from model import save_pretrained
-from rundir.files import LOCK_FILES, RUN_FILES, STATE_FILE
+from rundir.files import LOCK_FILES, RUN_FILES, SHARDED_PREFIX, STATE_FILE
 
 FORMAT_VERSION = 1
 
@@ -58,6 +58,8 @@ def clear_old_run(run_dir: Path) -> None:
     for name in RUN_FILES:
         (run_dir / name).unlink(missing_ok=True)
     shutil.rmtree(run_dir / "wandb", ignore_errors=True)
+    for folder in run_dir.glob(SHARDED_PREFIX + "*"):
+        shutil.rmtree(folder, ignore_errors=True)
     run_dir.mkdir(parents=True, exist_ok=True)
 
 

@@ -16,6 +16,9 @@ LOSS_CURVE_FILE = "loss_curve.png"  # drawn from METRICS_FILE at the end of trai
 RUN_FILES = (
     RUN_CONFIG_FILE, TOKENIZER_FILE, METRICS_FILE, STATE_FILE, MODEL_CONFIG_FILE, WEIGHTS_FILE, PARENT_FILE, LOSS_CURVE_FILE,
 )
+# Folders written by torch.distributed.checkpoint under train.parallel=fsdp, one per saved step;
+# the trainer state names the one to resume from.
+SHARDED_PREFIX = "sharded-step"
 LOCK_FILE = ".run.lock"  # held by the training that writes the directory (rundir.lock)
 LOCK_OWNER_FILE = ".run.lock.owner"  # that training's pid and host
 LOCK_FILES = (LOCK_FILE, LOCK_OWNER_FILE)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
 
 from common.config import ConfigError, build, check_types, read_yaml, read_yaml_file, require
@@ -22,6 +23,7 @@ from data import DataConfig
 from model import GPTConfig
 from model.generation import check_sampling_args
 from tracking.config import LoggingConfig
+from training.fsdp import torch_too_old
 from training.init_from import ParentRun, find_parent, model_section_from_parent, refuse_own_parent
 
 DEFAULT_OUT_DIR = "runs/default"  # where a config without run.out_dir (and no file name) trains
@@ -86,6 +88,12 @@ class TrainConfig:
     compile: bool | str = "auto"  # auto (on for CUDA, off elsewhere) | true | false
     peak_flops: float | str = "auto"  # FLOP/s of one device for MFU; auto = table or measured
     init_from: str | None = None  # a run directory to start from (its weights, shape and tokenizer)
+    # How torchrun's processes share the model: ddp (a whole copy each) or fsdp (each holds a slice
+    # of every weight, gradient and optimizer state: for a model that does not fit one device).
+    parallel: str = "ddp"
+    # Recompute each block's activations in the backward pass instead of keeping them: less memory
+    # for about a third more compute.
+    activation_checkpointing: bool = False
 
     def budget_reached(self, step: int, tokens: int, seconds: float) -> str | None:
         """The budget a run at ``step``, having seen ``tokens`` in ``seconds`` of training, has used
@@ -136,6 +144,9 @@ class TrainConfig:
         require(self.threads == "auto" or (isinstance(self.threads, int) and self.threads >= 1),
                 f"train.threads must be auto or a whole number >= 1 (got {self.threads!r})")
         _require_one_of(self.precision, "train.precision", ("auto", "bf16", "fp32"))
+        _require_one_of(self.parallel, "train.parallel", ("ddp", "fsdp"))
+        if self.parallel == "fsdp":
+            require((too_old := torch_too_old(torch.__version__)) is None, str(too_old))
         require(
             isinstance(self.compile, bool) or self.compile == "auto",
             f"train.compile must be auto, true or false (got {self.compile!r})",

@@ -90,14 +90,21 @@ def split_batch(batch_size: int, grad_accum_steps: int, world_size: int) -> Batc
     )
 
 
-def wrap_model(model: nn.Module, ctx: DistContext) -> nn.Module:
-    """The one place the model is wrapped for multi-process training (DDP).
+def wrap_model(model: nn.Module, ctx: DistContext, parallel: str = "ddp") -> nn.Module:
+    """The one place the model is wrapped for multi-process training: DDP, or with
+    ``parallel="fsdp"`` sharded in place by FSDP2 (training/fsdp.py).
 
     Call it before ``torch.compile``: compiling the wrapper lets communication overlap the
-    backward pass. DDP broadcasts rank 0's weights on construction, so every rank starts equal.
+    backward pass. DDP broadcasts rank 0's weights on construction, so every rank starts equal;
+    FSDP keeps each rank's own slice, which is equal because every rank built the model from
+    the same seed (or loaded the same parent weights).
     """
     if not ctx.enabled:
         return model
+    if parallel == "fsdp":
+        from training.fsdp import shard_model
+
+        return shard_model(model, ctx.device)
     device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
     return DistributedDataParallel(model, device_ids=device_ids)
 
@@ -107,6 +114,10 @@ def sync_gradients(model: nn.Module, enabled: bool) -> Iterator[None]:
     """Run one micro-step's backward; all-reduce the gradients only when ``enabled`` (the last
     micro-step), so earlier ones accumulate locally without communication."""
     ddp = getattr(model, "_orig_mod", model)  # through torch.compile's wrapper
+    if hasattr(ddp, "set_requires_gradient_sync"):  # FSDP2: keep unsharded gradients until the last
+        ddp.set_requires_gradient_sync(enabled)
+        yield
+        return
     skip_sync = not enabled and isinstance(ddp, DistributedDataParallel)
     with ddp.no_sync() if skip_sync else contextlib.nullcontext():
         yield

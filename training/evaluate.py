@@ -20,6 +20,7 @@ from inference.engine import decode
 from model.generation import SamplingSettings
 from model.gpt import eval_mode
 from training.distributed import DistContext, all_reduce_sum
+from training.fsdp import is_sharded
 
 
 @dataclass
@@ -88,8 +89,10 @@ def score_batches(
     # nats and count over every scored target (the loss); nats and UTF-8 bytes over the targets
     # that stand for text (bits per byte: end-of-text has no bytes, so it is left out of both).
     sums = torch.zeros(4, dtype=torch.float64, device=device)
+    seen = 0
     with eval_mode(model):
         for i, (x, y) in enumerate(batches):
+            seen = i + 1
             if i % ctx.world_size != ctx.rank:
                 continue
             with amp() if amp is not None else contextlib.nullcontext():
@@ -100,6 +103,10 @@ def score_batches(
             text_nats, text_bytes = target_nats_and_bytes(logits, y, token_bytes)
             sums[2] += text_nats
             sums[3] += text_bytes
+        if ctx.enabled and is_sharded(model) and ctx.rank >= seen % ctx.world_size > 0:
+            # FSDP gathers weights inside every forward, from all ranks together: a rank left out
+            # of the last round of batches runs a throwaway forward beside the others' last.
+            model(torch.zeros(1, 1, dtype=torch.long, device=device))
     nats, tokens, text_nats, nbytes = all_reduce_sum(sums, ctx).tolist()
     return EvalResult(
         loss=nats / max(tokens, 1),

@@ -1,21 +1,83 @@
-"""Refuse a model that cannot fit before allocating it: an absurd ``model.vocab_size`` or
-``n_embd`` should be one line, not a machine brought down by swapping."""
+"""Memory planning: what one device holds while training, estimated from the config alone, so that
+a run that cannot fit is refused before anything is allocated, with the settings that would fit.
+
+Per device, in bytes:
+- weights, gradients and optimizer state: fp32 (4 bytes) per parameter for each; AdamW keeps two
+  moments, Muon one for its matrices. Under fsdp each is divided by the number of processes,
+  plus the whole weights and gradients of the blocks being gathered (two: FSDP prefetches one).
+- activations kept for the backward pass at the configured per-process micro-batch: per token,
+  a fixed number of values per layer for each of the model width and the MLP width, and the
+  logits. Activation checkpointing keeps each block's input instead and recomputes one block.
+  The constants were fitted to the CPU's measured peak (tests/training/test_memory_budget.py);
+  bf16 autocast halves the activations.
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass, replace
 
 import torch
 
 from common.device import device_memory_bytes
 from model import GPTConfig
-from training.config import ConfigError
+from training.config import ConfigError, TrainConfig
 
 # fp32 weights, their gradients and two optimizer moments (AdamW's; Muon keeps one, so this is
 # an upper bound). Activations come on top and scale with the batch.
 BYTES_PER_PARAMETER = 4 * 4
+# Values kept per token and layer, per unit of model width and of MLP width (norm inputs and
+# outputs, queries, keys, values, attention output, residuals; the MLP's gate, up, activation
+# and product), and per vocabulary entry for the logits (the logits, their log-softmax, and the
+# gradients of both, with one temporary).
+ACTIVATION_WIDTHS = 12
+ACTIVATION_MLP_WIDTHS = 5
+LOGIT_COPIES = 5
+# With activation checkpointing, the block being differentiated holds its recomputed activations,
+# their gradients and the temporaries of its backward at once: as much as about four blocks keep.
+RECOMPUTED_BLOCKS = 4
+GATHERED_BLOCKS = 2  # FSDP holds the block it computes and the one it prefetches
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes one device holds at the peak of a training step."""
+
+    weights: int
+    gradients: int
+    optimizer: int
+    activations: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.gradients + self.optimizer + self.activations
+
+    def describe(self) -> str:
+        parts = (("weights", self.weights), ("gradients", self.gradients), ("optimizer", self.optimizer),
+                 ("activations", self.activations))
+        return f"{_gib(self.total)} ({', '.join(f'{name} {_gib(n)}' for name, n in parts)})"
+
+
+def estimate_memory(
+    model: GPTConfig, train: TrainConfig, *, world_size: int = 1, micro_batch: int | None = None, bf16: bool = False,
+) -> MemoryEstimate:
+    """The peak memory of one device training ``model`` as ``train`` says, among ``world_size``
+    processes, each computing ``micro_batch`` sequences at a time (default train.batch_size)."""
+    params = model.num_params()
+    layer = _layer_params(model)
+    shards = world_size if train.parallel == "fsdp" else 1
+    gathered = min(GATHERED_BLOCKS, model.n_layer) * layer if shards > 1 else 0
+    moments = 2 * params if train.optimizer == "adamw" else 2 * params - model.n_layer * layer
+    return MemoryEstimate(
+        weights=4 * (params // shards + gathered),
+        gradients=4 * (params // shards + gathered),
+        optimizer=4 * (moments // shards),
+        activations=_activations(model, train, micro_batch or train.batch_size, bf16),
+    )
 
 
 def check_model_fits(config: GPTConfig, device: torch.device) -> None:
-    """Raise ConfigError when training ``config`` would need more memory than ``device`` has."""
+    """Raise ConfigError when the weights, gradients and optimizer state alone of ``config`` need
+    more memory than ``device`` has (an absurd size, refused before the data is prepared)."""
     params = config.num_params()
     need = params * BYTES_PER_PARAMETER
     have = device_memory_bytes(device)
@@ -25,3 +87,53 @@ def check_model_fits(config: GPTConfig, device: torch.device) -> None:
             f"for weights, gradients and optimizer state, more than the {have / 2**30:,.1f} GiB of "
             f"{device}; lower model.vocab_size, model.n_embd or model.n_layer"
         )
+
+
+def plan_memory(
+    model: GPTConfig, train: TrainConfig, device: torch.device, *, world_size: int, micro_batch: int, bf16: bool,
+) -> str:
+    """One line saying what a training step needs per device and what the device has; raises
+    ConfigError, naming the settings to change, when the estimate does not fit."""
+    estimate = estimate_memory(model, train, world_size=world_size, micro_batch=micro_batch, bf16=bf16)
+    have = device_memory_bytes(device)
+    line = f"memory per device: about {estimate.describe()} ({train.parallel}, {world_size} process(es))"
+    if have is None:
+        return line
+    line += f" of {_gib(have)} on {device}"
+    if estimate.total <= have:
+        return line
+    advice = ["lower train.batch_size (raise train.grad_accum_steps to keep the global batch)"]
+    if not train.activation_checkpointing:
+        advice.append("set train.activation_checkpointing=true")
+    if train.parallel == "ddp" and world_size > 1:
+        fsdp = estimate_memory(model, replace(train, parallel="fsdp"), world_size=world_size,
+                               micro_batch=micro_batch, bf16=bf16)
+        advice.append(f"set train.parallel=fsdp (about {_gib(fsdp.total)})")
+    elif world_size == 1:
+        advice.append("shard over more devices with torchrun and train.parallel=fsdp")
+    raise ConfigError(f"this run would not fit: {line}; {', or '.join(advice)}")
+
+
+def _layer_params(model: GPTConfig) -> int:
+    """The parameters of one block (the hidden matrices and their norm gains)."""
+    C = model.n_embd
+    table = (model.vocab_size + model.block_size) * C
+    head = 0 if model.tie_embeddings else model.vocab_size * C
+    values = len(model.value_embedding_layers) * model.vocab_size * model.n_kv_head * model.head_dim
+    return (model.num_params() - table - head - values - C) // model.n_layer
+
+
+def _activations(model: GPTConfig, train: TrainConfig, batch: int, bf16: bool) -> int:
+    tokens = batch * model.block_size
+    per_layer = ACTIVATION_WIDTHS * model.n_embd + ACTIVATION_MLP_WIDTHS * model.ffn_dim
+    if train.activation_checkpointing:
+        kept = model.n_layer * model.n_embd + RECOMPUTED_BLOCKS * per_layer  # every block's input
+    else:
+        kept = model.n_layer * per_layer
+    value_bytes = 2 if bf16 else 4
+    # The logits are computed in fp32 for the loss even under autocast.
+    return tokens * (value_bytes * kept + 4 * LOGIT_COPIES * model.vocab_size)
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:,.2f} GiB"

@@ -12,6 +12,11 @@ torch.optim.Muon (torch >= 2.9) does the same mathematics, but always iterates i
 is right on a GPU and far slower than the whole forward and backward pass on a CPU without bf16
 matrix units (docs/results.md). This version iterates in bf16 on CUDA and in fp32 elsewhere, and
 orthogonalises all matrices of one shape in one batched matmul.
+
+Under FSDP (train.parallel: fsdp) each process holds a slice of rows of every matrix, and the
+orthogonalised update of a slice is not a slice of the orthogonalised matrix. So each update is
+gathered whole, every process orthogonalises the same whole matrices, and each keeps its own
+rows: the step equals the unsharded one, at the price of one all-gather per matrix per step.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from collections import defaultdict
 from typing import Iterable
 
 import torch
+from torch.distributed.tensor import DTensor, Replicate
 
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 
@@ -79,7 +85,7 @@ class Muon(torch.optim.Optimizer):
                     raise ValueError(f"Muon only updates 2-D weight matrices, got a parameter of shape {tuple(p.shape)}")
 
     @torch.no_grad()
-    def step(self) -> None:
+    def step(self, closure: None = None) -> None:  # closure: the Optimizer signature; unused
         for group in self.param_groups:
             lr, wd, beta = group["lr"], group["weight_decay"], group["momentum"]
             # Matrices of one shape (and device and dtype) share one batched orthogonalisation.
@@ -94,8 +100,22 @@ class Muon(torch.optim.Optimizer):
                 buf.lerp_(p.grad, 1 - beta)
                 by_shape[(p.shape, p.device, p.dtype)].append((p, p.grad.lerp(buf, beta)))  # Nesterov
             for (shape, _, _), items in by_shape.items():
-                updates = orthogonalize(torch.stack([u for _, u in items]))
+                updates = orthogonalize(torch.stack([_whole(u) for _, u in items]))
                 scale = max(1.0, shape[0] / shape[1]) ** 0.5
                 for (p, _), update in zip(items, updates):
                     p.mul_(1 - lr * wd)
-                    p.add_(update, alpha=-lr * scale)
+                    p.add_(_shaped_like(update, p), alpha=-lr * scale)
+
+
+def _whole(t: torch.Tensor) -> torch.Tensor:
+    """The whole matrix of a sharded (DTensor) update, gathered from every process."""
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def _shaped_like(update: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """``update`` (a whole matrix) laid out like ``p``: for a sharded ``p``, this process's rows,
+    cut locally since every process holds the same whole update."""
+    if not isinstance(p, DTensor):
+        return update
+    whole = DTensor.from_local(update, p.device_mesh, [Replicate()] * p.device_mesh.ndim, run_check=False)
+    return whole.redistribute(p.device_mesh, p.placements)

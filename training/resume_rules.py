@@ -6,6 +6,7 @@ learning rates and their schedule, warmup, Muon's momentum and its warm-up, weig
 ``eval``, ``logging`` and ``run`` sections, plus ``model.dropout``.
 
 May not change: ``train.optimizer`` (the saved optimizer state belongs to one optimizer),
+``train.parallel`` (ddp saves whole tensors in the trainer state, fsdp a sharded folder),
 ``train.sampling`` (the saved sampler position belongs to one sampler), ``train.seed`` (the saved
 random streams came from it; a new seed would silently do nothing), the model's shape
 (``SHAPE_KEYS``) and the data section's tokenizer (both checked in ``Trainer.setup``).
@@ -22,7 +23,7 @@ from rundir.checkpoint import CheckpointError
 from rundir.files import METRICS_FILE, STATE_FILE
 from rundir.metrics import read_metrics
 
-FIXED_ON_RESUME = ("optimizer", "sampling", "seed")
+FIXED_ON_RESUME = ("optimizer", "sampling", "seed", "parallel")
 # The model keys that fix the shapes of the weights or what they compute, which neither a resume nor
 # a run started from a parent (train.init_from) may change: weights trained under a softcap or
 # QK-norm mean something else without it. dropout, norm_eps and zero_init (an init only) may.

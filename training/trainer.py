@@ -43,15 +43,17 @@ from training.distributed import (
     shutdown, split_batch, sync_gradients, wrap_model,
 )
 from training.evaluate import EvalResult
+from training.fsdp import full_model_on_main, is_sharded, load_sharded, remove_stale_checkpoints, save_sharded
 from training.init_from import check_parent_tokenizer, load_parent_weights
 from training.interrupt import StopNow, StopRequest
-from training.memory_budget import check_model_fits
+from training.memory_budget import check_model_fits, plan_memory
 from training.metrics import Throughput, format_flops, mfu, peak_flops
 from training.optim import (
     MuonWithAdamW, build_optimizer, build_schedule, load_optimizer_state, muon_momentum, plan_param_groups,
     set_learning_rate,
 )
 from training.progress_bar import StepBar
+from training.recompute import checkpoint_blocks
 from training.resume_rules import (
     check_not_finished,
     check_fixed_settings, check_model_shape, check_optimizer_groups, fixed_settings, restore_error,
@@ -108,7 +110,9 @@ def train(config: Config, *, resume: bool = False, overwrite: bool = False, prog
 
 def clip_gradients(model: nn.Module, max_norm: float) -> torch.Tensor:
     """Clip the global gradient norm to ``max_norm`` (0: no clipping); return the norm before."""
-    return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm if max_norm > 0 else math.inf)
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm if max_norm > 0 else math.inf)
+    # Over FSDP's sharded gradients the norm is a DTensor: the whole model's norm, once gathered.
+    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
 
 class Trainer:
@@ -151,6 +155,11 @@ class Trainer:
         else:
             self.threads = use_threads(None if tc.threads == "auto" else tc.threads, "train.threads")
         check_model_fits(self.config.model, self.device)  # an absurd size, before anything slow
+        # The whole step's estimate, from the config alone: refused here, before any allocation.
+        micro_batch = split_batch(tc.batch_size, tc.grad_accum_steps, self.ctx.world_size).batch_size
+        bf16 = resolve_precision(tc.precision, self.device) == torch.bfloat16
+        self.memory_plan = plan_memory(self.config.model, tc, self.device, world_size=self.ctx.world_size,
+                                       micro_batch=micro_batch, bf16=bf16)
         self._prepare_data(resume=resume)
         self._build_model_and_optimizer()
         wandb_run_id = self._restore(state) if state is not None else None
@@ -211,6 +220,10 @@ class Trainer:
         install_cpu_backward(self.model)  # a faster RMSNorm backward in eager CPU training
         if self.parent is not None:
             load_parent_weights(self.model, self.parent)  # a resumed run's checkpoint replaces them
+        if tc.activation_checkpointing:
+            checkpoint_blocks(self.model)
+        # Before the optimizer is built: FSDP replaces the parameters with sharded ones.
+        self.wrapped = wrap_model(self.model, ctx, tc.parallel)
         torch.manual_seed(tc.seed + ctx.rank)  # for dropout, differing per rank
         np.random.seed((tc.seed + ctx.rank) % 2**32)
         random.seed(tc.seed + ctx.rank)
@@ -226,7 +239,6 @@ class Trainer:
         self.schedule = build_schedule(tc, self.tokens_per_step)
         self.batches = self.task.batches(split.batch_size, seed=tc.seed, rank=ctx.rank, world_size=ctx.world_size,
                                          device=self.device)
-        self.wrapped = wrap_model(self.model, ctx)
         self.compiled = should_compile(tc.compile, self.device)
         self.train_model = torch.compile(self.wrapped) if self.compiled else self.wrapped
         self.flops_per_token = self.model.flops_per_token(cfg.model.block_size)
@@ -234,9 +246,12 @@ class Trainer:
     def _restore(self, state: dict[str, Any]) -> str | None:
         """Load a checkpoint's trainer state; return the wandb run id to resume."""
         try:
-            self.model.load_state_dict(state["model"])
-            check_optimizer_groups(state["optimizer"], self.optimizer.state_dict(), self.run_dir)
-            load_optimizer_state(self.optimizer, state["optimizer"])
+            if "sharded" in state:  # saved by train.parallel=fsdp, at any number of processes
+                load_sharded(self.run_dir, state["sharded"], self.model, self.optimizer)
+            else:
+                self.model.load_state_dict(state["model"])
+                check_optimizer_groups(state["optimizer"], self.optimizer.state_dict(), self.run_dir)
+                load_optimizer_state(self.optimizer, state["optimizer"])
             self.step = int(state["step"])
             self.tokens_seen = int(state["tokens_seen"])
             self.base_seconds = float(state["train_seconds"])
@@ -244,7 +259,7 @@ class Trainer:
             if rank_state is not None:
                 self.batches.load_state_dict(rank_state["batches"])
                 restore_rng_state(rank_state["rng"])
-        except (KeyError, ValueError, TypeError, RuntimeError) as e:
+        except (KeyError, ValueError, TypeError, RuntimeError, FileNotFoundError) as e:
             # A state with keys missing, or saved by another optimizer or sampler.
             raise restore_error(self.run_dir, e) from None
         self.saved_step = self.step
@@ -279,6 +294,7 @@ class Trainer:
                 f"peak {format_flops(self.peak)}FLOP/s ({self.peak_source}); "
                 f"{self.threads.describe()}; run dir {self.run_dir}"
             )
+            self._say(self.memory_plan)
             if self.parent is not None:
                 self._say(f"starting from {self.parent.directory}")
             if (line := self.task.describe_batches(self.batches)) is not None:
@@ -423,6 +439,8 @@ class Trainer:
             ctx=self.ctx,
             progress=final and self.verbose,  # the full pass can take minutes on a slow host
         )
+        # Samples and attention maps decode on rank 0 alone, so a sharded model is gathered first.
+        plain = self._unsharded_model() if ec.sample_tokens > 0 or self.probe is not None else self.model
         if not self.ctx.is_main:
             self.last_eval_s = self._elapsed()
             return result
@@ -434,10 +452,10 @@ class Trainer:
             "val_bpb": result.bpb,
             "val_tokens": result.tokens,
         }
-        samples = self._samples() if ec.sample_tokens > 0 else []
+        samples = self._samples(plain) if ec.sample_tokens > 0 else []
         record.update(self.task.sample_fields(samples))
         if self.probe is not None:
-            record.update(self._attention_stats(final))
+            record.update(self._attention_stats(plain, final))
         self.metrics.append(record)
         prefix = "final/" if final else "val/"
         self.logger.log({prefix + "loss": result.loss, prefix + "bpb": result.bpb}, self.step)
@@ -448,10 +466,10 @@ class Trainer:
         self.last_eval_s = self._elapsed()
         return result
 
-    def _attention_stats(self, final: bool) -> dict[str, float]:
+    def _attention_stats(self, model: GPT, final: bool) -> dict[str, float]:
         """The attention probe's numbers (``training.attention_probe``), logged to wandb as
         ``attn/...``; now and then a figure of the maps too."""
-        stats = self.probe.summary(self.model)
+        stats = self.probe.summary(model)
         self.logger.log({f"attn/{k}": v for k, v in stats.items()}, self.step)
         self.evaluations += 1
         every = self.config.eval.attention_image_interval
@@ -459,35 +477,50 @@ class Trainer:
             with tempfile.TemporaryDirectory() as folder:
                 figure = Path(folder) / "attention.png"
                 title = f"step {self.step}: attention over {self.probe.prompt!r}"
-                self.probe.draw(self.model, self.task.tokenizer, figure, title=title)
+                self.probe.draw(model, self.task.tokenizer, figure, title=title)
                 self.logger.log_image("attn/maps", str(figure), self.step)
         return stats
 
-    def _samples(self) -> list[tuple[str, str]]:
+    def _samples(self, model: GPT) -> list[tuple[str, str]]:
         ec = self.config.eval
         settings = SamplingSettings(max_new_tokens=ec.sample_tokens, temperature=ec.sample_temperature,
                                     top_k=ec.sample_top_k, top_p=None, seed=ec.sample_seed)
-        return self.task.samples(self.model, settings)
+        return self.task.samples(model, settings)
 
     def _save(self) -> None:
         # Each rank's sampler and RNG streams differ, and all are needed to resume exactly.
         ranks = gather_to_main({"rng": capture_rng_state(), "batches": self.batches.state_dict()}, self.ctx)
+        sharded = None
+        if self.config.train.parallel == "fsdp":
+            sharded = save_sharded(self.run_dir, self.step, self.model, self.optimizer, self.ctx.is_main)
+            plain = self._unsharded_model()
         if self.ctx.is_main:
             state = {
                 "step": self.step,
                 "tokens_seen": self.tokens_seen,
                 "train_seconds": self._elapsed(),
                 "model_config": self.config.model.to_dict(),
-                "model": self.model.state_dict(),
-                "optimizer": self.optimizer.state_dict(),
                 "ranks": ranks,
                 "world_size": self.ctx.world_size,
                 "wandb_run_id": self.logger.run_id,
                 "fixed_settings": fixed_settings(self.config.train),
                 "threads": self.threads.threads,
             }
-            save_checkpoint(self.run_dir, self.model, state)
+            if sharded is None:
+                state.update(model=self.model.state_dict(), optimizer=self.optimizer.state_dict())
+                save_checkpoint(self.run_dir, self.model, state)
+            else:
+                # The weights and optimizer state are in the sharded folder that "sharded" names;
+                # model.safetensors gets the whole model, as in any run.
+                save_checkpoint(self.run_dir, plain, {**state, "sharded": sharded})
+                remove_stale_checkpoints(self.run_dir, keep=sharded)
         self.saved_step = self.step
+
+    def _unsharded_model(self) -> GPT | None:
+        """The model whole on rank 0 (None on the others; every rank must call it)."""
+        if not is_sharded(self.model):
+            return self.model
+        return full_model_on_main(self.model, self.config.model, self.ctx.is_main, self.device)
 
     # -----------------------------------------------------------------------------------------
     # Small helpers

@@ -139,3 +139,8 @@ def test_induction_lab_trains_a_seed_and_writes_the_held_out_corpus(bench_dir) -
     out = bench("induction_lab", "--seeds", 1, "--out", bench_dir / "induction_lab", "--set", "train.max_steps=4",
                 "--set", "eval.interval=2", "--set", "logging.wandb.mode=disabled")
     assert_words(out, "seed")
+
+
+def test_memory_plan_prints_the_largest_model_per_mode() -> None:
+    out = bench("memory_plan", "--gib", 24, "--micro-batch", 4)
+    assert_words(out, "| 24 GiB |", "fsdp + checkpointing", "fsdp over 8 GPUs")

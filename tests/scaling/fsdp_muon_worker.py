@@ -1,0 +1,85 @@
+"""Run under ``torchrun --nproc_per_node=2``: Muon + AdamW on FSDP-sharded weights must take the
+steps a single process takes on the whole batch.
+
+Both ranks shard one model (FSDP2, training/fsdp.py); each gets half of every global batch and
+the two accumulate 2 micro-batches each. Rank 0 also trains an unsharded copy on the whole batch
+(4 micro-batches) with the same optimizer, then writes the largest difference between both final
+weights, and the largest change of a weight, as JSON to the path given as the only argument.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+
+import torch
+
+from common.files import atomic_write_text
+from model import GPT, GPTConfig
+from training.config import TrainConfig
+from training.distributed import init_distributed, shutdown, sync_gradients, wrap_model
+from training.fsdp import full_model_on_main
+from training.optim import build_optimizer
+
+STEPS, MICRO, ROWS = 3, 4, 2  # optimizer steps; micro-batches per global batch; rows per micro-batch
+OPTIM = TrainConfig(max_steps=STEPS, optimizer="muon", lr=3e-3, muon_lr=0.02, weight_decay=0.1)
+
+
+def model_config(attention: str) -> GPTConfig:
+    if attention == "mla":
+        return GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=4, n_kv_head=4, n_embd=32,
+                         attention="mla", kv_latent_dim=16, value_embeddings=False)
+    return GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=4, n_kv_head=2, n_embd=32, value_embeddings=True)
+
+
+def batches(config: GPTConfig, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(100 + step)
+    tokens = torch.randint(0, config.vocab_size, (MICRO, ROWS, config.block_size + 1), generator=g)
+    return [(t[:, :-1], t[:, 1:]) for t in tokens]
+
+
+def train(model: torch.nn.Module, config: GPTConfig, share: slice, sync=None) -> None:
+    optimizer = build_optimizer(model, OPTIM, torch.device("cpu"))
+    for step in range(STEPS):
+        mine = batches(config, step)[share]
+        for i, (x, y) in enumerate(mine):
+            with sync(i == len(mine) - 1) if sync else contextlib.nullcontext():
+                _, loss = model(x, y)
+                (loss / len(mine)).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+
+def compare(ctx, attention: str) -> dict:
+    config = model_config(attention)
+    torch.manual_seed(0)
+    model = wrap_model(GPT(config), ctx, parallel="fsdp")
+    half = MICRO // ctx.world_size
+    train(model, config, slice(ctx.rank * half, (ctx.rank + 1) * half), lambda last: sync_gradients(model, last))
+    sharded = full_model_on_main(model, config, ctx.is_main)
+    if not ctx.is_main:
+        return {}
+    torch.manual_seed(0)
+    reference = GPT(config)
+    start = {k: v.clone() for k, v in reference.state_dict().items()}
+    train(reference, config, slice(None))
+    got, want = sharded.state_dict(), reference.state_dict()
+    return {
+        "max_diff": max((got[k] - want[k]).abs().max().item() for k in want),
+        "max_change": max((want[k] - start[k]).abs().max().item() for k in want),
+    }
+
+
+def main(out_path: str) -> None:
+    ctx = init_distributed("cpu")
+    try:
+        results = {"world_size": ctx.world_size, "gqa": compare(ctx, "gqa"), "mla": compare(ctx, "mla")}
+        if ctx.is_main:
+            atomic_write_text(out_path, json.dumps(results))
+    finally:
+        shutdown(ctx)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

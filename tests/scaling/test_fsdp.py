@@ -1,0 +1,223 @@
+"""train.parallel=fsdp (training/fsdp.py): the config's refusals, activation checkpointing, and,
+under torchrun with two gloo processes (e2e), Muon on sharded weights, losses equal to DDP's (a
+chat-tune from a parent run too), sharded checkpoints resumed at another world size, and a kill -9
+in the middle of a save."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from common.config import ConfigError
+from model import GPT, GPTConfig, load_pretrained
+from rundir.checkpoint import CheckpointError, load_trainer_state
+from rundir.files import METRICS_FILE
+from rundir.metrics import read_metrics
+from tests.scaling.test_distributed import free_port, torchrun_env
+from training.config import TrainConfig
+from training.fsdp import load_sharded, torch_too_old
+from training.optim import build_optimizer
+from training.recompute import checkpoint_blocks
+from training.resume_rules import check_fixed_settings, fixed_settings
+
+ROOT = Path(__file__).resolve().parents[2]
+MLA = ["model.attention=mla", "model.n_kv_head=4", "model.kv_latent_dim=32", "model.value_embeddings=false"]
+
+
+def test_fsdp_torch_floor_and_bad_values_are_refused_in_one_line(monkeypatch):
+    assert torch_too_old("2.7.0") is None and torch_too_old("2.13.0+cpu") is None
+    message = torch_too_old("2.6.0+cu124")
+    assert "torch >= 2.7 (this is 2.6.0+cu124)" in message and "pip install -U" in message
+    with pytest.raises(ConfigError, match=r"train.parallel must be ddp or fsdp \(got 'zero3'\)"):
+        TrainConfig(max_steps=1, parallel="zero3")
+    monkeypatch.setattr(torch, "__version__", "2.6.0")
+    with pytest.raises(ConfigError, match="needs torch >= 2.7") as info:
+        TrainConfig(max_steps=1, parallel="fsdp")
+    assert "\n" not in str(info.value)
+    TrainConfig(max_steps=1, parallel="ddp")  # DDP has no such floor
+
+
+# Dropout on: the recomputation must draw the same dropout masks as the forward did.
+@pytest.mark.parametrize("extra", [dict(n_kv_head=2, dropout=0.1),
+                                   dict(attention="mla", n_kv_head=4, kv_latent_dim=16, value_embeddings=False)])
+def test_activation_checkpointing_gives_the_same_loss_and_gradients(extra):
+    config = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=4, n_embd=32, **extra)
+    x = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
+    results = []
+    for recompute in (False, True):
+        torch.manual_seed(0)
+        model = GPT(config)
+        if recompute:
+            checkpoint_blocks(model)
+        _, loss = model(x[:, :-1], x[:, 1:])
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad for n, p in model.named_parameters()}))
+    (plain_loss, plain), (loss, grads) = results
+    assert torch.equal(loss, plain_loss)
+    for name, grad in plain.items():
+        torch.testing.assert_close(grads[name], grad, rtol=1e-6, atol=1e-7)  # fp32, the same ops again
+
+
+# ---------------------------------------------------------------------------------------------
+# Two gloo processes (e2e)
+
+
+def _launch(nproc: int, args: list[str], timeout: int = 240) -> subprocess.CompletedProcess:
+    """``args`` (a script and its arguments) under torchrun with ``nproc`` CPU processes; torchrun
+    stops every worker when one fails, and the test kills torchrun itself on a timeout."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--nnodes=1",
+           "--master_addr=127.0.0.1", f"--master_port={free_port()}", *args]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=torchrun_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _train_args(overrides: list[str], out: Path, *more: str) -> list[str]:
+    sets = [*overrides, "model.n_layer=2", "train.max_steps=4", "run.checkpoint_interval=2",
+            "logging.wandb.mode=disabled", f"run.out_dir={json.dumps(str(out))}", *more]
+    return ["train.py", "--config", "configs/tiny.yaml", "--no-progress", *[a for s in sets for a in ("--set", s)]]
+
+
+def _ok(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def _losses(run: Path) -> list[tuple[str, int, float]]:
+    return [(r["kind"], r["step"], r.get("loss", r.get("val_loss"))) for r in read_metrics(run / METRICS_FILE)]
+
+
+def _sharded_weights(run: Path) -> dict[str, torch.Tensor]:
+    """The weights in the run's sharded checkpoint, loaded whole by this (single) process."""
+    config = load_pretrained(run).config
+    model = GPT(config)
+    load_sharded(run, load_trainer_state(run)["sharded"], model, build_optimizer(model, TrainConfig(max_steps=1, optimizer="muon"), torch.device("cpu")))
+    return model.state_dict()
+
+
+@pytest.mark.e2e
+@pytest.mark.distributed
+def test_muon_on_sharded_weights_equals_single_process_muon(tmp_path):
+    out = tmp_path / "result.json"
+    _ok(_launch(2, [str(ROOT / "tests" / "scaling" / "fsdp_muon_worker.py"), str(out)]))
+    result = json.loads(out.read_text())
+    for attention in ("gqa", "mla"):
+        # 3 steps of Muon + AdamW moved weights by a few hundredths; sharding changes only the
+        # order of fp32 sums, so the weights agree to float rounding.
+        assert result[attention]["max_change"] > 1e-2
+        assert result[attention]["max_diff"] < 1e-6
+
+
+@pytest.mark.e2e
+@pytest.mark.distributed
+@pytest.mark.parametrize("attention", ["gqa", "mla"])
+def test_fsdp_losses_equal_ddp_then_resume_at_one_process_and_generate(attention, small_overrides, tmp_path):
+    # 2 micro-steps a process; with MLA, both modes also recompute each block in the backward pass.
+    more = ["train.grad_accum_steps=4"] + (MLA + ["train.activation_checkpointing=true"] if attention == "mla" else [])
+    runs = {}
+    for parallel in ("ddp", "fsdp"):
+        runs[parallel] = tmp_path / parallel
+        _ok(_launch(2, _train_args(small_overrides, runs[parallel], f"train.parallel={parallel}", *more)))
+    ddp, fsdp = _losses(runs["ddp"]), _losses(runs["fsdp"])
+    assert [(k, s) for k, s, _ in fsdp] == [(k, s) for k, s, _ in ddp] and len(fsdp) >= 6
+    for (_, _, want), (_, _, got) in zip(ddp, fsdp):
+        assert got == pytest.approx(want, rel=1e-5)  # fp32: only the order of sums differs
+
+    # The consolidated model.safetensors holds the sharded checkpoint's weights.
+    run = runs["fsdp"]
+    saved, sharded = load_pretrained(run).state_dict(), _sharded_weights(run)
+    assert all(torch.equal(saved[k], sharded[k]) for k in saved)
+    assert sorted(p.name for p in run.glob("sharded-step*")) == ["sharded-step00000004"]
+
+    # 2 -> 1 process: resumed by plain python, then generate.py decodes from the result.
+    resumed = subprocess.run(
+        [sys.executable, *_train_args(small_overrides, run, "train.parallel=fsdp", "train.max_steps=6", *more), "--resume"],
+        cwd=ROOT, env=torchrun_env(), capture_output=True, text=True, timeout=240)
+    _ok(resumed)
+    assert "saved with 2 process(es) on 1" in resumed.stdout and "done: 6 steps" in resumed.stdout
+    assert load_trainer_state(run)["world_size"] == 1
+    generated = _ok(subprocess.run(
+        [sys.executable, "generate.py", "--run", str(run), "--prompt", "Once upon a time", "--max-new-tokens", "12",
+         "--seed", "0"], cwd=ROOT, env=torchrun_env(), capture_output=True, text=True, timeout=120))
+    assert generated.stdout.startswith("Once upon a time") and len(generated.stdout) > len("Once upon a time")
+
+
+@pytest.mark.e2e
+@pytest.mark.distributed
+def test_one_process_fsdp_run_resumes_on_two(small_overrides, tmp_path):
+    run = tmp_path / "run"
+    _ok(subprocess.run([sys.executable, *_train_args(small_overrides, run, "train.parallel=fsdp")],
+                       cwd=ROOT, env=torchrun_env(), capture_output=True, text=True, timeout=240))
+    before = load_trainer_state(run)
+    assert before["world_size"] == 1 and before["sharded"] == "sharded-step00000004"
+    proc = _ok(_launch(2, [*_train_args(small_overrides, run, "train.parallel=fsdp", "train.max_steps=6"), "--resume"]))
+    assert "done: 6 steps" in proc.stdout
+    after = load_trainer_state(run)
+    assert after["world_size"] == 2 and after["step"] == 6
+    assert [s for k, s, _ in _losses(run) if k == "train"] == [1, 2, 3, 4, 5, 6]
+
+
+@pytest.mark.e2e
+@pytest.mark.distributed
+def test_kill_9_in_a_sharded_save_leaves_the_previous_checkpoint_loadable(small_overrides, tmp_path):
+    run = tmp_path / "run"
+    worker = str(ROOT / "tests" / "scaling" / "fsdp_kill_worker.py")
+    # Checkpoints at steps 2 and 4: the kill lands in the second save, shards written, not published.
+    killed = _launch(2, [worker, "2", *_train_args(small_overrides, run, "train.parallel=fsdp")[1:]])
+    assert killed.returncode != 0 and f"Signal {signal.SIGKILL.value}" in killed.stderr + killed.stdout, killed.stderr[-2000:]
+    state = load_trainer_state(run)
+    assert state["step"] == 2 and state["sharded"] == "sharded-step00000002"
+    assert (run / "sharded-step00000004.partial").is_dir()  # the unpublished save, never read
+    weights = _sharded_weights(run)
+    assert all(torch.equal(weights[k], v) for k, v in load_pretrained(run).state_dict().items())
+
+    # The previous checkpoint resumes; the next save clears the unpublished one.
+    proc = _ok(_launch(2, [*_train_args(small_overrides, run, "train.parallel=fsdp"), "--resume"]))
+    assert "done: 4 steps" in proc.stdout
+    assert sorted(p.name for p in run.glob("sharded-step*")) == ["sharded-step00000004"]
+    # ... and ends where an uninterrupted run does: the sharded optimizer state came back whole.
+    whole = tmp_path / "whole"
+    _ok(_launch(2, _train_args(small_overrides, whole, "train.parallel=fsdp")))
+    expected = load_pretrained(whole).state_dict()
+    for name, tensor in load_pretrained(run).state_dict().items():
+        torch.testing.assert_close(tensor, expected[name], rtol=0, atol=1e-5)  # fp32 sums, reordered
+
+
+def test_resuming_with_another_train_parallel_is_refused_in_one_line(tmp_path):
+    state = {"fixed_settings": fixed_settings(TrainConfig(max_steps=1, parallel="ddp"))}
+    with pytest.raises(CheckpointError, match="train.parallel is 'fsdp' but the run was trained with 'ddp'"):
+        check_fixed_settings(state, TrainConfig(max_steps=1, parallel="fsdp"), tmp_path)
+
+
+@pytest.mark.e2e
+@pytest.mark.distributed
+def test_chat_tuning_from_a_parent_run_under_fsdp_equals_ddp(small_overrides, tmp_path):
+    parent = tmp_path / "parent"
+    _ok(subprocess.run([sys.executable, *_train_args(small_overrides, parent, "model.block_size=128",
+                                                     "data.source=shakespeare", "train.max_steps=2")],
+                       cwd=ROOT, env=torchrun_env(), capture_output=True, text=True, timeout=240))
+    cache = next(s for s in small_overrides if s.startswith("data.cache_dir="))
+    runs = {}
+    for parallel in ("ddp", "fsdp"):
+        runs[parallel] = tmp_path / f"chat-{parallel}"
+        sets = [f"train.init_from={json.dumps(str(parent))}", cache, "train.max_steps=3", "train.max_minutes=null",
+                "train.batch_size=4", "train.device=cpu", "train.peak_flops=1e11", "eval.interval=2",
+                "eval.max_batches=2", "eval.final_max_batches=3", "eval.sample_tokens=8", "logging.wandb.mode=disabled",
+                f"run.out_dir={json.dumps(str(runs[parallel]))}", f"train.parallel={parallel}"]
+        args = ["train.py", "--config", "configs/tiny-chat.yaml", "--no-progress", *[a for s in sets for a in ("--set", s)]]
+        assert "of assistant text" in _ok(_launch(2, args)).stdout
+    ddp, fsdp = _losses(runs["ddp"]), _losses(runs["fsdp"])
+    assert [(k, s) for k, s, _ in fsdp] == [(k, s) for k, s, _ in ddp] and len(fsdp) >= 3
+    for (_, _, want), (_, _, got) in zip(ddp, fsdp):
+        assert got == pytest.approx(want, rel=1e-5)

@@ -1,0 +1,72 @@
+"""training/memory_budget.py: the estimate's parts, the refusal before allocation, and (e2e) the
+estimate against the measured peak of real training steps on the CPU."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from common.config import ConfigError
+from model import GPTConfig
+from training.config import TrainConfig
+from training.memory_budget import estimate_memory, plan_memory
+
+ROOT = Path(__file__).resolve().parents[2]
+SMALL = GPTConfig(vocab_size=6400, block_size=512, n_layer=8, n_head=8, n_kv_head=2, n_embd=512)
+
+
+def test_fsdp_divides_the_model_state_and_checkpointing_the_activations():
+    train = TrainConfig(max_steps=1, batch_size=64, optimizer="adamw")
+    ddp = estimate_memory(SMALL, train, world_size=4)
+    fsdp = estimate_memory(SMALL, TrainConfig(max_steps=1, batch_size=64, parallel="fsdp"), world_size=4)
+    params = SMALL.num_params()
+    assert ddp.weights == ddp.gradients == 4 * params and ddp.optimizer == 8 * params
+    # A quarter of the model, plus the two blocks gathered whole at a time.
+    assert ddp.weights / 4 < fsdp.weights < ddp.weights / 2 and fsdp.activations == ddp.activations
+    recomputed = estimate_memory(SMALL, TrainConfig(max_steps=1, batch_size=64, activation_checkpointing=True))
+    assert recomputed.activations < 0.7 * ddp.activations  # the logits stay: 6400 values a token
+    assert estimate_memory(SMALL, train, bf16=True).activations < ddp.activations
+
+
+def test_a_run_that_would_not_fit_is_refused_with_the_estimate_and_what_to_change(monkeypatch):
+    monkeypatch.setattr("training.memory_budget.device_memory_bytes", lambda device: 2**30)
+    train = TrainConfig(max_steps=1, batch_size=64)
+    with pytest.raises(ConfigError) as info:
+        plan_memory(SMALL, train, torch.device("cpu"), world_size=2, micro_batch=64, bf16=False)
+    message = str(info.value)
+    assert "\n" not in message and "would not fit: memory per device: about" in message
+    assert "of 1.00 GiB on cpu" in message and "lower train.batch_size" in message
+    assert "train.activation_checkpointing=true" in message and "set train.parallel=fsdp (about" in message
+    tiny = GPTConfig(vocab_size=256, block_size=32, n_layer=1, n_head=2, n_kv_head=2, n_embd=32)
+    line = plan_memory(tiny, train, torch.device("cpu"), world_size=1, micro_batch=4, bf16=False)
+    assert line.startswith("memory per device: about") and "(ddp, 1 process(es)) of 1.00 GiB on cpu" in line
+
+
+# Two sizes (and the first with activation checkpointing): the estimate is within this fraction of
+# the peak resident memory that two real steps added, measured in a fresh process.
+MARGIN = 0.2
+SIZES = [
+    (dict(vocab_size=4096, block_size=256, n_layer=4, n_head=4, n_kv_head=2, n_embd=256),
+     dict(max_steps=1, batch_size=8, optimizer="adamw")),
+    (dict(vocab_size=2048, block_size=512, n_layer=8, n_head=6, n_kv_head=2, n_embd=384),
+     dict(max_steps=1, batch_size=4, optimizer="muon")),
+    (dict(vocab_size=2048, block_size=512, n_layer=8, n_head=6, n_kv_head=2, n_embd=384),
+     dict(max_steps=1, batch_size=4, optimizer="muon", activation_checkpointing=True)),
+]
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(("model", "train"), SIZES)
+def test_the_estimate_is_near_the_measured_peak_on_the_cpu(model, train):
+    env = {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "training" / "memory_probe.py"), json.dumps(model),
+                           json.dumps(train)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    measured = json.loads(proc.stdout)["added"]
+    estimate = estimate_memory(GPTConfig(**model), TrainConfig(**train)).total
+    assert abs(estimate - measured) <= MARGIN * measured, (estimate / 2**20, measured / 2**20)
