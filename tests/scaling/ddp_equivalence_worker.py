@@ -13,22 +13,19 @@ JSON to the path given as the only argument; the test asserts on it.
 
 from __future__ import annotations
 
-import json
 import sys
 
 import torch
 
-from common.files import atomic_write_text
 from model import GPT, GPTConfig, unwrap
 from training.distributed import (
     all_reduce_mean,
     gather_to_main,
-    init_distributed,
-    shutdown,
     split_batch,
     sync_gradients,
     wrap_model,
 )
+from worker_testkit import run_worker
 
 CONFIG = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=4, n_kv_head=2, n_embd=32)
 MICRO_BATCH = 2
@@ -124,19 +121,7 @@ def ddp_step(ctx, num_micro_batches: int) -> dict:
 
 def main(out_path: str) -> None:
     torch.use_deterministic_algorithms(True)
-    ctx = init_distributed("cpu")
-    try:
-        results = {
-            "world_size": ctx.world_size,
-            "backend": ctx.backend,
-            "A": ddp_step(ctx, num_micro_batches=2),
-            "B": ddp_step(ctx, num_micro_batches=4),
-        }
-        if ctx.is_main:
-            atomic_write_text(out_path, json.dumps(results))
-    finally:
-        shutdown(ctx)
-
+    run_worker(out_path, lambda ctx: {"A": ddp_step(ctx, num_micro_batches=2), "B": ddp_step(ctx, num_micro_batches=4)})
 
 if __name__ == "__main__":
     main(sys.argv[1])

@@ -10,17 +10,16 @@ weights, and the largest change of a weight, as JSON to the path given as the on
 from __future__ import annotations
 
 import contextlib
-import json
 import sys
 
 import torch
 
-from common.files import atomic_write_text
 from model import GPT, GPTConfig
 from training.config import TrainConfig
-from training.distributed import init_distributed, shutdown, sync_gradients, wrap_model
+from training.distributed import sync_gradients, wrap_model
 from training.fsdp import full_model_on_main
-from training.optim import build_optimizer
+from training.optim import build_optimizer, plan_param_groups
+from worker_testkit import run_worker
 
 STEPS, MICRO, ROWS = 3, 4, 2  # optimizer steps; micro-batches per global batch; rows per micro-batch
 OPTIM = TrainConfig(max_steps=STEPS, optimizer="muon", lr=3e-3, muon_lr=0.02, weight_decay=0.1)
@@ -40,7 +39,7 @@ def batches(config: GPTConfig, step: int) -> list[tuple[torch.Tensor, torch.Tens
 
 
 def train(model: torch.nn.Module, config: GPTConfig, share: slice, sync=None) -> None:
-    optimizer = build_optimizer(model, OPTIM, torch.device("cpu"))
+    optimizer = build_optimizer(plan_param_groups(model, OPTIM), OPTIM, torch.device("cpu"))
     for step in range(STEPS):
         mine = batches(config, step)[share]
         for i, (x, y) in enumerate(mine):
@@ -72,14 +71,7 @@ def compare(ctx, attention: str) -> dict:
 
 
 def main(out_path: str) -> None:
-    ctx = init_distributed("cpu")
-    try:
-        results = {"world_size": ctx.world_size, "gqa": compare(ctx, "gqa"), "mla": compare(ctx, "mla")}
-        if ctx.is_main:
-            atomic_write_text(out_path, json.dumps(results))
-    finally:
-        shutdown(ctx)
-
+    run_worker(out_path, lambda ctx: {"gqa": compare(ctx, "gqa"), "mla": compare(ctx, "mla")})
 
 if __name__ == "__main__":
     main(sys.argv[1])

@@ -22,7 +22,7 @@ from rundir.metrics import read_metrics
 from tests.scaling.test_distributed import free_port, torchrun_env
 from training.config import TrainConfig
 from training.fsdp import load_sharded, torch_too_old
-from training.optim import build_optimizer
+from training.optim import build_optimizer, plan_param_groups
 from training.recompute import checkpoint_blocks
 from training.resume_rules import check_fixed_settings, fixed_settings
 
@@ -102,7 +102,9 @@ def _sharded_weights(run: Path) -> dict[str, torch.Tensor]:
     """The weights in the run's sharded checkpoint, loaded whole by this (single) process."""
     config = load_pretrained(run).config
     model = GPT(config)
-    load_sharded(run, load_trainer_state(run)["sharded"], model, build_optimizer(model, TrainConfig(max_steps=1, optimizer="muon"), torch.device("cpu")))
+    muon = TrainConfig(max_steps=1, optimizer="muon")
+    optimizer = build_optimizer(plan_param_groups(model, muon), muon, torch.device("cpu"))
+    load_sharded(run, load_trainer_state(run)["sharded"], model, optimizer)
     return model.state_dict()
 
 

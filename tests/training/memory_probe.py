@@ -16,7 +16,7 @@ import torch
 
 from model import GPT, GPTConfig
 from training.config import TrainConfig
-from training.optim import build_optimizer
+from training.optim import build_optimizer, plan_param_groups
 from training.recompute import checkpoint_blocks
 
 
@@ -33,7 +33,7 @@ def main(model_fields: str, train_fields: str) -> None:
     model = GPT(config)
     if train.activation_checkpointing:
         checkpoint_blocks(model)
-    optimizer = build_optimizer(model, train, torch.device("cpu"))
+    optimizer = build_optimizer(plan_param_groups(model, train), train, torch.device("cpu"))
     for _ in range(2):
         _, loss = model(tokens[:, :-1], tokens[:, 1:])
         loss.backward()
