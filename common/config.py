@@ -85,6 +85,33 @@ def read_yaml(text: str, source: str) -> Any:
 
 def build(cls: type, raw: Any, path: str = "", error: type[Exception] = ConfigError) -> Any:
     """``cls`` from a plain dict; any problem raises ``error`` with one line naming the key."""
+    kwargs = _init_kwargs(cls, raw, path, error)
+    try:
+        return cls(**kwargs)
+    except (UserError, ValueError, TypeError) as e:
+        message = one_line(e)
+        if path and not message.startswith(path):
+            message = f"{path}: {message}"
+        raise error(message) from None
+
+
+def typed_values(cls: type, raw: Any, path: str = "", error: type[Exception] = ConfigError) -> dict[str, Any]:
+    """Every field of ``cls`` as it would hold it: ``raw``'s keys checked as ``build`` checks them,
+    each value type-checked, and the defaults filled in. For a loader that explains a bad value
+    in the user's words before the dataclass's own plain checks see it."""
+    kwargs = _init_kwargs(cls, raw, path, error)
+    values = {}
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        value = kwargs.get(f.name, f.default)
+        if value is dataclasses.MISSING:
+            value = f.default_factory()
+        values[f.name] = _checked(value, _hints(cls)[f.name], _join(path, f.name), error)
+    return values
+
+
+def _init_kwargs(cls: type, raw: Any, path: str, error: type[Exception]) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise error(f"{path or 'the config'} must be a mapping of keys, got {_show(raw)}")
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
@@ -99,13 +126,7 @@ def build(cls: type, raw: Any, path: str = "", error: type[Exception] = ConfigEr
     for name, f in fields.items():
         if name not in raw and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise error(f"missing required config key {_join(path, name)!r}")
-    try:
-        return cls(**kwargs)
-    except (UserError, ValueError, TypeError) as e:
-        message = one_line(e)
-        if path and not message.startswith(path):
-            message = f"{path}: {message}"
-        raise error(message) from None
+    return kwargs
 
 
 def check_types(section: Any, path: str = "", error: type[Exception] = ConfigError) -> None:

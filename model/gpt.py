@@ -2,15 +2,10 @@
 every block shares, the two attention kinds side by side (grouped-query, and DeepSeek's multi-head
 latent attention), the block, and the model.
 
-A decoder-only transformer with learned absolute positions, pre-norm RMSNorm blocks with a SwiGLU
-feed-forward, and an LM head tied to the token embedding. The KV cache lives in ``model.kv_cache``,
-sampling in ``model.generation``, and the one decode loop one floor up, in ``inference.engine``
-(whose ``Engine._run_model`` is its only call into this model). A decode step therefore reads this
-file, the cache, the sampler and the engine.
-
-The small-model options of ``GPTConfig`` (ReLU², QK-norm, a logit softcap, residual scalars, value
-embeddings, zero-initialised projections) are all off by default; docs/training.md lists them with
-where each idea comes from.
+Learned absolute positions, pre-norm RMSNorm blocks with a SwiGLU feed-forward, and an LM head
+tied to the token embedding. A decode step also reads ``model.kv_cache``, ``model.generation`` and
+the one decode loop, ``inference.engine``. The small-model options of ``GPTConfig`` are off by
+default; docs/training.md says where each comes from.
 """
 
 from __future__ import annotations
@@ -25,36 +20,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from common.config import build, check_types, require
+from common.config import check_types, require, typed_values
+from model.config_checks import ATTENTION_KINDS, MLP_KINDS, POSITIVE_INTS, explain_model_values
 from model.kv_cache import KVCache, LayerCache
-
-_REQUIRED_INTS = ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd")
-ATTENTION_KINDS = ("gqa", "mla")
-MLP_KINDS = ("swiglu", "relu2")
 
 
 @dataclass
 class GPTConfig:
-    """Sizes of a decoder-only GPT with grouped-query attention and learned positions.
+    """Sizes of a decoder-only GPT, and its options (docs/training.md).
 
-    ``n_kv_head`` key/value heads are shared by ``n_head // n_kv_head`` query heads each:
-    1 gives multi-query attention, ``n_head`` gives standard multi-head attention.
-    ``ffn_hidden=None`` derives the SwiGLU width from ``n_embd`` (see ``ffn_dim``).
-
-    ``attention="mla"`` swaps in multi-head latent attention (``LatentAttention``): keys and values are
-    read from one cached latent of ``kv_latent_dim`` numbers per token (required), and the query
-    optionally from its own latent of ``q_latent_dim``. Every head then has its own key and value,
-    so ``n_kv_head`` must equal ``n_head``; the latent sizes are refused with ``attention="gqa"``.
-    Served decoding is batch-invariant on the CPU when ``kv_latent_dim`` is a multiple of 16, as
-    it is for grouped-query attention when ``head_dim`` is (see ``CausalSelfAttention._attend_token``).
-
-    Options for small models, each off by default (docs/training.md): ``mlp="relu2"`` (see
-    ``ffn_dim``), ``qk_norm`` (RMSNorm with a learned gain on every head's query and key),
-    ``logit_softcap`` c (logits ``c·tanh(logits/c)``, wherever logits are made), ``residual_scalars``
-    (each block reads ``λ_res·x + λ_0·x0``, x0 the embedding output; see ``GPT.block_input``),
-    ``value_embeddings`` (see ``value_embedding_layers``; grouped-query attention only) and
-    ``zero_init`` (the blocks' output projections, and an untied LM head, start at zero).
-    An untied LM head is ``tie_embeddings: false``.
+    ``n_head // n_kv_head`` query heads share each key/value head: 1 key/value head is multi-query
+    attention, ``n_head`` of them multi-head attention. ``attention="mla"`` reads every head's key
+    and value from one cached latent of ``kv_latent_dim`` numbers per token (``LatentAttention``).
+    Served decoding is batch-invariant on the CPU when ``head_dim`` (or ``kv_latent_dim``) is a
+    multiple of 16 (see ``CausalSelfAttention._attend_token``).
     """
 
     vocab_size: int
@@ -63,7 +42,7 @@ class GPTConfig:
     n_head: int
     n_kv_head: int
     n_embd: int
-    ffn_hidden: int | None = None
+    ffn_hidden: int | None = None  # None: derived from n_embd (ffn_dim)
     dropout: float = 0.0
     norm_eps: float = 1e-5
     tie_embeddings: bool = True
@@ -78,45 +57,31 @@ class GPTConfig:
     zero_init: bool = False
 
     def __post_init__(self) -> None:
+        # Plain checks against programmer errors: ``from_dict`` has explained a user's values already.
         check_types(self)
-        for name in (*_REQUIRED_INTS, "ffn_hidden"):
-            value = getattr(self, name)
-            require(value is None or value >= 1, f"{name} must be a positive integer, got {value}; set it to at least 1")
-        require(self.n_embd % self.n_head == 0, f"n_embd ({self.n_embd}) must be divisible by n_head "
-                f"({self.n_head}); pick n_head from the divisors of n_embd or change n_embd")
-        require(self.n_head % self.n_kv_head == 0, f"n_head ({self.n_head}) must be divisible by n_kv_head "
-                f"({self.n_kv_head}); set n_kv_head to a divisor of n_head (1 = multi-query, n_head = multi-head)")
-        self._check_attention()
-        require(0.0 <= self.dropout < 1.0, f"dropout must be in [0, 1), got {self.dropout}; use 0.0 to disable it")
-        require(self.norm_eps > 0.0, f"norm_eps must be > 0, got {self.norm_eps}; the default is 1e-5")
-        require(self.mlp in MLP_KINDS, f"mlp must be one of {', '.join(MLP_KINDS)}, got {self.mlp!r}; "
-                f"use swiglu (the default) or relu2")
+        mla = self.attention == "mla"
+        sizes = [getattr(self, name) for name in (*POSITIVE_INTS, "kv_latent_dim", "q_latent_dim")]
+        _expect(all(size is None or size >= 1 for size in sizes), "sizes must be >= 1")
+        _expect(self.n_embd % self.n_head == 0 and self.n_head % self.n_kv_head == 0, "heads must divide evenly")
+        _expect(self.attention in ATTENTION_KINDS and self.mlp in MLP_KINDS, "unknown attention or mlp")
+        _expect(mla == (self.kv_latent_dim is not None) and (mla or self.q_latent_dim is None), "latent sizes")
+        _expect(not mla or self.n_kv_head == self.n_head, "mla needs n_kv_head == n_head")
         # The gate that mixes a value embedding in reads the layer's input, which a latent-only
         # cache does not keep: cached positions could not be decoded again from the latent alone.
-        require(not (self.value_embeddings and self.attention == "mla"), "value_embeddings needs attention gqa "
-                "(multi-head latent attention caches only the latent, not the gated values); set "
-                "value_embeddings: false to use mla (configs/tiny.yaml turns it on)")
-        cap = self.logit_softcap
-        require(cap is None or 0.0 < cap < math.inf, f"logit_softcap must be a positive number (about 15) "
-                f"or null to turn it off, got {cap}")
+        _expect(not (mla and self.value_embeddings), "value embeddings need gqa")
+        _expect(0.0 <= self.dropout < 1.0 and self.norm_eps > 0.0, "dropout or norm_eps out of range")
+        _expect(self.logit_softcap is None or 0.0 < self.logit_softcap < math.inf, "logit_softcap out of range")
 
-    def _check_attention(self) -> None:
-        require(self.attention in ATTENTION_KINDS, f"attention must be one of {', '.join(ATTENTION_KINDS)}, "
-                f"got {self.attention!r}; use gqa (grouped-query) or mla (multi-head latent)")
-        for name in ("kv_latent_dim", "q_latent_dim"):
-            value = getattr(self, name)
-            if self.attention != "mla":
-                require(value is None, f"{name} is set ({value}) but attention is {self.attention!r}; "
-                        f"remove {name} or set attention: mla")
-            else:
-                require(value is None or value >= 1, f"{name} must be a positive integer, got {value}; "
-                        f"set it to at least 1")
-        if self.attention == "mla":
-            require(self.kv_latent_dim is not None, "attention mla needs kv_latent_dim, the width of the "
-                    "cached key/value latent; set it (e.g. kv_latent_dim: 64)")
-            require(self.n_kv_head == self.n_head, f"attention mla gives every head its own key and value "
-                    f"(read from the shared latent), so n_kv_head must equal n_head ({self.n_head}), "
-                    f"got {self.n_kv_head}; set n_kv_head: {self.n_head}")
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> GPTConfig:
+        """The config of a model section written by a user (YAML, JSON): unknown, missing,
+        mistyped and impossible values are refused in one line each (``model.config_checks``)."""
+        values = typed_values(cls, d, "model")
+        try:
+            explain_model_values(values)
+        except ValueError as e:
+            raise type(e)(f"model: {e}") from None
+        return cls(**values)
 
     @property
     def head_dim(self) -> int:
@@ -139,9 +104,7 @@ class GPTConfig:
 
     @property
     def value_embedding_layers(self) -> tuple[int, ...]:
-        """The layers whose attention values get a value embedding: every other layer, ending with
-        the last (nanochat's choice), or none. Each has its own table of ``n_kv_head·head_dim``
-        numbers per token, added to the values under a learned per-head gate (``CausalSelfAttention``)."""
+        """Every other layer, ending with the last (nanochat's choice), or none."""
         if not self.value_embeddings:
             return ()
         return tuple(i for i in range(self.n_layer) if i % 2 == (self.n_layer - 1) % 2)
@@ -167,22 +130,17 @@ class GPTConfig:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> GPTConfig:
-        """Build a config from a plain dict (JSON or YAML), rejecting unknown or missing keys."""
-        return build(cls, d, "model")
+
+def _expect(condition: bool, what: str) -> None:
+    require(condition, f"invalid GPTConfig: {what}", ValueError)
 
 
 # -------------------------------------------------------------------------------------------------
-# The layers every attention kind and block share: RMSNorm, the two feed-forwards (SwiGLU and
-# ReLU²), and the bottom-right causal mask.
+# What every attention kind and block share.
 
 
 class RMSNorm(nn.Module):
-    """Scale each vector to unit root-mean-square, then by a learned per-channel gain.
-
-    Unlike LayerNorm it neither centres nor adds a bias: cheaper, and as good in practice.
-    """
+    """Unlike LayerNorm it neither centres nor adds a bias: cheaper, and as good in practice."""
 
     def __init__(self, dim: int, eps: float = 1e-5) -> None:
         super().__init__()
@@ -213,12 +171,9 @@ class SwiGLU(nn.Module):
 
 
 class ReLU2(nn.Module):
-    """Feed-forward ``down(relu(up(x))²)``, the MLP of nanochat and the modded-nanogpt records.
-
-    Two matrices to SwiGLU's three, so ``GPTConfig.ffn_dim`` makes it 3/2 as wide: the same
-    parameters and FLOPs at the same ``n_embd``. The square keeps the gate-free MLP's activations
-    sparse (exact zeros below 0) while growing smoothly above it.
-    """
+    """Feed-forward ``down(relu(up(x))²)``, the MLP of nanochat and the modded-nanogpt records: the
+    square keeps the gate-free MLP's activations sparse (exact zeros below 0) while growing smoothly
+    above it."""
 
     def __init__(self, dim: int, hidden: int, dropout: float = 0.0) -> None:
         super().__init__()
@@ -231,22 +186,15 @@ class ReLU2(nn.Module):
 
 
 def causal_mask(q_len: int, k_len: int, device: torch.device | str | None = None) -> torch.Tensor:
-    """Boolean (q_len, k_len) mask, True where attending is allowed, aligned bottom-right.
-
-    The queries are the last ``q_len`` of ``k_len`` positions, so query i may read keys
-    ``j <= k_len - q_len + i``. (SDPA's ``is_causal=True`` aligns top-left, which is only right
-    when ``q_len == k_len``.)
-    """
+    """True where the last ``q_len`` of ``k_len`` positions may attend: aligned bottom-right, where
+    SDPA's ``is_causal=True`` aligns top-left, right only when ``q_len == k_len``."""
     q_pos = torch.arange(q_len, device=device).unsqueeze(1) + (k_len - q_len)
     return torch.arange(k_len, device=device).unsqueeze(0) <= q_pos
 
 
 def causal_attention_weights(q: torch.Tensor, k: torch.Tensor, scale: float | None = None) -> torch.Tensor:
-    """The (B, H, T, T) probabilities ``softmax(q kᵀ / √d)`` of a whole sequence under the causal
-    mask, for q and k of shape (B, H, T, d): the weights that scaled-dot-product attention applies
-    to the values inside its fused kernel, written out so that they can be looked at
-    (``GPT.attention_weights``). Masked cells are exactly 0. ``scale`` replaces the 1/√d factor
-    (1.0: the raw dot products), for showing what the scale does; the model never passes it."""
+    """The weights SDPA applies inside its fused kernel, ``softmax(q kᵀ / √d)`` under the causal mask,
+    written out to be looked at. ``scale`` replaces 1/√d, to show what the scale does."""
     scores = q @ k.transpose(-2, -1)
     scores = scores / math.sqrt(q.shape[-1]) if scale is None else scores * scale
     T = q.shape[-2]
@@ -254,10 +202,7 @@ def causal_attention_weights(q: torch.Tensor, k: torch.Tensor, scale: float | No
 
 
 # -------------------------------------------------------------------------------------------------
-# Grouped-query attention: ``n_head`` query heads share ``n_kv_head`` key/value heads (query head h
-# reads key/value head ``h // (n_head // n_kv_head)``); 1 key/value head is multi-query attention,
-# ``n_head`` of them multi-head attention. ``LatentAttention``, below, is the other attention kind,
-# with the same interface, so the two can be read side by side.
+# Grouped-query attention, and below it latent attention with the same interface, side by side.
 
 
 # enable_gqa arrived in torch 2.5 and the project still admits 2.4. A plain constant rather than
@@ -278,15 +223,13 @@ class CausalSelfAttention(nn.Module):
         qkv_dim = (config.n_head + 2 * config.n_kv_head) * config.head_dim
         self.qkv = nn.Linear(config.n_embd, qkv_dim, bias=False)
         self.proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
-        # QK-norm: every head's query and key scaled to unit RMS, then by one learned gain per
-        # channel, so the scores' size is learned rather than left to the weights' growth.
+        # QK-norm: the scores' size is learned rather than left to the weights' growth.
         self.qk_norm = config.qk_norm
         if config.qk_norm:
             self.q_head_norm = RMSNorm(config.head_dim, config.norm_eps)
             self.k_head_norm = RMSNorm(config.head_dim, config.norm_eps)
         if layer_idx in config.value_embedding_layers:
-            # Value embeddings (nanochat): the values get the token's own embedding under a gate
-            # 2·sigmoid(x W) per key/value head, read from the layer's input.
+            # Value embeddings (nanochat): the token's own embedding, gated, added to the values.
             self.value_gate = nn.Linear(config.n_embd, config.n_kv_head, bias=False)
         self.attn_dropout = config.dropout
         self.resid_dropout = nn.Dropout(config.dropout)
@@ -294,9 +237,7 @@ class CausalSelfAttention(nn.Module):
     def split_heads(
         self, x: torch.Tensor, value_embedding: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Project x (B, T, C) to q (B, n_head, T, d) and k, v (B, n_kv_head, T, d); a layer with
-        value embeddings mixes ``value_embedding`` (B, T, n_kv_head·d, from ``GPT.value_embedding``)
-        into v."""
+        """q (B, n_head, T, d) and k, v (B, n_kv_head, T, d) of x (B, T, C)."""
         B, T, _ = x.shape
         d = self.head_dim
         sizes = [self.n_head * d, self.n_kv_head * d, self.n_kv_head * d]
@@ -312,23 +253,18 @@ class CausalSelfAttention(nn.Module):
         return q, k, v
 
     def per_head(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q, k and v of x (B, T, C), each (B, n_head, T, d): every query head beside the key/value
-        head it reads. Only for looking at the heads (``GPT.attention_weights``): the forward pass
-        never copies the shared key/value heads."""
+        """q, k and v, each (B, n_head, T, d), to look at the heads: the forward pass never copies
+        the shared key/value heads."""
         q, k, v = self.split_heads(x)
         group = self.n_head // self.n_kv_head
         return q, k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
 
     def cache_entries(self) -> dict[str, tuple[int, int]]:
-        """What this attention caches per token and layer, as ``KVCache`` takes it: K and V of the
-        key/value heads only."""
         return {"k": (self.n_kv_head, self.head_dim), "v": (self.n_kv_head, self.head_dim)}
 
     def forward(
         self, x: torch.Tensor, cache: LayerCache | None = None, value_embedding: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Attend over this chunk, and over what ``cache.update`` returns when a cache is given
-        (``value_embedding``: see ``split_heads``)."""
         B, T, C = x.shape
         q, k, v = self.split_heads(x, value_embedding)
         mask = None
@@ -341,24 +277,20 @@ class CausalSelfAttention(nn.Module):
     def _attend_token(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
     ) -> torch.Tensor:
-        """One new token per row against keys ``k, v``; ``mask`` (R, 1, 1, S), when given, hides
-        the slots of each row's K/V buffer it may not read. With whole buffers under a mask (a
-        batch-invariant pass) the shapes are the same at every position and in every batch, so
-        a row's arithmetic never depends on how far it is or on which rows decode beside it.
-        (On the CPU this also needs every row of q, k and v to start 64 bytes apart from the
-        others, which holds when head_dim is a multiple of 16: the kernels' summation order
-        depends on where a row starts in memory.)
+        """One new token per row. With whole K/V buffers under a mask (a batch-invariant pass) the
+        shapes are the same at every position and in every batch, so a row's arithmetic never
+        depends on how far it is or on which rows decode beside it. (On the CPU every row of q, k
+        and v must also start 64 bytes apart, which holds when head_dim is a multiple of 16: the
+        kernels' summation order depends on where a row starts in memory.)
 
-        Viewing the group's query heads as its query positions lets the group share its K/V
-        head with no copy, on any backend and torch version; for one query it is also faster
-        than ``enable_gqa``."""
+        Viewing the group's query heads as its query positions shares the K/V head with no copy,
+        on any backend and torch version, and for one query is faster than ``enable_gqa``."""
         B, H, _, d = q.shape
         grouped = q.view(B, self.n_kv_head, H // self.n_kv_head, d)
         dropout_p = self.attn_dropout if self.training else 0.0
         return F.scaled_dot_product_attention(grouped, k, v, attn_mask=mask, dropout_p=dropout_p).view(B, H, 1, d)
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        """Causal attention of q over k, v; ``mask`` None means the keys end at the newest query."""
         B, H, T, d = q.shape
         S = k.shape[2]
         dropout_p = self.attn_dropout if self.training else 0.0
@@ -379,8 +311,7 @@ class CausalSelfAttention(nn.Module):
 
 
 # -------------------------------------------------------------------------------------------------
-# Multi-head latent attention (MLA, as in DeepSeek-V2/V3), the second attention kind beside the
-# grouped-query ``CausalSelfAttention`` of ``model.gpt``; ``GPTConfig.attention`` picks one.
+# Multi-head latent attention (MLA, as in DeepSeek-V2/V3).
 #
 # Each token's keys and values are compressed into one latent vector ``c = RMSNorm(x W_DKV)`` of
 # ``kv_latent_dim`` numbers, shared by every head. Head h reads its key ``c W_UK[h]`` and its value
@@ -409,23 +340,17 @@ class CausalSelfAttention(nn.Module):
 # positions to the input embedding, before any projection, so nothing position-dependent sits
 # inside attention and the absorption holds exactly.
 #
-# QK-norm (``GPTConfig.qk_norm``) breaks the absorption: the key becomes ``g * k_s / rms(k_s)``
-# with ``k_s = c_s W_UK``, and the division by each position's own rms(k_s) cannot move into the
-# query. So with QK-norm decoding takes the expanded form too: the cache stays latent-only, but every
-# step up-projects all cached latents of the row (2 * n_head * head_dim * kv_latent_dim
-# multiply-adds per cached position and layer, the work the absorbed form saves).
+# QK-norm breaks the absorption: the key becomes ``g * k_s / rms(k_s)``, and the division by each
+# position's own rms(k_s) cannot move into the query. With QK-norm decoding expands the cached
+# latents at every step, the work the absorbed form saves.
 #
-# Which form runs when: a one-token step with a cache (decoding) uses the absorbed form (unless
-# QK-norm is on); every other forward (training, prefill, chunks) expands the keys and values and
-# runs ordinary multi-head SDPA, which is the faster of the two there (``python -m
-# benchmarks.attention_variants --forms``; numbers in docs/results.md). The cache
-# (``model.kv_cache``) holds one entry, the latent, and serves both forms alike: what it returns
-# and its mask are those of grouped-query attention's keys.
+# Decoding (one token with a cache) takes the absorbed form; every other forward (training, prefill,
+# chunks) expands the keys and values and runs ordinary multi-head SDPA, the faster of the two
+# there (``python -m benchmarks.attention_variants --forms``; numbers in docs/results.md).
 
 
 class LatentAttention(nn.Module):
-    """Causal self-attention whose ``n_head`` keys and values are read from one cached latent
-    (built for a config with ``attention == "mla"``)."""
+    """Causal self-attention whose ``n_head`` keys and values are read from one cached latent."""
 
     def __init__(self, config: GPTConfig, layer_idx: int) -> None:
         super().__init__()
@@ -445,7 +370,6 @@ class LatentAttention(nn.Module):
         # Rows [0, width) are W_UK for every head, rows [width, 2 width) are W_UV.
         self.kv_up = nn.Linear(config.kv_latent_dim, 2 * width, bias=False)
         self.proj = nn.Linear(width, config.n_embd, bias=False)
-        # QK-norm, as in grouped-query attention: the query here, each key once it is expanded.
         self.qk_norm = config.qk_norm
         if config.qk_norm:
             self.q_head_norm = RMSNorm(config.head_dim, config.norm_eps)
@@ -454,8 +378,8 @@ class LatentAttention(nn.Module):
         self.resid_dropout = nn.Dropout(config.dropout)
 
     def split_heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Project x (B, T, C) to q (B, n_head, T, d) and the latents c (B, 1, T, kv_latent_dim):
-        one latent "head" that the cache stores in place of n_kv_head key and value heads."""
+        """q (B, n_head, T, d) and the latents c (B, 1, T, kv_latent_dim): one latent "head" that the
+        cache stores in place of key and value heads."""
         B, T, _ = x.shape
         q, c = self.down(x).split([self.q_down_dim, self.kv_latent_dim], dim=-1)
         if self.q_latent_dim is not None:
@@ -466,13 +390,9 @@ class LatentAttention(nn.Module):
         return q, self.kv_norm(c).unsqueeze(1)
 
     def cache_entries(self) -> dict[str, tuple[int, int]]:
-        """What this attention caches per token and layer, as ``KVCache`` takes it: the latent
-        alone, ``n_layer x kv_latent_dim`` numbers per token in all."""
         return {"latent": (1, self.kv_latent_dim)}
 
     def forward(self, x: torch.Tensor, cache: LayerCache | None = None, value_embedding: None = None) -> torch.Tensor:
-        """As ``CausalSelfAttention.forward``; ``value_embedding`` is always None (the config
-        refuses value embeddings with MLA)."""
         assert value_embedding is None, "value embeddings are grouped-query attention's only"
         B, T, C = x.shape
         q, c = self.split_heads(x)
@@ -487,28 +407,22 @@ class LatentAttention(nn.Module):
         return self.resid_dropout(self.proj(y))
 
     def expand(self, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-head keys and values (B, n_head, S, d) from latents c (B, 1, S, r): ``c W_UK[h]``
-        and ``c W_UV[h]`` for every head h, in one product (the keys then QK-normed if on)."""
+        """Every head's keys and values (B, n_head, S, d) from latents c (B, 1, S, r), in one product."""
         B, _, S, _ = c.shape
         kv = self.kv_up(c[:, 0]).view(B, S, 2 * self.n_head, self.head_dim).transpose(1, 2)
         k, v = kv.chunk(2, dim=1)
         return (self.k_head_norm(k) if self.qk_norm else k), v
 
     def per_head(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q, k and v of x (B, T, C), each (B, n_head, T, d), the keys and values expanded from the
-        latents. Only for looking at the heads (``GPT.attention_weights``)."""
         q, c = self.split_heads(x)
         return (q, *self.expand(c))
 
     def up_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """W_UK and W_UV, each (n_head, head_dim, kv_latent_dim): views of ``kv_up``'s weight."""
         w_uk, w_uv = self.kv_up.weight.chunk(2)
         shape = (self.n_head, self.head_dim, self.kv_latent_dim)
         return w_uk.view(shape), w_uv.view(shape)
 
     def attend_expanded(self, q: torch.Tensor, c: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        """Per-head keys and values built from the latents c (B, 1, S, r), then multi-head SDPA.
-        ``mask`` None means the latents end at the newest query (plain causal, bottom-right)."""
         T, S = q.shape[2], c.shape[2]
         k, v = self.expand(c)
         if mask is None and T != S:
@@ -517,15 +431,10 @@ class LatentAttention(nn.Module):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=mask is None)
 
     def attend_absorbed(self, q: torch.Tensor, c: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        """The same attention in latent space (the module docstring derives it): latent queries
-        score the latents c (B, 1, S, r) directly, and the weighted latents go through W_UV.
-
-        As in ``CausalSelfAttention._attend_token``, the heads are viewed as query positions of
-        one shared key/value "head" (the latent), so every head reads c with no copy, and the
-        mask (R, 1, T, S) repeats once per head. Over whole cache rows under a mask (a
-        batch-invariant pass) the shapes are the same at every position and in every batch, so a
-        request decodes alike alone or beside others (on the CPU when kv_latent_dim is a
-        multiple of 16, for the memory-alignment reason given there for head_dim)."""
+        """The same attention in latent space (derived above). As in
+        ``CausalSelfAttention._attend_token``, the heads are viewed as query positions of one shared
+        "head", the latent, so every head reads c with no copy and a batch-invariant pass stays
+        invariant (on the CPU when kv_latent_dim is a multiple of 16)."""
         assert not self.qk_norm, "QK-norm's per-key division cannot be absorbed; use attend_expanded"
         B, H, T, d = q.shape
         S = c.shape[2]
@@ -541,7 +450,7 @@ class LatentAttention(nn.Module):
 
 
 # -------------------------------------------------------------------------------------------------
-# The block and the model: each block runs one attention kind and one feed-forward.
+# The block and the model.
 
 
 class Block(nn.Module):
@@ -578,10 +487,8 @@ class GPT(nn.Module):
         self.norm = RMSNorm(config.n_embd, config.norm_eps)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.residual_scalars:
-            # Per block, the weights of the residual stream and of the embedding output x0 in its input.
             self.resid_lambdas = nn.Parameter(torch.ones(config.n_layer))
             self.x0_lambdas = nn.Parameter(torch.zeros(config.n_layer))
-        # Value embeddings: one table per layer that has them, keyed by the layer's index.
         kv_width = config.n_kv_head * config.head_dim
         self.value_embs = nn.ModuleDict({str(i): nn.Embedding(config.vocab_size, kv_width)
                                          for i in config.value_embedding_layers})
@@ -621,10 +528,9 @@ class GPT(nn.Module):
         self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: KVCache | None = None,
         rows: Sequence[int] | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Logits (B, T, vocab) for token ids ``idx`` (B, T); with ``targets`` also the mean
-        cross-entropy (positions with target -1 are ignored). With ``cache``, row i's chunk is
-        written into cache row ``rows[i]`` (default: row i) at that row's length, which is also
-        the position of its first token."""
+        """Logits, and with ``targets`` the mean cross-entropy (targets of -1 ignored). With
+        ``cache``, row i's chunk goes into cache row ``rows[i]`` (default i) at that row's length,
+        which is also the position of its first token."""
         logits = self.logits(self._hidden_in(idx, cache, rows))
         if targets is None:
             return logits
@@ -634,13 +540,11 @@ class GPT(nn.Module):
     def next_token_logits(
         self, idx: torch.Tensor, cache: KVCache | None = None, rows: Sequence[int] | None = None,
     ) -> torch.Tensor:
-        """Logits (B, vocab) after the last token of each row of ``idx``: the head runs on one
-        position only, which is all a decoding step needs (the head is vocab x n_embd, often the
-        largest matmul). ``cache`` and ``rows`` as in ``forward``."""
+        """The head on the last position only, all a decoding step needs: the head is often the
+        largest matmul."""
         return self.logits(self._hidden_in(idx, cache, rows)[:, -1])
 
     def _hidden_in(self, idx: torch.Tensor, cache: KVCache | None, rows: Sequence[int] | None) -> torch.Tensor:
-        """``hidden_states`` of ``idx`` read from position 0, or as one pass of ``cache``'s ``rows``."""
         if cache is None:
             return self.hidden_states(idx)
         hidden = self.hidden_states(idx, cache.begin(idx.shape[1], rows), cache)
@@ -648,35 +552,31 @@ class GPT(nn.Module):
         return hidden
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The LM head's scores of final-normed hidden states: the one place logits are made, for
-        training, evaluation, generation, serving and the ONNX graph. With ``logit_softcap`` c they
-        are ``c·tanh(logits/c)``: smooth, and never beyond ±c, so no logit can run away in training."""
+        """The one place logits are made, for every caller and the ONNX graph. A softcap
+        ``c·tanh(logits/c)`` is smooth and never beyond ±c, so no logit can run away in training."""
         logits = self.lm_head(hidden)
         cap = self.config.logit_softcap
         return logits if cap is None else cap * torch.tanh(logits / cap)
 
     def block_input(self, i: int, x: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
-        """What block ``i`` reads and adds to: the residual stream x, or with ``residual_scalars``
-        ``λ_res[i]·x + λ_0[i]·x0``, where x0 is the embedding output. Every block can then re-read
-        the token's own embedding, and scale down what earlier blocks wrote (nanochat's scalars)."""
+        """With ``residual_scalars``, ``λ_res[i]·x + λ_0[i]·x0`` (x0 the embedding output): every
+        block can re-read the token's own embedding, and scale down what earlier blocks wrote."""
         if not self.config.residual_scalars:
             return x
         return self.resid_lambdas[i] * x + self.x0_lambdas[i] * x0
 
     def value_embedding(self, i: int, idx: torch.Tensor) -> torch.Tensor | None:
-        """Layer ``i``'s value embeddings of token ids ``idx`` (B, T, n_kv_head·head_dim), or None
-        for a layer without them. They depend on the token alone, so a cache can hold the values
-        they were mixed into like any others."""
+        """They depend on the token alone, so a cache holds the values they were mixed into like
+        any others."""
         return self.value_embs[str(i)](idx) if str(i) in self.value_embs else None
 
     def hidden_states(
         self, idx: torch.Tensor, positions: torch.Tensor | None = None, cache: LayerCache | None = None, *,
         on_block_input: Callable[[Block, torch.Tensor], None] | None = None,
     ) -> torch.Tensor:
-        """The final-normed hidden states (B, T, n_embd) of token ids ``idx`` (B, T) at ``positions``
-        (B or 1, T; default 0..T-1): the model's one entry point, under the head (``logits``).
-        Every layer's attention reads what ``cache.update`` returns: a ``KVCache`` pass, or the
-        ONNX graph's past tensors. ``on_block_input(block, x)`` sees what each block reads."""
+        """The model's one entry point under the head, at ``positions`` (default 0..T-1). Every layer's
+        attention reads what ``cache.update`` returns: a ``KVCache`` pass, or the ONNX graph's past
+        tensors. ``on_block_input(block, x)`` sees what each block reads."""
         if positions is None:
             T = idx.shape[1]
             assert 1 <= T <= self.config.block_size, f"{T} tokens do not fit block_size {self.config.block_size}"
@@ -694,16 +594,13 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def attention_weights(self, idx: torch.Tensor) -> list[torch.Tensor]:
-        """Per layer, the (B, n_head, T, T) attention probabilities of token ids ``idx`` (B, T) read
-        from position 0: what each layer's attention applies to its values, from the layer's own
-        projections (``per_head``). The analysis package (``attention.py``) draws and scores them."""
+        """Per layer, the (B, n_head, T, T) probabilities the layer applies to its values, from its own
+        projections, for ``analysis`` to draw and score."""
         return [causal_attention_weights(q, k) for q, k in self.attention_queries_keys(idx)]
 
     @torch.no_grad()
     def attention_queries_keys(self, idx: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Per layer, the per-head queries and keys, each (B, n_head, T, d), of token ids ``idx``
-        (B, T) read from position 0: what ``attention_weights`` scores, for looking at the scores
-        themselves (``attention.py --compare-scale``)."""
+        """Per layer, the per-head queries and keys that ``attention_weights`` scores."""
         queries_keys = []
 
         def keep(block: Block, x: torch.Tensor) -> None:
@@ -714,16 +611,13 @@ class GPT(nn.Module):
         return queries_keys
 
     def cache_entries(self) -> dict[str, tuple[int, int]]:
-        """What every layer caches per token, as ``KVCache`` takes it (see the attention's own)."""
         return self.blocks[0].attn.cache_entries()
 
     def init_cache(
         self, batch_size: int, max_len: int | None = None, dtype: torch.dtype | None = None,
         whole_buffers: bool = False,
     ) -> KVCache:
-        """An empty KV cache for ``batch_size`` rows and up to ``max_len`` (<= block_size) positions,
-        on the model's device, in its parameter dtype unless told otherwise (``whole_buffers``: see
-        ``KVCache``)."""
+        """An empty cache on the model's device, in its parameter dtype unless told otherwise."""
         max_len = self.config.block_size if max_len is None else max_len
         assert 1 <= max_len <= self.config.block_size, "positions past block_size have no embedding"
         weight = self.tok_emb.weight
@@ -733,11 +627,8 @@ class GPT(nn.Module):
         )
 
     def num_params(self, include_embeddings: bool = True) -> int:
-        """Number of distinct parameters (a tied head is counted once).
-
-        ``include_embeddings=False`` leaves out the token and position tables, as in scaling-law
-        parameter counts; an untied LM head is a matmul layer and stays in.
-        """
+        """``include_embeddings=False`` leaves out the embedding tables, as scaling-law parameter
+        counts do; an untied LM head is a matmul layer and stays in."""
         total = sum(p.numel() for p in self.parameters())  # parameters() yields shared tensors once
         if not include_embeddings:
             total -= self.tok_emb.weight.numel() + self.pos_emb.weight.numel()

@@ -261,11 +261,13 @@ def config_from_dict(raw: dict[str, Any]) -> Config:
         raw["model"] = model_section_from_parent(raw.get("model"), parent)
         data = raw.get("data") if isinstance(raw.get("data"), dict) else {}
         raw["data"] = {**data, "vocab_size": parent.model_config.vocab_size}
-    # model.vocab_size defaults to the tokenizer's size, so it is filled in before validation.
     model, data = raw.get("model"), raw.get("data")
-    if isinstance(model, dict) and "vocab_size" not in model:
-        data_vocab = data.get("vocab_size", DataConfig.vocab_size) if isinstance(data, dict) else DataConfig.vocab_size
-        raw["model"] = {**model, "vocab_size": data_vocab}
+    if isinstance(model, dict):
+        # model.vocab_size defaults to the tokenizer's size, so it is filled in before validation.
+        if "vocab_size" not in model:
+            vocab = data.get("vocab_size", DataConfig.vocab_size) if isinstance(data, dict) else DataConfig.vocab_size
+            model = {**model, "vocab_size": vocab}
+        raw["model"] = GPTConfig.from_dict(model)  # the model section's loader explains its values
     config = build(Config, raw)
     config.parent = parent
     return config

@@ -179,6 +179,8 @@ def test_bad_attention_settings_get_one_clear_line(changes, words):
         GPTConfig.from_dict(base(**changes))
     message = str(error.value)
     assert words in message and "\n" not in message
+    with pytest.raises(ValueError):  # and the dataclass refuses it too
+        GPTConfig(**base(**changes))
 
 
 def test_a_config_saved_before_attention_kinds_loads_as_grouped_query():

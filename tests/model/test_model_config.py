@@ -1,9 +1,10 @@
-"""GPTConfig: derived sizes, validation messages that name the field, dict round trip."""
+"""GPTConfig: derived sizes, the loader's messages that name the field, plain checks, dict round trip."""
 
 from __future__ import annotations
 
 import pytest
 
+from common.config import ConfigError
 from model import GPTConfig
 
 VALID = dict(vocab_size=97, block_size=37, n_layer=2, n_head=6, n_kv_head=2, n_embd=42)
@@ -35,19 +36,26 @@ def test_derived_sizes():
     ],
 )
 def test_bad_field_names_field_and_fix(field, value, fix):
-    with pytest.raises(ValueError) as info:
-        GPTConfig(**{**VALID, field: value})
+    with pytest.raises(ConfigError) as info:
+        GPTConfig.from_dict({**VALID, field: value})
     message = str(info.value)
     assert field in message and fix in message and "\n" not in message
+    # The dataclass itself refuses the same value, in a programmer's few words.
+    with pytest.raises(ValueError):
+        GPTConfig(**{**VALID, field: value})
 
 
 def test_n_embd_must_divide_by_n_head():
-    with pytest.raises(ValueError, match=r"n_embd \(40\) must be divisible by n_head \(6\)"):
+    with pytest.raises(ConfigError, match=r"^model: n_embd \(40\) must be divisible by n_head \(6\)"):
+        GPTConfig.from_dict({**VALID, "n_embd": 40})
+    with pytest.raises(ValueError, match="invalid GPTConfig: heads must divide evenly"):
         GPTConfig(**{**VALID, "n_embd": 40})
 
 
 def test_n_head_must_divide_by_n_kv_head():
-    with pytest.raises(ValueError, match=r"n_head \(6\) must be divisible by n_kv_head \(4\).*divisor"):
+    with pytest.raises(ConfigError, match=r"n_head \(6\) must be divisible by n_kv_head \(4\).*divisor"):
+        GPTConfig.from_dict({**VALID, "n_kv_head": 4})
+    with pytest.raises(ValueError, match="invalid GPTConfig"):
         GPTConfig(**{**VALID, "n_kv_head": 4})
 
 

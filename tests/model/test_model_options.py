@@ -45,6 +45,8 @@ def test_bad_option_values_get_one_clear_line(changes, words):
     with pytest.raises(ConfigError) as error:
         GPTConfig.from_dict(SHAPE | changes)
     assert words in str(error.value) and "\n" not in str(error.value)
+    with pytest.raises(ValueError):  # and the dataclass refuses it too
+        GPTConfig(**SHAPE | changes)
 
 
 def test_a_config_saved_before_the_options_loads_with_every_option_off():

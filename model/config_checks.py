@@ -1,0 +1,60 @@
+"""The model section as the user wrote it, explained: one line per refusal, naming the key and the fix.
+
+``GPTConfig.from_dict`` (the model section of a training config, a run's ``model_config.json``)
+calls ``explain_model_values`` on the section's type-checked values before building the config, so a
+user never meets ``GPTConfig``'s own plain checks, which are there for programmer errors.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from common.config import require
+
+POSITIVE_INTS = ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd", "ffn_hidden")
+ATTENTION_KINDS = ("gqa", "mla")
+MLP_KINDS = ("swiglu", "relu2")
+
+
+def explain_model_values(v: dict[str, Any]) -> None:
+    """Raise ConfigError for the first value of the model section ``v`` (every field, typed) that no
+    model can be built from."""
+    for name in POSITIVE_INTS:
+        value = v[name]
+        require(value is None or value >= 1, f"{name} must be a positive integer, got {value}; set it to at least 1")
+    require(v["n_embd"] % v["n_head"] == 0, f"n_embd ({v['n_embd']}) must be divisible by n_head "
+            f"({v['n_head']}); pick n_head from the divisors of n_embd or change n_embd")
+    require(v["n_head"] % v["n_kv_head"] == 0, f"n_head ({v['n_head']}) must be divisible by n_kv_head "
+            f"({v['n_kv_head']}); set n_kv_head to a divisor of n_head (1 = multi-query, n_head = multi-head)")
+    _explain_attention(v)
+    require(0.0 <= v["dropout"] < 1.0, f"dropout must be in [0, 1), got {v['dropout']}; use 0.0 to disable it")
+    require(v["norm_eps"] > 0.0, f"norm_eps must be > 0, got {v['norm_eps']}; the default is 1e-5")
+    require(v["mlp"] in MLP_KINDS, f"mlp must be one of {', '.join(MLP_KINDS)}, got {v['mlp']!r}; "
+            f"use swiglu (the default) or relu2")
+    require(not (v["value_embeddings"] and v["attention"] == "mla"), "value_embeddings needs attention gqa "
+            "(multi-head latent attention caches only the latent, not the gated values); set "
+            "value_embeddings: false to use mla (configs/tiny.yaml turns it on)")
+    cap = v["logit_softcap"]
+    require(cap is None or 0.0 < cap < math.inf, f"logit_softcap must be a positive number (about 15) "
+            f"or null to turn it off, got {cap}")
+
+
+def _explain_attention(v: dict[str, Any]) -> None:
+    kind = v["attention"]
+    require(kind in ATTENTION_KINDS, f"attention must be one of {', '.join(ATTENTION_KINDS)}, "
+            f"got {kind!r}; use gqa (grouped-query) or mla (multi-head latent)")
+    for name in ("kv_latent_dim", "q_latent_dim"):
+        value = v[name]
+        if kind != "mla":
+            require(value is None, f"{name} is set ({value}) but attention is {kind!r}; "
+                    f"remove {name} or set attention: mla")
+        else:
+            require(value is None or value >= 1, f"{name} must be a positive integer, got {value}; "
+                    f"set it to at least 1")
+    if kind == "mla":
+        require(v["kv_latent_dim"] is not None, "attention mla needs kv_latent_dim, the width of the "
+                "cached key/value latent; set it (e.g. kv_latent_dim: 64)")
+        require(v["n_kv_head"] == v["n_head"], f"attention mla gives every head its own key and value "
+                f"(read from the shared latent), so n_kv_head must equal n_head ({v['n_head']}), "
+                f"got {v['n_kv_head']}; set n_kv_head: {v['n_head']}")
