@@ -243,6 +243,9 @@ def test_at_a_terminal_ctrl_c_stops_the_reply_and_ctrl_c_at_an_empty_prompt_quit
     pid, controller = pty.fork()  # the child's controlling terminal: Ctrl-C there is its SIGINT
     if pid == 0:
         os.chdir(REPO)
+        # As a terminal's shell starts it: a test run in the background inherits SIGINT ignored,
+        # and a program keeps an ignored SIGINT ignored across exec.
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.execve(sys.executable, command, env)
     seen = bytearray()
     try:

@@ -25,6 +25,16 @@ def resident_bytes() -> int:
         return int(f.read().split()[1]) * resource.getpagesize()
 
 
+def peak_resident_bytes() -> int:
+    """This process image's peak resident set (VmHWM). Not getrusage's ru_maxrss: Linux carries
+    that across exec, so it would start at the peak of the parent that forked us (a large pytest)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024  # kB
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
 def main(model_fields: str, train_fields: str) -> None:
     torch.set_num_threads(1)
     config, train = GPTConfig(**json.loads(model_fields)), TrainConfig(**json.loads(train_fields))
@@ -39,7 +49,7 @@ def main(model_fields: str, train_fields: str) -> None:
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kilobytes on Linux
+    peak = peak_resident_bytes()
     print(json.dumps({"before": before, "peak": peak, "added": peak - before}))
 
 
