@@ -23,7 +23,7 @@ from rundir.loading import LoadedRun
 COMMANDS = {
     "/help": "list these commands",
     "/reset": "start the conversation afresh (the system prompt stays)",
-    "/exit": "leave (so do Ctrl-D, Ctrl-C at an empty prompt, and the end of the input)",
+    "/exit": "leave (so do /quit, Ctrl-D, Ctrl-C at an empty prompt, and the end of the input)",
 }
 
 
@@ -56,13 +56,15 @@ def chat_main(args: argparse.Namespace, run: LoadedRun, settings: GenerationSett
                 _tell("")  # Ctrl-D or Ctrl-C: put the shell prompt back on a line of its own
             break
         command = text.strip()
-        if command == "/exit":
+        if command in ("/exit", "/quit"):
             break
         if command == "/reset":
             session.reset()
             _tell("(conversation cleared)")
         elif command == "/help":
             _tell("\n".join(f"  {name:<7} {what}" for name, what in COMMANDS.items()))
+        elif command.startswith("/") and command[1:].isalnum():  # a mistyped command is not a message
+            _tell(f"error: there is no command {command}; /help lists the commands")
         elif command:
             try:
                 _reply(session, text)

@@ -128,15 +128,17 @@ def _chat_command(run_dir: Path) -> list[str]:
 
 
 def test_repl_refuses_a_line_that_is_not_utf8_and_goes_on_and_help_is_not_sent(run_dir, loaded_run):
-    stdin = b"\xff\xfe caf\xe9\n/help\n" + MESSAGES[0].encode() + b"\n"
+    stdin = b"\xff\xfe caf\xe9\n/help\n/nope\n" + MESSAGES[0].encode() + b"\n/quit\n" + MESSAGES[1].encode() + b"\n"
     proc = subprocess.run(_chat_command(run_dir), input=stdin, capture_output=True, timeout=120, cwd=REPO,
                           env=dict(os.environ, PYTHONUNBUFFERED="1"))
     err = proc.stderr.decode()
     assert proc.returncode == 0 and "Traceback" not in err, err[-2000:]
     errors = [line for line in err.splitlines() if line.startswith("error:")]
-    assert errors == ["error: that line is not valid UTF-8 (byte 0xff at offset 0); convert it to UTF-8"]
+    assert errors == ["error: that line is not valid UTF-8 (byte 0xff at offset 0); convert it to UTF-8",
+                      "error: there is no command /nope; /help lists the commands"]
     assert "/reset" in err and "/exit" in err  # /help listed the commands...
-    # ...and only the one real message reached the model, as the first turn of the conversation.
+    # ...and only the one real message reached the model, as the first turn of the conversation
+    # (/quit left before the last line).
     expected = ChatSession(loaded_run, GenerationSettings(temperature=0, max_new_tokens=5)).reply(MESSAGES[0]).text
     assert proc.stdout.decode() == expected + "\n"
 
