@@ -29,11 +29,10 @@ class RowBlockedLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
         padded = F.pad(rows, (0, 0, 0, -rows.shape[0] % ROW_BLOCK))
-        blocks = padded.split(ROW_BLOCK)
-        if len(blocks) == 1:
+        if padded.shape[0] == ROW_BLOCK:  # a decode step's rows: one block, no split (it runs per layer)
             out = F.linear(padded, self.weight, self.bias)
         else:
-            out = torch.cat([F.linear(block, self.weight, self.bias) for block in blocks])
+            out = torch.cat([F.linear(block, self.weight, self.bias) for block in padded.split(ROW_BLOCK)])
         return out[:rows.shape[0]].view(*x.shape[:-1], -1)
 
 
