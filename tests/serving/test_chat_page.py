@@ -64,7 +64,18 @@ def server(tmp_path_factory):
     # by itself, so that Stop always meets a running request. One row and no queue: a second
     # request while one runs is refused with 503, and a row the page's Stop did not free would
     # refuse the next request too.
-    run_dir = build_run(tmp_path_factory.mktemp("runs") / "tiny-chat", chat_tokenizer(), block_size=256,
+    yield from _one_row_server(tmp_path_factory, block_size=256)
+
+
+@pytest.fixture(scope="module")
+def long_server(tmp_path_factory):
+    # The same with a window eight times longer: a reply that runs to the window takes seconds, so
+    # Stop always lands mid-reply however fast the decoder is.
+    yield from _one_row_server(tmp_path_factory, block_size=2048)
+
+
+def _one_row_server(tmp_path_factory, block_size: int):
+    run_dir = build_run(tmp_path_factory.mktemp("runs") / "tiny-chat", chat_tokenizer(), block_size=block_size,
                         never_predicts=(END_OF_TURN, EOT))
     with running_server(run_dir, "--max-batch", "1", "--max-queue", "0",
                         "--max-tokens-cap", str(CAP)) as server:
@@ -170,7 +181,8 @@ def test_the_streamed_chat_equals_the_api_for_the_same_seed(browser, server, tmp
     assert page.texts(".msg") == []
 
 
-def test_stop_cancels_the_reply_and_the_server_frees_the_row(browser, server):
+def test_stop_cancels_the_reply_and_the_server_frees_the_row(browser, long_server):
+    server = long_server
     page = Page(browser, server)
     page.settings(temperature=0, max_tokens=CAP)
     page.send("Speak, speak!")
