@@ -63,10 +63,28 @@ SIZES = [
 @pytest.mark.e2e
 @pytest.mark.parametrize(("model", "train"), SIZES)
 def test_the_estimate_is_near_the_measured_peak_on_the_cpu(model, train):
-    env = {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
-    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "training" / "memory_probe.py"), json.dumps(model),
-                           json.dumps(train)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    measured = json.loads(proc.stdout)["added"]
+    measured = _probe(model, train)
     estimate = estimate_memory(GPTConfig(**model), TrainConfig(**train)).total
     assert abs(estimate - measured) <= MARGIN * measured, (estimate / 2**20, measured / 2**20)
+
+
+def _probe(model: dict, train: dict, parent_mib: int = 0) -> int:
+    """What memory_probe.py measures training added; run from a parent holding ``parent_mib``."""
+    env = {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
+    command = [sys.executable, str(ROOT / "tests" / "training" / "memory_probe.py"), json.dumps(model), json.dumps(train)]
+    if parent_mib:  # the probe forked from a large process, as from a pytest that has run many tests
+        command = [sys.executable, "-c", "import subprocess, sys\n"
+                   f"held = bytearray({parent_mib} * 2**20)\n"
+                   "for i in range(0, len(held), 4096): held[i] = 1\n"
+                   "sys.exit(subprocess.run(sys.argv[1:]).returncode)", *command]
+    proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout)["added"]
+
+
+@pytest.mark.e2e
+def test_the_probe_counts_its_own_training_not_the_parent_that_started_it():
+    # Linux carries ru_maxrss across exec, so a probe reading it reported the parent's peak.
+    model, train = SIZES[0]
+    alone, under_a_large_parent = _probe(model, train), _probe(model, train, parent_mib=1024)
+    assert abs(under_a_large_parent - alone) <= 0.1 * alone, (alone / 2**20, under_a_large_parent / 2**20)
