@@ -284,11 +284,13 @@ class CausalSelfAttention(nn.Module):
         kernels' summation order depends on where a row starts in memory.)
 
         Viewing the group's query heads as its query positions shares the K/V head with no copy,
-        on any backend and torch version, and for one query is faster than ``enable_gqa``."""
+        on any backend and torch version, and for one query is faster than ``enable_gqa``. The
+        output is reshaped, not viewed, back to heads: a CUDA kernel may return the group's heads
+        in another memory order, and then a copy is needed."""
         B, H, _, d = q.shape
         grouped = q.view(B, self.n_kv_head, H // self.n_kv_head, d)
         dropout_p = self.attn_dropout if self.training else 0.0
-        return F.scaled_dot_product_attention(grouped, k, v, attn_mask=mask, dropout_p=dropout_p).view(B, H, 1, d)
+        return F.scaled_dot_product_attention(grouped, k, v, attn_mask=mask, dropout_p=dropout_p).reshape(B, H, 1, d)
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         B, H, T, d = q.shape

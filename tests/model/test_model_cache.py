@@ -144,3 +144,28 @@ def test_standalone_cache_reports_its_shape_and_lengths():
     assert cache.lengths == [0, 4]
     cache.reset([1])
     assert cache.lengths == [0, 0]
+
+
+@pytest.mark.parametrize("overrides", [dict(n_kv_head=2), dict(n_kv_head=1)], ids=["gqa", "mqa"])
+def test_decoding_holds_when_attention_returns_another_memory_layout(make_model, monkeypatch, overrides):
+    """CUDA's attention kernels may return their output with the head dimensions in another memory
+    order than the CPU's (on an H200 a one-token GQA step came back with strides (64, 16, 32, 1),
+    which a .view() refused). The CPU never does that, so here every call's output is given that
+    layout: same values, permuted strides. (Latent attention only splits its output's one head
+    axis, which any layout allows.)"""
+    import model.gpt as gpt
+
+    plain = gpt.F.scaled_dot_product_attention
+
+    def permuted_layout(*args, **kwargs):
+        out = plain(*args, **kwargs)
+        return out.transpose(1, 2).contiguous().transpose(1, 2)
+
+    model = make_model(seed=3, **overrides)
+    seq = torch.randint(0, model.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(4))
+    with torch.inference_mode():
+        full = model(seq)
+        monkeypatch.setattr(gpt.F, "scaled_dot_product_attention", permuted_layout)
+        cache = model.init_cache(2)
+        pieces = [model(seq[:, :5], cache=cache)] + [model(seq[:, t:t + 1], cache=cache) for t in range(5, 12)]
+    assert max_err(torch.cat(pieces, dim=1), full) <= ATOL
