@@ -52,12 +52,12 @@ def tiny_config(args: argparse.Namespace) -> tuple[GPTConfig, str]:
     if path is None:
         config, source = BUILTIN_TINY, "built-in"
     else:
-        config, source = _config_from_yaml(path), str(path)
+        config, source = model_config_from_yaml(path), str(path)
     overrides = {k: v for k, v in (("vocab_size", args.vocab_size), ("block_size", args.block_size)) if v}
     return replace(config, **overrides), source + (" + flags" if overrides else "")
 
 
-def _config_from_yaml(path: Path) -> GPTConfig:
+def model_config_from_yaml(path: Path) -> GPTConfig:
     import yaml
 
     if not path.is_file():

@@ -129,12 +129,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def random_run(config: GPTConfig) -> LoadedRun:
+def random_run(config: GPTConfig, device: torch.device = torch.device("cpu")) -> LoadedRun:
     torch.manual_seed(0)
-    model = GPT(config).eval()
+    model = GPT(config).eval().to(device)
     # No tokenizer is needed to time decoding; streaming still decodes every token's bytes.
     token_bytes = [f"<{i}>".encode() for i in range(config.vocab_size)]
-    return LoadedRun(Path("(random init)"), model, None, token_bytes, 0, torch.device("cpu"))
+    return LoadedRun(Path("(random init)"), model, None, token_bytes, 0, device)
 
 
 def ours_timer(run: LoadedRun, prompt: list[int], new: int, *, use_cache: bool, compile: bool = False):

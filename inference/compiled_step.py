@@ -26,13 +26,17 @@ from common.errors import UserError
 from model import GPT, KVCache
 from model.kv_cache import StaticStep
 
-def choose_compile(flag: bool | None, *, use_cache: bool = True, device: torch.device) -> bool:
-    """Whether a command compiles its decode step: only when ``--compile`` asks (``flag``).
-    On the CPU, Inductor's compile takes tens of seconds (its C++ build), as long as many thousand
-    small-model tokens save. On CUDA the step replays CUDA graphs, a path no GPU has yet run in this
-    project's tests, so it too waits to be asked for. Refuses, in one line, a compile that cannot run."""
+def choose_compile(flag: bool | None, *, use_cache: bool = True, device: torch.device,
+                   long_running: bool = False) -> bool:
+    """Whether a command compiles its decode step. ``--compile``/``--no-compile`` (``flag``) decide
+    when given; by default only a long-running command (the server) on CUDA compiles, where the
+    CUDA-graph step is a few times faster than eager and its compile (seconds) is soon repaid.
+    A single generation or chat usually is not long enough to repay it, and on the CPU Inductor's
+    C++ build takes tens of seconds, as long as many thousand small-model tokens save
+    (docs/results.md, "A GPU: small.yaml and the compiled decode step"). Refuses, in one line, a
+    compile that cannot run."""
     if flag is None:
-        return False
+        return long_running and use_cache and device.type == "cuda"
     if flag and not use_cache:
         raise UserError("--compile compiles the cached decode step; drop --no-cache or --compile")
     reason = compiler_missing(device) if flag else None

@@ -1,0 +1,120 @@
+"""Decode speed on a CUDA GPU, batch 1, greedy, side by side in one run: our eager step against the
+compiled step (``--compile``: one CUDA graph replayed per token), and transformers' Llama at the
+same dimensions, at a short and at the full context; and whether eager and compiled chose the same
+tokens.
+
+    python -m benchmarks.cuda_decode [--run runs/small] [--config configs/small.yaml] [--dtype fp32|bf16]
+
+Without ``--run`` the model is random at the config's model shape (speed does not depend on the
+weights). ``--dtype bf16`` casts the weights (and so the cache) to bfloat16. Figures are read as in
+benchmarks/generate_speed.py: decode tokens/s counts the tokens after the first, each figure is the
+best of round-robin repeats, and the compile is printed apart. A GPU is needed; CI never runs this.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks.decode_speed import model_config_from_yaml
+from benchmarks.generate_speed import (
+    COMPILED, EAGER, SHORT_PROMPT, Row, decode_parser, ours_timer, print_table, random_run, transformers_model,
+)
+from inference.completion import generate_completions
+from inference.settings import GenerationSettings
+from rundir.loading import LoadedRun, load_run
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = decode_parser(__doc__, 256)
+    parser.add_argument("--config", type=Path, default=Path("configs/small.yaml"),
+                        help="the model shape to time without --run (default configs/small.yaml)")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("error: benchmarks.cuda_decode needs a CUDA GPU; on the CPU use benchmarks.generate_speed",
+              file=sys.stderr)
+        return 2
+    device = torch.device("cuda")
+    run = load_run(args.run, device) if args.run else random_run(model_config_from_yaml(args.config), device)
+    run.model.to(DTYPES[args.dtype])
+    config, new = run.model.config, args.new_tokens
+    print(f"model: {run.directory}, n_layer {config.n_layer}, n_embd {config.n_embd}, n_head {config.n_head}, "
+          f"n_kv_head {config.n_kv_head}, vocab {config.vocab_size}, block_size {config.block_size}, {args.dtype}; "
+          f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
+    generator = torch.Generator().manual_seed(0)
+    prompts = {f"{SHORT_PROMPT} + {new}": SHORT_PROMPT,
+               f"{max(1, config.block_size - new)} + {new} (full)": max(1, config.block_size - new)}
+    hf_name, hf_model = transformers_model(config)
+    if hf_model is not None:
+        hf_model = hf_model.to(device, DTYPES[args.dtype])
+    rows: list[Row] = []
+    for context, length in prompts.items():
+        prompt = torch.randint(config.vocab_size, (length,), generator=generator).tolist()
+        print(f"[{context}] {same_tokens(run, prompt, new)}")
+        paths = {EAGER: ours_timer(run, prompt, new, use_cache=True),
+                 COMPILED: ours_timer(run, prompt, new, use_cache=True, compile=True)}
+        if hf_model is not None:
+            paths[hf_name] = cuda_transformers_timer(hf_model, prompt, new)
+        timings: dict[str, list[tuple[float, float]]] = {name: [] for name in paths}
+        for _ in range(args.repeats):
+            for name, timer in paths.items():
+                timings[name].append(timer())
+        for name, runs in timings.items():
+            rows.append(Row(name, context, min(t for t, _ in runs), max(rate for _, rate in runs)))
+    if hf_model is None:
+        rows.append(Row("transformers", "", None, None, note=f"skipped: {hf_name}"))
+    print_table(rows)
+    print()
+    for context in prompts:
+        rate = {row.name: row.decode_tokens_per_s for row in rows if row.context == context}
+        peers = ", ".join(f"{rate[COMPILED] / rate[name]:.2f}x {name}" for name in rate if name != COMPILED)
+        print(f"[{context}] {COMPILED}: {peers}")
+    return 0
+
+
+def same_tokens(run: LoadedRun, prompt: list[int], new: int) -> str:
+    """Whether the compiled step's greedy tokens equal the eager step's, in words."""
+    def tokens(compile: bool) -> tuple[list[int], float | None]:
+        result = generate_completions(run, prompt, GenerationSettings(max_new_tokens=new, temperature=0,
+                                                                      compile=compile))
+        return result.completions[0].token_ids, result.stats.compile_s
+
+    (eager, _), (compiled, compile_s) = tokens(False), tokens(True)
+    if compile_s:  # the process's first compile; later ones find its graphs
+        print(f"{COMPILED}: the decode step compiled in {compile_s:.1f} s")
+    if eager == compiled:
+        return f"compiled and eager chose the same {len(eager)} greedy tokens"
+    first = next(i for i, (a, b) in enumerate(zip(eager, compiled)) if a != b)
+    return f"compiled and eager greedy tokens first differ at new token {first} of {len(eager)}"
+
+
+def cuda_transformers_timer(model, prompt: list[int], new: int):
+    """generate_speed's transformers timer, on the GPU: generate() synchronises when it returns
+    (it reads the tokens back), so wall-clock times hold."""
+    ids = torch.tensor([prompt], device=model.device)
+
+    def seconds_for(n: int) -> float:
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n,
+                       min_new_tokens=n, pad_token_id=0)
+        torch.cuda.synchronize()
+        return time.perf_counter() - start
+
+    seconds_for(8)  # warm-up
+
+    def timer() -> tuple[float, float]:
+        first = seconds_for(1)
+        return first, (new - 1) / (seconds_for(new) - first)
+
+    return timer
+
+
+if __name__ == "__main__":
+    sys.exit(main())
