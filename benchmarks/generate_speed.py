@@ -18,7 +18,9 @@ closest to the code's own speed.
 
 The arithmetic limit is the decode rate if a step cost only its matrix products at the FLOP/s this
 host reaches on the step's own weight shapes (measured with 64 rows a call, so call overhead is
-amortised; batch 1 cannot reach it, which is the point: the gap is overhead).
+amortised). Batch 1 cannot reach it: each product then reads its whole weight for one row, so a
+step is bound by how fast the host streams the weights in. "1-row matmuls alone" measures that
+bound: the rate if a step were only its products at batch 1, with nothing around them.
 
 Goals: our cached decode >= 5x our own --no-cache at full context; compiled >= ONNX Runtime's
 dynamic graph, and >= 2x transformers at every context. ``transformers`` and ``onnxruntime`` are
@@ -47,6 +49,7 @@ from rundir.loading import LoadedRun, load_run
 TINY = GPTConfig(vocab_size=2048, block_size=512, n_layer=4, n_head=4, n_kv_head=2, n_embd=256)
 SHORT_PROMPT = 16
 EAGER, COMPILED, NO_CACHE, ONNX = "ours, KV cache", "ours, compiled", "ours, --no-cache", "ONNX Runtime"
+ONE_ROW = "1-row matmuls alone"
 FLOPS_ROWS = 64  # rows per matmul when measuring the host's FLOP/s (see the module docstring)
 
 
@@ -93,6 +96,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     flops = matmul_flops(run.model)
     print(f"host: {flops / 1e9:.1f} GFLOP/s on the decode step's matmul shapes ({FLOPS_ROWS} rows a call)")
+    one_row = one_row_matmul_rate(run.model)
+    weight_mb = sum(m.weight.numel() * m.weight.element_size() for m in run.model.modules()
+                    if isinstance(m, torch.nn.Linear)) / 1e6
+    print(f"host: the step's matmuls alone at 1 row, {one_row:.0f}/s ({weight_mb:.1f} MB of weights read "
+          f"at {weight_mb * one_row / 1e3:.1f} GB/s)")
 
     rows: list[Row] = []
     hf_name, hf_model = transformers_model(config)
@@ -119,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(Row(name, context, min(t for t, _ in runs), max(rate for _, rate in runs)))
             limit = flops / (run.model.flops_per_token(length + new // 2) / 3)  # forward only: a third
             rows.append(Row("arithmetic limit", context, None, limit))
+            rows.append(Row(ONE_ROW, context, None, one_row))
             for name, note in ((COMPILED, no_compile), ("transformers", hf_model is None and hf_name),
                                (ONNX, onnx_note)):
                 if note:
@@ -151,6 +160,22 @@ def ours_timer(run: LoadedRun, prompt: list[int], new: int, *, use_cache: bool, 
         return stats.time_to_first_token_s, stats.decode_tokens_per_s
 
     return timer
+
+
+def one_row_matmul_rate(model: GPT) -> float:
+    """Steps per second if a decode step were only its matrix products at batch 1: each reads its
+    whole weight for one row, so this is bound by how fast the host streams the weights in, not
+    by FLOP/s (the bound ours and ONNX Runtime share)."""
+    weights = [m.weight.detach() for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    inputs = [torch.randn(1, w.shape[1]) for w in weights]
+    best = float("inf")
+    with torch.inference_mode():
+        for _ in range(20):
+            start = time.perf_counter()
+            for x, w in zip(inputs, weights):
+                F.linear(x, w)
+            best = min(best, time.perf_counter() - start)
+    return 1 / best
 
 
 def matmul_flops(model: GPT) -> float:
@@ -293,7 +318,9 @@ def print_ratios(rows: list[Row], contexts: list[str]) -> None:
             mine = rate(name, context)
             ratios = [f"{mine / rate(peer, context):.2f}x {peer}" for peer in peers if peer != name]
             limit = mine / rate("arithmetic limit", context)
-            print(f"[{context}] {name}: " + ", ".join(ratios) + f"; {limit:.1%} of the arithmetic limit")
+            matmuls = mine / rate(ONE_ROW, context)
+            print(f"[{context}] {name}: " + ", ".join(ratios) + f"; {limit:.1%} of the arithmetic limit, "
+                  f"{matmuls:.0%} of the 1-row matmuls' rate")
     full = contexts[-1]
     cached, no_cache = rate(EAGER, full), rate(NO_CACHE, full)
     print(f"goal: cache >= 5x --no-cache at full context: {'met' if cached >= 5 * no_cache else 'NOT met'}")

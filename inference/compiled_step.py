@@ -3,10 +3,16 @@
 Eager decoding at batch 1 spends most of a step in Python and per-op dispatch, not arithmetic.
 ``torch.compile`` traces the step once into Inductor's kernels (C++ on the CPU) and, on a GPU,
 replays it as one CUDA graph (mode ``reduce-overhead``). Both need the step's shapes fixed, so the
-step always runs every one of the cache's rows at its whole buffer under a mask (``StaticStep``):
-positions and which rows decode are tensors, not shapes, and a generation of any length is compiled
-once. A row with nothing to decode (free, or still encoding its prompt) writes a spare slot past
-``block_size`` that no mask lets anyone read, and its logits are dropped.
+step always runs every one of the cache's rows under a mask (``StaticStep``): positions and which
+rows decode are tensors, not shapes, and a generation of any length is compiled once. A row with
+nothing to decode (free, or still encoding its prompt) writes a spare slot past ``block_size`` that
+no mask lets anyone read, and its logits are dropped.
+
+How far back rows read is the one size that may vary. A server's rows read the whole buffer, so a
+row's arithmetic never depends on its neighbours (batch invariance), and a CUDA graph needs that
+static shape anyway. Otherwise, on the CPU, rows read only the slots up to the longest row's
+(``exact_window``): that length reaches the graph as a symbolic size, so it is still compiled once,
+and a short generation no longer attends over every slot of the context.
 
 Prompts are still encoded eagerly: their lengths vary, and a compile per length would cost more
 than it saves. The compiled kernels may round differently from the eager ones in the last bits;
@@ -70,9 +76,11 @@ def spare_slot_cache(model: GPT, rows: int, whole_buffers: bool) -> KVCache:
 
 class CompiledStep:
     """The decode step over every row of ``cache`` (made by ``spare_slot_cache``), compiled for
-    ``model``; building it compiles it, and ``compile_seconds`` says how long that took."""
+    ``model``; building it compiles it, and ``compile_seconds`` says how long that took.
+    ``exact_window``: rows read only the slots up to the longest decoding row's (the CPU, when batch
+    invariance is not asked for); otherwise every slot."""
 
-    def __init__(self, model: GPT, cache: KVCache) -> None:
+    def __init__(self, model: GPT, cache: KVCache, *, exact_window: bool = False) -> None:
         self.model = model
         self.cache = cache
         self.buffers = tuple(cache.buffers.values())
@@ -81,14 +89,19 @@ class CompiledStep:
         if self.cuda:  # the graph writes the cache in place: its address must not change
             for buffer in self.buffers:
                 torch._dynamo.mark_static_address(buffer)
+        # Only a tensor's length can reach the graph as a symbolic size (an int would be compiled
+        # in as a constant): the window is passed as a slice of this one, never read.
+        self._window = torch.empty(self.spare, device=cache.device) if exact_window and self.spare > 2 else None
         # On a GPU the step replays as a CUDA graph; on the CPU Inductor's C++ wrapper calls the
         # kernels without a Python line per kernel (a slower compile, a faster step).
         options = dict(mode="reduce-overhead") if self.cuda else dict(options={"cpp_wrapper": True})
         self._step = torch.compile(_step, fullgraph=True, dynamic=False, **options)
         started = time.perf_counter()
+        self._warm = False
         with torch.inference_mode():
             for _ in range(3):  # a CUDA graph is recorded on the third call; Inductor compiles on the first
                 self({})
+                self._warm = True
         if self.cuda:
             torch.cuda.synchronize(cache.device)
         self.compile_seconds = time.perf_counter() - started
@@ -100,15 +113,30 @@ class CompiledStep:
         for row, token in tokens.items():
             ids[row], slots[row] = token, self.cache.lengths[row]
             assert slots[row] < self.spare, f"row {row} is full"
+        window = None
+        if self._window is not None:
+            # At least two slots: a size of 0 or 1 would be compiled as a constant of its own.
+            window = self._window[:max([MIN_WINDOW - 1, *(slots[row] for row in tokens)]) + 1]
+            if not self._warm:
+                torch._dynamo.mark_dynamic(window, 0, min=MIN_WINDOW, max=self.spare)
         device = self.cache.device
-        logits = self._step(self.model, self.buffers, torch.tensor(ids, device=device).unsqueeze(1),
-                            torch.tensor(slots, device=device))
+        # Once warm on the CPU, only the guards that tell this function's compiled graphs apart are
+        # checked: the others (every parameter's, at every token) cost a few percent of a small
+        # model's step. The CUDA graph path keeps every guard.
+        with torch.compiler.set_stance(skip_guard_eval_unsafe=self._warm and not self.cuda):
+            logits = self._step(self.model, self.buffers, torch.tensor(ids, device=device).unsqueeze(1),
+                                torch.tensor(slots, device=device), window)
         self.cache.count(list(tokens))
         # A CUDA graph's outputs are overwritten by its next replay.
         return logits.clone() if self.cuda else logits
 
 
-def _step(model: GPT, buffers: tuple[torch.Tensor, ...], idx: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+MIN_WINDOW = 2
+
+
+def _step(model: GPT, buffers: tuple[torch.Tensor, ...], idx: torch.Tensor, slots: torch.Tensor,
+          window: torch.Tensor | None) -> torch.Tensor:
     # A spare slot sits past the last learned position: its junk token borrows the last one.
     positions = slots.clamp(max=model.config.block_size - 1).unsqueeze(1)
-    return model.logits(model.hidden_states(idx, positions, StaticStep(buffers, slots))[:, -1])
+    span = None if window is None else window.shape[0]
+    return model.logits(model.hidden_states(idx, positions, StaticStep(buffers, slots, span))[:, -1])

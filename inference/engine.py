@@ -199,7 +199,9 @@ class Engine:
         assert not (compile and not use_cache), "the compiled step is a cached decode step"
         if compile:
             self.cache = spare_slot_cache(model, max_batch, whole_buffers=batch_invariant)
-            self.compiled: CompiledStep | None = CompiledStep(self.model, self.cache)
+            # Off the server, a CPU step reads only the slots rows have filled (see CompiledStep).
+            exact_window = not batch_invariant and self.cache.device.type == "cpu"
+            self.compiled: CompiledStep | None = CompiledStep(self.model, self.cache, exact_window=exact_window)
         else:
             self.cache = model.init_cache(max_batch, whole_buffers=batch_invariant)
             self.compiled = None

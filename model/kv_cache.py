@@ -181,20 +181,28 @@ class KVCache:
 class StaticStep:
     """One token for every row of a cache's ``buffers`` (``KVCache.buffers``' values), row r written at
     ``slots[r]`` and reading every slot up to it under a mask: a ``LayerCache`` whose shapes never
-    change with the rows' lengths or with which rows decode, so a compiled step is compiled once and
-    a CUDA graph can replay it. It keeps no lengths: the caller counts the rows that decoded
-    (``KVCache.count``) and points the others at a slot nothing reads."""
+    change with which rows decode, so a compiled step is compiled once and a CUDA graph can replay
+    it. It keeps no lengths: the caller counts the rows that decoded (``KVCache.count``) and points
+    the others at a slot nothing reads.
 
-    def __init__(self, buffers: Sequence[torch.Tensor], slots: torch.Tensor) -> None:
+    ``window`` None: every row reads the whole buffer under its mask, so its arithmetic never
+    depends on its length or its neighbours (batch invariance, and the static shapes a CUDA graph
+    needs). An int: rows read only the first ``window`` slots, which must cover every decoding
+    row's slot; a compiler can keep it symbolic, so a short row no longer pays for the whole buffer."""
+
+    def __init__(self, buffers: Sequence[torch.Tensor], slots: torch.Tensor, window: int | None = None) -> None:
         self.buffers = buffers
         self.slots = slots
+        self.window = window
         self.rows = torch.arange(slots.shape[0], device=slots.device)
-        max_len = buffers[0].shape[3]
-        self.mask = (torch.arange(max_len, device=slots.device) <= slots.unsqueeze(1)).view(-1, 1, 1, max_len)
+        span = buffers[0].shape[3] if window is None else window
+        self.mask = (torch.arange(span, device=slots.device) <= slots.unsqueeze(1)).view(-1, 1, 1, span)
 
     def update(self, layer: int, *new: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor | None]:
         for buffer, x in zip(self.buffers, new):
             # Every index a tensor: one index_put_ on the whole buffer, which a compiler writes in
             # place (through a view of one layer, it would copy the whole buffer at every step).
             buffer[torch.full_like(self.rows, layer), self.rows, :, self.slots] = x[:, :, 0]
-        return [buffer[layer] for buffer in self.buffers], self.mask
+        if self.window is None:
+            return [buffer[layer] for buffer in self.buffers], self.mask
+        return [buffer[layer, :, :, :self.window] for buffer in self.buffers], self.mask

@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 import torch.distributed
 
 from bench_testkit import run_python
@@ -81,7 +82,18 @@ def test_decode_speed() -> None:
 def test_generate_speed(toy_run) -> None:
     out = bench("generate_speed", "--run", toy_run, "--new-tokens", 8, "--repeats", 1, "--threads", 1)
     assert_words(out, "ours, KV cache", "ours, compiled", "ours, --no-cache", "ONNX Runtime", "arithmetic limit",
-                 "GFLOP/s", "goal:")
+                 "GFLOP/s", "1-row matmuls alone", "goal:")
+
+
+def test_cuda_decode_runs_on_a_gpu_and_refuses_in_one_line_without_one(toy_run) -> None:
+    args = ("--run", toy_run, "--new-tokens", 8, "--repeats", 1)
+    if torch.cuda.is_available():
+        out = bench("cuda_decode", *args)
+        assert_words(out, "ours, KV cache", "ours, compiled", "greedy tokens")
+        return
+    proc = run_python(["-m", "benchmarks.cuda_decode", *map(str, args)])
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == "error: benchmarks.cuda_decode needs a CUDA GPU; on the CPU use benchmarks.generate_speed\n"
 
 
 def test_onnx_decode(toy_run) -> None:

@@ -147,3 +147,23 @@ def test_a_compiled_latent_attention_model_decodes_as_eager():
     [eager] = decode(model, [PROMPT_IDS], settings)
     [compiled] = decode(model, [PROMPT_IDS], settings, compile=True)
     assert compiled.token_ids == eager.token_ids and len(set(eager.token_ids)) > 20
+
+
+@pytest.mark.parametrize("batch_invariant", [False, True])
+def test_a_compiled_row_reads_only_its_window_unless_batch_invariant(loaded_run, batch_invariant):
+    """Off the server, a CPU step reads only the slots up to the longest row's (a symbolic size, so
+    still one graph); the server's batch-invariant step reads every slot under its mask. NaN in the
+    slots past the row tells which: a masked NaN still poisons attention, an unread one cannot."""
+    engine = Engine(loaded_run.model, max_batch=1, batch_invariant=batch_invariant, compile=True)
+    assert engine.compiled.compile_seconds > 0
+    engine.cache.lengths[0] = len(PROMPT_IDS)
+    with torch.inference_mode():
+        clean = engine.compiled({0: 7}).clone()
+        for buffer in engine.cache.buffers.values():
+            buffer[:, :, :, len(PROMPT_IDS) + 1:engine.cache.max_len - 1] = float("nan")
+        engine.cache.lengths[0] = len(PROMPT_IDS)
+        poisoned = engine.compiled({0: 7})
+    if batch_invariant:
+        assert poisoned.isnan().all()
+    else:
+        assert torch.equal(poisoned, clean)
