@@ -14,7 +14,6 @@ best of round-robin repeats, and the compile is printed apart. A GPU is needed; 
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -22,6 +21,7 @@ import torch
 from benchmarks.decode_speed import model_config_from_yaml
 from benchmarks.generate_speed import (
     COMPILED, EAGER, SHORT_PROMPT, Row, decode_parser, ours_timer, print_table, random_run, transformers_model,
+    round_robin, transformers_timer,
 )
 from inference.completion import generate_completions
 from inference.settings import GenerationSettings
@@ -60,13 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         paths = {EAGER: ours_timer(run, prompt, new, use_cache=True),
                  COMPILED: ours_timer(run, prompt, new, use_cache=True, compile=True)}
         if hf_model is not None:
-            paths[hf_name] = cuda_transformers_timer(hf_model, prompt, new)
-        timings: dict[str, list[tuple[float, float]]] = {name: [] for name in paths}
-        for _ in range(args.repeats):
-            for name, timer in paths.items():
-                timings[name].append(timer())
-        for name, runs in timings.items():
-            rows.append(Row(name, context, min(t for t, _ in runs), max(rate for _, rate in runs)))
+            paths[hf_name] = transformers_timer(hf_model, prompt, new)
+        rows += round_robin(paths, context, args.repeats)
     if hf_model is None:
         rows.append(Row("transformers", "", None, None, note=f"skipped: {hf_name}"))
     print_table(rows)
@@ -92,28 +87,6 @@ def same_tokens(run: LoadedRun, prompt: list[int], new: int) -> str:
         return f"compiled and eager chose the same {len(eager)} greedy tokens"
     first = next(i for i, (a, b) in enumerate(zip(eager, compiled)) if a != b)
     return f"compiled and eager greedy tokens first differ at new token {first} of {len(eager)}"
-
-
-def cuda_transformers_timer(model, prompt: list[int], new: int):
-    """generate_speed's transformers timer, on the GPU: generate() synchronises when it returns
-    (it reads the tokens back), so wall-clock times hold."""
-    ids = torch.tensor([prompt], device=model.device)
-
-    def seconds_for(n: int) -> float:
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n,
-                       min_new_tokens=n, pad_token_id=0)
-        torch.cuda.synchronize()
-        return time.perf_counter() - start
-
-    seconds_for(8)  # warm-up
-
-    def timer() -> tuple[float, float]:
-        first = seconds_for(1)
-        return first, (new - 1) / (seconds_for(new) - first)
-
-    return timer
 
 
 if __name__ == "__main__":

@@ -117,14 +117,7 @@ def main(argv: list[str] | None = None) -> int:
                 paths[hf_name] = transformers_timer(hf_model, prompt, new)
             if session is not None:
                 paths[ONNX] = onnx_timer(session, run.model, prompt, new)
-            # Round-robin repeats: on a shared machine the load drifts, and interleaving spreads the
-            # drift over every path instead of penalising whichever ran during a busy spell.
-            timings: dict[str, list[tuple[float, float]]] = {name: [] for name in paths}
-            for _ in range(args.repeats):
-                for name, timer in paths.items():
-                    timings[name].append(timer())
-            for name, runs in timings.items():
-                rows.append(Row(name, context, min(t for t, _ in runs), max(rate for _, rate in runs)))
+            rows += round_robin(paths, context, args.repeats)
             limit = flops / (run.model.flops_per_token(length + new // 2) / 3)  # forward only: a third
             rows.append(Row("arithmetic limit", context, None, limit))
             rows.append(Row(ONE_ROW, context, None, one_row))
@@ -136,6 +129,17 @@ def main(argv: list[str] | None = None) -> int:
     print_table(rows)
     print_ratios(rows, list(prompts))
     return 0
+
+
+def round_robin(paths: dict, context: str, repeats: int) -> list[Row]:
+    """Each path's best time to first token and best decode rate over ``repeats`` rounds. The
+    rounds go round-robin: on a shared machine the load drifts, and interleaving spreads the drift
+    over every path instead of penalising whichever ran during a busy spell."""
+    timings: dict[str, list[tuple[float, float]]] = {name: [] for name in paths}
+    for _ in range(repeats):
+        for name, timer in paths.items():
+            timings[name].append(timer())
+    return [Row(name, context, min(t for t, _ in runs), max(rate for _, rate in runs)) for name, runs in timings.items()]
 
 
 def random_run(config: GPTConfig, device: torch.device = torch.device("cpu")) -> LoadedRun:
@@ -167,23 +171,19 @@ def one_row_matmul_rate(model: GPT) -> float:
     whole weight for one row, so this is bound by how fast the host streams the weights in, not
     by FLOP/s (the bound ours and ONNX Runtime share)."""
     weights = [m.weight.detach() for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    inputs = [torch.randn(1, w.shape[1]) for w in weights]
-    best = float("inf")
-    with torch.inference_mode():
-        for _ in range(20):
-            start = time.perf_counter()
-            for x, w in zip(inputs, weights):
-                F.linear(x, w)
-            best = min(best, time.perf_counter() - start)
-    return 1 / best
+    return 1 / best_products_seconds(weights, 1)
 
 
 def matmul_flops(model: GPT) -> float:
     """FLOP/s of this host on the model's matmul weight shapes, ``FLOPS_ROWS`` rows a call."""
     shapes = [tuple(m.weight.shape) for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    weights = [torch.randn(shape) for shape in shapes]
-    inputs = [torch.randn(FLOPS_ROWS, shape[1]) for shape in shapes]
     work = sum(2 * FLOPS_ROWS * out * inp for out, inp in shapes)
+    return work / best_products_seconds([torch.randn(shape) for shape in shapes], FLOPS_ROWS)
+
+
+def best_products_seconds(weights: list[torch.Tensor], rows: int) -> float:
+    """The best of 20 timings of one ``F.linear`` of ``rows`` random rows through each weight."""
+    inputs = [torch.randn(rows, w.shape[1]) for w in weights]
     best = float("inf")
     with torch.inference_mode():
         for _ in range(20):
@@ -191,7 +191,7 @@ def matmul_flops(model: GPT) -> float:
             for x, w in zip(inputs, weights):
                 F.linear(x, w)
             best = min(best, time.perf_counter() - start)
-    return work / best
+    return best
 
 
 def transformers_model(config: GPTConfig) -> tuple[str, object | None]:
@@ -217,10 +217,13 @@ def transformers_model(config: GPTConfig) -> tuple[str, object | None]:
 
 
 def transformers_timer(model, prompt: list[int], new: int):
-    """Like ``ours_timer``; generate() has no per-token clock, so decode = t(new) - t(1 token)."""
-    ids = torch.tensor([prompt])
+    """Like ``ours_timer``; generate() has no per-token clock, so decode = t(new) - t(1 token).
+    On a GPU the clock waits for the device before it starts and stops."""
+    ids = torch.tensor([prompt], device=model.device)
+    sync = torch.cuda.synchronize if ids.is_cuda else (lambda: None)
 
     def seconds_for(n: int) -> float:
+        sync()
         start = time.perf_counter()
         model.generate(
             ids,
@@ -230,6 +233,7 @@ def transformers_timer(model, prompt: list[int], new: int):
             min_new_tokens=n,  # never stop early at an end-of-sequence token
             pad_token_id=0,
         )
+        sync()
         return time.perf_counter() - start
 
     seconds_for(8)  # warm-up

@@ -29,7 +29,7 @@ stage train "${TRAIN_S:-200}" $python train.py --config configs/small.yaml --set
     --set train.max_steps=300 --set train.warmup_steps=50 --set eval.interval=100 \
     --set logging.wandb.mode=disabled --set run.out_dir=runs/small --set run.overwrite=true "$@"
 stage decode "${DECODE_S:-150}" $python -m benchmarks.cuda_decode --run runs/small --new-tokens 256
-stage tests "${TESTS_S:-150}" $python -m pytest -q -p no:cacheprovider tests/inference/test_compiled_step_cuda.py \
-    tests/data/test_data_batches.py -k "cuda"
+stage tests "${TESTS_S:-150}" $python -m pytest -q -p no:cacheprovider -m "e2e or not e2e" \
+    tests/inference/test_compiled_step.py tests/data/test_data_batches.py -k "cuda"
 stage decode_bf16 "${DECODE_BF16_S:-100}" $python -m benchmarks.cuda_decode --run runs/small --new-tokens 256 --dtype bf16
 cat "$LOGS/stages.txt"

@@ -18,10 +18,15 @@ from inference.engine import Engine, Event, Finish, decode
 from inference.settings import GenerationSettings
 from model import GPT, GPTConfig
 from model.generation import SamplingSettings
+from rundir.loading import load_run
 from serving.cli import main as serve_main
 
 pytestmark = pytest.mark.skipif(compiler_missing(torch.device("cpu")) is not None,
                                 reason=str(compiler_missing(torch.device("cpu"))))
+# The tests that take ``device`` run on the CPU and, where there is one, on a CUDA GPU, where the
+# step replays a CUDA graph (CI has none; a lent GPU runs them: benchmarks/gpu_checks.sh).
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                  reason="needs a CUDA GPU"))]
 
 PROMPT_IDS = [5, 17, 9, 30, 2, 11]
 LONG = 120  # past the test model's block_size (32) several times: the window slides and re-encodes
@@ -49,17 +54,23 @@ def served(engine: Engine, requests: list[tuple[list[int], SamplingSettings]]) -
     return [finishes[i] for i in range(len(requests))]
 
 
+@pytest.fixture(params=DEVICES)
+def device_run(request, loaded_run, run_dir):
+    """The session's run on each device of ``DEVICES``."""
+    return loaded_run if request.param == "cpu" else load_run(run_dir, torch.device(request.param))
+
+
 @pytest.mark.parametrize("sampling", [dict(temperature=0), dict(temperature=0.9, top_k=40, seed=3)])
-def test_compiled_tokens_equal_eager_and_the_recomputation_across_the_window(loaded_run, sampling):
-    compiled = completions(loaded_run, max_new_tokens=LONG, compile=True, **sampling)
-    eager = completions(loaded_run, max_new_tokens=LONG, **sampling)
-    recomputed = completions(loaded_run, max_new_tokens=LONG, use_cache=False, **sampling)
+def test_compiled_tokens_equal_eager_and_the_recomputation_across_the_window(device_run, sampling):
+    compiled = completions(device_run, max_new_tokens=LONG, compile=True, **sampling)
+    eager = completions(device_run, max_new_tokens=LONG, **sampling)
+    recomputed = completions(device_run, max_new_tokens=LONG, use_cache=False, **sampling)
     assert len(set(compiled[0])) > 20  # a model stuck on one token would prove nothing
     assert compiled == eager == recomputed
 
 
-def test_a_long_generation_compiles_once(loaded_run):
-    engine = Engine(loaded_run.model, max_batch=1, batch_invariant=False, compile=True)
+def test_a_long_generation_compiles_once(device_run):
+    engine = Engine(device_run.model, max_batch=1, batch_invariant=False, compile=True)
     graphs = counters["stats"]["unique_graphs"]
     [finish] = served(engine, [(PROMPT_IDS, SamplingSettings(max_new_tokens=3 * LONG, temperature=0))])
     assert finish.completion_tokens == 3 * LONG
@@ -80,15 +91,15 @@ def test_compiled_logprobs_stay_within_the_bound_of_eager(loaded_run):
 
 
 @pytest.mark.e2e  # a second compile (three rows, batch-invariant): seconds more
-def test_a_compiled_server_row_equals_the_request_alone_bit_for_bit(loaded_run):
-    engine = Engine(loaded_run.model, max_batch=3, compile=True)  # batch-invariant, as the server builds it
+def test_a_compiled_server_row_equals_the_request_alone_bit_for_bit(device_run):
+    engine = Engine(device_run.model, max_batch=3, compile=True)  # batch-invariant, as the server builds it
     mine = (PROMPT_IDS, SamplingSettings(max_new_tokens=50, temperature=0.8, seed=11))
     others = [([7, 8, 9], SamplingSettings(max_new_tokens=20, temperature=1.0, seed=1)),
               ([3] * 20, SamplingSettings(max_new_tokens=70, temperature=0.0))]
     [alone] = served(engine, [mine])
     together = served(engine, [others[0], mine, others[1]])[1]
     assert together.token_ids == alone.token_ids
-    assert together.logprobs == alone.logprobs  # the same bits, not only the same tokens
+    assert together.logprobs == alone.logprobs  # the same bits (a CUDA graph's outputs are copied out)
 
 
 def test_compile_without_the_cache_is_refused_in_one_line(capsys, run_dir):
@@ -138,11 +149,12 @@ def test_compile_without_a_cxx_compiler_is_refused_before_loading(capsys, monkey
 
 
 @pytest.mark.e2e  # a compile of its own
-def test_a_compiled_latent_attention_model_decodes_as_eager():
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_compiled_latent_attention_model_decodes_as_eager(device):
     torch.manual_seed(0)
     config = GPTConfig(vocab_size=256, block_size=32, n_layer=2, n_head=4, n_kv_head=4, n_embd=64,
                        attention="mla", kv_latent_dim=32)
-    model = GPT(config).eval()
+    model = GPT(config).eval().to(device)
     settings = SamplingSettings(max_new_tokens=LONG, temperature=0.9, seed=1)
     [eager] = decode(model, [PROMPT_IDS], settings)
     [compiled] = decode(model, [PROMPT_IDS], settings, compile=True)
