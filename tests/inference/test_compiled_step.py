@@ -19,7 +19,6 @@ from inference.settings import GenerationSettings
 from model import GPT, GPTConfig
 from model.generation import SamplingSettings
 from rundir.loading import load_run
-from serving.cli import main as serve_main
 
 pytestmark = pytest.mark.skipif(compiler_missing(torch.device("cpu")) is not None,
                                 reason=str(compiler_missing(torch.device("cpu"))))
@@ -141,6 +140,8 @@ def test_compile_without_a_cxx_compiler_is_refused_before_loading(capsys, monkey
     if command == "generate.py":
         code = main(["--run", str(missing), "--device", "cpu", "--compile", "--prompt", "x"])
     else:
+        from serving.cli import main as serve_main  # here: a GPU machine running the rest may lack the server's packages
+
         code = serve_main(["--run", str(missing), "--port", "0", "--device", "cpu", "--compile"])
     out, err = capsys.readouterr()
     assert code == 2 and out == ""
