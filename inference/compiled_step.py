@@ -21,6 +21,8 @@ the eager path stays the reference (tests/inference/test_compiled_step.py bounds
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import os
 import shutil
 import time
@@ -96,6 +98,12 @@ class CompiledStep:
         # kernels without a Python line per kernel (a slower compile, a faster step).
         options = dict(mode="reduce-overhead") if self.cuda else dict(options={"cpp_wrapper": True})
         self._step = torch.compile(_step, fullgraph=True, dynamic=False, **options)
+        # Once warm on the CPU, only the guards that tell this function's compiled graphs apart are
+        # checked: the others (every parameter's, at every token) cost a few percent of a small
+        # model's step. The CUDA graph path keeps every guard, as do torch versions before the option.
+        stance = getattr(torch.compiler, "set_stance", None)
+        self._skip_guards = (not self.cuda and stance is not None
+                             and "skip_guard_eval_unsafe" in inspect.signature(stance).parameters)
         started = time.perf_counter()
         self._warm = False
         with torch.inference_mode():
@@ -120,10 +128,8 @@ class CompiledStep:
             if not self._warm:
                 torch._dynamo.mark_dynamic(window, 0, min=MIN_WINDOW, max=self.spare)
         device = self.cache.device
-        # Once warm on the CPU, only the guards that tell this function's compiled graphs apart are
-        # checked: the others (every parameter's, at every token) cost a few percent of a small
-        # model's step. The CUDA graph path keeps every guard.
-        with torch.compiler.set_stance(skip_guard_eval_unsafe=self._warm and not self.cuda):
+        guards = skipped_guards() if self._warm and self._skip_guards else contextlib.nullcontext()
+        with guards:
             logits = self._step(self.model, self.buffers, torch.tensor(ids, device=device).unsqueeze(1),
                                 torch.tensor(slots, device=device), window)
         self.cache.count(list(tokens))
@@ -132,6 +138,11 @@ class CompiledStep:
 
 
 MIN_WINDOW = 2
+
+
+def skipped_guards():
+    """The compiler stance that checks only the guards telling compiled graphs apart."""
+    return torch.compiler.set_stance(skip_guard_eval_unsafe=True)
 
 
 def _step(model: GPT, buffers: tuple[torch.Tensor, ...], idx: torch.Tensor, slots: torch.Tensor,

@@ -180,3 +180,26 @@ def test_a_compiled_row_reads_only_its_window_unless_batch_invariant(loaded_run,
         assert poisoned.isnan().all()
     else:
         assert torch.equal(poisoned, clean)
+
+
+@pytest.mark.e2e  # a compile per model
+def test_two_compiled_models_in_one_process_each_decode_as_their_eager_selves():
+    """Once warm, a step checks only the guards that tell its compiled graphs apart: two models of
+    one shape, stepped in turn, must still each run with their own weights."""
+    config = GPTConfig(vocab_size=256, block_size=32, n_layer=2, n_head=4, n_kv_head=2, n_embd=64)
+    models = [GPT(config).eval() for _ in range(2)]
+    for seed, model in enumerate(models):
+        torch.manual_seed(seed)
+        for parameter in model.parameters():
+            torch.nn.init.normal_(parameter, std=0.2)
+    engines = [Engine(model, max_batch=1, batch_invariant=False, compile=True) for model in models]
+    with torch.inference_mode():
+        for engine in engines:
+            engine.model(torch.tensor([PROMPT_IDS]), cache=engine.cache, rows=[0])
+        ids = list(PROMPT_IDS)
+        for token in (3, 4, 5):
+            ids.append(token)
+            for model, engine in zip(models, engines):
+                compiled = engine.compiled({0: token})[0]
+                eager = model(torch.tensor([ids]))[0, -1]
+                assert (compiled - eager).abs().max().item() <= LOGPROB_TOLERANCE
