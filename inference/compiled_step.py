@@ -34,17 +34,16 @@ from common.errors import UserError
 from model import GPT, KVCache
 from model.kv_cache import StaticStep
 
-def choose_compile(flag: bool | None, *, use_cache: bool = True, device: torch.device,
-                   long_running: bool = False) -> bool:
-    """Whether a command compiles its decode step. ``--compile``/``--no-compile`` (``flag``) decide
-    when given; by default only a long-running command (the server) on CUDA compiles, where the
-    CUDA-graph step is a few times faster than eager and its compile (seconds) is soon repaid.
-    A single generation or chat usually is not long enough to repay it, and on the CPU Inductor's
-    C++ build takes tens of seconds, as long as many thousand small-model tokens save
-    (docs/results.md, "A GPU: small.yaml and the compiled decode step"). Refuses, in one line, a
-    compile that cannot run."""
+def choose_compile(flag: bool | None, *, use_cache: bool = True, device: torch.device) -> bool:
+    """Whether a command compiles its decode step: only when ``--compile`` asks (``flag``).
+    On the CPU, Inductor's compile takes seconds to tens of seconds (its C++ build), as long as
+    thousands of small-model tokens save. On CUDA the compiled step measured 2.4x eager
+    (docs/results.md, "A GPU: small.yaml and the compiled decode step"), which a server would soon
+    repay; but the server records the step's CUDA graph on its main thread and replays it on its
+    engine's thread, a handoff no GPU has yet run here, so it too waits to be asked for. Refuses,
+    in one line, a compile that cannot run."""
     if flag is None:
-        return long_running and use_cache and device.type == "cuda"
+        return False
     if flag and not use_cache:
         raise UserError("--compile compiles the cached decode step; drop --no-cache or --compile")
     reason = compiler_missing(device) if flag else None

@@ -81,8 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default="auto", help=f"{DEVICE_CHOICES} (default: %(default)s)")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                         help="compile the decode step with torch.compile before serving (a one-off cost, "
-                        "reported on stderr). Default: on with CUDA, where a server's life soon repays it; off "
-                        "on the CPU, where the compile takes tens of seconds")
+                        "reported on stderr). Default: off; on the CPU the compile takes seconds to tens of "
+                        "seconds, and on CUDA the threaded server's graph replay is not yet proven here")
     add_threads_argument(parser, default="1", why="; 1 by default: a decode step of a small model is too "
                          "short to share between cores, and the HTTP layer needs a core of its own")
     return parser
@@ -115,7 +115,7 @@ def _serve(args: argparse.Namespace) -> int:
     _check(args)
     _check_port_free(args.host, args.port)
     device = select_device(args.device, setting="--device")
-    compile = choose_compile(args.compile, device=device, long_running=True)
+    compile = choose_compile(args.compile, device=device)
     use_threads(parse_threads(args.threads))
     run = load_run(args.run if args.run is not None else find_latest_run(), device)
     _check_cache_fits(run.model, args.max_batch, device)

@@ -6,6 +6,8 @@ possible (one row, and three batch-invariant rows) and reused across the tests."
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 from torch._dynamo.utils import counters
@@ -75,6 +77,33 @@ def test_a_long_generation_compiles_once(device_run):
     assert finish.completion_tokens == 3 * LONG
     assert counters["stats"]["unique_graphs"] == graphs  # every length, slide included, reused the graph
     assert engine.compiled.compile_seconds > 0
+
+
+@pytest.mark.e2e  # a compile of its own (three rows, batch-invariant)
+def test_a_step_compiled_on_one_thread_serves_on_the_engine_thread(device_run):
+    """The server's handoff: the step is compiled (on CUDA, its graph recorded) on the main thread,
+    then stepped on the engine's own thread (CUDA graph trees keep per-thread state). Its replies
+    must equal the same requests stepped on the thread that compiled them."""
+    requests = [(PROMPT_IDS, SamplingSettings(max_new_tokens=40, temperature=0.8, seed=11)),
+                ([7, 8, 9], SamplingSettings(max_new_tokens=25, temperature=0.0))]
+    here = served(Engine(device_run.model, max_batch=3, compile=True), requests)
+    engine = Engine(device_run.model, max_batch=3, compile=True)
+    finished: dict[int, Finish] = {}
+    done = threading.Event()
+
+    def collect(i: int):
+        def on(event: Event) -> None:
+            if event.finish is not None:
+                finished[i] = event.finish
+                if len(finished) == len(requests):
+                    done.set()
+        return on
+
+    with engine:  # the engine's thread
+        for i, (ids, settings) in enumerate(requests):
+            engine.submit(ids, settings, collect(i), logprobs=3)
+        assert done.wait(timeout=120), "the engine thread did not finish"
+    assert [finished[i] for i in range(len(requests))] == here
 
 
 def test_compiled_logprobs_stay_within_the_bound_of_eager(loaded_run):
