@@ -3,7 +3,11 @@
 
 import sys
 
-from common.threads import calm_openmp_workers
+from common.signals import quiet_while_starting
+
+quiet_while_starting()  # a Ctrl-C during the imports below is as quiet as one later
+
+from common.threads import calm_openmp_workers  # noqa: E402
 
 calm_openmp_workers()  # before torch loads: OpenMP reads its wait policy once, at load
 

@@ -3,7 +3,11 @@
 
 import sys
 
-from exporting.cli import main
+from common.signals import quiet_while_starting
+
+quiet_while_starting()  # a Ctrl-C during the imports below is as quiet as one later
+
+from exporting.cli import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -87,3 +87,27 @@ def test_a_filesystem_failure_is_one_line(capsys):
     assert run_stoppable(ArgumentParser(prog="test"), [], full) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: out/model.onnx: No space left on device; the disk is full") and err.count("\n") == 1
+
+
+def _starting(tmp_path: Path, quiet: bool) -> subprocess.Popen:
+    """A command script paused inside its imports, before run_stoppable installs any handler."""
+    script = textwrap.dedent(f'''
+        import pathlib, sys, time
+        from common.signals import quiet_while_starting
+        if {quiet}:
+            quiet_while_starting()
+        pathlib.Path(sys.argv[1]).touch()
+        for _ in range(600):  # the imports of a busy machine's start
+            time.sleep(0.05)
+    ''')
+    return start_paused(["-c", script, str(tmp_path / "importing")], tmp_path / "importing")
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["ctrl-c", "sigterm"])
+def test_a_signal_during_a_commands_imports_exits_quietly_with_its_code(tmp_path, signum, code):
+    assert stop(_starting(tmp_path, quiet=True), signum) == (code, "")
+
+
+def test_without_it_a_ctrl_c_during_the_imports_is_a_traceback(tmp_path):
+    returncode, err = stop(_starting(tmp_path, quiet=False), signal.SIGINT)
+    assert returncode == -signal.SIGINT and "KeyboardInterrupt" in err
