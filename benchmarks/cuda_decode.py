@@ -20,7 +20,7 @@ import torch
 
 from benchmarks.decode_speed import model_config_from_yaml
 from benchmarks.generate_speed import (
-    COMPILED, EAGER, SHORT_PROMPT, Row, decode_parser, ours_timer, print_table, random_run, transformers_model,
+    COMPILED, EAGER, Row, context_prompts, decode_parser, ours_timer, print_table, random_run, transformers_model,
     round_robin, transformers_timer,
 )
 from inference.completion import generate_completions
@@ -48,8 +48,7 @@ def main(argv: list[str] | None = None) -> int:
           f"n_kv_head {config.n_kv_head}, vocab {config.vocab_size}, block_size {config.block_size}, {args.dtype}; "
           f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
     generator = torch.Generator().manual_seed(0)
-    prompts = {f"{SHORT_PROMPT} + {new}": SHORT_PROMPT,
-               f"{max(1, config.block_size - new)} + {new} (full)": max(1, config.block_size - new)}
+    prompts = context_prompts(config, new)
     hf_name, hf_model = transformers_model(config)
     if hf_model is not None:
         hf_model = hf_model.to(device, DTYPES[args.dtype])
@@ -83,9 +82,15 @@ def same_tokens(run: LoadedRun, prompt: list[int], new: int) -> str:
     (eager, _), (compiled, compile_s) = tokens(False), tokens(True)
     if compile_s:  # the process's first compile; later ones find its graphs
         print(f"{COMPILED}: the decode step compiled in {compile_s:.1f} s")
+    return token_agreement(eager, compiled)
+
+
+def token_agreement(eager: list[int], compiled: list[int]) -> str:
+    """Whether two paths chose the same tokens, in words: if not, where they first part."""
     if eager == compiled:
         return f"compiled and eager chose the same {len(eager)} greedy tokens"
-    first = next(i for i, (a, b) in enumerate(zip(eager, compiled)) if a != b)
+    # One may stop early (an end token) where the other goes on: then they part where it stopped.
+    first = next((i for i, (a, b) in enumerate(zip(eager, compiled)) if a != b), min(len(eager), len(compiled)))
     return f"compiled and eager greedy tokens first differ at new token {first} of {len(eager)}"
 
 

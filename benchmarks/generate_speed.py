@@ -85,10 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     config = run.model.config
     new = args.new_tokens
     generator = torch.Generator().manual_seed(0)
-    prompts = {
-        f"{SHORT_PROMPT} + {new}": SHORT_PROMPT,
-        f"{max(1, config.block_size - new)} + {new} (full)": max(1, config.block_size - new),
-    }
+    prompts = context_prompts(config, new)
     print(
         f"model: n_layer {config.n_layer}, n_embd {config.n_embd}, n_head {config.n_head}, "
         f"n_kv_head {config.n_kv_head}, ffn {config.ffn_dim}, vocab {config.vocab_size}, "
@@ -97,8 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     flops = matmul_flops(run.model)
     print(f"host: {flops / 1e9:.1f} GFLOP/s on the decode step's matmul shapes ({FLOPS_ROWS} rows a call)")
     one_row = one_row_matmul_rate(run.model)
-    weight_mb = sum(m.weight.numel() * m.weight.element_size() for m in run.model.modules()
-                    if isinstance(m, torch.nn.Linear)) / 1e6
+    weight_mb = sum(w.numel() * w.element_size() for w in linear_weights(run.model)) / 1e6
     print(f"host: the step's matmuls alone at 1 row, {one_row:.0f}/s ({weight_mb:.1f} MB of weights read "
           f"at {weight_mb * one_row / 1e3:.1f} GB/s)")
 
@@ -166,17 +162,28 @@ def ours_timer(run: LoadedRun, prompt: list[int], new: int, *, use_cache: bool, 
     return timer
 
 
+def context_prompts(config: GPTConfig, new: int) -> dict[str, int]:
+    """The two contexts every decode benchmark times: a short prompt, and one long enough that
+    the last of ``new`` tokens sits at the full context; label -> prompt length."""
+    full = max(1, config.block_size - new)
+    return {f"{SHORT_PROMPT} + {new}": SHORT_PROMPT, f"{full} + {new} (full)": full}
+
+
+def linear_weights(model: GPT) -> list[torch.Tensor]:
+    """The weights of the step's matrix products."""
+    return [m.weight.detach() for m in model.modules() if isinstance(m, torch.nn.Linear)]
+
+
 def one_row_matmul_rate(model: GPT) -> float:
     """Steps per second if a decode step were only its matrix products at batch 1: each reads its
     whole weight for one row, so this is bound by how fast the host streams the weights in, not
     by FLOP/s (the bound ours and ONNX Runtime share)."""
-    weights = [m.weight.detach() for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    return 1 / best_products_seconds(weights, 1)
+    return 1 / best_products_seconds(linear_weights(model), 1)
 
 
 def matmul_flops(model: GPT) -> float:
     """FLOP/s of this host on the model's matmul weight shapes, ``FLOPS_ROWS`` rows a call."""
-    shapes = [tuple(m.weight.shape) for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    shapes = [tuple(w.shape) for w in linear_weights(model)]
     work = sum(2 * FLOPS_ROWS * out * inp for out, inp in shapes)
     return work / best_products_seconds([torch.randn(shape) for shape in shapes], FLOPS_ROWS)
 

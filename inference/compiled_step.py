@@ -92,7 +92,7 @@ class CompiledStep:
                 torch._dynamo.mark_static_address(buffer)
         # Only a tensor's length can reach the graph as a symbolic size (an int would be compiled
         # in as a constant): the window is passed as a slice of this one, never read.
-        self._window = torch.empty(self.spare, device=cache.device) if exact_window and self.spare > 2 else None
+        self._window = torch.empty(self.spare, device=cache.device) if exact_window and self.spare > MIN_WINDOW else None
         # On a GPU the step replays as a CUDA graph; on the CPU Inductor's C++ wrapper calls the
         # kernels without a Python line per kernel (a slower compile, a faster step).
         options = dict(mode="reduce-overhead") if self.cuda else dict(options={"cpp_wrapper": True})

@@ -1,0 +1,35 @@
+"""The decode benchmarks' own instruments, on cases whose answer is known: the report of whether
+compiled and eager chose the same tokens, and the 1-row matmul bound's bookkeeping (every weight
+of the step multiplied once per timing, one row each; its bytes counted once). Reads no clock."""
+
+from __future__ import annotations
+
+import torch
+
+from benchmarks import generate_speed
+from benchmarks.cuda_decode import token_agreement
+from model import GPT, GPTConfig
+
+
+def test_the_same_tokens_are_reported_as_the_same():
+    assert token_agreement([5, 6, 7], [5, 6, 7]) == "compiled and eager chose the same 3 greedy tokens"
+
+
+def test_tokens_that_part_are_reported_where_they_part():
+    assert token_agreement([5, 6, 7, 8], [5, 6, 9, 8]) == "compiled and eager greedy tokens first differ at new token 2 of 4"
+    # One stopped early (an end token) where the other went on.
+    assert token_agreement([5, 6, 7], [5, 6]) == "compiled and eager greedy tokens first differ at new token 2 of 3"
+
+
+def test_the_one_row_bound_multiplies_every_weight_once_per_timing(monkeypatch):
+    model = GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_kv_head=1, n_embd=32)).eval()
+    weights = generate_speed.linear_weights(model)
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert len(weights) == len(linears) > 2 * 3  # each layer's products and the head
+    calls = []
+    real = generate_speed.F.linear
+    monkeypatch.setattr(generate_speed.F, "linear", lambda x, w: calls.append((x.shape[0], w)) or real(x, w))
+    assert generate_speed.one_row_matmul_rate(model) > 0
+    assert len(calls) == 20 * len(weights)  # best of 20 timings
+    assert all(rows == 1 for rows, _ in calls)
+    assert [w.data_ptr() for _, w in calls[:len(weights)]] == [m.weight.data_ptr() for m in linears]
