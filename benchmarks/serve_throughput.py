@@ -12,6 +12,10 @@ last one has finished. One client is the one-at-a-time baseline. Each level is m
 
 Reported: generated tokens/s over the level's wall time, its ratio to one client, and p50/p95 time
 to first token and inter-token latency (for http, between text chunks).
+
+``--compile both`` serves every level with the eager step and then with the compiled one (as
+``serve.py --compile``), and prints compiled over eager level by level with the one-off compile
+time: whether a server repays its compile. ``--device cuda`` runs it all on a GPU.
 """
 
 from __future__ import annotations
@@ -88,14 +92,14 @@ def summarize(clients: int, timings: list[Timing], seconds: float) -> Level:
     return Level(clients, sum(t.tokens for t in timings), seconds, ttft, itl)
 
 
-def run_engine(run, work, clients: int, max_batch: int) -> Level:
+def run_engine(run, work, clients: int, max_batch: int, compile: bool = False) -> Level:
     """Closed-loop clients on an in-process engine: each finish submits that client's next request."""
     timings: list[Timing] = []
     all_done = threading.Event()
     remaining = [len(work)]
     lock = threading.Lock()
     queues = [work[c::clients] for c in range(clients)]
-    with Engine(run.model, run.token_bytes, max_batch=max_batch) as engine:
+    with Engine(run.model, run.token_bytes, max_batch=max_batch, compile=compile) as engine:
 
         def submit_next(queue: list) -> None:
             prompt, params = queue.pop(0)
@@ -154,12 +158,13 @@ async def _http_level(base: str, model: str, work, clients: int) -> Level:
 
 
 @contextlib.contextmanager
-def server(run_dir: Path, max_batch: int, threads: int):
+def server(run_dir: Path, max_batch: int, threads: int, device: str = "cpu", compile: bool = False):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    command = [sys.executable, "serve.py", "--run", str(run_dir), "--port", str(port),
-               "--max-batch", str(max_batch), "--max-queue", "1000", "--threads", str(threads)]
+    command = [sys.executable, "serve.py", "--run", str(run_dir), "--port", str(port), "--device", device,
+               "--max-batch", str(max_batch), "--max-queue", "1000", "--threads", str(threads),
+               "--compile" if compile else "--no-compile"]
     process = subprocess.Popen(command, cwd=Path(__file__).resolve().parents[1], stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -201,26 +206,41 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-batch", type=int, default=32)
     parser.add_argument("--only", choices=["engine", "http"], default=None)
     parser.add_argument("--threads", type=int, default=1, help="torch threads, as serve.py --threads")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    parser.add_argument("--compile", choices=["off", "on", "both"], default="off",
+                        help="serve with the compiled decode step (serve.py --compile); both: eager, then compiled")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    run = load_run(args.run, torch.device("cpu"))
+    device = torch.device(args.device)
+    run = load_run(args.run, device)
     work = requests(args.requests, args.max_tokens)
     model_id = args.run.resolve().name
-    print(f"run {args.run} ({run.model.num_params() / 1e6:.2f}M parameters), {args.requests} requests x "
+    modes = {"off": [False], "on": [True], "both": [False, True]}[args.compile]
+    print(f"run {args.run} ({run.model.num_params() / 1e6:.2f}M parameters) on {device}, {args.requests} requests x "
           f"{args.max_tokens} tokens, max batch {args.max_batch}, torch threads {torch.get_num_threads()}, "
           f"{os.cpu_count()} CPUs")
     if args.only != "http":
-        run_engine(run, work[:4], 4, args.max_batch)  # warm-up
-        levels = [run_engine(run, work, c, args.max_batch) for c in args.clients]
-        print_table("engine", levels)
+        tables = {}
+        for compile in modes:
+            started = time.perf_counter()
+            run_engine(run, work[:4], 4, args.max_batch, compile)  # warm-up (and the compile, once)
+            warm_up = time.perf_counter() - started
+            tables[compile] = [run_engine(run, work, c, args.max_batch, compile) for c in args.clients]
+            print_table(f"engine, {'compiled' if compile else 'eager'} (warm-up {warm_up:.1f} s)", tables[compile])
+        if len(tables) == 2:
+            print("\ncompiled over eager: " + ", ".join(
+                f"{c.clients} clients {c.tokens_per_s / e.tokens_per_s:.2f}x" for e, c in zip(tables[False], tables[True])))
         alone = run_generate(run, work)
+        levels = tables[modes[0]]
         print(f"\ngenerate.py's decoding, one request at a time, no engine: {alone:.0f} tokens/s; "
               + ", ".join(f"{level.clients} clients {level.tokens_per_s / alone:.2f}x that" for level in levels))
     if args.only != "engine":
-        with server(args.run, args.max_batch, threads=args.threads) as base:
-            asyncio.run(_http_level(base, model_id, work[:4], 4))  # warm-up
-            print_table("http", [asyncio.run(_http_level(base, model_id, work, c)) for c in args.clients])
+        for compile in modes:
+            with server(args.run, args.max_batch, args.threads, args.device, compile) as base:
+                asyncio.run(_http_level(base, model_id, work[:4], 4))  # warm-up
+                print_table(f"http, {'compiled' if compile else 'eager'}",
+                            [asyncio.run(_http_level(base, model_id, work, c)) for c in args.clients])
     return 0
 
 

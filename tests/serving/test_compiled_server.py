@@ -1,7 +1,7 @@
 """serve.py --compile over a real socket: the decode step is compiled (and warmed) on the main
 thread and then stepped on the engine's own thread, and concurrent requests get the eager server's
-replies. On the CPU; on a GPU the same handoff would replay a CUDA graph, which is why the flag is
-not yet the default there (inference.compiled_step.choose_compile)."""
+replies. On the CPU and, where there is one, on a CUDA GPU, where the engine's thread replays the
+CUDA graph the main thread recorded (CI has none; benchmarks/gpu_checks.sh runs it on a lent GPU)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ pytestmark = [pytest.mark.e2e,  # a compile of its own
                                  reason=str(compiler_missing(torch.device("cpu"))))]
 
 PROMPTS = ["ROMEO: But soft", "JULIET: O", "The quick brown fox"]
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                  reason="needs a CUDA GPU"))]
 
 
 def replies(run_dir, *flags: str) -> tuple[list[str], str]:
@@ -34,9 +36,10 @@ def replies(run_dir, *flags: str) -> tuple[list[str], str]:
         return texts, server.output()
 
 
-def test_a_compiled_server_replies_as_the_eager_one(plain_run_dir):
-    compiled, log = replies(plain_run_dir, "--compile")
-    eager, eager_log = replies(plain_run_dir)
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_compiled_server_replies_as_the_eager_one(plain_run_dir, device):
+    compiled, log = replies(plain_run_dir, "--device", device, "--compile")
+    eager, eager_log = replies(plain_run_dir, "--device", device, "--no-compile")
     assert "compiled the decode step in " in log and "compiled" not in eager_log
     assert all(text for text in eager)  # an empty reply would prove nothing
     assert compiled == eager
