@@ -34,16 +34,15 @@ from common.errors import UserError
 from model import GPT, KVCache
 from model.kv_cache import StaticStep
 
-def choose_compile(flag: bool | None, *, use_cache: bool = True, device: torch.device) -> bool:
-    """Whether a command compiles its decode step: only when ``--compile`` asks (``flag``).
-    On the CPU, Inductor's compile takes seconds to tens of seconds (its C++ build), as long as
-    thousands of small-model tokens save. On CUDA the compiled step measured 2.4x eager
-    (docs/results.md, "A GPU: small.yaml and the compiled decode step"), which a server would soon
-    repay; but the server records the step's CUDA graph on its main thread and replays it on its
-    engine's thread, a handoff no GPU has yet run here, so it too waits to be asked for. Refuses,
-    in one line, a compile that cannot run."""
+def choose_compile(flag: bool | None, *, use_cache: bool = True, device: torch.device, serving: bool = False) -> bool:
+    """Whether a command compiles its decode step. ``--compile``/``--no-compile`` (``flag``) decide
+    when given. Otherwise only a server on CUDA compiles: there the compiled step served 2.4-2.9x
+    eager's tokens/s, so a long-lived server soon repays a compile of tens of seconds
+    (docs/results.md, "A GPU: small.yaml and the compiled decode step"). One generation or chat does
+    not repay it on either device, and on the CPU a batched server gained nothing. Refuses, in one
+    line, a compile that cannot run."""
     if flag is None:
-        return False
+        return serving and device.type == "cuda" and use_cache
     if flag and not use_cache:
         raise UserError("--compile compiles the cached decode step; drop --no-cache or --compile")
     reason = compiler_missing(device) if flag else None

@@ -1,6 +1,6 @@
-"""When a command compiles its decode step (``inference.compiled_step.choose_compile``): only when
-``--compile`` asks, on every device (docs/serving.md says why the server does not yet choose it on
-CUDA); the flag is refused in one line where the compile cannot run."""
+"""When a command compiles its decode step (``inference.compiled_step.choose_compile``): a server
+on CUDA by default, where it pays; every other command, and a server on the CPU, only when
+``--compile`` asks. The flag wins both ways, and is refused in one line where the compile cannot run."""
 
 from __future__ import annotations
 
@@ -12,15 +12,27 @@ from inference.compiled_step import choose_compile
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
-def test_the_default_never_compiles(device):
+def test_one_generation_or_chat_never_compiles_by_default(device):
     assert choose_compile(None, device=torch.device(device)) is False
 
 
-def test_the_flag_decides_both_ways():
-    assert choose_compile(True, device=torch.device("cuda")) is True
-    assert choose_compile(False, device=torch.device("cuda")) is False
+def test_a_server_compiles_by_default_on_cuda_only():
+    assert choose_compile(None, device=torch.device("cuda"), serving=True) is True
+    assert choose_compile(None, device=torch.device("cpu"), serving=True) is False
+    assert choose_compile(None, device=torch.device("mps"), serving=True) is False
+
+
+@pytest.mark.parametrize("serving", [False, True])
+def test_the_flag_decides_both_ways(serving):
+    assert choose_compile(True, device=torch.device("cuda"), serving=serving) is True
+    assert choose_compile(False, device=torch.device("cuda"), serving=serving) is False
 
 
 def test_compile_on_an_unsupported_device_is_refused_in_one_line():
     with pytest.raises(UserError, match=r"^torch.compile's decode step runs on cpu or cuda, not mps; drop --compile$"):
         choose_compile(True, device=torch.device("mps"))
+
+
+def test_compile_without_the_cache_is_refused_in_one_line():
+    with pytest.raises(UserError, match=r"^--compile compiles the cached decode step; drop --no-cache or --compile$"):
+        choose_compile(True, use_cache=False, device=torch.device("cpu"))
