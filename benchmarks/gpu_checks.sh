@@ -31,7 +31,7 @@ $python -c "import torch; print('torch', torch.__version__, torch.cuda.get_devic
 nvidia-smi --query-gpu=name,memory.used,memory.total,utilization.gpu --format=csv | tee -a "$LOGS/stages.txt"
 
 stage train "${TRAIN_S:-200}" $python train.py --config configs/small.yaml --set data.source=shakespeare \
-    --set train.max_steps="${STEPS:-300}" --set train.warmup_steps=20 --set eval.interval=100 \
+    --set train.max_steps="${STEPS:-300}" --set train.warmup_steps=$(( ${STEPS:-300} < 150 ? ${STEPS:-300} / 3 : 50 )) --set eval.interval=100 \
     --set logging.wandb.mode=disabled --set run.out_dir=runs/small --set run.overwrite=true "$@"
 stage decode "${DECODE_S:-150}" $python -m benchmarks.cuda_decode --run runs/small --new-tokens 256
 stage tests "${TESTS_S:-240}" $python -m pytest -q -p no:cacheprovider -m "e2e or not e2e" -rs \
