@@ -23,13 +23,15 @@ step is bound by how fast the host streams the weights in. "1-row matmuls alone"
 bound: the rate if a step were only its products at batch 1, with nothing around them.
 
 Goals: our cached decode >= 5x our own --no-cache at full context; compiled >= ONNX Runtime's
-dynamic graph, and >= 2x transformers at every context. ``transformers`` and ``onnxruntime`` are
+dynamic graph (judged on the median of the round-by-round ratios, which pair the two paths under
+the same load), and >= 2x transformers at every context. ``transformers`` and ``onnxruntime`` are
 benchmark-only extras; without one its row is skipped with a note.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import tempfile
 import time
@@ -60,6 +62,7 @@ class Row:
     time_to_first_token_s: float | None
     decode_tokens_per_s: float | None
     note: str = ""
+    rounds: tuple[float, ...] = ()  # the decode rate of each round-robin round, in order
 
 
 def decode_parser(description: str, new_tokens: int) -> argparse.ArgumentParser:
@@ -135,7 +138,16 @@ def round_robin(paths: dict, context: str, repeats: int) -> list[Row]:
     for _ in range(repeats):
         for name, timer in paths.items():
             timings[name].append(timer())
-    return [Row(name, context, min(t for t, _ in runs), max(rate for _, rate in runs)) for name, runs in timings.items()]
+    return [Row(name, context, min(t for t, _ in runs), max(rate for _, rate in runs),
+                rounds=tuple(rate for _, rate in runs)) for name, runs in timings.items()]
+
+
+def paired_ratio(mine: tuple[float, ...], peer: tuple[float, ...]) -> tuple[float, float, float]:
+    """Median, lowest and highest of ``mine / peer`` taken round by round. Both paths ran in the
+    same round, under the same load, so each ratio compares like with like; the best rates of two
+    paths may come from different rounds, one quiet and one busy."""
+    ratios = sorted(m / p for m, p in zip(mine, peer, strict=True))
+    return statistics.median(ratios), ratios[0], ratios[-1]
 
 
 def random_run(config: GPTConfig, device: torch.device = torch.device("cpu")) -> LoadedRun:
@@ -317,9 +329,13 @@ def print_table(rows: list[Row]) -> None:
 
 
 def print_ratios(rows: list[Row], contexts: list[str]) -> None:
-    def rate(prefix: str, context: str) -> float | None:
-        return next((r.decode_tokens_per_s for r in rows if r.name.startswith(prefix) and r.context == context
+    def row(prefix: str, context: str) -> Row | None:
+        return next((r for r in rows if r.name.startswith(prefix) and r.context == context
                      and r.decode_tokens_per_s is not None), None)
+
+    def rate(prefix: str, context: str) -> float | None:
+        found = row(prefix, context)
+        return None if found is None else found.decode_tokens_per_s
 
     print()
     ours = [name for name in (EAGER, COMPILED) if rate(name, contexts[0])]
@@ -337,8 +353,14 @@ def print_ratios(rows: list[Row], contexts: list[str]) -> None:
     print(f"goal: cache >= 5x --no-cache at full context: {'met' if cached >= 5 * no_cache else 'NOT met'}")
     best = COMPILED if COMPILED in ours else EAGER
     if rate(ONNX, full):
-        worst = min(rate(best, c) / rate(ONNX, c) for c in contexts)
-        print(f"goal: {best} >= ONNX Runtime (worst context): {'met' if worst >= 1 else 'NOT met'} ({worst:.2f}x)")
+        # Judged round by round: on a busy host the best-of ratio swings with whichever path met a
+        # quiet spell. The best-of ratio is printed beside it.
+        paired = {c: paired_ratio(row(best, c).rounds, row(ONNX, c).rounds) for c in contexts}
+        worst = min(contexts, key=lambda c: paired[c][0])
+        median, low, high = paired[worst]
+        print(f"goal: {best} >= ONNX Runtime (worst context, round by round): {'met' if median >= 1 else 'NOT met'} "
+              f"(median {median:.2f}x, rounds {low:.2f}-{high:.2f}x at {worst}; best of rounds "
+              f"{rate(best, worst) / rate(ONNX, worst):.2f}x)")
     if rate("transformers", full):
         worst = min(rate(best, c) / rate("transformers", c) for c in contexts)
         print(f"goal: {best} >= 2x transformers (worst context): {'met' if worst >= 2 else 'NOT met'} ({worst:.2f}x)")

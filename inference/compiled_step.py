@@ -14,6 +14,9 @@ static shape anyway. Otherwise, on the CPU, rows read only the slots up to the l
 (``exact_window``): that length reaches the graph as a symbolic size, so it is still compiled once,
 and a short generation no longer attends over every slot of the context.
 
+Once warm on the CPU, the step calls the code Dynamo wrote for it directly, without re-entering
+Dynamo or checking its guards at every token: its inputs never change in kind (``CompiledStep``).
+
 Prompts are still encoded eagerly: their lengths vary, and a compile per length would cost more
 than it saves. The compiled kernels may round differently from the eager ones in the last bits;
 the eager path stays the reference (tests/inference/test_compiled_step.py bounds the difference).
@@ -21,11 +24,11 @@ the eager path stays the reference (tests/inference/test_compiled_step.py bounds
 
 from __future__ import annotations
 
-import contextlib
-import inspect
 import os
 import shutil
+import inspect
 import time
+import types
 from collections.abc import Mapping
 
 import torch
@@ -96,14 +99,8 @@ class CompiledStep:
         # kernels without a Python line per kernel (a slower compile, a faster step).
         options = dict(mode="reduce-overhead") if self.cuda else dict(options={"cpp_wrapper": True})
         self._step = torch.compile(_step, fullgraph=True, dynamic=False, **options)
-        # Once warm on the CPU, only the guards that tell this function's compiled graphs apart are
-        # checked: the others (every parameter's, at every token) cost a few percent of a small
-        # model's step. The CUDA graph path keeps every guard, as do torch versions before the option.
-        stance = getattr(torch.compiler, "set_stance", None)
-        self._skip_guards = (not self.cuda and stance is not None
-                             and "skip_guard_eval_unsafe" in inspect.signature(stance).parameters)
         started = time.perf_counter()
-        self._warm = False
+        self._warm, self._direct = False, None
         with torch.inference_mode():
             for _ in range(3):  # a CUDA graph is recorded on the third call; Inductor compiles on the first
                 self({})
@@ -111,10 +108,32 @@ class CompiledStep:
         if self.cuda:
             torch.cuda.synchronize(cache.device)
         self.compile_seconds = time.perf_counter() - started
+        # Once warm on the CPU, the step calls the code Dynamo runs for it directly, not through
+        # Dynamo: entering its frame and checking its guards costs a tenth of a small model's step,
+        # and this step's inputs stay the ones it was compiled for (the same model and buffers,
+        # fixed shapes, a window inside its compiled range). The CUDA graph path keeps Dynamo's
+        # call, as does a torch that does not show its compiled code.
+        if not self.cuda:
+            with torch.inference_mode():  # as the step was compiled (a grad-mode guard)
+                code = _dynamo_code(dict(zip(inspect.signature(_step).parameters, self._arguments({}))))
+            self._direct = None if code is None else types.FunctionType(code, _step.__globals__, "_step_compiled")
+
+    @property
+    def through_dynamo(self) -> bool:
+        """Whether a warm step still goes through Dynamo's call (on CUDA, or without its code)."""
+        return self._direct is None
 
     def __call__(self, tokens: Mapping[int, int]) -> torch.Tensor:
         """Next-token logits (rows, vocab) after appending ``tokens[row]`` to each row it names;
         the other rows' logits are meaningless."""
+        step = self._direct if self._warm and self._direct is not None else self._step
+        logits = step(*self._arguments(tokens))
+        self.cache.count(list(tokens))
+        # A CUDA graph's outputs are overwritten by its next replay.
+        return logits.clone() if self.cuda else logits
+
+    def _arguments(self, tokens: Mapping[int, int]) -> tuple:
+        """``_step``'s arguments for one step."""
         ids, slots = [0] * self.cache.batch_size, [self.spare] * self.cache.batch_size
         for row, token in tokens.items():
             ids[row], slots[row] = token, self.cache.lengths[row]
@@ -126,21 +145,22 @@ class CompiledStep:
             if not self._warm:
                 torch._dynamo.mark_dynamic(window, 0, min=MIN_WINDOW, max=self.spare)
         device = self.cache.device
-        guards = skipped_guards() if self._warm and self._skip_guards else contextlib.nullcontext()
-        with guards:
-            logits = self._step(self.model, self.buffers, torch.tensor(ids, device=device).unsqueeze(1),
-                                torch.tensor(slots, device=device), window)
-        self.cache.count(list(tokens))
-        # A CUDA graph's outputs are overwritten by its next replay.
-        return logits.clone() if self.cuda else logits
+        return (self.model, self.buffers, torch.tensor(ids, device=device).unsqueeze(1),
+                torch.tensor(slots, device=device), window)
 
 
 MIN_WINDOW = 2
 
 
-def skipped_guards():
-    """The compiler stance that checks only the guards telling compiled graphs apart."""
-    return torch.compiler.set_stance(skip_guard_eval_unsafe=True)
+def _dynamo_code(arguments: dict[str, object]) -> types.CodeType | None:
+    """The code Dynamo runs for ``_step`` called with ``arguments``: the first of its compiled
+    entries whose guards pass, as Dynamo itself picks one; None on a torch that does not show them."""
+    entries = getattr(torch._dynamo.eval_frame, "_debug_get_cache_entry_list", None)
+    for entry in entries(_step.__code__) if entries is not None else []:
+        check = getattr(getattr(entry, "guard_manager", None), "check", None)  # older torch: no such guards
+        if check is not None and check(arguments):
+            return entry.code
+    return None
 
 
 def _step(model: GPT, buffers: tuple[torch.Tensor, ...], idx: torch.Tensor, slots: torch.Tensor,

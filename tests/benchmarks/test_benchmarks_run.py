@@ -115,7 +115,13 @@ def test_prefix_cache(toy_chat_run) -> None:
 def test_serve_throughput(toy_run) -> None:
     out = bench("serve_throughput", "--run", toy_run, "--clients", 1, 2, "--requests", 2, "--max-tokens", 4,
                 "--max-batch", 2)
-    assert_words(out, "\nengine\n", "\nhttp\n", "| clients |", "TTFT")
+    assert_words(out, "\nengine, eager (warm-up", "\nhttp, eager\n", "| clients |", "TTFT")
+
+
+def test_serve_throughput_compiled_against_eager(toy_run) -> None:
+    out = bench("serve_throughput", "--run", toy_run, "--clients", 1, 2, "--requests", 2, "--max-tokens", 4,
+                "--max-batch", 2, "--compile", "both", "--only", "engine")
+    assert_words(out, "\nengine, eager (warm-up", "\nengine, compiled (warm-up", "compiled over eager: 1 clients ")
 
 
 def test_train_throughput(toy_config) -> None:

@@ -1,9 +1,11 @@
 """The decode benchmarks' own instruments, on cases whose answer is known: the report of whether
-compiled and eager chose the same tokens, and the 1-row matmul bound's bookkeeping (every weight
-of the step multiplied once per timing, one row each; its bytes counted once). Reads no clock."""
+compiled and eager chose the same tokens, the 1-row matmul bound's bookkeeping (every weight of the
+step multiplied once per timing, one row each; its bytes counted once), and the round-by-round
+ratio the ONNX Runtime goal is judged on. Reads no clock."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from benchmarks import generate_speed
@@ -33,3 +35,24 @@ def test_the_one_row_bound_multiplies_every_weight_once_per_timing(monkeypatch):
     assert len(calls) == 20 * len(weights)  # best of 20 timings
     assert all(rows == 1 for rows, _ in calls)
     assert [w.data_ptr() for _, w in calls[:len(weights)]] == [m.weight.data_ptr() for m in linears]
+
+
+def test_a_path_faster_in_every_round_is_faster_round_by_round_however_the_load_drifts():
+    peer = (100.0, 50.0, 80.0)  # the host slows, then recovers
+    mine = tuple(1.1 * rate for rate in peer)
+    assert generate_speed.paired_ratio(mine, peer) == pytest.approx((1.1, 1.1, 1.1))
+    slower = tuple(0.9 * rate for rate in peer)
+    assert generate_speed.paired_ratio(slower, peer)[0] == pytest.approx(0.9)
+
+
+def test_one_quiet_spell_for_the_peer_moves_the_best_of_ratio_but_not_the_round_by_round_one():
+    mine = (110.0, 55.0, 88.0)
+    peer = (100.0, 50.0, 121.0)  # the peer's third run met a quiet spell the others did not
+    assert max(mine) / max(peer) < 1  # best of rounds: "slower"
+    median, low, high = generate_speed.paired_ratio(mine, peer)
+    assert median == pytest.approx(1.1) and low == pytest.approx(88 / 121) and high == pytest.approx(1.1)
+
+
+def test_rounds_of_different_counts_are_refused():
+    with pytest.raises(ValueError):
+        generate_speed.paired_ratio((1.0, 2.0), (1.0,))
