@@ -24,9 +24,10 @@ the eager path stays the reference (tests/inference/test_compiled_step.py bounds
 
 from __future__ import annotations
 
+import importlib.util
+import inspect
 import os
 import shutil
-import inspect
 import time
 import types
 from collections.abc import Mapping
@@ -39,13 +40,13 @@ from model.kv_cache import StaticStep
 
 def choose_compile(flag: bool | None, *, use_cache: bool = True, device: torch.device, serving: bool = False) -> bool:
     """Whether a command compiles its decode step. ``--compile``/``--no-compile`` (``flag``) decide
-    when given. Otherwise only a server on CUDA compiles: there the compiled step served 2.4-2.9x
-    eager's tokens/s, so a long-lived server soon repays a compile of tens of seconds
-    (docs/results.md, "A GPU: small.yaml and the compiled decode step"). One generation or chat does
-    not repay it on either device, and on the CPU a batched server gained nothing. Refuses, in one
-    line, a compile that cannot run."""
+    when given. Otherwise only a server on CUDA compiles, where it can: there the compiled step
+    served several times eager's tokens/s, so a long-lived server soon repays a compile of tens of
+    seconds (docs/results.md, "A GPU: small.yaml and the compiled decode step"). One generation or
+    chat does not repay it on either device, and on the CPU a batched server gained nothing.
+    Refuses, in one line, a compile asked for that cannot run."""
     if flag is None:
-        return serving and device.type == "cuda" and use_cache
+        return serving and device.type == "cuda" and use_cache and compiler_missing(device) is None
     if flag and not use_cache:
         raise UserError("--compile compiles the cached decode step; drop --no-cache or --compile")
     reason = compiler_missing(device) if flag else None
@@ -62,12 +63,17 @@ def compiled_notice(seconds: float) -> str:
 def compiler_missing(device: torch.device) -> str | None:
     """Why a compiled step cannot run on ``device``, or None when it can."""
     if device.type == "cuda":
-        return None
+        return None if _triton_installed() else "torch.compile on CUDA needs Triton (pip install triton)"
     if device.type != "cpu":
         return f"torch.compile's decode step runs on cpu or cuda, not {device.type}"
     if not any(name and shutil.which(name) for name in (os.environ.get("CXX", ""), "c++", "g++", "clang++")):
         return "torch.compile needs a C++ compiler on the CPU (c++, g++ or clang++, or $CXX) and none was found"
     return None
+
+
+def _triton_installed() -> bool:
+    """Inductor writes a GPU's kernels in Triton, which torch's Linux CUDA wheels bring along."""
+    return importlib.util.find_spec("triton") is not None
 
 
 def spare_slot_cache(model: GPT, rows: int, whole_buffers: bool) -> KVCache:
@@ -109,8 +115,8 @@ class CompiledStep:
             torch.cuda.synchronize(cache.device)
         self.compile_seconds = time.perf_counter() - started
         # Once warm on the CPU, the step calls the code Dynamo runs for it directly, not through
-        # Dynamo: entering its frame and checking its guards costs a tenth of a small model's step,
-        # and this step's inputs stay the ones it was compiled for (the same model and buffers,
+        # Dynamo: entering its frame and checking its guards is a large share of a small model's
+        # step (docs/results.md, "Every decoding path side by side"), and this step's inputs stay the ones it was compiled for (the same model and buffers,
         # fixed shapes, a window inside its compiled range). The CUDA graph path keeps Dynamo's
         # call, as does a torch that does not show its compiled code.
         if not self.cuda:

@@ -16,14 +16,23 @@ def test_one_generation_or_chat_never_compiles_by_default(device):
     assert choose_compile(None, device=torch.device(device)) is False
 
 
-def test_a_server_compiles_by_default_on_cuda_only():
+def test_a_server_compiles_by_default_on_cuda_only(monkeypatch):
+    monkeypatch.setattr("inference.compiled_step._triton_installed", lambda: True)
     assert choose_compile(None, device=torch.device("cuda"), serving=True) is True
     assert choose_compile(None, device=torch.device("cpu"), serving=True) is False
     assert choose_compile(None, device=torch.device("mps"), serving=True) is False
 
 
+def test_without_triton_a_cuda_server_stays_eager_and_compile_is_refused_in_one_line(monkeypatch):
+    monkeypatch.setattr("inference.compiled_step._triton_installed", lambda: False)
+    assert choose_compile(None, device=torch.device("cuda"), serving=True) is False
+    with pytest.raises(UserError, match=r"^torch.compile on CUDA needs Triton \(pip install triton\); drop --compile$"):
+        choose_compile(True, device=torch.device("cuda"), serving=True)
+
+
 @pytest.mark.parametrize("serving", [False, True])
-def test_the_flag_decides_both_ways(serving):
+def test_the_flag_decides_both_ways(serving, monkeypatch):
+    monkeypatch.setattr("inference.compiled_step._triton_installed", lambda: True)
     assert choose_compile(True, device=torch.device("cuda"), serving=serving) is True
     assert choose_compile(False, device=torch.device("cuda"), serving=serving) is False
 
