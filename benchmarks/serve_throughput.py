@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-batch", type=int, default=32)
     parser.add_argument("--only", choices=["engine", "http"], default=None)
     parser.add_argument("--threads", type=int, default=1, help="torch threads, as serve.py --threads")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the model runs (default cpu)")
     parser.add_argument("--compile", choices=["off", "on", "both"], default="off",
                         help="serve with the compiled decode step (serve.py --compile); both: eager, then compiled")
     args = parser.parse_args(argv)
