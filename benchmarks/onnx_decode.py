@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.generate_speed import (Row, decode_parser, load_benchmark_run, onnx_session, onnx_timer, ours_timer,
-                                       print_table)
+from benchmarks.generate_speed import (decode_parser, load_benchmark_run, onnx_session, onnx_timer, ours_timer,
+                                       print_table, round_robin)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,12 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, static in (("ONNX Runtime, dynamic", False), ("ONNX Runtime, static", True)):
             _, session = onnx_session(run.model, Path(folder) / f"{static}.onnx", torch.get_num_threads(), static)
             paths[name] = onnx_timer(session, run.model, prompt, args.new_tokens, static)
-        timings: dict[str, list[tuple[float, float]]] = {name: [] for name in paths}
-        for _ in range(args.repeats):
-            for name, timer in paths.items():
-                timings[name].append(timer())
-    context = f"{args.context} + {args.new_tokens}"
-    rows = [Row(name, context, min(t for t, _ in runs), max(r for _, r in runs)) for name, runs in timings.items()]
+        rows = round_robin(paths, f"{args.context} + {args.new_tokens}", args.repeats)
     print_table(rows)
     return 0
 

@@ -116,9 +116,10 @@ class CompiledStep:
         self.compile_seconds = time.perf_counter() - started
         # Once warm on the CPU, the step calls the code Dynamo runs for it directly, not through
         # Dynamo: entering its frame and checking its guards is a large share of a small model's
-        # step (docs/results.md, "Every decoding path side by side"), and this step's inputs stay the ones it was compiled for (the same model and buffers,
-        # fixed shapes, a window inside its compiled range). The CUDA graph path keeps Dynamo's
-        # call, as does a torch that does not show its compiled code.
+        # step (docs/results.md, "Every decoding path side by side"), and this step's inputs stay
+        # the ones it was compiled for (the same model and buffers, fixed shapes, a window inside
+        # its compiled range). The CUDA graph path keeps Dynamo's call, as does a torch that does
+        # not show its compiled code.
         if not self.cuda:
             with torch.inference_mode():  # as the step was compiled (a grad-mode guard)
                 code = _dynamo_code(dict(zip(inspect.signature(_step).parameters, self._arguments({}))))
@@ -132,7 +133,7 @@ class CompiledStep:
     def __call__(self, tokens: Mapping[int, int]) -> torch.Tensor:
         """Next-token logits (rows, vocab) after appending ``tokens[row]`` to each row it names;
         the other rows' logits are meaningless."""
-        step = self._direct if self._warm and self._direct is not None else self._step
+        step = self._step if self._direct is None else self._direct  # set once warm
         logits = step(*self._arguments(tokens))
         self.cache.count(list(tokens))
         # A CUDA graph's outputs are overwritten by its next replay.

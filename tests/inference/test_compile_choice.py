@@ -23,6 +23,11 @@ def test_a_server_compiles_by_default_on_cuda_only(monkeypatch):
     assert choose_compile(None, device=torch.device("mps"), serving=True) is False
 
 
+def test_the_default_never_compiles_without_the_cache(monkeypatch):
+    monkeypatch.setattr("inference.compiled_step._triton_installed", lambda: True)
+    assert choose_compile(None, use_cache=False, device=torch.device("cuda"), serving=True) is False
+
+
 def test_without_triton_a_cuda_server_stays_eager_and_compile_is_refused_in_one_line(monkeypatch):
     monkeypatch.setattr("inference.compiled_step._triton_installed", lambda: False)
     assert choose_compile(None, device=torch.device("cuda"), serving=True) is False
