@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import train as train_cli
 from chat_testkit import chat_file, pretrain
 from common.config import ConfigError
 from model import GPT, GPTConfig, load_pretrained
@@ -148,6 +149,14 @@ def test_a_lora_setting_that_cannot_work_is_refused_in_one_line(base_raw, parent
         assert config_from_dict(raw).train.lora.layers(config_from_dict(raw).model) == ["ffn.up", "ffn.down"]
 
 
+def test_the_lora_chat_config_reads(parents, tmp_path):
+    from training.config import load_run_config
+
+    path = Path(__file__).resolve().parents[2] / "configs" / "tiny-chat-lora.yaml"
+    config = load_run_config(path, [f"train.init_from={parents['gqa']}", f"run.out_dir={tmp_path / 'run'}"])
+    assert config.train.lora.layers(config.model) == ["attn.qkv", "attn.proj", "ffn.gate_up", "ffn.down"]
+
+
 def test_lora_needs_a_parent_run_and_is_turned_on_by_one_override(base_raw, parents, tmp_path):
     from training.config import apply_overrides
 
@@ -179,7 +188,9 @@ def test_a_lora_chat_run_trains_only_the_adapters_and_writes_peft_files_and_merg
     optimizer_state = state["optimizer"]["state"]
     assert len(optimizer_state) == len(adapters)
     trained = sum(state["model"][name].numel() for name in adapters)
-    assert result.adapter.startswith(f"LoRA: {trained:,} of ")
+    size = (run / "adapter_model.safetensors").stat().st_size
+    assert result.adapter.startswith(f"LoRA: {trained:,} of ") and f"({size / 1024:.1f} KiB)" in result.adapter
+    assert result.adapter in train_cli.summary(result, None).splitlines()  # the summary says it
     # The merged weights differ from the parent's, and are what generate.py and the exports load.
     merged = load_pretrained(run)
     assert any(not torch.equal(merged.state_dict()[k], parent[k]) for k in parent)
