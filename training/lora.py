@@ -7,6 +7,11 @@ attention's absorbed decoding, which multiplies by ``kv_up.weight`` directly. B 
 an adapted model starts equal to its parent. Dropout, as in PEFT, drops the adapter's input
 alone; the weight cannot carry that, so a forward hook adds the difference while training.
 
+The price of reading the weight whole: the backward pass forms the gradient of the whole weight
+before projecting it onto A and B, so a step costs about what full fine-tuning's does. What LoRA
+saves here is everything kept between steps: the optimizer's state and the gradients are the
+adapters' alone, and so is the checkpoint's new information (the adapter file).
+
 The run directory keeps the adapter in PEFT's files (``adapter_config.json``,
 ``adapter_model.safetensors``) under the Hugging Face export's layer names
 (``exporting.hf.weights.block_linears``): loaded with ``peft.PeftModel.from_pretrained`` onto the
