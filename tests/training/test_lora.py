@@ -87,6 +87,23 @@ def test_adapter_dropout_drops_the_adapters_input_as_peft_does():
     torch.testing.assert_close(layer(x), x @ layer.weight.T, rtol=1e-5, atol=1e-6)
 
 
+def test_recomputed_blocks_give_the_adapters_the_same_gradients_dropout_included():
+    from training.recompute import checkpoint_blocks
+
+    x, y = torch.randint(0, 50, (2, 12)), torch.randint(0, 50, (2, 12))
+    grads = []
+    for recompute in (False, True):
+        model = _adapted(_model(**MLA), LoraConfig(rank=4, dropout=0.2)).train()
+        if recompute:
+            checkpoint_blocks(model)
+        torch.manual_seed(5)
+        model(x, y)[1].backward()
+        grads.append({name: p.grad for name, p in model.named_parameters() if p.requires_grad})
+    assert grads[0].keys() == grads[1].keys()
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][name], grad, rtol=1e-6, atol=1e-7, msg=name)
+
+
 # -------------------------------------------------------------------------------------------------
 # Runs: a parent of each attention kind, chat fine-tuned with LoRA.
 
@@ -133,6 +150,7 @@ def lora_config(base_raw, parents, tmp_path):
     ("mla", {"rank": 9}, {}, r"train\.lora\.rank 9 is above the width of attn\.kv_up \(8\); use a rank of at most 8"),
     ("gqa", {"rank": 33}, {}, r"rank 33 is above the width of attn\.qkv \(32\)"),
     ("gqa", {}, {"optimizer": "muon"}, r"set train\.optimizer: adamw"),
+    ("gqa", {}, {"parallel": "fsdp"}, r"train\.lora is not supported with train\.parallel: fsdp; use ddp"),
     ("gqa", {"rank": 0}, {}, r"train\.lora\.rank must be >= 1"),
     ("gqa", {"dropout": 1.0}, {}, r"train\.lora\.dropout must be in \[0, 1\)"),
 ])
