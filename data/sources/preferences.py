@@ -77,6 +77,8 @@ def _reply(raw: object, name: str) -> tuple[Message, ...]:
 
 def _part(raw: object, text_role: str, name: str) -> tuple[Message, ...]:
     """Text as one ``text_role`` turn, or a checked non-empty list of messages."""
+    if raw is None:  # a column other rows of the file have
+        raise DataError(f"{name} is missing")
     if isinstance(raw, str):
         return (Message(text_role, raw),)
     try:
