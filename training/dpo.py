@@ -29,7 +29,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from data import bits_per_byte, target_nats_and_bytes
-from data.batches.preference import iter_preference_val_batches
+from data.batches.chat import iter_chat_val_batches
+from data.batches.preference import collate_pairs
 from data.prepared.preference import PreferenceSplit
 from model.gpt import eval_mode
 from training.distributed import DistContext, all_reduce_sum
@@ -146,7 +147,8 @@ def evaluate_preferences(
     often the policy prefers the chosen reply more than the reference does) in ``metrics``, and the
     bits per byte of the chosen replies' text under the policy. ``batch_size`` counts pairs; with
     several processes each scores every ``world_size``-th batch and the sums are added up."""
-    batches = iter_preference_val_batches(split, batch_size, pad_id=pad_id, max_batches=max_batches, device=device)
+    batches = iter_chat_val_batches(split, batch_size, pad_id=pad_id, max_batches=max_batches, device=device,
+                                    collate_rows=collate_pairs)
     if progress:
         batches = validation_bar(batches, len(split), batch_size, max_batches)
     sums = torch.zeros(len(_SUMS), dtype=torch.float64, device=device)

@@ -12,7 +12,7 @@ on it and a resumed run continues it exactly; rank r takes the r-th ``batch_size
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -127,12 +127,13 @@ class ChatBatches:
 
 def iter_chat_val_batches(
     split: ChatSplit, batch_size: int, *, pad_id: int, max_batches: int | None = None,
-    device: str | torch.device = "cpu",
+    device: str | torch.device = "cpu", collate_rows: Callable[..., tuple[torch.Tensor, torch.Tensor]] = collate,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Held-out conversations in length order (little padding), the same every call; with
-    ``max_batches`` a fixed subset spread evenly over them."""
+    ``max_batches`` a fixed subset spread evenly over them. ``collate_rows`` makes a batch of rows
+    of ``split`` (``data.batches.preference.collate_pairs`` for reply pairs)."""
     for rows in val_rows(split.lengths, batch_size, max_batches):
-        yield collate(split, rows, pad_id, device)
+        yield collate_rows(split, rows, pad_id, device)
 
 
 def val_rows(lengths: np.ndarray, batch_size: int, max_batches: int | None) -> Iterator[np.ndarray]:

@@ -9,12 +9,10 @@ so a row's summed target log-probability is its reply's. The pairs are drawn as 
 
 from __future__ import annotations
 
-from typing import Iterator
-
 import numpy as np
 import torch
 
-from data.batches.chat import ChatBatches, collate, val_rows
+from data.batches.chat import ChatBatches, collate
 from data.prepared.preference import PreferenceSplit
 
 
@@ -39,12 +37,3 @@ class PreferenceBatches(ChatBatches):
     def _positions(self, rows: np.ndarray) -> int:
         return int((self.split.chosen.lengths[rows] - 1).sum() + (self.split.rejected.lengths[rows] - 1).sum())
 
-
-def iter_preference_val_batches(
-    split: PreferenceSplit, batch_size: int, *, pad_id: int, max_batches: int | None = None,
-    device: str | torch.device = "cpu",
-) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Held-out pairs in length order, ``batch_size`` pairs a batch, the same every call; with
-    ``max_batches`` a fixed subset spread evenly over them."""
-    for rows in val_rows(split.lengths, batch_size, max_batches):
-        yield collate_pairs(split, rows, pad_id, device)
