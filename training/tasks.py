@@ -277,9 +277,6 @@ class PreferenceTask(ChatTask):
 def frozen_reference(config: Config, device: torch.device) -> FrozenReference:
     """The ``train.init_from`` run as a DPO reference: its own frozen copy of the weights. (A LoRA
     run would pass the policy with its adapters off instead: see ``training.dpo.Reference``.)"""
-    if config.train.parallel == "fsdp":
-        raise ConfigError("data.format: preference trains with train.parallel: ddp; under fsdp the frozen "
-                          "reference model would still be a whole copy on every process")
     model = GPT(config.model)
     load_parent_weights(model, config.parent)
     return FrozenReference(model.to(device))
@@ -293,6 +290,9 @@ def prepare_task(config: Config, tokenizer_file: Path | None, *, progress: bool,
     fmt = config.data.format
     if fmt != "text" and tokenizer_file is None:
         raise ConfigError(f"data.format: {fmt} fine-tunes a trained run: set train.init_from to its directory")
+    if fmt == "preference" and config.train.parallel == "fsdp":
+        raise ConfigError("data.format: preference trains with train.parallel: ddp; under fsdp the frozen "
+                          "reference model would still be a whole copy on every process")
     if fmt == "chat":
         prepared = prepare_chat_data(config.data, tokenizer_file, config.model.block_size, progress=progress,
                                      is_main=is_main)

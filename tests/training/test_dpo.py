@@ -141,3 +141,12 @@ def test_preference_data_needs_a_parent_run(make_config, tmp_path):
 def test_beta_must_be_positive(dpo_config, tmp_path):
     with pytest.raises(UserError, match="train.dpo_beta must be in"):
         dpo_config(tmp_path / "run", dpo_beta=0.0)
+
+
+def test_fsdp_is_refused_before_any_data_is_read(dpo_config, tmp_path, monkeypatch):
+    import training.tasks
+
+    monkeypatch.setattr(training.tasks, "prepare_preference_data", lambda *a, **k: pytest.fail("read the data"))
+    config = dpo_config(tmp_path / "run", parallel="fsdp")
+    with pytest.raises(UserError, match="data.format: preference trains with train.parallel: ddp"):
+        Trainer(config, init_distributed("cpu"), progress=False).setup(resume=False, overwrite=False)
