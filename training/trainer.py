@@ -462,6 +462,7 @@ class Trainer:
             "val_loss": result.loss,
             "val_bpb": result.bpb,
             "val_tokens": result.tokens,
+            **{f"val_{name}": value for name, value in result.metrics.items()},
         }
         samples = self._samples(plain) if ec.sample_tokens > 0 else []
         record.update(self.task.sample_fields(samples))
@@ -469,7 +470,8 @@ class Trainer:
             record.update(self._attention_stats(plain, final))
         self.metrics.append(record)
         prefix = "final/" if final else "val/"
-        self.logger.log({prefix + "loss": result.loss, prefix + "bpb": result.bpb}, self.step)
+        self.logger.log({prefix + "loss": result.loss, prefix + "bpb": result.bpb,
+                         **{prefix + name: value for name, value in result.metrics.items()}}, self.step)
         if samples:
             self.logger.log_samples(self.step, samples)
         if self.verbose:
