@@ -15,8 +15,9 @@ from data.errors import DataError
 
 SOURCES = ("shakespeare", "hub", "files", "synthetic")
 # text: documents for pretraining; chat: conversations for fine-tuning; preference: chosen and
-# rejected replies to a prompt, for preference optimisation (DPO)
-FORMATS = ("text", "chat", "preference")
+# rejected replies to a prompt, for preference optimisation (DPO); rl: questions with checkable
+# answers, for reinforcement learning (GRPO; the prompts come from the run's rl section)
+FORMATS = ("text", "chat", "preference", "rl")
 FILE_FORMATS = ("auto", "txt", "jsonl", "parquet")
 TXT_DOCUMENTS = ("file", "paragraph", "line")
 ENCODING_ERRORS = ("strict", "replace")

@@ -1,5 +1,5 @@
-"""What a training run learns from: documents (``TextTask``), conversations (``ChatTask``) or reply
-pairs to prefer one of (``PreferenceTask``).
+"""What a training run learns from: documents (``TextTask``), conversations (``ChatTask``), reply
+pairs to prefer one of (``PreferenceTask``) or questions with checkable answers (``RLTask``).
 
 The loop in ``training/trainer.py`` is the same for both. A task owns what differs: the prepared
 data and its batches, how one optimizer step's micro-batches make a loss, the validation score,
@@ -10,6 +10,8 @@ is the one place that reads ``data.format``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import math
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Protocol
@@ -21,17 +23,26 @@ from torch import nn
 from data import EOT, prepare_data, train_batches
 from data.batches.chat import ChatBatches
 from data.batches.preference import PreferenceBatches
+from data.batches.rl import PromptBatches
+from data.chat import ChatTokenIds
 from data.prepared.chat import prepare_chat_data
 from data.prepared.preference import prepare_preference_data
+from data.prepared.prompts import prepare_arithmetic_prompts
 from data.sample_prompt import default_sample_prompt
+from data.tokenizer import token_byte_table
+from inference.engine import decode
 from model import GPT, SamplingSettings
+from model.gpt import eval_mode
 from training.attention_probe import AttentionProbe, attention_probe
 from training.config import Config, ConfigError
 from training.distributed import DistContext
+from training.device import should_compile
 from training.dpo import FrozenReference, Reference, accumulate_dpo_gradients, evaluate_preferences
 from training.evaluate import EvalResult, evaluate, generate_sample
+from training.grpo import AdaptersOff, FrozenModel, Rollout, Sampler, accumulate_grpo_gradients, pass_at_k, sample_rollout
 from training.init_from import load_parent_weights
 from training.interrupt import StopRequest
+from training.rewards import correct, reward_function
 from training.rng_state import capture_rng_state, restore_rng_state
 from training.sft import accumulate_chat_gradients, chat_reply_samples, evaluate_chat
 
@@ -274,12 +285,103 @@ class PreferenceTask(ChatTask):
                 f"{100 * batches.epoch_padding_fraction():.1f}% of computed tokens are padding")
 
 
+class RLTask(ChatTask):
+    """Reinforcement learning with verifiable rewards (``training.grpo``): each step samples groups
+    of replies to training questions through the engine, scores them with the reward functions and
+    updates the policy. Its evaluation is held-out pass@1 and pass@k; its samples are replies to
+    held-out questions, as a chat run's are."""
+
+    def __init__(self, prepared: Any, config: Config, device: torch.device, reference: Any) -> None:
+        super().__init__(prepared, device)
+        self.rl = config.rl
+        self.device = device
+        self.reference = reference
+        self.eval_seed = config.eval.sample_seed
+        special = ChatTokenIds.of(self.tokenizer)
+        self.sampler = Sampler(self.rl.max_new_tokens, self.rl.temperature, special.reply_end_ids,
+                               special.suppress_ids, token_byte_table(self.tokenizer),
+                               {name: reward_function(name) for name in self.rl.rewards})
+        self.step_metrics: dict[str, float] = {}  # the last step's, for its line of the metrics file
+
+    def batches(self, batch_size: int, *, seed: int, rank: int, world_size: int, device: torch.device) -> Batches:
+        return PromptBatches(len(self.prepared.train), batch_size, seed=seed, rank=rank, world_size=world_size)
+
+    def accumulate(self, model, batches, micro_steps, *, amp, sync, ctx, stop):
+        policy = getattr(model, "module", model)  # DDP's model; the engine decodes with it alone
+        if batches.pending is None:
+            split = self.prepared.train
+            chosen = [i for _ in range(micro_steps) for i in batches.next()]
+            # Drawn from the run's generator, which every checkpoint saves: a resumed run samples the same.
+            seed = int(torch.randint(2**31 - 1, ()))
+            rollout = sample_rollout(
+                policy, self.reference, self.sampler, [split.prompts[i] for i in chosen],
+                [split.questions[i] for i in chosen], [split.rows[i] for i in chosen], group_size=self.rl.group_size,
+                seed=seed, keep_old=self.rl.updates_per_batch > 1, pad_id=self.prepared.eot_id, amp=amp,
+            )
+            batches.pending, batches.pending_uses = rollout.state(), self.rl.updates_per_batch
+        else:
+            rollout = Rollout.from_state(batches.pending, self.device)
+        batches.pending_uses -= 1
+        if batches.pending_uses == 0:
+            batches.pending = None
+        loss, metrics = accumulate_grpo_gradients(model, rollout, micro_steps, epsilon=self.rl.epsilon,
+                                                  beta=self.rl.beta, temperature=self.rl.temperature, amp=amp,
+                                                  sync=sync, ctx=ctx)
+        self.step_metrics = {**rollout.metrics, **metrics}
+        return loss, rollout.x.numel() * ctx.world_size
+
+    def evaluate(self, model, *, batch_size, max_batches, device, amp, ctx, progress):
+        val = self.prepared.val
+        count = len(val) if max_batches is None else min(len(val), batch_size * max_batches)
+        metrics = pass_at_k(model, self.sampler, val.prompts[:count], val.questions[:count], val.rows[:count],
+                            correct, k=self.rl.eval_samples, seed=self.eval_seed, batch_size=batch_size, ctx=ctx)
+        # The loss an RL evaluation has: the share of held-out samples that fail.
+        return EvalResult(loss=1 - metrics["pass@1"], bpb=math.nan, tokens=0, bytes=0, metrics=metrics)
+
+    def samples(self, model, settings):
+        val = self.prepared.val
+        prompts = val.prompts[:CHAT_SAMPLES]
+        settings = dataclasses.replace(settings, suppress_ids=self.sampler.suppress_ids)
+        with eval_mode(model):
+            finishes = decode(model, prompts, settings, token_bytes=self.sampler.token_bytes,
+                              end_ids=self.sampler.end_ids, slide=False)
+        return [(self.tokenizer.decode(p, skip_special_tokens=False),
+                 self.tokenizer.decode(list(f.token_ids), skip_special_tokens=False)) for p, f in zip(prompts, finishes)]
+
+    def eval_line(self, scope, step, result, samples):
+        k = self.rl.eval_samples
+        m = result.metrics
+        lines = [f"step {step} {scope}: pass@1 {m['pass@1']:.3f}, pass@{k} {m[f'pass@{k}']:.3f} on held-out questions"]
+        lines += [_sample_line(prompt + reply) for prompt, reply in samples[:1]]
+        return "\n".join(lines)
+
+    def train_fields(self, batches):
+        return {**self.step_metrics, "beta": self.rl.beta}
+
+    def describe_batches(self, batches):
+        return (f"rl: {len(self.prepared.train)} training and {len(self.prepared.val)} held-out questions; "
+                f"{self.rl.group_size} completions of each prompt, rewards {', '.join(self.rl.rewards)}")
+
+
+def _parent_model(config: Config, device: torch.device) -> GPT:
+    """A frozen copy of the ``train.init_from`` run's weights."""
+    model = GPT(config.model)
+    load_parent_weights(model, config.parent)
+    return model.to(device)
+
+
 def frozen_reference(config: Config, device: torch.device) -> FrozenReference:
     """The ``train.init_from`` run as a DPO reference: its own frozen copy of the weights. (A LoRA
     run would pass the policy with its adapters off instead: see ``training.dpo.Reference``.)"""
-    model = GPT(config.model)
-    load_parent_weights(model, config.parent)
-    return FrozenReference(model.to(device))
+    return FrozenReference(_parent_model(config, device))
+
+
+def rl_reference(config: Config, device: torch.device) -> AdaptersOff | FrozenModel | None:
+    """The KL penalty's reference: none when rl.beta is 0; under LoRA the policy with its adapters
+    off; otherwise a frozen copy of the ``train.init_from`` run."""
+    if config.rl.beta == 0:
+        return None
+    return AdaptersOff() if config.train.lora is not None else FrozenModel(_parent_model(config, device))
 
 
 def prepare_task(config: Config, tokenizer_file: Path | None, *, progress: bool, is_main: bool,
@@ -293,12 +395,16 @@ def prepare_task(config: Config, tokenizer_file: Path | None, *, progress: bool,
     if fmt == "preference" and config.train.parallel == "fsdp":
         raise ConfigError("data.format: preference trains with train.parallel: ddp; under fsdp the frozen "
                           "reference model would still be a whole copy on every process")
+    if fmt == "rl" and should_compile(config.train.compile, device):
+        raise ConfigError("data.format: rl samples through the engine with the plain model; set train.compile: false")
     if fmt == "chat":
         prepared = prepare_chat_data(config.data, tokenizer_file, config.model.block_size, progress=progress,
                                      is_main=is_main)
     elif fmt == "preference":
         prepared = prepare_preference_data(config.data, tokenizer_file, config.model.block_size, progress=progress,
                                            is_main=is_main)
+    elif fmt == "rl":
+        prepared = prepare_arithmetic_prompts(tokenizer_file, **vars(config.rl.arithmetic))
     else:
         prepared = prepare_data(config.data, progress=progress, is_main=is_main, tokenizer_file=tokenizer_file)
     prepared.check_block_size(config.model.block_size)
@@ -311,4 +417,6 @@ def prepare_task(config: Config, tokenizer_file: Path | None, *, progress: bool,
         return ChatTask(prepared, device)
     if fmt == "preference":
         return PreferenceTask(prepared, device, frozen_reference(config, device), config.train.dpo_beta)
+    if fmt == "rl":
+        return RLTask(prepared, config, device, rl_reference(config, device))
     return TextTask(prepared, config, device)

@@ -1,0 +1,57 @@
+"""Questions for an RL run, rendered as chat prompts with the parent run's tokenizer.
+
+Nothing is cached: the built-in problems are made from their seed in a moment. A prompt is the
+user's question with the generation prompt (``<|user|>What is 2+3?<|end|><|assistant|>``), what
+the engine replies to; the row data is what a reward function checks the reply against.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from data.chat import Message, render_chat
+from data.errors import DataError
+from data.prepared import cache
+from data.sources.arithmetic import Problem, problems
+from data.tokenizer import eot_id, load_tokenizer
+
+
+@dataclass
+class PromptSplit:
+    prompts: list[list[int]]  # token ids, each ending in <|assistant|>
+    questions: list[str]
+    rows: list[dict[str, Any]]
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+
+@dataclass
+class PreparedPrompts(cache.TokenizerMixin):
+    tokenizer_path: Path
+    train: PromptSplit
+    val: PromptSplit
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def check_block_size(self, block_size: int) -> None:
+        longest = max(len(p) for split in (self.train, self.val) for p in split.prompts)
+        if longest >= block_size:
+            raise DataError(f"the longest rl prompt has {longest} tokens, leaving no room for a reply in "
+                            f"model.block_size {block_size}; use shorter questions")
+
+
+def _split(tokenizer: Any, items: list[Problem]) -> PromptSplit:
+    prompts = [render_chat(tokenizer, [Message("user", p.question)], add_generation_prompt=True).ids for p in items]
+    return PromptSplit(prompts, [p.question for p in items], [p.row() for p in items])
+
+
+def prepare_arithmetic_prompts(tokenizer_file: Path, *, seed: int, train_problems: int, val_problems: int,
+                               max_operand: int, operations: str) -> PreparedPrompts:
+    """The arithmetic task's held-out and training prompts (data.sources.arithmetic)."""
+    tokenizer = load_tokenizer(tokenizer_file)
+    items = problems(seed, val_problems + train_problems, max_operand, operations)
+    meta = {"eot_id": eot_id(tokenizer), "vocab_size": tokenizer.get_vocab_size()}
+    return PreparedPrompts(Path(tokenizer_file), _split(tokenizer, items[val_problems:]),
+                           _split(tokenizer, items[:val_problems]), meta)

@@ -1,0 +1,202 @@
+"""GRPO: the loss's gradient against the analytic policy gradient on a one-token task, and an RL run
+from a trained parent that logs TRL's metric names, evaluates pass@k and resumes exactly."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from chat_testkit import pretrain
+from common.errors import UserError
+from model import GPT, GPTConfig, load_pretrained
+from training.grpo import Rollout, accumulate_grpo_gradients, group_advantages, target_logps, token_losses
+from training.rewards import closeness, correct, integer_format, reward_function
+from training.trainer import train
+
+VOCAB = 7
+
+
+def _one_token_loss(theta, actions, advantages, old, ref, *, epsilon, beta, temperature):
+    """The token-mean loss of a group of one-token completions drawn from logits ``theta``."""
+    logits = theta.expand(len(actions), 1, VOCAB)
+    y = actions[:, None]
+    logps = target_logps(logits, y, temperature)
+    losses, _, _, _ = token_losses(logps, old[:, None], ref[:, None], advantages, epsilon=epsilon, beta=beta)
+    return losses.sum() / len(actions)
+
+
+def _analytic_gradient(theta, actions, advantages, old, ref, *, epsilon, beta, temperature):
+    """d loss / d theta written out: for action a, d log π(a) / d theta = (e_a − π) / T; the clipped
+    surrogate contributes −A·ratio where the clip is not active, the k3 KL β·(1 − π_ref(a) / π(a))."""
+    p = torch.softmax(theta.double() / temperature, dim=-1)
+    logp = torch.log(p)
+    gradient = torch.zeros(VOCAB, dtype=torch.float64)
+    for a, adv, o, r in zip(actions.tolist(), advantages.double().tolist(), old.double().tolist(),
+                            ref.double().tolist()):
+        ratio = torch.exp(logp[a] - o)
+        clipped = (ratio > 1 + epsilon and adv > 0) or (ratio < 1 - epsilon and adv < 0)
+        coefficient = (0.0 if clipped else -adv * ratio) + beta * (1 - torch.exp(r - logp[a]))
+        gradient += coefficient * (torch.eye(VOCAB, dtype=torch.float64)[a] - p) / temperature
+    return gradient / len(actions)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("off_policy", [False, True])
+def test_the_gradient_is_the_analytic_policy_gradient_with_the_kl_penalty(temperature, off_policy):
+    g = torch.Generator().manual_seed(3)
+    theta = torch.randn(VOCAB, generator=g, requires_grad=True)
+    ref_theta = torch.randn(VOCAB, generator=g)
+    actions = torch.multinomial(torch.softmax(theta.detach() / temperature, -1), 8, replacement=True, generator=g)
+    rewards = (actions % 2 == 0).float() + 0.1 * actions.float()
+    advantages, _ = group_advantages(rewards, group_size=8)
+    ref = torch.log_softmax(ref_theta / temperature, -1)[actions]
+    own = torch.log_softmax(theta.detach() / temperature, -1)[actions]
+    # Off-policy: the sampling policy differs, so some ratios leave [1 - ε, 1 + ε] and are clipped.
+    old = own + (torch.randn(8, generator=g) * 0.5 if off_policy else 0)
+    options = dict(epsilon=0.2, beta=0.3, temperature=temperature)
+
+    _one_token_loss(theta, actions, advantages, old, ref, **options).backward()
+    expected = _analytic_gradient(theta.detach(), actions, advantages, old, ref, **options)
+    torch.testing.assert_close(theta.grad.double(), expected, rtol=1e-5, atol=1e-6)
+    ratios = torch.exp(own - old)
+    if off_policy:  # the case tests the clip: some tokens are clipped, some not
+        clipped = ((ratios > 1.2) & (advantages > 0)) | ((ratios < 0.8) & (advantages < 0))
+        assert 0 < clipped.sum() < 8
+
+    # The test tells a wrong sign from a right one, in either term.
+    flipped_advantage = _analytic_gradient(theta.detach(), actions, -advantages, old, ref, **options)
+    flipped_kl = _analytic_gradient(theta.detach(), actions, advantages, old, ref, **{**options, "beta": -0.3})
+    for wrong in (flipped_advantage, flipped_kl):
+        assert not torch.allclose(theta.grad.double(), wrong, rtol=1e-3, atol=1e-4)
+
+
+def test_a_step_raises_the_probability_of_the_better_completion():
+    # Two completions of one prompt, one rewarded: a small step of gradient descent makes it likelier.
+    theta = torch.zeros(VOCAB, requires_grad=True)
+    actions = torch.tensor([2, 5])
+    advantages, _ = group_advantages(torch.tensor([1.0, 0.0]), group_size=2)
+    own = torch.log_softmax(theta.detach(), -1)[actions]
+    _one_token_loss(theta, actions, advantages, own, own, epsilon=0.2, beta=0.1, temperature=1.0).backward()
+    stepped = torch.softmax(theta.detach() - 0.5 * theta.grad, -1)
+    assert stepped[2] > 1 / VOCAB > stepped[5]
+
+
+def test_advantages_are_normalised_within_each_group_and_a_tied_group_teaches_nothing():
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0])
+    advantages, std = group_advantages(rewards, group_size=3)
+    first = (rewards[:3] - rewards[:3].mean()) / (rewards[:3].std() + 1e-4)
+    torch.testing.assert_close(advantages[:3], first)
+    assert advantages[3:].abs().max() == 0 and std[3:].max() == 0
+
+
+def test_micro_batches_give_the_token_mean_of_the_whole_step():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=VOCAB * 5, block_size=16, n_layer=1, n_head=2, n_kv_head=1, n_embd=16))
+    g = torch.Generator().manual_seed(1)
+    x = torch.randint(0, VOCAB * 5, (6, 10), generator=g)
+    y = torch.randint(0, VOCAB * 5, (6, 10), generator=g)
+    for row, (start, end) in enumerate([(3, 10), (3, 6), (5, 9), (2, 10), (4, 5), (6, 8)]):
+        y[row, :start] = -1
+        y[row, end:] = -1
+    ref = target_logps(torch.randn(6, 10, VOCAB * 5, generator=g), y, 1.0)
+    rollout = Rollout(x, y, torch.randn(6, generator=g), None, ref, {})
+    loss, metrics = accumulate_grpo_gradients(model, rollout, 3, epsilon=0.2, beta=0.5, temperature=1.0)
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    whole, _ = accumulate_grpo_gradients(model, rollout, 1, epsilon=0.2, beta=0.5, temperature=1.0)
+    assert loss.item() == pytest.approx(whole.item(), rel=1e-5)
+    assert metrics["kl"] > 0 and metrics["clip_ratio/region_mean"] == 0  # on-policy: nothing clipped
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(grads[name], p.grad, rtol=1e-4, atol=1e-7, msg=name)
+
+
+def test_built_in_rewards():
+    row = {"answer": "42"}
+    assert correct("What is 40+2?", " 42 ", row) == 1.0 and correct("", "42.", row) == 0.0
+    assert integer_format("", "-7", row) == 1.0 and integer_format("", "seven", row) == 0.0
+    assert closeness("", "41", row) == 0.5 and closeness("", "x", row) == 0.0
+    assert reward_function("rl_testkit:e_share")("", "eel", row) == pytest.approx(2 / 3)  # one of your own
+    with pytest.raises(ValueError, match="unknown reward 'corect'"):
+        reward_function("corect")
+
+
+# --------------------------------------------------------------------------------------------
+# Runs
+
+
+@pytest.fixture(scope="module")
+def parent_run(base_raw, tmp_path_factory) -> Path:
+    return pretrain(base_raw, tmp_path_factory.mktemp("parent") / "run")
+
+
+@pytest.fixture
+def rl_config(make_config, parent_run):
+    def make(out_dir: Path, rl=None, **train):
+        return make_config(
+            out_dir,
+            data={"format": "rl"},
+            train={"init_from": str(parent_run), "max_steps": 4, "batch_size": 2, "grad_accum_steps": 2,
+                   "lr": 1e-2, "min_lr": 1e-2, "warmup_steps": 0, **train},
+            eval={"interval": 2, "max_batches": 2, "sample_tokens": 4, "final_max_batches": 2},
+            run={"checkpoint_interval": 1},
+            rl={"group_size": 3, "max_new_tokens": 4, "rewards": ["rl_testkit:e_share", "closeness"],
+                "eval_samples": 2, "updates_per_batch": 2, "beta": 0.1,
+                "arithmetic": {"train_problems": 40, "val_problems": 8, "max_operand": 9}, **(rl or {})},
+        )
+
+    return make
+
+
+def _records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("lora", [None, {"rank": 2}], ids=["full", "lora"])
+def test_an_rl_run_logs_trl_names_evaluates_pass_at_k_and_resumes_exactly(rl_config, tmp_path, lora):
+    whole = train(rl_config(tmp_path / "whole", lora=lora), progress=False)
+    records = _records(tmp_path / "whole")
+    steps = [r for r in records if r["kind"] == "train"]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4]
+    for name in ("reward", "reward_std", "frac_reward_zero_std", "rewards/rl_testkit:e_share/mean",
+                 "rewards/closeness/mean", "kl", "clip_ratio/region_mean", "completions/mean_length",
+                 "completions/clipped_ratio"):
+        assert all(name in r for r in steps), name
+    # The policy starts as the reference, and the first update of a sampled batch is on-policy.
+    assert steps[0]["kl"] == 0 and steps[0]["clip_ratio/region_mean"] == 0
+    assert steps[1]["kl"] > 0  # the second update reuses the batch after the policy moved
+    assert steps[0]["reward"] == steps[1]["reward"]  # the same sampled batch, twice
+    final = next(r for r in records if r["kind"] == "final_eval")
+    assert 0 <= final["val_pass@1"] <= final["val_pass@2"] <= 1
+    assert final["samples"] and all(s["prompt"].endswith("<|assistant|>") for s in final["samples"])
+
+    # Stopped after step 3, between the two updates of a sampled batch: the checkpoint carries it.
+    train(rl_config(tmp_path / "resumed", lora=lora, max_steps=3), progress=False)
+    resumed = train(rl_config(tmp_path / "resumed", lora=lora), resume=True, progress=False)
+    assert resumed.step == whole.step == 4
+    a, b = load_pretrained(tmp_path / "whole"), load_pretrained(tmp_path / "resumed")
+    for name, tensor in a.state_dict().items():
+        torch.testing.assert_close(b.state_dict()[name], tensor, rtol=0, atol=0, msg=name)
+    resumed_steps = [r for r in _records(tmp_path / "resumed") if r["kind"] == "train"]
+    assert [r["reward"] for r in resumed_steps] == [r["reward"] for r in steps]
+
+
+@pytest.mark.parametrize("rl, message", [
+    ({"group_size": 1}, "rl.group_size must be >= 2"),
+    ({"epsilon": 1.5}, "rl.epsilon must be in"),
+    ({"rewards": ["corect"]}, "rl.rewards: unknown reward 'corect'"),
+    ({"arithmetic": {"train_problems": 500, "val_problems": 8, "max_operand": 9}}, "only 100 distinct ones exist"),
+])
+def test_settings_that_cannot_work_are_refused_in_one_line(rl_config, tmp_path, rl, message):
+    with pytest.raises(UserError, match=message) as error:
+        rl_config(tmp_path / "run", rl=rl)
+    assert "\n" not in str(error.value)
+
+
+def test_an_rl_section_needs_data_format_rl(make_config, parent_run, tmp_path):
+    with pytest.raises(UserError, match="an rl section is for data.format: rl"):
+        make_config(tmp_path / "run", train={"init_from": str(parent_run)}, rl={})
+    with pytest.raises(UserError, match="data.format: rl needs an rl section"):
+        make_config(tmp_path / "run", train={"init_from": str(parent_run)}, data={"format": "rl"})

@@ -1,0 +1,292 @@
+"""Group relative policy optimisation (GRPO): sample a group, score it with a program, push the policy.
+
+For each prompt q the policy π (the model being trained) samples a group of G completions o_1..o_G
+through the engine. Reward functions (``training.rewards``) score each; the advantage of o_i is its
+reward relative to its group's, A_i = (r_i − mean(r)) / (std(r) + 1e-4), so a completion is pushed
+up exactly when it beat its siblings, and a group whose completions all scored alike teaches
+nothing. Every token t of o_i then carries
+
+    ratio = π(o_i,t | q, o_i,<t) / π_old(o_i,t | ...)
+    loss  = −min(ratio · A_i, clip(ratio, 1 − ε, 1 + ε) · A_i) + β · KL_t
+    KL_t  = π_ref/π − log(π_ref/π) − 1        (the k3 estimator: ≥ 0, unbiased for KL(π‖π_ref))
+
+π_old is the policy that sampled the batch: with one update per sampled batch the ratio is 1 (its
+gradient is still that of the log-probability), with ``rl.updates_per_batch`` > 1 the later updates
+are off-policy and the clip keeps them near π_old. π_ref is frozen: the ``train.init_from`` run, or
+under LoRA the same model with its adapters switched off, so no second copy is held.
+
+The variant: DAPO's token mean. The step's loss is the sum over every completion token of the
+step divided by their count. GRPO's original sequence mean (each completion's mean, then the mean
+over completions) gives a token of a long completion less weight than one of a short completion,
+which lets long wrong answers off lightly and biases lengths; Dr. GRPO's token sum divided by a
+constant (max_new_tokens) removes that bias but makes the step size depend on a length budget that
+has nothing to do with the task. The token mean weighs every token alike and keeps the loss's scale
+fixed; it is also TRL's default (``loss_type="dapo"``), so a TRL user reads the same numbers.
+Completions are sampled at ``rl.temperature`` and their log-probabilities computed from the logits
+divided by it, so the loss is the gradient of the distribution actually sampled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, fields
+from typing import Any, Callable, ContextManager, Protocol, Sequence
+
+import torch
+from torch import nn
+
+from inference.engine import decode
+from model.generation import SamplingSettings
+from model.gpt import eval_mode
+from training.distributed import DistContext, all_reduce_sum
+from training.lora import adapters_disabled
+from training.rewards import RewardFunction
+
+Amp = Callable[[], ContextManager]
+STD_EPS = 1e-4  # TRL's, added to a group's standard deviation
+
+
+class Reference(Protocol):
+    def logits(self, policy: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """The frozen reference's logits for ``x`` (called without gradients)."""
+
+
+class FrozenModel:
+    """The reference as its own model: the ``init_from`` weights, in eval mode, never trained."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model.eval().requires_grad_(False)
+
+    def logits(self, policy: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x)
+
+
+class AdaptersOff:
+    """The reference of a LoRA run: the policy itself with its adapters off (its frozen base)."""
+
+    def logits(self, policy: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        with adapters_disabled(policy):
+            return policy(x)
+
+
+@dataclass
+class Rollout:
+    """A sampled batch, ready for updates: G completions per prompt, consecutive rows per group.
+
+    x and y are prompt + completion as a chat batch lays them out (y is −1 off the completion and
+    over the padding); ``old_logps`` is None when the batch serves one update (π_old is then the
+    policy itself), ``ref_logps`` None when β is 0."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    advantages: torch.Tensor
+    old_logps: torch.Tensor | None
+    ref_logps: torch.Tensor | None
+    metrics: dict[str, float]
+
+    def state(self) -> dict[str, Any]:
+        """Plain tensors and numbers on the CPU, for a checkpoint."""
+        return {f.name: (value.cpu() if isinstance(value := getattr(self, f.name), torch.Tensor) else value)
+                for f in fields(self)}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any], device: torch.device) -> Rollout:
+        return cls(**{k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in state.items()})
+
+
+# --------------------------------------------------------------------------------------------
+# The arithmetic of the loss
+
+
+def group_advantages(rewards: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(each completion's advantage, its group's reward standard deviation) for ``rewards`` laid
+    out group after group. The deviation is Bessel-corrected, as TRL's."""
+    grouped = rewards.view(-1, group_size)
+    mean = grouped.mean(dim=1, keepdim=True)
+    std = grouped.std(dim=1, keepdim=True)
+    return ((grouped - mean) / (std + STD_EPS)).flatten(), std.expand_as(grouped).flatten()
+
+
+def target_logps(logits: torch.Tensor, y: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Each target's log-probability (fp32) under ``logits / temperature``; 0 where y is −1."""
+    logps = torch.log_softmax(logits.float() / temperature, dim=-1)
+    picked = logps.gather(-1, y.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    return picked * (y != -1)
+
+
+def token_losses(
+    logps: torch.Tensor, old_logps: torch.Tensor, ref_logps: torch.Tensor | None, advantages: torch.Tensor,
+    *, epsilon: float, beta: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(per-token loss, per-token KL, tokens clipped low, tokens clipped high), all (rows, T), from
+    per-token log-probabilities and per-row advantages; the mask is applied by the caller."""
+    ratio = torch.exp(logps - old_logps)
+    a = advantages.unsqueeze(1)
+    loss = -torch.min(ratio * a, ratio.clamp(1 - epsilon, 1 + epsilon) * a)
+    if ref_logps is not None and beta > 0:
+        delta = ref_logps - logps
+        kl = torch.exp(delta) - delta - 1
+        loss = loss + beta * kl
+    else:
+        kl = torch.zeros_like(loss)
+    # The tokens whose gradient the clip removed (TRL's clip_ratio/low and /high).
+    low = (ratio < 1 - epsilon) & (a < 0)
+    high = (ratio > 1 + epsilon) & (a > 0)
+    return loss, kl.detach(), low, high
+
+
+def collate_completions(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], pad_id: int,
+                        device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x, y) of prompt + completion rows, right-padded: y holds the completion's tokens alone."""
+    width = max(len(p) + len(c) for p, c in zip(prompts, completions)) - 1
+    x = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    y = torch.full((len(prompts), width), -1, dtype=torch.long)
+    for r, (prompt, completion) in enumerate(zip(prompts, completions)):
+        ids = torch.tensor([*prompt, *completion])
+        n = len(ids) - 1
+        x[r, :n] = ids[:-1]
+        y[r, len(prompt) - 1:n] = ids[len(prompt):]
+    return x.to(device), y.to(device)
+
+
+# --------------------------------------------------------------------------------------------
+# Sampling and scoring
+
+
+@dataclass(frozen=True)
+class Sampler:
+    """How an RL run samples and scores: the engine's settings less the seed, the reply's end
+    tokens, the tokenizer's bytes (for the text a reward reads) and the reward functions."""
+
+    max_new_tokens: int
+    temperature: float
+    end_ids: tuple[int, ...]
+    suppress_ids: tuple[int, ...]
+    token_bytes: Sequence[bytes]
+    rewards: dict[str, RewardFunction]
+
+    def settings(self, seed: int) -> SamplingSettings:
+        # No top-k or top-p: the loss's log-probabilities are those of the distribution sampled.
+        return SamplingSettings(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_k=None,
+                                top_p=None, seed=seed, suppress_ids=self.suppress_ids)
+
+    def complete(self, policy: nn.Module, prompts: Sequence[Sequence[int]], copies: int,
+                 seed: int) -> list[tuple[list[int], str, bool]]:
+        """(token ids, text, ended) of ``copies`` completions of each prompt, group after group,
+        completion i seeded ``seed + i`` (the engine's rule): one batch of rows."""
+        rows = [list(p) for p in prompts for _ in range(copies)]
+        with eval_mode(policy):
+            finishes = decode(policy, rows, self.settings(seed), token_bytes=self.token_bytes, end_ids=self.end_ids,
+                              slide=False)
+        return [(list(f.token_ids), f.text, f.reason == "stop") for f in finishes]
+
+    def score(self, questions: Sequence[str], rows: Sequence[dict[str, Any]], texts: Sequence[str],
+              copies: int) -> torch.Tensor:
+        """(completions, reward functions) scores; completion i answers question i // copies."""
+        return torch.tensor([[float(fn(questions[i // copies], text, rows[i // copies])) for fn in self.rewards.values()]
+                             for i, text in enumerate(texts)], dtype=torch.float32)
+
+
+@torch.no_grad()
+def sample_rollout(
+    policy: nn.Module, reference: Reference | None, sampler: Sampler, prompts: Sequence[Sequence[int]],
+    questions: Sequence[str], rows: Sequence[dict[str, Any]], *, group_size: int, seed: int, keep_old: bool,
+    pad_id: int, amp: Amp | None = None,
+) -> Rollout:
+    """Sample ``group_size`` completions of every prompt, score them and compute what the updates
+    need: advantages, and (in eval mode, without gradients) the reference's log-probabilities and,
+    for several updates, the sampling policy's. The metrics carry TRL's names."""
+    device = next(policy.parameters()).device
+    completions = sampler.complete(policy, prompts, group_size, seed)
+    scores = sampler.score(questions, rows, [text for _, text, _ in completions], group_size)
+    rewards = scores.sum(dim=1)
+    advantages, std = group_advantages(rewards, group_size)
+    grouped_prompts = [p for p in prompts for _ in range(group_size)]
+    x, y = collate_completions(grouped_prompts, [ids for ids, _, _ in completions], pad_id, device)
+    old = ref = None
+    with eval_mode(policy), amp() if amp is not None else contextlib.nullcontext():
+        if keep_old:
+            old = target_logps(policy(x), y, sampler.temperature)
+        if reference is not None:
+            ref = target_logps(reference.logits(policy, x), y, sampler.temperature)
+    lengths = torch.tensor([len(ids) for ids, _, _ in completions], dtype=torch.float32)
+    metrics = {
+        "reward": rewards.mean().item(),
+        "reward_std": std.mean().item(),
+        "frac_reward_zero_std": (std.view(-1, group_size)[:, 0] < 1e-6).float().mean().item(),
+        **{f"rewards/{name}/mean": scores[:, j].mean().item() for j, name in enumerate(sampler.rewards)},
+        **{f"rewards/{name}/std": scores[:, j].std().item() for j, name in enumerate(sampler.rewards)},
+        "completions/mean_length": lengths.mean().item(),
+        "completions/min_length": lengths.min().item(),
+        "completions/max_length": lengths.max().item(),
+        # Completions cut at max_new_tokens (or the window) before their end token.
+        "completions/clipped_ratio": 1 - sum(ended for _, _, ended in completions) / len(completions),
+    }
+    return Rollout(x, y, advantages.to(device), old, ref, metrics)
+
+
+# --------------------------------------------------------------------------------------------
+# The update
+
+
+def accumulate_grpo_gradients(
+    model: nn.Module, rollout: Rollout, micro_steps: int, *, epsilon: float, beta: float, temperature: float,
+    amp: Amp | None = None, sync: Callable[[bool], ContextManager] | None = None, ctx: DistContext = DistContext(),
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Backward the step's token-mean loss over ``rollout``, cut into ``micro_steps`` micro-batches
+    of whole rows; return it (detached, this process's) and the step's KL and clip ratios (over the
+    tokens of every process). Every token of the step counts once: each micro-batch's sum is divided
+    by the step's token count, known before the first backward."""
+    mask = rollout.y != -1
+    total = all_reduce_sum(mask.sum().double(), ctx).clamp(min=1)
+    sums = torch.zeros(4, dtype=torch.float64, device=rollout.x.device)  # loss, kl, low, high
+    chunks = torch.arange(len(rollout.x), device=rollout.x.device).tensor_split(micro_steps)
+    for i, rows in enumerate(chunks):
+        with sync(i == micro_steps - 1) if sync is not None else contextlib.nullcontext():
+            with amp() if amp is not None else contextlib.nullcontext():
+                logits = model(rollout.x[rows])
+            y, m = rollout.y[rows], mask[rows]
+            logps = target_logps(logits, y, temperature)
+            old = logps.detach() if rollout.old_logps is None else rollout.old_logps[rows]
+            ref = None if rollout.ref_logps is None else rollout.ref_logps[rows]
+            losses, kl, low, high = token_losses(logps, old, ref, rollout.advantages[rows], epsilon=epsilon,
+                                                 beta=beta)
+            ((losses * m).sum() / total * ctx.world_size).backward()
+        sums += torch.stack([(losses.detach() * m).sum(), (kl * m).sum(), (low & m).sum(), (high & m).sum()]).double()
+    loss = (sums[0] / total * ctx.world_size).float()
+    reduced = (all_reduce_sum(sums, ctx) / total).tolist()
+    metrics = {"kl": reduced[1], "clip_ratio/low_mean": reduced[2], "clip_ratio/high_mean": reduced[3],
+               "clip_ratio/region_mean": reduced[2] + reduced[3]}
+    return loss, metrics
+
+
+# --------------------------------------------------------------------------------------------
+# Held-out pass@k
+
+
+@torch.no_grad()
+def pass_at_k(
+    policy: nn.Module, sampler: Sampler, prompts: Sequence[Sequence[int]], questions: Sequence[str],
+    rows: Sequence[dict[str, Any]], passed: RewardFunction, *, k: int, seed: int, batch_size: int,
+    ctx: DistContext = DistContext(),
+) -> dict[str, float]:
+    """``pass@1`` (the share of the k samples that pass, the unbiased estimate from k) and
+    ``pass@k`` (the share of prompts with at least one passing sample) over ``prompts``, and the
+    mean completion length. Sample j of prompt i is seeded ``seed + i·k + j`` whatever the
+    batching; with several processes each takes every ``world_size``-th batch of ``batch_size``."""
+    sums = torch.zeros(4, dtype=torch.float64)  # prompts, passing samples, prompts passed, tokens
+    for b, start in enumerate(range(0, len(prompts), batch_size)):
+        if b % ctx.world_size != ctx.rank:
+            continue
+        chunk = range(start, min(start + batch_size, len(prompts)))
+        completions = sampler.complete(policy, [prompts[i] for i in chunk], k, seed + start * k)
+        for n, i in enumerate(chunk):
+            group = completions[n * k:(n + 1) * k]
+            passes = sum(passed(questions[i], text, rows[i]) >= 1.0 for _, text, _ in group)
+            sums += torch.tensor([1.0, passes, float(passes > 0), sum(len(ids) for ids, _, _ in group)],
+                                 dtype=torch.float64)
+    device = next(policy.parameters()).device
+    count, passes, solved, tokens = all_reduce_sum(sums.to(device), ctx).tolist()
+    count = max(count, 1.0)
+    return {"pass@1": passes / (count * k), f"pass@{k}": solved / count,
+            "completions/mean_length": tokens / (count * k)}
