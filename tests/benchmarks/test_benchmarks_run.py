@@ -160,6 +160,21 @@ def test_induction_lab_trains_a_seed_and_writes_the_held_out_corpus(bench_dir) -
     assert_words(out, "seed")
 
 
+def test_rl_lab_runs_a_seed_end_to_end_at_a_toy_size(bench_dir) -> None:
+    import json
+
+    out = bench("rl_lab", "--seeds", 1, "--size", "toy", "--out", bench_dir / "rl_lab", "--json")
+    row = json.loads(out.strip().splitlines()[-1])
+    assert set(row) >= {"seed", "pass@1_before", "pass@1_after", "pass@8_before", "pass@8_after", "rl_seconds"}
+    assert row["seed"] == 1 and all(0 <= row[k] <= 1 for k in row if k.startswith("pass@"))
+    assert (bench_dir / "rl_lab" / "s1" / "rl" / "curves.png").stat().st_size > 0
+    table = bench("rl_lab", "--seeds", 1, "--size", "toy", "--out", bench_dir / "rl_lab", "--overwrite")
+    assert_words(table, "| seed | pass@1 before | after | pass@8 before |")
+    # Runs already there are refused in one line (--overwrite replaces them).
+    proc = run_python(["-m", "benchmarks.rl_lab", "--seeds", "1", "--size", "toy", "--out", str(bench_dir / "rl_lab")])
+    assert proc.returncode == 2 and proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr
+
+
 def test_memory_plan_prints_the_largest_model_per_mode() -> None:
     out = bench("memory_plan", "--gib", 24, "--micro-batch", 4)
     assert_words(out, "| 24 GiB |", "fsdp + checkpointing", "fsdp over 8 GPUs")

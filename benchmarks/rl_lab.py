@@ -1,0 +1,203 @@
+"""The RL lab: from nothing to a model that RL makes better at arithmetic, on a laptop CPU.
+
+    python -m benchmarks.rl_lab --seeds 1337 1338 1339
+    python -m benchmarks.rl_lab --seeds 1337 --json          # one JSON object per seed, per line
+
+Per seed, in ``--out``/s<seed>, three real training runs one after the other:
+
+1. ``base``: a text run on the training questions written out with their answers ("What is 23+58?
+   81"), which trains the tokenizer (its chat tokens reserved) and the arithmetic;
+2. ``chat``: a chat fine-tune of it on the same questions as conversations, so it answers after
+   ``<|assistant|>`` and ends with ``<|end|>``; its budget is kept short, so it is sometimes right;
+3. ``rl``: GRPO from the chat run (``data.format: rl``, ``training/grpo.py``) on the same questions,
+   rewarded for the right answer.
+
+Held-out pass@1 and pass@8 (200 questions no run trained on, 8 samples each at the RL temperature,
+the RL task's own evaluation) are measured on the chat run and on the RL run; the RL run's reward,
+KL and held-out pass@1 are drawn to ``rl/curves.png``. ``rl_seconds`` is the RL run's training time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from data.sources.arithmetic import conversations, problems
+
+OUT = Path("runs/rl_lab")
+SIZES = {  # the model of the base run, and each run's budget
+    "lab": dict(model={"n_layer": 2, "n_head": 4, "n_kv_head": 4, "n_embd": 96, "block_size": 32},
+                base={"max_minutes": 3.0}, chat={"max_minutes": 0.5}, rl={"max_minutes": 6.0}, max_operand=29),
+    # A smoke test of the whole path: a few steps each, and nothing learned.
+    "toy": dict(model={"n_layer": 1, "n_head": 2, "n_kv_head": 1, "n_embd": 32, "block_size": 32},
+                base={"max_steps": 6}, chat={"max_steps": 3}, rl={"max_steps": 4}, max_operand=9),
+}
+VAL_PROBLEMS = {"lab": 200, "toy": 10}
+PASS_K = 8
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--seeds", type=int, nargs="+", required=True, help="train.seed of each seed's three runs")
+    p.add_argument("--out", type=Path, default=OUT, help="where the runs go (a folder per seed)")
+    p.add_argument("--size", choices=sorted(SIZES), default="lab", help="lab, or toy for a smoke test")
+    p.add_argument("--json", action="store_true", help="print one JSON object per seed instead of a table")
+    p.add_argument("--overwrite", action="store_true", help="replace runs already in --out")
+    return p.parse_args(argv)
+
+
+def _common(out_dir: Path, seed: int, budget: dict[str, float], overwrite: bool) -> dict[str, Any]:
+    return {
+        "train": {**budget, "seed": seed, "device": "cpu", "compile": False, "peak_flops": 1e11},
+        "logging": {"interval": 5, "wandb": {"mode": "disabled"}},
+        "run": {"out_dir": str(out_dir), "overwrite": overwrite, "checkpoint_interval": 0},
+    }
+
+
+def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    return {k: _merge(a[k], b[k]) if isinstance(a.get(k), dict) and isinstance(b.get(k), dict) else b.get(k, a.get(k))
+            for k in {**a, **b}}
+
+
+def rl_section(size: str) -> dict[str, Any]:
+    s = SIZES[size]
+    train_problems = (s["max_operand"] + 1) ** 2 - VAL_PROBLEMS[size]
+    return {"group_size": 8, "max_new_tokens": 6, "temperature": 1.0, "beta": 0.02, "eval_samples": PASS_K,
+            "rewards": ["correct"],
+            "arithmetic": {"seed": 0, "train_problems": train_problems, "val_problems": VAL_PROBLEMS[size],
+                           "max_operand": s["max_operand"], "operations": "+"}}
+
+
+def write_data(folder: Path, size: str) -> tuple[Path, Path]:
+    """The training questions (the RL task's, never its held-out ones) as text and as conversations."""
+    arithmetic = rl_section(size)["arithmetic"]
+    items = problems(arithmetic["seed"], arithmetic["val_problems"] + arithmetic["train_problems"],
+                     arithmetic["max_operand"], arithmetic["operations"])[arithmetic["val_problems"]:]
+    folder.mkdir(parents=True, exist_ok=True)
+    text = folder / "questions.txt"
+    text.write_text("\n\n".join(f"{p.question} {p.answer}" for p in items) + "\n", encoding="utf-8")
+    chats = folder / "questions.jsonl"
+    chats.write_text("".join(json.dumps(row) + "\n" for row in conversations(items)), encoding="utf-8")
+    return text, chats
+
+
+def configs(folder: Path, seed: int, size: str, overwrite: bool) -> dict[str, dict[str, Any]]:
+    s = SIZES[size]
+    text, chats = write_data(folder / "data", size)
+    cache = str(folder / "data_cache")
+    base = _merge(_common(folder / "base", seed, s["base"], overwrite), {
+        "model": s["model"],
+        "data": {"source": "files", "vocab_size": 512, "cache_dir": cache,
+                 "files": {"paths": [str(text)], "txt_document": "paragraph"}},
+        "train": {"batch_size": 32, "lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 20},
+        "eval": {"interval": 0, "max_batches": 4, "sample_tokens": 0, "final_max_batches": 4},
+    })
+    chat = _merge(_common(folder / "chat", seed, s["chat"], overwrite), {
+        "data": {"source": "files", "format": "chat", "cache_dir": cache, "files": {"paths": [str(chats)]}},
+        "train": {"init_from": str(folder / "base"), "batch_size": 32, "lr": 1e-3, "min_lr": 1e-4,
+                  "warmup_steps": 5},
+        "eval": {"interval": 0, "max_batches": 4, "sample_tokens": 0, "final_max_batches": 4},
+    })
+    rl = _merge(_common(folder / "rl", seed, s["rl"], overwrite), {
+        "data": {"format": "rl"},
+        "train": {"init_from": str(folder / "chat"), "batch_size": 8, "lr": 1e-3, "min_lr": 1e-3,
+                  "warmup_steps": 0, "weight_decay": 0.0},
+        "eval": {"interval": 25, "max_batches": 4, "sample_tokens": 8, "final_max_batches": None},
+        "rl": rl_section(size),
+    })
+    return {"base": base, "chat": chat, "rl": rl}
+
+
+def held_out(run_dir: Path, rl_raw: dict[str, Any]) -> dict[str, float]:
+    """pass@1 and pass@8 of ``run_dir`` on every held-out question, by the RL task's own evaluation."""
+    from model import load_pretrained
+    from training.config import config_from_dict
+    from training.tasks import prepare_task
+
+    # Read as an RL run of it that is never trained (nothing is written to its out_dir).
+    raw = _merge(rl_raw, {"train": {"init_from": str(run_dir)}, "rl": {"beta": 0.0},
+                          "run": {"out_dir": f"{run_dir}-unused"}})
+    config = config_from_dict(raw)
+    task = prepare_task(config, config.parent.tokenizer_file, progress=False, is_main=True,
+                        device=torch.device("cpu"))
+    result = task.evaluate(load_pretrained(run_dir), batch_size=32, max_batches=None, device=torch.device("cpu"),
+                           amp=None, ctx=_single_process(), progress=False)
+    return result.metrics
+
+
+def _single_process():
+    from training.distributed import DistContext
+
+    return DistContext()
+
+
+def draw_curves(run_dir: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if r["kind"] == "train"]
+    evals = [r for r in records if r["kind"] in ("eval", "final_eval")]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    left.plot([r["step"] for r in steps], [r["reward"] for r in steps], label="reward (training groups)")
+    left.plot([r["step"] for r in evals], [r["val_pass@1"] for r in evals], "o-", label="held-out pass@1")
+    left.set_xlabel("step")
+    left.legend()
+    right.plot([r["step"] for r in steps], [r["kl"] for r in steps], color="tab:red")
+    right.set_xlabel("step")
+    right.set_title("KL to the chat run")
+    fig.tight_layout()
+    path = run_dir / "curves.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def run_seed(args: argparse.Namespace, seed: int) -> dict[str, Any]:
+    from training.config import config_from_dict
+    from training.trainer import train
+
+    folder = args.out / f"s{seed}"
+    raws = configs(folder, seed, args.size, args.overwrite)
+    train(config_from_dict(raws["base"]), progress=False)
+    train(config_from_dict(raws["chat"]), progress=False)
+    before = held_out(folder / "chat", raws["rl"])
+    result = train(config_from_dict(raws["rl"]), progress=False)
+    after = held_out(folder / "rl", raws["rl"])
+    draw_curves(folder / "rl")
+    return {"seed": seed, "pass@1_before": before["pass@1"], "pass@1_after": after["pass@1"],
+            f"pass@{PASS_K}_before": before[f"pass@{PASS_K}"], f"pass@{PASS_K}_after": after[f"pass@{PASS_K}"],
+            "rl_seconds": result.train_seconds, "rl_steps": result.step}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from common.errors import UserError
+
+    args = parse_args(argv)
+    if not args.json:
+        print(f"| seed | pass@1 before | after | pass@{PASS_K} before | after | RL seconds | RL steps |")
+        print("|---:|---:|---:|---:|---:|---:|---:|")
+    for seed in args.seeds:
+        try:
+            row = run_seed(args, seed)
+        except UserError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        if args.json:
+            print(json.dumps(row), flush=True)
+        else:
+            print(f"| {seed} | {row['pass@1_before']:.3f} | {row['pass@1_after']:.3f} | "
+                  f"{row[f'pass@{PASS_K}_before']:.3f} | {row[f'pass@{PASS_K}_after']:.3f} | "
+                  f"{row['rl_seconds']:.0f} | {row['rl_steps']} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
