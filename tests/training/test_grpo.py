@@ -127,18 +127,29 @@ def test_built_in_rewards():
 # Runs
 
 
+MLA = {"attention": "mla", "n_kv_head": 2, "kv_latent_dim": 8, "q_latent_dim": 16, "mlp": "relu2"}
+
+
 @pytest.fixture(scope="module")
 def parent_run(base_raw, tmp_path_factory) -> Path:
     return pretrain(base_raw, tmp_path_factory.mktemp("parent") / "run")
 
 
+@pytest.fixture(scope="module")
+def mla_parent_run(base_raw, tmp_path_factory) -> Path:
+    raw = {**base_raw, "model": {**base_raw["model"], **MLA}}
+    return pretrain(raw, tmp_path_factory.mktemp("mla-parent") / "run")
+
+
 @pytest.fixture
-def rl_config(make_config, parent_run):
-    def make(out_dir: Path, rl=None, **train):
+def rl_config(make_config, parent_run, mla_parent_run):
+    def make(out_dir: Path, rl=None, attention="gqa", **train):
+        parent = mla_parent_run if attention == "mla" else parent_run
         return make_config(
             out_dir,
+            model=MLA if attention == "mla" else {},  # the parent's shape
             data={"format": "rl"},
-            train={"init_from": str(parent_run), "max_steps": 4, "batch_size": 2, "grad_accum_steps": 2,
+            train={"init_from": str(parent), "max_steps": 4, "batch_size": 2, "grad_accum_steps": 2,
                    "lr": 1e-2, "min_lr": 1e-2, "warmup_steps": 0, **train},
             eval={"interval": 2, "max_batches": 2, "sample_tokens": 4, "final_max_batches": 2},
             run={"checkpoint_interval": 1},
@@ -154,9 +165,10 @@ def _records(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("lora", [None, {"rank": 2}], ids=["full", "lora"])
-def test_an_rl_run_logs_trl_names_evaluates_pass_at_k_and_resumes_exactly(rl_config, tmp_path, lora):
-    whole = train(rl_config(tmp_path / "whole", lora=lora), progress=False)
+@pytest.mark.parametrize("attention, lora", [("gqa", None), ("gqa", {"rank": 2}), ("mla", {"rank": 2})],
+                         ids=["gqa-full", "gqa-lora", "mla-lora"])
+def test_an_rl_run_logs_trl_names_evaluates_pass_at_k_and_resumes_exactly(rl_config, tmp_path, attention, lora):
+    whole = train(rl_config(tmp_path / "whole", lora=lora, attention=attention), progress=False)
     records = _records(tmp_path / "whole")
     steps = [r for r in records if r["kind"] == "train"]
     assert [r["step"] for r in steps] == [1, 2, 3, 4]
@@ -173,8 +185,8 @@ def test_an_rl_run_logs_trl_names_evaluates_pass_at_k_and_resumes_exactly(rl_con
     assert final["samples"] and all(s["prompt"].endswith("<|assistant|>") for s in final["samples"])
 
     # Stopped after step 3, between the two updates of a sampled batch: the checkpoint carries it.
-    train(rl_config(tmp_path / "resumed", lora=lora, max_steps=3), progress=False)
-    resumed = train(rl_config(tmp_path / "resumed", lora=lora), resume=True, progress=False)
+    train(rl_config(tmp_path / "resumed", lora=lora, attention=attention, max_steps=3), progress=False)
+    resumed = train(rl_config(tmp_path / "resumed", lora=lora, attention=attention), resume=True, progress=False)
     assert resumed.step == whole.step == 4
     a, b = load_pretrained(tmp_path / "whole"), load_pretrained(tmp_path / "resumed")
     for name, tensor in a.state_dict().items():
