@@ -75,8 +75,8 @@ def _train(args: argparse.Namespace) -> int:
         print(
             f"done: {result.step} steps ({result.stopped_by}), {result.tokens_seen:,} tokens, "
             f"{result.train_seconds / 60:.1f} min of training, {(time.perf_counter() - started) / 60:.1f} min in all; "
-            f"final val loss {result.val_loss:.4f} nats/token, "
-            f"{result.val_bpb:.4f} bits/byte; run saved in {result.run_dir}"
+            f"final {result.val_words or f'val loss {result.val_loss:.4f} nats/token, {result.val_bpb:.4f} bits/byte'}; "
+            f"run saved in {result.run_dir}"
         )
         print(summary(result, _draw_loss_curve(result.run_dir)))
     return 0
@@ -95,7 +95,8 @@ def summary(result: TrainResult, loss_curve: Path | None) -> str:
     """What a finished run reached, where it is, and the commands that use it (sampling from the
     prompt its evaluation samples continued, one that suits its data)."""
     run = result.run_dir
-    lines = [f"final validation: {result.val_bpb:.4f} bits/byte{' of assistant text' if result.chat else ''}"]
+    lines = [f"final validation: "
+             f"{result.val_words or f'{result.val_bpb:.4f} bits/byte' + (' of assistant text' if result.chat else '')}"]
     if result.starved_share is not None and result.stopped_by == "max_minutes":
         lines.append(
             f"note: other programs held this machine's cores (the run was on a CPU {100 * result.starved_share:.0f}% "

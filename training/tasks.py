@@ -133,6 +133,11 @@ class Task(ABC):
         """Fields a training line of the metrics file adds for this task."""
         return {}
 
+    def final_words(self, result: EvalResult) -> str | None:
+        """The final evaluation in a few words for the command line, when its loss and bits per
+        byte do not say it (None: they do)."""
+        return None
+
     def describe_batches(self, batches: Batches) -> str | None:
         """A line about the batches said when the run starts, if there is one to say."""
         return None
@@ -357,6 +362,10 @@ class RLTask(ChatTask):
 
     def train_fields(self, batches):
         return {**self.step_metrics, "beta": self.rl.beta}
+
+    def final_words(self, result):
+        k = self.rl.eval_samples
+        return f"held-out pass@1 {result.metrics['pass@1']:.3f}, pass@{k} {result.metrics[f'pass@{k}']:.3f}"
 
     def describe_batches(self, batches):
         return (f"rl: {len(self.prepared.train)} training and {len(self.prepared.val)} held-out questions; "

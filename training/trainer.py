@@ -84,6 +84,7 @@ class TrainResult:
     starved_share: float | None = None  # set when other programs left the run under half its CPU time
     sample_prompt: str | None = None  # what the evaluation samples continued (None for a chat run)
     adapter: str | None = None  # a LoRA run: how many parameters trained, and the adapter's size
+    val_words: str | None = None  # the final evaluation in words, where loss and bits/byte do not say it
 
     @property
     def interrupted(self) -> bool:
@@ -400,6 +401,7 @@ class Trainer:
                 result.stopped_by, result.signal = "interrupted", stop.signum
             else:
                 result.val_loss, result.val_bpb = final.loss, final.bpb
+                result.val_words = self.task.final_words(final)
                 self.summary.update(val_loss=final.loss, val_bpb=final.bpb)
         return result
 

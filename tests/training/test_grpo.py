@@ -182,6 +182,7 @@ def test_an_rl_run_logs_trl_names_evaluates_pass_at_k_and_resumes_exactly(rl_con
     assert steps[0]["reward"] == steps[1]["reward"]  # the same sampled batch, twice
     final = next(r for r in records if r["kind"] == "final_eval")
     assert 0 <= final["val_pass@1"] <= final["val_pass@2"] <= 1
+    assert whole.val_words == f"held-out pass@1 {final['val_pass@1']:.3f}, pass@2 {final['val_pass@2']:.3f}"
     assert final["samples"] and all(s["prompt"].endswith("<|assistant|>") for s in final["samples"])
 
     # Stopped after step 3, between the two updates of a sampled batch: the checkpoint carries it.
