@@ -323,12 +323,12 @@ class RLTask(ChatTask):
                 [split.questions[i] for i in chosen], [split.rows[i] for i in chosen], group_size=self.rl.group_size,
                 seed=seed, keep_old=self.rl.updates_per_batch > 1, pad_id=self.prepared.eot_id, amp=amp,
             )
-            batches.pending, batches.pending_uses = rollout.state(), self.rl.updates_per_batch
+            uses_left = self.rl.updates_per_batch - 1
         else:
             rollout = Rollout.from_state(batches.pending, self.device)
-        batches.pending_uses -= 1
-        if batches.pending_uses == 0:
-            batches.pending = None
+            uses_left = batches.pending_uses - 1
+        # Kept (and so checkpointed) only while later steps will train on it.
+        batches.pending, batches.pending_uses = (rollout.state(), uses_left) if uses_left else (None, 0)
         loss, metrics = accumulate_grpo_gradients(model, rollout, micro_steps, epsilon=self.rl.epsilon,
                                                   beta=self.rl.beta, temperature=self.rl.temperature, amp=amp,
                                                   sync=sync, ctx=ctx)
