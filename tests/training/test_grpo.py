@@ -213,3 +213,11 @@ def test_an_rl_section_needs_data_format_rl(make_config, parent_run, tmp_path):
         make_config(tmp_path / "run", train={"init_from": str(parent_run)}, rl={})
     with pytest.raises(UserError, match="data.format: rl needs an rl section"):
         make_config(tmp_path / "run", train={"init_from": str(parent_run)}, data={"format": "rl"})
+
+
+def test_the_shipped_rl_config_reads(parent_run):
+    from training.config import load_run_config
+
+    config = load_run_config(Path(__file__).parents[2] / "configs" / "tiny-rl.yaml",
+                             [f"train.init_from={parent_run}", "run.out_dir=unused"])
+    assert config.data.format == "rl" and config.rl.group_size == 8 and config.rl.rewards == ["correct"]
