@@ -8,9 +8,12 @@ Per seed, in ``--out``/s<seed>, three real training runs one after the other:
 1. ``base``: a text run on the training questions written out with their answers ("What is 23+58?
    81"), which trains the tokenizer (its chat tokens reserved) and the arithmetic;
 2. ``chat``: a chat fine-tune of it on the same questions as conversations, so it answers after
-   ``<|assistant|>`` and ends with ``<|end|>``; its budget is kept short, so it is sometimes right;
+   ``<|assistant|>`` and ends with ``<|end|>``;
 3. ``rl``: GRPO from the chat run (``data.format: rl``, ``training/grpo.py``) on the same questions,
-   rewarded for the right answer.
+   rewarded for the right answer, for a few minutes of training.
+
+The first two stop after a fixed number of steps, chosen so that the chat run is sometimes right
+on the held-out questions (what RL needs to start from), and the same on any machine.
 
 Held-out pass@1 and pass@8 (200 questions no run trained on, 8 samples each at the RL temperature,
 the RL task's own evaluation) are measured on the chat run and on the RL run; the RL run's reward,
@@ -32,7 +35,7 @@ from data.sources.arithmetic import conversations, problems
 OUT = Path("runs/rl_lab")
 SIZES = {  # the model of the base run, and each run's budget
     "lab": dict(model={"n_layer": 2, "n_head": 4, "n_kv_head": 4, "n_embd": 96, "block_size": 32},
-                base={"max_steps": 500}, chat={"max_steps": 150}, rl={"max_minutes": 6.0}, max_operand=29),
+                base={"max_steps": 700}, chat={"max_steps": 150}, rl={"max_minutes": 6.0}, max_operand=29),
     # A smoke test of the whole path: a few steps each, and nothing learned.
     "toy": dict(model={"n_layer": 1, "n_head": 2, "n_kv_head": 1, "n_embd": 32, "block_size": 32},
                 base={"max_steps": 6}, chat={"max_steps": 3}, rl={"max_steps": 4}, max_operand=9),
@@ -107,7 +110,7 @@ def configs(folder: Path, seed: int, size: str, overwrite: bool) -> dict[str, di
     })
     rl = _merge(_common(folder / "rl", seed, s["rl"], overwrite), {
         "data": {"format": "rl"},
-        "train": {"init_from": str(folder / "chat"), "batch_size": 16, "lr": 2e-4, "min_lr": 2e-4,
+        "train": {"init_from": str(folder / "chat"), "batch_size": 16, "lr": 6e-4, "min_lr": 6e-4,
                   "warmup_steps": 0, "weight_decay": 0.0},
         "eval": {"interval": 25, "max_batches": 4, "sample_tokens": 8, "final_max_batches": None},
         "rl": rl_section(size),
@@ -119,6 +122,7 @@ def held_out(run_dir: Path, rl_raw: dict[str, Any]) -> dict[str, float]:
     """pass@1 and pass@8 of ``run_dir`` on every held-out question, by the RL task's own evaluation."""
     from model import load_pretrained
     from training.config import config_from_dict
+    from training.distributed import DistContext
     from training.tasks import prepare_task
 
     # Read as an RL run of it that is never trained (nothing is written to its out_dir).
@@ -128,14 +132,8 @@ def held_out(run_dir: Path, rl_raw: dict[str, Any]) -> dict[str, float]:
     task = prepare_task(config, config.parent.tokenizer_file, progress=False, is_main=True,
                         device=torch.device("cpu"))
     result = task.evaluate(load_pretrained(run_dir), batch_size=32, max_batches=None, device=torch.device("cpu"),
-                           amp=None, ctx=_single_process(), progress=False)
+                           amp=None, ctx=DistContext(), progress=False)
     return result.metrics
-
-
-def _single_process():
-    from training.distributed import DistContext
-
-    return DistContext()
 
 
 def draw_curves(run_dir: Path) -> Path:
