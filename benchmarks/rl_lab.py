@@ -35,7 +35,7 @@ from data.sources.arithmetic import conversations, problems
 OUT = Path("runs/rl_lab")
 SIZES = {  # the model of the base run, and each run's budget
     "lab": dict(model={"n_layer": 2, "n_head": 4, "n_kv_head": 4, "n_embd": 96, "block_size": 32},
-                base={"max_steps": 700}, chat={"max_steps": 150}, rl={"max_minutes": 6.0}, max_operand=29),
+                base={"max_steps": 1000}, chat={"max_steps": 150}, rl={"max_minutes": 4.0}, max_operand=29),
     # A smoke test of the whole path: a few steps each, and nothing learned.
     "toy": dict(model={"n_layer": 1, "n_head": 2, "n_kv_head": 1, "n_embd": 32, "block_size": 32},
                 base={"max_steps": 6}, chat={"max_steps": 3}, rl={"max_steps": 4}, max_operand=9),
@@ -71,7 +71,7 @@ def rl_section(size: str) -> dict[str, Any]:
     s = SIZES[size]
     train_problems = (s["max_operand"] + 1) ** 2 - VAL_PROBLEMS[size]
     return {"group_size": 8, "max_new_tokens": 5, "temperature": 1.0, "beta": 0.04, "eval_samples": PASS_K,
-            "rewards": ["correct"],
+            "rewards": ["correct", "closeness"],
             "arithmetic": {"seed": 0, "train_problems": train_problems, "val_problems": VAL_PROBLEMS[size],
                            "max_operand": s["max_operand"], "operations": "+"}}
 
@@ -110,7 +110,7 @@ def configs(folder: Path, seed: int, size: str, overwrite: bool) -> dict[str, di
     })
     rl = _merge(_common(folder / "rl", seed, s["rl"], overwrite), {
         "data": {"format": "rl"},
-        "train": {"init_from": str(folder / "chat"), "batch_size": 16, "lr": 6e-4, "min_lr": 6e-4,
+        "train": {"init_from": str(folder / "chat"), "batch_size": 16, "lr": 3e-4, "min_lr": 3e-4,
                   "warmup_steps": 0, "weight_decay": 0.0},
         "eval": {"interval": 25, "max_batches": 4, "sample_tokens": 8, "final_max_batches": None},
         "rl": rl_section(size),

@@ -220,4 +220,4 @@ def test_the_shipped_rl_config_reads(parent_run):
 
     config = load_run_config(Path(__file__).parents[2] / "configs" / "tiny-rl.yaml",
                              [f"train.init_from={parent_run}", "run.out_dir=unused"])
-    assert config.data.format == "rl" and config.rl.group_size == 8 and config.rl.rewards == ["correct"]
+    assert config.data.format == "rl" and config.rl.group_size == 8 and config.rl.rewards == ["correct", "closeness"]
