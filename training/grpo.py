@@ -22,8 +22,10 @@ which lets long wrong answers off lightly and biases lengths; Dr. GRPO's token s
 constant (max_new_tokens) removes that bias but makes the step size depend on a length budget that
 has nothing to do with the task. The token mean weighs every token alike and keeps the loss's scale
 fixed; it is also TRL's default (``loss_type="dapo"``), so a TRL user reads the same numbers.
-Completions are sampled at ``rl.temperature`` and their log-probabilities computed from the logits
-divided by it, so the loss is the gradient of the distribution actually sampled.
+Completions are sampled at ``rl.temperature``, without top-k or top-p, and their log-probabilities
+computed from the logits divided by it, so the loss is that of the distribution actually sampled
+(up to the role tokens, which a reply never samples and which keep their small share of the
+normalisation here, as TRL's log-probabilities keep any token its sampler masks).
 """
 
 from __future__ import annotations
