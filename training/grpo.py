@@ -25,7 +25,7 @@ fixed; it is also TRL's default (``loss_type="dapo"``), so a TRL user reads the 
 Completions are sampled at ``rl.temperature``, without top-k or top-p, and their log-probabilities
 computed from the logits divided by it, so the loss is that of the distribution actually sampled
 (up to the role tokens, which a reply never samples and which keep their small share of the
-normalisation here, as TRL's log-probabilities keep any token its sampler masks).
+normalisation here).
 """
 
 from __future__ import annotations
