@@ -296,7 +296,8 @@ class RLTask(ChatTask):
     updates the policy. Its evaluation is held-out pass@1 and pass@k; its samples are replies to
     held-out questions, as a chat run's are."""
 
-    def __init__(self, prepared: Any, config: Config, device: torch.device, reference: Any) -> None:
+    def __init__(self, prepared: Any, config: Config, device: torch.device,
+                 reference: AdaptersOff | FrozenModel | None) -> None:
         super().__init__(prepared, device)
         self.rl = config.rl
         self.device = device
