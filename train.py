@@ -103,6 +103,8 @@ def summary(result: TrainResult, loss_curve: Path | None) -> str:
             f"makes when quiet; run it again on a quieter machine, or with --threads 1, for the full result"
         )
     lines.append(f"the run is in {run}" + (f"; its loss curve is {loss_curve}" if loss_curve else ""))
+    if result.adapter:
+        lines.append(result.adapter)
     if result.chat:
         commands = [(f"python generate.py --run {run} --chat", "talk to it")]
     else:

@@ -120,13 +120,22 @@ def _init_kwargs(cls: type, raw: Any, path: str, error: type[Exception]) -> dict
     for key, value in raw.items():
         if key not in fields:
             raise error(_unknown_key_message(str(key), list(fields), path))
-        if dataclasses.is_dataclass(hints[key]) and isinstance(value, dict):
-            value = build(hints[key], value, _join(path, key), error)
+        section = _section_type(hints[key])
+        if section is not None and isinstance(value, dict):
+            value = build(section, value, _join(path, key), error)
         kwargs[key] = value
     for name, f in fields.items():
         if name not in raw and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise error(f"missing required config key {_join(path, name)!r}")
     return kwargs
+
+
+def _section_type(hint: Any) -> type | None:
+    """The dataclass a field holds, also one that may be null (``LoraConfig | None``); else None."""
+    if typing.get_origin(hint) in (Union, types.UnionType):
+        sections = [arg for arg in typing.get_args(hint) if dataclasses.is_dataclass(arg)]
+        return sections[0] if len(sections) == 1 else None
+    return hint if dataclasses.is_dataclass(hint) else None
 
 
 def check_types(section: Any, path: str = "", error: type[Exception] = ConfigError) -> None:

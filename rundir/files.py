@@ -13,8 +13,12 @@ METRICS_FILE = "metrics.jsonl"
 STATE_FILE = "trainer_state.pt"  # everything --resume needs
 PARENT_FILE = "parent.json"  # the run a fine-tuning run started from (train.init_from)
 LOSS_CURVE_FILE = "loss_curve.png"  # drawn from METRICS_FILE at the end of training
+# A LoRA run's adapter (train.lora), in PEFT's two files and under PEFT's names for them.
+ADAPTER_CONFIG_FILE = "adapter_config.json"
+ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
 RUN_FILES = (
     RUN_CONFIG_FILE, TOKENIZER_FILE, METRICS_FILE, STATE_FILE, MODEL_CONFIG_FILE, WEIGHTS_FILE, PARENT_FILE, LOSS_CURVE_FILE,
+    ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE,
 )
 # Folders written by torch.distributed.checkpoint under train.parallel=fsdp, one per saved step;
 # the trainer state names the one to resume from.

@@ -20,6 +20,7 @@ import yaml
 from common.config import ConfigError, build, check_types, read_yaml, read_yaml_file, require
 from common.files import atomic_write_text
 from data import DataConfig
+from exporting.hf.weights import block_linears
 from model import GPTConfig
 from model.generation import check_sampling_args
 from tracking.config import LoggingConfig
@@ -49,6 +50,54 @@ def _require_in(value: float, key: str, low: float, high: float, *, low_open: bo
     below = value < high if high_open else value <= high
     interval = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
     require(math.isfinite(value) and above and below, f"{key} must be in {interval}{note} (got {value!r})")
+
+
+# What a LoRA target may name besides one layer of the block: every layer of the attention, or of
+# the feed-forward (their names start with these prefixes, as in model.gpt.Block).
+LORA_GROUPS = {"attention": "attn.", "feed_forward": "ffn."}
+
+
+@dataclass
+class LoraConfig:
+    """Low-rank adapters (LoRA, training/lora.py): each targeted weight W of every block trains as
+    W + (alpha / rank)·B·A, with W frozen and only A and B learned; dropout applies to the adapter's
+    input, as in PEFT. ``targets`` names layers as ``model.gpt.Block`` does (``attn.qkv``,
+    ``ffn.down``, ...) or whole groups: ``attention`` and ``feed_forward``."""
+
+    rank: int = 8
+    alpha: float = 16.0
+    dropout: float = 0.0
+    targets: list[str] = field(default_factory=lambda: ["attention", "feed_forward"])
+
+    def __post_init__(self) -> None:
+        check_types(self, "train.lora")
+        require(self.rank >= 1, f"train.lora.rank must be >= 1 (got {self.rank})")
+        _require_in(self.alpha, "train.lora.alpha", 0, math.inf, low_open=True, high_open=True)
+        _require_in(self.dropout, "train.lora.dropout", 0, 1, high_open=True)
+        require(bool(self.targets), "train.lora.targets is empty; name the layers to adapt, e.g. "
+                                    "[attention, feed_forward]")
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / self.rank
+
+    def layers(self, model: GPTConfig) -> list[str]:
+        """The block's layers the targets name, in the block's order; a name that is no layer of
+        ``model`` (say ``attn.qkv`` under latent attention) is refused, listing the layers it has."""
+        available = list(block_linears(model))
+        chosen = set()
+        for target in self.targets:
+            if target in LORA_GROUPS:
+                chosen.update(name for name in available if name.startswith(LORA_GROUPS[target]))
+            elif target in available:
+                chosen.add(target)
+            else:
+                raise ConfigError(
+                    f"train.lora.targets: {target!r} is not a layer of this model (model.attention: "
+                    f"{model.attention}, model.mlp: {model.mlp}); choose from "
+                    f"{', '.join([*LORA_GROUPS, *available])}"
+                )
+        return [name for name in available if name in chosen]
 
 
 @dataclass
@@ -94,6 +143,9 @@ class TrainConfig:
     # Recompute each block's activations in the backward pass instead of keeping them: less memory
     # for about a third more compute.
     activation_checkpointing: bool = False
+    # Train low-rank adapters on a frozen copy of train.init_from's weights instead of every weight
+    # (null = full fine-tuning).
+    lora: LoraConfig | None = None
 
     def budget_reached(self, step: int, tokens: int, seconds: float) -> str | None:
         """The budget a run at ``step``, having seen ``tokens`` in ``seconds`` of training, has used
@@ -226,10 +278,33 @@ class Config:
             f"model.vocab_size ({self.model.vocab_size}) is smaller than data.vocab_size "
             f"({self.data.vocab_size}); remove model.vocab_size to use the data's",
         )
+        if self.train.lora is not None:
+            _check_lora(self.train, self.model)
 
     @property
     def out_dir(self) -> Path:
         return Path(self.run.out_dir if self.run.out_dir is not None else DEFAULT_OUT_DIR)
+
+
+def _check_lora(train: TrainConfig, model: GPTConfig) -> None:
+    """A LoRA setting that cannot work is refused in one line, before anything is built."""
+    lora = train.lora
+    require(train.init_from is not None,
+            "train.lora adapts a trained run's weights: set train.init_from to its directory (e.g. runs/tiny)")
+    # The adapters train with AdamW, as in PEFT and TRL: Muon orthogonalises each update of a matrix,
+    # which for the thin factors A and B (B starting at zero) would fix the update's every direction
+    # at one size, and their product's learning rate would no longer follow train.lr.
+    require(train.optimizer == "adamw",
+            "train.lora trains its adapters with AdamW; set train.optimizer: adamw (and train.lr for it)")
+    require(train.parallel == "ddp",
+            "train.lora is not supported with train.parallel: fsdp; use ddp (the frozen weights are shared, "
+            "the adapters are small)")
+    layers = lora.layers(model)
+    widths = {name: min(linear.in_features, linear.out_features) for name, linear in block_linears(model).items()}
+    narrowest = min(layers, key=widths.__getitem__)
+    require(lora.rank <= widths[narrowest],
+            f"train.lora.rank {lora.rank} is above the width of {narrowest} ({widths[narrowest]}); "
+            f"use a rank of at most {widths[narrowest]}, or leave {narrowest} out of train.lora.targets")
 
 
 def load_run_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:

@@ -7,13 +7,15 @@ learning rates and their schedule, warmup, Muon's momentum and its warm-up, weig
 
 May not change: ``train.optimizer`` (the saved optimizer state belongs to one optimizer),
 ``train.parallel`` (ddp saves whole tensors in the trainer state, fsdp a sharded folder),
-``train.sampling`` (the saved sampler position belongs to one sampler), ``train.seed`` (the saved
+``train.sampling`` (the saved sampler position belongs to one sampler), ``train.lora`` (the saved
+adapters and their optimizer state have its shape and scale), ``train.seed`` (the saved
 random streams came from it; a new seed would silently do nothing), the model's shape
 (``SHAPE_KEYS``) and the data section's tokenizer (both checked in ``Trainer.setup``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +25,7 @@ from rundir.checkpoint import CheckpointError
 from rundir.files import METRICS_FILE, STATE_FILE
 from rundir.metrics import read_metrics
 
-FIXED_ON_RESUME = ("optimizer", "sampling", "seed", "parallel")
+FIXED_ON_RESUME = ("optimizer", "sampling", "seed", "parallel", "lora")
 # The model keys that fix the shapes of the weights or what they compute, which neither a resume nor
 # a run started from a parent (train.init_from) may change: weights trained under a softcap or
 # QK-norm mean something else without it. dropout, norm_eps and zero_init (an init only) may.
@@ -47,7 +49,10 @@ def check_model_shape(saved: GPTConfig, current: GPTConfig, run_dir: Path) -> No
 
 def fixed_settings(train_config: Any) -> dict[str, Any]:
     """The values saved with each checkpoint that a resumed run must keep."""
-    return {f"train.{key}": getattr(train_config, key) for key in FIXED_ON_RESUME}
+    values = {f"train.{key}": getattr(train_config, key) for key in FIXED_ON_RESUME}
+    # A section (train.lora) is saved as a plain dict: the trainer state holds no Python objects.
+    return {key: dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+            for key, value in values.items()}
 
 
 def check_fixed_settings(state: dict[str, Any], train_config: Any, run_dir: Path) -> None:

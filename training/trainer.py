@@ -31,7 +31,7 @@ from data.tokenizer import RUN_TOKENIZER_ADVICE
 from model import GPT, GPTConfig, SamplingSettings
 from model.rms_norm_cpu import install_cpu_backward
 from rundir.checkpoint import CheckpointError, check_run_dir, clear_old_run, load_trainer_state, save_checkpoint
-from rundir.files import METRICS_FILE, RUN_CONFIG_FILE, TOKENIZER_FILE
+from rundir.files import ADAPTER_WEIGHTS_FILE, METRICS_FILE, RUN_CONFIG_FILE, TOKENIZER_FILE
 from rundir.lock import hold_run_dir
 from rundir.metrics import MetricsLog
 from rundir.record import write_parent_record
@@ -46,6 +46,7 @@ from training.evaluate import EvalResult
 from training.fsdp import full_model_on_main, is_sharded, load_sharded, remove_stale_checkpoints, save_sharded
 from training.init_from import check_parent_tokenizer, load_parent_weights
 from training.interrupt import StopNow, StopRequest
+from training.lora import add_adapters, describe, merged_copy, save_adapter, trainable_parameters
 from training.memory_budget import check_model_fits, plan_memory
 from training.metrics import Throughput, format_flops, mfu, peak_flops
 from training.optim import (
@@ -82,6 +83,7 @@ class TrainResult:
     wandb_sync: str | None = None  # the command that uploads an offline wandb run
     starved_share: float | None = None  # set when other programs left the run under half its CPU time
     sample_prompt: str | None = None  # what the evaluation samples continued (None for a chat run)
+    adapter: str | None = None  # a LoRA run: how many parameters trained, and the adapter's size
 
     @property
     def interrupted(self) -> bool:
@@ -220,6 +222,8 @@ class Trainer:
         install_cpu_backward(self.model)  # a faster RMSNorm backward in eager CPU training
         if self.parent is not None:
             load_parent_weights(self.model, self.parent)  # a resumed run's checkpoint replaces them
+        if tc.lora is not None:  # the parent's weights frozen, low-rank adapters on them to train
+            add_adapters(self.model, tc.lora)
         if tc.activation_checkpointing:
             checkpoint_blocks(self.model)
         # Before the optimizer is built: FSDP replaces the parameters with sharded ones.
@@ -297,6 +301,8 @@ class Trainer:
             self._say(self.memory_plan)
             if self.parent is not None:
                 self._say(f"starting from {self.parent.directory}")
+            if cfg.train.lora is not None:
+                self._say(describe(self.model, cfg.train.lora))
             if (line := self.task.describe_batches(self.batches)) is not None:
                 self._say(line)
 
@@ -379,6 +385,11 @@ class Trainer:
             chat=self.task.is_chat, wandb_sync=self.logger.sync_command, starved_share=self.starved_share,
             sample_prompt=self.task.sample_prompt,
         )
+        if self.config.train.lora is not None and self.ctx.is_main:
+            trained, size = trainable_parameters(self.model), (self.run_dir / ADAPTER_WEIGHTS_FILE).stat().st_size
+            result.adapter = (f"LoRA: {trained:,} of {self.model.num_params():,} parameters trained; the adapter "
+                              f"({size / 1024:.1f} KiB) is in PEFT's files beside the merged weights")
+            self.summary.update(trained_params=trained, adapter_bytes=size)
         self.summary.update(step=self.step, tokens=self.tokens_seen, stopped_by=reason)
         if reason != "interrupted":
             # Everything is saved: a signal now skips the final validation, and says so.
@@ -508,7 +519,9 @@ class Trainer:
             }
             if sharded is None:
                 state.update(model=self.model.state_dict(), optimizer=self.optimizer.state_dict())
-                save_checkpoint(self.run_dir, self.model, state)
+                if self.config.train.lora is not None:  # the adapter in PEFT's files, the merged weights below
+                    save_adapter(self.run_dir, self.model, self.config.train.lora)
+                save_checkpoint(self.run_dir, merged_copy(self.model), state)
             else:
                 # The weights and optimizer state are in the sharded folder that "sharded" names;
                 # model.safetensors gets the whole model, as in any run.

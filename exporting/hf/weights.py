@@ -12,6 +12,8 @@ value embeddings as ``model.value_embeds.{layer}`` with their gates as ``self_at
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from model import GPT, GPTConfig
@@ -33,42 +35,72 @@ def hf_state_dict(model: GPT) -> dict[str, torch.Tensor]:
     state |= {f"model.value_embeds.{i}.weight": table.weight for i, table in model.value_embs.items()}
     for i, block in enumerate(model.blocks):
         prefix = f"model.layers.{i}."
-        state |= {f"{prefix}self_attn.{name}": weight for name, weight in _attention_weights(block.attn, cfg).items()}
-        state |= {f"{prefix}mlp.{name}": weight for name, weight in _mlp_weights(block.ffn, cfg).items()}
+        for name, layer in block_linears(cfg).items():
+            rows = block.get_submodule(name).weight.split([part.rows for part in layer.parts])
+            state |= {f"{prefix}{part.name}.weight": weight for part, weight in zip(layer.parts, rows, strict=True)}
+        state |= {f"{prefix}self_attn.{name}": weight for name, weight in _attention_extras(block.attn, cfg).items()}
         state |= {
             prefix + "input_layernorm.weight": block.attn_norm.weight,
-            prefix + "self_attn.o_proj.weight": block.attn.proj.weight,
             prefix + "post_attention_layernorm.weight": block.ffn_norm.weight,
         }
     return {name: tensor.detach().to("cpu").contiguous() for name, tensor in state.items()}
 
 
-def _mlp_weights(ffn: torch.nn.Module, cfg: GPTConfig) -> dict[str, torch.Tensor]:
-    """A block's feed-forward matrices under the shipped names, SwiGLU's fused gate/up split."""
-    if cfg.mlp == "relu2":
-        return {"up_proj.weight": ffn.up.weight, "down_proj.weight": ffn.down.weight}
-    gate, up = ffn.gate_up.weight.chunk(2)
-    return {"gate_proj.weight": gate, "up_proj.weight": up, "down_proj.weight": ffn.down.weight}
+@dataclass(frozen=True)
+class ShippedPart:
+    name: str  # the shipped model's layer, under ``model.layers.{i}.``
+    rows: int  # how many output rows of our matrix it takes, in order
 
 
-def _attention_weights(attn: torch.nn.Module, cfg: GPTConfig) -> dict[str, torch.Tensor]:
-    """A block's attention input matrices, split from our fused ones, under the shipped names,
-    and QK-norm's gains."""
-    norms = {"q_norm.weight": attn.q_head_norm.weight, "k_norm.weight": attn.k_head_norm.weight} if cfg.qk_norm else {}
-    gate = {"value_gate.weight": attn.value_gate.weight} if hasattr(attn, "value_gate") else {}
-    return norms | gate | _projection_weights(attn, cfg)
+@dataclass(frozen=True)
+class BlockLinear:
+    """One linear layer of our block as the shipped model's layers: a fused matrix's rows are
+    split between several, in order."""
+
+    in_features: int
+    parts: tuple[ShippedPart, ...]
+
+    @property
+    def out_features(self) -> int:
+        return sum(part.rows for part in self.parts)
 
 
-def _projection_weights(attn: torch.nn.Module, cfg: GPTConfig) -> dict[str, torch.Tensor]:
-    d = cfg.head_dim
-    if cfg.attention != "mla":
-        q, k, v = attn.qkv.weight.split([cfg.n_head * d, cfg.n_kv_head * d, cfg.n_kv_head * d])
-        return {"q_proj.weight": q, "k_proj.weight": k, "v_proj.weight": v}
-    query, latent = attn.down.weight.split([attn.down.out_features - cfg.kv_latent_dim, cfg.kv_latent_dim])
-    w_uk, w_uv = attn.kv_up.weight.chunk(2)
-    weights = {"kv_a_proj.weight": latent, "kv_a_layernorm.weight": attn.kv_norm.weight,
-               "k_b_proj.weight": w_uk, "v_b_proj.weight": w_uv}
-    if cfg.q_latent_dim is None:
-        return weights | {"q_proj.weight": query}
-    return weights | {"q_a_proj.weight": query, "q_a_layernorm.weight": attn.q_norm.weight,
-                      "q_b_proj.weight": attn.q_up.weight}
+def block_linears(cfg: GPTConfig) -> dict[str, BlockLinear]:
+    """Every projection of a block (the value gate aside), by its name in ``model.gpt.Block``
+    (``attn.qkv``, ``ffn.gate_up``, ...), with the shipped layers its rows become: the one map
+    from our layer names to the export's, for the weights and for a LoRA adapter's."""
+    width, kv_width = cfg.n_head * cfg.head_dim, cfg.n_kv_head * cfg.head_dim
+
+    def linear(in_features: int, *parts: tuple[str, int]) -> BlockLinear:
+        return BlockLinear(in_features, tuple(ShippedPart(name, rows) for name, rows in parts))
+
+    if cfg.attention == "mla":
+        r, q = cfg.kv_latent_dim, cfg.q_latent_dim
+        query = ("self_attn.q_proj", width) if q is None else ("self_attn.q_a_proj", q)
+        layers = {"attn.down": linear(cfg.n_embd, query, ("self_attn.kv_a_proj", r))}
+        if q is not None:
+            layers["attn.q_up"] = linear(q, ("self_attn.q_b_proj", width))
+        layers["attn.kv_up"] = linear(r, ("self_attn.k_b_proj", width), ("self_attn.v_b_proj", width))
+    else:
+        layers = {"attn.qkv": linear(cfg.n_embd, ("self_attn.q_proj", width), ("self_attn.k_proj", kv_width),
+                                     ("self_attn.v_proj", kv_width))}
+    layers["attn.proj"] = linear(width, ("self_attn.o_proj", cfg.n_embd))
+    if cfg.mlp == "swiglu":
+        layers["ffn.gate_up"] = linear(cfg.n_embd, ("mlp.gate_proj", cfg.ffn_dim), ("mlp.up_proj", cfg.ffn_dim))
+    else:
+        layers["ffn.up"] = linear(cfg.n_embd, ("mlp.up_proj", cfg.ffn_dim))
+    layers["ffn.down"] = linear(cfg.ffn_dim, ("mlp.down_proj", cfg.n_embd))
+    return layers
+
+
+def _attention_extras(attn: torch.nn.Module, cfg: GPTConfig) -> dict[str, torch.Tensor]:
+    """A block's attention weights that are not projections: QK-norm's gains, the value gate, and
+    latent attention's norms."""
+    weights = {"q_norm.weight": attn.q_head_norm.weight, "k_norm.weight": attn.k_head_norm.weight} if cfg.qk_norm else {}
+    if hasattr(attn, "value_gate"):
+        weights["value_gate.weight"] = attn.value_gate.weight
+    if cfg.attention == "mla":
+        weights["kv_a_layernorm.weight"] = attn.kv_norm.weight
+        if cfg.q_latent_dim is not None:
+            weights["q_a_layernorm.weight"] = attn.q_norm.weight
+    return weights

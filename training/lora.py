@@ -1,0 +1,191 @@
+"""LoRA (``train.lora``): low-rank adapters on the linear layers of a frozen model.
+
+Each targeted weight W of every block is read as ``W + scale·B·A`` (A: rank x in, B: out x rank,
+scale = alpha / rank) through ``torch.nn.utils.parametrize``: W is frozen, only A and B train, and
+every reader of ``layer.weight`` sees the adapted weight, the forward pass and also latent
+attention's absorbed decoding, which multiplies by ``kv_up.weight`` directly. B starts at zero, so
+an adapted model starts equal to its parent. Dropout, as in PEFT, drops the adapter's input
+alone; the weight cannot carry that, so a forward hook adds the difference while training.
+
+The price of reading the weight whole: the backward pass forms the gradient of the whole weight
+before projecting it onto A and B, so a step costs about what full fine-tuning's does. What LoRA
+saves here is everything kept between steps: the optimizer's state and the gradients are the
+adapters' alone, and so is the checkpoint's new information (the adapter file).
+
+The run directory keeps the adapter in PEFT's files (``adapter_config.json``,
+``adapter_model.safetensors``) under the Hugging Face export's layer names
+(``exporting.hf.weights.block_linears``): loaded with ``peft.PeftModel.from_pretrained`` onto the
+parent's export, it computes this model. Our fused layers map exactly: one A and a stacked B on
+``attn.qkv`` are three LoRAs on ``q_proj``, ``k_proj`` and ``v_proj`` sharing A, each with its rows
+of B; likewise ``gate_up``, latent attention's ``down`` and ``kv_up``. The run's ``model.safetensors``
+holds the merged weights, so every tool that reads a run needs nothing new.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.utils import parametrize
+
+from common.files import atomic_write_bytes, atomic_write_text
+from exporting.hf.weights import block_linears
+from model import GPT
+from rundir.files import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
+from training.config import LoraConfig
+
+# PEFT's prefix for the wrapped transformers model (PeftModel.base_model.model).
+_PEFT_PREFIX = "base_model.model."
+
+
+class LowRankDelta(nn.Module):
+    """The parametrization of one linear layer's weight: ``weight + scale·B·A``."""
+
+    def __init__(self, weight: torch.Tensor, rank: int, scale: float, dropout: float) -> None:
+        super().__init__()
+        out_features, in_features = weight.shape
+        options = dict(device=weight.device, dtype=weight.dtype)
+        self.lora_A = nn.Parameter(torch.empty(rank, in_features, **options))
+        self.lora_B = nn.Parameter(torch.zeros(out_features, rank, **options))
+        # nn.Linear's (and PEFT's) initialisation for A; B at zero leaves the weight unchanged.
+        nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
+        self.scale = scale
+        self.dropout = nn.Dropout(dropout)
+        self.enabled = True  # off inside adapters_disabled
+
+    def forward(self, weight: torch.Tensor) -> torch.Tensor:
+        if not self.enabled:
+            return weight
+        return weight + self.scale * (self.lora_B @ self.lora_A)
+
+    def input_dropout(self, layer: nn.Module, args: tuple[torch.Tensor, ...], output: torch.Tensor) -> torch.Tensor | None:
+        """A forward hook: the layer computed ``x (W + sBA)ᵀ``; PEFT's dropout wants
+        ``x Wᵀ + s·drop(x) (BA)ᵀ``, which is that plus ``s·(drop(x) - x) (BA)ᵀ``."""
+        if not (self.training and self.enabled):
+            return None
+        x = args[0]
+        return output + self.scale * F.linear(F.linear(self.dropout(x) - x, self.lora_A), self.lora_B)
+
+
+def add_adapters(model: GPT, lora: LoraConfig) -> None:
+    """Freeze every weight of ``model`` and give the layers ``lora`` targets, in every block, their
+    adapters (the only parameters that then require a gradient). Draws A from torch's generator."""
+    model.requires_grad_(False)
+    for block in model.blocks:
+        for name in lora.layers(model.config):
+            layer = block.get_submodule(name)
+            delta = LowRankDelta(layer.weight, lora.rank, lora.scale, lora.dropout)
+            parametrize.register_parametrization(layer, "weight", delta)
+            if lora.dropout > 0:
+                layer.register_forward_hook(delta.input_dropout)
+
+
+def adapted_layers(model: nn.Module) -> Iterator[tuple[str, nn.Module, LowRankDelta]]:
+    """Each adapted layer of ``model``: its name, the layer, and its adapter."""
+    for name, module in model.named_modules():
+        if parametrize.is_parametrized(module, "weight"):
+            for delta in module.parametrizations.weight:
+                if isinstance(delta, LowRankDelta):
+                    yield name, module, delta
+
+
+def trainable_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+@contextmanager
+def adapters_disabled(model: nn.Module) -> Iterator[None]:
+    """``model`` as its frozen base for the block (a DPO reference without a second copy of the
+    weights), then with its adapters back on."""
+    deltas = [delta for _, _, delta in adapted_layers(model)]
+    for delta in deltas:
+        delta.enabled = False
+    try:
+        yield
+    finally:
+        for delta in deltas:
+            delta.enabled = True
+
+
+def merged_copy(model: GPT) -> GPT:
+    """A plain model whose weights are the adapted ones (``W + scale·B·A``): what the run saves
+    as ``model.safetensors``. ``model`` itself when it has no adapters."""
+    adapted = list(adapted_layers(model))
+    if not adapted:
+        return model
+    # A new model rather than a deep copy with the parametrizations removed: parametrize gives each
+    # layer a class of its own, which a copy shares, and removing them from the copy would edit it.
+    state = {name: tensor for name, tensor in model.state_dict().items() if ".parametrizations." not in name}
+    with torch.no_grad():
+        state |= {f"{name}.weight": layer.weight.detach() for name, layer, _ in adapted}
+    device = model.tok_emb.weight.device
+    # The new model's initialisation draws no number from the run's generators: a save must leave
+    # them as they are, or a resumed run (whose state was captured before) would drift from this one.
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.device(device):
+        merged = GPT(model.config)
+    merged.load_state_dict(state)
+    return merged.train(model.training)
+
+
+def peft_state_dict(model: GPT) -> dict[str, torch.Tensor]:
+    """The adapters under PEFT's keys for the Hugging Face export: a fused layer's A for each of its
+    parts, and B split by the parts' rows (``exporting.hf.weights.block_linears``)."""
+    linears = block_linears(model.config)
+    state = {}
+    for i, block in enumerate(model.blocks):
+        for name, _, delta in adapted_layers(block):
+            parts = linears[name].parts
+            rows = delta.lora_B.split([part.rows for part in parts])
+            for part, b in zip(parts, rows, strict=True):
+                key = f"{_PEFT_PREFIX}model.layers.{i}.{part.name}"
+                state[f"{key}.lora_A.weight"] = delta.lora_A
+                state[f"{key}.lora_B.weight"] = b
+    # Copies: the parts of a fused layer share A, and safetensors stores no tensor twice.
+    return {key: tensor.detach().to("cpu", copy=True).contiguous() for key, tensor in state.items()}
+
+
+def peft_config(model: GPT, lora: LoraConfig) -> dict[str, object]:
+    """``adapter_config.json``: PEFT's LoRA settings for the export's layer names (PEFT fills in
+    the keys left out with its defaults). The base is the parent run's Hugging Face export, which
+    has no fixed path, so ``base_model_name_or_path`` is left empty."""
+    linears = block_linears(model.config)
+    modules = sorted({part.name.rpartition(".")[2] for name in lora.layers(model.config) for part in linears[name].parts})
+    return {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": None,
+        "r": lora.rank,
+        "lora_alpha": lora.alpha,
+        "lora_dropout": lora.dropout,
+        "target_modules": modules,
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "use_rslora": False,
+        "use_dora": False,
+        "init_lora_weights": True,
+        "modules_to_save": None,
+        "inference_mode": True,
+    }
+
+
+def save_adapter(directory: Path, model: GPT, lora: LoraConfig) -> None:
+    """Write the adapter in PEFT's two files into ``directory``, each atomically."""
+    from safetensors.torch import save
+
+    # Serialised in memory and written by Python, so a full disk is an OSError naming the file.
+    weights = save(peft_state_dict(model), metadata={"format": "pt"})
+    atomic_write_bytes(directory / ADAPTER_WEIGHTS_FILE, weights)
+    atomic_write_text(directory / ADAPTER_CONFIG_FILE, json.dumps(peft_config(model, lora), indent=2) + "\n")
+
+
+def describe(model: GPT, lora: LoraConfig) -> str:
+    """What trains: the adapted layers and the share of the parameters that learn."""
+    trained, total = trainable_parameters(model), model.num_params()
+    return (f"LoRA rank {lora.rank} (alpha {lora.alpha:g}) on {', '.join(lora.layers(model.config))} of every "
+            f"block: {trained:,} of {total:,} parameters train ({100 * trained / total:.2f}%)")
