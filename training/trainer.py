@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import random
 import sys
 import tempfile
@@ -92,14 +93,16 @@ class NonFiniteLossError(UserError):
     """The loss or gradient became NaN/Inf; the run stopped without saving."""
 
 
-def train(config: Config, *, resume: bool = False, overwrite: bool = False, progress: bool = True) -> TrainResult:
+def train(config: Config, *, resume: bool = False, overwrite: bool = False, progress: bool = True,
+          threads_setting: str = "train.threads") -> TrainResult:
     """Train as ``config`` says; ``resume`` continues the run in ``run.out_dir``.
 
     ``overwrite`` (or ``run.overwrite``) replaces a run already in ``run.out_dir``; without it
     such a directory is refused. ``progress`` shows the progress bar and evaluation lines.
+    ``threads_setting`` names where train.threads came from (train.py: ``--threads``).
     """
     ctx = init_distributed(config.train.device)
-    trainer = Trainer(config, ctx, progress=progress)
+    trainer = Trainer(config, ctx, progress=progress, threads_setting=threads_setting)
     try:
         trainer.setup(resume=resume, overwrite=(overwrite or config.run.overwrite) and not resume)
         return trainer.fit()
@@ -118,8 +121,10 @@ def clip_gradients(model: nn.Module, max_norm: float) -> torch.Tensor:
 class Trainer:
     """One training run; ``setup`` then ``fit``. Attributes are the live state of the run."""
 
-    def __init__(self, config: Config, ctx: DistContext, *, progress: bool = True) -> None:
+    def __init__(self, config: Config, ctx: DistContext, *, progress: bool = True,
+                 threads_setting: str = "train.threads") -> None:
         self.config = config
+        self.threads_setting = threads_setting
         self.ctx = ctx
         self.device: torch.device = torch.device(ctx.device)
         self.run_dir = config.out_dir
@@ -151,9 +156,11 @@ class Trainer:
         if tc.threads == "auto" and state is not None and isinstance(state.get("threads"), int):
             # The thread count changes how sums are split, and so the last bits of every step: a
             # resume keeps the run's own, so it still ends on the weights of an uninterrupted run.
-            self.threads = use_threads(state["threads"], "the run's own, for an exact resume")
+            # A machine with fewer CPUs than the run's own gives it all it has.
+            own = min(state["threads"], os.cpu_count() or 1)
+            self.threads = use_threads(own, "the run's own, for an exact resume")
         else:
-            self.threads = use_threads(None if tc.threads == "auto" else tc.threads, "train.threads")
+            self.threads = use_threads(None if tc.threads == "auto" else tc.threads, self.threads_setting)
         check_model_fits(self.config.model, self.device)  # an absurd size, before anything slow
         # The whole step's estimate, from the config alone: refused here, before any allocation.
         micro_batch = split_batch(tc.batch_size, tc.grad_accum_steps, self.ctx.world_size).batch_size
