@@ -21,6 +21,7 @@ as long as the machine has that many CPUs.
 
 from __future__ import annotations
 
+import argparse
 import os
 import time
 from dataclasses import dataclass
@@ -84,6 +85,15 @@ def check_thread_count(threads: int, setting: str, cpus: int | None = None) -> i
         fix = "or unset it" if setting == "OMP_NUM_THREADS" else "or auto"
         raise UserError(f"{setting} asks for {threads} threads, more than the {cpus} CPUs of this machine; "
                         f"give at most {cpus}, {fix}")
+    return threads
+
+
+def thread_count(text: str) -> int:
+    """An argparse ``type`` for a benchmark's ``--threads N``: a count from 1 to the machine's CPUs."""
+    threads, cpus = whole_number(text), os.cpu_count() or 1
+    if threads is None or not 1 <= threads <= cpus:
+        raise argparse.ArgumentTypeError(f"must be a whole number of threads from 1 to this machine's {cpus} CPUs, "
+                                         f"got {text!r}")
     return threads
 
 
