@@ -66,6 +66,11 @@ class FilesSourceConfig:
         _require_choice("data.files.txt_document", self.txt_document, TXT_DOCUMENTS)
 
 
+# The synthetic corpus is made in memory, each word of it a few bytes of text twice over (a list,
+# then the dataset): this bound keeps it to a few hundred megabytes, far above the induction lab's.
+MAX_SYNTHETIC_WORDS = 50_000_000
+
+
 @dataclass
 class SyntheticSourceConfig:
     """Random sequences of made-up words, each written twice (data/sources/synthetic.py): the induction lab's
@@ -84,6 +89,10 @@ class SyntheticSourceConfig:
         _require(1 <= self.min_words <= self.max_words <= self.words,
                  "data.synthetic needs 1 <= min_words <= max_words <= words (a sequence repeats no word), "
                  f"got min_words {self.min_words}, max_words {self.max_words}, words {self.words}")
+        most = 2 * self.documents * self.max_words  # each sequence is written twice
+        _require(most <= MAX_SYNTHETIC_WORDS,
+                 f"data.synthetic asks for up to {most:,} words (2 x documents x max_words), more than the "
+                 f"{MAX_SYNTHETIC_WORDS:,} it makes in memory; lower data.synthetic.documents or max_words")
 
 
 @dataclass
