@@ -14,6 +14,7 @@ from common.config import build, check_types, require
 from data.errors import DataError
 
 SOURCES = ("shakespeare", "hub", "files", "synthetic")
+CHAT_SOURCES = ("shakespeare", "hub", "files")  # the sources that hold conversations (data/sources/conversations.py)
 FORMATS = ("text", "chat")  # text: documents for pretraining; chat: conversations for fine-tuning
 FILE_FORMATS = ("auto", "txt", "jsonl", "parquet")
 TXT_DOCUMENTS = ("file", "paragraph", "line")
@@ -116,6 +117,9 @@ class DataConfig:
         check_types(self, "data", DataError)
         _require(self.source in SOURCES, f"unknown data.source {self.source!r}: use one of {', '.join(SOURCES)}")
         _require_choice("data.format", self.format, FORMATS)
+        _require(self.format != "chat" or self.source in CHAT_SOURCES,
+                 f"data.source {self.source} makes text, not conversations, so data.format: chat cannot read it; "
+                 f"use data.source {', '.join(CHAT_SOURCES[:-1])} or {CHAT_SOURCES[-1]}, or data.format: text")
         # 256 byte symbols + the end-of-text token is the smallest byte-level vocabulary; uint32
         # token files cap it far above anything trained here.
         _require(257 <= self.vocab_size <= 2**32 - 1, f"data.vocab_size must be at least 257, got {self.vocab_size}")
