@@ -11,9 +11,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from common.config import build, check_types, require
+from data.chat import CHAT_SPECIAL_TOKENS
 from data.errors import DataError
 
 SOURCES = ("shakespeare", "hub", "files", "synthetic")
+MIN_VOCAB_SIZE = 256 + 1 + len(CHAT_SPECIAL_TOKENS)  # bytes, end-of-text and the chat tokens
 CHAT_SOURCES = ("shakespeare", "hub", "files")  # the sources that hold conversations (data/sources/conversations.py)
 FORMATS = ("text", "chat")  # text: documents for pretraining; chat: conversations for fine-tuning
 FILE_FORMATS = ("auto", "txt", "jsonl", "parquet")
@@ -120,9 +122,11 @@ class DataConfig:
         _require(self.format != "chat" or self.source in CHAT_SOURCES,
                  f"data.source {self.source} makes text, not conversations, so data.format: chat cannot read it; "
                  f"use data.source {', '.join(CHAT_SOURCES[:-1])} or {CHAT_SOURCES[-1]}, or data.format: text")
-        # 256 byte symbols + the end-of-text token is the smallest byte-level vocabulary; uint32
-        # token files cap it far above anything trained here.
-        _require(257 <= self.vocab_size <= 2**32 - 1, f"data.vocab_size must be at least 257, got {self.vocab_size}")
+        # The 256 byte symbols and the special tokens (data/tokenizer.py) are the smallest vocabulary
+        # the tokenizer trainer makes; uint32 token files cap it far above anything trained here.
+        _require(MIN_VOCAB_SIZE <= self.vocab_size <= 2**32 - 1,
+                 f"data.vocab_size must be at least {MIN_VOCAB_SIZE} (256 byte symbols and "
+                 f"{MIN_VOCAB_SIZE - 256} special tokens), got {self.vocab_size}")
         _require(0.0 < self.val_fraction < 1.0,
                  f"data.val_fraction must be between 0 and 1 (exclusive), got {self.val_fraction}")
         _require(self.cache_dir != "", "data.cache_dir must not be empty; e.g. data_cache")
