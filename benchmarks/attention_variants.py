@@ -54,7 +54,7 @@ class Measured:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="python -m benchmarks.attention_variants", description=__doc__.split("\n\n")[0])
     p.add_argument("--minutes", type=positive_float, default=10.0, help="training clock per run (train.max_minutes)")
     p.add_argument("--seeds", type=int, nargs="+", default=[1337], help="train.seed of each run of a variant")
     p.add_argument("--latents", type=positive_int, nargs=2, default=[64, 32], help="the two MLA kv_latent_dim sizes")

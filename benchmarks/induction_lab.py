@@ -33,7 +33,7 @@ CONFIG = ROOT / "configs" / "induction.yaml"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="python -m benchmarks.induction_lab", description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=int, nargs="+", help="train.seed of each run")
     p.add_argument("--config", type=Path, default=CONFIG, help="the training config of every run")
     p.add_argument("--out", type=Path, default=Path("runs/induction_lab"), help="where the runs go")

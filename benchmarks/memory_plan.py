@@ -44,7 +44,7 @@ def largest_fitting(gib: float, parallel: str, checkpointing: bool, processes: i
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="python -m benchmarks.memory_plan", description=__doc__.split("\n\n")[0])
     parser.add_argument("--gib", type=positive_float, nargs="+", default=[24, 80], help="GPU memory sizes, GiB")
     parser.add_argument("--processes", type=positive_int, default=8, help="GPUs that fsdp shards over")
     parser.add_argument("--micro-batch", type=positive_int, default=16, help="sequences per process and micro-step")

@@ -43,7 +43,7 @@ TECHNIQUES["combination"] = {key: value for overrides in TECHNIQUES.values() for
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="python -m benchmarks.quality_per_minute", description=__doc__.split("\n\n")[0])
     p.add_argument("--minutes", type=positive_float, default=9.2, help="training clock per run (train.max_minutes)")
     p.add_argument("--seeds", type=int, nargs="+", default=[1337, 1338], help="train.seed of each run of a technique")
     p.add_argument("--only", nargs="+", choices=list(TECHNIQUES), default=list(TECHNIQUES),

@@ -52,7 +52,8 @@ class ArgumentParser(argparse.ArgumentParser):
     the same one-line message as every other user error (and ``main`` can be called in-process)."""
 
     def error(self, message: str) -> NoReturn:
-        raise UserError(f"{message}; see python {self.prog} --help")
+        command = self.prog if self.prog.startswith("python ") else f"python {self.prog}"  # a module: python -m
+        raise UserError(f"{message}; see {command} --help")
 
 
 def run_command(
