@@ -70,11 +70,10 @@ def parse_threads(value: object, setting: str = "--threads", cpus: int | None = 
     of them); anything else is a UserError."""
     if value is None or value == AUTO:
         return None
-    if isinstance(value, str) and whole_number(value) is not None:
-        value = whole_number(value)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    number = whole_number(value) if isinstance(value, str) else value
+    if isinstance(number, bool) or not isinstance(number, int) or number < 1:
         raise UserError(f"{setting} must be auto or a whole number of threads >= 1, got {value!r}")
-    return check_thread_count(value, setting, cpus)
+    return check_thread_count(number, setting, cpus)
 
 
 def check_thread_count(threads: int, setting: str, cpus: int | None = None) -> int:
