@@ -57,7 +57,8 @@ def _train(args: argparse.Namespace) -> int:
         args.overrides.append(f"train.threads={'auto' if threads is None else threads}")
     try:
         config = load_run_config(args.config, args.overrides)
-        result = train(config, resume=args.resume, overwrite=args.overwrite, progress=not args.no_progress)
+        result = train(config, resume=args.resume, overwrite=args.overwrite, progress=not args.no_progress,
+                       threads_setting="train.threads" if args.threads is None else "--threads")
     except OSError as e:  # a full disk, a read-only mount: every file already saved is intact
         print(f"error: {describe_os_error(e)}", file=sys.stderr)
         return 2

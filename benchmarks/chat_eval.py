@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from common.cli import positive_int
 from data.config import DataConfig
 from data.prepared.chat import prepare_chat_data
 from inference.chat import ChatSession
@@ -65,8 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=Path, nargs="+", required=True)
     parser.add_argument("--cache-dir", default="data_cache")
-    parser.add_argument("--replies", type=int, default=200)
-    parser.add_argument("--max-new-tokens", type=int, default=200)
+    parser.add_argument("--replies", type=positive_int, default=200)
+    parser.add_argument("--max-new-tokens", type=positive_int, default=200)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--transcript", action="store_true")
     args = parser.parse_args(argv)

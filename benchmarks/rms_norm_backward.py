@@ -23,6 +23,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from common.cli import positive_int
 import model.rms_norm_cpu as rms_norm_cpu
 from benchmarks.train_throughput import TrainStepRunner, median, paired_ratio_quartiles
 from common.device import select_device
@@ -82,9 +83,9 @@ def time_steps(cfg, device: torch.device, steps: int) -> tuple[float, float, flo
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default="configs/tiny.yaml")
-    parser.add_argument("--repeats", type=int, default=300, help="timed forward+backward passes per norm")
+    parser.add_argument("--repeats", type=positive_int, default=300, help="timed forward+backward passes per norm")
     parser.add_argument("--steps", type=int, default=100, help="timed training steps per model (0: skip)")
     args = parser.parse_args(argv)
 

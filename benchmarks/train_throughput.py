@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from common.cli import positive_int
 from training.config import TrainConfig
 from common.device import select_device
 from training.device import autocast, configure_backends, resolve_precision, synchronize
@@ -243,14 +244,14 @@ def throughput_parser(description: str, steps_help: str) -> argparse.ArgumentPar
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--config", default="configs/tiny.yaml")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--steps", type=int, default=10, help=steps_help)
-    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (>= 1)")
+    parser.add_argument("--steps", type=positive_int, default=10, help=steps_help)
+    parser.add_argument("--warmup", type=positive_int, default=2, help="untimed steps first (>= 1)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = throughput_parser(__doc__.splitlines()[0], "timed steps per model")
-    parser.add_argument("--rounds", type=int, default=None,
+    parser = throughput_parser(__doc__.split("\n\n")[0], "timed steps per model")
+    parser.add_argument("--rounds", type=positive_int, default=None,
                         help="interleaved timing rounds, the steps split over them (default: one step per round)")
     parser.add_argument("--compile", choices=("auto", "true", "false", "both"), default="auto")
     parser.add_argument("--no-reference", action="store_true", help="measure only the config's model")

@@ -28,7 +28,7 @@ from training.distributed import barrier, init_distributed, shutdown, wrap_model
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = throughput_parser(__doc__.splitlines()[0], "timed steps per measurement")
+    parser = throughput_parser(__doc__.split("\n\n")[0], "timed steps per measurement")
     parser.add_argument("--compile", choices=("auto", "true", "false"), default="auto")
     args = parser.parse_args(argv)
 

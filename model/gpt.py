@@ -103,11 +103,10 @@ class GPTConfig:
         return swiglu if self.mlp == "swiglu" else 3 * swiglu // 2
 
     @property
-    def value_embedding_layers(self) -> tuple[int, ...]:
-        """Every other layer, ending with the last (nanochat's choice), or none."""
-        if not self.value_embeddings:
-            return ()
-        return tuple(i for i in range(self.n_layer) if i % 2 == (self.n_layer - 1) % 2)
+    def value_embedding_layers(self) -> range:
+        """Every other layer, ending with the last (nanochat's choice), or none. A range, so that
+        counting them (the size check) costs nothing whatever ``n_layer`` a config asks for."""
+        return range((self.n_layer - 1) % 2, self.n_layer, 2) if self.value_embeddings else range(0)
 
     def num_params(self) -> int:
         """Parameters of a GPT of this shape (a tied head counted once), from the sizes alone:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import random
 import sys
 import tempfile
@@ -57,7 +58,7 @@ from training.progress_bar import StepBar
 from training.recompute import checkpoint_blocks
 from training.resume_rules import (
     check_not_finished,
-    check_fixed_settings, check_model_shape, check_optimizer_groups, fixed_settings, restore_error,
+    check_data_format, check_fixed_settings, check_model_shape, check_optimizer_groups, fixed_settings, restore_error,
 )
 from training.rng_state import capture_rng_state, restore_rng_state
 from training.tasks import prepare_task
@@ -94,14 +95,16 @@ class NonFiniteLossError(UserError):
     """The loss or gradient became NaN/Inf; the run stopped without saving."""
 
 
-def train(config: Config, *, resume: bool = False, overwrite: bool = False, progress: bool = True) -> TrainResult:
+def train(config: Config, *, resume: bool = False, overwrite: bool = False, progress: bool = True,
+          threads_setting: str = "train.threads") -> TrainResult:
     """Train as ``config`` says; ``resume`` continues the run in ``run.out_dir``.
 
     ``overwrite`` (or ``run.overwrite``) replaces a run already in ``run.out_dir``; without it
     such a directory is refused. ``progress`` shows the progress bar and evaluation lines.
+    ``threads_setting`` names where train.threads came from (train.py: ``--threads``).
     """
     ctx = init_distributed(config.train.device)
-    trainer = Trainer(config, ctx, progress=progress)
+    trainer = Trainer(config, ctx, progress=progress, threads_setting=threads_setting)
     try:
         trainer.setup(resume=resume, overwrite=(overwrite or config.run.overwrite) and not resume)
         return trainer.fit()
@@ -120,8 +123,10 @@ def clip_gradients(model: nn.Module, max_norm: float) -> torch.Tensor:
 class Trainer:
     """One training run; ``setup`` then ``fit``. Attributes are the live state of the run."""
 
-    def __init__(self, config: Config, ctx: DistContext, *, progress: bool = True) -> None:
+    def __init__(self, config: Config, ctx: DistContext, *, progress: bool = True,
+                 threads_setting: str = "train.threads") -> None:
         self.config = config
+        self.threads_setting = threads_setting
         self.ctx = ctx
         self.device: torch.device = torch.device(ctx.device)
         self.run_dir = config.out_dir
@@ -153,9 +158,11 @@ class Trainer:
         if tc.threads == "auto" and state is not None and isinstance(state.get("threads"), int):
             # The thread count changes how sums are split, and so the last bits of every step: a
             # resume keeps the run's own, so it still ends on the weights of an uninterrupted run.
-            self.threads = use_threads(state["threads"], "the run's own, for an exact resume")
+            # A machine with fewer CPUs than the run's own gives it all it has.
+            own = min(state["threads"], os.cpu_count() or 1)
+            self.threads = use_threads(own, "the run's own, for an exact resume")
         else:
-            self.threads = use_threads(None if tc.threads == "auto" else tc.threads, "train.threads")
+            self.threads = use_threads(None if tc.threads == "auto" else tc.threads, self.threads_setting)
         check_model_fits(self.config.model, self.device)  # an absurd size, before anything slow
         # The whole step's estimate, from the config alone: refused here, before any allocation.
         micro_batch = split_batch(tc.batch_size, tc.grad_accum_steps, self.ctx.world_size).batch_size
@@ -184,6 +191,7 @@ class Trainer:
                 ) from None
             check_model_shape(saved_model, self.config.model, self.run_dir)
             check_fixed_settings(state, self.config.train, self.run_dir)
+            check_data_format(self.run_dir, self.config.data.format)
             check_not_finished(state, self.config.train, self.run_dir)
         barrier(self.ctx)
         return state

@@ -44,6 +44,7 @@ def conversations_spec(cfg: DataConfig) -> dict[str, Any]:
         return {"type": "shakespeare-chat", "version": CHAT_SET_VERSION, **shakespeare_fingerprint()}
     if cfg.source == "hub":
         return hub_spec(cfg.hub)
+    assert cfg.source == "files", f"data.source {cfg.source} holds no conversations (DataConfig refuses it)"
     return files_spec(cfg.files)
 
 
@@ -57,6 +58,7 @@ def load_conversations(cfg: DataConfig, *, progress: bool = False) -> Conversati
             )
         if cfg.source == "hub":
             return _load_hub(cfg)
+        assert cfg.source == "files", f"data.source {cfg.source} holds no conversations (DataConfig refuses it)"
         return _load_files(cfg)
 
 

@@ -106,7 +106,7 @@ def test_zero_init_zeroes_the_output_projections_and_an_untied_head(tie):
 def test_value_embeddings_sit_on_alternate_layers_ending_with_the_last(n_layer, layers):
     config = GPTConfig(**SHAPE | dict(n_layer=n_layer, value_embeddings=True))
     model = GPT(config)
-    assert config.value_embedding_layers == layers and sorted(map(int, model.value_embs)) == list(layers)
+    assert tuple(config.value_embedding_layers) == layers and sorted(map(int, model.value_embs)) == list(layers)
     assert [i for i, block in enumerate(model.blocks) if hasattr(block.attn, "value_gate")] == list(layers)
     # Embedding tables: left out of the non-embedding count, as the token table is.
     tables = sum(model.value_embs[str(i)].weight.numel() for i in layers)
