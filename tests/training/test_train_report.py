@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-import train as train_cli
+from training import cli as train_cli
 from rundir.metrics import read_metrics
 from training.trainer import TrainResult
 
