@@ -17,7 +17,11 @@ from pathlib import Path
 from common.cli import run_command
 from common.os_errors import describe_os_error
 from common.threads import parse_threads
-from training.config import load_run_config
+from data.chat import CHAT_SPECIAL_TOKENS
+from data.errors import DataError
+from data.tokenizer import load_tokenizer
+from rundir.files import STATE_FILE, TOKENIZER_FILE
+from training.config import Config, load_run_config
 from training.loss_curve import write_run_loss_curve
 from training.trainer import TrainResult, train
 
@@ -71,14 +75,38 @@ def _train(args: argparse.Namespace) -> int:
             print(f"{where}; continue with: {' '.join(again)}", file=sys.stderr)
         return 128 + (result.signal or 2)
     if result.is_main:
-        print(
-            f"done: {result.step} steps ({result.stopped_by}), {result.tokens_seen:,} tokens, "
-            f"{result.train_seconds / 60:.1f} min of training, {(time.perf_counter() - started) / 60:.1f} min in all; "
-            f"final val loss {result.val_loss:.4f} nats/token, "
-            f"{result.val_bpb:.4f} bits/byte; run saved in {result.run_dir}"
-        )
-        print(summary(result, _draw_loss_curve(result.run_dir)))
+        print(done_line(result, time.perf_counter() - started))
+        print(summary(result, _draw_loss_curve(result.run_dir), chat_tuning=suits_chat_tuning(config)))
     return 0
+
+
+def done_line(result: TrainResult, session_seconds: float) -> str:
+    """The first line of a finished run: its budget, and how long training took (in this session and,
+    for a resumed run, over all of its sessions) beside this session's wall time."""
+    tokens = f"{result.tokens_seen:,} tokens"
+    if result.epochs is not None:
+        tokens += f" ({result.epochs:.1f} epochs of the training split)"
+    minutes = (result.train_seconds - result.earlier_seconds) / 60
+    if result.earlier_seconds > 0:
+        took = (f"{minutes:.1f} min of training in this session ({result.train_seconds / 60:.1f} min over the whole "
+                f"run), {session_seconds / 60:.1f} min in all this session")
+    else:
+        took = f"{minutes:.1f} min of training, {session_seconds / 60:.1f} min in all"
+    return (f"done: {result.step} steps ({result.stopped_by}), {tokens}, {took}; final val loss "
+            f"{result.val_loss:.4f} nats/token, {result.val_bpb:.4f} bits/byte; run saved in {result.run_dir}")
+
+
+def suits_chat_tuning(config: Config) -> bool:
+    """Whether configs/tiny-chat.yaml fits this run as a parent: a text run on natural text (the
+    synthetic corpus's made-up words share nothing with the plays' exchanges), whose tokenizer
+    has the chat tokens (tokenizers from before they were reserved lack them)."""
+    if config.data.format != "text" or config.data.source == "synthetic":
+        return False
+    try:
+        tokenizer = load_tokenizer(config.out_dir / TOKENIZER_FILE)
+    except DataError:
+        return False
+    return all(tokenizer.token_to_id(token) is not None for token in CHAT_SPECIAL_TOKENS)
 
 
 def _draw_loss_curve(run_dir: Path) -> Path | None:
@@ -90,16 +118,19 @@ def _draw_loss_curve(run_dir: Path) -> Path | None:
         return None
 
 
-def summary(result: TrainResult, loss_curve: Path | None) -> str:
-    """What a finished run reached, where it is, and the commands that use it (sampling from the
-    prompt its evaluation samples continued, one that suits its data)."""
+def summary(result: TrainResult, loss_curve: Path | None, *, chat_tuning: bool = True) -> str:
+    """What a finished run reached, which weights it kept, where it is, and the commands that use it
+    (sampling from the prompt its evaluation samples continued; ``chat_tuning``: configs/tiny-chat.yaml
+    fits it as a parent)."""
     run = result.run_dir
-    lines = [f"final validation: {result.val_bpb:.4f} bits/byte{' of assistant text' if result.chat else ''}"]
+    lines = [f"final validation: {result.val_bpb:.4f} bits/byte{' of assistant text' if result.chat else ''} "
+             f"(the final validation pass, on the kept weights)", kept_line(result)]
     if result.starved_share is not None and result.stopped_by == "max_minutes":
+        again = "on a quieter machine" + (", or with --threads 1," if result.threads > 1 else "")
         lines.append(
             f"note: other programs held this machine's cores (the run was on a CPU {100 * result.starved_share:.0f}% "
             f"of the time), so train.max_minutes ended it after {result.step} steps, fewer than this machine "
-            f"makes when quiet; run it again on a quieter machine, or with --threads 1, for the full result"
+            f"makes when quiet; run it again {again} for the full result"
         )
     lines.append(f"the run is in {run}" + (f"; its loss curve is {loss_curve}" if loss_curve else ""))
     if result.chat:
@@ -107,9 +138,10 @@ def summary(result: TrainResult, loss_curve: Path | None) -> str:
     else:
         commands = [
             (f"python generate.py --run {run} --prompt {shlex.quote(result.sample_prompt or 'The')}", "sample from it"),
-            (f"python train.py --config configs/tiny-chat.yaml --set train.init_from={run} "
-             f"--set run.out_dir={run}-chat", "chat-tune it"),
         ]
+        if chat_tuning:
+            commands.append((f"python train.py --config configs/tiny-chat.yaml --set train.init_from={run} "
+                             f"--set run.out_dir={run}-chat", "chat-tune it on the plays' exchanges"))
     commands += [
         (f"python export.py --run {run} --out exports/{run.name}", "a Hugging Face model folder"),
         (f"python serve.py --run {run}", "an OpenAI-compatible server"),
@@ -119,3 +151,15 @@ def summary(result: TrainResult, loss_curve: Path | None) -> str:
     if result.wandb_sync:
         lines.append(f"wandb logged offline; upload it with: {result.wandb_sync}")
     return "\n".join(lines)
+
+
+def kept_line(result: TrainResult) -> str:
+    """Which step's weights are the run's model.safetensors, and why (training.kept_model)."""
+    if result.kept_val_loss is None:
+        return f"kept: the last weights (step {result.kept_step}; no periodic evaluation to compare)"
+    scored = f"{result.kept_val_loss:.4f} nats/token on the evaluation subset"
+    if result.kept_step == result.step:
+        return f"kept: the last weights (step {result.step}), the best validation loss seen ({scored})"
+    last = f", against {result.last_val_loss:.4f} at the last step" if result.last_val_loss is not None else ""
+    return (f"kept: the weights of step {result.kept_step}, the best validation loss seen ({scored}{last}); "
+            f"the last state (step {result.step}) stays in {STATE_FILE} for --resume")

@@ -28,7 +28,7 @@ from common.files import atomic_write_bytes
 from common.threads import STARVED_SHARE, starved_advice, use_threads
 from data import load_tokenizer
 from data.tokenizer import RUN_TOKENIZER_ADVICE
-from model import GPT, GPTConfig, SamplingSettings
+from model import GPT, GPTConfig, SamplingSettings, save_pretrained
 from model.rms_norm_cpu import install_cpu_backward
 from rundir.checkpoint import CheckpointError, check_run_dir, clear_old_run, load_trainer_state, save_checkpoint
 from rundir.files import METRICS_FILE, RUN_CONFIG_FILE, TOKENIZER_FILE
@@ -46,6 +46,7 @@ from training.evaluate import EvalResult
 from training.fsdp import full_model_on_main, is_sharded, load_sharded, remove_stale_checkpoints, save_sharded
 from training.init_from import check_parent_tokenizer, load_parent_weights
 from training.interrupt import StopNow, StopRequest
+from training.kept_model import KeptModel, epochs, load_kept_weights, small_corpus_warning
 from training.memory_budget import check_model_fits, plan_memory
 from training.metrics import Throughput, format_flops, mfu, peak_flops
 from training.optim import (
@@ -82,6 +83,12 @@ class TrainResult:
     wandb_sync: str | None = None  # the command that uploads an offline wandb run
     starved_share: float | None = None  # set when other programs left the run under half its CPU time
     sample_prompt: str | None = None  # what the evaluation samples continued (None for a chat run)
+    kept_step: int | None = None  # the step whose weights model.safetensors holds (training.kept_model)
+    kept_val_loss: float | None = None  # their loss on the evaluation subset (None: never evaluated on it)
+    last_val_loss: float | None = None  # the last step's loss on that subset
+    epochs: float | None = None  # passes over the training split (None: not known for this task)
+    threads: int = 1  # torch's threads in this session
+    earlier_seconds: float = 0.0  # training time of the sessions before this one (a resumed run)
 
     @property
     def interrupted(self) -> bool:
@@ -135,6 +142,10 @@ class Trainer:
         self.eval_due_by_clock = False
         self.starved_share: float | None = None  # the CPU share when other programs starved the run
         self.summary: dict[str, Any] = {}
+        ec = config.eval
+        self.kept = KeptModel(subset=(ec.max_batches, ec.batch_size or config.train.batch_size))
+        self.corpus_checked = False  # whether the budget was compared with the corpus yet
+        self.last_subset_loss: float | None = None  # the last periodic evaluation's loss
         self._held = contextlib.ExitStack()  # the run-directory lock, from setup until close
 
     # -----------------------------------------------------------------------------------------
@@ -263,6 +274,7 @@ class Trainer:
             # A state with keys missing, or saved by another optimizer or sampler.
             raise restore_error(self.run_dir, e) from None
         self.saved_step = self.step
+        self.kept.load_state_dict(state.get("kept"))
         if rank_state is None and message and self.ctx.is_main:
             self._say(f"warning: {message}")
         return state.get("wandb_run_id")
@@ -353,6 +365,7 @@ class Trainer:
                     self._watch_cpu_share()
 
                     bar.advance(self.step, self._elapsed(), loss, lr)
+                    self._check_corpus_size(bar)
                     if self.step % cfg.logging.interval == 0 or self.step == 1:
                         self._log_train(loss, lr, grad_norm)
                     if cfg.eval.interval and (self.step % cfg.eval.interval == 0 or self.eval_due_by_clock):
@@ -361,6 +374,8 @@ class Trainer:
                         self._save()
                 if reason != "interrupted":
                     bar.complete(self.step)
+                    if self.kept.evaluated_step not in (None, self.step):
+                        self._evaluate(final=False)  # the last weights compete for the kept model too
                 if self.saved_step != self.step:
                     self._save()
             result = self._finish(reason, loss, stop)
@@ -377,13 +392,19 @@ class Trainer:
             run_dir=self.run_dir, step=self.step, tokens_seen=self.tokens_seen, stopped_by=reason,
             train_seconds=self._elapsed(), last_loss=last_loss, signal=stop.signum, is_main=self.ctx.is_main,
             chat=self.task.is_chat, wandb_sync=self.logger.sync_command, starved_share=self.starved_share,
-            sample_prompt=self.task.sample_prompt,
+            sample_prompt=self.task.sample_prompt, kept_step=self._kept_step(),
+            kept_val_loss=self.kept.val_loss, threads=self.threads.threads, earlier_seconds=self.base_seconds,
+            last_val_loss=self.last_subset_loss if self.kept.evaluated_step == self.step else None,
+            epochs=epochs(self.tokens_seen, self.task.train_token_count()),
         )
         self.summary.update(step=self.step, tokens=self.tokens_seen, stopped_by=reason)
         if reason != "interrupted":
             # Everything is saved: a signal now skips the final validation, and says so.
             stop.raise_on_signal = True
             try:
+                if self.kept.step not in (None, self.step):  # the last state is saved for --resume
+                    barrier(self.ctx)
+                    load_kept_weights(self.model, self.run_dir)
                 final = self._evaluate(final=True)
             except StopNow:
                 result.stopped_by, result.signal = "interrupted", stop.signum
@@ -439,8 +460,11 @@ class Trainer:
             ctx=self.ctx,
             progress=final and self.verbose,  # the full pass can take minutes on a slow host
         )
-        # Samples and attention maps decode on rank 0 alone, so a sharded model is gathered first.
-        plain = self._unsharded_model() if ec.sample_tokens > 0 or self.probe is not None else self.model
+        if not final:
+            self.last_subset_loss = result.loss
+        keep = not final and self.kept.record(self.step, result.loss)  # the same on every rank
+        # Samples, attention maps and the kept weights are on rank 0 alone: a sharded model is gathered.
+        plain = self._unsharded_model() if ec.sample_tokens > 0 or self.probe is not None or keep else self.model
         if not self.ctx.is_main:
             self.last_eval_s = self._elapsed()
             return result
@@ -452,6 +476,10 @@ class Trainer:
             "val_bpb": result.bpb,
             "val_tokens": result.tokens,
         }
+        if final:
+            record["weights_step"] = self._kept_step()
+        elif keep:
+            save_pretrained(plain, self.run_dir)
         samples = self._samples(plain) if ec.sample_tokens > 0 else []
         record.update(self.task.sample_fields(samples))
         if self.probe is not None:
@@ -505,14 +533,17 @@ class Trainer:
                 "wandb_run_id": self.logger.run_id,
                 "fixed_settings": fixed_settings(self.config.train),
                 "threads": self.threads.threads,
+                "kept": self.kept.state_dict(),
             }
+            # Once an evaluation has kept weights, model.safetensors holds them, not the latest.
+            model_files = None if self.kept.step is not None else self.model if sharded is None else plain
             if sharded is None:
                 state.update(model=self.model.state_dict(), optimizer=self.optimizer.state_dict())
-                save_checkpoint(self.run_dir, self.model, state)
+                save_checkpoint(self.run_dir, model_files, state)
             else:
                 # The weights and optimizer state are in the sharded folder that "sharded" names;
                 # model.safetensors gets the whole model, as in any run.
-                save_checkpoint(self.run_dir, plain, {**state, "sharded": sharded})
+                save_checkpoint(self.run_dir, model_files, {**state, "sharded": sharded})
                 remove_stale_checkpoints(self.run_dir, keep=sharded)
         self.saved_step = self.step
 
@@ -536,6 +567,22 @@ class Trainer:
 
     def _mfu(self, tokens_per_s: float) -> float:
         return mfu(self.flops_per_token, tokens_per_s, self.peak * self.ctx.world_size)
+
+    def _kept_step(self) -> int:
+        """The step whose weights are the run's model: the best evaluated, else the latest."""
+        return self.step if self.kept.step is None else self.kept.step
+
+    def _check_corpus_size(self, bar: StepBar) -> None:
+        """Warn once when the budget passes over the training split many times: as soon as the
+        run's end is known (a clock budget needs the pace of a few steps first)."""
+        if self.corpus_checked or (self.schedule.max_seconds is not None and not self.throughput.full):
+            return
+        self.corpus_checked = True
+        steps = bar.expected_steps(self.step, self._elapsed())
+        planned = self.config.train.max_tokens if steps is None else steps * self.tokens_per_step
+        warning = small_corpus_warning(planned or 0, self.task.train_token_count())
+        if warning is not None and self.ctx.is_main:
+            self._say(warning)
 
     def _watch_cpu_share(self) -> None:
         """Say once, on a CPU, when other programs leave the loop's thread on a core less than half

@@ -40,7 +40,8 @@ def test_a_clock_bound_run_shows_progress_evaluations_summary_and_curve(base_raw
     assert f"| {steps}/{steps} " in last_bar and "100%" in last_bar, last_bar
     # Evaluations came along the way, every tenth of the clock budget.
     evals = [r for r in records if r["kind"] == "eval"]
-    assert 3 <= len(evals) <= 10, [r["step"] for r in evals]
+    assert evals[-1]["step"] == steps  # the last weights are evaluated too, to compete for the kept model
+    assert 3 <= len(evals[:-1]) <= 10, [r["step"] for r in evals]
     assert all("elapsed_s" in r for r in evals)
     # The final full validation has a progress bar.
     assert re.search(r"full validation: +\d+%\|", err), err[-2000:]
@@ -58,7 +59,7 @@ def test_a_step_bound_run_counts_to_max_steps_and_evaluates_by_steps(base_raw, t
     last_bar = [line for line in re.split(r"[\r\n]", err) if line.startswith("train:")][-1]
     assert "| 12/12 " in last_bar, last_bar
     evals = [r["step"] for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "eval"]
-    assert evals == [10]  # no clock budget: exactly every eval.interval steps
+    assert evals == [10, 12]  # no clock budget: every eval.interval steps, and the last step
 
 
 def test_loss_curve_draws_train_and_validation_against_step_and_time(tmp_path):
