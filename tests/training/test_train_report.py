@@ -218,3 +218,33 @@ def test_chat_tuning_is_suggested_only_where_tiny_chat_fits(make_config, tmp_pat
                                                       train_seconds=1.0, val_loss=1.0, val_bpb=1.0), None,
                                           chat_tuning=fits)
     assert "configs/tiny-chat.yaml" in text(True) and "configs/tiny-chat.yaml" not in text(False)
+
+
+def test_loss_curve_draws_the_final_full_validation_as_its_own_point_at_the_kept_step(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    from rundir.metrics import MetricsLog
+    from training.loss_curve import write_loss_curve
+
+    log = MetricsLog(tmp_path / "metrics.jsonl")
+    for step in range(1, 31):
+        log.append({"kind": "train", "step": step, "loss": 3.0 / step, "elapsed_s": step})
+    subset = {10: 2.0, 20: 1.5, 30: 1.8}  # the run overfits after step 20, which it keeps
+    for step, loss in subset.items():
+        log.append({"kind": "eval", "step": step, "val_loss": loss, "val_bpb": loss / 2, "elapsed_s": step + 0.5})
+    log.append({"kind": "final_eval", "step": 30, "weights_step": 20, "val_loss": 1.6, "val_bpb": 0.8,
+                "elapsed_s": 40.0})
+    drawn = []
+    real_savefig = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: (drawn.append(fig), real_savefig(fig, *a, **k)))
+    write_loss_curve(tmp_path / "metrics.jsonl", tmp_path / "loss_curve.png")
+    by_step, by_time = drawn[0].axes[:2]
+    for axes, x in ((by_step, [20]), (by_time, [20.5 / 60])):
+        _, periodic, final = axes.get_lines()
+        # The subset's line holds the periodic evaluations alone; the full pass is a marked point
+        # of its own, where its weights come from, with its own legend entry.
+        assert list(periodic.get_ydata()) == [1.0, 0.75, 0.9] and list(final.get_ydata()) == [0.8]
+        assert list(final.get_xdata()) == pytest.approx(x) and final.get_linestyle() == "None"
+        assert [t.get_text() for t in axes.get_legend().get_texts()][1:] == [
+            "validation (the evaluation subset)", "full validation (weights of step 20)"]
