@@ -303,7 +303,7 @@ class Trainer:
                 f"{'resuming' if resume else 'training'} {self.model.num_params() / 1e6:.2f}M parameters "
                 f"on {self.device} ({'bf16' if self.amp_dtype == torch.bfloat16 else 'fp32'}"
                 f"{', compiled' if self.compiled else ''}); {self.tokens_per_step} tokens/step; "
-                f"peak {format_flops(self.peak)}FLOP/s ({self.peak_source}); "
+                f"MFU against {format_flops(self.peak)}FLOP/s ({self.peak_source}); "
                 f"{self.threads.describe()}; run dir {self.run_dir}"
             )
             self._say(self.memory_plan)
