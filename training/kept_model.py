@@ -18,6 +18,7 @@ from typing import Any
 from torch import nn
 
 from model import load_pretrained
+from training.fsdp import is_sharded
 
 # A few passes over a corpus are normal; beyond this many a small model learns the text itself
 # faster than the language, and the validation loss soon rises.
@@ -63,8 +64,6 @@ class KeptModel:
 def load_kept_weights(model: nn.Module, run_dir: Path) -> None:
     """Put the run's ``model.safetensors`` into ``model``, whole or sharded over processes (every
     process reads the file; under torchrun the run directory is shared)."""
-    from training.fsdp import is_sharded
-
     weights = load_pretrained(run_dir).state_dict()
     if is_sharded(model):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict

@@ -324,7 +324,8 @@ class Trainer:
         sets the learning rate of every parameter group, accumulates the gradient of one optimizer
         step's micro-batches (``self.task`` knows how its loss is made), clips it, refuses a
         non-finite loss, steps the optimizer; then logs, evaluates and saves on their intervals.
-        A last checkpoint and the full validation pass end the run."""
+        An evaluation of the last weights, a last checkpoint and the full validation pass of the
+        kept weights (``training.kept_model``) end the run."""
         tc, cfg = self.config.train, self.config
         stop = StopRequest()
         stop.install()
