@@ -522,7 +522,7 @@ class Trainer:
         sharded = None
         if self.config.train.parallel == "fsdp":
             sharded = save_sharded(self.run_dir, self.step, self.model, self.optimizer, self.ctx.is_main)
-            plain = self._unsharded_model()
+            plain = self._unsharded_model() if self.kept.step is None else None  # for model.safetensors
         if self.ctx.is_main:
             state = {
                 "step": self.step,
@@ -542,8 +542,7 @@ class Trainer:
                 state.update(model=self.model.state_dict(), optimizer=self.optimizer.state_dict())
                 save_checkpoint(self.run_dir, model_files, state)
             else:
-                # The weights and optimizer state are in the sharded folder that "sharded" names;
-                # model.safetensors gets the whole model, as in any run.
+                # The weights and optimizer state are in the sharded folder that "sharded" names.
                 save_checkpoint(self.run_dir, model_files, {**state, "sharded": sharded})
                 remove_stale_checkpoints(self.run_dir, keep=sharded)
         self.saved_step = self.step
