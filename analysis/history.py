@@ -65,7 +65,10 @@ def attention_history(records: list[dict[str, Any]]) -> list[AttentionEval]:
 
 
 def _evaluations(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [r for r in records if r.get("kind") in ("eval", "final_eval") and "induction_best" in r]
+    """The evaluations of the weights as they trained: a final one that scored weights kept from
+    an earlier step (training.kept_model) is not a later point of that course."""
+    return [r for r in records if r.get("kind") in ("eval", "final_eval") and "induction_best" in r
+            and r.get("weights_step", r.get("step")) == r.get("step")]
 
 
 def _read_evaluation(record: dict[str, Any]) -> AttentionEval | None:

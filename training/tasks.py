@@ -117,6 +117,10 @@ class Task(ABC):
         """Fields a training line of the metrics file adds for this task."""
         return {}
 
+    def train_token_count(self) -> int | None:
+        """Tokens in the training split, for the epochs a budget covers (None: not counted)."""
+        return None
+
     def describe_batches(self, batches: Batches) -> str | None:
         """A line about the batches said when the run starts, if there is one to say."""
         return None
@@ -169,6 +173,9 @@ class TextTask(Task):
             restore_rng_state(before[1])
             return None, 0
         return loss, sum(computed) * ctx.world_size
+
+    def train_token_count(self):
+        return len(self.prepared.train_tokens())
 
     def evaluate(self, model, **shared):
         return evaluate(model, self.val_tokens, self.token_bytes, block_size=self.block_size, **shared)

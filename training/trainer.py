@@ -29,7 +29,7 @@ from common.files import atomic_write_bytes
 from common.threads import STARVED_SHARE, starved_advice, use_threads
 from data import load_tokenizer
 from data.tokenizer import RUN_TOKENIZER_ADVICE
-from model import GPT, GPTConfig, SamplingSettings
+from model import GPT, GPTConfig, SamplingSettings, save_pretrained
 from model.rms_norm_cpu import install_cpu_backward
 from rundir.checkpoint import CheckpointError, check_run_dir, clear_old_run, load_trainer_state, save_checkpoint
 from rundir.files import ADAPTER_WEIGHTS_FILE, METRICS_FILE, RUN_CONFIG_FILE, TOKENIZER_FILE
@@ -47,6 +47,7 @@ from training.evaluate import EvalResult
 from training.fsdp import full_model_on_main, is_sharded, load_sharded, remove_stale_checkpoints, save_sharded
 from training.init_from import check_parent_tokenizer, load_parent_weights
 from training.interrupt import StopNow, StopRequest
+from training.kept_model import KeptModel, epochs, load_kept_weights, small_corpus_warning
 from training.lora import add_adapters, describe, merged_copy, save_adapter, trainable_parameters
 from training.memory_budget import check_model_fits, plan_memory
 from training.metrics import Throughput, format_flops, mfu, peak_flops
@@ -84,6 +85,12 @@ class TrainResult:
     wandb_sync: str | None = None  # the command that uploads an offline wandb run
     starved_share: float | None = None  # set when other programs left the run under half its CPU time
     sample_prompt: str | None = None  # what the evaluation samples continued (None for a chat run)
+    kept_step: int | None = None  # the step whose weights model.safetensors holds (training.kept_model)
+    kept_val_loss: float | None = None  # their loss on the evaluation subset (None: never evaluated on it)
+    last_val_loss: float | None = None  # the last step's loss on that subset
+    epochs: float | None = None  # passes over the training split (None: not known for this task)
+    threads: int = 1  # torch's threads in this session
+    earlier_seconds: float = 0.0  # training time of the sessions before this one (a resumed run)
     adapter: str | None = None  # a LoRA run: how many parameters trained, and the adapter's size
 
     @property
@@ -142,6 +149,10 @@ class Trainer:
         self.eval_due_by_clock = False
         self.starved_share: float | None = None  # the CPU share when other programs starved the run
         self.summary: dict[str, Any] = {}
+        ec = config.eval
+        self.kept = KeptModel(subset=(ec.max_batches, ec.batch_size or config.train.batch_size))
+        self.corpus_checked = False  # whether the budget was compared with the corpus yet
+        self.last_subset_loss: float | None = None  # the last periodic evaluation's loss
         self._held = contextlib.ExitStack()  # the run-directory lock, from setup until close
 
     # -----------------------------------------------------------------------------------------
@@ -275,6 +286,7 @@ class Trainer:
             # A state with keys missing, or saved by another optimizer or sampler.
             raise restore_error(self.run_dir, e) from None
         self.saved_step = self.step
+        self.kept.load_state_dict(state.get("kept"))
         if rank_state is None and message and self.ctx.is_main:
             self._say(f"warning: {message}")
         return state.get("wandb_run_id")
@@ -303,7 +315,7 @@ class Trainer:
                 f"{'resuming' if resume else 'training'} {self.model.num_params() / 1e6:.2f}M parameters "
                 f"on {self.device} ({'bf16' if self.amp_dtype == torch.bfloat16 else 'fp32'}"
                 f"{', compiled' if self.compiled else ''}); {self.tokens_per_step} tokens/step; "
-                f"peak {format_flops(self.peak)}FLOP/s ({self.peak_source}); "
+                f"MFU against {format_flops(self.peak)}FLOP/s ({self.peak_source}); "
                 f"{self.threads.describe()}; run dir {self.run_dir}"
             )
             self._say(self.memory_plan)
@@ -326,7 +338,8 @@ class Trainer:
         sets the learning rate of every parameter group, accumulates the gradient of one optimizer
         step's micro-batches (``self.task`` knows how its loss is made), clips it, refuses a
         non-finite loss, steps the optimizer; then logs, evaluates and saves on their intervals.
-        A last checkpoint and the full validation pass end the run."""
+        An evaluation of the last weights, a last checkpoint and the full validation pass of the
+        kept weights (``training.kept_model``) end the run."""
         tc, cfg = self.config.train, self.config
         stop = StopRequest()
         stop.install()
@@ -367,6 +380,7 @@ class Trainer:
                     self._watch_cpu_share()
 
                     bar.advance(self.step, self._elapsed(), loss, lr)
+                    self._check_corpus_size(bar)
                     if self.step % cfg.logging.interval == 0 or self.step == 1:
                         self._log_train(loss, lr, grad_norm)
                     if cfg.eval.interval and (self.step % cfg.eval.interval == 0 or self.eval_due_by_clock):
@@ -375,6 +389,8 @@ class Trainer:
                         self._save()
                 if reason != "interrupted":
                     bar.complete(self.step)
+                    if self.kept.evaluated_step not in (None, self.step):
+                        self._evaluate(final=False)  # the last weights compete for the kept model too
                 if self.saved_step != self.step:
                     self._save()
             result = self._finish(reason, loss, stop)
@@ -391,7 +407,10 @@ class Trainer:
             run_dir=self.run_dir, step=self.step, tokens_seen=self.tokens_seen, stopped_by=reason,
             train_seconds=self._elapsed(), last_loss=last_loss, signal=stop.signum, is_main=self.ctx.is_main,
             chat=self.task.is_chat, wandb_sync=self.logger.sync_command, starved_share=self.starved_share,
-            sample_prompt=self.task.sample_prompt,
+            sample_prompt=self.task.sample_prompt, kept_step=self._kept_step(),
+            kept_val_loss=self.kept.val_loss, threads=self.threads.threads, earlier_seconds=self.base_seconds,
+            last_val_loss=self.last_subset_loss if self.kept.evaluated_step == self.step else None,
+            epochs=epochs(self.tokens_seen, self.task.train_token_count()),
         )
         if self.config.train.lora is not None and self.ctx.is_main:
             trained, size = trainable_parameters(self.model), (self.run_dir / ADAPTER_WEIGHTS_FILE).stat().st_size
@@ -403,6 +422,9 @@ class Trainer:
             # Everything is saved: a signal now skips the final validation, and says so.
             stop.raise_on_signal = True
             try:
+                if self.kept.step not in (None, self.step):  # the last state is saved for --resume
+                    barrier(self.ctx)
+                    load_kept_weights(self.model, self.run_dir)
                 final = self._evaluate(final=True)
             except StopNow:
                 result.stopped_by, result.signal = "interrupted", stop.signum
@@ -458,8 +480,11 @@ class Trainer:
             ctx=self.ctx,
             progress=final and self.verbose,  # the full pass can take minutes on a slow host
         )
-        # Samples and attention maps decode on rank 0 alone, so a sharded model is gathered first.
-        plain = self._unsharded_model() if ec.sample_tokens > 0 or self.probe is not None else self.model
+        if not final:
+            self.last_subset_loss = result.loss
+        keep = not final and self.kept.record(self.step, result.loss)  # the same on every rank
+        # Samples, attention maps and the kept weights are on rank 0 alone: a sharded model is gathered.
+        plain = self._unsharded_model() if ec.sample_tokens > 0 or self.probe is not None or keep else self.model
         if not self.ctx.is_main:
             self.last_eval_s = self._elapsed()
             return result
@@ -471,6 +496,12 @@ class Trainer:
             "val_bpb": result.bpb,
             "val_tokens": result.tokens,
         }
+        if final:
+            record["weights_step"] = self._kept_step()
+        elif keep:
+            save_pretrained(merged_copy(plain), self.run_dir)
+            if self.config.train.lora is not None:  # the adapter follows the kept weights
+                save_adapter(self.run_dir, plain, self.config.train.lora)
         samples = self._samples(plain) if ec.sample_tokens > 0 else []
         record.update(self.task.sample_fields(samples))
         if self.probe is not None:
@@ -512,7 +543,7 @@ class Trainer:
         sharded = None
         if self.config.train.parallel == "fsdp":
             sharded = save_sharded(self.run_dir, self.step, self.model, self.optimizer, self.ctx.is_main)
-            plain = self._unsharded_model()
+            plain = self._unsharded_model() if self.kept.step is None else None  # for model.safetensors
         if self.ctx.is_main:
             state = {
                 "step": self.step,
@@ -524,16 +555,18 @@ class Trainer:
                 "wandb_run_id": self.logger.run_id,
                 "fixed_settings": fixed_settings(self.config.train),
                 "threads": self.threads.threads,
+                "kept": self.kept.state_dict(),
             }
+            # Once an evaluation has kept weights, model.safetensors holds them, not the latest.
+            model_files = None if self.kept.step is not None else merged_copy(self.model) if sharded is None else plain
             if sharded is None:
                 state.update(model=self.model.state_dict(), optimizer=self.optimizer.state_dict())
-                if self.config.train.lora is not None:  # the adapter in PEFT's files, the merged weights below
-                    save_adapter(self.run_dir, self.model, self.config.train.lora)
-                save_checkpoint(self.run_dir, merged_copy(self.model), state)
+                if self.config.train.lora is not None and self.kept.step is None:
+                    save_adapter(self.run_dir, self.model, self.config.train.lora)  # beside the merged weights
+                save_checkpoint(self.run_dir, model_files, state)
             else:
-                # The weights and optimizer state are in the sharded folder that "sharded" names;
-                # model.safetensors gets the whole model, as in any run.
-                save_checkpoint(self.run_dir, plain, {**state, "sharded": sharded})
+                # The weights and optimizer state are in the sharded folder that "sharded" names.
+                save_checkpoint(self.run_dir, model_files, {**state, "sharded": sharded})
                 remove_stale_checkpoints(self.run_dir, keep=sharded)
         self.saved_step = self.step
 
@@ -557,6 +590,22 @@ class Trainer:
 
     def _mfu(self, tokens_per_s: float) -> float:
         return mfu(self.flops_per_token, tokens_per_s, self.peak * self.ctx.world_size)
+
+    def _kept_step(self) -> int:
+        """The step whose weights are the run's model: the best evaluated, else the latest."""
+        return self.step if self.kept.step is None else self.kept.step
+
+    def _check_corpus_size(self, bar: StepBar) -> None:
+        """Warn once when the budget passes over the training split many times: as soon as the
+        run's end is known (a clock budget needs the pace of a few steps first)."""
+        if self.corpus_checked or (self.schedule.max_seconds is not None and not self.throughput.full):
+            return
+        self.corpus_checked = True
+        steps = bar.expected_steps(self.step, self._elapsed())
+        planned = self.config.train.max_tokens if steps is None else steps * self.tokens_per_step
+        warning = small_corpus_warning(planned or 0, self.task.train_token_count())
+        if warning is not None and self.ctx.is_main:
+            self._say(warning)
 
     def _watch_cpu_share(self) -> None:
         """Say once, on a CPU, when other programs leave the loop's thread on a core less than half

@@ -45,6 +45,14 @@ def test_only_evaluations_with_attention_statistics_are_read():
     assert history[2] == AttentionEval(step=300, final=False, entropy_bits=(5.1, 3.2), induction_best=0.62)
 
 
+def test_a_final_evaluation_of_weights_kept_from_an_earlier_step_is_not_a_later_point():
+    kept_earlier = {**evaluation(400, 0.62, kind="final_eval"), "weights_step": 300}
+    history = attention_history([*RECORDS[:-1], kept_earlier])
+    assert [(e.step, e.final) for e in history] == [(100, False), (200, False), (300, False), (400, False)]
+    kept_last = {**evaluation(400, 0.71, kind="final_eval"), "weights_step": 400}
+    assert [e.final for e in attention_history([*RECORDS[:-1], kept_last])][-1]
+
+
 def test_the_first_evaluation_past_the_threshold_is_the_step_an_induction_head_appeared():
     history = attention_history(RECORDS)
     assert first_induction(history).step == 300  # 0.49 at step 200 is below the default of 0.5
