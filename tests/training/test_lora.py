@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import train as train_cli
+import training.cli as train_cli
 from chat_testkit import chat_file, pretrain
 from common.config import ConfigError
 from model import GPT, GPTConfig, load_pretrained
