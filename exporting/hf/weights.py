@@ -23,9 +23,10 @@ def hf_state_dict(model: GPT) -> dict[str, torch.Tensor]:
     cfg = model.config
     state = {
         "model.embed_tokens.weight": model.tok_emb.weight,
-        "model.embed_positions.weight": model.pos_emb.weight,
         "model.norm.weight": model.norm.weight,
     }
+    if cfg.positions == "learned":
+        state["model.embed_positions.weight"] = model.pos_emb.weight
     if not cfg.tie_embeddings:
         state["lm_head.weight"] = model.lm_head.weight
     if cfg.residual_scalars:
@@ -64,7 +65,8 @@ def _projection_weights(attn: torch.nn.Module, cfg: GPTConfig) -> dict[str, torc
     if cfg.attention != "mla":
         q, k, v = attn.qkv.weight.split([cfg.n_head * d, cfg.n_kv_head * d, cfg.n_kv_head * d])
         return {"q_proj.weight": q, "k_proj.weight": k, "v_proj.weight": v}
-    query, latent = attn.down.weight.split([attn.down.out_features - cfg.kv_latent_dim, cfg.kv_latent_dim])
+    # kv_a_proj gives the latent and, with rotary positions, the shared rotary key after it.
+    query, latent = attn.down.weight.split([attn.q_down_dim, cfg.kv_latent_dim + cfg.rope_dim])
     w_uk, w_uv = attn.kv_up.weight.chunk(2)
     weights = {"kv_a_proj.weight": latent, "kv_a_layernorm.weight": attn.kv_norm.weight,
                "k_b_proj.weight": w_uk, "v_b_proj.weight": w_uv}

@@ -15,13 +15,11 @@ from pathlib import Path
 
 import torch
 
-from common.errors import UserError
 from common.files import atomic_write_bytes
 from exporting.folder import prepare_destination, staged_export
 from exporting.hub_files import SpecialTokens, generation_config, model_config, write_json, write_tokenizer_files
 from exporting.hf.model_card import model_card
 from exporting.hf.weights import hf_state_dict
-from model import GPTConfig
 from rundir.loading import load_run
 from rundir.record import RunRecord
 
@@ -41,7 +39,6 @@ def export_run(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool = Fa
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     prepare_destination(run_dir, out_dir, overwrite)
     run = load_run(run_dir, torch.device("cpu"))
-    _check_exportable(run.model.config)
     tokens = SpecialTokens.of(run.tokenizer)
     config = run.model.config
     weights = hf_state_dict(run.model)
@@ -64,11 +61,4 @@ def export_run(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool = Fa
         card = model_card(out_dir.name, config, num_params, RunRecord.read(run_dir), tokens.has_chat)
         (staging / "README.md").write_text(card, encoding="utf-8")
     return ExportResult(out_dir, tokens.has_chat, num_params)
-
-
-def _check_exportable(config: GPTConfig) -> None:
-    """The shipped model file knows learned positions only: refuse a run it would load wrongly."""
-    if config.positions != "learned":
-        raise UserError(f"model.positions={config.positions} cannot be exported to a Hugging Face folder yet "
-                        f"(its shipped model has learned positions only); export it with --format onnx")
 

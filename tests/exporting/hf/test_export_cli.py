@@ -68,17 +68,6 @@ def test_not_a_run_is_refused(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("positions", ["rope", "none"])
-def test_a_run_without_learned_positions_is_refused_and_nothing_is_written(tmp_path, positions):
-    import run_testkit
-
-    run = run_testkit.build_run(tmp_path / "run", run_testkit.chat_tokenizer(), positions=positions)
-    done = run_export_cli("--run", str(run), "--out", str(tmp_path / "out"))
-    assert_one_line_error(done, f"model.positions={positions} cannot be exported to a Hugging Face folder yet",
-                          "--format onnx")
-    assert not (tmp_path / "out").exists()
-
-
 def test_corrupt_weights_are_refused_like_generate_py_refuses_them(copy_run, tmp_path):
     weights = copy_run / "model.safetensors"
     data = bytearray(weights.read_bytes())
