@@ -202,4 +202,5 @@ def test_a_config_saved_before_attention_kinds_loads_as_grouped_query():
     saved = json.loads(json.dumps(base(n_kv_head=2)))  # a model_config.json without the new keys
     config = GPTConfig.from_dict(saved)
     assert (config.attention, config.kv_latent_dim, config.q_latent_dim) == ("gqa", None, None)
+    assert (config.positions, config.rope_theta) == ("learned", 10000.0)
     assert GPTConfig.from_dict(config.to_dict()) == config
