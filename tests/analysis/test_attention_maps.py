@@ -92,7 +92,7 @@ def test_without_positions_attention_cannot_tell_order_and_with_them_it_can(mode
     embedding added, its attention output is the same; with the learned positions it changes.
     That is why the model adds positions at the input."""
     if model.config.positions != "learned":
-        pytest.skip("the learned kinds add their positions at the input, which this test takes away")
+        pytest.skip("rotary and no positions add nothing at the input, which is what this test takes away")
     tokens = ids(batch=1, T=12)
     shuffled = torch.cat([tokens[:, :11][:, torch.randperm(11, generator=torch.Generator().manual_seed(4))],
                           tokens[:, 11:]], dim=1)
