@@ -81,6 +81,7 @@ def model_config(config: GPTConfig, tokens: SpecialTokens, dtype: str) -> dict:
         # Latent attention's fields and the options, only where used: other exports stay as they were.
         **({"attention": "mla", "kv_latent_dim": config.kv_latent_dim, "q_latent_dim": config.q_latent_dim}
            if config.attention == "mla" else {}),
+        **({"positions": config.positions, "rotary_base": config.rope_theta} if config.positions != "learned" else {}),
         **_options(config),
     }
 

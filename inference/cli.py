@@ -48,8 +48,9 @@ stop strings:
 context window:
   The model sees at most block_size tokens. A longer prompt keeps its last block_size tokens (with
   a notice). When generation fills the window, its most recent tokens (a fraction {KEEP_FRACTION:g} of it) are
-  kept and re-encoded from position 0, since learned positions cannot slide; --no-cache recomputes
-  exactly the same window at every step, so both give the same tokens.
+  kept and re-encoded from position 0, since learned positions cannot slide (runs with rotary or no
+  positions keep the same policy); --no-cache recomputes exactly the same window at every step, so
+  both give the same tokens.
 
 examples:
   python generate.py --prompt "ROMEO:"

@@ -190,12 +190,19 @@ def test_compile_without_a_cxx_compiler_is_refused_before_loading(capsys, monkey
     assert err.count("\n") == 1
 
 
+# Latent attention, with rotary positions (the rotary key beside a latent of 24) too, and grouped-query
+# attention with rotary positions: the compiled step hands every kind its positions at its slots.
+KINDS = {"mla": dict(n_kv_head=4, attention="mla", kv_latent_dim=32),
+         "mla-rope": dict(n_kv_head=4, attention="mla", kv_latent_dim=24, positions="rope"),
+         "gqa-rope": dict(n_kv_head=2, positions="rope")}
+
+
 @pytest.mark.e2e  # a compile of its own
+@pytest.mark.parametrize("kind", list(KINDS))
 @pytest.mark.parametrize("device", DEVICES)
-def test_a_compiled_latent_attention_model_decodes_as_eager(device):
+def test_a_compiled_model_of_each_kind_decodes_as_eager(device, kind):
     torch.manual_seed(0)
-    config = GPTConfig(vocab_size=256, block_size=32, n_layer=2, n_head=4, n_kv_head=4, n_embd=64,
-                       attention="mla", kv_latent_dim=32)
+    config = GPTConfig(vocab_size=256, block_size=32, n_layer=2, n_head=4, n_embd=64, **KINDS[kind])
     model = GPT(config).eval().to(device)
     settings = SamplingSettings(max_new_tokens=LONG, temperature=0.9, seed=1)
     [eager] = decode(model, [PROMPT_IDS], settings)

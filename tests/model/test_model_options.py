@@ -25,11 +25,15 @@ def test_relu2_is_as_large_as_swiglu_at_the_same_width(n_embd):
     assert GPT(relu2).num_params() == GPT(swiglu).num_params()
 
 
-@pytest.mark.parametrize("options", [ALL_OPTIONS, MLA_OPTIONS | MLA, dict(mlp="relu2", ffn_hidden=100)],
-                         ids=["gqa", "mla", "relu2-hidden"])
+@pytest.mark.parametrize("options", [ALL_OPTIONS, MLA_OPTIONS | MLA, dict(mlp="relu2", ffn_hidden=100),
+                                     ALL_OPTIONS | dict(positions="rope"), MLA_OPTIONS | MLA | dict(positions="rope"),
+                                     dict(positions="none")],
+                         ids=["gqa", "mla", "relu2-hidden", "gqa-rope", "mla-rope", "none"])
 def test_parameter_count_from_the_config_matches_the_model(options):
     config = GPTConfig(**SHAPE | options)
-    assert config.num_params() == GPT(config).num_params()
+    model = GPT(config)
+    assert config.num_params() == model.num_params()
+    assert hasattr(model, "pos_emb") == (config.positions == "learned")  # rope and none have no table
 
 
 @pytest.mark.parametrize("changes,words", [

@@ -80,7 +80,8 @@ def test_model_shape_check_names_the_key(tmp_path):
 
 
 @pytest.mark.parametrize("key,value", [("mlp", "relu2"), ("qk_norm", True), ("logit_softcap", 15.0),
-                                       ("residual_scalars", True), ("value_embeddings", True)])
+                                       ("residual_scalars", True), ("value_embeddings", True),
+                                       ("positions", "rope"), ("rope_theta", 500.0)])
 def test_a_resume_may_not_switch_a_model_option(tmp_path, key, value):
     with pytest.raises(CheckpointError, match=f"model.{key} is {value!r} in the config but"):
         check_model_shape(GPTConfig(**SHAPE), GPTConfig(**{**SHAPE, key: value}), tmp_path)
