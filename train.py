@@ -6,21 +6,23 @@ checkpoint and exit with 128 + the signal number; ``--resume`` continues from th
 
 from __future__ import annotations
 
-from common.threads import calm_openmp_workers, parse_threads
+from common.signals import quiet_while_starting
 
-calm_openmp_workers()  # before the imports below load torch: OpenMP reads its wait policy once
+with quiet_while_starting():  # first: a Ctrl-C while the libraries load is as quiet as one later
+    import argparse
+    import shlex
+    import sys
+    import time
+    from pathlib import Path
 
-import argparse  # noqa: E402
-import shlex  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
+    from common.threads import calm_openmp_workers, parse_threads
 
-from common.cli import run_command  # noqa: E402
-from common.os_errors import describe_os_error  # noqa: E402
-from training.config import load_run_config  # noqa: E402
-from training.loss_curve import write_run_loss_curve  # noqa: E402
-from training.trainer import TrainResult, train  # noqa: E402
+    calm_openmp_workers()  # before the imports below load torch: OpenMP reads its wait policy once
+    from common.cli import run_command
+    from common.os_errors import describe_os_error
+    from training.config import load_run_config
+    from training.loss_curve import write_run_loss_curve
+    from training.trainer import TrainResult, train
 
 
 def build_parser() -> argparse.ArgumentParser:
