@@ -9,14 +9,12 @@ import errno
 import os
 import signal
 import subprocess
-import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 
-from export_testkit import ROOT, assert_one_line_error, read_json
+from export_testkit import assert_one_line_error, read_json
 from signal_testkit import start_paused, stop
 
 
