@@ -25,16 +25,21 @@ def quiet_while_starting() -> Iterator[None]:
     Each entry script imports its command inside this block, as the first thing it does: on a busy
     machine importing torch takes seconds, and a Ctrl-C then would otherwise print a traceback from
     deep inside it. The signal becomes ``SystemExit``, not ``KeyboardInterrupt``, because some
-    library code catches the interrupt while importing and goes on. When the block ends, the
-    handlers in place before come back, and the command's own (``common.cli``) take over. This
-    module imports only the standard library's signal and threading support, so nothing slow comes
-    before the block."""
-    with _handlers_replaced_by(_exit_with_the_signal):
+    library code catches the interrupt while importing and goes on. Some swallows any exception
+    (torch's C start-up imports numpy and carries on when that fails), so a signal that came is
+    raised again when the block ends. Then the handlers in place before come back, and the
+    command's own (``common.cli``) take over. This module imports only the standard library's
+    signal and threading support, so nothing slow comes before the block."""
+    received: list[int] = []
+
+    def exit_with_the_signal(signum: int, frame: object) -> None:
+        received.append(signum)
+        raise SystemExit(128 + signum)
+
+    with _handlers_replaced_by(exit_with_the_signal):
         yield
-
-
-def _exit_with_the_signal(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)
+    if received:
+        raise SystemExit(128 + received[0])
 
 
 @contextmanager

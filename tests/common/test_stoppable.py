@@ -117,6 +117,20 @@ def test_after_the_imports_the_previous_handlers_are_back():
     assert {signum: signal.getsignal(signum) for signum in before} == before
 
 
+def test_a_signal_that_an_import_swallows_still_ends_the_start():
+    """torch's C start-up imports numpy and carries on whatever that raises: the exit comes again
+    when the imports are done."""
+    from common.signals import quiet_while_starting
+
+    with pytest.raises(SystemExit) as stopped:
+        with quiet_while_starting():
+            try:
+                signal.raise_signal(signal.SIGTERM)
+            except BaseException:  # what a library's catch-all does
+                pass
+    assert stopped.value.code == 128 + signal.SIGTERM
+
+
 def test_without_it_a_ctrl_c_during_the_imports_is_a_traceback(tmp_path):
     returncode, err = stop(_starting(tmp_path, quiet=False), signal.SIGINT)
     assert returncode == -signal.SIGINT and "KeyboardInterrupt" in err
