@@ -40,7 +40,12 @@ for its generated tokens and, with ``echo``, for its prompt's: those come from t
 pass, which then keeps every position's logits (and so takes no pages from the prefix cache).
 
 Results go back through a callback, called on the stepping thread with one ``Event`` per generated
-token and a last one carrying the ``Finish``. The callback must be quick and must not raise.
+token and a last one carrying the ``Finish``. The callback must be quick. One that raises ends its
+request there (its row is freed, it gets no more events) and nobody else's: on a caller's thread
+(``run_until_idle``, ``decode``) the exception then goes on to the caller, so a command line whose
+reader has left (a closed pipe, a full disk) ends at once, with its own one-line message; on the
+server's loop thread it is logged, and the callback is told once more, with a last event whose
+``Finish`` reason is "error", so that whoever waits on it stops waiting.
 """
 
 from __future__ import annotations
@@ -143,6 +148,7 @@ class _Request:
     token_logprobs: list[TokenLogprob] = field(default_factory=list)
     prompt_logprobs: tuple[TokenLogprob | None, ...] = ()
     prompt_logits: list[torch.Tensor] = field(default_factory=list)  # with echo: each prefill chunk's
+    failed: bool = False  # its callback raised: the request has ended and gets no more events
 
     def __post_init__(self) -> None:
         # Rows with equal options sample together; the key is made once, not per token.
@@ -461,36 +467,55 @@ class Engine:
                 not request.slide and len(request.tokens) - request.start == self.block_size):
             self._finish(request, "length", token, text)
         else:
-            self._emit(request, Event(text, token, logprob=self._last_logprob(request)))
             start = window_start(request.start, len(request.tokens), self.block_size, self.keep)
             if start != request.start and self.use_cache:
                 # Learned positions cannot slide: the kept tokens are re-encoded from position 0.
                 request.prefilling = True
                 self.cache.reset([request.row])
             request.start = start
+            self._emit(request, Event(text, token, logprob=self._last_logprob(request)))
 
     def _finish(self, request: _Request, reason: str, token: int | None = None, text: str = "") -> None:
         """Free the request's row and send its last event."""
+        self._free_row(request)
+        if reason in ("length", "stop"):
+            text += request.stream.finish()  # an unfinished character at the end, as U+FFFD
+        logprob = self._last_logprob(request) if token is not None else None
+        self._emit(request, Event(text, token, self._finish_of(request, reason), logprob))
+
+    def _free_row(self, request: _Request) -> None:
         if request.row >= 0 and self._rows[request.row] is request:
             self._rows[request.row] = None
             self.cache.reset([request.row])
-        if reason in ("length", "stop"):
-            text += request.stream.finish()  # an unfinished character at the end, as U+FFFD
+
+    @staticmethod
+    def _finish_of(request: _Request, reason: str) -> Finish:
         generated = tuple(request.tokens[len(request.prompt_ids):])
-        finish = Finish(reason, len(request.prompt_ids), generated, request.stream.text, request.cached_tokens,
-                        tuple(request.token_logprobs), request.prompt_logprobs)
-        logprob = self._last_logprob(request) if token is not None else None
-        self._emit(request, Event(text, token, finish, logprob))
+        return Finish(reason, len(request.prompt_ids), generated, request.stream.text, request.cached_tokens,
+                      tuple(request.token_logprobs), request.prompt_logprobs)
 
     @staticmethod
     def _last_logprob(request: _Request) -> TokenLogprob | None:
         return request.token_logprobs[-1] if request.token_logprobs else None
 
     def _emit(self, request: _Request, event: Event) -> None:
+        """Hand ``event`` to the request's callback; one that raises ends the request (see the
+        module's docstring), and only that one."""
+        if request.failed:
+            return
         try:
             request.on_event(event)
-        except Exception:  # the caller's bug must not stop everyone else's generation
-            log.exception("an engine event callback raised")
+        except Exception:
+            request.failed = True
+            self._free_row(request)
+            if threading.current_thread() is not self._thread:
+                raise  # the caller steps the engine itself: the error is the caller's to handle
+            log.exception("an engine event callback raised; its request ends with an error")
+            if event.finish is None:
+                try:
+                    request.on_event(Event("", finish=self._finish_of(request, "error")))
+                except Exception:
+                    log.exception("the callback raised again, at its request's last event")
 
 
 def decode(

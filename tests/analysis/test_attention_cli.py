@@ -232,3 +232,20 @@ def test_a_text_file_without_end_is_read_only_as_far_as_the_windows_need(run_dir
     assert main(["--run", str(run_dir), "--roles", "--text-file", "/dev/zero", "--windows", "2"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --text-file /dev/zero holds 1 distinct tokens") and err.count("\n") == 1, err
+
+
+def test_the_figures_the_docs_draw_in_the_checkout_are_git_ignored():
+    """Following README.md or docs/*.md leaves no figure for `git status` to list."""
+    import re
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    if shutil.which("git") is None or not (root / ".git").exists():
+        pytest.skip("not a git checkout")
+    texts = [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+    names = sorted({m for t in texts for m in re.findall(r"--out ([\w.-]+\.png)\b", t.read_text(encoding="utf-8"))})
+    assert "attention.png" in names and "history.png" in names  # the search finds the docs' commands
+    done = subprocess.run(["git", "check-ignore", "--no-index", *names], cwd=root, capture_output=True, text=True)
+    assert sorted(done.stdout.split()) == names

@@ -229,13 +229,17 @@ def test_pipeline_generates_text_from_a_folder_alone(make_export, tmp_path):
     _, folder = make_export()
     script = textwrap.dedent(f"""
         import sys
-        from transformers import pipeline, set_seed
+        from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline, set_seed
         assert not any(name in sys.modules for name in ("model", "data", "inference", "exporting"))
+        # As the README calls it, with a length of its own: no warning about two lengths.
+        model = AutoModelForCausalLM.from_pretrained({str(folder)!r}, trust_remote_code=True)
+        tokenizer = AutoTokenizer.from_pretrained({str(folder)!r}, trust_remote_code=True)
+        model.generate(**tokenizer("ROMEO:", return_tensors="pt"), max_new_tokens=8)
         generate = pipeline("text-generation", model={str(folder)!r}, trust_remote_code=True)
         out = generate("ROMEO:", max_new_tokens=8, do_sample=False)[0]["generated_text"]
         assert out.startswith("ROMEO:") and len(out) > len("ROMEO:"), out
         # As the README calls it: no length, so the pipeline's default of 256 new tokens would pass
-        # the window if the export's generation config did not bound the whole sequence by it.
+        # the window if the export's generation config did not name a length that fits.
         for seed in range(3):
             set_seed(seed)
             assert generate("ROMEO:")[0]["generated_text"].startswith("ROMEO:")
@@ -249,6 +253,7 @@ def test_pipeline_generates_text_from_a_folder_alone(make_export, tmp_path):
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.startswith("'ROMEO:")
+    assert "max_length" not in done.stderr and "max_new_tokens" not in done.stderr, done.stderr
 
 
 def test_tokenizer_output_goes_straight_into_generate(make_export, hf_models):
