@@ -1,4 +1,4 @@
-"""RMSNorm's CPU training path (model.rms_norm_cpu.RMSNormCPUFunction) against autograd's, and LayerNorm.
+"""RMSNorm's CPU training path (training.rms_norm_cpu.RMSNormCPUFunction) against autograd's, and LayerNorm.
 
     python -m benchmarks.rms_norm_backward --config configs/tiny.yaml
     python -m benchmarks.rms_norm_backward --config configs/tiny.yaml --steps 200
@@ -23,7 +23,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-import model.rms_norm_cpu as rms_norm_cpu
+import training.rms_norm_cpu as rms_norm_cpu
 from benchmarks.train_throughput import TrainStepRunner, median, paired_ratio_quartiles
 from common.device import select_device
 from training.device import configure_backends

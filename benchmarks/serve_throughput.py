@@ -38,7 +38,7 @@ import httpx
 import torch
 
 from inference.engine import decode
-from model.generation import SamplingSettings
+from inference.sampling import SamplingSettings
 from rundir.loading import load_run
 from inference.engine import Engine, Event
 

@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from common.errors import UserError
     from model import GPT
-    from model.rms_norm_cpu import install_cpu_backward
+    from training.rms_norm_cpu import install_cpu_backward
     from training.config import load_run_config
     from training.device import configure_backends, resolve_precision
     from training.metrics import format_flops

@@ -3,7 +3,7 @@ every block shares, the two attention kinds side by side (grouped-query, and Dee
 latent attention), the block, and the model.
 
 Learned absolute positions, pre-norm RMSNorm blocks with a SwiGLU feed-forward, and an LM head
-tied to the token embedding. A decode step also reads ``model.kv_cache``, ``model.generation`` and
+tied to the token embedding. A decode step also reads ``model.kv_cache``, ``inference.sampling`` and
 the one decode loop, ``inference.engine``. The small-model options of ``GPTConfig`` are off by
 default; docs/training.md says where each comes from.
 """

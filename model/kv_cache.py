@@ -60,7 +60,7 @@ class KVCache:
 
     ``whole_buffers``: in a one-token pass every row reads its whole buffer under a mask, so its
     attention has the same shape at every length and beside any other rows (what batch-invariant
-    decoding needs, ``model.batch_invariant``).
+    decoding needs, ``inference.batch_invariant``).
     """
 
     def __init__(

@@ -21,7 +21,7 @@ from common.config import ConfigError, build, check_types, read_yaml, read_yaml_
 from common.files import atomic_write_text
 from data import DataConfig
 from model import GPTConfig
-from model.generation import check_sampling_args
+from inference.sampling import check_sampling_args
 from tracking.config import LoggingConfig
 from training.fsdp import torch_too_old
 from training.init_from import ParentRun, find_parent, model_section_from_parent, refuse_own_parent

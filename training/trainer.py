@@ -28,8 +28,8 @@ from common.files import atomic_write_bytes
 from common.threads import STARVED_SHARE, starved_advice, use_threads
 from data import load_tokenizer
 from data.tokenizer import RUN_TOKENIZER_ADVICE
-from model import GPT, GPTConfig, SamplingSettings
-from model.rms_norm_cpu import install_cpu_backward
+from inference.sampling import SamplingSettings
+from model import GPT, GPTConfig
 from rundir.checkpoint import CheckpointError, check_run_dir, clear_old_run, load_trainer_state, save_checkpoint
 from rundir.files import METRICS_FILE, RUN_CONFIG_FILE, TOKENIZER_FILE
 from rundir.lock import hold_run_dir
@@ -54,6 +54,7 @@ from training.optim import (
 )
 from training.progress_bar import StepBar
 from training.recompute import checkpoint_blocks
+from training.rms_norm_cpu import install_cpu_backward
 from training.resume_rules import (
     check_not_finished,
     check_fixed_settings, check_model_shape, check_optimizer_groups, fixed_settings, restore_error,

@@ -17,9 +17,9 @@ from inference.cli import main
 from inference.compiled_step import compiler_missing
 from inference.completion import generate_completions
 from inference.engine import Engine, Event, Finish, decode
+from inference.sampling import SamplingSettings
 from inference.settings import GenerationSettings
 from model import GPT, GPTConfig
-from model.generation import SamplingSettings
 from rundir.loading import load_run
 
 pytestmark = pytest.mark.skipif(compiler_missing(torch.device("cpu")) is not None,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model.batch_invariant import row_blocked
+from inference.batch_invariant import row_blocked
 from run_testkit import ALL_OPTIONS
 
 ATOL = 1e-5  # fp32 logits of a few units (see conftest): two summation orders differ by ~1e-6
