@@ -15,8 +15,7 @@ from __future__ import annotations
 import argparse
 
 from model import GPTConfig
-from training.config import TrainConfig
-from training.memory_budget import estimate_memory
+from training import TrainConfig, estimate_memory
 
 MODES = (("ddp", False), ("ddp", True), ("fsdp", False), ("fsdp", True))
 

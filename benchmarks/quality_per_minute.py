@@ -80,7 +80,7 @@ def train_technique(name: str, seed: int, args: argparse.Namespace) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from training.metrics import peak_flops
+    from training import peak_flops
 
     args = parse_args(argv)
     # The same measurement train.py makes for MFU on a CPU: the host's practical fp32 matmul peak.

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from analysis.plot import draw_attention_grid
 from common.errors import UserError
 from common.files import atomic_write_bytes
 from common.threads import STARVED_SHARE, starved_advice, use_threads
@@ -478,7 +479,7 @@ class Trainer:
             with tempfile.TemporaryDirectory() as folder:
                 figure = Path(folder) / "attention.png"
                 title = f"step {self.step}: attention over {self.probe.prompt!r}"
-                self.probe.draw(model, self.task.tokenizer, figure, title=title)
+                draw_attention_grid(*self.probe.prompt_maps(model, self.task.tokenizer), figure, title=title)
                 self.logger.log_image("attn/maps", str(figure), self.step)
         return stats
 
