@@ -14,8 +14,9 @@ static shape anyway. Otherwise, on the CPU, rows read only the slots up to the l
 (``exact_window``): that length reaches the graph as a symbolic size, so it is still compiled once,
 and a short generation no longer attends over every slot of the context.
 
-Every step goes through ``torch.compile``'s own call, guards included: its guards cost little
-beside the step, and reaching the code Dynamo writes any other way needs its private internals.
+Every step goes through ``torch.compile``'s own call. Its guards cost little beside the step, so
+PyTorch's knobs for skipping them (``guard_filter_fn``, ``set_stance(skip_guard_eval_unsafe=True)``)
+gain nothing here; what the call itself costs could be saved only through Dynamo's private internals.
 
 Prompts are still encoded eagerly: their lengths vary, and a compile per length would cost more
 than it saves. The compiled kernels may round differently from the eager ones in the last bits;
