@@ -32,10 +32,9 @@ from data.prepared.chat import prepare_chat_data
 from inference.chat import ChatSession
 from inference.settings import GenerationSettings
 from inference.engine import decode
-from model.generation import SamplingSettings
+from inference.sampling import SamplingSettings
 from rundir.loading import load_run
-from training.distributed import DistContext
-from training.sft import evaluate_chat
+from training import DistContext, evaluate_chat
 
 TRANSCRIPT_SYSTEM = "You are HAMLET in Hamlet."
 TRANSCRIPT = ["Who's there?", "My lord, the king your father is dead.", "What will you do now?"]

@@ -26,8 +26,8 @@ import torch
 from common.cli import positive_int
 from common.threads import thread_count
 from inference.engine import decode
+from inference.sampling import SamplingSettings
 from model import GPT, GPTConfig, KVCache
-from model.generation import SamplingSettings
 
 DEFAULT_CONFIG = Path("configs/tiny.yaml")
 BUILTIN_TINY = GPTConfig(vocab_size=4096, block_size=512, n_layer=4, n_head=4, n_kv_head=2, n_embd=256)

@@ -16,8 +16,7 @@ import argparse
 
 from common.cli import ArgumentParser, positive_float, positive_int, run_command
 from model import GPTConfig
-from training.config import TrainConfig
-from training.memory_budget import estimate_memory
+from training import TrainConfig, estimate_memory
 
 MODES = (("ddp", False), ("ddp", True), ("fsdp", False), ("fsdp", True))
 

@@ -37,7 +37,7 @@ from data.tokenizer import token_byte_table, train_tokenizer
 from model import GPT
 from rundir.loading import load_run
 from inference.engine import Engine, Event
-from training.config import load_run_config
+from training import load_run_config
 from benchmarks.serve_throughput import api_settings, ms_quantiles
 
 

@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def compare(args: argparse.Namespace) -> int:
-    from training.metrics import peak_flops
+    from training import peak_flops
 
     # The same measurement train.py makes for MFU on a CPU: the host's practical fp32 matmul peak.
     peak, source = peak_flops("auto", torch.device("cpu"), torch.float32)

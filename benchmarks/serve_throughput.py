@@ -40,7 +40,7 @@ import torch
 from common.cli import positive_int
 from common.threads import thread_count
 from inference.engine import decode
-from model.generation import SamplingSettings
+from inference.sampling import SamplingSettings
 from rundir.loading import load_run
 from inference.engine import Engine, Event
 

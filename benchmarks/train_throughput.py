@@ -36,10 +36,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from common.cli import positive_int
-from training.config import TrainConfig
 from common.device import select_device
-from training.device import autocast, configure_backends, resolve_precision, synchronize
-from training.metrics import format_flops
+from training import TrainConfig, autocast, configure_backends, format_flops, resolve_precision, synchronize
 
 
 # ---------------------------------------------------------------------------------------------
@@ -147,7 +145,7 @@ class TrainStepRunner:
         compile_model: bool,
         train: TrainConfig,
     ) -> None:
-        from training.optim import build_optimizer, plan_param_groups
+        from training import build_optimizer, plan_param_groups
 
         self.name, self.flops, self.compiled = name, flops, compile_model
         self.device, self.amp_dtype, self.grad_clip = device, amp_dtype, train.grad_clip
@@ -163,8 +161,7 @@ class TrainStepRunner:
 
     def step(self) -> float:
         """One optimizer step; returns its wall-clock seconds (device work included)."""
-        from training.tasks import accumulate_gradients
-        from training.trainer import clip_gradients
+        from training import accumulate_gradients, clip_gradients
 
         batch = self.batches[self.count % len(self.batches)]
         self.count += 1
@@ -259,8 +256,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from common.errors import UserError
     from model import GPT
-    from model.rms_norm_cpu import install_cpu_backward
-    from training.config import load_run_config
+    from training import install_cpu_backward, load_run_config
 
     try:
         cfg = load_run_config(args.config, args.overrides)

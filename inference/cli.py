@@ -22,9 +22,9 @@ from common.threads import STARVED_SHARE, add_threads_argument, parse_threads, s
 from inference.chat_cli import chat_main, check_chat_flags
 from inference.compiled_step import choose_compile, compiled_notice
 from inference.completion import GenerationResult, encode_prompt, generate_completions
+from inference.sampling import KEEP_FRACTION
 from inference.settings import GenerationSettings
 from inference.terminal import decode_argument, decode_utf8, write_stdout
-from model.generation import KEEP_FRACTION
 from rundir.loading import find_latest_run, load_run
 
 _EPILOG = f"""\

@@ -20,8 +20,8 @@ is being served, so ``--num-samples`` row i equals the run seeded seed + i. Seed
 everywhere: a request samples from its own ``seeded_generator(seed)``, and sample i of a call that
 asks for several (``decode``: generate.py's rows, training's samples) is seeded ``seed + i``. Past
 the context window a row re-encodes its most recent tokens from position 0
-(``model.generation.window_start``). The batched decode step computes each row bit for bit as alone
-(``model.batch_invariant``, chosen once when the engine is built: attention reads the row's whole
+(``inference.sampling.window_start``). The batched decode step computes each row bit for bit as alone
+(``inference.batch_invariant``, chosen once when the engine is built: attention reads the row's whole
 cache buffer under a mask, and matrix products run in fixed blocks of rows; on the CPU this holds
 when the model's head_dim is a multiple of 16). The server needs that; a
 command line's few rows of one request may turn it off for speed (``decode``'s default), and then
@@ -58,13 +58,13 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from inference.batch_invariant import row_blocked
 from inference.compiled_step import CompiledStep, spare_slot_cache
 from inference.prefix_cache import PrefixCache
+from inference.sampling import (KEEP_FRACTION, SamplingSettings, kept_window, new_seed, sample_next_token,
+                                seeded_generator, window_start)
 from inference.streaming import TextStream
 from model import GPT
-from model.batch_invariant import row_blocked
-from model.generation import (KEEP_FRACTION, SamplingSettings, kept_window, new_seed, sample_next_token,
-                              seeded_generator, window_start)
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +191,7 @@ class Engine:
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
         cfg = model.config
-        # Batch invariance is chosen here, once: see model.batch_invariant.
+        # Batch invariance is chosen here, once: see inference.batch_invariant.
         self.model = row_blocked(model) if batch_invariant else model
         self.token_bytes = token_bytes if token_bytes is not None else [b""] * cfg.vocab_size
         self.max_batch = max_batch

@@ -4,7 +4,7 @@ attention kinds side by side (grouped-query, and DeepSeek's multi-head latent at
 and the model.
 
 Learned absolute positions by default, pre-norm RMSNorm blocks with a SwiGLU feed-forward, and an
-LM head tied to the token embedding. A decode step also reads ``model.kv_cache``, ``model.generation`` and
+LM head tied to the token embedding. A decode step also reads ``model.kv_cache``, ``inference.sampling`` and
 the one decode loop, ``inference.engine``. The small-model options of ``GPTConfig`` are off by
 default; docs/training.md says where each comes from.
 """

@@ -17,7 +17,7 @@ from common.errors import UserError
 from data import bits_per_byte, iter_val_batches, target_nats_and_bytes
 from data.tokenizer import eot_id, prompt_ids
 from inference.engine import decode
-from model.generation import SamplingSettings
+from inference.sampling import SamplingSettings
 from model.gpt import eval_mode
 from training.distributed import DistContext, all_reduce_sum
 from training.fsdp import is_sharded

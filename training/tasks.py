@@ -21,7 +21,7 @@ from data import EOT, prepare_data, train_batches
 from data.batches.chat import ChatBatches
 from data.prepared.chat import prepare_chat_data
 from data.sample_prompt import default_sample_prompt
-from model import SamplingSettings
+from inference.sampling import SamplingSettings
 from training.attention_probe import AttentionProbe, attention_probe
 from training.config import Config, ConfigError
 from training.distributed import DistContext

@@ -24,13 +24,14 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from analysis.plot import draw_attention_grid
 from common.errors import UserError
 from common.files import atomic_write_bytes
 from common.threads import STARVED_SHARE, starved_advice, use_threads
 from data import load_tokenizer
 from data.tokenizer import RUN_TOKENIZER_ADVICE
-from model import GPT, GPTConfig, SamplingSettings, save_pretrained
-from model.rms_norm_cpu import install_cpu_backward
+from inference.sampling import SamplingSettings
+from model import GPT, GPTConfig, save_pretrained
 from rundir.checkpoint import CheckpointError, check_run_dir, clear_old_run, load_trainer_state, save_checkpoint
 from rundir.files import ADAPTER_WEIGHTS_FILE, METRICS_FILE, RUN_CONFIG_FILE, TOKENIZER_FILE
 from rundir.lock import hold_run_dir
@@ -57,6 +58,7 @@ from training.optim import (
 )
 from training.progress_bar import StepBar
 from training.recompute import checkpoint_blocks
+from training.rms_norm_cpu import install_cpu_backward
 from training.resume_rules import (
     check_not_finished,
     check_data_format, check_fixed_settings, check_model_shape, check_optimizer_groups, fixed_settings, restore_error,
@@ -527,7 +529,7 @@ class Trainer:
             with tempfile.TemporaryDirectory() as folder:
                 figure = Path(folder) / "attention.png"
                 title = f"step {self.step}: attention over {self.probe.prompt!r}"
-                self.probe.draw(model, self.task.tokenizer, figure, title=title)
+                draw_attention_grid(*self.probe.prompt_maps(model, self.task.tokenizer), figure, title=title)
                 self.logger.log_image("attn/maps", str(figure), self.step)
         return stats
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from inference.cli import main
-from model import sample_next_token
+from inference.sampling import sample_next_token
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}

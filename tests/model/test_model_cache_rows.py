@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model.batch_invariant import row_blocked
+from inference.batch_invariant import row_blocked
 from run_testkit import ALL_OPTIONS
 
 ATOL = 1e-5  # fp32 logits of a few units (see conftest): two summation orders differ by ~1e-6
@@ -110,3 +110,19 @@ def test_a_full_row_or_repeated_rows_are_refused(make_model):
             model.next_token_logits(torch.tensor([[1], [1]]), cache, [0, 1])
         with pytest.raises(AssertionError, match="distinct"):
             model.next_token_logits(torch.tensor([[1], [1]]), cache, [1, 1])
+
+
+@pytest.mark.parametrize("whole_buffers", [False, True])
+def test_ragged_rows_read_up_to_the_longest_row_unless_whole_buffers(make_model, whole_buffers):
+    """Off the server, rows at different lengths read only the slots up to the longest row's new
+    token; with whole buffers they read every slot under their masks. NaN past the longest row tells
+    which: a masked NaN still poisons attention, an unread one cannot."""
+    model = make_model(seed=4)
+    cache = model.init_cache(2, whole_buffers=whole_buffers)
+    with torch.inference_mode():
+        model(torch.tensor([[1, 2, 3]]), cache=cache, rows=[0])
+        model(torch.tensor([[4, 5, 6, 7, 8]]), cache=cache, rows=[1])
+        for buffer in cache.buffers.values():
+            buffer[:, :, :, 6:] = float("nan")
+        logits = model.next_token_logits(torch.tensor([[9], [10]]), cache, [0, 1])
+    assert logits.isnan().all() if whole_buffers else logits.isfinite().all()

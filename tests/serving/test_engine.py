@@ -7,11 +7,12 @@ import threading
 import pytest
 import torch
 
+from inference.batch_invariant import row_blocked
 from inference.completion import generate_completions
-from inference.settings import GenerationSettings
-from model.batch_invariant import row_blocked
-from model.generation import SamplingSettings
 from inference.engine import Engine, EngineBusy, Event
+from inference.sampling import SamplingSettings
+from inference.settings import GenerationSettings
+
 
 def api_settings(max_tokens: int, temperature: float = 1.0, top_p: float = 1.0, **options) -> SamplingSettings:
     """Sampling settings with the server's (OpenAI's) defaults, as serving.api builds them."""

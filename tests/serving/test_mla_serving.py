@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from inference.completion import generate_completions
+from inference.sampling import SamplingSettings
 from inference.settings import GenerationSettings
-from model.generation import SamplingSettings
 from rundir.loading import load_run
 from run_testkit import MLA_OPTIONS, build_run, chat_tokenizer
 from server_process import running_server

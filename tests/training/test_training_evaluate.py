@@ -45,7 +45,7 @@ def test_full_pass_loss_and_bits_per_byte_match_a_hand_computation() -> None:
 def test_a_sample_is_one_document_ending_where_the_model_ends_it() -> None:
     from data.tokenizer import EOT, train_tokenizer
     from inference.engine import decode
-    from model.generation import SamplingSettings
+    from inference.sampling import SamplingSettings
     from training.evaluate import generate_sample
 
     tokenizer = train_tokenizer(["ab ba abba baab " * 20] * 4, 270)

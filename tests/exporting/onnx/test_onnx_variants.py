@@ -48,7 +48,7 @@ def exported(request, variant_run, tmp_path_factory) -> Exported:
 
 def test_cache_names_follow_the_attention_and_greedy_tokens_match(exported):
     from inference.engine import decode
-    from model.generation import SamplingSettings
+    from inference.sampling import SamplingSettings
 
     names = [i.name for i in exported.session.get_inputs()]
     if exported.model.config.attention == "mla":  # one latent per layer
