@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -19,6 +19,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 from common.errors import UserError
 from common.device import select_device
+from common.os_errors import describe_os_error
+
+T = TypeVar("T")
 
 # Variables torchrun sets in every worker; RANK alone is not enough (a user may export it).
 _TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
@@ -121,6 +124,32 @@ def sync_gradients(model: nn.Module, enabled: bool) -> Iterator[None]:
     skip_sync = not enabled and isinstance(ddp, DistributedDataParallel)
     with ddp.no_sync() if skip_sync else contextlib.nullcontext():
         yield
+
+
+def decided_on_main(ctx: DistContext, action: Callable[[], T]) -> T | None:
+    """Run ``action`` on rank 0 alone (checks and writes of the run directory), and make its
+    failure every rank's: rank 0 raises its own error, the others a ``UserError`` with the same
+    line. Every rank then leaves together, each with one line, instead of the others failing later
+    in a collective whose peer is gone."""
+    result, failure, line = None, None, None
+    if ctx.is_main:
+        try:
+            result = action()
+        except UserError as e:
+            failure, line = e, str(e)
+        except OSError as e:
+            failure, line = e, describe_os_error(e)
+        except BaseException as e:  # a bug or an interrupt: the others only learn that rank 0 stopped
+            failure, line = e, f"rank 0 stopped ({type(e).__name__}); see its output"
+    if ctx.enabled:
+        shared = [line]
+        dist.broadcast_object_list(shared, src=0)
+        line = shared[0]
+    if failure is not None:
+        raise failure
+    if line is not None:
+        raise UserError(line)
+    return result
 
 
 def barrier(ctx: DistContext) -> None:

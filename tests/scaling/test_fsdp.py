@@ -21,7 +21,8 @@ from rundir.files import METRICS_FILE
 from rundir.metrics import read_metrics
 from tests.scaling.test_distributed import free_port, torchrun_env
 from training.config import TrainConfig
-from training.fsdp import load_sharded, torch_too_old
+from training.checkpointing import load_sharded
+from training.fsdp import torch_too_old
 from training.optim import build_optimizer, plan_param_groups
 from training.recompute import checkpoint_blocks
 from training.resume_rules import check_fixed_settings, fixed_settings
