@@ -8,7 +8,11 @@ update is the one a single process would make on the whole global batch.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import signal
+import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, TypeVar
 
@@ -25,6 +29,10 @@ T = TypeVar("T")
 
 # Variables torchrun sets in every worker; RANK alone is not enough (a user may export it).
 _TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
+# How often a worker looks for its launcher, and how long it then has to stop by itself: the time
+# torchrun gives its workers between SIGTERM and SIGKILL when it is stopped politely.
+_LAUNCHER_POLL_S = 1.0
+_LAUNCHER_GRACE_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -48,6 +56,7 @@ def init_distributed(device_pref: str = "auto") -> DistContext:
     describe a single process. Each process takes the GPU numbered by its LOCAL_RANK."""
     if launched_by_torchrun():
         rank, local_rank, world_size = _env_int("RANK"), _env_int("LOCAL_RANK"), _env_int("WORLD_SIZE")
+        end_with_launcher()
     else:
         rank, local_rank, world_size = 0, 0, 1
     if world_size == 1:
@@ -63,6 +72,30 @@ def init_distributed(device_pref: str = "auto") -> DistContext:
         device_id = device if device.type == "cuda" else None
         dist.init_process_group(backend=backend, rank=rank, world_size=world_size, device_id=device_id)
     return DistContext(rank, world_size, device, is_main=rank == 0, enabled=True, backend=backend)
+
+
+@functools.cache  # one watcher per process
+def end_with_launcher() -> None:
+    """Stop this worker when the torchrun that started it is gone (killed with SIGKILL, it cannot
+    stop its workers, which would train on as orphans holding the run directory).
+
+    A daemon thread watches the parent process; once the worker has been handed to another parent,
+    it sends itself SIGTERM, which the trainer obeys as any stop request (the step ends, a
+    checkpoint is saved, every rank agreeing), and ends the process outright if it still runs after
+    the grace torchrun itself would give. Only under torchrun's agent (``TORCHELASTIC_RUN_ID``),
+    whose workers are its children."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
+        return
+    launcher = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == launcher:
+            time.sleep(_LAUNCHER_POLL_S)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(_LAUNCHER_GRACE_S)
+        os._exit(128 + signal.SIGTERM)
+
+    threading.Thread(target=watch, name="end-with-launcher", daemon=True).start()
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,11 @@ in the middle of a save."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,7 @@ import torch
 from common.config import ConfigError
 from model import GPT, GPTConfig, load_pretrained
 from rundir.checkpoint import CheckpointError, load_trainer_state
-from rundir.files import METRICS_FILE
+from rundir.files import METRICS_FILE, STATE_FILE
 from rundir.metrics import read_metrics
 from tests.scaling.test_distributed import free_port, torchrun_env
 from training.config import TrainConfig
@@ -69,11 +71,15 @@ def test_activation_checkpointing_gives_the_same_loss_and_gradients(extra):
 # Two gloo processes (e2e)
 
 
+def _torchrun(nproc: int, args: list[str]) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--nnodes=1",
+            "--master_addr=127.0.0.1", f"--master_port={free_port()}", *args]
+
+
 def _launch(nproc: int, args: list[str], timeout: int = 240) -> subprocess.CompletedProcess:
     """``args`` (a script and its arguments) under torchrun with ``nproc`` CPU processes; torchrun
     stops every worker when one fails, and the test kills torchrun itself on a timeout."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--nnodes=1",
-           "--master_addr=127.0.0.1", f"--master_port={free_port()}", *args]
+    cmd = _torchrun(nproc, args)
     proc = subprocess.Popen(cmd, cwd=ROOT, env=torchrun_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         out, err = proc.communicate(timeout=timeout)
@@ -224,3 +230,62 @@ def test_chat_tuning_from_a_parent_run_under_fsdp_equals_ddp(small_overrides, tm
     assert [(k, s) for k, s, _ in fsdp] == [(k, s) for k, s, _ in ddp] and len(fsdp) >= 3
     for (_, _, want), (_, _, got) in zip(ddp, fsdp):
         assert got == pytest.approx(want, rel=1e-5)
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid``, from /proc."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+        if parent == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is alive (a zombie nobody has reaped yet has ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+@pytest.mark.e2e
+@pytest.mark.distributed
+@pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="finds the workers in /proc")
+def test_workers_end_when_torchrun_is_killed_and_leave_a_loadable_checkpoint(small_overrides, tmp_path):
+    run, log = tmp_path / "run", tmp_path / "log.txt"
+    args = _train_args(small_overrides, run, "train.parallel=fsdp", "train.max_steps=1000000", "eval.interval=0")
+    with log.open("w") as out:
+        launcher = subprocess.Popen(_torchrun(2, args), cwd=ROOT, env=torchrun_env(), stdout=out,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+    workers: list[int] = []
+    try:
+        deadline = time.monotonic() + 300  # generous: only a broken run takes this long
+        while not (run / STATE_FILE).is_file():  # the first checkpoint (step 2) is written
+            assert launcher.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        workers = _children(launcher.pid)
+        assert len(workers) == 2
+        launcher.kill()
+        launcher.wait()
+        # The workers stop themselves, in any case within their grace period; the deadline only
+        # bounds a test whose workers never end.
+        deadline = time.monotonic() + 180
+        while any(map(_running, workers)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not any(map(_running, workers)), log.read_text()[-3000:]
+    finally:
+        for pid in workers:
+            if _running(pid):
+                os.kill(pid, signal.SIGKILL)
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    state = load_trainer_state(run)
+    assert state["step"] >= 2 and state["sharded"] == f"sharded-step{state['step']:08d}"
+    weights = _sharded_weights(run)
+    assert all(torch.equal(weights[k], v) for k, v in load_pretrained(run).state_dict().items())
