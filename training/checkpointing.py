@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from common.errors import one_line
-from common.os_errors import with_path
+from common.os_errors import describe_os_error, with_path
 from model import GPT, GPTConfig
 from rundir.checkpoint import CheckpointError, save_checkpoint
 from rundir.files import SHARDED_PREFIX
@@ -123,8 +123,13 @@ def save_sharded(run_dir: Path, step: int, model: nn.Module, optimizer: Any, ctx
             shutil.rmtree(partial, ignore_errors=True)
         cause = _first_failure(e)
         if isinstance(cause, OSError):
-            raise with_path(cause, partial) from None
-        raise CheckpointError(f"could not write the sharded checkpoint {partial} ({one_line(cause)})") from None
+            raise CheckpointError(describe_os_error(with_path(cause, partial))) from None
+        # A full disk inside torch.save reaches here as torch's RuntimeError: the OSError under it
+        # stays on the rank that failed.
+        raise CheckpointError(
+            f"could not write the sharded checkpoint {partial} ({one_line(cause)}); make sure its disk "
+            f"has room and is writable, then continue with --resume"
+        ) from None
 
     def publish() -> None:
         shutil.rmtree(run_dir / name, ignore_errors=True)  # the same step saved before a resume
@@ -145,32 +150,46 @@ def load_sharded(run_dir: Path, name: str, model: nn.Module, optimizer: Any) -> 
 
     folder = run_dir / name
     if not folder.is_dir():
-        raise FileNotFoundError(f"the sharded checkpoint {folder} is missing")
+        raise _damaged(run_dir, folder, FileNotFoundError("the folder is missing"))
     parts = _optimizer_parts(optimizer)
     state = {"model": get_model_state_dict(model)}
     for key, part in parts.items():
         state[key] = get_optimizer_state_dict(model, part)
     try:
+        # Its index first: unreadable, dcp.load would log tracebacks while it looks for others.
+        dcp.FileSystemReader(folder).read_metadata()
+    except Exception as e:  # noqa: BLE001 - missing, cut short or overwritten: the folder is unusable
+        raise _damaged(run_dir, folder, e) from None
+    try:
         with _one_process_is_intended():
             dcp.load(state, checkpoint_id=folder)
     except dcp.CheckpointException as e:  # a BaseException: no `except Exception` sees it
-        raise CheckpointError(
-            f"cannot resume {run_dir}: its sharded checkpoint {folder} is damaged ({one_line(_first_failure(e))}); "
-            f"its weights are still whole in model.safetensors: start a new run from them with "
-            f"--set train.init_from={run_dir} and another run.out_dir"
-        ) from None
+        raise _damaged(run_dir, folder, _first_failure(e)) from None
     set_model_state_dict(model, state["model"])
     for key, part in parts.items():
         set_optimizer_state_dict(model, part, state[key])
 
 
+def _damaged(run_dir: Path, folder: Path, reason: BaseException) -> CheckpointError:
+    return CheckpointError(
+        f"cannot resume {run_dir}: its sharded checkpoint {folder} is damaged ({one_line(reason)}); its "
+        f"weights are still whole in model.safetensors: start a new run from them with --set "
+        f"train.init_from={run_dir} and another run.out_dir"
+    )
+
+
 def _first_failure(error: BaseException) -> BaseException:
-    """The exception of the lowest rank that failed inside a ``CheckpointException``."""
+    """The exception of the lowest rank that failed inside a ``CheckpointException`` (the OSError
+    under it, where that rank's own exception still carries one)."""
     failures = getattr(error, "failures", None) or {}
     for rank in sorted(failures):
         cause = failures[rank]
-        return cause[0] if isinstance(cause, tuple) else cause
-    return error
+        error = cause[0] if isinstance(cause, tuple) else cause
+        break
+    underneath: BaseException | None = error
+    while underneath is not None and not isinstance(underneath, OSError):  # a full disk under torch's error
+        underneath = underneath.__cause__ or underneath.__context__
+    return underneath or error
 
 
 @contextlib.contextmanager

@@ -170,8 +170,9 @@ def decided_on_main(ctx: DistContext, action: Callable[[], T]) -> T | None:
             result = action()
         except UserError as e:
             failure, line = e, str(e)
-        except OSError as e:
-            failure, line = e, describe_os_error(e)
+        except OSError as e:  # under torchrun the same line as the others, not train.py's own
+            line = describe_os_error(e)
+            failure = UserError(line) if ctx.enabled else e
         except BaseException as e:  # a bug or an interrupt: the others only learn that rank 0 stopped
             failure, line = e, f"rank 0 stopped ({type(e).__name__}); see its output"
     if ctx.enabled:

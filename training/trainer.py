@@ -255,7 +255,7 @@ class Trainer:
             if rank_state is not None:
                 self.batches.load_state_dict(rank_state["batches"])
                 restore_rng_state(rank_state["rng"])
-        except (KeyError, ValueError, TypeError, RuntimeError, FileNotFoundError) as e:
+        except (KeyError, ValueError, TypeError, RuntimeError) as e:
             # A state with keys missing, or saved by another optimizer or sampler.
             raise restore_error(self.run_dir, e) from None
         self.saved_step = self.step

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from common.config import ConfigError
 from model import GPT, GPTConfig, load_pretrained
 from rundir.checkpoint import CheckpointError, load_trainer_state
 from rundir.files import METRICS_FILE, STATE_FILE
+from rundir.lock import hold_run_dir
 from rundir.metrics import read_metrics
 from tests.scaling.test_distributed import free_port, torchrun_env
 from training.config import TrainConfig
@@ -287,5 +289,108 @@ def test_workers_end_when_torchrun_is_killed_and_leave_a_loadable_checkpoint(sma
             launcher.wait()
     state = load_trainer_state(run)
     assert state["step"] >= 2 and state["sharded"] == f"sharded-step{state['step']:08d}"
+    weights = _sharded_weights(run)
+    assert all(torch.equal(weights[k], v) for k, v in load_pretrained(run).state_dict().items())
+
+
+def _every_rank_says_one_line(proc: subprocess.CompletedProcess, nproc: int = 2) -> str:
+    """The one ``error:`` line that each of ``nproc`` ranks printed (the same), with no traceback
+    through this repository's code (torchrun reports the failed workers in its own words)."""
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0, output[-3000:]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == nproc and len(set(lines)) == 1, output[-3000:]
+    assert f'File "{ROOT}' not in output and "Connection closed" not in output, output[-3000:]
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def two_rank_run(small_overrides, tmp_path_factory) -> Path:
+    """An fsdp run of 2 steps saved by two processes (a shard file each); tests work on copies."""
+    run = tmp_path_factory.mktemp("fsdp") / "run"
+    _ok(_launch(2, _train_args(small_overrides, run, "train.parallel=fsdp", "train.max_steps=2")))
+    return run
+
+
+def _half_a_shard(folder: Path) -> None:
+    shard = folder / "__1_0.distcp"
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+
+
+def _overwritten_shard(folder: Path) -> None:
+    shard = folder / "__1_0.distcp"
+    shard.write_bytes(os.urandom(shard.stat().st_size))
+
+
+DAMAGES = {
+    "half a shard": _half_a_shard,
+    "a missing shard": lambda folder: (folder / "__1_0.distcp").unlink(),
+    "a missing .metadata": lambda folder: (folder / ".metadata").unlink(),
+    "a random .metadata": lambda folder: (folder / ".metadata").write_bytes(os.urandom(4096)),
+    "a shard overwritten": _overwritten_shard,
+    "a missing folder": shutil.rmtree,
+}
+
+
+@pytest.mark.e2e
+@pytest.mark.distributed
+def test_a_damaged_sharded_checkpoint_is_one_line_naming_it_and_the_run_stays_intact(
+        two_rank_run, small_overrides, tmp_path, capsys):
+    import train as train_cli
+
+    for name, damage in DAMAGES.items():
+        run = tmp_path / name.replace(" ", "-")
+        shutil.copytree(two_rank_run, run)
+        folder = run / "sharded-step00000002"
+        damage(folder)
+        before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and not p.name.startswith(".run.lock")}
+        code = train_cli.main([*_train_args(small_overrides, run, "train.parallel=fsdp")[1:], "--resume"])
+        err = capsys.readouterr().err
+        lines = [line for line in err.splitlines() if line.startswith("error:")]
+        assert code == 2 and len(lines) == 1 and "Traceback" not in err, (name, err[-3000:])
+        assert f"sharded checkpoint {folder} is damaged" in lines[0], name
+        assert f"--set train.init_from={run} and another run.out_dir" in lines[0], name
+        assert {p: p.read_bytes() for p in before} == before, name  # nothing written or removed
+
+    # Under torchrun every rank fails the same way and says so in the same line.
+    run = tmp_path / "half-a-shard"
+    line = _every_rank_says_one_line(_launch(2, [*_train_args(small_overrides, run, "train.parallel=fsdp"), "--resume"]))
+    assert f"sharded checkpoint {run / 'sharded-step00000002'} is damaged" in line
+
+
+@pytest.mark.e2e
+@pytest.mark.distributed
+def test_refusals_of_rank_0_are_every_ranks_one_line(two_rank_run, small_overrides, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(two_rank_run, run)
+    args = _train_args(small_overrides, run, "train.parallel=fsdp", "train.max_steps=4")
+    line = _every_rank_says_one_line(_launch(2, args))
+    assert f"{run} already holds a run; pass --resume" in line
+    with hold_run_dir(run):  # another training holds the directory
+        line = _every_rank_says_one_line(_launch(2, [*args, "--resume"]))
+    assert f"{run} is in use by another training (pid {os.getpid()}" in line
+    assert load_trainer_state(run)["step"] == 2
+
+
+def _disk_bytes(folder: Path, block: int = 4096) -> int:
+    """What the files under ``folder`` take on a filesystem of ``block``-byte blocks."""
+    return sum(-(-p.stat().st_size // block) * block for p in folder.rglob("*") if p.is_file())
+
+
+@pytest.mark.e2e
+@pytest.mark.distributed
+def test_a_sharded_save_on_a_full_disk_is_one_line_and_leaves_the_previous_checkpoint(
+        two_rank_run, small_overrides, tmp_path, mount_tmpfs):
+    # Room for one checkpoint and half of a second sharded folder beside it: the save of step 4
+    # runs out of space while its shards are written.
+    sharded = _disk_bytes(two_rank_run / "sharded-step00000002")
+    disk = mount_tmpfs(_disk_bytes(two_rank_run) + sharded // 2 + 64 * 1024)
+    run = disk / "run"
+    line = _every_rank_says_one_line(_launch(2, _train_args(small_overrides, run, "train.parallel=fsdp")))
+    # The OSError itself where the failing rank's exception still carries it, else torch's words.
+    assert "sharded-step00000004.partial" in line
+    assert "No space left on device; the disk is full" in line or "make sure its disk has room" in line
+    assert sorted(p.name for p in run.glob("sharded-step*")) == ["sharded-step00000002"]  # the partial one removed
+    assert load_trainer_state(run)["step"] == 2
     weights = _sharded_weights(run)
     assert all(torch.equal(weights[k], v) for k, v in load_pretrained(run).state_dict().items())
