@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from model import GPT, GPTConfig
+from model import GPT
 
 # FSDP2's first forward fails on torch 2.6 (a CPU stream without record_event); 2.7 trains.
 MIN_TORCH = (2, 7)
@@ -48,17 +48,3 @@ def is_sharded(model: nn.Module) -> bool:
     from torch.distributed.fsdp import FSDPModule
 
     return isinstance(model, FSDPModule)
-
-
-def full_model_on_main(model: GPT, config: GPTConfig, is_main: bool, device: torch.device | None = None) -> GPT | None:
-    """A plain, unsharded copy of ``model`` on rank 0 (None elsewhere), on ``device`` (default the
-    CPU): what save_pretrained writes and what evaluation samples decode with. Every rank must
-    call it: the weights are gathered from all of them."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if not is_main:
-        return None
-    plain = GPT(config)
-    plain.load_state_dict(state)
-    return plain.to(device) if device is not None else plain

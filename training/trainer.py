@@ -500,7 +500,7 @@ class Trainer:
             "fixed_settings": fixed_settings(self.config.train),
             "threads": self.threads.threads,
         }
-        self.checkpoint.save(self.step, self.model, self.optimizer, state)
+        self.checkpoint.save(self.model, self.optimizer, state)
         self.saved_step = self.step
 
     # -----------------------------------------------------------------------------------------

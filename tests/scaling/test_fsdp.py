@@ -25,7 +25,8 @@ from rundir.lock import hold_run_dir
 from rundir.metrics import read_metrics
 from tests.scaling.test_distributed import free_port, torchrun_env
 from training.config import TrainConfig
-from training.checkpointing import load_sharded
+from training.distributed import DistContext
+from training.checkpointing import ShardedCheckpointer
 from training.fsdp import torch_too_old
 from training.optim import build_optimizer, plan_param_groups
 from training.recompute import checkpoint_blocks
@@ -113,7 +114,7 @@ def _sharded_weights(run: Path) -> dict[str, torch.Tensor]:
     model = GPT(config)
     muon = TrainConfig(max_steps=1, optimizer="muon")
     optimizer = build_optimizer(plan_param_groups(model, muon), muon, torch.device("cpu"))
-    load_sharded(run, load_trainer_state(run)["sharded"], model, optimizer)
+    ShardedCheckpointer(run, DistContext(), config, torch.device("cpu")).restore(load_trainer_state(run), model, optimizer)
     return model.state_dict()
 
 
