@@ -275,8 +275,8 @@ def test_workers_end_when_torchrun_is_killed_and_leave_a_loadable_checkpoint(sma
         assert len(workers) == 2
         launcher.kill()
         launcher.wait()
-        # The workers stop themselves, in any case within their grace period; the deadline only
-        # bounds a test whose workers never end.
+        # The kernel tells each worker that its parent is gone, and it stops as on SIGTERM; the
+        # deadline only bounds a test whose workers never end.
         deadline = time.monotonic() + 180
         while any(map(_running, workers)) and time.monotonic() < deadline:
             time.sleep(0.2)
