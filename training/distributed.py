@@ -77,8 +77,8 @@ def end_with_launcher() -> None:
     Linux sends a process a signal of its choice when its parent dies (``prctl(PR_SET_PDEATHSIG)``):
     SIGTERM here, which the trainer obeys as any stop request (the step ends, a checkpoint is
     saved, every rank agreeing). No thread watches for it: with one running beside the training, a
-    resumed fsdp run drifted further from an uninterrupted one. Only under torchrun's agent (``TORCHELASTIC_RUN_ID``),
-    whose workers are its children, and only on Linux."""
+    resumed fsdp run drifted further from an uninterrupted one. Only under torchrun's agent
+    (``TORCHELASTIC_RUN_ID``), whose workers are its children, and only on Linux."""
     if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
         return
     launcher = os.getppid()
