@@ -69,7 +69,9 @@ def run_command(
             return int(done.code or 0)
         return command(args)
     except UserError as error:
-        print(f"error: {error}", file=sys.stderr)
+        # One write: unbuffered stderr would write print's newline apart, and the lines of
+        # processes sharing it (torchrun's ranks) would run together.
+        sys.stderr.write(f"error: {error}\n")
         return 2
 
 

@@ -32,20 +32,20 @@ from data import load_tokenizer
 from data.tokenizer import RUN_TOKENIZER_ADVICE
 from inference.sampling import SamplingSettings
 from model import GPT, GPTConfig, save_pretrained
-from rundir.checkpoint import CheckpointError, check_run_dir, clear_old_run, load_trainer_state, save_checkpoint
+from rundir.checkpoint import CheckpointError, check_run_dir, clear_old_run, load_trainer_state
 from rundir.files import ADAPTER_WEIGHTS_FILE, METRICS_FILE, RUN_CONFIG_FILE, TOKENIZER_FILE
 from rundir.lock import hold_run_dir
 from rundir.metrics import MetricsLog
 from rundir.record import write_parent_record
 from tracking.wandb_logger import WandbLogger
+from training.checkpointing import checkpointer_for
 from training.config import Config, config_to_dict, save_config
 from training.device import autocast, configure_backends, resolve_precision, should_compile
 from training.distributed import (
-    DistContext, all_reduce_mean, all_reduce_sum, barrier, gather_to_main, init_distributed, select_rank_state,
-    shutdown, split_batch, sync_gradients, wrap_model,
+    DistContext, all_reduce_mean, all_reduce_sum, barrier, decided_on_main, gather_to_main, init_distributed,
+    select_rank_state, shutdown, split_batch, sync_gradients, wrap_model,
 )
 from training.evaluate import EvalResult
-from training.fsdp import full_model_on_main, is_sharded, load_sharded, remove_stale_checkpoints, save_sharded
 from training.init_from import check_parent_tokenizer, load_parent_weights
 from training.interrupt import StopNow, StopRequest
 from training.kept_model import KeptModel, epochs, load_kept_weights, small_corpus_warning
@@ -53,15 +53,13 @@ from training.lora import add_adapters, describe, merged_copy, save_adapter, tra
 from training.memory_budget import check_model_fits, plan_memory
 from training.metrics import Throughput, format_flops, mfu, peak_flops
 from training.optim import (
-    MuonWithAdamW, build_optimizer, build_schedule, load_optimizer_state, muon_momentum, plan_param_groups,
-    set_learning_rate,
+    MuonWithAdamW, build_optimizer, build_schedule, muon_momentum, plan_param_groups, set_learning_rate,
 )
 from training.progress_bar import StepBar
 from training.recompute import checkpoint_blocks
 from training.rms_norm_cpu import install_cpu_backward
 from training.resume_rules import (
-    check_not_finished,
-    check_data_format, check_fixed_settings, check_model_shape, check_optimizer_groups, fixed_settings, restore_error,
+    check_not_finished, check_data_format, check_fixed_settings, check_model_shape, fixed_settings, restore_error,
 )
 from training.rng_state import capture_rng_state, restore_rng_state
 from training.tasks import prepare_task
@@ -189,10 +187,12 @@ class Trainer:
 
     def _open_run_dir(self, *, resume: bool, overwrite: bool) -> dict[str, Any] | None:
         """Refuse a bad run directory or checkpoint before anything slow (a tokenizer training)."""
-        if self.ctx.is_main:
+        def claim() -> None:
             # Taken before anything is read, written or cleared; held until close().
             self._held.enter_context(hold_run_dir(self.run_dir))
             check_run_dir(self.run_dir, resume=resume, overwrite=overwrite)
+
+        decided_on_main(self.ctx, claim)  # refused on rank 0, refused on every rank
         state = None
         if resume:
             state = load_trainer_state(self.run_dir)
@@ -249,6 +249,7 @@ class Trainer:
             checkpoint_blocks(self.model)
         # Before the optimizer is built: FSDP replaces the parameters with sharded ones.
         self.wrapped = wrap_model(self.model, ctx, tc.parallel)
+        self.checkpoint = checkpointer_for(tc.parallel, self.run_dir, ctx, cfg.model, self.device)
         torch.manual_seed(tc.seed + ctx.rank)  # for dropout, differing per rank
         np.random.seed((tc.seed + ctx.rank) % 2**32)
         random.seed(tc.seed + ctx.rank)
@@ -271,12 +272,7 @@ class Trainer:
     def _restore(self, state: dict[str, Any]) -> str | None:
         """Load a checkpoint's trainer state; return the wandb run id to resume."""
         try:
-            if "sharded" in state:  # saved by train.parallel=fsdp, at any number of processes
-                load_sharded(self.run_dir, state["sharded"], self.model, self.optimizer)
-            else:
-                self.model.load_state_dict(state["model"])
-                check_optimizer_groups(state["optimizer"], self.optimizer.state_dict(), self.run_dir)
-                load_optimizer_state(self.optimizer, state["optimizer"])
+            self.checkpoint.restore(state, self.model, self.optimizer)
             self.step = int(state["step"])
             self.tokens_seen = int(state["tokens_seen"])
             self.base_seconds = float(state["train_seconds"])
@@ -284,7 +280,7 @@ class Trainer:
             if rank_state is not None:
                 self.batches.load_state_dict(rank_state["batches"])
                 restore_rng_state(rank_state["rng"])
-        except (KeyError, ValueError, TypeError, RuntimeError, FileNotFoundError) as e:
+        except (KeyError, ValueError, TypeError, RuntimeError) as e:
             # A state with keys missing, or saved by another optimizer or sampler.
             raise restore_error(self.run_dir, e) from None
         self.saved_step = self.step
@@ -296,7 +292,8 @@ class Trainer:
     def _start_outputs(self, *, resume: bool, wandb_run_id: str | None) -> None:
         cfg = self.config
         self.metrics = MetricsLog(self.run_dir / METRICS_FILE)
-        if self.ctx.is_main:
+
+        def write_run_files() -> None:
             if not resume:
                 clear_old_run(self.run_dir)  # a run being replaced (--overwrite)
             # The config is rewritten on resume too: a longer budget is a legitimate change, and
@@ -308,6 +305,8 @@ class Trainer:
                 atomic_write_bytes(self.run_dir / TOKENIZER_FILE, Path(self.task.prepared.tokenizer_path).read_bytes())
                 if self.parent is not None:
                     write_parent_record(self.run_dir, self.parent.directory, self.parent.model_config.to_dict())
+
+        decided_on_main(self.ctx, write_run_files)
         self.logger = WandbLogger.start(
             cfg.logging.wandb, run_dir=self.run_dir, run_config=config_to_dict(cfg), resume_id=wandb_run_id,
             is_main=self.ctx.is_main,
@@ -486,7 +485,10 @@ class Trainer:
             self.last_subset_loss = result.loss
         keep = not final and self.kept.record(self.step, result.loss)  # the same on every rank
         # Samples, attention maps and the kept weights are on rank 0 alone: a sharded model is gathered.
-        plain = self._unsharded_model() if ec.sample_tokens > 0 or self.probe is not None or keep else self.model
+        needed = ec.sample_tokens > 0 or self.probe is not None or keep
+        plain = self.checkpoint.whole_model(self.model) if needed else None
+        if keep:  # a full disk is every rank's one line, as for a checkpoint
+            decided_on_main(self.ctx, lambda: self._write_kept_weights(plain))
         if not self.ctx.is_main:
             self.last_eval_s = self._elapsed()
             return result
@@ -500,10 +502,6 @@ class Trainer:
         }
         if final:
             record["weights_step"] = self._kept_step()
-        elif keep:
-            save_pretrained(merged_copy(plain), self.run_dir)
-            if self.config.train.lora is not None:  # the adapter follows the kept weights
-                save_adapter(self.run_dir, plain, self.config.train.lora)
         samples = self._samples(plain) if ec.sample_tokens > 0 else []
         record.update(self.task.sample_fields(samples))
         if self.probe is not None:
@@ -539,44 +537,33 @@ class Trainer:
                                     top_k=ec.sample_top_k, top_p=None, seed=ec.sample_seed)
         return self.task.samples(model, settings)
 
+    def _write_kept_weights(self, plain: GPT) -> None:
+        save_pretrained(merged_copy(plain), self.run_dir)
+        if self.config.train.lora is not None:  # the adapter follows the kept weights
+            save_adapter(self.run_dir, plain, self.config.train.lora)
+
     def _save(self) -> None:
         # Each rank's sampler and RNG streams differ, and all are needed to resume exactly.
         ranks = gather_to_main({"rng": capture_rng_state(), "batches": self.batches.state_dict()}, self.ctx)
-        sharded = None
-        if self.config.train.parallel == "fsdp":
-            sharded = save_sharded(self.run_dir, self.step, self.model, self.optimizer, self.ctx.is_main)
-            plain = self._unsharded_model() if self.kept.step is None else None  # for model.safetensors
-        if self.ctx.is_main:
-            state = {
-                "step": self.step,
-                "tokens_seen": self.tokens_seen,
-                "train_seconds": self._elapsed(),
-                "model_config": self.config.model.to_dict(),
-                "ranks": ranks,
-                "world_size": self.ctx.world_size,
-                "wandb_run_id": self.logger.run_id,
-                "fixed_settings": fixed_settings(self.config.train),
-                "threads": self.threads.threads,
-                "kept": self.kept.state_dict(),
-            }
-            # Once an evaluation has kept weights, model.safetensors holds them, not the latest.
-            model_files = None if self.kept.step is not None else merged_copy(self.model) if sharded is None else plain
-            if sharded is None:
-                state.update(model=self.model.state_dict(), optimizer=self.optimizer.state_dict())
-                if self.config.train.lora is not None and self.kept.step is None:
-                    save_adapter(self.run_dir, self.model, self.config.train.lora)  # beside the merged weights
-                save_checkpoint(self.run_dir, model_files, state)
-            else:
-                # The weights and optimizer state are in the sharded folder that "sharded" names.
-                save_checkpoint(self.run_dir, model_files, {**state, "sharded": sharded})
-                remove_stale_checkpoints(self.run_dir, keep=sharded)
+        state = {
+            "step": self.step,
+            "tokens_seen": self.tokens_seen,
+            "train_seconds": self._elapsed(),
+            "model_config": self.config.model.to_dict(),
+            "ranks": ranks,
+            "world_size": self.ctx.world_size,
+            "wandb_run_id": self.logger.run_id,
+            "fixed_settings": fixed_settings(self.config.train),
+            "threads": self.threads.threads,
+            "kept": self.kept.state_dict(),
+        }
+        # Once an evaluation has kept weights, model.safetensors (and a LoRA run's adapter) hold them,
+        # not the latest.
+        weights = self.kept.step is None
+        if weights and self.config.train.lora is not None and self.ctx.is_main:
+            save_adapter(self.run_dir, self.model, self.config.train.lora)
+        self.checkpoint.save(self.model, self.optimizer, state, weights=weights)
         self.saved_step = self.step
-
-    def _unsharded_model(self) -> GPT | None:
-        """The model whole on rank 0 (None on the others; every rank must call it)."""
-        if not is_sharded(self.model):
-            return self.model
-        return full_model_on_main(self.model, self.config.model, self.ctx.is_main, self.device)
 
     # -----------------------------------------------------------------------------------------
     # Small helpers
