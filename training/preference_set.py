@@ -47,9 +47,9 @@ ROWS_PER_DECODE = 256  # replies decoded together: one engine, one cache of this
 
 @dataclass(frozen=True)
 class SetSettings:
-    prompts: int = 600  # user turns spread evenly over the split (fewer when the split is smaller)
-    samples: int = 4  # replies sampled per prompt
-    max_new_tokens: int = 64
+    prompts: int = 200  # user turns spread evenly over the split (those too long for the window are left out)
+    samples: int = 6  # replies sampled per prompt
+    max_new_tokens: int = 40  # a budget well past a chat run's usual reply, so a reply that reaches it runs on
     temperature: float = 1.0
     top_p: float | None = 0.95
     seed: int = 0
