@@ -11,6 +11,7 @@ run's tokenizer and its window):
 - the share of replies to held-out user turns (the first exchange of ``--replies`` conversations
   spread evenly over the split) that end with <|end|> within ``--max-new-tokens`` tokens, sampled
   as ``generate.py --chat`` samples by default (temperature 0.8, top-p 0.95, seeded), and greedily;
+- the share of those replies that repeat a 4-gram of words (``data.repetition``): replies that loop;
 - the mean length of the replies that ended.
 
 ``--transcript`` adds a short multi-turn conversation with each run through ``generate.py --chat``'s
@@ -29,6 +30,7 @@ import torch
 from common.cli import positive_int
 from data.config import DataConfig
 from data.prepared.chat import prepare_chat_data
+from data.repetition import repeats_ngram
 from inference.chat import ChatSession
 from inference.settings import GenerationSettings
 from inference.engine import decode
@@ -46,19 +48,31 @@ class Row:
     bpb: float
     ended_sampled: float
     ended_greedy: float
+    repeated_sampled: float
+    repeated_greedy: float
     mean_reply_tokens: float
 
 
-def ended_share(model, split, end_id: int, rows: list[int], max_new_tokens: int, temperature: float, seed: int):
-    """(share of rows whose reply ends with end_id within max_new_tokens, mean length of those)."""
-    lengths = []
+@dataclass
+class Replies:
+    ended: float  # share of replies that end with <|end|> within the budget
+    repeated: float  # share of replies that repeat a 4-gram of words
+    mean_ended_tokens: float  # mean length of the replies that ended
+
+
+def reply_measures(model, tokenizer, split, end_id: int, rows: list[int], max_new_tokens: int, temperature: float,
+                   seed: int) -> Replies:
+    """How the replies to the first exchange of ``rows`` end, and how many loop."""
+    lengths, repeated = [], 0
     for row in rows:
         settings = SamplingSettings(max_new_tokens=max_new_tokens, temperature=temperature,
                                     top_p=0.95 if temperature else None, seed=seed + row)
         finish, = decode(model, [split.first_reply_prompt(row)], settings, end_ids=[end_id])
-        if finish.token_ids and finish.token_ids[-1] == end_id:
+        ended = bool(finish.token_ids) and finish.token_ids[-1] == end_id
+        if ended:
             lengths.append(finish.completion_tokens)
-    return len(lengths) / len(rows), (statistics.mean(lengths) if lengths else float("nan"))
+        repeated += repeats_ngram(tokenizer.decode(list(finish.token_ids[:-1] if ended else finish.token_ids)))
+    return Replies(len(lengths) / len(rows), repeated / len(rows), statistics.mean(lengths) if lengths else float("nan"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,9 +96,10 @@ def main(argv: list[str] | None = None) -> int:
         result = evaluate_chat(run.model, data.val, token_bytes, batch_size=32, max_batches=None,
                                pad_id=data.eot_id, device=device, ctx=DistContext())
         picks = sorted({round(i * (len(data.val) - 1) / max(args.replies - 1, 1)) for i in range(args.replies)})
-        sampled, mean_len = ended_share(run.model, data.val, end_id, picks, args.max_new_tokens, 0.8, args.seed)
-        greedy, _ = ended_share(run.model, data.val, end_id, picks, args.max_new_tokens, 0.0, args.seed)
-        rows.append(Row(str(directory), result.bpb, sampled, greedy, mean_len))
+        sampled, greedy = (reply_measures(run.model, run.tokenizer, data.val, end_id, picks, args.max_new_tokens,
+                                          temperature, args.seed) for temperature in (0.8, 0.0))
+        rows.append(Row(str(directory), result.bpb, sampled.ended, greedy.ended, sampled.repeated, greedy.repeated,
+                        sampled.mean_ended_tokens))
         print(f"{directory}: {len(data.val)} held-out conversations ({data.meta['val_from']}), "
               f"{result.tokens:,} assistant tokens scored, {len(picks)} replies", flush=True)
         if args.transcript:
@@ -99,10 +114,12 @@ def main(argv: list[str] | None = None) -> int:
 
     first = rows[0]
     print()
-    print("| run | assistant bits/byte | ended with <|end|> (sampled) | ended (greedy) | mean reply tokens | bits/byte vs first |")
-    print("|---|---|---|---|---|---|")
+    print("| run | assistant bits/byte | ended with <|end|> (sampled) | ended (greedy) | repeated 4-gram (sampled) "
+          "| repeated (greedy) | mean reply tokens | bits/byte vs first |")
+    print("|---|---|---|---|---|---|---|---|")
     for row in rows:
         print(f"| {row.run} | {row.bpb:.3f} | {100 * row.ended_sampled:.1f}% | {100 * row.ended_greedy:.1f}% "
+              f"| {100 * row.repeated_sampled:.1f}% | {100 * row.repeated_greedy:.1f}% "
               f"| {row.mean_reply_tokens:.1f} | {row.bpb / first.bpb:.3f} |")
     return 0
 

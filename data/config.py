@@ -17,7 +17,9 @@ from data.errors import DataError
 SOURCES = ("shakespeare", "hub", "files", "synthetic")
 MIN_VOCAB_SIZE = 256 + 1 + len(CHAT_SPECIAL_TOKENS)  # bytes, end-of-text and the chat tokens
 CHAT_SOURCES = ("shakespeare", "hub", "files")  # the sources that hold conversations (data/sources/conversations.py)
-FORMATS = ("text", "chat")  # text: documents for pretraining; chat: conversations for fine-tuning
+# text: documents for pretraining; chat: conversations for fine-tuning; preference: chosen and
+# rejected replies to a prompt, for preference optimisation (DPO)
+FORMATS = ("text", "chat", "preference")
 FILE_FORMATS = ("auto", "txt", "jsonl", "parquet")
 TXT_DOCUMENTS = ("file", "paragraph", "line")
 ENCODING_ERRORS = ("strict", "replace")
@@ -103,7 +105,9 @@ class DataConfig:
     """Where the corpus comes from, how it is split, and the tokenizer trained on it."""
 
     source: str = "shakespeare"
-    format: str = "text"  # chat: conversations (see data/sources/conversations.py), for train.init_from
+    # chat: conversations (data/sources/conversations.py); preference: reply pairs
+    # (data/sources/preferences.py); both for train.init_from
+    format: str = "text"
     vocab_size: int = 2048
     val_fraction: float = 0.1
     split_seed: int = 1234
@@ -134,6 +138,9 @@ class DataConfig:
         _require(self.source != "hub" or self.hub.name != "",
                  "data.source is 'hub' but data.hub.name is empty: set it to a hub dataset "
                  "(e.g. roneneldan/TinyStories) or a local dataset directory")
+        _require(self.format != "preference" or self.source in ("files", "hub"),
+                 f"data.format: preference reads reply pairs from data.source files or hub, not {self.source!r}; "
+                 "build the built-in set from a chat run with python -m training.preference_set")
         _require(self.source != "files" or self.files.paths != [],
                  "data.source is 'files' but data.files.paths is empty: list .txt, .jsonl or "
                  ".parquet paths or globs")

@@ -146,6 +146,9 @@ class TrainConfig:
     # Train low-rank adapters on a frozen copy of train.init_from's weights instead of every weight
     # (null = full fine-tuning).
     lora: LoraConfig | None = None
+    # data.format: preference only: DPO's β, how far the policy may move from the init_from run
+    # (training/dpo.py); TRL's default.
+    dpo_beta: float = 0.1
 
     def budget_reached(self, step: int, tokens: int, seconds: float) -> str | None:
         """The budget a run at ``step``, having seen ``tokens`` in ``seconds`` of training, has used
@@ -197,6 +200,7 @@ class TrainConfig:
                 f"train.threads must be auto or a whole number >= 1 (got {self.threads!r})")
         _require_one_of(self.precision, "train.precision", ("auto", "bf16", "fp32"))
         _require_one_of(self.parallel, "train.parallel", ("ddp", "fsdp"))
+        _require_in(self.dpo_beta, "train.dpo_beta", 0, math.inf, low_open=True, high_open=True)
         if self.parallel == "fsdp":
             require((too_old := torch_too_old(torch.__version__)) is None, str(too_old))
         require(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager, Iterable
 
 import numpy as np
@@ -29,6 +29,9 @@ class EvalResult:
     bpb: float  # bits per UTF-8 byte of the target text: comparable across tokenizers
     tokens: int
     bytes: int
+    # What else a task measures at each evaluation, under its own names (a preference task's
+    # ``rewards/accuracies``, say): the trainer logs them beside the loss.
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 @torch.no_grad()

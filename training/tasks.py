@@ -1,4 +1,5 @@
-"""What a training run learns from: documents (``TextTask``) or conversations (``ChatTask``).
+"""What a training run learns from: documents (``TextTask``), conversations (``ChatTask``) or reply
+pairs to prefer one of (``PreferenceTask``).
 
 The loop in ``training/trainer.py`` is the same for both. A task owns what differs: the prepared
 data and its batches, how one optimizer step's micro-batches make a loss, the validation score,
@@ -19,13 +20,18 @@ from torch import nn
 
 from data import EOT, prepare_data, train_batches
 from data.batches.chat import ChatBatches
+from data.batches.preference import PreferenceBatches
 from data.prepared.chat import prepare_chat_data
+from data.prepared.preference import prepare_preference_data
 from data.sample_prompt import default_sample_prompt
 from inference.sampling import SamplingSettings
+from model import GPT
 from training.attention_probe import AttentionProbe, attention_probe
 from training.config import Config, ConfigError
 from training.distributed import DistContext
+from training.dpo import FrozenReference, Reference, accumulate_dpo_gradients, evaluate_preferences
 from training.evaluate import EvalResult, evaluate, generate_sample
+from training.init_from import load_parent_weights
 from training.interrupt import StopRequest
 from training.rng_state import capture_rng_state, restore_rng_state
 from training.sft import accumulate_chat_gradients, chat_reply_samples, evaluate_chat
@@ -236,17 +242,71 @@ class ChatTask(Task):
         return f"chat batches: {100 * batches.epoch_padding_fraction():.1f}% of computed tokens are padding"
 
 
+class PreferenceTask(ChatTask):
+    """Direct preference optimisation (``training.dpo``) on reply pairs: the model learns to prefer
+    each chosen reply over its rejected one, relative to the frozen ``reference``. Its samples are
+    replies to held-out prompts, as a chat run's are."""
+
+    def __init__(self, prepared: Any, device: torch.device, reference: Reference, beta: float) -> None:
+        super().__init__(prepared, device)
+        self.reference = reference
+        self.beta = beta
+        self.step_metrics: dict[str, float] = {}  # the last step's, for its line of the metrics file
+
+    def batches(self, batch_size: int, **placement: Any) -> Batches:
+        return PreferenceBatches(self.prepared.train, batch_size, pad_id=self.prepared.eot_id, **placement)
+
+    def accumulate(self, model, batches, micro_steps, *, amp, sync, ctx, stop):
+        micro_batches = [batches.next() for _ in range(micro_steps)]
+        loss, self.step_metrics = accumulate_dpo_gradients(model, self.reference, micro_batches, beta=self.beta,
+                                                           amp=amp, sync=sync, ctx=ctx)
+        return loss, sum(x.numel() for x, _ in micro_batches) * ctx.world_size
+
+    def evaluate(self, model, **shared):
+        return evaluate_preferences(model, self.reference, self.prepared.val, self.token_bytes, beta=self.beta,
+                                    pad_id=self.prepared.eot_id, **shared)
+
+    def eval_line(self, scope, step, result, samples):
+        m = result.metrics
+        lines = [f"step {step} {scope}: DPO loss {result.loss:.4f}, rewards/accuracies {m['rewards/accuracies']:.3f}, "
+                 f"rewards/margins {m['rewards/margins']:.4f}; {result.bpb:.4f} bits/byte of chosen replies"]
+        lines += [_sample_line(prompt + reply) for prompt, reply in samples[:1]]
+        return "\n".join(lines)
+
+    def train_fields(self, batches):
+        metrics = {name: value for name, value in self.step_metrics.items() if name != "loss"}
+        return {**metrics, "beta": self.beta, "padding_fraction": batches.padding_fraction}
+
+    def describe_batches(self, batches):
+        return (f"preference batches: {len(self.prepared.train)} training pairs, each a chosen and a rejected row; "
+                f"{100 * batches.epoch_padding_fraction():.1f}% of computed tokens are padding")
+
+
+def frozen_reference(config: Config, device: torch.device) -> FrozenReference:
+    """The ``train.init_from`` run as a DPO reference: its own frozen copy of the weights. (A LoRA
+    run would pass the policy with its adapters off instead: see ``training.dpo.Reference``.)"""
+    model = GPT(config.model)
+    load_parent_weights(model, config.parent)
+    return FrozenReference(model.to(device))
+
+
 def prepare_task(config: Config, tokenizer_file: Path | None, *, progress: bool, is_main: bool,
                  device: torch.device) -> Task:
     """The task ``data.format`` names, its data prepared (``tokenizer_file``: a parent run's
     tokenizer, or the run's own copy when resuming; None trains one for a text run) and checked
     to fit the model."""
-    chat = config.data.format == "chat"
-    if chat and tokenizer_file is None:
-        raise ConfigError("data.format: chat fine-tunes a trained run: set train.init_from to its directory")
-    if chat:
+    fmt = config.data.format
+    if fmt != "text" and tokenizer_file is None:
+        raise ConfigError(f"data.format: {fmt} fine-tunes a trained run: set train.init_from to its directory")
+    if fmt == "preference" and config.train.parallel == "fsdp":
+        raise ConfigError("data.format: preference trains with train.parallel: ddp; under fsdp the frozen "
+                          "reference model would still be a whole copy on every process")
+    if fmt == "chat":
         prepared = prepare_chat_data(config.data, tokenizer_file, config.model.block_size, progress=progress,
                                      is_main=is_main)
+    elif fmt == "preference":
+        prepared = prepare_preference_data(config.data, tokenizer_file, config.model.block_size, progress=progress,
+                                           is_main=is_main)
     else:
         prepared = prepare_data(config.data, progress=progress, is_main=is_main, tokenizer_file=tokenizer_file)
     prepared.check_block_size(config.model.block_size)
@@ -255,4 +315,8 @@ def prepare_task(config: Config, tokenizer_file: Path | None, *, progress: bool,
             f"the tokenizer has {prepared.vocab_size} tokens but model.vocab_size is "
             f"{config.model.vocab_size}; remove model.vocab_size or raise it"
         )
-    return ChatTask(prepared, device) if chat else TextTask(prepared, config, device)
+    if fmt == "chat":
+        return ChatTask(prepared, device)
+    if fmt == "preference":
+        return PreferenceTask(prepared, device, frozen_reference(config, device), config.train.dpo_beta)
+    return TextTask(prepared, config, device)

@@ -499,6 +499,7 @@ class Trainer:
             "val_loss": result.loss,
             "val_bpb": result.bpb,
             "val_tokens": result.tokens,
+            **{f"val_{name}": value for name, value in result.metrics.items()},
         }
         if final:
             record["weights_step"] = self._kept_step()
@@ -508,7 +509,8 @@ class Trainer:
             record.update(self._attention_stats(plain, final))
         self.metrics.append(record)
         prefix = "final/" if final else "val/"
-        self.logger.log({prefix + "loss": result.loss, prefix + "bpb": result.bpb}, self.step)
+        self.logger.log({prefix + "loss": result.loss, prefix + "bpb": result.bpb,
+                         **{prefix + name: value for name, value in result.metrics.items()}}, self.step)
         if samples:
             self.logger.log_samples(self.step, samples)
         if self.verbose:

@@ -12,7 +12,7 @@ on it and a resumed run continues it exactly; rank r takes the r-th ``batch_size
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -24,10 +24,11 @@ from data.prepared.chat import ChatSplit
 _BUCKET_BATCHES = 64
 
 
-def collate(split: ChatSplit, rows: np.ndarray, pad_id: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
-    """(x, y) for conversations ``rows``, padded to the longest; y is -1 off the loss mask."""
-    lengths = split.lengths[rows] - 1
-    width = int(lengths.max())
+def collate(split: ChatSplit, rows: np.ndarray, pad_id: int, device: torch.device | str = "cpu",
+            width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x, y) for conversations ``rows``, padded to the longest (or to ``width``); y is -1 off the loss mask."""
+    if width is None:
+        width = int(split.lengths[rows].max()) - 1
     x = np.full((len(rows), width), pad_id, dtype=np.int64)
     y = np.full((len(rows), width), -1, dtype=np.int64)
     for r, i in enumerate(rows):
@@ -41,6 +42,9 @@ def collate(split: ChatSplit, rows: np.ndarray, pad_id: int, device: torch.devic
 class ChatBatches:
     """Length-grouped training batches of conversations, every one once per epoch."""
 
+    noun = "conversations"  # what a row of the split is, for messages
+    sequences_per_row = 1  # rows of x each of them becomes
+
     def __init__(
         self, split: ChatSplit, batch_size: int, *, pad_id: int, seed: int, rank: int = 0, world_size: int = 1,
         device: str | torch.device = "cpu",
@@ -51,8 +55,8 @@ class ChatBatches:
         self.draw_size = batch_size * world_size
         if len(split) < self.draw_size:
             raise DataError(
-                f"the training split has {len(split)} conversations, fewer than one batch of {self.draw_size}: "
-                "lower train.batch_size or add conversations"
+                f"the training split has {len(split)} {self.noun}, fewer than one batch of {self.draw_size}: "
+                f"lower train.batch_size or add {self.noun}"
             )
         self.epoch = 0
         self.position = 0  # draws of this epoch already taken
@@ -67,10 +71,17 @@ class ChatBatches:
         draw = self._draws[self.position]
         self.position += 1
         rows = draw[self.rank * self.batch_size : (self.rank + 1) * self.batch_size]
-        x, y = collate(self.split, rows, self.pad_id, self.device)
+        x, y = self._collate(rows)
         self.computed_tokens += x.numel()
-        self.padding_tokens += x.numel() - int((self.split.lengths[rows] - 1).sum())
+        self.padding_tokens += x.numel() - self._positions(rows)
         return x, y
+
+    def _collate(self, rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        return collate(self.split, rows, self.pad_id, self.device)
+
+    def _positions(self, rows: np.ndarray) -> int:
+        """Positions of ``rows`` that hold a real token (not padding)."""
+        return int((self.split.lengths[rows] - 1).sum())
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         while True:
@@ -83,13 +94,13 @@ class ChatBatches:
 
     def epoch_padding_fraction(self) -> float:
         """Share of an epoch's computed positions that are padding (epoch 0's order)."""
-        lengths = self.split.lengths - 1
         computed = padded = 0
         for draw in self._epoch_draws(0):
             for r in range(self.world_size):
-                rows = lengths[draw[r * self.batch_size : (r + 1) * self.batch_size]]
-                computed += int(rows.max()) * len(rows)
-                padded += int(rows.max()) * len(rows) - int(rows.sum())
+                rows = draw[r * self.batch_size : (r + 1) * self.batch_size]
+                positions = (int(self.split.lengths[rows].max()) - 1) * len(rows) * self.sequences_per_row
+                computed += positions
+                padded += positions - self._positions(rows)
         return padded / computed
 
     def state_dict(self) -> dict[str, int]:
@@ -116,13 +127,21 @@ class ChatBatches:
 
 def iter_chat_val_batches(
     split: ChatSplit, batch_size: int, *, pad_id: int, max_batches: int | None = None,
-    device: str | torch.device = "cpu",
+    device: str | torch.device = "cpu", collate_rows: Callable[..., tuple[torch.Tensor, torch.Tensor]] = collate,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Held-out conversations in length order (little padding), the same every call; with
+    ``max_batches`` a fixed subset spread evenly over them. ``collate_rows`` makes a batch of rows
+    of ``split`` (``data.batches.preference.collate_pairs`` for reply pairs)."""
+    for rows in val_rows(split.lengths, batch_size, max_batches):
+        yield collate_rows(split, rows, pad_id, device)
+
+
+def val_rows(lengths: np.ndarray, batch_size: int, max_batches: int | None) -> Iterator[np.ndarray]:
+    """Held-out rows by ``lengths`` (little padding) in batches, the same every call; with
     ``max_batches`` a fixed subset spread evenly over them."""
-    rows = np.argsort(split.lengths, kind="stable")
+    rows = np.argsort(lengths, kind="stable")
     if max_batches is not None:
         count = min(len(rows), max_batches * batch_size)
         rows = rows[np.linspace(0, len(rows) - 1, count).round().astype(np.int64)]
     for i in range(0, len(rows), batch_size):
-        yield collate(split, rows[i : i + batch_size], pad_id, device)
+        yield rows[i : i + batch_size]

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
-from data.chat import ChatTokenIds, ChatTooLong, Message, fit_chat
+from data.chat import ChatTokenIds, ChatTooLong, Message, RenderedChat, fit_chat
 from data.config import DataConfig
 from data.errors import DataError
 from data.prepared import cache
@@ -76,43 +76,61 @@ class PreparedChat(cache.TokenizerMixin):
         """Open an entry, checking its conversations against their recorded checksum and shape;
         raises DataError if they do not match."""
         meta = cache.read_meta(directory, FORMAT_VERSION)
-        path = directory / CONVERSATIONS_FILE
-        recorded = cache.open_checked(directory, lambda: meta["conversations_sha256"])
-        cache.check_file_sha256(path, recorded, "prepared chat data")
-        try:
-            with np.load(path, allow_pickle=False) as z:
-                splits = {s: ChatSplit(z[f"{s}_ids"], z[f"{s}_mask"], z[f"{s}_offsets"]) for s in _SPLITS}
-        except (OSError, ValueError, KeyError) as e:
-            raise DataError(f"prepared chat data {path} is unreadable ({e}); {cache.REBUILD_ADVICE}") from None
+        splits = read_splits(directory, meta, _SPLITS, "prepared chat data")
         chat = cls(directory, Path(tokenizer_file), splits["train"], splits["val"], meta)
         cache.open_checked(directory, chat._check_shape)
         return chat
 
     def _check_shape(self) -> None:
         for name in _SPLITS:
-            split, stats = getattr(self, name), self.meta["splits"][name]
-            if not len(split.ids) == len(split.mask) == split.offsets[-1] == stats["tokens"]:
-                raise DataError(
-                    f"prepared chat data in {self.directory} does not match its {name} counts; {cache.REBUILD_ADVICE}"
-                )
-            if len(split.ids) and int(split.ids.max()) >= int(self.meta["vocab_size"]):
-                raise DataError(
-                    f"prepared chat data in {self.directory} holds ids beyond the vocabulary; {cache.REBUILD_ADVICE}"
-                )
+            check_split(self.directory, name, getattr(self, name), self.meta["splits"][name]["tokens"], self.meta,
+                        "prepared chat data")
 
     def check_block_size(self, block_size: int) -> None:
-        if self.meta["block_size"] != block_size:
-            raise DataError(f"prepared chat data is for block_size {self.meta['block_size']}, not {block_size}")
+        check_entry_block_size(self.meta, block_size, "prepared chat data")
+
+
+def read_splits(directory: Path, meta: dict[str, Any], names: tuple[str, ...], what: str) -> dict[str, ChatSplit]:
+    """The splits ``names`` of an entry's sequences file, checked against the checksum its meta records."""
+    path = directory / CONVERSATIONS_FILE
+    recorded = cache.open_checked(directory, lambda: meta["conversations_sha256"])
+    cache.check_file_sha256(path, recorded, what)
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return {s: ChatSplit(z[f"{s}_ids"], z[f"{s}_mask"], z[f"{s}_offsets"]) for s in names}
+    except (OSError, ValueError, KeyError) as e:
+        raise DataError(f"{what} {path} is unreadable ({e}); {cache.REBUILD_ADVICE}") from None
+
+
+def write_splits(temp: Path, splits: dict[str, ChatSplit]) -> str:
+    """Write ``splits`` as the entry's sequences file in ``temp``; return its checksum for the meta."""
+    path = temp / CONVERSATIONS_FILE
+    arrays = {}
+    for name, split in splits.items():
+        arrays.update({f"{name}_ids": split.ids, f"{name}_mask": split.mask, f"{name}_offsets": split.offsets})
+    with open(path, "wb") as f:
+        np.savez(f, **arrays)
+    return cache.file_sha256(path)
+
+
+def check_split(directory: Path, name: str, split: ChatSplit, tokens: int, meta: dict[str, Any], what: str) -> None:
+    """Refuse a split whose arrays disagree with the ``tokens`` its meta recorded, or hold ids past the vocabulary."""
+    if not len(split.ids) == len(split.mask) == split.offsets[-1] == tokens:
+        raise DataError(f"{what} in {directory} does not match its {name} counts; {cache.REBUILD_ADVICE}")
+    if len(split.ids) and int(split.ids.max()) >= int(meta["vocab_size"]):
+        raise DataError(f"{what} in {directory} holds ids beyond the vocabulary; {cache.REBUILD_ADVICE}")
+
+
+def check_entry_block_size(meta: dict[str, Any], block_size: int, what: str) -> None:
+    if meta["block_size"] != block_size:
+        raise DataError(f"{what} is for block_size {meta['block_size']}, not {block_size}")
 
 
 def tokenize_conversations(
     tokenizer: Tokenizer, conversations: list[list[Message]], block_size: int
 ) -> tuple[ChatSplit, dict[str, int]]:
     """Render, fit and pack ``conversations``; with counts of kept, cut and dropped ones."""
-    dtype = token_dtype(tokenizer.get_vocab_size(with_added_tokens=True))
-    ids: list[int] = []
-    mask: list[bool] = []
-    offsets = [0]
+    kept: list[RenderedChat] = []
     cut = dropped = 0
     for conversation in conversations:
         try:
@@ -123,13 +141,20 @@ def tokenize_conversations(
             dropped += 1
             continue
         cut += fitted.dropped > 0
-        ids += fitted.chat.ids
-        mask += fitted.chat.loss_mask
-        offsets.append(len(ids))
-    split = ChatSplit(np.asarray(ids, dtype=dtype), np.asarray(mask, dtype=bool), np.asarray(offsets, dtype=np.int64))
-    stats = {"conversations": len(split), "cut": cut, "dropped": dropped, "tokens": len(ids),
+        kept.append(fitted.chat)
+    split = pack_sequences(tokenizer, kept)
+    stats = {"conversations": len(split), "cut": cut, "dropped": dropped, "tokens": len(split.ids),
              "assistant_tokens": int(split.mask.sum())}
     return split, stats
+
+
+def pack_sequences(tokenizer: Tokenizer, sequences: list[RenderedChat]) -> ChatSplit:
+    """Rendered sequences as one split, in order."""
+    dtype = token_dtype(tokenizer.get_vocab_size(with_added_tokens=True))
+    ids = np.asarray([token for s in sequences for token in s.ids], dtype=dtype)
+    mask = np.asarray([flag for s in sequences for flag in s.loss_mask], dtype=bool)
+    offsets = np.cumsum([0] + [len(s.ids) for s in sequences], dtype=np.int64)
+    return ChatSplit(ids, mask, offsets)
 
 
 def prepare_chat_data(
@@ -179,19 +204,13 @@ def _write_conversations(
                 f"no {name} conversation of {conversations.description} fits in block_size {block_size}: "
                 "use shorter conversations or a run with a longer window"
             )
-    path = temp / CONVERSATIONS_FILE
-    with open(path, "wb") as f:
-        np.savez(
-            f, train_ids=train.ids, train_mask=train.mask, train_offsets=train.offsets,
-            val_ids=val.ids, val_mask=val.mask, val_offsets=val.offsets,
-        )
     return {
         "description": conversations.description,
         "val_from": conversations.val_from,
         "eot_id": eot_id(tokenizer),
         "vocab_size": tokenizer.get_vocab_size(with_added_tokens=True),
         "splits": {"train": train_stats, "val": val_stats},
-        "conversations_sha256": cache.file_sha256(path),
+        "conversations_sha256": write_splits(temp, {"train": train, "val": val}),
     }
 
 

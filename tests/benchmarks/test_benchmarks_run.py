@@ -35,7 +35,8 @@ def test_chat_eval_scores_a_run_and_its_chat_tune(toy_run, toy_chat_run, toy_con
     cache = toy_config.parent / "cache"
     out = bench("chat_eval", "--runs", toy_run, toy_chat_run, "--cache-dir", cache, "--replies", 2,
                 "--max-new-tokens", 4, "--transcript")
-    assert_words(out, "| run | assistant bits/byte |", "held-out conversations", "user: Who's there?")
+    assert_words(out, "| run | assistant bits/byte |", "| repeated 4-gram (sampled) |", "held-out conversations",
+                 "user: Who's there?")
     for run in (toy_run, toy_chat_run):
         row = re.search(rf"^\| {re.escape(str(run))} \| ([0-9.]+) \|", out, re.MULTILINE)
         assert row and math.isfinite(float(row.group(1))), out[-3000:]

@@ -42,3 +42,19 @@ def pretrain(base_raw: dict[str, Any], out_dir: Path) -> Path:
     raw["eval"] = {"interval": 0, "max_batches": 1, "sample_tokens": 0, "final_max_batches": 1}
     raw["run"]["out_dir"] = str(out_dir)
     return train(config_from_dict(raw), progress=False).run_dir
+
+
+def preference_file(path: Path, count: int = 120, seed: int = 0) -> Path:
+    """Reply pairs a small model can learn to tell apart: the chosen reply names a place, the
+    rejected one repeats a person. Even rows in TRL's conversational shape, odd rows as text."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(count):
+        prompt = conversation(rng, 1 + i % 2)[:-1]  # ends with the user's turn
+        chosen, rejected = f"{rng.choice(_OBJECTS)}.", " ".join([rng.choice(_SUBJECTS)] * 3)
+        if i % 2 == 0:
+            rows.append({"prompt": prompt, "chosen": [{"role": "assistant", "content": chosen}],
+                         "rejected": [{"role": "assistant", "content": rejected}]})
+        else:
+            rows.append({"prompt": prompt[-1]["content"], "chosen": chosen, "rejected": rejected})
+    return write_jsonl(path, rows)

@@ -1,0 +1,39 @@
+"""Batches of reply pairs for preference optimisation: each pair is two rows of one batch.
+
+For ``batch_size`` pairs, x has ``2 * batch_size`` rows: the pairs' prompt + chosen sequences, then
+their prompt + rejected sequences in the same order, all padded at the end to the longest (one
+forward pass scores both replies of every pair). y is -1 off the replies and over the padding,
+so a row's summed target log-probability is its reply's. The pairs are drawn as conversations are
+(``data.batches.chat``): grouped by length, every pair once per epoch, exactly resumable.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from data.batches.chat import ChatBatches, collate
+from data.prepared.preference import PreferenceSplit
+
+
+def collate_pairs(split: PreferenceSplit, rows: np.ndarray, pad_id: int,
+                  device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """(x, y) for pairs ``rows``: the chosen sequences, then the rejected, padded to one width."""
+    width = int(split.lengths[rows].max()) - 1
+    chosen = collate(split.chosen, rows, pad_id, device, width=width)
+    rejected = collate(split.rejected, rows, pad_id, device, width=width)
+    return torch.cat([chosen[0], rejected[0]]), torch.cat([chosen[1], rejected[1]])
+
+
+class PreferenceBatches(ChatBatches):
+    """Length-grouped training batches of ``batch_size`` reply pairs (``2 * batch_size`` rows)."""
+
+    noun = "reply pairs"
+    sequences_per_row = 2
+
+    def _collate(self, rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        return collate_pairs(self.split, rows, self.pad_id, self.device)
+
+    def _positions(self, rows: np.ndarray) -> int:
+        return int((self.split.chosen.lengths[rows] - 1).sum() + (self.split.rejected.lengths[rows] - 1).sum())
+

@@ -1,0 +1,90 @@
+"""Reply pairs for preference optimisation (``data.format: preference``), from local .jsonl/.parquet
+files or a hub dataset. A row is a prompt and two replies to it, the chosen and the rejected, in
+either of TRL's two explicit-prompt shapes:
+
+- standard: ``prompt``, ``chosen`` and ``rejected`` are text: the prompt is one user turn, each
+  reply one assistant turn;
+- conversational: ``prompt`` is a list of ``{"role", "content"}`` messages, ``chosen`` and
+  ``rejected`` lists that begin with the assistant's reply (e.g. ``[{"role": "assistant", ...}]``).
+
+The shapes may be mixed within a row (a message-list prompt with text replies). Every row is
+checked when read; a bad one is an error naming the file (or dataset) and the row. Held-out pairs
+come as held-out conversations do (``data.sources.conversations.load_examples``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from data.chat import Message, to_messages
+from data.config import DataConfig
+from data.errors import DataError
+from data.sources.conversations import ExampleSet, load_examples
+
+PREFERENCE_COLUMNS = ("prompt", "chosen", "rejected")
+
+
+@dataclass(frozen=True)
+class PreferencePair:
+    """A prompt (ending before the reply) and two replies to it, each starting with the assistant's turn."""
+
+    prompt: tuple[Message, ...]
+    chosen: tuple[Message, ...]
+    rejected: tuple[Message, ...]
+
+    def to_row(self) -> dict[str, Any]:
+        """The pair as a conversational row, the shape ``pair_from_row`` reads back."""
+        def messages(part: tuple[Message, ...]) -> list[dict[str, str]]:
+            return [{"role": m.role, "content": m.content} for m in part]
+
+        return {"prompt": messages(self.prompt), "chosen": messages(self.chosen), "rejected": messages(self.rejected)}
+
+
+def load_preferences(cfg: DataConfig, *, progress: bool = False) -> ExampleSet:
+    """The configured reply pairs, checked, split into training and held-out ones."""
+    return load_examples(cfg, dataset_preferences, progress=progress)
+
+
+def dataset_preferences(dataset: Any, description: str) -> list[PreferencePair]:
+    columns = list(dataset.column_names or [])
+    missing = [c for c in PREFERENCE_COLUMNS if c not in columns]
+    if missing:
+        raise DataError(
+            f"{description} has no {', '.join(repr(c) for c in missing)} column (columns: {', '.join(columns) or 'none'}): "
+            "give each pair as prompt, chosen and rejected, as text or as lists of {role, content} messages"
+        )
+    return [pair_from_row(row, f"{description} row {i}") for i, row in enumerate(dataset)]
+
+
+def pair_from_row(row: dict[str, Any], where: str) -> PreferencePair:
+    """One row (either shape) as a checked pair; ``where`` names the row in errors."""
+    try:
+        prompt = _part(row["prompt"], "user", "prompt")
+        if prompt[-1].role == "assistant":
+            raise DataError("the prompt ends with an assistant turn; the replies to compare belong in chosen/rejected")
+        return PreferencePair(prompt, _reply(row["chosen"], "chosen"), _reply(row["rejected"], "rejected"))
+    except DataError as e:
+        raise DataError(f"{where}: {e}") from None
+
+
+def _reply(raw: object, name: str) -> tuple[Message, ...]:
+    reply = _part(raw, "assistant", name)
+    if reply[0].role != "assistant":
+        raise DataError(f"{name} must begin with the assistant's reply, not a {reply[0].role} turn")
+    return reply
+
+
+def _part(raw: object, text_role: str, name: str) -> tuple[Message, ...]:
+    """Text as one ``text_role`` turn, or a checked non-empty list of messages."""
+    if raw is None:  # a column other rows of the file have
+        raise DataError(f"{name} is missing")
+    if isinstance(raw, str):
+        return (Message(text_role, raw),)
+    try:
+        messages = tuple(to_messages(raw))
+    except DataError as e:
+        raise DataError(f"{name}: {e}") from None
+    if not messages:
+        raise DataError(f"{name} is an empty list of messages")
+    return messages

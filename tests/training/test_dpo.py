@@ -1,0 +1,152 @@
+"""Direct preference optimisation: the loss against a direct computation, and a DPO run from a
+trained parent that learns the preference, logs TRL's metric names and resumes exactly."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from chat_testkit import pretrain, preference_file
+from common.errors import UserError
+from model import GPT, GPTConfig, load_pretrained
+from training.distributed import init_distributed
+from training.dpo import FrozenReference, accumulate_dpo_gradients
+from training.trainer import Trainer, train
+
+VOCAB = 40
+
+
+def _model(seed: int = 0) -> GPT:
+    torch.manual_seed(seed)
+    return GPT(GPTConfig(vocab_size=VOCAB, block_size=16, n_layer=1, n_head=2, n_kv_head=1, n_embd=16))
+
+
+def _pair_batch(generator: torch.Generator, pairs: int, width: int = 12) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch laid out as data.batches.preference makes them: chosen rows, then rejected rows,
+    the targets -1 over each row's prompt and padding."""
+    x = torch.randint(0, VOCAB, (2 * pairs, width), generator=generator)
+    y = torch.randint(0, VOCAB, (2 * pairs, width), generator=generator)
+    for row in range(2 * pairs):
+        start = int(torch.randint(1, 5, (), generator=generator))
+        end = int(torch.randint(start + 1, width + 1, (), generator=generator))
+        y[row, :start] = -1
+        y[row, end:] = -1
+    return x, y
+
+
+def _direct_dpo(policy: GPT, reference: GPT, x: torch.Tensor, y: torch.Tensor, beta: float):
+    """The DPO loss and rewards written out from the log-softmax, one row at a time."""
+    def summed(model: GPT, row: int) -> torch.Tensor:
+        logp = torch.log_softmax(model(x[row:row + 1])[0].double(), dim=-1)
+        keep = y[row] != -1
+        return logp[keep].gather(1, y[row][keep][:, None]).sum()
+
+    n = len(x) // 2
+    losses, chosen, rejected = [], [], []
+    for i in range(n):
+        with torch.no_grad():
+            ref_c, ref_r = summed(reference, i), summed(reference, n + i)
+        c = beta * (summed(policy, i) - ref_c)
+        r = beta * (summed(policy, n + i) - ref_r)
+        losses.append(torch.log1p(torch.exp(-(c - r))))
+        chosen.append(c.detach())
+        rejected.append(r.detach())
+    return torch.stack(losses).mean(), torch.stack(chosen), torch.stack(rejected)
+
+
+def test_a_step_over_micro_batches_is_the_mean_dpo_loss_over_all_its_pairs():
+    g = torch.Generator().manual_seed(4)
+    batches = [_pair_batch(g, 3), _pair_batch(g, 3)]
+    policy, reference = _model(0), _model(1)
+    beta = 0.5
+    frozen = FrozenReference(_model(1))
+    loss, metrics = accumulate_dpo_gradients(policy, frozen, batches, beta=beta)
+    grads = {n: p.grad.clone() for n, p in policy.named_parameters()}
+
+    direct = _model(0)
+    # One batch of all six pairs: every chosen row, then every rejected row.
+    x, y = (torch.cat([b[k][:3] for b in batches] + [b[k][3:] for b in batches]) for k in (0, 1))
+    expected, chosen, rejected = _direct_dpo(direct, reference, x, y, beta)
+    expected.backward()
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    assert metrics["rewards/chosen"] == pytest.approx(chosen.mean().item(), abs=1e-5)
+    assert metrics["rewards/rejected"] == pytest.approx(rejected.mean().item(), abs=1e-5)
+    assert metrics["rewards/margins"] == pytest.approx((chosen - rejected).mean().item(), abs=1e-5)
+    assert metrics["rewards/accuracies"] == pytest.approx((chosen > rejected).double().mean().item())
+    assert 0 < metrics["rewards/accuracies"] < 1  # the batch tells a right ranking from a wrong one
+    for name, p in direct.named_parameters():
+        torch.testing.assert_close(grads[name], p.grad, rtol=1e-4, atol=1e-6, msg=name)
+    assert all(p.grad is None and not p.requires_grad for p in frozen.model.parameters())
+
+
+@pytest.fixture(scope="module")
+def parent_run(base_raw, tmp_path_factory) -> Path:
+    return pretrain(base_raw, tmp_path_factory.mktemp("parent") / "run")
+
+
+@pytest.fixture
+def dpo_config(make_config, parent_run, tmp_path):
+    data_file = preference_file(tmp_path / "pairs.jsonl")
+
+    def make(out_dir: Path, **train):
+        return make_config(
+            out_dir,
+            data={"format": "preference", "files": {"paths": [str(data_file)]}, "val_fraction": 0.2},
+            train={"init_from": str(parent_run), "max_steps": 8, "batch_size": 4, "grad_accum_steps": 2,
+                   "lr": 3e-3, "min_lr": 3e-3, "warmup_steps": 0, "dpo_beta": 0.5, **train},
+            eval={"interval": 4, "max_batches": 2, "sample_tokens": 6, "final_max_batches": None},
+            run={"checkpoint_interval": 4},
+        )
+
+    return make
+
+
+def _records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_dpo_learns_the_preference_logs_trl_names_and_resumes_exactly(dpo_config, tmp_path):
+    whole = train(dpo_config(tmp_path / "whole"), progress=False)
+    records = _records(tmp_path / "whole")
+    first = next(r for r in records if r["kind"] == "train")
+    # The policy starts as the reference: every reward is 0 and the loss is -log σ(0) = log 2.
+    assert first["step"] == 1 and first["loss"] == pytest.approx(math.log(2), abs=1e-6)
+    assert first["rewards/chosen"] == 0 and first["rewards/rejected"] == 0 and first["rewards/margins"] == 0
+    assert first["rewards/accuracies"] == 0 and first["beta"] == 0.5
+    final = next(r for r in records if r["kind"] == "final_eval")
+    # Held out: every pair of the split, scored after training on the others.
+    assert final["val_rewards/accuracies"] >= 0.9 and final["val_rewards/margins"] > 0
+    assert final["val_loss"] < math.log(2)
+    assert final["samples"] and all(s["prompt"].endswith("<|assistant|>") for s in final["samples"])
+
+    train(dpo_config(tmp_path / "resumed", max_steps=4), progress=False)
+    resumed = train(dpo_config(tmp_path / "resumed"), resume=True, progress=False)
+    assert resumed.step == whole.step == 8
+    a, b = load_pretrained(tmp_path / "whole"), load_pretrained(tmp_path / "resumed")
+    for name, tensor in a.state_dict().items():
+        torch.testing.assert_close(b.state_dict()[name], tensor, rtol=0, atol=1e-6, msg=name)
+    assert resumed.val_loss == pytest.approx(whole.val_loss, abs=1e-6)
+
+
+def test_preference_data_needs_a_parent_run(make_config, tmp_path):
+    config = make_config(data={"format": "preference", "files": {"paths": [str(preference_file(tmp_path / "p.jsonl"))]}})
+    with pytest.raises(UserError, match="data.format: preference fine-tunes a trained run: set train.init_from"):
+        Trainer(config, init_distributed("cpu"), progress=False).setup(resume=False, overwrite=False)
+
+
+def test_beta_must_be_positive(dpo_config, tmp_path):
+    with pytest.raises(UserError, match="train.dpo_beta must be in"):
+        dpo_config(tmp_path / "run", dpo_beta=0.0)
+
+
+def test_fsdp_is_refused_before_any_data_is_read(dpo_config, tmp_path, monkeypatch):
+    import training.tasks
+
+    monkeypatch.setattr(training.tasks, "prepare_preference_data", lambda *a, **k: pytest.fail("read the data"))
+    config = dpo_config(tmp_path / "run", parallel="fsdp")
+    with pytest.raises(UserError, match="data.format: preference trains with train.parallel: ddp"):
+        Trainer(config, init_distributed("cpu"), progress=False).setup(resume=False, overwrite=False)

@@ -1,0 +1,103 @@
+"""Proof against TRL: on the same exported models and the same reply pairs, our DPO loss and each
+pair's chosen and rejected rewards equal what TRL's ``DPOTrainer`` computes (its documented
+``evaluate``, one pair at a time), in fp32 within 1e-5.
+
+The policy is the reference with its weights moved a little, so the rewards are far from zero and
+differ in sign between pairs. TRL reads the pairs in its conversational shape and renders them with
+the export's chat template; we render them with ``data.chat``: the two must agree token for token.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import run_testkit
+from data.batches.preference import collate_pairs
+from data.chat import Message
+from data.prepared.preference import tokenize_pairs
+from data.sources.preferences import PreferencePair, pair_from_row
+from model import GPT, GPTConfig, save_pretrained
+from training.dpo import FrozenReference, score_pairs
+
+trl = pytest.importorskip("trl")
+transformers = pytest.importorskip("transformers")
+datasets = pytest.importorskip("datasets")
+
+BETA = 0.5
+BLOCK_SIZE = 64
+ROWS = [
+    {"prompt": [{"role": "system", "content": "ROMEO"}, {"role": "user", "content": "But soft, what light?"}],
+     "chosen": [{"role": "assistant", "content": "It is the east."}],
+     "rejected": [{"role": "assistant", "content": "again and again and again"}]},
+    {"prompt": "Wherefore art thou Romeo?", "chosen": "Deny thy father.", "rejected": "Café crème, naïve façade."},
+    {"prompt": [{"role": "user", "content": "The quick brown fox?"}, {"role": "assistant", "content": "Jumps."},
+                {"role": "user", "content": "Over what?"}],
+     "chosen": [{"role": "assistant", "content": "The lazy dog, again."}],
+     "rejected": [{"role": "assistant", "content": "世界你好 😀"}]},
+]
+SHAPES = {"gqa": {}, "mla": {"attention": "mla", "n_kv_head": 4, "kv_latent_dim": 16}}
+
+
+@pytest.fixture(params=sorted(SHAPES))
+def exported(request, tmp_path):
+    """(policy, reference) as our models and as export folders, with the tokenizer."""
+    from exporting.hf import export_run
+
+    tokenizer = run_testkit.chat_tokenizer()
+    shape = {"n_kv_head": 2, **SHAPES[request.param]}
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=tokenizer.get_vocab_size(), block_size=BLOCK_SIZE, n_layer=2, n_head=4, n_embd=64,
+                       **shape)
+    reference = GPT(config).eval()
+    policy = GPT(config).eval()
+    policy.load_state_dict(reference.state_dict())
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    folders = {}
+    for name, model in (("policy", policy), ("reference", reference)):
+        run = tmp_path / name
+        run.mkdir()
+        tokenizer.save(str(run / "tokenizer.json"))
+        save_pretrained(model, run)
+        export_run(run, tmp_path / f"{name}-hf")
+        folders[name] = tmp_path / f"{name}-hf"
+    return policy, reference, folders, tokenizer
+
+
+def _trl_trainer(folders: dict[str, Path], tmp_path: Path):
+    load = lambda folder: transformers.AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).eval()
+    # fp32 throughout: TRL's configs default to bf16 autocast.
+    args = trl.DPOConfig(output_dir=str(tmp_path / "trl"), beta=BETA, loss_type=["sigmoid"], max_length=None,
+                         per_device_eval_batch_size=1, report_to=[], use_cpu=True, bf16=False, fp16=False)
+    pairs = datasets.Dataset.from_list([pair_from_row(row, "").to_row() for row in ROWS])
+    return trl.DPOTrainer(
+        model=load(folders["policy"]), ref_model=load(folders["reference"]), args=args, train_dataset=pairs,
+        processing_class=transformers.AutoTokenizer.from_pretrained(folders["policy"], trust_remote_code=True),
+    )
+
+
+def test_loss_and_rewards_equal_trls_dpo_trainer(exported, tmp_path):
+    policy, reference, folders, tokenizer = exported
+    pairs = [pair_from_row(row, f"row {i}") for i, row in enumerate(ROWS)]
+    assert pairs[1].prompt == (Message("user", "Wherefore art thou Romeo?"),)  # text rows as one turn each
+    split, stats = tokenize_pairs(tokenizer, pairs, BLOCK_SIZE)
+    assert stats["pairs"] == len(ROWS) and stats["dropped"] == stats["cut"] == 0
+    trainer = _trl_trainer(folders, tmp_path)
+    ours_frozen = FrozenReference(reference)
+    signs = set()
+    for i, row in enumerate(ROWS):
+        x, y = collate_pairs(split, [i], pad_id=0)
+        with torch.no_grad():
+            losses, sums, _ = score_pairs(policy, ours_frozen, x, y, BETA, None)
+        chosen, rejected = sums[2].item(), sums[3].item()
+        theirs = trainer.evaluate(eval_dataset=datasets.Dataset.from_list([pairs[i].to_row()]))
+        assert losses.item() == pytest.approx(theirs["eval_loss"], abs=1e-5)
+        assert chosen == pytest.approx(theirs["eval_rewards/chosen"], abs=1e-5)
+        assert rejected == pytest.approx(theirs["eval_rewards/rejected"], abs=1e-5)
+        assert abs(chosen) > 1e-2 and abs(rejected) > 1e-2  # the policy really differs from the reference
+        signs.add(chosen > rejected)
+    assert signs == {True, False}, "the pairs should include a right and a wrong ranking"

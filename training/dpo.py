@@ -1,0 +1,173 @@
+"""Direct preference optimisation (DPO): the sigmoid loss, its rewards, and held-out preference accuracy.
+
+For a prompt with a chosen reply c and a rejected reply r, the policy π (the model being trained)
+and a frozen reference π_ref (the ``train.init_from`` run) each give the summed log-probability of
+each reply's tokens. A reply's implicit reward is β times how much more likely the policy finds it
+than the reference does, and the loss asks the chosen reward to beat the rejected one:
+
+    reward(y) = β · (log π(y | prompt) − log π_ref(y | prompt))
+    loss      = −log σ(reward(c) − reward(r))
+
+averaged over the pairs of the step. β sets how far from the reference the policy may move. The
+metrics carry TRL's names, so a reader of its logs reads these at once: ``rewards/chosen`` and
+``rewards/rejected`` (the mean rewards), ``rewards/accuracies`` (the share of pairs whose chosen
+reward is the higher), ``rewards/margins`` (the mean difference), ``logps/chosen`` and
+``logps/rejected`` (the policy's mean summed log-probabilities).
+
+The reference is anything with ``Reference``'s one method. ``FrozenReference`` holds the parent's
+weights as a second model; a LoRA run can instead pass one that runs the policy itself with its
+adapters switched off, so no second copy of the weights is held.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, ContextManager, Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from data import bits_per_byte, target_nats_and_bytes
+from data.batches.chat import iter_chat_val_batches
+from data.batches.preference import collate_pairs
+from data.prepared.preference import PreferenceSplit
+from model.gpt import eval_mode
+from training.distributed import DistContext, all_reduce_sum
+from training.evaluate import EvalResult, validation_bar
+
+Amp = Callable[[], ContextManager]
+# The sums kept over pairs, in this order; each metric is its sum over the pair count.
+_SUMS = ("pairs", "loss", "rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins",
+         "logps/chosen", "logps/rejected")
+
+
+class Reference(Protocol):
+    def reply_logps(self, policy: nn.Module, x: torch.Tensor, y: torch.Tensor, amp: Amp | None) -> torch.Tensor:
+        """Each row's summed log-probability of its targets (not -1) under the reference, without gradients."""
+
+
+class FrozenReference:
+    """The reference as its own model: the ``init_from`` weights, in eval mode, never trained."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model.eval().requires_grad_(False)
+
+    @torch.no_grad()
+    def reply_logps(self, policy: nn.Module, x: torch.Tensor, y: torch.Tensor, amp: Amp | None) -> torch.Tensor:
+        with amp() if amp is not None else contextlib.nullcontext():
+            logits = self.model(x)
+        return reply_logps(logits, y)
+
+
+def reply_logps(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Each row's summed log-probability of its targets that are not -1 (in fp32)."""
+    nats = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), ignore_index=-1, reduction="none")
+    return -nats.view(y.shape).sum(dim=1)
+
+
+def dpo_loss(
+    policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_chosen: torch.Tensor,
+    ref_rejected: torch.Tensor, beta: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(per-pair loss, chosen rewards, rejected rewards) from the replies' summed log-probabilities."""
+    chosen_rewards = beta * (policy_chosen - ref_chosen)
+    rejected_rewards = beta * (policy_rejected - ref_rejected)
+    return -F.logsigmoid(chosen_rewards - rejected_rewards), chosen_rewards, rejected_rewards
+
+
+def score_pairs(
+    model: nn.Module, reference: Reference, x: torch.Tensor, y: torch.Tensor, beta: float, amp: Amp | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(the batch's per-pair losses, with gradients; the pairs' sums, in ``_SUMS`` order; the policy's
+    logits) for a batch of ``data.batches.preference``: chosen rows first, then the rejected."""
+    with amp() if amp is not None else contextlib.nullcontext():
+        logits = model(x)
+    policy = reply_logps(logits, y)
+    ref = reference.reply_logps(model, x, y, amp)
+    n = len(x) // 2
+    losses, chosen, rejected = dpo_loss(policy[:n], policy[n:], ref[:n], ref[n:], beta)
+    chosen, rejected, policy = chosen.detach(), rejected.detach(), policy.detach()
+    sums = torch.stack([
+        torch.tensor(float(n), device=x.device), losses.detach().sum(), chosen.sum(), rejected.sum(),
+        (chosen > rejected).float().sum(), (chosen - rejected).sum(), policy[:n].sum(), policy[n:].sum(),
+    ]).double()
+    return losses, sums, logits
+
+
+def metrics_of(sums: torch.Tensor) -> dict[str, float]:
+    """The mean of each ``_SUMS`` metric over the pairs counted in ``sums``."""
+    values = sums.tolist()
+    pairs = max(values[0], 1.0)
+    return {name: value / pairs for name, value in zip(_SUMS[1:], values[1:])}
+
+
+def accumulate_dpo_gradients(
+    model: nn.Module,
+    reference: Reference,
+    micro_batches: list[tuple[torch.Tensor, torch.Tensor]],
+    *,
+    beta: float,
+    amp: Amp | None = None,
+    sync: Callable[[bool], ContextManager] | None = None,
+    ctx: DistContext = DistContext(),
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Backward the mean DPO loss over the step's pairs; return it (detached, this process's) and
+    the step's metrics over the pairs of every process.
+
+    Every micro-batch holds the same number of pairs, so the mean over the step is the mean of the
+    micro-batch means; data-parallel training averages it over processes."""
+    sums = torch.zeros(len(_SUMS), dtype=torch.float64, device=micro_batches[0][0].device)
+    for i, (x, y) in enumerate(micro_batches):
+        with sync(i == len(micro_batches) - 1) if sync is not None else contextlib.nullcontext():
+            losses, batch_sums, _ = score_pairs(model, reference, x, y, beta, amp)
+            (losses.mean() / len(micro_batches)).backward()
+        sums += batch_sums
+    loss = (sums[1] / sums[0]).float()
+    return loss, metrics_of(all_reduce_sum(sums, ctx))
+
+
+@torch.no_grad()
+def evaluate_preferences(
+    model: nn.Module,
+    reference: Reference,
+    split: PreferenceSplit,
+    token_bytes: torch.Tensor,
+    *,
+    beta: float,
+    batch_size: int,
+    max_batches: int | None,
+    pad_id: int,
+    device: torch.device,
+    amp: Amp | None = None,
+    ctx: DistContext = DistContext(),
+    progress: bool = False,
+) -> EvalResult:
+    """The DPO loss over held-out pairs, with the preference metrics (``rewards/accuracies``: how
+    often the policy prefers the chosen reply more than the reference does) in ``metrics``, and the
+    bits per byte of the chosen replies' text under the policy. ``batch_size`` counts pairs; with
+    several processes each scores every ``world_size``-th batch and the sums are added up."""
+    batches = iter_chat_val_batches(split, batch_size, pad_id=pad_id, max_batches=max_batches, device=device,
+                                    collate_rows=collate_pairs)
+    if progress:
+        batches = validation_bar(batches, len(split), batch_size, max_batches)
+    sums = torch.zeros(len(_SUMS), dtype=torch.float64, device=device)
+    text = torch.zeros(3, dtype=torch.float64, device=device)  # nats, bytes and tokens of the chosen replies
+    with eval_mode(model):
+        for i, (x, y) in enumerate(batches):
+            if i % ctx.world_size != ctx.rank:
+                continue
+            _, batch_sums, logits = score_pairs(model, reference, x, y, beta, amp)
+            sums += batch_sums
+            n = len(x) // 2
+            nats, nbytes = target_nats_and_bytes(logits[:n], y[:n], token_bytes)
+            text += torch.stack([nats.double(), nbytes.double(), (y[:n] != -1).sum().double()])
+    metrics = metrics_of(all_reduce_sum(sums, ctx))
+    nats, nbytes, tokens = all_reduce_sum(text, ctx).tolist()
+    return EvalResult(
+        loss=metrics.pop("loss"),
+        bpb=bits_per_byte(nats, int(nbytes)) if nbytes > 0 else float("nan"),
+        tokens=int(tokens),
+        bytes=int(nbytes),
+        metrics=metrics,
+    )
