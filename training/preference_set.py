@@ -38,7 +38,7 @@ from data.repetition import repeats_ngram
 from data.sources.conversations import load_conversations
 from data.sources.preferences import PreferencePair
 from inference.engine import Finish, decode
-from model.generation import SamplingSettings
+from inference.sampling import SamplingSettings
 from model.gpt import eval_mode
 from rundir.loading import LoadedRun, load_run
 
