@@ -15,8 +15,8 @@ reward is the higher), ``rewards/margins`` (the mean difference), ``logps/chosen
 ``logps/rejected`` (the policy's mean summed log-probabilities).
 
 The reference is anything with ``Reference``'s one method. ``FrozenReference`` holds the parent's
-weights as a second model; a LoRA run can instead pass one that runs the policy itself with its
-adapters switched off, so no second copy of the weights is held.
+weights as a second model; a LoRA run uses ``AdaptersOffReference``, the policy itself with its
+adapters switched off (its frozen weights are the parent's), so no second copy is held.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from data.prepared.preference import PreferenceSplit
 from model.gpt import eval_mode
 from training.distributed import DistContext, all_reduce_sum
 from training.evaluate import EvalResult, validation_bar
+from training.lora import adapters_disabled
 
 Amp = Callable[[], ContextManager]
 # The sums kept over pairs, in this order; each metric is its sum over the pair count.
@@ -57,6 +58,16 @@ class FrozenReference:
     def reply_logps(self, policy: nn.Module, x: torch.Tensor, y: torch.Tensor, amp: Amp | None) -> torch.Tensor:
         with amp() if amp is not None else contextlib.nullcontext():
             logits = self.model(x)
+        return reply_logps(logits, y)
+
+
+class AdaptersOffReference:
+    """A LoRA run's reference: the policy with its adapters off, in eval mode for the pass."""
+
+    @torch.no_grad()
+    def reply_logps(self, policy: nn.Module, x: torch.Tensor, y: torch.Tensor, amp: Amp | None) -> torch.Tensor:
+        with eval_mode(policy), adapters_disabled(policy), amp() if amp is not None else contextlib.nullcontext():
+            logits = policy(x)
         return reply_logps(logits, y)
 
 

@@ -29,7 +29,9 @@ from model import GPT
 from training.attention_probe import AttentionProbe, attention_probe
 from training.config import Config, ConfigError
 from training.distributed import DistContext
-from training.dpo import FrozenReference, Reference, accumulate_dpo_gradients, evaluate_preferences
+from training.dpo import (
+    AdaptersOffReference, FrozenReference, Reference, accumulate_dpo_gradients, evaluate_preferences,
+)
 from training.evaluate import EvalResult, evaluate, generate_sample
 from training.init_from import load_parent_weights
 from training.interrupt import StopRequest
@@ -283,8 +285,7 @@ class PreferenceTask(ChatTask):
 
 
 def frozen_reference(config: Config, device: torch.device) -> FrozenReference:
-    """The ``train.init_from`` run as a DPO reference: its own frozen copy of the weights. (A LoRA
-    run would pass the policy with its adapters off instead: see ``training.dpo.Reference``.)"""
+    """The ``train.init_from`` run as a DPO reference: its own frozen copy of the weights."""
     model = GPT(config.model)
     load_parent_weights(model, config.parent)
     return FrozenReference(model.to(device))
@@ -318,5 +319,7 @@ def prepare_task(config: Config, tokenizer_file: Path | None, *, progress: bool,
     if fmt == "chat":
         return ChatTask(prepared, device)
     if fmt == "preference":
-        return PreferenceTask(prepared, device, frozen_reference(config, device), config.train.dpo_beta)
+        # A LoRA policy's frozen weights are the parent's: with its adapters off it is the reference.
+        reference = AdaptersOffReference() if config.train.lora is not None else frozen_reference(config, device)
+        return PreferenceTask(prepared, device, reference, config.train.dpo_beta)
     return TextTask(prepared, config, device)
