@@ -3,11 +3,13 @@
 
 import sys
 
-from common.threads import calm_openmp_workers
+from common.signals import quiet_while_starting
 
-calm_openmp_workers()  # before torch loads: OpenMP reads its wait policy once, at load
+with quiet_while_starting():  # first: a Ctrl-C while the libraries load is as quiet as one later
+    from common.threads import calm_openmp_workers
 
-from inference.cli import main  # noqa: E402
+    calm_openmp_workers()  # before torch loads: OpenMP reads its wait policy once, at load
+    from inference.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from common.config import read_yaml_file
 from common.errors import UserError
-from rundir.files import METRICS_FILE
+from rundir.files import METRICS_FILE, RUN_CONFIG_FILE
 from rundir.metrics import read_metrics
 
 # A head passes when at least half its weight lands on the one token the repeat predicts: then it
@@ -64,7 +65,10 @@ def attention_history(records: list[dict[str, Any]]) -> list[AttentionEval]:
 
 
 def _evaluations(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [r for r in records if r.get("kind") in ("eval", "final_eval") and "induction_best" in r]
+    """The evaluations of the weights as they trained: a final one that scored weights kept from
+    an earlier step (training.kept_model) is not a later point of that course."""
+    return [r for r in records if r.get("kind") in ("eval", "final_eval") and "induction_best" in r
+            and r.get("weights_step", r.get("step")) == r.get("step")]
 
 
 def _read_evaluation(record: dict[str, Any]) -> AttentionEval | None:
@@ -101,9 +105,27 @@ def read_attention_history(run_dir: Path) -> tuple[list[AttentionEval], int]:
     history = attention_history(records)
     skipped = len(_evaluations(records)) - len(history)
     if not history:
-        raise UserError(f"{path} holds no attention statistics (the run predates them or was trained with "
-                        "eval.attention_stats: false); train it again to log them")
+        raise UserError(f"{path} holds no attention statistics: {_why_no_attention_statistics(run_dir, records)}")
     return history, skipped
+
+
+def _why_no_attention_statistics(run_dir: Path, records: list[dict[str, Any]]) -> str:
+    """Why a run logged no attention statistics, and what to do, from its own config.yaml."""
+    try:
+        config = read_yaml_file(run_dir / RUN_CONFIG_FILE)
+        evaluation, data, model = config["eval"], config["data"], config["model"]
+        on = evaluation["attention_stats"]
+    except (UserError, KeyError, TypeError):
+        return "the run predates them; train it again to log them"
+    if not on:
+        return "the run was trained with eval.attention_stats: false; train it again with it on"
+    if data.get("format") == "chat":
+        return "a chat run's evaluations log none; give a run trained on text"
+    if not any(r.get("kind") in ("eval", "final_eval") for r in records):
+        return "the run has not been evaluated yet; look again after its first evaluation"
+    return (f"the run's validation split held less than one window of {model.get('block_size')} tokens "
+            "(model.block_size), too little for the probe; train it again with a larger data.val_fraction or "
+            "more data")
 
 
 def first_induction(history: list[AttentionEval], threshold: float = INDUCTION_THRESHOLD) -> AttentionEval | None:

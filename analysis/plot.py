@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+import math
+
 import numpy as np
 import torch
 
@@ -27,6 +29,11 @@ from common.files import atomic_output
 
 # Token pieces label the axes only while they stay readable.
 MAX_LABELLED_TOKENS = 32
+# The grid of every head: its labels' size in points, the room one label takes along an axis
+# (inches), and the side of one map (inches), grown to label every token up to the largest.
+GRID_FONTSIZE = 8
+GRID_LABEL_PITCH = GRID_FONTSIZE * 1.3 / 72
+GRID_MAP_INCHES = (2.2, 3.6)
 MASKED_COLOUR = "#bdbdbd"
 HATCH_COLOUR = "#616161"
 # The formats a figure is written in, named by the suffix of its file (a name's suffix must say what
@@ -44,7 +51,11 @@ def _pyplot():
     return plt
 
 
-def _draw_map(ax, probs: torch.Tensor, tokens: Sequence[str] | None, title: str, fontsize: float):
+def _draw_map(ax, probs: torch.Tensor, tokens: Sequence[str] | None, title: str, fontsize: float, *,
+              every: int | None = None, x_labels: bool = True, y_labels: bool = True):
+    """One map on ``ax``. ``every``: label every that many tokens (None: each token while there are
+    at most MAX_LABELLED_TOKENS, none past that); ``x_labels``/``y_labels`` False: that axis bare
+    (a grid labels only its outer maps)."""
     weights = probs.detach().float().cpu().numpy()
     T = weights.shape[-1]
     future = np.triu(np.ones((T, T), dtype=bool), k=1)
@@ -55,13 +66,20 @@ def _draw_map(ax, probs: torch.Tensor, tokens: Sequence[str] | None, title: str,
     # Hatching on top of the grey: distinct from zero weight even in a greyscale print.
     ax.add_patch(masked_region(T, hatch="////", fill=False, edgecolor=HATCH_COLOUR, linewidth=0))
     ax.set_title(title, fontsize=fontsize + 1)
-    if tokens is not None and len(tokens) <= MAX_LABELLED_TOKENS:
-        ax.set_xticks(range(T), tick_labels(tokens), rotation=90, fontsize=fontsize)
-        ax.set_yticks(range(T), tick_labels(tokens), fontsize=fontsize)
-    else:
-        ax.set_xticks([])
-        ax.set_yticks([])
+    if every is None:
+        every = 1 if tokens is not None and len(tokens) <= MAX_LABELLED_TOKENS else 0
+    ticks = range(0, T, every) if tokens is not None and every else range(0)
+    labels = [tick_labels(tokens)[t] for t in ticks] if tokens is not None else []
+    ax.set_xticks(ticks, labels if x_labels else [], rotation=90, fontsize=fontsize)
+    ax.set_yticks(ticks, labels if y_labels else [], fontsize=fontsize)
     return image
+
+
+def grid_map_size(T: int) -> tuple[float, int]:
+    """The side of one map of a grid, in inches, and the step between its labelled tokens: large
+    enough to label every token at GRID_FONTSIZE up to the largest side, every k-th past that."""
+    side = min(max(T * GRID_LABEL_PITCH, GRID_MAP_INCHES[0]), GRID_MAP_INCHES[1])
+    return side, math.ceil(T * GRID_LABEL_PITCH / side)
 
 
 def tick_labels(tokens: Sequence[str]) -> list[str]:
@@ -99,20 +117,24 @@ def draw_attention_grid(
     sets = [(title, maps)] + ([(compare_title, compare)] if compare is not None else [])
     n_layer, n_head = len(maps), maps[0].shape[0]
     plt = _pyplot()
-    fontsize = 6 if tokens is not None and len(tokens) > 16 else 8
-    fig = plt.figure(figsize=(2.6 * n_head * len(sets) + 1.0, 2.6 * n_layer + 0.6), layout="constrained")
+    side, every = grid_map_size(maps[0].shape[-1])
+    labels = 1.2 if tokens is not None else 0.0  # inches for the token labels left of and below the maps
+    # The sets one above the other: side by side, a figure of two sets of every head is several
+    # times wider than high, and a screen shrinks it until its labels cannot be read.
+    fig = plt.figure(figsize=(side * n_head + labels + 1.2, (side + 0.3) * n_layer * len(sets) + (labels + 0.5) * len(sets)),
+                     layout="constrained")
     # One panel per set, titled once above its heads: titles naming the set in every cell overlap.
-    # The last panel is wider by the colorbar's inch, so that every map is drawn the same size.
-    widths = [2.6 * n_head] * (len(sets) - 1) + [2.6 * n_head + 1.0]
-    panels = fig.subfigures(1, len(sets), squeeze=False, width_ratios=widths)[0]
-    image = None
+    panels = fig.subfigures(len(sets), 1, squeeze=False)[:, 0]
     for panel, (name, layers) in zip(panels, sets):
         axes = panel.subplots(n_layer, n_head, squeeze=False)
         for layer, probs in enumerate(layers):
             for head in range(n_head):
-                image = _draw_map(axes[layer][head], probs[head], tokens, f"layer {layer} head {head}", fontsize)
+                # Tokens label the outer maps only: the left column's rows, the bottom row's columns.
+                image = _draw_map(axes[layer][head], probs[head], tokens, f"layer {layer} head {head}", GRID_FONTSIZE,
+                                  every=every, x_labels=layer == n_layer - 1, y_labels=head == 0)
         panel.suptitle(name)
-    fig.colorbar(image, ax=panels[-1].axes, shrink=0.6, label="attention weight (hatched grey: masked future)")
+        # A colour bar beside each set keeps every map the same size.
+        panel.colorbar(image, ax=axes, shrink=0.6, label="attention weight (hatched grey: masked future)")
     _save(fig, out)
 
 

@@ -33,6 +33,8 @@ from pathlib import Path
 
 import torch
 
+from common.cli import ArgumentParser, positive_float, positive_int, run_stoppable
+from common.errors import UserError
 from model import GPT, GPTConfig, load_pretrained
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,20 +53,20 @@ class Measured:
     decode_batch16: float
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--minutes", type=float, default=10.0, help="training clock per run (train.max_minutes)")
+def build_parser() -> argparse.ArgumentParser:
+    p = ArgumentParser(prog="python -m benchmarks.attention_variants", description=__doc__.split("\n\n")[0])
+    p.add_argument("--minutes", type=positive_float, default=10.0, help="training clock per run (train.max_minutes)")
     p.add_argument("--seeds", type=int, nargs="+", default=[1337], help="train.seed of each run of a variant")
-    p.add_argument("--latents", type=int, nargs=2, default=[64, 32], help="the two MLA kv_latent_dim sizes")
+    p.add_argument("--latents", type=positive_int, nargs=2, default=[64, 32], help="the two MLA kv_latent_dim sizes")
     p.add_argument("--config", type=Path, default=CONFIG, help="the training config every variant starts from")
     p.add_argument("--out", type=Path, default=Path("runs/attention_variants"), help="where the runs go")
     p.add_argument("--plot", type=Path, default=None, help="PNG to draw (default: <out>/attention_variants.png)")
-    p.add_argument("--decode-steps", type=int, default=16, help="decode steps timed at the end of the window")
+    p.add_argument("--decode-steps", type=positive_int, default=16, help="decode steps timed at the end of the window")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="a further train.py override for every run (e.g. eval.final_max_batches=4); repeatable")
     p.add_argument("--forms", action="store_true", help="only time MLA's expanded vs absorbed forms")
-    p.add_argument("--repeats", type=int, default=9, help="with --forms: timed repeats of each step")
-    return p.parse_args(argv)
+    p.add_argument("--repeats", type=positive_int, default=9, help="with --forms: timed repeats of each step")
+    return p
 
 
 # Value embeddings are off in every variant: MLA cannot carry them, and the variants must differ in
@@ -94,13 +96,26 @@ def train(name: str, overrides: dict, seed: int, args: argparse.Namespace) -> Pa
     run_dir = args.out / f"{slug}-s{seed}"
     sets = {**{f"model.{k}": v for k, v in overrides.items()}, "train.max_minutes": args.minutes,
             "train.seed": seed, "run.out_dir": run_dir, "run.overwrite": True, "logging.wandb.mode": "disabled"}
-    command = [sys.executable, str(ROOT / "train.py"), "--config", str(args.config), "--no-progress"]
-    for setting in [f"{key}={value}" for key, value in sets.items()] + args.set:
-        command += ["--set", setting]
     print(f"training {name}, seed {seed} -> {run_dir}", flush=True)
-    subprocess.run(command, check=True, cwd=ROOT, env={**os.environ, "WANDB_MODE": "disabled"},
-                   stdout=subprocess.DEVNULL)
+    run_train_py(args.config, [f"{key}={value}" for key, value in sets.items()] + args.set)
     return run_dir
+
+
+def run_train_py(config: Path, settings: list[str]) -> None:
+    """``train.py --config config --set ...`` for every setting, quietly. A refusal (exit 2: a missing
+    config, a bad --set, an out_dir that is not a run) is the user's to fix, so it comes back as
+    train.py's own one-line message; any other failure shows train.py's output and raises."""
+    command = [sys.executable, str(ROOT / "train.py"), "--config", str(config), "--no-progress"]
+    for setting in settings:
+        command += ["--set", setting]
+    done = subprocess.run(command, cwd=ROOT, env={**os.environ, "WANDB_MODE": "disabled"},
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if done.returncode == 2:
+        refusal = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+        raise UserError(f"train.py refused the run: {(refusal or ['(no message)'])[-1].removeprefix('error: ')}")
+    if done.returncode != 0:
+        sys.stderr.write(done.stderr)
+        raise subprocess.CalledProcessError(done.returncode, command)
 
 
 def final_eval(run_dir: Path) -> tuple[int, float]:
@@ -203,8 +218,11 @@ def compare_forms(config: GPTConfig, batch: int = 16, repeats: int = 9) -> None:
             print(f"  {label:24} {form:9} {1e3 * min(spent):8.2f} / {1e3 * statistics.median(spent):8.2f}")
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
+def main(argv: list[str] | None = None) -> int:
+    return run_stoppable(build_parser(), argv, compare)
+
+
+def compare(args: argparse.Namespace) -> int:
     from common.config import read_yaml_file
 
     doc = read_yaml_file(args.config)
@@ -213,7 +231,7 @@ def main(argv: list[str] | None = None) -> None:
         shape = {**model, "vocab_size": doc["data"]["vocab_size"], **mla_overrides(model)}
         for r in args.latents:
             compare_forms(GPTConfig.from_dict({**shape, "kv_latent_dim": r}), repeats=args.repeats)
-        return
+        return 0
     rows = []
     for name, overrides in variants(model, args.latents).items():
         run_dirs = [train(name, overrides, seed, args) for seed in args.seeds]
@@ -224,7 +242,8 @@ def main(argv: list[str] | None = None) -> None:
     path = args.plot or args.out / "attention_variants.png"
     plot(rows, path, args.minutes)
     print(f"\nfigure: {path}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -27,16 +27,16 @@ from pathlib import Path
 
 import torch
 
+from common.cli import positive_int
 from data.config import DataConfig
 from data.prepared.chat import prepare_chat_data
 from data.repetition import repeats_ngram
 from inference.chat import ChatSession
 from inference.settings import GenerationSettings
 from inference.engine import decode
-from model.generation import SamplingSettings
+from inference.sampling import SamplingSettings
 from rundir.loading import load_run
-from training.distributed import DistContext
-from training.sft import evaluate_chat
+from training import DistContext, evaluate_chat
 
 TRANSCRIPT_SYSTEM = "You are HAMLET in Hamlet."
 TRANSCRIPT = ["Who's there?", "My lord, the king your father is dead.", "What will you do now?"]
@@ -79,8 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=Path, nargs="+", required=True)
     parser.add_argument("--cache-dir", default="data_cache")
-    parser.add_argument("--replies", type=int, default=200)
-    parser.add_argument("--max-new-tokens", type=int, default=200)
+    parser.add_argument("--replies", type=positive_int, default=200)
+    parser.add_argument("--max-new-tokens", type=positive_int, default=200)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--transcript", action="store_true")
     args = parser.parse_args(argv)

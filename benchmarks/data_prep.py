@@ -17,6 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from common.cli import positive_int
 from data import DataConfig, TrainBatches, prepare_data
 
 TARGET_PREPARE_S = 30.0
@@ -65,9 +66,9 @@ def row(name: str, value: str, target: str = "", ratio: str = "") -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--vocab-size", type=int, default=4096)
-    parser.add_argument("--sweep", type=int, nargs="*", default=[1024, 2048, 4096, 8192])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--vocab-size", type=positive_int, default=4096)
+    parser.add_argument("--sweep", type=positive_int, nargs="*", default=[1024, 2048, 4096, 8192])
     parser.add_argument("--no-sweep", action="store_true")
     parser.add_argument("--progress", action="store_true", help="show the prepare progress bars")
     args = parser.parse_args()

@@ -23,9 +23,11 @@ from pathlib import Path
 
 import torch
 
+from common.cli import positive_int
+from common.threads import thread_count
 from inference.engine import decode
+from inference.sampling import SamplingSettings
 from model import GPT, GPTConfig, KVCache
-from model.generation import SamplingSettings
 
 DEFAULT_CONFIG = Path("configs/tiny.yaml")
 BUILTIN_TINY = GPTConfig(vocab_size=4096, block_size=512, n_layer=4, n_head=4, n_kv_head=2, n_embd=256)
@@ -33,17 +35,17 @@ MINIMIND_SMALL = GPTConfig(vocab_size=6400, block_size=512, n_layer=8, n_head=8,
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", type=Path, default=None,
                    help=f"YAML whose model section defines 'tiny' (default: {DEFAULT_CONFIG} if it exists)")
-    p.add_argument("--vocab-size", type=int, default=None, help="override the tiny model's vocab_size")
-    p.add_argument("--block-size", type=int, default=None, help="override the tiny model's block_size")
-    p.add_argument("--contexts", type=int, nargs="+", default=[128, 256, 512],
+    p.add_argument("--vocab-size", type=positive_int, default=None, help="override the tiny model's vocab_size")
+    p.add_argument("--block-size", type=positive_int, default=None, help="override the tiny model's block_size")
+    p.add_argument("--contexts", type=positive_int, nargs="+", default=[128, 256, 512],
                    help="context lengths to report (block_size is always added)")
-    p.add_argument("--prompt-len", type=int, default=16)
+    p.add_argument("--prompt-len", type=positive_int, default=16)
     p.add_argument("--only", choices=["tiny", "minimind-small"], default=None)
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu or cuda")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--threads", type=thread_count, default=None, help="torch CPU threads (default: torch's choice)")
     return p.parse_args(argv)
 
 

@@ -42,6 +42,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from common.cli import positive_int
+from common.threads import thread_count
 from inference.compiled_step import compiler_missing
 from inference.completion import generate_completions
 from inference.settings import GenerationSettings
@@ -69,9 +71,9 @@ def decode_parser(description: str, new_tokens: int) -> argparse.ArgumentParser:
     """The flags every decode-speed benchmark takes: --run, --new-tokens, --repeats, --threads."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run", type=Path, help="benchmark this run's model instead of a random tiny one")
-    parser.add_argument("--new-tokens", type=int, default=new_tokens)
-    parser.add_argument("--repeats", type=int, default=3, help="best of this many timed runs (default 3)")
-    parser.add_argument("--threads", type=int, help="intra-op threads (default: torch's choice)")
+    parser.add_argument("--new-tokens", type=positive_int, default=new_tokens)
+    parser.add_argument("--repeats", type=positive_int, default=3, help="best of this many timed runs (default 3)")
+    parser.add_argument("--threads", type=thread_count, help="intra-op threads (default: torch's choice)")
     return parser
 
 

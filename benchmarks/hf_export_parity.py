@@ -24,7 +24,7 @@ from rundir.loading import load_run
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--run", type=Path, required=True, help="run directory written by train.py")
     p.add_argument("--prompt", default="ROMEO:", help="prompt for the greedy comparison (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random prompts (default: %(default)s)")

@@ -20,28 +20,27 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 from analysis.history import first_copying, first_induction, first_layer_induction, read_attention_history
+from benchmarks.attention_variants import run_train_py
+from common.cli import ArgumentParser, run_stoppable
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "induction.yaml"
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def build_parser() -> argparse.ArgumentParser:
+    p = ArgumentParser(prog="python -m benchmarks.induction_lab", description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=int, nargs="+", help="train.seed of each run")
     p.add_argument("--config", type=Path, default=CONFIG, help="the training config of every run")
     p.add_argument("--out", type=Path, default=Path("runs/induction_lab"), help="where the runs go")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="a further train.py override for every run; repeatable")
     p.add_argument("--heldout", type=Path, metavar="DIR", help="write the held-out corpus (repeats.jsonl) here")
-    return p.parse_args(argv)
+    return p
 
 
 def heldout_documents(count: int = 12000, seed: int = 2024) -> list[str]:
@@ -71,13 +70,8 @@ def write_heldout(directory: Path) -> Path:
 def train(args: argparse.Namespace, seed: int) -> tuple[Path, float]:
     """The run directory of ``seed``'s run, and the seconds its train.py command took."""
     run_dir = args.out / f"s{seed}"
-    command = [sys.executable, str(ROOT / "train.py"), "--config", str(args.config), "--no-progress",
-               "--set", f"train.seed={seed}", "--set", f"run.out_dir={run_dir}", "--set", "run.overwrite=true"]
-    for override in args.set:
-        command += ["--set", override]
     start = time.perf_counter()
-    subprocess.run(command, check=True, cwd=ROOT, env={**os.environ, "WANDB_MODE": "disabled"},
-                   stdout=subprocess.DEVNULL)
+    run_train_py(args.config, [f"train.seed={seed}", f"run.out_dir={run_dir}", "run.overwrite=true", *args.set])
     return run_dir, time.perf_counter() - start
 
 
@@ -103,15 +97,19 @@ def _elapsed_at(run_dir: Path, step: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    return run_stoppable(build_parser(), argv, run_lab)
+
+
+def run_lab(args: argparse.Namespace) -> int:
     if args.heldout is not None:
         print(f"wrote {write_heldout(args.heldout)}")
-    if args.seeds:
-        print("| seed | second-copy loss fell at step | seconds | second-copy loss before | at it | at the end "
-              "| layer sum >= 0.6 at step | head >= 0.5 at step | train.py wall seconds |")
-        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-        for seed in args.seeds:
-            print(report_row(seed, *train(args, seed)), flush=True)
+    for i, seed in enumerate(args.seeds or []):
+        row = report_row(seed, *train(args, seed))
+        if i == 0:  # once the first run stands: a refused one leaves only its error line
+            print("| seed | second-copy loss fell at step | seconds | second-copy loss before | at it | at the end "
+                  "| layer sum >= 0.6 at step | head >= 0.5 at step | train.py wall seconds |")
+            print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        print(row, flush=True)
     return 0
 
 

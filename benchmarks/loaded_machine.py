@@ -30,6 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from common.cli import positive_int
+
 ROOT = Path(__file__).resolve().parents[1]
 NEIGHBOUR = (
     "import time, torch\n"
@@ -41,13 +43,13 @@ OLD_POLICY = {"GOMP_SPINCOUNT": "300000"}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default="configs/tiny.yaml", help="the model and data (default: %(default)s)")
     p.add_argument("--only", nargs="+", choices=("train.py", "generate.py"), default=None,
                    help="time only these commands (the run to generate from is trained either way)")
-    p.add_argument("--steps", type=int, default=40, help="train.py steps (default: %(default)s)")
-    p.add_argument("--new-tokens", type=int, default=200, help="generate.py tokens (default: %(default)s)")
-    p.add_argument("--repeats", type=int, default=3, help="timed runs of each case; the median is reported")
+    p.add_argument("--steps", type=positive_int, default=40, help="train.py steps (default: %(default)s)")
+    p.add_argument("--new-tokens", type=positive_int, default=200, help="generate.py tokens (default: %(default)s)")
+    p.add_argument("--repeats", type=positive_int, default=3, help="timed runs of each case; the median is reported")
     p.add_argument("--neighbours", type=int, default=2, help="busy PyTorch processes beside the command")
     return p.parse_args(argv)
 

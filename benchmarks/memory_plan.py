@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import argparse
 
+from common.cli import ArgumentParser, positive_float, positive_int, run_command
 from model import GPTConfig
-from training.config import TrainConfig
-from training.memory_budget import estimate_memory
+from training import TrainConfig, estimate_memory
 
 MODES = (("ddp", False), ("ddp", True), ("fsdp", False), ("fsdp", True))
 
@@ -43,13 +43,16 @@ def largest_fitting(gib: float, parallel: str, checkpointing: bool, processes: i
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--gib", type=float, nargs="+", default=[24, 80], help="GPU memory sizes, GiB")
-    parser.add_argument("--processes", type=int, default=8, help="GPUs that fsdp shards over")
-    parser.add_argument("--micro-batch", type=int, default=16, help="sequences per process and micro-step")
-    parser.add_argument("--vocab-size", type=int, default=6400)
-    parser.add_argument("--block-size", type=int, default=512)
-    args = parser.parse_args(argv)
+    parser = ArgumentParser(prog="python -m benchmarks.memory_plan", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--gib", type=positive_float, nargs="+", default=[24, 80], help="GPU memory sizes, GiB")
+    parser.add_argument("--processes", type=positive_int, default=8, help="GPUs that fsdp shards over")
+    parser.add_argument("--micro-batch", type=positive_int, default=16, help="sequences per process and micro-step")
+    parser.add_argument("--vocab-size", type=positive_int, default=6400)
+    parser.add_argument("--block-size", type=positive_int, default=512)
+    return run_command(parser, argv, print_table)
+
+
+def print_table(args: argparse.Namespace) -> int:
     print(f"micro-batch {args.micro_batch} x {args.block_size} tokens per process, bf16, AdamW; "
           f"fsdp over {args.processes} GPUs")
     print("| GPU memory | " + " | ".join(f"{p}{' + checkpointing' if c else ''}" for p, c in MODES) + " |")
@@ -63,7 +66,6 @@ def main(argv: list[str] | None = None) -> int:
                          f"{config.num_params() / 1e6:,.0f}M ({config.n_layer} x {config.n_embd})")
         print(f"| {gib:g} GiB | " + " | ".join(cells) + " |")
     return 0
-
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -22,11 +22,12 @@ import torch
 
 from benchmarks.generate_speed import (decode_parser, load_benchmark_run, onnx_session, onnx_timer, ours_timer,
                                        print_table, round_robin)
+from common.cli import positive_int
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = decode_parser(__doc__, 64)
-    parser.add_argument("--context", type=int, default=128, help="prompt tokens before decoding (default 128)")
+    parser.add_argument("--context", type=positive_int, default=128, help="prompt tokens before decoding (default 128)")
     args = parser.parse_args(argv)
     import onnxruntime as ort  # here, a requirement: this benchmark is about it
 

@@ -29,13 +29,15 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
+from common.cli import positive_float, positive_int
+from common.threads import thread_count
 from data.chat import ChatTokenIds, Message, render_chat
 from data.sources.shakespeare import shakespeare_documents
 from data.tokenizer import token_byte_table, train_tokenizer
 from model import GPT
 from rundir.loading import load_run
 from inference.engine import Engine, Event
-from training.config import load_run_config
+from training import load_run_config
 from benchmarks.serve_throughput import api_settings, ms_quantiles
 
 
@@ -155,15 +157,15 @@ def load_model(args) -> tuple[GPT, Tokenizer, list[bytes], str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--run", type=Path, help="a chat-tuned run directory")
     source.add_argument("--config", type=Path, help="a config whose model shape gets random weights")
-    parser.add_argument("--clients", type=int, default=16)
-    parser.add_argument("--turns", type=int, default=4)
-    parser.add_argument("--reply-tokens", type=int, default=None, help="default: block_size / 16")
-    parser.add_argument("--cache-mb", type=float, default=256)
-    parser.add_argument("--threads", type=int, default=1, help="torch threads, as serve.py --threads")
+    parser.add_argument("--clients", type=positive_int, default=16)
+    parser.add_argument("--turns", type=positive_int, default=4)
+    parser.add_argument("--reply-tokens", type=positive_int, default=None, help="default: block_size / 16")
+    parser.add_argument("--cache-mb", type=positive_float, default=256)
+    parser.add_argument("--threads", type=thread_count, default=1, help="torch threads, as serve.py --threads")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 

@@ -1,4 +1,4 @@
-"""Quality per minute (issue 30): configs/tiny.yaml trained at equal wall time once per small-model
+"""Quality per minute: configs/tiny.yaml trained at equal wall time once per small-model
 option alone (and the Muon momentum warm-up), and once with all of them together, on the same data
 and seeds, back to back on one host.
 
@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.attention_variants import CONFIG, final_eval, train
+from common.cli import ArgumentParser, positive_float, run_stoppable
 
 # Each technique's overrides (section.key) on top of the config; "combination" is all of them.
 TECHNIQUES: dict[str, dict] = {
@@ -41,9 +42,9 @@ TECHNIQUES: dict[str, dict] = {
 TECHNIQUES["combination"] = {key: value for overrides in TECHNIQUES.values() for key, value in overrides.items()}
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--minutes", type=float, default=9.2, help="training clock per run (train.max_minutes)")
+def build_parser() -> argparse.ArgumentParser:
+    p = ArgumentParser(prog="python -m benchmarks.quality_per_minute", description=__doc__.split("\n\n")[0])
+    p.add_argument("--minutes", type=positive_float, default=9.2, help="training clock per run (train.max_minutes)")
     p.add_argument("--seeds", type=int, nargs="+", default=[1337, 1338], help="train.seed of each run of a technique")
     p.add_argument("--only", nargs="+", choices=list(TECHNIQUES), default=list(TECHNIQUES),
                    help="the techniques to run (default: all; the difference column needs baseline)")
@@ -51,7 +52,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=Path("runs/quality_per_minute"), help="where the runs go")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="a further train.py override for every run (e.g. eval.final_max_batches=4); repeatable")
-    return p.parse_args(argv)
+    return p
 
 
 def table(results: dict[str, list[tuple[int, float]]]) -> str:
@@ -79,10 +80,13 @@ def train_technique(name: str, seed: int, args: argparse.Namespace) -> Path:
     return train(name, model, seed, argparse.Namespace(**{**vars(args), "set": args.set + others}))
 
 
-def main(argv: list[str] | None = None) -> None:
-    from training.metrics import peak_flops
+def main(argv: list[str] | None = None) -> int:
+    return run_stoppable(build_parser(), argv, compare)
 
-    args = parse_args(argv)
+
+def compare(args: argparse.Namespace) -> int:
+    from training import peak_flops
+
     # The same measurement train.py makes for MFU on a CPU: the host's practical fp32 matmul peak.
     peak, source = peak_flops("auto", torch.device("cpu"), torch.float32)
     results = {}
@@ -91,7 +95,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\n{args.config.name}, {args.minutes:g} training minutes per run, seeds {args.seeds}, "
           f"host matmul peak {peak / 1e9:.1f} GFLOP/s ({source}, fp32), torch threads {torch.get_num_threads()}\n")
     print(table(results))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

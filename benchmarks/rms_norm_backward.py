@@ -1,4 +1,4 @@
-"""RMSNorm's CPU training path (model.rms_norm_cpu.RMSNormCPUFunction) against autograd's, and LayerNorm.
+"""RMSNorm's CPU training path (training.rms_norm_cpu.RMSNormCPUFunction) against autograd's, and LayerNorm.
 
     python -m benchmarks.rms_norm_backward --config configs/tiny.yaml
     python -m benchmarks.rms_norm_backward --config configs/tiny.yaml --steps 200
@@ -23,10 +23,11 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-import model.rms_norm_cpu as rms_norm_cpu
+from common.cli import positive_int
 from benchmarks.train_throughput import TrainStepRunner, median, paired_ratio_quartiles
 from common.device import select_device
-from training.device import configure_backends
+from training import configure_backends, install_cpu_backward
+from training.rms_norm_cpu import RMSNormCPUFunction
 
 
 def time_norms(shape: tuple[int, ...], repeats: int) -> dict[str, float]:
@@ -39,7 +40,7 @@ def time_norms(shape: tuple[int, ...], repeats: int) -> dict[str, float]:
     layer_norm = torch.nn.LayerNorm(dim, bias=False)
     variants: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
         "RMSNorm, autograd over F.rms_norm": lambda t: F.rms_norm(t, (dim,), weight, 1e-5),
-        "RMSNorm, RMSNormCPUFunction": lambda t: rms_norm_cpu.RMSNormCPUFunction.apply(t, weight, 1e-5),
+        "RMSNorm, RMSNormCPUFunction": lambda t: RMSNormCPUFunction.apply(t, weight, 1e-5),
         "LayerNorm (nanoGPT, no bias)": layer_norm,
     }
     times: dict[str, list[float]] = {name: [] for name in variants}
@@ -63,7 +64,7 @@ def time_steps(cfg, device: torch.device, steps: int) -> tuple[float, float, flo
         torch.manual_seed(0)
         model = GPT(m)
         if installed:
-            rms_norm_cpu.install_cpu_backward(model)
+            install_cpu_backward(model)
         runners.append(TrainStepRunner("", model, flops=model.flops_per_token(), batch_size=tc.batch_size,
                                        block_size=m.block_size, vocab_size=m.vocab_size, device=device,
                                        amp_dtype=torch.float32, compile_model=False, train=tc))
@@ -82,14 +83,14 @@ def time_steps(cfg, device: torch.device, steps: int) -> tuple[float, float, flo
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default="configs/tiny.yaml")
-    parser.add_argument("--repeats", type=int, default=300, help="timed forward+backward passes per norm")
+    parser.add_argument("--repeats", type=positive_int, default=300, help="timed forward+backward passes per norm")
     parser.add_argument("--steps", type=int, default=100, help="timed training steps per model (0: skip)")
     args = parser.parse_args(argv)
 
     from common.errors import UserError
-    from training.config import load_run_config
+    from training import load_run_config
 
     try:
         cfg = load_run_config(args.config)

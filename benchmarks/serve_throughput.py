@@ -37,8 +37,10 @@ from pathlib import Path
 import httpx
 import torch
 
+from common.cli import positive_int
+from common.threads import thread_count
 from inference.engine import decode
-from model.generation import SamplingSettings
+from inference.sampling import SamplingSettings
 from rundir.loading import load_run
 from inference.engine import Engine, Event
 
@@ -198,14 +200,14 @@ def print_table(title: str, levels: list[Level]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--run", type=Path, required=True, help="run directory written by train.py")
-    parser.add_argument("--clients", type=int, nargs="+", default=[1, 4, 16, 32])
-    parser.add_argument("--requests", type=int, default=32, help="requests served at every level")
-    parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--max-batch", type=int, default=32)
+    parser.add_argument("--clients", type=positive_int, nargs="+", default=[1, 4, 16, 32])
+    parser.add_argument("--requests", type=positive_int, default=32, help="requests served at every level")
+    parser.add_argument("--max-tokens", type=positive_int, default=64)
+    parser.add_argument("--max-batch", type=positive_int, default=32)
     parser.add_argument("--only", choices=["engine", "http"], default=None)
-    parser.add_argument("--threads", type=int, default=1, help="torch threads, as serve.py --threads")
+    parser.add_argument("--threads", type=thread_count, default=1, help="torch threads, as serve.py --threads")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the model runs (default cpu)")
     parser.add_argument("--compile", choices=["off", "on", "both"], default="off",
                         help="serve with the compiled decode step (serve.py --compile); both: eager, then compiled")

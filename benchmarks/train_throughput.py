@@ -35,10 +35,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from training.config import TrainConfig
+from common.cli import positive_int
 from common.device import select_device
-from training.device import autocast, configure_backends, resolve_precision, synchronize
-from training.metrics import format_flops
+from training import TrainConfig, autocast, configure_backends, format_flops, resolve_precision, synchronize
 
 
 # ---------------------------------------------------------------------------------------------
@@ -146,7 +145,7 @@ class TrainStepRunner:
         compile_model: bool,
         train: TrainConfig,
     ) -> None:
-        from training.optim import build_optimizer, plan_param_groups
+        from training import build_optimizer, plan_param_groups
 
         self.name, self.flops, self.compiled = name, flops, compile_model
         self.device, self.amp_dtype, self.grad_clip = device, amp_dtype, train.grad_clip
@@ -162,8 +161,7 @@ class TrainStepRunner:
 
     def step(self) -> float:
         """One optimizer step; returns its wall-clock seconds (device work included)."""
-        from training.tasks import accumulate_gradients
-        from training.trainer import clip_gradients
+        from training import accumulate_gradients, clip_gradients
 
         batch = self.batches[self.count % len(self.batches)]
         self.count += 1
@@ -243,14 +241,14 @@ def throughput_parser(description: str, steps_help: str) -> argparse.ArgumentPar
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--config", default="configs/tiny.yaml")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--steps", type=int, default=10, help=steps_help)
-    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (>= 1)")
+    parser.add_argument("--steps", type=positive_int, default=10, help=steps_help)
+    parser.add_argument("--warmup", type=positive_int, default=2, help="untimed steps first (>= 1)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = throughput_parser(__doc__.splitlines()[0], "timed steps per model")
-    parser.add_argument("--rounds", type=int, default=None,
+    parser = throughput_parser(__doc__.split("\n\n")[0], "timed steps per model")
+    parser.add_argument("--rounds", type=positive_int, default=None,
                         help="interleaved timing rounds, the steps split over them (default: one step per round)")
     parser.add_argument("--compile", choices=("auto", "true", "false", "both"), default="auto")
     parser.add_argument("--no-reference", action="store_true", help="measure only the config's model")
@@ -258,8 +256,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from common.errors import UserError
     from model import GPT
-    from model.rms_norm_cpu import install_cpu_backward
-    from training.config import load_run_config
+    from training import install_cpu_backward, load_run_config
 
     try:
         cfg = load_run_config(args.config, args.overrides)

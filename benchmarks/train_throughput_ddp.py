@@ -6,7 +6,7 @@
 
 1. Rank 0 alone (the other ranks wait at a barrier) runs ``--steps`` optimizer steps of the
    config's model without DDP: the single-process baseline.
-2. Every rank runs the same steps with the model wrapped by ``training.distributed.wrap_model``
+2. Every rank runs the same steps with the model wrapped by ``training.wrap_model``
    (DDP, NCCL between GPUs, gloo on CPU), each on its own micro-batch of ``train.batch_size``
    sequences; the gradient all-reduce runs at every step, so its cost is all in the timing.
 3. Prints a table and the scaling efficiency: global tokens/s divided by N x the baseline.
@@ -24,20 +24,17 @@ import sys
 import torch
 
 from benchmarks.train_throughput import RunMeasurement, TrainStepRunner, measure_peak, measure_run, throughput_parser
-from training.distributed import barrier, init_distributed, shutdown, wrap_model
+from training import barrier, init_distributed, shutdown, wrap_model
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = throughput_parser(__doc__.splitlines()[0], "timed steps per measurement")
+    parser = throughput_parser(__doc__.split("\n\n")[0], "timed steps per measurement")
     parser.add_argument("--compile", choices=("auto", "true", "false"), default="auto")
     args = parser.parse_args(argv)
 
     from common.errors import UserError
     from model import GPT
-    from model.rms_norm_cpu import install_cpu_backward
-    from training.config import load_run_config
-    from training.device import configure_backends, resolve_precision
-    from training.metrics import format_flops
+    from training import configure_backends, format_flops, install_cpu_backward, load_run_config, resolve_precision
 
     try:
         cfg = load_run_config(args.config, args.overrides)

@@ -1,6 +1,5 @@
-"""Small pieces every package shares: user-facing errors and atomic file writes."""
+"""Small pieces every package shares: user-facing errors, atomic file writes, signals, threads.
 
-from common.errors import UserError
-from common.files import atomic_write_bytes, atomic_write_text, atomic_output
-
-__all__ = ["UserError", "atomic_write_bytes", "atomic_write_text", "atomic_output"]
+Import the module you need (``common.files``, ``common.errors``, ...): this file imports nothing, so
+that the entry scripts can reach ``common.signals`` before anything slow has loaded.
+"""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import _thread
 import argparse
+import math
 import signal
 import sys
 import threading
@@ -19,12 +20,40 @@ from common.errors import UserError
 from common.os_errors import describe_os_error
 
 
+def whole_number(text: str) -> int | None:
+    """``text`` as a whole number written in ASCII digits, or None: ``int`` also takes other
+    scripts' digits and underscores, but ``str.isdigit`` admits superscripts that ``int`` refuses."""
+    text = text.strip()
+    return int(text) if text.isascii() and text.isdigit() else None
+
+
+def positive_int(text: str) -> int:
+    """An argparse ``type`` for a count: a whole number >= 1."""
+    value = whole_number(text)
+    if value is None or value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """An argparse ``type`` for a size or a duration: a finite number > 0 (nan compares as nothing,
+    so it would pass every later check)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return value
+
+
 class ArgumentParser(argparse.ArgumentParser):
     """argparse that raises a UserError instead of printing usage and exiting, so flag mistakes get
     the same one-line message as every other user error (and ``main`` can be called in-process)."""
 
     def error(self, message: str) -> NoReturn:
-        raise UserError(f"{message}; see python {self.prog} --help")
+        command = self.prog if self.prog.startswith("python ") else f"python {self.prog}"  # a module: python -m
+        raise UserError(f"{message}; see {command} --help")
 
 
 def run_command(
@@ -40,7 +69,9 @@ def run_command(
             return int(done.code or 0)
         return command(args)
     except UserError as error:
-        print(f"error: {error}", file=sys.stderr)
+        # One write: unbuffered stderr would write print's newline apart, and the lines of
+        # processes sharing it (torchrun's ranks) would run together.
+        sys.stderr.write(f"error: {error}\n")
         return 2
 
 

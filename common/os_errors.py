@@ -6,6 +6,8 @@ from __future__ import annotations
 import errno
 import os
 
+from common.errors import one_line
+
 _FIXES = {
     errno.ENOSPC: "the disk is full; free space on it or choose a directory on another disk",
     errno.EDQUOT: "the disk quota is exceeded; free space or choose a directory on another disk",
@@ -23,14 +25,14 @@ _FIXES = {
 def describe_os_error(error: OSError, path: str | os.PathLike | None = None) -> str:
     """One line: the path, what the filesystem said, and what to do about it."""
     where = error.filename or path or "a file"
-    reason = error.strerror or type(error).__name__
+    reason = error.strerror or one_line(error)  # without an errno, its message is all it says
     fix = _FIXES.get(error.errno or 0, "check the path and the disk")
     return f"{where}: {reason}; {fix}"
 
 
 def with_path(error: OSError, path: str | os.PathLike) -> OSError:
     """``error`` naming ``path`` when it names no file (a failed ``os.write`` names none); one without
-    an errno carries only its message, and is kept as it is."""
+    an errno (a library's own, a lost connection) is not about a path, and is kept as it is."""
     if error.filename is not None or error.errno is None:
         return error
     return OSError(error.errno, error.strerror, os.fspath(path))

@@ -4,31 +4,42 @@ A Python signal handler runs between two bytecodes of the main thread, wherever 
 break if an exception arrives there: importing torch (a half-imported numpy cannot be imported
 again, and some library code catches the interrupt and goes on), or the two renames that swap an
 export into place. ``held_signals`` notes a signal that comes during such a step and raises it
-again once the step is done, through whatever handler was in place before.
+again once the step is done, through whatever handler was in place before; ``quiet_while_starting``
+turns one that comes while a command imports its libraries into a quiet exit.
 """
 
 from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-def quiet_while_starting() -> None:
-    """Until a command's own handlers take over (``common.cli.run_stoppable``), Ctrl-C or SIGTERM
-    during its imports exits with 128 + the signal and no traceback. A command's script calls this
-    first: on a busy machine the imports before ``main`` can take a noticeable fraction of a
-    second. A signal set to be ignored (Ctrl-C for a shell's background job) stays ignored."""
-    for signum in _SIGNALS:
-        if signal.getsignal(signum) is not signal.SIG_IGN:
-            signal.signal(signum, _exit_with_the_signal)
+@contextmanager
+def quiet_while_starting() -> Iterator[None]:
+    """While the block runs, Ctrl-C or SIGTERM exits with 128 + the signal and no traceback.
 
+    Each entry script imports its command inside this block, as the first thing it does: on a busy
+    machine importing torch takes seconds, and a Ctrl-C then would otherwise print a traceback from
+    deep inside it. The signal becomes ``SystemExit``, not ``KeyboardInterrupt``, because some
+    library code catches the interrupt while importing and goes on. Some swallows any exception
+    (torch's C start-up imports numpy and carries on when that fails), so a signal that came is
+    raised again when the block ends. Then the handlers in place before come back, and the
+    command's own (``common.cli``) take over. This module imports only the standard library's
+    signal and threading support, so nothing slow comes before the block."""
+    received: list[int] = []
 
-def _exit_with_the_signal(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)
+    def exit_with_the_signal(signum: int, frame: object) -> None:
+        received.append(signum)
+        raise SystemExit(128 + signum)
+
+    with _handlers_replaced_by(exit_with_the_signal):
+        yield
+    if received:
+        raise SystemExit(128 + received[0])
 
 
 @contextmanager
@@ -38,18 +49,29 @@ def held_signals() -> Iterator[None]:
     Blocking the signals at the OS level would not do: another thread (torch's, say) would take
     them, and Python would run the handler in the main thread all the same. Outside the main
     thread Python runs no handler, so there is nothing to hold."""
+    caught: list[int] = []
+    try:
+        with _handlers_replaced_by(lambda number, frame: caught.append(number)):
+            yield
+    finally:
+        if caught:
+            signal.raise_signal(caught[0])
+
+
+@contextmanager
+def _handlers_replaced_by(handler: Callable[[int, object], None]) -> Iterator[None]:
+    """``handler`` for Ctrl-C and SIGTERM during the block, then the previous handlers again. A
+    signal set to be ignored (Ctrl-C for a shell's background job) stays ignored. Outside the main
+    thread Python runs no handler, so nothing is replaced."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    caught: list[int] = []
     previous = {signum: signal.getsignal(signum) for signum in _SIGNALS}
-    for signum, handler in previous.items():
-        if handler is not signal.SIG_IGN:
-            signal.signal(signum, lambda number, frame: caught.append(number))
+    for signum, before in previous.items():
+        if before is not signal.SIG_IGN:
+            signal.signal(signum, handler)
     try:
         yield
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
-        if caught:
-            signal.raise_signal(caught[0])
+        for signum, before in previous.items():
+            signal.signal(signum, signal.SIG_DFL if before is None else before)

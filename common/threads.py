@@ -15,15 +15,18 @@ Two things make a PyTorch command collapse on a machine that is doing other work
   scripts call it before they import anything that imports torch.
 
 Every command that runs the model takes ``--threads N|auto`` (``train.threads`` in a config) and
-goes through ``use_threads``. An explicit number is the user's call and is never second-guessed.
+goes through ``use_threads``. An explicit number is the user's call and is never second-guessed,
+as long as the machine has that many CPUs.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import time
 from dataclasses import dataclass
 
+from common.cli import whole_number
 from common.errors import UserError
 
 AUTO = "auto"
@@ -62,15 +65,35 @@ class ThreadChoice:
         return f"{self.threads} {plural} (auto: {self.usable_cpus} CPUs{busy})"
 
 
-def parse_threads(value: object, setting: str = "--threads") -> int | None:
-    """``auto`` (None) or a whole number of threads >= 1; anything else is a UserError."""
+def parse_threads(value: object, setting: str = "--threads", cpus: int | None = None) -> int | None:
+    """``auto`` (None) or a whole number of threads from 1 to the machine's ``cpus`` (default: all
+    of them); anything else is a UserError."""
     if value is None or value == AUTO:
         return None
-    if isinstance(value, str) and value.strip().isdigit():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    number = whole_number(value) if isinstance(value, str) else value
+    if isinstance(number, bool) or not isinstance(number, int) or number < 1:
         raise UserError(f"{setting} must be auto or a whole number of threads >= 1, got {value!r}")
-    return value
+    return check_thread_count(number, setting, cpus)
+
+
+def check_thread_count(threads: int, setting: str, cpus: int | None = None) -> int:
+    """``threads`` if this machine has that many CPUs. More only queue for the same cores, and
+    OpenMP sizes its pool by the count: a thousand million threads exhausts memory at once."""
+    cpus = cpus or os.cpu_count() or 1
+    if threads > cpus:
+        fix = "or unset it" if setting == "OMP_NUM_THREADS" else "or auto"
+        raise UserError(f"{setting} asks for {threads} threads, more than the {cpus} CPUs of this machine; "
+                        f"give at most {cpus}, {fix}")
+    return threads
+
+
+def thread_count(text: str) -> int:
+    """An argparse ``type`` for a benchmark's ``--threads N``: a count from 1 to the machine's CPUs."""
+    threads, cpus = whole_number(text), os.cpu_count() or 1
+    if threads is None or not 1 <= threads <= cpus:
+        raise argparse.ArgumentTypeError(f"must be a whole number of threads from 1 to this machine's {cpus} CPUs, "
+                                         f"got {text!r}")
+    return threads
 
 
 def usable_cpus() -> frozenset[int]:
@@ -141,7 +164,10 @@ def use_threads(requested: int | None, setting: str = "--threads", useful: int |
 
     cpus = usable_cpus()
     from_env = _omp_num_threads()
+    if requested is not None:
+        check_thread_count(requested, setting)
     if requested is None and from_env is not None:
+        check_thread_count(from_env, "OMP_NUM_THREADS")
         choice = choose_threads(from_env, len(cpus), None, "OMP_NUM_THREADS")
     else:
         busy = None if requested is not None or useful == 1 else busy_cpus(cpus)
@@ -151,8 +177,9 @@ def use_threads(requested: int | None, setting: str = "--threads", useful: int |
 
 
 def _omp_num_threads() -> int | None:
-    value = os.environ.get("OMP_NUM_THREADS", "").strip()
-    return int(value) if value.isdigit() and int(value) >= 1 else None
+    """OMP_NUM_THREADS as one count; None when unset or not a count OpenMP would take as one."""
+    value = whole_number(os.environ.get("OMP_NUM_THREADS", ""))
+    return value if value is not None and value >= 1 else None
 
 
 def starved_advice(share: float, threads: int) -> str:

@@ -11,9 +11,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from common.config import build, check_types, require
+from data.chat import CHAT_SPECIAL_TOKENS
 from data.errors import DataError
 
 SOURCES = ("shakespeare", "hub", "files", "synthetic")
+MIN_VOCAB_SIZE = 256 + 1 + len(CHAT_SPECIAL_TOKENS)  # bytes, end-of-text and the chat tokens
+CHAT_SOURCES = ("shakespeare", "hub", "files")  # the sources that hold conversations (data/sources/conversations.py)
 # text: documents for pretraining; chat: conversations for fine-tuning; preference: chosen and
 # rejected replies to a prompt, for preference optimisation (DPO); rl: questions with checkable
 # answers, for reinforcement learning (GRPO; the prompts come from the run's rl section)
@@ -69,6 +72,11 @@ class FilesSourceConfig:
         _require_choice("data.files.txt_document", self.txt_document, TXT_DOCUMENTS)
 
 
+# The synthetic corpus is made in memory, each word of it a few bytes of text twice over (a list,
+# then the dataset): this bound keeps it to a few hundred megabytes, far above the induction lab's.
+MAX_SYNTHETIC_WORDS = 50_000_000
+
+
 @dataclass
 class SyntheticSourceConfig:
     """Random sequences of made-up words, each written twice (data/sources/synthetic.py): the induction lab's
@@ -87,6 +95,10 @@ class SyntheticSourceConfig:
         _require(1 <= self.min_words <= self.max_words <= self.words,
                  "data.synthetic needs 1 <= min_words <= max_words <= words (a sequence repeats no word), "
                  f"got min_words {self.min_words}, max_words {self.max_words}, words {self.words}")
+        most = 2 * self.documents * self.max_words  # each sequence is written twice
+        _require(most <= MAX_SYNTHETIC_WORDS,
+                 f"data.synthetic asks for up to {most:,} words (2 x documents x max_words), more than the "
+                 f"{MAX_SYNTHETIC_WORDS:,} it makes in memory; lower data.synthetic.documents or max_words")
 
 
 @dataclass
@@ -112,9 +124,14 @@ class DataConfig:
         check_types(self, "data", DataError)
         _require(self.source in SOURCES, f"unknown data.source {self.source!r}: use one of {', '.join(SOURCES)}")
         _require_choice("data.format", self.format, FORMATS)
-        # 256 byte symbols + the end-of-text token is the smallest byte-level vocabulary; uint32
-        # token files cap it far above anything trained here.
-        _require(257 <= self.vocab_size <= 2**32 - 1, f"data.vocab_size must be at least 257, got {self.vocab_size}")
+        _require(self.format != "chat" or self.source in CHAT_SOURCES,
+                 f"data.source {self.source} makes text, not conversations, so data.format: chat cannot read it; "
+                 f"use data.source {', '.join(CHAT_SOURCES[:-1])} or {CHAT_SOURCES[-1]}, or data.format: text")
+        # The 256 byte symbols and the special tokens (data/tokenizer.py) are the smallest vocabulary
+        # the tokenizer trainer makes; uint32 token files cap it far above anything trained here.
+        _require(MIN_VOCAB_SIZE <= self.vocab_size <= 2**32 - 1,
+                 f"data.vocab_size must be at least {MIN_VOCAB_SIZE} (256 byte symbols and "
+                 f"{MIN_VOCAB_SIZE - 256} special tokens), got {self.vocab_size}")
         _require(0.0 < self.val_fraction < 1.0,
                  f"data.val_fraction must be between 0 and 1 (exclusive), got {self.val_fraction}")
         _require(self.cache_dir != "", "data.cache_dir must not be empty; e.g. data_cache")

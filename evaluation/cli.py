@@ -3,12 +3,14 @@
 User errors (no lm-eval installed, a missing or damaged run, a run not trained on the plays) and
 filesystem failures (a read-only run, a full disk or TMPDIR) print one ``error: ...`` line and exit
 with status 2; anything else is a bug and keeps its traceback. Ctrl-C exits with 130 and SIGTERM
-with 143, after the temporary export is removed (``common.cli.run_stoppable``).
+with 143, after the temporary export is removed (``common.cli.run_stoppable``). At a terminal,
+stderr shows a line per stage and a bar while lm-eval scores (minutes on a CPU).
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Sequence
 
@@ -66,7 +68,10 @@ def _evaluate(args: argparse.Namespace) -> int:
     from rundir.loading import find_latest_run
 
     use_threads(threads)
-    report = evaluate_run(args.run or find_latest_run(), settings)
+    # Progress (a line per stage, a bar while lm-eval scores) at a terminal, as git shows its own:
+    # a script reading stderr gets only what went wrong.
+    progress = sys.stderr if sys.stderr.isatty() else None
+    report = evaluate_run(args.run or find_latest_run(), settings, progress=progress)
     print(report.table if args.verbose else report.summary)
     if report.train_bpb is not None and "shakespeare_bpb/bits_per_byte" in report.metrics:
         print(f"shakespeare_bpb: {report.metrics['shakespeare_bpb/bits_per_byte']:.4f} bits/byte with lm-eval's "

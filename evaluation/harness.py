@@ -13,7 +13,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, TextIO
 
 from common.errors import UserError
 
@@ -33,13 +33,16 @@ def require_lm_eval() -> None:
 
 def run_lm_eval(
     export_dir: Path, task_dir: Path, tasks: list[str], *, batch_size: int, device: str,
-    limit: int | None = None, verbose: bool = False,
+    limit: int | None = None, verbose: bool = False, progress: TextIO | None = None,
 ) -> dict[str, Any]:
-    """lm-eval's results for ``tasks`` (found in ``task_dir``) on the transformers folder ``export_dir``."""
+    """lm-eval's results for ``tasks`` (found in ``task_dir``) on the transformers folder ``export_dir``.
+    ``progress``: where a bar per kind of request goes (lm-eval's own bars are shown with ``verbose``
+    instead; None: no bar)."""
     require_lm_eval()
     # Offline before datasets and huggingface_hub are imported: they read the setting then.
     with _environment(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1"):
         import lm_eval
+        from lm_eval.models.huggingface import HFLM
         from lm_eval.tasks import TaskManager
 
         if not verbose:
@@ -47,18 +50,56 @@ def run_lm_eval(
             logging.getLogger("lm_eval").setLevel(logging.ERROR)
         manager = TaskManager(include_path=str(task_dir), include_defaults=False)
         with contextlib.nullcontext() if verbose else _quiet():
-            return lm_eval.simple_evaluate(
-                model="hf",
+            # Built as simple_evaluate builds model="hf" from its arguments.
+            model = HFLM.create_from_arg_obj(
                 # float32: the numbers must match train.py's fp32 evaluation, not a half-precision copy.
-                model_args={"pretrained": str(export_dir), "trust_remote_code": True, "dtype": "float32"},
+                {"pretrained": str(export_dir), "trust_remote_code": True, "dtype": "float32"},
+                {"batch_size": batch_size, "device": device},
+            )
+            return lm_eval.simple_evaluate(
+                model=model if verbose or progress is None else _with_progress(model, batch_size, progress),
                 tasks=tasks,
-                batch_size=batch_size,
-                device=device,
                 limit=limit,
                 task_manager=manager,
                 log_samples=False,
                 bootstrap_iters=BOOTSTRAP_ITERS,
             )
+
+
+# What one request of each kind is, for the bars.
+_REQUESTS = {"loglikelihood": "choices", "loglikelihood_rolling": "documents"}
+
+
+def _with_progress(model: Any, batch_size: int, out: TextIO) -> Any:
+    """``model`` (an lm-eval ``LM``) handed its requests a part at a time, with one bar per kind of
+    request: lm-eval scores every request of a kind in one call, which takes minutes on a CPU, and
+    its own bars come one per batch, hundreds of them. Each request is scored on its own, so the
+    parts change no score beyond fp32 rounding."""
+    from lm_eval.api.model import LM
+    from tqdm import tqdm
+
+    class WithProgress(LM):
+        def loglikelihood(self, requests, disable_tqdm: bool = False):
+            return self._in_parts(model.loglikelihood, requests, 8 * batch_size, "loglikelihood")
+
+        def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
+            # A document is many windows: one at a time still fills every batch.
+            return self._in_parts(model.loglikelihood_rolling, requests, 1, "loglikelihood_rolling")
+
+        def generate_until(self, requests, disable_tqdm: bool = False):
+            return model.generate_until(requests, disable_tqdm=True)  # no task here generates
+
+        @staticmethod
+        def _in_parts(score, requests, size: int, kind: str) -> list:
+            results = []
+            with tqdm(total=len(requests), desc=f"lm-eval {kind}", unit=f" {_REQUESTS[kind]}", file=out) as bar:
+                for start in range(0, len(requests), size):
+                    part = requests[start:start + size]
+                    results += score(part, disable_tqdm=True)
+                    bar.update(len(part))
+            return results
+
+    return WithProgress()
 
 
 @contextlib.contextmanager

@@ -14,10 +14,11 @@ import dataclasses
 import json
 import math
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 from common.config import build
 from common.device import select_device
@@ -60,25 +61,37 @@ class EvalReport:
     results_file: Path
 
 
-def evaluate_run(run_dir: str | Path, settings: EvalSettings = EvalSettings()) -> EvalReport:
+def evaluate_run(run_dir: str | Path, settings: EvalSettings = EvalSettings(),
+                 progress: TextIO | None = None) -> EvalReport:
+    """Export, build the tasks, score them with lm-eval, save and log the results. ``progress``:
+    where a line per stage and a bar per kind of lm-eval request go (None: nowhere), since lm-eval
+    takes minutes on a CPU."""
     run_dir = Path(run_dir)
+
+    def stage(message: str) -> None:
+        if progress is not None:
+            print(message, file=progress, flush=True)
+
     unknown = [name for name in settings.tasks if name not in TASKS]
     if unknown or not settings.tasks:
         raise UserError(f"unknown task(s) {', '.join(map(repr, unknown)) or '(none given)'}; choose from {', '.join(TASKS)}")
     require_lm_eval()
     device = select_device(settings.device, setting="--device")
+    stage(f"exporting {run_dir} for lm-eval")
     with _temporary_export(run_dir) as export_dir:  # exporting loads the run: a damaged one stops here
         data, logging_config = _run_sections(run_dir)
         eval_dir = _eval_dir(run_dir)
+        stage("building the tasks from the held-out plays")
         try:
             task_dir = write_tasks(held_out_plays(run_dir, data), eval_dir / "tasks", settings.task_settings)
         except OSError as error:
             raise with_path(error, eval_dir) from None
         _check_choices_fit(export_dir, task_dir, settings.tasks)
         chance = chance_levels(export_dir, task_dir, settings.tasks)
+        stage(f"scoring {', '.join(settings.tasks)} with lm-eval on {device}")
         results = run_lm_eval(
             export_dir, task_dir, list(settings.tasks), batch_size=settings.batch_size, device=str(device),
-            limit=settings.limit, verbose=settings.verbose,
+            limit=settings.limit, verbose=settings.verbose, progress=progress,
         )
     metrics = summary_metrics(results)
     # A chat run's validation scores its held-out replies, not the plays: nothing to compare with.
@@ -96,7 +109,7 @@ def evaluate_run(run_dir: str | Path, settings: EvalSettings = EvalSettings()) -
         atomic_write_text(results_file, json.dumps(saved, indent=2, default=str) + "\n")
     except OSError as error:
         raise with_path(error, results_file) from None
-    _log_to_wandb(run_dir, logging_config, settings.wandb_mode, metrics)
+    _log_to_wandb(run_dir, logging_config, settings.wandb_mode, metrics, stage)
     return EvalReport(results_table(results), summary_table(metrics, chance), metrics, chance, train_bpb, results_file)
 
 
@@ -194,10 +207,12 @@ def _run_sections(run_dir: Path) -> tuple[DataConfig, LoggingConfig]:
         raise UserError(f"{run_dir / RUN_CONFIG_FILE} is damaged ({error}); restore the config the run was trained with") from None
 
 
-def _log_to_wandb(run_dir: Path, logging_config: LoggingConfig, mode: str | None, metrics: dict[str, float]) -> None:
+def _log_to_wandb(run_dir: Path, logging_config: LoggingConfig, mode: str | None, metrics: dict[str, float],
+                  stage: Callable[[str], None]) -> None:
     wandb_config = logging_config.wandb if mode is None else dataclasses.replace(logging_config.wandb, mode=mode)
     if wandb_config.mode == "disabled":
         return
+    stage(f"logging the scores to wandb ({wandb_config.mode})")
     logger = WandbLogger.start(wandb_config, run_dir=run_dir, run_config={}, resume_id=_wandb_run_id(run_dir))
     logger.finish({f"eval/{name}": value for name, value in metrics.items()})
 

@@ -81,6 +81,7 @@ def model_config(config: GPTConfig, tokens: SpecialTokens, dtype: str) -> dict:
         # Latent attention's fields and the options, only where used: other exports stay as they were.
         **({"attention": "mla", "kv_latent_dim": config.kv_latent_dim, "q_latent_dim": config.q_latent_dim}
            if config.attention == "mla" else {}),
+        **({"positions": config.positions, "rotary_base": config.rope_theta} if config.positions != "learned" else {}),
         **_options(config),
     }
 
@@ -95,18 +96,19 @@ def _options(config: GPTConfig) -> dict:
 
 def generation_config(config: GPTConfig, tokens: SpecialTokens) -> dict:
     """``generation_config.json``: generate.py's sampling defaults, the stop tokens, the role tokens
-    that chat never samples, and the window as the longest sequence.
+    that chat never samples, and a length that fits the window.
 
-    ``max_length`` keeps a call that names no length inside the learned positions: without it the
-    text-generation pipeline asks for 256 new tokens, past a small model's window. A call's own
-    ``max_new_tokens`` takes precedence (transformers 5 logs a note that both are set), and one that
+    ``max_new_tokens`` keeps a call that names no length inside the learned positions, for a prompt
+    of up to half the window: without it the text-generation pipeline asks for 256 new tokens,
+    past a small model's window. It is the same setting a call names, so a call's own replaces it
+    quietly (a ``max_length`` here would make transformers warn at every such call), and a call that
     passes the window fails in the model with a message that says so."""
     defaults = GenerationSettings()
     settings = {
         "bos_token_id": tokens.eot,
         "eos_token_id": tokens.stop_ids,
         "pad_token_id": tokens.eot,
-        "max_length": config.block_size,
+        "max_new_tokens": min(defaults.max_new_tokens, config.block_size // 2),
         "do_sample": defaults.temperature > 0,
         "temperature": defaults.temperature,
         "top_k": defaults.top_k or 0,  # 0 turns top-k off (transformers' default would be 50)

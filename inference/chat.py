@@ -21,8 +21,8 @@ from common.errors import UserError
 from data.chat import ChatTokenIds, ChatTooLong, Message, fit_for_reply, render_chat
 from inference.compiled_step import compiled_notice
 from inference.engine import Engine, Event, Finish
+from inference.sampling import new_seed
 from inference.settings import GenerationSettings
-from model.generation import new_seed
 from rundir.loading import LoadedRun
 
 # The engine's finish reasons as a chat reports them.

@@ -5,7 +5,9 @@ command (``/help`` lists them) are not sent to the model. The ``you>`` prompt an
 stderr (at a terminal the prompt shares the screen with the replies), so stdout holds only the
 replies, one per line. A line that is not UTF-8 is refused and the conversation goes on. Ctrl-C
 during a reply stops it and gives the prompt back, the conversation kept (the reply so far
-included); Ctrl-C at an empty prompt, or Ctrl-D, quits. Notices go out between replies, never
+included). Quitting is deliberate: Ctrl-D, ``/exit``, or a second Ctrl-C in a row at the prompt. A
+first Ctrl-C there (a moment too late for the reply it was meant for: short replies end quickly)
+only says how to leave, and over a half-typed line it drops the line, as a shell does. Notices go out between replies, never
 inside one. With ``--prompt`` (or ``--prompt-file``) one reply is printed and the command exits.
 """
 
@@ -23,8 +25,11 @@ from rundir.loading import LoadedRun
 COMMANDS = {
     "/help": "list these commands",
     "/reset": "start the conversation afresh (the system prompt stays)",
-    "/exit": "leave (so do /quit, Ctrl-D, Ctrl-C at an empty prompt, and the end of the input)",
+    "/exit": "leave (so do /quit, Ctrl-D, two Ctrl-C in a row at the prompt, and the end of the input)",
 }
+
+
+QUIT_HINT = "(to leave: Ctrl-C again, Ctrl-D or /exit)"
 
 
 def chat_main(args: argparse.Namespace, run: LoadedRun, settings: GenerationSettings, prompt: str | None) -> int:
@@ -40,17 +45,25 @@ def chat_main(args: argparse.Namespace, run: LoadedRun, settings: GenerationSett
     if not args.quiet:
         _tell(f"chatting with {run.directory} (type a message; /help lists the commands)")
     reader = LineReader("you> ")
+    interrupted = False  # the last thing at the prompt was a Ctrl-C: another one now quits
     while True:
         try:
             text = reader.read()
         except UserError as error:  # a line that is not UTF-8: nothing was sent, carry on
             _tell(f"error: {error}")
+            interrupted = False
             continue
         except KeyboardInterrupt:
             if reader.half_typed():  # Ctrl-C over a half-typed line drops the line, as a shell does
                 _tell("")
+                interrupted = False
+                continue
+            if not interrupted:
+                _tell(f"\n{QUIT_HINT}")
+                interrupted = True
                 continue
             text = None
+        interrupted = False
         if text is None:
             if reader.interactive:
                 _tell("")  # Ctrl-D or Ctrl-C: put the shell prompt back on a line of its own

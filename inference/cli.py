@@ -22,9 +22,9 @@ from common.threads import STARVED_SHARE, add_threads_argument, parse_threads, s
 from inference.chat_cli import chat_main, check_chat_flags
 from inference.compiled_step import choose_compile, compiled_notice
 from inference.completion import GenerationResult, encode_prompt, generate_completions
+from inference.sampling import KEEP_FRACTION
 from inference.settings import GenerationSettings
 from inference.terminal import decode_argument, decode_utf8, write_stdout
-from model.generation import KEEP_FRACTION
 from rundir.loading import find_latest_run, load_run
 
 _EPILOG = f"""\
@@ -48,8 +48,9 @@ stop strings:
 context window:
   The model sees at most block_size tokens. A longer prompt keeps its last block_size tokens (with
   a notice). When generation fills the window, its most recent tokens (a fraction {KEEP_FRACTION:g} of it) are
-  kept and re-encoded from position 0, since learned positions cannot slide; --no-cache recomputes
-  exactly the same window at every step, so both give the same tokens.
+  kept and re-encoded from position 0, since learned positions cannot slide (runs with rotary or no
+  positions keep the same policy); --no-cache recomputes exactly the same window at every step, so
+  both give the same tokens.
 
 examples:
   python generate.py --prompt "ROMEO:"

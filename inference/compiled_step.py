@@ -14,8 +14,9 @@ static shape anyway. Otherwise, on the CPU, rows read only the slots up to the l
 (``exact_window``): that length reaches the graph as a symbolic size, so it is still compiled once,
 and a short generation no longer attends over every slot of the context.
 
-Once warm on the CPU, the step calls the code Dynamo wrote for it directly, without re-entering
-Dynamo or checking its guards at every token: its inputs never change in kind (``CompiledStep``).
+Every step goes through ``torch.compile``'s own call. Its guards cost little beside the step, so
+PyTorch's knobs for skipping them (``guard_filter_fn``, ``set_stance(skip_guard_eval_unsafe=True)``)
+gain nothing here; what the call itself costs could be saved only through Dynamo's private internals.
 
 Prompts are still encoded eagerly: their lengths vary, and a compile per length would cost more
 than it saves. The compiled kernels may round differently from the eager ones in the last bits;
@@ -25,11 +26,10 @@ the eager path stays the reference (tests/inference/test_compiled_step.py bounds
 from __future__ import annotations
 
 import importlib.util
-import inspect
 import os
 import shutil
+import sys
 import time
-import types
 from collections.abc import Mapping
 
 import torch
@@ -66,8 +66,11 @@ def compiler_missing(device: torch.device) -> str | None:
         return None if _triton_installed() else "torch.compile on CUDA needs Triton (pip install triton)"
     if device.type != "cpu":
         return f"torch.compile's decode step runs on cpu or cuda, not {device.type}"
-    if not any(name and shutil.which(name) for name in (os.environ.get("CXX", ""), "c++", "g++", "clang++")):
-        return "torch.compile needs a C++ compiler on the CPU (c++, g++ or clang++, or $CXX) and none was found"
+    # Inductor runs $CXX when it is set, else its platform's default, and no other.
+    compiler = os.environ.get("CXX", {"darwin": "clang++", "win32": "cl"}.get(sys.platform, "g++"))
+    if not compiler or shutil.which(compiler) is None:
+        source = "$CXX" if "CXX" in os.environ else "its default; $CXX chooses another"
+        return f"torch.compile needs a C++ compiler on the CPU: {compiler!r} ({source}) was not found"
     return None
 
 
@@ -106,7 +109,7 @@ class CompiledStep:
         options = dict(mode="reduce-overhead") if self.cuda else dict(options={"cpp_wrapper": True})
         self._step = torch.compile(_step, fullgraph=True, dynamic=False, **options)
         started = time.perf_counter()
-        self._warm, self._direct = False, None
+        self._warm = False
         with torch.inference_mode():
             for _ in range(3):  # a CUDA graph is recorded on the third call; Inductor compiles on the first
                 self({})
@@ -114,27 +117,11 @@ class CompiledStep:
         if self.cuda:
             torch.cuda.synchronize(cache.device)
         self.compile_seconds = time.perf_counter() - started
-        # Once warm on the CPU, the step calls the code Dynamo runs for it directly, not through
-        # Dynamo: entering its frame and checking its guards is a large share of a small model's
-        # step (docs/results.md, "Every decoding path side by side"), and this step's inputs stay
-        # the ones it was compiled for (the same model and buffers, fixed shapes, a window inside
-        # its compiled range). The CUDA graph path keeps Dynamo's call, as does a torch that does
-        # not show its compiled code.
-        if not self.cuda:
-            with torch.inference_mode():  # as the step was compiled (a grad-mode guard)
-                code = _dynamo_code(dict(zip(inspect.signature(_step).parameters, self._arguments({}))))
-            self._direct = None if code is None else types.FunctionType(code, _step.__globals__, "_step_compiled")
-
-    @property
-    def through_dynamo(self) -> bool:
-        """Whether a warm step still goes through Dynamo's call (on CUDA, or without its code)."""
-        return self._direct is None
 
     def __call__(self, tokens: Mapping[int, int]) -> torch.Tensor:
         """Next-token logits (rows, vocab) after appending ``tokens[row]`` to each row it names;
         the other rows' logits are meaningless."""
-        step = self._step if self._direct is None else self._direct  # set once warm
-        logits = step(*self._arguments(tokens))
+        logits = self._step(*self._arguments(tokens))
         self.cache.count(list(tokens))
         # A CUDA graph's outputs are overwritten by its next replay.
         return logits.clone() if self.cuda else logits
@@ -157,17 +144,6 @@ class CompiledStep:
 
 
 MIN_WINDOW = 2
-
-
-def _dynamo_code(arguments: dict[str, object]) -> types.CodeType | None:
-    """The code Dynamo runs for ``_step`` called with ``arguments``: the first of its compiled
-    entries whose guards pass, as Dynamo itself picks one; None on a torch that does not show them."""
-    entries = getattr(torch._dynamo.eval_frame, "_debug_get_cache_entry_list", None)
-    for entry in entries(_step.__code__) if entries is not None else []:
-        check = getattr(getattr(entry, "guard_manager", None), "check", None)  # older torch: no such guards
-        if check is not None and check(arguments):
-            return entry.code
-    return None
 
 
 def _step(model: GPT, buffers: tuple[torch.Tensor, ...], idx: torch.Tensor, slots: torch.Tensor,

@@ -13,8 +13,8 @@ from typing import Callable, Sequence
 
 from data.tokenizer import prompt_ids
 from inference.engine import Event, decode
+from inference.sampling import new_seed
 from inference.settings import GenerationSettings
-from model.generation import new_seed
 from rundir.loading import LoadedRun
 
 # Called with (row, new_text) whenever a row has text that is safe to print.

@@ -20,8 +20,8 @@ is being served, so ``--num-samples`` row i equals the run seeded seed + i. Seed
 everywhere: a request samples from its own ``seeded_generator(seed)``, and sample i of a call that
 asks for several (``decode``: generate.py's rows, training's samples) is seeded ``seed + i``. Past
 the context window a row re-encodes its most recent tokens from position 0
-(``model.generation.window_start``). The batched decode step computes each row bit for bit as alone
-(``model.batch_invariant``, chosen once when the engine is built: attention reads the row's whole
+(``inference.sampling.window_start``). The batched decode step computes each row bit for bit as alone
+(``inference.batch_invariant``, chosen once when the engine is built: attention reads the row's whole
 cache buffer under a mask, and matrix products run in fixed blocks of rows; on the CPU this holds
 when the model's head_dim is a multiple of 16). The server needs that; a
 command line's few rows of one request may turn it off for speed (``decode``'s default), and then
@@ -40,7 +40,12 @@ for its generated tokens and, with ``echo``, for its prompt's: those come from t
 pass, which then keeps every position's logits (and so takes no pages from the prefix cache).
 
 Results go back through a callback, called on the stepping thread with one ``Event`` per generated
-token and a last one carrying the ``Finish``. The callback must be quick and must not raise.
+token and a last one carrying the ``Finish``. The callback must be quick. One that raises ends its
+request there (its row is freed, it gets no more events) and nobody else's: on a caller's thread
+(``run_until_idle``, ``decode``) the exception then goes on to the caller, so a command line whose
+reader has left (a closed pipe, a full disk) ends at once, with its own one-line message; on the
+server's loop thread it is logged, and the callback is told once more, with a last event whose
+``Finish`` reason is "error", so that whoever waits on it stops waiting.
 """
 
 from __future__ import annotations
@@ -53,13 +58,13 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from inference.batch_invariant import row_blocked
 from inference.compiled_step import CompiledStep, spare_slot_cache
 from inference.prefix_cache import PrefixCache
+from inference.sampling import (KEEP_FRACTION, SamplingSettings, kept_window, new_seed, sample_next_token,
+                                seeded_generator, window_start)
 from inference.streaming import TextStream
 from model import GPT
-from model.batch_invariant import row_blocked
-from model.generation import (KEEP_FRACTION, SamplingSettings, kept_window, new_seed, sample_next_token,
-                              seeded_generator, window_start)
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +148,7 @@ class _Request:
     token_logprobs: list[TokenLogprob] = field(default_factory=list)
     prompt_logprobs: tuple[TokenLogprob | None, ...] = ()
     prompt_logits: list[torch.Tensor] = field(default_factory=list)  # with echo: each prefill chunk's
+    failed: bool = False  # its callback raised: the request has ended and gets no more events
 
     def __post_init__(self) -> None:
         # Rows with equal options sample together; the key is made once, not per token.
@@ -185,7 +191,7 @@ class Engine:
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
         cfg = model.config
-        # Batch invariance is chosen here, once: see model.batch_invariant.
+        # Batch invariance is chosen here, once: see inference.batch_invariant.
         self.model = row_blocked(model) if batch_invariant else model
         self.token_bytes = token_bytes if token_bytes is not None else [b""] * cfg.vocab_size
         self.max_batch = max_batch
@@ -461,36 +467,55 @@ class Engine:
                 not request.slide and len(request.tokens) - request.start == self.block_size):
             self._finish(request, "length", token, text)
         else:
-            self._emit(request, Event(text, token, logprob=self._last_logprob(request)))
             start = window_start(request.start, len(request.tokens), self.block_size, self.keep)
             if start != request.start and self.use_cache:
                 # Learned positions cannot slide: the kept tokens are re-encoded from position 0.
                 request.prefilling = True
                 self.cache.reset([request.row])
             request.start = start
+            self._emit(request, Event(text, token, logprob=self._last_logprob(request)))
 
     def _finish(self, request: _Request, reason: str, token: int | None = None, text: str = "") -> None:
         """Free the request's row and send its last event."""
+        self._free_row(request)
+        if reason in ("length", "stop"):
+            text += request.stream.finish()  # an unfinished character at the end, as U+FFFD
+        logprob = self._last_logprob(request) if token is not None else None
+        self._emit(request, Event(text, token, self._finish_of(request, reason), logprob))
+
+    def _free_row(self, request: _Request) -> None:
         if request.row >= 0 and self._rows[request.row] is request:
             self._rows[request.row] = None
             self.cache.reset([request.row])
-        if reason in ("length", "stop"):
-            text += request.stream.finish()  # an unfinished character at the end, as U+FFFD
+
+    @staticmethod
+    def _finish_of(request: _Request, reason: str) -> Finish:
         generated = tuple(request.tokens[len(request.prompt_ids):])
-        finish = Finish(reason, len(request.prompt_ids), generated, request.stream.text, request.cached_tokens,
-                        tuple(request.token_logprobs), request.prompt_logprobs)
-        logprob = self._last_logprob(request) if token is not None else None
-        self._emit(request, Event(text, token, finish, logprob))
+        return Finish(reason, len(request.prompt_ids), generated, request.stream.text, request.cached_tokens,
+                      tuple(request.token_logprobs), request.prompt_logprobs)
 
     @staticmethod
     def _last_logprob(request: _Request) -> TokenLogprob | None:
         return request.token_logprobs[-1] if request.token_logprobs else None
 
     def _emit(self, request: _Request, event: Event) -> None:
+        """Hand ``event`` to the request's callback; one that raises ends the request (see the
+        module's docstring), and only that one."""
+        if request.failed:
+            return
         try:
             request.on_event(event)
-        except Exception:  # the caller's bug must not stop everyone else's generation
-            log.exception("an engine event callback raised")
+        except Exception:
+            request.failed = True
+            self._free_row(request)
+            if threading.current_thread() is not self._thread:
+                raise  # the caller steps the engine itself: the error is the caller's to handle
+            log.exception("an engine event callback raised; its request ends with an error")
+            if event.finish is None:
+                try:
+                    request.on_event(Event("", finish=self._finish_of(request, "error")))
+                except Exception:
+                    log.exception("the callback raised again, at its request's last event")
 
 
 def decode(

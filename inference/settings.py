@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from common.errors import UserError
-from model.generation import MAX_SEED, SamplingSettings, check_sampling_args
+from inference.sampling import MAX_SEED, SamplingSettings, check_sampling_args
 
 # Samples decode as one batch through one cache; beyond this the cache alone outgrows a laptop.
 MAX_NUM_SAMPLES = 1024

@@ -1,12 +1,10 @@
-"""A small decoder-only GPT in pure PyTorch: the model, its KV cache, sampling, save/load.
+"""A small decoder-only GPT in pure PyTorch: the model, its KV cache, save/load.
 
 Importing the package only defines classes and functions; nothing is built or read.
 """
 
-from model.generation import SamplingSettings, sample_next_token
 from model.gpt import GPT, GPTConfig, unwrap
 from model.io import ModelFileError, load_pretrained, save_pretrained
 from model.kv_cache import KVCache
 
-__all__ = ["GPT", "GPTConfig", "KVCache", "ModelFileError", "SamplingSettings", "load_pretrained", "sample_next_token",
-           "save_pretrained", "unwrap"]
+__all__ = ["GPT", "GPTConfig", "KVCache", "ModelFileError", "load_pretrained", "save_pretrained", "unwrap"]

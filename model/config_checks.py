@@ -15,6 +15,7 @@ from common.config import require
 POSITIVE_INTS = ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd", "ffn_hidden")
 ATTENTION_KINDS = ("gqa", "mla")
 MLP_KINDS = ("swiglu", "relu2")
+POSITION_KINDS = ("learned", "rope", "none")
 
 
 def explain_model_values(v: dict[str, Any]) -> None:
@@ -28,6 +29,7 @@ def explain_model_values(v: dict[str, Any]) -> None:
     require(v["n_head"] % v["n_kv_head"] == 0, f"n_head ({v['n_head']}) must be divisible by n_kv_head "
             f"({v['n_kv_head']}); set n_kv_head to a divisor of n_head (1 = multi-query, n_head = multi-head)")
     _explain_attention(v)
+    _explain_positions(v)
     require(0.0 <= v["dropout"] < 1.0, f"dropout must be in [0, 1), got {v['dropout']}; use 0.0 to disable it")
     require(v["norm_eps"] > 0.0, f"norm_eps must be > 0, got {v['norm_eps']}; the default is 1e-5")
     require(v["mlp"] in MLP_KINDS, f"mlp must be one of {', '.join(MLP_KINDS)}, got {v['mlp']!r}; "
@@ -58,3 +60,21 @@ def _explain_attention(v: dict[str, Any]) -> None:
         require(v["n_kv_head"] == v["n_head"], f"attention mla gives every head its own key and value "
                 f"(read from the shared latent), so n_kv_head must equal n_head ({v['n_head']}), "
                 f"got {v['n_kv_head']}; set n_kv_head: {v['n_head']}")
+
+
+def _explain_positions(v: dict[str, Any]) -> None:
+    kind = v["positions"]
+    require(kind in POSITION_KINDS, f"positions must be one of {', '.join(POSITION_KINDS)}, got {kind!r}; "
+            f"use learned (the default), rope (rotary) or none (the causal mask alone)")
+    theta = v["rope_theta"]
+    require(0.0 < theta < math.inf, f"rope_theta must be a positive number, got {theta}; the default is 10000")
+    if kind != "rope":
+        return
+    head_dim = v["n_embd"] // v["n_head"]
+    if v["attention"] == "mla":  # the decoupled rotary part of each head: half of it (GPTConfig.rope_dim)
+        require(head_dim % 4 == 0, f"positions rope with attention mla rotates half of each head "
+                f"(n_embd / n_head = {head_dim}), which must be even, so head_dim must be a multiple of 4; "
+                f"change n_embd or n_head")
+    else:
+        require(head_dim % 2 == 0, f"positions rope rotates pairs of numbers, so the head dimension "
+                f"(n_embd / n_head = {head_dim}) must be even; change n_embd or n_head")

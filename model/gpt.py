@@ -1,9 +1,10 @@
 """The GPT, from token ids to logits, in one file that reads top to bottom: config, the layers
-every block shares, the two attention kinds side by side (grouped-query, and DeepSeek's multi-head
-latent attention), the block, and the model.
+every block shares, the three kinds of positions side by side (learned, rotary, none), the two
+attention kinds side by side (grouped-query, and DeepSeek's multi-head latent attention), the block,
+and the model.
 
-Learned absolute positions, pre-norm RMSNorm blocks with a SwiGLU feed-forward, and an LM head
-tied to the token embedding. A decode step also reads ``model.kv_cache``, ``model.generation`` and
+Learned absolute positions by default, pre-norm RMSNorm blocks with a SwiGLU feed-forward, and an
+LM head tied to the token embedding. A decode step also reads ``model.kv_cache``, ``inference.sampling`` and
 the one decode loop, ``inference.engine``. The small-model options of ``GPTConfig`` are off by
 default; docs/training.md says where each comes from.
 """
@@ -21,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from common.config import check_types, require, typed_values
-from model.config_checks import ATTENTION_KINDS, MLP_KINDS, POSITIVE_INTS, explain_model_values
+from model.config_checks import ATTENTION_KINDS, MLP_KINDS, POSITION_KINDS, POSITIVE_INTS, explain_model_values
 from model.kv_cache import KVCache, LayerCache
 
 
@@ -32,8 +33,13 @@ class GPTConfig:
     ``n_head // n_kv_head`` query heads share each key/value head: 1 key/value head is multi-query
     attention, ``n_head`` of them multi-head attention. ``attention="mla"`` reads every head's key
     and value from one cached latent of ``kv_latent_dim`` numbers per token (``LatentAttention``).
-    Served decoding is batch-invariant on the CPU when ``head_dim`` (or ``kv_latent_dim``) is a
-    multiple of 16 (see ``CausalSelfAttention._attend_token``).
+    Served decoding is batch-invariant on the CPU when ``head_dim`` (or ``kv_latent_dim``, plus
+    ``rope_dim`` with rotary positions) is a multiple of 16 (see ``CausalSelfAttention._attend_token``).
+
+    ``positions``: ``learned`` adds a learned embedding per absolute position to the input;
+    ``rope`` rotates queries and keys by their position inside attention (``rope_theta`` is the
+    base of its wavelengths); ``none`` gives no position at all, and the causal mask alone tells a
+    token what came before it.
     """
 
     vocab_size: int
@@ -55,6 +61,8 @@ class GPTConfig:
     residual_scalars: bool = False
     value_embeddings: bool = False
     zero_init: bool = False
+    positions: str = "learned"
+    rope_theta: float = 10000.0
 
     def __post_init__(self) -> None:
         # Plain checks against programmer errors: ``from_dict`` has explained a user's values already.
@@ -71,6 +79,8 @@ class GPTConfig:
         _expect(not (mla and self.value_embeddings), "value embeddings need gqa")
         _expect(0.0 <= self.dropout < 1.0 and self.norm_eps > 0.0, "dropout or norm_eps out of range")
         _expect(self.logit_softcap is None or 0.0 < self.logit_softcap < math.inf, "logit_softcap out of range")
+        _expect(self.positions in POSITION_KINDS and 0.0 < self.rope_theta < math.inf, "unknown positions")
+        _expect(self.positions != "rope" or self.rope_dim % 2 == 0, "rope rotates pairs: rope_dim must be even")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> GPTConfig:
@@ -88,6 +98,15 @@ class GPTConfig:
         return self.n_embd // self.n_head
 
     @property
+    def rope_dim(self) -> int:
+        """Numbers of each query and key head that rotary positions rotate (0 without them): the whole
+        head for grouped-query attention; for latent attention a decoupled part beside the head,
+        half its size as in DeepSeek-V3 (``LatentAttention``)."""
+        if self.positions != "rope":
+            return 0
+        return self.head_dim // 2 if self.attention == "mla" else self.head_dim
+
+    @property
     def ffn_dim(self) -> int:
         """Feed-forward hidden width: ``ffn_hidden`` if given, else SwiGLU's 8/3·n_embd rounded up
         to 64, and for ReLU² 3/2 of that (about 4·n_embd, a multiple of 32).
@@ -103,11 +122,10 @@ class GPTConfig:
         return swiglu if self.mlp == "swiglu" else 3 * swiglu // 2
 
     @property
-    def value_embedding_layers(self) -> tuple[int, ...]:
-        """Every other layer, ending with the last (nanochat's choice), or none."""
-        if not self.value_embeddings:
-            return ()
-        return tuple(i for i in range(self.n_layer) if i % 2 == (self.n_layer - 1) % 2)
+    def value_embedding_layers(self) -> range:
+        """Every other layer, ending with the last (nanochat's choice), or none. A range, so that
+        counting them (the size check) costs nothing whatever ``n_layer`` a config asks for."""
+        return range((self.n_layer - 1) % 2, self.n_layer, 2) if self.value_embeddings else range(0)
 
     def num_params(self) -> int:
         """Parameters of a GPT of this shape (a tied head counted once), from the sizes alone:
@@ -116,16 +134,18 @@ class GPTConfig:
         C = self.n_embd
         attention = C * (self.n_head + 2 * self.n_kv_head) * self.head_dim + C * C
         if self.attention == "mla":  # LatentAttention's matrices and latent norm gains
-            r, q = self.kv_latent_dim, self.q_latent_dim
-            query = C * C if q is None else C * q + q + q * C
-            attention = query + C * r + r + r * 2 * C + C * C
+            r, q, rope = self.kv_latent_dim, self.q_latent_dim, self.rope_dim
+            query_width = C + self.n_head * rope  # each head's query, and its rotary part
+            query = C * query_width if q is None else C * q + q + q * query_width
+            attention = query + C * (r + rope) + r + r * 2 * C + C * C
         ffn = (3 if self.mlp == "swiglu" else 2) * C * self.ffn_dim
         per_layer = attention + ffn + 2 * C + (2 * self.head_dim if self.qk_norm else 0)
         per_layer += 2 if self.residual_scalars else 0
         head = 0 if self.tie_embeddings else self.vocab_size * C
         kv_width = self.n_kv_head * self.head_dim
         values = len(self.value_embedding_layers) * (self.vocab_size * kv_width + C * self.n_kv_head)
-        return (self.vocab_size + self.block_size) * C + self.n_layer * per_layer + C + head + values
+        positions = self.block_size * C if self.positions == "learned" else 0
+        return self.vocab_size * C + positions + self.n_layer * per_layer + C + head + values
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -202,6 +222,41 @@ def causal_attention_weights(q: torch.Tensor, k: torch.Tensor, scale: float | No
 
 
 # -------------------------------------------------------------------------------------------------
+# Positions, three kinds side by side. ``learned``: a table of one vector per absolute position,
+# added to the token embedding before the first block (``GPT.hidden_states``); nothing inside
+# attention knows about positions. ``rope`` (rotary, RoFormer; LLaMA, Qwen, DeepSeek): each pair of
+# numbers of a query or key head at position t is rotated by the angle t·θ_i, with wavelengths
+# θ_i = rope_theta^(-2i/dim) from one per few tokens to many thousands. A rotation keeps lengths and
+# R_t R_s^T = R_(t-s), so the score q R_t . k R_s depends on the offset t - s alone: every head
+# reads relative positions, and nothing is added to the residual stream. ``none`` (NoPE): no
+# position at all; a causal decoder can still count, because what a token may attend to (everything
+# up to itself) already differs from one position to the next.
+#
+# Keys are rotated before they are cached, at their absolute positions, so a cached key is final
+# and a decode step rotates only its own query and key.
+
+
+Rotation = tuple[torch.Tensor, torch.Tensor]
+
+
+def rotary(positions: torch.Tensor, dim: int, theta: float) -> Rotation:
+    """cos and sin, each (P, 1, T, dim) in fp32, of positions (P, T): what ``rotate`` applies to
+    heads (B, heads, T, dim) at those positions (P is 1, shared by every row, or B). Pairs are the
+    two halves of a head (i, i + dim/2), the convention of transformers' Llama."""
+    inv_freq = theta ** -(torch.arange(0, dim, 2, device=positions.device, dtype=torch.float32) / dim)
+    angles = positions.unsqueeze(-1).to(torch.float32) * inv_freq
+    angles = torch.cat((angles, angles), dim=-1).unsqueeze(1)
+    return angles.cos(), angles.sin()
+
+
+def rotate(x: torch.Tensor, rotation: Rotation) -> torch.Tensor:
+    """x (B, heads, T, dim) with each pair (x_i, x_(i+dim/2)) turned by its position's angle."""
+    cos, sin = rotation
+    first, second = x.chunk(2, dim=-1)
+    return (x * cos + torch.cat((-second, first), dim=-1) * sin).to(x.dtype)
+
+
+# -------------------------------------------------------------------------------------------------
 # Grouped-query attention, and below it latent attention with the same interface, side by side.
 
 
@@ -235,9 +290,10 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(config.dropout)
 
     def split_heads(
-        self, x: torch.Tensor, value_embedding: torch.Tensor | None = None
+        self, x: torch.Tensor, value_embedding: torch.Tensor | None = None, rotation: Rotation | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q (B, n_head, T, d) and k, v (B, n_kv_head, T, d) of x (B, T, C)."""
+        """q (B, n_head, T, d) and k, v (B, n_kv_head, T, d) of x (B, T, C), q and k rotated to their
+        positions with ``rotation`` (rotary positions only)."""
         B, T, _ = x.shape
         d = self.head_dim
         sizes = [self.n_head * d, self.n_kv_head * d, self.n_kv_head * d]
@@ -250,12 +306,16 @@ class CausalSelfAttention(nn.Module):
         v = v.view(B, T, self.n_kv_head, d).transpose(1, 2)
         if self.qk_norm:  # before the cache: it stores the keys as the scores read them
             q, k = self.q_head_norm(q), self.k_head_norm(k)
+        if rotation is not None:  # after the norm, as in Qwen3 and OLMo 2: the norm sees no position
+            q, k = rotate(q, rotation), rotate(k, rotation)
         return q, k, v
 
-    def per_head(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def per_head(
+        self, x: torch.Tensor, rotation: Rotation | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q, k and v, each (B, n_head, T, d), to look at the heads: the forward pass never copies
         the shared key/value heads."""
-        q, k, v = self.split_heads(x)
+        q, k, v = self.split_heads(x, rotation=rotation)
         group = self.n_head // self.n_kv_head
         return q, k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
 
@@ -264,9 +324,10 @@ class CausalSelfAttention(nn.Module):
 
     def forward(
         self, x: torch.Tensor, cache: LayerCache | None = None, value_embedding: torch.Tensor | None = None,
+        rotation: Rotation | None = None,
     ) -> torch.Tensor:
         B, T, C = x.shape
-        q, k, v = self.split_heads(x, value_embedding)
+        q, k, v = self.split_heads(x, value_embedding, rotation)
         mask = None
         if cache is not None:
             (k, v), mask = cache.update(self.layer_idx, k, v)
@@ -335,12 +396,21 @@ class CausalSelfAttention(nn.Module):
 # Both lines are only re-bracketed matrix products, so the two forms are equal up to rounding. The
 # softmax scale stays 1/sqrt(d): the scores are the same numbers, only computed in another order.
 #
-# Why this is exact here and needs a decoupled RoPE key in DeepSeek: with rotary embeddings the
-# query at position t and the key at s are rotated, q R_t and c_s W_UK R_s, so the score is
-# q R_t R_s^T W_UK^T . c_s = q R_(t-s) W_UK^T . c_s. A rotation that depends on s sits between the
-# query and W_UK^T, so no single latent query serves every cached position. This model adds learned
-# positions to the input embedding, before any projection, so nothing position-dependent sits
-# inside attention and the absorption holds exactly.
+# Rotary positions need a decoupled key (DeepSeek-V2/V3). Rotating the head's key k_s = c_s W_UK
+# at s and the query at t makes the score q R_t (c_s W_UK R_s)^T = (q R_(t-s) W_UK^T) . c_s: a
+# rotation that depends on s now sits between the query and W_UK^T, so no one latent query serves
+# every cached position, and absorption would fail. So the keys and queries from the latent carry
+# no position, and positions travel in a separate part of every head: each query head gets
+# ``rope_dim`` more numbers, rotated at t, and every token one shared rotary key of ``rope_dim``
+# numbers (read from x, rotated at s when it is written). The score is the sum of the two parts,
+#
+#     score_s = (q_nope W_UK^T) . c_s + (q_rope R_t) . (k_rope,s R_s)
+#
+# The first part absorbs as before; the second is an ordinary dot product with a cached key. The
+# cache stores the rotated key beside the latent, one vector of kv_latent_dim + rope_dim per token,
+# and the absorbed step scores ``[q_nope W_UK^T, q_rope R_t]`` against it whole. The values are the
+# latent part only. With learned positions (added to the input, before any projection) or none,
+# nothing position-dependent sits inside attention, rope_dim is 0, and the plain absorption holds.
 #
 # QK-norm breaks the absorption: the key becomes ``g * k_s / rms(k_s)``, and the division by each
 # position's own rms(k_s) cannot move into the query. With QK-norm decoding expands the cached
@@ -361,13 +431,15 @@ class LatentAttention(nn.Module):
         self.head_dim = config.head_dim
         self.kv_latent_dim = config.kv_latent_dim
         self.q_latent_dim = config.q_latent_dim
+        self.rope_dim = config.rope_dim  # each head's rotary part, and the shared rotary key (0: none)
         width = config.n_head * config.head_dim
-        self.q_down_dim = width if config.q_latent_dim is None else config.q_latent_dim
-        # The query (or its latent) and the key/value latent in one matmul: both read x.
-        self.down = nn.Linear(config.n_embd, self.q_down_dim + config.kv_latent_dim, bias=False)
+        query_width = config.n_head * (config.head_dim + self.rope_dim)
+        self.q_down_dim = query_width if config.q_latent_dim is None else config.q_latent_dim
+        # The query (or its latent), the key/value latent and the rotary key in one matmul: all read x.
+        self.down = nn.Linear(config.n_embd, self.q_down_dim + config.kv_latent_dim + self.rope_dim, bias=False)
         if config.q_latent_dim is not None:
             self.q_norm = RMSNorm(config.q_latent_dim, config.norm_eps)
-            self.q_up = nn.Linear(config.q_latent_dim, width, bias=False)
+            self.q_up = nn.Linear(config.q_latent_dim, query_width, bias=False)
         self.kv_norm = RMSNorm(config.kv_latent_dim, config.norm_eps)
         # Rows [0, width) are W_UK for every head, rows [width, 2 width) are W_UV.
         self.kv_up = nn.Linear(config.kv_latent_dim, 2 * width, bias=False)
@@ -379,25 +451,35 @@ class LatentAttention(nn.Module):
         self.attn_dropout = config.dropout
         self.resid_dropout = nn.Dropout(config.dropout)
 
-    def split_heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """q (B, n_head, T, d) and the latents c (B, 1, T, kv_latent_dim): one latent "head" that the
-        cache stores in place of key and value heads."""
+    def split_heads(self, x: torch.Tensor, rotation: Rotation | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """q (B, n_head, T, d + rope_dim) and the latents c (B, 1, T, kv_latent_dim + rope_dim): one
+        latent "head" that the cache stores in place of key and value heads. With rotary positions
+        (``rotation``) the last rope_dim numbers of each are the rotated query part and the shared
+        rotated key."""
         B, T, _ = x.shape
-        q, c = self.down(x).split([self.q_down_dim, self.kv_latent_dim], dim=-1)
+        q, c, k_rope = self.down(x).split([self.q_down_dim, self.kv_latent_dim, self.rope_dim], dim=-1)
         if self.q_latent_dim is not None:
             q = self.q_up(self.q_norm(q))
-        q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
+        q = q.view(B, T, self.n_head, self.head_dim + self.rope_dim).transpose(1, 2)
+        q, q_rope = q.split([self.head_dim, self.rope_dim], dim=-1)
         if self.qk_norm:
             q = self.q_head_norm(q)
-        return q, self.kv_norm(c).unsqueeze(1)
+        c = self.kv_norm(c).unsqueeze(1)
+        if rotation is None:
+            return q, c
+        q = torch.cat((q, rotate(q_rope, rotation)), dim=-1)
+        return q, torch.cat((c, rotate(k_rope.unsqueeze(1), rotation)), dim=-1)
 
     def cache_entries(self) -> dict[str, tuple[int, int]]:
-        return {"latent": (1, self.kv_latent_dim)}
+        return {"latent": (1, self.kv_latent_dim + self.rope_dim)}
 
-    def forward(self, x: torch.Tensor, cache: LayerCache | None = None, value_embedding: None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cache: LayerCache | None = None, value_embedding: None = None,
+        rotation: Rotation | None = None,
+    ) -> torch.Tensor:
         assert value_embedding is None, "value embeddings are grouped-query attention's only"
         B, T, C = x.shape
-        q, c = self.split_heads(x)
+        q, c = self.split_heads(x, rotation)
         mask = None
         if cache is not None:
             (c,), mask = cache.update(self.layer_idx, c)
@@ -409,14 +491,21 @@ class LatentAttention(nn.Module):
         return self.resid_dropout(self.proj(y))
 
     def expand(self, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Every head's keys and values (B, n_head, S, d) from latents c (B, 1, S, r), in one product."""
+        """Every head's keys (B, n_head, S, d + rope_dim) and values (B, n_head, S, d) from the cached
+        c (B, 1, S, r + rope_dim), in one product: the shared rotary key joins every head's key."""
         B, _, S, _ = c.shape
-        kv = self.kv_up(c[:, 0]).view(B, S, 2 * self.n_head, self.head_dim).transpose(1, 2)
+        latent, k_rope = c.split([self.kv_latent_dim, self.rope_dim], dim=-1)
+        kv = self.kv_up(latent[:, 0]).view(B, S, 2 * self.n_head, self.head_dim).transpose(1, 2)
         k, v = kv.chunk(2, dim=1)
-        return (self.k_head_norm(k) if self.qk_norm else k), v
+        k = self.k_head_norm(k) if self.qk_norm else k
+        if self.rope_dim:
+            k = torch.cat((k, k_rope.expand(B, self.n_head, S, self.rope_dim)), dim=-1)
+        return k, v
 
-    def per_head(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        q, c = self.split_heads(x)
+    def per_head(
+        self, x: torch.Tensor, rotation: Rotation | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        q, c = self.split_heads(x, rotation)
         return (q, *self.expand(c))
 
     def up_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -438,16 +527,21 @@ class LatentAttention(nn.Module):
         "head", the latent, so every head reads c with no copy and a batch-invariant pass stays
         invariant (on the CPU when kv_latent_dim is a multiple of 16)."""
         assert not self.qk_norm, "QK-norm's per-key division cannot be absorbed; use attend_expanded"
-        B, H, T, d = q.shape
+        B, H, T, qk_dim = q.shape
         S = c.shape[2]
         w_uk, w_uv = self.up_weights()
-        latent_q = torch.matmul(q, w_uk).view(B, 1, H * T, self.kv_latent_dim)
+        latent_q = torch.matmul(q[..., :self.head_dim], w_uk)
+        values = c
+        if self.rope_dim:  # the rotary part scores the cached rotary keys as it is; values are latents
+            latent_q = torch.cat((latent_q, q[..., self.head_dim:]), dim=-1)
+            values = c[..., :self.kv_latent_dim]
+        latent_q = latent_q.view(B, 1, H * T, self.kv_latent_dim + self.rope_dim)
         if T > 1:  # one causal mask per head; a single query may read every latent it is given
             mask = causal_mask(T, S, device=q.device) if mask is None else mask
             mask = mask.repeat(*[1] * (mask.dim() - 2), H, 1)
         dropout_p = self.attn_dropout if self.training else 0.0
         latent_y = F.scaled_dot_product_attention(
-            latent_q, c, c, attn_mask=mask, dropout_p=dropout_p, scale=1.0 / math.sqrt(d))
+            latent_q, c, values, attn_mask=mask, dropout_p=dropout_p, scale=1.0 / math.sqrt(qk_dim))
         return torch.matmul(latent_y.view(B, H, T, self.kv_latent_dim), w_uv.transpose(1, 2))
 
 
@@ -471,19 +565,22 @@ class Block(nn.Module):
 
     def forward(
         self, x: torch.Tensor, cache: LayerCache | None = None, value_embedding: torch.Tensor | None = None,
+        rotation: Rotation | None = None,
     ) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), cache, value_embedding)
+        x = x + self.attn(self.attn_norm(x), cache, value_embedding, rotation)
         return x + self.ffn(self.ffn_norm(x))
 
 
 class GPT(nn.Module):
-    """Token + learned absolute position embeddings, ``n_layer`` blocks, RMSNorm, LM head."""
+    """Token embeddings (plus learned position embeddings with ``positions: learned``), ``n_layer``
+    blocks, RMSNorm, LM head."""
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.config = config
         self.tok_emb = nn.Embedding(config.vocab_size, config.n_embd)
-        self.pos_emb = nn.Embedding(config.block_size, config.n_embd)
+        if config.positions == "learned":
+            self.pos_emb = nn.Embedding(config.block_size, config.n_embd)
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layer))
         self.norm = RMSNorm(config.n_embd, config.norm_eps)
@@ -574,25 +671,35 @@ class GPT(nn.Module):
 
     def hidden_states(
         self, idx: torch.Tensor, positions: torch.Tensor | None = None, cache: LayerCache | None = None, *,
-        on_block_input: Callable[[Block, torch.Tensor], None] | None = None,
+        on_block_input: Callable[[Block, torch.Tensor, Rotation | None], None] | None = None,
     ) -> torch.Tensor:
         """The model's one entry point under the head, at ``positions`` (default 0..T-1). Every layer's
         attention reads what ``cache.update`` returns: a ``KVCache`` pass, or the ONNX graph's past
-        tensors. ``on_block_input(block, x)`` sees what each block reads."""
+        tensors. ``on_block_input(block, x, rotation)`` sees what each block reads."""
+        T = idx.shape[1]
         if positions is None:
-            T = idx.shape[1]
             assert 1 <= T <= self.config.block_size, f"{T} tokens do not fit block_size {self.config.block_size}"
+        x = self.tok_emb(idx)
+        if self.config.positions == "learned":
             # A slice of the table: the same values as a lookup, and a cheaper backward.
-            x = self.tok_emb(idx) + self.pos_emb.weight[:T]
-        else:
-            x = self.tok_emb(idx) + self.pos_emb(positions)
+            x = x + (self.pos_emb.weight[:T] if positions is None else self.pos_emb(positions))
+        rotation = self.rotation(T, positions)
         x = x0 = self.drop(x)
         for i, block in enumerate(self.blocks):
             x = self.block_input(i, x, x0)
             if on_block_input is not None:
-                on_block_input(block, x)
-            x = block(x, cache, self.value_embedding(i, idx))
+                on_block_input(block, x, rotation)
+            x = block(x, cache, self.value_embedding(i, idx), rotation)
         return self.norm(x)
+
+    def rotation(self, T: int, positions: torch.Tensor | None = None) -> Rotation | None:
+        """What rotary positions turn each layer's queries and keys by, at ``positions`` (default
+        0..T-1), computed once per pass for every layer; None for the other kinds."""
+        if self.config.positions != "rope":
+            return None
+        if positions is None:
+            positions = torch.arange(T, device=self.tok_emb.weight.device).unsqueeze(0)
+        return rotary(positions, self.config.rope_dim, self.config.rope_theta)
 
     @torch.no_grad()
     def attention_weights(self, idx: torch.Tensor) -> list[torch.Tensor]:
@@ -605,8 +712,8 @@ class GPT(nn.Module):
         """Per layer, the per-head queries and keys that ``attention_weights`` scores."""
         queries_keys = []
 
-        def keep(block: Block, x: torch.Tensor) -> None:
-            q, k, _ = block.attn.per_head(block.attn_norm(x))
+        def keep(block: Block, x: torch.Tensor, rotation: Rotation | None) -> None:
+            q, k, _ = block.attn.per_head(block.attn_norm(x), rotation)
             queries_keys.append((q, k))
 
         self.hidden_states(idx, on_block_input=keep)
@@ -633,7 +740,9 @@ class GPT(nn.Module):
         counts do; an untied LM head is a matmul layer and stays in."""
         total = sum(p.numel() for p in self.parameters())  # parameters() yields shared tensors once
         if not include_embeddings:
-            total -= self.tok_emb.weight.numel() + self.pos_emb.weight.numel()
+            total -= self.tok_emb.weight.numel()
+            if self.config.positions == "learned":
+                total -= self.pos_emb.weight.numel()
             total -= sum(table.weight.numel() for table in self.value_embs.values())
         return total
 
@@ -649,7 +758,9 @@ class GPT(nn.Module):
         cfg = self.config
         seq_len = cfg.block_size if seq_len is None else seq_len
         matmul_params = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
-        attention = 2 * cfg.n_layer * cfg.n_head * cfg.head_dim * seq_len
+        # Scores over query/key heads (with latent attention's rotary part), the sum over values.
+        qk_dim = cfg.head_dim + (cfg.rope_dim if cfg.attention == "mla" else 0)
+        attention = cfg.n_layer * cfg.n_head * (qk_dim + cfg.head_dim) * seq_len
         return 6 * matmul_params + 6 * attention
 
 

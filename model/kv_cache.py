@@ -28,12 +28,12 @@ class _Pass:
 
     rows: list[int]
     new: int  # tokens per row in this pass
-    span: slice | None  # rows that are contiguous and at one length: written and read as views
-    start: int  # that common length (span passes only)
-    index: torch.Tensor | None  # otherwise: the rows' ids,
-    positions: torch.Tensor | None  # (R, new) positions written,
-    mask: torch.Tensor | None  # and the (R, 1, new, max_len) keys each query may read
-    all_rows: bool  # the pass covers rows 0..B-1 in order: read the buffers without a gather
+    select: slice | torch.Tensor  # the rows: consecutive ones as a slice (read as a view), others by id (a gather)
+    end: int  # every row reads slots 0..end-1
+    # Where the new entries go: (row ids (R, 1), every head, positions (R, new)); None when the rows
+    # are consecutive at one length and written through the same views at end - new.
+    index: tuple | None
+    mask: torch.Tensor | None  # (R, 1, new, end) keys each query may read; None: plain causal attention
 
 
 class KVCache:
@@ -60,7 +60,7 @@ class KVCache:
 
     ``whole_buffers``: in a one-token pass every row reads its whole buffer under a mask, so its
     attention has the same shape at every length and beside any other rows (what batch-invariant
-    decoding needs, ``model.batch_invariant``).
+    decoding needs, ``inference.batch_invariant``).
     """
 
     def __init__(
@@ -84,6 +84,7 @@ class KVCache:
         # Views made once: a pass then does no per-layer indexing or per-pass arange to find them.
         self._layers = [tuple(b[layer] for b in self.buffers.values()) for layer in range(n_layer)]
         self._positions = torch.arange(max_len, device=self.device).unsqueeze(0)
+        self._row_ids = torch.arange(batch_size, device=self.device).unsqueeze(1)
         # Host-side integers: checking room and planning a pass then never waits for the device.
         self.lengths = [0] * batch_size
         self.whole_buffers = whole_buffers
@@ -102,51 +103,40 @@ class KVCache:
         """Plan a pass that adds ``new`` tokens to each of ``rows`` (default: all, in order); return
         their positions, (R, new) or (1, new) when shared."""
         rows = list(range(self.batch_size)) if rows is None else list(rows)
-        if len(rows) == 1 and not (self.whole_buffers and new == 1):  # one row: the common case, planned cheaply
-            start = self.lengths[rows[0]]
-            assert start + new <= self.max_len, f"row {rows[0]} at {start} has no room for {new} more"
-            self._pass = _Pass(rows, new, slice(rows[0], rows[0] + 1), start, None, None, None, self.batch_size == 1)
-            return self._positions[:, start:start + new]
         lengths = [self.lengths[r] for r in rows]
         assert len(set(rows)) == len(rows), f"rows must be distinct, got {rows}"
         assert max(lengths) + new <= self.max_len, f"rows {rows} at {lengths} have no room for {new} more"
-        contiguous = rows == list(range(rows[0], rows[0] + len(rows)))
-        all_rows = rows == list(range(self.batch_size))
-        if contiguous and len(set(lengths)) == 1 and not (self.whole_buffers and new == 1):
+        consecutive = rows == list(range(rows[0], rows[0] + len(rows)))
+        select = slice(rows[0], rows[-1] + 1) if consecutive else torch.tensor(rows, device=self.device)
+        whole = self.whole_buffers and new == 1
+        if consecutive and len(set(lengths)) == 1 and not whole:
+            # The common case (one row, --num-samples, a prompt's chunk): views of the buffers, no mask.
             start = lengths[0]
-            self._pass = _Pass(rows, new, slice(rows[0], rows[-1] + 1), start, None, None, None, all_rows)
+            self._pass = _Pass(rows, new, select, start + new, None, None)
             return self._positions[:, start:start + new]
-        index = torch.tensor(rows, device=self.device)
-        positions = torch.tensor(lengths, device=self.device).unsqueeze(1)
-        if new > 1:
-            positions = positions + torch.arange(new, device=self.device)
-        mask = torch.arange(self.max_len, device=self.device) <= positions.unsqueeze(-1)
-        self._pass = _Pass(rows, new, None, 0, index, positions, mask.unsqueeze(1), all_rows)
+        ids = self._row_ids[select] if consecutive else select.unsqueeze(1)
+        positions = torch.tensor(lengths, device=self.device).unsqueeze(1) + self._positions[:, :new]
+        end = self.max_len if whole else max(lengths) + new
+        mask = (self._positions[:, :end] <= positions.unsqueeze(-1)).unsqueeze(1)
+        self._pass = _Pass(rows, new, select, end, (ids, slice(None), positions), mask)
         return positions
 
     def update(self, layer: int, *new: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor | None]:
         """Write this pass's entries of ``layer`` (each (R, heads, new, dim), in the declared order)
-        and return what the queries read: each entry over the rows' positions, and a
-        (R, 1, new, S) mask of the keys each query may read, or None when the entries end at the
+        and return what the queries read: each entry over the rows' first ``end`` slots, and a
+        (R, 1, new, end) mask of the keys each query may read, or None when the entries end at the
         newest position (plain causal attention, aligned bottom-right)."""
         p = self._pass
         assert p is not None and new[0].shape[2] == p.new, "call begin() before update()"
         buffers = self._layers[layer]
-        if p.span is not None:
-            if not p.all_rows:
-                buffers = [buffer[p.span] for buffer in buffers]
-            read = [buffer.narrow(2, 0, p.start + p.new) for buffer in buffers]
+        if p.index is None:
+            read = [buffer[p.select].narrow(2, 0, p.end) for buffer in buffers]
             for entry, x in zip(read, new):
-                entry.narrow(2, p.start, p.new).copy_(x)
+                entry.narrow(2, p.end - p.new, p.new).copy_(x)
             return read, None
         for buffer, x in zip(buffers, new):
-            if p.new == 1:  # a decode step: one plain store per row
-                buffer[p.index, :, p.positions[:, 0]] = x[:, :, 0]
-            else:
-                buffer[p.index.unsqueeze(1), :, p.positions] = x.transpose(1, 2)
-        if not p.all_rows:
-            buffers = [buffer.index_select(0, p.index) for buffer in buffers]
-        return buffers, p.mask
+            buffer[p.index] = x.transpose(1, 2)
+        return [buffer.narrow(2, 0, p.end)[p.select] for buffer in buffers], p.mask
 
     def end(self) -> None:
         """Count the pass's tokens in each of its rows; the model calls this after its last layer."""

@@ -63,11 +63,12 @@ def clear_old_run(run_dir: Path) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
 
 
-def save_checkpoint(run_dir: Path, model: nn.Module, state: dict[str, Any]) -> None:
-    """Write the model files (all ``generate.py`` needs), then the trainer state (all ``--resume``
-    needs, the weights included): a kill between the two leaves the previous trainer state as a
-    consistent resume point."""
-    save_pretrained(model, run_dir)
+def save_checkpoint(run_dir: Path, model: nn.Module | None, state: dict[str, Any]) -> None:
+    """Write the model files (all ``generate.py`` needs; None: leave those there, the weights a run
+    keeps), then the trainer state (all ``--resume`` needs, the weights included): a kill between
+    the two leaves the previous trainer state as a consistent resume point."""
+    if model is not None:
+        save_pretrained(model, run_dir)
     payload = {"format_version": FORMAT_VERSION, **state}
     with atomic_output(run_dir / STATE_FILE) as tmp:
         # Through a Python file object, a full disk surfaces as OSError(ENOSPC); given a path,

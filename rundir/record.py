@@ -56,14 +56,19 @@ class RunRecord:
         records = read_metrics(run_dir / METRICS_FILE) if (run_dir / METRICS_FILE).is_file() else []
         train = [r for r in records if r.get("kind") == "train"]
         final = [r for r in records if r.get("kind") == "final_eval"]
-        evals = final or [r for r in records if r.get("kind") == "eval"]
-        last_eval = evals[-1] if evals else None
+        evals = [r for r in records if r.get("kind") == "eval"]
+        # The saved weights are those the final validation scored; before it, those of the lowest
+        # validation loss so far, the earliest of equals (training.kept_model).
+        scored = [r for r in evals if isinstance(r.get("val_loss"), (int, float))]
+        model_eval = final[-1] if final else min(scored, key=lambda r: r["val_loss"]) if scored else (
+            evals[-1] if evals else None)
         scope = None
-        if last_eval is not None:
-            scope = f"{'full validation set' if final else 'validation subset'} at step {last_eval.get('step')}"
+        if model_eval is not None:
+            step = model_eval.get("weights_step", model_eval.get("step"))
+            scope = f"{'full validation set' if final else 'validation subset'} at step {step}"
         return cls(
             data=_data_section(run_dir),
-            val_bpb=last_eval.get("val_bpb") if last_eval else None,
+            val_bpb=model_eval.get("val_bpb") if model_eval else None,
             val_scope=scope,
             steps=max((r["step"] for r in records if isinstance(r.get("step"), int)), default=None),
             tokens_per_step=_tokens_per_step(train[-1]) if train else None,

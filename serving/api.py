@@ -26,7 +26,7 @@ from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
 
 from inference.engine import Engine
-from model.generation import SamplingSettings
+from inference.sampling import SamplingSettings
 from rundir.loading import LoadedRun
 from serving.access_log import AccessLog
 from serving.errors import ApiError, error_body

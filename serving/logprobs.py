@@ -11,8 +11,10 @@ decoded as UTF-8; a token that holds part of a character has no text of its own,
 ``bytes:\\xe2\\x80`` as OpenAI writes it. ``text_offset`` indexes the text itself, not the token
 strings: for every i, ``text[offset[i]:offset[i + 1]]`` is what token i adds to it. A character
 split over several tokens is added by the token that completes it; the tokens before it add
-nothing (their offsets equal the next one's). An end token adds nothing, and neither does the
-``<|endoftext|>`` an empty prompt is encoded as; tokens past a stop string add nothing either.
+nothing (their offsets equal the next one's). Bytes that begin a character no later byte finishes
+(a lone lead byte) are one U+FFFD, added by the token holding their last byte, although the decoder
+shows it only once the next byte proves it unfinished. An end token adds nothing, and neither does
+the ``<|endoftext|>`` an empty prompt is encoded as; tokens past a stop string add nothing either.
 """
 
 from __future__ import annotations
@@ -35,19 +37,40 @@ def text_offsets(token_bytes: Sequence[bytes], text_length: int, *, ends: Sequen
     """Where each token's characters begin in a text decoded from these tokens' bytes as UTF-8
     (``errors="replace"``) and possibly cut short (at a stop string, or left out: an empty prompt
     is ``<|endoftext|>`` alone): offsets past ``text_length`` are ``text_length``. A character
-    counts at the token that completes it, so a token holding only the start of one begins where
-    the next does and contributes no text. ``ends[i]``: token i ends the text (it shows no bytes),
-    so a character left unfinished before it is the previous token's U+FFFD."""
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    count, offsets = 0, []
-    for i, raw in enumerate(token_bytes):
-        ended = i < len(ends) and ends[i]
-        if ended:
-            count += len(decoder.decode(b"", final=True))
-        offsets.append(min(count, text_length))
-        if not ended:
-            count += len(decoder.decode(raw))
-    return offsets
+    counts at the token holding its last byte, so a token holding only the start of one begins
+    where the next does and contributes no text. ``ends[i]``: token i ends the text (it shows no
+    bytes), so a character left unfinished before it is the previous token's U+FFFD."""
+    characters = _Characters()
+    return [min(characters.end() if i < len(ends) and ends[i] else characters.begin(raw), text_length)
+            for i, raw in enumerate(token_bytes)]
+
+
+class _Characters:
+    """The characters of a UTF-8 byte stream (``errors="replace"``) fed token by token, and where
+    each token's own begin: after every character whose last byte came before the token's first."""
+
+    def __init__(self) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._count = 0
+
+    def begin(self, raw: bytes) -> int:
+        """Feed a token's bytes; where its characters begin."""
+        start = self._count
+        for position, byte in enumerate(raw):
+            # The decoder shows an unfinished character's U+FFFD only at the byte after it. So of
+            # the characters one byte brings out, the last is that byte's own when the decoder
+            # holds nothing after it; the others end at the byte before.
+            shown = self._decoder.decode(bytes((byte,)))
+            if position == 0:
+                own = 1 if shown and not self._decoder.getstate()[0] else 0
+                start = self._count + len(shown) - own
+            self._count += len(shown)
+        return start
+
+    def end(self) -> int:
+        """The text ends here (at an end token, which shows no bytes): where the end token begins."""
+        self._count += len(self._decoder.decode(b"", final=True))
+        return self._count
 
 
 class CompletionLogprobs:
@@ -101,13 +124,14 @@ class CompletionReplyLogprobs:
     ``hidden`` (the end tokens) are listed but never in the text. ``text_offset`` indexes
     ``prompt_text`` followed by the reply's text, as OpenAI's does, whether or not the prompt is
     echoed (with ``echo`` its tokens come first, so the first offset is 0). A streamed chunk's
-    offset is where that chunk's text begins."""
+    offset is its token's, as in the whole body."""
 
     def __init__(self, token_bytes: Sequence[bytes], wanted: bool, prompt_text: str = "", echo: bool = False,
                  *, hidden: Sequence[int] = ()) -> None:
         self.token_bytes, self.wanted, self.echo, self.prompt_text = token_bytes, wanted, echo, prompt_text
         self._completion = CompletionLogprobs(token_bytes, hidden)
-        self._streamed = len(prompt_text)  # characters before the next streamed chunk's text
+        self._streamed = len(prompt_text)  # characters streamed so far, the prompt's included
+        self._characters = _Characters()  # the streamed tokens' characters, for their offsets
 
     def whole(self, prompt_ids: Sequence[int], finish: Finish) -> dict | None:
         if not self.wanted:
@@ -120,11 +144,15 @@ class CompletionReplyLogprobs:
         return {key: [item for part in parts for item in part[key]] for key in parts[-1]}
 
     def chunk(self, event: Event) -> dict | None:
-        offset = self._streamed
         self._streamed += len(event.text)
         if not self.wanted or event.logprob is None:
             return None
-        return self._completion.build([event.token_id], [event.logprob], [offset])
+        token_id = event.token_id
+        begins = self._characters.end() if token_id in self._completion.hidden else \
+            self._characters.begin(self.token_bytes[token_id])
+        # As in the whole body: not past the text (a stop string's characters are never shown).
+        offset = min(len(self.prompt_text) + begins, self._streamed)
+        return self._completion.build([token_id], [event.logprob], [offset])
 
 
 class ChatReplyLogprobs:

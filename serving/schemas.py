@@ -23,7 +23,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo, model_validator
 from pydantic_core import PydanticCustomError
 
-from model.generation import MAX_SEED
+from inference.sampling import MAX_SEED
 
 # The deepest a body of these models goes is a chat message's field (body, messages, message,
 # field); anything far deeper is hostile, and refused before it can exhaust the stack.

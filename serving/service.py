@@ -17,7 +17,7 @@ from data.chat import ChatTokenIds, ChatTooLong, FittedChat, fit_for_reply, to_m
 from data.errors import DataError
 from inference.completion import encode_prompt
 from inference.engine import Engine, EngineBusy, Event, Ticket
-from model.generation import SamplingSettings
+from inference.sampling import SamplingSettings
 from rundir.loading import LoadedRun
 from serving.errors import ApiError
 from serving.schemas import Body, ChatMessage, RequestError, ServerRules, parse_request

@@ -1,6 +1,6 @@
 """The attention probe a text run takes at every evaluation: each layer's attention entropy, the
 induction scores and the loss on both copies of repeated sequences (``analysis.maps``), and now
-and then a figure of the maps over the sample prompt (``analysis.plot``).
+and then the maps over the sample prompt, which the trainer draws (``analysis.plot``).
 
 Everything the probe reads from the data is fixed once, when the run starts: held-out windows,
 the ids the induction probe draws from, and the prompt's tokens. So the numbers of two
@@ -10,7 +10,6 @@ evaluations differ only by the weights.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,7 +17,6 @@ import torch
 from torch import nn
 
 from analysis.maps import attention_maps, attention_summary, probe_ids
-from analysis.plot import draw_attention_grid
 
 WINDOWS = 4  # held-out windows the entropy is averaged over
 
@@ -34,12 +32,10 @@ class AttentionProbe:
         """``analysis.maps.attention_summary`` of ``model`` on this probe's data."""
         return attention_summary(model, self.windows, self.ids)
 
-    def draw(self, model: nn.Module, tokenizer: Any, path: Path, *, title: str) -> None:
-        """A figure of every layer's maps over the prompt, written to ``path``."""
+    def prompt_maps(self, model: nn.Module, tokenizer: Any) -> tuple[list[torch.Tensor], list[str]]:
+        """Every layer's maps over the prompt, and the prompt's tokens as text: what a figure shows."""
         ids = torch.tensor([self.prompt_ids], device=self.windows.device)
-        maps = [layer[0] for layer in attention_maps(model, ids)]
-        pieces = [tokenizer.decode([i]) for i in self.prompt_ids]
-        draw_attention_grid(maps, pieces, path, title=title)
+        return [layer[0] for layer in attention_maps(model, ids)], [tokenizer.decode([i]) for i in self.prompt_ids]
 
 
 def attention_probe(

@@ -22,7 +22,7 @@ from common.files import atomic_write_text
 from data import DataConfig
 from exporting.hf.weights import block_linears
 from model import GPTConfig
-from model.generation import check_sampling_args
+from inference.sampling import check_sampling_args
 from tracking.config import LoggingConfig
 from training.fsdp import torch_too_old
 from training.init_from import ParentRun, find_parent, model_section_from_parent, refuse_own_parent

@@ -8,9 +8,12 @@ update is the one a single process would make on the whole global batch.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
+import signal
+import sys
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -19,9 +22,13 @@ from torch.nn.parallel import DistributedDataParallel
 
 from common.errors import UserError
 from common.device import select_device
+from common.os_errors import describe_os_error
+
+T = TypeVar("T")
 
 # Variables torchrun sets in every worker; RANK alone is not enough (a user may export it).
 _TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 
 @dataclass(frozen=True)
@@ -45,6 +52,7 @@ def init_distributed(device_pref: str = "auto") -> DistContext:
     describe a single process. Each process takes the GPU numbered by its LOCAL_RANK."""
     if launched_by_torchrun():
         rank, local_rank, world_size = _env_int("RANK"), _env_int("LOCAL_RANK"), _env_int("WORLD_SIZE")
+        end_with_launcher()
     else:
         rank, local_rank, world_size = 0, 0, 1
     if world_size == 1:
@@ -60,6 +68,23 @@ def init_distributed(device_pref: str = "auto") -> DistContext:
         device_id = device if device.type == "cuda" else None
         dist.init_process_group(backend=backend, rank=rank, world_size=world_size, device_id=device_id)
     return DistContext(rank, world_size, device, is_main=rank == 0, enabled=True, backend=backend)
+
+
+def end_with_launcher() -> None:
+    """Stop this worker when the torchrun that started it is gone (killed with SIGKILL, it cannot
+    stop its workers, which would train on as orphans holding the run directory).
+
+    Linux sends a process a signal of its choice when its parent dies (``prctl(PR_SET_PDEATHSIG)``):
+    SIGTERM here, which the trainer obeys as any stop request (the step ends, a checkpoint is
+    saved, every rank agreeing). No thread watches for it: with one running beside the training, a
+    resumed fsdp run drifted further from an uninterrupted one. Only under torchrun's agent
+    (``TORCHELASTIC_RUN_ID``), whose workers are its children, and only on Linux."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
+        return
+    launcher = os.getppid()
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != launcher:  # it was gone before the kernel was asked to tell
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 @dataclass(frozen=True)
@@ -121,6 +146,33 @@ def sync_gradients(model: nn.Module, enabled: bool) -> Iterator[None]:
     skip_sync = not enabled and isinstance(ddp, DistributedDataParallel)
     with ddp.no_sync() if skip_sync else contextlib.nullcontext():
         yield
+
+
+def decided_on_main(ctx: DistContext, action: Callable[[], T]) -> T | None:
+    """Run ``action`` on rank 0 alone (checks and writes of the run directory), and make its
+    failure every rank's: rank 0 raises its own error, the others a ``UserError`` with the same
+    line. Every rank then leaves together, each with one line, instead of the others failing later
+    in a collective whose peer is gone."""
+    result, failure, line = None, None, None
+    if ctx.is_main:
+        try:
+            result = action()
+        except UserError as e:
+            failure, line = e, str(e)
+        except OSError as e:  # under torchrun the same line as the others, not train.py's own
+            line = describe_os_error(e)
+            failure = UserError(line) if ctx.enabled else e
+        except BaseException as e:  # a bug or an interrupt: the others only learn that rank 0 stopped
+            failure, line = e, f"rank 0 stopped ({type(e).__name__}); see its output"
+    if ctx.enabled:
+        shared = [line]
+        dist.broadcast_object_list(shared, src=0)
+        line = shared[0]
+    if failure is not None:
+        raise failure
+    if line is not None:
+        raise UserError(line)
+    return result
 
 
 def barrier(ctx: DistContext) -> None:

@@ -14,15 +14,14 @@ metrics carry TRL's names, so a reader of its logs reads these at once: ``reward
 reward is the higher), ``rewards/margins`` (the mean difference), ``logps/chosen`` and
 ``logps/rejected`` (the policy's mean summed log-probabilities).
 
-The reference is anything with ``Reference``'s one method. ``FrozenReference`` holds the parent's
-weights as a second model; a LoRA run can instead pass one that runs the policy itself with its
-adapters switched off, so no second copy of the weights is held.
+The reference (``training.reference``) is the parent's weights as a second model, or for a LoRA run
+the policy itself with its adapters switched off.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, ContextManager, Protocol
+from typing import Callable, ContextManager
 
 import torch
 import torch.nn.functional as F
@@ -35,29 +34,12 @@ from data.prepared.preference import PreferenceSplit
 from model.gpt import eval_mode
 from training.distributed import DistContext, all_reduce_sum
 from training.evaluate import EvalResult, validation_bar
+from training.reference import Reference
 
 Amp = Callable[[], ContextManager]
 # The sums kept over pairs, in this order; each metric is its sum over the pair count.
 _SUMS = ("pairs", "loss", "rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins",
          "logps/chosen", "logps/rejected")
-
-
-class Reference(Protocol):
-    def reply_logps(self, policy: nn.Module, x: torch.Tensor, y: torch.Tensor, amp: Amp | None) -> torch.Tensor:
-        """Each row's summed log-probability of its targets (not -1) under the reference, without gradients."""
-
-
-class FrozenReference:
-    """The reference as its own model: the ``init_from`` weights, in eval mode, never trained."""
-
-    def __init__(self, model: nn.Module) -> None:
-        self.model = model.eval().requires_grad_(False)
-
-    @torch.no_grad()
-    def reply_logps(self, policy: nn.Module, x: torch.Tensor, y: torch.Tensor, amp: Amp | None) -> torch.Tensor:
-        with amp() if amp is not None else contextlib.nullcontext():
-            logits = self.model(x)
-        return reply_logps(logits, y)
 
 
 def reply_logps(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -84,7 +66,8 @@ def score_pairs(
     with amp() if amp is not None else contextlib.nullcontext():
         logits = model(x)
     policy = reply_logps(logits, y)
-    ref = reference.reply_logps(model, x, y, amp)
+    with amp() if amp is not None else contextlib.nullcontext():
+        ref = reply_logps(reference.logits(model, x), y)
     n = len(x) // 2
     losses, chosen, rejected = dpo_loss(policy[:n], policy[n:], ref[:n], ref[n:], beta)
     chosen, rejected, policy = chosen.detach(), rejected.detach(), policy.detach()

@@ -15,9 +15,9 @@ from tqdm.auto import tqdm
 
 from common.errors import UserError
 from data import bits_per_byte, iter_val_batches, target_nats_and_bytes
-from data.tokenizer import prompt_ids
+from data.tokenizer import eot_id, prompt_ids
 from inference.engine import decode
-from model.generation import SamplingSettings
+from inference.sampling import SamplingSettings
 from model.gpt import eval_mode
 from training.distributed import DistContext, all_reduce_sum
 from training.fsdp import is_sharded
@@ -125,7 +125,8 @@ def generate_sample(
     prompt: str,
     settings: SamplingSettings,
 ) -> str:
-    """Continue ``prompt`` through the engine; returns prompt + continuation.
+    """Continue ``prompt`` through the engine; returns prompt + continuation, which ends where the
+    model ends the document (its end-of-text token), as the sample is one document's text.
 
     The engine's seeding rule (a private generator seeded ``settings.seed``) makes the sample a
     function of the weights alone (so samples at the same step of a resumed and an uninterrupted
@@ -133,5 +134,6 @@ def generate_sample(
     """
     ids = prompt_ids(tokenizer, prompt)
     with eval_mode(model):
-        finish, = decode(model, [ids], settings)
-    return tokenizer.decode(ids[-model.config.block_size:] + list(finish.token_ids))
+        finish, = decode(model, [ids], settings, end_ids=[eot_id(tokenizer)])
+    # Special tokens are markers, not text: an empty prompt is the end-of-text token alone.
+    return tokenizer.decode(ids[-model.config.block_size:] + list(finish.token_ids), skip_special_tokens=True)

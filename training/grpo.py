@@ -32,43 +32,20 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, fields
-from typing import Any, Callable, ContextManager, Protocol, Sequence
+from typing import Any, Callable, ContextManager, Sequence
 
 import torch
 from torch import nn
 
 from inference.engine import decode
-from model.generation import SamplingSettings
+from inference.sampling import SamplingSettings
 from model.gpt import eval_mode
 from training.distributed import DistContext, all_reduce_sum
-from training.lora import adapters_disabled
+from training.reference import Reference
 from training.rewards import RewardFunction
 
 Amp = Callable[[], ContextManager]
 STD_EPS = 1e-4  # TRL's, added to a group's standard deviation
-
-
-class Reference(Protocol):
-    def logits(self, policy: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        """The frozen reference's logits for ``x`` (called without gradients)."""
-
-
-class FrozenModel:
-    """The reference as its own model: the ``init_from`` weights, in eval mode, never trained."""
-
-    def __init__(self, model: nn.Module) -> None:
-        self.model = model.eval().requires_grad_(False)
-
-    def logits(self, policy: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        return self.model(x)
-
-
-class AdaptersOff:
-    """The reference of a LoRA run: the policy itself with its adapters off (its frozen base)."""
-
-    def logits(self, policy: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        with adapters_disabled(policy):
-            return policy(x)
 
 
 @dataclass

@@ -133,6 +133,20 @@ def merged_copy(model: GPT) -> GPT:
     return merged.train(model.training)
 
 
+def adapted_state(model: nn.Module, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A plain model's ``weights`` (what ``model.safetensors`` holds) as a state dict for ``model``:
+    each adapted layer's frozen weight becomes its merged weight and its B zero, so ``model`` then
+    computes exactly ``weights``. ``weights`` unchanged when ``model`` has no adapters."""
+    adapted = list(adapted_layers(model))
+    if not adapted:
+        return weights
+    state = {key: weights.get(key, tensor) for key, tensor in model.state_dict().items()}
+    for name, _, delta in adapted:
+        state[f"{name}.parametrizations.weight.original"] = weights[f"{name}.weight"]
+        state[f"{name}.parametrizations.weight.0.lora_B"] = torch.zeros_like(delta.lora_B)
+    return state
+
+
 def peft_state_dict(model: GPT) -> dict[str, torch.Tensor]:
     """The adapters under PEFT's keys for the Hugging Face export: a fused layer's A for each of its
     parts, and B split by the parts' rows (``exporting.hf.weights.block_linears``)."""

@@ -16,6 +16,8 @@ from common.files import atomic_write_bytes
 from rundir.files import LOSS_CURVE_FILE, METRICS_FILE
 from rundir.metrics import read_metrics
 
+SUBSET_LABEL = "validation (the evaluation subset)"
+
 
 def write_run_loss_curve(run_dir: Path) -> Path:
     """Draw ``run_dir``'s metrics.jsonl into its loss_curve.png; return that path."""
@@ -37,21 +39,26 @@ def write_loss_curve(metrics_file: Path, out_file: Path) -> None:
 
     records = read_metrics(metrics_file)
     train = [r for r in records if r.get("kind") == "train" and _number(r.get("loss"))]
-    evals = [r for r in records if r.get("kind") in ("eval", "final_eval") and _number(r.get("val_loss"))]
-    per_nat = bits_per_byte_per_nat(evals)
+    evals = [r for r in records if r.get("kind") == "eval" and _number(r.get("val_loss"))]
+    finals = [final_point(r, evals) for r in records if r.get("kind") == "final_eval" and _number(r.get("val_loss"))]
+    per_nat = bits_per_byte_per_nat(evals + finals)
     figure = Figure(figsize=(11, 4.2), layout="constrained")
     FigureCanvasAgg(figure)
     for axes, x, label in zip(figure.subplots(1, 2), ("step", "elapsed_s"), ("step", "training time (minutes)")):
         scale = 1 / 60 if x == "elapsed_s" else 1
         if per_nat is None:
             _plot(axes, train, x, lambda r: r["loss"], scale, label="train", linewidth=1, alpha=0.8)
-            _plot(axes, evals, x, lambda r: r["val_loss"], scale, label="validation", marker="o", markersize=4)
+            _plot(axes, evals, x, lambda r: r["val_loss"], scale, label=SUBSET_LABEL, marker="o", markersize=4)
+            _plot_finals(axes, finals, x, lambda r: r["val_loss"], scale)
             axes.set_ylabel("loss (nats/token)")
         else:
             _plot(axes, train, x, lambda r: r["loss"] * per_nat, scale,
                   label="train (at the validation split's bytes/token)", linewidth=1, alpha=0.8)
-            _plot(axes, evals, x, lambda r: r["val_bpb"] if _number(r.get("val_bpb")) else r["val_loss"] * per_nat,
-                  scale, label="validation", marker="o", markersize=4)
+            def bpb(record: dict[str, Any], per_nat: float = per_nat) -> float:
+                return record["val_bpb"] if _number(record.get("val_bpb")) else record["val_loss"] * per_nat
+
+            _plot(axes, evals, x, bpb, scale, label=SUBSET_LABEL, marker="o", markersize=4)
+            _plot_finals(axes, finals, x, bpb, scale)
             axes.set_ylabel("bits per byte")
             nats = axes.secondary_yaxis("right", functions=(lambda b: b / per_nat, lambda n: n * per_nat))
             nats.set_ylabel("loss (nats/token)")
@@ -62,6 +69,15 @@ def write_loss_curve(metrics_file: Path, out_file: Path) -> None:
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=100)
     atomic_write_bytes(out_file, buffer.getvalue())
+
+
+def final_point(final: dict[str, Any], evals: list[dict[str, Any]]) -> dict[str, Any]:
+    """The final validation record placed where its weights come from: the kept weights' step
+    (``weights_step``) and the training time of the evaluation that kept them."""
+    step = final.get("weights_step", final.get("step"))
+    kept = next((r for r in evals if r.get("step") == step), None)
+    elapsed = kept.get("elapsed_s") if kept is not None else final.get("elapsed_s")
+    return {**final, "step": step, "elapsed_s": elapsed}
 
 
 def bits_per_byte_per_nat(evals: list[dict[str, Any]]) -> float | None:
@@ -83,3 +99,12 @@ def _plot(axes: Any, records: list[dict[str, Any]], x: str, y: Callable[[dict[st
     points = [(r[x] * scale, y(r)) for r in records if _number(r.get(x))]
     if points:
         axes.plot(*zip(*points), **style)
+
+
+def _plot_finals(axes: Any, finals: list[dict[str, Any]], x: str, y: Callable[[dict[str, Any]], float],
+                 scale: float) -> None:
+    """The final full validation, a series of its own: it scores the whole split, not the subset
+    the line above it scores, so joining the two would draw a jump that is no change of the model."""
+    for record in finals:
+        _plot(axes, [record], x, y, scale, label=f"full validation (weights of step {record['step']})",
+              linestyle="none", marker="*", markersize=12, color="tab:red")

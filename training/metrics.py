@@ -3,12 +3,17 @@
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import platform
 import time
 from collections import deque
+from pathlib import Path
 
 import torch
 
+from common.files import atomic_write_text
 from training.device import synchronize
 
 
@@ -59,18 +64,71 @@ def measure_matmul_flops(
     return 2.0 * size**3 / best
 
 
-def peak_flops(setting: float | str, device: torch.device, dtype: torch.dtype) -> tuple[float, str]:
-    """Peak FLOP/s of one device for MFU, and where the number came from."""
+def peak_flops(setting: float | str, device: torch.device, dtype: torch.dtype,
+               cache_file: Path | None = None) -> tuple[float, str]:
+    """Peak FLOP/s of one device for MFU, and what that number is (the phrase a report prints)."""
     if not isinstance(setting, str):
-        return float(setting), "config"
+        return float(setting), "train.peak_flops"
     if device.type == "cuda" and dtype == torch.bfloat16:
         known = known_gpu_peak(torch.cuda.get_device_name(device))
         if known is not None:
-            return known, "datasheet"
+            return known, "the datasheet's dense bf16 peak"
     # The CPU (and unknown GPUs) get a short measurement: a datasheet number for "a CPU" does not
-    # exist, and the measured matmul rate is the ceiling this model could reach anyway.
+    # exist, and the measured matmul rate is the ceiling this model could reach anyway. Other
+    # programs slow a measurement down, never up, and a peak measured low makes MFU read high, so
+    # the best rate ever measured on this machine is the peak, kept in the user's cache folder.
     size = 1024 if device.type == "cpu" else 4096
-    return measure_matmul_flops(device, dtype, size=size), "measured"
+    threads = torch.get_num_threads() if device.type == "cpu" else None
+    cache_file = cache_file or peak_cache_file()
+    best = best_peak(measure_matmul_flops(device, dtype, size=size), machine_key(device, dtype, threads), cache_file)
+    where = f"{threads} thread{'s' if threads != 1 else ''}" if threads is not None else device_name(device)
+    return best, f"the fastest {size}x{size} {str(dtype).removeprefix('torch.')} matmul measured here at {where}"
+
+
+def peak_cache_file() -> Path:
+    """Where measured peaks are kept: ``minigpt/peak_flops.json`` in $XDG_CACHE_HOME, else ~/.cache."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "minigpt" / "peak_flops.json"
+
+
+def device_name(device: torch.device) -> str:
+    """The GPU's name, or the CPU's model where Linux says it (else its architecture)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            model = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), "")
+    except OSError:
+        model = ""
+    return model or platform.processor() or platform.machine()
+
+
+def machine_key(device: torch.device, dtype: torch.dtype, threads: int | None) -> str:
+    """What a measured peak is the peak of: this host, its device, the dtype and (CPU) the threads."""
+    key = f"{platform.node()} {device.type} {device_name(device)} {dtype}"
+    return key if threads is None else f"{key} {threads} threads"
+
+
+def best_peak(measured: float, key: str, cache_file: Path) -> float:
+    """The best of ``measured`` and the peaks kept for ``key`` in ``cache_file``, which keeps it.
+
+    The cache only saves a measurement from load: one that cannot be read starts afresh, and one
+    that cannot be written (a read-only home) is left as it is."""
+    try:
+        kept = json.loads(cache_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        kept = {}
+    if not isinstance(kept, dict):
+        kept = {}
+    before = kept.get(key)
+    if isinstance(before, (int, float)) and math.isfinite(before) and before >= measured:
+        return float(before)
+    kept[key] = measured
+    try:
+        cache_file.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(cache_file, json.dumps(kept, indent=1, sort_keys=True) + "\n")
+    except OSError:
+        pass
+    return measured
 
 
 def mfu(flops_per_token: float, tokens_per_second: float, peak: float) -> float:

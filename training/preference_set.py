@@ -38,7 +38,7 @@ from data.repetition import repeats_ngram
 from data.sources.conversations import load_conversations
 from data.sources.preferences import PreferencePair
 from inference.engine import Finish, decode
-from model.generation import SamplingSettings
+from inference.sampling import SamplingSettings
 from model.gpt import eval_mode
 from rundir.loading import LoadedRun, load_run
 
@@ -47,9 +47,9 @@ ROWS_PER_DECODE = 256  # replies decoded together: one engine, one cache of this
 
 @dataclass(frozen=True)
 class SetSettings:
-    prompts: int = 600  # user turns spread evenly over the split (fewer when the split is smaller)
-    samples: int = 4  # replies sampled per prompt
-    max_new_tokens: int = 64
+    prompts: int = 200  # user turns spread evenly over the split (those too long for the window are left out)
+    samples: int = 6  # replies sampled per prompt
+    max_new_tokens: int = 40  # a budget well past a chat run's usual reply, so a reply that reaches it runs on
     temperature: float = 1.0
     top_p: float | None = 0.95
     seed: int = 0
@@ -98,16 +98,26 @@ def build_preference_set(run: LoadedRun, prompts: list[list[Message]], settings:
             fitted.append((messages, fit_for_reply(run.tokenizer, messages, run.block_size).chat.ids))
         except ChatTooLong:
             continue  # a speech longer than the window: nothing to reply to
-    rows = [(p, ids) for p, ids in fitted for _ in range(settings.samples)]
+    prompt_ids = [ids for _, ids in fitted for _ in range(settings.samples)]
+    finishes = sample_replies(run, prompt_ids, settings)
+    return pair_replies([messages for messages, _ in fitted], finishes, settings.samples, special.end)
+
+
+def sample_replies(run: LoadedRun, prompt_ids: list[list[int]], settings: SetSettings) -> list[Finish]:
+    """A reply to each prompt through the engine, reply i seeded ``settings.seed + i``, as a chat
+    samples it: role tokens suppressed, ended by ``<|end|>`` or ``<|endoftext|>`` (kept in the
+    token ids, never in the text)."""
+    special = ChatTokenIds.of(run.tokenizer)
     finishes: list[Finish] = []
-    for start in range(0, len(rows), ROWS_PER_DECODE):
+    for start in range(0, len(prompt_ids), ROWS_PER_DECODE):
         sampling = SamplingSettings(max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
                                     top_p=settings.top_p, seed=settings.seed + start,
                                     suppress_ids=special.suppress_ids)
         with eval_mode(run.model):
-            finishes += decode(run.model, [ids for _, ids in rows[start:start + ROWS_PER_DECODE]], sampling,
-                               end_ids=special.reply_end_ids, slide=False)
-    return pair_replies([messages for messages, _ in fitted], finishes, settings.samples, special.end)
+            # token_bytes: the engine then gives each reply's text, as a chat shows it.
+            finishes += decode(run.model, prompt_ids[start:start + ROWS_PER_DECODE], sampling,
+                               token_bytes=run.token_bytes, end_ids=special.reply_end_ids, slide=False)
+    return finishes
 
 
 def pair_replies(prompts: list[list[Message]], finishes: list[Finish], samples: int, end_id: int) -> PreferenceSet:

@@ -7,10 +7,11 @@ learning rates and their schedule, warmup, Muon's momentum and its warm-up, weig
 
 May not change: ``train.optimizer`` (the saved optimizer state belongs to one optimizer),
 ``train.parallel`` (ddp saves whole tensors in the trainer state, fsdp a sharded folder),
-``train.sampling`` (the saved sampler position belongs to one sampler), ``train.lora`` (the saved
-adapters and their optimizer state have its shape and scale), ``train.seed`` (the saved
-random streams came from it; a new seed would silently do nothing), the model's shape
-(``SHAPE_KEYS``) and the data section's tokenizer (both checked in ``Trainer.setup``).
+``train.sampling`` and ``data.format`` (the saved sampler position belongs to one sampler over one
+kind of data), ``train.lora`` (the saved adapters and their optimizer state have its shape and
+scale), ``train.seed`` (the saved random streams came from it; a new seed would silently do
+nothing), the model's shape (``SHAPE_KEYS``) and the data section's tokenizer (both checked in
+``Trainer.setup``).
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from common.errors import one_line
+from common.config import read_yaml_file
+from common.errors import UserError, one_line
 from model import GPTConfig
 from rundir.checkpoint import CheckpointError
-from rundir.files import METRICS_FILE, STATE_FILE
+from rundir.files import METRICS_FILE, RUN_CONFIG_FILE, STATE_FILE
 from rundir.metrics import read_metrics
 
 FIXED_ON_RESUME = ("optimizer", "sampling", "seed", "parallel", "lora")
@@ -32,7 +34,7 @@ FIXED_ON_RESUME = ("optimizer", "sampling", "seed", "parallel", "lora")
 # mlp comes before ffn_hidden, whose width it changes: a switched MLP kind is named as such.
 SHAPE_KEYS = ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd", "mlp", "ffn_hidden",
               "tie_embeddings", "attention", "kv_latent_dim", "q_latent_dim", "qk_norm", "logit_softcap",
-              "residual_scalars", "value_embeddings")
+              "residual_scalars", "value_embeddings", "positions", "rope_theta")
 
 
 def check_model_shape(saved: GPTConfig, current: GPTConfig, run_dir: Path) -> None:
@@ -66,6 +68,22 @@ def check_fixed_settings(state: dict[str, Any], train_config: Any, run_dir: Path
                 f"cannot resume {run_dir}: {key} is {now!r} but the run was trained with "
                 f"{saved[key]!r}, and it may not change on resume; drop the --set or start a new run"
             )
+
+
+def check_data_format(run_dir: Path, data_format: str) -> None:
+    """Refuse to resume a chat run as text or a text run as chat: the saved batch position belongs to
+    one kind of data. The run's own config.yaml says which it was trained on (unreadable: the
+    structural checks still apply when the state is restored)."""
+    try:
+        saved = read_yaml_file(run_dir / RUN_CONFIG_FILE)["data"].get("format", "text")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, UserError):
+        return
+    if saved != data_format:
+        raise CheckpointError(
+            f"cannot resume {run_dir}: it was trained on {'conversations' if saved == 'chat' else 'text'} "
+            f"(data.format: {saved}), and this config says data.format: {data_format}; resume with "
+            f"data.format: {saved} (the run's own config.yaml), or start a new run"
+        )
 
 
 def check_not_finished(state: dict[str, Any], train_config: Any, run_dir: Path) -> None:

@@ -20,7 +20,7 @@ from torch import nn
 from data.batches.chat import iter_chat_val_batches
 from data.prepared.chat import ChatSplit
 from inference.engine import decode
-from model.generation import SamplingSettings
+from inference.sampling import SamplingSettings
 from model.gpt import eval_mode
 from training.distributed import DistContext, all_reduce_sum
 from training.evaluate import EvalResult, score_batches, validation_bar

@@ -31,17 +31,18 @@ from data.prepared.prompts import prepare_arithmetic_prompts
 from data.sample_prompt import default_sample_prompt
 from data.tokenizer import token_byte_table
 from inference.engine import decode
-from model import GPT, SamplingSettings
+from inference.sampling import SamplingSettings
+from model import GPT
 from model.gpt import eval_mode
 from training.attention_probe import AttentionProbe, attention_probe
 from training.config import Config, ConfigError
 from training.distributed import DistContext
 from training.device import should_compile
-from training.dpo import FrozenReference, Reference, accumulate_dpo_gradients, evaluate_preferences
+from training.dpo import accumulate_dpo_gradients, evaluate_preferences
 from training.evaluate import EvalResult, evaluate, generate_sample
-from training.grpo import AdaptersOff, FrozenModel, Rollout, Sampler, accumulate_grpo_gradients, pass_at_k, sample_rollout
-from training.init_from import load_parent_weights
+from training.grpo import Rollout, Sampler, accumulate_grpo_gradients, pass_at_k, sample_rollout
 from training.interrupt import StopRequest
+from training.reference import Reference, reference_for
 from training.rewards import correct, reward_function
 from training.rng_state import capture_rng_state, restore_rng_state
 from training.sft import accumulate_chat_gradients, chat_reply_samples, evaluate_chat
@@ -138,6 +139,10 @@ class Task(ABC):
         byte do not say it (None: they do)."""
         return None
 
+    def train_token_count(self) -> int | None:
+        """Tokens in the training split, for the epochs a budget covers (None: not counted)."""
+        return None
+
     def describe_batches(self, batches: Batches) -> str | None:
         """A line about the batches said when the run starts, if there is one to say."""
         return None
@@ -190,6 +195,9 @@ class TextTask(Task):
             restore_rng_state(before[1])
             return None, 0
         return loss, sum(computed) * ctx.world_size
+
+    def train_token_count(self):
+        return len(self.prepared.train_tokens())
 
     def evaluate(self, model, **shared):
         return evaluate(model, self.val_tokens, self.token_bytes, block_size=self.block_size, **shared)
@@ -297,7 +305,7 @@ class RLTask(ChatTask):
     held-out questions, as a chat run's are."""
 
     def __init__(self, prepared: Any, config: Config, device: torch.device,
-                 reference: AdaptersOff | FrozenModel | None) -> None:
+                 reference: Reference | None) -> None:
         super().__init__(prepared, device)
         self.rl = config.rl
         self.device = device
@@ -373,27 +381,6 @@ class RLTask(ChatTask):
                 f"{self.rl.group_size} completions of each prompt, rewards {', '.join(self.rl.rewards)}")
 
 
-def _parent_model(config: Config, device: torch.device) -> GPT:
-    """A frozen copy of the ``train.init_from`` run's weights."""
-    model = GPT(config.model)
-    load_parent_weights(model, config.parent)
-    return model.to(device)
-
-
-def frozen_reference(config: Config, device: torch.device) -> FrozenReference:
-    """The ``train.init_from`` run as a DPO reference: its own frozen copy of the weights. (A LoRA
-    run would pass the policy with its adapters off instead: see ``training.dpo.Reference``.)"""
-    return FrozenReference(_parent_model(config, device))
-
-
-def rl_reference(config: Config, device: torch.device) -> AdaptersOff | FrozenModel | None:
-    """The KL penalty's reference: none when rl.beta is 0; under LoRA the policy with its adapters
-    off; otherwise a frozen copy of the ``train.init_from`` run."""
-    if config.rl.beta == 0:
-        return None
-    return AdaptersOff() if config.train.lora is not None else FrozenModel(_parent_model(config, device))
-
-
 def prepare_task(config: Config, tokenizer_file: Path | None, *, progress: bool, is_main: bool,
                  device: torch.device) -> Task:
     """The task ``data.format`` names, its data prepared (``tokenizer_file``: a parent run's
@@ -426,7 +413,7 @@ def prepare_task(config: Config, tokenizer_file: Path | None, *, progress: bool,
     if fmt == "chat":
         return ChatTask(prepared, device)
     if fmt == "preference":
-        return PreferenceTask(prepared, device, frozen_reference(config, device), config.train.dpo_beta)
-    if fmt == "rl":
-        return RLTask(prepared, config, device, rl_reference(config, device))
+        return PreferenceTask(prepared, device, reference_for(config, device), config.train.dpo_beta)
+    if fmt == "rl":  # no reference where the KL penalty is off
+        return RLTask(prepared, config, device, reference_for(config, device) if config.rl.beta > 0 else None)
     return TextTask(prepared, config, device)

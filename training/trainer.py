@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import random
 import sys
 import tempfile
@@ -23,41 +24,42 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from analysis.plot import draw_attention_grid
 from common.errors import UserError
 from common.files import atomic_write_bytes
 from common.threads import STARVED_SHARE, starved_advice, use_threads
 from data import load_tokenizer
 from data.tokenizer import RUN_TOKENIZER_ADVICE
-from model import GPT, GPTConfig, SamplingSettings
-from model.rms_norm_cpu import install_cpu_backward
-from rundir.checkpoint import CheckpointError, check_run_dir, clear_old_run, load_trainer_state, save_checkpoint
+from inference.sampling import SamplingSettings
+from model import GPT, GPTConfig, save_pretrained
+from rundir.checkpoint import CheckpointError, check_run_dir, clear_old_run, load_trainer_state
 from rundir.files import ADAPTER_WEIGHTS_FILE, METRICS_FILE, RUN_CONFIG_FILE, TOKENIZER_FILE
 from rundir.lock import hold_run_dir
 from rundir.metrics import MetricsLog
 from rundir.record import write_parent_record
 from tracking.wandb_logger import WandbLogger
+from training.checkpointing import checkpointer_for
 from training.config import Config, config_to_dict, save_config
 from training.device import autocast, configure_backends, resolve_precision, should_compile
 from training.distributed import (
-    DistContext, all_reduce_mean, all_reduce_sum, barrier, gather_to_main, init_distributed, select_rank_state,
-    shutdown, split_batch, sync_gradients, wrap_model,
+    DistContext, all_reduce_mean, all_reduce_sum, barrier, decided_on_main, gather_to_main, init_distributed,
+    select_rank_state, shutdown, split_batch, sync_gradients, wrap_model,
 )
 from training.evaluate import EvalResult
-from training.fsdp import full_model_on_main, is_sharded, load_sharded, remove_stale_checkpoints, save_sharded
 from training.init_from import check_parent_tokenizer, load_parent_weights
 from training.interrupt import StopNow, StopRequest
+from training.kept_model import KeptModel, epochs, load_kept_weights, small_corpus_warning
 from training.lora import add_adapters, describe, merged_copy, save_adapter, trainable_parameters
 from training.memory_budget import check_model_fits, plan_memory
 from training.metrics import Throughput, format_flops, mfu, peak_flops
 from training.optim import (
-    MuonWithAdamW, build_optimizer, build_schedule, load_optimizer_state, muon_momentum, plan_param_groups,
-    set_learning_rate,
+    MuonWithAdamW, build_optimizer, build_schedule, muon_momentum, plan_param_groups, set_learning_rate,
 )
 from training.progress_bar import StepBar
 from training.recompute import checkpoint_blocks
+from training.rms_norm_cpu import install_cpu_backward
 from training.resume_rules import (
-    check_not_finished,
-    check_fixed_settings, check_model_shape, check_optimizer_groups, fixed_settings, restore_error,
+    check_not_finished, check_data_format, check_fixed_settings, check_model_shape, fixed_settings, restore_error,
 )
 from training.rng_state import capture_rng_state, restore_rng_state
 from training.tasks import prepare_task
@@ -83,6 +85,12 @@ class TrainResult:
     wandb_sync: str | None = None  # the command that uploads an offline wandb run
     starved_share: float | None = None  # set when other programs left the run under half its CPU time
     sample_prompt: str | None = None  # what the evaluation samples continued (None for a chat run)
+    kept_step: int | None = None  # the step whose weights model.safetensors holds (training.kept_model)
+    kept_val_loss: float | None = None  # their loss on the evaluation subset (None: never evaluated on it)
+    last_val_loss: float | None = None  # the last step's loss on that subset
+    epochs: float | None = None  # passes over the training split (None: not known for this task)
+    threads: int = 1  # torch's threads in this session
+    earlier_seconds: float = 0.0  # training time of the sessions before this one (a resumed run)
     adapter: str | None = None  # a LoRA run: how many parameters trained, and the adapter's size
     val_words: str | None = None  # the final evaluation in words, where loss and bits/byte do not say it
 
@@ -95,14 +103,16 @@ class NonFiniteLossError(UserError):
     """The loss or gradient became NaN/Inf; the run stopped without saving."""
 
 
-def train(config: Config, *, resume: bool = False, overwrite: bool = False, progress: bool = True) -> TrainResult:
+def train(config: Config, *, resume: bool = False, overwrite: bool = False, progress: bool = True,
+          threads_setting: str = "train.threads") -> TrainResult:
     """Train as ``config`` says; ``resume`` continues the run in ``run.out_dir``.
 
     ``overwrite`` (or ``run.overwrite``) replaces a run already in ``run.out_dir``; without it
     such a directory is refused. ``progress`` shows the progress bar and evaluation lines.
+    ``threads_setting`` names where train.threads came from (train.py: ``--threads``).
     """
     ctx = init_distributed(config.train.device)
-    trainer = Trainer(config, ctx, progress=progress)
+    trainer = Trainer(config, ctx, progress=progress, threads_setting=threads_setting)
     try:
         trainer.setup(resume=resume, overwrite=(overwrite or config.run.overwrite) and not resume)
         return trainer.fit()
@@ -121,8 +131,10 @@ def clip_gradients(model: nn.Module, max_norm: float) -> torch.Tensor:
 class Trainer:
     """One training run; ``setup`` then ``fit``. Attributes are the live state of the run."""
 
-    def __init__(self, config: Config, ctx: DistContext, *, progress: bool = True) -> None:
+    def __init__(self, config: Config, ctx: DistContext, *, progress: bool = True,
+                 threads_setting: str = "train.threads") -> None:
         self.config = config
+        self.threads_setting = threads_setting
         self.ctx = ctx
         self.device: torch.device = torch.device(ctx.device)
         self.run_dir = config.out_dir
@@ -138,6 +150,10 @@ class Trainer:
         self.eval_due_by_clock = False
         self.starved_share: float | None = None  # the CPU share when other programs starved the run
         self.summary: dict[str, Any] = {}
+        ec = config.eval
+        self.kept = KeptModel(subset=(ec.max_batches, ec.batch_size or config.train.batch_size))
+        self.corpus_checked = False  # whether the budget was compared with the corpus yet
+        self.last_subset_loss: float | None = None  # the last periodic evaluation's loss
         self._held = contextlib.ExitStack()  # the run-directory lock, from setup until close
 
     # -----------------------------------------------------------------------------------------
@@ -154,9 +170,11 @@ class Trainer:
         if tc.threads == "auto" and state is not None and isinstance(state.get("threads"), int):
             # The thread count changes how sums are split, and so the last bits of every step: a
             # resume keeps the run's own, so it still ends on the weights of an uninterrupted run.
-            self.threads = use_threads(state["threads"], "the run's own, for an exact resume")
+            # A machine with fewer CPUs than the run's own gives it all it has.
+            own = min(state["threads"], os.cpu_count() or 1)
+            self.threads = use_threads(own, "the run's own, for an exact resume")
         else:
-            self.threads = use_threads(None if tc.threads == "auto" else tc.threads, "train.threads")
+            self.threads = use_threads(None if tc.threads == "auto" else tc.threads, self.threads_setting)
         check_model_fits(self.config.model, self.device)  # an absurd size, before anything slow
         # The whole step's estimate, from the config alone: refused here, before any allocation.
         micro_batch = split_batch(tc.batch_size, tc.grad_accum_steps, self.ctx.world_size).batch_size
@@ -170,10 +188,12 @@ class Trainer:
 
     def _open_run_dir(self, *, resume: bool, overwrite: bool) -> dict[str, Any] | None:
         """Refuse a bad run directory or checkpoint before anything slow (a tokenizer training)."""
-        if self.ctx.is_main:
+        def claim() -> None:
             # Taken before anything is read, written or cleared; held until close().
             self._held.enter_context(hold_run_dir(self.run_dir))
             check_run_dir(self.run_dir, resume=resume, overwrite=overwrite)
+
+        decided_on_main(self.ctx, claim)  # refused on rank 0, refused on every rank
         state = None
         if resume:
             state = load_trainer_state(self.run_dir)
@@ -185,6 +205,7 @@ class Trainer:
                 ) from None
             check_model_shape(saved_model, self.config.model, self.run_dir)
             check_fixed_settings(state, self.config.train, self.run_dir)
+            check_data_format(self.run_dir, self.config.data.format)
             check_not_finished(state, self.config.train, self.run_dir)
         barrier(self.ctx)
         return state
@@ -229,6 +250,7 @@ class Trainer:
             checkpoint_blocks(self.model)
         # Before the optimizer is built: FSDP replaces the parameters with sharded ones.
         self.wrapped = wrap_model(self.model, ctx, tc.parallel)
+        self.checkpoint = checkpointer_for(tc.parallel, self.run_dir, ctx, cfg.model, self.device)
         torch.manual_seed(tc.seed + ctx.rank)  # for dropout, differing per rank
         np.random.seed((tc.seed + ctx.rank) % 2**32)
         random.seed(tc.seed + ctx.rank)
@@ -251,12 +273,7 @@ class Trainer:
     def _restore(self, state: dict[str, Any]) -> str | None:
         """Load a checkpoint's trainer state; return the wandb run id to resume."""
         try:
-            if "sharded" in state:  # saved by train.parallel=fsdp, at any number of processes
-                load_sharded(self.run_dir, state["sharded"], self.model, self.optimizer)
-            else:
-                self.model.load_state_dict(state["model"])
-                check_optimizer_groups(state["optimizer"], self.optimizer.state_dict(), self.run_dir)
-                load_optimizer_state(self.optimizer, state["optimizer"])
+            self.checkpoint.restore(state, self.model, self.optimizer)
             self.step = int(state["step"])
             self.tokens_seen = int(state["tokens_seen"])
             self.base_seconds = float(state["train_seconds"])
@@ -264,10 +281,11 @@ class Trainer:
             if rank_state is not None:
                 self.batches.load_state_dict(rank_state["batches"])
                 restore_rng_state(rank_state["rng"])
-        except (KeyError, ValueError, TypeError, RuntimeError, FileNotFoundError) as e:
+        except (KeyError, ValueError, TypeError, RuntimeError) as e:
             # A state with keys missing, or saved by another optimizer or sampler.
             raise restore_error(self.run_dir, e) from None
         self.saved_step = self.step
+        self.kept.load_state_dict(state.get("kept"))
         if rank_state is None and message and self.ctx.is_main:
             self._say(f"warning: {message}")
         return state.get("wandb_run_id")
@@ -275,7 +293,8 @@ class Trainer:
     def _start_outputs(self, *, resume: bool, wandb_run_id: str | None) -> None:
         cfg = self.config
         self.metrics = MetricsLog(self.run_dir / METRICS_FILE)
-        if self.ctx.is_main:
+
+        def write_run_files() -> None:
             if not resume:
                 clear_old_run(self.run_dir)  # a run being replaced (--overwrite)
             # The config is rewritten on resume too: a longer budget is a legitimate change, and
@@ -287,6 +306,8 @@ class Trainer:
                 atomic_write_bytes(self.run_dir / TOKENIZER_FILE, Path(self.task.prepared.tokenizer_path).read_bytes())
                 if self.parent is not None:
                     write_parent_record(self.run_dir, self.parent.directory, self.parent.model_config.to_dict())
+
+        decided_on_main(self.ctx, write_run_files)
         self.logger = WandbLogger.start(
             cfg.logging.wandb, run_dir=self.run_dir, run_config=config_to_dict(cfg), resume_id=wandb_run_id,
             is_main=self.ctx.is_main,
@@ -296,7 +317,7 @@ class Trainer:
                 f"{'resuming' if resume else 'training'} {self.model.num_params() / 1e6:.2f}M parameters "
                 f"on {self.device} ({'bf16' if self.amp_dtype == torch.bfloat16 else 'fp32'}"
                 f"{', compiled' if self.compiled else ''}); {self.tokens_per_step} tokens/step; "
-                f"peak {format_flops(self.peak)}FLOP/s ({self.peak_source}); "
+                f"MFU against {format_flops(self.peak)}FLOP/s ({self.peak_source}); "
                 f"{self.threads.describe()}; run dir {self.run_dir}"
             )
             self._say(self.memory_plan)
@@ -319,7 +340,8 @@ class Trainer:
         sets the learning rate of every parameter group, accumulates the gradient of one optimizer
         step's micro-batches (``self.task`` knows how its loss is made), clips it, refuses a
         non-finite loss, steps the optimizer; then logs, evaluates and saves on their intervals.
-        A last checkpoint and the full validation pass end the run."""
+        An evaluation of the last weights, a last checkpoint and the full validation pass of the
+        kept weights (``training.kept_model``) end the run."""
         tc, cfg = self.config.train, self.config
         stop = StopRequest()
         stop.install()
@@ -360,6 +382,7 @@ class Trainer:
                     self._watch_cpu_share()
 
                     bar.advance(self.step, self._elapsed(), loss, lr)
+                    self._check_corpus_size(bar)
                     if self.step % cfg.logging.interval == 0 or self.step == 1:
                         self._log_train(loss, lr, grad_norm)
                     if cfg.eval.interval and (self.step % cfg.eval.interval == 0 or self.eval_due_by_clock):
@@ -368,6 +391,8 @@ class Trainer:
                         self._save()
                 if reason != "interrupted":
                     bar.complete(self.step)
+                    if self.kept.evaluated_step not in (None, self.step):
+                        self._evaluate(final=False)  # the last weights compete for the kept model too
                 if self.saved_step != self.step:
                     self._save()
             result = self._finish(reason, loss, stop)
@@ -384,7 +409,10 @@ class Trainer:
             run_dir=self.run_dir, step=self.step, tokens_seen=self.tokens_seen, stopped_by=reason,
             train_seconds=self._elapsed(), last_loss=last_loss, signal=stop.signum, is_main=self.ctx.is_main,
             chat=self.task.is_chat, wandb_sync=self.logger.sync_command, starved_share=self.starved_share,
-            sample_prompt=self.task.sample_prompt,
+            sample_prompt=self.task.sample_prompt, kept_step=self._kept_step(),
+            kept_val_loss=self.kept.val_loss, threads=self.threads.threads, earlier_seconds=self.base_seconds,
+            last_val_loss=self.last_subset_loss if self.kept.evaluated_step == self.step else None,
+            epochs=epochs(self.tokens_seen, self.task.train_token_count()),
         )
         if self.config.train.lora is not None and self.ctx.is_main:
             trained, size = trainable_parameters(self.model), (self.run_dir / ADAPTER_WEIGHTS_FILE).stat().st_size
@@ -396,6 +424,9 @@ class Trainer:
             # Everything is saved: a signal now skips the final validation, and says so.
             stop.raise_on_signal = True
             try:
+                if self.kept.step not in (None, self.step):  # the last state is saved for --resume
+                    barrier(self.ctx)
+                    load_kept_weights(self.model, self.run_dir)
                 final = self._evaluate(final=True)
             except StopNow:
                 result.stopped_by, result.signal = "interrupted", stop.signum
@@ -452,8 +483,14 @@ class Trainer:
             ctx=self.ctx,
             progress=final and self.verbose,  # the full pass can take minutes on a slow host
         )
-        # Samples and attention maps decode on rank 0 alone, so a sharded model is gathered first.
-        plain = self._unsharded_model() if ec.sample_tokens > 0 or self.probe is not None else self.model
+        if not final:
+            self.last_subset_loss = result.loss
+        keep = not final and self.kept.record(self.step, result.loss)  # the same on every rank
+        # Samples, attention maps and the kept weights are on rank 0 alone: a sharded model is gathered.
+        needed = ec.sample_tokens > 0 or self.probe is not None or keep
+        plain = self.checkpoint.whole_model(self.model) if needed else None
+        if keep:  # a full disk is every rank's one line, as for a checkpoint
+            decided_on_main(self.ctx, lambda: self._write_kept_weights(plain))
         if not self.ctx.is_main:
             self.last_eval_s = self._elapsed()
             return result
@@ -466,6 +503,8 @@ class Trainer:
             "val_tokens": result.tokens,
             **{f"val_{name}": value for name, value in result.metrics.items()},
         }
+        if final:
+            record["weights_step"] = self._kept_step()
         samples = self._samples(plain) if ec.sample_tokens > 0 else []
         record.update(self.task.sample_fields(samples))
         if self.probe is not None:
@@ -492,7 +531,7 @@ class Trainer:
             with tempfile.TemporaryDirectory() as folder:
                 figure = Path(folder) / "attention.png"
                 title = f"step {self.step}: attention over {self.probe.prompt!r}"
-                self.probe.draw(model, self.task.tokenizer, figure, title=title)
+                draw_attention_grid(*self.probe.prompt_maps(model, self.task.tokenizer), figure, title=title)
                 self.logger.log_image("attn/maps", str(figure), self.step)
         return stats
 
@@ -502,42 +541,33 @@ class Trainer:
                                     top_k=ec.sample_top_k, top_p=None, seed=ec.sample_seed)
         return self.task.samples(model, settings)
 
+    def _write_kept_weights(self, plain: GPT) -> None:
+        save_pretrained(merged_copy(plain), self.run_dir)
+        if self.config.train.lora is not None:  # the adapter follows the kept weights
+            save_adapter(self.run_dir, plain, self.config.train.lora)
+
     def _save(self) -> None:
         # Each rank's sampler and RNG streams differ, and all are needed to resume exactly.
         ranks = gather_to_main({"rng": capture_rng_state(), "batches": self.batches.state_dict()}, self.ctx)
-        sharded = None
-        if self.config.train.parallel == "fsdp":
-            sharded = save_sharded(self.run_dir, self.step, self.model, self.optimizer, self.ctx.is_main)
-            plain = self._unsharded_model()
-        if self.ctx.is_main:
-            state = {
-                "step": self.step,
-                "tokens_seen": self.tokens_seen,
-                "train_seconds": self._elapsed(),
-                "model_config": self.config.model.to_dict(),
-                "ranks": ranks,
-                "world_size": self.ctx.world_size,
-                "wandb_run_id": self.logger.run_id,
-                "fixed_settings": fixed_settings(self.config.train),
-                "threads": self.threads.threads,
-            }
-            if sharded is None:
-                state.update(model=self.model.state_dict(), optimizer=self.optimizer.state_dict())
-                if self.config.train.lora is not None:  # the adapter in PEFT's files, the merged weights below
-                    save_adapter(self.run_dir, self.model, self.config.train.lora)
-                save_checkpoint(self.run_dir, merged_copy(self.model), state)
-            else:
-                # The weights and optimizer state are in the sharded folder that "sharded" names;
-                # model.safetensors gets the whole model, as in any run.
-                save_checkpoint(self.run_dir, plain, {**state, "sharded": sharded})
-                remove_stale_checkpoints(self.run_dir, keep=sharded)
+        state = {
+            "step": self.step,
+            "tokens_seen": self.tokens_seen,
+            "train_seconds": self._elapsed(),
+            "model_config": self.config.model.to_dict(),
+            "ranks": ranks,
+            "world_size": self.ctx.world_size,
+            "wandb_run_id": self.logger.run_id,
+            "fixed_settings": fixed_settings(self.config.train),
+            "threads": self.threads.threads,
+            "kept": self.kept.state_dict(),
+        }
+        # Once an evaluation has kept weights, model.safetensors (and a LoRA run's adapter) hold them,
+        # not the latest.
+        weights = self.kept.step is None
+        if weights and self.config.train.lora is not None and self.ctx.is_main:
+            save_adapter(self.run_dir, self.model, self.config.train.lora)
+        self.checkpoint.save(self.model, self.optimizer, state, weights=weights)
         self.saved_step = self.step
-
-    def _unsharded_model(self) -> GPT | None:
-        """The model whole on rank 0 (None on the others; every rank must call it)."""
-        if not is_sharded(self.model):
-            return self.model
-        return full_model_on_main(self.model, self.config.model, self.ctx.is_main, self.device)
 
     # -----------------------------------------------------------------------------------------
     # Small helpers
@@ -553,6 +583,22 @@ class Trainer:
 
     def _mfu(self, tokens_per_s: float) -> float:
         return mfu(self.flops_per_token, tokens_per_s, self.peak * self.ctx.world_size)
+
+    def _kept_step(self) -> int:
+        """The step whose weights are the run's model: the best evaluated, else the latest."""
+        return self.step if self.kept.step is None else self.kept.step
+
+    def _check_corpus_size(self, bar: StepBar) -> None:
+        """Warn once when the budget passes over the training split many times: as soon as the
+        run's end is known (a clock budget needs the pace of a few steps first)."""
+        if self.corpus_checked or (self.schedule.max_seconds is not None and not self.throughput.full):
+            return
+        self.corpus_checked = True
+        steps = bar.expected_steps(self.step, self._elapsed())
+        planned = self.config.train.max_tokens if steps is None else steps * self.tokens_per_step
+        warning = small_corpus_warning(planned or 0, self.task.train_token_count())
+        if warning is not None and self.ctx.is_main:
+            self._say(warning)
 
     def _watch_cpu_share(self) -> None:
         """Say once, on a CPU, when other programs leave the loop's thread on a core less than half

@@ -27,6 +27,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from common.files import atomic_write_text, process_alive
+from common.os_errors import with_path
 from data.errors import DataError
 from data.tokenizer import load_tokenizer, token_byte_lengths
 
@@ -109,6 +110,8 @@ def _build_and_publish(
         meta["prepare_seconds"] = round(time.perf_counter() - start, 3)
         atomic_write_text(temp / META_FILE, json.dumps(meta, indent=1) + "\n")
         _publish(temp, entry, open_entry)
+    except OSError as exc:  # a full disk: name the entry, since its temporary folder is gone
+        raise with_path(exc, entry) from None
     finally:
         shutil.rmtree(temp, ignore_errors=True)
     return meta

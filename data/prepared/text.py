@@ -225,7 +225,7 @@ def _write_tokens(
         for batch in dataset.iter(batch_size=batch_size):
             texts = [text for text in batch["text"] if text]
             ids = np.asarray(encode_documents(tokenizer, texts, eot), dtype=dtype)
-            ids.tofile(f)
+            f.write(ids.data)  # not ids.tofile: a full disk then reports ENOSPC, not a bare short write
             digester.update(ids)
             documents += len(texts)
             tokens += len(ids)

@@ -52,6 +52,7 @@ def conversations_spec(cfg: DataConfig) -> dict[str, Any]:
         return {"type": "shakespeare-chat", "version": CHAT_SET_VERSION, **shakespeare_fingerprint()}
     if cfg.source == "hub":
         return hub_spec(cfg.hub)
+    assert cfg.source == "files", f"data.source {cfg.source} holds no conversations (DataConfig refuses it)"
     return files_spec(cfg.files)
 
 
@@ -71,6 +72,7 @@ def load_examples(cfg: DataConfig, parse: ParseRows, *, progress: bool = False) 
     with datasets_progress(progress):
         if cfg.source == "hub":
             return _load_hub(cfg, parse)
+        assert cfg.source == "files", f"data.source {cfg.source} holds no examples (DataConfig refuses it)"
         return _load_files(cfg, parse)
 
 

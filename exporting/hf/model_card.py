@@ -70,6 +70,7 @@ def model_card(name: str, config: GPTConfig, params: int, record: RunRecord, has
                                      (f"logit softcap {config.logit_softcap:g}" if config.logit_softcap else "", True))
                if on and name]
     extras = f" With {', '.join(options)}." if options else ""
+    positions, context, limit = _positions(config)
     return f"""---
 library_name: transformers
 pipeline_tag: text-generation
@@ -80,8 +81,8 @@ tags:
 
 # {name}
 
-A {params / 1e6:.2f}M-parameter decoder-only GPT trained from scratch with minigpt: learned absolute
-position embeddings, RMSNorm, {mlp}, {attention} and {head}.{extras}
+A {params / 1e6:.2f}M-parameter decoder-only GPT trained from scratch with minigpt: {positions},
+RMSNorm, {mlp}, {attention} and {head}.{extras}
 transformers has no built-in architecture with that combination, so the modeling code ships in this
 folder and loading needs `trust_remote_code=True`.
 
@@ -91,7 +92,7 @@ folder and loading needs `trust_remote_code=True`.
 | width | {config.n_embd} |
 | attention heads / key-value heads | {heads} |
 | feed-forward width ({mlp}) | {config.ffn_dim} |
-| context (learned positions) | {config.block_size} tokens |
+| {context} | {config.block_size} tokens |
 | vocabulary | {config.vocab_size} |
 
 **Training data:** {_describe_data(record.data) or "not recorded"}.
@@ -114,10 +115,24 @@ print(tokenizer.decode(out[0]))
 
 ## Limits
 
-- The context is {config.block_size} tokens and cannot grow: positions are learned, one table row
-  each. A prompt plus `max_new_tokens` longer than that raises a `ValueError` that says so.
-- llama.cpp/GGUF, vLLM and ollama cannot load this model: they implement RoPE architectures, and
-  none of their built-in architectures has learned absolute positions with RMSNorm and SwiGLU.
+{limit}
 - A model of this size writes plausible-looking text in the style of its data, not facts.
 """
 
+
+
+def _positions(config: GPTConfig) -> tuple[str, str, str]:
+    """How the card names the model's positions, its context row, and the limits they set."""
+    others = ("- llama.cpp/GGUF, vLLM and ollama cannot load this model: none of their built-in "
+              "architectures has this combination.")
+    if config.positions == "learned":
+        return ("learned absolute position embeddings", "context (learned positions)",
+                f"- The context is {config.block_size} tokens and cannot grow: positions are learned, one table row\n"
+                f"  each. A prompt plus `max_new_tokens` longer than that raises a `ValueError` that says so.\n"
+                f"- llama.cpp/GGUF, vLLM and ollama cannot load this model: they implement RoPE architectures, and\n"
+                f"  none of their built-in architectures has learned absolute positions with RMSNorm and SwiGLU.")
+    trained = (f"- It was trained on sequences of {config.block_size} tokens. Longer ones run (nothing\n"
+               f"  limits the positions), but the model never saw them: expect worse text past that.\n")
+    if config.positions == "rope":
+        return (f"rotary positions (RoPE, base {config.rope_theta:g})", "context trained on", trained + others)
+    return ("no position embeddings (the causal mask alone carries order)", "context trained on", trained + others)

@@ -25,9 +25,10 @@ def hf_state_dict(model: GPT) -> dict[str, torch.Tensor]:
     cfg = model.config
     state = {
         "model.embed_tokens.weight": model.tok_emb.weight,
-        "model.embed_positions.weight": model.pos_emb.weight,
         "model.norm.weight": model.norm.weight,
     }
+    if cfg.positions == "learned":
+        state["model.embed_positions.weight"] = model.pos_emb.weight
     if not cfg.tie_embeddings:
         state["lm_head.weight"] = model.lm_head.weight
     if cfg.residual_scalars:
@@ -75,11 +76,13 @@ def block_linears(cfg: GPTConfig) -> dict[str, BlockLinear]:
         return BlockLinear(in_features, tuple(ShippedPart(name, rows) for name, rows in parts))
 
     if cfg.attention == "mla":
-        r, q = cfg.kv_latent_dim, cfg.q_latent_dim
-        query = ("self_attn.q_proj", width) if q is None else ("self_attn.q_a_proj", q)
-        layers = {"attn.down": linear(cfg.n_embd, query, ("self_attn.kv_a_proj", r))}
+        # With rotary positions each query head carries its rotary part after it, and kv_a_proj gives
+        # the shared rotary key after the latent.
+        r, q, query_width = cfg.kv_latent_dim, cfg.q_latent_dim, cfg.n_head * (cfg.head_dim + cfg.rope_dim)
+        query = ("self_attn.q_proj", query_width) if q is None else ("self_attn.q_a_proj", q)
+        layers = {"attn.down": linear(cfg.n_embd, query, ("self_attn.kv_a_proj", r + cfg.rope_dim))}
         if q is not None:
-            layers["attn.q_up"] = linear(q, ("self_attn.q_b_proj", width))
+            layers["attn.q_up"] = linear(q, ("self_attn.q_b_proj", query_width))
         layers["attn.kv_up"] = linear(r, ("self_attn.k_b_proj", width), ("self_attn.v_b_proj", width))
     else:
         layers = {"attn.qkv": linear(cfg.n_embd, ("self_attn.q_proj", width), ("self_attn.k_proj", kv_width),

@@ -11,12 +11,13 @@ from run_testkit import build_run, chat_tokenizer
 PROMPT = "ROMEO: But soft, what light"
 
 
-@pytest.fixture(scope="module", params=["gqa", "mla"])
+KINDS = {"gqa": dict(n_kv_head=2), "mla": dict(n_kv_head=4, attention="mla", kv_latent_dim=16),
+         "mla-rope": dict(n_kv_head=4, attention="mla", kv_latent_dim=16, positions="rope")}
+
+
+@pytest.fixture(scope="module", params=list(KINDS))
 def run_dir(request, tmp_path_factory):
-    attention = {} if request.param == "gqa" else dict(attention="mla", kv_latent_dim=16)
-    n_kv_head = 2 if request.param == "gqa" else 4
-    return build_run(tmp_path_factory.mktemp(request.param) / "run", chat_tokenizer(), n_kv_head=n_kv_head,
-                     **attention)
+    return build_run(tmp_path_factory.mktemp(request.param) / "run", chat_tokenizer(), **KINDS[request.param])
 
 
 def is_png(path):
@@ -134,7 +135,10 @@ def test_compare_scale_draws_one_head_and_prints_both_entropies(run_dir, tmp_pat
                  "--out", str(out)]) == 0
     assert is_png(out)
     line = capsys.readouterr().out.strip()
-    assert line.startswith("layer 1 head 2 (d = 16): mean attention entropy ")
+    config = json.loads((run_dir / "model_config.json").read_text())
+    # The d of 1/√d is the dot product's width: latent attention's rotary part (half a head) is in it.
+    d = 16 + (8 if config.get("positions") == "rope" else 0)
+    assert line.startswith(f"layer 1 head 2 (d = {d}): mean attention entropy ")
     with_scale, without = (float(part.split(" bits")[0].split()[-1]) for part in line.split(","))
     assert without <= with_scale
 
@@ -228,3 +232,20 @@ def test_a_text_file_without_end_is_read_only_as_far_as_the_windows_need(run_dir
     assert main(["--run", str(run_dir), "--roles", "--text-file", "/dev/zero", "--windows", "2"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --text-file /dev/zero holds 1 distinct tokens") and err.count("\n") == 1, err
+
+
+def test_the_figures_the_docs_draw_in_the_checkout_are_git_ignored():
+    """Following README.md or docs/*.md leaves no figure for `git status` to list."""
+    import re
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    if shutil.which("git") is None or not (root / ".git").exists():
+        pytest.skip("not a git checkout")
+    texts = [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+    names = sorted({m for t in texts for m in re.findall(r"--out ([\w.-]+\.png)\b", t.read_text(encoding="utf-8"))})
+    assert "attention.png" in names and "history.png" in names  # the search finds the docs' commands
+    done = subprocess.run(["git", "check-ignore", "--no-index", *names], cwd=root, capture_output=True, text=True)
+    assert sorted(done.stdout.split()) == names

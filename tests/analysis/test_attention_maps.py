@@ -16,6 +16,11 @@ KINDS = {
     "gqa": dict(n_kv_head=2),
     "mla": dict(n_kv_head=4, attention="mla", kv_latent_dim=12),
     "mla-qlatent": dict(n_kv_head=4, attention="mla", kv_latent_dim=24, q_latent_dim=16),
+    # Rotary positions: the maps score the rotated queries and keys (with latent attention, the
+    # decoupled rotary part beside each head), and none.
+    "gqa-rope": dict(n_kv_head=2, positions="rope"),
+    "mla-rope": dict(n_kv_head=4, attention="mla", kv_latent_dim=12, positions="rope"),
+    "gqa-none": dict(n_kv_head=2, positions="none"),
 }
 
 
@@ -46,16 +51,20 @@ def test_rows_sum_to_one_and_the_future_is_exactly_zero(model):
 
 
 def test_weights_times_values_reproduce_each_layer_output(model):
-    x = model.tok_emb(ids()) + model.pos_emb.weight[:17]
+    x = model.tok_emb(ids())
+    if model.config.positions == "learned":
+        x = x + model.pos_emb.weight[:17]
+    rotation = model.rotation(17)  # rotary positions only
     weights = model.attention_weights(ids())
     with torch.no_grad():
         for block, w in zip(model.blocks, weights):
             h = block.attn_norm(x)
-            _, _, v = block.attn.per_head(h)
+            _, _, v = block.attn.per_head(h, rotation)
             B, H, T, d = v.shape
             mixed = (w @ v).transpose(1, 2).reshape(B, T, H * d)
-            torch.testing.assert_close(block.attn.proj(mixed), block.attn(h), atol=1e-5, rtol=1e-5)
-            x = block(x)
+            torch.testing.assert_close(block.attn.proj(mixed), block.attn(h, None, None, rotation),
+                                       atol=1e-5, rtol=1e-5)
+            x = block(x, rotation=rotation)
 
 
 def test_weights_do_not_depend_on_other_rows_or_later_tokens(model):
@@ -82,6 +91,8 @@ def test_without_positions_attention_cannot_tell_order_and_with_them_it_can(mode
     """The last token reads its prefix as a set: shuffle the tokens before it and, with no position
     embedding added, its attention output is the same; with the learned positions it changes.
     That is why the model adds positions at the input."""
+    if model.config.positions != "learned":
+        pytest.skip("rotary and no positions add nothing at the input, which is what this test takes away")
     tokens = ids(batch=1, T=12)
     shuffled = torch.cat([tokens[:, :11][:, torch.randperm(11, generator=torch.Generator().manual_seed(4))],
                           tokens[:, 11:]], dim=1)
@@ -103,7 +114,9 @@ def test_the_scaled_weights_are_the_models_own(model, layer, head):
     comparison = scale_comparison(model, ids(batch=1, T=T), layer, head)
     own = model.attention_weights(ids(batch=1, T=T))[layer][0, head]
     torch.testing.assert_close(comparison.scaled, own, atol=1e-6, rtol=0)
-    assert comparison.head_dim == model.config.n_embd // model.config.n_head
+    # The d of 1/√d is the width of the dot product: latent attention's rotary part is in it.
+    cfg = model.config
+    assert comparison.head_dim == cfg.n_embd // cfg.n_head + (cfg.rope_dim if cfg.attention == "mla" else 0)
 
 
 def test_both_match_sdpa_with_its_own_scale_and_with_none(model):

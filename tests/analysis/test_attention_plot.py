@@ -49,6 +49,37 @@ def test_the_panels_of_a_comparison_have_titles_that_do_not_overlap(tmp_path, mo
     assert not any(a.overlaps(b) for a, b in itertools.combinations(boxes, 2))
 
 
+@pytest.mark.parametrize("T", [21, 70])
+def test_the_grid_of_two_sets_is_about_square_with_readable_labels_on_its_outer_maps(tmp_path, monkeypatch, T):
+    """--compare-init of a 2-layer model: two sets of 2 x 4 maps. Side by side they made a strip
+    four times wider than high, every map carrying its own labels too small to read."""
+    drawn = []
+    monkeypatch.setattr(plot, "_save", lambda fig, out: drawn.append(fig))
+    maps = [torch.softmax(torch.randn(4, T, T), dim=-1).tril() for _ in range(2)]
+    tokens = [f" word{i}" for i in range(T)]
+    plot.draw_attention_grid(maps, tokens, tmp_path / "x.png", title="run", compare=maps, compare_title="untrained")
+    (fig,) = drawn
+    width, height = fig.get_size_inches()
+    assert 0.5 < width / height < 2
+    renderer = fig.canvas.get_renderer()
+    fig.draw(renderer)
+    maps_drawn = [ax for ax in fig.axes if ax.get_title()]
+    assert len(maps_drawn) == 2 * 2 * 4
+    shown = {"x": [], "y": []}
+    for ax in maps_drawn:
+        for axis, labels in (("x", ax.get_xticklabels()), ("y", ax.get_yticklabels())):
+            texts = [label for label in labels if label.get_text()]
+            if texts:
+                shown[axis].append(ax)
+                assert all(label.get_fontsize() >= 8 for label in texts)
+                boxes = [label.get_window_extent(renderer) for label in texts]
+                assert not any(a.overlaps(b) for a, b in itertools.combinations(boxes, 2)), (axis, ax.get_title())
+                assert texts[0].get_text() == tokens[0] and len(texts) >= min(T, 20)
+    # The outer maps only: each set's bottom row carries the columns' labels, its left column the rows'.
+    assert sorted(ax.get_title() for ax in shown["x"]) == sorted([f"layer 1 head {h}" for h in range(4)] * 2)
+    assert sorted(ax.get_title() for ax in shown["y"]) == sorted([f"layer {l} head 0" for l in range(2)] * 2)
+
+
 def _margin_is_blank(png_path, margin_px=4) -> bool:
     from matplotlib.image import imread
 

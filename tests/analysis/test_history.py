@@ -4,6 +4,7 @@ hand-written metrics.jsonl, the first evaluation past the threshold, and attenti
 import json
 
 import pytest
+import yaml
 
 from analysis.cli import main
 from analysis.history import (
@@ -42,6 +43,14 @@ def test_only_evaluations_with_attention_statistics_are_read():
     assert [(e.step, e.final) for e in history] == [(100, False), (200, False), (300, False), (400, False),
                                                   (400, True)]
     assert history[2] == AttentionEval(step=300, final=False, entropy_bits=(5.1, 3.2), induction_best=0.62)
+
+
+def test_a_final_evaluation_of_weights_kept_from_an_earlier_step_is_not_a_later_point():
+    kept_earlier = {**evaluation(400, 0.62, kind="final_eval"), "weights_step": 300}
+    history = attention_history([*RECORDS[:-1], kept_earlier])
+    assert [(e.step, e.final) for e in history] == [(100, False), (200, False), (300, False), (400, False)]
+    kept_last = {**evaluation(400, 0.71, kind="final_eval"), "weights_step": 400}
+    assert [e.final for e in attention_history([*RECORDS[:-1], kept_last])][-1]
 
 
 def test_the_first_evaluation_past_the_threshold_is_the_step_an_induction_head_appeared():
@@ -163,6 +172,32 @@ def test_bad_history_input_is_one_line_and_exit_2(tmp_path, args, message, capsy
     assert main(["--run", str(run_dir), *args]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err and err.count("\n") == 1
+
+
+EVALUATED = [{"kind": "eval", "step": 50, "val_loss": 3.0}, {"kind": "final_eval", "step": 100, "val_loss": 2.9}]
+
+
+@pytest.mark.parametrize("config, records, reason", [
+    ({"eval": {"attention_stats": True}, "data": {"format": "text"}, "model": {"block_size": 128}}, EVALUATED,
+     "the run's validation split held less than one window of 128 tokens (model.block_size), too little for the "
+     "probe; train it again with a larger data.val_fraction or more data"),
+    ({"eval": {"attention_stats": False}, "data": {"format": "text"}, "model": {"block_size": 128}}, EVALUATED,
+     "the run was trained with eval.attention_stats: false; train it again with it on"),
+    ({"eval": {"attention_stats": True}, "data": {"format": "chat"}, "model": {"block_size": 128}}, EVALUATED,
+     "a chat run's evaluations log none; give a run trained on text"),
+    ({"eval": {"attention_stats": True}, "data": {"format": "text"}, "model": {"block_size": 128}}, [],
+     "the run has not been evaluated yet"),
+    ({"eval": {"interval": 50}, "data": {}, "model": {}}, EVALUATED, "the run predates them"),
+    (None, EVALUATED, "the run predates them"),
+])
+def test_a_run_without_statistics_is_told_the_true_reason(tmp_path, config, records, reason):
+    # A run whose validation split was too small for the probe was told it predated the statistics.
+    run_dir = write_metrics(tmp_path / "run", [{"kind": "train", "step": 10, "loss": 5.0}, *records])
+    if config is not None:
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
+    with pytest.raises(UserError, match="holds no attention statistics: ") as refused:
+        read_attention_history(run_dir)
+    assert str(refused.value).split(": ", 1)[1].startswith(reason)
 
 
 def test_history_of_a_run_without_statistics_is_one_line(tmp_path, capsys):

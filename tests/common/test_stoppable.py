@@ -92,13 +92,12 @@ def test_a_filesystem_failure_is_one_line(capsys):
 def _starting(tmp_path: Path, quiet: bool) -> subprocess.Popen:
     """A command script paused inside its imports, before run_stoppable installs any handler."""
     script = textwrap.dedent(f'''
-        import pathlib, sys, time
+        import contextlib, pathlib, sys, time
         from common.signals import quiet_while_starting
-        if {quiet}:
-            quiet_while_starting()
-        pathlib.Path(sys.argv[1]).touch()
-        for _ in range(600):  # the imports of a busy machine's start
-            time.sleep(0.05)
+        with quiet_while_starting() if {quiet} else contextlib.nullcontext():
+            pathlib.Path(sys.argv[1]).touch()
+            for _ in range(600):  # the imports of a busy machine's start
+                time.sleep(0.05)
     ''')
     return start_paused(["-c", script, str(tmp_path / "importing")], tmp_path / "importing")
 
@@ -106,6 +105,30 @@ def _starting(tmp_path: Path, quiet: bool) -> subprocess.Popen:
 @pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["ctrl-c", "sigterm"])
 def test_a_signal_during_a_commands_imports_exits_quietly_with_its_code(tmp_path, signum, code):
     assert stop(_starting(tmp_path, quiet=True), signum) == (code, "")
+
+
+def test_after_the_imports_the_previous_handlers_are_back():
+    """The command's own handling of Ctrl-C (a chat reply stopped, not the chat) starts after it."""
+    from common.signals import quiet_while_starting
+
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    with quiet_while_starting():
+        assert all(signal.getsignal(signum) is not handler for signum, handler in before.items())
+    assert {signum: signal.getsignal(signum) for signum in before} == before
+
+
+def test_a_signal_that_an_import_swallows_still_ends_the_start():
+    """torch's C start-up imports numpy and carries on whatever that raises: the exit comes again
+    when the imports are done."""
+    from common.signals import quiet_while_starting
+
+    with pytest.raises(SystemExit) as stopped:
+        with quiet_while_starting():
+            try:
+                signal.raise_signal(signal.SIGTERM)
+            except BaseException:  # what a library's catch-all does
+                pass
+    assert stopped.value.code == 128 + signal.SIGTERM
 
 
 def test_without_it_a_ctrl_c_during_the_imports_is_a_traceback(tmp_path):

@@ -19,15 +19,40 @@ from training.metrics import Throughput
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("value, expected", [("auto", None), (None, None), ("3", 3), (2, 2), (" 1 ", 1)])
+@pytest.mark.parametrize("value, expected", [("auto", None), (None, None), ("3", 3), (2, 2), (" 1 ", 1), (8, 8)])
 def test_threads_parse_auto_or_a_count(value, expected):
-    assert parse_threads(value) == expected
+    assert parse_threads(value, cpus=8) == expected
 
 
-@pytest.mark.parametrize("value", [0, -1, "0", "x", "1.5", 1.5, True, "", "2 threads"])
+# "²" passes str.isdigit and "１２" passes int(): neither is a count a user meant to type.
+@pytest.mark.parametrize("value", [0, -1, "0", "x", "1.5", 1.5, True, "", "2 threads", "²", "１２", "1_0"])
 def test_bad_thread_counts_are_refused_in_one_line(value):
     with pytest.raises(UserError, match=r"^--threads must be auto or a whole number of threads >= 1"):
-        parse_threads(value)
+        parse_threads(value, cpus=64)
+
+
+@pytest.mark.parametrize("value", ["9", 64, "1000000000"])
+def test_more_threads_than_cpus_are_refused_naming_the_count(value):
+    with pytest.raises(UserError, match=r"^--threads asks for \d+ threads, more than the 8 CPUs of this machine; "
+                                        r"give at most 8, or auto$"):
+        parse_threads(value, cpus=8)
+
+
+def test_the_environment_and_the_config_are_held_to_the_cpus_too(monkeypatch):
+    # OpenMP sizes its pool by the count: a thousand million ran the machine out of memory.
+    before = torch.get_num_threads()
+    too_many = str((os.cpu_count() or 1) + 1)
+    try:
+        monkeypatch.setenv("OMP_NUM_THREADS", too_many)
+        with pytest.raises(UserError, match=f"^OMP_NUM_THREADS asks for {too_many} threads.*or unset it$"):
+            use_threads(None)
+        with pytest.raises(UserError, match=f"^train.threads asks for {too_many} threads"):
+            use_threads(int(too_many), "train.threads")
+        assert torch.get_num_threads() == before  # refused before torch was given the count
+        monkeypatch.setenv("OMP_NUM_THREADS", "²")  # not a count: OpenMP ignores it, and so does auto
+        assert use_threads(None).source == "auto"
+    finally:
+        torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize(

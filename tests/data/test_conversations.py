@@ -13,10 +13,10 @@ from tokenizers import Tokenizer
 
 from data.batches.chat import ChatBatches, collate
 from data.chat import ChatTokenIds, ChatTooLong, FittedChat, Message, fit_chat, fit_for_reply, render_chat
-from data.config import DataConfig, FilesSourceConfig
+from data.config import CHAT_SOURCES, SOURCES, DataConfig, FilesSourceConfig
 from data.errors import DataError
 from data.prepared.chat import tokenize_conversations
-from data.sources.conversations import load_conversations
+from data.sources.conversations import conversations_spec, load_conversations
 from data.sources.shakespeare import play_files, play_id
 from data.split import hash_split
 from data.tokenizer import train_tokenizer
@@ -145,3 +145,17 @@ def test_batches_start_every_conversation_at_position_0_and_learn_only_replies(t
     again.load_state_dict(state)
     for (xa, ya), (xb, yb) in zip(after, [again.next() for _ in range(3)]):
         assert torch.equal(xa, xb) and torch.equal(ya, yb)
+
+
+@pytest.mark.parametrize("source", SOURCES)
+def test_every_source_either_holds_conversations_or_is_refused_for_chat(source, tmp_path):
+    # synthetic once fell through to the files reader: "KeyError: 'pop from an empty set'" on resume.
+    (tmp_path / "a.jsonl").write_text("")
+    settings = {"source": source, "format": "chat", "hub": {"name": "some/dataset"},
+                "files": {"paths": [str(tmp_path / "a.jsonl")]}}
+    if source not in CHAT_SOURCES:
+        with pytest.raises(DataError, match=f"^data.source {source} makes text, not conversations.*data.format: text$"):
+            DataConfig.from_dict(settings)
+        return
+    spec = conversations_spec(DataConfig.from_dict(settings))
+    assert spec["type"] == {"shakespeare": "shakespeare-chat"}.get(source, source)

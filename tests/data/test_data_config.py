@@ -3,6 +3,7 @@ from __future__ import annotations
 import pytest
 
 from data import DataConfig, DataError, FilesSourceConfig, HubSourceConfig
+from data.config import MIN_VOCAB_SIZE
 
 
 def test_defaults_are_the_shakespeare_corpus():
@@ -26,7 +27,7 @@ def test_from_dict_round_trips_and_builds_sections():
     "kwargs, words",
     [
         ({"source": "wikipedia"}, ["data.source", "shakespeare, hub, files"]),
-        ({"vocab_size": 100}, ["data.vocab_size", "257"]),
+        ({"vocab_size": 100}, ["data.vocab_size", "261"]),
         ({"vocab_size": True}, ["data.vocab_size"]),
         ({"val_fraction": 1.0}, ["data.val_fraction"]),
         ({"val_fraction": 0}, ["data.val_fraction"]),
@@ -59,3 +60,13 @@ def test_unknown_keys_are_rejected_with_the_valid_ones():
         DataConfig.from_dict({"vocab": 10})
     with pytest.raises(DataError, match="data.hub.nam.*name"):
         DataConfig.from_dict({"hub": {"nam": "x"}})
+
+
+def test_the_least_vocabulary_admitted_is_the_least_the_tokenizer_trainer_makes():
+    # 257 was admitted, then always refused: the trained tokenizer had the chat tokens as well.
+    from data.tokenizer import train_tokenizer
+
+    with pytest.raises(DataError, match=rf"^data.vocab_size must be at least {MIN_VOCAB_SIZE} "):
+        DataConfig(vocab_size=MIN_VOCAB_SIZE - 1)
+    least = DataConfig(vocab_size=MIN_VOCAB_SIZE).vocab_size
+    assert train_tokenizer(["a b c, and the rest of it"] * 20, least).get_vocab_size() == least

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
 import socket
@@ -15,6 +16,7 @@ import pytest
 
 import data.prepared.text as prepare_module
 import data.sources.corpus as sources_module
+from common.os_errors import describe_os_error
 from data import DataConfig, DataError, FilesSourceConfig, PreparedData, prepare_data
 from data.prepared.text import entry_dir
 from data.sources.shakespeare import shakespeare_documents
@@ -284,3 +286,19 @@ def test_unknown_source_and_unwritable_cache_dir(tmp_path, files_cfg):
     blocker.write_text("not a directory", encoding="utf-8")
     with pytest.raises(DataError, match="cannot write to data.cache_dir"):
         prepare_data(dataclasses.replace(files_cfg, cache_dir=str(blocker)), progress=False)
+
+
+def test_a_full_disk_under_the_cache_names_the_entry_and_the_cause(tmp_path, mount_tmpfs):
+    # numpy's tofile reported a short write with no errno, so the error read "a file: OSError".
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    for i, text in enumerate(make_documents(400)):  # token files far larger than the disk
+        (folder / f"doc{i:03d}.txt").write_text(text, encoding="utf-8")
+    disk = mount_tmpfs(64 * 1024)
+    cfg = dataclasses.replace(_folder_cfg(tmp_path, folder), cache_dir=str(disk / "cache"))
+    with pytest.raises(OSError) as full:
+        prepare_data(cfg, progress=False)
+    assert full.value.errno == errno.ENOSPC and full.value.filename == str(entry_dir(cfg))
+    assert describe_os_error(full.value) == (f"{entry_dir(cfg)}: No space left on device; the disk is full; free "
+                                             "space on it or choose a directory on another disk")
+    assert os.listdir(disk / "cache") == []  # nothing half-written left behind

@@ -60,3 +60,17 @@ def test_bad_settings_name_the_key(settings, words):
         SyntheticSourceConfig(**settings)
     with pytest.raises(DataError, match="data.synthetic"):
         DataConfig.from_dict({"source": "synthetic", "synthetic": settings})
+
+
+@pytest.mark.parametrize("settings", [
+    {"documents": 1_000_000_000_000},  # grew memory until killed, with no output
+    {"documents": 3_000_000, "words": 5000, "max_words": 4000},  # a MemoryError after minutes
+])
+def test_a_corpus_too_large_to_make_in_memory_is_refused_by_the_config(settings):
+    # Refused where the config is read, before a single document is drawn.
+    with pytest.raises(DataError, match=r"^data.synthetic asks for up to [\d,]+ words \(2 x documents x max_words\), "
+                                        r"more than the 50,000,000 it makes in memory; lower "
+                                        r"data.synthetic.documents or max_words$"):
+        DataConfig.from_dict({"source": "synthetic", "synthetic": settings})
+    largest = SyntheticSourceConfig(documents=25_000_000 // 40, max_words=40)  # at the bound: admitted
+    assert 2 * largest.documents * largest.max_words == 50_000_000

@@ -10,9 +10,7 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -20,7 +18,6 @@ import pytest
 from eval_testkit import one_line_error as _one_line_error
 from signal_testkit import start_paused, stop
 
-ROOT = Path(__file__).resolve().parents[2]
 BPB = ["--tasks", "shakespeare_bpb", "--limit", "1"]
 
 pytest.importorskip("lm_eval")  # optional: requirements-dev.txt installs it
@@ -122,13 +119,3 @@ def test_a_sigkill_leftover_is_removed_by_the_next_evaluation(capsys, random_run
     (random_run / "config.yaml").write_text("data:\n  source: files\n")
     _one_line_error(capsys, ["--run", str(random_run), *BPB], "config.yaml is damaged")
     assert _scratch(tmpdir_env) == []
-
-
-def test_ctrl_c_while_starting_is_quiet(random_run):
-    """Python takes a second or more to import torch: a Ctrl-C then is as quiet as one later."""
-    process = subprocess.Popen([sys.executable, "evaluate.py", "--run", str(random_run), *BPB], cwd=ROOT,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    time.sleep(0.3)
-    returncode, err = stop(process, signal.SIGINT)
-    assert returncode == 130 and "Traceback" not in err, err

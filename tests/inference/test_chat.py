@@ -195,6 +195,54 @@ def test_at_a_terminal_lines_are_edited_recalled_and_ctrl_d_ends_the_line(run_di
     assert shown.endswith("you> \n"), shown  # Ctrl-D leaves the shell prompt on a fresh line
 
 
+@pytest.mark.skipif(not hasattr(os, "openpty"), reason="needs a pseudo-terminal")
+def test_ctrl_c_at_the_prompt_says_how_to_leave_and_a_second_in_a_row_quits(run_dir, loaded_run):
+    """A Ctrl-C meant for a reply that has just ended lands on the prompt: it must not quit.
+
+    Typed at a terminal (stdin a pseudo-terminal), replies to a pipe: lines are then read with a
+    plain read(), which a signal interrupts wherever it lands, so the test needs no pause."""
+    import select
+    import signal
+
+    try:
+        controller, terminal = os.openpty()
+    except OSError as error:  # a container without /dev/ptmx
+        pytest.skip(f"no pseudo-terminal here ({error})")
+    proc = subprocess.Popen(_chat_command(run_dir), stdin=terminal, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            cwd=REPO, env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    os.close(terminal)
+    err = bytearray()
+
+    def prompts(count: int) -> None:  # read stderr until the prompt has been shown `count` times
+        while err.count(b"you> ") < count:
+            ready, _, _ = select.select([proc.stderr], [], [], 60)
+            chunk = os.read(proc.stderr.fileno(), 4096) if ready else b""
+            assert chunk, f"no prompt; stderr so far: {bytes(err)[-1000:]!r}"
+            err.extend(chunk)
+
+    try:
+        prompts(1)
+        proc.send_signal(signal.SIGINT)  # one Ctrl-C: a hint, and the prompt again
+        prompts(2)
+        os.write(controller, MESSAGES[0].encode() + b"\n")  # the conversation goes on
+        prompts(3)
+        proc.send_signal(signal.SIGINT)
+        prompts(4)
+        proc.send_signal(signal.SIGINT)  # a second in a row: quit
+        out, rest = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+        os.close(controller)
+    shown = (err + rest).decode()
+    assert proc.returncode == 0 and "Traceback" not in shown, shown[-2000:]
+    hint = "you> \n(to leave: Ctrl-C again, Ctrl-D or /exit)\n"
+    assert shown.count(hint) == 2 and shown.endswith(hint + "you> \n"), shown
+    expected = ChatSession(loaded_run, GenerationSettings(temperature=0, max_new_tokens=5)).reply(MESSAGES[0]).text
+    assert out.decode() == expected + "\n"
+
+
 def test_ctrl_c_in_a_reply_stops_it_and_keeps_what_was_said(loaded_run):
     session = ChatSession(loaded_run, GenerationSettings(temperature=0, max_new_tokens=9), system_prompt="You are JULIET.")
     whole = ChatSession(loaded_run, GenerationSettings(temperature=0, max_new_tokens=9),
@@ -234,7 +282,7 @@ def _read_more(fd: int, seen: bytearray, count: int, timeout: float = 60.0) -> N
 
 @pytest.mark.e2e  # a real generate.py at a real terminal: seconds to start
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs a pseudo-terminal (pty.fork)")
-def test_at_a_terminal_ctrl_c_stops_the_reply_and_ctrl_c_at_an_empty_prompt_quits(endless_run_dir):
+def test_at_a_terminal_ctrl_c_stops_the_reply_and_two_at_an_empty_prompt_quit(endless_run_dir):
     import pty
     import signal
     import time
@@ -263,7 +311,11 @@ def test_at_a_terminal_ctrl_c_stops_the_reply_and_ctrl_c_at_an_empty_prompt_quit
         # for a signal only when its select() is interrupted, so a SIGINT landing between drawing the
         # prompt and that select() waits for the next key; a person is never that quick.
         time.sleep(0.5)
-        os.write(controller, b"\x03")
+        os.write(controller, b"\x03")  # the first says how to leave...
+        _read_until(controller, b"(to leave: Ctrl-C again, Ctrl-D or /exit)", seen, 1)
+        _read_until(controller, b"you> ", seen, 4)
+        time.sleep(0.5)
+        os.write(controller, b"\x03")  # ...and a second in a row quits
         _read_until(controller, b"\0never", seen, 1)  # to the end of the output
         _, status = os.waitpid(pid, 0)
         pid = 0

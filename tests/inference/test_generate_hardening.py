@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from inference.cli import main
-from model import sample_next_token
+from inference.sampling import sample_next_token
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -77,3 +77,49 @@ def test_full_stdout_is_one_line_and_exit_2(run_dir, monkeypatch, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1
     assert err[0].startswith("error: cannot write the output: ") and "No space left on device" in err[0]
+
+
+def _generate_into(stdout: int, *args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:
+    """generate.py with ``stdout`` as its standard output (a file descriptor)."""
+    return subprocess.run([sys.executable, "generate.py", *args], cwd=REPO, env=ENV, stdout=stdout,
+                          stderr=subprocess.PIPE, input=stdin, timeout=120)
+
+
+def _reader_gone() -> int:
+    """The writing end of a pipe whose reader has already left (as `| head` does after its bytes):
+    every write fails with EPIPE, from the first, however quick or slow the machine."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    return write_end
+
+
+def test_a_reader_that_leaves_ends_the_command_quietly(run_dir):
+    pipe = _reader_gone()
+    try:
+        # --quiet: the first write is the first token's text, from inside the decode loop.
+        done = _generate_into(pipe, "--run", str(run_dir), "--prompt", "ROMEO:", "--max-new-tokens", "60", "--quiet")
+    finally:
+        os.close(pipe)
+    assert (done.returncode, done.stderr.decode()) == (0, "")
+
+
+def test_a_reader_that_leaves_the_chat_ends_it_quietly(run_dir):
+    pipe = _reader_gone()
+    try:
+        done = _generate_into(pipe, "--run", str(run_dir), "--chat", "--max-new-tokens", "5",
+                              stdin=b"".join(f"line {i}\n".encode() for i in range(200)))
+    finally:
+        os.close(pipe)
+    err = done.stderr.decode()
+    assert done.returncode == 0 and err == f"chatting with {run_dir} (type a message; /help lists the commands)\n"
+
+
+def test_a_full_disk_under_streamed_output_is_one_line(run_dir):
+    if not Path("/dev/full").exists():
+        pytest.skip("this system has no /dev/full")
+    with open("/dev/full", "wb") as full:
+        done = _generate_into(full.fileno(), "--run", str(run_dir), "--prompt", "ROMEO:", "--max-new-tokens", "60",
+                              "--quiet")
+    err = done.stderr.decode()
+    assert done.returncode == 2 and err.count("\n") == 1, err[-3000:]
+    assert err.startswith("error: cannot write the output: ") and "No space left on device" in err

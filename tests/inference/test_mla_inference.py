@@ -1,6 +1,7 @@
 """generate.py's library paths on a multi-head latent attention run: the cache (absorbed decoding)
 against recomputation (expanded), several samples against single runs, and a chat whose turns are
-appended to the latent cache against recomputing the history."""
+appended to the latent cache against recomputing the history; also with rotary positions (the
+decoupled rotary key) or none, and grouped-query runs with rotary or no positions."""
 
 from __future__ import annotations
 
@@ -16,10 +17,14 @@ from run_testkit import build_run, chat_tokenizer
 MESSAGES = ["Who is there?", "O Romeo 😀", "the fox", "世界", "again and again"]
 
 
-@pytest.fixture(scope="module")
-def mla_run(tmp_path_factory):
-    run_dir = build_run(tmp_path_factory.mktemp("runs") / "mla", chat_tokenizer(), n_kv_head=4,
-                        attention="mla", kv_latent_dim=24, q_latent_dim=16)
+MLA = dict(n_kv_head=4, attention="mla", kv_latent_dim=24, q_latent_dim=16)
+KINDS = {"mla": MLA, "mla-rope": MLA | dict(positions="rope"), "mla-none": MLA | dict(positions="none"),
+         "gqa-rope": dict(positions="rope"), "gqa-none": dict(positions="none")}
+
+
+@pytest.fixture(scope="module", params=list(KINDS))
+def mla_run(request, tmp_path_factory):
+    run_dir = build_run(tmp_path_factory.mktemp("runs") / "mla", chat_tokenizer(), **KINDS[request.param])
     return load_run(run_dir, torch.device("cpu"))
 
 

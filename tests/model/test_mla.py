@@ -10,9 +10,9 @@ import torch
 
 from common.config import ConfigError
 from inference.engine import decode
+from inference.batch_invariant import row_blocked
+from inference.sampling import SamplingSettings
 from model import GPT, GPTConfig
-from model.batch_invariant import row_blocked
-from model.generation import SamplingSettings
 from run_testkit import MLA_OPTIONS, build_model
 
 RTOL, ATOL = 1e-5, 1e-5
@@ -27,9 +27,13 @@ def mla_model(kv_latent_dim: int, q_latent_dim: int | None = None, *, block_size
 
 # kv_latent_dim below, equal to and above head_dim (16); with and without a query latent.
 SHAPES = [(8, None), (16, 24), (48, None), (48, 8)]
-# The same with the small-model options on (QK-norm makes decoding take the expanded form).
-CASES = [(*shape, {}) for shape in SHAPES] + [(16, 24, MLA_OPTIONS), (8, None, MLA_OPTIONS)]
-CASE_IDS = [f"{kv}-{q}{'-options' if options else ''}" for kv, q, options in CASES]
+# The same with the small-model options on (QK-norm makes decoding take the expanded form), and
+# with rotary positions (the decoupled rotary key, absorbed decoding) or none.
+ROPE, NOPE = {"positions": "rope"}, {"positions": "none"}
+CASES = [(*shape, {}) for shape in SHAPES] + [(16, 24, MLA_OPTIONS), (8, None, MLA_OPTIONS)] + [
+    (8, None, ROPE), (48, 8, ROPE | {"rope_theta": 100.0}), (16, 24, ROPE | MLA_OPTIONS), (16, None, NOPE)]
+CASE_IDS = [f"{kv}-{q}-{options.get('positions', 'learned')}{'-options' if 'mlp' in options else ''}"
+            for kv, q, options in CASES]
 
 
 def assert_close(got: torch.Tensor, want: torch.Tensor) -> None:
@@ -60,7 +64,8 @@ def test_greedy_tokens_with_and_without_the_cache_are_identical(kv_latent_dim, q
     assert len(set(cached[0])) > 3  # not one repeated token: the test could fail
 
 
-@pytest.mark.parametrize("options", [{}, MLA_OPTIONS], ids=["plain", "options"])
+@pytest.mark.parametrize("options", [{}, MLA_OPTIONS, ROPE, ROPE | MLA_OPTIONS, NOPE],
+                         ids=["plain", "options", "rope", "rope-options", "none"])
 def test_chunked_prefill_equals_one_pass(options):
     model = mla_model(48, 8, **options)
     idx = torch.randint(0, 97, (2, 33), generator=torch.Generator().manual_seed(3))
@@ -71,8 +76,9 @@ def test_chunked_prefill_equals_one_pass(options):
     assert_close(torch.cat(chunks, dim=1), full)
 
 
-def test_decoding_never_builds_per_head_keys_or_values(monkeypatch):
-    model = mla_model(16, 24)
+@pytest.mark.parametrize("options", [{}, ROPE], ids=["learned", "rope"])
+def test_decoding_never_builds_per_head_keys_or_values(monkeypatch, options):
+    model = mla_model(16, 24, **options)
     idx = torch.randint(0, 97, (2, 9), generator=torch.Generator().manual_seed(5))
     cache = model.init_cache(2)
     with torch.no_grad():
@@ -87,9 +93,11 @@ def test_decoding_never_builds_per_head_keys_or_values(monkeypatch):
         assert_close(model(idx[:, 8:], cache=cache)[:, -1], full[:, -1])
 
 
-@pytest.mark.parametrize("options", [{}, MLA_OPTIONS], ids=["plain", "options"])
-def test_ragged_rows_decode_together_as_each_alone_bit_for_bit(options):
-    model = row_blocked(mla_model(16, 24, **options))
+# The cached vector, kv_latent_dim (+ rope_dim 8 with rotary positions), a multiple of 16.
+@pytest.mark.parametrize("kv_latent_dim,options", [(16, {}), (16, MLA_OPTIONS), (8, ROPE)],
+                         ids=["plain", "options", "rope"])
+def test_ragged_rows_decode_together_as_each_alone_bit_for_bit(kv_latent_dim, options):
+    model = row_blocked(mla_model(kv_latent_dim, 24, **options))
     prompts = [list(range(3, 3 + n)) for n in (1, 5, 12, 30)]
     rows = [5, 0, 3, 1]  # rows are not in order, and two rows stay empty
     cache = model.init_cache(6, whole_buffers=True)
@@ -105,7 +113,8 @@ def test_ragged_rows_decode_together_as_each_alone_bit_for_bit(options):
         assert torch.equal(batched[i:i + 1], solo[i]), f"row {rows[i]}"
 
 
-@pytest.mark.parametrize("options", [{}, MLA_OPTIONS], ids=["plain", "options"])
+@pytest.mark.parametrize("options", [{}, MLA_OPTIONS, ROPE, ROPE | MLA_OPTIONS, NOPE],
+                         ids=["plain", "options", "rope", "rope-options", "none"])
 @pytest.mark.parametrize("batch_invariant", [False, True])
 def test_ragged_rows_and_chunks_into_them_equal_full_recomputation(batch_invariant, options):
     model = mla_model(8, None, **options)
@@ -127,25 +136,30 @@ def test_ragged_rows_and_chunks_into_them_equal_full_recomputation(batch_invaria
                 assert_close(logits[r], model(torch.tensor([seqs[r][:n + 5 + step]]))[0, -1])
 
 
+@pytest.mark.parametrize("positions", ["learned", "rope"])
 @pytest.mark.parametrize("kv_latent_dim,q_latent_dim", SHAPES)
-def test_absorbed_attention_equals_expanded_attention_on_the_same_weights(kv_latent_dim, q_latent_dim):
-    attention = mla_model(kv_latent_dim, q_latent_dim).blocks[1].attn
+def test_absorbed_attention_equals_expanded_attention_on_the_same_weights(kv_latent_dim, q_latent_dim, positions):
+    model = mla_model(kv_latent_dim, q_latent_dim, positions=positions)
+    attention, rope_dim = model.blocks[1].attn, model.config.rope_dim
     x = torch.randn(2, 11, 64, generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
-        q, c = attention.split_heads(x)
-        assert c.shape == (2, 1, 11, kv_latent_dim)
+        q, c = attention.split_heads(x, model.rotation(11))
+        assert q.shape == (2, 4, 11, 16 + rope_dim) and c.shape == (2, 1, 11, kv_latent_dim + rope_dim)
         assert_close(attention.attend_absorbed(q, c, None), attention.attend_expanded(q, c, None))
         # A 4-token chunk on top of 7 cached positions: the bottom-right causal mask.
         mask = torch.ones(4, 11, dtype=torch.bool).tril(7)
         assert_close(attention.attend_absorbed(q[:, :, 7:], c, mask), attention.attend_expanded(q[:, :, 7:], c, mask))
 
 
+@pytest.mark.parametrize("positions,cached", [("learned", 48), ("none", 48), ("rope", 48 + 8)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_cache_holds_the_latent_only(dtype):
-    model = mla_model(48, 8)
+def test_the_cache_holds_the_latent_only(dtype, positions, cached):
+    """The latent, and with rotary positions the one shared rotary key (half of head_dim 16) beside it."""
+    model = mla_model(48, 8, positions=positions)
     cache = model.init_cache(5, max_len=32, dtype=dtype)
     element = torch.tensor([], dtype=dtype).element_size()
-    assert cache.nbytes() == model.config.n_layer * 5 * 32 * 48 * element
+    assert cache.buffers.keys() == {"latent"}
+    assert cache.nbytes() == model.config.n_layer * 5 * 32 * cached * element
 
 
 def test_parameter_count_from_the_config_matches_the_model():
@@ -173,6 +187,7 @@ def base(**changes) -> dict:
     ({"kv_latent_dim": 8}, "kv_latent_dim is set (8) but attention is 'gqa'"),
     ({"q_latent_dim": 8}, "q_latent_dim is set (8) but attention is 'gqa'"),
     ({"attention": "mla", "kv_latent_dim": 8, "n_kv_head": 2}, "n_kv_head must equal n_head (4), got 2"),
+    ({"attention": "mla", "kv_latent_dim": 8, "n_embd": 24, "positions": "rope"}, "head_dim must be a multiple of 4"),
 ])
 def test_bad_attention_settings_get_one_clear_line(changes, words):
     with pytest.raises(ConfigError) as error:
@@ -187,4 +202,5 @@ def test_a_config_saved_before_attention_kinds_loads_as_grouped_query():
     saved = json.loads(json.dumps(base(n_kv_head=2)))  # a model_config.json without the new keys
     config = GPTConfig.from_dict(saved)
     assert (config.attention, config.kv_latent_dim, config.q_latent_dim) == ("gqa", None, None)
+    assert (config.positions, config.rope_theta) == ("learned", 10000.0)
     assert GPTConfig.from_dict(config.to_dict()) == config

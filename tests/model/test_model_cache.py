@@ -25,6 +25,12 @@ CONFIGS = [
     dict(n_kv_head=1, logit_softcap=2.0),
     dict(n_kv_head=6, residual_scalars=True),
     dict(n_kv_head=2, n_layer=3, value_embeddings=True),
+    # Rotary positions and none (an even head, 8, for rotary pairs), alone and with every option.
+    dict(n_kv_head=2, n_embd=48, positions="rope"),
+    dict(n_kv_head=1, n_embd=48, positions="rope", rope_theta=500.0, tie_embeddings=False),
+    dict(n_kv_head=2, n_embd=48, positions="rope", **ALL_OPTIONS | dict(logit_softcap=3.0)),
+    dict(n_kv_head=6, n_embd=48, positions="none"),
+    dict(n_kv_head=2, n_embd=48, positions="none", **ALL_OPTIONS | dict(logit_softcap=3.0)),
 ]
 OPTION_CONFIGS = CONFIGS[4:]
 
@@ -64,8 +70,9 @@ def test_uneven_chunks_match_full_forward(make_model, overrides):
     assert max_err(torch.cat(pieces, dim=1), full) <= ATOL
 
 
-def test_batch_rows_equal_single_sequence_runs(make_model):
-    model = make_model(seed=7)
+@pytest.mark.parametrize("positions", ["learned", "rope", "none"])
+def test_batch_rows_equal_single_sequence_runs(make_model, positions):
+    model = make_model(seed=7, n_embd=48, positions=positions)
     seq = torch.randint(0, 97, (3, 20), generator=torch.Generator().manual_seed(8))
     with torch.inference_mode():
         batch_cache = model.init_cache(3)
@@ -81,8 +88,9 @@ def test_batch_rows_equal_single_sequence_runs(make_model):
             assert max_err(batched[row:row + 1], torch.cat(single, dim=1)) <= ATOL
 
 
-def test_reset_cache_serves_a_second_prompt_without_stale_keys(make_model):
-    model = make_model(seed=9)
+@pytest.mark.parametrize("positions", ["learned", "rope", "none"])
+def test_reset_cache_serves_a_second_prompt_without_stale_keys(make_model, positions):
+    model = make_model(seed=9, n_embd=48, positions=positions)
     gen = torch.Generator().manual_seed(10)
     long_prompt = torch.randint(0, 97, (1, 30), generator=gen)
     short_prompt = torch.randint(0, 97, (1, 12), generator=gen)

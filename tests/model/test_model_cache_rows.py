@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model.batch_invariant import row_blocked
+from inference.batch_invariant import row_blocked
 from run_testkit import ALL_OPTIONS
 
 ATOL = 1e-5  # fp32 logits of a few units (see conftest): two summation orders differ by ~1e-6
@@ -20,7 +20,9 @@ def prefill(model, cache, r: int, ids: list[int], chunk: int | None = None) -> t
 
 
 @pytest.mark.parametrize("overrides", [dict(n_kv_head=1), dict(n_kv_head=2), dict(n_kv_head=6),
-                                       dict(n_kv_head=2, **ALL_OPTIONS)], ids=["kv1", "kv2", "kv6", "options"])
+                                       dict(n_kv_head=2, **ALL_OPTIONS), dict(n_kv_head=2, positions="rope"),
+                                       dict(n_kv_head=2, positions="none", **ALL_OPTIONS)],
+                         ids=["kv1", "kv2", "kv6", "options", "rope", "none-options"])
 def test_rows_at_different_lengths_decode_as_each_would_alone(make_model, overrides):
     # head_dim 16: rows 64 bytes apart, as bit-exactness on the CPU needs (see _attend_token).
     model = row_blocked(make_model(seed=5, n_embd=96, **overrides))
@@ -46,7 +48,12 @@ def test_rows_at_different_lengths_decode_as_each_would_alone(make_model, overri
     assert cache.lengths[1] == cache.lengths[3] == 0
 
 
-@pytest.mark.parametrize("options", [{}, ALL_OPTIONS], ids=["plain", "options"])
+EVEN_HEADS = dict(n_embd=48)  # head_dim 8: rotary positions turn pairs
+
+
+@pytest.mark.parametrize("options", [{}, ALL_OPTIONS, dict(positions="rope", **EVEN_HEADS),
+                                     dict(positions="rope", **EVEN_HEADS, **ALL_OPTIONS), dict(positions="none")],
+                         ids=["plain", "options", "rope", "rope-options", "none"])
 @pytest.mark.parametrize("batch_invariant", [False, True])
 def test_ragged_rows_and_chunked_prefill_agree_with_full_recomputation(make_model, batch_invariant, options):
     model = make_model(seed=7, **options)
@@ -67,8 +74,9 @@ def test_ragged_rows_and_chunked_prefill_agree_with_full_recomputation(make_mode
     assert cache.lengths == [len(s) for s in seqs]
 
 
-def test_a_multi_token_chunk_into_rows_at_different_lengths(make_model):
-    model = make_model(seed=3)
+@pytest.mark.parametrize("positions", ["learned", "rope", "none"])
+def test_a_multi_token_chunk_into_rows_at_different_lengths(make_model, positions):
+    model = make_model(seed=3, positions=positions, **EVEN_HEADS)
     seqs = [torch.randint(0, 97, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (12, 17)]
     cache = model.init_cache(2)
     with torch.inference_mode():
@@ -102,3 +110,19 @@ def test_a_full_row_or_repeated_rows_are_refused(make_model):
             model.next_token_logits(torch.tensor([[1], [1]]), cache, [0, 1])
         with pytest.raises(AssertionError, match="distinct"):
             model.next_token_logits(torch.tensor([[1], [1]]), cache, [1, 1])
+
+
+@pytest.mark.parametrize("whole_buffers", [False, True])
+def test_ragged_rows_read_up_to_the_longest_row_unless_whole_buffers(make_model, whole_buffers):
+    """Off the server, rows at different lengths read only the slots up to the longest row's new
+    token; with whole buffers they read every slot under their masks. NaN past the longest row tells
+    which: a masked NaN still poisons attention, an unread one cannot."""
+    model = make_model(seed=4)
+    cache = model.init_cache(2, whole_buffers=whole_buffers)
+    with torch.inference_mode():
+        model(torch.tensor([[1, 2, 3]]), cache=cache, rows=[0])
+        model(torch.tensor([[4, 5, 6, 7, 8]]), cache=cache, rows=[1])
+        for buffer in cache.buffers.values():
+            buffer[:, :, :, 6:] = float("nan")
+        logits = model.next_token_logits(torch.tensor([[9], [10]]), cache, [0, 1])
+    assert logits.isnan().all() if whole_buffers else logits.isfinite().all()

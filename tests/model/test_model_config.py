@@ -33,6 +33,9 @@ def test_derived_sizes():
         ("dropout", 1.0, "0.0 to disable"),
         ("norm_eps", 0.0, "default is 1e-5"),
         ("tie_embeddings", "yes", "true or false"),
+        ("positions", "rotary", "use learned (the default), rope"),
+        ("positions", "rope", "(n_embd / n_head = 7) must be even"),  # an odd head has no pairs to rotate
+        ("rope_theta", 0.0, "the default is 10000"),
     ],
 )
 def test_bad_field_names_field_and_fix(field, value, fix):

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from inference.engine import decode
-from model.generation import KEEP_FRACTION, SamplingSettings
+from inference.sampling import KEEP_FRACTION, SamplingSettings
 from run_testkit import ALL_OPTIONS
 
 SAMPLING = dict(temperature=0.9, top_k=40, top_p=0.95, repetition_penalty=1.3)

@@ -133,3 +133,33 @@ def test_loss_trains_down_on_a_repeated_batch():
         opt.step()
     assert loss.item() < 0.5 * first
 
+
+
+def test_rotary_positions_turn_each_pair_as_a_complex_number_turns():
+    """Against an independent reference: the pair (x_i, x_(i+d/2)) read as x_i + j·x_(i+d/2) and
+    multiplied by exp(j·t·θ^(-2i/d)), in float64."""
+    from model.gpt import rotary, rotate
+
+    d, theta = 8, 500.0
+    x = torch.randn(2, 3, 5, d, generator=torch.Generator().manual_seed(0))
+    positions = torch.tensor([[0, 1, 2, 7, 30], [4, 5, 6, 7, 8]])  # a row each: (B, T)
+    got = rotate(x, rotary(positions, d, theta))
+    z = torch.complex(x[..., :d // 2].double(), x[..., d // 2:].double())
+    frequencies = theta ** -(torch.arange(0, d, 2, dtype=torch.float64) / d)
+    turned = z * torch.polar(torch.ones((), dtype=torch.float64), positions[:, None, :, None].double() * frequencies)
+    torch.testing.assert_close(got, torch.cat((turned.real, turned.imag), dim=-1).float(), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("positions", ["learned", "rope", "none"])
+def test_rotary_and_no_positions_read_offsets_only(make_model, positions):
+    """Shifting every position by the same amount changes nothing with rope or none (a score sees
+    t - s alone), and everything with learned positions (another row of the table)."""
+    model = make_model(seed=2, n_embd=48, positions=positions)
+    idx = torch.randint(0, 97, (2, 12), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        at_zero = model.hidden_states(idx)
+        shifted = model.hidden_states(idx, torch.arange(9, 21).unsqueeze(0))
+    if positions == "learned":
+        assert (at_zero - shifted).abs().max().item() > 1e-2
+    else:
+        torch.testing.assert_close(shifted, at_zero, atol=1e-4, rtol=0)

@@ -25,11 +25,15 @@ def test_relu2_is_as_large_as_swiglu_at_the_same_width(n_embd):
     assert GPT(relu2).num_params() == GPT(swiglu).num_params()
 
 
-@pytest.mark.parametrize("options", [ALL_OPTIONS, MLA_OPTIONS | MLA, dict(mlp="relu2", ffn_hidden=100)],
-                         ids=["gqa", "mla", "relu2-hidden"])
+@pytest.mark.parametrize("options", [ALL_OPTIONS, MLA_OPTIONS | MLA, dict(mlp="relu2", ffn_hidden=100),
+                                     ALL_OPTIONS | dict(positions="rope"), MLA_OPTIONS | MLA | dict(positions="rope"),
+                                     dict(positions="none")],
+                         ids=["gqa", "mla", "relu2-hidden", "gqa-rope", "mla-rope", "none"])
 def test_parameter_count_from_the_config_matches_the_model(options):
     config = GPTConfig(**SHAPE | options)
-    assert config.num_params() == GPT(config).num_params()
+    model = GPT(config)
+    assert config.num_params() == model.num_params()
+    assert hasattr(model, "pos_emb") == (config.positions == "learned")  # rope and none have no table
 
 
 @pytest.mark.parametrize("changes,words", [
@@ -106,7 +110,7 @@ def test_zero_init_zeroes_the_output_projections_and_an_untied_head(tie):
 def test_value_embeddings_sit_on_alternate_layers_ending_with_the_last(n_layer, layers):
     config = GPTConfig(**SHAPE | dict(n_layer=n_layer, value_embeddings=True))
     model = GPT(config)
-    assert config.value_embedding_layers == layers and sorted(map(int, model.value_embs)) == list(layers)
+    assert tuple(config.value_embedding_layers) == layers and sorted(map(int, model.value_embs)) == list(layers)
     assert [i for i, block in enumerate(model.blocks) if hasattr(block.attn, "value_gate")] == list(layers)
     # Embedding tables: left out of the non-embedding count, as the token table is.
     tables = sum(model.value_embs[str(i)].weight.numel() for i in layers)

@@ -46,6 +46,17 @@ def test_run_record_prefers_the_final_validation(tmp_path):
     assert (record.steps, record.tokens_per_step) == (10, 256)
 
 
+def test_run_record_describes_the_weights_the_run_kept(tmp_path):
+    log = MetricsLog(tmp_path / METRICS_FILE)
+    for step, loss in ((10, 2.0), (20, 1.5), (30, 1.5), (40, 1.8)):  # overfits after step 20
+        log.append({"kind": "eval", "step": step, "val_loss": loss, "val_bpb": loss / 2})
+    record = RunRecord.read(tmp_path)
+    assert (record.val_bpb, record.val_scope) == (0.75, "validation subset at step 20")
+    log.append({"kind": "final_eval", "step": 40, "weights_step": 20, "val_loss": 1.6, "val_bpb": 0.8})
+    record = RunRecord.read(tmp_path)
+    assert (record.val_bpb, record.val_scope, record.steps) == (0.8, "full validation set at step 20", 40)
+
+
 def test_run_record_of_a_run_that_recorded_nothing(tmp_path):
     (tmp_path / RUN_CONFIG_FILE).write_text("data: [not, a, section")  # damaged YAML
     assert RunRecord.read(tmp_path) == RunRecord(data={}, val_bpb=None, val_scope=None, steps=None, tokens_per_step=None)

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import sys
+from pathlib import Path
 
 import torch
 
 from model import GPT, GPTConfig
+from training.checkpointing import ShardedCheckpointer
 from training.config import TrainConfig
 from training.distributed import sync_gradients, wrap_model
-from training.fsdp import full_model_on_main
 from training.optim import build_optimizer, plan_param_groups
 from worker_testkit import run_worker
 
@@ -56,7 +57,7 @@ def compare(ctx, attention: str) -> dict:
     model = wrap_model(GPT(config), ctx, parallel="fsdp")
     half = MICRO // ctx.world_size
     train(model, config, slice(ctx.rank * half, (ctx.rank + 1) * half), lambda last: sync_gradients(model, last))
-    sharded = full_model_on_main(model, config, ctx.is_main)
+    sharded = ShardedCheckpointer(Path(), ctx, config, torch.device("cpu")).whole_model(model)
     if not ctx.is_main:
         return {}
     torch.manual_seed(0)

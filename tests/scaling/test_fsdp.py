@@ -6,9 +6,12 @@ in the middle of a save."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -17,11 +20,14 @@ import torch
 from common.config import ConfigError
 from model import GPT, GPTConfig, load_pretrained
 from rundir.checkpoint import CheckpointError, load_trainer_state
-from rundir.files import METRICS_FILE
+from rundir.files import METRICS_FILE, STATE_FILE
+from rundir.lock import hold_run_dir
 from rundir.metrics import read_metrics
 from tests.scaling.test_distributed import free_port, torchrun_env
 from training.config import TrainConfig
-from training.fsdp import load_sharded, torch_too_old
+from training.distributed import DistContext
+from training.checkpointing import ShardedCheckpointer
+from training.fsdp import torch_too_old
 from training.optim import build_optimizer, plan_param_groups
 from training.recompute import checkpoint_blocks
 from training.resume_rules import check_fixed_settings, fixed_settings
@@ -68,11 +74,15 @@ def test_activation_checkpointing_gives_the_same_loss_and_gradients(extra):
 # Two gloo processes (e2e)
 
 
+def _torchrun(nproc: int, args: list[str]) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--nnodes=1",
+            "--master_addr=127.0.0.1", f"--master_port={free_port()}", *args]
+
+
 def _launch(nproc: int, args: list[str], timeout: int = 240) -> subprocess.CompletedProcess:
     """``args`` (a script and its arguments) under torchrun with ``nproc`` CPU processes; torchrun
     stops every worker when one fails, and the test kills torchrun itself on a timeout."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--nnodes=1",
-           "--master_addr=127.0.0.1", f"--master_port={free_port()}", *args]
+    cmd = _torchrun(nproc, args)
     proc = subprocess.Popen(cmd, cwd=ROOT, env=torchrun_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         out, err = proc.communicate(timeout=timeout)
@@ -104,7 +114,7 @@ def _sharded_weights(run: Path) -> dict[str, torch.Tensor]:
     model = GPT(config)
     muon = TrainConfig(max_steps=1, optimizer="muon")
     optimizer = build_optimizer(plan_param_groups(model, muon), muon, torch.device("cpu"))
-    load_sharded(run, load_trainer_state(run)["sharded"], model, optimizer)
+    ShardedCheckpointer(run, DistContext(), config, torch.device("cpu")).restore(load_trainer_state(run), model, optimizer)
     return model.state_dict()
 
 
@@ -223,3 +233,165 @@ def test_chat_tuning_from_a_parent_run_under_fsdp_equals_ddp(small_overrides, tm
     assert [(k, s) for k, s, _ in fsdp] == [(k, s) for k, s, _ in ddp] and len(fsdp) >= 3
     for (_, _, want), (_, _, got) in zip(ddp, fsdp):
         assert got == pytest.approx(want, rel=1e-5)
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid``, from /proc."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+        if parent == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is alive (a zombie nobody has reaped yet has ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+@pytest.mark.e2e
+@pytest.mark.distributed
+@pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="finds the workers in /proc")
+def test_workers_end_when_torchrun_is_killed_and_leave_a_loadable_checkpoint(small_overrides, tmp_path):
+    run, log = tmp_path / "run", tmp_path / "log.txt"
+    args = _train_args(small_overrides, run, "train.parallel=fsdp", "train.max_steps=1000000", "eval.interval=0")
+    with log.open("w") as out:
+        launcher = subprocess.Popen(_torchrun(2, args), cwd=ROOT, env=torchrun_env(), stdout=out,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+    workers: list[int] = []
+    try:
+        deadline = time.monotonic() + 300  # generous: only a broken run takes this long
+        while not (run / STATE_FILE).is_file():  # the first checkpoint (step 2) is written
+            assert launcher.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        workers = _children(launcher.pid)
+        assert len(workers) == 2
+        launcher.kill()
+        launcher.wait()
+        # The kernel tells each worker that its parent is gone, and it stops as on SIGTERM; the
+        # deadline only bounds a test whose workers never end.
+        deadline = time.monotonic() + 180
+        while any(map(_running, workers)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not any(map(_running, workers)), log.read_text()[-3000:]
+    finally:
+        for pid in workers:
+            if _running(pid):
+                os.kill(pid, signal.SIGKILL)
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    state = load_trainer_state(run)
+    assert state["step"] >= 2 and state["sharded"] == f"sharded-step{state['step']:08d}"
+    weights = _sharded_weights(run)
+    assert all(torch.equal(weights[k], v) for k, v in load_pretrained(run).state_dict().items())
+
+
+def _every_rank_says_one_line(proc: subprocess.CompletedProcess, nproc: int = 2) -> str:
+    """The one ``error:`` line that each of ``nproc`` ranks printed (the same), with no traceback
+    through this repository's code (torchrun reports the failed workers in its own words)."""
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0, output[-3000:]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == nproc and len(set(lines)) == 1, output[-3000:]
+    assert f'File "{ROOT}' not in output and "Connection closed" not in output, output[-3000:]
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def two_rank_run(small_overrides, tmp_path_factory) -> Path:
+    """An fsdp run of 2 steps saved by two processes (a shard file each); tests work on copies."""
+    run = tmp_path_factory.mktemp("fsdp") / "run"
+    _ok(_launch(2, _train_args(small_overrides, run, "train.parallel=fsdp", "train.max_steps=2")))
+    return run
+
+
+def _half_a_shard(folder: Path) -> None:
+    shard = folder / "__1_0.distcp"
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+
+
+def _overwritten_shard(folder: Path) -> None:
+    shard = folder / "__1_0.distcp"
+    shard.write_bytes(os.urandom(shard.stat().st_size))
+
+
+DAMAGES = {
+    "half a shard": _half_a_shard,
+    "a missing shard": lambda folder: (folder / "__1_0.distcp").unlink(),
+    "a missing .metadata": lambda folder: (folder / ".metadata").unlink(),
+    "a random .metadata": lambda folder: (folder / ".metadata").write_bytes(os.urandom(4096)),
+    "a shard overwritten": _overwritten_shard,
+    "a missing folder": shutil.rmtree,
+}
+
+
+@pytest.mark.e2e
+@pytest.mark.distributed
+def test_a_damaged_sharded_checkpoint_is_one_line_naming_it_and_the_run_stays_intact(
+        two_rank_run, small_overrides, tmp_path, capsys):
+    import train as train_cli
+
+    for name, damage in DAMAGES.items():
+        run = tmp_path / name.replace(" ", "-")
+        shutil.copytree(two_rank_run, run)
+        folder = run / "sharded-step00000002"
+        damage(folder)
+        before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and not p.name.startswith(".run.lock")}
+        code = train_cli.main([*_train_args(small_overrides, run, "train.parallel=fsdp")[1:], "--resume"])
+        err = capsys.readouterr().err
+        lines = [line for line in err.splitlines() if line.startswith("error:")]
+        assert code == 2 and len(lines) == 1 and "Traceback" not in err, (name, err[-3000:])
+        assert f"sharded checkpoint {folder} is damaged" in lines[0], name
+        assert f"--set train.init_from={run} and another run.out_dir" in lines[0], name
+        assert {p: p.read_bytes() for p in before} == before, name  # nothing written or removed
+
+    # Under torchrun every rank fails the same way and says so in the same line.
+    run = tmp_path / "half-a-shard"
+    line = _every_rank_says_one_line(_launch(2, [*_train_args(small_overrides, run, "train.parallel=fsdp"), "--resume"]))
+    assert f"sharded checkpoint {run / 'sharded-step00000002'} is damaged" in line
+
+
+@pytest.mark.e2e
+@pytest.mark.distributed
+def test_refusals_of_rank_0_are_every_ranks_one_line(two_rank_run, small_overrides, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(two_rank_run, run)
+    args = _train_args(small_overrides, run, "train.parallel=fsdp", "train.max_steps=4")
+    line = _every_rank_says_one_line(_launch(2, args))
+    assert f"{run} already holds a run; pass --resume" in line
+    with hold_run_dir(run):  # another training holds the directory
+        line = _every_rank_says_one_line(_launch(2, [*args, "--resume"]))
+    assert f"{run} is in use by another training (pid {os.getpid()}" in line
+    assert load_trainer_state(run)["step"] == 2
+
+
+def _disk_bytes(folder: Path, block: int = 4096) -> int:
+    """What the files under ``folder`` take on a filesystem of ``block``-byte blocks."""
+    return sum(-(-p.stat().st_size // block) * block for p in folder.rglob("*") if p.is_file())
+
+
+@pytest.mark.e2e
+@pytest.mark.distributed
+def test_a_sharded_save_on_a_full_disk_is_one_line_and_leaves_the_previous_checkpoint(
+        two_rank_run, small_overrides, tmp_path, mount_tmpfs):
+    # Room for one checkpoint and half of a second sharded folder beside it: the save of step 4
+    # runs out of space while its shards are written.
+    sharded = _disk_bytes(two_rank_run / "sharded-step00000002")
+    disk = mount_tmpfs(_disk_bytes(two_rank_run) + sharded // 2 + 64 * 1024)
+    run = disk / "run"
+    line = _every_rank_says_one_line(_launch(2, _train_args(small_overrides, run, "train.parallel=fsdp")))
+    # The OSError itself where the failing rank's exception still carries it, else torch's words.
+    assert "sharded-step00000004.partial" in line
+    assert "No space left on device; the disk is full" in line or "make sure its disk has room" in line
+    assert sorted(p.name for p in run.glob("sharded-step*")) == ["sharded-step00000002"]  # the partial one removed
+    assert load_trainer_state(run)["step"] == 2
+    weights = _sharded_weights(run)
+    assert all(torch.equal(weights[k], v) for k, v in load_pretrained(run).state_dict().items())

@@ -48,7 +48,7 @@ def test_small_config_is_minimind2_small_sized():
         params = GPT(m).num_params()
     # MiniMind2-small's size is the trunk's; the value-embedding tables (one per table layer, a
     # key/value width per token) are lookups on top of it.
-    assert m.value_embeddings and m.value_embedding_layers == (1, 3, 5, 7)
+    assert m.value_embeddings and tuple(m.value_embedding_layers) == (1, 3, 5, 7)
     tables = len(m.value_embedding_layers) * m.vocab_size * m.n_kv_head * m.head_dim
     assert 24e6 < params - tables < 28e6
 

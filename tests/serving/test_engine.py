@@ -7,11 +7,12 @@ import threading
 import pytest
 import torch
 
+from inference.batch_invariant import row_blocked
 from inference.completion import generate_completions
-from inference.settings import GenerationSettings
-from model.batch_invariant import row_blocked
-from model.generation import SamplingSettings
 from inference.engine import Engine, EngineBusy, Event
+from inference.sampling import SamplingSettings
+from inference.settings import GenerationSettings
+
 
 def api_settings(max_tokens: int, temperature: float = 1.0, top_p: float = 1.0, **options) -> SamplingSettings:
     """Sampling settings with the server's (OpenAI's) defaults, as serving.api builds them."""
@@ -143,6 +144,54 @@ def test_cancel_frees_the_row_at_the_next_iteration(chat_run):
     engine.step()
     assert first.finish.reason == "cancelled" and len(first.finish.token_ids) == 3
     assert second.events  # admitted into the freed row in the same iteration
+
+
+class Refusing(Collector):
+    """A callback that raises at its ``fail_at``-th event (from 1), as a write to a closed pipe does."""
+
+    def __init__(self, fail_at: int) -> None:
+        super().__init__()
+        self.fail_at, self.calls = fail_at, 0
+
+    def __call__(self, event: Event) -> None:
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise BrokenPipeError("the reader left")
+        super().__call__(event)
+
+
+def test_a_callback_error_on_the_callers_thread_ends_its_request_and_reaches_the_caller(chat_run):
+    engine = Engine(chat_run.model, chat_run.token_bytes, max_batch=2)
+    greedy = api_settings(20, temperature=0.0)
+    refusing, other = Refusing(fail_at=3), Collector()
+    engine.submit([5, 6], greedy, refusing)
+    engine.submit([7, 8], greedy, other)
+    with pytest.raises(BrokenPipeError):
+        engine.run_until_idle()
+    assert refusing.calls == 3 and engine.active == 1  # its row is free; the other request's is not
+    engine.run_until_idle()
+    assert refusing.calls == 3 and not refusing.done.is_set()  # it got nothing more, not even a finish
+    alone = Collector()
+    solo = Engine(chat_run.model, chat_run.token_bytes, max_batch=1)
+    solo.submit([7, 8], greedy, alone)
+    solo.run_until_idle()
+    assert other.finish.token_ids == alone.finish.token_ids and other.finish.reason == "length"
+
+
+def test_a_callback_error_on_the_servers_loop_ends_only_its_request(chat_run, caplog):
+    greedy = api_settings(20, temperature=0.0)
+    with Engine(chat_run.model, chat_run.token_bytes, max_batch=2) as engine:
+        refusing, other = Refusing(fail_at=3), Collector()
+        engine.submit([5, 6], greedy, refusing)
+        engine.submit([7, 8], greedy, other)
+        assert refusing.done.wait(120) and other.done.wait(120)
+        after = Collector()  # the engine goes on serving
+        engine.submit([7, 8], greedy, after)
+        assert after.done.wait(120)
+    assert refusing.finish.reason == "error" and len(refusing.finish.token_ids) == 3
+    assert other.finish.reason == after.finish.reason == "length"
+    assert other.finish.token_ids == after.finish.token_ids
+    assert "an engine event callback raised" in caplog.text
 
 
 def test_a_full_queue_refuses_at_once(chat_run):

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 import httpx
 import pytest
 import torch
@@ -48,29 +47,43 @@ def check_top(run, expected: torch.Tensor, top: dict[str, float], k: int) -> Non
         assert top[token_text(run.token_bytes[token_id])] == pytest.approx(value, abs=TOLERANCE)
 
 
-def complete_characters(data: bytes) -> str:
-    """The characters ``data`` decodes to (``errors="replace"``) that no later byte can change: those
-    on which every continuation agrees (an unfinished character at the end is left out)."""
-    endings = (b"A", b"\x80\x80\x80", b"\x90\x80\x80", b"\xa0\x80\x80")  # each lead byte's second bytes
-    return os.path.commonprefix([(data + ending).decode("utf-8", "replace") for ending in endings])
+def last_bytes(data: bytes) -> list[int]:
+    """For each character ``data`` decodes to (``errors="replace"``), the index of its last byte. A
+    strict decode names each stretch it replaces with one U+FFFD (the error's start and end)."""
+    ends, at = [], 0
+    while at < len(data):
+        try:
+            valid, stretch = data[at:].decode("utf-8"), 0
+        except UnicodeDecodeError as error:
+            valid, stretch = data[at:at + error.start].decode("utf-8"), error.end - error.start
+        for character in valid:
+            at += len(character.encode("utf-8"))
+            ends.append(at - 1)
+        if stretch:
+            at += stretch
+            ends.append(at - 1)
+    return ends
 
 
 def check_offsets(run, text: str, ids: list[int], offsets: list[int], end_ids=()) -> None:
     """``offsets`` (of ``ids``, counted from where ``text`` begins) index ``text``, which these
-    tokens make: each token adds exactly the characters its bytes complete, the last one (or the one
-    before an end token) also any unfinished character as U+FFFD, and an end token nothing. The
-    reference decodes every prefix of the bytes on its own, not token by token as the server does."""
+    tokens make (cut short at a stop string, perhaps): token i begins after every character whose
+    last byte comes before its first byte. The reference reads the bytes as a whole, never token
+    by token. An end token shows no bytes."""
     assert len(offsets) == len(ids)
     shown = [b"" if i in end_ids else run.token_bytes[i] for i in ids]
+    whole = b"".join(shown).decode("utf-8", "replace")
+    assert whole.startswith(text)
+    ends = last_bytes(b"".join(shown))
+    first_byte = 0
     for i, offset in enumerate(offsets):
-        ends = i + 1 == len(ids) or ids[i + 1] in end_ids
-        before = complete_characters(b"".join(shown[:i]))
-        through = b"".join(shown[:i + 1]).decode("utf-8", "replace") if ends else \
-            complete_characters(b"".join(shown[:i + 1]))
-        assert text[:offset] == before[:len(text)]
-        end = offsets[i + 1] if i + 1 < len(offsets) else len(text)
-        if ids[i] not in end_ids:
-            assert text[offset:end] == through[len(before):len(text)], (i, run.token_bytes[ids[i]])
+        assert offset == min(sum(end < first_byte for end in ends), len(text)), (i, run.token_bytes[ids[i]])
+        try:  # a token that is whole characters by itself: its text starts right at its offset
+            own = shown[i].decode("utf-8")
+        except UnicodeDecodeError:
+            own = ""
+        assert whole[offset:].startswith(own) or offset == len(text), (i, own, whole[offset:])
+        first_byte += len(shown[i])
 
 
 def test_a_character_counts_at_the_token_that_completes_it():
@@ -82,6 +95,29 @@ def test_a_character_counts_at_the_token_that_completes_it():
     assert offsets == [0, 1, 1, 2, 3]
     assert [text[a:b] for a, b in zip(offsets, offsets[1:] + [len(text)])] == ["a", "", "\u2014", "\ufffd", ""]
     assert text_offsets([b"<|endoftext|>"], 0) == [0]  # an empty prompt's text is empty
+
+
+def test_a_lone_lead_byte_is_added_by_its_own_token_not_the_next():
+    """The decoder shows a lone lead byte's U+FFFD only when the next token's bytes arrive; it is
+    still the lone byte's token that adds it, and the next token starts after it."""
+    tokens = [b"ROMEO: But", b"\xe2", b"\xe2", b"\xe2", b" so", b"ft"]
+    text = b"".join(tokens).decode("utf-8", "replace")
+    offsets = text_offsets(tokens, len(text))
+    assert text == "ROMEO: But\ufffd\ufffd\ufffd soft" and offsets == [0, 10, 11, 12, 13, 16]
+    assert text[offsets[4]:offsets[5]] == " so"
+
+
+def test_echoed_offsets_after_lone_lead_bytes_in_a_token_id_prompt(client, chat_run):
+    lead = chat_run.token_bytes.index(b"\xe2")
+    ids = chat_run.tokenizer.encode("ROMEO: But").ids + [lead] * 3 + chat_run.tokenizer.encode(" soft").ids
+    reply = client.completions.create(model=MODEL, prompt=[ids], max_tokens=3, temperature=0, logprobs=1, echo=True)
+    choice = reply.choices[0]
+    prompt_text = b"".join(chat_run.token_bytes[i] for i in ids).decode("utf-8", "replace")
+    assert choice.text.startswith(prompt_text) and "\ufffd\ufffd\ufffd soft" in prompt_text
+    offsets = choice.logprobs.text_offset
+    check_offsets(chat_run, prompt_text, ids, offsets[:len(ids)])
+    soft = len(ids) - len(chat_run.tokenizer.encode(" soft").ids)
+    assert choice.text[offsets[soft]:].startswith(prompt_text[prompt_text.index(" so"):])
 
 
 def test_completion_logprobs_are_the_models_before_temperature_and_top_p(client, chat_run):

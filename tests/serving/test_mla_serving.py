@@ -1,7 +1,9 @@
 """A multi-head latent attention run served: each request equals the same request alone, bit for
 bit, and generate.py, whatever else decodes beside it (the latent cache's masked whole-buffer
 one-token path), in the engine and through the real OpenAI client over a socket; also with every
-small-model option on (QK-norm: the expanded form decodes, its up-projection in row blocks)."""
+small-model option on (QK-norm: the expanded form decodes, its up-projection in row blocks), and with
+rotary positions (the decoupled rotary key cached beside the latent); grouped-query runs with rotary
+or no positions go through the same checks."""
 
 from __future__ import annotations
 
@@ -12,8 +14,8 @@ import pytest
 import torch
 
 from inference.completion import generate_completions
+from inference.sampling import SamplingSettings
 from inference.settings import GenerationSettings
-from model.generation import SamplingSettings
 from rundir.loading import load_run
 from run_testkit import MLA_OPTIONS, build_run, chat_tokenizer
 from server_process import running_server
@@ -22,12 +24,16 @@ from inference.engine import Engine
 openai = pytest.importorskip("openai")
 
 
-@pytest.fixture(scope="module", params=["plain", "options"])
+MLA = dict(n_kv_head=4, attention="mla", kv_latent_dim=32, q_latent_dim=16)
+# The cached vector a multiple of 16: the CPU condition for batch-invariant decoding (model.gpt.LatentAttention).
+# With rotary positions it holds the latent and the rotary key (half of head_dim 16) beside it.
+KINDS = {"plain": MLA, "options": MLA | MLA_OPTIONS, "rope": MLA | dict(kv_latent_dim=24, positions="rope"),
+         "gqa-rope": dict(positions="rope"), "gqa-none": dict(positions="none")}
+
+
+@pytest.fixture(scope="module", params=list(KINDS))
 def mla_run_dir(request, tmp_path_factory):
-    # kv_latent_dim a multiple of 16: the CPU condition for batch-invariant decoding (model.gpt.LatentAttention).
-    options = MLA_OPTIONS if request.param == "options" else {}
-    return build_run(tmp_path_factory.mktemp("runs") / "mla", chat_tokenizer(), n_kv_head=4,
-                     attention="mla", kv_latent_dim=32, q_latent_dim=16, **options)
+    return build_run(tmp_path_factory.mktemp("runs") / "mla", chat_tokenizer(), **KINDS[request.param])
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import time
 
 import httpx
 from server_process import rss_bytes, running_server
-from model.generation import SamplingSettings
+from inference.sampling import SamplingSettings
 from inference.engine import Engine
 
 CLIENTS = 32

@@ -35,3 +35,25 @@ def test_a_config_claiming_a_billion_positions_is_refused_by_shape_first(make_co
     path.write_text(json.dumps(raw))
     with pytest.raises(ModelFileError, match="pos_emb.weight has shape"):
         load_pretrained(config.out_dir)
+
+
+def test_counting_a_deep_models_parameters_builds_nothing_per_layer(make_config):
+    # A config asking for a thousand million layers reached gigabytes before the size check ran:
+    # the count listed every value-embedding layer. It must cost the same at any depth.
+    import tracemalloc
+
+    config = dataclasses.replace(make_config().model, n_layer=1_000_000, value_embeddings=True)
+    tracemalloc.start()
+    try:
+        params = config.num_params()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 100_000 and params > 1_000_000 * 32 * 32
+    assert len(config.value_embedding_layers) == 500_000 and 999_999 in config.value_embedding_layers
+
+
+def test_a_thousand_million_layers_are_refused_by_the_size_check(make_config):
+    config = make_config(model={"n_layer": 1_000_000_000, "value_embeddings": True})
+    with pytest.raises(ConfigError, match=r"GiB for weights, gradients and optimizer state.*model.n_layer"):
+        train(config, progress=False)

@@ -14,7 +14,8 @@ from chat_testkit import pretrain, preference_file
 from common.errors import UserError
 from model import GPT, GPTConfig, load_pretrained
 from training.distributed import init_distributed
-from training.dpo import FrozenReference, accumulate_dpo_gradients
+from training.dpo import accumulate_dpo_gradients, reply_logps
+from training.reference import FrozenReference
 from training.trainer import Trainer, train
 
 VOCAB = 40
@@ -150,3 +151,35 @@ def test_fsdp_is_refused_before_any_data_is_read(dpo_config, tmp_path, monkeypat
     config = dpo_config(tmp_path / "run", parallel="fsdp")
     with pytest.raises(UserError, match="data.format: preference trains with train.parallel: ddp"):
         Trainer(config, init_distributed("cpu"), progress=False).setup(resume=False, overwrite=False)
+
+
+def test_a_lora_policy_with_its_adapters_off_is_the_frozen_reference():
+    """A LoRA DPO run holds no second model: its policy with the adapters off gives the parent's
+    log-probabilities, though the adapters have moved it."""
+    from training.config import LoraConfig
+    from training.reference import AdaptersOffReference
+    from training.lora import adapted_layers, add_adapters
+
+    parent, policy = _model(), _model()
+    add_adapters(policy, LoraConfig(rank=2))
+    with torch.no_grad():
+        for _, _, delta in adapted_layers(policy):
+            delta.lora_B.normal_()
+    x, y = _pair_batch(torch.Generator().manual_seed(0), pairs=3)
+    expected = reply_logps(FrozenReference(parent).logits(parent, x), y)
+    policy.train()
+    got = reply_logps(AdaptersOffReference().logits(policy, x), y)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+    assert policy.training  # back in the mode it was in
+    moved = reply_logps(policy(x), y).detach()  # adapters on
+    assert (moved - expected).abs().max() > 1e-2
+
+
+def test_a_lora_dpo_run_trains_the_adapters_against_the_parent(dpo_config, tmp_path):
+    result = train(dpo_config(tmp_path / "lora", lora={"rank": 4}), progress=False)
+    records = _records(tmp_path / "lora")
+    first = next(r for r in records if r["kind"] == "train")
+    assert first["loss"] == pytest.approx(math.log(2), abs=1e-6) and first["rewards/margins"] == 0
+    final = next(r for r in records if r["kind"] == "final_eval")
+    assert final["val_rewards/margins"] > 0 and final["val_loss"] < math.log(2)
+    assert (tmp_path / "lora" / "adapter_model.safetensors").is_file() and result.adapter.startswith("LoRA: ")

@@ -20,7 +20,8 @@ from data.chat import Message
 from data.prepared.preference import tokenize_pairs
 from data.sources.preferences import PreferencePair, pair_from_row
 from model import GPT, GPTConfig, save_pretrained
-from training.dpo import FrozenReference, score_pairs
+from training.dpo import score_pairs
+from training.reference import FrozenReference
 
 trl = pytest.importorskip("trl")
 transformers = pytest.importorskip("transformers")

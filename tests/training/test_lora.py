@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import train as train_cli
+import training.cli as train_cli
 from chat_testkit import chat_file, pretrain
 from common.config import ConfigError
 from model import GPT, GPTConfig, load_pretrained
@@ -167,10 +167,11 @@ def test_a_lora_setting_that_cannot_work_is_refused_in_one_line(base_raw, parent
         assert config_from_dict(raw).train.lora.layers(config_from_dict(raw).model) == ["ffn.up", "ffn.down"]
 
 
-def test_the_lora_chat_config_reads(parents, tmp_path):
+@pytest.mark.parametrize("name", ["tiny-chat-lora", "tiny-dpo-lora"])
+def test_the_lora_configs_read(parents, tmp_path, name):
     from training.config import load_run_config
 
-    path = Path(__file__).resolve().parents[2] / "configs" / "tiny-chat-lora.yaml"
+    path = Path(__file__).resolve().parents[2] / "configs" / f"{name}.yaml"
     config = load_run_config(path, [f"train.init_from={parents['gqa']}", f"run.out_dir={tmp_path / 'run'}"])
     assert config.train.lora.layers(config.model) == ["attn.qkv", "attn.proj", "ffn.gate_up", "ffn.down"]
 

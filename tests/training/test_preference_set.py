@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 import run_testkit
-from data.chat import Message
+from data.chat import ChatTokenIds, Message, render_chat
 from data.sources.preferences import pair_from_row
 from inference.engine import Finish
-from training.preference_set import main, pair_replies, reply_is_good
+from rundir.loading import load_run
+from training.preference_set import SetSettings, main, pair_replies, reply_is_good, sample_replies
 
 END, EOT = 5, 0
 
@@ -81,3 +83,18 @@ def test_an_existing_file_is_kept_without_overwrite(silent_run, tmp_path, capsys
     out.write_text("mine\n")
     assert main(["--run", str(silent_run), "--out", str(out)]) == 2
     assert "pass --overwrite" in capsys.readouterr().err and out.read_text() == "mine\n"
+
+
+def test_sampled_replies_carry_their_text_and_follow_the_seed_rule(tmp_path):
+    run = load_run(run_testkit.build_run(tmp_path / "talker", run_testkit.chat_tokenizer(), block_size=64),
+                   torch.device("cpu"))
+    prompt = render_chat(run.tokenizer, [Message("user", "But soft, what light?")], add_generation_prompt=True).ids
+    settings = SetSettings(max_new_tokens=12, seed=5)
+    finishes = sample_replies(run, [prompt] * 3, settings)
+    end_ids = ChatTokenIds.of(run.tokenizer).reply_end_ids
+    for i, finish in enumerate(finishes):
+        shown = [t for t in finish.token_ids if t not in end_ids]
+        assert finish.text == run.tokenizer.decode(shown) != ""  # the verdicts read this text
+        alone, = sample_replies(run, [prompt], SetSettings(max_new_tokens=12, seed=5 + i))
+        assert alone.token_ids == finish.token_ids
+    assert len({f.token_ids for f in finishes}) > 1  # three seeds, not one reply thrice

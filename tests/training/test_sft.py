@@ -15,6 +15,7 @@ from common.errors import UserError
 from model import GPT, GPTConfig, load_pretrained
 from training.distributed import init_distributed
 from data.prepared.chat import ChatSplit
+from training.resume_rules import check_data_format
 from training.sft import accumulate_chat_gradients, evaluate_chat
 from training.trainer import Trainer, train
 
@@ -121,3 +122,18 @@ def test_chat_data_needs_a_parent_run(make_config, tmp_path):
     config = make_config(data={"format": "chat", "files": {"paths": [str(chat_file(tmp_path / "c.jsonl"))]}})
     with pytest.raises(UserError, match="set train.init_from"):
         Trainer(config, init_distributed("cpu"), progress=False).setup(resume=False, overwrite=False)
+
+
+def test_a_run_resumed_with_another_data_format_is_refused_in_user_terms(sft_config, make_config, parent_run,
+                                                                          tmp_path):
+    # Once a KeyError quoting the text sampler's internal 'generator_state'.
+    out = tmp_path / "chat-run"
+    train(sft_config(out, max_steps=3), progress=False)
+    as_text = make_config(out, train={"init_from": str(parent_run), "max_steps": 6, "batch_size": 4})
+    with pytest.raises(UserError, match=r"^cannot resume .*chat-run: it was trained on conversations \(data.format: "
+                                        r"chat\), and this config says data.format: text; resume with data.format: chat"):
+        train(as_text, resume=True, progress=False)
+    with pytest.raises(UserError, match=r"it was trained on text \(data.format: text\), and this config says "
+                                        r"data.format: chat"):
+        check_data_format(parent_run, "chat")
+    check_data_format(out, "chat")  # its own format resumes

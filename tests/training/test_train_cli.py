@@ -106,3 +106,16 @@ def test_bad_input_is_one_line_and_exit_2(args, expected):
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], proc.stderr
+
+
+def test_the_thread_count_is_credited_to_the_flag_that_set_it(base_raw, tmp_path, capsys):
+    import yaml
+
+    import train as train_cli
+
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump({**base_raw, "train": {**base_raw["train"], "max_steps": 1},
+                                      "eval": {**base_raw["eval"], "sample_tokens": 0},
+                                      "run": {"out_dir": str(tmp_path / "run")}}))
+    assert train_cli.main(["--config", str(config), "--threads", "1"]) == 0
+    assert "1 thread (--threads)" in capsys.readouterr().out

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-import train as train_cli
+from training import cli as train_cli
 from rundir.metrics import read_metrics
 from training.trainer import TrainResult
 
@@ -40,7 +40,8 @@ def test_a_clock_bound_run_shows_progress_evaluations_summary_and_curve(base_raw
     assert f"| {steps}/{steps} " in last_bar and "100%" in last_bar, last_bar
     # Evaluations came along the way, every tenth of the clock budget.
     evals = [r for r in records if r["kind"] == "eval"]
-    assert 3 <= len(evals) <= 10, [r["step"] for r in evals]
+    assert evals[-1]["step"] == steps  # the last weights are evaluated too, to compete for the kept model
+    assert 3 <= len(evals[:-1]) <= 10, [r["step"] for r in evals]
     assert all("elapsed_s" in r for r in evals)
     # The final full validation has a progress bar.
     assert re.search(r"full validation: +\d+%\|", err), err[-2000:]
@@ -58,7 +59,7 @@ def test_a_step_bound_run_counts_to_max_steps_and_evaluates_by_steps(base_raw, t
     last_bar = [line for line in re.split(r"[\r\n]", err) if line.startswith("train:")][-1]
     assert "| 12/12 " in last_bar, last_bar
     evals = [r["step"] for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "eval"]
-    assert evals == [10]  # no clock budget: exactly every eval.interval steps
+    assert evals == [10, 12]  # no clock budget: every eval.interval steps, and the last step
 
 
 def test_loss_curve_draws_train_and_validation_against_step_and_time(tmp_path):
@@ -162,3 +163,88 @@ def test_the_hints_sample_from_the_runs_own_data_not_the_plays(base_raw, tmp_pat
     assert any(line.startswith(prompt) for line in corpus_file.read_text(encoding="utf-8").splitlines())
     evals = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "final_eval"]
     assert evals[0]["sample"].startswith(prompt)
+
+
+@pytest.mark.parametrize("threads, advised", [(1, False), (2, True)])
+def test_the_threads_advice_comes_only_when_the_run_had_more_than_one(threads, advised):
+    result = TrainResult(run_dir=Path("runs/tiny"), step=136, tokens_seen=100, stopped_by="max_minutes",
+                         train_seconds=600.0, val_loss=1.0, val_bpb=2.75, starved_share=0.3, threads=threads)
+    text = train_cli.summary(result, None)
+    assert "on a quieter machine" in text and ("--threads 1" in text) == advised
+
+
+def test_a_resumed_run_says_what_each_duration_covers():
+    result = TrainResult(run_dir=Path("runs/tiny"), step=20, tokens_seen=40_960, stopped_by="max_steps",
+                         train_seconds=48.0, val_loss=1.0, val_bpb=2.0, earlier_seconds=30.0, epochs=2.5)
+    line = train_cli.done_line(result, session_seconds=30.0)
+    assert ("40,960 tokens (2.5 epochs of the training split), 0.3 min of training in this session "
+            "(0.8 min over the whole run), 0.5 min in all this session;") in line
+    fresh = train_cli.done_line(TrainResult(run_dir=Path("runs/tiny"), step=20, tokens_seen=40_960, stopped_by="max_steps",
+                                            train_seconds=18.0, val_loss=1.0, val_bpb=2.0), session_seconds=30.0)
+    assert "40,960 tokens, 0.3 min of training, 0.5 min in all;" in fresh
+
+
+def test_the_summary_says_which_weights_were_kept():
+    common = dict(run_dir=Path("runs/tiny"), tokens_seen=100, stopped_by="max_steps", train_seconds=1.0,
+                  val_loss=1.0, val_bpb=2.0)
+    best_earlier = TrainResult(step=400, kept_step=180, kept_val_loss=1.419, last_val_loss=1.608, **common)
+    assert ("kept: the weights of step 180, the best validation loss seen (1.4190 nats/token on the evaluation "
+            "subset, against 1.6080 at the last step); the last state (step 400) stays in trainer_state.pt "
+            "for --resume") in train_cli.summary(best_earlier, None)
+    last = TrainResult(step=400, kept_step=400, kept_val_loss=1.3, last_val_loss=1.3, **common)
+    assert "kept: the last weights (step 400), the best validation loss seen (1.3000" in train_cli.summary(last, None)
+    unevaluated = TrainResult(step=400, kept_step=400, **common)
+    assert "kept: the last weights (step 400; no periodic evaluation" in train_cli.summary(unevaluated, None)
+
+
+def test_chat_tuning_is_suggested_only_where_tiny_chat_fits(make_config, tmp_path):
+    from tokenizers import trainers
+
+    from data.tokenizer import EOT, new_tokenizer, train_tokenizer
+
+    config = make_config()
+    run = config.out_dir
+    run.mkdir(parents=True)
+    assert not train_cli.suits_chat_tuning(config)  # no tokenizer to read
+    train_tokenizer(["some natural text to learn from"] * 20, 300).save(str(run / "tokenizer.json"))
+    assert train_cli.suits_chat_tuning(config)
+    assert not train_cli.suits_chat_tuning(make_config(data={"source": "synthetic"}))
+    # A tokenizer from before the chat tokens were reserved: tiny-chat.yaml could not render its data.
+    old = new_tokenizer()
+    old.train_from_iterator(["some natural text"] * 20, trainers.BpeTrainer(vocab_size=280, special_tokens=[EOT]))
+    old.save(str(run / "tokenizer.json"))
+    assert not train_cli.suits_chat_tuning(config)
+    text = lambda fits: train_cli.summary(TrainResult(run_dir=run, step=2, tokens_seen=1, stopped_by="max_steps",
+                                                      train_seconds=1.0, val_loss=1.0, val_bpb=1.0), None,
+                                          chat_tuning=fits)
+    assert "configs/tiny-chat.yaml" in text(True) and "configs/tiny-chat.yaml" not in text(False)
+
+
+def test_loss_curve_draws_the_final_full_validation_as_its_own_point_at_the_kept_step(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    from rundir.metrics import MetricsLog
+    from training.loss_curve import write_loss_curve
+
+    log = MetricsLog(tmp_path / "metrics.jsonl")
+    for step in range(1, 31):
+        log.append({"kind": "train", "step": step, "loss": 3.0 / step, "elapsed_s": step})
+    subset = {10: 2.0, 20: 1.5, 30: 1.8}  # the run overfits after step 20, which it keeps
+    for step, loss in subset.items():
+        log.append({"kind": "eval", "step": step, "val_loss": loss, "val_bpb": loss / 2, "elapsed_s": step + 0.5})
+    log.append({"kind": "final_eval", "step": 30, "weights_step": 20, "val_loss": 1.6, "val_bpb": 0.8,
+                "elapsed_s": 40.0})
+    drawn = []
+    real_savefig = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: (drawn.append(fig), real_savefig(fig, *a, **k)))
+    write_loss_curve(tmp_path / "metrics.jsonl", tmp_path / "loss_curve.png")
+    by_step, by_time = drawn[0].axes[:2]
+    for axes, x in ((by_step, [20]), (by_time, [20.5 / 60])):
+        _, periodic, final = axes.get_lines()
+        # The subset's line holds the periodic evaluations alone; the full pass is a marked point
+        # of its own, where its weights come from, with its own legend entry.
+        assert list(periodic.get_ydata()) == [1.0, 0.75, 0.9] and list(final.get_ydata()) == [0.8]
+        assert list(final.get_xdata()) == pytest.approx(x) and final.get_linestyle() == "None"
+        assert [t.get_text() for t in axes.get_legend().get_texts()][1:] == [
+            "validation (the evaluation subset)", "full validation (weights of step 20)"]

@@ -3,6 +3,7 @@ shape a resume must keep, and MFU accounting (the files themselves: tests/rundir
 
 from __future__ import annotations
 
+import json
 import random
 
 import numpy as np
@@ -12,6 +13,7 @@ import torch
 from model import GPT, GPTConfig, load_pretrained
 from rundir.checkpoint import CheckpointError, load_trainer_state, save_checkpoint
 from training.config import TrainConfig
+from training import metrics
 from training.metrics import known_gpu_peak, measure_matmul_flops, mfu
 from training.optim import build_optimizer, plan_param_groups
 from training.resume_rules import check_model_shape
@@ -78,7 +80,8 @@ def test_model_shape_check_names_the_key(tmp_path):
 
 
 @pytest.mark.parametrize("key,value", [("mlp", "relu2"), ("qk_norm", True), ("logit_softcap", 15.0),
-                                       ("residual_scalars", True), ("value_embeddings", True)])
+                                       ("residual_scalars", True), ("value_embeddings", True),
+                                       ("positions", "rope"), ("rope_theta", 500.0)])
 def test_a_resume_may_not_switch_a_model_option(tmp_path, key, value):
     with pytest.raises(CheckpointError, match=f"model.{key} is {value!r} in the config but"):
         check_model_shape(GPTConfig(**SHAPE), GPTConfig(**{**SHAPE, key: value}), tmp_path)
@@ -90,6 +93,43 @@ def test_mfu_and_peaks():
     assert known_gpu_peak("NVIDIA H100 PCIe") == 756e12
     assert known_gpu_peak("NVIDIA A100-SXM4-80GB") == 312e12
     assert known_gpu_peak("Some Future GPU") is None
+
+
+def test_the_cpu_peak_is_the_best_measured_on_this_machine(tmp_path, monkeypatch):
+    # A measurement under load (17 GFLOP/s), then a quiet one (55), then one under load again (30):
+    # MFU is against the quiet one from then on, so other programs cannot make it read high.
+    measured = iter([17e9, 55e9, 30e9, 8e9])
+    monkeypatch.setattr(metrics, "measure_matmul_flops", lambda *args, **kwargs: next(measured))
+    cache = tmp_path / "cache" / "peak_flops.json"
+    cpu = torch.device("cpu")
+    peaks = []
+    for _ in range(3):
+        peak, source = metrics.peak_flops("auto", cpu, torch.float32, cache_file=cache)
+        peaks.append(peak)
+    assert peaks == [17e9, 55e9, 55e9]
+    assert source == f"the fastest 1024x1024 float32 matmul measured here at {torch.get_num_threads()} thread" + (
+        "s" if torch.get_num_threads() != 1 else "")
+    # 6 MFLOP a token at 2,750 tokens/s is 16.5 GFLOP/s of model arithmetic: 30% of the best peak.
+    assert mfu(6e6, 2750, peaks[-1]) == pytest.approx(0.3)
+    assert list(json.loads(cache.read_text()).values()) == [55e9]
+    # Another thread count is another peak; a setting in the config is taken as it is.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(threads + 1)
+    try:
+        assert metrics.peak_flops("auto", cpu, torch.float32, cache_file=cache)[0] == 8e9
+    finally:
+        torch.set_num_threads(threads)
+    assert metrics.peak_flops(1e11, cpu, torch.float32, cache_file=cache) == (1e11, "train.peak_flops")
+
+
+def test_a_damaged_or_unwritable_peak_cache_only_costs_the_memory(tmp_path):
+    damaged = tmp_path / "peak_flops.json"
+    damaged.write_text("{not json")
+    assert metrics.best_peak(20e9, "host cpu", damaged) == 20e9
+    assert json.loads(damaged.read_text()) == {"host cpu": 20e9}
+    unwritable = tmp_path / "a-file" / "peak_flops.json"
+    (tmp_path / "a-file").write_text("")  # its folder cannot be made
+    assert metrics.best_peak(20e9, "host cpu", unwritable) == 20e9
 
 
 def test_measuring_the_peak_leaves_the_global_rng_alone():

@@ -40,3 +40,29 @@ def test_full_pass_loss_and_bits_per_byte_match_a_hand_computation() -> None:
     assert result.bytes == text_bytes
     assert abs(result.loss - nats_all / count) < 1e-5
     assert abs(result.bpb - text_nats / math.log(2) / text_bytes) < 1e-5
+
+
+def test_a_sample_is_one_document_ending_where_the_model_ends_it() -> None:
+    from data.tokenizer import EOT, train_tokenizer
+    from inference.engine import decode
+    from inference.sampling import SamplingSettings
+    from training.evaluate import generate_sample
+
+    tokenizer = train_tokenizer(["ab ba abba baab " * 20] * 4, 270)
+    eot, a = tokenizer.token_to_id(EOT), tokenizer.token_to_id("a")
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=tokenizer.get_vocab_size(), block_size=32, n_layer=1, n_head=2, n_kv_head=1,
+                          n_embd=16)).eval()
+    # Only "a" and end-of-text can be drawn, at nearly even odds, so the sample's end is plain to see.
+    others = tuple(i for i in range(tokenizer.get_vocab_size()) if i not in (eot, a))
+    settings = SamplingSettings(max_new_tokens=24, temperature=50.0, top_k=None, top_p=None, seed=4,
+                                suppress_ids=others)
+    prompt = tokenizer.encode("ab").ids
+    free, = decode(model, [prompt], settings)  # the same draws, with nothing ending them
+    ids = list(free.token_ids)
+    assert eot in ids and ids.index(eot) > 0  # the case this test is for: a document ends mid-sample
+    sample = generate_sample(model, tokenizer, "ab", settings)
+    assert sample == "ab" + "a" * ids.index(eot)
+    assert EOT not in sample
+    # An unconditional sample starts from end-of-text alone, which is not text either.
+    assert EOT not in generate_sample(model, tokenizer, "", settings)

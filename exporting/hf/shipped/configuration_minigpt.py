@@ -14,6 +14,11 @@ class MiniGPTConfig(PretrainedConfig):
     ``max_position_embeddings`` is a hard limit: the position table has that many rows and nothing
     past them, so a sequence (prompt plus generated tokens) can never be longer.
 
+    ``positions="rope"`` rotates each query and key head by its position instead (pairs of numbers
+    (i, i + dim/2), wavelengths from ``rotary_base``), with no table and so no hard limit; for latent
+    attention in a decoupled part of ``head_dim / 2`` numbers per head beside one shared rotary key
+    per token, cached with the latent. ``positions="none"`` gives the model no positions at all.
+
     ``attention="mla"`` is multi-head latent attention instead: every head's key and value are read
     from one latent of ``kv_latent_dim`` numbers per token (the only thing the cache stores), and
     the query from a latent of ``q_latent_dim`` when that is set.
@@ -50,6 +55,8 @@ class MiniGPTConfig(PretrainedConfig):
         final_logit_softcapping: float | None = None,
         residual_scalars: bool = False,
         value_embeddings: bool = False,
+        positions: str = "learned",
+        rotary_base: float = 10000.0,
         **kwargs,
     ):
         if hidden_size % num_attention_heads or num_attention_heads % num_key_value_heads:
@@ -62,6 +69,10 @@ class MiniGPTConfig(PretrainedConfig):
                              f"with kv_latent_dim={kv_latent_dim}")
         if mlp not in ("swiglu", "relu2"):
             raise ValueError(f"mlp must be 'swiglu' or 'relu2', got {mlp!r}")
+        if positions not in ("learned", "rope", "none"):
+            raise ValueError(f"positions must be 'learned', 'rope' or 'none', got {positions!r}")
+        self.positions = positions
+        self.rotary_base = rotary_base
         self.mlp = mlp
         self.qk_norm = qk_norm
         self.final_logit_softcapping = final_logit_softcapping

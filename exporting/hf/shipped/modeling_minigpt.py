@@ -8,7 +8,9 @@ Each block is pre-norm: x + attention(norm(x)), then x + mlp(norm(x)). The confi
 ReLU² MLP, QK-norm, a logit softcap, residual scalars, value embeddings) each change a line or two
 of that, marked where it happens. Learned positions have
 ``max_position_embeddings`` rows and nothing past them, so a longer sequence is an error (with the
-fix in the message), never a silent wrap-around or an IndexError from the embedding lookup.
+fix in the message), never a silent wrap-around or an IndexError from the embedding lookup. Rotary
+positions (``positions="rope"``) rotate queries and keys inside attention instead, and no positions
+(``"none"``) leave order to the causal mask.
 
 The KV cache crosses transformers' API under two names: ``generate`` passes it to ``forward`` as
 ``past_key_values`` before transformers 5 and as ``cache`` since, and reads it back from the output's
@@ -40,6 +42,30 @@ class MiniGPTRMSNorm(nn.Module):
         return (normed * self.weight.float()).to(x.dtype)
 
 
+def rotary_dim(config: MiniGPTConfig) -> int:
+    """The numbers of each query and key head that rotary positions turn: the whole head, or for
+    latent attention a decoupled part of half a head beside it; 0 without rotary positions."""
+    if config.positions != "rope":
+        return 0
+    head_dim = config.hidden_size // config.num_attention_heads
+    return head_dim // 2 if config.attention == "mla" else head_dim
+
+
+def rotary_angles(position_ids: torch.Tensor, dim: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin (batch or 1, 1, length, dim) of the angles position·base^(-2i/dim), each twice."""
+    frequencies = base ** -(torch.arange(0, dim, 2, device=position_ids.device, dtype=torch.float32) / dim)
+    angles = position_ids[..., None].float() * frequencies
+    angles = torch.cat((angles, angles), dim=-1)[:, None]
+    return angles.cos(), angles.sin()
+
+
+def rotate(x: torch.Tensor, rotation: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """Each pair (x_i, x_{i+dim/2}) of x (batch, heads, length, dim) turned by its position's angle."""
+    cos, sin = rotation
+    first, second = x.chunk(2, dim=-1)
+    return (x * cos + torch.cat((-second, first), dim=-1) * sin).to(x.dtype)
+
+
 class MiniGPTAttention(nn.Module):
     """Causal attention in which groups of query heads share one key/value head."""
 
@@ -60,7 +86,7 @@ class MiniGPTAttention(nn.Module):
             self.value_gate = nn.Linear(config.hidden_size, self.num_kv_heads, bias=False)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor, cache: Cache | None,
-                value_embedding: torch.Tensor | None = None) -> torch.Tensor:
+                value_embedding: torch.Tensor | None = None, rotation=None) -> torch.Tensor:
         batch, length, _ = x.shape
         q = self.q_proj(x).view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
@@ -71,6 +97,8 @@ class MiniGPTAttention(nn.Module):
         v = v.view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
         if hasattr(self, "q_norm"):  # QK-norm: the cache stores the normed keys
             q, k = self.q_norm(q), self.k_norm(k)
+        if rotation is not None:  # rotary positions: the cache stores keys rotated at their positions
+            q, k = rotate(q, rotation), rotate(k, rotation)
         if cache is not None:  # the cache stores the key/value heads, not their copies
             k, v = cache.update(k, v, self.layer_idx)
         group = self.num_heads // self.num_kv_heads
@@ -82,6 +110,9 @@ class MiniGPTAttention(nn.Module):
 class MiniGPTLatentAttention(nn.Module):
     """Multi-head latent attention: every head's key and value are read from one latent per token,
     ``c = norm(kv_a_proj(x))``, and the cache stores only ``c`` (as its keys, with empty values).
+    With rotary positions ``kv_a_proj`` also gives one rotary key per token, which the cache keeps
+    rotated beside the latent, and each query head has a rotary part beside it (DeepSeek-V2's
+    decoupled key: the latent's keys carry no position).
 
     Keys and values are expanded from the latents at every call: the plainest form, equal to the
     latent-space ("absorbed") form that the original model decodes with."""
@@ -91,14 +122,17 @@ class MiniGPTLatentAttention(nn.Module):
         self.layer_idx = layer_idx
         self.num_heads = config.num_attention_heads
         self.head_dim = config.hidden_size // config.num_attention_heads
+        self.kv_latent_dim = config.kv_latent_dim
+        self.rope_dim = rotary_dim(config)
         width = self.num_heads * self.head_dim
+        query_width = self.num_heads * (self.head_dim + self.rope_dim)
         if config.q_latent_dim is None:
-            self.q_proj = nn.Linear(config.hidden_size, width, bias=False)
+            self.q_proj = nn.Linear(config.hidden_size, query_width, bias=False)
         else:
             self.q_a_proj = nn.Linear(config.hidden_size, config.q_latent_dim, bias=False)
             self.q_a_layernorm = MiniGPTRMSNorm(config.q_latent_dim, config.rms_norm_eps)
-            self.q_b_proj = nn.Linear(config.q_latent_dim, width, bias=False)
-        self.kv_a_proj = nn.Linear(config.hidden_size, config.kv_latent_dim, bias=False)
+            self.q_b_proj = nn.Linear(config.q_latent_dim, query_width, bias=False)
+        self.kv_a_proj = nn.Linear(config.hidden_size, config.kv_latent_dim + self.rope_dim, bias=False)
         self.kv_a_layernorm = MiniGPTRMSNorm(config.kv_latent_dim, config.rms_norm_eps)
         self.k_b_proj = nn.Linear(config.kv_latent_dim, width, bias=False)
         self.v_b_proj = nn.Linear(config.kv_latent_dim, width, bias=False)
@@ -108,21 +142,29 @@ class MiniGPTLatentAttention(nn.Module):
             self.k_norm = MiniGPTRMSNorm(self.head_dim, config.rms_norm_eps)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor, past_key_values: Cache | None,
-                value_embedding: None = None) -> torch.Tensor:
+                value_embedding: None = None, rotation=None) -> torch.Tensor:
         batch, length, _ = x.shape
         if hasattr(self, "q_proj"):
             q = self.q_proj(x)
         else:
             q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
-        q = q.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
-        latent = self.kv_a_layernorm(self.kv_a_proj(x)).unsqueeze(1)  # (batch, 1, length, kv_latent_dim)
+        q = q.view(batch, length, self.num_heads, self.head_dim + self.rope_dim).transpose(1, 2)
+        q, q_rope = q.split([self.head_dim, self.rope_dim], dim=-1)
+        latent, k_rope = self.kv_a_proj(x).unsqueeze(1).split([self.kv_latent_dim, self.rope_dim], dim=-1)
+        latent = self.kv_a_layernorm(latent)  # (batch, 1, length, kv_latent_dim)
+        if rotation is not None:  # cached beside the latent, rotated at its position
+            latent = torch.cat((latent, rotate(k_rope, rotation)), dim=-1)
         if past_key_values is not None:
             latent, _ = past_key_values.update(latent, latent[..., :0], self.layer_idx)
         total = latent.shape[2]
+        latent, k_rope = latent.split([self.kv_latent_dim, self.rope_dim], dim=-1)
         k = self.k_b_proj(latent[:, 0]).view(batch, total, self.num_heads, self.head_dim).transpose(1, 2)
         v = self.v_b_proj(latent[:, 0]).view(batch, total, self.num_heads, self.head_dim).transpose(1, 2)
         if hasattr(self, "q_norm"):
             q, k = self.q_norm(q), self.k_norm(k)
+        if rotation is not None:  # every head's score adds its rotary part's against the shared key
+            q = torch.cat((q, rotate(q_rope, rotation)), dim=-1)
+            k = torch.cat((k, k_rope.expand(batch, self.num_heads, total, self.rope_dim)), dim=-1)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return self.o_proj(y.transpose(1, 2).reshape(batch, length, -1))
 
@@ -153,8 +195,8 @@ class MiniGPTBlock(nn.Module):
         self.mlp = MiniGPTMLP(config)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor, cache: Cache | None,
-                value_embedding: torch.Tensor | None = None) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), mask, cache, value_embedding)
+                value_embedding: torch.Tensor | None = None, rotation=None) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), mask, cache, value_embedding, rotation)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -190,12 +232,13 @@ class MiniGPTPreTrainedModel(PreTrainedModel):
 
 
 class MiniGPTModel(MiniGPTPreTrainedModel):
-    """Token + learned position embeddings, the blocks, and the final norm (no LM head)."""
+    """Token (+ learned position) embeddings, the blocks, and the final norm (no LM head)."""
 
     def __init__(self, config: MiniGPTConfig):
         super().__init__(config)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.embed_positions = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        if config.positions == "learned":
+            self.embed_positions = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.layers = nn.ModuleList(MiniGPTBlock(config, i) for i in range(config.num_hidden_layers))
         self.norm = MiniGPTRMSNorm(config.hidden_size, config.rms_norm_eps)
         if config.residual_scalars:  # per layer, the weights of the residual stream and of x0
@@ -230,14 +273,20 @@ class MiniGPTModel(MiniGPTPreTrainedModel):
                 position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -length:]
             else:
                 position_ids = torch.arange(past, past + length, device=input_ids.device).unsqueeze(0)
-        self._check_positions(position_ids)
-        x = x0 = self.embed_tokens(input_ids) + self.embed_positions(position_ids)
+        x = self.embed_tokens(input_ids)
+        if self.config.positions == "learned":
+            self._check_positions(position_ids)
+            x = x + self.embed_positions(position_ids)
+        rotation = None
+        if self.config.positions == "rope":  # computed once, turned by every layer's attention
+            rotation = rotary_angles(position_ids, rotary_dim(self.config), self.config.rotary_base)
+        x0 = x
         mask = attention_mask_4d(attention_mask, batch, length, past, input_ids.device)
         for i, layer in enumerate(self.layers):
             if self.config.residual_scalars:  # each layer reads a learned mix of the stream and x0
                 x = self.resid_lambdas[i] * x + self.x0_lambdas[i] * x0
             value_embedding = self.value_embeds[str(i)](input_ids) if str(i) in self.value_embeds else None
-            x = layer(x, mask, cache, value_embedding)
+            x = layer(x, mask, cache, value_embedding, rotation)
         return BaseModelOutputWithPast(self.norm(x), cache)
 
     def _cache_for(self, cache: Cache | None, past_key_values: Cache | None, use_cache: bool | None) -> Cache | None:

@@ -25,7 +25,8 @@ def test_folder_holds_what_transformers_and_the_hub_need(make_export):
     generation = read_json(folder / "generation_config.json")
     assert generation["eos_token_id"] == [0, 4]  # <|endoftext|>, <|end|>
     assert generation["suppress_tokens"] == [1, 2, 3]  # <|system|>, <|user|>, <|assistant|>
-    assert generation["max_length"] == BLOCK_SIZE  # a call that names no length stays in the window
+    # A call that names no length stays in the window; one that names max_new_tokens replaces it.
+    assert generation["max_new_tokens"] == BLOCK_SIZE // 2 and "max_length" not in generation
     tokenizer_config = read_json(folder / "tokenizer_config.json")
     assert tokenizer_config["eos_token"] == tokenizer_config["pad_token"] == "<|endoftext|>"
     from data.chat import CHAT_TEMPLATE

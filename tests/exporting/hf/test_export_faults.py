@@ -9,14 +9,12 @@ import errno
 import os
 import signal
 import subprocess
-import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 
-from export_testkit import ROOT, assert_one_line_error, read_json
+from export_testkit import assert_one_line_error, read_json
 from signal_testkit import start_paused, stop
 
 
@@ -202,16 +200,3 @@ def test_a_folder_that_appears_during_the_export_is_never_replaced(make_export, 
     if content == "a file":
         assert (out / "notes.txt").read_text() == "mine"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
-
-
-@pytest.mark.parametrize("delay", [0.1, 0.3])
-def test_ctrl_c_while_starting_is_quiet(make_export, tmp_path, delay):
-    """Python takes a second or more to import torch: a Ctrl-C then is as quiet as one later."""
-    run_dir, _ = make_export()
-    process = subprocess.Popen([sys.executable, "export.py", "--run", str(run_dir), "--out", str(tmp_path / "out")],
-                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    time.sleep(delay)
-    returncode, err = stop(process, signal.SIGINT)
-    assert returncode == 130 and "Traceback" not in err, err
-    assert list(tmp_path.iterdir()) == []

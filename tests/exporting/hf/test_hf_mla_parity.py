@@ -18,7 +18,10 @@ ATOL = 1e-5
 # A latent wider than head_dim (16) with a query latent, and a narrower one without; then with every
 # small-model option on (QK-norm: our decoding takes the expanded form too).
 SHAPES = {"wide-qlatent": {"kv_latent_dim": 32, "q_latent_dim": 24}, "narrow": {"kv_latent_dim": 8},
-          "options": {"kv_latent_dim": 16, **MLA_OPTIONS}}
+          "options": {"kv_latent_dim": 16, **MLA_OPTIONS},
+          # Rotary positions: the decoupled rotary key, cached beside the latent in the same vector.
+          "rope-qlatent": {"kv_latent_dim": 24, "q_latent_dim": 16, "positions": "rope"},
+          "rope-options": {"kv_latent_dim": 8, "positions": "rope", **MLA_OPTIONS}}
 
 
 @pytest.fixture(scope="module", params=list(SHAPES))
@@ -62,7 +65,8 @@ def test_cached_logits_match_ours_and_the_cache_holds_latents_only(mla_export):
         torch.testing.assert_close(torch.cat(steps, dim=1), ours(ids), atol=ATOL, rtol=0)
     cache = out.past_key_values
     layer = cache.layers[0]
-    assert layer.keys.shape == (1, 1, 12, ours.config.kv_latent_dim) and layer.values.numel() == 0
+    width = ours.config.kv_latent_dim + ours.config.rope_dim  # the rotary key beside the latent
+    assert layer.keys.shape == (1, 1, 12, width) and layer.values.numel() == 0
 
 
 @pytest.mark.parametrize("use_cache", [True, False], ids=["cache", "no-cache"])

@@ -28,9 +28,11 @@ def _random_ids(generator: torch.Generator, length: int, batch: int = 1) -> torc
     return torch.randint(0, VOCAB_SIZE, (batch, length), generator=generator)
 
 
-@pytest.mark.parametrize("n_kv_head, tie, options", [(2, True, False), (2, False, False), (2, False, True)])
-def test_logits_match_ours_on_prompts_of_several_lengths(make_export, hf_models, n_kv_head, tie, options):
-    run_dir, folder = make_export(n_kv_head, tie, options)
+@pytest.mark.parametrize("n_kv_head, tie, options, positions", [
+    (2, True, False, "learned"), (2, False, False, "learned"), (2, False, True, "learned"),
+    (2, True, False, "rope"), (2, False, True, "rope"), (2, True, False, "none")])
+def test_logits_match_ours_on_prompts_of_several_lengths(make_export, hf_models, n_kv_head, tie, options, positions):
+    run_dir, folder = make_export(n_kv_head, tie, options, positions)
     ours, theirs = load_pretrained(run_dir), hf_models(folder)
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
@@ -42,10 +44,12 @@ def test_logits_match_ours_on_prompts_of_several_lengths(make_export, hf_models,
         torch.testing.assert_close(theirs(ids, labels=ids).loss, our_loss, atol=ATOL, rtol=0)
 
 
-@pytest.mark.parametrize("options", [False, True], ids=["plain", "options"])
+@pytest.mark.parametrize("options, positions", [(False, "learned"), (True, "learned"), (False, "rope"),
+                                                (True, "rope"), (False, "none")],
+                         ids=["plain", "options", "rope", "rope-options", "none"])
 @pytest.mark.parametrize("side", ["left", "right"])
-def test_logits_match_ours_in_a_padded_batch(make_export, hf_models, side, options):
-    run_dir, folder = make_export(options=options)
+def test_logits_match_ours_in_a_padded_batch(make_export, hf_models, side, options, positions):
+    run_dir, folder = make_export(options=options, positions=positions)
     ours, theirs = load_pretrained(run_dir), hf_models(folder)
     g = torch.Generator().manual_seed(2)
     rows = [_random_ids(g, length)[0] for length in (BLOCK_SIZE, 19, 4)]
@@ -73,10 +77,13 @@ def _greedy_like_generate_py(run_dir, prompt_ids: list[int], max_new_tokens: int
 
 
 @pytest.mark.parametrize("use_cache", [True, False], ids=["cache", "no-cache"])
-@pytest.mark.parametrize("n_kv_head, options", [(4, False), (2, False), (1, False), (2, True)],
-                         ids=["ratio1", "ratio2", "ratio4", "ratio2-options"])
-def test_greedy_generate_gives_generate_py_tokens(make_export, hf_models, n_kv_head, options, use_cache):
-    run_dir, folder = make_export(n_kv_head, options=options)
+@pytest.mark.parametrize("n_kv_head, options, positions",
+                         [(4, False, "learned"), (2, False, "learned"), (1, False, "learned"), (2, True, "learned"),
+                          (1, False, "rope"), (2, True, "rope"), (2, False, "none")],
+                         ids=["ratio1", "ratio2", "ratio4", "ratio2-options", "ratio4-rope", "ratio2-options-rope",
+                              "ratio2-none"])
+def test_greedy_generate_gives_generate_py_tokens(make_export, hf_models, n_kv_head, options, positions, use_cache):
+    run_dir, folder = make_export(n_kv_head, options=options, positions=positions)
     prompt = _random_ids(torch.Generator().manual_seed(3), 5)
     new = BLOCK_SIZE - prompt.shape[1]  # every token that fits in the window
     expected = _greedy_like_generate_py(run_dir, prompt[0].tolist(), new, use_cache)
@@ -96,6 +103,22 @@ def test_generate_past_the_learned_positions_is_a_clear_error(make_export, hf_mo
         model.generate(prompt, max_new_tokens=5, do_sample=False, eos_token_id=None)
     with pytest.raises(ValueError, match="keep the prompt plus max_new_tokens within"):
         model(_random_ids(torch.Generator().manual_seed(5), BLOCK_SIZE + 1))
+
+
+@pytest.mark.parametrize("positions", ["rope", "none"])
+def test_without_learned_positions_a_sequence_may_run_past_the_trained_context(make_export, hf_models, positions):
+    """Nothing limits rotary or no positions; the first block_size positions are still ours (causal),
+    and the card says the model never saw longer sequences."""
+    run_dir, folder = make_export(positions=positions)
+    ids = _random_ids(torch.Generator().manual_seed(6), BLOCK_SIZE + 5)
+    with torch.no_grad():
+        logits = hf_models(folder)(ids).logits
+        torch.testing.assert_close(logits[:, :BLOCK_SIZE], load_pretrained(run_dir)(ids[:, :BLOCK_SIZE]),
+                                   atol=ATOL, rtol=0)
+    assert torch.isfinite(logits).all()
+    card = (folder / "README.md").read_text(encoding="utf-8")
+    assert "learned" not in card and f"trained on sequences of {BLOCK_SIZE} tokens" in card
+    assert ("rotary positions (RoPE, base 10000)" in card) == (positions == "rope")
 
 
 def test_weights_are_tied_on_load_and_unchanged_by_a_save(make_export, tmp_path):
@@ -206,13 +229,17 @@ def test_pipeline_generates_text_from_a_folder_alone(make_export, tmp_path):
     _, folder = make_export()
     script = textwrap.dedent(f"""
         import sys
-        from transformers import pipeline, set_seed
+        from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline, set_seed
         assert not any(name in sys.modules for name in ("model", "data", "inference", "exporting"))
+        # As the README calls it, with a length of its own: no warning about two lengths.
+        model = AutoModelForCausalLM.from_pretrained({str(folder)!r}, trust_remote_code=True)
+        tokenizer = AutoTokenizer.from_pretrained({str(folder)!r}, trust_remote_code=True)
+        model.generate(**tokenizer("ROMEO:", return_tensors="pt"), max_new_tokens=8)
         generate = pipeline("text-generation", model={str(folder)!r}, trust_remote_code=True)
         out = generate("ROMEO:", max_new_tokens=8, do_sample=False)[0]["generated_text"]
         assert out.startswith("ROMEO:") and len(out) > len("ROMEO:"), out
         # As the README calls it: no length, so the pipeline's default of 256 new tokens would pass
-        # the window if the export's generation config did not bound the whole sequence by it.
+        # the window if the export's generation config did not name a length that fits.
         for seed in range(3):
             set_seed(seed)
             assert generate("ROMEO:")[0]["generated_text"].startswith("ROMEO:")
@@ -226,6 +253,7 @@ def test_pipeline_generates_text_from_a_folder_alone(make_export, tmp_path):
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.startswith("'ROMEO:")
+    assert "max_length" not in done.stderr and "max_new_tokens" not in done.stderr, done.stderr
 
 
 def test_tokenizer_output_goes_straight_into_generate(make_export, hf_models):
@@ -292,7 +320,9 @@ def test_config_json_names_only_the_options_that_are_on(make_export):
     plain = read_json(make_export()[1] / "config.json")
     with_options = read_json(make_export(options=True)[1] / "config.json")
     names = {"mlp", "qk_norm", "final_logit_softcapping", "residual_scalars", "value_embeddings"}
-    assert not names & plain.keys()
+    assert not names & plain.keys() and not {"positions", "rotary_base"} & plain.keys()
+    rope = read_json(make_export(positions="rope")[1] / "config.json")
+    assert (rope["positions"], rope["rotary_base"]) == ("rope", 10000.0)
     assert {name: with_options[name] for name in names} == {
         "mlp": "relu2", "qk_norm": True, "final_logit_softcapping": 20.0, "residual_scalars": True,
         "value_embeddings": True}

@@ -5,7 +5,9 @@ model's own greedy loop (generate.py's) decodes, within the 128-position window:
   ``past_key_values.{i}.latent`` (batch, 1, length, kv_latent_dim); the run has a low-rank query
   too (q_latent_dim), so both of MLA's options are in the graph;
 - the same with every small-model option on (``run_testkit.ALL_OPTIONS``), and grouped-query
-  attention with them: QK-norm, ReLU², the residual scalars and the logit softcap in the graph."""
+  attention with them: QK-norm, ReLU², the residual scalars and the logit softcap in the graph;
+- rotary positions (``positions: rope``) for both attention kinds, the latent's cached vector with
+  its rotary key beside it, and no positions at all (``positions: none``)."""
 
 from __future__ import annotations
 
@@ -19,7 +21,9 @@ from run_testkit import ALL_OPTIONS, MLA_OPTIONS
 LATENT = 32
 STEPS = 100
 MLA = dict(n_kv_head=4, attention="mla", kv_latent_dim=LATENT, q_latent_dim=48)
-VARIANTS = {"mla": MLA, "mla-options": MLA | MLA_OPTIONS, "gqa-options": ALL_OPTIONS}
+ROPE = dict(positions="rope")
+VARIANTS = {"mla": MLA, "mla-options": MLA | MLA_OPTIONS, "gqa-options": ALL_OPTIONS, "gqa-rope": ALL_OPTIONS | ROPE,
+            "mla-rope": MLA | ROPE, "gqa-none": dict(positions="none")}
 
 
 @pytest.fixture(scope="module", params=list(VARIANTS))
@@ -44,12 +48,13 @@ def exported(request, variant_run, tmp_path_factory) -> Exported:
 
 def test_cache_names_follow_the_attention_and_greedy_tokens_match(exported):
     from inference.engine import decode
-    from model.generation import SamplingSettings
+    from inference.sampling import SamplingSettings
 
     names = [i.name for i in exported.session.get_inputs()]
     if exported.model.config.attention == "mla":  # one latent per layer
         assert names[3:] == [f"past_key_values.{i}.latent" for i in range(exported.model.config.n_layer)]
-        assert exported.config["onnx"]["cache"] == {"latent": [1, LATENT]}
+        # With rotary positions the shared rotary key rides beside the latent, in the same vector.
+        assert exported.config["onnx"]["cache"] == {"latent": [1, LATENT + exported.model.config.rope_dim]}
     else:
         assert names[3:5] == ["past_key_values.0.key", "past_key_values.0.value"]
     prompt = [5, 17, 33, 2, 99, 120, 7]

@@ -1,4 +1,4 @@
-"""Batch invariance, chosen once (``model.batch_invariant``): a row gets the same bits alone and in
+"""Batch invariance, chosen once (``inference.batch_invariant``): a row gets the same bits alone and in
 any batch. Where the host's BLAS gives a row the same bits in every product shape, the tests that
 need a difference to show skip and say so."""
 
@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from inference.batch_invariant import ROW_BLOCK, RowBlockedLinear, row_blocked
 from model import GPT, GPTConfig
-from model.batch_invariant import ROW_BLOCK, RowBlockedLinear, row_blocked
 
 # On this project's CPU hosts (MKL, two threads) a product this deep sums a row in another order
 # once it has 64 rows or more; a single thread, or a shallower product, keeps the 16-row order.

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import model.generation as sampling
-from model.generation import apply_repetition_penalty, filter_logits, sample_next_token
+import inference.sampling as sampling
+from inference.sampling import apply_repetition_penalty, filter_logits, sample_next_token
 
 NEG_INF = float("-inf")
 

@@ -7,7 +7,7 @@ import torch
 
 from model.gpt import GPT, GPTConfig
 from model.gpt import RMSNorm
-from model.rms_norm_cpu import CPUBackwardRMSNorm, RMSNormCPUFunction, install_cpu_backward
+from training.rms_norm_cpu import CPUBackwardRMSNorm, RMSNormCPUFunction, install_cpu_backward
 
 
 def textbook_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

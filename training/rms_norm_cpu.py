@@ -65,6 +65,7 @@ class RMSNormCPUFunction(torch.autograd.Function):
     whose first term is RMSNorm's input gradient; the second is LayerNorm's centring, which
     RMSNorm does not have, so it is added back (one matrix-vector product for mean(g·w)).
     It pays for itself in a training step on the CPU (see docs/results.md, RMSNorm backward).
+    ``native_layer_norm_backward`` is a Core ATen op, PyTorch's documented and stable operator set.
     """
 
     @staticmethod

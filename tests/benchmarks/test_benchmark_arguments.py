@@ -1,0 +1,80 @@
+"""A benchmark is a command line like any other: a bad flag, a missing config or an output path it
+cannot use is one ``error:`` line and exit code 2, never a traceback or a table of wrong answers;
+and its --help says what it measures in whole sentences."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import pytest
+
+from bench_testkit import ROOT
+
+
+@pytest.mark.parametrize("args, flag", [
+    (["--gib", "nan"], "--gib"),  # nan never compares as "exceeds": every model "fitted"
+    (["--gib", "0"], "--gib"),
+    (["--gib", "-5"], "--gib"),
+    (["--gib", "24", "inf"], "--gib"),
+    (["--processes", "0"], "--processes"),
+    (["--micro-batch", "0"], "--micro-batch"),
+    (["--micro-batch", "-4"], "--micro-batch"),
+    (["--vocab-size", "0"], "--vocab-size"),
+    (["--block-size", "-1"], "--block-size"),
+])
+def test_memory_plan_refuses_sizes_that_are_not_positive_and_finite(args, flag, capsys):
+    from benchmarks.memory_plan import main
+
+    assert main(args) == 2
+    out, err = capsys.readouterr()
+    assert out == ""  # no table
+    assert err.count("\n") == 1 and err.startswith(f"error: argument {flag}: must be a "), err
+
+
+def _induction_lab(args: list[str], capsys) -> str:
+    from benchmarks.induction_lab import main
+
+    assert main(args) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and err.startswith("error: "), (out, err)
+    return err
+
+
+def test_the_induction_lab_passes_on_train_pys_refusal_in_one_line(tmp_path, capsys):
+    err = _induction_lab(["--seeds", "1", "--config", str(tmp_path / "none.yaml"), "--out", str(tmp_path / "o")],
+                         capsys)
+    assert "none.yaml' not found" in err
+    (tmp_path / "a-file").write_text("mine\n")
+    err = _induction_lab(["--seeds", "1", "--out", str(tmp_path / "a-file"), "--set", "train.max_steps=1"], capsys)
+    assert "a-file/s1: Not a directory" in err
+    assert (tmp_path / "a-file").read_text() == "mine\n"
+
+
+def test_the_induction_lab_names_a_held_out_folder_it_cannot_make(tmp_path, capsys):
+    (tmp_path / "a-file").write_text("mine\n")
+    err = _induction_lab(["--heldout", str(tmp_path / "a-file" / "heldout")], capsys)
+    assert "a-file/heldout: Not a directory" in err
+
+
+@pytest.mark.parametrize("module", ["attention_variants", "quality_per_minute"])
+def test_the_other_labs_refuse_a_bad_clock_in_one_line(module, capsys):
+    main = importlib.import_module(f"benchmarks.{module}").main
+    assert main(["--minutes", "nan"]) == 2
+    assert capsys.readouterr().err.startswith("error: argument --minutes: must be a finite number > 0")
+
+
+BENCHMARKS = sorted(path.stem for path in (ROOT / "benchmarks").glob("*.py") if path.stem != "__init__")
+
+
+@pytest.mark.parametrize("name", BENCHMARKS)
+def test_every_benchmarks_help_describes_it_in_whole_sentences(name, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", [f"{name}.py", "--help"])
+    main = importlib.import_module(f"benchmarks.{name}").main
+    try:
+        main()
+    except SystemExit as done:
+        assert done.code in (0, None)
+    usage, description = capsys.readouterr().out.split("\n\n")[:2]
+    assert usage.startswith("usage: ")
+    assert " ".join(description.split()).endswith("."), description

@@ -1,0 +1,124 @@
+"""The run keeps the weights that validated best: a run that overfits saves its best evaluated
+weights as model.safetensors, the last state stays in the checkpoint, and a resume is still exact."""
+
+from __future__ import annotations
+
+import random
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+from data.split import hash_split
+from model import load_pretrained
+from rundir.checkpoint import load_trainer_state
+from rundir.metrics import read_metrics
+from test_training_loop import deterministic, interrupt_at
+from training.config import config_from_dict
+from training.evaluate import evaluate
+from training.kept_model import KeptModel, small_corpus_warning
+from training.trainer import train
+
+SPLIT_SEED = 1234
+
+
+@pytest.fixture(scope="module")
+def diverging_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Documents whose held-out ones use words the training ones never do: once the model has
+    learnt the shared structure, every further step on the training words makes validation worse,
+    so the best evaluation comes early and the last one is worse, whatever the machine."""
+    folder = tmp_path_factory.mktemp("diverging")
+    names = [f"doc{i:02d}.txt" for i in range(20)]
+    _, val = hash_split(names, 0.2, SPLIT_SEED)
+    train_words = [c * 3 for c in "abcdefghij"]
+    val_words = train_words[:5] + [c * 3 for c in "klmno"]
+    rng = random.Random(0)
+    for i, name in enumerate(names):
+        words = val_words if i in val else train_words
+        (folder / name).write_text(" ".join(rng.choice(words) for _ in range(60)) + ".\n", encoding="utf-8")
+    return folder
+
+
+def _config(corpus: Path, out_dir: Path, **train):
+    return config_from_dict({
+        "model": {"n_layer": 2, "n_head": 2, "n_kv_head": 1, "n_embd": 32, "block_size": 32},
+        "data": {"source": "files", "vocab_size": 300, "cache_dir": str(corpus / "cache"), "val_fraction": 0.2,
+                 "split_seed": SPLIT_SEED, "files": {"paths": [str(corpus / "*.txt")]}},
+        "train": {"max_steps": 20, "batch_size": 8, "lr": 1e-2, "min_lr": 1e-2, "warmup_steps": 3, "device": "cpu",
+                  "compile": False, "peak_flops": 1e11, **train},
+        "eval": {"interval": 5, "max_batches": 2, "sample_tokens": 4, "final_max_batches": None},
+        "logging": {"interval": 1, "wandb": {"mode": "disabled"}},
+        "run": {"checkpoint_interval": 4, "out_dir": str(out_dir)},
+    })
+
+
+def test_an_overfitting_run_keeps_its_best_evaluated_weights(diverging_corpus, tmp_path):
+    config = _config(diverging_corpus, tmp_path / "run", max_steps=22)  # not a multiple of eval.interval
+    result = train(config, progress=False)
+    records = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    evals = [r for r in records if r["kind"] == "eval"]
+    # The last step is evaluated on the subset too, so the last weights compete.
+    assert [r["step"] for r in evals] == [5, 10, 15, 20, 22]
+    best = min(evals, key=lambda r: r["val_loss"])
+    assert best["step"] != 22 and evals[-1]["val_loss"] > best["val_loss"]  # the case this test is for
+    assert (result.kept_step, result.kept_val_loss) == (best["step"], best["val_loss"])
+    assert result.last_val_loss == evals[-1]["val_loss"]
+
+    # model.safetensors holds the kept weights: scored on the same subset, they give the best loss.
+    kept = load_pretrained(tmp_path / "run")
+    token_bytes = torch.ones(config.model.vocab_size, dtype=torch.long)
+    from data import prepare_data
+    val_tokens = prepare_data(config.data, progress=False).val_tokens()
+    subset = evaluate(kept, val_tokens, token_bytes, block_size=32, batch_size=8, max_batches=2,
+                      device=torch.device("cpu"))
+    assert subset.loss == pytest.approx(best["val_loss"], abs=1e-6)
+    # The final full validation scores those weights, and says which step they are from.
+    final = [r for r in records if r["kind"] == "final_eval"][0]
+    whole = evaluate(kept, val_tokens, token_bytes, block_size=32, batch_size=8, max_batches=None,
+                     device=torch.device("cpu"))
+    assert final["weights_step"] == best["step"] and final["val_loss"] == pytest.approx(whole.loss, abs=1e-6)
+    assert result.val_loss == final["val_loss"]
+    # The last state stays in the checkpoint, for --resume.
+    state = load_trainer_state(tmp_path / "run")
+    assert state["step"] == 22 and state["kept"]["step"] == best["step"]
+    last = state["model"]
+    assert any(not torch.equal(last[k], v) for k, v in kept.state_dict().items() if k in last)
+
+
+def test_a_resumed_run_keeps_the_same_weights_bit_for_bit(diverging_corpus, tmp_path, monkeypatch):
+    straight = train(_config(diverging_corpus, tmp_path / "straight"), progress=False)
+    broken = _config(diverging_corpus, tmp_path / "broken")
+    interrupt_at(monkeypatch, 13)  # after an evaluation has kept weights, before the end
+    stopped = train(broken, progress=False)
+    monkeypatch.undo()
+    assert stopped.interrupted and stopped.signal == signal.SIGTERM and stopped.kept_step is not None
+    resumed = train(broken, resume=True, progress=False)
+    assert (resumed.kept_step, resumed.kept_val_loss) == (straight.kept_step, straight.kept_val_loss)
+    a, b = load_pretrained(tmp_path / "straight").state_dict(), load_pretrained(tmp_path / "broken").state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    a, b = load_trainer_state(tmp_path / "straight")["model"], load_trainer_state(tmp_path / "broken")["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert deterministic(read_metrics(tmp_path / "broken" / "metrics.jsonl")) == deterministic(
+        read_metrics(tmp_path / "straight" / "metrics.jsonl"))
+
+
+def test_kept_weights_change_only_on_a_lower_loss_over_the_same_subset():
+    kept = KeptModel(subset=(8, 16))
+    assert kept.record(10, 2.0) and kept.record(20, 1.5)
+    assert not kept.record(30, 1.5)  # a tie keeps the earlier weights
+    assert not kept.record(40, 1.7)
+    assert (kept.step, kept.val_loss, kept.evaluated_step) == (20, 1.5, 40)
+    # Losses over another subset do not compare: a resume with other eval settings starts afresh.
+    other = KeptModel(subset=(4, 16))
+    assert not other.load_state_dict(kept.state_dict()) and other.step is None
+    same = KeptModel(subset=(8, 16))
+    assert same.load_state_dict(kept.state_dict()) and (same.step, same.val_loss) == (20, 1.5)
+
+
+def test_a_budget_of_many_epochs_is_warned_about():
+    assert small_corpus_warning(planned_tokens=2_000_000, corpus_tokens=1_000_000) is None
+    line = small_corpus_warning(planned_tokens=3_300_000, corpus_tokens=33_000)
+    assert line.startswith("warning: the budget is about 100 epochs of the training split (33,000 tokens)")
+    assert "\n" not in line
+    assert small_corpus_warning(planned_tokens=1e9, corpus_tokens=None) is None

@@ -1,0 +1,168 @@
+"""The ``train.py`` command line: parse the flags, train, and say what the run reached and what to do
+with it.
+
+Ctrl-C / SIGTERM finish the current step, save a checkpoint and exit with 128 + the signal number;
+``--resume`` continues from there. train.py shortens OpenMP's spin before this module (and torch)
+is imported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from common.cli import run_command
+from common.os_errors import describe_os_error
+from common.threads import parse_threads
+from data.chat import CHAT_SPECIAL_TOKENS
+from data.errors import DataError
+from data.tokenizer import load_tokenizer
+from rundir.files import STATE_FILE, TOKENIZER_FILE
+from training.config import Config, load_run_config
+from training.loss_curve import write_run_loss_curve
+from training.trainer import TrainResult, train
+
+
+def build_parser() -> argparse.ArgumentParser:
+    # Plain argparse: a flag mistake prints the usage with the error, as it always has.
+    parser = argparse.ArgumentParser(
+        description="Train a GPT from a YAML config; the run directory (run.out_dir) receives the "
+        "config, tokenizer, weights, trainer state and metrics.jsonl."
+    )
+    parser.add_argument("--config", required=True, help="YAML config file, e.g. configs/tiny.yaml")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override a config value (YAML syntax), e.g. --set train.max_steps=100; repeatable",
+    )
+    parser.add_argument("--resume", action="store_true", help="continue the run in run.out_dir from its checkpoint")
+    parser.add_argument("--overwrite", action="store_true", help="replace a run already in run.out_dir")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar or evaluation lines")
+    parser.add_argument("--threads", metavar="N|auto",
+                        help="CPU threads for torch; sets train.threads (default: the config's, auto: the free CPUs)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_command(build_parser(), argv, _train)
+
+
+def _train(args: argparse.Namespace) -> int:
+    started = time.perf_counter()
+    if args.threads is not None:
+        threads = parse_threads(args.threads)
+        args.overrides.append(f"train.threads={'auto' if threads is None else threads}")
+    try:
+        config = load_run_config(args.config, args.overrides)
+        result = train(config, resume=args.resume, overwrite=args.overwrite, progress=not args.no_progress,
+                       threads_setting="train.threads" if args.threads is None else "--threads")
+    except OSError as e:  # a full disk, a read-only mount: every file already saved is intact
+        print(f"error: {describe_os_error(e)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        # A second Ctrl-C (or one during setup): nothing is saved beyond the last checkpoint.
+        print("error: interrupted; the last saved checkpoint (if any) is intact", file=sys.stderr)
+        return 130
+    if result.interrupted:
+        if result.is_main:  # under torchrun only rank 0 reports; every rank keeps the exit code
+            again = ["python train.py --config", args.config, "--resume"] + [f"--set {o}" for o in args.overrides]
+            where = f"stopped at step {result.step}; checkpoint saved in {result.run_dir}"
+            print(f"{where}; continue with: {' '.join(again)}", file=sys.stderr)
+        return 128 + (result.signal or 2)
+    if result.is_main:
+        print(done_line(result, time.perf_counter() - started))
+        print(summary(result, _draw_loss_curve(result.run_dir), chat_tuning=suits_chat_tuning(config)))
+    return 0
+
+
+def done_line(result: TrainResult, session_seconds: float) -> str:
+    """The first line of a finished run: its budget, and how long training took (in this session and,
+    for a resumed run, over all of its sessions) beside this session's wall time."""
+    tokens = f"{result.tokens_seen:,} tokens"
+    if result.epochs is not None:
+        tokens += f" ({result.epochs:.1f} epochs of the training split)"
+    minutes = (result.train_seconds - result.earlier_seconds) / 60
+    if result.earlier_seconds > 0:
+        took = (f"{minutes:.1f} min of training in this session ({result.train_seconds / 60:.1f} min over the whole "
+                f"run), {session_seconds / 60:.1f} min in all this session")
+    else:
+        took = f"{minutes:.1f} min of training, {session_seconds / 60:.1f} min in all"
+    final = result.val_words or f"val loss {result.val_loss:.4f} nats/token, {result.val_bpb:.4f} bits/byte"
+    return f"done: {result.step} steps ({result.stopped_by}), {tokens}, {took}; final {final}; run saved in {result.run_dir}"
+
+
+def suits_chat_tuning(config: Config) -> bool:
+    """Whether configs/tiny-chat.yaml fits this run as a parent: a text run on natural text (the
+    synthetic corpus's made-up words share nothing with the plays' exchanges), whose tokenizer
+    has the chat tokens (tokenizers from before they were reserved lack them)."""
+    if config.data.format != "text" or config.data.source == "synthetic":
+        return False
+    try:
+        tokenizer = load_tokenizer(config.out_dir / TOKENIZER_FILE)
+    except DataError:
+        return False
+    return all(tokenizer.token_to_id(token) is not None for token in CHAT_SPECIAL_TOKENS)
+
+
+def _draw_loss_curve(run_dir: Path) -> Path | None:
+    """The run's loss_curve.png, or None with a warning: a failure costs only the picture."""
+    try:
+        return write_run_loss_curve(run_dir)
+    except (OSError, ValueError, ImportError) as e:
+        print(f"warning: could not draw the loss curve ({describe_os_error(e) if isinstance(e, OSError) else e})")
+        return None
+
+
+def summary(result: TrainResult, loss_curve: Path | None, *, chat_tuning: bool = True) -> str:
+    """What a finished run reached, which weights it kept, where it is, and the commands that use it
+    (sampling from the prompt its evaluation samples continued; ``chat_tuning``: configs/tiny-chat.yaml
+    fits it as a parent)."""
+    run = result.run_dir
+    score = result.val_words or f"{result.val_bpb:.4f} bits/byte" + (" of assistant text" if result.chat else "")
+    lines = [f"final validation: {score} (the final validation pass, on the kept weights)", kept_line(result)]
+    if result.starved_share is not None and result.stopped_by == "max_minutes":
+        again = "on a quieter machine" + (", or with --threads 1," if result.threads > 1 else "")
+        lines.append(
+            f"note: other programs held this machine's cores (the run was on a CPU {100 * result.starved_share:.0f}% "
+            f"of the time), so train.max_minutes ended it after {result.step} steps, fewer than this machine "
+            f"makes when quiet; run it again {again} for the full result"
+        )
+    if result.adapter:
+        lines.append(result.adapter)
+    lines.append(f"the run is in {run}" + (f"; its loss curve is {loss_curve}" if loss_curve else ""))
+    if result.chat:
+        commands = [(f"python generate.py --run {run} --chat", "talk to it")]
+    else:
+        commands = [
+            (f"python generate.py --run {run} --prompt {shlex.quote(result.sample_prompt or 'The')}", "sample from it"),
+        ]
+        if chat_tuning:
+            commands.append((f"python train.py --config configs/tiny-chat.yaml --set train.init_from={run} "
+                             f"--set run.out_dir={run}-chat", "chat-tune it on the plays' exchanges"))
+    commands += [
+        (f"python export.py --run {run} --out exports/{run.name}", "a Hugging Face model folder"),
+        (f"python serve.py --run {run}", "an OpenAI-compatible server"),
+    ]
+    lines.append("next:")
+    lines += [f"  {command}   # {why}" for command, why in commands]
+    if result.wandb_sync:
+        lines.append(f"wandb logged offline; upload it with: {result.wandb_sync}")
+    return "\n".join(lines)
+
+
+def kept_line(result: TrainResult) -> str:
+    """Which step's weights are the run's model.safetensors, and why (training.kept_model)."""
+    if result.kept_val_loss is None:
+        return f"kept: the last weights (step {result.kept_step}; no periodic evaluation to compare)"
+    scored = f"{result.kept_val_loss:.4f} nats/token on the evaluation subset"
+    if result.kept_step == result.step:
+        return f"kept: the last weights (step {result.step}), the best validation loss seen ({scored})"
+    last = f", against {result.last_val_loss:.4f} at the last step" if result.last_val_loss is not None else ""
+    return (f"kept: the weights of step {result.kept_step}, the best validation loss seen ({scored}{last}); "
+            f"the last state (step {result.step}) stays in {STATE_FILE} for --resume")

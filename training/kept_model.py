@@ -1,0 +1,91 @@
+"""Which weights a run keeps as its model, and the warning that a corpus is small for the budget.
+
+A small corpus is soon learnt by heart: the training loss keeps falling while the validation loss
+turns and rises. So the run's ``model.safetensors`` (what generate.py, export.py and serve.py load)
+holds the weights whose periodic evaluation scored the lowest validation loss. Those evaluations
+score the same fixed subset of the validation split each time (``eval.max_batches`` batches), so
+their losses compare; the last step is evaluated on it too before the run ends. The last state
+stays in the trainer checkpoint, for ``--resume``, and the final full validation pass then scores
+the kept weights on the whole split. A run without periodic evaluations keeps its last weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from model import load_pretrained
+from training.fsdp import is_sharded
+from training.lora import adapted_state
+
+# A few passes over a corpus are normal; beyond this many a small model learns the text itself
+# faster than the language, and the validation loss soon rises.
+MANY_EPOCHS = 10.0
+
+
+@dataclass
+class KeptModel:
+    """The step whose weights ``model.safetensors`` holds (None: none evaluated yet, so the run's
+    checkpoints write their latest weights there) and its loss on the evaluation subset."""
+
+    subset: tuple[int | None, int]  # (eval.max_batches, evaluation batch size): what the losses are over
+    step: int | None = None
+    val_loss: float | None = None
+    evaluated_step: int | None = None  # the last step scored on the subset
+
+    def improves(self, val_loss: float) -> bool:
+        """Whether an evaluation scoring ``val_loss`` replaces the kept weights (ties keep the earlier)."""
+        return self.val_loss is None or val_loss < self.val_loss
+
+    def record(self, step: int, val_loss: float) -> bool:
+        """Note the evaluation of ``step``; True when its weights are now the kept ones."""
+        self.evaluated_step = step
+        if not self.improves(val_loss):
+            return False
+        self.step, self.val_loss = step, val_loss
+        return True
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"subset": list(self.subset), "step": self.step, "val_loss": self.val_loss,
+                "evaluated_step": self.evaluated_step}
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> bool:
+        """Continue from a checkpoint's record; False (nothing loaded) when it has none, or when its
+        losses were measured over another subset and no longer compare."""
+        if not isinstance(state, dict) or tuple(state.get("subset") or ()) != tuple(self.subset):
+            return False
+        self.step, self.val_loss = state["step"], state["val_loss"]
+        self.evaluated_step = state["evaluated_step"]
+        return True
+
+
+def load_kept_weights(model: nn.Module, run_dir: Path) -> None:
+    """Put the run's ``model.safetensors`` into ``model``, whole or sharded over processes (every
+    process reads the file; under torchrun the run directory is shared). For the final validation
+    pass only: a LoRA model's adapters then add nothing."""
+    weights = load_pretrained(run_dir).state_dict()
+    if is_sharded(model):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True))
+    else:
+        model.load_state_dict(adapted_state(model, weights))  # a LoRA run: folded into its base
+
+
+def epochs(tokens: float, corpus_tokens: int | None) -> float | None:
+    """How many times ``tokens`` of training pass over a corpus of ``corpus_tokens``."""
+    return tokens / corpus_tokens if corpus_tokens else None
+
+
+def small_corpus_warning(planned_tokens: float, corpus_tokens: int | None) -> str | None:
+    """One line when a budget of ``planned_tokens`` passes over the training split more than
+    ``MANY_EPOCHS`` times; None otherwise."""
+    passes = epochs(planned_tokens, corpus_tokens)
+    if passes is None or passes <= MANY_EPOCHS:
+        return None
+    return (f"warning: the budget is about {passes:.0f} epochs of the training split ({corpus_tokens:,} tokens): "
+            f"a model learns so small a text by heart and its validation loss rises; the run keeps the "
+            f"weights that validated best, but more text (or a smaller budget) trains a better model")
