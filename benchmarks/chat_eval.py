@@ -22,11 +22,10 @@ from __future__ import annotations
 import argparse
 import statistics
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-from common.cli import positive_int
+from common.cli import path_arg, positive_int
 from data.config import DataConfig
 from data.prepared.chat import prepare_chat_data
 from inference.chat import ChatSession
@@ -64,7 +63,7 @@ def ended_share(model, split, end_id: int, rows: list[int], max_new_tokens: int,
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=Path, nargs="+", required=True)
+    parser.add_argument("--runs", type=path_arg, nargs="+", required=True)
     parser.add_argument("--cache-dir", default="data_cache")
     parser.add_argument("--replies", type=positive_int, default=200)
     parser.add_argument("--max-new-tokens", type=positive_int, default=200)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from common.cli import path_arg
 from exporting.hf import export_run
 from inference.completion import encode_prompt, generate_completions
 from inference.settings import GenerationSettings
@@ -25,7 +26,7 @@ from rundir.loading import load_run
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--run", type=Path, required=True, help="run directory written by train.py")
+    p.add_argument("--run", type=path_arg, required=True, help="run directory written by train.py")
     p.add_argument("--prompt", default="ROMEO:", help="prompt for the greedy comparison (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random prompts (default: %(default)s)")
     return p.parse_args(argv)

@@ -37,7 +37,7 @@ from pathlib import Path
 import httpx
 import torch
 
-from common.cli import positive_int
+from common.cli import path_arg, positive_int
 from common.threads import thread_count
 from inference.engine import decode
 from model.generation import SamplingSettings
@@ -201,7 +201,7 @@ def print_table(title: str, levels: list[Level]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--run", type=Path, required=True, help="run directory written by train.py")
+    parser.add_argument("--run", type=path_arg, required=True, help="run directory written by train.py")
     parser.add_argument("--clients", type=positive_int, nargs="+", default=[1, 4, 16, 32])
     parser.add_argument("--requests", type=positive_int, default=32, help="requests served at every level")
     parser.add_argument("--max-tokens", type=positive_int, default=64)
