@@ -340,7 +340,11 @@ def config_from_dict(raw: dict[str, Any]) -> Config:
     if isinstance(model, dict):
         # model.vocab_size defaults to the tokenizer's size, so it is filled in before validation.
         if "vocab_size" not in model:
-            vocab = data.get("vocab_size", DataConfig.vocab_size) if isinstance(data, dict) else DataConfig.vocab_size
+            if isinstance(data, dict):
+                # Checked as data's first, so that a bad data.vocab_size is named as the user wrote it,
+                # not as the model.vocab_size it is copied into.
+                raw["data"] = data = build(DataConfig, data, "data")
+            vocab = data.vocab_size if isinstance(data, DataConfig) else DataConfig.vocab_size
             model = {**model, "vocab_size": vocab}
         raw["model"] = GPTConfig.from_dict(model)  # the model section's loader explains its values
     config = build(Config, raw)
