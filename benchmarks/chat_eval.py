@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from common.cli import path_arg, positive_int
+from common.cli import path_arg, positive_int, run_command
 from data.config import DataConfig
 from data.prepared.chat import prepare_chat_data
 from inference.chat import ChatSession
@@ -69,7 +69,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=positive_int, default=200)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--transcript", action="store_true")
-    args = parser.parse_args(argv)
+    return run_command(parser, argv, compare_runs)
+
+
+def compare_runs(args: argparse.Namespace) -> int:
 
     device = torch.device("cpu")
     rows: list[Row] = []

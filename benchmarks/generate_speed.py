@@ -42,7 +42,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from common.cli import path_arg, positive_int
+from common.cli import path_arg, positive_int, run_command
 from common.threads import thread_count
 from inference.compiled_step import compiler_missing
 from inference.completion import generate_completions
@@ -85,7 +85,10 @@ def load_benchmark_run(args: argparse.Namespace) -> LoadedRun:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = decode_parser(__doc__, 256).parse_args(argv)
+    return run_command(decode_parser(__doc__, 256), argv, measure)
+
+
+def measure(args: argparse.Namespace) -> int:
     run = load_benchmark_run(args)
     config = run.model.config
     new = args.new_tokens

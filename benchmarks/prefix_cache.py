@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import torch
 from tokenizers import Tokenizer
 
-from common.cli import path_arg, positive_float, positive_int
+from common.cli import path_arg, positive_float, positive_int, run_command
 from common.threads import thread_count
 from data.chat import ChatTokenIds, Message, render_chat
 from data.sources.shakespeare import shakespeare_documents
@@ -165,7 +165,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reply-tokens", type=positive_int, default=None, help="default: block_size / 16")
     parser.add_argument("--cache-mb", type=positive_float, default=256)
     parser.add_argument("--threads", type=thread_count, default=1, help="torch threads, as serve.py --threads")
-    args = parser.parse_args(argv)
+    return run_command(parser, argv, measure)
+
+
+def measure(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
 
     model, tokenizer, token_bytes, what = load_model(args)

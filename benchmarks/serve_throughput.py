@@ -37,7 +37,7 @@ from pathlib import Path
 import httpx
 import torch
 
-from common.cli import path_arg, positive_int
+from common.cli import path_arg, positive_int, run_command
 from common.threads import thread_count
 from inference.engine import decode
 from model.generation import SamplingSettings
@@ -211,7 +211,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the model runs (default cpu)")
     parser.add_argument("--compile", choices=["off", "on", "both"], default="off",
                         help="serve with the compiled decode step (serve.py --compile); both: eager, then compiled")
-    args = parser.parse_args(argv)
+    return run_command(parser, argv, measure)
+
+
+def measure(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
 
     device = torch.device(args.device)

@@ -78,3 +78,16 @@ def test_every_benchmarks_help_describes_it_in_whole_sentences(name, monkeypatch
     usage, description = capsys.readouterr().out.split("\n\n")[:2]
     assert usage.startswith("usage: ")
     assert " ".join(description.split()).endswith("."), description
+
+
+@pytest.mark.parametrize("module, flag", [
+    ("chat_eval", "--runs"), ("generate_speed", "--run"), ("hf_export_parity", "--run"),
+    ("onnx_decode", "--run"), ("prefix_cache", "--run"), ("serve_throughput", "--run"),
+])
+def test_a_benchmark_given_a_run_that_is_not_there_says_so_in_one_line(module, flag, tmp_path, capsys):
+    # These parsed their own flags, outside common.cli.run_command: the loader's refusal was a traceback.
+    main = importlib.import_module(f"benchmarks.{module}").main
+    assert main([flag, str(tmp_path / "gone")]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1, (out, err)
+    assert err.startswith(f"error: run directory {tmp_path / 'gone'} does not exist; "), err
