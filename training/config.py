@@ -336,6 +336,10 @@ def config_from_dict(raw: dict[str, Any]) -> Config:
         raw["model"] = model_section_from_parent(raw.get("model"), parent)
         data = raw.get("data") if isinstance(raw.get("data"), dict) else {}
         raw["data"] = {**data, "vocab_size": parent.model_config.vocab_size}
+    if "model" not in raw and parent is None:
+        # A fine-tuning config (tiny-chat, a LoRA one) has no model section: its parent run gives it.
+        raise ConfigError("missing required config key 'model': describe the model (as configs/tiny.yaml does), "
+                          "or set train.init_from to a trained run directory to start from its model")
     model, data = raw.get("model"), raw.get("data")
     if isinstance(model, dict):
         # model.vocab_size defaults to the tokenizer's size, so it is filled in before validation.
