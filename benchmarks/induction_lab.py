@@ -27,6 +27,7 @@ from pathlib import Path
 from analysis.history import first_copying, first_induction, first_layer_induction, read_attention_history
 from benchmarks.attention_variants import run_train_py
 from common.cli import ArgumentParser, path_arg, run_stoppable
+from common.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "induction.yaml"
@@ -101,6 +102,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_lab(args: argparse.Namespace) -> int:
+    if not args.seeds and args.heldout is None:
+        raise UserError("nothing to do: give --seeds (one run for each, e.g. --seeds 1337 1338) or --heldout DIR "
+                        "(write the held-out corpus)")
     if args.heldout is not None:
         print(f"wrote {write_heldout(args.heldout)}")
     for i, seed in enumerate(args.seeds or []):

@@ -91,3 +91,10 @@ def test_a_benchmark_given_a_run_that_is_not_there_says_so_in_one_line(module, f
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1, (out, err)
     assert err.startswith(f"error: run directory {tmp_path / 'gone'} does not exist; "), err
+
+
+@pytest.mark.parametrize("args", [[], ["--out", "somewhere"]])
+def test_the_induction_lab_with_nothing_to_do_says_so(args, capsys):
+    # Without --seeds or --heldout it did nothing and exited 0, silently.
+    err = _induction_lab(args, capsys)
+    assert err.startswith("error: nothing to do: give --seeds") and "--heldout" in err
