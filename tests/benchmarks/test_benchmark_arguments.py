@@ -98,3 +98,15 @@ def test_the_induction_lab_with_nothing_to_do_says_so(args, capsys):
     # Without --seeds or --heldout it did nothing and exited 0, silently.
     err = _induction_lab(args, capsys)
     assert err.startswith("error: nothing to do: give --seeds") and "--heldout" in err
+
+
+@pytest.mark.parametrize("value", ["-3", "1000000", "1.5", "²"])
+def test_loaded_machine_bounds_its_neighbours_before_starting_any(value):
+    # -3 was accepted (and printed as "-3 neighbours"); a million would have started a million processes.
+    from benchmarks.loaded_machine import MAX_NEIGHBOURS, parse_args
+
+    with pytest.raises(SystemExit) as refused:
+        parse_args(["--neighbours", value])
+    assert refused.value.code == 2
+    assert parse_args(["--neighbours", "0"]).neighbours == 0
+    assert parse_args(["--neighbours", str(MAX_NEIGHBOURS)]).neighbours == MAX_NEIGHBOURS
