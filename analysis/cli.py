@@ -40,7 +40,7 @@ from analysis.plot import (
     draw_induction_history,
     draw_scale_comparison,
 )
-from common.cli import ArgumentParser, run_command
+from common.cli import ArgumentParser, path_arg, run_command
 from common.device import select_device
 from common.threads import add_threads_argument, parse_threads, use_threads
 from common.errors import UserError
@@ -78,13 +78,13 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--run", metavar="DIR", type=Path,
+    parser.add_argument("--run", metavar="DIR", type=path_arg,
                         help="run directory to load (default: the most recently trained run under runs/)")
     parser.add_argument("--prompt", metavar="TEXT", help="the text whose attention is drawn")
-    parser.add_argument("--runs", metavar="DIR", type=Path, nargs="+",
+    parser.add_argument("--runs", metavar="DIR", type=path_arg, nargs="+",
                         help="draw one layer (--layer) of each of these runs over the same --prompt, one row per "
                         "run labelled with its attention kind; the runs must split the prompt alike")
-    parser.add_argument("--out", metavar="FILE", type=Path,
+    parser.add_argument("--out", metavar="FILE", type=path_arg,
                         help=f"where the figure is written, as {', '.join('.' + s for s in FIGURE_FORMATS)} by "
                         f"its suffix (default: {DEFAULT_OUT}; with --history, no figure unless given)")
     parser.add_argument("--layer", type=int, metavar="L",
@@ -99,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "model computes them) beside those of the same scores without it")
     parser.add_argument("--roles", action="store_true",
                         help="print each head's previous-token, first-token, entropy and induction scores")
-    parser.add_argument("--text-file", metavar="PATH", type=Path,
+    parser.add_argument("--text-file", metavar="PATH", type=path_arg,
                         help="with --roles: held-out UTF-8 text to score (default: the run's validation split)")
     parser.add_argument("--windows", type=int, metavar="N",
                         help="with --roles: windows of held-out text (and of repeated random tokens) scored "

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from common.cli import ArgumentParser, positive_float, positive_int, run_stoppable
+from common.cli import ArgumentParser, path_arg, positive_float, positive_int, run_stoppable
 from common.errors import UserError
 from model import GPT, GPTConfig, load_pretrained
 
@@ -58,9 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--minutes", type=positive_float, default=10.0, help="training clock per run (train.max_minutes)")
     p.add_argument("--seeds", type=int, nargs="+", default=[1337], help="train.seed of each run of a variant")
     p.add_argument("--latents", type=positive_int, nargs=2, default=[64, 32], help="the two MLA kv_latent_dim sizes")
-    p.add_argument("--config", type=Path, default=CONFIG, help="the training config every variant starts from")
-    p.add_argument("--out", type=Path, default=Path("runs/attention_variants"), help="where the runs go")
-    p.add_argument("--plot", type=Path, default=None, help="PNG to draw (default: <out>/attention_variants.png)")
+    p.add_argument("--config", type=path_arg, default=CONFIG, help="the training config every variant starts from")
+    p.add_argument("--out", type=path_arg, default=Path("runs/attention_variants"), help="where the runs go")
+    p.add_argument("--plot", type=path_arg, default=None, help="PNG to draw (default: <out>/attention_variants.png)")
     p.add_argument("--decode-steps", type=positive_int, default=16, help="decode steps timed at the end of the window")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="a further train.py override for every run (e.g. eval.final_max_batches=4); repeatable")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common.cli import positive_int
+from common.cli import path_arg, positive_int
 from data import DataConfig, PreparedData, prepare_data
 from data.prepared.token_files import digest_token_file
 
@@ -41,7 +41,7 @@ def size_only_check(entry: PreparedData) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--entry", type=Path, help="a prepared cache entry (default: prepare Shakespeare afresh)")
+    parser.add_argument("--entry", type=path_arg, help="a prepared cache entry (default: prepare Shakespeare afresh)")
     parser.add_argument("--synthetic-mb", type=positive_int, default=256)
     parser.add_argument("--repeats", type=positive_int, default=5)
     args = parser.parse_args()

@@ -23,11 +23,10 @@ from __future__ import annotations
 import argparse
 import statistics
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-from common.cli import positive_int
+from common.cli import path_arg, positive_int, run_command
 from data.config import DataConfig
 from data.prepared.chat import prepare_chat_data
 from data.repetition import repeats_ngram
@@ -77,13 +76,16 @@ def reply_measures(model, tokenizer, split, end_id: int, rows: list[int], max_ne
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=Path, nargs="+", required=True)
+    parser.add_argument("--runs", type=path_arg, nargs="+", required=True)
     parser.add_argument("--cache-dir", default="data_cache")
     parser.add_argument("--replies", type=positive_int, default=200)
     parser.add_argument("--max-new-tokens", type=positive_int, default=200)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--transcript", action="store_true")
-    args = parser.parse_args(argv)
+    return run_command(parser, argv, compare_runs)
+
+
+def compare_runs(args: argparse.Namespace) -> int:
 
     device = torch.device("cpu")
     rows: list[Row] = []

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from common.cli import path_arg
 from benchmarks.decode_speed import model_config_from_yaml
 from benchmarks.generate_speed import (
     COMPILED, EAGER, Row, context_prompts, decode_parser, ours_timer, print_table, random_run, transformers_model,
@@ -32,7 +33,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 def main(argv: list[str] | None = None) -> int:
     parser = decode_parser(__doc__, 256)
-    parser.add_argument("--config", type=Path, default=Path("configs/small.yaml"),
+    parser.add_argument("--config", type=path_arg, default=Path("configs/small.yaml"),
                         help="the model shape to time without --run (default configs/small.yaml)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
     args = parser.parse_args(argv)

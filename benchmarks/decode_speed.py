@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from common.cli import positive_int
+from common.cli import path_arg, positive_int
 from common.threads import thread_count
 from inference.engine import decode
 from inference.sampling import SamplingSettings
@@ -36,7 +36,7 @@ MINIMIND_SMALL = GPTConfig(vocab_size=6400, block_size=512, n_layer=8, n_head=8,
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", type=Path, default=None,
+    p.add_argument("--config", type=path_arg, default=None,
                    help=f"YAML whose model section defines 'tiny' (default: {DEFAULT_CONFIG} if it exists)")
     p.add_argument("--vocab-size", type=positive_int, default=None, help="override the tiny model's vocab_size")
     p.add_argument("--block-size", type=positive_int, default=None, help="override the tiny model's block_size")

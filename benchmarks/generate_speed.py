@@ -42,7 +42,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from common.cli import positive_int
+from common.cli import path_arg, positive_int, run_command
 from common.threads import thread_count
 from inference.compiled_step import compiler_missing
 from inference.completion import generate_completions
@@ -70,7 +70,7 @@ class Row:
 def decode_parser(description: str, new_tokens: int) -> argparse.ArgumentParser:
     """The flags every decode-speed benchmark takes: --run, --new-tokens, --repeats, --threads."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--run", type=Path, help="benchmark this run's model instead of a random tiny one")
+    parser.add_argument("--run", type=path_arg, help="benchmark this run's model instead of a random tiny one")
     parser.add_argument("--new-tokens", type=positive_int, default=new_tokens)
     parser.add_argument("--repeats", type=positive_int, default=3, help="best of this many timed runs (default 3)")
     parser.add_argument("--threads", type=thread_count, help="intra-op threads (default: torch's choice)")
@@ -85,7 +85,10 @@ def load_benchmark_run(args: argparse.Namespace) -> LoadedRun:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = decode_parser(__doc__, 256).parse_args(argv)
+    return run_command(decode_parser(__doc__, 256), argv, measure)
+
+
+def measure(args: argparse.Namespace) -> int:
     run = load_benchmark_run(args)
     config = run.model.config
     new = args.new_tokens

@@ -12,23 +12,25 @@ tokens, for a prompt filled up to the end of the window.
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 from pathlib import Path
 
 import torch
 
+from common.cli import path_arg, run_command
 from exporting.hf import export_run
 from inference.completion import encode_prompt, generate_completions
 from inference.settings import GenerationSettings
 from rundir.loading import load_run
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--run", type=Path, required=True, help="run directory written by train.py")
+    p.add_argument("--run", type=path_arg, required=True, help="run directory written by train.py")
     p.add_argument("--prompt", default="ROMEO:", help="prompt for the greedy comparison (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random prompts (default: %(default)s)")
-    return p.parse_args(argv)
+    return p
 
 
 def logit_differences(ours, theirs, vocab_size: int, block_size: int, seed: int) -> list[tuple[str, float]]:
@@ -67,10 +69,13 @@ def greedy_agreement(run, theirs, prompt: str) -> list[tuple[str, int, int]]:
     return rows
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
+    return run_command(build_parser(), argv, compare)
+
+
+def compare(args: argparse.Namespace) -> int:
     from transformers import AutoModelForCausalLM
 
-    args = parse_args(argv)
     run = load_run(args.run, torch.device("cpu"))
     config = run.model.config
     with tempfile.TemporaryDirectory() as tmp:
@@ -86,7 +91,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\n{'greedy generate, prompt ' + repr(args.prompt):<36} {'equal tokens (first difference)':>32}")
     for name, same, total in greedy:
         print(f"{name:<36} {f'{same} / {total}':>32}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

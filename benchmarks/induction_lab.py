@@ -26,7 +26,8 @@ from pathlib import Path
 
 from analysis.history import first_copying, first_induction, first_layer_induction, read_attention_history
 from benchmarks.attention_variants import run_train_py
-from common.cli import ArgumentParser, run_stoppable
+from common.cli import ArgumentParser, path_arg, run_stoppable
+from common.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "induction.yaml"
@@ -35,11 +36,11 @@ CONFIG = ROOT / "configs" / "induction.yaml"
 def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(prog="python -m benchmarks.induction_lab", description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=int, nargs="+", help="train.seed of each run")
-    p.add_argument("--config", type=Path, default=CONFIG, help="the training config of every run")
-    p.add_argument("--out", type=Path, default=Path("runs/induction_lab"), help="where the runs go")
+    p.add_argument("--config", type=path_arg, default=CONFIG, help="the training config of every run")
+    p.add_argument("--out", type=path_arg, default=Path("runs/induction_lab"), help="where the runs go")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="a further train.py override for every run; repeatable")
-    p.add_argument("--heldout", type=Path, metavar="DIR", help="write the held-out corpus (repeats.jsonl) here")
+    p.add_argument("--heldout", type=path_arg, metavar="DIR", help="write the held-out corpus (repeats.jsonl) here")
     return p
 
 
@@ -101,6 +102,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_lab(args: argparse.Namespace) -> int:
+    if not args.seeds and args.heldout is None:
+        raise UserError("nothing to do: give --seeds (one run for each, e.g. --seeds 1337 1338) or --heldout DIR "
+                        "(write the held-out corpus)")
     if args.heldout is not None:
         print(f"wrote {write_heldout(args.heldout)}")
     for i, seed in enumerate(args.seeds or []):

@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common.cli import positive_int
+from common.cli import positive_int, whole_number
 
 ROOT = Path(__file__).resolve().parents[1]
 NEIGHBOUR = (
@@ -40,6 +40,7 @@ NEIGHBOUR = (
     "    a = torch.tanh(a @ a)\n"
 )
 OLD_POLICY = {"GOMP_SPINCOUNT": "300000"}
+MAX_NEIGHBOURS = 64  # each one a busy process: a machine many times over-subscribed already shows the effect
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -50,7 +51,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--steps", type=positive_int, default=40, help="train.py steps (default: %(default)s)")
     p.add_argument("--new-tokens", type=positive_int, default=200, help="generate.py tokens (default: %(default)s)")
     p.add_argument("--repeats", type=positive_int, default=3, help="timed runs of each case; the median is reported")
-    p.add_argument("--neighbours", type=int, default=2, help="busy PyTorch processes beside the command")
+    p.add_argument("--neighbours", type=neighbour_count, default=2,
+                   help=f"busy PyTorch processes beside the command, 0 to {MAX_NEIGHBOURS} (default: %(default)s)")
     return p.parse_args(argv)
 
 
@@ -96,6 +98,14 @@ def policy_env(policy: str) -> dict[str, str]:
 def policy_command(command: list[str], policy: str) -> list[str]:
     # Before the policy, torch took one thread per CPU.
     return [*command, "--threads", str(os.cpu_count() or 1)] if policy == "old" else command
+
+
+def neighbour_count(text: str) -> int:
+    """--neighbours: each one is a process, so a count is bounded before any is started."""
+    value = whole_number(text)
+    if value is None or value > MAX_NEIGHBOURS:
+        raise argparse.ArgumentTypeError(f"must be a whole number from 0 to {MAX_NEIGHBOURS}, got {text!r}")
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:

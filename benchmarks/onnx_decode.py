@@ -14,6 +14,7 @@ over all block_size slots at every step (its price for fixed shapes).
 
 from __future__ import annotations
 
+import argparse
 import sys
 import tempfile
 from pathlib import Path
@@ -22,19 +23,23 @@ import torch
 
 from benchmarks.generate_speed import (decode_parser, load_benchmark_run, onnx_session, onnx_timer, ours_timer,
                                        print_table, round_robin)
-from common.cli import positive_int
+from common.cli import positive_int, run_command
+from common.errors import UserError
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = decode_parser(__doc__, 64)
     parser.add_argument("--context", type=positive_int, default=128, help="prompt tokens before decoding (default 128)")
-    args = parser.parse_args(argv)
+    return run_command(parser, argv, measure)
+
+
+def measure(args: argparse.Namespace) -> int:
     import onnxruntime as ort  # here, a requirement: this benchmark is about it
 
     run = load_benchmark_run(args)
     config = run.model.config
     if args.context + args.new_tokens > config.block_size:
-        parser.error(f"--context + --new-tokens must fit block_size {config.block_size}")
+        raise UserError(f"--context + --new-tokens must fit block_size {config.block_size}")
     prompt = torch.randint(config.vocab_size, (args.context,), generator=torch.Generator().manual_seed(0)).tolist()
     print(f"model: n_layer {config.n_layer}, n_embd {config.n_embd}, n_head {config.n_head}, n_kv_head "
           f"{config.n_kv_head}, vocab {config.vocab_size}, block_size {config.block_size}; CPU, "

@@ -24,12 +24,11 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer
 
-from common.cli import positive_float, positive_int
+from common.cli import path_arg, positive_float, positive_int, run_command
 from common.threads import thread_count
 from data.chat import ChatTokenIds, Message, render_chat
 from data.sources.shakespeare import shakespeare_documents
@@ -159,14 +158,17 @@ def load_model(args) -> tuple[GPT, Tokenizer, list[bytes], str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--run", type=Path, help="a chat-tuned run directory")
-    source.add_argument("--config", type=Path, help="a config whose model shape gets random weights")
+    source.add_argument("--run", type=path_arg, help="a chat-tuned run directory")
+    source.add_argument("--config", type=path_arg, help="a config whose model shape gets random weights")
     parser.add_argument("--clients", type=positive_int, default=16)
     parser.add_argument("--turns", type=positive_int, default=4)
     parser.add_argument("--reply-tokens", type=positive_int, default=None, help="default: block_size / 16")
     parser.add_argument("--cache-mb", type=positive_float, default=256)
     parser.add_argument("--threads", type=thread_count, default=1, help="torch threads, as serve.py --threads")
-    args = parser.parse_args(argv)
+    return run_command(parser, argv, measure)
+
+
+def measure(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
 
     model, tokenizer, token_bytes, what = load_model(args)

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.attention_variants import CONFIG, final_eval, train
-from common.cli import ArgumentParser, positive_float, run_stoppable
+from common.cli import ArgumentParser, path_arg, positive_float, run_stoppable
 
 # Each technique's overrides (section.key) on top of the config; "combination" is all of them.
 TECHNIQUES: dict[str, dict] = {
@@ -48,8 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", type=int, nargs="+", default=[1337, 1338], help="train.seed of each run of a technique")
     p.add_argument("--only", nargs="+", choices=list(TECHNIQUES), default=list(TECHNIQUES),
                    help="the techniques to run (default: all; the difference column needs baseline)")
-    p.add_argument("--config", type=Path, default=CONFIG, help="the training config every technique starts from")
-    p.add_argument("--out", type=Path, default=Path("runs/quality_per_minute"), help="where the runs go")
+    p.add_argument("--config", type=path_arg, default=CONFIG, help="the training config every technique starts from")
+    p.add_argument("--out", type=path_arg, default=Path("runs/quality_per_minute"), help="where the runs go")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="a further train.py override for every run (e.g. eval.final_max_batches=4); repeatable")
     return p

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from common.cli import ArgumentParser, path_arg, run_stoppable
 from data.sources.arithmetic import conversations, problems
 
 OUT = Path("runs/rl_lab")
@@ -44,14 +45,14 @@ VAL_PROBLEMS = {"lab": 200, "toy": 10}
 PASS_K = 8
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def build_parser() -> argparse.ArgumentParser:
+    p = ArgumentParser(prog="python -m benchmarks.rl_lab", description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=int, nargs="+", required=True, help="train.seed of each seed's three runs")
-    p.add_argument("--out", type=Path, default=OUT, help="where the runs go (a folder per seed)")
+    p.add_argument("--out", type=path_arg, default=OUT, help="where the runs go (a folder per seed)")
     p.add_argument("--size", choices=sorted(SIZES), default="lab", help="lab, or toy for a smoke test")
     p.add_argument("--json", action="store_true", help="print one JSON object per seed instead of a table")
     p.add_argument("--overwrite", action="store_true", help="replace runs already in --out")
-    return p.parse_args(argv)
+    return p
 
 
 def _common(out_dir: Path, seed: int, budget: dict[str, float], overwrite: bool) -> dict[str, Any]:
@@ -178,18 +179,15 @@ def run_seed(args: argparse.Namespace, seed: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from common.errors import UserError
+    return run_stoppable(build_parser(), argv, run_lab)
 
-    args = parse_args(argv)
+
+def run_lab(args: argparse.Namespace) -> int:
     if not args.json:
         print(f"| seed | pass@1 before | after | pass@{PASS_K} before | after | RL seconds | RL steps |")
         print("|---:|---:|---:|---:|---:|---:|---:|")
     for seed in args.seeds:
-        try:
-            row = run_seed(args, seed)
-        except UserError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
+        row = run_seed(args, seed)
         if args.json:
             print(json.dumps(row), flush=True)
         else:

@@ -37,7 +37,7 @@ from pathlib import Path
 import httpx
 import torch
 
-from common.cli import positive_int
+from common.cli import path_arg, positive_int, run_command
 from common.threads import thread_count
 from inference.engine import decode
 from inference.sampling import SamplingSettings
@@ -201,7 +201,7 @@ def print_table(title: str, levels: list[Level]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--run", type=Path, required=True, help="run directory written by train.py")
+    parser.add_argument("--run", type=path_arg, required=True, help="run directory written by train.py")
     parser.add_argument("--clients", type=positive_int, nargs="+", default=[1, 4, 16, 32])
     parser.add_argument("--requests", type=positive_int, default=32, help="requests served at every level")
     parser.add_argument("--max-tokens", type=positive_int, default=64)
@@ -211,7 +211,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the model runs (default cpu)")
     parser.add_argument("--compile", choices=["off", "on", "both"], default="off",
                         help="serve with the compiled decode step (serve.py --compile); both: eager, then compiled")
-    args = parser.parse_args(argv)
+    return run_command(parser, argv, measure)
+
+
+def measure(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
 
     device = torch.device(args.device)

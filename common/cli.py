@@ -14,6 +14,7 @@ import math
 import signal
 import sys
 import threading
+from pathlib import Path
 from typing import Callable, NoReturn, Sequence
 
 from common.errors import UserError
@@ -45,6 +46,14 @@ def positive_float(text: str) -> float:
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
     return value
+
+
+def path_arg(text: str) -> Path:
+    """An argparse ``type`` for a file or folder: ``Path("")`` is ``.``, so an empty value (an unset
+    shell variable) would otherwise name the current folder, which the user never gave."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"must be a path, got {text!r}")
+    return Path(text)
 
 
 class ArgumentParser(argparse.ArgumentParser):

@@ -130,8 +130,9 @@ class DataConfig:
         # The 256 byte symbols and the special tokens (data/tokenizer.py) are the smallest vocabulary
         # the tokenizer trainer makes; uint32 token files cap it far above anything trained here.
         _require(MIN_VOCAB_SIZE <= self.vocab_size <= 2**32 - 1,
-                 f"data.vocab_size must be at least {MIN_VOCAB_SIZE} (256 byte symbols and "
-                 f"{MIN_VOCAB_SIZE - 256} special tokens), got {self.vocab_size}")
+                 f"data.vocab_size must be from {MIN_VOCAB_SIZE} (256 byte symbols and "
+                 f"{MIN_VOCAB_SIZE - 256} special tokens) to {2**32 - 1:,} (the token files' uint32), "
+                 f"got {self.vocab_size}")
         _require(0.0 < self.val_fraction < 1.0,
                  f"data.val_fraction must be between 0 and 1 (exclusive), got {self.val_fraction}")
         _require(self.cache_dir != "", "data.cache_dir must not be empty; e.g. data_cache")

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Sequence
 
-from common.cli import ArgumentParser, run_stoppable
+from common.cli import ArgumentParser, path_arg, run_stoppable
 from common.errors import UserError
 from common.signals import held_signals
 from common.threads import add_threads_argument, parse_threads, use_threads
@@ -28,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Score a trained run with lm-evaluation-harness on tasks built from the plays it "
         "held out (bits per byte, next line, speaker), through its Hugging Face export, offline.",
     )
-    parser.add_argument("--run", type=Path, metavar="DIR",
+    parser.add_argument("--run", type=path_arg, metavar="DIR",
                         help="run directory written by train.py (default: the most recent run under runs/)")
     parser.add_argument("--tasks", default=None, metavar="A,B",
                         help="comma-separated tasks (default: shakespeare_bpb,shakespeare_next_line,shakespeare_speaker)")

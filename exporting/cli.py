@@ -12,10 +12,9 @@ the flags are good.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Sequence
 
-from common.cli import ArgumentParser, run_stoppable
+from common.cli import ArgumentParser, path_arg, run_stoppable
 from common.errors import UserError
 from common.signals import held_signals
 
@@ -32,8 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
         "AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True), or (--format onnx) as an "
         "ONNX decoder with a key/value cache that ONNX Runtime runs without PyTorch.",
     )
-    parser.add_argument("--run", required=True, type=Path, metavar="DIR", help="run directory written by train.py")
-    parser.add_argument("--out", required=True, type=Path, metavar="DIR", help="folder to create for the export")
+    parser.add_argument("--run", required=True, type=path_arg, metavar="DIR", help="run directory written by train.py")
+    parser.add_argument("--out", required=True, type=path_arg, metavar="DIR", help="folder to create for the export")
     parser.add_argument(
         "--overwrite", action="store_true",
         help="replace --out if it holds an earlier export (and nothing else: other files stop the export)",

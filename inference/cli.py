@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from common.cli import ArgumentParser, run_command
+from common.cli import ArgumentParser, path_arg, run_command
 from common.device import select_device
 from common.errors import UserError
 from common.os_errors import describe_os_error
@@ -73,8 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
         help='text to continue; "-" reads it from stdin (UTF-8, verbatim: a trailing newline stays '
         "part of the prompt). Empty or left out: an unconditional sample, starting from <|endoftext|>",
     )
-    source.add_argument("--prompt-file", metavar="PATH", type=Path, help="read the prompt from a UTF-8 file (verbatim)")
-    parser.add_argument("--run", metavar="DIR", type=Path,
+    source.add_argument("--prompt-file", metavar="PATH", type=path_arg, help="read the prompt from a UTF-8 file (verbatim)")
+    parser.add_argument("--run", metavar="DIR", type=path_arg,
                         help="run directory to load (default: the most recently trained run under runs/)")
     add_threads_argument(parser)
     parser.add_argument("--device", default="auto",

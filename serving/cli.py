@@ -13,13 +13,12 @@ import ipaddress
 import logging
 import socket
 import sys
-from pathlib import Path
 from typing import Sequence
 
 import torch
 import uvicorn
 
-from common.cli import ArgumentParser, run_command
+from common.cli import ArgumentParser, path_arg, run_command
 from common.device import DEVICE_CHOICES, device_memory_bytes, select_device
 from common.errors import UserError
 from common.threads import add_threads_argument, parse_threads, use_threads
@@ -55,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--run", type=Path, metavar="DIR",
+    parser.add_argument("--run", type=path_arg, metavar="DIR",
                         help="run directory to serve (default: the most recently trained run under runs/)")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to listen on (default: %(default)s, this machine only; 0.0.0.0 "

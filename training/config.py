@@ -424,11 +424,19 @@ def config_from_dict(raw: dict[str, Any]) -> Config:
         raw["model"] = model_section_from_parent(raw.get("model"), parent)
         data = raw.get("data") if isinstance(raw.get("data"), dict) else {}
         raw["data"] = {**data, "vocab_size": parent.model_config.vocab_size}
+    if "model" not in raw and parent is None:
+        # A fine-tuning config (tiny-chat, a LoRA one) has no model section: its parent run gives it.
+        raise ConfigError("missing required config key 'model': describe the model (as configs/tiny.yaml does), "
+                          "or set train.init_from to a trained run directory to start from its model")
     model, data = raw.get("model"), raw.get("data")
     if isinstance(model, dict):
         # model.vocab_size defaults to the tokenizer's size, so it is filled in before validation.
         if "vocab_size" not in model:
-            vocab = data.get("vocab_size", DataConfig.vocab_size) if isinstance(data, dict) else DataConfig.vocab_size
+            if isinstance(data, dict):
+                # Checked as data's first, so that a bad data.vocab_size is named as the user wrote it,
+                # not as the model.vocab_size it is copied into.
+                raw["data"] = data = build(DataConfig, data, "data")
+            vocab = data.vocab_size if isinstance(data, DataConfig) else DataConfig.vocab_size
             model = {**model, "vocab_size": vocab}
         raw["model"] = GPTConfig.from_dict(model)  # the model section's loader explains its values
     config = build(Config, raw)

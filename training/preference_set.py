@@ -29,7 +29,7 @@ from typing import Sequence
 
 import torch
 
-from common.cli import ArgumentParser, run_command
+from common.cli import ArgumentParser, path_arg, run_command
 from common.errors import UserError
 from common.files import atomic_write_text
 from data.chat import ChatTokenIds, ChatTooLong, Message, fit_for_reply
@@ -146,8 +146,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(prog="-m training.preference_set", description=__doc__,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     defaults = SetSettings()
-    parser.add_argument("--run", type=Path, required=True, help="a chat run (data.format: chat)")
-    parser.add_argument("--out", type=Path, required=True, help="the .jsonl file to write")
+    parser.add_argument("--run", type=path_arg, required=True, help="a chat run (data.format: chat)")
+    parser.add_argument("--out", type=path_arg, required=True, help="the .jsonl file to write")
     parser.add_argument("--overwrite", action="store_true", help="replace --out when it exists")
     parser.add_argument("--split", choices=("train", "val"), default="train",
                         help="the plays whose user turns are the prompts (default: train)")

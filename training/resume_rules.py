@@ -22,9 +22,10 @@ from typing import Any
 
 from common.config import read_yaml_file
 from common.errors import UserError, one_line
+from data.tokenizer import RUN_TOKENIZER_ADVICE
 from model import GPTConfig
 from rundir.checkpoint import CheckpointError
-from rundir.files import METRICS_FILE, RUN_CONFIG_FILE, STATE_FILE
+from rundir.files import METRICS_FILE, RUN_CONFIG_FILE, STATE_FILE, TOKENIZER_FILE
 from rundir.metrics import read_metrics
 
 FIXED_ON_RESUME = ("optimizer", "sampling", "seed", "parallel", "lora")
@@ -84,6 +85,14 @@ def check_data_format(run_dir: Path, data_format: str) -> None:
             f"(data.format: {saved}), and this config says data.format: {data_format}; resume with "
             f"data.format: {saved} (the run's own config.yaml), or start a new run"
         )
+
+
+def check_run_tokenizer(run_dir: Path) -> None:
+    """Refuse to resume a run whose tokenizer.json is gone: a resume writes it only when a run
+    starts, so the run would train on and end without it, and every command that reads the run
+    (generate, export, serve) would then refuse it."""
+    if not (run_dir / TOKENIZER_FILE).is_file():
+        raise CheckpointError(f"cannot resume {run_dir}: it has no {TOKENIZER_FILE}; {RUN_TOKENIZER_ADVICE}")
 
 
 def check_not_finished(state: dict[str, Any], train_config: Any, run_dir: Path) -> None:

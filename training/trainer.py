@@ -59,7 +59,8 @@ from training.progress_bar import StepBar
 from training.recompute import checkpoint_blocks
 from training.rms_norm_cpu import install_cpu_backward
 from training.resume_rules import (
-    check_not_finished, check_data_format, check_fixed_settings, check_model_shape, fixed_settings, restore_error,
+    check_not_finished, check_data_format, check_fixed_settings, check_model_shape, check_run_tokenizer,
+    fixed_settings, restore_error,
 )
 from training.rng_state import capture_rng_state, restore_rng_state
 from training.tasks import prepare_task
@@ -206,6 +207,7 @@ class Trainer:
             check_model_shape(saved_model, self.config.model, self.run_dir)
             check_fixed_settings(state, self.config.train, self.run_dir)
             check_data_format(self.run_dir, self.config.data.format)
+            check_run_tokenizer(self.run_dir)
             check_not_finished(state, self.config.train, self.run_dir)
         barrier(self.ctx)
         return state

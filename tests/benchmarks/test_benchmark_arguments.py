@@ -78,3 +78,35 @@ def test_every_benchmarks_help_describes_it_in_whole_sentences(name, monkeypatch
     usage, description = capsys.readouterr().out.split("\n\n")[:2]
     assert usage.startswith("usage: ")
     assert " ".join(description.split()).endswith("."), description
+
+
+@pytest.mark.parametrize("module, flag", [
+    ("chat_eval", "--runs"), ("generate_speed", "--run"), ("hf_export_parity", "--run"),
+    ("onnx_decode", "--run"), ("prefix_cache", "--run"), ("serve_throughput", "--run"),
+])
+def test_a_benchmark_given_a_run_that_is_not_there_says_so_in_one_line(module, flag, tmp_path, capsys):
+    # These parsed their own flags, outside common.cli.run_command: the loader's refusal was a traceback.
+    main = importlib.import_module(f"benchmarks.{module}").main
+    assert main([flag, str(tmp_path / "gone")]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1, (out, err)
+    assert err.startswith(f"error: run directory {tmp_path / 'gone'} does not exist; "), err
+
+
+@pytest.mark.parametrize("args", [[], ["--out", "somewhere"]])
+def test_the_induction_lab_with_nothing_to_do_says_so(args, capsys):
+    # Without --seeds or --heldout it did nothing and exited 0, silently.
+    err = _induction_lab(args, capsys)
+    assert err.startswith("error: nothing to do: give --seeds") and "--heldout" in err
+
+
+@pytest.mark.parametrize("value", ["-3", "1000000", "1.5", "²"])
+def test_loaded_machine_bounds_its_neighbours_before_starting_any(value):
+    # -3 was accepted (and printed as "-3 neighbours"); a million would have started a million processes.
+    from benchmarks.loaded_machine import MAX_NEIGHBOURS, parse_args
+
+    with pytest.raises(SystemExit) as refused:
+        parse_args(["--neighbours", value])
+    assert refused.value.code == 2
+    assert parse_args(["--neighbours", "0"]).neighbours == 0
+    assert parse_args(["--neighbours", str(MAX_NEIGHBOURS)]).neighbours == MAX_NEIGHBOURS

@@ -66,7 +66,7 @@ def test_the_least_vocabulary_admitted_is_the_least_the_tokenizer_trainer_makes(
     # 257 was admitted, then always refused: the trained tokenizer had the chat tokens as well.
     from data.tokenizer import train_tokenizer
 
-    with pytest.raises(DataError, match=rf"^data.vocab_size must be at least {MIN_VOCAB_SIZE} "):
+    with pytest.raises(DataError, match=rf"^data.vocab_size must be from {MIN_VOCAB_SIZE} "):
         DataConfig(vocab_size=MIN_VOCAB_SIZE - 1)
     least = DataConfig(vocab_size=MIN_VOCAB_SIZE).vocab_size
     assert train_tokenizer(["a b c, and the rest of it"] * 20, least).get_vocab_size() == least

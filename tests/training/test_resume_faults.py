@@ -149,3 +149,15 @@ def test_a_finished_run_continues_when_its_budget_is_raised(make_config):
     train(make_config(train={"max_steps": 2}, eval=QUIET), progress=False)
     result = train(make_config(train={"max_steps": 3}, eval=QUIET), resume=True, progress=False)
     assert result.step == 3 and result.stopped_by == "max_steps"
+
+
+def test_a_run_that_lost_its_tokenizer_is_not_resumed_into_one_no_command_can_read(make_config):
+    # Resumed, it trained on and reported success, ending without tokenizer.json: generate, export
+    # and serve then refused the run.
+    config = make_config(train={"max_steps": 1}, eval=QUIET)
+    train(config, progress=False)
+    (config.out_dir / "tokenizer.json").unlink()
+    before = _snapshot(config.out_dir)
+    with pytest.raises(CheckpointError, match=r"cannot resume .*: it has no tokenizer.json; restore the run's own"):
+        train(make_config(train={"max_steps": 2}, eval=QUIET), resume=True, progress=False)
+    assert _snapshot(config.out_dir) == before

@@ -221,3 +221,18 @@ def test_saved_config_loads_back_identical(tmp_path):
     again = load_run_config(path)
     assert again == cfg
     assert config_to_dict(again)["train"]["min_lr"] == pytest.approx(1e-5)
+
+
+@pytest.mark.parametrize("value", ["0", "-5", ".nan", "1e12", "5000000000", "'big'"])
+def test_a_bad_data_vocab_size_is_named_as_written_not_as_the_model_key_it_fills(tmp_path, value):
+    # model.vocab_size defaults to data.vocab_size; a bad one used to be reported as model.vocab_size,
+    # a key the config never set.
+    message = error_of(write(tmp_path, MINIMAL), [f"data.vocab_size={value}"])
+    assert message.startswith("data.vocab_size ") and "model.vocab_size" not in message
+
+
+def test_a_fine_tuning_config_without_its_parent_says_to_set_init_from(tmp_path):
+    # configs/tiny-chat-lora.yaml has no model section: its parent run gives it. Without
+    # train.init_from the message named only the missing model section.
+    message = error_of(REPO / "configs" / "tiny-chat-lora.yaml", ["train.init_from=null"])
+    assert message.startswith("missing required config key 'model'") and "set train.init_from" in message
