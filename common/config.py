@@ -180,7 +180,8 @@ def _describe(hint: Any) -> str:
         text = " or ".join(_describe(a) for a in args if a is not type(None))
         return text + " or null" if type(None) in args else text
     if typing.get_origin(hint) is list:
-        return f"a list of {_describe(args[0])}s"
+        plural = {bool: "true or false values", int: "whole numbers", float: "numbers", str: "strings"}
+        return f"a list of {plural.get(args[0]) or _describe(args[0])}"
     names = {bool: "true or false", int: "a whole number", float: "a number", str: "a string"}
     if hint in names:
         return names[hint]

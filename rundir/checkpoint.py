@@ -32,6 +32,9 @@ def check_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
     """Refuse a ``run_dir`` that may not be used; an old run there is only cleared later, by
     ``clear_old_run``, once every input of the new run has been read and checked."""
     if resume:
+        if (run_dir / STATE_FILE).exists() and not (run_dir / STATE_FILE).is_file():
+            raise CheckpointError(f"cannot resume: {run_dir / STATE_FILE} is not a file (a folder?); it must be "
+                                  f"the checkpoint train.py wrote: restore it, or start a new run without --resume")
         if not (run_dir / STATE_FILE).is_file():
             raise CheckpointError(
                 f"cannot resume: no checkpoint ({STATE_FILE}) in {run_dir}; "

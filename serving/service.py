@@ -85,7 +85,7 @@ class Service:
         block = self.run.block_size
         if chars > self.max_prompt_chars or (tokens is not None and tokens > block):
             size = f"{tokens} tokens" if tokens is not None else f"{chars} characters"
-            raise ApiError(400, f"the {param} is {size}, more than this model's context of {block} "
+            raise ApiError(400, f"{param}: {size}, more than this model's context of {block} "
                            f"tokens; shorten it", param=param, code="context_length_exceeded")
 
     def completion_prompt(self, prompt: str | list[int]) -> tuple[list[int], str]:

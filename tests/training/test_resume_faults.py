@@ -161,3 +161,12 @@ def test_a_run_that_lost_its_tokenizer_is_not_resumed_into_one_no_command_can_re
     with pytest.raises(CheckpointError, match=r"cannot resume .*: it has no tokenizer.json; restore the run's own"):
         train(make_config(train={"max_steps": 2}, eval=QUIET), resume=True, progress=False)
     assert _snapshot(config.out_dir) == before
+
+
+def test_a_trainer_state_that_is_a_folder_is_named_as_such(tmp_path):
+    from rundir.checkpoint import check_run_dir
+    from rundir.files import STATE_FILE
+
+    (tmp_path / STATE_FILE).mkdir()
+    with pytest.raises(CheckpointError, match=rf"{STATE_FILE} is not a file \(a folder\?\)"):
+        check_run_dir(tmp_path, resume=True, overwrite=False)
