@@ -176,14 +176,22 @@ class WandbLogger:
         except Exception as e:  # noqa: BLE001
             self._give_up("log samples", e)
 
-    def log_image(self, key: str, path: str, step: int) -> None:
-        """Log the PNG at ``path`` as an image under ``key`` at ``step``."""
+    def log_attention_maps(self, key: str, maps: list[Any], tokens: list[str], title: str, step: int) -> None:
+        """Draw every layer's attention ``maps`` over ``tokens`` (``analysis.plot``) and log the
+        figure as an image under ``key`` at ``step``; nothing is drawn when logging is off."""
         if self._run is None:
             return
         try:
+            import tempfile
+
             import wandb  # slow to import (docs/results.md): loaded only when logging is on
 
-            self._run.log({key: wandb.Image(path)}, step=step)
+            from analysis.plot import draw_attention_grid
+
+            with tempfile.TemporaryDirectory() as folder:
+                figure = Path(folder) / "attention.png"
+                draw_attention_grid(maps, tokens, figure, title=title)
+                self._run.log({key: wandb.Image(str(figure))}, step=step)
         except Exception as e:  # noqa: BLE001
             self._give_up("log an image", e)
 

@@ -13,7 +13,6 @@ import math
 import os
 import random
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +23,6 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from analysis.plot import draw_attention_grid
 from common.errors import UserError
 from common.files import atomic_write_bytes
 from common.threads import STARVED_SHARE, starved_advice, use_threads
@@ -530,11 +528,9 @@ class Trainer:
         self.evaluations += 1
         every = self.config.eval.attention_image_interval
         if self.logger.active and every and (final or self.evaluations % every == 1):
-            with tempfile.TemporaryDirectory() as folder:
-                figure = Path(folder) / "attention.png"
-                title = f"step {self.step}: attention over {self.probe.prompt!r}"
-                draw_attention_grid(*self.probe.prompt_maps(model, self.task.tokenizer), figure, title=title)
-                self.logger.log_image("attn/maps", str(figure), self.step)
+            maps, tokens = self.probe.prompt_maps(model, self.task.tokenizer)
+            title = f"step {self.step}: attention over {self.probe.prompt!r}"
+            self.logger.log_attention_maps("attn/maps", maps, tokens, title, self.step)
         return stats
 
     def _samples(self, model: GPT) -> list[tuple[str, str]]:

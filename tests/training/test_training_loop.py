@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -339,6 +340,7 @@ class FakeLogger:
         self.finished: list[tuple[dict, int]] = []
         self.images: list[tuple[str, int, bytes]] = []
         self.active = True
+        self.folder = Path(tempfile.mkdtemp())  # where the figures it is sent are drawn
 
     @classmethod
     def start(cls, cfg, *, run_dir, run_config, resume_id=None, is_main=True):
@@ -352,8 +354,12 @@ class FakeLogger:
     def log_samples(self, step, rows):
         self.samples.append((step, rows))
 
-    def log_image(self, key, path, step):
-        self.images.append((key, step, Path(path).read_bytes()))
+    def log_attention_maps(self, key, maps, tokens, title, step):
+        from analysis.plot import draw_attention_grid
+
+        figure = self.folder / f"{key.replace('/', '-')}-{step}.png"
+        draw_attention_grid(maps, tokens, figure, title=title)
+        self.images.append((key, step, figure.read_bytes()))
 
     def finish(self, summary=None, *, exit_code=0):
         self.finished.append((dict(summary or {}), exit_code))
