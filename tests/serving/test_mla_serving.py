@@ -31,7 +31,9 @@ KINDS = {"plain": MLA, "options": MLA | MLA_OPTIONS, "rope": MLA | dict(kv_laten
          "gqa-rope": dict(positions="rope"), "gqa-none": dict(positions="none")}
 
 
-@pytest.fixture(scope="module", params=list(KINDS))
+# No positions serves through the grouped-query path the rotary run covers: with the slow tests.
+@pytest.fixture(scope="module", params=[pytest.param(k, marks=pytest.mark.e2e) if k == "gqa-none" else k
+                                        for k in KINDS])
 def mla_run_dir(request, tmp_path_factory):
     return build_run(tmp_path_factory.mktemp("runs") / "mla", chat_tokenizer(), **KINDS[request.param])
 

@@ -26,7 +26,13 @@ VARIANTS = {"mla": MLA, "mla-options": MLA | MLA_OPTIONS, "gqa-options": ALL_OPT
             "mla-rope": MLA | ROPE, "gqa-none": dict(positions="none")}
 
 
-@pytest.fixture(scope="module", params=list(VARIANTS))
+# Rotary latent attention and no positions export through the same paths as the variants beside
+# them: their ONNX parity runs with the slow end-to-end tests, to keep the default suite short.
+SLOW_VARIANTS = ("mla-rope", "gqa-none")
+
+
+@pytest.fixture(scope="module", params=[pytest.param(v, marks=pytest.mark.e2e) if v in SLOW_VARIANTS else v
+                                        for v in VARIANTS])
 def variant_run(request, tmp_path_factory):
     import run_testkit
     from data.tokenizer import EOT
