@@ -122,3 +122,22 @@ def test_a_budget_of_many_epochs_is_warned_about():
     assert line.startswith("warning: the budget is about 100 epochs of the training split (33,000 tokens)")
     assert "\n" not in line
     assert small_corpus_warning(planned_tokens=1e9, corpus_tokens=None) is None
+
+
+def test_a_lora_run_keeps_its_best_merged_weights_and_scores_them_at_the_end(diverging_corpus, tmp_path):
+    """The kept weights of a LoRA run are merged ones; the final pass folds them into the adapted
+    model, so it scores what model.safetensors holds, not the last adapters."""
+    train(_config(diverging_corpus, tmp_path / "parent", max_steps=5), progress=False)
+    config = _config(diverging_corpus, tmp_path / "run", max_steps=22, lr=3e-2, min_lr=3e-2,
+                     init_from=str(tmp_path / "parent"), lora={"rank": 4})
+    result = train(config, progress=False)
+    evals = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["kind"] == "eval"]
+    best = min(evals, key=lambda r: r["val_loss"])
+    assert best["step"] != 22 and result.kept_step == best["step"]  # the case this test is for
+    kept = load_pretrained(tmp_path / "run")
+    token_bytes = torch.ones(config.model.vocab_size, dtype=torch.long)
+    from data import prepare_data
+    val_tokens = prepare_data(config.data, progress=False).val_tokens()
+    whole = evaluate(kept, val_tokens, token_bytes, block_size=32, batch_size=8, max_batches=None,
+                     device=torch.device("cpu"))
+    assert result.val_loss == pytest.approx(whole.loss, abs=1e-6)
