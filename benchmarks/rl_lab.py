@@ -36,7 +36,7 @@ from data.sources.arithmetic import conversations, problems
 OUT = Path("runs/rl_lab")
 SIZES = {  # the model of the base run, and each run's budget
     "lab": dict(model={"n_layer": 2, "n_head": 4, "n_kv_head": 4, "n_embd": 96, "block_size": 32},
-                base={"max_steps": 1000}, chat={"max_steps": 150}, rl={"max_minutes": 4.0}, max_operand=29),
+                base={"max_steps": 1000}, chat={"max_steps": 250}, rl={"max_minutes": 4.0}, max_operand=29),
     # A smoke test of the whole path: a few steps each, and nothing learned.
     "toy": dict(model={"n_layer": 1, "n_head": 2, "n_kv_head": 1, "n_embd": 32, "block_size": 32},
                 base={"max_steps": 6}, chat={"max_steps": 3}, rl={"max_steps": 4}, max_operand=9),
