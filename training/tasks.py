@@ -32,7 +32,6 @@ from data.sample_prompt import default_sample_prompt
 from data.tokenizer import token_byte_table
 from inference.engine import decode
 from inference.sampling import SamplingSettings
-from model import GPT
 from model.gpt import eval_mode
 from training.attention_probe import AttentionProbe, attention_probe
 from training.config import Config, ConfigError
