@@ -1,5 +1,6 @@
 """The ``export.py`` command line: parse flags, hand the run to the exporter that ``--format``
-names (``exporting.hf`` or ``exporting.onnx``, siblings that share this package's files), print where it went.
+names (``exporting.hf``, ``exporting.onnx``, ``exporting.llama`` or ``exporting.gguf``, siblings that
+share this package's files), print where it went.
 
 User errors (not a run, damaged weights, an output folder that exists) and filesystem failures (a
 full disk, a read-only folder) print one ``error: ...`` line and exit with status 2; anything else
@@ -29,7 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="export.py",
         description="Write a trained run as a folder that Hugging Face transformers loads with "
         "AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True), or (--format onnx) as an "
-        "ONNX decoder with a key/value cache that ONNX Runtime runs without PyTorch.",
+        "ONNX decoder with a key/value cache that ONNX Runtime runs without PyTorch. A Llama-shaped run "
+        "(model.positions rope and no small-model options) also exports as a standard Llama folder "
+        "(--format llama, no remote code) or as one GGUF file for llama.cpp and ollama (--format gguf).",
     )
     parser.add_argument("--run", required=True, type=path_arg, metavar="DIR", help="run directory written by train.py")
     parser.add_argument("--out", required=True, type=path_arg, metavar="DIR", help="folder to create for the export")
@@ -37,8 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--overwrite", action="store_true",
         help="replace --out if it holds an earlier export (and nothing else: other files stop the export)",
     )
-    parser.add_argument("--format", choices=("hf", "onnx"), default="hf",
-                        help="hf: a Hugging Face transformers folder (default); onnx: an ONNX decoder graph")
+    parser.add_argument("--format", choices=("hf", "onnx", "llama", "gguf"), default="hf",
+                        help="hf: a Hugging Face transformers folder (default); onnx: an ONNX decoder graph; "
+                        "llama: transformers' own LlamaForCausalLM; gguf: model.gguf for llama.cpp (f32)")
     parser.add_argument("--static-shapes", action="store_true",
                         help="with --format onnx: fixed shapes and a preallocated cache of block_size "
                         "positions, for runtimes that need them (NPUs, ahead-of-time compilers)")
@@ -55,6 +59,10 @@ def _export(args: argparse.Namespace) -> int:
     _check_flags(args)
     if args.format == "onnx":
         return _export_onnx(args)
+    if args.format == "llama":
+        return _export_llama(args)
+    if args.format == "gguf":
+        return _export_gguf(args)
     with held_signals():  # torch loads only once the flags are good, and is never half-imported
         from exporting.hf import export_run
 
@@ -66,7 +74,7 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _check_flags(args: argparse.Namespace) -> None:
-    if args.format == "hf" and (args.static_shapes or args.static_batch is not None):
+    if args.format != "onnx" and (args.static_shapes or args.static_batch is not None):
         flag = "--static-shapes" if args.static_shapes else "--static-batch"
         raise UserError(f"{flag} applies to --format onnx only; add --format onnx or drop it")
     if args.static_batch is not None and not args.static_shapes:
@@ -86,4 +94,24 @@ def _export_onnx(args: argparse.Namespace) -> int:
     form = "dynamic shapes" if result.static_batch is None else f"static shapes, batch {result.static_batch}"
     print(f"exported {args.run} ({result.num_params / 1e6:.2f}M parameters, {form}) to {result.out_dir / 'model.onnx'}")
     print(f"decode it with onnxruntime: see {result.out_dir / 'README.md'}")
+    return 0
+
+
+def _export_llama(args: argparse.Namespace) -> int:
+    with held_signals():  # as for the hf format
+        from exporting.llama import export_llama
+
+    result = export_llama(args.run, args.out, overwrite=args.overwrite)
+    print(f"exported {args.run} ({result.num_params / 1e6:.2f}M parameters) as a Llama model to {result.out_dir}")
+    print(f"load it with: AutoModelForCausalLM.from_pretrained({str(result.out_dir)!r})")
+    return 0
+
+
+def _export_gguf(args: argparse.Namespace) -> int:
+    with held_signals():  # as for the hf format
+        from exporting.gguf import export_gguf
+
+    result = export_gguf(args.run, args.out, overwrite=args.overwrite)
+    print(f"exported {args.run} ({result.num_params / 1e6:.2f}M parameters, f32) to {result.file}")
+    print(f"run it with: llama-cli -m {result.file}")
     return 0

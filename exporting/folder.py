@@ -37,12 +37,15 @@ from filelock import FileLock
 from common.errors import UserError
 from common.files import process_alive
 from common.signals import held_signals
-from exporting.hub_files import MODEL_TYPE
+from exporting.hub_files import LLAMA_MODEL_TYPE, MODEL_TYPE
 
-# Every name an export of either format writes: the only entries --overwrite will delete.
+GGUF_FILE = "model.gguf"  # the GGUF format's one file (exporting.gguf)
+GGUF_MAGIC = b"GGUF"
+
+# Every name an export of any format writes: the only entries --overwrite will delete.
 EXPORT_FILES = frozenset({
     "config.json", "generation_config.json", "tokenizer_config.json", "tokenizer.json", "README.md",
-    "model.safetensors", "configuration_minigpt.py", "modeling_minigpt.py", "model.onnx",
+    "model.safetensors", "configuration_minigpt.py", "modeling_minigpt.py", "model.onnx", GGUF_FILE,
 })
 
 _LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)-[0-9a-f]{12}\.(?P<kind>tmp|old)$")
@@ -56,7 +59,7 @@ def prepare_destination(run_dir: Path, out_dir: Path, overwrite: bool) -> None:
 
 
 def check_destination(run_dir: Path, out_dir: Path, overwrite: bool) -> None:
-    """Refuse, in one line, an ``out_dir`` that an export (of either format) must not write to."""
+    """Refuse, in one line, an ``out_dir`` that an export (of any format) must not write to."""
     blocking = next((parent for parent in out_dir.absolute().parents if parent.exists()), None)
     if blocking is not None and not blocking.is_dir():
         raise UserError(f"--out {out_dir} is inside {blocking}, which is a file; choose a folder elsewhere")
@@ -86,9 +89,17 @@ def _check_replaceable(directory: Path, shown: Path | None = None) -> None:
 
 
 def is_export(directory: Path) -> bool:
-    """Whether ``directory`` holds a folder written by an export (of either format)."""
+    """Whether ``directory`` holds a folder written by an export (of any format): a config of our
+    model or of the Llama one, or, for GGUF, its one file."""
+    if not (directory / "config.json").exists():
+        try:
+            with (directory / GGUF_FILE).open("rb") as gguf:
+                return gguf.read(len(GGUF_MAGIC)) == GGUF_MAGIC
+        except OSError:
+            return False
     try:
-        return json.loads((directory / "config.json").read_text(encoding="utf-8")).get("model_type") == MODEL_TYPE
+        config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+        return config.get("model_type") in (MODEL_TYPE, LLAMA_MODEL_TYPE)
     except (OSError, ValueError, AttributeError):
         return False
 

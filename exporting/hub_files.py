@@ -27,6 +27,7 @@ from model import GPTConfig
 from rundir.files import TOKENIZER_FILE
 
 MODEL_TYPE = "minigpt"
+LLAMA_MODEL_TYPE = "llama"  # a Llama-shaped run exported as transformers' own model (exporting.llama)
 CONFIG_CLASS = "configuration_minigpt.MiniGPTConfig"
 MODEL_CLASS = "modeling_minigpt.MiniGPTForCausalLM"
 

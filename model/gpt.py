@@ -243,7 +243,9 @@ def rotary(positions: torch.Tensor, dim: int, theta: float) -> Rotation:
     """cos and sin, each (P, 1, T, dim) in fp32, of positions (P, T): what ``rotate`` applies to
     heads (B, heads, T, dim) at those positions (P is 1, shared by every row, or B). Pairs are the
     two halves of a head (i, i + dim/2), the convention of transformers' Llama."""
-    inv_freq = theta ** -(torch.arange(0, dim, 2, device=positions.device, dtype=torch.float32) / dim)
+    # 1 / θ^x rather than θ^-x: the two round differently in fp32, and this is how transformers'
+    # Llama computes it, so a run exported as Llama (exporting.llama) turns by the very same angles.
+    inv_freq = 1.0 / theta ** (torch.arange(0, dim, 2, device=positions.device, dtype=torch.float32) / dim)
     angles = positions.unsqueeze(-1).to(torch.float32) * inv_freq
     angles = torch.cat((angles, angles), dim=-1).unsqueeze(1)
     return angles.cos(), angles.sin()

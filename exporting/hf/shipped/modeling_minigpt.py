@@ -53,7 +53,7 @@ def rotary_dim(config: MiniGPTConfig) -> int:
 
 def rotary_angles(position_ids: torch.Tensor, dim: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin (batch or 1, 1, length, dim) of the angles position·base^(-2i/dim), each twice."""
-    frequencies = base ** -(torch.arange(0, dim, 2, device=position_ids.device, dtype=torch.float32) / dim)
+    frequencies = 1.0 / base ** (torch.arange(0, dim, 2, device=position_ids.device, dtype=torch.float32) / dim)
     angles = position_ids[..., None].float() * frequencies
     angles = torch.cat((angles, angles), dim=-1)[:, None]
     return angles.cos(), angles.sin()

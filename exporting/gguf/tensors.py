@@ -1,0 +1,59 @@
+"""The Llama weights under GGUF's names, with the query and key rows reordered for llama.cpp.
+
+Two rotary conventions pair a head's numbers differently. Ours and transformers' Llama turn the
+pair (i, i + d/2), the two halves of the head; llama.cpp's llama architecture turns the neighbours
+(2i, 2i + 1). Both give pair i the same frequency, so reordering each head's output rows of the
+query and key projections, halves interleaved, makes llama.cpp rotate exactly the numbers we
+rotate: row i of a head moves to 2i, row i + d/2 to 2i + 1. A dot product of a query and a key is
+the same sum in any order of their numbers, so the scores, and all that follows, are unchanged.
+(Hugging Face's own converter to GGUF reorders Llama's rows the same way.)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from model import GPTConfig
+
+# Transformers' Llama layer names (as ``exporting.hf.weights`` writes them) -> GGUF's, per block.
+_BLOCK_NAMES = {
+    "input_layernorm": "attn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "post_attention_layernorm": "ffn_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+_TOP_NAMES = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
+
+
+def gguf_tensors(llama_weights: dict[str, torch.Tensor], config: GPTConfig) -> dict[str, np.ndarray]:
+    """Every tensor of the Llama folder's ``llama_weights`` as float32 numpy, under its GGUF name, with
+    query and key rows interleaved. A tied head has no ``output.weight``: llama.cpp then reads the
+    token embedding, as Llama does."""
+    tensors = {}
+    for name, tensor in llama_weights.items():
+        array = tensor.detach().to(torch.float32).numpy()
+        module = name.removesuffix(".weight")
+        if module in _TOP_NAMES:
+            tensors[f"{_TOP_NAMES[module]}.weight"] = array
+            continue
+        _, _, layer, inner = module.split(".", 3)  # model.layers.{i}.{inner}
+        gguf_name = _BLOCK_NAMES[inner]
+        if gguf_name in ("attn_q", "attn_k"):
+            heads = config.n_head if gguf_name == "attn_q" else config.n_kv_head
+            array = interleave_halves(array, heads)
+        tensors[f"blk.{layer}.{gguf_name}.weight"] = array
+    return tensors
+
+
+def interleave_halves(weight: np.ndarray, heads: int) -> np.ndarray:
+    """``weight`` (heads·d, in) with each head's rows (first half, second half) reordered to
+    (h0[0], h1[0], h0[1], h1[1], ...): from transformers' rotary pairs to llama.cpp's."""
+    rows, columns = weight.shape
+    half = rows // heads // 2
+    return np.ascontiguousarray(weight.reshape(heads, 2, half, columns).swapaxes(1, 2).reshape(rows, columns))

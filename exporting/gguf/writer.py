@@ -1,0 +1,81 @@
+"""Write a Llama-shaped run as a folder holding one GGUF file, ``model.gguf``: the weights in f32 and
+the tokenizer, everything llama.cpp needs to load, tokenize and generate.
+
+The folder is built and published as the other formats' are (``exporting.folder``), so a killed
+export never leaves half a file where ``--out`` points. The ``gguf`` package (llama.cpp's own
+writer, on PyPI) is a development dependency, as ONNX's exporter is: it is imported only here, once
+it is known to be installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from common.errors import UserError
+from data.chat import CHAT_TEMPLATE
+from exporting.folder import GGUF_FILE, prepare_destination, staged_export
+from exporting.gguf.tensors import gguf_tensors
+from exporting.hf.weights import hf_state_dict
+from exporting.hub_files import SpecialTokens
+from exporting.llama.shape import require_llama_shape
+from rundir.loading import load_run
+
+ARCHITECTURE = "llama"
+
+
+@dataclass(frozen=True)
+class GgufExportResult:
+    out_dir: Path
+    has_chat: bool
+    num_params: int
+
+    @property
+    def file(self) -> Path:
+        return self.out_dir / GGUF_FILE
+
+
+def export_gguf(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool = False) -> GgufExportResult:
+    """Export the Llama-shaped run in ``run_dir`` to ``out_dir``/model.gguf (``overwrite`` as in
+    ``exporting.hf.export_run``); any other run is refused, naming the options in the way."""
+    if importlib.util.find_spec("gguf") is None:
+        raise UserError("GGUF export needs the gguf package, which is not installed; install it with "
+                        "pip install gguf (or pip install -r requirements-dev.txt)")
+    import gguf
+
+    from exporting.gguf.vocab import add_tokenizer, gguf_vocab
+
+    run_dir, out_dir = Path(run_dir), Path(out_dir)
+    prepare_destination(run_dir, out_dir, overwrite)
+    run = load_run(run_dir, torch.device("cpu"))
+    config = run.model.config
+    require_llama_shape(config, run_dir, "gguf")
+    tokens = SpecialTokens.of(run.tokenizer)
+    vocab = gguf_vocab(run.tokenizer, config.vocab_size)
+    tensors = gguf_tensors(hf_state_dict(run.model), config)
+
+    with staged_export(out_dir, overwrite) as staging:
+        writer = gguf.GGUFWriter(staging / GGUF_FILE, ARCHITECTURE)
+        writer.add_name(out_dir.name)
+        writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+        writer.add_vocab_size(config.vocab_size)
+        writer.add_context_length(config.block_size)
+        writer.add_embedding_length(config.n_embd)
+        writer.add_block_count(config.n_layer)
+        writer.add_feed_forward_length(config.ffn_dim)
+        writer.add_head_count(config.n_head)
+        writer.add_head_count_kv(config.n_kv_head)
+        writer.add_rope_dimension_count(config.head_dim)
+        writer.add_rope_freq_base(config.rope_theta)
+        writer.add_layer_norm_rms_eps(config.norm_eps)
+        add_tokenizer(writer, vocab, tokens, CHAT_TEMPLATE if tokens.has_chat else None)
+        for name, array in tensors.items():
+            writer.add_tensor(name, array)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+    return GgufExportResult(out_dir, tokens.has_chat, run.model.num_params())

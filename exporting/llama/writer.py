@@ -1,0 +1,71 @@
+"""Write a Llama-shaped run as a folder that transformers loads as ``LlamaForCausalLM``.
+
+The weights are the Hugging Face export's (``exporting.hf.weights``): its names are transformers'
+Llama names already, and for a Llama-shaped run no other tensor exists. ``config.json`` is the same
+config under Llama's model type, with its rotary base, and without the shipped code's entries. The
+tokenizer files and generation settings are the other formats' (``exporting.hub_files``), and the
+folder is built and published as theirs are (``exporting.folder``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from common.files import atomic_write_bytes
+from exporting.folder import prepare_destination, staged_export
+from exporting.hf.weights import hf_state_dict
+from exporting.hub_files import LLAMA_MODEL_TYPE, SpecialTokens, generation_config, model_config, write_json, \
+    write_tokenizer_files
+from exporting.llama.shape import require_llama_shape
+from model import GPTConfig
+from rundir.loading import load_run
+
+
+@dataclass(frozen=True)
+class LlamaExportResult:
+    out_dir: Path
+    has_chat: bool
+    num_params: int
+
+
+def export_llama(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool = False) -> LlamaExportResult:
+    """Export the Llama-shaped run in ``run_dir`` to ``out_dir`` (``overwrite`` as in
+    ``exporting.hf.export_run``); any other run is refused, naming the options in the way."""
+    run_dir, out_dir = Path(run_dir), Path(out_dir)
+    prepare_destination(run_dir, out_dir, overwrite)
+    run = load_run(run_dir, torch.device("cpu"))
+    config = run.model.config
+    require_llama_shape(config, run_dir, "llama")
+    tokens = SpecialTokens.of(run.tokenizer)
+    weights = hf_state_dict(run.model)
+    dtype = str(next(iter(weights.values())).dtype).removeprefix("torch.")
+
+    with staged_export(out_dir, overwrite) as staging:
+        from safetensors.torch import save
+
+        # As the Hugging Face export writes it (exporting/hf/writer.py says why in memory).
+        atomic_write_bytes(staging / "model.safetensors", save(weights, metadata={"format": "pt"}))
+        write_json(staging / "config.json", llama_config(config, tokens, dtype))
+        write_json(staging / "generation_config.json", generation_config(config, tokens))
+        write_tokenizer_files(staging, run_dir, config, tokens)
+    return LlamaExportResult(out_dir, tokens.has_chat, run.model.num_params())
+
+
+def llama_config(config: GPTConfig, tokens: SpecialTokens, dtype: str) -> dict:
+    """``config.json`` for transformers' ``LlamaConfig``. ``rope_theta`` is the name every
+    transformers release reads (5 moves it into ``rope_parameters`` itself)."""
+    shipped = model_config(config, tokens, dtype)
+    for minigpt_only in ("auto_map", "positions", "rotary_base"):
+        del shipped[minigpt_only]
+    return shipped | {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": LLAMA_MODEL_TYPE,
+        "head_dim": config.head_dim,
+        "hidden_act": "silu",
+        "rope_theta": config.rope_theta,
+        "attention_bias": False,
+        "mlp_bias": False,
+    }
