@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import torch
 
 import run_testkit
@@ -36,3 +37,60 @@ def our_greedy_tokens(run_dir: Path, prompt: list[int], new_tokens: int) -> list
 
 def random_ids(seed: int, length: int, batch: int = 1) -> torch.Tensor:
     return torch.randint(5, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def read_gguf(path: Path) -> tuple[dict, dict[str, np.ndarray]]:
+    """The metadata (key -> value) and tensors (name -> numpy array, rows as PyTorch's) of a GGUF
+    file, through the gguf package's reader."""
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+    metadata = {name: field.contents() for name, field in reader.fields.items()}
+    return metadata, {tensor.name: np.array(tensor.data) for tensor in reader.tensors}
+
+
+def llama_cpp_reference_logits(metadata: dict, tensors: dict[str, np.ndarray], ids: list[int]) -> np.ndarray:
+    """Logits (T, vocab) of ``ids``, computed in float64 as llama.cpp's llama architecture reads a GGUF
+    file: written here from the file alone, with its rotary convention (each head's neighbours
+    (2i, 2i + 1) turned together), query head h reading key/value head h // (heads / kv heads), and
+    the token embedding as the head when the file has no ``output.weight``."""
+    arch = metadata["general.architecture"]
+    heads, kv_heads = metadata[f"{arch}.attention.head_count"], metadata[f"{arch}.attention.head_count_kv"]
+    eps, base = metadata[f"{arch}.attention.layer_norm_rms_epsilon"], metadata[f"{arch}.rope.freq_base"]
+    weight = {name: array.astype(np.float64) for name, array in tensors.items()}
+
+    def norm(x, gain):
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * gain
+
+    def rope(x):  # x (T, heads, d)
+        d = x.shape[-1]
+        angles = np.arange(len(ids))[:, None, None] * base ** (-np.arange(0, d, 2) / d)
+        even, odd = x[..., 0::2], x[..., 1::2]
+        out = np.empty_like(x)
+        out[..., 0::2] = even * np.cos(angles) - odd * np.sin(angles)
+        out[..., 1::2] = even * np.sin(angles) + odd * np.cos(angles)
+        return out
+
+    T = len(ids)
+    x = weight["token_embd.weight"][ids]
+    causal = np.tril(np.ones((T, T), dtype=bool))
+    for layer in range(metadata[f"{arch}.block_count"]):
+        w = {name.split(".", 2)[2].removesuffix(".weight"): array for name, array in weight.items()
+             if name.startswith(f"blk.{layer}.")}
+        h = norm(x, w["attn_norm"])
+        q = rope((h @ w["attn_q"].T).reshape(T, heads, -1))
+        k = rope((h @ w["attn_k"].T).reshape(T, kv_heads, -1))
+        v = (h @ w["attn_v"].T).reshape(T, kv_heads, -1)
+        group = heads // kv_heads
+        out = np.empty_like(q)
+        for head in range(heads):
+            scores = q[:, head] @ k[:, head // group].T / np.sqrt(q.shape[-1])
+            scores = np.where(causal, scores, -np.inf)
+            probs = np.exp(scores - scores.max(-1, keepdims=True))
+            out[:, head] = probs / probs.sum(-1, keepdims=True) @ v[:, head // group]
+        x = x + out.reshape(T, -1) @ w["attn_output"].T
+        h = norm(x, w["ffn_norm"])
+        gate = h @ w["ffn_gate"].T
+        x = x + (gate / (1 + np.exp(-gate)) * (h @ w["ffn_up"].T)) @ w["ffn_down"].T
+    head = weight.get("output.weight", weight["token_embd.weight"])
+    return norm(x, weight["output_norm.weight"]) @ head.T
