@@ -1,0 +1,80 @@
+"""export.py --format llama and --format gguf: what they write and print, --overwrite over an
+earlier export of theirs, and one line naming every option in the way for a run that is not Llama."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import run_testkit
+from run_testkit import ALL_OPTIONS
+
+pytest.importorskip("gguf")
+
+from exporting.cli import main  # noqa: E402
+
+
+def _one_error_line(capsys) -> str:
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert captured.out == "" and len(lines) == 1 and lines[0].startswith("error: "), captured.err
+    return lines[0]
+
+
+def test_llama_folder_holds_transformers_files_and_no_code(llama_runs, tmp_path, capsys):
+    out = tmp_path / "llama"
+    assert main(["--run", str(llama_runs()), "--out", str(out), "--format", "llama"]) == 0
+    assert f"from_pretrained({str(out)!r})" in capsys.readouterr().out  # no trust_remote_code to pass
+    assert {path.name for path in out.iterdir()} == {"config.json", "model.safetensors", "generation_config.json",
+                                                     "tokenizer.json", "tokenizer_config.json"}
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "llama" and config["architectures"] == ["LlamaForCausalLM"]
+    assert "auto_map" not in config and config["rope_theta"] == 500.0 and config["hidden_act"] == "silu"
+
+
+@pytest.mark.parametrize("fmt, written", [("llama", "model.safetensors"), ("gguf", "model.gguf")])
+def test_overwrite_replaces_an_earlier_export_of_the_format(llama_runs, tmp_path, capsys, fmt, written):
+    out = tmp_path / "out"
+    args = ["--run", str(llama_runs()), "--out", str(out), "--format", fmt]
+    assert main(args) == 0
+    capsys.readouterr()
+    first = (out / written).read_bytes()
+    assert main(args) == 2
+    assert "already exists; pass --overwrite" in _one_error_line(capsys)
+    (out / written).write_bytes(first[:4] + b"an earlier export")
+    assert main([*args, "--overwrite"]) == 0
+    assert (out / written).read_bytes() == first
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["out"]
+
+
+def test_gguf_export_is_one_file_and_says_how_to_run_it(llama_runs, tmp_path, capsys):
+    out = tmp_path / "gguf"
+    assert main(["--run", str(llama_runs()), "--out", str(out), "--format", "gguf"]) == 0
+    assert [path.name for path in out.iterdir()] == ["model.gguf"]
+    assert f"llama-cli -m {out / 'model.gguf'}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("fmt", ["llama", "gguf"])
+@pytest.mark.parametrize("options, named", [
+    (dict(positions="learned"), ["model.positions is learned"]),
+    (dict(positions="none"), ["model.positions is none"]),
+    (dict(positions="rope", **ALL_OPTIONS),
+     ["model.mlp is relu2 (set swiglu)", "model.qk_norm is true (set false)", "model.residual_scalars is true",
+      "model.value_embeddings is true", "model.logit_softcap is 20 (set null)"]),
+    (dict(positions="rope", attention="mla", kv_latent_dim=32, n_kv_head=4), ["model.attention is mla (set gqa)"]),
+], ids=["learned", "none", "options", "mla"])
+def test_a_run_that_is_not_llama_is_refused_naming_each_option(tmp_path, capsys, fmt, options, named):
+    run = run_testkit.build_run(tmp_path / "run", run_testkit.chat_tokenizer(), **options)
+    assert main(["--run", str(run), "--out", str(tmp_path / "out"), "--format", fmt]) == 2
+    line = _one_error_line(capsys)
+    assert f"cannot be exported as --format {fmt}" in line and "--format hf" in line
+    for fragment in named:
+        assert fragment in line
+    assert not (tmp_path / "out").exists() and sorted(path.name for path in tmp_path.iterdir()) == ["run"]
+
+
+def test_onnx_flags_are_refused_with_the_llama_formats(llama_runs, tmp_path, capsys):
+    assert main(["--run", str(llama_runs()), "--out", str(tmp_path / "out"), "--format", "gguf",
+                 "--static-shapes"]) == 2
+    assert "--static-shapes applies to --format onnx only" in _one_error_line(capsys)
