@@ -13,16 +13,13 @@ import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from common.errors import UserError
 from data.chat import CHAT_TEMPLATE
-from exporting.folder import GGUF_FILE, prepare_destination, staged_export
+from exporting.folder import GGUF_FILE, staged_export
 from exporting.gguf.tensors import gguf_tensors
 from exporting.hf.weights import hf_state_dict
 from exporting.hub_files import SpecialTokens
-from exporting.llama.shape import require_llama_shape
-from rundir.loading import load_run
+from exporting.llama.shape import load_llama_run
 
 ARCHITECTURE = "llama"
 
@@ -49,10 +46,8 @@ def export_gguf(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool = F
     from exporting.gguf.vocab import add_tokenizer, gguf_vocab
 
     run_dir, out_dir = Path(run_dir), Path(out_dir)
-    prepare_destination(run_dir, out_dir, overwrite)
-    run = load_run(run_dir, torch.device("cpu"))
+    run = load_llama_run(run_dir, out_dir, overwrite, "gguf")
     config = run.model.config
-    require_llama_shape(config, run_dir, "gguf")
     tokens = SpecialTokens.of(run.tokenizer)
     vocab = gguf_vocab(run.tokenizer, config.vocab_size)
     tensors = gguf_tensors(hf_state_dict(run.model), config)

@@ -134,5 +134,8 @@ def _positions(config: GPTConfig) -> tuple[str, str, str]:
     trained = (f"- It was trained on sequences of {config.block_size} tokens. Longer ones run (nothing\n"
                f"  limits the positions), but the model never saw them: expect worse text past that.\n")
     if config.positions == "rope":
-        return (f"rotary positions (RoPE, base {config.rope_theta:g})", "context trained on", trained + others)
+        llama = ("- This folder runs its own code. A rotary run with none of the small-model options is a Llama\n"
+                 "  model: minigpt's `export.py --format llama` writes it for transformers' own `LlamaForCausalLM`,\n"
+                 "  and `--format gguf` as one file for llama.cpp and ollama.")
+        return (f"rotary positions (RoPE, base {config.rope_theta:g})", "context trained on", trained + llama)
     return ("no position embeddings (the causal mask alone carries order)", "context trained on", trained + others)

@@ -20,6 +20,7 @@ from exporting.folder import prepare_destination, staged_export
 from exporting.hub_files import SpecialTokens, generation_config, model_config, write_json, write_tokenizer_files
 from exporting.hf.model_card import model_card
 from exporting.hf.weights import hf_state_dict
+from model import GPTConfig
 from rundir.loading import load_run
 from rundir.record import RunRecord
 
@@ -43,18 +44,10 @@ def export_run(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool = Fa
     config = run.model.config
     weights = hf_state_dict(run.model)
     num_params = run.model.num_params()
-    dtype = str(next(iter(weights.values())).dtype).removeprefix("torch.")
 
     with staged_export(out_dir, overwrite) as staging:
-        from safetensors.torch import save
-
-        # Serialised in memory and written by Python, so a full disk is an OSError naming the file
-        # (safetensors' own writer reports it as text); transformers accepts a safetensors file
-        # only with this format tag in its metadata.
-        atomic_write_bytes(staging / "model.safetensors", save(weights, metadata={"format": "pt"}))
-        write_json(staging / "config.json", model_config(config, tokens, dtype))
-        write_json(staging / "generation_config.json", generation_config(config, tokens))
-        write_tokenizer_files(staging, run_dir, config, tokens)
+        config_json = model_config(config, tokens, weights_dtype(weights))
+        write_model_files(staging, run_dir, config, tokens, weights, config_json)
         shipped = resources.files("exporting.hf.shipped")
         for name in SHIPPED_FILES:
             (staging / name).write_bytes(shipped.joinpath(name).read_bytes())
@@ -62,3 +55,22 @@ def export_run(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool = Fa
         (staging / "README.md").write_text(card, encoding="utf-8")
     return ExportResult(out_dir, tokens.has_chat, num_params)
 
+
+def write_model_files(folder: Path, run_dir: Path, config: GPTConfig, tokens: SpecialTokens,
+                      weights: dict[str, torch.Tensor], config_json: dict) -> None:
+    """What a transformers folder holds besides code and card, for this format and the Llama one:
+    ``model.safetensors``, ``config.json``, ``generation_config.json`` and the tokenizer files."""
+    from safetensors.torch import save
+
+    # Serialised in memory and written by Python, so a full disk is an OSError naming the file
+    # (safetensors' own writer reports it as text); transformers accepts a safetensors file
+    # only with this format tag in its metadata.
+    atomic_write_bytes(folder / "model.safetensors", save(weights, metadata={"format": "pt"}))
+    write_json(folder / "config.json", config_json)
+    write_json(folder / "generation_config.json", generation_config(config, tokens))
+    write_tokenizer_files(folder, run_dir, config, tokens)
+
+
+def weights_dtype(weights: dict[str, torch.Tensor]) -> str:
+    """The dtype config.json declares, as transformers names it (``float32``, ``bfloat16``)."""
+    return str(next(iter(weights.values())).dtype).removeprefix("torch.")

@@ -11,8 +11,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 from common.errors import UserError
+from exporting.folder import prepare_destination
 from model import GPTConfig
+from rundir.loading import LoadedRun, load_run
 
 
 def llama_blockers(config: GPTConfig) -> list[str]:
@@ -39,3 +43,11 @@ def require_llama_shape(config: GPTConfig, run_dir: Path, fmt: str) -> None:
     if blockers:
         raise UserError(f"{run_dir} cannot be exported as --format {fmt} (a Llama model): {'; '.join(blockers)}; "
                         "train a run with those settings, or export this one with --format hf")
+
+
+def load_llama_run(run_dir: Path, out_dir: Path, overwrite: bool, fmt: str) -> LoadedRun:
+    """The run in ``run_dir``, on the CPU, once ``out_dir`` may be written and the run is Llama-shaped."""
+    prepare_destination(run_dir, out_dir, overwrite)
+    run = load_run(run_dir, torch.device("cpu"))
+    require_llama_shape(run.model.config, run_dir, fmt)
+    return run

@@ -12,16 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
-from common.files import atomic_write_bytes
-from exporting.folder import prepare_destination, staged_export
+from exporting.folder import staged_export
 from exporting.hf.weights import hf_state_dict
-from exporting.hub_files import LLAMA_MODEL_TYPE, SpecialTokens, generation_config, model_config, write_json, \
-    write_tokenizer_files
-from exporting.llama.shape import require_llama_shape
+from exporting.hf.writer import weights_dtype, write_model_files
+from exporting.hub_files import LLAMA_MODEL_TYPE, SpecialTokens, model_config
+from exporting.llama.shape import load_llama_run
 from model import GPTConfig
-from rundir.loading import load_run
 
 
 @dataclass(frozen=True)
@@ -35,22 +31,13 @@ def export_llama(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool = 
     """Export the Llama-shaped run in ``run_dir`` to ``out_dir`` (``overwrite`` as in
     ``exporting.hf.export_run``); any other run is refused, naming the options in the way."""
     run_dir, out_dir = Path(run_dir), Path(out_dir)
-    prepare_destination(run_dir, out_dir, overwrite)
-    run = load_run(run_dir, torch.device("cpu"))
+    run = load_llama_run(run_dir, out_dir, overwrite, "llama")
     config = run.model.config
-    require_llama_shape(config, run_dir, "llama")
     tokens = SpecialTokens.of(run.tokenizer)
     weights = hf_state_dict(run.model)
-    dtype = str(next(iter(weights.values())).dtype).removeprefix("torch.")
-
     with staged_export(out_dir, overwrite) as staging:
-        from safetensors.torch import save
-
-        # As the Hugging Face export writes it (exporting/hf/writer.py says why in memory).
-        atomic_write_bytes(staging / "model.safetensors", save(weights, metadata={"format": "pt"}))
-        write_json(staging / "config.json", llama_config(config, tokens, dtype))
-        write_json(staging / "generation_config.json", generation_config(config, tokens))
-        write_tokenizer_files(staging, run_dir, config, tokens)
+        config_json = llama_config(config, tokens, weights_dtype(weights))
+        write_model_files(staging, run_dir, config, tokens, weights, config_json)
     return LlamaExportResult(out_dir, tokens.has_chat, run.model.num_params())
 
 
