@@ -109,3 +109,14 @@ def test_without_reordering_the_rotary_pairs_the_logits_differ(gguf_file):
     with torch.no_grad():
         ours = load_pretrained(run_dir)(ids)[0].numpy()
     assert np.abs(llama_cpp_reference_logits(metadata, tensors, ids[0].tolist()) - ours).max() > 0.1
+
+
+def test_a_model_vocabulary_larger_than_the_tokenizers_is_filled_with_unused_tokens():
+    import run_testkit
+    from exporting.gguf.vocab import gguf_vocab
+
+    tokenizer = run_testkit.chat_tokenizer()
+    size = tokenizer.get_vocab_size()
+    vocab = gguf_vocab(tokenizer, size + 3)
+    assert vocab.tokens[size:] == [f"[PAD{size + i}]" for i in range(3)] and vocab.types[size:] == [5, 5, 5]
+    assert vocab.tokens[:size] == gguf_vocab(tokenizer, size).tokens
