@@ -1,10 +1,13 @@
 """The GGUF export run by llama.cpp itself, through llama-cpp-python (an opt-in heavy build: these
 tests skip where it is not installed; ``pip install llama-cpp-python`` compiles llama.cpp).
 
-llama.cpp decodes our greedy tokens at f32, its logits are ours within 1e-4 (its own kernels sum
-in another order than PyTorch's), and it tokenizes and detokenizes text as our tokenizer does."""
+llama.cpp decodes our greedy tokens at f32 (weights and key/value cache), its logits are ours within
+1e-4 (its kernels sum in another order than PyTorch's), and it tokenizes and detokenizes text as our
+tokenizer does."""
 
 from __future__ import annotations
+
+from contextlib import closing
 
 import numpy as np
 import pytest
@@ -18,22 +21,25 @@ from model import load_pretrained  # noqa: E402
 
 
 def _load(path) -> "llama_cpp.Llama":
+    """The file at f32 throughout: llama.cpp keeps its key/value cache in f16 unless told otherwise."""
+    f32 = llama_cpp.GGML_TYPE_F32
     return llama_cpp.Llama(model_path=str(path), n_ctx=BLOCK_SIZE, n_threads=1, n_batch=BLOCK_SIZE,
-                           logits_all=True, verbose=False)
+                           logits_all=True, type_k=f32, type_v=f32, verbose=False)
 
 
+@pytest.mark.e2e  # a second per head kind: a decode loop of llama.cpp's own
 @pytest.mark.parametrize("tie", [True, False], ids=["tied", "untied"])
 def test_llama_cpp_decodes_our_greedy_tokens(gguf_file, tie):
     run_dir, path = gguf_file(tie)
     prompt = random_ids(3, 6)[0].tolist()
     new = BLOCK_SIZE - len(prompt)
     expected = our_greedy_tokens(run_dir, prompt, new)
-    llm = _load(path)
     got = []
-    for token in llm.generate(prompt, top_k=1, temp=0.0, repeat_penalty=1.0):
-        got.append(token)
-        if len(got) == new:
-            break
+    with closing(_load(path)) as llm:
+        for token in llm.generate(prompt, top_k=1, temp=0.0, repeat_penalty=1.0):
+            got.append(token)
+            if len(got) == new:
+                break
     assert got == expected
     assert len(set(expected)) > 3
 
@@ -41,11 +47,12 @@ def test_llama_cpp_decodes_our_greedy_tokens(gguf_file, tie):
 def test_llama_cpp_logits_are_ours(gguf_file):
     run_dir, path = gguf_file()
     ids = random_ids(9, BLOCK_SIZE)
-    llm = _load(path)
-    llm.eval(ids[0].tolist())
+    with closing(_load(path)) as llm:
+        llm.eval(ids[0].tolist())
+        theirs = np.array(llm.scores[:BLOCK_SIZE])
     with torch.no_grad():
         ours = load_pretrained(run_dir)(ids)[0].numpy()
-    np.testing.assert_allclose(np.asarray(llm.scores[:BLOCK_SIZE]), ours, atol=1e-4, rtol=0)
+    np.testing.assert_allclose(theirs, ours, atol=1e-4, rtol=0)
 
 
 def test_llama_cpp_tokenizes_and_detokenizes_as_we_do(gguf_file):
@@ -53,9 +60,10 @@ def test_llama_cpp_tokenizes_and_detokenizes_as_we_do(gguf_file):
 
     run_dir, path = gguf_file()
     ours = Tokenizer.from_file(str(run_dir / "tokenizer.json"))
-    llm = _load(path)
-    for text in ("ROMEO: But soft, what light?", "Café crème 世界 😀 again!\n\n  two  spaces\tand a tab",
-                 "<|user|>hi there<|end|><|assistant|>", "it's 2024, they'll say: 'don't'"):
-        ids = ours.encode(text).ids
-        assert llm.tokenize(text.encode("utf-8"), add_bos=False, special=True) == ids, text
-        assert llm.detokenize(ids, special=True).decode("utf-8") == text
+    texts = ("ROMEO: But soft, what light?", "Café crème 世界 😀 again!\n\n  two  spaces\tand a tab",
+             "<|user|>hi there<|end|><|assistant|>", "it's 2024, they'll say: 'don't'")
+    with closing(_load(path)) as llm:
+        for text in texts:
+            ids = ours.encode(text).ids
+            assert llm.tokenize(text.encode("utf-8"), add_bos=False, special=True) == ids, text
+            assert llm.detokenize(ids, special=True).decode("utf-8") == text
