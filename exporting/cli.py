@@ -13,6 +13,7 @@ the flags are good.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 from typing import Sequence
 
 from common.cli import ArgumentParser, path_arg, run_stoppable
@@ -108,6 +109,9 @@ def _export_llama(args: argparse.Namespace) -> int:
 
 
 def _export_gguf(args: argparse.Namespace) -> int:
+    if importlib.util.find_spec("gguf") is None:
+        raise UserError("--format gguf needs the gguf package, which is not installed; install it with "
+                        "pip install gguf (or pip install -r requirements-dev.txt)")
     with held_signals():  # as for the hf format
         from exporting.gguf import export_gguf
 

@@ -78,3 +78,21 @@ def test_onnx_flags_are_refused_with_the_llama_formats(llama_runs, tmp_path, cap
     assert main(["--run", str(llama_runs()), "--out", str(tmp_path / "out"), "--format", "gguf",
                  "--static-shapes"]) == 2
     assert "--static-shapes applies to --format onnx only" in _one_error_line(capsys)
+
+
+@pytest.mark.parametrize("room", ["half", "tensors_only"])
+def test_a_full_disk_is_one_line_and_leaves_nothing(gguf_file, mount_tmpfs, capsys, room):
+    """Refused before writing when the tensors cannot fit, and after a short write when only the
+    metadata is more than the disk holds."""
+    from llama_testkit import read_gguf
+
+    run_dir, path = gguf_file()
+    size = path.stat().st_size
+    tensors = sum(array.nbytes for array in read_gguf(path)[1].values())
+    room_for_tensors = size // 4096 * 4096  # a tmpfs holds whole pages
+    assert tensors <= room_for_tensors < size
+    disk = mount_tmpfs(size // 2 if room == "half" else room_for_tensors)
+    assert main(["--run", str(run_dir), "--out", str(disk / "gguf"), "--format", "gguf"]) == 2
+    line = _one_error_line(capsys)
+    assert "No space left on device" in line and str(disk / "gguf") in line
+    assert list(disk.iterdir()) == []
