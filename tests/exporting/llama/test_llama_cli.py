@@ -96,3 +96,14 @@ def test_a_full_disk_is_one_line_and_leaves_nothing(gguf_file, mount_tmpfs, caps
     line = _one_error_line(capsys)
     assert "No space left on device" in line and str(disk / "gguf") in line
     assert list(disk.iterdir()) == []
+
+
+def test_without_the_gguf_package_the_export_says_how_to_install_it(llama_runs, tmp_path, capsys, monkeypatch):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *args: None if name == "gguf" else find_spec(name, *args))
+    assert main(["--run", str(llama_runs()), "--out", str(tmp_path / "out"), "--format", "gguf"]) == 2
+    assert "pip install gguf" in _one_error_line(capsys)
+    assert not (tmp_path / "out").exists()
