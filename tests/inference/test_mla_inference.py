@@ -37,7 +37,14 @@ def test_cache_and_no_cache_give_the_same_tokens_past_the_window(mla_run, settin
     prompt = list(range(5, 25))
     cached = _completions(mla_run, prompt, max_new_tokens=60, seed=3, **settings)[0]
     recomputed = _completions(mla_run, prompt, max_new_tokens=60, seed=3, use_cache=False, **settings)[0]
-    assert cached.token_ids == recomputed.token_ids and cached.text == recomputed.text
+    if mla_run.model.config.positions == "learned":  # re-encoding: the same window both ways
+        assert cached.token_ids == recomputed.token_ids and cached.text == recomputed.text
+    else:
+        # A rolling window re-encoded is not what the rolling cache holds (its deeper entries were
+        # computed beside tokens since evicted; tests/inference/test_rolling_cache.py has its own
+        # reference): the two agree up to the first eviction, the token sampled at a full window included.
+        inside = mla_run.block_size - len(prompt) + 1
+        assert cached.token_ids[:inside] == recomputed.token_ids[:inside] and len(cached.token_ids) == 60
     assert len(set(cached.token_ids)) > 3
 
 
