@@ -174,7 +174,8 @@ class Engine:
     beyond that ``submit`` raises EngineBusy. ``prefill_chunk``: tokens a prompt is encoded in per
     iteration (at most the context). ``prefix_cache_bytes``: memory for the prefix cache (0: none).
     ``keep_fraction``: how much of the window a row keeps when it slides (``Window``; None: the
-    default of the slide the run's positions allow). ``sinks``: the first tokens a rolling window keeps.
+    default of the slide the run's positions allow). ``sinks``: the first tokens a rolling window keeps
+    (None: re-encode even where the positions could roll, to compare).
     ``use_cache`` False: every row's whole window is encoded afresh for every token (the reference).
     ``token_bytes`` None: the events carry no text (a caller that wants only token ids).
     ``batch_invariant`` False: decode steps take the plain, faster products, so a row's bits may
@@ -194,14 +195,14 @@ class Engine:
         prefix_cache_bytes: int = 0,
         use_cache: bool = True,
         keep_fraction: float | None = None,
-        sinks: int = SINKS,
+        sinks: int | None = SINKS,
         batch_invariant: bool = True,
         compile: bool = False,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
         cfg = model.config
-        if not 0 <= sinks < cfg.block_size:
+        if sinks is not None and not 0 <= sinks < cfg.block_size:
             raise ValueError(f"sinks must be 0 to {cfg.block_size - 1} (the window less one), got {sinks}")
         # Batch invariance is chosen here, once: see inference.batch_invariant.
         self.model = row_blocked(model) if batch_invariant else model
@@ -248,8 +249,8 @@ class Engine:
         """Queue a request (thread-safe). Generation ends early at any token in ``end_ids``.
         ``logprobs`` (0 to MAX_TOP_LOGPROBS alternatives) reports each token's log-probability;
         ``echo`` also the prompt's. ``slide`` False: the reply ends where the window is full rather
-        than re-encoding its tail (a chat's: a cut inside a turn is a conversation no template
-        renders; ``data.chat.fit_chat`` cuts whole turns before). The caller (a command line, the HTTP layer's schemas) has checked
+        than sliding it (a learned run's chat: a re-encoded cut inside a turn is a conversation no
+        template renders; ``data.chat.fit_chat`` cuts whole turns before). The caller (a command line, the HTTP layer's schemas) has checked
         the settings."""
         prompt_ids = list(prompt_ids)
         assert 1 <= len(prompt_ids) <= self.block_size, f"a prompt must have 1 to {self.block_size} tokens"
@@ -547,7 +548,7 @@ def decode(
     end_ids: Sequence[int] = (),
     use_cache: bool = True,
     keep_fraction: float | None = None,
-    sinks: int = SINKS,
+    sinks: int | None = SINKS,
     slide: bool = True,
     batch_invariant: bool = False,
     compile: bool = False,

@@ -250,10 +250,11 @@ class Window:
 
     @classmethod
     def for_positions(cls, positions: str, block_size: int, keep_fraction: float | None = None,
-                      sinks: int = SINKS) -> Window:
-        """The slide a run's positions allow: learned ones re-encode, rotary and none roll.
-        ``keep_fraction`` None: the default of that slide."""
-        rolls = positions != "learned"
+                      sinks: int | None = SINKS) -> Window:
+        """The slide a run's positions allow: learned ones re-encode, rotary and none roll (unless
+        ``sinks`` is None: re-encode them too, to compare). ``keep_fraction`` None: the default of
+        that slide."""
+        rolls = positions != "learned" and sinks is not None
         fraction = (ROLL_KEEP_FRACTION if rolls else KEEP_FRACTION) if keep_fraction is None else keep_fraction
         keep = max(1, int(fraction * block_size))
         if not rolls:
