@@ -22,7 +22,7 @@ from common.threads import STARVED_SHARE, add_threads_argument, parse_threads, s
 from inference.chat_cli import chat_main, check_chat_flags
 from inference.compiled_step import choose_compile, compiled_notice
 from inference.completion import GenerationResult, encode_prompt, generate_completions
-from inference.sampling import KEEP_FRACTION
+from inference.sampling import KEEP_FRACTION, SINKS
 from inference.settings import GenerationSettings
 from inference.terminal import decode_argument, decode_utf8, write_stdout
 from rundir.loading import find_latest_run, load_run
@@ -47,10 +47,11 @@ stop strings:
 
 context window:
   The model sees at most block_size tokens. A longer prompt keeps its last block_size tokens (with
-  a notice). When generation fills the window, its most recent tokens (a fraction {KEEP_FRACTION:g} of it) are
-  kept and re-encoded from position 0, since learned positions cannot slide (runs with rotary or no
-  positions keep the same policy); --no-cache recomputes exactly the same window at every step, so
-  both give the same tokens.
+  a notice). When generation fills the window of a learned-position run, its most recent tokens (a
+  fraction {KEEP_FRACTION:g} of it) are kept and re-encoded from position 0, since learned positions cannot
+  slide; --no-cache recomputes exactly the same window at every step, so both give the same tokens.
+  A run with rotary or no positions rolls instead: the cache keeps the first {SINKS} tokens and the most
+  recent ones and evicts the middle, with nothing encoded again (docs/training.md, "Positions").
 
 examples:
   python generate.py --prompt "ROMEO:"

@@ -50,7 +50,8 @@ class KVCache:
     positions of the new tokens, each row's own length onwards), ``update`` in every layer,
     ``end`` after the last layer. Callers only choose rows and ``reset`` them; no length is ever
     copied back by hand. Positions past a row's length are never read, so ``reset`` needs no
-    zeroing.
+    zeroing. ``drop`` evicts positions from the middle of a row (a rolling window, past the
+    context), moving the later ones down with the model's rule for what an entry is elsewhere.
 
     Multi-head latent attention (DeepSeek's MLA) caches one compressed vector per token and layer
     instead of K and V per head. It plugs in by declaring ``{"latent": (1, latent_dim)}`` (plus a
