@@ -23,11 +23,11 @@ the context window a row slides by the rule the run's positions allow (``inferen
 chosen once here): with learned positions it re-encodes its most recent tokens from position 0;
 with rotary or no positions it rolls, keeping the first tokens (the attention sinks) and the most
 recent ones in its cache row and evicting the middle (``KVCache.drop``, which turns the moved rotary
-keys to their new positions), so it never encodes again. The batched decode step computes each row bit for bit as alone
-(``inference.batch_invariant``, chosen once when the engine is built: attention reads the row's whole
-cache buffer under a mask, and matrix products run in fixed blocks of rows; on the CPU this holds
-when the model's head_dim is a multiple of 16). The server needs that; a
-command line's few rows of one request may turn it off for speed (``decode``'s default), and then
+keys to their new positions), so it never encodes again. The batched decode step computes each
+row bit for bit as alone (``inference.batch_invariant``, chosen once when the engine is built:
+attention reads the row's whole cache buffer under a mask, and matrix products run in fixed blocks
+of rows; on the CPU this holds when the model's head_dim is a multiple of 16). The server needs
+that; a command line's few rows of one request may turn it off for speed (``decode``'s default), and then
 agree with the server up to fp32 rounding. A prompt is encoded in chunks of
 ``prefill_chunk`` tokens on a fixed grid from position 0; the chunks depend only on the request, so
 it still equals itself served alone. ``use_cache=False`` re-encodes each row's whole window for
@@ -250,8 +250,8 @@ class Engine:
         ``logprobs`` (0 to MAX_TOP_LOGPROBS alternatives) reports each token's log-probability;
         ``echo`` also the prompt's. ``slide`` False: the reply ends where the window is full rather
         than sliding it (a learned run's chat: a re-encoded cut inside a turn is a conversation no
-        template renders; ``data.chat.fit_chat`` cuts whole turns before). The caller (a command line, the HTTP layer's schemas) has checked
-        the settings."""
+        template renders; ``data.chat.fit_chat`` cuts whole turns before). The caller (a command
+        line, the HTTP layer's schemas) has checked the settings."""
         prompt_ids = list(prompt_ids)
         assert 1 <= len(prompt_ids) <= self.block_size, f"a prompt must have 1 to {self.block_size} tokens"
         assert settings.max_new_tokens >= 1

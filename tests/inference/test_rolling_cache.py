@@ -145,7 +145,7 @@ def test_two_layer_rolling_cache_equals_a_cache_that_turns_keys_when_read(kind):
     model = tiny_model(2, seed=1, **KINDS[kind])
     rows = prompts()
     with torch.inference_mode():
-        events = engine_logprobs(model, rows, 4 * BLOCK)
+        events = engine_logprobs(model, rows, 3 * BLOCK)
         for row_events, prompt in zip(events, rows):
             reference = ReadTimeRotation(model)
             assert_follows(row_events, prompt, lambda stream, index: reference.feed(stream[index], index))
