@@ -23,7 +23,7 @@ from inference.chat_cli import chat_main, check_chat_flags
 from inference.compiled_step import choose_compile, compiled_notice
 from inference.completion import GenerationResult, encode_prompt, generate_completions
 from inference.sampling import KEEP_FRACTION, SINKS
-from inference.settings import GenerationSettings
+from inference.settings import GenerationSettings, checked_sinks
 from inference.terminal import decode_argument, decode_utf8, write_stdout
 from rundir.loading import find_latest_run, load_run
 
@@ -103,6 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-cache", action="store_true",
                         help="recompute the whole window at every step instead of using the KV cache "
                         "(slow; the reference the cache is tested against)")
+    parser.add_argument("--sinks", type=int, default=None, metavar="N",
+                        help=f"runs with rotary or no positions: the first tokens the window keeps when it rolls "
+                             f"(default {SINKS})")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                         help="compile the decode step with torch.compile (a one-off cost, reported on stderr; "
                         "faster tokens after it). Default: off; on the CPU the compile takes tens of seconds")
@@ -159,6 +162,7 @@ def _generate(args: argparse.Namespace) -> int:
     # One stream decodes one token at a time: operations too small to share between cores.
     threads = use_threads(parse_threads(args.threads), useful=1 if args.chat or settings.num_samples == 1 else None)
     run = load_run(_run_directory(args), device)
+    settings = dataclasses.replace(settings, sinks=checked_sinks(args.sinks, run.model.config))
     if args.chat:
         given = args.prompt is not None or args.prompt_file is not None
         return chat_main(args, run, settings, prompt if given else None)
