@@ -3,9 +3,11 @@
 The session keeps the conversation as messages. Each user turn is fitted to the model's window by
 the chat format's one policy (``data.chat.fit_for_reply``: the oldest whole messages are dropped,
 the system prompt is kept, and the session says so before the reply starts), rendered, and
-decoded by ``inference.engine``. A reply ends where the window is full rather than sliding it: a
-window cut inside a turn would open on message text with no role token, a conversation no
-template renders. The engine's prefix cache keeps the pages of earlier prompts, so each turn
+decoded by ``inference.engine``. With learned positions a reply ends where the window is full
+rather than sliding it: a re-encoded window cut inside a turn would open on message text with no
+role token, a conversation no template renders. A run with rotary or no positions rolls instead
+(``inference.sampling.Window``): its cache keeps the conversation's first tokens and the most
+recent ones, nothing is rendered again, and the reply runs on to its max_new_tokens or its end. The engine's prefix cache keeps the pages of earlier prompts, so each turn
 encodes little more than what is new since the last one. Without the cache (``use_cache=False``)
 the whole window is recomputed for every token: the reference the cached path is tested against.
 
@@ -62,7 +64,7 @@ class ChatSession:
         window_bytes = run.model.init_cache(1).nbytes()
         self.engine = Engine(run.model, run.token_bytes, max_batch=1, max_queue=0, use_cache=use_cache,
                              prefix_cache_bytes=2 * window_bytes if use_cache else 0, batch_invariant=False,
-                             compile=settings.compile)
+                             sinks=settings.sinks, compile=settings.compile)
         self.on_notice = on_notice or (lambda message: None)
         if self.engine.compiled is not None:
             self.on_notice(compiled_notice(self.engine.compiled.compile_seconds))
@@ -103,7 +105,7 @@ class ChatSession:
             if event.finish is not None:
                 finishes.append(event.finish)
 
-        self.engine.submit(ids, settings, on_event, self.special.reply_end_ids, slide=False)
+        self.engine.submit(ids, settings, on_event, self.special.reply_end_ids, slide=self.engine.window.rolls)
         try:
             self.engine.run_until_idle()
         except KeyboardInterrupt:

@@ -22,8 +22,8 @@ from common.threads import STARVED_SHARE, add_threads_argument, parse_threads, s
 from inference.chat_cli import chat_main, check_chat_flags
 from inference.compiled_step import choose_compile, compiled_notice
 from inference.completion import GenerationResult, encode_prompt, generate_completions
-from inference.sampling import KEEP_FRACTION
-from inference.settings import GenerationSettings
+from inference.sampling import KEEP_FRACTION, SINKS
+from inference.settings import GenerationSettings, checked_sinks
 from inference.terminal import decode_argument, decode_utf8, write_stdout
 from rundir.loading import find_latest_run, load_run
 
@@ -47,10 +47,11 @@ stop strings:
 
 context window:
   The model sees at most block_size tokens. A longer prompt keeps its last block_size tokens (with
-  a notice). When generation fills the window, its most recent tokens (a fraction {KEEP_FRACTION:g} of it) are
-  kept and re-encoded from position 0, since learned positions cannot slide (runs with rotary or no
-  positions keep the same policy); --no-cache recomputes exactly the same window at every step, so
-  both give the same tokens.
+  a notice). When generation fills the window of a learned-position run, its most recent tokens (a
+  fraction {KEEP_FRACTION:g} of it) are kept and re-encoded from position 0, since learned positions cannot
+  slide; --no-cache recomputes exactly the same window at every step, so both give the same tokens.
+  A run with rotary or no positions rolls instead: the cache keeps the first {SINKS} tokens and the most
+  recent ones and evicts the middle, with nothing encoded again (docs/training.md, "Positions").
 
 examples:
   python generate.py --prompt "ROMEO:"
@@ -102,6 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-cache", action="store_true",
                         help="recompute the whole window at every step instead of using the KV cache "
                         "(slow; the reference the cache is tested against)")
+    parser.add_argument("--sinks", type=int, default=None, metavar="N",
+                        help=f"runs with rotary or no positions: the first tokens the window keeps when it rolls "
+                             f"(default {SINKS})")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                         help="compile the decode step with torch.compile (a one-off cost, reported on stderr; "
                         "faster tokens after it). Default: off; on the CPU the compile takes tens of seconds")
@@ -158,6 +162,7 @@ def _generate(args: argparse.Namespace) -> int:
     # One stream decodes one token at a time: operations too small to share between cores.
     threads = use_threads(parse_threads(args.threads), useful=1 if args.chat or settings.num_samples == 1 else None)
     run = load_run(_run_directory(args), device)
+    settings = dataclasses.replace(settings, sinks=checked_sinks(args.sinks, run.model.config))
     if args.chat:
         given = args.prompt is not None or args.prompt_file is not None
         return chat_main(args, run, settings, prompt if given else None)

@@ -100,7 +100,8 @@ def generate_completions(
         clock.start = time.perf_counter()  # time to first token leaves the one-off compile out
 
     finishes = decode(run.model, [ids] * rows, replace(settings, seed=seed), token_bytes=run.token_bytes,
-                      use_cache=settings.use_cache, batch_invariant=batch_invariant, compile=settings.compile,
+                      use_cache=settings.use_cache, sinks=settings.sinks, batch_invariant=batch_invariant,
+                      compile=settings.compile,
                       on_event=on_event, on_compiled=on_compiled)
     completions = [
         Completion(text=f.text, token_ids=list(f.token_ids), finish_reason=f.reason,

@@ -19,20 +19,28 @@ Rows are independent: a request gets exactly the tokens it would get served alon
 is being served, so ``--num-samples`` row i equals the run seeded seed + i. Seeding, one rule
 everywhere: a request samples from its own ``seeded_generator(seed)``, and sample i of a call that
 asks for several (``decode``: generate.py's rows, training's samples) is seeded ``seed + i``. Past
-the context window a row re-encodes its most recent tokens from position 0
-(``inference.sampling.window_start``). The batched decode step computes each row bit for bit as alone
-(``inference.batch_invariant``, chosen once when the engine is built: attention reads the row's whole
-cache buffer under a mask, and matrix products run in fixed blocks of rows; on the CPU this holds
-when the model's head_dim is a multiple of 16). The server needs that; a
-command line's few rows of one request may turn it off for speed (``decode``'s default), and then
+the context window a row slides by the rule the run's positions allow (``inference.sampling.Window``,
+chosen once here): with learned positions it re-encodes its most recent tokens from position 0;
+with rotary or no positions it rolls, keeping the first tokens (the attention sinks) and the most
+recent ones in its cache row and evicting the middle (``KVCache.drop``, which turns the moved rotary
+keys to their new positions), so it never encodes again. The batched decode step computes each
+row bit for bit as alone (``inference.batch_invariant``, chosen once when the engine is built:
+attention reads the row's whole cache buffer under a mask, and matrix products run in fixed blocks
+of rows; on the CPU this holds when the model's head_dim is a multiple of 16). The server needs
+that; a command line's few rows of one request may turn it off for speed (``decode``'s default), and then
 agree with the server up to fp32 rounding. A prompt is encoded in chunks of
 ``prefill_chunk`` tokens on a fixed grid from position 0; the chunks depend only on the request, so
 it still equals itself served alone. ``use_cache=False`` re-encodes each row's whole window for
-every token instead: the reference the cache is tested against.
+every token instead: the reference the cache is tested against. (A rolled window re-encoded is not
+what the rolling cache holds when the model has several layers: a kept token's deeper entries were
+computed beside tokens since evicted. tests/inference/test_rolling_cache.py has the rolling cache's
+own reference.)
 
 With a prefix cache (``prefix_cache_bytes``, see ``inference.prefix_cache``) the whole chunks a
 prompt shares with a recent one are copied in instead of computed: the grid makes them bit for
-bit the chunks it would have computed, so a hit changes no token, only the time to the first.
+bit the chunks it would have computed, so a hit changes no token, only the time to the first. A
+rolled row never prefills again, so it neither stores a page nor looks one up: its positions no
+longer hold the chunks of any prompt from position 0.
 
 A request may ask for log-probabilities (``logprobs``: the chosen token's and the ``logprobs``
 most likely tokens', from the model's distribution before temperature, top-p and suppressed ids),
@@ -61,8 +69,7 @@ import torch
 from inference.batch_invariant import row_blocked
 from inference.compiled_step import CompiledStep, spare_slot_cache
 from inference.prefix_cache import PrefixCache
-from inference.sampling import (KEEP_FRACTION, SamplingSettings, kept_window, new_seed, sample_next_token,
-                                seeded_generator, window_start)
+from inference.sampling import SINKS, SamplingSettings, Window, new_seed, sample_next_token, seeded_generator
 from inference.streaming import TextStream
 from model import GPT
 
@@ -135,12 +142,13 @@ class _Request:
     end_ids: frozenset[int]
     logprobs: int | None  # how many alternatives to report per token; None: no logprobs
     echo: bool  # report the prompt's logprobs too
-    slide: bool  # past the window, re-encode the recent tokens; otherwise end there ("length")
+    slide: bool  # past the window, slide (re-encode or roll, ``Window``); otherwise end there ("length")
     on_event: EventCallback
     stream: TextStream
     generator: torch.Generator
     tokens: list[int] = field(default_factory=list)  # prompt + generated: the window reads it
-    start: int = 0  # the model sees tokens[start:]
+    start: int = 0  # the model's window (``Window``) begins at tokens[start]
+    evicted: int = 0  # tokens a rolling window has dropped after its sinks
     row: int = -1
     prefilling: bool = True  # the row's window still has to be encoded into its cache row
     logits: torch.Tensor | None = None  # (1, vocab) next-token logits, once the row has them
@@ -165,7 +173,9 @@ class Engine:
     ``max_queue`` requests may wait for a row (default 4 x max_batch) once every row is taken;
     beyond that ``submit`` raises EngineBusy. ``prefill_chunk``: tokens a prompt is encoded in per
     iteration (at most the context). ``prefix_cache_bytes``: memory for the prefix cache (0: none).
-    ``keep_fraction``: how much of the window a row keeps when it slides (``kept_window``).
+    ``keep_fraction``: how much of the window a row keeps when it slides (``Window``; None: the
+    default of the slide the run's positions allow). ``sinks``: the first tokens a rolling window keeps
+    (None: re-encode even where the positions could roll, to compare).
     ``use_cache`` False: every row's whole window is encoded afresh for every token (the reference).
     ``token_bytes`` None: the events carry no text (a caller that wants only token ids).
     ``batch_invariant`` False: decode steps take the plain, faster products, so a row's bits may
@@ -184,13 +194,16 @@ class Engine:
         prefill_chunk: int | None = None,
         prefix_cache_bytes: int = 0,
         use_cache: bool = True,
-        keep_fraction: float = KEEP_FRACTION,
+        keep_fraction: float | None = None,
+        sinks: int | None = SINKS,
         batch_invariant: bool = True,
         compile: bool = False,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
         cfg = model.config
+        if sinks is not None and not 0 <= sinks < cfg.block_size:
+            raise ValueError(f"sinks must be 0 to {cfg.block_size - 1} (the window less one), got {sinks}")
         # Batch invariance is chosen here, once: see inference.batch_invariant.
         self.model = row_blocked(model) if batch_invariant else model
         self.token_bytes = token_bytes if token_bytes is not None else [b""] * cfg.vocab_size
@@ -200,7 +213,7 @@ class Engine:
         if self.max_queue < 0 or self.prefill_chunk < 1 or prefix_cache_bytes < 0:
             raise ValueError("max_queue must be >= 0, prefill_chunk >= 1 and prefix_cache_bytes >= 0")
         self.block_size = cfg.block_size
-        self.keep = kept_window(cfg.block_size, keep_fraction)
+        self.window = Window.for_positions(cfg.positions, cfg.block_size, keep_fraction, sinks)
         self.use_cache = use_cache
         assert not (compile and not use_cache), "the compiled step is a cached decode step"
         if compile:
@@ -236,9 +249,9 @@ class Engine:
         """Queue a request (thread-safe). Generation ends early at any token in ``end_ids``.
         ``logprobs`` (0 to MAX_TOP_LOGPROBS alternatives) reports each token's log-probability;
         ``echo`` also the prompt's. ``slide`` False: the reply ends where the window is full rather
-        than re-encoding its tail (a chat's: a cut inside a turn is a conversation no template
-        renders; ``data.chat.fit_chat`` cuts whole turns before). The caller (a command line, the HTTP layer's schemas) has checked
-        the settings."""
+        than sliding it (a learned run's chat: a re-encoded cut inside a turn is a conversation no
+        template renders; ``data.chat.fit_chat`` cuts whole turns before). The caller (a command
+        line, the HTTP layer's schemas) has checked the settings."""
         prompt_ids = list(prompt_ids)
         assert 1 <= len(prompt_ids) <= self.block_size, f"a prompt must have 1 to {self.block_size} tokens"
         assert settings.max_new_tokens >= 1
@@ -373,7 +386,8 @@ class Engine:
         """Encode the next chunk of the row's window (copying in the cached pages it begins with,
         first); the last chunk yields next-token logits. Whole chunks go to the prefix cache.
         Without the cache, the whole window is one chunk, encoded afresh for every token."""
-        window = request.tokens[request.start:]
+        window = self.window.tokens(request.tokens, request.start, request.evicted)
+        assert not (self.use_cache and request.evicted), "a rolled row is never encoded again"
         row, size = request.row, self.prefill_chunk
         echo = request.echo and not request.prompt_logprobs
         if self.use_cache:
@@ -463,17 +477,24 @@ class Engine:
         text = request.stream.push(token)
         if request.stream.stopped:
             self._finish(request, "stop", token, text)
-        elif request.generated == request.settings.max_new_tokens or (
-                not request.slide and len(request.tokens) - request.start == self.block_size):
+        elif request.generated == request.settings.max_new_tokens or (not request.slide and self.window.held(
+                request.start, request.evicted, len(request.tokens)) == self.block_size):
             self._finish(request, "length", token, text)
         else:
-            start = window_start(request.start, len(request.tokens), self.block_size, self.keep)
-            if start != request.start and self.use_cache:
-                # Learned positions cannot slide: the kept tokens are re-encoded from position 0.
-                request.prefilling = True
-                self.cache.reset([request.row])
-            request.start = start
+            self._slide(request)
             self._emit(request, Event(text, token, logprob=self._last_logprob(request)))
+
+    def _slide(self, request: _Request) -> None:
+        """Move the row's window on if its newest token overflows it, as ``self.window`` says."""
+        start, evicted = self.window.slide(request.start, request.evicted, len(request.tokens))
+        if self.use_cache and start != request.start:
+            # Learned positions cannot slide: the kept tokens are re-encoded from position 0.
+            request.prefilling = True
+            self.cache.reset([request.row])
+        elif self.use_cache and evicted != request.evicted:
+            # Rotary or none: the middle leaves the cache, the recent entries move down beside the sinks.
+            self.cache.drop(request.row, self.window.sinks, evicted - request.evicted, self.model.move_entries)
+        request.start, request.evicted = start, evicted
 
     def _finish(self, request: _Request, reason: str, token: int | None = None, text: str = "") -> None:
         """Free the request's row and send its last event."""
@@ -526,7 +547,8 @@ def decode(
     token_bytes: Sequence[bytes] | None = None,
     end_ids: Sequence[int] = (),
     use_cache: bool = True,
-    keep_fraction: float = KEEP_FRACTION,
+    keep_fraction: float | None = None,
+    sinks: int | None = SINKS,
     slide: bool = True,
     batch_invariant: bool = False,
     compile: bool = False,
@@ -546,7 +568,7 @@ def decode(
     # The server's arithmetic includes its prefill grid; otherwise a prompt is encoded in one pass.
     chunk = None if batch_invariant else model.config.block_size
     engine = Engine(model, token_bytes, max_batch=len(prompts), max_queue=0, prefill_chunk=chunk,
-                    use_cache=use_cache, keep_fraction=keep_fraction, batch_invariant=batch_invariant,
+                    use_cache=use_cache, keep_fraction=keep_fraction, sinks=sinks, batch_invariant=batch_invariant,
                     compile=compile)
     if engine.compiled is not None and on_compiled is not None:
         on_compiled(engine.compiled.compile_seconds)

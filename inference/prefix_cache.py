@@ -9,14 +9,13 @@ cannot change a request's tokens. Only pages that a prefill chunk computed are k
 written by a one-token decode step holds other bits (other matrix shapes), so the generated part
 of turn n is cached when turn n+1's prompt, which resends it, is prefilled.
 
-Positions are learned and absolute (no RoPE): the position is added to the input before the
-first layer and attention knows nothing of positions, so a page's entries are a function of token
-ids alone (those from position 0 to the page's end), and copying them back is all a hit does,
-whatever the entries are named (K and V, or one MLA latent). With RoPE, keys are rotated inside
-attention by their position: a prefix reused at its own positions would still be exact, but each
-kind of entry would need a rule for where the rotation lives (MLA caches a separate rotated key
-beside its latent, since a rotation cannot pass through the latent's up-projection), and reuse at
-any other offset would need the keys re-rotated.
+A page's entries are a function of the token ids from position 0 to the page's end, whatever the
+run's positions: learned ones are added to the input at those positions, and rotary keys (with
+latent attention, the rotary key cached beside each latent) are turned by them. A page is only
+ever reused at its own positions, so copying it back is all a hit does, whatever the entries are
+named (K and V, or one MLA latent). A row that rolled past its window
+(``inference.sampling.Window``) no longer holds a prompt's chunks from position 0: the engine never
+stores or looks up its pages.
 
 Memory is bounded by ``max_bytes``, counting all the cache holds: the pages' entries and the
 index that finds them (``page_cost``). Entries live in preallocated blocks of page slots, added

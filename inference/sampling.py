@@ -7,10 +7,12 @@ trusts it and never re-checks per token. Every sampled row consumes exactly one 
 whatever its logits, so a row's random stream never depends on what the model predicted.
 
 The model sees a window of at most ``block_size`` tokens. When a new token would overflow it, the
-window is cut to its most recent ``max(1, int(keep_fraction * block_size))`` tokens and re-encoded
-from position 0 (``window_start``). Learned absolute positions make this necessary (a cached key
-carries the position it was written at, so keys cannot be shifted along), and cutting by a fraction
-rather than one token at a time amortises the re-encoding over many cheap cached steps.
+window slides (``Window``). With learned absolute positions it is cut to its most recent
+``max(1, int(keep_fraction * block_size))`` tokens and re-encoded from position 0: a cached key
+carries the position it was written at, so keys cannot be shifted along, and cutting by a fraction
+rather than one token at a time amortises the re-encoding over many cheap cached steps. With
+rotary or no positions it rolls instead: the first few tokens (attention sinks) and the most recent
+ones stay in the cache, the middle is evicted, and nothing is encoded again.
 
 The loop that applies them, for every caller, is ``inference.engine``.
 """
@@ -214,18 +216,73 @@ def uniform_per_row(batch: int, generator: Generators, device: torch.device) -> 
     return torch.cat([torch.rand(1, generator=g, device=g.device) for g in generators]).to(device)
 
 
-# When the window reaches block_size, this fraction of it (the most recent tokens) is kept and
-# re-encoded: half a window leaves room for block_size / 2 new tokens before the next re-encode.
+# When the window reaches block_size and is re-encoded, this fraction of it (the most recent
+# tokens) is kept: half a window leaves room for block_size / 2 new tokens before the next
+# re-encode. A rolling window encodes nothing when it slides, so it keeps more; it still evicts a
+# quarter at a time rather than one token per step (StreamingLLM's way), because each eviction
+# turns every moved rotary key once more and rounds it: this way a key is turned at most about four
+# times in its life, whatever the window and the cache's dtype, and the copy happens once per
+# quarter window.
 KEEP_FRACTION = 0.5
+ROLL_KEEP_FRACTION = 0.75
+# The first tokens a rolling window keeps. StreamingLLM found that trained models pour much
+# attention onto the first few tokens whatever they are; four kept that mass where it was.
+SINKS = 4
 
 
-def kept_window(block_size: int, keep_fraction: float = KEEP_FRACTION) -> int:
-    """How many of the most recent tokens are re-encoded when the window overflows."""
-    return max(1, int(keep_fraction * block_size))
+@dataclass(frozen=True)
+class Window:
+    """The window slide: what the model sees of a row's tokens once they outgrow ``block_size``.
 
+    A row's window is ``tokens[start:]`` until it slides. Re-encoding (``sinks`` None; learned
+    positions, where a cached key carries the position it was written at): the window moves on to
+    its most recent ``keep`` tokens, which are encoded again from position 0. Rolling (rotary or no
+    positions; StreamingLLM's attention sinks): the window keeps its first ``sinks`` tokens and its
+    most recent ones, ``keep`` in all, and ``evicted`` counts the tokens dropped between them; the
+    cache drops them too and moves the recent entries down beside the sinks
+    (``KVCache.drop``), so nothing is encoded again. The window is then
+    ``tokens[start:start + sinks] + tokens[start + sinks + evicted:]``, at positions 0 onwards.
+    """
 
-def window_start(start: int, length: int, block_size: int, keep: int) -> int:
-    """Where the model's window over tokens[start:length] begins, the newest token included: where
-    it did while it fits ``block_size``; past that, at the most recent ``keep`` tokens, which are
-    re-encoded from position 0. The engine's one slide rule."""
-    return length - keep if length - start > block_size else start
+    block_size: int
+    keep: int  # tokens the window holds right after it slides, the newest included
+    sinks: int | None = None  # None: re-encode; otherwise roll, keeping this many first tokens
+
+    @classmethod
+    def for_positions(cls, positions: str, block_size: int, keep_fraction: float | None = None,
+                      sinks: int | None = SINKS) -> Window:
+        """The slide a run's positions allow: learned ones re-encode, rotary and none roll (unless
+        ``sinks`` is None: re-encode them too, to compare). ``keep_fraction`` None: the default of
+        that slide."""
+        rolls = positions != "learned" and sinks is not None
+        fraction = (ROLL_KEEP_FRACTION if rolls else KEEP_FRACTION) if keep_fraction is None else keep_fraction
+        keep = max(1, int(fraction * block_size))
+        if not rolls:
+            return cls(block_size, keep)
+        assert 0 <= sinks < block_size, f"a rolling window of {block_size} keeps 0 to {block_size - 1} sinks"
+        return cls(block_size, max(keep, sinks + 1), sinks)
+
+    @property
+    def rolls(self) -> bool:
+        return self.sinks is not None
+
+    def held(self, start: int, evicted: int, length: int) -> int:
+        """How many of ``tokens[start:length]`` the window holds."""
+        return length - start - evicted
+
+    def tokens(self, tokens: Sequence[int], start: int, evicted: int) -> list[int]:
+        """The window's tokens, in the order of their positions."""
+        if evicted == 0:
+            return list(tokens[start:])
+        return [*tokens[start:start + self.sinks], *tokens[start + self.sinks + evicted:]]
+
+    def slide(self, start: int, evicted: int, length: int) -> tuple[int, int]:
+        """``(start, evicted)`` once ``tokens[:length]`` are in, the newest included: unchanged
+        while the window fits ``block_size``; past that, what it keeps (see the class). The
+        engine's one slide rule."""
+        held = self.held(start, evicted, length)
+        if held <= self.block_size:
+            return start, evicted
+        if self.sinks is None:
+            return length - self.keep, 0
+        return start, evicted + held - self.keep

@@ -7,9 +7,13 @@ This is the command line's edge: the values are checked here, once, with message
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from common.errors import UserError
-from inference.sampling import MAX_SEED, SamplingSettings, check_sampling_args
+from inference.sampling import MAX_SEED, SINKS, SamplingSettings, check_sampling_args
+
+if TYPE_CHECKING:
+    from model import GPTConfig
 
 # Samples decode as one batch through one cache; beyond this the cache alone outgrows a laptop.
 MAX_NUM_SAMPLES = 1024
@@ -24,6 +28,7 @@ class GenerationSettings(SamplingSettings):
     num_samples: int = 1
     use_cache: bool = True
     compile: bool = False  # decode through inference.compiled_step (the command line chose it)
+    sinks: int = SINKS  # the first tokens a rolling window keeps (rotary or no positions; see checked_sinks)
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 0:
@@ -45,3 +50,17 @@ class GenerationSettings(SamplingSettings):
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+def checked_sinks(flag: int | None, config: GPTConfig) -> int:
+    """The sinks a rolling window keeps for a run of ``config``: ``--sinks`` (``flag``), or SINKS when
+    not given. Refuses a flag that cannot apply: a learned-position run re-encodes past its window
+    and keeps no sinks, and a window keeps at most all but its newest token."""
+    if flag is None:
+        return SINKS
+    if config.positions == "learned":
+        raise UserError("--sinks applies to runs with rotary or no positions, which roll past the window; "
+                        "this run has learned positions and re-encodes instead: drop --sinks")
+    if not 0 <= flag < config.block_size:
+        raise UserError(f"--sinks must be 0 to {config.block_size - 1} (the window less one), got {flag}")
+    return flag

@@ -232,8 +232,9 @@ def causal_attention_weights(q: torch.Tensor, k: torch.Tensor, scale: float | No
 # position at all; a causal decoder can still count, because what a token may attend to (everything
 # up to itself) already differs from one position to the next.
 #
-# Keys are rotated before they are cached, at their absolute positions, so a cached key is final
-# and a decode step rotates only its own query and key.
+# Keys are rotated before they are cached, at their positions, so a decode step rotates only its
+# own query and key. A cached key moves to another position by one more rotation, by the distance
+# (``GPT.move_entries``): what a rolling cache does when it evicts the middle of a long stream.
 
 
 Rotation = tuple[torch.Tensor, torch.Tensor]
@@ -323,6 +324,10 @@ class CausalSelfAttention(nn.Module):
 
     def cache_entries(self) -> dict[str, tuple[int, int]]:
         return {"k": (self.n_kv_head, self.head_dim), "v": (self.n_kv_head, self.head_dim)}
+
+    def rotary_entry(self) -> tuple[str, slice]:
+        """The cached entry, and the part of it, that rotary positions rotate: the whole key."""
+        return "k", slice(None)
 
     def forward(
         self, x: torch.Tensor, cache: LayerCache | None = None, value_embedding: torch.Tensor | None = None,
@@ -474,6 +479,10 @@ class LatentAttention(nn.Module):
 
     def cache_entries(self) -> dict[str, tuple[int, int]]:
         return {"latent": (1, self.kv_latent_dim + self.rope_dim)}
+
+    def rotary_entry(self) -> tuple[str, slice]:
+        """The cached entry, and the part of it, that rotary positions rotate: the shared rotary key."""
+        return "latent", slice(self.kv_latent_dim, None)
 
     def forward(
         self, x: torch.Tensor, cache: LayerCache | None = None, value_embedding: None = None,
@@ -723,6 +732,19 @@ class GPT(nn.Module):
 
     def cache_entries(self) -> dict[str, tuple[int, int]]:
         return self.blocks[0].attn.cache_entries()
+
+    def move_entries(self, entries: dict[str, torch.Tensor], offset: int) -> None:
+        """Cached ``entries`` (by name, each (n_layer, heads, T, dim), as ``KVCache.read`` gives them)
+        made, in place, what they would be ``offset`` positions later. Rotary keys turn by the
+        distance (R_(t+o) = R_o R_t); without positions nothing changes. Learned positions were added
+        to the input, before every layer, and cannot move."""
+        assert self.config.positions != "learned", "entries made with learned positions cannot move"
+        if self.config.positions != "rope" or offset == 0:
+            return
+        name, part = self.blocks[0].attn.rotary_entry()
+        keys = entries[name][..., part]
+        distance = torch.full((1, 1), offset, device=keys.device)
+        entries[name][..., part] = rotate(keys, rotary(distance, self.config.rope_dim, self.config.rope_theta))
 
     def init_cache(
         self, batch_size: int, max_len: int | None = None, dtype: torch.dtype | None = None,

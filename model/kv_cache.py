@@ -8,7 +8,7 @@ decode loops quadratic in memory traffic.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -50,7 +50,8 @@ class KVCache:
     positions of the new tokens, each row's own length onwards), ``update`` in every layer,
     ``end`` after the last layer. Callers only choose rows and ``reset`` them; no length is ever
     copied back by hand. Positions past a row's length are never read, so ``reset`` needs no
-    zeroing.
+    zeroing. ``drop`` evicts positions from the middle of a row (a rolling window, past the
+    context), moving the later ones down with the model's rule for what an entry is elsewhere.
 
     Multi-head latent attention (DeepSeek's MLA) caches one compressed vector per token and layer
     instead of K and V per head. It plugs in by declaring ``{"latent": (1, latent_dim)}`` (plus a
@@ -166,6 +167,20 @@ class KVCache:
         for name, buffer in self.buffers.items():
             buffer[:, row, :, start:start + new] = entries[name]
         self.lengths[row] += new
+
+    def drop(self, row: int, start: int, count: int,
+             move: Callable[[dict[str, torch.Tensor], int], None] | None = None) -> None:
+        """Forget ``count`` positions of ``row`` from ``start`` on: the later ones move down into
+        their place, and ``move(entries, -count)`` (``GPT.move_entries``) first makes their entries
+        what they would be there. How a rolling cache evicts the middle of a stream."""
+        length = self.lengths[row]
+        assert 0 <= start and count >= 1 and start + count <= length, f"row {row} holds {length} positions"
+        later = self.read(row, start + count, length) if start + count < length else None
+        self.lengths[row] = start
+        if later is not None:
+            if move is not None:
+                move(later, -count)
+            self.extend(row, later)
 
 
 class StaticStep:

@@ -114,7 +114,9 @@ def create_app(run: LoadedRun, engine: Engine, *, model_id: str, limits: Limits 
         params = _settings(body, suppress_ids=chat_ids.suppress_ids)
         top = (body.top_logprobs or 0) if body.logprobs else None
         ids = fitted.chat.ids
-        ticket, queue = service.submit(ids, params, list(chat_ids.reply_end_ids), top, slide=False)
+        # A reply runs past the window only by rolling (inference.chat says why).
+        ticket, queue = service.submit(ids, params, list(chat_ids.reply_end_ids), top,
+                                       slide=service.engine.window.rolls)
         logprobs = ChatReplyLogprobs(run.token_bytes, body.logprobs, hidden=chat_ids.reply_end_ids)
         reply = ChatReply(model_id, ids, logprobs, headers={"X-Dropped-Messages": str(fitted.dropped)})
         return await answer(request, body, reply, ticket, queue)

@@ -24,6 +24,8 @@ from common.errors import UserError
 from common.threads import add_threads_argument, parse_threads, use_threads
 from inference.compiled_step import choose_compile, compiled_notice
 from inference.engine import DEFAULT_PREFILL_CHUNK, Engine
+from inference.sampling import SINKS
+from inference.settings import checked_sinks
 from model import GPT
 from rundir.loading import find_latest_run, load_run
 from serving.access_log import access_log
@@ -77,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="memory for recent prompts' pages (their KV entries and the index that finds "
                         "them), reused by prompts that begin alike, least recently used evicted first; 0 "
                         "turns it off (default: %(default)s)")
+    parser.add_argument("--sinks", type=int, default=None, metavar="N",
+                        help=f"runs with rotary or no positions: the first tokens a row's window keeps when it "
+                             f"rolls past the context (default {SINKS})")
     parser.add_argument("--device", default="auto", help=f"{DEVICE_CHOICES} (default: %(default)s)")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                         help="compile the decode step with torch.compile before serving (a one-off cost, "
@@ -118,11 +123,12 @@ def _serve(args: argparse.Namespace) -> int:
     use_threads(parse_threads(args.threads))
     run = load_run(args.run if args.run is not None else find_latest_run(), device)
     _check_cache_fits(run.model, args.max_batch, device)
+    sinks = checked_sinks(args.sinks, run.model.config)
     if compile:  # tens of seconds before the server listens: say why it is waiting
         print(f"compiling the decode step for {device} (--no-compile skips it)...", file=sys.stderr, flush=True)
     engine = Engine(run.model, run.token_bytes, max_batch=args.max_batch, max_queue=args.max_queue,
                     prefill_chunk=args.prefill_chunk, prefix_cache_bytes=int(args.prefix_cache_mb * 2**20),
-                    compile=compile)
+                    sinks=sinks, compile=compile)
     if engine.compiled is not None:
         print(compiled_notice(engine.compiled.compile_seconds), file=sys.stderr, flush=True)
     model_id = run.directory.resolve().name

@@ -82,7 +82,7 @@ def test_every_benchmarks_help_describes_it_in_whole_sentences(name, monkeypatch
 
 @pytest.mark.parametrize("module, flag", [
     ("chat_eval", "--runs"), ("generate_speed", "--run"), ("hf_export_parity", "--run"),
-    ("onnx_decode", "--run"), ("prefix_cache", "--run"), ("serve_throughput", "--run"),
+    ("onnx_decode", "--run"), ("prefix_cache", "--run"), ("serve_throughput", "--run"), ("streaming", "--run"),
 ])
 def test_a_benchmark_given_a_run_that_is_not_there_says_so_in_one_line(module, flag, tmp_path, capsys):
     # These parsed their own flags, outside common.cli.run_command: the loader's refusal was a traceback.

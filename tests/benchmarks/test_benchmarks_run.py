@@ -113,6 +113,11 @@ def test_prefix_cache(toy_chat_run) -> None:
     assert_words(out, "| prefix cache |", "| off |", "| on |", "same replies: True")
 
 
+def test_streaming_rolls_a_rope_run_past_its_window(toy_rope_run) -> None:
+    out = bench("streaming", "--run", toy_rope_run, "--window-multiples", 2, "--repeats", 1)
+    assert_words(out, "| way | bits/byte |", "| reference |", "| rolling |", "| re-encode |", "rolling: bits/byte")
+
+
 def test_serve_throughput(toy_run) -> None:
     out = bench("serve_throughput", "--run", toy_run, "--clients", 1, 2, "--requests", 2, "--max-tokens", 4,
                 "--max-batch", 2)

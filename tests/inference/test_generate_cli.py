@@ -218,3 +218,20 @@ def test_subprocess_user_errors_exit_2_without_traceback(run_dir, tmp_path):
         assert done.returncode == 2 and done.stdout == b""
         err = done.stderr.decode()
         assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_sinks_reach_a_rolling_run_and_are_refused_where_they_cannot_apply(capsys, run_dir, tokenizer_path, tmp_path):
+    from tokenizers import Tokenizer
+
+    from run_testkit import build_run
+
+    code, out, err = cli(capsys, "--run", run_dir, "--prompt", "O", "--sinks", 2)  # learned positions
+    assert (code, out) == (2, "") and err.count("\n") == 1
+    assert err.startswith("error: --sinks applies to runs with rotary or no positions") and "drop --sinks" in err
+    rope = build_run(tmp_path / "rope", Tokenizer.from_file(str(tokenizer_path)), positions="rope")
+    code, out, err = cli(capsys, "--run", rope, "--prompt", "O", "--sinks", 32)
+    assert code == 2 and err == "error: --sinks must be 0 to 31 (the window less one), got 32\n"
+    # Past the 32-token window: the default keeps 4 sinks; keeping none evicts another way.
+    texts = [cli(capsys, "--run", rope, "--prompt", "O", "--temperature", 0, "--max-new-tokens", 90, "--quiet",
+                 *sinks)[1] for sinks in ([], ["--sinks", 4], ["--sinks", 0])]
+    assert texts[0] == texts[1] != texts[2]

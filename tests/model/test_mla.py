@@ -60,6 +60,12 @@ def test_greedy_tokens_with_and_without_the_cache_are_identical(kv_latent_dim, q
     settings = SamplingSettings(max_new_tokens=50, temperature=0.0, repetition_penalty=1.5)
     cached, recomputed = ([f.token_ids for f in decode(model, prompt.tolist(), settings, use_cache=use_cache)]
                           for use_cache in (True, False))
+    if options.get("positions", "learned") != "learned":
+        # Rotary or none roll the window instead, and a rolled window re-encoded is not what the
+        # rolling cache holds (tests/inference/test_rolling_cache.py has its reference): compare up
+        # to the first eviction, the token sampled at a full window included.
+        inside = 24 - 5 + 1
+        cached, recomputed = [[row[:inside] for row in rows] for rows in (cached, recomputed)]
     assert cached == recomputed
     assert len(set(cached[0])) > 3  # not one repeated token: the test could fail
 

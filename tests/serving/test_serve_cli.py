@@ -41,3 +41,10 @@ def test_a_kv_cache_larger_than_memory_is_one_line_before_allocating(chat_run_di
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1
     assert re.match(r"error: --max-batch 100000000 needs a KV cache of [\d,.]+ GiB .* pass --max-batch \d+ or less$", err)
+
+
+def test_sinks_on_a_learned_run_are_refused_in_one_line(chat_run_dir, capsys):
+    code = main(["--run", str(chat_run_dir), "--port", "0", "--device", "cpu", "--sinks", "4"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1
+    assert err.startswith("error: --sinks applies to runs with rotary or no positions") and "drop --sinks" in err

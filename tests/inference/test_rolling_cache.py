@@ -1,0 +1,206 @@
+"""The rolling cache (attention sinks) of rotary and no-position runs, against references that never
+move a cached entry: past the window, the engine's logits equal those of the same kept tokens at
+the same cache positions, for grouped-query and latent attention. Learned runs still re-encode."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from inference.engine import Engine, Event
+from inference.sampling import SamplingSettings, Window
+from model import GPT, GPTConfig
+from model.gpt import rotary, rotate
+
+BLOCK = 16
+SINKS = 4
+KEEP = 12  # the engine's default for a rolling window: three quarters of it
+VOCAB = 61
+TOLERANCE = dict(rtol=0, atol=2e-4)  # fp32 log-probabilities: a chunked prefill and single steps round apart
+KINDS = {"gqa-rope": dict(positions="rope"), "gqa-none": dict(positions="none"),
+         "mla-rope": dict(positions="rope", attention="mla", n_kv_head=4, kv_latent_dim=32),
+         "mla-none": dict(positions="none", attention="mla", n_kv_head=4, kv_latent_dim=32)}
+
+
+def tiny_model(n_layer: int, seed: int = 0, **options) -> GPT:
+    """Random weights with spread logits, so a greedy token is never a near-tie."""
+    torch.manual_seed(seed)
+    model = GPT(GPTConfig(vocab_size=VOCAB, block_size=BLOCK, n_layer=n_layer, n_head=4,
+                          n_kv_head=options.pop("n_kv_head", 2), n_embd=64, **options)).eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() >= 2:
+                param.normal_(0.0, 1.0 / math.sqrt(param.shape[1]))
+        model.tok_emb.weight.normal_(0.0, 1.0)
+    return model
+
+
+def kept_after(kept: list[int], index: int) -> list[int]:
+    """The window's stream indices once token ``index`` is in: StreamingLLM's rule written out,
+    the first SINKS and the most recent ones, cut to KEEP whenever it outgrows the block."""
+    kept = [*kept, index]
+    if len(kept) > BLOCK:
+        del kept[SINKS:SINKS + len(kept) - KEEP]
+    return kept
+
+
+def kept_at(index: int) -> list[int]:
+    kept: list[int] = []
+    for j in range(index + 1):
+        kept = kept_after(kept, j)
+    return kept
+
+
+class ReadTimeRotation:
+    """The reference for any depth: a ``LayerCache`` of one row, fed one token per pass at its slot
+    in the window, that keeps every token's entries as the model wrote them (and the slot it wrote
+    them at) and never moves them; a read turns the rotary part to the token's present slot."""
+
+    def __init__(self, model: GPT) -> None:
+        self.model = model
+        self.kept: list[int] = []
+        self.written: dict[tuple[int, int], tuple[tuple[torch.Tensor, ...], int]] = {}
+        self.rotary = model.config.positions == "rope"
+        self.part = slice(None) if model.config.attention == "gqa" else slice(model.config.kv_latent_dim, None)
+
+    def feed(self, token: int, index: int) -> torch.Tensor:
+        """Log-probabilities of the next token after ``token``, the stream's ``index``-th."""
+        self.kept = kept_after(self.kept, index)
+        self.index, self.slot = index, len(self.kept) - 1
+        hidden = self.model.hidden_states(torch.tensor([[token]]), torch.tensor([[self.slot]]), self)
+        return torch.log_softmax(self.model.logits(hidden)[0, -1], dim=-1)
+
+    def update(self, layer: int, *new: torch.Tensor) -> tuple[list[torch.Tensor], None]:
+        self.written[layer, self.index] = (new, self.slot)
+        reads = [self.at_slot(*self.written[layer, j], slot) for slot, j in enumerate(self.kept)]
+        return [torch.cat(parts, dim=2) for parts in zip(*reads)], None
+
+    def at_slot(self, entries: tuple[torch.Tensor, ...], written_at: int, slot: int) -> tuple[torch.Tensor, ...]:
+        if not self.rotary or slot == written_at:
+            return entries
+        first = entries[0].clone()  # the key (gqa), or the latent beside its rotary key (mla)
+        turn = rotary(torch.tensor([[slot - written_at]]), self.model.config.rope_dim, self.model.config.rope_theta)
+        first[..., self.part] = rotate(first[..., self.part], turn)
+        return (first, *entries[1:])
+
+
+def engine_logprobs(model: GPT, prompts: list[list[int]], new: int, **engine) -> list[list[Event]]:
+    """Every generated token's event (greedy, with the top 5 log-probabilities) of each prompt,
+    decoded side by side in one engine."""
+    events: list[list[Event]] = [[] for _ in prompts]
+    runner = Engine(model, max_batch=len(prompts), prefill_chunk=8, **engine)
+    settings = SamplingSettings(max_new_tokens=new, temperature=0.0, top_p=None)
+    for i, prompt in enumerate(prompts):
+        runner.submit(prompt, settings, lambda event, i=i: events[i].append(event), logprobs=5)
+    runner.run_until_idle()
+    return [[e for e in row if e.token_id is not None] for row in events]
+
+
+def prompts() -> list[list[int]]:
+    g = torch.Generator().manual_seed(3)
+    return [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in (5, 11)]
+
+
+def assert_follows(events: list[Event], prompt: list[int], reference_logprobs) -> None:
+    """The engine's tokens are the reference's greedy choices, and their log-probabilities (the
+    chosen token's and the top 5) the reference's, fed the same stream."""
+    stream = list(prompt)
+    logprobs = None
+    for index, token in enumerate(prompt):
+        logprobs = reference_logprobs(stream, index)
+    for event in events:
+        assert event.token_id == int(logprobs.argmax())
+        top = torch.tensor([value for _, value in event.logprob.top])
+        torch.testing.assert_close(top, logprobs.topk(5).values, **TOLERANCE)
+        assert [i for i, _ in event.logprob.top] == logprobs.topk(5).indices.tolist()
+        stream.append(event.token_id)
+        logprobs = reference_logprobs(stream, len(stream) - 1)
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("batch_invariant", [False, True], ids=["plain", "server"])
+def test_one_layer_rolling_cache_equals_recomputing_the_kept_tokens(kind, batch_invariant):
+    """One layer: a cached entry depends on its token and slot alone, so the rolling cache must
+    equal a plain forward pass (no cache) over the kept tokens from position 0."""
+    model = tiny_model(1, **KINDS[kind])
+    rows = prompts()
+
+    def recomputed(stream: list[int], index: int) -> torch.Tensor:
+        window = torch.tensor([[stream[j] for j in kept_at(index)]])
+        return torch.log_softmax(model(window)[0, -1], dim=-1)
+
+    with torch.inference_mode():
+        events = engine_logprobs(model, rows, 3 * BLOCK, batch_invariant=batch_invariant)
+        for row_events, prompt in zip(events, rows):
+            assert_follows(row_events, prompt, recomputed)
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_two_layer_rolling_cache_equals_a_cache_that_turns_keys_when_read(kind):
+    """Two layers: a kept token's deeper entries were computed beside tokens since evicted, as in
+    StreamingLLM. The reference keeps every entry where it was written and turns rotary keys to
+    their present slot at each read; the engine moves them once per eviction instead."""
+    model = tiny_model(2, seed=1, **KINDS[kind])
+    rows = prompts()
+    with torch.inference_mode():
+        events = engine_logprobs(model, rows, 3 * BLOCK)
+        for row_events, prompt in zip(events, rows):
+            reference = ReadTimeRotation(model)
+            assert_follows(row_events, prompt, lambda stream, index: reference.feed(stream[index], index))
+
+
+@pytest.mark.parametrize("kind", ["gqa-rope", "mla-rope"])
+def test_the_reference_catches_keys_moved_without_turning(kind):
+    """The case where the answer is no: a cache that moves the kept entries down but leaves their
+    rotary keys where they were turned is caught, within the first windows past the eviction."""
+    model = tiny_model(2, seed=1, **KINDS[kind])
+    model.move_entries = lambda entries, offset: None  # the bug: entries move, keys keep their angle
+    prompt = prompts()[0]
+    with torch.inference_mode():
+        events, = engine_logprobs(model, [prompt], 2 * BLOCK)
+        reference = ReadTimeRotation(model)
+        with pytest.raises(AssertionError):
+            assert_follows(events, prompt, lambda stream, index: reference.feed(stream[index], index))
+
+
+def test_the_window_slide_rules():
+    rolling = Window.for_positions("rope", BLOCK, sinks=SINKS)
+    assert (rolling.keep, rolling.sinks, rolling.rolls) == (KEEP, SINKS, True)
+    assert rolling.slide(0, 0, BLOCK) == (0, 0)  # a full window still fits
+    assert rolling.slide(0, 0, BLOCK + 1) == (0, BLOCK + 1 - KEEP)  # evicted after the sinks
+    assert rolling.tokens(list(range(20)), 0, 5) == [0, 1, 2, 3, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19]
+    learned = Window.for_positions("learned", BLOCK)
+    assert (learned.keep, learned.rolls) == (BLOCK // 2, False)
+    assert learned.slide(0, 0, BLOCK + 1) == (BLOCK + 1 - BLOCK // 2, 0)  # re-encode the recent half
+    assert Window.for_positions("none", BLOCK, keep_fraction=1.0).keep == BLOCK  # one token at a time
+
+
+def test_learned_runs_re_encode_and_bad_sinks_are_refused():
+    model = tiny_model(1, positions="learned")
+    assert not Engine(model, max_batch=1).window.rolls
+    with pytest.raises(ValueError, match="sinks must be 0 to 15"):
+        Engine(tiny_model(1, positions="rope"), max_batch=1, sinks=BLOCK)
+    with pytest.raises(AssertionError, match="cannot move"):
+        model.move_entries({}, 1)
+
+
+def test_a_rolled_row_neither_stores_nor_finds_prefix_pages():
+    """A page is the entries of a prompt's chunk from position 0: a rolled row's positions hold
+    none, so it must not add pages past its prompt; a second request with the same prompt still
+    gets the same tokens, from the prompt's first page. (A learned run re-encodes, and stores
+    the pages of each re-encoded window.)"""
+    model = tiny_model(2, positions="rope")
+    prompt = list(range(1, 17))  # a whole window: two pages of 8
+    settings = SamplingSettings(max_new_tokens=3 * BLOCK, temperature=0.0, top_p=None)
+    engine = Engine(model, max_batch=1, prefill_chunk=8, prefix_cache_bytes=2**20)
+    finishes = []
+    with torch.inference_mode():
+        for _ in range(2):
+            engine.submit(prompt, settings, lambda e: e.finish and finishes.append(e.finish))
+            engine.run_until_idle()
+            assert len(engine.prefix_cache) == 2
+    assert finishes[0].token_ids == finishes[1].token_ids and len(finishes[0].token_ids) == 3 * BLOCK
+    # The second copies the first page in; the last is computed again, for its logits.
+    assert (finishes[0].cached_tokens, finishes[1].cached_tokens) == (0, 8)
