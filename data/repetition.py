@@ -8,16 +8,35 @@ single word said ``n + 1`` times in a row is a loop.
 
 from __future__ import annotations
 
+import re
+
 REPEAT_NGRAM = 4  # the n of the repeated n-gram that marks a looping reply
+_WORD = re.compile(r"\S+")
 
 
-def repeats_ngram(text: str, n: int = REPEAT_NGRAM) -> bool:
-    """True when some ``n`` consecutive words of ``text`` occur twice in it."""
+def first_repeat_end(text: str, n: int = REPEAT_NGRAM) -> int | None:
+    """How many words of ``text`` it takes for some ``n`` consecutive words to occur twice (the
+    shortest prefix that loops), or None when no ``n`` words repeat."""
     words = text.split()
     seen = set()
     for i in range(len(words) - n + 1):
         gram = tuple(words[i:i + n])
         if gram in seen:
-            return True
+            return i + n
         seen.add(gram)
-    return False
+    return None
+
+
+def repeats_ngram(text: str, n: int = REPEAT_NGRAM) -> bool:
+    """True when some ``n`` consecutive words of ``text`` occur twice in it."""
+    return first_repeat_end(text, n) is not None
+
+
+def looping_prefix(text: str, n: int = REPEAT_NGRAM) -> str | None:
+    """The shortest beginning of ``text`` that repeats ``n`` words, cut after that repeat's last
+    word (its spacing and line breaks kept); None when ``text`` does not loop."""
+    words = first_repeat_end(text, n)
+    if words is None:
+        return None
+    last = list(_WORD.finditer(text))[words - 1]
+    return text[:last.end()]

@@ -4,16 +4,21 @@
 
 For each user turn of the Shakespeare chat set (its first exchange, the prompt rendered and cut by
 the chat format as a chat is), the run samples ``--samples`` replies through the inference engine,
-as ``generate.py --chat`` samples them (role tokens suppressed, seeded). A reply is
+as ``generate.py --chat`` samples them (temperature 0.8, top-p 0.95, role tokens suppressed,
+seeded). A reply is
 
 - good when it ends with ``<|end|>`` within ``--max-new-tokens`` and repeats no 4-gram of words
   (``data.repetition``);
-- bad when it runs on to the budget without ending, or loops (repeats a 4-gram).
+- bad when it loops (repeats a 4-gram).
 
-A prompt with at least one of each gives one pair (its first good reply chosen, its first bad one
-rejected), written as a TRL conversational row that ``data.format: preference`` reads. No network,
-no other model: what DPO then teaches is measured by ``python -m benchmarks.chat_eval`` (the
-share of replies that end, and of those that repeat a 4-gram).
+A prompt with at least one of each gives one pair, written as a TRL conversational row that
+``data.format: preference`` reads. The pair teaches the loop, not the length: the rejected reply is
+cut where its first repeat completes (``data.repetition.looping_prefix``), and the chosen one is the
+good reply closest to it in words. A reply that runs on to the budget without looping is never
+rejected: the chat format ends every rendered reply with ``<|end|>``, so such a pair would only say
+"shorter", and DPO then learns to end replies early rather than to stop loops. No network, no other
+model: what DPO then teaches is measured by ``python -m benchmarks.chat_eval`` (the share of replies
+that end, and of those that repeat a 4-gram).
 
 The prompts come from the plays the chat run trained on (``--split train``, the default), so the
 held-out plays that ``benchmarks.chat_eval`` replies to stay unseen by DPO too.
@@ -34,7 +39,7 @@ from common.errors import UserError
 from common.files import atomic_write_text
 from data.chat import ChatTokenIds, ChatTooLong, Message, fit_for_reply
 from data.config import DataConfig
-from data.repetition import repeats_ngram
+from data.repetition import looping_prefix, repeats_ngram
 from data.sources.conversations import load_conversations
 from data.sources.preferences import PreferencePair
 from inference.engine import Finish, decode
@@ -50,7 +55,7 @@ class SetSettings:
     prompts: int = 200  # user turns spread evenly over the split (those too long for the window are left out)
     samples: int = 6  # replies sampled per prompt
     max_new_tokens: int = 40  # a budget well past a chat run's usual reply, so a reply that reaches it runs on
-    temperature: float = 1.0
+    temperature: float = 0.8  # generate.py --chat's: the replies users see
     top_p: float | None = 0.95
     seed: int = 0
 
@@ -63,6 +68,11 @@ class PreferenceSet:
     good: int  # replies that ended within the budget with no repeated 4-gram
     looped: int  # replies that repeated a 4-gram
     ran_on: int  # replies that reached the budget without ending
+
+    def mean_words(self, side: str) -> float:
+        """The mean length in words of the pairs' ``side`` ("chosen" or "rejected") replies."""
+        texts = [getattr(pair, side)[0].content for pair in self.pairs]
+        return sum(len(text.split()) for text in texts) / max(len(texts), 1)
 
 
 def first_exchange_prompts(split: str, count: int) -> list[list[Message]]:
@@ -80,13 +90,13 @@ def first_exchange_prompts(split: str, count: int) -> list[list[Message]]:
 
 
 def reply_is_good(finish: Finish, end_id: int) -> bool | None:
-    """True for a reply that ends with ``end_id`` and does not loop; False for one that loops or
-    runs on; None for neither (it ended on another end token)."""
+    """True for a reply that ends with ``end_id`` and does not loop; False for one that loops; None
+    for neither (it ran on without looping, or ended on another end token)."""
     if repeats_ngram(finish.text):
         return False
     if finish.token_ids and finish.token_ids[-1] == end_id:
         return True
-    return False if finish.reason == "length" else None
+    return None
 
 
 def build_preference_set(run: LoadedRun, prompts: list[list[Message]], settings: SetSettings) -> PreferenceSet:
@@ -121,19 +131,23 @@ def sample_replies(run: LoadedRun, prompt_ids: list[list[int]], settings: SetSet
 
 
 def pair_replies(prompts: list[list[Message]], finishes: list[Finish], samples: int, end_id: int) -> PreferenceSet:
-    """One pair per prompt with a good and a bad reply among its ``samples`` (``finishes`` holds each
-    prompt's replies in turn): its first good reply chosen, its first bad one rejected."""
+    """One pair per prompt with a good and a looping reply among its ``samples`` (``finishes`` holds
+    each prompt's replies in turn): the looping reply cut where its first repeat completes, against
+    the good reply nearest it in words (the earliest of equals)."""
     result = PreferenceSet([], len(prompts), len(finishes), 0, 0, 0)
     for i, messages in enumerate(prompts):
         replies = finishes[i * samples:(i + 1) * samples]
         verdicts = [reply_is_good(finish, end_id) for finish in replies]
         result.good += sum(v is True for v in verdicts)
-        result.looped += sum(repeats_ngram(f.text) for f in replies)
+        result.looped += sum(v is False for v in verdicts)
         result.ran_on += sum(f.reason == "length" for f in replies)
-        if True in verdicts and False in verdicts:
-            chosen, rejected = replies[verdicts.index(True)], replies[verdicts.index(False)]
-            result.pairs.append(PreferencePair(tuple(messages), (Message("assistant", chosen.text),),
-                                               (Message("assistant", rejected.text),)))
+        good = [f.text for f, v in zip(replies, verdicts) if v is True]
+        loops = [looping_prefix(f.text) for f, v in zip(replies, verdicts) if v is False]
+        if good and loops:
+            rejected = loops[0]
+            chosen = min(good, key=lambda text: abs(len(text.split()) - len(rejected.split())))
+            result.pairs.append(PreferencePair(tuple(messages), (Message("assistant", chosen),),
+                                               (Message("assistant", rejected),)))
     return result
 
 
@@ -176,12 +190,13 @@ def _command(args: argparse.Namespace) -> int:
                            temperature=args.temperature, seed=args.seed)
     built = build_preference_set(run, first_exchange_prompts(args.split, args.prompts), settings)
     if not built.pairs:
-        raise UserError(f"no prompt of {built.prompts} got both a good and a bad reply from {args.run}; "
+        raise UserError(f"no prompt of {built.prompts} got both a good and a looping reply from {args.run}; "
                         "raise --samples or --max-new-tokens, or use another run")
     write_preference_set(args.out, built.pairs)
     print(f"{built.prompts} prompts, {built.replies} replies: {built.good} ended with <|end|> without a repeated "
           f"4-gram, {built.looped} repeated a 4-gram, {built.ran_on} ran on past {args.max_new_tokens} tokens")
-    print(f"wrote {len(built.pairs)} pairs to {args.out}")
+    print(f"wrote {len(built.pairs)} pairs to {args.out}: chosen replies {built.mean_words('chosen'):.1f} words "
+          f"on average, rejected (cut after their first repeat) {built.mean_words('rejected'):.1f}")
     return 0
 
 

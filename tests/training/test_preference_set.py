@@ -25,7 +25,7 @@ def _finish(text: str, ended: bool, end_id: int = END) -> Finish:
 @pytest.mark.parametrize("finish, verdict", [
     (_finish("Good my lord, I will.", ended=True), True),
     (_finish("My lord, I will, my lord, I will, my lord.", ended=True), False),  # ended, but loops
-    (_finish("Good my lord, and so and so and", ended=False), False),  # ran on to the budget
+    (_finish("Good my lord, and so and so and", ended=False), None),  # ran on to the budget, no loop
     (_finish("the king the king the king the king", ended=False), False),
     (_finish("Farewell.", ended=True, end_id=EOT), None),  # ended, but not on <|end|>
 ])
@@ -33,20 +33,36 @@ def test_a_reply_is_good_when_it_ends_with_end_of_turn_and_does_not_loop(finish,
     assert reply_is_good(finish, END) is verdict
 
 
-def test_a_prompt_gives_a_pair_only_with_a_good_and_a_bad_reply():
-    prompts = [[Message("user", f"question {i}")] for i in range(3)]
+def test_a_prompt_gives_a_pair_only_with_a_good_and_a_looping_reply():
+    prompts = [[Message("user", f"question {i}")] for i in range(4)]
     finishes = [
-        _finish("so so so so so", ended=False), _finish("Aye.", ended=True), _finish("No.", ended=True),  # pair
+        _finish("so so so so so so", ended=False), _finish("Aye.", ended=True), _finish("No.", ended=True),  # pair
         _finish("Aye.", ended=True), _finish("Nay.", ended=True), _finish("Hm.", ended=True),  # all good
-        _finish("on and on", ended=False), _finish("a b c d a b c d", ended=True), _finish("x", ended=True, end_id=EOT),
+        _finish("on and on", ended=False), _finish("Yes, my lord.", ended=True),  # ran on without a loop
+        _finish("x", ended=True, end_id=EOT),
+        _finish("a b c d a b c d", ended=True), _finish("x", ended=True, end_id=EOT), _finish("Hm.", ended=True),
     ]
     built = pair_replies(prompts, finishes, 3, END)
-    assert (built.prompts, built.replies, built.good, built.looped, built.ran_on) == (3, 9, 5, 2, 2)
-    assert len(built.pairs) == 1
+    assert (built.prompts, built.replies, built.good, built.looped, built.ran_on) == (4, 12, 7, 2, 2)
+    assert [pair.prompt for pair in built.pairs] == [(Message("user", "question 0"),), (Message("user", "question 3"),)]
     pair = built.pairs[0]
-    assert pair.prompt == (Message("user", "question 0"),)
-    assert pair.chosen == (Message("assistant", "Aye."),) and pair.rejected == (Message("assistant", "so so so so so"),)
+    assert pair.chosen == (Message("assistant", "Aye."),)
+    assert pair.rejected == (Message("assistant", "so so so so so"),)  # cut where the loop first completes
     assert pair_from_row(json.loads(json.dumps(pair.to_row())), "row") == pair  # what data.format: preference reads
+
+
+def test_the_chosen_reply_is_the_good_one_nearest_the_cut_loop_in_length():
+    finishes = [
+        _finish("Aye.", ended=True),
+        _finish("I will not, my lord, for I must go.", ended=True),
+        _finish("Go, go, go, go, go, go, go, go, go, go, go, go, go, go, go", ended=False),
+        _finish("Good night to you all, sweet friends.", ended=True),
+    ]
+    built = pair_replies([[Message("user", "Wilt thou?")]], finishes, 4, END)
+    pair, = built.pairs
+    assert pair.rejected[0].content == "Go, go, go, go, go, go,"  # six words ("Go," is not "go,")
+    assert pair.chosen[0].content == "Good night to you all, sweet friends."  # seven words: nearer than nine or one
+    assert built.mean_words("chosen") == 7 and built.mean_words("rejected") == 6
 
 
 @pytest.fixture
@@ -63,7 +79,7 @@ def test_no_pair_is_an_error_and_writes_nothing(silent_run, tmp_path, capsys):
     err = capsys.readouterr().err
     # (Some of the three speeches are longer than this run's window: they are not replied to.)
     assert code == 2 and err.startswith("error: no prompt of ") and err.count("\n") == 1
-    assert "got both a good and a bad reply" in err
+    assert "got both a good and a looping reply" in err
     assert not out.exists()
 
 
