@@ -13,8 +13,9 @@ run's tokenizer and its window):
   as ``generate.py --chat`` samples by default (temperature 0.8, top-p 0.95, role tokens
   suppressed; reply i seeded ``--seed`` + i), and greedily;
 - the share of those replies that repeat a 4-gram of words (``data.repetition``): replies that loop;
-- the mean length in tokens of the replies that ended, sampled and greedy: beside the bits/byte, it
-  tells a fine-tune that stopped loops from one that taught the model to say almost nothing.
+- the mean length in tokens of the replies that ended, sampled and greedy, and the share of greedy
+  replies that are distinct: beside the bits/byte, they tell a fine-tune that stopped loops from one
+  that taught the model to say almost nothing, or one thing to everyone.
 
 ``--transcript`` adds a short multi-turn conversation with each run through ``generate.py --chat``'s
 session. The last column of the table is each run's figure over the first run's.
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from common.cli import path_arg, positive_int, run_command
+from common.threads import add_threads_argument, parse_threads, use_threads
 from data.chat import ChatTokenIds
 from data.config import DataConfig
 from data.prepared.chat import prepare_chat_data
@@ -50,6 +52,7 @@ class Replies:
     ended: float  # share of replies that end with <|end|> within the budget
     repeated: float  # share of replies that repeat a 4-gram of words
     mean_ended_tokens: float  # mean length of the replies that ended
+    distinct: float  # share of the replies whose text no earlier reply had
 
 
 @dataclass
@@ -74,7 +77,8 @@ def reply_measures(run, prompts: list[list[int]], max_new_tokens: int, temperatu
             lengths.append(finish.completion_tokens)
         repeated += repeats_ngram(finish.text)
     return Replies(len(lengths) / len(finishes), repeated / len(finishes),
-                   statistics.mean(lengths) if lengths else float("nan"))
+                   statistics.mean(lengths) if lengths else float("nan"),
+                   len({finish.text for finish in finishes}) / len(finishes))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,11 +89,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=positive_int, default=200)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--transcript", action="store_true")
+    add_threads_argument(parser)
     return run_command(parser, argv, compare_runs)
 
 
 def compare_runs(args: argparse.Namespace) -> int:
-
+    use_threads(parse_threads(args.threads))
     device = torch.device("cpu")
     rows: list[Row] = []
     for directory in args.runs:
@@ -119,13 +124,14 @@ def compare_runs(args: argparse.Namespace) -> int:
     first = rows[0]
     print()
     print("| run | assistant bits/byte | ended with <|end|> (sampled) | ended (greedy) | repeated 4-gram (sampled) "
-          "| repeated (greedy) | mean reply tokens (sampled) | (greedy) | bits/byte vs first |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| repeated (greedy) | mean reply tokens (sampled) | (greedy) | distinct (greedy) | bits/byte vs first |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         s, g = row.sampled, row.greedy
         print(f"| {row.run} | {row.bpb:.3f} | {100 * s.ended:.1f}% | {100 * g.ended:.1f}% "
               f"| {100 * s.repeated:.1f}% | {100 * g.repeated:.1f}% "
-              f"| {s.mean_ended_tokens:.1f} | {g.mean_ended_tokens:.1f} | {row.bpb / first.bpb:.3f} |")
+              f"| {s.mean_ended_tokens:.1f} | {g.mean_ended_tokens:.1f} | {100 * g.distinct:.1f}% "
+              f"| {row.bpb / first.bpb:.3f} |")
     return 0
 
 

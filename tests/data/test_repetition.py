@@ -2,7 +2,7 @@
 
 import pytest
 
-from data.repetition import looping_prefix, repeats_ngram
+from data.repetition import before_repeat, looping_prefix, repeats_ngram
 
 
 @pytest.mark.parametrize("text", [
@@ -40,3 +40,14 @@ def test_the_looping_prefix_ends_where_the_first_repeat_completes(text, prefix):
     assert looping_prefix(text) == prefix
     if prefix is not None:
         assert repeats_ngram(prefix) and not repeats_ngram(" ".join(prefix.split()[:-1]))
+
+
+@pytest.mark.parametrize("text, before", [
+    ("the king, the king, the king, the king", "the king,"),  # "the king, the" comes back at word 3
+    ("Go.\nI will go.\nI will go.\nI will go and fight", "Go.\nI will go."),
+    ("To be, or not to be, that is the question.", None),
+])
+def test_before_the_repeat_is_where_the_loop_could_still_turn(text, before):
+    assert before_repeat(text) == before
+    if before is not None:
+        assert looping_prefix(text).startswith(before) and not repeats_ngram(before)
