@@ -1,6 +1,7 @@
-"""The built-in preference set: a chat run's own replies, those that end well against those that loop.
+"""The built-in preference set: a chat run's own looping replies, against the same replies turned
+another way where the loop begins.
 
-    python -m training.preference_set --run runs/tiny-chat --out data/preferences-tiny-chat.jsonl
+    python -m training.preference_set --run runs/tiny-chat --out runs/tiny-chat-preferences.jsonl
 
 For each user turn of the Shakespeare chat set (its first exchange, the prompt rendered and cut by
 the chat format as a chat is), the run first replies greedily, through the inference engine as
@@ -128,9 +129,8 @@ def build_preference_set(run: LoadedRun, prompts: list[list[Message]], settings:
 
 def sample_replies(run: LoadedRun, prompt_ids: list[list[int]], settings: SetSettings) -> list[Finish]:
     """A reply to each prompt through the engine, reply i seeded ``settings.seed + i`` (or greedy at
-    temperature 0), as a chat
-    samples it: role tokens suppressed, ended by ``<|end|>`` or ``<|endoftext|>`` (kept in the
-    token ids, never in the text)."""
+    temperature 0), as a chat samples it: role tokens suppressed, ended by ``<|end|>`` or
+    ``<|endoftext|>`` (kept in the token ids, never in the text)."""
     special = ChatTokenIds.of(run.tokenizer)
     finishes: list[Finish] = []
     for start in range(0, len(prompt_ids), ROWS_PER_DECODE):
