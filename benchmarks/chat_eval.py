@@ -10,9 +10,12 @@ run's tokenizer and its window):
   scored), over every held-out conversation;
 - the share of replies to held-out user turns (the first exchange of ``--replies`` conversations
   spread evenly over the split) that end with <|end|> within ``--max-new-tokens`` tokens, sampled
-  as ``generate.py --chat`` samples by default (temperature 0.8, top-p 0.95, seeded), and greedily;
+  as ``generate.py --chat`` samples by default (temperature 0.8, top-p 0.95, role tokens
+  suppressed; reply i seeded ``--seed`` + i), and greedily;
 - the share of those replies that repeat a 4-gram of words (``data.repetition``): replies that loop;
-- the mean length of the replies that ended.
+- the mean length in tokens of the replies that ended, sampled and greedy, and the share of greedy
+  replies that are distinct: beside the bits/byte, they tell a fine-tune that stopped loops from one
+  that taught the model to say almost nothing, or one thing to everyone.
 
 ``--transcript`` adds a short multi-turn conversation with each run through ``generate.py --chat``'s
 session. The last column of the table is each run's figure over the first run's.
@@ -27,6 +30,8 @@ from dataclasses import dataclass
 import torch
 
 from common.cli import path_arg, positive_int, run_command
+from common.threads import add_threads_argument, parse_threads, use_threads
+from data.chat import ChatTokenIds
 from data.config import DataConfig
 from data.prepared.chat import prepare_chat_data
 from data.repetition import repeats_ngram
@@ -34,6 +39,7 @@ from inference.chat import ChatSession
 from inference.settings import GenerationSettings
 from inference.engine import decode
 from inference.sampling import SamplingSettings
+from model.gpt import eval_mode
 from rundir.loading import load_run
 from training import DistContext, evaluate_chat
 
@@ -42,36 +48,37 @@ TRANSCRIPT = ["Who's there?", "My lord, the king your father is dead.", "What wi
 
 
 @dataclass
-class Row:
-    run: str
-    bpb: float
-    ended_sampled: float
-    ended_greedy: float
-    repeated_sampled: float
-    repeated_greedy: float
-    mean_reply_tokens: float
-
-
-@dataclass
 class Replies:
     ended: float  # share of replies that end with <|end|> within the budget
     repeated: float  # share of replies that repeat a 4-gram of words
     mean_ended_tokens: float  # mean length of the replies that ended
+    distinct: float  # share of the replies whose text no earlier reply had
 
 
-def reply_measures(model, tokenizer, split, end_id: int, rows: list[int], max_new_tokens: int, temperature: float,
+@dataclass
+class Row:
+    run: str
+    bpb: float
+    sampled: Replies
+    greedy: Replies
+
+
+def reply_measures(run, prompts: list[list[int]], max_new_tokens: int, temperature: float,
                    seed: int) -> Replies:
-    """How the replies to the first exchange of ``rows`` end, and how many loop."""
+    """How the replies to ``prompts`` end, and how many loop: one engine decodes them all."""
+    special = ChatTokenIds.of(run.tokenizer)
+    settings = SamplingSettings(max_new_tokens=max_new_tokens, temperature=temperature,
+                                top_p=0.95 if temperature else None, seed=seed, suppress_ids=special.suppress_ids)
+    with eval_mode(run.model):
+        finishes = decode(run.model, prompts, settings, token_bytes=run.token_bytes, end_ids=special.reply_end_ids)
     lengths, repeated = [], 0
-    for row in rows:
-        settings = SamplingSettings(max_new_tokens=max_new_tokens, temperature=temperature,
-                                    top_p=0.95 if temperature else None, seed=seed + row)
-        finish, = decode(model, [split.first_reply_prompt(row)], settings, end_ids=[end_id])
-        ended = bool(finish.token_ids) and finish.token_ids[-1] == end_id
-        if ended:
+    for finish in finishes:
+        if finish.token_ids and finish.token_ids[-1] == special.end:
             lengths.append(finish.completion_tokens)
-        repeated += repeats_ngram(tokenizer.decode(list(finish.token_ids[:-1] if ended else finish.token_ids)))
-    return Replies(len(lengths) / len(rows), repeated / len(rows), statistics.mean(lengths) if lengths else float("nan"))
+        repeated += repeats_ngram(finish.text)
+    return Replies(len(lengths) / len(finishes), repeated / len(finishes),
+                   statistics.mean(lengths) if lengths else float("nan"),
+                   len({finish.text for finish in finishes}) / len(finishes))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,11 +89,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=positive_int, default=200)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--transcript", action="store_true")
+    add_threads_argument(parser)
     return run_command(parser, argv, compare_runs)
 
 
 def compare_runs(args: argparse.Namespace) -> int:
-
+    use_threads(parse_threads(args.threads))
     device = torch.device("cpu")
     rows: list[Row] = []
     for directory in args.runs:
@@ -94,14 +102,13 @@ def compare_runs(args: argparse.Namespace) -> int:
         data = prepare_chat_data(DataConfig(format="chat", cache_dir=args.cache_dir), directory / "tokenizer.json",
                                  run.block_size, progress=False)
         token_bytes = torch.as_tensor(data.token_bytes(), dtype=torch.long)
-        end_id = run.tokenizer.token_to_id("<|end|>")
         result = evaluate_chat(run.model, data.val, token_bytes, batch_size=32, max_batches=None,
                                pad_id=data.eot_id, device=device, ctx=DistContext())
         picks = sorted({round(i * (len(data.val) - 1) / max(args.replies - 1, 1)) for i in range(args.replies)})
-        sampled, greedy = (reply_measures(run.model, run.tokenizer, data.val, end_id, picks, args.max_new_tokens,
-                                          temperature, args.seed) for temperature in (0.8, 0.0))
-        rows.append(Row(str(directory), result.bpb, sampled.ended, greedy.ended, sampled.repeated, greedy.repeated,
-                        sampled.mean_ended_tokens))
+        prompts = [data.val.first_reply_prompt(row) for row in picks]
+        sampled, greedy = (reply_measures(run, prompts, args.max_new_tokens, temperature, args.seed)
+                           for temperature in (0.8, 0.0))
+        rows.append(Row(str(directory), result.bpb, sampled, greedy))
         print(f"{directory}: {len(data.val)} held-out conversations ({data.meta['val_from']}), "
               f"{result.tokens:,} assistant tokens scored, {len(picks)} replies", flush=True)
         if args.transcript:
@@ -117,12 +124,14 @@ def compare_runs(args: argparse.Namespace) -> int:
     first = rows[0]
     print()
     print("| run | assistant bits/byte | ended with <|end|> (sampled) | ended (greedy) | repeated 4-gram (sampled) "
-          "| repeated (greedy) | mean reply tokens | bits/byte vs first |")
-    print("|---|---|---|---|---|---|---|---|")
+          "| repeated (greedy) | mean reply tokens (sampled) | (greedy) | distinct (greedy) | bits/byte vs first |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
-        print(f"| {row.run} | {row.bpb:.3f} | {100 * row.ended_sampled:.1f}% | {100 * row.ended_greedy:.1f}% "
-              f"| {100 * row.repeated_sampled:.1f}% | {100 * row.repeated_greedy:.1f}% "
-              f"| {row.mean_reply_tokens:.1f} | {row.bpb / first.bpb:.3f} |")
+        s, g = row.sampled, row.greedy
+        print(f"| {row.run} | {row.bpb:.3f} | {100 * s.ended:.1f}% | {100 * g.ended:.1f}% "
+              f"| {100 * s.repeated:.1f}% | {100 * g.repeated:.1f}% "
+              f"| {s.mean_ended_tokens:.1f} | {g.mean_ended_tokens:.1f} | {100 * g.distinct:.1f}% "
+              f"| {row.bpb / first.bpb:.3f} |")
     return 0
 
 

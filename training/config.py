@@ -149,6 +149,10 @@ class TrainConfig:
     # data.format: preference only: DPO's β, how far the policy may move from the init_from run
     # (training/dpo.py); TRL's default.
     dpo_beta: float = 0.1
+    # data.format: preference only: RPO's weight on the chosen replies' mean token NLL, added to the
+    # DPO loss (TRL's loss_type [sigmoid, sft] with loss_weights [1, this]); it keeps the policy
+    # writing its chosen replies while it learns the preference. 0 = plain DPO.
+    dpo_rpo_alpha: float = 0.0
 
     def budget_reached(self, step: int, tokens: int, seconds: float) -> str | None:
         """The budget a run at ``step``, having seen ``tokens`` in ``seconds`` of training, has used
@@ -201,6 +205,7 @@ class TrainConfig:
         _require_one_of(self.precision, "train.precision", ("auto", "bf16", "fp32"))
         _require_one_of(self.parallel, "train.parallel", ("ddp", "fsdp"))
         _require_in(self.dpo_beta, "train.dpo_beta", 0, math.inf, low_open=True, high_open=True)
+        _require_in(self.dpo_rpo_alpha, "train.dpo_rpo_alpha", 0, math.inf, high_open=True, note=" (0 = plain DPO)")
         if self.parallel == "fsdp":
             require((too_old := torch_too_old(torch.__version__)) is None, str(too_old))
         require(

@@ -8,8 +8,18 @@ than the reference does, and the loss asks the chosen reward to beat the rejecte
     reward(y) = β · (log π(y | prompt) − log π_ref(y | prompt))
     loss      = −log σ(reward(c) − reward(r))
 
-averaged over the pairs of the step. β sets how far from the reference the policy may move. The
-metrics carry TRL's names, so a reader of its logs reads these at once: ``rewards/chosen`` and
+averaged over the pairs of the step. β sets how far from the reference the policy may move.
+
+The loss only compares the two replies, so it is as well met by making both less likely as by
+making the chosen one more likely; on a small set many epochs of it drift the policy away from
+writing anything like its chosen replies (replies collapse to a few words). RPO adds the chosen
+replies' negative log-likelihood, the mean over their tokens in the batch, weighted by α
+(``train.dpo_rpo_alpha``; TRL's ``loss_type=["sigmoid", "sft"]`` with ``loss_weights=[1, α]``):
+
+    loss      = −log σ(reward(c) − reward(r)) + α · NLL(c)
+
+which anchors the policy to text it already wrote well, and makes the held-out loss, which picks
+the weights the run keeps, rise again when the policy drifts. The metrics carry TRL's names, so a reader of its logs reads these at once: ``rewards/chosen`` and
 ``rewards/rejected`` (the mean rewards), ``rewards/accuracies`` (the share of pairs whose chosen
 reward is the higher), ``rewards/margins`` (the mean difference), ``logps/chosen`` and
 ``logps/rejected`` (the policy's mean summed log-probabilities).
@@ -60,9 +70,11 @@ def dpo_loss(
 
 def score_pairs(
     model: nn.Module, reference: Reference, x: torch.Tensor, y: torch.Tensor, beta: float, amp: Amp | None,
+    rpo_alpha: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(the batch's per-pair losses, with gradients; the pairs' sums, in ``_SUMS`` order; the policy's
-    logits) for a batch of ``data.batches.preference``: chosen rows first, then the rejected."""
+    logits) for a batch of ``data.batches.preference``: chosen rows first, then the rejected. With
+    ``rpo_alpha`` each pair's loss adds α times the chosen replies' mean token NLL over the batch."""
     with amp() if amp is not None else contextlib.nullcontext():
         logits = model(x)
     policy = reply_logps(logits, y)
@@ -70,6 +82,8 @@ def score_pairs(
         ref = reply_logps(reference.logits(model, x), y)
     n = len(x) // 2
     losses, chosen, rejected = dpo_loss(policy[:n], policy[n:], ref[:n], ref[n:], beta)
+    if rpo_alpha:
+        losses = losses + rpo_alpha * -policy[:n].sum() / (y[:n] != -1).sum()
     chosen, rejected, policy = chosen.detach(), rejected.detach(), policy.detach()
     sums = torch.stack([
         torch.tensor(float(n), device=x.device), losses.detach().sum(), chosen.sum(), rejected.sum(),
@@ -91,6 +105,7 @@ def accumulate_dpo_gradients(
     micro_batches: list[tuple[torch.Tensor, torch.Tensor]],
     *,
     beta: float,
+    rpo_alpha: float = 0.0,
     amp: Amp | None = None,
     sync: Callable[[bool], ContextManager] | None = None,
     ctx: DistContext = DistContext(),
@@ -103,7 +118,7 @@ def accumulate_dpo_gradients(
     sums = torch.zeros(len(_SUMS), dtype=torch.float64, device=micro_batches[0][0].device)
     for i, (x, y) in enumerate(micro_batches):
         with sync(i == len(micro_batches) - 1) if sync is not None else contextlib.nullcontext():
-            losses, batch_sums, _ = score_pairs(model, reference, x, y, beta, amp)
+            losses, batch_sums, _ = score_pairs(model, reference, x, y, beta, amp, rpo_alpha)
             (losses.mean() / len(micro_batches)).backward()
         sums += batch_sums
     loss = (sums[1] / sums[0]).float()
@@ -118,6 +133,7 @@ def evaluate_preferences(
     token_bytes: torch.Tensor,
     *,
     beta: float,
+    rpo_alpha: float = 0.0,
     batch_size: int,
     max_batches: int | None,
     pad_id: int,
@@ -126,7 +142,7 @@ def evaluate_preferences(
     ctx: DistContext = DistContext(),
     progress: bool = False,
 ) -> EvalResult:
-    """The DPO loss over held-out pairs, with the preference metrics (``rewards/accuracies``: how
+    """The DPO loss (with RPO's term when ``rpo_alpha``) over held-out pairs, with the preference metrics (``rewards/accuracies``: how
     often the policy prefers the chosen reply more than the reference does) in ``metrics``, and the
     bits per byte of the chosen replies' text under the policy. ``batch_size`` counts pairs; with
     several processes each scores every ``world_size``-th batch and the sums are added up."""
@@ -140,7 +156,7 @@ def evaluate_preferences(
         for i, (x, y) in enumerate(batches):
             if i % ctx.world_size != ctx.rank:
                 continue
-            _, batch_sums, logits = score_pairs(model, reference, x, y, beta, amp)
+            _, batch_sums, logits = score_pairs(model, reference, x, y, beta, amp, rpo_alpha)
             sums += batch_sums
             n = len(x) // 2
             nats, nbytes = target_nats_and_bytes(logits[:n], y[:n], token_bytes)

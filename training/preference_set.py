@@ -1,19 +1,31 @@
-"""The built-in preference set: a chat run's own replies, those that end well against those that loop.
+"""The built-in preference set: a chat run's own looping replies, against the same replies turned
+another way where the loop begins.
 
-    python -m training.preference_set --run runs/tiny-chat --out data/preferences-tiny-chat.jsonl
+    python -m training.preference_set --run runs/tiny-chat --out runs/tiny-chat-preferences.jsonl
 
 For each user turn of the Shakespeare chat set (its first exchange, the prompt rendered and cut by
-the chat format as a chat is), the run samples ``--samples`` replies through the inference engine,
-as ``generate.py --chat`` samples them (role tokens suppressed, seeded). A reply is
+the chat format as a chat is), the run first replies greedily, through the inference engine as
+``generate.py --chat`` does (role tokens suppressed). A chat run's greedy replies are the ones that
+loop; its sampled replies seldom do. Only the prompts whose greedy reply loops (repeats a 4-gram of
+words, ``data.repetition``) go on, and each gives at most one pair:
 
-- good when it ends with ``<|end|>`` within ``--max-new-tokens`` and repeats no 4-gram of words
-  (``data.repetition``);
-- bad when it runs on to the budget without ending, or loops (repeats a 4-gram).
+- rejected: the greedy reply, cut where its first repeat completes
+  (``data.repetition.looping_prefix``);
+- chosen: the same reply up to where that repeat begins (``data.repetition.before_repeat``), then
+  a sampled continuation that ends with ``<|end|>`` within ``--max-new-tokens`` and leaves the whole
+  reply without a repeated 4-gram. The run samples ``--samples`` continuations at
+  ``generate.py --chat``'s temperature 0.8 and top-p 0.95 (seeded); the chosen one is the good
+  continuation whose reply is nearest the rejected one in words.
 
-A prompt with at least one of each gives one pair (its first good reply chosen, its first bad one
-rejected), written as a TRL conversational row that ``data.format: preference`` reads. No network,
-no other model: what DPO then teaches is measured by ``python -m benchmarks.chat_eval`` (the
-share of replies that end, and of those that repeat a 4-gram).
+So both replies of a pair start alike and part where the loop begins: the words they share cancel in
+DPO's reward difference, and what is left is the loop against a way out of it, not the length of a
+reply nor the words it opens with. A reply that runs on to the budget without looping is never
+rejected: the chat format ends every rendered reply with ``<|end|>``, so such a pair would only say
+"shorter", and DPO then learns to end replies early rather than to stop loops. Replying greedily
+first keeps the set cheap: most prompts cost one reply. Each pair is written as a TRL
+conversational row that ``data.format: preference`` reads. No network, no other model: what DPO
+then teaches is measured by ``python -m benchmarks.chat_eval`` (the share of replies that end, and
+of those that repeat a 4-gram, greedy and sampled).
 
 The prompts come from the plays the chat run trained on (``--split train``, the default), so the
 held-out plays that ``benchmarks.chat_eval`` replies to stay unseen by DPO too.
@@ -23,7 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -32,9 +44,10 @@ import torch
 from common.cli import ArgumentParser, path_arg, run_command
 from common.errors import UserError
 from common.files import atomic_write_text
-from data.chat import ChatTokenIds, ChatTooLong, Message, fit_for_reply
+from common.threads import add_threads_argument, parse_threads, use_threads
+from data.chat import ChatTokenIds, ChatTooLong, Message, encode_plain, fit_for_reply
 from data.config import DataConfig
-from data.repetition import repeats_ngram
+from data.repetition import before_repeat, looping_prefix, repeats_ngram
 from data.sources.conversations import load_conversations
 from data.sources.preferences import PreferencePair
 from inference.engine import Finish, decode
@@ -47,10 +60,10 @@ ROWS_PER_DECODE = 256  # replies decoded together: one engine, one cache of this
 
 @dataclass(frozen=True)
 class SetSettings:
-    prompts: int = 200  # user turns spread evenly over the split (those too long for the window are left out)
-    samples: int = 6  # replies sampled per prompt
-    max_new_tokens: int = 40  # a budget well past a chat run's usual reply, so a reply that reaches it runs on
-    temperature: float = 1.0
+    prompts: int = 6000  # user turns spread evenly over the split (those too long for the window are left out)
+    samples: int = 8  # continuations sampled per prompt whose greedy reply loops
+    max_new_tokens: int = 64  # a budget well past a chat run's usual reply, so a reply that reaches it runs on
+    temperature: float = 0.8  # generate.py --chat's: the replies users see
     top_p: float | None = 0.95
     seed: int = 0
 
@@ -60,9 +73,15 @@ class PreferenceSet:
     pairs: list[PreferencePair]
     prompts: int  # prompts replied to
     replies: int
-    good: int  # replies that ended within the budget with no repeated 4-gram
-    looped: int  # replies that repeated a 4-gram
-    ran_on: int  # replies that reached the budget without ending
+    looped: int  # prompts whose greedy reply repeated a 4-gram: those sampled further
+    continuations: int  # continuations sampled from where those loops begin
+    good: int  # continuations that ended within the budget and left their reply with no repeated 4-gram
+    ran_on: int  # continuations that reached the budget without ending
+
+    def mean_words(self, side: str) -> float:
+        """The mean length in words of the pairs' ``side`` ("chosen" or "rejected") replies."""
+        texts = [getattr(pair, side)[0].content for pair in self.pairs]
+        return sum(len(text.split()) for text in texts) / max(len(texts), 1)
 
 
 def first_exchange_prompts(split: str, count: int) -> list[list[Message]]:
@@ -79,18 +98,15 @@ def first_exchange_prompts(split: str, count: int) -> list[list[Message]]:
     return prompts
 
 
-def reply_is_good(finish: Finish, end_id: int) -> bool | None:
-    """True for a reply that ends with ``end_id`` and does not loop; False for one that loops or
-    runs on; None for neither (it ended on another end token)."""
-    if repeats_ngram(finish.text):
-        return False
-    if finish.token_ids and finish.token_ids[-1] == end_id:
-        return True
-    return False if finish.reason == "length" else None
+def continuation_is_good(start: str, finish: Finish, end_id: int) -> bool:
+    """Whether ``finish``, continuing a reply that begins ``start``, ends it with ``end_id`` and
+    leaves it without a repeated 4-gram."""
+    return bool(finish.token_ids) and finish.token_ids[-1] == end_id and not repeats_ngram(start + finish.text)
 
 
 def build_preference_set(run: LoadedRun, prompts: list[list[Message]], settings: SetSettings) -> PreferenceSet:
-    """Sample ``settings.samples`` replies to each prompt with ``run`` and pair a good one with a bad one."""
+    """Reply greedily to each prompt with ``run``; where that reply loops, sample
+    ``settings.samples`` continuations from where the loop begins, and pair a good one against it."""
     special = ChatTokenIds.of(run.tokenizer)
     fitted: list[tuple[list[Message], list[int]]] = []
     for messages in prompts:
@@ -98,15 +114,23 @@ def build_preference_set(run: LoadedRun, prompts: list[list[Message]], settings:
             fitted.append((messages, fit_for_reply(run.tokenizer, messages, run.block_size).chat.ids))
         except ChatTooLong:
             continue  # a speech longer than the window: nothing to reply to
-    prompt_ids = [ids for _, ids in fitted for _ in range(settings.samples)]
-    finishes = sample_replies(run, prompt_ids, settings)
-    return pair_replies([messages for messages, _ in fitted], finishes, settings.samples, special.end)
+    greedy = sample_replies(run, [ids for _, ids in fitted], replace(settings, temperature=0.0, top_p=None))
+    looping = [i for i, finish in enumerate(greedy) if repeats_ngram(finish.text)]
+    starts = [before_repeat(greedy[i].text) for i in looping]
+    # Each continuation is sampled after its reply's start, as the chat format renders that text.
+    start_ids = encode_plain(run.tokenizer, starts) if starts else []
+    resumed = [fitted[i][1] + ids for i, ids in zip(looping, start_ids) for _ in range(settings.samples)]
+    continuations = sample_replies(run, resumed, settings) if resumed else []
+    built = pair_replies([fitted[i][0] for i in looping], [greedy[i] for i in looping], continuations,
+                         settings.samples, special.end)
+    built.prompts, built.replies = len(fitted), len(fitted) + len(continuations)
+    return built
 
 
 def sample_replies(run: LoadedRun, prompt_ids: list[list[int]], settings: SetSettings) -> list[Finish]:
-    """A reply to each prompt through the engine, reply i seeded ``settings.seed + i``, as a chat
-    samples it: role tokens suppressed, ended by ``<|end|>`` or ``<|endoftext|>`` (kept in the
-    token ids, never in the text)."""
+    """A reply to each prompt through the engine, reply i seeded ``settings.seed + i`` (or greedy at
+    temperature 0), as a chat samples it: role tokens suppressed, ended by ``<|end|>`` or
+    ``<|endoftext|>`` (kept in the token ids, never in the text)."""
     special = ChatTokenIds.of(run.tokenizer)
     finishes: list[Finish] = []
     for start in range(0, len(prompt_ids), ROWS_PER_DECODE):
@@ -120,20 +144,24 @@ def sample_replies(run: LoadedRun, prompt_ids: list[list[int]], settings: SetSet
     return finishes
 
 
-def pair_replies(prompts: list[list[Message]], finishes: list[Finish], samples: int, end_id: int) -> PreferenceSet:
-    """One pair per prompt with a good and a bad reply among its ``samples`` (``finishes`` holds each
-    prompt's replies in turn): its first good reply chosen, its first bad one rejected."""
-    result = PreferenceSet([], len(prompts), len(finishes), 0, 0, 0)
-    for i, messages in enumerate(prompts):
-        replies = finishes[i * samples:(i + 1) * samples]
-        verdicts = [reply_is_good(finish, end_id) for finish in replies]
-        result.good += sum(v is True for v in verdicts)
-        result.looped += sum(repeats_ngram(f.text) for f in replies)
-        result.ran_on += sum(f.reason == "length" for f in replies)
-        if True in verdicts and False in verdicts:
-            chosen, rejected = replies[verdicts.index(True)], replies[verdicts.index(False)]
-            result.pairs.append(PreferencePair(tuple(messages), (Message("assistant", chosen.text),),
-                                               (Message("assistant", rejected.text),)))
+def pair_replies(prompts: list[list[Message]], loops: list[Finish], continuations: list[Finish], samples: int,
+                 end_id: int) -> PreferenceSet:
+    """One pair per prompt whose looping reply (``loops``, one a prompt) has a good continuation
+    among its ``samples`` (``continuations`` holds each prompt's in turn, each sampled after
+    ``before_repeat`` of its loop): the loop cut where its first repeat completes, against the start
+    and a good continuation, the one whose reply is nearest it in words (the earliest of equals)."""
+    result = PreferenceSet([], len(prompts), len(loops) + len(continuations), len(loops), len(continuations), 0, 0)
+    for i, (messages, loop) in enumerate(zip(prompts, loops)):
+        start, rejected = before_repeat(loop.text), looping_prefix(loop.text)
+        assert start is not None and rejected is not None, "pair_replies pairs replies that loop"
+        mine = continuations[i * samples:(i + 1) * samples]
+        good = [start + f.text for f in mine if continuation_is_good(start, f, end_id)]
+        result.good += len(good)
+        result.ran_on += sum(f.reason == "length" for f in mine)
+        if good:
+            chosen = min(good, key=lambda text: abs(len(text.split()) - len(rejected.split())))
+            result.pairs.append(PreferencePair(tuple(messages), (Message("assistant", chosen),),
+                                               (Message("assistant", rejected),)))
     return result
 
 
@@ -152,10 +180,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--split", choices=("train", "val"), default="train",
                         help="the plays whose user turns are the prompts (default: train)")
     parser.add_argument("--prompts", type=int, default=defaults.prompts)
-    parser.add_argument("--samples", type=int, default=defaults.samples)
+    parser.add_argument("--samples", type=int, default=defaults.samples,
+                        help="continuations sampled, from where the loop begins, per prompt whose greedy reply loops")
     parser.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens)
     parser.add_argument("--temperature", type=float, default=defaults.temperature)
     parser.add_argument("--seed", type=int, default=defaults.seed)
+    add_threads_argument(parser)
     return parser
 
 
@@ -163,25 +193,26 @@ def _command(args: argparse.Namespace) -> int:
     for name in ("prompts", "samples", "max_new_tokens"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
-    if args.samples < 2:
-        raise UserError("--samples must be at least 2: a pair needs a good and a bad reply to one prompt")
     if not 0 < args.temperature <= 10:
         raise UserError(f"--temperature must be in (0, 10], got {args.temperature}: the replies must differ")
     if args.out.suffix != ".jsonl":
         raise UserError(f"--out {args.out} must end in .jsonl (data.files reads the format from the name)")
     if args.out.exists() and not args.overwrite:
         raise UserError(f"{args.out} exists; pass --overwrite to replace it, or choose another --out")
+    use_threads(parse_threads(args.threads))  # two threads on a core shared with others crawl
     run = load_run(args.run, torch.device("cpu"))
     settings = SetSettings(prompts=args.prompts, samples=args.samples, max_new_tokens=args.max_new_tokens,
                            temperature=args.temperature, seed=args.seed)
     built = build_preference_set(run, first_exchange_prompts(args.split, args.prompts), settings)
     if not built.pairs:
-        raise UserError(f"no prompt of {built.prompts} got both a good and a bad reply from {args.run}; "
-                        "raise --samples or --max-new-tokens, or use another run")
+        raise UserError(f"no prompt of {built.prompts} gave a looping greedy reply with a good continuation from {args.run}; "
+                        "raise --prompts, --samples or --max-new-tokens, or use another run")
     write_preference_set(args.out, built.pairs)
-    print(f"{built.prompts} prompts, {built.replies} replies: {built.good} ended with <|end|> without a repeated "
-          f"4-gram, {built.looped} repeated a 4-gram, {built.ran_on} ran on past {args.max_new_tokens} tokens")
-    print(f"wrote {len(built.pairs)} pairs to {args.out}")
+    print(f"{built.prompts} prompts replied to greedily, {built.looped} of those replies looped; of the "
+          f"{built.continuations} continuations sampled from where the loops begin, {built.good} ended with <|end|> "
+          f"without a repeated 4-gram, {built.ran_on} ran on past {args.max_new_tokens} tokens")
+    print(f"wrote {len(built.pairs)} pairs to {args.out}: chosen replies {built.mean_words('chosen'):.1f} words "
+          f"on average, rejected (cut after their first repeat) {built.mean_words('rejected'):.1f}")
     return 0
 
 

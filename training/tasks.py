@@ -262,10 +262,12 @@ class PreferenceTask(ChatTask):
     each chosen reply over its rejected one, relative to the frozen ``reference``. Its samples are
     replies to held-out prompts, as a chat run's are."""
 
-    def __init__(self, prepared: Any, device: torch.device, reference: Reference, beta: float) -> None:
+    def __init__(self, prepared: Any, device: torch.device, reference: Reference, beta: float,
+                 rpo_alpha: float = 0.0) -> None:
         super().__init__(prepared, device)
         self.reference = reference
         self.beta = beta
+        self.rpo_alpha = rpo_alpha
         self.step_metrics: dict[str, float] = {}  # the last step's, for its line of the metrics file
 
     def batches(self, batch_size: int, **placement: Any) -> Batches:
@@ -274,23 +276,24 @@ class PreferenceTask(ChatTask):
     def accumulate(self, model, batches, micro_steps, *, amp, sync, ctx, stop):
         micro_batches = [batches.next() for _ in range(micro_steps)]
         loss, self.step_metrics = accumulate_dpo_gradients(model, self.reference, micro_batches, beta=self.beta,
-                                                           amp=amp, sync=sync, ctx=ctx)
+                                                           rpo_alpha=self.rpo_alpha, amp=amp, sync=sync, ctx=ctx)
         return loss, sum(x.numel() for x, _ in micro_batches) * ctx.world_size
 
     def evaluate(self, model, **shared):
         return evaluate_preferences(model, self.reference, self.prepared.val, self.token_bytes, beta=self.beta,
-                                    pad_id=self.prepared.eot_id, **shared)
+                                    rpo_alpha=self.rpo_alpha, pad_id=self.prepared.eot_id, **shared)
 
     def eval_line(self, scope, step, result, samples):
         m = result.metrics
-        lines = [f"step {step} {scope}: DPO loss {result.loss:.4f}, rewards/accuracies {m['rewards/accuracies']:.3f}, "
+        loss = "DPO+RPO loss" if self.rpo_alpha else "DPO loss"
+        lines = [f"step {step} {scope}: {loss} {result.loss:.4f}, rewards/accuracies {m['rewards/accuracies']:.3f}, "
                  f"rewards/margins {m['rewards/margins']:.4f}; {result.bpb:.4f} bits/byte of chosen replies"]
         lines += [_sample_line(prompt + reply) for prompt, reply in samples[:1]]
         return "\n".join(lines)
 
     def train_fields(self, batches):
         metrics = {name: value for name, value in self.step_metrics.items() if name != "loss"}
-        return {**metrics, "beta": self.beta, "padding_fraction": batches.padding_fraction}
+        return {**metrics, "beta": self.beta, "rpo_alpha": self.rpo_alpha, "padding_fraction": batches.padding_fraction}
 
     def describe_batches(self, batches):
         return (f"preference batches: {len(self.prepared.train)} training pairs, each a chosen and a rejected row; "
@@ -412,7 +415,8 @@ def prepare_task(config: Config, tokenizer_file: Path | None, *, progress: bool,
     if fmt == "chat":
         return ChatTask(prepared, device)
     if fmt == "preference":
-        return PreferenceTask(prepared, device, reference_for(config, device), config.train.dpo_beta)
+        return PreferenceTask(prepared, device, reference_for(config, device), config.train.dpo_beta,
+                              config.train.dpo_rpo_alpha)
     if fmt == "rl":  # no reference where the KL penalty is off
         return RLTask(prepared, config, device, reference_for(config, device) if config.rl.beta > 0 else None)
     return TextTask(prepared, config, device)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from data.repetition import repeats_ngram
+from data.repetition import before_repeat, looping_prefix, repeats_ngram
 
 
 @pytest.mark.parametrize("text", [
@@ -28,3 +28,26 @@ def test_a_reply_without_a_repeated_four_gram(text):
 
 def test_n_sets_the_length_of_the_repeated_run():
     assert repeats_ngram("a b a b", n=2) and not repeats_ngram("a b a b", n=3)
+
+
+@pytest.mark.parametrize("text, prefix", [
+    ("the king, the king, the king, the king", "the king, the king, the king,"),  # "the king, the" again
+    ("O O O O O O O", "O O O O O"),
+    ("Go.\nI will go.\nI will go.\nI will go and fight", "Go.\nI will go.\nI will go.\nI"),  # line breaks kept
+    ("To be, or not to be, that is the question.", None),
+])
+def test_the_looping_prefix_ends_where_the_first_repeat_completes(text, prefix):
+    assert looping_prefix(text) == prefix
+    if prefix is not None:
+        assert repeats_ngram(prefix) and not repeats_ngram(" ".join(prefix.split()[:-1]))
+
+
+@pytest.mark.parametrize("text, before", [
+    ("the king, the king, the king, the king", "the king,"),  # "the king, the" comes back at word 3
+    ("Go.\nI will go.\nI will go.\nI will go and fight", "Go.\nI will go."),
+    ("To be, or not to be, that is the question.", None),
+])
+def test_before_the_repeat_is_where_the_loop_could_still_turn(text, before):
+    assert before_repeat(text) == before
+    if before is not None:
+        assert looping_prefix(text).startswith(before) and not repeats_ngram(before)

@@ -84,6 +84,36 @@ def test_a_step_over_micro_batches_is_the_mean_dpo_loss_over_all_its_pairs():
     assert all(p.grad is None and not p.requires_grad for p in frozen.model.parameters())
 
 
+def test_rpo_adds_alpha_times_the_chosen_replies_mean_token_nll_to_each_pair():
+    g = torch.Generator().manual_seed(5)
+    x, y = _pair_batch(g, 3)
+    beta, alpha = 0.5, 0.8
+    policy = _model(0)
+    loss, metrics = accumulate_dpo_gradients(policy, FrozenReference(_model(1)), [(x, y)], beta=beta, rpo_alpha=alpha)
+    plain, _ = accumulate_dpo_gradients(_model(0), FrozenReference(_model(1)), [(x, y)], beta=beta)
+
+    direct = _model(0)
+    expected, chosen, _ = _direct_dpo(direct, _model(1), x, y, beta)
+    logp = torch.log_softmax(direct(x[:3]).double(), dim=-1)
+    keep = y[:3] != -1
+    nll = -logp[keep].gather(1, y[:3][keep][:, None]).mean()  # over every chosen token of the batch
+    (expected + alpha * nll).backward()
+    assert loss.item() == pytest.approx((expected + alpha * nll).item(), rel=1e-5)
+    assert loss.item() - plain.item() == pytest.approx(alpha * nll.item(), rel=1e-4) and nll.item() > 1.0
+    assert metrics["rewards/chosen"] == pytest.approx(chosen.mean().item(), abs=1e-5)  # rewards stay DPO's
+    for name, p in direct.named_parameters():
+        torch.testing.assert_close(policy.get_parameter(name).grad, p.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_rpo_alpha_must_be_a_finite_number_at_least_zero():
+    from training.config import TrainConfig
+
+    for bad in (-0.1, math.inf, math.nan):
+        with pytest.raises(UserError, match=r"train.dpo_rpo_alpha must be in \[0, inf\) \(0 = plain DPO\)"):
+            TrainConfig(max_steps=1, dpo_rpo_alpha=bad)
+    assert TrainConfig(max_steps=1, dpo_rpo_alpha=0.5).dpo_rpo_alpha == 0.5
+
+
 @pytest.fixture(scope="module")
 def parent_run(base_raw, tmp_path_factory) -> Path:
     return pretrain(base_raw, tmp_path_factory.mktemp("parent") / "run")

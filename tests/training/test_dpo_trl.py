@@ -1,6 +1,7 @@
 """Proof against TRL: on the same exported models and the same reply pairs, our DPO loss and each
 pair's chosen and rejected rewards equal what TRL's ``DPOTrainer`` computes (its documented
-``evaluate``, one pair at a time), in fp32 within 1e-5.
+``evaluate``, one pair at a time), in fp32 within 1e-5; and with ``train.dpo_rpo_alpha`` the loss
+equals TRL's RPO (``loss_type=["sigmoid", "sft"]``, ``loss_weights=[1, α]``).
 
 The policy is the reference with its weights moved a little, so the rewards are far from zero and
 differ in sign between pairs. TRL reads the pairs in its conversational shape and renders them with
@@ -28,6 +29,7 @@ transformers = pytest.importorskip("transformers")
 datasets = pytest.importorskip("datasets")
 
 BETA = 0.5
+RPO_ALPHA = 0.7
 BLOCK_SIZE = 64
 ROWS = [
     {"prompt": [{"role": "system", "content": "ROMEO"}, {"role": "user", "content": "But soft, what light?"}],
@@ -69,11 +71,13 @@ def exported(request, tmp_path):
     return policy, reference, folders, tokenizer
 
 
-def _trl_trainer(folders: dict[str, Path], tmp_path: Path):
+def _trl_trainer(folders: dict[str, Path], tmp_path: Path, rpo_alpha: float):
     load = lambda folder: transformers.AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).eval()
+    losses = {"loss_type": ["sigmoid", "sft"], "loss_weights": [1.0, rpo_alpha]} if rpo_alpha else {
+        "loss_type": ["sigmoid"]}
     # fp32 throughout: TRL's configs default to bf16 autocast.
-    args = trl.DPOConfig(output_dir=str(tmp_path / "trl"), beta=BETA, loss_type=["sigmoid"], max_length=None,
-                         per_device_eval_batch_size=1, report_to=[], use_cpu=True, bf16=False, fp16=False)
+    args = trl.DPOConfig(output_dir=str(tmp_path / "trl"), beta=BETA, max_length=None, per_device_eval_batch_size=1,
+                         report_to=[], use_cpu=True, bf16=False, fp16=False, **losses)
     pairs = datasets.Dataset.from_list([pair_from_row(row, "").to_row() for row in ROWS])
     return trl.DPOTrainer(
         model=load(folders["policy"]), ref_model=load(folders["reference"]), args=args, train_dataset=pairs,
@@ -81,22 +85,26 @@ def _trl_trainer(folders: dict[str, Path], tmp_path: Path):
     )
 
 
-def test_loss_and_rewards_equal_trls_dpo_trainer(exported, tmp_path):
+@pytest.mark.parametrize("rpo_alpha", [0.0, RPO_ALPHA], ids=["dpo", "rpo"])
+def test_loss_and_rewards_equal_trls_dpo_trainer(exported, tmp_path, rpo_alpha):
     policy, reference, folders, tokenizer = exported
     pairs = [pair_from_row(row, f"row {i}") for i, row in enumerate(ROWS)]
     assert pairs[1].prompt == (Message("user", "Wherefore art thou Romeo?"),)  # text rows as one turn each
     split, stats = tokenize_pairs(tokenizer, pairs, BLOCK_SIZE)
     assert stats["pairs"] == len(ROWS) and stats["dropped"] == stats["cut"] == 0
-    trainer = _trl_trainer(folders, tmp_path)
+    trainer = _trl_trainer(folders, tmp_path, rpo_alpha)
     ours_frozen = FrozenReference(reference)
     signs = set()
     for i, row in enumerate(ROWS):
         x, y = collate_pairs(split, [i], pad_id=0)
         with torch.no_grad():
-            losses, sums, _ = score_pairs(policy, ours_frozen, x, y, BETA, None)
+            losses, sums, _ = score_pairs(policy, ours_frozen, x, y, BETA, None, rpo_alpha)
+            plain, _, _ = score_pairs(policy, ours_frozen, x, y, BETA, None)
         chosen, rejected = sums[2].item(), sums[3].item()
         theirs = trainer.evaluate(eval_dataset=datasets.Dataset.from_list([pairs[i].to_row()]))
         assert losses.item() == pytest.approx(theirs["eval_loss"], abs=1e-5)
+        # RPO's term is really there: α times the chosen reply's mean token NLL (several nats here).
+        assert (losses - plain).item() > 1.0 if rpo_alpha else torch.equal(losses, plain)
         assert chosen == pytest.approx(theirs["eval_rewards/chosen"], abs=1e-5)
         assert rejected == pytest.approx(theirs["eval_rewards/rejected"], abs=1e-5)
         assert abs(chosen) > 1e-2 and abs(rejected) > 1e-2  # the policy really differs from the reference

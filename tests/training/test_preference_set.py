@@ -8,11 +8,11 @@ import pytest
 import torch
 
 import run_testkit
-from data.chat import ChatTokenIds, Message, render_chat
+from data.chat import ChatTokenIds, Message, encode_plain, render_chat
 from data.sources.preferences import pair_from_row
 from inference.engine import Finish
 from rundir.loading import load_run
-from training.preference_set import SetSettings, main, pair_replies, reply_is_good, sample_replies
+from training.preference_set import SetSettings, continuation_is_good, main, pair_replies, sample_replies
 
 END, EOT = 5, 0
 
@@ -22,30 +22,40 @@ def _finish(text: str, ended: bool, end_id: int = END) -> Finish:
     return Finish("stop" if ended else "length", 7, tokens, text)
 
 
-@pytest.mark.parametrize("finish, verdict", [
-    (_finish("Good my lord, I will.", ended=True), True),
-    (_finish("My lord, I will, my lord, I will, my lord.", ended=True), False),  # ended, but loops
-    (_finish("Good my lord, and so and so and", ended=False), False),  # ran on to the budget
-    (_finish("the king the king the king the king", ended=False), False),
-    (_finish("Farewell.", ended=True, end_id=EOT), None),  # ended, but not on <|end|>
+@pytest.mark.parametrize("start, finish, good", [
+    ("I am glad, my lord,", _finish(" and so farewell.", ended=True), True),
+    ("I am glad, my lord,", _finish(" and so farewell, and so", ended=False), False),  # ran on to the budget
+    ("I am glad, my lord,", _finish(" I am glad, my lord.", ended=True), False),  # ended, but the reply loops
+    ("I am glad, my lord,", _finish(" farewell.", ended=True, end_id=EOT), False),  # ended, but not on <|end|>
 ])
-def test_a_reply_is_good_when_it_ends_with_end_of_turn_and_does_not_loop(finish, verdict):
-    assert reply_is_good(finish, END) is verdict
+def test_a_continuation_is_good_when_it_ends_the_reply_with_end_of_turn_and_no_loop(start, finish, good):
+    assert continuation_is_good(start, finish, END) is good
 
 
-def test_a_prompt_gives_a_pair_only_with_a_good_and_a_bad_reply():
-    prompts = [[Message("user", f"question {i}")] for i in range(3)]
-    finishes = [
-        _finish("so so so so so", ended=False), _finish("Aye.", ended=True), _finish("No.", ended=True),  # pair
-        _finish("Aye.", ended=True), _finish("Nay.", ended=True), _finish("Hm.", ended=True),  # all good
-        _finish("on and on", ended=False), _finish("a b c d a b c d", ended=True), _finish("x", ended=True, end_id=EOT),
+LOOP = _finish("I am glad to be a man, and I am glad to be a man, and I am", ended=False)
+
+
+def test_a_looping_reply_pairs_with_a_good_way_out_of_the_loop():
+    prompts = [[Message("user", f"question {i}")] for i in range(2)]
+    loops = [LOOP, _finish("So so so so so so so.", ended=True)]
+    continuations = [
+        _finish(" I am glad to be a man.", ended=True),  # loops again
+        _finish(" so I will go with you to the king.", ended=True),
+        _finish(" so farewell.", ended=True),
+        _finish(" so, so, so, so,", ended=False),  # prompt 1: no good continuation
+        _finish(" so so so so so.", ended=True),  # loops again
+        _finish(" so so so so.", ended=False),
     ]
-    built = pair_replies(prompts, finishes, 3, END)
-    assert (built.prompts, built.replies, built.good, built.looped, built.ran_on) == (3, 9, 5, 2, 2)
-    assert len(built.pairs) == 1
-    pair = built.pairs[0]
+    built = pair_replies(prompts, loops, continuations, 3, END)
+    assert (built.prompts, built.replies, built.looped, built.continuations, built.good, built.ran_on) == (2, 8, 2, 6, 2, 2)
+    pair, = built.pairs
     assert pair.prompt == (Message("user", "question 0"),)
-    assert pair.chosen == (Message("assistant", "Aye."),) and pair.rejected == (Message("assistant", "so so so so so"),)
+    # Both start "I am glad to be a man, and"; the rejected goes on into the loop, just as far as
+    # the repeat (12 words), and the chosen is the way out whose reply is nearest that length
+    # (10 words, not 16).
+    assert pair.rejected == (Message("assistant", "I am glad to be a man, and I am glad to"),)
+    assert pair.chosen == (Message("assistant", "I am glad to be a man, and so farewell."),)
+    assert built.mean_words("chosen") == 10 and built.mean_words("rejected") == 12
     assert pair_from_row(json.loads(json.dumps(pair.to_row())), "row") == pair  # what data.format: preference reads
 
 
@@ -63,12 +73,12 @@ def test_no_pair_is_an_error_and_writes_nothing(silent_run, tmp_path, capsys):
     err = capsys.readouterr().err
     # (Some of the three speeches are longer than this run's window: they are not replied to.)
     assert code == 2 and err.startswith("error: no prompt of ") and err.count("\n") == 1
-    assert "got both a good and a bad reply" in err
+    assert "gave a looping greedy reply with a good continuation" in err
     assert not out.exists()
 
 
 @pytest.mark.parametrize("flags, fragment", [
-    (["--samples", "1"], "--samples must be at least 2"),
+    (["--samples", "0"], "--samples must be at least 1"),
     (["--temperature", "0"], "--temperature must be in (0, 10]"),
     (["--prompts", "0"], "--prompts must be at least 1"),
 ])
@@ -98,3 +108,29 @@ def test_sampled_replies_carry_their_text_and_follow_the_seed_rule(tmp_path):
         alone, = sample_replies(run, [prompt], SetSettings(max_new_tokens=12, seed=5 + i))
         assert alone.token_ids == finish.token_ids
     assert len({f.token_ids for f in finishes}) > 1  # three seeds, not one reply thrice
+
+
+def test_continuations_are_sampled_after_the_start_of_each_greedy_loop(tmp_path, monkeypatch):
+    import training.preference_set as preference_set
+
+    run = load_run(run_testkit.build_run(tmp_path / "talker", run_testkit.chat_tokenizer(), block_size=64),
+                   torch.device("cpu"))
+    prompts = [[Message("user", "But soft, what light?")], [Message("user", "Who is there?")]]
+    calls = []
+    end = ChatTokenIds.of(run.tokenizer).end
+
+    def fake_sample(run, prompt_ids, settings):
+        calls.append((prompt_ids, settings))
+        if len(calls) == 1:  # the greedy replies: the second loops
+            return [_finish("Farewell.", ended=True), LOOP]
+        return [_finish(" so farewell.", ended=True, end_id=end)] * len(prompt_ids)
+
+    monkeypatch.setattr(preference_set, "sample_replies", fake_sample)
+    built = preference_set.build_preference_set(run, prompts, SetSettings(samples=2))
+    (greedy_ids, greedy), (resumed_ids, sampled) = calls
+    prompt_ids = [render_chat(run.tokenizer, p, add_generation_prompt=True).ids for p in prompts]
+    assert greedy_ids == prompt_ids and greedy.temperature == 0
+    start = encode_plain(run.tokenizer, ["I am glad to be a man, and"])[0]
+    assert resumed_ids == [prompt_ids[1] + start] * 2 and sampled.temperature == 0.8 and sampled.top_p == 0.95
+    assert (built.prompts, built.replies, len(built.pairs)) == (2, 4, 1)
+    assert built.pairs[0].prompt == tuple(prompts[1])

@@ -1,0 +1,57 @@
+"""chat_eval's reply measures on replies whose answers are known: which ended, which loop, how long
+the ended ones are, and how many differ."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from torch import nn
+
+import benchmarks.chat_eval as chat_eval
+import run_testkit
+from data.chat import ChatTokenIds
+from inference.engine import Finish
+
+
+@pytest.fixture(scope="module")
+def run():
+    tokenizer = run_testkit.chat_tokenizer()
+    return SimpleNamespace(tokenizer=tokenizer, model=nn.Linear(1, 1), token_bytes=[])
+
+
+def _measure(run, monkeypatch, texts_and_ends):
+    """reply_measures over replies (text, tokens before the end, what ended it: "end", "eot" or None)."""
+    special = ChatTokenIds.of(run.tokenizer)
+    ends = {"end": (special.end,), "eot": (special.end_of_text,), None: ()}
+    finishes = [Finish("length" if end is None else "stop", 3, tuple(range(10, 10 + n)) + ends[end], text)
+                for text, n, end in texts_and_ends]
+    seen = {}
+
+    def fake_decode(model, prompts, settings, **kwargs):
+        seen.update(settings=settings, end_ids=kwargs["end_ids"], prompts=prompts)
+        return finishes
+
+    monkeypatch.setattr(chat_eval, "decode", fake_decode)
+    measured = chat_eval.reply_measures(run, [[1]] * len(finishes), 50, 0.8, seed=3)
+    return measured, seen, special
+
+
+def test_replies_that_end_loop_and_repeat_each_other_are_counted(run, monkeypatch):
+    measured, seen, special = _measure(run, monkeypatch, [
+        ("I am not, my lord.", 5, "end"),
+        ("I am not, my lord.", 5, "end"),  # the same reply again: not distinct
+        ("the king, the king, the king, the king", 11, None),  # loops and runs on
+        ("Farewell.", 2, "eot"),  # ended, but not with <|end|>
+    ])
+    assert measured.ended == pytest.approx(0.5) and measured.repeated == pytest.approx(0.25)
+    # A reply's length counts its tokens with the <|end|> that ended it (the engine's completion_tokens).
+    assert measured.mean_ended_tokens == pytest.approx(6.0)
+    assert measured.distinct == pytest.approx(0.75)
+    assert seen["settings"].seed == 3 and seen["settings"].temperature == 0.8 and seen["settings"].top_p == 0.95
+    assert seen["settings"].suppress_ids == special.suppress_ids and tuple(seen["end_ids"]) == special.reply_end_ids
+
+
+def test_different_replies_that_all_end_without_a_loop(run, monkeypatch):
+    measured, _, _ = _measure(run, monkeypatch, [("Aye.", 2, "end"), ("No, my lord.", 4, "end")])
+    assert (measured.ended, measured.repeated, measured.distinct) == (1.0, 0.0, 1.0)
