@@ -111,10 +111,17 @@ def test_after_the_imports_the_previous_handlers_are_back():
     """The command's own handling of Ctrl-C (a chat reply stopped, not the chat) starts after it."""
     from common.signals import quiet_while_starting
 
-    before = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
-    with quiet_while_starting():
-        assert all(signal.getsignal(signum) is not handler for signum, handler in before.items())
-    assert {signum: signal.getsignal(signum) for signum in before} == before
+    # Known handlers first: a suite started in the background inherits Ctrl-C ignored, which the
+    # block rightly leaves alone.
+    outer = {signum: signal.signal(signum, signal.default_int_handler) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        before = {signum: signal.getsignal(signum) for signum in outer}
+        with quiet_while_starting():
+            assert all(signal.getsignal(signum) is not handler for signum, handler in before.items())
+        assert {signum: signal.getsignal(signum) for signum in before} == before
+    finally:
+        for signum, handler in outer.items():
+            signal.signal(signum, handler)
 
 
 def test_a_signal_that_an_import_swallows_still_ends_the_start():
