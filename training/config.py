@@ -123,6 +123,7 @@ class TrainConfig:
     # AdamW's peak for the value-embedding tables (model.value_embeddings), scaled by the schedule
     # like muon_lr; null = lr. The small-model records train embedding tables far faster than the rest.
     value_embedding_lr: float | None = None
+    bigram_lr: float | None = None  # AdamW's peak for the hashed bigram table (model.bigram_buckets); null = lr
     muon_momentum: float = 0.95
     muon_momentum_warmup: int = 0  # steps over which Muon's momentum rises to muon_momentum (0 = none)
     # Muon's newer forms (training/muon.py), off by default: the orthogonalising iteration
@@ -186,6 +187,8 @@ class TrainConfig:
         if self.value_embedding_lr is not None:
             _require_in(self.value_embedding_lr, "train.value_embedding_lr", 0, MAX_LR, low_open=True,
                         note=" (or null: the same as train.lr)")
+        if self.bigram_lr is not None:
+            _require_in(self.bigram_lr, "train.bigram_lr", 0, MAX_LR, low_open=True, note=" (or null: the same as train.lr)")
         _require_in(self.muon_momentum, "train.muon_momentum", 0, 1, high_open=True)
         require(self.muon_momentum_warmup >= 0, "train.muon_momentum_warmup must be >= 0 (0 = no warm-up)")
         _require_one_of(self.muon_iteration, "train.muon_iteration", ITERATIONS)
