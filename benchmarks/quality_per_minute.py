@@ -148,12 +148,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def compare(args: argparse.Namespace) -> int:
+    short = None if args.steps is None else check_screen(args)
     from training import peak_flops
 
     # The same measurement train.py makes for MFU on a CPU: the host's practical fp32 matmul peak.
     peak, source = peak_flops("auto", torch.device("cpu"), torch.float32)
-    if args.steps is not None:
-        return screen(args, peak)
+    if short is not None:
+        return screen(args, short, peak)
     results = {}
     for name in args.only:
         results[name] = [final_eval(train_technique(name, seed, args)) for seed in args.seeds]
@@ -174,12 +175,17 @@ class Screened:
     cost: tuple[float, float, float] | None  # quartiles of the paired step-time ratio to the baseline
 
 
-def screen(args: argparse.Namespace, peak: float) -> int:
+def check_screen(args: argparse.Namespace) -> int:
+    """The baseline's shorter horizon, once the screen's arguments are known to make sense."""
     if "baseline" not in args.only:
         raise UserError("--steps compares every technique with the baseline at the same steps; add baseline to --only")
     short = args.short_steps or max(1, round(0.8 * args.steps))
     if short >= args.steps:
         raise UserError(f"--short-steps ({short}) must be below --steps ({args.steps}) to give a slope")
+    return short
+
+
+def screen(args: argparse.Namespace, short: int, peak: float) -> int:
     rows = []
     for name in args.only:
         finals = [screened_run(name, seed, args, args.steps) for seed in args.seeds]
