@@ -186,6 +186,11 @@ def check_screen(args: argparse.Namespace) -> int:
 
 
 def screen(args: argparse.Namespace, short: int, peak: float) -> int:
+    from common.threads import use_threads
+
+    # The paired steps run here, on the threads train.py's auto would take: two threads on a busy
+    # pair of cores make every operator wait for the slower one, and the pairs' spread explodes.
+    use_threads(None)
     rows = []
     for name in args.only:
         finals = [screened_run(name, seed, args, args.steps) for seed in args.seeds]

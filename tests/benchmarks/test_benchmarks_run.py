@@ -71,6 +71,12 @@ def test_quality_per_minute_screens_at_equal_steps(toy_config, bench_dir) -> Non
                  "baseline at 1 steps")
 
 
+def test_step_profile(toy_run, toy_config) -> None:  # toy_run: the config's data is prepared
+    out = bench("step_profile", "--config", toy_config, "--steps", 2, "--warmup", 1, "--threads", 1)
+    assert_words(out, "2 profiled steps", "| optimizer |", "| matmul | attention | other ops | Python and dispatch |",
+                 "| **all** |")
+
+
 def test_cache_verification(toy_run, toy_config) -> None:
     entry = next(p for p in (toy_config.parent / "cache").iterdir() if p.name.startswith("shakespeare-"))
     out = bench("cache_verification", "--entry", entry, "--synthetic-mb", 1, "--repeats", 1)
