@@ -70,6 +70,7 @@ CANDIDATES: dict[str, dict] = {
     "cautious-wd": {"train.cautious_weight_decay": True},
     "bigram": {"model.bigram_buckets": 8192},
     "bigram-fast": {"model.bigram_buckets": 8192, "train.bigram_lr": 0.04},
+    "bigram-faster": {"model.bigram_buckets": 8192, "train.bigram_lr": 0.4},
     "mtp": {"model.mtp_weight": 0.3},
 }
 CHOICES = {**TECHNIQUES, **CANDIDATES}
