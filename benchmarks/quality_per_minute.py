@@ -72,6 +72,7 @@ CANDIDATES: dict[str, dict] = {
     "bigram-fast": {"model.bigram_buckets": 8192, "train.bigram_lr": 0.04},
     "bigram-faster": {"model.bigram_buckets": 8192, "train.bigram_lr": 0.4},
     "mtp": {"model.mtp_weight": 0.3},
+    "bigram-normuon": {"model.bigram_buckets": 8192, "train.bigram_lr": 0.4, "train.normuon": True},
 }
 CHOICES = {**TECHNIQUES, **CANDIDATES}
 
