@@ -26,6 +26,7 @@ from inference.sampling import check_sampling_args
 from tracking.config import LoggingConfig
 from training.fsdp import torch_too_old
 from training.init_from import ParentRun, find_parent, model_section_from_parent, refuse_own_parent
+from training.muon import ITERATIONS
 
 DEFAULT_OUT_DIR = "runs/default"  # where a config without run.out_dir (and no file name) trains
 
@@ -122,8 +123,14 @@ class TrainConfig:
     # AdamW's peak for the value-embedding tables (model.value_embeddings), scaled by the schedule
     # like muon_lr; null = lr. The small-model records train embedding tables far faster than the rest.
     value_embedding_lr: float | None = None
+    bigram_lr: float | None = None  # AdamW's peak for the hashed bigram table (model.bigram_buckets); null = lr
     muon_momentum: float = 0.95
     muon_momentum_warmup: int = 0  # steps over which Muon's momentum rises to muon_momentum (0 = none)
+    # Muon's newer forms (training/muon.py), off by default: the orthogonalising iteration
+    # (newton_schulz | polar_express), NorMuon's per-row normalisation, and cautious weight decay.
+    muon_iteration: str = "newton_schulz"
+    normuon: bool = False
+    cautious_weight_decay: bool = False
     warmup_steps: int = 100
     weight_decay: float = 0.1  # applied to weight matrices only
     beta1: float = 0.9
@@ -184,8 +191,16 @@ class TrainConfig:
         if self.value_embedding_lr is not None:
             _require_in(self.value_embedding_lr, "train.value_embedding_lr", 0, MAX_LR, low_open=True,
                         note=" (or null: the same as train.lr)")
+        if self.bigram_lr is not None:
+            _require_in(self.bigram_lr, "train.bigram_lr", 0, MAX_LR, low_open=True, note=" (or null: the same as train.lr)")
         _require_in(self.muon_momentum, "train.muon_momentum", 0, 1, high_open=True)
         require(self.muon_momentum_warmup >= 0, "train.muon_momentum_warmup must be >= 0 (0 = no warm-up)")
+        _require_one_of(self.muon_iteration, "train.muon_iteration", ITERATIONS)
+        for name in ("normuon", "cautious_weight_decay"):
+            require(not getattr(self, name) or self.optimizer == "muon",
+                    f"train.{name} is a form of Muon's step; set train.optimizer: muon or {name}: false")
+        require(not (self.normuon and self.parallel == "fsdp"), "train.normuon keeps whole-matrix state "
+                "that train.parallel: fsdp does not shard; set normuon: false or parallel: ddp")
         _require_in(self.min_lr, "train.min_lr", 0, self.lr, note=" (0 to train.lr)")
         _require_one_of(self.lr_schedule, "train.lr_schedule", ("cosine", "wsd"))
         _require_in(self.lr_decay_fraction, "train.lr_decay_fraction", 0, 1, low_open=True)

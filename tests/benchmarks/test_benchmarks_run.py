@@ -63,6 +63,20 @@ def test_quality_per_minute_runs_a_technique(toy_config, bench_dir) -> None:
     assert_words(out, "| technique |", "| baseline |", "| qk-norm |", "host matmul peak")
 
 
+def test_quality_per_minute_screens_at_equal_steps(toy_config, bench_dir) -> None:
+    out = bench("quality_per_minute", "--config", toy_config, "--only", "baseline", "mtp", "--seeds", 1337,
+                "--steps", 2, "--short-steps", 1, "--pairs", 2, "--out", bench_dir / "quality_screen",
+                "--set", "eval.max_batches=1", "--set", "eval.final_max_batches=1")
+    assert_words(out, "equal steps (2; baseline also 1)", "| Δ at equal steps |", "| mtp | 2 |",
+                 "baseline at 1 steps")
+
+
+def test_step_profile(toy_run, toy_config) -> None:  # toy_run: the config's data is prepared
+    out = bench("step_profile", "--config", toy_config, "--steps", 2, "--warmup", 1, "--threads", 1)
+    assert_words(out, "2 profiled steps", "| optimizer |", "| matmul | attention | other ops | Python and dispatch |",
+                 "| **all** |")
+
+
 def test_cache_verification(toy_run, toy_config) -> None:
     entry = next(p for p in (toy_config.parent / "cache").iterdir() if p.name.startswith("shakespeare-"))
     out = bench("cache_verification", "--entry", entry, "--synthetic-mb", 1, "--repeats", 1)

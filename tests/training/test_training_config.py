@@ -141,6 +141,9 @@ def test_wrong_types_name_the_key(tmp_path, override, key):
         ("train.muon_lr=0", "train.muon_lr"),
         ("train.value_embedding_lr=0", "train.value_embedding_lr"),
         ("train.muon_momentum=1.0", "train.muon_momentum"),
+        ("train.muon_iteration=cubic", "train.muon_iteration"),
+        ("train.normuon=true", "train.normuon"),  # MINIMAL trains with AdamW
+        ("train.cautious_weight_decay=true", "train.cautious_weight_decay"),
         ("train.lr_schedule=step", "train.lr_schedule"),
         ("train.lr_decay_fraction=0", "train.lr_decay_fraction"),
         ("train.threads=0", "train.threads"),
