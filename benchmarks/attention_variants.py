@@ -4,6 +4,8 @@ the same data and seed, then measured for quality, cache size and decode speed.
     python -m benchmarks.attention_variants --minutes 10 --seeds 1337 1338 --plot docs/attention_variants.png
     python -m benchmarks.attention_variants --minutes 0.1 --set eval.final_max_batches=4   # a quick check
     python -m benchmarks.attention_variants --forms                         # MLA: expanded vs absorbed
+    python -m benchmarks.attention_variants --positions learned rope none --seeds 1337 1338 1339 \
+        --minutes 2 --plot docs/positions-extrapolation.png                 # the positions axis
 
 Variants: MHA (n_kv_head = n_head), GQA as the config ships it, MQA (n_kv_head = 1), and multi-head
 latent attention at two latent sizes (``--latents``). Each one is a real ``train.py`` run (in
@@ -14,6 +16,17 @@ layers, fp32), cache MiB at batch 16 and full context, and decode tokens/s at fu
 ``--decode-steps`` positions of the window) at batch 1 and 16. The figure plots bits/byte against
 KV bytes per token, one labelled point per variant (the seeds' mean, a bar spanning them).
 
+``--positions KIND ...`` trains the positions axis instead: the config's attention (grouped-query
+as tiny.yaml ships it, value embeddings off as above) once per kind of positions (learned, rope,
+none) and seed, seed by seed so that load from other processes falls on every kind alike. It prints
+three tables: quality at equal time (steps and final validation bits/byte per seed, their mean and
+standard deviation, and each kind's difference to the first kind in units of its standard error);
+length extrapolation (bits/byte of the same ``--eval-windows`` windows of validation text cut at
+each of ``--lengths`` times the trained context; learned positions have no embedding past it, so
+those cells say "not possible"); and each head's first-token (sink) score over ``--sink-windows``
+validation windows, the seeds' mean, beside the level of a head that spreads evenly. The figure is
+bits/byte against evaluation length, one line per kind (the seeds' mean, a bar spanning them).
+
 ``--forms`` times one latent-attention layer of the tiny shape in both forms (``model.gpt.LatentAttention``):
 a training step (forward + backward over a batch of whole windows) and a one-token decode step
 at full context. It is how the model's choice of form for each case was made.
@@ -23,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -31,11 +45,23 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
+from analysis.maps import describe_attention
+from analysis.positions import (
+    LengthScore,
+    bits_per_byte_at_lengths,
+    even_spread_first_token,
+    first_token_attention,
+    scored_span,
+)
 from common.cli import ArgumentParser, path_arg, positive_float, positive_int, run_stoppable
 from common.errors import UserError
+from data.tokenizer import token_byte_lengths
 from model import GPT, GPTConfig, load_pretrained
+from model.config_checks import POSITION_KINDS
+from rundir.loading import load_run, validation_tokens
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "tiny.yaml"
@@ -66,7 +92,51 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a further train.py override for every run (e.g. eval.final_max_batches=4); repeatable")
     p.add_argument("--forms", action="store_true", help="only time MLA's expanded vs absorbed forms")
     p.add_argument("--repeats", type=positive_int, default=9, help="with --forms: timed repeats of each step")
+    p.add_argument("--positions", nargs="+", metavar="KIND", default=None,
+                   help=f"train the positions axis instead, one run per kind and seed ({', '.join(POSITION_KINDS)})")
+    p.add_argument("--lengths", type=positive_int, nargs="+", default=None, metavar="MULTIPLE",
+                   help=f"with --positions: evaluation lengths in multiples of the trained context "
+                        f"(default {' '.join(map(str, DEFAULT_LENGTHS))}; at most {MAX_LENGTH_MULTIPLE})")
+    p.add_argument("--eval-windows", type=positive_int, default=None, metavar="N",
+                   help=f"with --positions: windows of the longest length scored at every length "
+                        f"(default {DEFAULT_EVAL_WINDOWS}; at most {MAX_EVAL_WINDOWS})")
+    p.add_argument("--sink-windows", type=positive_int, default=None, metavar="N",
+                   help=f"with --positions: validation windows the first-token score averages over "
+                        f"(default {DEFAULT_SINK_WINDOWS}; at most {MAX_EVAL_WINDOWS})")
     return p
+
+
+DEFAULT_LENGTHS = (1, 2, 4)
+DEFAULT_EVAL_WINDOWS = 64
+DEFAULT_SINK_WINDOWS = 8
+# Bounds that keep one evaluation batch's attention maps, and the validation text it reads, finite.
+MAX_LENGTH_MULTIPLE = 16
+MAX_EVAL_WINDOWS = 4096
+
+
+def check_positions_args(args: argparse.Namespace) -> None:
+    """Refuse flags of the positions axis that are wrong or do not go together, before any training."""
+    axis_only = [flag for flag, value in (("--lengths", args.lengths), ("--eval-windows", args.eval_windows),
+                                          ("--sink-windows", args.sink_windows)) if value is not None]
+    if args.positions is None:
+        if axis_only:
+            raise UserError(f"{', '.join(axis_only)} go with --positions; add --positions {' '.join(POSITION_KINDS)}")
+        return
+    if args.forms:
+        raise UserError("--forms and --positions are separate benchmarks; give one of them")
+    unknown = [kind for kind in args.positions if kind not in POSITION_KINDS]
+    if unknown:
+        raise UserError(f"--positions: unknown kind {unknown[0]!r}; choose from {', '.join(POSITION_KINDS)}")
+    for flag, values in (("--positions", args.positions), ("--seeds", args.seeds), ("--lengths", args.lengths or [])):
+        repeated = sorted({v for v in values if values.count(v) > 1})
+        if repeated:
+            raise UserError(f"{flag} names {repeated[0]} twice; give each once")
+    if args.lengths is not None and max(args.lengths) > MAX_LENGTH_MULTIPLE:
+        raise UserError(f"--lengths: {max(args.lengths)} times the context is past the limit of "
+                        f"{MAX_LENGTH_MULTIPLE}; give smaller multiples")
+    for flag, value in (("--eval-windows", args.eval_windows), ("--sink-windows", args.sink_windows)):
+        if value is not None and value > MAX_EVAL_WINDOWS:
+            raise UserError(f"{flag} {value} is past the limit of {MAX_EVAL_WINDOWS}; give fewer windows")
 
 
 # Value embeddings are off in every variant: MLA cannot carry them, and the variants must differ in
@@ -91,9 +161,13 @@ def variants(model: dict, latents: list[int]) -> dict[str, dict]:
     }
 
 
-def train(name: str, overrides: dict, seed: int, args: argparse.Namespace) -> Path:
-    slug = name.split(" ")[0].lower() + "".join(c for c in name if c.isdigit())
-    run_dir = args.out / f"{slug}-s{seed}"
+def slug_of(name: str) -> str:
+    """A variant's run folder prefix: its first word and its numbers (``GQA (n_kv_head 2)``: gqa2)."""
+    return name.split(" ")[0].lower() + "".join(c for c in name if c.isdigit())
+
+
+def train(name: str, overrides: dict, seed: int, args: argparse.Namespace, slug: str | None = None) -> Path:
+    run_dir = args.out / f"{slug or slug_of(name)}-s{seed}"
     sets = {**{f"model.{k}": v for k, v in overrides.items()}, "train.max_minutes": args.minutes,
             "train.seed": seed, "run.out_dir": run_dir, "run.overwrite": True, "logging.wandb.mode": "disabled"}
     print(f"training {name}, seed {seed} -> {run_dir}", flush=True)
@@ -218,6 +292,162 @@ def compare_forms(config: GPTConfig, batch: int = 16, repeats: int = 9) -> None:
             print(f"  {label:24} {form:9} {1e3 * min(spent):8.2f} / {1e3 * statistics.median(spent):8.2f}")
 
 
+@dataclass
+class PositionsMeasured:
+    kind: str
+    attention: str  # the attention kind in words (``describe_attention``)
+    params: int
+    steps: list[int]
+    bpb: list[float]
+    lengths: list[list[LengthScore]]  # per seed, one score per evaluation length
+    first_token: torch.Tensor  # (n_layer, n_head): each head's sink score, the seeds' mean
+    block_size: int
+
+
+def positions_axis(args: argparse.Namespace, model: dict) -> int:
+    """Train every kind of ``args.positions`` for every seed (seed by seed), measure, print, draw."""
+    runs: dict[str, list[Path]] = {kind: [] for kind in args.positions}
+    for seed in args.seeds:  # seed-major: a burst of load from other processes hits every kind alike
+        for kind in args.positions:
+            slug = f"{slug_of(variant_name(model))}-{kind}"
+            runs[kind].append(train(f"positions {kind}", {**EVERY_VARIANT, "positions": kind}, seed, args, slug))
+    multiples = args.lengths or list(DEFAULT_LENGTHS)
+    rows = [measure_positions(kind, run_dirs, multiples, args) for kind, run_dirs in runs.items()]
+    print(f"\n{args.config.name}, {args.minutes:g} training minutes per run, seeds {args.seeds} (trained seed by "
+          f"seed), torch threads {torch.get_num_threads()}\n")
+    print(positions_table(rows))
+    print()
+    print(extrapolation_table(rows))
+    print()
+    print(first_token_table(rows))
+    path = args.plot or args.out / "positions_extrapolation.png"
+    plot_extrapolation(rows, path, args.minutes)
+    print(f"\nfigure: {path}")
+    return 0
+
+
+def variant_name(model: dict) -> str:
+    """The name of the config's own variant, as ``variants`` calls it."""
+    if model.get("attention", "gqa") == "mla":
+        return f"MLA (latent {model.get('kv_latent_dim')})"
+    return f"GQA (n_kv_head {model['n_kv_head']})"
+
+
+def measure_positions(kind: str, run_dirs: list[Path], multiples: list[int], args: argparse.Namespace) -> PositionsMeasured:
+    """Steps, final bits/byte, bits/byte at each evaluation length and first-token scores of one kind's runs."""
+    finals = [final_eval(d) for d in run_dirs]
+    lengths, sinks = [], []
+    for run_dir in run_dirs:
+        run = load_run(run_dir, torch.device("cpu"))
+        T = run.block_size
+        tokens = validation_tokens(run, "train it with a plain-text config")
+        token_bytes = torch.from_numpy(token_byte_lengths(run.tokenizer))
+        windows = args.eval_windows or DEFAULT_EVAL_WINDOWS
+        span = scored_span(len(tokens), [m * T for m in multiples], windows)
+        if span == 0:
+            raise UserError(f"the validation split of {run_dir} ({len(tokens)} tokens) holds no window of "
+                            f"{max(multiples) * T} tokens; give smaller --lengths")
+        lengths.append(bits_per_byte_at_lengths(run.model, tokens, token_bytes, [m * T for m in multiples],
+                                                span=span, batch_size=8))
+        count = min(args.sink_windows or DEFAULT_SINK_WINDOWS, len(tokens) // T)
+        held_out = torch.from_numpy(np.asarray(tokens[:count * T], dtype=np.int64).reshape(count, T))
+        sinks.append(first_token_attention(run.model, held_out))
+    model = run.model
+    return PositionsMeasured(kind, describe_attention(model.config), model.num_params(), [s for s, _ in finals],
+                             [b for _, b in finals], lengths, torch.stack(sinks).mean(0), model.config.block_size)
+
+
+def mean_std(values: list[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (NaN for one value)."""
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else float("nan")
+
+
+def positions_table(rows: list[PositionsMeasured]) -> str:
+    """Quality at equal time. The last column is each kind's mean minus the first kind's, over the
+    standard error of that difference (Welch's t): with three seeds each, beyond about ±2.8 the
+    difference is larger than seed-to-seed noise explains (two-sided, 5%)."""
+    base = rows[0]
+    lines = [f"| positions ({base.attention}) | params | steps (per seed) | val bits/byte (per seed) | mean ± std "
+             f"| vs {base.kind}: Δ (Δ/SE) |", "|---|---:|---:|---:|---:|---:|"]
+    for m in rows:
+        mean, std = mean_std(m.bpb)
+        delta = "-"
+        if m is not base:
+            d = mean - statistics.fmean(base.bpb)
+            se = math.sqrt(mean_std(m.bpb)[1] ** 2 / len(m.bpb) + mean_std(base.bpb)[1] ** 2 / len(base.bpb))
+            delta = f"{d:+.4f} ({d / se:+.1f})" if se > 0 else f"{d:+.4f} (n/a: one seed)"
+        lines.append(f"| {m.kind} | {m.params:,} | {' / '.join(map(str, m.steps))} | "
+                     f"{' / '.join(f'{b:.4f}' for b in m.bpb)} | {mean:.4f} ± {std:.4f} | {delta} |")
+    return "\n".join(lines)
+
+
+def extrapolation_table(rows: list[PositionsMeasured]) -> str:
+    """Bits/byte at each evaluation length: the seeds' mean ± standard deviation, or why not possible."""
+    lengths = [score.length for score in rows[0].lengths[0]]
+    T = rows[0].block_size
+    head = " | ".join(f"{n} tokens ({n / T:g}×)" for n in lengths)
+    lines = [f"| positions | {head} |", "|---|" + "---:|" * len(lengths)]
+    for m in rows:
+        cells = []
+        for i in range(len(lengths)):
+            scores = [seed[i] for seed in m.lengths]
+            if scores[0].bpb is None:
+                cells.append(f"not possible ({scores[0].not_possible})")
+            else:
+                mean, std = mean_std([s.bpb for s in scores])
+                cells.append(f"{mean:.4f} ± {std:.4f}")
+        lines.append(f"| {m.kind} | {' | '.join(cells)} |")
+    scored = rows[0].lengths[0][0].bytes
+    lines.append(f"\nThe same {scored:,} bytes of validation text at every length (back-to-back windows).")
+    return "\n".join(lines)
+
+
+def first_token_table(rows: list[PositionsMeasured]) -> str:
+    """Each head's first-token (sink) score, the seeds' mean, one column per kind."""
+    n_layer, n_head = rows[0].first_token.shape
+    lines = [f"| layer.head | {' | '.join(m.kind for m in rows)} |", "|---|" + "---:|" * len(rows)]
+    for layer in range(n_layer):
+        for head in range(n_head):
+            lines.append(f"| {layer}.{head} | {' | '.join(f'{float(m.first_token[layer, head]):.3f}' for m in rows)} |")
+    lines.append(f"| mean of heads | {' | '.join(f'{float(m.first_token.mean()):.3f}' for m in rows)} |")
+    lines.append(f"| heads above 0.5 | {' | '.join(str(int((m.first_token > 0.5).sum())) for m in rows)} |")
+    even = even_spread_first_token(rows[0].block_size)
+    lines.append(f"\nA head that spreads every query evenly scores {even:.3f} at {rows[0].block_size} tokens.")
+    return "\n".join(lines)
+
+
+def plot_extrapolation(rows: list[PositionsMeasured], path: Path, minutes: float) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display: write the file only
+    import matplotlib.pyplot as plt
+
+    T = rows[0].block_size
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for m in rows:
+        lengths = [score.length for score in m.lengths[0] if score.bpb is not None]
+        per_length = [[seed[i].bpb for seed in m.lengths] for i, score in enumerate(m.lengths[0]) if score.bpb is not None]
+        means = [statistics.fmean(v) for v in per_length]
+        spread = [[mu - min(v) for mu, v in zip(means, per_length)], [max(v) - mu for mu, v in zip(means, per_length)]]
+        missing = [score for score in m.lengths[0] if score.bpb is None]
+        label = f"{m.kind}" + (f" (longer: {missing[0].not_possible})" if missing else "")
+        ax.errorbar(lengths, means, yerr=spread, marker="o", capsize=3, label=label)
+    ax.axvline(T, color="grey", linestyle="--", linewidth=1)
+    ax.annotate("trained context", (T, 1), xycoords=("data", "axes fraction"), xytext=(4, -12),
+                textcoords="offset points", fontsize=8, color="grey")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks([s.length for s in rows[0].lengths[0]], [str(s.length) for s in rows[0].lengths[0]])
+    ax.set_xlabel("evaluation window (tokens)")
+    ax.set_ylabel("validation bits/byte (lower is better)")
+    ax.set_title(f"Positions past the trained context ({minutes:g} min of training each)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> int:
     return run_stoppable(build_parser(), argv, compare)
 
@@ -225,8 +455,11 @@ def main(argv: list[str] | None = None) -> int:
 def compare(args: argparse.Namespace) -> int:
     from common.config import read_yaml_file
 
+    check_positions_args(args)
     doc = read_yaml_file(args.config)
     model = doc["model"]
+    if args.positions is not None:
+        return positions_axis(args, model)
     if args.forms:
         shape = {**model, "vocab_size": doc["data"]["vocab_size"], **mla_overrides(model)}
         for r in args.latents:

@@ -51,6 +51,19 @@ def test_attention_variants_trains_each_variant(toy_config, bench_dir) -> None:
     assert plot.stat().st_size > 0
 
 
+def test_attention_variants_trains_the_positions_axis(toy_config, bench_dir) -> None:
+    plot = bench_dir / "positions.png"
+    out = bench("attention_variants", "--positions", "learned", "rope", "none", "--seeds", 1, 2, "--config", toy_config,
+                "--eval-windows", 2, "--sink-windows", 2, "--out", bench_dir / "positions", "--plot", plot,
+                "--set", "train.max_minutes=null", "--set", "train.max_steps=2", "--set", "eval.max_batches=1",
+                "--set", "eval.final_max_batches=1")
+    assert_words(out, "| positions (GQA, 2 KV heads) |", "| rope |", "vs learned: Δ (Δ/SE)",
+                 "| 64 tokens (1×) | 128 tokens (2×) | 256 tokens (4×) |",
+                 "not possible (learned positions stop at 64)", "| layer.head | learned | rope | none |",
+                 "spreads every query evenly", "figure:")
+    assert plot.stat().st_size > 0
+
+
 def test_attention_variants_times_the_latent_forms(toy_config) -> None:
     out = bench("attention_variants", "--forms", "--config", toy_config, "--latents", 16, 8, "--repeats", 1)
     assert_words(out, "kv_latent_dim 16", "kv_latent_dim 8", "expanded", "absorbed", "decode step")
