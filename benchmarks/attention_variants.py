@@ -6,11 +6,14 @@ the same data and seed, then measured for quality, cache size and decode speed.
     python -m benchmarks.attention_variants --forms                         # MLA: expanded vs absorbed
     python -m benchmarks.attention_variants --positions learned rope none --seeds 1337 1338 1339 \
         --minutes 2 --plot docs/positions-extrapolation.png                 # the positions axis
+    python -m benchmarks.attention_variants --positions learned rope none --steps 400   # at equal steps
 
 Variants: MHA (n_kv_head = n_head), GQA as the config ships it, MQA (n_kv_head = 1), and multi-head
 latent attention at two latent sizes (``--latents``). Each one is a real ``train.py`` run (in
 ``--out``/<variant>-s<seed>) whose training clock is ``--minutes`` (train.max_minutes; the
-final validation pass over the whole split comes after it). The markdown table reports, per variant:
+final validation pass over the whole split comes after it), or, with ``--steps``, whose budget is a
+number of steps: on a machine shared with other work a clock buys each run a different number of
+steps, and equal steps compare the same work. The markdown table reports, per variant:
 parameters, steps reached, final validation bits/byte (each seed), KV cache bytes per token (all
 layers, fp32), cache MiB at batch 16 and full context, and decode tokens/s at full context (the last
 ``--decode-steps`` positions of the window) at batch 1 and 16. The figure plots bits/byte against
@@ -42,7 +45,7 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -61,7 +64,9 @@ from common.errors import UserError
 from data.tokenizer import token_byte_lengths
 from model import GPT, GPTConfig, load_pretrained
 from model.config_checks import POSITION_KINDS
+from rundir.files import METRICS_FILE
 from rundir.loading import load_run, validation_tokens
+from rundir.record import read_config
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "tiny.yaml"
@@ -81,7 +86,11 @@ class Measured:
 
 def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(prog="python -m benchmarks.attention_variants", description=__doc__.split("\n\n")[0])
-    p.add_argument("--minutes", type=positive_float, default=10.0, help="training clock per run (train.max_minutes)")
+    p.add_argument("--minutes", type=positive_float, default=None,
+                   help=f"training clock per run (train.max_minutes; default {DEFAULT_MINUTES:g})")
+    p.add_argument("--steps", type=positive_int, default=None,
+                   help="train every run for this many steps instead of --minutes (train.max_steps, no clock): "
+                        "equal work, whatever else the machine runs")
     p.add_argument("--seeds", type=int, nargs="+", default=[1337], help="train.seed of each run of a variant")
     p.add_argument("--latents", type=positive_int, nargs=2, default=[64, 32], help="the two MLA kv_latent_dim sizes")
     p.add_argument("--config", type=path_arg, default=CONFIG, help="the training config every variant starts from")
@@ -92,6 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a further train.py override for every run (e.g. eval.final_max_batches=4); repeatable")
     p.add_argument("--forms", action="store_true", help="only time MLA's expanded vs absorbed forms")
     p.add_argument("--repeats", type=positive_int, default=9, help="with --forms: timed repeats of each step")
+    p.add_argument("--reuse-runs", action="store_true",
+                   help="measure the finished runs already in --out (trained by an earlier call with the same "
+                        "flags) instead of training them again")
     p.add_argument("--positions", nargs="+", metavar="KIND", default=None,
                    help=f"train the positions axis instead, one run per kind and seed ({', '.join(POSITION_KINDS)})")
     p.add_argument("--lengths", type=positive_int, nargs="+", default=None, metavar="MULTIPLE",
@@ -112,6 +124,14 @@ DEFAULT_SINK_WINDOWS = 8
 # Bounds that keep one evaluation batch's attention maps, and the validation text it reads, finite.
 MAX_LENGTH_MULTIPLE = 16
 MAX_EVAL_WINDOWS = 4096
+
+
+def check_budget(args: argparse.Namespace) -> None:
+    """One budget per run: --steps, or --minutes (by default)."""
+    if args.steps is not None and args.minutes is not None:
+        raise UserError("--minutes and --steps are two budgets for the same runs; give one of them")
+    if args.steps is None and args.minutes is None:
+        args.minutes = DEFAULT_MINUTES
 
 
 def check_positions_args(args: argparse.Namespace) -> None:
@@ -139,6 +159,8 @@ def check_positions_args(args: argparse.Namespace) -> None:
             raise UserError(f"{flag} {value} is past the limit of {MAX_EVAL_WINDOWS}; give fewer windows")
 
 
+DEFAULT_MINUTES = 10.0
+
 # Value embeddings are off in every variant: MLA cannot carry them, and the variants must differ in
 # attention alone.
 EVERY_VARIANT = {"value_embeddings": False}
@@ -161,6 +183,11 @@ def variants(model: dict, latents: list[int]) -> dict[str, dict]:
     }
 
 
+def budget_words(args: argparse.Namespace) -> str:
+    """Each run's training budget in words, for the tables and figures."""
+    return f"{args.minutes:g} training minutes" if args.steps is None else f"{args.steps} training steps"
+
+
 def slug_of(name: str) -> str:
     """A variant's run folder prefix: its first word and its numbers (``GQA (n_kv_head 2)``: gqa2)."""
     return name.split(" ")[0].lower() + "".join(c for c in name if c.isdigit())
@@ -168,11 +195,37 @@ def slug_of(name: str) -> str:
 
 def train(name: str, overrides: dict, seed: int, args: argparse.Namespace, slug: str | None = None) -> Path:
     run_dir = args.out / f"{slug or slug_of(name)}-s{seed}"
-    sets = {**{f"model.{k}": v for k, v in overrides.items()}, "train.max_minutes": args.minutes,
+    budget = {"train.max_minutes": args.minutes} if args.steps is None else {"train.max_minutes": "null",
+                                                                            "train.max_steps": args.steps}
+    sets = {**{f"model.{k}": v for k, v in overrides.items()}, **budget,
             "train.seed": seed, "run.out_dir": run_dir, "run.overwrite": True, "logging.wandb.mode": "disabled"}
+    if args.reuse_runs:
+        check_reusable(run_dir, args)
+        print(f"reusing {name}, seed {seed}: {run_dir}", flush=True)
+        return run_dir
     print(f"training {name}, seed {seed} -> {run_dir}", flush=True)
     run_train_py(args.config, [f"{key}={value}" for key, value in sets.items()] + args.set)
     return run_dir
+
+
+def check_reusable(run_dir: Path, args: argparse.Namespace) -> None:
+    """A run that --reuse-runs may measure again: finished, and trained with this call's budget."""
+    metrics = run_dir / METRICS_FILE
+    finished = metrics.is_file() and any('"final_eval"' in line for line in metrics.read_text().splitlines())
+    if not finished:
+        raise UserError(f"{run_dir} holds no finished run; train it first (leave out --reuse-runs)")
+    train = read_config(run_dir).get("train") or {}
+    budget = (train.get("max_minutes"), train.get("max_steps") if args.steps is not None else None)
+    if budget != (args.minutes, args.steps):
+        raise UserError(f"{run_dir} was trained for {budget_of(train)}, not {budget_words(args)}; "
+                        "give the budget it was trained with, or leave out --reuse-runs to train again")
+
+
+def budget_of(train: dict) -> str:
+    """A run's recorded training budget in words."""
+    if train.get("max_minutes") is None:
+        return f"{train.get('max_steps')} training steps"
+    return f"{train['max_minutes']:g} training minutes"
 
 
 def run_train_py(config: Path, settings: list[str]) -> None:
@@ -236,7 +289,7 @@ def table(rows: list[Measured]) -> str:
     return "\n".join(lines)
 
 
-def plot(rows: list[Measured], path: Path, minutes: float) -> None:
+def plot(rows: list[Measured], path: Path, budget: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")  # no display: write the file only
@@ -252,7 +305,7 @@ def plot(rows: list[Measured], path: Path, minutes: float) -> None:
     ax.set_xscale("log", base=2)
     ax.set_xlabel("KV cache bytes per token (all layers, fp32)")
     ax.set_ylabel("validation bits/byte (lower is better)")
-    ax.set_title(f"Attention kinds at equal training time ({minutes:g} min each)")
+    ax.set_title(f"Attention kinds at equal training budget ({budget} each)")
     ax.grid(alpha=0.3)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -295,7 +348,7 @@ def compare_forms(config: GPTConfig, batch: int = 16, repeats: int = 9) -> None:
 @dataclass
 class PositionsMeasured:
     kind: str
-    attention: str  # the attention kind in words (``describe_attention``)
+    attention: str  # the attention kind in words, positions left out (``describe_attention``)
     params: int
     steps: list[int]
     bpb: list[float]
@@ -313,7 +366,7 @@ def positions_axis(args: argparse.Namespace, model: dict) -> int:
             runs[kind].append(train(f"positions {kind}", {**EVERY_VARIANT, "positions": kind}, seed, args, slug))
     multiples = args.lengths or list(DEFAULT_LENGTHS)
     rows = [measure_positions(kind, run_dirs, multiples, args) for kind, run_dirs in runs.items()]
-    print(f"\n{args.config.name}, {args.minutes:g} training minutes per run, seeds {args.seeds} (trained seed by "
+    print(f"\n{args.config.name}, {budget_words(args)} per run, seeds {args.seeds} (trained seed by "
           f"seed), torch threads {torch.get_num_threads()}\n")
     print(positions_table(rows))
     print()
@@ -321,7 +374,7 @@ def positions_axis(args: argparse.Namespace, model: dict) -> int:
     print()
     print(first_token_table(rows))
     path = args.plot or args.out / "positions_extrapolation.png"
-    plot_extrapolation(rows, path, args.minutes)
+    plot_extrapolation(rows, path, budget_words(args))
     print(f"\nfigure: {path}")
     return 0
 
@@ -353,7 +406,8 @@ def measure_positions(kind: str, run_dirs: list[Path], multiples: list[int], arg
         held_out = torch.from_numpy(np.asarray(tokens[:count * T], dtype=np.int64).reshape(count, T))
         sinks.append(first_token_attention(run.model, held_out))
     model = run.model
-    return PositionsMeasured(kind, describe_attention(model.config), model.num_params(), [s for s, _ in finals],
+    heads = describe_attention(replace(model.config, positions="learned"))
+    return PositionsMeasured(kind, heads, model.num_params(), [s for s, _ in finals],
                              [b for _, b in finals], lengths, torch.stack(sinks).mean(0), model.config.block_size)
 
 
@@ -395,10 +449,13 @@ def extrapolation_table(rows: list[PositionsMeasured]) -> str:
                 cells.append(f"not possible ({scores[0].not_possible})")
             else:
                 mean, std = mean_std([s.bpb for s in scores])
-                cells.append(f"{mean:.4f} ± {std:.4f}")
+                change, change_std = mean_std([s.bpb - seed[0].bpb for s, seed in zip(scores, m.lengths)])
+                cells.append(f"{mean:.4f} ± {std:.4f}" + (f" ({change:+.4f} ± {change_std:.4f})" if i else ""))
         lines.append(f"| {m.kind} | {' | '.join(cells)} |")
     scored = rows[0].lengths[0][0].bytes
-    lines.append(f"\nThe same {scored:,} bytes of validation text at every length (back-to-back windows).")
+    lines.append(f"\nThe seeds' mean ± standard deviation, and in brackets the change from each run's own score at "
+                 f"{lengths[0]} tokens; the same {scored:,} bytes of validation text at every length (back-to-back "
+                 f"windows).")
     return "\n".join(lines)
 
 
@@ -416,32 +473,40 @@ def first_token_table(rows: list[PositionsMeasured]) -> str:
     return "\n".join(lines)
 
 
-def plot_extrapolation(rows: list[PositionsMeasured], path: Path, minutes: float) -> None:
+def plot_extrapolation(rows: list[PositionsMeasured], path: Path, budget: str) -> None:
+    """Left: bits/byte against the evaluation window, one line per kind (the seeds' mean, a bar
+    spanning them). Right: the same less each run's own score at the trained context, so that what
+    differs between seeds (their training) falls out and only the change with length is left."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display: write the file only
     import matplotlib.pyplot as plt
 
     T = rows[0].block_size
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    every_length = [score.length for score in rows[0].lengths[0]]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
     for m in rows:
-        lengths = [score.length for score in m.lengths[0] if score.bpb is not None]
-        per_length = [[seed[i].bpb for seed in m.lengths] for i, score in enumerate(m.lengths[0]) if score.bpb is not None]
-        means = [statistics.fmean(v) for v in per_length]
-        spread = [[mu - min(v) for mu, v in zip(means, per_length)], [max(v) - mu for mu, v in zip(means, per_length)]]
+        columns = [i for i, score in enumerate(m.lengths[0]) if score.bpb is not None]
+        lengths = [m.lengths[0][i].length for i in columns]
         missing = [score for score in m.lengths[0] if score.bpb is None]
-        label = f"{m.kind}" + (f" (longer: {missing[0].not_possible})" if missing else "")
-        ax.errorbar(lengths, means, yerr=spread, marker="o", capsize=3, label=label)
-    ax.axvline(T, color="grey", linestyle="--", linewidth=1)
-    ax.annotate("trained context", (T, 1), xycoords=("data", "axes fraction"), xytext=(4, -12),
-                textcoords="offset points", fontsize=8, color="grey")
-    ax.set_xscale("log", base=2)
-    ax.set_xticks([s.length for s in rows[0].lengths[0]], [str(s.length) for s in rows[0].lengths[0]])
-    ax.set_xlabel("evaluation window (tokens)")
-    ax.set_ylabel("validation bits/byte (lower is better)")
-    ax.set_title(f"Positions past the trained context ({minutes:g} min of training each)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+        label = m.kind + (f" (longer windows not possible: {missing[0].not_possible})" if missing else "")
+        for ax, less_own in ((left, False), (right, True)):
+            values = [[seed[i].bpb - (seed[0].bpb if less_own else 0.0) for seed in m.lengths] for i in columns]
+            means = [statistics.fmean(v) for v in values]
+            spread = [[mu - min(v) for mu, v in zip(means, values)], [max(v) - mu for mu, v in zip(means, values)]]
+            ax.errorbar(lengths, means, yerr=spread, marker="o", capsize=3, label=label)
+    for ax in (left, right):
+        ax.axvline(T, color="grey", linestyle="--", linewidth=1)
+        ax.annotate("trained context", (T, 1), xycoords=("data", "axes fraction"), xytext=(4, -12),
+                    textcoords="offset points", fontsize=8, color="grey")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(every_length, [str(n) for n in every_length])
+        ax.set_xlabel("evaluation window (tokens)")
+        ax.grid(alpha=0.3)
+    left.set_ylabel("validation bits/byte (lower is better)")
+    right.set_ylabel(f"bits/byte less the run's own at {T} tokens")
+    left.legend(fontsize=8)
+    fig.suptitle(f"Positions past the trained context ({budget} each; seeds' mean, bars span the seeds)")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
@@ -455,6 +520,7 @@ def main(argv: list[str] | None = None) -> int:
 def compare(args: argparse.Namespace) -> int:
     from common.config import read_yaml_file
 
+    check_budget(args)
     check_positions_args(args)
     doc = read_yaml_file(args.config)
     model = doc["model"]
@@ -469,11 +535,11 @@ def compare(args: argparse.Namespace) -> int:
     for name, overrides in variants(model, args.latents).items():
         run_dirs = [train(name, overrides, seed, args) for seed in args.seeds]
         rows.append(measure(name, run_dirs, args.decode_steps))
-    print(f"\n{args.config.name}, {args.minutes:g} training minutes per run, seeds {args.seeds}, "
+    print(f"\n{args.config.name}, {budget_words(args)} per run, seeds {args.seeds}, "
           f"torch threads {torch.get_num_threads()}\n")
     print(table(rows))
     path = args.plot or args.out / "attention_variants.png"
-    plot(rows, path, args.minutes)
+    plot(rows, path, budget_words(args))
     print(f"\nfigure: {path}")
     return 0
 

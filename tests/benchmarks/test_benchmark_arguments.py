@@ -76,6 +76,9 @@ def test_the_other_labs_refuse_a_bad_clock_in_one_line(module, capsys):
     (["--positions", "rope", "--lengths", "1", "64"], "--lengths: 64 times the context is past the limit of 16"),
     (["--positions", "rope", "--eval-windows", "100000"], "--eval-windows 100000 is past the limit of 4096"),
     (["--positions", "none", "--seeds", "1", "1"], "--seeds names 1 twice"),
+    (["--positions", "none", "--minutes", "2", "--steps", "400"], "--minutes and --steps are two budgets"),
+    (["--positions", "none", "--steps", "0"], "argument --steps: must be"),
+    (["--positions", "none", "--reuse-runs"], "holds no finished run; train it first (leave out --reuse-runs)"),
 ])
 def test_the_positions_axis_refuses_bad_flags_in_one_line_before_training(args, message, tmp_path, capsys):
     from benchmarks.attention_variants import main
