@@ -219,7 +219,8 @@ def _draw_runs(args: argparse.Namespace, device: torch.device) -> int:
         layer = attention_maps(run.model, idx)[args.layer][0]
         if args.head is not None:
             layer = layer[args.head:args.head + 1]
-        rows.append((f"{run.directory.name}: {describe_attention(run.model.config)}", layer))
+        # The run and its kind on lines of their own: a kind with its positions is as wide as a map.
+        rows.append((f"{run.directory.name}\n{describe_attention(run.model.config)}", layer))
     with _writing_figure(out):
         draw_attention_rows(rows, _pieces(runs[0], ids), out, title=f"layer {args.layer} over {args.prompt!r}",
                             head_names=[f"layer {args.layer} head {h}" for h in heads])
