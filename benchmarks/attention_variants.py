@@ -107,8 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--positions", nargs="+", metavar="KIND", default=None,
                    help=f"train the positions axis instead, one run per kind and seed ({', '.join(POSITION_KINDS)})")
     p.add_argument("--lengths", type=positive_int, nargs="+", default=None, metavar="MULTIPLE",
-                   help=f"with --positions: evaluation lengths in multiples of the trained context "
-                        f"(default {' '.join(map(str, DEFAULT_LENGTHS))}; at most {MAX_LENGTH_MULTIPLE})")
+                   help=f"with --positions: evaluation lengths in multiples of the trained context, each dividing "
+                        f"the largest; 1 is always measured (default {' '.join(map(str, DEFAULT_LENGTHS))}; at most "
+                        f"{MAX_LENGTH_MULTIPLE})")
     p.add_argument("--eval-windows", type=positive_int, default=None, metavar="N",
                    help=f"with --positions: windows of the longest length scored at every length "
                         f"(default {DEFAULT_EVAL_WINDOWS}; at most {MAX_EVAL_WINDOWS})")
@@ -154,6 +155,11 @@ def check_positions_args(args: argparse.Namespace) -> None:
     if args.lengths is not None and max(args.lengths) > MAX_LENGTH_MULTIPLE:
         raise UserError(f"--lengths: {max(args.lengths)} times the context is past the limit of "
                         f"{MAX_LENGTH_MULTIPLE}; give smaller multiples")
+    if args.lengths is not None:
+        odd = [m for m in args.lengths if max(args.lengths) % m]
+        if odd:  # every length cuts the same text into whole windows
+            raise UserError(f"--lengths: {odd[0]} does not divide {max(args.lengths)}; give multiples that each "
+                            f"divide the largest, e.g. 1 2 4")
     for flag, value in (("--eval-windows", args.eval_windows), ("--sink-windows", args.sink_windows)):
         if value is not None and value > MAX_EVAL_WINDOWS:
             raise UserError(f"{flag} {value} is past the limit of {MAX_EVAL_WINDOWS}; give fewer windows")
@@ -364,7 +370,7 @@ def positions_axis(args: argparse.Namespace, model: dict) -> int:
         for kind in args.positions:
             slug = f"{slug_of(variant_name(model))}-{kind}"
             runs[kind].append(train(f"positions {kind}", {**EVERY_VARIANT, "positions": kind}, seed, args, slug))
-    multiples = args.lengths or list(DEFAULT_LENGTHS)
+    multiples = sorted({1, *(args.lengths or DEFAULT_LENGTHS)})  # the trained context is the reference
     rows = [measure_positions(kind, run_dirs, multiples, args) for kind, run_dirs in runs.items()]
     print(f"\n{args.config.name}, {budget_words(args)} per run, seeds {args.seeds} (trained seed by "
           f"seed), torch threads {torch.get_num_threads()}\n")

@@ -73,6 +73,7 @@ def test_the_other_labs_refuse_a_bad_clock_in_one_line(module, capsys):
     (["--sink-windows", "4"], "--sink-windows go with --positions"),
     (["--positions", "rope", "--lengths", "1", "1"], "--lengths names 1 twice"),
     (["--positions", "rope", "--lengths", "0"], "argument --lengths: must be"),
+    (["--positions", "rope", "--lengths", "3", "4"], "--lengths: 3 does not divide 4; give multiples that each divide"),
     (["--positions", "rope", "--lengths", "1", "64"], "--lengths: 64 times the context is past the limit of 16"),
     (["--positions", "rope", "--eval-windows", "100000"], "--eval-windows 100000 is past the limit of 4096"),
     (["--positions", "none", "--seeds", "1", "1"], "--seeds names 1 twice"),
