@@ -495,7 +495,7 @@ def plot_extrapolation(rows: list[PositionsMeasured], path: Path, budget: str) -
         columns = [i for i, score in enumerate(m.lengths[0]) if score.bpb is not None]
         lengths = [m.lengths[0][i].length for i in columns]
         missing = [score for score in m.lengths[0] if score.bpb is None]
-        label = m.kind + (f" (longer windows not possible: {missing[0].not_possible})" if missing else "")
+        label = m.kind + (f" (not possible past {T} tokens)" if missing else "")
         for ax, less_own in ((left, False), (right, True)):
             values = [[seed[i].bpb - (seed[0].bpb if less_own else 0.0) for seed in m.lengths] for i in columns]
             means = [statistics.fmean(v) for v in values]
@@ -511,7 +511,7 @@ def plot_extrapolation(rows: list[PositionsMeasured], path: Path, budget: str) -
         ax.grid(alpha=0.3)
     left.set_ylabel("validation bits/byte (lower is better)")
     right.set_ylabel(f"bits/byte less the run's own at {T} tokens")
-    left.legend(fontsize=8)
+    right.legend(fontsize=8, loc="upper left", bbox_to_anchor=(0.0, 0.92))  # the right panel's corner is empty
     fig.suptitle(f"Positions past the trained context ({budget} each; seeds' mean, bars span the seeds)")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
