@@ -46,9 +46,8 @@ from common.threads import add_threads_argument, parse_threads, use_threads
 from common.errors import UserError
 from common.os_errors import describe_os_error
 from inference.terminal import decode_argument
-from rundir.files import METRICS_FILE, RUN_CONFIG_FILE, TOKENIZER_FILE
-from rundir.loading import LoadedRun, find_latest_run, load_run
-from rundir.record import read_config
+from rundir.files import METRICS_FILE
+from rundir.loading import LoadedRun, find_latest_run, load_run, validation_tokens
 
 _EPILOG = """\
 examples:
@@ -220,7 +219,8 @@ def _draw_runs(args: argparse.Namespace, device: torch.device) -> int:
         layer = attention_maps(run.model, idx)[args.layer][0]
         if args.head is not None:
             layer = layer[args.head:args.head + 1]
-        rows.append((f"{run.directory.name}: {describe_attention(run.model.config)}", layer))
+        # The run and its kind on lines of their own: a kind with its positions is as wide as a map.
+        rows.append((f"{run.directory.name}\n{describe_attention(run.model.config)}", layer))
     with _writing_figure(out):
         draw_attention_rows(rows, _pieces(runs[0], ids), out, title=f"layer {args.layer} over {args.prompt!r}",
                             head_names=[f"layer {args.layer} head {h}" for h in heads])
@@ -338,7 +338,7 @@ def _held_out_tokens(run: LoadedRun, text_file: Path | None, count: int) -> tupl
     run's tokenizer, or the run's validation split. Of a file, only what ``count`` windows and the
     probe's id counts need is read."""
     if text_file is None:
-        return _validation_tokens(run), "the run's validation split"
+        return validation_tokens(run, "pass --text-file"), "the run's validation split"
     tokens = max(count * run.block_size, PROBE_TOKENS)
     text = _read_text_prefix(text_file, tokens * max(map(len, run.token_bytes)))
     return np.asarray(run.tokenizer.encode(text, add_special_tokens=False).ids), f"--text-file {text_file}"
@@ -365,18 +365,3 @@ def _read_text_prefix(text_file: Path, max_bytes: int) -> str:
         return codecs.getincrementaldecoder("utf-8")().decode(data, final=False)
     except (OSError, UnicodeDecodeError) as error:
         raise UserError(f"cannot read --text-file {text_file}: {error}; give a UTF-8 text file") from None
-
-
-def _validation_tokens(run: LoadedRun) -> np.ndarray:
-    """The run's held-out text, tokenized by its own tokenizer (prepared and cached like training's)."""
-    from common.config import build
-    from data import DataConfig, prepare_data
-
-    if not (run.directory / RUN_CONFIG_FILE).is_file():
-        raise UserError(f"{run.directory} has no {RUN_CONFIG_FILE} to find its validation text; pass --text-file")
-    data = build(DataConfig, read_config(run.directory).get("data") or {}, "data")
-    if data.format != "text":
-        raise UserError(f"{run.directory} was trained on {data.format} data; pass held-out plain text "
-                        "with --text-file")
-    prepared = prepare_data(data, progress=False, tokenizer_file=run.directory / TOKENIZER_FILE)
-    return np.asarray(prepared.val_tokens())

@@ -216,7 +216,13 @@ def attention_summary(model: nn.Module, text_windows: torch.Tensor, ids: torch.T
 
 def describe_attention(config: GPTConfig) -> str:
     """The attention kind of a model config in words, as figures label a run: MHA, GQA or MQA by
-    how many key/value heads the query heads share, MLA by the width of its cached latent."""
+    how many key/value heads the query heads share, MLA by the width of its cached latent; then the
+    positions, unless they are the default learned ones."""
+    positions = {"learned": "", "rope": ", rotary positions", "none": ", no positions"}[config.positions]
+    return _describe_heads(config) + positions
+
+
+def _describe_heads(config: GPTConfig) -> str:
     if config.attention == "mla":
         query = f", query latent {config.q_latent_dim}" if config.q_latent_dim else ""
         return f"MLA, latent {config.kv_latent_dim}{query}"

@@ -11,13 +11,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from tokenizers import Tokenizer
 
 from common.errors import UserError
 from data.tokenizer import RUN_TOKENIZER_ADVICE, eot_id, load_tokenizer, token_byte_table
 from model import GPT, ModelFileError, load_pretrained
-from rundir.files import TOKENIZER_FILE, WEIGHTS_FILE
+from rundir.files import RUN_CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE
+from rundir.record import read_config
 
 RUNS_DIR = Path("runs")
 TRAIN_COMMAND = "python train.py --config configs/tiny.yaml"
@@ -85,3 +87,19 @@ def load_run(directory: str | Path, device: torch.device) -> LoadedRun:
             "these weights"
         )
     return LoadedRun(directory, model, tokenizer, token_bytes, eot_id(tokenizer), device)
+
+
+def validation_tokens(run: LoadedRun, otherwise: str) -> np.ndarray:
+    """The run's held-out text, tokenized by its own tokenizer (prepared and cached like training's).
+    A run with no config to find it, or trained on other than plain text, is refused with the
+    ``otherwise`` advice (what the caller can take instead, e.g. "pass --text-file")."""
+    from common.config import build
+    from data import DataConfig, prepare_data
+
+    if not (run.directory / RUN_CONFIG_FILE).is_file():
+        raise UserError(f"{run.directory} has no {RUN_CONFIG_FILE} to find its validation text; {otherwise}")
+    data = build(DataConfig, read_config(run.directory).get("data") or {}, "data")
+    if data.format != "text":
+        raise UserError(f"{run.directory} was trained on {data.format} data; {otherwise} (held-out plain text)")
+    prepared = prepare_data(data, progress=False, tokenizer_file=run.directory / TOKENIZER_FILE)
+    return np.asarray(prepared.val_tokens())

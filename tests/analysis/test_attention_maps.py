@@ -154,6 +154,8 @@ def test_without_the_scale_every_row_is_sharper(model):
     (dict(n_kv_head=1), "MQA, 1 KV head"),
     (dict(n_kv_head=4, attention="mla", kv_latent_dim=64), "MLA, latent 64"),
     (dict(n_kv_head=4, attention="mla", kv_latent_dim=32, q_latent_dim=48), "MLA, latent 32, query latent 48"),
+    (dict(n_kv_head=2, positions="rope"), "GQA, 2 KV heads, rotary positions"),
+    (dict(n_kv_head=4, attention="mla", kv_latent_dim=64, positions="none"), "MLA, latent 64, no positions"),
 ])
 def test_each_attention_kind_is_named(fields, label):
     config = GPTConfig(vocab_size=60, block_size=24, n_layer=2, n_head=4, n_embd=32, **fields)

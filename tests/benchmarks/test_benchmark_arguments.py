@@ -64,6 +64,33 @@ def test_the_other_labs_refuse_a_bad_clock_in_one_line(module, capsys):
     assert capsys.readouterr().err.startswith("error: argument --minutes: must be a finite number > 0")
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--positions", "rotary"], "--positions: unknown kind 'rotary'; choose from learned, rope, none"),
+    (["--positions", "rope", "learned", "rope"], "--positions names rope twice; give each once"),
+    (["--positions"], "argument --positions: expected at least one argument"),
+    (["--positions", "rope", "--forms"], "--forms and --positions are separate benchmarks; give one of them"),
+    (["--lengths", "2", "4"], "--lengths go with --positions; add --positions learned rope none"),
+    (["--sink-windows", "4"], "--sink-windows go with --positions"),
+    (["--positions", "rope", "--lengths", "1", "1"], "--lengths names 1 twice"),
+    (["--positions", "rope", "--lengths", "0"], "argument --lengths: must be"),
+    (["--positions", "rope", "--lengths", "3", "4"], "--lengths: 3 does not divide 4; give multiples that each divide"),
+    (["--positions", "rope", "--lengths", "1", "64"], "--lengths: 64 times the context is past the limit of 16"),
+    (["--positions", "rope", "--eval-windows", "100000"], "--eval-windows 100000 is past the limit of 4096"),
+    (["--positions", "none", "--seeds", "1", "1"], "--seeds names 1 twice"),
+    (["--positions", "none", "--minutes", "2", "--steps", "400"], "--minutes and --steps are two budgets"),
+    (["--positions", "none", "--steps", "0"], "argument --steps: must be"),
+    (["--positions", "none", "--reuse-runs"], "holds no finished run; train it first (leave out --reuse-runs)"),
+])
+def test_the_positions_axis_refuses_bad_flags_in_one_line_before_training(args, message, tmp_path, capsys):
+    from benchmarks.attention_variants import main
+
+    assert main([*args, "--out", str(tmp_path / "runs")]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and err.startswith("error: "), (out, err)
+    assert message in err, err
+    assert not (tmp_path / "runs").exists()  # nothing trained
+
+
 BENCHMARKS = sorted(path.stem for path in (ROOT / "benchmarks").glob("*.py") if path.stem != "__init__")
 
 

@@ -51,6 +51,29 @@ def test_attention_variants_trains_each_variant(toy_config, bench_dir) -> None:
     assert plot.stat().st_size > 0
 
 
+def test_attention_variants_trains_the_positions_axis(toy_config, bench_dir) -> None:
+    plot = bench_dir / "positions.png"
+    flags = ["--positions", "learned", "rope", "none", "--seeds", 1, 2, "--config", toy_config, "--steps", 2,
+             "--eval-windows", 2, "--sink-windows", 2, "--out", bench_dir / "positions", "--plot", plot,
+             "--set", "eval.max_batches=1", "--set", "eval.final_max_batches=1"]
+    out = bench("attention_variants", *flags)
+    assert_words(out, "2 training steps per run", "| positions (GQA, 2 KV heads) |", "| rope |",
+                 "vs learned: Δ (Δ/SE)", "| 64 tokens (1×) | 128 tokens (2×) | 256 tokens (4×) |",
+                 "not possible (learned positions stop at 64)", "| layer.head | learned | rope | none |",
+                 "spreads every query evenly", "figure:")
+    assert plot.stat().st_size > 0
+    # The same runs measured again, untouched; and refused under another budget than they had.
+    weights = bench_dir / "positions" / "gqa2-rope-s1" / "model.safetensors"
+    written = weights.stat().st_mtime_ns
+    again = bench("attention_variants", *flags, "--reuse-runs")
+    assert "reusing positions rope, seed 1" in again and "training positions" not in again
+    assert again.split("| positions (GQA")[1] == out.split("| positions (GQA")[1]  # the same tables
+    assert weights.stat().st_mtime_ns == written
+    refused = run_python(["-m", "benchmarks.attention_variants", *map(str, flags), "--steps", "3", "--reuse-runs"])
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert "was trained for 2 training steps, not 3 training steps" in refused.stderr
+
+
 def test_attention_variants_times_the_latent_forms(toy_config) -> None:
     out = bench("attention_variants", "--forms", "--config", toy_config, "--latents", 16, 8, "--repeats", 1)
     assert_words(out, "kv_latent_dim 16", "kv_latent_dim 8", "expanded", "absorbed", "decode step")
