@@ -198,11 +198,13 @@ class KVCache:
         length = self.lengths[row]
         assert 0 <= start and count >= 1 and start + count <= length, f"row {row} holds {length} positions"
         later = self.read(row, start + count, length) if start + count < length else None
+        newest = self.last_tokens[row].clone()  # the row's newest token stays what the next one reads
         self.lengths[row] = start
         if later is not None:
             if move is not None:
                 move(later, -count)
             self.extend(row, later)
+        self.last_tokens[row] = newest
 
 
 class StaticStep:

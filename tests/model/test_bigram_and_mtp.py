@@ -80,6 +80,18 @@ def test_bigram_rows_refilled_from_a_prefix_carry_their_last_token(make_model):
         model(idx[:, 8:9], cache=cache, rows=[1])
 
 
+def test_a_rolling_cache_that_drops_the_middle_keeps_the_newest_token(make_model):
+    # Past the window a run without learned positions evicts the middle of its cache; the token the next position
+    # pairs with is still the newest one, not a token that moved.
+    model = make_model(bigram_buckets=53, positions="none")
+    idx = tokens(1, 10)
+    cache = model.init_cache(1)
+    model(idx[:, :9], cache=cache)
+    cache.drop(0, 2, 3, move=model.move_entries)
+    assert cache.lengths[0] == 6 and int(cache.previous_tokens([0])) == int(idx[0, 8])
+    model(idx[:, 9:10], cache=cache)  # decodes on, where a lost token would fail the assertion
+
+
 @KINDS
 def test_mtp_loss_is_the_head_on_the_token_after_next_in_training_only(make_model, kind):
     model = make_model(mtp_weight=0.5, **kind)
