@@ -119,6 +119,7 @@ def _openmp_spin_count(command: list[str], **env: str) -> str | None:
     return None if line is None else line.split("=", 1)[1].strip().strip("'")
 
 
+@pytest.mark.e2e  # starts every command: the slowest test of the default suite
 def test_every_command_shortens_openmp_workers_spin():
     # Beside other work, spinning workers made each operation wait for a parked worker.
     if _openmp_spin_count(["-c", "import sys, torch; sys.stderr.write('error: none'); "

@@ -186,6 +186,7 @@ def test_two_rank_chat_step_takes_the_mean_over_all_loss_bearing_targets(tmp_pat
     assert result["tokens"] == result["expected_tokens"]  # the step's tokens on both ranks
 
 
+@pytest.mark.e2e  # two processes over a whole config: the default suite keeps the two-rank step tests
 @pytest.mark.distributed
 def test_torchrun_two_processes_on_tiny_yaml_with_one_accumulation_step(small_overrides, tmp_path):
     # tiny.yaml has grad_accum_steps 1, so two processes split its batch of sequences instead.

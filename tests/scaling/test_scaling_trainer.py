@@ -156,6 +156,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.e2e  # two processes over a whole config: the default suite keeps the two-rank step tests
 @pytest.mark.distributed
 def test_torchrun_two_processes_train_and_only_rank0_writes(small_overrides, tmp_path):
     run_dir = tmp_path / "run"

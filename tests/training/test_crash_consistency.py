@@ -86,6 +86,7 @@ def _weights(out: Path) -> dict[str, torch.Tensor]:
     return load_pretrained(out).state_dict()
 
 
+@pytest.mark.e2e  # whole runs killed at random moments and resumed: the slowest of the default suite
 def test_sigkill_at_random_moments_then_resume_equals_an_uninterrupted_run(base_raw, tmp_path, monkeypatch):
     ctx = _forkserver(monkeypatch)
     reference = tmp_path / "reference"
