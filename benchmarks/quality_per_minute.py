@@ -127,7 +127,8 @@ def train_technique(name: str, seed: int, args: argparse.Namespace, steps: int |
     if steps is not None:
         others += [f"train.max_steps={steps}", "train.max_minutes=null"]
         name = f"{name} {steps}"  # the folder's name ends in the step count
-    return train(name, model, seed, argparse.Namespace(**{**vars(args), "set": args.set + others}))
+    # This benchmark decides reuse itself (--reuse, in screened_run), so train.py always runs here.
+    return train(name, model, seed, argparse.Namespace(**{**vars(args), "set": args.set + others, "reuse_runs": False}))
 
 
 def screened_run(name: str, seed: int, args: argparse.Namespace, steps: int) -> tuple[int, float]:
