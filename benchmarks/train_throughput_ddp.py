@@ -4,11 +4,11 @@
     OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 -m benchmarks.train_throughput_ddp \
         --config configs/tiny.yaml --set train.device=cpu --steps 5
 
-1. Rank 0 alone (the other ranks wait at a barrier) runs ``--steps`` optimizer steps of the
-   config's model without DDP: the single-process baseline.
-2. Every rank runs the same steps with the model wrapped by ``training.wrap_model``
+1. Every rank runs ``--steps`` optimizer steps with the model wrapped by ``training.wrap_model``
    (DDP, NCCL between GPUs, gloo on CPU), each on its own micro-batch of ``train.batch_size``
    sequences; the gradient all-reduce runs at every step, so its cost is all in the timing.
+2. The other ranks then leave, and rank 0 alone runs the same steps of the config's model without
+   DDP: the single-process baseline, with the machine to itself.
 3. Prints a table and the scaling efficiency: global tokens/s divided by N x the baseline.
 
 Both use ``measure_run`` from train_throughput.py (the trainer's own step functions), so the two
@@ -23,8 +23,8 @@ import sys
 
 import torch
 
-from benchmarks.train_throughput import RunMeasurement, TrainStepRunner, measure_peak, measure_run, throughput_parser
-from training import barrier, init_distributed, shutdown, wrap_model
+from benchmarks.train_throughput import TrainStepRunner, measure_peak, measure_run, throughput_parser
+from training import init_distributed, shutdown, wrap_model
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,17 +60,6 @@ def main(argv: list[str] | None = None) -> int:
             install_cpu_backward(model)  # as the trainer does
             return model
 
-        single: RunMeasurement | None = None
-        peak = 0.0
-        if ctx.is_main:
-            # Alone, so that neither the baseline nor the peak shares the machine with the other
-            # ranks (they matter on the CPU, where processes compete for the same cores).
-            peak = measure_peak(device, amp_dtype)
-            model = fresh_model()
-            single = measure_run(TrainStepRunner("1 process", model, flops=model.flops_per_token(), **common), **timing)
-            del model
-        barrier(ctx)
-
         model = fresh_model()
         flops = model.flops_per_token()
         runner = TrainStepRunner(f"{ctx.world_size} processes (DDP)", wrap_model(model.to(device), ctx), flops=flops, **common)
@@ -78,10 +67,18 @@ def main(argv: list[str] | None = None) -> int:
         # The ranks step in lockstep (every step ends in an all-reduce), so the slowest rank sets
         # the pace of all of them.
         step_s = _max_over_ranks(ddp.step_s, ctx)
+        del runner, model
+        # Every rank leaves the group here, together: none is left waiting in a collective while
+        # rank 0 works alone below (on a loaded host gloo has aborted a rank in that state).
+        shutdown(ctx)
         if not ctx.is_main:
             return 0
 
-        assert single is not None
+        # Alone, so that neither the baseline nor the peak shares the machine with the other
+        # ranks (they matter on the CPU, where processes compete for the same cores).
+        peak = measure_peak(device, amp_dtype)
+        model = fresh_model()
+        single = measure_run(TrainStepRunner("1 process", model.to(device), flops=flops, **common), **timing)
         dtype_name = "bf16" if amp_dtype == torch.bfloat16 else "fp32"
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads/process)"
         print(f"device: {name}; backend {ctx.backend or 'none'}; measured {dtype_name} matmul peak "

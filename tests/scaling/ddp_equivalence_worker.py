@@ -7,8 +7,8 @@ B. 2 ranks × 2 accumulated micro-batches each  vs  1 process accumulating 4, wh
    micro-step of each rank must not communicate (``sync_gradients``) and the second must.
 
 Rank 1 builds its model from another seed on purpose: ``wrap_model`` must hand every rank rank
-0's weights. Rank 0 computes the single-process reference itself and writes the comparison as
-JSON to the path given as the only argument; the test asserts on it.
+0's weights. Every rank computes the single-process reference itself; rank 0 writes the comparison
+as JSON to the path given as the only argument; the test asserts on it.
 """
 
 from __future__ import annotations
@@ -102,9 +102,11 @@ def ddp_step(ctx, num_micro_batches: int) -> dict:
     mean_loss = all_reduce_mean(loss_sum / accum, ctx)
 
     final = gather_to_main(flat_params(model), ctx)
+    # Every rank takes the reference step, so that none waits in a collective while another works
+    # alone (on a loaded host gloo has aborted a rank in that state).
+    expected, expected_grads, expected_loss = reference_step(batches)
     if not ctx.is_main:
         return {}
-    expected, expected_grads, expected_loss = reference_step(batches)
     return {
         "accum": accum,
         "calls_per_micro_step": calls_per_micro_step,

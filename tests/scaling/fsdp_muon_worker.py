@@ -2,8 +2,8 @@
 steps a single process takes on the whole batch.
 
 Both ranks shard one model (FSDP2, training/fsdp.py); each gets half of every global batch and
-the two accumulate 2 micro-batches each. Rank 0 also trains an unsharded copy on the whole batch
-(4 micro-batches) with the same optimizer, then writes the largest difference between both final
+the two accumulate 2 micro-batches each. Every rank also trains an unsharded copy on the whole batch
+(4 micro-batches) with the same optimizer; rank 0 writes the largest difference between both final
 weights, and the largest change of a weight, as JSON to the path given as the only argument.
 """
 
@@ -58,12 +58,14 @@ def compare(ctx, attention: str) -> dict:
     half = MICRO // ctx.world_size
     train(model, config, slice(ctx.rank * half, (ctx.rank + 1) * half), lambda last: sync_gradients(model, last))
     sharded = ShardedCheckpointer(Path(), ctx, config, torch.device("cpu")).whole_model(model)
-    if not ctx.is_main:
-        return {}
+    # Every rank trains the reference, so that no rank waits in a collective while another works
+    # alone (on a loaded host gloo has aborted a rank in that state).
     torch.manual_seed(0)
     reference = GPT(config)
     start = {k: v.clone() for k, v in reference.state_dict().items()}
     train(reference, config, slice(None))
+    if not ctx.is_main:
+        return {}
     got, want = sharded.state_dict(), reference.state_dict()
     return {
         "max_diff": max((got[k] - want[k]).abs().max().item() for k in want),
