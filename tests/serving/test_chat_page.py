@@ -213,7 +213,9 @@ def test_refusals_show_as_a_readable_message(browser, server):
     assert page.field("input").get_attribute("value") == "Who's there?" and page.texts(".msg") == []
 
     page.settings(max_tokens=20)
-    body = {"model": "tiny-chat", "prompt": "a", "max_tokens": CAP, "stream": True}
+    # Greedy: the model's end tokens have a zero logit, which sampling can still draw (the stream
+    # would then end and free the row before the page asks) but the largest logit never is.
+    body = {"model": "tiny-chat", "prompt": "a", "max_tokens": CAP, "stream": True, "temperature": 0}
     with httpx.stream("POST", f"{server}/v1/completions", json=body, timeout=60) as occupying:
         assert occupying.status_code == 200
         # The stream holds the one row (admitted and decoding) before the page asks for it.
