@@ -58,8 +58,7 @@ def compare(ctx, attention: str) -> dict:
     half = MICRO // ctx.world_size
     train(model, config, slice(ctx.rank * half, (ctx.rank + 1) * half), lambda last: sync_gradients(model, last))
     sharded = ShardedCheckpointer(Path(), ctx, config, torch.device("cpu")).whole_model(model)
-    # Every rank trains the reference, so that no rank waits in a collective while another works
-    # alone (on a loaded host gloo has aborted a rank in that state).
+    # On every rank, none left waiting (worker_testkit says why).
     torch.manual_seed(0)
     reference = GPT(config)
     start = {k: v.clone() for k, v in reference.state_dict().items()}

@@ -1,5 +1,9 @@
 """What every torchrun worker of these tests does around its measurement: join the process
-group, measure, have rank 0 write the results as JSON, and leave the group even on a failure."""
+group, measure, have rank 0 write the results as JSON, and leave the group even on a failure.
+
+A measurement keeps every rank busy until it leaves: a single-process reference is computed on
+every rank rather than on rank 0 while the others wait in a collective, the state in which a loaded
+host saw gloo abort rank 0."""
 
 from __future__ import annotations
 
