@@ -180,6 +180,22 @@ def test_optimizer_numbers_at_the_edges_of_their_ranges_load(tmp_path):
     assert (config.train.lr, config.train.eps, config.train.grad_clip) == (10.0, 1.0, 0.0)
 
 
+@pytest.mark.parametrize("window", ["32", "48", "5"])  # not shorter than block_size 32, or not a divisor
+def test_a_short_window_that_cannot_cut_the_windows_whole_is_refused(tmp_path, window):
+    message = error_of(write(tmp_path, MINIMAL), [f"train.short_window={window}"])
+    assert message.startswith("train.short_window must divide model.block_size (32)") and f"got {window}" in message
+
+
+def test_short_windows_are_for_plain_text(tmp_path):
+    message = error_of(write(tmp_path, MINIMAL), ["train.short_window=16", "data.format=chat", "data.source=shakespeare"])
+    assert message.startswith("train.short_window cuts plain-text windows") and "data.format: chat" in message
+
+
+@pytest.mark.parametrize("override", ["train.short_window=0", "train.short_window_share=0", "train.short_window_share=1.5"])
+def test_short_window_numbers_are_checked(tmp_path, override):
+    assert error_of(write(tmp_path, MINIMAL), [override]).startswith(override.split("=")[0])
+
+
 def test_heads_not_divisible_by_kv_heads(tmp_path):
     message = error_of(write(tmp_path, MINIMAL), ["model.n_kv_head=3"])
     assert message.startswith("model:") and "n_kv_head" in message
