@@ -14,14 +14,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_python(args: list[str], cwd: Path = ROOT, timeout: float = 300) -> subprocess.CompletedProcess:
+def run_python(args: list[str], cwd: Path = ROOT, timeout: float = 300, env: dict[str, str] | None = None,
+               ) -> subprocess.CompletedProcess:
     """``python *args`` from the repository root, with wandb off, one torch thread and no network.
 
     The command runs in its own process group, and a command past ``timeout`` (or interrupted with
     the test run) is killed with the whole group: a benchmark that hangs leaves no server or
-    torchrun worker behind."""
+    torchrun worker behind. ``env`` adds variables."""
     env = dict(os.environ, WANDB_MODE="disabled", PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
-               HF_DATASETS_OFFLINE="1")
+               HF_DATASETS_OFFLINE="1", **(env or {}))
     with subprocess.Popen([sys.executable, *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           stdin=subprocess.DEVNULL, text=True, start_new_session=True) as proc:
         try:

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.distributed
 
-from bench_testkit import run_python
+from bench_testkit import ROOT, run_python
 
 pytestmark = pytest.mark.e2e
 
@@ -180,11 +180,31 @@ def test_rms_norm_backward(toy_config) -> None:
 
 @pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
                     reason="this torch has no gloo backend for a CPU torchrun")
-def test_train_throughput_ddp_on_two_cpu_processes(toy_config) -> None:
-    out = bench("train_throughput_ddp", "--config", toy_config, "--steps", 1, "--warmup", 1, "--compile", "false",
-                "--set", "train.device=cpu", "--set", "train.batch_size=2",
-                launcher=("-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"))
+def test_train_throughput_ddp_on_two_cpu_processes_sees_a_slow_all_reduce(toy_config) -> None:
+    """The scaling efficiency is the single process's step time over DDP's, and an all-reduce made
+    slow on purpose (a known answer: every step waits for it) shows in both."""
+    torchrun = ("-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2")
+    flags = ["--config", toy_config, "--steps", 2, "--warmup", 1, "--compile", "false",
+             "--set", "train.device=cpu", "--set", "train.batch_size=2"]
+    out = bench("train_throughput_ddp", *flags, launcher=torchrun)
     assert_words(out, "1 process", "2 processes (DDP)", "scaling efficiency")
+    worker = str(Path(__file__).parent / "ddp_slow_allreduce_worker.py")
+    proc = run_python([*torchrun, worker, "0.5", *map(str, flags)], env={"PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    fast, slow = ddp_table(out), ddp_table(proc.stdout)
+    assert slow["ddp_ms"] >= 500  # the delay is in every timed step
+    for table in (fast, slow):
+        assert table["efficiency"] == pytest.approx(100 * table["single_ms"] / table["ddp_ms"], rel=0.05, abs=1.5)
+    assert slow["efficiency"] < fast["efficiency"]
+
+
+def ddp_table(out: str) -> dict[str, float]:
+    """The step times and scaling efficiency train_throughput_ddp printed."""
+    single = re.search(r"^1 process +1 +([0-9.]+)", out, re.MULTILINE)
+    ddp = re.search(r"^2 processes \(DDP\) +2 +([0-9.]+)", out, re.MULTILINE)
+    efficiency = re.search(r"scaling efficiency: (\d+)%", out)
+    assert single and ddp and efficiency, out[-3000:]
+    return {"single_ms": float(single.group(1)), "ddp_ms": float(ddp.group(1)), "efficiency": float(efficiency.group(1))}
 
 
 def test_loaded_machine_times_a_command_quiet_and_beside_neighbours(toy_config) -> None:
