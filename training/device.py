@@ -76,10 +76,10 @@ def keep_freed_memory() -> bool:
 def should_compile(setting: bool | str, device: torch.device) -> bool:
     """``auto`` compiles on CUDA only; ``true`` compiles anywhere a compiler is at hand.
 
-    On the CPU a cold compile costs more of a ten-minute budget than its faster steps win back
-    (docs/results.md), so ``auto`` leaves it off there. Inductor builds CPU kernels with a C++
-    compiler; without one a compiled run would crash at its first step, so it trains uncompiled
-    and says so instead.
+    On the CPU a machine's first compile costs more of a ten-minute budget than its faster steps win
+    back, and with Inductor's on-disk cache warm they only tie (docs/records.md), so ``auto`` leaves
+    it off there. Inductor builds CPU kernels with a C++ compiler; without one a compiled run would
+    crash at its first step, so it trains uncompiled and says so instead.
     """
     wanted = setting if isinstance(setting, bool) else device.type == "cuda"
     compilers = [os.environ.get("CXX", ""), "c++", "g++", "clang++"]
