@@ -80,6 +80,8 @@ def test_a_bf16_step_multiplies_in_bf16_and_keeps_norms_loss_weights_and_optimiz
     # the residual stream: bf16.
     assert ops.seen["linear"] == {torch.bfloat16}
     assert ops.seen["scaled_dot_product_attention"] == {torch.bfloat16}
+    activations = [op for op in ("silu", "relu", "square", "sigmoid", "tanh") if op in ops.seen]
+    assert activations and all(ops.seen[op] == {torch.bfloat16} for op in activations)
     assert logits.dtype == torch.bfloat16
     # The embeddings and the residual stream they start: fp32 (an fp32 + bf16 sum is fp32).
     assert ops.seen["embedding"] == {torch.float32}
