@@ -261,7 +261,7 @@ def paired_cost(config: Path, settings: list[str], overrides: dict, pairs: int) 
 def step_runner(config: Path, settings: list[str]):
     from benchmarks.train_throughput import TrainStepRunner
     from model import GPT
-    from training import install_cpu_backward, load_run_config
+    from training import install_cpu_backward, load_run_config, resolve_precision
 
     cfg = load_run_config(config, settings)
     torch.manual_seed(cfg.train.seed)
@@ -270,7 +270,8 @@ def step_runner(config: Path, settings: list[str]):
     m = cfg.model
     return TrainStepRunner("", model, flops=model.flops_per_token(), batch_size=cfg.train.batch_size,
                            block_size=m.block_size, vocab_size=m.vocab_size, device=torch.device("cpu"),
-                           amp_dtype=torch.float32, compile_model=False, train=cfg.train)
+                           amp_dtype=resolve_precision(cfg.train.precision, torch.device("cpu")),  # as it trains
+                           compile_model=False, train=cfg.train)
 
 
 if __name__ == "__main__":

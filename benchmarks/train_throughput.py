@@ -1,13 +1,16 @@
-"""Training throughput and MFU of a config's model, next to a nanoGPT-style reference model.
+"""Training throughput and MFU of a config's model in bf16 and fp32, next to a nanoGPT-style reference.
 
     python -m benchmarks.train_throughput --config configs/tiny.yaml --steps 20
-    python -m benchmarks.train_throughput --config configs/tiny.yaml --compile both
+    python -m benchmarks.train_throughput --config configs/tiny.yaml --no-reference --steps 60
+    python -m benchmarks.train_throughput --config configs/tiny.yaml --compile both --precision fp32
 
-1. Measures this machine's matmul peak itself: large square matmuls, best of several (fp32 on
-   the CPU, bf16 on CUDA; the dtype the trainer computes in).
+1. Measures this machine's matmul peak itself in each precision timed: large square matmuls, best
+   of several.
 2. Runs ``--steps`` full optimizer steps (forward, backward, clipping, and the config's optimizer:
    the trainer's own functions) of the config's model on random tokens, after ``--warmup``
-   untimed steps. ``--set train.optimizer=adamw`` shows what Muon's extra matmuls cost.
+   untimed steps, under bf16 autocast and in fp32 (``--precision both``, the default; or one of
+   them), whatever the config's ``train.precision`` says. ``--set train.optimizer=adamw`` shows what
+   Muon's extra matmuls cost.
 3. Does the same for a nanoGPT-style model of the same width, depth, context and vocabulary,
    written here as a comparison point, with the same optimizer. It is nanoGPT's GPT as its
    train.py trains it (``bias = False``): LayerNorm without bias, multi-head attention with a
@@ -17,8 +20,13 @@
 
 FLOPs per token are counted the same way for both (``flops_per_token`` below, the convention
 ``model.GPT.flops_per_token`` uses: 6 per matmul weight plus the full attention matrix), so the
-MFU column compares how well each model turns its arithmetic into throughput. The optimizer's
-own arithmetic (Muon's Newton-Schulz iterations) is not model FLOPs, so it lowers MFU.
+MFU column compares how well each model turns its arithmetic into throughput, each row against
+the peak of its own precision. The optimizer's own arithmetic (Muon's Newton-Schulz iterations,
+fp32 on the CPU at either precision) is not model FLOPs, so it lowers MFU.
+
+Every model and precision steps in turn, round after round, so that the load of other programs
+hits all alike; the bf16/fp32 line gives the speed-up of each model as measured in this one run,
+with its round-by-round spread.
 
 Timings only; nothing here is a test. ``measure_run`` is the per-run measurement, kept apart so
 that a multi-process launcher can call it per rank.
@@ -35,9 +43,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from common.cli import positive_int
+from common.cli import ArgumentParser, positive_int, run_command
 from common.device import select_device
+from common.errors import UserError
 from training import TrainConfig, autocast, configure_backends, format_flops, resolve_precision, synchronize
+from training.device import precision_name
+
+OURS, REFERENCE = "ours (GQA, SwiGLU, RMSNorm)", "nanoGPT-style reference"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -215,11 +227,12 @@ def summarize(runner: TrainStepRunner, step_times: list[float], first_step_s: fl
 def paired_ratio_quartiles(
     ours: list[list[float]], ref: list[list[float]], flops_ratio: float
 ) -> tuple[float, float, float]:
-    """Quartiles of the MFU ratio ours/reference taken round by round.
+    """Quartiles, over the rounds, of ``flops_ratio`` x (ref's median step time / ours'): the MFU
+    ratio ours/reference for two models, the speed-up for one model at two precisions (ratio 1).
 
-    Both models ran in the same round within a second or so of each other, so each round's ratio
-    of their median step times is free of the slow drift of the host's speed; the spread of these
-    ratios shows how far one run's overall ratio can be trusted.
+    Both ran in the same round within a second or so of each other, so each round's ratio of their
+    median step times is free of the slow drift of the host's speed; the spread of these ratios
+    shows how far one run's overall ratio can be trusted.
     """
     ratios = sorted(
         flops_ratio * median(r) / median(o) for o, r in zip(ours, ref, strict=True)
@@ -236,9 +249,10 @@ def median(values: list[float]) -> float:
 # Command line
 
 
-def throughput_parser(description: str, steps_help: str) -> argparse.ArgumentParser:
-    """The flags both throughput benchmarks take: the config, its overrides and the step counts."""
-    parser = argparse.ArgumentParser(description=description)
+def throughput_parser(description: str, steps_help: str) -> ArgumentParser:
+    """The flags both throughput benchmarks take: the config, its overrides and the step counts. A
+    bad flag, like a bad config, is one ``error:`` line (``common.cli.run_command``)."""
+    parser = ArgumentParser(description=description)
     parser.add_argument("--config", default="configs/tiny.yaml")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--steps", type=positive_int, default=10, help=steps_help)
@@ -247,25 +261,34 @@ def throughput_parser(description: str, steps_help: str) -> argparse.ArgumentPar
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = throughput_parser(__doc__.split("\n\n")[0], "timed steps per model")
+    parser = throughput_parser(__doc__.split("\n\n")[0], "timed steps per model and precision")
     parser.add_argument("--rounds", type=positive_int, default=None,
                         help="interleaved timing rounds, the steps split over them (default: one step per round)")
     parser.add_argument("--compile", choices=("auto", "true", "false", "both"), default="auto")
+    parser.add_argument("--precision", choices=("both", "bf16", "fp32"), default="both",
+                        help="the autocast precision of the step: both (the default) times bf16 and fp32 "
+                             "side by side; the config's train.precision is not used")
     parser.add_argument("--no-reference", action="store_true", help="measure only the config's model")
-    args = parser.parse_args(argv)
+    return run_command(parser, argv, measure)
 
-    from common.errors import UserError
+
+def measured_precisions(choice: str, device: torch.device) -> list[torch.dtype]:
+    """The autocast dtypes ``--precision`` asks for, bf16 first; refused where the device has no bf16."""
+    names = ("bf16", "fp32") if choice == "both" else (choice,)
+    try:
+        return [resolve_precision(name, device) for name in names]
+    except UserError:
+        raise UserError(f"--precision {choice} times bf16, which this GPU does not support; use --precision fp32") from None
+
+
+def measure(args: argparse.Namespace) -> int:
     from model import GPT
     from training import install_cpu_backward, load_run_config
 
-    try:
-        cfg = load_run_config(args.config, args.overrides)
-        device = select_device(cfg.train.device)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    cfg = load_run_config(args.config, args.overrides)
+    device = select_device(cfg.train.device)
     configure_backends(device)
-    amp_dtype = resolve_precision(cfg.train.precision, device)
+    dtypes = measured_precisions(args.precision, device)
     if args.compile == "both":
         compile_modes = [False, True]
     elif args.compile == "auto":
@@ -274,67 +297,90 @@ def main(argv: list[str] | None = None) -> int:
         compile_modes = [args.compile == "true"]
 
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
-    dtype_name = "bf16" if amp_dtype == torch.bfloat16 else "fp32"
-    peak = measure_peak(device, amp_dtype)
+    peaks = {dtype: measure_peak(device, dtype) for dtype in dtypes}
     m, tc = cfg.model, cfg.train
-    print(f"device: {name}; measured {dtype_name} matmul peak {format_flops(peak)}FLOP/s")
+    print(f"device: {name}; measured matmul peak " + ", ".join(
+        f"{format_flops(peak)}FLOP/s in {precision_name(dtype)}" for dtype, peak in peaks.items()))
     print(f"config: {args.config}: {m.n_layer} layers, {m.n_embd} wide, {m.n_head}/{m.n_kv_head} heads, "
           f"block {m.block_size}, vocab {m.vocab_size}, batch {tc.batch_size}, {tc.optimizer}; "
           f"{args.steps} timed steps\n")
 
-    common = dict(batch_size=tc.batch_size, block_size=m.block_size, vocab_size=m.vocab_size,
-                  device=device, amp_dtype=amp_dtype, train=tc)
+    common = dict(batch_size=tc.batch_size, block_size=m.block_size, vocab_size=m.vocab_size, device=device, train=tc)
     runners: list[TrainStepRunner] = []
     for compiled in compile_modes:
-        torch.manual_seed(0)
-        ours = GPT(m)
-        install_cpu_backward(ours)  # as the trainer does
-        assert flops_per_token(ours, m.n_layer, m.n_embd, m.block_size) == ours.flops_per_token()
-        runners.append(TrainStepRunner("ours (GQA, SwiGLU, RMSNorm)", ours, flops=ours.flops_per_token(),
-                                       compile_model=compiled, **common))
-        if not args.no_reference:
+        for dtype in dtypes:
             torch.manual_seed(0)
-            ref = RefGPT(m.vocab_size, m.block_size, m.n_layer, m.n_head, m.n_embd)
-            runners.append(TrainStepRunner("nanoGPT-style reference", ref,
-                                           flops=flops_per_token(ref, m.n_layer, m.n_embd, m.block_size),
-                                           compile_model=compiled, **common))
+            ours = GPT(m)
+            install_cpu_backward(ours)  # as the trainer does
+            assert flops_per_token(ours, m.n_layer, m.n_embd, m.block_size) == ours.flops_per_token()
+            runners.append(TrainStepRunner(OURS, ours, flops=ours.flops_per_token(), compile_model=compiled,
+                                           amp_dtype=dtype, **common))
+            if not args.no_reference:
+                torch.manual_seed(0)
+                ref = RefGPT(m.vocab_size, m.block_size, m.n_layer, m.n_head, m.n_embd)
+                runners.append(TrainStepRunner(REFERENCE, ref, flops=flops_per_token(ref, m.n_layer, m.n_embd, m.block_size),
+                                               compile_model=compiled, amp_dtype=dtype, **common))
     # Warm every model up, then time them in interleaved rounds (by default one step each in
-    # turn) so that the host's speed, which drifts with other processes' load, hits all alike.
+    # turn, every other round in reverse order) so that the host's speed, which drifts with other
+    # processes' load, hits all alike: the bf16 and fp32 steps of one round are seconds apart.
     first = {id(r): measure_run(r, steps=0, warmup=max(1, args.warmup)).first_step_s for r in runners}
     rounds = max(1, min(args.steps, args.rounds or args.steps))
     per_round = max(1, args.steps // rounds)
     by_round: dict[int, list[list[float]]] = {id(r): [] for r in runners}
-    for _ in range(rounds):
-        for r in runners:
+    for i in range(rounds):
+        for r in runners if i % 2 == 0 else runners[::-1]:
             by_round[id(r)].append([r.step() for _ in range(per_round)])
-    results = [summarize(r, [t for rnd in by_round[id(r)] for t in rnd], first[id(r)]) for r in runners]
+    results = {id(r): summarize(r, [t for rnd in by_round[id(r)] for t in rnd], first[id(r)]) for r in runners}
     # Measured again after the runs: the better of the two is the less disturbed one.
-    peak = max(peak, measure_peak(device, amp_dtype))
-    print(f"peak used for MFU (best of before/after): {format_flops(peak)}FLOP/s\n")
+    peaks = {dtype: max(peak, measure_peak(device, dtype)) for dtype, peak in peaks.items()}
+    print("peak used for MFU (best of before/after): " + ", ".join(
+        f"{format_flops(peak)}FLOP/s in {precision_name(dtype)}" for dtype, peak in peaks.items()) + "\n")
 
-    header = f"{'model':30} {'compile':>7} {'params':>8} {'FLOPs/tok':>9} {'tok/s':>10} {'ms/step':>9} {'1st step s':>10} {'MFU':>7}"
+    header = (f"{'model':30} {'precision':>9} {'compile':>7} {'params':>8} {'FLOPs/tok':>9} {'tok/s':>10} "
+              f"{'ms/step':>9} {'1st step s':>10} {'MFU':>7}")
     print(header)
     print("-" * len(header))
-    for r in results:
-        print(f"{r.name:30} {str(r.compiled).lower():>7} {r.params / 1e6:7.2f}M {format_flops(r.flops_per_token):>9} "
-              f"{r.tokens_per_s:10.0f} {1e3 * r.step_s:9.1f} {r.first_step_s:10.2f} "
-              f"{100 * r.mfu(peak):6.1f}%")
+    for runner in runners:
+        r = results[id(runner)]
+        print(f"{r.name:30} {precision_name(runner.amp_dtype):>9} {str(r.compiled).lower():>7} {r.params / 1e6:7.2f}M "
+              f"{format_flops(r.flops_per_token):>9} {r.tokens_per_s:10.0f} {1e3 * r.step_s:9.1f} "
+              f"{r.first_step_s:10.2f} {100 * r.mfu(peaks[runner.amp_dtype]):6.1f}%")
     print()
+
+    def runner_for(label: str, compiled: bool, dtype: torch.dtype) -> TrainStepRunner | None:
+        return next((r for r in runners if (r.name, r.compiled, r.amp_dtype) == (label, compiled, dtype)), None)
+
     for compiled in compile_modes:
-        # results[i] measured runners[i]; in each compile mode ours comes first, then the reference.
-        pair = [i for i, r in enumerate(runners) if r.compiled == compiled]
-        if len(pair) == 2:
-            ours, ref = (runners[i] for i in pair)
-            ours_mfu, ref_mfu = (results[i].mfu(peak) for i in pair)
+        for dtype in dtypes:
+            ours, ref = runner_for(OURS, compiled, dtype), runner_for(REFERENCE, compiled, dtype)
+            if ref is None:
+                continue
+            peak = peaks[dtype]
             low, mid, high = paired_ratio_quartiles(by_round[id(ours)], by_round[id(ref)], ours.flops / ref.flops)
-            print(f"compile={str(compiled).lower()}: MFU ratio ours/reference = {ours_mfu / ref_mfu:.3f} "
-                  f"(tokens/s ratio {results[pair[0]].tokens_per_s / results[pair[1]].tokens_per_s:.3f}); "
-                  f"round by round: median {mid:.3f}, middle half {low:.3f}-{high:.3f} over {rounds} rounds")
+            print(f"compile={str(compiled).lower()}, {precision_name(dtype)}: MFU ratio ours/reference = "
+                  f"{results[id(ours)].mfu(peak) / results[id(ref)].mfu(peak):.3f} (tokens/s ratio "
+                  f"{results[id(ours)].tokens_per_s / results[id(ref)].tokens_per_s:.3f}); round by round: "
+                  f"median {mid:.3f}, middle half {low:.3f}-{high:.3f} over {rounds} rounds")
+    if len(dtypes) == 2:
+        for compiled in compile_modes:
+            for label in (OURS, REFERENCE):
+                bf16, fp32 = (runner_for(label, compiled, dtype) for dtype in dtypes)
+                if bf16 is None:
+                    continue
+                # The same model at both precisions: the ratio of step times is that of tokens/s.
+                low, mid, high = paired_ratio_quartiles(by_round[id(bf16)], by_round[id(fp32)], 1.0)
+                print(f"{label}, compile={str(compiled).lower()}: bf16/fp32 tokens/s = "
+                      f"{results[id(bf16)].tokens_per_s / results[id(fp32)].tokens_per_s:.2f}; round by round: "
+                      f"median {mid:.2f}, middle half {low:.2f}-{high:.2f} over {rounds} rounds")
     if len(compile_modes) == 2:
-        for label in {r.name for r in results}:
-            eager, comp = (next(r for r in results if r.name == label and r.compiled == c) for c in (False, True))
-            print(f"{label}: compiled/eager tokens/s = {comp.tokens_per_s / eager.tokens_per_s:.2f}, "
-                  f"compile cost {comp.first_step_s - eager.first_step_s:.1f}s")
+        for label in (OURS, REFERENCE):
+            for dtype in dtypes:
+                eager, comp = (runner_for(label, c, dtype) for c in (False, True))
+                if eager is None:
+                    continue
+                eager, comp = results[id(eager)], results[id(comp)]
+                print(f"{label}, {precision_name(dtype)}: compiled/eager tokens/s = "
+                      f"{comp.tokens_per_s / eager.tokens_per_s:.2f}, compile cost {comp.first_step_s - eager.first_step_s:.1f}s")
     return 0
 
 

@@ -12,36 +12,36 @@
 3. Prints a table and the scaling efficiency: global tokens/s divided by N x the baseline.
 
 Both use ``measure_run`` from train_throughput.py (the trainer's own step functions), so the two
-benchmarks time the same step. With gradient accumulation the trainer all-reduces once per
+benchmarks time the same step, in the precision the trainer would choose (``train.precision``). With gradient accumulation the trainer all-reduces once per
 optimizer step instead of once per micro-batch, so its efficiency is at least what is shown here.
 Timings only; nothing here is a test.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 import torch
 
 from benchmarks.train_throughput import TrainStepRunner, measure_peak, measure_run, throughput_parser
+from common.cli import run_command
 from training import init_distributed, shutdown, wrap_model
+from training.device import precision_name
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = throughput_parser(__doc__.split("\n\n")[0], "timed steps per measurement")
     parser.add_argument("--compile", choices=("auto", "true", "false"), default="auto")
-    args = parser.parse_args(argv)
+    return run_command(parser, argv, measure)
 
-    from common.errors import UserError
+
+def measure(args: argparse.Namespace) -> int:
     from model import GPT
     from training import configure_backends, format_flops, install_cpu_backward, load_run_config, resolve_precision
 
-    try:
-        cfg = load_run_config(args.config, args.overrides)
-        ctx = init_distributed(cfg.train.device)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    cfg = load_run_config(args.config, args.overrides)
+    ctx = init_distributed(cfg.train.device)
     try:
         device = ctx.device
         configure_backends(device)
@@ -79,9 +79,8 @@ def main(argv: list[str] | None = None) -> int:
         peak = measure_peak(device, amp_dtype)
         model = fresh_model()
         single = measure_run(TrainStepRunner("1 process", model.to(device), flops=flops, **common), **timing)
-        dtype_name = "bf16" if amp_dtype == torch.bfloat16 else "fp32"
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads/process)"
-        print(f"device: {name}; backend {ctx.backend or 'none'}; measured {dtype_name} matmul peak "
+        print(f"device: {name}; backend {ctx.backend or 'none'}; measured {precision_name(amp_dtype)} matmul peak "
               f"{format_flops(peak)}FLOP/s per device")
         print(f"config: {args.config}: {m.n_layer} layers, {m.n_embd} wide, block {m.block_size}, "
               f"micro-batch {tc.batch_size} per process; compile {str(compiled).lower()}; {args.steps} timed steps\n")

@@ -146,7 +146,7 @@ class TrainConfig:
     seed: int = 1337
     device: str = "auto"  # auto (cuda, then mps, then cpu) | cpu | cuda | cuda:N | mps
     threads: int | str = "auto"  # CPU threads for torch; auto = the free CPUs (common/threads.py)
-    precision: str = "auto"  # auto (bf16 autocast where the GPU supports it, else fp32) | bf16 | fp32
+    precision: str = "auto"  # auto (bf16 autocast on GPUs and CPUs with bf16 arithmetic, else fp32) | bf16 | fp32
     compile: bool | str = "auto"  # auto (on for CUDA, off elsewhere) | true | false
     peak_flops: float | str = "auto"  # FLOP/s of one device for MFU; auto = table or measured
     init_from: str | None = None  # a run directory to start from (its weights, shape and tokenizer)

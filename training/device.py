@@ -15,22 +15,61 @@ import torch
 from common.errors import UserError
 
 
-def resolve_precision(preference: str, device: torch.device) -> torch.dtype:
-    """The autocast dtype: bf16 on GPUs that support it (auto), fp32 otherwise.
+PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
-    fp16 is deliberately absent: it needs loss scaling, and every GPU worth training on here has
-    bf16. On the CPU bf16 autocast works but is slower than fp32 for small matmuls, so auto keeps
-    fp32 there.
+
+def resolve_precision(preference: str, device: torch.device, run_own: str | None = None) -> torch.dtype:
+    """The training step's autocast dtype: ``fp32`` or ``bf16`` as asked; ``auto`` picks bf16 on
+    GPUs that support it and on CPUs with bf16 dot products (``cpu_has_bf16_dot_products``), fp32
+    elsewhere (Apple's GPU included).
+
+    ``run_own`` is the precision a resumed run trained in: ``auto`` keeps it, so that a resume on
+    another machine still ends on the weights an uninterrupted run would have (as ``train.threads:
+    auto`` keeps the run's own thread count). fp16 is deliberately absent: it needs loss scaling,
+    and every GPU worth training on here has bf16.
     """
+    if preference == "auto" and run_own is not None:
+        preference, asked = run_own, f"train.precision=auto resumes the run's own {run_own}, but"
+    else:
+        asked = f"train.precision={preference} but"
     if preference == "fp32":
         return torch.float32
     if preference == "bf16":
         if device.type == "cuda" and not torch.cuda.is_bf16_supported():
-            raise UserError("train.precision=bf16 but this GPU has no bf16 support; use fp32")
+            raise UserError(f"{asked} this GPU has no bf16 support; use --set train.precision=fp32")
         return torch.bfloat16
     if device.type == "cuda" and torch.cuda.is_bf16_supported():
         return torch.bfloat16
+    if device.type == "cpu" and cpu_has_bf16_dot_products():
+        return torch.bfloat16
     return torch.float32
+
+
+def precision_name(dtype: torch.dtype) -> str:
+    """``bf16`` or ``fp32``: how configs, checkpoints and reports name an autocast dtype."""
+    return next(name for name, value in PRECISIONS.items() if value == dtype)
+
+
+def cpu_has_bf16_dot_products() -> bool:
+    """Whether this CPU computes bf16 dot products in hardware: AVX-512 BF16 (Intel since Cooper
+    Lake, AMD since Zen 4) or AMX (Intel since Sapphire Rapids). oneDNN, which CPU autocast's
+    matmuls run on, then multiplies bf16 faster than fp32 (docs/training.md, Precision); without them bf16
+    buys only conversions. Asked of torch where it can say (``torch.cpu.get_capabilities``), else
+    of the Linux kernel; elsewhere the answer is no."""
+    capabilities = getattr(torch.cpu, "get_capabilities", None)  # newer torch only
+    if capabilities is not None:
+        found = capabilities()
+        return bool(found.get("avx512_bf16") or found.get("amx_bf16"))
+    return not {"avx512_bf16", "amx_bf16"}.isdisjoint(linux_cpu_flags())
+
+
+def linux_cpu_flags(path: str = "/proc/cpuinfo") -> set[str]:
+    """The ``flags`` of the first processor in /proc/cpuinfo (empty where there is none)."""
+    try:
+        with open(path, encoding="utf-8") as info:
+            return next((set(line.split(":", 1)[1].split()) for line in info if line.startswith("flags")), set())
+    except OSError:
+        return set()
 
 
 def autocast(device: torch.device, dtype: torch.dtype) -> ContextManager:

@@ -11,7 +11,9 @@ between about 0.7 and 1.15.
 torch.optim.Muon (torch >= 2.9) does the same mathematics, but always iterates in bfloat16. That
 is right on a GPU and far slower than the whole forward and backward pass on a CPU without bf16
 matrix units (docs/results.md). This version iterates in bf16 on CUDA and in fp32 elsewhere, and
-orthogonalises all matrices of one shape in one batched matmul.
+orthogonalises all matrices of one shape in one batched matmul. A CPU with bf16 dot products
+iterates in fp32 too: the trainer steps the optimizer outside autocast, and bf16 there would change
+the update itself, which no records run has compared.
 
 Three newer forms, each off by default (docs/records.md says how each screened):
 

@@ -4,7 +4,8 @@ May change on ``--resume``: the budgets (``train.max_steps``, ``max_minutes``, `
 learning rates and their schedule, warmup, the short windows (``train.short_window`` and its share),
 Muon's momentum and its warm-up, weight decay, betas, eps, gradient clipping,
 ``train.batch_size`` and ``train.grad_accum_steps``, device, precision, compile, and the whole
-``eval``, ``logging`` and ``run`` sections, plus ``model.dropout``.
+``eval``, ``logging`` and ``run`` sections, plus ``model.dropout``. ``train.precision: auto`` keeps the
+precision the run trained in (``run_precision``), so only an explicit ``fp32`` or ``bf16`` changes it.
 
 May not change: ``train.optimizer`` (the saved optimizer state belongs to one optimizer),
 ``train.parallel`` (ddp saves whole tensors in the trainer state, fsdp a sharded folder),
@@ -20,6 +21,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from common.config import read_yaml_file
 from common.errors import UserError, one_line
@@ -70,6 +73,18 @@ def check_fixed_settings(state: dict[str, Any], train_config: Any, run_dir: Path
                 f"cannot resume {run_dir}: {key} is {now!r} but the run was trained with "
                 f"{saved[key]!r}, and it may not change on resume; drop the --set or start a new run"
             )
+
+
+def run_precision(state: dict[str, Any] | None, device: torch.device) -> str | None:
+    """The precision (``fp32`` or ``bf16``) a resumed run trained in, which ``train.precision: auto``
+    keeps; None for a new run. A checkpoint that does not say was saved when ``auto`` chose fp32 on
+    every CPU: on a CPU it resumes in fp32, as it would have then (on a GPU ``auto`` chose as now)."""
+    if state is None:
+        return None
+    saved = state.get("precision")
+    if saved in ("fp32", "bf16"):
+        return saved
+    return "fp32" if device.type == "cpu" else None
 
 
 def check_data_format(run_dir: Path, data_format: str) -> None:

@@ -30,13 +30,20 @@ class CPUBackwardRMSNorm(RMSNorm):
     """``RMSNorm`` whose backward in eager CPU training is ``RMSNormCPUFunction``'s."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if use_cpu_backward(x, self.weight):
+        if not use_cpu_backward(x, self.weight):
+            return super().forward(x)
+        if x.dtype == self.weight.dtype:
             return RMSNormCPUFunction.apply(x, self.weight, self.eps)
-        return super().forward(x)
+        # A bf16 input under bf16 autocast: the norms inside attention (QK-norm, the latents of
+        # latent attention) read a matmul's bf16 output, while the residual stream stays fp32.
+        # F.rms_norm would take an unfused path for the mixed dtypes (with a warning) and compute
+        # in fp32 anyway; this computes in fp32 too, with the fused backward, and hands back bf16.
+        return RMSNormCPUFunction.apply(x.to(self.weight.dtype), self.weight, self.eps).to(x.dtype)
 
 
 def use_cpu_backward(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Training in eager mode on the CPU in fp32/fp64: the case RMSNormCPUFunction is for.
+    """Training in eager mode on the CPU with fp32/fp64 gains (the input in their dtype, or in
+    bf16 under autocast): the case RMSNormCPUFunction is for.
 
     Inference needs no backward, CUDA has a fused RMSNorm backward kernel, and torch.compile
     fuses the plain formula itself.
@@ -45,8 +52,8 @@ def use_cpu_backward(x: torch.Tensor, weight: torch.Tensor) -> bool:
         torch.is_grad_enabled()
         and (x.requires_grad or weight.requires_grad)
         and x.device.type == "cpu"
-        and x.dtype == weight.dtype
-        and x.dtype in (torch.float32, torch.float64)
+        and weight.dtype in (torch.float32, torch.float64)
+        and x.dtype in (weight.dtype, torch.bfloat16)
         and not torch.compiler.is_compiling()
     )
 

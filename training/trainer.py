@@ -38,7 +38,7 @@ from rundir.record import write_parent_record
 from tracking.wandb_logger import WandbLogger
 from training.checkpointing import checkpointer_for
 from training.config import Config, config_to_dict, save_config
-from training.device import autocast, configure_backends, resolve_precision, should_compile
+from training.device import autocast, configure_backends, precision_name, resolve_precision, should_compile
 from training.distributed import (
     DistContext, all_reduce_mean, all_reduce_sum, barrier, decided_on_main, gather_to_main, init_distributed,
     select_rank_state, shutdown, split_batch, sync_gradients, wrap_model,
@@ -58,7 +58,7 @@ from training.recompute import checkpoint_blocks
 from training.rms_norm_cpu import install_cpu_backward
 from training.resume_rules import (
     check_not_finished, check_data_format, check_fixed_settings, check_model_shape, check_run_tokenizer,
-    fixed_settings, restore_error,
+    fixed_settings, restore_error, run_precision,
 )
 from training.rng_state import capture_rng_state, restore_rng_state
 from training.tasks import prepare_task
@@ -177,9 +177,9 @@ class Trainer:
         check_model_fits(self.config.model, self.device)  # an absurd size, before anything slow
         # The whole step's estimate, from the config alone: refused here, before any allocation.
         micro_batch = split_batch(tc.batch_size, tc.grad_accum_steps, self.ctx.world_size).batch_size
-        bf16 = resolve_precision(tc.precision, self.device) == torch.bfloat16
+        self.amp_dtype = resolve_precision(tc.precision, self.device, run_own=run_precision(state, self.device))
         self.memory_plan = plan_memory(self.config.model, tc, self.device, world_size=self.ctx.world_size,
-                                       micro_batch=micro_batch, bf16=bf16)
+                                       micro_batch=micro_batch, bf16=self.amp_dtype == torch.bfloat16)
         self._prepare_data(resume=resume)
         self._build_model_and_optimizer()
         wandb_run_id = self._restore(state) if state is not None else None
@@ -235,7 +235,6 @@ class Trainer:
     def _build_model_and_optimizer(self) -> None:
         cfg, tc, ctx = self.config, self.config.train, self.ctx
         configure_backends(self.device)
-        self.amp_dtype = resolve_precision(tc.precision, self.device)
         # Measured (on the CPU) before seeding, with its own generator anyway.
         self.peak, self.peak_source = peak_flops(tc.peak_flops, self.device, self.amp_dtype)
 
@@ -481,7 +480,7 @@ class Trainer:
             batch_size=ec.batch_size or cfg.train.batch_size,
             max_batches=ec.final_max_batches if final else ec.max_batches,
             device=self.device,
-            amp=lambda: autocast(self.device, self.amp_dtype),
+            amp=None,  # in fp32 whatever the training precision: bits/byte compare between runs
             ctx=self.ctx,
             progress=final and self.verbose,  # the full pass can take minutes on a slow host
         )
@@ -559,6 +558,7 @@ class Trainer:
             "wandb_run_id": self.logger.run_id,
             "fixed_settings": fixed_settings(self.config.train),
             "threads": self.threads.threads,
+            "precision": precision_name(self.amp_dtype),
             "kept": self.kept.state_dict(),
         }
         # Once an evaluation has kept weights, model.safetensors (and a LoRA run's adapter) hold them,

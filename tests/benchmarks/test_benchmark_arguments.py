@@ -137,3 +137,35 @@ def test_loaded_machine_bounds_its_neighbours_before_starting_any(value):
     assert refused.value.code == 2
     assert parse_args(["--neighbours", "0"]).neighbours == 0
     assert parse_args(["--neighbours", str(MAX_NEIGHBOURS)]).neighbours == MAX_NEIGHBOURS
+
+
+@pytest.mark.parametrize("module", ["train_throughput", "train_throughput_ddp"])
+@pytest.mark.parametrize("args, message", [
+    (["--steps", "0"], "error: argument --steps: must be a whole number >= 1, got '0'; see "),
+    (["--warmup", "x"], "error: argument --warmup: must be a whole number >= 1, got 'x'; see "),
+    (["--config", "{tmp}/none.yaml"], "none.yaml' not found"),
+    (["--set", "train.precision=fp16"], "train.precision"),
+])
+def test_the_training_throughput_benchmarks_refuse_bad_flags_in_one_line(module, args, message, tmp_path, capsys):
+    main = importlib.import_module(f"benchmarks.{module}").main
+    assert main([arg.format(tmp=tmp_path) for arg in args]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and err.startswith("error: "), (out, err)
+    assert message in err, err
+
+
+def test_train_throughput_refuses_an_unknown_precision_and_bf16_on_a_gpu_without_it(monkeypatch, capsys):
+    import torch
+
+    from benchmarks.train_throughput import main, measured_precisions
+    from common.errors import UserError
+
+    assert main(["--precision", "fp16"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: argument --precision: invalid choice: 'fp16'"), err
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: False)
+    gpu = torch.device("cuda")
+    assert measured_precisions("fp32", gpu) == [torch.float32]
+    with pytest.raises(UserError, match=r"^--precision both times bf16, which this GPU does not support; "
+                                        r"use --precision fp32$"):
+        measured_precisions("both", gpu)

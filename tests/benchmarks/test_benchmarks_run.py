@@ -167,10 +167,29 @@ def test_serve_throughput_compiled_against_eager(toy_run) -> None:
     assert_words(out, "\nengine, eager (warm-up", "\nengine, compiled (warm-up", "compiled over eager: 1 clients ")
 
 
-def test_train_throughput(toy_config) -> None:
-    out = bench("train_throughput", "--config", toy_config, "--steps", 1, "--warmup", 1, "--compile", "false",
+def test_train_throughput_times_bf16_and_fp32_side_by_side(toy_config) -> None:
+    out = bench("train_throughput", "--config", toy_config, "--steps", 2, "--warmup", 1, "--compile", "false",
                 "--set", "train.device=cpu", "--set", "train.batch_size=2")
-    assert_words(out, "ours (GQA, SwiGLU, RMSNorm)", "nanoGPT-style reference", "MFU")
+    assert_words(out, "MFU", "in bf16", "in fp32")
+    rows = {(m["model"].strip(), m["precision"]): float(m["tokens"]) for m in re.finditer(
+        r"^(?P<model>ours \(GQA, SwiGLU, RMSNorm\)|nanoGPT-style reference) +(?P<precision>bf16|fp32) +false +\S+ +\S+ "
+        r"+(?P<tokens>[0-9]+) ", out, re.MULTILINE)}
+    assert len(rows) == 4, out
+    for model in ("ours (GQA, SwiGLU, RMSNorm)", "nanoGPT-style reference"):
+        # The speed-up line is the ratio of the two rows above it, measured in this run.
+        line = re.search(rf"^{re.escape(model)}, compile=false: bf16/fp32 tokens/s = ([0-9.]+); round by round: "
+                         r"median [0-9.]+, middle half [0-9.]+-[0-9.]+ over 2 rounds$", out, re.MULTILINE)
+        assert line, out
+        assert float(line.group(1)) == pytest.approx(rows[model, "bf16"] / rows[model, "fp32"], rel=0.02, abs=0.006)
+    for precision in ("bf16", "fp32"):
+        assert f"compile=false, {precision}: MFU ratio ours/reference = " in out
+
+
+def test_train_throughput_times_one_precision_when_asked(toy_config) -> None:
+    out = bench("train_throughput", "--config", toy_config, "--steps", 1, "--warmup", 1, "--compile", "false",
+                "--precision", "fp32", "--no-reference", "--set", "train.device=cpu", "--set", "train.batch_size=2")
+    assert re.search(r"^ours \(GQA, SwiGLU, RMSNorm\) +fp32 ", out, re.MULTILINE), out
+    assert " bf16 " not in out and "bf16/fp32" not in out and "nanoGPT-style reference" not in out
 
 
 def test_rms_norm_backward(toy_config) -> None:

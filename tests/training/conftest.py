@@ -85,6 +85,7 @@ def base_raw(corpus_file: Path, data_cache: Path) -> dict[str, Any]:
             "min_lr": 3e-4,
             "warmup_steps": 3,
             "device": "cpu",
+            "precision": "fp32",  # the same arithmetic on every CPU (auto picks bf16 on some)
             "compile": False,
             "peak_flops": 1e11,  # skip the matmul measurement in every run
         },

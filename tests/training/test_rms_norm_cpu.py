@@ -101,6 +101,29 @@ def test_bf16_autocast_keeps_the_norm_in_float32():
     torch.testing.assert_close(x.grad, x_ref.grad, rtol=1e-4, atol=1e-5)
 
 
+def test_a_bf16_input_under_autocast_is_normed_in_float32_with_the_fused_backward():
+    # QK-norm and latent attention's norms read a matmul's bf16 output under bf16 autocast.
+    norm = norm_with_gains(16, seed=7)
+    gen = torch.Generator().manual_seed(8)
+    x = (torch.randn(3, 5, 16, generator=gen) + 2.0).bfloat16().requires_grad_()
+    grad_out = torch.randn(3, 5, 16, generator=gen).bfloat16()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = norm(x)
+    assert out.dtype == torch.bfloat16 and "RMSNormCPUFunctionBackward" in backward_functions(out)
+    grad_x, grad_w = torch.autograd.grad(out, (x, norm.weight), grad_out)
+    assert (grad_x.dtype, grad_w.dtype) == (torch.bfloat16, torch.float32)
+
+    # The formula in fp64 on the same bf16 values; only the output and the input gradient are
+    # rounded to bf16 (a relative step of 2^-8).
+    x_ref = x.detach().double().requires_grad_()
+    w_ref = norm.weight.detach().double().requires_grad_()
+    out_ref = textbook_rms_norm(x_ref, w_ref, norm.eps)
+    grad_x_ref, grad_w_ref = torch.autograd.grad(out_ref, (x_ref, w_ref), grad_out.double())
+    torch.testing.assert_close(out.double(), out_ref, rtol=2**-8, atol=1e-6)
+    torch.testing.assert_close(grad_x.double(), grad_x_ref, rtol=2**-8, atol=2**-8 * grad_x_ref.abs().max().item())
+    torch.testing.assert_close(grad_w.double(), grad_w_ref, rtol=1e-5, atol=1e-5)
+
+
 def backward_functions(out: torch.Tensor) -> set[str]:
     """Names of every autograd node ``out`` was computed through."""
     names, stack = set(), [out.grad_fn]

@@ -12,7 +12,8 @@ import torch
 import training.device as device_module
 from common.errors import UserError
 from common.device import select_device
-from training.device import autocast, configure_backends, resolve_precision, should_compile
+from training.device import autocast, configure_backends, precision_name, resolve_precision, should_compile
+from training.resume_rules import run_precision
 
 
 def test_explicit_cpu_and_auto():
@@ -28,10 +29,78 @@ def test_unavailable_cuda_is_a_user_error():
         select_device("cuda")
 
 
-def test_cpu_defaults_fp32_eager():
+@pytest.mark.parametrize("has_bf16", [True, False])
+def test_auto_picks_bf16_on_a_cpu_with_bf16_dot_products_and_either_can_be_forced(monkeypatch, has_bf16):
+    monkeypatch.setattr(device_module, "cpu_has_bf16_dot_products", lambda: has_bf16)
     cpu = torch.device("cpu")
-    assert resolve_precision("auto", cpu) == torch.float32
+    assert resolve_precision("auto", cpu) == (torch.bfloat16 if has_bf16 else torch.float32)
     assert resolve_precision("bf16", cpu) == torch.bfloat16
+    assert resolve_precision("fp32", cpu) == torch.float32
+    # A resumed run: auto keeps the precision it trained in; an explicit setting changes it.
+    for own in ("fp32", "bf16"):
+        assert precision_name(resolve_precision("auto", cpu, run_own=own)) == own
+        assert resolve_precision("fp32", cpu, run_own=own) == torch.float32
+        assert resolve_precision("bf16", cpu, run_own=own) == torch.bfloat16
+
+
+def test_a_gpu_without_bf16_refuses_it_in_one_line_even_as_a_runs_own(monkeypatch):
+    gpu = torch.device("cuda")
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: False)
+    assert resolve_precision("auto", gpu) == torch.float32
+    assert resolve_precision("auto", gpu, run_own="fp32") == torch.float32
+    with pytest.raises(UserError, match=r"^train.precision=bf16 but this GPU has no bf16 support; use "
+                                        r"--set train.precision=fp32$"):
+        resolve_precision("bf16", gpu)
+    with pytest.raises(UserError, match=r"^train.precision=auto resumes the run's own bf16, but this GPU has no "
+                                        r"bf16 support; use --set train.precision=fp32$"):
+        resolve_precision("auto", gpu, run_own="bf16")
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: True)
+    assert resolve_precision("auto", gpu) == torch.bfloat16  # as before CPUs could choose bf16
+
+
+def test_a_run_without_a_saved_precision_resumes_as_auto_chose_then():
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    assert run_precision(None, cpu) is None  # a new run
+    assert run_precision({"precision": "bf16"}, cpu) == "bf16"
+    assert run_precision({"precision": "fp32"}, gpu) == "fp32"
+    # Saved before the precision was: auto was fp32 on every CPU, and chose on a GPU as it does now.
+    assert run_precision({}, cpu) == "fp32"
+    assert run_precision({}, gpu) is None
+
+
+@pytest.mark.parametrize("capabilities, expected", [
+    ({"avx512_bf16": True, "amx_bf16": False}, True),  # AMD Zen 4, Intel Cooper Lake
+    ({"avx512_bf16": True, "amx_bf16": True}, True),  # Intel Sapphire Rapids
+    ({"avx512_bf16": False, "amx_bf16": False, "avx512_f": True, "avx2": True}, False),
+    ({"architecture": "arm64", "bf16": True}, False),  # oneDNN's bf16 path on x86 is what auto knows
+])
+def test_the_cpu_is_asked_through_torch(monkeypatch, capabilities, expected):
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: capabilities, raising=False)
+    assert device_module.cpu_has_bf16_dot_products() is expected
+
+
+def test_without_torchs_answer_the_linux_kernel_is_asked(monkeypatch, tmp_path):
+    monkeypatch.delattr(torch.cpu, "get_capabilities", raising=False)
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16 "
+                    "avx512_vnni\n\nprocessor\t: 1\nflags\t\t: fpu\n")
+    assert device_module.linux_cpu_flags(str(info)) >= {"avx512_bf16", "avx2"}
+    assert device_module.linux_cpu_flags(str(tmp_path / "absent")) == set()  # not Linux
+    for flags, expected in [({"avx2", "avx512_bf16"}, True), ({"amx_tile", "amx_bf16"}, True),
+                            ({"avx2", "avx512f"}, False), (set(), False)]:
+        monkeypatch.setattr(device_module, "linux_cpu_flags", lambda flags=flags: flags)
+        assert device_module.cpu_has_bf16_dot_products() is expected
+
+
+@pytest.mark.skipif("avx512_bf16" not in device_module.linux_cpu_flags(), reason="needs a CPU whose kernel "
+                    "reports avx512_bf16")
+def test_on_a_cpu_with_avx512_bf16_auto_trains_in_bf16():
+    # This host, unpatched: torch's answer (or the kernel's) must see what the kernel reports.
+    assert resolve_precision("auto", torch.device("cpu")) == torch.bfloat16
+
+
+def test_cpu_compiles_only_when_asked_and_autocast_is_a_no_op_in_fp32():
+    cpu = torch.device("cpu")
     assert should_compile("auto", cpu) is False
     assert should_compile(True, cpu) is True
     assert should_compile("auto", torch.device("cuda")) is True
