@@ -18,7 +18,6 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from common.errors import UserError
 from common.files import atomic_write_text
 from data.chat import CHAT_TEMPLATE, ChatTokenIds
 from data.errors import DataError
@@ -58,15 +57,6 @@ class SpecialTokens:
     def stop_ids(self) -> list[int]:
         """The ids that end generation: ``<|endoftext|>``, and ``<|end|>`` (a reply's end) for chat."""
         return [self.eot] if self.end_of_turn is None else [self.eot, self.end_of_turn]
-
-
-def refuse_unexported(config: GPTConfig, run_dir: Path) -> None:
-    """Refuse, in one line, a model neither format carries: the hashed bigram table reads the token
-    before each position, which neither the shipped modeling code nor the ONNX graph is given.
-    (The multi-token head is training-only and simply left out.)"""
-    if config.bigram_buckets is not None:
-        raise UserError(f"{run_dir} has a hashed bigram table (model.bigram_buckets), which neither export "
-                        "format carries; export a run trained without it")
 
 
 def model_config(config: GPTConfig, tokens: SpecialTokens, dtype: str) -> dict:

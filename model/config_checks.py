@@ -37,11 +37,6 @@ def explain_model_values(v: dict[str, Any]) -> None:
     require(not (v["value_embeddings"] and v["attention"] == "mla"), "value_embeddings needs attention gqa "
             "(multi-head latent attention caches only the latent, not the gated values); set "
             "value_embeddings: false to use mla (configs/tiny.yaml turns it on)")
-    buckets = v["bigram_buckets"]
-    require(buckets is None or buckets >= 1, f"bigram_buckets must be a positive integer (a few times "
-            f"vocab_size) or null to turn the bigram table off, got {buckets}")
-    mtp = v["mtp_weight"]
-    require(0.0 <= mtp < math.inf, f"mtp_weight must be a number >= 0 (0 turns the multi-token head off), got {mtp}")
     cap = v["logit_softcap"]
     require(cap is None or 0.0 < cap < math.inf, f"logit_softcap must be a positive number (about 15) "
             f"or null to turn it off, got {cap}")

@@ -17,9 +17,7 @@ import torch
 
 from common.files import atomic_write_bytes
 from exporting.folder import prepare_destination, staged_export
-from exporting.hub_files import (
-    SpecialTokens, generation_config, model_config, refuse_unexported, write_json, write_tokenizer_files,
-)
+from exporting.hub_files import SpecialTokens, generation_config, model_config, write_json, write_tokenizer_files
 from exporting.hf.model_card import model_card
 from exporting.hf.weights import hf_state_dict
 from model import GPTConfig
@@ -42,7 +40,6 @@ def export_run(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool = Fa
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     prepare_destination(run_dir, out_dir, overwrite)
     run = load_run(run_dir, torch.device("cpu"))
-    refuse_unexported(run.model.config, run_dir)
     tokens = SpecialTokens.of(run.tokenizer)
     config = run.model.config
     weights = hf_state_dict(run.model)

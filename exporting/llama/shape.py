@@ -32,8 +32,6 @@ def llama_blockers(config: GPTConfig) -> list[str]:
     for name in ("qk_norm", "residual_scalars", "value_embeddings"):
         if getattr(config, name):
             blockers.append(f"model.{name} is true (set false)")
-    if config.bigram_buckets is not None:
-        blockers.append(f"model.bigram_buckets is {config.bigram_buckets} (set null)")
     if config.logit_softcap is not None:
         blockers.append(f"model.logit_softcap is {config.logit_softcap:g} (set null)")
     return blockers

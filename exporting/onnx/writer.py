@@ -18,7 +18,7 @@ import torch
 
 from common.errors import UserError
 from exporting.folder import prepare_destination, staged_export
-from exporting.hub_files import SpecialTokens, model_config, refuse_unexported, write_json, write_tokenizer_files
+from exporting.hub_files import SpecialTokens, model_config, write_json, write_tokenizer_files
 from exporting.onnx.decoder import cache_entries
 from exporting.onnx.graph import MIN_DYNAMIC_BLOCK_SIZE, export_graph
 from exporting.onnx.readme import export_readme
@@ -42,7 +42,6 @@ def export_onnx(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool = F
     _require_exporter()
     prepare_destination(run_dir, out_dir, overwrite)
     run = load_run(run_dir, torch.device("cpu"))
-    refuse_unexported(run.model.config, run_dir)
     model = run.model.float()
     if static_batch is None and model.config.block_size < MIN_DYNAMIC_BLOCK_SIZE:
         raise UserError(f"{run_dir} has a window of {model.config.block_size} tokens (model.block_size), and the "

@@ -63,8 +63,7 @@ def test_gguf_export_is_one_file_and_says_how_to_run_it(llama_runs, tmp_path, ca
      ["model.mlp is relu2 (set swiglu)", "model.qk_norm is true (set false)", "model.residual_scalars is true",
       "model.value_embeddings is true", "model.logit_softcap is 20 (set null)"]),
     (dict(positions="rope", attention="mla", kv_latent_dim=32, n_kv_head=4), ["model.attention is mla (set gqa)"]),
-    (dict(positions="rope", bigram_buckets=64), ["model.bigram_buckets is 64 (set null)"]),
-], ids=["learned", "none", "options", "mla", "bigram"])
+], ids=["learned", "none", "options", "mla"])
 def test_a_run_that_is_not_llama_is_refused_naming_each_option(tmp_path, capsys, fmt, options, named):
     run = run_testkit.build_run(tmp_path / "run", run_testkit.chat_tokenizer(), **options)
     assert main(["--run", str(run), "--out", str(tmp_path / "out"), "--format", fmt]) == 2
