@@ -20,7 +20,7 @@ import yaml
 from common.config import ConfigError, build, check_types, read_yaml, read_yaml_file, require
 from common.files import atomic_write_text
 from data import DataConfig
-from model.gpt import block_linears
+from model.layer_map import block_linears
 from model import GPTConfig
 from inference.sampling import check_sampling_args
 from tracking.config import LoggingConfig

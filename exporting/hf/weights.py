@@ -1,6 +1,6 @@
 """Our weights under the names and shapes of the shipped transformers model.
 
-The fused matrices are split as the model's layer map says (``model.gpt.block_linears``): our
+The fused matrices are split as the model's layer map says (``model.layer_map``): our
 attention computes Q, K and V in one matmul and our SwiGLU the gate and up projections in one, while
 the export keeps transformers' usual separate ``q_proj``, ``k_proj``, ``v_proj``, ``gate_proj`` and
 ``up_proj``, which tools such as PEFT target by name. Latent attention's matrices are split the same
@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from model import GPT, GPTConfig
-from model.gpt import block_linears
+from model.layer_map import block_linears
 
 
 def hf_state_dict(model: GPT) -> dict[str, torch.Tensor]:
