@@ -18,7 +18,9 @@ import torch
 
 from common.errors import UserError
 from exporting.folder import prepare_destination, staged_export
-from exporting.hub_files import SpecialTokens, model_config, write_json, write_tokenizer_files
+from exporting.hub_files import (
+    SpecialTokens, chat_template, model_config, model_name, write_json, write_tokenizer_files,
+)
 from exporting.onnx.decoder import cache_entries
 from exporting.onnx.graph import MIN_DYNAMIC_BLOCK_SIZE, export_graph
 from exporting.onnx.readme import export_readme
@@ -58,8 +60,8 @@ def export_onnx(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool = F
     with staged_export(out_dir, overwrite) as staging:
         export_graph(model, staging / "model.onnx", static_batch=static_batch)
         write_json(staging / "config.json", config)
-        write_tokenizer_files(staging, run_dir, model.config, tokens)
-        readme = export_readme(out_dir.name, str(out_dir.absolute()), model, static_batch)
+        write_tokenizer_files(staging, run_dir, model.config, chat_template(run_dir, tokens))
+        readme = export_readme(model_name(run_dir), str(out_dir.absolute()), model, static_batch)
         (staging / "README.md").write_text(readme, encoding="utf-8")
     return OnnxExportResult(out_dir, static_batch, model.num_params())
 
