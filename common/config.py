@@ -3,7 +3,9 @@
 Each section (``GPTConfig``, ``DataConfig``, ``TrainConfig``, ...) is a dataclass whose
 ``__post_init__`` calls ``check_types`` and then checks its values with ``require``. ``build`` turns
 a plain dict (parsed YAML) into such a dataclass: an unknown key is rejected with a suggestion, a
-nested section is built the same way, and any failure becomes one line naming the key.
+nested section is built the same way, and any failure becomes one line naming the key. A section
+lists the keys it no longer has in ``REMOVED_KEYS`` (key: its "off" value): a saved run that wrote
+one at that value still loads, and any other value is refused as removed.
 Types are strict: ``true`` is not an int, ``"3"`` is not a number; an int is accepted (and stored
 as a float) where a float is expected.
 """
@@ -116,8 +118,13 @@ def _init_kwargs(cls: type, raw: Any, path: str, error: type[Exception]) -> dict
         raise error(f"{path or 'the config'} must be a mapping of keys, got {_show(raw)}")
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     hints = _hints(cls)
+    removed = getattr(cls, "REMOVED_KEYS", {})
     kwargs = {}
     for key, value in raw.items():
+        if key in removed and key not in fields:
+            require(value == removed[key], f"{_join(path, key)} was removed: the option lost by the records "
+                    f"protocol (docs/records.md, tried and dropped); delete the key", error)
+            continue
         if key not in fields:
             raise error(_unknown_key_message(str(key), list(fields), path))
         section = _section_type(hints[key])

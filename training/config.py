@@ -12,7 +12,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import yaml
@@ -20,7 +20,7 @@ import yaml
 from common.config import ConfigError, build, check_types, read_yaml, read_yaml_file, require
 from common.files import atomic_write_text
 from data import DataConfig
-from exporting.hf.weights import block_linears
+from model.layer_map import block_linears
 from model import GPTConfig
 from inference.sampling import check_sampling_args
 from tracking.config import LoggingConfig
@@ -123,7 +123,7 @@ class TrainConfig:
     # AdamW's peak for the value-embedding tables (model.value_embeddings), scaled by the schedule
     # like muon_lr; null = lr. The small-model records train embedding tables far faster than the rest.
     value_embedding_lr: float | None = None
-    bigram_lr: float | None = None  # AdamW's peak for the hashed bigram table (model.bigram_buckets); null = lr
+    REMOVED_KEYS: ClassVar[dict[str, Any]] = {"bigram_lr": None}  # lost by the records protocol (common.config)
     muon_momentum: float = 0.95
     muon_momentum_warmup: int = 0  # steps over which Muon's momentum rises to muon_momentum (0 = none)
     # Muon's newer forms (training/muon.py), off by default: the orthogonalising iteration
@@ -197,8 +197,6 @@ class TrainConfig:
         if self.value_embedding_lr is not None:
             _require_in(self.value_embedding_lr, "train.value_embedding_lr", 0, MAX_LR, low_open=True,
                         note=" (or null: the same as train.lr)")
-        if self.bigram_lr is not None:
-            _require_in(self.bigram_lr, "train.bigram_lr", 0, MAX_LR, low_open=True, note=" (or null: the same as train.lr)")
         _require_in(self.muon_momentum, "train.muon_momentum", 0, 1, high_open=True)
         require(self.muon_momentum_warmup >= 0, "train.muon_momentum_warmup must be >= 0 (0 = no warm-up)")
         _require_one_of(self.muon_iteration, "train.muon_iteration", ITERATIONS)

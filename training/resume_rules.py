@@ -39,7 +39,7 @@ FIXED_ON_RESUME = ("optimizer", "sampling", "seed", "parallel", "lora")
 # mlp comes before ffn_hidden, whose width it changes: a switched MLP kind is named as such.
 SHAPE_KEYS = ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd", "mlp", "ffn_hidden",
               "tie_embeddings", "attention", "kv_latent_dim", "q_latent_dim", "qk_norm", "logit_softcap",
-              "residual_scalars", "value_embeddings", "positions", "rope_theta", "bigram_buckets", "mtp_weight")
+              "residual_scalars", "value_embeddings", "positions", "rope_theta")
 
 
 def check_model_shape(saved: GPTConfig, current: GPTConfig, run_dir: Path) -> None:

@@ -248,3 +248,17 @@ def test_loss_curve_draws_the_final_full_validation_as_its_own_point_at_the_kept
         assert list(final.get_xdata()) == pytest.approx(x) and final.get_linestyle() == "None"
         assert [t.get_text() for t in axes.get_legend().get_texts()][1:] == [
             "validation (the evaluation subset)", "full validation (weights of step 20)"]
+
+
+def test_a_llama_shaped_run_is_offered_the_llama_and_gguf_exports(make_config):
+    from model.config_checks import llama_blockers
+
+    rope = make_config(model={"positions": "rope"})
+    assert not llama_blockers(rope.model) and llama_blockers(make_config().model)  # learned positions
+    result = TrainResult(run_dir=rope.out_dir, step=2, tokens_seen=1, stopped_by="max_steps", train_seconds=1.0,
+                         val_loss=1.0, val_bpb=1.0)
+    formats = ("--format llama", "--format gguf")
+    shaped = train_cli.summary(result, None, llama_shaped=True)
+    assert all(f"python export.py --run {rope.out_dir} --out exports/{rope.out_dir.name}-{fmt[9:]} {fmt}" in shaped
+               for fmt in formats)
+    assert not any(fmt in train_cli.summary(result, None, llama_shaped=False) for fmt in formats)

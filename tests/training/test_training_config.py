@@ -255,3 +255,16 @@ def test_a_fine_tuning_config_without_its_parent_says_to_set_init_from(tmp_path)
     # train.init_from the message named only the missing model section.
     message = error_of(REPO / "configs" / "tiny-chat-lora.yaml", ["train.init_from=null"])
     assert message.startswith("missing required config key 'model'") and "set train.init_from" in message
+
+
+# The options that lost by the records protocol and left the code, with the value that turned each off.
+REMOVED = [("model.bigram_buckets", "null", "8192"), ("model.mtp_weight", "0.0", "0.3"), ("train.bigram_lr", "null", "0.4")]
+
+
+@pytest.mark.parametrize("key, off, on", REMOVED)
+def test_a_removed_option_loads_when_off_and_is_refused_in_one_line_otherwise(tmp_path, key, off, on):
+    # A config.yaml saved before they left holds each of them at its off value: it still loads, as
+    # the config without it.
+    assert load_run_config(write(tmp_path, MINIMAL), [f"{key}={off}"]) == load_run_config(write(tmp_path, MINIMAL))
+    message = error_of(write(tmp_path, MINIMAL), [f"{key}={on}"])
+    assert message.startswith(f"{key} was removed") and "docs/records.md" in message
