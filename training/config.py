@@ -132,12 +132,6 @@ class TrainConfig:
     normuon: bool = False
     cautious_weight_decay: bool = False
     warmup_steps: int = 100
-    # Short windows first (plain-text pretraining): for the first short_window_share of the budget
-    # (the LR schedule's progress) every training window of model.block_size tokens is cut into
-    # windows of short_window tokens, a divisor of block_size. A step keeps its tokens; attention
-    # spans fewer of them, and the positions past short_window train only afterwards. null = off.
-    short_window: int | None = None
-    short_window_share: float = 0.3
     weight_decay: float = 0.1  # applied to weight matrices only
     beta1: float = 0.9
     beta2: float = 0.95
@@ -211,9 +205,6 @@ class TrainConfig:
         _require_one_of(self.lr_schedule, "train.lr_schedule", ("cosine", "wsd"))
         _require_in(self.lr_decay_fraction, "train.lr_decay_fraction", 0, 1, low_open=True)
         require(self.warmup_steps >= 0, "train.warmup_steps must be >= 0")
-        require(self.short_window is None or self.short_window >= 1,
-                f"train.short_window must be a whole number >= 1 (or null: off), got {self.short_window!r}")
-        _require_in(self.short_window_share, "train.short_window_share", 0, 1, low_open=True)
         _require_in(self.weight_decay, "train.weight_decay", 0, MAX_WEIGHT_DECAY)
         _require_in(self.beta1, "train.beta1", 0, 1, high_open=True)
         _require_in(self.beta2, "train.beta2", 0, 1, high_open=True)
@@ -384,7 +375,6 @@ class Config:
         if self.train.lora is not None:
             _check_lora(self.train, self.model)
         _check_rl(self)
-        _check_short_window(self)
 
     @property
     def out_dir(self) -> Path:
@@ -410,20 +400,6 @@ def _check_lora(train: TrainConfig, model: GPTConfig) -> None:
     require(lora.rank <= widths[narrowest],
             f"train.lora.rank {lora.rank} is above the width of {narrowest} ({widths[narrowest]}); "
             f"use a rank of at most {widths[narrowest]}, or leave {narrowest} out of train.lora.targets")
-
-
-def _check_short_window(config: Config) -> None:
-    """Short windows are cut from the text windows of a pretraining run, whole: their length divides
-    the block size and is shorter than it."""
-    window, block = config.train.short_window, config.model.block_size
-    if window is None:
-        return
-    require(config.data.format == "text",
-            f"train.short_window cuts plain-text windows; a data.format: {config.data.format} run has none "
-            "to cut: set short_window: null")
-    require(window < block and block % window == 0,
-            f"train.short_window must divide model.block_size ({block}) and be shorter than it (got {window}); "
-            f"for example {block // 2}")
 
 
 def _check_rl(config: Config) -> None:
@@ -453,9 +429,42 @@ def load_run_config(path: str | Path, overrides: list[str] | tuple[str, ...] = (
     return config_from_dict(raw)
 
 
+# Keys a config may no longer hold, each with the one line that says what to do instead (read before
+# the unknown-key message, which could only guess at a near spelling).
+RETIRED_KEYS = {
+    "train.short_window": "train.short_window (short windows first) was taken out: it tied by the records "
+                          "protocol (docs/records.md); delete the key",
+    "train.short_window_share": "train.short_window_share went with train.short_window, which tied by the records "
+                                "protocol (docs/records.md); delete the key",
+    "train.dpo_beta": "train.dpo_beta is now dpo.beta, in a dpo: section beside train: (as in configs/tiny-dpo.yaml); "
+                      "move the value there",
+    "train.dpo_rpo_alpha": "train.dpo_rpo_alpha is now dpo.rpo_alpha, in a dpo: section beside train: (as in "
+                           "configs/tiny-dpo.yaml); move the value there",
+}
+# A run directory's config.yaml lists every key of the version that wrote it, each at the value the run
+# had. A retired key at the value that changed nothing (off, or what its new place takes by default) is
+# dropped without a word, so those files still load, on --resume too.
+RETIRED_DEFAULTS = {"train.short_window": None, "train.short_window_share": 0.3, "train.dpo_beta": 0.1,
+                    "train.dpo_rpo_alpha": 0.0}
+
+
+def without_retired_keys(raw: dict[str, Any]) -> dict[str, Any]:
+    """``raw`` less the retired keys left at their defaults; any other retired key is refused in one line."""
+    raw = dict(raw)
+    for key, advice in RETIRED_KEYS.items():
+        section, _, name = key.partition(".")
+        values = raw.get(section)
+        if not isinstance(values, dict) or name not in values:
+            continue
+        if key not in RETIRED_DEFAULTS or values[name] != RETIRED_DEFAULTS[key]:
+            raise ConfigError(advice)
+        raw[section] = {k: v for k, v in values.items() if k != name}
+    return raw
+
+
 def config_from_dict(raw: dict[str, Any]) -> Config:
     """Validate a plain nested dict (as read from YAML) into a ``Config``."""
-    raw = dict(raw)
+    raw = without_retired_keys(raw)
     train = raw.get("train")
     parent = None
     if isinstance(train, dict) and train.get("init_from"):

@@ -142,10 +142,6 @@ class Task(ABC):
         """Tokens in the training split, for the epochs a budget covers (None: not counted)."""
         return None
 
-    def follow_schedule(self, progress: float) -> None:
-        """Told the LR schedule's progress (0 to 1) before each step, for a task whose batches change
-        over the run (short windows first); the others ignore it."""
-
     def describe_batches(self, batches: Batches) -> str | None:
         """A line about the batches said when the run starts, if there is one to say."""
         return None
@@ -168,8 +164,6 @@ class TextTask(Task):
         super().__init__(prepared, device)
         self.block_size = config.model.block_size
         self.sampling = config.train.sampling
-        self.short_window, self.short_window_share = config.train.short_window, config.train.short_window_share
-        self.window = self.block_size  # the length of this step's training windows
         self.val_tokens = prepared.val_tokens()
         self.sample_prompt = config.eval.sample_prompt
         if self.sample_prompt is None:
@@ -189,8 +183,7 @@ class TextTask(Task):
         def next_batch() -> tuple[torch.Tensor, torch.Tensor]:
             x, y = batches.next()
             computed.append(x.numel())
-            # Each row is block_size consecutive tokens, so consecutive pieces of a row are windows too.
-            return x.reshape(-1, self.window), y.reshape(-1, self.window)
+            return x, y
 
         loss = accumulate_gradients(
             model, next_batch, micro_steps, amp=amp, sync=sync,
@@ -204,13 +197,6 @@ class TextTask(Task):
 
     def train_token_count(self):
         return len(self.prepared.train_tokens())
-
-    def follow_schedule(self, progress):
-        short = self.short_window is not None and progress < self.short_window_share
-        self.window = self.short_window if short else self.block_size
-
-    def train_fields(self, batches):
-        return {} if self.short_window is None else {"window": self.window}
 
     def evaluate(self, model, **shared):
         return evaluate(model, self.val_tokens, self.token_bytes, block_size=self.block_size, **shared)

@@ -354,9 +354,7 @@ class Trainer:
                          enabled=self.verbose) as bar:
                 while (reason := self._stop_reason(stop)) is None:
                     t0, cpu0 = time.perf_counter(), time.thread_time()
-                    elapsed = self._elapsed()
-                    lr = self.schedule(self.step, elapsed)
-                    self.task.follow_schedule(self.schedule.progress(self.step, elapsed))
+                    lr = self.schedule(self.step, self._elapsed())
                     set_learning_rate(self.optimizer, self.param_groups, lr)
                     if isinstance(self.optimizer, MuonWithAdamW):
                         self.optimizer.set_momentum(muon_momentum(tc, self.step))
