@@ -9,7 +9,7 @@ Per seed, in ``--out``/s<seed>, three real training runs one after the other:
    81"), which trains the tokenizer (its chat tokens reserved) and the arithmetic;
 2. ``chat``: a chat fine-tune of it on the same questions as conversations, so it answers after
    ``<|assistant|>`` and ends with ``<|end|>``;
-3. ``rl``: GRPO from the chat run (``data.format: rl``, ``training/grpo.py``) on the same questions,
+3. ``rl``: GRPO from the chat run (``data.format: rl``, ``training/tasks/grpo/``) on the same questions,
    rewarded for the right answer, for a few minutes of training.
 
 The first two stop after a fixed number of steps, chosen so that the chat run is sometimes right
@@ -123,7 +123,7 @@ def held_out(run_dir: Path, rl_raw: dict[str, Any]) -> dict[str, float]:
     from model import load_pretrained
     from training.config import config_from_dict
     from training.distributed import DistContext
-    from training.tasks import prepare_task
+    from training.tasks.prepare import prepare_task
 
     # Read as an RL run of it that is never trained (nothing is written to its out_dir).
     raw = _merge(rl_raw, {"train": {"init_from": str(run_dir)}, "rl": {"beta": 0.0},

@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
 def profile_steps(config: str, overrides: list[str], steps: int, warmup: int) -> Profile:
     from model import GPT
     from training import build_optimizer, clip_gradients, install_cpu_backward, load_run_config, plan_param_groups
-    from training.tasks import prepare_task
+    from training.tasks.prepare import prepare_task
 
     cfg = load_run_config(config, overrides)
     device = torch.device("cpu")

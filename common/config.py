@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import math
 import re
 import types
 import typing
@@ -32,6 +33,19 @@ class ConfigError(UserError, ValueError):
 def require(condition: bool, message: str, error: type[Exception] = ConfigError) -> None:
     if not condition:
         raise error(message)
+
+
+def require_one_of(value: str, key: str, choices: tuple[str, ...]) -> None:
+    require(value in choices, f"{key} must be {', '.join(choices[:-1])} or {choices[-1]} (got {value!r})")
+
+
+def require_in(value: float, key: str, low: float, high: float, *, low_open: bool = False,
+               high_open: bool = False, note: str = "") -> None:
+    """``value`` is a finite number in the interval; nan and infinities never are."""
+    above = low < value if low_open else low <= value
+    below = value < high if high_open else value <= high
+    interval = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+    require(math.isfinite(value) and above and below, f"{key} must be in {interval}{note} (got {value!r})")
 
 
 class _Loader(BoundedSafeLoader):

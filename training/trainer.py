@@ -61,7 +61,7 @@ from training.resume_rules import (
     fixed_settings, restore_error,
 )
 from training.rng_state import capture_rng_state, restore_rng_state
-from training.tasks import prepare_task
+from training.tasks.prepare import prepare_task
 
 # Under a clock budget an evaluation is also due when this fraction of train.max_minutes has passed
 # since the last one, so a slow machine that reaches few eval.interval steps still shows samples.

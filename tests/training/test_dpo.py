@@ -14,8 +14,8 @@ from chat_testkit import pretrain, preference_file
 from common.errors import UserError
 from model import GPT, GPTConfig, load_pretrained
 from training.distributed import init_distributed
-from training.dpo import accumulate_dpo_gradients, reply_logps
-from training.reference import FrozenReference
+from training.tasks.dpo.loss import accumulate_dpo_gradients, reply_logps
+from training.tasks.reference import FrozenReference
 from training.trainer import Trainer, train
 
 VOCAB = 40
@@ -27,7 +27,7 @@ def _model(seed: int = 0) -> GPT:
 
 
 def _pair_batch(generator: torch.Generator, pairs: int, width: int = 12) -> tuple[torch.Tensor, torch.Tensor]:
-    """A batch laid out as data.batches.preference makes them: chosen rows, then rejected rows,
+    """A batch laid out as training.tasks.dpo.batches makes them: chosen rows, then rejected rows,
     the targets -1 over each row's prompt and padding."""
     x = torch.randint(0, VOCAB, (2 * pairs, width), generator=generator)
     y = torch.randint(0, VOCAB, (2 * pairs, width), generator=generator)
@@ -175,9 +175,9 @@ def test_beta_must_be_positive(dpo_config, tmp_path):
 
 
 def test_fsdp_is_refused_before_any_data_is_read(dpo_config, tmp_path, monkeypatch):
-    import training.tasks
+    import training.tasks.dpo.task as dpo_task
 
-    monkeypatch.setattr(training.tasks, "prepare_preference_data", lambda *a, **k: pytest.fail("read the data"))
+    monkeypatch.setattr(dpo_task, "prepare_preference_data", lambda *a, **k: pytest.fail("read the data"))
     config = dpo_config(tmp_path / "run", parallel="fsdp")
     with pytest.raises(UserError, match="data.format: preference trains with train.parallel: ddp"):
         Trainer(config, init_distributed("cpu"), progress=False).setup(resume=False, overwrite=False)
@@ -187,7 +187,7 @@ def test_a_lora_policy_with_its_adapters_off_is_the_frozen_reference():
     """A LoRA DPO run holds no second model: its policy with the adapters off gives the parent's
     log-probabilities, though the adapters have moved it."""
     from training.config import LoraConfig
-    from training.reference import AdaptersOffReference
+    from training.tasks.reference import AdaptersOffReference
     from training.lora import adapted_layers, add_adapters
 
     parent, policy = _model(), _model()

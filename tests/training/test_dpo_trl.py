@@ -16,13 +16,13 @@ import pytest
 import torch
 
 import run_testkit
-from data.batches.preference import collate_pairs
 from data.chat import Message
-from data.prepared.preference import tokenize_pairs
-from data.sources.preferences import PreferencePair, pair_from_row
 from model import GPT, GPTConfig, save_pretrained
-from training.dpo import score_pairs
-from training.reference import FrozenReference
+from training.tasks.dpo.batches import collate_pairs
+from training.tasks.dpo.loss import score_pairs
+from training.tasks.dpo.pairs import PreferencePair, pair_from_row
+from training.tasks.dpo.prepared import tokenize_pairs
+from training.tasks.reference import FrozenReference
 
 trl = pytest.importorskip("trl")
 transformers = pytest.importorskip("transformers")

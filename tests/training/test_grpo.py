@@ -12,8 +12,8 @@ import torch
 from chat_testkit import pretrain
 from common.errors import UserError
 from model import GPT, GPTConfig, load_pretrained
-from training.grpo import Rollout, accumulate_grpo_gradients, group_advantages, target_logps, token_losses
-from training.rewards import closeness, correct, integer_format, reward_function
+from training.tasks.grpo.loss import Rollout, accumulate_grpo_gradients, group_advantages, target_logps, token_losses
+from training.tasks.grpo.rewards import closeness, correct, integer_format, reward_function
 from training.trainer import train
 
 VOCAB = 7

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import training.tasks as tasks_module
+import training.tasks.text as tasks_module
 import training.trainer as trainer_module
 from common.errors import UserError
 from model import GPT, load_pretrained
@@ -18,7 +18,7 @@ from rundir.checkpoint import CheckpointError, load_trainer_state
 from rundir.files import STATE_FILE
 from rundir.metrics import read_metrics
 from training.config import load_run_config
-from training.tasks import accumulate_gradients
+from training.tasks.task import accumulate_gradients
 from training.trainer import NonFiniteLossError, train
 
 # Fields of metrics.jsonl that depend only on the computation (not on timing).

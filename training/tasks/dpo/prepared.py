@@ -30,7 +30,7 @@ from data.prepared import cache
 from data.prepared.chat import (
     ChatSplit, check_entry_block_size, check_split, chat_cache_spec, pack_sequences, read_splits, write_splits,
 )
-from data.sources.preferences import PreferencePair, load_preferences
+from training.tasks.dpo.pairs import PreferencePair, load_preferences
 from data.tokenizer import eot_id, load_tokenizer
 
 FORMAT_VERSION = 1
