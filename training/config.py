@@ -29,6 +29,7 @@ from tracking.config import LoggingConfig
 from training.fsdp import torch_too_old
 from training.init_from import ParentRun, find_parent, model_section_from_parent, refuse_own_parent
 from training.muon import ITERATIONS
+from training.tasks.dpo.config import DPOConfig, check_dpo_run
 from training.tasks.grpo.config import RLConfig, check_rl_run
 
 DEFAULT_OUT_DIR = "runs/default"  # where a config without run.out_dir (and no file name) trains
@@ -143,13 +144,6 @@ class TrainConfig:
     # Train low-rank adapters on a frozen copy of train.init_from's weights instead of every weight
     # (null = full fine-tuning).
     lora: LoraConfig | None = None
-    # data.format: preference only: DPO's β, how far the policy may move from the init_from run
-    # (training/tasks/dpo/loss.py); TRL's default.
-    dpo_beta: float = 0.1
-    # data.format: preference only: RPO's weight on the chosen replies' mean token NLL, added to the
-    # DPO loss (TRL's loss_type [sigmoid, sft] with loss_weights [1, this]); it keeps the policy
-    # writing its chosen replies while it learns the preference. 0 = plain DPO.
-    dpo_rpo_alpha: float = 0.0
 
     def budget_reached(self, step: int, tokens: int, seconds: float) -> str | None:
         """The budget a run at ``step``, having seen ``tokens`` in ``seconds`` of training, has used
@@ -209,8 +203,6 @@ class TrainConfig:
                 f"train.threads must be auto or a whole number >= 1 (got {self.threads!r})")
         require_one_of(self.precision, "train.precision", ("auto", "bf16", "fp32"))
         require_one_of(self.parallel, "train.parallel", ("ddp", "fsdp"))
-        require_in(self.dpo_beta, "train.dpo_beta", 0, math.inf, low_open=True, high_open=True)
-        require_in(self.dpo_rpo_alpha, "train.dpo_rpo_alpha", 0, math.inf, high_open=True, note=" (0 = plain DPO)")
         if self.parallel == "fsdp":
             require((too_old := torch_too_old(torch.__version__)) is None, str(too_old))
         require(
@@ -279,6 +271,7 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    dpo: DPOConfig | None = None  # data.format: preference only (left out: every default)
     rl: RLConfig | None = None  # data.format: rl only
     # The run train.init_from names, found and checked once, when the config is read
     # (config_from_dict); not a key of the YAML, and not saved: init_from says it.
@@ -295,6 +288,9 @@ class Config:
         )
         if self.train.lora is not None:
             _check_lora(self.train, self.model)
+        if self.data.format == "preference" and self.dpo is None:
+            self.dpo = DPOConfig()  # written out whole in the run's config.yaml
+        check_dpo_run(self)
         check_rl_run(self)
 
     @property

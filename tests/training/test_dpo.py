@@ -106,12 +106,12 @@ def test_rpo_adds_alpha_times_the_chosen_replies_mean_token_nll_to_each_pair():
 
 
 def test_rpo_alpha_must_be_a_finite_number_at_least_zero():
-    from training.config import TrainConfig
+    from training.tasks.dpo.config import DPOConfig
 
     for bad in (-0.1, math.inf, math.nan):
-        with pytest.raises(UserError, match=r"train.dpo_rpo_alpha must be in \[0, inf\) \(0 = plain DPO\)"):
-            TrainConfig(max_steps=1, dpo_rpo_alpha=bad)
-    assert TrainConfig(max_steps=1, dpo_rpo_alpha=0.5).dpo_rpo_alpha == 0.5
+        with pytest.raises(UserError, match=r"dpo.rpo_alpha must be in \[0, inf\) \(0 = plain DPO\)"):
+            DPOConfig(rpo_alpha=bad)
+    assert DPOConfig(rpo_alpha=0.5).rpo_alpha == 0.5
 
 
 @pytest.fixture(scope="module")
@@ -123,12 +123,13 @@ def parent_run(base_raw, tmp_path_factory) -> Path:
 def dpo_config(make_config, parent_run, tmp_path):
     data_file = preference_file(tmp_path / "pairs.jsonl")
 
-    def make(out_dir: Path, **train):
+    def make(out_dir: Path, dpo=None, **train):
         return make_config(
             out_dir,
             data={"format": "preference", "files": {"paths": [str(data_file)]}, "val_fraction": 0.2},
+            dpo={"beta": 0.5, **(dpo or {})},
             train={"init_from": str(parent_run), "max_steps": 8, "batch_size": 4, "grad_accum_steps": 2,
-                   "lr": 3e-3, "min_lr": 3e-3, "warmup_steps": 0, "dpo_beta": 0.5, **train},
+                   "lr": 3e-3, "min_lr": 3e-3, "warmup_steps": 0, **train},
             eval={"interval": 4, "max_batches": 2, "sample_tokens": 6, "final_max_batches": None},
             run={"checkpoint_interval": 4},
         )
@@ -170,8 +171,27 @@ def test_preference_data_needs_a_parent_run(make_config, tmp_path):
 
 
 def test_beta_must_be_positive(dpo_config, tmp_path):
-    with pytest.raises(UserError, match="train.dpo_beta must be in"):
-        dpo_config(tmp_path / "run", dpo_beta=0.0)
+    with pytest.raises(UserError, match="dpo.beta must be in"):
+        dpo_config(tmp_path / "run", dpo={"beta": 0.0})
+
+
+@pytest.mark.parametrize("key, value, new", [("dpo_beta", 0.5, "dpo.beta"), ("dpo_rpo_alpha", 1.0, "dpo.rpo_alpha")])
+def test_the_old_flat_keys_are_refused_in_one_line_naming_their_new_place(dpo_config, tmp_path, key, value, new):
+    with pytest.raises(UserError) as info:
+        dpo_config(tmp_path / "run", **{key: value})
+    message = str(info.value)
+    assert "\n" not in message and message.startswith(f"train.{key} is now {new}, in a dpo: section")
+
+
+def test_a_dpo_section_is_for_preference_runs_and_a_preference_run_saves_its_defaults(make_config, parent_run,
+                                                                                       tmp_path):
+    from training.config import config_to_dict
+
+    with pytest.raises(UserError, match="a dpo section is for data.format: preference"):
+        make_config(tmp_path / "text", dpo={"beta": 0.2})
+    pairs = make_config(tmp_path / "pairs", data={"format": "preference", "files": {"paths": ["p.jsonl"]}},
+                        train={"init_from": str(parent_run)})
+    assert config_to_dict(pairs)["dpo"] == {"beta": 0.1, "rpo_alpha": 0.0}  # what the run's config.yaml says
 
 
 def test_fsdp_is_refused_before_any_data_is_read(dpo_config, tmp_path, monkeypatch):

@@ -1,6 +1,6 @@
 """Proof against TRL: on the same exported models and the same reply pairs, our DPO loss and each
 pair's chosen and rejected rewards equal what TRL's ``DPOTrainer`` computes (its documented
-``evaluate``, one pair at a time), in fp32 within 1e-5; and with ``train.dpo_rpo_alpha`` the loss
+``evaluate``, one pair at a time), in fp32 within 1e-5; and with ``dpo.rpo_alpha`` the loss
 equals TRL's RPO (``loss_type=["sigmoid", "sft"]``, ``loss_weights=[1, α]``).
 
 The policy is the reference with its weights moved a little, so the rewards are far from zero and

@@ -190,7 +190,8 @@ def test_a_retired_key_is_refused_in_one_line_saying_what_to_do(tmp_path, overri
 def test_a_saved_config_from_before_a_key_retired_still_loads(tmp_path):
     """A run directory's config.yaml lists every key its version knew: at the values that changed
     nothing, the retired ones are dropped, so the run can be resumed from its own config."""
-    saved = write(tmp_path, MINIMAL + "  short_window: null\n  short_window_share: 0.3\n")
+    saved = write(tmp_path, MINIMAL + "  short_window: null\n  short_window_share: 0.3\n  dpo_beta: 0.1\n"
+                            "  dpo_rpo_alpha: 0.0\n")
     assert load_run_config(saved).train.max_steps == 10
 
 

@@ -14,7 +14,7 @@ The loss only compares the two replies, so it is as well met by making both less
 making the chosen one more likely; on a small set many epochs of it drift the policy away from
 writing anything like its chosen replies (replies collapse to a few words). RPO adds the chosen
 replies' negative log-likelihood, the mean over their tokens in the batch, weighted by α
-(``train.dpo_rpo_alpha``; TRL's ``loss_type=["sigmoid", "sft"]`` with ``loss_weights=[1, α]``):
+(``dpo.rpo_alpha``; TRL's ``loss_type=["sigmoid", "sft"]`` with ``loss_weights=[1, α]``):
 
     loss      = −log σ(reward(c) − reward(r)) + α · NLL(c)
 

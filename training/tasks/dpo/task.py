@@ -11,6 +11,7 @@ import torch
 from training.config import Config, ConfigError
 from training.tasks.chat import ChatTask
 from training.tasks.dpo.batches import PreferenceBatches
+from training.tasks.dpo.config import DPOConfig
 from training.tasks.dpo.loss import accumulate_dpo_gradients, evaluate_preferences
 from training.tasks.dpo.prepared import prepare_preference_data
 from training.tasks.reference import Reference, reference_for
@@ -22,12 +23,11 @@ class PreferenceTask(ChatTask):
     each chosen reply over its rejected one, relative to the frozen ``reference``. Its samples are
     replies to held-out prompts, as a chat run's are."""
 
-    def __init__(self, prepared: Any, device: torch.device, reference: Reference, beta: float,
-                 rpo_alpha: float = 0.0) -> None:
+    def __init__(self, prepared: Any, device: torch.device, reference: Reference, dpo: DPOConfig) -> None:
         super().__init__(prepared, device)
         self.reference = reference
-        self.beta = beta
-        self.rpo_alpha = rpo_alpha
+        self.beta = dpo.beta
+        self.rpo_alpha = dpo.rpo_alpha
         self.step_metrics: dict[str, float] = {}  # the last step's, for its line of the metrics file
 
     def batches(self, batch_size: int, **placement: Any) -> Batches:
@@ -70,5 +70,4 @@ def build(config: Config, tokenizer_file: Path | None, *, progress: bool, is_mai
                           "reference model would still be a whole copy on every process")
     prepared = prepare_preference_data(config.data, tokenizer_file, config.model.block_size, progress=progress,
                                        is_main=is_main)
-    return PreferenceTask(fitted(prepared, config), device, reference_for(config, device), config.train.dpo_beta,
-                          config.train.dpo_rpo_alpha)
+    return PreferenceTask(fitted(prepared, config), device, reference_for(config, device), config.dpo)
