@@ -280,6 +280,8 @@ class Trainer:
             rank_state, message = select_rank_state(state["ranks"], state["world_size"], self.ctx)
             if rank_state is not None:
                 self.batches.load_state_dict(rank_state["batches"])
+                # Before tasks had a state, an RL run kept its pending rollout with its batches.
+                self.task.load_state_dict(rank_state.get("task", rank_state["batches"]))
                 restore_rng_state(rank_state["rng"])
         except (KeyError, ValueError, TypeError, RuntimeError) as e:
             # A state with keys missing, or saved by another optimizer or sampler.
@@ -546,7 +548,8 @@ class Trainer:
 
     def _save(self) -> None:
         # Each rank's sampler and RNG streams differ, and all are needed to resume exactly.
-        ranks = gather_to_main({"rng": capture_rng_state(), "batches": self.batches.state_dict()}, self.ctx)
+        ranks = gather_to_main({"rng": capture_rng_state(), "batches": self.batches.state_dict(),
+                                "task": self.task.state_dict()}, self.ctx)
         state = {
             "step": self.step,
             "tokens_seen": self.tokens_seen,

@@ -119,6 +119,14 @@ class Task(ABC):
         """Tokens in the training split, for the epochs a budget covers (None: not counted)."""
         return None
 
+    def state_dict(self) -> dict[str, Any]:
+        """What this process's task carries from one step to the next, saved with every checkpoint
+        for an exact resume (most tasks carry nothing)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a checkpoint's ``state_dict``."""
+
     def describe_batches(self, batches: Batches) -> str | None:
         """A line about the batches said when the run starts, if there is one to say."""
         return None

@@ -44,13 +44,17 @@ class RLTask(ChatTask):
                                special.suppress_ids, token_byte_table(self.tokenizer),
                                {name: reward_function(name) for name in self.rl.rewards})
         self.step_metrics: dict[str, float] = {}  # the last step's, for its line of the metrics file
+        # The sampled batch later updates reuse (``rl.updates_per_batch`` > 1), as plain tensors, and
+        # the steps it still serves: a checkpoint between those updates must carry it.
+        self.pending: dict[str, Any] | None = None
+        self.pending_uses = 0
 
     def batches(self, batch_size: int, *, seed: int, rank: int, world_size: int, device: torch.device) -> Batches:
         return PromptBatches(len(self.prepared.train), batch_size, seed=seed, rank=rank, world_size=world_size)
 
     def accumulate(self, model, batches, micro_steps, *, amp, sync, ctx, stop):
         policy = getattr(model, "module", model)  # DDP's model; the engine decodes with it alone
-        if batches.pending is None:
+        if self.pending is None:
             split = self.prepared.train
             chosen = [i for _ in range(micro_steps) for i in batches.next()]
             # Drawn from the run's generator, which every checkpoint saves: a resumed run samples the same.
@@ -62,10 +66,10 @@ class RLTask(ChatTask):
             )
             uses_left = self.rl.updates_per_batch - 1
         else:
-            rollout = Rollout.from_state(batches.pending, self.device)
-            uses_left = batches.pending_uses - 1
+            rollout = Rollout.from_state(self.pending, self.device)
+            uses_left = self.pending_uses - 1
         # Kept (and so checkpointed) only while later steps will train on it.
-        batches.pending, batches.pending_uses = (rollout.state(), uses_left) if uses_left else (None, 0)
+        self.pending, self.pending_uses = (rollout.state(), uses_left) if uses_left else (None, 0)
         loss, metrics = accumulate_grpo_gradients(model, rollout, micro_steps, epsilon=self.rl.epsilon,
                                                   beta=self.rl.beta, temperature=self.rl.temperature, amp=amp,
                                                   sync=sync, ctx=ctx)
@@ -99,6 +103,12 @@ class RLTask(ChatTask):
 
     def train_fields(self, batches):
         return {**self.step_metrics, "beta": self.rl.beta}
+
+    def state_dict(self):
+        return {"pending": self.pending, "pending_uses": self.pending_uses}
+
+    def load_state_dict(self, state):
+        self.pending, self.pending_uses = state.get("pending"), int(state.get("pending_uses", 0))
 
     def final_words(self, result):
         k = self.rl.eval_samples
