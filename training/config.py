@@ -24,7 +24,6 @@ from common.files import atomic_write_text
 from data import DataConfig
 from exporting.hf.weights import block_linears
 from model import GPTConfig
-from inference.sampling import check_sampling_args
 from tracking.config import LoggingConfig
 from training.fsdp import torch_too_old
 from training.init_from import ParentRun, find_parent, model_section_from_parent, refuse_own_parent
@@ -248,7 +247,9 @@ class EvalConfig:
             "eval.final_max_batches must be >= 1 or null (whole split)",
         )
         require(self.sample_tokens >= 0, "eval.sample_tokens must be >= 0")
-        check_sampling_args(self.sample_temperature, self.sample_top_k, None, 1.0)  # eval.sample_*
+        require_in(self.sample_temperature, "eval.sample_temperature", 0, math.inf, high_open=True, note=" (0 = greedy)")
+        require(self.sample_top_k is None or self.sample_top_k >= 1,
+                f"eval.sample_top_k must be a whole number >= 1, or null for no limit (got {self.sample_top_k!r})")
 
 
 @dataclass
