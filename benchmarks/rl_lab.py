@@ -121,6 +121,7 @@ def configs(folder: Path, seed: int, size: str, overwrite: bool) -> dict[str, di
 def held_out(run_dir: Path, rl_raw: dict[str, Any]) -> dict[str, float]:
     """pass@1 and pass@8 of ``run_dir`` on every held-out question, by the RL task's own evaluation."""
     from model import load_pretrained
+    from training.adapters import adapters_for
     from training.config import config_from_dict
     from training.distributed import DistContext
     from training.tasks.prepare import prepare_task
@@ -130,7 +131,7 @@ def held_out(run_dir: Path, rl_raw: dict[str, Any]) -> dict[str, float]:
                           "run": {"out_dir": f"{run_dir}-unused"}})
     config = config_from_dict(raw)
     task = prepare_task(config, config.parent.tokenizer_file, progress=False, is_main=True,
-                        device=torch.device("cpu"))
+                        device=torch.device("cpu"), adapters=adapters_for(config.train))
     result = task.evaluate(load_pretrained(run_dir), batch_size=32, max_batches=None, device=torch.device("cpu"),
                            amp=None, ctx=DistContext(), progress=False)
     return result.metrics

@@ -15,7 +15,8 @@ from training.optim import build_optimizer, plan_param_groups
 from training.rms_norm_cpu import install_cpu_backward
 from training.tasks.chat import evaluate_chat
 from training.tasks.task import accumulate_gradients
-from training.trainer import NonFiniteLossError, TrainResult, clip_gradients, train
+from training.result import TrainResult
+from training.trainer import NonFiniteLossError, clip_gradients, train
 
 __all__ = ["Config", "ConfigError", "DistContext", "NonFiniteLossError", "TrainConfig", "TrainResult",
            "accumulate_gradients", "autocast", "barrier", "build_optimizer", "clip_gradients", "config_from_dict",

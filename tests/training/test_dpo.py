@@ -206,19 +206,21 @@ def test_fsdp_is_refused_before_any_data_is_read(dpo_config, tmp_path, monkeypat
 def test_a_lora_policy_with_its_adapters_off_is_the_frozen_reference():
     """A LoRA DPO run holds no second model: its policy with the adapters off gives the parent's
     log-probabilities, though the adapters have moved it."""
+    from training.adapters import LoraAdapters
     from training.config import LoraConfig
+    from training.lora import adapted_layers
     from training.tasks.reference import AdaptersOffReference
-    from training.lora import adapted_layers, add_adapters
 
     parent, policy = _model(), _model()
-    add_adapters(policy, LoraConfig(rank=2))
+    adapters = LoraAdapters(LoraConfig(rank=2))
+    adapters.apply(policy)
     with torch.no_grad():
         for _, _, delta in adapted_layers(policy):
             delta.lora_B.normal_()
     x, y = _pair_batch(torch.Generator().manual_seed(0), pairs=3)
     expected = reply_logps(FrozenReference(parent).logits(parent, x), y)
     policy.train()
-    got = reply_logps(AdaptersOffReference().logits(policy, x), y)
+    got = reply_logps(AdaptersOffReference(adapters).logits(policy, x), y)
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
     assert policy.training  # back in the mode it was in
     moved = reply_logps(policy(x), y).detach()  # adapters on

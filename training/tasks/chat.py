@@ -24,6 +24,7 @@ from data.prepared.chat import ChatSplit, prepare_chat_data
 from inference.engine import decode
 from inference.sampling import SamplingSettings
 from model.gpt import eval_mode
+from training.adapters import Adapters
 from training.config import Config
 from training.distributed import DistContext, all_reduce_sum
 from training.evaluate import EvalResult, score_batches, validation_bar
@@ -151,8 +152,8 @@ class ChatTask(Task):
         return f"chat batches: {100 * batches.epoch_padding_fraction():.1f}% of computed tokens are padding"
 
 
-def build(config: Config, tokenizer_file: Path | None, *, progress: bool, is_main: bool,
-          device: torch.device) -> ChatTask:
+def build(config: Config, tokenizer_file: Path | None, *, progress: bool, is_main: bool, device: torch.device,
+          adapters: Adapters) -> ChatTask:
     """The conversations of ``config.data``, rendered with the parent run's tokenizer."""
     prepared = prepare_chat_data(config.data, parent_tokenizer(config, tokenizer_file), config.model.block_size,
                                  progress=progress, is_main=is_main)

@@ -7,6 +7,7 @@ from typing import Callable
 
 import torch
 
+from training.adapters import Adapters
 from training.config import Config
 from training.tasks import chat, text
 from training.tasks.dpo import task as dpo
@@ -19,10 +20,10 @@ BUILDERS: dict[str, Callable[..., Task]] = {"text": text.build, "chat": chat.bui
                                             "rl": grpo.build}
 
 
-def prepare_task(config: Config, tokenizer_file: Path | None, *, progress: bool, is_main: bool,
-                 device: torch.device) -> Task:
+def prepare_task(config: Config, tokenizer_file: Path | None, *, progress: bool, is_main: bool, device: torch.device,
+                 adapters: Adapters) -> Task:
     """The task ``data.format`` names, its data prepared (``tokenizer_file``: a parent run's
     tokenizer, or the run's own copy when resuming; None trains one for a text run) and checked
-    to fit the model."""
+    to fit the model; ``adapters``: how the run's weights train (a post-training reference asks)."""
     build = BUILDERS[config.data.format]
-    return build(config, tokenizer_file, progress=progress, is_main=is_main, device=device)
+    return build(config, tokenizer_file, progress=progress, is_main=is_main, device=device, adapters=adapters)

@@ -10,6 +10,7 @@ import torch
 from data import EOT, prepare_data, train_batches
 from data.sample_prompt import default_sample_prompt
 from training.attention_probe import attention_probe
+from training.adapters import Adapters
 from training.config import Config
 from training.evaluate import evaluate, generate_sample
 from training.rng_state import capture_rng_state, restore_rng_state
@@ -78,8 +79,8 @@ class TextTask(Task):
                                skip_id=self.tokenizer.token_to_id(EOT), device=device)
 
 
-def build(config: Config, tokenizer_file: Path | None, *, progress: bool, is_main: bool,
-          device: torch.device) -> TextTask:
+def build(config: Config, tokenizer_file: Path | None, *, progress: bool, is_main: bool, device: torch.device,
+          adapters: Adapters) -> TextTask:
     """The documents of ``config.data``, tokenized with ``tokenizer_file`` (None: train one)."""
     prepared = prepare_data(config.data, progress=progress, is_main=is_main, tokenizer_file=tokenizer_file)
     return TextTask(fitted(prepared, config), config, device)

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from training.adapters import Adapters
 from training.config import Config, ConfigError
 from training.tasks.chat import ChatTask
 from training.tasks.dpo.batches import PreferenceBatches
@@ -60,8 +61,8 @@ class PreferenceTask(ChatTask):
                 f"{100 * batches.epoch_padding_fraction():.1f}% of computed tokens are padding")
 
 
-def build(config: Config, tokenizer_file: Path | None, *, progress: bool, is_main: bool,
-          device: torch.device) -> PreferenceTask:
+def build(config: Config, tokenizer_file: Path | None, *, progress: bool, is_main: bool, device: torch.device,
+          adapters: Adapters) -> PreferenceTask:
     """The reply pairs of ``config.data``, rendered with the parent run's tokenizer, and the parent
     as the frozen reference."""
     tokenizer_file = parent_tokenizer(config, tokenizer_file)
@@ -70,4 +71,4 @@ def build(config: Config, tokenizer_file: Path | None, *, progress: bool, is_mai
                           "reference model would still be a whole copy on every process")
     prepared = prepare_preference_data(config.data, tokenizer_file, config.model.block_size, progress=progress,
                                        is_main=is_main)
-    return PreferenceTask(fitted(prepared, config), device, reference_for(config, device), config.dpo)
+    return PreferenceTask(fitted(prepared, config), device, reference_for(config, adapters, device), config.dpo)
