@@ -247,7 +247,8 @@ class EvalConfig:
             "eval.final_max_batches must be >= 1 or null (whole split)",
         )
         require(self.sample_tokens >= 0, "eval.sample_tokens must be >= 0")
-        require_in(self.sample_temperature, "eval.sample_temperature", 0, math.inf, high_open=True, note=" (0 = greedy)")
+        require_in(self.sample_temperature, "eval.sample_temperature", 0, math.inf, high_open=True,
+                   note=" (0 = greedy)")
         require(self.sample_top_k is None or self.sample_top_k >= 1,
                 f"eval.sample_top_k must be a whole number >= 1, or null for no limit (got {self.sample_top_k!r})")
 

@@ -116,7 +116,8 @@ def _sharded_weights(run: Path) -> dict[str, torch.Tensor]:
     model = GPT(config)
     muon = TrainConfig(max_steps=1, optimizer="muon")
     optimizer = build_optimizer(plan_param_groups(model, muon), muon, torch.device("cpu"))
-    ShardedCheckpointer(run, DistContext(), config, torch.device("cpu"), Adapters()).restore(load_trainer_state(run), model, optimizer)
+    checkpointer = ShardedCheckpointer(run, DistContext(), config, torch.device("cpu"), Adapters())
+    checkpointer.restore(load_trainer_state(run), model, optimizer)
     return model.state_dict()
 
 

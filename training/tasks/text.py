@@ -9,8 +9,8 @@ import torch
 
 from data import EOT, prepare_data, train_batches
 from data.sample_prompt import default_sample_prompt
-from training.attention_probe import attention_probe
 from training.adapters import Adapters
+from training.attention_probe import attention_probe
 from training.config import Config
 from training.evaluate import evaluate, generate_sample
 from training.rng_state import capture_rng_state, restore_rng_state
