@@ -1,7 +1,10 @@
 """The run configuration: typed dataclasses loaded from YAML, validated once, saved with the run.
 
 A YAML file maps one-to-one onto ``Config``: a top-level section per dataclass field, a key per
-field of that section, checked by ``common.config``.
+field of that section, checked by ``common.config``. ``train`` holds what every run shares; a
+post-training method's own section (``dpo:``, ``rl:``) is declared and validated beside the method
+(``training/tasks/dpo/config.py``, ``training/tasks/grpo/config.py``). Keys that were taken out or
+moved are answered from ``RETIRED_KEYS``.
 """
 
 from __future__ import annotations
