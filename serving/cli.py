@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "turns it off (default: %(default)s)")
     parser.add_argument("--sinks", type=int, default=None, metavar="N",
                         help=f"runs with rotary or no positions: the first tokens a row's window keeps when it "
-                             f"rolls past the context (default {SINKS})")
+                             f"rolls past the context (default {SINKS}, a quarter of a window under {4 * SINKS})")
     parser.add_argument("--device", default="auto", help=f"{DEVICE_CHOICES} (default: %(default)s)")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                         help="compile the decode step with torch.compile before serving (a one-off cost, "
