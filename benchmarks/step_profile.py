@@ -66,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--steps", type=positive_int, default=20, help="profiled optimizer steps")
     p.add_argument("--warmup", type=positive_int, default=3, help="untimed steps first")
-    add_threads_argument(p, why="; as train.py chooses train.threads")
+    add_threads_argument(p, why=", as train.py chooses train.threads")
     return p
 
 
