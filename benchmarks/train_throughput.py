@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from common.cli import positive_int
+from common.cli import ArgumentParser, positive_int, run_command
 from common.device import select_device
 from training import TrainConfig, autocast, configure_backends, format_flops, resolve_precision, synchronize
 
@@ -236,23 +236,30 @@ def median(values: list[float]) -> float:
 # Command line
 
 
-def throughput_parser(description: str, steps_help: str) -> argparse.ArgumentParser:
-    """The flags both throughput benchmarks take: the config, its overrides and the step counts."""
-    parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--config", default="configs/tiny.yaml")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--steps", type=positive_int, default=10, help=steps_help)
-    parser.add_argument("--warmup", type=positive_int, default=2, help="untimed steps first (>= 1)")
+def throughput_parser(module: str, description: str, steps_help: str) -> argparse.ArgumentParser:
+    """The flags both throughput benchmarks (``benchmarks.<module>``) take: the config, its overrides
+    and the step counts."""
+    parser = ArgumentParser(prog=f"python -m benchmarks.{module}", description=description)
+    parser.add_argument("--config", default="configs/tiny.yaml",
+                        help="the training config timed (default: %(default)s)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="a train.py override; repeatable (default: none)")
+    parser.add_argument("--steps", type=positive_int, default=10, help=f"{steps_help} (default: %(default)s)")
+    parser.add_argument("--warmup", type=positive_int, default=2, help="untimed steps first (default: %(default)s)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = throughput_parser(__doc__.split("\n\n")[0], "timed steps per model")
+    parser = throughput_parser("train_throughput", __doc__.split("\n\n")[0], "timed steps per model")
     parser.add_argument("--rounds", type=positive_int, default=None,
                         help="interleaved timing rounds, the steps split over them (default: one step per round)")
-    parser.add_argument("--compile", choices=("auto", "true", "false", "both"), default="auto")
+    parser.add_argument("--compile", choices=("auto", "true", "false", "both"), default="auto",
+                        help="compile the models; auto: on CUDA only (default: %(default)s)")
     parser.add_argument("--no-reference", action="store_true", help="measure only the config's model")
-    args = parser.parse_args(argv)
+    return run_command(parser, argv, measure)
+
+
+def measure(args: argparse.Namespace) -> int:
 
     from common.errors import UserError
     from model import GPT

@@ -19,18 +19,24 @@ Timings only; nothing here is a test.
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 import torch
 
 from benchmarks.train_throughput import TrainStepRunner, measure_peak, measure_run, throughput_parser
+from common.cli import run_command
 from training import init_distributed, shutdown, wrap_model
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = throughput_parser(__doc__.split("\n\n")[0], "timed steps per measurement")
-    parser.add_argument("--compile", choices=("auto", "true", "false"), default="auto")
-    args = parser.parse_args(argv)
+    parser = throughput_parser("train_throughput_ddp", __doc__.split("\n\n")[0], "timed steps per measurement")
+    parser.add_argument("--compile", choices=("auto", "true", "false"), default="auto",
+                        help="compile the model; auto: on CUDA only (default: %(default)s)")
+    return run_command(parser, argv, measure)
+
+
+def measure(args: argparse.Namespace) -> int:
 
     from common.errors import UserError
     from model import GPT
