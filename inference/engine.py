@@ -395,16 +395,12 @@ class Engine:
         token."""
         row, size = request.row, self.prefill_chunk
         echo = request.echo and len(request.prompt_logprobs) < len(request.prompt_ids)
-        self._roll_prompt(request)
-        window = self.window.tokens(request.tokens, request.start, request.evicted)
         assert not (self.use_cache and request.evicted and request.generated), "a rolled row is never encoded again"
+        if self.use_cache and self.cache.lengths[row] == 0 and self.prefix_cache is not None and not echo:
+            self._copy_cached_pages(request)
+        self._roll_prompt(request)  # after the pages: they may fill the window
+        window = self.window.tokens(request.tokens, request.start, request.evicted)
         if self.use_cache:
-            if self.cache.lengths[row] == 0 and self.prefix_cache is not None and not echo and not request.evicted:
-                for page in self.prefix_cache.lookup(window):
-                    end = self.cache.lengths[row] + self.prefix_cache.page
-                    self.cache.extend(row, page, last_token=window[end - 1])
-                if request.generated == 0:
-                    request.cached_tokens = self.cache.lengths[row]
             done = self.cache.lengths[row]
             chunk = window[done:min(done + size, self.block_size)]
             fed = request.start + request.evicted + done  # the stream index of the chunk's first token
@@ -422,6 +418,18 @@ class Engine:
         if not self.use_cache or self.cache.lengths[row] == len(window):
             request.logits = logits
             request.prefilling = not self.use_cache  # uncached: the whole window again for the next token
+
+    def _copy_cached_pages(self, request: _Request) -> None:
+        """Put the prefix cache's pages that the row's window begins with into its empty cache row
+        (none for a rolled window: its positions no longer hold a prompt from position 0)."""
+        if request.evicted:
+            return
+        window = self.window.tokens(request.tokens, request.start, request.evicted)
+        for page in self.prefix_cache.lookup(window):
+            end = self.cache.lengths[request.row] + self.prefix_cache.page
+            self.cache.extend(request.row, page, last_token=window[end - 1])
+        if request.generated == 0:
+            request.cached_tokens = self.cache.lengths[request.row]
 
     def _roll_prompt(self, request: _Request) -> None:
         """Before the next chunk of a prompt longer than a rolling window: roll where feeding the

@@ -297,3 +297,21 @@ def test_a_long_prompts_log_probabilities_are_those_of_its_rolling_prefill(kind)
         assert logprob.token_id == token
         torch.testing.assert_close(torch.tensor(logprob.logprob), logprobs[token], **TOLERANCE)
         assert [i for i, _ in logprob.top] == logprobs.topk(3).indices.tolist()
+
+
+def test_a_long_prompt_takes_the_pages_of_its_first_window_and_rolls_on():
+    """Pages are chunks from position 0, so a long prompt stores and finds those of its first window
+    only; a second request with the same prompt copies them in (they fill the window, so it rolls
+    at once) and gets the same tokens as the first."""
+    model = tiny_model(2, positions="rope")
+    prompt = prompts()[-1]
+    settings = SamplingSettings(max_new_tokens=BLOCK, temperature=0.0, top_p=None)
+    engine = Engine(model, max_batch=1, prefill_chunk=8, prefix_cache_bytes=2**20)
+    finishes = []
+    with torch.inference_mode():
+        for _ in range(2):
+            engine.submit(prompt, settings, lambda e: e.finish and finishes.append(e.finish))
+            engine.run_until_idle()
+            assert len(engine.prefix_cache) == BLOCK // 8
+    assert finishes[0].token_ids == finishes[1].token_ids and len(finishes[0].token_ids) == BLOCK
+    assert (finishes[0].cached_tokens, finishes[1].cached_tokens) == (0, BLOCK)
