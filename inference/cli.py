@@ -46,12 +46,15 @@ stop strings:
   ends just before the stop string, which is not printed. --stop may be given several times.
 
 context window:
-  The model sees at most block_size tokens. A longer prompt keeps its last block_size tokens (with
-  a notice). When generation fills the window of a learned-position run, its most recent tokens (a
-  fraction {KEEP_FRACTION:g} of it) are kept and re-encoded from position 0, since learned positions cannot
-  slide; --no-cache recomputes exactly the same window at every step, so both give the same tokens.
-  A run with rotary or no positions rolls instead: the cache keeps the first {SINKS} tokens and the most
-  recent ones and evicts the middle, with nothing encoded again (docs/training.md, "Positions").
+  The model sees at most block_size tokens. A learned-position run reads a longer prompt's last
+  block_size tokens (with a notice); when generation fills its window, the most recent tokens (a
+  fraction {KEEP_FRACTION:g} of it) are re-encoded from position 0, since learned positions cannot slide;
+  --no-cache recomputes exactly that window at every step, so both give the same tokens.
+  A run with rotary or no positions rolls instead, through a long prompt as through the
+  continuation: the cache keeps the first {SINKS} tokens (a quarter of a window under {4 * SINKS}) and the
+  most recent ones, and evicts the middle, with nothing encoded again. There --no-cache gives the
+  same tokens only inside the window: past it the cache's deeper entries were computed beside
+  tokens since evicted, which a re-encoded window never saw (docs/training.md, "Positions").
 
 examples:
   python generate.py --prompt "ROMEO:"
@@ -102,10 +105,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="end a sample when STRING appears; printed text ends before it (repeatable)")
     parser.add_argument("--no-cache", action="store_true",
                         help="recompute the whole window at every step instead of using the KV cache "
-                        "(slow; the reference the cache is tested against)")
+                        "(slow; the reference the cache is tested against: the same tokens, except past the "
+                        "window of a rotary or no-position run; see below)")
     parser.add_argument("--sinks", type=int, default=None, metavar="N",
                         help=f"runs with rotary or no positions: the first tokens the window keeps when it rolls "
-                             f"(default {SINKS})")
+                             f"(default {SINKS}, a quarter of a window under {4 * SINKS})")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                         help="compile the decode step with torch.compile (a one-off cost, reported on stderr; "
                         "faster tokens after it). Default: off; on the CPU the compile takes tens of seconds")
@@ -167,12 +171,11 @@ def _generate(args: argparse.Namespace) -> int:
         given = args.prompt is not None or args.prompt_file is not None
         return chat_main(args, run, settings, prompt if given else None)
     prompt_tokens = encode_prompt(run, prompt)
-    if prompt_tokens.cropped and not args.quiet:
-        print(
-            f"notice: the prompt is {prompt_tokens.original_length} tokens, longer than the model's "
-            f"{run.block_size}-token context; it sees only the last {run.block_size}",
-            file=sys.stderr,
-        )
+    if prompt_tokens.original_length > run.block_size and not args.quiet:
+        seen = (f"it sees only the last {run.block_size}" if prompt_tokens.cropped else
+                "it rolls through the cache, which keeps its first tokens and its most recent ones")
+        print(f"notice: the prompt is {prompt_tokens.original_length} tokens, longer than the model's "
+              f"{run.block_size}-token context; {seen}", file=sys.stderr)
 
     streaming = settings.num_samples == 1 and not args.json
     if streaming and not args.quiet:

@@ -226,8 +226,21 @@ def uniform_per_row(batch: int, generator: Generators, device: torch.device) -> 
 KEEP_FRACTION = 0.5
 ROLL_KEEP_FRACTION = 0.75
 # The first tokens a rolling window keeps. StreamingLLM found that trained models pour much
-# attention onto the first few tokens whatever they are; four kept that mass where it was.
+# attention onto the first few tokens whatever they are; four kept that mass where it was. A window
+# of fewer than 16 tokens keeps a quarter of itself (none below 4): the rest is for the recent tokens,
+# which the next one depends on most, and a window of 4 or fewer could not hold four sinks at all.
 SINKS = 4
+
+
+def default_sinks(block_size: int) -> int:
+    """The sinks a rolling window of ``block_size`` tokens keeps unless told otherwise."""
+    return min(SINKS, block_size // 4)
+
+
+def rolls_past_window(positions: str) -> bool:
+    """Whether a run with these positions rolls its cache past the window rather than re-encoding:
+    rotary and no positions do; a learned position is written into each cached key."""
+    return positions != "learned"
 
 
 @dataclass(frozen=True)
@@ -250,16 +263,19 @@ class Window:
 
     @classmethod
     def for_positions(cls, positions: str, block_size: int, keep_fraction: float | None = None,
-                      sinks: int | None = SINKS) -> Window:
-        """The slide a run's positions allow: learned ones re-encode, rotary and none roll (unless
-        ``sinks`` is None: re-encode them too, to compare). ``keep_fraction`` None: the default of
-        that slide."""
-        rolls = positions != "learned" and sinks is not None
+                      sinks: int | None = None, *, roll: bool = True) -> Window:
+        """The slide a run's positions allow: learned ones re-encode; rotary and none roll, keeping
+        ``sinks`` first tokens (None: ``default_sinks``), unless ``roll`` is False (re-encode them
+        too, to compare). ``keep_fraction`` None: the default of that slide. Raises ValueError for
+        sinks a rolling window cannot hold."""
+        rolls = rolls_past_window(positions) and roll
         fraction = (ROLL_KEEP_FRACTION if rolls else KEEP_FRACTION) if keep_fraction is None else keep_fraction
         keep = max(1, int(fraction * block_size))
         if not rolls:
             return cls(block_size, keep)
-        assert 0 <= sinks < block_size, f"a rolling window of {block_size} keeps 0 to {block_size - 1} sinks"
+        sinks = default_sinks(block_size) if sinks is None else sinks
+        if not 0 <= sinks < block_size:
+            raise ValueError(f"sinks must be 0 to {block_size - 1} (the window less one), got {sinks}")
         return cls(block_size, max(keep, sinks + 1), sinks)
 
     @property

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from common.errors import UserError
-from inference.sampling import MAX_SEED, SINKS, SamplingSettings, check_sampling_args
+from inference.sampling import MAX_SEED, SamplingSettings, check_sampling_args, rolls_past_window
 
 if TYPE_CHECKING:
     from model import GPTConfig
@@ -28,7 +28,7 @@ class GenerationSettings(SamplingSettings):
     num_samples: int = 1
     use_cache: bool = True
     compile: bool = False  # decode through inference.compiled_step (the command line chose it)
-    sinks: int = SINKS  # the first tokens a rolling window keeps (rotary or no positions; see checked_sinks)
+    sinks: int | None = None  # the first tokens a rolling window keeps; None: the window's default (checked_sinks)
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 0:
@@ -52,13 +52,14 @@ class GenerationSettings(SamplingSettings):
         return self.temperature == 0
 
 
-def checked_sinks(flag: int | None, config: GPTConfig) -> int:
-    """The sinks a rolling window keeps for a run of ``config``: ``--sinks`` (``flag``), or SINKS when
-    not given. Refuses a flag that cannot apply: a learned-position run re-encodes past its window
-    and keeps no sinks, and a window keeps at most all but its newest token."""
+def checked_sinks(flag: int | None, config: GPTConfig) -> int | None:
+    """``--sinks`` (``flag``) for a run of ``config``; None when not given, for the default that fits
+    the run's window (``inference.sampling.default_sinks``). Refuses a flag that cannot apply: a
+    learned-position run re-encodes past its window and keeps no sinks, and a window keeps at most
+    all but its newest token."""
     if flag is None:
-        return SINKS
-    if config.positions == "learned":
+        return None
+    if not rolls_past_window(config.positions):
         raise UserError("--sinks applies to runs with rotary or no positions, which roll past the window; "
                         "this run has learned positions and re-encodes instead: drop --sinks")
     if not 0 <= flag < config.block_size:
