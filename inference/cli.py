@@ -23,7 +23,7 @@ from inference.chat_cli import chat_main, check_chat_flags
 from inference.compiled_step import choose_compile, compiled_notice
 from inference.completion import GenerationResult, encode_prompt, generate_completions
 from inference.sampling import KEEP_FRACTION, SINKS
-from inference.settings import GenerationSettings, checked_sinks
+from inference.settings import GenerationSettings, add_speculation_arguments, checked_sinks, checked_speculation
 from inference.terminal import decode_argument, decode_utf8, write_stdout
 from rundir.loading import find_latest_run, load_run
 
@@ -109,6 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                         help="compile the decode step with torch.compile (a one-off cost, reported on stderr; "
                         "faster tokens after it). Default: off; on the CPU the compile takes tens of seconds")
+    add_speculation_arguments(parser)
     # Chat, and the shape of the output.
     parser.add_argument("--chat", action="store_true",
                         help="talk to a chat-tuned run: an interactive conversation (/help lists its commands), or one "
@@ -162,7 +163,8 @@ def _generate(args: argparse.Namespace) -> int:
     # One stream decodes one token at a time: operations too small to share between cores.
     threads = use_threads(parse_threads(args.threads), useful=1 if args.chat or settings.num_samples == 1 else None)
     run = load_run(_run_directory(args), device)
-    settings = dataclasses.replace(settings, sinks=checked_sinks(args.sinks, run.model.config))
+    settings = dataclasses.replace(settings, sinks=checked_sinks(args.sinks, run.model.config),
+                                   speculation=checked_speculation(args, run, use_cache=settings.use_cache))
     if args.chat:
         given = args.prompt is not None or args.prompt_file is not None
         return chat_main(args, run, settings, prompt if given else None)
@@ -259,4 +261,6 @@ def _stats_line(result: GenerationResult, settings: GenerationSettings) -> str:
         parts.append("no cache")
     if stats.compile_s is not None:
         parts.append(compiled_notice(stats.compile_s))
+    if settings.speculation is not None:
+        parts.append(f"speculative ({settings.speculation.proposer}, up to {settings.speculation.k} guesses a step)")
     return " | ".join(parts)

@@ -70,6 +70,7 @@ from inference.batch_invariant import row_blocked
 from inference.compiled_step import CompiledStep, spare_slot_cache
 from inference.prefix_cache import PrefixCache
 from inference.sampling import SINKS, SamplingSettings, Window, new_seed, sample_next_token, seeded_generator
+from inference.speculative import Proposal, Speculation, Speculator
 from inference.streaming import TextStream
 from model import GPT
 
@@ -181,7 +182,8 @@ class Engine:
     ``batch_invariant`` False: decode steps take the plain, faster products, so a row's bits may
     depend on the rows beside it (fine for one caller's rows; a server keeps it on).
     ``compile``: decode steps run ``inference.compiled_step`` (compiled here, once; the caller
-    has checked ``compiler_missing``), prompts stay eager.
+    has checked ``compiler_missing``), prompts stay eager. ``speculation``: decode steps check
+    proposed tokens (``inference.speculative``); rows with no proposal take the plain step.
     """
 
     def __init__(
@@ -198,6 +200,7 @@ class Engine:
         sinks: int | None = SINKS,
         batch_invariant: bool = True,
         compile: bool = False,
+        speculation: Speculation | None = None,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
@@ -215,14 +218,17 @@ class Engine:
         self.block_size = cfg.block_size
         self.window = Window.for_positions(cfg.positions, cfg.block_size, keep_fraction, sinks)
         self.use_cache = use_cache
-        assert not (compile and not use_cache), "the compiled step is a cached decode step"
+        assert not ((compile or speculation) and not use_cache), "compiled and speculative steps are cached ones"
+        # A batch-invariant pass reads whole buffers, a speculative one checks a token and its proposals.
+        whole_buffers = (1 + (speculation.k if speculation else 0)) if batch_invariant else 0
+        self.speculator = Speculator(speculation, max_batch, batch_invariant) if speculation else None
         if compile:
-            self.cache = spare_slot_cache(model, max_batch, whole_buffers=batch_invariant)
+            self.cache = spare_slot_cache(model, max_batch, whole_buffers=whole_buffers)
             # Off the server, a CPU step reads only the slots rows have filled (see CompiledStep).
             exact_window = not batch_invariant and self.cache.device.type == "cpu"
             self.compiled: CompiledStep | None = CompiledStep(self.model, self.cache, exact_window=exact_window)
         else:
-            self.cache = model.init_cache(max_batch, whole_buffers=batch_invariant)
+            self.cache = model.init_cache(max_batch, whole_buffers=whole_buffers)
             self.compiled = None
         self.prefix_cache = PrefixCache(self.prefill_chunk, prefix_cache_bytes) if prefix_cache_bytes else None
         self.prefill_tokens = 0  # prompt tokens the model has encoded (not copied from the prefix cache)
@@ -354,6 +360,8 @@ class Engine:
             if request.prefilling:
                 self._prefill_chunk(request)
         decoding = [r for r in self._rows if r is not None and not r.prefilling and r.logits is None]
+        if decoding and self.speculator is not None:
+            decoding = self._speculate(decoding)
         if decoding:
             self._decode(decoding)
         ready = [r for r in self._rows if r is not None and r.logits is not None]
@@ -433,6 +441,38 @@ class Engine:
         logits = self._run_model([[r.tokens[-1]] for r in requests], [r.row for r in requests])
         for i, request in enumerate(requests):
             request.logits = logits[i:i + 1]
+
+    def _speculate(self, requests: list[_Request]) -> list[_Request]:
+        """Rows with proposals check them, several tokens in one pass per proposal length, and
+        advance by every token accepted; returns the rows left for the plain step. A row's
+        proposals stop where its window is full, so only its last token may slide the window,
+        after its cache holds exactly what plain decoding's would; and where its request runs
+        out of tokens, which ``_advance`` then ends at the token plain decoding ends at."""
+        room = [min(self.block_size - self.window.held(r.start, r.evicted, len(r.tokens)),
+                    r.settings.max_new_tokens - r.generated - 1) for r in requests]
+        proposals = self.speculator.propose(requests, room)
+        widths: dict[int, list[tuple[_Request, Proposal]]] = collections.defaultdict(list)
+        for request, proposal in zip(requests, proposals):
+            if proposal.tokens:
+                widths[len(proposal.tokens)].append((request, proposal))
+        for group in widths.values():
+            logits = self._run_model([[r.tokens[-1], *p.tokens] for r, p in group], [r.row for r, _ in group],
+                                     every_position=True)
+            checked = []
+            for (request, proposal), row_logits in zip(group, logits):
+                tokens = self.speculator.check(request, proposal, row_logits)
+                # Keep the newest token's entries and the accepted proposals'; forget the rest.
+                self.cache.rewind(request.row, self.cache.lengths[request.row] - len(proposal.tokens) - 1 + len(tokens))
+                checked.append((request, tokens, row_logits))
+            for request, tokens, row_logits in checked:
+                for token, token_logits in zip(tokens, row_logits):
+                    if request.logprobs is not None:
+                        logprobs = torch.log_softmax(token_logits[None].float(), dim=-1)
+                        request.token_logprobs += _token_logprobs(logprobs, [token], request.logprobs)
+                    self._advance(request, token)
+                    if self._rows[request.row] is not request:  # it ended at this token
+                        break
+        return [r for r, p in zip(requests, proposals) if not p.tokens]
 
     def _run_model(self, ids: list[list[int]], rows: list[int] | None, every_position: bool = False) -> torch.Tensor:
         """The one call into the model: next-token logits (R, vocab) of ``ids`` (R rows of equal
@@ -553,6 +593,7 @@ def decode(
     slide: bool = True,
     batch_invariant: bool = False,
     compile: bool = False,
+    speculation: Speculation | None = None,
     on_event: Callable[[int, Event], None] | None = None,
     on_compiled: Callable[[float], None] | None = None,
 ) -> list[Finish]:
@@ -562,7 +603,8 @@ def decode(
     streams prompt i's events as they come; ``slide`` as in ``Engine.submit``. ``batch_invariant``
     (off: the faster plain products) makes every row bit for bit what the server gives it.
     ``compile``: decode steps run compiled (``inference.compiled_step``); ``on_compiled(seconds)``
-    is told how long compiling took, before the first token."""
+    is told how long compiling took, before the first token. ``speculation``: decode steps check
+    proposed tokens (``inference.speculative``)."""
     assert prompts, "decode needs at least one prompt"
     if settings.max_new_tokens == 0:
         return [Finish("length", min(len(p), model.config.block_size), (), "") for p in prompts]
@@ -570,7 +612,7 @@ def decode(
     chunk = None if batch_invariant else model.config.block_size
     engine = Engine(model, token_bytes, max_batch=len(prompts), max_queue=0, prefill_chunk=chunk,
                     use_cache=use_cache, keep_fraction=keep_fraction, sinks=sinks, batch_invariant=batch_invariant,
-                    compile=compile)
+                    compile=compile, speculation=speculation)
     if engine.compiled is not None and on_compiled is not None:
         on_compiled(engine.compiled.compile_seconds)
     seed = settings.seed if settings.seed is not None else new_seed()

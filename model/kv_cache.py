@@ -67,9 +67,11 @@ class KVCache:
     A model whose input embedding reads the token before (GPT's hashed bigrams) also asks the cache
     for each row's newest token (``previous_tokens``) and hands the pass's last tokens to ``end``.
 
-    ``whole_buffers``: in a one-token pass every row reads its whole buffer under a mask, so its
+    ``whole_buffers``: in a pass of at most that many tokens per row (True: one, a decode step;
+    speculative decoding checks a few at once) every row reads its whole buffer under a mask, so its
     attention has the same shape at every length and beside any other rows (what batch-invariant
-    decoding needs, ``inference.batch_invariant``).
+    decoding needs, ``inference.batch_invariant``). ``rewind`` forgets a row's newest positions
+    (the proposals a speculative step rejected).
     """
 
     def __init__(
@@ -81,7 +83,7 @@ class KVCache:
         *,
         device: torch.device | str | None = None,
         dtype: torch.dtype = torch.float32,
-        whole_buffers: bool = False,
+        whole_buffers: int = 0,
     ) -> None:
         self.buffers = {
             name: torch.zeros((n_layer, batch_size, heads, max_len, dim), device=device, dtype=dtype)
@@ -109,6 +111,11 @@ class KVCache:
         for r in range(self.batch_size) if rows is None else rows:
             self.lengths[r] = 0
 
+    def rewind(self, row: int, length: int) -> None:
+        """Forget the positions of ``row`` from ``length`` on: what was written there is never read."""
+        assert 0 <= length <= self.lengths[row], f"row {row} holds {self.lengths[row]} positions, not {length}"
+        self.lengths[row] = length
+
     def begin(self, new: int, rows: Sequence[int] | None = None) -> torch.Tensor:
         """Plan a pass that adds ``new`` tokens to each of ``rows`` (default: all, in order); return
         their positions, (R, new) or (1, new) when shared."""
@@ -118,7 +125,7 @@ class KVCache:
         assert max(lengths) + new <= self.max_len, f"rows {rows} at {lengths} have no room for {new} more"
         consecutive = rows == list(range(rows[0], rows[0] + len(rows)))
         select = slice(rows[0], rows[-1] + 1) if consecutive else torch.tensor(rows, device=self.device)
-        whole = self.whole_buffers and new == 1
+        whole = new <= self.whole_buffers
         if consecutive and len(set(lengths)) == 1 and not whole:
             # The common case (one row, --num-samples, a prompt's chunk): views of the buffers, no mask.
             start = lengths[0]
