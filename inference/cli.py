@@ -53,10 +53,21 @@ context window:
   A run with rotary or no positions rolls instead: the cache keeps the first {SINKS} tokens and the most
   recent ones and evicts the middle, with nothing encoded again (docs/training.md, "Positions").
 
+speculative decoding:
+  --speculate lookup guesses the next tokens from n-grams already in the prompt and reply (no second
+  model); --speculate draft --draft-run DIR has a smaller run with the same tokenizer guess them.
+  Each step checks up to --speculate-k guesses in one pass of the model and keeps those the model
+  agrees with. Greedy output (--temperature 0) is exactly plain decoding's. Sampling keeps the
+  distribution every setting gives (temperature, top-k, top-p, repetition penalty), but a seed draws
+  other tokens than it does without speculation. It pays where the text repeats its input (a reply
+  quoting or editing the prompt); on free text most guesses are rejected, and a draft spends a step
+  of its own on each guess (python -m benchmarks.speculative measures both).
+
 examples:
   python generate.py --prompt "ROMEO:"
   python generate.py --prompt "ROMEO:" --temperature 0 --max-new-tokens 100
   python generate.py --prompt-file prompt.txt --num-samples 4 --seed 1 --json
+  python generate.py --prompt-file passage.txt --temperature 0 --speculate lookup
 """
 
 

@@ -9,7 +9,9 @@ iteration (``step``) schedules every token:
 1. drop requests whose caller went away, freeing their rows;
 2. admit waiting requests into free rows;
 3. encode (prefill) one chunk of each newly admitted prompt into its own row;
-4. run one batched decode step for every row that is decoding, each row at its own position;
+4. run one batched decode step for every row that is decoding, each row at its own position
+   (speculating, a row with guessed tokens checks them in one wider pass instead, and advances by
+   every one accepted: ``_speculate``);
 5. sample the next token of every row that has fresh logits, stream its text, and free the row
    the moment its request ends (length, an end token, a stop string).
 
@@ -41,6 +43,15 @@ prompt shares with a recent one are copied in instead of computed: the grid make
 bit the chunks it would have computed, so a hit changes no token, only the time to the first. A
 rolled row never prefills again, so it neither stores a page nor looks one up: its positions no
 longer hold the chunks of any prompt from position 0.
+
+With ``speculation`` (``inference.speculative``) a decode step first asks a proposer for up to k
+guessed tokens per row. A row with guesses runs its newest token and the guesses through the model
+in one pass, keeps the entries of the accepted ones and forgets the rest (``KVCache.rewind``). Its
+guesses stop where its window is full and where its request runs out of tokens, so a window slides
+only at a step's last token, from the cache plain decoding would hold, and an end token, stop
+string or length limit inside an accepted run ends the request at that token. Greedy output is
+plain decoding's token for token; sampled output has plain sampling's distribution, though not the
+same tokens for a seed. Logprobs of accepted tokens come from the checking pass, at their positions.
 
 A request may ask for log-probabilities (``logprobs``: the chosen token's and the ``logprobs``
 most likely tokens', from the model's distribution before temperature, top-p and suppressed ids),

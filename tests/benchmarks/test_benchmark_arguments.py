@@ -110,6 +110,7 @@ def test_every_benchmarks_help_describes_it_in_whole_sentences(name, monkeypatch
 @pytest.mark.parametrize("module, flag", [
     ("chat_eval", "--runs"), ("generate_speed", "--run"), ("hf_export_parity", "--run"),
     ("onnx_decode", "--run"), ("prefix_cache", "--run"), ("serve_throughput", "--run"), ("streaming", "--run"),
+    ("speculative", "--run"),
 ])
 def test_a_benchmark_given_a_run_that_is_not_there_says_so_in_one_line(module, flag, tmp_path, capsys):
     # These parsed their own flags, outside common.cli.run_command: the loader's refusal was a traceback.
@@ -169,3 +170,17 @@ def test_train_throughput_refuses_an_unknown_precision_and_bf16_on_a_gpu_without
     with pytest.raises(UserError, match=r"^--precision both times bf16, which this GPU does not support; "
                                         r"use --precision fp32$"):
         measured_precisions("both", gpu)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--new-tokens", "0"], "argument --new-tokens: must be a whole number >= 1, got '0'"),
+    (["--k", "-2"], "argument --k: must be a whole number >= 1"),
+    ([], "no run at runs/tiny: train one (python train.py --config configs/tiny.yaml) or pass --run DIR"),
+])
+def test_the_speculative_benchmark_refuses_in_one_line(args, message, tmp_path, monkeypatch, capsys):
+    from benchmarks.speculative import main
+
+    monkeypatch.chdir(tmp_path)  # no runs/tiny here
+    assert main(args) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and err.startswith("error: ") and message in err, (out, err)

@@ -239,3 +239,38 @@ def test_a_draft_the_same_as_the_run_accepts_nearly_every_sampled_guess():
     engine = Engine(model, max_batch=4, speculation=Speculation("draft", K, model))
     serve(engine, [([1, 2, 3], settings)] * 4)
     assert engine.speculator.accepted >= 0.95 * engine.speculator.proposed > 0
+
+
+# ---------------------------------------------------------------- generate.py
+
+
+def cli(capsys, *argv) -> tuple[int, str, str]:
+    from inference.cli import main
+
+    code = main([str(arg) for arg in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("extra", [["--chat"], []], ids=["chat", "text"])
+def test_generate_py_speculates_with_lookup_or_a_draft_and_prints_plain_greedy_text(capsys, run_dir, extra):
+    flags = ["--run", run_dir, "--prompt", "ROMEO: But soft, ROMEO: But", "--temperature", 0, "--max-new-tokens", 60,
+             *extra]
+    code, plain, _ = cli(capsys, *flags)
+    assert code == 0
+    for speculate in (["--speculate", "lookup", "--speculate-k", 5], ["--speculate", "draft", "--draft-run", run_dir]):
+        code, out, err = cli(capsys, *flags, *speculate)
+        assert (code, out) == (0, plain)
+        if not extra:
+            assert f"speculative ({speculate[1]}, up to {5 if speculate[1] == 'lookup' else 4} guesses a step)" in err
+
+
+@pytest.mark.parametrize("flags, fragment", [
+    (["--speculate", "lookup", "--no-cache"], "--speculate checks its guesses through the KV cache; drop --no-cache"),
+    (["--speculate", "lookup", "--speculate-k", "31"], "--speculate-k must be 1 to 16, got 31"),
+    (["--speculate", "lookup", "--draft-run", "x"], "--speculate draft needs --draft-run DIR"),
+    (["--speculate-k", "2"], "--speculate-k goes with --speculate"),
+])
+def test_generate_py_refuses_speculation_flags_in_one_line(capsys, run_dir, flags, fragment):
+    code, out, err = cli(capsys, "--run", run_dir, "--prompt", "hi", *flags)
+    assert (code, out) == (2, "") and err.startswith("error: ") and fragment in err and err.count("\n") == 1, err
