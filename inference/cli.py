@@ -57,7 +57,8 @@ speculative decoding:
   --speculate lookup guesses the next tokens from n-grams already in the prompt and reply (no second
   model); --speculate draft --draft-run DIR has a smaller run with the same tokenizer guess them.
   Each step checks up to --speculate-k guesses in one pass of the model and keeps those the model
-  agrees with. Greedy output (--temperature 0) is exactly plain decoding's. Sampling keeps the
+  agrees with. Greedy output (--temperature 0) is plain decoding's token for token (the checking
+  pass rounds apart from single steps in the last bits, as --no-cache does). Sampling keeps the
   distribution every setting gives (temperature, top-k, top-p, repetition penalty), but a seed draws
   other tokens than it does without speculation. It pays where the text repeats its input (a reply
   quoting or editing the prompt); on free text most guesses are rejected, and a draft spends a step

@@ -50,7 +50,8 @@ in one pass, keeps the entries of the accepted ones and forgets the rest (``KVCa
 guesses stop where its window is full and where its request runs out of tokens, so a window slides
 only at a step's last token, from the cache plain decoding would hold, and an end token, stop
 string or length limit inside an accepted run ends the request at that token. Greedy output is
-plain decoding's token for token; sampled output has plain sampling's distribution, though not the
+plain decoding's token for token (up to fp32 rounding of the wider pass, as the cache is to
+recomputation); sampled output has plain sampling's distribution, though not the
 same tokens for a seed. Logprobs of accepted tokens come from the checking pass, at their positions.
 
 A request may ask for log-probabilities (``logprobs``: the chosen token's and the ``logprobs``

@@ -19,7 +19,10 @@ Two proposers:
   with the request's own sampling settings. Each guess then costs a step of the draft.
 
 The check (Leviathan et al., 2023; Chen et al., 2023). Greedy decoding accepts a guess when it is
-the argmax, so its output is plain greedy decoding's, token for token. Sampling accepts a guess x
+the argmax, so its output is plain greedy decoding's, token for token. (The checking pass computes
+the logits plain steps would, in wider matrix products that round apart in the last bits, as the
+cache and recomputation do: only a near-tie within that rounding could go the other way, and the
+tests find none.) Sampling accepts a guess x
 drawn from q with probability min(1, p(x) / q(x)), where p is the distribution plain sampling
 draws from at that position (``inference.sampling.token_distribution`` of ``adjusted_logits``:
 suppressed ids, the repetition penalty over the history with the guesses before accepted,
