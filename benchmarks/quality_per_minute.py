@@ -68,11 +68,6 @@ CANDIDATES: dict[str, dict] = {
     "polar-express": {"train.muon_iteration": "polar_express"},
     "normuon": {"train.normuon": True},
     "cautious-wd": {"train.cautious_weight_decay": True},
-    "bigram": {"model.bigram_buckets": 8192},
-    "bigram-fast": {"model.bigram_buckets": 8192, "train.bigram_lr": 0.04},
-    "bigram-faster": {"model.bigram_buckets": 8192, "train.bigram_lr": 0.4},
-    "mtp": {"model.mtp_weight": 0.3},
-    "bigram-normuon": {"model.bigram_buckets": 8192, "train.bigram_lr": 0.4, "train.normuon": True},
 }
 CHOICES = {**TECHNIQUES, **CANDIDATES}
 

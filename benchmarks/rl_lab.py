@@ -9,7 +9,7 @@ Per seed, in ``--out``/s<seed>, three real training runs one after the other:
    81"), which trains the tokenizer (its chat tokens reserved) and the arithmetic;
 2. ``chat``: a chat fine-tune of it on the same questions as conversations, so it answers after
    ``<|assistant|>`` and ends with ``<|end|>``;
-3. ``rl``: GRPO from the chat run (``data.format: rl``, ``training/grpo.py``) on the same questions,
+3. ``rl``: GRPO from the chat run (``data.format: rl``, ``training/tasks/grpo/``) on the same questions,
    rewarded for the right answer, for a few minutes of training.
 
 The first two stop after a fixed number of steps, chosen so that the chat run is sometimes right
@@ -121,16 +121,17 @@ def configs(folder: Path, seed: int, size: str, overwrite: bool) -> dict[str, di
 def held_out(run_dir: Path, rl_raw: dict[str, Any]) -> dict[str, float]:
     """pass@1 and pass@8 of ``run_dir`` on every held-out question, by the RL task's own evaluation."""
     from model import load_pretrained
+    from training.adapters import adapters_for
     from training.config import config_from_dict
     from training.distributed import DistContext
-    from training.tasks import prepare_task
+    from training.tasks.prepare import prepare_task
 
     # Read as an RL run of it that is never trained (nothing is written to its out_dir).
     raw = _merge(rl_raw, {"train": {"init_from": str(run_dir)}, "rl": {"beta": 0.0},
                           "run": {"out_dir": f"{run_dir}-unused"}})
     config = config_from_dict(raw)
     task = prepare_task(config, config.parent.tokenizer_file, progress=False, is_main=True,
-                        device=torch.device("cpu"))
+                        device=torch.device("cpu"), adapters=adapters_for(config.train))
     result = task.evaluate(load_pretrained(run_dir), batch_size=32, max_batches=None, device=torch.device("cpu"),
                            amp=None, ctx=DistContext(), progress=False)
     return result.metrics

@@ -88,11 +88,12 @@ def main(argv: list[str] | None = None) -> int:
 def profile_steps(config: str, overrides: list[str], steps: int, warmup: int) -> Profile:
     from model import GPT
     from training import build_optimizer, clip_gradients, install_cpu_backward, load_run_config, plan_param_groups
-    from training.tasks import prepare_task
+    from training.adapters import adapters_for
+    from training.tasks.prepare import prepare_task
 
     cfg = load_run_config(config, overrides)
     device = torch.device("cpu")
-    task = prepare_task(cfg, None, progress=False, is_main=True, device=device)
+    task = prepare_task(cfg, None, progress=False, is_main=True, device=device, adapters=adapters_for(cfg.train))
     batches = task.batches(cfg.train.batch_size, seed=cfg.train.seed, rank=0, world_size=1, device=device)
     torch.manual_seed(cfg.train.seed)
     model = GPT(cfg.model).train()

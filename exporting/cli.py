@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from common.cli import ArgumentParser, path_arg, run_stoppable
 from common.errors import UserError
 from common.signals import held_signals
+
+if TYPE_CHECKING:  # torch comes with it, and loads only once the flags are good
+    from exporting.hf import ExportResult
 
 # The static form preallocates a cache of batch x block_size slots per layer, and its example
 # inputs are allocated at that size while exporting: a bound keeps a typo from asking for
@@ -68,10 +71,14 @@ def _export(args: argparse.Namespace) -> int:
         from exporting.hf import export_run
 
     result = export_run(args.run, args.out, overwrite=args.overwrite)
-    chat = "with the chat template" if result.has_chat else "without chat tokens"
-    print(f"exported {args.run} ({result.num_params / 1e6:.2f}M parameters, {chat}) to {result.out_dir}")
+    print(f"exported {args.run} ({result.num_params / 1e6:.2f}M parameters, {_chat(result)}) to {result.out_dir}")
     print(f"load it with: AutoModelForCausalLM.from_pretrained({str(result.out_dir)!r}, trust_remote_code=True)")
     return 0
+
+
+def _chat(result: ExportResult) -> str:
+    """Whether the export carries the chat template: only a run tuned on conversations does."""
+    return "with the chat template" if result.chat_template else "no chat template: a base model, it continues text"
 
 
 def _check_flags(args: argparse.Namespace) -> None:
@@ -103,7 +110,8 @@ def _export_llama(args: argparse.Namespace) -> int:
         from exporting.llama import export_llama
 
     result = export_llama(args.run, args.out, overwrite=args.overwrite)
-    print(f"exported {args.run} ({result.num_params / 1e6:.2f}M parameters) as a Llama model to {result.out_dir}")
+    print(f"exported {args.run} ({result.num_params / 1e6:.2f}M parameters, {_chat(result)}) as a Llama model "
+          f"to {result.out_dir}")
     print(f"load it with: AutoModelForCausalLM.from_pretrained({str(result.out_dir)!r})")
     return 0
 
@@ -113,9 +121,16 @@ def _export_gguf(args: argparse.Namespace) -> int:
         raise UserError("--format gguf needs the gguf package, which is not installed; install it with "
                         "pip install gguf (or pip install -r requirements-dev.txt)")
     with held_signals():  # as for the hf format
+        from exporting.folder import GGUF_FILE
         from exporting.gguf import export_gguf
 
     result = export_gguf(args.run, args.out, overwrite=args.overwrite)
-    print(f"exported {args.run} ({result.num_params / 1e6:.2f}M parameters, f32) to {result.file}")
-    print(f"run it with: llama-cli -m {result.file}")
+    file = result.out_dir / GGUF_FILE
+    print(f"exported {args.run} ({result.num_params / 1e6:.2f}M parameters, f32, {_chat(result)}) to {file}")
+    # -no-cnv continues the prompt instead of holding a conversation, and an f32 cache reproduces
+    # generate.py's numbers (docs/export.md); -n keeps a short prompt inside the trained window.
+    print(f'continue a prompt with: llama-completion -m {file} -p "The" -n {result.block_size // 2} '
+          "-no-cnv -ctk f32 -ctv f32")
+    if result.chat_template:
+        print(f"or hold a conversation with: llama-cli -m {file}")
     return 0

@@ -5,8 +5,9 @@ run's ``tokenizer.json``.
 ``<|endoftext|>`` is the end-of-text, beginning-of-text and padding token at once, as in GPT-2:
 training puts it before every document, so it is also what an unconditional sample starts from,
 and padding positions are masked out, so what they hold never matters. A run whose tokenizer has
-the chat tokens also carries the chat template, and follows the project's rule for chat output:
-``<|end|>`` and ``<|endoftext|>`` end a reply, and the role tokens are never sampled.
+the chat tokens follows the project's rule for chat output: ``<|end|>`` and ``<|endoftext|>`` end a
+reply, and the role tokens are never sampled; only a run tuned on conversations carries the chat
+template (``chat_template``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from common.errors import UserError
 from common.files import atomic_write_text
 from data.chat import CHAT_TEMPLATE, ChatTokenIds
 from data.errors import DataError
@@ -26,9 +26,13 @@ from data.tokenizer import EOT, eot_id
 from inference.settings import GenerationSettings
 from model import GPTConfig
 from rundir.files import TOKENIZER_FILE
+from rundir.record import RunRecord
 
 MODEL_TYPE = "minigpt"
 LLAMA_MODEL_TYPE = "llama"  # a Llama-shaped run exported as transformers' own model (exporting.llama)
+# The data formats (data.format) that tune a model on conversations: chat, and DPO and GRPO, whose
+# pairs and prompts the chat format renders.
+CHAT_TUNED_FORMATS = ("chat", "preference", "rl")
 CONFIG_CLASS = "configuration_minigpt.MiniGPTConfig"
 MODEL_CLASS = "modeling_minigpt.MiniGPTForCausalLM"
 
@@ -60,13 +64,19 @@ class SpecialTokens:
         return [self.eot] if self.end_of_turn is None else [self.eot, self.end_of_turn]
 
 
-def refuse_unexported(config: GPTConfig, run_dir: Path) -> None:
-    """Refuse, in one line, a model neither format carries: the hashed bigram table reads the token
-    before each position, which neither the shipped modeling code nor the ONNX graph is given.
-    (The multi-token head is training-only and simply left out.)"""
-    if config.bigram_buckets is not None:
-        raise UserError(f"{run_dir} has a hashed bigram table (model.bigram_buckets), which neither export "
-                        "format carries; export a run trained without it")
+def model_name(run_dir: Path) -> str:
+    """The name an export gives the model (GGUF's ``general.name``, the model card's title): its
+    run's, as train.py named the run directory, wherever the export is written."""
+    return run_dir.resolve().name
+
+
+def chat_template(run_dir: Path, tokens: SpecialTokens) -> str | None:
+    """The chat template, for a run tuned on conversations (its config.yaml's ``data.format``), else
+    None. Every tokenizer reserves the chat tokens, so a base run has them too; but its model only
+    continues text, and a runtime that finds a template in the export (llama-cpp-python,
+    transformers' chat pipelines) would wrap every prompt in one, as if it could answer."""
+    tuned = RunRecord.read(run_dir).data.get("format", "text") in CHAT_TUNED_FORMATS
+    return CHAT_TEMPLATE if tokens.has_chat and tuned else None
 
 
 def model_config(config: GPTConfig, tokens: SpecialTokens, dtype: str) -> dict:
@@ -131,8 +141,9 @@ def generation_config(config: GPTConfig, tokens: SpecialTokens) -> dict:
     return settings
 
 
-def tokenizer_config(config: GPTConfig, tokens: SpecialTokens) -> dict:
-    """``tokenizer_config.json`` for the run's ``tokenizer.json``, which is copied unchanged."""
+def tokenizer_config(config: GPTConfig, template: str | None) -> dict:
+    """``tokenizer_config.json`` for the run's ``tokenizer.json``, which is copied unchanged, with
+    the chat ``template`` where there is one."""
     settings = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": EOT,
@@ -146,14 +157,14 @@ def tokenizer_config(config: GPTConfig, tokens: SpecialTokens) -> dict:
         # No token_type_ids: the model takes none, and transformers 4.x's generate refuses them.
         "model_input_names": ["input_ids", "attention_mask"],
     }
-    if tokens.has_chat:
-        settings["chat_template"] = CHAT_TEMPLATE
+    if template is not None:
+        settings["chat_template"] = template
     return settings
 
 
-def write_tokenizer_files(folder: Path, run_dir: Path, config: GPTConfig, tokens: SpecialTokens) -> None:
+def write_tokenizer_files(folder: Path, run_dir: Path, config: GPTConfig, template: str | None) -> None:
     """The run's ``tokenizer.json``, unchanged, and its ``tokenizer_config.json``."""
-    write_json(folder / "tokenizer_config.json", tokenizer_config(config, tokens))
+    write_json(folder / "tokenizer_config.json", tokenizer_config(config, template))
     shutil.copyfile(run_dir / TOKENIZER_FILE, folder / "tokenizer.json")
 
 

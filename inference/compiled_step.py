@@ -93,9 +93,6 @@ class CompiledStep:
     invariance is not asked for); otherwise every slot."""
 
     def __init__(self, model: GPT, cache: KVCache, *, exact_window: bool = False) -> None:
-        if model.config.bigram_buckets is not None:
-            raise UserError("the compiled decode step does not carry the token before each row, which "
-                            "model.bigram_buckets reads; drop --compile")
         self.model = model
         self.cache = cache
         self.buffers = tuple(cache.buffers.values())

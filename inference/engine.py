@@ -413,8 +413,7 @@ class Engine:
         if self.use_cache:
             if self.cache.lengths[row] == 0 and self.prefix_cache is not None and not echo:
                 for page in self.prefix_cache.lookup(window):
-                    end = self.cache.lengths[row] + self.prefix_cache.page
-                    self.cache.extend(row, page, last_token=window[end - 1])
+                    self.cache.extend(row, page)
                 if request.generated == 0:
                     request.cached_tokens = self.cache.lengths[row]
             done = self.cache.lengths[row]

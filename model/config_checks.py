@@ -1,4 +1,5 @@
-"""The model section as the user wrote it, explained: one line per refusal, naming the key and the fix.
+"""The model section as the user wrote it, explained: one line per refusal, naming the key and the fix;
+and which of its options keep a model from being a Llama (``llama_blockers``).
 
 ``GPTConfig.from_dict`` (the model section of a training config, a run's ``model_config.json``)
 calls ``explain_model_values`` on the section's type-checked values before building the config, so a
@@ -37,14 +38,34 @@ def explain_model_values(v: dict[str, Any]) -> None:
     require(not (v["value_embeddings"] and v["attention"] == "mla"), "value_embeddings needs attention gqa "
             "(multi-head latent attention caches only the latent, not the gated values); set "
             "value_embeddings: false to use mla (configs/tiny.yaml turns it on)")
-    buckets = v["bigram_buckets"]
-    require(buckets is None or buckets >= 1, f"bigram_buckets must be a positive integer (a few times "
-            f"vocab_size) or null to turn the bigram table off, got {buckets}")
-    mtp = v["mtp_weight"]
-    require(0.0 <= mtp < math.inf, f"mtp_weight must be a number >= 0 (0 turns the multi-token head off), got {mtp}")
     cap = v["logit_softcap"]
     require(cap is None or 0.0 < cap < math.inf, f"logit_softcap must be a positive number (about 15) "
             f"or null to turn it off, got {cap}")
+
+
+def llama_blockers(config: Any) -> list[str]:
+    """Each option that keeps ``config`` (a ``GPTConfig``) from being a Llama model, as ``model.key is X (set Y)``;
+    empty for a Llama-shaped run.
+
+    Llama's block is ours with every option at its plain setting: rotary positions over the halves
+    of each head (transformers' convention, which ``model.gpt.rotary`` follows), grouped-query
+    attention, RMSNorm, a SwiGLU feed-forward, no biases, and a tied or untied head. An option that
+    changes what the model computes has no counterpart there; ``zero_init`` and ``dropout`` only
+    shape training and do not matter. The Llama and GGUF exports refuse by it, and train.py offers
+    them by it."""
+    blockers = []
+    if config.positions != "rope":
+        blockers.append(f"model.positions is {config.positions} (Llama rotates queries and keys: set rope)")
+    if config.attention != "gqa":
+        blockers.append(f"model.attention is {config.attention} (set gqa)")
+    if config.mlp != "swiglu":
+        blockers.append(f"model.mlp is {config.mlp} (set swiglu)")
+    for name in ("qk_norm", "residual_scalars", "value_embeddings"):
+        if getattr(config, name):
+            blockers.append(f"model.{name} is true (set false)")
+    if config.logit_softcap is not None:
+        blockers.append(f"model.logit_softcap is {config.logit_softcap:g} (set null)")
+    return blockers
 
 
 def _explain_attention(v: dict[str, Any]) -> None:

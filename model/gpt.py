@@ -15,15 +15,15 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from common.config import check_types, require, typed_values
+from common.config import Removed, check_types, require, typed_values
 from model.config_checks import ATTENTION_KINDS, MLP_KINDS, POSITION_KINDS, POSITIVE_INTS, explain_model_values
-from model.kv_cache import NO_TOKEN, KVCache, LayerCache
+from model.kv_cache import KVCache, LayerCache
 
 
 @dataclass
@@ -63,8 +63,8 @@ class GPTConfig:
     zero_init: bool = False
     positions: str = "learned"
     rope_theta: float = 10000.0
-    bigram_buckets: int | None = None  # rows of the hashed bigram table (``GPT.bigram_ids``); None: off
-    mtp_weight: float = 0.0  # weight of the loss on the token after next (``GPT.mtp_loss``); 0: no head
+    # Options that lost by the records protocol, at the value that turned them off (common.config).
+    REMOVED_KEYS: ClassVar[dict[str, Removed]] = {"bigram_buckets": Removed(None), "mtp_weight": Removed(0.0)}
 
     def __post_init__(self) -> None:
         # Plain checks against programmer errors: ``from_dict`` has explained a user's values already.
@@ -83,8 +83,6 @@ class GPTConfig:
         _expect(self.logit_softcap is None or 0.0 < self.logit_softcap < math.inf, "logit_softcap out of range")
         _expect(self.positions in POSITION_KINDS and 0.0 < self.rope_theta < math.inf, "unknown positions")
         _expect(self.positions != "rope" or self.rope_dim % 2 == 0, "rope rotates pairs: rope_dim must be even")
-        _expect(self.bigram_buckets is None or self.bigram_buckets >= 1, "bigram_buckets must be >= 1")
-        _expect(0.0 <= self.mtp_weight < math.inf, "mtp_weight out of range")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> GPTConfig:
@@ -149,9 +147,7 @@ class GPTConfig:
         kv_width = self.n_kv_head * self.head_dim
         values = len(self.value_embedding_layers) * (self.vocab_size * kv_width + C * self.n_kv_head)
         positions = self.block_size * C if self.positions == "learned" else 0
-        bigrams = (self.bigram_buckets or 0) * C
-        mtp = C * C + C if self.mtp_weight > 0 else 0
-        return self.vocab_size * C + positions + self.n_layer * per_layer + C + head + values + bigrams + mtp
+        return self.vocab_size * C + positions + self.n_layer * per_layer + C + head + values
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -608,12 +604,6 @@ class GPT(nn.Module):
         kv_width = config.n_kv_head * config.head_dim
         self.value_embs = nn.ModuleDict({str(i): nn.Embedding(config.vocab_size, kv_width)
                                          for i in config.value_embedding_layers})
-        if config.bigram_buckets is not None:
-            self.bigram_emb = nn.Embedding(config.bigram_buckets, config.n_embd)
-        if config.mtp_weight > 0:
-            # A small head for the token after next: one matrix and a norm before the shared LM head.
-            self.mtp_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
-            self.mtp_norm = RMSNorm(config.n_embd, config.norm_eps)
         if config.tie_embeddings:
             # One matrix both reads tokens in and scores them out: fewer parameters, and the
             # output layer gets gradient for every token, not only the ones that appear as input.
@@ -634,9 +624,8 @@ class GPT(nn.Module):
         zeroed = ("attn.proj", "ffn.down", *(() if cfg.tie_embeddings else ("lm_head",)))
         for name, module in self.named_modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
-                # A zero gate weight opens every value-embedding gate half way (2·sigmoid(0) = 1);
-                # a zero bigram table starts the model as the one without it.
-                if (cfg.zero_init and name.endswith(zeroed)) or name.endswith(("value_gate", "bigram_emb")):
+                # A zero gate weight opens every value-embedding gate half way (2·sigmoid(0) = 1).
+                if (cfg.zero_init and name.endswith(zeroed)) or name.endswith("value_gate"):
                     nn.init.zeros_(module.weight)
                     continue
                 std = residual_std if name.endswith(("attn.proj", "ffn.down")) else 0.02
@@ -651,24 +640,14 @@ class GPT(nn.Module):
         self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: KVCache | None = None,
         rows: Sequence[int] | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Logits, and with ``targets`` the mean cross-entropy (targets of -1 ignored), plus in
-        training mode ``mtp_weight`` times ``mtp_loss``. With ``cache``, row i's chunk goes into cache
-        row ``rows[i]`` (default i) at that row's length, which is also the position of its first token."""
-        hidden = self._hidden_in(idx, cache, rows)
-        logits = self.logits(hidden)
+        """Logits, and with ``targets`` the mean cross-entropy (targets of -1 ignored). With ``cache``,
+        row i's chunk goes into cache row ``rows[i]`` (default i) at that row's length, which is also
+        the position of its first token."""
+        logits = self.logits(self._hidden_in(idx, cache, rows))
         if targets is None:
             return logits
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
-        if self.training and self.config.mtp_weight > 0:
-            loss = loss + self.config.mtp_weight * self.mtp_loss(hidden, targets)
         return logits, loss
-
-    def mtp_loss(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Multi-token prediction (Gloeckle and others, 2024; DeepSeek-V3): the cross-entropy of a
-        small head's guess at the token after next, ``targets[t + 1]``, from position t. It only
-        shapes the hidden states in training; evaluation, decoding and exports never run it."""
-        guess = self.logits(self.mtp_norm(self.mtp_proj(hidden[:, :-1])))
-        return F.cross_entropy(guess.reshape(-1, guess.size(-1)), targets[:, 1:].reshape(-1), ignore_index=-1)
 
     def next_token_logits(
         self, idx: torch.Tensor, cache: KVCache | None = None, rows: Sequence[int] | None = None,
@@ -680,9 +659,8 @@ class GPT(nn.Module):
     def _hidden_in(self, idx: torch.Tensor, cache: KVCache | None, rows: Sequence[int] | None) -> torch.Tensor:
         if cache is None:
             return self.hidden_states(idx)
-        previous = cache.previous_tokens(rows) if self.config.bigram_buckets is not None else None
-        hidden = self.hidden_states(idx, cache.begin(idx.shape[1], rows), cache, previous=previous)
-        cache.end(idx[:, -1:] if previous is not None else None)
+        hidden = self.hidden_states(idx, cache.begin(idx.shape[1], rows), cache)
+        cache.end()
         return hidden
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -699,18 +677,6 @@ class GPT(nn.Module):
             return x
         return self.resid_lambdas[i] * x + self.x0_lambdas[i] * x0
 
-    def bigram_ids(self, idx: torch.Tensor, previous: torch.Tensor | None = None) -> torch.Tensor:
-        """The bigram table's row for each token of idx (B, T): a hash of the pair (the token
-        before, the token), in the spirit of the hashed n-gram embeddings of fastText and the
-        modded-nanogpt records. ``previous`` (B, 1) is the token before idx[:, 0], ``NO_TOKEN`` (or
-        None, for all rows) where a sequence starts, which hashes as the id after the vocabulary.
-        Two large odd multipliers spread the pairs over the buckets; colliding pairs share a row."""
-        if previous is None:
-            previous = torch.full_like(idx[:, :1], NO_TOKEN)
-        before = torch.cat((previous, idx[:, :-1]), dim=1)
-        before = torch.where(before == NO_TOKEN, self.config.vocab_size, before)
-        return ((before * 1_000_003) ^ (idx * 998_244_353)) % self.config.bigram_buckets
-
     def value_embedding(self, i: int, idx: torch.Tensor) -> torch.Tensor | None:
         """They depend on the token alone, so a cache holds the values they were mixed into like
         any others."""
@@ -718,20 +684,15 @@ class GPT(nn.Module):
 
     def hidden_states(
         self, idx: torch.Tensor, positions: torch.Tensor | None = None, cache: LayerCache | None = None, *,
-        previous: torch.Tensor | None = None,
         on_block_input: Callable[[Block, torch.Tensor, Rotation | None], None] | None = None,
     ) -> torch.Tensor:
         """The model's one entry point under the head, at ``positions`` (default 0..T-1). Every layer's
         attention reads what ``cache.update`` returns: a ``KVCache`` pass, or the ONNX graph's past
-        tensors. ``previous``: the token before idx[:, 0] (``bigram_ids``), needed by bigram models
-        past position 0. ``on_block_input(block, x, rotation)`` sees what each block reads."""
+        tensors. ``on_block_input(block, x, rotation)`` sees what each block reads."""
         T = idx.shape[1]
         if positions is None:
             assert 1 <= T <= self.config.block_size, f"{T} tokens do not fit block_size {self.config.block_size}"
         x = self.tok_emb(idx)
-        if self.config.bigram_buckets is not None:
-            assert positions is None or previous is not None, "a bigram model needs the token before the chunk"
-            x = x + self.bigram_emb(self.bigram_ids(idx, previous))
         if self.config.positions == "learned":
             # A slice of the table: the same values as a lookup, and a cheaper backward.
             x = x + (self.pos_emb.weight[:T] if positions is None else self.pos_emb(positions))
@@ -809,8 +770,6 @@ class GPT(nn.Module):
             if self.config.positions == "learned":
                 total -= self.pos_emb.weight.numel()
             total -= sum(table.weight.numel() for table in self.value_embs.values())
-            if self.config.bigram_buckets is not None:
-                total -= self.bigram_emb.weight.numel()
         return total
 
     def flops_per_token(self, seq_len: int | None = None) -> int:
@@ -828,8 +787,6 @@ class GPT(nn.Module):
         # Scores over query/key heads (with latent attention's rotary part), the sum over values.
         qk_dim = cfg.head_dim + (cfg.rope_dim if cfg.attention == "mla" else 0)
         attention = cfg.n_layer * cfg.n_head * (qk_dim + cfg.head_dim) * seq_len
-        if cfg.mtp_weight > 0:  # the multi-token head runs the (shared) LM head a second time
-            matmul_params += self.lm_head.weight.numel()
         return 6 * matmul_params + 6 * attention
 
 

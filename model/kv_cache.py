@@ -14,11 +14,6 @@ from typing import Protocol
 
 import torch
 
-# The id a cache reports before a row's first position (``KVCache.previous_tokens``), and one it
-# reports after ``extend`` without a last token, which no model may read.
-NO_TOKEN = -1
-UNKNOWN_TOKEN = -2
-
 
 class LayerCache(Protocol):
     """What attention asks of a cache: ``update`` as ``KVCache.update`` defines it. The ONNX graph
@@ -64,9 +59,6 @@ class KVCache:
     rows' positions with the same mask, and the attention module up-projects them (or absorbs the
     up-projection into its query and output matrices). Nothing in this class changes.
 
-    A model whose input embedding reads the token before (GPT's hashed bigrams) also asks the cache
-    for each row's newest token (``previous_tokens``) and hands the pass's last tokens to ``end``.
-
     ``whole_buffers``: in a pass of at most that many tokens per row (True: one, a decode step;
     speculative decoding checks a few at once) every row reads its whole buffer under a mask, so its
     attention has the same shape at every length and beside any other rows (what batch-invariant
@@ -98,7 +90,6 @@ class KVCache:
         self._row_ids = torch.arange(batch_size, device=self.device).unsqueeze(1)
         # Host-side integers: checking room and planning a pass then never waits for the device.
         self.lengths = [0] * batch_size
-        self.last_tokens = torch.full((batch_size, 1), NO_TOKEN, dtype=torch.long, device=self.device)
         self.whole_buffers = whole_buffers
         self._pass: _Pass | None = None
 
@@ -155,23 +146,12 @@ class KVCache:
             buffer[p.index] = x.transpose(1, 2)
         return [buffer.narrow(2, 0, p.end)[p.select] for buffer in buffers], p.mask
 
-    def end(self, last_tokens: torch.Tensor | None = None) -> None:
-        """Count the pass's tokens in each of its rows; the model calls this after its last layer,
-        with the pass's last token of each row (R, 1) when it reads ``previous_tokens``."""
+    def end(self) -> None:
+        """Count the pass's tokens in each of its rows; the model calls this after its last layer."""
         p = self._pass
         for r in p.rows:
             self.lengths[r] += p.new
-        if last_tokens is not None:
-            self.last_tokens[p.rows] = last_tokens
         self._pass = None
-
-    def previous_tokens(self, rows: Sequence[int] | None = None) -> torch.Tensor:
-        """(R, 1): each row's newest token, ``NO_TOKEN`` for an empty row."""
-        rows = list(range(self.batch_size)) if rows is None else list(rows)
-        empty = torch.tensor([self.lengths[r] == 0 for r in rows], device=self.device).unsqueeze(1)
-        tokens = self.last_tokens[rows].masked_fill(empty, NO_TOKEN)
-        assert not (tokens == UNKNOWN_TOKEN).any(), "extend() a row with its last_token before decoding it"
-        return tokens
 
     def count(self, rows: Sequence[int]) -> None:
         """Count one more position in each of ``rows``: written by a ``StaticStep`` over the buffers."""
@@ -185,17 +165,15 @@ class KVCache:
         assert 0 <= start < end <= self.lengths[row], f"row {row} holds {self.lengths[row]} positions"
         return {name: buffer[:, row, :, start:end].clone() for name, buffer in self.buffers.items()}
 
-    def extend(self, row: int, entries: dict[str, torch.Tensor], last_token: int | None = None) -> None:
+    def extend(self, row: int, entries: dict[str, torch.Tensor]) -> None:
         """Append ``entries`` (as ``read`` returns them) to ``row`` at its length, and count them:
-        a prefix computed earlier is put back without running the model. ``last_token``: the id at
-        the last of those positions, for a model that reads ``previous_tokens``."""
+        a prefix computed earlier is put back without running the model."""
         start = self.lengths[row]
         new = next(iter(entries.values())).shape[2]
         assert entries.keys() == self.buffers.keys() and start + new <= self.max_len
         for name, buffer in self.buffers.items():
             buffer[:, row, :, start:start + new] = entries[name]
         self.lengths[row] += new
-        self.last_tokens[row] = UNKNOWN_TOKEN if last_token is None else last_token
 
     def drop(self, row: int, start: int, count: int,
              move: Callable[[dict[str, torch.Tensor], int], None] | None = None) -> None:
@@ -205,13 +183,11 @@ class KVCache:
         length = self.lengths[row]
         assert 0 <= start and count >= 1 and start + count <= length, f"row {row} holds {length} positions"
         later = self.read(row, start + count, length) if start + count < length else None
-        newest = self.last_tokens[row].clone()  # the row's newest token stays what the next one reads
         self.lengths[row] = start
         if later is not None:
             if move is not None:
                 move(later, -count)
             self.extend(row, later)
-        self.last_tokens[row] = newest
 
 
 class StaticStep:

@@ -20,10 +20,12 @@ from common.threads import parse_threads
 from data.chat import CHAT_SPECIAL_TOKENS
 from data.errors import DataError
 from data.tokenizer import load_tokenizer
+from model.config_checks import llama_blockers
 from rundir.files import STATE_FILE, TOKENIZER_FILE
 from training.config import Config, load_run_config
 from training.loss_curve import write_run_loss_curve
-from training.trainer import TrainResult, train
+from training.result import TrainResult
+from training.trainer import train
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,7 +79,8 @@ def _train(args: argparse.Namespace) -> int:
         return 128 + (result.signal or 2)
     if result.is_main:
         print(done_line(result, time.perf_counter() - started))
-        print(summary(result, _draw_loss_curve(result.run_dir), chat_tuning=suits_chat_tuning(config)))
+        print(summary(result, _draw_loss_curve(result.run_dir), chat_tuning=suits_chat_tuning(config),
+                      llama_shaped=not llama_blockers(config.model)))
     return 0
 
 
@@ -119,10 +122,11 @@ def _draw_loss_curve(run_dir: Path) -> Path | None:
         return None
 
 
-def summary(result: TrainResult, loss_curve: Path | None, *, chat_tuning: bool = True) -> str:
+def summary(result: TrainResult, loss_curve: Path | None, *, chat_tuning: bool = True,
+            llama_shaped: bool = False) -> str:
     """What a finished run reached, which weights it kept, where it is, and the commands that use it
     (sampling from the prompt its evaluation samples continued; ``chat_tuning``: configs/tiny-chat.yaml
-    fits it as a parent)."""
+    fits it as a parent; ``llama_shaped``: it also exports as a Llama folder and as GGUF)."""
     run = result.run_dir
     score = result.val_words or f"{result.val_bpb:.4f} bits/byte" + (" of assistant text" if result.chat else "")
     lines = [f"final validation: {score} (the final validation pass, on the kept weights)", kept_line(result)]
@@ -147,8 +151,14 @@ def summary(result: TrainResult, loss_curve: Path | None, *, chat_tuning: bool =
                              f"--set run.out_dir={run}-chat", "chat-tune it on the plays' exchanges"))
     commands += [
         (f"python export.py --run {run} --out exports/{run.name}", "a Hugging Face model folder"),
-        (f"python serve.py --run {run}", "an OpenAI-compatible server"),
     ]
+    if llama_shaped:
+        commands += [
+            (f"python export.py --run {run} --out exports/{run.name}-llama --format llama",
+             "a Llama folder, no remote code"),
+            (f"python export.py --run {run} --out exports/{run.name}-gguf --format gguf", "one GGUF file for llama.cpp"),
+        ]
+    commands += [(f"python serve.py --run {run}", "an OpenAI-compatible server")]
     lines.append("next:")
     lines += [f"  {command}   # {why}" for command, why in commands]
     if result.wandb_sync:

@@ -35,7 +35,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from common.files import atomic_write_bytes, atomic_write_text
-from exporting.hf.weights import block_linears
+from model.layer_map import block_linears
 from model import GPT
 from rundir.files import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
 from training.config import LoraConfig

@@ -22,7 +22,7 @@ class ParamGroup:
     this group runs at that rate times ``lr_scale``, so Muon and AdamW, whose rates live on
     different scales, follow the same warm-up and decay."""
 
-    name: str  # matrices | other | value_tables | bigram_table
+    name: str  # matrices | other | value_tables
     params: list[nn.Parameter]
     optimizer: str  # muon | adamw
     weight_decay: float
@@ -58,22 +58,17 @@ def plan_param_groups(model: nn.Module, cfg: TrainConfig) -> list[ParamGroup]:
     suits maps between hidden states, not the embedding (which is also the output head) or the
     norm gains. Value-embedding tables get a group of their own whether or not
     ``train.value_embedding_lr`` differs from ``train.lr``, so the groups depend on the model
-    alone and a resume may change that rate like any other; so does the bigram table
-    (``train.bigram_lr``).
+    alone and a resume may change that rate like any other.
     """
     decay, no_decay = decayed_and_not(model)
     muon = cfg.optimizer == "muon"
     groups = [ParamGroup("matrices", decay, "muon" if muon else "adamw", cfg.weight_decay,
                          cfg.muon_lr / cfg.lr if muon else 1.0)]
     tables = {id(table.weight) for table in getattr(model, "value_embs", {}).values()}
-    bigram = getattr(model, "bigram_emb", None)
-    own_rate = tables | ({id(bigram.weight)} if bigram is not None else set())
-    groups.append(ParamGroup("other", [p for p in no_decay if id(p) not in own_rate], "adamw", 0.0, 1.0))
+    groups.append(ParamGroup("other", [p for p in no_decay if id(p) not in tables], "adamw", 0.0, 1.0))
     if tables:
         scale = (cfg.value_embedding_lr or cfg.lr) / cfg.lr
         groups.append(ParamGroup("value_tables", [p for p in no_decay if id(p) in tables], "adamw", 0.0, scale))
-    if bigram is not None:
-        groups.append(ParamGroup("bigram_table", [bigram.weight], "adamw", 0.0, (cfg.bigram_lr or cfg.lr) / cfg.lr))
     return groups
 
 
@@ -103,10 +98,15 @@ def build_optimizer(
     )
 
 
-def set_learning_rate(optimizer: torch.optim.AdamW | MuonWithAdamW, groups: list[ParamGroup], lr: float) -> None:
-    """Run every group of ``optimizer`` (built from ``groups``) at the schedule's ``lr`` times its scale."""
+def set_learning_rate(optimizer: torch.optim.AdamW | MuonWithAdamW, groups: list[ParamGroup], lr: float,
+                      momentum: float | None = None) -> None:
+    """Run every group of ``optimizer`` (built from ``groups``) at the schedule's ``lr`` times its scale,
+    and Muon's groups at ``momentum`` (``muon_momentum``; None: as they are). AdamW's betas stay as
+    configured."""
     for torch_group, group in zip(optimizer.param_groups, groups, strict=True):
         torch_group["lr"] = lr * group.lr_scale
+        if group.optimizer == "muon" and momentum is not None:
+            torch_group["momentum"] = momentum
 
 
 def load_optimizer_state(optimizer: torch.optim.AdamW | MuonWithAdamW, state: dict[str, Any]) -> None:
@@ -140,10 +140,6 @@ class MuonWithAdamW:
     @property
     def param_groups(self) -> list[dict[str, Any]]:
         return self.muon.param_groups + self.adamw.param_groups
-
-    def set_momentum(self, momentum: float) -> None:
-        """Muon's momentum from the next step on (AdamW's betas stay as configured)."""
-        self.muon.param_groups[0]["momentum"] = momentum
 
     def step(self) -> None:
         self.muon.step()

@@ -6,6 +6,6 @@ its rotary convention, ``vocab`` embeds the tokenizer, and ``writer`` builds the
 file. Which runs qualify is ``exporting.llama.shape``'s decision, the same as for the Llama folder.
 """
 
-from exporting.gguf.writer import GgufExportResult, export_gguf
+from exporting.gguf.writer import export_gguf
 
-__all__ = ["GgufExportResult", "export_gguf"]
+__all__ = ["export_gguf"]

@@ -12,44 +12,28 @@ from __future__ import annotations
 import errno
 import os
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
 import gguf
 import numpy as np
 
-from data.chat import CHAT_TEMPLATE
 from exporting.folder import GGUF_FILE, staged_export
 from exporting.gguf.tensors import gguf_tensors
 from exporting.gguf.vocab import GgufVocab, add_tokenizer, gguf_vocab
-from exporting.hf.weights import hf_state_dict
-from exporting.hub_files import SpecialTokens
-from exporting.llama.shape import load_llama_run
-from model import GPTConfig
+from exporting.hf.writer import ExportResult
+from exporting.hub_files import model_name
+from exporting.llama.shape import LlamaRun, load_llama_run
 
 ARCHITECTURE = "llama"
 
 
-@dataclass(frozen=True)
-class GgufExportResult:
-    out_dir: Path
-    has_chat: bool
-    num_params: int
-
-    @property
-    def file(self) -> Path:
-        return self.out_dir / GGUF_FILE
-
-
-def export_gguf(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool = False) -> GgufExportResult:
+def export_gguf(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool = False) -> ExportResult:
     """Export the Llama-shaped run in ``run_dir`` to ``out_dir``/model.gguf (``overwrite`` as in
     ``exporting.hf.export_run``); any other run is refused, naming the options in the way."""
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     run = load_llama_run(run_dir, out_dir, overwrite, "gguf")
-    config = run.model.config
-    tokens = SpecialTokens.of(run.tokenizer)
-    vocab = gguf_vocab(run.tokenizer, config.vocab_size)
-    tensors = gguf_tensors(hf_state_dict(run.model), config)
+    vocab = gguf_vocab(run.tokenizer, run.config.vocab_size)
+    tensors = gguf_tensors(run.weights, run.config)
 
     size = sum(array.nbytes for array in tensors.values())
     _require_space(out_dir, size)
@@ -57,7 +41,7 @@ def export_gguf(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool = F
     with staged_export(out_dir, overwrite) as staging:
         writer = gguf.GGUFWriter(staging / GGUF_FILE, ARCHITECTURE)
         try:
-            _write(writer, out_dir.name, config, vocab, tokens, tensors)
+            _write(writer, model_name(run_dir), run, vocab, tensors)
         except OSError as error:
             if error.errno is not None:
                 raise
@@ -68,7 +52,7 @@ def export_gguf(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool = F
                           f"({error})", str(out_dir)) from None
         finally:
             writer.close()
-    return GgufExportResult(out_dir, tokens.has_chat, run.model.num_params())
+    return ExportResult(out_dir, run.chat_template is not None, run.num_params, run.config.block_size)
 
 
 def _require_space(out_dir: Path, size: int) -> None:
@@ -79,9 +63,10 @@ def _require_space(out_dir: Path, size: int) -> None:
         raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} ({size / 1e6:.1f} MB needed)", str(out_dir))
 
 
-def _write(writer: gguf.GGUFWriter, name: str, config: GPTConfig, vocab: GgufVocab, tokens: SpecialTokens,
+def _write(writer: gguf.GGUFWriter, name: str, run: LlamaRun, vocab: GgufVocab,
            tensors: dict[str, np.ndarray]) -> None:
-    """The file's metadata (the architecture's sizes, the tokenizer), then its tensors."""
+    """The file's metadata (the model's name, the architecture's sizes, the tokenizer), then its tensors."""
+    config = run.config
     writer.add_name(name)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     writer.add_vocab_size(config.vocab_size)
@@ -94,7 +79,7 @@ def _write(writer: gguf.GGUFWriter, name: str, config: GPTConfig, vocab: GgufVoc
     writer.add_rope_dimension_count(config.head_dim)
     writer.add_rope_freq_base(config.rope_theta)
     writer.add_layer_norm_rms_eps(config.norm_eps)
-    add_tokenizer(writer, vocab, tokens, CHAT_TEMPLATE if tokens.has_chat else None)
+    add_tokenizer(writer, vocab, run.tokens, run.chat_template)
     for tensor_name, array in tensors.items():
         writer.add_tensor(tensor_name, array)
     writer.write_header_to_file()

@@ -51,14 +51,16 @@ def encode_chat(tokenizer, messages, add_generation_prompt=True):
 """
 
 
-def model_card(name: str, config: GPTConfig, params: int, record: RunRecord, has_chat: bool) -> str:
-    """The README.md text, front matter included; ``params`` counts a tied head once."""
+def model_card(name: str, config: GPTConfig, params: int, record: RunRecord, chat_template: bool) -> str:
+    """The README.md text, front matter included; ``params`` counts a tied head once; ``chat_template``:
+    the export carries one (a run tuned on conversations)."""
     bpb = (f"**{record.val_bpb:.4f} bits/byte** on the {record.val_scope}"
            if record.val_bpb is not None else "not recorded (the run has no validation result)")
     trained = "not recorded" if record.steps is None else f"{record.steps} steps"
     if record.steps is not None and record.tokens_per_step:
         trained += f" of {record.tokens_per_step:,} tokens ({record.steps * record.tokens_per_step:,} tokens)"
-    chat = CHAT_SECTION if has_chat else "This tokenizer has no chat tokens: it is a plain language model."
+    chat = CHAT_SECTION if chat_template else ("A base model: it continues text, and the export carries no chat "
+                                               "template (only a run tuned on conversations has one).")
     attention, heads = "grouped-query attention", f"{config.n_head} / {config.n_kv_head}"
     if config.attention == "mla":
         attention = "multi-head latent attention (keys and values read from one cached latent per token)"

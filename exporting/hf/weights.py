@@ -1,22 +1,21 @@
 """Our weights under the names and shapes of the shipped transformers model.
 
-The fused matrices are split: our attention computes Q, K and V in one matmul and our SwiGLU the
-gate and up projections in one, while the export keeps transformers' usual separate ``q_proj``,
-``k_proj``, ``v_proj``, ``gate_proj`` and ``up_proj``, which tools such as PEFT target by name.
-Latent attention's matrices are split the same way, into DeepSeek-style names (``kv_a_proj`` down
-to the latent, ``k_b_proj`` and ``v_b_proj`` up from it, ``q_a_proj``/``q_b_proj`` for the query).
-The options' weights: QK-norm's gains as ``self_attn.q_norm``/``k_norm`` (Qwen3's names), a ReLU²
+The fused matrices are split as the model's layer map says (``model.layer_map``): our
+attention computes Q, K and V in one matmul and our SwiGLU the gate and up projections in one, while
+the export keeps transformers' usual separate ``q_proj``, ``k_proj``, ``v_proj``, ``gate_proj`` and
+``up_proj``, which tools such as PEFT target by name. Latent attention's matrices are split the same
+way, into DeepSeek-style names (``kv_a_proj`` down to the latent, ``k_b_proj`` and ``v_b_proj`` up
+from it, ``q_a_proj``/``q_b_proj`` for the query). The options' weights: QK-norm's gains as ``self_attn.q_norm``/``k_norm`` (Qwen3's names), a ReLU²
 MLP as ``up_proj``/``down_proj`` alone, the residual scalars as ``model.resid_lambdas``/``x0_lambdas``,
 value embeddings as ``model.value_embeds.{layer}`` with their gates as ``self_attn.value_gate``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from model import GPT, GPTConfig
+from model.layer_map import block_linears
 
 
 def hf_state_dict(model: GPT) -> dict[str, torch.Tensor]:
@@ -45,55 +44,6 @@ def hf_state_dict(model: GPT) -> dict[str, torch.Tensor]:
             prefix + "post_attention_layernorm.weight": block.ffn_norm.weight,
         }
     return {name: tensor.detach().to("cpu").contiguous() for name, tensor in state.items()}
-
-
-@dataclass(frozen=True)
-class ShippedPart:
-    name: str  # the shipped model's layer, under ``model.layers.{i}.``
-    rows: int  # how many output rows of our matrix it takes, in order
-
-
-@dataclass(frozen=True)
-class BlockLinear:
-    """One linear layer of our block as the shipped model's layers: a fused matrix's rows are
-    split between several, in order."""
-
-    in_features: int
-    parts: tuple[ShippedPart, ...]
-
-    @property
-    def out_features(self) -> int:
-        return sum(part.rows for part in self.parts)
-
-
-def block_linears(cfg: GPTConfig) -> dict[str, BlockLinear]:
-    """Every projection of a block (the value gate aside), by its name in ``model.gpt.Block``
-    (``attn.qkv``, ``ffn.gate_up``, ...), with the shipped layers its rows become: the one map
-    from our layer names to the export's, for the weights and for a LoRA adapter's."""
-    width, kv_width = cfg.n_head * cfg.head_dim, cfg.n_kv_head * cfg.head_dim
-
-    def linear(in_features: int, *parts: tuple[str, int]) -> BlockLinear:
-        return BlockLinear(in_features, tuple(ShippedPart(name, rows) for name, rows in parts))
-
-    if cfg.attention == "mla":
-        # With rotary positions each query head carries its rotary part after it, and kv_a_proj gives
-        # the shared rotary key after the latent.
-        r, q, query_width = cfg.kv_latent_dim, cfg.q_latent_dim, cfg.n_head * (cfg.head_dim + cfg.rope_dim)
-        query = ("self_attn.q_proj", query_width) if q is None else ("self_attn.q_a_proj", q)
-        layers = {"attn.down": linear(cfg.n_embd, query, ("self_attn.kv_a_proj", r + cfg.rope_dim))}
-        if q is not None:
-            layers["attn.q_up"] = linear(q, ("self_attn.q_b_proj", query_width))
-        layers["attn.kv_up"] = linear(r, ("self_attn.k_b_proj", width), ("self_attn.v_b_proj", width))
-    else:
-        layers = {"attn.qkv": linear(cfg.n_embd, ("self_attn.q_proj", width), ("self_attn.k_proj", kv_width),
-                                     ("self_attn.v_proj", kv_width))}
-    layers["attn.proj"] = linear(width, ("self_attn.o_proj", cfg.n_embd))
-    if cfg.mlp == "swiglu":
-        layers["ffn.gate_up"] = linear(cfg.n_embd, ("mlp.gate_proj", cfg.ffn_dim), ("mlp.up_proj", cfg.ffn_dim))
-    else:
-        layers["ffn.up"] = linear(cfg.n_embd, ("mlp.up_proj", cfg.ffn_dim))
-    layers["ffn.down"] = linear(cfg.ffn_dim, ("mlp.down_proj", cfg.n_embd))
-    return layers
 
 
 def _attention_extras(attn: torch.nn.Module, cfg: GPTConfig) -> dict[str, torch.Tensor]:

@@ -18,7 +18,7 @@ import torch
 from common.files import atomic_write_bytes
 from exporting.folder import prepare_destination, staged_export
 from exporting.hub_files import (
-    SpecialTokens, generation_config, model_config, refuse_unexported, write_json, write_tokenizer_files,
+    SpecialTokens, chat_template, generation_config, model_config, model_name, write_json, write_tokenizer_files,
 )
 from exporting.hf.model_card import model_card
 from exporting.hf.weights import hf_state_dict
@@ -31,9 +31,13 @@ SHIPPED_FILES = ("configuration_minigpt.py", "modeling_minigpt.py")
 
 @dataclass(frozen=True)
 class ExportResult:
+    """What an export (hf, llama or gguf) wrote: where, whether with the chat template, and the
+    model's size and window."""
+
     out_dir: Path
-    has_chat: bool
+    chat_template: bool
     num_params: int
+    block_size: int
 
 
 def export_run(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool = False) -> ExportResult:
@@ -42,24 +46,24 @@ def export_run(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool = Fa
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     prepare_destination(run_dir, out_dir, overwrite)
     run = load_run(run_dir, torch.device("cpu"))
-    refuse_unexported(run.model.config, run_dir)
     tokens = SpecialTokens.of(run.tokenizer)
+    template = chat_template(run_dir, tokens)
     config = run.model.config
     weights = hf_state_dict(run.model)
     num_params = run.model.num_params()
 
     with staged_export(out_dir, overwrite) as staging:
         config_json = model_config(config, tokens, weights_dtype(weights))
-        write_model_files(staging, run_dir, config, tokens, weights, config_json)
+        write_model_files(staging, run_dir, config, tokens, template, weights, config_json)
         shipped = resources.files("exporting.hf.shipped")
         for name in SHIPPED_FILES:
             (staging / name).write_bytes(shipped.joinpath(name).read_bytes())
-        card = model_card(out_dir.name, config, num_params, RunRecord.read(run_dir), tokens.has_chat)
+        card = model_card(model_name(run_dir), config, num_params, RunRecord.read(run_dir), template is not None)
         (staging / "README.md").write_text(card, encoding="utf-8")
-    return ExportResult(out_dir, tokens.has_chat, num_params)
+    return ExportResult(out_dir, template is not None, num_params, config.block_size)
 
 
-def write_model_files(folder: Path, run_dir: Path, config: GPTConfig, tokens: SpecialTokens,
+def write_model_files(folder: Path, run_dir: Path, config: GPTConfig, tokens: SpecialTokens, template: str | None,
                       weights: dict[str, torch.Tensor], config_json: dict) -> None:
     """What a transformers folder holds besides code and card, for this format and the Llama one:
     ``model.safetensors``, ``config.json``, ``generation_config.json`` and the tokenizer files."""
@@ -71,7 +75,7 @@ def write_model_files(folder: Path, run_dir: Path, config: GPTConfig, tokens: Sp
     atomic_write_bytes(folder / "model.safetensors", save(weights, metadata={"format": "pt"}))
     write_json(folder / "config.json", config_json)
     write_json(folder / "generation_config.json", generation_config(config, tokens))
-    write_tokenizer_files(folder, run_dir, config, tokens)
+    write_tokenizer_files(folder, run_dir, config, template)
 
 
 def weights_dtype(weights: dict[str, torch.Tensor]) -> str:

@@ -1,11 +1,12 @@
 """Export a rotary-position run as a standard Llama model (``python export.py --format llama``).
 
-A run whose options are Llama's (``shape``) becomes a folder that transformers loads as its own
-``LlamaForCausalLM``, with no code shipped and no ``trust_remote_code``; the GGUF export
-(``exporting.gguf``) takes the same runs, for llama.cpp and the runtimes built on it.
+A run whose options are Llama's (``model.config_checks.llama_blockers``, checked by ``shape``)
+becomes a folder that transformers loads as its own ``LlamaForCausalLM``, with no code shipped and
+no ``trust_remote_code``; the GGUF export (``exporting.gguf``) takes the same runs, for llama.cpp and
+the runtimes built on it.
 """
 
-from exporting.llama.shape import llama_blockers, require_llama_shape
-from exporting.llama.writer import LlamaExportResult, export_llama
+from exporting.llama.shape import require_llama_shape
+from exporting.llama.writer import export_llama
 
-__all__ = ["LlamaExportResult", "export_llama", "llama_blockers", "require_llama_shape"]
+__all__ = ["export_llama", "require_llama_shape"]

@@ -1,42 +1,24 @@
-"""Which runs are Llama models: the one place that decides, for the Llama folder and for GGUF.
-
-Llama's block is ours with every option at its plain setting: rotary positions over the halves of
-each head (transformers' convention, which ``model.gpt.rotary`` follows), grouped-query attention,
-RMSNorm, a SwiGLU feed-forward, no biases, and a tied or untied head. Every small-model option that
-changes what the model computes has no counterpart there, so a run that used one cannot be loaded
-as Llama; ``zero_init`` and ``dropout`` only shape training and do not matter.
+"""A run loaded for a Llama format (the Llama folder and GGUF): refused first, from its config alone,
+when it is not Llama-shaped (``model.config_checks.llama_blockers`` decides, for both formats and
+for train.py's hints), then loaded once, with its weights under transformers' Llama names.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from tokenizers import Tokenizer
 
 from common.errors import UserError
 from exporting.folder import prepare_destination
-from model import GPTConfig
-from rundir.loading import LoadedRun, load_run
-
-
-def llama_blockers(config: GPTConfig) -> list[str]:
-    """Each option that keeps ``config`` from being a Llama model, as ``model.key is X (set Y)``;
-    empty for a Llama-shaped run."""
-    blockers = []
-    if config.positions != "rope":
-        blockers.append(f"model.positions is {config.positions} (Llama rotates queries and keys: set rope)")
-    if config.attention != "gqa":
-        blockers.append(f"model.attention is {config.attention} (set gqa)")
-    if config.mlp != "swiglu":
-        blockers.append(f"model.mlp is {config.mlp} (set swiglu)")
-    for name in ("qk_norm", "residual_scalars", "value_embeddings"):
-        if getattr(config, name):
-            blockers.append(f"model.{name} is true (set false)")
-    if config.bigram_buckets is not None:
-        blockers.append(f"model.bigram_buckets is {config.bigram_buckets} (set null)")
-    if config.logit_softcap is not None:
-        blockers.append(f"model.logit_softcap is {config.logit_softcap:g} (set null)")
-    return blockers
+from exporting.hf.weights import hf_state_dict
+from exporting.hub_files import SpecialTokens, chat_template
+from model import GPTConfig, ModelFileError
+from model.config_checks import llama_blockers
+from model.io import load_model_config
+from rundir.loading import load_run
 
 
 def require_llama_shape(config: GPTConfig, run_dir: Path, fmt: str) -> None:
@@ -47,9 +29,30 @@ def require_llama_shape(config: GPTConfig, run_dir: Path, fmt: str) -> None:
                         "train a run with those settings, or export this one with --format hf")
 
 
-def load_llama_run(run_dir: Path, out_dir: Path, overwrite: bool, fmt: str) -> LoadedRun:
-    """The run in ``run_dir``, on the CPU, once ``out_dir`` may be written and the run is Llama-shaped."""
+@dataclass(frozen=True)
+class LlamaRun:
+    """What both Llama formats write from: the run's config, tokenizer, special tokens and chat
+    template (None for a base run), and its weights under transformers' Llama names
+    (``exporting.hf.weights``: for a Llama-shaped run they are Llama's, and no other tensor exists)."""
+
+    config: GPTConfig
+    tokenizer: Tokenizer
+    tokens: SpecialTokens
+    chat_template: str | None
+    weights: dict[str, torch.Tensor]
+    num_params: int
+
+
+def load_llama_run(run_dir: Path, out_dir: Path, overwrite: bool, fmt: str) -> LlamaRun:
+    """The Llama-shaped run in ``run_dir``, on the CPU, once ``out_dir`` may be written. The shape is
+    checked from ``model_config.json`` before any weight is read, so a refusal costs no load; a run
+    whose config cannot be read is left to ``load_run``, which says what is wrong with it."""
     prepare_destination(run_dir, out_dir, overwrite)
+    try:
+        require_llama_shape(load_model_config(run_dir), run_dir, fmt)
+    except ModelFileError:
+        pass
     run = load_run(run_dir, torch.device("cpu"))
-    require_llama_shape(run.model.config, run_dir, fmt)
-    return run
+    tokens = SpecialTokens.of(run.tokenizer)
+    return LlamaRun(run.model.config, run.tokenizer, tokens, chat_template(run_dir, tokens),
+                    hf_state_dict(run.model), run.model.num_params())

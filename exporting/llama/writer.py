@@ -9,36 +9,24 @@ folder is built and published as theirs are (``exporting.folder``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 from exporting.folder import staged_export
-from exporting.hf.weights import hf_state_dict
-from exporting.hf.writer import weights_dtype, write_model_files
+from exporting.hf.writer import ExportResult, weights_dtype, write_model_files
 from exporting.hub_files import LLAMA_MODEL_TYPE, SpecialTokens, model_config
 from exporting.llama.shape import load_llama_run
 from model import GPTConfig
 
 
-@dataclass(frozen=True)
-class LlamaExportResult:
-    out_dir: Path
-    has_chat: bool
-    num_params: int
-
-
-def export_llama(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool = False) -> LlamaExportResult:
+def export_llama(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool = False) -> ExportResult:
     """Export the Llama-shaped run in ``run_dir`` to ``out_dir`` (``overwrite`` as in
     ``exporting.hf.export_run``); any other run is refused, naming the options in the way."""
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     run = load_llama_run(run_dir, out_dir, overwrite, "llama")
-    config = run.model.config
-    tokens = SpecialTokens.of(run.tokenizer)
-    weights = hf_state_dict(run.model)
     with staged_export(out_dir, overwrite) as staging:
-        config_json = llama_config(config, tokens, weights_dtype(weights))
-        write_model_files(staging, run_dir, config, tokens, weights, config_json)
-    return LlamaExportResult(out_dir, tokens.has_chat, run.model.num_params())
+        config_json = llama_config(run.config, run.tokens, weights_dtype(run.weights))
+        write_model_files(staging, run_dir, run.config, run.tokens, run.chat_template, run.weights, config_json)
+    return ExportResult(out_dir, run.chat_template is not None, run.num_params, run.config.block_size)
 
 
 def llama_config(config: GPTConfig, tokens: SpecialTokens, dtype: str) -> dict:

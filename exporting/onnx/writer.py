@@ -18,7 +18,9 @@ import torch
 
 from common.errors import UserError
 from exporting.folder import prepare_destination, staged_export
-from exporting.hub_files import SpecialTokens, model_config, refuse_unexported, write_json, write_tokenizer_files
+from exporting.hub_files import (
+    SpecialTokens, chat_template, model_config, model_name, write_json, write_tokenizer_files,
+)
 from exporting.onnx.decoder import cache_entries
 from exporting.onnx.graph import MIN_DYNAMIC_BLOCK_SIZE, export_graph
 from exporting.onnx.readme import export_readme
@@ -42,7 +44,6 @@ def export_onnx(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool = F
     _require_exporter()
     prepare_destination(run_dir, out_dir, overwrite)
     run = load_run(run_dir, torch.device("cpu"))
-    refuse_unexported(run.model.config, run_dir)
     model = run.model.float()
     if static_batch is None and model.config.block_size < MIN_DYNAMIC_BLOCK_SIZE:
         raise UserError(f"{run_dir} has a window of {model.config.block_size} tokens (model.block_size), and the "
@@ -59,8 +60,8 @@ def export_onnx(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool = F
     with staged_export(out_dir, overwrite) as staging:
         export_graph(model, staging / "model.onnx", static_batch=static_batch)
         write_json(staging / "config.json", config)
-        write_tokenizer_files(staging, run_dir, model.config, tokens)
-        readme = export_readme(out_dir.name, str(out_dir.absolute()), model, static_batch)
+        write_tokenizer_files(staging, run_dir, model.config, chat_template(run_dir, tokens))
+        readme = export_readme(model_name(run_dir), str(out_dir.absolute()), model, static_batch)
         (staging / "README.md").write_text(readme, encoding="utf-8")
     return OnnxExportResult(out_dir, static_batch, model.num_params())
 

@@ -41,7 +41,7 @@ def test_the_table_gives_each_technique_its_difference_cost_and_estimate():
 
 
 @pytest.mark.parametrize("argv,words", [
-    (["--steps", "10", "--only", "mtp"], "add baseline to --only"),
+    (["--steps", "10", "--only", "normuon"], "add baseline to --only"),
     (["--steps", "10", "--short-steps", "10", "--only", "baseline"], "--short-steps (10) must be below --steps (10)"),
 ])
 def test_a_screen_that_cannot_compare_is_refused_in_one_line(argv, words, capsys):

@@ -67,6 +67,16 @@ def test_dict_round_trip_keeps_every_field():
     assert GPTConfig.from_dict(cfg.to_dict()) == cfg
 
 
+@pytest.mark.parametrize("key, off, on", [("bigram_buckets", None, 8192), ("mtp_weight", 0.0, 0.3), ("mtp_weight", 0, 1)])
+def test_a_removed_option_loads_when_off_and_is_refused_in_one_line_otherwise(key, off, on):
+    # A run's model_config.json (or its trainer state) written before the option left holds it, off.
+    assert GPTConfig.from_dict({**VALID, key: off}) == GPTConfig(**VALID)
+    with pytest.raises(ConfigError) as info:
+        GPTConfig.from_dict({**VALID, key: on})
+    message = str(info.value)
+    assert message.startswith(f"model.{key} was removed") and "docs/records.md" in message and "\n" not in message
+
+
 def test_from_dict_rejects_unknown_and_missing_keys():
     with pytest.raises(ValueError, match=r"unknown config key 'model.n_embed'; did you mean 'model.n_embd'"):
         GPTConfig.from_dict({**VALID, "n_embed": 42})

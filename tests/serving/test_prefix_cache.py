@@ -47,18 +47,6 @@ def wide_mla_run(tmp_path_factory):
     return load_run(directory, torch.device("cpu"))
 
 
-@pytest.fixture(scope="module")
-def wide_bigram_run(tmp_path_factory):
-    """A hashed bigram table, drawn away from its zero init: a page put back must also give the cache
-    its last token, which the next chunk's first position reads."""
-    directory = build_run(tmp_path_factory.mktemp("runs") / "wide-bigram", chat_tokenizer(), block_size=BLOCK,
-                          bigram_buckets=512)
-    run = load_run(directory, torch.device("cpu"))
-    with torch.no_grad():
-        run.model.bigram_emb.weight.normal_(0.0, 1.0, generator=torch.Generator().manual_seed(3))
-    return run
-
-
 def engine(run, *, max_batch=1, prefix_cache_bytes=0, prefill_chunk=PAGE) -> Engine:
     return Engine(run.model, run.token_bytes, max_batch=max_batch, prefill_chunk=prefill_chunk,
                   prefix_cache_bytes=prefix_cache_bytes)
@@ -179,9 +167,9 @@ def test_this_model_gives_other_bits_when_a_prompt_is_cut_into_other_chunks(wide
     assert differ > 0
 
 
-@pytest.mark.parametrize("attention", ["gqa", "mla", "gqa-bigram"])
+@pytest.mark.parametrize("attention", ["gqa", "mla"])
 def test_hits_skip_prefill_and_change_no_token_nor_logprob_bit(request, attention):
-    wide_run = request.getfixturevalue({"gqa": "wide_run", "mla": "wide_mla_run", "gqa-bigram": "wide_bigram_run"}[attention])
+    wide_run = request.getfixturevalue({"gqa": "wide_run", "mla": "wide_mla_run"}[attention])
     turns = conversations(wide_run)
     solo = [[serve_one(engine(wide_run), *turn).finish for turn in client] for client in turns]
 

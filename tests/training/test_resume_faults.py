@@ -170,3 +170,46 @@ def test_a_trainer_state_that_is_a_folder_is_named_as_such(tmp_path):
     (tmp_path / STATE_FILE).mkdir()
     with pytest.raises(CheckpointError, match=rf"{STATE_FILE} is not a file \(a folder\?\)"):
         check_run_dir(tmp_path, resume=True, overwrite=False)
+
+
+def test_a_run_saved_with_the_removed_options_off_still_generates_exports_and_resumes(make_config, tmp_path, capsys):
+    # Runs written while the bigram table and the multi-token head existed (up to a057841) record
+    # them, off, in model_config.json, config.yaml and the trainer state.
+    import json
+
+    import yaml
+
+    from exporting.cli import main as export
+    from inference.cli import main as generate
+    from training.config import load_run_config
+
+    config = make_config(train={"max_steps": 1}, eval=QUIET)
+    train(config, progress=False)
+    run = config.out_dir
+    greedy = ["--run", str(run), "--prompt", "The", "--max-new-tokens", "8", "--temperature", "0", "--device", "cpu"]
+    assert generate(greedy) == 0
+    before = capsys.readouterr().out
+
+    model_json = run / "model_config.json"
+    model_json.write_text(json.dumps({**json.loads(model_json.read_text()), "bigram_buckets": None, "mtp_weight": 0.0}))
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    saved["model"] |= {"bigram_buckets": None, "mtp_weight": 0.0}
+    saved["train"]["bigram_lr"] = None
+    (run / "config.yaml").write_text(yaml.safe_dump(saved))
+    state = torch.load(run / "trainer_state.pt", weights_only=True)
+    state["model_config"] |= {"bigram_buckets": None, "mtp_weight": 0.0}
+    torch.save(state, run / "trainer_state.pt")
+
+    assert generate(greedy) == 0
+    assert capsys.readouterr().out == before
+    assert export(["--run", str(run), "--out", str(tmp_path / "hf")]) == 0
+    assert (tmp_path / "hf" / "model.safetensors").is_file()
+    result = train(load_run_config(run / "config.yaml", ["train.max_steps=2"]), resume=True, progress=False)
+    assert result.step == 2
+
+    # One that had the table on is refused by every command, in one line.
+    model_json.write_text(json.dumps({**json.loads(model_json.read_text()), "bigram_buckets": 64}))
+    capsys.readouterr()
+    assert generate(greedy) == 2
+    err = capsys.readouterr().err
+    assert "model.bigram_buckets was removed" in err and "docs/records.md" in err and err.count("\n") == 1

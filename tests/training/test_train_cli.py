@@ -119,3 +119,19 @@ def test_the_thread_count_is_credited_to_the_flag_that_set_it(base_raw, tmp_path
                                       "run": {"out_dir": str(tmp_path / "run")}}))
     assert train_cli.main(["--config", str(config), "--threads", "1"]) == 0
     assert "1 thread (--threads)" in capsys.readouterr().out
+
+
+def test_a_llama_shaped_run_ends_with_the_llama_and_gguf_export_commands(base_raw, tmp_path, capsys):
+    import yaml
+
+    import train as train_cli
+
+    for positions in ("rope", "learned"):
+        config = tmp_path / f"{positions}.yaml"
+        config.write_text(yaml.safe_dump({**base_raw, "model": {**base_raw["model"], "positions": positions},
+                                          "train": {**base_raw["train"], "max_steps": 1},
+                                          "eval": {**base_raw["eval"], "sample_tokens": 0},
+                                          "run": {"out_dir": str(tmp_path / positions)}}))
+        assert train_cli.main(["--config", str(config)]) == 0
+        hints = capsys.readouterr().out.split("next:")[1]
+        assert ("--format llama" in hints and "--format gguf" in hints) == (positions == "rope")

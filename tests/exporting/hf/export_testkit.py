@@ -33,13 +33,15 @@ def train_test_tokenizer(chat: bool = True) -> Tokenizer:
 
 
 def build_run(directory: Path, tokenizer_path: Path, *, n_kv_head: int = 2, tie: bool = True, seed: int = 0,
-              **options) -> Path:
+              data_format: str = "chat", **options) -> Path:
     """A run directory (``run_testkit.build_run``, ``options`` as there) with config.yaml's data
-    section and a metrics.jsonl holding a final validation record."""
+    section (a chat-tuned run's by default: its export carries the chat template) and a metrics.jsonl
+    holding a final validation record."""
     tokenizer = Tokenizer.from_file(str(tokenizer_path))
     run_testkit.build_run(directory, tokenizer, vocab_size=VOCAB_SIZE, n_kv_head=n_kv_head, tie=tie, seed=seed,
                           **options)
-    (directory / "config.yaml").write_text(yaml.safe_dump({"data": {"source": "shakespeare", "vocab_size": VOCAB_SIZE}}))
+    data = {"source": "shakespeare", "format": data_format, "vocab_size": VOCAB_SIZE}
+    (directory / "config.yaml").write_text(yaml.safe_dump({"data": data}))
     metrics = MetricsLog(directory / "metrics.jsonl")
     metrics.append({"kind": "train", "step": 20, "loss": 3.0, "tokens": 5120})
     metrics.append({"kind": "final_eval", "step": 20, "val_loss": 1.5, "val_bpb": FINAL_BPB, "val_tokens": 999})

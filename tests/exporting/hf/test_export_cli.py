@@ -50,13 +50,35 @@ def test_shipped_code_imports_nothing_from_this_repository():
             assert roots <= {"torch", "transformers", "."}, (path.name, roots)
 
 
+@pytest.mark.parametrize("data_format, template", [("text", False), ("chat", True), ("preference", True),
+                                                    ("rl", True)])
+def test_only_a_run_tuned_on_conversations_carries_the_chat_template(copy_run, tmp_path, data_format, template):
+    # Every tokenizer reserves the chat tokens; a base (text) run's export must not look like a chat
+    # model to the runtimes that pick chat mode when they find a template.
+    import yaml
+
+    from exporting.hf import export_run
+
+    saved = yaml.safe_load((copy_run / "config.yaml").read_text())
+    saved["data"]["format"] = data_format
+    (copy_run / "config.yaml").write_text(yaml.safe_dump(saved))
+    result = export_run(copy_run, tmp_path / "out")
+    assert result.chat_template is template
+    assert ("chat_template" in read_json(tmp_path / "out" / "tokenizer_config.json")) is template
+    card = (tmp_path / "out" / "README.md").read_text(encoding="utf-8")
+    assert ("## Chat" in card) is template and ("A base model" in card) is not template
+    assert f"\n# {copy_run.name}\n" in card  # the run's name, not the export folder's
+    # The chat rule for output holds either way: the tokenizer has the tokens.
+    assert read_json(tmp_path / "out" / "generation_config.json")["eos_token_id"] == [0, 4]
+
+
 def test_a_tokenizer_without_chat_tokens_exports_without_a_template(copy_run, tmp_path):
     from export_testkit import train_test_tokenizer
     from exporting.hf import export_run
 
     train_test_tokenizer(chat=False).save(str(copy_run / "tokenizer.json"))
     result = export_run(copy_run, tmp_path / "plain")
-    assert not result.has_chat
+    assert not result.chat_template
     assert "chat_template" not in read_json(tmp_path / "plain" / "tokenizer_config.json")
     generation = read_json(tmp_path / "plain" / "generation_config.json")
     assert generation["eos_token_id"] == [0] and "suppress_tokens" not in generation

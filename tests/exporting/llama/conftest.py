@@ -56,7 +56,7 @@ def gguf_file(llama_runs):
     def make(tie: bool = True) -> tuple[Path, Path]:
         if tie not in made:
             run = llama_runs(tie)
-            made[tie] = (run, export_gguf(run, run.parent / "gguf").file)
+            made[tie] = (run, export_gguf(run, run.parent / "gguf").out_dir / "model.gguf")
         return made[tie]
 
     return make

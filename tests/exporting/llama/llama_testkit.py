@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import yaml
 
 import run_testkit
 from data.tokenizer import EOT
@@ -17,11 +18,14 @@ VOCAB = 300  # run_testkit's tokenizer
 BLOCK_SIZE = 48  # room for a prompt and a few dozen greedy tokens
 
 
-def build_llama_run(directory: Path, *, tie: bool = True) -> Path:
+def build_llama_run(directory: Path, *, tie: bool = True, data_format: str = "chat") -> Path:
     """A random Llama-shaped run: rotary positions, GQA with 2 query heads per key/value head, no
-    options; <|endoftext|> never wins, so greedy decoding never ends early."""
-    return run_testkit.build_run(directory, run_testkit.chat_tokenizer(), tie=tie, positions="rope",
-                                 rope_theta=500.0, block_size=BLOCK_SIZE, never_predicts=(EOT,))
+    options; <|endoftext|> never wins, so greedy decoding never ends early. Its config.yaml says it
+    was tuned on ``data_format`` (chat: its exports carry the chat template)."""
+    run_testkit.build_run(directory, run_testkit.chat_tokenizer(), tie=tie, positions="rope", rope_theta=500.0,
+                          block_size=BLOCK_SIZE, never_predicts=(EOT,))
+    (directory / "config.yaml").write_text(yaml.safe_dump({"data": {"format": data_format}}))
+    return directory
 
 
 def our_greedy_tokens(run_dir: Path, prompt: list[int], new_tokens: int) -> list[int]:

@@ -24,6 +24,7 @@ def test_metadata_describes_the_run_as_llama(gguf_file):
     config = load_pretrained(run_dir).config
     metadata, _ = read_gguf(path)
     assert metadata["general.architecture"] == "llama"
+    assert metadata["general.name"] == run_dir.name  # the run's, not the export folder's ("gguf")
     assert metadata["general.file_type"] == 0  # all f32
     expected = {"vocab_size": config.vocab_size, "context_length": BLOCK_SIZE, "embedding_length": config.n_embd,
                 "block_count": config.n_layer, "feed_forward_length": config.ffn_dim,
@@ -55,6 +56,18 @@ def test_tokenizer_is_the_runs_byte_level_bpe(gguf_file):
     assert metadata["tokenizer.ggml.eot_token_id"] == end
     assert metadata["tokenizer.ggml.add_bos_token"] is False
     assert metadata["tokenizer.chat_template"] == CHAT_TEMPLATE
+
+
+def test_a_base_run_carries_no_chat_template(tmp_path):
+    # Its tokenizer has the chat tokens (every tokenizer reserves them), but a file with a template
+    # puts llama-cpp-python in chat mode: only a run tuned on conversations gets one.
+    from exporting.gguf import export_gguf
+    from llama_testkit import build_llama_run
+
+    run = build_llama_run(tmp_path / "base", data_format="text")
+    metadata, _ = read_gguf(export_gguf(run, tmp_path / "out").out_dir / "model.gguf")
+    assert "tokenizer.chat_template" not in metadata
+    assert metadata["tokenizer.ggml.eot_token_id"] == 4  # <|end|> still ends a turn, should one be written
 
 
 @pytest.mark.parametrize("tie", [True, False], ids=["tied", "untied"])

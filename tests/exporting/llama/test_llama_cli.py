@@ -48,11 +48,21 @@ def test_overwrite_replaces_an_earlier_export_of_the_format(llama_runs, tmp_path
     assert sorted(path.name for path in tmp_path.iterdir()) == ["out"]
 
 
-def test_gguf_export_is_one_file_and_says_how_to_run_it(llama_runs, tmp_path, capsys):
-    out = tmp_path / "gguf"
-    assert main(["--run", str(llama_runs()), "--out", str(out), "--format", "gguf"]) == 0
+@pytest.mark.parametrize("data_format", ["chat", "text"])
+def test_gguf_export_is_one_file_and_says_how_to_continue_a_prompt(tmp_path, capsys, data_format):
+    from llama_testkit import BLOCK_SIZE, build_llama_run
+
+    run, out = build_llama_run(tmp_path / "run", data_format=data_format), tmp_path / "gguf"
+    assert main(["--run", str(run), "--out", str(out), "--format", "gguf"]) == 0
     assert [path.name for path in out.iterdir()] == ["model.gguf"]
-    assert f"llama-cli -m {out / 'model.gguf'}" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    # A plain completion (not llama.cpp's conversation mode), with the f32 cache that reproduces ours,
+    # and a length that keeps a short prompt inside the window.
+    assert (f'continue a prompt with: llama-completion -m {out / "model.gguf"} -p "The" -n {BLOCK_SIZE // 2} '
+            "-no-cnv -ctk f32 -ctv f32") in printed
+    # A conversation only for a run tuned on them, whose file carries the chat template.
+    assert (f"llama-cli -m {out / 'model.gguf'}" in printed) == (data_format == "chat")
+    assert ("with the chat template" in printed) == (data_format == "chat")
 
 
 @pytest.mark.parametrize("fmt", ["llama", "gguf"])
@@ -63,8 +73,7 @@ def test_gguf_export_is_one_file_and_says_how_to_run_it(llama_runs, tmp_path, ca
      ["model.mlp is relu2 (set swiglu)", "model.qk_norm is true (set false)", "model.residual_scalars is true",
       "model.value_embeddings is true", "model.logit_softcap is 20 (set null)"]),
     (dict(positions="rope", attention="mla", kv_latent_dim=32, n_kv_head=4), ["model.attention is mla (set gqa)"]),
-    (dict(positions="rope", bigram_buckets=64), ["model.bigram_buckets is 64 (set null)"]),
-], ids=["learned", "none", "options", "mla", "bigram"])
+], ids=["learned", "none", "options", "mla"])
 def test_a_run_that_is_not_llama_is_refused_naming_each_option(tmp_path, capsys, fmt, options, named):
     run = run_testkit.build_run(tmp_path / "run", run_testkit.chat_tokenizer(), **options)
     assert main(["--run", str(run), "--out", str(tmp_path / "out"), "--format", fmt]) == 2
@@ -73,6 +82,17 @@ def test_a_run_that_is_not_llama_is_refused_naming_each_option(tmp_path, capsys,
     for fragment in named:
         assert fragment in line
     assert not (tmp_path / "out").exists() and sorted(path.name for path in tmp_path.iterdir()) == ["run"]
+
+
+@pytest.mark.parametrize("fmt", ["llama", "gguf"])
+def test_the_shape_is_refused_from_the_config_before_the_weights_are_read(tmp_path, capsys, monkeypatch, fmt):
+    import rundir.loading
+
+    run = run_testkit.build_run(tmp_path / "run", run_testkit.chat_tokenizer(), positions="learned")
+    loads = []
+    monkeypatch.setattr(rundir.loading, "load_pretrained", lambda *a, **k: loads.append(a) or 1 / 0)
+    assert main(["--run", str(run), "--out", str(tmp_path / "out"), "--format", fmt]) == 2
+    assert "model.positions is learned" in _one_error_line(capsys) and loads == []
 
 
 def test_onnx_flags_are_refused_with_the_llama_formats(llama_runs, tmp_path, capsys):
