@@ -69,8 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--run", type=path_arg, default=None, help=f"the run to decode with (default: {DEFAULT_RUN})")
     parser.add_argument("--draft-run", type=path_arg, default=None, metavar="DIR",
                         help="also speculate with this smaller run as the draft (same tokenizer)")
-    parser.add_argument("--k", type=positive_int, default=None,
-                        help="guesses a step (default: " + ", ".join(f"{k} for {p}" for p, k in DEFAULT_K.items()) + ")")
+    defaults = ", ".join(f"{k} for {proposer}" for proposer, k in DEFAULT_K.items())
+    parser.add_argument("--k", type=positive_int, default=None, help=f"guesses a step (default: {defaults})")
     parser.add_argument("--new-tokens", type=positive_int, default=40, help="tokens per prompt (default 40)")
     parser.add_argument("--prompts", type=positive_int, default=4, help="prompts of each kind (default 4)")
     parser.add_argument("--repeats", type=positive_int, default=3, help="best of this many rounds (default 3)")
@@ -113,8 +113,9 @@ def measure(args: argparse.Namespace) -> int:
               f"| {r.ratio:.2f}x | {r.accepted_per_step:.2f} | {r.tokens_per_pass:.2f} | {r.identical} |")
     for r in results:
         if r.ratio < 1:
+            draft = " and the draft's own steps" if r.proposer == "draft" else ""
             print(f"speculation loses on {r.kind} text with {r.proposer}: {r.accepted_per_step:.2f} guesses accepted "
-                  f"a step do not pay for the wider checking passes" + (" and the draft's steps" if r.proposer == "draft" else ""))
+                  f"a step do not pay for the wider checking passes{draft}")
     if not all(r.identical for r in results):
         print("error: speculative greedy tokens differ from plain decoding's")
         return 1
@@ -123,7 +124,8 @@ def measure(args: argparse.Namespace) -> int:
 
 def _default_run() -> Path:
     if not (DEFAULT_RUN / "model.safetensors").is_file():
-        raise UserError(f"no run at {DEFAULT_RUN}: train one (python train.py --config configs/tiny.yaml) or pass --run DIR")
+        raise UserError(f"no run at {DEFAULT_RUN}: train one (python train.py --config configs/tiny.yaml) "
+                        "or pass --run DIR")
     return DEFAULT_RUN
 
 

@@ -454,11 +454,10 @@ class Engine:
             request.logits = logits[i:i + 1]
 
     def _speculate(self, requests: list[_Request]) -> list[_Request]:
-        """Rows with proposals check them, several tokens in one pass per proposal length, and
-        advance by every token accepted; returns the rows left for the plain step. A row's
-        proposals stop where its window is full, so only its last token may slide the window,
-        after its cache holds exactly what plain decoding's would; and where its request runs
-        out of tokens, which ``_advance`` then ends at the token plain decoding ends at."""
+        """Each row the proposer has guesses for checks them (one pass for the rows with as many
+        guesses) and advances by every token that emits; returns the rows left to the plain step.
+        Guesses stop where a row's window is full and where its request runs out of tokens (see
+        the module's docstring); ``_advance`` then ends a request at the token plain decoding would."""
         room = [min(self.block_size - self.window.held(r.start, r.evicted, len(r.tokens)),
                     r.settings.max_new_tokens - r.generated - 1) for r in requests]
         proposals = self.speculator.propose(requests, room)
@@ -472,8 +471,9 @@ class Engine:
             checked = []
             for (request, proposal), row_logits in zip(group, logits):
                 tokens = self.speculator.check(request, proposal, row_logits)
-                # Keep the newest token's entries and the accepted proposals'; forget the rest.
-                self.cache.rewind(request.row, self.cache.lengths[request.row] - len(proposal.tokens) - 1 + len(tokens))
+                # The pass wrote the newest token and every guess: keep it and the accepted guesses.
+                accepted = len(tokens) - 1
+                self.cache.rewind(request.row, self.cache.lengths[request.row] - len(proposal.tokens) + accepted)
                 checked.append((request, tokens, row_logits))
             for request, tokens, row_logits in checked:
                 for token, token_logits in zip(tokens, row_logits):

@@ -90,9 +90,10 @@ def checked_speculation(args: argparse.Namespace, run: LoadedRun, *, use_cache: 
     """The speculation ``args`` ask for with ``run`` (loading the draft run onto its device), or
     None; refuses, in one line, flags that do not go together and a draft with another tokenizer."""
     if args.speculate is None:
-        for flag, value in (("--draft-run", args.draft_run), ("--speculate-k", args.speculate_k)):
+        given = (("--draft-run", args.draft_run, "draft"), ("--speculate-k", args.speculate_k, "lookup"))
+        for flag, value, proposer in given:
             if value is not None:
-                raise UserError(f"{flag} goes with --speculate; add --speculate {'draft' if flag == '--draft-run' else 'lookup'}")
+                raise UserError(f"{flag} goes with --speculate; add --speculate {proposer}")
         return None
     if not use_cache:
         raise UserError("--speculate checks its guesses through the KV cache; drop --no-cache or --speculate")

@@ -22,9 +22,8 @@ The check (Leviathan et al., 2023; Chen et al., 2023). Greedy decoding accepts a
 the argmax, so its output is plain greedy decoding's, token for token. (The checking pass computes
 the logits plain steps would, in wider matrix products that round apart in the last bits, as the
 cache and recomputation do: only a near-tie within that rounding could go the other way, and the
-tests find none.) Sampling accepts a guess x
-drawn from q with probability min(1, p(x) / q(x)), where p is the distribution plain sampling
-draws from at that position (``inference.sampling.token_distribution`` of ``adjusted_logits``:
+tests find none.) Sampling accepts a guess x drawn from q with probability min(1, p(x) / q(x)),
+where p is the distribution plain sampling draws from at that position (``inference.sampling.token_distribution`` of ``adjusted_logits``:
 suppressed ids, the repetition penalty over the history with the guesses before accepted,
 temperature, top-k, top-p); a rejection draws from max(0, p - q), normalised. Every emitted token
 is then distributed exactly as plain sampling's. Prompt lookup's q is a point mass on x: x is
