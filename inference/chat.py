@@ -67,7 +67,7 @@ class ChatSession:
         window_bytes = run.model.init_cache(1).nbytes()
         self.engine = Engine(run.model, run.token_bytes, max_batch=1, max_queue=0, use_cache=use_cache,
                              prefix_cache_bytes=2 * window_bytes if use_cache else 0, batch_invariant=False,
-                             sinks=settings.sinks, compile=settings.compile)
+                             sinks=settings.sinks, compile=settings.compile, speculation=settings.speculation)
         self.on_notice = on_notice or (lambda message: None)
         if self.engine.compiled is not None:
             self.on_notice(compiled_notice(self.engine.compiled.compile_seconds))

@@ -103,7 +103,7 @@ def generate_completions(
 
     finishes = decode(run.model, [ids] * rows, replace(settings, seed=seed), token_bytes=run.token_bytes,
                       use_cache=settings.use_cache, sinks=settings.sinks, batch_invariant=batch_invariant,
-                      compile=settings.compile,
+                      compile=settings.compile, speculation=settings.speculation,
                       on_event=on_event, on_compiled=on_compiled)
     completions = [
         Completion(text=f.text, token_ids=list(f.token_ids), finish_reason=f.reason,

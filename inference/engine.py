@@ -9,7 +9,9 @@ iteration (``step``) schedules every token:
 1. drop requests whose caller went away, freeing their rows;
 2. admit waiting requests into free rows;
 3. encode (prefill) one chunk of each newly admitted prompt into its own row;
-4. run one batched decode step for every row that is decoding, each row at its own position;
+4. run one batched decode step for every row that is decoding, each row at its own position
+   (speculating, a row with guessed tokens checks them in one wider pass instead, and advances by
+   every one accepted: ``_speculate``);
 5. sample the next token of every row that has fresh logits, stream its text, and free the row
    the moment its request ends (length, an end token, a stop string).
 
@@ -45,6 +47,16 @@ bit the chunks it would have computed, so a hit changes no token, only the time 
 rolled row neither stores a page nor looks one up: its positions no longer hold the chunks of any
 prompt from position 0.
 
+With ``speculation`` (``inference.speculative``) a decode step first asks a proposer for up to k
+guessed tokens per row. A row with guesses runs its newest token and the guesses through the model
+in one pass, keeps the entries of the accepted ones and forgets the rest (``KVCache.rewind``). Its
+guesses stop where its window is full and where its request runs out of tokens, so a window slides
+only at a step's last token, from the cache plain decoding would hold, and an end token, stop
+string or length limit inside an accepted run ends the request at that token. Greedy output is
+plain decoding's token for token (up to fp32 rounding of the wider pass, as the cache is to
+recomputation); sampled output has plain sampling's distribution, though not the
+same tokens for a seed. Logprobs of accepted tokens come from the checking pass, at their positions.
+
 A request may ask for log-probabilities (``logprobs``: the chosen token's and the ``logprobs``
 most likely tokens', from the model's distribution before temperature, top-p and suppressed ids),
 for its generated tokens and, with ``echo``, for its prompt's: those come from the prefill's own
@@ -74,6 +86,7 @@ from inference.batch_invariant import row_blocked
 from inference.compiled_step import CompiledStep, spare_slot_cache
 from inference.prefix_cache import PrefixCache
 from inference.sampling import SamplingSettings, Window, new_seed, sample_next_token, seeded_generator
+from inference.speculative import Proposal, Speculation, Speculator
 from inference.streaming import TextStream
 from model import GPT
 
@@ -185,7 +198,8 @@ class Engine:
     ``batch_invariant`` False: decode steps take the plain, faster products, so a row's bits may
     depend on the rows beside it (fine for one caller's rows; a server keeps it on).
     ``compile``: decode steps run ``inference.compiled_step`` (compiled here, once; the caller
-    has checked ``compiler_missing``), prompts stay eager.
+    has checked ``compiler_missing``), prompts stay eager. ``speculation``: decode steps check
+    proposed tokens (``inference.speculative``); rows with no proposal take the plain step.
     """
 
     def __init__(
@@ -203,6 +217,7 @@ class Engine:
         roll: bool = True,
         batch_invariant: bool = True,
         compile: bool = False,
+        speculation: Speculation | None = None,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
@@ -218,14 +233,17 @@ class Engine:
         self.block_size = cfg.block_size
         self.window = Window.for_positions(cfg.positions, cfg.block_size, keep_fraction, sinks, roll=roll)
         self.use_cache = use_cache
-        assert not (compile and not use_cache), "the compiled step is a cached decode step"
+        assert not ((compile or speculation) and not use_cache), "compiled and speculative steps are cached ones"
+        # A batch-invariant pass reads whole buffers, a speculative one checks a token and its proposals.
+        whole_buffers = (1 + (speculation.k if speculation else 0)) if batch_invariant else 0
+        self.speculator = Speculator(speculation, max_batch, batch_invariant) if speculation else None
         if compile:
-            self.cache = spare_slot_cache(model, max_batch, whole_buffers=batch_invariant)
+            self.cache = spare_slot_cache(model, max_batch, whole_buffers=whole_buffers)
             # Off the server, a CPU step reads only the slots rows have filled (see CompiledStep).
             exact_window = not batch_invariant and self.cache.device.type == "cpu"
             self.compiled: CompiledStep | None = CompiledStep(self.model, self.cache, exact_window=exact_window)
         else:
-            self.cache = model.init_cache(max_batch, whole_buffers=batch_invariant)
+            self.cache = model.init_cache(max_batch, whole_buffers=whole_buffers)
             self.compiled = None
         self.prefix_cache = PrefixCache(self.prefill_chunk, prefix_cache_bytes) if prefix_cache_bytes else None
         self.prefill_tokens = 0  # prompt tokens the model has encoded (not copied from the prefix cache)
@@ -360,6 +378,8 @@ class Engine:
             if request.prefilling:
                 self._prefill_chunk(request)
         decoding = [r for r in self._rows if r is not None and not r.prefilling and r.logits is None]
+        if decoding and self.speculator is not None:
+            decoding = self._speculate(decoding)
         if decoding:
             self._decode(decoding)
         ready = [r for r in self._rows if r is not None and r.logits is not None]
@@ -463,6 +483,38 @@ class Engine:
         logits = self._run_model([[r.tokens[-1]] for r in requests], [r.row for r in requests])
         for i, request in enumerate(requests):
             request.logits = logits[i:i + 1]
+
+    def _speculate(self, requests: list[_Request]) -> list[_Request]:
+        """Each row the proposer has guesses for checks them (one pass for the rows with as many
+        guesses) and advances by every token that emits; returns the rows left to the plain step.
+        Guesses stop where a row's window is full and where its request runs out of tokens (see
+        the module's docstring); ``_advance`` then ends a request at the token plain decoding would."""
+        room = [min(self.block_size - self.window.held(r.start, r.evicted, len(r.tokens)),
+                    r.settings.max_new_tokens - r.generated - 1) for r in requests]
+        proposals = self.speculator.propose(requests, room)
+        widths: dict[int, list[tuple[_Request, Proposal]]] = collections.defaultdict(list)
+        for request, proposal in zip(requests, proposals):
+            if proposal.tokens:
+                widths[len(proposal.tokens)].append((request, proposal))
+        for group in widths.values():
+            logits = self._run_model([[r.tokens[-1], *p.tokens] for r, p in group], [r.row for r, _ in group],
+                                     every_position=True)
+            checked = []
+            for (request, proposal), row_logits in zip(group, logits):
+                tokens = self.speculator.check(request, proposal, row_logits)
+                # The pass wrote the newest token and every guess: keep it and the accepted guesses.
+                accepted = len(tokens) - 1
+                self.cache.rewind(request.row, self.cache.lengths[request.row] - len(proposal.tokens) + accepted)
+                checked.append((request, tokens, row_logits))
+            for request, tokens, row_logits in checked:
+                for token, token_logits in zip(tokens, row_logits):
+                    if request.logprobs is not None:
+                        logprobs = torch.log_softmax(token_logits[None].float(), dim=-1)
+                        request.token_logprobs += _token_logprobs(logprobs, [token], request.logprobs)
+                    self._advance(request, token)
+                    if self._rows[request.row] is not request:  # it ended at this token
+                        break
+        return [r for r, p in zip(requests, proposals) if not p.tokens]
 
     def _run_model(self, ids: list[list[int]], rows: list[int] | None, every_position: bool = False) -> torch.Tensor:
         """The one call into the model: next-token logits (R, vocab) of ``ids`` (R rows of equal
@@ -586,6 +638,7 @@ def decode(
     slide: bool = True,
     batch_invariant: bool = False,
     compile: bool = False,
+    speculation: Speculation | None = None,
     on_event: Callable[[int, Event], None] | None = None,
     on_compiled: Callable[[float], None] | None = None,
 ) -> list[Finish]:
@@ -596,7 +649,8 @@ def decode(
     events as they come; ``sinks``, ``roll`` as in ``Engine``, ``slide`` as in ``Engine.submit``. ``batch_invariant``
     (off: the faster plain products) makes every row bit for bit what the server gives it.
     ``compile``: decode steps run compiled (``inference.compiled_step``); ``on_compiled(seconds)``
-    is told how long compiling took, before the first token."""
+    is told how long compiling took, before the first token. ``speculation``: decode steps check
+    proposed tokens (``inference.speculative``)."""
     assert prompts, "decode needs at least one prompt"
     cfg = model.config
     rolls = Window.for_positions(cfg.positions, cfg.block_size, keep_fraction, sinks, roll=roll).rolls
@@ -607,7 +661,7 @@ def decode(
     chunk = None if batch_invariant else cfg.block_size
     engine = Engine(model, token_bytes, max_batch=len(prompts), max_queue=0, prefill_chunk=chunk,
                     use_cache=use_cache, keep_fraction=keep_fraction, sinks=sinks, roll=roll,
-                    batch_invariant=batch_invariant, compile=compile)
+                    batch_invariant=batch_invariant, compile=compile, speculation=speculation)
     if engine.compiled is not None and on_compiled is not None:
         on_compiled(engine.compiled.compile_seconds)
     seed = settings.seed if settings.seed is not None else new_seed()

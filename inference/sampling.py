@@ -169,21 +169,45 @@ def sample_next_token(
     order, or one generator per row (row i then consumes only generator i). The settings are
     trusted: whoever took them from a user checked them (``check_sampling_args``), once.
     """
+    logits = adjusted_logits(logits, repetition_penalty=repetition_penalty, prev_tokens=prev_tokens,
+                             suppress_ids=suppress_ids)
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    probs = token_distribution(logits, temperature=temperature, top_k=top_k, top_p=top_p)
+    return draw(probs, uniform_per_row(logits.shape[0], generator, logits.device))
+
+
+def adjusted_logits(
+    logits: torch.Tensor, *, repetition_penalty: float = 1.0, prev_tokens: torch.Tensor | None = None,
+    suppress_ids: Sequence[int] = (),
+) -> torch.Tensor:
+    """``logits`` in fp32 with the suppressed ids at -inf and the repetition penalty applied: what
+    greedy decoding takes the argmax of, and what ``token_distribution`` turns into probabilities."""
     logits = logits.float()
     if suppress_ids:
         logits = logits.index_fill(-1, torch.tensor(suppress_ids, device=logits.device), float("-inf"))
     if prev_tokens is not None:
         logits = apply_repetition_penalty(logits, prev_tokens, repetition_penalty)
-    if temperature == 0:
-        return logits.argmax(dim=-1)
-    probs = torch.softmax(filter_logits(scale_by_temperature(logits, temperature), top_k, top_p), dim=-1)
-    u = uniform_per_row(logits.shape[0], generator, logits.device)
+    return logits
+
+
+def token_distribution(logits: torch.Tensor, *, temperature: float, top_k: int | None = None,
+                       top_p: float | None = None) -> torch.Tensor:
+    """The probabilities (B, vocab) a sampled token is drawn from, given ``adjusted_logits`` and a
+    temperature above 0: scaled, cut to the top-k and the top-p nucleus, normalised. Speculative
+    decoding (``inference.speculative``) checks proposals against exactly this distribution."""
+    return torch.softmax(filter_logits(scale_by_temperature(logits, temperature), top_k, top_p), dim=-1)
+
+
+def draw(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The id of each row of ``weights`` (B, vocab; non-negative, not necessarily normalised) whose
+    share of the row's total the uniform draw ``u`` (B,) falls in, ids taken in id order."""
     # Id order rather than sorted order: a tiny change in the logits then moves the
     # boundaries between ids a tiny amount, instead of reordering near-tied ids.
-    cdf = probs.cumsum(dim=-1)
+    cdf = weights.cumsum(dim=-1)
     idx = torch.searchsorted(cdf, u.unsqueeze(-1) * cdf[:, -1:], right=True).squeeze(-1)
     # u * total can round up to total itself; fall back to the last id that has probability.
-    last_allowed = probs.shape[-1] - 1 - (probs.flip(-1) > 0).int().argmax(dim=-1)
+    last_allowed = weights.shape[-1] - 1 - (weights.flip(-1) > 0).int().argmax(dim=-1)
     return torch.minimum(idx, last_allowed)
 
 

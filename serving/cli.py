@@ -26,7 +26,7 @@ from common.threads import add_threads_argument, parse_threads, use_threads
 from inference.compiled_step import choose_compile, compiled_notice
 from inference.engine import DEFAULT_PREFILL_CHUNK, Engine
 from inference.sampling import SINKS
-from inference.settings import checked_sinks
+from inference.settings import add_speculation_arguments, checked_sinks, checked_speculation
 from model import GPT
 from rundir.loading import find_latest_run, load_run
 from serving.access_log import access_log
@@ -44,6 +44,7 @@ endpoints:
 examples:
   python serve.py --run runs/tiny
   python serve.py --run runs/tiny --port 8080 --max-batch 32
+  python serve.py --run runs/tiny --speculate lookup
   curl http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \\
        -d '{"model": "tiny", "prompt": "ROMEO:", "max_tokens": 40}'
 """
@@ -88,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="compile the decode step with torch.compile before serving (a one-off cost, "
                         "reported on stderr). Default: on CUDA, where it pays (a CUDA graph per step); off on "
                         "the CPU, where a batched server gains nothing from it")
+    add_speculation_arguments(parser)
     add_threads_argument(parser, default="1", why=": a decode step of a small model is too "
                          "short to share between cores, and the HTTP layer needs a core of its own")
     return parser
@@ -125,11 +127,12 @@ def _serve(args: argparse.Namespace) -> int:
     run = load_run(args.run if args.run is not None else find_latest_run(), device)
     _check_cache_fits(run.model, args.max_batch, device)
     sinks = checked_sinks(args.sinks, run.model.config)
+    speculation = checked_speculation(args, run)
     if compile:  # tens of seconds before the server listens: say why it is waiting
         print(f"compiling the decode step for {device} (--no-compile skips it)...", file=sys.stderr, flush=True)
     engine = Engine(run.model, run.token_bytes, max_batch=args.max_batch, max_queue=args.max_queue,
                     prefill_chunk=args.prefill_chunk, prefix_cache_bytes=int(args.prefix_cache_mb * 2**20),
-                    sinks=sinks, compile=compile)
+                    sinks=sinks, compile=compile, speculation=speculation)
     if engine.compiled is not None:
         print(compiled_notice(engine.compiled.compile_seconds), file=sys.stderr, flush=True)
     model_id = run.directory.resolve().name
@@ -141,6 +144,9 @@ def _serve(args: argparse.Namespace) -> int:
     base = f"http://{_url_host(args.host)}:{args.port}"
     print(f"serving {run.directory} as model {model_id!r} at {base}/v1 (max batch {args.max_batch})\n"
           f"chat page: {base}/", file=sys.stderr, flush=True)
+    if speculation is not None:
+        print(f"speculative decoding: {speculation.proposer}, up to {speculation.k} guesses a step",
+              file=sys.stderr, flush=True)
     _log_requests_to_stderr()
     # uvicorn.run would turn a Ctrl-C that comes while the server starts into exit code 3.
     uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning")).run()

@@ -111,6 +111,7 @@ def test_every_benchmarks_help_describes_it_in_whole_sentences(name, monkeypatch
 @pytest.mark.parametrize("module, flag", [
     ("chat_eval", "--runs"), ("generate_speed", "--run"), ("hf_export_parity", "--run"),
     ("onnx_decode", "--run"), ("prefix_cache", "--run"), ("serve_throughput", "--run"), ("streaming", "--run"),
+    ("speculative", "--run"),
 ])
 def test_a_benchmark_given_a_run_that_is_not_there_says_so_in_one_line(module, flag, tmp_path, capsys):
     # These parsed their own flags, outside common.cli.run_command: the loader's refusal was a traceback.
@@ -218,3 +219,17 @@ def test_memory_plan_says_when_memory_holds_more_than_it_searched(capsys):
     huge, usual = [line for line in capsys.readouterr().out.splitlines() if "GiB |" in line]
     assert huge.count("at least ") == 4 and huge.count(f" x {WIDTHS[-1]}), the widest searched") == 4
     assert "at least" not in usual and "widest" not in usual
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--new-tokens", "0"], "argument --new-tokens: must be a whole number >= 1, got '0'"),
+    (["--k", "-2"], "argument --k: must be a whole number >= 1"),
+    ([], "no run at runs/tiny: train one (python train.py --config configs/tiny.yaml) or pass --run DIR"),
+])
+def test_the_speculative_benchmark_refuses_in_one_line(args, message, tmp_path, monkeypatch, capsys):
+    from benchmarks.speculative import main
+
+    monkeypatch.chdir(tmp_path)  # no runs/tiny here
+    assert main(args) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and err.startswith("error: ") and message in err, (out, err)
