@@ -1,0 +1,105 @@
+"""The built-in calculator: exact arithmetic on a small grammar, and hostile expressions refused
+before the work they would cost (checked through the toolbox, whose time limit turns a regression
+into a failure rather than a hung test, and by the memory each refusal allocates)."""
+
+from __future__ import annotations
+
+import json
+import re
+import tracemalloc
+
+import pytest
+
+from tools.calculator import MAX_EXPRESSION_CHARS, CalculatorError, calculator
+from tools.registry import BUILT_IN
+from tools.toolbox import Toolbox
+
+
+@pytest.mark.parametrize("expression, value", [
+    ("347*812", "281764"),
+    ("347*812-95", "281669"),
+    (" 12 + 30 ", "42"),
+    ("-(3+4)*2", "-14"),
+    ("--5", "5"),
+    ("2**10", "1024"),
+    ("2**-2", "0.25"),
+    ("(-3)**3", "-27"),
+    ("7/2", "3.5"),
+    ("6/3", "2"),
+    ("1/3", "0.333333333333"),
+    ("1.5*4", "6"),
+    ("999999*999999", "999998000001"),
+    ("((((1+2))))*3", "9"),
+    ("(" * 90 + "1" + ")" * 90, "1"),  # parentheses alone nest nothing
+])
+def test_arithmetic_is_exact(expression, value):
+    assert calculator(expression) == value
+
+
+HOSTILE = [
+    ("9**9**9", "exponent must be a whole number"),
+    ("10**10**10", "exponent must be a whole number"),
+    ("999999999999999*999999999999999*999999999999999", "too large"),
+    ("2**64*2**64", "too large"),
+    ("1e308*10", "too large"),
+    ("99999999999999999", "too large"),
+    ("(-" * 66 + "1" + ")" * 66, "nests deeper"),
+    ("-" * 150 + "1", "nests deeper"),
+    ("1+" * 99 + "1", "nests deeper"),
+    ("x", "the name 'x'"),
+    ("__import__('os').system('true')", "function call"),
+    ("(1).__class__", "attribute"),
+    ("abs(-1)", "function call"),
+    ("lambda: 1", "Lambda"),
+    ("[i for i in range(10**9)]", "ListComp"),
+    ("'a'*10**9", "is not a number"),
+    ("'1'", "is not a number"),
+    ("True+1", "is not a number"),
+    ("1j", "is not a number"),
+    ("2^8", "use ** for powers"),
+    ("7//2", "use / to divide"),
+    ("1<2", "Compare"),
+    ("+1", "UAdd"),
+    ("1/0", "division by zero"),
+    ("0**-1", "division by zero"),
+    ("2**0.5", "exponent must be a whole number"),
+    ("1+", "not an arithmetic expression"),
+    ("", "empty"),
+    ("1" * (MAX_EXPRESSION_CHARS + 1), "characters, over the limit"),
+    ("9" * 100_000, "characters, over the limit"),
+]
+
+
+@pytest.mark.parametrize("expression, fragment", HOSTILE, ids=lambda v: str(v)[:24])
+def test_hostile_expressions_are_refused_with_a_reason_in_little_memory(expression, fragment):
+    tracemalloc.start()
+    try:
+        with pytest.raises(CalculatorError, match=re.escape(fragment)) as info:
+            calculator(expression)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert "\n" not in str(info.value)
+    # Nothing the size of the refused work was ever built (the parse of a 200-character
+    # expression is the largest thing allocated).
+    assert peak < 2_000_000, peak
+
+
+def test_hostile_expressions_through_the_toolbox_end_as_refusals_not_timeouts():
+    """A regression that computed a refused power would hang; here it would time out instead."""
+    with Toolbox([BUILT_IN["calculator"]], timeout_s=60) as toolbox:
+        for expression, fragment in HOSTILE:
+            result = toolbox.run("calculator", json.dumps({"expression": expression}))
+            assert not result.ok and fragment in result.text, (expression, result)
+            assert "did not finish" not in result.text
+
+
+def test_eval_is_never_called(monkeypatch):
+    import builtins
+
+    def no_eval(*args, **kwargs):
+        raise AssertionError("eval was called")
+
+    monkeypatch.setattr(builtins, "eval", no_eval)
+    monkeypatch.setattr(builtins, "exec", no_eval)
+    assert calculator("2*(3+4)") == "14"
