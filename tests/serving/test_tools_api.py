@@ -205,3 +205,22 @@ def test_a_run_from_before_tool_calls_chats_and_refuses_tools_in_one_line(tmp_pa
                 old.chat.completions.create(model="old-chat", **{"messages": [{"role": "user", "content": "hi"}],
                                                                  **request}, max_tokens=3)
             assert info.value.status_code == 400 and "\n" not in info.value.body["message"]
+
+
+def test_the_documented_client_loop_runs_as_written(served):
+    """docs/serving.md's loop, with only its address and its question changed (to one this tiny
+    run learned): it calls, runs the calculator, sends the result back and prints the answer."""
+    import contextlib
+    import io
+    import re
+
+    from server_process import ROOT
+
+    section = (ROOT / "docs" / "serving.md").read_text(encoding="utf-8").split("## Tools")[1]
+    snippet = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
+    assert "http://127.0.0.1:8000/v1" in snippet and "What is 347*812?" in snippet
+    snippet = snippet.replace("http://127.0.0.1:8000/v1", f"{served.base}/v1").replace("347*812", "12*34")
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(snippet, {})
+    assert printed.getvalue() == "408\n"
