@@ -72,3 +72,21 @@ def structured(flag: bool) -> dict:
 def surrogate() -> str:
     """Returns text no UTF-8 can carry."""
     return "a\ud800b"
+
+
+def calculator_refusal(expression: str) -> dict:
+    """The calculator's refusal of ``expression`` (None if it answers) and the most memory it
+    allocated meanwhile, measured in the worker, whose time limit stops a regression that hangs."""
+    import tracemalloc
+
+    from tools.calculator import CalculatorError, calculator
+
+    tracemalloc.start()
+    try:
+        calculator(expression)
+        refusal = None
+    except CalculatorError as error:
+        refusal = str(error)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return {"refusal": refusal, "peak": peak}
