@@ -127,7 +127,7 @@ def _power(base: Number, exponent: Number) -> Number:
     if exponent * math.log10(abs(base)) >= math.log10(MAX_MAGNITUDE):
         raise CalculatorError(f"{format_number(base)}**{exponent} is too large (the limit is "
                               f"{MAX_MAGNITUDE:.0e})")
-    return base ** exponent if exponent >= 0 else 1 / base ** -exponent
+    return base ** exponent  # a negative exponent gives a float, which underflows to 0 rather than failing
 
 
 def _bounded(value: Number) -> Number:

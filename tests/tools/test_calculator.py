@@ -20,6 +20,7 @@ from tools.calculator import MAX_EXPRESSION_CHARS, calculator
     ("--5", "5"),
     ("2**10", "1024"),
     ("2**-2", "0.25"),
+    ("1e14**-64", "0"),  # too small to tell from 0, not an overflow
     ("(-3)**3", "-27"),
     ("7/2", "3.5"),
     ("6/3", "2"),
@@ -38,6 +39,7 @@ HOSTILE = [
     ("10**10**10", "exponent must be a whole number"),
     ("999999999999999*999999999999999*999999999999999", "too large"),
     ("2**64*2**64", "too large"),
+    ("1e14**64", "is too large"),  # a float power past the float range is refused, not overflowed
     ("1e308*10", "too large"),
     ("99999999999999999", "too large"),
     ("(-" * 66 + "1" + ")" * 66, "nests deeper"),
@@ -102,3 +104,11 @@ def test_eval_is_never_called(monkeypatch):
     monkeypatch.setattr(builtins, "eval", no_eval)
     monkeypatch.setattr(builtins, "exec", no_eval)
     assert calculator("2*(3+4)") == "14"
+
+
+def test_random_strings_are_answered_or_refused_never_anything_else(worker):
+    fuzz = load_tools(["tool_testkit:calculator_fuzz"])
+    with Toolbox(fuzz, timeout_s=120) as toolbox:
+        result = toolbox.run("calculator_fuzz", json.dumps({"seed": 0, "count": 20000}))
+    assert result.ok, result.text
+    assert json.loads(result.text) == []

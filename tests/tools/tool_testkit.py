@@ -90,3 +90,25 @@ def calculator_refusal(expression: str) -> dict:
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     return {"refusal": refusal, "peak": peak}
+
+
+def calculator_fuzz(seed: int, count: int) -> list:
+    """Random strings of arithmetic's characters: those the calculator neither answers nor refuses
+    with a CalculatorError (an uncaught error of another kind), as [expression, error] pairs."""
+    import random
+
+    from tools.calculator import CalculatorError, calculator
+
+    rng = random.Random(seed)
+    alphabet = "0123456789" * 3 + "+-*/" * 3 + "()" * 2 + ".e^ _xj"
+    escaped = []
+    for _ in range(count):
+        expression = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 40)))
+        expression = expression.replace("^", "**")
+        try:
+            calculator(expression)
+        except CalculatorError:
+            pass
+        except Exception as error:  # noqa: BLE001 - what the test looks for
+            escaped.append([expression, f"{type(error).__name__}: {error}"])
+    return escaped
