@@ -149,7 +149,8 @@ class ChatTokenIds:
 
     @classmethod
     def of(cls, tokenizer: Tokenizer) -> ChatTokenIds:
-        ids = {token: tokenizer.token_to_id(token) for token in (*CHAT_SPECIAL_TOKENS, *TOOL_SPECIAL_TOKENS, END_OF_TEXT)}
+        tokens = (*CHAT_SPECIAL_TOKENS, *TOOL_SPECIAL_TOKENS, END_OF_TEXT)
+        ids = {token: tokenizer.token_to_id(token) for token in tokens}
         missing = [token for token in (*CHAT_SPECIAL_TOKENS, END_OF_TEXT) if ids[token] is None]
         if missing:
             raise DataError(

@@ -4,7 +4,8 @@ Interactive: each line typed is a user turn; the reply streams to stdout. Lines 
 command (``/help`` lists them) are not sent to the model. The ``you>`` prompt and notices go to
 stderr (at a terminal the prompt shares the screen with the replies), so stdout holds only the
 replies, one per line. With ``--tools`` the model's calls run as it makes them; each call and
-its result are shown on stderr, in brackets, between the pieces of the reply. A line that is not UTF-8 is refused and the conversation goes on. Ctrl-C
+its result are shown on stderr, in brackets, between the pieces of the reply.
+A line that is not UTF-8 is refused and the conversation goes on. Ctrl-C
 during a reply stops it and gives the prompt back, the conversation kept (the reply so far
 included). Quitting is deliberate: Ctrl-D, ``/exit``, or a second Ctrl-C in a row at the prompt. A
 first Ctrl-C there (a moment too late for the reply it was meant for: short replies end quickly)

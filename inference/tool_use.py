@@ -108,13 +108,12 @@ def decode_with_tools(
     if toolbox is not None:
         special.require_tools()
     seed = settings.seed if settings.seed is not None else new_seed()
-    rows = [_Row(ToolReply(list(p)), list(p), seed + i, max_calls, max_calls) for i, p in enumerate(prompts)]
-    going = list(range(len(rows)))
+    decoding = _Decoding(engine, tokenizer, special, settings, toolbox, slide, stop_on_interrupt, on_text, on_step)
+    rows = [_Row(i, ToolReply(list(p)), list(p), seed + i, max_calls, max_calls) for i, p in enumerate(prompts)]
+    going = rows
     while going:
-        finishes = _run_round(engine, special, settings, toolbox, rows, going, slide, stop_on_interrupt, on_text)
-        going = [i for i in going
-                 if _go_on(rows[i], finishes.get(i), tokenizer, special, toolbox, settings.max_new_tokens, engine.block_size,
-                           stop_on_interrupt, (lambda step, i=i: on_step(i, step)) if on_step is not None else None)]
+        finishes, interrupted = decoding.run_segments(going)
+        going = [row for row in going if decoding.take(row, finishes.get(row.index), interrupted)]
     return [row.reply for row in rows]
 
 
@@ -126,6 +125,7 @@ def segment_seed(seed: int, segment: int) -> int:
 
 @dataclass
 class _Row:
+    index: int
     reply: ToolReply
     prompt: list[int]  # what the next segment continues
     seed: int
@@ -134,97 +134,114 @@ class _Row:
     segments: int = 0
 
 
-def _run_round(engine: Engine, special: ChatTokenIds, settings: SamplingSettings, toolbox: Toolbox | None,
-               rows: list[_Row], going: list[int], slide: bool, stop_on_interrupt: bool,
-               on_text: TextCallback | None) -> dict[int, Finish]:
-    """Submit the next segment of every row in ``going``, run the engine until all are done."""
-    finishes: dict[int, Finish] = {}
-    for i in going:
-        row = rows[i]
-        tools = toolbox is not None and row.calls_left > 0
-        segment = replace(settings, seed=segment_seed(row.seed, row.segments),
-                          max_new_tokens=settings.max_new_tokens - row.reply.generated_tokens,
-                          suppress_ids=tuple(sorted({*settings.suppress_ids, *special.reply_suppress_ids(tools)})))
-        engine.submit(row.prompt, segment, _collector(i, finishes, special.call, on_text), special.reply_end_ids,
-                      slide=slide)
-    try:
-        engine.run_until_idle()
-    except KeyboardInterrupt:
-        engine.cancel_all()  # every row in flight gets its "cancelled" Finish, with its text so far
-        if not stop_on_interrupt:
-            raise
-    return finishes
+@dataclass
+class _Decoding:
+    """What every round of one ``decode_with_tools`` call shares."""
 
+    engine: Engine
+    tokenizer: Tokenizer
+    special: ChatTokenIds
+    settings: SamplingSettings
+    toolbox: Toolbox | None
+    slide: bool
+    stop_on_interrupt: bool
+    on_text: TextCallback | None
+    on_step: StepCallback | None
 
-def _collector(i: int, finishes: dict[int, Finish], call_id: int | None, on_text: TextCallback | None):
-    """Row i's engine callback: its text goes on until a call begins; its Finish is kept."""
-    in_call = False
+    def run_segments(self, rows: list[_Row]) -> tuple[dict[int, Finish], bool]:
+        """Submit the next segment of every row, run the engine until all are done; their Finishes
+        by row, and whether a Ctrl-C ended them (only with ``stop_on_interrupt``; else it propagates)."""
+        finishes: dict[int, Finish] = {}
+        for row in rows:
+            tools = self.toolbox is not None and row.calls_left > 0
+            suppress = {*self.settings.suppress_ids, *self.special.reply_suppress_ids(tools)}
+            segment = replace(self.settings, seed=segment_seed(row.seed, row.segments),
+                              suppress_ids=tuple(sorted(suppress)),
+                              max_new_tokens=self.settings.max_new_tokens - row.reply.generated_tokens)
+            self.engine.submit(row.prompt, segment, self._collector(row.index, finishes), self.special.reply_end_ids,
+                               slide=self.slide)
+        try:
+            self.engine.run_until_idle()
+        except KeyboardInterrupt:
+            self.engine.cancel_all()  # every row in flight gets its "cancelled" Finish, with its text so far
+            if not self.stop_on_interrupt:
+                raise
+            return finishes, True
+        return finishes, False
 
-    def on_event(event: Event) -> None:
-        nonlocal in_call
-        in_call = in_call or (event.token_id is not None and event.token_id == call_id)
-        if on_text is not None and event.text and not in_call:
-            on_text(i, event.text)
-        if event.finish is not None:
-            finishes[i] = event.finish
+    def _collector(self, i: int, finishes: dict[int, Finish]) -> Callable[[Event], None]:
+        """Row i's engine callback: its text goes on until a call begins; its Finish is kept."""
+        in_call = False
 
-    return on_event
+        def on_event(event: Event) -> None:
+            nonlocal in_call
+            in_call = in_call or (event.token_id is not None and event.token_id == self.special.call)
+            if self.on_text is not None and event.text and not in_call:
+                self.on_text(i, event.text)
+            if event.finish is not None:
+                finishes[i] = event.finish
 
+        return on_event
 
-def _go_on(row: _Row, finish: Finish | None, tokenizer: Tokenizer, special: ChatTokenIds, toolbox: Toolbox | None,
-           max_new_tokens: int, block_size: int, stop_on_interrupt: bool,
-           on_step: Callable[[ToolStep], None] | None) -> bool:
-    """Take in a finished segment; whether the row goes on to another (its calls were run)."""
-    reply = row.reply
-    if finish is None:  # its callback raised (a reader gone, a Ctrl-C inside it): nothing more came
-        reply.finish_reason = "cancelled"
-        return False
-    reply.ids += finish.token_ids
-    reply.generated += [True] * len(finish.token_ids)
-    row.segments += 1
-    parsed = parse_reply(tokenizer, finish.token_ids, toolbox.names if toolbox is not None else None)
-    # Calls count only in a segment that ended its turn (not one cut short or stopped by a stop string).
-    ended_turn = finish.reason == "stop" and bool(finish.token_ids) and finish.token_ids[-1] in special.reply_end_ids
-    if not (ended_turn and toolbox is not None and (parsed.calls or parsed.error)):
-        reply.messages.append(Message("assistant", parsed.text))
-        reply.finish_reason = finish.reason
-        return False
-    if parsed.error is not None:
-        reply.messages.append(Message("assistant", parsed.text))
-        reply.finish_reason, reply.error = "malformed", parsed.error
-        return False
-    reply.messages.append(Message("assistant", parsed.content, parsed.calls))
-    inserted: list[int] = []
-    interrupted = False
-    for call in parsed.calls:
-        if interrupted:
-            result = error_result("interrupted (Ctrl-C)")
-        elif row.calls_left > 0:
-            try:
-                result = toolbox.run(call.name, call.arguments)
-            except KeyboardInterrupt:  # the toolbox has stopped its worker; every call still gets a result
-                if not stop_on_interrupt:
-                    raise
-                interrupted, result = True, error_result("interrupted (Ctrl-C)")
-            row.calls_left -= 1
-        else:
-            result = error_result(f"no more calls in this reply (the limit is {row.max_calls})")
-        step = ToolStep(call, result)
-        reply.steps.append(step)
-        reply.messages.append(Message("tool", result.text))
-        inserted += render_chat(tokenizer, [Message("tool", result.text)]).ids
-        if on_step is not None:
-            on_step(step)
-    if interrupted:
+    def take(self, row: _Row, finish: Finish | None, interrupted: bool) -> bool:
+        """Take in a row's finished segment; whether the row goes on to another (its calls were run)."""
+        reply = row.reply
+        if finish is None:  # its callback raised (a reader gone, a Ctrl-C inside it): nothing more came
+            reply.finish_reason = "cancelled"
+            return False
+        reply.ids += finish.token_ids
+        reply.generated += [True] * len(finish.token_ids)
+        row.segments += 1
+        parsed = parse_reply(self.tokenizer, finish.token_ids, self.toolbox.names if self.toolbox else None)
+        # Calls count only in a segment that ended its turn (not one cut short, stopped by a stop
+        # string, or finished just before a Ctrl-C that ended the others).
+        ended_turn = (finish.reason == "stop" and bool(finish.token_ids)
+                      and finish.token_ids[-1] in self.special.reply_end_ids)
+        if interrupted or not (ended_turn and self.toolbox is not None and (parsed.calls or parsed.error)):
+            reply.messages.append(Message("assistant", parsed.text))
+            reply.finish_reason = "cancelled" if interrupted else finish.reason
+            return False
+        if parsed.error is not None:
+            reply.messages.append(Message("assistant", parsed.text))
+            reply.finish_reason, reply.error = "malformed", parsed.error
+            return False
+        reply.messages.append(Message("assistant", parsed.content, parsed.calls))
+        inserted = self._run_calls(row, parsed.calls)
+        if inserted is None:
+            reply.finish_reason = "cancelled"
+            return False
+        row.prompt = row.prompt + list(finish.token_ids) + inserted
+        if len(row.prompt) >= self.engine.block_size or reply.generated_tokens >= self.settings.max_new_tokens:
+            reply.finish_reason = "length"  # no room left to answer the results
+            return False
+        return True
+
+    def _run_calls(self, row: _Row, calls: Sequence[ToolCall]) -> list[int] | None:
+        """Run ``calls``, keep their steps and results, and return the ids inserted after them (each
+        result's turn, then ``<|assistant|>``); None when a Ctrl-C cut them short (with
+        ``stop_on_interrupt``), every call still given a result."""
+        reply, inserted, interrupted = row.reply, [], False
+        for call in calls:
+            if interrupted:
+                result = error_result("interrupted (Ctrl-C)")
+            elif row.calls_left > 0:
+                row.calls_left -= 1
+                try:
+                    result = self.toolbox.run(call.name, call.arguments)
+                except KeyboardInterrupt:  # the toolbox has stopped its worker
+                    if not self.stop_on_interrupt:
+                        raise
+                    interrupted, result = True, error_result("interrupted (Ctrl-C)")
+            else:
+                result = error_result(f"no more calls in this reply (the limit is {row.max_calls})")
+            step = ToolStep(call, result)
+            reply.steps.append(step)
+            reply.messages.append(Message("tool", result.text))
+            inserted += render_chat(self.tokenizer, [Message("tool", result.text)]).ids
+            if self.on_step is not None:
+                self.on_step(row.index, step)
+        if not interrupted:
+            inserted.append(self.special.role["assistant"])
         reply.ids += inserted
         reply.generated += [False] * len(inserted)
-        reply.finish_reason = "cancelled"
-        return False
-    inserted.append(special.role["assistant"])
-    reply.ids += inserted
-    reply.generated += [False] * len(inserted)
-    row.prompt = row.prompt + list(finish.token_ids) + inserted
-    if len(row.prompt) >= block_size or reply.generated_tokens >= max_new_tokens:
-        reply.finish_reason = "length"  # no room left to answer the results
-        return False
-    return True
+        return None if interrupted else inserted

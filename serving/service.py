@@ -131,7 +131,8 @@ class Service:
             raise ApiError(400, f"this run cannot chat: {self.no_chat_reason}; /v1/completions "
                            "still works", param="messages", code="chat_not_supported")
         messages = body.messages
-        if messages and messages[-1].content:  # a last message that cannot fit is refused before the tokenizer spends time on it
+        # A last message that cannot fit is refused before the tokenizer spends time on it.
+        if messages and messages[-1].content:
             self.check_length(len(messages[-1].content), None, "messages")
         special, tokenizer = self.chat_ids, self.run.tokenizer
         if body.may_call and not special.has_tools:
@@ -172,7 +173,8 @@ class Service:
 
 def _message(message) -> dict:
     """A request's message in the chat format's shape (``data.chat.to_messages``)."""
-    calls = [{"function": {"name": c.function.name, "arguments": c.function.arguments}} for c in message.tool_calls or ()]
+    calls = [{"function": {"name": call.function.name, "arguments": call.function.arguments}}
+             for call in message.tool_calls or ()]
     return {"role": message.role, "content": message.content, "tool_calls": calls}
 
 

@@ -41,7 +41,8 @@ def call(functions: dict[str, Any], reference: str, arguments: dict[str, Any], m
         return {"ok": False, "text": _bounded(str(error))}
     except BaseException as error:  # noqa: BLE001 - the tool's failure is its result
         message = str(error).strip().splitlines()[0] if str(error).strip() else ""
-        return {"ok": False, "text": _bounded(f"{type(error).__name__}: {message}" if message else type(error).__name__)}
+        described = f"{type(error).__name__}: {message}" if message else type(error).__name__
+        return {"ok": False, "text": _bounded(described)}
     if len(text) > max_chars:
         return {"ok": False, "text": f"the result is {len(text):,} characters, over the limit of {max_chars:,}"}
     return {"ok": True, "text": text}
