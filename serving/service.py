@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from fastapi import Request
 from starlette.requests import ClientDisconnect
 
-from data.chat import ChatTokenIds, ChatTooLong, FittedChat, encode_plain, fit_for_reply, to_messages
+from data.chat import NO_TOOL_TOKENS, ChatTokenIds, ChatTooLong, encode_plain, fit_for_reply, to_messages
 from data.errors import DataError
 from inference.completion import encode_prompt
 from inference.engine import Engine, EngineBusy, Event, Ticket
@@ -136,7 +136,7 @@ class Service:
             self.check_length(len(messages[-1].content), None, "messages")
         special, tokenizer = self.chat_ids, self.run.tokenizer
         if body.may_call and not special.has_tools:
-            raise ApiError(400, f"tools: {special_error(special)}", param="tools", code="tools_not_supported")
+            raise ApiError(400, f"tools: {NO_TOOL_TOKENS}", param="tools", code="tools_not_supported")
         forced = _forced_call(special, tokenizer, body.choice)
         try:
             checked = to_messages([_message(m) for m in messages])
@@ -185,14 +185,6 @@ def _forced_call(special: ChatTokenIds, tokenizer, choice: str) -> list[int]:
     if choice in ("none", "auto"):
         return []
     return [special.call, *(encode_plain(tokenizer, [choice])[0] if choice != "required" else [])]
-
-
-def special_error(special: ChatTokenIds) -> str:
-    try:
-        special.require_tools()
-    except DataError as error:
-        return str(error)
-    return ""
 
 
 async def _drop_rest(stream: AsyncIterator[bytes], seconds: float) -> bool:
