@@ -25,6 +25,7 @@ from inference.completion import GenerationResult, encode_prompt, generate_compl
 from inference.sampling import KEEP_FRACTION, SINKS
 from inference.settings import GenerationSettings, add_speculation_arguments, checked_sinks, checked_speculation
 from inference.terminal import decode_argument, decode_utf8, write_stdout
+from inference.tool_use import DEFAULT_MAX_CALLS
 from rundir.loading import find_latest_run, load_run
 
 _EPILOG = f"""\
@@ -72,6 +73,7 @@ examples:
   python generate.py --prompt "ROMEO:" --temperature 0 --max-new-tokens 100
   python generate.py --prompt-file prompt.txt --num-samples 4 --seed 1 --json
   python generate.py --prompt-file passage.txt --temperature 0 --speculate lookup
+  python generate.py --run runs/tiny-tools --chat --tools calculator --prompt "What is 347*812?"
 """
 
 
@@ -131,6 +133,13 @@ def build_parser() -> argparse.ArgumentParser:
                         help="talk to a chat-tuned run: an interactive conversation (/help lists its commands), or one "
                         "reply to --prompt; replies end when the model ends its turn")
     parser.add_argument("--system", metavar="TEXT", help="with --chat: a system prompt, e.g. 'You are HAMLET.'")
+    parser.add_argument("--tools", nargs="+", metavar="TOOL",
+                        help="with --chat: tools the model may call, run as it calls them, each shown with its "
+                        "result: calculator (built in) or module:function (a run fine-tuned with tools; "
+                        "docs/training.md)")
+    parser.add_argument("--max-tool-calls", type=int, default=DEFAULT_MAX_CALLS, metavar="N",
+                        help="with --tools: the most calls in one reply; after them the model must answer "
+                        "(default: %(default)s)")
     output = parser.add_mutually_exclusive_group()
     output.add_argument("--quiet", action="store_true",
                         help="print only the generated text: no prompt echo, no headers, nothing on stderr but errors")
@@ -170,8 +179,8 @@ def _generate(args: argparse.Namespace) -> int:
     prompt = read_prompt(args)
     if args.chat:
         check_chat_flags(settings, args)
-    elif args.system is not None:
-        raise UserError("--system needs --chat")
+    elif args.system is not None or args.tools is not None:
+        raise UserError(f"{'--system' if args.system is not None else '--tools'} needs --chat")
 
     device = select_device(args.device, setting="--device")
     settings = dataclasses.replace(settings, compile=choose_compile(

