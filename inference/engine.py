@@ -66,6 +66,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from inference.aot_step import AotStep, decode_step
 from inference.batch_invariant import row_blocked
 from inference.compiled_step import CompiledStep, spare_slot_cache
 from inference.prefix_cache import PrefixCache
@@ -180,8 +181,9 @@ class Engine:
     ``token_bytes`` None: the events carry no text (a caller that wants only token ids).
     ``batch_invariant`` False: decode steps take the plain, faster products, so a row's bits may
     depend on the rows beside it (fine for one caller's rows; a server keeps it on).
-    ``compile``: decode steps run ``inference.compiled_step`` (compiled here, once; the caller
-    has checked ``compiler_missing``), prompts stay eager.
+    ``compile``: decode steps run compiled (``inference.aot_step.decode_step``: built ahead of time
+    on the CPU, or loaded from its disk cache; ``torch.compile``'s on a GPU), made here, once; the
+    caller has checked ``compiler_missing``. Prompts stay eager.
     """
 
     def __init__(
@@ -220,7 +222,7 @@ class Engine:
             self.cache = spare_slot_cache(model, max_batch, whole_buffers=batch_invariant)
             # Off the server, a CPU step reads only the slots rows have filled (see CompiledStep).
             exact_window = not batch_invariant and self.cache.device.type == "cpu"
-            self.compiled: CompiledStep | None = CompiledStep(self.model, self.cache, exact_window=exact_window)
+            self.compiled: AotStep | CompiledStep | None = decode_step(self.model, self.cache, exact_window=exact_window)
         else:
             self.cache = model.init_cache(max_batch, whole_buffers=batch_invariant)
             self.compiled = None
@@ -560,7 +562,7 @@ def decode(
     A prompt longer than the context is cut to its last block_size tokens. ``on_event(i, event)``
     streams prompt i's events as they come; ``slide`` as in ``Engine.submit``. ``batch_invariant``
     (off: the faster plain products) makes every row bit for bit what the server gives it.
-    ``compile``: decode steps run compiled (``inference.compiled_step``); ``on_compiled(seconds)``
+    ``compile``: decode steps run compiled (``inference.aot_step``); ``on_compiled(seconds)``
     is told how long compiling took, before the first token."""
     assert prompts, "decode needs at least one prompt"
     if settings.max_new_tokens == 0:
