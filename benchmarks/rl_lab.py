@@ -9,7 +9,7 @@ Per seed, in ``--out``/s<seed>, three real training runs one after the other:
    81"), which trains the tokenizer (its chat tokens reserved) and the arithmetic;
 2. ``chat``: a chat fine-tune of it on the same questions as conversations, so it answers after
    ``<|assistant|>`` and ends with ``<|end|>``;
-3. ``rl``: GRPO from the chat run (``data.format: rl``, ``training/grpo.py``) on the same questions,
+3. ``rl``: GRPO from the chat run (``data.format: rl``, ``training/tasks/grpo/``) on the same questions,
    rewarded for the right answer, for a few minutes of training.
 
 The first two stop after a fixed number of steps, chosen so that the chat run is sometimes right
@@ -46,9 +46,12 @@ PASS_K = 8
 
 def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(prog="python -m benchmarks.rl_lab", description=__doc__.split("\n\n")[0])
-    p.add_argument("--seeds", type=int, nargs="+", required=True, help="train.seed of each seed's three runs")
-    p.add_argument("--out", type=path_arg, default=OUT, help="where the runs go (a folder per seed)")
-    p.add_argument("--size", choices=sorted(SIZES), default="lab", help="lab, or toy for a smoke test")
+    p.add_argument("--seeds", type=int, nargs="+", required=True,
+                   help="train.seed of each seed's three runs (required)")
+    p.add_argument("--out", type=path_arg, default=OUT,
+                   help="where the runs go, a folder per seed (default: %(default)s)")
+    p.add_argument("--size", choices=sorted(SIZES), default="lab",
+                   help="lab, or toy for a smoke test (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print one JSON object per seed instead of a table")
     p.add_argument("--overwrite", action="store_true", help="replace runs already in --out")
     return p
@@ -121,16 +124,17 @@ def configs(folder: Path, seed: int, size: str, overwrite: bool) -> dict[str, di
 def held_out(run_dir: Path, rl_raw: dict[str, Any]) -> dict[str, float]:
     """pass@1 and pass@8 of ``run_dir`` on every held-out question, by the RL task's own evaluation."""
     from model import load_pretrained
+    from training.adapters import adapters_for
     from training.config import config_from_dict
     from training.distributed import DistContext
-    from training.tasks import prepare_task
+    from training.tasks.prepare import prepare_task
 
     # Read as an RL run of it that is never trained (nothing is written to its out_dir).
     raw = _merge(rl_raw, {"train": {"init_from": str(run_dir)}, "rl": {"beta": 0.0},
                           "run": {"out_dir": f"{run_dir}-unused"}})
     config = config_from_dict(raw)
     task = prepare_task(config, config.parent.tokenizer_file, progress=False, is_main=True,
-                        device=torch.device("cpu"))
+                        device=torch.device("cpu"), adapters=adapters_for(config.train))
     result = task.evaluate(load_pretrained(run_dir), batch_size=32, max_batches=None, device=torch.device("cpu"),
                            amp=None, ctx=DistContext(), progress=False)
     return result.metrics

@@ -4,8 +4,9 @@ Each section (``GPTConfig``, ``DataConfig``, ``TrainConfig``, ...) is a dataclas
 ``__post_init__`` calls ``check_types`` and then checks its values with ``require``. ``build`` turns
 a plain dict (parsed YAML) into such a dataclass: an unknown key is rejected with a suggestion, a
 nested section is built the same way, and any failure becomes one line naming the key. A section
-lists the keys it no longer has in ``REMOVED_KEYS`` (key: its "off" value): a saved run that wrote
-one at that value still loads, and any other value is refused as removed.
+lists the keys it no longer has in ``REMOVED_KEYS`` (key: ``Removed``, its "off" value and what to do
+instead): a saved run that wrote one at that value still loads, and any other value is refused in one
+line that says where the option went.
 Types are strict: ``true`` is not an int, ``"3"`` is not a number; an int is accepted (and stored
 as a float) where a float is expected.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import math
 import re
 import types
 import typing
@@ -34,6 +36,19 @@ class ConfigError(UserError, ValueError):
 def require(condition: bool, message: str, error: type[Exception] = ConfigError) -> None:
     if not condition:
         raise error(message)
+
+
+def require_one_of(value: str, key: str, choices: tuple[str, ...]) -> None:
+    require(value in choices, f"{key} must be {', '.join(choices[:-1])} or {choices[-1]} (got {value!r})")
+
+
+def require_in(value: float, key: str, low: float, high: float, *, low_open: bool = False,
+               high_open: bool = False, note: str = "") -> None:
+    """``value`` is a finite number in the interval; nan and infinities never are."""
+    above = low < value if low_open else low <= value
+    below = value < high if high_open else value <= high
+    interval = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+    require(math.isfinite(value) and above and below, f"{key} must be in {interval}{note} (got {value!r})")
 
 
 class _Loader(BoundedSafeLoader):
@@ -85,6 +100,20 @@ def read_yaml(text: str, source: str) -> Any:
         raise ConfigError(f"{source}{where}: invalid YAML ({problem}); fix the syntax") from None
 
 
+# What a key a section no longer has says when a config still names it: the common case first.
+LOST_BY_RECORDS = "was removed: it lost by the records protocol (docs/records.md, tried and dropped); delete the key"
+
+
+@dataclasses.dataclass(frozen=True)
+class Removed:
+    """A key a section no longer has. Every saved run's config lists every key of the version that
+    wrote it, so the key at ``off`` (the value that changed nothing) is dropped without a word and
+    those files still load; any other value is refused with ``advice``, after the key's name."""
+
+    off: Any
+    advice: str = LOST_BY_RECORDS
+
+
 def build(cls: type, raw: Any, path: str = "", error: type[Exception] = ConfigError) -> Any:
     """``cls`` from a plain dict; any problem raises ``error`` with one line naming the key."""
     kwargs = _init_kwargs(cls, raw, path, error)
@@ -122,8 +151,7 @@ def _init_kwargs(cls: type, raw: Any, path: str, error: type[Exception]) -> dict
     kwargs = {}
     for key, value in raw.items():
         if key in removed and key not in fields:
-            require(value == removed[key], f"{_join(path, key)} was removed: the option lost by the records "
-                    f"protocol (docs/records.md, tried and dropped); delete the key", error)
+            require(value == removed[key].off, f"{_join(path, key)} {removed[key].advice}", error)
             continue
         if key not in fields:
             raise error(_unknown_key_message(str(key), list(fields), path))

@@ -107,7 +107,7 @@ class DataConfig:
 
     source: str = "shakespeare"
     # chat: conversations (data/sources/conversations.py); preference: reply pairs
-    # (data/sources/preferences.py); both for train.init_from
+    # (training/tasks/dpo/pairs.py); both for train.init_from
     format: str = "text"
     vocab_size: int = 2048
     val_fraction: float = 0.1
@@ -142,7 +142,7 @@ class DataConfig:
                  "(e.g. roneneldan/TinyStories) or a local dataset directory")
         _require(self.format != "preference" or self.source in ("files", "hub"),
                  f"data.format: preference reads reply pairs from data.source files or hub, not {self.source!r}; "
-                 "build the built-in set from a chat run with python -m training.preference_set")
+                 "build the built-in set from a chat run with python -m training.tasks.dpo.preference_set")
         _require(self.source != "files" or self.files.paths != [],
                  "data.source is 'files' but data.files.paths is empty: list .txt, .jsonl or "
                  ".parquet paths or globs")

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from common.config import check_types, require, typed_values
+from common.config import Removed, check_types, require, typed_values
 from model.config_checks import ATTENTION_KINDS, MLP_KINDS, POSITION_KINDS, POSITIVE_INTS, explain_model_values
 from model.kv_cache import KVCache, LayerCache
 
@@ -64,7 +64,7 @@ class GPTConfig:
     positions: str = "learned"
     rope_theta: float = 10000.0
     # Options that lost by the records protocol, at the value that turned them off (common.config).
-    REMOVED_KEYS: ClassVar[dict[str, Any]] = {"bigram_buckets": None, "mtp_weight": 0.0}
+    REMOVED_KEYS: ClassVar[dict[str, Removed]] = {"bigram_buckets": Removed(None), "mtp_weight": Removed(0.0)}
 
     def __post_init__(self) -> None:
         # Plain checks against programmer errors: ``from_dict`` has explained a user's values already.
@@ -750,7 +750,7 @@ class GPT(nn.Module):
 
     def init_cache(
         self, batch_size: int, max_len: int | None = None, dtype: torch.dtype | None = None,
-        whole_buffers: bool = False,
+        whole_buffers: int = 0,
     ) -> KVCache:
         """An empty cache on the model's device, in its parameter dtype unless told otherwise."""
         max_len = self.config.block_size if max_len is None else max_len

@@ -13,9 +13,10 @@ from training.memory_budget import estimate_memory
 from training.metrics import format_flops, peak_flops
 from training.optim import build_optimizer, plan_param_groups
 from training.rms_norm_cpu import install_cpu_backward
-from training.sft import evaluate_chat
-from training.tasks import accumulate_gradients
-from training.trainer import NonFiniteLossError, TrainResult, clip_gradients, train
+from training.tasks.chat import evaluate_chat
+from training.tasks.task import accumulate_gradients
+from training.result import TrainResult
+from training.trainer import NonFiniteLossError, clip_gradients, train
 
 __all__ = ["Config", "ConfigError", "DistContext", "NonFiniteLossError", "TrainConfig", "TrainResult",
            "accumulate_gradients", "autocast", "barrier", "build_optimizer", "clip_gradients", "config_from_dict",

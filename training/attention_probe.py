@@ -1,6 +1,6 @@
 """The attention probe a text run takes at every evaluation: each layer's attention entropy, the
 induction scores and the loss on both copies of repeated sequences (``analysis.maps``), and now
-and then the maps over the sample prompt, which the trainer draws (``analysis.plot``).
+and then a figure of the maps over the sample prompt (drawn by the logger, ``analysis.plot``).
 
 Everything the probe reads from the data is fixed once, when the run starts: held-out windows,
 the ids the induction probe draws from, and the prompt's tokens. So the numbers of two
@@ -9,7 +9,7 @@ evaluations differ only by the weights.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -21,12 +21,26 @@ from analysis.maps import attention_maps, attention_summary, probe_ids
 WINDOWS = 4  # held-out windows the entropy is averaged over
 
 
-@dataclass(frozen=True)
+@dataclass
 class AttentionProbe:
     windows: torch.Tensor  # (WINDOWS or fewer, block_size) held-out token ids
     ids: torch.Tensor  # ids the induction probe draws repeats from
     prompt: str  # the text the figure shows the maps over
     prompt_ids: list[int]
+    evaluations: int = field(default=0, init=False)  # recorded in this session (a figure every few)
+
+    def record(self, model: nn.Module, logger: Any, step: int, tokenizer: Any, *, final: bool,
+               image_interval: int) -> dict[str, float]:
+        """An evaluation's numbers (``summary``), for its line of the metrics file and logged to wandb
+        as ``attn/...``; at every ``image_interval``-th evaluation, and the final one, a figure of
+        the maps too (0: never)."""
+        stats = self.summary(model)
+        logger.log({f"attn/{k}": v for k, v in stats.items()}, step)
+        self.evaluations += 1
+        if logger.active and image_interval and (final or self.evaluations % image_interval == 1):
+            maps, tokens = self.prompt_maps(model, tokenizer)
+            logger.log_attention_maps("attn/maps", maps, tokens, f"step {step}: attention over {self.prompt!r}", step)
+        return stats
 
     def summary(self, model: nn.Module) -> dict[str, float]:
         """``analysis.maps.attention_summary`` of ``model`` on this probe's data."""

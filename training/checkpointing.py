@@ -26,9 +26,9 @@ from common.os_errors import describe_os_error, with_path
 from model import GPT, GPTConfig
 from rundir.checkpoint import CheckpointError, save_checkpoint
 from rundir.files import SHARDED_PREFIX
+from training.adapters import Adapters
 from training.distributed import DistContext, barrier, decided_on_main
 from training.fsdp import is_sharded
-from training.lora import merged_copy
 from training.optim import load_optimizer_state
 from training.resume_rules import check_optimizer_groups
 
@@ -42,6 +42,7 @@ class Checkpointer:
     ctx: DistContext
     model_config: GPTConfig
     device: torch.device
+    adapters: Adapters  # how the weights train: the plain model they make is what model.safetensors holds
 
     def whole_model(self, model: GPT) -> GPT | None:
         """The model whole on rank 0 (None on the others where it is sharded), e.g. to decode samples."""
@@ -49,10 +50,10 @@ class Checkpointer:
 
     def save(self, model: GPT, optimizer: Any, state: dict[str, Any], *, weights: bool = True) -> None:
         """Write the checkpoint of the trainer ``state`` (rank 0's is kept) with the model's;
-        ``weights``: ``model.safetensors`` gets these weights too (a LoRA model's merged), else it
+        ``weights``: ``model.safetensors`` gets these weights too (adapters merged in), else it
         keeps the weights it holds."""
         whole = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
-        plain = merged_copy(model) if weights else None
+        plain = self.adapters.merged(model) if weights else None
         decided_on_main(self.ctx, lambda: save_checkpoint(self.run_dir, plain, {**state, **whole}))
 
     def restore(self, state: dict[str, Any], model: GPT, optimizer: Any) -> None:
@@ -149,10 +150,10 @@ class ShardedCheckpointer(Checkpointer):
 
 
 def checkpointer_for(parallel: str, run_dir: Path, ctx: DistContext, model_config: GPTConfig,
-                     device: torch.device) -> Checkpointer:
+                     device: torch.device, adapters: Adapters) -> Checkpointer:
     """The checkpoint of a run trained with ``train.parallel`` set to ``parallel``."""
     kind = ShardedCheckpointer if parallel == "fsdp" else Checkpointer
-    return kind(run_dir, ctx, model_config, device)
+    return kind(run_dir, ctx, model_config, device, adapters)
 
 
 def _optimizer_parts(optimizer: Any) -> dict[str, torch.optim.Optimizer]:

@@ -24,7 +24,8 @@ from model.config_checks import llama_blockers
 from rundir.files import STATE_FILE, TOKENIZER_FILE
 from training.config import Config, load_run_config
 from training.loss_curve import write_run_loss_curve
-from training.trainer import TrainResult, train
+from training.result import TrainResult
+from training.trainer import train
 
 
 def build_parser() -> argparse.ArgumentParser:

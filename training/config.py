@@ -1,7 +1,10 @@
 """The run configuration: typed dataclasses loaded from YAML, validated once, saved with the run.
 
 A YAML file maps one-to-one onto ``Config``: a top-level section per dataclass field, a key per
-field of that section, checked by ``common.config``.
+field of that section, checked by ``common.config``. ``train`` holds what every run shares; a
+post-training method's own section (``dpo:``, ``rl:``) is declared and validated beside the method
+(``training/tasks/dpo/config.py``, ``training/tasks/grpo/config.py``). Keys that were taken out or
+moved are answered from each section's ``REMOVED_KEYS``.
 """
 
 from __future__ import annotations
@@ -17,16 +20,19 @@ from typing import Any, ClassVar
 import torch
 import yaml
 
-from common.config import ConfigError, build, check_types, read_yaml, read_yaml_file, require
+from common.config import (
+    ConfigError, Removed, build, check_types, read_yaml, read_yaml_file, require, require_in, require_one_of,
+)
 from common.files import atomic_write_text
 from data import DataConfig
 from model.layer_map import block_linears
 from model import GPTConfig
-from inference.sampling import check_sampling_args
 from tracking.config import LoggingConfig
 from training.fsdp import torch_too_old
 from training.init_from import ParentRun, find_parent, model_section_from_parent, refuse_own_parent
 from training.muon import ITERATIONS
+from training.tasks.dpo.config import DPOConfig, check_dpo_run
+from training.tasks.grpo.config import RLConfig, check_rl_run
 
 DEFAULT_OUT_DIR = "runs/default"  # where a config without run.out_dir (and no file name) trains
 
@@ -38,19 +44,6 @@ MAX_LR = 10.0
 MAX_WEIGHT_DECAY = 10.0
 # A clip far above any gradient norm is no clip, which 0 already says; a larger one is a typo.
 MAX_GRAD_CLIP = 1e6
-
-
-def _require_one_of(value: str, key: str, choices: tuple[str, ...]) -> None:
-    require(value in choices, f"{key} must be {', '.join(choices[:-1])} or {choices[-1]} (got {value!r})")
-
-
-def _require_in(value: float, key: str, low: float, high: float, *, low_open: bool = False,
-                high_open: bool = False, note: str = "") -> None:
-    """``value`` is a finite number in the interval; nan and infinities never are."""
-    above = low < value if low_open else low <= value
-    below = value < high if high_open else value <= high
-    interval = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
-    require(math.isfinite(value) and above and below, f"{key} must be in {interval}{note} (got {value!r})")
 
 
 # What a LoRA target may name besides one layer of the block: every layer of the attention, or of
@@ -73,8 +66,8 @@ class LoraConfig:
     def __post_init__(self) -> None:
         check_types(self, "train.lora")
         require(self.rank >= 1, f"train.lora.rank must be >= 1 (got {self.rank})")
-        _require_in(self.alpha, "train.lora.alpha", 0, math.inf, low_open=True, high_open=True)
-        _require_in(self.dropout, "train.lora.dropout", 0, 1, high_open=True)
+        require_in(self.alpha, "train.lora.alpha", 0, math.inf, low_open=True, high_open=True)
+        require_in(self.dropout, "train.lora.dropout", 0, 1, high_open=True)
         require(bool(self.targets), "train.lora.targets is empty; name the layers to adapt, e.g. "
                                     "[attention, feed_forward]")
 
@@ -123,7 +116,6 @@ class TrainConfig:
     # AdamW's peak for the value-embedding tables (model.value_embeddings), scaled by the schedule
     # like muon_lr; null = lr. The small-model records train embedding tables far faster than the rest.
     value_embedding_lr: float | None = None
-    REMOVED_KEYS: ClassVar[dict[str, Any]] = {"bigram_lr": None}  # lost by the records protocol (common.config)
     muon_momentum: float = 0.95
     muon_momentum_warmup: int = 0  # steps over which Muon's momentum rises to muon_momentum (0 = none)
     # Muon's newer forms (training/muon.py), off by default: the orthogonalising iteration
@@ -132,12 +124,6 @@ class TrainConfig:
     normuon: bool = False
     cautious_weight_decay: bool = False
     warmup_steps: int = 100
-    # Short windows first (plain-text pretraining): for the first short_window_share of the budget
-    # (the LR schedule's progress) every training window of model.block_size tokens is cut into
-    # windows of short_window tokens, a divisor of block_size. A step keeps its tokens; attention
-    # spans fewer of them, and the positions past short_window train only afterwards. null = off.
-    short_window: int | None = None
-    short_window_share: float = 0.3
     weight_decay: float = 0.1  # applied to weight matrices only
     beta1: float = 0.9
     beta2: float = 0.95
@@ -159,13 +145,6 @@ class TrainConfig:
     # Train low-rank adapters on a frozen copy of train.init_from's weights instead of every weight
     # (null = full fine-tuning).
     lora: LoraConfig | None = None
-    # data.format: preference only: DPO's β, how far the policy may move from the init_from run
-    # (training/dpo.py); TRL's default.
-    dpo_beta: float = 0.1
-    # data.format: preference only: RPO's weight on the chosen replies' mean token NLL, added to the
-    # DPO loss (TRL's loss_type [sigmoid, sft] with loss_weights [1, this]); it keeps the policy
-    # writing its chosen replies while it learns the preference. 0 = plain DPO.
-    dpo_rpo_alpha: float = 0.0
 
     def budget_reached(self, step: int, tokens: int, seconds: float) -> str | None:
         """The budget a run at ``step``, having seen ``tokens`` in ``seconds`` of training, has used
@@ -177,6 +156,19 @@ class TrainConfig:
         if self.max_minutes is not None and seconds >= self.max_minutes * 60.0:
             return "max_minutes"
         return None
+
+    # Keys taken out or moved, at the value each had when it changed nothing (common.config.Removed).
+    REMOVED_KEYS: ClassVar[dict[str, Removed]] = {
+        "bigram_lr": Removed(None),
+        "short_window": Removed(None, "(short windows first) was taken out: it tied by the records protocol "
+                                      "(docs/records.md); delete the key"),
+        "short_window_share": Removed(0.3, "went with train.short_window, which tied by the records protocol "
+                                           "(docs/records.md); delete the key"),
+        "dpo_beta": Removed(0.1, "is now dpo.beta, in a dpo: section beside train: (as in configs/tiny-dpo.yaml); "
+                                 "move the value there"),
+        "dpo_rpo_alpha": Removed(0.0, "is now dpo.rpo_alpha, in a dpo: section beside train: (as in "
+                                      "configs/tiny-dpo.yaml); move the value there"),
+    }
 
     def __post_init__(self) -> None:
         check_types(self, "train")
@@ -190,44 +182,39 @@ class TrainConfig:
         require(self.max_tokens is None or self.max_tokens >= 1, "train.max_tokens must be >= 1")
         require(self.batch_size >= 1, "train.batch_size must be >= 1")
         require(self.grad_accum_steps >= 1, "train.grad_accum_steps must be >= 1")
-        _require_one_of(self.sampling, "train.sampling", ("random", "epoch"))
-        _require_one_of(self.optimizer, "train.optimizer", ("adamw", "muon"))
-        _require_in(self.lr, "train.lr", 0, MAX_LR, low_open=True)
-        _require_in(self.muon_lr, "train.muon_lr", 0, MAX_LR, low_open=True)
+        require_one_of(self.sampling, "train.sampling", ("random", "epoch"))
+        require_one_of(self.optimizer, "train.optimizer", ("adamw", "muon"))
+        require_in(self.lr, "train.lr", 0, MAX_LR, low_open=True)
+        require_in(self.muon_lr, "train.muon_lr", 0, MAX_LR, low_open=True)
         if self.value_embedding_lr is not None:
-            _require_in(self.value_embedding_lr, "train.value_embedding_lr", 0, MAX_LR, low_open=True,
+            require_in(self.value_embedding_lr, "train.value_embedding_lr", 0, MAX_LR, low_open=True,
                         note=" (or null: the same as train.lr)")
-        _require_in(self.muon_momentum, "train.muon_momentum", 0, 1, high_open=True)
+        require_in(self.muon_momentum, "train.muon_momentum", 0, 1, high_open=True)
         require(self.muon_momentum_warmup >= 0, "train.muon_momentum_warmup must be >= 0 (0 = no warm-up)")
-        _require_one_of(self.muon_iteration, "train.muon_iteration", ITERATIONS)
+        require_one_of(self.muon_iteration, "train.muon_iteration", ITERATIONS)
         for name in ("normuon", "cautious_weight_decay"):
             require(not getattr(self, name) or self.optimizer == "muon",
                     f"train.{name} is a form of Muon's step; set train.optimizer: muon or {name}: false")
         require(not (self.normuon and self.parallel == "fsdp"), "train.normuon keeps whole-matrix state "
                 "that train.parallel: fsdp does not shard; set normuon: false or parallel: ddp")
-        _require_in(self.min_lr, "train.min_lr", 0, self.lr, note=" (0 to train.lr)")
-        _require_one_of(self.lr_schedule, "train.lr_schedule", ("cosine", "wsd"))
-        _require_in(self.lr_decay_fraction, "train.lr_decay_fraction", 0, 1, low_open=True)
+        require_in(self.min_lr, "train.min_lr", 0, self.lr, note=" (0 to train.lr)")
+        require_one_of(self.lr_schedule, "train.lr_schedule", ("cosine", "wsd"))
+        require_in(self.lr_decay_fraction, "train.lr_decay_fraction", 0, 1, low_open=True)
         require(self.warmup_steps >= 0, "train.warmup_steps must be >= 0")
-        require(self.short_window is None or self.short_window >= 1,
-                f"train.short_window must be a whole number >= 1 (or null: off), got {self.short_window!r}")
-        _require_in(self.short_window_share, "train.short_window_share", 0, 1, low_open=True)
-        _require_in(self.weight_decay, "train.weight_decay", 0, MAX_WEIGHT_DECAY)
-        _require_in(self.beta1, "train.beta1", 0, 1, high_open=True)
-        _require_in(self.beta2, "train.beta2", 0, 1, high_open=True)
+        require_in(self.weight_decay, "train.weight_decay", 0, MAX_WEIGHT_DECAY)
+        require_in(self.beta1, "train.beta1", 0, 1, high_open=True)
+        require_in(self.beta2, "train.beta2", 0, 1, high_open=True)
         # Adam divides by sqrt(v) + eps: past 1 it would outweigh any gradient of a normal scale.
-        _require_in(self.eps, "train.eps", 0, 1, low_open=True)
-        _require_in(self.grad_clip, "train.grad_clip", 0, MAX_GRAD_CLIP, note=" (0 disables clipping)")
+        require_in(self.eps, "train.eps", 0, 1, low_open=True)
+        require_in(self.grad_clip, "train.grad_clip", 0, MAX_GRAD_CLIP, note=" (0 disables clipping)")
         require(
             self.device == "auto" or re.fullmatch(r"cpu|mps|cuda(:\d+)?", self.device) is not None,
             f"train.device must be auto, cpu, cuda, cuda:N or mps (got {self.device!r})",
         )
         require(self.threads == "auto" or (isinstance(self.threads, int) and self.threads >= 1),
                 f"train.threads must be auto or a whole number >= 1 (got {self.threads!r})")
-        _require_one_of(self.precision, "train.precision", ("auto", "bf16", "fp32"))
-        _require_one_of(self.parallel, "train.parallel", ("ddp", "fsdp"))
-        _require_in(self.dpo_beta, "train.dpo_beta", 0, math.inf, low_open=True, high_open=True)
-        _require_in(self.dpo_rpo_alpha, "train.dpo_rpo_alpha", 0, math.inf, high_open=True, note=" (0 = plain DPO)")
+        require_one_of(self.precision, "train.precision", ("auto", "bf16", "fp32"))
+        require_one_of(self.parallel, "train.parallel", ("ddp", "fsdp"))
         if self.parallel == "fsdp":
             require((too_old := torch_too_old(torch.__version__)) is None, str(too_old))
         require(
@@ -239,75 +226,6 @@ class TrainConfig:
             or (not isinstance(self.peak_flops, str) and 0 < self.peak_flops < math.inf),
             f"train.peak_flops must be auto or a positive number (got {self.peak_flops!r})",
         )
-
-
-@dataclass
-class ArithmeticConfig:
-    """The built-in RL prompts (data/sources/arithmetic.py): distinct questions "What is a+b?" over
-    operands 0..max_operand and the ``operations`` named (any of + - *), shuffled by ``seed``;
-    ``val_problems`` held out for pass@k, then ``train_problems`` to train on."""
-
-    seed: int = 0
-    train_problems: int = 2000
-    val_problems: int = 200
-    max_operand: int = 99
-    operations: str = "+"
-
-    def __post_init__(self) -> None:
-        check_types(self, "rl.arithmetic")
-        require(self.train_problems >= 1 and self.val_problems >= 1,
-                "rl.arithmetic.train_problems and val_problems must be >= 1")
-        require(self.max_operand >= 1, f"rl.arithmetic.max_operand must be >= 1 (got {self.max_operand})")
-        require(self.operations != "" and set(self.operations) <= set("+-*") and
-                len(set(self.operations)) == len(self.operations),
-                f"rl.arithmetic.operations must be distinct characters of +-* (got {self.operations!r})")
-        available = len(self.operations) * (self.max_operand + 1) ** 2
-        require(self.train_problems + self.val_problems <= available,
-                f"rl.arithmetic asks for {self.train_problems + self.val_problems} problems but only {available} "
-                f"distinct ones exist; lower train_problems/val_problems or raise max_operand")
-
-
-@dataclass
-class RLConfig:
-    """Reinforcement learning with verifiable rewards (GRPO, training/grpo.py), for data.format: rl.
-
-    Each step takes train.batch_size x train.grad_accum_steps prompts (per process), samples
-    ``group_size`` completions of each through the engine, scores them with ``rewards`` (names in
-    training/rewards.py, or module:function) and updates the policy; ``updates_per_batch``
-    optimizer steps reuse one sampled batch (TRL's num_iterations). Held-out pass@1 and
-    pass@``eval_samples`` are measured at each evaluation."""
-
-    group_size: int = 8  # completions per prompt (TRL's num_generations)
-    max_new_tokens: int = 8
-    temperature: float = 1.0  # sampling temperature; the loss's log-probabilities use the same
-    beta: float = 0.04  # weight of the KL penalty to the frozen init_from model (0: none)
-    epsilon: float = 0.2  # the ratio's clip range, [1 - epsilon, 1 + epsilon]
-    updates_per_batch: int = 1
-    rewards: list[str] = field(default_factory=lambda: ["correct"])
-    eval_samples: int = 8  # completions per held-out prompt: the k of pass@k
-    task: str = "arithmetic"  # where the prompts come from (the one built-in task)
-    arithmetic: ArithmeticConfig = field(default_factory=ArithmeticConfig)
-
-    def __post_init__(self) -> None:
-        from training.rewards import reward_function
-
-        check_types(self, "rl")
-        require(self.group_size >= 2, f"rl.group_size must be >= 2: advantages compare completions within a group "
-                                      f"(got {self.group_size})")
-        require(self.max_new_tokens >= 1, f"rl.max_new_tokens must be >= 1 (got {self.max_new_tokens})")
-        _require_in(self.temperature, "rl.temperature", 0, 10, low_open=True)
-        _require_in(self.beta, "rl.beta", 0, math.inf, high_open=True, note=" (0: no KL penalty)")
-        _require_in(self.epsilon, "rl.epsilon", 0, 1, low_open=True, high_open=True)
-        require(self.updates_per_batch >= 1, f"rl.updates_per_batch must be >= 1 (got {self.updates_per_batch})")
-        require(self.eval_samples >= 1, f"rl.eval_samples must be >= 1 (got {self.eval_samples})")
-        require(self.task == "arithmetic", f"rl.task must be arithmetic, the one built-in task (got {self.task!r})")
-        require(bool(self.rewards), "rl.rewards is empty; name at least one, e.g. [correct]")
-        require(len(set(self.rewards)) == len(self.rewards), f"rl.rewards names one twice: {self.rewards}")
-        for name in self.rewards:
-            try:
-                reward_function(name)
-            except ValueError as e:
-                raise ConfigError(f"rl.rewards: {e}") from None
 
 
 @dataclass
@@ -342,7 +260,10 @@ class EvalConfig:
             "eval.final_max_batches must be >= 1 or null (whole split)",
         )
         require(self.sample_tokens >= 0, "eval.sample_tokens must be >= 0")
-        check_sampling_args(self.sample_temperature, self.sample_top_k, None, 1.0)  # eval.sample_*
+        require_in(self.sample_temperature, "eval.sample_temperature", 0, math.inf, high_open=True,
+                   note=" (0 = greedy)")
+        require(self.sample_top_k is None or self.sample_top_k >= 1,
+                f"eval.sample_top_k must be a whole number >= 1, or null for no limit (got {self.sample_top_k!r})")
 
 
 @dataclass
@@ -365,6 +286,7 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    dpo: DPOConfig | None = None  # data.format: preference only (left out: every default)
     rl: RLConfig | None = None  # data.format: rl only
     # The run train.init_from names, found and checked once, when the config is read
     # (config_from_dict); not a key of the YAML, and not saved: init_from says it.
@@ -381,8 +303,10 @@ class Config:
         )
         if self.train.lora is not None:
             _check_lora(self.train, self.model)
-        _check_rl(self)
-        _check_short_window(self)
+        if self.data.format == "preference" and self.dpo is None:
+            self.dpo = DPOConfig()  # written out whole in the run's config.yaml
+        check_dpo_run(self)
+        check_rl_run(self)
 
     @property
     def out_dir(self) -> Path:
@@ -410,33 +334,6 @@ def _check_lora(train: TrainConfig, model: GPTConfig) -> None:
             f"use a rank of at most {widths[narrowest]}, or leave {narrowest} out of train.lora.targets")
 
 
-def _check_short_window(config: Config) -> None:
-    """Short windows are cut from the text windows of a pretraining run, whole: their length divides
-    the block size and is shorter than it."""
-    window, block = config.train.short_window, config.model.block_size
-    if window is None:
-        return
-    require(config.data.format == "text",
-            f"train.short_window cuts plain-text windows; a data.format: {config.data.format} run has none "
-            "to cut: set short_window: null")
-    require(window < block and block % window == 0,
-            f"train.short_window must divide model.block_size ({block}) and be shorter than it (got {window}); "
-            f"for example {block // 2}")
-
-
-def _check_rl(config: Config) -> None:
-    """The rl section goes with data.format: rl, and a setting that cannot work is refused."""
-    rl, train = config.rl, config.train
-    if config.data.format != "rl":
-        require(rl is None, f"an rl section is for data.format: rl (this run's is {config.data.format})")
-        return
-    require(rl is not None, "data.format: rl needs an rl section (rl: {} takes every default)")
-    require(train.parallel == "ddp", "data.format: rl trains with train.parallel: ddp; under fsdp every process "
-                                     "would decode its samples with a sliced model")
-    require(train.compile is not True, "data.format: rl samples through the engine with the plain model; "
-                                       "set train.compile: false")
-
-
 def load_run_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Read a YAML config, apply ``--set key=value`` overrides, validate, return a ``Config``."""
     path = Path(path)
@@ -451,9 +348,10 @@ def load_run_config(path: str | Path, overrides: list[str] | tuple[str, ...] = (
     return config_from_dict(raw)
 
 
+
 def config_from_dict(raw: dict[str, Any]) -> Config:
-    """Validate a plain nested dict (as read from YAML) into a ``Config``."""
-    raw = dict(raw)
+    """Validate a plain nested dict (as read from YAML) into a ``Config``; ``raw`` is left as it was."""
+    raw = dict(raw)  # its sections are replaced below, never changed in place
     train = raw.get("train")
     parent = None
     if isinstance(train, dict) and train.get("init_from"):

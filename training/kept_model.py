@@ -18,8 +18,8 @@ from typing import Any
 from torch import nn
 
 from model import load_pretrained
+from training.adapters import Adapters
 from training.fsdp import is_sharded
-from training.lora import adapted_state
 
 # A few passes over a corpus are normal; beyond this many a small model learns the text itself
 # faster than the language, and the validation loss soon rises.
@@ -62,22 +62,42 @@ class KeptModel:
         return True
 
 
-def load_kept_weights(model: nn.Module, run_dir: Path) -> None:
+def load_kept_weights(model: nn.Module, run_dir: Path, adapters: Adapters) -> None:
     """Put the run's ``model.safetensors`` into ``model``, whole or sharded over processes (every
     process reads the file; under torchrun the run directory is shared). For the final validation
-    pass only: a LoRA model's adapters then add nothing."""
+    pass only: ``adapters`` fold the weights into their frozen base and then add nothing."""
     weights = load_pretrained(run_dir).state_dict()
     if is_sharded(model):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
         set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True))
     else:
-        model.load_state_dict(adapted_state(model, weights))  # a LoRA run: folded into its base
+        model.load_state_dict(adapters.state_for(model, weights))
 
 
 def epochs(tokens: float, corpus_tokens: int | None) -> float | None:
     """How many times ``tokens`` of training pass over a corpus of ``corpus_tokens``."""
     return tokens / corpus_tokens if corpus_tokens else None
+
+
+@dataclass
+class CorpusCheck:
+    """Compares the budget with the training split once, as soon as the run's end is known (a clock
+    budget needs the pace of a few steps first)."""
+
+    corpus_tokens: int | None  # tokens in the training split (None: not counted for this task)
+    tokens_per_step: int
+    max_tokens: int | None  # train.max_tokens, for a run whose end is not known in steps
+    done: bool = False
+
+    def warning(self, bar: Any, step: int, elapsed_s: float) -> str | None:
+        """``small_corpus_warning`` the first time the progress ``bar`` knows the end; None otherwise."""
+        if self.done or (bar.schedule.max_seconds is not None and not bar.throughput.full):
+            return None
+        self.done = True
+        steps = bar.expected_steps(step, elapsed_s)
+        planned = self.max_tokens if steps is None else steps * self.tokens_per_step
+        return small_corpus_warning(planned or 0, self.corpus_tokens)
 
 
 def small_corpus_warning(planned_tokens: float, corpus_tokens: int | None) -> str | None:

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from common.files import atomic_write_text
+from common.threads import STARVED_SHARE, starved_advice
 from training.device import synchronize
 
 
@@ -164,6 +165,29 @@ class Throughput:
 
     def _seconds(self) -> float:
         return sum(s for _, s, _ in self._samples)
+
+
+class CpuShareWatch:
+    """Notices, once, on a CPU, when other programs leave the training loop's thread on a core less
+    than half the time: the run is then far slower than the machine can go, and the user should
+    know why. The loop's own thread is the gauge: it computes its share of every operation and runs
+    the Python between them, so on a quiet machine it is on a core nearly all the time, whatever the
+    thread count."""
+
+    def __init__(self, device: torch.device, threads: int) -> None:
+        self.on_cpu, self.threads = device.type == "cpu", threads
+        self.starved_share: float | None = None  # the share when it was noticed
+
+    def advice(self, throughput: Throughput) -> str | None:
+        """The one line to say when ``throughput``'s window shows the loop starved; None otherwise,
+        and every time after the first."""
+        if not self.on_cpu or self.starved_share is not None or not throughput.full:
+            return None
+        share = throughput.cpu_seconds_per_second()
+        if share >= STARVED_SHARE:
+            return None
+        self.starved_share = share
+        return starved_advice(share, self.threads)
 
 
 def format_duration(seconds: float) -> str:

@@ -98,10 +98,15 @@ def build_optimizer(
     )
 
 
-def set_learning_rate(optimizer: torch.optim.AdamW | MuonWithAdamW, groups: list[ParamGroup], lr: float) -> None:
-    """Run every group of ``optimizer`` (built from ``groups``) at the schedule's ``lr`` times its scale."""
+def set_learning_rate(optimizer: torch.optim.AdamW | MuonWithAdamW, groups: list[ParamGroup], lr: float,
+                      momentum: float | None = None) -> None:
+    """Run every group of ``optimizer`` (built from ``groups``) at the schedule's ``lr`` times its scale,
+    and Muon's groups at ``momentum`` (``muon_momentum``; None: as they are). AdamW's betas stay as
+    configured."""
     for torch_group, group in zip(optimizer.param_groups, groups, strict=True):
         torch_group["lr"] = lr * group.lr_scale
+        if group.optimizer == "muon" and momentum is not None:
+            torch_group["momentum"] = momentum
 
 
 def load_optimizer_state(optimizer: torch.optim.AdamW | MuonWithAdamW, state: dict[str, Any]) -> None:
@@ -135,10 +140,6 @@ class MuonWithAdamW:
     @property
     def param_groups(self) -> list[dict[str, Any]]:
         return self.muon.param_groups + self.adamw.param_groups
-
-    def set_momentum(self, momentum: float) -> None:
-        """Muon's momentum from the next step on (AdamW's betas stay as configured)."""
-        self.muon.param_groups[0]["momentum"] = momentum
 
     def step(self) -> None:
         self.muon.step()

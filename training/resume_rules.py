@@ -1,8 +1,7 @@
 """Which settings may change when a run is resumed, and the checks that refuse the others.
 
 May change on ``--resume``: the budgets (``train.max_steps``, ``max_minutes``, ``max_tokens``),
-learning rates and their schedule, warmup, the short windows (``train.short_window`` and its share),
-Muon's momentum and its warm-up, weight decay, betas, eps, gradient clipping,
+learning rates and their schedule, warmup, Muon's momentum and its warm-up, weight decay, betas, eps, gradient clipping,
 ``train.batch_size`` and ``train.grad_accum_steps``, device, precision, compile, and the whole
 ``eval``, ``logging`` and ``run`` sections, plus ``model.dropout``. ``train.precision: auto`` keeps the
 precision the run trained in (``run_precision``), so only an explicit ``fp32`` or ``bf16`` changes it.
@@ -19,6 +18,7 @@ nothing), the model's shape (``SHAPE_KEYS``) and the data section's tokenizer (b
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ import torch
 
 from common.config import read_yaml_file
 from common.errors import UserError, one_line
-from data.tokenizer import RUN_TOKENIZER_ADVICE
+from data.tokenizer import RUN_TOKENIZER_ADVICE, load_tokenizer
 from model import GPTConfig
 from rundir.checkpoint import CheckpointError
 from rundir.files import METRICS_FILE, RUN_CONFIG_FILE, STATE_FILE, TOKENIZER_FILE
@@ -101,6 +101,24 @@ def check_data_format(run_dir: Path, data_format: str) -> None:
             f"(data.format: {saved}), and this config says data.format: {data_format}; resume with "
             f"data.format: {saved} (the run's own config.yaml), or start a new run"
         )
+
+
+def threads_on_resume(state: dict[str, Any] | None, setting: int | str) -> int | None:
+    """The thread count a resumed run keeps: its own, where ``train.threads`` is auto (None: no
+    resume, a thread count set, or none recorded). The thread count changes how sums are split, and
+    so the last bits of every step: keeping it, a resumed run still ends on the weights of an
+    uninterrupted one. A machine with fewer CPUs than the run's own gives it all it has."""
+    if setting != "auto" or state is None or not isinstance(state.get("threads"), int):
+        return None
+    return min(state["threads"], os.cpu_count() or 1)
+
+
+def check_resumed_tokenizer(run_dir: Path, tokenizer: Any) -> None:
+    """Refuse to resume when the data section now builds another tokenizer than the run's own."""
+    saved = run_dir / TOKENIZER_FILE
+    if saved.is_file() and load_tokenizer(saved, RUN_TOKENIZER_ADVICE).get_vocab() != tokenizer.get_vocab():
+        raise CheckpointError(f"cannot resume {run_dir}: the data section now builds a different tokenizer "
+                              f"than the run was trained with; use the run's own config.yaml")
 
 
 def check_run_tokenizer(run_dir: Path) -> None:

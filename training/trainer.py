@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import random
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,20 +22,15 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from common.errors import UserError
-from common.files import atomic_write_bytes
-from common.threads import STARVED_SHARE, starved_advice, use_threads
-from data import load_tokenizer
-from data.tokenizer import RUN_TOKENIZER_ADVICE
+from common.threads import use_threads
 from inference.sampling import SamplingSettings
-from model import GPT, GPTConfig, save_pretrained
-from rundir.checkpoint import CheckpointError, check_run_dir, clear_old_run, load_trainer_state
-from rundir.files import ADAPTER_WEIGHTS_FILE, METRICS_FILE, RUN_CONFIG_FILE, TOKENIZER_FILE
-from rundir.lock import hold_run_dir
+from model import GPT, save_pretrained
+from rundir.files import METRICS_FILE, TOKENIZER_FILE
 from rundir.metrics import MetricsLog
-from rundir.record import write_parent_record
 from tracking.wandb_logger import WandbLogger
+from training.adapters import adapters_for
 from training.checkpointing import checkpointer_for
-from training.config import Config, config_to_dict, save_config
+from training.config import Config, config_to_dict
 from training.device import autocast, configure_backends, precision_name, resolve_precision, should_compile
 from training.distributed import (
     DistContext, all_reduce_mean, all_reduce_sum, barrier, decided_on_main, gather_to_main, init_distributed,
@@ -46,60 +39,35 @@ from training.distributed import (
 from training.evaluate import EvalResult
 from training.init_from import check_parent_tokenizer, load_parent_weights
 from training.interrupt import StopNow, StopRequest
-from training.kept_model import KeptModel, epochs, load_kept_weights, small_corpus_warning
-from training.lora import add_adapters, describe, merged_copy, save_adapter, trainable_parameters
+from training.kept_model import CorpusCheck, KeptModel, epochs, load_kept_weights
 from training.memory_budget import check_model_fits, plan_memory
-from training.metrics import Throughput, format_flops, mfu, peak_flops
-from training.optim import (
-    MuonWithAdamW, build_optimizer, build_schedule, muon_momentum, plan_param_groups, set_learning_rate,
-)
+from training.metrics import CpuShareWatch, Throughput, format_flops, mfu, peak_flops
+from training.optim import build_optimizer, build_schedule, muon_momentum, plan_param_groups, set_learning_rate
 from training.progress_bar import StepBar
 from training.recompute import checkpoint_blocks
-from training.rms_norm_cpu import install_cpu_backward
+from training.result import TrainResult
 from training.resume_rules import (
-    check_not_finished, check_data_format, check_fixed_settings, check_model_shape, check_run_tokenizer,
-    fixed_settings, restore_error, run_precision,
+    check_resumed_tokenizer, fixed_settings, restore_error, run_precision, threads_on_resume,
 )
+from training.rms_norm_cpu import install_cpu_backward
 from training.rng_state import capture_rng_state, restore_rng_state
-from training.tasks import prepare_task
+from training.run_dir import open_run_dir, write_run_files
+from training.tasks.prepare import prepare_task
 
 # Under a clock budget an evaluation is also due when this fraction of train.max_minutes has passed
 # since the last one, so a slow machine that reaches few eval.interval steps still shows samples.
 _CLOCK_EVAL_FRACTION = 0.1
 
 
-@dataclass
-class TrainResult:
-    run_dir: Path
-    step: int  # optimizer steps taken in total (including those before a resume)
-    tokens_seen: int
-    stopped_by: str  # max_steps | max_tokens | max_minutes | interrupted
-    train_seconds: float
-    val_loss: float | None = None  # from the final full validation pass (None when interrupted)
-    val_bpb: float | None = None
-    last_loss: float | None = None  # training loss of the last step
-    signal: int | None = None  # the signal that interrupted the run
-    is_main: bool = True  # rank 0 (or a single process): the one that reports to the user
-    chat: bool = False  # a chat-tuned run (data.format: chat)
-    wandb_sync: str | None = None  # the command that uploads an offline wandb run
-    starved_share: float | None = None  # set when other programs left the run under half its CPU time
-    sample_prompt: str | None = None  # what the evaluation samples continued (None for a chat run)
-    kept_step: int | None = None  # the step whose weights model.safetensors holds (training.kept_model)
-    kept_val_loss: float | None = None  # their loss on the evaluation subset (None: never evaluated on it)
-    last_val_loss: float | None = None  # the last step's loss on that subset
-    epochs: float | None = None  # passes over the training split (None: not known for this task)
-    threads: int = 1  # torch's threads in this session
-    earlier_seconds: float = 0.0  # training time of the sessions before this one (a resumed run)
-    adapter: str | None = None  # a LoRA run: how many parameters trained, and the adapter's size
-    val_words: str | None = None  # the final evaluation in words, where loss and bits/byte do not say it
-
-    @property
-    def interrupted(self) -> bool:
-        return self.stopped_by == "interrupted"
-
-
 class NonFiniteLossError(UserError):
     """The loss or gradient became NaN/Inf; the run stopped without saving."""
+
+    @classmethod
+    def at(cls, step: int, loss: float, grad_norm: float, saved_step: int | None, run_dir: Path) -> NonFiniteLossError:
+        where = (f"the last good checkpoint (step {saved_step}) in {run_dir} is untouched" if saved_step is not None
+                 else "no checkpoint had been written yet")
+        return cls(f"training diverged at step {step}: loss {loss}, gradient norm {grad_norm}; stopped without "
+                   f"saving, {where}; lower train.lr or raise train.warmup_steps")
 
 
 def train(config: Config, *, resume: bool = False, overwrite: bool = False, progress: bool = True,
@@ -138,20 +106,17 @@ class Trainer:
         self.device: torch.device = torch.device(ctx.device)
         self.run_dir = config.out_dir
         self.verbose = progress and ctx.is_main
+        self.adapters = adapters_for(config.train)  # how the weights train: all of them, or adapters
         self.step = 0
         self.tokens_seen = 0
         self.base_seconds = 0.0  # training time before this process (from the checkpoint)
         self.saved_step: int | None = None
         self.loop_start = time.perf_counter()
         self.throughput = Throughput()
-        self.evaluations = 0  # evaluations so far in this session (attention figures go to wandb every few)
         self.last_eval_s = 0.0  # training time at the end of the last evaluation
         self.eval_due_by_clock = False
-        self.starved_share: float | None = None  # the CPU share when other programs starved the run
-        self.summary: dict[str, Any] = {}
         ec = config.eval
         self.kept = KeptModel(subset=(ec.max_batches, ec.batch_size or config.train.batch_size))
-        self.corpus_checked = False  # whether the budget was compared with the corpus yet
         self.last_subset_loss: float | None = None  # the last periodic evaluation's loss
         self._held = contextlib.ExitStack()  # the run-directory lock, from setup until close
 
@@ -164,16 +129,13 @@ class Trainer:
         Nothing in the run directory is deleted or written until every input (config, parent
         run, data, checkpoint) has been read and checked: a run replaced with --overwrite stays
         whole when the new one cannot start."""
-        state = self._open_run_dir(resume=resume, overwrite=overwrite)
+        state = open_run_dir(self.config, self.ctx, self._held, resume=resume, overwrite=overwrite)
         tc = self.config.train
-        if tc.threads == "auto" and state is not None and isinstance(state.get("threads"), int):
-            # The thread count changes how sums are split, and so the last bits of every step: a
-            # resume keeps the run's own, so it still ends on the weights of an uninterrupted run.
-            # A machine with fewer CPUs than the run's own gives it all it has.
-            own = min(state["threads"], os.cpu_count() or 1)
+        if (own := threads_on_resume(state, tc.threads)) is not None:
             self.threads = use_threads(own, "the run's own, for an exact resume")
         else:
             self.threads = use_threads(None if tc.threads == "auto" else tc.threads, self.threads_setting)
+        self.cpu_share = CpuShareWatch(self.device, self.threads.threads)
         check_model_fits(self.config.model, self.device)  # an absurd size, before anything slow
         # The whole step's estimate, from the config alone: refused here, before any allocation.
         micro_batch = split_batch(tc.batch_size, tc.grad_accum_steps, self.ctx.world_size).batch_size
@@ -185,34 +147,9 @@ class Trainer:
         wandb_run_id = self._restore(state) if state is not None else None
         self._start_outputs(resume=resume, wandb_run_id=wandb_run_id)
 
-    def _open_run_dir(self, *, resume: bool, overwrite: bool) -> dict[str, Any] | None:
-        """Refuse a bad run directory or checkpoint before anything slow (a tokenizer training)."""
-        def claim() -> None:
-            # Taken before anything is read, written or cleared; held until close().
-            self._held.enter_context(hold_run_dir(self.run_dir))
-            check_run_dir(self.run_dir, resume=resume, overwrite=overwrite)
-
-        decided_on_main(self.ctx, claim)  # refused on rank 0, refused on every rank
-        state = None
-        if resume:
-            state = load_trainer_state(self.run_dir)
-            try:
-                saved_model = GPTConfig.from_dict(state["model_config"])
-            except (KeyError, ValueError, TypeError) as e:
-                raise CheckpointError(
-                    f"checkpoint in {self.run_dir} has no valid model config ({e})"
-                ) from None
-            check_model_shape(saved_model, self.config.model, self.run_dir)
-            check_fixed_settings(state, self.config.train, self.run_dir)
-            check_data_format(self.run_dir, self.config.data.format)
-            check_run_tokenizer(self.run_dir)
-            check_not_finished(state, self.config.train, self.run_dir)
-        barrier(self.ctx)
-        return state
-
     def _prepare_data(self, *, resume: bool) -> None:
-        """Documents or conversations (``training.tasks``); from a parent run (train.init_from),
-        tokenized with its tokenizer (this run's own copy when resuming), never a new one."""
+        """The task's data (``training.tasks``); from a parent run (train.init_from), tokenized with
+        its tokenizer (this run's own copy when resuming), never a new one."""
         cfg = self.config
         assert (cfg.parent is not None) == bool(cfg.train.init_from), "read configs with config_from_dict"
         self.parent = cfg.parent
@@ -221,15 +158,10 @@ class Trainer:
             check_parent_tokenizer(self.parent, cfg.model.vocab_size)
             tokenizer_file = self.run_dir / TOKENIZER_FILE if resume else self.parent.tokenizer_file
         self.task = prepare_task(cfg, tokenizer_file, progress=self.verbose, is_main=self.ctx.is_main,
-                                 device=self.device)
+                                 device=self.device, adapters=self.adapters)
         barrier(self.ctx)
-        saved_tokenizer = self.run_dir / TOKENIZER_FILE
-        if resume and saved_tokenizer.is_file():
-            if load_tokenizer(saved_tokenizer, RUN_TOKENIZER_ADVICE).get_vocab() != self.task.tokenizer.get_vocab():
-                raise CheckpointError(
-                    f"cannot resume {self.run_dir}: the data section now builds a different "
-                    f"tokenizer than the run was trained with; use the run's own config.yaml"
-                )
+        if resume:
+            check_resumed_tokenizer(self.run_dir, self.task.tokenizer)
         self.probe = self.task.attention_probe(cfg.model.block_size, self.device) if cfg.eval.attention_stats else None
 
     def _build_model_and_optimizer(self) -> None:
@@ -243,13 +175,12 @@ class Trainer:
         install_cpu_backward(self.model)  # a faster RMSNorm backward in eager CPU training
         if self.parent is not None:
             load_parent_weights(self.model, self.parent)  # a resumed run's checkpoint replaces them
-        if tc.lora is not None:  # the parent's weights frozen, low-rank adapters on them to train
-            add_adapters(self.model, tc.lora)
+        self.adapters.apply(self.model)
         if tc.activation_checkpointing:
             checkpoint_blocks(self.model)
         # Before the optimizer is built: FSDP replaces the parameters with sharded ones.
         self.wrapped = wrap_model(self.model, ctx, tc.parallel)
-        self.checkpoint = checkpointer_for(tc.parallel, self.run_dir, ctx, cfg.model, self.device)
+        self.checkpoint = checkpointer_for(tc.parallel, self.run_dir, ctx, cfg.model, self.device, self.adapters)
         torch.manual_seed(tc.seed + ctx.rank)  # for dropout, differing per rank
         np.random.seed((tc.seed + ctx.rank) % 2**32)
         random.seed(tc.seed + ctx.rank)
@@ -263,6 +194,7 @@ class Trainer:
         self.micro_steps = split.micro_steps
         self.tokens_per_step = tc.batch_size * tc.grad_accum_steps * cfg.model.block_size
         self.schedule = build_schedule(tc, self.tokens_per_step)
+        self.corpus_check = CorpusCheck(self.task.train_token_count(), self.tokens_per_step, tc.max_tokens)
         self.batches = self.task.batches(split.batch_size, seed=tc.seed, rank=ctx.rank, world_size=ctx.world_size,
                                          device=self.device)
         self.compiled = should_compile(tc.compile, self.device)
@@ -279,6 +211,8 @@ class Trainer:
             rank_state, message = select_rank_state(state["ranks"], state["world_size"], self.ctx)
             if rank_state is not None:
                 self.batches.load_state_dict(rank_state["batches"])
+                # Before tasks had a state, an RL run kept its pending rollout with its batches.
+                self.task.load_state_dict(rank_state.get("task", rank_state["batches"]))
                 restore_rng_state(rank_state["rng"])
         except (KeyError, ValueError, TypeError, RuntimeError) as e:
             # A state with keys missing, or saved by another optimizer or sampler.
@@ -292,40 +226,26 @@ class Trainer:
     def _start_outputs(self, *, resume: bool, wandb_run_id: str | None) -> None:
         cfg = self.config
         self.metrics = MetricsLog(self.run_dir / METRICS_FILE)
-
-        def write_run_files() -> None:
-            if not resume:
-                clear_old_run(self.run_dir)  # a run being replaced (--overwrite)
-            # The config is rewritten on resume too: a longer budget is a legitimate change, and
-            # the directory should describe the run as it continues.
-            save_config(cfg, self.run_dir / RUN_CONFIG_FILE)
-            if resume:
-                self.metrics.truncate_after(self.step)
-            else:
-                atomic_write_bytes(self.run_dir / TOKENIZER_FILE, Path(self.task.prepared.tokenizer_path).read_bytes())
-                if self.parent is not None:
-                    write_parent_record(self.run_dir, self.parent.directory, self.parent.model_config.to_dict())
-
-        decided_on_main(self.ctx, write_run_files)
+        decided_on_main(self.ctx, lambda: write_run_files(cfg, self.metrics, self.task.prepared.tokenizer_path,
+                                                          self.parent, resume=resume, step=self.step))
         self.logger = WandbLogger.start(
             cfg.logging.wandb, run_dir=self.run_dir, run_config=config_to_dict(cfg), resume_id=wandb_run_id,
             is_main=self.ctx.is_main,
         )
         if self.verbose:
+            precision = "bf16" if self.amp_dtype == torch.bfloat16 else "fp32"
             self._say(
-                f"{'resuming' if resume else 'training'} {self.model.num_params() / 1e6:.2f}M parameters "
-                f"on {self.device} ({'bf16' if self.amp_dtype == torch.bfloat16 else 'fp32'}"
-                f"{', compiled' if self.compiled else ''}); {self.tokens_per_step} tokens/step; "
+                f"{'resuming' if resume else 'training'} {self.adapters.trained(self.model)} on {self.device} "
+                f"({precision}{', compiled' if self.compiled else ''}); {self.tokens_per_step} tokens/step; "
                 f"MFU against {format_flops(self.peak)}FLOP/s ({self.peak_source}); "
                 f"{self.threads.describe()}; run dir {self.run_dir}"
             )
             self._say(self.memory_plan)
             if self.parent is not None:
                 self._say(f"starting from {self.parent.directory}")
-            if cfg.train.lora is not None:
-                self._say(describe(self.model, cfg.train.lora))
-            if (line := self.task.describe_batches(self.batches)) is not None:
-                self._say(line)
+            for line in (self.adapters.describe(self.model), self.task.describe_batches(self.batches)):
+                if line is not None:
+                    self._say(line)
 
     def close(self) -> None:
         """Release the run directory (after the last file is written, or after a failure)."""
@@ -346,19 +266,14 @@ class Trainer:
         stop.install()
         self.loop_start = time.perf_counter()
         self.last_eval_s = self.base_seconds
-        loss = None
-        failed = True
+        loss = result = None
         try:
             with StepBar(self.schedule, self.throughput, self._mfu, step=self.step, elapsed_s=self._elapsed(),
                          enabled=self.verbose) as bar:
                 while (reason := self._stop_reason(stop)) is None:
                     t0, cpu0 = time.perf_counter(), time.thread_time()
-                    elapsed = self._elapsed()
-                    lr = self.schedule(self.step, elapsed)
-                    self.task.follow_schedule(self.schedule.progress(self.step, elapsed))
-                    set_learning_rate(self.optimizer, self.param_groups, lr)
-                    if isinstance(self.optimizer, MuonWithAdamW):
-                        self.optimizer.set_momentum(muon_momentum(tc, self.step))
+                    lr = self.schedule(self.step, self._elapsed())
+                    set_learning_rate(self.optimizer, self.param_groups, lr, muon_momentum(tc, self.step))
                     step_loss, tokens = self.task.accumulate(
                         self.train_model, self.batches, self.micro_steps, ctx=self.ctx, stop=stop,
                         amp=lambda: autocast(self.device, self.amp_dtype),
@@ -374,16 +289,18 @@ class Trainer:
                     loss, grad_norm = all_reduce_mean(step_loss, self.ctx).item(), grad_norm.item()
                     if not (math.isfinite(loss) and math.isfinite(grad_norm)):
                         self.optimizer.zero_grad(set_to_none=True)
-                        raise NonFiniteLossError(self._nonfinite_message(loss, grad_norm))
+                        raise NonFiniteLossError.at(self.step + 1, loss, grad_norm, self.saved_step, self.run_dir)
                     self.optimizer.step()
                     self.optimizer.zero_grad(set_to_none=True)
                     self.step += 1
                     self.tokens_seen += tokens
                     self.throughput.add(tokens, time.perf_counter() - t0, time.thread_time() - cpu0)
-                    self._watch_cpu_share()
+                    if (advice := self.cpu_share.advice(self.throughput)) is not None and self.verbose:
+                        self._say(advice)
 
                     bar.advance(self.step, self._elapsed(), loss, lr)
-                    self._check_corpus_size(bar)
+                    if (warning := self.corpus_check.warning(bar, self.step, self._elapsed())) and self.ctx.is_main:
+                        self._say(warning)
                     if self.step % cfg.logging.interval == 0 or self.step == 1:
                         self._log_train(loss, lr, grad_norm)
                     if cfg.eval.interval and (self.step % cfg.eval.interval == 0 or self.eval_due_by_clock):
@@ -397,44 +314,38 @@ class Trainer:
                 if self.saved_step != self.step:
                     self._save()
             result = self._finish(reason, loss, stop)
-            failed = False
             return result
         finally:
             stop.restore()
             # A diverged or crashed run shows as failed in wandb; its files are closed either way.
-            self.logger.finish(self.summary, exit_code=1 if failed else 0)
+            self.logger.finish(result.summary() if result else {}, exit_code=1 if result is None else 0)
 
     def _finish(self, reason: str, last_loss: float | None, stop: StopRequest) -> TrainResult:
         """The result of the run, with the full validation pass unless it was interrupted."""
         result = TrainResult(
             run_dir=self.run_dir, step=self.step, tokens_seen=self.tokens_seen, stopped_by=reason,
             train_seconds=self._elapsed(), last_loss=last_loss, signal=stop.signum, is_main=self.ctx.is_main,
-            chat=self.task.is_chat, wandb_sync=self.logger.sync_command, starved_share=self.starved_share,
+            chat=self.task.is_chat, wandb_sync=self.logger.sync_command, starved_share=self.cpu_share.starved_share,
             sample_prompt=self.task.sample_prompt, kept_step=self._kept_step(),
             kept_val_loss=self.kept.val_loss, threads=self.threads.threads, earlier_seconds=self.base_seconds,
             last_val_loss=self.last_subset_loss if self.kept.evaluated_step == self.step else None,
             epochs=epochs(self.tokens_seen, self.task.train_token_count()),
         )
-        if self.config.train.lora is not None and self.ctx.is_main:
-            trained, size = trainable_parameters(self.model), (self.run_dir / ADAPTER_WEIGHTS_FILE).stat().st_size
-            result.adapter = (f"LoRA: {trained:,} of {self.model.num_params():,} parameters trained; the adapter "
-                              f"({size / 1024:.1f} KiB) is in PEFT's files beside the merged weights")
-            self.summary.update(trained_params=trained, adapter_bytes=size)
-        self.summary.update(step=self.step, tokens=self.tokens_seen, stopped_by=reason)
+        if self.ctx.is_main and (report := self.adapters.report(self.model, self.run_dir)) is not None:
+            result.adapter, result.adapter_numbers = report
         if reason != "interrupted":
             # Everything is saved: a signal now skips the final validation, and says so.
             stop.raise_on_signal = True
             try:
                 if self.kept.step not in (None, self.step):  # the last state is saved for --resume
                     barrier(self.ctx)
-                    load_kept_weights(self.model, self.run_dir)
+                    load_kept_weights(self.model, self.run_dir, self.adapters)
                 final = self._evaluate(final=True)
             except StopNow:
                 result.stopped_by, result.signal = "interrupted", stop.signum
             else:
                 result.val_loss, result.val_bpb = final.loss, final.bpb
                 result.val_words = self.task.final_words(final)
-                self.summary.update(val_loss=final.loss, val_bpb=final.bpb)
         return result
 
     def _stop_reason(self, stop: StopRequest) -> str | None:
@@ -509,7 +420,8 @@ class Trainer:
         samples = self._samples(plain) if ec.sample_tokens > 0 else []
         record.update(self.task.sample_fields(samples))
         if self.probe is not None:
-            record.update(self._attention_stats(plain, final))
+            record.update(self.probe.record(plain, self.logger, self.step, self.task.tokenizer, final=final,
+                                            image_interval=ec.attention_image_interval))
         self.metrics.append(record)
         prefix = "final/" if final else "val/"
         self.logger.log({prefix + "loss": result.loss, prefix + "bpb": result.bpb,
@@ -521,19 +433,6 @@ class Trainer:
         self.last_eval_s = self._elapsed()
         return result
 
-    def _attention_stats(self, model: GPT, final: bool) -> dict[str, float]:
-        """The attention probe's numbers (``training.attention_probe``), logged to wandb as
-        ``attn/...``; now and then a figure of the maps too."""
-        stats = self.probe.summary(model)
-        self.logger.log({f"attn/{k}": v for k, v in stats.items()}, self.step)
-        self.evaluations += 1
-        every = self.config.eval.attention_image_interval
-        if self.logger.active and every and (final or self.evaluations % every == 1):
-            maps, tokens = self.probe.prompt_maps(model, self.task.tokenizer)
-            title = f"step {self.step}: attention over {self.probe.prompt!r}"
-            self.logger.log_attention_maps("attn/maps", maps, tokens, title, self.step)
-        return stats
-
     def _samples(self, model: GPT) -> list[tuple[str, str]]:
         ec = self.config.eval
         settings = SamplingSettings(max_new_tokens=ec.sample_tokens, temperature=ec.sample_temperature,
@@ -541,13 +440,13 @@ class Trainer:
         return self.task.samples(model, settings)
 
     def _write_kept_weights(self, plain: GPT) -> None:
-        save_pretrained(merged_copy(plain), self.run_dir)
-        if self.config.train.lora is not None:  # the adapter follows the kept weights
-            save_adapter(self.run_dir, plain, self.config.train.lora)
+        save_pretrained(self.adapters.merged(plain), self.run_dir)
+        self.adapters.save(self.run_dir, plain)  # the adapters' files follow the kept weights
 
     def _save(self) -> None:
         # Each rank's sampler and RNG streams differ, and all are needed to resume exactly.
-        ranks = gather_to_main({"rng": capture_rng_state(), "batches": self.batches.state_dict()}, self.ctx)
+        ranks = gather_to_main({"rng": capture_rng_state(), "batches": self.batches.state_dict(),
+                                "task": self.task.state_dict()}, self.ctx)
         state = {
             "step": self.step,
             "tokens_seen": self.tokens_seen,
@@ -561,11 +460,11 @@ class Trainer:
             "precision": precision_name(self.amp_dtype),
             "kept": self.kept.state_dict(),
         }
-        # Once an evaluation has kept weights, model.safetensors (and a LoRA run's adapter) hold them,
+        # Once an evaluation has kept weights, model.safetensors (and the adapters' files) hold them,
         # not the latest.
         weights = self.kept.step is None
-        if weights and self.config.train.lora is not None and self.ctx.is_main:
-            save_adapter(self.run_dir, self.model, self.config.train.lora)
+        if weights and self.ctx.is_main:
+            self.adapters.save(self.run_dir, self.model)
         self.checkpoint.save(self.model, self.optimizer, state, weights=weights)
         self.saved_step = self.step
 
@@ -587,44 +486,6 @@ class Trainer:
     def _kept_step(self) -> int:
         """The step whose weights are the run's model: the best evaluated, else the latest."""
         return self.step if self.kept.step is None else self.kept.step
-
-    def _check_corpus_size(self, bar: StepBar) -> None:
-        """Warn once when the budget passes over the training split many times: as soon as the
-        run's end is known (a clock budget needs the pace of a few steps first)."""
-        if self.corpus_checked or (self.schedule.max_seconds is not None and not self.throughput.full):
-            return
-        self.corpus_checked = True
-        steps = bar.expected_steps(self.step, self._elapsed())
-        planned = self.config.train.max_tokens if steps is None else steps * self.tokens_per_step
-        warning = small_corpus_warning(planned or 0, self.task.train_token_count())
-        if warning is not None and self.ctx.is_main:
-            self._say(warning)
-
-    def _watch_cpu_share(self) -> None:
-        """Say once, on a CPU, when other programs leave the loop's thread on a core less than half
-        the time: the run is then far slower than the machine can go, and the user should know why.
-
-        The loop's own thread is the gauge: it computes its share of every operation and runs the
-        Python between them, so on a quiet machine it is on a core nearly all the time, whatever
-        the thread count."""
-        if self.device.type != "cpu" or self.starved_share is not None or not self.throughput.full:
-            return
-        share = self.throughput.cpu_seconds_per_second()
-        if share < STARVED_SHARE:
-            self.starved_share = share
-            if self.verbose:
-                self._say(starved_advice(share, self.threads.threads))
-
-    def _nonfinite_message(self, loss: float, grad_norm: float) -> str:
-        where = (
-            f"the last good checkpoint (step {self.saved_step}) in {self.run_dir} is untouched"
-            if self.saved_step is not None
-            else "no checkpoint had been written yet"
-        )
-        return (
-            f"training diverged at step {self.step + 1}: loss {loss}, gradient norm {grad_norm}; "
-            f"stopped without saving, {where}; lower train.lr or raise train.warmup_steps"
-        )
 
     def _say(self, message: str) -> None:
         tqdm.write(message, file=sys.stdout)

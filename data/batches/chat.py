@@ -131,7 +131,7 @@ def iter_chat_val_batches(
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Held-out conversations in length order (little padding), the same every call; with
     ``max_batches`` a fixed subset spread evenly over them. ``collate_rows`` makes a batch of rows
-    of ``split`` (``data.batches.preference.collate_pairs`` for reply pairs)."""
+    of ``split`` (``training.tasks.dpo.batches.collate_pairs`` for reply pairs)."""
     for rows in val_rows(split.lengths, batch_size, max_batches):
         yield collate_rows(split, rows, pad_id, device)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Generic, TypeVar
 
 import numpy as np
 from tokenizers import Tokenizer
@@ -34,6 +34,7 @@ from data.tokenizer import eot_id, load_tokenizer
 FORMAT_VERSION = 2
 CONVERSATIONS_FILE = "conversations.npz"
 _SPLITS = ("train", "val")
+Split = TypeVar("Split")
 
 
 @dataclass
@@ -62,32 +63,55 @@ class ChatSplit:
 
 
 @dataclass
-class PreparedChat(cache.TokenizerMixin):
-    """A finished chat entry; ``tokenizer_path`` is the tokenizer it was made with (the parent run's)."""
+class PreparedSequences(cache.TokenizerMixin, Generic[Split]):
+    """A finished entry of rendered sequences, a training and a held-out split; ``tokenizer_path`` is
+    the tokenizer they were made with (the parent run's). Each kind says what it is called, how its
+    splits are read from the sequences file and how their shape is checked."""
 
     directory: Path
     tokenizer_path: Path
-    train: ChatSplit
-    val: ChatSplit
+    train: Split
+    val: Split
     meta: dict[str, Any]
 
+    what: ClassVar[str]  # the entry in error messages
+    format_version: ClassVar[int]
+
     @classmethod
-    def open(cls, directory: Path, tokenizer_file: Path) -> PreparedChat:
-        """Open an entry, checking its conversations against their recorded checksum and shape;
+    def open(cls, directory: Path, tokenizer_file: Path) -> PreparedSequences:
+        """Open an entry, checking its sequences against their recorded checksum and shape;
         raises DataError if they do not match."""
-        meta = cache.read_meta(directory, FORMAT_VERSION)
-        splits = read_splits(directory, meta, _SPLITS, "prepared chat data")
-        chat = cls(directory, Path(tokenizer_file), splits["train"], splits["val"], meta)
-        cache.open_checked(directory, chat._check_shape)
-        return chat
+        meta = cache.read_meta(directory, cls.format_version)
+        splits = cls._read_splits(directory, meta)
+        prepared = cls(directory, Path(tokenizer_file), splits["train"], splits["val"], meta)
+        cache.open_checked(directory, prepared._check_shape)
+        return prepared
+
+    @classmethod
+    def _read_splits(cls, directory: Path, meta: dict[str, Any]) -> dict[str, Split]:
+        raise NotImplementedError
+
+    def _check_shape(self) -> None:
+        raise NotImplementedError
+
+    def check_block_size(self, block_size: int) -> None:
+        check_entry_block_size(self.meta, block_size, self.what)
+
+
+class PreparedChat(PreparedSequences[ChatSplit]):
+    """A finished chat entry: conversations."""
+
+    what = "prepared chat data"
+    format_version = FORMAT_VERSION
+
+    @classmethod
+    def _read_splits(cls, directory: Path, meta: dict[str, Any]) -> dict[str, ChatSplit]:
+        return read_splits(directory, meta, _SPLITS, cls.what)
 
     def _check_shape(self) -> None:
         for name in _SPLITS:
             check_split(self.directory, name, getattr(self, name), self.meta["splits"][name]["tokens"], self.meta,
-                        "prepared chat data")
-
-    def check_block_size(self, block_size: int) -> None:
-        check_entry_block_size(self.meta, block_size, "prepared chat data")
+                        self.what)
 
 
 def read_splits(directory: Path, meta: dict[str, Any], names: tuple[str, ...], what: str) -> dict[str, ChatSplit]:

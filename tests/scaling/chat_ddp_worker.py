@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from common.files import atomic_write_text
 from model import GPT, GPTConfig, unwrap
 from training.distributed import init_distributed, shutdown, sync_gradients, wrap_model
-from training.tasks import ChatTask
+from training.tasks.chat import ChatTask
 
 CONFIG = GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_kv_head=1, n_embd=16)
 

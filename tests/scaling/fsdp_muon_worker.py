@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from model import GPT, GPTConfig
+from training.adapters import Adapters
 from training.checkpointing import ShardedCheckpointer
 from training.config import TrainConfig
 from training.distributed import sync_gradients, wrap_model
@@ -57,7 +58,7 @@ def compare(ctx, attention: str) -> dict:
     model = wrap_model(GPT(config), ctx, parallel="fsdp")
     half = MICRO // ctx.world_size
     train(model, config, slice(ctx.rank * half, (ctx.rank + 1) * half), lambda last: sync_gradients(model, last))
-    sharded = ShardedCheckpointer(Path(), ctx, config, torch.device("cpu")).whole_model(model)
+    sharded = ShardedCheckpointer(Path(), ctx, config, torch.device("cpu"), Adapters()).whole_model(model)
     # On every rank, none left waiting (worker_testkit says why).
     torch.manual_seed(0)
     reference = GPT(config)

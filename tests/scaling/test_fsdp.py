@@ -27,6 +27,7 @@ from rundir.metrics import read_metrics
 from tests.scaling.test_distributed import free_port, torchrun_env
 from training.config import TrainConfig
 from training.distributed import DistContext
+from training.adapters import Adapters
 from training.checkpointing import ShardedCheckpointer
 from training.fsdp import torch_too_old
 from training.optim import build_optimizer, plan_param_groups
@@ -115,7 +116,8 @@ def _sharded_weights(run: Path) -> dict[str, torch.Tensor]:
     model = GPT(config)
     muon = TrainConfig(max_steps=1, optimizer="muon")
     optimizer = build_optimizer(plan_param_groups(model, muon), muon, torch.device("cpu"))
-    ShardedCheckpointer(run, DistContext(), config, torch.device("cpu")).restore(load_trainer_state(run), model, optimizer)
+    checkpointer = ShardedCheckpointer(run, DistContext(), config, torch.device("cpu"), Adapters())
+    checkpointer.restore(load_trainer_state(run), model, optimizer)
     return model.state_dict()
 
 

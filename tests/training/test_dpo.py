@@ -14,8 +14,8 @@ from chat_testkit import pretrain, preference_file
 from common.errors import UserError
 from model import GPT, GPTConfig, load_pretrained
 from training.distributed import init_distributed
-from training.dpo import accumulate_dpo_gradients, reply_logps
-from training.reference import FrozenReference
+from training.tasks.dpo.loss import accumulate_dpo_gradients, reply_logps
+from training.tasks.reference import FrozenReference
 from training.trainer import Trainer, train
 
 VOCAB = 40
@@ -27,7 +27,7 @@ def _model(seed: int = 0) -> GPT:
 
 
 def _pair_batch(generator: torch.Generator, pairs: int, width: int = 12) -> tuple[torch.Tensor, torch.Tensor]:
-    """A batch laid out as data.batches.preference makes them: chosen rows, then rejected rows,
+    """A batch laid out as training.tasks.dpo.batches makes them: chosen rows, then rejected rows,
     the targets -1 over each row's prompt and padding."""
     x = torch.randint(0, VOCAB, (2 * pairs, width), generator=generator)
     y = torch.randint(0, VOCAB, (2 * pairs, width), generator=generator)
@@ -106,12 +106,12 @@ def test_rpo_adds_alpha_times_the_chosen_replies_mean_token_nll_to_each_pair():
 
 
 def test_rpo_alpha_must_be_a_finite_number_at_least_zero():
-    from training.config import TrainConfig
+    from training.tasks.dpo.config import DPOConfig
 
     for bad in (-0.1, math.inf, math.nan):
-        with pytest.raises(UserError, match=r"train.dpo_rpo_alpha must be in \[0, inf\) \(0 = plain DPO\)"):
-            TrainConfig(max_steps=1, dpo_rpo_alpha=bad)
-    assert TrainConfig(max_steps=1, dpo_rpo_alpha=0.5).dpo_rpo_alpha == 0.5
+        with pytest.raises(UserError, match=r"dpo.rpo_alpha must be in \[0, inf\) \(0 = plain DPO\)"):
+            DPOConfig(rpo_alpha=bad)
+    assert DPOConfig(rpo_alpha=0.5).rpo_alpha == 0.5
 
 
 @pytest.fixture(scope="module")
@@ -123,12 +123,13 @@ def parent_run(base_raw, tmp_path_factory) -> Path:
 def dpo_config(make_config, parent_run, tmp_path):
     data_file = preference_file(tmp_path / "pairs.jsonl")
 
-    def make(out_dir: Path, **train):
+    def make(out_dir: Path, dpo=None, **train):
         return make_config(
             out_dir,
             data={"format": "preference", "files": {"paths": [str(data_file)]}, "val_fraction": 0.2},
+            dpo={"beta": 0.5, **(dpo or {})},
             train={"init_from": str(parent_run), "max_steps": 8, "batch_size": 4, "grad_accum_steps": 2,
-                   "lr": 3e-3, "min_lr": 3e-3, "warmup_steps": 0, "dpo_beta": 0.5, **train},
+                   "lr": 3e-3, "min_lr": 3e-3, "warmup_steps": 0, **train},
             eval={"interval": 4, "max_batches": 2, "sample_tokens": 6, "final_max_batches": None},
             run={"checkpoint_interval": 4},
         )
@@ -170,14 +171,33 @@ def test_preference_data_needs_a_parent_run(make_config, tmp_path):
 
 
 def test_beta_must_be_positive(dpo_config, tmp_path):
-    with pytest.raises(UserError, match="train.dpo_beta must be in"):
-        dpo_config(tmp_path / "run", dpo_beta=0.0)
+    with pytest.raises(UserError, match="dpo.beta must be in"):
+        dpo_config(tmp_path / "run", dpo={"beta": 0.0})
+
+
+@pytest.mark.parametrize("key, value, new", [("dpo_beta", 0.5, "dpo.beta"), ("dpo_rpo_alpha", 1.0, "dpo.rpo_alpha")])
+def test_the_old_flat_keys_are_refused_in_one_line_naming_their_new_place(dpo_config, tmp_path, key, value, new):
+    with pytest.raises(UserError) as info:
+        dpo_config(tmp_path / "run", **{key: value})
+    message = str(info.value)
+    assert "\n" not in message and message.startswith(f"train.{key} is now {new}, in a dpo: section")
+
+
+def test_a_dpo_section_is_for_preference_runs_and_a_preference_run_saves_its_defaults(make_config, parent_run,
+                                                                                       tmp_path):
+    from training.config import config_to_dict
+
+    with pytest.raises(UserError, match="a dpo section is for data.format: preference"):
+        make_config(tmp_path / "text", dpo={"beta": 0.2})
+    pairs = make_config(tmp_path / "pairs", data={"format": "preference", "files": {"paths": ["p.jsonl"]}},
+                        train={"init_from": str(parent_run)})
+    assert config_to_dict(pairs)["dpo"] == {"beta": 0.1, "rpo_alpha": 0.0}  # what the run's config.yaml says
 
 
 def test_fsdp_is_refused_before_any_data_is_read(dpo_config, tmp_path, monkeypatch):
-    import training.tasks
+    import training.tasks.dpo.task as dpo_task
 
-    monkeypatch.setattr(training.tasks, "prepare_preference_data", lambda *a, **k: pytest.fail("read the data"))
+    monkeypatch.setattr(dpo_task, "prepare_preference_data", lambda *a, **k: pytest.fail("read the data"))
     config = dpo_config(tmp_path / "run", parallel="fsdp")
     with pytest.raises(UserError, match="data.format: preference trains with train.parallel: ddp"):
         Trainer(config, init_distributed("cpu"), progress=False).setup(resume=False, overwrite=False)
@@ -186,19 +206,21 @@ def test_fsdp_is_refused_before_any_data_is_read(dpo_config, tmp_path, monkeypat
 def test_a_lora_policy_with_its_adapters_off_is_the_frozen_reference():
     """A LoRA DPO run holds no second model: its policy with the adapters off gives the parent's
     log-probabilities, though the adapters have moved it."""
+    from training.adapters import LoraAdapters
     from training.config import LoraConfig
-    from training.reference import AdaptersOffReference
-    from training.lora import adapted_layers, add_adapters
+    from training.lora import adapted_layers
+    from training.tasks.reference import AdaptersOffReference
 
     parent, policy = _model(), _model()
-    add_adapters(policy, LoraConfig(rank=2))
+    adapters = LoraAdapters(LoraConfig(rank=2))
+    adapters.apply(policy)
     with torch.no_grad():
         for _, _, delta in adapted_layers(policy):
             delta.lora_B.normal_()
     x, y = _pair_batch(torch.Generator().manual_seed(0), pairs=3)
     expected = reply_logps(FrozenReference(parent).logits(parent, x), y)
     policy.train()
-    got = reply_logps(AdaptersOffReference().logits(policy, x), y)
+    got = reply_logps(AdaptersOffReference(adapters).logits(policy, x), y)
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
     assert policy.training  # back in the mode it was in
     moved = reply_logps(policy(x), y).detach()  # adapters on

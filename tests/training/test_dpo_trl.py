@@ -1,6 +1,6 @@
 """Proof against TRL: on the same exported models and the same reply pairs, our DPO loss and each
 pair's chosen and rejected rewards equal what TRL's ``DPOTrainer`` computes (its documented
-``evaluate``, one pair at a time), in fp32 within 1e-5; and with ``train.dpo_rpo_alpha`` the loss
+``evaluate``, one pair at a time), in fp32 within 1e-5; and with ``dpo.rpo_alpha`` the loss
 equals TRL's RPO (``loss_type=["sigmoid", "sft"]``, ``loss_weights=[1, α]``).
 
 The policy is the reference with its weights moved a little, so the rewards are far from zero and
@@ -16,13 +16,13 @@ import pytest
 import torch
 
 import run_testkit
-from data.batches.preference import collate_pairs
 from data.chat import Message
-from data.prepared.preference import tokenize_pairs
-from data.sources.preferences import PreferencePair, pair_from_row
 from model import GPT, GPTConfig, save_pretrained
-from training.dpo import score_pairs
-from training.reference import FrozenReference
+from training.tasks.dpo.batches import collate_pairs
+from training.tasks.dpo.loss import score_pairs
+from training.tasks.dpo.pairs import PreferencePair, pair_from_row
+from training.tasks.dpo.prepared import tokenize_pairs
+from training.tasks.reference import FrozenReference
 
 trl = pytest.importorskip("trl")
 transformers = pytest.importorskip("transformers")
@@ -66,6 +66,8 @@ def exported(request, tmp_path):
         run.mkdir()
         tokenizer.save(str(run / "tokenizer.json"))
         save_pretrained(model, run)
+        # Chat-tuned runs, as DPO's policy and reference are: their exports carry the chat template.
+        (run / "config.yaml").write_text("data:\n  format: chat\n")
         export_run(run, tmp_path / f"{name}-hf")
         folders[name] = tmp_path / f"{name}-hf"
     return policy, reference, folders, tokenizer

@@ -12,8 +12,8 @@ import torch
 from chat_testkit import pretrain
 from common.errors import UserError
 from model import GPT, GPTConfig, load_pretrained
-from training.grpo import Rollout, accumulate_grpo_gradients, group_advantages, target_logps, token_losses
-from training.rewards import closeness, correct, integer_format, reward_function
+from training.tasks.grpo.loss import Rollout, accumulate_grpo_gradients, group_advantages, target_logps, token_losses
+from training.tasks.grpo.rewards import closeness, correct, integer_format, reward_function
 from training.trainer import train
 
 VOCAB = 7
@@ -194,6 +194,24 @@ def test_an_rl_run_logs_trl_names_evaluates_pass_at_k_and_resumes_exactly(rl_con
         torch.testing.assert_close(b.state_dict()[name], tensor, rtol=0, atol=0, msg=name)
     resumed_steps = [r for r in _records(tmp_path / "resumed") if r["kind"] == "train"]
     assert [r["reward"] for r in resumed_steps] == [r["reward"] for r in steps]
+
+
+def test_a_checkpoint_that_kept_the_pending_rollout_with_its_batches_resumes_exactly(rl_config, tmp_path):
+    """Checkpoints from before tasks had a state of their own kept an RL run's pending rollout in the
+    batches' state: resumed between the two updates of a batch, such a run still trains on it."""
+    from rundir.checkpoint import load_trainer_state, save_checkpoint
+
+    train(rl_config(tmp_path / "whole", lora={"rank": 2}), progress=False)
+    train(rl_config(tmp_path / "old", lora={"rank": 2}, max_steps=3), progress=False)
+    state = load_trainer_state(tmp_path / "old")
+    for rank in state["ranks"]:
+        rank["batches"].update(rank.pop("task"))  # the old layout
+    assert state["ranks"][0]["batches"]["pending"] is not None  # stopped between the updates
+    save_checkpoint(tmp_path / "old", None, {k: v for k, v in state.items() if k != "format_version"})
+    train(rl_config(tmp_path / "old", lora={"rank": 2}), resume=True, progress=False)
+    a, b = load_trainer_state(tmp_path / "whole"), load_trainer_state(tmp_path / "old")
+    for name, tensor in a["model"].items():
+        torch.testing.assert_close(b["model"][name], tensor, rtol=0, atol=0, msg=name)
 
 
 @pytest.mark.parametrize("rl, message", [

@@ -192,8 +192,9 @@ def test_lora_needs_a_parent_run_and_is_turned_on_by_one_override(base_raw, pare
 
 
 def test_a_lora_chat_run_trains_only_the_adapters_and_writes_peft_files_and_merged_weights(lora_config, parents,
-                                                                                           tmp_path):
-    result = train(lora_config(tmp_path / "run"), progress=False)
+                                                                                           tmp_path, capsys):
+    result = train(lora_config(tmp_path / "run"), progress=True)
+    said = capsys.readouterr().out.splitlines()
     run = tmp_path / "run"
     parent = load_pretrained(parents["gqa"]).state_dict()
     state = load_trainer_state(run)
@@ -210,6 +211,9 @@ def test_a_lora_chat_run_trains_only_the_adapters_and_writes_peft_files_and_merg
     size = (run / "adapter_model.safetensors").stat().st_size
     assert result.adapter.startswith(f"LoRA: {trained:,} of ") and f"({size / 1024:.1f} KiB)" in result.adapter
     assert result.adapter in train_cli.summary(result, None).splitlines()  # the summary says it
+    # The run's first line counts what trains, and the LoRA line after it agrees.
+    assert said[0].startswith(f"training {trained:,} of ") and "M parameters on " in said[0]
+    assert any(line.startswith("LoRA rank 4") and f": {trained:,} of " in line for line in said[1:5])
     # The merged weights differ from the parent's, and are what generate.py and the exports load.
     merged = load_pretrained(run)
     assert any(not torch.equal(merged.state_dict()[k], parent[k]) for k in parent)

@@ -9,10 +9,10 @@ import torch
 
 import run_testkit
 from data.chat import ChatTokenIds, Message, encode_plain, render_chat
-from data.sources.preferences import pair_from_row
+from training.tasks.dpo.pairs import pair_from_row
 from inference.engine import Finish
 from rundir.loading import load_run
-from training.preference_set import SetSettings, continuation_is_good, main, pair_replies, sample_replies
+from training.tasks.dpo.preference_set import SetSettings, continuation_is_good, main, pair_replies, sample_replies
 
 END, EOT = 5, 0
 
@@ -111,7 +111,7 @@ def test_sampled_replies_carry_their_text_and_follow_the_seed_rule(tmp_path):
 
 
 def test_continuations_are_sampled_after_the_start_of_each_greedy_loop(tmp_path, monkeypatch):
-    import training.preference_set as preference_set
+    import training.tasks.dpo.preference_set as preference_set
 
     run = load_run(run_testkit.build_run(tmp_path / "talker", run_testkit.chat_tokenizer(), block_size=64),
                    torch.device("cpu"))

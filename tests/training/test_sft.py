@@ -16,7 +16,7 @@ from model import GPT, GPTConfig, load_pretrained
 from training.distributed import init_distributed
 from data.prepared.chat import ChatSplit
 from training.resume_rules import check_data_format
-from training.sft import accumulate_chat_gradients, evaluate_chat
+from training.tasks.chat import accumulate_chat_gradients, evaluate_chat
 from training.trainer import Trainer, train
 
 

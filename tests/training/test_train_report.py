@@ -13,7 +13,7 @@ import yaml
 
 from training import cli as train_cli
 from rundir.metrics import read_metrics
-from training.trainer import TrainResult
+from training.result import TrainResult
 
 
 def _run(base_raw: dict, tmp_path: Path, capsys, eval_interval: int = 10, **train) -> tuple[Path, str, str]:
@@ -103,31 +103,26 @@ def test_summary_says_when_a_busy_machine_shortened_the_clock_budget(stopped_by,
     assert ("on a CPU 30% of the time" in text) == noted
 
 
-def test_a_run_starved_of_cpu_time_says_so_once(capsys):
-    from types import SimpleNamespace
-
+def test_a_run_starved_of_cpu_time_says_so_once():
     import torch
 
-    from common.threads import choose_threads
-    from training.metrics import Throughput
-    from training.trainer import Trainer
+    from training.metrics import CpuShareWatch, Throughput
 
-    def trainer_with(cpu_per_wall: float):
+    def watched(cpu_per_wall: float, device: str = "cpu"):
         throughput = Throughput(window=4)
         for _ in range(4):
             throughput.add(100, 1.0, cpu_per_wall)
-        said: list[str] = []
-        fake = SimpleNamespace(device=torch.device("cpu"), starved_share=None, throughput=throughput,
-                               threads=choose_threads(2, 2, None), verbose=True, _say=said.append)
-        Trainer._watch_cpu_share(fake)
-        Trainer._watch_cpu_share(fake)  # once is enough
-        return fake, said
+        watch = CpuShareWatch(torch.device(device), threads=2)
+        said = [watch.advice(throughput), watch.advice(throughput)]  # once is enough
+        return watch, [line for line in said if line is not None]
 
-    starved, said = trainer_with(0.2)
+    starved, said = watched(0.2)
     assert starved.starved_share == pytest.approx(0.2)
     assert len(said) == 1 and "20% of the time" in said[0] and "--threads 1" in said[0]
-    busy, said = trainer_with(0.97)
+    busy, said = watched(0.97)
     assert busy.starved_share is None and said == []
+    on_a_gpu, said = watched(0.2, "meta")  # only a CPU's share is watched
+    assert on_a_gpu.starved_share is None and said == []
 
 
 def test_loss_curve_is_in_bits_per_byte_with_nats_per_token_beside(tmp_path, monkeypatch):

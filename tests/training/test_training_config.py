@@ -149,6 +149,10 @@ def test_wrong_types_name_the_key(tmp_path, override, key):
         ("train.threads=0", "train.threads"),
         ("train.threads=many", "train.threads"),
         ("logging.wandb.mode=loud", "logging.wandb.mode"),
+        ("eval.sample_temperature=-0.5", "eval.sample_temperature"),
+        ("eval.sample_temperature=.nan", "eval.sample_temperature"),
+        ("eval.sample_temperature=.inf", "eval.sample_temperature"),
+        ("eval.sample_top_k=0", "eval.sample_top_k"),
         ("model.n_layer=0", "n_layer"),
         ("data.source=nowhere", "data.source"),
         ("model.vocab_size=100", "model.vocab_size"),
@@ -180,20 +184,19 @@ def test_optimizer_numbers_at_the_edges_of_their_ranges_load(tmp_path):
     assert (config.train.lr, config.train.eps, config.train.grad_clip) == (10.0, 1.0, 0.0)
 
 
-@pytest.mark.parametrize("window", ["32", "48", "5"])  # not shorter than block_size 32, or not a divisor
-def test_a_short_window_that_cannot_cut_the_windows_whole_is_refused(tmp_path, window):
-    message = error_of(write(tmp_path, MINIMAL), [f"train.short_window={window}"])
-    assert message.startswith("train.short_window must divide model.block_size (32)") and f"got {window}" in message
+@pytest.mark.parametrize("override, fix", [("train.short_window=64", "delete the key"),
+                                           ("train.short_window_share=0.5", "delete the key")])
+def test_a_retired_key_is_refused_in_one_line_saying_what_to_do(tmp_path, override, fix):
+    message = error_of(write(tmp_path, MINIMAL), [override])
+    assert message.startswith(override.split("=")[0]) and fix in message and "docs/records.md" in message
 
 
-def test_short_windows_are_for_plain_text(tmp_path):
-    message = error_of(write(tmp_path, MINIMAL), ["train.short_window=16", "data.format=chat", "data.source=shakespeare"])
-    assert message.startswith("train.short_window cuts plain-text windows") and "data.format: chat" in message
-
-
-@pytest.mark.parametrize("override", ["train.short_window=0", "train.short_window_share=0", "train.short_window_share=1.5"])
-def test_short_window_numbers_are_checked(tmp_path, override):
-    assert error_of(write(tmp_path, MINIMAL), [override]).startswith(override.split("=")[0])
+def test_a_saved_config_from_before_a_key_retired_still_loads(tmp_path):
+    """A run directory's config.yaml lists every key its version knew: at the values that changed
+    nothing, the retired ones are dropped, so the run can be resumed from its own config."""
+    saved = write(tmp_path, MINIMAL + "  short_window: null\n  short_window_share: 0.3\n  dpo_beta: 0.1\n"
+                            "  dpo_rpo_alpha: 0.0\n")
+    assert load_run_config(saved).train.max_steps == 10
 
 
 def test_heads_not_divisible_by_kv_heads(tmp_path):

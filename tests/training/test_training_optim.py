@@ -157,6 +157,9 @@ def test_muon_takes_the_hidden_matrices_and_adamw_the_rest():
     set_learning_rate(opt, groups, 1e-3)
     assert [g["lr"] for g in opt.param_groups] == [pytest.approx(0.05), pytest.approx(1e-3)]
     assert opt.muon.param_groups[0]["lr"] == pytest.approx(0.05)
+    set_learning_rate(opt, groups, 1e-3, momentum=0.9)  # Muon's momentum rides with the rates
+    assert opt.muon.param_groups[0]["momentum"] == 0.9
+    assert all("momentum" not in g and g["betas"] == (cfg.beta1, cfg.beta2) for g in opt.adamw.param_groups)
 
 
 @pytest.mark.parametrize("optimizer", ["muon", "adamw"])

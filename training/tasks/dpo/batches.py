@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from data.batches.chat import ChatBatches, collate
-from data.prepared.preference import PreferenceSplit
+from training.tasks.dpo.prepared import PreferenceSplit
 
 
 def collate_pairs(split: PreferenceSplit, rows: np.ndarray, pad_id: int,

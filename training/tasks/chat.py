@@ -1,4 +1,5 @@
-"""Supervised fine-tuning on conversations: the assistant-only loss, its evaluation, chat samples.
+"""Supervised fine-tuning on conversations (``data.format: chat``): the assistant-only loss, its
+evaluation, chat samples, and the task that trains on them (``ChatTask``).
 
 The loss of an optimizer step is the summed cross-entropy over every loss-bearing target of the
 step (all micro-batches, all processes) divided by their count, so a long reply weighs what its
@@ -11,19 +12,25 @@ targets gives.
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 from typing import Any, Callable, ContextManager
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from data.batches.chat import iter_chat_val_batches
-from data.prepared.chat import ChatSplit
+from data.batches.chat import ChatBatches, iter_chat_val_batches
+from data.prepared.chat import ChatSplit, prepare_chat_data
 from inference.engine import decode
 from inference.sampling import SamplingSettings
 from model.gpt import eval_mode
+from training.adapters import Adapters
+from training.config import Config
 from training.distributed import DistContext, all_reduce_sum
 from training.evaluate import EvalResult, score_batches, validation_bar
+from training.tasks.task import Batches, Task, fitted, parent_tokenizer, sample_line
+
+CHAT_SAMPLES = 4  # held-out conversations a chat run replies to at each evaluation
 
 
 def summed_target_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -103,3 +110,51 @@ def chat_reply_samples(
     return [(tokenizer.decode(prompt, skip_special_tokens=False),
              tokenizer.decode(list(finish.token_ids), skip_special_tokens=False))
             for prompt, finish in zip(prompts, finishes)]
+
+
+class ChatTask(Task):
+    """Supervised fine-tuning on conversations: the loss is the assistant's replies alone."""
+
+    is_chat = True
+    sample_prompt = None
+
+    def batches(self, batch_size: int, **placement: Any) -> Batches:
+        return ChatBatches(self.prepared.train, batch_size, pad_id=self.prepared.eot_id, **placement)
+
+    def accumulate(self, model, batches, micro_steps, *, amp, sync, ctx, stop):
+        # Assistant-only loss over every loss-bearing target of the step, on all ranks together:
+        # its count is needed before the first backward, so the step's batches are drawn first.
+        micro_batches = [batches.next() for _ in range(micro_steps)]
+        loss = accumulate_chat_gradients(model, micro_batches, amp=amp, sync=sync, ctx=ctx)
+        return loss, sum(x.numel() for x, _ in micro_batches) * ctx.world_size
+
+    def evaluate(self, model, **shared):
+        # Loss and bits/byte of the replies only, over held-out conversations.
+        return evaluate_chat(model, self.prepared.val, self.token_bytes, pad_id=self.prepared.eot_id, **shared)
+
+    def samples(self, model, settings):
+        end_id = self.tokenizer.token_to_id("<|end|>")
+        return chat_reply_samples(model, self.tokenizer, self.prepared.val, end_id, settings, count=CHAT_SAMPLES)
+
+    def sample_fields(self, samples):
+        return {"samples": [{"prompt": p, "reply": r} for p, r in samples]}
+
+    def eval_line(self, scope, step, result, samples):
+        lines = [f"step {step} {scope}: assistant loss {result.loss:.4f} nats/token, "
+                 f"{result.bpb:.4f} bits/byte of assistant text"]
+        lines += [sample_line(prompt + reply) for prompt, reply in samples[:1]]
+        return "\n".join(lines)
+
+    def train_fields(self, batches):
+        return {"padding_fraction": batches.padding_fraction}
+
+    def describe_batches(self, batches):
+        return f"chat batches: {100 * batches.epoch_padding_fraction():.1f}% of computed tokens are padding"
+
+
+def build(config: Config, tokenizer_file: Path | None, *, progress: bool, is_main: bool, device: torch.device,
+          adapters: Adapters) -> ChatTask:
+    """The conversations of ``config.data``, rendered with the parent run's tokenizer."""
+    prepared = prepare_chat_data(config.data, parent_tokenizer(config, tokenizer_file), config.model.block_size,
+                                 progress=progress, is_main=is_main)
+    return ChatTask(fitted(prepared, config), device)

@@ -1,13 +1,9 @@
-"""Prompt batches for reinforcement learning, and the sampled batch a step may reuse.
+"""Prompt batches for reinforcement learning.
 
 Each epoch shuffles the training prompts by (seed, epoch) alone, so every rank agrees on the order
 and a resumed run continues it exactly; rank r takes the r-th ``batch_size`` prompts of each draw
 of ``batch_size x world_size``. A draw is a list of prompt indices: the task samples the
-completions itself (they need the model).
-
-A sampled batch is kept here too (``pending``, as the task's plain dict of tensors), with the
-number of optimizer steps it still serves: several updates per sampled batch reuse it, and a
-checkpoint taken between them must carry it for the resumed run to train on the same samples.
+completions itself (they need the model), and keeps the sampled batch that later updates reuse.
 """
 
 from __future__ import annotations
@@ -20,8 +16,7 @@ from data.errors import DataError
 
 
 class PromptBatches:
-    """Shuffled draws of training prompt indices, every prompt once per epoch, plus the pending
-    sampled batch."""
+    """Shuffled draws of training prompt indices, every prompt once per epoch."""
 
     def __init__(self, count: int, batch_size: int, *, seed: int, rank: int = 0, world_size: int = 1) -> None:
         self.count, self.batch_size = count, batch_size
@@ -32,8 +27,6 @@ class PromptBatches:
                             "lower train.batch_size or raise rl.arithmetic.train_problems")
         self.epoch = 0
         self.position = 0  # draws of this epoch already taken
-        self.pending: dict[str, Any] | None = None  # a sampled batch, for the steps it still serves
-        self.pending_uses = 0
 
     def next(self) -> list[int]:
         """This rank's prompt indices of the next draw."""
@@ -46,9 +39,7 @@ class PromptBatches:
         return order[start:start + self.batch_size].tolist()
 
     def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "position": self.position, "pending": self.pending,
-                "pending_uses": self.pending_uses}
+        return {"epoch": self.epoch, "position": self.position}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
-        self.pending, self.pending_uses = state["pending"], int(state["pending_uses"])

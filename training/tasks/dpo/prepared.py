@@ -28,9 +28,9 @@ from data.config import DataConfig
 from data.errors import DataError
 from data.prepared import cache
 from data.prepared.chat import (
-    ChatSplit, check_entry_block_size, check_split, chat_cache_spec, pack_sequences, read_splits, write_splits,
+    ChatSplit, PreparedSequences, check_split, chat_cache_spec, pack_sequences, read_splits, write_splits,
 )
-from data.sources.preferences import PreferencePair, load_preferences
+from training.tasks.dpo.pairs import PreferencePair, load_preferences
 from data.tokenizer import eot_id, load_tokenizer
 
 FORMAT_VERSION = 1
@@ -59,27 +59,17 @@ class PreferenceSplit:
         return self.chosen.first_reply_prompt(i)
 
 
-@dataclass
-class PreparedPreferences(cache.TokenizerMixin):
-    """A finished preference entry; ``tokenizer_path`` is the tokenizer it was made with (the parent run's)."""
+class PreparedPreferences(PreparedSequences[PreferenceSplit]):
+    """A finished preference entry: reply pairs."""
 
-    directory: Path
-    tokenizer_path: Path
-    train: PreferenceSplit
-    val: PreferenceSplit
-    meta: dict[str, Any]
+    what = _WHAT
+    format_version = FORMAT_VERSION
 
     @classmethod
-    def open(cls, directory: Path, tokenizer_file: Path) -> PreparedPreferences:
-        """Open an entry, checking its sequences against their recorded checksum and shape;
-        raises DataError if they do not match."""
-        meta = cache.read_meta(directory, FORMAT_VERSION)
+    def _read_splits(cls, directory: Path, meta: dict[str, Any]) -> dict[str, PreferenceSplit]:
         names = tuple(f"{split}_{side}" for split in _SPLITS for side in _SIDES)
         arrays = read_splits(directory, meta, names, _WHAT)
-        splits = {split: PreferenceSplit(arrays[f"{split}_chosen"], arrays[f"{split}_rejected"]) for split in _SPLITS}
-        prepared = cls(directory, Path(tokenizer_file), splits["train"], splits["val"], meta)
-        cache.open_checked(directory, prepared._check_shape)
-        return prepared
+        return {split: PreferenceSplit(arrays[f"{split}_chosen"], arrays[f"{split}_rejected"]) for split in _SPLITS}
 
     def _check_shape(self) -> None:
         for split in _SPLITS:
@@ -89,9 +79,6 @@ class PreparedPreferences(cache.TokenizerMixin):
                             self.meta, _WHAT)
             if len(pairs.chosen) != len(pairs.rejected) or len(pairs) != stats["pairs"]:
                 raise DataError(f"{_WHAT} in {self.directory} does not match its {split} counts; {cache.REBUILD_ADVICE}")
-
-    def check_block_size(self, block_size: int) -> None:
-        check_entry_block_size(self.meta, block_size, _WHAT)
 
 
 def render_pair(tokenizer: Tokenizer, pair: PreferencePair, window: int) -> tuple[RenderedChat, RenderedChat, int] | None:

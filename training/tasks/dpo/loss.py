@@ -14,7 +14,7 @@ The loss only compares the two replies, so it is as well met by making both less
 making the chosen one more likely; on a small set many epochs of it drift the policy away from
 writing anything like its chosen replies (replies collapse to a few words). RPO adds the chosen
 replies' negative log-likelihood, the mean over their tokens in the batch, weighted by α
-(``train.dpo_rpo_alpha``; TRL's ``loss_type=["sigmoid", "sft"]`` with ``loss_weights=[1, α]``):
+(``dpo.rpo_alpha``; TRL's ``loss_type=["sigmoid", "sft"]`` with ``loss_weights=[1, α]``):
 
     loss      = −log σ(reward(c) − reward(r)) + α · NLL(c)
 
@@ -24,7 +24,7 @@ the weights the run keeps, rise again when the policy drifts. The metrics carry 
 reward is the higher), ``rewards/margins`` (the mean difference), ``logps/chosen`` and
 ``logps/rejected`` (the policy's mean summed log-probabilities).
 
-The reference (``training.reference``) is the parent's weights as a second model, or for a LoRA run
+The reference (``training.tasks.reference``) is the parent's weights as a second model, or for a LoRA run
 the policy itself with its adapters switched off.
 """
 
@@ -39,12 +39,12 @@ from torch import nn
 
 from data import bits_per_byte, target_nats_and_bytes
 from data.batches.chat import iter_chat_val_batches
-from data.batches.preference import collate_pairs
-from data.prepared.preference import PreferenceSplit
 from model.gpt import eval_mode
 from training.distributed import DistContext, all_reduce_sum
 from training.evaluate import EvalResult, validation_bar
-from training.reference import Reference
+from training.tasks.dpo.batches import collate_pairs
+from training.tasks.dpo.prepared import PreferenceSplit
+from training.tasks.reference import Reference
 
 Amp = Callable[[], ContextManager]
 # The sums kept over pairs, in this order; each metric is its sum over the pair count.
@@ -73,7 +73,7 @@ def score_pairs(
     rpo_alpha: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(the batch's per-pair losses, with gradients; the pairs' sums, in ``_SUMS`` order; the policy's
-    logits) for a batch of ``data.batches.preference``: chosen rows first, then the rejected. With
+    logits) for a batch of ``training.tasks.dpo.batches``: chosen rows first, then the rejected. With
     ``rpo_alpha`` each pair's loss adds α times the chosen replies' mean token NLL over the batch."""
     with amp() if amp is not None else contextlib.nullcontext():
         logits = model(x)

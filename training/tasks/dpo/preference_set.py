@@ -1,7 +1,7 @@
 """The built-in preference set: a chat run's own looping replies, against the same replies turned
 another way where the loop begins.
 
-    python -m training.preference_set --run runs/tiny-chat --out runs/tiny-chat-preferences.jsonl
+    python -m training.tasks.dpo.preference_set --run runs/tiny-chat --out runs/tiny-chat-preferences.jsonl
 
 For each user turn of the Shakespeare chat set (its first exchange, the prompt rendered and cut by
 the chat format as a chat is), the run first replies greedily, through the inference engine as
@@ -49,11 +49,11 @@ from data.chat import ChatTokenIds, ChatTooLong, Message, encode_plain, fit_for_
 from data.config import DataConfig
 from data.repetition import before_repeat, looping_prefix, repeats_ngram
 from data.sources.conversations import load_conversations
-from data.sources.preferences import PreferencePair
 from inference.engine import Finish, decode
 from inference.sampling import SamplingSettings
 from model.gpt import eval_mode
 from rundir.loading import LoadedRun, load_run
+from training.tasks.dpo.pairs import PreferencePair
 
 ROWS_PER_DECODE = 256  # replies decoded together: one engine, one cache of this many rows
 
@@ -171,7 +171,7 @@ def write_preference_set(path: Path, pairs: list[PreferencePair]) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = ArgumentParser(prog="-m training.preference_set", description=__doc__,
+    parser = ArgumentParser(prog="-m training.tasks.dpo.preference_set", description=__doc__,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     defaults = SetSettings()
     parser.add_argument("--run", type=path_arg, required=True, help="a chat run (data.format: chat)")

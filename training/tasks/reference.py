@@ -12,9 +12,9 @@ from torch import nn
 
 from model import GPT
 from model.gpt import eval_mode
+from training.adapters import Adapters
 from training.config import Config
 from training.init_from import load_parent_weights
-from training.lora import adapters_disabled
 
 
 class Reference(Protocol):
@@ -36,17 +36,20 @@ class FrozenReference:
 class AdaptersOffReference:
     """A LoRA run's reference: the policy with its adapters off, in eval mode for the pass."""
 
+    def __init__(self, adapters: Adapters) -> None:
+        self.adapters = adapters
+
     @torch.no_grad()
     def logits(self, policy: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        with eval_mode(policy), adapters_disabled(policy):
+        with eval_mode(policy), self.adapters.base(policy):
             return policy(x)
 
 
-def reference_for(config: Config, device: torch.device) -> Reference:
-    """The reference of a run that fine-tunes ``train.init_from``: under LoRA the policy with its
-    adapters off, otherwise a frozen copy of the parent's weights."""
-    if config.train.lora is not None:
-        return AdaptersOffReference()
+def reference_for(config: Config, adapters: Adapters, device: torch.device) -> Reference:
+    """The reference of a run that fine-tunes ``train.init_from``: the policy with its adapters off
+    where they hold the parent's weights (LoRA), otherwise a frozen copy of those weights."""
+    if adapters.holds_base:
+        return AdaptersOffReference(adapters)
     model = GPT(config.model)
     load_parent_weights(model, config.parent)
     return FrozenReference(model.to(device))

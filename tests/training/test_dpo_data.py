@@ -11,21 +11,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from data.batches.preference import PreferenceBatches, collate_pairs
 from data.chat import Message, render_chat
 from data.config import DataConfig, FilesSourceConfig
 from data.errors import DataError
-from data.prepared.preference import prepare_preference_data, render_pair, tokenize_pairs
-from data.sources.preferences import PreferencePair, pair_from_row
-from data.tokenizer import train_tokenizer
-from data_testkit import make_documents
+from run_testkit import chat_tokenizer
+from training.tasks.dpo.batches import PreferenceBatches, collate_pairs
+from training.tasks.dpo.pairs import PreferencePair, pair_from_row
+from training.tasks.dpo.prepared import prepare_preference_data, render_pair, tokenize_pairs
 
 SYSTEM, USER = Message("system", "You are ROMEO."), Message("user", "What light through yonder window breaks?")
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return train_tokenizer(make_documents(40), 400)
+    return chat_tokenizer(400)
 
 
 def _pair(chosen: str = "It is the east.", rejected: str = "the east the east the east", prompt=(SYSTEM, USER)):
@@ -139,7 +138,7 @@ def test_an_entry_is_built_once_and_reused(tmp_path, tokenizer, monkeypatch):
                      files=FilesSourceConfig(paths=[str(path)]))
     first = prepare_preference_data(cfg, tokenizer_file, 64, progress=False)
     assert len(first.train) + len(first.val) == 30 and len(first.val) > 0
-    import data.prepared.preference as module
+    import training.tasks.dpo.prepared as module
 
     monkeypatch.setattr(module, "load_preferences", lambda *a, **k: pytest.fail("read the pairs again"))
     again = prepare_preference_data(cfg, tokenizer_file, 64, progress=False)

@@ -1,0 +1,103 @@
+"""How a run's weights train: all of them (``Adapters``, the plain case), or LoRA's low-rank adapters on a
+frozen model (``LoraAdapters``, ``train.lora``).
+
+The object is built once, at the start, by ``adapters_for`` (as ``checkpointer_for`` builds the
+checkpointer), and everything that differs between the two asks it: it applies itself to the model,
+says what trains, gives the plain model the run directory holds, saves its own files beside those
+weights and reports itself in the result. The trainer, the checkpoint and the kept weights then have
+one path each, whatever trains.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ContextManager
+
+import torch
+from torch import nn
+
+from model import GPT
+from rundir.files import ADAPTER_WEIGHTS_FILE
+from training.config import LoraConfig, TrainConfig
+from training.lora import (
+    adapted_state, adapters_disabled, add_adapters, describe, merged_copy, save_adapter, trainable_parameters,
+)
+
+
+class Adapters:
+    """No adapters: every weight of the model trains, and the model is what the run saves."""
+
+    # Whether the trained model holds its own frozen starting point (LoRA: the model with its
+    # adapters off), so that a post-training reference needs no second copy of the weights.
+    holds_base = False
+
+    def apply(self, model: GPT) -> None:
+        """Prepare ``model`` (its starting weights loaded) to train this way, before it is wrapped."""
+
+    def trained(self, model: GPT) -> str:
+        """What trains, for the run's first line."""
+        return f"{model.num_params() / 1e6:.2f}M parameters"
+
+    def describe(self, model: GPT) -> str | None:
+        """A line on how it trains, said at the start where there is more to say than ``trained``."""
+        return None
+
+    def merged(self, model: GPT) -> GPT:
+        """The plain model ``model.safetensors`` holds."""
+        return model
+
+    def state_for(self, model: nn.Module, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """A plain model's ``weights`` as a state dict ``model`` loads to compute exactly them."""
+        return weights
+
+    def save(self, run_dir: Path, model: GPT) -> None:
+        """Write this way's own files beside the weights in ``run_dir`` (none here)."""
+
+    def report(self, model: GPT, run_dir: Path) -> tuple[str, dict[str, Any]] | None:
+        """For the finished run: a line for its summary and the numbers for wandb's (None: nothing to add)."""
+        return None
+
+    def base(self, model: nn.Module) -> ContextManager[None]:
+        """``model`` as its frozen starting point, for a ``with`` block; only where ``holds_base``."""
+        raise NotImplementedError("a model without adapters does not hold its starting weights")
+
+
+class LoraAdapters(Adapters):
+    """``train.lora``: the parent's weights frozen, low-rank adapters on them train (``training.lora``)."""
+
+    holds_base = True
+
+    def __init__(self, lora: LoraConfig) -> None:
+        self.lora = lora
+
+    def apply(self, model: GPT) -> None:
+        add_adapters(model, self.lora)
+
+    def trained(self, model: GPT) -> str:
+        return f"{trainable_parameters(model):,} of {model.num_params() / 1e6:.2f}M parameters"
+
+    def describe(self, model: GPT) -> str:
+        return describe(model, self.lora)
+
+    def merged(self, model: GPT) -> GPT:
+        return merged_copy(model)
+
+    def state_for(self, model: nn.Module, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return adapted_state(model, weights)
+
+    def save(self, run_dir: Path, model: GPT) -> None:
+        save_adapter(run_dir, model, self.lora)
+
+    def report(self, model: GPT, run_dir: Path) -> tuple[str, dict[str, Any]]:
+        trained, size = trainable_parameters(model), (run_dir / ADAPTER_WEIGHTS_FILE).stat().st_size
+        line = (f"LoRA: {trained:,} of {model.num_params():,} parameters trained; the adapter "
+                f"({size / 1024:.1f} KiB) is in PEFT's files beside the merged weights")
+        return line, {"trained_params": trained, "adapter_bytes": size}
+
+    def base(self, model: nn.Module) -> ContextManager[None]:
+        return adapters_disabled(model)
+
+
+def adapters_for(train: TrainConfig) -> Adapters:
+    """The adapters of a run with this ``train`` section: LoRA's where ``train.lora`` is set, else none."""
+    return Adapters() if train.lora is None else LoraAdapters(train.lora)

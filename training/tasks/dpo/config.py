@@ -1,0 +1,34 @@
+"""The ``dpo:`` section of a run's config (``data.format: preference``): DPO's knobs, as TRL's DPOConfig
+names them, with its defaults."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from common.config import check_types, require, require_in
+
+
+@dataclass
+class DPOConfig:
+    """Direct preference optimisation (``training/tasks/dpo/loss.py``) of the ``train.init_from`` run."""
+
+    # β: how far the policy may move from the reference (the init_from run); TRL's default.
+    beta: float = 0.1
+    # RPO's weight on the chosen replies' mean token NLL, added to the DPO loss (TRL's loss_type
+    # [sigmoid, sft] with loss_weights [1, this]); it keeps the policy writing its chosen replies while
+    # it learns the preference. 0 = plain DPO.
+    rpo_alpha: float = 0.0
+
+    def __post_init__(self) -> None:
+        check_types(self, "dpo")
+        require_in(self.beta, "dpo.beta", 0, math.inf, low_open=True, high_open=True)
+        require_in(self.rpo_alpha, "dpo.rpo_alpha", 0, math.inf, high_open=True, note=" (0 = plain DPO)")
+
+
+def check_dpo_run(config: Any) -> None:
+    """The dpo section goes with data.format: preference (called by ``training.config.Config`` with the
+    whole config)."""
+    require(config.dpo is None or config.data.format == "preference",
+            f"a dpo section is for data.format: preference (this run's is {config.data.format})")

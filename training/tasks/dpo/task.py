@@ -1,0 +1,74 @@
+"""The DPO task (``data.format: preference``): a chat run learns, from reply pairs, to prefer each chosen
+reply over its rejected one, measured against its frozen parent."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from training.adapters import Adapters
+from training.config import Config, ConfigError
+from training.tasks.chat import ChatTask
+from training.tasks.dpo.batches import PreferenceBatches
+from training.tasks.dpo.config import DPOConfig
+from training.tasks.dpo.loss import accumulate_dpo_gradients, evaluate_preferences
+from training.tasks.dpo.prepared import prepare_preference_data
+from training.tasks.reference import Reference, reference_for
+from training.tasks.task import Batches, fitted, parent_tokenizer, sample_line
+
+
+class PreferenceTask(ChatTask):
+    """Direct preference optimisation (``training.tasks.dpo.loss``) on reply pairs: the model learns to prefer
+    each chosen reply over its rejected one, relative to the frozen ``reference``. Its samples are
+    replies to held-out prompts, as a chat run's are."""
+
+    def __init__(self, prepared: Any, device: torch.device, reference: Reference, dpo: DPOConfig) -> None:
+        super().__init__(prepared, device)
+        self.reference = reference
+        self.beta = dpo.beta
+        self.rpo_alpha = dpo.rpo_alpha
+        self.step_metrics: dict[str, float] = {}  # the last step's, for its line of the metrics file
+
+    def batches(self, batch_size: int, **placement: Any) -> Batches:
+        return PreferenceBatches(self.prepared.train, batch_size, pad_id=self.prepared.eot_id, **placement)
+
+    def accumulate(self, model, batches, micro_steps, *, amp, sync, ctx, stop):
+        micro_batches = [batches.next() for _ in range(micro_steps)]
+        loss, self.step_metrics = accumulate_dpo_gradients(model, self.reference, micro_batches, beta=self.beta,
+                                                           rpo_alpha=self.rpo_alpha, amp=amp, sync=sync, ctx=ctx)
+        return loss, sum(x.numel() for x, _ in micro_batches) * ctx.world_size
+
+    def evaluate(self, model, **shared):
+        return evaluate_preferences(model, self.reference, self.prepared.val, self.token_bytes, beta=self.beta,
+                                    rpo_alpha=self.rpo_alpha, pad_id=self.prepared.eot_id, **shared)
+
+    def eval_line(self, scope, step, result, samples):
+        m = result.metrics
+        loss = "DPO+RPO loss" if self.rpo_alpha else "DPO loss"
+        lines = [f"step {step} {scope}: {loss} {result.loss:.4f}, rewards/accuracies {m['rewards/accuracies']:.3f}, "
+                 f"rewards/margins {m['rewards/margins']:.4f}; {result.bpb:.4f} bits/byte of chosen replies"]
+        lines += [sample_line(prompt + reply) for prompt, reply in samples[:1]]
+        return "\n".join(lines)
+
+    def train_fields(self, batches):
+        metrics = {name: value for name, value in self.step_metrics.items() if name != "loss"}
+        return {**metrics, "beta": self.beta, "rpo_alpha": self.rpo_alpha, "padding_fraction": batches.padding_fraction}
+
+    def describe_batches(self, batches):
+        return (f"preference batches: {len(self.prepared.train)} training pairs, each a chosen and a rejected row; "
+                f"{100 * batches.epoch_padding_fraction():.1f}% of computed tokens are padding")
+
+
+def build(config: Config, tokenizer_file: Path | None, *, progress: bool, is_main: bool, device: torch.device,
+          adapters: Adapters) -> PreferenceTask:
+    """The reply pairs of ``config.data``, rendered with the parent run's tokenizer, and the parent
+    as the frozen reference."""
+    tokenizer_file = parent_tokenizer(config, tokenizer_file)
+    if config.train.parallel == "fsdp":
+        raise ConfigError("data.format: preference trains with train.parallel: ddp; under fsdp the frozen "
+                          "reference model would still be a whole copy on every process")
+    prepared = prepare_preference_data(config.data, tokenizer_file, config.model.block_size, progress=progress,
+                                       is_main=is_main)
+    return PreferenceTask(fitted(prepared, config), device, reference_for(config, adapters, device), config.dpo)

@@ -1,0 +1,86 @@
+"""Pretraining on documents (``data.format: text``): next-token prediction, where every target counts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from data import EOT, prepare_data, train_batches
+from data.sample_prompt import default_sample_prompt
+from training.adapters import Adapters
+from training.attention_probe import attention_probe
+from training.config import Config
+from training.evaluate import evaluate, generate_sample
+from training.rng_state import capture_rng_state, restore_rng_state
+from training.tasks.task import Batches, Task, accumulate_gradients, fitted, sample_line
+
+
+class TextTask(Task):
+    """Next-token prediction over documents: every target counts."""
+
+    is_chat = False
+
+    def __init__(self, prepared: Any, config: Config, device: torch.device) -> None:
+        super().__init__(prepared, device)
+        self.block_size = config.model.block_size
+        self.sampling = config.train.sampling
+        self.val_tokens = prepared.val_tokens()
+        self.sample_prompt = config.eval.sample_prompt
+        if self.sample_prompt is None:
+            self.sample_prompt = default_sample_prompt(config.data.source, self.tokenizer, self.val_tokens)
+
+    def batches(self, batch_size: int, **placement: Any) -> Batches:
+        return train_batches(self.sampling, self.prepared.train_tokens(), self.block_size, batch_size, **placement)
+
+    def accumulate(self, model, batches, micro_steps, *, amp, sync, ctx, stop):
+        # A long accumulation is interruptible between micro-batches. Single process only: under
+        # DDP every rank must reach the last micro-batch's all-reduce. The sampler and RNG states
+        # are kept so that an abandoned step leaves the run exactly where the step found it.
+        interruptible = micro_steps > 1 and not ctx.enabled
+        before = (batches.state_dict(), capture_rng_state()) if interruptible else None
+        computed = []
+
+        def next_batch() -> tuple[torch.Tensor, torch.Tensor]:
+            x, y = batches.next()
+            computed.append(x.numel())
+            return x, y
+
+        loss = accumulate_gradients(
+            model, next_batch, micro_steps, amp=amp, sync=sync,
+            should_stop=(lambda: stop.requested) if interruptible else None,
+        )
+        if loss is None:
+            batches.load_state_dict(before[0])
+            restore_rng_state(before[1])
+            return None, 0
+        return loss, sum(computed) * ctx.world_size
+
+    def train_token_count(self):
+        return len(self.prepared.train_tokens())
+
+    def evaluate(self, model, **shared):
+        return evaluate(model, self.val_tokens, self.token_bytes, block_size=self.block_size, **shared)
+
+    def samples(self, model, settings):
+        return [(self.sample_prompt, generate_sample(model, self.tokenizer, self.sample_prompt, settings))]
+
+    def sample_fields(self, samples):
+        return {"sample": samples[0][1]} if samples else {}
+
+    def eval_line(self, scope, step, result, samples):
+        lines = [f"step {step} {scope}: loss {result.loss:.4f} nats/token, {result.bpb:.4f} bits/byte"]
+        lines += [sample_line(text) for _, text in samples[:1]]  # the prompt is part of the text
+        return "\n".join(lines)
+
+    def attention_probe(self, block_size, device):
+        return attention_probe(self.val_tokens, self.tokenizer, self.sample_prompt, block_size=block_size,
+                               skip_id=self.tokenizer.token_to_id(EOT), device=device)
+
+
+def build(config: Config, tokenizer_file: Path | None, *, progress: bool, is_main: bool, device: torch.device,
+          adapters: Adapters) -> TextTask:
+    """The documents of ``config.data``, tokenized with ``tokenizer_file`` (None: train one)."""
+    prepared = prepare_data(config.data, progress=progress, is_main=is_main, tokenizer_file=tokenizer_file)
+    return TextTask(fitted(prepared, config), config, device)
