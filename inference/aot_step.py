@@ -46,7 +46,8 @@ from inference.batch_invariant import RowBlockedLinear
 from inference.compiled_step import MIN_WINDOW, CompiledStep, step_inputs, step_logits
 from model import GPT, KVCache
 
-MIN_TORCH = (2, 6)  # torch._inductor.aoti_compile_and_package and aoti_load_package
+MIN_TORCH = (2, 6)  # the first with AOTInductor's package API:
+AOTI_API = ("aoti_compile_and_package", "aoti_load_package")
 CACHE_ENV = "MINIGPT_COMPILE_CACHE"
 DEFAULT_CACHE = "compile_cache"
 INDUCTOR_OPTIONS = {"max_autotune": True, "freezing": True}
@@ -66,7 +67,7 @@ def aot_missing(device: torch.device) -> str | None:
     """Why the ahead-of-time step cannot run on ``device``, or None when it can."""
     if device.type != "cpu":
         return f"the ahead-of-time step runs on the CPU, not {device.type}"
-    if torch.__version__ < MIN_TORCH or not hasattr(torch._inductor, "aoti_compile_and_package"):
+    if torch.__version__ < MIN_TORCH or not all(hasattr(torch._inductor, name) for name in AOTI_API):
         return f"AOTInductor needs torch {'.'.join(map(str, MIN_TORCH))} or later, this is {torch.__version__}"
     return None
 
