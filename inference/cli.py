@@ -125,8 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"runs with rotary or no positions: the first tokens the window keeps when it rolls "
                              f"(default {SINKS}, a quarter of a window under {4 * SINKS})")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                        help="compile the decode step with torch.compile (a one-off cost, reported on stderr; "
-                        "faster tokens after it). Default: off; on the CPU the compile takes tens of seconds")
+                        help="compile the decode step (a one-off cost, reported on stderr; faster tokens after it). "
+                        "On the CPU it is built ahead of time, tens of seconds, and kept in compile_cache/ "
+                        "($MINIGPT_COMPILE_CACHE) for the next run of these weights; on a GPU torch.compile "
+                        "records a CUDA graph. Default: off")
     add_speculation_arguments(parser)
     # Chat, and the shape of the output.
     parser.add_argument("--chat", action="store_true",

@@ -7,6 +7,19 @@ from pathlib import Path
 import pytest
 import torch
 
+from inference.aot_step import CACHE_ENV
+
+
+@pytest.fixture(scope="session", autouse=True)
+def compile_cache(tmp_path_factory):
+    """One folder for the session's compiled decode steps (``inference.aot_step``): a package built
+    by one test is loaded by the next, and nothing lands in the working directory's compile_cache/.
+    Servers and command lines started as processes inherit it."""
+    folder = tmp_path_factory.mktemp("compile_cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(CACHE_ENV, str(folder))
+        yield folder
+
 
 @pytest.fixture
 def one_torch_thread():
