@@ -64,10 +64,23 @@ class NonFiniteLossError(UserError):
 
     @classmethod
     def at(cls, step: int, loss: float, grad_norm: float, saved_step: int | None, run_dir: Path) -> NonFiniteLossError:
-        where = (f"the last good checkpoint (step {saved_step}) in {run_dir} is untouched" if saved_step is not None
-                 else "no checkpoint had been written yet")
         return cls(f"training diverged at step {step}: loss {loss}, gradient norm {grad_norm}; stopped without "
-                   f"saving, {where}; lower train.lr or raise train.warmup_steps")
+                   f"saving, {_what_is_saved(saved_step, run_dir)}; lower train.lr or raise train.warmup_steps")
+
+
+class StepFailed(UserError):
+    """A user's error that showed only inside a training step (a reward function that failed on a
+    reply, say); the run stopped without saving."""
+
+    @classmethod
+    def at(cls, step: int, error: UserError, saved_step: int | None, run_dir: Path) -> StepFailed:
+        return cls(f"stopped at step {step}: {error}; nothing was saved, {_what_is_saved(saved_step, run_dir)}")
+
+
+def _what_is_saved(saved_step: int | None, run_dir: Path) -> str:
+    if saved_step is None:
+        return "no checkpoint had been written yet"
+    return f"the last good checkpoint (step {saved_step}) in {run_dir} is untouched"
 
 
 def train(config: Config, *, resume: bool = False, overwrite: bool = False, progress: bool = True,
@@ -274,11 +287,14 @@ class Trainer:
                     t0, cpu0 = time.perf_counter(), time.thread_time()
                     lr = self.schedule(self.step, self._elapsed())
                     set_learning_rate(self.optimizer, self.param_groups, lr, muon_momentum(tc, self.step))
-                    step_loss, tokens = self.task.accumulate(
-                        self.train_model, self.batches, self.micro_steps, ctx=self.ctx, stop=stop,
-                        amp=lambda: autocast(self.device, self.amp_dtype),
-                        sync=lambda last: sync_gradients(self.wrapped, last),
-                    )
+                    try:
+                        step_loss, tokens = self.task.accumulate(
+                            self.train_model, self.batches, self.micro_steps, ctx=self.ctx, stop=stop,
+                            amp=lambda: autocast(self.device, self.amp_dtype),
+                            sync=lambda last: sync_gradients(self.wrapped, last),
+                        )
+                    except UserError as e:  # the task's own check of what the user gave it (a reward)
+                        raise StepFailed.at(self.step + 1, e, self.saved_step, self.run_dir) from None
                     if step_loss is None:  # a stop request abandoned the step; the batches are rewound
                         self.optimizer.zero_grad(set_to_none=True)
                         reason = "interrupted"
