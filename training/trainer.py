@@ -40,7 +40,7 @@ from training.evaluate import EvalResult
 from training.init_from import check_parent_tokenizer, load_parent_weights
 from training.interrupt import StopNow, StopRequest
 from training.kept_model import CorpusCheck, KeptModel, epochs, load_kept_weights
-from training.memory_budget import check_model_fits, plan_memory
+from training.memory_budget import check_model_fits, plan_run_memory
 from training.metrics import CpuShareWatch, Throughput, format_flops, mfu, peak_flops
 from training.optim import build_optimizer, build_schedule, muon_momentum, plan_param_groups, set_learning_rate
 from training.progress_bar import StepBar
@@ -153,8 +153,8 @@ class Trainer:
         # The whole step's estimate, from the config alone: refused here, before any allocation.
         micro_batch = split_batch(tc.batch_size, tc.grad_accum_steps, self.ctx.world_size).batch_size
         self.amp_dtype = resolve_precision(tc.precision, self.device, run_own=run_precision(state, self.device))
-        self.memory_plan = plan_memory(self.config.model, tc, self.device, world_size=self.ctx.world_size,
-                                       micro_batch=micro_batch, bf16=self.amp_dtype == torch.bfloat16)
+        self.memory_plan = plan_run_memory(self.config, self.device, world_size=self.ctx.world_size,
+                                           micro_batch=micro_batch, bf16=self.amp_dtype == torch.bfloat16)
         self._prepare_data(resume=resume)
         self._build_model_and_optimizer()
         wandb_run_id = self._restore(state) if state is not None else None
@@ -205,7 +205,8 @@ class Trainer:
         # processes share it instead of silently growing the batch.
         split = split_batch(tc.batch_size, tc.grad_accum_steps, ctx.world_size)
         self.micro_steps = split.micro_steps
-        self.tokens_per_step = tc.batch_size * tc.grad_accum_steps * cfg.model.block_size
+        # Positions computed per step, at most: every row of every example fills the window.
+        self.tokens_per_step = tc.batch_size * tc.grad_accum_steps * cfg.rows_per_example * cfg.model.block_size
         self.schedule = build_schedule(tc, self.tokens_per_step)
         self.corpus_check = CorpusCheck(self.task.train_token_count(), self.tokens_per_step, tc.max_tokens)
         self.batches = self.task.batches(split.batch_size, seed=tc.seed, rank=ctx.rank, world_size=ctx.world_size,
