@@ -171,7 +171,7 @@ class Trainer:
             check_parent_tokenizer(self.parent, cfg.model.vocab_size)
             tokenizer_file = self.run_dir / TOKENIZER_FILE if resume else self.parent.tokenizer_file
         self.task = prepare_task(cfg, tokenizer_file, progress=self.verbose, is_main=self.ctx.is_main,
-                                 device=self.device, adapters=self.adapters)
+                                 device=self.device, adapters=self.adapters, resume=resume)
         barrier(self.ctx)
         if resume:
             check_resumed_tokenizer(self.run_dir, self.task.tokenizer)

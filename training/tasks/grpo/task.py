@@ -120,11 +120,12 @@ class RLTask(ChatTask):
 
 
 def build(config: Config, tokenizer_file: Path | None, *, progress: bool, is_main: bool, device: torch.device,
-          adapters: Adapters) -> RLTask:
+          adapters: Adapters, resume: bool = False) -> RLTask:
     """The built-in questions rendered with the parent run's tokenizer, and the parent as the frozen
     reference of the KL penalty (none where ``rl.beta`` is 0)."""
     tokenizer_file = parent_tokenizer(config, tokenizer_file)
     if should_compile(config.train.compile, device):
         raise ConfigError("data.format: rl samples through the engine with the plain model; set train.compile: false")
     prepared = fitted(prepare_arithmetic_prompts(tokenizer_file, **vars(config.rl.arithmetic)), config)
-    return RLTask(prepared, config, device, reference_for(config, adapters, device) if config.rl.beta > 0 else None)
+    reference = reference_for(config, adapters, device, resume=resume) if config.rl.beta > 0 else None
+    return RLTask(prepared, config, device, reference)
