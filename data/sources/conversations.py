@@ -125,7 +125,8 @@ def _load_files(cfg: DataConfig, parse: ParseRows) -> ExampleSet:
             source = dataset_rows(load_files_dataset([path], fmt, cfg.files, str(path)), str(path))
         examples += parse(source)
         ids += [f"{path.name}/{row_id}" for row_id in source.ids]
-    description = f"the {_kind(cfg)}s of {files[0]}" if len(files) == 1 else f"the {_kind(cfg)}s of {len(files)} local {fmt} files"
+    where = str(files[0]) if len(files) == 1 else f"{len(files)} local {fmt} files"
+    description = f"the {_kind(cfg)}s of {where}"
     return _hash_split(description, examples, ids, cfg)
 
 

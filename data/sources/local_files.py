@@ -193,7 +193,8 @@ def read_json_rows(path: Path, encoding_errors: str = "strict") -> SourceRows:
         if array is not None:
             for i, value in enumerate(array, start=1):
                 if not isinstance(value, dict):
-                    raise DataError(f"{path} item {i}: a JSON {_json_type(value)}, not an object; make each item one object")
+                    raise DataError(f"{path} item {i}: a JSON {_json_type(value)}, not an object; make each item "
+                                    "one object")
                 placed.append((f"{path} item {i}", value))
             return table_rows(str(path), placed)
     lines = 0
@@ -203,8 +204,8 @@ def read_json_rows(path: Path, encoding_errors: str = "strict") -> SourceRows:
             try:
                 text = raw.decode("utf-8", errors=encoding_errors)
             except UnicodeDecodeError as e:
-                raise DataError(f"{where}: not valid UTF-8 (byte 0x{raw[e.start]:02x}, the line's byte {e.start + 1}); fix the "
-                                "file, or set data.files.encoding_errors: replace (bad bytes become U+FFFD)") from None
+                raise DataError(f"{where}: not valid UTF-8 (byte 0x{raw[e.start]:02x}, the line's byte {e.start + 1}); "
+                                "fix the file, or set data.files.encoding_errors: replace (bad bytes become U+FFFD)") from None
             if not text.strip():
                 continue
             try:
@@ -213,7 +214,8 @@ def read_json_rows(path: Path, encoding_errors: str = "strict") -> SourceRows:
                 ends_inside = e.pos >= len(text.rstrip()) or e.msg.startswith("Unterminated string")
                 cut = " (the line ends inside it: cut short?)" if ends_inside else ""
                 reason = e.msg.removesuffix(" at")  # "Invalid control character at": the column follows
-                raise DataError(f"{where}: not one whole JSON object ({reason} at column {e.colno}{cut}); {fix}") from None
+                raise DataError(f"{where}: not one whole JSON object ({reason} at column {e.colno}{cut}); "
+                                f"{fix}") from None
             if isinstance(value, list):
                 raise DataError(f"{where}: a JSON array, not an object; write each row as one object on a line of "
                                 "its own (JSON Lines), not a list of them")
@@ -242,4 +244,5 @@ def _whole_array(path: Path, encoding_errors: str) -> list[Any] | None:
 
 
 def _json_type(value: Any) -> str:
-    return {str: "string", bool: "boolean", int: "number", float: "number", type(None): "null"}.get(type(value), "value")
+    names = {str: "string", bool: "boolean", int: "number", float: "number", type(None): "null"}
+    return names.get(type(value), "value")

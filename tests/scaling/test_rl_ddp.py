@@ -69,7 +69,8 @@ def _rl_args(parent: Path, out: Path, *more: str) -> list[str]:
             "train.max_minutes=null", "train.device=cpu", "train.precision=fp32", "train.peak_flops=1e11",
             "train.lr=1e-2", "train.min_lr=1e-2", "eval.interval=2", "eval.max_batches=1", "eval.final_max_batches=2",
             "eval.sample_tokens=4", "logging.interval=1", "logging.wandb.mode=disabled", "run.checkpoint_interval=0",
-            "rl.group_size=4", "rl.max_new_tokens=3", "rl.rewards=[grader:e_share]", "rl.eval_samples=2", "rl.updates_per_batch=2", "rl.beta=0.1",
+            "rl.group_size=4", "rl.max_new_tokens=3", "rl.rewards=[grader:e_share]", "rl.eval_samples=2",
+            "rl.updates_per_batch=2", "rl.beta=0.1",
             "rl.arithmetic.train_problems=40", "rl.arithmetic.val_problems=8", "rl.arithmetic.max_operand=9", *more]
     return ["train.py", "--config", "configs/tiny-rl.yaml", "--no-progress", *[a for s in sets for a in ("--set", s)]]
 

@@ -92,7 +92,8 @@ RL = {"group_size": 2, "max_new_tokens": 2, "eval_samples": 2,
 def test_absurd_post_training_values_are_refused_when_the_config_is_read(make_config, parent_run, tmp_path, section,
                                                                           values, fragment):
     if section == "rl":
-        data, values = {"format": "rl"}, {**RL, **values, "arithmetic": {**RL["arithmetic"], **values.get("arithmetic", {})}}
+        arithmetic = {**RL["arithmetic"], **values.get("arithmetic", {})}
+        data, values = {"format": "rl"}, {**RL, **values, "arithmetic": arithmetic}
     else:
         data = {"format": "preference", "source": "files", "files": {"paths": [str(tmp_path / "pairs.jsonl")]}}
     with pytest.raises(ConfigError) as error:

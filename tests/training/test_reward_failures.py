@@ -85,7 +85,8 @@ class _Tensorish:
 
 
 @pytest.mark.parametrize("returns, shown", [
-    (None, "returned None"), ("1.0", "returned '1.0'"), ([1.0], "returned [1.0]"), ({"score": 1}, "returned {'score': 1}"),
+    (None, "returned None"), ("1.0", "returned '1.0'"), ([1.0], "returned [1.0]"),
+    ({"score": 1}, "returned {'score': 1}"),
     (float("nan"), "returned nan"), (float("inf"), "returned inf"), (float("-inf"), "returned -inf"),
     (1e300, "returned 1e+300"), (-2 * MAX_REWARD, "returned -2000000.0"), (10**400, "returned 1000000000"),
     (complex(1, 1), "returned (1+1j)"),

@@ -75,7 +75,7 @@ def check_reference_unchanged(config: Config) -> None:
     if recorded != parent.weights_sha256:
         raise InitFromError(
             f"cannot resume {config.out_dir}: its reference, {parent.directory / WEIGHTS_FILE} (train.init_from), "
-            f"changed since the run started (sha256 {recorded[:12]}... in {PARENT_FILE}, {parent.weights_sha256[:12]}... "
-            "now), and the rest of the run would measure itself against other weights; put the parent's weights "
-            "back to resume, or train a new run (another run.out_dir) from the new ones"
+            f"changed since the run started (sha256 {recorded[:12]}... in {PARENT_FILE}, "
+            f"{parent.weights_sha256[:12]}... now), and the rest of the run would measure itself against other "
+            "weights; put the parent's weights back to resume, or train a new run (another run.out_dir) from the new ones"
         )

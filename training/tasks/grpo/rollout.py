@@ -65,7 +65,8 @@ class Sampler:
               copies: int) -> torch.Tensor:
         """(completions, reward functions) scores; completion i answers question i // copies. A
         reward that fails raises a RewardError naming it and the question."""
-        return torch.tensor([[reward(questions[i // copies], text, rows[i // copies]) for reward in self.rewards.values()]
+        rewards = self.rewards.values()
+        return torch.tensor([[reward(questions[i // copies], text, rows[i // copies]) for reward in rewards]
                              for i, text in enumerate(texts)], dtype=torch.float32)
 
 
@@ -113,8 +114,8 @@ def sample_rollout(
         ref = torch.cat(ref_parts) if reference is not None else None
     lengths = torch.tensor([len(ids) for ids, _, _ in completions], dtype=torch.float32)
     ended = torch.tensor([float(stopped) for _, _, stopped in completions])
-    metrics = rollout_metrics(all_gather_rows(scores.to(device), ctx).cpu(), all_gather_rows(lengths.to(device), ctx).cpu(),
-                              all_gather_rows(ended.to(device), ctx).cpu(), list(sampler.rewards), group_size)
+    gathered = [all_gather_rows(values.to(device), ctx).cpu() for values in (scores, lengths, ended)]
+    metrics = rollout_metrics(*gathered, list(sampler.rewards), group_size)
     return Rollout(x, y, advantages.to(device), old, ref, metrics)
 
 
