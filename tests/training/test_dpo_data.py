@@ -240,3 +240,14 @@ def _refusal(folder: Path, tokenizer, path: Path, block_size: int) -> str:
     with pytest.raises(DataError) as error:
         prepare_preference_data(_config(folder / "cache", path), tokenizer_file, block_size, progress=False)
     return str(error.value)
+
+
+def test_a_bad_row_of_a_parquet_file_is_named_by_its_1_based_row(tmp_path, tokenizer):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{"prompt": "Hi", "chosen": "a", "rejected": "b"}] * 3 + [{"prompt": "Hi", "chosen": None, "rejected": "b"}]
+    path = tmp_path / "pairs.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    message = _refusal(tmp_path, tokenizer, path, 64)
+    assert message == f"{path} row 4: the pair has no chosen; give it prompt, chosen and rejected"
