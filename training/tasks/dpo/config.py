@@ -8,10 +8,10 @@ from typing import Any
 
 from common.config import check_types, require, require_in
 
-# β multiplies the log-ratio of summed reply probabilities (tens to hundreds of nats) inside a
-# sigmoid. Published settings are 0.01 to 1 (TRL's default 0.1); at 10 the sigmoid already saturates
-# on the first step's margins, so the loss counts only the pairs it has wrong; a typo such as 1e300
-# overflows the rewards, which would then be reported as a divergence the learning rate caused.
+# β multiplies a difference of log-ratios of summed reply probabilities inside a sigmoid. Published
+# settings are 0.01 to 1 (TRL's default 0.1); at 10 a margin of a nat already saturates the sigmoid,
+# so the loss counts only the pairs it has wrong; a typo such as 1e300 overflows the rewards, which
+# would then be reported as a divergence the learning rate caused.
 MAX_BETA = 10.0
 # RPO's weight on the chosen replies' NLL: TRL suggests 1; at 10 the NLL outweighs the preference
 # term tenfold and the run is supervised fine-tuning on the chosen replies, and past it a typo
