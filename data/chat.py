@@ -166,7 +166,11 @@ class ChatTokenIds:
 
 
 class ChatTooLong(DataError):
-    """Even the system prompt and the last exchange do not fit the window."""
+    """Even the system prompt and the last exchange do not fit the window; ``needed``: their tokens."""
+
+    def __init__(self, message: str, needed: int = 0) -> None:
+        super().__init__(message)
+        self.needed = needed
 
 
 @dataclass
@@ -427,7 +431,7 @@ def fit_chat(tokenizer: Tokenizer, messages: Sequence[Message], max_tokens: int,
     last = len(chat.ids) - starts[cuts[-1]]
     system = f" and the system prompt {head}" if head else ""
     raise ChatTooLong(f"the last message is {last} tokens{system}: more than the {max_tokens} tokens the model's "
-                      "window leaves for them; shorten it")
+                      "window leaves for them; shorten it", needed=head + last)
 
 
 # A conversation to be answered leaves this share of the window for the reply where dropping old

@@ -312,6 +312,14 @@ class Config:
     def out_dir(self) -> Path:
         return Path(self.run.out_dir if self.run.out_dir is not None else DEFAULT_OUT_DIR)
 
+    @property
+    def rows_per_example(self) -> int:
+        """Sequences the model computes for each example of a batch: a reply pair's chosen and
+        rejected, an rl question's ``rl.group_size`` completions, else one."""
+        if self.rl is not None:
+            return self.rl.group_size
+        return 2 if self.dpo is not None else 1
+
 
 def _check_lora(train: TrainConfig, model: GPTConfig) -> None:
     """A LoRA setting that cannot work is refused in one line, before anything is built."""

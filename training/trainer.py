@@ -40,7 +40,7 @@ from training.evaluate import EvalResult
 from training.init_from import check_parent_tokenizer, load_parent_weights
 from training.interrupt import StopNow, StopRequest
 from training.kept_model import CorpusCheck, KeptModel, epochs, load_kept_weights
-from training.memory_budget import check_model_fits, plan_memory
+from training.memory_budget import check_model_fits, plan_run_memory
 from training.metrics import CpuShareWatch, Throughput, format_flops, mfu, peak_flops
 from training.optim import build_optimizer, build_schedule, muon_momentum, plan_param_groups, set_learning_rate
 from training.progress_bar import StepBar
@@ -64,10 +64,23 @@ class NonFiniteLossError(UserError):
 
     @classmethod
     def at(cls, step: int, loss: float, grad_norm: float, saved_step: int | None, run_dir: Path) -> NonFiniteLossError:
-        where = (f"the last good checkpoint (step {saved_step}) in {run_dir} is untouched" if saved_step is not None
-                 else "no checkpoint had been written yet")
         return cls(f"training diverged at step {step}: loss {loss}, gradient norm {grad_norm}; stopped without "
-                   f"saving, {where}; lower train.lr or raise train.warmup_steps")
+                   f"saving, {_what_is_saved(saved_step, run_dir)}; lower train.lr or raise train.warmup_steps")
+
+
+class StepFailed(UserError):
+    """A user's error that showed only inside a training step (a reward function that failed on a
+    reply, say); the run stopped without saving."""
+
+    @classmethod
+    def at(cls, step: int, error: UserError, saved_step: int | None, run_dir: Path) -> StepFailed:
+        return cls(f"stopped at step {step}: {error}; nothing was saved, {_what_is_saved(saved_step, run_dir)}")
+
+
+def _what_is_saved(saved_step: int | None, run_dir: Path) -> str:
+    if saved_step is None:
+        return "no checkpoint had been written yet"
+    return f"the last good checkpoint (step {saved_step}) in {run_dir} is untouched"
 
 
 def train(config: Config, *, resume: bool = False, overwrite: bool = False, progress: bool = True,
@@ -140,8 +153,8 @@ class Trainer:
         # The whole step's estimate, from the config alone: refused here, before any allocation.
         micro_batch = split_batch(tc.batch_size, tc.grad_accum_steps, self.ctx.world_size).batch_size
         self.amp_dtype = resolve_precision(tc.precision, self.device, run_own=run_precision(state, self.device))
-        self.memory_plan = plan_memory(self.config.model, tc, self.device, world_size=self.ctx.world_size,
-                                       micro_batch=micro_batch, bf16=self.amp_dtype == torch.bfloat16)
+        self.memory_plan = plan_run_memory(self.config, self.device, world_size=self.ctx.world_size,
+                                           micro_batch=micro_batch, bf16=self.amp_dtype == torch.bfloat16)
         self._prepare_data(resume=resume)
         self._build_model_and_optimizer()
         wandb_run_id = self._restore(state) if state is not None else None
@@ -158,7 +171,7 @@ class Trainer:
             check_parent_tokenizer(self.parent, cfg.model.vocab_size)
             tokenizer_file = self.run_dir / TOKENIZER_FILE if resume else self.parent.tokenizer_file
         self.task = prepare_task(cfg, tokenizer_file, progress=self.verbose, is_main=self.ctx.is_main,
-                                 device=self.device, adapters=self.adapters)
+                                 device=self.device, adapters=self.adapters, resume=resume)
         barrier(self.ctx)
         if resume:
             check_resumed_tokenizer(self.run_dir, self.task.tokenizer)
@@ -192,7 +205,8 @@ class Trainer:
         # processes share it instead of silently growing the batch.
         split = split_batch(tc.batch_size, tc.grad_accum_steps, ctx.world_size)
         self.micro_steps = split.micro_steps
-        self.tokens_per_step = tc.batch_size * tc.grad_accum_steps * cfg.model.block_size
+        # Positions computed per step, at most: every row of every example fills the window.
+        self.tokens_per_step = tc.batch_size * tc.grad_accum_steps * cfg.rows_per_example * cfg.model.block_size
         self.schedule = build_schedule(tc, self.tokens_per_step)
         self.corpus_check = CorpusCheck(self.task.train_token_count(), self.tokens_per_step, tc.max_tokens)
         self.batches = self.task.batches(split.batch_size, seed=tc.seed, rank=ctx.rank, world_size=ctx.world_size,
@@ -274,11 +288,14 @@ class Trainer:
                     t0, cpu0 = time.perf_counter(), time.thread_time()
                     lr = self.schedule(self.step, self._elapsed())
                     set_learning_rate(self.optimizer, self.param_groups, lr, muon_momentum(tc, self.step))
-                    step_loss, tokens = self.task.accumulate(
-                        self.train_model, self.batches, self.micro_steps, ctx=self.ctx, stop=stop,
-                        amp=lambda: autocast(self.device, self.amp_dtype),
-                        sync=lambda last: sync_gradients(self.wrapped, last),
-                    )
+                    try:
+                        step_loss, tokens = self.task.accumulate(
+                            self.train_model, self.batches, self.micro_steps, ctx=self.ctx, stop=stop,
+                            amp=lambda: autocast(self.device, self.amp_dtype),
+                            sync=lambda last: sync_gradients(self.wrapped, last),
+                        )
+                    except UserError as e:  # the task's own check of what the user gave it (a reward)
+                        raise StepFailed.at(self.step + 1, e, self.saved_step, self.run_dir) from None
                     if step_loss is None:  # a stop request abandoned the step; the batches are rewound
                         self.optimizer.zero_grad(set_to_none=True)
                         reason = "interrupted"

@@ -58,8 +58,8 @@ def test_messages_and_instruction_columns_become_the_same_conversations(tmp_path
 @pytest.mark.parametrize(
     "row, fragment",
     [
-        ({"messages": [{"role": "user", "content": "hi"}]}, "row 3: the conversation has no assistant turn"),
-        ({"messages": [{"role": "wizard", "content": "hi"}]}, "row 3: message 0 has unknown role 'wizard'"),
+        ({"messages": [{"role": "user", "content": "hi"}]}, "line 4: the conversation has no assistant turn"),
+        ({"messages": [{"role": "wizard", "content": "hi"}]}, "line 4: message 0 has unknown role 'wizard'"),
         ({"text": "hello"}, "has no 'messages' column (columns: text)"),
     ],
 )

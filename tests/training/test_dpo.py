@@ -105,11 +105,11 @@ def test_rpo_adds_alpha_times_the_chosen_replies_mean_token_nll_to_each_pair():
         torch.testing.assert_close(policy.get_parameter(name).grad, p.grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
-def test_rpo_alpha_must_be_a_finite_number_at_least_zero():
+def test_rpo_alpha_must_be_a_finite_number_from_zero_to_its_ceiling():
     from training.tasks.dpo.config import DPOConfig
 
-    for bad in (-0.1, math.inf, math.nan):
-        with pytest.raises(UserError, match=r"dpo.rpo_alpha must be in \[0, inf\) \(0 = plain DPO\)"):
+    for bad in (-0.1, 10.5, math.inf, math.nan):
+        with pytest.raises(UserError, match=r"dpo.rpo_alpha must be in \[0, 10\] \(0 = plain DPO\)"):
             DPOConfig(rpo_alpha=bad)
     assert DPOConfig(rpo_alpha=0.5).rpo_alpha == 0.5
 

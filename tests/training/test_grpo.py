@@ -13,7 +13,7 @@ from chat_testkit import pretrain
 from common.errors import UserError
 from model import GPT, GPTConfig, load_pretrained
 from training.tasks.grpo.loss import Rollout, accumulate_grpo_gradients, group_advantages, target_logps, token_losses
-from training.tasks.grpo.rewards import closeness, correct, integer_format, reward_function
+from training.tasks.grpo.rewards import RewardError, closeness, correct, integer_format, reward_function
 from training.trainer import train
 
 VOCAB = 7
@@ -119,7 +119,7 @@ def test_built_in_rewards():
     assert integer_format("", "-7", row) == 1.0 and integer_format("", "seven", row) == 0.0
     assert closeness("", "41", row) == 0.5 and closeness("", "x", row) == 0.0
     assert reward_function("rl_testkit:e_share")("", "eel", row) == pytest.approx(2 / 3)  # one of your own
-    with pytest.raises(ValueError, match="unknown reward 'corect'"):
+    with pytest.raises(RewardError, match="unknown reward 'corect'"):
         reward_function("corect")
 
 

@@ -153,7 +153,7 @@ class ChatTask(Task):
 
 
 def build(config: Config, tokenizer_file: Path | None, *, progress: bool, is_main: bool, device: torch.device,
-          adapters: Adapters) -> ChatTask:
+          adapters: Adapters, resume: bool = False) -> ChatTask:
     """The conversations of ``config.data``, rendered with the parent run's tokenizer."""
     prepared = prepare_chat_data(config.data, parent_tokenizer(config, tokenizer_file), config.model.block_size,
                                  progress=progress, is_main=is_main)

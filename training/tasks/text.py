@@ -80,7 +80,7 @@ class TextTask(Task):
 
 
 def build(config: Config, tokenizer_file: Path | None, *, progress: bool, is_main: bool, device: torch.device,
-          adapters: Adapters) -> TextTask:
+          adapters: Adapters, resume: bool = False) -> TextTask:
     """The documents of ``config.data``, tokenized with ``tokenizer_file`` (None: train one)."""
     prepared = prepare_data(config.data, progress=progress, is_main=is_main, tokenizer_file=tokenizer_file)
     return TextTask(fitted(prepared, config), config, device)

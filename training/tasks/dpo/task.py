@@ -62,7 +62,7 @@ class PreferenceTask(ChatTask):
 
 
 def build(config: Config, tokenizer_file: Path | None, *, progress: bool, is_main: bool, device: torch.device,
-          adapters: Adapters) -> PreferenceTask:
+          adapters: Adapters, resume: bool = False) -> PreferenceTask:
     """The reply pairs of ``config.data``, rendered with the parent run's tokenizer, and the parent
     as the frozen reference."""
     tokenizer_file = parent_tokenizer(config, tokenizer_file)
@@ -71,4 +71,5 @@ def build(config: Config, tokenizer_file: Path | None, *, progress: bool, is_mai
                           "reference model would still be a whole copy on every process")
     prepared = prepare_preference_data(config.data, tokenizer_file, config.model.block_size, progress=progress,
                                        is_main=is_main)
-    return PreferenceTask(fitted(prepared, config), device, reference_for(config, adapters, device), config.dpo)
+    reference = reference_for(config, adapters, device, resume=resume)
+    return PreferenceTask(fitted(prepared, config), device, reference, config.dpo)
