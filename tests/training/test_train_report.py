@@ -82,11 +82,13 @@ def test_loss_curve_draws_train_and_validation_against_step_and_time(tmp_path):
 def test_summary_repeats_the_wandb_sync_line_and_suits_a_chat_run(tmp_path):
     result = TrainResult(
         run_dir=Path("runs/tiny-chat"), step=5, tokens_seen=100, stopped_by="max_steps", train_seconds=1.0,
-        val_loss=1.0, val_bpb=1.5, chat=True, wandb_sync="wandb sync runs/tiny-chat/wandb/offline-run-*-abc*",
+        val_loss=1.0, val_bpb=1.5, kind="chat", val_words="1.5000 bits/byte of assistant text",
+        wandb_sync="wandb sync runs/tiny-chat/wandb/offline-run-*-abc*",
     )
     text = train_cli.summary(result, None)
     assert "final validation: 1.5000 bits/byte of assistant text" in text
     assert "python generate.py --run runs/tiny-chat --chat" in text and "init_from" not in text
+    assert "python -m benchmarks.chat_eval --runs runs/tiny-chat" in text
     assert text.splitlines()[-1] == "wandb logged offline; upload it with: wandb sync runs/tiny-chat/wandb/offline-run-*-abc*"
 
 
@@ -182,12 +184,18 @@ def test_a_resumed_run_says_what_each_duration_covers():
 def test_the_summary_says_which_weights_were_kept():
     common = dict(run_dir=Path("runs/tiny"), tokens_seen=100, stopped_by="max_steps", train_seconds=1.0,
                   val_loss=1.0, val_bpb=2.0)
-    best_earlier = TrainResult(step=400, kept_step=180, kept_val_loss=1.419, last_val_loss=1.608, **common)
+    best_earlier = TrainResult(step=400, kept_step=180, kept_score="1.4190 nats/token", last_score="1.6080 nats/token",
+                               **common)
     assert ("kept: the weights of step 180, the best validation loss seen (1.4190 nats/token on the evaluation "
-            "subset, against 1.6080 at the last step); the last state (step 400) stays in trainer_state.pt "
+            "subset, against 1.6080 nats/token at the last step); the last state (step 400) stays in trainer_state.pt "
             "for --resume") in train_cli.summary(best_earlier, None)
-    last = TrainResult(step=400, kept_step=400, kept_val_loss=1.3, last_val_loss=1.3, **common)
+    last = TrainResult(step=400, kept_step=400, kept_score="1.3000 nats/token", last_score="1.3000 nats/token",
+                       **common)
     assert "kept: the last weights (step 400), the best validation loss seen (1.3000" in train_cli.summary(last, None)
+    rl = TrainResult(step=400, kept_step=180, kind="rl", kept_by="held-out pass@1", kept_score="0.410",
+                     last_score="0.380", **common)
+    assert ("kept: the weights of step 180, the best held-out pass@1 seen (0.410 on the evaluation subset, against "
+            "0.380 at the last step)") in train_cli.summary(rl, None)
     unevaluated = TrainResult(step=400, kept_step=400, **common)
     assert "kept: the last weights (step 400; no periodic evaluation" in train_cli.summary(unevaluated, None)
 
