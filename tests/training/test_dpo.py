@@ -206,17 +206,21 @@ def test_fsdp_is_refused_before_any_data_is_read(dpo_config, tmp_path, monkeypat
 def test_a_lora_policy_with_its_adapters_off_is_the_frozen_reference():
     """A LoRA DPO run holds no second model: its policy with the adapters off gives the parent's
     log-probabilities, though the adapters have moved it."""
+    from types import SimpleNamespace
+
     from training.adapters import LoraAdapters
     from training.config import LoraConfig
-    from training.lora import adapted_layers
+    from training.lora import adapted_layers, trained_rows
     from training.tasks.reference import AdaptersOffReference
 
     parent, policy = _model(), _model()
-    adapters = LoraAdapters(LoraConfig(rank=2))
-    adapters.apply(policy)
+    adapters = LoraAdapters(LoraConfig(rank=2, trainable_tokens=["<|end|>"]))
+    adapters.apply(policy, SimpleNamespace(token_to_id={"<|end|>": 3}.get))
     with torch.no_grad():
         for _, _, delta in adapted_layers(policy):
             delta.lora_B.normal_()
+        for _, _, rows in trained_rows(policy):  # the end token's row moved too, and is off with the adapters
+            rows.rows.normal_()
     x, y = _pair_batch(torch.Generator().manual_seed(0), pairs=3)
     expected = reply_logps(FrozenReference(parent).logits(parent, x), y)
     policy.train()
