@@ -66,6 +66,8 @@ def exported(request, tmp_path):
         run.mkdir()
         tokenizer.save(str(run / "tokenizer.json"))
         save_pretrained(model, run)
+        # Chat-tuned runs, as DPO's policy and reference are: their exports carry the chat template.
+        (run / "config.yaml").write_text("data:\n  format: chat\n")
         export_run(run, tmp_path / f"{name}-hf")
         folders[name] = tmp_path / f"{name}-hf"
     return policy, reference, folders, tokenizer
