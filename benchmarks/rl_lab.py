@@ -156,7 +156,7 @@ def draw_curves(run_dir: Path, before_subset: dict[str, float], before: dict[str
     """The RL run's curves (``training.loss_curve``'s, as train.py draws them) with the chat run it
     started from at step 0, on the evaluation subset and on every held-out question."""
     from rundir.metrics import read_metrics
-    from training.loss_curve import draw_curves as draw_run, write_figure
+    from training.loss_curve import draw_curves as draw_run, legend, write_figure
 
     figure = draw_run(read_metrics(run_dir / "metrics.jsonl"), "rl", f"{run_dir.parent.name}/{run_dir.name}")
     passes = figure.axes[1]
@@ -165,7 +165,7 @@ def draw_curves(run_dir: Path, before_subset: dict[str, float], before: dict[str
                     label=f"{name} of the chat run (the subset)")
         passes.plot([0], [before[name]], "*", color=color, markerfacecolor="none", markersize=12,
                     label=f"{name} of the chat run (all held-out questions)")
-    passes.legend(fontsize="small")
+    legend(passes)
     path = run_dir / "curves.png"
     write_figure(figure, path)
     return path

@@ -26,7 +26,7 @@ from rundir.metrics import read_metrics
 SUBSET_LABEL = "validation (the evaluation subset)"
 Records = list[dict[str, Any]]
 # Each kind's figure, as its title names it.
-WHAT = {"text": "loss", "chat": "loss on the assistant's replies", "preference": "DPO",
+WHAT = {"text": "loss", "chat": "loss on the assistant's replies", "preference": "DPO loss and rewards",
         "rl": "GRPO (reward and held-out pass@k)"}
 
 
@@ -54,16 +54,29 @@ def draw_curves(records: Records, kind: str, title: str) -> Any:
     evals = [r for r in records if r.get("kind") == "eval" and _number(r.get("val_loss"))]
     finals = [final_point(r, evals) for r in records if r.get("kind") == "final_eval" and _number(r.get("val_loss"))]
     panels = 3 if kind in ("preference", "rl") else 2
-    figure = Figure(figsize=(4.4 * panels if panels == 3 else 11, 4.2), layout="constrained")
+    # An RL figure's long legend goes under it (``legend``): room for it.
+    figure = Figure(figsize=(13.2 if panels == 3 else 11, 5.6 if kind == "rl" else 4.2), layout="constrained")
     FigureCanvasAgg(figure)
     axes = figure.subplots(1, panels)
     {"preference": _draw_preference, "rl": _draw_rl}.get(kind, _draw_loss)(axes, train, evals, finals)
     for each in axes:
         each.grid(alpha=0.3)
         if each.get_legend_handles_labels()[0]:
-            each.legend()
+            legend(each)
     figure.suptitle(f"{title}: {WHAT.get(kind, 'loss')}")
     return figure
+
+
+def legend(axes: Any) -> None:
+    """``axes``' legend; a long one under the whole figure (a share from 0 to 1 leaves no empty corner)."""
+    handles, labels = axes.get_legend_handles_labels()
+    if len(handles) > 3:
+        for old in list(axes.figure.legends):  # drawn again with more entries (the RL lab adds its own)
+            old.remove()
+        axes.figure.legend(handles, labels, fontsize="small", loc="outside lower center", ncol=2,
+                           title=axes.get_title(), title_fontsize="small")
+    else:
+        axes.legend(fontsize="small")
 
 
 def write_figure(figure: Any, out_file: Path) -> None:
@@ -126,14 +139,14 @@ def _draw_rl(axes: Any, train: Records, evals: Records, finals: Records) -> None
     reward, passes, kl = axes
     _plot(reward, [r for r in train if _number(r.get("reward"))], "step", lambda r: r["reward"], 1,
           label="training groups", linewidth=1)
-    reward.set_title("reward")
-    reward.set_ylabel("mean reward (sum of the reward functions)")
+    reward.set_title("reward (the sum of the reward functions)")
+    reward.set_ylabel("mean reward of the training groups")
     names = sorted({k.removeprefix("val_") for r in evals + finals for k in r
                     if k.startswith("val_pass@")}, key=lambda n: int(n.removeprefix("pass@")))
     for name, color in zip(names, ("tab:blue", "tab:orange")):
         key = f"val_{name}"
         _plot(passes, [r for r in evals if _number(r.get(key))], "step", lambda r, k=key: r[k], 1,
-              label=f"held-out {name}", marker="o", markersize=4, color=color)
+              label=f"{name} (the evaluation subset)", marker="o", markersize=4, color=color)
         _plot_finals(passes, [r for r in finals if _number(r.get(key))], "step", lambda r, k=key: r[k], 1,
                      what=f"{name}, all held-out questions", color=color)
     passes.set_title("held-out pass@1 and pass@k")

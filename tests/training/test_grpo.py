@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import training.cli as train_cli
 from chat_testkit import pretrain
 from common.errors import UserError
 from model import GPT, GPTConfig
@@ -237,6 +238,12 @@ def test_an_rl_run_logs_trl_names_evaluates_pass_at_k_and_resumes_exactly(rl_con
     final = next(r for r in records if r["kind"] == "final_eval")
     assert 0 <= final["val_pass@1"] <= final["val_pass@2"] <= 1
     assert whole.val_words == f"held-out pass@1 {final['val_pass@1']:.3f}, pass@2 {final['val_pass@2']:.3f}"
+    # Its own numbers: no bits per byte (it has none), no loss per token, and its kept weights by pass@1.
+    assert "val_bpb" not in final
+    summary = train_cli.summary(whole, None)
+    assert "nats/token" not in summary and "bits/byte" not in summary and "validation loss" not in summary
+    assert "the best held-out pass@1 seen" in summary or "no periodic evaluation" in summary
+    assert f"--chat --prompt 'What is " in summary  # a question of the kind it learned
     assert final["samples"] and all(s["prompt"].endswith("<|assistant|>") for s in final["samples"])
 
     # Each batch serves two updates (rl.updates_per_batch), sampled at steps 1 and 3. Stopped after step 3,
