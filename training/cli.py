@@ -169,7 +169,8 @@ def next_commands(result: TrainResult, *, chat_tuning: bool, llama_shaped: bool)
             commands.append((f"python train.py --config configs/tiny-chat.yaml --set train.init_from={run} "
                              f"--set run.out_dir={run}-chat", "chat-tune it on the plays' exchanges"))
     elif result.kind == "rl":
-        commands = [(f"python generate.py --run {run} --chat --prompt {shlex.quote(result.sample_prompt or 'What is 2+3?')}",
+        question = shlex.quote(result.sample_prompt or "What is 2+3?")
+        commands = [(f"python generate.py --run {run} --chat --prompt {question}",
                      "ask it a question of the kind it learned")]
     else:
         commands = [(f"python generate.py --run {run} --chat", "talk to it")]

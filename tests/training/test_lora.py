@@ -255,6 +255,19 @@ def test_a_resume_may_not_change_the_lora_setting(lora_config, tmp_path):
         train(lora_config(tmp_path / "run", lora={"rank": 2}), resume=True, progress=False)
 
 
+def test_a_run_from_before_token_rows_trained_resumes_with_none(lora_config, tmp_path):
+    from rundir.checkpoint import CheckpointError, load_trainer_state, save_checkpoint
+
+    run = tmp_path / "run"
+    train(lora_config(run, lora={"trainable_tokens": []}, max_steps=3), progress=False)
+    state = load_trainer_state(run)  # as such a run saved it: no trainable_tokens in its LoRA settings
+    del state["fixed_settings"]["train.lora"]["trainable_tokens"]
+    save_checkpoint(run, None, {k: v for k, v in state.items() if k != "format_version"})
+    with pytest.raises(CheckpointError, match=r"but the run was trained with \{.*'trainable_tokens': \[\]\}"):
+        train(lora_config(run), resume=True, progress=False)  # today's default trains the chat tokens' rows
+    assert train(lora_config(run, lora={"trainable_tokens": []}), resume=True, progress=False).step == 6
+
+
 # -------------------------------------------------------------------------------------------------
 # The proof against PEFT: the parent's export, with the run's adapter applied by PEFT, computes the run.
 
