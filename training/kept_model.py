@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from torch import nn
 
@@ -83,12 +83,12 @@ def epochs(steps: float, steps_per_epoch: float | None) -> float | None:
 @dataclass
 class CorpusCheck:
     """Compares the budget with the training split once, as soon as the run's end is known (a clock
-    budget needs the pace of a few steps first); the task words the warning (``Task.many_epochs_warning``)."""
+    budget needs the pace of a few steps first); the task words the warning."""
 
     steps_per_epoch: float | None  # optimizer steps in one pass over the training split (None: not counted)
     tokens_per_step: int
     max_tokens: int | None  # train.max_tokens, for a run whose end is not known in steps
-    words: Callable[[float], str]  # the warning for a budget of so many passes
+    task: Any  # words the warning for a budget of so many passes (``Task.many_epochs_warning``)
     done: bool = False
 
     def warning(self, bar: Any, step: int, elapsed_s: float) -> str | None:
@@ -101,7 +101,7 @@ class CorpusCheck:
         if steps is None and self.max_tokens:
             steps = self.max_tokens / self.tokens_per_step
         passes = epochs(steps or 0, self.steps_per_epoch)
-        return self.words(passes) if passes is not None and passes > MANY_EPOCHS else None
+        return self.task.many_epochs_warning(passes) if passes is not None and passes > MANY_EPOCHS else None
 
 
 def small_corpus_warning(planned_tokens: float, corpus_tokens: int | None) -> str | None:

@@ -88,6 +88,15 @@ def train(config: Config, *, resume: bool = False, overwrite: bool = False, prog
         shutdown(ctx)
 
 
+def eval_record(result: EvalResult, step: int, elapsed_s: float, *, weights_step: int | None) -> dict[str, Any]:
+    """An evaluation's line of the metrics file (a final one says whose weights it scored, ``weights_step``);
+    a task scored without text (RL's pass@k) has no bits per byte to keep."""
+    record = {"kind": "eval" if weights_step is None else "final_eval", "step": step, "elapsed_s": elapsed_s,
+              "val_loss": result.loss, **({"val_bpb": result.bpb} if math.isfinite(result.bpb) else {}),
+              "val_tokens": result.tokens, **{f"val_{name}": value for name, value in result.metrics.items()}}
+    return record if weights_step is None else {**record, "weights_step": weights_step}
+
+
 def clip_gradients(model: nn.Module, max_norm: float) -> torch.Tensor:
     """Clip the global gradient norm to ``max_norm`` (0: no clipping); return the norm before."""
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm if max_norm > 0 else math.inf)
@@ -195,8 +204,7 @@ class Trainer:
         self.tokens_per_step = tc.batch_size * tc.grad_accum_steps * cfg.model.block_size
         self.schedule = build_schedule(tc, self.tokens_per_step)
         self.steps_per_epoch = self.task.steps_per_epoch(tc.batch_size * tc.grad_accum_steps)
-        self.corpus_check = CorpusCheck(self.steps_per_epoch, self.tokens_per_step, tc.max_tokens,
-                                        self.task.many_epochs_warning)
+        self.corpus_check = CorpusCheck(self.steps_per_epoch, self.tokens_per_step, tc.max_tokens, self.task)
         self.batches = self.task.batches(split.batch_size, seed=tc.seed, rank=ctx.rank, world_size=ctx.world_size,
                                          device=self.device)
         self.compiled = should_compile(tc.compile, self.device)
@@ -336,7 +344,8 @@ class Trainer:
             threads=self.threads.threads, earlier_seconds=self.base_seconds,
             epochs=epochs(self.step, self.steps_per_epoch), kept_by=self.task.kept_by,
         )
-        result.kept_score, result.last_score = map(self._score_words, (result.kept_val_loss, result.last_val_loss))
+        result.kept_score, result.last_score = (None if loss is None else self.task.kept_score(loss)
+                                                for loss in (result.kept_val_loss, result.last_val_loss))
         if self.ctx.is_main and (report := self.adapters.report(self.model, self.run_dir)) is not None:
             result.adapter, result.adapter_numbers = report
         if reason != "interrupted":
@@ -404,8 +413,7 @@ class Trainer:
         if not final:
             self.last_subset_loss = result.loss
         keep = not final and self.kept.record(self.step, result.loss)  # the same on every rank
-        # Samples, attention maps, the kept weights and the final evaluation's own measures are on
-        # rank 0 alone: a sharded model is gathered.
+        # Samples, attention maps, the kept weights and final measures are rank 0's: a sharded model is gathered.
         needed = ec.sample_tokens > 0 or self.probe is not None or keep or final
         plain = self.checkpoint.whole_model(self.model) if needed else None
         if keep:  # a full disk is every rank's one line, as for a checkpoint
@@ -415,18 +423,7 @@ class Trainer:
             return result
         if final:
             result.metrics.update(self.task.final_metrics(plain))
-        record: dict[str, Any] = {
-            "kind": "final_eval" if final else "eval",
-            "step": self.step,
-            "elapsed_s": self._elapsed(),
-            "val_loss": result.loss,
-            # A task scored without text (RL's pass@k) has no bits per byte to keep.
-            **({"val_bpb": result.bpb} if math.isfinite(result.bpb) else {}),
-            "val_tokens": result.tokens,
-            **{f"val_{name}": value for name, value in result.metrics.items()},
-        }
-        if final:
-            record["weights_step"] = self._kept_step()
+        record = eval_record(result, self.step, self._elapsed(), weights_step=self._kept_step() if final else None)
         samples = self._samples(plain) if ec.sample_tokens > 0 else []
         record.update(self.task.sample_fields(samples))
         if self.probe is not None:
@@ -438,14 +435,12 @@ class Trainer:
                          if name.startswith("val_") and name != "val_tokens"}, self.step)
         if samples:
             self.logger.log_samples(self.step, samples)
-        if self.verbose:
-            scope, shown = "validation", samples
-            if final:
-                kept = self._kept_step()
-                scope = "full validation" + (f" (the weights of step {kept})" if kept != self.step else "")
-                # Those weights' samples were shown at their periodic evaluation, with the same seeds.
-                shown = [] if self.kept.step is not None else samples
-            self._say(self.task.eval_line(scope, self.step, result, shown))
+        if self.verbose and not final:
+            self._say(self.task.eval_line("validation", self.step, result, samples))
+        elif self.verbose:  # the kept weights' samples were shown at their own evaluation (the same seeds)
+            kept = self._kept_step()
+            scope = "full validation" + (f" (the weights of step {kept})" if kept != self.step else "")
+            self._say(self.task.eval_line(scope, self.step, result, [] if self.kept.step is not None else samples))
         self.last_eval_s = self._elapsed()
         return result
 
@@ -501,9 +496,6 @@ class Trainer:
 
     def _mfu(self, tokens_per_s: float) -> float:
         return mfu(self.flops_per_token, tokens_per_s, self.peak * self.ctx.world_size)
-
-    def _score_words(self, loss: float | None) -> str | None:
-        return None if loss is None else self.task.kept_score(loss)
 
     def _kept_step(self) -> int:
         """The step whose weights are the run's model: the best evaluated, else the latest."""
