@@ -17,9 +17,9 @@ on the held-out questions (what RL needs to start from), and the same on any mac
 
 Held-out pass@1 and pass@8 (200 questions no run trained on, 8 samples each at the RL temperature,
 the RL task's own evaluation) are measured on the chat run and on the RL run; the RL run's reward,
-held-out pass@1 and pass@8 and KL are drawn to ``rl/curves.png``, the chat run's pass@k at step 0
-(on the RL run's evaluation subset, as its periodic points, and on every held-out question, as its
-final point). ``rl_seconds`` is the RL run's training time. Each stage's progress goes to stderr.
+held-out pass@1 and pass@8 and KL are drawn to ``rl/curves.png``, with the chat run's at step 0 (on
+the RL run's evaluation subset, the first point of its periodic line, and on every held-out question,
+beside its final point). ``rl_seconds`` is the RL run's training time. Each stage's progress goes to stderr.
 
 Run again with ``--resume``, the lab keeps the runs that finished and continues an interrupted one
 from its checkpoint; ``--overwrite`` starts every run again.
@@ -161,10 +161,11 @@ def draw_curves(run_dir: Path, before_subset: dict[str, float], before: dict[str
     figure = draw_run(read_metrics(run_dir / "metrics.jsonl"), "rl", f"{run_dir.parent.name}/{run_dir.name}")
     passes = figure.axes[1]
     for name, color in (("pass@1", "tab:blue"), (f"pass@{PASS_K}", "tab:orange")):
-        passes.plot([0], [before_subset[name]], "o", color=color, markerfacecolor="none", markersize=7,
-                    label=f"{name} of the chat run (the subset)")
+        # The chat run scored on the subset is the periodic line's step 0: the same questions and seeds.
+        line = next(line for line in passes.get_lines() if line.get_label().startswith(f"{name} (the evaluation"))
+        line.set_data([0, *line.get_xdata()], [before_subset[name], *line.get_ydata()])
         passes.plot([0], [before[name]], "*", color=color, markerfacecolor="none", markersize=12,
-                    label=f"{name} of the chat run (all held-out questions)")
+                    label=f"{name} of the chat run, all held-out questions (step 0)")
     legend(passes)
     path = run_dir / "curves.png"
     write_figure(figure, path)
