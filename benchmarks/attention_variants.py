@@ -87,25 +87,33 @@ class Measured:
 def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(prog="python -m benchmarks.attention_variants", description=__doc__.split("\n\n")[0])
     p.add_argument("--minutes", type=positive_float, default=None,
-                   help=f"training clock per run (train.max_minutes; default {DEFAULT_MINUTES:g})")
+                   help=f"training clock per run (train.max_minutes; default: {DEFAULT_MINUTES:g})")
     p.add_argument("--steps", type=positive_int, default=None,
                    help="train every run for this many steps instead of --minutes (train.max_steps, no clock): "
-                        "equal work, whatever else the machine runs")
-    p.add_argument("--seeds", type=int, nargs="+", default=[1337], help="train.seed of each run of a variant")
-    p.add_argument("--latents", type=positive_int, nargs=2, default=[64, 32], help="the two MLA kv_latent_dim sizes")
-    p.add_argument("--config", type=path_arg, default=CONFIG, help="the training config every variant starts from")
-    p.add_argument("--out", type=path_arg, default=Path("runs/attention_variants"), help="where the runs go")
+                        "equal work, whatever else the machine runs (default: the clock)")
+    p.add_argument("--seeds", type=int, nargs="+", default=[1337],
+                   help="train.seed of each run of a variant (default: %(default)s)")
+    p.add_argument("--latents", type=positive_int, nargs=2, default=[64, 32],
+                   help="the two MLA kv_latent_dim sizes (default: %(default)s)")
+    p.add_argument("--config", type=path_arg, default=CONFIG,
+                   help="the training config every variant starts from (default: %(default)s)")
+    p.add_argument("--out", type=path_arg, default=Path("runs/attention_variants"),
+                   help="where the runs go (default: %(default)s)")
     p.add_argument("--plot", type=path_arg, default=None, help="PNG to draw (default: <out>/attention_variants.png)")
-    p.add_argument("--decode-steps", type=positive_int, default=16, help="decode steps timed at the end of the window")
+    p.add_argument("--decode-steps", type=positive_int, default=16,
+                   help="decode steps timed at the end of the window (default: %(default)s)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="a further train.py override for every run (e.g. eval.final_max_batches=4); repeatable")
+                   help="a further train.py override for every run (e.g. eval.final_max_batches=4); repeatable "
+                        "(default: none)")
     p.add_argument("--forms", action="store_true", help="only time MLA's expanded vs absorbed forms")
-    p.add_argument("--repeats", type=positive_int, default=9, help="with --forms: timed repeats of each step")
+    p.add_argument("--repeats", type=positive_int, default=9,
+                   help="with --forms: timed repeats of each step (default: %(default)s)")
     p.add_argument("--reuse-runs", action="store_true",
                    help="measure the finished runs already in --out (trained by an earlier call with the same "
                         "flags) instead of training them again")
     p.add_argument("--positions", nargs="+", metavar="KIND", default=None,
-                   help=f"train the positions axis instead, one run per kind and seed ({', '.join(POSITION_KINDS)})")
+                   help=f"train the positions axis instead, one run per kind and seed ({', '.join(POSITION_KINDS)}; "
+                        "default: the attention variants)")
     p.add_argument("--lengths", type=positive_int, nargs="+", default=None, metavar="MULTIPLE",
                    help=f"with --positions: evaluation lengths in multiples of the trained context, each dividing "
                         f"the largest; 1 is always measured (default {' '.join(map(str, DEFAULT_LENGTHS))}; at most "

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common.cli import path_arg, positive_int
+from common.cli import ArgumentParser, path_arg, positive_int, run_command
 from data import DataConfig, PreparedData, prepare_data
 from data.prepared.token_files import digest_token_file
 
@@ -39,13 +39,17 @@ def size_only_check(entry: PreparedData) -> None:
         assert path.stat().st_size == entry.meta["splits"][split]["tokens"] * entry.dtype.itemsize
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = ArgumentParser(prog="python -m benchmarks.cache_verification", description=__doc__.split("\n\n")[0])
     parser.add_argument("--entry", type=path_arg, help="a prepared cache entry (default: prepare Shakespeare afresh)")
-    parser.add_argument("--synthetic-mb", type=positive_int, default=256)
-    parser.add_argument("--repeats", type=positive_int, default=5)
-    args = parser.parse_args()
+    parser.add_argument("--synthetic-mb", type=positive_int, default=256,
+                        help="size of the synthetic token file hashed (default: %(default)s)")
+    parser.add_argument("--repeats", type=positive_int, default=5,
+                        help="timed repeats of each case; the median counts (default: %(default)s)")
+    return run_command(parser, argv, measure)
 
+
+def measure(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         entry = PreparedData.open(args.entry) if args.entry else prepare_data(DataConfig(cache_dir=tmp), progress=False)
         nbytes = entry.train_path.stat().st_size + entry.val_path.stat().st_size
@@ -66,7 +70,8 @@ def main() -> None:
     for name, size, seconds in rows:
         print(f"{name:<45} {size:>10} {seconds:>10}")
     print(f"verification rate: {per_file / (count * 2 / 1e9):.2f} s per GB of token files")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

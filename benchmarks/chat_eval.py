@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from common.cli import path_arg, positive_int, run_command
+from common.cli import ArgumentParser, non_negative_int, path_arg, positive_int, run_command
 from common.threads import add_threads_argument, parse_threads, use_threads
 from data.chat import ChatTokenIds
 from data.config import DataConfig
@@ -79,13 +79,19 @@ def reply_measures(run, split, max_new_tokens: int, temperature: float, count: i
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=path_arg, nargs="+", required=True)
-    parser.add_argument("--cache-dir", default="data_cache")
-    parser.add_argument("--replies", type=positive_int, default=ENDING_REPLIES)
-    parser.add_argument("--max-new-tokens", type=positive_int, default=ENDING_MAX_TOKENS)
-    parser.add_argument("--seed", type=int, default=ENDING_SEED)
-    parser.add_argument("--transcript", action="store_true")
+    parser = ArgumentParser(prog="python -m benchmarks.chat_eval", description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=path_arg, nargs="+", required=True,
+                        help="the runs compared, the first the baseline of the last column (required)")
+    parser.add_argument("--cache-dir", default="data_cache",
+                        help="where the held-out conversations are prepared (default: %(default)s)")
+    parser.add_argument("--replies", type=positive_int, default=ENDING_REPLIES,
+                        help="held-out user turns replied to (default: %(default)s)")
+    parser.add_argument("--max-new-tokens", type=positive_int, default=ENDING_MAX_TOKENS,
+                        help="the most tokens of a reply (default: %(default)s)")
+    parser.add_argument("--seed", type=non_negative_int, default=ENDING_SEED,
+                        help="reply i is sampled from seed + i (default: %(default)s)")
+    parser.add_argument("--transcript", action="store_true", help="add a short conversation with each run")
     add_threads_argument(parser)
     return run_command(parser, argv, compare_runs)
 

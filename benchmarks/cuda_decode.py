@@ -13,12 +13,13 @@ best of round-robin repeats, and the compile is printed apart. A GPU is needed; 
 
 from __future__ import annotations
 
-import sys
+import argparse
 from pathlib import Path
 
 import torch
 
-from common.cli import path_arg
+from common.cli import path_arg, run_command
+from common.errors import UserError
 from benchmarks.decode_speed import model_config_from_yaml
 from benchmarks.generate_speed import (
     COMPILED, EAGER, Row, context_prompts, decode_parser, ours_timer, print_table, random_run, transformers_model,
@@ -32,15 +33,17 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = decode_parser(__doc__, 256)
+    parser = decode_parser("cuda_decode", __doc__, 256)
     parser.add_argument("--config", type=path_arg, default=Path("configs/small.yaml"),
-                        help="the model shape to time without --run (default configs/small.yaml)")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
-    args = parser.parse_args(argv)
+                        help="the model shape to time without --run (default: %(default)s)")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32",
+                        help="the weights' and the cache's dtype (default: %(default)s)")
+    return run_command(parser, argv, measure)
+
+
+def measure(args: argparse.Namespace) -> int:
     if not torch.cuda.is_available():
-        print("error: benchmarks.cuda_decode needs a CUDA GPU; on the CPU use benchmarks.generate_speed",
-              file=sys.stderr)
-        return 2
+        raise UserError("benchmarks.cuda_decode needs a CUDA GPU; on the CPU use benchmarks.generate_speed")
     device = torch.device("cuda")
     run = load_run(args.run, device) if args.run else random_run(model_config_from_yaml(args.config), device)
     run.model.to(DTYPES[args.dtype])
@@ -96,4 +99,4 @@ def token_agreement(eager: list[int], compiled: list[int]) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common.cli import positive_int
+from common.cli import ArgumentParser, positive_int, run_command
 from data import DataConfig, TrainBatches, prepare_data
 
 TARGET_PREPARE_S = 30.0
@@ -65,13 +65,18 @@ def row(name: str, value: str, target: str = "", ratio: str = "") -> None:
     print(f"| {name:<44} | {value:>16} | {target:>10} | {ratio:>8} |")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--vocab-size", type=positive_int, default=4096)
-    parser.add_argument("--sweep", type=positive_int, nargs="*", default=[1024, 2048, 4096, 8192])
-    parser.add_argument("--no-sweep", action="store_true")
+def main(argv: list[str] | None = None) -> int:
+    parser = ArgumentParser(prog="python -m benchmarks.data_prep", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--vocab-size", type=positive_int, default=4096,
+                        help="the vocabulary prepared and timed (default: %(default)s)")
+    parser.add_argument("--sweep", type=positive_int, nargs="*", default=[1024, 2048, 4096, 8192],
+                        help="vocabularies whose bytes per token are compared (default: %(default)s)")
+    parser.add_argument("--no-sweep", action="store_true", help="skip the vocabulary sweep")
     parser.add_argument("--progress", action="store_true", help="show the prepare progress bars")
-    args = parser.parse_args()
+    return run_command(parser, argv, measure)
+
+
+def measure(args: argparse.Namespace) -> int:
 
     with tempfile.TemporaryDirectory(prefix="data_prep_bench_") as cache_dir:
         cfg = DataConfig(vocab_size=args.vocab_size, cache_dir=cache_dir)
@@ -106,7 +111,7 @@ def main() -> None:
               f"{val['documents']} plays, {val['bytes'] / 1e6:.2f} MB: {', '.join(meta['val_document_ids'])}")
 
         if args.no_sweep:
-            return
+            return 0
         print()
         print("| vocab | bytes/token train | bytes/token val | prepare wall s | prepare CPU s |")
         print("|-------|-------------------|-----------------|----------------|---------------|")
@@ -115,7 +120,8 @@ def main() -> None:
             sweep_data, wall, cpu = timed(lambda: prepare_data(sweep_cfg, progress=False))
             train_bpt, val_bpt = bytes_per_token(sweep_data)
             print(f"| {vocab:>5} | {train_bpt:>17.3f} | {val_bpt:>15.3f} | {wall:>14.1f} | {cpu:>13.1f} |")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

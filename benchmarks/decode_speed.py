@@ -16,14 +16,14 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from common.cli import path_arg, positive_int
+from common.cli import ArgumentParser, path_arg, positive_int, run_command
+from common.errors import UserError
 from common.threads import thread_count
 from inference.engine import decode
 from inference.sampling import SamplingSettings
@@ -34,19 +34,23 @@ BUILTIN_TINY = GPTConfig(vocab_size=4096, block_size=512, n_layer=4, n_head=4, n
 MINIMIND_SMALL = GPTConfig(vocab_size=6400, block_size=512, n_layer=8, n_head=8, n_kv_head=2, n_embd=512)
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def build_parser() -> argparse.ArgumentParser:
+    p = ArgumentParser(prog="python -m benchmarks.decode_speed", description=__doc__.split("\n\n")[0])
     p.add_argument("--config", type=path_arg, default=None,
                    help=f"YAML whose model section defines 'tiny' (default: {DEFAULT_CONFIG} if it exists)")
-    p.add_argument("--vocab-size", type=positive_int, default=None, help="override the tiny model's vocab_size")
-    p.add_argument("--block-size", type=positive_int, default=None, help="override the tiny model's block_size")
+    p.add_argument("--vocab-size", type=positive_int, default=None,
+                   help="override the tiny model's vocab_size (default: the config's)")
+    p.add_argument("--block-size", type=positive_int, default=None,
+                   help="override the tiny model's block_size (default: the config's)")
     p.add_argument("--contexts", type=positive_int, nargs="+", default=[128, 256, 512],
-                   help="context lengths to report (block_size is always added)")
-    p.add_argument("--prompt-len", type=positive_int, default=16)
-    p.add_argument("--only", choices=["tiny", "minimind-small"], default=None)
-    p.add_argument("--device", default="auto", help="auto (cuda if available), cpu or cuda")
+                   help="context lengths to report; block_size is always added (default: %(default)s)")
+    p.add_argument("--prompt-len", type=positive_int, default=16, help="prompt tokens (default: %(default)s)")
+    p.add_argument("--only", choices=["tiny", "minimind-small"], default=None,
+                   help="time one of the two models (default: both)")
+    p.add_argument("--device", default="auto",
+                   help="auto (cuda if available), cpu or cuda (default: %(default)s)")
     p.add_argument("--threads", type=thread_count, default=None, help="torch CPU threads (default: torch's choice)")
-    return p.parse_args(argv)
+    return p
 
 
 def tiny_config(args: argparse.Namespace) -> tuple[GPTConfig, str]:
@@ -145,12 +149,14 @@ def report(name: str, source: str, config: GPTConfig, args: argparse.Namespace, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    return run_command(build_parser(), argv, measure)
+
+
+def measure(args: argparse.Namespace) -> int:
     try:
         tiny, source = tiny_config(args)
     except (ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        raise UserError(str(e)) from None
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available()
@@ -166,4 +172,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

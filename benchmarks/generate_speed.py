@@ -42,7 +42,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from common.cli import path_arg, positive_int, run_command
+from common.cli import ArgumentParser, path_arg, positive_int, run_command
 from common.threads import thread_count
 from inference.compiled_step import compiler_missing
 from inference.completion import generate_completions
@@ -67,11 +67,15 @@ class Row:
     rounds: tuple[float, ...] = ()  # the decode rate of each round-robin round, in order
 
 
-def decode_parser(description: str, new_tokens: int) -> argparse.ArgumentParser:
-    """The flags every decode-speed benchmark takes: --run, --new-tokens, --repeats, --threads."""
-    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--run", type=path_arg, help="benchmark this run's model instead of a random tiny one")
-    parser.add_argument("--new-tokens", type=positive_int, default=new_tokens)
+def decode_parser(module: str, description: str, new_tokens: int) -> argparse.ArgumentParser:
+    """The flags every decode-speed benchmark (``benchmarks.<module>``) takes: --run, --new-tokens,
+    --repeats, --threads."""
+    parser = ArgumentParser(prog=f"python -m benchmarks.{module}", description=description,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--run", type=path_arg,
+                        help="benchmark this run's model (default: a random one of the tiny size)")
+    parser.add_argument("--new-tokens", type=positive_int, default=new_tokens,
+                        help="tokens decoded per timed run (default: %(default)s)")
     parser.add_argument("--repeats", type=positive_int, default=3, help="best of this many timed runs (default 3)")
     parser.add_argument("--threads", type=thread_count, help="intra-op threads (default: torch's choice)")
     return parser
@@ -85,7 +89,7 @@ def load_benchmark_run(args: argparse.Namespace) -> LoadedRun:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_command(decode_parser(__doc__, 256), argv, measure)
+    return run_command(decode_parser("generate_speed", __doc__, 256), argv, measure)
 
 
 def measure(args: argparse.Namespace) -> int:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from common.cli import path_arg, run_command
+from common.cli import ArgumentParser, path_arg, run_command
 from exporting.hf import export_run
 from inference.completion import encode_prompt, generate_completions
 from inference.settings import GenerationSettings
@@ -26,8 +26,8 @@ from rundir.loading import load_run
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--run", type=path_arg, required=True, help="run directory written by train.py")
+    p = ArgumentParser(prog="python -m benchmarks.hf_export_parity", description=__doc__.split("\n\n")[0])
+    p.add_argument("--run", type=path_arg, required=True, help="run directory written by train.py (required)")
     p.add_argument("--prompt", default="ROMEO:", help="prompt for the greedy comparison (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random prompts (default: %(default)s)")
     return p

@@ -35,12 +35,15 @@ CONFIG = ROOT / "configs" / "induction.yaml"
 
 def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(prog="python -m benchmarks.induction_lab", description=__doc__.split("\n\n")[0])
-    p.add_argument("--seeds", type=int, nargs="+", help="train.seed of each run")
-    p.add_argument("--config", type=path_arg, default=CONFIG, help="the training config of every run")
-    p.add_argument("--out", type=path_arg, default=Path("runs/induction_lab"), help="where the runs go")
+    p.add_argument("--seeds", type=int, nargs="+", help="train.seed of each run (default: train none)")
+    p.add_argument("--config", type=path_arg, default=CONFIG,
+                   help="the training config of every run (default: %(default)s)")
+    p.add_argument("--out", type=path_arg, default=Path("runs/induction_lab"),
+                   help="where the runs go (default: %(default)s)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="a further train.py override for every run; repeatable")
-    p.add_argument("--heldout", type=path_arg, metavar="DIR", help="write the held-out corpus (repeats.jsonl) here")
+                   help="a further train.py override for every run; repeatable (default: none)")
+    p.add_argument("--heldout", type=path_arg, metavar="DIR",
+                   help="write the held-out corpus (repeats.jsonl) here (default: do not)")
     return p
 
 

@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common.cli import positive_int, whole_number
+from common.cli import ArgumentParser, positive_int, run_command, whole_number
 
 ROOT = Path(__file__).resolve().parents[1]
 NEIGHBOUR = (
@@ -43,17 +43,18 @@ OLD_POLICY = {"GOMP_SPINCOUNT": "300000"}
 MAX_NEIGHBOURS = 64  # each one a busy process: a machine many times over-subscribed already shows the effect
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def build_parser() -> argparse.ArgumentParser:
+    p = ArgumentParser(prog="python -m benchmarks.loaded_machine", description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default="configs/tiny.yaml", help="the model and data (default: %(default)s)")
     p.add_argument("--only", nargs="+", choices=("train.py", "generate.py"), default=None,
-                   help="time only these commands (the run to generate from is trained either way)")
+                   help="time only these commands; the run to generate from is trained either way (default: both)")
     p.add_argument("--steps", type=positive_int, default=40, help="train.py steps (default: %(default)s)")
     p.add_argument("--new-tokens", type=positive_int, default=200, help="generate.py tokens (default: %(default)s)")
-    p.add_argument("--repeats", type=positive_int, default=3, help="timed runs of each case; the median is reported")
+    p.add_argument("--repeats", type=positive_int, default=3,
+                   help="timed runs of each case; the median is reported (default: %(default)s)")
     p.add_argument("--neighbours", type=neighbour_count, default=2,
                    help=f"busy PyTorch processes beside the command, 0 to {MAX_NEIGHBOURS} (default: %(default)s)")
-    return p.parse_args(argv)
+    return p
 
 
 def commands(workdir: Path, config: str, steps: int, new_tokens: int) -> dict[str, list[str]]:
@@ -109,7 +110,10 @@ def neighbour_count(text: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    return run_command(build_parser(), argv, measure)
+
+
+def measure(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="loaded-machine-") as folder:
         cases = commands(Path(folder), str(Path(args.config).resolve()), args.steps, args.new_tokens)
         timed(cases["train.py"], policy_env("new"))  # prepares the data and leaves a run to generate from

@@ -19,6 +19,7 @@ from model import GPTConfig
 from training import TrainConfig, estimate_memory
 
 MODES = (("ddp", False), ("ddp", True), ("fsdp", False), ("fsdp", True))
+WIDTHS = range(256, 16384 + 1, 256)  # the family searched: a wider model than its last may fit too
 
 
 def family(width: int, vocab_size: int, block_size: int) -> GPTConfig:
@@ -29,11 +30,12 @@ def family(width: int, vocab_size: int, block_size: int) -> GPTConfig:
 
 def largest_fitting(gib: float, parallel: str, checkpointing: bool, processes: int, micro_batch: int,
                     vocab_size: int, block_size: int) -> GPTConfig | None:
-    """The widest model of the family whose estimate fits ``gib`` (None when even 256 does not)."""
+    """The widest model of the family whose estimate fits ``gib`` (None when even 256 does not;
+    the last of ``WIDTHS`` when it fits, and then wider ones might too)."""
     train = TrainConfig(max_steps=1, batch_size=micro_batch, optimizer="adamw", parallel=parallel,
                         activation_checkpointing=checkpointing)
     best = None
-    for width in range(256, 16384 + 1, 256):
+    for width in WIDTHS:
         config = family(width, vocab_size, block_size)
         world = processes if parallel == "fsdp" else 1
         if estimate_memory(config, train, world_size=world, micro_batch=micro_batch, bf16=True).total > gib * 2**30:
@@ -44,11 +46,16 @@ def largest_fitting(gib: float, parallel: str, checkpointing: bool, processes: i
 
 def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(prog="python -m benchmarks.memory_plan", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--gib", type=positive_float, nargs="+", default=[24, 80], help="GPU memory sizes, GiB")
-    parser.add_argument("--processes", type=positive_int, default=8, help="GPUs that fsdp shards over")
-    parser.add_argument("--micro-batch", type=positive_int, default=16, help="sequences per process and micro-step")
-    parser.add_argument("--vocab-size", type=positive_int, default=6400)
-    parser.add_argument("--block-size", type=positive_int, default=512)
+    parser.add_argument("--gib", type=positive_float, nargs="+", default=[24, 80],
+                        help="GPU memory sizes, GiB (default: %(default)s)")
+    parser.add_argument("--processes", type=positive_int, default=8,
+                        help="GPUs that fsdp shards over (default: %(default)s)")
+    parser.add_argument("--micro-batch", type=positive_int, default=16,
+                        help="sequences per process and micro-step (default: %(default)s)")
+    parser.add_argument("--vocab-size", type=positive_int, default=6400,
+                        help="the family's vocabulary (default: %(default)s)")
+    parser.add_argument("--block-size", type=positive_int, default=512,
+                        help="the family's context (default: %(default)s)")
     return run_command(parser, argv, print_table)
 
 
@@ -62,10 +69,18 @@ def print_table(args: argparse.Namespace) -> int:
         for parallel, checkpointing in MODES:
             config = largest_fitting(gib, parallel, checkpointing, args.processes, args.micro_batch,
                                      args.vocab_size, args.block_size)
-            cells.append("none" if config is None else
-                         f"{config.num_params() / 1e6:,.0f}M ({config.n_layer} x {config.n_embd})")
+            cells.append(_cell(config))
         print(f"| {gib:g} GiB | " + " | ".join(cells) + " |")
     return 0
+
+
+def _cell(config: GPTConfig | None) -> str:
+    if config is None:
+        return "none"
+    size = f"{config.num_params() / 1e6:,.0f}M ({config.n_layer} x {config.n_embd})"
+    # The search's ceiling is no answer: say that the memory holds more than it looked for.
+    return f"at least {size}, the widest searched" if config.n_embd == WIDTHS[-1] else size
+
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -28,8 +28,9 @@ from common.errors import UserError
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = decode_parser(__doc__, 64)
-    parser.add_argument("--context", type=positive_int, default=128, help="prompt tokens before decoding (default 128)")
+    parser = decode_parser("onnx_decode", __doc__, 64)
+    parser.add_argument("--context", type=positive_int, default=128,
+                        help="prompt tokens before decoding (default: %(default)s)")
     return run_command(parser, argv, measure)
 
 

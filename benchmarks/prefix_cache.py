@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import torch
 from tokenizers import Tokenizer
 
-from common.cli import path_arg, positive_float, positive_int, run_command
+from common.cli import ArgumentParser, path_arg, positive_float, positive_int, run_command
 from common.threads import thread_count
 from data.chat import ChatTokenIds, Message, render_chat
 from data.sources.shakespeare import shakespeare_documents
@@ -156,15 +156,21 @@ def load_model(args) -> tuple[GPT, Tokenizer, list[bytes], str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="python -m benchmarks.prefix_cache", description=__doc__.split("\n\n")[0])
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--run", type=path_arg, help="a chat-tuned run directory")
-    source.add_argument("--config", type=path_arg, help="a config whose model shape gets random weights")
-    parser.add_argument("--clients", type=positive_int, default=16)
-    parser.add_argument("--turns", type=positive_int, default=4)
-    parser.add_argument("--reply-tokens", type=positive_int, default=None, help="default: block_size / 16")
-    parser.add_argument("--cache-mb", type=positive_float, default=256)
-    parser.add_argument("--threads", type=thread_count, default=1, help="torch threads, as serve.py --threads")
+    source.add_argument("--run", type=path_arg, help="a chat-tuned run directory (this or --config is required)")
+    source.add_argument("--config", type=path_arg,
+                        help="a config whose model shape gets random weights (this or --run is required)")
+    parser.add_argument("--clients", type=positive_int, default=16,
+                        help="conversations served at once (default: %(default)s)")
+    parser.add_argument("--turns", type=positive_int, default=4,
+                        help="turns of each conversation (default: %(default)s)")
+    parser.add_argument("--reply-tokens", type=positive_int, default=None,
+                        help="tokens per reply (default: block_size / 16)")
+    parser.add_argument("--cache-mb", type=positive_float, default=256,
+                        help="the prefix cache's memory, as serve.py --prefix-cache-mb (default: %(default)s)")
+    parser.add_argument("--threads", type=thread_count, default=1,
+                        help="torch threads, as serve.py --threads (default: %(default)s)")
     return run_command(parser, argv, measure)
 
 

@@ -74,14 +74,17 @@ CHOICES = {**TECHNIQUES, **CANDIDATES}
 
 def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(prog="python -m benchmarks.quality_per_minute", description=__doc__.split("\n\n")[0])
-    p.add_argument("--minutes", type=positive_float, default=9.2, help="training clock per run (train.max_minutes)")
-    p.add_argument("--seeds", type=int, nargs="+", default=[1337, 1338], help="train.seed of each run of a technique")
+    p.add_argument("--minutes", type=positive_float, default=9.2,
+                   help="training clock per run, train.max_minutes (default: %(default)s)")
+    p.add_argument("--seeds", type=int, nargs="+", default=[1337, 1338],
+                   help="train.seed of each run of a technique (default: %(default)s)")
     p.add_argument("--only", nargs="+", choices=list(CHOICES), default=list(TECHNIQUES),
                    help="the techniques to run (default: all but the newer candidates; the difference "
                         "column needs baseline)")
     p.add_argument("--steps", type=positive_int, default=None,
                    help="screen at equal steps instead of equal time: every run takes exactly this many "
-                        "steps, and each technique's step cost is measured against the baseline's, paired")
+                        "steps, and each technique's step cost is measured against the baseline's, paired "
+                        "(default: equal time)")
     p.add_argument("--short-steps", type=positive_int, default=None,
                    help="with --steps: the baseline's second, shorter horizon for the equal-time estimate "
                         "(default 0.8 x --steps)")
@@ -89,11 +92,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --steps: read runs already finished in --out at the same steps instead of "
                         "training them again (to split one screen over several processes)")
     p.add_argument("--pairs", type=positive_int, default=30,
-                   help="with --steps: timed step pairs (baseline, technique) per technique")
-    p.add_argument("--config", type=path_arg, default=CONFIG, help="the training config every technique starts from")
-    p.add_argument("--out", type=path_arg, default=Path("runs/quality_per_minute"), help="where the runs go")
+                   help="with --steps: timed step pairs (baseline, technique) per technique (default: %(default)s)")
+    p.add_argument("--config", type=path_arg, default=CONFIG,
+                   help="the training config every technique starts from (default: %(default)s)")
+    p.add_argument("--out", type=path_arg, default=Path("runs/quality_per_minute"),
+                   help="where the runs go (default: %(default)s)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="a further train.py override for every run (e.g. eval.final_max_batches=4); repeatable")
+                   help="a further train.py override for every run (e.g. eval.final_max_batches=4); repeatable "
+                        "(default: none)")
     return p
 
 

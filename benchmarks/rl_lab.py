@@ -55,9 +55,12 @@ PASS_K = 8
 
 def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(prog="python -m benchmarks.rl_lab", description=__doc__.split("\n\n")[0])
-    p.add_argument("--seeds", type=int, nargs="+", required=True, help="train.seed of each seed's three runs")
-    p.add_argument("--out", type=path_arg, default=OUT, help="where the runs go (a folder per seed)")
-    p.add_argument("--size", choices=sorted(SIZES), default="lab", help="lab, or toy for a smoke test")
+    p.add_argument("--seeds", type=int, nargs="+", required=True,
+                   help="train.seed of each seed's three runs (required)")
+    p.add_argument("--out", type=path_arg, default=OUT,
+                   help="where the runs go, a folder per seed (default: %(default)s)")
+    p.add_argument("--size", choices=sorted(SIZES), default="lab",
+                   help="lab, or toy for a smoke test (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print one JSON object per seed instead of a table")
     again = p.add_mutually_exclusive_group()
     again.add_argument("--resume", action="store_true",

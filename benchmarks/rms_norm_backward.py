@@ -16,14 +16,13 @@ Timings only; nothing here is a test.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
-from common.cli import positive_int
+from common.cli import ArgumentParser, non_negative_int, positive_int, run_command
 from benchmarks.train_throughput import TrainStepRunner, median, paired_ratio_quartiles
 from common.device import select_device
 from training import configure_backends, install_cpu_backward
@@ -83,21 +82,20 @@ def time_steps(cfg, device: torch.device, steps: int) -> tuple[float, float, flo
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", default="configs/tiny.yaml")
-    parser.add_argument("--repeats", type=positive_int, default=300, help="timed forward+backward passes per norm")
-    parser.add_argument("--steps", type=int, default=100, help="timed training steps per model (0: skip)")
-    args = parser.parse_args(argv)
+    parser = ArgumentParser(prog="python -m benchmarks.rms_norm_backward", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", default="configs/tiny.yaml", help="the shape timed (default: %(default)s)")
+    parser.add_argument("--repeats", type=positive_int, default=300,
+                        help="timed forward+backward passes per norm (default: %(default)s)")
+    parser.add_argument("--steps", type=non_negative_int, default=100,
+                        help="timed training steps per model; 0 skips them (default: %(default)s)")
+    return run_command(parser, argv, measure)
 
-    from common.errors import UserError
+
+def measure(args: argparse.Namespace) -> int:
     from training import load_run_config
 
-    try:
-        cfg = load_run_config(args.config)
-        device = select_device("cpu")
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    cfg = load_run_config(args.config)
+    device = select_device("cpu")
     configure_backends(device)
     m = cfg.model
     shape = (cfg.train.batch_size, m.block_size, m.n_embd)
@@ -117,4 +115,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -37,7 +37,7 @@ from pathlib import Path
 import httpx
 import torch
 
-from common.cli import path_arg, positive_int, run_command
+from common.cli import ArgumentParser, path_arg, positive_int, run_command
 from common.threads import thread_count
 from inference.engine import decode
 from inference.sampling import SamplingSettings
@@ -200,17 +200,25 @@ def print_table(title: str, levels: list[Level]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--run", type=path_arg, required=True, help="run directory written by train.py")
-    parser.add_argument("--clients", type=positive_int, nargs="+", default=[1, 4, 16, 32])
-    parser.add_argument("--requests", type=positive_int, default=32, help="requests served at every level")
-    parser.add_argument("--max-tokens", type=positive_int, default=64)
-    parser.add_argument("--max-batch", type=positive_int, default=32)
-    parser.add_argument("--only", choices=["engine", "http"], default=None)
-    parser.add_argument("--threads", type=thread_count, default=1, help="torch threads, as serve.py --threads")
-    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the model runs (default cpu)")
+    parser = ArgumentParser(prog="python -m benchmarks.serve_throughput", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--run", type=path_arg, required=True, help="run directory written by train.py (required)")
+    parser.add_argument("--clients", type=positive_int, nargs="+", default=[1, 4, 16, 32],
+                        help="concurrency levels measured (default: %(default)s)")
+    parser.add_argument("--requests", type=positive_int, default=32,
+                        help="requests served at every level (default: %(default)s)")
+    parser.add_argument("--max-tokens", type=positive_int, default=64,
+                        help="tokens generated per request (default: %(default)s)")
+    parser.add_argument("--max-batch", type=positive_int, default=32,
+                        help="the engine's rows, as serve.py --max-batch (default: %(default)s)")
+    parser.add_argument("--only", choices=["engine", "http"], default=None,
+                        help="measure only the engine or only over HTTP (default: both)")
+    parser.add_argument("--threads", type=thread_count, default=1,
+                        help="torch threads, as serve.py --threads (default: %(default)s)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="where the model runs (default: %(default)s)")
     parser.add_argument("--compile", choices=["off", "on", "both"], default="off",
-                        help="serve with the compiled decode step (serve.py --compile); both: eager, then compiled")
+                        help="serve with the compiled decode step (serve.py --compile); both: eager, then compiled "
+                        "(default: %(default)s)")
     return run_command(parser, argv, measure)
 
 

@@ -22,14 +22,13 @@ from one host under whatever load it has: quote shares, and label a loaded host 
 from __future__ import annotations
 
 import argparse
-import sys
 from collections import defaultdict
 from dataclasses import dataclass
 
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from common.cli import positive_int
+from common.cli import ArgumentParser, positive_int, run_command
 from common.threads import add_threads_argument, parse_threads, use_threads
 
 PHASES = ("data", "forward", "backward", "clip", "optimizer")
@@ -61,25 +60,23 @@ class Profile:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.step_profile", description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", default="configs/tiny.yaml")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--steps", type=positive_int, default=20, help="profiled optimizer steps")
-    p.add_argument("--warmup", type=positive_int, default=3, help="untimed steps first")
-    add_threads_argument(p, why="; as train.py chooses train.threads")
+    p = ArgumentParser(prog="python -m benchmarks.step_profile", description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", default="configs/tiny.yaml", help="the training config profiled (default: %(default)s)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="a train.py override; repeatable (default: none)")
+    p.add_argument("--steps", type=positive_int, default=20, help="profiled optimizer steps (default: %(default)s)")
+    p.add_argument("--warmup", type=positive_int, default=3, help="untimed steps first (default: %(default)s)")
+    add_threads_argument(p, why=", as train.py chooses train.threads")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    from common.errors import UserError
+    return run_command(build_parser(), argv, measure)
 
-    try:
-        threads = use_threads(parse_threads(args.threads))
-        profiled = profile_steps(args.config, args.overrides, args.steps, args.warmup)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+
+def measure(args: argparse.Namespace) -> int:
+    threads = use_threads(parse_threads(args.threads))
+    profiled = profile_steps(args.config, args.overrides, args.steps, args.warmup)
     print(f"{args.config}: {args.steps} profiled steps, {threads.describe()}\n")
     print(tables(profiled))
     return 0

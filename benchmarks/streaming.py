@@ -30,11 +30,11 @@ from pathlib import Path
 
 import torch
 
-from common.cli import path_arg, positive_int, run_command
+from common.cli import ArgumentParser, path_arg, positive_int, run_command
 from common.errors import UserError
 from evaluation.plays import held_out_plays
 from inference.engine import decode
-from inference.sampling import SINKS, SamplingSettings, Window
+from inference.sampling import SINKS, SamplingSettings, Window, default_sinks
 from model import GPT
 from rundir.loading import load_run
 from training import load_run_config
@@ -103,8 +103,8 @@ def score_stream(model: GPT, ids: list[int], token_bytes: list[int], window: Win
 
 
 # How each way generates: the engine's options for it.
-GENERATION = {"reference": dict(use_cache=False, sinks=None, keep_fraction=1.0), "rolling": dict(),
-              "re-encode": dict(sinks=None)}
+GENERATION = {"reference": dict(use_cache=False, roll=False, keep_fraction=1.0), "rolling": dict(),
+              "re-encode": dict(roll=False)}
 
 
 def generation_speeds(model: GPT, prompt: list[int], new_tokens: int, repeats: int, sinks: int) -> dict[str, float]:
@@ -135,13 +135,17 @@ def stream_ids(run_dir: Path, tokenizer, tokens: int) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--run", type=path_arg, required=True, help="a run with model.positions rope or none")
-    parser.add_argument("--window-multiples", type=positive_int, default=10, help="the stream's length in windows")
-    parser.add_argument("--sinks", type=int, default=SINKS, help="the first tokens the rolling window keeps")
+    parser = ArgumentParser(prog="python -m benchmarks.streaming", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--run", type=path_arg, required=True,
+                        help="a run with model.positions rope or none (required)")
+    parser.add_argument("--window-multiples", type=positive_int, default=10,
+                        help="the stream's length in windows (default: %(default)s)")
+    parser.add_argument("--sinks", type=int, default=None,
+                        help=f"the first tokens the rolling window keeps (default: the engine's, {SINKS} or a quarter "
+                             f"of a window under {4 * SINKS})")
     parser.add_argument("--repeats", type=positive_int, default=3,
-                        help="generations timed per way, in turns (the best counts)")
-    parser.add_argument("--threads", type=positive_int, default=1, help="torch threads")
+                        help="generations timed per way, in turns; the best counts (default: %(default)s)")
+    parser.add_argument("--threads", type=positive_int, default=1, help="torch threads (default: %(default)s)")
     return run_command(parser, argv, measure)
 
 
@@ -153,23 +157,24 @@ def measure(args: argparse.Namespace) -> int:
     if positions == "learned":
         raise UserError(f"{args.run} has learned positions, which can only re-encode past the window; "
                         "benchmark a run trained with --set model.positions=rope (or none)")
-    if not 0 <= args.sinks < block:
-        raise UserError(f"--sinks must be 0 to {block - 1} (the window less one), got {args.sinks}")
+    sinks = default_sinks(block) if args.sinks is None else args.sinks
+    if not 0 <= sinks < block:
+        raise UserError(f"--sinks must be 0 to {block - 1} (the window less one), got {sinks}")
     ids = stream_ids(args.run, run.tokenizer, args.window_multiples * block)
     token_bytes = [len(b) for b in run.token_bytes]
-    rolling = Window.for_positions(positions, block, sinks=args.sinks)
-    re_encode = Window.for_positions(positions, block, sinks=None)
-    reference = Window.for_positions(positions, block, keep_fraction=1.0, sinks=None)
+    rolling = Window.for_positions(positions, block, sinks=sinks)
+    re_encode = Window.for_positions(positions, block, roll=False)
+    reference = Window.for_positions(positions, block, keep_fraction=1.0, roll=False)
     print(f"{args.run} ({positions} positions, {model.config.attention}, {model.num_params() / 1e6:.1f}M "
           f"parameters, window {block}), a stream of {len(ids)} tokens ({args.window_multiples} windows) of its "
-          f"held-out plays; rolling keeps {args.sinks} sinks and evicts down to {rolling.keep}; torch threads "
+          f"held-out plays; rolling keeps {sinks} sinks and evicts down to {rolling.keep}; torch threads "
           f"{torch.get_num_threads()}, {os.cpu_count()} CPUs")
     scores = [score_stream(model, ids, token_bytes, reference, use_cache=False, name="reference"),
               score_stream(model, ids, token_bytes, rolling, use_cache=True, name="rolling"),
               score_stream(model, ids, token_bytes, re_encode, use_cache=True, name="re-encode")]
     prompt, new = ids[:block], len(ids) - block
-    generation_speeds(model, prompt, min(new, block), 1, args.sinks)  # warm-up: first calls are slow
-    speeds = generation_speeds(model, prompt, new, args.repeats, args.sinks)
+    generation_speeds(model, prompt, min(new, block), 1, sinks)  # warm-up: first calls are slow
+    speeds = generation_speeds(model, prompt, new, args.repeats, sinks)
     print_table(scores, speeds)
     return 0
 

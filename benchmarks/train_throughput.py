@@ -249,25 +249,28 @@ def median(values: list[float]) -> float:
 # Command line
 
 
-def throughput_parser(description: str, steps_help: str) -> ArgumentParser:
-    """The flags both throughput benchmarks take: the config, its overrides and the step counts. A
-    bad flag, like a bad config, is one ``error:`` line (``common.cli.run_command``)."""
-    parser = ArgumentParser(description=description)
-    parser.add_argument("--config", default="configs/tiny.yaml")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--steps", type=positive_int, default=10, help=steps_help)
-    parser.add_argument("--warmup", type=positive_int, default=2, help="untimed steps first (>= 1)")
+def throughput_parser(module: str, description: str, steps_help: str) -> argparse.ArgumentParser:
+    """The flags both throughput benchmarks (``benchmarks.<module>``) take: the config, its overrides
+    and the step counts."""
+    parser = ArgumentParser(prog=f"python -m benchmarks.{module}", description=description)
+    parser.add_argument("--config", default="configs/tiny.yaml",
+                        help="the training config timed (default: %(default)s)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="a train.py override; repeatable (default: none)")
+    parser.add_argument("--steps", type=positive_int, default=10, help=f"{steps_help} (default: %(default)s)")
+    parser.add_argument("--warmup", type=positive_int, default=2, help="untimed steps first (default: %(default)s)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = throughput_parser(__doc__.split("\n\n")[0], "timed steps per model and precision")
+    parser = throughput_parser("train_throughput", __doc__.split("\n\n")[0], "timed steps per model and precision")
     parser.add_argument("--rounds", type=positive_int, default=None,
                         help="interleaved timing rounds, the steps split over them (default: one step per round)")
-    parser.add_argument("--compile", choices=("auto", "true", "false", "both"), default="auto")
+    parser.add_argument("--compile", choices=("auto", "true", "false", "both"), default="auto",
+                        help="compile the models; auto: on CUDA only (default: %(default)s)")
     parser.add_argument("--precision", choices=("both", "bf16", "fp32"), default="both",
-                        help="the autocast precision of the step: both (the default) times bf16 and fp32 "
-                             "side by side; the config's train.precision is not used")
+                        help="the autocast precision of the step: both times bf16 and fp32 side by side; the "
+                             "config's train.precision is not used (default: %(default)s)")
     parser.add_argument("--no-reference", action="store_true", help="measure only the config's model")
     return run_command(parser, argv, measure)
 

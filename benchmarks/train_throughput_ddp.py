@@ -31,8 +31,9 @@ from training.device import precision_name
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = throughput_parser(__doc__.split("\n\n")[0], "timed steps per measurement")
-    parser.add_argument("--compile", choices=("auto", "true", "false"), default="auto")
+    parser = throughput_parser("train_throughput_ddp", __doc__.split("\n\n")[0], "timed steps per measurement")
+    parser.add_argument("--compile", choices=("auto", "true", "false"), default="auto",
+                        help="compile the model; auto: on CUDA only (default: %(default)s)")
     return run_command(parser, argv, measure)
 
 

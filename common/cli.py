@@ -36,6 +36,14 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_negative_int(text: str) -> int:
+    """An argparse ``type`` for a count that may be zero (to skip a step): a whole number >= 0."""
+    value = whole_number(text)
+    if value is None:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 0, got {text!r}")
+    return value
+
+
 def positive_float(text: str) -> float:
     """An argparse ``type`` for a size or a duration: a finite number > 0 (nan compares as nothing,
     so it would pass every later check)."""

@@ -192,9 +192,10 @@ def starved_advice(share: float, threads: int) -> str:
 
 
 def add_threads_argument(parser, default: str = AUTO, why: str = "") -> None:
-    """The ``--threads`` flag every command that runs the model shares."""
+    """The ``--threads`` flag every command that runs the model shares; ``why`` says why a command's
+    default is what it is (``": ..."``)."""
     parser.add_argument(
         "--threads", default=default, metavar="N|auto",
-        help=f"CPU threads for the model (default: {default}: the CPUs this process may use, less those "
-        f"other programs keep busy{why})",
+        help=f"CPU threads for the model: N, or auto for the CPUs this process may use, less those other "
+        f"programs keep busy (default: {default}{why})",
     )

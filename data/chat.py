@@ -18,8 +18,10 @@ A conversation longer than the model's window is cut by one policy, ``fit_chat``
 surface (the REPL, the server's chat endpoint and its page, SFT preparation): learned positions
 mean a conversation is always read from position 0, so its oldest whole messages are dropped (the
 system prompt is kept) until the rest fits, resuming at a user message. The caller reports
-``FittedChat.dropped``. A conversation whose last exchange alone does not fit is refused
-(``ChatTooLong``) in one line.
+``FittedChat.dropped``. A run with rotary or no positions drops old messages in the same way (whole
+messages keep the conversation as the template renders it); only where its last exchange alone does
+not fit does it keep that whole and read it through its rolling cache. Elsewhere such a
+conversation is refused (``ChatTooLong``) in one line.
 """
 
 from __future__ import annotations
@@ -176,13 +178,15 @@ class FittedChat:
 
 
 def fit_chat(tokenizer: Tokenizer, messages: Sequence[Message], max_tokens: int, *,
-             add_generation_prompt: bool = False, min_tokens: int | None = None) -> FittedChat:
+             add_generation_prompt: bool = False, min_tokens: int | None = None, rolls: bool = False) -> FittedChat:
     """``messages`` rendered within ``max_tokens`` tokens, dropping the fewest oldest whole messages.
 
     The kept part is the system prompt (when the conversation begins with one) and the most recent
     messages from a user message on. ``min_tokens`` (<= max_tokens): drop messages until the
     conversation fits in that many where it can (room for a reply), settling for ``max_tokens``
-    when only the last exchange is left. Raises ChatTooLong when nothing fits."""
+    when only the last exchange is left. Raises ChatTooLong when nothing fits, unless ``rolls``: a
+    model whose window rolls (rotary or no positions) reads a longer prompt through its rolling
+    cache, so the last exchange is then kept whole, with the system prompt, however long."""
     chat = render_chat(tokenizer, messages, add_generation_prompt)
     special = ChatTokenIds.of(tokenizer)
     role_ids = set(special.role.values())
@@ -191,12 +195,18 @@ def fit_chat(tokenizer: Tokenizer, messages: Sequence[Message], max_tokens: int,
     first = 1 if messages and messages[0].role == "system" else 0
     head = starts[first]  # the system prompt, kept whole
     cuts = [first] + [i for i in range(first + 1, len(messages)) if messages[i].role == "user"]
+
+    def kept_from(cut: int) -> FittedChat:
+        kept = slice(starts[cut], None)
+        fitted = RenderedChat(chat.ids[:head] + chat.ids[kept], chat.loss_mask[:head] + chat.loss_mask[kept])
+        return FittedChat(fitted, cut - first)
+
     for budget in dict.fromkeys((max_tokens if min_tokens is None else min_tokens, max_tokens)):
         for cut in cuts:
             if head + len(chat.ids) - starts[cut] <= budget:
-                kept = slice(starts[cut], None)
-                fitted = RenderedChat(chat.ids[:head] + chat.ids[kept], chat.loss_mask[:head] + chat.loss_mask[kept])
-                return FittedChat(fitted, cut - first)
+                return kept_from(cut)
+    if rolls:
+        return kept_from(cuts[-1])
     last = len(chat.ids) - starts[cuts[-1]]
     system = f" and the system prompt {head}" if head else ""
     raise ChatTooLong(f"the last message is {last} tokens{system}: more than the {max_tokens} tokens the model's "
@@ -208,8 +218,10 @@ def fit_chat(tokenizer: Tokenizer, messages: Sequence[Message], max_tokens: int,
 REPLY_ROOM_FRACTION = 0.25
 
 
-def fit_for_reply(tokenizer: Tokenizer, messages: Sequence[Message], window: int) -> FittedChat:
+def fit_for_reply(tokenizer: Tokenizer, messages: Sequence[Message], window: int, *, rolls: bool = False) -> FittedChat:
     """``messages`` and the generation prompt, cut to leave room for a reply in ``window`` tokens:
-    ``REPLY_ROOM_FRACTION`` of it where dropping messages allows, and always at least one token."""
+    ``REPLY_ROOM_FRACTION`` of it where dropping messages allows, and always at least one token;
+    ``rolls`` as in ``fit_chat``."""
     room = max(1, int(REPLY_ROOM_FRACTION * window))
-    return fit_chat(tokenizer, messages, window - 1, add_generation_prompt=True, min_tokens=window - room)
+    return fit_chat(tokenizer, messages, window - 1, add_generation_prompt=True, min_tokens=window - room,
+                    rolls=rolls)

@@ -7,8 +7,11 @@ decoded by ``inference.engine``. With learned positions a reply ends where the w
 rather than sliding it: a re-encoded window cut inside a turn would open on message text with no
 role token, a conversation no template renders. A run with rotary or no positions rolls instead
 (``inference.sampling.Window``): its cache keeps the conversation's first tokens and the most
-recent ones, nothing is rendered again, and the reply runs on to its max_new_tokens or its end. The engine's prefix cache keeps the pages of earlier prompts, so each turn
-encodes little more than what is new since the last one. Without the cache (``use_cache=False``)
+recent ones, nothing is rendered again, and the reply runs on to its max_new_tokens or its end.
+Old messages are still dropped whole, as the policy says; only a last message too long for the
+window on its own rolls through the cache rather than being refused. The engine's prefix cache
+keeps the pages of earlier prompts, so each turn encodes little more than what is new since the
+last one. Without the cache (``use_cache=False``)
 the whole window is recomputed for every token: the reference the cached path is tested against.
 
 Seeding follows the engine's rule: turn i of a session samples from ``seed + i``.
@@ -54,7 +57,7 @@ class ChatSession:
         self.block_size = run.block_size
         self.system = [Message("system", system_prompt)] if system_prompt else []
         system_tokens = len(render_chat(run.tokenizer, self.system).ids)
-        if system_tokens >= self.block_size // 2:
+        if system_tokens and system_tokens >= self.block_size // 2:
             raise UserError(
                 f"the system prompt is {system_tokens} tokens, too much of the model's {self.block_size}-token "
                 "window; shorten it"
@@ -64,7 +67,7 @@ class ChatSession:
         window_bytes = run.model.init_cache(1).nbytes()
         self.engine = Engine(run.model, run.token_bytes, max_batch=1, max_queue=0, use_cache=use_cache,
                              prefix_cache_bytes=2 * window_bytes if use_cache else 0, batch_invariant=False,
-                             sinks=settings.sinks, compile=settings.compile)
+                             sinks=settings.sinks, compile=settings.compile, speculation=settings.speculation)
         self.on_notice = on_notice or (lambda message: None)
         if self.engine.compiled is not None:
             self.on_notice(compiled_notice(self.engine.compiled.compile_seconds))
@@ -85,7 +88,7 @@ class ChatSession:
         Ctrl-C stops the reply: what was said so far is kept, and the reply reports "interrupted"."""
         try:
             fitted = fit_for_reply(self.run.tokenizer, [*self.system, *self.messages, Message("user", user_text)],
-                                   self.block_size)
+                                   self.block_size, rolls=self.engine.window.rolls)
         except ChatTooLong as error:
             raise UserError(str(error)) from None
         if fitted.dropped:

@@ -23,7 +23,7 @@ from inference.chat_cli import chat_main, check_chat_flags
 from inference.compiled_step import choose_compile, compiled_notice
 from inference.completion import GenerationResult, encode_prompt, generate_completions
 from inference.sampling import KEEP_FRACTION, SINKS
-from inference.settings import GenerationSettings, checked_sinks
+from inference.settings import GenerationSettings, add_speculation_arguments, checked_sinks, checked_speculation
 from inference.terminal import decode_argument, decode_utf8, write_stdout
 from rundir.loading import find_latest_run, load_run
 
@@ -46,17 +46,32 @@ stop strings:
   ends just before the stop string, which is not printed. --stop may be given several times.
 
 context window:
-  The model sees at most block_size tokens. A longer prompt keeps its last block_size tokens (with
-  a notice). When generation fills the window of a learned-position run, its most recent tokens (a
-  fraction {KEEP_FRACTION:g} of it) are kept and re-encoded from position 0, since learned positions cannot
-  slide; --no-cache recomputes exactly the same window at every step, so both give the same tokens.
-  A run with rotary or no positions rolls instead: the cache keeps the first {SINKS} tokens and the most
-  recent ones and evicts the middle, with nothing encoded again (docs/training.md, "Positions").
+  The model sees at most block_size tokens. A learned-position run reads a longer prompt's last
+  block_size tokens (with a notice); when generation fills its window, the most recent tokens (a
+  fraction {KEEP_FRACTION:g} of it) are re-encoded from position 0, since learned positions cannot slide;
+  --no-cache recomputes exactly that window at every step, so both give the same tokens.
+  A run with rotary or no positions rolls instead, through a long prompt as through the
+  continuation: the cache keeps the first {SINKS} tokens (a quarter of a window under {4 * SINKS}) and the
+  most recent ones, and evicts the middle, with nothing encoded again. There --no-cache gives the
+  same tokens only inside the window: past it the cache's deeper entries were computed beside
+  tokens since evicted, which a re-encoded window never saw (docs/training.md, "Positions").
+
+speculative decoding:
+  --speculate lookup guesses the next tokens from n-grams already in the prompt and reply (no second
+  model); --speculate draft --draft-run DIR has a smaller run with the same tokenizer guess them.
+  Each step checks up to --speculate-k guesses in one pass of the model and keeps those the model
+  agrees with. Greedy output (--temperature 0) is plain decoding's token for token (the checking
+  pass rounds apart from single steps in the last bits, as --no-cache does). Sampling keeps the
+  distribution every setting gives (temperature, top-k, top-p, repetition penalty), but a seed draws
+  other tokens than it does without speculation. It pays where the text repeats its input (a reply
+  quoting or editing the prompt); on free text most guesses are rejected, and a draft spends a step
+  of its own on each guess (python -m benchmarks.speculative measures both).
 
 examples:
   python generate.py --prompt "ROMEO:"
   python generate.py --prompt "ROMEO:" --temperature 0 --max-new-tokens 100
   python generate.py --prompt-file prompt.txt --num-samples 4 --seed 1 --json
+  python generate.py --prompt-file passage.txt --temperature 0 --speculate lookup
 """
 
 
@@ -102,13 +117,15 @@ def build_parser() -> argparse.ArgumentParser:
                         help="end a sample when STRING appears; printed text ends before it (repeatable)")
     parser.add_argument("--no-cache", action="store_true",
                         help="recompute the whole window at every step instead of using the KV cache "
-                        "(slow; the reference the cache is tested against)")
+                        "(slow; the reference the cache is tested against: the same tokens, except past the "
+                        "window of a rotary or no-position run; see below)")
     parser.add_argument("--sinks", type=int, default=None, metavar="N",
                         help=f"runs with rotary or no positions: the first tokens the window keeps when it rolls "
-                             f"(default {SINKS})")
+                             f"(default {SINKS}, a quarter of a window under {4 * SINKS})")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                         help="compile the decode step with torch.compile (a one-off cost, reported on stderr; "
                         "faster tokens after it). Default: off; on the CPU the compile takes tens of seconds")
+    add_speculation_arguments(parser)
     # Chat, and the shape of the output.
     parser.add_argument("--chat", action="store_true",
                         help="talk to a chat-tuned run: an interactive conversation (/help lists its commands), or one "
@@ -162,17 +179,17 @@ def _generate(args: argparse.Namespace) -> int:
     # One stream decodes one token at a time: operations too small to share between cores.
     threads = use_threads(parse_threads(args.threads), useful=1 if args.chat or settings.num_samples == 1 else None)
     run = load_run(_run_directory(args), device)
-    settings = dataclasses.replace(settings, sinks=checked_sinks(args.sinks, run.model.config))
+    settings = dataclasses.replace(settings, sinks=checked_sinks(args.sinks, run.model.config),
+                                   speculation=checked_speculation(args, run, use_cache=settings.use_cache))
     if args.chat:
         given = args.prompt is not None or args.prompt_file is not None
         return chat_main(args, run, settings, prompt if given else None)
     prompt_tokens = encode_prompt(run, prompt)
-    if prompt_tokens.cropped and not args.quiet:
-        print(
-            f"notice: the prompt is {prompt_tokens.original_length} tokens, longer than the model's "
-            f"{run.block_size}-token context; it sees only the last {run.block_size}",
-            file=sys.stderr,
-        )
+    if prompt_tokens.original_length > run.block_size and not args.quiet:
+        seen = (f"it sees only the last {run.block_size}" if prompt_tokens.cropped else
+                "it rolls through the cache, which keeps its first tokens and its most recent ones")
+        print(f"notice: the prompt is {prompt_tokens.original_length} tokens, longer than the model's "
+              f"{run.block_size}-token context; {seen}", file=sys.stderr)
 
     streaming = settings.num_samples == 1 and not args.json
     if streaming and not args.quiet:
@@ -259,4 +276,6 @@ def _stats_line(result: GenerationResult, settings: GenerationSettings) -> str:
         parts.append("no cache")
     if stats.compile_s is not None:
         parts.append(compiled_notice(stats.compile_s))
+    if settings.speculation is not None:
+        parts.append(f"speculative ({settings.speculation.proposer}, up to {settings.speculation.k} guesses a step)")
     return " | ".join(parts)

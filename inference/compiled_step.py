@@ -79,7 +79,7 @@ def _triton_installed() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
-def spare_slot_cache(model: GPT, rows: int, whole_buffers: bool) -> KVCache:
+def spare_slot_cache(model: GPT, rows: int, whole_buffers: int) -> KVCache:
     """A cache of ``rows`` rows of block_size positions plus the spare slot idle rows write."""
     weight = model.tok_emb.weight
     return KVCache(model.config.n_layer, rows, model.config.block_size + 1, model.cache_entries(),

@@ -13,7 +13,7 @@ from typing import Callable, Sequence
 
 from data.tokenizer import prompt_ids
 from inference.engine import Event, decode
-from inference.sampling import new_seed
+from inference.sampling import new_seed, rolls_past_window
 from inference.settings import GenerationSettings
 from rundir.loading import LoadedRun
 
@@ -23,7 +23,7 @@ TextCallback = Callable[[int, str], None]
 
 @dataclass(frozen=True)
 class PromptTokens:
-    ids: list[int]  # what the model is given: at most block_size tokens
+    ids: list[int]  # what the model is given: at most block_size tokens, unless the window rolls
     original_length: int  # before cropping
 
     @property
@@ -68,9 +68,11 @@ class GenerationResult:
 
 def encode_prompt(run: LoadedRun, prompt: str) -> PromptTokens:
     """Token ids for ``prompt`` (``data.tokenizer.prompt_ids``: an empty prompt is end-of-text).
-    Longer than the context: the last block_size tokens."""
+    Longer than the context: all of them for a run whose window rolls (rotary or no positions: the
+    engine reads them through the rolling cache), else the last block_size tokens."""
     ids = prompt_ids(run.tokenizer, prompt)
-    return PromptTokens(ids[-run.block_size :], len(ids))
+    kept = ids if rolls_past_window(run.model.config.positions) else ids[-run.block_size:]
+    return PromptTokens(kept, len(ids))
 
 
 def generate_completions(
@@ -101,7 +103,7 @@ def generate_completions(
 
     finishes = decode(run.model, [ids] * rows, replace(settings, seed=seed), token_bytes=run.token_bytes,
                       use_cache=settings.use_cache, sinks=settings.sinks, batch_invariant=batch_invariant,
-                      compile=settings.compile,
+                      compile=settings.compile, speculation=settings.speculation,
                       on_event=on_event, on_compiled=on_compiled)
     completions = [
         Completion(text=f.text, token_ids=list(f.token_ids), finish_reason=f.reason,

@@ -9,7 +9,9 @@ iteration (``step``) schedules every token:
 1. drop requests whose caller went away, freeing their rows;
 2. admit waiting requests into free rows;
 3. encode (prefill) one chunk of each newly admitted prompt into its own row;
-4. run one batched decode step for every row that is decoding, each row at its own position;
+4. run one batched decode step for every row that is decoding, each row at its own position
+   (speculating, a row with guessed tokens checks them in one wider pass instead, and advances by
+   every one accepted: ``_speculate``);
 5. sample the next token of every row that has fresh logits, stream its text, and free the row
    the moment its request ends (length, an end token, a stop string).
 
@@ -30,7 +32,10 @@ of rows; on the CPU this holds when the model's head_dim is a multiple of 16). T
 that; a command line's few rows of one request may turn it off for speed (``decode``'s default), and then
 agree with the server up to fp32 rounding. A prompt is encoded in chunks of
 ``prefill_chunk`` tokens on a fixed grid from position 0; the chunks depend only on the request, so
-it still equals itself served alone. ``use_cache=False`` re-encodes each row's whole window for
+it still equals itself served alone. A prompt longer than a rolling window rolls through the cache
+as its chunks fill it, at the tokens where feeding it one token at a time would have rolled, so it
+leaves the cache as that would; a window that re-encodes takes only prompts that fit (its callers
+cut them or refuse them). ``use_cache=False`` re-encodes each row's whole window for
 every token instead: the reference the cache is tested against. (A rolled window re-encoded is not
 what the rolling cache holds when the model has several layers: a kept token's deeper entries were
 computed beside tokens since evicted. tests/inference/test_rolling_cache.py has the rolling cache's
@@ -39,13 +44,24 @@ own reference.)
 With a prefix cache (``prefix_cache_bytes``, see ``inference.prefix_cache``) the whole chunks a
 prompt shares with a recent one are copied in instead of computed: the grid makes them bit for
 bit the chunks it would have computed, so a hit changes no token, only the time to the first. A
-rolled row never prefills again, so it neither stores a page nor looks one up: its positions no
-longer hold the chunks of any prompt from position 0.
+rolled row neither stores a page nor looks one up: its positions no longer hold the chunks of any
+prompt from position 0.
+
+With ``speculation`` (``inference.speculative``) a decode step first asks a proposer for up to k
+guessed tokens per row. A row with guesses runs its newest token and the guesses through the model
+in one pass, keeps the entries of the accepted ones and forgets the rest (``KVCache.rewind``). Its
+guesses stop where its window is full and where its request runs out of tokens, so a window slides
+only at a step's last token, from the cache plain decoding would hold, and an end token, stop
+string or length limit inside an accepted run ends the request at that token. Greedy output is
+plain decoding's token for token (up to fp32 rounding of the wider pass, as the cache is to
+recomputation); sampled output has plain sampling's distribution, though not the
+same tokens for a seed. Logprobs of accepted tokens come from the checking pass, at their positions.
 
 A request may ask for log-probabilities (``logprobs``: the chosen token's and the ``logprobs``
 most likely tokens', from the model's distribution before temperature, top-p and suppressed ids),
 for its generated tokens and, with ``echo``, for its prompt's: those come from the prefill's own
-pass, which then keeps every position's logits (and so takes no pages from the prefix cache).
+pass, which then keeps every position's logits, a chunk at a time (and so takes no pages from the
+prefix cache).
 
 Results go back through a callback, called on the stepping thread with one ``Event`` per generated
 token and a last one carrying the ``Finish``. The callback must be quick. One that raises ends its
@@ -69,7 +85,8 @@ import torch
 from inference.batch_invariant import row_blocked
 from inference.compiled_step import CompiledStep, spare_slot_cache
 from inference.prefix_cache import PrefixCache
-from inference.sampling import SINKS, SamplingSettings, Window, new_seed, sample_next_token, seeded_generator
+from inference.sampling import SamplingSettings, Window, new_seed, sample_next_token, seeded_generator
+from inference.speculative import Proposal, Speculation, Speculator
 from inference.streaming import TextStream
 from model import GPT
 
@@ -154,8 +171,7 @@ class _Request:
     logits: torch.Tensor | None = None  # (1, vocab) next-token logits, once the row has them
     cached_tokens: int = 0
     token_logprobs: list[TokenLogprob] = field(default_factory=list)
-    prompt_logprobs: tuple[TokenLogprob | None, ...] = ()
-    prompt_logits: list[torch.Tensor] = field(default_factory=list)  # with echo: each prefill chunk's
+    prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)  # with echo: filled chunk by chunk
     failed: bool = False  # its callback raised: the request has ended and gets no more events
 
     def __post_init__(self) -> None:
@@ -175,13 +191,15 @@ class Engine:
     iteration (at most the context). ``prefix_cache_bytes``: memory for the prefix cache (0: none).
     ``keep_fraction``: how much of the window a row keeps when it slides (``Window``; None: the
     default of the slide the run's positions allow). ``sinks``: the first tokens a rolling window keeps
-    (None: re-encode even where the positions could roll, to compare).
+    (None: ``inference.sampling.default_sinks``, which fits any window; a learned run keeps none).
+    ``roll`` False: re-encode even where the positions could roll, to compare.
     ``use_cache`` False: every row's whole window is encoded afresh for every token (the reference).
     ``token_bytes`` None: the events carry no text (a caller that wants only token ids).
     ``batch_invariant`` False: decode steps take the plain, faster products, so a row's bits may
     depend on the rows beside it (fine for one caller's rows; a server keeps it on).
     ``compile``: decode steps run ``inference.compiled_step`` (compiled here, once; the caller
-    has checked ``compiler_missing``), prompts stay eager.
+    has checked ``compiler_missing``), prompts stay eager. ``speculation``: decode steps check
+    proposed tokens (``inference.speculative``); rows with no proposal take the plain step.
     """
 
     def __init__(
@@ -195,15 +213,15 @@ class Engine:
         prefix_cache_bytes: int = 0,
         use_cache: bool = True,
         keep_fraction: float | None = None,
-        sinks: int | None = SINKS,
+        sinks: int | None = None,
+        roll: bool = True,
         batch_invariant: bool = True,
         compile: bool = False,
+        speculation: Speculation | None = None,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
         cfg = model.config
-        if sinks is not None and not 0 <= sinks < cfg.block_size:
-            raise ValueError(f"sinks must be 0 to {cfg.block_size - 1} (the window less one), got {sinks}")
         # Batch invariance is chosen here, once: see inference.batch_invariant.
         self.model = row_blocked(model) if batch_invariant else model
         self.token_bytes = token_bytes if token_bytes is not None else [b""] * cfg.vocab_size
@@ -213,16 +231,19 @@ class Engine:
         if self.max_queue < 0 or self.prefill_chunk < 1 or prefix_cache_bytes < 0:
             raise ValueError("max_queue must be >= 0, prefill_chunk >= 1 and prefix_cache_bytes >= 0")
         self.block_size = cfg.block_size
-        self.window = Window.for_positions(cfg.positions, cfg.block_size, keep_fraction, sinks)
+        self.window = Window.for_positions(cfg.positions, cfg.block_size, keep_fraction, sinks, roll=roll)
         self.use_cache = use_cache
-        assert not (compile and not use_cache), "the compiled step is a cached decode step"
+        assert not ((compile or speculation) and not use_cache), "compiled and speculative steps are cached ones"
+        # A batch-invariant pass reads whole buffers, a speculative one checks a token and its proposals.
+        whole_buffers = (1 + (speculation.k if speculation else 0)) if batch_invariant else 0
+        self.speculator = Speculator(speculation, max_batch, batch_invariant) if speculation else None
         if compile:
-            self.cache = spare_slot_cache(model, max_batch, whole_buffers=batch_invariant)
+            self.cache = spare_slot_cache(model, max_batch, whole_buffers=whole_buffers)
             # Off the server, a CPU step reads only the slots rows have filled (see CompiledStep).
             exact_window = not batch_invariant and self.cache.device.type == "cpu"
             self.compiled: CompiledStep | None = CompiledStep(self.model, self.cache, exact_window=exact_window)
         else:
-            self.cache = model.init_cache(max_batch, whole_buffers=batch_invariant)
+            self.cache = model.init_cache(max_batch, whole_buffers=whole_buffers)
             self.compiled = None
         self.prefix_cache = PrefixCache(self.prefill_chunk, prefix_cache_bytes) if prefix_cache_bytes else None
         self.prefill_tokens = 0  # prompt tokens the model has encoded (not copied from the prefix cache)
@@ -250,10 +271,13 @@ class Engine:
         ``logprobs`` (0 to MAX_TOP_LOGPROBS alternatives) reports each token's log-probability;
         ``echo`` also the prompt's. ``slide`` False: the reply ends where the window is full rather
         than sliding it (a learned run's chat: a re-encoded cut inside a turn is a conversation no
-        template renders; ``data.chat.fit_chat`` cuts whole turns before). The caller (a command
-        line, the HTTP layer's schemas) has checked the settings."""
+        template renders; ``data.chat.fit_chat`` cuts whole turns before). A prompt longer than the
+        window is read through a rolling window's cache (see the module's docstring); where the window
+        does not roll, it must fit. The caller (a command line, the HTTP layer's schemas) has checked
+        the settings."""
         prompt_ids = list(prompt_ids)
-        assert 1 <= len(prompt_ids) <= self.block_size, f"a prompt must have 1 to {self.block_size} tokens"
+        assert prompt_ids and (self.window.rolls or len(prompt_ids) <= self.block_size), \
+            f"a prompt must have 1 to {self.block_size} tokens where the window does not roll"
         assert settings.max_new_tokens >= 1
         assert logprobs is None or 0 <= logprobs <= MAX_TOP_LOGPROBS
         ticket = Ticket(self)
@@ -354,6 +378,8 @@ class Engine:
             if request.prefilling:
                 self._prefill_chunk(request)
         decoding = [r for r in self._rows if r is not None and not r.prefilling and r.logits is None]
+        if decoding and self.speculator is not None:
+            decoding = self._speculate(decoding)
         if decoding:
             self._decode(decoding)
         ready = [r for r in self._rows if r is not None and r.logits is not None]
@@ -384,43 +410,68 @@ class Engine:
 
     def _prefill_chunk(self, request: _Request) -> None:
         """Encode the next chunk of the row's window (copying in the cached pages it begins with,
-        first); the last chunk yields next-token logits. Whole chunks go to the prefix cache.
-        Without the cache, the whole window is one chunk, encoded afresh for every token."""
-        window = self.window.tokens(request.tokens, request.start, request.evicted)
-        assert not (self.use_cache and request.evicted), "a rolled row is never encoded again"
+        first); the last chunk yields next-token logits. Whole chunks from position 0 go to the
+        prefix cache. Without the cache, the whole window is one chunk, encoded afresh for every
+        token."""
         row, size = request.row, self.prefill_chunk
-        echo = request.echo and not request.prompt_logprobs
+        echo = request.echo and len(request.prompt_logprobs) < len(request.prompt_ids)
+        assert not (self.use_cache and request.evicted and request.generated), "a rolled row is never encoded again"
+        if self.use_cache and self.cache.lengths[row] == 0 and self.prefix_cache is not None and not echo:
+            self._copy_cached_pages(request)
+        self._roll_prompt(request)  # after the pages: they may fill the window
+        window = self.window.tokens(request.tokens, request.start, request.evicted)
         if self.use_cache:
-            if self.cache.lengths[row] == 0 and self.prefix_cache is not None and not echo:
-                for page in self.prefix_cache.lookup(window):
-                    self.cache.extend(row, page)
-                if request.generated == 0:
-                    request.cached_tokens = self.cache.lengths[row]
             done = self.cache.lengths[row]
-            chunk = window[done:done + size]
+            chunk = window[done:min(done + size, self.block_size)]
+            fed = request.start + request.evicted + done  # the stream index of the chunk's first token
             logits = self._run_model([chunk], [row], echo)
-            if self.prefix_cache is not None and len(chunk) == size:
+            if self.prefix_cache is not None and len(chunk) == size and not request.evicted:
                 self.prefix_cache.store(window[:done + size], self.cache.read(row, done, done + size))
         else:
-            chunk = window
+            assert not (echo and request.evicted), "a prompt's logprobs past the window need the cache"
+            chunk, fed = window, 0
             logits = self._run_model([chunk], None, echo)
         self.prefill_tokens += len(chunk)
         if echo:
-            request.prompt_logits.append(logits[0])
+            self._add_prompt_logprobs(request, logits[0], fed)
             logits = logits[:, -1]
         if not self.use_cache or self.cache.lengths[row] == len(window):
             request.logits = logits
             request.prefilling = not self.use_cache  # uncached: the whole window again for the next token
-            if echo:
-                request.prompt_logprobs = self._prompt_logprobs(request)
 
-    def _prompt_logprobs(self, request: _Request) -> tuple[TokenLogprob | None, ...]:
-        """Each prompt token's log-probability given the tokens before it (the first has none),
-        from the logits its prefill chunks kept."""
-        logits = torch.cat(request.prompt_logits)[:-1]
-        request.prompt_logits = []
-        logprobs = torch.log_softmax(logits.float(), dim=-1)
-        return (None, *_token_logprobs(logprobs, request.prompt_ids[1:], request.logprobs or 0))
+    def _copy_cached_pages(self, request: _Request) -> None:
+        """Put the prefix cache's pages that the row's window begins with into its empty cache row
+        (none for a rolled window: its positions no longer hold a prompt from position 0)."""
+        if request.evicted:
+            return
+        window = self.window.tokens(request.tokens, request.start, request.evicted)
+        for page in self.prefix_cache.lookup(window):
+            self.cache.extend(request.row, page)
+        if request.generated == 0:
+            request.cached_tokens = self.cache.lengths[request.row]
+
+    def _roll_prompt(self, request: _Request) -> None:
+        """Before the next chunk of a prompt longer than a rolling window: roll where feeding the
+        prompt one token at a time would have, as its next token overflows the window, so that
+        the cache ends as that would leave it. (Where the window does not roll, every prompt fits.)"""
+        if not self.window.rolls:
+            return
+        if self.use_cache:
+            if self.cache.lengths[request.row] == self.block_size:
+                self._slide(request, request.start + request.evicted + self.block_size + 1)
+            return
+        while self.window.held(request.start, request.evicted, len(request.tokens)) > self.block_size:
+            self._slide(request, request.start + request.evicted + self.block_size + 1)
+
+    @staticmethod
+    def _add_prompt_logprobs(request: _Request, logits: torch.Tensor, first: int) -> None:
+        """Record the log-probability of each prompt token that ``logits`` (T, vocab), the positions of
+        the prompt's tokens ``first`` onwards, predict: one chunk's share. The first token has none."""
+        if not request.prompt_logprobs:
+            request.prompt_logprobs.append(None)
+        targets = request.prompt_ids[first + 1:first + 1 + len(logits)]
+        logprobs = torch.log_softmax(logits[:len(targets)].float(), dim=-1)
+        request.prompt_logprobs += _token_logprobs(logprobs, targets, request.logprobs or 0)
 
     def _decode(self, requests: list[_Request]) -> None:
         """One token for every decoding row, in one batched forward pass."""
@@ -432,6 +483,38 @@ class Engine:
         logits = self._run_model([[r.tokens[-1]] for r in requests], [r.row for r in requests])
         for i, request in enumerate(requests):
             request.logits = logits[i:i + 1]
+
+    def _speculate(self, requests: list[_Request]) -> list[_Request]:
+        """Each row the proposer has guesses for checks them (one pass for the rows with as many
+        guesses) and advances by every token that emits; returns the rows left to the plain step.
+        Guesses stop where a row's window is full and where its request runs out of tokens (see
+        the module's docstring); ``_advance`` then ends a request at the token plain decoding would."""
+        room = [min(self.block_size - self.window.held(r.start, r.evicted, len(r.tokens)),
+                    r.settings.max_new_tokens - r.generated - 1) for r in requests]
+        proposals = self.speculator.propose(requests, room)
+        widths: dict[int, list[tuple[_Request, Proposal]]] = collections.defaultdict(list)
+        for request, proposal in zip(requests, proposals):
+            if proposal.tokens:
+                widths[len(proposal.tokens)].append((request, proposal))
+        for group in widths.values():
+            logits = self._run_model([[r.tokens[-1], *p.tokens] for r, p in group], [r.row for r, _ in group],
+                                     every_position=True)
+            checked = []
+            for (request, proposal), row_logits in zip(group, logits):
+                tokens = self.speculator.check(request, proposal, row_logits)
+                # The pass wrote the newest token and every guess: keep it and the accepted guesses.
+                accepted = len(tokens) - 1
+                self.cache.rewind(request.row, self.cache.lengths[request.row] - len(proposal.tokens) + accepted)
+                checked.append((request, tokens, row_logits))
+            for request, tokens, row_logits in checked:
+                for token, token_logits in zip(tokens, row_logits):
+                    if request.logprobs is not None:
+                        logprobs = torch.log_softmax(token_logits[None].float(), dim=-1)
+                        request.token_logprobs += _token_logprobs(logprobs, [token], request.logprobs)
+                    self._advance(request, token)
+                    if self._rows[request.row] is not request:  # it ended at this token
+                        break
+        return [r for r, p in zip(requests, proposals) if not p.tokens]
 
     def _run_model(self, ids: list[list[int]], rows: list[int] | None, every_position: bool = False) -> torch.Tensor:
         """The one call into the model: next-token logits (R, vocab) of ``ids`` (R rows of equal
@@ -484,9 +567,11 @@ class Engine:
             self._slide(request)
             self._emit(request, Event(text, token, logprob=self._last_logprob(request)))
 
-    def _slide(self, request: _Request) -> None:
-        """Move the row's window on if its newest token overflows it, as ``self.window`` says."""
-        start, evicted = self.window.slide(request.start, request.evicted, len(request.tokens))
+    def _slide(self, request: _Request, length: int | None = None) -> None:
+        """Move the row's window on if its newest token (``tokens[length - 1]``, by default the last)
+        overflows it, as ``self.window`` says."""
+        length = len(request.tokens) if length is None else length
+        start, evicted = self.window.slide(request.start, request.evicted, length)
         if self.use_cache and start != request.start:
             # Learned positions cannot slide: the kept tokens are re-encoded from position 0.
             request.prefilling = True
@@ -513,7 +598,7 @@ class Engine:
     def _finish_of(request: _Request, reason: str) -> Finish:
         generated = tuple(request.tokens[len(request.prompt_ids):])
         return Finish(reason, len(request.prompt_ids), generated, request.stream.text, request.cached_tokens,
-                      tuple(request.token_logprobs), request.prompt_logprobs)
+                      tuple(request.token_logprobs), tuple(request.prompt_logprobs))
 
     @staticmethod
     def _last_logprob(request: _Request) -> TokenLogprob | None:
@@ -548,28 +633,35 @@ def decode(
     end_ids: Sequence[int] = (),
     use_cache: bool = True,
     keep_fraction: float | None = None,
-    sinks: int | None = SINKS,
+    sinks: int | None = None,
+    roll: bool = True,
     slide: bool = True,
     batch_invariant: bool = False,
     compile: bool = False,
+    speculation: Speculation | None = None,
     on_event: Callable[[int, Event], None] | None = None,
     on_compiled: Callable[[float], None] | None = None,
 ) -> list[Finish]:
     """Decode every prompt on the calling thread, prompt i sampled from ``settings.seed + i`` (a
     fresh seed when None), each in a row of one engine; returns their ``Finish``es in order.
-    A prompt longer than the context is cut to its last block_size tokens. ``on_event(i, event)``
-    streams prompt i's events as they come; ``slide`` as in ``Engine.submit``. ``batch_invariant``
+    A prompt longer than the context rolls through a rolling window's cache, and is cut to its last
+    block_size tokens where the window does not roll. ``on_event(i, event)`` streams prompt i's
+    events as they come; ``sinks``, ``roll`` as in ``Engine``, ``slide`` as in ``Engine.submit``. ``batch_invariant``
     (off: the faster plain products) makes every row bit for bit what the server gives it.
     ``compile``: decode steps run compiled (``inference.compiled_step``); ``on_compiled(seconds)``
-    is told how long compiling took, before the first token."""
+    is told how long compiling took, before the first token. ``speculation``: decode steps check
+    proposed tokens (``inference.speculative``)."""
     assert prompts, "decode needs at least one prompt"
+    cfg = model.config
+    rolls = Window.for_positions(cfg.positions, cfg.block_size, keep_fraction, sinks, roll=roll).rolls
+    prompts = [list(p) if rolls else list(p)[-cfg.block_size:] for p in prompts]
     if settings.max_new_tokens == 0:
-        return [Finish("length", min(len(p), model.config.block_size), (), "") for p in prompts]
+        return [Finish("length", len(p), (), "") for p in prompts]
     # The server's arithmetic includes its prefill grid; otherwise a prompt is encoded in one pass.
-    chunk = None if batch_invariant else model.config.block_size
+    chunk = None if batch_invariant else cfg.block_size
     engine = Engine(model, token_bytes, max_batch=len(prompts), max_queue=0, prefill_chunk=chunk,
-                    use_cache=use_cache, keep_fraction=keep_fraction, sinks=sinks, batch_invariant=batch_invariant,
-                    compile=compile)
+                    use_cache=use_cache, keep_fraction=keep_fraction, sinks=sinks, roll=roll,
+                    batch_invariant=batch_invariant, compile=compile, speculation=speculation)
     if engine.compiled is not None and on_compiled is not None:
         on_compiled(engine.compiled.compile_seconds)
     seed = settings.seed if settings.seed is not None else new_seed()
@@ -585,7 +677,7 @@ def decode(
 
     for i, prompt in enumerate(prompts):
         sample_settings = replace(settings, seed=seed + i)
-        engine.submit(list(prompt)[-engine.block_size:], sample_settings, collect(i), end_ids, slide=slide)
+        engine.submit(prompt, sample_settings, collect(i), end_ids, slide=slide)
     try:
         engine.run_until_idle()
     finally:

@@ -169,21 +169,45 @@ def sample_next_token(
     order, or one generator per row (row i then consumes only generator i). The settings are
     trusted: whoever took them from a user checked them (``check_sampling_args``), once.
     """
+    logits = adjusted_logits(logits, repetition_penalty=repetition_penalty, prev_tokens=prev_tokens,
+                             suppress_ids=suppress_ids)
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    probs = token_distribution(logits, temperature=temperature, top_k=top_k, top_p=top_p)
+    return draw(probs, uniform_per_row(logits.shape[0], generator, logits.device))
+
+
+def adjusted_logits(
+    logits: torch.Tensor, *, repetition_penalty: float = 1.0, prev_tokens: torch.Tensor | None = None,
+    suppress_ids: Sequence[int] = (),
+) -> torch.Tensor:
+    """``logits`` in fp32 with the suppressed ids at -inf and the repetition penalty applied: what
+    greedy decoding takes the argmax of, and what ``token_distribution`` turns into probabilities."""
     logits = logits.float()
     if suppress_ids:
         logits = logits.index_fill(-1, torch.tensor(suppress_ids, device=logits.device), float("-inf"))
     if prev_tokens is not None:
         logits = apply_repetition_penalty(logits, prev_tokens, repetition_penalty)
-    if temperature == 0:
-        return logits.argmax(dim=-1)
-    probs = torch.softmax(filter_logits(scale_by_temperature(logits, temperature), top_k, top_p), dim=-1)
-    u = uniform_per_row(logits.shape[0], generator, logits.device)
+    return logits
+
+
+def token_distribution(logits: torch.Tensor, *, temperature: float, top_k: int | None = None,
+                       top_p: float | None = None) -> torch.Tensor:
+    """The probabilities (B, vocab) a sampled token is drawn from, given ``adjusted_logits`` and a
+    temperature above 0: scaled, cut to the top-k and the top-p nucleus, normalised. Speculative
+    decoding (``inference.speculative``) checks proposals against exactly this distribution."""
+    return torch.softmax(filter_logits(scale_by_temperature(logits, temperature), top_k, top_p), dim=-1)
+
+
+def draw(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The id of each row of ``weights`` (B, vocab; non-negative, not necessarily normalised) whose
+    share of the row's total the uniform draw ``u`` (B,) falls in, ids taken in id order."""
     # Id order rather than sorted order: a tiny change in the logits then moves the
     # boundaries between ids a tiny amount, instead of reordering near-tied ids.
-    cdf = probs.cumsum(dim=-1)
+    cdf = weights.cumsum(dim=-1)
     idx = torch.searchsorted(cdf, u.unsqueeze(-1) * cdf[:, -1:], right=True).squeeze(-1)
     # u * total can round up to total itself; fall back to the last id that has probability.
-    last_allowed = probs.shape[-1] - 1 - (probs.flip(-1) > 0).int().argmax(dim=-1)
+    last_allowed = weights.shape[-1] - 1 - (weights.flip(-1) > 0).int().argmax(dim=-1)
     return torch.minimum(idx, last_allowed)
 
 
@@ -226,8 +250,21 @@ def uniform_per_row(batch: int, generator: Generators, device: torch.device) -> 
 KEEP_FRACTION = 0.5
 ROLL_KEEP_FRACTION = 0.75
 # The first tokens a rolling window keeps. StreamingLLM found that trained models pour much
-# attention onto the first few tokens whatever they are; four kept that mass where it was.
+# attention onto the first few tokens whatever they are; four kept that mass where it was. A window
+# of fewer than 16 tokens keeps a quarter of itself (none below 4): the rest is for the recent tokens,
+# which the next one depends on most, and a window of 4 or fewer could not hold four sinks at all.
 SINKS = 4
+
+
+def default_sinks(block_size: int) -> int:
+    """The sinks a rolling window of ``block_size`` tokens keeps unless told otherwise."""
+    return min(SINKS, block_size // 4)
+
+
+def rolls_past_window(positions: str) -> bool:
+    """Whether a run with these positions rolls its cache past the window rather than re-encoding:
+    rotary and no positions do; a learned position is written into each cached key."""
+    return positions != "learned"
 
 
 @dataclass(frozen=True)
@@ -250,16 +287,19 @@ class Window:
 
     @classmethod
     def for_positions(cls, positions: str, block_size: int, keep_fraction: float | None = None,
-                      sinks: int | None = SINKS) -> Window:
-        """The slide a run's positions allow: learned ones re-encode, rotary and none roll (unless
-        ``sinks`` is None: re-encode them too, to compare). ``keep_fraction`` None: the default of
-        that slide."""
-        rolls = positions != "learned" and sinks is not None
+                      sinks: int | None = None, *, roll: bool = True) -> Window:
+        """The slide a run's positions allow: learned ones re-encode; rotary and none roll, keeping
+        ``sinks`` first tokens (None: ``default_sinks``), unless ``roll`` is False (re-encode them
+        too, to compare). ``keep_fraction`` None: the default of that slide. Raises ValueError for
+        sinks a rolling window cannot hold."""
+        rolls = rolls_past_window(positions) and roll
         fraction = (ROLL_KEEP_FRACTION if rolls else KEEP_FRACTION) if keep_fraction is None else keep_fraction
         keep = max(1, int(fraction * block_size))
         if not rolls:
             return cls(block_size, keep)
-        assert 0 <= sinks < block_size, f"a rolling window of {block_size} keeps 0 to {block_size - 1} sinks"
+        sinks = default_sinks(block_size) if sinks is None else sinks
+        if not 0 <= sinks < block_size:
+            raise ValueError(f"sinks must be 0 to {block_size - 1} (the window less one), got {sinks}")
         return cls(block_size, max(keep, sinks + 1), sinks)
 
     @property

@@ -1,16 +1,21 @@
-"""generate.py's settings: the shared sampling settings, plus how many samples, whether cached and
-whether the decode step is compiled.
+"""generate.py's settings: the shared sampling settings, plus how many samples, whether cached,
+whether the decode step is compiled and whether it speculates (flags serve.py shares).
 
 This is the command line's edge: the values are checked here, once, with messages for the user.
 """
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+from common.cli import path_arg
 from common.errors import UserError
-from inference.sampling import MAX_SEED, SINKS, SamplingSettings, check_sampling_args
+from inference.sampling import MAX_SEED, SamplingSettings, check_sampling_args, rolls_past_window
+from inference.speculative import DEFAULT_K, MAX_K, PROPOSERS, Speculation
+from rundir.loading import LoadedRun, load_run
 
 if TYPE_CHECKING:
     from model import GPTConfig
@@ -28,7 +33,8 @@ class GenerationSettings(SamplingSettings):
     num_samples: int = 1
     use_cache: bool = True
     compile: bool = False  # decode through inference.compiled_step (the command line chose it)
-    sinks: int = SINKS  # the first tokens a rolling window keeps (rotary or no positions; see checked_sinks)
+    sinks: int | None = None  # the first tokens a rolling window keeps; None: the window's default (checked_sinks)
+    speculation: Speculation | None = None  # speculative decode steps (see checked_speculation)
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 0:
@@ -52,15 +58,61 @@ class GenerationSettings(SamplingSettings):
         return self.temperature == 0
 
 
-def checked_sinks(flag: int | None, config: GPTConfig) -> int:
-    """The sinks a rolling window keeps for a run of ``config``: ``--sinks`` (``flag``), or SINKS when
-    not given. Refuses a flag that cannot apply: a learned-position run re-encodes past its window
-    and keeps no sinks, and a window keeps at most all but its newest token."""
+def checked_sinks(flag: int | None, config: GPTConfig) -> int | None:
+    """``--sinks`` (``flag``) for a run of ``config``; None when not given, for the default that fits
+    the run's window (``inference.sampling.default_sinks``). Refuses a flag that cannot apply: a
+    learned-position run re-encodes past its window and keeps no sinks, and a window keeps at most
+    all but its newest token."""
     if flag is None:
-        return SINKS
-    if config.positions == "learned":
+        return None
+    if not rolls_past_window(config.positions):
         raise UserError("--sinks applies to runs with rotary or no positions, which roll past the window; "
                         "this run has learned positions and re-encodes instead: drop --sinks")
     if not 0 <= flag < config.block_size:
         raise UserError(f"--sinks must be 0 to {config.block_size - 1} (the window less one), got {flag}")
     return flag
+
+
+def add_speculation_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--speculate``, ``--draft-run`` and ``--speculate-k``, as generate.py and serve.py take them."""
+    parser.add_argument("--speculate", choices=PROPOSERS, default=None,
+                        help="speculative decoding: each step checks up to K guessed tokens in one pass, from "
+                        "n-grams of the prompt and reply (lookup) or a smaller run (draft, with --draft-run). "
+                        "Greedy output is unchanged; sampling keeps its distribution but not its seed's tokens. "
+                        "Default: off")
+    parser.add_argument("--draft-run", type=path_arg, default=None, metavar="DIR",
+                        help="with --speculate draft: the smaller run that guesses, trained with this run's tokenizer")
+    parser.add_argument("--speculate-k", type=int, default=None, metavar="K",
+                        help="the most tokens guessed a step, 1 to %d (default: %s)" % (
+                            MAX_K, ", ".join(f"{k} for {name}" for name, k in DEFAULT_K.items())))
+
+
+def checked_speculation(args: argparse.Namespace, run: LoadedRun, *, use_cache: bool = True) -> Speculation | None:
+    """The speculation ``args`` ask for with ``run`` (loading the draft run onto its device), or
+    None; refuses, in one line, flags that do not go together and a draft with another tokenizer."""
+    if args.speculate is None:
+        given = (("--draft-run", args.draft_run, "draft"), ("--speculate-k", args.speculate_k, "lookup"))
+        for flag, value, proposer in given:
+            if value is not None:
+                raise UserError(f"{flag} goes with --speculate; add --speculate {proposer}")
+        return None
+    if not use_cache:
+        raise UserError("--speculate checks its guesses through the KV cache; drop --no-cache or --speculate")
+    if (args.draft_run is not None) != (args.speculate == "draft"):
+        raise UserError("--speculate draft needs --draft-run DIR, and --draft-run needs --speculate draft")
+    k = DEFAULT_K[args.speculate] if args.speculate_k is None else args.speculate_k
+    if not 1 <= k <= min(MAX_K, run.block_size - 1):
+        raise UserError(f"--speculate-k must be 1 to {min(MAX_K, run.block_size - 1)}, got {k}")
+    if args.speculate == "lookup":
+        return Speculation("lookup", k)
+    draft_dir = Path(args.draft_run)
+    if not draft_dir.is_dir():
+        raise UserError(f"--draft-run {draft_dir} is not a run directory; pass a run written by train.py")
+    try:
+        draft = load_run(draft_dir, run.device)
+    except UserError as error:
+        raise UserError(f"--draft-run: {error}") from None
+    if draft.token_bytes != run.token_bytes or draft.model.config.vocab_size != run.model.config.vocab_size:
+        raise UserError(f"--draft-run {draft_dir} has another tokenizer or vocabulary than {run.directory}; "
+                        "a draft must guess this run's own token ids: pick a run trained with its tokenizer")
+    return Speculation("draft", k, draft.model)

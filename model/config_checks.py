@@ -18,6 +18,19 @@ ATTENTION_KINDS = ("gqa", "mla")
 MLP_KINDS = ("swiglu", "relu2")
 POSITION_KINDS = ("learned", "rope", "none")
 
+# Bounds on the float keys beyond which a model computes nonsense in fp32 or cannot learn, while
+# training runs on and blames the learning rate. rope_theta: at 1 or below every pair of a head
+# turns a radian or more per token, and towards 1e-37 the inverse frequencies overflow fp32 to
+# NaN; above 1e12 (LLaMA 3 uses 5e5, long-context models up to a few 1e9) the GGUF export's fp32
+# is still fine, but no window tells the slow pairs from no rotation. norm_eps: above 1e-2 it
+# outweighs the mean square of the embeddings at initialisation (about 4e-4), so the norms stop
+# normalising and the gradients vanish; below 1e-12 (BERT's, the smallest in use) it is lost next
+# to any activation. logit_softcap: below 1 no logit can lead another by more than 2, so no token
+# can become likely; above 1e4 it caps nothing a model produces (and past fp32's range it is NaN).
+ROPE_THETA_MAX = 1e12
+NORM_EPS_RANGE = (1e-12, 1e-2)
+LOGIT_SOFTCAP_RANGE = (1.0, 1e4)
+
 
 def explain_model_values(v: dict[str, Any]) -> None:
     """Raise ConfigError for the first value of the model section ``v`` (every field, typed) that no
@@ -32,15 +45,17 @@ def explain_model_values(v: dict[str, Any]) -> None:
     _explain_attention(v)
     _explain_positions(v)
     require(0.0 <= v["dropout"] < 1.0, f"dropout must be in [0, 1), got {v['dropout']}; use 0.0 to disable it")
-    require(v["norm_eps"] > 0.0, f"norm_eps must be > 0, got {v['norm_eps']}; the default is 1e-5")
+    low, high = NORM_EPS_RANGE
+    require(low <= v["norm_eps"] <= high, f"norm_eps must be between {low:g} and {high:g}, got {v['norm_eps']}; "
+            f"the default is 1e-5")
     require(v["mlp"] in MLP_KINDS, f"mlp must be one of {', '.join(MLP_KINDS)}, got {v['mlp']!r}; "
             f"use swiglu (the default) or relu2")
     require(not (v["value_embeddings"] and v["attention"] == "mla"), "value_embeddings needs attention gqa "
             "(multi-head latent attention caches only the latent, not the gated values); set "
             "value_embeddings: false to use mla (configs/tiny.yaml turns it on)")
-    cap = v["logit_softcap"]
-    require(cap is None or 0.0 < cap < math.inf, f"logit_softcap must be a positive number (about 15) "
-            f"or null to turn it off, got {cap}")
+    cap, (low, high) = v["logit_softcap"], LOGIT_SOFTCAP_RANGE
+    require(cap is None or low <= cap <= high, f"logit_softcap must be a positive number from {low:g} to "
+            f"{high:g} (about 15) or null to turn it off, got {cap}")
 
 
 def llama_blockers(config: Any) -> list[str]:
@@ -93,7 +108,8 @@ def _explain_positions(v: dict[str, Any]) -> None:
     require(kind in POSITION_KINDS, f"positions must be one of {', '.join(POSITION_KINDS)}, got {kind!r}; "
             f"use learned (the default), rope (rotary) or none (the causal mask alone)")
     theta = v["rope_theta"]
-    require(0.0 < theta < math.inf, f"rope_theta must be a positive number, got {theta}; the default is 10000")
+    require(1.0 < theta <= ROPE_THETA_MAX, f"rope_theta must be above 1 and at most "
+            f"{ROPE_THETA_MAX:g}, got {theta}; the default is 10000 (LLaMA 3 uses 500000)")
     if kind != "rope":
         return
     head_dim = v["n_embd"] // v["n_head"]

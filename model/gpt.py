@@ -750,7 +750,7 @@ class GPT(nn.Module):
 
     def init_cache(
         self, batch_size: int, max_len: int | None = None, dtype: torch.dtype | None = None,
-        whole_buffers: bool = False,
+        whole_buffers: int = 0,
     ) -> KVCache:
         """An empty cache on the model's device, in its parameter dtype unless told otherwise."""
         max_len = self.config.block_size if max_len is None else max_len

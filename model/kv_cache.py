@@ -59,9 +59,11 @@ class KVCache:
     rows' positions with the same mask, and the attention module up-projects them (or absorbs the
     up-projection into its query and output matrices). Nothing in this class changes.
 
-    ``whole_buffers``: in a one-token pass every row reads its whole buffer under a mask, so its
+    ``whole_buffers``: in a pass of at most that many tokens per row (True: one, a decode step;
+    speculative decoding checks a few at once) every row reads its whole buffer under a mask, so its
     attention has the same shape at every length and beside any other rows (what batch-invariant
-    decoding needs, ``inference.batch_invariant``).
+    decoding needs, ``inference.batch_invariant``). ``rewind`` forgets a row's newest positions
+    (the proposals a speculative step rejected).
     """
 
     def __init__(
@@ -73,7 +75,7 @@ class KVCache:
         *,
         device: torch.device | str | None = None,
         dtype: torch.dtype = torch.float32,
-        whole_buffers: bool = False,
+        whole_buffers: int = 0,
     ) -> None:
         self.buffers = {
             name: torch.zeros((n_layer, batch_size, heads, max_len, dim), device=device, dtype=dtype)
@@ -100,6 +102,11 @@ class KVCache:
         for r in range(self.batch_size) if rows is None else rows:
             self.lengths[r] = 0
 
+    def rewind(self, row: int, length: int) -> None:
+        """Forget the positions of ``row`` from ``length`` on: what was written there is never read."""
+        assert 0 <= length <= self.lengths[row], f"row {row} holds {self.lengths[row]} positions, not {length}"
+        self.lengths[row] = length
+
     def begin(self, new: int, rows: Sequence[int] | None = None) -> torch.Tensor:
         """Plan a pass that adds ``new`` tokens to each of ``rows`` (default: all, in order); return
         their positions, (R, new) or (1, new) when shared."""
@@ -109,7 +116,7 @@ class KVCache:
         assert max(lengths) + new <= self.max_len, f"rows {rows} at {lengths} have no room for {new} more"
         consecutive = rows == list(range(rows[0], rows[0] + len(rows)))
         select = slice(rows[0], rows[-1] + 1) if consecutive else torch.tensor(rows, device=self.device)
-        whole = self.whole_buffers and new == 1
+        whole = new <= self.whole_buffers
         if consecutive and len(set(lengths)) == 1 and not whole:
             # The common case (one row, --num-samples, a prompt's chunk): views of the buffers, no mask.
             start = lengths[0]

@@ -6,7 +6,8 @@ over-size body included), and the server goes on serving. Text streams as Server
 chunk per piece of whole characters, ending ``data: [DONE]``. A chat longer than the model's window
 is cut by the chat format's policy (``data.chat.fit_for_reply``: the oldest whole messages go, the
 system prompt stays) and answered; the ``X-Dropped-Messages`` header of every chat response says
-how many were left out, and the reply ends where the window is full. A client that goes away mid-request
+how many were left out, and the reply ends where the window is full (a rotary or no-position run's
+rolls on, and reads a prompt longer than its window through its rolling cache). A client that goes away mid-request
 cancels it, streaming or not, which frees its row in the engine. Each request ends with one line on
 the ``serving.access`` logger: method, path, status, tokens in and out, and time.
 

@@ -1,7 +1,8 @@
 """The ``serve.py`` command line: load a run, start the engine, serve the OpenAI API with uvicorn.
 
 User errors (a bad flag, a missing run, a port in use, a KV cache larger than the device's memory)
-become ``error: ...`` on stderr and exit code 2. Each request gets one access-log line on stderr.
+become ``error: ...`` on stderr and exit code 2; Ctrl-C and SIGTERM stop the server gracefully and
+exit 130 and 143. Each request gets one access-log line on stderr.
 The server binds to 127.0.0.1 unless told otherwise: anyone who can reach the port can use it.
 """
 
@@ -18,14 +19,14 @@ from typing import Sequence
 import torch
 import uvicorn
 
-from common.cli import ArgumentParser, path_arg, run_command
+from common.cli import ArgumentParser, path_arg, run_stoppable
 from common.device import DEVICE_CHOICES, device_memory_bytes, select_device
 from common.errors import UserError
 from common.threads import add_threads_argument, parse_threads, use_threads
 from inference.compiled_step import choose_compile, compiled_notice
 from inference.engine import DEFAULT_PREFILL_CHUNK, Engine
 from inference.sampling import SINKS
-from inference.settings import checked_sinks
+from inference.settings import add_speculation_arguments, checked_sinks, checked_speculation
 from model import GPT
 from rundir.loading import find_latest_run, load_run
 from serving.access_log import access_log
@@ -43,6 +44,7 @@ endpoints:
 examples:
   python serve.py --run runs/tiny
   python serve.py --run runs/tiny --port 8080 --max-batch 32
+  python serve.py --run runs/tiny --speculate lookup
   curl http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \\
        -d '{"model": "tiny", "prompt": "ROMEO:", "max_tokens": 40}'
 """
@@ -81,22 +83,23 @@ def build_parser() -> argparse.ArgumentParser:
                         "turns it off (default: %(default)s)")
     parser.add_argument("--sinks", type=int, default=None, metavar="N",
                         help=f"runs with rotary or no positions: the first tokens a row's window keeps when it "
-                             f"rolls past the context (default {SINKS})")
+                             f"rolls past the context (default {SINKS}, a quarter of a window under {4 * SINKS})")
     parser.add_argument("--device", default="auto", help=f"{DEVICE_CHOICES} (default: %(default)s)")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                         help="compile the decode step with torch.compile before serving (a one-off cost, "
                         "reported on stderr). Default: on CUDA, where it pays (a CUDA graph per step); off on "
                         "the CPU, where a batched server gains nothing from it")
-    add_threads_argument(parser, default="1", why="; 1 by default: a decode step of a small model is too "
+    add_speculation_arguments(parser)
+    add_threads_argument(parser, default="1", why=": a decode step of a small model is too "
                          "short to share between cores, and the HTTP layer needs a core of its own")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        return run_command(build_parser(), argv, _serve)
-    except KeyboardInterrupt:
-        return 130
+    # uvicorn shuts down gracefully on Ctrl-C or SIGTERM, then raises the signal again through the
+    # handler in place before it started: run_stoppable's, so the command exits 130 or 143 as the
+    # others do (with asyncio's own Ctrl-C handler in its place, a stopped server exited 0).
+    return run_stoppable(build_parser(), argv, _serve)
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -124,11 +127,12 @@ def _serve(args: argparse.Namespace) -> int:
     run = load_run(args.run if args.run is not None else find_latest_run(), device)
     _check_cache_fits(run.model, args.max_batch, device)
     sinks = checked_sinks(args.sinks, run.model.config)
+    speculation = checked_speculation(args, run)
     if compile:  # tens of seconds before the server listens: say why it is waiting
         print(f"compiling the decode step for {device} (--no-compile skips it)...", file=sys.stderr, flush=True)
     engine = Engine(run.model, run.token_bytes, max_batch=args.max_batch, max_queue=args.max_queue,
                     prefill_chunk=args.prefill_chunk, prefix_cache_bytes=int(args.prefix_cache_mb * 2**20),
-                    sinks=sinks, compile=compile)
+                    sinks=sinks, compile=compile, speculation=speculation)
     if engine.compiled is not None:
         print(compiled_notice(engine.compiled.compile_seconds), file=sys.stderr, flush=True)
     model_id = run.directory.resolve().name
@@ -140,8 +144,12 @@ def _serve(args: argparse.Namespace) -> int:
     base = f"http://{_url_host(args.host)}:{args.port}"
     print(f"serving {run.directory} as model {model_id!r} at {base}/v1 (max batch {args.max_batch})\n"
           f"chat page: {base}/", file=sys.stderr, flush=True)
+    if speculation is not None:
+        print(f"speculative decoding: {speculation.proposer}, up to {speculation.k} guesses a step",
+              file=sys.stderr, flush=True)
     _log_requests_to_stderr()
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    # uvicorn.run would turn a Ctrl-C that comes while the server starts into exit code 3.
+    uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning")).run()
     return 0
 
 

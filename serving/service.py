@@ -82,7 +82,11 @@ class Service:
             raise ApiError(error.status, str(error), param=error.param, code=error.code) from None
 
     def check_length(self, chars: int, tokens: int | None, param: str) -> None:
+        """Refuse a prompt longer than the context, except where the window rolls: the engine reads
+        any prompt through a rolling cache (the body limit bounds it)."""
         block = self.run.block_size
+        if self.engine.window.rolls:
+            return
         if chars > self.max_prompt_chars or (tokens is not None and tokens > block):
             size = f"{tokens} tokens" if tokens is not None else f"{chars} characters"
             raise ApiError(400, f"{param}: {size}, more than this model's context of {block} "
@@ -109,7 +113,8 @@ class Service:
             self.check_length(len(messages[-1].content), None, "messages")
         try:
             checked = to_messages([{"role": m.role, "content": m.content} for m in messages])
-            return self.chat_ids, fit_for_reply(self.run.tokenizer, checked, self.run.block_size)
+            return self.chat_ids, fit_for_reply(self.run.tokenizer, checked, self.run.block_size,
+                                                rolls=self.engine.window.rolls)
         except ChatTooLong as error:
             raise ApiError(400, str(error), param="messages", code="context_length_exceeded") from None
         except DataError as error:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -45,6 +46,9 @@ def running_server(run_dir: Path, *extra: str, timeout_s: float = 60) -> Iterato
             process = subprocess.Popen(
                 [sys.executable, "serve.py", "--run", str(run_dir), "--port", str(port), "--device", "cpu", *extra],
                 cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT,
+                # A shell without job control starts background jobs with Ctrl-C ignored, and a
+                # child inherits that: give the server Ctrl-C's default, as a terminal would.
+                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
             )
         server = Server(f"http://127.0.0.1:{port}", process, log)
         try:

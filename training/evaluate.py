@@ -139,4 +139,4 @@ def generate_sample(
     with eval_mode(model):
         finish, = decode(model, [ids], settings, end_ids=[eot_id(tokenizer)])
     # Special tokens are markers, not text: an empty prompt is the end-of-text token alone.
-    return tokenizer.decode(ids[-model.config.block_size:] + list(finish.token_ids), skip_special_tokens=True)
+    return tokenizer.decode(ids[-finish.prompt_tokens:] + list(finish.token_ids), skip_special_tokens=True)

@@ -5,6 +5,7 @@ and its --help says what it measures in whole sentences."""
 from __future__ import annotations
 
 import importlib
+import re
 import sys
 
 import pytest
@@ -110,6 +111,7 @@ def test_every_benchmarks_help_describes_it_in_whole_sentences(name, monkeypatch
 @pytest.mark.parametrize("module, flag", [
     ("chat_eval", "--runs"), ("generate_speed", "--run"), ("hf_export_parity", "--run"),
     ("onnx_decode", "--run"), ("prefix_cache", "--run"), ("serve_throughput", "--run"), ("streaming", "--run"),
+    ("speculative", "--run"),
 ])
 def test_a_benchmark_given_a_run_that_is_not_there_says_so_in_one_line(module, flag, tmp_path, capsys):
     # These parsed their own flags, outside common.cli.run_command: the loader's refusal was a traceback.
@@ -128,15 +130,14 @@ def test_the_induction_lab_with_nothing_to_do_says_so(args, capsys):
 
 
 @pytest.mark.parametrize("value", ["-3", "1000000", "1.5", "²"])
-def test_loaded_machine_bounds_its_neighbours_before_starting_any(value):
+def test_loaded_machine_bounds_its_neighbours_before_starting_any(value, capsys):
     # -3 was accepted (and printed as "-3 neighbours"); a million would have started a million processes.
-    from benchmarks.loaded_machine import MAX_NEIGHBOURS, parse_args
+    from benchmarks.loaded_machine import MAX_NEIGHBOURS, build_parser, main
 
-    with pytest.raises(SystemExit) as refused:
-        parse_args(["--neighbours", value])
-    assert refused.value.code == 2
-    assert parse_args(["--neighbours", "0"]).neighbours == 0
-    assert parse_args(["--neighbours", str(MAX_NEIGHBOURS)]).neighbours == MAX_NEIGHBOURS
+    assert main(["--neighbours", value]) == 2
+    assert capsys.readouterr().err.startswith("error: argument --neighbours: must be a whole number from 0")
+    assert build_parser().parse_args(["--neighbours", "0"]).neighbours == 0
+    assert build_parser().parse_args(["--neighbours", str(MAX_NEIGHBOURS)]).neighbours == MAX_NEIGHBOURS
 
 
 @pytest.mark.parametrize("module", ["train_throughput", "train_throughput_ddp"])
@@ -169,3 +170,66 @@ def test_train_throughput_refuses_an_unknown_precision_and_bf16_on_a_gpu_without
     with pytest.raises(UserError, match=r"^--precision both times bf16, which this GPU does not support; "
                                         r"use --precision fp32$"):
         measured_precisions("both", gpu)
+
+
+@pytest.mark.parametrize("name", BENCHMARKS)
+def test_every_benchmark_refuses_a_bad_flag_in_one_line(name, capsys):
+    # Several parsed with plain argparse, whose refusal is four lines of usage and its own message.
+    main = importlib.import_module(f"benchmarks.{name}").main
+    assert main(["--no-such-flag"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1, (out, err)
+    assert err.startswith("error: ") and err.endswith(f"; see python -m benchmarks.{name} --help\n"), err
+
+
+# An option entry of --help that takes a value: "  --flag VALUE  help..." (its help may wrap).
+OPTION = re.compile(r"^  (-\w, )?(?P<flag>--[\w-]+) (?P<takes>[A-Z{\[])", re.M)
+
+
+@pytest.mark.parametrize("name", BENCHMARKS)
+def test_every_benchmarks_help_gives_each_value_its_default(name, capsys):
+    """A flag that takes a value says what it is when left out, or that it is required."""
+    main = importlib.import_module(f"benchmarks.{name}").main
+    assert main(["--help"]) == 0
+    options = capsys.readouterr().out.split("\noptions:\n")[1].split("\n\n")[0]
+    entries = re.split(r"\n(?=  -)", options)
+    silent = [entry.split()[0] for entry in entries if OPTION.match(entry)
+              and not re.search(r"\bdefault\b|\brequired\b", " ".join(entry.split()))]
+    assert not silent, f"benchmarks.{name} --help gives no default for {silent}"
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--runs", "runs/tiny", "--replies", "0"], "argument --replies: must be a whole number >= 1"),
+    (["--runs", "runs/tiny", "--max-new-tokens", "-1"], "argument --max-new-tokens: must be a whole number >= 1"),
+    ([], "the following arguments are required: --runs"),
+])
+def test_chat_eval_refuses_bad_arguments_in_one_line(args, words, capsys):
+    from benchmarks.chat_eval import main
+
+    assert main(args) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and err.startswith(f"error: {words}"), err
+
+
+def test_memory_plan_says_when_memory_holds_more_than_it_searched(capsys):
+    # Memory beyond the widest model searched used to print that model as the answer.
+    from benchmarks.memory_plan import WIDTHS, main
+
+    assert main(["--gib", "1e30", "24"]) == 0
+    huge, usual = [line for line in capsys.readouterr().out.splitlines() if "GiB |" in line]
+    assert huge.count("at least ") == 4 and huge.count(f" x {WIDTHS[-1]}), the widest searched") == 4
+    assert "at least" not in usual and "widest" not in usual
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--new-tokens", "0"], "argument --new-tokens: must be a whole number >= 1, got '0'"),
+    (["--k", "-2"], "argument --k: must be a whole number >= 1"),
+    ([], "no run at runs/tiny: train one (python train.py --config configs/tiny.yaml) or pass --run DIR"),
+])
+def test_the_speculative_benchmark_refuses_in_one_line(args, message, tmp_path, monkeypatch, capsys):
+    from benchmarks.speculative import main
+
+    monkeypatch.chdir(tmp_path)  # no runs/tiny here
+    assert main(args) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and err.startswith("error: ") and message in err, (out, err)

@@ -5,6 +5,7 @@ and on a shared machine they mean nothing; the words of each table's header are.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from pathlib import Path
@@ -121,6 +122,18 @@ def test_generate_speed(toy_run) -> None:
     out = bench("generate_speed", "--run", toy_run, "--new-tokens", 8, "--repeats", 1, "--threads", 1)
     assert_words(out, "ours, KV cache", "ours, compiled", "ours, --no-cache", "ONNX Runtime", "arithmetic limit",
                  "GFLOP/s", "1-row matmuls alone", "goal:")
+
+
+def test_speculative(toy_run) -> None:
+    args = ("--run", toy_run, "--draft-run", toy_run, "--new-tokens", 6, "--prompts", 2, "--repeats", 1)
+    out = bench("speculative", *args)
+    assert_words(out, "| text | proposer | k | plain tokens/s | speculative tokens/s |", "| input-grounded | lookup |",
+                 "| free | draft |")
+    rows = [json.loads(line) for line in bench("speculative", *args, "--json").splitlines()]
+    assert [(row["kind"], row["proposer"]) for row in rows] == [
+        ("input-grounded", "lookup"), ("input-grounded", "draft"), ("free", "lookup"), ("free", "draft")]
+    assert all(row["identical"] and row["plain_tokens_per_s"] > 0 and row["speculative_tokens_per_s"] > 0
+               for row in rows)
 
 
 def test_cuda_decode_runs_on_a_gpu_and_refuses_in_one_line_without_one(toy_run) -> None:

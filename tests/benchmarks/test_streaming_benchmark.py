@@ -43,9 +43,9 @@ def stream(length: int) -> list[int]:
 def ways(model: GPT, ids: list[int]) -> dict:
     token_bytes = [0] + [1 + i % 3 for i in range(1, VOCAB)]  # id 0 stands for end-of-text: never scored
     positions = model.config.positions
-    windows = {"reference": (Window.for_positions(positions, BLOCK, keep_fraction=1.0, sinks=None), False),
+    windows = {"reference": (Window.for_positions(positions, BLOCK, keep_fraction=1.0, roll=False), False),
                "rolling": (Window.for_positions(positions, BLOCK), True),
-               "re-encode": (Window.for_positions(positions, BLOCK, sinks=None), True)}
+               "re-encode": (Window.for_positions(positions, BLOCK, roll=False), True)}
     return {name: score_stream(model, ids, token_bytes, window, use_cache=cached, name=name)
             for name, (window, cached) in windows.items()}
 

@@ -1,15 +1,18 @@
 """The rolling cache (attention sinks) of rotary and no-position runs, against references that never
 move a cached entry: past the window, the engine's logits equal those of the same kept tokens at
-the same cache positions, for grouped-query and latent attention. Learned runs still re-encode."""
+the same cache positions, for grouped-query and latent attention, a prompt longer than the window
+included (prefilled in chunks, it must end as one token at a time would leave it). Learned runs
+still re-encode. Every window size down to one token decodes, with sinks that fit it."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import pytest
 import torch
 
-from inference.engine import Engine, Event
+from inference.engine import Engine, Event, decode
 from inference.sampling import SamplingSettings, Window
 from model import GPT, GPTConfig
 from model.gpt import rotary, rotate
@@ -24,10 +27,10 @@ KINDS = {"gqa-rope": dict(positions="rope"), "gqa-none": dict(positions="none"),
          "mla-none": dict(positions="none", attention="mla", n_kv_head=4, kv_latent_dim=32)}
 
 
-def tiny_model(n_layer: int, seed: int = 0, **options) -> GPT:
+def tiny_model(n_layer: int, seed: int = 0, block_size: int = BLOCK, **options) -> GPT:
     """Random weights with spread logits, so a greedy token is never a near-tie."""
     torch.manual_seed(seed)
-    model = GPT(GPTConfig(vocab_size=VOCAB, block_size=BLOCK, n_layer=n_layer, n_head=4,
+    model = GPT(GPTConfig(vocab_size=VOCAB, block_size=block_size, n_layer=n_layer, n_head=4,
                           n_kv_head=options.pop("n_kv_head", 2), n_embd=64, **options)).eval()
     with torch.no_grad():
         for param in model.parameters():
@@ -37,20 +40,27 @@ def tiny_model(n_layer: int, seed: int = 0, **options) -> GPT:
     return model
 
 
-def kept_after(kept: list[int], index: int) -> list[int]:
-    """The window's stream indices once token ``index`` is in: StreamingLLM's rule written out,
-    the first SINKS and the most recent ones, cut to KEEP whenever it outgrows the block."""
-    kept = [*kept, index]
-    if len(kept) > BLOCK:
-        del kept[SINKS:SINKS + len(kept) - KEEP]
-    return kept
+@dataclass(frozen=True)
+class Rule:
+    """StreamingLLM's rule written out: a window of ``block`` tokens keeps the first ``sinks`` and
+    the most recent ones, cut to ``keep`` whenever it outgrows the block."""
 
+    block: int = BLOCK
+    sinks: int = SINKS
+    keep: int = KEEP
 
-def kept_at(index: int) -> list[int]:
-    kept: list[int] = []
-    for j in range(index + 1):
-        kept = kept_after(kept, j)
-    return kept
+    def after(self, kept: list[int], index: int) -> list[int]:
+        """The window's stream indices once token ``index`` is in."""
+        kept = [*kept, index]
+        if len(kept) > self.block:
+            del kept[self.sinks:self.sinks + len(kept) - self.keep]
+        return kept
+
+    def at(self, index: int) -> list[int]:
+        kept: list[int] = []
+        for j in range(index + 1):
+            kept = self.after(kept, j)
+        return kept
 
 
 class ReadTimeRotation:
@@ -58,8 +68,8 @@ class ReadTimeRotation:
     in the window, that keeps every token's entries as the model wrote them (and the slot it wrote
     them at) and never moves them; a read turns the rotary part to the token's present slot."""
 
-    def __init__(self, model: GPT) -> None:
-        self.model = model
+    def __init__(self, model: GPT, rule: Rule = Rule()) -> None:
+        self.model, self.rule = model, rule
         self.kept: list[int] = []
         self.written: dict[tuple[int, int], tuple[tuple[torch.Tensor, ...], int]] = {}
         self.rotary = model.config.positions == "rope"
@@ -67,7 +77,7 @@ class ReadTimeRotation:
 
     def feed(self, token: int, index: int) -> torch.Tensor:
         """Log-probabilities of the next token after ``token``, the stream's ``index``-th."""
-        self.kept = kept_after(self.kept, index)
+        self.kept = self.rule.after(self.kept, index)
         self.index, self.slot = index, len(self.kept) - 1
         hidden = self.model.hidden_states(torch.tensor([[token]]), torch.tensor([[self.slot]]), self)
         return torch.log_softmax(self.model.logits(hidden)[0, -1], dim=-1)
@@ -86,11 +96,12 @@ class ReadTimeRotation:
         return (first, *entries[1:])
 
 
-def engine_logprobs(model: GPT, prompts: list[list[int]], new: int, **engine) -> list[list[Event]]:
+def engine_logprobs(model: GPT, prompts: list[list[int]], new: int, prefill_chunk: int = 8,
+                    **engine) -> list[list[Event]]:
     """Every generated token's event (greedy, with the top 5 log-probabilities) of each prompt,
     decoded side by side in one engine."""
     events: list[list[Event]] = [[] for _ in prompts]
-    runner = Engine(model, max_batch=len(prompts), prefill_chunk=8, **engine)
+    runner = Engine(model, max_batch=len(prompts), prefill_chunk=prefill_chunk, **engine)
     settings = SamplingSettings(max_new_tokens=new, temperature=0.0, top_p=None)
     for i, prompt in enumerate(prompts):
         runner.submit(prompt, settings, lambda event, i=i: events[i].append(event), logprobs=5)
@@ -98,9 +109,10 @@ def engine_logprobs(model: GPT, prompts: list[list[int]], new: int, **engine) ->
     return [[e for e in row if e.token_id is not None] for row in events]
 
 
-def prompts() -> list[list[int]]:
+def prompts(lengths: tuple[int, ...] = (5, 11, 2 * BLOCK + 7)) -> list[list[int]]:
+    """Random prompts; the last is longer than two windows, so that its prefill rolls twice."""
     g = torch.Generator().manual_seed(3)
-    return [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in (5, 11)]
+    return [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in lengths]
 
 
 def assert_follows(events: list[Event], prompt: list[int], reference_logprobs) -> None:
@@ -119,20 +131,25 @@ def assert_follows(events: list[Event], prompt: list[int], reference_logprobs) -
         logprobs = reference_logprobs(stream, len(stream) - 1)
 
 
+ENGINES = {"plain": dict(batch_invariant=False), "server": dict(batch_invariant=True),
+           "uncached": dict(use_cache=False)}
+
+
 @pytest.mark.parametrize("kind", list(KINDS))
-@pytest.mark.parametrize("batch_invariant", [False, True], ids=["plain", "server"])
-def test_one_layer_rolling_cache_equals_recomputing_the_kept_tokens(kind, batch_invariant):
+@pytest.mark.parametrize("engine", list(ENGINES))
+def test_one_layer_rolling_cache_equals_recomputing_the_kept_tokens(kind, engine):
     """One layer: a cached entry depends on its token and slot alone, so the rolling cache must
-    equal a plain forward pass (no cache) over the kept tokens from position 0."""
+    equal a plain forward pass (no cache) over the kept tokens from position 0; and so must the
+    engine without its cache, which re-encodes the same kept tokens for every token."""
     model = tiny_model(1, **KINDS[kind])
     rows = prompts()
 
     def recomputed(stream: list[int], index: int) -> torch.Tensor:
-        window = torch.tensor([[stream[j] for j in kept_at(index)]])
+        window = torch.tensor([[stream[j] for j in Rule().at(index)]])
         return torch.log_softmax(model(window)[0, -1], dim=-1)
 
     with torch.inference_mode():
-        events = engine_logprobs(model, rows, 3 * BLOCK, batch_invariant=batch_invariant)
+        events = engine_logprobs(model, rows, 3 * BLOCK, **ENGINES[engine])
         for row_events, prompt in zip(events, rows):
             assert_follows(row_events, prompt, recomputed)
 
@@ -204,3 +221,97 @@ def test_a_rolled_row_neither_stores_nor_finds_prefix_pages():
     assert finishes[0].token_ids == finishes[1].token_ids and len(finishes[0].token_ids) == 3 * BLOCK
     # The second copies the first page in; the last is computed again, for its logits.
     assert (finishes[0].cached_tokens, finishes[1].cached_tokens) == (0, 8)
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("chunk", [5, BLOCK])
+def test_a_long_prompt_prefilled_in_chunks_equals_feeding_it_one_token_at_a_time(kind, chunk):
+    """The engine's own reference: a prompt of two and a half windows prefilled a token per chunk
+    rolls exactly as decoding does; in chunks that do not divide the window, or fill it, it must
+    end with the same cache, so the same tokens and log-probabilities follow."""
+    model = tiny_model(2, seed=2, **KINDS[kind])
+    prompt = prompts()[-1]
+    with torch.inference_mode():
+        one_by_one, = engine_logprobs(model, [prompt], BLOCK, prefill_chunk=1)
+        chunked, = engine_logprobs(model, [prompt], BLOCK, prefill_chunk=chunk)
+    assert [e.token_id for e in chunked] == [e.token_id for e in one_by_one]
+    for ours, reference in zip(chunked, one_by_one):
+        torch.testing.assert_close(torch.tensor([v for _, v in ours.logprob.top]),
+                                   torch.tensor([v for _, v in reference.logprob.top]), **TOLERANCE)
+
+
+SMALL_WINDOWS = range(1, 9)
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("block", SMALL_WINDOWS)
+def test_every_small_window_rolls_with_sinks_that_fit_it(kind, block):
+    """However small the window, the default sinks fit it: a quarter of a window under 16 tokens
+    (none under 4), and the rest rolls. A prompt of three windows and a reply of three more follow
+    StreamingLLM's rule with those sinks, keeping three quarters of the window when it rolls (never
+    fewer than the sinks and the newest token)."""
+    sinks = min(SINKS, block // 4)
+    rule = Rule(block, sinks, max(int(0.75 * block), sinks + 1))
+    model = tiny_model(2, seed=1, block_size=block, **KINDS[kind])
+    prompt = prompts((3 * block + 1,))[0]
+    with torch.inference_mode():
+        events, = engine_logprobs(model, [prompt], 3 * block, prefill_chunk=3)
+        reference = ReadTimeRotation(model, rule)
+        assert_follows(events, prompt, lambda stream, index: reference.feed(stream[index], index))
+
+
+@pytest.mark.parametrize("block", SMALL_WINDOWS)
+def test_every_small_learned_window_re_encodes_as_recomputation_does(block):
+    """A learned run keeps no sinks and never rolls, so no default of the rolling window may stop
+    it: a prompt longer than the window is cut to its last block_size tokens, and past the window
+    the cache re-encodes exactly the window a full recomputation reads."""
+    model = tiny_model(2, seed=1, block_size=block, positions="learned")
+    prompt = prompts((3 * block + 1,))[0]
+    settings = SamplingSettings(max_new_tokens=3 * block, temperature=0.0, top_p=None)
+    with torch.inference_mode():
+        cached, = decode(model, [prompt], settings)
+        recomputed, = decode(model, [prompt], settings, use_cache=False)
+        cut, = decode(model, [prompt[-block:]], settings)
+    assert cached.prompt_tokens == block and len(cached.token_ids) == 3 * block
+    assert cached.token_ids == recomputed.token_ids == cut.token_ids
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_a_long_prompts_log_probabilities_are_those_of_its_rolling_prefill(kind):
+    """With echo, each token of a prompt of two and a half windows gets the log-probability that
+    feeding the prompt one token at a time through the rolling cache gives it (the reference
+    turns keys when read), chunk by chunk, with the most likely alternatives."""
+    model = tiny_model(2, seed=1, **KINDS[kind])
+    prompt = prompts()[-1]
+    finishes = []
+    engine = Engine(model, max_batch=1, prefill_chunk=5)
+    settings = SamplingSettings(max_new_tokens=1, temperature=0.0, top_p=None)
+    with torch.inference_mode():
+        engine.submit(prompt, settings, lambda e: e.finish and finishes.append(e.finish), logprobs=3, echo=True)
+        engine.run_until_idle()
+        reference = ReadTimeRotation(model)
+        expected = [reference.feed(token, index) for index, token in enumerate(prompt[:-1])]
+    first, *rest = finishes[0].prompt_logprobs
+    assert first is None and len(rest) == len(prompt) - 1
+    for logprob, token, logprobs in zip(rest, prompt[1:], expected):
+        assert logprob.token_id == token
+        torch.testing.assert_close(torch.tensor(logprob.logprob), logprobs[token], **TOLERANCE)
+        assert [i for i, _ in logprob.top] == logprobs.topk(3).indices.tolist()
+
+
+def test_a_long_prompt_takes_the_pages_of_its_first_window_and_rolls_on():
+    """Pages are chunks from position 0, so a long prompt stores and finds those of its first window
+    only; a second request with the same prompt copies them in (they fill the window, so it rolls
+    at once) and gets the same tokens as the first."""
+    model = tiny_model(2, positions="rope")
+    prompt = prompts()[-1]
+    settings = SamplingSettings(max_new_tokens=BLOCK, temperature=0.0, top_p=None)
+    engine = Engine(model, max_batch=1, prefill_chunk=8, prefix_cache_bytes=2**20)
+    finishes = []
+    with torch.inference_mode():
+        for _ in range(2):
+            engine.submit(prompt, settings, lambda e: e.finish and finishes.append(e.finish))
+            engine.run_until_idle()
+            assert len(engine.prefix_cache) == BLOCK // 8
+    assert finishes[0].token_ids == finishes[1].token_ids and len(finishes[0].token_ids) == BLOCK
+    assert (finishes[0].cached_tokens, finishes[1].cached_tokens) == (0, BLOCK)

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import typing
+
 import pytest
+import torch
 
 from common.config import ConfigError
-from model import GPTConfig
+from model import GPT, GPTConfig
 
 VALID = dict(vocab_size=97, block_size=37, n_layer=2, n_head=6, n_kv_head=2, n_embd=42)
 
@@ -86,3 +91,63 @@ def test_from_dict_rejects_unknown_and_missing_keys():
         GPTConfig.from_dict(partial)
     with pytest.raises(ValueError, match="must be a mapping"):
         GPTConfig.from_dict([1, 2])
+
+
+# The extremes each float key of GPTConfig accepts (model.config_checks): past each, the arithmetic
+# leaves fp32 or the model cannot learn. mtp_weight is left to its own checks: the head it weighs
+# is on its way out of the model.
+EDGES = {"rope_theta": (1.0 + 1e-6, 1e12), "norm_eps": (1e-12, 1e-2), "logit_softcap": (1.0, 1e4),
+         "dropout": (0.0, 0.99)}
+ROPE_SHAPE = dict(vocab_size=97, block_size=16, n_layer=2, n_head=4, n_kv_head=2, n_embd=32, positions="rope")
+
+
+def test_every_float_key_has_its_bounds():
+    hints = typing.get_type_hints(GPTConfig)
+    floats = {f.name for f in dataclasses.fields(GPTConfig)
+              if float in (hints[f.name], *typing.get_args(hints[f.name]))}
+    assert floats - {"mtp_weight"} == set(EDGES)
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("rope_theta", 1e-50, "rope_theta must be above 1 and at most 1e+12, got 1e-50"),
+    ("rope_theta", 1.0, "above 1"),
+    ("rope_theta", 1e13, "at most 1e+12"),
+    ("rope_theta", math.nan, "got nan"),
+    ("norm_eps", 1e-50, "norm_eps must be between 1e-12 and 0.01, got 1e-50"),
+    ("norm_eps", 1.0, "between 1e-12 and 0.01"),
+    ("logit_softcap", 1e300, "logit_softcap must be a positive number from 1 to 10000"),
+    ("logit_softcap", 1e-30, "from 1 to 10000"),
+    ("dropout", math.nan, "dropout must be in [0, 1)"),
+])
+def test_finite_but_absurd_values_are_refused_when_the_config_is_read(field, value, words):
+    with pytest.raises(ConfigError) as info:
+        GPTConfig.from_dict({**ROPE_SHAPE, field: value})
+    assert str(info.value).startswith(f"model: {field} ") and words in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("field", list(EDGES))
+def test_the_extremes_each_float_key_accepts_still_train(field):
+    """The bounds refuse only what cannot work: at either end of each, a training step has a finite
+    loss and finite gradients that are not all zero."""
+    for value in EDGES[field]:
+        torch.manual_seed(0)
+        model = GPT(GPTConfig.from_dict({**ROPE_SHAPE, field: value})).train()
+        idx = torch.randint(0, 97, (2, 16), generator=torch.Generator().manual_seed(1))
+        _, loss = model(idx, idx)
+        loss.backward()
+        grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+        assert torch.isfinite(loss) and torch.isfinite(grads).all() and grads.abs().max() > 1e-6, (field, value)
+
+
+@pytest.mark.parametrize("field, value", [("rope_theta", 1e-50), ("logit_softcap", 1e300), ("norm_eps", 1e30),
+                                          ("logit_softcap", 1e-30)])
+def test_past_the_bounds_a_training_step_is_nan_or_learns_nothing(field, value):
+    """The case where the answer is yes: the values refused do break training (the dataclass,
+    which only guards against programmer errors, still builds them)."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**{**ROPE_SHAPE, field: value})).train()
+    idx = torch.randint(0, 97, (2, 16), generator=torch.Generator().manual_seed(1))
+    _, loss = model(idx, idx)
+    loss.backward()
+    grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+    assert not torch.isfinite(loss) or not torch.isfinite(grads).all() or grads.abs().max() < 1e-6

@@ -1,6 +1,7 @@
 """A rotary-position run served past its window, through the real OpenAI client over a socket: a
 completion and a chat reply run on to max_tokens > block_size by rolling the cache (no request ends at
-the window), concurrent long requests equal generate.py's tokens, and the server keeps serving."""
+the window), concurrent long requests equal generate.py's tokens, and the server keeps serving. A
+prompt longer than the window rolls through the cache too, on both endpoints, as generate.py's does."""
 
 from __future__ import annotations
 
@@ -57,3 +58,27 @@ def test_a_rope_run_is_served_past_its_window_and_keeps_serving(rope_run_dir):
         assert choice.text == generate_py(run, prompts[i], LONG, seed=i), f"prompt {i}"
     assert (chat.choices[0].finish_reason, chat.usage.completion_tokens) == ("length", LONG)
     assert short.usage.completion_tokens == 4 and short.choices[0].finish_reason == "length"
+
+
+def test_a_prompt_longer_than_the_window_rolls_through_the_cache(rope_run_dir):
+    run = load_run(rope_run_dir, torch.device("cpu"))
+    prompt = "ROMEO: But soft, what light through yonder window breaks? " * 4
+    tokens = len(run.tokenizer.encode(prompt).ids)
+    assert tokens > 2 * BLOCK_SIZE
+    with running_server(rope_run_dir) as server:
+        client = openai.OpenAI(base_url=f"{server.base}/v1", api_key="x", max_retries=0, timeout=120)
+        reply = client.completions.create(model="rope", prompt=prompt, max_tokens=8, temperature=0.8, top_p=1.0,
+                                          seed=3)
+        echoed = client.completions.create(model="rope", prompt=prompt, max_tokens=1, temperature=0.0, echo=True,
+                                           logprobs=1)
+        chat = client.chat.completions.with_raw_response.create(
+            model="rope", messages=[{"role": "user", "content": prompt}], max_tokens=8, temperature=0.8, seed=3)
+    assert reply.usage.prompt_tokens == tokens and reply.choices[0].finish_reason == "length"
+    assert reply.choices[0].text == generate_py(run, prompt, 8, seed=3)
+    # Every prompt token but the first has its log-probability, from the rolling prefill.
+    token_logprobs = echoed.choices[0].logprobs.token_logprobs
+    assert len(token_logprobs) == tokens + 1 and token_logprobs[0] is None and None not in token_logprobs[1:]
+    # A last message longer than the window is kept whole and rolls, rather than being refused.
+    assert chat.headers["X-Dropped-Messages"] == "0"
+    answer = chat.parse()
+    assert answer.usage.prompt_tokens > tokens and answer.usage.completion_tokens == 8

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import re
+import signal
 
+import httpx
 import pytest
 
+from server_process import running_server
 from serving.cli import main
 
 
@@ -48,3 +51,23 @@ def test_sinks_on_a_learned_run_are_refused_in_one_line(chat_run_dir, capsys):
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1
     assert err.startswith("error: --sinks applies to runs with rotary or no positions") and "drop --sinks" in err
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.e2e)],
+                         ids=["ctrl-c", "sigterm"])
+def test_a_signal_stops_the_server_with_the_code_every_command_exits_with(chat_run_dir, signum):
+    """Ctrl-C and SIGTERM shut the server down gracefully, then exit 130 and 143 as train.py,
+    generate.py and export.py do (a shell and a supervisor read them as "stopped by a signal")."""
+    with running_server(chat_run_dir) as server:
+        assert httpx.post(f"{server.base}/v1/completions", json={"model": "tiny-chat", "prompt": "O", "max_tokens": 2},
+                          timeout=60).status_code == 200
+        server.process.send_signal(signum)
+        assert server.process.wait(timeout=60) == 128 + signum, server.output()
+        assert "Traceback" not in server.output()
+
+
+def test_the_threads_help_gives_one_default_and_why(capsys):
+    assert main(["--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    threads = out[out.index("--threads N|auto "):out.index("endpoints:")]
+    assert threads.count("default") == 1 and "(default: 1: a decode step of a small model" in threads

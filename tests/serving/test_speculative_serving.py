@@ -1,0 +1,146 @@
+"""A speculating server keeps the engine's rule: each request gets what it gets served alone (and,
+greedy, what plain decoding gives), with lookup or a draft run; serve.py takes the flags and refuses
+the ones that cannot go together in one line."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+
+import pytest
+import torch
+
+from inference.engine import Engine, Event, decode
+from inference.sampling import SamplingSettings
+from inference.speculative import Speculation
+from rundir.loading import load_run
+from run_testkit import build_run, chat_tokenizer
+from server_process import running_server
+from serving.cli import main
+
+openai = pytest.importorskip("openai")
+
+
+@pytest.fixture(scope="module")
+def draft_run_dir(tmp_path_factory):
+    """Another random run with the chat run's tokenizer."""
+    return build_run(tmp_path_factory.mktemp("runs") / "draft", chat_tokenizer(), seed=3)
+
+
+def repeating_requests(run, count: int) -> list[tuple[list[int], SamplingSettings]]:
+    """Prompts that repeat a phrase (lookup finds guesses in them), greedy and sampled, some long
+    enough to slide the window several times."""
+    g = torch.Generator().manual_seed(4)
+    requests = []
+    for i in range(count):
+        phrase = torch.randint(5, len(run.token_bytes), (2 + i % 5,), generator=g).tolist()
+        prompt = (phrase * 8)[:[3, 9, 17, run.block_size - 2][i % 4]]
+        temperature, top_p = [(0.0, 1.0), (0.8, 0.9), (1.0, 1.0), (0.0, 1.0)][i % 4]
+        max_tokens = [5, 20, 2 * run.block_size, 40][(i + 1) % 4]
+        requests.append((prompt, SamplingSettings(max_new_tokens=max_tokens, temperature=temperature, top_k=None,
+                                                  top_p=top_p, seed=100 + i)))
+    return requests
+
+
+def serve_all(engine: Engine, requests) -> list[tuple[int, ...]]:
+    done = [threading.Event() for _ in requests]
+    tokens: list[tuple[int, ...]] = [()] * len(requests)
+
+    def on(i: int):
+        def event(e: Event) -> None:
+            if e.finish is not None:
+                tokens[i] = e.finish.token_ids
+                done[i].set()
+        return event
+
+    for i, (prompt, settings) in enumerate(requests):
+        engine.submit(prompt, settings, on(i))
+    for flag in done:
+        assert flag.wait(120), "a request never finished"
+    return tokens
+
+
+@pytest.mark.parametrize("proposer", ["lookup", "draft", "itself"])
+def test_concurrent_speculative_requests_each_equal_their_solo_run(chat_run, draft_run_dir, proposer):
+    """``itself``: the run is its own draft, so many guesses, sampled ones included, are accepted
+    (not all: past the window the draft starts afresh where the run slides, at other tokens)."""
+    if proposer == "lookup":
+        speculation = Speculation("lookup", 4)
+    else:
+        draft = chat_run.model if proposer == "itself" else load_run(draft_run_dir, torch.device("cpu")).model
+        speculation = Speculation("draft", 4, draft)
+    requests = repeating_requests(chat_run, 8)
+    with Engine(chat_run.model, chat_run.token_bytes, max_batch=1, speculation=speculation) as engine:
+        solo = [serve_all(engine, [request])[0] for request in requests]
+    with Engine(chat_run.model, chat_run.token_bytes, max_batch=8, speculation=speculation) as engine:
+        together = serve_all(engine, requests)
+        if proposer == "itself":
+            assert engine.speculator.accepted > 0.2 * engine.speculator.proposed > 0
+    with Engine(chat_run.model, chat_run.token_bytes, max_batch=8) as engine:
+        plain = serve_all(engine, requests)
+    assert any(len(t) > chat_run.block_size for t in solo)  # the window slid
+    for i, ((_, settings), alone, mixed, unspeculated) in enumerate(zip(requests, solo, together, plain)):
+        assert mixed == alone, f"request {i}"
+        if settings.temperature == 0:
+            assert alone == unspeculated, f"greedy request {i}"
+
+
+@pytest.fixture(scope="module")
+def speculating(chat_run_dir):
+    with running_server(chat_run_dir, "--max-batch", "4", "--speculate", "lookup", "--speculate-k", "6") as served:
+        yield served
+
+
+def test_a_speculating_server_answers_concurrent_requests_as_generate_py_does(speculating, chat_run):
+    assert "speculative decoding: lookup, up to 6 guesses a step" in speculating.output()
+    client = openai.OpenAI(base_url=f"{speculating.base}/v1", api_key="x", max_retries=0, timeout=60)
+    prompts = ["ROMEO: But soft, ROMEO: But", "JULIET: O Romeo, Romeo,", "again and again and", "Café crème, naïve"]
+    asks = [dict(prompt=p, max_tokens=30, temperature=t, seed=7 + i, top_p=1.0)
+            for i, p in enumerate(prompts) for t in (0.0, 0.9)]
+
+    def ask(options):
+        return client.completions.create(model="tiny-chat", logprobs=2, **options)
+
+    with concurrent.futures.ThreadPoolExecutor(len(asks)) as pool:
+        replies = list(pool.map(ask, asks))
+    for options, reply in zip(asks, replies):
+        ids = chat_run.tokenizer.encode(options["prompt"]).ids
+        settings = SamplingSettings(max_new_tokens=30, temperature=options["temperature"], top_p=1.0,
+                                    seed=options["seed"])
+
+        def alone(speculation):  # the request served alone, in the server's arithmetic
+            return decode(chat_run.model, [ids], settings, token_bytes=chat_run.token_bytes, end_ids=[chat_run.eot_id],
+                          batch_invariant=True, speculation=speculation)[0]
+
+        mine = alone(Speculation("lookup", 6))
+        choice = reply.choices[0]
+        assert (choice.text, len(choice.logprobs.tokens)) == (mine.text, len(mine.token_ids)), options
+        if options["temperature"] == 0:  # greedy: what plain decoding gives
+            assert mine.token_ids == alone(None).token_ids
+        assert all(lp <= 0 for lp in choice.logprobs.token_logprobs)
+
+
+@pytest.mark.parametrize("flags, fragment", [
+    (["--draft-run", "somewhere"], "--draft-run goes with --speculate"),
+    (["--speculate-k", "3"], "--speculate-k goes with --speculate"),
+    (["--speculate", "draft"], "--speculate draft needs --draft-run DIR"),
+    (["--speculate", "lookup", "--speculate-k", "0"], "--speculate-k must be 1 to 16, got 0"),
+    (["--speculate", "lookup", "--speculate-k", "17"], "--speculate-k must be 1 to 16, got 17"),
+    (["--speculate", "guess"], "argument --speculate: invalid choice: 'guess'"),
+])
+def test_speculation_flags_that_do_not_go_together_are_one_line(chat_run_dir, capsys, flags, fragment):
+    code = main(["--run", str(chat_run_dir), "--port", "0", "--device", "cpu", *flags])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: ") and fragment in err and err.count("\n") == 1, err
+
+
+def test_a_draft_with_another_tokenizer_is_refused(chat_run_dir, plain_run_dir, tmp_path, capsys):
+    code = main(["--run", str(chat_run_dir), "--port", "0", "--device", "cpu", "--speculate", "draft",
+                 "--draft-run", str(plain_run_dir)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1
+    assert f"--draft-run {plain_run_dir} has another tokenizer or vocabulary" in err
+    code = main(["--run", str(chat_run_dir), "--port", "0", "--device", "cpu", "--speculate", "draft",
+                 "--draft-run", str(tmp_path / "missing")])
+    err = capsys.readouterr().err
+    assert code == 2 and "is not a run directory" in err and err.count("\n") == 1
