@@ -165,8 +165,12 @@ def draw_curves(run_dir: Path, before_subset: dict[str, float], before: dict[str
     passes = figure.axes[1]
     for name, color in (("pass@1", "tab:blue"), (f"pass@{PASS_K}", "tab:orange")):
         # The chat run scored on the subset is the periodic line's step 0: the same questions and seeds.
-        line = next(line for line in passes.get_lines() if line.get_label().startswith(f"{name} (the evaluation"))
-        line.set_data([0, *line.get_xdata()], [before_subset[name], *line.get_ydata()])
+        subset = f"{name} (the evaluation subset)"
+        line = next((line for line in passes.get_lines() if line.get_label() == subset), None)
+        if line is not None:
+            line.set_data([0, *line.get_xdata()], [before_subset[name], *line.get_ydata()])
+        else:  # a run too short for a periodic evaluation
+            passes.plot([0], [before_subset[name]], "o-", color=color, markersize=4, label=subset)
         passes.plot([0], [before[name]], "*", color=color, markerfacecolor="none", markersize=12,
                     label=f"{name} of the chat run, all held-out questions (step 0)")
     legend(passes)
