@@ -40,6 +40,7 @@ class RLTask(ChatTask):
         self.device = device
         self.reference = reference
         self.eval_seed = config.eval.sample_seed
+        self.sample_prompt = prepared.val.questions[0]  # a question of the kind it learned to answer
         special = ChatTokenIds.of(self.tokenizer)
         self.sampler = Sampler(self.rl.max_new_tokens, self.rl.temperature, special.reply_end_ids,
                                special.suppress_ids, token_byte_table(self.tokenizer),
@@ -113,6 +114,17 @@ class RLTask(ChatTask):
     def final_words(self, result):
         k = self.rl.eval_samples
         return f"held-out pass@1 {result.metrics['pass@1']:.3f}, pass@{k} {result.metrics[f'pass@{k}']:.3f}"
+
+    kept_by = "held-out pass@1"
+
+    def kept_score(self, loss):
+        return f"{1 - loss:.3f}"  # the evaluation's loss is the share of samples that fail
+
+    def final_metrics(self, model):
+        return {}  # pass@k is the evaluation itself
+
+    def steps_per_epoch(self, rows_per_step):
+        return None  # a batch of questions serves rl.updates_per_batch steps: not counted
 
     def describe_batches(self, batches):
         return (f"rl: {len(self.prepared.train)} training and {len(self.prepared.val)} held-out questions; "
