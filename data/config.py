@@ -120,22 +120,29 @@ class CalculatorSourceConfig:
 
     def __post_init__(self) -> None:
         check_types(self, "data.calculator", DataError)
-        _require(1 <= self.conversations <= MAX_CALCULATOR_CONVERSATIONS,
-                 f"data.calculator.conversations must be from 1 to {MAX_CALCULATOR_CONVERSATIONS:,}, "
-                 f"got {self.conversations}")
-        _require(1 <= self.digits <= 5, f"data.calculator.digits must be from 1 to 5, got {self.digits}")
-        _require(2 <= self.max_terms <= 4, f"data.calculator.max_terms must be from 2 to 4, got {self.max_terms}")
-        _require(self.operations != "" and set(self.operations) <= set(CALCULATOR_OPERATIONS),
-                 f"data.calculator.operations must be some of {CALCULATOR_OPERATIONS!r}, got {self.operations!r}")
-        _require("*" not in self.operations or self.digits * self.max_terms <= 15,
-                 f"data.calculator: a product of {self.max_terms} numbers of {self.digits} digits passes the "
-                 "calculator's limit of 10**15; lower data.calculator.digits or max_terms")
-        numbers = 10**self.digits - (10 ** (self.digits - 1) if self.digits > 1 else 0)
-        distinct = sum(numbers**terms * len(set(self.operations)) ** (terms - 1)
-                       for terms in range(2, self.max_terms + 1))
-        _require(self.conversations <= distinct // 2,
-                 f"data.calculator.conversations is {self.conversations:,}, more than half the {distinct:,} "
-                 "distinct problems its digits, operations and max_terms make; ask for fewer or widen them")
+        check_calculator_problems("data.calculator", "conversations", self.conversations, self.digits,
+                                  self.operations, self.max_terms)
+
+
+def check_calculator_problems(key: str, count_key: str, count: int, digits: int, operations: str, max_terms: int,
+                              error: type[Exception] = DataError) -> None:
+    """Refuse in one line calculator problems that cannot be drawn: ``count`` of them (``key``.``count_key``)
+    of 2 to ``max_terms`` operands of ``digits`` digits joined by ``operations``. Shared by the SFT
+    source (``data.calculator``) and the RL task that draws the same problems (``rl.calculator``)."""
+    require(1 <= count <= MAX_CALCULATOR_CONVERSATIONS,
+            f"{key}.{count_key} must be from 1 to {MAX_CALCULATOR_CONVERSATIONS:,}, got {count}", error)
+    require(1 <= digits <= 5, f"{key}.digits must be from 1 to 5, got {digits}", error)
+    require(2 <= max_terms <= 4, f"{key}.max_terms must be from 2 to 4, got {max_terms}", error)
+    require(operations != "" and set(operations) <= set(CALCULATOR_OPERATIONS),
+            f"{key}.operations must be some of {CALCULATOR_OPERATIONS!r}, got {operations!r}", error)
+    require("*" not in operations or digits * max_terms <= 15,
+            f"{key}: a product of {max_terms} numbers of {digits} digits passes the calculator's limit of "
+            f"10**15; lower {key}.digits or max_terms", error)
+    numbers = 10**digits - (10 ** (digits - 1) if digits > 1 else 0)
+    distinct = sum(numbers**terms * len(set(operations)) ** (terms - 1) for terms in range(2, max_terms + 1))
+    require(count <= distinct // 2,
+            f"{key}.{count_key} is {count:,}, more than half the {distinct:,} distinct problems its digits, "
+            "operations and max_terms make; ask for fewer or widen them", error)
 
 
 @dataclass

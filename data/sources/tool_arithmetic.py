@@ -18,7 +18,10 @@ reads when it calls. The arguments are compact JSON (no spaces): the fewest toke
 still, verbatim (``data.chat``).
 
 Problems are distinct; the held-out ones (``val_fraction`` of them) are drawn first, so no held-out
-question is ever a training one. Everything follows from ``seed``; nothing is read.
+question is ever a training one. Everything follows from ``seed``; nothing is read. The same
+problems, as questions with their answers (``tool_problems``), are the prompts of GRPO with the
+calculator in the loop (``rl.task: calculator``): drawn with the same settings, its first held-out
+questions are the SFT set's.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from typing import Any
 
 from data.chat import Message, ToolCall
 from data.config import CalculatorSourceConfig
+from data.sources.arithmetic import Problem
 from tools.calculator import CalculatorError, calculator
 
 # Bump when the generator below changes, so cached conversations made by the old one are rebuilt.
@@ -58,11 +62,22 @@ def expressions(cfg: CalculatorSourceConfig, count: int) -> list[str]:
     return list(drawn)
 
 
+def question(expression: str) -> str:
+    """The user's question about ``expression``."""
+    return f"What is {expression}?"
+
+
+def tool_problems(cfg: CalculatorSourceConfig, count: int) -> list[Problem]:
+    """``count`` questions and their answers (the calculator's result), in the order drawn: the
+    prompts of an RL run with the calculator (``training.tasks.grpo.prompts``)."""
+    return [Problem(question(e), calculator(e)) for e in expressions(cfg, count)]
+
+
 def conversation(expression: str) -> list[Message]:
     """The question, the call, the calculator's result and the answer."""
     result = calculator(expression)
     arguments = json.dumps({"expression": expression}, separators=(",", ":"))
-    return [Message("user", f"What is {expression}?"),
+    return [Message("user", question(expression)),
             Message("assistant", "", (ToolCall(TOOL_NAME, arguments),)),
             Message("tool", result),
             Message("assistant", result)]
