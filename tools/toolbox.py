@@ -36,6 +36,7 @@ DEFAULT_TIMEOUT_S = 5.0
 DEFAULT_MAX_RESULT_CHARS = 2000
 START_TIMEOUT_S = 60.0  # a fresh interpreter on a loaded machine; the call's own limit starts after
 MAX_ARGUMENTS_CHARS = 100_000
+ERROR_PREFIX = "error: "  # how every error result begins, whatever failed
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,7 @@ class ToolResult:
 
 
 def error_result(message: str) -> ToolResult:
-    return ToolResult(f"error: {message}", False)
+    return ToolResult(ERROR_PREFIX + message, False)
 
 
 class Toolbox:

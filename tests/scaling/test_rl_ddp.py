@@ -1,7 +1,7 @@
 """GRPO (data.format: rl) under torchrun with two gloo processes (e2e): the run equals the one-process run
 (every completion is seeded by its question's place in the epoch's order, whichever process samples
-it; the rollout metrics cover every process's rows), and a reward that fails on one process alone
-stops both, each with the same one line."""
+it; the rollout metrics cover every process's rows), with the calculator in the loop too (a call is
+deterministic), and a reward that fails on one process alone stops both, each with the same one line."""
 
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ from tests.scaling.test_fsdp import ROOT, _every_rank_says_one_line, _ok, _torch
 
 # What the runs log per step and evaluation that must agree (sums in another order: to rounding).
 COMPARED = ("loss", "reward", "reward_std", "rewards/grader:e_share/mean", "rewards/grader:e_share/std", "kl",
-            "completions/mean_length", "completions/clipped_ratio", "val_pass@1", "val_pass@2")
+            "completions/mean_length", "completions/clipped_ratio", "val_pass@1", "val_pass@2", "tools/calling_ratio",
+            "tools/parsed_ratio", "tools/call_frequency", "val_tools/calling_ratio", "val_tools/parsed_ratio")
 
 # An untrained model's replies already differ on the share of their letters that are e, so its
 # groups have advantages to learn from (none of its replies is a right sum yet); and a reward that
@@ -92,6 +93,31 @@ def test_rl_on_two_processes_equals_one_process(parent, env, tmp_path, batch):
     alone, shared = _records(one), _records(two)
     assert [(k, s) for k, s, _ in shared] == [(k, s) for k, s, _ in alone]
     assert any(values.get("reward_std") for _, _, values in alone)  # the groups' rewards differ: the runs learn
+    for (kind, step, want), (_, _, got) in zip(alone, shared):
+        assert got.keys() == want.keys(), (kind, step)
+        for name, value in want.items():
+            assert got[name] == pytest.approx(value, rel=1e-4, abs=1e-6), (kind, step, name)
+    a, b = load_trainer_state(one)["model"], load_trainer_state(two)["model"]
+    for name, tensor in a.items():
+        torch.testing.assert_close(b[name], tensor, rtol=1e-4, atol=1e-6, msg=name)
+
+
+# The calculator in the loop, from the tiny run that calls it (tests/run_testkit.py), on two-digit problems.
+TOOLS = ("rl.task=calculator", "rl.tools=[calculator]", "rl.max_tool_calls=2", "rl.max_new_tokens=40",
+         "eval.sample_tokens=40", "rl.calculator.train_problems=40", "rl.calculator.val_problems=8",
+         "rl.calculator.digits=2", "rl.calculator.operations=+-*", "train.lr=1e-3", "train.min_lr=1e-3")
+
+
+@pytest.mark.e2e
+@pytest.mark.distributed
+def test_rl_with_the_calculator_on_two_processes_equals_one_process(tool_run_dir, env, tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    args = ("train.batch_size=4", *TOOLS)
+    _ok(_run(env, 1, _rl_args(tool_run_dir, one, *args)))
+    _ok(_run(env, 2, _rl_args(tool_run_dir, two, *args)))
+    alone, shared = _records(one), _records(two)
+    assert [(k, s) for k, s, _ in shared] == [(k, s) for k, s, _ in alone]
+    assert all(values["tools/calling_ratio"] > 0 for kind, _, values in alone if kind == "train")  # it calls
     for (kind, step, want), (_, _, got) in zip(alone, shared):
         assert got.keys() == want.keys(), (kind, step)
         for name, value in want.items():

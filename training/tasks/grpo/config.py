@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from common.config import ConfigError, check_types, require, require_in
-from training.tasks.grpo.rewards import RewardError, reward_function
+from data.config import check_calculator_problems
+from tools import ToolError, load_tools
+from training.tasks.grpo.rewards import BARE_ANSWER, RewardError, reward_function
 
 # Every question is rendered and tokenized when the run starts and held in memory; a million is far
 # past any held-out set or a run's epoch of GRPO steps, so more is a typo, refused before the work.
@@ -25,6 +27,10 @@ MAX_KL_BETA = 10.0
 # hundreds of nats, where the ratio exp(log π − log π_old) overflows. Above 10 every reply is noise
 # over the whole vocabulary.
 TEMPERATURES = (0.1, 10.0)
+TASKS = ("arithmetic", "calculator")
+# Calls one reply may make. A reply is one window; each call and its result take a dozen tokens or
+# more, so past 16 the window is full long before the limit binds.
+MAX_TOOL_CALLS = 16
 
 
 @dataclass
@@ -57,6 +63,31 @@ class ArithmeticConfig:
 
 
 @dataclass
+class CalculatorTaskConfig:
+    """The built-in prompts with the calculator in the loop (data/sources/tool_arithmetic.py):
+    distinct questions "What is 347*812?" of 2 to ``max_terms`` operands of ``digits`` digits joined
+    by ``operations`` (some of +-*/), the answer being the calculator's result; drawn by ``seed`` as
+    ``data.calculator`` draws its conversations, so the same settings give the same problems in the
+    same order: ``val_problems`` held out first (an SFT run's held-out share of as many), then
+    ``train_problems`` to train on."""
+
+    seed: int = 0
+    train_problems: int = 2000
+    val_problems: int = 200
+    digits: int = 3
+    operations: str = "*"
+    max_terms: int = 2
+
+    def __post_init__(self) -> None:
+        check_types(self, "rl.calculator")
+        require(self.train_problems >= 1 and self.val_problems >= 1,
+                "rl.calculator.train_problems and val_problems must be >= 1")
+        check_calculator_problems("rl.calculator", "train_problems + val_problems",
+                                  self.train_problems + self.val_problems, self.digits, self.operations,
+                                  self.max_terms, ConfigError)
+
+
+@dataclass
 class RLConfig:
     """Reinforcement learning with verifiable rewards (GRPO, training/tasks/grpo/loss.py), for data.format: rl.
 
@@ -64,7 +95,12 @@ class RLConfig:
     ``group_size`` completions of each through the engine, scores them with ``rewards`` (names in
     training/tasks/grpo/rewards.py, or module:function) and updates the policy; ``updates_per_batch``
     optimizer steps reuse one sampled batch (TRL's num_iterations). Held-out pass@1 and
-    pass@``eval_samples`` are measured at each evaluation."""
+    pass@``eval_samples`` are measured at each evaluation.
+
+    ``tools`` (built-in names, or module:function, as ``generate.py --tools`` takes them) are run
+    inside each rollout: a completion that calls one gets the result and goes on, up to
+    ``max_tool_calls`` calls; ``max_new_tokens`` counts what the model generates over the whole
+    reply, and only those tokens carry the loss."""
 
     group_size: int = 8  # completions per prompt (TRL's num_generations)
     max_new_tokens: int = 8
@@ -74,8 +110,11 @@ class RLConfig:
     updates_per_batch: int = 1
     rewards: list[str] = field(default_factory=lambda: ["correct"])
     eval_samples: int = 8  # completions per held-out prompt: the k of pass@k
-    task: str = "arithmetic"  # where the prompts come from (the one built-in task)
+    task: str = "arithmetic"  # where the prompts come from: arithmetic (in the head) or calculator
     arithmetic: ArithmeticConfig = field(default_factory=ArithmeticConfig)
+    calculator: CalculatorTaskConfig = field(default_factory=CalculatorTaskConfig)
+    tools: list[str] = field(default_factory=list)  # run inside each rollout (none: the model alone)
+    max_tool_calls: int = 4  # calls one completion may make
 
     def __post_init__(self) -> None:
         check_types(self, "rl")
@@ -92,7 +131,13 @@ class RLConfig:
         require(1 <= self.eval_samples <= MAX_GROUP,
                 f"rl.eval_samples must be 1 to {MAX_GROUP}: each held-out question's samples are decoded at once "
                 f"(got {self.eval_samples:,})")
-        require(self.task == "arithmetic", f"rl.task must be arithmetic, the one built-in task (got {self.task!r})")
+        require(self.task in TASKS, f"rl.task must be arithmetic or calculator (got {self.task!r})")
+        require(1 <= self.max_tool_calls <= MAX_TOOL_CALLS,
+                f"rl.max_tool_calls must be 1 to {MAX_TOOL_CALLS} (got {self.max_tool_calls})")
+        try:
+            load_tools(self.tools)
+        except ToolError as e:
+            raise ConfigError(f"rl.tools: {e}") from None
         require(bool(self.rewards), "rl.rewards is empty; name at least one, e.g. [correct]")
         require(len(set(self.rewards)) == len(self.rewards), f"rl.rewards names one twice: {self.rewards}")
         for name in self.rewards:
@@ -100,6 +145,10 @@ class RLConfig:
                 reward_function(name)
             except RewardError as e:
                 raise ConfigError(f"rl.rewards: {e}") from None
+        bare = [name for name in self.rewards if name in BARE_ANSWER]
+        require(not (self.tools and bare),
+                f"rl.rewards: {', '.join(bare)} {'reads' if len(bare) == 1 else 'read'} a reply as a bare answer, but with rl.tools a reply holds "
+                "its calls and their results too; use tool_answer_correct (and tool_format)")
 
 
 

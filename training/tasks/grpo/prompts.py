@@ -1,4 +1,6 @@
-"""Questions for an RL run, rendered as chat prompts with the parent run's tokenizer.
+"""Questions for an RL run, rendered as chat prompts with the parent run's tokenizer: the arithmetic
+task's ("What is 23+58?", answered in the head) and the calculator task's ("What is 347*812?",
+answered through the calculator, ``data.sources.tool_arithmetic``).
 
 Nothing is cached: the built-in problems are made from their seed in a moment. A prompt is the
 user's question with the generation prompt (``<|user|>What is 2+3?<|end|><|assistant|>``), what
@@ -12,9 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from data.chat import Message, render_chat
+from data.config import CalculatorSourceConfig
 from data.errors import DataError
 from data.prepared import cache
 from data.sources.arithmetic import Problem, problems
+from data.sources.tool_arithmetic import tool_problems
 from data.tokenizer import eot_id, load_tokenizer
 
 
@@ -47,11 +51,25 @@ def _split(tokenizer: Any, items: list[Problem]) -> PromptSplit:
     return PromptSplit(prompts, [p.question for p in items], [p.row() for p in items])
 
 
-def prepare_arithmetic_prompts(tokenizer_file: Path, *, seed: int, train_problems: int, val_problems: int,
-                               max_operand: int, operations: str) -> PreparedPrompts:
-    """The arithmetic task's held-out and training prompts (data.sources.arithmetic)."""
+def _prepared(tokenizer_file: Path, items: list[Problem], val_problems: int) -> PreparedPrompts:
+    """The first ``val_problems`` of ``items`` held out, the rest to train on."""
     tokenizer = load_tokenizer(tokenizer_file)
-    items = problems(seed, val_problems + train_problems, max_operand, operations)
     meta = {"eot_id": eot_id(tokenizer), "vocab_size": tokenizer.get_vocab_size()}
     return PreparedPrompts(Path(tokenizer_file), _split(tokenizer, items[val_problems:]),
                            _split(tokenizer, items[:val_problems]), meta)
+
+
+def prepare_arithmetic_prompts(tokenizer_file: Path, *, seed: int, train_problems: int, val_problems: int,
+                               max_operand: int, operations: str) -> PreparedPrompts:
+    """The arithmetic task's held-out and training prompts (data.sources.arithmetic)."""
+    return _prepared(tokenizer_file, problems(seed, val_problems + train_problems, max_operand, operations),
+                     val_problems)
+
+
+def prepare_calculator_prompts(tokenizer_file: Path, *, seed: int, train_problems: int, val_problems: int,
+                               digits: int, operations: str, max_terms: int) -> PreparedPrompts:
+    """The calculator task's held-out and training prompts (data.sources.tool_arithmetic), drawn as
+    ``data.calculator`` draws its conversations from the same settings."""
+    source = CalculatorSourceConfig(seed=seed, conversations=val_problems + train_problems, digits=digits,
+                                    operations=operations, max_terms=max_terms)
+    return _prepared(tokenizer_file, tool_problems(source, source.conversations), val_problems)

@@ -1,8 +1,14 @@
 """Reward functions for RL runs (``data.format: rl``): plain Python, chosen by name in ``rl.rewards``.
 
 A reward function takes the prompt's text (the user's question), the completion's text (the
-model's reply, without its end token) and the row's data (for the arithmetic task:
-``{"question": ..., "answer": ...}``), and returns a float. A run adds the rewards of every
+model's reply, without its end token) and the row's data (for the arithmetic and calculator tasks:
+``{"question": ..., "answer": ...}``), and returns a float.
+
+With tools in the loop (``rl.tools``) the completion is the whole reply after the prompt, written
+as the chat format renders it: its calls, each tool's result and the answer that follows, e.g.
+``<|call|>calculator{"expression":"347*812"}<|end|><|tool|>281764<|end|><|assistant|>281764``.
+``tool_answer_correct`` scores the answer, ``tool_format`` the calls; ``correct``, ``integer_format``
+and ``closeness`` read a bare answer and are refused with tools (``BARE_ANSWER``). A run adds the rewards of every
 function it names; each one's mean is logged as ``rewards/<name>/mean``, as TRL does.
 
 Adding one, in a module of your own (say ``my_rewards.py`` beside ``train.py``)::
@@ -31,6 +37,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from common.errors import UserError, one_line
+from data.chat import CALL, END_OF_TURN, ROLE_TOKENS
+from tools.toolbox import ERROR_PREFIX
 
 RewardFunction = Callable[[str, str, dict[str, Any]], float]
 
@@ -67,7 +75,38 @@ def closeness(prompt: str, completion: str, row: dict[str, Any]) -> float:
     return 1.0 / (1.0 + abs(int(text) - int(row["answer"])))
 
 
-BUILT_IN: dict[str, RewardFunction] = {"correct": correct, "integer_format": integer_format, "closeness": closeness}
+def final_answer(completion: str) -> str:
+    """A reply's answer: its last assistant turn (the text after the tools' results, when it called
+    any; the whole reply when it did not)."""
+    return completion.rpartition(ROLE_TOKENS["assistant"])[2]
+
+
+def tool_answer_correct(prompt: str, completion: str, row: dict[str, Any]) -> float:
+    """1 when the reply's answer, after any calls, is exactly the answer (surrounding spaces aside),
+    else 0: ``correct`` for a reply with tools, and what held-out pass@k counts then."""
+    answer = final_answer(completion)
+    return 1.0 if CALL not in answer and answer.strip() == row["answer"] else 0.0
+
+
+def tool_format(prompt: str, completion: str, row: dict[str, Any]) -> float:
+    """1 when the reply called a tool, every call got a result that is not an error, and an answer
+    (not another call) follows them, right or wrong; else 0: a format reward. A call that does not
+    parse ends the reply with no result, so it scores 0."""
+    *calling, answer = completion.split(ROLE_TOKENS["assistant"])
+    if not calling or CALL in answer or not answer.strip():
+        return 0.0
+    for turn in calling:
+        said, *results = turn.split(ROLE_TOKENS["tool"])
+        if not results or said.count(CALL) != len(results) or \
+                any(result.startswith(ERROR_PREFIX) or not result.endswith(END_OF_TURN) for result in results):
+            return 0.0
+    return 1.0
+
+
+BUILT_IN: dict[str, RewardFunction] = {"correct": correct, "integer_format": integer_format, "closeness": closeness,
+                                       "tool_answer_correct": tool_answer_correct, "tool_format": tool_format}
+# The built-in rewards that read the completion as a bare answer: with tools it holds the calls too.
+BARE_ANSWER = ("correct", "integer_format", "closeness")
 
 
 @dataclass(frozen=True)

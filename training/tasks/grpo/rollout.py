@@ -1,6 +1,14 @@
 """GRPO's sampling: a group of completions of each prompt through the engine, scored by the reward
 functions into a ``Rollout`` (``training.tasks.grpo.loss``) that the updates train on; and the
-held-out pass@k an RL run is evaluated by."""
+held-out pass@k an RL run is evaluated by.
+
+With tools (``rl.tools``), a completion is a multi-turn reply decoded by
+``inference.tool_use.decode_with_tools``: generated until a call, the call run by the toolbox, its
+result appended, generated on. Its ids interleave what the model sampled with what was inserted
+(each result's turn and the ``<|assistant|>`` after it), and only the sampled ids are targets of
+the loss: a policy gradient, KL term or ratio on a tool's output would push the model towards
+text it never chose. Completion i is seeded ``seed + i`` either way, and a tool call is
+deterministic, so a completion is what it would be on any process."""
 
 from __future__ import annotations
 
@@ -11,33 +19,95 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from inference.engine import decode
+from tokenizers import Tokenizer
+
+from inference.engine import Engine, decode
 from inference.sampling import SamplingSettings
+from inference.tool_use import ToolReply, decode_with_tools
 from model.gpt import eval_mode
+from tools import Toolbox
 from training.distributed import DistContext, all_gather_rows, all_reduce_sum, shared_failure
 from training.tasks.grpo.loss import Amp, Rollout, group_advantages, target_logps
 from training.tasks.grpo.rewards import Reward, RewardFunction
 from training.tasks.reference import Reference
 
 
-def collate_completions(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], pad_id: int,
+def collate_completions(prompts: Sequence[Sequence[int]], completions: Sequence[Completion], pad_id: int,
                         device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x, y) of prompt + completion rows, right-padded: y holds the completion's tokens alone."""
-    width = max(len(p) + len(c) for p, c in zip(prompts, completions)) - 1
+    """(x, y) of prompt + completion rows, right-padded: y holds the tokens of the completion the
+    model generated, and −1 elsewhere (the prompt, the padding, and what a tool inserted)."""
+    width = max(len(p) + len(c.ids) for p, c in zip(prompts, completions)) - 1
     x = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     y = torch.full((len(prompts), width), -1, dtype=torch.long)
     for r, (prompt, completion) in enumerate(zip(prompts, completions)):
-        ids = torch.tensor([*prompt, *completion])
+        ids = torch.tensor([*prompt, *completion.ids])
         n = len(ids) - 1
         x[r, :n] = ids[:-1]
-        y[r, len(prompt) - 1:n] = ids[len(prompt):]
+        targets = ids[len(prompt):]
+        y[r, len(prompt) - 1:n] = torch.where(torch.tensor(completion.generated, dtype=torch.bool), targets, -1)
     return x.to(device), y.to(device)
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One sampled completion: its ids after the prompt, which of them the model generated (the rest
+    were inserted: a tool's result and the turn tokens around it), its text as the rewards read it,
+    and whether it ended its turn (rather than being cut at ``max_new_tokens`` or the window). With
+    tools, its calls too: those it began (``<|call|>`` sampled), those that parsed and were run,
+    and those whose result was an error."""
+
+    ids: list[int]
+    generated: list[bool]
+    text: str
+    ended: bool
+    calls_begun: int = 0
+    calls_run: int = 0
+    calls_failed: int = 0
+
+    @property
+    def length(self) -> int:
+        """The tokens the model generated."""
+        return sum(self.generated)
+
+
+@dataclass(frozen=True)
+class ToolLoop:
+    """The tools a run's completions call (``rl.tools``), run by ``toolbox`` at most ``max_calls``
+    times a reply, and the tokenizer the calls are read with."""
+
+    tokenizer: Tokenizer
+    toolbox: Toolbox
+    max_calls: int
+    call_id: int  # <|call|>
+
+    def decode(self, policy: nn.Module, rows: list[list[int]], settings: SamplingSettings,
+               token_bytes: Sequence[bytes], end_ids: Sequence[int]) -> list[Completion]:
+        # The engine inference.engine.decode would build: a row per completion, each prompt encoded in one pass.
+        engine = Engine(policy, token_bytes, max_batch=len(rows), max_queue=0,
+                        prefill_chunk=policy.config.block_size, batch_invariant=False)
+        replies = decode_with_tools(engine, self.tokenizer, rows, settings, self.toolbox, max_calls=self.max_calls,
+                                    slide=False)
+        return [self.completion(reply, end_ids, policy.config.block_size) for reply in replies]
+
+    def completion(self, reply: ToolReply, end_ids: Sequence[int], block_size: int) -> Completion:
+        """A reply as a completion. Its text is the reply written out in the chat format (special
+        tokens as their text), without the end token that closes it, as a reply without tools. Its
+        ids are cut to what the loss's window holds: a result that overflows the window ends the reply
+        (``decode_with_tools``), so only inserted ids are ever cut, and the rewards still read all."""
+        ended = reply.finish_reason in ("stop", "malformed")  # malformed: a turn ended on a call that does not parse
+        shown = reply.ids[:-1] if ended and reply.ids and reply.ids[-1] in end_ids else reply.ids
+        begun = sum(token == self.call_id for token, sampled in zip(reply.ids, reply.generated) if sampled)
+        kept = block_size + 1 - len(reply.prompt_ids)  # the rows' inputs are prompt + ids less the last
+        assert not any(reply.generated[kept:]), "the engine never generates past the window"
+        return Completion(reply.ids[:kept], reply.generated[:kept], self.tokenizer.decode(shown, skip_special_tokens=False),
+                          ended, begun, len(reply.steps), sum(not step.result.ok for step in reply.steps))
 
 
 @dataclass(frozen=True)
 class Sampler:
     """How an RL run samples and scores: the engine's settings less the seed, the reply's end
-    tokens, the tokenizer's bytes (for the text a reward reads) and the reward functions."""
+    tokens, the tokenizer's bytes (for the text a reward reads), the reward functions, and the
+    tools run inside each completion (None: none, and ``<|call|>`` is among ``suppress_ids``)."""
 
     max_new_tokens: int
     temperature: float
@@ -45,21 +115,25 @@ class Sampler:
     suppress_ids: tuple[int, ...]
     token_bytes: Sequence[bytes]
     rewards: dict[str, Reward]
+    tools: ToolLoop | None = None
 
     def settings(self, seed: int) -> SamplingSettings:
         # No top-k or top-p: the loss's log-probabilities are those of the distribution sampled.
         return SamplingSettings(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_k=None,
                                 top_p=None, seed=seed, suppress_ids=self.suppress_ids)
 
-    def complete(self, policy: nn.Module, prompts: Sequence[Sequence[int]], copies: int,
-                 seed: int) -> list[tuple[list[int], str, bool]]:
-        """(token ids, text, ended) of ``copies`` completions of each prompt, group after group,
-        completion i seeded ``seed + i`` (the engine's rule): one batch of rows."""
-        rows = [list(p) for p in prompts for _ in range(copies)]
+    def complete(self, policy: nn.Module, prompts: Sequence[Sequence[int]], copies: int, seed: int) -> list[Completion]:
+        """``copies`` completions of each prompt, group after group, completion i seeded ``seed + i``
+        (the engine's rule): one batch of rows."""
+        return self.decode(policy, [list(p) for p in prompts for _ in range(copies)], self.settings(seed))
+
+    def decode(self, policy: nn.Module, rows: list[list[int]], settings: SamplingSettings) -> list[Completion]:
+        """A completion of each row, sampled with ``settings``, with the run's tools if it has them."""
         with eval_mode(policy):
-            finishes = decode(policy, rows, self.settings(seed), token_bytes=self.token_bytes, end_ids=self.end_ids,
-                              slide=False)
-        return [(list(f.token_ids), f.text, f.reason == "stop") for f in finishes]
+            if self.tools is not None:
+                return self.tools.decode(policy, rows, settings, self.token_bytes, self.end_ids)
+            finishes = decode(policy, rows, settings, token_bytes=self.token_bytes, end_ids=self.end_ids, slide=False)
+        return [Completion(list(f.token_ids), [True] * len(f.token_ids), f.text, f.reason == "stop") for f in finishes]
 
     def score(self, questions: Sequence[str], rows: Sequence[dict[str, Any]], texts: Sequence[str],
               copies: int) -> torch.Tensor:
@@ -95,11 +169,11 @@ def sample_rollout(
     completions = [done for part in batches for done in sampler.complete(policy, part.prompts, group_size, part.seed)]
     questions = [text for part in batches for text in part.texts]
     rows = [row for part in batches for row in part.rows]
-    texts = [text for _, text, _ in completions]
+    texts = [c.text for c in completions]
     scores = shared_failure(ctx, lambda: sampler.score(questions, rows, texts, group_size))
     advantages, _ = group_advantages(scores.sum(dim=1), group_size)
     grouped_prompts = [p for part in batches for p in part.prompts for _ in range(group_size)]
-    x, y = collate_completions(grouped_prompts, [ids for ids, _, _ in completions], pad_id, device)
+    x, y = collate_completions(grouped_prompts, completions, pad_id, device)
     old = ref = None
     if keep_old or reference is not None:
         # In the micro-batches the updates use, so no pass holds more rows than an update does.
@@ -112,17 +186,35 @@ def sample_rollout(
                     ref_parts.append(target_logps(reference.logits(policy, x[chunk]), y[chunk], sampler.temperature))
         old = torch.cat(old_parts) if keep_old else None
         ref = torch.cat(ref_parts) if reference is not None else None
-    lengths = torch.tensor([len(ids) for ids, _, _ in completions], dtype=torch.float32)
-    ended = torch.tensor([float(stopped) for _, _, stopped in completions])
+    lengths = torch.tensor([c.length for c in completions], dtype=torch.float32)
+    ended = torch.tensor([float(c.ended) for c in completions])
     gathered = [all_gather_rows(values.to(device), ctx).cpu() for values in (scores, lengths, ended)]
     metrics = rollout_metrics(*gathered, list(sampler.rewards), group_size)
+    if sampler.tools is not None:
+        metrics.update(tool_metrics(all_gather_rows(call_counts(completions).to(device), ctx).cpu().sum(dim=0)))
     return Rollout(x, y, advantages.to(device), old, ref, metrics)
+
+
+def call_counts(completions: Sequence[Completion]) -> torch.Tensor:
+    """A row per completion (float64): 1 (to count them), whether it began a call, and its calls
+    begun, run and failed. Summed over completions, what ``tool_metrics`` reads."""
+    return torch.tensor([[1.0, float(c.calls_begun > 0), c.calls_begun, c.calls_run, c.calls_failed]
+                         for c in completions], dtype=torch.float64).view(-1, 5)
+
+
+def tool_metrics(sums: torch.Tensor) -> dict[str, float]:
+    """From ``call_counts`` summed over completions: TRL's calls per completion and share of calls
+    that failed, and the share of completions that began a call and of begun calls that parsed
+    (and so ran)."""
+    count, calling, begun, run, failed = sums.tolist()
+    return {"tools/call_frequency": run / max(count, 1.0), "tools/failure_frequency": failed / max(run, 1.0),
+            "tools/calling_ratio": calling / max(count, 1.0), "tools/parsed_ratio": run / max(begun, 1.0)}
 
 
 def rollout_metrics(scores: torch.Tensor, lengths: torch.Tensor, ended: torch.Tensor, names: list[str],
                     group_size: int) -> dict[str, float]:
     """TRL's rollout metrics from every completion's ``scores`` (one column per reward function),
-    length and whether it ended, laid out group after group."""
+    length (the tokens the model generated) and whether it ended, laid out group after group."""
     rewards = scores.sum(dim=1)
     _, std = group_advantages(rewards, group_size)
     return {
@@ -150,22 +242,27 @@ def pass_at_k(
     ctx: DistContext = DistContext(),
 ) -> dict[str, float]:
     """``pass@1`` (the share of the k samples that pass, the unbiased estimate from k) and
-    ``pass@k`` (the share of prompts with at least one passing sample) over ``prompts``, and the
-    mean completion length. Sample j of prompt i is seeded ``seed + i·k + j`` whatever the
-    batching; with several processes each takes every ``world_size``-th batch of ``batch_size``."""
+    ``pass@k`` (the share of prompts with at least one passing sample) over ``prompts``, the mean
+    completion length, and with tools their metrics over every sample (``tool_metrics``). Sample j
+    of prompt i is seeded ``seed + i·k + j`` whatever the batching; with several processes each
+    takes every ``world_size``-th batch of ``batch_size``."""
     sums = torch.zeros(4, dtype=torch.float64)  # prompts, passing samples, prompts passed, tokens
+    calls = torch.zeros(5, dtype=torch.float64)  # call_counts, summed
     for b, start in enumerate(range(0, len(prompts), batch_size)):
         if b % ctx.world_size != ctx.rank:
             continue
         chunk = range(start, min(start + batch_size, len(prompts)))
         completions = sampler.complete(policy, [prompts[i] for i in chunk], k, seed + start * k)
+        calls += call_counts(completions).sum(dim=0)
         for n, i in enumerate(chunk):
             group = completions[n * k:(n + 1) * k]
-            passes = sum(passed(questions[i], text, rows[i]) >= 1.0 for _, text, _ in group)
-            sums += torch.tensor([1.0, passes, float(passes > 0), sum(len(ids) for ids, _, _ in group)],
-                                 dtype=torch.float64)
+            passes = sum(passed(questions[i], c.text, rows[i]) >= 1.0 for c in group)
+            sums += torch.tensor([1.0, passes, float(passes > 0), sum(c.length for c in group)], dtype=torch.float64)
     device = next(policy.parameters()).device
     count, passes, solved, tokens = all_reduce_sum(sums.to(device), ctx).tolist()
     count = max(count, 1.0)
-    return {"pass@1": passes / (count * k), f"pass@{k}": solved / count,
-            "completions/mean_length": tokens / (count * k)}
+    metrics = {"pass@1": passes / (count * k), f"pass@{k}": solved / count,
+               "completions/mean_length": tokens / (count * k)}
+    if sampler.tools is not None:
+        metrics.update(tool_metrics(all_reduce_sum(calls.to(device), ctx).cpu()))
+    return metrics

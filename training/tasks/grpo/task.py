@@ -11,8 +11,7 @@ import torch
 
 from data.chat import ChatTokenIds
 from data.tokenizer import token_byte_table
-from inference.engine import decode
-from model.gpt import eval_mode
+from tools import Toolbox, load_tools
 from training.adapters import Adapters
 from training.config import Config, ConfigError
 from training.device import should_compile
@@ -20,9 +19,9 @@ from training.evaluate import EvalResult
 from training.tasks.chat import CHAT_SAMPLES, ChatTask
 from training.tasks.grpo.batches import PromptBatches
 from training.tasks.grpo.loss import Rollout, accumulate_grpo_gradients
-from training.tasks.grpo.prompts import prepare_arithmetic_prompts
-from training.tasks.grpo.rewards import correct, reward_function
-from training.tasks.grpo.rollout import Questions, Sampler, pass_at_k, sample_rollout
+from training.tasks.grpo.prompts import prepare_arithmetic_prompts, prepare_calculator_prompts
+from training.tasks.grpo.rewards import correct, reward_function, tool_answer_correct
+from training.tasks.grpo.rollout import Questions, Sampler, ToolLoop, pass_at_k, sample_rollout
 from training.tasks.reference import Reference, reference_for
 from training.tasks.task import Batches, fitted, parent_tokenizer, sample_line
 
@@ -42,9 +41,17 @@ class RLTask(ChatTask):
         self.eval_seed = config.eval.sample_seed
         self.sample_prompt = prepared.val.questions[0]  # a question of the kind it learned to answer
         special = ChatTokenIds.of(self.tokenizer)
+        tools = None
+        if self.rl.tools:
+            special.require_tools()
+            # Its worker process starts at the first call and stops when the run's process ends.
+            tools = ToolLoop(self.tokenizer, Toolbox(load_tools(self.rl.tools)), self.rl.max_tool_calls, special.call)
+        # A reply offered no tools never samples <|call|> (the chat format's rule).
         self.sampler = Sampler(self.rl.max_new_tokens, self.rl.temperature, special.reply_end_ids,
-                               special.suppress_ids, token_byte_table(self.tokenizer),
-                               {name: reward_function(name) for name in self.rl.rewards})
+                               special.reply_suppress_ids(tools is not None), token_byte_table(self.tokenizer),
+                               {name: reward_function(name) for name in self.rl.rewards}, tools)
+        # What held-out pass@k counts: the answer, after any calls.
+        self.passed = tool_answer_correct if tools is not None else correct
         self.step_metrics: dict[str, float] = {}  # the last step's, for its line of the metrics file
         # The sampled batch later updates reuse (``rl.updates_per_batch`` > 1), as plain tensors, and
         # the steps it still serves: a checkpoint between those updates must carry it.
@@ -81,19 +88,17 @@ class RLTask(ChatTask):
         val = self.prepared.val
         count = len(val) if max_batches is None else min(len(val), batch_size * max_batches)
         metrics = pass_at_k(model, self.sampler, val.prompts[:count], val.questions[:count], val.rows[:count],
-                            correct, k=self.rl.eval_samples, seed=self.eval_seed, batch_size=batch_size, ctx=ctx)
+                            self.passed, k=self.rl.eval_samples, seed=self.eval_seed, batch_size=batch_size, ctx=ctx)
         # The loss an RL evaluation has: the share of held-out samples that fail.
         return EvalResult(loss=1 - metrics["pass@1"], bpb=math.nan, tokens=0, bytes=0, metrics=metrics)
 
     def samples(self, model, settings):
         val = self.prepared.val
-        prompts = val.prompts[:CHAT_SAMPLES]
+        prompts = [list(p) for p in val.prompts[:CHAT_SAMPLES]]
         settings = dataclasses.replace(settings, suppress_ids=self.sampler.suppress_ids)
-        with eval_mode(model):
-            finishes = decode(model, prompts, settings, token_bytes=self.sampler.token_bytes,
-                              end_ids=self.sampler.end_ids, slide=False)
+        completions = self.sampler.decode(model, prompts, settings)  # with the tools, when the run has them
         return [(self.tokenizer.decode(p, skip_special_tokens=False),
-                 self.tokenizer.decode(list(f.token_ids), skip_special_tokens=False)) for p, f in zip(prompts, finishes)]
+                 self.tokenizer.decode(c.ids, skip_special_tokens=False)) for p, c in zip(prompts, completions)]
 
     def eval_line(self, scope, step, result, samples):
         k = self.rl.eval_samples
@@ -138,6 +143,10 @@ def build(config: Config, tokenizer_file: Path | None, *, progress: bool, is_mai
     tokenizer_file = parent_tokenizer(config, tokenizer_file)
     if should_compile(config.train.compile, device):
         raise ConfigError("data.format: rl samples through the engine with the plain model; set train.compile: false")
-    prepared = fitted(prepare_arithmetic_prompts(tokenizer_file, **vars(config.rl.arithmetic)), config)
+    if config.rl.task == "calculator":
+        prompts = prepare_calculator_prompts(tokenizer_file, **vars(config.rl.calculator))
+    else:
+        prompts = prepare_arithmetic_prompts(tokenizer_file, **vars(config.rl.arithmetic))
+    prepared = fitted(prompts, config)
     reference = reference_for(config, adapters, device, resume=resume) if config.rl.beta > 0 else None
     return RLTask(prepared, config, device, reference)

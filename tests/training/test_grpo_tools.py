@@ -1,0 +1,276 @@
+"""GRPO with tools in the loop (``rl.tools``): a completion is a multi-turn reply through the engine
+(generate until a call, run it, append the result, go on), the loss and its KL and ratio terms fall
+on the tokens the model generated and never on what a tool inserted, the tool rewards read the
+reply written out in the chat format, and an RL run with the calculator logs TRL's tool metrics,
+evaluates the answer after the calls and resumes exactly."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from common.errors import UserError
+from data.chat import ChatTokenIds, Message, render_chat
+from data.sources.tool_arithmetic import conversation
+from data.tokenizer import token_byte_table
+from inference.sampling import SamplingSettings
+from model import GPT, GPTConfig
+from rundir.checkpoint import load_trainer_state
+from rundir.loading import load_run
+from run_testkit import TOOL_QUESTIONS
+from tools import Toolbox, load_tools
+from tools.calculator import calculator
+from training.config import config_from_dict
+from training.tasks.grpo.loss import Rollout, accumulate_grpo_gradients, target_logps
+from training.tasks.grpo.rewards import tool_answer_correct, tool_format
+from training.tasks.grpo.rollout import Completion, Sampler, ToolLoop, collate_completions
+from training.trainer import train
+
+VOCAB = 23
+GREEDY = SamplingSettings(temperature=0, max_new_tokens=60)
+
+
+# --------------------------------------------------------------------------------------------
+# The loss of a ragged multi-turn rollout
+
+
+def _multi_turn_rollout():
+    """A small model and six completions of different lengths, four of which had tool results
+    inserted in their middle (``generated`` False there), after prompts of different lengths."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=VOCAB, block_size=24, n_layer=1, n_head=2, n_kv_head=1, n_embd=16))
+    g = torch.Generator().manual_seed(1)
+    shapes = [  # (prompt length, [(tokens, generated?), ...]): sampled, inserted, sampled, ...
+        (3, [(4, True), (3, False), (2, True)]),
+        (5, [(2, True)]),
+        (2, [(3, True), (5, False), (4, True), (2, False), (1, True)]),
+        (4, [(6, True), (4, False)]),  # cut after a result: nothing sampled follows it
+        (3, [(1, True), (2, False), (6, True)]),
+        (6, [(5, True)]),
+    ]
+    prompts, completions = [], []
+    for prompt_length, pieces in shapes:
+        prompts.append(torch.randint(0, VOCAB, (prompt_length,), generator=g).tolist())
+        ids, generated = [], []
+        for length, sampled in pieces:
+            ids += torch.randint(0, VOCAB, (length,), generator=g).tolist()
+            generated += [sampled] * length
+        completions.append(Completion(ids, generated, "", True))
+    x, y = collate_completions(prompts, completions, pad_id=0, device=torch.device("cpu"))
+    ref = target_logps(torch.randn(*x.shape, VOCAB, generator=g), y, 1.0)
+    return model, prompts, completions, Rollout(x, y, torch.randn(len(x), generator=g), None, ref, {})
+
+
+def _generated_mask(prompts, completions, shape) -> torch.Tensor:
+    """The targets the model sampled, written out from the completions alone: position t predicts
+    id t + 1 of prompt + completion, a target exactly where that id was generated."""
+    mask = torch.zeros(shape)
+    for r, (prompt, completion) in enumerate(zip(prompts, completions)):
+        for j, sampled in enumerate(completion.generated):
+            mask[r, len(prompt) - 1 + j] = float(sampled)
+    return mask
+
+
+def test_collated_targets_are_the_generated_tokens_and_nothing_else():
+    _, prompts, completions, rollout = _multi_turn_rollout()
+    mask = _generated_mask(prompts, completions, rollout.y.shape)
+    assert torch.equal(rollout.y != -1, mask.bool())
+    for r, (prompt, completion) in enumerate(zip(prompts, completions)):
+        ids = prompt + completion.ids
+        assert rollout.x[r, :len(ids) - 1].tolist() == ids[:-1]  # the inputs hold everything, results included
+        sampled = [i for i, keep in zip(completion.ids, completion.generated) if keep]
+        assert rollout.y[r][rollout.y[r] != -1].tolist() == sampled
+
+
+def test_a_multi_turn_step_is_the_token_mean_over_generated_tokens_and_inserted_ones_get_no_gradient():
+    model, prompts, completions, rollout = _multi_turn_rollout()
+    epsilon, beta = 0.2, 0.5
+    outputs = []
+
+    class Recording(torch.nn.Module):  # keeps the logits, to read their gradient
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, x):
+            logits = self.model(x)
+            logits.retain_grad()
+            outputs.append(logits)
+            return logits
+
+    loss, _ = accumulate_grpo_gradients(Recording(), rollout, 1, epsilon=epsilon, beta=beta, temperature=1.0)
+    got = {n: p.grad.clone() for n, p in model.named_parameters()}
+    [logits] = outputs
+    model.zero_grad()
+
+    # Σ(loss·mask)/Σmask over the tokens the model generated, with the mask written out above.
+    mask = _generated_mask(prompts, completions, rollout.y.shape)
+    targets = torch.where(mask.bool(), rollout.y, 0)
+    logps = torch.log_softmax(model(rollout.x).float(), -1).gather(-1, targets[..., None])[..., 0]
+    ratio = torch.exp(logps - logps.detach())
+    a = rollout.advantages[:, None]
+    surrogate = torch.min(ratio * a, ratio.clamp(1 - epsilon, 1 + epsilon) * a)
+    delta = rollout.ref_logps - logps
+    per_token = -surrogate + beta * (torch.exp(delta) - delta - 1)
+    expected = (per_token * mask).sum() / mask.sum()
+    expected.backward()
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(got[name], p.grad, rtol=1e-4, atol=1e-7, msg=name)
+
+    # A position whose next token a tool inserted (or that is prompt or padding) gets no gradient at all.
+    silent = ~mask.bool()
+    assert logits.grad[silent].abs().max().item() == 0.0
+    assert logits.grad[mask.bool()].abs().sum(-1).min().item() > 0
+    # The rollout holds results in the middle of completions, so counting them would be another number.
+    inserted = torch.zeros_like(mask)
+    for r, (prompt, completion) in enumerate(zip(prompts, completions)):
+        inserted[r, len(prompt) - 1:len(prompt) - 1 + len(completion.ids)] = 1.0
+    assert abs(((per_token * inserted).sum() / inserted.sum()).item() - expected.item()) > 1e-2
+
+
+# --------------------------------------------------------------------------------------------
+# Rewards
+
+
+def test_tool_rewards_read_the_reply_written_out():
+    row = {"answer": "408"}
+    used = '<|call|>calculator{"expression":"12*34"}<|end|><|tool|>408<|end|><|assistant|>408'
+    assert (tool_answer_correct("", used, row), tool_format("", used, row)) == (1.0, 1.0)
+    assert (tool_answer_correct("", "408", row), tool_format("", "408", row)) == (1.0, 0.0)  # right, no call
+    wrong = used.replace("<|assistant|>408", "<|assistant|>407")
+    assert (tool_answer_correct("", wrong, row), tool_format("", wrong, row)) == (0.0, 1.0)  # a call, a wrong copy
+    failed = used.replace("<|tool|>408", "<|tool|>error: not a number")
+    assert tool_format("", failed, row) == 0.0
+    two = '<|call|>calculator{"expression":"12*34"}<|call|>calculator{"expression":"1+1"}<|end|>' \
+          '<|tool|>408<|end|><|tool|>2<|end|><|assistant|>408'
+    assert (tool_answer_correct("", two, row), tool_format("", two, row)) == (1.0, 1.0)
+    cut = '<|call|>calculator{"expression":"12*3'  # cut off inside its call, or one that does not parse
+    assert (tool_answer_correct("", cut, row), tool_format("", cut, row)) == (0.0, 0.0)
+    again = used + '<|call|>calculator{"expression":"1"}'  # an answer that is another call
+    assert (tool_answer_correct("", again, row), tool_format("", again, row)) == (0.0, 0.0)
+
+
+# --------------------------------------------------------------------------------------------
+# Completions sampled with the calculator
+
+
+@pytest.fixture(scope="module")
+def tool_run(tool_run_dir):
+    return load_run(tool_run_dir, torch.device("cpu"))
+
+
+@pytest.fixture(scope="module")
+def toolbox():
+    with Toolbox(load_tools(["calculator"]), timeout_s=60) as tools:
+        yield tools
+
+
+def test_a_completion_with_the_calculator_is_the_conversation_and_its_targets_what_the_model_wrote(tool_run, toolbox):
+    special = ChatTokenIds.of(tool_run.tokenizer)
+    tools = ToolLoop(tool_run.tokenizer, toolbox, 2, special.call)
+    sampler = Sampler(60, 1.0, special.reply_end_ids, special.reply_suppress_ids(True),
+                      token_byte_table(tool_run.tokenizer), {}, tools)
+    prompts = [render_chat(tool_run.tokenizer, [Message("user", f"What is {q}?")], add_generation_prompt=True).ids
+               for q in TOOL_QUESTIONS]
+    completions = sampler.decode(tool_run.model, prompts, GREEDY)
+    for question, prompt, completion in zip(TOOL_QUESTIONS, prompts, completions):
+        value = calculator(question)
+        assert completion.text == (f'<|call|>calculator{{"expression":"{question}"}}<|end|><|tool|>{value}<|end|>'
+                                   f"<|assistant|>{value}")
+        row = {"answer": value}
+        assert tool_answer_correct("", completion.text, row) == tool_format("", completion.text, row) == 1.0
+        assert (completion.ended, completion.calls_begun, completion.calls_run, completion.calls_failed) == \
+               (True, 1, 1, 0)
+        # The ids are the conversation; the generated ones exactly what SFT would have the model learn.
+        whole = render_chat(tool_run.tokenizer, conversation(question))
+        assert prompt + completion.ids == whole.ids
+        assert completion.generated == whole.loss_mask[len(prompt):]
+        assert completion.length == sum(whole.loss_mask)
+
+
+def test_a_completion_is_cut_to_the_window_only_where_a_result_overflowed_it(tool_run):
+    from inference.tool_use import ToolReply
+
+    special = ChatTokenIds.of(tool_run.tokenizer)
+    tools = ToolLoop(tool_run.tokenizer, None, 1, special.call)
+    reply = ToolReply([5] * 10, ids=[7] * 4 + [8] * 30, generated=[True] * 4 + [False] * 30, finish_reason="length")
+    completion = tools.completion(reply, special.reply_end_ids, block_size=20)
+    assert len(reply.prompt_ids) + len(completion.ids) - 1 == 20  # the rows' inputs fill the window
+    assert completion.generated == [True] * 4 + [False] * 7 and not completion.ended
+
+
+# --------------------------------------------------------------------------------------------
+# Runs
+
+
+CALCULATOR = {"seed": 0, "train_problems": 40, "val_problems": 6, "digits": 2, "operations": "+-*", "max_terms": 2}
+
+
+@pytest.fixture
+def tool_rl_config(base_raw, tool_run_dir, tmp_path):
+    """An RL config with the calculator in the loop, from the tiny run that calls it (its shape and
+    tokenizer come from it)."""
+
+    def make(out_dir: Path, rl=None, **train):
+        raw = copy.deepcopy(base_raw)
+        raw.pop("model")
+        raw["data"] = {"format": "rl", "cache_dir": raw["data"]["cache_dir"]}
+        raw["train"].update({"init_from": str(tool_run_dir), "max_steps": 4, "batch_size": 2, "grad_accum_steps": 2,
+                             "lr": 1e-3, "min_lr": 1e-3, "warmup_steps": 0, **train})
+        raw["eval"] = {"interval": 2, "max_batches": 1, "sample_tokens": 40, "final_max_batches": 2}
+        raw["run"] = {"checkpoint_interval": 1, "out_dir": str(out_dir)}
+        raw["rl"] = {"task": "calculator", "tools": ["calculator"], "max_tool_calls": 2, "group_size": 3,
+                     "max_new_tokens": 40, "rewards": ["tool_answer_correct", "tool_format"], "eval_samples": 2,
+                     "updates_per_batch": 2, "beta": 0.1, "calculator": CALCULATOR, **(rl or {})}
+        return config_from_dict(raw)
+
+    return make
+
+
+def _records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_an_rl_run_with_the_calculator_logs_tool_metrics_and_resumes_exactly(tool_rl_config, tmp_path):
+    whole = train(tool_rl_config(tmp_path / "whole"), progress=False)
+    records = _records(tmp_path / "whole")
+    steps = [r for r in records if r["kind"] == "train"]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4]
+    for name in ("rewards/tool_answer_correct/mean", "rewards/tool_format/mean", "tools/call_frequency",
+                 "tools/failure_frequency", "tools/calling_ratio", "tools/parsed_ratio"):
+        assert all(name in r for r in steps), name
+    # The run's model calls: its replies are multi-turn, and its groups carry a signal to learn from.
+    assert all(r["tools/calling_ratio"] > 0 for r in steps)
+    assert any(r["frac_reward_zero_std"] < 1 for r in steps)
+    final = next(r for r in records if r["kind"] == "final_eval")
+    assert 0 <= final["val_pass@1"] <= final["val_pass@2"] <= 1 and "val_tools/parsed_ratio" in final
+    # The samples show the calls and their results.
+    assert any("<|tool|>" in s["reply"] for s in final["samples"])
+    assert whole.step == 4
+
+    # Stopped after step 3, between the two updates of a sampled batch, and resumed: the same weights.
+    train(tool_rl_config(tmp_path / "resumed", max_steps=3), progress=False)
+    train(tool_rl_config(tmp_path / "resumed"), resume=True, progress=False)
+    a, b = load_trainer_state(tmp_path / "whole")["model"], load_trainer_state(tmp_path / "resumed")["model"]
+    for name, tensor in a.items():
+        torch.testing.assert_close(b[name], tensor, rtol=0, atol=0, msg=name)
+    assert [r["reward"] for r in _records(tmp_path / "resumed") if r["kind"] == "train"] == [r["reward"] for r in steps]
+
+
+@pytest.mark.parametrize("rl, message", [
+    ({"rewards": ["correct", "tool_format"]}, "rl.rewards: correct reads a reply as a bare answer"),
+    ({"tools": ["calculater"]}, "rl.tools: unknown tool 'calculater'"),
+    ({"max_tool_calls": 0}, "rl.max_tool_calls must be 1 to 16"),
+    ({"task": "chess"}, "rl.task must be arithmetic or calculator"),
+    ({"calculator": {**CALCULATOR, "digits": 1, "operations": "*", "train_problems": 60}},
+     "rl.calculator.train_problems + val_problems is 66, more than half the 100 distinct problems"),
+])
+def test_tool_settings_that_cannot_work_are_refused_in_one_line(tool_rl_config, tmp_path, rl, message):
+    with pytest.raises(UserError, match=message.replace("+", r"\+")) as error:
+        tool_rl_config(tmp_path / "run", rl=rl)
+    assert "\n" not in str(error.value)
