@@ -185,17 +185,10 @@ WHAT = {"base": "a text run on the training questions with their answers",
 
 
 def stage_state(run_dir: Path) -> str:
-    """``new`` (no run there), ``finished`` (it had its final validation) or ``stopped`` (a checkpoint
-    to resume)."""
-    from rundir.files import METRICS_FILE, RUN_FILES, STATE_FILE
-    from rundir.metrics import read_metrics
+    """``new``, ``finished`` or ``stopped`` (``rundir.checkpoint.run_progress``)."""
+    from rundir.checkpoint import run_progress
 
-    if not run_dir.is_dir() or not any((run_dir / name).exists() for name in RUN_FILES):
-        return "new"
-    metrics = run_dir / METRICS_FILE
-    if metrics.is_file() and any(r.get("kind") == "final_eval" for r in read_metrics(metrics)):
-        return "finished"
-    return "stopped" if (run_dir / STATE_FILE).is_file() else "new"
+    return run_progress(run_dir)
 
 
 def check_out_folder(args: argparse.Namespace) -> None:

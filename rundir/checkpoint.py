@@ -19,7 +19,8 @@ from common.errors import UserError
 from common.files import atomic_output
 from common.os_errors import with_path
 from model import save_pretrained
-from rundir.files import LOCK_FILES, RUN_FILES, SHARDED_PREFIX, STATE_FILE
+from rundir.files import LOCK_FILES, METRICS_FILE, RUN_FILES, SHARDED_PREFIX, STATE_FILE
+from rundir.metrics import read_metrics
 
 FORMAT_VERSION = 1
 
@@ -53,6 +54,18 @@ def check_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
             f"{run_dir} is not empty and holds no run; set run.out_dir to an empty or new "
             f"directory, or pass --overwrite to train there anyway"
         )
+
+
+def run_progress(run_dir: Path) -> str:
+    """How far the run in ``run_dir`` got: ``new`` (no run there), ``finished`` (it had its final
+    validation) or ``stopped`` (a checkpoint to resume from); what a lab that trains several runs in
+    a row does with each of them under ``--resume``."""
+    if not run_dir.is_dir() or not any((run_dir / name).exists() for name in RUN_FILES):
+        return "new"
+    metrics = run_dir / METRICS_FILE
+    if metrics.is_file() and any(r.get("kind") == "final_eval" for r in read_metrics(metrics)):
+        return "finished"
+    return "stopped" if (run_dir / STATE_FILE).is_file() else "new"
 
 
 def clear_old_run(run_dir: Path) -> None:

@@ -233,3 +233,27 @@ def test_the_speculative_benchmark_refuses_in_one_line(args, message, tmp_path, 
     assert main(args) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1 and err.startswith("error: ") and message in err, (out, err)
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "the following arguments are required: --seeds"),
+    (["--seeds"], "argument --seeds: expected at least one argument"),
+    (["--seeds", "1", "--size", "huge"], "argument --size: invalid choice: 'huge'"),
+    (["--seeds", "1", "--resume", "--overwrite"], "argument --overwrite: not allowed with argument --resume"),
+])
+def test_the_tool_lab_refuses_bad_arguments_in_one_line(args, message, capsys):
+    from benchmarks.tool_lab import main
+
+    assert main(args) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and err.startswith("error: ") and message in err, (out, err)
+
+
+def test_the_tool_lab_names_an_output_folder_it_cannot_make(tmp_path, capsys):
+    from benchmarks.tool_lab import main
+
+    (tmp_path / "a-file").write_text("mine\n")
+    assert main(["--seeds", "1", "--size", "toy", "--out", str(tmp_path / "a-file")]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and "a-file/s1" in err and "Not a directory" in err
+    assert (tmp_path / "a-file").read_text() == "mine\n"

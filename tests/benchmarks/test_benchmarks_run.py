@@ -278,6 +278,30 @@ def test_rl_lab_runs_a_seed_end_to_end_at_a_toy_size(bench_dir) -> None:
     assert_words(proc.stdout, "| seed | pass@1 before |", "curves: ")
 
 
+def test_tool_lab_runs_a_seed_end_to_end_at_a_toy_size(bench_dir) -> None:
+    out = bench("tool_lab", "--seeds", 1, "--size", "toy", "--out", bench_dir / "tool_lab", "--json")
+    row = json.loads(out.strip().splitlines()[-1])
+    assert set(row) >= {"seed", "pass@1_no_tools", "pass@1_sft", "pass@1_grpo", "calling_grpo", "parsed_grpo",
+                        "base_seconds", "sft_seconds", "grpo_seconds", "seconds", "run"}
+    assert row["seed"] == 1 and all(0 <= row[k] <= 1 for k in row if k.startswith(("pass@", "calling", "parsed")))
+    assert row["run"] == str(bench_dir / "tool_lab" / "s1" / "grpo") and row["seconds"] >= row["grpo_seconds"]
+    assert (Path(row["run"]) / "model.safetensors").is_file()  # what serve.py --run takes
+    assert (bench_dir / "tool_lab" / "tool_lab.png").stat().st_size > 0
+    table = bench("tool_lab", "--seeds", 1, "--size", "toy", "--out", bench_dir / "tool_lab", "--overwrite")
+    assert_words(table, "| seed | pass@1 no tools | SFT | GRPO | calling (GRPO) | calls parsed (GRPO) |")
+    # Runs already there are refused in one line, whose advice is this command's own flags.
+    lab = ["-m", "benchmarks.tool_lab", "--seeds", "1", "--size", "toy", "--out", str(bench_dir / "tool_lab")]
+    proc = run_python(lab)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr
+    assert "pass --resume to continue the lab" in proc.stderr and "--overwrite" in proc.stderr
+    # --resume keeps the finished seed, and the table and the figure's place come again.
+    proc = run_python([*lab, "--resume"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "[seed 1] finished: kept" in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == f"figure: {bench_dir / 'tool_lab' / 'tool_lab.png'}"
+    assert_words(proc.stdout, "| seed | pass@1 no tools |", "| 1 | ")
+
+
 def test_memory_plan_prints_the_largest_model_per_mode() -> None:
     out = bench("memory_plan", "--gib", 24, "--micro-batch", 4)
     assert_words(out, "| 24 GiB |", "fsdp + checkpointing", "fsdp over 8 GPUs")

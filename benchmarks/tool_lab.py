@@ -1,0 +1,333 @@
+"""The tool lab: a small model that cannot multiply learns to call a calculator, by supervised examples
+and then by reinforcement learning with the calculator in the loop, on a laptop CPU.
+
+    python -m benchmarks.tool_lab --seeds 1337 1338 1339
+    python -m benchmarks.tool_lab --seeds 1337 --json          # one JSON object per seed, per line
+
+Per seed, in ``--out``/s<seed>, three real training runs one after the other:
+
+1. ``base``: a short text pretraining on the training conversations written out as plain text (the
+   question, the call, the result and the answer, a line each), which trains the tokenizer (its
+   chat and tool tokens reserved) and little else;
+2. ``sft``: a chat fine-tune on the same conversations (``data.source: calculator``): "What is
+   347*812?", a call of the calculator, its result, and the result as the answer;
+3. ``grpo``: GRPO from the SFT run with the calculator run inside each rollout
+   (``data.format: rl``, ``rl.task: calculator``, ``rl.tools: [calculator]``), rewarded for the exact
+   answer after the call and for a call that worked.
+
+Each stops after a fixed number of steps, the same on any machine. The problems are products of
+two three-digit numbers, which a model this small cannot do in its head. Held-out pass@1 is the
+RL task's own evaluation: 200 problems no run trained on, 4 samples of each at temperature 1, a
+sample passing when its final answer is exactly the product. It is measured three times: the GRPO
+run with the calculator taken away (``<|call|>`` never sampled: the model alone, answering in its
+head), the SFT run with the calculator, and the GRPO run with it. With the calculator, the lab
+also counts the share of replies that call and of calls that parse. ``seconds`` is the seed end to
+end, each stage's its training run's (data preparation and final evaluation included) and
+``eval_seconds`` the three measurements'. Progress goes to stderr; the figure (held-out pass@1
+per stage and seed, and each GRPO run's curves) is ``--out``/tool_lab.png.
+
+Run again with ``--resume``, the lab keeps the runs (and seeds) that finished and continues an
+interrupted run from its checkpoint; ``--overwrite`` starts every run again. The last run,
+``s<seed>/grpo``, is a chat run with a calculator: ``python serve.py --run runs/tool_lab/s1337/grpo``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from common.cli import ArgumentParser, path_arg, run_stoppable
+from common.errors import UserError
+
+OUT = Path("runs/tool_lab")
+STAGES = ("base", "sft", "grpo")
+WHAT = {"base": "a text pretraining on the conversations written out", "sft": "SFT on conversations that call "
+        "the calculator", "grpo": "GRPO with the calculator in the loop"}
+PASS_K = 4
+SIZES = {  # the model, the problems and each run's budget
+    "lab": dict(model={"n_layer": 2, "n_head": 4, "n_kv_head": 4, "n_embd": 96, "block_size": 64},
+                problems=20000, held_out=200, base={"max_steps": 100}, sft={"max_steps": 1500},
+                grpo={"max_steps": 150}, grpo_eval_interval=50),
+    # A smoke test of the whole path: a few steps each, and nothing learned.
+    "toy": dict(model={"n_layer": 1, "n_head": 2, "n_kv_head": 1, "n_embd": 32, "block_size": 64},
+                problems=200, held_out=8, base={"max_steps": 3}, sft={"max_steps": 3}, grpo={"max_steps": 2},
+                grpo_eval_interval=0),
+}
+PROBLEMS = {"seed": 0, "digits": 3, "operations": "*", "max_terms": 2}  # products of two three-digit numbers
+RESULT_FILE = "result.json"  # a finished seed's row, kept for --resume
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = ArgumentParser(prog="python -m benchmarks.tool_lab", description=__doc__.split("\n\n")[0])
+    p.add_argument("--seeds", type=int, nargs="+", required=True,
+                   help="train.seed of each seed's three runs (required)")
+    p.add_argument("--out", type=path_arg, default=OUT,
+                   help="where the runs go, a folder per seed (default: %(default)s)")
+    p.add_argument("--size", choices=sorted(SIZES), default="lab",
+                   help="lab, or toy for a smoke test (default: %(default)s)")
+    p.add_argument("--json", action="store_true", help="print one JSON object per seed instead of a table")
+    again = p.add_mutually_exclusive_group()
+    again.add_argument("--resume", action="store_true",
+                       help="continue the lab in --out: finished runs are kept, an interrupted one resumes")
+    again.add_argument("--overwrite", action="store_true", help="replace runs already in --out")
+    return p
+
+
+# ---------------------------------------------------------------------------------------------
+# The three runs
+
+
+def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    return {k: _merge(a[k], b[k]) if isinstance(a.get(k), dict) and isinstance(b.get(k), dict) else b.get(k, a.get(k))
+            for k in {**a, **b}}
+
+
+def _common(out_dir: Path, seed: int, budget: dict[str, Any], overwrite: bool) -> dict[str, Any]:
+    return {
+        "train": {**budget, "seed": seed, "device": "cpu", "compile": False, "peak_flops": 1e11},
+        "logging": {"interval": 10, "wandb": {"mode": "disabled"}},
+        "run": {"out_dir": str(out_dir), "overwrite": overwrite, "checkpoint_interval": 0},
+    }
+
+
+def calculator_problems(size: str) -> dict[str, Any]:
+    """``data.calculator``: the SFT run's conversations, the first ``held_out`` of them held out."""
+    return {**PROBLEMS, "conversations": SIZES[size]["problems"]}
+
+
+def rl_section(size: str, *, tools: bool = True) -> dict[str, Any]:
+    """The GRPO run's ``rl:``: the SFT run's problems, the same ones held out (drawn first, from the
+    same seed and settings); ``tools`` False: the model alone."""
+    s = SIZES[size]
+    return {"task": "calculator", "tools": ["calculator"] if tools else [], "max_tool_calls": 2,
+            "group_size": 8, "max_new_tokens": 40, "temperature": 1.0, "beta": 0.04, "eval_samples": PASS_K,
+            "rewards": ["tool_answer_correct", "tool_format"],
+            "calculator": {**PROBLEMS, "val_problems": s["held_out"], "train_problems": s["problems"] - s["held_out"]}}
+
+
+def write_text(folder: Path, size: str) -> Path:
+    """The SFT run's training conversations as plain text, for the base run (never a held-out one)."""
+    from data.config import CalculatorSourceConfig
+    from data.sources.tool_arithmetic import calculator_conversations
+
+    conversations, _ = calculator_conversations(CalculatorSourceConfig(**calculator_problems(size)), _held_share(size))
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "conversations.txt"
+    paragraphs = ("\n".join([m.content for m in c[:1]] + [t.name + t.arguments for t in c[1].tool_calls]
+                            + [c[2].content, c[3].content]) for c in conversations)
+    path.write_text("\n\n".join(paragraphs) + "\n", encoding="utf-8")
+    return path
+
+
+def _held_share(size: str) -> float:
+    return SIZES[size]["held_out"] / SIZES[size]["problems"]
+
+
+def configs(folder: Path, seed: int, size: str, overwrite: bool) -> dict[str, dict[str, Any]]:
+    s = SIZES[size]
+    text = write_text(folder / "data", size)
+    cache = str(folder / "data_cache")
+    quiet_eval = {"interval": 0, "max_batches": 4, "sample_tokens": 0, "final_max_batches": 4}
+    base = _merge(_common(folder / "base", seed, s["base"], overwrite), {
+        "model": s["model"],
+        # A vocabulary this small merges the call's fixed words and leaves most digits single tokens.
+        "data": {"source": "files", "vocab_size": 300, "cache_dir": cache,
+                 "files": {"paths": [str(text)], "txt_document": "paragraph"}},
+        "train": {"batch_size": 32, "lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 20},
+        "eval": quiet_eval,
+    })
+    sft = _merge(_common(folder / "sft", seed, s["sft"], overwrite), {
+        "data": {"source": "calculator", "format": "chat", "cache_dir": cache, "val_fraction": _held_share(size),
+                 "calculator": calculator_problems(size)},
+        "train": {"init_from": str(folder / "base"), "batch_size": 32, "optimizer": "muon", "muon_lr": 0.01,
+                  "lr": 2e-3, "min_lr": 1e-4, "warmup_steps": 10},
+        "eval": quiet_eval,
+    })
+    grpo = _merge(_common(folder / "grpo", seed, s["grpo"], overwrite), {
+        "data": {"format": "rl"},
+        "train": {"init_from": str(folder / "sft"), "batch_size": 16, "lr": 2e-4, "min_lr": 2e-4,
+                  "warmup_steps": 0, "weight_decay": 0.0},
+        "eval": {"interval": s["grpo_eval_interval"], "max_batches": 2, "sample_tokens": 40,
+                 "final_max_batches": None},
+        "rl": rl_section(size),
+    })
+    return {"base": base, "sft": sft, "grpo": grpo}
+
+
+def stage_state(run_dir: Path) -> str:
+    """``new``, ``finished`` or ``stopped`` (``rundir.checkpoint.run_progress``)."""
+    from rundir.checkpoint import run_progress
+
+    return run_progress(run_dir)
+
+
+def check_out_folder(args: argparse.Namespace) -> None:
+    """Refuse, before anything trains, a lab folder that holds runs the command was not told what to do with."""
+    if args.resume or args.overwrite:
+        return
+    for seed in args.seeds:
+        for stage in STAGES:
+            run_dir = args.out / f"s{seed}" / stage
+            if stage_state(run_dir) != "new":
+                raise UserError(f"{run_dir} already holds a run of the lab; pass --resume to continue the lab "
+                                f"(finished runs are kept), --overwrite to run it again, or --out for another folder")
+
+
+def say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def train_stage(raw: dict[str, Any], stage: str, label: str, resume: bool) -> float:
+    """Train one stage (or continue it), its progress bar and evaluation lines on stderr (stdout is
+    the table, or the JSON lines); its wall-clock seconds. A finished stage is kept under --resume."""
+    from training.config import config_from_dict
+    from training.trainer import train
+
+    config = config_from_dict(copy.deepcopy(raw))  # reading a config fills in its model from the parent
+    state = stage_state(config.out_dir) if resume else "new"
+    say(f"{label} {stage}: {WHAT[stage]}, in {config.out_dir}"
+        + {"new": "", "finished": " (finished: kept)", "stopped": " (resuming)"}[state])
+    if state == "finished":
+        return 0.0
+    start = time.perf_counter()
+    with contextlib.redirect_stdout(sys.stderr):
+        train(config, resume=state == "stopped", progress=True)
+    return time.perf_counter() - start
+
+
+# ---------------------------------------------------------------------------------------------
+# Held-out pass@1
+
+
+def held_out(run_dir: Path, rl_raw: dict[str, Any]) -> dict[str, float]:
+    """pass@1 and pass@4 of ``run_dir`` on every held-out problem by the RL task's own evaluation
+    (with the calculator when ``rl_raw`` names it), and the share of replies that call and of
+    calls that parse."""
+    import torch
+
+    from model import load_pretrained
+    from training.adapters import adapters_for
+    from training.config import config_from_dict
+    from training.distributed import DistContext
+    from training.tasks.prepare import prepare_task
+
+    # Read as an RL run of it that is never trained (nothing is written to its out_dir).
+    raw = _merge(rl_raw, {"train": {"init_from": str(run_dir)}, "rl": {"beta": 0.0},
+                          "run": {"out_dir": f"{run_dir}-unused"}})
+    config = config_from_dict(copy.deepcopy(raw))
+    task = prepare_task(config, config.parent.tokenizer_file, progress=False, is_main=True,
+                        device=torch.device("cpu"), adapters=adapters_for(config.train))
+    result = task.evaluate(load_pretrained(run_dir), batch_size=50, max_batches=None, device=torch.device("cpu"),
+                           amp=None, ctx=DistContext(), progress=False)
+    return result.metrics
+
+
+def run_seed(args: argparse.Namespace, seed: int) -> dict[str, Any]:
+    folder = args.out / f"s{seed}"
+    label = f"[seed {seed}]"
+    kept = folder / RESULT_FILE
+    if args.resume and kept.is_file() and all(stage_state(folder / s) == "finished" for s in STAGES):
+        say(f"{label} finished: kept ({kept})")
+        return json.loads(kept.read_text(encoding="utf-8"))
+    start = time.perf_counter()
+    raws = configs(folder, seed, args.size, args.overwrite)
+    seconds = {stage: train_stage(raws[stage], stage, label, args.resume) for stage in STAGES}
+    evals = time.perf_counter()
+    measured = {}
+    for name, run, tools in (("no_tools", "grpo", False), ("sft", "sft", True), ("grpo", "grpo", True)):
+        say(f"{label} held-out pass@1 of the {run} run {'with the calculator' if tools else 'without tools'} "
+            f"({SIZES[args.size]['held_out']} problems, {PASS_K} samples each)")
+        measured[name] = held_out(folder / run, {**raws["grpo"], "rl": rl_section(args.size, tools=tools)})
+    row = {"seed": seed, **{f"pass@1_{name}": m["pass@1"] for name, m in measured.items()},
+           **{f"pass@{PASS_K}_{name}": m[f"pass@{PASS_K}"] for name, m in measured.items()},
+           **{f"calling_{name}": measured[name]["tools/calling_ratio"] for name in ("sft", "grpo")},
+           **{f"parsed_{name}": measured[name]["tools/parsed_ratio"] for name in ("sft", "grpo")},
+           **{f"{stage}_seconds": round(seconds[stage], 1) for stage in STAGES},
+           "eval_seconds": round(time.perf_counter() - evals, 1),
+           "seconds": round(time.perf_counter() - start, 1), "run": str(folder / "grpo")}
+    kept.write_text(json.dumps(row) + "\n", encoding="utf-8")
+    return row
+
+
+# ---------------------------------------------------------------------------------------------
+# The figure and the table
+
+
+def draw_figure(out: Path, rows: list[dict[str, Any]]) -> Path:
+    """Held-out pass@1 per stage and seed, beside each GRPO run's reward and held-out pass@1 by step."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from rundir.metrics import read_metrics
+    from training.loss_curve import write_figure
+
+    figure = Figure(figsize=(12, 4.4), layout="constrained")
+    FigureCanvasAgg(figure)
+    bars, curves = figure.subplots(1, 2)
+    stages = (("no_tools", "GRPO run, no tools"), ("sft", "SFT, calculator"), ("grpo", "GRPO, calculator"))
+    width = 0.8 / len(stages)
+    for j, (name, label) in enumerate(stages):
+        drawn = bars.bar([i + (j - 1) * width for i in range(len(rows))], [row[f"pass@1_{name}"] for row in rows],
+                         width, label=label)
+        bars.bar_label(drawn, fmt="%.2f", fontsize="small")  # a bar of 0 is otherwise not seen at all
+    bars.set_xticks(range(len(rows)), [f"seed {row['seed']}" for row in rows])
+    bars.set_ylim(0, 1.12)
+    bars.set_ylabel("held-out pass@1")
+    bars.set_title("held-out pass@1 (products of three-digit numbers)")
+    bars.legend(fontsize="small", loc="center")
+    for row in rows:
+        records = read_metrics(Path(row["run"]) / "metrics.jsonl")
+        train = [r for r in records if r.get("kind") == "train" and "rewards/tool_answer_correct/mean" in r]
+        evals = [r for r in records if r.get("kind") == "eval" and "val_pass@1" in r]
+        line, = curves.plot([r["step"] for r in train], [r["rewards/tool_answer_correct/mean"] for r in train],
+                            linewidth=1, alpha=0.6, label=f"seed {row['seed']}: answers right in the training groups")
+        curves.plot([0, *(r["step"] for r in evals)], [row["pass@1_sft"], *(r["val_pass@1"] for r in evals)], "o-",
+                    color=line.get_color(), markersize=4, label=f"seed {row['seed']}: held-out pass@1")
+    curves.set_ylim(0, 1.05)
+    curves.set_xlabel("GRPO step (at 0, the SFT run on every held-out problem; then the evaluation subset)",
+                      fontsize="small")
+    curves.set_ylabel("share right")
+    curves.set_title("GRPO with the calculator in the loop")
+    curves.legend(fontsize="small", loc="lower right")
+    curves.grid(alpha=0.3)
+    path = out / "tool_lab.png"
+    write_figure(figure, path)
+    return path
+
+
+HEADER = ("| seed | pass@1 no tools | SFT | GRPO | calling (GRPO) | calls parsed (GRPO) | base s | SFT s | GRPO s "
+          "| eval s | seed s |")
+
+
+def table_line(row: dict[str, Any]) -> str:
+    return (f"| {row['seed']} | {row['pass@1_no_tools']:.3f} | {row['pass@1_sft']:.3f} | {row['pass@1_grpo']:.3f} | "
+            f"{row['calling_grpo']:.3f} | {row['parsed_grpo']:.3f} | {row['base_seconds']:.0f} | "
+            f"{row['sft_seconds']:.0f} | {row['grpo_seconds']:.0f} | {row['eval_seconds']:.0f} | {row['seconds']:.0f} |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_stoppable(build_parser(), argv, run_lab)
+
+
+def run_lab(args: argparse.Namespace) -> int:
+    check_out_folder(args)
+    rows = []
+    for seed in args.seeds:
+        rows.append(run_seed(args, seed))
+        if not args.json and len(rows) == 1:  # the header once a row has come, so a failure prints no table
+            print(HEADER)
+            print("|" + "---:|" * (HEADER.count(" | ") + 1))
+        print(json.dumps(rows[-1]) if args.json else table_line(rows[-1]), flush=True)
+        figure = draw_figure(args.out, rows)
+    say(f"figure: {figure}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
