@@ -1,6 +1,6 @@
 """The ``attention.py`` command line: draw a run's attention maps (one head with and without the
-1/√d scale, or one layer of several runs side by side), print its heads' roles, or show how its
-attention changed over training.
+1/√d scale, or one layer of several runs side by side), print its heads' roles, score which head
+copies a span a prompt repeats, or show how its attention changed over training.
 
 Flags are checked and the runs loaded before anything is written, so a failed command leaves no
 file behind.
@@ -24,7 +24,10 @@ from analysis.maps import (
     MIN_COUNT,
     MIN_PERIOD,
     attention_maps,
+    copy_roles,
     describe_attention,
+    find_repeat,
+    format_copy_roles,
     format_roles,
     head_roles,
     induction_periods,
@@ -37,6 +40,7 @@ from analysis.plot import (
     draw_attention_history,
     draw_attention_map,
     draw_attention_rows,
+    draw_copy_heads,
     draw_induction_history,
     draw_scale_comparison,
 )
@@ -57,6 +61,8 @@ examples:
   python attention.py --run runs/tiny --prompt "ROMEO:" --json > weights.json
   python attention.py --run runs/tiny --prompt "ROMEO: But soft" --layer 1 --head 0 --compare-scale --out scale.png
   python attention.py --run runs/tiny --roles
+  python attention.py --run runs/tool_lab/s1337/grpo --copy 281764 --out copy.png \
+      --prompt '<|user|>What is 347*812?<|end|><|assistant|><|call|>calculator{"expression":"347*812"}<|end|><|tool|>281764<|end|><|assistant|>281764<|end|>'
   python attention.py --run runs/tiny --history --out history.png
   python attention.py --runs runs/mha runs/gqa runs/mla --prompt "ROMEO: But soft" --layer 3 --out variants.png
 """
@@ -98,6 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "model computes them) beside those of the same scores without it")
     parser.add_argument("--roles", action="store_true",
                         help="print each head's previous-token, first-token, entropy and induction scores")
+    parser.add_argument("--copy", metavar="TEXT",
+                        help="with --prompt: print each head's copy and induction scores where the prompt writes "
+                        "TEXT a second time (a tool's result repeated as the answer, say); with --out, draw the "
+                        "head that copies most beside the one that copies least")
     parser.add_argument("--text-file", metavar="PATH", type=path_arg,
                         help="with --roles: held-out UTF-8 text to score (default: the run's validation split)")
     parser.add_argument("--windows", type=int, metavar="N",
@@ -150,6 +160,8 @@ def _attention(args: argparse.Namespace) -> int:
     _check_layer_head(args, run)
     idx = torch.tensor([ids], device=device)
     tokens = _pieces(run, ids)
+    if args.copy is not None:
+        return _copy(args, run, ids, idx, tokens)
     if args.compare_scale:
         return _draw_scale(args, run, idx, tokens)
     maps = [layer[0] for layer in attention_maps(run.model, idx)]
@@ -181,6 +193,32 @@ def _draw_scale(args: argparse.Namespace, run: LoadedRun, idx: torch.Tensor, tok
         draw_scale_comparison(comparison, tokens, out,
                               title=f"{run.directory.name}: layer {args.layer} head {args.head}, with and "
                               "without the 1/√d scale")
+    return 0
+
+
+def _copy(args: argparse.Namespace, run: LoadedRun, ids: list[int], idx: torch.Tensor, tokens: list[str]) -> int:
+    """Which head copies a span the prompt writes twice: every head's copy and induction scores at
+    the second copy's positions, and (with --out) the most and the least copying heads' maps."""
+    span = run.tokenizer.encode(args.copy, add_special_tokens=False).ids
+    repeat = find_repeat(ids, span) if span else None
+    if repeat is None:
+        raise UserError(f"--copy {args.copy!r} ({len(span)} tokens) does not occur twice in the prompt's tokens; give "
+                        "text the prompt writes twice, as it is written there")
+    if args.out is not None:
+        _check_writable(args.out)
+    roles = copy_roles(run.model, idx, repeat)
+    print(format_copy_roles(roles))
+    print(f"\ncopy: {args.copy!r}, tokens {repeat.offset}-{repeat.offset + repeat.length - 1} written again at "
+          f"{repeat.offset + repeat.period}-{repeat.offset + repeat.period + repeat.length - 1}")
+    if args.out is not None:
+        ranked = sorted(roles, key=lambda r: r.copy)
+        maps = attention_maps(run.model, idx)
+        heads = [ranked[-1], ranked[0]]  # the strongest copier, and a control that does not copy
+        with _writing_figure(args.out):
+            draw_copy_heads([maps[r.layer][0, r.head] for r in heads],
+                            [f"layer {r.layer} head {r.head}: copy {r.copy:.2f}, induction {r.induction:.2f}"
+                             for r in heads], tokens, repeat, args.out,
+                            title=f"{run.directory.name}: which head copies {args.copy!r}")
     return 0
 
 
@@ -239,17 +277,24 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise UserError(f"--induction-threshold is a weight in (0, 1], got {threshold}")
     if args.roles:
         _refuse(args, "--roles prints a table of every head", "--prompt", "--json", "--compare-init",
-                "--compare-scale", "--layer", "--head", "--out", "--induction-threshold")
+                "--compare-scale", "--layer", "--head", "--out", "--induction-threshold", "--copy")
         return
     if args.history:
         _refuse(args, "--history reads the run's metrics.jsonl", "--prompt", "--json", "--compare-init",
-                "--compare-scale", "--layer", "--head", "--text-file", "--windows")
+                "--compare-scale", "--layer", "--head", "--text-file", "--windows", "--copy")
         return
     _refuse(args, "--text-file and --windows go with --roles", "--text-file", "--windows")
     _refuse(args, "--induction-threshold goes with --history", "--induction-threshold")
     if not args.prompt:
         raise UserError('give the text to draw with --prompt, e.g. --prompt "ROMEO: But soft" (or use --roles)')
     args.prompt = decode_argument(args.prompt, "--prompt")
+    if args.copy is not None:
+        _refuse(args, "--copy scores every head on the prompt", "--runs", "--json", "--compare-init", "--compare-scale",
+                "--layer", "--head")
+        if not args.copy:
+            raise UserError("--copy is empty; give the text the prompt writes twice, e.g. --copy 281764")
+        args.copy = decode_argument(args.copy, "--copy")
+        return
     if args.runs is not None:
         _refuse(args, "--runs draws one layer of each run given to it", "--run", "--json", "--compare-init",
                 "--compare-scale")

@@ -1,6 +1,7 @@
 """Attention probabilities of a model for given token ids (with and without the 1/√d scale), the
 head-role table of a run, the repeated-sequence probe (its induction scores and its first- and
-second-copy losses), and the words that name a run's attention kind.
+second-copy losses), each head's copy and induction scores where a given sequence repeats a span,
+and the words that name a run's attention kind.
 
 The probabilities come from ``GPT.attention_weights``: each attention kind's own projections and
 scores, the same code its forward pass runs, returned before they are applied to the values.
@@ -18,6 +19,7 @@ from torch import nn
 
 from analysis.roles import (
     attention_entropy,
+    copy_score,
     induction_score,
     previous_token_score,
     repeated_random_tokens,
@@ -189,6 +191,53 @@ def format_roles(roles: list[HeadRole]) -> str:
                      f"{r.entropy_bits:.3f} | {r.induction:.3f} |")
     lines += ["", "| layer | induction, summed over heads |", "|---:|---:|"]
     lines += [f"| {layer} | {total:.3f} |" for layer, total in enumerate(layer_induction(roles))]
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class SpanRepeat:
+    """A span of ``length`` tokens at ``offset`` of a sequence, written again ``period`` later."""
+
+    offset: int
+    period: int
+    length: int
+
+
+def find_repeat(ids: Sequence[int], span: Sequence[int]) -> SpanRepeat | None:
+    """The first two places ``span`` occurs in ``ids``, not overlapping (None: it does not occur twice)."""
+    n = len(span)
+    starts = []
+    for i in range(len(ids) - n + 1):
+        if list(ids[i:i + n]) == list(span) and (not starts or i >= starts[0] + n):
+            starts.append(i)
+            if len(starts) == 2:
+                return SpanRepeat(starts[0], starts[1] - starts[0], n)
+    return None
+
+
+@dataclass(frozen=True)
+class CopyRole:
+    layer: int
+    head: int
+    copy: float
+    induction: float
+
+
+def copy_roles(model: nn.Module, idx: torch.Tensor, repeat: SpanRepeat) -> list[CopyRole]:
+    """Every head's copy and induction scores (``analysis.roles``) at ``repeat``'s positions of the
+    sequence ``idx`` (1, T)."""
+    roles = []
+    for layer, probs in enumerate(attention_maps(model, idx)):
+        copy = copy_score(probs[0], repeat.period, repeat.offset, repeat.length)
+        induction = induction_score(probs[0], repeat.period, repeat.offset, repeat.length)
+        roles += [CopyRole(layer, head, float(copy[head]), float(induction[head])) for head in range(len(copy))]
+    return roles
+
+
+def format_copy_roles(roles: list[CopyRole]) -> str:
+    """A markdown table, one row per layer and head."""
+    lines = ["| layer | head | copy | induction |", "|---:|---:|---:|---:|"]
+    lines += [f"| {r.layer} | {r.head} | {r.copy:.3f} | {r.induction:.3f} |" for r in roles]
     return "\n".join(lines)
 
 

@@ -24,7 +24,7 @@ from analysis.history import (
     first_induction,
     first_layer_induction,
 )
-from analysis.maps import ScaleComparison
+from analysis.maps import ScaleComparison, SpanRepeat
 from common.files import atomic_output
 
 # Token pieces label the axes only while they stay readable.
@@ -166,6 +166,30 @@ def draw_attention_rows(rows: Sequence[tuple[str, torch.Tensor]], tokens: Sequen
             else:
                 axes[r][c].axis("off")
     fig.colorbar(image, ax=axes, shrink=0.6, label="attention weight (hatched grey: masked future)")
+    fig.suptitle(title)
+    _save(fig, out)
+
+
+def draw_copy_heads(maps: Sequence[torch.Tensor], names: Sequence[str], tokens: Sequence[str], repeat: SpanRepeat,
+                    out: Path, *, title: str) -> None:
+    """Heads' (T, T) maps side by side, large, every token labelled, with the cells the copy score
+    reads outlined: the query that predicts each token of the span's repeat, on that token's first
+    copy. A head that copies fills them; a control beside it shows what not copying looks like."""
+    from matplotlib.patches import Rectangle
+
+    plt = _pyplot()
+    T = maps[0].shape[-1]
+    side = max(5.0, T * 0.14)
+    fig, axes = plt.subplots(1, len(maps), figsize=(side * len(maps) + 1.2, side + 0.8), squeeze=False,
+                             constrained_layout=True)
+    image = None
+    for ax, probs, name in zip(axes[0], maps, names):
+        image = _draw_map(ax, probs, tokens, name, fontsize=6, every=1)
+        for j in range(repeat.length):
+            query, key = repeat.offset + repeat.period + j - 1, repeat.offset + j
+            ax.add_patch(Rectangle((key - 0.5, query - 0.5), 1, 1, fill=False, edgecolor="tab:red", linewidth=1.2))
+    fig.colorbar(image, ax=axes[0], shrink=0.6, label="attention weight (red boxes: where copying reads; "
+                 "hatched grey: masked future)")
     fig.suptitle(title)
     _save(fig, out)
 

@@ -13,6 +13,10 @@ heads) are kept, so one call scores every head at once; average over the batch a
 - induction score: on a random sequence repeated twice, the mean weight a token of the second copy
   puts on the token that followed its earlier occurrence. A head near 1 completes patterns it has
   seen before in the context ("A B ... A -> B") whatever the tokens mean.
+- copy score: where a span is written a second time (a tool's result repeated as the answer), the
+  mean weight the position that predicts each token of the repeat puts on that same token in the
+  first copy: where a head reads what it copies. It and the induction score at the repeat's
+  positions score a head on one given sequence rather than on a probe.
 """
 
 from __future__ import annotations
@@ -39,19 +43,36 @@ def attention_entropy(probs: torch.Tensor) -> torch.Tensor:
     return (-plogp.sum(-1) / math.log(2)).mean(-1).to(probs.dtype)
 
 
-def induction_score(probs: torch.Tensor, period: int, offset: int = 0) -> torch.Tensor:
+def induction_score(probs: torch.Tensor, period: int, offset: int = 0, length: int | None = None) -> torch.Tensor:
     """Mean weight on the token after the earlier occurrence, for a sequence whose positions
-    ``offset .. offset + period - 1`` are repeated at ``offset + period .. offset + 2 * period - 1``.
+    ``offset .. offset + length - 1`` are repeated at ``offset + period ..`` (``length`` None: the
+    whole period, the copies back to back).
 
     Query ``offset + period + j`` (the second copy's j-th token) is scored by its weight on key
     ``offset + j + 1``, which holds the token that followed the first copy's j-th token.
     """
-    T = probs.shape[-1]
-    if period < 1 or offset < 0 or offset + 2 * period > T:
-        raise ValueError(f"a repeat of period {period} at offset {offset} does not fit in {T} positions")
-    queries = torch.arange(period, device=probs.device) + offset + period
+    length = period if length is None else length
+    _check_repeat(probs, period, offset, length)
+    queries = torch.arange(length, device=probs.device) + offset + period
     keys = queries - period + 1
     return probs[..., queries, keys].mean(-1)
+
+
+def copy_score(probs: torch.Tensor, period: int, offset: int, length: int) -> torch.Tensor:
+    """Mean weight on the token about to be copied, for a span of ``length`` tokens at ``offset``
+    written again at ``offset + period``: query ``offset + period + j - 1`` (the position that
+    predicts the repeat's j-th token) is scored by its weight on key ``offset + j``, that token in
+    the first copy. For j >= 1 these are the induction score's pairs one token earlier; j = 0 is
+    the first token of the repeat, which no earlier token of the span announces."""
+    _check_repeat(probs, period, offset, length)
+    keys = torch.arange(length, device=probs.device) + offset
+    return probs[..., keys + period - 1, keys].mean(-1)
+
+
+def _check_repeat(probs: torch.Tensor, period: int, offset: int, length: int) -> None:
+    T = probs.shape[-1]
+    if not 1 <= length <= period or offset < 0 or offset + period + length > T:
+        raise ValueError(f"a span of {length} at offset {offset} repeated {period} later does not fit in {T} positions")
 
 
 def repeated_random_tokens(batch: int, period: int, ids: torch.Tensor, generator: torch.Generator) -> torch.Tensor:

@@ -8,6 +8,7 @@ from heads_testkit import previous_token_head, sink_head, uniform_head
 
 from analysis.roles import (
     attention_entropy,
+    copy_score,
     induction_score,
     previous_token_score,
     repeated_random_tokens,
@@ -81,3 +82,35 @@ def test_repeated_random_tokens_repeat_distinct_ids_from_the_pool():
     assert set(ids.unique().tolist()) == set(pool.tolist())  # every id of the pool is drawn, no other
     with pytest.raises(ValueError, match="needs 9 distinct ids"):
         repeated_random_tokens(1, 9, pool, g)
+
+
+def copy_head(offset: int, period: int, length: int) -> torch.Tensor:
+    """A head that reads each token of a span's first copy from the position that predicts its repeat."""
+    n = offset + period + length
+    p = sink_head(n).clone()
+    for j in range(length):
+        p[offset + period + j - 1] = 0.0
+        p[offset + period + j - 1, offset + j] = 1.0
+    return p
+
+
+@pytest.mark.parametrize("offset, period, length", [(0, 5, 5), (2, 9, 4), (4, 6, 1)])
+def test_copy_score_finds_the_head_that_reads_the_token_about_to_be_repeated(offset, period, length):
+    n = offset + period + length
+    assert copy_score(copy_head(offset, period, length), period, offset, length).item() == 1.0
+    # The induction pairs are the copy's one token later: a copying head is an induction head there too,
+    # but for the repeat's first token, which no earlier token of the span announces.
+    if length > 1:
+        induction = induction_score(copy_head(offset, period, length), period, offset, length).item()
+        assert induction == pytest.approx((length - 1) / length)
+    assert copy_score(previous_token_head(n), period, offset, length).item() == (1.0 if period == 1 else 0.0)
+    # A head one token off (it reads the token before the one to copy) scores 0.
+    early = torch.roll(copy_head(offset, period, length), shifts=-1, dims=-1) * torch.tril(torch.ones(n, n))
+    assert copy_score(early, period, offset, length).item() == 0.0
+
+
+def test_scores_at_a_repeat_refuse_one_that_does_not_fit():
+    with pytest.raises(ValueError, match="does not fit"):
+        copy_score(uniform_head(8), period=5, offset=1, length=3)
+    with pytest.raises(ValueError, match="does not fit"):
+        copy_score(uniform_head(20), period=3, offset=0, length=4)  # the copies would overlap
