@@ -21,6 +21,10 @@ from tests.scaling.test_distributed import torchrun_env
 from tests.scaling.test_fsdp import ROOT, _every_rank_says_one_line, _ok, _torchrun, _train_args
 
 # What the runs log per step and evaluation that must agree (sums in another order: to rounding).
+# The weights agree to rounding too, but an absolute 1e-5: Adam divides each gradient by its own running
+# scale, so an element whose gradient is near zero still moves by up to the learning rate, and the
+# rounding of a sum taken in another order reaches it undivided.
+WEIGHTS_ATOL = 1e-5
 COMPARED = ("loss", "reward", "reward_std", "rewards/grader:e_share/mean", "rewards/grader:e_share/std", "kl",
             "completions/mean_length", "completions/clipped_ratio", "val_pass@1", "val_pass@2", "tools/calling_ratio",
             "tools/parsed_ratio", "tools/call_frequency", "val_tools/calling_ratio", "val_tools/parsed_ratio")
@@ -99,7 +103,7 @@ def test_rl_on_two_processes_equals_one_process(parent, env, tmp_path, batch):
             assert got[name] == pytest.approx(value, rel=1e-4, abs=1e-6), (kind, step, name)
     a, b = load_trainer_state(one)["model"], load_trainer_state(two)["model"]
     for name, tensor in a.items():
-        torch.testing.assert_close(b[name], tensor, rtol=1e-4, atol=1e-6, msg=name)
+        torch.testing.assert_close(b[name], tensor, rtol=1e-4, atol=WEIGHTS_ATOL, msg=name)
 
 
 # The calculator in the loop, from the tiny run that calls it (tests/run_testkit.py), on two-digit problems.
@@ -124,7 +128,7 @@ def test_rl_with_the_calculator_on_two_processes_equals_one_process(tool_run_dir
             assert got[name] == pytest.approx(value, rel=1e-4, abs=1e-6), (kind, step, name)
     a, b = load_trainer_state(one)["model"], load_trainer_state(two)["model"]
     for name, tensor in a.items():
-        torch.testing.assert_close(b[name], tensor, rtol=1e-4, atol=1e-6, msg=name)
+        torch.testing.assert_close(b[name], tensor, rtol=1e-4, atol=WEIGHTS_ATOL, msg=name)
 
 
 @pytest.mark.e2e

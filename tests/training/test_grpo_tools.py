@@ -274,3 +274,21 @@ def test_tool_settings_that_cannot_work_are_refused_in_one_line(tool_rl_config, 
     with pytest.raises(UserError, match=message.replace("+", r"\+")) as error:
         tool_rl_config(tmp_path / "run", rl=rl)
     assert "\n" not in str(error.value)
+
+
+def test_the_shipped_tools_rl_config_reads_and_holds_out_the_sft_runs_held_out_problems(tool_run_dir):
+    from data.config import CalculatorSourceConfig
+    from data.sources.tool_arithmetic import calculator_conversations, tool_problems
+    from training.config import load_run_config
+
+    root = Path(__file__).parents[2]
+    rl = load_run_config(root / "configs" / "tiny-tools-rl.yaml",
+                         [f"train.init_from={tool_run_dir}", "run.out_dir=unused"]).rl
+    assert (rl.task, rl.tools, rl.rewards) == ("calculator", ["calculator"], ["tool_answer_correct", "tool_format"])
+    sft = load_run_config(root / "configs" / "tiny-tools.yaml",
+                          [f"train.init_from={tool_run_dir}", "run.out_dir=unused"]).data
+    _, held_out = calculator_conversations(sft.calculator, sft.val_fraction)
+    settings = {k: v for k, v in vars(rl.calculator).items() if k not in ("train_problems", "val_problems")}
+    drawn = tool_problems(CalculatorSourceConfig(**settings, conversations=sft.calculator.conversations),
+                          rl.calculator.val_problems)
+    assert [p.question for p in drawn] == [c[0].content for c in held_out]
