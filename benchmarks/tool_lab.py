@@ -23,7 +23,8 @@ run with the calculator taken away (``<|call|>`` never sampled: the model alone,
 head), the SFT run with the calculator, and the GRPO run with it. With the calculator, the lab
 also counts the share of replies that call and of calls that parse. ``seconds`` is the seed end to
 end, each stage's its training run's (data preparation and final evaluation included) and
-``eval_seconds`` the three measurements'. Progress goes to stderr; the figure (held-out pass@1
+``eval_seconds`` the three measurements' (a stage kept or resumed under ``--resume`` is not timed:
+null, and so is the seed's). Progress goes to stderr; the figure (held-out pass@1
 per stage and seed, and each GRPO run's curves) is ``--out``/tool_lab.png.
 
 Run again with ``--resume``, the lab keeps the runs (and seeds) that finished and continues an
@@ -183,9 +184,10 @@ def say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def train_stage(raw: dict[str, Any], stage: str, label: str, resume: bool) -> float:
+def train_stage(raw: dict[str, Any], stage: str, label: str, resume: bool) -> float | None:
     """Train one stage (or continue it), its progress bar and evaluation lines on stderr (stdout is
-    the table, or the JSON lines); its wall-clock seconds. A finished stage is kept under --resume."""
+    the table, or the JSON lines); its wall-clock seconds (None: a finished stage kept under --resume,
+    or resumed, whose time this command did not see whole)."""
     from training.config import config_from_dict
     from training.trainer import train
 
@@ -194,11 +196,11 @@ def train_stage(raw: dict[str, Any], stage: str, label: str, resume: bool) -> fl
     say(f"{label} {stage}: {WHAT[stage]}, in {config.out_dir}"
         + {"new": "", "finished": " (finished: kept)", "stopped": " (resuming)"}[state])
     if state == "finished":
-        return 0.0
+        return None
     start = time.perf_counter()
     with contextlib.redirect_stdout(sys.stderr):
         train(config, resume=state == "stopped", progress=True)
-    return time.perf_counter() - start
+    return None if state == "stopped" else time.perf_counter() - start
 
 
 # ---------------------------------------------------------------------------------------------
@@ -248,11 +250,17 @@ def run_seed(args: argparse.Namespace, seed: int) -> dict[str, Any]:
            **{f"pass@{PASS_K}_{name}": m[f"pass@{PASS_K}"] for name, m in measured.items()},
            **{f"calling_{name}": measured[name]["tools/calling_ratio"] for name in ("sft", "grpo")},
            **{f"parsed_{name}": measured[name]["tools/parsed_ratio"] for name in ("sft", "grpo")},
-           **{f"{stage}_seconds": round(seconds[stage], 1) for stage in STAGES},
+           **{f"{stage}_seconds": _rounded(seconds[stage]) for stage in STAGES},
            "eval_seconds": round(time.perf_counter() - evals, 1),
-           "seconds": round(time.perf_counter() - start, 1), "run": str(folder / "grpo")}
+           # The seed end to end, when this command ran all of it.
+           "seconds": _rounded(None if None in seconds.values() else time.perf_counter() - start),
+           "run": str(folder / "grpo")}
     kept.write_text(json.dumps(row) + "\n", encoding="utf-8")
     return row
+
+
+def _rounded(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds, 1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -306,9 +314,10 @@ HEADER = ("| seed | pass@1 no tools | SFT | GRPO | calling (GRPO) | calls parsed
 
 
 def table_line(row: dict[str, Any]) -> str:
+    seconds = " | ".join("–" if row[key] is None else f"{row[key]:.0f}"  # – : kept or resumed, not timed whole
+                         for key in ("base_seconds", "sft_seconds", "grpo_seconds", "eval_seconds", "seconds"))
     return (f"| {row['seed']} | {row['pass@1_no_tools']:.3f} | {row['pass@1_sft']:.3f} | {row['pass@1_grpo']:.3f} | "
-            f"{row['calling_grpo']:.3f} | {row['parsed_grpo']:.3f} | {row['base_seconds']:.0f} | "
-            f"{row['sft_seconds']:.0f} | {row['grpo_seconds']:.0f} | {row['eval_seconds']:.0f} | {row['seconds']:.0f} |")
+            f"{row['calling_grpo']:.3f} | {row['parsed_grpo']:.3f} | {seconds} |")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,9 +17,8 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
-from torch import nn
-
 from tokenizers import Tokenizer
+from torch import nn
 
 from inference.engine import Engine, decode
 from inference.sampling import SamplingSettings
