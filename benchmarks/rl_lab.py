@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from common.cli import ArgumentParser, path_arg, run_stoppable
+from common.config import merged as _merge
 from common.errors import UserError
 from data.sources.arithmetic import conversations, problems
 
@@ -75,11 +76,6 @@ def _common(out_dir: Path, seed: int, budget: dict[str, float], overwrite: bool)
         "logging": {"interval": 5, "wandb": {"mode": "disabled"}},
         "run": {"out_dir": str(out_dir), "overwrite": overwrite, "checkpoint_interval": 0},
     }
-
-
-def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-    return {k: _merge(a[k], b[k]) if isinstance(a.get(k), dict) and isinstance(b.get(k), dict) else b.get(k, a.get(k))
-            for k in {**a, **b}}
 
 
 def rl_section(size: str) -> dict[str, Any]:

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from common.cli import ArgumentParser, path_arg, run_stoppable
+from common.config import merged as _merge
 from common.errors import UserError
 
 OUT = Path("runs/tool_lab")
@@ -82,11 +83,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 # ---------------------------------------------------------------------------------------------
 # The three runs
-
-
-def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-    return {k: _merge(a[k], b[k]) if isinstance(a.get(k), dict) and isinstance(b.get(k), dict) else b.get(k, a.get(k))
-            for k in {**a, **b}}
 
 
 def _common(out_dir: Path, seed: int, budget: dict[str, Any], overwrite: bool) -> dict[str, Any]:

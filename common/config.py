@@ -73,6 +73,13 @@ _Loader.add_implicit_resolver(
 )
 
 
+def merged(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    """Raw config ``base`` with ``update`` laid over it: sections merged key by key, any other value
+    of ``update`` winning (what a program that writes configs, a lab, builds them with)."""
+    return {key: merged(base[key], update[key]) if isinstance(base.get(key), dict) and isinstance(update.get(key), dict)
+            else update.get(key, base.get(key)) for key in {**base, **update}}
+
+
 def read_yaml_file(path: str | Path) -> Any:
     """Parse a YAML file, read with a size cap (``/dev/zero`` never ends); errors are one line."""
     try:
