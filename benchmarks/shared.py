@@ -14,13 +14,14 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence, TypeAlias
 
 from common.cli import ArgumentParser
 from common.errors import UserError
-from inference.engine import Engine, Event, Finish
-from inference.sampling import SamplingSettings
-from rundir.files import METRICS_FILE
+
+if TYPE_CHECKING:  # the engine's types only: a benchmark that drives no engine does not import it
+    from inference.engine import Engine, Event, Finish
+    from inference.sampling import SamplingSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -55,6 +56,8 @@ def run_train_py(config: Path, settings: list[str]) -> None:
 
 def final_eval(run_dir: Path) -> tuple[int, float] | None:
     """(steps, val bits/byte) from the run's final evaluation record; None if it has none (yet)."""
+    from rundir.files import METRICS_FILE
+
     metrics = run_dir / METRICS_FILE
     lines = metrics.read_text().splitlines() if metrics.is_file() else []
     finals = [record for record in map(json.loads, filter(str.strip, lines)) if record.get("kind") == "final_eval"]
@@ -77,6 +80,8 @@ def in_turns(calls: dict[str, Callable[[], object]], rounds: int, warmup: int = 
 
 def api_settings(max_tokens: int, temperature: float = 1.0, top_p: float = 1.0, **options) -> SamplingSettings:
     """Sampling settings with the server's (OpenAI's) defaults, as serving.api builds them."""
+    from inference.sampling import SamplingSettings
+
     return SamplingSettings(max_new_tokens=max_tokens, temperature=temperature, top_k=None, top_p=top_p, **options)
 
 
@@ -89,14 +94,13 @@ class Timing:
     tokens: int = 0
 
 
-# A client's next request: its prompt ids, sampling settings and end ids.
-Request = tuple[Sequence[int], SamplingSettings, Sequence[int]]
+Request: TypeAlias = "tuple[Sequence[int], SamplingSettings, Sequence[int]]"  # prompt ids, settings, end ids
 
 
-def closed_loop(engine: Engine, clients: int,
-                next_request: Callable[[int, Finish | None], Request | None]) -> tuple[list[Timing], float]:
-    """Closed-loop clients of ``engine``: client c sends ``next_request(c, None)``, then, each time its
-    request finishes, ``next_request(c, finish)``, until that returns None. Returns every request's
+def closed_loop(engine: Engine, clients: int, next_request: Callable[[int, Finish | None], Request | None],
+                ) -> tuple[list[Timing], float]:
+    """Closed-loop clients of ``engine``: client c sends ``next_request(c, None)``, then, each time its request finishes, ``next_request(c, finish)``, until that
+    returns None. Returns every request's
     timing and the seconds until the last one finished. An error in a client (on the engine's
     thread, which would only log it and leave this waiting) is raised here."""
     timings: list[Timing] = []
