@@ -6,12 +6,13 @@ For each run (a pretrained one and its chat fine-tune, say), on the held-out con
 ``configs/tiny-chat.yaml``'s data (the Shakespeare chat set's held-out plays, tokenized with the
 run's tokenizer and its window):
 
-- bits per byte of assistant text (each reply's text; role tokens, system and user text not
-  scored), over every held-out conversation;
+- bits per byte of assistant text (each reply's text, its <|end|> charged: ``training.tasks.chat``'s
+  evaluation, as a chat run's final validation scores it), over every held-out conversation;
 - the share of replies to held-out user turns (the first exchange of ``--replies`` conversations
-  spread evenly over the split) that end with <|end|> within ``--max-new-tokens`` tokens, sampled
-  as ``generate.py --chat`` samples by default (temperature 0.8, top-p 0.95, role tokens
-  suppressed; reply i seeded ``--seed`` + i), and greedily;
+  spread evenly over the split) that end with <|end|> within ``--max-new-tokens`` tokens or the
+  window, sampled as ``generate.py --chat`` samples by default (temperature 0.8, top-p 0.95, role
+  tokens suppressed; reply i seeded ``--seed`` + i), and greedily. With the defaults, the sampled
+  share is the one a chat run's summary reports (``training.tasks.chat.held_out_replies``);
 - the share of those replies that repeat a 4-gram of words (``data.repetition``): replies that loop;
 - the mean length in tokens of the replies that ended, sampled and greedy, and the share of greedy
   replies that are distinct: beside the bits/byte, they tell a fine-tune that stopped loops from one
@@ -37,11 +38,12 @@ from data.prepared.chat import prepare_chat_data
 from data.repetition import repeats_ngram
 from inference.chat import ChatSession
 from inference.settings import GenerationSettings
-from inference.engine import decode
 from inference.sampling import SamplingSettings
-from model.gpt import eval_mode
 from rundir.loading import load_run
-from training import DistContext, evaluate_chat
+from training import DistContext
+from training.tasks.chat import (
+    ENDING_MAX_TOKENS, ENDING_REPLIES, ENDING_SEED, ended_share, evaluate_chat, held_out_replies, held_out_rows,
+)
 
 TRANSCRIPT_SYSTEM = "You are HAMLET in Hamlet."
 TRANSCRIPT = ["Who's there?", "My lord, the king your father is dead.", "What will you do now?"]
@@ -63,20 +65,15 @@ class Row:
     greedy: Replies
 
 
-def reply_measures(run, prompts: list[list[int]], max_new_tokens: int, temperature: float,
-                   seed: int) -> Replies:
-    """How the replies to ``prompts`` end, and how many loop: one engine decodes them all."""
+def reply_measures(run, split, max_new_tokens: int, temperature: float, count: int, seed: int) -> Replies:
+    """How the replies to ``count`` held-out conversations of ``split`` end, and how many loop."""
     special = ChatTokenIds.of(run.tokenizer)
-    settings = SamplingSettings(max_new_tokens=max_new_tokens, temperature=temperature,
-                                top_p=0.95 if temperature else None, seed=seed, suppress_ids=special.suppress_ids)
-    with eval_mode(run.model):
-        finishes = decode(run.model, prompts, settings, token_bytes=run.token_bytes, end_ids=special.reply_end_ids)
-    lengths, repeated = [], 0
-    for finish in finishes:
-        if finish.token_ids and finish.token_ids[-1] == special.end:
-            lengths.append(finish.completion_tokens)
-        repeated += repeats_ngram(finish.text)
-    return Replies(len(lengths) / len(finishes), repeated / len(finishes),
+    finishes = held_out_replies(run.model, split, special, count=count, max_new_tokens=max_new_tokens,
+                                temperature=temperature, seed=seed, token_bytes=run.token_bytes)
+    if not finishes:  # no held-out prompt fits the window
+        return Replies(*[float("nan")] * 4)
+    lengths = [f.completion_tokens for f in finishes if f.token_ids and f.token_ids[-1] == special.end]
+    return Replies(ended_share(finishes, special), sum(repeats_ngram(f.text) for f in finishes) / len(finishes),
                    statistics.mean(lengths) if lengths else float("nan"),
                    len({finish.text for finish in finishes}) / len(finishes))
 
@@ -88,11 +85,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="the runs compared, the first the baseline of the last column (required)")
     parser.add_argument("--cache-dir", default="data_cache",
                         help="where the held-out conversations are prepared (default: %(default)s)")
-    parser.add_argument("--replies", type=positive_int, default=200,
+    parser.add_argument("--replies", type=positive_int, default=ENDING_REPLIES,
                         help="held-out user turns replied to (default: %(default)s)")
-    parser.add_argument("--max-new-tokens", type=positive_int, default=200,
+    parser.add_argument("--max-new-tokens", type=positive_int, default=ENDING_MAX_TOKENS,
                         help="the most tokens of a reply (default: %(default)s)")
-    parser.add_argument("--seed", type=non_negative_int, default=0,
+    parser.add_argument("--seed", type=non_negative_int, default=ENDING_SEED,
                         help="reply i is sampled from seed + i (default: %(default)s)")
     parser.add_argument("--transcript", action="store_true", help="add a short conversation with each run")
     add_threads_argument(parser)
@@ -110,13 +107,12 @@ def compare_runs(args: argparse.Namespace) -> int:
         token_bytes = torch.as_tensor(data.token_bytes(), dtype=torch.long)
         result = evaluate_chat(run.model, data.val, token_bytes, batch_size=32, max_batches=None,
                                pad_id=data.eot_id, device=device, ctx=DistContext())
-        picks = sorted({round(i * (len(data.val) - 1) / max(args.replies - 1, 1)) for i in range(args.replies)})
-        prompts = [data.val.first_reply_prompt(row) for row in picks]
-        sampled, greedy = (reply_measures(run, prompts, args.max_new_tokens, temperature, args.seed)
-                           for temperature in (0.8, 0.0))
+        sampled, greedy = (reply_measures(run, data.val, args.max_new_tokens, temperature, args.replies, args.seed)
+                           for temperature in (SamplingSettings.temperature, 0.0))
         rows.append(Row(str(directory), result.bpb, sampled, greedy))
         print(f"{directory}: {len(data.val)} held-out conversations ({data.meta['val_from']}), "
-              f"{result.tokens:,} assistant tokens scored, {len(picks)} replies", flush=True)
+              f"{result.tokens:,} assistant tokens scored, {len(held_out_rows(data.val, args.replies))} replies",
+              flush=True)
         if args.transcript:
             session = ChatSession(run, GenerationSettings(seed=args.seed, max_new_tokens=args.max_new_tokens),
                                   system_prompt=TRANSCRIPT_SYSTEM,

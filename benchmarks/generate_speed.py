@@ -1,7 +1,8 @@
 """Decode speed of generate.py's path on the CPU, batch 1, greedy, side by side in one run: ours
-eager (the KV cache), ours compiled (``--compile``), ours with --no-cache (full recomputation),
-Hugging Face ``transformers`` at the same dimensions, and ONNX Runtime on the same weights
-(``export.py --format onnx``'s dynamic graph).
+eager (the KV cache), ours compiled (``--compile``: the step built ahead of time by AOTInductor,
+``inference/aot_step.py``, or ``torch.compile``'s on a torch without it), ours with --no-cache (full
+recomputation), Hugging Face ``transformers`` at the same dimensions, and ONNX Runtime on the same
+weights (``export.py --format onnx``'s dynamic graph).
 
     python -m benchmarks.generate_speed [--run DIR] [--new-tokens 256] [--threads N]
 
@@ -11,7 +12,7 @@ short one, and one long enough that the last token sits at the full context (blo
 
 Decode tokens/s counts the tokens after the first, over the time after the first, so prefill is
 left out of it and shown apart as time to first token (the compiled path's one-off compile is
-printed apart too). transformers' ``generate`` exposes no per-token clock, so its decode time is
+printed apart too: the first run builds the package into compile_cache/, later runs load it). transformers' ``generate`` exposes no per-token clock, so its decode time is
 t(N tokens) - t(1 token). Each figure is the best of the repeats, which run round-robin over the
 paths: on a shared machine other processes only ever slow a run down, so the best run is the
 closest to the code's own speed.
@@ -19,8 +20,10 @@ closest to the code's own speed.
 The arithmetic limit is the decode rate if a step cost only its matrix products at the FLOP/s this
 host reaches on the step's own weight shapes (measured with 64 rows a call, so call overhead is
 amortised). Batch 1 cannot reach it: each product then reads its whole weight for one row, so a
-step is bound by how fast the host streams the weights in. "1-row matmuls alone" measures that
-bound: the rate if a step were only its products at batch 1, with nothing around them.
+step is bound by how fast the host streams the weights in. "1-row matmuls alone" is the rate if a
+step were only ATen's products (``F.linear``) at batch 1, with nothing around them: what the eager
+step's products cost. The compiled step's own C++ products, written for its shapes and packed
+weights (``inference/aot_step.py``), read the same weights faster and can pass it.
 
 Goals: our cached decode >= 5x our own --no-cache at full context; compiled >= ONNX Runtime's
 dynamic graph (judged on the median of the round-by-round ratios, which pair the two paths under
@@ -44,6 +47,7 @@ import torch.nn.functional as F
 
 from common.cli import ArgumentParser, path_arg, positive_int, run_command
 from common.threads import thread_count
+from inference.aot_step import aot_missing, cache_folder
 from inference.compiled_step import compiler_missing
 from inference.completion import generate_completions
 from inference.settings import GenerationSettings
@@ -174,7 +178,8 @@ def ours_timer(run: LoadedRun, prompt: list[int], new: int, *, use_cache: bool, 
     warm = generate_completions(run, prompt, GenerationSettings(max_new_tokens=8, temperature=0, use_cache=use_cache,
                                                                 compile=compile))
     if warm.stats.compile_s is not None:
-        print(f"{COMPILED}: the decode step compiled in {warm.stats.compile_s:.1f} s")
+        how = "torch.compile" if aot_missing(run.device) else f"built ahead of time or loaded from {cache_folder()}/"
+        print(f"{COMPILED}: the decode step ready in {warm.stats.compile_s:.1f} s ({how})")
 
     def timer() -> tuple[float, float]:
         stats = generate_completions(run, prompt, settings, on_text=lambda row, text: None).stats
@@ -196,9 +201,9 @@ def linear_weights(model: GPT) -> list[torch.Tensor]:
 
 
 def one_row_matmul_rate(model: GPT) -> float:
-    """Steps per second if a decode step were only its matrix products at batch 1: each reads its
-    whole weight for one row, so this is bound by how fast the host streams the weights in, not
-    by FLOP/s (the bound ours and ONNX Runtime share)."""
+    """Steps per second if a decode step were only ATen's matrix products at batch 1: each reads
+    its whole weight for one row, so this is bound by how fast those products stream the weights
+    in, not by FLOP/s."""
     return 1 / best_products_seconds(linear_weights(model), 1)
 
 

@@ -17,19 +17,28 @@ on the held-out questions (what RL needs to start from), and the same on any mac
 
 Held-out pass@1 and pass@8 (200 questions no run trained on, 8 samples each at the RL temperature,
 the RL task's own evaluation) are measured on the chat run and on the RL run; the RL run's reward,
-KL and held-out pass@1 are drawn to ``rl/curves.png``. ``rl_seconds`` is the RL run's training time.
+held-out pass@1 and pass@8 and KL are drawn to ``rl/curves.png``, with the chat run's at step 0 (on
+the RL run's evaluation subset, the first point of its periodic line, and on every held-out question,
+beside its final point). ``rl_seconds`` is the RL run's training time. Each stage's progress goes to stderr.
+
+Run again with ``--resume``, the lab keeps the runs that finished and continues an interrupted one
+from its checkpoint; ``--overwrite`` starts every run again.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import copy
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from common.cli import ArgumentParser, path_arg, run_stoppable
+from common.errors import UserError
 from data.sources.arithmetic import conversations, problems
 
 OUT = Path("runs/rl_lab")
@@ -53,7 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--size", choices=sorted(SIZES), default="lab",
                    help="lab, or toy for a smoke test (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print one JSON object per seed instead of a table")
-    p.add_argument("--overwrite", action="store_true", help="replace runs already in --out")
+    again = p.add_mutually_exclusive_group()
+    again.add_argument("--resume", action="store_true",
+                       help="continue the lab in --out: finished runs are kept, an interrupted one resumes")
+    again.add_argument("--overwrite", action="store_true", help="replace runs already in --out")
     return p
 
 
@@ -121,8 +133,9 @@ def configs(folder: Path, seed: int, size: str, overwrite: bool) -> dict[str, di
     return {"base": base, "chat": chat, "rl": rl}
 
 
-def held_out(run_dir: Path, rl_raw: dict[str, Any]) -> dict[str, float]:
-    """pass@1 and pass@8 of ``run_dir`` on every held-out question, by the RL task's own evaluation."""
+def held_out(run_dir: Path, rl_raw: dict[str, Any], *, subset: bool = False) -> dict[str, float]:
+    """pass@1 and pass@8 of ``run_dir`` by the RL task's own evaluation, on every held-out question,
+    or (``subset``) on those the RL run's periodic evaluations score."""
     from model import load_pretrained
     from training.adapters import adapters_for
     from training.config import config_from_dict
@@ -135,50 +148,104 @@ def held_out(run_dir: Path, rl_raw: dict[str, Any]) -> dict[str, float]:
     config = config_from_dict(raw)
     task = prepare_task(config, config.parent.tokenizer_file, progress=False, is_main=True,
                         device=torch.device("cpu"), adapters=adapters_for(config.train))
-    result = task.evaluate(load_pretrained(run_dir), batch_size=32, max_batches=None, device=torch.device("cpu"),
+    batch_size = (config.eval.batch_size or config.train.batch_size) if subset else 32
+    result = task.evaluate(load_pretrained(run_dir), batch_size=batch_size,
+                           max_batches=config.eval.max_batches if subset else None, device=torch.device("cpu"),
                            amp=None, ctx=DistContext(), progress=False)
     return result.metrics
 
 
-def draw_curves(run_dir: Path) -> Path:
-    import matplotlib
+def draw_curves(run_dir: Path, before_subset: dict[str, float], before: dict[str, float]) -> Path:
+    """The RL run's curves (``training.loss_curve``'s, as train.py draws them) with the chat run it
+    started from at step 0, on the evaluation subset and on every held-out question."""
+    from rundir.metrics import read_metrics
+    from training.loss_curve import draw_curves as draw_run, legend, write_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in records if r["kind"] == "train"]
-    evals = [r for r in records if r["kind"] in ("eval", "final_eval")]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    left.plot([r["step"] for r in steps], [r["reward"] for r in steps], label="reward (training groups)")
-    left.plot([r["step"] for r in evals], [r["val_pass@1"] for r in evals], "o-", label="held-out pass@1")
-    left.set_xlabel("step")
-    left.legend()
-    right.plot([r["step"] for r in steps], [r["kl"] for r in steps], color="tab:red")
-    right.set_xlabel("step")
-    right.set_title("KL to the chat run")
-    fig.tight_layout()
+    figure = draw_run(read_metrics(run_dir / "metrics.jsonl"), "rl", f"{run_dir.parent.name}/{run_dir.name}")
+    passes = figure.axes[1]
+    for name, color in (("pass@1", "tab:blue"), (f"pass@{PASS_K}", "tab:orange")):
+        # The chat run scored on the subset is the periodic line's step 0: the same questions and seeds.
+        subset = f"{name} (the evaluation subset)"
+        line = next((line for line in passes.get_lines() if line.get_label() == subset), None)
+        if line is not None:
+            line.set_data([0, *line.get_xdata()], [before_subset[name], *line.get_ydata()])
+        else:  # a run too short for a periodic evaluation
+            passes.plot([0], [before_subset[name]], "o-", color=color, markersize=4, label=subset)
+        passes.plot([0], [before[name]], "*", color=color, markerfacecolor="none", markersize=12,
+                    label=f"{name} of the chat run, all held-out questions (step 0)")
+    legend(passes)
     path = run_dir / "curves.png"
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    write_figure(figure, path)
     return path
 
 
-def run_seed(args: argparse.Namespace, seed: int) -> dict[str, Any]:
-    from training.config import config_from_dict
+STAGES = ("base", "chat", "rl")
+WHAT = {"base": "a text run on the training questions with their answers",
+        "chat": "a chat fine-tune on the same questions as conversations", "rl": "GRPO from the chat run"}
+
+
+def stage_state(run_dir: Path) -> str:
+    """``new`` (no run there), ``finished`` (it had its final validation) or ``stopped`` (a checkpoint
+    to resume)."""
+    from rundir.files import METRICS_FILE, RUN_FILES, STATE_FILE
+    from rundir.metrics import read_metrics
+
+    if not run_dir.is_dir() or not any((run_dir / name).exists() for name in RUN_FILES):
+        return "new"
+    metrics = run_dir / METRICS_FILE
+    if metrics.is_file() and any(r.get("kind") == "final_eval" for r in read_metrics(metrics)):
+        return "finished"
+    return "stopped" if (run_dir / STATE_FILE).is_file() else "new"
+
+
+def check_out_folder(args: argparse.Namespace) -> None:
+    """Refuse, before anything trains, a lab folder that holds runs the command was not told what to do with."""
+    if args.resume or args.overwrite:
+        return
+    for seed in args.seeds:
+        for stage in STAGES:
+            run_dir = args.out / f"s{seed}" / stage
+            if stage_state(run_dir) != "new":
+                raise UserError(f"{run_dir} already holds a run of the lab; pass --resume to continue the lab "
+                                f"(finished runs are kept), --overwrite to run it again, or --out for another folder")
+
+
+def train_stage(config: Any, stage: str, label: str, resume: bool) -> Any:
+    """Train one stage (or continue it), its progress bar and evaluation lines on stderr: stdout is the
+    table, or the JSON lines. A finished stage is not trained again under --resume."""
     from training.trainer import train
+
+    state = stage_state(config.out_dir) if resume else "new"
+    print(f"{label} {stage}: {WHAT[stage]}, in {config.out_dir}"
+          + {"new": "", "finished": " (finished: kept)", "stopped": " (resuming)"}[state], file=sys.stderr, flush=True)
+    if state == "finished":
+        return None
+    with contextlib.redirect_stdout(sys.stderr):
+        return train(config, resume=state == "stopped", progress=True)
+
+
+def run_seed(args: argparse.Namespace, seed: int) -> dict[str, Any]:
+    from rundir.checkpoint import load_trainer_state
+    from training.config import config_from_dict
 
     folder = args.out / f"s{seed}"
     raws = configs(folder, seed, args.size, args.overwrite)
-    train(config_from_dict(raws["base"]), progress=False)
-    train(config_from_dict(raws["chat"]), progress=False)
+    label = f"[seed {seed}]"
+    # Each config read from a copy: reading one fills in its model section from the parent.
+    for stage in ("base", "chat"):
+        train_stage(config_from_dict(copy.deepcopy(raws[stage])), stage, label, args.resume)
+    print(f"{label} held-out pass@1 and pass@{PASS_K} of the chat run ({VAL_PROBLEMS[args.size]} questions, "
+          f"{PASS_K} samples each)", file=sys.stderr, flush=True)
     before = held_out(folder / "chat", raws["rl"])
-    result = train(config_from_dict(raws["rl"]), progress=False)
+    before_subset = held_out(folder / "chat", raws["rl"], subset=True)
+    train_stage(config_from_dict(copy.deepcopy(raws["rl"])), "rl", label, args.resume)
+    print(f"{label} held-out pass@1 and pass@{PASS_K} of the RL run", file=sys.stderr, flush=True)
     after = held_out(folder / "rl", raws["rl"])
-    draw_curves(folder / "rl")
+    curves = draw_curves(folder / "rl", before_subset, before)
+    state = load_trainer_state(folder / "rl")  # the run's own record, also for an RL stage kept by --resume
     return {"seed": seed, "pass@1_before": before["pass@1"], "pass@1_after": after["pass@1"],
             f"pass@{PASS_K}_before": before[f"pass@{PASS_K}"], f"pass@{PASS_K}_after": after[f"pass@{PASS_K}"],
-            "rl_seconds": result.train_seconds, "rl_steps": result.step}
+            "rl_seconds": float(state["train_seconds"]), "rl_steps": int(state["step"]), "curves": str(curves)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -186,17 +253,22 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_lab(args: argparse.Namespace) -> int:
+    check_out_folder(args)
     if not args.json:
         print(f"| seed | pass@1 before | after | pass@{PASS_K} before | after | RL seconds | RL steps |")
         print("|---:|---:|---:|---:|---:|---:|---:|")
+    curves = []
     for seed in args.seeds:
         row = run_seed(args, seed)
+        curves.append(row["curves"])
         if args.json:
             print(json.dumps(row), flush=True)
         else:
             print(f"| {seed} | {row['pass@1_before']:.3f} | {row['pass@1_after']:.3f} | "
                   f"{row[f'pass@{PASS_K}_before']:.3f} | {row[f'pass@{PASS_K}_after']:.3f} | "
                   f"{row['rl_seconds']:.0f} | {row['rl_steps']} |", flush=True)
+    if not args.json:
+        print("curves: " + ", ".join(curves))
     return 0
 
 

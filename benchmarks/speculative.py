@@ -68,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run", type=path_arg, default=None, help=f"the run to decode with (default: {DEFAULT_RUN})")
     parser.add_argument("--draft-run", type=path_arg, default=None, metavar="DIR",
-                        help="also speculate with this smaller run as the draft (same tokenizer)")
+                        help="also speculate with this smaller run as the draft, same tokenizer (default: none, lookup only)")
     defaults = ", ".join(f"{k} for {proposer}" for proposer, k in DEFAULT_K.items())
     parser.add_argument("--k", type=positive_int, default=None, help=f"guesses a step (default: {defaults})")
     parser.add_argument("--new-tokens", type=positive_int, default=40, help="tokens per prompt (default 40)")

@@ -15,14 +15,15 @@ from typing import Iterator
 
 
 @contextlib.contextmanager
-def atomic_output(path: str | os.PathLike) -> Iterator[Path]:
+def atomic_output(path: str | os.PathLike, suffix: str = ".tmp") -> Iterator[Path]:
     """Yield a temporary path to write; on success it replaces ``path``, on error it is removed.
 
-    Use this for writers that want a filename (safetensors, numpy memmaps, torch.save).
+    Use this for writers that want a filename (safetensors, numpy memmaps, torch.save); ``suffix``
+    ends the temporary name, for a writer that insists on one.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
     # mkstemp creates the file owner-only (0600); give it the mode a plain open() would have.
     # The only portable way to read the umask is to set it and put it back.
     umask = os.umask(0o022)

@@ -1,14 +1,32 @@
-"""The chat format, defined once: its special tokens, and a conversation rendered to token ids.
+"""The chat format, defined once: its special tokens, a conversation rendered to token ids, and a
+reply's tool calls read back.
 
-A conversation is a list of messages, each a role (system, user or assistant) and its text. Every
-turn is the role's token, the text as ordinary tokens, and the end-of-turn token:
+A conversation is a list of messages, each a role (system, user, assistant or tool) and its text.
+Every turn is the role's token, the text as ordinary tokens, and the end-of-turn token:
 
     <|system|>You are Hamlet.<|end|><|user|>Who's there?<|end|><|assistant|>Nay, answer me.<|end|>
 
+An assistant turn may end with tool calls, each ``<|call|>``, the function's name and its
+arguments as a JSON object, written verbatim: exactly OpenAI's ``function.name`` and
+``function.arguments``, so a call converts to and from OpenAI's shape with nothing lost. Each
+call's result follows as a ``tool`` turn, and the assistant's reply goes on in a turn of its own:
+
+    <|user|>What is 347*812?<|end|><|assistant|><|call|>calculator{"expression":"347*812"}<|end|>
+    <|tool|>281764<|end|><|assistant|>281764<|end|>
+
+Why JSON verbatim: it is what every client sends and receives, so nothing is translated either
+way, and a name followed by an object needs no separator (a name never holds ``{``). A shorter
+form would save a few tokens per call, at the price of a converter that every surface must agree
+on; that trade is not measured here. The tools offered are not written into the prompt: a model
+this small (a window of 128 tokens) learns its tools by fine-tuning, and the list decides which
+calls are accepted (``parse_reply``) and whether ``<|call|>`` may be sampled at all.
+
 A reply is generated after a bare ``<|assistant|>`` and is over when the model emits ``<|end|>``
 (or ``<|endoftext|>``); the role tokens are never sampled in a reply (``ChatTokenIds``).
-Nothing else renders a conversation: supervised fine-tuning, ``generate.py --chat``, the Hugging
-Face export (as the Jinja template below) and the server all call this module.
+``parse_reply`` reads a generated reply back into its text and its calls, or says why its calls
+are malformed: a call is never guessed at. Nothing else renders a conversation: supervised
+fine-tuning, ``generate.py --chat``, the Hugging Face export (as the Jinja template below) and the
+server all call this module.
 
 The text of a message is encoded with special-token matching off, so a user who types "<|end|>"
 gets those characters, never the control token. Rendering the conversation turn by turn gives
@@ -17,55 +35,91 @@ the same ids as rendering it whole, which is what lets a chat reuse the cache of
 A conversation longer than the model's window is cut by one policy, ``fit_chat``, for every
 surface (the REPL, the server's chat endpoint and its page, SFT preparation): learned positions
 mean a conversation is always read from position 0, so its oldest whole messages are dropped (the
-system prompt is kept) until the rest fits, resuming at a user message. The caller reports
-``FittedChat.dropped``. A run with rotary or no positions drops old messages in the same way (whole
+system prompt is kept) until the rest fits, resuming at a user message, so a cut never separates a
+call from its result. The caller reports ``FittedChat.dropped``. A run with rotary or no positions drops old messages in the same way (whole
 messages keep the conversation as the template renders it); only where its last exchange alone does
 not fit does it keep that whole and read it through its rolling cache. Elsewhere such a
 conversation is refused (``ChatTooLong``) in one line.
+
+Tokenizers reserve the chat tokens after ``<|endoftext|>``, then the tool tokens. A tokenizer from
+before tool calls has the first and not the second: it chats as before and refuses tools in one
+line (``NO_TOOL_TOKENS``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import json
+import re
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from tokenizers import Tokenizer
 
 from data.errors import DataError
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
 ROLE_TOKENS = {role: f"<|{role}|>" for role in ROLES}
 END_OF_TURN = "<|end|>"
+CALL = "<|call|>"
 END_OF_TEXT = "<|endoftext|>"  # the tokenizer's document separator (data.tokenizer.EOT)
-# Reserved by every tokenizer the project trains, right after <|endoftext|>.
-CHAT_SPECIAL_TOKENS = (*ROLE_TOKENS.values(), END_OF_TURN)
+# Reserved by every tokenizer the project trains, right after <|endoftext|>; the tool tokens follow.
+CHAT_SPECIAL_TOKENS = (ROLE_TOKENS["system"], ROLE_TOKENS["user"], ROLE_TOKENS["assistant"], END_OF_TURN)
+TOOL_SPECIAL_TOKENS = (ROLE_TOKENS["tool"], CALL)
+NO_TOOL_TOKENS = ("this run's tokenizer has no tool tokens (<|tool|>, <|call|>): it was trained before tool calls "
+                  "existed; pretrain a new run (its tokenizer reserves them) to use tools")
+# OpenAI's rule for a function's name; a call's text is the name, then its arguments.
+FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_NAME_PREFIX = re.compile(r"[A-Za-z0-9_-]*")
 
-# The same rendering for transformers' ``apply_chat_template`` (tokenizer_config.json). Message
-# text there is tokenized with special tokens recognised, the one way the two can differ.
+# The same rendering for transformers' ``apply_chat_template`` (tokenizer_config.json), and for
+# llama.cpp's (the GGUF's). Message text there is tokenized with special tokens recognised, the
+# one way the two can differ. A call's arguments given as an object (as transformers' docs show
+# them) are written by its ``tojson``, Python's json.dumps with its default separators; as text
+# (OpenAI's shape) they are written verbatim. ``tools`` is accepted and not rendered (see above).
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
-    "{% if message['role'] not in ['system', 'user', 'assistant'] %}"
-    "{{ raise_exception('unknown role ' + message['role'] + '; use system, user or assistant') }}"
+    "{% if message['role'] not in ['system', 'user', 'assistant', 'tool'] %}"
+    "{{ raise_exception('unknown role ' + message['role'] + '; use system, user, assistant or tool') }}"
     "{% endif %}"
-    "{{ '<|' + message['role'] + '|>' + message['content'] + '<|end|>' }}"
+    "{% if message['content'] is defined and message['content'] is not none and message['content'] is not string %}"
+    "{{ raise_exception('a message content must be text') }}"
+    "{% endif %}"
+    "{{ '<|' + message['role'] + '|>' + (message['content'] if message['content'] is string else '') }}"
+    "{% for call in message['tool_calls'] or [] %}"
+    "{% set function = call['function'] if call['function'] is defined else call %}"
+    "{{ '<|call|>' + function['name'] }}"
+    "{{ function['arguments'] if function['arguments'] is string else function['arguments'] | tojson }}"
+    "{% endfor %}"
+    "{{ '<|end|>' }}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
 )
 
 
 @dataclass(frozen=True)
+class ToolCall:
+    """A call the assistant makes: OpenAI's ``function.name``, and ``function.arguments``, a JSON
+    object as text, rendered verbatim."""
+
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
 class Message:
     role: str
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()  # an assistant's calls, after its text
 
 
 @dataclass(frozen=True)
 class ChatTokenIds:
     """The ids of the chat special tokens in one tokenizer, and the rule for them in a reply."""
 
-    role: dict[str, int]
+    role: dict[str, int]  # system, user, assistant; and tool when the tokenizer has the tool tokens
     end: int
     end_of_text: int
+    call: int | None = None  # <|call|>; None for a tokenizer from before tool calls
 
     @property
     def reply_end_ids(self) -> tuple[int, ...]:
@@ -75,33 +129,57 @@ class ChatTokenIds:
 
     @property
     def suppress_ids(self) -> tuple[int, ...]:
-        """Tokens a reply never samples (their logits are -inf): the role tokens, so the model can
-        neither open a new turn nor print a control token as text. The one place the rule is made;
-        the CLI, the server and the export's generation config all apply it."""
+        """Tokens a reply never samples (their logits are -inf): the role tokens (``<|tool|>``
+        among them: a result comes from the tool, never from the model), so the model can neither
+        open a new turn nor print a control token as text. The one place the rule is made; the CLI,
+        the server and the export's generation config all apply it."""
         return tuple(sorted(self.role.values()))
+
+    def reply_suppress_ids(self, tools: bool) -> tuple[int, ...]:
+        """``suppress_ids``, and ``<|call|>`` too when the reply is offered no tools."""
+        calls = () if tools or self.call is None else (self.call,)
+        return tuple(sorted((*self.suppress_ids, *calls)))
+
+    @property
+    def has_tools(self) -> bool:
+        return self.call is not None
+
+    def require_tools(self) -> None:
+        """Raise DataError (``NO_TOOL_TOKENS``) for a tokenizer from before tool calls."""
+        if not self.has_tools:
+            raise DataError(NO_TOOL_TOKENS)
 
     @classmethod
     def of(cls, tokenizer: Tokenizer) -> ChatTokenIds:
-        ids = {token: tokenizer.token_to_id(token) for token in (*CHAT_SPECIAL_TOKENS, END_OF_TEXT)}
-        missing = [token for token, token_id in ids.items() if token_id is None]
+        tokens = (*CHAT_SPECIAL_TOKENS, *TOOL_SPECIAL_TOKENS, END_OF_TEXT)
+        ids = {token: tokenizer.token_to_id(token) for token in tokens}
+        missing = [token for token in (*CHAT_SPECIAL_TOKENS, END_OF_TEXT) if ids[token] is None]
         if missing:
             raise DataError(
                 f"this tokenizer has no chat tokens ({', '.join(missing)}): it was trained before the "
                 "chat format existed; pretrain a new run (its tokenizer reserves them) and chat-tune that"
             )
-        return cls({role: ids[token] for role, token in ROLE_TOKENS.items()}, ids[END_OF_TURN], ids[END_OF_TEXT])
+        tools = all(ids[token] is not None for token in TOOL_SPECIAL_TOKENS)
+        roles = ROLES if tools else ROLES[:3]
+        return cls({role: ids[ROLE_TOKENS[role]] for role in roles}, ids[END_OF_TURN], ids[END_OF_TEXT],
+                   ids[CALL] if tools else None)
 
 
 class ChatTooLong(DataError):
-    """Even the system prompt and the last exchange do not fit the window."""
+    """Even the system prompt and the last exchange do not fit the window; ``needed``: their tokens."""
+
+    def __init__(self, message: str, needed: int = 0) -> None:
+        super().__init__(message)
+        self.needed = needed
 
 
 @dataclass
 class RenderedChat:
     """Token ids of a conversation, and which of them a fine-tuned model learns to produce.
 
-    ``loss_mask[i]`` is True for the tokens of assistant replies, each reply's ``<|end|>``
-    included: those are the targets. Role tokens, system and user text carry no loss.
+    ``loss_mask[i]`` is True for the tokens of assistant turns (their text, their calls and their
+    ``<|end|>``): those are the targets. Role tokens, system and user text and tool results carry
+    no loss: a result is the tool's to write, never the model's.
     """
 
     ids: list[int]
@@ -109,29 +187,93 @@ class RenderedChat:
 
 
 def to_messages(raw: object) -> list[Message]:
-    """Check a list of ``{"role", "content"}`` mappings (or Messages) and return Messages."""
+    """Check a list of messages (Messages, or mappings in OpenAI's shape: ``role``, ``content``, an
+    assistant's ``tool_calls``) and return Messages. A ``tool`` message answers a call of the
+    assistant message before it; its ``tool_call_id`` and any ``name`` are not rendered."""
     if isinstance(raw, (str, bytes)) or not isinstance(raw, Sequence):
         raise DataError(f"a conversation must be a list of {{'role', 'content'}} messages, "
                         f"got {type(raw).__name__}")
     messages = []
     for i, item in enumerate(raw):
         if isinstance(item, Message):
-            role, content = item.role, item.content
-        elif isinstance(item, Mapping) and "role" in item and "content" in item:
-            role, content = item["role"], item["content"]
+            role, content, calls = item.role, item.content, item.tool_calls
+        elif isinstance(item, Mapping) and "role" in item and ("content" in item or item.get("tool_calls")):
+            role, content = item["role"], item.get("content")
+            calls = _tool_calls(item.get("tool_calls"), i)
+            if content is None and calls:
+                content = ""  # OpenAI's content of an assistant message that only calls
         else:
             raise DataError(f"message {i} must be a mapping with 'role' and 'content', got {item!r:.80}")
         if role not in ROLES:
             raise DataError(f"message {i} has unknown role {role!r}; use one of {', '.join(ROLES)}")
         if not isinstance(content, str):
             raise DataError(f"message {i} content must be a string, got {type(content).__name__}")
-        messages.append(Message(role, content))
+        if calls and role != "assistant":
+            raise DataError(f"message {i} is a {role} message with tool_calls; only an assistant calls tools")
+        messages.append(Message(role, content, tuple(calls)))
+    _check_results_follow_calls(messages)
     return messages
+
+
+def _tool_calls(raw: object, i: int) -> list[ToolCall]:
+    """OpenAI's ``tool_calls`` (``{"type": "function", "function": {"name", "arguments"}}``, or the
+    function alone) as ToolCalls; arguments given as an object are written as transformers' template
+    writes them (``json.dumps``)."""
+    if raw is None:
+        return []
+    if isinstance(raw, (str, bytes, Mapping)) or not isinstance(raw, Sequence):
+        raise DataError(f"message {i} tool_calls must be a list of calls, got {type(raw).__name__}")
+    calls = []
+    for j, call in enumerate(raw):
+        where = f"message {i} tool call {j}"
+        if isinstance(call, ToolCall):
+            calls.append(check_tool_call(call, where))
+            continue
+        function = call.get("function", call) if isinstance(call, Mapping) else None
+        if not isinstance(function, Mapping) or call.get("type", "function") != "function":
+            raise DataError(f"{where} must be {{'type': 'function', 'function': {{'name', 'arguments'}}}}")
+        arguments = function.get("arguments")
+        if isinstance(arguments, Mapping):
+            arguments = json.dumps(arguments, ensure_ascii=False)
+        calls.append(check_tool_call(ToolCall(function.get("name"), arguments), where))
+    return calls
+
+
+def check_tool_call(call: ToolCall, where: str) -> ToolCall:
+    """``call``, if its name is a function's name and its arguments a JSON object (text), so that it
+    renders to exactly what ``parse_reply`` reads back; else DataError naming ``where``."""
+    if not isinstance(call.name, str) or not FUNCTION_NAME.fullmatch(call.name):
+        raise DataError(f"{where} has function name {call.name!r}; a name is 1 to 64 letters, digits, _ or -")
+    if not isinstance(call.arguments, str):
+        raise DataError(f"{where} arguments must be a JSON object (as text or an object), "
+                        f"got {type(call.arguments).__name__}")
+    problem = _arguments_problem(call.arguments)
+    if problem:
+        raise DataError(f"{where} to {call.name}: {problem}")
+    return call
+
+
+def _check_results_follow_calls(messages: Sequence[Message]) -> None:
+    """Each tool message answers a call of the assistant message before it, one result per call;
+    every call is answered, unless its message ends the conversation (a call still to be run)."""
+    expected = 0  # results the last assistant message's calls still wait for
+    for i, message in enumerate(messages):
+        if message.role == "tool":
+            if expected == 0:
+                raise DataError(f"message {i} is a tool result that answers no call; it must follow the "
+                                "assistant message that made the call")
+            expected -= 1
+            continue
+        if expected:
+            raise DataError(f"message {i - 1} leaves {expected} tool call(s) without a result; give one tool "
+                            "message per call, after the call")
+        expected = len(message.tool_calls)
 
 
 def chat_text(messages: Iterable[Message], add_generation_prompt: bool = False) -> str:
     """The conversation as text, exactly as CHAT_TEMPLATE renders it."""
-    text = "".join(f"{ROLE_TOKENS[m.role]}{m.content}{END_OF_TURN}" for m in messages)
+    text = "".join(ROLE_TOKENS[m.role] + m.content + "".join(CALL + c.name + c.arguments for c in m.tool_calls)
+                   + END_OF_TURN for m in messages)
     return text + (ROLE_TOKENS["assistant"] if add_generation_prompt else "")
 
 
@@ -139,18 +281,97 @@ def render_chat(
     tokenizer: Tokenizer, messages: Sequence[Message], add_generation_prompt: bool = False
 ) -> RenderedChat:
     """Token ids and loss mask of ``messages``; with ``add_generation_prompt``, ending in the
-    ``<|assistant|>`` token a reply is generated after."""
+    ``<|assistant|>`` token a reply is generated after. A tool turn or call with a tokenizer from
+    before tool calls raises DataError (``NO_TOOL_TOKENS``)."""
     special = ChatTokenIds.of(tokenizer)
+    if any(m.role == "tool" or m.tool_calls for m in messages):
+        special.require_tools()
+    texts = [text for m in messages for text in (m.content, *(c.name + c.arguments for c in m.tool_calls))]
+    pieces = iter(encode_plain(tokenizer, texts))
     ids: list[int] = []
     loss_mask: list[bool] = []
-    for message, content_ids in zip(messages, encode_plain(tokenizer, [m.content for m in messages])):
-        learned = message.role == "assistant"
-        ids += [special.role[message.role], *content_ids, special.end]
-        loss_mask += [False] + [learned] * (len(content_ids) + 1)
+    for message in messages:
+        turn = [special.role[message.role], *next(pieces)]
+        for _ in message.tool_calls:
+            turn += [special.call, *next(pieces)]
+        turn.append(special.end)
+        ids += turn
+        loss_mask += [False] + [message.role == "assistant"] * (len(turn) - 1)
     if add_generation_prompt:
         ids.append(special.role["assistant"])
         loss_mask.append(False)
     return RenderedChat(ids, loss_mask)
+
+
+@dataclass(frozen=True)
+class ParsedReply:
+    """A generated reply read back: its text before any call, and its calls, or why they are
+    malformed. ``text`` is everything the model wrote, each call marked by ``<|call|>`` as written:
+    what a reply whose calls cannot be used shows as plain text."""
+
+    content: str
+    calls: tuple[ToolCall, ...]
+    error: str | None  # None: every call parsed (or there was none)
+    text: str
+
+    @property
+    def calls_tools(self) -> bool:
+        """The reply holds calls that parsed: they are to be run (or handed to the client)."""
+        return bool(self.calls) and self.error is None
+
+
+def parse_reply(tokenizer: Tokenizer, token_ids: Sequence[int], names: Collection[str] | None = None) -> ParsedReply:
+    """Read a generated reply (its ids, an end token at the end or not) into text and calls. A
+    call must name a function (one of ``names``, when given) and give a JSON object as its
+    arguments; the first that does not makes the reply's ``error``, naming the call and what is
+    wrong. Nothing is repaired or guessed."""
+    special = ChatTokenIds.of(tokenizer)
+    ids = list(token_ids)
+    while ids and ids[-1] in special.reply_end_ids:
+        ids.pop()
+    pieces: list[list[int]] = [[]]
+    for token in ids:
+        if token == special.call:
+            pieces.append([])
+        else:
+            pieces[-1].append(token)
+    content, *bodies = [tokenizer.decode(piece, skip_special_tokens=False) for piece in pieces]
+    text = CALL.join([content, *bodies])
+    calls, error = [], None
+    for number, body in enumerate(bodies, start=1):
+        name = _NAME_PREFIX.match(body).group()
+        problem = _call_problem(name, body[len(name):], names)
+        if problem:
+            error = f"call {number} {problem}"
+            break
+        calls.append(ToolCall(name, body[len(name):]))
+    return ParsedReply(content, tuple(calls) if error is None else (), error, text)
+
+
+def _call_problem(name: str, arguments: str, names: Collection[str] | None) -> str | None:
+    if not name:
+        return "does not begin with a function's name"
+    if not FUNCTION_NAME.fullmatch(name):
+        return f"names {name[:70]!r}, longer than a function's name may be (64 characters)"
+    if names is not None and name not in names:
+        return f"names {name!r}, which is not among the tools ({', '.join(names) or 'none'})"
+    problem = _arguments_problem(arguments)
+    return f"to {name}: {problem}" if problem else None
+
+
+def _arguments_problem(arguments: str) -> str | None:
+    """What keeps ``arguments`` from being a JSON object (None: nothing)."""
+    if not arguments.strip():
+        return "has no arguments (a JSON object, {} for none)"
+    try:
+        value = json.loads(arguments)
+    except RecursionError:
+        return "its arguments nest too deeply to read"
+    except ValueError as error:
+        return f"its arguments are not JSON ({error})"
+    if not isinstance(value, dict):
+        return f"its arguments are JSON {type(value).__name__}, not an object"
+    return None
 
 
 def encode_plain(tokenizer: Tokenizer, texts: list[str]) -> list[list[int]]:
@@ -210,7 +431,7 @@ def fit_chat(tokenizer: Tokenizer, messages: Sequence[Message], max_tokens: int,
     last = len(chat.ids) - starts[cuts[-1]]
     system = f" and the system prompt {head}" if head else ""
     raise ChatTooLong(f"the last message is {last} tokens{system}: more than the {max_tokens} tokens the model's "
-                      "window leaves for them; shorten it")
+                      "window leaves for them; shorten it", needed=head + last)
 
 
 # A conversation to be answered leaves this share of the window for the reply where dropping old

@@ -11,12 +11,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from common.config import build, check_types, require
-from data.chat import CHAT_SPECIAL_TOKENS
+from data.chat import CHAT_SPECIAL_TOKENS, TOOL_SPECIAL_TOKENS
 from data.errors import DataError
 
-SOURCES = ("shakespeare", "hub", "files", "synthetic")
-MIN_VOCAB_SIZE = 256 + 1 + len(CHAT_SPECIAL_TOKENS)  # bytes, end-of-text and the chat tokens
-CHAT_SOURCES = ("shakespeare", "hub", "files")  # the sources that hold conversations (data/sources/conversations.py)
+SOURCES = ("shakespeare", "hub", "files", "synthetic", "calculator")
+MIN_VOCAB_SIZE = 256 + 1 + len(CHAT_SPECIAL_TOKENS) + len(TOOL_SPECIAL_TOKENS)  # bytes, end-of-text, chat and tool tokens
+# The sources that hold conversations (data/sources/conversations.py); calculator holds nothing else.
+CHAT_SOURCES = ("shakespeare", "hub", "files", "calculator")
 # text: documents for pretraining; chat: conversations for fine-tuning; preference: chosen and
 # rejected replies to a prompt, for preference optimisation (DPO); rl: questions with checkable
 # answers, for reinforcement learning (GRPO; the prompts come from the run's rl section)
@@ -101,6 +102,42 @@ class SyntheticSourceConfig:
                  f"{MAX_SYNTHETIC_WORDS:,} it makes in memory; lower data.synthetic.documents or max_words")
 
 
+# A ceiling on the conversations the calculator set makes in memory (a few hundred bytes each).
+MAX_CALCULATOR_CONVERSATIONS = 1_000_000
+CALCULATOR_OPERATIONS = "+-*/"
+
+
+@dataclass
+class CalculatorSourceConfig:
+    """Conversations that call the built-in calculator (data/sources/tool_arithmetic.py): questions of
+    2 to ``max_terms`` operands of ``digits`` digits, joined by ``operations`` (some of ``+-*/``)."""
+
+    seed: int = 0
+    conversations: int = 4000
+    digits: int = 3
+    operations: str = "*"
+    max_terms: int = 2
+
+    def __post_init__(self) -> None:
+        check_types(self, "data.calculator", DataError)
+        _require(1 <= self.conversations <= MAX_CALCULATOR_CONVERSATIONS,
+                 f"data.calculator.conversations must be from 1 to {MAX_CALCULATOR_CONVERSATIONS:,}, "
+                 f"got {self.conversations}")
+        _require(1 <= self.digits <= 5, f"data.calculator.digits must be from 1 to 5, got {self.digits}")
+        _require(2 <= self.max_terms <= 4, f"data.calculator.max_terms must be from 2 to 4, got {self.max_terms}")
+        _require(self.operations != "" and set(self.operations) <= set(CALCULATOR_OPERATIONS),
+                 f"data.calculator.operations must be some of {CALCULATOR_OPERATIONS!r}, got {self.operations!r}")
+        _require("*" not in self.operations or self.digits * self.max_terms <= 15,
+                 f"data.calculator: a product of {self.max_terms} numbers of {self.digits} digits passes the "
+                 "calculator's limit of 10**15; lower data.calculator.digits or max_terms")
+        numbers = 10**self.digits - (10 ** (self.digits - 1) if self.digits > 1 else 0)
+        distinct = sum(numbers**terms * len(set(self.operations)) ** (terms - 1)
+                       for terms in range(2, self.max_terms + 1))
+        _require(self.conversations <= distinct // 2,
+                 f"data.calculator.conversations is {self.conversations:,}, more than half the {distinct:,} "
+                 "distinct problems its digits, operations and max_terms make; ask for fewer or widen them")
+
+
 @dataclass
 class DataConfig:
     """Where the corpus comes from, how it is split, and the tokenizer trained on it."""
@@ -116,6 +153,7 @@ class DataConfig:
     hub: HubSourceConfig = field(default_factory=HubSourceConfig)
     files: FilesSourceConfig = field(default_factory=FilesSourceConfig)
     synthetic: SyntheticSourceConfig = field(default_factory=SyntheticSourceConfig)
+    calculator: CalculatorSourceConfig = field(default_factory=CalculatorSourceConfig)
     # Documents handed to one encode_batch call: large enough to keep every core busy, small
     # enough that a batch of long documents stays well inside memory.
     tokenize_batch_size: int = 1024
@@ -124,6 +162,8 @@ class DataConfig:
         check_types(self, "data", DataError)
         _require(self.source in SOURCES, f"unknown data.source {self.source!r}: use one of {', '.join(SOURCES)}")
         _require_choice("data.format", self.format, FORMATS)
+        _require(self.source != "calculator" or self.format == "chat",
+                 "data.source calculator makes conversations that call the calculator: use it with data.format: chat")
         _require(self.format != "chat" or self.source in CHAT_SOURCES,
                  f"data.source {self.source} makes text, not conversations, so data.format: chat cannot read it; "
                  f"use data.source {', '.join(CHAT_SOURCES[:-1])} or {CHAT_SOURCES[-1]}, or data.format: text")

@@ -15,13 +15,14 @@ import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from common.errors import one_line
-from data.chat import CHAT_SPECIAL_TOKENS, END_OF_TEXT
+from data.chat import CHAT_SPECIAL_TOKENS, END_OF_TEXT, TOOL_SPECIAL_TOKENS
 from data.errors import DataError
 
 EOT = END_OF_TEXT
-# EOT is id 0; the chat tokens follow, so any pretrained run can be chat-tuned without growing its
-# embedding.
-SPECIAL_TOKENS = [EOT, *CHAT_SPECIAL_TOKENS]
+# EOT is id 0; the chat tokens follow, then the tool tokens, so any pretrained run can be chat-tuned,
+# with tools, without growing its embedding. Tokenizers from before the tool tokens have ids 0-4
+# only: the same ids for the same tokens, so their runs chat as before (and refuse tools).
+SPECIAL_TOKENS = [EOT, *CHAT_SPECIAL_TOKENS, *TOOL_SPECIAL_TOKENS]
 
 # Everything that decides which tokenizer a corpus gets, besides the corpus and vocab size. It is
 # part of the cache key: change it and every cached entry is rebuilt.
@@ -56,7 +57,7 @@ def train_tokenizer(
     texts: Iterable[str] | Iterable[list[str]], vocab_size: int, *, length: int | None = None
 ) -> Tokenizer:
     """Train byte-level BPE on `texts` (strings or batches of them; `length`: their count, if known),
-    with `EOT` as id 0 and the chat tokens after it."""
+    with `EOT` as id 0 and the chat and tool tokens after it."""
     tokenizer = new_tokenizer()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,

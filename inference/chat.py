@@ -14,32 +14,42 @@ keeps the pages of earlier prompts, so each turn encodes little more than what i
 last one. Without the cache (``use_cache=False``)
 the whole window is recomputed for every token: the reference the cached path is tested against.
 
+With a ``Toolbox`` the model may call tools: a reply is decoded by ``inference.tool_use``, which
+runs each call and lets the model go on after its result, and the conversation keeps the calls and
+results as messages. Without one, ``<|call|>`` is never sampled.
+
 Seeding follows the engine's rule: turn i of a session samples from ``seed + i``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from common.errors import UserError
 from data.chat import ChatTokenIds, ChatTooLong, Message, fit_for_reply, render_chat
+from data.errors import DataError
 from inference.compiled_step import compiled_notice
-from inference.engine import Engine, Event, Finish
+from inference.engine import Engine
 from inference.sampling import new_seed
 from inference.settings import GenerationSettings
+from inference.tool_use import DEFAULT_MAX_CALLS, ToolStep, decode_with_tools
 from rundir.loading import LoadedRun
+from tools import Toolbox
 
-# The engine's finish reasons as a chat reports them.
-FINISH_REASONS = {"stop": "end", "length": "length", "cancelled": "interrupted"}
+# The finish reasons of a reply (inference.tool_use) as a chat reports them.
+FINISH_REASONS = {"stop": "end", "length": "length", "cancelled": "interrupted", "malformed": "malformed call"}
 
 
 @dataclass(frozen=True)
 class ChatReply:
     text: str
-    token_ids: list[int]  # generated ids, the closing <|end|> included when the model produced it
-    # "end": the model ended its turn; "length": max_new_tokens or a full window; "interrupted": Ctrl-C
+    token_ids: list[int]  # the reply's ids, the closing <|end|> included when the model produced it
+    # "end": the model ended its turn; "length": max_new_tokens or a full window; "interrupted": Ctrl-C;
+    # "malformed call": a call that does not parse (``error`` says why), shown as written
     finish_reason: str
+    steps: list[ToolStep] = field(default_factory=list)  # the calls made, with their results
+    error: str | None = None
 
 
 class ChatSession:
@@ -47,13 +57,18 @@ class ChatSession:
 
     def __init__(
         self, run: LoadedRun, settings: GenerationSettings, *, system_prompt: str | None = None,
-        use_cache: bool = True, on_notice: Callable[[str], None] | None = None,
+        use_cache: bool = True, on_notice: Callable[[str], None] | None = None, toolbox: Toolbox | None = None,
+        max_calls: int = DEFAULT_MAX_CALLS,
     ) -> None:
         self.run = run
-        self.special = ChatTokenIds.of(run.tokenizer)  # a run from before the chat format: one-line error
-        # The chat rule (data.chat.ChatTokenIds): role tokens never sampled, end tokens never shown.
-        suppress_ids = tuple(sorted({*settings.suppress_ids, *self.special.suppress_ids}))
-        self.settings = replace(settings, suppress_ids=suppress_ids)
+        try:  # a run from before the chat format, or (with tools) before tool calls: one line
+            self.special = ChatTokenIds.of(run.tokenizer)
+            if toolbox is not None:
+                self.special.require_tools()
+        except DataError as error:
+            raise UserError(str(error)) from None
+        self.toolbox, self.max_calls = toolbox, max_calls
+        self.settings = settings
         self.block_size = run.block_size
         self.system = [Message("system", system_prompt)] if system_prompt else []
         system_tokens = len(render_chat(run.tokenizer, self.system).ids)
@@ -83,9 +98,11 @@ class ChatSession:
         self.messages: list[Message] = []
         self.turns = 0
 
-    def reply(self, user_text: str, on_text: Callable[[str], None] | None = None) -> ChatReply:
-        """Append the user's turn, generate the reply (streamed through ``on_text``), keep both.
-        Ctrl-C stops the reply: what was said so far is kept, and the reply reports "interrupted"."""
+    def reply(self, user_text: str, on_text: Callable[[str], None] | None = None,
+              on_step: Callable[[ToolStep], None] | None = None) -> ChatReply:
+        """Append the user's turn, generate the reply (streamed through ``on_text``; each call, once
+        run, told to ``on_step``), keep it. Ctrl-C stops the reply: what was said so far is kept,
+        and the reply reports "interrupted"."""
         try:
             fitted = fit_for_reply(self.run.tokenizer, [*self.system, *self.messages, Message("user", user_text)],
                                    self.block_size, rolls=self.engine.window.rolls)
@@ -95,22 +112,13 @@ class ChatSession:
             self.messages = self.messages[fitted.dropped:]
             self.on_notice(fitted.notice(self.block_size))
         settings = replace(self.settings, seed=self.seed + self.turns)
-        finish = self._decode(fitted.chat.ids, settings, on_text or (lambda text: None))
+        # The chat rule (data.chat.ChatTokenIds): role tokens never sampled, end tokens never
+        # shown; a learned run's reply ends where the window is full (see the module's docstring).
+        [reply] = decode_with_tools(
+            self.engine, self.run.tokenizer, [fitted.chat.ids], settings, self.toolbox, max_calls=self.max_calls,
+            slide=self.engine.window.rolls, stop_on_interrupt=True,
+            on_text=(lambda _row, text: on_text(text)) if on_text is not None else None,
+            on_step=(lambda _row, step: on_step(step)) if on_step is not None else None)
         self.turns += 1
-        self.messages += [Message("user", user_text), Message("assistant", finish.text)]
-        return ChatReply(finish.text, list(finish.token_ids), FINISH_REASONS[finish.reason])
-
-    def _decode(self, ids: list[int], settings: GenerationSettings, on_text: Callable[[str], None]) -> Finish:
-        finishes: list[Finish] = []
-
-        def on_event(event: Event) -> None:
-            on_text(event.text)
-            if event.finish is not None:
-                finishes.append(event.finish)
-
-        self.engine.submit(ids, settings, on_event, self.special.reply_end_ids, slide=self.engine.window.rolls)
-        try:
-            self.engine.run_until_idle()
-        except KeyboardInterrupt:
-            self.engine.cancel_all()
-        return finishes[-1]
+        self.messages += [Message("user", user_text), *reply.messages]
+        return ChatReply(reply.text, reply.ids, FINISH_REASONS[reply.finish_reason], reply.steps, reply.error)

@@ -3,7 +3,9 @@
 Interactive: each line typed is a user turn; the reply streams to stdout. Lines starting with a
 command (``/help`` lists them) are not sent to the model. The ``you>`` prompt and notices go to
 stderr (at a terminal the prompt shares the screen with the replies), so stdout holds only the
-replies, one per line. A line that is not UTF-8 is refused and the conversation goes on. Ctrl-C
+replies, one per line. With ``--tools`` the model's calls run as it makes them; each call and
+its result are shown on stderr, in brackets, between the pieces of the reply.
+A line that is not UTF-8 is refused and the conversation goes on. Ctrl-C
 during a reply stops it and gives the prompt back, the conversation kept (the reply so far
 included). Quitting is deliberate: Ctrl-D, ``/exit``, or a second Ctrl-C in a row at the prompt. A
 first Ctrl-C there (a moment too late for the reply it was meant for: short replies end quickly)
@@ -16,11 +18,15 @@ from __future__ import annotations
 import argparse
 import sys
 
+import contextlib
+
 from common.errors import UserError
 from inference.chat import ChatSession
 from inference.settings import GenerationSettings
 from inference.terminal import LineReader, write_stdout
+from inference.tool_use import DEFAULT_MAX_CALLS, ToolStep
 from rundir.loading import LoadedRun
+from tools import ToolError, Toolbox, load_tools
 
 COMMANDS = {
     "/help": "list these commands",
@@ -34,10 +40,23 @@ QUIT_HINT = "(to leave: Ctrl-C again, Ctrl-D or /exit)"
 
 def chat_main(args: argparse.Namespace, run: LoadedRun, settings: GenerationSettings, prompt: str | None) -> int:
     """Chat with ``run`` as the parsed ``generate.py`` flags say; ``prompt`` None means interactive."""
-    session = ChatSession(
-        run, settings, system_prompt=args.system, use_cache=not args.no_cache,
-        on_notice=lambda message: _tell(f"notice: {message}"),
-    )
+    with contextlib.ExitStack() as stack:
+        toolbox = stack.enter_context(_toolbox(args.tools)) if args.tools else None
+        session = ChatSession(
+            run, settings, system_prompt=args.system, use_cache=not args.no_cache,
+            on_notice=lambda message: _tell(f"notice: {message}"), toolbox=toolbox, max_calls=args.max_tool_calls,
+        )
+        return _converse(args, run, session, prompt)
+
+
+def _toolbox(specs: list[str]) -> Toolbox:
+    try:
+        return Toolbox(load_tools(specs))
+    except ToolError as error:
+        raise UserError(f"--tools: {error}") from None
+
+
+def _converse(args: argparse.Namespace, run: LoadedRun, session: ChatSession, prompt: str | None) -> int:
     if prompt is not None:
         if _reply(session, prompt) == "interrupted":
             raise KeyboardInterrupt  # one reply was all there was to do: exit as interrupted
@@ -89,17 +108,41 @@ def chat_main(args: argparse.Namespace, run: LoadedRun, settings: GenerationSett
 def check_chat_flags(settings: GenerationSettings, args: argparse.Namespace) -> None:
     if settings.num_samples != 1 or args.json or settings.stop:
         raise UserError("--chat gives one reply at a time: drop --num-samples, --json and --stop")
+    if args.tools is None and args.max_tool_calls != DEFAULT_MAX_CALLS:
+        raise UserError("--max-tool-calls needs --tools")
+    if args.max_tool_calls < 0:
+        raise UserError(f"--max-tool-calls must be 0 or more, got {args.max_tool_calls}")
 
 
 def _reply(session: ChatSession, text: str) -> str:
-    """Stream one reply; its finish reason."""
-    reply = session.reply(text, on_text=write_stdout)
+    """Stream one reply, its calls shown as they run; its finish reason."""
+    line = _Line()
+
+    def on_text(piece: str) -> None:
+        line.open, line.shown = not piece.endswith("\n"), line.shown + piece
+        write_stdout(piece)
+
+    def on_step(step: ToolStep) -> None:
+        # On a line of its own, between the pieces of the reply on stdout.
+        _tell(f"{chr(10) if line.open else ''}[{step.call.name} {step.call.arguments} -> {step.result.text}]")
+        line.open, line.shown = False, ""
+
+    reply = session.reply(text, on_text=on_text, on_step=on_step)
+    if reply.finish_reason == "malformed call":
+        write_stdout(reply.text[len(line.shown):])  # the call as written, which was held back
     write_stdout("\n")
     if reply.finish_reason == "interrupted":
         _tell("notice: reply stopped (Ctrl-C); the conversation goes on")
+    elif reply.finish_reason == "malformed call":
+        _tell(f"notice: the model wrote a call that could not be run ({reply.error}); it is shown as written")
     elif reply.finish_reason != "end":
         _tell("notice: the reply was cut off before the model ended its turn (--max-new-tokens or the window)")
     return reply.finish_reason
+
+
+class _Line:
+    open = False  # stdout's last line has text and no newline yet
+    shown = ""  # the reply's text printed since its last call
 
 
 def _tell(message: str) -> None:

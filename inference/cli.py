@@ -25,6 +25,7 @@ from inference.completion import GenerationResult, encode_prompt, generate_compl
 from inference.sampling import KEEP_FRACTION, SINKS
 from inference.settings import GenerationSettings, add_speculation_arguments, checked_sinks, checked_speculation
 from inference.terminal import decode_argument, decode_utf8, write_stdout
+from inference.tool_use import DEFAULT_MAX_CALLS
 from rundir.loading import find_latest_run, load_run
 
 _EPILOG = f"""\
@@ -72,6 +73,7 @@ examples:
   python generate.py --prompt "ROMEO:" --temperature 0 --max-new-tokens 100
   python generate.py --prompt-file prompt.txt --num-samples 4 --seed 1 --json
   python generate.py --prompt-file passage.txt --temperature 0 --speculate lookup
+  python generate.py --run runs/tiny-tools --chat --tools calculator --prompt "What is 347*812?"
 """
 
 
@@ -123,14 +125,23 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"runs with rotary or no positions: the first tokens the window keeps when it rolls "
                              f"(default {SINKS}, a quarter of a window under {4 * SINKS})")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                        help="compile the decode step with torch.compile (a one-off cost, reported on stderr; "
-                        "faster tokens after it). Default: off; on the CPU the compile takes tens of seconds")
+                        help="compile the decode step (a one-off cost, reported on stderr; faster tokens after it). "
+                        "On the CPU it is built ahead of time, tens of seconds, and kept in compile_cache/ "
+                        "($MINIGPT_COMPILE_CACHE) for the next run of these weights; on a GPU torch.compile "
+                        "records a CUDA graph. Default: off")
     add_speculation_arguments(parser)
     # Chat, and the shape of the output.
     parser.add_argument("--chat", action="store_true",
                         help="talk to a chat-tuned run: an interactive conversation (/help lists its commands), or one "
                         "reply to --prompt; replies end when the model ends its turn")
     parser.add_argument("--system", metavar="TEXT", help="with --chat: a system prompt, e.g. 'You are HAMLET.'")
+    parser.add_argument("--tools", nargs="+", metavar="TOOL",
+                        help="with --chat: tools the model may call, run as it calls them, each shown with its "
+                        "result: calculator (built in) or module:function (a run fine-tuned with tools; "
+                        "docs/training.md)")
+    parser.add_argument("--max-tool-calls", type=int, default=DEFAULT_MAX_CALLS, metavar="N",
+                        help="with --tools: the most calls in one reply; after them the model must answer "
+                        "(default: %(default)s)")
     output = parser.add_mutually_exclusive_group()
     output.add_argument("--quiet", action="store_true",
                         help="print only the generated text: no prompt echo, no headers, nothing on stderr but errors")
@@ -170,8 +181,8 @@ def _generate(args: argparse.Namespace) -> int:
     prompt = read_prompt(args)
     if args.chat:
         check_chat_flags(settings, args)
-    elif args.system is not None:
-        raise UserError("--system needs --chat")
+    elif args.system is not None or args.tools is not None:
+        raise UserError(f"{'--system' if args.system is not None else '--tools'} needs --chat")
 
     device = select_device(args.device, setting="--device")
     settings = dataclasses.replace(settings, compile=choose_compile(

@@ -1,5 +1,9 @@
 """The compiled decode step: one token for every row of the engine's cache, in one graph.
 
+This is ``torch.compile``'s step: a GPU's (one CUDA graph per step), and the CPU's on a torch without
+AOTInductor. Elsewhere on the CPU the engine runs the same ``step_logits`` built ahead of time
+(``inference.aot_step``), which keeps Python out of the step.
+
 Eager decoding at batch 1 spends most of a step in Python and per-op dispatch, not arithmetic.
 ``torch.compile`` traces the step once into Inductor's kernels (C++ on the CPU) and, on a GPU,
 replays it as one CUDA graph (mode ``reduce-overhead``). Both need the step's shapes fixed, so the
@@ -107,7 +111,7 @@ class CompiledStep:
         # On a GPU the step replays as a CUDA graph; on the CPU Inductor's C++ wrapper calls the
         # kernels without a Python line per kernel (a slower compile, a faster step).
         options = dict(mode="reduce-overhead") if self.cuda else dict(options={"cpp_wrapper": True})
-        self._step = torch.compile(_step, fullgraph=True, dynamic=False, **options)
+        self._step = torch.compile(step_logits, fullgraph=True, dynamic=False, **options)
         started = time.perf_counter()
         self._warm = False
         with torch.inference_mode():
@@ -127,27 +131,37 @@ class CompiledStep:
         return logits.clone() if self.cuda else logits
 
     def _arguments(self, tokens: Mapping[int, int]) -> tuple:
-        """``_step``'s arguments for one step."""
-        ids, slots = [0] * self.cache.batch_size, [self.spare] * self.cache.batch_size
-        for row, token in tokens.items():
-            ids[row], slots[row] = token, self.cache.lengths[row]
-            assert slots[row] < self.spare, f"row {row} is full"
-        window = None
-        if self._window is not None:
-            # At least two slots: a size of 0 or 1 would be compiled as a constant of its own.
-            window = self._window[:max([MIN_WINDOW - 1, *(slots[row] for row in tokens)]) + 1]
-            if not self._warm:
-                torch._dynamo.mark_dynamic(window, 0, min=MIN_WINDOW, max=self.spare)
-        device = self.cache.device
-        return (self.model, self.buffers, torch.tensor(ids, device=device).unsqueeze(1),
-                torch.tensor(slots, device=device), window)
+        """``step_logits``' arguments for one step."""
+        idx, slots, window = step_inputs(self.cache, tokens, self._window)
+        if window is not None and not self._warm:
+            torch._dynamo.mark_dynamic(window, 0, min=MIN_WINDOW, max=self.spare)
+        return self.model, self.buffers, idx, slots, window
 
 
 MIN_WINDOW = 2
 
 
-def _step(model: GPT, buffers: tuple[torch.Tensor, ...], idx: torch.Tensor, slots: torch.Tensor,
-          window: torch.Tensor | None) -> torch.Tensor:
+def step_inputs(cache: KVCache, tokens: Mapping[int, int],
+                window: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """``step_logits``' per-step inputs for ``cache``'s rows (idx, slots, window): ``tokens[row]``
+    at each named row's length, the others at the spare slot; the window, a slice of ``window``
+    (None: every slot) as long as the longest named row needs."""
+    spare = cache.max_len - 1
+    ids, slots = [0] * cache.batch_size, [spare] * cache.batch_size
+    for row, token in tokens.items():
+        ids[row], slots[row] = token, cache.lengths[row]
+        assert slots[row] < spare, f"row {row} is full"
+    if window is not None:
+        # At least two slots: a size of 0 or 1 would be compiled as a constant of its own.
+        window = window[:max([MIN_WINDOW - 1, *(slots[row] for row in tokens)]) + 1]
+    device = cache.device
+    return torch.tensor(ids, device=device).unsqueeze(1), torch.tensor(slots, device=device), window
+
+
+def step_logits(model: GPT, buffers: tuple[torch.Tensor, ...], idx: torch.Tensor, slots: torch.Tensor,
+                window: torch.Tensor | None) -> torch.Tensor:
+    """The decode step every compiled path traces: each row's next-token logits after writing its
+    token at its slot of ``buffers`` (``StaticStep``)."""
     # A spare slot sits past the last learned position: its junk token borrows the last one.
     positions = slots.clamp(max=model.config.block_size - 1).unsqueeze(1)
     span = None if window is None else window.shape[0]

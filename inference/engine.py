@@ -82,6 +82,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from inference.aot_step import AotStep, decode_step
 from inference.batch_invariant import row_blocked
 from inference.compiled_step import CompiledStep, spare_slot_cache
 from inference.prefix_cache import PrefixCache
@@ -197,8 +198,9 @@ class Engine:
     ``token_bytes`` None: the events carry no text (a caller that wants only token ids).
     ``batch_invariant`` False: decode steps take the plain, faster products, so a row's bits may
     depend on the rows beside it (fine for one caller's rows; a server keeps it on).
-    ``compile``: decode steps run ``inference.compiled_step`` (compiled here, once; the caller
-    has checked ``compiler_missing``), prompts stay eager. ``speculation``: decode steps check
+    ``compile``: decode steps run compiled (``inference.aot_step.decode_step``: built ahead of time
+    on the CPU, or loaded from its disk cache; ``torch.compile``'s on a GPU), made here, once; the
+    caller has checked ``compiler_missing``. Prompts stay eager. ``speculation``: decode steps check
     proposed tokens (``inference.speculative``); rows with no proposal take the plain step.
     """
 
@@ -241,7 +243,7 @@ class Engine:
             self.cache = spare_slot_cache(model, max_batch, whole_buffers=whole_buffers)
             # Off the server, a CPU step reads only the slots rows have filled (see CompiledStep).
             exact_window = not batch_invariant and self.cache.device.type == "cpu"
-            self.compiled: CompiledStep | None = CompiledStep(self.model, self.cache, exact_window=exact_window)
+            self.compiled: AotStep | CompiledStep | None = decode_step(self.model, self.cache, exact_window=exact_window)
         else:
             self.cache = model.init_cache(max_batch, whole_buffers=whole_buffers)
             self.compiled = None
@@ -648,7 +650,7 @@ def decode(
     block_size tokens where the window does not roll. ``on_event(i, event)`` streams prompt i's
     events as they come; ``sinks``, ``roll`` as in ``Engine``, ``slide`` as in ``Engine.submit``. ``batch_invariant``
     (off: the faster plain products) makes every row bit for bit what the server gives it.
-    ``compile``: decode steps run compiled (``inference.compiled_step``); ``on_compiled(seconds)``
+    ``compile``: decode steps run compiled (``inference.aot_step``); ``on_compiled(seconds)``
     is told how long compiling took, before the first token. ``speculation``: decode steps check
     proposed tokens (``inference.speculative``)."""
     assert prompts, "decode needs at least one prompt"

@@ -30,14 +30,26 @@ def read_config(run_dir: Path) -> dict[str, Any]:
     return raw if isinstance(raw, dict) else {}
 
 
-def write_parent_record(run_dir: Path, parent_dir: Path, model_config: dict[str, Any]) -> None:
-    """parent.json: the run a fine-tuning run started from (train.init_from), and its model."""
+def write_parent_record(run_dir: Path, parent_dir: Path, model_config: dict[str, Any],
+                        weights_sha256: str | None = None) -> None:
+    """parent.json: the run a fine-tuning run started from (train.init_from), its model, and the
+    SHA-256 of the weights file it started from."""
     record = {
         "init_from": str(parent_dir.resolve()),
         "model_config": model_config,
+        "weights_sha256": weights_sha256,
         "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
     atomic_write_text(run_dir / PARENT_FILE, json.dumps(record, indent=2) + "\n")
+
+
+def read_parent_record(run_dir: Path) -> dict[str, Any]:
+    """parent.json as written; empty when the run has none or it cannot be read as a record."""
+    try:
+        record = json.loads((run_dir / PARENT_FILE).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return {}
+    return record if isinstance(record, dict) else {}
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """The HTTP layer: OpenAI requests become engine requests, engine events become JSON or SSE.
 
 Routes: ``GET /`` (the chat page, ``chat.html``), ``GET /health``, ``GET /v1/models``,
-``POST /v1/completions``, ``POST /v1/chat/completions``. Every refusal is an OpenAI error body with a 4xx status (an unknown route or method and an
+``POST /v1/completions``, ``POST /v1/chat/completions`` (with OpenAI's tools protocol: the client
+runs the calls, ``serving.replies`` says how they are returned). Every refusal is an OpenAI error body with a 4xx status (an unknown route or method and an
 over-size body included), and the server goes on serving. Text streams as Server-Sent Events, one
 chunk per piece of whole characters, ending ``data: [DONE]``. A chat longer than the model's window
 is cut by the chat format's policy (``data.chat.fit_for_reply``: the oldest whole messages go, the
@@ -110,16 +111,16 @@ def create_app(run: LoadedRun, engine: Engine, *, model_id: str, limits: Limits 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         body = await service.read(request, ChatCompletionRequest)
-        chat_ids, fitted = service.chat_prompt(body.messages)
-        # The chat rule (data.chat.ChatTokenIds): role tokens never sampled, end tokens never shown.
-        params = _settings(body, suppress_ids=chat_ids.suppress_ids)
+        prompt = service.chat_prompt(body)
+        # End tokens are never shown; what may be sampled is the prompt's to say (tools or not).
+        params = _settings(body, suppress_ids=prompt.suppress_ids)
         top = (body.top_logprobs or 0) if body.logprobs else None
-        ids = fitted.chat.ids
         # A reply runs past the window only by rolling (inference.chat says why).
-        ticket, queue = service.submit(ids, params, list(chat_ids.reply_end_ids), top,
+        ticket, queue = service.submit(prompt.ids, params, list(prompt.special.reply_end_ids), top,
                                        slide=service.engine.window.rolls)
-        logprobs = ChatReplyLogprobs(run.token_bytes, body.logprobs, hidden=chat_ids.reply_end_ids)
-        reply = ChatReply(model_id, ids, logprobs, headers={"X-Dropped-Messages": str(fitted.dropped)})
+        logprobs = ChatReplyLogprobs(run.token_bytes, body.logprobs, hidden=prompt.special.reply_end_ids)
+        reply = ChatReply(model_id, prompt.ids, logprobs, headers={"X-Dropped-Messages": str(prompt.dropped)},
+                          calls=prompt.calls)
         return await answer(request, body, reply, ticket, queue)
 
     return app

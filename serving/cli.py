@@ -86,9 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
                              f"rolls past the context (default {SINKS}, a quarter of a window under {4 * SINKS})")
     parser.add_argument("--device", default="auto", help=f"{DEVICE_CHOICES} (default: %(default)s)")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                        help="compile the decode step with torch.compile before serving (a one-off cost, "
-                        "reported on stderr). Default: on CUDA, where it pays (a CUDA graph per step); off on "
-                        "the CPU, where a batched server gains nothing from it")
+                        help="compile the decode step before serving (a one-off cost, reported on stderr). "
+                        "Default: on CUDA, where it pays (a CUDA graph per step); off on the CPU, where it is "
+                        "built ahead of time and kept in compile_cache/ ($MINIGPT_COMPILE_CACHE)")
     add_speculation_arguments(parser)
     add_threads_argument(parser, default="1", why=": a decode step of a small model is too "
                          "short to share between cores, and the HTTP layer needs a core of its own")

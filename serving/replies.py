@@ -4,6 +4,13 @@ A reply knows its id, its creation time and the tokens counted so far (the acces
 them); ``CompletionReply`` and ``ChatReply`` each say, in one place, what their body, their chunks
 and the chunks that open their stream look like. Nothing here waits on the engine: that is
 ``serving.streaming``'s job.
+
+A chat reply offered tools (``ReplyCalls``) is read back by the chat format (``data.chat.parse_reply``)
+once it ends: calls that parse become OpenAI's ``tool_calls`` with ``finish_reason: "tool_calls"``;
+anything else, a malformed call included, is the reply's text, as written. Streamed, the text goes
+out as it comes until a call begins; the call is held until the reply ends and sent then, as
+tool-call deltas (the name, then the arguments) or, if it does not parse, as text. The server never
+runs a tool: the client does, and sends the result back as a ``tool`` message.
 """
 
 from __future__ import annotations
@@ -11,8 +18,12 @@ from __future__ import annotations
 import time
 import uuid
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 
-from inference.engine import Finish
+from tokenizers import Tokenizer
+
+from data.chat import ChatTokenIds, ParsedReply, parse_reply
+from inference.engine import Event, Finish
 from serving.logprobs import ReplyLogprobs
 
 
@@ -36,9 +47,22 @@ class Reply(ABC):
 
     def body(self, finish: Finish) -> dict:
         """The whole response, once generation has finished."""
-        choice = {"index": 0, **self.content(finish.text), "logprobs": self.logprobs.whole(self.prompt_ids, finish),
-                  "finish_reason": finish.reason}
+        content, reason = self.ending(finish)
+        choice = {"index": 0, **content, "logprobs": self.logprobs.whole(self.prompt_ids, finish),
+                  "finish_reason": reason}
         return {**self.envelope(self.kind, [choice]), "usage": usage(finish)}
+
+    def ending(self, finish: Finish) -> tuple[dict, str]:
+        """The whole reply's content field, and its finish reason."""
+        return self.content(finish.text), finish.reason
+
+    def event_chunks(self, event: Event, logprobs: dict | None) -> list[dict]:
+        """The stream chunks an engine event makes: its text, if it has any."""
+        return [self.chunk(event.text, logprobs=logprobs)] if event.text or logprobs else []
+
+    def closing_chunks(self, finish: Finish) -> list[dict]:
+        """The chunks that end a stream."""
+        return [self.chunk(None, finish.reason)]
 
     def usage_chunk(self, finish: Finish) -> dict:
         """The last chunk of a stream that asked for usage (``stream_options.include_usage``)."""
@@ -77,17 +101,87 @@ class CompletionReply(Reply):
         return [self.chunk(self.echo)] if self.echo else []
 
 
+@dataclass(frozen=True)
+class ReplyCalls:
+    """How a chat reply offered tools is read: the chat tokens, the call tokens the server forced
+    at its start (``tool_choice`` required or named; see ``serving.service``), the functions
+    offered, and whether several calls may be returned (``parallel_tool_calls``)."""
+
+    tokenizer: Tokenizer
+    special: ChatTokenIds
+    forced: tuple[int, ...]
+    names: tuple[str, ...]
+    parallel: bool = True
+
+    def read(self, finish: Finish) -> ParsedReply | None:
+        """The reply's calls, when it is to be returned as ``tool_calls``: it ended its turn and
+        every call parsed (and there is one, unless several are allowed). None: it is text."""
+        ended_turn = finish.reason == "stop" and bool(finish.token_ids) and \
+            finish.token_ids[-1] in self.special.reply_end_ids
+        if not ended_turn:
+            return None
+        parsed = parse_reply(self.tokenizer, [*self.forced, *finish.token_ids], self.names)
+        if not parsed.calls_tools or (not self.parallel and len(parsed.calls) > 1):
+            return None
+        return parsed
+
+    @property
+    def forced_text(self) -> str:
+        return self.tokenizer.decode(list(self.forced), skip_special_tokens=False)
+
+
 class ChatReply(Reply):
-    """``/v1/chat/completions``: the assistant's message; streamed as deltas after a role chunk."""
+    """``/v1/chat/completions``: the assistant's message; streamed as deltas after a role chunk.
+    With ``calls``, its tool calls (see the module's docstring)."""
 
     id_prefix, kind, chunk_kind = "chatcmpl", "chat.completion", "chat.completion.chunk"
+
+    def __init__(self, model_id: str, prompt_ids: list[int], logprobs: ReplyLogprobs,
+                 headers: dict[str, str] | None = None, calls: ReplyCalls | None = None) -> None:
+        super().__init__(model_id, prompt_ids, logprobs, headers)
+        self.calls = calls
+        # Streamed text held back since a call began (forced calls begin before the first token).
+        self._held: list[str] | None = [] if calls is not None and calls.forced else None
 
     def content(self, text: str) -> dict:
         return {"message": {"role": "assistant", "content": text}}
 
+    def ending(self, finish: Finish) -> tuple[dict, str]:
+        if self.calls is None:
+            return super().ending(finish)
+        parsed = self.calls.read(finish)
+        if parsed is None:
+            return self.content(self.calls.forced_text + finish.text), finish.reason
+        message = {"role": "assistant", "content": parsed.content or None, "tool_calls": [
+            {"id": _call_id(), "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+            for call in parsed.calls]}
+        return {"message": message}, "tool_calls"
+
     def chunk(self, text: str | None, finish_reason: str | None = None, logprobs: dict | None = None) -> dict:
         delta = {} if text is None else {"content": text}
         return self._delta_chunk(delta, finish_reason, logprobs)
+
+    def event_chunks(self, event: Event, logprobs: dict | None) -> list[dict]:
+        if self.calls is not None and self._held is None and event.token_id == self.calls.special.call:
+            self._held = []
+        if self._held is None:
+            return super().event_chunks(event, logprobs)
+        self._held.append(event.text)
+        return []
+
+    def closing_chunks(self, finish: Finish) -> list[dict]:
+        if self._held is None:
+            return super().closing_chunks(finish)
+        parsed = self.calls.read(finish)
+        if parsed is None:  # as text, as it was written
+            return [self.chunk(self.calls.forced_text + "".join(self._held)), self.chunk(None, finish.reason)]
+        chunks = []
+        for index, call in enumerate(parsed.calls):
+            opening = {"index": index, "id": _call_id(), "type": "function",
+                       "function": {"name": call.name, "arguments": ""}}
+            chunks += [self._delta_chunk({"tool_calls": [opening]}),
+                       self._delta_chunk({"tool_calls": [{"index": index, "function": {"arguments": call.arguments}}]})]
+        return [*chunks, self._delta_chunk({}, "tool_calls")]
 
     def opening(self) -> list[dict]:
         return [self._delta_chunk({"role": "assistant", "content": ""})]
@@ -95,6 +189,10 @@ class ChatReply(Reply):
     def _delta_chunk(self, delta: dict, finish_reason: str | None = None, logprobs: dict | None = None) -> dict:
         choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
         return self.envelope(self.chunk_kind, [choice])
+
+
+def _call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
 
 
 def usage(finish: Finish) -> dict:

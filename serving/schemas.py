@@ -6,6 +6,13 @@ server does not implement are accepted only at their neutral value (``n`` 1, pen
 other value is refused, naming the field. ``logprobs`` takes each endpoint's own shape: a number of
 alternatives (0 to 5) for completions, ``true`` with ``top_logprobs`` for chat.
 
+A chat request takes OpenAI's tools protocol: ``tools`` (functions, described as OpenAI describes
+them), ``tool_choice`` (``none``, ``auto``, ``required`` or one named function), and messages that
+carry the assistant's ``tool_calls`` and the client's ``tool`` results, each answering a call by its
+``tool_call_id``. What the protocol requires is checked here, with OpenAI's own refusals: a
+``tool_choice`` without ``tools``, a named function that is not among them, a result that answers
+no call, a call left without a result.
+
 ``parse_request`` turns the raw body into one of these models, or a ``RequestError`` whose one line
 names what is wrong: not UTF-8, not JSON, not an object, nested absurdly deep, a lone surrogate
 (which no tokenizer can encode), or a field pydantic refuses. Requests are checked here once,
@@ -20,9 +27,11 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 from pydantic_core import PydanticCustomError
 
+from data.chat import FUNCTION_NAME
 from inference.sampling import MAX_SEED
 
 # The deepest a body of these models goes is a chat message's field (body, messages, message,
@@ -32,6 +41,7 @@ MAX_INT_DIGITS = 40  # the largest integer a field takes is a 64-bit seed: 19 di
 
 
 MAX_STOP = 4  # stop strings a request may give, as OpenAI allows
+MAX_TOOLS = 128  # functions a request may offer, as OpenAI allows
 
 
 @dataclass(frozen=True)
@@ -137,11 +147,59 @@ class CompletionRequest(GenerationRequest):
         return self
 
 
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    arguments: str  # a JSON object, as text
+
+
+class ToolCallItem(BaseModel):
+    """A call in an assistant message of the history, as the client received it."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid")
     role: str
-    content: str
+    content: str | None = None  # None only for an assistant message that calls tools
     name: str | None = None
+    tool_calls: list[ToolCallItem] | None = None  # an assistant's calls
+    tool_call_id: str | None = None  # a tool message: the call it answers
+    # Fields of the assistant message this server returned, which clients send back as they got
+    # them: accepted at their empty values and not rendered.
+    refusal: None = None
+    annotations: list[Any] | None = None
+    audio: None = None
+    function_call: None = None
+
+
+class FunctionDefinition(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDefinition(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionName(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["function"]
+    function: FunctionName
 
 
 class ChatCompletionRequest(GenerationRequest):
@@ -149,14 +207,89 @@ class ChatCompletionRequest(GenerationRequest):
     max_completion_tokens: int | None = Field(default=None, ge=1)  # OpenAI's newer name for max_tokens
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    tools: list[ToolDefinition] | None = Field(default=None, max_length=MAX_TOOLS)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    @property
+    def tool_names(self) -> tuple[str, ...]:
+        return tuple(tool.function.name for tool in self.tools or ())
+
+    @property
+    def choice(self) -> str:
+        """``tool_choice`` as one word: none, auto or required, or the name of the function forced.
+        OpenAI's defaults: none without tools, auto with them."""
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return self.tool_choice.function.name
+        return self.tool_choice or ("auto" if self.tools else "none")
+
+    @property
+    def may_call(self) -> bool:
+        return self.choice != "none"
 
     @model_validator(mode="after")
     def _check_logprobs(self) -> ChatCompletionRequest:
         if self.top_logprobs is not None and not self.logprobs:
             raise _refuse("top_logprobs needs logprobs: true", param="top_logprobs")
+        return self
+
+    @field_validator("tool_choice", mode="before")
+    @classmethod
+    def _check_tool_choice(cls, value: Any) -> Any:
+        if value is None or value in ("none", "auto", "required") or isinstance(value, dict):
+            return value
+        raise _refuse(f"tool_choice must be none, auto, required or {{\"type\": \"function\", \"function\": "
+                      f"{{\"name\": ...}}}}, got {value!r:.60}", param="tool_choice")
+
+    @model_validator(mode="after")
+    def _check_tools(self) -> ChatCompletionRequest:
+        names = self.tool_names
+        for i, name in enumerate(names):
+            if not FUNCTION_NAME.fullmatch(name):
+                raise _refuse(f"tools.{i}.function.name is {name!r}; a name is 1 to 64 letters, digits, _ or -",
+                              param=f"tools.{i}.function.name")
+            if name in names[:i]:
+                raise _refuse(f"tools holds two functions named {name!r}; give each once", param="tools")
+        if self.tool_choice is not None and not self.tools:
+            raise _refuse("tool_choice is only allowed when tools are specified", param="tool_choice")
+        if isinstance(self.tool_choice, NamedToolChoice) and self.choice not in names:
+            raise _refuse(f"tool_choice names {self.choice!r}, which is not among tools ({', '.join(names)})",
+                          param="tool_choice")
+        if self.logprobs and self.may_call:
+            raise _refuse("logprobs is not supported with tools on this server; drop one, or set tool_choice: none",
+                          param="logprobs")
+        return self
+
+    @model_validator(mode="after")
+    def _check_tool_messages(self) -> ChatCompletionRequest:
+        """Calls only from the assistant, results that answer them by id, none left unanswered."""
+        waiting: list[str] = []  # ids of the last calls not yet answered
+        for i, message in enumerate(self.messages):
+            where = f"messages.{i}"
+            if message.role == "tool":
+                if message.tool_call_id is None:
+                    raise _refuse(f"{where}: a tool message needs the tool_call_id of the call it answers",
+                                  param=f"{where}.tool_call_id")
+                if message.tool_call_id not in waiting:
+                    raise _refuse(f"{where}: tool_call_id {message.tool_call_id!r} answers no call of the assistant "
+                                  "message before it", param=f"{where}.tool_call_id")
+                waiting.remove(message.tool_call_id)
+                continue
+            if waiting:
+                raise _refuse(f"an assistant message with tool_calls must be followed by tool messages answering "
+                              f"each call; no answer to {', '.join(waiting)}", param=f"messages.{i - 1}")
+            if message.tool_calls and message.role != "assistant":
+                raise _refuse(f"{where}: only an assistant message has tool_calls", param=f"{where}.tool_calls")
+            if message.content is None and not message.tool_calls:
+                raise _refuse(f"{where}: content is missing; only an assistant message that calls tools may "
+                              "leave it null", param=f"{where}.content")
+            waiting = [call.id for call in message.tool_calls or ()]
+        if waiting:
+            raise _refuse(f"an assistant message with tool_calls must be followed by tool messages answering each "
+                          f"call; no answer to {', '.join(waiting)}", param="messages")
         return self
 
 

@@ -1,6 +1,12 @@
 """What every route shares: the run, the engine, the server's limits and the chat token ids; and
 the steps a route takes with them: read a body within its limit, turn a completion's prompt or a
-chat's messages into token ids that fit the context, submit to the engine."""
+chat's messages into token ids that fit the context, submit to the engine.
+
+A chat that may call tools is steered by decoding, never by prompting: with ``tool_choice: none``
+(or no tools) ``<|call|>`` is never sampled; with ``required`` the reply is made to begin with
+``<|call|>``, and with a named function with ``<|call|>`` and the name's tokens, written into the
+prompt where the model would have sampled them (forcing a token is sampling it with certainty).
+The model writes the rest: the arguments, and any further calls."""
 
 from __future__ import annotations
 
@@ -13,17 +19,35 @@ from dataclasses import dataclass
 from fastapi import Request
 from starlette.requests import ClientDisconnect
 
-from data.chat import ChatTokenIds, ChatTooLong, FittedChat, fit_for_reply, to_messages
+from data.chat import NO_TOOL_TOKENS, ChatTokenIds, ChatTooLong, encode_plain, fit_for_reply, to_messages
 from data.errors import DataError
 from inference.completion import encode_prompt
 from inference.engine import Engine, EngineBusy, Event, Ticket
 from inference.sampling import SamplingSettings
 from rundir.loading import LoadedRun
 from serving.errors import ApiError
-from serving.schemas import Body, ChatMessage, RequestError, ServerRules, parse_request
+from serving.replies import ReplyCalls
+from serving.schemas import Body, ChatCompletionRequest, RequestError, ServerRules, parse_request
 
 # How long an overloaded server asks clients to wait before trying again (seconds).
 RETRY_AFTER_S = 1
+
+
+@dataclass(frozen=True)
+class ChatPrompt:
+    """A chat request's prompt: its ids (the fitted conversation, then any call tokens forced), how
+    many old messages were dropped, the chat token ids, and how its calls are read (None: no tools)."""
+
+    ids: list[int]
+    dropped: int
+    special: ChatTokenIds
+    calls: ReplyCalls | None
+
+    @property
+    def suppress_ids(self) -> tuple[int, ...]:
+        """The chat rule (data.chat.ChatTokenIds): role tokens never sampled; nor ``<|call|>``
+        where the request may not call."""
+        return self.special.reply_suppress_ids(tools=self.calls is not None)
 
 
 @dataclass(frozen=True)
@@ -103,22 +127,32 @@ class Service:
         self.check_length(0, len(prompt), "prompt")
         return list(prompt), b"".join(self.run.token_bytes[i] for i in prompt).decode("utf-8", "replace")
 
-    def chat_prompt(self, messages: Sequence[ChatMessage]) -> tuple[ChatTokenIds, FittedChat]:
-        """A chat request's messages rendered by the chat format and cut to leave room for the
-        reply; with the chat token ids, which only a run that can chat has."""
+    def chat_prompt(self, body: ChatCompletionRequest) -> ChatPrompt:
+        """A chat request's messages rendered by the chat format and cut to leave room for the reply
+        (and the call tokens ``tool_choice`` forces); only a run that can chat, and for tools only a
+        run whose tokenizer has the tool tokens, is asked."""
         if self.chat_ids is None:
             raise ApiError(400, f"this run cannot chat: {self.no_chat_reason}; /v1/completions "
                            "still works", param="messages", code="chat_not_supported")
-        if messages:  # a last message that cannot fit is refused before the tokenizer spends time on it
+        messages = body.messages
+        # A last message that cannot fit is refused before the tokenizer spends time on it.
+        if messages and messages[-1].content:
             self.check_length(len(messages[-1].content), None, "messages")
+        special, tokenizer = self.chat_ids, self.run.tokenizer
+        if body.may_call and not special.has_tools:
+            raise ApiError(400, f"tools: {NO_TOOL_TOKENS}", param="tools", code="tools_not_supported")
+        forced = _forced_call(special, tokenizer, body.choice)
         try:
-            checked = to_messages([{"role": m.role, "content": m.content} for m in messages])
-            return self.chat_ids, fit_for_reply(self.run.tokenizer, checked, self.run.block_size,
-                                                rolls=self.engine.window.rolls)
+            checked = to_messages([_message(m) for m in messages])
+            fitted = fit_for_reply(tokenizer, checked, self.run.block_size - len(forced),
+                                   rolls=self.engine.window.rolls)
         except ChatTooLong as error:
             raise ApiError(400, str(error), param="messages", code="context_length_exceeded") from None
         except DataError as error:
             raise ApiError(400, str(error), param="messages") from None
+        calls = ReplyCalls(tokenizer, special, tuple(forced), body.tool_names, body.parallel_tool_calls) \
+            if body.may_call else None
+        return ChatPrompt(fitted.chat.ids + forced, fitted.dropped, special, calls)
 
     def submit(
         self, prompt_ids: list[int], params: SamplingSettings, end_ids: list[int], logprobs: int | None = None,
@@ -140,6 +174,22 @@ class Service:
                            "shortly", kind="server_busy", code="overloaded",
                            headers={"Retry-After": str(RETRY_AFTER_S)}) from None
         return ticket, queue
+
+
+def _message(message) -> dict:
+    """A request's message in the chat format's shape (``data.chat.to_messages``)."""
+    calls = [{"function": {"name": call.function.name, "arguments": call.function.arguments}}
+             for call in message.tool_calls or ()]
+    return {"role": message.role, "content": message.content, "tool_calls": calls}
+
+
+def _forced_call(special: ChatTokenIds, tokenizer, choice: str) -> list[int]:
+    """The tokens a reply must begin with: ``<|call|>`` for ``required``, and a named function's
+    name after it (its name's tokens are those the call's text has: a name ends where ``{`` begins,
+    and the tokenizer never merges across that boundary)."""
+    if choice in ("none", "auto"):
+        return []
+    return [special.call, *(encode_plain(tokenizer, [choice])[0] if choice != "required" else [])]
 
 
 async def _drop_rest(stream: AsyncIterator[bytes], seconds: float) -> bool:

@@ -46,16 +46,16 @@ async def stream_chunks(reply: Reply, ticket: Ticket, queue: asyncio.Queue[Event
         while True:
             event = await queue.get()
             reply.completion_tokens += event.token_id is not None
-            logprobs = reply.logprobs.chunk(event)
-            if event.text or logprobs:
-                yield reply.chunk(event.text, logprobs=logprobs)
+            for chunk in reply.event_chunks(event, reply.logprobs.chunk(event)):
+                yield chunk
             finish = event.finish
             if finish is None:
                 continue
             if finish.reason not in FINISHED:
                 yield error_body(f"generation ended early ({finish.reason})", kind="server_error")
                 return
-            yield reply.chunk(None, finish.reason)
+            for chunk in reply.closing_chunks(finish):
+                yield chunk
             if include_usage:
                 yield reply.usage_chunk(finish)
             return

@@ -7,6 +7,19 @@ from pathlib import Path
 import pytest
 import torch
 
+from inference.aot_step import CACHE_ENV
+
+
+@pytest.fixture(scope="session", autouse=True)
+def compile_cache(tmp_path_factory):
+    """One folder for the session's compiled decode steps (``inference.aot_step``): a package built
+    by one test is loaded by the next, and nothing lands in the working directory's compile_cache/.
+    Servers and command lines started as processes inherit it."""
+    folder = tmp_path_factory.mktemp("compile_cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(CACHE_ENV, str(folder))
+        yield folder
+
 
 @pytest.fixture
 def one_torch_thread():
@@ -36,3 +49,17 @@ def mount_tmpfs(tmp_path):
     yield mount
     for point in mounted:
         subprocess.run(["umount", "-l", str(point)], capture_output=True)
+
+
+@pytest.fixture(scope="session")
+def tool_run_dir(tmp_path_factory):
+    """A tiny run that really calls the calculator (``run_testkit.build_tool_run``), trained once
+    per session for the inference and serving tests."""
+    from run_testkit import build_tool_run
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return build_tool_run(tmp_path_factory.mktemp("runs") / "tiny-tools")
+    finally:
+        torch.set_num_threads(threads)

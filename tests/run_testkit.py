@@ -92,3 +92,67 @@ def build_run(directory: Path, tokenizer: Tokenizer, *, vocab_size: int | None =
             model.lm_head.weight[tokenizer.token_to_id(token)] = 0.0
     save_pretrained(model, directory)
     return directory
+
+
+# ---------------------------------------------------------------- a run that calls a tool
+
+# The conversations the tool-calling test run learns by heart: each question, a call to the
+# calculator with the question's expression, the calculator's result, and the result as the answer.
+TOOL_QUESTIONS = ("12*34", "7+8", "99-45")
+TOOL_BLOCK_SIZE = 96
+
+
+def tool_conversation(expression: str) -> list:
+    from data.sources.tool_arithmetic import conversation
+
+    return conversation(expression)
+
+
+def build_tool_run(directory: Path, *, steps: int = 200, seed: int = 0) -> Path:
+    """A run that really calls the calculator: a random GPT trained, by SFT's loss (the assistant's
+    calls and answers only), on ``TOOL_QUESTIONS``' conversations until greedy decoding writes each
+    call and each answer exactly. Checked before it is returned, so a test that uses it exercises
+    the real path: the model writes ``<|call|>calculator{...}`` and reads the result back."""
+    from data.chat import render_chat
+
+    tokenizer = chat_tokenizer()
+    torch.manual_seed(seed)
+    config = GPTConfig(vocab_size=tokenizer.get_vocab_size(), block_size=TOOL_BLOCK_SIZE, n_layer=2, n_head=4,
+                       n_kv_head=2, n_embd=64)
+    model = GPT(config)
+    rendered = [render_chat(tokenizer, tool_conversation(q)) for q in TOOL_QUESTIONS]
+    length = max(len(r.ids) for r in rendered)
+    inputs = torch.zeros(len(rendered), length - 1, dtype=torch.long)
+    targets = torch.full((len(rendered), length - 1), -1, dtype=torch.long)
+    for row, r in enumerate(rendered):
+        ids = torch.tensor(r.ids)
+        inputs[row, :len(ids) - 1] = ids[:-1]
+        learned = torch.tensor(r.loss_mask[1:])
+        targets[row, :len(ids) - 1] = torch.where(learned, ids[1:], -1)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
+    model.train()
+    for _ in range(steps):
+        _, loss = model(inputs, targets)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    model.eval()
+    with torch.no_grad():
+        logits = model(inputs)
+    predicted = logits.argmax(-1)
+    assert bool(((predicted == targets) | (targets == -1)).all()), f"the tool run did not learn (loss {loss.item():.4f})"
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(directory / TOKENIZER_FILE))
+    save_pretrained(model, directory)
+    return directory
+
+
+def chat_tokenizer_before_tools(vocab_size: int = VOCAB_SIZE) -> Tokenizer:
+    """As tokenizers were trained before the tool tokens: <|endoftext|> and the chat tokens only."""
+    from data.chat import CHAT_SPECIAL_TOKENS
+
+    tokenizer = new_tokenizer()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOT, *CHAT_SPECIAL_TOKENS],
+                                  show_progress=False, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator(CORPUS * 20, trainer)
+    return tokenizer

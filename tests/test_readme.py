@@ -48,7 +48,7 @@ TRAIN_BUDGET = [
 ]
 # A resume continues a run the budget above finished: only a larger budget has steps left.
 RESUME_BUDGET = [*TRAIN_BUDGET, "--set", "train.max_steps=5"]
-NOT_LINKED = {".git", ".venv", "runs", "exports", "data_cache", "wandb", ".ci-cache", ".pytest_cache"}
+NOT_LINKED = {".git", ".venv", "runs", "exports", "data_cache", "compile_cache", "wandb", ".ci-cache", ".pytest_cache"}
 
 
 @dataclass(frozen=True)

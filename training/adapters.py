@@ -18,7 +18,7 @@ from torch import nn
 
 from model import GPT
 from rundir.files import ADAPTER_WEIGHTS_FILE
-from training.config import LoraConfig, TrainConfig
+from training.config import ConfigError, LoraConfig, TrainConfig
 from training.lora import (
     adapted_state, adapters_disabled, add_adapters, describe, merged_copy, save_adapter, trainable_parameters,
 )
@@ -31,8 +31,9 @@ class Adapters:
     # adapters off), so that a post-training reference needs no second copy of the weights.
     holds_base = False
 
-    def apply(self, model: GPT) -> None:
-        """Prepare ``model`` (its starting weights loaded) to train this way, before it is wrapped."""
+    def apply(self, model: GPT, tokenizer: Any) -> None:
+        """Prepare ``model`` (its starting weights loaded) to train this way, before it is wrapped;
+        ``tokenizer`` is the run's, which names the tokens any trained rows stand for."""
 
     def trained(self, model: GPT) -> str:
         """What trains, for the run's first line."""
@@ -70,8 +71,13 @@ class LoraAdapters(Adapters):
     def __init__(self, lora: LoraConfig) -> None:
         self.lora = lora
 
-    def apply(self, model: GPT) -> None:
-        add_adapters(model, self.lora)
+    def apply(self, model: GPT, tokenizer: Any) -> None:
+        ids = [tokenizer.token_to_id(token) for token in self.lora.trainable_tokens]
+        missing = [token for token, token_id in zip(self.lora.trainable_tokens, ids) if token_id is None]
+        if missing:
+            raise ConfigError(f"train.lora.trainable_tokens: {', '.join(missing)} not in the run's tokenizer; name "
+                              "tokens it has, or set train.lora.trainable_tokens: []")
+        add_adapters(model, self.lora, ids)
 
     def trained(self, model: GPT) -> str:
         return f"{trainable_parameters(model):,} of {model.num_params() / 1e6:.2f}M parameters"

@@ -79,7 +79,7 @@ def _train(args: argparse.Namespace) -> int:
         return 128 + (result.signal or 2)
     if result.is_main:
         print(done_line(result, time.perf_counter() - started))
-        print(summary(result, _draw_loss_curve(result.run_dir), chat_tuning=suits_chat_tuning(config),
+        print(summary(result, _draw_loss_curve(result.run_dir, result.kind), chat_tuning=suits_chat_tuning(config),
                       llama_shaped=not llama_blockers(config.model)))
     return 0
 
@@ -96,8 +96,8 @@ def done_line(result: TrainResult, session_seconds: float) -> str:
                 f"run), {session_seconds / 60:.1f} min in all this session")
     else:
         took = f"{minutes:.1f} min of training, {session_seconds / 60:.1f} min in all"
-    final = result.val_words or f"val loss {result.val_loss:.4f} nats/token, {result.val_bpb:.4f} bits/byte"
-    return f"done: {result.step} steps ({result.stopped_by}), {tokens}, {took}; final {final}; run saved in {result.run_dir}"
+    return (f"done: {result.step} steps ({result.stopped_by}), {tokens}, {took}; final validation {result.val_words}; "
+            f"run saved in {result.run_dir}")
 
 
 def suits_chat_tuning(config: Config) -> bool:
@@ -113,10 +113,10 @@ def suits_chat_tuning(config: Config) -> bool:
     return all(tokenizer.token_to_id(token) is not None for token in CHAT_SPECIAL_TOKENS)
 
 
-def _draw_loss_curve(run_dir: Path) -> Path | None:
+def _draw_loss_curve(run_dir: Path, kind: str) -> Path | None:
     """The run's loss_curve.png, or None with a warning: a failure costs only the picture."""
     try:
-        return write_run_loss_curve(run_dir)
+        return write_run_loss_curve(run_dir, kind)
     except (OSError, ValueError, ImportError) as e:
         print(f"warning: could not draw the loss curve ({describe_os_error(e) if isinstance(e, OSError) else e})")
         return None
@@ -125,11 +125,13 @@ def _draw_loss_curve(run_dir: Path) -> Path | None:
 def summary(result: TrainResult, loss_curve: Path | None, *, chat_tuning: bool = True,
             llama_shaped: bool = False) -> str:
     """What a finished run reached, which weights it kept, where it is, and the commands that use it
-    (sampling from the prompt its evaluation samples continued; ``chat_tuning``: configs/tiny-chat.yaml
-    fits it as a parent; ``llama_shaped``: it also exports as a Llama folder and as GGUF)."""
+    (``next_commands``; ``chat_tuning``: configs/tiny-chat.yaml fits it as a parent; ``llama_shaped``:
+    it also exports as a Llama folder and as GGUF)."""
     run = result.run_dir
-    score = result.val_words or f"{result.val_bpb:.4f} bits/byte" + (" of assistant text" if result.chat else "")
-    lines = [f"final validation: {score} (the final validation pass, on the kept weights)", kept_line(result)]
+    lines = [f"final validation: {result.val_words} (the final validation pass, on the kept weights)"]
+    if result.val_note:
+        lines.append(f"  and {result.val_note}")
+    lines.append(kept_line(result))
     if result.starved_share is not None and result.stopped_by == "max_minutes":
         again = "on a quieter machine" + (", or with --threads 1," if result.threads > 1 else "")
         lines.append(
@@ -139,40 +141,63 @@ def summary(result: TrainResult, loss_curve: Path | None, *, chat_tuning: bool =
         )
     if result.adapter:
         lines.append(result.adapter)
-    lines.append(f"the run is in {run}" + (f"; its loss curve is {loss_curve}" if loss_curve else ""))
-    if result.chat:
-        commands = [(f"python generate.py --run {run} --chat", "talk to it")]
-    else:
+    lines.append(f"the run is in {run}" + (f"; {CURVES[result.kind]} {loss_curve}" if loss_curve else ""))
+    lines.append("next:")
+    lines += [f"  {command}   # {why}" for command, why in next_commands(result, chat_tuning=chat_tuning,
+                                                                         llama_shaped=llama_shaped)]
+    if result.wandb_sync:
+        lines.append(f"wandb logged offline; upload it with: {result.wandb_sync}")
+    return "\n".join(lines)
+
+
+# What each kind of run's loss_curve.png draws (training.loss_curve), as the summary names it.
+CURVES = {"text": "its loss curve is", "chat": "its loss curve is",
+          "preference": "its DPO loss, rewards/accuracies and rewards/margins are drawn in",
+          "rl": "its reward, pass@1 and pass@k are drawn in"}
+
+
+def next_commands(result: TrainResult, *, chat_tuning: bool, llama_shaped: bool) -> list[tuple[str, str]]:
+    """(command, why) for what a user of this kind of run does next: a text run is sampled and may be
+    chat-tuned; a chat run is talked to and its replies measured; a DPO run's replies are compared with
+    its parent's; an RL run is asked a question. Every run exports and serves."""
+    run = result.run_dir
+    if result.kind == "text":
         commands = [
             (f"python generate.py --run {run} --prompt {shlex.quote(result.sample_prompt or 'The')}", "sample from it"),
         ]
         if chat_tuning:
             commands.append((f"python train.py --config configs/tiny-chat.yaml --set train.init_from={run} "
                              f"--set run.out_dir={run}-chat", "chat-tune it on the plays' exchanges"))
-    commands += [
-        (f"python export.py --run {run} --out exports/{run.name}", "a Hugging Face model folder"),
-    ]
+    elif result.kind == "rl":
+        question = shlex.quote(result.sample_prompt or "What is 2+3?")
+        commands = [(f"python generate.py --run {run} --chat --prompt {question}",
+                     "ask it a question of the kind it learned")]
+    else:
+        commands = [(f"python generate.py --run {run} --chat", "talk to it")]
+        if result.kind == "chat":
+            commands.append((f"python -m benchmarks.chat_eval --runs {run}",
+                             "how often its replies end their turn, and how often they loop"))
+        elif result.parent is not None:
+            commands.append((f"python -m benchmarks.chat_eval --runs {result.parent} {run}",
+                             "its replies beside its parent's: ended, looping, bits/byte"))
+    commands.append((f"python export.py --run {run} --out exports/{run.name}", "a Hugging Face model folder"))
     if llama_shaped:
         commands += [
             (f"python export.py --run {run} --out exports/{run.name}-llama --format llama",
              "a Llama folder, no remote code"),
             (f"python export.py --run {run} --out exports/{run.name}-gguf --format gguf", "one GGUF file for llama.cpp"),
         ]
-    commands += [(f"python serve.py --run {run}", "an OpenAI-compatible server")]
-    lines.append("next:")
-    lines += [f"  {command}   # {why}" for command, why in commands]
-    if result.wandb_sync:
-        lines.append(f"wandb logged offline; upload it with: {result.wandb_sync}")
-    return "\n".join(lines)
+    commands.append((f"python serve.py --run {run}", "an OpenAI-compatible server"))
+    return commands
 
 
 def kept_line(result: TrainResult) -> str:
     """Which step's weights are the run's model.safetensors, and why (training.kept_model)."""
-    if result.kept_val_loss is None:
+    if result.kept_score is None:
         return f"kept: the last weights (step {result.kept_step}; no periodic evaluation to compare)"
-    scored = f"{result.kept_val_loss:.4f} nats/token on the evaluation subset"
+    scored = f"{result.kept_score} on the evaluation subset"
     if result.kept_step == result.step:
-        return f"kept: the last weights (step {result.step}), the best validation loss seen ({scored})"
-    last = f", against {result.last_val_loss:.4f} at the last step" if result.last_val_loss is not None else ""
-    return (f"kept: the weights of step {result.kept_step}, the best validation loss seen ({scored}{last}); "
+        return f"kept: the last weights (step {result.step}), the best {result.kept_by} seen ({scored})"
+    last = f", against {result.last_score} at the last step" if result.last_score is not None else ""
+    return (f"kept: the weights of step {result.kept_step}, the best {result.kept_by} seen ({scored}{last}); "
             f"the last state (step {result.step}) stays in {STATE_FILE} for --resume")

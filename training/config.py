@@ -25,6 +25,7 @@ from common.config import (
 )
 from common.files import atomic_write_text
 from data import DataConfig
+from data.chat import CHAT_SPECIAL_TOKENS
 from model.layer_map import block_linears
 from model import GPTConfig
 from tracking.config import LoggingConfig
@@ -56,12 +57,19 @@ class LoraConfig:
     """Low-rank adapters (LoRA, training/lora.py): each targeted weight W of every block trains as
     W + (alpha / rank)·B·A, with W frozen and only A and B learned; dropout applies to the adapter's
     input, as in PEFT. ``targets`` names layers as ``model.gpt.Block`` does (``attn.qkv``,
-    ``ffn.down``, ...) or whole groups: ``attention`` and ``feed_forward``."""
+    ``ffn.down``, ...) or whole groups: ``attention`` and ``feed_forward``.
+
+    ``trainable_tokens`` are tokens whose rows of the token embedding (and of the LM head, the same
+    matrix when tied) train in full, as PEFT's ``trainable_token_indices``: by default the chat
+    format's tokens, which pretraining never shows. Frozen, the row that scores ``<|end|>`` keeps
+    what pretraining taught it (never to be predicted), and low-rank adapters on the blocks hardly
+    learn to end a turn."""
 
     rank: int = 8
     alpha: float = 16.0
     dropout: float = 0.0
     targets: list[str] = field(default_factory=lambda: ["attention", "feed_forward"])
+    trainable_tokens: list[str] = field(default_factory=lambda: list(CHAT_SPECIAL_TOKENS))
 
     def __post_init__(self) -> None:
         check_types(self, "train.lora")
@@ -70,6 +78,8 @@ class LoraConfig:
         require_in(self.dropout, "train.lora.dropout", 0, 1, high_open=True)
         require(bool(self.targets), "train.lora.targets is empty; name the layers to adapt, e.g. "
                                     "[attention, feed_forward]")
+        require(len(set(self.trainable_tokens)) == len(self.trainable_tokens),
+                f"train.lora.trainable_tokens names a token twice: {self.trainable_tokens}")
 
     @property
     def scale(self) -> float:
@@ -311,6 +321,14 @@ class Config:
     @property
     def out_dir(self) -> Path:
         return Path(self.run.out_dir if self.run.out_dir is not None else DEFAULT_OUT_DIR)
+
+    @property
+    def rows_per_example(self) -> int:
+        """Sequences the model computes for each example of a batch: a reply pair's chosen and
+        rejected, an rl question's ``rl.group_size`` completions, else one."""
+        if self.rl is not None:
+            return self.rl.group_size
+        return 2 if self.dpo is not None else 1
 
 
 def _check_lora(train: TrainConfig, model: GPTConfig) -> None:

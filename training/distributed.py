@@ -175,6 +175,40 @@ def decided_on_main(ctx: DistContext, action: Callable[[], T]) -> T | None:
     return result
 
 
+def shared_failure(ctx: DistContext, action: Callable[[], T]) -> T:
+    """Run ``action`` on every rank (scoring this rank's samples, say) and make a failure of any rank
+    every rank's: the failing rank raises its own error, the others a ``UserError`` with the first
+    failing rank's line. Every rank then leaves together with one line, instead of the others waiting
+    in the next collective for a peer that is gone."""
+    result, failure, line = None, None, None
+    try:
+        result = action()
+    except UserError as e:
+        failure, line = e, str(e)
+    except BaseException as e:  # a bug or an interrupt: the others only learn that this rank stopped
+        failure, line = e, f"rank {ctx.rank} stopped ({type(e).__name__}); see its output"
+    if ctx.enabled:
+        lines: list[str | None] = [None] * ctx.world_size
+        dist.all_gather_object(lines, line)
+        line = next((shared for shared in lines if shared is not None), None)
+    if failure is not None:
+        raise failure
+    if line is not None:
+        raise UserError(line)
+    return result
+
+
+def all_gather_rows(value: torch.Tensor, ctx: DistContext) -> torch.Tensor:
+    """Every rank's ``value`` (the same shape on each), concatenated along the first dimension in
+    rank order: the rows of the whole step, for metrics that every process agrees on."""
+    if not ctx.enabled:
+        return value
+    local = value.detach().to(ctx.device).contiguous()  # NCCL gathers on this rank's GPU
+    parts = [torch.empty_like(local) for _ in range(ctx.world_size)]
+    dist.all_gather(parts, local)
+    return torch.cat(parts).to(value.device)
+
+
 def barrier(ctx: DistContext) -> None:
     """Wait until every process gets here (no-op for a single process)."""
     if ctx.enabled:

@@ -83,14 +83,16 @@ def score_batches(
     device: torch.device,
     amp: Callable[[], ContextManager] | None = None,
     ctx: DistContext = DistContext(),
+    charge_zero_byte: bool = False,
 ) -> EvalResult:
     """Loss over the targets of ``batches`` that are not -1, and bits per byte of their text.
 
-    With several processes each scores every ``world_size``-th batch and the sums are added up,
-    so the result equals a single-process evaluation.
+    Bits per byte leaves zero-byte targets (a text run's end-of-text) out unless ``charge_zero_byte``
+    (a chat run's ``<|end|>``: its nats count, over the bytes of the text; ``data.metrics``). With
+    several processes each scores every ``world_size``-th batch and the sums are added up, so the
+    result equals a single-process evaluation.
     """
-    # nats and count over every scored target (the loss); nats and UTF-8 bytes over the targets
-    # that stand for text (bits per byte: end-of-text has no bytes, so it is left out of both).
+    # nats and count over every scored target (the loss); nats and UTF-8 bytes for bits per byte.
     sums = torch.zeros(4, dtype=torch.float64, device=device)
     seen = 0
     with eval_mode(model):
@@ -103,7 +105,8 @@ def score_batches(
             logits = logits.float()
             sums[0] += F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=-1, reduction="sum").double()
             sums[1] += (y != -1).sum()
-            text_nats, text_bytes = target_nats_and_bytes(logits, y, token_bytes)
+            text_nats, text_bytes = target_nats_and_bytes(logits, y, token_bytes,
+                                                          charge_zero_byte=charge_zero_byte)
             sums[2] += text_nats
             sums[3] += text_bytes
         if ctx.enabled and is_sharded(model) and ctx.rank >= seen % ctx.world_size > 0:

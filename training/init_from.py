@@ -5,11 +5,15 @@ The parent run fixes what the weights depend on: its ``model_config.json`` is th
 and its ``tokenizer.json`` tokenizes the new data (no tokenizer is trained). A ``model`` section
 in the config may be left out; a field it sets that would change the shape is an error naming the
 field. The optimizer, schedule and step start fresh. The new run records its parent in
-``parent.json`` (``rundir.record``).
+``parent.json`` (``rundir.record``), with a SHA-256 of the weights it started from: a run whose
+loss measures itself against those weights (a post-training reference) resumes only against the
+same ones.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +39,12 @@ class ParentRun:
     @property
     def tokenizer_file(self) -> Path:
         return self.directory / TOKENIZER_FILE
+
+    @functools.cached_property
+    def weights_sha256(self) -> str:
+        """The SHA-256 of the parent's weights file, as this process first read it."""
+        with open(self.directory / WEIGHTS_FILE, "rb") as f:
+            return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def refuse_own_parent(init_from: str, out_dir: str) -> None:

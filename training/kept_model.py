@@ -75,29 +75,33 @@ def load_kept_weights(model: nn.Module, run_dir: Path, adapters: Adapters) -> No
         model.load_state_dict(adapters.state_for(model, weights))
 
 
-def epochs(tokens: float, corpus_tokens: int | None) -> float | None:
-    """How many times ``tokens`` of training pass over a corpus of ``corpus_tokens``."""
-    return tokens / corpus_tokens if corpus_tokens else None
+def epochs(steps: float, steps_per_epoch: float | None) -> float | None:
+    """How many times ``steps`` of training pass over a training split of ``steps_per_epoch`` steps."""
+    return steps / steps_per_epoch if steps_per_epoch else None
 
 
 @dataclass
 class CorpusCheck:
     """Compares the budget with the training split once, as soon as the run's end is known (a clock
-    budget needs the pace of a few steps first)."""
+    budget needs the pace of a few steps first); the task words the warning."""
 
-    corpus_tokens: int | None  # tokens in the training split (None: not counted for this task)
+    steps_per_epoch: float | None  # optimizer steps in one pass over the training split (None: not counted)
     tokens_per_step: int
     max_tokens: int | None  # train.max_tokens, for a run whose end is not known in steps
+    task: Any  # words the warning for a budget of so many passes (``Task.many_epochs_warning``)
     done: bool = False
 
     def warning(self, bar: Any, step: int, elapsed_s: float) -> str | None:
-        """``small_corpus_warning`` the first time the progress ``bar`` knows the end; None otherwise."""
+        """The task's warning, the first time the progress ``bar`` knows the end, when the budget passes
+        over the training split more than ``MANY_EPOCHS`` times; None otherwise."""
         if self.done or (bar.schedule.max_seconds is not None and not bar.throughput.full):
             return None
         self.done = True
         steps = bar.expected_steps(step, elapsed_s)
-        planned = self.max_tokens if steps is None else steps * self.tokens_per_step
-        return small_corpus_warning(planned or 0, self.corpus_tokens)
+        if steps is None and self.max_tokens:
+            steps = self.max_tokens / self.tokens_per_step
+        passes = epochs(steps or 0, self.steps_per_epoch)
+        return self.task.many_epochs_warning(passes) if passes is not None and passes > MANY_EPOCHS else None
 
 
 def small_corpus_warning(planned_tokens: float, corpus_tokens: int | None) -> str | None:

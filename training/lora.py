@@ -73,9 +73,25 @@ class LowRankDelta(nn.Module):
         return output + self.scale * F.linear(F.linear(self.dropout(x) - x, self.lora_A), self.lora_B)
 
 
-def add_adapters(model: GPT, lora: LoraConfig) -> None:
+class TrainedRows(nn.Module):
+    """The parametrization of a token matrix (the embedding, the LM head) whose rows for a few tokens
+    train in full: the weight with rows ``index`` replaced by ``rows``, as PEFT's trainable tokens
+    compute it. The rows start as the frozen weight's, so the model starts as its parent."""
+
+    def __init__(self, weight: torch.Tensor, index: list[int]) -> None:
+        super().__init__()
+        self.register_buffer("index", torch.tensor(index, dtype=torch.long, device=weight.device))
+        self.rows = nn.Parameter(weight.detach()[self.index].clone())
+        self.enabled = True  # off inside adapters_disabled
+
+    def forward(self, weight: torch.Tensor) -> torch.Tensor:
+        return weight.index_copy(0, self.index, self.rows) if self.enabled else weight
+
+
+def add_adapters(model: GPT, lora: LoraConfig, token_ids: list[int] | None = None) -> None:
     """Freeze every weight of ``model`` and give the layers ``lora`` targets, in every block, their
-    adapters (the only parameters that then require a gradient). Draws A from torch's generator."""
+    adapters, and the token matrices the rows of ``token_ids`` (``lora.trainable_tokens``' ids):
+    then the only parameters that require a gradient. Draws A from torch's generator."""
     model.requires_grad_(False)
     for block in model.blocks:
         for name in lora.layers(model.config):
@@ -84,6 +100,12 @@ def add_adapters(model: GPT, lora: LoraConfig) -> None:
             parametrize.register_parametrization(layer, "weight", delta)
             if lora.dropout > 0:
                 layer.register_forward_hook(delta.input_dropout)
+    if token_ids:
+        rows = TrainedRows(model.tok_emb.weight, token_ids)
+        parametrize.register_parametrization(model.tok_emb, "weight", rows)
+        # A tied head is the same matrix: it reads the same rows (one parameter, trained once).
+        head_rows = rows if model.config.tie_embeddings else TrainedRows(model.lm_head.weight, token_ids)
+        parametrize.register_parametrization(model.lm_head, "weight", head_rows)
 
 
 def adapted_layers(model: nn.Module) -> Iterator[tuple[str, nn.Module, LowRankDelta]]:
@@ -95,6 +117,16 @@ def adapted_layers(model: nn.Module) -> Iterator[tuple[str, nn.Module, LowRankDe
                     yield name, module, delta
 
 
+def trained_rows(model: nn.Module) -> Iterator[tuple[str, nn.Module, TrainedRows]]:
+    """Each token matrix of ``model`` with trained rows: its name, the layer, and its rows (a tied
+    head shares the embedding's)."""
+    for name, module in model.named_modules():
+        if parametrize.is_parametrized(module, "weight"):
+            for rows in module.parametrizations.weight:
+                if isinstance(rows, TrainedRows):
+                    yield name, module, rows
+
+
 def trainable_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
@@ -102,8 +134,8 @@ def trainable_parameters(model: nn.Module) -> int:
 @contextmanager
 def adapters_disabled(model: nn.Module) -> Iterator[None]:
     """``model`` as its frozen base for the block (a DPO reference without a second copy of the
-    weights), then with its adapters back on."""
-    deltas = [delta for _, _, delta in adapted_layers(model)]
+    weights), then with its adapters (and trained rows) back on."""
+    deltas = [delta for _, _, delta in adapted_layers(model)] + [rows for _, _, rows in trained_rows(model)]
     for delta in deltas:
         delta.enabled = False
     try:
@@ -116,14 +148,14 @@ def adapters_disabled(model: nn.Module) -> Iterator[None]:
 def merged_copy(model: GPT) -> GPT:
     """A plain model whose weights are the adapted ones (``W + scale·B·A``): what the run saves
     as ``model.safetensors``. ``model`` itself when it has no adapters."""
-    adapted = list(adapted_layers(model))
+    adapted = [(name, layer) for name, layer, _ in [*adapted_layers(model), *trained_rows(model)]]
     if not adapted:
         return model
     # A new model rather than a deep copy with the parametrizations removed: parametrize gives each
     # layer a class of its own, which a copy shares, and removing them from the copy would edit it.
     state = {name: tensor for name, tensor in model.state_dict().items() if ".parametrizations." not in name}
     with torch.no_grad():
-        state |= {f"{name}.weight": layer.weight.detach() for name, layer, _ in adapted}
+        state |= {f"{name}.weight": layer.weight.detach() for name, layer in adapted}
     device = model.tok_emb.weight.device
     # The new model's initialisation draws no number from the run's generators: a save must leave
     # them as they are, or a resumed run (whose state was captured before) would drift from this one.
@@ -137,13 +169,17 @@ def adapted_state(model: nn.Module, weights: dict[str, torch.Tensor]) -> dict[st
     """A plain model's ``weights`` (what ``model.safetensors`` holds) as a state dict for ``model``:
     each adapted layer's frozen weight becomes its merged weight and its B zero, so ``model`` then
     computes exactly ``weights``. ``weights`` unchanged when ``model`` has no adapters."""
-    adapted = list(adapted_layers(model))
-    if not adapted:
+    adapted, rows = list(adapted_layers(model)), list(trained_rows(model))
+    if not adapted and not rows:
         return weights
     state = {key: weights.get(key, tensor) for key, tensor in model.state_dict().items()}
     for name, _, delta in adapted:
         state[f"{name}.parametrizations.weight.original"] = weights[f"{name}.weight"]
         state[f"{name}.parametrizations.weight.0.lora_B"] = torch.zeros_like(delta.lora_B)
+    for name, _, trained in rows:  # the rows of the merged matrix, over the merged matrix
+        state[f"{name}.parametrizations.weight.original"] = weights[f"{name}.weight"]
+        merged = weights[f"{name}.weight"]
+        state[f"{name}.parametrizations.weight.0.rows"] = merged[trained.index.to(merged.device)]
     return state
 
 
@@ -160,6 +196,11 @@ def peft_state_dict(model: GPT) -> dict[str, torch.Tensor]:
                 key = f"{_PEFT_PREFIX}model.layers.{i}.{part.name}"
                 state[f"{key}.lora_A.weight"] = delta.lora_A
                 state[f"{key}.lora_B.weight"] = b
+    # PEFT's trainable tokens: the embedding's rows, and an untied head's (a tied head reads the embedding's).
+    for name, _, rows in trained_rows(model):
+        if name == "tok_emb" or not model.config.tie_embeddings:
+            key = {"tok_emb": "model.embed_tokens", "lm_head": "lm_head"}[name]
+            state[f"{_PEFT_PREFIX}{key}.token_adapter.trainable_tokens_delta"] = rows.rows
     # Copies: the parts of a fused layer share A, and safetensors stores no tensor twice.
     return {key: tensor.detach().to("cpu", copy=True).contiguous() for key, tensor in state.items()}
 
@@ -167,9 +208,14 @@ def peft_state_dict(model: GPT) -> dict[str, torch.Tensor]:
 def peft_config(model: GPT, lora: LoraConfig) -> dict[str, object]:
     """``adapter_config.json``: PEFT's LoRA settings for the export's layer names (PEFT fills in
     the keys left out with its defaults). The base is the parent run's Hugging Face export, which
-    has no fixed path, so ``base_model_name_or_path`` is left empty."""
+    has no fixed path, so ``base_model_name_or_path`` is left empty. Trained rows are PEFT's
+    ``trainable_token_indices``: a list for the input embedding (PEFT ties the head to it when the
+    export ties them), or one list per matrix when the head is untied."""
     linears = block_linears(model.config)
     modules = sorted({part.name.rpartition(".")[2] for name in lora.layers(model.config) for part in linears[name].parts})
+    indices = next((rows.index.tolist() for _, _, rows in trained_rows(model)), None)
+    if indices is not None and not model.config.tie_embeddings:
+        indices = {"embed_tokens": indices, "lm_head": indices}
     return {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
@@ -184,6 +230,7 @@ def peft_config(model: GPT, lora: LoraConfig) -> dict[str, object]:
         "use_dora": False,
         "init_lora_weights": True,
         "modules_to_save": None,
+        "trainable_token_indices": indices,
         "inference_mode": True,
     }
 
@@ -199,7 +246,12 @@ def save_adapter(directory: Path, model: GPT, lora: LoraConfig) -> None:
 
 
 def describe(model: GPT, lora: LoraConfig) -> str:
-    """What trains: the adapted layers and the share of the parameters that learn."""
+    """What trains: the adapted layers, the token rows, and the share of the parameters that learn."""
     trained, total = trainable_parameters(model), model.num_params()
+    rows = ""
+    if lora.trainable_tokens and any(True for _ in trained_rows(model)):
+        matrix = "the token embedding (the LM head's too, tied)" if model.config.tie_embeddings else (
+            "the token embedding and the LM head")
+        rows = f", and the rows of {' '.join(lora.trainable_tokens)} in {matrix}"
     return (f"LoRA rank {lora.rank} (alpha {lora.alpha:g}) on {', '.join(lora.layers(model.config))} of every "
-            f"block: {trained:,} of {total:,} parameters train ({100 * trained / total:.2f}%)")
+            f"block{rows}: {trained:,} of {total:,} parameters train ({100 * trained / total:.2f}%)")

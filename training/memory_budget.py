@@ -9,7 +9,13 @@ Per device, in bytes:
   a fixed number of values per layer for each of the model width and the MLP width, and the
   logits. Activation checkpointing keeps each block's input instead and recomputes one block.
   The constants were fitted to the CPU's measured peak (tests/training/test_memory_budget.py);
-  bf16 autocast halves the activations.
+  bf16 autocast halves the activations. A micro-batch is counted in the rows the model computes:
+  a post-training method computes several per example (``Config.rows_per_example``: a reply pair's
+  two, an rl question's group of completions).
+- the KV cache of the rows a run decodes at once while it trains (an rl step samples its
+  completions through the engine): fp32 keys and values (or latents) of every layer at every
+  position of the window. The cache is gone before the backward pass, so the peak holds the larger
+  of the two, not both.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import torch
 
 from common.device import device_memory_bytes
 from model import GPTConfig
-from training.config import ConfigError, TrainConfig
+from training.config import Config, ConfigError, TrainConfig
 
 # fp32 weights, their gradients and two optimizer moments (AdamW's; Muon keeps one, so this is
 # an upper bound). Activations come on top and scale with the batch.
@@ -46,22 +52,27 @@ class MemoryEstimate:
     gradients: int
     optimizer: int
     activations: int
+    sampling: int = 0  # the KV cache of the rows decoded at once (none: the run decodes nothing)
 
     @property
     def total(self) -> int:
-        return self.weights + self.gradients + self.optimizer + self.activations
+        return self.weights + self.gradients + self.optimizer + max(self.activations, self.sampling)
 
     def describe(self) -> str:
-        parts = (("weights", self.weights), ("gradients", self.gradients), ("optimizer", self.optimizer),
-                 ("activations", self.activations))
+        parts = [("weights", self.weights), ("gradients", self.gradients), ("optimizer", self.optimizer),
+                 ("activations", self.activations)]
+        if self.sampling:
+            parts.append(("sampling cache", self.sampling))
         return f"{_gib(self.total)} ({', '.join(f'{name} {_gib(n)}' for name, n in parts)})"
 
 
 def estimate_memory(
     model: GPTConfig, train: TrainConfig, *, world_size: int = 1, micro_batch: int | None = None, bf16: bool = False,
+    decoded_rows: int = 0,
 ) -> MemoryEstimate:
     """The peak memory of one device training ``model`` as ``train`` says, among ``world_size``
-    processes, each computing ``micro_batch`` sequences at a time (default train.batch_size)."""
+    processes, each computing ``micro_batch`` sequences at a time (default train.batch_size) and
+    decoding ``decoded_rows`` rows at a time."""
     params = model.num_params()
     layer = _layer_params(model)
     shards = world_size if train.parallel == "fsdp" else 1
@@ -72,6 +83,7 @@ def estimate_memory(
         gradients=4 * (params // shards + gathered),
         optimizer=4 * (moments // shards),
         activations=_activations(model, train, micro_batch or train.batch_size, bf16),
+        sampling=decoded_rows * model.block_size * model.n_layer * _cached_values(model) * 4,
     )
 
 
@@ -91,10 +103,14 @@ def check_model_fits(config: GPTConfig, device: torch.device) -> None:
 
 def plan_memory(
     model: GPTConfig, train: TrainConfig, device: torch.device, *, world_size: int, micro_batch: int, bf16: bool,
+    decoded_rows: int = 0, rows_named: str = "train.batch_size",
 ) -> str:
     """One line saying what a training step needs per device and what the device has; raises
-    ConfigError, naming the settings to change, when the estimate does not fit."""
-    estimate = estimate_memory(model, train, world_size=world_size, micro_batch=micro_batch, bf16=bf16)
+    ConfigError, naming the settings to change, when the estimate does not fit. ``micro_batch`` and
+    ``decoded_rows`` as ``estimate_memory`` takes them; ``rows_named``: the settings that make the
+    rows (a run with several per example names its own setting beside the batch)."""
+    estimate = estimate_memory(model, train, world_size=world_size, micro_batch=micro_batch, bf16=bf16,
+                               decoded_rows=decoded_rows)
     have = device_memory_bytes(device)
     line = f"memory per device: about {estimate.describe()} ({train.parallel}, {world_size} process(es))"
     if have is None:
@@ -102,16 +118,29 @@ def plan_memory(
     line += f" of {_gib(have)} on {device}"
     if estimate.total <= have:
         return line
-    advice = ["lower train.batch_size (raise train.grad_accum_steps to keep the global batch)"]
+    advice = [f"lower {rows_named} (raise train.grad_accum_steps to keep the global batch)"]
     if not train.activation_checkpointing:
         advice.append("set train.activation_checkpointing=true")
     if train.parallel == "ddp" and world_size > 1:
         fsdp = estimate_memory(model, replace(train, parallel="fsdp"), world_size=world_size,
-                               micro_batch=micro_batch, bf16=bf16)
+                               micro_batch=micro_batch, bf16=bf16, decoded_rows=decoded_rows)
         advice.append(f"set train.parallel=fsdp (about {_gib(fsdp.total)})")
     elif world_size == 1:
         advice.append("shard over more devices with torchrun and train.parallel=fsdp")
     raise ConfigError(f"this run would not fit: {line}; {', or '.join(advice)}")
+
+
+def plan_run_memory(config: Config, device: torch.device, *, world_size: int, micro_batch: int, bf16: bool) -> str:
+    """``plan_memory`` for a run: its micro-batch of ``micro_batch`` examples counted in the rows the
+    model computes for them, and an rl run's decoding (a micro-batch's questions, ``rl.group_size``
+    completions each, or an evaluation batch's, ``rl.eval_samples`` each) counted in."""
+    rows, decoded, named = micro_batch * config.rows_per_example, 0, "train.batch_size"
+    if config.rl is not None:
+        eval_batch = config.eval.batch_size or config.train.batch_size
+        decoded = max(micro_batch * config.rl.group_size, eval_batch * config.rl.eval_samples)
+        named = "train.batch_size, rl.group_size or rl.eval_samples"
+    return plan_memory(config.model, config.train, device, world_size=world_size, micro_batch=rows, bf16=bf16,
+                       decoded_rows=decoded, rows_named=named)
 
 
 def _layer_params(model: GPTConfig) -> int:
@@ -121,6 +150,14 @@ def _layer_params(model: GPTConfig) -> int:
     head = 0 if model.tie_embeddings else model.vocab_size * C
     values = len(model.value_embedding_layers) * model.vocab_size * model.n_kv_head * model.head_dim
     return (model.num_params() - table - head - values - C) // model.n_layer
+
+
+def _cached_values(model: GPTConfig) -> int:
+    """Values the KV cache keeps per token and layer: keys and values of the key/value heads, or
+    latent attention's one latent (with its rotary key)."""
+    if model.attention == "mla":
+        return model.kv_latent_dim + model.rope_dim
+    return 2 * model.n_kv_head * model.head_dim
 
 
 def _activations(model: GPTConfig, train: TrainConfig, batch: int, bf16: bool) -> int:

@@ -37,8 +37,10 @@ def decayed_and_not(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Param
     rarely looked up would be shrunk at every step while it gets almost no gradient. (With tied
     embeddings the output projection is the same tensor, so it is not decayed either.)
     """
+    # Everything an embedding holds: its weight, or its frozen weight and trained rows (LoRA's
+    # trainable tokens, which are rows of the embedding all the same).
     embedding_params = {
-        id(module.weight) for module in model.modules() if isinstance(module, nn.Embedding)
+        id(param) for module in model.modules() if isinstance(module, nn.Embedding) for param in module.parameters()
     }
     decay, no_decay = [], []
     for param in model.parameters():  # parameters() yields a tied tensor once

@@ -20,20 +20,30 @@ class TrainResult:
     last_loss: float | None = None  # training loss of the last step
     signal: int | None = None  # the signal that interrupted the run
     is_main: bool = True  # rank 0 (or a single process): the one that reports to the user
-    chat: bool = False  # a chat-tuned run (data.format: chat)
+    kind: str = "text"  # what it learned from (data.format): text, chat, preference or rl
+    parent: Path | None = None  # the run it fine-tuned (train.init_from)
     wandb_sync: str | None = None  # the command that uploads an offline wandb run
     starved_share: float | None = None  # set when other programs left the run under half its CPU time
-    sample_prompt: str | None = None  # what the evaluation samples continued (None for a chat run)
+    sample_prompt: str | None = None  # what the evaluation samples continued, or the question they answered
     kept_step: int | None = None  # the step whose weights model.safetensors holds (training.kept_model)
     kept_val_loss: float | None = None  # their loss on the evaluation subset (None: never evaluated on it)
     last_val_loss: float | None = None  # the last step's loss on that subset
+    kept_by: str = "validation loss"  # what that loss is, in the task's words (RL: held-out pass@1)
+    kept_score: str | None = None  # kept_val_loss in the task's words
+    last_score: str | None = None  # last_val_loss in the task's words
     epochs: float | None = None  # passes over the training split (None: not known for this task)
     threads: int = 1  # torch's threads in this session
     earlier_seconds: float = 0.0  # training time of the sessions before this one (a resumed run)
     adapter: str | None = None  # a LoRA run: how many parameters trained, and the adapter's size
-    val_words: str | None = None  # the final evaluation in words, where loss and bits/byte do not say it
+    val_words: str | None = None  # the final evaluation in the task's words (None when interrupted)
+    val_note: str | None = None  # what else it measured, a line of the summary (a chat run's ended replies)
     # The adapters' own numbers for the wandb summary (a LoRA run: trained_params, adapter_bytes).
     adapter_numbers: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def chat(self) -> bool:
+        """Whether the run's model replies in the chat format (every kind but a text run)."""
+        return self.kind != "text"
 
     @property
     def interrupted(self) -> bool:

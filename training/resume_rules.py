@@ -67,11 +67,15 @@ def check_fixed_settings(state: dict[str, Any], train_config: Any, run_dir: Path
     saved = state.get("fixed_settings")
     if not isinstance(saved, dict):
         return  # a checkpoint from before these were recorded: the structural checks still apply
+    if isinstance(saved.get("train.lora"), dict):
+        # Saved before LoRA trained token rows: it trained none.
+        saved = {**saved, "train.lora": {**saved["train.lora"],
+                                         "trainable_tokens": saved["train.lora"].get("trainable_tokens", [])}}
     for key, now in fixed_settings(train_config).items():
         if key in saved and saved[key] != now:
             raise CheckpointError(
                 f"cannot resume {run_dir}: {key} is {now!r} but the run was trained with "
-                f"{saved[key]!r}, and it may not change on resume; drop the --set or start a new run"
+                f"{saved[key]!r}, and it may not change on resume; set it back (drop the --set) or start a new run"
             )
 
 

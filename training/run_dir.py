@@ -72,4 +72,4 @@ def write_run_files(config: Config, metrics: MetricsLog, tokenizer_path: Path, p
     else:
         atomic_write_bytes(run_dir / TOKENIZER_FILE, Path(tokenizer_path).read_bytes())
         if parent is not None:
-            write_parent_record(run_dir, parent.directory, parent.model_config.to_dict())
+            write_parent_record(run_dir, parent.directory, parent.model_config.to_dict(), parent.weights_sha256)

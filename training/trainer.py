@@ -40,7 +40,7 @@ from training.evaluate import EvalResult
 from training.init_from import check_parent_tokenizer, load_parent_weights
 from training.interrupt import StopNow, StopRequest
 from training.kept_model import CorpusCheck, KeptModel, epochs, load_kept_weights
-from training.memory_budget import check_model_fits, plan_memory
+from training.memory_budget import check_model_fits, plan_run_memory
 from training.metrics import CpuShareWatch, Throughput, format_flops, mfu, peak_flops
 from training.optim import build_optimizer, build_schedule, muon_momentum, plan_param_groups, set_learning_rate
 from training.progress_bar import StepBar
@@ -64,10 +64,23 @@ class NonFiniteLossError(UserError):
 
     @classmethod
     def at(cls, step: int, loss: float, grad_norm: float, saved_step: int | None, run_dir: Path) -> NonFiniteLossError:
-        where = (f"the last good checkpoint (step {saved_step}) in {run_dir} is untouched" if saved_step is not None
-                 else "no checkpoint had been written yet")
         return cls(f"training diverged at step {step}: loss {loss}, gradient norm {grad_norm}; stopped without "
-                   f"saving, {where}; lower train.lr or raise train.warmup_steps")
+                   f"saving, {_what_is_saved(saved_step, run_dir)}; lower train.lr or raise train.warmup_steps")
+
+
+class StepFailed(UserError):
+    """A user's error that showed only inside a training step (a reward function that failed on a
+    reply, say); the run stopped without saving."""
+
+    @classmethod
+    def at(cls, step: int, error: UserError, saved_step: int | None, run_dir: Path) -> StepFailed:
+        return cls(f"stopped at step {step}: {error}; nothing was saved, {_what_is_saved(saved_step, run_dir)}")
+
+
+def _what_is_saved(saved_step: int | None, run_dir: Path) -> str:
+    if saved_step is None:
+        return "no checkpoint had been written yet"
+    return f"the last good checkpoint (step {saved_step}) in {run_dir} is untouched"
 
 
 def train(config: Config, *, resume: bool = False, overwrite: bool = False, progress: bool = True,
@@ -86,6 +99,15 @@ def train(config: Config, *, resume: bool = False, overwrite: bool = False, prog
     finally:
         trainer.close()
         shutdown(ctx)
+
+
+def eval_record(result: EvalResult, step: int, elapsed_s: float, *, weights_step: int | None) -> dict[str, Any]:
+    """An evaluation's line of the metrics file (a final one says whose weights it scored, ``weights_step``);
+    a task scored without text (RL's pass@k) has no bits per byte to keep."""
+    record = {"kind": "eval" if weights_step is None else "final_eval", "step": step, "elapsed_s": elapsed_s,
+              "val_loss": result.loss, **({"val_bpb": result.bpb} if math.isfinite(result.bpb) else {}),
+              "val_tokens": result.tokens, **{f"val_{name}": value for name, value in result.metrics.items()}}
+    return record if weights_step is None else {**record, "weights_step": weights_step}
 
 
 def clip_gradients(model: nn.Module, max_norm: float) -> torch.Tensor:
@@ -140,8 +162,8 @@ class Trainer:
         # The whole step's estimate, from the config alone: refused here, before any allocation.
         micro_batch = split_batch(tc.batch_size, tc.grad_accum_steps, self.ctx.world_size).batch_size
         self.amp_dtype = resolve_precision(tc.precision, self.device, run_own=run_precision(state, self.device))
-        self.memory_plan = plan_memory(self.config.model, tc, self.device, world_size=self.ctx.world_size,
-                                       micro_batch=micro_batch, bf16=self.amp_dtype == torch.bfloat16)
+        self.memory_plan = plan_run_memory(self.config, self.device, world_size=self.ctx.world_size,
+                                           micro_batch=micro_batch, bf16=self.amp_dtype == torch.bfloat16)
         self._prepare_data(resume=resume)
         self._build_model_and_optimizer()
         wandb_run_id = self._restore(state) if state is not None else None
@@ -158,7 +180,7 @@ class Trainer:
             check_parent_tokenizer(self.parent, cfg.model.vocab_size)
             tokenizer_file = self.run_dir / TOKENIZER_FILE if resume else self.parent.tokenizer_file
         self.task = prepare_task(cfg, tokenizer_file, progress=self.verbose, is_main=self.ctx.is_main,
-                                 device=self.device, adapters=self.adapters)
+                                 device=self.device, adapters=self.adapters, resume=resume)
         barrier(self.ctx)
         if resume:
             check_resumed_tokenizer(self.run_dir, self.task.tokenizer)
@@ -175,7 +197,7 @@ class Trainer:
         install_cpu_backward(self.model)  # a faster RMSNorm backward in eager CPU training
         if self.parent is not None:
             load_parent_weights(self.model, self.parent)  # a resumed run's checkpoint replaces them
-        self.adapters.apply(self.model)
+        self.adapters.apply(self.model, self.task.tokenizer)
         if tc.activation_checkpointing:
             checkpoint_blocks(self.model)
         # Before the optimizer is built: FSDP replaces the parameters with sharded ones.
@@ -192,9 +214,11 @@ class Trainer:
         # processes share it instead of silently growing the batch.
         split = split_batch(tc.batch_size, tc.grad_accum_steps, ctx.world_size)
         self.micro_steps = split.micro_steps
-        self.tokens_per_step = tc.batch_size * tc.grad_accum_steps * cfg.model.block_size
+        # Positions computed per step, at most: every row of every example fills the window.
+        self.tokens_per_step = tc.batch_size * tc.grad_accum_steps * cfg.rows_per_example * cfg.model.block_size
         self.schedule = build_schedule(tc, self.tokens_per_step)
-        self.corpus_check = CorpusCheck(self.task.train_token_count(), self.tokens_per_step, tc.max_tokens)
+        self.steps_per_epoch = self.task.steps_per_epoch(tc.batch_size * tc.grad_accum_steps)
+        self.corpus_check = CorpusCheck(self.steps_per_epoch, self.tokens_per_step, tc.max_tokens, self.task)
         self.batches = self.task.batches(split.batch_size, seed=tc.seed, rank=ctx.rank, world_size=ctx.world_size,
                                          device=self.device)
         self.compiled = should_compile(tc.compile, self.device)
@@ -246,6 +270,8 @@ class Trainer:
             for line in (self.adapters.describe(self.model), self.task.describe_batches(self.batches)):
                 if line is not None:
                     self._say(line)
+        if self.ctx.is_main and (warning := self.task.start_warning()) is not None:
+            self._say(warning)
 
     def close(self) -> None:
         """Release the run directory (after the last file is written, or after a failure)."""
@@ -274,11 +300,14 @@ class Trainer:
                     t0, cpu0 = time.perf_counter(), time.thread_time()
                     lr = self.schedule(self.step, self._elapsed())
                     set_learning_rate(self.optimizer, self.param_groups, lr, muon_momentum(tc, self.step))
-                    step_loss, tokens = self.task.accumulate(
-                        self.train_model, self.batches, self.micro_steps, ctx=self.ctx, stop=stop,
-                        amp=lambda: autocast(self.device, self.amp_dtype),
-                        sync=lambda last: sync_gradients(self.wrapped, last),
-                    )
+                    try:
+                        step_loss, tokens = self.task.accumulate(
+                            self.train_model, self.batches, self.micro_steps, ctx=self.ctx, stop=stop,
+                            amp=lambda: autocast(self.device, self.amp_dtype),
+                            sync=lambda last: sync_gradients(self.wrapped, last),
+                        )
+                    except UserError as e:  # the task's own check of what the user gave it (a reward)
+                        raise StepFailed.at(self.step + 1, e, self.saved_step, self.run_dir) from None
                     if step_loss is None:  # a stop request abandoned the step; the batches are rewound
                         self.optimizer.zero_grad(set_to_none=True)
                         reason = "interrupted"
@@ -325,12 +354,15 @@ class Trainer:
         result = TrainResult(
             run_dir=self.run_dir, step=self.step, tokens_seen=self.tokens_seen, stopped_by=reason,
             train_seconds=self._elapsed(), last_loss=last_loss, signal=stop.signum, is_main=self.ctx.is_main,
-            chat=self.task.is_chat, wandb_sync=self.logger.sync_command, starved_share=self.cpu_share.starved_share,
-            sample_prompt=self.task.sample_prompt, kept_step=self._kept_step(),
-            kept_val_loss=self.kept.val_loss, threads=self.threads.threads, earlier_seconds=self.base_seconds,
+            kind=self.config.data.format, parent=self.parent.directory if self.parent is not None else None,
+            wandb_sync=self.logger.sync_command, starved_share=self.cpu_share.starved_share,
+            sample_prompt=self.task.sample_prompt, kept_step=self._kept_step(), kept_val_loss=self.kept.val_loss,
             last_val_loss=self.last_subset_loss if self.kept.evaluated_step == self.step else None,
-            epochs=epochs(self.tokens_seen, self.task.train_token_count()),
+            threads=self.threads.threads, earlier_seconds=self.base_seconds,
+            epochs=epochs(self.step, self.steps_per_epoch), kept_by=self.task.kept_by,
         )
+        result.kept_score, result.last_score = (None if loss is None else self.task.kept_score(loss)
+                                                for loss in (result.kept_val_loss, result.last_val_loss))
         if self.ctx.is_main and (report := self.adapters.report(self.model, self.run_dir)) is not None:
             result.adapter, result.adapter_numbers = report
         if reason != "interrupted":
@@ -345,7 +377,7 @@ class Trainer:
                 result.stopped_by, result.signal = "interrupted", stop.signum
             else:
                 result.val_loss, result.val_bpb = final.loss, final.bpb
-                result.val_words = self.task.final_words(final)
+                result.val_words, result.val_note = self.task.final_words(final), self.task.final_note(final)
         return result
 
     def _stop_reason(self, stop: StopRequest) -> str | None:
@@ -398,25 +430,17 @@ class Trainer:
         if not final:
             self.last_subset_loss = result.loss
         keep = not final and self.kept.record(self.step, result.loss)  # the same on every rank
-        # Samples, attention maps and the kept weights are on rank 0 alone: a sharded model is gathered.
-        needed = ec.sample_tokens > 0 or self.probe is not None or keep
+        # Samples, attention maps, the kept weights and final measures are rank 0's: a sharded model is gathered.
+        needed = ec.sample_tokens > 0 or self.probe is not None or keep or final
         plain = self.checkpoint.whole_model(self.model) if needed else None
         if keep:  # a full disk is every rank's one line, as for a checkpoint
             decided_on_main(self.ctx, lambda: self._write_kept_weights(plain))
         if not self.ctx.is_main:
             self.last_eval_s = self._elapsed()
             return result
-        record: dict[str, Any] = {
-            "kind": "final_eval" if final else "eval",
-            "step": self.step,
-            "elapsed_s": self._elapsed(),
-            "val_loss": result.loss,
-            "val_bpb": result.bpb,
-            "val_tokens": result.tokens,
-            **{f"val_{name}": value for name, value in result.metrics.items()},
-        }
         if final:
-            record["weights_step"] = self._kept_step()
+            result.metrics.update(self.task.final_metrics(plain))
+        record = eval_record(result, self.step, self._elapsed(), weights_step=self._kept_step() if final else None)
         samples = self._samples(plain) if ec.sample_tokens > 0 else []
         record.update(self.task.sample_fields(samples))
         if self.probe is not None:
@@ -424,12 +448,16 @@ class Trainer:
                                             image_interval=ec.attention_image_interval))
         self.metrics.append(record)
         prefix = "final/" if final else "val/"
-        self.logger.log({prefix + "loss": result.loss, prefix + "bpb": result.bpb,
-                         **{prefix + name: value for name, value in result.metrics.items()}}, self.step)
+        self.logger.log({prefix + name.removeprefix("val_"): value for name, value in record.items()
+                         if name.startswith("val_") and name != "val_tokens"}, self.step)
         if samples:
             self.logger.log_samples(self.step, samples)
-        if self.verbose:
-            self._say(self.task.eval_line("full validation" if final else "validation", self.step, result, samples))
+        if self.verbose and not final:
+            self._say(self.task.eval_line("validation", self.step, result, samples))
+        elif self.verbose:  # the kept weights' samples were shown at their own evaluation (the same seeds)
+            kept = self._kept_step()
+            scope = "full validation" + (f" (the weights of step {kept})" if kept != self.step else "")
+            self._say(self.task.eval_line(scope, self.step, result, [] if self.kept.step is not None else samples))
         self.last_eval_s = self._elapsed()
         return result
 
@@ -478,7 +506,10 @@ class Trainer:
         max_seconds = self.schedule.max_seconds
         if max_seconds is None or not self.config.eval.interval:
             return False
-        return self._elapsed() - self.last_eval_s >= _CLOCK_EVAL_FRACTION * max_seconds
+        elapsed, interval = self._elapsed(), _CLOCK_EVAL_FRACTION * max_seconds
+        # Not in the last half-interval: the last weights are evaluated when the clock ends the run, a
+        # moment later, and with the learning rate near its end they are the same weights.
+        return elapsed - self.last_eval_s >= interval and max_seconds - elapsed > interval / 2
 
     def _mfu(self, tokens_per_s: float) -> float:
         return mfu(self.flops_per_token, tokens_per_s, self.peak * self.ctx.world_size)

@@ -188,7 +188,9 @@ def prepare_chat_data(
     """The cached conversations of ``cfg`` tokenized with ``tokenizer_file`` for ``block_size``."""
     tokenizer_file = Path(tokenizer_file)
     tokenizer = load_tokenizer(tokenizer_file)
-    ChatTokenIds.of(tokenizer)  # a tokenizer from before the chat format: say so before any work
+    special = ChatTokenIds.of(tokenizer)  # a tokenizer from before the chat format: say so before any work
+    if cfg.source == "calculator":
+        special.require_tools()  # and one from before tool calls, for conversations that are all calls
     spec = chat_cache_spec(cfg, tokenizer_file, block_size)
 
     def build(temp: Path) -> dict[str, Any]:

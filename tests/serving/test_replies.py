@@ -85,3 +85,65 @@ def test_a_generation_that_ends_early_streams_an_error_and_stops():
     assert chunks[-1] == {"error": {"message": "generation ended early (error)", "type": "server_error",
                                     "param": None, "code": None}}
     assert len(chunks) == 2 and ticket.cancelled
+
+
+# ---------------------------------------------------------------- a chat reply offered tools
+
+def _tool_reply(forced_text: str = ""):
+    from data.chat import ChatTokenIds, encode_plain
+    from run_testkit import chat_tokenizer
+    from serving.replies import ReplyCalls
+
+    tokenizer = chat_tokenizer()
+    special = ChatTokenIds.of(tokenizer)
+    forced = [special.call, *encode_plain(tokenizer, [forced_text])[0]] if forced_text else []
+    calls = ReplyCalls(tokenizer, special, tuple(forced), ("calculator",))
+    return ChatReply("m", [1, 2, 3], ChatReplyLogprobs(TOKEN_BYTES, False), calls=calls), tokenizer, special
+
+
+def _events(tokenizer, special, pieces: list) -> list[Event]:
+    """Engine events for ``pieces`` (text, or the call token), ending in <|end|>."""
+    from data.chat import encode_plain
+
+    ids = [i for piece in pieces for i in ([special.call] if piece is None else encode_plain(tokenizer, [piece])[0])]
+    ids.append(special.end)
+    texts = ["<|call|>" if i == special.call else tokenizer.decode([i]) for i in ids[:-1]] + [""]
+    text = "".join(texts)
+    finish = Finish("stop", 3, tuple(ids), text)
+    return [Event(t, i) for t, i in zip(texts[:-1], ids[:-1])] + [Event("", ids[-1], finish)]
+
+
+def test_text_before_a_call_streams_and_the_call_follows_as_deltas_once_it_parses():
+    reply, tokenizer, special = _tool_reply()
+    events = _events(tokenizer, special, ["Let me see. ", None, 'calculator{"expression":"2+3"}'])
+    chunks, _ = stream(reply, events)
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    assert "".join(d.get("content", "") for d in deltas) == "Let me see. "
+    opening, arguments = deltas[-3]["tool_calls"][0], deltas[-2]["tool_calls"][0]
+    assert (opening["index"], opening["type"], opening["function"]) == (0, "function",
+                                                                      {"name": "calculator", "arguments": ""})
+    assert arguments == {"index": 0, "function": {"arguments": '{"expression":"2+3"}'}}
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    body = _tool_reply()[0].body(events[-1].finish)
+    message = body["choices"][0]["message"]
+    assert body["choices"][0]["finish_reason"] == "tool_calls" and message["content"] == "Let me see. "
+    assert message["tool_calls"][0]["function"] == {"name": "calculator", "arguments": '{"expression":"2+3"}'}
+
+
+def test_a_malformed_call_is_streamed_and_answered_as_the_text_it_is():
+    reply, tokenizer, special = _tool_reply()
+    events = _events(tokenizer, special, ["Hm. ", None, 'calculator{"expression":'])
+    chunks, _ = stream(reply, events)
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+    assert text == 'Hm. <|call|>calculator{"expression":' and chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    body = _tool_reply()[0].body(events[-1].finish)
+    assert body["choices"][0]["message"] == {"role": "assistant", "content": text}
+
+
+def test_a_forced_call_is_read_with_the_tokens_the_server_wrote():
+    reply, tokenizer, special = _tool_reply(forced_text="calculator")
+    events = _events(tokenizer, special, ['{"expression":"2+3"}'])
+    chunks, _ = stream(reply, events)
+    assert [c["choices"][0]["delta"] for c in chunks][0] == {"role": "assistant", "content": ""}
+    assert chunks[-3]["choices"][0]["delta"]["tool_calls"][0]["function"]["name"] == "calculator"
+    assert reply.body(events[-1].finish)["choices"][0]["finish_reason"] == "tool_calls"

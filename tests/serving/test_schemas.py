@@ -53,3 +53,58 @@ def test_every_rule_is_a_refusal_naming_its_field_and_status(schema, fields, sta
     error = refusal(schema, **fields)
     assert (error.status, error.param) == (status, param) and fragment in str(error)
     assert "\n" not in str(error)
+
+
+# ---------------------------------------------------------------- OpenAI's tools protocol
+
+TOOL = {"type": "function", "function": {"name": "calculator", "parameters": {"type": "object"}}}
+CALL = {"id": "call_1", "type": "function", "function": {"name": "calculator", "arguments": '{"expression":"1+1"}'}}
+ASK = {"role": "user", "content": "What is 1+1?"}
+CALLED = {"role": "assistant", "content": None, "tool_calls": [CALL]}
+ANSWERED = {"role": "tool", "tool_call_id": "call_1", "content": "2"}
+
+
+def chat(**fields) -> ChatCompletionRequest:
+    return parse(ChatCompletionRequest, model="m", **{"messages": [ASK], **fields})
+
+
+def test_tool_choice_takes_openais_defaults_and_values():
+    assert chat().choice == "none" and not chat().may_call
+    assert chat(tools=[TOOL]).choice == "auto" and chat(tools=[TOOL]).may_call
+    assert chat(tools=[TOOL], tool_choice="none").may_call is False
+    assert chat(tools=[TOOL], tool_choice="required").choice == "required"
+    named = chat(tools=[TOOL], tool_choice={"type": "function", "function": {"name": "calculator"}})
+    assert named.choice == "calculator" and named.tool_names == ("calculator",)
+
+
+def test_a_conversation_with_a_call_and_its_result_is_taken_as_the_client_sends_it_back():
+    # The assistant message as the openai client sends back the one it received (its empty fields too).
+    echoed = {**CALLED, "refusal": None, "annotations": None, "audio": None, "function_call": None}
+    request = chat(messages=[ASK, echoed, ANSWERED], tools=[TOOL])
+    assert request.messages[1].tool_calls[0].function.arguments == '{"expression":"1+1"}'
+    assert request.messages[2].tool_call_id == "call_1"
+
+
+@pytest.mark.parametrize("fields, param, fragment", [
+    ({"tool_choice": "auto"}, "tool_choice", "tool_choice is only allowed when tools are specified"),
+    ({"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "x"}}}, "tool_choice",
+     "names 'x', which is not among tools (calculator)"),
+    ({"tools": [TOOL], "tool_choice": "sometimes"}, "tool_choice", "tool_choice must be none, auto, required or"),
+    ({"tools": [TOOL, TOOL]}, "tools", "two functions named 'calculator'"),
+    ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools.0.function.name", "a name is 1 to 64"),
+    ({"tools": [{"type": "code_interpreter"}]}, "tools.0.type", "tools.0.type"),
+    ({"tools": [TOOL] * 129}, "tools", "tools"),
+    ({"tools": [TOOL], "logprobs": True}, "logprobs", "not supported with tools"),
+    ({"messages": [ASK, ANSWERED]}, "messages.1.tool_call_id", "answers no call"),
+    ({"messages": [ASK, CALLED]}, "messages", "no answer to call_1"),
+    ({"messages": [ASK, CALLED, ASK]}, "messages.1", "no answer to call_1"),
+    ({"messages": [ASK, CALLED, {"role": "tool", "content": "2"}]}, "messages.2.tool_call_id", "needs the tool_call_id"),
+    ({"messages": [ASK, CALLED, {**ANSWERED, "tool_call_id": "call_9"}]}, "messages.2.tool_call_id", "'call_9' answers no"),
+    ({"messages": [{**ASK, "tool_calls": [CALL]}, ANSWERED]}, "messages.0.tool_calls", "only an assistant"),
+    ({"messages": [{"role": "user", "content": None}]}, "messages.0.content", "content is missing"),
+    ({"messages": [ASK, {**CALLED, "refusal": "no"}, ANSWERED]}, "messages.1.refusal", "messages.1.refusal"),
+])
+def test_tool_protocol_mistakes_are_refused_naming_the_field(fields, param, fragment):
+    error = refusal(ChatCompletionRequest, model="m", **{"messages": [ASK], **fields})
+    assert (error.status, error.param) == (400, param) and fragment in str(error), (error.param, str(error))
+    assert "\n" not in str(error)

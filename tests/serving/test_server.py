@@ -329,3 +329,18 @@ def test_overload_answers_503_with_retry_after_at_once(server):
     assert statuses == [200] * 6
     assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
     assert "busy" in refused.json()["error"]["message"]
+
+
+def test_tool_choice_required_forces_a_call_even_from_a_model_that_never_learned_one(client):
+    """The chat run's random weights call no tool of their own accord; required writes <|call|> where
+    the reply begins, so what comes back is that call, as text (it does not parse), never a 5xx."""
+    tool = {"type": "function", "function": {"name": "calculator", "parameters": {"type": "object"}}}
+    ask = dict(model=MODEL, messages=[{"role": "user", "content": "Who's there?"}], max_tokens=5, temperature=0,
+               tools=[tool])
+    forced = client.chat.completions.create(tool_choice="required", **ask).choices[0]
+    assert forced.message.content.startswith("<|call|>") and forced.finish_reason in ("length", "stop")
+    named = client.chat.completions.create(tool_choice={"type": "function", "function": {"name": "calculator"}},
+                                           **ask).choices[0]
+    assert named.message.content.startswith("<|call|>calculator")
+    free = client.chat.completions.create(tool_choice="none", **ask).choices[0]
+    assert "<|call|>" not in free.message.content and not free.message.tool_calls

@@ -57,3 +57,70 @@ def test_a_thousand_million_layers_are_refused_by_the_size_check(make_config):
     config = make_config(model={"n_layer": 1_000_000_000, "value_embeddings": True})
     with pytest.raises(ConfigError, match=r"GiB for weights, gradients and optimizer state.*model.n_layer"):
         train(config, progress=False)
+
+
+# --------------------------------------------------------------------------------------------
+# Post-training: sizes and weights of the dpo: and rl: sections
+
+
+@pytest.fixture(scope="module")
+def parent_run(base_raw, tmp_path_factory):
+    from chat_testkit import pretrain
+
+    return pretrain(base_raw, tmp_path_factory.mktemp("parent") / "run")
+
+
+RL = {"group_size": 2, "max_new_tokens": 2, "eval_samples": 2,
+      "arithmetic": {"train_problems": 20, "val_problems": 4, "max_operand": 9}}
+
+
+@pytest.mark.parametrize("section, values, fragment", [
+    ("rl", {"group_size": 10**9}, "rl.group_size must be at most 1024"),
+    ("rl", {"eval_samples": 10**9}, "rl.eval_samples must be 1 to 1024"),
+    ("rl", {"arithmetic": {"train_problems": 10**9}}, "more than the 1,000,000 a run renders"),
+    ("rl", {"arithmetic": {"val_problems": 10**12, "max_operand": 10**12}}, "more than the 1,000,000 a run renders"),
+    ("rl", {"beta": 1e300}, "rl.beta must be in [0, 10]"),
+    ("rl", {"temperature": 1e300}, "rl.temperature must be in [0.1, 10]"),
+    ("rl", {"temperature": 1e-30}, "rl.temperature must be in [0.1, 10]"),
+    ("rl", {"temperature": float("nan")}, "rl.temperature must be in [0.1, 10]"),
+    ("rl", {"epsilon": 1e300}, "rl.epsilon must be in (0, 1)"),
+    ("rl", {"beta": float("inf")}, "rl.beta must be in [0, 10]"),
+    ("dpo", {"beta": 1e300}, "dpo.beta must be in (0, 10]"),
+    ("dpo", {"beta": float("nan")}, "dpo.beta must be in (0, 10]"),
+    ("dpo", {"rpo_alpha": 1e300}, "dpo.rpo_alpha must be in [0, 10]"),
+])
+def test_absurd_post_training_values_are_refused_when_the_config_is_read(make_config, parent_run, tmp_path, section,
+                                                                          values, fragment):
+    if section == "rl":
+        arithmetic = {**RL["arithmetic"], **values.get("arithmetic", {})}
+        data, values = {"format": "rl"}, {**RL, **values, "arithmetic": arithmetic}
+    else:
+        data = {"format": "preference", "source": "files", "files": {"paths": [str(tmp_path / "pairs.jsonl")]}}
+    with pytest.raises(ConfigError) as error:
+        make_config(tmp_path / "run", data=data, train={"init_from": str(parent_run)}, **{section: values})
+    assert fragment in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_huge_operand_range_trains_without_listing_its_pairs(make_config, parent_run, tmp_path):
+    # 10^8 pairs: the questions are drawn, never listed (longer operands would not fit this window).
+    config = make_config(tmp_path / "run", data={"format": "rl"},
+                         train={"init_from": str(parent_run), "max_steps": 1, "batch_size": 2},
+                         eval={"interval": 0, "sample_tokens": 0, "final_max_batches": 1},
+                         rl={**RL, "arithmetic": {**RL["arithmetic"], "max_operand": 9999}})
+    assert train(config, progress=False).step == 1
+
+
+def test_a_group_too_large_for_memory_is_refused_before_anything_is_allocated(make_config, parent_run, tmp_path,
+                                                                              monkeypatch):
+    monkeypatch.setattr("training.memory_budget.device_memory_bytes", lambda device: 256 * 2**20)
+    config = make_config(tmp_path / "run", data={"format": "rl"},
+                         train={"init_from": str(parent_run), "batch_size": 64},
+                         rl={**RL, "group_size": 1024})
+    import training.tasks.grpo.task as rl_task
+
+    monkeypatch.setattr(rl_task, "prepare_arithmetic_prompts", lambda *a, **k: pytest.fail("prepared the questions"))
+    with pytest.raises(ConfigError, match=r"this run would not fit: .*activations .* lower train.batch_size, "
+                                          r"rl.group_size or rl.eval_samples") as error:
+        train(config, progress=False)
+    assert "\n" not in str(error.value)
+    assert not (config.out_dir / "model.safetensors").exists()

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from chat_testkit import pretrain, preference_file
+import training.cli as train_cli
 from common.errors import UserError
 from model import GPT, GPTConfig, load_pretrained
 from training.distributed import init_distributed
@@ -105,11 +106,11 @@ def test_rpo_adds_alpha_times_the_chosen_replies_mean_token_nll_to_each_pair():
         torch.testing.assert_close(policy.get_parameter(name).grad, p.grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
-def test_rpo_alpha_must_be_a_finite_number_at_least_zero():
+def test_rpo_alpha_must_be_a_finite_number_from_zero_to_its_ceiling():
     from training.tasks.dpo.config import DPOConfig
 
-    for bad in (-0.1, math.inf, math.nan):
-        with pytest.raises(UserError, match=r"dpo.rpo_alpha must be in \[0, inf\) \(0 = plain DPO\)"):
+    for bad in (-0.1, 10.5, math.inf, math.nan):
+        with pytest.raises(UserError, match=r"dpo.rpo_alpha must be in \[0, 10\] \(0 = plain DPO\)"):
             DPOConfig(rpo_alpha=bad)
     assert DPOConfig(rpo_alpha=0.5).rpo_alpha == 0.5
 
@@ -154,6 +155,14 @@ def test_dpo_learns_the_preference_logs_trl_names_and_resumes_exactly(dpo_config
     assert final["val_rewards/accuracies"] >= 0.9 and final["val_rewards/margins"] > 0
     assert final["val_loss"] < math.log(2)
     assert final["samples"] and all(s["prompt"].endswith("<|assistant|>") for s in final["samples"])
+    # The run speaks its own numbers: the DPO loss and TRL's rewards/*, not a text run's loss per token.
+    summary = train_cli.summary(whole, None)
+    assert (f"final validation: DPO loss {final['val_loss']:.4f}, rewards/accuracies "
+            f"{final['val_rewards/accuracies']:.3f}, rewards/margins {final['val_rewards/margins']:.4f} on held-out "
+            "pairs; ") in summary
+    assert "nats/token" not in summary and "of assistant text" not in summary
+    assert "the best held-out DPO loss seen" in summary
+    assert f"python -m benchmarks.chat_eval --runs {whole.parent} {whole.run_dir}" in summary  # beside its parent's
 
     train(dpo_config(tmp_path / "resumed", max_steps=4), progress=False)
     resumed = train(dpo_config(tmp_path / "resumed"), resume=True, progress=False)
@@ -162,6 +171,23 @@ def test_dpo_learns_the_preference_logs_trl_names_and_resumes_exactly(dpo_config
     for name, tensor in a.state_dict().items():
         torch.testing.assert_close(b.state_dict()[name], tensor, rtol=0, atol=1e-6, msg=name)
     assert resumed.val_loss == pytest.approx(whole.val_loss, abs=1e-6)
+
+
+def test_a_handful_of_pairs_is_warned_about_as_a_small_corpus_is(make_config, parent_run, tmp_path, capsys):
+    # 12 pairs, a few held out: a budget of 16 steps of 8 pairs passes over the rest more than 10 times.
+    data_file = preference_file(tmp_path / "few.jsonl", count=12)
+    config = make_config(tmp_path / "run", data={"format": "preference", "files": {"paths": [str(data_file)]},
+                                                 "val_fraction": 0.2},
+                         train={"init_from": str(parent_run), "max_steps": 16, "batch_size": 4, "grad_accum_steps": 2},
+                         eval={"interval": 0, "max_batches": 1, "sample_tokens": 0, "final_max_batches": None})
+    result = train(config, progress=False)
+    said = capsys.readouterr().out.splitlines()
+    held_out = [line for line in said if line.startswith("warning: only ")]
+    assert held_out and "held-out pairs: rewards/accuracies moves in steps of" in held_out[0]
+    pairs = round(16 * 8 / result.epochs)
+    assert result.epochs > 10 and pairs < 12
+    assert (f"warning: the budget is about {result.epochs:.0f} epochs of the {pairs} training pairs: DPO learns so "
+            "few pairs by heart") in "\n".join(said)
 
 
 def test_preference_data_needs_a_parent_run(make_config, tmp_path):
@@ -206,17 +232,21 @@ def test_fsdp_is_refused_before_any_data_is_read(dpo_config, tmp_path, monkeypat
 def test_a_lora_policy_with_its_adapters_off_is_the_frozen_reference():
     """A LoRA DPO run holds no second model: its policy with the adapters off gives the parent's
     log-probabilities, though the adapters have moved it."""
+    from types import SimpleNamespace
+
     from training.adapters import LoraAdapters
     from training.config import LoraConfig
-    from training.lora import adapted_layers
+    from training.lora import adapted_layers, trained_rows
     from training.tasks.reference import AdaptersOffReference
 
     parent, policy = _model(), _model()
-    adapters = LoraAdapters(LoraConfig(rank=2))
-    adapters.apply(policy)
+    adapters = LoraAdapters(LoraConfig(rank=2, trainable_tokens=["<|end|>"]))
+    adapters.apply(policy, SimpleNamespace(token_to_id={"<|end|>": 3}.get))
     with torch.no_grad():
         for _, _, delta in adapted_layers(policy):
             delta.lora_B.normal_()
+        for _, _, rows in trained_rows(policy):  # the end token's row moved too, and is off with the adapters
+            rows.rows.normal_()
     x, y = _pair_batch(torch.Generator().manual_seed(0), pairs=3)
     expected = reply_logps(FrozenReference(parent).logits(parent, x), y)
     policy.train()

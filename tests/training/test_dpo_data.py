@@ -6,6 +6,7 @@ entry reused."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +18,7 @@ from data.errors import DataError
 from run_testkit import chat_tokenizer
 from training.tasks.dpo.batches import PreferenceBatches, collate_pairs
 from training.tasks.dpo.pairs import PreferencePair, pair_from_row
-from training.tasks.dpo.prepared import prepare_preference_data, render_pair, tokenize_pairs
+from training.tasks.dpo.prepared import PairTooLong, prepare_preference_data, render_pair, tokenize_pairs
 
 SYSTEM, USER = Message("system", "You are ROMEO."), Message("user", "What light through yonder window breaks?")
 
@@ -65,13 +66,14 @@ def test_the_prompt_is_cut_to_leave_room_for_the_longer_reply_and_a_pair_that_ca
     assert chosen.ids[:len(expected)] == rejected.ids[:len(expected)] == expected
 
     long_reply = _pair(rejected="the east " * 200)
-    assert render_pair(tokenizer, long_reply, window) is None
+    with pytest.raises(PairTooLong, match="its longer reply is .* tokens, more than the whole window"):
+        render_pair(tokenizer, long_reply, window)
     split, stats = tokenize_pairs(tokenizer, [pair, long_reply, _pair()], window - 1)
     assert (stats["pairs"], stats["cut"], stats["dropped"]) == (len(split), 1, 1) == (2, 1, 1)
 
 
 @pytest.mark.parametrize("row, fragment", [
-    ({"prompt": "Hi", "chosen": "Yes"}, "rejected is missing"),
+    ({"prompt": "Hi", "chosen": "Yes"}, "the pair has no rejected"),
     ({"prompt": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}], "chosen": "a",
       "rejected": "b"}, "the prompt ends with an assistant turn"),
     ({"prompt": "Hi", "chosen": [{"role": "user", "content": "x"}], "rejected": "b"},
@@ -90,7 +92,7 @@ def test_a_bad_row_is_refused_naming_the_file_and_row(tmp_path, tokenizer, row, 
     with pytest.raises(DataError) as error:
         prepare_preference_data(cfg, tokenizer_file, 64, progress=False)
     message = str(error.value)
-    assert f"{path} row 2" in message and fragment in message and "\n" not in message
+    assert f"{path} line 3: " in message and fragment in message and "\n" not in message
 
 
 def test_preference_data_comes_from_files_or_the_hub():
@@ -145,3 +147,107 @@ def test_an_entry_is_built_once_and_reused(tmp_path, tokenizer, monkeypatch):
     assert again.directory == first.directory
     assert again.train.chosen.ids.tolist() == first.train.chosen.ids.tolist()
     assert again.val.rejected.mask.tolist() == first.val.rejected.mask.tolist()
+
+
+# --------------------------------------------------------------------------------------------
+# Preference files as a hostile user writes them: every case names the file and its 1-based line
+# (or, for the whole file, the file) and says what is wrong, in one line.
+
+GOOD = json.dumps({"prompt": "Hi", "chosen": "a", "rejected": "b"})
+
+
+@pytest.mark.parametrize("content, where, fragment", [
+    (f"{GOOD}\n{GOOD}\n{GOOD}\n" + json.dumps({"prompt": "x", "rejected": "y"}) + f"\n{GOOD}\n", "line 4",
+     "the pair has no chosen; give it prompt, chosen and rejected"),
+    (f"{GOOD}\n{GOOD}\n{GOOD}\n" + '{"prompt": "x", "chosen": "ab', "line 4",
+     "not one whole JSON object (Unterminated string starting at column 27 (the line ends inside it: cut short?))"),
+    (f"{GOOD}\n{GOOD}\n\n" + '{"prompt": "x", "chosen": "ab\n' + f"{GOOD}\n", "line 4", "(the line ends inside it"),
+    (f"{GOOD}\n[{GOOD}, {GOOD}]\n", "line 2", "a JSON array, not an object; write each row as one object on a line"),
+    (f"[{GOOD}, {GOOD}]\n{GOOD}\n", "line 1", "a JSON array, not an object"),
+    (f"{GOOD}\n\"a string\"\n", "line 2", "a JSON string, not an object"),
+    (f"{GOOD}\n{{'prompt': 'single quotes'}}\n", "line 2", "not one whole JSON object (Expecting property name"),
+    (f"{GOOD}\n{GOOD}\n" + json.dumps({"prompt": "x", "chosen": 7, "rejected": "y"}) + "\n", "line 3",
+     "chosen: a conversation must be a list of"),
+    (f"{GOOD}\n" + json.dumps({"prompt": "x", "chosen": "a", "rejected": None}) + f"\n{GOOD}\n", "line 2",
+     "the pair has no rejected"),
+    ("", "", "is empty: write one JSON object per line"),
+    ("\n   \n\n", "", "has only blank lines (3): write one JSON object per line"),
+    (f"{GOOD}\n", "", "there is one reply pair, and holding some out for validation needs at least 2"),
+    (json.dumps({"question": "x", "answer": "y"}) + "\n", "",
+     "has no 'prompt', 'chosen', 'rejected' column (columns: question, answer)"),
+], ids=["missing-chosen", "cut-mid-object", "cut-mid-string", "array-line", "array-first-line", "string-line",
+        "python-dict", "number-reply", "null-reply", "empty-file", "blank-lines", "one-pair", "other-columns"])
+def test_a_hostile_preference_file_is_one_line_naming_the_file_and_line(tmp_path, tokenizer, content, where,
+                                                                          fragment):
+    path = tmp_path / "pairs.jsonl"
+    path.write_text(content, encoding="utf-8")
+    message = _refusal(tmp_path, tokenizer, path, 64)
+    assert "\n" not in message and fragment in message, message
+    assert (f"{path} {where}: " if where else str(path)) in message, message
+
+
+def test_invalid_utf8_names_the_line_and_the_setting_that_replaces_it(tmp_path, tokenizer):
+    path = tmp_path / "pairs.jsonl"
+    path.write_bytes(f"{GOOD}\n".encode() + b'{"prompt": "caf\xe9", "chosen": "a", "rejected": "b"}\n')
+    message = _refusal(tmp_path, tokenizer, path, 64)
+    assert f"{path} line 2: not valid UTF-8 (byte 0xe9" in message and "encoding_errors: replace" in message
+
+
+@pytest.mark.parametrize("pair, fragment", [
+    ({"prompt": "word " * 3000, "chosen": "a", "rejected": "b"}, "its prompt needs 9,004 tokens even cut to its last message,"),
+    ({"prompt": [{"role": "system", "content": "You are ROMEO."}, {"role": "user", "content": "word " * 3000}],
+      "chosen": "a", "rejected": "b"}, "even cut to its last message and system prompt"),
+    ({"prompt": "Hi", "chosen": "a", "rejected": "the east " * 300}, "its longer reply is "),
+], ids=["long-prompt", "long-prompt-with-a-system-prompt", "long-reply"])
+def test_a_pair_too_long_for_the_window_blames_the_part_that_is(tmp_path, tokenizer, pair, fragment):
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps(pair) + "\n" for _ in range(4)), encoding="utf-8")
+    message = _refusal(tmp_path, tokenizer, path, 64)
+    assert "\n" not in message and "no training reply pair fits in model.block_size 64" in message
+    assert re.search(rf"the first: {re.escape(str(path))} line \d: its ", message) and fragment in message, message
+    shorten = "shorten the replies" if "reply is" in fragment else "shorten the prompt"
+    assert message.endswith(shorten)
+
+
+def test_a_file_of_one_json_array_reads_as_its_items(tmp_path, tokenizer):
+    rows = [_pair(chosen=f"answer {i}.").to_row() for i in range(12)]
+    (tmp_path / "lines").mkdir()
+    (tmp_path / "array").mkdir()
+    lines, array = tmp_path / "lines" / "pairs.jsonl", tmp_path / "array" / "pairs.jsonl"  # ids hold the name
+    lines.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    array.write_text(json.dumps(rows, indent=2), encoding="utf-8")
+    a, b = (_prepared(tmp_path / name, tokenizer, path) for name, path in (("a", lines), ("b", array)))
+    assert a.train.chosen.ids.tolist() == b.train.chosen.ids.tolist() and len(a.val) == len(b.val)
+    array.write_text(json.dumps([*rows[:3], "oops"]), encoding="utf-8")
+    assert f"{array} item 4: a JSON string, not an object" in _refusal(tmp_path, tokenizer, array, 64)
+
+
+def _config(cache: Path, path: Path) -> DataConfig:
+    return DataConfig(source="files", format="preference", cache_dir=str(cache), val_fraction=0.2,
+                      files=FilesSourceConfig(paths=[str(path)]))
+
+
+def _prepared(folder: Path, tokenizer, path: Path):
+    tokenizer_file = folder / "tokenizer.json"
+    folder.mkdir(exist_ok=True)
+    tokenizer.save(str(tokenizer_file))
+    return prepare_preference_data(_config(folder / "cache", path), tokenizer_file, 64, progress=False)
+
+
+def _refusal(folder: Path, tokenizer, path: Path, block_size: int) -> str:
+    tokenizer_file = folder / "tokenizer.json"
+    tokenizer.save(str(tokenizer_file))
+    with pytest.raises(DataError) as error:
+        prepare_preference_data(_config(folder / "cache", path), tokenizer_file, block_size, progress=False)
+    return str(error.value)
+
+
+def test_a_bad_row_of_a_parquet_file_is_named_by_its_1_based_row(tmp_path, tokenizer):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{"prompt": "Hi", "chosen": "a", "rejected": "b"}] * 3 + [{"prompt": "Hi", "chosen": None, "rejected": "b"}]
+    path = tmp_path / "pairs.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    message = _refusal(tmp_path, tokenizer, path, 64)
+    assert message == f"{path} row 4: the pair has no chosen; give it prompt, chosen and rejected"

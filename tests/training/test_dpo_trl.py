@@ -3,8 +3,8 @@ pair's chosen and rejected rewards equal what TRL's ``DPOTrainer`` computes (its
 ``evaluate``, one pair at a time), in fp32 within 1e-5; and with ``dpo.rpo_alpha`` the loss
 equals TRL's RPO (``loss_type=["sigmoid", "sft"]``, ``loss_weights=[1, α]``).
 
-The policy is the reference with its weights moved a little, so the rewards are far from zero and
-differ in sign between pairs. TRL reads the pairs in its conversational shape and renders them with
+The policy is the reference with its weights moved a little, so the rewards are far from zero; a
+pair given twice, the second time the other way round, makes their margins differ in sign. TRL reads the pairs in its conversational shape and renders them with
 the export's chat template; we render them with ``data.chat``: the two must agree token for token.
 """
 
@@ -40,6 +40,8 @@ ROWS = [
                 {"role": "user", "content": "Over what?"}],
      "chosen": [{"role": "assistant", "content": "The lazy dog, again."}],
      "rejected": [{"role": "assistant", "content": "世界你好 😀"}]},
+    # The second pair the other way round: whatever the weights, one of the two is ranked wrong.
+    {"prompt": "Wherefore art thou Romeo?", "chosen": "Café crème, naïve façade.", "rejected": "Deny thy father."},
 ]
 SHAPES = {"gqa": {}, "mla": {"attention": "mla", "n_kv_head": 4, "kv_latent_dim": 16}}
 

@@ -9,11 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
+import training.cli as train_cli
 from chat_testkit import pretrain
 from common.errors import UserError
-from model import GPT, GPTConfig, load_pretrained
+from model import GPT, GPTConfig
+from rundir.checkpoint import load_trainer_state
 from training.tasks.grpo.loss import Rollout, accumulate_grpo_gradients, group_advantages, target_logps, token_losses
-from training.tasks.grpo.rewards import closeness, correct, integer_format, reward_function
+from training.tasks.grpo.rewards import RewardError, closeness, correct, integer_format, reward_function
 from training.trainer import train
 
 VOCAB = 7
@@ -93,16 +95,7 @@ def test_advantages_are_normalised_within_each_group_and_a_tied_group_teaches_no
 
 
 def test_micro_batches_give_the_token_mean_of_the_whole_step():
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=VOCAB * 5, block_size=16, n_layer=1, n_head=2, n_kv_head=1, n_embd=16))
-    g = torch.Generator().manual_seed(1)
-    x = torch.randint(0, VOCAB * 5, (6, 10), generator=g)
-    y = torch.randint(0, VOCAB * 5, (6, 10), generator=g)
-    for row, (start, end) in enumerate([(3, 10), (3, 6), (5, 9), (2, 10), (4, 5), (6, 8)]):
-        y[row, :start] = -1
-        y[row, end:] = -1
-    ref = target_logps(torch.randn(6, 10, VOCAB * 5, generator=g), y, 1.0)
-    rollout = Rollout(x, y, torch.randn(6, generator=g), None, ref, {})
+    model, rollout = _ragged_rollout()
     loss, metrics = accumulate_grpo_gradients(model, rollout, 3, epsilon=0.2, beta=0.5, temperature=1.0)
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad()
@@ -113,13 +106,75 @@ def test_micro_batches_give_the_token_mean_of_the_whole_step():
         torch.testing.assert_close(grads[name], p.grad, rtol=1e-4, atol=1e-7, msg=name)
 
 
+def _ragged_rollout():
+    """A small model and a rollout of six completions of different lengths (y is −1 off them)."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=VOCAB * 5, block_size=16, n_layer=1, n_head=2, n_kv_head=1, n_embd=16))
+    g = torch.Generator().manual_seed(1)
+    x = torch.randint(0, VOCAB * 5, (6, 10), generator=g)
+    y = torch.randint(0, VOCAB * 5, (6, 10), generator=g)
+    for row, (start, end) in enumerate([(3, 10), (3, 4), (5, 9), (2, 10), (4, 5), (6, 8)]):
+        y[row, :start] = -1
+        y[row, end:] = -1
+    ref = target_logps(torch.randn(6, 10, VOCAB * 5, generator=g), y, 1.0)
+    return model, Rollout(x, y, torch.randn(6, generator=g), None, ref, {})
+
+
+def test_the_step_loss_is_the_mean_over_every_completion_token_of_the_step():
+    # DAPO's token mean written out: Σ(loss·mask) / Σmask over the step, not each completion's mean
+    # then the mean over completions (which weighs a token of a short completion more).
+    model, rollout = _ragged_rollout()
+    epsilon, beta = 0.2, 0.5
+    loss, _ = accumulate_grpo_gradients(model, rollout, 2, epsilon=epsilon, beta=beta, temperature=1.0)
+    got = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+
+    mask = (rollout.y != -1).float()
+    logps = torch.log_softmax(model(rollout.x).float(), -1).gather(-1, rollout.y.clamp(min=0)[..., None])[..., 0]
+    ratio = torch.exp(logps - logps.detach())  # on-policy: 1, with the log-probability's gradient
+    a = rollout.advantages[:, None]
+    surrogate = torch.min(ratio * a, ratio.clamp(1 - epsilon, 1 + epsilon) * a)
+    delta = rollout.ref_logps - logps
+    per_token = -surrogate + beta * (torch.exp(delta) - delta - 1)
+    expected = (per_token * mask).sum() / mask.sum()
+    expected.backward()
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(got[name], p.grad, rtol=1e-4, atol=1e-7, msg=name)
+    # The rollout is ragged enough that the sequence mean is another number: the test can tell them apart.
+    sequence_mean = ((per_token * mask).sum(1) / mask.sum(1)).mean()
+    assert abs(sequence_mean.item() - expected.item()) > 1e-2
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_the_clip_bounds_sit_at_one_plus_and_minus_epsilon(sign):
+    # Ratios just inside and just outside 1 − ε and 1 + ε: the clipped surrogate keeps a token's gradient
+    # (−A·ratio per unit log-probability) unless the ratio is past the bound in the direction A pushes.
+    epsilon, step = 0.2, 0.02  # 0.1 ε either side: a bound moved to 1 + 1.5ε or 1 + 0.25ε is caught
+    ratios = torch.tensor([1 - epsilon - step, 1 - epsilon + step, 1.0, 1 + epsilon - step, 1 + epsilon + step],
+                          dtype=torch.float64)
+    logps = torch.full((1, 5), -1.0, dtype=torch.float64, requires_grad=True)
+    old = logps.detach() - torch.log(ratios)[None]
+    advantage = torch.tensor([sign], dtype=torch.float64)
+    losses, _, low, high = token_losses(logps, old, None, advantage, epsilon=epsilon, beta=0.0)
+    losses.sum().backward()
+    if sign > 0:  # pushed up: past 1 + ε the gain is capped and the gradient gone
+        clipped = [False, False, False, False, True]
+    else:  # pushed down: below 1 − ε likewise
+        clipped = [True, False, False, False, False]
+    expected = torch.where(torch.tensor(clipped), 0.0, -sign * ratios)
+    torch.testing.assert_close(logps.grad[0], expected, rtol=1e-12, atol=1e-12)
+    # TRL's clip_ratio/low and /high count exactly those tokens.
+    assert (low | high)[0].tolist() == clipped and (high.any().item() == (sign > 0))
+
+
 def test_built_in_rewards():
     row = {"answer": "42"}
     assert correct("What is 40+2?", " 42 ", row) == 1.0 and correct("", "42.", row) == 0.0
     assert integer_format("", "-7", row) == 1.0 and integer_format("", "seven", row) == 0.0
     assert closeness("", "41", row) == 0.5 and closeness("", "x", row) == 0.0
     assert reward_function("rl_testkit:e_share")("", "eel", row) == pytest.approx(2 / 3)  # one of your own
-    with pytest.raises(ValueError, match="unknown reward 'corect'"):
+    with pytest.raises(RewardError, match="unknown reward 'corect'"):
         reward_function("corect")
 
 
@@ -178,22 +233,39 @@ def test_an_rl_run_logs_trl_names_evaluates_pass_at_k_and_resumes_exactly(rl_con
         assert all(name in r for r in steps), name
     # The policy starts as the reference, and the first update of a sampled batch is on-policy.
     assert steps[0]["kl"] == 0 and steps[0]["clip_ratio/region_mean"] == 0
-    assert steps[1]["kl"] > 0  # the second update reuses the batch after the policy moved
+    # The second update reuses the batch after the policy moved: the first batch whose groups carried
+    # a signal (one whose every group got equal rewards moves nothing, whatever the sampler drew).
+    moved = next(i for i in range(0, len(steps), 2) if steps[i]["frac_reward_zero_std"] < 1)
+    assert steps[moved]["kl"] == 0 and steps[moved + 1]["kl"] > 0
     assert steps[0]["reward"] == steps[1]["reward"]  # the same sampled batch, twice
     final = next(r for r in records if r["kind"] == "final_eval")
     assert 0 <= final["val_pass@1"] <= final["val_pass@2"] <= 1
     assert whole.val_words == f"held-out pass@1 {final['val_pass@1']:.3f}, pass@2 {final['val_pass@2']:.3f}"
+    # Its own numbers: no bits per byte (it has none), no loss per token, and its kept weights by pass@1.
+    assert "val_bpb" not in final
+    summary = train_cli.summary(whole, None)
+    assert "nats/token" not in summary and "bits/byte" not in summary and "validation loss" not in summary
+    assert "the best held-out pass@1 seen" in summary or "no periodic evaluation" in summary
+    assert f"--chat --prompt 'What is " in summary  # a question of the kind it learned
     assert final["samples"] and all(s["prompt"].endswith("<|assistant|>") for s in final["samples"])
 
-    # Stopped after step 3, between the two updates of a sampled batch: the checkpoint carries it.
-    train(rl_config(tmp_path / "resumed", lora=lora, attention=attention, max_steps=3), progress=False)
-    resumed = train(rl_config(tmp_path / "resumed", lora=lora, attention=attention), resume=True, progress=False)
-    assert resumed.step == whole.step == 4
-    a, b = load_pretrained(tmp_path / "whole"), load_pretrained(tmp_path / "resumed")
-    for name, tensor in a.state_dict().items():
-        torch.testing.assert_close(b.state_dict()[name], tensor, rtol=0, atol=0, msg=name)
-    resumed_steps = [r for r in _records(tmp_path / "resumed") if r["kind"] == "train"]
-    assert [r["reward"] for r in resumed_steps] == [r["reward"] for r in steps]
+    # Each batch serves two updates (rl.updates_per_batch), sampled at steps 1 and 3. Stopped after step 3,
+    # between the two updates of a batch, the resumed run must train on the pending rollout; stopped after
+    # step 2, at a sampling boundary, it must sample step 3's batch from the restored generator. The
+    # final weights are compared (the trainer state's, not model.safetensors: the kept weights may be
+    # an earlier step's).
+    final = load_trainer_state(tmp_path / "whole")["model"]
+    for stop in (3, 2):
+        out = tmp_path / f"resumed-{stop}"
+        train(rl_config(out, lora=lora, attention=attention, max_steps=stop), progress=False)
+        resumed = train(rl_config(out, lora=lora, attention=attention), resume=True, progress=False)
+        assert resumed.step == whole.step == 4
+        state = load_trainer_state(out)
+        assert state["step"] == 4
+        for name, tensor in final.items():
+            torch.testing.assert_close(state["model"][name], tensor, rtol=0, atol=0, msg=f"stopped at {stop}: {name}")
+        resumed_steps = [r for r in _records(out) if r["kind"] == "train"]
+        assert [r["reward"] for r in resumed_steps] == [r["reward"] for r in steps], f"stopped at {stop}"
 
 
 def test_a_checkpoint_that_kept_the_pending_rollout_with_its_batches_resumes_exactly(rl_config, tmp_path):

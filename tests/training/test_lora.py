@@ -14,6 +14,7 @@ import torch.nn.functional as F
 import training.cli as train_cli
 from chat_testkit import chat_file, pretrain
 from common.config import ConfigError
+from data.tokenizer import load_tokenizer
 from model import GPT, GPTConfig, load_pretrained
 from rundir.checkpoint import load_trainer_state
 from training.config import LoraConfig, config_from_dict
@@ -24,6 +25,8 @@ from training.trainer import train
 MLA = {"attention": "mla", "n_kv_head": 2, "kv_latent_dim": 8, "q_latent_dim": 16, "mlp": "relu2"}
 GQA = {"value_embeddings": True}  # a value gate, which no adapter touches
 KINDS = {"gqa": GQA, "mla": MLA}
+# An untied LM head has rows of its own for the trained tokens (PEFT: one list per matrix).
+PEFT_KINDS = {**KINDS, "untied": {"tie_embeddings": False}}
 
 
 def _model(**options) -> GPT:
@@ -111,7 +114,7 @@ def test_recomputed_blocks_give_the_adapters_the_same_gradients_dropout_included
 @pytest.fixture(scope="module")
 def parents(base_raw, tmp_path_factory) -> dict[str, Path]:
     runs = {}
-    for kind, options in KINDS.items():
+    for kind, options in PEFT_KINDS.items():
         raw = copy.deepcopy(base_raw)
         raw["model"].update(options)
         runs[kind] = pretrain(raw, tmp_path_factory.mktemp(f"parent-{kind}") / "run")
@@ -201,13 +204,19 @@ def test_a_lora_chat_run_trains_only_the_adapters_and_writes_peft_files_and_merg
     # The frozen weights are the parent's, bit for bit; the optimizer holds state for the adapters alone.
     for name, tensor in state["model"].items():
         plain = name.replace(".parametrizations.weight.original", ".weight")
-        if not name.endswith(("lora_A", "lora_B")):
+        if not name.endswith(("lora_A", "lora_B", ".rows", ".index")):
             assert torch.equal(tensor, parent[plain]), name
     adapters = [name for name in state["model"] if name.endswith(("lora_A", "lora_B"))]
     assert len(adapters) == 2 * 4 * 2  # A and B, four layers (qkv, proj, gate_up, down), two blocks
+    # The chat tokens' rows of the embedding train too, one tensor read by the tied head as well.
+    rows, index = (state["model"][f"tok_emb.parametrizations.weight.0.{key}"] for key in ("rows", "index"))
+    tokenizer = load_tokenizer(run / "tokenizer.json")
+    assert index.tolist() == [tokenizer.token_to_id(t) for t in ("<|system|>", "<|user|>", "<|assistant|>", "<|end|>")]
+    assert torch.equal(state["model"]["lm_head.parametrizations.weight.0.rows"], rows)
+    assert not torch.equal(rows, parent["tok_emb.weight"][index])  # they learned
     optimizer_state = state["optimizer"]["state"]
-    assert len(optimizer_state) == len(adapters)
-    trained = sum(state["model"][name].numel() for name in adapters)
+    assert len(optimizer_state) == len(adapters) + 1
+    trained = sum(state["model"][name].numel() for name in adapters) + rows.numel()
     size = (run / "adapter_model.safetensors").stat().st_size
     assert result.adapter.startswith(f"LoRA: {trained:,} of ") and f"({size / 1024:.1f} KiB)" in result.adapter
     assert result.adapter in train_cli.summary(result, None).splitlines()  # the summary says it
@@ -219,6 +228,7 @@ def test_a_lora_chat_run_trains_only_the_adapters_and_writes_peft_files_and_merg
     assert any(not torch.equal(merged.state_dict()[k], parent[k]) for k in parent)
     config = json.loads((run / "adapter_config.json").read_text())
     assert config["peft_type"] == "LORA" and config["r"] == 4 and config["lora_alpha"] == 8.0
+    assert config["trainable_token_indices"] == index.tolist()
     assert config["target_modules"] == sorted(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                                                "down_proj"])
     assert (run / "adapter_model.safetensors").stat().st_size > 0
@@ -245,11 +255,24 @@ def test_a_resume_may_not_change_the_lora_setting(lora_config, tmp_path):
         train(lora_config(tmp_path / "run", lora={"rank": 2}), resume=True, progress=False)
 
 
+def test_a_run_from_before_token_rows_trained_resumes_with_none(lora_config, tmp_path):
+    from rundir.checkpoint import CheckpointError, load_trainer_state, save_checkpoint
+
+    run = tmp_path / "run"
+    train(lora_config(run, lora={"trainable_tokens": []}, max_steps=3), progress=False)
+    state = load_trainer_state(run)  # as such a run saved it: no trainable_tokens in its LoRA settings
+    del state["fixed_settings"]["train.lora"]["trainable_tokens"]
+    save_checkpoint(run, None, {k: v for k, v in state.items() if k != "format_version"})
+    with pytest.raises(CheckpointError, match=r"but the run was trained with \{.*'trainable_tokens': \[\]\}"):
+        train(lora_config(run), resume=True, progress=False)  # today's default trains the chat tokens' rows
+    assert train(lora_config(run, lora={"trainable_tokens": []}), resume=True, progress=False).step == 6
+
+
 # -------------------------------------------------------------------------------------------------
 # The proof against PEFT: the parent's export, with the run's adapter applied by PEFT, computes the run.
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", PEFT_KINDS)
 def test_peft_applies_the_adapter_to_the_parents_export_and_computes_the_lora_run(lora_config, parents, tmp_path,
                                                                                   kind):
     transformers = pytest.importorskip("transformers")
@@ -264,7 +287,12 @@ def test_peft_applies_the_adapter_to_the_parents_export_and_computes_the_lora_ru
 
     ours = load_pretrained(run)  # the run's merged weights, as generate.py and serve.py load them
     ids = torch.randint(0, ours.config.vocab_size, (2, 20), generator=torch.Generator().manual_seed(4))
+    tokenizer = load_tokenizer(run / "tokenizer.json")
+    chat_ids = [tokenizer.token_to_id(t) for t in ("<|system|>", "<|user|>", "<|assistant|>", "<|end|>")]
+    ids[:, 3:7] = torch.tensor(chat_ids)  # the trained rows are read as input too (every logit reads the head's)
     with torch.no_grad():
+        parent_rows = load_pretrained(parents[kind]).tok_emb.weight[chat_ids]
+        assert (ours.tok_emb.weight[chat_ids] - parent_rows).abs().max() > 1e-3  # the rows did train
         expected = ours(ids)
         torch.testing.assert_close(with_adapter(input_ids=ids).logits, expected, rtol=0, atol=1e-5)
         merged = with_adapter.merge_and_unload()

@@ -47,6 +47,59 @@ def test_a_run_that_would_not_fit_is_refused_with_the_estimate_and_what_to_chang
     assert line.startswith("memory per device: about") and "(ddp, 1 process(es)) of 1.00 GiB on cpu" in line
 
 
+def _rl_config(group_size: int, batch_size: int = 4, eval_samples: int = 8, **model):
+    from training.config import config_from_dict
+
+    return config_from_dict({
+        "model": {"n_layer": 2, "n_head": 2, "n_kv_head": 1, "n_embd": 64, "block_size": 128, **model},
+        "data": {"format": "rl", "vocab_size": 512},
+        "train": {"max_steps": 1, "batch_size": batch_size},
+        "rl": {"group_size": group_size, "eval_samples": eval_samples},
+    })
+
+
+def _total_gib(line: str) -> float:
+    return float(line.split("about ")[1].split(" GiB")[0])
+
+
+@pytest.mark.parametrize("model", [{}, {"attention": "mla", "n_kv_head": 2, "kv_latent_dim": 16}],
+                         ids=["gqa", "mla"])
+def test_an_rl_estimate_counts_every_completion_of_a_group(monkeypatch, model):
+    from training.memory_budget import plan_run_memory
+
+    monkeypatch.setattr("training.memory_budget.device_memory_bytes", lambda device: 2**40)
+    lines = {g: plan_run_memory(_rl_config(g, **model), torch.device("cpu"), world_size=1, micro_batch=4, bf16=False)
+             for g in (2, 16, 64)}
+    totals = [_total_gib(lines[g]) for g in (2, 16, 64)]
+    assert totals[0] < totals[1] < totals[2]
+    # The activations of a micro-batch are those of its 4 x G rows, as a text run of that batch has them.
+    plain = estimate_memory(_rl_config(2, **model).model, TrainConfig(max_steps=1, batch_size=256), micro_batch=256)
+    assert f"activations {plain.activations / 2**30:,.2f} GiB" in lines[64]
+    assert "sampling cache" in lines[64]
+
+
+def test_an_rl_run_that_would_not_fit_names_the_group_size(monkeypatch):
+    from training.memory_budget import plan_run_memory
+
+    monkeypatch.setattr("training.memory_budget.device_memory_bytes", lambda device: 2**30)
+    with pytest.raises(ConfigError) as info:
+        plan_run_memory(_rl_config(1024, batch_size=64), torch.device("cpu"), world_size=1, micro_batch=64, bf16=False)
+    message = str(info.value)
+    assert "\n" not in message and "would not fit" in message and "lower train.batch_size, rl.group_size" in message
+
+
+def test_the_sampling_cache_is_the_key_and_value_heads_of_every_layer_and_position():
+    model = GPTConfig(vocab_size=256, block_size=64, n_layer=3, n_head=4, n_kv_head=2, n_embd=32)
+    from model import GPT
+
+    cache = GPT(model).init_cache(10).nbytes()
+    assert estimate_memory(model, TrainConfig(max_steps=1, batch_size=1), decoded_rows=10).sampling == cache
+    latent = GPTConfig(vocab_size=256, block_size=64, n_layer=3, n_head=4, n_kv_head=4, n_embd=32, attention="mla",
+                       kv_latent_dim=8, positions="rope")
+    assert estimate_memory(latent, TrainConfig(max_steps=1, batch_size=1), decoded_rows=10).sampling == \
+        GPT(latent).init_cache(10).nbytes()
+
+
 # Two sizes (and the first with activation checkpointing): the estimate is within this fraction of
 # the peak resident memory that two real steps added, measured in a fresh process.
 MARGIN = 0.2

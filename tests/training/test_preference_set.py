@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import signal
+import textwrap
 
 import pytest
 import torch
@@ -69,7 +73,7 @@ def silent_run(tmp_path):
 def test_no_pair_is_an_error_and_writes_nothing(silent_run, tmp_path, capsys):
     out = tmp_path / "pairs.jsonl"
     code = main(["--run", str(silent_run), "--out", str(out), "--prompts", "3", "--samples", "2",
-                 "--max-new-tokens", "4"])
+                 "--max-new-tokens", "4", "--no-progress"])
     err = capsys.readouterr().err
     # (Some of the three speeches are longer than this run's window: they are not replied to.)
     assert code == 2 and err.startswith("error: no prompt of ") and err.count("\n") == 1
@@ -119,7 +123,7 @@ def test_continuations_are_sampled_after_the_start_of_each_greedy_loop(tmp_path,
     calls = []
     end = ChatTokenIds.of(run.tokenizer).end
 
-    def fake_sample(run, prompt_ids, settings):
+    def fake_sample(run, prompt_ids, settings, bar=None):
         calls.append((prompt_ids, settings))
         if len(calls) == 1:  # the greedy replies: the second loops
             return [_finish("Farewell.", ended=True), LOOP]
@@ -134,3 +138,128 @@ def test_continuations_are_sampled_after_the_start_of_each_greedy_loop(tmp_path,
     assert resumed_ids == [prompt_ids[1] + start] * 2 and sampled.temperature == 0.8 and sampled.top_p == 0.95
     assert (built.prompts, built.replies, len(built.pairs)) == (2, 4, 1)
     assert built.pairs[0].prompt == tuple(prompts[1])
+
+
+# --------------------------------------------------------------------------------------------
+# The command line against a hostile user and filesystem: refused before the replies are made, one
+# line and exit 2, nothing half-written, and a signal's exit code with nothing written.
+
+def _no_work(monkeypatch):
+    import training.tasks.dpo.preference_set as preference_set
+
+    monkeypatch.setattr(preference_set, "load_run", lambda *a, **k: pytest.fail("started the work"))
+
+
+def _one_line(capsys, code: int) -> str:
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err, err
+    return err.strip()
+
+
+@pytest.mark.parametrize("make_out, fragment", [
+    (lambda tmp: (tmp / "notes.txt").write_text("a file") and tmp / "notes.txt" / "pairs.jsonl",
+     "notes.txt is a file, not a folder"),
+    (lambda tmp: (tmp / "notes.txt").write_text("a file") and tmp / "notes.txt" / "deeper" / "pairs.jsonl",
+     "notes.txt is a file, not a folder"),
+    (lambda tmp: (tmp / "pairs.jsonl").mkdir() or tmp / "pairs.jsonl", "is a folder; name the .jsonl file"),
+    (lambda tmp: tmp / "pairs.json", "must end in .jsonl"),
+    (lambda tmp: (tmp / "pairs.jsonl").write_text("mine\n") and tmp / "pairs.jsonl", "exists; pass --overwrite"),
+], ids=["under-a-file", "deep-under-a-file", "a-folder", "not-jsonl", "exists"])
+def test_an_out_that_cannot_be_written_is_refused_before_any_reply(silent_run, tmp_path, capsys, monkeypatch, make_out,
+                                                                    fragment):
+    _no_work(monkeypatch)
+    out = make_out(tmp_path)
+    line = _one_line(capsys, main(["--run", str(silent_run), "--out", str(out)]))
+    assert fragment in line, line
+
+
+def test_a_read_only_folder_is_refused_before_any_reply(silent_run, mount_tmpfs, capsys, monkeypatch):
+    _no_work(monkeypatch)
+    disk = mount_tmpfs(1 << 20, read_only=True)
+    line = _one_line(capsys, main(["--run", str(silent_run), "--out", str(disk / "sets" / "pairs.jsonl")]))
+    assert "Read-only file system" in line and "choose a writable directory" in line and str(disk) in line
+
+
+def _built(monkeypatch):
+    """The set built instantly: one pair, without sampling."""
+    import training.tasks.dpo.preference_set as preference_set
+
+    pair = preference_set.PreferencePair((Message("user", "Who is there?"),), (Message("assistant", "A friend."),),
+                                         (Message("assistant", "A friend, a friend, a"),))
+    built = preference_set.PreferenceSet([pair], 1, 2, 1, 1, 1, 0)
+    monkeypatch.setattr(preference_set, "build_preference_set", lambda *a, **k: built)
+
+
+@pytest.mark.parametrize("error", [errno.ENOSPC, errno.EROFS, errno.EIO], ids=["full", "read-only", "io-error"])
+def test_a_disk_failure_while_writing_is_one_line_and_keeps_the_old_set(silent_run, tmp_path, capsys, monkeypatch,
+                                                                         error):
+    import common.files
+
+    _built(monkeypatch)
+    out = tmp_path / "pairs.jsonl"
+    out.write_text("the old set\n")
+    real_fsync = common.files.os.fsync
+
+    def failing(fd):
+        raise OSError(error, os.strerror(error))
+
+    monkeypatch.setattr(common.files.os, "fsync", failing)
+    line = _one_line(capsys, main(["--run", str(silent_run), "--out", str(out), "--overwrite", "--no-progress"]))
+    monkeypatch.setattr(common.files.os, "fsync", real_fsync)
+    assert os.strerror(error) in line and str(out) in line
+    assert out.read_text() == "the old set\n" and sorted(p.name for p in tmp_path.iterdir()) == ["pairs.jsonl", "run"]
+
+
+def test_a_full_disk_is_one_line_and_leaves_nothing(silent_run, mount_tmpfs, capsys, monkeypatch):
+    _built(monkeypatch)
+    disk = mount_tmpfs(4096)
+    import training.tasks.dpo.preference_set as preference_set
+
+    many = preference_set.PreferenceSet([pair_from_row({"prompt": "x" * 9000, "chosen": "y", "rejected": "z"}, "")] * 4,
+                                        1, 2, 1, 1, 1, 0)
+    monkeypatch.setattr(preference_set, "build_preference_set", lambda *a, **k: many)
+    line = _one_line(capsys, main(["--run", str(silent_run), "--out", str(disk / "pairs.jsonl"), "--no-progress"]))
+    assert "No space left on device" in line and "the disk is full" in line
+    assert list(disk.iterdir()) == []
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["ctrl-c", "sigterm"])
+def test_a_signal_during_the_replies_exits_with_its_code_and_writes_nothing(silent_run, tmp_path, signum, code):
+    from signal_testkit import start_paused, stop
+
+    marker, out = tmp_path / "marker", tmp_path / "pairs.jsonl"
+    script = textwrap.dedent(f"""
+        import pathlib, sys, time
+        import training.tasks.dpo.preference_set as preference_set
+
+        def paused(*args, **kwargs):
+            pathlib.Path({str(marker)!r}).touch()
+            time.sleep(120)  # replying, for as long as a real set takes
+
+        preference_set.sample_replies = paused
+        sys.exit(preference_set.main(["--run", {str(silent_run)!r}, "--out", {str(out)!r}, "--prompts", "3"]))
+    """)
+    returncode, err = stop(start_paused(["-c", script], marker), signum)
+    assert returncode == code and "Traceback" not in err, err
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["marker", "run"]
+
+
+def test_each_round_of_replies_shows_a_progress_bar(tmp_path, capsys):
+    run = load_run(run_testkit.build_run(tmp_path / "talker", run_testkit.chat_tokenizer(), block_size=64),
+                   torch.device("cpu"))
+    prompts = [[Message("user", "But soft, what light?")], [Message("user", "Who is there?")]]
+    from training.tasks.dpo.preference_set import build_preference_set
+
+    build_preference_set(run, prompts, SetSettings(max_new_tokens=6, samples=2), progress=True)
+    err = capsys.readouterr().err
+    assert "greedy replies: 100%" in err and "2/2" in err
+    build_preference_set(run, prompts, SetSettings(max_new_tokens=6, samples=2), progress=False)
+    assert capsys.readouterr().err == ""
+
+
+def test_every_option_says_what_it_does_in_help(capsys):
+    assert main(["--help"]) == 0
+    options = capsys.readouterr().out.split("options:")[1]
+    for flag in ("--prompts", "--samples", "--max-new-tokens", "--temperature", "--seed", "--no-progress"):
+        described = options.split(flag, 1)[1].split("\n  --", 1)[0]
+        assert len(described.split()) >= 3, flag

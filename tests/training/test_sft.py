@@ -16,7 +16,12 @@ from model import GPT, GPTConfig, load_pretrained
 from training.distributed import init_distributed
 from data.prepared.chat import ChatSplit
 from training.resume_rules import check_data_format
-from training.tasks.chat import accumulate_chat_gradients, evaluate_chat
+from data.batches.chat import iter_chat_val_batches
+from data.chat import ChatTokenIds
+from training.evaluate import score_batches
+from training.tasks.chat import (
+    accumulate_chat_gradients, ended_share, evaluate_chat, held_out_replies, held_out_rows,
+)
 from training.trainer import Trainer, train
 
 
@@ -101,11 +106,72 @@ def test_evaluation_scores_the_replies_alone_in_one_process():
     assert result.loss == pytest.approx(nats / count, rel=1e-5)
 
 
+def _chat_split(rng: np.random.Generator, end: int, count: int = 6) -> ChatSplit:
+    """``count`` conversations, each a prompt of ids 1-29 then a reply of ids 1-29 ended by ``end``."""
+    ids, mask, offsets = [], [], [0]
+    for _ in range(count):
+        prompt, reply = rng.integers(1, 30, rng.integers(3, 7)), rng.integers(1, 30, rng.integers(2, 6))
+        ids += [*prompt, *reply, end]
+        mask += [False] * len(prompt) + [True] * (len(reply) + 1)
+        offsets.append(len(ids))
+    return ChatSplit(ids=np.array(ids), mask=np.array(mask), offsets=np.array(offsets))
+
+
+def _end_logit_shifted(model: GPT, end: int, shift: float):
+    """``model`` with ``shift`` added to the logit of ``end`` everywhere (a forward hook on the head)."""
+    def hook(module, args, logits):
+        logits = logits.clone()
+        logits[..., end] += shift
+        return logits
+    return model.lm_head.register_forward_hook(hook)
+
+
+def test_a_chat_model_that_does_not_end_its_turn_scores_worse_bits_per_byte():
+    # The same model twice, once with the end of turn pushed down: every other token is then a little
+    # likelier, so if <|end|> were not charged the model that never ends would score better.
+    end = 39  # <|end|>: no bytes
+    token_bytes = torch.ones(40, dtype=torch.long)
+    token_bytes[end] = 0
+    split, model = _chat_split(np.random.default_rng(0), end), _model()
+    cpu = torch.device("cpu")
+
+    def scores(charge_zero_byte: bool = True):
+        batches = iter_chat_val_batches(split, 2, pad_id=0, max_batches=None, device=cpu)
+        return score_batches(model, batches, token_bytes, device=cpu, charge_zero_byte=charge_zero_byte)
+
+    ends = evaluate_chat(model, split, token_bytes, batch_size=2, max_batches=None, pad_id=0, device=cpu)
+    assert ends.bpb == scores().bpb
+    without_end_charged = scores(charge_zero_byte=False)
+    hook = _end_logit_shifted(model, end, -8.0)
+    never_ends = evaluate_chat(model, split, token_bytes, batch_size=2, max_batches=None, pad_id=0, device=cpu)
+    assert never_ends.bpb > ends.bpb and never_ends.loss > ends.loss
+    assert scores(charge_zero_byte=False).bpb < without_end_charged.bpb  # the case the charge is for
+    hook.remove()
+
+
+def test_the_share_of_held_out_replies_that_end_their_turn():
+    end, end_of_text = 39, 38
+    special = ChatTokenIds({"system": 35, "user": 36, "assistant": 37}, end, end_of_text)
+    split, model = _chat_split(np.random.default_rng(1), end, count=9), _model()
+    for shift, share in ((30.0, 1.0), (-30.0, 0.0)):
+        hook = _end_logit_shifted(model, end, shift)
+        finishes = held_out_replies(model, split, special, count=4, max_new_tokens=5, seed=3)
+        hook.remove()
+        assert len(finishes) == 4 and ended_share(finishes, special) == share
+        if share:  # ended at once
+            assert all(f.token_ids == (end,) for f in finishes)
+    assert held_out_rows(split, 4) == [0, 3, 5, 8] and held_out_rows(split, 50) == list(range(9))
+
+
 def test_fine_tuning_learns_replies_and_resumes_exactly(sft_config, tmp_path):
     whole = train(sft_config(tmp_path / "whole"), progress=False)
     records = [json.loads(line) for line in (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()]
     final = [r for r in records if r["kind"] == "final_eval"][0]
     assert whole.step == 6 and 0 < final["val_bpb"] < 20
+    # The share of sampled held-out replies that end their turn, and how many were sampled.
+    assert 0 <= final["val_replies/ended"] <= 1 and final["val_replies/sampled"] > 0
+    assert whole.val_note.endswith("sampled held-out replies end their turn with <|end|> (at most 200 tokens each, "
+                                   "or the window)")
     assert final["samples"] and all(s["prompt"].endswith("<|assistant|>") for s in final["samples"])
     assert all(0 <= r["padding_fraction"] < 1 for r in records if r["kind"] == "train")
 

@@ -55,11 +55,35 @@ def test_a_clock_bound_run_shows_progress_evaluations_summary_and_curve(base_raw
 
 
 def test_a_step_bound_run_counts_to_max_steps_and_evaluates_by_steps(base_raw, tmp_path, capsys):
-    run_dir, _, err = _run(base_raw, tmp_path, capsys, max_steps=12)
+    run_dir, out, err = _run(base_raw, tmp_path, capsys, max_steps=12)
     last_bar = [line for line in re.split(r"[\r\n]", err) if line.startswith("train:")][-1]
     assert "| 12/12 " in last_bar, last_bar
     evals = [r["step"] for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "eval"]
     assert evals == [10, 12]  # no clock budget: every eval.interval steps, and the last step
+    # The final pass scores weights whose sample was shown at their evaluation: it is not shown again.
+    lines = out.splitlines()
+    final = next(i for i, line in enumerate(lines) if line.startswith("step 12 full validation"))
+    assert not lines[final + 1].startswith("  sample:")
+    assert sum(line.startswith("  sample:") for line in lines) == 2  # steps 10 and 12
+
+
+def test_no_clock_evaluation_falls_in_the_last_half_interval_of_the_clock():
+    # The run's end evaluates the last weights a moment later; with the learning rate at its end they are
+    # the same weights, and the two evaluations printed the same numbers and sample twice.
+    from types import SimpleNamespace
+
+    from training.trainer import Trainer
+
+    trainer = Trainer.__new__(Trainer)  # the clock rule alone: a budget of 100 s, an evaluation due every 10 s
+    trainer.schedule = SimpleNamespace(max_seconds=100.0)
+    trainer.config = SimpleNamespace(eval=SimpleNamespace(interval=5))
+
+    def due(elapsed: float, last: float) -> bool:
+        trainer._elapsed, trainer.last_eval_s = (lambda: elapsed), last
+        return trainer._clock_eval_due()
+
+    assert due(10.0, 0.0) and not due(9.0, 0.0)
+    assert due(94.0, 83.0) and not due(96.0, 85.0)  # 6 s left: due; 4 s left: the end evaluates soon
 
 
 def test_loss_curve_draws_train_and_validation_against_step_and_time(tmp_path):
@@ -82,11 +106,13 @@ def test_loss_curve_draws_train_and_validation_against_step_and_time(tmp_path):
 def test_summary_repeats_the_wandb_sync_line_and_suits_a_chat_run(tmp_path):
     result = TrainResult(
         run_dir=Path("runs/tiny-chat"), step=5, tokens_seen=100, stopped_by="max_steps", train_seconds=1.0,
-        val_loss=1.0, val_bpb=1.5, chat=True, wandb_sync="wandb sync runs/tiny-chat/wandb/offline-run-*-abc*",
+        val_loss=1.0, val_bpb=1.5, kind="chat", val_words="1.5000 bits/byte of assistant text",
+        wandb_sync="wandb sync runs/tiny-chat/wandb/offline-run-*-abc*",
     )
     text = train_cli.summary(result, None)
     assert "final validation: 1.5000 bits/byte of assistant text" in text
     assert "python generate.py --run runs/tiny-chat --chat" in text and "init_from" not in text
+    assert "python -m benchmarks.chat_eval --runs runs/tiny-chat" in text
     assert text.splitlines()[-1] == "wandb logged offline; upload it with: wandb sync runs/tiny-chat/wandb/offline-run-*-abc*"
 
 
@@ -182,12 +208,18 @@ def test_a_resumed_run_says_what_each_duration_covers():
 def test_the_summary_says_which_weights_were_kept():
     common = dict(run_dir=Path("runs/tiny"), tokens_seen=100, stopped_by="max_steps", train_seconds=1.0,
                   val_loss=1.0, val_bpb=2.0)
-    best_earlier = TrainResult(step=400, kept_step=180, kept_val_loss=1.419, last_val_loss=1.608, **common)
+    best_earlier = TrainResult(step=400, kept_step=180, kept_score="1.4190 nats/token", last_score="1.6080 nats/token",
+                               **common)
     assert ("kept: the weights of step 180, the best validation loss seen (1.4190 nats/token on the evaluation "
-            "subset, against 1.6080 at the last step); the last state (step 400) stays in trainer_state.pt "
+            "subset, against 1.6080 nats/token at the last step); the last state (step 400) stays in trainer_state.pt "
             "for --resume") in train_cli.summary(best_earlier, None)
-    last = TrainResult(step=400, kept_step=400, kept_val_loss=1.3, last_val_loss=1.3, **common)
+    last = TrainResult(step=400, kept_step=400, kept_score="1.3000 nats/token", last_score="1.3000 nats/token",
+                       **common)
     assert "kept: the last weights (step 400), the best validation loss seen (1.3000" in train_cli.summary(last, None)
+    rl = TrainResult(step=400, kept_step=180, kind="rl", kept_by="held-out pass@1", kept_score="0.410",
+                     last_score="0.380", **common)
+    assert ("kept: the weights of step 180, the best held-out pass@1 seen (0.410 on the evaluation subset, against "
+            "0.380 at the last step)") in train_cli.summary(rl, None)
     unevaluated = TrainResult(step=400, kept_step=400, **common)
     assert "kept: the last weights (step 400; no periodic evaluation" in train_cli.summary(unevaluated, None)
 
@@ -257,3 +289,59 @@ def test_a_llama_shaped_run_is_offered_the_llama_and_gguf_exports(make_config):
     assert all(f"python export.py --run {rope.out_dir} --out exports/{rope.out_dir.name}-{fmt[9:]} {fmt}" in shaped
                for fmt in formats)
     assert not any(fmt in train_cli.summary(result, None, llama_shaped=False) for fmt in formats)
+
+
+def _drawn(tmp_path, monkeypatch, records: list[dict], kind: str):
+    """The figure write_loss_curve draws for ``records`` as a ``kind`` run."""
+    from matplotlib.figure import Figure
+
+    from rundir.metrics import MetricsLog
+    from training.loss_curve import write_loss_curve
+
+    log = MetricsLog(tmp_path / "metrics.jsonl")
+    for record in records:
+        log.append(record)
+    drawn = []
+    real_savefig = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: (drawn.append(fig), real_savefig(fig, *a, **k)))
+    write_loss_curve(tmp_path / "metrics.jsonl", tmp_path / "loss_curve.png", kind)
+    return drawn[0]
+
+
+def test_a_dpo_run_draws_its_loss_accuracies_and_margins(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    records = [{"kind": "train", "step": s, "loss": 0.7 / s, "rewards/accuracies": 1 - 1 / s, "rewards/margins": s / 2,
+                "elapsed_s": s} for s in range(1, 11)]
+    records += [{"kind": "eval", "step": s, "val_loss": 0.5 / s, "val_bpb": 2.0, "val_rewards/accuracies": 0.8,
+                 "val_rewards/margins": s / 3, "elapsed_s": s} for s in (5, 10)]
+    records.append({"kind": "final_eval", "step": 10, "weights_step": 10, "val_loss": 0.06, "val_bpb": 2.0,
+                    "val_rewards/accuracies": 0.75, "val_rewards/margins": 3.0})
+    figure = _drawn(tmp_path, monkeypatch, records, "preference")
+    loss, accuracies, margins = figure.axes
+    assert [a.get_title() for a in figure.axes] == ["DPO loss", "rewards/accuracies", "rewards/margins"]
+    assert all(a.get_xlabel() == "step" and "bits" not in a.get_ylabel() for a in figure.axes)
+    train_line, held_out, final = accuracies.get_lines()
+    assert list(train_line.get_ydata()) == pytest.approx([1 - 1 / s for s in range(1, 11)])
+    assert list(held_out.get_ydata()) == [0.8, 0.8] and list(final.get_ydata()) == [0.75]
+    assert list(loss.get_lines()[0].get_ydata()) == pytest.approx([0.7 / s for s in range(1, 11)])  # not in bits
+    assert accuracies.get_ylim()[0] < 0 < 1 < accuracies.get_ylim()[1]
+
+
+def test_an_rl_run_draws_reward_and_pass_at_k_on_axes_of_their_own(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    records = [{"kind": "train", "step": s, "loss": 0.01, "reward": 0.2 * s, "kl": 0.001 * s} for s in range(1, 9)]
+    records += [{"kind": "eval", "step": s, "val_loss": 1 - p, "val_pass@1": p, "val_pass@8": min(1, 3 * p)}
+                for s, p in ((4, 0.2), (8, 0.1))]
+    # The kept weights are step 4's: the final pass is drawn there, not at the last step.
+    records.append({"kind": "final_eval", "step": 8, "weights_step": 4, "val_loss": 0.75, "val_pass@1": 0.25,
+                    "val_pass@8": 0.5})
+    figure = _drawn(tmp_path, monkeypatch, records, "rl")
+    reward, passes, kl = figure.axes
+    assert reward.get_title().startswith("reward") and reward.get_ylabel() and passes.get_ylabel()
+    assert [line.get_ydata()[-1] for line in reward.get_lines()] == [pytest.approx(1.6)]  # a reward of 0 to 2 ...
+    assert passes.get_ylim()[1] < 1.1  # ... is not on pass@1's axis, a share
+    subset1, final1, subset8, final8 = passes.get_lines()
+    assert list(subset1.get_ydata()) == [0.2, 0.1] and list(final1.get_xdata()) == [4]
+    assert list(final1.get_ydata()) == [0.25] and list(final8.get_ydata()) == [0.5]
+    assert kl.get_title() == "KL to the reference"
+    assert all("nats/token" not in a.get_ylabel() for a in (reward, passes))

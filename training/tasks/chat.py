@@ -20,8 +20,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from data.batches.chat import ChatBatches, iter_chat_val_batches
+from data.chat import ChatTokenIds
 from data.prepared.chat import ChatSplit, prepare_chat_data
-from inference.engine import decode
+from inference.engine import Finish, decode
 from inference.sampling import SamplingSettings
 from model.gpt import eval_mode
 from training.adapters import Adapters
@@ -31,6 +32,11 @@ from training.evaluate import EvalResult, score_batches, validation_bar
 from training.tasks.task import Batches, Task, fitted, parent_tokenizer, sample_line
 
 CHAT_SAMPLES = 4  # held-out conversations a chat run replies to at each evaluation
+# How many held-out replies the final evaluation samples to see how many end their turn, at most how
+# long each may run (SamplingSettings' default, as generate.py's), and the seed of the first.
+ENDING_REPLIES = 200
+ENDING_MAX_TOKENS = SamplingSettings.max_new_tokens
+ENDING_SEED = 0
 
 
 def summed_target_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -83,13 +89,46 @@ def evaluate_chat(
     ctx: DistContext = DistContext(),
     progress: bool = False,
 ) -> EvalResult:
-    """Loss per assistant token (each reply's <|end|> included) and bits per byte of assistant
-    text (the text of the replies: <|end|> has no bytes), over held-out conversations;
-    ``progress`` shows a progress bar."""
+    """Loss per assistant token and bits per byte of assistant text over held-out conversations;
+    ``progress`` shows a progress bar. Both charge each reply's <|end|>: its nats count, over the
+    bytes of the replies' text (it has none), so a model that does not end its turns scores worse."""
     batches = iter_chat_val_batches(split, batch_size, pad_id=pad_id, max_batches=max_batches, device=device)
     if progress:
         batches = validation_bar(batches, len(split.lengths), batch_size, max_batches)
-    return score_batches(model, batches, token_bytes, device=device, amp=amp, ctx=ctx)
+    return score_batches(model, batches, token_bytes, device=device, amp=amp, ctx=ctx, charge_zero_byte=True)
+
+
+def held_out_rows(split: ChatSplit, count: int) -> list[int]:
+    """``count`` held-out conversations spread evenly over the split (all of them when it has fewer)."""
+    return sorted({round(i * (len(split) - 1) / max(count - 1, 1)) for i in range(count)})
+
+
+def held_out_replies(
+    model: Any, split: ChatSplit, special: ChatTokenIds, *, count: int = ENDING_REPLIES,
+    max_new_tokens: int = ENDING_MAX_TOKENS, temperature: float = SamplingSettings.temperature,
+    seed: int = ENDING_SEED, token_bytes: Any = None,
+) -> list[Finish]:
+    """Replies to the first user turn of ``count`` held-out conversations (``held_out_rows``), decoded
+    together as ``generate.py --chat`` replies: its sampling defaults at ``temperature`` (0: greedy),
+    role tokens never sampled, reply i seeded ``seed`` + i, ended by <|end|> or <|endoftext|>, or by
+    ``max_new_tokens`` or a full window (a chat's reply does not slide it). ``token_bytes`` (the
+    engine's byte table) fills each finish's text; without it only the ids are decoded."""
+    prompts = [p for p in map(split.first_reply_prompt, held_out_rows(split, count))
+               if len(p) < model.config.block_size]
+    if not prompts:
+        return []
+    settings = SamplingSettings(max_new_tokens=max_new_tokens, temperature=temperature,
+                                top_p=SamplingSettings.top_p if temperature else None, seed=seed,
+                                suppress_ids=special.suppress_ids)
+    with eval_mode(model):
+        return decode(model, prompts, settings, token_bytes=token_bytes, end_ids=special.reply_end_ids, slide=False)
+
+
+def ended_share(finishes: list[Finish], special: ChatTokenIds) -> float:
+    """The share of ``finishes`` whose reply ends its turn with <|end|> (NaN when there are none)."""
+    if not finishes:
+        return float("nan")
+    return sum(bool(f.token_ids) and f.token_ids[-1] == special.end for f in finishes) / len(finishes)
 
 
 def chat_reply_samples(
@@ -101,8 +140,8 @@ def chat_reply_samples(
     rule), so the samples are a function of the weights alone. A reply ends at ``end_id`` (kept)
     or where the window is full, as a chat's does.
     """
-    rows = sorted({round(i * (len(split) - 1) / max(count - 1, 1)) for i in range(count)})
-    prompts = [p for p in map(split.first_reply_prompt, rows) if len(p) < model.config.block_size]
+    prompts = [p for p in map(split.first_reply_prompt, held_out_rows(split, count))
+               if len(p) < model.config.block_size]
     if not prompts:
         return []
     with eval_mode(model):
@@ -112,10 +151,15 @@ def chat_reply_samples(
             for prompt, finish in zip(prompts, finishes)]
 
 
+def ending_words(metrics: dict[str, float]) -> str:
+    """The share of sampled held-out replies that end their turn, with what it was measured on."""
+    return (f"{100 * metrics['replies/ended']:.1f}% of {metrics['replies/sampled']:.0f} sampled held-out replies "
+            f"end their turn with <|end|> (at most {ENDING_MAX_TOKENS} tokens each, or the window)")
+
+
 class ChatTask(Task):
     """Supervised fine-tuning on conversations: the loss is the assistant's replies alone."""
 
-    is_chat = True
     sample_prompt = None
 
     def batches(self, batch_size: int, **placement: Any) -> Batches:
@@ -142,8 +186,29 @@ class ChatTask(Task):
     def eval_line(self, scope, step, result, samples):
         lines = [f"step {step} {scope}: assistant loss {result.loss:.4f} nats/token, "
                  f"{result.bpb:.4f} bits/byte of assistant text"]
+        if (note := self.final_note(result)) is not None:
+            lines[0] += f"; {note}"
         lines += [sample_line(prompt + reply) for prompt, reply in samples[:1]]
         return "\n".join(lines)
+
+    def steps_per_epoch(self, rows_per_step):
+        return len(self.prepared.train) / rows_per_step
+
+    def many_epochs_warning(self, passes):
+        return (f"warning: the budget is about {passes:.0f} epochs of the {len(self.prepared.train):,} training "
+                "conversations: a model learns so few by heart and its held-out loss rises; the run keeps the weights "
+                "that validated best, but more conversations (or a smaller budget) train a better model")
+
+    def final_words(self, result):
+        return f"{result.bpb:.4f} bits/byte of assistant text, <|end|> charged ({result.loss:.4f} nats/token)"
+
+    def final_note(self, result):
+        return ending_words(result.metrics) if "replies/ended" in result.metrics else None
+
+    def final_metrics(self, model):
+        finishes = held_out_replies(model, self.prepared.val, ChatTokenIds.of(self.tokenizer))
+        return {"replies/ended": ended_share(finishes, ChatTokenIds.of(self.tokenizer)),
+                "replies/sampled": float(len(finishes))} if finishes else {}
 
     def train_fields(self, batches):
         return {"padding_fraction": batches.padding_fraction}
@@ -153,7 +218,7 @@ class ChatTask(Task):
 
 
 def build(config: Config, tokenizer_file: Path | None, *, progress: bool, is_main: bool, device: torch.device,
-          adapters: Adapters) -> ChatTask:
+          adapters: Adapters, resume: bool = False) -> ChatTask:
     """The conversations of ``config.data``, rendered with the parent run's tokenizer."""
     prepared = prepare_chat_data(config.data, parent_tokenizer(config, tokenizer_file), config.model.block_size,
                                  progress=progress, is_main=is_main)

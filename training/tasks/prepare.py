@@ -21,9 +21,11 @@ BUILDERS: dict[str, Callable[..., Task]] = {"text": text.build, "chat": chat.bui
 
 
 def prepare_task(config: Config, tokenizer_file: Path | None, *, progress: bool, is_main: bool, device: torch.device,
-                 adapters: Adapters) -> Task:
+                 adapters: Adapters, resume: bool = False) -> Task:
     """The task ``data.format`` names, its data prepared (``tokenizer_file``: a parent run's
     tokenizer, or the run's own copy when resuming; None trains one for a text run) and checked
-    to fit the model; ``adapters``: how the run's weights train (a post-training reference asks)."""
+    to fit the model; ``adapters``: how the run's weights train (a post-training reference asks);
+    ``resume``: the run continues from its checkpoint (a reference checks it is the one it began with)."""
     build = BUILDERS[config.data.format]
-    return build(config, tokenizer_file, progress=progress, is_main=is_main, device=device, adapters=adapters)
+    return build(config, tokenizer_file, progress=progress, is_main=is_main, device=device, adapters=adapters,
+                 resume=resume)

@@ -1,7 +1,12 @@
 """The frozen reference a post-training loss measures the policy against: DPO's implicit rewards and
 GRPO's KL penalty. It is the ``train.init_from`` run, held as its own frozen copy, or, for a LoRA
 run, the policy itself with its adapters off (its frozen weights are the parent's), so no second
-copy of the weights is held."""
+copy of the weights is held.
+
+A frozen copy is read from the parent's weights file each time the run starts, so a resumed run
+checks that the file is the one it began with (its SHA-256, recorded in ``parent.json``): against
+other weights, its rewards or KL would measure something else from then on without a word. A LoRA
+run's reference comes from its own checkpoint, and needs no such check."""
 
 from __future__ import annotations
 
@@ -13,8 +18,10 @@ from torch import nn
 from model import GPT
 from model.gpt import eval_mode
 from training.adapters import Adapters
+from rundir.files import PARENT_FILE, WEIGHTS_FILE
+from rundir.record import read_parent_record
 from training.config import Config
-from training.init_from import load_parent_weights
+from training.init_from import InitFromError, load_parent_weights
 
 
 class Reference(Protocol):
@@ -45,11 +52,30 @@ class AdaptersOffReference:
             return policy(x)
 
 
-def reference_for(config: Config, adapters: Adapters, device: torch.device) -> Reference:
+def reference_for(config: Config, adapters: Adapters, device: torch.device, *, resume: bool = False) -> Reference:
     """The reference of a run that fine-tunes ``train.init_from``: the policy with its adapters off
-    where they hold the parent's weights (LoRA), otherwise a frozen copy of those weights."""
+    where they hold the parent's weights (LoRA), otherwise a frozen copy of those weights, which a
+    resumed run (``resume``) checks are the ones it started from."""
     if adapters.holds_base:
         return AdaptersOffReference(adapters)
+    if resume:
+        check_reference_unchanged(config)
     model = GPT(config.model)
     load_parent_weights(model, config.parent)
     return FrozenReference(model.to(device))
+
+
+def check_reference_unchanged(config: Config) -> None:
+    """Refuse, in one line, to resume a run whose parent's weights file differs from the one the run
+    recorded when it started (a run from before the record was kept is not checked)."""
+    recorded = read_parent_record(config.out_dir).get("weights_sha256")
+    if not isinstance(recorded, str):
+        return
+    parent = config.parent
+    if recorded != parent.weights_sha256:
+        raise InitFromError(
+            f"cannot resume {config.out_dir}: its reference, {parent.directory / WEIGHTS_FILE} (train.init_from), "
+            f"changed since the run started (sha256 {recorded[:12]}... in {PARENT_FILE}, "
+            f"{parent.weights_sha256[:12]}... now), and the rest of the run would measure itself against other "
+            "weights; put the parent's weights back to resume, or train a new run (another run.out_dir) from the new ones"
+        )

@@ -69,8 +69,9 @@ def accumulate_gradients(
 class Task(ABC):
     """The part of a training run that depends on what it learns from."""
 
-    is_chat: bool
-    sample_prompt: str | None  # what text samples continue (None: a chat run replies instead)
+    # What the evaluation's samples continue (a text run), or the question they answer (an RL run); None
+    # for a chat run, which replies to held-out conversations.
+    sample_prompt: str | None
 
     def __init__(self, prepared: Any, device: torch.device) -> None:
         self.prepared = prepared
@@ -110,13 +111,39 @@ class Task(ABC):
         """Fields a training line of the metrics file adds for this task."""
         return {}
 
-    def final_words(self, result: EvalResult) -> str | None:
-        """The final evaluation in a few words for the command line, when its loss and bits per
-        byte do not say it (None: they do)."""
+    def final_words(self, result: EvalResult) -> str:
+        """The final evaluation's score in a few words, for the run's summary and its last line."""
+        return f"{result.bpb:.4f} bits/byte ({result.loss:.4f} nats/token)"
+
+    def final_note(self, result: EvalResult) -> str | None:
+        """A line the summary adds on what the final evaluation measured beside its score (None: none)."""
         return None
 
-    def train_token_count(self) -> int | None:
-        """Tokens in the training split, for the epochs a budget covers (None: not counted)."""
+    # The kept weights are those of the lowest evaluation loss (``training.kept_model``): what that
+    # loss is, as the summary names it, and its value in words (``kept_score``).
+    kept_by = "validation loss"
+
+    def kept_score(self, loss: float) -> str:
+        """An evaluation's loss on the subset, as ``kept_by`` reads it."""
+        return f"{loss:.4f} nats/token"
+
+    def final_metrics(self, model: nn.Module) -> dict[str, float]:
+        """What the final evaluation measures beyond its score, under the names the metrics file
+        keeps (prefixed ``val_``); run on the main process alone, with the whole model."""
+        return {}
+
+    def steps_per_epoch(self, rows_per_step: int) -> float | None:
+        """Optimizer steps of ``rows_per_step`` rows that pass once over the training split, for the
+        epochs a budget covers (None: not counted for this task)."""
+        return None
+
+    def many_epochs_warning(self, passes: float) -> str:
+        """The one-line warning for a budget of ``passes`` over the training split (more than
+        ``training.kept_model.MANY_EPOCHS``)."""
+        return f"warning: the budget is about {passes:.0f} epochs of the training split"
+
+    def start_warning(self) -> str | None:
+        """A warning about the prepared data, said once when the run starts (None: nothing to say)."""
         return None
 
     def state_dict(self) -> dict[str, Any]:

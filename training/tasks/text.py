@@ -13,14 +13,13 @@ from training.adapters import Adapters
 from training.attention_probe import attention_probe
 from training.config import Config
 from training.evaluate import evaluate, generate_sample
+from training.kept_model import small_corpus_warning
 from training.rng_state import capture_rng_state, restore_rng_state
 from training.tasks.task import Batches, Task, accumulate_gradients, fitted, sample_line
 
 
 class TextTask(Task):
     """Next-token prediction over documents: every target counts."""
-
-    is_chat = False
 
     def __init__(self, prepared: Any, config: Config, device: torch.device) -> None:
         super().__init__(prepared, device)
@@ -57,8 +56,12 @@ class TextTask(Task):
             return None, 0
         return loss, sum(computed) * ctx.world_size
 
-    def train_token_count(self):
-        return len(self.prepared.train_tokens())
+    def steps_per_epoch(self, rows_per_step):
+        return len(self.prepared.train_tokens()) / (rows_per_step * self.block_size)
+
+    def many_epochs_warning(self, passes):
+        corpus = len(self.prepared.train_tokens())
+        return small_corpus_warning(passes * corpus, corpus)
 
     def evaluate(self, model, **shared):
         return evaluate(model, self.val_tokens, self.token_bytes, block_size=self.block_size, **shared)
@@ -80,7 +83,7 @@ class TextTask(Task):
 
 
 def build(config: Config, tokenizer_file: Path | None, *, progress: bool, is_main: bool, device: torch.device,
-          adapters: Adapters) -> TextTask:
+          adapters: Adapters, resume: bool = False) -> TextTask:
     """The documents of ``config.data``, tokenized with ``tokenizer_file`` (None: train one)."""
     prepared = prepare_data(config.data, progress=progress, is_main=is_main, tokenizer_file=tokenizer_file)
     return TextTask(fitted(prepared, config), config, device)

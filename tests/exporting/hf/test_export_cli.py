@@ -24,7 +24,8 @@ def test_folder_holds_what_transformers_and_the_hub_need(make_export):
     assert config["tie_word_embeddings"] is True and config["max_position_embeddings"] == BLOCK_SIZE
     generation = read_json(folder / "generation_config.json")
     assert generation["eos_token_id"] == [0, 4]  # <|endoftext|>, <|end|>
-    assert generation["suppress_tokens"] == [1, 2, 3]  # <|system|>, <|user|>, <|assistant|>
+    # <|system|>, <|user|>, <|assistant|>, <|tool|>: never sampled (<|call|> is, for a caller offering tools)
+    assert generation["suppress_tokens"] == [1, 2, 3, 5]
     # A call that names no length stays in the window; one that names max_new_tokens replaces it.
     assert generation["max_new_tokens"] == BLOCK_SIZE // 2 and "max_length" not in generation
     tokenizer_config = read_json(folder / "tokenizer_config.json")

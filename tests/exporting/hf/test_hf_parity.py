@@ -198,6 +198,40 @@ def test_chat_template_renders_like_ours(make_export, chat_tokenizer):
         assert list(ids) == render_chat(ours, messages, add_generation_prompt=prompt).ids
 
 
+@pytest.mark.parametrize("arguments", ['{"expression":"347*812"}', {"expression": "347*812", "note": "é"}],
+                         ids=["openai-text", "transformers-object"])
+def test_chat_template_renders_tools_and_results_like_ours(make_export, chat_tokenizer, arguments):
+    """transformers passes ``tools=`` and the messages' ``tool_calls`` (arguments as OpenAI's text
+    or as the object its docs show) and ``tool`` results to the template: our ids, every time."""
+    from data import load_tokenizer
+    from data.chat import chat_text, render_chat, to_messages
+    from tools import BUILT_IN
+
+    _, folder = make_export()
+    ours = load_tokenizer(chat_tokenizer)
+    theirs = transformers.AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+    call = {"id": "call_1", "type": "function", "function": {"name": "calculator", "arguments": arguments}}
+    conversation = [
+        {"role": "system", "content": "You can calculate."},
+        {"role": "user", "content": "What is 347*812? Café 😀"},
+        {"role": "assistant", "content": "Let me see.", "tool_calls": [call, call]},
+        {"role": "tool", "tool_call_id": "call_1", "name": "calculator", "content": "281764"},
+        {"role": "tool", "tool_call_id": "call_1", "content": "281764"},
+        {"role": "assistant", "content": "281764"},
+        {"role": "user", "content": "And again?"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "281764"},
+    ]
+    tools = [BUILT_IN["calculator"].schema()]
+    messages = to_messages(conversation)
+    for prompt in (False, True):
+        text = theirs.apply_chat_template(conversation, tools=tools, tokenize=False, add_generation_prompt=prompt)
+        assert text == chat_text(messages, add_generation_prompt=prompt)
+        ids = theirs.apply_chat_template(conversation, tools=tools, tokenize=True, add_generation_prompt=prompt)
+        ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+        assert list(ids) == render_chat(ours, messages, add_generation_prompt=prompt).ids
+
+
 def test_the_model_cards_recipe_keeps_typed_control_tokens_as_text(make_export, chat_tokenizer):
     """apply_chat_template turns typed control tokens into real ones (what the card warns about);
     the card's encode_chat gives exactly the ids our own renderer does, which keeps them text."""

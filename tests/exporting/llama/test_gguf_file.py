@@ -45,7 +45,8 @@ def test_tokenizer_is_the_runs_byte_level_bpe(gguf_file):
     assert metadata["tokenizer.ggml.model"] == "gpt2" and metadata["tokenizer.ggml.pre"] == "gpt-2"
     assert metadata["tokenizer.ggml.tokens"] == [by_id[i] for i in range(len(by_id))]
     specials = [tokenizer.token_to_id(token)
-                for token in ("<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>")]
+                for token in ("<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>", "<|tool|>",
+                              "<|call|>")]
     types = metadata["tokenizer.ggml.token_type"]
     assert [i for i, kind in enumerate(types) if kind == 3] == sorted(specials)  # control tokens
     assert set(types) == {1, 3}

@@ -3,11 +3,20 @@ names them, with its defaults."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 from common.config import check_types, require, require_in
+
+# β multiplies a difference of log-ratios of summed reply probabilities inside a sigmoid. Published
+# settings are 0.01 to 1 (TRL's default 0.1); at 10 a margin of a nat already saturates the sigmoid,
+# so the loss counts only the pairs it has wrong; a typo such as 1e300 overflows the rewards, which
+# would then be reported as a divergence the learning rate caused.
+MAX_BETA = 10.0
+# RPO's weight on the chosen replies' NLL: TRL suggests 1; at 10 the NLL outweighs the preference
+# term tenfold and the run is supervised fine-tuning on the chosen replies, and past it a typo
+# overflows the loss.
+MAX_RPO_ALPHA = 10.0
 
 
 @dataclass
@@ -23,8 +32,8 @@ class DPOConfig:
 
     def __post_init__(self) -> None:
         check_types(self, "dpo")
-        require_in(self.beta, "dpo.beta", 0, math.inf, low_open=True, high_open=True)
-        require_in(self.rpo_alpha, "dpo.rpo_alpha", 0, math.inf, high_open=True, note=" (0 = plain DPO)")
+        require_in(self.beta, "dpo.beta", 0, MAX_BETA, low_open=True)
+        require_in(self.rpo_alpha, "dpo.rpo_alpha", 0, MAX_RPO_ALPHA, note=" (0 = plain DPO)")
 
 
 def check_dpo_run(config: Any) -> None:

@@ -144,7 +144,8 @@ def evaluate_preferences(
 ) -> EvalResult:
     """The DPO loss (with RPO's term when ``rpo_alpha``) over held-out pairs, with the preference metrics (``rewards/accuracies``: how
     often the policy prefers the chosen reply more than the reference does) in ``metrics``, and the
-    bits per byte of the chosen replies' text under the policy. ``batch_size`` counts pairs; with
+    bits per byte of the chosen replies under the policy (each reply's <|end|> charged, as a chat
+    run's are). ``batch_size`` counts pairs; with
     several processes each scores every ``world_size``-th batch and the sums are added up."""
     batches = iter_chat_val_batches(split, batch_size, pad_id=pad_id, max_batches=max_batches, device=device,
                                     collate_rows=collate_pairs)
@@ -159,7 +160,7 @@ def evaluate_preferences(
             _, batch_sums, logits = score_pairs(model, reference, x, y, beta, amp, rpo_alpha)
             sums += batch_sums
             n = len(x) // 2
-            nats, nbytes = target_nats_and_bytes(logits[:n], y[:n], token_bytes)
+            nats, nbytes = target_nats_and_bytes(logits[:n], y[:n], token_bytes, charge_zero_byte=True)
             text += torch.stack([nats.double(), nbytes.double(), (y[:n] != -1).sum().double()])
     metrics = metrics_of(all_reduce_sum(sums, ctx))
     nats, nbytes, tokens = all_reduce_sum(text, ctx).tolist()

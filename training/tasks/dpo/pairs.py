@@ -8,19 +8,21 @@ either of TRL's two explicit-prompt shapes:
   ``rejected`` lists that begin with the assistant's reply (e.g. ``[{"role": "assistant", ...}]``).
 
 The shapes may be mixed within a row (a message-list prompt with text replies). Every row is
-checked when read; a bad one is an error naming the file (or dataset) and the row. Held-out pairs
-come as held-out conversations do (``data.sources.conversations.load_examples``).
+checked when read; a bad one is an error naming the file and its line (or the dataset and its row),
+and saying what is wrong with the pair. Held-out pairs come as held-out conversations do
+(``data.sources.conversations.load_examples``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from data.chat import Message, to_messages
 from data.config import DataConfig
 from data.errors import DataError
 from data.sources.conversations import ExampleSet, load_examples
+from data.sources.rows import SourceRows
 
 PREFERENCE_COLUMNS = ("prompt", "chosen", "rejected")
 
@@ -32,6 +34,7 @@ class PreferencePair:
     prompt: tuple[Message, ...]
     chosen: tuple[Message, ...]
     rejected: tuple[Message, ...]
+    where: str = field(default="", compare=False)  # the file and line it came from, for errors about it
 
     def to_row(self) -> dict[str, Any]:
         """The pair as a conversational row, the shape ``pair_from_row`` reads back."""
@@ -46,24 +49,25 @@ def load_preferences(cfg: DataConfig, *, progress: bool = False) -> ExampleSet:
     return load_examples(cfg, dataset_preferences, progress=progress)
 
 
-def dataset_preferences(dataset: Any, description: str) -> list[PreferencePair]:
-    columns = list(dataset.column_names or [])
-    missing = [c for c in PREFERENCE_COLUMNS if c not in columns]
+def dataset_preferences(source: SourceRows) -> list[PreferencePair]:
+    missing = [c for c in PREFERENCE_COLUMNS if c not in source.columns]
     if missing:
         raise DataError(
-            f"{description} has no {', '.join(repr(c) for c in missing)} column (columns: {', '.join(columns) or 'none'}): "
-            "give each pair as prompt, chosen and rejected, as text or as lists of {role, content} messages"
+            f"{source.description} has no {', '.join(repr(c) for c in missing)} column (columns: "
+            f"{', '.join(source.columns) or 'none'}): give each pair as prompt, chosen and rejected, as text or as "
+            "lists of {role, content} messages"
         )
-    return [pair_from_row(row, f"{description} row {i}") for i, row in enumerate(dataset)]
+    return [pair_from_row(row, where) for where, row in source.rows]
 
 
 def pair_from_row(row: dict[str, Any], where: str) -> PreferencePair:
     """One row (either shape) as a checked pair; ``where`` names the row in errors."""
     try:
-        prompt = _part(row["prompt"], "user", "prompt")
+        prompt = _part(row.get("prompt"), "user", "prompt")
         if prompt[-1].role == "assistant":
             raise DataError("the prompt ends with an assistant turn; the replies to compare belong in chosen/rejected")
-        return PreferencePair(prompt, _reply(row["chosen"], "chosen"), _reply(row["rejected"], "rejected"))
+        return PreferencePair(prompt, _reply(row.get("chosen"), "chosen"),
+                              _reply(row.get("rejected"), "rejected"), where)
     except DataError as e:
         raise DataError(f"{where}: {e}") from None
 
@@ -78,7 +82,7 @@ def _reply(raw: object, name: str) -> tuple[Message, ...]:
 def _part(raw: object, text_role: str, name: str) -> tuple[Message, ...]:
     """Text as one ``text_role`` turn, or a checked non-empty list of messages."""
     if raw is None:  # a column other rows of the file have
-        raise DataError(f"{name} is missing")
+        raise DataError(f"the pair has no {name}; give it prompt, chosen and rejected")
     if isinstance(raw, str):
         return (Message(text_role, raw),)
     try:

@@ -29,33 +29,43 @@ of those that repeat a 4-gram, greedy and sampled).
 
 The prompts come from the plays the chat run trained on (``--split train``, the default), so the
 held-out plays that ``benchmarks.chat_eval`` replies to stay unseen by DPO too.
+
+``--out`` is checked before any reply is made (a writable folder, no file in the way), and written
+whole or not at all; a full disk is one line, and Ctrl-C or SIGTERM stop the work at once, with
+nothing written, exiting 130 or 143.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
 import torch
+from tqdm import tqdm
 
-from common.cli import ArgumentParser, path_arg, run_command
+from common.cli import ArgumentParser, path_arg, run_stoppable
 from common.errors import UserError
 from common.files import atomic_write_text
+from common.os_errors import describe_os_error, with_path
 from common.threads import add_threads_argument, parse_threads, use_threads
 from data.chat import ChatTokenIds, ChatTooLong, Message, encode_plain, fit_for_reply
 from data.config import DataConfig
 from data.repetition import before_repeat, looping_prefix, repeats_ngram
 from data.sources.conversations import load_conversations
-from inference.engine import Finish, decode
+from inference.engine import Event, Finish, decode
 from inference.sampling import SamplingSettings
 from model.gpt import eval_mode
 from rundir.loading import LoadedRun, load_run
 from training.tasks.dpo.pairs import PreferencePair
 
 ROWS_PER_DECODE = 256  # replies decoded together: one engine, one cache of this many rows
+# Continuations per looping prompt: the set pairs one of them, the nearest the loop in words, so a few
+# dozen already find a good one where there is any; more is a typo that would hold every one in memory.
+MAX_SAMPLES = 256
 
 
 @dataclass(frozen=True)
@@ -89,6 +99,7 @@ def first_exchange_prompts(split: str, count: int) -> list[list[Message]]:
     of the Shakespeare chat set (split as ``configs/tiny-chat.yaml`` splits it)."""
     conversations = load_conversations(DataConfig(source="shakespeare", format="chat"))
     chosen = conversations.train if split == "train" else conversations.val
+    count = min(count, len(chosen))  # every conversation once at most
     rows = sorted({round(i * (len(chosen) - 1) / max(count - 1, 1)) for i in range(count)})
     prompts = []
     for row in rows:
@@ -104,9 +115,11 @@ def continuation_is_good(start: str, finish: Finish, end_id: int) -> bool:
     return bool(finish.token_ids) and finish.token_ids[-1] == end_id and not repeats_ngram(start + finish.text)
 
 
-def build_preference_set(run: LoadedRun, prompts: list[list[Message]], settings: SetSettings) -> PreferenceSet:
+def build_preference_set(run: LoadedRun, prompts: list[list[Message]], settings: SetSettings, *,
+                         progress: bool = False) -> PreferenceSet:
     """Reply greedily to each prompt with ``run``; where that reply loops, sample
-    ``settings.samples`` continuations from where the loop begins, and pair a good one against it."""
+    ``settings.samples`` continuations from where the loop begins, and pair a good one against it.
+    ``progress``: a bar for each of the two rounds of replies."""
     special = ChatTokenIds.of(run.tokenizer)
     fitted: list[tuple[list[Message], list[int]]] = []
     for messages in prompts:
@@ -114,25 +127,37 @@ def build_preference_set(run: LoadedRun, prompts: list[list[Message]], settings:
             fitted.append((messages, fit_for_reply(run.tokenizer, messages, run.block_size).chat.ids))
         except ChatTooLong:
             continue  # a speech longer than the window: nothing to reply to
-    greedy = sample_replies(run, [ids for _, ids in fitted], replace(settings, temperature=0.0, top_p=None))
+    with _bar(len(fitted), "greedy replies", progress) as bar:
+        greedy = sample_replies(run, [ids for _, ids in fitted], replace(settings, temperature=0.0, top_p=None), bar)
     looping = [i for i, finish in enumerate(greedy) if repeats_ngram(finish.text)]
     starts = [before_repeat(greedy[i].text) for i in looping]
     # Each continuation is sampled after its reply's start, as the chat format renders that text.
     start_ids = encode_plain(run.tokenizer, starts) if starts else []
     resumed = [fitted[i][1] + ids for i, ids in zip(looping, start_ids) for _ in range(settings.samples)]
-    continuations = sample_replies(run, resumed, settings) if resumed else []
+    with _bar(len(resumed), "continuations of the loops", progress) as bar:
+        continuations = sample_replies(run, resumed, settings, bar) if resumed else []
     built = pair_replies([fitted[i][0] for i in looping], [greedy[i] for i in looping], continuations,
                          settings.samples, special.end)
     built.prompts, built.replies = len(fitted), len(fitted) + len(continuations)
     return built
 
 
-def sample_replies(run: LoadedRun, prompt_ids: list[list[int]], settings: SetSettings) -> list[Finish]:
+def _bar(total: int, what: str, enabled: bool) -> tqdm:
+    return tqdm(total=total, desc=what, unit=" replies", disable=not enabled, dynamic_ncols=True)
+
+
+def sample_replies(run: LoadedRun, prompt_ids: list[list[int]], settings: SetSettings,
+                   bar: tqdm | None = None) -> list[Finish]:
     """A reply to each prompt through the engine, reply i seeded ``settings.seed + i`` (or greedy at
     temperature 0), as a chat samples it: role tokens suppressed, ended by ``<|end|>`` or
-    ``<|endoftext|>`` (kept in the token ids, never in the text)."""
+    ``<|endoftext|>`` (kept in the token ids, never in the text). ``bar`` counts the finished replies."""
     special = ChatTokenIds.of(run.tokenizer)
     finishes: list[Finish] = []
+
+    def count(row: int, event: Event) -> None:
+        if event.finish is not None and bar is not None:
+            bar.update(1)
+
     for start in range(0, len(prompt_ids), ROWS_PER_DECODE):
         sampling = SamplingSettings(max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
                                     top_p=settings.top_p, seed=settings.seed + start,
@@ -140,7 +165,7 @@ def sample_replies(run: LoadedRun, prompt_ids: list[list[int]], settings: SetSet
         with eval_mode(run.model):
             # token_bytes: the engine then gives each reply's text, as a chat shows it.
             finishes += decode(run.model, prompt_ids[start:start + ROWS_PER_DECODE], sampling,
-                               token_bytes=run.token_bytes, end_ids=special.reply_end_ids, slide=False)
+                               token_bytes=run.token_bytes, end_ids=special.reply_end_ids, slide=False, on_event=count)
     return finishes
 
 
@@ -166,8 +191,11 @@ def pair_replies(prompts: list[list[Message]], loops: list[Finish], continuation
 
 
 def write_preference_set(path: Path, pairs: list[PreferencePair]) -> None:
-    """The pairs as JSON lines, written whole or not at all."""
-    atomic_write_text(path, "".join(json.dumps(pair.to_row(), ensure_ascii=False) + "\n" for pair in pairs))
+    """The pairs as JSON lines, written whole or not at all; a failure names ``path``."""
+    try:
+        atomic_write_text(path, "".join(json.dumps(pair.to_row(), ensure_ascii=False) + "\n" for pair in pairs))
+    except OSError as e:  # a failed write or sync names no file
+        raise with_path(e, path) from None
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -179,31 +207,61 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--overwrite", action="store_true", help="replace --out when it exists")
     parser.add_argument("--split", choices=("train", "val"), default="train",
                         help="the plays whose user turns are the prompts (default: train)")
-    parser.add_argument("--prompts", type=int, default=defaults.prompts)
+    parser.add_argument("--prompts", type=int, default=defaults.prompts,
+                        help="user turns to reply to, spread evenly over the split; those longer than the run's "
+                             f"window are left out (default: {defaults.prompts})")
     parser.add_argument("--samples", type=int, default=defaults.samples,
-                        help="continuations sampled, from where the loop begins, per prompt whose greedy reply loops")
-    parser.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens)
-    parser.add_argument("--temperature", type=float, default=defaults.temperature)
-    parser.add_argument("--seed", type=int, default=defaults.seed)
+                        help="continuations sampled, from where the loop begins, per prompt whose greedy reply loops "
+                             f"(default: {defaults.samples})")
+    parser.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens,
+                        help=f"the longest reply, in tokens (default: {defaults.max_new_tokens})")
+    parser.add_argument("--temperature", type=float, default=defaults.temperature,
+                        help=f"the continuations' sampling temperature (default: {defaults.temperature}, as "
+                             "generate.py --chat)")
+    parser.add_argument("--seed", type=int, default=defaults.seed,
+                        help=f"continuation i is sampled from seed + i (default: {defaults.seed})")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     add_threads_argument(parser)
     return parser
+
+
+def check_out(out: Path, overwrite: bool) -> None:
+    """Refuse, before any work, an --out that cannot be written: a file in the way of its folder, a
+    folder where the file goes, or a folder this process cannot write in (read-only, no permission)."""
+    if out.suffix != ".jsonl":
+        raise UserError(f"--out {out} must end in .jsonl (data.files reads the format from the name)")
+    if out.is_dir():
+        raise UserError(f"--out {out} is a folder; name the .jsonl file to write")
+    if out.exists() and not overwrite:
+        raise UserError(f"{out} exists; pass --overwrite to replace it, or choose another --out")
+    folder = out.absolute().parent
+    while not folder.exists():  # the folders still to make: what matters is the first that exists
+        folder = folder.parent
+    if not folder.is_dir():
+        raise UserError(f"--out {out}: {folder} is a file, not a folder; choose another --out")
+    try:  # the one sure test of a folder's writability: write in it (the probe leaves nothing behind)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise UserError(f"--out {out}: {describe_os_error(e, folder)}") from None
 
 
 def _command(args: argparse.Namespace) -> int:
     for name in ("prompts", "samples", "max_new_tokens"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.samples > MAX_SAMPLES:
+        raise UserError(f"--samples must be at most {MAX_SAMPLES}, got {args.samples:,}: the set keeps one "
+                        "continuation of each loop, and every one sampled is held in memory")
     if not 0 < args.temperature <= 10:
         raise UserError(f"--temperature must be in (0, 10], got {args.temperature}: the replies must differ")
-    if args.out.suffix != ".jsonl":
-        raise UserError(f"--out {args.out} must end in .jsonl (data.files reads the format from the name)")
-    if args.out.exists() and not args.overwrite:
-        raise UserError(f"{args.out} exists; pass --overwrite to replace it, or choose another --out")
+    check_out(args.out, args.overwrite)
     use_threads(parse_threads(args.threads))  # two threads on a core shared with others crawl
     run = load_run(args.run, torch.device("cpu"))
     settings = SetSettings(prompts=args.prompts, samples=args.samples, max_new_tokens=args.max_new_tokens,
                            temperature=args.temperature, seed=args.seed)
-    built = build_preference_set(run, first_exchange_prompts(args.split, args.prompts), settings)
+    built = build_preference_set(run, first_exchange_prompts(args.split, args.prompts), settings,
+                                 progress=not args.no_progress)
     if not built.pairs:
         raise UserError(f"no prompt of {built.prompts} gave a looping greedy reply with a good continuation from {args.run}; "
                         "raise --prompts, --samples or --max-new-tokens, or use another run")
@@ -217,7 +275,7 @@ def _command(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return run_command(_parser(), argv, _command)
+    return run_stoppable(_parser(), argv, _command)
 
 
 if __name__ == "__main__":

@@ -81,15 +81,26 @@ class PreparedPreferences(PreparedSequences[PreferenceSplit]):
                 raise DataError(f"{_WHAT} in {self.directory} does not match its {split} counts; {cache.REBUILD_ADVICE}")
 
 
-def render_pair(tokenizer: Tokenizer, pair: PreferencePair, window: int) -> tuple[RenderedChat, RenderedChat, int] | None:
+class PairTooLong(DataError):
+    """A reply pair that no cut of its prompt fits in the window; the message says which part is too long."""
+
+
+def render_pair(tokenizer: Tokenizer, pair: PreferencePair, window: int) -> tuple[RenderedChat, RenderedChat, int]:
     """(prompt + chosen, prompt + rejected, messages dropped from the prompt) within ``window``
-    tokens, the loss mask on the replies alone; None when a reply leaves no room for a prompt."""
+    tokens, the loss mask on the replies alone; PairTooLong when even the prompt's last message
+    leaves no room for the longer reply."""
     replies = [render_chat(tokenizer, reply) for reply in (pair.chosen, pair.rejected)]
-    room = window - max(len(reply.ids) for reply in replies) + 1  # the reply's role token is the prompt's
+    reply = max(len(r.ids) for r in replies) - 1  # the reply's role token is the prompt's
     try:
-        fitted = fit_chat(tokenizer, pair.prompt, room, add_generation_prompt=True)
-    except ChatTooLong:
-        return None
+        fitted = fit_chat(tokenizer, pair.prompt, window - reply, add_generation_prompt=True)
+    except ChatTooLong as e:
+        if reply + 1 >= window:
+            raise PairTooLong(f"its longer reply is {reply:,} tokens, more than the whole window ({window - 1:,} "
+                              "tokens, model.block_size); shorten the replies") from None
+        kept = "its last message" + (" and system prompt" if pair.prompt[0].role == "system" else "")
+        raise PairTooLong(f"its prompt needs {e.needed:,} tokens even cut to {kept}, more than the {window - reply:,} "
+                          f"that the window ({window - 1:,} tokens, model.block_size) leaves beside its "
+                          f"{reply:,}-token reply; shorten the prompt") from None
     prompt = fitted.chat.ids
     chosen, rejected = (RenderedChat(prompt + r.ids[1:], [False] * len(prompt) + r.loss_mask[1:]) for r in replies)
     return chosen, rejected, fitted.dropped
@@ -100,11 +111,11 @@ def tokenize_pairs(tokenizer: Tokenizer, pairs: list[PreferencePair], block_size
     sides: dict[str, list[RenderedChat]] = {side: [] for side in _SIDES}
     cut = dropped = 0
     for pair in pairs:
-        rendered = render_pair(tokenizer, pair, block_size + 1)
-        if rendered is None:
+        try:
+            chosen, rejected, messages_dropped = render_pair(tokenizer, pair, block_size + 1)
+        except PairTooLong:
             dropped += 1
             continue
-        chosen, rejected, messages_dropped = rendered
         cut += messages_dropped > 0
         sides["chosen"].append(chosen)
         sides["rejected"].append(rejected)
@@ -112,6 +123,16 @@ def tokenize_pairs(tokenizer: Tokenizer, pairs: list[PreferencePair], block_size
     stats = {"pairs": len(split), "cut": cut, "dropped": dropped,
              "chosen_tokens": len(split.chosen.ids), "rejected_tokens": len(split.rejected.ids)}
     return split, stats
+
+
+def _first_too_long(tokenizer: Tokenizer, pairs: list[PreferencePair], block_size: int) -> str:
+    """Where the first pair that does not fit is, and why."""
+    for pair in pairs:
+        try:
+            render_pair(tokenizer, pair, block_size + 1)
+        except PairTooLong as e:
+            return f"{pair.where or 'a pair'}: {e}"
+    return "no pair"
 
 
 def prepare_preference_data(
@@ -131,8 +152,8 @@ def prepare_preference_data(
             splits[name], stats[name] = tokenize_pairs(tokenizer, rows, block_size)
             if len(splits[name]) == 0:
                 raise DataError(
-                    f"no {'training' if name == 'train' else 'held-out'} reply pair of {pairs.description} fits in "
-                    f"block_size {block_size}: use shorter replies or a run with a longer window"
+                    f"no {'training' if name == 'train' else 'held-out'} reply pair fits in model.block_size "
+                    f"{block_size} ({pairs.description}); the first: {_first_too_long(tokenizer, rows, block_size)}"
                 )
         arrays = {f"{name}_{side}": getattr(split, side) for name, split in splits.items() for side in _SIDES}
         return {

@@ -19,6 +19,10 @@ from training.tasks.reference import Reference, reference_for
 from training.tasks.task import Batches, fitted, parent_tokenizer, sample_line
 
 
+# Below this many held-out pairs, rewards/accuracies is too coarse to choose the kept weights by.
+FEW_HELD_OUT_PAIRS = 10
+
+
 class PreferenceTask(ChatTask):
     """Direct preference optimisation (``training.tasks.dpo.loss``) on reply pairs: the model learns to prefer
     each chosen reply over its rejected one, relative to the frozen ``reference``. Its samples are
@@ -44,17 +48,45 @@ class PreferenceTask(ChatTask):
         return evaluate_preferences(model, self.reference, self.prepared.val, self.token_bytes, beta=self.beta,
                                     rpo_alpha=self.rpo_alpha, pad_id=self.prepared.eot_id, **shared)
 
+    @property
+    def kept_by(self) -> str:
+        return f"held-out {self.loss_name}"
+
+    @property
+    def loss_name(self) -> str:
+        return "DPO+RPO loss" if self.rpo_alpha else "DPO loss"
+
+    def kept_score(self, loss):
+        return f"{loss:.4f}"
+
     def eval_line(self, scope, step, result, samples):
-        m = result.metrics
-        loss = "DPO+RPO loss" if self.rpo_alpha else "DPO loss"
-        lines = [f"step {step} {scope}: {loss} {result.loss:.4f}, rewards/accuracies {m['rewards/accuracies']:.3f}, "
-                 f"rewards/margins {m['rewards/margins']:.4f}; {result.bpb:.4f} bits/byte of chosen replies"]
+        note = self.final_note(result)
+        lines = [f"step {step} {scope}: {self.final_words(result)}" + (f"; {note}" if note else "")]
         lines += [sample_line(prompt + reply) for prompt, reply in samples[:1]]
         return "\n".join(lines)
+
+    def final_words(self, result):
+        m = result.metrics
+        return (f"{self.loss_name} {result.loss:.4f}, rewards/accuracies {m['rewards/accuracies']:.3f}, "
+                f"rewards/margins {m['rewards/margins']:.4f} on held-out pairs; {result.bpb:.4f} bits/byte of "
+                "the chosen replies, <|end|> charged")
 
     def train_fields(self, batches):
         metrics = {name: value for name, value in self.step_metrics.items() if name != "loss"}
         return {**metrics, "beta": self.beta, "rpo_alpha": self.rpo_alpha, "padding_fraction": batches.padding_fraction}
+
+    def many_epochs_warning(self, passes):
+        return (f"warning: the budget is about {passes:.0f} epochs of the {len(self.prepared.train):,} training pairs: "
+                "DPO learns so few pairs by heart, and its held-out rewards/accuracies then say little; more pairs "
+                "(or a smaller budget) train a better model")
+
+    def start_warning(self):
+        held_out = len(self.prepared.val)
+        if not 0 < held_out < FEW_HELD_OUT_PAIRS:
+            return None
+        return (f"warning: only {held_out} held-out pair{'s' if held_out != 1 else ''}: rewards/accuracies moves in "
+                f"steps of {1 / held_out:.2f} and the kept weights are chosen on so few; give more pairs or raise "
+                "data.val_fraction")
 
     def describe_batches(self, batches):
         return (f"preference batches: {len(self.prepared.train)} training pairs, each a chosen and a rejected row; "
@@ -62,7 +94,7 @@ class PreferenceTask(ChatTask):
 
 
 def build(config: Config, tokenizer_file: Path | None, *, progress: bool, is_main: bool, device: torch.device,
-          adapters: Adapters) -> PreferenceTask:
+          adapters: Adapters, resume: bool = False) -> PreferenceTask:
     """The reply pairs of ``config.data``, rendered with the parent run's tokenizer, and the parent
     as the frozen reference."""
     tokenizer_file = parent_tokenizer(config, tokenizer_file)
@@ -71,4 +103,5 @@ def build(config: Config, tokenizer_file: Path | None, *, progress: bool, is_mai
                           "reference model would still be a whole copy on every process")
     prepared = prepare_preference_data(config.data, tokenizer_file, config.model.block_size, progress=progress,
                                        is_main=is_main)
-    return PreferenceTask(fitted(prepared, config), device, reference_for(config, adapters, device), config.dpo)
+    reference = reference_for(config, adapters, device, resume=resume)
+    return PreferenceTask(fitted(prepared, config), device, reference, config.dpo)

@@ -3,12 +3,28 @@ cannot work with GRPO."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from common.config import ConfigError, check_types, require, require_in
-from training.tasks.grpo.rewards import reward_function
+from training.tasks.grpo.rewards import RewardError, reward_function
+
+# Every question is rendered and tokenized when the run starts and held in memory; a million is far
+# past any held-out set or a run's epoch of GRPO steps, so more is a typo, refused before the work.
+MAX_PROBLEMS = 1_000_000
+# Completions per question, sampled and held together (a step decodes batch x group_size rows at
+# once, an evaluation batch x eval_samples). GRPO's groups are 4 to 64 (TRL's default 8, DeepSeekMath
+# 64); 1024 leaves room for any of them, and a larger group is a typo long before it is a plan.
+MAX_GROUP = 1024
+# The KL weight: group normalisation keeps the advantages near 1, so at 10 the penalty already
+# outweighs the reward tenfold and the policy only holds still; past it a typo such as 1e300 overflows
+# the loss, which would then be reported as a divergence the learning rate caused.
+MAX_KL_BETA = 10.0
+# The sampling temperature. Below 0.1 sampling is nearly greedy: a group's replies agree, their
+# advantages are zero and nothing is learned, while the log-probabilities of logits / T reach
+# hundreds of nats, where the ratio exp(log π − log π_old) overflows. Above 10 every reply is noise
+# over the whole vocabulary.
+TEMPERATURES = (0.1, 10.0)
 
 
 @dataclass
@@ -27,6 +43,9 @@ class ArithmeticConfig:
         check_types(self, "rl.arithmetic")
         require(self.train_problems >= 1 and self.val_problems >= 1,
                 "rl.arithmetic.train_problems and val_problems must be >= 1")
+        require(self.train_problems + self.val_problems <= MAX_PROBLEMS,
+                f"rl.arithmetic asks for {self.train_problems + self.val_problems:,} problems, more than the "
+                f"{MAX_PROBLEMS:,} a run renders and holds at its start; lower train_problems/val_problems")
         require(self.max_operand >= 1, f"rl.arithmetic.max_operand must be >= 1 (got {self.max_operand})")
         require(self.operations != "" and set(self.operations) <= set("+-*") and
                 len(set(self.operations)) == len(self.operations),
@@ -62,19 +81,24 @@ class RLConfig:
         check_types(self, "rl")
         require(self.group_size >= 2, f"rl.group_size must be >= 2: advantages compare completions within a group "
                                       f"(got {self.group_size})")
+        require(self.group_size <= MAX_GROUP, f"rl.group_size must be at most {MAX_GROUP}: a step samples every "
+                                              f"completion of its questions at once (got {self.group_size:,})")
         require(self.max_new_tokens >= 1, f"rl.max_new_tokens must be >= 1 (got {self.max_new_tokens})")
-        require_in(self.temperature, "rl.temperature", 0, 10, low_open=True)
-        require_in(self.beta, "rl.beta", 0, math.inf, high_open=True, note=" (0: no KL penalty)")
+        require_in(self.temperature, "rl.temperature", *TEMPERATURES)
+        require_in(self.beta, "rl.beta", 0, MAX_KL_BETA, note=" (0: no KL penalty)")
+        # The ratio is clipped to [1 - ε, 1 + ε]; at ε >= 1 the lower bound is gone (a ratio is > 0).
         require_in(self.epsilon, "rl.epsilon", 0, 1, low_open=True, high_open=True)
         require(self.updates_per_batch >= 1, f"rl.updates_per_batch must be >= 1 (got {self.updates_per_batch})")
-        require(self.eval_samples >= 1, f"rl.eval_samples must be >= 1 (got {self.eval_samples})")
+        require(1 <= self.eval_samples <= MAX_GROUP,
+                f"rl.eval_samples must be 1 to {MAX_GROUP}: each held-out question's samples are decoded at once "
+                f"(got {self.eval_samples:,})")
         require(self.task == "arithmetic", f"rl.task must be arithmetic, the one built-in task (got {self.task!r})")
         require(bool(self.rewards), "rl.rewards is empty; name at least one, e.g. [correct]")
         require(len(set(self.rewards)) == len(self.rewards), f"rl.rewards names one twice: {self.rewards}")
         for name in self.rewards:
             try:
                 reward_function(name)
-            except ValueError as e:
+            except RewardError as e:
                 raise ConfigError(f"rl.rewards: {e}") from None
 
 

@@ -13,17 +13,39 @@ Adding one, in a module of your own (say ``my_rewards.py`` beside ``train.py``):
 
 and name it ``my_rewards:short`` in the config (``rl.rewards: [correct, "my_rewards:short"]``).
 A name without a colon is one of ``BUILT_IN``'s.
+
+A user's function is checked when the config is read (it imports, it is a function, it takes those
+three arguments), and every value it returns is checked when it is called: a finite number within
+``MAX_REWARD``. Whatever it raises, ``SystemExit`` included, becomes a ``RewardError``: one line naming
+the reward, what it returned or raised, and the question it was scoring. ``KeyboardInterrupt`` is
+left alone, so Ctrl-C stops a run inside a reward as it does anywhere else.
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
+import math
 import re
+from dataclasses import dataclass
 from typing import Any, Callable
+
+from common.errors import UserError, one_line
 
 RewardFunction = Callable[[str, str, dict[str, Any]], float]
 
+# The largest reward (in magnitude) a function may return. The advantages do not depend on the
+# rewards' scale (each is divided by its group's deviation), but the deviation is computed in fp32:
+# squares of rewards past about 1e19 overflow it, and at 1e6 fp32 still tells two rewards 0.1 apart.
+# Rewards are scores (the built-in ones 0 to 1), so anything larger is a bug in the function.
+MAX_REWARD = 1e6
+_SHOWN = 80  # characters of a question, reply or returned value a message quotes
+
 _INTEGER = re.compile(r"-?\d+")
+
+
+class RewardError(UserError):
+    """A reward function that cannot be imported or called, or that failed on a reply."""
 
 
 def correct(prompt: str, completion: str, row: dict[str, Any]) -> float:
@@ -48,19 +70,77 @@ def closeness(prompt: str, completion: str, row: dict[str, Any]) -> float:
 BUILT_IN: dict[str, RewardFunction] = {"correct": correct, "integer_format": integer_format, "closeness": closeness}
 
 
-def reward_function(name: str) -> RewardFunction:
-    """The function ``name`` means: a built-in one, or ``module:function`` imported. Raises
-    ValueError with a one-line message naming the problem."""
+@dataclass(frozen=True)
+class Reward:
+    """A reward function under the name the config gives it, whose every score is checked."""
+
+    name: str
+    function: RewardFunction
+
+    def __call__(self, prompt: str, completion: str, row: dict[str, Any]) -> float:
+        """The function's score of ``completion``, a finite float; a RewardError naming the reward and
+        the question otherwise."""
+        where = f"for the question {_shown(prompt)} (reply {_shown(completion)})"
+        try:
+            value = self.function(prompt, completion, row)
+        except (Exception, SystemExit) as e:  # SystemExit: a sys.exit() in the user's code
+            raise RewardError(f"reward {self.name!r} {_raised(e)} {where}; fix the function") from None
+        score = _as_float(value)
+        if score is None or not -MAX_REWARD <= score <= MAX_REWARD:  # NaN fails both comparisons
+            raise RewardError(f"reward {self.name!r} returned {_shown(value)} {where}; a reward must return a "
+                              f"finite number from {-MAX_REWARD:g} to {MAX_REWARD:g}")
+        return score
+
+
+def reward_function(name: str) -> Reward:
+    """The reward ``name`` means: a built-in one, or ``module:function`` imported and checked to be a
+    function of (prompt, completion, row). Raises RewardError with a one-line message."""
     if ":" not in name:
         if name not in BUILT_IN:
-            raise ValueError(f"unknown reward {name!r}: use one of {', '.join(BUILT_IN)} or module:function")
-        return BUILT_IN[name]
+            raise RewardError(f"unknown reward {name!r}: use one of {', '.join(BUILT_IN)} or module:function")
+        return Reward(name, BUILT_IN[name])
     module_name, _, attribute = name.partition(":")
     try:
         module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ValueError(f"reward {name!r}: cannot import {module_name} ({e})") from None
+    except ModuleNotFoundError as e:
+        raise RewardError(f"reward {name!r}: there is no module {e.name or module_name!r}; put {module_name}.py "
+                          "beside train.py or on PYTHONPATH") from None
+    except (Exception, SystemExit) as e:  # a syntax error, or an error (or exit) while the module runs
+        raise RewardError(f"reward {name!r}: importing {module_name} {_raised(e)}; fix the module") from None
     function = getattr(module, attribute, None)
     if not callable(function):
-        raise ValueError(f"reward {name!r}: {module_name} has no function {attribute!r}")
-    return function
+        raise RewardError(f"reward {name!r}: {module_name} has no function {attribute!r}")
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):  # a callable whose signature cannot be read: its calls are checked
+        signature = None
+    if signature is not None:
+        try:
+            signature.bind("prompt", "completion", {})
+        except TypeError as e:
+            raise RewardError(f"reward {name!r}: {attribute}{signature} cannot be called as (prompt, completion, "
+                              f"row) ({e}); give it those three arguments") from None
+    return Reward(name, function)
+
+
+def _as_float(value: Any) -> float | None:
+    """``value`` as a float when it is a number (a bool, a numpy or one-element torch scalar too)."""
+    if isinstance(value, (str, bytes)) or not hasattr(type(value), "__float__"):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError, OverflowError, RuntimeError):  # a tensor of several values, say
+        return None
+
+
+def _raised(error: BaseException) -> str:
+    if isinstance(error, SystemExit):
+        return f"called sys.exit({error.code!r})"
+    if isinstance(error, SyntaxError):
+        return f"failed: {error.msg} at {error.filename} line {error.lineno}"
+    return f"raised {one_line(error, with_type=True)}"
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= _SHOWN else text[:_SHOWN - 3] + "..."

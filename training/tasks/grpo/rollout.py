@@ -14,9 +14,9 @@ from torch import nn
 from inference.engine import decode
 from inference.sampling import SamplingSettings
 from model.gpt import eval_mode
-from training.distributed import DistContext, all_reduce_sum
+from training.distributed import DistContext, all_gather_rows, all_reduce_sum, shared_failure
 from training.tasks.grpo.loss import Amp, Rollout, group_advantages, target_logps
-from training.tasks.grpo.rewards import RewardFunction
+from training.tasks.grpo.rewards import Reward, RewardFunction
 from training.tasks.reference import Reference
 
 
@@ -44,7 +44,7 @@ class Sampler:
     end_ids: tuple[int, ...]
     suppress_ids: tuple[int, ...]
     token_bytes: Sequence[bytes]
-    rewards: dict[str, RewardFunction]
+    rewards: dict[str, Reward]
 
     def settings(self, seed: int) -> SamplingSettings:
         # No top-k or top-p: the loss's log-probabilities are those of the distribution sampled.
@@ -63,47 +63,80 @@ class Sampler:
 
     def score(self, questions: Sequence[str], rows: Sequence[dict[str, Any]], texts: Sequence[str],
               copies: int) -> torch.Tensor:
-        """(completions, reward functions) scores; completion i answers question i // copies."""
-        return torch.tensor([[float(fn(questions[i // copies], text, rows[i // copies])) for fn in self.rewards.values()]
+        """(completions, reward functions) scores; completion i answers question i // copies. A
+        reward that fails raises a RewardError naming it and the question."""
+        rewards = self.rewards.values()
+        return torch.tensor([[reward(questions[i // copies], text, rows[i // copies]) for reward in rewards]
                              for i, text in enumerate(texts)], dtype=torch.float32)
+
+
+@dataclass(frozen=True)
+class Questions:
+    """One micro-batch of training questions: their prompts (token ids), texts and rows, and the seed
+    of the first one's first completion (``training.tasks.grpo.batches.PromptDraw``)."""
+
+    prompts: list[list[int]]
+    texts: list[str]
+    rows: list[dict[str, Any]]
+    seed: int
 
 
 @torch.no_grad()
 def sample_rollout(
-    policy: nn.Module, reference: Reference | None, sampler: Sampler, prompts: Sequence[Sequence[int]],
-    questions: Sequence[str], rows: Sequence[dict[str, Any]], *, group_size: int, seed: int, keep_old: bool,
-    pad_id: int, amp: Amp | None = None,
+    policy: nn.Module, reference: Reference | None, sampler: Sampler, batches: Sequence[Questions], *,
+    group_size: int, keep_old: bool, pad_id: int, amp: Amp | None = None, ctx: DistContext = DistContext(),
 ) -> Rollout:
-    """Sample ``group_size`` completions of every prompt, score them and compute what the updates
-    need: advantages, and (in eval mode, without gradients) the reference's log-probabilities and,
-    for several updates, the sampling policy's. The metrics carry TRL's names."""
+    """Sample ``group_size`` completions of every question, one micro-batch of ``batches`` at a time
+    (the rows the update later computes together), score them and compute what the updates need:
+    advantages, and (in eval mode, without gradients) the reference's log-probabilities and, for
+    several updates, the sampling policy's. A reward's failure on any process stops every process.
+    The metrics carry TRL's names and cover the rows of every process."""
     device = next(policy.parameters()).device
-    completions = sampler.complete(policy, prompts, group_size, seed)
-    scores = sampler.score(questions, rows, [text for _, text, _ in completions], group_size)
-    rewards = scores.sum(dim=1)
-    advantages, std = group_advantages(rewards, group_size)
-    grouped_prompts = [p for p in prompts for _ in range(group_size)]
+    completions = [done for part in batches for done in sampler.complete(policy, part.prompts, group_size, part.seed)]
+    questions = [text for part in batches for text in part.texts]
+    rows = [row for part in batches for row in part.rows]
+    texts = [text for _, text, _ in completions]
+    scores = shared_failure(ctx, lambda: sampler.score(questions, rows, texts, group_size))
+    advantages, _ = group_advantages(scores.sum(dim=1), group_size)
+    grouped_prompts = [p for part in batches for p in part.prompts for _ in range(group_size)]
     x, y = collate_completions(grouped_prompts, [ids for ids, _, _ in completions], pad_id, device)
     old = ref = None
-    with eval_mode(policy), amp() if amp is not None else contextlib.nullcontext():
-        if keep_old:
-            old = target_logps(policy(x), y, sampler.temperature)
-        if reference is not None:
-            ref = target_logps(reference.logits(policy, x), y, sampler.temperature)
+    if keep_old or reference is not None:
+        # In the micro-batches the updates use, so no pass holds more rows than an update does.
+        old_parts, ref_parts = [], []
+        with eval_mode(policy), amp() if amp is not None else contextlib.nullcontext():
+            for chunk in torch.arange(len(x), device=device).tensor_split(len(batches)):
+                if keep_old:
+                    old_parts.append(target_logps(policy(x[chunk]), y[chunk], sampler.temperature))
+                if reference is not None:
+                    ref_parts.append(target_logps(reference.logits(policy, x[chunk]), y[chunk], sampler.temperature))
+        old = torch.cat(old_parts) if keep_old else None
+        ref = torch.cat(ref_parts) if reference is not None else None
     lengths = torch.tensor([len(ids) for ids, _, _ in completions], dtype=torch.float32)
-    metrics = {
+    ended = torch.tensor([float(stopped) for _, _, stopped in completions])
+    gathered = [all_gather_rows(values.to(device), ctx).cpu() for values in (scores, lengths, ended)]
+    metrics = rollout_metrics(*gathered, list(sampler.rewards), group_size)
+    return Rollout(x, y, advantages.to(device), old, ref, metrics)
+
+
+def rollout_metrics(scores: torch.Tensor, lengths: torch.Tensor, ended: torch.Tensor, names: list[str],
+                    group_size: int) -> dict[str, float]:
+    """TRL's rollout metrics from every completion's ``scores`` (one column per reward function),
+    length and whether it ended, laid out group after group."""
+    rewards = scores.sum(dim=1)
+    _, std = group_advantages(rewards, group_size)
+    return {
         "reward": rewards.mean().item(),
         "reward_std": std.mean().item(),
         "frac_reward_zero_std": (std.view(-1, group_size)[:, 0] < 1e-6).float().mean().item(),
-        **{f"rewards/{name}/mean": scores[:, j].mean().item() for j, name in enumerate(sampler.rewards)},
-        **{f"rewards/{name}/std": scores[:, j].std().item() for j, name in enumerate(sampler.rewards)},
+        **{f"rewards/{name}/mean": scores[:, j].mean().item() for j, name in enumerate(names)},
+        **{f"rewards/{name}/std": scores[:, j].std().item() for j, name in enumerate(names)},
         "completions/mean_length": lengths.mean().item(),
         "completions/min_length": lengths.min().item(),
         "completions/max_length": lengths.max().item(),
         # Completions cut at max_new_tokens (or the window) before their end token.
-        "completions/clipped_ratio": 1 - sum(ended for _, _, ended in completions) / len(completions),
+        "completions/clipped_ratio": 1 - ended.mean().item(),
     }
-    return Rollout(x, y, advantages.to(device), old, ref, metrics)
 
 
 # --------------------------------------------------------------------------------------------

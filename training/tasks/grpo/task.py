@@ -22,7 +22,7 @@ from training.tasks.grpo.batches import PromptBatches
 from training.tasks.grpo.loss import Rollout, accumulate_grpo_gradients
 from training.tasks.grpo.prompts import prepare_arithmetic_prompts
 from training.tasks.grpo.rewards import correct, reward_function
-from training.tasks.grpo.rollout import Sampler, pass_at_k, sample_rollout
+from training.tasks.grpo.rollout import Questions, Sampler, pass_at_k, sample_rollout
 from training.tasks.reference import Reference, reference_for
 from training.tasks.task import Batches, fitted, parent_tokenizer, sample_line
 
@@ -40,6 +40,7 @@ class RLTask(ChatTask):
         self.device = device
         self.reference = reference
         self.eval_seed = config.eval.sample_seed
+        self.sample_prompt = prepared.val.questions[0]  # a question of the kind it learned to answer
         special = ChatTokenIds.of(self.tokenizer)
         self.sampler = Sampler(self.rl.max_new_tokens, self.rl.temperature, special.reply_end_ids,
                                special.suppress_ids, token_byte_table(self.tokenizer),
@@ -51,20 +52,19 @@ class RLTask(ChatTask):
         self.pending_uses = 0
 
     def batches(self, batch_size: int, *, seed: int, rank: int, world_size: int, device: torch.device) -> Batches:
-        return PromptBatches(len(self.prepared.train), batch_size, seed=seed, rank=rank, world_size=world_size)
+        return PromptBatches(len(self.prepared.train), batch_size, seed=seed, rank=rank, world_size=world_size,
+                             copies=self.rl.group_size)
 
     def accumulate(self, model, batches, micro_steps, *, amp, sync, ctx, stop):
         policy = getattr(model, "module", model)  # DDP's model; the engine decodes with it alone
         if self.pending is None:
             split = self.prepared.train
-            chosen = [i for _ in range(micro_steps) for i in batches.next()]
-            # Drawn from the run's generator, which every checkpoint saves: a resumed run samples the same.
-            seed = int(torch.randint(2**31 - 1, ()))
-            rollout = sample_rollout(
-                policy, self.reference, self.sampler, [split.prompts[i] for i in chosen],
-                [split.questions[i] for i in chosen], [split.rows[i] for i in chosen], group_size=self.rl.group_size,
-                seed=seed, keep_old=self.rl.updates_per_batch > 1, pad_id=self.prepared.eot_id, amp=amp,
-            )
+            draws = [batches.next() for _ in range(micro_steps)]
+            questions = [Questions([split.prompts[i] for i in draw.indices], [split.questions[i] for i in draw.indices],
+                                   [split.rows[i] for i in draw.indices], draw.seed) for draw in draws]
+            rollout = sample_rollout(policy, self.reference, self.sampler, questions, group_size=self.rl.group_size,
+                                     keep_old=self.rl.updates_per_batch > 1, pad_id=self.prepared.eot_id, amp=amp,
+                                     ctx=ctx)
             uses_left = self.rl.updates_per_batch - 1
         else:
             rollout = Rollout.from_state(self.pending, self.device)
@@ -115,17 +115,29 @@ class RLTask(ChatTask):
         k = self.rl.eval_samples
         return f"held-out pass@1 {result.metrics['pass@1']:.3f}, pass@{k} {result.metrics[f'pass@{k}']:.3f}"
 
+    kept_by = "held-out pass@1"
+
+    def kept_score(self, loss):
+        return f"{1 - loss:.3f}"  # the evaluation's loss is the share of samples that fail
+
+    def final_metrics(self, model):
+        return {}  # pass@k is the evaluation itself
+
+    def steps_per_epoch(self, rows_per_step):
+        return None  # a batch of questions serves rl.updates_per_batch steps: not counted
+
     def describe_batches(self, batches):
         return (f"rl: {len(self.prepared.train)} training and {len(self.prepared.val)} held-out questions; "
                 f"{self.rl.group_size} completions of each prompt, rewards {', '.join(self.rl.rewards)}")
 
 
 def build(config: Config, tokenizer_file: Path | None, *, progress: bool, is_main: bool, device: torch.device,
-          adapters: Adapters) -> RLTask:
+          adapters: Adapters, resume: bool = False) -> RLTask:
     """The built-in questions rendered with the parent run's tokenizer, and the parent as the frozen
     reference of the KL penalty (none where ``rl.beta`` is 0)."""
     tokenizer_file = parent_tokenizer(config, tokenizer_file)
     if should_compile(config.train.compile, device):
         raise ConfigError("data.format: rl samples through the engine with the plain model; set train.compile: false")
     prepared = fitted(prepare_arithmetic_prompts(tokenizer_file, **vars(config.rl.arithmetic)), config)
-    return RLTask(prepared, config, device, reference_for(config, adapters, device) if config.rl.beta > 0 else None)
+    reference = reference_for(config, adapters, device, resume=resume) if config.rl.beta > 0 else None
+    return RLTask(prepared, config, device, reference)

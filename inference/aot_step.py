@@ -1,0 +1,220 @@
+"""The CPU's compiled decode step, built ahead of time: no Python between its kernels, nor around them.
+
+``torch.compile``'s step (``inference.compiled_step``) still passes through Python on every token:
+its guards, the wrappers around the compiled graph, and ATen's general matrix product, which at one
+row per call reads a small model's weights slower than a kernel built for their shapes. AOTInductor,
+PyTorch's ahead-of-time path, removes both: ``torch.export`` captures the same step function
+(``compiled_step.step_logits``) as a graph, ``torch._inductor.aoti_compile_and_package`` compiles it
+into a shared library in one ``.pt2`` package, and ``aoti_load_package`` calls it through one C++
+entry point. Documented Inductor options make the kernels: ``freezing`` treats the weights as the
+constants they are (the AOTInductor tutorial's advice for the CPU), and ``max_autotune`` with the
+``CPP`` GEMM backend (PyTorch's CPU max-autotune tutorial) writes each matrix product as a C++ GEMM
+for its own shapes and packed weights. That, more than the Python taken out, is what makes the step
+fast: at one row ATen's product, which ``torch.compile``'s step calls, is several times slower.
+
+What the step reads, the package fixes: the weights (constants inside it), the cache's shape (its
+rows and slots), whether rows read the whole buffer (batch invariance) or a window of symbolic
+length, the torch version, the CPU's vector instructions and the thread count its loops were cut
+for. Building takes tens of seconds, so the package is kept on disk, named by a hash of all of them
+and of the source files that define the step (``cache_folder``; delete it at any time). A package is
+written atomically with its own checksum beside it; one whose checksum does not match, that fails
+to load, or whose first logits differ from the eager step's is built again, never used.
+
+Where AOTInductor is missing (a torch older than ``MIN_TORCH``) or the device is not the CPU (a
+GPU replays ``torch.compile``'s CUDA graph, which already has no Python inside), ``decode_step``
+returns ``torch.compile``'s step instead.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import json
+import os
+import platform
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from common.errors import UserError
+from common.files import atomic_output, atomic_write_text
+from inference.batch_invariant import RowBlockedLinear
+from inference.compiled_step import MIN_WINDOW, CompiledStep, step_inputs, step_logits
+from model import GPT, KVCache
+
+MIN_TORCH = (2, 6)  # the first with AOTInductor's package API:
+AOTI_API = ("aoti_compile_and_package", "aoti_load_package")
+CACHE_ENV = "MINIGPT_COMPILE_CACHE"
+DEFAULT_CACHE = "compile_cache"
+INDUCTOR_OPTIONS = {"max_autotune": True, "freezing": True}
+# The C++ GEMM template alone first, which skips timing it against ATen's product (minutes of a
+# build, and the template won every product of the decode step we timed); a product it does not
+# cover (one of two activations, as latent attention's rotary scores) then builds with both.
+GEMM_BACKENDS = ("CPP", "CPP,ATEN")
+# The first logits of a package must match the eager step's this closely: a package of other weights
+# or another model misses by far more, while a kernel that only sums in another order stays inside.
+CHECK_TOLERANCE = 1e-3
+# The files whose code the package was traced from: a change to any of them is a new package.
+_SOURCES = (inspect.getfile(GPT), inspect.getfile(KVCache), inspect.getfile(RowBlockedLinear),
+            inspect.getfile(CompiledStep), __file__)
+
+
+def aot_missing(device: torch.device) -> str | None:
+    """Why the ahead-of-time step cannot run on ``device``, or None when it can."""
+    if device.type != "cpu":
+        return f"the ahead-of-time step runs on the CPU, not {device.type}"
+    if torch.__version__ < MIN_TORCH or not all(hasattr(torch._inductor, name) for name in AOTI_API):
+        return f"AOTInductor needs torch {'.'.join(map(str, MIN_TORCH))} or later, this is {torch.__version__}"
+    return None
+
+
+def decode_step(model: GPT, cache: KVCache, *, exact_window: bool = False) -> AotStep | CompiledStep:
+    """The compiled decode step for ``cache``: built ahead of time on the CPU, ``torch.compile``'s
+    elsewhere or on a torch without AOTInductor."""
+    if aot_missing(cache.device) is None:
+        return AotStep(model, cache, exact_window=exact_window)
+    return CompiledStep(model, cache, exact_window=exact_window)
+
+
+def cache_folder() -> Path:
+    """Where packages are kept: $MINIGPT_COMPILE_CACHE, else compile_cache/ in the working directory."""
+    return Path(os.environ.get(CACHE_ENV) or DEFAULT_CACHE)
+
+
+class AotStep:
+    """``CompiledStep``'s interface over a package built ahead of time for ``model`` and ``cache``
+    (made by ``spare_slot_cache``): loaded from ``cache_folder()`` when a valid one is there, built
+    and kept there otherwise. ``compile_seconds``: how long that took; ``package``: its path;
+    ``built``: whether it was built now rather than loaded."""
+
+    def __init__(self, model: GPT, cache: KVCache, *, exact_window: bool = False) -> None:
+        self.model = model
+        self.cache = cache
+        self.buffers = tuple(cache.buffers.values())
+        self.spare = cache.max_len - 1
+        self._window = torch.empty(self.spare) if exact_window and self.spare > MIN_WINDOW else None
+        started = time.perf_counter()
+        key = package_key(model, cache, self._window is not None)
+        self.package = cache_folder() / f"{key['digest']}.pt2"
+        self._runner = self._load()
+        self.built = self._runner is None
+        if self._runner is None:
+            self._build(key)
+            self._runner = self._load()
+            if self._runner is None:
+                raise UserError(f"the decode step built ahead of time in {self.package} does not match the "
+                                "eager step; drop --compile")
+        self.compile_seconds = time.perf_counter() - started
+
+    def __call__(self, tokens: Mapping[int, int]) -> torch.Tensor:
+        """Next-token logits (rows, vocab) after appending ``tokens[row]`` to each row it names;
+        the other rows' logits are meaningless."""
+        logits = self._runner(*self._arguments(tokens))
+        self.cache.count(list(tokens))
+        return logits
+
+    def _arguments(self, tokens: Mapping[int, int]) -> tuple:
+        return (self.buffers, *step_inputs(self.cache, tokens, self._window))
+
+    def _build(self, key: dict) -> None:
+        """Export the step, compile it into the package, and write its checksum beside it."""
+        arguments = self._arguments({})
+        window = torch.export.Dim("window", min=MIN_WINDOW, max=self.spare)
+        shapes = ((None,) * len(self.buffers), None, None, None if self._window is None else {0: window})
+        with torch.no_grad():
+            program = torch.export.export(_Step(self.model), arguments, dynamic_shapes=shapes)
+        with atomic_output(self.package, suffix=".pt2") as written:
+            for backends in GEMM_BACKENDS:
+                options = {**INDUCTOR_OPTIONS, "max_autotune_gemm_backends": backends}
+                try:
+                    torch._inductor.aoti_compile_and_package(program, package_path=str(written),
+                                                             inductor_configs=options)
+                    break
+                except Exception:  # Inductor's own error types are private: the wider build says what failed
+                    if backends == GEMM_BACKENDS[-1]:
+                        raise
+        atomic_write_text(self.package.with_suffix(".json"),
+                          json.dumps({**key, "sha256": _file_digest(self.package)}, indent=1) + "\n")
+
+    def _load(self):
+        """The package's runner, or None when it is missing, damaged, or not this model's step."""
+        try:
+            record = json.loads(self.package.with_suffix(".json").read_text())
+            if record.get("sha256") != _file_digest(self.package):
+                return None
+            runner = torch._inductor.aoti_load_package(str(self.package))
+        except Exception:  # unreadable, not JSON, not a package: whatever the reason, build it again
+            return None
+        return runner if self._agrees(runner) else None
+
+    def _agrees(self, runner) -> bool:
+        """Whether ``runner``'s logits for a first token equal the eager step's, within
+        ``CHECK_TOLERANCE``. Both write the empty cache's first slot, which nothing has counted yet."""
+        assert not any(self.cache.lengths), "the step is checked before its cache holds anything"
+        probe = {row: row % self.model.config.vocab_size for row in range(self.cache.batch_size)}
+        arguments = self._arguments(probe)
+        with torch.inference_mode():
+            eager = step_logits(self.model, *arguments)
+            try:
+                compiled = runner(*arguments)
+            except RuntimeError:
+                return False
+        return compiled.shape == eager.shape and bool(torch.allclose(compiled, eager, rtol=0, atol=CHECK_TOLERANCE))
+
+
+class _Step(nn.Module):
+    """``step_logits`` as a module over ``model``, which is what ``torch.export`` takes."""
+
+    def __init__(self, model: GPT) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, buffers: tuple[torch.Tensor, ...], idx: torch.Tensor, slots: torch.Tensor,
+                window: torch.Tensor | None) -> torch.Tensor:
+        return step_logits(self.model, buffers, idx, slots, window)
+
+
+def package_key(model: GPT, cache: KVCache, exact_window: bool) -> dict:
+    """Everything a package depends on, and its hash (``digest``), which names it."""
+    weights = hashlib.sha256()
+    for name, tensor in model.state_dict(keep_vars=False).items():
+        weights.update(name.encode())
+        weights.update(str((tensor.dtype, tuple(tensor.shape))).encode())
+        weights.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
+    key = {
+        "config": model.config.to_dict(),
+        "row_blocked": any(isinstance(m, RowBlockedLinear) for m in model.modules()),
+        "weights": weights.hexdigest(),
+        "cache": {name: list(buffer.shape) for name, buffer in cache.buffers.items()},
+        "dtype": str(cache.buffers[next(iter(cache.buffers))].dtype),
+        "exact_window": exact_window,
+        "torch": torch.__version__,
+        "machine": platform.machine(),
+        "cpu": torch.backends.cpu.get_cpu_capability(),
+        "threads": torch.get_num_threads(),
+        "inductor": {**INDUCTOR_OPTIONS, "gemm": GEMM_BACKENDS},
+        "sources": _sources_digest(),
+    }
+    key["digest"] = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
+    return key
+
+
+@functools.cache
+def _sources_digest() -> str:
+    """The hash of the step's source files, as this process imported them."""
+    digest = hashlib.sha256()
+    for source in _SOURCES:
+        digest.update(Path(source).read_bytes())
+    return digest.hexdigest()
+
+
+def _file_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

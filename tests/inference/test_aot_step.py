@@ -1,0 +1,164 @@
+"""The decode step built ahead of time (``inference.aot_step``): what the engine runs for ``--compile``
+on the CPU. Its package is kept on disk under a key of everything it depends on, loaded when valid
+and built again when not (damaged, missing its checksum, or computing another model). That it
+decodes as eager and as the recomputation is proven by test_compiled_step.py, whose CPU engine runs
+this step; the package generate.py's shape needs (one row, exact window) is built once per session
+into the session's compile cache (tests/conftest.py) and shared by both files."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from common.errors import UserError
+from inference.aot_step import CACHE_ENV, AotStep, aot_missing, cache_folder, package_key
+from inference.compiled_step import CompiledStep, compiler_missing, spare_slot_cache
+from inference.engine import Engine, decode
+from inference.sampling import SamplingSettings
+from model import KVCache
+
+pytestmark = pytest.mark.skipif(compiler_missing(torch.device("cpu")) is not None or aot_missing(torch.device("cpu")),
+                                reason=str(compiler_missing(torch.device("cpu")) or aot_missing(torch.device("cpu"))))
+
+PROMPT_IDS = [5, 17, 9, 30, 2, 11]
+
+
+def one_row_step(model) -> AotStep:
+    """generate.py's step over ``model``: one row, reading only the slots it has filled."""
+    return AotStep(model, spare_slot_cache(model, 1, whole_buffers=False), exact_window=True)
+
+
+@pytest.fixture(scope="session")
+def package(loaded_run):
+    """The session's package for the test run's one-row step (built here, or by whichever test came
+    first), on the one thread the tests run (a session fixture comes before the per-test one)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return one_row_step(loaded_run.model).package
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_the_cpu_engine_runs_the_package_and_decodes_as_eager(loaded_run, package):
+    engine = Engine(loaded_run.model, max_batch=1, batch_invariant=False, compile=True)
+    assert isinstance(engine.compiled, AotStep) and engine.compiled.package == package
+    settings = SamplingSettings(max_new_tokens=80, temperature=0)  # past the window (32): it slides
+    [compiled] = decode(loaded_run.model, [PROMPT_IDS], settings, compile=True)
+    [eager] = decode(loaded_run.model, [PROMPT_IDS], settings)
+    assert compiled.token_ids == eager.token_ids and len(set(eager.token_ids)) > 10
+
+
+def test_a_built_package_is_loaded_by_the_next_step_not_built_again(loaded_run, package):
+    step = one_row_step(loaded_run.model)
+    assert step.package == package and not step.built
+    record = json.loads(package.with_suffix(".json").read_text())
+    assert record["digest"] == package.stem and record["threads"] == torch.get_num_threads()
+
+
+def test_the_key_changes_with_everything_the_package_depends_on(loaded_run, monkeypatch):
+    model = loaded_run.model
+    one_row = spare_slot_cache(model, 1, whole_buffers=False)
+
+    def digest(model=model, cache=one_row, exact_window=True) -> str:
+        return package_key(model, cache, exact_window)["digest"]
+
+    other_weights = type(model)(model.config).eval()
+    other_weights.load_state_dict(model.state_dict())
+    assert digest(other_weights) == digest()  # the same weights, another object: the same package
+    with torch.no_grad():
+        other_weights.lm_head.weight[3, 5] += 1e-3
+    keys = {digest(), digest(other_weights), digest(cache=spare_slot_cache(model, 2, whole_buffers=False)),
+            digest(exact_window=False), digest(cache=KVCache(  # the same rows, in bf16
+                model.config.n_layer, 1, one_row.max_len, model.cache_entries(), dtype=torch.bfloat16))}
+    monkeypatch.setattr(torch, "__version__", "2.99.0")
+    keys.add(digest())
+    monkeypatch.undo()
+    torch.set_num_threads(2)  # the fixture puts back one thread
+    keys.add(digest())
+    assert len(keys) == 7
+
+
+@pytest.fixture
+def private_cache(tmp_path, monkeypatch, package):
+    """An empty cache folder of the test's own, and a stand-in builder that copies the session's
+    package in and counts its calls (a real build would cost tens of seconds)."""
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    builds: list[str] = []
+
+    def build(step: AotStep, key: dict) -> None:
+        builds.append(key["digest"])
+        step.package.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(package, step.package)
+        record = json.loads(package.with_suffix(".json").read_text())
+        step.package.with_suffix(".json").write_text(json.dumps({**record, **key}))
+
+    monkeypatch.setattr(AotStep, "_build", build)
+    return builds
+
+
+def place(package, digest: str, *, damage: bool = False, record: bool = True) -> None:
+    """Put the session's package in the private cache under ``digest``, with its checksum record."""
+    target = cache_folder() / f"{digest}.pt2"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    data = bytearray(package.read_bytes())
+    if damage:
+        data[len(data) // 2] ^= 0xFF
+    target.write_bytes(bytes(data))
+    if record:
+        shutil.copyfile(package.with_suffix(".json"), target.with_suffix(".json"))
+
+
+def test_a_valid_package_in_the_folder_is_loaded_without_building(loaded_run, package, private_cache):
+    place(package, package.stem)
+    step = one_row_step(loaded_run.model)
+    assert not step.built and private_cache == []
+
+
+@pytest.mark.parametrize("flaw", ["a flipped byte", "no checksum record"])
+def test_a_damaged_package_is_built_again_not_loaded(loaded_run, package, private_cache, flaw):
+    place(package, package.stem, damage=flaw == "a flipped byte", record=flaw != "no checksum record")
+    step = one_row_step(loaded_run.model)
+    assert step.built and private_cache == [package.stem]
+    assert step.package.read_bytes() == package.read_bytes()  # what the builder wrote replaced it
+
+
+def test_a_package_of_other_weights_under_this_key_is_not_trusted(loaded_run, package, private_cache):
+    """Its checksum holds, but its logits are another model's: the step checks them against eager."""
+    model = type(loaded_run.model)(loaded_run.model.config).eval()
+    model.load_state_dict(loaded_run.model.state_dict())
+    with torch.no_grad():
+        model.lm_head.weight.mul_(1.5)  # tied: the embedding too
+    digest = package_key(model, spare_slot_cache(model, 1, whole_buffers=False), True)["digest"]
+    place(package, digest)
+    with pytest.raises(UserError, match="does not match the eager step; drop --compile"):
+        one_row_step(model)  # the stand-in builder writes the same wrong package again
+    assert private_cache == [digest]
+
+
+def test_the_cache_folder_is_the_environment_s_or_compile_cache_here(monkeypatch, tmp_path):
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    assert cache_folder() == tmp_path
+    monkeypatch.delenv(CACHE_ENV)
+    assert str(cache_folder()) == "compile_cache"
+
+
+def test_the_step_is_built_ahead_of_time_on_the_cpu_only_and_from_torch_2_6(monkeypatch):
+    assert aot_missing(torch.device("cpu")) is None
+    assert aot_missing(torch.device("cuda")) == "the ahead-of-time step runs on the CPU, not cuda"
+    monkeypatch.setattr(torch, "__version__", torch.torch_version.TorchVersion("2.5.1"))
+    assert aot_missing(torch.device("cpu")) == "AOTInductor needs torch 2.6 or later, this is 2.5.1"
+
+
+def test_without_aotinductor_the_engine_compiles_with_torch_compile(loaded_run, monkeypatch):
+    """The fallback (a torch before 2.6): today's torch.compile step, equal to eager as before."""
+    monkeypatch.setattr("inference.aot_step.aot_missing", lambda device: "no AOTInductor here")
+    engine = Engine(loaded_run.model, max_batch=1, batch_invariant=False, compile=True)
+    assert isinstance(engine.compiled, CompiledStep)
+    settings = SamplingSettings(max_new_tokens=40, temperature=0.9, seed=4)
+    [compiled] = decode(loaded_run.model, [PROMPT_IDS], settings, compile=True)
+    [eager] = decode(loaded_run.model, [PROMPT_IDS], settings)
+    assert compiled.token_ids == eager.token_ids

@@ -1,0 +1,103 @@
+"""generate.py --chat --tools: the session runs the model's calls and keeps them in the
+conversation, the command line shows each call with its result, and the refusals (no --chat, an
+unknown tool, a run whose tokenizer has no tool tokens) are one line."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from data.chat import Message, ToolCall
+from inference.chat import ChatSession
+from inference.cli import main
+from inference.settings import GenerationSettings
+from rundir.loading import load_run
+from run_testkit import build_run, chat_tokenizer_before_tools
+
+REPO = Path(__file__).resolve().parents[2]
+GREEDY = dict(temperature=0, max_new_tokens=60)
+
+
+@pytest.fixture(scope="module")
+def tool_run(tool_run_dir):
+    return load_run(tool_run_dir, torch.device("cpu"))
+
+
+def cli(capsys, *argv) -> tuple[int, str, str]:
+    code = main([str(arg) for arg in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_a_session_runs_the_call_and_keeps_it_in_the_conversation(tool_run):
+    from tools import Toolbox, load_tools
+
+    shown: list[str] = []
+    with Toolbox(load_tools(["calculator"]), timeout_s=60) as toolbox:
+        session = ChatSession(tool_run, GenerationSettings(**GREEDY), toolbox=toolbox)
+        reply = session.reply("What is 12*34?", on_text=shown.append)
+    assert (reply.text, reply.finish_reason, "".join(shown)) == ("408", "end", "408")
+    call = ToolCall("calculator", '{"expression":"12*34"}')
+    assert [step.call for step in reply.steps] == [call]
+    assert session.messages == [Message("user", "What is 12*34?"), Message("assistant", "", (call,)),
+                                Message("tool", "408"), Message("assistant", "408")]
+
+
+def test_without_tools_the_same_question_gets_no_call(tool_run):
+    session = ChatSession(tool_run, GenerationSettings(**GREEDY))
+    reply = session.reply("What is 12*34?")
+    assert reply.steps == [] and "<|call|>" not in reply.text
+    assert [m.role for m in session.messages] == ["user", "assistant"]
+
+
+def test_one_shot_prints_the_answer_and_shows_the_call_and_its_result(capsys, tool_run_dir):
+    code, out, err = cli(capsys, "--run", tool_run_dir, "--chat", "--tools", "calculator", "--prompt", "What is 7+8?",
+                         "--temperature", 0, "--max-new-tokens", 60)
+    assert code == 0 and out == "15\n"
+    assert '[calculator {"expression":"7+8"} -> 15]' in err.splitlines()
+
+
+def test_a_malformed_call_is_shown_as_written_with_what_is_wrong(capsys, tool_run_dir):
+    code, out, err = cli(capsys, "--run", tool_run_dir, "--chat", "--tools", "calculator", "--prompt", "What is 5*5?",
+                         "--temperature", 0, "--max-new-tokens", 60)
+    assert code == 0 and out.startswith("<|call|>calculator")
+    assert "notice: the model wrote a call that could not be run (call 1 to calculator:" in err
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--tools", "calculator", "--prompt", "hi"], "--tools needs --chat"),
+    (["--chat", "--tools", "abacus", "--prompt", "hi"], "--tools: unknown tool 'abacus'"),
+    (["--chat", "--tools", "no_such_module_here:f", "--prompt", "hi"], "cannot import no_such_module_here"),
+    (["--chat", "--max-tool-calls", "2", "--prompt", "hi"], "--max-tool-calls needs --tools"),
+    (["--chat", "--tools", "calculator", "--max-tool-calls", "-1", "--prompt", "hi"], "must be 0 or more"),
+])
+def test_tool_flag_errors_are_one_line(capsys, tool_run_dir, argv, fragment):
+    code, out, err = cli(capsys, "--run", tool_run_dir, *argv)
+    assert code == 2 and out == ""
+    assert fragment in err and err.count("\n") == 1
+
+
+def test_a_run_from_before_tool_calls_chats_but_refuses_tools_in_one_line(capsys, tmp_path):
+    run = build_run(tmp_path / "old", chat_tokenizer_before_tools())
+    code, out, err = cli(capsys, "--run", run, "--chat", "--prompt", "hi", "--temperature", 0, "--max-new-tokens", 3)
+    assert code == 0 and out.endswith("\n")
+    code, out, err = cli(capsys, "--run", run, "--chat", "--tools", "calculator", "--prompt", "hi")
+    assert code == 2 and out == ""
+    assert err.startswith("error: this run's tokenizer has no tool tokens (<|tool|>, <|call|>)") and err.count("\n") == 1
+
+
+def test_the_repl_shows_calls_between_turns(tool_run_dir):
+    stdin = "What is 12*34?\n/reset\nWhat is 99-45?\n/exit\n"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "generate.py"), "--run", str(tool_run_dir), "--chat", "--tools", "calculator",
+         "--temperature", "0", "--max-new-tokens", "60"],
+        input=stdin, capture_output=True, text=True, timeout=120, cwd=REPO, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.stdout == "408\n54\n"
+    assert '[calculator {"expression":"12*34"} -> 408]' in proc.stderr
+    assert '[calculator {"expression":"99-45"} -> 54]' in proc.stderr

@@ -1,0 +1,139 @@
+"""Decoding with tools in the one engine: a run that calls the calculator answers through real
+calls, its reply's ids are what it sampled with the results inserted, a batch gives every row what
+it gets alone, and malformed calls, tool errors, the call limit, the token budget and the window
+each end or steer the reply as documented."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from data.chat import ChatTokenIds, Message, ToolCall, render_chat
+from inference.engine import Engine
+from inference.sampling import SamplingSettings
+from inference.tool_use import decode_with_tools, segment_seed
+from rundir.loading import load_run
+from run_testkit import TOOL_QUESTIONS
+from tools import Toolbox, load_tools
+from tools.toolbox import ToolResult, error_result
+
+GREEDY = SamplingSettings(temperature=0, max_new_tokens=60)
+
+
+@pytest.fixture(scope="module")
+def tool_run(tool_run_dir):
+    return load_run(tool_run_dir, torch.device("cpu"))
+
+
+@pytest.fixture(scope="module")
+def toolbox():
+    with Toolbox(load_tools(["calculator"]), timeout_s=60) as tools:
+        yield tools
+
+
+def _prompt(run, question: str, system: str | None = None) -> list[int]:
+    messages = ([Message("system", system)] if system else []) + [Message("user", f"What is {question}?")]
+    return render_chat(run.tokenizer, messages, add_generation_prompt=True).ids
+
+
+def _engine(run, rows: int = 4, **options) -> Engine:
+    return Engine(run.model, run.token_bytes, max_batch=rows, **options)
+
+
+def test_the_run_answers_through_real_calls_and_its_ids_are_the_conversation(tool_run, toolbox):
+    texts: dict[int, str] = {}
+    steps = []
+    prompts = [_prompt(tool_run, q) for q in TOOL_QUESTIONS]
+    replies = decode_with_tools(_engine(tool_run), tool_run.tokenizer, prompts, GREEDY, toolbox,
+                                on_text=lambda i, text: texts.__setitem__(i, texts.get(i, "") + text),
+                                on_step=lambda i, step: steps.append((i, step)))
+    for i, (question, reply) in enumerate(zip(TOOL_QUESTIONS, replies)):
+        value = str(eval(question))  # the test's own reference for three tiny sums
+        call = ToolCall("calculator", f'{{"expression":"{question}"}}')
+        assert reply.messages == [Message("assistant", "", (call,)), Message("tool", value),
+                                  Message("assistant", value)]
+        assert (reply.finish_reason, reply.error, reply.text) == ("stop", None, value)
+        assert [s.call for s in reply.steps] == [call] and reply.steps[0].result == ToolResult(value, True)
+        assert (i, reply.steps[0]) in steps
+        # Only the answer streamed: the call's own text is held back.
+        assert texts[i] == value
+        # The prompt and the reply's ids are the conversation as the chat format renders it, and
+        # what the model generated is exactly what SFT would have it learn.
+        whole = render_chat(tool_run.tokenizer, [Message("user", f"What is {question}?"), *reply.messages])
+        assert reply.prompt_ids + reply.ids == whole.ids
+        assert reply.generated == whole.loss_mask[len(reply.prompt_ids):]
+
+
+@pytest.mark.parametrize("settings", [GREEDY, SamplingSettings(temperature=1.0, top_p=0.9, max_new_tokens=40, seed=5)])
+def test_a_batch_gives_every_row_what_it_gets_alone(tool_run, toolbox, settings):
+    prompts = [_prompt(tool_run, q) for q in (*TOOL_QUESTIONS, "5*5", "12*34")]
+    batch = decode_with_tools(_engine(tool_run, rows=len(prompts)), tool_run.tokenizer, prompts, settings, toolbox)
+    for i, prompt in enumerate(prompts):
+        seed = None if settings.seed is None else settings.seed + i
+        [alone] = decode_with_tools(_engine(tool_run, rows=1), tool_run.tokenizer, [prompt],
+                                    SamplingSettings(**{**settings.__dict__, "seed": seed}), toolbox)
+        assert (alone.ids, alone.generated, alone.messages, alone.finish_reason) == \
+               (batch[i].ids, batch[i].generated, batch[i].messages, batch[i].finish_reason), i
+    # Rows 1 and 5 ask the same question; sampled, their streams are their own.
+    assert segment_seed(5, 1) != segment_seed(6, 0) and segment_seed(5, 0) == 5
+
+
+def test_a_malformed_call_ends_the_reply_as_written_and_runs_nothing(tool_run, toolbox):
+    [reply] = decode_with_tools(_engine(tool_run), tool_run.tokenizer, [_prompt(tool_run, "5*5")], GREEDY, toolbox)
+    assert reply.finish_reason == "malformed" and reply.error.startswith("call 1 ")
+    assert reply.steps == [] and len(reply.messages) == 1 and reply.text.startswith("<|call|>calculator")
+    assert all(reply.generated)
+
+
+class FailingTools(Toolbox):
+    """A calculator that always fails: what reaches the model is the error result."""
+
+    def __init__(self) -> None:
+        super().__init__(load_tools(["calculator"]))
+
+    def run(self, name: str, arguments: str) -> ToolResult:
+        return error_result("the calculator is out of order")
+
+
+def test_a_tool_error_is_a_result_the_model_reads_and_answers_after(tool_run):
+    [reply] = decode_with_tools(_engine(tool_run), tool_run.tokenizer, [_prompt(tool_run, "7+8")], GREEDY,
+                                FailingTools())
+    assert reply.messages[1] == Message("tool", "error: the calculator is out of order")
+    assert not reply.steps[0].result.ok
+    assert reply.messages[2].role == "assistant" and reply.finish_reason in ("stop", "length", "malformed")
+
+
+def test_without_tools_or_past_the_call_limit_the_model_cannot_call(tool_run, toolbox):
+    call = ChatTokenIds.of(tool_run.tokenizer).call
+    for tools, limit in ((None, 4), (toolbox, 0)):
+        [reply] = decode_with_tools(_engine(tool_run), tool_run.tokenizer, [_prompt(tool_run, "12*34")], GREEDY,
+                                    tools, max_calls=limit)
+        assert call not in reply.ids and reply.steps == [] and len(reply.messages) == 1
+
+
+def test_the_token_budget_counts_every_segment(tool_run, toolbox):
+    whole = decode_with_tools(_engine(tool_run), tool_run.tokenizer, [_prompt(tool_run, "12*34")], GREEDY, toolbox)[0]
+    call_tokens = whole.generated.index(False)
+    [cut] = decode_with_tools(_engine(tool_run), tool_run.tokenizer, [_prompt(tool_run, "12*34")],
+                              SamplingSettings(temperature=0, max_new_tokens=call_tokens + 2), toolbox)
+    assert cut.finish_reason == "length" and cut.generated_tokens == call_tokens + 2
+    assert cut.ids == whole.ids[:len(cut.ids)]
+
+
+class LongResults(Toolbox):
+    """A calculator whose result is longer than the window has room for."""
+
+    def __init__(self) -> None:
+        super().__init__(load_tools(["calculator"]))
+
+    def run(self, name: str, arguments: str) -> ToolResult:
+        return ToolResult("9" * 200, True)
+
+
+def test_a_result_that_leaves_no_room_in_the_window_ends_the_reply(tool_run):
+    [reply] = decode_with_tools(_engine(tool_run), tool_run.tokenizer, [_prompt(tool_run, "12*34")], GREEDY,
+                                LongResults())
+    assert reply.finish_reason == "length" and len(reply.steps) == 1
+    assert reply.messages[-1] == Message("tool", "9" * 200)
+    # The result was appended, and nothing was generated after it.
+    assert len(reply.prompt_ids) + len(reply.ids) >= tool_run.block_size and not reply.generated[-1]

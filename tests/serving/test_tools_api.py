@@ -1,0 +1,226 @@
+"""OpenAI's tools protocol on /v1/chat/completions, through the real openai client over a real
+socket, against a tiny run that really calls the calculator (``run_testkit.build_tool_run``): the
+full loop (a call, the client's result, the answer), streamed and not; ``tool_choice`` as OpenAI
+documents it; and every reply the model gets wrong reaching the client as text, never a 5xx."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from server_process import running_server
+from tools import BUILT_IN
+from tools.calculator import calculator
+
+openai = pytest.importorskip("openai")
+
+MODEL = "tiny-tools"
+CALCULATOR = BUILT_IN["calculator"].schema()
+WEATHER = {"type": "function", "function": {"name": "weather", "description": "The weather in a city.",
+                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
+
+
+@pytest.fixture(scope="module")
+def served(tool_run_dir):
+    with running_server(tool_run_dir, "--max-batch", "2") as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def client(served):
+    return openai.OpenAI(base_url=f"{served.base}/v1", api_key="x", max_retries=0, timeout=60)
+
+
+def ask(client, question: str, **options):
+    options = {"tools": [CALCULATOR], "max_tokens": 60, **options}
+    return client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": question}],
+                                          temperature=0, **options)
+
+
+def run_call(call) -> str:
+    """The client's side of the loop: run the calculator the model asked for."""
+    assert call.function.name == "calculator"
+    return calculator(**json.loads(call.function.arguments))
+
+
+def test_the_full_loop_a_call_the_clients_result_and_the_answer(client):
+    question = {"role": "user", "content": "What is 12*34?"}
+    first = client.chat.completions.create(model=MODEL, messages=[question], tools=[CALCULATOR], temperature=0,
+                                           max_tokens=60)
+    choice = first.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    [call] = choice.message.tool_calls
+    assert call.type == "function" and call.id.startswith("call_")
+    assert (call.function.name, call.function.arguments) == ("calculator", '{"expression":"12*34"}')
+    # The client runs the tool and answers with a tool message; the assistant message goes back as
+    # the client received it (the openai object itself).
+    result = {"role": "tool", "tool_call_id": call.id, "content": run_call(call)}
+    second = client.chat.completions.create(model=MODEL, messages=[question, choice.message, result],
+                                            tools=[CALCULATOR], temperature=0, max_tokens=60)
+    assert second.choices[0].finish_reason == "stop"
+    assert second.choices[0].message.content == "408" and not second.choices[0].message.tool_calls
+
+
+def _streamed(client, messages, **options) -> tuple[str, list[dict], str, list]:
+    """(content, tool calls, finish reason, chunks) from a stream, accumulated as clients do."""
+    content, calls, finish, chunks = "", {}, None, []
+    options = {"max_tokens": 60, **options}
+    for chunk in client.chat.completions.create(model=MODEL, messages=messages, temperature=0, stream=True,
+                                                **options):
+        chunks.append(chunk)
+        if not chunk.choices:
+            continue
+        delta = chunk.choices[0].delta
+        content += delta.content or ""
+        for piece in delta.tool_calls or ():
+            entry = calls.setdefault(piece.index, {"id": None, "name": "", "arguments": ""})
+            entry["id"] = piece.id or entry["id"]
+            if piece.function is not None:
+                entry["name"] += piece.function.name or ""
+                entry["arguments"] += piece.function.arguments or ""
+        finish = chunk.choices[0].finish_reason or finish
+    return content, [calls[i] for i in sorted(calls)], finish, chunks
+
+
+def test_the_full_loop_streamed(client):
+    question = {"role": "user", "content": "What is 99-45?"}
+    content, calls, finish, chunks = _streamed(client, [question], tools=[CALCULATOR])
+    assert (content, finish) == ("", "tool_calls")
+    [call] = calls
+    assert call["id"].startswith("call_") and (call["name"], call["arguments"]) == ("calculator", '{"expression":"99-45"}')
+    # OpenAI's shape: the call opens with its index, id, type and name, and its arguments follow.
+    opening = chunks[1].choices[0].delta.tool_calls[0]
+    assert (opening.index, opening.type, opening.function.name, opening.function.arguments) == (0, "function",
+                                                                                             "calculator", "")
+    assistant = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": call["id"], "type": "function", "function": {"name": call["name"], "arguments": call["arguments"]}}]}
+    result = {"role": "tool", "tool_call_id": call["id"], "content": calculator("99-45")}
+    content, calls, finish, _ = _streamed(client, [question, assistant, result], tools=[CALCULATOR])
+    assert (content, calls, finish) == ("54", [], "stop")
+
+
+def test_streamed_and_whole_replies_agree(client):
+    whole = ask(client, "What is 7+8?").choices[0]
+    content, calls, finish, _ = _streamed(client, [{"role": "user", "content": "What is 7+8?"}], tools=[CALCULATOR])
+    assert finish == whole.finish_reason == "tool_calls"
+    assert [(c["name"], c["arguments"]) for c in calls] == \
+           [(c.function.name, c.function.arguments) for c in whole.message.tool_calls]
+
+
+def test_tool_choice_none_and_no_tools_never_call(client):
+    for options in ({"tool_choice": "none"}, {"tools": openai.NOT_GIVEN}):
+        choice = ask(client, "What is 12*34?", **options).choices[0]
+        assert not choice.message.tool_calls and choice.finish_reason in ("stop", "length")
+        assert "<|call|>" not in choice.message.content
+
+
+def test_tool_choice_required_and_named_force_a_call(client):
+    # Required: the model calls, as it would have; named: the function forced, among two offered.
+    required = ask(client, "What is 7+8?", tool_choice="required").choices[0]
+    assert required.finish_reason == "tool_calls" and required.message.tool_calls[0].function.name == "calculator"
+    named = ask(client, "What is 12*34?", tools=[WEATHER, CALCULATOR],
+                tool_choice={"type": "function", "function": {"name": "calculator"}}).choices[0]
+    assert named.finish_reason == "tool_calls"
+    assert [(c.function.name, c.function.arguments) for c in named.message.tool_calls] == \
+           [("calculator", '{"expression":"12*34"}')]
+    # Forcing a function the model never learned: whatever it writes after the name is a weather
+    # call if it parses, and text (beginning with the forced call) if not.
+    forced = ask(client, "What is 12*34?", tools=[WEATHER, CALCULATOR],
+                 tool_choice={"type": "function", "function": {"name": "weather"}}).choices[0]
+    if forced.finish_reason == "tool_calls":
+        assert {c.function.name for c in forced.message.tool_calls} == {"weather"}
+    else:
+        assert forced.message.content.startswith("<|call|>weather")
+
+
+@pytest.mark.parametrize("question, options, reason", [
+    ("What is 5*5?", {}, "stop"),  # a call the model gets wrong: its arguments are not JSON
+    ("What is 12*34?", {"tools": [WEATHER]}, "stop"),  # a call to a function not offered
+    ("What is 12*34?", {"max_tokens": 6}, "length"),  # a call cut short
+    ("What is 12*34?", {"stop": ["expr"]}, "stop"),  # a call cut by a stop string
+])
+def test_a_call_that_cannot_be_used_reaches_the_client_as_text(client, question, options, reason):
+    choice = ask(client, question, **options).choices[0]
+    assert choice.finish_reason == reason and not choice.message.tool_calls
+    assert choice.message.content.startswith("<|call|>")
+    content, calls, finish, _ = _streamed(client, [{"role": "user", "content": question}],
+                                          **{"tools": [CALCULATOR], **options})
+    assert (content, calls, finish) == (choice.message.content, [], reason)
+
+
+@pytest.mark.parametrize("messages, options, fragment", [
+    ([{"role": "user", "content": "hi"}], {"tool_choice": "auto"}, "tool_choice is only allowed when tools are specified"),
+    ([{"role": "user", "content": "hi"}], {"tools": [CALCULATOR], "tool_choice": {"type": "function",
+                                                                                  "function": {"name": "weather"}}},
+     "names 'weather', which is not among tools"),
+    ([{"role": "user", "content": "hi"}, {"role": "tool", "tool_call_id": "call_1", "content": "5"}],
+     {"tools": [CALCULATOR]}, "answers no call"),
+    ([{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "calculator", "arguments": "{}"}}]}],
+     {"tools": [CALCULATOR]}, "no answer to call_1"),
+    ([{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "calculator", "arguments": "[1]"}}]},
+      {"role": "tool", "tool_call_id": "call_1", "content": "5"}], {"tools": [CALCULATOR]}, "not an object"),
+    ([{"role": "user", "content": "hi"}], {"tools": [CALCULATOR, CALCULATOR]}, "two functions named 'calculator'"),
+    ([{"role": "user", "content": "hi"}], {"tools": [CALCULATOR], "logprobs": True}, "logprobs is not supported with tools"),
+])
+def test_protocol_mistakes_are_refused_with_400_and_the_server_goes_on(client, messages, options, fragment):
+    with pytest.raises(openai.BadRequestError, match=fragment):
+        client.chat.completions.create(model=MODEL, messages=messages, max_tokens=5, **options)
+    assert ask(client, "What is 7+8?").choices[0].finish_reason == "tool_calls"
+
+
+def test_the_stream_carries_openais_chunk_shapes(served):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "What is 7+8?"}], "tools": [CALCULATOR],
+            "temperature": 0, "max_tokens": 60, "stream": True}
+    with httpx.stream("POST", f"{served.base}/v1/chat/completions", json=body, timeout=60) as response:
+        events = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    deltas = [(json.loads(e)["choices"][0]["delta"], json.loads(e)["choices"][0]["finish_reason"]) for e in events[:-1]]
+    assert deltas[0] == ({"role": "assistant", "content": ""}, None)
+    [opening] = deltas[1][0]["tool_calls"]
+    assert opening == {"index": 0, "id": opening["id"], "type": "function",
+                       "function": {"name": "calculator", "arguments": ""}}
+    assert deltas[2] == ({"tool_calls": [{"index": 0, "function": {"arguments": '{"expression":"7+8"}'}}]}, None)
+    assert deltas[3] == ({}, "tool_calls") and len(deltas) == 4
+
+
+def test_a_run_from_before_tool_calls_chats_and_refuses_tools_in_one_line(tmp_path):
+    from run_testkit import build_run, chat_tokenizer_before_tools
+
+    run = build_run(tmp_path / "old-chat", chat_tokenizer_before_tools())
+    with running_server(run) as served:
+        old = openai.OpenAI(base_url=f"{served.base}/v1", api_key="x", max_retries=0, timeout=60)
+        plain = old.chat.completions.create(model="old-chat", messages=[{"role": "user", "content": "hi"}],
+                                            max_tokens=3, temperature=0)
+        assert plain.choices[0].message.content is not None
+        for request in ({"tools": [CALCULATOR]},
+                        {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None,
+                                                                           "tool_calls": [{"id": "c", "type": "function",
+                                      "function": {"name": "calculator", "arguments": "{}"}}]},
+                                      {"role": "tool", "tool_call_id": "c", "content": "2"}]}):
+            with pytest.raises(openai.BadRequestError, match=r"this run's tokenizer has no tool tokens") as info:
+                old.chat.completions.create(model="old-chat", **{"messages": [{"role": "user", "content": "hi"}],
+                                                                 **request}, max_tokens=3)
+            assert info.value.status_code == 400 and "\n" not in info.value.body["message"]
+
+
+def test_the_documented_client_loop_runs_as_written(served):
+    """docs/serving.md's loop, with only its address and its question changed (to one this tiny
+    run learned): it calls, runs the calculator, sends the result back and prints the answer."""
+    import contextlib
+    import io
+    import re
+
+    from server_process import ROOT
+
+    section = (ROOT / "docs" / "serving.md").read_text(encoding="utf-8").split("## Tools")[1]
+    snippet = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
+    assert "http://127.0.0.1:8000/v1" in snippet and "What is 347*812?" in snippet
+    snippet = snippet.replace("http://127.0.0.1:8000/v1", f"{served.base}/v1").replace("347*812", "12*34")
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(snippet, {})
+    assert printed.getvalue() == "408\n"

@@ -1,0 +1,159 @@
+"""Tools a model may call: plain Python functions, each described by OpenAI's ``function`` shape.
+
+A tool is named as rewards are (``training.rewards``): a built-in name (``BUILT_IN``), or
+``module:function`` for a function of your own, imported from where the command runs. A function
+of your own is described by its signature and docstring; each parameter is annotated ``str``,
+``int``, ``float`` or ``bool``, and the first paragraph of the docstring tells the model what it
+does::
+
+    def weekday(date: str) -> str:
+        \"\"\"The weekday of an ISO date, e.g. 2024-05-01.\"\"\"
+        return datetime.date.fromisoformat(date).strftime("%A")
+
+is ``my_tools:weekday``, described as ``{"name": "weekday", "description": "The weekday...",
+"parameters": {"type": "object", "properties": {"date": {"type": "string"}}, "required": ["date"],
+"additionalProperties": false}}``. It returns text (anything else is written as JSON, or by
+``str``). ``tools.toolbox`` runs it, apart from the caller's process.
+
+This package imports nothing else of the project: the chat format, the engine and the data
+sources all build on it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from tools.calculator import DESCRIPTION as CALCULATOR_DESCRIPTION
+from tools.calculator import PARAMETERS as CALCULATOR_PARAMETERS
+
+# OpenAI's rule for a function's name.
+NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean"}
+
+
+class ToolError(ValueError):
+    """A tool that cannot be set up (unknown, not importable, undescribable): one line, with the fix."""
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A function the model may call, and how it is described to whoever offers it."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]  # a JSON schema of an object: the call's arguments
+    reference: str  # "module:function": how a fresh process finds the function
+
+    def schema(self) -> dict[str, Any]:
+        """OpenAI's tool shape, as a request's ``tools`` lists it."""
+        return {"type": "function",
+                "function": {"name": self.name, "description": self.description, "parameters": self.parameters}}
+
+
+BUILT_IN = {
+    "calculator": Tool("calculator", CALCULATOR_DESCRIPTION, CALCULATOR_PARAMETERS, "tools.calculator:calculator"),
+}
+
+
+def load_tool(spec: str) -> Tool:
+    """The tool ``spec`` names: a built-in one, or ``module:function`` described by its signature."""
+    if ":" not in spec:
+        if spec not in BUILT_IN:
+            raise ToolError(f"unknown tool {spec!r}: use one of {', '.join(BUILT_IN)} or module:function")
+        return BUILT_IN[spec]
+    return describe(import_function(spec), spec)
+
+
+def load_tools(specs: list[str]) -> list[Tool]:
+    """The tools ``specs`` name, refusing two with the same name."""
+    tools = [load_tool(spec) for spec in specs]
+    names = [tool.name for tool in tools]
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise ToolError(f"two tools are named {repeated[0]!r}; give each tool once")
+    return tools
+
+
+def import_function(reference: str) -> Callable[..., Any]:
+    """The function ``module:function`` names."""
+    module_name, _, attribute = reference.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as error:  # a tool module that fails to import, however: one line
+        raise ToolError(f"tool {reference!r}: cannot import {module_name} ({type(error).__name__}: "
+                        f"{str(error).strip().splitlines()[0] if str(error).strip() else 'no message'})") from None
+    function = getattr(module, attribute, None)
+    if not callable(function):
+        raise ToolError(f"tool {reference!r}: {module_name} has no function {attribute!r}")
+    return function
+
+
+def describe(function: Callable[..., Any], reference: str) -> Tool:
+    """A function's tool description, from its name, docstring and annotated parameters."""
+    name = getattr(function, "__name__", "")
+    if not NAME.fullmatch(name):
+        raise ToolError(f"tool {reference!r}: its name must be 1 to 64 letters, digits, _ or -")
+    try:
+        signature = inspect.signature(function, eval_str=True)
+    except (TypeError, ValueError, NameError) as error:
+        raise ToolError(f"tool {reference!r}: cannot read its signature ({error})") from None
+    properties, required = {}, []
+    for parameter in signature.parameters.values():
+        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD, parameter.POSITIONAL_ONLY):
+            raise ToolError(f"tool {reference!r}: parameter {parameter.name!r} cannot be given by name; "
+                            "use plain named parameters")
+        if parameter.annotation not in JSON_TYPES:
+            raise ToolError(f"tool {reference!r}: annotate parameter {parameter.name!r} with str, int, float "
+                            "or bool")
+        properties[parameter.name] = {"type": JSON_TYPES[parameter.annotation]}
+        if parameter.default is parameter.empty:
+            required.append(parameter.name)
+    description = inspect.getdoc(function) or ""
+    parameters = {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
+    return Tool(name, description.split("\n\n")[0].replace("\n", " "), parameters, reference)
+
+
+def check_arguments(tool: Tool, arguments: Any) -> str | None:
+    """What is wrong with ``arguments`` for ``tool`` (None: nothing), checked against its schema's
+    properties, required names and types before the tool runs."""
+    if not isinstance(arguments, dict):
+        return f"the arguments must be a JSON object, got {type(arguments).__name__}"
+    properties = tool.parameters.get("properties", {})
+    unknown = [key for key in arguments if key not in properties]
+    if unknown:
+        return f"{tool.name} takes no argument {unknown[0]!r} (it takes {', '.join(properties) or 'none'})"
+    missing = [key for key in tool.parameters.get("required", []) if key not in arguments]
+    if missing:
+        return f"{tool.name} needs the argument {missing[0]!r}"
+    for key, value in arguments.items():
+        expected = properties[key].get("type")
+        if expected is not None and not _is_json_type(value, expected):
+            return f"{tool.name}'s argument {key!r} must be {_KINDS.get(expected, expected)}, got {_json_kind(value)}"
+    return None
+
+
+_PYTHON_TYPES = {"string": str, "boolean": bool, "object": dict, "array": list}
+_KINDS = {"integer": "an integer", "number": "a number", "string": "a string", "boolean": "true or false",
+          "object": "an object", "array": "an array"}
+
+
+def _json_kind(value: Any) -> str:
+    for kind, python in (("true or false", bool), ("an integer", int), ("a number", float), ("a string", str),
+                         ("an object", dict), ("an array", list)):
+        if isinstance(value, python):
+            return kind
+    return "null"
+
+
+def _is_json_type(value: Any, expected: str) -> bool:
+    if expected == "integer":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if expected == "number":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    kind = _PYTHON_TYPES.get(expected)
+    return kind is None or isinstance(value, kind)
