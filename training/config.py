@@ -358,7 +358,6 @@ def load_run_config(path: str | Path, overrides: list[str] | tuple[str, ...] = (
     return config_from_dict(raw)
 
 
-
 def config_from_dict(raw: dict[str, Any]) -> Config:
     """Validate a plain nested dict (as read from YAML) into a ``Config``; ``raw`` is left as it was."""
     raw = dict(raw)  # its sections are replaced below, never changed in place

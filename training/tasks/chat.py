@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Any, Callable, ContextManager
+from typing import Any, Callable, ContextManager, Sized
 
 import torch
 import torch.nn.functional as F
@@ -93,8 +93,8 @@ def evaluate_chat(
     return score_batches(model, batches, token_bytes, device=device, amp=amp, ctx=ctx, charge_zero_byte=True)
 
 
-def held_out_rows(split: ChatSplit, count: int) -> list[int]:
-    """``count`` held-out conversations spread evenly over the split (all of them when it has fewer)."""
+def held_out_rows(split: Sized, count: int) -> list[int]:
+    """``count`` rows (held-out conversations) spread evenly over ``split`` (all of them when it has fewer)."""
     return sorted({round(i * (len(split) - 1) / max(count - 1, 1)) for i in range(count)})
 
 
