@@ -38,14 +38,11 @@ at full context. It is how the model's choice of form for each case was made.
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
 import statistics
-import subprocess
-import sys
 import time
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -59,16 +56,15 @@ from analysis.positions import (
     first_token_attention,
     scored_span,
 )
-from common.cli import ArgumentParser, path_arg, positive_float, positive_int, run_stoppable
+from benchmarks.shared import ROOT, add_set_flag, benchmark_parser, final_eval, in_turns, run_train_py
+from common.cli import path_arg, positive_float, positive_int, run_stoppable
 from common.errors import UserError
 from data.tokenizer import token_byte_lengths
 from model import GPT, GPTConfig, load_pretrained
 from model.config_checks import POSITION_KINDS
-from rundir.files import METRICS_FILE
 from rundir.loading import load_run, validation_tokens
 from rundir.record import read_config
 
-ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "tiny.yaml"
 
 
@@ -85,7 +81,7 @@ class Measured:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = ArgumentParser(prog="python -m benchmarks.attention_variants", description=__doc__.split("\n\n")[0])
+    p = benchmark_parser("attention_variants", __doc__)
     p.add_argument("--minutes", type=positive_float, default=None,
                    help=f"training clock per run (train.max_minutes; default: {DEFAULT_MINUTES:g})")
     p.add_argument("--steps", type=positive_int, default=None,
@@ -102,9 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", type=path_arg, default=None, help="PNG to draw (default: <out>/attention_variants.png)")
     p.add_argument("--decode-steps", type=positive_int, default=16,
                    help="decode steps timed at the end of the window (default: %(default)s)")
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="a further train.py override for every run (e.g. eval.final_max_batches=4); repeatable "
-                        "(default: none)")
+    add_set_flag(p)
     p.add_argument("--forms", action="store_true", help="only time MLA's expanded vs absorbed forms")
     p.add_argument("--repeats", type=positive_int, default=9,
                    help="with --forms: timed repeats of each step (default: %(default)s)")
@@ -224,9 +218,7 @@ def train(name: str, overrides: dict, seed: int, args: argparse.Namespace, slug:
 
 def check_reusable(run_dir: Path, args: argparse.Namespace) -> None:
     """A run that --reuse-runs may measure again: finished, and trained with this call's budget."""
-    metrics = run_dir / METRICS_FILE
-    finished = metrics.is_file() and any('"final_eval"' in line for line in metrics.read_text().splitlines())
-    if not finished:
+    if final_eval(run_dir) is None:
         raise UserError(f"{run_dir} holds no finished run; train it first (leave out --reuse-runs)")
     train = read_config(run_dir).get("train") or {}
     budget = (train.get("max_minutes"), train.get("max_steps") if args.steps is not None else None)
@@ -240,30 +232,6 @@ def budget_of(train: dict) -> str:
     if train.get("max_minutes") is None:
         return f"{train.get('max_steps')} training steps"
     return f"{train['max_minutes']:g} training minutes"
-
-
-def run_train_py(config: Path, settings: list[str]) -> None:
-    """``train.py --config config --set ...`` for every setting, quietly. A refusal (exit 2: a missing
-    config, a bad --set, an out_dir that is not a run) is the user's to fix, so it comes back as
-    train.py's own one-line message; any other failure shows train.py's output and raises."""
-    command = [sys.executable, str(ROOT / "train.py"), "--config", str(config), "--no-progress"]
-    for setting in settings:
-        command += ["--set", setting]
-    done = subprocess.run(command, cwd=ROOT, env={**os.environ, "WANDB_MODE": "disabled"},
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    if done.returncode == 2:
-        refusal = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
-        raise UserError(f"train.py refused the run: {(refusal or ['(no message)'])[-1].removeprefix('error: ')}")
-    if done.returncode != 0:
-        sys.stderr.write(done.stderr)
-        raise subprocess.CalledProcessError(done.returncode, command)
-
-
-def final_eval(run_dir: Path) -> tuple[int, float]:
-    """(steps, val bits/byte) from the run's final evaluation record."""
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    final = [r for r in records if r.get("kind") == "final_eval"][-1]
-    return final["step"], final["val_bpb"]
 
 
 @torch.inference_mode()
@@ -347,15 +315,8 @@ def compare_forms(config: GPTConfig, batch: int = 16, repeats: int = 9) -> None:
     print(f"kv_latent_dim {config.kv_latent_dim}, head_dim {config.head_dim}, n_head {config.n_head}, "
           f"batch {batch}, context {config.block_size}: fastest / median ms of {repeats}, forms interleaved")
     for label, step in (("training step (fwd+bwd)", train_step), ("decode step", decode_step)):
-        times: dict[str, list[float]] = {"expanded": [], "absorbed": []}
-        for form in times:
-            step(form)  # warm up
-        for _ in range(repeats):  # alternating, so that load from other processes hits both alike
-            for form, spent in times.items():
-                start = time.perf_counter()
-                step(form)
-                spent.append(time.perf_counter() - start)
-        for form, spent in times.items():
+        forms = {form: partial(step, form) for form in ("expanded", "absorbed")}
+        for form, spent in in_turns(forms, repeats, warmup=1).items():
             print(f"  {label:24} {form:9} {1e3 * min(spent):8.2f} / {1e3 * statistics.median(spent):8.2f}")
 
 

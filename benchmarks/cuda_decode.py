@@ -20,7 +20,6 @@ import torch
 
 from common.cli import path_arg, run_command
 from common.errors import UserError
-from benchmarks.decode_speed import model_config_from_yaml
 from benchmarks.generate_speed import (
     COMPILED, EAGER, Row, context_prompts, decode_parser, ours_timer, print_table, random_run, transformers_model,
     round_robin, transformers_timer,
@@ -28,6 +27,7 @@ from benchmarks.generate_speed import (
 from inference.completion import generate_completions
 from inference.settings import GenerationSettings
 from rundir.loading import LoadedRun, load_run
+from training import load_run_config
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -45,7 +45,7 @@ def measure(args: argparse.Namespace) -> int:
     if not torch.cuda.is_available():
         raise UserError("benchmarks.cuda_decode needs a CUDA GPU; on the CPU use benchmarks.generate_speed")
     device = torch.device("cuda")
-    run = load_run(args.run, device) if args.run else random_run(model_config_from_yaml(args.config), device)
+    run = load_run(args.run, device) if args.run else random_run(load_run_config(args.config).model, device)
     run.model.to(DTYPES[args.dtype])
     config, new = run.model.config, args.new_tokens
     print(f"model: {run.directory}, n_layer {config.n_layer}, n_embd {config.n_embd}, n_head {config.n_head}, "

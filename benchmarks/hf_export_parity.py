@@ -18,7 +18,8 @@ from pathlib import Path
 
 import torch
 
-from common.cli import ArgumentParser, path_arg, run_command
+from benchmarks.shared import benchmark_parser
+from common.cli import path_arg, run_command
 from exporting.hf import export_run
 from inference.completion import encode_prompt, generate_completions
 from inference.settings import GenerationSettings
@@ -26,7 +27,7 @@ from rundir.loading import load_run
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = ArgumentParser(prog="python -m benchmarks.hf_export_parity", description=__doc__.split("\n\n")[0])
+    p = benchmark_parser("hf_export_parity", __doc__)
     p.add_argument("--run", type=path_arg, required=True, help="run directory written by train.py (required)")
     p.add_argument("--prompt", default="ROMEO:", help="prompt for the greedy comparison (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random prompts (default: %(default)s)")

@@ -25,23 +25,21 @@ import time
 from pathlib import Path
 
 from analysis.history import first_copying, first_induction, first_layer_induction, read_attention_history
-from benchmarks.attention_variants import run_train_py
-from common.cli import ArgumentParser, path_arg, run_stoppable
+from benchmarks.shared import ROOT, add_set_flag, benchmark_parser, run_train_py
+from common.cli import path_arg, run_stoppable
 from common.errors import UserError
 
-ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "induction.yaml"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = ArgumentParser(prog="python -m benchmarks.induction_lab", description=__doc__.split("\n\n")[0])
+    p = benchmark_parser("induction_lab", __doc__)
     p.add_argument("--seeds", type=int, nargs="+", help="train.seed of each run (default: train none)")
     p.add_argument("--config", type=path_arg, default=CONFIG,
                    help="the training config of every run (default: %(default)s)")
     p.add_argument("--out", type=path_arg, default=Path("runs/induction_lab"),
                    help="where the runs go (default: %(default)s)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="a further train.py override for every run; repeatable (default: none)")
+    add_set_flag(p)
     p.add_argument("--heldout", type=path_arg, metavar="DIR",
                    help="write the held-out corpus (repeats.jsonl) here (default: do not)")
     return p

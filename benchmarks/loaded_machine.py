@@ -30,7 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from common.cli import ArgumentParser, positive_int, run_command, whole_number
+from benchmarks.shared import benchmark_parser
+from common.cli import positive_int, run_command, whole_number
 
 ROOT = Path(__file__).resolve().parents[1]
 NEIGHBOUR = (
@@ -44,7 +45,7 @@ MAX_NEIGHBOURS = 64  # each one a busy process: a machine many times over-subscr
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = ArgumentParser(prog="python -m benchmarks.loaded_machine", description=__doc__.split("\n\n")[0])
+    p = benchmark_parser("loaded_machine", __doc__)
     p.add_argument("--config", default="configs/tiny.yaml", help="the model and data (default: %(default)s)")
     p.add_argument("--only", nargs="+", choices=("train.py", "generate.py"), default=None,
                    help="time only these commands; the run to generate from is trained either way (default: both)")

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import argparse
 
-from common.cli import ArgumentParser, positive_float, positive_int, run_command
+from benchmarks.shared import benchmark_parser
+from common.cli import positive_float, positive_int, run_command
 from model import GPTConfig
 from training import TrainConfig, estimate_memory
 
@@ -45,7 +46,7 @@ def largest_fitting(gib: float, parallel: str, checkpointing: bool, processes: i
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = ArgumentParser(prog="python -m benchmarks.memory_plan", description=__doc__.split("\n\n")[0])
+    parser = benchmark_parser("memory_plan", __doc__)
     parser.add_argument("--gib", type=positive_float, nargs="+", default=[24, 80],
                         help="GPU memory sizes, GiB (default: %(default)s)")
     parser.add_argument("--processes", type=positive_int, default=8,

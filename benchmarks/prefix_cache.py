@@ -21,23 +21,21 @@ import argparse
 import os
 import statistics
 import sys
-import threading
-import time
 from dataclasses import dataclass, field
 
 import torch
 from tokenizers import Tokenizer
 
-from common.cli import ArgumentParser, path_arg, positive_float, positive_int, run_command
+from benchmarks.shared import Request, api_settings, benchmark_parser, closed_loop, ms_quantiles
+from common.cli import path_arg, positive_float, positive_int, run_command
 from common.threads import thread_count
 from data.chat import ChatTokenIds, Message, render_chat
 from data.sources.shakespeare import shakespeare_documents
 from data.tokenizer import token_byte_table, train_tokenizer
 from model import GPT
 from rundir.loading import load_run
-from inference.engine import Engine, Event
+from inference.engine import Engine
 from training import load_run_config
-from benchmarks.serve_throughput import api_settings, ms_quantiles
 
 
 @dataclass
@@ -83,63 +81,33 @@ def conversations(tokenizer: Tokenizer, block: int, clients: int, turns: int, pl
 
 def serve(model: GPT, tokenizer: Tokenizer, token_bytes: list[bytes], talks: list[Conversation], *,
           cache_bytes: int, max_batch: int, reply_tokens: int, name: str) -> Mode:
-    """Closed-loop: each client's reply submits its next turn; returns the mode's measurements."""
+    """Closed-loop: each client's reply sends its next turn; returns the mode's measurements."""
     mode = Mode(name, replies=[[] for _ in talks])
     chat = ChatTokenIds.of(tokenizer)
-    done = threading.Event()
-    failures: list[BaseException] = []
-    remaining = [len(talks)]
-    lock = threading.Lock()
-    engine = Engine(model, token_bytes, max_batch=max_batch, max_queue=len(talks), prefix_cache_bytes=cache_bytes)
 
-    def submit(client: int, turn: int) -> None:
-        talk = talks[client]
+    def next_turn(client: int, finish) -> Request | None:
+        talk, replies = talks[client], mode.replies[client]
+        if finish is not None:
+            mode.prompt_tokens += finish.prompt_tokens
+            mode.cached += finish.cached_tokens
+            mode.generated += finish.completion_tokens
+            replies.append(finish.text)
+        turn = len(replies)
+        if turn == len(talk.questions):
+            return None
         messages = [Message("system", talk.system)]
-        for question, reply in zip(talk.questions[:turn], mode.replies[client]):
+        for question, reply in zip(talk.questions, replies):
             messages += [Message("user", question), Message("assistant", reply)]
         messages.append(Message("user", talk.questions[turn]))
         ids = render_chat(tokenizer, messages, add_generation_prompt=True).ids
-        submitted = time.perf_counter()
-        first = []
-
-        def on_event(event: Event) -> None:
-            try:
-                record(event)
-            except BaseException as error:  # the engine would only log it, and the run would hang
-                failures.append(error)
-                done.set()
-
-        def record(event: Event) -> None:
-            if event.token_id is not None and not first:
-                first.append(time.perf_counter())
-                mode.ttft.append(first[0] - submitted)
-            if event.finish is None:
-                return
-            with lock:
-                mode.prompt_tokens += event.finish.prompt_tokens
-                mode.cached += event.finish.cached_tokens
-                mode.generated += event.finish.completion_tokens
-            mode.replies[client].append(event.finish.text)
-            if turn + 1 < len(talk.questions):
-                submit(client, turn + 1)
-            else:
-                with lock:
-                    remaining[0] -= 1
-                    if remaining[0] == 0:
-                        done.set()
-
         params = api_settings(reply_tokens, 0.8, 0.95, seed=1000 * client + turn, suppress_ids=chat.suppress_ids)
-        engine.submit(ids, params, on_event, chat.reply_end_ids)
+        return ids, params, chat.reply_end_ids
 
+    engine = Engine(model, token_bytes, max_batch=max_batch, max_queue=len(talks), prefix_cache_bytes=cache_bytes)
     with engine:
-        start = time.perf_counter()
-        for client in range(len(talks)):
-            submit(client, 0)
-        done.wait()
-        if failures:
-            raise failures[0]
-        mode.seconds = time.perf_counter() - start
+        timings, mode.seconds = closed_loop(engine, len(talks), next_turn)
         mode.computed = engine.prefill_tokens
+    mode.ttft = [t.stamps[0] - t.submitted for t in timings if t.stamps]
     return mode
 
 
@@ -156,7 +124,7 @@ def load_model(args) -> tuple[GPT, Tokenizer, list[bytes], str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = ArgumentParser(prog="python -m benchmarks.prefix_cache", description=__doc__.split("\n\n")[0])
+    parser = benchmark_parser("prefix_cache", __doc__)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--run", type=path_arg, help="a chat-tuned run directory (this or --config is required)")
     source.add_argument("--config", type=path_arg,

@@ -16,14 +16,16 @@ Timings only; nothing here is a test.
 from __future__ import annotations
 
 import argparse
-import time
+import statistics
+from functools import partial
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
-from common.cli import ArgumentParser, non_negative_int, positive_int, run_command
-from benchmarks.train_throughput import TrainStepRunner, median, paired_ratio_quartiles
+from benchmarks.shared import benchmark_parser, in_turns
+from benchmarks.train_throughput import TrainStepRunner
+from common.cli import non_negative_int, positive_int, run_command
 from common.device import select_device
 from training import configure_backends, install_cpu_backward
 from training.rms_norm_cpu import RMSNormCPUFunction
@@ -42,15 +44,13 @@ def time_norms(shape: tuple[int, ...], repeats: int) -> dict[str, float]:
         "RMSNorm, RMSNormCPUFunction": lambda t: RMSNormCPUFunction.apply(t, weight, 1e-5),
         "LayerNorm (nanoGPT, no bias)": layer_norm,
     }
-    times: dict[str, list[float]] = {name: [] for name in variants}
-    for i in range(repeats + 5):
-        for name, fn in variants.items():
-            leaf = x.detach().requires_grad_()
-            t0 = time.perf_counter()
-            fn(leaf).backward(grad)
-            if i >= 5:  # the first few allocate
-                times[name].append(time.perf_counter() - t0)
-    return {name: median(ts) for name, ts in times.items()}
+
+    def one_pass(fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        fn(x.detach().requires_grad_()).backward(grad)
+
+    passes = {name: partial(one_pass, fn) for name, fn in variants.items()}
+    # The first few passes allocate.
+    return {name: statistics.median(seconds) for name, seconds in in_turns(passes, repeats, warmup=5).items()}
 
 
 def time_steps(cfg, device: torch.device, steps: int) -> tuple[float, float, float]:
@@ -58,31 +58,23 @@ def time_steps(cfg, device: torch.device, steps: int) -> tuple[float, float, flo
     from model import GPT
 
     m, tc = cfg.model, cfg.train
-    runners = []
-    for installed in (True, False):
+    runners = {}
+    for installed in ("with", "without"):
         torch.manual_seed(0)
         model = GPT(m)
-        if installed:
+        if installed == "with":
             install_cpu_backward(model)
-        runners.append(TrainStepRunner("", model, flops=model.flops_per_token(), batch_size=tc.batch_size,
-                                       block_size=m.block_size, vocab_size=m.vocab_size, device=device,
-                                       amp_dtype=torch.float32, compile_model=False, train=tc))
-    with_fn, without_fn = runners
-    new: list[float] = []
-    old: list[float] = []
-    for i in range(steps + 3):
-        t_new = with_fn.step()
-        t_old = without_fn.step()
-        if i >= 3:
-            new.append(t_new)
-            old.append(t_old)
-    # One step per round, the model without the function as the reference: the ratio is old/new.
-    _, ratio, _ = paired_ratio_quartiles([[t] for t in new], [[t] for t in old], flops_ratio=1.0)
-    return median(new), median(old), ratio
+        runners[installed] = TrainStepRunner("", model, flops=model.flops_per_token(), batch_size=tc.batch_size,
+                                             block_size=m.block_size, vocab_size=m.vocab_size, device=device,
+                                             amp_dtype=torch.float32, compile_model=False, train=tc)
+    seconds = in_turns({installed: runner.step for installed, runner in runners.items()}, steps, warmup=3)
+    new, old = seconds["with"], seconds["without"]
+    # One step per turn, the model without the function as the reference: the ratio is old/new.
+    return statistics.median(new), statistics.median(old), statistics.median(o / n for o, n in zip(old, new))
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = ArgumentParser(prog="python -m benchmarks.rms_norm_backward", description=__doc__.split("\n\n")[0])
+    parser = benchmark_parser("rms_norm_backward", __doc__)
     parser.add_argument("--config", default="configs/tiny.yaml", help="the shape timed (default: %(default)s)")
     parser.add_argument("--repeats", type=positive_int, default=300,
                         help="timed forward+backward passes per norm (default: %(default)s)")

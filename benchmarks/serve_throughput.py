@@ -26,34 +26,25 @@ import contextlib
 import json
 import os
 import socket
-import statistics
 import subprocess
 import sys
-import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import torch
 
-from common.cli import ArgumentParser, path_arg, positive_int, run_command
+from benchmarks.shared import Request, Timing, api_settings, benchmark_parser, closed_loop, ms_quantiles
+from common.cli import path_arg, positive_int, run_command
 from common.threads import thread_count
-from inference.engine import decode
+from inference.engine import Engine, decode
 from inference.sampling import SamplingSettings
 from rundir.loading import load_run
-from inference.engine import Engine, Event
 
 PROMPTS = ["ROMEO:", "JULIET:\nO Romeo,", "KING LEAR:\n", "First Citizen:\nBefore we proceed",
            "HAMLET:\nTo be, or not", "MACBETH:\nIs this a dagger", "PORTIA:\nThe quality of mercy",
            "PROSPERO:\nWe are such stuff"]
-
-
-@dataclass
-class Timing:
-    submitted: float
-    stamps: list[float] = field(default_factory=list)
-    tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -67,11 +58,6 @@ class Level:
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.seconds
-
-def api_settings(max_tokens: int, temperature: float = 1.0, top_p: float = 1.0, **options) -> SamplingSettings:
-    """Sampling settings with the server's (OpenAI's) defaults, as serving.api builds them."""
-    return SamplingSettings(max_new_tokens=max_tokens, temperature=temperature, top_k=None, top_p=top_p, **options)
-
 
 
 def requests(count: int, max_tokens: int) -> list[tuple[str, SamplingSettings]]:
@@ -95,39 +81,17 @@ def summarize(clients: int, timings: list[Timing], seconds: float) -> Level:
 
 
 def run_engine(run, work, clients: int, max_batch: int, compile: bool = False) -> Level:
-    """Closed-loop clients on an in-process engine: each finish submits that client's next request."""
-    timings: list[Timing] = []
-    all_done = threading.Event()
-    remaining = [len(work)]
-    lock = threading.Lock()
+    """Closed-loop clients on an in-process engine: each finish sends that client's next request."""
     queues = [work[c::clients] for c in range(clients)]
+
+    def next_request(client: int, finish) -> Request | None:
+        if not queues[client]:
+            return None
+        prompt, params = queues[client].pop(0)
+        return run.tokenizer.encode(prompt).ids, params, ()
+
     with Engine(run.model, run.token_bytes, max_batch=max_batch, compile=compile) as engine:
-
-        def submit_next(queue: list) -> None:
-            prompt, params = queue.pop(0)
-            timing = Timing(time.perf_counter())
-            timings.append(timing)
-
-            def on_event(event: Event) -> None:
-                if event.token_id is not None:
-                    timing.stamps.append(time.perf_counter())
-                if event.finish is not None:
-                    timing.tokens = event.finish.completion_tokens
-                    with lock:
-                        remaining[0] -= 1
-                        if remaining[0] == 0:
-                            all_done.set()
-                    if queue:
-                        submit_next(queue)
-
-            engine.submit(run.tokenizer.encode(prompt).ids, params, on_event)
-
-        start = time.perf_counter()
-        for queue in queues:
-            if queue:
-                submit_next(queue)
-        all_done.wait()
-        seconds = time.perf_counter() - start
+        timings, seconds = closed_loop(engine, clients, next_request)
     return summarize(clients, timings, seconds)
 
 
@@ -181,13 +145,6 @@ def server(run_dir: Path, max_batch: int, threads: int, device: str = "cpu", com
         process.wait()
 
 
-def ms_quantiles(values: list[float]) -> str:
-    if len(values) < 2:
-        return "-"
-    cuts = statistics.quantiles(values, n=20)
-    return f"{statistics.median(values) * 1e3:.1f} / {cuts[18] * 1e3:.1f}"
-
-
 def print_table(title: str, levels: list[Level]) -> None:
     base = levels[0].tokens_per_s if levels and levels[0].clients == 1 else None
     print(f"\n{title}")
@@ -200,7 +157,7 @@ def print_table(title: str, levels: list[Level]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = ArgumentParser(prog="python -m benchmarks.serve_throughput", description=__doc__.split("\n\n")[0])
+    parser = benchmark_parser("serve_throughput", __doc__)
     parser.add_argument("--run", type=path_arg, required=True, help="run directory written by train.py (required)")
     parser.add_argument("--clients", type=positive_int, nargs="+", default=[1, 4, 16, 32],
                         help="concurrency levels measured (default: %(default)s)")

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from common.cli import ArgumentParser, positive_int, run_command
+from benchmarks.shared import add_set_flag, benchmark_parser
+from common.cli import positive_int, run_command
 from common.threads import add_threads_argument, parse_threads, use_threads
 
 PHASES = ("data", "forward", "backward", "clip", "optimizer")
@@ -60,10 +61,9 @@ class Profile:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = ArgumentParser(prog="python -m benchmarks.step_profile", description=__doc__.split("\n\n")[0])
+    p = benchmark_parser("step_profile", __doc__)
     p.add_argument("--config", default="configs/tiny.yaml", help="the training config profiled (default: %(default)s)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="a train.py override; repeatable (default: none)")
+    add_set_flag(p)
     p.add_argument("--steps", type=positive_int, default=20, help="profiled optimizer steps (default: %(default)s)")
     p.add_argument("--warmup", type=positive_int, default=3, help="untimed steps first (default: %(default)s)")
     add_threads_argument(p, why=", as train.py chooses train.threads")
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def measure(args: argparse.Namespace) -> int:
     threads = use_threads(parse_threads(args.threads))
-    profiled = profile_steps(args.config, args.overrides, args.steps, args.warmup)
+    profiled = profile_steps(args.config, args.set, args.steps, args.warmup)
     print(f"{args.config}: {args.steps} profiled steps, {threads.describe()}\n")
     print(tables(profiled))
     return 0

@@ -26,11 +26,13 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import torch
 
-from common.cli import ArgumentParser, path_arg, positive_int, run_command
+from benchmarks.shared import benchmark_parser, in_turns
+from common.cli import path_arg, positive_int, run_command
 from common.errors import UserError
 from evaluation.plays import held_out_plays
 from inference.engine import decode
@@ -112,14 +114,13 @@ def generation_speeds(model: GPT, prompt: list[int], new_tokens: int, repeats: i
     the best of ``repeats`` taken in turns: on a shared machine the fastest run is the one least
     slowed by the others, and turns spread a busy spell over every way alike."""
     settings = SamplingSettings(max_new_tokens=new_tokens, temperature=0.8, top_p=0.95, seed=0)
-    best = dict.fromkeys(GENERATION, math.inf)
-    for _ in range(repeats):
-        for name, options in GENERATION.items():
-            started = time.perf_counter()
-            finish, = decode(model, [prompt], settings, **{"sinks": sinks, **options})
-            best[name] = min(best[name], time.perf_counter() - started)
-            assert finish.completion_tokens == new_tokens, "the generation ended early"  # no end ids are given
-    return {name: new_tokens / seconds for name, seconds in best.items()}
+
+    def generate(options: dict) -> None:
+        finish, = decode(model, [prompt], settings, **{"sinks": sinks, **options})
+        assert finish.completion_tokens == new_tokens, "the generation ended early"  # no end ids are given
+
+    seconds = in_turns({name: partial(generate, options) for name, options in GENERATION.items()}, repeats)
+    return {name: new_tokens / min(spent) for name, spent in seconds.items()}
 
 
 def stream_ids(run_dir: Path, tokenizer, tokens: int) -> list[int]:
@@ -135,7 +136,7 @@ def stream_ids(run_dir: Path, tokenizer, tokens: int) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = ArgumentParser(prog="python -m benchmarks.streaming", description=__doc__.split("\n\n")[0])
+    parser = benchmark_parser("streaming", __doc__)
     parser.add_argument("--run", type=path_arg, required=True,
                         help="a run with model.positions rope or none (required)")
     parser.add_argument("--window-multiples", type=positive_int, default=10,

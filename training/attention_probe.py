@@ -31,25 +31,19 @@ class AttentionProbe:
 
     def record(self, model: nn.Module, logger: Any, step: int, tokenizer: Any, *, final: bool,
                image_interval: int) -> dict[str, float]:
-        """An evaluation's numbers (``summary``), for its line of the metrics file and logged to wandb
+        """An evaluation's numbers (``analysis.maps.attention_summary``), for its line of the metrics file and logged to wandb
         as ``attn/...``; at every ``image_interval``-th evaluation, and the final one, a figure of
         the maps too (0: never)."""
-        stats = self.summary(model)
+        stats = attention_summary(model, self.windows, self.ids)
         logger.log({f"attn/{k}": v for k, v in stats.items()}, step)
         self.evaluations += 1
         if logger.active and image_interval and (final or self.evaluations % image_interval == 1):
-            maps, tokens = self.prompt_maps(model, tokenizer)
-            logger.log_attention_maps("attn/maps", maps, tokens, f"step {step}: attention over {self.prompt!r}", step)
+            # Every layer's maps over the prompt, beside the prompt's tokens as text.
+            maps = attention_maps(model, torch.tensor([self.prompt_ids], device=self.windows.device))
+            logger.log_attention_maps("attn/maps", [layer[0] for layer in maps],
+                                      [tokenizer.decode([i]) for i in self.prompt_ids],
+                                      f"step {step}: attention over {self.prompt!r}", step)
         return stats
-
-    def summary(self, model: nn.Module) -> dict[str, float]:
-        """``analysis.maps.attention_summary`` of ``model`` on this probe's data."""
-        return attention_summary(model, self.windows, self.ids)
-
-    def prompt_maps(self, model: nn.Module, tokenizer: Any) -> tuple[list[torch.Tensor], list[str]]:
-        """Every layer's maps over the prompt, and the prompt's tokens as text: what a figure shows."""
-        ids = torch.tensor([self.prompt_ids], device=self.windows.device)
-        return [layer[0] for layer in attention_maps(model, ids)], [tokenizer.decode([i]) for i in self.prompt_ids]
 
 
 def attention_probe(

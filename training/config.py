@@ -31,7 +31,6 @@ from model import GPTConfig
 from tracking.config import LoggingConfig
 from training.fsdp import torch_too_old
 from training.init_from import ParentRun, find_parent, model_section_from_parent, refuse_own_parent
-from training.muon import ITERATIONS
 from training.tasks.dpo.config import DPOConfig, check_dpo_run
 from training.tasks.grpo.config import RLConfig, check_rl_run
 
@@ -128,11 +127,6 @@ class TrainConfig:
     value_embedding_lr: float | None = None
     muon_momentum: float = 0.95
     muon_momentum_warmup: int = 0  # steps over which Muon's momentum rises to muon_momentum (0 = none)
-    # Muon's newer forms (training/muon.py), off by default: the orthogonalising iteration
-    # (newton_schulz | polar_express), NorMuon's per-row normalisation, and cautious weight decay.
-    muon_iteration: str = "newton_schulz"
-    normuon: bool = False
-    cautious_weight_decay: bool = False
     warmup_steps: int = 100
     weight_decay: float = 0.1  # applied to weight matrices only
     beta1: float = 0.9
@@ -170,6 +164,10 @@ class TrainConfig:
     # Keys taken out or moved, at the value each had when it changed nothing (common.config.Removed).
     REMOVED_KEYS: ClassVar[dict[str, Removed]] = {
         "bigram_lr": Removed(None),
+        "muon_iteration": Removed("newton_schulz"),
+        "normuon": Removed(False, "was removed: NorMuon tied by the records protocol (docs/records.md, tried and "
+                                  "dropped); delete the key"),
+        "cautious_weight_decay": Removed(False),
         "short_window": Removed(None, "(short windows first) was taken out: it tied by the records protocol "
                                       "(docs/records.md); delete the key"),
         "short_window_share": Removed(0.3, "went with train.short_window, which tied by the records protocol "
@@ -201,12 +199,6 @@ class TrainConfig:
                         note=" (or null: the same as train.lr)")
         require_in(self.muon_momentum, "train.muon_momentum", 0, 1, high_open=True)
         require(self.muon_momentum_warmup >= 0, "train.muon_momentum_warmup must be >= 0 (0 = no warm-up)")
-        require_one_of(self.muon_iteration, "train.muon_iteration", ITERATIONS)
-        for name in ("normuon", "cautious_weight_decay"):
-            require(not getattr(self, name) or self.optimizer == "muon",
-                    f"train.{name} is a form of Muon's step; set train.optimizer: muon or {name}: false")
-        require(not (self.normuon and self.parallel == "fsdp"), "train.normuon keeps whole-matrix state "
-                "that train.parallel: fsdp does not shard; set normuon: false or parallel: ddp")
         require_in(self.min_lr, "train.min_lr", 0, self.lr, note=" (0 to train.lr)")
         require_one_of(self.lr_schedule, "train.lr_schedule", ("cosine", "wsd"))
         require_in(self.lr_decay_fraction, "train.lr_decay_fraction", 0, 1, low_open=True)
@@ -364,7 +356,6 @@ def load_run_config(path: str | Path, overrides: list[str] | tuple[str, ...] = (
     if isinstance(run, dict) and run.get("out_dir") is None:
         raw["run"] = {**run, "out_dir": f"runs/{path.stem}"}
     return config_from_dict(raw)
-
 
 
 def config_from_dict(raw: dict[str, Any]) -> Config:

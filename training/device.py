@@ -32,12 +32,10 @@ def resolve_precision(preference: str, device: torch.device, run_own: str | None
         preference, asked = run_own, f"train.precision=auto resumes the run's own {run_own}, but"
     else:
         asked = f"train.precision={preference} but"
-    if preference == "fp32":
-        return torch.float32
-    if preference == "bf16":
-        if device.type == "cuda" and not torch.cuda.is_bf16_supported():
-            raise UserError(f"{asked} this GPU has no bf16 support; use --set train.precision=fp32")
-        return torch.bfloat16
+    if preference == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise UserError(f"{asked} this GPU has no bf16 support; use --set train.precision=fp32")
+    if preference in PRECISIONS:
+        return PRECISIONS[preference]
     if device.type == "cuda" and torch.cuda.is_bf16_supported():
         return torch.bfloat16
     if device.type == "cpu" and cpu_has_bf16_dot_products():

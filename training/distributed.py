@@ -148,33 +148,6 @@ def sync_gradients(model: nn.Module, enabled: bool) -> Iterator[None]:
         yield
 
 
-def decided_on_main(ctx: DistContext, action: Callable[[], T]) -> T | None:
-    """Run ``action`` on rank 0 alone (checks and writes of the run directory), and make its
-    failure every rank's: rank 0 raises its own error, the others a ``UserError`` with the same
-    line. Every rank then leaves together, each with one line, instead of the others failing later
-    in a collective whose peer is gone."""
-    result, failure, line = None, None, None
-    if ctx.is_main:
-        try:
-            result = action()
-        except UserError as e:
-            failure, line = e, str(e)
-        except OSError as e:  # under torchrun the same line as the others, not train.py's own
-            line = describe_os_error(e)
-            failure = UserError(line) if ctx.enabled else e
-        except BaseException as e:  # a bug or an interrupt: the others only learn that rank 0 stopped
-            failure, line = e, f"rank 0 stopped ({type(e).__name__}); see its output"
-    if ctx.enabled:
-        shared = [line]
-        dist.broadcast_object_list(shared, src=0)
-        line = shared[0]
-    if failure is not None:
-        raise failure
-    if line is not None:
-        raise UserError(line)
-    return result
-
-
 def shared_failure(ctx: DistContext, action: Callable[[], T]) -> T:
     """Run ``action`` on every rank (scoring this rank's samples, say) and make a failure of any rank
     every rank's: the failing rank raises its own error, the others a ``UserError`` with the first
@@ -185,6 +158,9 @@ def shared_failure(ctx: DistContext, action: Callable[[], T]) -> T:
         result = action()
     except UserError as e:
         failure, line = e, str(e)
+    except OSError as e:  # under torchrun the same line as the others, not train.py's own
+        line = describe_os_error(e)
+        failure = UserError(line) if ctx.enabled else e
     except BaseException as e:  # a bug or an interrupt: the others only learn that this rank stopped
         failure, line = e, f"rank {ctx.rank} stopped ({type(e).__name__}); see its output"
     if ctx.enabled:
@@ -196,6 +172,12 @@ def shared_failure(ctx: DistContext, action: Callable[[], T]) -> T:
     if line is not None:
         raise UserError(line)
     return result
+
+
+def decided_on_main(ctx: DistContext, action: Callable[[], T]) -> T | None:
+    """Run ``action`` on rank 0 alone (checks and writes of the run directory), its failure every
+    rank's as ``shared_failure`` makes it."""
+    return shared_failure(ctx, lambda: action() if ctx.is_main else None)
 
 
 def all_gather_rows(value: torch.Tensor, ctx: DistContext) -> torch.Tensor:

@@ -122,12 +122,7 @@ def score_batches(
     )
 
 
-def generate_sample(
-    model: Any,
-    tokenizer: Any,
-    prompt: str,
-    settings: SamplingSettings,
-) -> str:
+def generate_sample(model: Any, tokenizer: Any, prompt: str, settings: SamplingSettings) -> str:
     """Continue ``prompt`` through the engine; returns prompt + continuation, which ends where the
     model ends the document (its end-of-text token), as the sample is one document's text.
 

@@ -36,14 +36,11 @@ class KeptModel:
     val_loss: float | None = None
     evaluated_step: int | None = None  # the last step scored on the subset
 
-    def improves(self, val_loss: float) -> bool:
-        """Whether an evaluation scoring ``val_loss`` replaces the kept weights (ties keep the earlier)."""
-        return self.val_loss is None or val_loss < self.val_loss
-
     def record(self, step: int, val_loss: float) -> bool:
-        """Note the evaluation of ``step``; True when its weights are now the kept ones."""
+        """Note the evaluation of ``step``; True when its weights are now the kept ones (a tie keeps
+        the earlier)."""
         self.evaluated_step = step
-        if not self.improves(val_loss):
+        if self.val_loss is not None and not val_loss < self.val_loss:
             return False
         self.step, self.val_loss = step, val_loss
         return True

@@ -13,8 +13,8 @@ saves here is everything kept between steps: the optimizer's state and the gradi
 adapters' alone, and so is the checkpoint's new information (the adapter file).
 
 The run directory keeps the adapter in PEFT's files (``adapter_config.json``,
-``adapter_model.safetensors``) under the Hugging Face export's layer names
-(``exporting.hf.weights.block_linears``): loaded with ``peft.PeftModel.from_pretrained`` onto the
+``adapter_model.safetensors``) under the Hugging Face export's layer names (the model's layer map,
+``model.layer_map.block_linears``): loaded with ``peft.PeftModel.from_pretrained`` onto the
 parent's export, it computes this model. Our fused layers map exactly: one A and a stacked B on
 ``attn.qkv`` are three LoRAs on ``q_proj``, ``k_proj`` and ``v_proj`` sharing A, each with its rows
 of B; likewise ``gate_up``, latent attention's ``down`` and ``kv_up``. The run's ``model.safetensors``
@@ -108,23 +108,15 @@ def add_adapters(model: GPT, lora: LoraConfig, token_ids: list[int] | None = Non
         parametrize.register_parametrization(model.lm_head, "weight", head_rows)
 
 
-def adapted_layers(model: nn.Module) -> Iterator[tuple[str, nn.Module, LowRankDelta]]:
-    """Each adapted layer of ``model``: its name, the layer, and its adapter."""
+def parametrized(model: nn.Module, kind: type | tuple[type, ...]) -> Iterator[tuple[str, nn.Module, nn.Module]]:
+    """Each layer of ``model`` whose weight a ``kind`` parametrizes (``LowRankDelta``: the adapted
+    layers; ``TrainedRows``: the token matrices with trained rows, a tied head sharing the
+    embedding's): its name, the layer, and the parametrization."""
     for name, module in model.named_modules():
         if parametrize.is_parametrized(module, "weight"):
-            for delta in module.parametrizations.weight:
-                if isinstance(delta, LowRankDelta):
-                    yield name, module, delta
-
-
-def trained_rows(model: nn.Module) -> Iterator[tuple[str, nn.Module, TrainedRows]]:
-    """Each token matrix of ``model`` with trained rows: its name, the layer, and its rows (a tied
-    head shares the embedding's)."""
-    for name, module in model.named_modules():
-        if parametrize.is_parametrized(module, "weight"):
-            for rows in module.parametrizations.weight:
-                if isinstance(rows, TrainedRows):
-                    yield name, module, rows
+            for part in module.parametrizations.weight:
+                if isinstance(part, kind):
+                    yield name, module, part
 
 
 def trainable_parameters(model: nn.Module) -> int:
@@ -135,7 +127,7 @@ def trainable_parameters(model: nn.Module) -> int:
 def adapters_disabled(model: nn.Module) -> Iterator[None]:
     """``model`` as its frozen base for the block (a DPO reference without a second copy of the
     weights), then with its adapters (and trained rows) back on."""
-    deltas = [delta for _, _, delta in adapted_layers(model)] + [rows for _, _, rows in trained_rows(model)]
+    deltas = [part for _, _, part in parametrized(model, (LowRankDelta, TrainedRows))]
     for delta in deltas:
         delta.enabled = False
     try:
@@ -148,7 +140,7 @@ def adapters_disabled(model: nn.Module) -> Iterator[None]:
 def merged_copy(model: GPT) -> GPT:
     """A plain model whose weights are the adapted ones (``W + scale·B·A``): what the run saves
     as ``model.safetensors``. ``model`` itself when it has no adapters."""
-    adapted = [(name, layer) for name, layer, _ in [*adapted_layers(model), *trained_rows(model)]]
+    adapted = [(name, layer) for name, layer, _ in parametrized(model, (LowRankDelta, TrainedRows))]
     if not adapted:
         return model
     # A new model rather than a deep copy with the parametrizations removed: parametrize gives each
@@ -169,7 +161,7 @@ def adapted_state(model: nn.Module, weights: dict[str, torch.Tensor]) -> dict[st
     """A plain model's ``weights`` (what ``model.safetensors`` holds) as a state dict for ``model``:
     each adapted layer's frozen weight becomes its merged weight and its B zero, so ``model`` then
     computes exactly ``weights``. ``weights`` unchanged when ``model`` has no adapters."""
-    adapted, rows = list(adapted_layers(model)), list(trained_rows(model))
+    adapted, rows = list(parametrized(model, LowRankDelta)), list(parametrized(model, TrainedRows))
     if not adapted and not rows:
         return weights
     state = {key: weights.get(key, tensor) for key, tensor in model.state_dict().items()}
@@ -185,11 +177,11 @@ def adapted_state(model: nn.Module, weights: dict[str, torch.Tensor]) -> dict[st
 
 def peft_state_dict(model: GPT) -> dict[str, torch.Tensor]:
     """The adapters under PEFT's keys for the Hugging Face export: a fused layer's A for each of its
-    parts, and B split by the parts' rows (``exporting.hf.weights.block_linears``)."""
+    parts, and B split by the parts' rows (``model.layer_map.block_linears``)."""
     linears = block_linears(model.config)
     state = {}
     for i, block in enumerate(model.blocks):
-        for name, _, delta in adapted_layers(block):
+        for name, _, delta in parametrized(block, LowRankDelta):
             parts = linears[name].parts
             rows = delta.lora_B.split([part.rows for part in parts])
             for part, b in zip(parts, rows, strict=True):
@@ -197,7 +189,7 @@ def peft_state_dict(model: GPT) -> dict[str, torch.Tensor]:
                 state[f"{key}.lora_A.weight"] = delta.lora_A
                 state[f"{key}.lora_B.weight"] = b
     # PEFT's trainable tokens: the embedding's rows, and an untied head's (a tied head reads the embedding's).
-    for name, _, rows in trained_rows(model):
+    for name, _, rows in parametrized(model, TrainedRows):
         if name == "tok_emb" or not model.config.tie_embeddings:
             key = {"tok_emb": "model.embed_tokens", "lm_head": "lm_head"}[name]
             state[f"{_PEFT_PREFIX}{key}.token_adapter.trainable_tokens_delta"] = rows.rows
@@ -213,7 +205,7 @@ def peft_config(model: GPT, lora: LoraConfig) -> dict[str, object]:
     export ties them), or one list per matrix when the head is untied."""
     linears = block_linears(model.config)
     modules = sorted({part.name.rpartition(".")[2] for name in lora.layers(model.config) for part in linears[name].parts})
-    indices = next((rows.index.tolist() for _, _, rows in trained_rows(model)), None)
+    indices = next((rows.index.tolist() for _, _, rows in parametrized(model, TrainedRows)), None)
     if indices is not None and not model.config.tie_embeddings:
         indices = {"embed_tokens": indices, "lm_head": indices}
     return {
@@ -249,7 +241,7 @@ def describe(model: GPT, lora: LoraConfig) -> str:
     """What trains: the adapted layers, the token rows, and the share of the parameters that learn."""
     trained, total = trainable_parameters(model), model.num_params()
     rows = ""
-    if lora.trainable_tokens and any(True for _ in trained_rows(model)):
+    if lora.trainable_tokens and any(True for _ in parametrized(model, TrainedRows)):
         matrix = "the token embedding (the LM head's too, tied)" if model.config.tie_embeddings else (
             "the token embedding and the LM head")
         rows = f", and the rows of {' '.join(lora.trainable_tokens)} in {matrix}"

@@ -94,8 +94,7 @@ def build_optimizer(
     [matrices] = muon
     return MuonWithAdamW(
         Muon(matrices.params, lr=cfg.lr * matrices.lr_scale, momentum=cfg.muon_momentum,
-             weight_decay=matrices.weight_decay, iteration=cfg.muon_iteration, normuon=cfg.normuon,
-             cautious_weight_decay=cfg.cautious_weight_decay),
+             weight_decay=matrices.weight_decay),
         adamw,
     )
 

@@ -41,11 +41,6 @@ class TrainResult:
     adapter_numbers: dict[str, Any] = field(default_factory=dict)
 
     @property
-    def chat(self) -> bool:
-        """Whether the run's model replies in the chat format (every kind but a text run)."""
-        return self.kind != "text"
-
-    @property
     def interrupted(self) -> bool:
         return self.stopped_by == "interrupted"
 

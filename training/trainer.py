@@ -159,11 +159,13 @@ class Trainer:
             self.threads = use_threads(None if tc.threads == "auto" else tc.threads, self.threads_setting)
         self.cpu_share = CpuShareWatch(self.device, self.threads.threads)
         check_model_fits(self.config.model, self.device)  # an absurd size, before anything slow
-        # The whole step's estimate, from the config alone: refused here, before any allocation.
-        micro_batch = split_batch(tc.batch_size, tc.grad_accum_steps, self.ctx.world_size).batch_size
+        # The optimizer step always covers batch_size x grad_accum_steps sequences; more processes
+        # share it instead of silently growing the batch.
+        self.split = split_batch(tc.batch_size, tc.grad_accum_steps, self.ctx.world_size)
         self.amp_dtype = resolve_precision(tc.precision, self.device, run_own=run_precision(state, self.device))
+        # The whole step's estimate, from the config alone: refused here, before any allocation.
         self.memory_plan = plan_run_memory(self.config, self.device, world_size=self.ctx.world_size,
-                                           micro_batch=micro_batch, bf16=self.amp_dtype == torch.bfloat16)
+                                           micro_batch=self.split.batch_size, bf16=self.amp_dtype == torch.bfloat16)
         self._prepare_data(resume=resume)
         self._build_model_and_optimizer()
         wandb_run_id = self._restore(state) if state is not None else None
@@ -210,17 +212,13 @@ class Trainer:
         # resumed with a new train.lr or train.muon_lr runs at the new ratio between the two.
         self.param_groups = plan_param_groups(self.model, tc)
         self.optimizer = build_optimizer(self.param_groups, tc, self.device)
-        # The optimizer step always covers batch_size x grad_accum_steps sequences; more
-        # processes share it instead of silently growing the batch.
-        split = split_batch(tc.batch_size, tc.grad_accum_steps, ctx.world_size)
-        self.micro_steps = split.micro_steps
         # Positions computed per step, at most: every row of every example fills the window.
         self.tokens_per_step = tc.batch_size * tc.grad_accum_steps * cfg.rows_per_example * cfg.model.block_size
         self.schedule = build_schedule(tc, self.tokens_per_step)
         self.steps_per_epoch = self.task.steps_per_epoch(tc.batch_size * tc.grad_accum_steps)
         self.corpus_check = CorpusCheck(self.steps_per_epoch, self.tokens_per_step, tc.max_tokens, self.task)
-        self.batches = self.task.batches(split.batch_size, seed=tc.seed, rank=ctx.rank, world_size=ctx.world_size,
-                                         device=self.device)
+        self.batches = self.task.batches(self.split.batch_size, seed=tc.seed, rank=ctx.rank,
+                                         world_size=ctx.world_size, device=self.device)
         self.compiled = should_compile(tc.compile, self.device)
         self.train_model = torch.compile(self.wrapped) if self.compiled else self.wrapped
         self.flops_per_token = self.model.flops_per_token(cfg.model.block_size)
@@ -257,11 +255,10 @@ class Trainer:
             is_main=self.ctx.is_main,
         )
         if self.verbose:
-            precision = "bf16" if self.amp_dtype == torch.bfloat16 else "fp32"
             self._say(
                 f"{'resuming' if resume else 'training'} {self.adapters.trained(self.model)} on {self.device} "
-                f"({precision}{', compiled' if self.compiled else ''}); {self.tokens_per_step} tokens/step; "
-                f"MFU against {format_flops(self.peak)}FLOP/s ({self.peak_source}); "
+                f"({precision_name(self.amp_dtype)}{', compiled' if self.compiled else ''}); "
+                f"{self.tokens_per_step} tokens/step; MFU against {format_flops(self.peak)}FLOP/s ({self.peak_source}); "
                 f"{self.threads.describe()}; run dir {self.run_dir}"
             )
             self._say(self.memory_plan)
@@ -302,7 +299,7 @@ class Trainer:
                     set_learning_rate(self.optimizer, self.param_groups, lr, muon_momentum(tc, self.step))
                     try:
                         step_loss, tokens = self.task.accumulate(
-                            self.train_model, self.batches, self.micro_steps, ctx=self.ctx, stop=stop,
+                            self.train_model, self.batches, self.split.micro_steps, ctx=self.ctx, stop=stop,
                             amp=lambda: autocast(self.device, self.amp_dtype),
                             sync=lambda last: sync_gradients(self.wrapped, last),
                         )
@@ -400,18 +397,9 @@ class Trainer:
 
     def _log_train(self, loss: float, lr: float, grad_norm: float) -> None:
         tokens_per_s = self.throughput.tokens_per_second()
-        record = {
-            "kind": "train",
-            "step": self.step,
-            "loss": loss,
-            "lr": lr,
-            "grad_norm": grad_norm,
-            "tokens": self.tokens_seen,
-            "tokens_per_s": tokens_per_s,
-            "mfu": self._mfu(tokens_per_s),
-            "elapsed_s": self._elapsed(),
-            **self.task.train_fields(self.batches),
-        }
+        record = {"kind": "train", "step": self.step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
+                  "tokens": self.tokens_seen, "tokens_per_s": tokens_per_s, "mfu": self._mfu(tokens_per_s),
+                  "elapsed_s": self._elapsed(), **self.task.train_fields(self.batches)}
         if self.ctx.is_main:
             self.metrics.append(record)
             self.logger.log({f"train/{k}": v for k, v in record.items() if k not in ("kind", "step")}, self.step)
@@ -441,7 +429,9 @@ class Trainer:
         if final:
             result.metrics.update(self.task.final_metrics(plain))
         record = eval_record(result, self.step, self._elapsed(), weights_step=self._kept_step() if final else None)
-        samples = self._samples(plain) if ec.sample_tokens > 0 else []
+        samples = self.task.samples(plain, SamplingSettings(
+            max_new_tokens=ec.sample_tokens, temperature=ec.sample_temperature, top_k=ec.sample_top_k, top_p=None,
+            seed=ec.sample_seed)) if ec.sample_tokens > 0 else []
         record.update(self.task.sample_fields(samples))
         if self.probe is not None:
             record.update(self.probe.record(plain, self.logger, self.step, self.task.tokenizer, final=final,
@@ -460,12 +450,6 @@ class Trainer:
             self._say(self.task.eval_line(scope, self.step, result, [] if self.kept.step is not None else samples))
         self.last_eval_s = self._elapsed()
         return result
-
-    def _samples(self, model: GPT) -> list[tuple[str, str]]:
-        ec = self.config.eval
-        settings = SamplingSettings(max_new_tokens=ec.sample_tokens, temperature=ec.sample_temperature,
-                                    top_k=ec.sample_top_k, top_p=None, seed=ec.sample_seed)
-        return self.task.samples(model, settings)
 
     def _write_kept_weights(self, plain: GPT) -> None:
         save_pretrained(self.adapters.merged(plain), self.run_dir)

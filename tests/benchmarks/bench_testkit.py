@@ -14,6 +14,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def benchmark_scripts() -> list[str]:
+    """The module names of benchmarks/ that are commands (``python -m benchmarks.NAME``); the
+    package's __init__ and its shared helpers have no command line."""
+    return sorted(path.stem for path in (ROOT / "benchmarks").glob("*.py")
+                  if 'if __name__ == "__main__":' in path.read_text())
+
+
 def run_python(args: list[str], cwd: Path = ROOT, timeout: float = 300, env: dict[str, str] | None = None,
                ) -> subprocess.CompletedProcess:
     """``python *args`` from the repository root, with wandb off, one torch thread and no network.

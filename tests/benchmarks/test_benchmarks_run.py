@@ -80,18 +80,11 @@ def test_attention_variants_times_the_latent_forms(toy_config) -> None:
     assert_words(out, "kv_latent_dim 16", "kv_latent_dim 8", "expanded", "absorbed", "decode step")
 
 
-def test_quality_per_minute_runs_a_technique(toy_config, bench_dir) -> None:
-    out = bench("quality_per_minute", "--config", toy_config, "--only", "baseline", "qk-norm", "--seeds", 1337,
-                "--out", bench_dir / "quality_per_minute", "--set", "train.max_minutes=null",
-                "--set", "train.max_steps=2", "--set", "eval.max_batches=1", "--set", "eval.final_max_batches=1")
-    assert_words(out, "| technique |", "| baseline |", "| qk-norm |", "host matmul peak")
-
-
 def test_quality_per_minute_screens_at_equal_steps(toy_config, bench_dir) -> None:
-    out = bench("quality_per_minute", "--config", toy_config, "--only", "baseline", "normuon", "--seeds", 1337,
-                "--steps", 2, "--short-steps", 1, "--pairs", 2, "--out", bench_dir / "quality_screen",
+    out = bench("quality_per_minute", "--config", toy_config, "--candidate", "qk-norm", "model.qk_norm=true",
+                "--seeds", 1337, "--steps", 2, "--short-steps", 1, "--pairs", 2, "--out", bench_dir / "quality_screen",
                 "--set", "eval.max_batches=1", "--set", "eval.final_max_batches=1")
-    assert_words(out, "equal steps (2; baseline also 1)", "| Δ at equal steps |", "| normuon | 2 |",
+    assert_words(out, "equal steps (2; baseline also 1)", "| Δ at equal steps |", "| qk-norm | 2 |",
                  "baseline at 1 steps")
 
 
@@ -101,21 +94,10 @@ def test_step_profile(toy_run, toy_config) -> None:  # toy_run: the config's dat
                  "| **all** |")
 
 
-def test_cache_verification(toy_run, toy_config) -> None:
-    entry = next(p for p in (toy_config.parent / "cache").iterdir() if p.name.startswith("shakespeare-"))
-    out = bench("cache_verification", "--entry", entry, "--synthetic-mb", 1, "--repeats", 1)
-    assert_words(out, "open with verification", "size checks only", "verification rate")
-
-
 def test_data_prep() -> None:
-    out = bench("data_prep", "--no-sweep", "--vocab-size", 300)
-    assert_words(out, "prepare Shakespeare from scratch", "cached re-run", "batch assembly", "held out for validation")
-
-
-def test_decode_speed() -> None:
-    out = bench("decode_speed", "--only", "tiny", "--block-size", 32, "--vocab-size", 300, "--contexts", 16, 32,
-                "--prompt-len", 4, "--device", "cpu", "--threads", 1)
-    assert_words(out, "context band", "cached ms/tok", "KV cache, batch 1")
+    out = bench("data_prep", "--no-sweep", "--vocab-size", 300, "--synthetic-mb", 1)
+    assert_words(out, "prepare Shakespeare from scratch", "cached re-run", "open the entry, verified",
+                 "verify a 1 MiB token file", "verification rate", "batch assembly", "held out for validation")
 
 
 def test_generate_speed(toy_run) -> None:
@@ -145,11 +127,6 @@ def test_cuda_decode_runs_on_a_gpu_and_refuses_in_one_line_without_one(toy_run) 
     proc = run_python(["-m", "benchmarks.cuda_decode", *map(str, args)])
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr == "error: benchmarks.cuda_decode needs a CUDA GPU; on the CPU use benchmarks.generate_speed\n"
-
-
-def test_onnx_decode(toy_run) -> None:
-    out = bench("onnx_decode", "--run", toy_run, "--context", 8, "--new-tokens", 4, "--repeats", 1, "--threads", 1)
-    assert_words(out, "generate.py (PyTorch)", "ONNX Runtime, dynamic", "ONNX Runtime, static")
 
 
 def test_hf_export_parity(toy_run) -> None:

@@ -7,11 +7,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from bench_testkit import ROOT
+from bench_testkit import benchmark_scripts
 
 
 def test_every_benchmark_script_has_a_smoke_test() -> None:
-    scripts = {path.stem for path in (ROOT / "benchmarks").glob("*.py") if path.stem != "__init__"}
+    scripts = set(benchmark_scripts())
     smoke = (Path(__file__).parent / "test_benchmarks_run.py").read_text()
     run = set(re.findall(r'\bbench\("(\w+)"', smoke))
     assert scripts, "no benchmark scripts found"

@@ -41,8 +41,14 @@ def test_the_table_gives_each_technique_its_difference_cost_and_estimate():
 
 
 @pytest.mark.parametrize("argv,words", [
-    (["--steps", "10", "--only", "normuon"], "add baseline to --only"),
-    (["--steps", "10", "--short-steps", "10", "--only", "baseline"], "--short-steps (10) must be below --steps (10)"),
+    ([], "nothing to screen: give --candidate NAME KEY=VALUE"),
+    (["--candidate", "qk-norm"], "--candidate qk-norm: give its overrides as SECTION.KEY=VALUE"),
+    (["--candidate", "qk-norm", "model.qk_norm"], "--candidate qk-norm: give its overrides as SECTION.KEY=VALUE"),
+    (["--candidate", "baseline", "train.lr=1e-3"], "--candidate baseline: a name is a new word"),
+    (["--candidate", "a", "train.lr=1e-3", "--candidate", "a", "train.lr=2e-3"], "name each candidate once"),
+    (["--candidate", "../up", "train.lr=1e-3"], "--candidate ../up: a name is a new word"),
+    (["--candidate", "a", "train.lr=1e-3", "--steps", "10", "--short-steps", "10"],
+     "--short-steps (10) must be below --steps (10)"),
 ])
 def test_a_screen_that_cannot_compare_is_refused_in_one_line(argv, words, capsys):
     assert main(argv) == 2

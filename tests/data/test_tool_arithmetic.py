@@ -132,5 +132,5 @@ def test_tool_conversations_in_openai_shape_are_read_from_files(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"messages": [{"role": "user", "content": "q"}, {"role": "tool", "content": "5"},
                                             {"role": "assistant", "content": "5"}]}) + "\n", encoding="utf-8")
-    with pytest.raises(DataError, match=rf"{re.escape(str(bad))} row 0: message 1 is a tool result that answers no call"):
+    with pytest.raises(DataError, match=rf"{re.escape(str(bad))} line 1: message 1 is a tool result that answers no call"):
         load_conversations(DataConfig(source="files", format="chat", files=FilesSourceConfig(paths=[str(bad)])))

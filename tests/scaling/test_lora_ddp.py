@@ -33,7 +33,7 @@ def test_a_lora_run_on_two_processes_trains_the_adapters_alone_and_resumes_on_on
     for name, tensor in state["model"].items():
         if name.endswith("lora_B"):
             assert tensor.abs().max() > 0, name  # B started at zero: the adapters trained
-        elif not name.endswith("lora_A"):
+        elif ".parametrizations." not in name or name.endswith(".original"):  # the rest is the adapters' own
             assert torch.equal(tensor, before[name.replace(".parametrizations.weight.original", ".weight")]), name
     assert (run / "adapter_model.safetensors").is_file() and (run / "adapter_config.json").is_file()
 

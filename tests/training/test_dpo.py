@@ -236,16 +236,16 @@ def test_a_lora_policy_with_its_adapters_off_is_the_frozen_reference():
 
     from training.adapters import LoraAdapters
     from training.config import LoraConfig
-    from training.lora import adapted_layers, trained_rows
+    from training.lora import LowRankDelta, TrainedRows, parametrized
     from training.tasks.reference import AdaptersOffReference
 
     parent, policy = _model(), _model()
     adapters = LoraAdapters(LoraConfig(rank=2, trainable_tokens=["<|end|>"]))
     adapters.apply(policy, SimpleNamespace(token_to_id={"<|end|>": 3}.get))
     with torch.no_grad():
-        for _, _, delta in adapted_layers(policy):
+        for _, _, delta in parametrized(policy, LowRankDelta):
             delta.lora_B.normal_()
-        for _, _, rows in trained_rows(policy):  # the end token's row moved too, and is off with the adapters
+        for _, _, rows in parametrized(policy, TrainedRows):  # the end token's row moved too, and is off with the adapters
             rows.rows.normal_()
     x, y = _pair_batch(torch.Generator().manual_seed(0), pairs=3)
     expected = reply_logps(FrozenReference(parent).logits(parent, x), y)

@@ -18,7 +18,7 @@ from data.tokenizer import load_tokenizer
 from model import GPT, GPTConfig, load_pretrained
 from rundir.checkpoint import load_trainer_state
 from training.config import LoraConfig, config_from_dict
-from training.lora import adapted_layers, adapters_disabled, add_adapters, merged_copy
+from training.lora import LowRankDelta, adapters_disabled, add_adapters, merged_copy, parametrized
 from training.trainer import train
 
 # Latent attention with a query latent and a ReLU² MLP: every layer name the other kind lacks.
@@ -40,7 +40,7 @@ def _adapted(model: GPT, lora: LoraConfig) -> GPT:
     add_adapters(model, lora)
     generator = torch.Generator().manual_seed(1)
     with torch.no_grad():
-        for _, _, delta in adapted_layers(model):
+        for _, _, delta in parametrized(model, LowRankDelta):
             delta.lora_B.copy_(0.05 * torch.randn(delta.lora_B.shape, generator=generator))
     return model
 
@@ -59,7 +59,7 @@ def test_only_the_adapters_train_and_they_merge_into_the_same_model(kind):
         torch.testing.assert_close(model(x), base, rtol=0, atol=0)  # the base, bit for bit
     torch.testing.assert_close(model(x), adapted, rtol=0, atol=0)  # and back on
     merged = merged_copy(model)
-    assert not list(adapted_layers(merged)) and list(adapted_layers(model))
+    assert not list(parametrized(merged, LowRankDelta)) and list(parametrized(model, LowRankDelta))
     torch.testing.assert_close(merged(x), adapted, rtol=1e-5, atol=1e-5)
 
 
@@ -77,7 +77,7 @@ def test_adapter_dropout_drops_the_adapters_input_as_peft_does():
     model = _adapted(_model(), LoraConfig(rank=4, alpha=8.0, dropout=0.5, targets=["ffn.down"]))
     model.train()
     layer = model.blocks[0].ffn.down
-    [(_, _, delta)] = [entry for entry in adapted_layers(model.blocks[0])]
+    [(_, _, delta)] = [entry for entry in parametrized(model.blocks[0], LowRankDelta)]
     x = torch.randn(3, 5, layer.in_features)
     torch.manual_seed(7)
     out = layer(x)

@@ -141,9 +141,6 @@ def test_wrong_types_name_the_key(tmp_path, override, key):
         ("train.muon_lr=0", "train.muon_lr"),
         ("train.value_embedding_lr=0", "train.value_embedding_lr"),
         ("train.muon_momentum=1.0", "train.muon_momentum"),
-        ("train.muon_iteration=cubic", "train.muon_iteration"),
-        ("train.normuon=true", "train.normuon"),  # MINIMAL trains with AdamW
-        ("train.cautious_weight_decay=true", "train.cautious_weight_decay"),
         ("train.lr_schedule=step", "train.lr_schedule"),
         ("train.lr_decay_fraction=0", "train.lr_decay_fraction"),
         ("train.threads=0", "train.threads"),
@@ -261,7 +258,9 @@ def test_a_fine_tuning_config_without_its_parent_says_to_set_init_from(tmp_path)
 
 
 # The options that lost by the records protocol and left the code, with the value that turned each off.
-REMOVED = [("model.bigram_buckets", "null", "8192"), ("model.mtp_weight", "0.0", "0.3"), ("train.bigram_lr", "null", "0.4")]
+REMOVED = [("model.bigram_buckets", "null", "8192"), ("model.mtp_weight", "0.0", "0.3"), ("train.bigram_lr", "null", "0.4"),
+           ("train.muon_iteration", "newton_schulz", "polar_express"), ("train.normuon", "false", "true"),
+           ("train.cautious_weight_decay", "false", "true")]
 
 
 @pytest.mark.parametrize("key, off, on", REMOVED)

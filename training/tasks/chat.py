@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Any, Callable, ContextManager
+from typing import Any, Callable, ContextManager, Sized
 
 import torch
 import torch.nn.functional as F
@@ -37,11 +37,6 @@ CHAT_SAMPLES = 4  # held-out conversations a chat run replies to at each evaluat
 ENDING_REPLIES = 200
 ENDING_MAX_TOKENS = SamplingSettings.max_new_tokens
 ENDING_SEED = 0
-
-
-def summed_target_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy summed over targets that are not -1 (0 when there are none)."""
-    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1, reduction="sum")
 
 
 def accumulate_chat_gradients(
@@ -68,7 +63,7 @@ def accumulate_chat_gradients(
         with sync(last) if sync is not None else contextlib.nullcontext():
             with amp() if amp is not None else contextlib.nullcontext():
                 logits = model(x)
-            loss = summed_target_loss(logits, y)
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), ignore_index=-1, reduction="sum")
             (loss * scale.float()).backward()
         total += loss.detach().double()
     if ctx is not None:
@@ -98,9 +93,14 @@ def evaluate_chat(
     return score_batches(model, batches, token_bytes, device=device, amp=amp, ctx=ctx, charge_zero_byte=True)
 
 
-def held_out_rows(split: ChatSplit, count: int) -> list[int]:
-    """``count`` held-out conversations spread evenly over the split (all of them when it has fewer)."""
+def held_out_rows(split: Sized, count: int) -> list[int]:
+    """``count`` rows (held-out conversations) spread evenly over ``split`` (all of them when it has fewer)."""
     return sorted({round(i * (len(split) - 1) / max(count - 1, 1)) for i in range(count)})
+
+
+def held_out_prompts(model: Any, split: ChatSplit, count: int) -> list[list[int]]:
+    """The first-reply prompts of ``held_out_rows``, those that leave the window room for a reply."""
+    return [p for p in map(split.first_reply_prompt, held_out_rows(split, count)) if len(p) < model.config.block_size]
 
 
 def held_out_replies(
@@ -113,8 +113,7 @@ def held_out_replies(
     role tokens never sampled, reply i seeded ``seed`` + i, ended by <|end|> or <|endoftext|>, or by
     ``max_new_tokens`` or a full window (a chat's reply does not slide it). ``token_bytes`` (the
     engine's byte table) fills each finish's text; without it only the ids are decoded."""
-    prompts = [p for p in map(split.first_reply_prompt, held_out_rows(split, count))
-               if len(p) < model.config.block_size]
+    prompts = held_out_prompts(model, split, count)
     if not prompts:
         return []
     settings = SamplingSettings(max_new_tokens=max_new_tokens, temperature=temperature,
@@ -129,32 +128,6 @@ def ended_share(finishes: list[Finish], special: ChatTokenIds) -> float:
     if not finishes:
         return float("nan")
     return sum(bool(f.token_ids) and f.token_ids[-1] == special.end for f in finishes) / len(finishes)
-
-
-def chat_reply_samples(
-    model: Any, tokenizer: Any, split: ChatSplit, end_id: int, settings: SamplingSettings, *, count: int,
-) -> list[tuple[str, str]]:
-    """(prompt, reply) for the first reply of ``count`` held-out conversations spread over the split.
-
-    One engine call decodes them together, sample i seeded ``settings.seed + i`` (the engine's
-    rule), so the samples are a function of the weights alone. A reply ends at ``end_id`` (kept)
-    or where the window is full, as a chat's does.
-    """
-    prompts = [p for p in map(split.first_reply_prompt, held_out_rows(split, count))
-               if len(p) < model.config.block_size]
-    if not prompts:
-        return []
-    with eval_mode(model):
-        finishes = decode(model, prompts, settings, end_ids=[end_id], slide=False)
-    return [(tokenizer.decode(prompt, skip_special_tokens=False),
-             tokenizer.decode(list(finish.token_ids), skip_special_tokens=False))
-            for prompt, finish in zip(prompts, finishes)]
-
-
-def ending_words(metrics: dict[str, float]) -> str:
-    """The share of sampled held-out replies that end their turn, with what it was measured on."""
-    return (f"{100 * metrics['replies/ended']:.1f}% of {metrics['replies/sampled']:.0f} sampled held-out replies "
-            f"end their turn with <|end|> (at most {ENDING_MAX_TOKENS} tokens each, or the window)")
 
 
 class ChatTask(Task):
@@ -177,8 +150,17 @@ class ChatTask(Task):
         return evaluate_chat(model, self.prepared.val, self.token_bytes, pad_id=self.prepared.eot_id, **shared)
 
     def samples(self, model, settings):
-        end_id = self.tokenizer.token_to_id("<|end|>")
-        return chat_reply_samples(model, self.tokenizer, self.prepared.val, end_id, settings, count=CHAT_SAMPLES)
+        # (prompt, reply) for CHAT_SAMPLES held-out conversations, decoded together, reply i seeded
+        # settings.seed + i (the engine's rule): a function of the weights alone. A reply ends at
+        # <|end|> (kept) or where the window is full, as a chat's does.
+        prompts = held_out_prompts(model, self.prepared.val, CHAT_SAMPLES)
+        if not prompts:
+            return []
+        with eval_mode(model):
+            finishes = decode(model, prompts, settings, end_ids=[self.tokenizer.token_to_id("<|end|>")], slide=False)
+        return [(self.tokenizer.decode(prompt, skip_special_tokens=False),
+                 self.tokenizer.decode(list(finish.token_ids), skip_special_tokens=False))
+                for prompt, finish in zip(prompts, finishes)]
 
     def sample_fields(self, samples):
         return {"samples": [{"prompt": p, "reply": r} for p, r in samples]}
@@ -203,12 +185,18 @@ class ChatTask(Task):
         return f"{result.bpb:.4f} bits/byte of assistant text, <|end|> charged ({result.loss:.4f} nats/token)"
 
     def final_note(self, result):
-        return ending_words(result.metrics) if "replies/ended" in result.metrics else None
+        m = result.metrics
+        if "replies/ended" not in m:
+            return None
+        return (f"{100 * m['replies/ended']:.1f}% of {m['replies/sampled']:.0f} sampled held-out replies end their "
+                f"turn with <|end|> (at most {ENDING_MAX_TOKENS} tokens each, or the window)")
 
     def final_metrics(self, model):
-        finishes = held_out_replies(model, self.prepared.val, ChatTokenIds.of(self.tokenizer))
-        return {"replies/ended": ended_share(finishes, ChatTokenIds.of(self.tokenizer)),
-                "replies/sampled": float(len(finishes))} if finishes else {}
+        special = ChatTokenIds.of(self.tokenizer)
+        finishes = held_out_replies(model, self.prepared.val, special)
+        if not finishes:
+            return {}
+        return {"replies/ended": ended_share(finishes, special), "replies/sampled": float(len(finishes))}
 
     def train_fields(self, batches):
         return {"padding_fraction": batches.padding_fraction}

@@ -1,10 +1,6 @@
-"""What every task is: the ``Task`` interface the training loop calls, the ``Batches`` a task draws, and
-the plain accumulation of a step's gradient that text training uses (``accumulate_gradients``).
-
-The loop in ``training/trainer.py`` is one loop for every task. A task owns what differs: the
-prepared data and its batches, how one optimizer step's micro-batches make a loss, the validation
-score, the samples shown at each evaluation and what the metrics file keeps of them.
-"""
+"""What every task is (``training.tasks`` says what a task owns): the ``Task`` interface the training loop
+calls, the ``Batches`` a task draws, and the plain accumulation of a step's gradient that text training
+uses (``accumulate_gradients``)."""
 
 from __future__ import annotations
 

@@ -19,13 +19,11 @@ replies' negative log-likelihood, the mean over their tokens in the batch, weigh
     loss      = −log σ(reward(c) − reward(r)) + α · NLL(c)
 
 which anchors the policy to text it already wrote well, and makes the held-out loss, which picks
-the weights the run keeps, rise again when the policy drifts. The metrics carry TRL's names, so a reader of its logs reads these at once: ``rewards/chosen`` and
-``rewards/rejected`` (the mean rewards), ``rewards/accuracies`` (the share of pairs whose chosen
-reward is the higher), ``rewards/margins`` (the mean difference), ``logps/chosen`` and
-``logps/rejected`` (the policy's mean summed log-probabilities).
-
-The reference (``training.tasks.reference``) is the parent's weights as a second model, or for a LoRA run
-the policy itself with its adapters switched off.
+the weights the run keeps, rise again when the policy drifts. The metrics carry TRL's names:
+``rewards/chosen`` and ``rewards/rejected`` (the mean rewards), ``rewards/accuracies`` (the share of
+pairs whose chosen reward is the higher), ``rewards/margins`` (the mean difference), ``logps/chosen``
+and ``logps/rejected`` (the policy's mean summed log-probabilities). The reference is
+``training.tasks.reference``'s.
 """
 
 from __future__ import annotations
@@ -142,11 +140,10 @@ def evaluate_preferences(
     ctx: DistContext = DistContext(),
     progress: bool = False,
 ) -> EvalResult:
-    """The DPO loss (with RPO's term when ``rpo_alpha``) over held-out pairs, with the preference metrics (``rewards/accuracies``: how
-    often the policy prefers the chosen reply more than the reference does) in ``metrics``, and the
-    bits per byte of the chosen replies under the policy (each reply's <|end|> charged, as a chat
-    run's are). ``batch_size`` counts pairs; with
-    several processes each scores every ``world_size``-th batch and the sums are added up."""
+    """The DPO loss (with RPO's term when ``rpo_alpha``) over held-out pairs, with the preference
+    metrics in ``metrics``, and the bits per byte of the chosen replies under the policy (each reply's
+    <|end|> charged, as a chat run's are). ``batch_size`` counts pairs; with several processes each
+    scores every ``world_size``-th batch and the sums are added up."""
     batches = iter_chat_val_batches(split, batch_size, pad_id=pad_id, max_batches=max_batches, device=device,
                                     collate_rows=collate_pairs)
     if progress:

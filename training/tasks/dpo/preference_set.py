@@ -60,6 +60,7 @@ from inference.engine import Event, Finish, decode
 from inference.sampling import SamplingSettings
 from model.gpt import eval_mode
 from rundir.loading import LoadedRun, load_run
+from training.tasks.chat import held_out_rows
 from training.tasks.dpo.pairs import PreferencePair
 
 ROWS_PER_DECODE = 256  # replies decoded together: one engine, one cache of this many rows
@@ -99,10 +100,8 @@ def first_exchange_prompts(split: str, count: int) -> list[list[Message]]:
     of the Shakespeare chat set (split as ``configs/tiny-chat.yaml`` splits it)."""
     conversations = load_conversations(DataConfig(source="shakespeare", format="chat"))
     chosen = conversations.train if split == "train" else conversations.val
-    count = min(count, len(chosen))  # every conversation once at most
-    rows = sorted({round(i * (len(chosen) - 1) / max(count - 1, 1)) for i in range(count)})
     prompts = []
-    for row in rows:
+    for row in held_out_rows(chosen, count):  # every conversation once at most
         messages = chosen[row]
         first_reply = next(i for i, m in enumerate(messages) if m.role == "assistant")
         prompts.append(messages[:first_reply])

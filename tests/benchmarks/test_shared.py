@@ -1,0 +1,77 @@
+"""benchmarks/shared.py's pieces on cases whose answer is known: calls taking turns, a run's final
+score read back, and closed-loop clients of a real engine, each sending its next request only once
+its last one has finished. (The benchmarks that use them run end to end in test_benchmarks_run.py.)"""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+import torch
+
+from benchmarks.shared import api_settings, closed_loop, final_eval, in_turns
+from inference.engine import Engine
+from model import GPT, GPTConfig
+
+
+def test_calls_take_turns_and_the_warmup_rounds_are_not_timed():
+    order = []
+    seconds = in_turns({"a": lambda: order.append("a"), "b": lambda: order.append("b")}, rounds=2, warmup=1)
+    assert order == ["a", "b"] * 3
+    assert {name: len(spent) for name, spent in seconds.items()} == {"a": 2, "b": 2}
+    assert all(s >= 0 for spent in seconds.values() for s in spent)
+
+
+def test_the_final_score_is_the_last_final_evaluation_and_none_before_it(tmp_path):
+    assert final_eval(tmp_path) is None  # no metrics file
+    records = [{"kind": "eval", "step": 5, "val_bpb": 3.0}, {"kind": "final_eval", "step": 5, "val_bpb": 3.1},
+               {"kind": "final_eval", "step": 9, "val_bpb": 2.5}]  # a run resumed after its first end
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records[:1]))
+    assert final_eval(tmp_path) is None  # begun, not finished
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records) + "\n")
+    assert final_eval(tmp_path) == (9, 2.5)
+
+
+@pytest.fixture(scope="module")
+def engine_model() -> GPT:
+    torch.manual_seed(0)
+    return GPT(GPTConfig(vocab_size=64, block_size=32, n_layer=1, n_head=2, n_kv_head=1, n_embd=32)).eval()
+
+
+def test_closed_loop_clients_send_each_request_after_the_last_one_finished(engine_model):
+    turns = {0: 3, 1: 1, 2: 2}  # requests per client
+    sent: dict[int, list[int]] = {client: [] for client in turns}
+    finished: dict[int, list[int]] = {client: [] for client in turns}
+    in_flight: set[int] = set()
+    lock = threading.Lock()
+
+    def next_request(client, finish):
+        with lock:
+            if finish is not None:
+                in_flight.remove(client)
+                finished[client].append(finish.completion_tokens)
+            if len(sent[client]) == turns[client]:
+                return None
+            assert client not in in_flight, "a client sent again before its request finished"
+            in_flight.add(client)
+            sent[client].append(len(sent[client]))
+        return [1, 2, 3], api_settings(4 + client, seed=client), ()
+
+    with Engine(engine_model, max_batch=2) as engine:
+        timings, seconds = closed_loop(engine, len(turns), next_request)
+    assert finished == {client: [4 + client] * count for client, count in turns.items()}
+    assert len(timings) == sum(turns.values()) and seconds > 0 and not in_flight
+    assert sorted(t.tokens for t in timings) == sorted(4 + c for c, count in turns.items() for _ in range(count))
+    assert all(len(t.stamps) == t.tokens and t.stamps[0] >= t.submitted for t in timings)
+
+
+def test_a_client_that_fails_on_the_engines_thread_fails_the_loop_instead_of_hanging(engine_model):
+    def next_request(client, finish):
+        if finish is not None:
+            raise RuntimeError("the client's own bug")
+        return [1, 2], api_settings(2), ()
+
+    with Engine(engine_model, max_batch=2) as engine:
+        with pytest.raises(RuntimeError, match="the client's own bug"):
+            closed_loop(engine, 2, next_request)
