@@ -43,7 +43,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common.cli import ArgumentParser, path_arg, run_stoppable
+from benchmarks.shared import benchmark_parser
+from common.cli import path_arg, run_stoppable
 from common.config import merged as _merge
 from common.errors import UserError
 
@@ -66,7 +67,7 @@ RESULT_FILE = "result.json"  # a finished seed's row, kept for --resume
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = ArgumentParser(prog="python -m benchmarks.tool_lab", description=__doc__.split("\n\n")[0])
+    p = benchmark_parser("tool_lab", __doc__)
     p.add_argument("--seeds", type=int, nargs="+", required=True,
                    help="train.seed of each seed's three runs (required)")
     p.add_argument("--out", type=path_arg, default=OUT,
