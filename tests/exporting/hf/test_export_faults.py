@@ -105,7 +105,11 @@ def _start_paused_export(run_dir: Path, out: Path, marker: Path, release: Path |
     return start_paused(["-c", script], marker)
 
 
-@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["ctrl-c", "sigterm"])
+# Ctrl-C and SIGTERM take one path, common.cli.run_stoppable (tests/common/test_stoppable.py proves
+# both): this command's SIGTERM case runs with the slow tests.
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130),
+                                          pytest.param(signal.SIGTERM, 143, marks=pytest.mark.e2e)],
+                         ids=["ctrl-c", "sigterm"])
 def test_interrupt_during_the_write_exits_quietly_and_cleans_up(make_export, tmp_path, signum, code):
     run_dir, _ = make_export()
     parent = tmp_path / "exports"
@@ -154,6 +158,9 @@ def test_leftovers_of_running_exports_stay_and_an_interrupted_swap_is_undone(mak
     assert (parent / "new" / "model.safetensors").is_file()
 
 
+# Two processes (seconds): with the slow tests. The default suite proves the refusal it ends in
+# with test_a_folder_that_appears_during_the_export_is_never_replaced, in-process.
+@pytest.mark.e2e
 def test_two_exports_to_one_new_folder_cannot_both_succeed(make_export, tmp_path):
     """Both pass the check at the start and wait, then publish at once: one wins, one says so."""
     run_dir, _ = make_export()
