@@ -112,6 +112,10 @@ def test_interrupt_during_the_write_exits_quietly_and_cleans_up(make_export, tmp
     assert list(parent.iterdir()) == []
 
 
+# A real kill (a process, seconds): with the slow tests. The default suite proves the clean-up it
+# relies on in-process, on leftovers named as a killed export leaves them:
+# test_leftovers_of_running_exports_stay_and_an_interrupted_swap_is_undone.
+@pytest.mark.e2e
 def test_a_sigkill_leftover_is_removed_by_the_next_export(make_export, tmp_path, capsys):
     run_dir, _ = make_export()
     parent = tmp_path / "exports"
