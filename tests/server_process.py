@@ -61,7 +61,7 @@ def running_server(run_dir: Path, *extra: str, timeout_s: float = 60) -> Iterato
                         break
                 if time.monotonic() > deadline:
                     raise RuntimeError("serve.py did not answer /health in time")
-                time.sleep(0.2)
+                time.sleep(0.05)
             yield server
         finally:
             process.kill()

@@ -20,10 +20,18 @@ def run_dir(request, tmp_path_factory):
     return build_run(tmp_path_factory.mktemp(request.param) / "run", chat_tokenizer(), **KINDS[request.param])
 
 
+def one_kind_by_default(kept: str) -> pytest.MarkDecorator:
+    """``run_dir`` of ``kept`` in the default suite; the other kinds with the slow tests (drawing a
+    figure takes seconds, and the kinds share the drawing code)."""
+    return pytest.mark.parametrize("run_dir", [kind if kind == kept else pytest.param(kind, marks=pytest.mark.e2e)
+                                               for kind in KINDS], indirect=True)
+
+
 def is_png(path):
     return path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@one_kind_by_default("mla-rope")
 def test_the_grid_the_single_map_and_the_untrained_comparison_are_drawn(run_dir, tmp_path, capsys):
     assert main(["--run", str(run_dir), "--prompt", PROMPT, "--out", str(tmp_path / "grid.png")]) == 0
     assert main(["--run", str(run_dir), "--prompt", PROMPT, "--layer", "1", "--head", "3",
@@ -219,13 +227,20 @@ def test_a_prompt_that_is_not_utf8_is_refused(run_dir, capsys):
     assert err.startswith("error: --prompt is not valid UTF-8") and err.count("\n") == 1
 
 
-@pytest.mark.parametrize("suffix, magic", [(".pdf", b"%PDF"), (".svg", b"<?xml"), (".PNG", b"\x89PNG")])
+FORMATS = [(".pdf", b"%PDF"), (".svg", b"<?xml"), (".PNG", b"\x89PNG")]
+
+
+# Each format once on a kind of its own by default (every kind's grid drawn), the rest with the slow tests.
+@pytest.mark.parametrize("run_dir, suffix, magic", [
+    (kind, suffix, magic) if k == f else pytest.param(kind, suffix, magic, marks=pytest.mark.e2e)
+    for k, kind in enumerate(KINDS) for f, (suffix, magic) in enumerate(FORMATS)], indirect=["run_dir"])
 def test_the_figure_is_written_in_the_format_its_name_asks_for(run_dir, tmp_path, suffix, magic):
     out = tmp_path / f"grid{suffix}"
     assert main(["--run", str(run_dir), "--prompt", PROMPT, "--out", str(out)]) == 0
     assert out.read_bytes().startswith(magic)
 
 
+@one_kind_by_default("gqa")  # the text is read before any model runs
 def test_a_text_file_without_end_is_read_only_as_far_as_the_windows_need(run_dir, capsys):
     # /dev/zero never ends: reading it whole would exhaust memory rather than finish.
     # A bounded read of it holds one distinct token, too few for the induction probe: one line, exit 2.

@@ -42,14 +42,19 @@ def _induction_lab(args: list[str], capsys) -> str:
     return err
 
 
-def test_the_induction_lab_passes_on_train_pys_refusal_in_one_line(tmp_path, capsys):
-    err = _induction_lab(["--seeds", "1", "--config", str(tmp_path / "none.yaml"), "--out", str(tmp_path / "o")],
-                         capsys)
-    assert "none.yaml' not found" in err
-    (tmp_path / "a-file").write_text("mine\n")
-    err = _induction_lab(["--seeds", "1", "--out", str(tmp_path / "a-file"), "--set", "train.max_steps=1"], capsys)
-    assert "a-file/s1: Not a directory" in err
-    assert (tmp_path / "a-file").read_text() == "mine\n"
+# Each refusal is a train.py process of its own: one by default, the other with the slow tests.
+@pytest.mark.parametrize("refusal", ["missing config", pytest.param("out under a file", marks=pytest.mark.e2e)])
+def test_the_induction_lab_passes_on_train_pys_refusal_in_one_line(tmp_path, capsys, refusal):
+    if refusal == "missing config":
+        err = _induction_lab(["--seeds", "1", "--config", str(tmp_path / "none.yaml"), "--out", str(tmp_path / "o")],
+                             capsys)
+        assert "none.yaml' not found" in err
+    else:
+        (tmp_path / "a-file").write_text("mine\n")
+        err = _induction_lab(["--seeds", "1", "--out", str(tmp_path / "a-file"), "--set", "train.max_steps=1"],
+                             capsys)
+        assert "a-file/s1: Not a directory" in err
+        assert (tmp_path / "a-file").read_text() == "mine\n"
 
 
 def test_the_induction_lab_names_a_held_out_folder_it_cannot_make(tmp_path, capsys):

@@ -101,7 +101,11 @@ def _start_paused_evaluation(run: Path, tmp: Path, marker: Path) -> subprocess.P
     return start_paused(["-c", script], marker, env={**os.environ, "TMPDIR": str(tmp)})
 
 
-@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["ctrl-c", "sigterm"])
+# Ctrl-C and SIGTERM take one path, common.cli.run_stoppable (tests/common/test_stoppable.py proves
+# both): this command's SIGTERM case runs with the slow tests.
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130),
+                                          pytest.param(signal.SIGTERM, 143, marks=pytest.mark.e2e)],
+                         ids=["ctrl-c", "sigterm"])
 def test_interrupt_exits_quietly_and_removes_the_temporary_export(random_run, tmpdir_env, tmp_path, signum, code):
     process = _start_paused_evaluation(random_run, tmpdir_env, tmp_path / "marker")
     assert len(_scratch(tmpdir_env)) == 1

@@ -3,6 +3,7 @@ policy keeps whole recent messages, and the command line's REPL, one-shot mode, 
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
@@ -127,12 +128,13 @@ def _chat_command(run_dir: Path) -> list[str]:
             "--max-new-tokens", "5"]
 
 
-def test_repl_refuses_a_line_that_is_not_utf8_and_goes_on_and_help_is_not_sent(run_dir, loaded_run):
+def test_repl_refuses_a_line_that_is_not_utf8_and_goes_on_and_help_is_not_sent(run_dir, loaded_run, capsys,
+                                                                              monkeypatch):
+    # In-process: the REPL's command line as a process is test_repl_over_stdin_resets_and_exits's.
     stdin = b"\xff\xfe caf\xe9\n/help\n/nope\n" + MESSAGES[0].encode() + b"\n/quit\n" + MESSAGES[1].encode() + b"\n"
-    proc = subprocess.run(_chat_command(run_dir), input=stdin, capture_output=True, timeout=120, cwd=REPO,
-                          env=dict(os.environ, PYTHONUNBUFFERED="1"))
-    err = proc.stderr.decode()
-    assert proc.returncode == 0 and "Traceback" not in err, err[-2000:]
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin)))
+    code, out, err = cli(capsys, *_chat_command(run_dir)[2:])
+    assert code == 0 and "Traceback" not in err, err[-2000:]
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert errors == ["error: that line is not valid UTF-8 (byte 0xff at offset 0); convert it to UTF-8",
                       "error: there is no command /nope; /help lists the commands"]
@@ -140,7 +142,7 @@ def test_repl_refuses_a_line_that_is_not_utf8_and_goes_on_and_help_is_not_sent(r
     # ...and only the one real message reached the model, as the first turn of the conversation
     # (/quit left before the last line).
     expected = ChatSession(loaded_run, GenerationSettings(temperature=0, max_new_tokens=5)).reply(MESSAGES[0]).text
-    assert proc.stdout.decode() == expected + "\n"
+    assert out == expected + "\n"
 
 
 def _read_until(fd: int, needle: bytes, seen: bytearray, count: int, timeout: float = 60.0) -> None:

@@ -113,8 +113,11 @@ def speculation(proposer: str) -> Speculation:
     return Speculation("lookup", 3) if proposer == "lookup" else Speculation("draft", 3, tiny_model(DRAFT_SEED))
 
 
-@pytest.mark.parametrize("name", list(SETTINGS))
-@pytest.mark.parametrize("proposer", ["lookup", "draft"])
+# Each proposer once by default, the draft model (whose own distribution enters the acceptance
+# rule) with every filter; the other two pairs with the slow tests.
+@pytest.mark.parametrize("proposer, name", [
+    ("lookup", "temperature 1"), pytest.param("lookup", "every filter", marks=pytest.mark.e2e),
+    pytest.param("draft", "temperature 1", marks=pytest.mark.e2e), ("draft", "every filter")])
 def test_speculative_sampling_draws_from_plain_samplings_distribution(proposer, name):
     model, settings = tiny_model(TARGET_SEED), SETTINGS[name]
     counts = speculative_counts(model, settings, speculation(proposer))

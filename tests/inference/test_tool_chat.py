@@ -4,10 +4,8 @@ unknown tool, a run whose tokenizer has no tool tokens) are one line."""
 
 from __future__ import annotations
 
-import os
-import subprocess
+import io
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,7 +17,6 @@ from inference.settings import GenerationSettings
 from rundir.loading import load_run
 from run_testkit import build_run, chat_tokenizer_before_tools
 
-REPO = Path(__file__).resolve().parents[2]
 GREEDY = dict(temperature=0, max_new_tokens=60)
 
 
@@ -91,13 +88,14 @@ def test_a_run_from_before_tool_calls_chats_but_refuses_tools_in_one_line(capsys
     assert err.startswith("error: this run's tokenizer has no tool tokens (<|tool|>, <|call|>)") and err.count("\n") == 1
 
 
-def test_the_repl_shows_calls_between_turns(tool_run_dir):
+def test_the_repl_shows_calls_between_turns(tool_run_dir, capsys, monkeypatch):
+    # In-process (the tools still run in their worker process): the REPL as a process is
+    # tests/inference/test_chat.py's test_repl_over_stdin_resets_and_exits.
     stdin = "What is 12*34?\n/reset\nWhat is 99-45?\n/exit\n"
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "generate.py"), "--run", str(tool_run_dir), "--chat", "--tools", "calculator",
-         "--temperature", "0", "--max-new-tokens", "60"],
-        input=stdin, capture_output=True, text=True, timeout=120, cwd=REPO, env=dict(os.environ, PYTHONUNBUFFERED="1"))
-    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
-    assert proc.stdout == "408\n54\n"
-    assert '[calculator {"expression":"12*34"} -> 408]' in proc.stderr
-    assert '[calculator {"expression":"99-45"} -> 54]' in proc.stderr
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin.encode())))
+    code, out, err = cli(capsys, "--run", tool_run_dir, "--chat", "--tools", "calculator", "--temperature", 0,
+                         "--max-new-tokens", 60)
+    assert code == 0 and "Traceback" not in err, err[-2000:]
+    assert out == "408\n54\n"
+    assert '[calculator {"expression":"12*34"} -> 408]' in err
+    assert '[calculator {"expression":"99-45"} -> 54]' in err

@@ -1,22 +1,20 @@
-"""Run under ``torchrun --nproc_per_node=2``: the assistant-only loss of a data-parallel step must
-equal one process's loss over the whole global batch, mean over every loss-bearing target.
+"""Measured under ``torchrun --nproc_per_node=2`` (``two_rank_steps_worker.py``): the assistant-only
+loss of a data-parallel step must equal one process's loss over the whole global batch, mean over
+every loss-bearing target.
 
 The ranks hold very different numbers of targets (rank 1's first micro-batch has none at all), so
 averaging per-rank means would give another gradient. The step goes through the chat task, as
-in training, which also counts the tokens every rank computed. Rank 0 writes the comparison as JSON.
+in training, which also counts the tokens every rank computed. Every rank computes the
+single-process reference (``worker_testkit`` says why); rank 0's comparison is returned.
 """
 
 from __future__ import annotations
 
-import json
-import sys
-
 import torch
 import torch.nn.functional as F
 
-from common.files import atomic_write_text
 from model import GPT, GPTConfig, unwrap
-from training.distributed import init_distributed, shutdown, sync_gradients, wrap_model
+from training.distributed import DistContext, sync_gradients, wrap_model
 from training.tasks.chat import ChatTask
 
 CONFIG = GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_kv_head=1, n_embd=16)
@@ -60,8 +58,7 @@ class Rows:
         return next(self.rows)
 
 
-def main(out: str) -> None:
-    ctx = init_distributed("cpu")
+def measure(ctx: DistContext) -> dict:
     batches = global_batch()
     torch.manual_seed(0)
     model = wrap_model(GPT(CONFIG), ctx)
@@ -69,25 +66,20 @@ def main(out: str) -> None:
     loss, tokens = task.accumulate(model, Rows(batches[ctx.rank]), len(batches[ctx.rank]), amp=None,
                                    sync=lambda last: sync_gradients(model, last), ctx=ctx, stop=None)
     grads = torch.cat([p.grad.reshape(-1) for p in unwrap(model).parameters()])
-    if ctx.is_main:
-        torch.manual_seed(0)
-        reference = GPT(CONFIG)
-        xs = torch.cat([x for rank in batches for x, _ in rank])
-        ys = torch.cat([y for rank in batches for _, y in rank])
-        expected = F.cross_entropy(reference(xs).flatten(0, 1), ys.flatten(), ignore_index=-1)
-        expected.backward()
-        ref_grads = torch.cat([p.grad.reshape(-1) for p in reference.parameters()])
-        atomic_write_text(out, json.dumps({
-            "world_size": ctx.world_size,
-            "loss": loss.item(),
-            "tokens": tokens,
-            "expected_tokens": sum(x.numel() for rank in batches for x, _ in rank),
-            "expected_loss": expected.item(),
-            "max_grad_diff": (grads - ref_grads).abs().max().item(),
-            "max_grad": ref_grads.abs().max().item(),
-        }))
-    shutdown(ctx)
-
-
-if __name__ == "__main__":
-    main(sys.argv[1])
+    torch.manual_seed(0)
+    reference = GPT(CONFIG)
+    xs = torch.cat([x for rank in batches for x, _ in rank])
+    ys = torch.cat([y for rank in batches for _, y in rank])
+    expected = F.cross_entropy(reference(xs).flatten(0, 1), ys.flatten(), ignore_index=-1)
+    expected.backward()
+    ref_grads = torch.cat([p.grad.reshape(-1) for p in reference.parameters()])
+    if not ctx.is_main:
+        return {}
+    return {
+        "loss": loss.item(),
+        "tokens": tokens,
+        "expected_tokens": sum(x.numel() for rank in batches for x, _ in rank),
+        "expected_loss": expected.item(),
+        "max_grad_diff": (grads - ref_grads).abs().max().item(),
+        "max_grad": ref_grads.abs().max().item(),
+    }

@@ -1,4 +1,5 @@
-"""Run under ``torchrun --nproc_per_node=2``: a data-parallel step must equal a single-process one.
+"""Measured under ``torchrun --nproc_per_node=2`` (``two_rank_steps_worker.py``): a data-parallel
+step must equal a single-process one.
 
 Two cases on the same global batch of micro-batches:
 
@@ -7,13 +8,11 @@ B. 2 ranks × 2 accumulated micro-batches each  vs  1 process accumulating 4, wh
    micro-step of each rank must not communicate (``sync_gradients``) and the second must.
 
 Rank 1 builds its model from another seed on purpose: ``wrap_model`` must hand every rank rank
-0's weights. Every rank computes the single-process reference itself; rank 0 writes the comparison
-as JSON to the path given as the only argument; the test asserts on it.
+0's weights. Every rank computes the single-process reference itself; rank 0's comparison is
+returned.
 """
 
 from __future__ import annotations
-
-import sys
 
 import torch
 
@@ -25,7 +24,6 @@ from training.distributed import (
     sync_gradients,
     wrap_model,
 )
-from worker_testkit import run_worker
 
 CONFIG = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=4, n_kv_head=2, n_embd=32)
 MICRO_BATCH = 2
@@ -120,9 +118,5 @@ def ddp_step(ctx, num_micro_batches: int) -> dict:
     }
 
 
-def main(out_path: str) -> None:
-    torch.use_deterministic_algorithms(True)
-    run_worker(out_path, lambda ctx: {"A": ddp_step(ctx, num_micro_batches=2), "B": ddp_step(ctx, num_micro_batches=4)})
-
-if __name__ == "__main__":
-    main(sys.argv[1])
+def measure(ctx) -> dict:
+    return {"A": ddp_step(ctx, num_micro_batches=2), "B": ddp_step(ctx, num_micro_batches=4)}

@@ -149,19 +149,20 @@ def _torchrun_two(args: list[str], timeout: int = 120) -> subprocess.CompletedPr
     return proc
 
 
-def _two_ranks(worker: str, out: Path) -> dict:
-    """Run ``tests/scaling/<worker>`` under torchrun with two CPU processes; return its JSON."""
-    _torchrun_two([str(ROOT / "tests" / "scaling" / worker), str(out)])
+@pytest.fixture(scope="module")
+def two_rank_steps(tmp_path_factory) -> dict:
+    """Both two-rank measurements (``tests/scaling/two_rank_steps_worker.py``) from one torchrun."""
+    out = tmp_path_factory.mktemp("two-ranks") / "result.json"
+    _torchrun_two([str(ROOT / "tests" / "scaling" / "two_rank_steps_worker.py"), str(out)])
     return json.loads(out.read_text())
 
 
 @pytest.mark.distributed
-def test_two_rank_step_equals_single_process_accumulation(tmp_path):
-    result = _two_ranks("ddp_equivalence_worker.py", tmp_path / "result.json")
-    assert result["world_size"] == 2 and result["backend"] == "gloo"
+def test_two_rank_step_equals_single_process_accumulation(two_rank_steps):
+    assert two_rank_steps["world_size"] == 2 and two_rank_steps["backend"] == "gloo"
 
     for case, accum in (("A", 1), ("B", 2)):
-        r = result[case]
+        r = two_rank_steps["ddp"][case]
         assert r["accum"] == accum
         # wrap_model gave rank 1 (built from another seed) rank 0's weights ...
         assert r["start_max_diff_between_ranks"] == 0.0
@@ -178,9 +179,9 @@ def test_two_rank_step_equals_single_process_accumulation(tmp_path):
 
 
 @pytest.mark.distributed
-def test_two_rank_chat_step_takes_the_mean_over_all_loss_bearing_targets(tmp_path):
-    result = _two_ranks("chat_ddp_worker.py", tmp_path / "result.json")
-    assert result["world_size"] == 2
+def test_two_rank_chat_step_takes_the_mean_over_all_loss_bearing_targets(two_rank_steps):
+    result = two_rank_steps["chat"]
+    assert two_rank_steps["world_size"] == 2
     assert result["loss"] == pytest.approx(result["expected_loss"], rel=1e-5)
     assert result["max_grad_diff"] <= 1e-5 * result["max_grad"]
     assert result["tokens"] == result["expected_tokens"]  # the step's tokens on both ranks

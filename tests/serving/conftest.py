@@ -1,4 +1,5 @@
-"""Fixtures for the serving tests: tiny runs built once per session, loaded once."""
+"""Fixtures for the serving tests: tiny runs built once per session, loaded once, and serve.py on
+the chat run, started once for the modules that only send it requests."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 from rundir.loading import load_run
 from data.tokenizer import EOT
 from run_testkit import ALL_OPTIONS, build_run, chat_tokenizer, tokenizer_without_chat
+from server_process import running_server
 
 
 @pytest.fixture(autouse=True)
@@ -39,3 +41,14 @@ def options_run(tmp_path_factory):
     """The chat run's shape with every small-model option on (``run_testkit.ALL_OPTIONS``)."""
     run_dir = build_run(tmp_path_factory.mktemp("runs") / "tiny-options", chat_tokenizer(), **ALL_OPTIONS)
     return load_run(run_dir, torch.device("cpu"))
+
+
+@pytest.fixture(scope="session")
+def chat_server(chat_run_dir):
+    """serve.py on the chat run (test_server.py and test_logprobs.py): 4 rows and 2 waiting, a
+    --max-tokens-cap that lets a request run on, and a body limit of 2 MB (test_server.py's MAX_BODY)
+    above the default, so that a context-length refusal reaches the model. A server start costs
+    seconds: the modules share one, each leaving it idle."""
+    with running_server(chat_run_dir, "--max-batch", "4", "--max-queue", "2", "--max-tokens-cap", "20000",
+                        "--max-body-bytes", "2000000") as served:
+        yield served

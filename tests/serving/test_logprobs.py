@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from data.chat import render_chat, to_messages
-from server_process import running_server
 from serving.logprobs import text_offsets, token_text
 
 openai = pytest.importorskip("openai")
@@ -18,9 +17,8 @@ TOLERANCE = 1e-4  # fp32: the engine's cached, chunked arithmetic against one un
 
 
 @pytest.fixture(scope="module")
-def served(chat_run_dir):
-    with running_server(chat_run_dir, "--max-batch", "2") as served:
-        yield served
+def served(chat_server):
+    return chat_server
 
 
 @pytest.fixture(scope="module")

@@ -91,6 +91,10 @@ def test_each_served_request_equals_its_solo_run_and_generate_py(mla_run):
         assert list(solo) == reference(mla_run, *request), f"request {i} against generate.py"
 
 
+# The engine test above proves every kind; over a socket, one kind by default (a server start
+# costs seconds), the others with the slow tests.
+@pytest.mark.parametrize("mla_run_dir", [kind if kind == "rope" else pytest.param(kind, marks=pytest.mark.e2e)
+                                         for kind in KINDS], indirect=True)
 def test_concurrent_completions_over_a_socket_equal_generate_py(mla_run_dir, mla_run):
     prompts = ["ROMEO: But soft", "Café 😀", "JULIET: O", "The quick brown fox"]
     with running_server(mla_run_dir, "--max-batch", "4") as server:

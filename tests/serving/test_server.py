@@ -22,14 +22,12 @@ from server_process import running_server
 openai = pytest.importorskip("openai")
 
 MODEL = "tiny-chat"
-MAX_BODY = 2_000_000  # above the default, so that the context-length case below reaches the model
+MAX_BODY = 2_000_000  # chat_server's --max-body-bytes (conftest.py)
 
 
 @pytest.fixture(scope="module")
-def served(chat_run_dir):
-    with running_server(chat_run_dir, "--max-batch", "4", "--max-queue", "2", "--max-tokens-cap", "20000",
-                        "--max-body-bytes", str(MAX_BODY)) as served:
-        yield served
+def served(chat_server):
+    return chat_server
 
 
 @pytest.fixture(scope="module")

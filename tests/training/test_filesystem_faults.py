@@ -27,9 +27,22 @@ def _one_error_line(proc: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
-def _train(base_raw, out: Path, steps: int, *extra: str) -> subprocess.CompletedProcess:
+def _args(base_raw, out: Path, steps: int, *extra: str) -> list[str]:
     sets = ["--set", "run.checkpoint_interval=2", "--set", "eval.interval=0"]
-    return run_cli(["--config", "configs/tiny.yaml", "--no-progress", *extra, *small_overrides(base_raw, out, steps), *sets])
+    return ["--config", "configs/tiny.yaml", "--no-progress", *extra, *small_overrides(base_raw, out, steps), *sets]
+
+
+def _train(base_raw, out: Path, steps: int, *extra: str) -> subprocess.CompletedProcess:
+    return run_cli(_args(base_raw, out, steps, *extra))
+
+
+def _train_in_process(capsys, monkeypatch, base_raw, out: Path, steps: int) -> subprocess.CompletedProcess:
+    """train.py's main in this process, read as ``_train``'s result (its command line as a process is
+    proven in test_train_cli.py)."""
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])  # configs/tiny.yaml, as the process finds it
+    code = train_cli.main(_args(base_raw, out, steps))
+    out_text, err = capsys.readouterr()
+    return subprocess.CompletedProcess(["train.py"], code, out_text, err)
 
 
 @pytest.mark.e2e
@@ -66,10 +79,10 @@ def test_read_only_filesystem_is_one_line(base_raw, mount_tmpfs):
     assert "Read-only file system" in line and str(disk / "run") in line and "writable directory" in line
 
 
-def test_run_dir_under_a_file_is_one_line(base_raw, tmp_path):
+def test_run_dir_under_a_file_is_one_line(base_raw, tmp_path, capsys, monkeypatch):
     blocker = tmp_path / "a_file"
     blocker.write_text("not a directory")
-    line = _one_error_line(_train(base_raw, blocker / "run", 2))
+    line = _one_error_line(_train_in_process(capsys, monkeypatch, base_raw, blocker / "run", 2))
     assert str(blocker / "run") in line and "a part of the path is a file" in line
 
 

@@ -223,7 +223,11 @@ def test_a_full_disk_is_one_line_and_leaves_nothing(silent_run, mount_tmpfs, cap
     assert list(disk.iterdir()) == []
 
 
-@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["ctrl-c", "sigterm"])
+# Ctrl-C and SIGTERM take one path, common.cli.run_stoppable (tests/common/test_stoppable.py proves
+# both): this command's SIGTERM case runs with the slow tests.
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130),
+                                          pytest.param(signal.SIGTERM, 143, marks=pytest.mark.e2e)],
+                         ids=["ctrl-c", "sigterm"])
 def test_a_signal_during_the_replies_exits_with_its_code_and_writes_nothing(silent_run, tmp_path, signum, code):
     from signal_testkit import start_paused, stop
 

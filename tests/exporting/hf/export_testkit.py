@@ -22,8 +22,8 @@ VOCAB_SIZE = 320
 FINAL_BPB = 2.34567
 ROOT = Path(__file__).resolve().parents[3]
 
-__all__ = ["BLOCK_SIZE", "FINAL_BPB", "ROOT", "VOCAB_SIZE", "assert_one_line_error", "build_run", "read_json",
-           "run_export_cli", "train_test_tokenizer"]
+__all__ = ["BLOCK_SIZE", "FINAL_BPB", "ROOT", "VOCAB_SIZE", "assert_one_line_error", "build_run", "export_in_process",
+           "read_json", "run_export_cli", "train_test_tokenizer"]
 
 
 def train_test_tokenizer(chat: bool = True) -> Tokenizer:
@@ -54,6 +54,16 @@ def read_json(path: Path) -> dict:
 
 def run_export_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "export.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def export_in_process(capsys, *args: str) -> subprocess.CompletedProcess:
+    """export.py's main in this process, read as ``run_export_cli``'s result (a subprocess only
+    where the process itself is what a test proves: a signal, a traceback at exit)."""
+    from exporting.cli import main
+
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(["export.py", *args], code, out, err)
 
 
 def assert_one_line_error(done: subprocess.CompletedProcess, *fragments: str) -> str:

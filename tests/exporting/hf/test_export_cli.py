@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from export_testkit import BLOCK_SIZE, FINAL_BPB, ROOT, assert_one_line_error, read_json, run_export_cli
+from export_testkit import (BLOCK_SIZE, FINAL_BPB, ROOT, assert_one_line_error, export_in_process, read_json,
+                            run_export_cli)
 
 def test_folder_holds_what_transformers_and_the_hub_need(make_export):
     _, folder = make_export()
@@ -85,10 +86,11 @@ def test_a_tokenizer_without_chat_tokens_exports_without_a_template(copy_run, tm
     assert generation["eos_token_id"] == [0] and "suppress_tokens" not in generation
 
 
-def test_not_a_run_is_refused(tmp_path):
+def test_not_a_run_is_refused(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
-    assert_one_line_error(run_export_cli("--run", str(tmp_path / "empty"), "--out", str(tmp_path / "out")),
-                           "has no model.safetensors")
+    # In-process: the corrupt weights below are refused by export.py as a process.
+    assert_one_line_error(export_in_process(capsys, "--run", str(tmp_path / "empty"), "--out", str(tmp_path / "out")),
+                          "has no model.safetensors")
     assert not (tmp_path / "out").exists()
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from export_testkit import assert_one_line_error, read_json
+from export_testkit import assert_one_line_error, export_in_process, read_json
 from signal_testkit import start_paused, stop
 
 
@@ -22,19 +22,10 @@ def _hidden(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.name.startswith("."))
 
 
-def _export(capsys, *args: str) -> subprocess.CompletedProcess:
-    """export.py's main in this process (a subprocess only where a signal must reach it)."""
-    from exporting.cli import main
-
-    code = main(list(args))
-    out, err = capsys.readouterr()
-    return subprocess.CompletedProcess(["export.py", *args], code, out, err)
-
-
 def test_out_under_a_file_is_one_line(make_export, tmp_path, capsys):
     run_dir, _ = make_export()
     (tmp_path / "notes.txt").write_text("a file")
-    done = _export(capsys, "--run", str(run_dir), "--out", str(tmp_path / "notes.txt" / "deeper" / "export"))
+    done = export_in_process(capsys, "--run", str(run_dir), "--out", str(tmp_path / "notes.txt" / "deeper" / "export"))
     assert_one_line_error(done, "notes.txt", "which is a file")
     assert (tmp_path / "notes.txt").read_text() == "a file"
 
@@ -42,17 +33,17 @@ def test_out_under_a_file_is_one_line(make_export, tmp_path, capsys):
 def test_read_only_folder_is_one_line(make_export, mount_tmpfs, capsys):
     run_dir, _ = make_export()
     disk = mount_tmpfs(1 << 20, read_only=True)
-    line = assert_one_line_error(_export(capsys, "--run", str(run_dir), "--out", str(disk / "export")), str(disk))
+    line = assert_one_line_error(export_in_process(capsys, "--run", str(run_dir), "--out", str(disk / "export")), str(disk))
     assert "Read-only file system" in line and "choose a writable directory" in line
 
 
 def test_overwrite_on_a_read_only_filesystem_keeps_the_export(make_export, mount_tmpfs, capsys):
     run_dir, _ = make_export()
     disk = mount_tmpfs(1 << 20)
-    assert _export(capsys, "--run", str(run_dir), "--out", str(disk / "export")).returncode == 0
+    assert export_in_process(capsys, "--run", str(run_dir), "--out", str(disk / "export")).returncode == 0
     before = {p.name: p.read_bytes() for p in (disk / "export").iterdir()}
     subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
-    done = _export(capsys, "--run", str(run_dir), "--out", str(disk / "export"), "--overwrite")
+    done = export_in_process(capsys, "--run", str(run_dir), "--out", str(disk / "export"), "--overwrite")
     assert "Read-only file system" in assert_one_line_error(done)
     assert {p.name: p.read_bytes() for p in (disk / "export").iterdir()} == before
 
@@ -60,7 +51,7 @@ def test_overwrite_on_a_read_only_filesystem_keeps_the_export(make_export, mount
 def test_full_disk_is_one_line_and_leaves_nothing(make_export, mount_tmpfs, capsys):
     run_dir, folder = make_export()
     disk = mount_tmpfs((folder / "model.safetensors").stat().st_size // 2)
-    line = assert_one_line_error(_export(capsys, "--run", str(run_dir), "--out", str(disk / "export")))
+    line = assert_one_line_error(export_in_process(capsys, "--run", str(run_dir), "--out", str(disk / "export")))
     assert "No space left on device" in line and "the disk is full" in line and str(disk) in line
     assert list(disk.iterdir()) == []
 
@@ -75,7 +66,7 @@ def test_full_disk_anywhere_is_one_line(make_export, tmp_path, monkeypatch, caps
     monkeypatch.setattr(exporting.hf.writer, "atomic_write_bytes", full)
     run_dir, _ = make_export()
     out = tmp_path / "export"
-    assert_one_line_error(_export(capsys, "--run", str(run_dir), "--out", str(out)), f"{out}: ", "the disk is full")
+    assert_one_line_error(export_in_process(capsys, "--run", str(run_dir), "--out", str(out)), f"{out}: ", "the disk is full")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -105,7 +96,11 @@ def _start_paused_export(run_dir: Path, out: Path, marker: Path, release: Path |
     return start_paused(["-c", script], marker)
 
 
-@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["ctrl-c", "sigterm"])
+# Ctrl-C and SIGTERM take one path, common.cli.run_stoppable (tests/common/test_stoppable.py proves
+# both): this command's SIGTERM case runs with the slow tests.
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130),
+                                          pytest.param(signal.SIGTERM, 143, marks=pytest.mark.e2e)],
+                         ids=["ctrl-c", "sigterm"])
 def test_interrupt_during_the_write_exits_quietly_and_cleans_up(make_export, tmp_path, signum, code):
     run_dir, _ = make_export()
     parent = tmp_path / "exports"
@@ -117,6 +112,10 @@ def test_interrupt_during_the_write_exits_quietly_and_cleans_up(make_export, tmp
     assert list(parent.iterdir()) == []
 
 
+# A real kill (a process, seconds): with the slow tests. The default suite proves the clean-up it
+# relies on in-process, on leftovers named as a killed export leaves them:
+# test_leftovers_of_running_exports_stay_and_an_interrupted_swap_is_undone.
+@pytest.mark.e2e
 def test_a_sigkill_leftover_is_removed_by_the_next_export(make_export, tmp_path, capsys):
     run_dir, _ = make_export()
     parent = tmp_path / "exports"
@@ -126,7 +125,7 @@ def test_a_sigkill_leftover_is_removed_by_the_next_export(make_export, tmp_path,
     leftover = _hidden(parent)
     assert len(leftover) == 1 and leftover[0].endswith(".tmp")
 
-    assert _export(capsys, "--run", str(run_dir), "--out", str(parent / "other")).returncode == 0
+    assert export_in_process(capsys, "--run", str(run_dir), "--out", str(parent / "other")).returncode == 0
     assert sorted(p.name for p in parent.iterdir()) == ["other"]
 
 
@@ -154,6 +153,9 @@ def test_leftovers_of_running_exports_stay_and_an_interrupted_swap_is_undone(mak
     assert (parent / "new" / "model.safetensors").is_file()
 
 
+# Two processes (seconds): with the slow tests. The default suite proves the refusal it ends in
+# with test_a_folder_that_appears_during_the_export_is_never_replaced, in-process.
+@pytest.mark.e2e
 def test_two_exports_to_one_new_folder_cannot_both_succeed(make_export, tmp_path):
     """Both pass the check at the start and wait, then publish at once: one wins, one says so."""
     run_dir, _ = make_export()
@@ -191,7 +193,7 @@ def test_a_folder_that_appears_during_the_export_is_never_replaced(make_export, 
                 (out / "notes.txt").write_text("mine")
 
     monkeypatch.setattr(writer, "write_json", someone_makes_the_folder)
-    done = _export(capsys, "--run", str(run_dir), "--out", str(out), *(["--overwrite"] if overwrite else []))
+    done = export_in_process(capsys, "--run", str(run_dir), "--out", str(out), *(["--overwrite"] if overwrite else []))
     if overwrite and content == "empty":
         assert done.returncode == 0 and (out / "model.safetensors").is_file()
     else:
