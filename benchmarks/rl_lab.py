@@ -28,18 +28,15 @@ from its checkpoint; ``--overwrite`` starts every run again.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import copy
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from common.cli import ArgumentParser, path_arg, run_stoppable
+from benchmarks.labs import check_out_folder, lab_parser, run_settings, say, train_stage
+from common.cli import run_stoppable
 from common.config import merged as _merge
-from common.errors import UserError
 from data.sources.arithmetic import conversations, problems
 
 OUT = Path("runs/rl_lab")
@@ -52,30 +49,11 @@ SIZES = {  # the model of the base run, and each run's budget
 }
 VAL_PROBLEMS = {"lab": 200, "toy": 10}
 PASS_K = 8
+LOG_INTERVAL = 5
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = ArgumentParser(prog="python -m benchmarks.rl_lab", description=__doc__.split("\n\n")[0])
-    p.add_argument("--seeds", type=int, nargs="+", required=True,
-                   help="train.seed of each seed's three runs (required)")
-    p.add_argument("--out", type=path_arg, default=OUT,
-                   help="where the runs go, a folder per seed (default: %(default)s)")
-    p.add_argument("--size", choices=sorted(SIZES), default="lab",
-                   help="lab, or toy for a smoke test (default: %(default)s)")
-    p.add_argument("--json", action="store_true", help="print one JSON object per seed instead of a table")
-    again = p.add_mutually_exclusive_group()
-    again.add_argument("--resume", action="store_true",
-                       help="continue the lab in --out: finished runs are kept, an interrupted one resumes")
-    again.add_argument("--overwrite", action="store_true", help="replace runs already in --out")
-    return p
-
-
-def _common(out_dir: Path, seed: int, budget: dict[str, float], overwrite: bool) -> dict[str, Any]:
-    return {
-        "train": {**budget, "seed": seed, "device": "cpu", "compile": False, "peak_flops": 1e11},
-        "logging": {"interval": 5, "wandb": {"mode": "disabled"}},
-        "run": {"out_dir": str(out_dir), "overwrite": overwrite, "checkpoint_interval": 0},
-    }
+    return lab_parser("rl_lab", __doc__, OUT, SIZES)
 
 
 def rl_section(size: str) -> dict[str, Any]:
@@ -104,7 +82,7 @@ def configs(folder: Path, seed: int, size: str, overwrite: bool) -> dict[str, di
     s = SIZES[size]
     text, chats = write_data(folder / "data", size)
     cache = str(folder / "data_cache")
-    base = _merge(_common(folder / "base", seed, s["base"], overwrite), {
+    base = _merge(run_settings(folder / "base", seed, s["base"], overwrite, LOG_INTERVAL), {
         "model": s["model"],
         # A vocabulary this small leaves the digits single tokens: sums are then learned digit by
         # digit, rather than as a table of two-digit tokens.
@@ -113,13 +91,13 @@ def configs(folder: Path, seed: int, size: str, overwrite: bool) -> dict[str, di
         "train": {"batch_size": 32, "lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 20},
         "eval": {"interval": 0, "max_batches": 4, "sample_tokens": 0, "final_max_batches": 4},
     })
-    chat = _merge(_common(folder / "chat", seed, s["chat"], overwrite), {
+    chat = _merge(run_settings(folder / "chat", seed, s["chat"], overwrite, LOG_INTERVAL), {
         "data": {"source": "files", "format": "chat", "cache_dir": cache, "files": {"paths": [str(chats)]}},
         "train": {"init_from": str(folder / "base"), "batch_size": 32, "lr": 1e-3, "min_lr": 1e-4,
                   "warmup_steps": 5},
         "eval": {"interval": 0, "max_batches": 4, "sample_tokens": 0, "final_max_batches": 4},
     })
-    rl = _merge(_common(folder / "rl", seed, s["rl"], overwrite), {
+    rl = _merge(run_settings(folder / "rl", seed, s["rl"], overwrite, LOG_INTERVAL), {
         "data": {"format": "rl"},
         "train": {"init_from": str(folder / "chat"), "batch_size": 16, "lr": 3e-4, "min_lr": 3e-4,
                   "warmup_steps": 0, "weight_decay": 0.0},
@@ -180,55 +158,20 @@ WHAT = {"base": "a text run on the training questions with their answers",
         "chat": "a chat fine-tune on the same questions as conversations", "rl": "GRPO from the chat run"}
 
 
-def stage_state(run_dir: Path) -> str:
-    """``new``, ``finished`` or ``stopped`` (``rundir.checkpoint.run_progress``)."""
-    from rundir.checkpoint import run_progress
-
-    return run_progress(run_dir)
-
-
-def check_out_folder(args: argparse.Namespace) -> None:
-    """Refuse, before anything trains, a lab folder that holds runs the command was not told what to do with."""
-    if args.resume or args.overwrite:
-        return
-    for seed in args.seeds:
-        for stage in STAGES:
-            run_dir = args.out / f"s{seed}" / stage
-            if stage_state(run_dir) != "new":
-                raise UserError(f"{run_dir} already holds a run of the lab; pass --resume to continue the lab "
-                                f"(finished runs are kept), --overwrite to run it again, or --out for another folder")
-
-
-def train_stage(config: Any, stage: str, label: str, resume: bool) -> Any:
-    """Train one stage (or continue it), its progress bar and evaluation lines on stderr: stdout is the
-    table, or the JSON lines. A finished stage is not trained again under --resume."""
-    from training.trainer import train
-
-    state = stage_state(config.out_dir) if resume else "new"
-    print(f"{label} {stage}: {WHAT[stage]}, in {config.out_dir}"
-          + {"new": "", "finished": " (finished: kept)", "stopped": " (resuming)"}[state], file=sys.stderr, flush=True)
-    if state == "finished":
-        return None
-    with contextlib.redirect_stdout(sys.stderr):
-        return train(config, resume=state == "stopped", progress=True)
-
-
 def run_seed(args: argparse.Namespace, seed: int) -> dict[str, Any]:
     from rundir.checkpoint import load_trainer_state
-    from training.config import config_from_dict
 
     folder = args.out / f"s{seed}"
     raws = configs(folder, seed, args.size, args.overwrite)
     label = f"[seed {seed}]"
-    # Each config read from a copy: reading one fills in its model section from the parent.
     for stage in ("base", "chat"):
-        train_stage(config_from_dict(copy.deepcopy(raws[stage])), stage, label, args.resume)
-    print(f"{label} held-out pass@1 and pass@{PASS_K} of the chat run ({VAL_PROBLEMS[args.size]} questions, "
-          f"{PASS_K} samples each)", file=sys.stderr, flush=True)
+        train_stage(raws[stage], stage, WHAT[stage], label, args.resume)
+    say(f"{label} held-out pass@1 and pass@{PASS_K} of the chat run ({VAL_PROBLEMS[args.size]} questions, "
+        f"{PASS_K} samples each)")
     before = held_out(folder / "chat", raws["rl"])
     before_subset = held_out(folder / "chat", raws["rl"], subset=True)
-    train_stage(config_from_dict(copy.deepcopy(raws["rl"])), "rl", label, args.resume)
-    print(f"{label} held-out pass@1 and pass@{PASS_K} of the RL run", file=sys.stderr, flush=True)
+    train_stage(raws["rl"], "rl", WHAT["rl"], label, args.resume)
+    say(f"{label} held-out pass@1 and pass@{PASS_K} of the RL run")
     after = held_out(folder / "rl", raws["rl"])
     curves = draw_curves(folder / "rl", before_subset, before)
     state = load_trainer_state(folder / "rl")  # the run's own record, also for an RL stage kept by --resume
@@ -242,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_lab(args: argparse.Namespace) -> int:
-    check_out_folder(args)
+    check_out_folder(args, STAGES)
     if not args.json:
         print(f"| seed | pass@1 before | after | pass@{PASS_K} before | after | RL seconds | RL steps |")
         print("|---:|---:|---:|---:|---:|---:|---:|")

@@ -35,18 +35,15 @@ interrupted run from its checkpoint; ``--overwrite`` starts every run again. The
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.shared import benchmark_parser
-from common.cli import path_arg, run_stoppable
+from benchmarks.labs import check_out_folder, lab_parser, run_settings, say, stage_state, train_stage
+from common.cli import run_stoppable
 from common.config import merged as _merge
-from common.errors import UserError
 
 OUT = Path("runs/tool_lab")
 STAGES = ("base", "sft", "grpo")
@@ -64,34 +61,15 @@ SIZES = {  # the model, the problems and each run's budget
 }
 PROBLEMS = {"seed": 0, "digits": 3, "operations": "*", "max_terms": 2}  # products of two three-digit numbers
 RESULT_FILE = "result.json"  # a finished seed's row, kept for --resume
+LOG_INTERVAL = 10
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = benchmark_parser("tool_lab", __doc__)
-    p.add_argument("--seeds", type=int, nargs="+", required=True,
-                   help="train.seed of each seed's three runs (required)")
-    p.add_argument("--out", type=path_arg, default=OUT,
-                   help="where the runs go, a folder per seed (default: %(default)s)")
-    p.add_argument("--size", choices=sorted(SIZES), default="lab",
-                   help="lab, or toy for a smoke test (default: %(default)s)")
-    p.add_argument("--json", action="store_true", help="print one JSON object per seed instead of a table")
-    again = p.add_mutually_exclusive_group()
-    again.add_argument("--resume", action="store_true",
-                       help="continue the lab in --out: finished runs are kept, an interrupted one resumes")
-    again.add_argument("--overwrite", action="store_true", help="replace runs already in --out")
-    return p
+    return lab_parser("tool_lab", __doc__, OUT, SIZES)
 
 
 # ---------------------------------------------------------------------------------------------
 # The three runs
-
-
-def _common(out_dir: Path, seed: int, budget: dict[str, Any], overwrite: bool) -> dict[str, Any]:
-    return {
-        "train": {**budget, "seed": seed, "device": "cpu", "compile": False, "peak_flops": 1e11},
-        "logging": {"interval": 10, "wandb": {"mode": "disabled"}},
-        "run": {"out_dir": str(out_dir), "overwrite": overwrite, "checkpoint_interval": 0},
-    }
 
 
 def calculator_problems(size: str) -> dict[str, Any]:
@@ -132,7 +110,7 @@ def configs(folder: Path, seed: int, size: str, overwrite: bool) -> dict[str, di
     text = write_text(folder / "data", size)
     cache = str(folder / "data_cache")
     quiet_eval = {"interval": 0, "max_batches": 4, "sample_tokens": 0, "final_max_batches": 4}
-    base = _merge(_common(folder / "base", seed, s["base"], overwrite), {
+    base = _merge(run_settings(folder / "base", seed, s["base"], overwrite, LOG_INTERVAL), {
         "model": s["model"],
         # A vocabulary this small merges the call's fixed words and leaves most digits single tokens.
         "data": {"source": "files", "vocab_size": 300, "cache_dir": cache,
@@ -140,14 +118,14 @@ def configs(folder: Path, seed: int, size: str, overwrite: bool) -> dict[str, di
         "train": {"batch_size": 32, "lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 20},
         "eval": quiet_eval,
     })
-    sft = _merge(_common(folder / "sft", seed, s["sft"], overwrite), {
+    sft = _merge(run_settings(folder / "sft", seed, s["sft"], overwrite, LOG_INTERVAL), {
         "data": {"source": "calculator", "format": "chat", "cache_dir": cache, "val_fraction": _held_share(size),
                  "calculator": calculator_problems(size)},
         "train": {"init_from": str(folder / "base"), "batch_size": 32, "optimizer": "muon", "muon_lr": 0.01,
                   "lr": 2e-3, "min_lr": 1e-4, "warmup_steps": 10},
         "eval": quiet_eval,
     })
-    grpo = _merge(_common(folder / "grpo", seed, s["grpo"], overwrite), {
+    grpo = _merge(run_settings(folder / "grpo", seed, s["grpo"], overwrite, LOG_INTERVAL), {
         "data": {"format": "rl"},
         "train": {"init_from": str(folder / "sft"), "batch_size": 16, "lr": 2e-4, "min_lr": 2e-4,
                   "warmup_steps": 0, "weight_decay": 0.0},
@@ -156,48 +134,6 @@ def configs(folder: Path, seed: int, size: str, overwrite: bool) -> dict[str, di
         "rl": rl_section(size),
     })
     return {"base": base, "sft": sft, "grpo": grpo}
-
-
-def stage_state(run_dir: Path) -> str:
-    """``new``, ``finished`` or ``stopped`` (``rundir.checkpoint.run_progress``)."""
-    from rundir.checkpoint import run_progress
-
-    return run_progress(run_dir)
-
-
-def check_out_folder(args: argparse.Namespace) -> None:
-    """Refuse, before anything trains, a lab folder that holds runs the command was not told what to do with."""
-    if args.resume or args.overwrite:
-        return
-    for seed in args.seeds:
-        for stage in STAGES:
-            run_dir = args.out / f"s{seed}" / stage
-            if stage_state(run_dir) != "new":
-                raise UserError(f"{run_dir} already holds a run of the lab; pass --resume to continue the lab "
-                                f"(finished runs are kept), --overwrite to run it again, or --out for another folder")
-
-
-def say(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
-
-
-def train_stage(raw: dict[str, Any], stage: str, label: str, resume: bool) -> float | None:
-    """Train one stage (or continue it), its progress bar and evaluation lines on stderr (stdout is
-    the table, or the JSON lines); its wall-clock seconds (None: a finished stage kept under --resume,
-    or resumed, whose time this command did not see whole)."""
-    from training.config import config_from_dict
-    from training.trainer import train
-
-    config = config_from_dict(copy.deepcopy(raw))  # reading a config fills in its model from the parent
-    state = stage_state(config.out_dir) if resume else "new"
-    say(f"{label} {stage}: {WHAT[stage]}, in {config.out_dir}"
-        + {"new": "", "finished": " (finished: kept)", "stopped": " (resuming)"}[state])
-    if state == "finished":
-        return None
-    start = time.perf_counter()
-    with contextlib.redirect_stdout(sys.stderr):
-        train(config, resume=state == "stopped", progress=True)
-    return None if state == "stopped" else time.perf_counter() - start
 
 
 # ---------------------------------------------------------------------------------------------
@@ -236,7 +172,7 @@ def run_seed(args: argparse.Namespace, seed: int) -> dict[str, Any]:
         return json.loads(kept.read_text(encoding="utf-8"))
     start = time.perf_counter()
     raws = configs(folder, seed, args.size, args.overwrite)
-    seconds = {stage: train_stage(raws[stage], stage, label, args.resume) for stage in STAGES}
+    seconds = {stage: train_stage(raws[stage], stage, WHAT[stage], label, args.resume) for stage in STAGES}
     evals = time.perf_counter()
     measured = {}
     for name, run, tools in (("no_tools", "grpo", False), ("sft", "sft", True), ("grpo", "grpo", True)):
@@ -322,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_lab(args: argparse.Namespace) -> int:
-    check_out_folder(args)
+    check_out_folder(args, STAGES)
     rows = []
     for seed in args.seeds:
         rows.append(run_seed(args, seed))

@@ -1,0 +1,90 @@
+"""What the two post-training labs (``rl_lab`` and ``tool_lab``) share: their command line, the
+settings every run of theirs takes, the check of the lab folder, and training one stage.
+
+A lab trains a few real runs per seed, one after the other, in ``--out``/s<seed>/<stage>. Its table or
+JSON lines go to stdout; each stage's progress bar and evaluation lines go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.shared import benchmark_parser
+from common.cli import path_arg
+from common.errors import UserError
+
+
+def lab_parser(module: str, doc: str, out: Path, sizes: dict[str, Any]) -> argparse.ArgumentParser:
+    """``--seeds``, ``--out``, ``--size``, ``--json`` and ``--resume`` or ``--overwrite``."""
+    p = benchmark_parser(module, doc)
+    p.add_argument("--seeds", type=int, nargs="+", required=True,
+                   help="train.seed of each seed's runs (required)")
+    p.add_argument("--out", type=path_arg, default=out,
+                   help="where the runs go, a folder per seed (default: %(default)s)")
+    p.add_argument("--size", choices=sorted(sizes), default="lab",
+                   help="lab, or toy for a smoke test (default: %(default)s)")
+    p.add_argument("--json", action="store_true", help="print one JSON object per seed instead of a table")
+    again = p.add_mutually_exclusive_group()
+    again.add_argument("--resume", action="store_true",
+                       help="continue the lab in --out: finished runs are kept, an interrupted one resumes")
+    again.add_argument("--overwrite", action="store_true", help="replace runs already in --out")
+    return p
+
+
+def run_settings(out_dir: Path, seed: int, budget: dict[str, Any], overwrite: bool,
+                 log_interval: int) -> dict[str, Any]:
+    """The raw config sections every lab run shares: the CPU, no compile, no wandb, no checkpoints
+    but the last, and a fixed MFU peak (a lab's runs are read for what they learn, not their speed)."""
+    return {
+        "train": {**budget, "seed": seed, "device": "cpu", "compile": False, "peak_flops": 1e11},
+        "logging": {"interval": log_interval, "wandb": {"mode": "disabled"}},
+        "run": {"out_dir": str(out_dir), "overwrite": overwrite, "checkpoint_interval": 0},
+    }
+
+
+def stage_state(run_dir: Path) -> str:
+    """``new``, ``finished`` or ``stopped`` (``rundir.checkpoint.run_progress``)."""
+    from rundir.checkpoint import run_progress
+
+    return run_progress(run_dir)
+
+
+def check_out_folder(args: argparse.Namespace, stages: tuple[str, ...]) -> None:
+    """Refuse, before anything trains, a lab folder that holds runs the command was not told what to do with."""
+    if args.resume or args.overwrite:
+        return
+    for seed in args.seeds:
+        for stage in stages:
+            run_dir = args.out / f"s{seed}" / stage
+            if stage_state(run_dir) != "new":
+                raise UserError(f"{run_dir} already holds a run of the lab; pass --resume to continue the lab "
+                                f"(finished runs are kept), --overwrite to run it again, or --out for another folder")
+
+
+def say(line: str) -> None:
+    """A progress line: stderr, so that stdout stays the table or the JSON lines."""
+    print(line, file=sys.stderr, flush=True)
+
+
+def train_stage(raw: dict[str, Any], stage: str, what: str, label: str, resume: bool) -> float | None:
+    """Train one stage from its raw config (or continue it); its wall-clock seconds, or None for a
+    finished stage kept under --resume, or a resumed one, whose time this command did not see whole."""
+    from training.config import config_from_dict
+    from training.trainer import train
+
+    config = config_from_dict(copy.deepcopy(raw))  # reading a config fills in its model from the parent
+    state = stage_state(config.out_dir) if resume else "new"
+    say(f"{label} {stage}: {what}, in {config.out_dir}"
+        + {"new": "", "finished": " (finished: kept)", "stopped": " (resuming)"}[state])
+    if state == "finished":
+        return None
+    start = time.perf_counter()
+    with contextlib.redirect_stdout(sys.stderr):
+        train(config, resume=state == "stopped", progress=True)
+    return None if state == "stopped" else time.perf_counter() - start
