@@ -39,10 +39,12 @@ def lab_parser(module: str, doc: str, out: Path, sizes: dict[str, Any]) -> argpa
 
 def run_settings(out_dir: Path, seed: int, budget: dict[str, Any], overwrite: bool,
                  log_interval: int) -> dict[str, Any]:
-    """The raw config sections every lab run shares: the CPU, no compile, no wandb, no checkpoints
-    but the last, and a fixed MFU peak (a lab's runs are read for what they learn, not their speed)."""
+    """The raw config sections every lab run shares: the CPU in fp32 (bf16 is no faster at these sizes,
+    docs/training.md#precision), no compile, no wandb, no checkpoints but the last, and a fixed MFU
+    peak (a lab's runs are read for what they learn, not their speed)."""
     return {
-        "train": {**budget, "seed": seed, "device": "cpu", "compile": False, "peak_flops": 1e11},
+        "train": {**budget, "seed": seed, "device": "cpu", "precision": "fp32", "compile": False,
+                  "peak_flops": 1e11},
         "logging": {"interval": log_interval, "wandb": {"mode": "disabled"}},
         "run": {"out_dir": str(out_dir), "overwrite": overwrite, "checkpoint_interval": 0},
     }
