@@ -63,3 +63,20 @@ def tool_run_dir(tmp_path_factory):
         return build_tool_run(tmp_path_factory.mktemp("runs") / "tiny-tools")
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tool_run(tool_run_dir):
+    """``tool_run_dir`` loaded for decoding on the CPU."""
+    from rundir.loading import load_run
+
+    return load_run(tool_run_dir, torch.device("cpu"))
+
+
+@pytest.fixture(scope="module")
+def toolbox():
+    """The calculator in its worker process, for tests that decode with tools."""
+    from tools import Toolbox, load_tools
+
+    with Toolbox(load_tools(["calculator"]), timeout_s=60) as tools:
+        yield tools

@@ -8,21 +8,14 @@ import io
 import sys
 
 import pytest
-import torch
 
 from data.chat import Message, ToolCall
 from inference.chat import ChatSession
 from inference.cli import main
 from inference.settings import GenerationSettings
-from rundir.loading import load_run
 from run_testkit import build_run, chat_tokenizer_before_tools
 
 GREEDY = dict(temperature=0, max_new_tokens=60)
-
-
-@pytest.fixture(scope="module")
-def tool_run(tool_run_dir):
-    return load_run(tool_run_dir, torch.device("cpu"))
 
 
 def cli(capsys, *argv) -> tuple[int, str, str]:

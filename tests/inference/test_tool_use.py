@@ -6,29 +6,16 @@ each end or steer the reply as documented."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from data.chat import ChatTokenIds, Message, ToolCall, render_chat
 from inference.engine import Engine
 from inference.sampling import SamplingSettings
 from inference.tool_use import decode_with_tools, segment_seed
-from rundir.loading import load_run
 from run_testkit import TOOL_QUESTIONS
 from tools import Toolbox, load_tools
 from tools.toolbox import ToolResult, error_result
 
 GREEDY = SamplingSettings(temperature=0, max_new_tokens=60)
-
-
-@pytest.fixture(scope="module")
-def tool_run(tool_run_dir):
-    return load_run(tool_run_dir, torch.device("cpu"))
-
-
-@pytest.fixture(scope="module")
-def toolbox():
-    with Toolbox(load_tools(["calculator"]), timeout_s=60) as tools:
-        yield tools
 
 
 def _prompt(run, question: str, system: str | None = None) -> list[int]:

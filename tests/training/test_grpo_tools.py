@@ -20,9 +20,7 @@ from data.tokenizer import token_byte_table
 from inference.sampling import SamplingSettings
 from model import GPT, GPTConfig
 from rundir.checkpoint import load_trainer_state
-from rundir.loading import load_run
 from run_testkit import TOOL_QUESTIONS
-from tools import Toolbox, load_tools
 from tools.calculator import calculator
 from training.config import config_from_dict
 from training.tasks.grpo.loss import Rollout, accumulate_grpo_gradients, target_logps
@@ -157,17 +155,6 @@ def test_tool_rewards_read_the_reply_written_out():
 
 # --------------------------------------------------------------------------------------------
 # Completions sampled with the calculator
-
-
-@pytest.fixture(scope="module")
-def tool_run(tool_run_dir):
-    return load_run(tool_run_dir, torch.device("cpu"))
-
-
-@pytest.fixture(scope="module")
-def toolbox():
-    with Toolbox(load_tools(["calculator"]), timeout_s=60) as tools:
-        yield tools
 
 
 def test_a_completion_with_the_calculator_is_the_conversation_and_its_targets_what_the_model_wrote(tool_run, toolbox):
