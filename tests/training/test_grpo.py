@@ -14,6 +14,7 @@ from chat_testkit import pretrain
 from common.errors import UserError
 from model import GPT, GPTConfig
 from rundir.checkpoint import load_trainer_state
+from rl_testkit import written_out_grpo_loss
 from training.tasks.grpo.loss import Rollout, accumulate_grpo_gradients, group_advantages, target_logps, token_losses
 from training.tasks.grpo.rewards import RewardError, closeness, correct, integer_format, reward_function
 from training.trainer import train
@@ -130,13 +131,8 @@ def test_the_step_loss_is_the_mean_over_every_completion_token_of_the_step():
     model.zero_grad()
 
     mask = (rollout.y != -1).float()
-    logps = torch.log_softmax(model(rollout.x).float(), -1).gather(-1, rollout.y.clamp(min=0)[..., None])[..., 0]
-    ratio = torch.exp(logps - logps.detach())  # on-policy: 1, with the log-probability's gradient
-    a = rollout.advantages[:, None]
-    surrogate = torch.min(ratio * a, ratio.clamp(1 - epsilon, 1 + epsilon) * a)
-    delta = rollout.ref_logps - logps
-    per_token = -surrogate + beta * (torch.exp(delta) - delta - 1)
-    expected = (per_token * mask).sum() / mask.sum()
+    per_token, expected = written_out_grpo_loss(model, rollout, rollout.y.clamp(min=0), mask,
+                                                epsilon=epsilon, beta=beta)
     expected.backward()
     assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
     for name, p in model.named_parameters():

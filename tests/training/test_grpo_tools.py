@@ -20,6 +20,7 @@ from data.tokenizer import token_byte_table
 from inference.sampling import SamplingSettings
 from model import GPT, GPTConfig
 from rundir.checkpoint import load_trainer_state
+from rl_testkit import written_out_grpo_loss
 from run_testkit import TOOL_QUESTIONS
 from tools.calculator import calculator
 from training.config import config_from_dict
@@ -108,13 +109,7 @@ def test_a_multi_turn_step_is_the_token_mean_over_generated_tokens_and_inserted_
     # Σ(loss·mask)/Σmask over the tokens the model generated, with the mask written out above.
     mask = _generated_mask(prompts, completions, rollout.y.shape)
     targets = torch.where(mask.bool(), rollout.y, 0)
-    logps = torch.log_softmax(model(rollout.x).float(), -1).gather(-1, targets[..., None])[..., 0]
-    ratio = torch.exp(logps - logps.detach())
-    a = rollout.advantages[:, None]
-    surrogate = torch.min(ratio * a, ratio.clamp(1 - epsilon, 1 + epsilon) * a)
-    delta = rollout.ref_logps - logps
-    per_token = -surrogate + beta * (torch.exp(delta) - delta - 1)
-    expected = (per_token * mask).sum() / mask.sum()
+    per_token, expected = written_out_grpo_loss(model, rollout, targets, mask, epsilon=epsilon, beta=beta)
     expected.backward()
     assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
     for name, p in model.named_parameters():
