@@ -84,6 +84,21 @@ def _records(run: Path) -> list[tuple[str, int, dict[str, float]]]:
     return [(r["kind"], r["step"], {k: r[k] for k in COMPARED if k in r}) for r in read_metrics(run / METRICS_FILE)]
 
 
+def _assert_same_runs(one: Path, two: Path) -> list[tuple[str, int, dict[str, float]]]:
+    """The one-process run and the two-process run logged the same metrics at the same steps and ended on
+    the same weights (to WEIGHTS_ATOL); the one-process run's records, for the caller's own checks."""
+    alone, shared = _records(one), _records(two)
+    assert [(k, s) for k, s, _ in shared] == [(k, s) for k, s, _ in alone]
+    for (kind, step, want), (_, _, got) in zip(alone, shared):
+        assert got.keys() == want.keys(), (kind, step)
+        for name, value in want.items():
+            assert got[name] == pytest.approx(value, rel=1e-4, abs=1e-6), (kind, step, name)
+    a, b = load_trainer_state(one)["model"], load_trainer_state(two)["model"]
+    for name, tensor in a.items():
+        torch.testing.assert_close(b[name], tensor, rtol=1e-4, atol=WEIGHTS_ATOL, msg=name)
+    return alone
+
+
 @pytest.mark.e2e
 @pytest.mark.distributed
 @pytest.mark.parametrize("batch", ["train.batch_size=4 train.grad_accum_steps=2", "train.batch_size=4"],
@@ -94,16 +109,8 @@ def test_rl_on_two_processes_equals_one_process(parent, env, tmp_path, batch):
     _ok(_run(env, 2, _rl_args(parent, two, *batch.split())))
     assert load_trainer_state(two)["world_size"] == 2
 
-    alone, shared = _records(one), _records(two)
-    assert [(k, s) for k, s, _ in shared] == [(k, s) for k, s, _ in alone]
+    alone = _assert_same_runs(one, two)
     assert any(values.get("reward_std") for _, _, values in alone)  # the groups' rewards differ: the runs learn
-    for (kind, step, want), (_, _, got) in zip(alone, shared):
-        assert got.keys() == want.keys(), (kind, step)
-        for name, value in want.items():
-            assert got[name] == pytest.approx(value, rel=1e-4, abs=1e-6), (kind, step, name)
-    a, b = load_trainer_state(one)["model"], load_trainer_state(two)["model"]
-    for name, tensor in a.items():
-        torch.testing.assert_close(b[name], tensor, rtol=1e-4, atol=WEIGHTS_ATOL, msg=name)
 
 
 # The calculator in the loop, from the tiny run that calls it (tests/run_testkit.py), on two-digit problems.
@@ -119,16 +126,8 @@ def test_rl_with_the_calculator_on_two_processes_equals_one_process(tool_run_dir
     args = ("train.batch_size=4", *TOOLS)
     _ok(_run(env, 1, _rl_args(tool_run_dir, one, *args)))
     _ok(_run(env, 2, _rl_args(tool_run_dir, two, *args)))
-    alone, shared = _records(one), _records(two)
-    assert [(k, s) for k, s, _ in shared] == [(k, s) for k, s, _ in alone]
+    alone = _assert_same_runs(one, two)
     assert all(values["tools/calling_ratio"] > 0 for kind, _, values in alone if kind == "train")  # it calls
-    for (kind, step, want), (_, _, got) in zip(alone, shared):
-        assert got.keys() == want.keys(), (kind, step)
-        for name, value in want.items():
-            assert got[name] == pytest.approx(value, rel=1e-4, abs=1e-6), (kind, step, name)
-    a, b = load_trainer_state(one)["model"], load_trainer_state(two)["model"]
-    for name, tensor in a.items():
-        torch.testing.assert_close(b[name], tensor, rtol=1e-4, atol=WEIGHTS_ATOL, msg=name)
 
 
 @pytest.mark.e2e
