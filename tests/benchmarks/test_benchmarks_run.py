@@ -231,9 +231,14 @@ def test_induction_lab_trains_a_seed_and_writes_the_held_out_corpus(bench_dir) -
     assert_words(out, "seed")
 
 
-def test_rl_lab_runs_a_seed_end_to_end_at_a_toy_size(bench_dir) -> None:
-    import json
+def _assert_refuses_runs_already_there(lab: list[str]) -> None:
+    """A lab run again over its own runs is refused in one line, whose advice is that command's own flags."""
+    proc = run_python(lab)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr
+    assert "pass --resume to continue the lab" in proc.stderr and "--overwrite" in proc.stderr
 
+
+def test_rl_lab_runs_a_seed_end_to_end_at_a_toy_size(bench_dir) -> None:
     out = bench("rl_lab", "--seeds", 1, "--size", "toy", "--out", bench_dir / "rl_lab", "--json")
     row = json.loads(out.strip().splitlines()[-1])
     assert set(row) >= {"seed", "pass@1_before", "pass@1_after", "pass@8_before", "pass@8_after", "rl_seconds"}
@@ -242,11 +247,8 @@ def test_rl_lab_runs_a_seed_end_to_end_at_a_toy_size(bench_dir) -> None:
     table = bench("rl_lab", "--seeds", 1, "--size", "toy", "--out", bench_dir / "rl_lab", "--overwrite")
     assert_words(table, "| seed | pass@1 before | after | pass@8 before |")
     assert table.strip().splitlines()[-1] == f"curves: {bench_dir / 'rl_lab' / 's1' / 'rl' / 'curves.png'}"
-    # Runs already there are refused in one line, whose advice is this command's own flags.
     lab = ["-m", "benchmarks.rl_lab", "--seeds", "1", "--size", "toy", "--out", str(bench_dir / "rl_lab")]
-    proc = run_python(lab)
-    assert proc.returncode == 2 and proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr
-    assert "pass --resume to continue the lab" in proc.stderr and "--overwrite" in proc.stderr
+    _assert_refuses_runs_already_there(lab)
     # --resume keeps the finished runs: each stage says so on stderr, and the table comes again.
     proc = run_python([*lab, "--resume"])
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -266,11 +268,8 @@ def test_tool_lab_runs_a_seed_end_to_end_at_a_toy_size(bench_dir) -> None:
     assert (bench_dir / "tool_lab" / "tool_lab.png").stat().st_size > 0
     table = bench("tool_lab", "--seeds", 1, "--size", "toy", "--out", bench_dir / "tool_lab", "--overwrite")
     assert_words(table, "| seed | pass@1 no tools | SFT | GRPO | calling (GRPO) | calls parsed (GRPO) |")
-    # Runs already there are refused in one line, whose advice is this command's own flags.
     lab = ["-m", "benchmarks.tool_lab", "--seeds", "1", "--size", "toy", "--out", str(bench_dir / "tool_lab")]
-    proc = run_python(lab)
-    assert proc.returncode == 2 and proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr
-    assert "pass --resume to continue the lab" in proc.stderr and "--overwrite" in proc.stderr
+    _assert_refuses_runs_already_there(lab)
     # --resume keeps the finished seed, and the table and the figure's place come again.
     proc = run_python([*lab, "--resume"])
     assert proc.returncode == 0, proc.stderr[-2000:]
