@@ -14,7 +14,7 @@ from common.config import build, check_types, require
 from data.chat import CHAT_SPECIAL_TOKENS, TOOL_SPECIAL_TOKENS
 from data.errors import DataError
 
-SOURCES = ("shakespeare", "hub", "files", "synthetic", "calculator")
+SOURCES = ("shakespeare", "hub", "files", "synthetic", "quotes", "calculator")
 MIN_VOCAB_SIZE = 256 + 1 + len(CHAT_SPECIAL_TOKENS) + len(TOOL_SPECIAL_TOKENS)  # bytes, end-of-text, chat and tool tokens
 # The sources that hold conversations (data/sources/conversations.py); calculator holds nothing else.
 CHAT_SOURCES = ("shakespeare", "hub", "files", "calculator")
@@ -102,6 +102,32 @@ class SyntheticSourceConfig:
                  f"{MAX_SYNTHETIC_WORDS:,} it makes in memory; lower data.synthetic.documents or max_words")
 
 
+# The quoting corpus is made in memory too: passages up to this many characters (twice each).
+MAX_QUOTE_CHARACTERS = 200_000_000
+
+
+@dataclass
+class QuotesSourceConfig:
+    """Passages of the plays, each written twice (data/sources/quotes.py): a corpus that teaches a
+    model to copy its context. ``passages`` passages of ``min_chars..max_chars`` characters."""
+
+    seed: int = 0
+    passages: int = 20000
+    min_chars: int = 60
+    max_chars: int = 220
+
+    def __post_init__(self) -> None:
+        check_types(self, "data.quotes", DataError)
+        _require(self.passages >= 1, f"data.quotes.passages must be at least 1, got {self.passages}")
+        _require(1 <= self.min_chars <= self.max_chars <= 100_000,
+                 "data.quotes needs 1 <= min_chars <= max_chars <= 100000, "
+                 f"got min_chars {self.min_chars}, max_chars {self.max_chars}")
+        most = 2 * self.passages * self.max_chars  # each passage is written twice
+        _require(most <= MAX_QUOTE_CHARACTERS,
+                 f"data.quotes asks for up to {most:,} characters (2 x passages x max_chars), more than the "
+                 f"{MAX_QUOTE_CHARACTERS:,} it makes in memory; lower data.quotes.passages or max_chars")
+
+
 # A ceiling on the conversations the calculator set makes in memory (a few hundred bytes each).
 MAX_CALCULATOR_CONVERSATIONS = 1_000_000
 CALCULATOR_OPERATIONS = "+-*/"
@@ -160,6 +186,7 @@ class DataConfig:
     hub: HubSourceConfig = field(default_factory=HubSourceConfig)
     files: FilesSourceConfig = field(default_factory=FilesSourceConfig)
     synthetic: SyntheticSourceConfig = field(default_factory=SyntheticSourceConfig)
+    quotes: QuotesSourceConfig = field(default_factory=QuotesSourceConfig)
     calculator: CalculatorSourceConfig = field(default_factory=CalculatorSourceConfig)
     # Documents handed to one encode_batch call: large enough to keep every core busy, small
     # enough that a batch of long documents stays well inside memory.

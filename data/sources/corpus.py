@@ -1,5 +1,5 @@
-"""Corpus sources: the embedded Shakespeare plays, a Hugging Face hub dataset, local files, or the
-synthetic repeats of the induction lab.
+"""Corpus sources: the embedded Shakespeare plays, a Hugging Face hub dataset, local files, the
+synthetic repeats of the induction lab, or the plays' passages written twice (quotes).
 
 Every source ends up as `SourceDocuments`: `datasets.Dataset`s with one "text" column plus a stable
 id per document, which the split hashes (a play's id is its file name, "hamlet"). `source_spec`
@@ -17,6 +17,7 @@ from data.errors import DataError
 from data.sources.documents import SourceDocuments
 from data.sources.hub import hub_spec, load_hub
 from data.sources.local_files import files_spec, load_files
+from data.sources.quotes import load_quotes, quotes_spec
 from data.sources.shakespeare import shakespeare_documents, shakespeare_fingerprint
 from data.sources.synthetic import load_synthetic, synthetic_spec
 
@@ -31,7 +32,9 @@ def source_spec(cfg: DataConfig) -> dict[str, Any]:
         return files_spec(cfg.files)
     if cfg.source == "synthetic":
         return synthetic_spec(cfg.synthetic)
-    raise DataError(f"unknown data.source {cfg.source!r}: use shakespeare, hub, files or synthetic")
+    if cfg.source == "quotes":
+        return quotes_spec(cfg)
+    raise DataError(f"unknown data.source {cfg.source!r}: use shakespeare, hub, files, synthetic or quotes")
 
 
 def load_source(cfg: DataConfig, *, progress: bool) -> SourceDocuments:
@@ -43,6 +46,8 @@ def load_source(cfg: DataConfig, *, progress: bool) -> SourceDocuments:
             return load_hub(cfg.hub, cfg.val_fraction, progress)
         if cfg.source == "synthetic":
             return load_synthetic(cfg.synthetic)
+        if cfg.source == "quotes":
+            return load_quotes(cfg)
         return load_files(cfg.files)  # any other source was refused by source_spec, which runs first
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from data.errors import DataError
+from data.split import hash_split
 
 # Bump when the conversion below changes, so cached corpora built with the old text are rebuilt.
 CONVERSION_VERSION = 1
@@ -48,6 +49,12 @@ def play_files() -> list[Path]:
 def play_id(path: Path) -> str:
     """A play's stable document id: its file name without extension, e.g. 'hamlet'."""
     return path.stem
+
+
+def held_out_plays(val_fraction: float, split_seed: int) -> set[str]:
+    """The ids of the plays that a text run with this split holds out for validation."""
+    ids = [play_id(path) for path in play_files()]
+    return {ids[i] for i in hash_split(ids, val_fraction, split_seed)[1]}
 
 
 def markdown_to_play_text(markdown: str) -> str:

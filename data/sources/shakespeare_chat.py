@@ -16,8 +16,7 @@ import re
 from dataclasses import dataclass
 
 from data.chat import Message
-from data.sources.shakespeare import HEADING, SPEAKER, play_files, play_id, strip_markup
-from data.split import hash_split
+from data.sources.shakespeare import HEADING, SPEAKER, held_out_plays, play_files, play_id, strip_markup
 
 # Bump when the conversations built from the plays change, so cached ones are rebuilt.
 CHAT_SET_VERSION = 1
@@ -85,12 +84,11 @@ def shakespeare_chat(
     """(train, val, held-out play ids): every play's conversations, split by play exactly as
     pretraining splits the plays."""
     files = play_files()
-    ids = [play_id(path) for path in files]
-    _, val_idx = hash_split(ids, val_fraction, split_seed)
-    held_out = {ids[i] for i in val_idx}
+    held_out = held_out_plays(val_fraction, split_seed)
     train: list[list[Message]] = []
     val: list[list[Message]] = []
-    for path, pid in zip(files, ids):
+    for path in files:
+        pid = play_id(path)
         title, scenes = play_scenes(path.read_text(encoding="utf-8"))
         target = val if pid in held_out else train
         for scene in scenes:

@@ -146,3 +146,17 @@ def test_overwrite_keeps_the_old_run_when_the_new_one_cannot_start(base_raw, par
         with pytest.raises(UserError):
             train(config_from_dict(raw), overwrite=True, progress=False)
         assert _snapshot(run) == before
+
+
+def test_configs_tiny_quote_continues_a_parent_on_its_passages(parent_run, data_cache, tmp_path):
+    # The shipped config, its passages and steps cut down: the parent's shape and tokenizer, and
+    # validation on the passages of the plays pretraining held out.
+    from training.config import load_run_config
+
+    config = load_run_config(Path(__file__).resolve().parents[2] / "configs" / "tiny-quote.yaml", [
+        f"train.init_from={parent_run}", f"run.out_dir={tmp_path / 'run'}", f"data.cache_dir={data_cache}",
+        "data.quotes.passages=300", "train.max_steps=2", "train.peak_flops=1e11", "train.device=cpu",
+        "eval.max_batches=1", "eval.final_max_batches=1", "eval.sample_tokens=0", "logging.wandb.mode=disabled"])
+    result = train(config, progress=False)
+    assert result.step == 2 and load_pretrained(tmp_path / "run").config == load_pretrained(parent_run).config
+    assert (tmp_path / "run" / "tokenizer.json").read_bytes() == (parent_run / "tokenizer.json").read_bytes()
