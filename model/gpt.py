@@ -207,6 +207,20 @@ class ReLU2(nn.Module):
         return self.dropout(self.down(F.relu(self.up(x)).square()))
 
 
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **options: Any) -> torch.Tensor:
+    """``F.scaled_dot_product_attention``, in fp32 when CPU autocast hands it bf16.
+
+    Under bf16 autocast on the CPU the matrix products gain from bf16 dot products, but PyTorch's
+    CPU attention kernels, the backward above all, run several times slower in bf16 than in fp32
+    at this repository's sizes (docs/training.md#precision). So there attention alone computes in
+    fp32 and hands back bf16, as autocast would. Everywhere else (CUDA, fp32, inference) it is the
+    plain call."""
+    if q.dtype == torch.bfloat16 and q.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
+        with torch.autocast("cpu", enabled=False):
+            return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), **options).to(torch.bfloat16)
+    return F.scaled_dot_product_attention(q, k, v, **options)
+
+
 def causal_mask(q_len: int, k_len: int, device: torch.device | str | None = None) -> torch.Tensor:
     """True where the last ``q_len`` of ``k_len`` positions may attend: aligned bottom-right, where
     SDPA's ``is_causal=True`` aligns top-left, right only when ``q_len == k_len``."""
@@ -360,7 +374,7 @@ class CausalSelfAttention(nn.Module):
         B, H, _, d = q.shape
         grouped = q.view(B, self.n_kv_head, H // self.n_kv_head, d)
         dropout_p = self.attn_dropout if self.training else 0.0
-        return F.scaled_dot_product_attention(grouped, k, v, attn_mask=mask, dropout_p=dropout_p).reshape(B, H, 1, d)
+        return sdpa(grouped, k, v, attn_mask=mask, dropout_p=dropout_p).reshape(B, H, 1, d)
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         B, H, T, d = q.shape
@@ -379,7 +393,7 @@ class CausalSelfAttention(nn.Module):
             else:  # torch < 2.5: the kernel cannot broadcast K/V heads, so repeat them
                 group = H // self.n_kv_head
                 k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        return F.scaled_dot_product_attention(q, k, v, **options)
+        return sdpa(q, k, v, **options)
 
 
 # -------------------------------------------------------------------------------------------------
@@ -532,7 +546,7 @@ class LatentAttention(nn.Module):
         if mask is None and T != S:
             mask = causal_mask(T, S, device=q.device)
         dropout_p = self.attn_dropout if self.training else 0.0
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=mask is None)
+        return sdpa(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=mask is None)
 
     def attend_absorbed(self, q: torch.Tensor, c: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """The same attention in latent space (derived above). As in
@@ -553,7 +567,7 @@ class LatentAttention(nn.Module):
             mask = causal_mask(T, S, device=q.device) if mask is None else mask
             mask = mask.repeat(*[1] * (mask.dim() - 2), H, 1)
         dropout_p = self.attn_dropout if self.training else 0.0
-        latent_y = F.scaled_dot_product_attention(
+        latent_y = sdpa(
             latent_q, c, values, attn_mask=mask, dropout_p=dropout_p, scale=1.0 / math.sqrt(qk_dim))
         return torch.matmul(latent_y.view(B, H, T, self.kv_latent_dim), w_uv.transpose(1, 2))
 

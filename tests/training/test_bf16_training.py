@@ -76,10 +76,11 @@ def test_a_bf16_step_multiplies_in_bf16_and_keeps_norms_loss_weights_and_optimiz
         logits, loss = model(idx, targets)
     loss.backward()
 
-    # Every matmul, the attention itself, and what is computed from their outputs before it joins
-    # the residual stream: bf16.
+    # Every matmul and what is computed from its output before it joins the residual stream: bf16.
+    # Attention itself computes in fp32 on the CPU (model.gpt.sdpa: its bf16 kernels are the slow
+    # ones), from bf16 inputs, and hands its output back in bf16.
     assert ops.seen["linear"] == {torch.bfloat16}
-    assert ops.seen["scaled_dot_product_attention"] == {torch.bfloat16}
+    assert ops.seen["scaled_dot_product_attention"] == {torch.float32}
     activations = [op for op in ("silu", "relu", "square", "sigmoid", "tanh") if op in ops.seen]
     assert activations and all(ops.seen[op] == {torch.bfloat16} for op in activations)
     assert logits.dtype == torch.bfloat16
@@ -104,6 +105,21 @@ def test_a_bf16_step_multiplies_in_bf16_and_keeps_norms_loss_weights_and_optimiz
     # Weights and their gradients: fp32.
     assert {p.dtype for p in model.parameters()} == {torch.float32}
     assert {p.grad.dtype for p in model.parameters() if p.grad is not None} == {torch.float32}
+
+
+def test_attention_under_cpu_autocast_computes_in_fp32_and_nowhere_else():
+    from model.gpt import sdpa
+
+    q, k, v = (torch.randn(2, 2, 8, 16, generator=torch.Generator().manual_seed(i)).bfloat16() for i in range(3))
+    exact = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
+    with autocast(CPU, torch.bfloat16):
+        out = sdpa(q, k, v, is_causal=True)
+    assert out.dtype == torch.bfloat16 and torch.equal(out, exact.bfloat16())
+    # Outside autocast bf16 stays bf16 (a bf16 model's inference), and fp32 is the plain call.
+    plain = sdpa(q, k, v, is_causal=True)
+    assert torch.equal(plain, F.scaled_dot_product_attention(q, k, v, is_causal=True))
+    assert not torch.equal(plain, out)  # the case that tells the two apart
+    assert torch.equal(sdpa(q.float(), k.float(), v.float(), is_causal=True), exact)
 
 
 @pytest.mark.parametrize("optimizer", ["muon", "adamw"])
