@@ -4,11 +4,11 @@
     python -m benchmarks.speculative --run runs/tiny --draft-run runs/tiny-small --json
 
 Two kinds of text. Input-grounded: the prompt holds a passage of a play that the default split
-holds out of training (tiny.yaml's), then the passage's opening again, as written or with one word changed (a reply that quotes its prompt, an edit of a
-given passage), so the continuation can copy. Free: a speaker's name, and whatever the model
-writes after it. Each prompt is decoded plainly and with each proposer (prompt lookup; a draft run
-with --draft-run), round-robin over --repeats rounds; a figure is the best round's, as in
-benchmarks/generate_speed.py.
+(tiny.yaml's) holds out of training, then the passage's opening again, as written or with one word
+changed (a reply that quotes its prompt, an edit of a given passage), so the continuation can copy.
+Free: a speaker's name, and whatever the model writes after it. Each prompt is decoded plainly and
+with each proposer (prompt lookup; a draft run with --draft-run), round-robin over --repeats rounds;
+a figure is the best round's, as in benchmarks/generate_speed.py.
 
 Reported per kind and proposer: the decode rate after the first token, plain and speculative, and
 their ratio; accepted guesses per step and tokens per pass of the model (1 + accepted); and
@@ -17,11 +17,10 @@ rejected: every checking pass is wider than a plain step, and a draft spends a d
 guess, so free text, which repeats little of its prompt, gains little from lookup and may lose
 with a draft; the table says so wherever the ratio is below 1.
 
-Without --run the benchmark takes runs/tiny (python train.py --config configs/tiny.yaml): the
-proposals need a model that has learnt to copy, which random weights have not, and runs/tiny has
-hardly. runs/tiny-quote (configs/tiny-quote.yaml: runs/tiny after a minute on passages written
-twice) has. --json prints one
-object per kind and proposer instead of the table.
+Without --run the benchmark takes runs/tiny (python train.py --config configs/tiny.yaml). The
+proposals need a model that has learnt to copy: random weights have not, runs/tiny hardly has, and
+runs/tiny-quote (configs/tiny-quote.yaml: runs/tiny after a minute on passages written twice) has.
+--json prints one object per kind and proposer instead of the table.
 """
 
 from __future__ import annotations
