@@ -13,9 +13,9 @@ from pathlib import Path
 
 from common.errors import UserError
 from data.config import DataConfig
+from data.sources import shakespeare
 from data.sources.shakespeare import markdown_to_play_text, play_files, play_id
 from data.sources.shakespeare_chat import Speech, play_scenes
-from data.split import hash_split
 
 
 @dataclass(frozen=True)
@@ -30,10 +30,10 @@ def held_out_plays(run_dir: Path, data: DataConfig) -> list[HeldOutPlay]:
     if data.source != "shakespeare":
         raise UserError(f"{run_dir} was trained on data.source={data.source}; the evaluation tasks are built "
                         "from held-out Shakespeare plays, so evaluate a run trained on data.source=shakespeare")
-    files = play_files()
-    _, val_idx = hash_split([play_id(path) for path in files], data.val_fraction, data.split_seed)
+    held_out = shakespeare.held_out_plays(data.val_fraction, data.split_seed)
     plays = []
-    for i in val_idx:
-        markdown = files[i].read_text(encoding="utf-8")
-        plays.append(HeldOutPlay(play_id(files[i]), markdown_to_play_text(markdown), play_scenes(markdown)[1]))
+    for path in play_files():
+        if play_id(path) in held_out:
+            markdown = path.read_text(encoding="utf-8")
+            plays.append(HeldOutPlay(play_id(path), markdown_to_play_text(markdown), play_scenes(markdown)[1]))
     return plays
