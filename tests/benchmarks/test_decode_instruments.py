@@ -5,11 +5,17 @@ ratio the ONNX Runtime goal is judged on. Reads no clock."""
 
 from __future__ import annotations
 
+import types
+
 import pytest
 import torch
 
 from benchmarks import generate_speed
+from benchmarks.speculative import grounded_prompts
 from benchmarks.cuda_decode import token_agreement
+from data import DataConfig
+from data.sources.shakespeare import held_out_plays, shakespeare_documents
+from data.tokenizer import train_tokenizer
 from model import GPT, GPTConfig
 
 
@@ -56,3 +62,20 @@ def test_one_quiet_spell_for_the_peer_moves_the_best_of_ratio_but_not_the_round_
 def test_rounds_of_different_counts_are_refused():
     with pytest.raises(ValueError):
         generate_speed.paired_ratio((1.0, 2.0), (1.0,))
+
+
+def test_the_grounded_prompts_quote_held_out_plays_and_no_play_trained_on():
+    ids, texts = shakespeare_documents()
+    split = DataConfig()
+    held_out = held_out_plays(split.val_fraction, split.split_seed)
+    tokenizer = train_tokenizer(texts[:3], 300)
+    run = types.SimpleNamespace(block_size=128, tokenizer=tokenizer)
+    prompts = grounded_prompts(run, new_tokens=20, count=4)
+    assert len(prompts) == 4 and all(len(p) <= 128 - 20 for p in prompts)
+    for prompt in prompts:
+        text = tokenizer.decode(prompt)
+        passage, _, opening = text.rpartition("\n\n")
+        sources = {play for play, play_text in zip(ids, texts) if passage[:80] in play_text}
+        assert sources and sources <= held_out, sources
+        # The prompt ends with the passage's opening again (one word of it in capitals for an edit).
+        assert passage.lower().startswith(opening.lower())

@@ -61,3 +61,10 @@ def test_bad_settings_name_the_key_in_one_line(settings, words):
     with pytest.raises(DataError, match=words) as caught:
         DataConfig.from_dict({"source": "quotes", "quotes": settings})
     assert "\n" not in str(caught.value) and "data.quotes" in str(caught.value)
+
+
+def test_the_memory_bound_admits_a_corpus_at_it_and_refuses_one_past_it():
+    at = QuotesSourceConfig(passages=500_000, max_chars=200)  # 2 x 500,000 x 200 = 200,000,000
+    assert 2 * at.passages * at.max_chars == 200_000_000
+    with pytest.raises(DataError, match="asks for up to 200,000,400 characters"):
+        QuotesSourceConfig(passages=500_001, max_chars=200)
