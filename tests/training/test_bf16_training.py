@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 import training.device as device_module
+import training.evaluate as evaluate_module
 import training.muon as muon_module
 from data import prepare_data
 from model import GPT, GPTConfig, load_pretrained
@@ -149,22 +150,30 @@ def tensors_in(value) -> list[torch.Tensor]:
     return [t for item in items for t in tensors_in(item)]
 
 
-def test_a_bf16_run_is_evaluated_in_fp32(make_config, tmp_path):
+def test_a_bf16_run_is_evaluated_in_fp32(make_config, tmp_path, monkeypatch):
+    # Proved by the dtypes the evaluation's arithmetic ran in and by its score, not by a bf16-fp32
+    # gap in the score, which some CPUs' kernels round away.
+    evaluations, original = [], evaluate_module.score_batches
+
+    def spy(*args, **kwargs):
+        with OutputDtypes() as ops:
+            result = original(*args, **kwargs)
+        evaluations.append(ops.seen["linear"])
+        return result
+
+    monkeypatch.setattr(evaluate_module, "score_batches", spy)
     config = make_config(train={"precision": "bf16", "max_steps": 6}, eval={"interval": 3})
     result = train(config, progress=False)
+    monkeypatch.undo()
     assert load_trainer_state(tmp_path / "run")["precision"] == "bf16"
+    assert len(evaluations) >= 3 and all(seen == {torch.float32} for seen in evaluations)  # steps 3 and 6, final
     # The final pass scored the kept weights (model.safetensors) over final_max_batches batches.
     kept = load_pretrained(tmp_path / "run")
     val_tokens = prepare_data(config.data, progress=False).val_tokens()
-    token_bytes = torch.ones(config.model.vocab_size, dtype=torch.long)
-
-    def score(amp):
-        return evaluate(kept, val_tokens, token_bytes, block_size=config.model.block_size, batch_size=8,
-                        max_batches=config.eval.final_max_batches, device=CPU, amp=amp).loss
-
-    fp32, bf16 = score(None), score(lambda: autocast(CPU, torch.bfloat16))
-    assert abs(bf16 - fp32) > 1e-5  # the case that tells them apart
-    assert result.val_loss == pytest.approx(fp32, abs=1e-6)
+    fp32 = evaluate(kept, val_tokens, torch.ones(config.model.vocab_size, dtype=torch.long),
+                    block_size=config.model.block_size, batch_size=8, max_batches=config.eval.final_max_batches,
+                    device=CPU).loss
+    assert result.val_loss == pytest.approx(fp32, rel=1e-6)
 
 
 def test_a_bf16_run_resumes_exactly(make_config, tmp_path, monkeypatch):
