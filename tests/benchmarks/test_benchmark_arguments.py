@@ -114,16 +114,17 @@ def test_the_induction_lab_with_nothing_to_do_says_so(args, capsys):
     assert err.startswith("error: nothing to do: give --seeds") and "--heldout" in err
 
 
-@pytest.mark.parametrize("module", ["train_throughput", "train_throughput_ddp"])
+@pytest.mark.parametrize("mode", [[], ["--ddp"]], ids=["", "ddp"])
 @pytest.mark.parametrize("args, message", [
     (["--steps", "0"], "error: argument --steps: must be a whole number >= 1, got '0'; see "),
     (["--warmup", "x"], "error: argument --warmup: must be a whole number >= 1, got 'x'; see "),
     (["--config", "{tmp}/none.yaml"], "none.yaml' not found"),
     (["--set", "train.precision=fp16"], "train.precision"),
 ])
-def test_the_training_throughput_benchmarks_refuse_bad_flags_in_one_line(module, args, message, tmp_path, capsys):
-    main = importlib.import_module(f"benchmarks.{module}").main
-    assert main([arg.format(tmp=tmp_path) for arg in args]) == 2
+def test_the_training_throughput_benchmark_refuses_bad_flags_in_one_line(mode, args, message, tmp_path, capsys):
+    from benchmarks.train_throughput import main
+
+    assert main([*mode, *(arg.format(tmp=tmp_path) for arg in args)]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1 and err.startswith("error: "), (out, err)
     assert message in err, err
@@ -202,6 +203,7 @@ def test_the_speculative_benchmark_refuses_in_one_line(args, message, tmp_path, 
 @pytest.mark.parametrize("args, message", [
     ([], "the following arguments are required: --seeds"),
     (["--seeds"], "argument --seeds: expected at least one argument"),
+    (["--seeds", "-1"], "argument --seeds: must be a whole number >= 0, got '-1'"),
     (["--seeds", "1", "--size", "huge"], "argument --size: invalid choice: 'huge'"),
     (["--seeds", "1", "--resume", "--overwrite"], "argument --overwrite: not allowed with argument --resume"),
 ])

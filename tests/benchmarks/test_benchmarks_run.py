@@ -81,10 +81,10 @@ def test_attention_variants_times_the_latent_forms(toy_config) -> None:
 
 
 def test_quality_per_minute_screens_at_equal_steps(toy_config, bench_dir) -> None:
-    out = bench("quality_per_minute", "--config", toy_config, "--candidate", "qk-norm", "model.qk_norm=true",
+    out = bench("quality_per_minute", "--config", toy_config, "--candidate", "rope", "model.positions=rope",
                 "--seeds", 1337, "--steps", 2, "--short-steps", 1, "--pairs", 2, "--out", bench_dir / "quality_screen",
                 "--set", "eval.max_batches=1", "--set", "eval.final_max_batches=1")
-    assert_words(out, "equal steps (2; baseline also 1)", "| Δ at equal steps |", "| qk-norm | 2 |",
+    assert_words(out, "equal steps (2; baseline also 1)", "| Δ at equal steps |", "| rope | 2 |",
                  "baseline at 1 steps")
 
 
@@ -106,15 +106,15 @@ def test_speculative(toy_run) -> None:
                for row in rows)
 
 
-def test_cuda_decode_runs_on_a_gpu_and_refuses_in_one_line_without_one(toy_run) -> None:
-    args = ("--run", toy_run, "--new-tokens", 8, "--repeats", 1)
+def test_generate_speed_on_cuda_runs_on_a_gpu_and_refuses_in_one_line_without_one(toy_run) -> None:
+    args = ("--device", "cuda", "--run", toy_run, "--new-tokens", 8, "--repeats", 1)
     if torch.cuda.is_available():
-        out = bench("cuda_decode", *args)
+        out = bench("generate_speed", *args)
         assert_words(out, "ours, KV cache", "ours, compiled", "greedy tokens")
         return
-    proc = run_python(["-m", "benchmarks.cuda_decode", *map(str, args)])
+    proc = run_python(["-m", "benchmarks.generate_speed", *map(str, args)])
     assert proc.returncode == 2 and proc.stdout == ""
-    assert proc.stderr == "error: benchmarks.cuda_decode needs a CUDA GPU; on the CPU use benchmarks.generate_speed\n"
+    assert proc.stderr == "error: --device cuda needs a CUDA GPU; leave it out to time the CPU paths\n"
 
 
 def test_prefix_cache(toy_chat_run) -> None:
@@ -140,8 +140,8 @@ def test_train_throughput_times_bf16_and_fp32_side_by_side(toy_config) -> None:
                 "--set", "train.device=cpu", "--set", "train.batch_size=2")
     assert_words(out, "MFU", "in bf16", "in fp32")
     rows = {(m["model"].strip(), m["precision"]): float(m["tokens"]) for m in re.finditer(
-        r"^(?P<model>ours \(GQA, SwiGLU, RMSNorm\)|nanoGPT-style reference) +(?P<precision>bf16|fp32) +false +\S+ +\S+ "
-        r"+(?P<tokens>[0-9]+) ", out, re.MULTILINE)}
+        r"^\| (?P<model>ours \(GQA, SwiGLU, RMSNorm\)|nanoGPT-style reference) \| (?P<precision>bf16|fp32) \| false \| "
+        r"\S+ \| \S+ \| (?P<tokens>[0-9]+) \|", out, re.MULTILINE)}
     assert len(rows) == 4, out
     for model in ("ours (GQA, SwiGLU, RMSNorm)", "nanoGPT-style reference"):
         # The speed-up line is the ratio of the two rows above it, measured in this run.
@@ -156,7 +156,7 @@ def test_train_throughput_times_bf16_and_fp32_side_by_side(toy_config) -> None:
 def test_train_throughput_times_one_precision_when_asked(toy_config) -> None:
     out = bench("train_throughput", "--config", toy_config, "--steps", 1, "--warmup", 1, "--compile", "false",
                 "--precision", "fp32", "--no-reference", "--set", "train.device=cpu", "--set", "train.batch_size=2")
-    assert re.search(r"^ours \(GQA, SwiGLU, RMSNorm\) +fp32 ", out, re.MULTILINE), out
+    assert re.search(r"^\| ours \(GQA, SwiGLU, RMSNorm\) \| fp32 \| ", out, re.MULTILINE), out
     assert " bf16 " not in out and "bf16/fp32" not in out and "nanoGPT-style reference" not in out
 
 
@@ -168,7 +168,7 @@ def test_train_throughput_ddp_on_two_cpu_processes_sees_a_slow_all_reduce(toy_co
     torchrun = ("-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2")
     flags = ["--config", toy_config, "--steps", 2, "--warmup", 1, "--compile", "false",
              "--set", "train.device=cpu", "--set", "train.batch_size=2"]
-    out = bench("train_throughput_ddp", *flags, launcher=torchrun)
+    out = bench("train_throughput", "--ddp", *flags, launcher=torchrun)
     assert_words(out, "1 process", "2 processes (DDP)", "scaling efficiency")
     worker = str(Path(__file__).parent / "ddp_slow_allreduce_worker.py")
     proc = run_python([*torchrun, worker, "0.5", *map(str, flags)], env={"PYTHONPATH": str(ROOT)})
@@ -181,9 +181,9 @@ def test_train_throughput_ddp_on_two_cpu_processes_sees_a_slow_all_reduce(toy_co
 
 
 def ddp_table(out: str) -> dict[str, float]:
-    """The step times and scaling efficiency train_throughput_ddp printed."""
-    single = re.search(r"^1 process +1 +([0-9.]+)", out, re.MULTILINE)
-    ddp = re.search(r"^2 processes \(DDP\) +2 +([0-9.]+)", out, re.MULTILINE)
+    """The step times and scaling efficiency train_throughput --ddp printed."""
+    single = re.search(r"^\| 1 process \| 1 \| ([0-9.]+) \|", out, re.MULTILINE)
+    ddp = re.search(r"^\| 2 processes \(DDP\) \| 2 \| ([0-9.]+) \|", out, re.MULTILINE)
     efficiency = re.search(r"scaling efficiency: (\d+)%", out)
     assert single and ddp and efficiency, out[-3000:]
     return {"single_ms": float(single.group(1)), "ddp_ms": float(ddp.group(1)), "efficiency": float(efficiency.group(1))}
