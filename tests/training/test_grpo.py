@@ -201,7 +201,7 @@ def test_built_in_rewards():
 # Runs
 
 
-MLA = {"attention": "mla", "n_kv_head": 2, "kv_latent_dim": 8, "q_latent_dim": 16, "mlp": "relu2"}
+MLA = {"attention": "mla", "n_kv_head": 2, "kv_latent_dim": 8, "q_latent_dim": 16}
 
 
 @pytest.fixture(scope="module")
