@@ -81,10 +81,10 @@ def test_attention_variants_times_the_latent_forms(toy_config) -> None:
 
 
 def test_quality_per_minute_screens_at_equal_steps(toy_config, bench_dir) -> None:
-    out = bench("quality_per_minute", "--config", toy_config, "--candidate", "qk-norm", "model.qk_norm=true",
+    out = bench("quality_per_minute", "--config", toy_config, "--candidate", "rope", "model.positions=rope",
                 "--seeds", 1337, "--steps", 2, "--short-steps", 1, "--pairs", 2, "--out", bench_dir / "quality_screen",
                 "--set", "eval.max_batches=1", "--set", "eval.final_max_batches=1")
-    assert_words(out, "equal steps (2; baseline also 1)", "| Δ at equal steps |", "| qk-norm | 2 |",
+    assert_words(out, "equal steps (2; baseline also 1)", "| Δ at equal steps |", "| rope | 2 |",
                  "baseline at 1 steps")
 
 

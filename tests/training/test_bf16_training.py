@@ -54,9 +54,9 @@ def autograd_nodes(out: torch.Tensor) -> set[str]:
 
 @pytest.mark.parametrize("options", [
     dict(value_embeddings=True),  # tiny.yaml's model
-    dict(qk_norm=True, logit_softcap=15.0, residual_scalars=True, mlp="relu2", positions="rope", value_embeddings=False),
+    dict(positions="rope", tie_embeddings=False, value_embeddings=False),
     dict(attention="mla", kv_latent_dim=16, q_latent_dim=16, n_kv_head=2, positions="rope", value_embeddings=False),
-], ids=["tiny", "options", "mla"])
+], ids=["tiny", "rope-untied", "mla"])
 def test_a_bf16_step_multiplies_in_bf16_and_keeps_norms_loss_weights_and_optimizer_in_fp32(options):
     torch.manual_seed(0)
     config = GPTConfig(**{**dict(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_kv_head=1, n_embd=32), **options})
@@ -82,7 +82,7 @@ def test_a_bf16_step_multiplies_in_bf16_and_keeps_norms_loss_weights_and_optimiz
     # ones), from bf16 inputs, and hands its output back in bf16.
     assert ops.seen["linear"] == {torch.bfloat16}
     assert ops.seen["scaled_dot_product_attention"] == {torch.float32}
-    activations = [op for op in ("silu", "relu", "square", "sigmoid", "tanh") if op in ops.seen]
+    activations = [op for op in ("silu", "sigmoid") if op in ops.seen]
     assert activations and all(ops.seen[op] == {torch.bfloat16} for op in activations)
     assert logits.dtype == torch.bfloat16
     # The embeddings and the residual stream they start: fp32 (an fp32 + bf16 sum is fp32).
