@@ -94,13 +94,6 @@ def head_rows(out):
     return [row for row in table_rows(out) if len(row) == 6]
 
 
-def test_a_missing_run_and_an_out_that_is_a_folder_are_refused(tmp_path, run_dir, capsys):
-    assert main(["--run", str(tmp_path / "nope"), "--prompt", PROMPT]) == 2
-    assert "does not exist" in capsys.readouterr().err
-    assert main(["--run", str(run_dir), "--prompt", PROMPT, "--out", str(tmp_path)]) == 2
-    assert "is a directory" in capsys.readouterr().err
-
-
 def test_roles_default_to_the_runs_own_validation_text_read_from_its_config(run_dir, tmp_path, capsys):
     import shutil
 
@@ -178,6 +171,10 @@ def test_bad_runs_input_is_one_line_and_exit_2(variant_runs, args, message, caps
 # anything is written.
 @pytest.mark.parametrize("args, message", [
     (["--prompt", ""], "argument --prompt: is empty; give the text, e.g. --prompt"),
+    # What Python makes of the argument bytes b"ROMEO \xff" on a UTF-8 system.
+    (["--prompt", b"ROMEO \xff".decode("utf-8", errors="surrogateescape"), "--json"], "--prompt is not valid UTF-8"),
+    (["--run", "nope", "--prompt", PROMPT], "run directory nope does not exist"),
+    (["--prompt", PROMPT, "--out", "."], "--out . is a directory"),
     (["--prompt", PROMPT, "--layer", "2", "--head", "0"], "--layer 2 is out of range"),
     (["--prompt", PROMPT, "--layer", "0", "--head", "4"], "--head 4 is out of range"),
     (["--prompt", PROMPT, "--layer", "0"], "the following arguments are required: --head"),
@@ -204,14 +201,6 @@ def test_bad_input_is_one_line_and_exit_2_and_writes_nothing(run_dir, args, mess
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err and err.count("\n") == 1
     assert list(tmp_path.iterdir()) == []
-
-
-def test_a_prompt_that_is_not_utf8_is_refused(run_dir, capsys):
-    # What Python makes of the argument bytes b"ROMEO \xff" on a UTF-8 system.
-    not_utf8 = b"ROMEO \xff".decode("utf-8", errors="surrogateescape")
-    assert main(["--run", str(run_dir), "--prompt", not_utf8, "--json"]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: --prompt is not valid UTF-8") and err.count("\n") == 1
 
 
 FORMATS = [(".pdf", b"%PDF"), (".svg", b"<?xml"), (".PNG", b"\x89PNG")]
