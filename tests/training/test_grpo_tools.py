@@ -27,7 +27,8 @@ from training.config import config_from_dict
 from training.tasks.grpo.config import MAX_TOOL_CALLS
 from training.tasks.grpo.loss import Rollout, accumulate_grpo_gradients, target_logps
 from training.tasks.grpo.rewards import tool_answer_correct, tool_format
-from training.tasks.grpo.rollout import Completion, Sampler, ToolLoop, collate_completions
+from training.tasks.grpo.rollout import (Completion, Sampler, ToolLoop, call_counts, collate_completions,
+                                          tool_metrics)
 from training.trainer import train
 
 VOCAB = 23
@@ -193,6 +194,15 @@ def test_a_completion_is_cut_to_the_window_only_where_a_result_overflowed_it(too
     completion = tools.completion(reply, special.reply_end_ids, block_size=20)
     assert len(reply.prompt_ids) + len(completion.ids) - 1 == 20  # the rows' inputs fill the window
     assert completion.generated == [True] * 4 + [False] * 7 and not completion.ended
+
+
+def test_every_tool_metric_has_its_value_on_hand_made_completions():
+    # Five completions: 3 of them began calls, 6 calls begun, 4 of those parsed and ran, 1 failed.
+    counts = [(2, 2, 1), (1, 0, 0), (0, 0, 0), (3, 2, 0), (0, 0, 0)]  # (begun, run, failed)
+    completions = [Completion([], [], "", True, *c) for c in counts]
+    assert tool_metrics(call_counts(completions).sum(dim=0)) == pytest.approx({
+        "tools/call_frequency": 4 / 5, "tools/failure_frequency": 1 / 4, "tools/calling_ratio": 3 / 5,
+        "tools/parsed_ratio": 4 / 6}, rel=1e-12)
 
 
 # --------------------------------------------------------------------------------------------
