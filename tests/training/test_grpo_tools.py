@@ -88,6 +88,9 @@ def test_collated_targets_are_the_generated_tokens_and_nothing_else():
 
 
 def test_a_multi_turn_step_is_the_token_mean_over_generated_tokens_and_inserted_ones_get_no_gradient():
+    # DAPO's token mean written out: Σ(loss·mask) / Σmask over the step, whatever its micro-batches,
+    # not each completion's mean then the mean over completions (which weighs a token of a short
+    # completion more), and only over the tokens the model generated.
     model, prompts, completions, rollout = _multi_turn_rollout()
     epsilon, beta = 0.2, 0.5
     outputs = []
@@ -107,6 +110,9 @@ def test_a_multi_turn_step_is_the_token_mean_over_generated_tokens_and_inserted_
     got = {n: p.grad.clone() for n, p in model.named_parameters()}
     [logits] = outputs
     model.zero_grad()
+    split_loss, metrics = accumulate_grpo_gradients(model, rollout, 4, epsilon=epsilon, beta=beta, temperature=1.0)
+    split = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
 
     # Σ(loss·mask)/Σmask over the tokens the model generated, with the mask written out above.
     mask = _generated_mask(prompts, completions, rollout.y.shape)
@@ -114,8 +120,14 @@ def test_a_multi_turn_step_is_the_token_mean_over_generated_tokens_and_inserted_
     per_token, expected = written_out_grpo_loss(model, rollout, targets, mask, epsilon=epsilon, beta=beta)
     expected.backward()
     assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    assert split_loss.item() == pytest.approx(expected.item(), rel=1e-5)
     for name, p in model.named_parameters():
         torch.testing.assert_close(got[name], p.grad, rtol=1e-4, atol=1e-7, msg=name)
+        torch.testing.assert_close(split[name], p.grad, rtol=1e-4, atol=1e-7, msg=name)
+    # On-policy, each token's loss is −A + β·KL: the step's KL is their token mean, and nothing is clipped.
+    kl = (per_token.detach() + rollout.advantages[:, None]) / beta
+    assert metrics["kl"] == pytest.approx(((kl * mask).sum() / mask.sum()).item(), rel=1e-5)
+    assert metrics["clip_ratio/low_mean"] == metrics["clip_ratio/high_mean"] == metrics["clip_ratio/region_mean"] == 0
 
     # A position whose next token a tool inserted (or that is prompt or padding) gets no gradient at all.
     silent = ~mask.bool()
@@ -126,6 +138,8 @@ def test_a_multi_turn_step_is_the_token_mean_over_generated_tokens_and_inserted_
     for r, (prompt, completion) in enumerate(zip(prompts, completions)):
         inserted[r, len(prompt) - 1:len(prompt) - 1 + len(completion.ids)] = 1.0
     assert abs(((per_token * inserted).sum() / inserted.sum()).item() - expected.item()) > 1e-2
+    # The completions are ragged enough that the sequence mean is another number too.
+    assert abs(((per_token * mask).sum(1) / mask.sum(1)).mean().item() - expected.item()) > 1e-2
 
 
 # --------------------------------------------------------------------------------------------
