@@ -257,18 +257,6 @@ def test_a_checkpoint_that_kept_the_pending_rollout_with_its_batches_resumes_exa
         torch.testing.assert_close(b["model"][name], tensor, rtol=0, atol=0, msg=name)
 
 
-@pytest.mark.parametrize("rl, message", [
-    ({"group_size": 1}, "rl.group_size must be >= 2"),
-    ({"epsilon": 1.5}, "rl.epsilon must be in"),
-    ({"rewards": ["corect"]}, "rl.rewards: unknown reward 'corect'"),
-    ({"arithmetic": {"train_problems": 500, "val_problems": 8, "max_operand": 9}}, "only 100 distinct ones exist"),
-])
-def test_settings_that_cannot_work_are_refused_in_one_line(rl_config, tmp_path, rl, message):
-    with pytest.raises(UserError, match=message) as error:
-        rl_config(tmp_path / "run", rl=rl)
-    assert "\n" not in str(error.value)
-
-
 def test_an_rl_section_needs_data_format_rl(make_config, parent_run, tmp_path):
     with pytest.raises(UserError, match="an rl section is for data.format: rl"):
         make_config(tmp_path / "run", train={"init_from": str(parent_run)}, rl={})

@@ -2,7 +2,7 @@
 (generate until a call, run it, append the result, go on), the loss and its KL and ratio terms fall
 on the tokens the model generated and never on what a tool inserted, the tool rewards read the
 reply written out in the chat format, and an RL run with the calculator logs TRL's tool metrics,
-evaluates the answer after the calls and resumes exactly."""
+evaluates the answer after the calls and resumes exactly; and the RL settings refused in one line."""
 
 from __future__ import annotations
 
@@ -283,10 +283,15 @@ def test_an_rl_run_with_the_calculator_logs_tool_metrics_and_resumes_exactly(too
     *[({"max_tool_calls": n}, f"rl.max_tool_calls must be 1 to {MAX_TOOL_CALLS} \\(got {n}\\)")
       for n in (0, MAX_TOOL_CALLS + 1)],
     ({"task": "chess"}, "rl.task must be arithmetic or calculator"),
+    ({"group_size": 1}, "rl.group_size must be >= 2"),
+    ({"epsilon": 1.5}, "rl.epsilon must be in"),
+    ({"rewards": ["corect"]}, "rl.rewards: unknown reward 'corect'"),
+    ({"task": "arithmetic", "tools": [], "rewards": ["correct"],
+      "arithmetic": {"train_problems": 500, "val_problems": 8, "max_operand": 9}}, "only 100 distinct ones exist"),
     ({"calculator": {**CALCULATOR, "digits": 1, "operations": "*", "train_problems": 60}},
      "rl.calculator.train_problems + val_problems is 66, more than half the 100 distinct problems"),
 ])
-def test_tool_settings_that_cannot_work_are_refused_in_one_line(tool_rl_config, tmp_path, rl, message):
+def test_rl_settings_that_cannot_work_are_refused_in_one_line(tool_rl_config, tmp_path, rl, message):
     with pytest.raises(UserError, match=message.replace("+", r"\+")) as error:
         tool_rl_config(tmp_path / "run", rl=rl)
     assert "\n" not in str(error.value)
