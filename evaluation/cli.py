@@ -1,10 +1,7 @@
 """The ``evaluate.py`` command line: parse flags, evaluate the run, print lm-eval's table.
 
-User errors (no lm-eval installed, a missing or damaged run, a run not trained on the plays) and
-filesystem failures (a read-only run, a full disk or TMPDIR) print one ``error: ...`` line and exit
-with status 2; anything else is a bug and keeps its traceback. Ctrl-C exits with 130 and SIGTERM
-with 143, after the temporary export is removed (``common.cli.run_stoppable``). At a terminal,
-stderr shows a line per stage and a bar while lm-eval scores (minutes on a CPU).
+User errors and filesystem failures print one ``error: ...`` line and exit 2; Ctrl-C (130) and
+SIGTERM (143) remove the temporary export first.
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
 """Write a run as a folder that ONNX Runtime decodes with no PyTorch: model.onnx, the tokenizer
-files, config.json and a README.md with the decoding loop.
-
-The folder takes the layout of Hugging Face Optimum's ONNX exports (config.json beside model.onnx
-and the tokenizer), so ONNX tooling that reads those finds its way. It is built and swapped into
-place exactly as the Hugging Face export is (``exporting.folder``): a half-written folder never
-looks complete, what a killed export left is cleaned up by the next, and ``--overwrite`` replaces
-only an earlier export.
+files, config.json and a README.md with the decoding loop, in the layout of Hugging Face Optimum's
+ONNX exports.
 """
 
 from __future__ import annotations
@@ -25,6 +20,7 @@ from exporting.onnx.decoder import cache_entries
 from exporting.onnx.graph import MIN_DYNAMIC_BLOCK_SIZE, export_graph
 from exporting.onnx.readme import export_readme
 from rundir.loading import load_run
+
 
 @dataclass(frozen=True)
 class OnnxExportResult:
