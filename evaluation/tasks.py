@@ -79,7 +79,7 @@ def next_line_items(plays: list[HeldOutPlay], settings: TaskSettings) -> list[di
         if lines[k].speaker is not None and _askable(lines[k].text)
     ]
     items = []
-    for play, lines, k in _draw(rng, candidates, settings.items):
+    for play, lines, k in rng.sample(candidates, min(settings.items, len(candidates))):
         truth = lines[k].text
         others = _pick(rng, CHOICES - 1, [play.lines_by_speaker[lines[k].speaker], play.all_lines], {truth})
         if others is not None:
@@ -101,7 +101,7 @@ def speaker_items(plays: list[HeldOutPlay], settings: TaskSettings) -> list[dict
         and (previous := _previous_speaker(lines, k)) != lines[k].speaker
     ]
     items = []
-    for play, lines, k, previous in _draw(rng, candidates, settings.items):
+    for play, lines, k, previous in rng.sample(candidates, min(settings.items, len(candidates))):
         speaker = lines[k].speaker
         scene_speakers = sorted({line.speaker for line in lines if line.speaker is not None})
         others = _pick(rng, CHOICES - 1, [scene_speakers, sorted(play.lines_by_speaker)], {speaker, previous})
@@ -166,11 +166,6 @@ def _pick(rng: random.Random, count: int, pools: list[list[str]], exclude: set[s
         if len(picked) == count:
             return picked
     return None
-
-
-def _draw(rng: random.Random, candidates: list, count: int) -> list:
-    """``count`` candidates without replacement, in the order they were drawn."""
-    return rng.sample(candidates, min(count, len(candidates)))
 
 
 def _item(rng: random.Random, play_id: str, context: str, choices: list[str], **extra: str) -> dict:

@@ -35,8 +35,6 @@ def export_onnx(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool = F
     ``static_batch`` the fixed-shape form for that many rows. ``overwrite`` as in
     ``exporting.hf.export_run``."""
     run_dir, out_dir = Path(run_dir), Path(out_dir)
-    if static_batch is not None and static_batch < 1:
-        raise UserError(f"--static-batch must be at least 1, got {static_batch}")
     _require_exporter()
     prepare_destination(run_dir, out_dir, overwrite)
     run = load_run(run_dir, torch.device("cpu"))
