@@ -33,7 +33,8 @@ from pathlib import Path
 
 import torch
 
-from common.cli import ArgumentParser, path_arg, positive_int, run_command
+from benchmarks.shared import benchmark_parser, table
+from common.cli import path_arg, positive_int, run_command
 from common.errors import UserError
 from common.threads import thread_count
 from data.config import DataConfig
@@ -65,8 +66,7 @@ class Result:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = ArgumentParser(prog="python -m benchmarks.speculative", description=__doc__.split("\n\n")[0],
-                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = benchmark_parser("speculative", __doc__)
     parser.add_argument("--run", type=path_arg, default=None, help=f"the run to decode with (default: {DEFAULT_RUN})")
     parser.add_argument("--draft-run", type=path_arg, default=None, metavar="DIR",
                         help="also speculate with this smaller run as the draft, same tokenizer (default: none, lookup only)")
@@ -106,12 +106,11 @@ def measure(args: argparse.Namespace) -> int:
     print(f"run {run.directory}: block_size {run.block_size}, {run.model.num_params() / 1e6:.2f}M parameters; "
           f"greedy, batch 1, {args.new_tokens} tokens a prompt, {args.prompts} prompts a kind, "
           f"{torch.get_num_threads()} threads, best of {args.repeats}")
-    print("| text | proposer | k | plain tokens/s | speculative tokens/s | ratio | accepted/step | tokens/pass "
-          "| identical |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for r in results:
-        print(f"| {r.kind} | {r.proposer} | {r.k} | {r.plain_tokens_per_s:.1f} | {r.speculative_tokens_per_s:.1f} "
-              f"| {r.ratio:.2f}x | {r.accepted_per_step:.2f} | {r.tokens_per_pass:.2f} | {r.identical} |")
+    print(table(("text", "proposer", "k", "plain tokens/s", "speculative tokens/s", "ratio", "accepted/step",
+                 "tokens/pass", "identical"),
+                ((r.kind, r.proposer, r.k, f"{r.plain_tokens_per_s:.1f}", f"{r.speculative_tokens_per_s:.1f}",
+                  f"{r.ratio:.2f}x", f"{r.accepted_per_step:.2f}", f"{r.tokens_per_pass:.2f}", r.identical)
+                 for r in results), left=2))
     for r in results:
         if r.ratio < 1:
             draft = " and the draft's own steps" if r.proposer == "draft" else ""
