@@ -203,6 +203,7 @@ def test_the_speculative_benchmark_refuses_in_one_line(args, message, tmp_path, 
 @pytest.mark.parametrize("args, message", [
     ([], "the following arguments are required: --seeds"),
     (["--seeds"], "argument --seeds: expected at least one argument"),
+    (["--seeds", "-1"], "argument --seeds: must be a whole number >= 0, got '-1'"),
     (["--seeds", "1", "--size", "huge"], "argument --size: invalid choice: 'huge'"),
     (["--seeds", "1", "--resume", "--overwrite"], "argument --overwrite: not allowed with argument --resume"),
 ])
