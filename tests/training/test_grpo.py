@@ -1,9 +1,11 @@
-"""GRPO: the loss's gradient against the analytic policy gradient on a one-token task, and an RL run
-from a trained parent that logs TRL's metric names, evaluates pass@k and resumes exactly."""
+"""GRPO: the loss's gradient against the analytic policy gradient on a one-token task, its clip at its
+bounds, the rollout's metrics by value, and an RL run from a trained parent that logs TRL's metric
+names, evaluates pass@k and resumes exactly. (The token mean over a ragged step: test_grpo_tools.)"""
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -12,11 +14,10 @@ import torch
 import training.cli as train_cli
 from chat_testkit import pretrain
 from common.errors import UserError
-from model import GPT, GPTConfig
 from rundir.checkpoint import load_trainer_state
-from rl_testkit import written_out_grpo_loss
-from training.tasks.grpo.loss import Rollout, accumulate_grpo_gradients, group_advantages, target_logps, token_losses
+from training.tasks.grpo.loss import group_advantages, target_logps, token_losses
 from training.tasks.grpo.rewards import RewardError, closeness, correct, integer_format, reward_function
+from training.tasks.grpo.rollout import rollout_metrics
 from training.trainer import train
 
 VOCAB = 7
@@ -95,70 +96,44 @@ def test_advantages_are_normalised_within_each_group_and_a_tied_group_teaches_no
     assert advantages[3:].abs().max() == 0 and std[3:].max() == 0
 
 
-def test_micro_batches_give_the_token_mean_of_the_whole_step():
-    model, rollout = _ragged_rollout()
-    loss, metrics = accumulate_grpo_gradients(model, rollout, 3, epsilon=0.2, beta=0.5, temperature=1.0)
-    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
-    model.zero_grad()
-    whole, _ = accumulate_grpo_gradients(model, rollout, 1, epsilon=0.2, beta=0.5, temperature=1.0)
-    assert loss.item() == pytest.approx(whole.item(), rel=1e-5)
-    assert metrics["kl"] > 0 and metrics["clip_ratio/region_mean"] == 0  # on-policy: nothing clipped
-    for name, p in model.named_parameters():
-        torch.testing.assert_close(grads[name], p.grad, rtol=1e-4, atol=1e-7, msg=name)
+def test_every_rollout_metric_has_its_value_on_a_hand_made_batch():
+    # Two groups of three, two reward functions: the first group's summed rewards 0, 1, 2 (deviation
+    # 1), the second's all 3 (deviation 0). reward_std is the mean of the groups' deviations (TRL's),
+    # 0.5, not the batch's (1.26); a reward function's std is its column's, Bessel-corrected.
+    scores = torch.tensor([[0.0, 0.0], [1.0, 0.0], [2.0, 0.0], [1.0, 2.0], [1.0, 2.0], [1.0, 2.0]])
+    lengths = torch.tensor([6.0, 2.0, 12.0, 4.0, 10.0, 8.0])
+    ended = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 1.0])
+    assert rollout_metrics(scores, lengths, ended, ["a", "b"], group_size=3) == pytest.approx({
+        "reward": 2.0, "reward_std": 0.5, "frac_reward_zero_std": 0.5,
+        "rewards/a/mean": 1.0, "rewards/b/mean": 1.0, "rewards/a/std": 0.4 ** 0.5, "rewards/b/std": 1.2 ** 0.5,
+        "completions/mean_length": 7.0, "completions/min_length": 2.0, "completions/max_length": 12.0,
+        "completions/clipped_ratio": 1 / 3,
+    }, rel=1e-6)
 
 
-def _ragged_rollout():
-    """A small model and a rollout of six completions of different lengths (y is −1 off them)."""
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=VOCAB * 5, block_size=16, n_layer=1, n_head=2, n_kv_head=1, n_embd=16))
-    g = torch.Generator().manual_seed(1)
-    x = torch.randint(0, VOCAB * 5, (6, 10), generator=g)
-    y = torch.randint(0, VOCAB * 5, (6, 10), generator=g)
-    for row, (start, end) in enumerate([(3, 10), (3, 4), (5, 9), (2, 10), (4, 5), (6, 8)]):
-        y[row, :start] = -1
-        y[row, end:] = -1
-    ref = target_logps(torch.randn(6, 10, VOCAB * 5, generator=g), y, 1.0)
-    return model, Rollout(x, y, torch.randn(6, generator=g), None, ref, {})
-
-
-def test_the_step_loss_is_the_mean_over_every_completion_token_of_the_step():
-    # DAPO's token mean written out: Σ(loss·mask) / Σmask over the step, not each completion's mean
-    # then the mean over completions (which weighs a token of a short completion more).
-    model, rollout = _ragged_rollout()
-    epsilon, beta = 0.2, 0.5
-    loss, _ = accumulate_grpo_gradients(model, rollout, 2, epsilon=epsilon, beta=beta, temperature=1.0)
-    got = {n: p.grad.clone() for n, p in model.named_parameters()}
-    model.zero_grad()
-
-    mask = (rollout.y != -1).float()
-    per_token, expected = written_out_grpo_loss(model, rollout, rollout.y.clamp(min=0), mask,
-                                                epsilon=epsilon, beta=beta)
-    expected.backward()
-    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
-    for name, p in model.named_parameters():
-        torch.testing.assert_close(got[name], p.grad, rtol=1e-4, atol=1e-7, msg=name)
-    # The rollout is ragged enough that the sequence mean is another number: the test can tell them apart.
-    sequence_mean = ((per_token * mask).sum(1) / mask.sum(1)).mean()
-    assert abs(sequence_mean.item() - expected.item()) > 1e-2
+def _exact_log(value: float) -> float:
+    """A float64 x whose exp is exactly ``value``: log(value), or one of its nearest neighbours."""
+    near, low, high = [math.log(value)], math.log(value), math.log(value)
+    for _ in range(8):
+        low, high = math.nextafter(low, -math.inf), math.nextafter(high, math.inf)
+        near += [low, high]
+    return next(x for x in near if torch.exp(torch.tensor(x, dtype=torch.float64)).item() == value)
 
 
 @pytest.mark.parametrize("sign", [1.0, -1.0])
 def test_the_clip_bounds_sit_at_one_plus_and_minus_epsilon(sign):
-    # Ratios just inside and just outside 1 − ε and 1 + ε: the clipped surrogate keeps a token's gradient
-    # (−A·ratio per unit log-probability) unless the ratio is past the bound in the direction A pushes.
-    epsilon, step = 0.2, 0.02  # 0.1 ε either side: a bound moved to 1 + 1.5ε or 1 + 0.25ε is caught
-    ratios = torch.tensor([1 - epsilon - step, 1 - epsilon + step, 1.0, 1 + epsilon - step, 1 + epsilon + step],
-                          dtype=torch.float64)
-    logps = torch.full((1, 5), -1.0, dtype=torch.float64, requires_grad=True)
-    old = logps.detach() - torch.log(ratios)[None]
+    # Ratios exactly at 1 − ε and 1 + ε and one float64 step beyond each: the clipped surrogate keeps a
+    # token's gradient (−A·ratio per unit log-probability) unless the ratio is past the bound in the
+    # direction A pushes. A bound moved by any amount, or a strict comparison made loose, is caught.
+    epsilon = 0.2
+    ratios = [math.nextafter(1 - epsilon, 0), 1 - epsilon, 1.0, 1 + epsilon, math.nextafter(1 + epsilon, 2)]
+    logps = torch.tensor([[_exact_log(r) for r in ratios]], dtype=torch.float64, requires_grad=True)
     advantage = torch.tensor([sign], dtype=torch.float64)
-    losses, _, low, high = token_losses(logps, old, None, advantage, epsilon=epsilon, beta=0.0)
+    losses, _, low, high = token_losses(logps, torch.zeros_like(logps), None, advantage, epsilon=epsilon, beta=0.0)
     losses.sum().backward()
-    if sign > 0:  # pushed up: past 1 + ε the gain is capped and the gradient gone
-        clipped = [False, False, False, False, True]
-    else:  # pushed down: below 1 − ε likewise
-        clipped = [True, False, False, False, False]
-    expected = torch.where(torch.tensor(clipped), 0.0, -sign * ratios)
+    # Pushed up, past 1 + ε the gain is capped and the gradient gone; pushed down, below 1 − ε likewise.
+    clipped = [False, False, False, False, True] if sign > 0 else [True, False, False, False, False]
+    expected = torch.where(torch.tensor(clipped), 0.0, -sign * torch.tensor(ratios, dtype=torch.float64))
     torch.testing.assert_close(logps.grad[0], expected, rtol=1e-12, atol=1e-12)
     # TRL's clip_ratio/low and /high count exactly those tokens.
     assert (low | high)[0].tolist() == clipped and (high.any().item() == (sign > 0))
@@ -178,7 +153,7 @@ def test_built_in_rewards():
 # Runs
 
 
-MLA = {"attention": "mla", "n_kv_head": 2, "kv_latent_dim": 8, "q_latent_dim": 16, "mlp": "relu2"}
+MLA = {"attention": "mla", "n_kv_head": 2, "kv_latent_dim": 8, "q_latent_dim": 16}
 
 
 @pytest.fixture(scope="module")
@@ -280,18 +255,6 @@ def test_a_checkpoint_that_kept_the_pending_rollout_with_its_batches_resumes_exa
     a, b = load_trainer_state(tmp_path / "whole"), load_trainer_state(tmp_path / "old")
     for name, tensor in a["model"].items():
         torch.testing.assert_close(b["model"][name], tensor, rtol=0, atol=0, msg=name)
-
-
-@pytest.mark.parametrize("rl, message", [
-    ({"group_size": 1}, "rl.group_size must be >= 2"),
-    ({"epsilon": 1.5}, "rl.epsilon must be in"),
-    ({"rewards": ["corect"]}, "rl.rewards: unknown reward 'corect'"),
-    ({"arithmetic": {"train_problems": 500, "val_problems": 8, "max_operand": 9}}, "only 100 distinct ones exist"),
-])
-def test_settings_that_cannot_work_are_refused_in_one_line(rl_config, tmp_path, rl, message):
-    with pytest.raises(UserError, match=message) as error:
-        rl_config(tmp_path / "run", rl=rl)
-    assert "\n" not in str(error.value)
 
 
 def test_an_rl_section_needs_data_format_rl(make_config, parent_run, tmp_path):
