@@ -27,7 +27,7 @@ from benchmarks.generate_speed import (
 from inference.completion import generate_completions
 from inference.settings import GenerationSettings
 from rundir.loading import LoadedRun, load_run
-from training import load_run_config
+from training.config import load_run_config
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 

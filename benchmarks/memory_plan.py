@@ -17,7 +17,8 @@ import argparse
 from benchmarks.shared import benchmark_parser
 from common.cli import positive_float, positive_int, run_command
 from model import GPTConfig
-from training import TrainConfig, estimate_memory
+from training.config import TrainConfig
+from training.memory_budget import estimate_memory
 
 MODES = (("ddp", False), ("ddp", True), ("fsdp", False), ("fsdp", True))
 WIDTHS = range(256, 16384 + 1, 256)  # the family searched: a wider model than its last may fit too

@@ -27,7 +27,8 @@ from benchmarks.shared import benchmark_parser, in_turns
 from benchmarks.train_throughput import TrainStepRunner
 from common.cli import non_negative_int, positive_int, run_command
 from common.device import select_device
-from training import configure_backends, install_cpu_backward
+from training.device import configure_backends
+from training.rms_norm_cpu import install_cpu_backward
 from training.rms_norm_cpu import RMSNormCPUFunction
 
 
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def measure(args: argparse.Namespace) -> int:
-    from training import load_run_config
+    from training.config import load_run_config
 
     cfg = load_run_config(args.config)
     device = select_device("cpu")

@@ -84,7 +84,10 @@ def measure(args: argparse.Namespace) -> int:
 
 def profile_steps(config: str, overrides: list[str], steps: int, warmup: int) -> Profile:
     from model import GPT
-    from training import build_optimizer, clip_gradients, install_cpu_backward, load_run_config, plan_param_groups
+    from training.config import load_run_config
+    from training.optim import build_optimizer, plan_param_groups
+    from training.rms_norm_cpu import install_cpu_backward
+    from training.trainer import clip_gradients
     from training.adapters import adapters_for
     from training.tasks.prepare import prepare_task
 

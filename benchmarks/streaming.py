@@ -39,7 +39,7 @@ from inference.engine import decode
 from inference.sampling import SINKS, SamplingSettings, Window, default_sinks
 from model import GPT
 from rundir.loading import load_run
-from training import load_run_config
+from training.config import load_run_config
 
 
 @dataclass

@@ -46,7 +46,9 @@ from torch import nn
 from common.cli import ArgumentParser, positive_int, run_command
 from common.device import select_device
 from common.errors import UserError
-from training import TrainConfig, autocast, configure_backends, format_flops, resolve_precision, synchronize
+from training.config import TrainConfig
+from training.device import autocast, configure_backends, resolve_precision, synchronize
+from training.metrics import format_flops
 from training.device import precision_name
 
 OURS, REFERENCE = "ours (GQA, SwiGLU, RMSNorm)", "nanoGPT-style reference"
@@ -157,7 +159,7 @@ class TrainStepRunner:
         compile_model: bool,
         train: TrainConfig,
     ) -> None:
-        from training import build_optimizer, plan_param_groups
+        from training.optim import build_optimizer, plan_param_groups
 
         self.name, self.flops, self.compiled = name, flops, compile_model
         self.device, self.amp_dtype, self.grad_clip = device, amp_dtype, train.grad_clip
@@ -173,7 +175,8 @@ class TrainStepRunner:
 
     def step(self) -> float:
         """One optimizer step; returns its wall-clock seconds (device work included)."""
-        from training import accumulate_gradients, clip_gradients
+        from training.tasks.task import accumulate_gradients
+        from training.trainer import clip_gradients
 
         batch = self.batches[self.count % len(self.batches)]
         self.count += 1
@@ -286,7 +289,8 @@ def measured_precisions(choice: str, device: torch.device) -> list[torch.dtype]:
 
 def measure(args: argparse.Namespace) -> int:
     from model import GPT
-    from training import install_cpu_backward, load_run_config
+    from training.config import load_run_config
+    from training.rms_norm_cpu import install_cpu_backward
 
     cfg = load_run_config(args.config, args.overrides)
     device = select_device(cfg.train.device)

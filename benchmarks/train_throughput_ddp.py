@@ -26,7 +26,7 @@ import torch
 
 from benchmarks.train_throughput import TrainStepRunner, measure_peak, measure_run, throughput_parser
 from common.cli import run_command
-from training import init_distributed, shutdown, wrap_model
+from training.distributed import init_distributed, shutdown, wrap_model
 from training.device import precision_name
 
 
@@ -39,7 +39,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def measure(args: argparse.Namespace) -> int:
     from model import GPT
-    from training import configure_backends, format_flops, install_cpu_backward, load_run_config, resolve_precision
+    from training.config import load_run_config
+    from training.device import configure_backends, resolve_precision
+    from training.metrics import format_flops
+    from training.rms_norm_cpu import install_cpu_backward
 
     cfg = load_run_config(args.config, args.overrides)
     ctx = init_distributed(cfg.train.device)

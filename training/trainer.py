@@ -44,7 +44,6 @@ from training.memory_budget import check_model_fits, plan_run_memory
 from training.metrics import CpuShareWatch, Throughput, format_flops, mfu, peak_flops
 from training.optim import build_optimizer, build_schedule, muon_momentum, plan_param_groups, set_learning_rate
 from training.progress_bar import StepBar
-from training.recompute import checkpoint_blocks
 from training.result import TrainResult
 from training.resume_rules import (
     check_resumed_tokenizer, fixed_settings, restore_error, run_precision, threads_on_resume,
@@ -201,6 +200,7 @@ class Trainer:
             load_parent_weights(self.model, self.parent)  # a resumed run's checkpoint replaces them
         self.adapters.apply(self.model, self.task.tokenizer)
         if tc.activation_checkpointing:
+            from training.recompute import checkpoint_blocks  # imported only by a run that asks for it
             checkpoint_blocks(self.model)
         # Before the optimizer is built: FSDP replaces the parameters with sharded ones.
         self.wrapped = wrap_model(self.model, ctx, tc.parallel)
