@@ -15,7 +15,6 @@ from common.config import require
 
 POSITIVE_INTS = ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd", "ffn_hidden")
 ATTENTION_KINDS = ("gqa", "mla")
-MLP_KINDS = ("swiglu", "relu2")
 POSITION_KINDS = ("learned", "rope", "none")
 
 # Bounds on the float keys beyond which a model computes nonsense in fp32 or cannot learn, while
@@ -25,11 +24,9 @@ POSITION_KINDS = ("learned", "rope", "none")
 # is still fine, but no window tells the slow pairs from no rotation. norm_eps: above 1e-2 it
 # outweighs the mean square of the embeddings at initialisation (about 4e-4), so the norms stop
 # normalising and the gradients vanish; below 1e-12 (BERT's, the smallest in use) it is lost next
-# to any activation. logit_softcap: below 1 no logit can lead another by more than 2, so no token
-# can become likely; above 1e4 it caps nothing a model produces (and past fp32's range it is NaN).
+# to any activation.
 ROPE_THETA_MAX = 1e12
 NORM_EPS_RANGE = (1e-12, 1e-2)
-LOGIT_SOFTCAP_RANGE = (1.0, 1e4)
 
 
 def explain_model_values(v: dict[str, Any]) -> None:
@@ -48,14 +45,9 @@ def explain_model_values(v: dict[str, Any]) -> None:
     low, high = NORM_EPS_RANGE
     require(low <= v["norm_eps"] <= high, f"norm_eps must be between {low:g} and {high:g}, got {v['norm_eps']}; "
             f"the default is 1e-5")
-    require(v["mlp"] in MLP_KINDS, f"mlp must be one of {', '.join(MLP_KINDS)}, got {v['mlp']!r}; "
-            f"use swiglu (the default) or relu2")
     require(not (v["value_embeddings"] and v["attention"] == "mla"), "value_embeddings needs attention gqa "
             "(multi-head latent attention caches only the latent, not the gated values); set "
             "value_embeddings: false to use mla (configs/tiny.yaml turns it on)")
-    cap, (low, high) = v["logit_softcap"], LOGIT_SOFTCAP_RANGE
-    require(cap is None or low <= cap <= high, f"logit_softcap must be a positive number from {low:g} to "
-            f"{high:g} (about 15) or null to turn it off, got {cap}")
 
 
 def llama_blockers(config: Any) -> list[str]:
@@ -65,21 +57,16 @@ def llama_blockers(config: Any) -> list[str]:
     Llama's block is ours with every option at its plain setting: rotary positions over the halves
     of each head (transformers' convention, which ``model.gpt.rotary`` follows), grouped-query
     attention, RMSNorm, a SwiGLU feed-forward, no biases, and a tied or untied head. An option that
-    changes what the model computes has no counterpart there; ``zero_init`` and ``dropout`` only
-    shape training and do not matter. The Llama and GGUF exports refuse by it, and train.py offers
+    changes what the model computes has no counterpart there; ``dropout`` only shapes training and
+    does not matter. The Llama and GGUF exports refuse by it, and train.py offers
     them by it."""
     blockers = []
     if config.positions != "rope":
         blockers.append(f"model.positions is {config.positions} (Llama rotates queries and keys: set rope)")
     if config.attention != "gqa":
         blockers.append(f"model.attention is {config.attention} (set gqa)")
-    if config.mlp != "swiglu":
-        blockers.append(f"model.mlp is {config.mlp} (set swiglu)")
-    for name in ("qk_norm", "residual_scalars", "value_embeddings"):
-        if getattr(config, name):
-            blockers.append(f"model.{name} is true (set false)")
-    if config.logit_softcap is not None:
-        blockers.append(f"model.logit_softcap is {config.logit_softcap:g} (set null)")
+    if config.value_embeddings:
+        blockers.append("model.value_embeddings is true (set false)")
     return blockers
 
 

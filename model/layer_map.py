@@ -55,9 +55,6 @@ def block_linears(cfg: GPTConfig) -> dict[str, BlockLinear]:
         layers = {"attn.qkv": linear(cfg.n_embd, ("self_attn.q_proj", width), ("self_attn.k_proj", kv_width),
                                      ("self_attn.v_proj", kv_width))}
     layers["attn.proj"] = linear(width, ("self_attn.o_proj", cfg.n_embd))
-    if cfg.mlp == "swiglu":
-        layers["ffn.gate_up"] = linear(cfg.n_embd, ("mlp.gate_proj", cfg.ffn_dim), ("mlp.up_proj", cfg.ffn_dim))
-    else:
-        layers["ffn.up"] = linear(cfg.n_embd, ("mlp.up_proj", cfg.ffn_dim))
+    layers["ffn.gate_up"] = linear(cfg.n_embd, ("mlp.gate_proj", cfg.ffn_dim), ("mlp.up_proj", cfg.ffn_dim))
     layers["ffn.down"] = linear(cfg.ffn_dim, ("mlp.down_proj", cfg.n_embd))
     return layers

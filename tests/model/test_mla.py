@@ -27,12 +27,11 @@ def mla_model(kv_latent_dim: int, q_latent_dim: int | None = None, *, block_size
 
 # kv_latent_dim below, equal to and above head_dim (16); with and without a query latent.
 SHAPES = [(8, None), (16, 24), (48, None), (48, 8)]
-# The same with the small-model options on (QK-norm makes decoding take the expanded form), and
-# with rotary positions (the decoupled rotary key, absorbed decoding) or none.
+# The same with an explicit feed-forward width, and with rotary positions (the decoupled rotary key, absorbed decoding) or none.
 ROPE, NOPE = {"positions": "rope"}, {"positions": "none"}
 CASES = [(*shape, {}) for shape in SHAPES] + [(16, 24, MLA_OPTIONS), (8, None, MLA_OPTIONS)] + [
     (8, None, ROPE), (48, 8, ROPE | {"rope_theta": 100.0}), (16, 24, ROPE | MLA_OPTIONS), (16, None, NOPE)]
-CASE_IDS = [f"{kv}-{q}-{options.get('positions', 'learned')}{'-options' if 'mlp' in options else ''}"
+CASE_IDS = [f"{kv}-{q}-{options.get('positions', 'learned')}{'-options' if 'ffn_hidden' in options else ''}"
             for kv, q, options in CASES]
 
 
@@ -172,13 +171,6 @@ def test_parameter_count_from_the_config_matches_the_model():
     for kv_latent_dim, q_latent_dim, options in CASES:
         model = mla_model(kv_latent_dim, q_latent_dim, **options)
         assert model.config.num_params() == model.num_params()
-
-
-def test_qk_norm_decodes_in_the_expanded_form_and_refuses_the_absorbed_one():
-    model = mla_model(16, 24, qk_norm=True)
-    q, c = model.blocks[0].attn.split_heads(torch.randn(1, 3, 64))
-    with pytest.raises(AssertionError, match="cannot be absorbed"):
-        model.blocks[0].attn.attend_absorbed(q, c, None)
 
 
 def base(**changes) -> dict:
