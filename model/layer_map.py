@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from model.gpt import GPTConfig
+from model.config import GPTConfig
 
 
 @dataclass(frozen=True)

@@ -106,15 +106,6 @@ def test_rpo_adds_alpha_times_the_chosen_replies_mean_token_nll_to_each_pair():
         torch.testing.assert_close(policy.get_parameter(name).grad, p.grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
-def test_rpo_alpha_must_be_a_finite_number_from_zero_to_its_ceiling():
-    from training.tasks.dpo.config import DPOConfig
-
-    for bad in (-0.1, 10.5, math.inf, math.nan):
-        with pytest.raises(UserError, match=r"dpo.rpo_alpha must be in \[0, 10\] \(0 = plain DPO\)"):
-            DPOConfig(rpo_alpha=bad)
-    assert DPOConfig(rpo_alpha=0.5).rpo_alpha == 0.5
-
-
 @pytest.fixture(scope="module")
 def parent_run(base_raw, tmp_path_factory) -> Path:
     return pretrain(base_raw, tmp_path_factory.mktemp("parent") / "run")
@@ -196,17 +187,22 @@ def test_preference_data_needs_a_parent_run(make_config, tmp_path):
         Trainer(config, init_distributed("cpu"), progress=False).setup(resume=False, overwrite=False)
 
 
-def test_beta_must_be_positive(dpo_config, tmp_path):
-    with pytest.raises(UserError, match="dpo.beta must be in"):
-        dpo_config(tmp_path / "run", dpo={"beta": 0.0})
+@pytest.mark.parametrize("changes, message", [
+    ({"dpo": {"beta": 0.0}}, "dpo.beta must be in"),
+    *[({"dpo": {"rpo_alpha": bad}}, r"dpo.rpo_alpha must be in \[0, 10\] \(0 = plain DPO\)")
+      for bad in (math.nextafter(0.0, -1), math.nextafter(10.0, 11), math.inf, math.nan)],  # a step past each bound
+    ({"dpo_beta": 0.5}, "^train.dpo_beta is now dpo.beta, in a dpo: section"),  # the old flat keys
+    ({"dpo_rpo_alpha": 1.0}, "^train.dpo_rpo_alpha is now dpo.rpo_alpha, in a dpo: section"),
+])
+def test_dpo_settings_that_cannot_work_are_refused_in_one_line(dpo_config, tmp_path, changes, message):
+    with pytest.raises(UserError, match=message) as info:
+        dpo_config(tmp_path / "run", **changes)
+    assert "\n" not in str(info.value)
 
 
-@pytest.mark.parametrize("key, value, new", [("dpo_beta", 0.5, "dpo.beta"), ("dpo_rpo_alpha", 1.0, "dpo.rpo_alpha")])
-def test_the_old_flat_keys_are_refused_in_one_line_naming_their_new_place(dpo_config, tmp_path, key, value, new):
-    with pytest.raises(UserError) as info:
-        dpo_config(tmp_path / "run", **{key: value})
-    message = str(info.value)
-    assert "\n" not in message and message.startswith(f"train.{key} is now {new}, in a dpo: section")
+@pytest.mark.parametrize("alpha", [0.0, 10.0])
+def test_rpo_alpha_is_accepted_at_its_bounds(dpo_config, tmp_path, alpha):
+    assert dpo_config(tmp_path / "run", dpo={"rpo_alpha": alpha}).dpo.rpo_alpha == alpha
 
 
 def test_a_dpo_section_is_for_preference_runs_and_a_preference_run_saves_its_defaults(make_config, parent_run,

@@ -2,7 +2,7 @@
 (generate until a call, run it, append the result, go on), the loss and its KL and ratio terms fall
 on the tokens the model generated and never on what a tool inserted, the tool rewards read the
 reply written out in the chat format, and an RL run with the calculator logs TRL's tool metrics,
-evaluates the answer after the calls and resumes exactly."""
+evaluates the answer after the calls and resumes exactly; and the RL settings refused in one line."""
 
 from __future__ import annotations
 
@@ -88,6 +88,9 @@ def test_collated_targets_are_the_generated_tokens_and_nothing_else():
 
 
 def test_a_multi_turn_step_is_the_token_mean_over_generated_tokens_and_inserted_ones_get_no_gradient():
+    # DAPO's token mean written out: Σ(loss·mask) / Σmask over the step, whatever its micro-batches,
+    # not each completion's mean then the mean over completions (which weighs a token of a short
+    # completion more), and only over the tokens the model generated.
     model, prompts, completions, rollout = _multi_turn_rollout()
     epsilon, beta = 0.2, 0.5
     outputs = []
@@ -107,6 +110,9 @@ def test_a_multi_turn_step_is_the_token_mean_over_generated_tokens_and_inserted_
     got = {n: p.grad.clone() for n, p in model.named_parameters()}
     [logits] = outputs
     model.zero_grad()
+    split_loss, metrics = accumulate_grpo_gradients(model, rollout, 4, epsilon=epsilon, beta=beta, temperature=1.0)
+    split = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
 
     # Σ(loss·mask)/Σmask over the tokens the model generated, with the mask written out above.
     mask = _generated_mask(prompts, completions, rollout.y.shape)
@@ -114,8 +120,14 @@ def test_a_multi_turn_step_is_the_token_mean_over_generated_tokens_and_inserted_
     per_token, expected = written_out_grpo_loss(model, rollout, targets, mask, epsilon=epsilon, beta=beta)
     expected.backward()
     assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    assert split_loss.item() == pytest.approx(expected.item(), rel=1e-5)
     for name, p in model.named_parameters():
         torch.testing.assert_close(got[name], p.grad, rtol=1e-4, atol=1e-7, msg=name)
+        torch.testing.assert_close(split[name], p.grad, rtol=1e-4, atol=1e-7, msg=name)
+    # On-policy, each token's loss is −A + β·KL: the step's KL is their token mean, and nothing is clipped.
+    kl = (per_token.detach() + rollout.advantages[:, None]) / beta
+    assert metrics["kl"] == pytest.approx(((kl * mask).sum() / mask.sum()).item(), rel=1e-5)
+    assert metrics["clip_ratio/low_mean"] == metrics["clip_ratio/high_mean"] == metrics["clip_ratio/region_mean"] == 0
 
     # A position whose next token a tool inserted (or that is prompt or padding) gets no gradient at all.
     silent = ~mask.bool()
@@ -126,6 +138,8 @@ def test_a_multi_turn_step_is_the_token_mean_over_generated_tokens_and_inserted_
     for r, (prompt, completion) in enumerate(zip(prompts, completions)):
         inserted[r, len(prompt) - 1:len(prompt) - 1 + len(completion.ids)] = 1.0
     assert abs(((per_token * inserted).sum() / inserted.sum()).item() - expected.item()) > 1e-2
+    # The completions are ragged enough that the sequence mean is another number too.
+    assert abs(((per_token * mask).sum(1) / mask.sum(1)).mean().item() - expected.item()) > 1e-2
 
 
 # --------------------------------------------------------------------------------------------
@@ -269,10 +283,15 @@ def test_an_rl_run_with_the_calculator_logs_tool_metrics_and_resumes_exactly(too
     *[({"max_tool_calls": n}, f"rl.max_tool_calls must be 1 to {MAX_TOOL_CALLS} \\(got {n}\\)")
       for n in (0, MAX_TOOL_CALLS + 1)],
     ({"task": "chess"}, "rl.task must be arithmetic or calculator"),
+    ({"group_size": 1}, "rl.group_size must be >= 2"),
+    ({"epsilon": 1.5}, "rl.epsilon must be in"),
+    ({"rewards": ["corect"]}, "rl.rewards: unknown reward 'corect'"),
+    ({"task": "arithmetic", "tools": [], "rewards": ["correct"],
+      "arithmetic": {"train_problems": 500, "val_problems": 8, "max_operand": 9}}, "only 100 distinct ones exist"),
     ({"calculator": {**CALCULATOR, "digits": 1, "operations": "*", "train_problems": 60}},
      "rl.calculator.train_problems + val_problems is 66, more than half the 100 distinct problems"),
 ])
-def test_tool_settings_that_cannot_work_are_refused_in_one_line(tool_rl_config, tmp_path, rl, message):
+def test_rl_settings_that_cannot_work_are_refused_in_one_line(tool_rl_config, tmp_path, rl, message):
     with pytest.raises(UserError, match=message.replace("+", r"\+")) as error:
         tool_rl_config(tmp_path / "run", rl=rl)
     assert "\n" not in str(error.value)

@@ -66,10 +66,12 @@ def test_a_missing_module_is_named_as_the_config_names_it():
         reward_function("my_rewardz:short")
 
 
-def test_keyboard_interrupt_while_importing_a_reward_is_not_swallowed(tmp_path, monkeypatch):
+def test_keyboard_interrupt_while_importing_or_inside_a_reward_is_not_swallowed(tmp_path, monkeypatch):
     module = _module(tmp_path, monkeypatch, "raise KeyboardInterrupt\n")
     with pytest.raises(KeyboardInterrupt):
         reward_function(f"{module}:reward")
+    with pytest.raises(KeyboardInterrupt):
+        Reward("mine", _interrupted)("q", "c", {})
 
 
 # --------------------------------------------------------------------------------------------
@@ -78,6 +80,10 @@ def test_keyboard_interrupt_while_importing_a_reward_is_not_swallowed(tmp_path, 
 
 def _exits(prompt, completion, row):
     raise SystemExit(3)
+
+
+def _interrupted(prompt, completion, row):
+    raise KeyboardInterrupt
 
 
 class _Tensorish:
@@ -127,14 +133,6 @@ def test_a_reward_that_raises_is_one_line_naming_it_and_the_question(function, f
 ])
 def test_numbers_of_every_kind_are_scores(value, expected):
     assert Reward("mine", lambda p, c, r: value)("q", "c", {}) == expected
-
-
-def test_keyboard_interrupt_inside_a_reward_is_not_swallowed():
-    def interrupted(prompt, completion, row):
-        raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        Reward("mine", interrupted)("q", "c", {})
 
 
 # --------------------------------------------------------------------------------------------
