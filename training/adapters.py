@@ -1,8 +1,8 @@
 """How a run's weights train: all of them (``Adapters``, the plain case), or LoRA's low-rank adapters on a
 frozen model (``training.lora.LoraAdapters``, ``train.lora``).
 
-The object is built once, at the start, by ``adapters_for`` (as ``checkpointer_for`` builds the
-checkpointer), and everything that differs between the two asks it: it applies itself to the model,
+The object is built once, at the start, by ``training.trainer.adapters_for`` (as ``checkpointer_for``
+builds the checkpointer), and everything that differs between the two asks it: it applies itself to the model,
 says what trains, gives the plain model the run directory holds, saves its own files beside those
 weights and reports itself in the result. The trainer, the checkpoint and the kept weights then have
 one path each, whatever trains.
@@ -17,7 +17,6 @@ import torch
 from torch import nn
 
 from model import GPT
-from training.config import TrainConfig
 
 
 class Adapters:
@@ -57,12 +56,3 @@ class Adapters:
     def base(self, model: nn.Module) -> ContextManager[None]:
         """``model`` as its frozen starting point, for a ``with`` block; only where ``holds_base``."""
         raise NotImplementedError("a model without adapters does not hold its starting weights")
-
-
-def adapters_for(train: TrainConfig) -> Adapters:
-    """The adapters of a run with this ``train`` section: LoRA's where ``train.lora`` is set, else none."""
-    if train.lora is None:
-        return Adapters()
-    from training.lora import LoraAdapters  # imported only by a run that asks for LoRA
-
-    return LoraAdapters(train.lora)

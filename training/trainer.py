@@ -28,9 +28,9 @@ from model import GPT, save_pretrained
 from rundir.files import METRICS_FILE, TOKENIZER_FILE
 from rundir.metrics import MetricsLog
 from tracking.wandb_logger import WandbLogger
-from training.adapters import adapters_for
+from training.adapters import Adapters
 from training.checkpointing import checkpointer_for
-from training.config import Config, config_to_dict
+from training.config import Config, TrainConfig, config_to_dict
 from training.device import autocast, configure_backends, precision_name, resolve_precision, should_compile
 from training.distributed import (
     DistContext, all_reduce_mean, all_reduce_sum, barrier, decided_on_main, gather_to_main, init_distributed,
@@ -56,6 +56,15 @@ from training.tasks.prepare import prepare_task
 # Under a clock budget an evaluation is also due when this fraction of train.max_minutes has passed
 # since the last one, so a slow machine that reaches few eval.interval steps still shows samples.
 _CLOCK_EVAL_FRACTION = 0.1
+
+
+def adapters_for(train: TrainConfig) -> Adapters:
+    """The adapters of a run with this ``train`` section: LoRA's where ``train.lora`` is set, else none."""
+    if train.lora is None:
+        return Adapters()
+    from training.lora import LoraAdapters  # imported only by a run that asks for it
+
+    return LoraAdapters(train.lora)
 
 
 class NonFiniteLossError(UserError):
