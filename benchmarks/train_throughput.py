@@ -50,7 +50,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from benchmarks.shared import benchmark_parser, quartiles, table
+from benchmarks.shared import benchmark_parser, best_seconds, quartiles, table
 from common.cli import positive_int, run_command
 from common.device import select_device
 from common.errors import UserError
@@ -137,12 +137,7 @@ def measure_peak(device: torch.device, dtype: torch.dtype, repeats: int = 5) -> 
         a = torch.randn(size, size, device=device, dtype=dtype)
         b = torch.randn(size, size, device=device, dtype=dtype)
         torch.matmul(a, b)
-        synchronize(device)
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            torch.matmul(a, b)
-            synchronize(device)
-            best = max(best, 2 * size**3 / (time.perf_counter() - t0))
+        best = max(best, 2 * size**3 / best_seconds(lambda: torch.matmul(a, b), repeats, lambda: synchronize(device)))
     return best
 
 

@@ -92,14 +92,6 @@ def test_a_tool_error_is_a_result_the_model_reads_and_answers_after(tool_run):
     assert reply.messages[2].role == "assistant" and reply.finish_reason in ("stop", "length", "malformed")
 
 
-def test_without_tools_or_past_the_call_limit_the_model_cannot_call(tool_run, toolbox):
-    call = ChatTokenIds.of(tool_run.tokenizer).call
-    for tools, limit in ((None, 4), (toolbox, 0)):
-        [reply] = decode_with_tools(_engine(tool_run), tool_run.tokenizer, [_prompt(tool_run, "12*34")], GREEDY,
-                                    tools, max_calls=limit)
-        assert call not in reply.ids and reply.steps == [] and len(reply.messages) == 1
-
-
 class ScriptedEngine:
     """Stands in for the engine: each submitted segment generates the next of ``segments`` (texts in the
     chat format) and ends its turn; keeps whether each segment could sample ``<|call|>``."""
@@ -122,17 +114,25 @@ class ScriptedEngine:
         self.submitted = []
 
 
-def test_within_one_reply_the_call_past_the_limit_runs_nothing_and_the_model_can_call_no_more(tool_run):
-    # Two calls allowed: one in the first segment, two in the second (the second of which is past
-    # the limit), then the answer.
-    call = '<|call|>calculator{"expression":"1+1"}'
-    engine = ScriptedEngine(tool_run.tokenizer, [call + "<|end|>", call + call + "<|end|>", "2<|end|>"])
-    tools = ScriptedTools(lambda n: ToolResult(str(n), True))
+CALL = '<|call|>calculator{"expression":"1+1"}'
+
+
+@pytest.mark.parametrize("tools, limit, segments, results, could_call", [
+    # Two calls allowed: one in the first segment, two in the second (its second past the limit), then the answer.
+    (True, 2, [CALL + "<|end|>", CALL + CALL + "<|end|>", "2<|end|>"],
+     ["1", "2", "error: no more calls in this reply (the limit is 2)"], [True, True, False]),
+    (True, 0, ["2<|end|>"], [], [False]),
+    (False, 4, ["2<|end|>"], [], [False]),
+], ids=["past-the-limit", "no-calls-allowed", "no-tools"])
+def test_the_call_past_a_replys_limit_runs_nothing_and_then_the_model_can_call_no_more(tool_run, tools, limit,
+                                                                                        segments, results, could_call):
+    engine = ScriptedEngine(tool_run.tokenizer, segments)
+    counting = ScriptedTools(lambda n: ToolResult(str(n), True))
     [reply] = decode_with_tools(engine, tool_run.tokenizer, [_prompt(tool_run, "1+1")],
-                                SamplingSettings(temperature=0, max_new_tokens=500), tools, max_calls=2)
-    assert tools.runs == 2 and [step.result.text for step in reply.steps] == \
-        ["1", "2", "error: no more calls in this reply (the limit is 2)"]
-    assert engine.could_call == [True, True, False] and (reply.finish_reason, reply.text) == ("stop", "2")
+                                SamplingSettings(temperature=0, max_new_tokens=500), counting if tools else None,
+                                max_calls=limit)
+    assert [step.result.text for step in reply.steps] == results and counting.runs == min(len(results), limit)
+    assert engine.could_call == could_call and (reply.finish_reason, reply.text) == ("stop", "2")
 
 
 def test_the_token_budget_counts_every_segment(tool_run, toolbox):

@@ -181,12 +181,6 @@ def test_a_handful_of_pairs_is_warned_about_as_a_small_corpus_is(make_config, pa
             "few pairs by heart") in "\n".join(said)
 
 
-def test_preference_data_needs_a_parent_run(make_config, tmp_path):
-    config = make_config(data={"format": "preference", "files": {"paths": [str(preference_file(tmp_path / "p.jsonl"))]}})
-    with pytest.raises(UserError, match="data.format: preference fine-tunes a trained run: set train.init_from"):
-        Trainer(config, init_distributed("cpu"), progress=False).setup(resume=False, overwrite=False)
-
-
 @pytest.mark.parametrize("changes, message", [
     ({"dpo": {"beta": 0.0}}, "dpo.beta must be in"),
     *[({"dpo": {"rpo_alpha": bad}}, r"dpo.rpo_alpha must be in \[0, 10\] \(0 = plain DPO\)")

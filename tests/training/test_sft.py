@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from chat_testkit import chat_file, pretrain
+from chat_testkit import chat_file, preference_file, pretrain
 from common.errors import UserError
 from model import GPT, GPTConfig, load_pretrained
 from training.distributed import init_distributed
@@ -197,9 +197,10 @@ def test_fine_tuning_learns_replies_and_resumes_exactly(sft_config, tmp_path):
     assert resumed.val_bpb == pytest.approx(whole.val_bpb, abs=1e-6)
 
 
-def test_chat_data_needs_a_parent_run(make_config, tmp_path):
-    config = make_config(data={"format": "chat", "files": {"paths": [str(chat_file(tmp_path / "c.jsonl"))]}})
-    with pytest.raises(UserError, match="set train.init_from"):
+@pytest.mark.parametrize("data_format, write", [("chat", chat_file), ("preference", preference_file)])
+def test_fine_tuning_data_needs_a_parent_run(make_config, tmp_path, data_format, write):
+    config = make_config(data={"format": data_format, "files": {"paths": [str(write(tmp_path / "data.jsonl"))]}})
+    with pytest.raises(UserError, match=f"data.format: {data_format} fine-tunes a trained run: set train.init_from"):
         Trainer(config, init_distributed("cpu"), progress=False).setup(resume=False, overwrite=False)
 
 

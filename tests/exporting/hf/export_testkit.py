@@ -15,6 +15,7 @@ import yaml
 from tokenizers import Tokenizer
 
 import run_testkit
+from refusal_testkit import one_error_line
 from run_testkit import BLOCK_SIZE
 from rundir.metrics import MetricsLog
 
@@ -67,12 +68,5 @@ def export_in_process(capsys, *args: str) -> subprocess.CompletedProcess:
 
 
 def assert_one_line_error(done: subprocess.CompletedProcess, *fragments: str) -> str:
-    """The command refused its input: exit 2, nothing on stdout, one ``error:`` line holding each
-    fragment; returns that line."""
-    assert done.returncode == 2, done.stderr
-    assert done.stdout == ""
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
-    return lines[0]
+    """``refusal_testkit.one_error_line`` of a finished command."""
+    return one_error_line(done.returncode, done.stdout, done.stderr, *fragments)
