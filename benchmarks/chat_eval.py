@@ -41,7 +41,7 @@ from inference.chat import ChatSession
 from inference.settings import GenerationSettings
 from inference.sampling import SamplingSettings
 from rundir.loading import load_run
-from training import DistContext
+from training.distributed import DistContext
 from training.tasks.chat import (
     ENDING_MAX_TOKENS, ENDING_REPLIES, ENDING_SEED, ended_share, evaluate_chat, held_out_replies, held_out_rows,
 )

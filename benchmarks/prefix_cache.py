@@ -35,7 +35,7 @@ from data.tokenizer import token_byte_table, train_tokenizer
 from model import GPT
 from rundir.loading import load_run
 from inference.engine import Engine
-from training import load_run_config
+from training.config import load_run_config
 
 
 @dataclass

@@ -95,7 +95,7 @@ def screen(args: argparse.Namespace) -> int:
     if short >= args.steps:
         raise UserError(f"--short-steps ({short}) must be below --steps ({args.steps}) to give a slope")
     from common.threads import use_threads
-    from training import peak_flops
+    from training.metrics import peak_flops
 
     # The same measurement train.py makes for MFU on a CPU: the host's practical fp32 matmul peak.
     peak, _ = peak_flops("auto", torch.device("cpu"), torch.float32)
@@ -176,7 +176,9 @@ def step_runner(config: Path, settings: list[str]):
     """``benchmarks.train_throughput.TrainStepRunner`` on the config: the trainer's own step, on random tokens."""
     from benchmarks.train_throughput import TrainStepRunner
     from model import GPT
-    from training import install_cpu_backward, load_run_config, resolve_precision
+    from training.config import load_run_config
+    from training.device import resolve_precision
+    from training.rms_norm_cpu import install_cpu_backward
 
     cfg = load_run_config(config, settings)
     torch.manual_seed(cfg.train.seed)

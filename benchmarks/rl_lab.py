@@ -112,7 +112,7 @@ def held_out(run_dir: Path, rl_raw: dict[str, Any], *, subset: bool = False) -> 
     """pass@1 and pass@8 of ``run_dir`` by the RL task's own evaluation, on every held-out question,
     or (``subset``) on those the RL run's periodic evaluations score."""
     from model import load_pretrained
-    from training.adapters import adapters_for
+    from training.trainer import adapters_for
     from training.config import config_from_dict
     from training.distributed import DistContext
     from training.tasks.prepare import prepare_task

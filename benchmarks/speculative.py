@@ -40,8 +40,7 @@ from data.config import DataConfig
 from data.sources.shakespeare import held_out_plays, shakespeare_documents
 from inference.engine import Engine, Event
 from inference.sampling import SamplingSettings
-from inference.settings import checked_speculation
-from inference.speculative import DEFAULT_K, Speculation
+from inference.settings import DEFAULT_K, Speculation, checked_speculation
 from rundir.loading import LoadedRun, load_run
 
 DEFAULT_RUN = Path("runs/tiny")

@@ -148,7 +148,7 @@ def held_out(run_dir: Path, rl_raw: dict[str, Any]) -> dict[str, float]:
     import torch
 
     from model import load_pretrained
-    from training.adapters import adapters_for
+    from training.trainer import adapters_for
     from training.config import config_from_dict
     from training.distributed import DistContext
     from training.tasks.prepare import prepare_task

@@ -54,9 +54,10 @@ from benchmarks.shared import benchmark_parser, best_seconds, quartiles, table
 from common.cli import positive_int, run_command
 from common.device import select_device
 from common.errors import UserError
-from training import (TrainConfig, autocast, configure_backends, format_flops, init_distributed, resolve_precision,
-                      shutdown, synchronize, wrap_model)
-from training.device import precision_name
+from training.config import TrainConfig
+from training.device import autocast, configure_backends, precision_name, resolve_precision, synchronize
+from training.distributed import init_distributed, shutdown, wrap_model
+from training.metrics import format_flops
 
 OURS, REFERENCE = "ours (GQA, SwiGLU, RMSNorm)", "nanoGPT-style reference"
 
@@ -161,7 +162,7 @@ class TrainStepRunner:
         compile_model: bool,
         train: TrainConfig,
     ) -> None:
-        from training import build_optimizer, plan_param_groups
+        from training.optim import build_optimizer, plan_param_groups
 
         self.name, self.flops, self.compiled = name, flops, compile_model
         self.device, self.amp_dtype, self.grad_clip = device, amp_dtype, train.grad_clip
@@ -177,7 +178,8 @@ class TrainStepRunner:
 
     def step(self) -> float:
         """One optimizer step; returns its wall-clock seconds (device work included)."""
-        from training import accumulate_gradients, clip_gradients
+        from training.tasks.task import accumulate_gradients
+        from training.trainer import clip_gradients
 
         batch = self.batches[self.count % len(self.batches)]
         self.count += 1
@@ -271,7 +273,8 @@ def measured_precisions(choice: str, device: torch.device) -> list[torch.dtype]:
 
 def measure(args: argparse.Namespace) -> int:
     from model import GPT
-    from training import install_cpu_backward, load_run_config
+    from training.config import load_run_config
+    from training.rms_norm_cpu import install_cpu_backward
 
     cfg = load_run_config(args.config, args.overrides)
     device = select_device(cfg.train.device)
@@ -372,7 +375,8 @@ def measure(args: argparse.Namespace) -> int:
 def measure_ddp(args: argparse.Namespace) -> int:
     """``--ddp``: every rank's DDP step, then rank 0 alone, and the scaling efficiency."""
     from model import GPT
-    from training import install_cpu_backward, load_run_config
+    from training.config import load_run_config
+    from training.rms_norm_cpu import install_cpu_backward
 
     cfg = load_run_config(args.config, args.overrides)
     m, tc = cfg.model, cfg.train

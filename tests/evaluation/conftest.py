@@ -28,7 +28,8 @@ def _single_thread(one_torch_thread):
 @pytest.fixture(scope="session")
 def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """configs/tiny.yaml trained for ``TRAIN_STEPS`` steps on one CPU thread."""
-    from training import load_run_config, train
+    from training.config import load_run_config
+    from training.trainer import train
 
     root = tmp_path_factory.mktemp("eval-run")
     overrides = [

@@ -14,7 +14,8 @@ import torch
 from inference.batch_invariant import row_blocked
 from inference.engine import Engine, Event, Finish, decode
 from inference.sampling import SamplingSettings
-from inference.speculative import Proposal, PromptLookup, Speculation
+from inference.settings import Speculation
+from inference.speculative import Proposal, PromptLookup
 from model import GPT
 from run_testkit import build_model
 

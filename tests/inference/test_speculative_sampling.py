@@ -19,7 +19,7 @@ import torch
 import inference.speculative
 from inference.engine import Engine, Event
 from inference.sampling import SamplingSettings, adjusted_logits, draw, token_distribution, uniform_per_row
-from inference.speculative import Speculation
+from inference.settings import Speculation
 from model import GPT, GPTConfig
 
 VOCAB = 4

@@ -12,7 +12,7 @@ import torch
 
 from inference.engine import Engine, Event, decode
 from inference.sampling import SamplingSettings
-from inference.speculative import Speculation
+from inference.settings import Speculation
 from rundir.loading import load_run
 from run_testkit import build_run, chat_tokenizer
 from server_process import running_server

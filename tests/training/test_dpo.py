@@ -224,9 +224,8 @@ def test_a_lora_policy_with_its_adapters_off_is_the_frozen_reference():
     log-probabilities, though the adapters have moved it."""
     from types import SimpleNamespace
 
-    from training.adapters import LoraAdapters
     from training.config import LoraConfig
-    from training.lora import LowRankDelta, TrainedRows, parametrized
+    from training.lora import LoraAdapters, LowRankDelta, TrainedRows, parametrized
     from training.tasks.reference import AdaptersOffReference
 
     parent, policy = _model(), _model()
