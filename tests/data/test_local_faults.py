@@ -7,9 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from data import DataConfig, DataError, FilesSourceConfig, HubSourceConfig, prepare_data
+from data.config import DataConfig, FilesSourceConfig, HubSourceConfig
+from data.errors import DataError
+from data.prepared.text import prepare_data
 from data.tokenizer import train_tokenizer
-from model import GPT, GPTConfig, save_pretrained
+from model.config import GPTConfig
+from model.gpt import GPT
+from model.io import save_pretrained
 from rundir.loading import load_run
 
 

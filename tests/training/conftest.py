@@ -94,7 +94,7 @@ def base_raw(corpus_file: Path, data_cache: Path) -> dict[str, Any]:
         "run": {"checkpoint_interval": 0},
     }
     # Tokenize once for the whole session; every run afterwards hits the cache.
-    from data import prepare_data
+    from data.prepared.text import prepare_data
     from training.config import config_from_dict
 
     prepare_data(config_from_dict({**raw, "run": {"out_dir": "unused"}}).data, progress=False)

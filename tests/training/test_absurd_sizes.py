@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from model import GPT, ModelFileError, load_pretrained
+from model.gpt import GPT
+from model.io import ModelFileError, load_pretrained
 from training.config import ConfigError
 from training.trainer import train
 

@@ -12,7 +12,9 @@ import torch.nn.functional as F
 
 from chat_testkit import chat_file, preference_file, pretrain
 from common.errors import UserError
-from model import GPT, GPTConfig, load_pretrained
+from model.config import GPTConfig
+from model.gpt import GPT
+from model.io import load_pretrained
 from training.distributed import init_distributed
 from data.prepared.chat import ChatSplit
 from training.resume_rules import check_data_format

@@ -12,7 +12,7 @@ from run_testkit import MLA_OPTIONS
 
 transformers = pytest.importorskip("transformers")
 
-from model import load_pretrained  # noqa: E402
+from model.io import load_pretrained  # noqa: E402
 
 ATOL = 1e-5
 # A latent wider than head_dim (16) with a query latent, and a narrower one without.
