@@ -3,7 +3,6 @@ trained parent that learns the preference, logs TRL's metric names and resumes e
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from chat_testkit import pretrain, preference_file
 import training.cli as train_cli
 from common.errors import UserError
 from model import GPT, GPTConfig, load_pretrained
+from rundir.metrics import read_metrics
 from training.distributed import init_distributed
 from training.tasks.dpo.loss import accumulate_dpo_gradients, reply_logps
 from training.tasks.reference import FrozenReference
@@ -129,13 +129,9 @@ def dpo_config(make_config, parent_run, tmp_path):
     return make
 
 
-def _records(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
 def test_dpo_learns_the_preference_logs_trl_names_and_resumes_exactly(dpo_config, tmp_path):
     whole = train(dpo_config(tmp_path / "whole"), progress=False)
-    records = _records(tmp_path / "whole")
+    records = read_metrics(tmp_path / "whole" / "metrics.jsonl")
     first = next(r for r in records if r["kind"] == "train")
     # The policy starts as the reference: every reward is 0 and the loss is -log σ(0) = log 2.
     assert first["step"] == 1 and first["loss"] == pytest.approx(math.log(2), abs=1e-6)
@@ -248,7 +244,7 @@ def test_a_lora_policy_with_its_adapters_off_is_the_frozen_reference():
 
 def test_a_lora_dpo_run_trains_the_adapters_against_the_parent(dpo_config, tmp_path):
     result = train(dpo_config(tmp_path / "lora", lora={"rank": 4}), progress=False)
-    records = _records(tmp_path / "lora")
+    records = read_metrics(tmp_path / "lora" / "metrics.jsonl")
     first = next(r for r in records if r["kind"] == "train")
     assert first["loss"] == pytest.approx(math.log(2), abs=1e-6) and first["rewards/margins"] == 0
     final = next(r for r in records if r["kind"] == "final_eval")

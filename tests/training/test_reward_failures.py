@@ -48,22 +48,17 @@ def _module(tmp_path: Path, monkeypatch, source: str) -> str:
     ("def reward(prompt, completion, row, scale):\n    return 1.0\n", "reward",
      "cannot be called as (prompt, completion, row)"),
     ("class reward:\n    pass\n", "reward", "cannot be called as (prompt, completion, row)"),
+    (None, "short", "there is no module '{module}'; put {module}.py beside train.py"),
 ], ids=["syntax-error", "raises-at-import", "exits-at-import", "imports-a-missing-module", "no-such-function",
-        "not-a-function", "two-arguments", "four-arguments", "a-class"])
+        "not-a-function", "two-arguments", "four-arguments", "a-class", "no-such-module"])
 def test_a_reward_that_cannot_work_is_refused_when_the_config_is_read(tmp_path, monkeypatch, source, attribute,
                                                                        fragment):
-    module = _module(tmp_path, monkeypatch, source)
+    module = _module(tmp_path, monkeypatch, source) if source is not None else "my_rewardz"
     with pytest.raises(RewardError) as error:
         reward_function(f"{module}:{attribute}")
     message = str(error.value)
     assert "\n" not in message and f"reward '{module}:{attribute}'" in message
     assert fragment.format(module=module) in message, message
-
-
-def test_a_missing_module_is_named_as_the_config_names_it():
-    with pytest.raises(RewardError, match=r"reward 'my_rewardz:short': there is no module 'my_rewardz'; put "
-                                          r"my_rewardz.py beside train.py"):
-        reward_function("my_rewardz:short")
 
 
 def test_keyboard_interrupt_while_importing_or_inside_a_reward_is_not_swallowed(tmp_path, monkeypatch):
