@@ -114,3 +114,11 @@ def make_config(base_raw: dict[str, Any], tmp_path: Path):
         return config_from_dict(raw)
 
     return make
+
+
+@pytest.fixture(scope="session")
+def parent_run(base_raw, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A pretrained run that the fine-tuning tests start from, built once (tests that damage it copy it)."""
+    from chat_testkit import pretrain
+
+    return pretrain(base_raw, tmp_path_factory.mktemp("parent") / "run")

@@ -64,13 +64,6 @@ def test_a_thousand_million_layers_are_refused_by_the_size_check(make_config):
 # Post-training: sizes and weights of the dpo: and rl: sections
 
 
-@pytest.fixture(scope="module")
-def parent_run(base_raw, tmp_path_factory):
-    from chat_testkit import pretrain
-
-    return pretrain(base_raw, tmp_path_factory.mktemp("parent") / "run")
-
-
 RL = {"group_size": 2, "max_new_tokens": 2, "eval_samples": 2,
       "arithmetic": {"train_problems": 20, "val_problems": 4, "max_operand": 9}}
 

@@ -10,18 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from chat_testkit import pretrain
 from common.errors import UserError
 from data.tokenizer import train_tokenizer
 from model.io import load_pretrained
 from training.config import config_from_dict
 from training.distributed import init_distributed
 from training.trainer import Trainer, train
-
-
-@pytest.fixture(scope="module")
-def parent_run(base_raw, tmp_path_factory) -> Path:
-    return pretrain(base_raw, tmp_path_factory.mktemp("parent") / "run")
 
 
 def _setup(config):
