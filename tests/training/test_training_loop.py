@@ -321,17 +321,6 @@ def test_run_dir_holding_a_run_is_refused_then_overwritten_when_asked(make_confi
     assert [r["step"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["kind"] == "train"] == [1, 2, 3]
 
 
-def test_resume_without_a_checkpoint_is_refused(make_config, tmp_path):
-    with pytest.raises(CheckpointError, match="no checkpoint"):
-        train(make_config(tmp_path / "empty"), resume=True, progress=False)
-
-
-def test_resume_with_another_model_shape_is_refused(make_config, tmp_path):
-    train(make_config(train={"max_steps": 2}, eval={"interval": 0}), progress=False)
-    with pytest.raises(CheckpointError, match="model.n_embd is 64 in the config but 32"):
-        train(make_config(model={"n_embd": 64}, train={"max_steps": 4}), resume=True, progress=False)
-
-
 class FakeLogger:
     """Stands in for WandbLogger: records what the trainer sends it."""
 
