@@ -7,7 +7,6 @@ evaluates the answer after the calls and resumes exactly; and the RL settings re
 from __future__ import annotations
 
 import copy
-import json
 from pathlib import Path
 
 import pytest
@@ -18,8 +17,10 @@ from data.chat import ChatTokenIds, Message, render_chat
 from data.sources.tool_arithmetic import conversation
 from data.tokenizer import token_byte_table
 from inference.sampling import SamplingSettings
-from model import GPT, GPTConfig
+from model.config import GPTConfig
+from model.gpt import GPT
 from rundir.checkpoint import load_trainer_state
+from rundir.metrics import read_metrics
 from rl_testkit import written_out_grpo_loss
 from run_testkit import TOOL_QUESTIONS
 from tools.calculator import calculator
@@ -247,13 +248,9 @@ def tool_rl_config(base_raw, tool_run_dir, tmp_path):
     return make
 
 
-def _records(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
 def test_an_rl_run_with_the_calculator_logs_tool_metrics_and_resumes_exactly(tool_rl_config, tmp_path):
     whole = train(tool_rl_config(tmp_path / "whole"), progress=False)
-    records = _records(tmp_path / "whole")
+    records = read_metrics(tmp_path / "whole" / "metrics.jsonl")
     steps = [r for r in records if r["kind"] == "train"]
     assert [r["step"] for r in steps] == [1, 2, 3, 4]
     for name in ("rewards/tool_answer_correct/mean", "rewards/tool_format/mean", "tools/call_frequency",
@@ -274,7 +271,8 @@ def test_an_rl_run_with_the_calculator_logs_tool_metrics_and_resumes_exactly(too
     a, b = load_trainer_state(tmp_path / "whole")["model"], load_trainer_state(tmp_path / "resumed")["model"]
     for name, tensor in a.items():
         torch.testing.assert_close(b[name], tensor, rtol=0, atol=0, msg=name)
-    assert [r["reward"] for r in _records(tmp_path / "resumed") if r["kind"] == "train"] == [r["reward"] for r in steps]
+    resumed = read_metrics(tmp_path / "resumed" / "metrics.jsonl")
+    assert [r["reward"] for r in resumed if r["kind"] == "train"] == [r["reward"] for r in steps]
 
 
 @pytest.mark.parametrize("rl, message", [

@@ -21,10 +21,17 @@ from rundir.metrics import MetricsLog
 
 VOCAB_SIZE = 320
 FINAL_BPB = 2.34567
+# Multi-head latent attention runs (with 4 heads): a latent wider than head_dim (16) with a query
+# latent, a narrower one without, and with rotary positions (the decoupled rotary key, cached beside
+# the latent in the same vector), one with the feed-forward width given.
+MLA_SHAPES = {"wide-qlatent": {"kv_latent_dim": 32, "q_latent_dim": 24}, "narrow": {"kv_latent_dim": 8},
+              "rope-qlatent": {"kv_latent_dim": 24, "q_latent_dim": 16, "positions": "rope"},
+              "rope-options": {"kv_latent_dim": 8, "positions": "rope", **run_testkit.MLA_OPTIONS}}
+MLA_KINDS = {f"mla-{name}": dict(n_kv_head=4, attention="mla", **shape) for name, shape in MLA_SHAPES.items()}
 ROOT = Path(__file__).resolve().parents[3]
 
-__all__ = ["BLOCK_SIZE", "FINAL_BPB", "ROOT", "VOCAB_SIZE", "assert_one_line_error", "build_run", "export_in_process",
-           "read_json", "run_export_cli", "train_test_tokenizer"]
+__all__ = ["BLOCK_SIZE", "FINAL_BPB", "MLA_KINDS", "MLA_SHAPES", "ROOT", "VOCAB_SIZE", "assert_one_line_error",
+           "build_run", "export_in_process", "read_json", "run_export_cli", "train_test_tokenizer"]
 
 
 def train_test_tokenizer(chat: bool = True) -> Tokenizer:
