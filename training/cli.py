@@ -20,7 +20,7 @@ from common.threads import parse_threads
 from data.chat import CHAT_SPECIAL_TOKENS
 from data.errors import DataError
 from data.tokenizer import load_tokenizer
-from model.config_checks import llama_blockers
+from model.layer_map import llama_blockers
 from rundir.files import STATE_FILE, TOKENIZER_FILE
 from training.config import Config, load_run_config
 from training.loss_curve import write_run_loss_curve
