@@ -162,8 +162,9 @@ def describe(error: ValidationError, model: type[BaseModel], path: str = "",
     message = first["msg"].removeprefix("Value error, ")
     if first["type"] == "value_error":
         return where, message if where and message.startswith(where) or not where else f"{where}: {message}"
-    wishes = [p["msg"].removeprefix("Input should be ") for p in problems if _key(p["loc"], model, path) == where]
-    return where, f"{where or 'the config'} must be {' or '.join(dict.fromkeys(wishes))}, got {_show(first['input'])}"
+    wishes = [re.sub(r"^\w+ should (be )?", "", p["msg"]) for p in problems if _key(p["loc"], model, path) == where]
+    verb = "must be" if first["msg"].startswith("Input should be") else "must"
+    return where, f"{where or 'the config'} {verb} {' or '.join(dict.fromkeys(wishes))}, got {_show(first['input'])}"
 
 
 def _key(loc: tuple, model: Any, path: str) -> str:

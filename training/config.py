@@ -276,7 +276,7 @@ class Config(Section):
             if getattr(self, key) is None and self.data.format == data_format:
                 setattr(self, key, method_section(key).left_out(self))  # written out whole in config.yaml
             require(getattr(self, key) is None or self.data.format == data_format,
-                    f"a {key} section is for data.format: {data_format} (this run's is {self.data.format})")
+                    f"the {key} section is for data.format: {data_format} (this run's is {self.data.format})")
             if getattr(self, key) is not None:
                 getattr(self, key).check_run(self)
         return self
