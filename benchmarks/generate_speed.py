@@ -5,6 +5,7 @@ recomputation), Hugging Face ``transformers`` at the same dimensions, and ONNX R
 weights (``export.py --format onnx``'s dynamic graph).
 
     python -m benchmarks.generate_speed [--run DIR] [--new-tokens 256] [--threads N]
+    python -m benchmarks.generate_speed --device cuda --run runs/small [--dtype bf16]
 
 Without ``--run`` the model is a random GPT of the tiny size (n_layer 4, n_embd 256, n_head 4,
 n_kv_head 2, vocab 2048, block_size 512); speed does not depend on the weights. Two prompts: a
@@ -29,12 +30,15 @@ Goals: our cached decode >= 5x our own --no-cache at full context; compiled >= O
 dynamic graph (judged on the median of the round-by-round ratios, which pair the two paths under
 the same load), and >= 2x transformers at every context. ``transformers`` and ``onnxruntime`` are
 benchmark-only extras; without one its row is skipped with a note.
+
+``--device cuda`` times the same way on a GPU: the eager step against the compiled one (one CUDA
+graph replayed per token) and transformers, and says whether eager and compiled chose the same
+tokens. ``--dtype bf16`` casts the weights (and so the cache) to bfloat16 there. CI never runs it.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 import time
@@ -45,7 +49,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from common.cli import ArgumentParser, path_arg, positive_int, run_command
+from benchmarks.shared import benchmark_parser, paired_ratio
+from common.cli import path_arg, positive_int, run_command
+from common.errors import UserError
 from common.threads import thread_count
 from inference.aot_step import aot_missing, cache_folder
 from inference.compiled_step import compiler_missing
@@ -58,6 +64,7 @@ TINY = GPTConfig(vocab_size=2048, block_size=512, n_layer=4, n_head=4, n_kv_head
 SHORT_PROMPT = 16
 EAGER, COMPILED, NO_CACHE, ONNX = "ours, KV cache", "ours, compiled", "ours, --no-cache", "ONNX Runtime"
 ONE_ROW = "1-row matmuls alone"
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 FLOPS_ROWS = 64  # rows per matmul when measuring the host's FLOP/s (see the module docstring)
 
 
@@ -71,33 +78,28 @@ class Row:
     rounds: tuple[float, ...] = ()  # the decode rate of each round-robin round, in order
 
 
-def decode_parser(module: str, description: str, new_tokens: int) -> argparse.ArgumentParser:
-    """The flags every decode-speed benchmark (``benchmarks.<module>``) takes: --run, --new-tokens,
-    --repeats, --threads."""
-    parser = ArgumentParser(prog=f"python -m benchmarks.{module}", description=description,
-                            formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> int:
+    parser = benchmark_parser("generate_speed", __doc__)
     parser.add_argument("--run", type=path_arg,
                         help="benchmark this run's model (default: a random one of the tiny size)")
-    parser.add_argument("--new-tokens", type=positive_int, default=new_tokens,
+    parser.add_argument("--new-tokens", type=positive_int, default=256,
                         help="tokens decoded per timed run (default: %(default)s)")
     parser.add_argument("--repeats", type=positive_int, default=3, help="best of this many timed runs (default 3)")
     parser.add_argument("--threads", type=thread_count, help="intra-op threads (default: torch's choice)")
-    return parser
-
-
-def load_benchmark_run(args: argparse.Namespace) -> LoadedRun:
-    """``--run``'s model, or a random one of the tiny size, after applying ``--threads``."""
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    return load_run(args.run, torch.device("cpu")) if args.run else random_run(TINY)
-
-
-def main(argv: list[str] | None = None) -> int:
-    return run_command(decode_parser("generate_speed", __doc__, 256), argv, measure)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where to decode (default: cpu)")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32",
+                        help="the weights' and the cache's dtype on CUDA (default: %(default)s)")
+    return run_command(parser, argv, measure)
 
 
 def measure(args: argparse.Namespace) -> int:
-    run = load_benchmark_run(args)
+    if args.device == "cuda":
+        return measure_cuda(args)
+    if args.dtype != "fp32":
+        raise UserError(f"--dtype {args.dtype} goes with --device cuda; the CPU paths decode in fp32")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    run = load_run(args.run, torch.device("cpu")) if args.run else random_run(TINY)
     config = run.model.config
     new = args.new_tokens
     generator = torch.Generator().manual_seed(0)
@@ -153,14 +155,6 @@ def round_robin(paths: dict, context: str, repeats: int) -> list[Row]:
             timings[name].append(timer())
     return [Row(name, context, min(t for t, _ in runs), max(rate for _, rate in runs),
                 rounds=tuple(rate for _, rate in runs)) for name, runs in timings.items()]
-
-
-def paired_ratio(mine: tuple[float, ...], peer: tuple[float, ...]) -> tuple[float, float, float]:
-    """Median, lowest and highest of ``mine / peer`` taken round by round. Both paths ran in the
-    same round, under the same load, so each ratio compares like with like; the best rates of two
-    paths may come from different rounds, one quiet and one busy."""
-    ratios = sorted(m / p for m, p in zip(mine, peer, strict=True))
-    return statistics.median(ratios), ratios[0], ratios[-1]
 
 
 def random_run(config: GPTConfig, device: torch.device = torch.device("cpu")) -> LoadedRun:
@@ -379,6 +373,53 @@ def print_ratios(rows: list[Row], contexts: list[str]) -> None:
         worst = min(rate(best, c) / rate("transformers", c) for c in contexts)
         print(f"goal: {best} >= 2x transformers (worst context): {'met' if worst >= 2 else 'NOT met'} ({worst:.2f}x)")
 
+
+
+def measure_cuda(args: argparse.Namespace) -> int:
+    """``--device cuda``: eager against compiled (a CUDA graph) and transformers, in ``--dtype``."""
+    if not torch.cuda.is_available():
+        raise UserError("--device cuda needs a CUDA GPU; leave it out to time the CPU paths")
+    device = torch.device("cuda")
+    run = load_run(args.run, device) if args.run else random_run(TINY, device)
+    run.model.to(DTYPES[args.dtype])
+    config, new = run.model.config, args.new_tokens
+    print(f"model: {run.directory}, n_layer {config.n_layer}, n_embd {config.n_embd}, n_head {config.n_head}, "
+          f"n_kv_head {config.n_kv_head}, vocab {config.vocab_size}, block_size {config.block_size}, {args.dtype}; "
+          f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
+    generator = torch.Generator().manual_seed(0)
+    prompts = context_prompts(config, new)
+    hf_name, hf_model = transformers_model(config)
+    if hf_model is not None:
+        hf_model = hf_model.to(device, DTYPES[args.dtype])
+    rows: list[Row] = []
+    for context, length in prompts.items():
+        prompt = torch.randint(config.vocab_size, (length,), generator=generator).tolist()
+        eager, compiled = (generate_completions(run, prompt, GenerationSettings(
+            max_new_tokens=new, temperature=0, compile=compile)).completions[0].token_ids for compile in (False, True))
+        print(f"[{context}] {token_agreement(eager, compiled)}")
+        paths = {EAGER: ours_timer(run, prompt, new, use_cache=True),
+                 COMPILED: ours_timer(run, prompt, new, use_cache=True, compile=True)}
+        if hf_model is not None:
+            paths[hf_name] = transformers_timer(hf_model, prompt, new)
+        rows += round_robin(paths, context, args.repeats)
+    if hf_model is None:
+        rows.append(Row("transformers", "", None, None, note=f"skipped: {hf_name}"))
+    print_table(rows)
+    print()
+    for context in prompts:
+        rate = {row.name: row.decode_tokens_per_s for row in rows if row.context == context}
+        peers = ", ".join(f"{rate[COMPILED] / rate[name]:.2f}x {name}" for name in rate if name != COMPILED)
+        print(f"[{context}] {COMPILED}: {peers}")
+    return 0
+
+
+def token_agreement(eager: list[int], compiled: list[int]) -> str:
+    """Whether two paths chose the same tokens, in words: if not, where they first part."""
+    if eager == compiled:
+        return f"compiled and eager chose the same {len(eager)} greedy tokens"
+    # One may stop early (an end token) where the other goes on: then they part where it stopped.
+    first = next((i for i, (a, b) in enumerate(zip(eager, compiled)) if a != b), min(len(eager), len(compiled)))
+    return f"compiled and eager greedy tokens first differ at new token {first} of {len(eager)}"
 
 if __name__ == "__main__":
     sys.exit(main())

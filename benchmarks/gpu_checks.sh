@@ -33,10 +33,10 @@ nvidia-smi --query-gpu=name,memory.used,memory.total,utilization.gpu --format=cs
 stage train "${TRAIN_S:-200}" $python train.py --config configs/small.yaml --set data.source=shakespeare \
     --set train.max_steps="${STEPS:-300}" --set train.warmup_steps=$(( ${STEPS:-300} < 150 ? ${STEPS:-300} / 3 : 50 )) --set eval.interval=100 \
     --set logging.wandb.mode=disabled --set run.out_dir=runs/small --set run.overwrite=true "$@"
-stage decode "${DECODE_S:-150}" $python -m benchmarks.cuda_decode --run runs/small --new-tokens 256
+stage decode "${DECODE_S:-150}" $python -m benchmarks.generate_speed --device cuda --run runs/small --new-tokens 256
 stage tests "${TESTS_S:-240}" $python -m pytest -q -p no:cacheprovider -m "e2e or not e2e" -rs \
     tests/inference/test_compiled_step.py tests/serving/test_compiled_server.py tests/data/test_data_batches.py -k "cuda"
-stage decode_bf16 "${DECODE_BF16_S:-100}" $python -m benchmarks.cuda_decode --run runs/small --new-tokens 256 --dtype bf16
+stage decode_bf16 "${DECODE_BF16_S:-100}" $python -m benchmarks.generate_speed --device cuda --run runs/small --new-tokens 256 --dtype bf16
 stage serve "${SERVE_S:-200}" $python -m benchmarks.serve_throughput --run runs/small --device cuda \
     --compile both --only engine --clients 1 8 32 --requests 32 --max-tokens 128 --max-batch 32
 cat "$LOGS/stages.txt"

@@ -16,14 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.shared import benchmark_parser
-from common.cli import path_arg
+from common.cli import non_negative_int, path_arg
 from common.errors import UserError
 
 
 def lab_parser(module: str, doc: str, out: Path, sizes: dict[str, Any]) -> argparse.ArgumentParser:
     """``--seeds``, ``--out``, ``--size``, ``--json`` and ``--resume`` or ``--overwrite``."""
     p = benchmark_parser(module, doc)
-    p.add_argument("--seeds", type=int, nargs="+", required=True,
+    p.add_argument("--seeds", type=non_negative_int, nargs="+", required=True,
                    help="train.seed of each seed's runs (required)")
     p.add_argument("--out", type=path_arg, default=out,
                    help="where the runs go, a folder per seed (default: %(default)s)")

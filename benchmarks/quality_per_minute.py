@@ -1,8 +1,8 @@
 """Quality per minute, screened: candidate changes to configs/tiny.yaml trained for equal steps beside
 the baseline, with a paired step cost that turns the difference into an equal-time estimate.
 
-    python -m benchmarks.quality_per_minute --candidate qk-norm model.qk_norm=true --steps 250
-    python -m benchmarks.quality_per_minute --candidate qk-norm model.qk_norm=true \\
+    python -m benchmarks.quality_per_minute --candidate rope model.positions=rope --steps 250
+    python -m benchmarks.quality_per_minute --candidate rope model.positions=rope \\
         --candidate lr-down train.lr=3.2e-3 train.muon_lr=0.016 --steps 800 --seeds 1337 1338
 
 A screen ranks candidates for the records protocol (docs/records.md), which alone decides what goes
@@ -63,8 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
 def candidates(given: list[list[str]]) -> dict[str, list[str]]:
     """Each ``--candidate``'s name and overrides, the baseline (no overrides) first."""
     if not given:
-        raise UserError("nothing to screen: give --candidate NAME KEY=VALUE (e.g. --candidate qk-norm "
-                        "model.qk_norm=true)")
+        raise UserError("nothing to screen: give --candidate NAME KEY=VALUE (e.g. --candidate rope "
+                        "model.positions=rope)")
     screened = {"baseline": []}
     for name, *overrides in given:
         if not re.fullmatch(r"[\w.-]+", name) or name in screened:

@@ -1,6 +1,7 @@
-"""What several benchmarks share: the frame of their command line, ``train.py`` runs started as a
-user starts them, timings taken in turns, and closed-loop clients of an in-process engine. A helper,
-not a benchmark: it has no command line."""
+"""What every benchmark shares, so that each adds only its measurement: the frame of its command
+line, timings taken in turns and their statistics, its tables (markdown, as docs/results.md holds
+them) or JSON lines, ``train.py`` runs started as a user starts them, and closed-loop clients of an
+in-process engine. A helper, not a benchmark: it has no command line."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence, TypeAlias
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence, TypeAlias
 
 from common.cli import ArgumentParser
 from common.errors import UserError
@@ -76,6 +77,50 @@ def in_turns(calls: dict[str, Callable[[], object]], rounds: int, warmup: int = 
             if i >= warmup:
                 seconds[name].append(time.perf_counter() - start)
     return seconds
+
+
+def paired_ratio(mine: Sequence[float], peer: Sequence[float]) -> tuple[float, float, float]:
+    """Median, lowest and highest of ``mine / peer`` taken round by round. Both ran in the same round,
+    under the same load, so each ratio compares like with like; the best of two series may come from
+    different rounds, one quiet and one busy."""
+    ratios = sorted(m / p for m, p in zip(mine, peer, strict=True))
+    return statistics.median(ratios), ratios[0], ratios[-1]
+
+
+def quartiles(values: Sequence[float]) -> tuple[float, float, float]:
+    """Lower quartile, median and upper quartile of ``values``, by rank: the middle half of a spread."""
+    ranked = sorted(values)
+    n = len(ranked)
+    return ranked[n // 4], ranked[n // 2], ranked[(3 * n) // 4]
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (NaN for one value)."""
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else float("nan")
+
+
+def table_head(*columns: str, left: int = 1) -> str:
+    """A markdown table's header and rule; the first ``left`` columns align left, the rest (figures) right."""
+    return "| " + " | ".join(columns) + " |\n|" + "---|" * left + "---:|" * (len(columns) - left)
+
+
+def table_row(*cells: object) -> str:
+    return "| " + " | ".join(map(str, cells)) + " |"
+
+
+def table(columns: Sequence[str], rows: Iterable[Sequence[object]], left: int = 1) -> str:
+    """A whole markdown table."""
+    return "\n".join([table_head(*columns, left=left), *(table_row(*row) for row in rows)])
+
+
+def print_rows(columns: Sequence[str], rows: Iterable[tuple[dict, Sequence[object]]], as_json: bool,
+               left: int = 1) -> None:
+    """Each row as it comes, as a JSON object (``--json``) or a table row under ``columns``; a row
+    is (its record, its cells). Flushed, so a long lab shows each row when it is done."""
+    if not as_json:
+        print(table_head(*columns, left=left), flush=True)
+    for record, cells in rows:
+        print(json.dumps(record) if as_json else table_row(*cells), flush=True)
 
 
 def api_settings(max_tokens: int, temperature: float = 1.0, top_p: float = 1.0, **options) -> SamplingSettings:

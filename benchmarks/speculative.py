@@ -105,7 +105,7 @@ def measure(args: argparse.Namespace) -> int:
         return 0
     print(f"run {run.directory}: block_size {run.block_size}, {run.model.num_params() / 1e6:.2f}M parameters; "
           f"greedy, batch 1, {args.new_tokens} tokens a prompt, {args.prompts} prompts a kind, "
-          f"{torch.get_num_threads()} threads, best of {args.repeats}")
+          f"{torch.get_num_threads()} thread{'s' * (torch.get_num_threads() != 1)}, best of {args.repeats}")
     print("| text | proposer | k | plain tokens/s | speculative tokens/s | ratio | accepted/step | tokens/pass "
           "| identical |")
     print("|---|---|---|---|---|---|---|---|---|")

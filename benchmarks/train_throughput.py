@@ -3,6 +3,7 @@
     python -m benchmarks.train_throughput --config configs/tiny.yaml --steps 20
     python -m benchmarks.train_throughput --config configs/tiny.yaml --no-reference --steps 60
     python -m benchmarks.train_throughput --config configs/tiny.yaml --compile both --precision fp32
+    torchrun --standalone --nproc_per_node=2 -m benchmarks.train_throughput --ddp --config configs/small.yaml
 
 1. Measures this machine's matmul peak itself in each precision timed: large square matmuls, best
    of several.
@@ -28,13 +29,19 @@ Every model and precision steps in turn, round after round, so that the load of 
 hits all alike; the bf16/fp32 line gives the speed-up of each model as measured in this one run,
 with its round-by-round spread.
 
-Timings only; nothing here is a test. ``measure_run`` is the per-run measurement, kept apart so
-that a multi-process launcher can call it per rank.
+``--ddp``, under torchrun, measures data-parallel scaling instead: every rank runs ``--steps`` steps
+of the config's model wrapped by ``training.wrap_model`` (DDP, NCCL between GPUs, gloo on CPU), each on
+its own micro-batch, so the all-reduce of every step is in the timing; then rank 0 alone runs the same
+steps without DDP, the baseline. The scaling efficiency is global tokens/s over N x the baseline's
+(with gradient accumulation the trainer all-reduces less often, so it does at least as well).
+
+Timings only; nothing here is a test.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -43,10 +50,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from common.cli import ArgumentParser, positive_int, run_command
+from benchmarks.shared import benchmark_parser, quartiles, table
+from common.cli import positive_int, run_command
 from common.device import select_device
 from common.errors import UserError
-from training import TrainConfig, autocast, configure_backends, format_flops, resolve_precision, synchronize
+from training import (TrainConfig, autocast, configure_backends, format_flops, init_distributed, resolve_precision,
+                      shutdown, synchronize, wrap_model)
 from training.device import precision_name
 
 OURS, REFERENCE = "ours (GQA, SwiGLU, RMSNorm)", "nanoGPT-style reference"
@@ -212,7 +221,7 @@ def measure_run(runner: TrainStepRunner, *, steps: int, warmup: int = 2) -> RunM
 
 def summarize(runner: TrainStepRunner, step_times: list[float], first_step_s: float) -> RunMeasurement:
     # The median, because other processes on a shared machine make single steps slow at random.
-    step_s = median(step_times)
+    step_s = statistics.median(step_times)
     return RunMeasurement(
         name=runner.name,
         compiled=runner.compiled,
@@ -224,55 +233,36 @@ def summarize(runner: TrainStepRunner, step_times: list[float], first_step_s: fl
     )
 
 
-def paired_ratio_quartiles(
-    ours: list[list[float]], ref: list[list[float]], flops_ratio: float
-) -> tuple[float, float, float]:
+def paired_ratio_quartiles(ours: list[list[float]], ref: list[list[float]], flops_ratio: float,
+                           ) -> tuple[float, float, float]:
     """Quartiles, over the rounds, of ``flops_ratio`` x (ref's median step time / ours'): the MFU
     ratio ours/reference for two models, the speed-up for one model at two precisions (ratio 1).
-
-    Both ran in the same round within a second or so of each other, so each round's ratio of their
-    median step times is free of the slow drift of the host's speed; the spread of these ratios
-    shows how far one run's overall ratio can be trusted.
-    """
-    ratios = sorted(
-        flops_ratio * median(r) / median(o) for o, r in zip(ours, ref, strict=True)
-    )
-    n = len(ratios)
-    return ratios[n // 4], ratios[n // 2], ratios[(3 * n) // 4]
-
-
-def median(values: list[float]) -> float:
-    return sorted(values)[len(values) // 2]
+    Both ran in the same round, seconds apart, so each round's ratio is free of the host's slow drift."""
+    return quartiles([flops_ratio * statistics.median(r) / statistics.median(o) for o, r in zip(ours, ref, strict=True)])
 
 
 # ---------------------------------------------------------------------------------------------
 # Command line
 
 
-def throughput_parser(module: str, description: str, steps_help: str) -> argparse.ArgumentParser:
-    """The flags both throughput benchmarks (``benchmarks.<module>``) take: the config, its overrides
-    and the step counts."""
-    parser = ArgumentParser(prog=f"python -m benchmarks.{module}", description=description)
-    parser.add_argument("--config", default="configs/tiny.yaml",
-                        help="the training config timed (default: %(default)s)")
+def main(argv: list[str] | None = None) -> int:
+    parser = benchmark_parser("train_throughput", __doc__)
+    parser.add_argument("--config", default="configs/tiny.yaml", help="the training config timed (default: %(default)s)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="a train.py override; repeatable (default: none)")
-    parser.add_argument("--steps", type=positive_int, default=10, help=f"{steps_help} (default: %(default)s)")
+    parser.add_argument("--steps", type=positive_int, default=10,
+                        help="timed steps per model and precision (default: %(default)s)")
     parser.add_argument("--warmup", type=positive_int, default=2, help="untimed steps first (default: %(default)s)")
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = throughput_parser("train_throughput", __doc__.split("\n\n")[0], "timed steps per model and precision")
     parser.add_argument("--rounds", type=positive_int, default=None,
                         help="interleaved timing rounds, the steps split over them (default: one step per round)")
     parser.add_argument("--compile", choices=("auto", "true", "false", "both"), default="auto",
                         help="compile the models; auto: on CUDA only (default: %(default)s)")
     parser.add_argument("--precision", choices=("both", "bf16", "fp32"), default="both",
                         help="the autocast precision of the step: both times bf16 and fp32 side by side; the "
-                             "config's train.precision is not used (default: %(default)s)")
+                             "config's train.precision is not used, but under --ddp both means it (default: %(default)s)")
     parser.add_argument("--no-reference", action="store_true", help="measure only the config's model")
-    return run_command(parser, argv, measure)
+    parser.add_argument("--ddp", action="store_true", help="measure data-parallel scaling, under torchrun")
+    return run_command(parser, argv, lambda args: measure_ddp(args) if args.ddp else measure(args))
 
 
 def measured_precisions(choice: str, device: torch.device) -> list[torch.dtype]:
@@ -339,15 +329,11 @@ def measure(args: argparse.Namespace) -> int:
     print("peak used for MFU (best of before/after): " + ", ".join(
         f"{format_flops(peak)}FLOP/s in {precision_name(dtype)}" for dtype, peak in peaks.items()) + "\n")
 
-    header = (f"{'model':30} {'precision':>9} {'compile':>7} {'params':>8} {'FLOPs/tok':>9} {'tok/s':>10} "
-              f"{'ms/step':>9} {'1st step s':>10} {'MFU':>7}")
-    print(header)
-    print("-" * len(header))
-    for runner in runners:
-        r = results[id(runner)]
-        print(f"{r.name:30} {precision_name(runner.amp_dtype):>9} {str(r.compiled).lower():>7} {r.params / 1e6:7.2f}M "
-              f"{format_flops(r.flops_per_token):>9} {r.tokens_per_s:10.0f} {1e3 * r.step_s:9.1f} "
-              f"{r.first_step_s:10.2f} {100 * r.mfu(peaks[runner.amp_dtype]):6.1f}%")
+    print(table(("model", "precision", "compile", "params", "FLOPs/tok", "tok/s", "ms/step", "1st step s", "MFU"),
+                ((r.name, precision_name(runner.amp_dtype), str(r.compiled).lower(), f"{r.params / 1e6:.2f}M",
+                  format_flops(r.flops_per_token), f"{r.tokens_per_s:.0f}", f"{1e3 * r.step_s:.1f}",
+                  f"{r.first_step_s:.2f}", f"{100 * r.mfu(peaks[runner.amp_dtype]):.1f}%")
+                 for runner in runners for r in [results[id(runner)]]), left=3))
     print()
 
     def runner_for(label: str, compiled: bool, dtype: torch.dtype) -> TrainStepRunner | None:
@@ -386,6 +372,72 @@ def measure(args: argparse.Namespace) -> int:
                       f"{comp.tokens_per_s / eager.tokens_per_s:.2f}, compile cost {comp.first_step_s - eager.first_step_s:.1f}s")
     return 0
 
+
+
+def measure_ddp(args: argparse.Namespace) -> int:
+    """``--ddp``: every rank's DDP step, then rank 0 alone, and the scaling efficiency."""
+    from model import GPT
+    from training import install_cpu_backward, load_run_config
+
+    cfg = load_run_config(args.config, args.overrides)
+    m, tc = cfg.model, cfg.train
+    ctx = init_distributed(tc.device)
+    try:
+        device = ctx.device
+        configure_backends(device)
+        amp_dtype = resolve_precision(tc.precision if args.precision == "both" else args.precision, device)
+        compiled = device.type == "cuda" if args.compile in ("auto", "both") else args.compile == "true"
+        common = dict(batch_size=tc.batch_size, block_size=m.block_size, vocab_size=m.vocab_size, device=device,
+                      amp_dtype=amp_dtype, compile_model=compiled, train=tc)
+
+        def fresh_model() -> GPT:
+            torch.manual_seed(0)
+            model = GPT(m)
+            install_cpu_backward(model)  # as the trainer does
+            return model
+
+        model = fresh_model()
+        flops = model.flops_per_token()
+        runner = TrainStepRunner("DDP", wrap_model(model.to(device), ctx), flops=flops, **common)
+        # The ranks step in lockstep (every step ends in an all-reduce): the slowest sets the pace.
+        step_s = max_over_ranks(measure_run(runner, steps=args.steps, warmup=args.warmup).step_s, ctx)
+        del runner, model
+        # Every rank leaves the group here, together: none is left waiting in a collective while
+        # rank 0 works alone below (on a loaded host gloo has aborted a rank in that state).
+        shutdown(ctx)
+        if not ctx.is_main:
+            return 0
+        # Alone, so that neither the baseline nor the peak shares the cores with the other ranks.
+        peak = measure_peak(device, amp_dtype)
+        single = measure_run(TrainStepRunner("1 process", fresh_model().to(device), flops=flops, **common),
+                             steps=args.steps, warmup=args.warmup).step_s
+        name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads/process)"
+        print(f"device: {name}; backend {ctx.backend or 'none'}; measured {precision_name(amp_dtype)} matmul peak "
+              f"{format_flops(peak)}FLOP/s per device")
+        print(f"config: {args.config}: {m.n_layer} layers, {m.n_embd} wide, block {m.block_size}, "
+              f"micro-batch {tc.batch_size} per process; compile {str(compiled).lower()}; {args.steps} timed steps\n")
+        n, tokens = ctx.world_size, tc.batch_size * m.block_size
+        rows = [("1 process", 1, single, tokens / single), (f"{n} processes (DDP)", n, step_s, n * tokens / step_s)]
+        print(table(("run", "processes", "ms/step", "tok/s (all)", "MFU"),
+                    ((label, procs, f"{1e3 * s:.1f}", f"{tps:.0f}", f"{100 * flops * tps / (procs * peak):.1f}%")
+                     for label, procs, s, tps in rows)))
+        print(f"\nscaling efficiency: {100 * rows[1][3] / (n * rows[0][3]):.0f}% of {n} x the single-process "
+              f"tokens/s ({rows[1][3] / rows[0][3]:.2f}x faster)")
+        if not ctx.enabled:
+            print("(one process only: launch with torchrun --nproc_per_node=N to measure DDP)")
+        return 0
+    finally:
+        shutdown(ctx)
+
+
+def max_over_ranks(value: float, ctx) -> float:
+    if not ctx.enabled:
+        return value
+    import torch.distributed as dist
+
+    t = torch.tensor([value], dtype=torch.float64, device=ctx.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
 
 if __name__ == "__main__":
     sys.exit(main())

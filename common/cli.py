@@ -14,6 +14,8 @@ import math
 import signal
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, NoReturn, Sequence
 
@@ -98,6 +100,25 @@ class Terminated(BaseException):
     def __init__(self, signum: int):
         super().__init__(signum)
         self.signum = signum
+
+
+@contextmanager
+def terminated_raises() -> Iterator[None]:
+    """SIGTERM raised as ``Terminated`` in the main thread for the block, so that the command's clean-up
+    (a tool's worker process it started) runs as it does for Ctrl-C, rather than the process vanishing."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is signal.SIG_IGN:
+        yield
+        return
+
+    def raise_terminated(signum: int, frame: object) -> None:
+        raise Terminated(signum)
+
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def run_stoppable(

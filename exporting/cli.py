@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Write a trained run as a folder that Hugging Face transformers loads with "
         "AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True), or (--format onnx) as an "
         "ONNX decoder with a key/value cache that ONNX Runtime runs without PyTorch. A Llama-shaped run "
-        "(model.positions rope and no small-model options) also exports as a standard Llama folder "
+        "(model.positions rope, attention gqa, no value embeddings) also exports as a standard Llama folder "
         "(--format llama, no remote code) or as one GGUF file for llama.cpp and ollama (--format gguf).",
     )
     parser.add_argument("--run", required=True, type=path_arg, metavar="DIR", help="run directory written by train.py")

@@ -99,20 +99,12 @@ def model_config(config: GPTConfig, tokens: SpecialTokens, dtype: str) -> dict:
         "eos_token_id": tokens.stop_ids,
         "pad_token_id": tokens.eot,
         "dtype": dtype,
-        # Latent attention's fields and the options, only where used: other exports stay as they were.
+        # Latent attention's fields, positions and value embeddings only where used: other exports stay as they were.
         **({"attention": "mla", "kv_latent_dim": config.kv_latent_dim, "q_latent_dim": config.q_latent_dim}
            if config.attention == "mla" else {}),
         **({"positions": config.positions, "rotary_base": config.rope_theta} if config.positions != "learned" else {}),
-        **_options(config),
+        **({"value_embeddings": True} if config.value_embeddings else {}),
     }
-
-
-def _options(config: GPTConfig) -> dict:
-    """The model options that are on, under the shipped config's names (zero_init is an init only)."""
-    options = {"mlp": config.mlp if config.mlp != "swiglu" else None, "qk_norm": config.qk_norm or None,
-               "final_logit_softcapping": config.logit_softcap, "residual_scalars": config.residual_scalars or None,
-               "value_embeddings": config.value_embeddings or None}
-    return {name: value for name, value in options.items() if value is not None}
 
 
 def generation_config(config: GPTConfig, tokens: SpecialTokens) -> dict:

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from common.cli import ArgumentParser, path_arg, run_command
+from common.cli import ArgumentParser, Terminated, path_arg, run_command, terminated_raises
 from common.device import select_device
 from common.errors import UserError
 from common.os_errors import describe_os_error
@@ -157,10 +157,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("error: standard output is closed; redirect it to a file or a pipe", file=sys.stderr)
         return 2
     try:
-        return run_command(build_parser(), argv, _generate)
+        with terminated_raises():
+            return run_command(build_parser(), argv, _generate)
     except KeyboardInterrupt:
         print(file=sys.stderr)  # put the shell prompt back on a line of its own
         return 130
+    except Terminated as stopped:
+        return 128 + stopped.signum
     except BrokenPipeError:
         # The reader left (e.g. `| head`). Point stdout at devnull so the interpreter's final flush
         # does not raise again.

@@ -30,8 +30,7 @@ from model.kv_cache import KVCache, LayerCache
 # token; above 1e12 (LLaMA 3 uses 5e5, long-context models up to a few 1e9) no window tells the slow
 # pairs from no rotation. norm_eps: above 1e-2 it outweighs the mean square of the embeddings at
 # initialisation, so the norms stop normalising; below 1e-12 (BERT's, the smallest in use) it is lost
-# next to any activation. logit_softcap: below 1 no logit can lead another by more than 2; above 1e4
-# it caps nothing a model produces.
+# next to any activation.
 ROPE_THETA_MAX = 1e12
 POSITION_KINDS = ("learned", "rope", "none")
 
@@ -64,16 +63,14 @@ class GPTConfig(Section):
     attention: Literal["gqa", "mla"] = Field("gqa", description="grouped-query, or multi-head latent attention")
     kv_latent_dim: int | None = Field(None, ge=1, description="mla only: the cached latent's width")
     q_latent_dim: int | None = Field(None, ge=1, description="mla only: the queries' latent (null: none)")
-    mlp: Literal["swiglu", "relu2"] = "swiglu"
-    qk_norm: bool = False
-    logit_softcap: float | None = Field(None, ge=1, le=1e4)
-    residual_scalars: bool = False
     value_embeddings: bool = False
-    zero_init: bool = False
     positions: Literal[POSITION_KINDS] = "learned"
     rope_theta: float = Field(10000.0, gt=1, le=ROPE_THETA_MAX, description="rope's base; LLaMA 3 uses 500000")
-    # Options that lost by the records protocol, at the value that turned them off (common.config).
-    REMOVED_KEYS: ClassVar[dict[str, Removed]] = {"bigram_buckets": Removed(None), "mtp_weight": Removed(0.0)}
+    # Options that lost by the records (docs/records.md), at the value that turned them off (common.config).
+    REMOVED_KEYS: ClassVar[dict[str, Removed]] = {
+        "bigram_buckets": Removed(None), "mtp_weight": Removed(0.0), "mlp": Removed("swiglu"),
+        "qk_norm": Removed(False), "logit_softcap": Removed(None), "residual_scalars": Removed(False),
+        "zero_init": Removed(False)}
 
     @model_validator(mode="after")
     def _buildable(self) -> GPTConfig:
@@ -122,18 +119,10 @@ class GPTConfig(Section):
 
     @property
     def ffn_dim(self) -> int:
-        """Feed-forward hidden width: ``ffn_hidden`` if given, else SwiGLU's 8/3·n_embd rounded up
-        to 64, and for ReLU² 3/2 of that (about 4·n_embd, a multiple of 32).
-
+        """Feed-forward hidden width: ``ffn_hidden`` if given, else 8/3·n_embd rounded up to 64.
         SwiGLU has three matrices instead of two, so 8/3 (not 4) keeps the parameter count of a
-        classic 4x MLP; a multiple of 64 keeps matmul shapes friendly to vectorised kernels. ReLU²
-        has two, so 3/2 of SwiGLU's width gives it exactly SwiGLU's parameters and FLOPs, and the
-        two MLP kinds compare at equal size.
-        """
-        if self.ffn_hidden is not None:
-            return self.ffn_hidden
-        swiglu = 64 * -(-int(8 * self.n_embd / 3) // 64)
-        return swiglu if self.mlp == "swiglu" else 3 * swiglu // 2
+        classic 4x MLP; a multiple of 64 keeps matmul shapes friendly to vectorised kernels."""
+        return self.ffn_hidden if self.ffn_hidden is not None else 64 * -(-int(8 * self.n_embd / 3) // 64)
 
     @property
     def value_embedding_layers(self) -> range:
@@ -152,9 +141,7 @@ class GPTConfig(Section):
             query_width = C + self.n_head * rope  # each head's query, and its rotary part
             query = C * query_width if q is None else C * q + q + q * query_width
             attention = query + C * (r + rope) + r + r * 2 * C + C * C
-        ffn = (3 if self.mlp == "swiglu" else 2) * C * self.ffn_dim
-        per_layer = attention + ffn + 2 * C + (2 * self.head_dim if self.qk_norm else 0)
-        per_layer += 2 if self.residual_scalars else 0
+        per_layer = attention + 3 * C * self.ffn_dim + 2 * C
         head = 0 if self.tie_embeddings else self.vocab_size * C
         kv_width = self.n_kv_head * self.head_dim
         values = len(self.value_embedding_layers) * (self.vocab_size * kv_width + C * self.n_kv_head)
@@ -196,21 +183,6 @@ class SwiGLU(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up(x).chunk(2, dim=-1)
         return self.dropout(self.down(F.silu(gate) * up))
-
-
-class ReLU2(nn.Module):
-    """Feed-forward ``down(relu(up(x))²)``, the MLP of nanochat and the modded-nanogpt records: the
-    square keeps the gate-free MLP's activations sparse (exact zeros below 0) while growing smoothly
-    above it."""
-
-    def __init__(self, dim: int, hidden: int, dropout: float = 0.0) -> None:
-        super().__init__()
-        self.up = nn.Linear(dim, hidden, bias=False)
-        self.down = nn.Linear(hidden, dim, bias=False)
-        self.dropout = nn.Dropout(dropout)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.down(F.relu(self.up(x)).square()))
 
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **options: Any) -> torch.Tensor:
@@ -303,11 +275,6 @@ class CausalSelfAttention(nn.Module):
         qkv_dim = (config.n_head + 2 * config.n_kv_head) * config.head_dim
         self.qkv = nn.Linear(config.n_embd, qkv_dim, bias=False)
         self.proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
-        # QK-norm: the scores' size is learned rather than left to the weights' growth.
-        self.qk_norm = config.qk_norm
-        if config.qk_norm:
-            self.q_head_norm = RMSNorm(config.head_dim, config.norm_eps)
-            self.k_head_norm = RMSNorm(config.head_dim, config.norm_eps)
         if layer_idx in config.value_embedding_layers:
             # Value embeddings (nanochat): the token's own embedding, gated, added to the values.
             self.value_gate = nn.Linear(config.n_embd, config.n_kv_head, bias=False)
@@ -329,9 +296,7 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, self.n_head, d).transpose(1, 2)
         k = k.view(B, T, self.n_kv_head, d).transpose(1, 2)
         v = v.view(B, T, self.n_kv_head, d).transpose(1, 2)
-        if self.qk_norm:  # before the cache: it stores the keys as the scores read them
-            q, k = self.q_head_norm(q), self.k_head_norm(k)
-        if rotation is not None:  # after the norm, as in Qwen3 and OLMo 2: the norm sees no position
+        if rotation is not None:
             q, k = rotate(q, rotation), rotate(k, rotation)
         return q, k, v
 
@@ -441,10 +406,6 @@ class CausalSelfAttention(nn.Module):
 # latent part only. With learned positions (added to the input, before any projection) or none,
 # nothing position-dependent sits inside attention, rope_dim is 0, and the plain absorption holds.
 #
-# QK-norm breaks the absorption: the key becomes ``g * k_s / rms(k_s)``, and the division by each
-# position's own rms(k_s) cannot move into the query. With QK-norm decoding expands the cached
-# latents at every step, the work the absorbed form saves.
-#
 # Decoding (one token with a cache) takes the absorbed form; every other forward (training, prefill,
 # chunks) expands the keys and values and runs ordinary multi-head SDPA, the faster of the two
 # there (``python -m benchmarks.attention_variants --forms``; numbers in docs/results.md).
@@ -473,10 +434,6 @@ class LatentAttention(nn.Module):
         # Rows [0, width) are W_UK for every head, rows [width, 2 width) are W_UV.
         self.kv_up = nn.Linear(config.kv_latent_dim, 2 * width, bias=False)
         self.proj = nn.Linear(width, config.n_embd, bias=False)
-        self.qk_norm = config.qk_norm
-        if config.qk_norm:
-            self.q_head_norm = RMSNorm(config.head_dim, config.norm_eps)
-            self.k_head_norm = RMSNorm(config.head_dim, config.norm_eps)
         self.attn_dropout = config.dropout
         self.resid_dropout = nn.Dropout(config.dropout)
 
@@ -491,8 +448,6 @@ class LatentAttention(nn.Module):
             q = self.q_up(self.q_norm(q))
         q = q.view(B, T, self.n_head, self.head_dim + self.rope_dim).transpose(1, 2)
         q, q_rope = q.split([self.head_dim, self.rope_dim], dim=-1)
-        if self.qk_norm:
-            q = self.q_head_norm(q)
         c = self.kv_norm(c).unsqueeze(1)
         if rotation is None:
             return q, c
@@ -516,7 +471,7 @@ class LatentAttention(nn.Module):
         mask = None
         if cache is not None:
             (c,), mask = cache.update(self.layer_idx, c)
-        if cache is not None and T == 1 and not self.qk_norm:  # decoding: attention in latent space
+        if cache is not None and T == 1:  # decoding: attention in latent space
             y = self.attend_absorbed(q, c, mask)
         else:
             y = self.attend_expanded(q, c, mask)
@@ -530,7 +485,6 @@ class LatentAttention(nn.Module):
         latent, k_rope = c.split([self.kv_latent_dim, self.rope_dim], dim=-1)
         kv = self.kv_up(latent[:, 0]).view(B, S, 2 * self.n_head, self.head_dim).transpose(1, 2)
         k, v = kv.chunk(2, dim=1)
-        k = self.k_head_norm(k) if self.qk_norm else k
         if self.rope_dim:
             k = torch.cat((k, k_rope.expand(B, self.n_head, S, self.rope_dim)), dim=-1)
         return k, v
@@ -559,7 +513,6 @@ class LatentAttention(nn.Module):
         ``CausalSelfAttention._attend_token``, the heads are viewed as query positions of one shared
         "head", the latent, so every head reads c with no copy and a batch-invariant pass stays
         invariant (on the CPU when kv_latent_dim is a multiple of 16)."""
-        assert not self.qk_norm, "QK-norm's per-key division cannot be absorbed; use attend_expanded"
         B, H, T, qk_dim = q.shape
         S = c.shape[2]
         w_uk, w_uv = self.up_weights()
@@ -593,8 +546,7 @@ class Block(nn.Module):
         else:
             self.attn = CausalSelfAttention(config, layer_idx)
         self.ffn_norm = RMSNorm(config.n_embd, config.norm_eps)
-        mlp = SwiGLU if config.mlp == "swiglu" else ReLU2
-        self.ffn = mlp(config.n_embd, config.ffn_dim, config.dropout)
+        self.ffn = SwiGLU(config.n_embd, config.ffn_dim, config.dropout)
 
     def forward(
         self, x: torch.Tensor, cache: LayerCache | None = None, value_embedding: torch.Tensor | None = None,
@@ -618,9 +570,6 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layer))
         self.norm = RMSNorm(config.n_embd, config.norm_eps)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        if config.residual_scalars:
-            self.resid_lambdas = nn.Parameter(torch.ones(config.n_layer))
-            self.x0_lambdas = nn.Parameter(torch.zeros(config.n_layer))
         kv_width = config.n_kv_head * config.head_dim
         self.value_embs = nn.ModuleDict({str(i): nn.Embedding(config.vocab_size, kv_width)
                                          for i in config.value_embedding_layers})
@@ -633,28 +582,17 @@ class GPT(nn.Module):
     def reset_parameters(self) -> None:
         """GPT-2 initialisation: N(0, 0.02) everywhere, unit norm gains, and residual output
         projections shrunk by 1/sqrt(2·n_layer) because each block adds two of them to the
-        residual stream, whose variance would otherwise grow with depth.
-
-        ``zero_init`` starts those projections (and an untied head) at zero instead, as the
-        modded-nanogpt records do: every block begins as the identity and the first steps shape
-        the residual stream before any block writes to it. A tied head is the embedding and keeps
-        its init. Residual scalars start at λ_res = 1, λ_0 = 0: the plain residual stream."""
-        cfg = self.config
-        residual_std = 0.02 / math.sqrt(2 * cfg.n_layer)
-        zeroed = ("attn.proj", "ffn.down", *(() if cfg.tie_embeddings else ("lm_head",)))
+        residual stream, whose variance would otherwise grow with depth. A zero value-gate weight
+        opens every value-embedding gate half way (2·sigmoid(0) = 1)."""
+        residual_std = 0.02 / math.sqrt(2 * self.config.n_layer)
         for name, module in self.named_modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)):
-                # A zero gate weight opens every value-embedding gate half way (2·sigmoid(0) = 1).
-                if (cfg.zero_init and name.endswith(zeroed)) or name.endswith("value_gate"):
-                    nn.init.zeros_(module.weight)
-                    continue
+            if name.endswith("value_gate"):
+                nn.init.zeros_(module.weight)
+            elif isinstance(module, (nn.Linear, nn.Embedding)):
                 std = residual_std if name.endswith(("attn.proj", "ffn.down")) else 0.02
                 nn.init.normal_(module.weight, mean=0.0, std=std)
             elif isinstance(module, RMSNorm):
                 nn.init.ones_(module.weight)
-        if cfg.residual_scalars:
-            nn.init.ones_(self.resid_lambdas)
-            nn.init.zeros_(self.x0_lambdas)
 
     def forward(
         self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: KVCache | None = None,
@@ -684,18 +622,8 @@ class GPT(nn.Module):
         return hidden
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The one place logits are made, for every caller and the ONNX graph. A softcap
-        ``c·tanh(logits/c)`` is smooth and never beyond ±c, so no logit can run away in training."""
-        logits = self.lm_head(hidden)
-        cap = self.config.logit_softcap
-        return logits if cap is None else cap * torch.tanh(logits / cap)
-
-    def block_input(self, i: int, x: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
-        """With ``residual_scalars``, ``λ_res[i]·x + λ_0[i]·x0`` (x0 the embedding output): every
-        block can re-read the token's own embedding, and scale down what earlier blocks wrote."""
-        if not self.config.residual_scalars:
-            return x
-        return self.resid_lambdas[i] * x + self.x0_lambdas[i] * x0
+        """The one place logits are made, for every caller and the ONNX graph."""
+        return self.lm_head(hidden)
 
     def value_embedding(self, i: int, idx: torch.Tensor) -> torch.Tensor | None:
         """They depend on the token alone, so a cache holds the values they were mixed into like
@@ -717,9 +645,8 @@ class GPT(nn.Module):
             # A slice of the table: the same values as a lookup, and a cheaper backward.
             x = x + (self.pos_emb.weight[:T] if positions is None else self.pos_emb(positions))
         rotation = self.rotation(T, positions)
-        x = x0 = self.drop(x)
+        x = self.drop(x)
         for i, block in enumerate(self.blocks):
-            x = self.block_input(i, x, x0)
             if on_block_input is not None:
                 on_block_input(block, x, rotation)
             x = block(x, cache, self.value_embedding(i, idx), rotation)

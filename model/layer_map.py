@@ -57,10 +57,7 @@ def block_linears(cfg: GPTConfig) -> dict[str, BlockLinear]:
         layers = {"attn.qkv": linear(cfg.n_embd, ("self_attn.q_proj", width), ("self_attn.k_proj", kv_width),
                                      ("self_attn.v_proj", kv_width))}
     layers["attn.proj"] = linear(width, ("self_attn.o_proj", cfg.n_embd))
-    if cfg.mlp == "swiglu":
-        layers["ffn.gate_up"] = linear(cfg.n_embd, ("mlp.gate_proj", cfg.ffn_dim), ("mlp.up_proj", cfg.ffn_dim))
-    else:
-        layers["ffn.up"] = linear(cfg.n_embd, ("mlp.up_proj", cfg.ffn_dim))
+    layers["ffn.gate_up"] = linear(cfg.n_embd, ("mlp.gate_proj", cfg.ffn_dim), ("mlp.up_proj", cfg.ffn_dim))
     layers["ffn.down"] = linear(cfg.ffn_dim, ("mlp.down_proj", cfg.n_embd))
     return layers
 
@@ -72,19 +69,14 @@ def llama_blockers(config: Any) -> list[str]:
     Llama's block is ours with every option at its plain setting: rotary positions over the halves
     of each head (transformers' convention, which ``model.gpt.rotary`` follows), grouped-query
     attention, RMSNorm, a SwiGLU feed-forward, no biases, and a tied or untied head. An option that
-    changes what the model computes has no counterpart there; ``zero_init`` and ``dropout`` only
-    shape training and do not matter. The Llama and GGUF exports refuse by it, and train.py offers
+    changes what the model computes has no counterpart there; ``dropout`` only shapes training and
+    does not matter. The Llama and GGUF exports refuse by it, and train.py offers
     them by it."""
     blockers = []
     if config.positions != "rope":
         blockers.append(f"model.positions is {config.positions} (Llama rotates queries and keys: set rope)")
     if config.attention != "gqa":
         blockers.append(f"model.attention is {config.attention} (set gqa)")
-    if config.mlp != "swiglu":
-        blockers.append(f"model.mlp is {config.mlp} (set swiglu)")
-    for name in ("qk_norm", "residual_scalars", "value_embeddings"):
-        if getattr(config, name):
-            blockers.append(f"model.{name} is true (set false)")
-    if config.logit_softcap is not None:
-        blockers.append(f"model.logit_softcap is {config.logit_softcap:g} (set null)")
+    if config.value_embeddings:
+        blockers.append("model.value_embeddings is true (set false)")
     return blockers

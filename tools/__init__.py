@@ -2,7 +2,7 @@
 (``tools.registry``), run apart from the caller by a ``tools.toolbox.Toolbox``. The built-in
 ``calculator`` is ``tools.calculator``. Imports nothing else of the project."""
 
-from tools.registry import BUILT_IN, Tool, ToolError, load_tool, load_tools
-from tools.toolbox import Toolbox, ToolResult
+from tools.registry import BUILT_IN, Tool, ToolError
+from tools.toolbox import Toolbox, ToolResult, load_tool, load_tools
 
 __all__ = ["BUILT_IN", "Tool", "ToolError", "ToolResult", "Toolbox", "load_tool", "load_tools"]

@@ -13,7 +13,7 @@ does::
 is ``my_tools:weekday``, described as ``{"name": "weekday", "description": "The weekday...",
 "parameters": {"type": "object", "properties": {"date": {"type": "string"}}, "required": ["date"],
 "additionalProperties": false}}``. It returns text (anything else is written as JSON, or by
-``str``). ``tools.toolbox`` runs it, apart from the caller's process.
+``str``). ``tools.toolbox`` imports, describes and runs it, apart from the caller's process.
 
 This package imports nothing else of the project: the chat format, the engine and the data
 sources all build on it.
@@ -60,37 +60,31 @@ BUILT_IN = {
 }
 
 
-def load_tool(spec: str) -> Tool:
-    """The tool ``spec`` names: a built-in one, or ``module:function`` described by its signature."""
-    if ":" not in spec:
-        if spec not in BUILT_IN:
-            raise ToolError(f"unknown tool {spec!r}: use one of {', '.join(BUILT_IN)} or module:function")
-        return BUILT_IN[spec]
-    return describe(import_function(spec), spec)
-
-
-def load_tools(specs: list[str]) -> list[Tool]:
-    """The tools ``specs`` name, refusing two with the same name."""
-    tools = [load_tool(spec) for spec in specs]
-    names = [tool.name for tool in tools]
-    repeated = sorted({name for name in names if names.count(name) > 1})
-    if repeated:
-        raise ToolError(f"two tools are named {repeated[0]!r}; give each tool once")
-    return tools
+def built_in(name: str) -> Tool:
+    """The built-in tool ``name``."""
+    if name not in BUILT_IN:
+        raise ToolError(f"unknown tool {name!r}: use one of {', '.join(BUILT_IN)} or module:function")
+    return BUILT_IN[name]
 
 
 def import_function(reference: str) -> Callable[..., Any]:
-    """The function ``module:function`` names."""
+    """The function ``module:function`` names. Only a tool's worker process imports it
+    (``tools.toolbox``): a module may even leave at import (``sys.exit``, Ctrl-C), which is caught."""
     module_name, _, attribute = reference.partition(":")
     try:
         module = importlib.import_module(module_name)
-    except Exception as error:  # a tool module that fails to import, however: one line
-        raise ToolError(f"tool {reference!r}: cannot import {module_name} ({type(error).__name__}: "
-                        f"{str(error).strip().splitlines()[0] if str(error).strip() else 'no message'})") from None
+    except BaseException as error:  # noqa: BLE001 - a tool module that fails to import, however: one line
+        raise ToolError(f"tool {reference!r}: cannot import {module_name} ({failure(error)})") from None
     function = getattr(module, attribute, None)
     if not callable(function):
         raise ToolError(f"tool {reference!r}: {module_name} has no function {attribute!r}")
     return function
+
+
+def failure(error: BaseException) -> str:
+    """What went wrong, in one line: the exception's type and the first line of its message."""
+    message = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return f"{type(error).__name__}: {message}" if message else type(error).__name__
 
 
 def describe(function: Callable[..., Any], reference: str) -> Tool:

@@ -30,7 +30,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
-from tools.registry import Tool, check_arguments
+from tools.registry import Tool, ToolError, built_in, check_arguments
 
 DEFAULT_TIMEOUT_S = 5.0
 DEFAULT_MAX_RESULT_CHARS = 2000
@@ -49,6 +49,50 @@ class ToolResult:
 
 def error_result(message: str) -> ToolResult:
     return ToolResult(ERROR_PREFIX + message, False)
+
+
+def load_tools(specs: list[str]) -> list[Tool]:
+    """The tools ``specs`` name (``tools.registry``), refusing two with the same name. Functions of the
+    user's are imported and described in a process of their own, as they run: a module that exits,
+    crashes or is interrupted as it is imported is one ``ToolError`` naming it, and the caller goes on."""
+    tools = {spec: built_in(spec) for spec in specs if ":" not in spec}
+    own = [spec for spec in specs if ":" in spec]
+    tools.update(zip(own, _described_apart(own)) if own else ())
+    names = [tools[spec].name for spec in specs]
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise ToolError(f"two tools are named {repeated[0]!r}; give each tool once")
+    return [tools[spec] for spec in specs]
+
+
+def load_tool(spec: str) -> Tool:
+    return load_tools([spec])[0]
+
+
+def _described_apart(specs: list[str]) -> list[Tool]:
+    """``python -m tools.worker --describe SPEC...``: one JSON line per spec, in order, so the first
+    spec without its line is the one whose import ended the process."""
+    try:
+        done = subprocess.run([sys.executable, "-m", "tools.worker", "--describe", *specs], env=_worker_env(),
+                              stdin=subprocess.DEVNULL, capture_output=True, timeout=START_TIMEOUT_S)
+        lines, ended = done.stdout.splitlines(), f"ended its process (exit code {done.returncode})"
+    except subprocess.TimeoutExpired as late:
+        lines, ended = (late.stdout or b"").splitlines(), f"did not finish within {START_TIMEOUT_S:g} s"
+    described = [json.loads(line) for line in lines]
+    for spec, reply in zip(specs, described):
+        if not reply.pop("ok"):
+            raise ToolError(reply["text"])
+    if len(described) < len(specs):
+        spec = specs[len(described)]
+        raise ToolError(f"tool {spec!r}: importing {spec.partition(':')[0]} {ended}")
+    return [Tool(**reply, reference=spec) for spec, reply in zip(specs, described)]
+
+
+def _worker_env() -> dict[str, str]:
+    """The caller's environment, with its import path: a tool is found where the caller would find it
+    (a module:function beside train.py, say)."""
+    path = os.pathsep.join(entry or os.getcwd() for entry in sys.path if isinstance(entry, str))
+    return {**os.environ, "PYTHONPATH": path}
 
 
 class Toolbox:
@@ -126,11 +170,9 @@ class _Worker:
     """One ``tools.worker`` process, in a process group of its own, and its pipes."""
 
     def __init__(self) -> None:
-        # The worker imports tools by the caller's path (a module:function beside train.py, say).
-        path = os.pathsep.join(entry or os.getcwd() for entry in sys.path if isinstance(entry, str))
         self.process = subprocess.Popen(
             [sys.executable, "-m", "tools.worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            start_new_session=True, env={**os.environ, "PYTHONPATH": path},
+            start_new_session=True, env=_worker_env(),
         )
         self._finalizer = weakref.finalize(self, _kill, self.process)
         self._buffer = b""

@@ -6,7 +6,8 @@ It reads one JSON request per line on stdin, ``{"function": "module:function", "
 exit, print, read stdin) cannot break that exchange: the protocol's pipes are moved to private
 descriptors first, and the tool's own stdout goes to stderr, its stdin to /dev/null. A result over
 ``max_chars`` is refused here, so a huge one never crosses the pipe. The process ends when stdin
-closes.
+closes. ``python -m tools.worker --describe module:function...`` writes each tool's description
+instead, a line each, and ends: the caller then never imports a user's module itself.
 """
 
 from __future__ import annotations
@@ -16,18 +17,34 @@ import os
 import sys
 from typing import Any, BinaryIO
 
-from tools.registry import ToolError, import_function
+from tools.registry import ToolError, describe, failure, import_function
 
 MAX_ERROR_CHARS = 300
 
 
 def main() -> None:
     requests, replies = _private_pipes()
-    _send(replies, {"ready": True})
-    functions: dict[str, Any] = {}
-    for line in requests:
-        request = json.loads(line)
-        _send(replies, call(functions, request["function"], request["arguments"], request["max_chars"]))
+    try:
+        if sys.argv[1:2] == ["--describe"]:
+            for reference in sys.argv[2:]:
+                _send(replies, _description(reference))
+            return
+        _send(replies, {"ready": True})
+        functions: dict[str, Any] = {}
+        for line in requests:
+            request = json.loads(line)
+            _send(replies, call(functions, request["function"], request["arguments"], request["max_chars"]))
+    except OSError:  # a tool closed the pipes: the caller reads an ended worker, not our traceback
+        os._exit(1)
+
+
+def _description(reference: str) -> dict[str, Any]:
+    """``--describe``: the tool ``reference`` names, as the fields of a ``Tool`` (or what is wrong)."""
+    try:
+        tool = describe(import_function(reference), reference)
+    except ToolError as error:
+        return {"ok": False, "text": str(error)}
+    return {"ok": True, "name": tool.name, "description": tool.description, "parameters": tool.parameters}
 
 
 def call(functions: dict[str, Any], reference: str, arguments: dict[str, Any], max_chars: int) -> dict[str, Any]:
@@ -40,9 +57,7 @@ def call(functions: dict[str, Any], reference: str, arguments: dict[str, Any], m
     except ToolError as error:
         return {"ok": False, "text": _bounded(str(error))}
     except BaseException as error:  # noqa: BLE001 - the tool's failure is its result
-        message = str(error).strip().splitlines()[0] if str(error).strip() else ""
-        described = f"{type(error).__name__}: {message}" if message else type(error).__name__
-        return {"ok": False, "text": _bounded(described)}
+        return {"ok": False, "text": _bounded(failure(error))}
     if len(text) > max_chars:
         return {"ok": False, "text": f"the result is {len(text):,} characters, over the limit of {max_chars:,}"}
     return {"ok": True, "text": text}

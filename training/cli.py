@@ -80,7 +80,7 @@ def _train(args: argparse.Namespace) -> int:
     if result.is_main:
         print(done_line(result, time.perf_counter() - started))
         print(summary(result, _draw_loss_curve(result.run_dir, result.kind), chat_tuning=suits_chat_tuning(config),
-                      llama_shaped=not llama_blockers(config.model)))
+                      llama_shaped=not llama_blockers(config.model), tools=tools_learned(config)))
     return 0
 
 
@@ -123,7 +123,7 @@ def _draw_loss_curve(run_dir: Path, kind: str) -> Path | None:
 
 
 def summary(result: TrainResult, loss_curve: Path | None, *, chat_tuning: bool = True,
-            llama_shaped: bool = False) -> str:
+            llama_shaped: bool = False, tools: tuple[str, ...] = ()) -> str:
     """What a finished run reached, which weights it kept, where it is, and the commands that use it
     (``next_commands``; ``chat_tuning``: configs/tiny-chat.yaml fits it as a parent; ``llama_shaped``:
     it also exports as a Llama folder and as GGUF)."""
@@ -144,7 +144,7 @@ def summary(result: TrainResult, loss_curve: Path | None, *, chat_tuning: bool =
     lines.append(f"the run is in {run}" + (f"; {CURVES[result.kind]} {loss_curve}" if loss_curve else ""))
     lines.append("next:")
     lines += [f"  {command}   # {why}" for command, why in next_commands(result, chat_tuning=chat_tuning,
-                                                                         llama_shaped=llama_shaped)]
+                                                                         llama_shaped=llama_shaped, tools=tools)]
     if result.wandb_sync:
         lines.append(f"wandb logged offline; upload it with: {result.wandb_sync}")
     return "\n".join(lines)
@@ -156,11 +156,20 @@ CURVES = {"text": "its loss curve is", "chat": "its loss curve is",
           "rl": "its reward, pass@1 and pass@k are drawn in"}
 
 
-def next_commands(result: TrainResult, *, chat_tuning: bool, llama_shaped: bool) -> list[tuple[str, str]]:
+def tools_learned(config: Config) -> tuple[str, ...]:
+    """The tools a run learned to call: its chat replies call them, so generate.py must be given them."""
+    if config.data.source == "calculator":
+        return ("calculator",)
+    return tuple(config.rl.tools) if config.rl is not None else ()
+
+
+def next_commands(result: TrainResult, *, chat_tuning: bool, llama_shaped: bool,
+                  tools: tuple[str, ...] = ()) -> list[tuple[str, str]]:
     """(command, why) for what a user of this kind of run does next: a text run is sampled and may be
     chat-tuned; a chat run is talked to and its replies measured; a DPO run's replies are compared with
     its parent's; an RL run is asked a question. Every run exports and serves."""
     run = result.run_dir
+    chat = f"--chat --tools {' '.join(tools)}" if tools else "--chat"
     if result.kind == "text":
         commands = [
             (f"python generate.py --run {run} --prompt {shlex.quote(result.sample_prompt or 'The')}", "sample from it"),
@@ -170,10 +179,10 @@ def next_commands(result: TrainResult, *, chat_tuning: bool, llama_shaped: bool)
                              f"--set run.out_dir={run}-chat", "chat-tune it on the plays' exchanges"))
     elif result.kind == "rl":
         question = shlex.quote(result.sample_prompt or "What is 2+3?")
-        commands = [(f"python generate.py --run {run} --chat --prompt {question}",
+        commands = [(f"python generate.py --run {run} {chat} --prompt {question}",
                      "ask it a question of the kind it learned")]
     else:
-        commands = [(f"python generate.py --run {run} --chat", "talk to it")]
+        commands = [(f"python generate.py --run {run} {chat}", "talk to it")]
         if result.kind == "chat":
             commands.append((f"python -m benchmarks.chat_eval --runs {run}",
                              "how often its replies end their turn, and how often they loop"))

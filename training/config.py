@@ -88,7 +88,7 @@ class LoraConfig(Section):
             else:
                 raise ConfigError(
                     f"train.lora.targets: {target!r} is not a layer of this model (model.attention: "
-                    f"{model.attention}, model.mlp: {model.mlp}); choose from "
+                    f"{model.attention}); choose from "
                     f"{', '.join([*LORA_GROUPS, *available])}"
                 )
         return [name for name in available if name in chosen]

@@ -1,5 +1,6 @@
-"""The training progress bar: the steps done out of those the binding budget allows, with the
-loss, learning rate, throughput, model FLOP utilisation and the time left."""
+"""The training progress bar: the steps done out of those planned, or under a clock budget the
+seconds trained out of the budget's (the steps then in the postfix), with the loss, learning rate,
+throughput, model FLOP utilisation and the time left."""
 
 from __future__ import annotations
 
@@ -11,20 +12,25 @@ from tqdm.auto import tqdm
 from training.metrics import Throughput, format_duration
 from training.optim import LRSchedule
 
-# tqdm's default bar without its "<remaining" estimate, for a clock budget: tqdm's estimate assumes
-# every step of max_steps will run, while the postfix's "left" (the sooner of both budgets) knows.
-_BAR_WITHOUT_ETA = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}, {rate_fmt}{postfix}]"
+# A clock budget is drawn as time: the steps it allows are only an estimate that moves with the pace,
+# and a total that jumps as it is re-estimated reads as a broken bar. The postfix's "left" (the sooner
+# of both budgets) replaces tqdm's estimate, which assumes the whole total runs.
+_CLOCK_BAR = "{l_bar}{bar}| {n:.0f}/{total:.0f} s{postfix}"
 
 
 class StepBar:
-    """A tqdm bar over optimizer steps; ``utilization`` maps tokens per second to the MFU."""
+    """A tqdm bar over optimizer steps, or seconds under a clock budget; ``utilization`` maps tokens
+    per second to the MFU."""
 
     def __init__(self, schedule: LRSchedule, throughput: Throughput, utilization: Callable[[float], float], *,
                  step: int, elapsed_s: float, enabled: bool) -> None:
         self.schedule, self.throughput, self.utilization = schedule, throughput, utilization
+        self.by_clock = schedule.max_seconds is not None
         self._bar = tqdm(
-            total=self.expected_steps(step, elapsed_s), initial=step, disable=not enabled, desc="train",
-            unit="step", dynamic_ncols=True, bar_format=None if schedule.max_seconds is None else _BAR_WITHOUT_ETA,
+            total=schedule.max_seconds if self.by_clock else schedule.max_steps,
+            initial=min(elapsed_s, schedule.max_seconds) if self.by_clock else step, disable=not enabled,
+            desc="train", unit="s" if self.by_clock else "step", dynamic_ncols=True,
+            bar_format=_CLOCK_BAR if self.by_clock else None,
         )
 
     def __enter__(self) -> StepBar:
@@ -35,13 +41,15 @@ class StepBar:
 
     def advance(self, step: int, elapsed_s: float, loss: float, lr: float) -> None:
         """One more step done, the run now at ``step`` after ``elapsed_s`` seconds of training."""
-        self._bar.total = self.expected_steps(step, elapsed_s)
-        self._bar.update(1)
         self._bar.set_postfix_str(self._postfix(step, elapsed_s, loss, lr), refresh=False)
+        self._bar.update(min(elapsed_s, self._bar.total) - self._bar.n if self.by_clock else 1)
 
     def complete(self, step: int) -> None:
         """The budget that bound is used up: a full bar."""
-        self._bar.total = step
+        if self.by_clock:
+            self._bar.n = self._bar.total
+        else:
+            self._bar.total = step
         self._bar.refresh()
 
     def expected_steps(self, step: int, elapsed_s: float) -> int | None:
@@ -57,7 +65,8 @@ class StepBar:
     def _postfix(self, step: int, elapsed_s: float, loss: float, lr: float) -> str:
         tokens_per_s = self.throughput.tokens_per_second()
         util = self.utilization(tokens_per_s)
-        parts = [f"loss {loss:.4f}", f"lr {lr:.2e}", f"{tokens_per_s / 1e3:.1f}k tok/s", f"mfu {100 * util:.1f}%"]
+        parts = [f"step {step}"] if self.by_clock else []
+        parts += [f"loss {loss:.4f}", f"lr {lr:.2e}", f"{tokens_per_s / 1e3:.1f}k tok/s", f"mfu {100 * util:.1f}%"]
         # Time left is the sooner of the step budget (at the current pace) and the clock budget.
         left = []
         if self.schedule.max_steps is not None and self.throughput.seconds_per_step() > 0:

@@ -33,12 +33,10 @@ from rundir.metrics import read_metrics
 
 FIXED_ON_RESUME = ("optimizer", "sampling", "seed", "parallel", "lora")
 # The model keys that fix the shapes of the weights or what they compute, which neither a resume nor
-# a run started from a parent (train.init_from) may change: weights trained under a softcap or
-# QK-norm mean something else without it. dropout, norm_eps and zero_init (an init only) may.
-# mlp comes before ffn_hidden, whose width it changes: a switched MLP kind is named as such.
-SHAPE_KEYS = ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd", "mlp", "ffn_hidden",
-              "tie_embeddings", "attention", "kv_latent_dim", "q_latent_dim", "qk_norm", "logit_softcap",
-              "residual_scalars", "value_embeddings", "positions", "rope_theta")
+# a run started from a parent (train.init_from) may change. dropout and norm_eps may.
+SHAPE_KEYS = ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd", "ffn_hidden",
+              "tie_embeddings", "attention", "kv_latent_dim", "q_latent_dim", "value_embeddings", "positions",
+              "rope_theta")
 
 
 def check_model_shape(saved: GPTConfig, current: GPTConfig, run_dir: Path) -> None:

@@ -65,13 +65,8 @@ def model_card(name: str, config: GPTConfig, params: int, record: RunRecord, cha
     if config.attention == "mla":
         attention = "multi-head latent attention (keys and values read from one cached latent per token)"
         heads = f"{config.n_head} / {config.n_head}, from a latent of {config.kv_latent_dim}"
-    mlp = "SwiGLU" if config.mlp == "swiglu" else "ReLU²"
     head = "tied input/output embeddings" if config.tie_embeddings else "an untied output head"
-    options = [name for name, on in (("QK-norm", config.qk_norm), ("residual scalars", config.residual_scalars),
-                                     ("value embeddings", config.value_embeddings),
-                                     (f"logit softcap {config.logit_softcap:g}" if config.logit_softcap else "", True))
-               if on and name]
-    extras = f" With {', '.join(options)}." if options else ""
+    extras = " With value embeddings." if config.value_embeddings else ""
     positions, context, limit = _positions(config)
     return f"""---
 library_name: transformers
@@ -84,7 +79,7 @@ tags:
 # {name}
 
 A {params / 1e6:.2f}M-parameter decoder-only GPT trained from scratch with minigpt: {positions},
-RMSNorm, {mlp}, {attention} and {head}.{extras}
+RMSNorm, SwiGLU, {attention} and {head}.{extras}
 transformers has no built-in architecture with that combination, so the modeling code ships in this
 folder and loading needs `trust_remote_code=True`.
 
@@ -93,7 +88,7 @@ folder and loading needs `trust_remote_code=True`.
 | layers | {config.n_layer} |
 | width | {config.n_embd} |
 | attention heads / key-value heads | {heads} |
-| feed-forward width ({mlp}) | {config.ffn_dim} |
+| feed-forward width (SwiGLU) | {config.ffn_dim} |
 | {context} | {config.block_size} tokens |
 | vocabulary | {config.vocab_size} |
 
@@ -136,8 +131,8 @@ def _positions(config: GPTConfig) -> tuple[str, str, str]:
     trained = (f"- It was trained on sequences of {config.block_size} tokens. Longer ones run (nothing\n"
                f"  limits the positions), but the model never saw them: expect worse text past that.\n")
     if config.positions == "rope":
-        llama = ("- This folder runs its own code. A rotary run with none of the small-model options is a Llama\n"
-                 "  model: minigpt's `export.py --format llama` writes it for transformers' own `LlamaForCausalLM`,\n"
-                 "  and `--format gguf` as one file for llama.cpp and ollama.")
+        llama = ("- This folder runs its own code. A rotary run with neither latent attention nor value\n"
+                 "  embeddings is a Llama model: minigpt's `export.py --format llama` writes it for transformers'\n"
+                 "  own `LlamaForCausalLM`, and `--format gguf` as one file for llama.cpp and ollama.")
         return (f"rotary positions (RoPE, base {config.rope_theta:g})", "context trained on", trained + llama)
     return ("no position embeddings (the causal mask alone carries order)", "context trained on", trained + others)

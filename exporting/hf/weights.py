@@ -5,9 +5,8 @@ attention computes Q, K and V in one matmul and our SwiGLU the gate and up proje
 the export keeps transformers' usual separate ``q_proj``, ``k_proj``, ``v_proj``, ``gate_proj`` and
 ``up_proj``, which tools such as PEFT target by name. Latent attention's matrices are split the same
 way, into DeepSeek-style names (``kv_a_proj`` down to the latent, ``k_b_proj`` and ``v_b_proj`` up
-from it, ``q_a_proj``/``q_b_proj`` for the query). The options' weights: QK-norm's gains as ``self_attn.q_norm``/``k_norm`` (Qwen3's names), a ReLU²
-MLP as ``up_proj``/``down_proj`` alone, the residual scalars as ``model.resid_lambdas``/``x0_lambdas``,
-value embeddings as ``model.value_embeds.{layer}`` with their gates as ``self_attn.value_gate``.
+from it, ``q_a_proj``/``q_b_proj`` for the query). Value embeddings go to ``model.value_embeds.{layer}``
+with their gates as ``self_attn.value_gate``.
 """
 
 from __future__ import annotations
@@ -30,8 +29,6 @@ def hf_state_dict(model: GPT) -> dict[str, torch.Tensor]:
         state["model.embed_positions.weight"] = model.pos_emb.weight
     if not cfg.tie_embeddings:
         state["lm_head.weight"] = model.lm_head.weight
-    if cfg.residual_scalars:
-        state |= {"model.resid_lambdas": model.resid_lambdas, "model.x0_lambdas": model.x0_lambdas}
     state |= {f"model.value_embeds.{i}.weight": table.weight for i, table in model.value_embs.items()}
     for i, block in enumerate(model.blocks):
         prefix = f"model.layers.{i}."
@@ -47,9 +44,8 @@ def hf_state_dict(model: GPT) -> dict[str, torch.Tensor]:
 
 
 def _attention_extras(attn: torch.nn.Module, cfg: GPTConfig) -> dict[str, torch.Tensor]:
-    """A block's attention weights that are not projections: QK-norm's gains, the value gate, and
-    latent attention's norms."""
-    weights = {"q_norm.weight": attn.q_head_norm.weight, "k_norm.weight": attn.k_head_norm.weight} if cfg.qk_norm else {}
+    """A block's attention weights that are not projections: the value gate and latent attention's norms."""
+    weights = {}
     if hasattr(attn, "value_gate"):
         weights["value_gate.weight"] = attn.value_gate.weight
     if cfg.attention == "mla":

@@ -45,16 +45,6 @@ def toy_run(bench_dir, toy_config) -> Path:
 
 
 @pytest.fixture(scope="session")
-def toy_rope_run(bench_dir, toy_config) -> Path:
-    """The toy config with rotary positions, trained for 3 steps."""
-    out = bench_dir / "toy-rope"
-    proc = run_python(["train.py", "--config", str(toy_config), *TOY_STEPS, "--set", "model.positions=rope",
-                       "--set", f"run.out_dir={out}"])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return out
-
-
-@pytest.fixture(scope="session")
 def toy_chat_run(bench_dir, toy_run) -> Path:
     """``toy_run`` chat-tuned for 3 steps by configs/tiny-chat.yaml."""
     out = bench_dir / "toy-chat"

@@ -1,4 +1,4 @@
-"""The DDP throughput benchmark with its gradient all-reduce made slow on purpose, for the test that
+"""The DDP throughput benchmark (``train_throughput --ddp``) with its gradient all-reduce made slow on purpose, for the test that
 checks the benchmark sees a slow all-reduce (tests/benchmarks/test_benchmarks_run.py).
 
     torchrun --standalone --nproc_per_node=2 tests/benchmarks/ddp_slow_allreduce_worker.py DELAY_S [benchmark args]
@@ -14,7 +14,7 @@ import time
 
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-import benchmarks.train_throughput_ddp as benchmark
+import benchmarks.train_throughput as benchmark
 
 
 def main() -> int:
@@ -32,7 +32,7 @@ def main() -> int:
         return wrapped
 
     benchmark.wrap_model = wrap_with_a_slow_all_reduce
-    return benchmark.main(args)
+    return benchmark.main(["--ddp", *args])
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ import torch
 
 from benchmarks import generate_speed
 from benchmarks.speculative import grounded_prompts
-from benchmarks.cuda_decode import token_agreement
+from benchmarks.generate_speed import token_agreement
+from benchmarks.shared import paired_ratio
 from data import DataConfig
 from data.sources.shakespeare import held_out_plays, shakespeare_documents
 from data.tokenizer import train_tokenizer
@@ -46,22 +47,22 @@ def test_the_one_row_bound_multiplies_every_weight_once_per_timing(monkeypatch):
 def test_a_path_faster_in_every_round_is_faster_round_by_round_however_the_load_drifts():
     peer = (100.0, 50.0, 80.0)  # the host slows, then recovers
     mine = tuple(1.1 * rate for rate in peer)
-    assert generate_speed.paired_ratio(mine, peer) == pytest.approx((1.1, 1.1, 1.1))
+    assert paired_ratio(mine, peer) == pytest.approx((1.1, 1.1, 1.1))
     slower = tuple(0.9 * rate for rate in peer)
-    assert generate_speed.paired_ratio(slower, peer)[0] == pytest.approx(0.9)
+    assert paired_ratio(slower, peer)[0] == pytest.approx(0.9)
 
 
 def test_one_quiet_spell_for_the_peer_moves_the_best_of_ratio_but_not_the_round_by_round_one():
     mine = (110.0, 55.0, 88.0)
     peer = (100.0, 50.0, 121.0)  # the peer's third run met a quiet spell the others did not
     assert max(mine) / max(peer) < 1  # best of rounds: "slower"
-    median, low, high = generate_speed.paired_ratio(mine, peer)
+    median, low, high = paired_ratio(mine, peer)
     assert median == pytest.approx(1.1) and low == pytest.approx(88 / 121) and high == pytest.approx(1.1)
 
 
 def test_rounds_of_different_counts_are_refused():
     with pytest.raises(ValueError):
-        generate_speed.paired_ratio((1.0, 2.0), (1.0,))
+        paired_ratio((1.0, 2.0), (1.0,))
 
 
 def test_the_grounded_prompts_quote_held_out_plays_and_no_play_trained_on():

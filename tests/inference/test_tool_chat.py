@@ -5,6 +5,8 @@ unknown tool, a run whose tokenizer has no tool tokens) are one line."""
 from __future__ import annotations
 
 import io
+import os
+import signal
 import sys
 
 import pytest
@@ -14,6 +16,7 @@ from inference.chat import ChatSession
 from inference.cli import main
 from inference.settings import GenerationSettings
 from run_testkit import build_run, chat_tokenizer_before_tools
+from signal_testkit import start_paused, stop
 
 GREEDY = dict(temperature=0, max_new_tokens=60)
 
@@ -92,3 +95,20 @@ def test_the_repl_shows_calls_between_turns(tool_run_dir, capsys, monkeypatch):
     assert out == "408\n54\n"
     assert '[calculator {"expression":"12*34"} -> 408]' in err
     assert '[calculator {"expression":"99-45"} -> 54]' in err
+
+
+@pytest.mark.parametrize("signum", [pytest.param(signal.SIGINT, marks=pytest.mark.e2e), signal.SIGTERM])
+def test_a_signal_while_a_tool_spins_ends_the_command_and_its_worker(tool_run_dir, tmp_path, signum):
+    marker = tmp_path / "worker.pid"
+    (tmp_path / "spin.py").write_text(
+        f"import os\ndef calculator(expression: str) -> str:\n    open('{marker}.new', 'w').write(str(os.getpid()))\n"
+        f"    os.replace('{marker}.new', '{marker}')\n"
+        "    while True:\n        pass\n")
+    process = start_paused(["generate.py", "--run", str(tool_run_dir), "--chat", "--tools", "spin:calculator",
+                            "--prompt", "What is 12*34?", "--temperature", "0"], marker,
+                           env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    worker = int(marker.read_text())
+    code, err = stop(process, signum)
+    assert code == 128 + signum and "Traceback" not in err, err
+    with pytest.raises(ProcessLookupError):
+        os.kill(worker, 0)  # killed and reaped, not left spinning

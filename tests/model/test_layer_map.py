@@ -12,10 +12,10 @@ SHAPE = dict(vocab_size=64, block_size=16, n_layer=1, n_head=4, n_kv_head=2, n_e
 
 
 @pytest.mark.parametrize("options", [
-    {}, {"mlp": "relu2"}, {"positions": "rope"}, {"ffn_hidden": 40},
+    {}, {"positions": "rope"}, {"ffn_hidden": 40},
     {"attention": "mla", "n_kv_head": 4, "kv_latent_dim": 24},
     {"attention": "mla", "n_kv_head": 4, "kv_latent_dim": 24, "q_latent_dim": 12, "positions": "rope"},
-], ids=["gqa", "relu2", "rope", "ffn", "mla", "mla-q-latent-rope"])
+], ids=["gqa", "rope", "ffn", "mla", "mla-q-latent-rope"])
 def test_every_linear_of_a_block_is_mapped_with_its_shape(options):
     config = GPTConfig(**{**SHAPE, **options})
     block = GPT(config).blocks[0]

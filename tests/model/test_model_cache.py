@@ -17,20 +17,15 @@ CONFIGS = [
     dict(n_kv_head=2),
     dict(n_kv_head=6),
     dict(n_kv_head=3, n_head=3, n_embd=33, vocab_size=61, n_layer=3, block_size=29, tie_embeddings=False),
-    # The small-model options (all on; the cap at a few units, where these logits live) ...
-    dict(n_kv_head=2, **ALL_OPTIONS | dict(logit_softcap=3.0)),
-    # ... and each alone, on multi-head attention and an untied head.
-    dict(n_kv_head=6, mlp="relu2"),
-    dict(n_kv_head=6, qk_norm=True, tie_embeddings=False),
-    dict(n_kv_head=1, logit_softcap=2.0),
-    dict(n_kv_head=6, residual_scalars=True),
+    # Value embeddings with an explicit feed-forward width, and value embeddings on three layers.
+    dict(n_kv_head=2, **ALL_OPTIONS),
     dict(n_kv_head=2, n_layer=3, value_embeddings=True),
-    # Rotary positions and none (an even head, 8, for rotary pairs), alone and with every option.
+    # Rotary positions and none (an even head, 8, for rotary pairs), alone and with the options.
     dict(n_kv_head=2, n_embd=48, positions="rope"),
     dict(n_kv_head=1, n_embd=48, positions="rope", rope_theta=500.0, tie_embeddings=False),
-    dict(n_kv_head=2, n_embd=48, positions="rope", **ALL_OPTIONS | dict(logit_softcap=3.0)),
+    dict(n_kv_head=2, n_embd=48, positions="rope", **ALL_OPTIONS),
     dict(n_kv_head=6, n_embd=48, positions="none"),
-    dict(n_kv_head=2, n_embd=48, positions="none", **ALL_OPTIONS | dict(logit_softcap=3.0)),
+    dict(n_kv_head=2, n_embd=48, positions="none", **ALL_OPTIONS),
 ]
 OPTION_CONFIGS = CONFIGS[4:]
 

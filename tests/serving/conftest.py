@@ -38,7 +38,7 @@ def chat_run(chat_run_dir):
 
 @pytest.fixture(scope="session")
 def options_run(tmp_path_factory):
-    """The chat run's shape with every small-model option on (``run_testkit.ALL_OPTIONS``)."""
+    """The chat run's shape with value embeddings on (``run_testkit.ALL_OPTIONS``)."""
     run_dir = build_run(tmp_path_factory.mktemp("runs") / "tiny-options", chat_tokenizer(), **ALL_OPTIONS)
     return load_run(run_dir, torch.device("cpu"))
 

@@ -1,7 +1,6 @@
 """A multi-head latent attention run served: each request equals the same request alone, bit for
 bit, and generate.py, whatever else decodes beside it (the latent cache's masked whole-buffer
-one-token path), in the engine and through the real OpenAI client over a socket; also with every
-small-model option on (QK-norm: the expanded form decodes, its up-projection in row blocks), and with
+one-token path), in the engine and through the real OpenAI client over a socket; also with
 rotary positions (the decoupled rotary key cached beside the latent); grouped-query runs with rotary
 or no positions go through the same checks."""
 
@@ -27,7 +26,7 @@ openai = pytest.importorskip("openai")
 MLA = dict(n_kv_head=4, attention="mla", kv_latent_dim=32, q_latent_dim=16)
 # The cached vector a multiple of 16: the CPU condition for batch-invariant decoding (model.gpt.LatentAttention).
 # With rotary positions it holds the latent and the rotary key (half of head_dim 16) beside it.
-KINDS = {"plain": MLA, "options": MLA | MLA_OPTIONS, "rope": MLA | dict(kv_latent_dim=24, positions="rope"),
+KINDS = {"plain": MLA | MLA_OPTIONS, "rope": MLA | dict(kv_latent_dim=24, positions="rope"),
          "gqa-rope": dict(positions="rope"), "gqa-none": dict(positions="none")}
 
 

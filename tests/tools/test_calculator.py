@@ -9,7 +9,7 @@ import json
 import pytest
 
 from tools import Toolbox, load_tools
-from tools.calculator import MAX_EXPRESSION_CHARS, calculator
+from tools.calculator import MAX_EXPONENT, MAX_EXPRESSION_CHARS, calculator
 
 
 @pytest.mark.parametrize("expression, value", [
@@ -29,6 +29,10 @@ from tools.calculator import MAX_EXPRESSION_CHARS, calculator
     ("999999*999999", "999998000001"),
     ("((((1+2))))*3", "9"),
     ("(" * 90 + "1" + ")" * 90, "1"),  # parentheses alone nest nothing
+    # The bounds themselves (each one step past is in HOSTILE); whitespace counts towards the length.
+    (f"1**{MAX_EXPONENT}", "1"),
+    (f"1**-{MAX_EXPONENT}", "1"),
+    (" " * (MAX_EXPRESSION_CHARS - 1) + "1", "1"),
 ])
 def test_arithmetic_is_exact(expression, value):
     assert calculator(expression) == value
@@ -64,7 +68,9 @@ HOSTILE = [
     ("2**0.5", "exponent must be a whole number"),
     ("1+", "not an arithmetic expression"),
     ("", "empty"),
-    ("1" * (MAX_EXPRESSION_CHARS + 1), "characters, over the limit"),
+    (f"1**{MAX_EXPONENT + 1}", "exponent must be a whole number"),
+    (f"1**-{MAX_EXPONENT + 1}", "exponent must be a whole number"),
+    (" " * MAX_EXPRESSION_CHARS + "1", "characters, over the limit"),
     ("9" * 50_000, "characters, over the limit"),
 ]
 

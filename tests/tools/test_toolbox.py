@@ -43,6 +43,19 @@ def test_a_tool_that_cannot_be_set_up_is_refused_in_one_line(spec, fragment):
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.parametrize("leaves, said", [
+    ('sys.exit("leaving at import")', "cannot import mymod (SystemExit: leaving at import)"),
+    ("os._exit(4)", "importing mymod ended its process (exit code 4)"),
+    ("raise KeyboardInterrupt", "cannot import mymod (KeyboardInterrupt)"),
+])
+def test_a_tool_module_that_leaves_at_import_is_one_error_and_the_caller_goes_on(tmp_path, monkeypatch, leaves, said):
+    (tmp_path / "mymod.py").write_text(f"import os, sys\n{leaves}\n")
+    monkeypatch.syspath_prepend(tmp_path)
+    with pytest.raises(ToolError) as info:
+        load_tools(["calculator", "tool_testkit:add", "mymod:calculator"])
+    assert str(info.value) == f"tool 'mymod:calculator': {said}"
+
+
 def test_two_tools_with_one_name_are_refused():
     with pytest.raises(ToolError, match="two tools are named 'calculator'"):
         load_tools(["calculator", "calculator"])
@@ -119,6 +132,14 @@ def test_a_timed_out_tool_takes_what_it_started_with_it(tmp_path):
     while _alive(child) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _alive(child)
+
+
+def test_a_tool_that_closes_the_workers_pipes_is_an_error_result_and_nothing_else(capfd):
+    with toolbox("closes_pipes", "add") as tools:
+        assert tools.run("closes_pipes", "{}").text == "error: closes_pipes ended its process without a result " \
+                                                        "(exit code 1)"
+        assert tools.run("add", '{"a": 1}').text == "2"
+    assert capfd.readouterr().err == ""  # the worker shares the caller's stderr: no traceback of its own
 
 
 def test_closing_the_toolbox_ends_its_worker():

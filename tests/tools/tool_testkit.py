@@ -52,6 +52,12 @@ def crashes() -> str:
     os._exit(7)
 
 
+def closes_pipes() -> str:
+    """Closes every descriptor but stdin, stdout and stderr: the worker's own pipes among them."""
+    os.closerange(3, 256)
+    return "closed"
+
+
 def chatty(text: str) -> str:
     """Prints to stdout and reads stdin before answering: neither may break the exchange."""
     print("noise on stdout", flush=True)

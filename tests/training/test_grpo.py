@@ -4,6 +4,7 @@ from a trained parent that logs TRL's metric names, evaluates pass@k and resumes
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from rundir.checkpoint import load_trainer_state
 from rl_testkit import written_out_grpo_loss
 from training.tasks.grpo.loss import Rollout, accumulate_grpo_gradients, group_advantages, target_logps, token_losses
 from training.tasks.grpo.rewards import RewardError, closeness, correct, integer_format, reward_function
+from training.tasks.grpo.rollout import rollout_metrics
 from training.trainer import train
 
 VOCAB = 7
@@ -95,6 +97,21 @@ def test_advantages_are_normalised_within_each_group_and_a_tied_group_teaches_no
     assert advantages[3:].abs().max() == 0 and std[3:].max() == 0
 
 
+def test_every_rollout_metric_has_its_value_on_a_hand_made_batch():
+    # Two groups of three, two reward functions: the first group's summed rewards 0, 1, 2 (deviation
+    # 1), the second's all 3 (deviation 0). reward_std is the mean of the groups' deviations (TRL's),
+    # 0.5, not the batch's (1.26); a reward function's std is its column's, Bessel-corrected.
+    scores = torch.tensor([[0.0, 0.0], [1.0, 0.0], [2.0, 0.0], [1.0, 2.0], [1.0, 2.0], [1.0, 2.0]])
+    lengths = torch.tensor([6.0, 2.0, 12.0, 4.0, 10.0, 8.0])
+    ended = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 1.0])
+    assert rollout_metrics(scores, lengths, ended, ["a", "b"], group_size=3) == pytest.approx({
+        "reward": 2.0, "reward_std": 0.5, "frac_reward_zero_std": 0.5,
+        "rewards/a/mean": 1.0, "rewards/b/mean": 1.0, "rewards/a/std": 0.4 ** 0.5, "rewards/b/std": 1.2 ** 0.5,
+        "completions/mean_length": 7.0, "completions/min_length": 2.0, "completions/max_length": 12.0,
+        "completions/clipped_ratio": 1 / 3,
+    }, rel=1e-6)
+
+
 def test_micro_batches_give_the_token_mean_of_the_whole_step():
     model, rollout = _ragged_rollout()
     loss, metrics = accumulate_grpo_gradients(model, rollout, 3, epsilon=0.2, beta=0.5, temperature=1.0)
@@ -142,23 +159,29 @@ def test_the_step_loss_is_the_mean_over_every_completion_token_of_the_step():
     assert abs(sequence_mean.item() - expected.item()) > 1e-2
 
 
+def _exact_log(value: float) -> float:
+    """A float64 x whose exp is exactly ``value``: log(value), or one of its nearest neighbours."""
+    near, low, high = [math.log(value)], math.log(value), math.log(value)
+    for _ in range(8):
+        low, high = math.nextafter(low, -math.inf), math.nextafter(high, math.inf)
+        near += [low, high]
+    return next(x for x in near if torch.exp(torch.tensor(x, dtype=torch.float64)).item() == value)
+
+
 @pytest.mark.parametrize("sign", [1.0, -1.0])
 def test_the_clip_bounds_sit_at_one_plus_and_minus_epsilon(sign):
-    # Ratios just inside and just outside 1 − ε and 1 + ε: the clipped surrogate keeps a token's gradient
-    # (−A·ratio per unit log-probability) unless the ratio is past the bound in the direction A pushes.
-    epsilon, step = 0.2, 0.02  # 0.1 ε either side: a bound moved to 1 + 1.5ε or 1 + 0.25ε is caught
-    ratios = torch.tensor([1 - epsilon - step, 1 - epsilon + step, 1.0, 1 + epsilon - step, 1 + epsilon + step],
-                          dtype=torch.float64)
-    logps = torch.full((1, 5), -1.0, dtype=torch.float64, requires_grad=True)
-    old = logps.detach() - torch.log(ratios)[None]
+    # Ratios exactly at 1 − ε and 1 + ε and one float64 step beyond each: the clipped surrogate keeps a
+    # token's gradient (−A·ratio per unit log-probability) unless the ratio is past the bound in the
+    # direction A pushes. A bound moved by any amount, or a strict comparison made loose, is caught.
+    epsilon = 0.2
+    ratios = [math.nextafter(1 - epsilon, 0), 1 - epsilon, 1.0, 1 + epsilon, math.nextafter(1 + epsilon, 2)]
+    logps = torch.tensor([[_exact_log(r) for r in ratios]], dtype=torch.float64, requires_grad=True)
     advantage = torch.tensor([sign], dtype=torch.float64)
-    losses, _, low, high = token_losses(logps, old, None, advantage, epsilon=epsilon, beta=0.0)
+    losses, _, low, high = token_losses(logps, torch.zeros_like(logps), None, advantage, epsilon=epsilon, beta=0.0)
     losses.sum().backward()
-    if sign > 0:  # pushed up: past 1 + ε the gain is capped and the gradient gone
-        clipped = [False, False, False, False, True]
-    else:  # pushed down: below 1 − ε likewise
-        clipped = [True, False, False, False, False]
-    expected = torch.where(torch.tensor(clipped), 0.0, -sign * ratios)
+    # Pushed up, past 1 + ε the gain is capped and the gradient gone; pushed down, below 1 − ε likewise.
+    clipped = [False, False, False, False, True] if sign > 0 else [True, False, False, False, False]
+    expected = torch.where(torch.tensor(clipped), 0.0, -sign * torch.tensor(ratios, dtype=torch.float64))
     torch.testing.assert_close(logps.grad[0], expected, rtol=1e-12, atol=1e-12)
     # TRL's clip_ratio/low and /high count exactly those tokens.
     assert (low | high)[0].tolist() == clipped and (high.any().item() == (sign > 0))
@@ -178,7 +201,7 @@ def test_built_in_rewards():
 # Runs
 
 
-MLA = {"attention": "mla", "n_kv_head": 2, "kv_latent_dim": 8, "q_latent_dim": 16, "mlp": "relu2"}
+MLA = {"attention": "mla", "n_kv_head": 2, "kv_latent_dim": 8, "q_latent_dim": 16}
 
 
 @pytest.fixture(scope="module")
@@ -337,12 +360,14 @@ def test_rl_refusals(sections, expected):
     assert expected in str(error.value) and "\n" not in str(error.value)
 
 
-def test_the_rl_bounds_admit_what_is_at_them():
+@pytest.mark.parametrize("rl", [{"group_size": 2, "eval_samples": 1, "max_tool_calls": 1, "temperature": 0.1, "beta": 0},
+                                {"group_size": 1024, "eval_samples": 1024, "max_tool_calls": 16, "temperature": 10,
+                                 "beta": 10}])
+def test_the_rl_bounds_admit_what_is_at_them(rl):
     from training.config import config_from_dict
 
-    rl = {"group_size": 2, "eval_samples": 1024, "max_tool_calls": 16, "temperature": 10, "beta": 10}
     config = config_from_dict({"train": {"max_steps": 1, "init_from": "p"}, "data": {"format": "rl"}, "rl": rl})
-    assert (config.rl.group_size, config.rl.eval_samples, config.rl.temperature) == (2, 1024, 10.0)
+    assert config.rl.model_dump(include=set(rl)) == rl
 
 
 

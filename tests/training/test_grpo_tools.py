@@ -25,7 +25,8 @@ from tools.calculator import calculator
 from training.config import config_from_dict, with_parent
 from training.tasks.grpo.loss import Rollout, accumulate_grpo_gradients, target_logps
 from training.tasks.grpo.rewards import tool_answer_correct, tool_format
-from training.tasks.grpo.rollout import Completion, Sampler, ToolLoop, collate_completions
+from training.tasks.grpo.rollout import (Completion, Sampler, ToolLoop, call_counts, collate_completions,
+                                          tool_metrics)
 from training.trainer import train
 
 VOCAB = 23
@@ -129,22 +130,30 @@ def test_a_multi_turn_step_is_the_token_mean_over_generated_tokens_and_inserted_
 # Rewards
 
 
-def test_tool_rewards_read_the_reply_written_out():
+def written(calls: list[str], results: list[str], answer: str = "408") -> str:
+    """A reply of one calling turn as the chat format writes it out: its calls, their results, the answer."""
+    return ("".join(f'<|call|>calculator{{"expression":"{call}"}}' for call in calls) + "<|end|>"
+            + "".join(f"<|tool|>{result}<|end|>" for result in results) + "<|assistant|>" + answer)
+
+
+@pytest.mark.parametrize("reply, scores", [  # (tool_answer_correct, tool_format) for the answer 408
+    (written(["12*34"], ["408"]), (1.0, 1.0)),
+    ("408", (1.0, 0.0)),
+    (written(["12*34"], ["408"], "407"), (0.0, 1.0)),
+    (written(["12*34"], ["408"], "1408"), (0.0, 1.0)),
+    (written(["12*34"], ["408"], "408 or 409"), (0.0, 1.0)),
+    (written(["12*34"], ["error: not a number"]), (1.0, 0.0)),
+    (written(["12*34", "1+1"], ["408", "2"]), (1.0, 1.0)),
+    (written(["12*34", "1+1"], ["408"]), (1.0, 0.0)),
+    (written(["12*34"], ["408", "2"]), (1.0, 0.0)),
+    ('<|call|>calculator{"expression":"12*3', (0.0, 0.0)),
+    (written(["12*34"], ["408"]) + '<|call|>calculator{"expression":"1"}', (0.0, 0.0)),
+], ids=["called-right", "right-without-a-call", "wrong-copy", "right-among-other-digits", "right-and-another-number",
+        "failed-call", "two-calls-two-results", "two-calls-one-result", "one-call-two-results",
+        "cut-inside-its-call", "answer-is-another-call"])
+def test_tool_rewards_read_the_reply_written_out(reply, scores):
     row = {"answer": "408"}
-    used = '<|call|>calculator{"expression":"12*34"}<|end|><|tool|>408<|end|><|assistant|>408'
-    assert (tool_answer_correct("", used, row), tool_format("", used, row)) == (1.0, 1.0)
-    assert (tool_answer_correct("", "408", row), tool_format("", "408", row)) == (1.0, 0.0)  # right, no call
-    wrong = used.replace("<|assistant|>408", "<|assistant|>407")
-    assert (tool_answer_correct("", wrong, row), tool_format("", wrong, row)) == (0.0, 1.0)  # a call, a wrong copy
-    failed = used.replace("<|tool|>408", "<|tool|>error: not a number")
-    assert tool_format("", failed, row) == 0.0
-    two = '<|call|>calculator{"expression":"12*34"}<|call|>calculator{"expression":"1+1"}<|end|>' \
-          '<|tool|>408<|end|><|tool|>2<|end|><|assistant|>408'
-    assert (tool_answer_correct("", two, row), tool_format("", two, row)) == (1.0, 1.0)
-    cut = '<|call|>calculator{"expression":"12*3'  # cut off inside its call, or one that does not parse
-    assert (tool_answer_correct("", cut, row), tool_format("", cut, row)) == (0.0, 0.0)
-    again = used + '<|call|>calculator{"expression":"1"}'  # an answer that is another call
-    assert (tool_answer_correct("", again, row), tool_format("", again, row)) == (0.0, 0.0)
+    assert (tool_answer_correct("", reply, row), tool_format("", reply, row)) == scores
 
 
 # --------------------------------------------------------------------------------------------
@@ -183,6 +192,15 @@ def test_a_completion_is_cut_to_the_window_only_where_a_result_overflowed_it(too
     completion = tools.completion(reply, special.reply_end_ids, block_size=20)
     assert len(reply.prompt_ids) + len(completion.ids) - 1 == 20  # the rows' inputs fill the window
     assert completion.generated == [True] * 4 + [False] * 7 and not completion.ended
+
+
+def test_every_tool_metric_has_its_value_on_hand_made_completions():
+    # Five completions: 3 of them began calls, 6 calls begun, 4 of those parsed and ran, 1 failed.
+    counts = [(2, 2, 1), (1, 0, 0), (0, 0, 0), (3, 2, 0), (0, 0, 0)]  # (begun, run, failed)
+    completions = [Completion([], [], "", True, *c) for c in counts]
+    assert tool_metrics(call_counts(completions).sum(dim=0)) == pytest.approx({
+        "tools/call_frequency": 4 / 5, "tools/failure_frequency": 1 / 4, "tools/calling_ratio": 3 / 5,
+        "tools/parsed_ratio": 4 / 6}, rel=1e-12)
 
 
 # --------------------------------------------------------------------------------------------

@@ -21,8 +21,8 @@ from training.config import LoraConfig, config_from_dict, with_parent
 from training.lora import LowRankDelta, adapters_disabled, add_adapters, merged_copy, parametrized
 from training.trainer import train
 
-# Latent attention with a query latent and a ReLU² MLP: every layer name the other kind lacks.
-MLA = {"attention": "mla", "n_kv_head": 2, "kv_latent_dim": 8, "q_latent_dim": 16, "mlp": "relu2"}
+# Latent attention with a query latent: every attention layer name the other kind lacks.
+MLA = {"attention": "mla", "n_kv_head": 2, "kv_latent_dim": 8, "q_latent_dim": 16}
 GQA = {"value_embeddings": True}  # a value gate, which no adapter touches
 KINDS = {"gqa": GQA, "mla": MLA}
 # An untied LM head has rows of its own for the trained tokens (PEFT: one list per matrix).
@@ -149,7 +149,7 @@ def lora_config(base_raw, parents, tmp_path):
     ("gqa", {"targets": []}, {}, r"train\.lora\.targets must have at least 1 item"),
     ("mla", {"targets": ["attn.qkv"]}, {}, r"'attn\.qkv' is not a layer of this model \(model\.attention: mla.*"
                                            r"choose from attention, feed_forward, attn\.down, attn\.q_up"),
-    ("gqa", {"targets": ["ffn.up"]}, {}, r"'ffn\.up' is not a layer .*model\.mlp: swiglu"),
+    ("gqa", {"targets": ["ffn.up"]}, {}, r"'ffn\.up' is not a layer of this model \(model\.attention: gqa\)"),
     ("mla", {"rank": 9}, {}, r"train\.lora\.rank 9 is above the width of attn\.kv_up \(8\); use a rank of at most 8"),
     ("gqa", {"rank": 33}, {}, r"rank 33 is above the width of attn\.qkv \(32\)"),
     ("gqa", {}, {"optimizer": "muon"}, r"set train\.optimizer: adamw"),
@@ -170,7 +170,8 @@ def test_a_lora_setting_that_cannot_work_is_refused_in_one_line(base_raw, parent
     # A rank that fits the narrowest layer is fine once it is left out.
     if kind == "mla" and lora.get("rank") == 9:
         raw["train"]["lora"]["targets"] = ["feed_forward"]
-        assert with_parent(config_from_dict(raw)).train.lora.layers(with_parent(config_from_dict(raw)).model) == ["ffn.up", "ffn.down"]
+        config = with_parent(config_from_dict(raw))
+        assert config.train.lora.layers(config.model) == ["ffn.gate_up", "ffn.down"]
 
 
 @pytest.mark.parametrize("name", ["tiny-chat-lora", "tiny-dpo-lora"])

@@ -100,6 +100,32 @@ def test_the_sampling_cache_is_the_key_and_value_heads_of_every_layer_and_positi
         GPT(latent).init_cache(10).nbytes()
 
 
+def _widest_fitting(gib: int, parallel: str, checkpointing: bool) -> str:
+    """docs/training.md's cell: the widest of small.yaml's family (one layer and one head per 64 of
+    width, a quarter as many key/value heads) whose estimate fits, at 4 x 512 tokens, bf16, AdamW."""
+    train = TrainConfig(max_steps=1, batch_size=4, optimizer="adamw", parallel=parallel,
+                        activation_checkpointing=checkpointing)
+    best = None
+    for width in range(256, 16384 + 1, 256):
+        heads = width // 64
+        config = GPTConfig(vocab_size=6400, block_size=512, n_layer=heads, n_head=heads, n_kv_head=heads // 4,
+                           n_embd=width)
+        world = 8 if parallel == "fsdp" else 1
+        if estimate_memory(config, train, world_size=world, micro_batch=4, bf16=True).total > gib * 2**30:
+            break
+        best = config
+    assert best is not None and best.n_embd < 16384  # the search found the edge, not its own ceiling
+    return f"{best.num_params() / 1e6:,.0f}M ({best.n_layer} x {best.n_embd})"
+
+
+def test_the_largest_models_in_the_training_guide_are_the_estimates():
+    guide = (ROOT / "docs" / "training.md").read_text()
+    for gib in (24, 80):
+        cells = [_widest_fitting(gib, parallel, checkpointing)
+                 for parallel in ("ddp", "fsdp") for checkpointing in (False, True)]
+        assert f"| {gib} GiB | " + " | ".join(cells) + " |" in guide
+
+
 # Two sizes (and the first with activation checkpointing): the estimate is within this fraction of
 # the peak resident memory that two real steps added, measured in a fresh process.
 MARGIN = 0.2

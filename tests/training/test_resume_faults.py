@@ -172,9 +172,14 @@ def test_a_trainer_state_that_is_a_folder_is_named_as_such(tmp_path):
         check_run_dir(tmp_path, resume=True, overwrite=False)
 
 
+# Every removed model key at its off value, as a model_config.json written before it left holds it.
+REMOVED_OFF = {"bigram_buckets": None, "mtp_weight": 0.0, "mlp": "swiglu", "qk_norm": False, "logit_softcap": None,
+               "residual_scalars": False, "zero_init": False}
+
+
 def test_a_run_saved_with_the_removed_options_off_still_generates_exports_and_resumes(make_config, tmp_path, capsys):
-    # Runs written while the bigram table and the multi-token head existed (up to a057841) record
-    # them, off, in model_config.json, config.yaml and the trainer state.
+    # Runs written while the removed options existed (the model's up to 9e81adb) record them, off,
+    # in model_config.json, config.yaml and the trainer state.
     import json
 
     import yaml
@@ -191,13 +196,13 @@ def test_a_run_saved_with_the_removed_options_off_still_generates_exports_and_re
     before = capsys.readouterr().out
 
     model_json = run / "model_config.json"
-    model_json.write_text(json.dumps({**json.loads(model_json.read_text()), "bigram_buckets": None, "mtp_weight": 0.0}))
+    model_json.write_text(json.dumps({**json.loads(model_json.read_text()), **REMOVED_OFF}))
     saved = yaml.safe_load((run / "config.yaml").read_text())
-    saved["model"] |= {"bigram_buckets": None, "mtp_weight": 0.0}
+    saved["model"] |= REMOVED_OFF
     saved["train"]["bigram_lr"] = None
     (run / "config.yaml").write_text(yaml.safe_dump(saved))
     state = torch.load(run / "trainer_state.pt", weights_only=True)
-    state["model_config"] |= {"bigram_buckets": None, "mtp_weight": 0.0}
+    state["model_config"] |= REMOVED_OFF
     torch.save(state, run / "trainer_state.pt")
 
     assert generate(greedy) == 0

@@ -22,6 +22,9 @@ from training.evaluate import score_batches
 from training.tasks.chat import (
     accumulate_chat_gradients, ended_share, evaluate_chat, held_out_replies, held_out_rows,
 )
+from training.tasks.dpo.loss import evaluate_preferences
+from training.tasks.dpo.prepared import PreferenceSplit
+from training.tasks.reference import FrozenReference
 from training.trainer import Trainer, train
 
 
@@ -126,7 +129,17 @@ def _end_logit_shifted(model: GPT, end: int, shift: float):
     return model.lm_head.register_forward_hook(hook)
 
 
-def test_a_chat_model_that_does_not_end_its_turn_scores_worse_bits_per_byte():
+def _held_out(kind: str, model: GPT, split: ChatSplit, token_bytes: torch.Tensor):
+    """A chat run's held-out evaluation of ``split``, or a DPO run's with ``split`` as the chosen replies."""
+    options = dict(batch_size=2, max_batches=None, pad_id=0, device=torch.device("cpu"))
+    if kind == "chat":
+        return evaluate_chat(model, split, token_bytes, **options)
+    return evaluate_preferences(model, FrozenReference(_model()), PreferenceSplit(split, split), token_bytes,
+                                beta=0.1, **options)
+
+
+@pytest.mark.parametrize("kind", ["chat", "dpo"])
+def test_a_chat_model_that_does_not_end_its_turn_scores_worse_bits_per_byte(kind):
     # The same model twice, once with the end of turn pushed down: every other token is then a little
     # likelier, so if <|end|> were not charged the model that never ends would score better.
     end = 39  # <|end|>: no bytes
@@ -139,12 +152,12 @@ def test_a_chat_model_that_does_not_end_its_turn_scores_worse_bits_per_byte():
         batches = iter_chat_val_batches(split, 2, pad_id=0, max_batches=None, device=cpu)
         return score_batches(model, batches, token_bytes, device=cpu, charge_zero_byte=charge_zero_byte)
 
-    ends = evaluate_chat(model, split, token_bytes, batch_size=2, max_batches=None, pad_id=0, device=cpu)
-    assert ends.bpb == scores().bpb
+    ends = _held_out(kind, model, split, token_bytes)
+    assert ends.bpb == pytest.approx(scores().bpb, rel=1e-6)
     without_end_charged = scores(charge_zero_byte=False)
     hook = _end_logit_shifted(model, end, -8.0)
-    never_ends = evaluate_chat(model, split, token_bytes, batch_size=2, max_batches=None, pad_id=0, device=cpu)
-    assert never_ends.bpb > ends.bpb and never_ends.loss > ends.loss
+    never_ends = _held_out(kind, model, split, token_bytes)
+    assert never_ends.bpb > ends.bpb and (kind == "dpo" or never_ends.loss > ends.loss)  # DPO's loss is no NLL
     assert scores(charge_zero_byte=False).bpb < without_end_charged.bpb  # the case the charge is for
     hook.remove()
 

@@ -7,6 +7,7 @@ import copy
 import re
 import shlex
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -35,9 +36,9 @@ def test_a_clock_bound_run_shows_progress_evaluations_summary_and_curve(base_raw
     records = read_metrics(run_dir / "metrics.jsonl")
     steps = max(r["step"] for r in records if r["kind"] == "train")
     assert steps < 100_000
-    # The bar ends full, counted in the steps the clock allowed, not against max_steps.
+    # The bar ends full, counted in the clock's seconds, not against max_steps.
     last_bar = [line for line in re.split(r"[\r\n]", err) if line.startswith("train:")][-1]
-    assert f"| {steps}/{steps} " in last_bar and "100%" in last_bar, last_bar
+    assert f"| 2/2 s, step {steps} |" in last_bar and "100%" in last_bar, last_bar
     # Evaluations came along the way, every tenth of the clock budget.
     evals = [r for r in records if r["kind"] == "eval"]
     assert evals[-1]["step"] == steps  # the last weights are evaluated too, to compete for the kept model
@@ -114,6 +115,13 @@ def test_summary_repeats_the_wandb_sync_line_and_suits_a_chat_run(tmp_path):
     assert "python generate.py --run runs/tiny-chat --chat" in text and "init_from" not in text
     assert "python -m benchmarks.chat_eval --runs runs/tiny-chat" in text
     assert text.splitlines()[-1] == "wandb logged offline; upload it with: wandb sync runs/tiny-chat/wandb/offline-run-*-abc*"
+    # A run that learned to call tools is talked to with them: without, its calls print as raw text.
+    calls = SimpleNamespace(data=SimpleNamespace(source="calculator"), rl=None)
+    grpo = SimpleNamespace(data=SimpleNamespace(source="shakespeare"), rl=SimpleNamespace(tools=["calculator", "my:f"]))
+    plain = SimpleNamespace(data=SimpleNamespace(source="shakespeare"), rl=SimpleNamespace(tools=[]))
+    assert [train_cli.tools_learned(c) for c in (calls, grpo, plain)] == [("calculator",), ("calculator", "my:f"), ()]
+    assert "generate.py --run runs/tiny-chat --chat --tools calculator   #" in train_cli.summary(
+        result, None, tools=("calculator",))
 
 
 @pytest.mark.parametrize("stopped_by, starved, noted", [

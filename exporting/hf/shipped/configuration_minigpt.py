@@ -23,12 +23,9 @@ class MiniGPTConfig(PretrainedConfig):
     from one latent of ``kv_latent_dim`` numbers per token (the only thing the cache stores), and
     the query from a latent of ``q_latent_dim`` when that is set.
 
-    Options, each off by default: ``mlp="relu2"`` (the feed-forward ``down(relu(up(x))²)`` instead
-    of SwiGLU), ``qk_norm`` (RMSNorm with a learned gain on every head's query and key),
-    ``final_logit_softcapping`` c (logits ``c·tanh(logits/c)``, Gemma 2's name) and
-    ``residual_scalars`` (layer i reads ``resid_lambdas[i]·x + x0_lambdas[i]·x0``, x0 the embeddings)
-    and ``value_embeddings`` (every other layer, ending with the last, adds its own embedding of
-    each token to the attention values, under a gate ``2·sigmoid(value_gate(x))`` per key/value head).
+    ``value_embeddings`` (off by default): every other layer, ending with the last, adds its own
+    embedding of each token to the attention values, under a gate ``2·sigmoid(value_gate(x))`` per
+    key/value head.
     """
 
     model_type = "minigpt"
@@ -50,10 +47,6 @@ class MiniGPTConfig(PretrainedConfig):
         attention: str = "gqa",
         kv_latent_dim: int | None = None,
         q_latent_dim: int | None = None,
-        mlp: str = "swiglu",
-        qk_norm: bool = False,
-        final_logit_softcapping: float | None = None,
-        residual_scalars: bool = False,
         value_embeddings: bool = False,
         positions: str = "learned",
         rotary_base: float = 10000.0,
@@ -67,16 +60,10 @@ class MiniGPTConfig(PretrainedConfig):
         if attention not in ("gqa", "mla") or (attention == "mla") != (kv_latent_dim is not None):
             raise ValueError(f"attention must be 'gqa', or 'mla' with kv_latent_dim set; got {attention!r} "
                              f"with kv_latent_dim={kv_latent_dim}")
-        if mlp not in ("swiglu", "relu2"):
-            raise ValueError(f"mlp must be 'swiglu' or 'relu2', got {mlp!r}")
         if positions not in ("learned", "rope", "none"):
             raise ValueError(f"positions must be 'learned', 'rope' or 'none', got {positions!r}")
         self.positions = positions
         self.rotary_base = rotary_base
-        self.mlp = mlp
-        self.qk_norm = qk_norm
-        self.final_logit_softcapping = final_logit_softcapping
-        self.residual_scalars = residual_scalars
         self.value_embeddings = value_embeddings
         self.attention = attention
         self.kv_latent_dim = kv_latent_dim

@@ -4,9 +4,8 @@ Shipped inside every exported folder and loaded with ``trust_remote_code=True``;
 torch and transformers only. No built-in transformers architecture combines learned absolute
 positions with RMSNorm, SwiGLU and grouped-query (or multi-head latent) attention, hence this file.
 
-Each block is pre-norm: x + attention(norm(x)), then x + mlp(norm(x)). The config's options (a
-ReLU² MLP, QK-norm, a logit softcap, residual scalars, value embeddings) each change a line or two
-of that, marked where it happens. Learned positions have
+Each block is pre-norm: x + attention(norm(x)), then x + mlp(norm(x)). Value embeddings, when the
+config has them, add a gated term to the attention values. Learned positions have
 ``max_position_embeddings`` rows and nothing past them, so a longer sequence is an error (with the
 fix in the message), never a silent wrap-around or an IndexError from the embedding lookup. Rotary
 positions (``positions="rope"``) rotate queries and keys inside attention instead, and no positions
@@ -79,9 +78,6 @@ class MiniGPTAttention(nn.Module):
         self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
         self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
-        if config.qk_norm:  # one gain per channel, shared by the heads
-            self.q_norm = MiniGPTRMSNorm(self.head_dim, config.rms_norm_eps)
-            self.k_norm = MiniGPTRMSNorm(self.head_dim, config.rms_norm_eps)
         if value_embedding_layer(config, layer_idx):
             self.value_gate = nn.Linear(config.hidden_size, self.num_kv_heads, bias=False)
 
@@ -95,8 +91,6 @@ class MiniGPTAttention(nn.Module):
             gate = 2 * torch.sigmoid(self.value_gate(x)).unsqueeze(-1)
             v = v + (gate * value_embedding.view(batch, length, self.num_kv_heads, self.head_dim)).flatten(2)
         v = v.view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        if hasattr(self, "q_norm"):  # QK-norm: the cache stores the normed keys
-            q, k = self.q_norm(q), self.k_norm(k)
         if rotation is not None:  # rotary positions: the cache stores keys rotated at their positions
             q, k = rotate(q, rotation), rotate(k, rotation)
         if cache is not None:  # the cache stores the key/value heads, not their copies
@@ -137,9 +131,6 @@ class MiniGPTLatentAttention(nn.Module):
         self.k_b_proj = nn.Linear(config.kv_latent_dim, width, bias=False)
         self.v_b_proj = nn.Linear(config.kv_latent_dim, width, bias=False)
         self.o_proj = nn.Linear(width, config.hidden_size, bias=False)
-        if config.qk_norm:  # on each head's query, and on each key once expanded from the latent
-            self.q_norm = MiniGPTRMSNorm(self.head_dim, config.rms_norm_eps)
-            self.k_norm = MiniGPTRMSNorm(self.head_dim, config.rms_norm_eps)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor, past_key_values: Cache | None,
                 value_embedding: None = None, rotation=None) -> torch.Tensor:
@@ -160,8 +151,6 @@ class MiniGPTLatentAttention(nn.Module):
         latent, k_rope = latent.split([self.kv_latent_dim, self.rope_dim], dim=-1)
         k = self.k_b_proj(latent[:, 0]).view(batch, total, self.num_heads, self.head_dim).transpose(1, 2)
         v = self.v_b_proj(latent[:, 0]).view(batch, total, self.num_heads, self.head_dim).transpose(1, 2)
-        if hasattr(self, "q_norm"):
-            q, k = self.q_norm(q), self.k_norm(k)
         if rotation is not None:  # every head's score adds its rotary part's against the shared key
             q = torch.cat((q, rotate(q_rope, rotation)), dim=-1)
             k = torch.cat((k, k_rope.expand(batch, self.num_heads, total, self.rope_dim)), dim=-1)
@@ -170,19 +159,16 @@ class MiniGPTLatentAttention(nn.Module):
 
 
 class MiniGPTMLP(nn.Module):
-    """SwiGLU feed-forward: down(silu(gate(x)) * up(x)); with ``mlp="relu2"``, down(relu(up(x))²)."""
+    """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
 
     def __init__(self, config: MiniGPTConfig):
         super().__init__()
-        if config.mlp == "swiglu":
-            self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if hasattr(self, "gate_proj"):
-            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-        return self.down_proj(F.relu(self.up_proj(x)).square())
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class MiniGPTBlock(nn.Module):
@@ -241,9 +227,6 @@ class MiniGPTModel(MiniGPTPreTrainedModel):
             self.embed_positions = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.layers = nn.ModuleList(MiniGPTBlock(config, i) for i in range(config.num_hidden_layers))
         self.norm = MiniGPTRMSNorm(config.hidden_size, config.rms_norm_eps)
-        if config.residual_scalars:  # per layer, the weights of the residual stream and of x0
-            self.resid_lambdas = nn.Parameter(torch.ones(config.num_hidden_layers))
-            self.x0_lambdas = nn.Parameter(torch.zeros(config.num_hidden_layers))
         kv_width = config.num_key_value_heads * config.hidden_size // config.num_attention_heads
         layers = [i for i in range(config.num_hidden_layers) if value_embedding_layer(config, i)]
         self.value_embeds = nn.ModuleDict({str(i): nn.Embedding(config.vocab_size, kv_width) for i in layers})
@@ -280,11 +263,8 @@ class MiniGPTModel(MiniGPTPreTrainedModel):
         rotation = None
         if self.config.positions == "rope":  # computed once, turned by every layer's attention
             rotation = rotary_angles(position_ids, rotary_dim(self.config), self.config.rotary_base)
-        x0 = x
         mask = attention_mask_4d(attention_mask, batch, length, past, input_ids.device)
         for i, layer in enumerate(self.layers):
-            if self.config.residual_scalars:  # each layer reads a learned mix of the stream and x0
-                x = self.resid_lambdas[i] * x + self.x0_lambdas[i] * x0
             value_embedding = self.value_embeds[str(i)](input_ids) if str(i) in self.value_embeds else None
             x = layer(x, mask, cache, value_embedding, rotation)
         return BaseModelOutputWithPast(self.norm(x), cache)
@@ -345,9 +325,6 @@ class MiniGPTForCausalLM(MiniGPTPreTrainedModel, GenerationMixin):
         hidden = out.last_hidden_state
         # generate() asks for the last position only: the head is often the largest matmul.
         logits = self.lm_head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden)
-        cap = self.config.final_logit_softcapping
-        if cap is not None:  # the model was trained on these soft-capped logits
-            logits = cap * torch.tanh(logits / cap)
         loss = None
         if labels is not None:
             loss = F.cross_entropy(

@@ -27,8 +27,8 @@ def chat_tokenizer(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def make_export(tmp_path_factory, chat_tokenizer):
     """``make_export(n_kv_head=2, tie=True, options=False, positions="learned")`` -> (run_dir,
-    export_dir), built once per shape; ``options`` turns on every small-model option
-    (``run_testkit.ALL_OPTIONS``)."""
+    export_dir), built once per shape; ``options`` turns on value embeddings and an
+    explicit feed-forward width (``run_testkit.ALL_OPTIONS``)."""
     from exporting.hf import export_run
 
     made: dict[tuple, tuple[Path, Path]] = {}

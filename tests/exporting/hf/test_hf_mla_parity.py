@@ -15,10 +15,8 @@ transformers = pytest.importorskip("transformers")
 from model import load_pretrained  # noqa: E402
 
 ATOL = 1e-5
-# A latent wider than head_dim (16) with a query latent, and a narrower one without; then with every
-# small-model option on (QK-norm: our decoding takes the expanded form too).
+# A latent wider than head_dim (16) with a query latent, and a narrower one without.
 SHAPES = {"wide-qlatent": {"kv_latent_dim": 32, "q_latent_dim": 24}, "narrow": {"kv_latent_dim": 8},
-          "options": {"kv_latent_dim": 16, **MLA_OPTIONS},
           # Rotary positions: the decoupled rotary key, cached beside the latent in the same vector.
           "rope-qlatent": {"kv_latent_dim": 24, "q_latent_dim": 16, "positions": "rope"},
           "rope-options": {"kv_latent_dim": 8, "positions": "rope", **MLA_OPTIONS}}

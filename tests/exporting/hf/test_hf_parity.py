@@ -1,8 +1,8 @@
 """The exported folder, loaded by transformers, computes what our model computes.
 
 Logits agree within 1e-5 in fp32 (with and without padding), greedy generation gives exactly
-generate.py's tokens (with and without the cache, for every GQA ratio, and with every small-model
-option on), the tokenizer and chat
+generate.py's tokens (with and without the cache, for every GQA ratio, and with value
+embeddings on), the tokenizer and chat
 template agree token for token, and a save through transformers changes no weight.
 """
 
@@ -353,10 +353,7 @@ def test_config_json_names_only_the_options_that_are_on(make_export):
 
     plain = read_json(make_export()[1] / "config.json")
     with_options = read_json(make_export(options=True)[1] / "config.json")
-    names = {"mlp", "qk_norm", "final_logit_softcapping", "residual_scalars", "value_embeddings"}
-    assert not names & plain.keys() and not {"positions", "rotary_base"} & plain.keys()
+    assert not {"value_embeddings", "positions", "rotary_base"} & plain.keys()
     rope = read_json(make_export(positions="rope")[1] / "config.json")
     assert (rope["positions"], rope["rotary_base"]) == ("rope", 10000.0)
-    assert {name: with_options[name] for name in names} == {
-        "mlp": "relu2", "qk_norm": True, "final_logit_softcapping": 20.0, "residual_scalars": True,
-        "value_embeddings": True}
+    assert with_options["value_embeddings"] is True

@@ -1,5 +1,5 @@
 """Fixtures for the Llama and GGUF export tests: tiny Llama-shaped runs (rotary positions, no
-small-model options; tied and untied head), each exported once per session in both formats."""
+value embeddings; tied and untied head), each exported once per session in both formats."""
 
 from __future__ import annotations
 

@@ -3,9 +3,8 @@ model's own greedy loop (generate.py's) decodes, within the 128-position window:
 
 - multi-head latent attention (``attention: mla``): each layer caches one latent,
   ``past_key_values.{i}.latent`` (batch, 1, length, kv_latent_dim); the run has a low-rank query
-  too (q_latent_dim), so both of MLA's options are in the graph;
-- the same with every small-model option on (``run_testkit.ALL_OPTIONS``), and grouped-query
-  attention with them: QK-norm, ReLU², the residual scalars and the logit softcap in the graph;
+  too (q_latent_dim), so both of MLA's options are in the graph, and an explicit feed-forward width;
+- grouped-query attention with value embeddings (``run_testkit.ALL_OPTIONS``);
 - rotary positions (``positions: rope``) for both attention kinds, the latent's cached vector with
   its rotary key beside it, and no positions at all (``positions: none``)."""
 
@@ -25,7 +24,7 @@ LATENT = 32
 STEPS = 100
 MLA = dict(n_kv_head=4, attention="mla", kv_latent_dim=LATENT, q_latent_dim=48)
 ROPE = dict(positions="rope")
-VARIANTS = {"mla": MLA, "mla-options": MLA | MLA_OPTIONS, "gqa-options": ALL_OPTIONS, "gqa-rope": ALL_OPTIONS | ROPE,
+VARIANTS = {"mla": MLA | MLA_OPTIONS, "gqa-options": ALL_OPTIONS, "gqa-rope": ALL_OPTIONS | ROPE,
             "mla-rope": MLA | ROPE, "gqa-none": dict(positions="none")}
 
 
@@ -33,19 +32,15 @@ VARIANTS = {"mla": MLA, "mla-options": MLA | MLA_OPTIONS, "gqa-options": ALL_OPT
 # each exports through the paths of a case that stays:
 # - rotary latent attention and no positions, through those of the variants beside them;
 # - gqa-options, through gqa-rope's (the same options; learned positions are the default run's,
-#   test_onnx_decode.py);
-# - plain latent attention's dynamic graph, through mla-options' (traced on 3 tokens, both record
-#   attention's general path). Its static graph stays: the one token takes the absorbed decoding
-#   form, which QK-norm (mla-options) replaces with the expanded one.
+#   test_onnx_decode.py).
 SLOW_VARIANTS = ("gqa-options", "mla-rope", "gqa-none")
-SLOW_CASES = {("mla", "dynamic")}
 
 
 def cases(forms: tuple[str, ...], ids: str) -> pytest.MarkDecorator:
     """(variant, form) for every variant in each of ``forms``; ``ids`` formats each case's id."""
     return pytest.mark.parametrize("variant, form", [
         pytest.param(variant, form, id=ids.format(variant=variant, form=form),
-                     marks=[pytest.mark.e2e] if variant in SLOW_VARIANTS or (variant, form) in SLOW_CASES else [])
+                     marks=[pytest.mark.e2e] if variant in SLOW_VARIANTS else [])
         for form in forms for variant in VARIANTS])
 
 
