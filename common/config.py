@@ -125,8 +125,9 @@ class Section(BaseModel):
             if key in cls.REMOVED_KEYS and value == cls.REMOVED_KEYS[key].off:
                 continue
             if key in cls.REMOVED_KEYS:
-                raise PydanticCustomError("removed_key", "{key} {advice}", {"key": key, "advice": cls.REMOVED_KEYS[key].advice})
-            raise PydanticCustomError("unknown_key", "unknown config key {key!r}", {"key": key, "valid": list(cls.model_fields)})
+                advice = cls.REMOVED_KEYS[key].advice
+                raise PydanticCustomError("removed_key", "{key} {advice}", {"key": key, "advice": advice})
+            raise PydanticCustomError("unknown_key", "unknown key {key!r}", {"key": key, "valid": list(cls.model_fields)})
         return {key: value for key, value in raw.items() if key in cls.model_fields}
 
     def to_dict(self) -> dict[str, Any]:
@@ -150,13 +151,14 @@ def describe(error: ValidationError, model: type[BaseModel], path: str = "",
     first = problems[0]
     where = _key(first["loc"], model, path)
     ctx = first.get("ctx", {})
+    key = _join(where, str(ctx.get("key")))
     if first["type"] == "removed_key":  # a section's own refusals of a key (``Section._known_keys``)
-        return _join(where, ctx["key"]), f"{_join(where, ctx['key'])} {ctx['advice']}"
+        return key, f"{key} {ctx['advice']}"
     if first["type"] == "unknown_key":
-        kind, close = "config key" if where else "config section", difflib.get_close_matches(ctx["key"], ctx["valid"], 1, 0.5)
-        hint = f"did you mean {_join(where, close[0])!r}?" if close else f"valid keys{' in ' + where if where else ''}: " \
-                                                                         f"{', '.join(ctx['valid'])}"
-        return _join(where, ctx["key"]), f"unknown {kind} {_join(where, ctx['key'])!r}; {hint}"
+        close = difflib.get_close_matches(str(ctx["key"]), ctx["valid"], n=1, cutoff=0.5)
+        hint = f"did you mean {_join(where, close[0])!r}?" if close else \
+            f"valid keys{' in ' + where if where else ''}: {', '.join(ctx['valid'])}"
+        return key, f"unknown config {'key' if where else 'section'} {key!r}; {hint}"
     if wording and first["type"] in wording:
         return where, wording[first["type"]].format(key=where)
     message = first["msg"].removeprefix("Value error, ")
@@ -164,7 +166,7 @@ def describe(error: ValidationError, model: type[BaseModel], path: str = "",
         return where, message if where and message.startswith(where) or not where else f"{where}: {message}"
     wishes = [re.sub(r"^\w+ should (be )?", "", p["msg"]) for p in problems if _key(p["loc"], model, path) == where]
     verb = "must be" if first["msg"].startswith("Input should be") else "must"
-    return where, f"{where or 'the config'} {verb} {' or '.join(dict.fromkeys(wishes))}, got {_show(first['input'])}"
+    return where, f"{where or 'the input'} {verb} {' or '.join(dict.fromkeys(wishes))}, got {_show(first['input'])}"
 
 
 def _key(loc: tuple, model: Any, path: str) -> str:
@@ -173,9 +175,9 @@ def _key(loc: tuple, model: Any, path: str) -> str:
     for part in loc:
         if model is Any or isinstance(part, int):
             parts.append(str(part))
-        elif model is not None and part in model.model_fields:
+        elif model is not None:  # a section's key, or one it does not have
             parts.append(part)
-            model = _model_in(model.model_fields[part].annotation)
+            model = _model_in(model.model_fields[part].annotation) if part in model.model_fields else None
     return ".".join(parts)
 
 

@@ -136,8 +136,9 @@ class CalculatorSourceConfig(Section):
 def check_calculator_problems(key: str, count_key: str, count: int, digits: int, operations: str,
                               max_terms: int) -> None:
     """Refuse in one line calculator problems that cannot be drawn: ``count`` of them (``key``.``count_key``)
-    of 2 to ``max_terms`` operands of ``digits`` digits (each bounded by its field) joined by ``operations``. Shared by the SFT
-    source (``data.calculator``) and the RL task that draws the same problems (``rl.calculator``)."""
+    of 2 to ``max_terms`` operands of ``digits`` digits (each bounded by its field) joined by
+    ``operations``. Shared by the SFT source (``data.calculator``) and the RL task that draws the same
+    problems (``rl.calculator``)."""
     require(1 <= count <= MAX_CALCULATOR_CONVERSATIONS,
             f"{key}.{count_key} must be from 1 to {MAX_CALCULATOR_CONVERSATIONS:,}, got {count}")
     require(operations != "" and set(operations) <= set(CALCULATOR_OPERATIONS),
@@ -156,9 +157,7 @@ class DataConfig(Section):
     """Where the corpus comes from, how it is split, and the tokenizer trained on it."""
 
     source: Literal[SOURCES] = "shakespeare"
-    # chat: conversations (data/sources/conversations.py); preference: reply pairs
-    # (training/tasks/dpo/pairs.py); both for train.init_from
-    format: Literal[FORMATS] = "text"
+    format: Literal[FORMATS] = Field("text", description="what the corpus holds; all but text need init_from")
     # The 256 byte symbols and the special tokens (data/tokenizer.py) are the smallest vocabulary the
     # tokenizer trainer makes; uint32 token files cap it far above anything trained here.
     vocab_size: int = Field(2048, ge=MIN_VOCAB_SIZE, le=2**32 - 1)
@@ -170,9 +169,7 @@ class DataConfig(Section):
     synthetic: SyntheticSourceConfig = SyntheticSourceConfig()
     quotes: QuotesSourceConfig = QuotesSourceConfig()
     calculator: CalculatorSourceConfig = CalculatorSourceConfig()
-    # Documents handed to one encode_batch call: large enough to keep every core busy, small
-    # enough that a batch of long documents stays well inside memory.
-    tokenize_batch_size: int = Field(1024, ge=1)
+    tokenize_batch_size: int = Field(1024, ge=1, description="documents per encode_batch call")
 
     @model_validator(mode="after")
     def _source_fits_format(self) -> DataConfig:

@@ -1,10 +1,12 @@
-"""The run configuration: typed dataclasses loaded from YAML, validated once, saved with the run.
+"""The run configuration: declared sections loaded from YAML, validated once, saved with the run.
 
-A YAML file maps one-to-one onto ``Config``: a top-level section per dataclass field, a key per
-field of that section, checked by ``common.config``. ``train`` holds what every run shares; a
-post-training method's own section (``dpo:``, ``rl:``) is declared and validated beside the method
-(``training/tasks/dpo/config.py``, ``training/tasks/grpo/config.py``). Keys that were taken out or
-moved are answered from each section's ``REMOVED_KEYS``.
+A YAML file maps one-to-one onto ``Config``: a top-level section per field, a key per field of that
+section, checked by ``common.config``. ``train`` holds what every run shares; a post-training
+method's own section (``dpo:``, ``rl:``) is declared and validated beside the method
+(``training/tasks/dpo/config.py``, ``training/tasks/grpo/config.py``), which registers it here
+(``METHOD_SECTIONS`` says which module to import for it). Reading a config reads no other file: the
+run ``train.init_from`` names is read when the run starts (``with_parent``). Keys that were taken
+out or moved are answered from each section's ``REMOVED_KEYS``.
 """
 
 from __future__ import annotations
@@ -103,18 +105,15 @@ class TrainConfig(Section):
     max_tokens: int | None = Field(None, ge=1)
     batch_size: int = Field(32, ge=1, description="sequences per micro-batch (per process)")
     grad_accum_steps: int = Field(1, ge=1, description="micro-batches per optimizer step")
-    # random: windows at uniformly random offsets, with replacement (nanoGPT's way);
-    # epoch: every non-overlapping window once per epoch, shuffled (see data/batches/text.py)
-    sampling: Literal["random", "epoch"] = "random"
+    sampling: Literal["random", "epoch"] = Field("random", description="random offsets, or each window once")
     optimizer: Literal["adamw", "muon"] = Field("adamw", description="Muon for hidden matrices, AdamW for the rest")
     lr: float = Field(3e-3, gt=0, le=MAX_LR, description="AdamW's peak learning rate")
     min_lr: float = Field(3e-4, ge=0, description="floor the decay ends at, at most lr")
     lr_schedule: Literal["cosine", "wsd"] = Field("cosine", description="wsd: warmup, hold at lr, then linear decay")
     lr_decay_fraction: float = Field(0.4, gt=0, le=1, description="wsd only: the final fraction spent decaying")
     muon_lr: float = Field(0.02, gt=0, le=MAX_LR, description="Muon's peak; the schedule scales it like lr")
-    # AdamW's peak for the value-embedding tables (model.value_embeddings), scaled by the schedule
-    # like muon_lr; null = lr. The small-model records train embedding tables far faster than the rest.
-    value_embedding_lr: float | None = Field(None, gt=0, le=MAX_LR)
+    # The small-model records train embedding tables far faster than the rest.
+    value_embedding_lr: float | None = Field(None, gt=0, le=MAX_LR, description="value tables' AdamW peak; null: lr")
     muon_momentum: float = Field(0.95, ge=0, lt=1)
     muon_momentum_warmup: int = Field(0, ge=0, description="steps over which Muon's momentum rises (0 = none)")
     warmup_steps: int = Field(100, ge=0)
@@ -131,15 +130,9 @@ class TrainConfig(Section):
     compile: bool | Literal["auto"] = Field("auto", description="auto: on for CUDA, off elsewhere")
     peak_flops: Literal["auto"] | Annotated[float, Field(gt=0, allow_inf_nan=False)] = "auto"  # one device's, for MFU
     init_from: str | None = Field(None, description="a run directory to start from (its weights, shape, tokenizer)")
-    # How torchrun's processes share the model: ddp (a whole copy each) or fsdp (each holds a slice
-    # of every weight, gradient and optimizer state: for a model that does not fit one device).
-    parallel: Literal["ddp", "fsdp"] = "ddp"
-    # Recompute each block's activations in the backward pass instead of keeping them: less memory
-    # for about a third more compute.
-    activation_checkpointing: bool = False
-    # Train low-rank adapters on a frozen copy of train.init_from's weights instead of every weight
-    # (null = full fine-tuning).
-    lora: LoraConfig | None = None
+    parallel: Literal["ddp", "fsdp"] = Field("ddp", description="fsdp: each process holds a slice of the model")
+    activation_checkpointing: bool = Field(False, description="recompute activations: less memory, more compute")
+    lora: LoraConfig | None = Field(None, description="adapters on a frozen init_from; null: full fine-tuning")
 
     def budget_reached(self, step: int, tokens: int, seconds: float) -> str | None:
         """The budget a run at ``step``, having seen ``tokens`` in ``seconds`` of training, has used
@@ -188,18 +181,14 @@ class EvalConfig(Section):
     max_batches: int = Field(20, ge=1, description="size of the fixed validation subset used during training")
     batch_size: int | None = Field(None, ge=1, description="null: train.batch_size")
     final_max_batches: int | None = Field(None, ge=1, description="null: the whole validation split at the end")
-    # None: derived from the run's data (data/sample_prompt.py): "ROMEO:" for the embedded plays,
-    # the first words of the held-out text for any other corpus.
-    sample_prompt: str | None = None
+    sample_prompt: str | None = Field(None, description="null: from the data (data/sample_prompt.py)")
     sample_tokens: int = Field(64, ge=0, description="0 disables the sample")
     sample_temperature: float = Field(0.8, ge=0, allow_inf_nan=False, description="0: greedy")
     sample_top_k: int | None = Field(50, ge=1, description="null: no limit")
     sample_seed: int = 0
-    # Attention at every evaluation (text runs): each layer's mean entropy and the best induction
-    # score, to metrics.jsonl and wandb; and every attention_image_interval-th evaluation a figure of
-    # the maps over sample_prompt, to wandb only (0 = never). See docs/attention.md.
-    attention_stats: bool = True
-    attention_image_interval: int = Field(4, ge=0)
+    # See docs/attention.md for the attention statistics and figures.
+    attention_stats: bool = Field(True, description="each layer's entropy and induction score at evaluations")
+    attention_image_interval: int = Field(4, ge=0, description="evaluations per wandb figure of the maps; 0: none")
 
 
 class RunConfig(Section):

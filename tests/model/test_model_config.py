@@ -30,6 +30,7 @@ REMOVED = [("bigram_buckets", None, 8192), ("mtp_weight", 0.0, 0.3), ("mtp_weigh
            ("zero_init", False, True)]
 
 
+MLA = {"attention": "mla", "n_kv_head": 6}
 # The model section's refusals: keys over VALID, and the part of the one-line message they must give.
 MODEL_REFUSALS = [
     ({"n_embed": 42}, "unknown config key 'model.n_embed'; did you mean 'model.n_embd'?"),
@@ -56,15 +57,15 @@ MODEL_REFUSALS = [
     ({"n_embd": 40}, "model: n_embd (40) must be divisible by n_head (6); pick n_head from the divisors"),
     ({"n_kv_head": 4}, "model: n_head (6) must be divisible by n_kv_head (4); set n_kv_head to a divisor of n_head"),
     ({"attention": "foo"}, "model.attention must be 'gqa' or 'mla', got 'foo'"),
-    ({"attention": "mla", "n_kv_head": 6}, "model: attention mla needs kv_latent_dim, the width of the cached key/value latent"),
-    ({"attention": "mla", "n_kv_head": 6, "kv_latent_dim": 0}, "model.kv_latent_dim must be greater than or equal to 1, got 0"),
-    ({"attention": "mla", "n_kv_head": 6, "kv_latent_dim": 8, "q_latent_dim": -1}, "model.q_latent_dim must be greater than or equal to 1"),
+    (MLA, "model: attention mla needs kv_latent_dim, the width of the cached key/value latent"),
+    ({**MLA, "kv_latent_dim": 0}, "model.kv_latent_dim must be greater than or equal to 1, got 0"),
+    ({**MLA, "kv_latent_dim": 8, "q_latent_dim": -1}, "model.q_latent_dim must be greater than or equal to 1"),
     ({"kv_latent_dim": 8}, "model: kv_latent_dim is set (8) but attention is 'gqa'; remove kv_latent_dim"),
     ({"q_latent_dim": 8}, "model: q_latent_dim is set (8) but attention is 'gqa'; remove q_latent_dim"),
     ({"attention": "mla", "kv_latent_dim": 8}, "so n_kv_head must equal n_head (6), got 2; set n_kv_head: 6"),
-    ({"attention": "mla", "n_kv_head": 6, "kv_latent_dim": 8, "n_embd": 36, "positions": "rope"},
+    ({**MLA, "kv_latent_dim": 8, "n_embd": 36, "positions": "rope"},
      "model: positions rope rotates pairs of numbers, so the rotated part of each head (3 of n_embd / n_head = 6)"),
-    ({"attention": "mla", "n_kv_head": 6, "kv_latent_dim": 8, "value_embeddings": True}, "model: value_embeddings needs attention gqa"),
+    ({**MLA, "kv_latent_dim": 8, "value_embeddings": True}, "model: value_embeddings needs attention gqa"),
     # Options that lost by the records: at any value but the one that turned them off.
     *[({key: on}, f"model.{key} was removed: it lost by the records protocol (docs/records.md")
       for key, _, on in REMOVED],

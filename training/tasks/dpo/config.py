@@ -22,9 +22,7 @@ MAX_RPO_ALPHA = 10.0
 class DPOConfig(MethodSection):
     """Direct preference optimisation (``training/tasks/dpo/loss.py``) of the ``train.init_from`` run."""
 
-    # β: how far the policy may move from the reference (the init_from run); TRL's default.
-    beta: float = Field(0.1, gt=0, le=MAX_BETA)
-    # RPO's weight on the chosen replies' mean token NLL, added to the DPO loss (TRL's loss_type
-    # [sigmoid, sft] with loss_weights [1, this]); it keeps the policy writing its chosen replies while
-    # it learns the preference. 0 = plain DPO.
-    rpo_alpha: float = Field(0.0, ge=0, le=MAX_RPO_ALPHA)
+    beta: float = Field(0.1, gt=0, le=MAX_BETA, description="how far the policy may move from init_from")
+    # RPO's weight (TRL's loss_type [sigmoid, sft] with loss_weights [1, this]): it keeps the policy
+    # writing its chosen replies while it learns the preference.
+    rpo_alpha: float = Field(0.0, ge=0, le=MAX_RPO_ALPHA, description="chosen replies' NLL weight; 0: plain DPO")
