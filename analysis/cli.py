@@ -12,7 +12,7 @@ import argparse
 import codecs
 import json
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -56,18 +56,13 @@ from rundir.loading import LoadedRun, find_latest_run, load_run, validation_toke
 _EPILOG = """\
 examples:
   python attention.py --run runs/tiny --prompt "ROMEO: But soft, what light" --out attention.png
-  python attention.py --run runs/tiny --prompt "ROMEO: But soft" --layer 1 --head 0 --out head.png
-  python attention.py --run runs/tiny --prompt "ROMEO: But soft" --compare-init --out init.png
-  python attention.py --run runs/tiny --prompt "ROMEO:" --json > weights.json
   python attention.py --run runs/tiny --prompt "ROMEO: But soft" --layer 1 --head 0 --compare-scale --out scale.png
   python attention.py --run runs/tiny --roles
-  python attention.py --run runs/tool_lab/s1337/grpo --copy 281764 --out copy.png \
-      --prompt '<|user|>What is 347*812?<|end|><|assistant|><|call|>calculator{"expression":"347*812"}<|end|><|tool|>281764<|end|><|assistant|>281764<|end|>'
   python attention.py --run runs/tiny --history --out history.png
   python attention.py --runs runs/mha runs/gqa runs/mla --prompt "ROMEO: But soft" --layer 3 --out variants.png
+  python attention.py --run runs/tool_lab/s1337/grpo --prompt "$CONVERSATION" --copy 308976 --out copy.png
 """
-DEFAULT_OUT = Path("attention.png")
-DEFAULT_WINDOWS = 8
+FORMATS = ", ".join("." + suffix for suffix in FIGURE_FORMATS)
 # Every window is a forward pass whose attention maps are held at once, and --text-file is read up
 # to what the windows need: the bound keeps both finite.
 MAX_WINDOWS = 1024
@@ -76,119 +71,169 @@ MAX_WINDOWS = 1024
 PROBE_TOKENS = 200_000
 
 
+# Each mode is a subcommand with only its own flags. The documented forms name the mode by a flag
+# (``attention.py --roles``): the first of these given picks it, and a command with none draws the grid.
+MODE_FLAGS = {"--roles": "roles", "--history": "history", "--runs": "runs", "--copy": "copy",
+              "--compare-scale": "scale", "--json": "json", "--layer": "head", "--head": "head"}
+VALUED = {"--runs", "--copy", "--layer", "--head"}  # mode flags that stay, holding their values
+
+
+class _Parser(ArgumentParser):
+    """The top-level parser: it reads a documented flag form as its subcommand (``as_command``)."""
+
+    def parse_args(self, args=None, namespace=None):
+        parsed, extra = self.parse_known_args(as_command(sys.argv[1:] if args is None else list(args)), namespace)
+        if extra:
+            raise UserError(f"attention.py {parsed.command} does not take {' '.join(extra)}; see python attention.py "
+                            f"{parsed.command} --help")
+        return parsed
+
+
+def as_command(argv: list[str]) -> list[str]:
+    """``argv`` with its subcommand first: a documented form's mode flag names it (``MODE_FLAGS``)."""
+    if argv and argv[0] in COMMANDS or argv[:1] in (["-h"], ["--help"]):
+        return argv
+    given = {arg.split("=", 1)[0] for arg in argv}
+    flag = next((flag for flag in MODE_FLAGS if flag in given), None)
+    return [MODE_FLAGS.get(flag, "draw"), *(arg for arg in argv if arg != flag or flag in VALUED)]
+
+
+def _text(flag: str, example: str) -> Callable[[str], str]:
+    """An argparse ``type`` for text from the command line: not empty, and UTF-8."""
+    def parse(text: str) -> str:
+        if not text:
+            raise argparse.ArgumentTypeError(f"is empty; give the text, e.g. {flag} {example}")
+        return decode_argument(text, flag)
+    return parse
+
+
+def _windows(text: str) -> int:
+    if not 1 <= int(text) <= MAX_WINDOWS:
+        raise argparse.ArgumentTypeError(f"must be from 1 to {MAX_WINDOWS}, got {text!r}")
+    return int(text)
+
+
+def _weight(text: str) -> float:
+    if not 0.0 < float(text) <= 1.0:  # nan compares as nothing: refused too
+        raise argparse.ArgumentTypeError(f"is a weight in (0, 1], got {text!r}")
+    return float(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = ArgumentParser(
-        prog="attention.py",
-        description="Draw the attention weights of a trained run over a prompt, or measure what its heads do.",
-        epilog=_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--run", metavar="DIR", type=path_arg,
-                        help="run directory to load (default: the most recently trained run under runs/)")
-    parser.add_argument("--prompt", metavar="TEXT", help="the text whose attention is drawn")
-    parser.add_argument("--runs", metavar="DIR", type=path_arg, nargs="+",
-                        help="draw one layer (--layer) of each of these runs over the same --prompt, one row per "
-                        "run labelled with its attention kind; the runs must split the prompt alike")
-    parser.add_argument("--out", metavar="FILE", type=path_arg,
-                        help=f"where the figure is written, as {', '.join('.' + s for s in FIGURE_FORMATS)} by "
-                        f"its suffix (default: {DEFAULT_OUT}; with --history, no figure unless given)")
-    parser.add_argument("--layer", type=int, metavar="L",
-                        help="with --head: draw only this layer's head, large; with --runs: the layer drawn")
-    parser.add_argument("--head", type=int, metavar="H", help="with --layer: the head to draw")
-    parser.add_argument("--json", action="store_true",
-                        help="print the weights and the token pieces as JSON instead of drawing")
-    parser.add_argument("--compare-init", action="store_true",
-                        help="draw an untrained model of the same shape beside the trained one")
-    parser.add_argument("--compare-scale", action="store_true",
-                        help="with --layer and --head: draw the head's weights with the 1/sqrt(d) scale (as the "
-                        "model computes them) beside those of the same scores without it")
-    parser.add_argument("--roles", action="store_true",
-                        help="print each head's previous-token, first-token, entropy and induction scores")
-    parser.add_argument("--copy", metavar="TEXT",
-                        help="with --prompt: print each head's copy and induction scores where the prompt writes "
-                        "TEXT a second time (a tool's result repeated as the answer, say); with --out, draw the "
-                        "head that copies most beside the one that copies least")
-    parser.add_argument("--text-file", metavar="PATH", type=path_arg,
-                        help="with --roles: held-out UTF-8 text to score (default: the run's validation split)")
-    parser.add_argument("--windows", type=int, metavar="N",
-                        help="with --roles: windows of held-out text (and of repeated random tokens) scored "
-                        f"(default: {DEFAULT_WINDOWS})")
-    parser.add_argument("--history", action="store_true",
-                        help="print each evaluation's attention entropy per layer and best induction score from "
-                        "the run's metrics.jsonl, and the first step an induction head appeared at; with --out, "
-                        "draw them")
-    parser.add_argument("--induction-threshold", type=float, metavar="X",
-                        help=f"with --history: the induction score a head must reach (default: {INDUCTION_THRESHOLD}, "
-                        "half its weight on the predicted token)")
-    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, mps or auto (default: %(default)s)")
-    add_threads_argument(parser)
+    parser = _Parser(prog="attention.py", epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+                     description="Draw a trained run's attention over a prompt, or measure what its heads do; each "
+                     "mode is a subcommand (attention.py roles --help), which the flag forms below name.")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
+    for name, (run_help, handler) in COMMANDS.items():
+        sub = commands.add_parser(name, help=run_help, description=run_help, allow_abbrev=False)
+        sub.set_defaults(handler=handler)
+        if name != "runs":
+            sub.add_argument("--run", metavar="DIR", type=path_arg,
+                             help="run directory to load (default: the most recently trained run under runs/)")
+        if name not in ("roles", "history"):
+            sub.add_argument("--prompt", metavar="TEXT", required=True, type=_text("--prompt", '"ROMEO: But soft"'),
+                             help="the text whose attention is drawn")
+        if name not in ("json", "roles"):
+            sub.add_argument("--out", metavar="FILE", type=path_arg,
+                             default=None if name in ("copy", "history") else Path("attention.png"),
+                             help=f"where the figure is written, as {FORMATS} by its suffix (default: %(default)s)")
+        if name in ("head", "scale", "runs"):
+            sub.add_argument("--layer", type=int, metavar="L", required=True, help="the layer drawn")
+            sub.add_argument("--head", type=int, metavar="H", required=name != "runs",
+                             help="the head drawn" + (" (default: every head)" if name == "runs" else ""))
+        if name != "history":
+            sub.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, mps or auto (default: %(default)s)")
+            add_threads_argument(sub)
+    draw, roles, copy, history, runs = (commands.choices[name] for name in ("draw", "roles", "copy", "history", "runs"))
+    draw.add_argument("--compare-init", action="store_true",
+                      help="draw an untrained model of the same shape beside the trained one")
+    roles.add_argument("--text-file", metavar="PATH", type=path_arg,
+                       help="held-out UTF-8 text to score (default: the run's validation split)")
+    roles.add_argument("--windows", type=_windows, metavar="N", default=8,
+                       help="windows of held-out text (and of repeated random tokens) scored (default: %(default)s)")
+    copy.add_argument("--copy", metavar="TEXT", required=True, type=_text("--copy", "281764"),
+                      help="the text the prompt writes a second time (a tool's result repeated as the answer, say)")
+    history.add_argument("--induction-threshold", type=_weight, metavar="X", default=INDUCTION_THRESHOLD,
+                         help="the induction score a head must reach (default: %(default)s, half its weight)")
+    runs.add_argument("--runs", metavar="DIR", type=path_arg, nargs="+", required=True,
+                      help="the runs drawn, a row each, labelled with its attention kind; they split the prompt alike")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        return run_command(build_parser(), argv, _attention)
+        return run_command(build_parser(), argv, lambda args: args.handler(args))
     except KeyboardInterrupt:
         print(file=sys.stderr)
         return 130
 
 
-def _attention(args: argparse.Namespace) -> int:
-    _check_flags(args)
-    if args.history:
-        return _history(args)
-    device = select_device(args.device, setting="--device")
+def _device(args: argparse.Namespace) -> torch.device:
     use_threads(parse_threads(args.threads))
-    if args.runs is not None:
-        return _draw_runs(args, device)
-    run = load_run(args.run if args.run is not None else find_latest_run(), device)
-    if args.roles:
-        count = args.windows or DEFAULT_WINDOWS
-        tokens, source = _held_out_tokens(run, args.text_file, count)
-        windows = _held_out_windows(run, tokens, source, count)
-        ids = probe_ids(tokens, skip=[run.eot_id])
-        periods = induction_periods(run.block_size, len(ids))
-        if not periods:
-            raise UserError(f"{source} holds {len(ids)} distinct tokens seen {MIN_COUNT} times or more; the induction "
-                            f"probe repeats at least {MIN_PERIOD} distinct ones (in a context of at least "
-                            f"{2 * MIN_PERIOD}): give a longer, more varied --text-file")
-        print(format_roles(head_roles(run.model, windows, ids)))
-        print(f"\ninduction: repeats of {len(ids)} distinct ids (each seen {MIN_COUNT}+ times) from {source}, at periods "
-              f"{', '.join(map(str, periods))}")
-        return 0
+    return select_device(args.device, setting="--device")
+
+
+def _loaded(args: argparse.Namespace) -> tuple[LoadedRun, torch.device]:
+    """The run of ``--run`` (default: the latest) on ``--device``, with ``--threads``."""
+    device = _device(args)
+    return load_run(args.run if args.run is not None else find_latest_run(), device), device
+
+
+def _prompt(args: argparse.Namespace) -> tuple[LoadedRun, list[int], torch.Tensor, list[str]]:
+    """The run, and ``--prompt`` as its ids, a batch of one and its pieces, checked to fit the run."""
+    run, device = _loaded(args)
     ids = _prompt_ids(run, args.prompt)
     _check_layer_head(args, run)
-    idx = torch.tensor([ids], device=device)
-    tokens = _pieces(run, ids)
-    if args.copy is not None:
-        return _copy(args, run, ids, idx, tokens)
-    if args.compare_scale:
-        return _draw_scale(args, run, idx, tokens)
+    return run, ids, torch.tensor([ids], device=device), _pieces(run, ids)
+
+
+def _draw(args: argparse.Namespace) -> int:
+    """Every head's map (``draw``), or one head's, large (``head``)."""
+    run, _, idx, tokens = _prompt(args)
+    out = _writable(args.out)
     maps = [layer[0] for layer in attention_maps(run.model, idx)]
-    if args.json:
-        print(json.dumps({"run": str(run.directory), "tokens": tokens, "token_ids": ids,
-                          "weights": [layer.tolist() for layer in maps]}, ensure_ascii=False))
-        return 0
-    out = _writable_out(args)
     with _writing_figure(out):
-        if args.layer is not None:
+        if args.command == "head":
             draw_attention_map(maps[args.layer][args.head], tokens, out,
                                title=f"{run.directory.name}: layer {args.layer} head {args.head}")
         else:
-            compare = _untrained_maps(run, idx) if args.compare_init else None
-            title = f"{run.directory.name}: attention over the prompt"
-            draw_attention_grid(maps, tokens, out, title=title, compare=compare,
+            draw_attention_grid(maps, tokens, out, title=f"{run.directory.name}: attention over the prompt",
+                                compare=_untrained_maps(run, idx) if args.compare_init else None,
                                 compare_title="untrained (same shape, seed 0)")
     return 0
 
 
-def _draw_scale(args: argparse.Namespace, run: LoadedRun, idx: torch.Tensor, tokens: list[str]) -> int:
+def _json(args: argparse.Namespace) -> int:
+    run, ids, idx, tokens = _prompt(args)
+    print(json.dumps({"run": str(run.directory), "tokens": tokens, "token_ids": ids,
+                      "weights": [layer[0].tolist() for layer in attention_maps(run.model, idx)]}, ensure_ascii=False))
+    return 0
+
+
+def _roles(args: argparse.Namespace) -> int:
+    run, _ = _loaded(args)
+    tokens, source = _held_out_tokens(run, args.text_file, args.windows)
+    windows = _held_out_windows(run, tokens, source, args.windows)
+    ids = probe_ids(tokens, skip=[run.eot_id])
+    periods = induction_periods(run.block_size, len(ids))
+    if not periods:
+        raise UserError(f"{source} holds {len(ids)} distinct tokens seen {MIN_COUNT} times or more; the induction "
+                        f"probe repeats at least {MIN_PERIOD} distinct ones (in a context of at least "
+                        f"{2 * MIN_PERIOD}): give a longer, more varied --text-file")
+    print(format_roles(head_roles(run.model, windows, ids)))
+    print(f"\ninduction: repeats of {len(ids)} distinct ids (each seen {MIN_COUNT}+ times) from {source}, at periods "
+          f"{', '.join(map(str, periods))}")
+    return 0
+
+
+def _scale(args: argparse.Namespace) -> int:
     """Experiment 2: one head's weights with the 1/√d scale and without it, from the same scores."""
+    run, _, idx, tokens = _prompt(args)
     comparison = scale_comparison(run.model, idx, args.layer, args.head)
     scaled_bits, unscaled_bits = comparison.entropy_bits()
+    out = _writable(args.out)
     print(f"layer {args.layer} head {args.head} (d = {comparison.head_dim}): mean attention entropy "
           f"{scaled_bits:.3f} bits with the 1/sqrt(d) scale, {unscaled_bits:.3f} bits without")
-    out = _writable_out(args)
     with _writing_figure(out):
         draw_scale_comparison(comparison, tokens, out,
                               title=f"{run.directory.name}: layer {args.layer} head {args.head}, with and "
@@ -196,16 +241,16 @@ def _draw_scale(args: argparse.Namespace, run: LoadedRun, idx: torch.Tensor, tok
     return 0
 
 
-def _copy(args: argparse.Namespace, run: LoadedRun, ids: list[int], idx: torch.Tensor, tokens: list[str]) -> int:
+def _copy(args: argparse.Namespace) -> int:
     """Which head copies a span the prompt writes twice: every head's copy and induction scores at
     the second copy's positions, and (with --out) the most and the least copying heads' maps."""
+    run, ids, idx, tokens = _prompt(args)
     span = run.tokenizer.encode(args.copy, add_special_tokens=False).ids
     repeat = find_repeat(ids, span) if span else None
     if repeat is None:
         raise UserError(f"--copy {args.copy!r} ({len(span)} tokens) does not occur twice in the prompt's tokens; give "
                         "text the prompt writes twice, as it is written there")
-    if args.out is not None:
-        _check_writable(args.out)
+    _writable(args.out)
     roles = copy_roles(run.model, idx, repeat)
     print(format_copy_roles(roles))
     print(f"\ncopy: {args.copy!r}, tokens {repeat.offset}-{repeat.offset + repeat.length - 1} written again at "
@@ -225,23 +270,23 @@ def _copy(args: argparse.Namespace, run: LoadedRun, ids: list[int], idx: torch.T
 def _history(args: argparse.Namespace) -> int:
     """Experiment 4: the run's logged attention statistics, and when an induction head appeared."""
     run_dir = args.run if args.run is not None else find_latest_run()
-    threshold = INDUCTION_THRESHOLD if args.induction_threshold is None else args.induction_threshold
-    if args.out is not None:
-        _check_writable(args.out)
+    _writable(args.out)
     history, skipped = read_attention_history(run_dir)
     if skipped:
         print(f"warning: skipped {skipped} evaluation record(s) of {run_dir / METRICS_FILE} whose attention "
               "statistics are not numbers or miss a layer", file=sys.stderr)
-    print(format_history(history, threshold))
+    print(format_history(history, args.induction_threshold))
     if args.out is not None:
         draw = draw_induction_history if has_repeat_loss(history) else draw_attention_history
         with _writing_figure(args.out):
-            draw(history, args.out, threshold=threshold, title=f"{run_dir.name}: attention at each evaluation")
+            draw(history, args.out, threshold=args.induction_threshold,
+                 title=f"{run_dir.name}: attention at each evaluation")
     return 0
 
 
-def _draw_runs(args: argparse.Namespace, device: torch.device) -> int:
+def _runs(args: argparse.Namespace) -> int:
     """Experiment 5: one layer of each run over the same prompt, one row per run."""
+    device = _device(args)
     runs = [load_run(directory, device) for directory in args.runs]
     ids = _prompt_ids(runs[0], args.prompt)
     for run in runs:
@@ -249,7 +294,7 @@ def _draw_runs(args: argparse.Namespace, device: torch.device) -> int:
         if _prompt_ids(run, args.prompt) != ids or _pieces(run, ids) != _pieces(runs[0], ids):
             raise UserError(f"{runs[0].directory} and {run.directory} split the prompt into different tokens "
                             "(their tokenizers differ); --runs compares runs that share a tokenizer")
-    out = _writable_out(args)
+    out = _writable(args.out)
     idx = torch.tensor([ids], device=device)
     heads = [args.head] if args.head is not None else range(max(run.model.config.n_head for run in runs))
     rows = []
@@ -265,61 +310,18 @@ def _draw_runs(args: argparse.Namespace, device: torch.device) -> int:
     return 0
 
 
-def _check_flags(args: argparse.Namespace) -> None:
-    modes = [flag for flag, on in (("--roles", args.roles), ("--history", args.history),
-                                   ("--runs", args.runs is not None)) if on]
-    if len(modes) > 1:
-        raise UserError(f"{modes[0]} and {modes[1]} are separate commands; give one of them")
-    if args.windows is not None and not 1 <= args.windows <= MAX_WINDOWS:
-        raise UserError(f"--windows must be from 1 to {MAX_WINDOWS}, got {args.windows}")
-    threshold = args.induction_threshold
-    if threshold is not None and not 0.0 < threshold <= 1.0:
-        raise UserError(f"--induction-threshold is a weight in (0, 1], got {threshold}")
-    if args.roles:
-        _refuse(args, "--roles prints a table of every head", "--prompt", "--json", "--compare-init",
-                "--compare-scale", "--layer", "--head", "--out", "--induction-threshold", "--copy")
-        return
-    if args.history:
-        _refuse(args, "--history reads the run's metrics.jsonl", "--prompt", "--json", "--compare-init",
-                "--compare-scale", "--layer", "--head", "--text-file", "--windows", "--copy")
-        return
-    _refuse(args, "--text-file and --windows go with --roles", "--text-file", "--windows")
-    _refuse(args, "--induction-threshold goes with --history", "--induction-threshold")
-    if not args.prompt:
-        raise UserError('give the text to draw with --prompt, e.g. --prompt "ROMEO: But soft" (or use --roles)')
-    args.prompt = decode_argument(args.prompt, "--prompt")
-    if args.copy is not None:
-        _refuse(args, "--copy scores every head on the prompt", "--runs", "--json", "--compare-init", "--compare-scale",
-                "--layer", "--head")
-        if not args.copy:
-            raise UserError("--copy is empty; give the text the prompt writes twice, e.g. --copy 281764")
-        args.copy = decode_argument(args.copy, "--copy")
-        return
-    if args.runs is not None:
-        _refuse(args, "--runs draws one layer of each run given to it", "--run", "--json", "--compare-init",
-                "--compare-scale")
-        if args.layer is None:
-            raise UserError("--runs draws one layer of each run: give it with --layer (and --head for one head)")
-        return
-    if (args.layer is None) != (args.head is None):
-        raise UserError("--layer and --head go together: give both to draw one head, or neither for all")
-    if args.compare_init:
-        _refuse(args, "--compare-init draws every head", "--layer", "--head", "--compare-scale")
-    if args.compare_scale:
-        _refuse(args, "--compare-scale draws one figure", "--json")
-        if args.layer is None:
-            raise UserError("--compare-scale draws one head: give it with --layer and --head")
-    if args.json:
-        _refuse(args, "--json prints every layer's weights instead of drawing", "--out", "--compare-init",
-                "--layer", "--head")
-
-
-def _refuse(args: argparse.Namespace, what: str, *flags: str) -> None:
-    """A UserError naming the ``flags`` given that do not go with ``what``."""
-    values = {flag: getattr(args, flag[2:].replace("-", "_")) for flag in flags}
-    given = [flag for flag, value in values.items() if value is not None and value is not False]  # 0 is given
-    if given:
-        raise UserError(f"{what}; leave out {', '.join(given)}")
+# Each subcommand: what it does (its help) and the function that does it.
+COMMANDS = {
+    "draw": ("draw every head's weights over --prompt", _draw),
+    "head": ("draw one head (--layer, --head) over --prompt, large", _draw),
+    "json": ("print the weights and the token pieces over --prompt as JSON", _json),
+    "scale": ("draw one head's weights with and without the 1/sqrt(d) scale, and print each one's entropy", _scale),
+    "roles": ("print each head's previous-token, first-token, entropy and induction scores", _roles),
+    "copy": ("print each head's copy and induction scores where --prompt writes --copy twice (--out: draw two)", _copy),
+    "history": ("print (--out: draw) the attention statistics the run logged and when an induction head appeared",
+                _history),
+    "runs": ("draw one layer (--layer) of each of several runs over the same --prompt", _runs),
+}
 
 
 def _prompt_ids(run: LoadedRun, prompt: str) -> list[int]:
@@ -336,29 +338,25 @@ def _pieces(run: LoadedRun, ids: list[int]) -> list[str]:
 
 
 def _check_layer_head(args: argparse.Namespace, run: LoadedRun) -> None:
-    cfg = run.model.config
-    if args.layer is not None and not 0 <= args.layer < cfg.n_layer:
-        raise UserError(f"--layer {args.layer} is out of range: {run.directory} has layers 0..{cfg.n_layer - 1}")
-    if args.head is not None and not 0 <= args.head < cfg.n_head:
-        raise UserError(f"--head {args.head} is out of range: {run.directory} has heads 0..{cfg.n_head - 1}")
+    cfg, layer, head = run.model.config, getattr(args, "layer", None), getattr(args, "head", None)
+    if layer is not None and not 0 <= layer < cfg.n_layer:
+        raise UserError(f"--layer {layer} is out of range: {run.directory} has layers 0..{cfg.n_layer - 1}")
+    if head is not None and not 0 <= head < cfg.n_head:
+        raise UserError(f"--head {head} is out of range: {run.directory} has heads 0..{cfg.n_head - 1}")
 
 
-def _writable_out(args: argparse.Namespace) -> Path:
-    out = DEFAULT_OUT if args.out is None else args.out
-    _check_writable(out)
-    return out
-
-
-def _check_writable(out: Path) -> None:
-    """Refuse an --out that cannot be written before any work is done."""
+def _writable(out: Path | None) -> Path | None:
+    """``out``, refused before any work is done when it cannot be written (None: no figure)."""
+    if out is None:
+        return None
     if out.is_dir():
         raise UserError(f"--out {out} is a directory; give a file name such as {out / 'attention.png'}")
     if out.suffix.lower().lstrip(".") not in FIGURE_FORMATS:
-        raise UserError(f"--out {out}: the suffix names the figure's format; end the name with "
-                        f"{', '.join('.' + s for s in FIGURE_FORMATS)}")
+        raise UserError(f"--out {out}: the suffix names the figure's format; end the name with {FORMATS}")
     parent = out.parent if str(out.parent) else Path(".")
     if not parent.is_dir():
         raise UserError(f"--out {out}: the folder {parent} does not exist; create it or choose another path")
+    return out
 
 
 @contextmanager

@@ -61,7 +61,7 @@ from common.cli import path_arg, positive_float, positive_int, run_stoppable
 from common.errors import UserError
 from data.tokenizer import token_byte_lengths
 from model import GPT, GPTConfig, load_pretrained
-from model.gpt import POSITION_KINDS
+from model.config import POSITION_KINDS
 from rundir.loading import load_run, validation_tokens
 from rundir.record import read_config
 

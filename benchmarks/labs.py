@@ -10,13 +10,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import signal
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from benchmarks.shared import benchmark_parser
-from common.cli import non_negative_int, path_arg
+from common.cli import Terminated, non_negative_int, path_arg
 from common.errors import UserError
 
 
@@ -76,7 +77,8 @@ def say(line: str) -> None:
 
 def train_stage(raw: dict[str, Any], stage: str, what: str, label: str, resume: bool) -> float | None:
     """Train one stage from its raw config (or continue it); its wall-clock seconds, or None for a
-    finished stage kept under --resume, or a resumed one, whose time this command did not see whole."""
+    finished stage kept under --resume, or a resumed one, whose time this command did not see whole.
+    A stage stopped by Ctrl-C or SIGTERM stops the lab, raising the signal's exception."""
     from training.config import config_from_dict
     from training.trainer import train
 
@@ -88,5 +90,8 @@ def train_stage(raw: dict[str, Any], stage: str, what: str, label: str, resume: 
         return None
     start = time.perf_counter()
     with contextlib.redirect_stdout(sys.stderr):
-        train(config, resume=state == "stopped", progress=True)
+        result = train(config, resume=state == "stopped", progress=True)
+    if result.interrupted:  # the stage saved a checkpoint and stopped: so does the lab (exit 130 or 143)
+        say(f"{label} {stage}: stopped at step {result.step}; continue the lab with --resume")
+        raise KeyboardInterrupt if result.signal == signal.SIGINT else Terminated(result.signal or signal.SIGTERM)
     return None if state == "stopped" else time.perf_counter() - start

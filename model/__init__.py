@@ -3,7 +3,8 @@
 Importing the package only defines classes and functions; nothing is built or read.
 """
 
-from model.gpt import GPT, GPTConfig, unwrap
+from model.config import GPTConfig
+from model.gpt import GPT, unwrap
 from model.io import ModelFileError, load_pretrained, save_pretrained
 from model.kv_cache import KVCache
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from model.gpt import GPTConfig
+from model.config import GPTConfig
 
 
 @dataclass(frozen=True)

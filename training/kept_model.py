@@ -20,6 +20,7 @@ from torch import nn
 from model import load_pretrained
 from training.adapters import Adapters
 from training.fsdp import is_sharded
+from training.result import Words, epochs_warning
 
 # A few passes over a corpus are normal; beyond this many a small model learns the text itself
 # faster than the language, and the validation loss soon rises.
@@ -85,7 +86,7 @@ class CorpusCheck:
     steps_per_epoch: float | None  # optimizer steps in one pass over the training split (None: not counted)
     tokens_per_step: int
     max_tokens: int | None  # train.max_tokens, for a run whose end is not known in steps
-    task: Any  # words the warning for a budget of so many passes (``Task.many_epochs_warning``)
+    words: Words  # the task's, which word the warning (``training.result.epochs_warning``)
     done: bool = False
 
     def warning(self, bar: Any, step: int, elapsed_s: float) -> str | None:
@@ -98,15 +99,4 @@ class CorpusCheck:
         if steps is None and self.max_tokens:
             steps = self.max_tokens / self.tokens_per_step
         passes = epochs(steps or 0, self.steps_per_epoch)
-        return self.task.many_epochs_warning(passes) if passes is not None and passes > MANY_EPOCHS else None
-
-
-def small_corpus_warning(planned_tokens: float, corpus_tokens: int | None) -> str | None:
-    """One line when a budget of ``planned_tokens`` passes over the training split more than
-    ``MANY_EPOCHS`` times; None otherwise."""
-    passes = epochs(planned_tokens, corpus_tokens)
-    if passes is None or passes <= MANY_EPOCHS:
-        return None
-    return (f"warning: the budget is about {passes:.0f} epochs of the training split ({corpus_tokens:,} tokens): "
-            f"a model learns so small a text by heart and its validation loss rises; the run keeps the "
-            f"weights that validated best, but more text (or a smaller budget) trains a better model")
+        return epochs_warning(self.words, passes) if passes is not None and passes > MANY_EPOCHS else None

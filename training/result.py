@@ -1,4 +1,5 @@
-"""What a finished (or interrupted) training run reached: ``TrainResult``, which ``train.py`` words for
+"""What a run says: each task's ``Words`` (how its numbers read), the one formatter that phrases
+them, and ``TrainResult``, what a finished (or interrupted) run reached, which ``train.py`` words for
 the user (``training.cli``) and whose numbers close the run's wandb record."""
 
 from __future__ import annotations
@@ -6,6 +7,70 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+
+@dataclass(frozen=True)
+class Words:
+    """How a task's numbers read. The templates are ``str.format`` strings over an evaluation's
+    ``loss``, ``bpb`` and metrics (``{rewards/accuracies:.3f}``); the functions below read them."""
+
+    eval: str = "loss {loss:.4f} nats/token, {bpb:.4f} bits/byte"  # an evaluation's console line
+    final: str = "{bpb:.4f} bits/byte ({loss:.4f} nats/token)"  # the final evaluation, in the summary
+    note: str | None = None  # what else an evaluation measured, said where it has the fields named
+    kept_by: str = "validation loss"  # what the kept weights scored best (``training.kept_model``)
+    kept: str = "{loss:.4f} nats/token"  # that loss in words ({passed}: 1 - loss, an RL run's pass@1)
+    epochs: str | None = None  # what "about N epochs of ..." a budget of many passes is warned of
+    batches: str | None = None  # a line on the batches when the run starts ({padding}: their padded share)
+    warning: str | None = None  # a warning about the prepared data, said once when the run starts
+    whole_sample: bool = False  # a sample is one document, its prompt inside its text (not prompt + reply)
+
+
+def _fields(result: Any) -> dict[str, Any]:
+    return {"loss": result.loss, "bpb": result.bpb, **result.metrics}
+
+
+def note(words: Words, result: Any) -> str | None:
+    """``words.note`` of an evaluation that measured what it names (None otherwise)."""
+    try:
+        return words.note.format(**_fields(result)) if words.note else None
+    except KeyError:
+        return None
+
+
+def eval_line(words: Words, scope: str, step: int, result: Any, samples: list[tuple[str, str]]) -> str:
+    """An evaluation as the console shows it, its first sample's lines indented under it."""
+    said = note(words, result)
+    lines = [f"step {step} {scope}: {words.eval.format(**_fields(result))}" + (f"; {said}" if said else "")]
+    shown = [text if words.whole_sample else prompt + text for prompt, text in samples[:1]]
+    return "\n".join(lines + ["  sample: " + text.replace("\n", "\n          ") for text in shown])
+
+
+def final_words(words: Words, result: Any) -> tuple[str, str | None]:
+    """The final evaluation in the summary's words, and its note."""
+    return words.final.format(**_fields(result)), note(words, result)
+
+
+def sample_fields(words: Words, samples: list[tuple[str, str]]) -> dict[str, Any]:
+    """What an evaluation's line in the metrics file keeps of ``samples``."""
+    if words.whole_sample:
+        return {"sample": samples[0][1]} if samples else {}
+    return {"samples": [{"prompt": p, "reply": r} for p, r in samples]}
+
+
+def kept_score(words: Words, loss: float) -> str:
+    # An RL evaluation's loss is the share of held-out samples that fail.
+    return words.kept.format(loss=loss, passed=1 - loss)
+
+
+def epochs_warning(words: Words, passes: float) -> str | None:
+    """The one-line warning for a budget of ``passes`` over the training split."""
+    return f"warning: the budget is about {passes:.0f} epochs of {words.epochs}" if words.epochs else None
+
+
+def batches_line(words: Words, batches: Any) -> str | None:
+    """The line on a run's batches when it starts (None: nothing to say)."""
+    padded = getattr(batches, "epoch_padding_fraction", None)  # a padded batch's share over an epoch
+    return words.batches.format(padding=padded() if padded else None) if words.batches else None
 
 
 @dataclass

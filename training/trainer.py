@@ -45,7 +45,7 @@ from training.metrics import CpuShareWatch, Throughput, format_flops, mfu, peak_
 from training.optim import build_optimizer, build_schedule, muon_momentum, plan_param_groups, set_learning_rate
 from training.progress_bar import StepBar
 from training.recompute import checkpoint_blocks
-from training.result import TrainResult
+from training.result import TrainResult, batches_line, eval_line, final_words, kept_score, sample_fields
 from training.resume_rules import (
     check_resumed_tokenizer, fixed_settings, restore_error, run_precision, threads_on_resume,
 )
@@ -217,7 +217,7 @@ class Trainer:
         self.tokens_per_step = tc.batch_size * tc.grad_accum_steps * cfg.rows_per_example * cfg.model.block_size
         self.schedule = build_schedule(tc, self.tokens_per_step)
         self.steps_per_epoch = self.task.steps_per_epoch(tc.batch_size * tc.grad_accum_steps)
-        self.corpus_check = CorpusCheck(self.steps_per_epoch, self.tokens_per_step, tc.max_tokens, self.task)
+        self.corpus_check = CorpusCheck(self.steps_per_epoch, self.tokens_per_step, tc.max_tokens, self.task.words)
         self.batches = self.task.batches(self.split.batch_size, seed=tc.seed, rank=ctx.rank,
                                          world_size=ctx.world_size, device=self.device)
         self.compiled = should_compile(tc.compile, self.device)
@@ -265,10 +265,10 @@ class Trainer:
             self._say(self.memory_plan)
             if self.parent is not None:
                 self._say(f"starting from {self.parent.directory}")
-            for line in (self.adapters.describe(self.model), self.task.describe_batches(self.batches)):
+            for line in (self.adapters.describe(self.model), batches_line(self.task.words, self.batches)):
                 if line is not None:
                     self._say(line)
-        if self.ctx.is_main and (warning := self.task.start_warning()) is not None:
+        if self.ctx.is_main and (warning := self.task.words.warning) is not None:
             self._say(warning)
 
     def close(self) -> None:
@@ -357,9 +357,9 @@ class Trainer:
             sample_prompt=self.task.sample_prompt, kept_step=self._kept_step(), kept_val_loss=self.kept.val_loss,
             last_val_loss=self.last_subset_loss if self.kept.evaluated_step == self.step else None,
             threads=self.threads.threads, earlier_seconds=self.base_seconds,
-            epochs=epochs(self.step, self.steps_per_epoch), kept_by=self.task.kept_by,
+            epochs=epochs(self.step, self.steps_per_epoch), kept_by=self.task.words.kept_by,
         )
-        result.kept_score, result.last_score = (None if loss is None else self.task.kept_score(loss)
+        result.kept_score, result.last_score = (None if loss is None else kept_score(self.task.words, loss)
                                                 for loss in (result.kept_val_loss, result.last_val_loss))
         if self.ctx.is_main and (report := self.adapters.report(self.model, self.run_dir)) is not None:
             result.adapter, result.adapter_numbers = report
@@ -375,7 +375,7 @@ class Trainer:
                 result.stopped_by, result.signal = "interrupted", stop.signum
             else:
                 result.val_loss, result.val_bpb = final.loss, final.bpb
-                result.val_words, result.val_note = self.task.final_words(final), self.task.final_note(final)
+                result.val_words, result.val_note = final_words(self.task.words, final)
         return result
 
     def _stop_reason(self, stop: StopRequest) -> str | None:
@@ -433,7 +433,7 @@ class Trainer:
         samples = self.task.samples(plain, SamplingSettings(
             max_new_tokens=ec.sample_tokens, temperature=ec.sample_temperature, top_k=ec.sample_top_k, top_p=None,
             seed=ec.sample_seed)) if ec.sample_tokens > 0 else []
-        record.update(self.task.sample_fields(samples))
+        record.update(sample_fields(self.task.words, samples))
         if self.probe is not None:
             record.update(self.probe.record(plain, self.logger, self.step, self.task.tokenizer, final=final,
                                             image_interval=ec.attention_image_interval))
@@ -444,11 +444,12 @@ class Trainer:
         if samples:
             self.logger.log_samples(self.step, samples)
         if self.verbose and not final:
-            self._say(self.task.eval_line("validation", self.step, result, samples))
+            self._say(eval_line(self.task.words, "validation", self.step, result, samples))
         elif self.verbose:  # the kept weights' samples were shown at their own evaluation (the same seeds)
             kept = self._kept_step()
             scope = "full validation" + (f" (the weights of step {kept})" if kept != self.step else "")
-            self._say(self.task.eval_line(scope, self.step, result, [] if self.kept.step is not None else samples))
+            shown = [] if self.kept.step is not None else samples
+            self._say(eval_line(self.task.words, scope, self.step, result, shown))
         self.last_eval_s = self._elapsed()
         return result
 

@@ -94,27 +94,6 @@ def head_rows(out):
     return [row for row in table_rows(out) if len(row) == 6]
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--prompt", ""], "give the text to draw with --prompt"),
-    (["--prompt", PROMPT, "--layer", "2", "--head", "0"], "--layer 2 is out of range"),
-    (["--prompt", PROMPT, "--layer", "0", "--head", "4"], "--head 4 is out of range"),
-    (["--prompt", PROMPT, "--layer", "0"], "--layer and --head go together"),
-    (["--prompt", PROMPT, "--out", "/nonexistent-dir/x.png"], "does not exist"),
-    (["--roles", "--prompt", PROMPT], "--roles prints a table"),
-])
-def test_bad_input_is_one_line_and_exit_2(run_dir, args, message, capsys):
-    assert main(["--run", str(run_dir), *args]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: ") and message in err and err.count("\n") == 1
-
-
-def test_a_missing_run_and_an_out_that_is_a_folder_are_refused(tmp_path, run_dir, capsys):
-    assert main(["--run", str(tmp_path / "nope"), "--prompt", PROMPT]) == 2
-    assert "does not exist" in capsys.readouterr().err
-    assert main(["--run", str(run_dir), "--prompt", PROMPT, "--out", str(tmp_path)]) == 2
-    assert "is a directory" in capsys.readouterr().err
-
-
 def test_roles_default_to_the_runs_own_validation_text_read_from_its_config(run_dir, tmp_path, capsys):
     import shutil
 
@@ -174,12 +153,12 @@ def test_runs_of_every_kind_draw_side_by_side(variant_runs, tmp_path, head, caps
 
 @pytest.mark.parametrize("args, message", [
     (["--layer", "1"], "split the prompt into different tokens"),
-    ([], "--runs draws one layer of each run: give it with --layer"),
+    ([], "the following arguments are required: --layer; see python attention.py runs --help"),
     (["--layer", "2"], "--layer 2 is out of range"),
     (["--layer", "0", "--head", "4"], "--head 4 is out of range"),
-    (["--layer", "0", "--json"], "leave out --json"),
-    (["--layer", "0", "--run", "runs/x"], "leave out --run"),
-    (["--layer", "0", "--roles"], "--roles and --runs are separate commands"),
+    (["--layer", "0", "--json"], "attention.py runs does not take --json; see python attention.py runs --help"),
+    (["--layer", "0", "--run", "runs/x"], "attention.py runs does not take --run runs/x"),
+    (["--layer", "0", "--roles"], "attention.py roles does not take --runs "),
 ])
 def test_bad_runs_input_is_one_line_and_exit_2(variant_runs, args, message, capsys):
     runs = [str(variant_runs["gqa"]), str(variant_runs["other-tokenizer"])]
@@ -188,43 +167,40 @@ def test_bad_runs_input_is_one_line_and_exit_2(variant_runs, args, message, caps
     assert err.startswith("error: ") and message in err and err.count("\n") == 1
 
 
+# Each mode takes only its own flags (argparse's subcommands): the rest are one line and exit 2, before
+# anything is written.
 @pytest.mark.parametrize("args, message", [
-    (["--compare-scale"], "--compare-scale draws one head: give it with --layer and --head"),
-    (["--compare-scale", "--layer", "0", "--head", "0", "--json"],
-     "--compare-scale draws one figure; leave out --json"),
-    (["--compare-scale", "--compare-init"], "--compare-init draws every head; leave out --compare-scale"),
-    (["--windows", "2"], "--text-file and --windows go with --roles"),
+    (["--prompt", ""], "argument --prompt: is empty; give the text, e.g. --prompt"),
+    # What Python makes of the argument bytes b"ROMEO \xff" on a UTF-8 system.
+    (["--prompt", b"ROMEO \xff".decode("utf-8", errors="surrogateescape"), "--json"], "--prompt is not valid UTF-8"),
+    (["--run", "nope", "--prompt", PROMPT], "run directory nope does not exist"),
+    (["--prompt", PROMPT, "--out", "."], "--out . is a directory"),
+    (["--prompt", PROMPT, "--layer", "2", "--head", "0"], "--layer 2 is out of range"),
+    (["--prompt", PROMPT, "--layer", "0", "--head", "4"], "--head 4 is out of range"),
+    (["--prompt", PROMPT, "--layer", "0"], "the following arguments are required: --head"),
+    (["--prompt", PROMPT, "--head", "0"], "the following arguments are required: --layer"),
+    (["--prompt", PROMPT, "--out", "/nonexistent-dir/x.png"], "does not exist"),
+    (["--prompt", PROMPT, "--out", "fig.jpeg2000"], "the suffix names the figure's format"),
+    (["--prompt", PROMPT, "--out", "attention"], "end the name with .png, .pdf, .svg"),
+    (["--prompt", PROMPT, "--windows", "2"], "attention.py draw does not take --windows 2"),
+    (["--prompt", PROMPT, "--compare-scale"], "the following arguments are required: --layer, --head"),
+    (["--prompt", PROMPT, "--compare-scale", "--layer", "0", "--head", "0", "--json"], "scale does not take --json"),
+    (["--prompt", PROMPT, "--compare-scale", "--compare-init", "--layer", "0", "--head", "0"],
+     "scale does not take --compare-init"),
+    (["--prompt", PROMPT, "--json", "--out", "weights.png"], "attention.py json does not take --out weights.png"),
+    (["--prompt", PROMPT, "--json", "--compare-init"], "json does not take --compare-init"),
+    (["--prompt", PROMPT, "--json", "--layer", "0", "--head", "0"], "json does not take --layer 0 --head 0"),
+    (["--prompt", PROMPT, "--roles"], "attention.py roles does not take --prompt"),
+    (["--roles", "--windows", "0"], "argument --windows: must be from 1 to 1024, got '0'"),
+    (["--roles", "--windows", "1025"], "argument --windows: must be from 1 to 1024, got '1025'"),
 ])
-def test_bad_compare_scale_input_is_one_line_and_exit_2(run_dir, args, message, capsys):
-    assert main(["--run", str(run_dir), "--prompt", PROMPT, *args]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: ") and message in err and err.count("\n") == 1
-
-
-@pytest.mark.parametrize("args, message", [
-    (["--json", "--out", "weights.png"], "--json prints every layer's weights instead of drawing; leave out --out"),
-    (["--json", "--compare-init"], "leave out --compare-init"),
-    (["--json", "--layer", "0", "--head", "0"], "leave out --layer, --head"),
-    (["--out", "fig.jpeg2000"], "the suffix names the figure's format"),
-    (["--out", "attention"], "end the name with .png, .pdf, .svg"),
-    (["--roles", "--windows", "100000"], "--windows must be from 1 to"),
-])
-def test_flags_that_would_be_ignored_or_misread_are_refused(run_dir, args, message, tmp_path, capsys,
-                                                            monkeypatch):
+def test_bad_input_is_one_line_and_exit_2_and_writes_nothing(run_dir, args, message, tmp_path, capsys,
+                                                             monkeypatch):
     monkeypatch.chdir(tmp_path)
-    prompt = [] if "--roles" in args else ["--prompt", PROMPT]
-    assert main(["--run", str(run_dir), *prompt, *args]) == 2
+    assert main(["--run", str(run_dir), *args]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err and err.count("\n") == 1
     assert list(tmp_path.iterdir()) == []
-
-
-def test_a_prompt_that_is_not_utf8_is_refused(run_dir, capsys):
-    # What Python makes of the argument bytes b"ROMEO \xff" on a UTF-8 system.
-    not_utf8 = b"ROMEO \xff".decode("utf-8", errors="surrogateescape")
-    assert main(["--run", str(run_dir), "--prompt", not_utf8, "--json"]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: --prompt is not valid UTF-8") and err.count("\n") == 1
 
 
 FORMATS = [(".pdf", b"%PDF"), (".svg", b"<?xml"), (".PNG", b"\x89PNG")]

@@ -57,11 +57,11 @@ def test_the_copier_is_drawn_beside_the_head_that_copies_least(run_dir, tmp_path
 
 @pytest.mark.parametrize("args, message", [
     (["--prompt", CONVERSATION, "--copy", "409"], "--copy '409' (3 tokens) does not occur twice"),
-    (["--prompt", CONVERSATION, "--copy", ""], "--copy is empty"),
+    (["--prompt", CONVERSATION, "--copy", ""], "argument --copy: is empty; give the text, e.g. --copy 281764"),
     (["--prompt", CONVERSATION, "--copy", "408", "--layer", "0", "--head", "0"],
-     "--copy scores every head on the prompt; leave out --layer, --head"),
-    (["--roles", "--copy", "408"], "--roles prints a table of every head; leave out --copy"),
-    (["--copy", "408"], "give the text to draw with --prompt"),
+     "attention.py copy does not take --layer 0 --head 0"),
+    (["--roles", "--copy", "408"], "attention.py roles does not take --copy 408"),
+    (["--copy", "408"], "the following arguments are required: --prompt; see python attention.py copy --help"),
 ])
 def test_bad_copy_input_is_one_line_and_exit_2(run_dir, args, message, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)

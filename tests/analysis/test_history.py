@@ -159,13 +159,14 @@ def is_png(path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--history", "--induction-threshold", "0"], "--induction-threshold is a weight in (0, 1]"),
-    (["--history", "--induction-threshold", "1.5"], "--induction-threshold is a weight in (0, 1]"),
-    (["--history", "--prompt", "ROMEO:"], "--history reads the run's metrics.jsonl; leave out --prompt"),
-    (["--history", "--layer", "0", "--head", "0"], "leave out --layer, --head"),
-    (["--history", "--roles"], "--roles and --history are separate commands"),
+    (["--history", "--induction-threshold", "0"], "argument --induction-threshold: is a weight in (0, 1], got '0'"),
+    (["--history", "--induction-threshold", "1.01"], "argument --induction-threshold: is a weight in (0, 1]"),
+    (["--history", "--induction-threshold", "nan"], "argument --induction-threshold: is a weight in (0, 1]"),
+    (["--history", "--prompt", "ROMEO:"], "attention.py history does not take --prompt ROMEO:"),
+    (["--history", "--layer", "0", "--head", "0"], "history does not take --layer 0 --head 0"),
+    (["--history", "--roles"], "attention.py roles does not take --history"),
     (["--history", "--out", "/nonexistent-dir/h.png"], "does not exist"),
-    (["--prompt", "ROMEO:", "--induction-threshold", "0.3"], "--induction-threshold goes with --history"),
+    (["--prompt", "ROMEO:", "--induction-threshold", "0.3"], "draw does not take --induction-threshold 0.3"),
 ])
 def test_bad_history_input_is_one_line_and_exit_2(tmp_path, args, message, capsys):
     run_dir = write_metrics(tmp_path / "run", RECORDS)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import signal
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ import torch
 import torch.distributed
 
 from bench_testkit import ROOT, run_python
+from signal_testkit import start_paused, stop
 
 pytestmark = pytest.mark.e2e
 
@@ -205,16 +207,24 @@ def _assert_refuses_runs_already_there(lab: list[str]) -> None:
     assert "pass --resume to continue the lab" in proc.stderr and "--overwrite" in proc.stderr
 
 
+def _stopped_while_training(lab: list[str], stage: Path) -> None:
+    """Ctrl-C once ``stage`` trains (its first step is logged) ends the whole lab: exit 130, no table."""
+    code, err = stop(start_paused(lab, stage / "metrics.jsonl"), signal.SIGINT)
+    assert code == 130 and "Traceback" not in err, err[-2000:]
+
+
 def test_rl_lab_runs_a_seed_end_to_end_at_a_toy_size(bench_dir) -> None:
-    out = bench("rl_lab", "--seeds", 1, "--size", "toy", "--out", bench_dir / "rl_lab", "--json")
-    row = json.loads(out.strip().splitlines()[-1])
+    lab = ["-m", "benchmarks.rl_lab", "--seeds", "1", "--size", "toy", "--out", str(bench_dir / "rl_lab")]
+    _stopped_while_training(lab, bench_dir / "rl_lab" / "s1" / "rl")
+    proc = run_python([*lab, "--json", "--resume"])  # --resume continues the stopped lab
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    row = json.loads(proc.stdout.strip().splitlines()[-1])
     assert set(row) >= {"seed", "pass@1_before", "pass@1_after", "pass@8_before", "pass@8_after", "rl_seconds"}
     assert row["seed"] == 1 and all(0 <= row[k] <= 1 for k in row if k.startswith("pass@"))
     assert (bench_dir / "rl_lab" / "s1" / "rl" / "curves.png").stat().st_size > 0
     table = bench("rl_lab", "--seeds", 1, "--size", "toy", "--out", bench_dir / "rl_lab", "--overwrite")
     assert_words(table, "| seed | pass@1 before | after | pass@8 before |")
     assert table.strip().splitlines()[-1] == f"curves: {bench_dir / 'rl_lab' / 's1' / 'rl' / 'curves.png'}"
-    lab = ["-m", "benchmarks.rl_lab", "--seeds", "1", "--size", "toy", "--out", str(bench_dir / "rl_lab")]
     _assert_refuses_runs_already_there(lab)
     # --resume keeps the finished runs: each stage says so on stderr, and the table comes again.
     proc = run_python([*lab, "--resume"])
@@ -225,21 +235,24 @@ def test_rl_lab_runs_a_seed_end_to_end_at_a_toy_size(bench_dir) -> None:
 
 
 def test_tool_lab_runs_a_seed_end_to_end_at_a_toy_size(bench_dir) -> None:
-    out = bench("tool_lab", "--seeds", 1, "--size", "toy", "--out", bench_dir / "tool_lab", "--json")
-    row = json.loads(out.strip().splitlines()[-1])
+    lab = ["-m", "benchmarks.tool_lab", "--seeds", "1", "--size", "toy", "--out", str(bench_dir / "tool_lab")]
+    _stopped_while_training(lab, bench_dir / "tool_lab" / "s1" / "grpo")
+    proc = run_python([*lab, "--json", "--resume"])  # --resume continues the stopped lab
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    row = json.loads(proc.stdout.strip().splitlines()[-1])
     assert set(row) >= {"seed", "pass@1_no_tools", "pass@1_sft", "pass@1_grpo", "calling_grpo", "parsed_grpo",
                         "base_seconds", "sft_seconds", "grpo_seconds", "seconds", "run"}
     assert row["seed"] == 1 and all(0 <= row[k] <= 1 for k in row if k.startswith(("pass@", "calling", "parsed")))
-    assert row["run"] == str(bench_dir / "tool_lab" / "s1" / "grpo") and row["seconds"] >= row["grpo_seconds"]
+    assert row["run"] == str(bench_dir / "tool_lab" / "s1" / "grpo") and row["seconds"] is None  # not timed whole
     assert (Path(row["run"]) / "model.safetensors").is_file()  # what serve.py --run takes
     assert (bench_dir / "tool_lab" / "tool_lab.png").stat().st_size > 0
-    table = bench("tool_lab", "--seeds", 1, "--size", "toy", "--out", bench_dir / "tool_lab", "--overwrite")
-    assert_words(table, "| seed | pass@1 no tools | SFT | GRPO | calling (GRPO) | calls parsed (GRPO) |")
-    lab = ["-m", "benchmarks.tool_lab", "--seeds", "1", "--size", "toy", "--out", str(bench_dir / "tool_lab")]
+    out = bench("tool_lab", "--seeds", 1, "--size", "toy", "--out", bench_dir / "tool_lab", "--overwrite", "--json")
+    row = json.loads(out.strip().splitlines()[-1])
+    assert row["seconds"] >= row["grpo_seconds"] > 0
     _assert_refuses_runs_already_there(lab)
     # --resume keeps the finished seed, and the table and the figure's place come again.
     proc = run_python([*lab, "--resume"])
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "[seed 1] finished: kept" in proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == f"figure: {bench_dir / 'tool_lab' / 'tool_lab.png'}"
-    assert_words(proc.stdout, "| seed | pass@1 no tools |", "| 1 | ")
+    assert_words(proc.stdout, "| seed | pass@1 no tools | SFT | GRPO | calling (GRPO) | calls parsed (GRPO) |", "| 1 | ")

@@ -17,7 +17,8 @@ PARSERS = {
     "inference.cli": (["--run", "runs/x", "--prompt", "hi"], ["--run", "--prompt-file"]),
     "serving.cli": (["--run", "runs/x"], ["--run"]),
     "evaluation.cli": (["--run", "runs/x"], ["--run"]),
-    "analysis.cli": (["--run", "runs/x", "--prompt", "hi"], ["--run", "--out", "--text-file"]),
+    "analysis.cli": (["--run", "runs/x", "--prompt", "hi"], ["--run", "--out"]),
+    "analysis.cli roles": (["--run", "runs/x", "--roles"], ["--run", "--text-file"]),
     "benchmarks.induction_lab": ([], ["--out"]),
 }
 
@@ -37,7 +38,7 @@ def test_path_arg_keeps_a_real_path():
 
 @pytest.mark.parametrize("module", sorted(PARSERS))
 def test_every_command_line_refuses_an_empty_path(module):
-    parser: argparse.ArgumentParser = importlib.import_module(module).build_parser()
+    parser: argparse.ArgumentParser = importlib.import_module(module.split()[0]).build_parser()
     base, flags = PARSERS[module]
     parser.parse_args(base)  # the base arguments alone are accepted
     for flag in flags:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from data.chat import ChatTokenIds, Message, ToolCall, render_chat
-from inference.engine import Engine
+from inference.engine import Engine, Event, Finish
 from inference.sampling import SamplingSettings
 from inference.tool_use import decode_with_tools, segment_seed
 from run_testkit import TOOL_QUESTIONS
@@ -72,19 +72,21 @@ def test_a_malformed_call_ends_the_reply_as_written_and_runs_nothing(tool_run, t
     assert all(reply.generated)
 
 
-class FailingTools(Toolbox):
-    """A calculator that always fails: what reaches the model is the error result."""
+class ScriptedTools(Toolbox):
+    """A calculator that answers its n-th run with ``answer(n)`` and counts its runs."""
 
-    def __init__(self) -> None:
+    def __init__(self, answer) -> None:
         super().__init__(load_tools(["calculator"]))
+        self.answer, self.runs = answer, 0
 
     def run(self, name: str, arguments: str) -> ToolResult:
-        return error_result("the calculator is out of order")
+        self.runs += 1
+        return self.answer(self.runs)
 
 
 def test_a_tool_error_is_a_result_the_model_reads_and_answers_after(tool_run):
     [reply] = decode_with_tools(_engine(tool_run), tool_run.tokenizer, [_prompt(tool_run, "7+8")], GREEDY,
-                                FailingTools())
+                                ScriptedTools(lambda n: error_result("the calculator is out of order")))
     assert reply.messages[1] == Message("tool", "error: the calculator is out of order")
     assert not reply.steps[0].result.ok
     assert reply.messages[2].role == "assistant" and reply.finish_reason in ("stop", "length", "malformed")
@@ -98,6 +100,41 @@ def test_without_tools_or_past_the_call_limit_the_model_cannot_call(tool_run, to
         assert call not in reply.ids and reply.steps == [] and len(reply.messages) == 1
 
 
+class ScriptedEngine:
+    """Stands in for the engine: each submitted segment generates the next of ``segments`` (texts in the
+    chat format) and ends its turn; keeps whether each segment could sample ``<|call|>``."""
+
+    max_batch, max_queue, block_size = 1, 0, 1000
+
+    def __init__(self, tokenizer, segments: list[str]) -> None:
+        self.special = ChatTokenIds.of(tokenizer)
+        self.segments = [tokenizer.encode(text, add_special_tokens=False).ids for text in segments]
+        self.submitted, self.could_call = [], []
+
+    def submit(self, prompt, settings, on_event, end_ids, *, slide):
+        self.submitted.append(on_event)
+        self.could_call.append(self.special.call not in settings.suppress_ids)
+
+    def run_until_idle(self) -> None:
+        for on_event in self.submitted:
+            ids = self.segments.pop(0)
+            on_event(Event("", None, Finish("stop", 1, tuple(ids), "")))
+        self.submitted = []
+
+
+def test_within_one_reply_the_call_past_the_limit_runs_nothing_and_the_model_can_call_no_more(tool_run):
+    # Two calls allowed: one in the first segment, two in the second (the second of which is past
+    # the limit), then the answer.
+    call = '<|call|>calculator{"expression":"1+1"}'
+    engine = ScriptedEngine(tool_run.tokenizer, [call + "<|end|>", call + call + "<|end|>", "2<|end|>"])
+    tools = ScriptedTools(lambda n: ToolResult(str(n), True))
+    [reply] = decode_with_tools(engine, tool_run.tokenizer, [_prompt(tool_run, "1+1")],
+                                SamplingSettings(temperature=0, max_new_tokens=500), tools, max_calls=2)
+    assert tools.runs == 2 and [step.result.text for step in reply.steps] == \
+        ["1", "2", "error: no more calls in this reply (the limit is 2)"]
+    assert engine.could_call == [True, True, False] and (reply.finish_reason, reply.text) == ("stop", "2")
+
+
 def test_the_token_budget_counts_every_segment(tool_run, toolbox):
     whole = decode_with_tools(_engine(tool_run), tool_run.tokenizer, [_prompt(tool_run, "12*34")], GREEDY, toolbox)[0]
     call_tokens = whole.generated.index(False)
@@ -107,19 +144,9 @@ def test_the_token_budget_counts_every_segment(tool_run, toolbox):
     assert cut.ids == whole.ids[:len(cut.ids)]
 
 
-class LongResults(Toolbox):
-    """A calculator whose result is longer than the window has room for."""
-
-    def __init__(self) -> None:
-        super().__init__(load_tools(["calculator"]))
-
-    def run(self, name: str, arguments: str) -> ToolResult:
-        return ToolResult("9" * 200, True)
-
-
 def test_a_result_that_leaves_no_room_in_the_window_ends_the_reply(tool_run):
     [reply] = decode_with_tools(_engine(tool_run), tool_run.tokenizer, [_prompt(tool_run, "12*34")], GREEDY,
-                                LongResults())
+                                ScriptedTools(lambda n: ToolResult("9" * 200, True)))  # longer than the window's room
     assert reply.finish_reason == "length" and len(reply.steps) == 1
     assert reply.messages[-1] == Message("tool", "9" * 200)
     # The result was appended, and nothing was generated after it.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import signal
+from types import SimpleNamespace
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,8 @@ from rundir.metrics import read_metrics
 from test_training_loop import deterministic, interrupt_at
 from training.config import config_from_dict
 from training.evaluate import evaluate
-from training.kept_model import KeptModel, small_corpus_warning
+from training.kept_model import CorpusCheck, KeptModel
+from training.result import Words
 from training.trainer import train
 
 SPLIT_SEED = 1234
@@ -116,12 +118,18 @@ def test_kept_weights_change_only_on_a_lower_loss_over_the_same_subset():
     assert same.load_state_dict(kept.state_dict()) and (same.step, same.val_loss) == (20, 1.5)
 
 
-def test_a_budget_of_many_epochs_is_warned_about():
-    assert small_corpus_warning(planned_tokens=2_000_000, corpus_tokens=1_000_000) is None
-    line = small_corpus_warning(planned_tokens=3_300_000, corpus_tokens=33_000)
-    assert line.startswith("warning: the budget is about 100 epochs of the training split (33,000 tokens)")
-    assert "\n" not in line
-    assert small_corpus_warning(planned_tokens=1e9, corpus_tokens=None) is None
+@pytest.mark.parametrize("steps, warned", [(100, None), (101, "about 10 epochs"), (3300, "about 330 epochs")])
+def test_a_budget_of_many_epochs_is_warned_about_once(steps, warned):
+    """More than MANY_EPOCHS passes over the split are warned of in the task's words, once; a task
+    that counts no epochs (RL) or has no words for them says nothing."""
+    bar = SimpleNamespace(schedule=SimpleNamespace(max_seconds=None), expected_steps=lambda step, elapsed: steps)
+    check = CorpusCheck(10.0, 64, None, Words(epochs="the training split (33,000 tokens): learnt by heart"))
+    line = check.warning(bar, 0, 0.0)
+    assert line == (None if warned is None else f"warning: the budget is {warned} of the training split (33,000 "
+                    "tokens): learnt by heart")
+    assert check.warning(bar, 1, 0.0) is None
+    assert CorpusCheck(None, 64, None, check.words).warning(bar, 0, 0.0) is None
+    assert CorpusCheck(10.0, 64, None, Words()).warning(bar, 0, 0.0) is None
 
 
 def test_a_lora_run_keeps_its_best_merged_weights_and_scores_them_at_the_end(diverging_corpus, tmp_path):

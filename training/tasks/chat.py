@@ -29,7 +29,8 @@ from training.adapters import Adapters
 from training.config import Config
 from training.distributed import DistContext, all_reduce_sum
 from training.evaluate import EvalResult, score_batches, validation_bar
-from training.tasks.task import Batches, Task, fitted, parent_tokenizer, sample_line
+from training.result import Words
+from training.tasks.task import Batches, Task, fitted, parent_tokenizer
 
 CHAT_SAMPLES = 4  # held-out conversations a chat run replies to at each evaluation
 # How many held-out replies the final evaluation samples to see how many end their turn, at most how
@@ -130,10 +131,25 @@ def ended_share(finishes: list[Finish], special: ChatTokenIds) -> float:
     return sum(bool(f.token_ids) and f.token_ids[-1] == special.end for f in finishes) / len(finishes)
 
 
+# The share of sampled held-out replies that end their turn, which a chat run's final evaluation measures.
+ENDED_NOTE = ("{replies/ended:.1%} of {replies/sampled:.0f} sampled held-out replies end their turn with <|end|> "
+              f"(at most {ENDING_MAX_TOKENS} tokens each, or the window)")
+
+
 class ChatTask(Task):
     """Supervised fine-tuning on conversations: the loss is the assistant's replies alone."""
 
     sample_prompt = None
+
+    def __init__(self, prepared: Any, device: torch.device) -> None:
+        super().__init__(prepared, device)
+        self.words = Words(
+            eval="assistant loss {loss:.4f} nats/token, {bpb:.4f} bits/byte of assistant text",
+            final="{bpb:.4f} bits/byte of assistant text, <|end|> charged ({loss:.4f} nats/token)", note=ENDED_NOTE,
+            batches="chat batches: {padding:.1%} of computed tokens are padding",
+            epochs=f"the {len(prepared.train):,} training conversations: a model learns so few by heart and its "
+            "held-out loss rises; the run keeps the weights that validated best, but more conversations (or a smaller "
+            "budget) train a better model")
 
     def batches(self, batch_size: int, **placement: Any) -> Batches:
         return ChatBatches(self.prepared.train, batch_size, pad_id=self.prepared.eot_id, **placement)
@@ -162,34 +178,8 @@ class ChatTask(Task):
                  self.tokenizer.decode(list(finish.token_ids), skip_special_tokens=False))
                 for prompt, finish in zip(prompts, finishes)]
 
-    def sample_fields(self, samples):
-        return {"samples": [{"prompt": p, "reply": r} for p, r in samples]}
-
-    def eval_line(self, scope, step, result, samples):
-        lines = [f"step {step} {scope}: assistant loss {result.loss:.4f} nats/token, "
-                 f"{result.bpb:.4f} bits/byte of assistant text"]
-        if (note := self.final_note(result)) is not None:
-            lines[0] += f"; {note}"
-        lines += [sample_line(prompt + reply) for prompt, reply in samples[:1]]
-        return "\n".join(lines)
-
     def steps_per_epoch(self, rows_per_step):
         return len(self.prepared.train) / rows_per_step
-
-    def many_epochs_warning(self, passes):
-        return (f"warning: the budget is about {passes:.0f} epochs of the {len(self.prepared.train):,} training "
-                "conversations: a model learns so few by heart and its held-out loss rises; the run keeps the weights "
-                "that validated best, but more conversations (or a smaller budget) train a better model")
-
-    def final_words(self, result):
-        return f"{result.bpb:.4f} bits/byte of assistant text, <|end|> charged ({result.loss:.4f} nats/token)"
-
-    def final_note(self, result):
-        m = result.metrics
-        if "replies/ended" not in m:
-            return None
-        return (f"{100 * m['replies/ended']:.1f}% of {m['replies/sampled']:.0f} sampled held-out replies end their "
-                f"turn with <|end|> (at most {ENDING_MAX_TOKENS} tokens each, or the window)")
 
     def final_metrics(self, model):
         special = ChatTokenIds.of(self.tokenizer)
@@ -200,10 +190,6 @@ class ChatTask(Task):
 
     def train_fields(self, batches):
         return {"padding_fraction": batches.padding_fraction}
-
-    def describe_batches(self, batches):
-        return f"chat batches: {100 * batches.epoch_padding_fraction():.1f}% of computed tokens are padding"
-
 
 def build(config: Config, tokenizer_file: Path | None, *, progress: bool, is_main: bool, device: torch.device,
           adapters: Adapters, resume: bool = False) -> ChatTask:

@@ -13,9 +13,9 @@ from training.adapters import Adapters
 from training.attention_probe import attention_probe
 from training.config import Config
 from training.evaluate import evaluate, generate_sample
-from training.kept_model import small_corpus_warning
+from training.result import Words
 from training.rng_state import capture_rng_state, restore_rng_state
-from training.tasks.task import Batches, Task, accumulate_gradients, fitted, sample_line
+from training.tasks.task import Batches, Task, accumulate_gradients, fitted
 
 
 class TextTask(Task):
@@ -29,6 +29,10 @@ class TextTask(Task):
         self.sample_prompt = config.eval.sample_prompt
         if self.sample_prompt is None:
             self.sample_prompt = default_sample_prompt(config.data.source, self.tokenizer, self.val_tokens)
+        self.words = Words(whole_sample=True, epochs=(
+            f"the training split ({len(prepared.train_tokens()):,} tokens): a model learns so small a text by heart "
+            "and its validation loss rises; the run keeps the weights that validated best, but more text (or a "
+            "smaller budget) trains a better model"))
 
     def batches(self, batch_size: int, **placement: Any) -> Batches:
         return train_batches(self.sampling, self.prepared.train_tokens(), self.block_size, batch_size, **placement)
@@ -59,23 +63,11 @@ class TextTask(Task):
     def steps_per_epoch(self, rows_per_step):
         return len(self.prepared.train_tokens()) / (rows_per_step * self.block_size)
 
-    def many_epochs_warning(self, passes):
-        corpus = len(self.prepared.train_tokens())
-        return small_corpus_warning(passes * corpus, corpus)
-
     def evaluate(self, model, **shared):
         return evaluate(model, self.val_tokens, self.token_bytes, block_size=self.block_size, **shared)
 
     def samples(self, model, settings):
         return [(self.sample_prompt, generate_sample(model, self.tokenizer, self.sample_prompt, settings))]
-
-    def sample_fields(self, samples):
-        return {"sample": samples[0][1]} if samples else {}
-
-    def eval_line(self, scope, step, result, samples):
-        lines = [f"step {step} {scope}: loss {result.loss:.4f} nats/token, {result.bpb:.4f} bits/byte"]
-        lines += [sample_line(text) for _, text in samples[:1]]  # the prompt is part of the text
-        return "\n".join(lines)
 
     def attention_probe(self, block_size, device):
         return attention_probe(self.val_tokens, self.tokenizer, self.sample_prompt, block_size=block_size,

@@ -10,13 +10,14 @@ import torch
 
 from training.adapters import Adapters
 from training.config import Config, ConfigError
-from training.tasks.chat import ChatTask
+from training.result import Words
+from training.tasks.chat import ENDED_NOTE, ChatTask
 from training.tasks.dpo.batches import PreferenceBatches
 from training.tasks.dpo.config import DPOConfig
 from training.tasks.dpo.loss import accumulate_dpo_gradients, evaluate_preferences
 from training.tasks.dpo.prepared import prepare_preference_data
 from training.tasks.reference import Reference, reference_for
-from training.tasks.task import Batches, fitted, parent_tokenizer, sample_line
+from training.tasks.task import Batches, fitted, parent_tokenizer
 
 
 # Below this many held-out pairs, rewards/accuracies is too coarse to choose the kept weights by.
@@ -34,6 +35,19 @@ class PreferenceTask(ChatTask):
         self.beta = dpo.beta
         self.rpo_alpha = dpo.rpo_alpha
         self.step_metrics: dict[str, float] = {}  # the last step's, for its line of the metrics file
+        loss_name, held_out = "DPO+RPO loss" if self.rpo_alpha else "DPO loss", len(prepared.val)
+        score = (f"{loss_name} {{loss:.4f}}, rewards/accuracies {{rewards/accuracies:.3f}}, rewards/margins "
+                 "{rewards/margins:.4f} on held-out pairs; {bpb:.4f} bits/byte of the chosen replies, <|end|> charged")
+        self.words = Words(
+            eval=score, final=score, note=ENDED_NOTE, kept_by=f"held-out {loss_name}", kept="{loss:.4f}",
+            epochs=f"the {len(prepared.train):,} training pairs: DPO learns so few pairs by heart, and its held-out "
+            "rewards/accuracies then say little; more pairs (or a smaller budget) train a better model",
+            batches=f"preference batches: {len(prepared.train)} training pairs, each a chosen and a rejected row; "
+            "{padding:.1%} of computed tokens are padding",
+            warning=None if not 0 < held_out < FEW_HELD_OUT_PAIRS else (
+                f"warning: only {held_out} held-out pair{'s' if held_out != 1 else ''}: rewards/accuracies moves in "
+                f"steps of {1 / held_out:.2f} and the kept weights are chosen on so few; give more pairs or raise "
+                "data.val_fraction"))
 
     def batches(self, batch_size: int, **placement: Any) -> Batches:
         return PreferenceBatches(self.prepared.train, batch_size, pad_id=self.prepared.eot_id, **placement)
@@ -48,49 +62,9 @@ class PreferenceTask(ChatTask):
         return evaluate_preferences(model, self.reference, self.prepared.val, self.token_bytes, beta=self.beta,
                                     rpo_alpha=self.rpo_alpha, pad_id=self.prepared.eot_id, **shared)
 
-    @property
-    def kept_by(self) -> str:
-        return f"held-out {self.loss_name}"
-
-    @property
-    def loss_name(self) -> str:
-        return "DPO+RPO loss" if self.rpo_alpha else "DPO loss"
-
-    def kept_score(self, loss):
-        return f"{loss:.4f}"
-
-    def eval_line(self, scope, step, result, samples):
-        note = self.final_note(result)
-        lines = [f"step {step} {scope}: {self.final_words(result)}" + (f"; {note}" if note else "")]
-        lines += [sample_line(prompt + reply) for prompt, reply in samples[:1]]
-        return "\n".join(lines)
-
-    def final_words(self, result):
-        m = result.metrics
-        return (f"{self.loss_name} {result.loss:.4f}, rewards/accuracies {m['rewards/accuracies']:.3f}, "
-                f"rewards/margins {m['rewards/margins']:.4f} on held-out pairs; {result.bpb:.4f} bits/byte of "
-                "the chosen replies, <|end|> charged")
-
     def train_fields(self, batches):
         metrics = {name: value for name, value in self.step_metrics.items() if name != "loss"}
         return {**metrics, "beta": self.beta, "rpo_alpha": self.rpo_alpha, "padding_fraction": batches.padding_fraction}
-
-    def many_epochs_warning(self, passes):
-        return (f"warning: the budget is about {passes:.0f} epochs of the {len(self.prepared.train):,} training pairs: "
-                "DPO learns so few pairs by heart, and its held-out rewards/accuracies then say little; more pairs "
-                "(or a smaller budget) train a better model")
-
-    def start_warning(self):
-        held_out = len(self.prepared.val)
-        if not 0 < held_out < FEW_HELD_OUT_PAIRS:
-            return None
-        return (f"warning: only {held_out} held-out pair{'s' if held_out != 1 else ''}: rewards/accuracies moves in "
-                f"steps of {1 / held_out:.2f} and the kept weights are chosen on so few; give more pairs or raise "
-                "data.val_fraction")
-
-    def describe_batches(self, batches):
-        return (f"preference batches: {len(self.prepared.train)} training pairs, each a chosen and a rejected row; "
-                f"{100 * batches.epoch_padding_fraction():.1f}% of computed tokens are padding")
 
 
 def build(config: Config, tokenizer_file: Path | None, *, progress: bool, is_main: bool, device: torch.device,

@@ -16,6 +16,7 @@ from training.adapters import Adapters
 from training.config import Config, ConfigError
 from training.device import should_compile
 from training.evaluate import EvalResult
+from training.result import Words
 from training.tasks.chat import CHAT_SAMPLES, ChatTask
 from training.tasks.grpo.batches import PromptBatches
 from training.tasks.grpo.loss import Rollout, accumulate_grpo_gradients
@@ -23,7 +24,7 @@ from training.tasks.grpo.prompts import prepare_arithmetic_prompts, prepare_calc
 from training.tasks.grpo.rewards import correct, reward_function, tool_answer_correct
 from training.tasks.grpo.rollout import Questions, Sampler, ToolLoop, pass_at_k, sample_rollout
 from training.tasks.reference import Reference, reference_for
-from training.tasks.task import Batches, fitted, parent_tokenizer, sample_line
+from training.tasks.task import Batches, fitted, parent_tokenizer
 
 
 class RLTask(ChatTask):
@@ -53,6 +54,12 @@ class RLTask(ChatTask):
         # What held-out pass@k counts: the answer, after any calls.
         self.passed = tool_answer_correct if tools is not None else correct
         self.step_metrics: dict[str, float] = {}  # the last step's, for its line of the metrics file
+        k = self.rl.eval_samples
+        self.words = Words(
+            eval=f"pass@1 {{pass@1:.3f}}, pass@{k} {{pass@{k}:.3f}} on held-out questions",
+            final=f"held-out pass@1 {{pass@1:.3f}}, pass@{k} {{pass@{k}:.3f}}", kept_by="held-out pass@1",
+            kept="{passed:.3f}", batches=f"rl: {len(prepared.train)} training and {len(prepared.val)} held-out "
+            f"questions; {self.rl.group_size} completions of each prompt, rewards {', '.join(self.rl.rewards)}")
         # The sampled batch later updates reuse (``rl.updates_per_batch`` > 1), as plain tensors, and
         # the steps it still serves: a checkpoint between those updates must carry it.
         self.pending: dict[str, Any] | None = None
@@ -100,13 +107,6 @@ class RLTask(ChatTask):
         return [(self.tokenizer.decode(p, skip_special_tokens=False),
                  self.tokenizer.decode(c.ids, skip_special_tokens=False)) for p, c in zip(prompts, completions)]
 
-    def eval_line(self, scope, step, result, samples):
-        k = self.rl.eval_samples
-        m = result.metrics
-        lines = [f"step {step} {scope}: pass@1 {m['pass@1']:.3f}, pass@{k} {m[f'pass@{k}']:.3f} on held-out questions"]
-        lines += [sample_line(prompt + reply) for prompt, reply in samples[:1]]
-        return "\n".join(lines)
-
     def train_fields(self, batches):
         return {**self.step_metrics, "beta": self.rl.beta}
 
@@ -116,24 +116,11 @@ class RLTask(ChatTask):
     def load_state_dict(self, state):
         self.pending, self.pending_uses = state.get("pending"), int(state.get("pending_uses", 0))
 
-    def final_words(self, result):
-        k = self.rl.eval_samples
-        return f"held-out pass@1 {result.metrics['pass@1']:.3f}, pass@{k} {result.metrics[f'pass@{k}']:.3f}"
-
-    kept_by = "held-out pass@1"
-
-    def kept_score(self, loss):
-        return f"{1 - loss:.3f}"  # the evaluation's loss is the share of samples that fail
-
     def final_metrics(self, model):
         return {}  # pass@k is the evaluation itself
 
     def steps_per_epoch(self, rows_per_step):
         return None  # a batch of questions serves rl.updates_per_batch steps: not counted
-
-    def describe_batches(self, batches):
-        return (f"rl: {len(self.prepared.train)} training and {len(self.prepared.val)} held-out questions; "
-                f"{self.rl.group_size} completions of each prompt, rewards {', '.join(self.rl.rewards)}")
 
 
 def build(config: Config, tokenizer_file: Path | None, *, progress: bool, is_main: bool, device: torch.device,
