@@ -32,8 +32,8 @@ from data.errors import DataError
 from inference.compiled_step import compiled_notice
 from inference.engine import Engine
 from inference.sampling import new_seed
-from inference.settings import GenerationSettings
-from inference.tool_use import DEFAULT_MAX_CALLS, ToolStep, decode_with_tools
+from inference.settings import DEFAULT_MAX_CALLS, GenerationSettings
+from inference.tool_use import ToolStep, decode_with_tools
 from rundir.loading import LoadedRun
 from tools import Toolbox
 

@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 
 import data.prepared.text as prepare_module
-import data.sources.corpus as sources_module
+import data.sources.shakespeare as shakespeare_module
 from common.os_errors import describe_os_error
-from data import DataConfig, DataError, FilesSourceConfig, PreparedData, prepare_data
-from data.prepared.text import entry_dir
+from data.config import DataConfig, FilesSourceConfig
+from data.errors import DataError
+from data.prepared.text import PreparedData, entry_dir, prepare_data
 from data.sources.shakespeare import shakespeare_documents
 from data.split import hash_split
 from data_testkit import direct_tokens, make_documents
@@ -119,7 +120,7 @@ _KILLED_PREPARE = """
 import sys, time
 from pathlib import Path
 import data.prepared.text as prepare
-from data import DataConfig, FilesSourceConfig
+from data.config import DataConfig, FilesSourceConfig
 
 real = prepare._write_tokens
 
@@ -209,7 +210,7 @@ def test_shakespeare_metadata_lists_the_held_out_plays(tmp_path, monkeypatch):
     ids, texts = shakespeare_documents()
     # Real plays, cut short so the test stays fast (the full corpus is the benchmark's job).
     short = [t[:3000] for t in texts]
-    monkeypatch.setattr(sources_module, "shakespeare_documents", lambda progress=False: (ids, short))
+    monkeypatch.setattr(shakespeare_module, "shakespeare_documents", lambda progress=False: (ids, short))
     cfg = DataConfig(vocab_size=300, cache_dir=str(tmp_path / "cache"))
     data = prepare_data(cfg, progress=False)
     _, val_idx = hash_split(ids, cfg.val_fraction, cfg.split_seed)

@@ -3,8 +3,7 @@ pretraining splits the plays, the same for the same seed."""
 
 from __future__ import annotations
 
-from data import DataConfig
-from data.config import QuotesSourceConfig
+from data.config import DataConfig, QuotesSourceConfig
 from data.sources.corpus import load_source, source_spec
 from data.sources.quotes import quote_documents
 from data.sources.shakespeare import held_out_plays, play_files, play_id, shakespeare_documents

@@ -3,7 +3,8 @@ written twice, the same for the same seed, every word one token once the tokeniz
 
 from __future__ import annotations
 
-from data import DataConfig, SyntheticSourceConfig, prepare_data
+from data.config import DataConfig, SyntheticSourceConfig
+from data.prepared.text import prepare_data
 from data.sources.corpus import load_source, source_spec
 from data.sources.synthetic import repeat_documents, word_list
 

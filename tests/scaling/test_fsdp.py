@@ -19,7 +19,9 @@ import pytest
 import torch
 
 from common.config import ConfigError, build
-from model import GPT, GPTConfig, load_pretrained
+from model.config import GPTConfig
+from model.gpt import GPT
+from model.io import load_pretrained
 from rundir.checkpoint import CheckpointError, load_trainer_state
 from rundir.files import METRICS_FILE, STATE_FILE
 from rundir.lock import hold_run_dir

@@ -3,17 +3,19 @@ trained parent that learns the preference, logs TRL's metric names and resumes e
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 import pytest
 import torch
 
-from chat_testkit import pretrain, preference_file
+from chat_testkit import preference_file
 import training.cli as train_cli
 from common.errors import UserError
-from model import GPT, GPTConfig, load_pretrained
+from model.config import GPTConfig
+from model.gpt import GPT
+from model.io import load_pretrained
+from rundir.metrics import read_metrics
 from training.distributed import init_distributed
 from training.tasks.dpo.loss import accumulate_dpo_gradients, reply_logps
 from training.tasks.reference import FrozenReference
@@ -159,13 +161,9 @@ def dpo_config(make_config, parent_run, tmp_path):
     return make
 
 
-def _records(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
 def test_dpo_learns_the_preference_logs_trl_names_and_resumes_exactly(dpo_config, tmp_path):
     whole = train(dpo_config(tmp_path / "whole"), progress=False)
-    records = _records(tmp_path / "whole")
+    records = read_metrics(tmp_path / "whole" / "metrics.jsonl")
     first = next(r for r in records if r["kind"] == "train")
     # The policy starts as the reference: every reward is 0 and the loss is -log σ(0) = log 2.
     assert first["step"] == 1 and first["loss"] == pytest.approx(math.log(2), abs=1e-6)
@@ -211,10 +209,17 @@ def test_a_handful_of_pairs_is_warned_about_as_a_small_corpus_is(make_config, pa
             "few pairs by heart") in "\n".join(said)
 
 
-def test_preference_data_needs_a_parent_run(make_config, tmp_path):
-    config = make_config(data={"format": "preference", "files": {"paths": [str(preference_file(tmp_path / "p.jsonl"))]}})
-    with pytest.raises(UserError, match="data.format: preference fine-tunes a trained run: set train.init_from"):
-        Trainer(config, init_distributed("cpu"), progress=False).setup(resume=False, overwrite=False)
+@pytest.mark.parametrize("changes, message", [
+    ({"dpo": {"beta": 0.0}}, "dpo.beta must be in"),
+    *[({"dpo": {"rpo_alpha": bad}}, r"dpo.rpo_alpha must be in \[0, 10\] \(0 = plain DPO\)")
+      for bad in (math.nextafter(0.0, -1), math.nextafter(10.0, 11), math.inf, math.nan)],  # a step past each bound
+    ({"dpo_beta": 0.5}, "^train.dpo_beta is now dpo.beta, in a dpo: section"),  # the old flat keys
+    ({"dpo_rpo_alpha": 1.0}, "^train.dpo_rpo_alpha is now dpo.rpo_alpha, in a dpo: section"),
+])
+def test_dpo_settings_that_cannot_work_are_refused_in_one_line(dpo_config, tmp_path, changes, message):
+    with pytest.raises(UserError, match=message) as info:
+        dpo_config(tmp_path / "run", **changes)
+    assert "\n" not in str(info.value)
 
 
 def test_a_preference_run_saves_its_dpo_defaults(make_config, parent_run, tmp_path):
@@ -239,9 +244,8 @@ def test_a_lora_policy_with_its_adapters_off_is_the_frozen_reference():
     log-probabilities, though the adapters have moved it."""
     from types import SimpleNamespace
 
-    from training.adapters import LoraAdapters
     from training.config import LoraConfig
-    from training.lora import LowRankDelta, TrainedRows, parametrized
+    from training.lora import LoraAdapters, LowRankDelta, TrainedRows, parametrized
     from training.tasks.reference import AdaptersOffReference
 
     parent, policy = _model(), _model()
@@ -264,7 +268,7 @@ def test_a_lora_policy_with_its_adapters_off_is_the_frozen_reference():
 
 def test_a_lora_dpo_run_trains_the_adapters_against_the_parent(dpo_config, tmp_path):
     result = train(dpo_config(tmp_path / "lora", lora={"rank": 4}), progress=False)
-    records = _records(tmp_path / "lora")
+    records = read_metrics(tmp_path / "lora" / "metrics.jsonl")
     first = next(r for r in records if r["kind"] == "train")
     assert first["loss"] == pytest.approx(math.log(2), abs=1e-6) and first["rewards/margins"] == 0
     final = next(r for r in records if r["kind"] == "final_eval")
