@@ -114,8 +114,9 @@ DPO_REFUSALS = [
     ({"dpo": {"beta": 0.0}}, "dpo.beta must be greater than 0, got 0.0"),
     ({"dpo": {"beta": 1e300}}, "dpo.beta must be less than or equal to 10, got 1e+300"),
     ({"dpo": {"beta": math.nan}}, "dpo.beta must be less than or equal to 10, got nan"),
-    ({"dpo": {"rpo_alpha": -0.1}}, "dpo.rpo_alpha must be greater than or equal to 0, got -0.1"),
-    ({"dpo": {"rpo_alpha": 10.5}}, "dpo.rpo_alpha must be less than or equal to 10, got 10.5"),
+    # a step past each bound
+    ({"dpo": {"rpo_alpha": math.nextafter(0.0, -1)}}, "dpo.rpo_alpha must be greater than or equal to 0, got -5e-324"),
+    ({"dpo": {"rpo_alpha": math.nextafter(10.0, 11)}}, "dpo.rpo_alpha must be less than or equal to 10, got 10.000000"),
     ({"dpo": {"rpo_alpha": math.inf}}, "dpo.rpo_alpha must be less than or equal to 10, got inf"),
     ({"train": {"dpo_beta": 0.5}}, "train.dpo_beta is now dpo.beta, in a dpo: section beside train:"),
     ({"train": {"dpo_rpo_alpha": 1.0}}, "train.dpo_rpo_alpha is now dpo.rpo_alpha, in a dpo: section"),
@@ -136,11 +137,6 @@ def test_dpo_refusals(sections, expected):
     assert expected in str(error.value) and "\n" not in str(error.value)
     at_bounds = config_from_dict(merged(raw, {"dpo": {"beta": 10, "rpo_alpha": 10}}))
     assert (at_bounds.dpo.beta, at_bounds.dpo.rpo_alpha) == (10.0, 10.0)
-
-
-@pytest.fixture(scope="module")
-def parent_run(base_raw, tmp_path_factory) -> Path:
-    return pretrain(base_raw, tmp_path_factory.mktemp("parent") / "run")
 
 
 @pytest.fixture
@@ -207,19 +203,6 @@ def test_a_handful_of_pairs_is_warned_about_as_a_small_corpus_is(make_config, pa
     assert result.epochs > 10 and pairs < 12
     assert (f"warning: the budget is about {result.epochs:.0f} epochs of the {pairs} training pairs: DPO learns so "
             "few pairs by heart") in "\n".join(said)
-
-
-@pytest.mark.parametrize("changes, message", [
-    ({"dpo": {"beta": 0.0}}, "dpo.beta must be in"),
-    *[({"dpo": {"rpo_alpha": bad}}, r"dpo.rpo_alpha must be in \[0, 10\] \(0 = plain DPO\)")
-      for bad in (math.nextafter(0.0, -1), math.nextafter(10.0, 11), math.inf, math.nan)],  # a step past each bound
-    ({"dpo_beta": 0.5}, "^train.dpo_beta is now dpo.beta, in a dpo: section"),  # the old flat keys
-    ({"dpo_rpo_alpha": 1.0}, "^train.dpo_rpo_alpha is now dpo.rpo_alpha, in a dpo: section"),
-])
-def test_dpo_settings_that_cannot_work_are_refused_in_one_line(dpo_config, tmp_path, changes, message):
-    with pytest.raises(UserError, match=message) as info:
-        dpo_config(tmp_path / "run", **changes)
-    assert "\n" not in str(info.value)
 
 
 def test_a_preference_run_saves_its_dpo_defaults(make_config, parent_run, tmp_path):
