@@ -63,7 +63,9 @@ from benchmarks.shared import (
 from common.cli import path_arg, positive_float, positive_int, run_stoppable
 from common.errors import UserError
 from data.tokenizer import token_byte_lengths
-from model import GPT, GPTConfig, load_pretrained
+from model.config import GPTConfig
+from model.gpt import GPT
+from model.io import load_pretrained
 from model.config_checks import POSITION_KINDS
 from rundir.loading import load_run, validation_tokens
 from rundir.record import read_config

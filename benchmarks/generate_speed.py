@@ -57,7 +57,8 @@ from inference.aot_step import aot_missing, cache_folder
 from inference.compiled_step import compiler_missing
 from inference.completion import generate_completions
 from inference.settings import GenerationSettings
-from model import GPT, GPTConfig
+from model.config import GPTConfig
+from model.gpt import GPT
 from rundir.loading import LoadedRun, load_run
 
 TINY = GPTConfig(vocab_size=2048, block_size=512, n_layer=4, n_head=4, n_kv_head=2, n_embd=256)

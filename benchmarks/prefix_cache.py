@@ -32,7 +32,7 @@ from common.threads import thread_count
 from data.chat import ChatTokenIds, Message, render_chat
 from data.sources.shakespeare import shakespeare_documents
 from data.tokenizer import token_byte_table, train_tokenizer
-from model import GPT
+from model.gpt import GPT
 from rundir.loading import load_run
 from inference.engine import Engine
 from training.config import load_run_config

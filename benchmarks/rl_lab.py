@@ -111,7 +111,7 @@ def configs(folder: Path, seed: int, size: str, overwrite: bool) -> dict[str, di
 def held_out(run_dir: Path, rl_raw: dict[str, Any], *, subset: bool = False) -> dict[str, float]:
     """pass@1 and pass@8 of ``run_dir`` by the RL task's own evaluation, on every held-out question,
     or (``subset``) on those the RL run's periodic evaluations score."""
-    from model import load_pretrained
+    from model.io import load_pretrained
     from training.trainer import adapters_for
     from training.config import config_from_dict
     from training.distributed import DistContext

@@ -147,7 +147,7 @@ def held_out(run_dir: Path, rl_raw: dict[str, Any]) -> dict[str, float]:
     calls that parse."""
     import torch
 
-    from model import load_pretrained
+    from model.io import load_pretrained
     from training.trainer import adapters_for
     from training.config import config_from_dict
     from training.distributed import DistContext

@@ -20,7 +20,7 @@
    GELU, so it is the harder comparison.)
 
 FLOPs per token are counted the same way for both (``flops_per_token`` below, the convention
-``model.GPT.flops_per_token`` uses: 6 per matmul weight plus the full attention matrix), so the
+``model.gpt.GPT.flops_per_token`` uses: 6 per matmul weight plus the full attention matrix), so the
 MFU column compares how well each model turns its arithmetic into throughput, each row against
 the peak of its own precision. The optimizer's own arithmetic (Muon's Newton-Schulz iterations,
 fp32 on the CPU at either precision) is not model FLOPs, so it lowers MFU.
@@ -272,7 +272,7 @@ def measured_precisions(choice: str, device: torch.device) -> list[torch.dtype]:
 
 
 def measure(args: argparse.Namespace) -> int:
-    from model import GPT
+    from model.gpt import GPT
     from training.config import load_run_config
     from training.rms_norm_cpu import install_cpu_backward
 
@@ -374,7 +374,7 @@ def measure(args: argparse.Namespace) -> int:
 
 def measure_ddp(args: argparse.Namespace) -> int:
     """``--ddp``: every rank's DDP step, then rank 0 alone, and the scaling efficiency."""
-    from model import GPT
+    from model.gpt import GPT
     from training.config import load_run_config
     from training.rms_norm_cpu import install_cpu_backward
 

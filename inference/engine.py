@@ -85,7 +85,7 @@ import torch
 
 from inference.sampling import SamplingSettings, Window, new_seed, sample_next_token, seeded_generator
 from inference.streaming import TextStream
-from model import GPT
+from model.gpt import GPT
 
 if TYPE_CHECKING:  # the optional steps are imported where they are asked for, so plain decoding loads none
     from inference.aot_step import AotStep

@@ -17,7 +17,8 @@ from inference.sampling import MAX_SEED, SamplingSettings, check_sampling_args, 
 from rundir.loading import LoadedRun, load_run
 
 if TYPE_CHECKING:
-    from model import GPT, GPTConfig
+    from model.config import GPTConfig
+    from model.gpt import GPT
 
 # Samples decode as one batch through one cache; beyond this the cache alone outgrows a laptop.
 MAX_NUM_SAMPLES = 1024

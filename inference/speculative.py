@@ -47,7 +47,7 @@ import torch
 from inference.batch_invariant import row_blocked
 from inference.sampling import SamplingSettings, adjusted_logits, draw, token_distribution, uniform_per_row
 from inference.settings import Speculation
-from model import GPT
+from model.gpt import GPT
 
 # The longest n-gram prompt lookup matches first, then shorter ones. A single token recurs
 # everywhere, and its guesses would mostly cost a wide pass for nothing.

@@ -16,7 +16,7 @@ from typing import Any, ContextManager
 import torch
 from torch import nn
 
-from model import GPT
+from model.gpt import GPT
 
 
 class Adapters:

@@ -24,10 +24,10 @@ from common.config import (
     ConfigError, Removed, build, check_types, read_yaml, read_yaml_file, require, require_in, require_one_of,
 )
 from common.files import atomic_write_text
-from data import DataConfig
+from data.config import DataConfig
 from data.chat import CHAT_SPECIAL_TOKENS
 from model.layer_map import block_linears
-from model import GPTConfig
+from model.config import GPTConfig
 from tracking.config import LoggingConfig
 from training.fsdp import torch_too_old
 from training.init_from import ParentRun, find_parent, model_section_from_parent, refuse_own_parent

@@ -37,7 +37,7 @@ from torch.nn.utils import parametrize
 
 from common.files import atomic_write_bytes, atomic_write_text
 from model.layer_map import block_linears
-from model import GPT
+from model.gpt import GPT
 from rundir.files import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
 from training.adapters import Adapters
 from training.config import ConfigError, LoraConfig

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from common.device import device_memory_bytes
-from model import GPTConfig
+from model.config import GPTConfig
 from training.config import Config, ConfigError, TrainConfig
 
 # fp32 weights, their gradients and two optimizer moments (AdamW's; Muon keeps one, so this is

@@ -27,7 +27,7 @@ import torch
 from common.config import read_yaml_file
 from common.errors import UserError, one_line
 from data.tokenizer import RUN_TOKENIZER_ADVICE, load_tokenizer
-from model import GPTConfig
+from model.config import GPTConfig
 from rundir.checkpoint import CheckpointError
 from rundir.files import METRICS_FILE, RUN_CONFIG_FILE, STATE_FILE, TOKENIZER_FILE
 from rundir.metrics import read_metrics

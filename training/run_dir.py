@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from common.files import atomic_write_bytes
-from model import GPTConfig
+from model.config import GPTConfig
 from rundir.checkpoint import CheckpointError, check_run_dir, clear_old_run, load_trainer_state
 from rundir.files import RUN_CONFIG_FILE, TOKENIZER_FILE
 from rundir.lock import hold_run_dir

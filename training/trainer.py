@@ -24,7 +24,8 @@ from tqdm.auto import tqdm
 from common.errors import UserError
 from common.threads import use_threads
 from inference.sampling import SamplingSettings
-from model import GPT, save_pretrained
+from model.gpt import GPT
+from model.io import save_pretrained
 from rundir.files import METRICS_FILE, TOKENIZER_FILE
 from rundir.metrics import MetricsLog
 from tracking.wandb_logger import WandbLogger

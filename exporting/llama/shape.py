@@ -15,9 +15,9 @@ from common.errors import UserError
 from exporting.folder import prepare_destination
 from exporting.hf.weights import hf_state_dict
 from exporting.hub_files import SpecialTokens, chat_template
-from model import GPTConfig, ModelFileError
+from model.config import GPTConfig
+from model.io import ModelFileError, load_model_config
 from model.config_checks import llama_blockers
-from model.io import load_model_config
 from rundir.loading import load_run
 
 

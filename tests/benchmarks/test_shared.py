@@ -17,7 +17,8 @@ from benchmarks.shared import (
     api_settings, best_seconds, closed_loop, final_eval, in_turns, mean_std, print_rows, quartiles, table,
 )
 from inference.engine import Engine
-from model import GPT, GPTConfig
+from model.config import GPTConfig
+from model.gpt import GPT
 
 
 def test_calls_take_turns_and_the_warmup_rounds_are_not_timed():

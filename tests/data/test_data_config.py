@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from data import DataConfig, DataError, FilesSourceConfig, HubSourceConfig
-from data.config import MIN_VOCAB_SIZE
+from data.config import DataConfig, FilesSourceConfig, HubSourceConfig, MIN_VOCAB_SIZE
+from data.errors import DataError
 
 
 def test_defaults_are_the_shakespeare_corpus():

@@ -17,8 +17,9 @@ import pytest
 import data.prepared.text as prepare_module
 import data.sources.shakespeare as shakespeare_module
 from common.os_errors import describe_os_error
-from data import DataConfig, DataError, FilesSourceConfig, PreparedData, prepare_data
-from data.prepared.text import entry_dir
+from data.config import DataConfig, FilesSourceConfig
+from data.errors import DataError
+from data.prepared.text import PreparedData, entry_dir, prepare_data
 from data.sources.shakespeare import shakespeare_documents
 from data.split import hash_split
 from data_testkit import direct_tokens, make_documents
@@ -120,7 +121,7 @@ _KILLED_PREPARE = """
 import sys, time
 from pathlib import Path
 import data.prepared.text as prepare
-from data import DataConfig, FilesSourceConfig
+from data.config import DataConfig, FilesSourceConfig
 
 real = prepare._write_tokens
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from data import DataConfig, DataError
-from data.config import QuotesSourceConfig
+from data.config import DataConfig, QuotesSourceConfig
+from data.errors import DataError
 from data.sources.corpus import load_source, source_spec
 from data.sources.quotes import quote_documents
 from data.sources.shakespeare import held_out_plays, play_files, play_id, shakespeare_documents

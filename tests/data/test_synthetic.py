@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from data import DataConfig, DataError, SyntheticSourceConfig, prepare_data
+from data.config import DataConfig, SyntheticSourceConfig
+from data.errors import DataError
+from data.prepared.text import prepare_data
 from data.sources.corpus import load_source, source_spec
 from data.sources.synthetic import repeat_documents, word_list
 

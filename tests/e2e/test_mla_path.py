@@ -48,7 +48,7 @@ def test_an_mla_run_trains_resumes_fine_tunes_generates_and_exports(tmp_path: Pa
             "--seed", "1"], cwd=tmp_path)
     run_ok([str(ROOT / "export.py"), "--run", str(chat), "--out", str(tmp_path / "hf")], cwd=tmp_path)
     transformers = pytest.importorskip("transformers")
-    from model import load_pretrained
+    from model.io import load_pretrained
 
     theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", trust_remote_code=True).eval()
     ids = torch.randint(0, 300, (2, 32), generator=torch.Generator().manual_seed(0))

@@ -56,7 +56,8 @@ def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def untrained_run(trained_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The trained run's config and tokenizer with freshly initialised weights: the floor."""
     from rundir.files import RUN_CONFIG_FILE, TOKENIZER_FILE
-    from model import GPT, load_pretrained, save_pretrained
+    from model.gpt import GPT
+    from model.io import load_pretrained, save_pretrained
 
     directory = tmp_path_factory.mktemp("untrained") / "run"
     directory.mkdir()

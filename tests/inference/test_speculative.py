@@ -16,7 +16,7 @@ from inference.engine import Engine, Event, Finish, decode
 from inference.sampling import SamplingSettings
 from inference.settings import Speculation
 from inference.speculative import Proposal, PromptLookup
-from model import GPT
+from model.gpt import GPT
 from run_testkit import build_model
 
 VOCAB = 97

@@ -84,14 +84,6 @@ class ScriptedTools(Toolbox):
         return self.answer(self.runs)
 
 
-def test_a_tool_error_is_a_result_the_model_reads_and_answers_after(tool_run):
-    [reply] = decode_with_tools(_engine(tool_run), tool_run.tokenizer, [_prompt(tool_run, "7+8")], GREEDY,
-                                ScriptedTools(lambda n: error_result("the calculator is out of order")))
-    assert reply.messages[1] == Message("tool", "error: the calculator is out of order")
-    assert not reply.steps[0].result.ok
-    assert reply.messages[2].role == "assistant" and reply.finish_reason in ("stop", "length", "malformed")
-
-
 class ScriptedEngine:
     """Stands in for the engine: each submitted segment generates the next of ``segments`` (texts in the
     chat format) and ends its turn; keeps whether each segment could sample ``<|call|>``."""
@@ -117,21 +109,30 @@ class ScriptedEngine:
 CALL = '<|call|>calculator{"expression":"1+1"}'
 
 
+def _count(n: int) -> ToolResult:
+    return ToolResult(str(n), True)
+
+
+def _out_of_order(n: int) -> ToolResult:
+    return error_result("the calculator is out of order")
+
+
 @pytest.mark.parametrize("tools, limit, segments, results, could_call", [
     # Two calls allowed: one in the first segment, two in the second (its second past the limit), then the answer.
-    (True, 2, [CALL + "<|end|>", CALL + CALL + "<|end|>", "2<|end|>"],
+    (_count, 2, [CALL + "<|end|>", CALL + CALL + "<|end|>", "2<|end|>"],
      ["1", "2", "error: no more calls in this reply (the limit is 2)"], [True, True, False]),
-    (True, 0, ["2<|end|>"], [], [False]),
-    (False, 4, ["2<|end|>"], [], [False]),
-], ids=["past-the-limit", "no-calls-allowed", "no-tools"])
-def test_the_call_past_a_replys_limit_runs_nothing_and_then_the_model_can_call_no_more(tool_run, tools, limit,
-                                                                                        segments, results, could_call):
-    engine = ScriptedEngine(tool_run.tokenizer, segments)
-    counting = ScriptedTools(lambda n: ToolResult(str(n), True))
+    (_count, 0, ["2<|end|>"], [], [False]),
+    (None, 4, ["2<|end|>"], [], [False]),
+    # A tool's error is a result like any other, and the model answers after it.
+    (_out_of_order, 2, [CALL + "<|end|>", "2<|end|>"], ["error: the calculator is out of order"], [True, True]),
+], ids=["past-the-limit", "no-calls-allowed", "no-tools", "a-tool-error"])
+def test_each_call_within_a_replys_limit_runs_and_past_it_runs_nothing(tool_run, tools, limit, segments, results,
+                                                                         could_call):
+    engine, toolbox = ScriptedEngine(tool_run.tokenizer, segments), tools and ScriptedTools(tools)
     [reply] = decode_with_tools(engine, tool_run.tokenizer, [_prompt(tool_run, "1+1")],
-                                SamplingSettings(temperature=0, max_new_tokens=500), counting if tools else None,
-                                max_calls=limit)
-    assert [step.result.text for step in reply.steps] == results and counting.runs == min(len(results), limit)
+                                SamplingSettings(temperature=0, max_new_tokens=500), toolbox, max_calls=limit)
+    assert [step.result.text for step in reply.steps] == results
+    assert (toolbox.runs if toolbox else 0) == min(len(results), limit)
     assert engine.could_call == could_call and (reply.finish_reason, reply.text) == ("stop", "2")
 
 

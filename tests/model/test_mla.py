@@ -12,7 +12,8 @@ from common.config import ConfigError
 from inference.engine import decode
 from inference.batch_invariant import row_blocked
 from inference.sampling import SamplingSettings
-from model import GPT, GPTConfig
+from model.config import GPTConfig
+from model.gpt import GPT
 from run_testkit import MLA_OPTIONS, build_model
 
 RTOL, ATOL = 1e-5, 1e-5

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from common.config import ConfigError
-from model import GPT, GPTConfig
+from model.config import GPTConfig
+from model.gpt import GPT
 from run_testkit import ALL_OPTIONS, MLA_OPTIONS
 
 SHAPE = dict(vocab_size=97, block_size=16, n_layer=2, n_head=4, n_kv_head=2, n_embd=64)

@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model import GPT, GPTConfig, load_pretrained
+from model.config import GPTConfig
+from model.gpt import GPT
+from model.io import load_pretrained
 from rundir.checkpoint import (
     CheckpointError, check_run_dir, clear_old_run, load_trainer_state, peek_trainer_state, save_checkpoint,
 )

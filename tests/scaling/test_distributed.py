@@ -10,7 +10,7 @@ from torch import nn
 
 from common.errors import UserError
 from launch_testkit import ROOT, TORCHRUN_VARS, launch, ok
-from model import unwrap
+from model.gpt import unwrap
 from rundir.checkpoint import load_trainer_state
 from training.distributed import (
     DistContext,

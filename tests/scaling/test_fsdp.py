@@ -18,7 +18,9 @@ import torch
 
 from common.config import ConfigError
 from launch_testkit import ROOT, every_rank_says_one_line, launch, ok, torchrun, torchrun_env, train_args
-from model import GPT, GPTConfig, load_pretrained
+from model.config import GPTConfig
+from model.gpt import GPT
+from model.io import load_pretrained
 from rundir.checkpoint import CheckpointError, load_trainer_state
 from rundir.files import METRICS_FILE, STATE_FILE
 from rundir.lock import hold_run_dir

@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from model import load_pretrained
+from model.io import load_pretrained
 from rundir.checkpoint import load_trainer_state
 from launch_testkit import launch, ok, train_args
 

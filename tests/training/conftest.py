@@ -94,7 +94,7 @@ def base_raw(corpus_file: Path, data_cache: Path) -> dict[str, Any]:
         "run": {"checkpoint_interval": 0},
     }
     # Tokenize once for the whole session; every run afterwards hits the cache.
-    from data import prepare_data
+    from data.prepared.text import prepare_data
     from training.config import config_from_dict
 
     prepare_data(config_from_dict({**raw, "run": {"out_dir": "unused"}}).data, progress=False)
@@ -114,3 +114,11 @@ def make_config(base_raw: dict[str, Any], tmp_path: Path):
         return config_from_dict(raw)
 
     return make
+
+
+@pytest.fixture(scope="session")
+def parent_run(base_raw, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A pretrained run that the fine-tuning tests start from, built once (tests that damage it copy it)."""
+    from chat_testkit import pretrain
+
+    return pretrain(base_raw, tmp_path_factory.mktemp("parent") / "run")

@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from model import GPT, ModelFileError, load_pretrained
+from model.gpt import GPT
+from model.io import ModelFileError, load_pretrained
 from training.config import ConfigError
 from training.trainer import train
 
@@ -61,13 +62,6 @@ def test_a_thousand_million_layers_are_refused_by_the_size_check(make_config):
 
 # --------------------------------------------------------------------------------------------
 # Post-training: sizes and weights of the dpo: and rl: sections
-
-
-@pytest.fixture(scope="module")
-def parent_run(base_raw, tmp_path_factory):
-    from chat_testkit import pretrain
-
-    return pretrain(base_raw, tmp_path_factory.mktemp("parent") / "run")
 
 
 RL = {"group_size": 2, "max_new_tokens": 2, "eval_samples": 2,

@@ -13,9 +13,10 @@ from torch.overrides import TorchFunctionMode
 import training.device as device_module
 import training.evaluate as evaluate_module
 import training.muon as muon_module
-from data import prepare_data
-from model import GPT, GPTConfig, load_pretrained
-from model.gpt import RMSNorm
+from data.prepared.text import prepare_data
+from model.config import GPTConfig
+from model.gpt import GPT, RMSNorm
+from model.io import load_pretrained
 from rundir.checkpoint import load_trainer_state
 from rundir.metrics import read_metrics
 from test_rms_norm_cpu import backward_functions

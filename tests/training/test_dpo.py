@@ -9,10 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from chat_testkit import pretrain, preference_file
+from chat_testkit import preference_file
 import training.cli as train_cli
 from common.errors import UserError
-from model import GPT, GPTConfig, load_pretrained
+from model.config import GPTConfig
+from model.gpt import GPT
+from model.io import load_pretrained
 from rundir.metrics import read_metrics
 from training.distributed import init_distributed
 from training.tasks.dpo.loss import accumulate_dpo_gradients, reply_logps
@@ -104,11 +106,6 @@ def test_rpo_adds_alpha_times_the_chosen_replies_mean_token_nll_to_each_pair():
     assert metrics["rewards/chosen"] == pytest.approx(chosen.mean().item(), abs=1e-5)  # rewards stay DPO's
     for name, p in direct.named_parameters():
         torch.testing.assert_close(policy.get_parameter(name).grad, p.grad, rtol=1e-4, atol=1e-6, msg=name)
-
-
-@pytest.fixture(scope="module")
-def parent_run(base_raw, tmp_path_factory) -> Path:
-    return pretrain(base_raw, tmp_path_factory.mktemp("parent") / "run")
 
 
 @pytest.fixture

@@ -152,11 +152,6 @@ MLA = {"attention": "mla", "n_kv_head": 2, "kv_latent_dim": 8, "q_latent_dim": 1
 
 
 @pytest.fixture(scope="module")
-def parent_run(base_raw, tmp_path_factory) -> Path:
-    return pretrain(base_raw, tmp_path_factory.mktemp("parent") / "run")
-
-
-@pytest.fixture(scope="module")
 def mla_parent_run(base_raw, tmp_path_factory) -> Path:
     raw = {**base_raw, "model": {**base_raw["model"], **MLA}}
     return pretrain(raw, tmp_path_factory.mktemp("mla-parent") / "run")

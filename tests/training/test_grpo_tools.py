@@ -17,7 +17,8 @@ from data.chat import ChatTokenIds, Message, render_chat
 from data.sources.tool_arithmetic import conversation
 from data.tokenizer import token_byte_table
 from inference.sampling import SamplingSettings
-from model import GPT, GPTConfig
+from model.config import GPTConfig
+from model.gpt import GPT
 from rundir.checkpoint import load_trainer_state
 from rundir.metrics import read_metrics
 from rl_testkit import written_out_grpo_loss

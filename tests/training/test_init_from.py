@@ -10,18 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from chat_testkit import pretrain
 from common.errors import UserError
 from data.tokenizer import train_tokenizer
-from model import load_pretrained
+from model.io import load_pretrained
 from training.config import config_from_dict
 from training.distributed import init_distributed
 from training.trainer import Trainer, train
-
-
-@pytest.fixture(scope="module")
-def parent_run(base_raw, tmp_path_factory) -> Path:
-    return pretrain(base_raw, tmp_path_factory.mktemp("parent") / "run")
 
 
 def _setup(config):
@@ -161,7 +155,7 @@ def test_configs_tiny_quote_continues_a_parent_on_its_passages(parent_run, data_
     assert result.step == 2 and load_pretrained(tmp_path / "run").config == load_pretrained(parent_run).config
     assert (tmp_path / "run" / "tokenizer.json").read_bytes() == (parent_run / "tokenizer.json").read_bytes()
     # The data it trained on: the passages written twice, validated on the held-out plays' passages.
-    from data import prepare_data
+    from data.prepared.text import prepare_data
 
     meta = prepare_data(config.data, progress=False, tokenizer_file=parent_run / "tokenizer.json").meta
     assert meta["description"].startswith("passages of the plays written twice (300 of")

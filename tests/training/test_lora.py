@@ -15,7 +15,9 @@ import training.cli as train_cli
 from chat_testkit import chat_file, pretrain
 from common.config import ConfigError
 from data.tokenizer import load_tokenizer
-from model import GPT, GPTConfig, load_pretrained
+from model.config import GPTConfig
+from model.gpt import GPT
+from model.io import load_pretrained
 from rundir.checkpoint import load_trainer_state
 from training.config import LoraConfig, config_from_dict
 from training.lora import LowRankDelta, adapters_disabled, add_adapters, merged_copy, parametrized

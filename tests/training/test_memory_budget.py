@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from common.config import ConfigError
-from model import GPTConfig
+from model.config import GPTConfig
 from training.config import TrainConfig
 from training.memory_budget import estimate_memory, plan_memory
 
@@ -90,7 +90,7 @@ def test_an_rl_run_that_would_not_fit_names_the_group_size(monkeypatch):
 
 def test_the_sampling_cache_is_the_key_and_value_heads_of_every_layer_and_position():
     model = GPTConfig(vocab_size=256, block_size=64, n_layer=3, n_head=4, n_kv_head=2, n_embd=32)
-    from model import GPT
+    from model.gpt import GPT
 
     cache = GPT(model).init_cache(10).nbytes()
     assert estimate_memory(model, TrainConfig(max_steps=1, batch_size=1), decoded_rows=10).sampling == cache

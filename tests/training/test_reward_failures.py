@@ -16,7 +16,6 @@ import pytest
 import torch
 
 import train as train_cli
-from chat_testkit import pretrain
 from common.config import ConfigError
 from rundir.checkpoint import load_trainer_state
 from training.config import save_config
@@ -132,11 +131,6 @@ def test_numbers_of_every_kind_are_scores(value, expected):
 
 # --------------------------------------------------------------------------------------------
 # A run whose reward fails only at its second step
-
-
-@pytest.fixture(scope="module")
-def parent_run(base_raw, tmp_path_factory) -> Path:
-    return pretrain(base_raw, tmp_path_factory.mktemp("parent") / "run")
 
 
 # Good for the first step's 2 x 2 questions x 3 completions, then the failure.

@@ -10,9 +10,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from chat_testkit import chat_file, preference_file, pretrain
+from chat_testkit import chat_file, preference_file
 from common.errors import UserError
-from model import GPT, GPTConfig, load_pretrained
+from model.config import GPTConfig
+from model.gpt import GPT
+from model.io import load_pretrained
 from training.distributed import init_distributed
 from data.prepared.chat import ChatSplit
 from training.resume_rules import check_data_format
@@ -63,11 +65,6 @@ def test_the_step_loss_is_the_mean_over_every_loss_bearing_target_of_all_micro_b
     torch.testing.assert_close(loss, expected.detach(), rtol=1e-5, atol=1e-6)
     for name, p in reference.named_parameters():
         torch.testing.assert_close(grads[name], p.grad, rtol=1e-4, atol=1e-7, msg=name)
-
-
-@pytest.fixture(scope="module")
-def parent_run(base_raw, tmp_path_factory) -> Path:
-    return pretrain(base_raw, tmp_path_factory.mktemp("parent") / "run")
 
 
 @pytest.fixture

@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from model import GPT, GPTConfig, load_pretrained
+from model.config import GPTConfig
+from model.gpt import GPT
+from model.io import load_pretrained
 from rundir.checkpoint import CheckpointError, load_trainer_state, save_checkpoint
 from training.config import TrainConfig
 from training import metrics

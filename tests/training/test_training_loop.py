@@ -13,7 +13,8 @@ import torch
 import training.tasks.text as tasks_module
 import training.trainer as trainer_module
 from common.errors import UserError
-from model import GPT, load_pretrained
+from model.gpt import GPT
+from model.io import load_pretrained
 from rundir.checkpoint import CheckpointError, load_trainer_state
 from rundir.files import STATE_FILE
 from rundir.metrics import read_metrics
@@ -79,7 +80,7 @@ def test_loss_decreases_and_the_run_dir_describes_itself(make_config, tmp_path):
 
 def test_grad_accumulation_equals_one_larger_batch():
     torch.manual_seed(0)
-    from model import GPTConfig
+    from model.config import GPTConfig
 
     model = GPT(GPTConfig(vocab_size=50, block_size=12, n_layer=2, n_head=2, n_kv_head=1, n_embd=32))
     x = torch.randint(0, 50, (12, 12))
@@ -117,7 +118,8 @@ def test_the_step_applies_the_clipped_gradient(make_config, tmp_path, grad_clip)
 
 
 def test_logged_loss_is_the_mean_over_micro_batches(make_config, tmp_path):
-    from data import TrainBatches, prepare_data
+    from data.batches.text import TrainBatches
+    from data.prepared.text import prepare_data
 
     cfg = make_config(train={"max_steps": 1, "grad_accum_steps": 3}, eval={"interval": 0})
     train(cfg, progress=False)

@@ -9,7 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from model import GPT, GPTConfig
+from model.config import GPTConfig
+from model.gpt import GPT
 from training.config import TrainConfig
 from training.muon import Muon
 from training.optim import (

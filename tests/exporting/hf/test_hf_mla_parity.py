@@ -10,7 +10,7 @@ from export_testkit import MLA_KINDS, VOCAB_SIZE, read_json
 
 transformers = pytest.importorskip("transformers")
 
-from model import load_pretrained  # noqa: E402
+from model.io import load_pretrained  # noqa: E402
 
 
 @pytest.fixture(scope="module", params=list(MLA_KINDS))

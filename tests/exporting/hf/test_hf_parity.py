@@ -18,7 +18,7 @@ from export_testkit import BLOCK_SIZE, MLA_KINDS, VOCAB_SIZE
 
 transformers = pytest.importorskip("transformers")
 
-from model import load_pretrained  # noqa: E402
+from model.io import load_pretrained  # noqa: E402
 
 ATOL = 1e-5
 
@@ -162,7 +162,7 @@ TEXTS = [
 
 
 def test_tokenizer_encodes_and_decodes_like_ours(make_export, chat_tokenizer):
-    from data import load_tokenizer
+    from data.tokenizer import load_tokenizer
 
     _, folder = make_export()
     ours = load_tokenizer(chat_tokenizer)
@@ -178,7 +178,7 @@ def test_tokenizer_encodes_and_decodes_like_ours(make_export, chat_tokenizer):
 
 
 def test_chat_template_renders_like_ours(make_export, chat_tokenizer):
-    from data import load_tokenizer
+    from data.tokenizer import load_tokenizer
     from data.chat import chat_text, render_chat, to_messages
 
     _, folder = make_export()
@@ -204,7 +204,7 @@ def test_chat_template_renders_like_ours(make_export, chat_tokenizer):
 def test_chat_template_renders_tools_and_results_like_ours(make_export, chat_tokenizer, arguments):
     """transformers passes ``tools=`` and the messages' ``tool_calls`` (arguments as OpenAI's text
     or as the object its docs show) and ``tool`` results to the template: our ids, every time."""
-    from data import load_tokenizer
+    from data.tokenizer import load_tokenizer
     from data.chat import chat_text, render_chat, to_messages
     from tools import BUILT_IN
 
@@ -238,7 +238,7 @@ def test_the_model_cards_recipe_keeps_typed_control_tokens_as_text(make_export, 
     the card's encode_chat gives exactly the ids our own renderer does, which keeps them text."""
     import re
 
-    from data import load_tokenizer
+    from data.tokenizer import load_tokenizer
     from data.chat import render_chat, to_messages
 
     _, folder = make_export()
