@@ -20,7 +20,6 @@ from data.tokenizer import RUN_TOKENIZER_ADVICE, eot_id, load_tokenizer, token_b
 from model.gpt import GPT
 from model.io import ModelFileError, load_pretrained
 from rundir.files import RUN_CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE
-from rundir.record import read_config
 
 RUNS_DIR = Path("runs")
 TRAIN_COMMAND = "python train.py --config configs/tiny.yaml"
@@ -97,6 +96,7 @@ def validation_tokens(run: LoadedRun, otherwise: str) -> np.ndarray:
     from common.config import build
     from data.config import DataConfig
     from data.prepared.text import prepare_data
+    from rundir.record import read_config
 
     if not (run.directory / RUN_CONFIG_FILE).is_file():
         raise UserError(f"{run.directory} has no {RUN_CONFIG_FILE} to find its validation text; {otherwise}")

@@ -31,7 +31,7 @@ from rundir.metrics import MetricsLog
 from tracking.wandb_logger import WandbLogger
 from training.adapters import Adapters
 from training.checkpointing import checkpointer_for
-from training.config import Config, TrainConfig, config_to_dict
+from training.config import Config, TrainConfig, config_to_dict, with_parent
 from training.device import autocast, configure_backends, precision_name, resolve_precision, should_compile
 from training.distributed import (
     DistContext, all_reduce_mean, all_reduce_sum, barrier, decided_on_main, gather_to_main, init_distributed,
@@ -100,6 +100,7 @@ def train(config: Config, *, resume: bool = False, overwrite: bool = False, prog
     such a directory is refused. ``progress`` shows the progress bar and evaluation lines.
     ``threads_setting`` names where train.threads came from (train.py: ``--threads``).
     """
+    config = with_parent(config)  # train.init_from's run is read when the run starts
     ctx = init_distributed(config.train.device)
     trainer = Trainer(config, ctx, progress=progress, threads_setting=threads_setting)
     try:
@@ -184,7 +185,7 @@ class Trainer:
         """The task's data (``training.tasks``); from a parent run (train.init_from), tokenized with
         its tokenizer (this run's own copy when resuming), never a new one."""
         cfg = self.config
-        assert (cfg.parent is not None) == bool(cfg.train.init_from), "read configs with config_from_dict"
+        assert (cfg.parent is not None) == bool(cfg.train.init_from), "start runs with train(), or with_parent"
         self.parent = cfg.parent
         tokenizer_file = None
         if self.parent is not None:

@@ -57,7 +57,7 @@ def test_an_mla_run_trains_resumes_fine_tunes_generates_and_exports(tmp_path: Pa
 
 
 @pytest.mark.parametrize("settings,words", [
-    (["--set", "model.attention=foo"], "attention must be one of gqa, mla, got 'foo'"),
+    (["--set", "model.attention=foo"], "model.attention must be 'gqa' or 'mla', got 'foo'"),
     (["--set", "model.attention=mla", "--set", "model.n_kv_head=4"], "attention mla needs kv_latent_dim"),
     (["--set", "model.kv_latent_dim=32"], "kv_latent_dim is set (32) but attention is 'gqa'"),
 ])
