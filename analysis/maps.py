@@ -25,7 +25,7 @@ from analysis.roles import (
     repeated_random_tokens,
     sink_score,
 )
-from model import GPTConfig
+from model.config import GPTConfig
 from model.gpt import causal_attention_weights, eval_mode
 
 

@@ -10,22 +10,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import math
 
 import numpy as np
 import torch
 
-from analysis.history import (
-    COPY_LOSS_RATIO,
-    LAYER_INDUCTION_THRESHOLD,
-    AttentionEval,
-    first_copying,
-    first_induction,
-    first_layer_induction,
-)
 from analysis.maps import ScaleComparison, SpanRepeat
 from common.files import atomic_output
+
+if TYPE_CHECKING:  # the histories are read by attention.py alone, not by a training run's figures
+    from analysis.history import AttentionEval
 
 # Token pieces label the axes only while they stay readable.
 MAX_LABELLED_TOKENS = 32
@@ -225,6 +221,7 @@ def draw_scale_comparison(comparison: ScaleComparison, tokens: Sequence[str] | N
 def draw_attention_history(history: Sequence[AttentionEval], out: Path, *, title: str, threshold: float) -> None:
     """Each layer's mean attention entropy and the best induction score at every evaluation of a
     run, with the induction threshold and the first evaluation past it, written as a PNG to ``out``."""
+    from analysis.history import first_induction
     plt = _pyplot()
     fig, (entropy, induction) = plt.subplots(1, 2, figsize=(12, 4.5), constrained_layout=True)
     steps = [e.step for e in history]
@@ -251,6 +248,8 @@ def draw_induction_history(history: Sequence[AttentionEval], out: Path, *, title
     ``out``: the loss on the first and second copies of repeated sequences (left), and the induction
     score of the best head and of each layer's heads summed (right), each with its threshold and a
     vertical line at the first evaluation past it."""
+    from analysis.history import (COPY_LOSS_RATIO, LAYER_INDUCTION_THRESHOLD, first_copying, first_induction,
+                                  first_layer_induction)
     plt = _pyplot()
     fig, (losses, scores) = plt.subplots(1, 2, figsize=(12, 4.5), constrained_layout=True)
     logged = [e for e in history if e.repeat_loss_second is not None]

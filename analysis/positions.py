@@ -22,8 +22,9 @@ from torch import nn
 
 from analysis.maps import attention_maps
 from analysis.roles import sink_score
-from data import bits_per_byte, iter_val_batches, target_nats_and_bytes
-from model import GPTConfig
+from data.batches.text import iter_val_batches
+from data.metrics import bits_per_byte, target_nats_and_bytes
+from model.config import GPTConfig
 from model.gpt import eval_mode
 
 

@@ -41,7 +41,7 @@ import argparse
 import math
 import statistics
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -56,12 +56,16 @@ from analysis.positions import (
     first_token_attention,
     scored_span,
 )
-from benchmarks.shared import ROOT, add_set_flag, benchmark_parser, final_eval, in_turns, run_train_py
+from benchmarks.shared import (
+    ROOT, add_set_flag, benchmark_parser, final_eval, in_turns, mean_std, run_train_py, table, table_head,
+    table_row,
+)
 from common.cli import path_arg, positive_float, positive_int, run_stoppable
 from common.errors import UserError
 from data.tokenizer import token_byte_lengths
-from model import GPT, GPTConfig, load_pretrained
-from model.config_checks import POSITION_KINDS
+from model.config import POSITION_KINDS, GPTConfig
+from model.gpt import GPT
+from model.io import load_pretrained
 from rundir.loading import load_run, validation_tokens
 from rundir.record import read_config
 
@@ -260,15 +264,12 @@ def measure(name: str, run_dirs: list[Path], decode_steps: int) -> Measured:
     )
 
 
-def table(rows: list[Measured]) -> str:
-    lines = ["| variant | params | steps | val bits/byte (per seed) | KV bytes/token | cache MiB (B=16, full ctx) "
-             "| decode tok/s B=1 | decode tok/s B=16 |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for m in rows:
-        bpb = " / ".join(f"{b:.4f}" for b in m.bpb)
-        steps = " / ".join(str(s) for s in m.steps)
-        lines.append(f"| {m.name} | {m.params:,} | {steps} | {bpb} | {m.kv_bytes_per_token:,} | "
-                     f"{m.cache_mib_batch16:.2f} | {m.decode_batch1:,.0f} | {m.decode_batch16:,.0f} |")
-    return "\n".join(lines)
+def variants_table(rows: list[Measured]) -> str:
+    return table(("variant", "params", "steps", "val bits/byte (per seed)", "KV bytes/token", "cache MiB (B=16, full ctx)",
+                  "decode tok/s B=1", "decode tok/s B=16"),
+                 ((m.name, f"{m.params:,}", " / ".join(map(str, m.steps)), " / ".join(f"{b:.4f}" for b in m.bpb),
+                   f"{m.kv_bytes_per_token:,}", f"{m.cache_mib_batch16:.2f}", f"{m.decode_batch1:,.0f}",
+                   f"{m.decode_batch16:,.0f}") for m in rows))
 
 
 def plot(rows: list[Measured], path: Path, budget: str) -> None:
@@ -381,14 +382,9 @@ def measure_positions(kind: str, run_dirs: list[Path], multiples: list[int], arg
         held_out = torch.from_numpy(np.asarray(tokens[:count * T], dtype=np.int64).reshape(count, T))
         sinks.append(first_token_attention(run.model, held_out))
     model = run.model
-    heads = describe_attention(replace(model.config, positions="learned"))
+    heads = describe_attention(model.config.model_copy(update={"positions": "learned"}))
     return PositionsMeasured(kind, heads, model.num_params(), [s for s, _ in finals],
                              [b for _, b in finals], lengths, torch.stack(sinks).mean(0), model.config.block_size)
-
-
-def mean_std(values: list[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation (NaN for one value)."""
-    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else float("nan")
 
 
 def positions_table(rows: list[PositionsMeasured]) -> str:
@@ -396,8 +392,8 @@ def positions_table(rows: list[PositionsMeasured]) -> str:
     standard error of that difference (Welch's t): with three seeds each, beyond about ±2.8 the
     difference is larger than seed-to-seed noise explains (two-sided, 5%)."""
     base = rows[0]
-    lines = [f"| positions ({base.attention}) | params | steps (per seed) | val bits/byte (per seed) | mean ± std "
-             f"| vs {base.kind}: Δ (Δ/SE) |", "|---|---:|---:|---:|---:|---:|"]
+    lines = [table_head(f"positions ({base.attention})", "params", "steps (per seed)", "val bits/byte (per seed)",
+                        "mean ± std", f"vs {base.kind}: Δ (Δ/SE)")]
     for m in rows:
         mean, std = mean_std(m.bpb)
         delta = "-"
@@ -405,8 +401,8 @@ def positions_table(rows: list[PositionsMeasured]) -> str:
             d = mean - statistics.fmean(base.bpb)
             se = math.sqrt(mean_std(m.bpb)[1] ** 2 / len(m.bpb) + mean_std(base.bpb)[1] ** 2 / len(base.bpb))
             delta = f"{d:+.4f} ({d / se:+.1f})" if se > 0 else f"{d:+.4f} (n/a: one seed)"
-        lines.append(f"| {m.kind} | {m.params:,} | {' / '.join(map(str, m.steps))} | "
-                     f"{' / '.join(f'{b:.4f}' for b in m.bpb)} | {mean:.4f} ± {std:.4f} | {delta} |")
+        lines.append(table_row(m.kind, f"{m.params:,}", " / ".join(map(str, m.steps)),
+                               " / ".join(f"{b:.4f}" for b in m.bpb), f"{mean:.4f} ± {std:.4f}", delta))
     return "\n".join(lines)
 
 
@@ -414,8 +410,7 @@ def extrapolation_table(rows: list[PositionsMeasured]) -> str:
     """Bits/byte at each evaluation length: the seeds' mean ± standard deviation, or why not possible."""
     lengths = [score.length for score in rows[0].lengths[0]]
     T = rows[0].block_size
-    head = " | ".join(f"{n} tokens ({n / T:g}×)" for n in lengths)
-    lines = [f"| positions | {head} |", "|---|" + "---:|" * len(lengths)]
+    lines = [table_head("positions", *(f"{n} tokens ({n / T:g}×)" for n in lengths))]
     for m in rows:
         cells = []
         for i in range(len(lengths)):
@@ -426,7 +421,7 @@ def extrapolation_table(rows: list[PositionsMeasured]) -> str:
                 mean, std = mean_std([s.bpb for s in scores])
                 change, change_std = mean_std([s.bpb - seed[0].bpb for s, seed in zip(scores, m.lengths)])
                 cells.append(f"{mean:.4f} ± {std:.4f}" + (f" ({change:+.4f} ± {change_std:.4f})" if i else ""))
-        lines.append(f"| {m.kind} | {' | '.join(cells)} |")
+        lines.append(table_row(m.kind, *cells))
     scored = rows[0].lengths[0][0].bytes
     lines.append(f"\nThe seeds' mean ± standard deviation, and in brackets the change from each run's own score at "
                  f"{lengths[0]} tokens; the same {scored:,} bytes of validation text at every length (back-to-back "
@@ -437,12 +432,11 @@ def extrapolation_table(rows: list[PositionsMeasured]) -> str:
 def first_token_table(rows: list[PositionsMeasured]) -> str:
     """Each head's first-token (sink) score, the seeds' mean, one column per kind."""
     n_layer, n_head = rows[0].first_token.shape
-    lines = [f"| layer.head | {' | '.join(m.kind for m in rows)} |", "|---|" + "---:|" * len(rows)]
-    for layer in range(n_layer):
-        for head in range(n_head):
-            lines.append(f"| {layer}.{head} | {' | '.join(f'{float(m.first_token[layer, head]):.3f}' for m in rows)} |")
-    lines.append(f"| mean of heads | {' | '.join(f'{float(m.first_token.mean()):.3f}' for m in rows)} |")
-    lines.append(f"| heads above 0.5 | {' | '.join(str(int((m.first_token > 0.5).sum())) for m in rows)} |")
+    lines = [table(("layer.head", *(m.kind for m in rows)),
+                   [*((f"{layer}.{head}", *(f"{float(m.first_token[layer, head]):.3f}" for m in rows))
+                      for layer in range(n_layer) for head in range(n_head)),
+                    ("mean of heads", *(f"{float(m.first_token.mean()):.3f}" for m in rows)),
+                    ("heads above 0.5", *(str(int((m.first_token > 0.5).sum())) for m in rows))])]
     even = even_spread_first_token(rows[0].block_size)
     lines.append(f"\nA head that spreads every query evenly scores {even:.3f} at {rows[0].block_size} tokens.")
     return "\n".join(lines)
@@ -512,7 +506,7 @@ def compare(args: argparse.Namespace) -> int:
         rows.append(measure(name, run_dirs, args.decode_steps))
     print(f"\n{args.config.name}, {budget_words(args)} per run, seeds {args.seeds}, "
           f"torch threads {torch.get_num_threads()}\n")
-    print(table(rows))
+    print(variants_table(rows))
     path = args.plot or args.out / "attention_variants.png"
     plot(rows, path, budget_words(args))
     print(f"\nfigure: {path}")

@@ -30,7 +30,8 @@ from dataclasses import dataclass
 
 import torch
 
-from common.cli import ArgumentParser, non_negative_int, path_arg, positive_int, run_command
+from benchmarks.shared import benchmark_parser, table
+from common.cli import non_negative_int, path_arg, positive_int, run_command
 from common.threads import add_threads_argument, parse_threads, use_threads
 from data.chat import ChatTokenIds
 from data.config import DataConfig
@@ -40,7 +41,7 @@ from inference.chat import ChatSession
 from inference.settings import GenerationSettings
 from inference.sampling import SamplingSettings
 from rundir.loading import load_run
-from training import DistContext
+from training.distributed import DistContext
 from training.tasks.chat import (
     ENDING_MAX_TOKENS, ENDING_REPLIES, ENDING_SEED, ended_share, evaluate_chat, held_out_replies, held_out_rows,
 )
@@ -79,8 +80,7 @@ def reply_measures(run, split, max_new_tokens: int, temperature: float, count: i
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = ArgumentParser(prog="python -m benchmarks.chat_eval", description=__doc__,
-                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = benchmark_parser("chat_eval", __doc__)
     parser.add_argument("--runs", type=path_arg, nargs="+", required=True,
                         help="the runs compared, the first the baseline of the last column (required)")
     parser.add_argument("--cache-dir", default="data_cache",
@@ -125,15 +125,13 @@ def compare_runs(args: argparse.Namespace) -> int:
 
     first = rows[0]
     print()
-    print("| run | assistant bits/byte | ended with <|end|> (sampled) | ended (greedy) | repeated 4-gram (sampled) "
-          "| repeated (greedy) | mean reply tokens (sampled) | (greedy) | distinct (greedy) | bits/byte vs first |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for row in rows:
-        s, g = row.sampled, row.greedy
-        print(f"| {row.run} | {row.bpb:.3f} | {100 * s.ended:.1f}% | {100 * g.ended:.1f}% "
-              f"| {100 * s.repeated:.1f}% | {100 * g.repeated:.1f}% "
-              f"| {s.mean_ended_tokens:.1f} | {g.mean_ended_tokens:.1f} | {100 * g.distinct:.1f}% "
-              f"| {row.bpb / first.bpb:.3f} |")
+    print(table(("run", "assistant bits/byte", "ended with <|end|> (sampled)", "ended (greedy)",
+                 "repeated 4-gram (sampled)", "repeated (greedy)", "mean reply tokens (sampled)", "(greedy)",
+                 "distinct (greedy)", "bits/byte vs first"),
+                ((row.run, f"{row.bpb:.3f}", f"{100 * s.ended:.1f}%", f"{100 * g.ended:.1f}%", f"{100 * s.repeated:.1f}%",
+                  f"{100 * g.repeated:.1f}%", f"{s.mean_ended_tokens:.1f}", f"{g.mean_ended_tokens:.1f}",
+                  f"{100 * g.distinct:.1f}%", f"{row.bpb / first.bpb:.3f}")
+                 for row in rows for s, g in [(row.sampled, row.greedy)])))
     return 0
 
 

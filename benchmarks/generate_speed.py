@@ -49,7 +49,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from benchmarks.shared import benchmark_parser, paired_ratio
+from benchmarks.shared import benchmark_parser, best_seconds, paired_ratio, table
 from common.cli import path_arg, positive_int, run_command
 from common.errors import UserError
 from common.threads import thread_count
@@ -57,7 +57,8 @@ from inference.aot_step import aot_missing, cache_folder
 from inference.compiled_step import compiler_missing
 from inference.completion import generate_completions
 from inference.settings import GenerationSettings
-from model import GPT, GPTConfig
+from model.config import GPTConfig
+from model.gpt import GPT
 from rundir.loading import LoadedRun, load_run
 
 TINY = GPTConfig(vocab_size=2048, block_size=512, n_layer=4, n_head=4, n_kv_head=2, n_embd=256)
@@ -211,14 +212,8 @@ def matmul_flops(model: GPT) -> float:
 def best_products_seconds(weights: list[torch.Tensor], rows: int) -> float:
     """The best of 20 timings of one ``F.linear`` of ``rows`` random rows through each weight."""
     inputs = [torch.randn(rows, w.shape[1]) for w in weights]
-    best = float("inf")
     with torch.inference_mode():
-        for _ in range(20):
-            start = time.perf_counter()
-            for x, w in zip(inputs, weights):
-                F.linear(x, w)
-            best = min(best, time.perf_counter() - start)
-    return best
+        return best_seconds(lambda: [F.linear(x, w) for x, w in zip(inputs, weights)], 20)
 
 
 def transformers_model(config: GPTConfig) -> tuple[str, object | None]:
@@ -272,7 +267,7 @@ def transformers_timer(model, prompt: list[int], new: int):
     return timer
 
 
-def onnx_session(model: GPT, path: Path, threads: int, static: bool = False):
+def onnx_session(model: GPT, path: Path, threads: int):
     """(None, an ONNX Runtime session of ``model`` exported to ``path``), or (why not, None)."""
     try:
         import onnxruntime as ort
@@ -281,44 +276,32 @@ def onnx_session(model: GPT, path: Path, threads: int, static: bool = False):
     from exporting.onnx.graph import export_graph
 
     started = time.perf_counter()
-    export_graph(model, path, static_batch=1 if static else None)
-    print(f"exported the {'static' if static else 'dynamic'} ONNX graph in {time.perf_counter() - started:.1f} s")
+    export_graph(model, path)
+    print(f"exported the dynamic ONNX graph in {time.perf_counter() - started:.1f} s")
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     return None, ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
-def onnx_timer(session, model: GPT, prompt: list[int], new: int, static: bool = False):
-    """Like ``ours_timer``, for an ONNX Runtime session: the dynamic graph reads the prompt in one
-    call; the static one a token a call, over all block_size slots."""
+def onnx_timer(session, model: GPT, prompt: list[int], new: int):
+    """Like ``ours_timer``, for an ONNX Runtime session of the dynamic graph: the prompt in one call,
+    then a token a call, the cache growing by one position each."""
     config = model.config
     names = [f"past_key_values.{i}.{kind}" for i in range(config.n_layer) for kind in ("key", "value")]
-    slots = config.block_size if static else 0
-    shape = (1, config.n_kv_head, slots, config.head_dim)
 
-    def step(tokens: list[int], start: int, past: dict, mask: np.ndarray) -> tuple[int, dict]:
+    def step(tokens: list[int], start: int, past: dict) -> tuple[int, dict]:
         logits, *presents = session.run(None, {
-            "input_ids": np.array([tokens]), "attention_mask": mask,
+            "input_ids": np.array([tokens]), "attention_mask": np.ones((1, start + len(tokens)), np.int64),
             "position_ids": np.arange(start, start + len(tokens))[None], **past})
         return int(logits[0, -1].argmax()), dict(zip(names, presents))
 
     def decode(n: int) -> tuple[float, float]:
         begin = time.perf_counter()
-        past = {name: np.zeros(shape, np.float32) for name in names}
-        if static:
-            mask = np.zeros((1, slots), np.int64)
-            for position, token in enumerate(prompt):
-                mask[0, position] = 1
-                token, past = step([token], position, past, mask)
-        else:
-            token, past = step(prompt, 0, past, np.ones((1, len(prompt)), np.int64))
+        empty = {name: np.zeros((1, config.n_kv_head, 0, config.head_dim), np.float32) for name in names}
+        token, past = step(prompt, 0, empty)
         first = time.perf_counter()
         for position in range(len(prompt), len(prompt) + n - 1):
-            if static:
-                mask[0, position] = 1
-            else:
-                mask = np.ones((1, position + 1), np.int64)
-            token, past = step([token], position, past, mask)
+            token, past = step([token], position, past)
         return first - begin, (n - 1) / (time.perf_counter() - first)
 
     decode(8)  # warm-up
@@ -327,13 +310,10 @@ def onnx_timer(session, model: GPT, prompt: list[int], new: int, static: bool = 
 
 def print_table(rows: list[Row]) -> None:
     print()
-    print(f"{'path':<22} {'prompt + new tokens':<22} {'first token ms':>15} {'decode tok/s':>13}")
-    for row in rows:
-        if row.decode_tokens_per_s is None:
-            print(f"{row.name:<22} {row.context:<22} {row.note}")
-            continue
-        first = "" if row.time_to_first_token_s is None else f"{row.time_to_first_token_s * 1000:.1f}"
-        print(f"{row.name:<22} {row.context:<22} {first:>15} {row.decode_tokens_per_s:>13.1f}")
+    print(table(("path", "prompt + new tokens", "first token ms", "decode tok/s"),
+                ((r.name, r.context, r.note, "") if r.decode_tokens_per_s is None else
+                 (r.name, r.context, "" if r.time_to_first_token_s is None else f"{r.time_to_first_token_s * 1e3:.1f}",
+                  f"{r.decode_tokens_per_s:.1f}") for r in rows), left=2))
 
 
 def print_ratios(rows: list[Row], contexts: list[str]) -> None:
@@ -394,9 +374,11 @@ def measure_cuda(args: argparse.Namespace) -> int:
     rows: list[Row] = []
     for context, length in prompts.items():
         prompt = torch.randint(config.vocab_size, (length,), generator=generator).tolist()
-        eager, compiled = (generate_completions(run, prompt, GenerationSettings(
-            max_new_tokens=new, temperature=0, compile=compile)).completions[0].token_ids for compile in (False, True))
-        print(f"[{context}] {token_agreement(eager, compiled)}")
+        eager, compiled = (generate_completions(run, prompt, GenerationSettings(max_new_tokens=new, temperature=0,
+                                                                                compile=compile)) for compile in (False, True))
+        if compiled.stats.compile_s:  # the process's first compile; later ones find its graphs
+            print(f"{COMPILED}: the decode step compiled in {compiled.stats.compile_s:.1f} s")
+        print(f"[{context}] {token_agreement(eager.completions[0].token_ids, compiled.completions[0].token_ids)}")
         paths = {EAGER: ours_timer(run, prompt, new, use_cache=True),
                  COMPILED: ours_timer(run, prompt, new, use_cache=True, compile=True)}
         if hf_model is not None:

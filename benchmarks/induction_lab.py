@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from analysis.history import first_copying, first_induction, first_layer_induction, read_attention_history
-from benchmarks.shared import ROOT, add_set_flag, benchmark_parser, run_train_py
+from benchmarks.shared import ROOT, add_set_flag, benchmark_parser, print_rows, run_train_py
 from common.cli import path_arg, run_stoppable
 from common.errors import UserError
 
@@ -77,16 +77,16 @@ def train(args: argparse.Namespace, seed: int) -> tuple[Path, float]:
     return run_dir, time.perf_counter() - start
 
 
-def report_row(seed: int, run_dir: Path, wall: float) -> str:
+def report_cells(seed: int, run_dir: Path, wall: float) -> tuple:
     history, _ = read_attention_history(run_dir)
     fell, layer, head = first_copying(history), first_layer_induction(history), first_induction(history)
-    passed = f"{layer.step if layer else 'none'} | {head.step if head else 'none'} | {wall:.0f} |"
+    passed = (layer.step if layer else "none", head.step if head else "none", f"{wall:.0f}")
+    end = f"{history[-1].repeat_loss_second:.2f}"
     if fell is None:
-        return f"| {seed} | did not fall | | | | {history[-1].repeat_loss_second:.2f} | {passed}"
+        return seed, "did not fall", "", "", "", end, *passed
     before = history[max(history.index(fell) - 1, 0)]
-    elapsed = _elapsed_at(run_dir, fell.step)
-    return (f"| {seed} | {fell.step} | {elapsed:.0f} | {before.repeat_loss_second:.2f} | "
-            f"{fell.repeat_loss_second:.2f} | {history[-1].repeat_loss_second:.2f} | {passed}")
+    return (seed, fell.step, f"{_elapsed_at(run_dir, fell.step):.0f}", f"{before.repeat_loss_second:.2f}",
+            f"{fell.repeat_loss_second:.2f}", end, *passed)
 
 
 def _elapsed_at(run_dir: Path, step: int) -> float:
@@ -108,13 +108,9 @@ def run_lab(args: argparse.Namespace) -> int:
                         "(write the held-out corpus)")
     if args.heldout is not None:
         print(f"wrote {write_heldout(args.heldout)}")
-    for i, seed in enumerate(args.seeds or []):
-        row = report_row(seed, *train(args, seed))
-        if i == 0:  # once the first run stands: a refused one leaves only its error line
-            print("| seed | second-copy loss fell at step | seconds | second-copy loss before | at it | at the end "
-                  "| layer sum >= 0.6 at step | head >= 0.5 at step | train.py wall seconds |")
-            print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-        print(row, flush=True)
+    print_rows(("seed", "second-copy loss fell at step", "seconds", "second-copy loss before", "at it", "at the end",
+                "layer sum >= 0.6 at step", "head >= 0.5 at step", "train.py wall seconds"),
+               (({}, report_cells(seed, *train(args, seed))) for seed in args.seeds or []), as_json=False, left=0)
     return 0
 
 

@@ -26,16 +26,16 @@ from dataclasses import dataclass, field
 import torch
 from tokenizers import Tokenizer
 
-from benchmarks.shared import Request, api_settings, benchmark_parser, closed_loop, ms_quantiles
+from benchmarks.shared import Request, api_settings, benchmark_parser, closed_loop, ms_quantiles, table
 from common.cli import path_arg, positive_float, positive_int, run_command
 from common.threads import thread_count
 from data.chat import ChatTokenIds, Message, render_chat
 from data.sources.shakespeare import shakespeare_documents
 from data.tokenizer import token_byte_table, train_tokenizer
-from model import GPT
+from model.gpt import GPT
 from rundir.loading import load_run
 from inference.engine import Engine
-from training import load_run_config
+from training.config import load_run_config
 
 
 @dataclass
@@ -159,12 +159,9 @@ def measure(args: argparse.Namespace) -> int:
         modes = [serve(model, tokenizer, token_bytes, talks, cache_bytes=0, **options, name="off"),
                  serve(model, tokenizer, token_bytes, talks, cache_bytes=int(args.cache_mb * 2**20), **options,
                        name="on")]
-    print("| prefix cache | prompt tokens | prefill tokens computed | cached | TTFT p50 / p95 ms | tokens/s "
-          "| seconds |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    for mode in modes:
-        print(f"| {mode.name} | {mode.prompt_tokens} | {mode.computed} | {mode.cached} | {ms_quantiles(mode.ttft)} "
-              f"| {mode.generated / mode.seconds:.0f} | {mode.seconds:.1f} |")
+    print(table(("prefix cache", "prompt tokens", "prefill tokens computed", "cached", "TTFT p50 / p95 ms", "tokens/s",
+                 "seconds"), ((mode.name, mode.prompt_tokens, mode.computed, mode.cached, ms_quantiles(mode.ttft),
+                               f"{mode.generated / mode.seconds:.0f}", f"{mode.seconds:.1f}") for mode in modes)))
     off, on = modes
     speedup = (on.generated / on.seconds) / (off.generated / off.seconds)
     print(f"\nprefill tokens {off.computed / on.computed:.2f}x fewer, p50 TTFT "

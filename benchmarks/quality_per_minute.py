@@ -33,7 +33,9 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.shared import ROOT, add_set_flag, benchmark_parser, final_eval, in_turns, run_train_py
+from benchmarks.shared import (
+    ROOT, add_set_flag, benchmark_parser, final_eval, in_turns, quartiles, run_train_py, table_head, table_row,
+)
 from common.cli import path_arg, positive_int, run_stoppable
 from common.errors import UserError
 
@@ -93,7 +95,7 @@ def screen(args: argparse.Namespace) -> int:
     if short >= args.steps:
         raise UserError(f"--short-steps ({short}) must be below --steps ({args.steps}) to give a slope")
     from common.threads import use_threads
-    from training import peak_flops
+    from training.metrics import peak_flops
 
     # The same measurement train.py makes for MFU on a CPU: the host's practical fp32 matmul peak.
     peak, _ = peak_flops("auto", torch.device("cpu"), torch.float32)
@@ -145,8 +147,8 @@ def screening_table(rows: list[Screened], short: list[tuple[int, float]]) -> str
     base_mean = statistics.fmean(bpb for _, bpb in base.finals)
     slope = log_slope(base.finals, short)
     spread = max(b for _, b in base.finals) - min(b for _, b in base.finals)
-    lines = ["| candidate | steps | val bits/byte (per seed) | Δ at equal steps | step cost (paired, quartiles) "
-             "| Δ at equal time (estimate) |", "|---|---:|---:|---:|---:|---:|"]
+    lines = [table_head("candidate", "steps", "val bits/byte (per seed)", "Δ at equal steps",
+                        "step cost (paired, quartiles)", "Δ at equal time (estimate)")]
     for row in rows:
         mean = statistics.fmean(bpb for _, bpb in row.finals)
         bpb = " / ".join(f"{value:.4f}" for _, value in row.finals)
@@ -156,7 +158,7 @@ def screening_table(rows: list[Screened], short: list[tuple[int, float]]) -> str
             low, mid, high = row.cost
             cost = f"{mid:.3f} ({low:.3f}-{high:.3f})"
             estimate = f"{equal_time_estimate(mean - base_mean, slope, mid):+.4f}"
-        lines.append(f"| {row.name} | {row.finals[0][0]} | {bpb} | {mean - base_mean:+.4f} | {cost} | {estimate} |")
+        lines.append(table_row(row.name, row.finals[0][0], bpb, f"{mean - base_mean:+.4f}", cost, estimate))
     short_bpb = " / ".join(f"{value:.4f}" for _, value in short)
     lines.append(f"\nbaseline at {short[0][0]} steps: {short_bpb}; slope {slope:+.4f} bits/byte per e-fold of steps; "
                  f"spread between the baseline's seeds {spread:.4f} (a smaller difference is no effect)")
@@ -167,15 +169,16 @@ def paired_cost(config: Path, settings: list[str], overrides: list[str], pairs: 
     """Quartiles of the ratio candidate / baseline of training-step times, one step of each in turn."""
     runners = {"baseline": step_runner(config, settings), "candidate": step_runner(config, settings + overrides)}
     seconds = in_turns({name: runner.step for name, runner in runners.items()}, pairs, warmup=3)
-    ratios = sorted(c / b for b, c in zip(seconds["baseline"], seconds["candidate"]))
-    return ratios[len(ratios) // 4], ratios[len(ratios) // 2], ratios[(3 * len(ratios)) // 4]
+    return quartiles([c / b for b, c in zip(seconds["baseline"], seconds["candidate"])])
 
 
 def step_runner(config: Path, settings: list[str]):
     """``benchmarks.train_throughput.TrainStepRunner`` on the config: the trainer's own step, on random tokens."""
     from benchmarks.train_throughput import TrainStepRunner
-    from model import GPT
-    from training import install_cpu_backward, load_run_config, resolve_precision
+    from model.gpt import GPT
+    from training.config import load_run_config
+    from training.device import resolve_precision
+    from training.rms_norm_cpu import install_cpu_backward
 
     cfg = load_run_config(config, settings)
     torch.manual_seed(cfg.train.seed)

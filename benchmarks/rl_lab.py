@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from benchmarks.labs import check_out_folder, lab_parser, run_settings, say, train_stage
+from benchmarks.shared import print_rows
 from common.cli import run_stoppable
 from common.config import merged as _merge
 from data.sources.arithmetic import conversations, problems
@@ -110,16 +111,16 @@ def configs(folder: Path, seed: int, size: str, overwrite: bool) -> dict[str, di
 def held_out(run_dir: Path, rl_raw: dict[str, Any], *, subset: bool = False) -> dict[str, float]:
     """pass@1 and pass@8 of ``run_dir`` by the RL task's own evaluation, on every held-out question,
     or (``subset``) on those the RL run's periodic evaluations score."""
-    from model import load_pretrained
-    from training.adapters import adapters_for
-    from training.config import config_from_dict
+    from model.io import load_pretrained
+    from training.trainer import adapters_for
+    from training.config import config_from_dict, with_parent
     from training.distributed import DistContext
     from training.tasks.prepare import prepare_task
 
     # Read as an RL run of it that is never trained (nothing is written to its out_dir).
     raw = _merge(rl_raw, {"train": {"init_from": str(run_dir)}, "rl": {"beta": 0.0},
                           "run": {"out_dir": f"{run_dir}-unused"}})
-    config = config_from_dict(raw)
+    config = with_parent(config_from_dict(raw))
     task = prepare_task(config, config.parent.tokenizer_file, progress=False, is_main=True,
                         device=torch.device("cpu"), adapters=adapters_for(config.train))
     batch_size = (config.eval.batch_size or config.train.batch_size) if subset else 32
@@ -186,19 +187,18 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_lab(args: argparse.Namespace) -> int:
     check_out_folder(args, STAGES)
-    if not args.json:
-        print(f"| seed | pass@1 before | after | pass@{PASS_K} before | after | RL seconds | RL steps |")
-        print("|---:|---:|---:|---:|---:|---:|---:|")
     curves = []
-    for seed in args.seeds:
-        row = run_seed(args, seed)
-        curves.append(row["curves"])
-        if args.json:
-            print(json.dumps(row), flush=True)
-        else:
-            print(f"| {seed} | {row['pass@1_before']:.3f} | {row['pass@1_after']:.3f} | "
-                  f"{row[f'pass@{PASS_K}_before']:.3f} | {row[f'pass@{PASS_K}_after']:.3f} | "
-                  f"{row['rl_seconds']:.0f} | {row['rl_steps']} |", flush=True)
+
+    def rows():
+        for seed in args.seeds:
+            row = run_seed(args, seed)
+            curves.append(row["curves"])
+            yield row, (seed, *(f"{row[key]:.3f}" for key in ("pass@1_before", "pass@1_after", f"pass@{PASS_K}_before",
+                                                                f"pass@{PASS_K}_after")),
+                        f"{row['rl_seconds']:.0f}", row["rl_steps"])
+
+    print_rows(("seed", "pass@1 before", "after", f"pass@{PASS_K} before", "after", "RL seconds", "RL steps"), rows(),
+               args.json, left=0)
     if not args.json:
         print("curves: " + ", ".join(curves))
     return 0

@@ -35,7 +35,7 @@ from pathlib import Path
 import httpx
 import torch
 
-from benchmarks.shared import Request, Timing, api_settings, benchmark_parser, closed_loop, ms_quantiles
+from benchmarks.shared import Request, Timing, api_settings, benchmark_parser, closed_loop, ms_quantiles, table
 from common.cli import path_arg, positive_int, run_command
 from common.threads import thread_count
 from inference.engine import Engine, decode
@@ -148,12 +148,10 @@ def server(run_dir: Path, max_batch: int, threads: int, device: str = "cpu", com
 def print_table(title: str, levels: list[Level]) -> None:
     base = levels[0].tokens_per_s if levels and levels[0].clients == 1 else None
     print(f"\n{title}")
-    print("| clients | tokens | seconds | tokens/s | x one at a time | TTFT p50 / p95 ms | ITL p50 / p95 ms |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
-    for level in levels:
-        ratio = f"{level.tokens_per_s / base:.2f}" if base else "-"
-        print(f"| {level.clients} | {level.tokens} | {level.seconds:.2f} | {level.tokens_per_s:.0f} | {ratio} "
-              f"| {ms_quantiles(level.ttft)} | {ms_quantiles(level.itl)} |")
+    print(table(("clients", "tokens", "seconds", "tokens/s", "x one at a time", "TTFT p50 / p95 ms", "ITL p50 / p95 ms"),
+                ((level.clients, level.tokens, f"{level.seconds:.2f}", f"{level.tokens_per_s:.0f}",
+                  f"{level.tokens_per_s / base:.2f}" if base else "-", ms_quantiles(level.ttft), ms_quantiles(level.itl))
+                 for level in levels), left=0))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -79,6 +79,20 @@ def in_turns(calls: dict[str, Callable[[], object]], rounds: int, warmup: int = 
     return seconds
 
 
+def best_seconds(call: Callable[[], object], repeats: int, sync: Callable[[], None] = lambda: None) -> float:
+    """The fastest of ``repeats`` timings of ``call()``: on a shared machine other processes only ever
+    slow a run down, so the best is the closest to the code's own speed. ``sync`` waits for a device's
+    queued work, before the clock starts and before it stops."""
+    best = float("inf")
+    for _ in range(repeats):
+        sync()
+        start = time.perf_counter()
+        call()
+        sync()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
 def paired_ratio(mine: Sequence[float], peer: Sequence[float]) -> tuple[float, float, float]:
     """Median, lowest and highest of ``mine / peer`` taken round by round. Both ran in the same round,
     under the same load, so each ratio compares like with like; the best of two series may come from
@@ -116,10 +130,11 @@ def table(columns: Sequence[str], rows: Iterable[Sequence[object]], left: int = 
 def print_rows(columns: Sequence[str], rows: Iterable[tuple[dict, Sequence[object]]], as_json: bool,
                left: int = 1) -> None:
     """Each row as it comes, as a JSON object (``--json``) or a table row under ``columns``; a row
-    is (its record, its cells). Flushed, so a long lab shows each row when it is done."""
-    if not as_json:
-        print(table_head(*columns, left=left), flush=True)
-    for record, cells in rows:
+    is (its record, its cells). Flushed, so a long lab shows each row when it is done; the table's
+    head comes with the first row, so a command that fails before it prints no empty table."""
+    for i, (record, cells) in enumerate(rows):
+        if i == 0 and not as_json:
+            print(table_head(*columns, left=left))
         print(json.dumps(record) if as_json else table_row(*cells), flush=True)
 
 

@@ -26,22 +26,21 @@ runs/tiny-quote (configs/tiny-quote.yaml: runs/tiny after a minute on passages w
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
-from common.cli import ArgumentParser, path_arg, positive_int, run_command
+from benchmarks.shared import benchmark_parser, print_rows
+from common.cli import path_arg, positive_int, run_command
 from common.errors import UserError
 from common.threads import thread_count
 from data.config import DataConfig
 from data.sources.shakespeare import held_out_plays, shakespeare_documents
 from inference.engine import Engine, Event
 from inference.sampling import SamplingSettings
-from inference.settings import checked_speculation
-from inference.speculative import DEFAULT_K, Speculation
+from inference.settings import DEFAULT_K, Speculation, checked_speculation
 from rundir.loading import LoadedRun, load_run
 
 DEFAULT_RUN = Path("runs/tiny")
@@ -65,8 +64,7 @@ class Result:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = ArgumentParser(prog="python -m benchmarks.speculative", description=__doc__.split("\n\n")[0],
-                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = benchmark_parser("speculative", __doc__)
     parser.add_argument("--run", type=path_arg, default=None, help=f"the run to decode with (default: {DEFAULT_RUN})")
     parser.add_argument("--draft-run", type=path_arg, default=None, metavar="DIR",
                         help="also speculate with this smaller run as the draft, same tokenizer (default: none, lookup only)")
@@ -99,19 +97,18 @@ def measure(args: argparse.Namespace) -> int:
              "free": [run.tokenizer.encode(SPEAKERS[i % len(SPEAKERS)]).ids for i in range(args.prompts)]}
     results = [compare(run, kind, prompts, speculation, args)
                for kind, prompts in kinds.items() for speculation in speculations.values()]
+    if not args.json:
+        print(f"run {run.directory}: block_size {run.block_size}, {run.model.num_params() / 1e6:.2f}M parameters; "
+              f"greedy, batch 1, {args.new_tokens} tokens a prompt, {args.prompts} prompts a kind, "
+              f"{torch.get_num_threads()} thread{'s' * (torch.get_num_threads() != 1)}, best of {args.repeats}")
+    print_rows(("text", "proposer", "k", "plain tokens/s", "speculative tokens/s", "ratio", "accepted/step",
+                "tokens/pass", "identical"),
+               (({**asdict(r), "ratio": r.ratio},
+                 (r.kind, r.proposer, r.k, f"{r.plain_tokens_per_s:.1f}", f"{r.speculative_tokens_per_s:.1f}",
+                  f"{r.ratio:.2f}x", f"{r.accepted_per_step:.2f}", f"{r.tokens_per_pass:.2f}", r.identical))
+                for r in results), args.json, left=2)
     if args.json:
-        for result in results:
-            print(json.dumps({**asdict(result), "ratio": result.ratio}))
         return 0
-    print(f"run {run.directory}: block_size {run.block_size}, {run.model.num_params() / 1e6:.2f}M parameters; "
-          f"greedy, batch 1, {args.new_tokens} tokens a prompt, {args.prompts} prompts a kind, "
-          f"{torch.get_num_threads()} thread{'s' * (torch.get_num_threads() != 1)}, best of {args.repeats}")
-    print("| text | proposer | k | plain tokens/s | speculative tokens/s | ratio | accepted/step | tokens/pass "
-          "| identical |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for r in results:
-        print(f"| {r.kind} | {r.proposer} | {r.k} | {r.plain_tokens_per_s:.1f} | {r.speculative_tokens_per_s:.1f} "
-              f"| {r.ratio:.2f}x | {r.accepted_per_step:.2f} | {r.tokens_per_pass:.2f} | {r.identical} |")
     for r in results:
         if r.ratio < 1:
             draft = " and the draft's own steps" if r.proposer == "draft" else ""

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.labs import check_out_folder, lab_parser, run_settings, say, stage_state, train_stage
+from benchmarks.shared import print_rows
 from common.cli import run_stoppable
 from common.config import merged as _merge
 
@@ -146,16 +147,16 @@ def held_out(run_dir: Path, rl_raw: dict[str, Any]) -> dict[str, float]:
     calls that parse."""
     import torch
 
-    from model import load_pretrained
-    from training.adapters import adapters_for
-    from training.config import config_from_dict
+    from model.io import load_pretrained
+    from training.trainer import adapters_for
+    from training.config import config_from_dict, with_parent
     from training.distributed import DistContext
     from training.tasks.prepare import prepare_task
 
     # Read as an RL run of it that is never trained (nothing is written to its out_dir).
     raw = _merge(rl_raw, {"train": {"init_from": str(run_dir)}, "rl": {"beta": 0.0},
                           "run": {"out_dir": f"{run_dir}-unused"}})
-    config = config_from_dict(copy.deepcopy(raw))
+    config = with_parent(config_from_dict(copy.deepcopy(raw)))
     task = prepare_task(config, config.parent.tokenizer_file, progress=False, is_main=True,
                         device=torch.device("cpu"), adapters=adapters_for(config.train))
     result = task.evaluate(load_pretrained(run_dir), batch_size=50, max_batches=None, device=torch.device("cpu"),
@@ -242,15 +243,15 @@ def draw_figure(out: Path, rows: list[dict[str, Any]]) -> Path:
     return path
 
 
-HEADER = ("| seed | pass@1 no tools | SFT | GRPO | calling (GRPO) | calls parsed (GRPO) | base s | SFT s | GRPO s "
-          "| eval s | seed s |")
+COLUMNS = ("seed", "pass@1 no tools", "SFT", "GRPO", "calling (GRPO)", "calls parsed (GRPO)", "base s", "SFT s",
+           "GRPO s", "eval s", "seed s")
 
 
-def table_line(row: dict[str, Any]) -> str:
-    seconds = " | ".join("–" if row[key] is None else f"{row[key]:.0f}"  # – : kept or resumed, not timed whole
-                         for key in ("base_seconds", "sft_seconds", "grpo_seconds", "eval_seconds", "seconds"))
-    return (f"| {row['seed']} | {row['pass@1_no_tools']:.3f} | {row['pass@1_sft']:.3f} | {row['pass@1_grpo']:.3f} | "
-            f"{row['calling_grpo']:.3f} | {row['parsed_grpo']:.3f} | {seconds} |")
+def table_cells(row: dict[str, Any]) -> tuple:
+    return (row["seed"], *(f"{row[key]:.3f}" for key in ("pass@1_no_tools", "pass@1_sft", "pass@1_grpo", "calling_grpo",
+                                                          "parsed_grpo")),
+            *("–" if row[key] is None else f"{row[key]:.0f}"  # – : kept or resumed, not timed whole
+              for key in ("base_seconds", "sft_seconds", "grpo_seconds", "eval_seconds", "seconds")))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -259,15 +260,16 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_lab(args: argparse.Namespace) -> int:
     check_out_folder(args, STAGES)
-    rows = []
-    for seed in args.seeds:
-        rows.append(run_seed(args, seed))
-        if not args.json and len(rows) == 1:  # the header once a row has come, so a failure prints no table
-            print(HEADER)
-            print("|" + "---:|" * (HEADER.count(" | ") + 1))
-        print(json.dumps(rows[-1]) if args.json else table_line(rows[-1]), flush=True)
-        figure = draw_figure(args.out, rows)
-    say(f"figure: {figure}")
+    rows, figure = [], []
+
+    def seeds():
+        for seed in args.seeds:
+            rows.append(run_seed(args, seed))
+            figure[:] = [draw_figure(args.out, rows)]  # after every seed: a later failure keeps it
+            yield rows[-1], table_cells(rows[-1])
+
+    print_rows(COLUMNS, seeds(), args.json, left=0)
+    say(f"figure: {figure[0]}")
     return 0
 
 

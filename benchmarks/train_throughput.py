@@ -20,7 +20,7 @@
    GELU, so it is the harder comparison.)
 
 FLOPs per token are counted the same way for both (``flops_per_token`` below, the convention
-``model.GPT.flops_per_token`` uses: 6 per matmul weight plus the full attention matrix), so the
+``model.gpt.GPT.flops_per_token`` uses: 6 per matmul weight plus the full attention matrix), so the
 MFU column compares how well each model turns its arithmetic into throughput, each row against
 the peak of its own precision. The optimizer's own arithmetic (Muon's Newton-Schulz iterations,
 fp32 on the CPU at either precision) is not model FLOPs, so it lowers MFU.
@@ -50,13 +50,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from benchmarks.shared import benchmark_parser, quartiles, table
+from benchmarks.shared import benchmark_parser, best_seconds, quartiles, table
 from common.cli import positive_int, run_command
 from common.device import select_device
 from common.errors import UserError
-from training import (TrainConfig, autocast, configure_backends, format_flops, init_distributed, resolve_precision,
-                      shutdown, synchronize, wrap_model)
-from training.device import precision_name
+from training.config import TrainConfig
+from training.device import autocast, configure_backends, precision_name, resolve_precision, synchronize
+from training.distributed import init_distributed, shutdown, wrap_model
+from training.metrics import format_flops
 
 OURS, REFERENCE = "ours (GQA, SwiGLU, RMSNorm)", "nanoGPT-style reference"
 
@@ -136,12 +137,7 @@ def measure_peak(device: torch.device, dtype: torch.dtype, repeats: int = 5) -> 
         a = torch.randn(size, size, device=device, dtype=dtype)
         b = torch.randn(size, size, device=device, dtype=dtype)
         torch.matmul(a, b)
-        synchronize(device)
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            torch.matmul(a, b)
-            synchronize(device)
-            best = max(best, 2 * size**3 / (time.perf_counter() - t0))
+        best = max(best, 2 * size**3 / best_seconds(lambda: torch.matmul(a, b), repeats, lambda: synchronize(device)))
     return best
 
 
@@ -166,7 +162,7 @@ class TrainStepRunner:
         compile_model: bool,
         train: TrainConfig,
     ) -> None:
-        from training import build_optimizer, plan_param_groups
+        from training.optim import build_optimizer, plan_param_groups
 
         self.name, self.flops, self.compiled = name, flops, compile_model
         self.device, self.amp_dtype, self.grad_clip = device, amp_dtype, train.grad_clip
@@ -182,7 +178,8 @@ class TrainStepRunner:
 
     def step(self) -> float:
         """One optimizer step; returns its wall-clock seconds (device work included)."""
-        from training import accumulate_gradients, clip_gradients
+        from training.tasks.task import accumulate_gradients
+        from training.trainer import clip_gradients
 
         batch = self.batches[self.count % len(self.batches)]
         self.count += 1
@@ -275,8 +272,9 @@ def measured_precisions(choice: str, device: torch.device) -> list[torch.dtype]:
 
 
 def measure(args: argparse.Namespace) -> int:
-    from model import GPT
-    from training import install_cpu_backward, load_run_config
+    from model.gpt import GPT
+    from training.config import load_run_config
+    from training.rms_norm_cpu import install_cpu_backward
 
     cfg = load_run_config(args.config, args.overrides)
     device = select_device(cfg.train.device)
@@ -376,8 +374,9 @@ def measure(args: argparse.Namespace) -> int:
 
 def measure_ddp(args: argparse.Namespace) -> int:
     """``--ddp``: every rank's DDP step, then rank 0 alone, and the scaling efficiency."""
-    from model import GPT
-    from training import install_cpu_backward, load_run_config
+    from model.gpt import GPT
+    from training.config import load_run_config
+    from training.rms_norm_cpu import install_cpu_backward
 
     cfg = load_run_config(args.config, args.overrides)
     m, tc = cfg.model, cfg.train

@@ -24,7 +24,7 @@ from data.chat import CHAT_TEMPLATE, ChatTokenIds
 from data.errors import DataError
 from data.tokenizer import EOT, eot_id
 from inference.settings import GenerationSettings
-from model import GPTConfig
+from model.config import GPTConfig
 from rundir.files import TOKENIZER_FILE
 from rundir.record import RunRecord
 

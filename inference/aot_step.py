@@ -54,7 +54,8 @@ from common.files import atomic_output, atomic_write_text
 from common.os_errors import describe_os_error
 from inference.batch_invariant import RowBlockedLinear
 from inference.compiled_step import MIN_WINDOW, CompiledStep, step_inputs, step_logits
-from model import GPT, KVCache
+from model.gpt import GPT
+from model.kv_cache import KVCache
 
 MIN_TORCH = (2, 6)  # the first with AOTInductor's package API:
 AOTI_API = ("aoti_compile_and_package", "aoti_load_package")

@@ -31,8 +31,8 @@ from data.chat import ChatTokenIds, ChatTooLong, Message, fit_for_reply, render_
 from data.errors import DataError
 from inference.engine import Engine
 from inference.sampling import new_seed
-from inference.settings import GenerationSettings
-from inference.tool_use import DEFAULT_MAX_CALLS, ToolStep, decode_with_tools
+from inference.settings import DEFAULT_MAX_CALLS, GenerationSettings
+from inference.tool_use import ToolStep, decode_with_tools
 from rundir.loading import LoadedRun
 from tools import Toolbox
 

@@ -22,9 +22,9 @@ import contextlib
 
 from common.errors import UserError
 from inference.chat import ChatSession
-from inference.settings import GenerationSettings
+from inference.settings import DEFAULT_MAX_CALLS, GenerationSettings
 from inference.terminal import LineReader, write_stdout
-from inference.tool_use import DEFAULT_MAX_CALLS, ToolStep
+from inference.tool_use import ToolStep
 from rundir.loading import LoadedRun
 from tools import ToolError, Toolbox, load_tools
 

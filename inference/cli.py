@@ -19,13 +19,11 @@ from common.device import select_device
 from common.errors import UserError
 from common.os_errors import describe_os_error
 from common.threads import STARVED_SHARE, add_threads_argument, parse_threads, starved_advice, use_threads
-from inference.chat_cli import chat_main, check_chat_flags
-from inference.compiled_step import choose_compile
 from inference.completion import GenerationResult, encode_prompt, generate_completions
 from inference.sampling import KEEP_FRACTION, SINKS
-from inference.settings import GenerationSettings, add_speculation_arguments, checked_sinks, checked_speculation
+from inference.settings import (DEFAULT_MAX_CALLS, GenerationSettings, add_speculation_arguments, checked_sinks,
+                                checked_speculation)
 from inference.terminal import decode_argument, decode_utf8, write_stdout
-from inference.tool_use import DEFAULT_MAX_CALLS
 from rundir.loading import find_latest_run, load_run
 
 _EPILOG = f"""\
@@ -182,20 +180,24 @@ def _generate(args: argparse.Namespace) -> int:
         stop=tuple(decode_argument(stop, "--stop") for stop in args.stop), use_cache=not args.no_cache,
     )
     prompt = read_prompt(args)
-    if args.chat:
+    if args.chat:  # the chat (and its tools) is imported only when asked for
+        from inference.chat_cli import check_chat_flags
         check_chat_flags(settings, args)
     elif args.system is not None or args.tools is not None:
         raise UserError(f"{'--system' if args.system is not None else '--tools'} needs --chat")
 
     device = select_device(args.device, setting="--device")
-    settings = dataclasses.replace(settings, compile=choose_compile(
-        args.compile, use_cache=settings.use_cache, device=device))
+    if args.compile is not None:  # unasked, one generation never compiles (choose_compile)
+        from inference.compiled_step import choose_compile
+        settings = dataclasses.replace(settings, compile=choose_compile(
+            args.compile, use_cache=settings.use_cache, device=device))
     # One stream decodes one token at a time: operations too small to share between cores.
     threads = use_threads(parse_threads(args.threads), useful=1 if args.chat or settings.num_samples == 1 else None)
     run = load_run(_run_directory(args), device)
     settings = dataclasses.replace(settings, sinks=checked_sinks(args.sinks, run.model.config),
                                    speculation=checked_speculation(args, run, use_cache=settings.use_cache))
     if args.chat:
+        from inference.chat_cli import chat_main
         given = args.prompt is not None or args.prompt_file is not None
         return chat_main(args, run, settings, prompt if given else None)
     prompt_tokens = encode_prompt(run, prompt)

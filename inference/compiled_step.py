@@ -39,8 +39,8 @@ from collections.abc import Mapping
 import torch
 
 from common.errors import UserError
-from model import GPT, KVCache
-from model.kv_cache import StaticStep
+from model.gpt import GPT
+from model.kv_cache import KVCache, StaticStep
 
 def choose_compile(flag: bool | None, *, use_cache: bool = True, device: torch.device, serving: bool = False) -> bool:
     """Whether a command compiles its decode step. ``--compile``/``--no-compile`` (``flag``) decide

@@ -79,17 +79,20 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import torch
 
-from inference.aot_step import AotStep, decode_step
-from inference.batch_invariant import row_blocked
-from inference.compiled_step import CompiledStep, spare_slot_cache
-from inference.prefix_cache import PrefixCache
 from inference.sampling import SamplingSettings, Window, new_seed, sample_next_token, seeded_generator
-from inference.speculative import Proposal, Speculation, Speculator
 from inference.streaming import TextStream
-from model import GPT
+from model.gpt import GPT
+
+if TYPE_CHECKING:  # the optional steps are imported where they are asked for, so plain decoding loads none
+    from inference.aot_step import AotStep
+    from inference.compiled_step import CompiledStep
+    from inference.prefix_cache import PrefixCache
+    from inference.settings import Speculation
+    from inference.speculative import Proposal, Speculator
 
 log = logging.getLogger(__name__)
 
@@ -225,7 +228,10 @@ class Engine:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
         cfg = model.config
         # Batch invariance is chosen here, once: see inference.batch_invariant.
-        self.model = row_blocked(model) if batch_invariant else model
+        self.model = model
+        if batch_invariant:
+            from inference.batch_invariant import row_blocked
+            self.model = row_blocked(model)
         self.token_bytes = token_bytes if token_bytes is not None else [b""] * cfg.vocab_size
         self.max_batch = max_batch
         self.max_queue = 4 * max_batch if max_queue is None else max_queue
@@ -238,8 +244,13 @@ class Engine:
         assert not ((compile or speculation) and not use_cache), "compiled and speculative steps are cached ones"
         # A batch-invariant pass reads whole buffers, a speculative one checks a token and its proposals.
         whole_buffers = (1 + (speculation.k if speculation else 0)) if batch_invariant else 0
-        self.speculator = Speculator(speculation, max_batch, batch_invariant) if speculation else None
+        self.speculator: Speculator | None = None
+        if speculation:
+            from inference.speculative import Speculator
+            self.speculator = Speculator(speculation, max_batch, batch_invariant)
         if compile:
+            from inference.aot_step import decode_step
+            from inference.compiled_step import spare_slot_cache
             self.cache = spare_slot_cache(model, max_batch, whole_buffers=whole_buffers)
             # Off the server, a CPU step reads only the slots rows have filled (see CompiledStep).
             exact_window = not batch_invariant and self.cache.device.type == "cpu"
@@ -247,7 +258,10 @@ class Engine:
         else:
             self.cache = model.init_cache(max_batch, whole_buffers=whole_buffers)
             self.compiled = None
-        self.prefix_cache = PrefixCache(self.prefill_chunk, prefix_cache_bytes) if prefix_cache_bytes else None
+        self.prefix_cache: PrefixCache | None = None
+        if prefix_cache_bytes:
+            from inference.prefix_cache import PrefixCache
+            self.prefix_cache = PrefixCache(self.prefill_chunk, prefix_cache_bytes)
         self.prefill_tokens = 0  # prompt tokens the model has encoded (not copied from the prefix cache)
         self._waiting: collections.deque[_Request] = collections.deque()
         self._rows: list[_Request | None] = [None] * max_batch

@@ -14,14 +14,37 @@ from typing import TYPE_CHECKING
 from common.cli import path_arg
 from common.errors import UserError
 from inference.sampling import MAX_SEED, SamplingSettings, check_sampling_args, rolls_past_window
-from inference.speculative import DEFAULT_K, MAX_K, PROPOSERS, Speculation
 from rundir.loading import LoadedRun, load_run
 
 if TYPE_CHECKING:
-    from model import GPTConfig
+    from model.config import GPTConfig
+    from model.gpt import GPT
 
 # Samples decode as one batch through one cache; beyond this the cache alone outgrows a laptop.
 MAX_NUM_SAMPLES = 1024
+# The most tool calls in one chat reply; after them the model must answer.
+DEFAULT_MAX_CALLS = 4
+
+PROPOSERS = ("lookup", "draft")
+# A lookup guess costs a wider pass and nothing else, so it may run long; a draft's costs a draft
+# step each, and the chance that all are accepted falls with every one.
+DEFAULT_K = {"lookup": 8, "draft": 4}
+MAX_K = 16
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """How to speculate: the proposer (``lookup`` or ``draft``), at most ``k`` guesses a step, and
+    for ``draft`` the draft run's model (on the target's device, with its vocabulary). Checked at
+    the edge (``checked_speculation``)."""
+
+    proposer: str
+    k: int
+    draft: GPT | None = None
+
+    def __post_init__(self) -> None:
+        assert self.proposer in PROPOSERS and 1 <= self.k <= MAX_K
+        assert (self.draft is not None) == (self.proposer == "draft")
 
 
 @dataclass(frozen=True)

@@ -46,31 +46,12 @@ import torch
 
 from inference.batch_invariant import row_blocked
 from inference.sampling import SamplingSettings, adjusted_logits, draw, token_distribution, uniform_per_row
-from model import GPT
+from inference.settings import Speculation
+from model.gpt import GPT
 
-PROPOSERS = ("lookup", "draft")
-# A lookup guess costs a wider pass and nothing else, so it may run long; a draft's costs a draft
-# step each, and the chance that all are accepted falls with every one.
-DEFAULT_K = {"lookup": 8, "draft": 4}
-MAX_K = 16
 # The longest n-gram prompt lookup matches first, then shorter ones. A single token recurs
 # everywhere, and its guesses would mostly cost a wide pass for nothing.
 LOOKUP_NGRAMS = (3, 2)
-
-
-@dataclass(frozen=True)
-class Speculation:
-    """How to speculate: the proposer (``lookup`` or ``draft``), at most ``k`` guesses a step, and
-    for ``draft`` the draft run's model (on the target's device, with its vocabulary). Checked at
-    the edges (``inference.settings.checked_speculation``)."""
-
-    proposer: str
-    k: int
-    draft: GPT | None = None
-
-    def __post_init__(self) -> None:
-        assert self.proposer in PROPOSERS and 1 <= self.k <= MAX_K
-        assert (self.draft is not None) == (self.proposer == "draft")
 
 
 class Row(Protocol):

@@ -41,10 +41,9 @@ from tokenizers import Tokenizer
 from data.chat import ChatTokenIds, Message, ToolCall, parse_reply, render_chat
 from inference.engine import Engine, Event, Finish
 from inference.sampling import MAX_SEED, SamplingSettings, new_seed
+from inference.settings import DEFAULT_MAX_CALLS
 from tools import Toolbox, ToolResult
 from tools.toolbox import error_result
-
-DEFAULT_MAX_CALLS = 4
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,5 @@
-"""A small decoder-only GPT in pure PyTorch: the model, its KV cache, save/load.
+"""A small decoder-only GPT in pure PyTorch: its config (``model.config``), the model (``model.gpt``),
+its KV cache (``model.kv_cache``) and save/load (``model.io``).
 
-Importing the package only defines classes and functions; nothing is built or read.
+Nothing is imported here; importing a module only defines classes and functions, nothing is built or read.
 """
-
-from model.gpt import GPT, GPTConfig, unwrap
-from model.io import ModelFileError, load_pretrained, save_pretrained
-from model.kv_cache import KVCache
-
-__all__ = ["GPT", "GPTConfig", "KVCache", "ModelFileError", "load_pretrained", "save_pretrained", "unwrap"]

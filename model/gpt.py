@@ -1,12 +1,8 @@
-"""The GPT, from token ids to logits, in one file that reads top to bottom: config, the layers
-every block shares, the three kinds of positions side by side (learned, rotary, none), the two
-attention kinds side by side (grouped-query, and DeepSeek's multi-head latent attention), the block,
-and the model.
-
-Learned absolute positions by default, pre-norm RMSNorm blocks with a SwiGLU feed-forward, and an
-LM head tied to the token embedding. A decode step also reads ``model.kv_cache``, ``inference.sampling`` and
-the one decode loop, ``inference.engine``. The small-model options of ``GPTConfig`` are off by
-default; docs/training.md says where each comes from.
+"""The GPT, from token ids to logits, built from its config (``model.config``), in one file that
+reads top to bottom: the layers every block shares, the three kinds of positions (learned, rotary,
+none) and the two attention kinds (grouped-query, DeepSeek's multi-head latent attention) side by
+side, pre-norm RMSNorm blocks with a SwiGLU feed-forward, and the model. A decode step also reads
+``model.kv_cache`` and the one decode loop, ``inference.engine``.
 """
 
 from __future__ import annotations
@@ -14,134 +10,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from common.config import Removed, check_types, require, typed_values
-from model.config_checks import ATTENTION_KINDS, POSITION_KINDS, POSITIVE_INTS, explain_model_values
+from model.config import GPTConfig
 from model.kv_cache import KVCache, LayerCache
-
-
-@dataclass
-class GPTConfig:
-    """Sizes of a decoder-only GPT, and its options (docs/training.md).
-
-    ``n_head // n_kv_head`` query heads share each key/value head: 1 key/value head is multi-query
-    attention, ``n_head`` of them multi-head attention. ``attention="mla"`` reads every head's key
-    and value from one cached latent of ``kv_latent_dim`` numbers per token (``LatentAttention``).
-    Served decoding is batch-invariant on the CPU when ``head_dim`` (or ``kv_latent_dim``, plus
-    ``rope_dim`` with rotary positions) is a multiple of 16 (see ``CausalSelfAttention._attend_token``).
-
-    ``positions``: ``learned`` adds a learned embedding per absolute position to the input;
-    ``rope`` rotates queries and keys by their position inside attention (``rope_theta`` is the
-    base of its wavelengths); ``none`` gives no position at all, and the causal mask alone tells a
-    token what came before it.
-    """
-
-    vocab_size: int
-    block_size: int
-    n_layer: int
-    n_head: int
-    n_kv_head: int
-    n_embd: int
-    ffn_hidden: int | None = None  # None: derived from n_embd (ffn_dim)
-    dropout: float = 0.0
-    norm_eps: float = 1e-5
-    tie_embeddings: bool = True
-    attention: str = "gqa"
-    kv_latent_dim: int | None = None
-    q_latent_dim: int | None = None
-    value_embeddings: bool = False
-    positions: str = "learned"
-    rope_theta: float = 10000.0
-    # Options that lost by the records (docs/records.md), at the value that turned them off (common.config).
-    REMOVED_KEYS: ClassVar[dict[str, Removed]] = {
-        "bigram_buckets": Removed(None), "mtp_weight": Removed(0.0), "mlp": Removed("swiglu"),
-        "qk_norm": Removed(False), "logit_softcap": Removed(None), "residual_scalars": Removed(False),
-        "zero_init": Removed(False)}
-
-    def __post_init__(self) -> None:
-        # Plain checks against programmer errors: ``from_dict`` has explained a user's values already.
-        check_types(self)
-        mla = self.attention == "mla"
-        sizes = [getattr(self, name) for name in (*POSITIVE_INTS, "kv_latent_dim", "q_latent_dim")]
-        _expect(all(size is None or size >= 1 for size in sizes), "sizes must be >= 1")
-        _expect(self.n_embd % self.n_head == 0 and self.n_head % self.n_kv_head == 0, "heads must divide evenly")
-        _expect(self.attention in ATTENTION_KINDS, "unknown attention")
-        _expect(mla == (self.kv_latent_dim is not None) and (mla or self.q_latent_dim is None), "latent sizes")
-        _expect(not mla or self.n_kv_head == self.n_head, "mla needs n_kv_head == n_head")
-        # The gate that mixes a value embedding in reads the layer's input, which a latent-only
-        # cache does not keep: cached positions could not be decoded again from the latent alone.
-        _expect(not (mla and self.value_embeddings), "value embeddings need gqa")
-        _expect(0.0 <= self.dropout < 1.0 and self.norm_eps > 0.0, "dropout or norm_eps out of range")
-        _expect(self.positions in POSITION_KINDS and 0.0 < self.rope_theta < math.inf, "unknown positions")
-        _expect(self.positions != "rope" or self.rope_dim % 2 == 0, "rope rotates pairs: rope_dim must be even")
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> GPTConfig:
-        """The config of a model section written by a user (YAML, JSON): unknown, missing,
-        mistyped and impossible values are refused in one line each (``model.config_checks``)."""
-        values = typed_values(cls, d, "model")
-        try:
-            explain_model_values(values)
-        except ValueError as e:
-            raise type(e)(f"model: {e}") from None
-        return cls(**values)
-
-    @property
-    def head_dim(self) -> int:
-        return self.n_embd // self.n_head
-
-    @property
-    def rope_dim(self) -> int:
-        """Numbers of each query and key head that rotary positions rotate (0 without them): the whole
-        head for grouped-query attention; for latent attention a decoupled part beside the head,
-        half its size as in DeepSeek-V3 (``LatentAttention``)."""
-        if self.positions != "rope":
-            return 0
-        return self.head_dim // 2 if self.attention == "mla" else self.head_dim
-
-    @property
-    def ffn_dim(self) -> int:
-        """Feed-forward hidden width: ``ffn_hidden`` if given, else 8/3·n_embd rounded up to 64.
-        SwiGLU has three matrices instead of two, so 8/3 (not 4) keeps the parameter count of a
-        classic 4x MLP; a multiple of 64 keeps matmul shapes friendly to vectorised kernels."""
-        return self.ffn_hidden if self.ffn_hidden is not None else 64 * -(-int(8 * self.n_embd / 3) // 64)
-
-    @property
-    def value_embedding_layers(self) -> range:
-        """Every other layer, ending with the last (nanochat's choice), or none. A range, so that
-        counting them (the size check) costs nothing whatever ``n_layer`` a config asks for."""
-        return range((self.n_layer - 1) % 2, self.n_layer, 2) if self.value_embeddings else range(0)
-
-    def num_params(self) -> int:
-        """Parameters of a GPT of this shape (a tied head counted once), from the sizes alone:
-        checking that a model fits must not build one, not even on the meta device, whose
-        initialisers import torch's compiler (seconds at start-up)."""
-        C = self.n_embd
-        attention = C * (self.n_head + 2 * self.n_kv_head) * self.head_dim + C * C
-        if self.attention == "mla":  # LatentAttention's matrices and latent norm gains
-            r, q, rope = self.kv_latent_dim, self.q_latent_dim, self.rope_dim
-            query_width = C + self.n_head * rope  # each head's query, and its rotary part
-            query = C * query_width if q is None else C * q + q + q * query_width
-            attention = query + C * (r + rope) + r + r * 2 * C + C * C
-        per_layer = attention + 3 * C * self.ffn_dim + 2 * C
-        head = 0 if self.tie_embeddings else self.vocab_size * C
-        kv_width = self.n_kv_head * self.head_dim
-        values = len(self.value_embedding_layers) * (self.vocab_size * kv_width + C * self.n_kv_head)
-        positions = self.block_size * C if self.positions == "learned" else 0
-        return self.vocab_size * C + positions + self.n_layer * per_layer + C + head + values
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def _expect(condition: bool, what: str) -> None:
-    require(condition, f"invalid GPTConfig: {what}", ValueError)
 
 
 # -------------------------------------------------------------------------------------------------
@@ -162,11 +38,8 @@ class RMSNorm(nn.Module):
 
 
 class SwiGLU(nn.Module):
-    """Feed-forward ``down(silu(gate(x)) * up(x))``.
-
-    Gate and up projections are stored as one matrix so a decode step does one matmul instead of
-    two; on a CPU the per-call overhead of a small matmul is comparable to its arithmetic.
-    """
+    """Feed-forward ``down(silu(gate(x)) * up(x))``, gate and up in one matrix: one matmul per decode
+    step instead of two, as on a CPU a small matmul's call overhead is comparable to its arithmetic."""
 
     def __init__(self, dim: int, hidden: int, dropout: float = 0.0) -> None:
         super().__init__()
@@ -180,13 +53,9 @@ class SwiGLU(nn.Module):
 
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **options: Any) -> torch.Tensor:
-    """``F.scaled_dot_product_attention``, in fp32 when CPU autocast hands it bf16.
-
-    Under bf16 autocast on the CPU the matrix products gain from bf16 dot products, but PyTorch's
-    CPU attention kernels, the backward above all, run several times slower in bf16 than in fp32
-    at this repository's sizes (docs/training.md#precision). So there attention alone computes in
-    fp32 and hands back bf16, as autocast would. Everywhere else (CUDA, fp32, inference) it is the
-    plain call."""
+    """``F.scaled_dot_product_attention``, in fp32 when CPU autocast hands it bf16: PyTorch's CPU
+    attention kernels, the backward above all, run several times slower in bf16 than in fp32 at these
+    sizes (docs/training.md#precision), so there attention alone computes in fp32 and hands back bf16."""
     if q.dtype == torch.bfloat16 and q.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
         with torch.autocast("cpu", enabled=False):
             return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), **options).to(torch.bfloat16)
@@ -210,30 +79,22 @@ def causal_attention_weights(q: torch.Tensor, k: torch.Tensor, scale: float | No
 
 
 # -------------------------------------------------------------------------------------------------
-# Positions, three kinds side by side. ``learned``: a table of one vector per absolute position,
-# added to the token embedding before the first block (``GPT.hidden_states``); nothing inside
-# attention knows about positions. ``rope`` (rotary, RoFormer; LLaMA, Qwen, DeepSeek): each pair of
-# numbers of a query or key head at position t is rotated by the angle t·θ_i, with wavelengths
-# θ_i = rope_theta^(-2i/dim) from one per few tokens to many thousands. A rotation keeps lengths and
-# R_t R_s^T = R_(t-s), so the score q R_t . k R_s depends on the offset t - s alone: every head
-# reads relative positions, and nothing is added to the residual stream. ``none`` (NoPE): no
-# position at all; a causal decoder can still count, because what a token may attend to (everything
-# up to itself) already differs from one position to the next.
-#
-# Keys are rotated before they are cached, at their positions, so a decode step rotates only its
-# own query and key. A cached key moves to another position by one more rotation, by the distance
-# (``GPT.move_entries``): what a rolling cache does when it evicts the middle of a long stream.
+# Positions, three kinds side by side. ``learned``: one vector per absolute position, added to the
+# token embedding (``GPT.hidden_states``); attention knows nothing of positions. ``rope`` (RoFormer;
+# LLaMA, Qwen, DeepSeek): each pair of numbers of a query or key head at position t turns by the angle
+# t·θ_i, θ_i = rope_theta^(-2i/dim). Rotations keep lengths and R_t R_s^T = R_(t-s), so a score
+# q R_t . k R_s depends on t - s alone, and nothing is added to the residual stream. ``none`` (NoPE):
+# the causal mask alone tells a token what came before it. Keys are cached rotated, so a decode step
+# turns only its own query and key, and a cached key moves by one more rotation (``GPT.move_entries``).
 
 
 Rotation = tuple[torch.Tensor, torch.Tensor]
 
 
 def rotary(positions: torch.Tensor, dim: int, theta: float) -> Rotation:
-    """cos and sin, each (P, 1, T, dim) in fp32, of positions (P, T): what ``rotate`` applies to
-    heads (B, heads, T, dim) at those positions (P is 1, shared by every row, or B). Pairs are the
-    two halves of a head (i, i + dim/2), the convention of transformers' Llama."""
-    # 1 / θ^x rather than θ^-x: the two round differently in fp32, and this is how transformers'
-    # Llama computes it, so a run exported as Llama (exporting.llama) turns by the very same angles.
+    """cos and sin, each (P, 1, T, dim) in fp32, of positions (P, T), P 1 or B: what ``rotate`` turns
+    heads (B, heads, T, dim) by. Pairs are a head's two halves (i, i + dim/2), and 1 / θ^x (not θ^-x,
+    which rounds otherwise in fp32), both as transformers' Llama: a Llama export turns by these angles."""
     inv_freq = 1.0 / theta ** (torch.arange(0, dim, 2, device=positions.device, dtype=torch.float32) / dim)
     angles = positions.unsqueeze(-1).to(torch.float32) * inv_freq
     angles = torch.cat((angles, angles), dim=-1).unsqueeze(1)
@@ -251,8 +112,7 @@ def rotate(x: torch.Tensor, rotation: Rotation) -> torch.Tensor:
 # Grouped-query attention, and below it latent attention with the same interface, side by side.
 
 
-# enable_gqa arrived in torch 2.5 and the project still admits 2.4. A plain constant rather than
-# a function call, so torch.compile sees a fixed branch.
+# enable_gqa arrived in torch 2.5 (requirements admit 2.4); a constant, so torch.compile sees one branch.
 SDPA_HAS_GQA = torch.__version__ >= "2.5"
 
 
@@ -275,9 +135,8 @@ class CausalSelfAttention(nn.Module):
         self.attn_dropout = config.dropout
         self.resid_dropout = nn.Dropout(config.dropout)
 
-    def split_heads(
-        self, x: torch.Tensor, value_embedding: torch.Tensor | None = None, rotation: Rotation | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def split_heads(self, x: torch.Tensor, value_embedding: torch.Tensor | None = None,
+                    rotation: Rotation | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q (B, n_head, T, d) and k, v (B, n_kv_head, T, d) of x (B, T, C), q and k rotated to their
         positions with ``rotation`` (rotary positions only)."""
         B, T, _ = x.shape
@@ -294,9 +153,7 @@ class CausalSelfAttention(nn.Module):
             q, k = rotate(q, rotation), rotate(k, rotation)
         return q, k, v
 
-    def per_head(
-        self, x: torch.Tensor, rotation: Rotation | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def per_head(self, x: torch.Tensor, rotation: Rotation | None = None) -> tuple[torch.Tensor, ...]:
         """q, k and v, each (B, n_head, T, d), to look at the heads: the forward pass never copies
         the shared key/value heads."""
         q, k, v = self.split_heads(x, rotation=rotation)
@@ -310,10 +167,8 @@ class CausalSelfAttention(nn.Module):
         """The cached entry, and the part of it, that rotary positions rotate: the whole key."""
         return "k", slice(None)
 
-    def forward(
-        self, x: torch.Tensor, cache: LayerCache | None = None, value_embedding: torch.Tensor | None = None,
-        rotation: Rotation | None = None,
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: LayerCache | None = None, value_embedding: torch.Tensor | None = None,
+                rotation: Rotation | None = None) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.split_heads(x, value_embedding, rotation)
         mask = None
@@ -323,19 +178,14 @@ class CausalSelfAttention(nn.Module):
         y = y.transpose(1, 2).reshape(B, T, C)
         return self.resid_dropout(self.proj(y))
 
-    def _attend_token(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
-    ) -> torch.Tensor:
-        """One new token per row. With whole K/V buffers under a mask (a batch-invariant pass) the
-        shapes are the same at every position and in every batch, so a row's arithmetic never
-        depends on how far it is or on which rows decode beside it. (On the CPU every row of q, k
-        and v must also start 64 bytes apart, which holds when head_dim is a multiple of 16: the
-        kernels' summation order depends on where a row starts in memory.)
-
-        Viewing the group's query heads as its query positions shares the K/V head with no copy,
-        on any backend and torch version, and for one query is faster than ``enable_gqa``. The
-        output is reshaped, not viewed, back to heads: a CUDA kernel may return the group's heads
-        in another memory order, and then a copy is needed."""
+    def _attend_token(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      mask: torch.Tensor | None) -> torch.Tensor:
+        """One new token per row. Under a mask over whole K/V buffers (a batch-invariant pass) the
+        shapes are the same at every length and batch, so a row's arithmetic never depends on either
+        (on the CPU when head_dim is a multiple of 16, too: rows then start 64 bytes apart, and the
+        kernels' summation order depends on where a row starts). The group's query heads are viewed
+        as query positions of their K/V head: no copy, on any torch, faster than ``enable_gqa`` for one
+        query; reshaped back, as a CUDA kernel may return them in another memory order."""
         B, H, _, d = q.shape
         grouped = q.view(B, self.n_kv_head, H // self.n_kv_head, d)
         dropout_p = self.attn_dropout if self.training else 0.0
@@ -362,47 +212,35 @@ class CausalSelfAttention(nn.Module):
 
 
 # -------------------------------------------------------------------------------------------------
-# Multi-head latent attention (MLA, as in DeepSeek-V2/V3).
+# Multi-head latent attention (MLA, DeepSeek-V2/V3). Each token's keys and values come from one latent
+# ``c = RMSNorm(x W_DKV)`` of ``kv_latent_dim`` (r) numbers shared by every head: head h reads the key
+# ``c W_UK[h]`` and the value ``c W_UV[h]``, so there are n_head distinct key/value heads while the
+# cache stores only c (r numbers per token and layer, against 2·n_kv_head·head_dim for grouped-query
+# attention). The query may be low-rank too: ``q = RMSNorm(x W_DQ) W_UQ`` with ``q_latent_dim``.
 #
-# Each token's keys and values are compressed into one latent vector ``c = RMSNorm(x W_DKV)`` of
-# ``kv_latent_dim`` numbers, shared by every head. Head h reads its key ``c W_UK[h]`` and its value
-# ``c W_UV[h]``, so the model has ``n_head`` distinct key/value heads (multi-head attention's
-# expressiveness) while the cache stores only ``c``: ``kv_latent_dim`` numbers per token and layer,
-# against ``2 * n_kv_head * head_dim`` for grouped-query attention. The query may be low-rank too
-# (``q_latent_dim``): ``q = RMSNorm(x W_DQ) W_UQ``, else ``q = x W_Q``.
-#
-# Absorbing the up-projections. For one head (dropping h), a query row q (1 x d), and the key and
-# value of position s, k_s = c_s W_UK and v_s = c_s W_UV, with W_UK and W_UV of shape (r x d):
+# Absorbing the up-projections. For one head, a query row q (1 x d) and position s's key and value
+# k_s = c_s W_UK and v_s = c_s W_UV (W_UK and W_UV of shape r x d):
 #
 #     score_s = q . k_s = q (c_s W_UK)^T = (q W_UK^T) . c_s
 #     y       = sum_s p_s v_s = (sum_s p_s c_s) W_UV
 #
-# So a head can attend in latent space: its latent query ``q W_UK^T`` (1 x r) scores the cached
-# latents directly, and the weighted sum of latents goes through ``W_UV`` (and then the output
-# projection) once, per query rather than per cached position. Per-head keys and values are never
-# built, and a decode step reads r numbers per cached position instead of building 2 x n_head x d.
-# Both lines are only re-bracketed matrix products, so the two forms are equal up to rounding. The
-# softmax scale stays 1/sqrt(d): the scores are the same numbers, only computed in another order.
+# So the latent query ``q W_UK^T`` scores the cached latents directly, and W_UV applies once per query
+# rather than per cached position: no per-head key or value is built. Both lines only re-bracket
+# matrix products, so the two forms are equal up to rounding, and the softmax scale stays 1/sqrt(d).
 #
-# Rotary positions need a decoupled key (DeepSeek-V2/V3). Rotating the head's key k_s = c_s W_UK
-# at s and the query at t makes the score q R_t (c_s W_UK R_s)^T = (q R_(t-s) W_UK^T) . c_s: a
-# rotation that depends on s now sits between the query and W_UK^T, so no one latent query serves
-# every cached position, and absorption would fail. So the keys and queries from the latent carry
-# no position, and positions travel in a separate part of every head: each query head gets
-# ``rope_dim`` more numbers, rotated at t, and every token one shared rotary key of ``rope_dim``
-# numbers (read from x, rotated at s when it is written). The score is the sum of the two parts,
+# Rotary positions need a decoupled key. Rotating k_s at s and q at t makes the score
+# (q R_(t-s) W_UK^T) . c_s: a rotation that depends on s sits between q and W_UK^T, and no one latent
+# query serves every cached position. So the latent's keys and queries carry no position; each query
+# head gets ``rope_dim`` more numbers, rotated at t, and each token one shared rotary key of
+# ``rope_dim`` numbers, rotated at s and cached beside the latent:
 #
 #     score_s = (q_nope W_UK^T) . c_s + (q_rope R_t) . (k_rope,s R_s)
 #
-# The first part absorbs as before; the second is an ordinary dot product with a cached key. The
-# cache stores the rotated key beside the latent, one vector of kv_latent_dim + rope_dim per token,
-# and the absorbed step scores ``[q_nope W_UK^T, q_rope R_t]`` against it whole. The values are the
-# latent part only. With learned positions (added to the input, before any projection) or none,
-# nothing position-dependent sits inside attention, rope_dim is 0, and the plain absorption holds.
-#
-# Decoding (one token with a cache) takes the absorbed form; every other forward (training, prefill,
-# chunks) expands the keys and values and runs ordinary multi-head SDPA, the faster of the two
-# there (``python -m benchmarks.attention_variants --forms``; numbers in docs/results.md).
+# The first part absorbs as before, the second is a plain dot product with a cached key, and the
+# values are the latent part only. Learned or no positions put nothing position-dependent inside
+# attention (rope_dim 0). Decoding (one token with a cache) takes the absorbed form; training, prefill
+# and chunks expand keys and values and run ordinary SDPA, the faster form there
+# (``python -m benchmarks.attention_variants --forms``; numbers in docs/results.md).
 
 
 class LatentAttention(nn.Module):
@@ -432,10 +270,8 @@ class LatentAttention(nn.Module):
         self.resid_dropout = nn.Dropout(config.dropout)
 
     def split_heads(self, x: torch.Tensor, rotation: Rotation | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """q (B, n_head, T, d + rope_dim) and the latents c (B, 1, T, kv_latent_dim + rope_dim): one
-        latent "head" that the cache stores in place of key and value heads. With rotary positions
-        (``rotation``) the last rope_dim numbers of each are the rotated query part and the shared
-        rotated key."""
+        """q (B, n_head, T, d + rope_dim) and the latents c (B, 1, T, kv_latent_dim + rope_dim), the one
+        "head" the cache stores; with ``rotation`` the last rope_dim numbers of each are rotated."""
         B, T, _ = x.shape
         q, c, k_rope = self.down(x).split([self.q_down_dim, self.kv_latent_dim, self.rope_dim], dim=-1)
         if self.q_latent_dim is not None:
@@ -455,10 +291,8 @@ class LatentAttention(nn.Module):
         """The cached entry, and the part of it, that rotary positions rotate: the shared rotary key."""
         return "latent", slice(self.kv_latent_dim, None)
 
-    def forward(
-        self, x: torch.Tensor, cache: LayerCache | None = None, value_embedding: None = None,
-        rotation: Rotation | None = None,
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: LayerCache | None = None, value_embedding: None = None,
+                rotation: Rotation | None = None) -> torch.Tensor:
         assert value_embedding is None, "value embeddings are grouped-query attention's only"
         B, T, C = x.shape
         q, c = self.split_heads(x, rotation)
@@ -483,9 +317,7 @@ class LatentAttention(nn.Module):
             k = torch.cat((k, k_rope.expand(B, self.n_head, S, self.rope_dim)), dim=-1)
         return k, v
 
-    def per_head(
-        self, x: torch.Tensor, rotation: Rotation | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def per_head(self, x: torch.Tensor, rotation: Rotation | None = None) -> tuple[torch.Tensor, ...]:
         q, c = self.split_heads(x, rotation)
         return (q, *self.expand(c))
 
@@ -503,10 +335,9 @@ class LatentAttention(nn.Module):
         return sdpa(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=mask is None)
 
     def attend_absorbed(self, q: torch.Tensor, c: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        """The same attention in latent space (derived above). As in
-        ``CausalSelfAttention._attend_token``, the heads are viewed as query positions of one shared
-        "head", the latent, so every head reads c with no copy and a batch-invariant pass stays
-        invariant (on the CPU when kv_latent_dim is a multiple of 16)."""
+        """The same attention in latent space (derived above), the heads viewed as query positions of
+        the latent, as in ``CausalSelfAttention._attend_token`` (batch-invariant on the CPU when
+        kv_latent_dim is a multiple of 16)."""
         B, H, T, qk_dim = q.shape
         S = c.shape[2]
         w_uk, w_uv = self.up_weights()
@@ -542,10 +373,8 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(config.n_embd, config.norm_eps)
         self.ffn = SwiGLU(config.n_embd, config.ffn_dim, config.dropout)
 
-    def forward(
-        self, x: torch.Tensor, cache: LayerCache | None = None, value_embedding: torch.Tensor | None = None,
-        rotation: Rotation | None = None,
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: LayerCache | None = None, value_embedding: torch.Tensor | None = None,
+                rotation: Rotation | None = None) -> torch.Tensor:
         x = x + self.attn(self.attn_norm(x), cache, value_embedding, rotation)
         return x + self.ffn(self.ffn_norm(x))
 
@@ -588,10 +417,8 @@ class GPT(nn.Module):
             elif isinstance(module, RMSNorm):
                 nn.init.ones_(module.weight)
 
-    def forward(
-        self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: KVCache | None = None,
-        rows: Sequence[int] | None = None,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: KVCache | None = None,
+                rows: Sequence[int] | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Logits, and with ``targets`` the mean cross-entropy (targets of -1 ignored). With ``cache``,
         row i's chunk goes into cache row ``rows[i]`` (default i) at that row's length, which is also
         the position of its first token."""
@@ -601,11 +428,9 @@ class GPT(nn.Module):
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
         return logits, loss
 
-    def next_token_logits(
-        self, idx: torch.Tensor, cache: KVCache | None = None, rows: Sequence[int] | None = None,
-    ) -> torch.Tensor:
-        """The head on the last position only, all a decoding step needs: the head is often the
-        largest matmul."""
+    def next_token_logits(self, idx: torch.Tensor, cache: KVCache | None = None,
+                          rows: Sequence[int] | None = None) -> torch.Tensor:
+        """The head on the last position only, all a decoding step needs: often the largest matmul."""
         return self.logits(self._hidden_in(idx, cache, rows)[:, -1])
 
     def _hidden_in(self, idx: torch.Tensor, cache: KVCache | None, rows: Sequence[int] | None) -> torch.Tensor:
@@ -619,15 +444,9 @@ class GPT(nn.Module):
         """The one place logits are made, for every caller and the ONNX graph."""
         return self.lm_head(hidden)
 
-    def value_embedding(self, i: int, idx: torch.Tensor) -> torch.Tensor | None:
-        """They depend on the token alone, so a cache holds the values they were mixed into like
-        any others."""
-        return self.value_embs[str(i)](idx) if str(i) in self.value_embs else None
-
-    def hidden_states(
-        self, idx: torch.Tensor, positions: torch.Tensor | None = None, cache: LayerCache | None = None, *,
-        on_block_input: Callable[[Block, torch.Tensor, Rotation | None], None] | None = None,
-    ) -> torch.Tensor:
+    def hidden_states(self, idx: torch.Tensor, positions: torch.Tensor | None = None, cache: LayerCache | None = None,
+                      *, on_block_input: Callable[[Block, torch.Tensor, Rotation | None], None] | None = None,
+                      ) -> torch.Tensor:
         """The model's one entry point under the head, at ``positions`` (default 0..T-1). Every layer's
         attention reads what ``cache.update`` returns: a ``KVCache`` pass, or the ONNX graph's past
         tensors. ``on_block_input(block, x, rotation)`` sees what each block reads."""
@@ -643,7 +462,9 @@ class GPT(nn.Module):
         for i, block in enumerate(self.blocks):
             if on_block_input is not None:
                 on_block_input(block, x, rotation)
-            x = block(x, cache, self.value_embedding(i, idx), rotation)
+            # Value embeddings depend on the token alone: a cache holds the values they were mixed into.
+            value = self.value_embs[str(i)](idx) if str(i) in self.value_embs else None
+            x = block(x, cache, value, rotation)
         return self.norm(x)
 
     def rotation(self, T: int, positions: torch.Tensor | None = None) -> Rotation | None:
@@ -689,18 +510,14 @@ class GPT(nn.Module):
         distance = torch.full((1, 1), offset, device=keys.device)
         entries[name][..., part] = rotate(keys, rotary(distance, self.config.rope_dim, self.config.rope_theta))
 
-    def init_cache(
-        self, batch_size: int, max_len: int | None = None, dtype: torch.dtype | None = None,
-        whole_buffers: int = 0,
-    ) -> KVCache:
+    def init_cache(self, batch_size: int, max_len: int | None = None, dtype: torch.dtype | None = None,
+                   whole_buffers: int = 0) -> KVCache:
         """An empty cache on the model's device, in its parameter dtype unless told otherwise."""
         max_len = self.config.block_size if max_len is None else max_len
         assert 1 <= max_len <= self.config.block_size, "positions past block_size have no embedding"
         weight = self.tok_emb.weight
-        return KVCache(
-            self.config.n_layer, batch_size, max_len, self.cache_entries(), whole_buffers=whole_buffers,
-            device=weight.device, dtype=weight.dtype if dtype is None else dtype,
-        )
+        return KVCache(self.config.n_layer, batch_size, max_len, self.cache_entries(), whole_buffers=whole_buffers,
+                       device=weight.device, dtype=weight.dtype if dtype is None else dtype)
 
     def num_params(self, include_embeddings: bool = True) -> int:
         """``include_embeddings=False`` leaves out the embedding tables, as scaling-law parameter
@@ -714,18 +531,13 @@ class GPT(nn.Module):
         return total
 
     def flops_per_token(self, seq_len: int | None = None) -> int:
-        """Training FLOPs (forward + backward) per token at context ``seq_len`` (default block_size).
-
-        6·N for the N weights used in matmuls (2 per multiply-add forward, 4 backward), plus the
-        attention scores and weighted sum: 2 matmuls of n_head·head_dim·seq_len multiply-adds per
-        layer and token, times 6 as well. This counts the full seq_len x seq_len score matrix (the
-        PaLM / nanoGPT convention for MFU), not only its causal half. Latent attention trains in its
-        expanded form (``LatentAttention``): the same per-head scores, its up-projections among the matmuls.
-        """
+        """Training FLOPs (forward + backward) per token at context ``seq_len`` (default block_size):
+        6·N for the N matmul weights (2 per multiply-add forward, 4 backward), plus 6 times the scores
+        and weighted sum, over the full seq_len x seq_len matrix (the PaLM / nanoGPT convention for
+        MFU). Latent attention trains expanded: the same per-head scores, its up-projections among N."""
         cfg = self.config
         seq_len = cfg.block_size if seq_len is None else seq_len
         matmul_params = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
-        # Scores over query/key heads (with latent attention's rotary part), the sum over values.
         qk_dim = cfg.head_dim + (cfg.rope_dim if cfg.attention == "mla" else 0)
         attention = cfg.n_layer * cfg.n_head * (qk_dim + cfg.head_dim) * seq_len
         return 6 * matmul_params + 6 * attention

@@ -20,7 +20,8 @@ from torch import nn
 
 from common.errors import one_line
 from common.files import atomic_output, atomic_write_text
-from model.gpt import GPT, GPTConfig, unwrap
+from model.config import GPTConfig
+from model.gpt import GPT, unwrap
 
 MODEL_CONFIG_FILE = "model_config.json"
 WEIGHTS_FILE = "model.safetensors"

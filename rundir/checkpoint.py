@@ -18,7 +18,7 @@ from torch import nn
 from common.errors import UserError
 from common.files import atomic_output
 from common.os_errors import with_path
-from model import save_pretrained
+from model.io import save_pretrained
 from rundir.files import LOCK_FILES, METRICS_FILE, RUN_FILES, SHARDED_PREFIX, STATE_FILE
 from rundir.metrics import read_metrics
 

@@ -2,7 +2,7 @@
 reader of a trained model (generate.py, the server, the exports, evaluation, analysis) loads it here.
 
 A run directory (written by train.py) holds ``model_config.json`` + ``model.safetensors`` (see
-``model.save_pretrained``) and ``tokenizer.json``. Nothing here unpickles anything. Every problem a
+``model.io.save_pretrained``) and ``tokenizer.json``. Nothing here unpickles anything. Every problem a
 user can fix becomes a one-line ``UserError`` naming the file and what to do.
 """
 
@@ -17,9 +17,9 @@ from tokenizers import Tokenizer
 
 from common.errors import UserError
 from data.tokenizer import RUN_TOKENIZER_ADVICE, eot_id, load_tokenizer, token_byte_table
-from model import GPT, ModelFileError, load_pretrained
+from model.gpt import GPT
+from model.io import ModelFileError, load_pretrained
 from rundir.files import RUN_CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE
-from rundir.record import read_config
 
 RUNS_DIR = Path("runs")
 TRAIN_COMMAND = "python train.py --config configs/tiny.yaml"
@@ -94,7 +94,9 @@ def validation_tokens(run: LoadedRun, otherwise: str) -> np.ndarray:
     A run with no config to find it, or trained on other than plain text, is refused with the
     ``otherwise`` advice (what the caller can take instead, e.g. "pass --text-file")."""
     from common.config import build
-    from data import DataConfig, prepare_data
+    from data.config import DataConfig
+    from data.prepared.text import prepare_data
+    from rundir.record import read_config
 
     if not (run.directory / RUN_CONFIG_FILE).is_file():
         raise UserError(f"{run.directory} has no {RUN_CONFIG_FILE} to find its validation text; {otherwise}")

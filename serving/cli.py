@@ -27,7 +27,7 @@ from inference.compiled_step import choose_compile
 from inference.engine import DEFAULT_PREFILL_CHUNK, Engine
 from inference.sampling import SINKS
 from inference.settings import add_speculation_arguments, checked_sinks, checked_speculation
-from model import GPT
+from model.gpt import GPT
 from rundir.loading import find_latest_run, load_run
 from serving.access_log import access_log
 from serving.api import create_app

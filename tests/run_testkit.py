@@ -14,7 +14,9 @@ import torch
 from tokenizers import Tokenizer, pre_tokenizers, trainers
 
 from data.tokenizer import EOT, new_tokenizer, train_tokenizer
-from model import GPT, GPTConfig, save_pretrained
+from model.config import GPTConfig
+from model.gpt import GPT
+from model.io import save_pretrained
 from rundir.files import TOKENIZER_FILE
 
 # Enough text for a few hundred merges, with accents, CJK and emoji so that the small vocabulary

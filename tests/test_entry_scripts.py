@@ -79,3 +79,19 @@ def test_a_signal_at_any_import_is_quiet(script, tmp_path):
         code, err, seen = _run(script, tmp_path, len(seen["guarded"]) // 2, signal.SIGTERM)
         assert seen.get("fired"), "the script imported nothing under the guard"
     assert (code, err) == (143, ""), f"SIGTERM while importing {seen['fired']}: exit {code}\n{err[-3000:]}"
+
+
+# What train.py and generate.py import only when a config key or a flag asks for it.
+OPTIONAL = ("training.tasks.chat", "training.tasks.dpo.task", "training.tasks.grpo.task", "training.lora",
+            "training.recompute", "inference.chat", "inference.tool_use", "inference.speculative",
+            "inference.compiled_step", "inference.aot_step", "inference.prefix_cache", "inference.batch_invariant",
+            "data.sources.hub", "data.sources.local_files", "data.sources.synthetic", "data.sources.quotes",
+            "data.sources.conversations", "analysis.history", "serving", "exporting")
+
+
+def test_the_main_job_imports_no_optional_capability():
+    code = ("import sys, training.cli, training.tasks.text, inference.cli, data.sources.shakespeare; "
+            "print(' '.join(sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert sorted(set(done.stdout.split()) & set(OPTIONAL)) == []

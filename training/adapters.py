@@ -1,8 +1,8 @@
 """How a run's weights train: all of them (``Adapters``, the plain case), or LoRA's low-rank adapters on a
-frozen model (``LoraAdapters``, ``train.lora``).
+frozen model (``training.lora.LoraAdapters``, ``train.lora``).
 
-The object is built once, at the start, by ``adapters_for`` (as ``checkpointer_for`` builds the
-checkpointer), and everything that differs between the two asks it: it applies itself to the model,
+The object is built once, at the start, by ``training.trainer.adapters_for`` (as ``checkpointer_for``
+builds the checkpointer), and everything that differs between the two asks it: it applies itself to the model,
 says what trains, gives the plain model the run directory holds, saves its own files beside those
 weights and reports itself in the result. The trainer, the checkpoint and the kept weights then have
 one path each, whatever trains.
@@ -16,12 +16,7 @@ from typing import Any, ContextManager
 import torch
 from torch import nn
 
-from model import GPT
-from rundir.files import ADAPTER_WEIGHTS_FILE
-from training.config import ConfigError, LoraConfig, TrainConfig
-from training.lora import (
-    adapted_state, adapters_disabled, add_adapters, describe, merged_copy, save_adapter, trainable_parameters,
-)
+from model.gpt import GPT
 
 
 class Adapters:
@@ -61,49 +56,3 @@ class Adapters:
     def base(self, model: nn.Module) -> ContextManager[None]:
         """``model`` as its frozen starting point, for a ``with`` block; only where ``holds_base``."""
         raise NotImplementedError("a model without adapters does not hold its starting weights")
-
-
-class LoraAdapters(Adapters):
-    """``train.lora``: the parent's weights frozen, low-rank adapters on them train (``training.lora``)."""
-
-    holds_base = True
-
-    def __init__(self, lora: LoraConfig) -> None:
-        self.lora = lora
-
-    def apply(self, model: GPT, tokenizer: Any) -> None:
-        ids = [tokenizer.token_to_id(token) for token in self.lora.trainable_tokens]
-        missing = [token for token, token_id in zip(self.lora.trainable_tokens, ids) if token_id is None]
-        if missing:
-            raise ConfigError(f"train.lora.trainable_tokens: {', '.join(missing)} not in the run's tokenizer; name "
-                              "tokens it has, or set train.lora.trainable_tokens: []")
-        add_adapters(model, self.lora, ids)
-
-    def trained(self, model: GPT) -> str:
-        return f"{trainable_parameters(model):,} of {model.num_params() / 1e6:.2f}M parameters"
-
-    def describe(self, model: GPT) -> str:
-        return describe(model, self.lora)
-
-    def merged(self, model: GPT) -> GPT:
-        return merged_copy(model)
-
-    def state_for(self, model: nn.Module, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return adapted_state(model, weights)
-
-    def save(self, run_dir: Path, model: GPT) -> None:
-        save_adapter(run_dir, model, self.lora)
-
-    def report(self, model: GPT, run_dir: Path) -> tuple[str, dict[str, Any]]:
-        trained, size = trainable_parameters(model), (run_dir / ADAPTER_WEIGHTS_FILE).stat().st_size
-        line = (f"LoRA: {trained:,} of {model.num_params():,} parameters trained; the adapter "
-                f"({size / 1024:.1f} KiB) is in PEFT's files beside the merged weights")
-        return line, {"trained_params": trained, "adapter_bytes": size}
-
-    def base(self, model: nn.Module) -> ContextManager[None]:
-        return adapters_disabled(model)
-
-
-def adapters_for(train: TrainConfig) -> Adapters:
-    """The adapters of a run with this ``train`` section: LoRA's where ``train.lora`` is set, else none."""
-    return Adapters() if train.lora is None else LoraAdapters(train.lora)

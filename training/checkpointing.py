@@ -23,7 +23,8 @@ import torch
 
 from common.errors import one_line
 from common.os_errors import describe_os_error, with_path
-from model import GPT, GPTConfig
+from model.config import GPTConfig
+from model.gpt import GPT
 from rundir.checkpoint import CheckpointError, save_checkpoint
 from rundir.files import SHARDED_PREFIX
 from training.adapters import Adapters

@@ -14,7 +14,8 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from common.errors import UserError
-from data import bits_per_byte, iter_val_batches, target_nats_and_bytes
+from data.batches.text import iter_val_batches
+from data.metrics import bits_per_byte, target_nats_and_bytes
 from data.tokenizer import eot_id, prompt_ids
 from inference.engine import decode
 from inference.sampling import SamplingSettings

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from model import GPT
+from model.gpt import GPT
 
 # FSDP2's first forward fails on torch 2.6 (a CPU stream without record_event); 2.7 trains.
 MIN_TORCH = (2, 7)

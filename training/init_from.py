@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import UserError
-from data import load_tokenizer
-from model import GPTConfig, ModelFileError, load_pretrained
-from model.io import load_model_config
+from data.tokenizer import load_tokenizer
+from model.config import GPTConfig
+from model.io import ModelFileError, load_model_config, load_pretrained
 from rundir.files import MODEL_CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE
 from training.resume_rules import SHAPE_KEYS
 

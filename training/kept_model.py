@@ -17,7 +17,7 @@ from typing import Any
 
 from torch import nn
 
-from model import load_pretrained
+from model.io import load_pretrained
 from training.adapters import Adapters
 from training.fsdp import is_sharded
 from training.result import Words, epochs_warning

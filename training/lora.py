@@ -28,6 +28,7 @@ import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, ContextManager
 
 import torch
 import torch.nn.functional as F
@@ -36,9 +37,10 @@ from torch.nn.utils import parametrize
 
 from common.files import atomic_write_bytes, atomic_write_text
 from model.layer_map import block_linears
-from model import GPT
+from model.gpt import GPT
 from rundir.files import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
-from training.config import LoraConfig
+from training.adapters import Adapters
+from training.config import ConfigError, LoraConfig
 
 # PEFT's prefix for the wrapped transformers model (PeftModel.base_model.model).
 _PEFT_PREFIX = "base_model.model."
@@ -247,3 +249,44 @@ def describe(model: GPT, lora: LoraConfig) -> str:
         rows = f", and the rows of {' '.join(lora.trainable_tokens)} in {matrix}"
     return (f"LoRA rank {lora.rank} (alpha {lora.alpha:g}) on {', '.join(lora.layers(model.config))} of every "
             f"block{rows}: {trained:,} of {total:,} parameters train ({100 * trained / total:.2f}%)")
+
+
+class LoraAdapters(Adapters):
+    """``train.lora``: the parent's weights frozen, low-rank adapters on them train (see ``training.adapters``)."""
+
+    holds_base = True
+
+    def __init__(self, lora: LoraConfig) -> None:
+        self.lora = lora
+
+    def apply(self, model: GPT, tokenizer: Any) -> None:
+        ids = [tokenizer.token_to_id(token) for token in self.lora.trainable_tokens]
+        missing = [token for token, token_id in zip(self.lora.trainable_tokens, ids) if token_id is None]
+        if missing:
+            raise ConfigError(f"train.lora.trainable_tokens: {', '.join(missing)} not in the run's tokenizer; name "
+                              "tokens it has, or set train.lora.trainable_tokens: []")
+        add_adapters(model, self.lora, ids)
+
+    def trained(self, model: GPT) -> str:
+        return f"{trainable_parameters(model):,} of {model.num_params() / 1e6:.2f}M parameters"
+
+    def describe(self, model: GPT) -> str:
+        return describe(model, self.lora)
+
+    def merged(self, model: GPT) -> GPT:
+        return merged_copy(model)
+
+    def state_for(self, model: nn.Module, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return adapted_state(model, weights)
+
+    def save(self, run_dir: Path, model: GPT) -> None:
+        save_adapter(run_dir, model, self.lora)
+
+    def report(self, model: GPT, run_dir: Path) -> tuple[str, dict[str, Any]]:
+        trained, size = trainable_parameters(model), (run_dir / ADAPTER_WEIGHTS_FILE).stat().st_size
+        line = (f"LoRA: {trained:,} of {model.num_params():,} parameters trained; the adapter "
+                f"({size / 1024:.1f} KiB) is in PEFT's files beside the merged weights")
+        return line, {"trained_params": trained, "adapter_bytes": size}
+
+    def base(self, model: nn.Module) -> ContextManager[None]:
+        return adapters_disabled(model)

@@ -34,10 +34,10 @@ class CPUBackwardRMSNorm(RMSNorm):
             return super().forward(x)
         if x.dtype == self.weight.dtype:
             return RMSNormCPUFunction.apply(x, self.weight, self.eps)
-        # A bf16 input under bf16 autocast: the norms inside attention (QK-norm, the latents of
-        # latent attention) read a matmul's bf16 output, while the residual stream stays fp32.
-        # F.rms_norm would take an unfused path for the mixed dtypes (with a warning) and compute
-        # in fp32 anyway; this computes in fp32 too, with the fused backward, and hands back bf16.
+        # A bf16 input under bf16 autocast: the norms inside latent attention read a matmul's bf16
+        # output, while the residual stream stays fp32. F.rms_norm would take an unfused path for the
+        # mixed dtypes (with a warning) and compute in fp32 anyway; this computes in fp32 too, with the
+        # fused backward, and hands back bf16.
         return RMSNormCPUFunction.apply(x.to(self.weight.dtype), self.weight, self.eps).to(x.dtype)
 
 

@@ -16,12 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from common.files import atomic_write_bytes
-from model import GPTConfig
+from model.config import GPTConfig
 from rundir.checkpoint import CheckpointError, check_run_dir, clear_old_run, load_trainer_state
 from rundir.files import RUN_CONFIG_FILE, TOKENIZER_FILE
 from rundir.lock import hold_run_dir
 from rundir.metrics import MetricsLog
-from rundir.record import write_parent_record
 from training.config import Config, save_config
 from training.distributed import DistContext, barrier, decided_on_main
 from training.init_from import ParentRun
@@ -72,4 +71,6 @@ def write_run_files(config: Config, metrics: MetricsLog, tokenizer_path: Path, p
     else:
         atomic_write_bytes(run_dir / TOKENIZER_FILE, Path(tokenizer_path).read_bytes())
         if parent is not None:
+            from rundir.record import write_parent_record  # a run from a parent records it
+
             write_parent_record(run_dir, parent.directory, parent.model_config.to_dict(), parent.weights_sha256)

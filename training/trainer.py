@@ -24,13 +24,14 @@ from tqdm.auto import tqdm
 from common.errors import UserError
 from common.threads import use_threads
 from inference.sampling import SamplingSettings
-from model import GPT, save_pretrained
+from model.gpt import GPT
+from model.io import save_pretrained
 from rundir.files import METRICS_FILE, TOKENIZER_FILE
 from rundir.metrics import MetricsLog
 from tracking.wandb_logger import WandbLogger
-from training.adapters import adapters_for
+from training.adapters import Adapters
 from training.checkpointing import checkpointer_for
-from training.config import Config, config_to_dict
+from training.config import Config, TrainConfig, config_to_dict, with_parent
 from training.device import autocast, configure_backends, precision_name, resolve_precision, should_compile
 from training.distributed import (
     DistContext, all_reduce_mean, all_reduce_sum, barrier, decided_on_main, gather_to_main, init_distributed,
@@ -44,7 +45,6 @@ from training.memory_budget import check_model_fits, plan_run_memory
 from training.metrics import CpuShareWatch, Throughput, format_flops, mfu, peak_flops
 from training.optim import build_optimizer, build_schedule, muon_momentum, plan_param_groups, set_learning_rate
 from training.progress_bar import StepBar
-from training.recompute import checkpoint_blocks
 from training.result import TrainResult, batches_line, eval_line, final_words, kept_score, sample_fields
 from training.resume_rules import (
     check_resumed_tokenizer, fixed_settings, restore_error, run_precision, threads_on_resume,
@@ -57,6 +57,15 @@ from training.tasks.prepare import prepare_task
 # Under a clock budget an evaluation is also due when this fraction of train.max_minutes has passed
 # since the last one, so a slow machine that reaches few eval.interval steps still shows samples.
 _CLOCK_EVAL_FRACTION = 0.1
+
+
+def adapters_for(train: TrainConfig) -> Adapters:
+    """The adapters of a run with this ``train`` section: LoRA's where ``train.lora`` is set, else none."""
+    if train.lora is None:
+        return Adapters()
+    from training.lora import LoraAdapters  # imported only by a run that asks for it
+
+    return LoraAdapters(train.lora)
 
 
 class NonFiniteLossError(UserError):
@@ -91,6 +100,7 @@ def train(config: Config, *, resume: bool = False, overwrite: bool = False, prog
     such a directory is refused. ``progress`` shows the progress bar and evaluation lines.
     ``threads_setting`` names where train.threads came from (train.py: ``--threads``).
     """
+    config = with_parent(config)  # train.init_from's run is read when the run starts
     ctx = init_distributed(config.train.device)
     trainer = Trainer(config, ctx, progress=progress, threads_setting=threads_setting)
     try:
@@ -175,7 +185,7 @@ class Trainer:
         """The task's data (``training.tasks``); from a parent run (train.init_from), tokenized with
         its tokenizer (this run's own copy when resuming), never a new one."""
         cfg = self.config
-        assert (cfg.parent is not None) == bool(cfg.train.init_from), "read configs with config_from_dict"
+        assert (cfg.parent is not None) == bool(cfg.train.init_from), "start runs with train(), or with_parent"
         self.parent = cfg.parent
         tokenizer_file = None
         if self.parent is not None:
@@ -201,6 +211,7 @@ class Trainer:
             load_parent_weights(self.model, self.parent)  # a resumed run's checkpoint replaces them
         self.adapters.apply(self.model, self.task.tokenizer)
         if tc.activation_checkpointing:
+            from training.recompute import checkpoint_blocks  # imported only by a run that asks for it
             checkpoint_blocks(self.model)
         # Before the optimizer is built: FSDP replaces the parameters with sharded ones.
         self.wrapped = wrap_model(self.model, ctx, tc.parallel)

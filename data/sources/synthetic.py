@@ -16,7 +16,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from data.config import SyntheticSourceConfig
+from data.config import DataConfig, SyntheticSourceConfig
 from data.sources.documents import SourceDocuments
 
 # Bump when the generator below changes, so cached corpora built by the old one are rebuilt.
@@ -48,14 +48,15 @@ def repeat_documents(cfg: SyntheticSourceConfig) -> list[str]:
     return documents
 
 
-def synthetic_spec(cfg: SyntheticSourceConfig) -> dict[str, Any]:
+def spec(data: DataConfig) -> dict[str, Any]:
     """What decides the documents, for the cache key."""
-    return {"type": "synthetic", "version": GENERATOR_VERSION, **vars(cfg)}
+    return {"type": "synthetic", "version": GENERATOR_VERSION, **vars(data.synthetic)}
 
 
-def load_synthetic(cfg: SyntheticSourceConfig) -> SourceDocuments:
+def load(data: DataConfig, progress: bool) -> SourceDocuments:
     import datasets  # slow to import (docs/results.md): loaded only once a corpus is read
 
+    cfg = data.synthetic
     texts = repeat_documents(cfg)
     description = (f"synthetic repeats ({cfg.documents} documents of {cfg.min_words}-{cfg.max_words} words "
                    f"from {cfg.words}, written twice)")

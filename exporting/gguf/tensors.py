@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from model import GPTConfig
+from model.config import GPTConfig
 
 # Transformers' Llama layer names (as ``exporting.hf.weights`` writes them) -> GGUF's, per block.
 _BLOCK_NAMES = {

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from model import GPTConfig
+from model.config import GPTConfig
 from rundir.record import RunRecord
 
 

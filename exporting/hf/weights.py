@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from model import GPT, GPTConfig
+from model.config import GPTConfig
+from model.gpt import GPT
 from model.layer_map import block_linears
 
 

@@ -22,7 +22,7 @@ from exporting.hub_files import (
 )
 from exporting.hf.model_card import model_card
 from exporting.hf.weights import hf_state_dict
-from model import GPTConfig
+from model.config import GPTConfig
 from rundir.loading import load_run
 from rundir.record import RunRecord
 

@@ -1,5 +1,5 @@
 """A run loaded for a Llama format (the Llama folder and GGUF): refused first, from its config alone,
-when it is not Llama-shaped (``model.config_checks.llama_blockers`` decides, for both formats and
+when it is not Llama-shaped (``model.layer_map.llama_blockers`` decides, for both formats and
 for train.py's hints), then loaded once, with its weights under transformers' Llama names.
 """
 
@@ -15,9 +15,9 @@ from common.errors import UserError
 from exporting.folder import prepare_destination
 from exporting.hf.weights import hf_state_dict
 from exporting.hub_files import SpecialTokens, chat_template
-from model import GPTConfig, ModelFileError
-from model.config_checks import llama_blockers
-from model.io import load_model_config
+from model.config import GPTConfig
+from model.io import ModelFileError, load_model_config
+from model.layer_map import llama_blockers
 from rundir.loading import load_run
 
 

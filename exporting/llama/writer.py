@@ -15,7 +15,7 @@ from exporting.folder import staged_export
 from exporting.hf.writer import ExportResult, weights_dtype, write_model_files
 from exporting.hub_files import LLAMA_MODEL_TYPE, SpecialTokens, model_config
 from exporting.llama.shape import load_llama_run
-from model import GPTConfig
+from model.config import GPTConfig
 
 
 def export_llama(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool = False) -> ExportResult:

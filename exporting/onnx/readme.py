@@ -3,7 +3,8 @@ needs only numpy, onnxruntime and tokenizers (tests run it exactly as written he
 
 from __future__ import annotations
 
-from model.gpt import GPT, GPTConfig
+from model.config import GPTConfig
+from model.gpt import GPT
 from exporting.onnx.decoder import cache_entries
 
 DYNAMIC_LOOP = '''import json, numpy as np, onnxruntime as ort

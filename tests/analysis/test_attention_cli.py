@@ -6,6 +6,7 @@ import json
 import pytest
 
 from analysis.cli import main
+from refusal_testkit import one_error_line
 from run_testkit import build_run, chat_tokenizer
 
 PROMPT = "ROMEO: But soft, what light"
@@ -72,15 +73,6 @@ def test_roles_print_one_row_per_layer_and_head(run_dir, tmp_path, capsys):
         heads = [float(row[5]) for row in rows if row[0] == layer]
         assert float(total) == pytest.approx(sum(heads), abs=2e-3)
     assert f"distinct ids (each seen 10+ times) from --text-file {text}, at periods 8" in out
-
-
-def test_roles_refuse_text_too_uniform_to_probe(run_dir, tmp_path, capsys):
-    text = tmp_path / "same.txt"
-    text.write_text("a" * 4000, encoding="utf-8")
-    assert main(["--run", str(run_dir), "--roles", "--text-file", str(text)]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: ") and "the induction probe repeats at least 8 distinct ones" in err
-    assert err.count("\n") == 1
 
 
 def table_rows(out):
@@ -162,9 +154,7 @@ def test_runs_of_every_kind_draw_side_by_side(variant_runs, tmp_path, head, caps
 ])
 def test_bad_runs_input_is_one_line_and_exit_2(variant_runs, args, message, capsys):
     runs = [str(variant_runs["gqa"]), str(variant_runs["other-tokenizer"])]
-    assert main(["--runs", *runs, "--prompt", PROMPT, *args]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: ") and message in err and err.count("\n") == 1
+    one_error_line(main(["--runs", *runs, "--prompt", PROMPT, *args]), *capsys.readouterr(), message)
 
 
 # Each mode takes only its own flags (argparse's subcommands): the rest are one line and exit 2, before
@@ -193,14 +183,30 @@ def test_bad_runs_input_is_one_line_and_exit_2(variant_runs, args, message, caps
     (["--prompt", PROMPT, "--roles"], "attention.py roles does not take --prompt"),
     (["--roles", "--windows", "0"], "argument --windows: must be from 1 to 1024, got '0'"),
     (["--roles", "--windows", "1025"], "argument --windows: must be from 1 to 1024, got '1025'"),
+    (["--roles", "--text-file", "same.txt"], "the induction probe repeats at least 8 distinct ones"),
+    # /dev/zero never ends: reading it whole would exhaust memory rather than finish. A bounded read
+    # of it holds one distinct token, too few for the induction probe.
+    (["--roles", "--text-file", "/dev/zero", "--windows", "2"], "--text-file /dev/zero holds 1 distinct tokens"),
+    (["--prompt", PROMPT, "--copy", ""], "argument --copy: is empty; give the text, e.g. --copy 281764"),
+    (["--prompt", PROMPT, "--copy", "408", "--layer", "0", "--head", "0"], "copy does not take --layer 0 --head 0"),
+    (["--roles", "--copy", "408"], "attention.py roles does not take --copy 408"),
+    (["--copy", "408"], "the following arguments are required: --prompt; see python attention.py copy --help"),
+    (["--history", "--induction-threshold", "0"], "argument --induction-threshold: is a weight in (0, 1], got '0'"),
+    (["--history", "--induction-threshold", "1.01"], "argument --induction-threshold: is a weight in (0, 1]"),
+    (["--history", "--induction-threshold", "nan"], "argument --induction-threshold: is a weight in (0, 1]"),
+    (["--history", "--prompt", "ROMEO:"], "attention.py history does not take --prompt ROMEO:"),
+    (["--history", "--layer", "0", "--head", "0"], "history does not take --layer 0 --head 0"),
+    (["--history", "--roles"], "attention.py roles does not take --history"),
+    (["--history", "--out", "/nonexistent-dir/h.png"], "does not exist"),
+    (["--prompt", "ROMEO:", "--induction-threshold", "0.3"], "draw does not take --induction-threshold 0.3"),
+    (["--history"], "has no metrics.jsonl"),  # read_attention_history's refusals (test_history.py)
 ])
 def test_bad_input_is_one_line_and_exit_2_and_writes_nothing(run_dir, args, message, tmp_path, capsys,
                                                              monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert main(["--run", str(run_dir), *args]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: ") and message in err and err.count("\n") == 1
-    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "same.txt").write_text("a" * 4000, encoding="utf-8")
+    one_error_line(main(["--run", str(run_dir), *args]), *capsys.readouterr(), message)
+    assert [p.name for p in tmp_path.iterdir()] == ["same.txt"]
 
 
 FORMATS = [(".pdf", b"%PDF"), (".svg", b"<?xml"), (".PNG", b"\x89PNG")]
@@ -214,15 +220,6 @@ def test_the_figure_is_written_in_the_format_its_name_asks_for(run_dir, tmp_path
     out = tmp_path / f"grid{suffix}"
     assert main(["--run", str(run_dir), "--prompt", PROMPT, "--out", str(out)]) == 0
     assert out.read_bytes().startswith(magic)
-
-
-@one_kind_by_default("gqa")  # the text is read before any model runs
-def test_a_text_file_without_end_is_read_only_as_far_as_the_windows_need(run_dir, capsys):
-    # /dev/zero never ends: reading it whole would exhaust memory rather than finish.
-    # A bounded read of it holds one distinct token, too few for the induction probe: one line, exit 2.
-    assert main(["--run", str(run_dir), "--roles", "--text-file", "/dev/zero", "--windows", "2"]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: --text-file /dev/zero holds 1 distinct tokens") and err.count("\n") == 1, err
 
 
 def test_the_figures_the_docs_draw_in_the_checkout_are_git_ignored():

@@ -10,7 +10,8 @@ import torch.nn.functional as F
 from analysis.maps import describe_attention, scale_comparison
 from analysis.roles import attention_entropy
 
-from model import GPT, GPTConfig
+from model.config import GPTConfig
+from model.gpt import GPT
 
 KINDS = {
     "gqa": dict(n_kv_head=2),

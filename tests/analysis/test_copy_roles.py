@@ -8,6 +8,7 @@ import torch
 from analysis.cli import main
 from analysis.maps import SpanRepeat, attention_maps, find_repeat
 from rundir.loading import load_run
+from refusal_testkit import one_error_line
 from run_testkit import build_run, chat_tokenizer
 
 CONVERSATION = ('<|user|>What is 12*34?<|end|><|assistant|><|call|>calculator{"expression":"12*34"}<|end|>'
@@ -55,17 +56,8 @@ def test_the_copier_is_drawn_beside_the_head_that_copies_least(run_dir, tmp_path
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"wrote {out}" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--prompt", CONVERSATION, "--copy", "409"], "--copy '409' (3 tokens) does not occur twice"),
-    (["--prompt", CONVERSATION, "--copy", ""], "argument --copy: is empty; give the text, e.g. --copy 281764"),
-    (["--prompt", CONVERSATION, "--copy", "408", "--layer", "0", "--head", "0"],
-     "attention.py copy does not take --layer 0 --head 0"),
-    (["--roles", "--copy", "408"], "attention.py roles does not take --copy 408"),
-    (["--copy", "408"], "the following arguments are required: --prompt; see python attention.py copy --help"),
-])
-def test_bad_copy_input_is_one_line_and_exit_2(run_dir, args, message, tmp_path, capsys, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    assert main(["--run", str(run_dir), *args]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: ") and message in err and err.count("\n") == 1
+def test_a_span_written_once_is_one_line_and_exit_2_and_writes_nothing(run_dir, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # attention.py's other refusals are rows of test_attention_cli.py's table
+    one_error_line(main(["--run", str(run_dir), "--prompt", CONVERSATION, "--copy", "409"]), *capsys.readouterr(),
+                   "--copy '409' (3 tokens) does not occur twice")
     assert list(tmp_path.iterdir()) == []

@@ -16,8 +16,9 @@ from analysis.positions import (
     length_not_possible,
     scored_span,
 )
-from data import iter_val_batches
-from model import GPT, GPTConfig
+from data.batches.text import iter_val_batches
+from model.config import GPTConfig
+from model.gpt import GPT
 from training.evaluate import score_batches
 
 T = 8

@@ -14,10 +14,11 @@ from benchmarks import generate_speed
 from benchmarks.speculative import grounded_prompts
 from benchmarks.generate_speed import token_agreement
 from benchmarks.shared import paired_ratio
-from data import DataConfig
+from data.config import DataConfig
 from data.sources.shakespeare import held_out_plays, shakespeare_documents
 from data.tokenizer import train_tokenizer
-from model import GPT, GPTConfig
+from model.config import GPTConfig
+from model.gpt import GPT
 
 
 def test_the_same_tokens_are_reported_as_the_same():

@@ -42,7 +42,7 @@ def test_the_table_gives_each_technique_its_difference_cost_and_estimate():
 
 @pytest.mark.parametrize("argv,words", [
     ([], "nothing to screen: give --candidate NAME KEY=VALUE"),
-    (["--candidate", "qk-norm"], "--candidate qk-norm: give its overrides as SECTION.KEY=VALUE"),
+    (["--candidate", "rope"], "--candidate rope: give its overrides as SECTION.KEY=VALUE"),
     (["--candidate", "rope", "model.positions"], "--candidate rope: give its overrides as SECTION.KEY=VALUE"),
     (["--candidate", "baseline", "train.lr=1e-3"], "--candidate baseline: a name is a new word"),
     (["--candidate", "a", "train.lr=1e-3", "--candidate", "a", "train.lr=2e-3"], "name each candidate once"),

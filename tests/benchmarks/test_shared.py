@@ -1,18 +1,24 @@
-"""benchmarks/shared.py's pieces on cases whose answer is known: calls taking turns, a run's final
-score read back, and closed-loop clients of a real engine, each sending its next request only once
-its last one has finished. (The benchmarks that use them run end to end in test_benchmarks_run.py.)"""
+"""benchmarks/shared.py's pieces on cases whose answer is known: calls taking turns, the best of
+timings and the spreads of figures, tables and JSON lines, a run's final score read back, and
+closed-loop clients of a real engine, each sending its next request only once its last one has
+finished. (The benchmarks that use them run end to end in test_benchmarks_run.py.)"""
 
 from __future__ import annotations
 
 import json
+import math
 import threading
 
 import pytest
 import torch
 
-from benchmarks.shared import api_settings, closed_loop, final_eval, in_turns
+import benchmarks.shared as shared
+from benchmarks.shared import (
+    api_settings, best_seconds, closed_loop, final_eval, in_turns, mean_std, print_rows, quartiles, table,
+)
 from inference.engine import Engine
-from model import GPT, GPTConfig
+from model.config import GPTConfig
+from model.gpt import GPT
 
 
 def test_calls_take_turns_and_the_warmup_rounds_are_not_timed():
@@ -21,6 +27,33 @@ def test_calls_take_turns_and_the_warmup_rounds_are_not_timed():
     assert order == ["a", "b"] * 3
     assert {name: len(spent) for name, spent in seconds.items()} == {"a": 2, "b": 2}
     assert all(s >= 0 for spent in seconds.values() for s in spent)
+
+
+def test_the_best_of_timings_is_the_fastest_and_the_device_waited_for_around_each(monkeypatch):
+    clock = iter([0.0, 5.0, 10.0, 12.0, 20.0, 23.0])  # three timings: 5, 2 and 3 seconds
+    monkeypatch.setattr(shared.time, "perf_counter", lambda: next(clock))
+    events = []
+    assert best_seconds(lambda: events.append("call"), 3, sync=lambda: events.append("sync")) == 2.0
+    assert events == ["sync", "call", "sync"] * 3
+
+
+def test_quartiles_and_the_mean_with_its_spread():
+    assert quartiles([7, 1, 3, 5, 9, 2, 8, 4]) == (3, 5, 8)  # by rank: the 3rd, 5th and 7th of eight
+    assert quartiles([4.0]) == (4.0, 4.0, 4.0)
+    mean, std = mean_std([1.0, 2.0, 3.0])
+    assert mean == 2.0 and std == pytest.approx(1.0)
+    assert math.isnan(mean_std([5.0])[1])
+
+
+def test_a_table_aligns_its_figures_right_and_rows_come_as_table_rows_or_json_lines(capsys):
+    assert table(("name", "kind", "n"), [("a", "x", 1)], left=2) == "| name | kind | n |\n|---|---|---:|\n| a | x | 1 |"
+    rows = [({"seed": 1, "score": 0.5}, (1, "0.500")), ({"seed": 2, "score": 0.25}, (2, "0.250"))]
+    print_rows(("seed", "score"), iter(rows), as_json=False, left=0)
+    assert capsys.readouterr().out == "| seed | score |\n|---:|---:|\n| 1 | 0.500 |\n| 2 | 0.250 |\n"
+    print_rows(("seed", "score"), iter(rows), as_json=True)
+    assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == [r for r, _ in rows]
+    print_rows(("seed", "score"), iter([]), as_json=False)  # nothing measured: no empty table
+    assert capsys.readouterr().out == ""
 
 
 def test_the_final_score_is_the_last_final_evaluation_and_none_before_it(tmp_path):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from data import DataConfig, FilesSourceConfig
+from data.config import DataConfig, FilesSourceConfig
 from data_testkit import make_documents
 
 

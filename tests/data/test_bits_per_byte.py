@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from data import bits_per_byte, target_nats_and_bytes
+from data.metrics import bits_per_byte, target_nats_and_bytes
 
 
 def test_bits_per_byte_on_a_hand_computed_example():

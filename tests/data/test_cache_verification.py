@@ -9,7 +9,8 @@ import json
 import numpy as np
 import pytest
 
-from data import DataError, PreparedData, prepare_data
+from data.errors import DataError
+from data.prepared.text import PreparedData, prepare_data
 from data.prepared.token_files import digest_token_file
 
 

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from data import DataError, EpochBatches, TrainBatches, iter_val_batches, train_batches
+from data.batches.text import EpochBatches, TrainBatches, iter_val_batches, train_batches
+from data.errors import DataError
 from data.prepared.token_files import token_dtype
 
 
@@ -116,24 +117,23 @@ def test_train_batches_builds_the_named_sampler(tokens):
         made = train_batches(sampling, tokens, 16, 4, seed=2, rank=1, world_size=2)
         direct = cls(tokens, 16, 4, seed=2, rank=1, world_size=2)
         assert type(made) is cls and torch.equal(made.next()[0], direct.next()[0])
-    with pytest.raises(ValueError, match="sampling"):
-        train_batches("sequential", tokens, 16, 4, seed=0)
 
 
-def test_epoch_sampling_needs_one_batch_of_windows(tokens):
-    with pytest.raises(DataError, match="train.sampling=random"):
-        EpochBatches(tokens[:100], block_size=16, batch_size=8, seed=0)
+@pytest.mark.parametrize("make, error, fragment", [
+    (lambda t: EpochBatches(t[:100], block_size=16, batch_size=8, seed=0), DataError, "train.sampling=random"),
+    (lambda t: TrainBatches(t[:16], block_size=16, batch_size=2, seed=0), DataError, "fewer than one block"),
+    (lambda t: next(iter_val_batches(t[:10], block_size=16, batch_size=2)), DataError, "validation split has 10 tokens"),
+    (lambda t: EpochBatches(t, 16, 8, seed=0, rank=2, world_size=2), ValueError, "rank"),
+    (lambda t: train_batches("sequential", t, 16, 4, seed=0), ValueError, "sampling"),
+], ids=["epoch-under-one-batch", "under-one-block", "validation-under-one-block", "rank-past-world", "no-such-sampler"])
+def test_too_few_tokens_or_a_bad_sampler_is_refused(tokens, make, error, fragment):
+    with pytest.raises(error, match=fragment):
+        make(tokens)
+
+
+def test_one_batch_of_windows_and_one_block_and_a_token_are_enough(tokens):
     EpochBatches(tokens[:200], block_size=16, batch_size=8, seed=0).next()
-    with pytest.raises(ValueError, match="rank"):
-        EpochBatches(tokens, 16, 8, seed=0, rank=2, world_size=2)
-
-
-def test_too_short_for_one_block_is_a_clear_error(tokens):
-    with pytest.raises(DataError, match="fewer than one block"):
-        TrainBatches(tokens[:16], block_size=16, batch_size=2, seed=0)
     TrainBatches(tokens[:17], block_size=16, batch_size=2, seed=0).next()
-    with pytest.raises(DataError, match="validation split has 10 tokens"):
-        next(iter_val_batches(tokens[:10], block_size=16, batch_size=2))
 
 
 def test_full_validation_pass_covers_every_window_once(tokens):

@@ -9,7 +9,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from data import DataConfig, DataError, FilesSourceConfig, HubSourceConfig, prepare_data
+from data.config import DataConfig, FilesSourceConfig, HubSourceConfig
+from data.errors import DataError
+from data.prepared.text import prepare_data
 from data.sources.corpus import load_source
 from data_testkit import direct_tokens, make_documents
 
@@ -70,42 +72,10 @@ def test_hub_limits_take_leading_whole_documents(tmp_path, streaming):
     assert 2 <= len(docs.train) <= 4 and list(docs.train["text"]) == train[: len(docs.train)]
 
 
-def test_hub_empty_validation_split_is_a_clear_error(tmp_path):
-    folder = _hub_dir(tmp_path, make_documents(6), ["", ""])
-    with pytest.raises(DataError, match="validation split .*'validation'.* holds no text.*val_split: null"):
-        prepare_data(_hub_cfg(tmp_path, folder), progress=False)
-    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
-    data = prepare_data(_hub_cfg(tmp_path, folder, val_split=None), progress=False)
-    assert data.meta["val_from"].startswith("hash")
-
-
-def test_hub_text_column_is_configurable_and_a_missing_one_is_named(tmp_path):
-    folder = _hub_dir(tmp_path, make_documents(6), make_documents(2, seed=9), column="story")
-    with pytest.raises(DataError, match=r"no column 'text' \(columns: story, n\).*data.hub.text_column"):
-        prepare_data(_hub_cfg(tmp_path, folder), progress=False)
-    data = prepare_data(_hub_cfg(tmp_path, folder, text_column="story"), progress=False)
-    assert data.meta["splits"]["val"]["documents"] == 2
-    with pytest.raises(DataError, match="'n' .* holds int64, not text"):
-        prepare_data(_hub_cfg(tmp_path, folder, text_column="n"), progress=False)
-
-
-def test_hub_unreachable_says_offline_and_how_to_use_local_files(tmp_path):
-    hub = HubSourceConfig(name="roneneldan/TinyStories")
-    cfg = DataConfig(source="hub", cache_dir=str(tmp_path / "cache"), hub=hub)
-    with pytest.raises(DataError) as err:
-        prepare_data(cfg, progress=False)
-    message = str(err.value)
-    assert "offline" in message and "local" in message and "roneneldan/TinyStories" in message
-    assert "\n" not in message
-    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
-
-
-def test_hub_missing_local_directory_or_split(tmp_path):
-    with pytest.raises(DataError, match="not found"):
-        prepare_data(_hub_cfg(tmp_path, tmp_path / "nowhere"), progress=False)
-    folder = _hub_dir(tmp_path, make_documents(4), None)
-    with pytest.raises(DataError, match="no split 'training'.*data.hub.train_split"):
-        prepare_data(_hub_cfg(tmp_path, folder, train_split="training"), progress=False)
+def test_hub_settings_that_name_a_missing_split_or_column_can_be_fixed(tmp_path):
+    folder = _hub_dir(tmp_path, make_documents(6), ["", ""], column="story")
+    data = prepare_data(_hub_cfg(tmp_path, folder, val_split=None, text_column="story"), progress=False)
+    assert data.meta["val_from"].startswith("hash") and data.meta["splits"]["val"]["documents"] >= 1
 
 
 def test_txt_files_are_one_document_per_file_named_by_relative_path(tmp_path):
@@ -132,59 +102,70 @@ def test_jsonl_and_parquet_files(tmp_path):
     assert list(from_jsonl.train["text"]) == texts and from_jsonl.train_ids == [f"j{i}" for i in range(6)]
     from_parquet = load_source(_files_cfg(parquet), progress=False)
     assert list(from_parquet.train["text"]) == texts and from_parquet.train_ids == [str(i) for i in range(6)]
-    with pytest.raises(DataError, match=r"no column 'text' \(columns: body, id\)"):
-        load_source(_files_cfg(jsonl), progress=False)
 
 
-def test_non_utf8_file_is_named_unless_replacing(tmp_path):
-    (tmp_path / "good.txt").write_text("fine text", encoding="utf-8")
+def test_non_utf8_bytes_are_replaced_when_asked(tmp_path):
     (tmp_path / "bad.txt").write_bytes(b"caf\xe9 latin-1")
-    cfg = DataConfig(source="files", files=FilesSourceConfig(paths=[str(tmp_path / "*.txt")]))
-    expected = r"bad\.txt is not valid UTF-8 \(byte 0xe9 at offset 3\).*encoding_errors: replace"
-    with pytest.raises(DataError, match=expected):
-        load_source(cfg, progress=False)
-    cfg.files.encoding_errors = "replace"
-    assert "caf\ufffd latin-1" in list(load_source(cfg, progress=False).train["text"])
-
-    bad_jsonl = tmp_path / "bad.jsonl"
-    bad_jsonl.write_bytes(b'{"text": "caf\xe9"}\n{"text": "ok"}\n')
-    cfg = DataConfig(source="files", files=FilesSourceConfig(paths=[str(bad_jsonl)]))
-    with pytest.raises(DataError, match=r"bad\.jsonl is not valid UTF-8"):
-        load_source(cfg, progress=False)
-    cfg.files.encoding_errors = "replace"
-    assert list(load_source(cfg, progress=False).train["text"]) == ["caf\ufffd", "ok"]
+    (tmp_path / "bad.jsonl").write_bytes(b'{"text": "caf\xe9"}\n{"text": "ok"}\n')
+    for name, expected in (("bad.txt", ["caf\ufffd latin-1"]), ("bad.jsonl", ["caf\ufffd", "ok"])):
+        cfg = _files_cfg(tmp_path / name, encoding_errors="replace")
+        assert list(load_source(cfg, progress=False).train["text"]) == expected
 
 
-@pytest.mark.parametrize(
-    "names, paths, message",
-    [
-        (["a.csv"], ["a.csv"], "cannot tell the format of .*a.csv.*data.files.format"),
-        (["a.txt", "b.jsonl"], ["a.txt", "b.jsonl"], "mixes formats"),
-        ([], ["*.txt"], r"no file matches '.*\*\.txt'"),
-        ([], ["missing.txt"], "no such file"),
-    ],
-)
-def test_bad_file_lists(tmp_path, names, paths, message):
-    for name in names:
-        (tmp_path / name).write_text("x", encoding="utf-8")
-    cfg = DataConfig(source="files", cache_dir=str(tmp_path / "cache"),
-                     files=FilesSourceConfig(paths=[str(tmp_path / p) for p in paths]))
-    with pytest.raises(DataError, match=message):
+def _files(tmp_path: Path, contents: dict[str, str | bytes], paths: list[str] | None = None, **files) -> DataConfig:
+    """A files source over ``contents`` written into tmp_path (``paths``: its globs, or every file)."""
+    for name, content in contents.items():
+        (tmp_path / name).write_bytes(content if isinstance(content, bytes) else content.encode())
+    globs = [str(tmp_path / p) for p in (paths if paths is not None else contents)]
+    return DataConfig(source="files", vocab_size=300, cache_dir=str(tmp_path / "cache"),
+                      files=FilesSourceConfig(paths=globs, **files))
+
+
+def _hub(tmp_path: Path, train: list[str] | None = None, val: list[str] | None = None, column: str = "text",
+         **hub) -> DataConfig:
+    folder = _hub_dir(tmp_path, train or make_documents(6), val, column=column)
+    return _hub_cfg(tmp_path, folder, **hub)
+
+
+def _script_dir(tmp_path: Path) -> DataConfig:
+    folder = tmp_path / "my_corpus"
+    folder.mkdir()
+    (folder / "my_corpus.py").write_text("import datasets\n")
+    (folder / "train.jsonl").write_text('{"text": "hello"}\n')
+    return _hub_cfg(tmp_path, folder)
+
+
+def _unreadable_parquet(tmp_path: Path) -> DataConfig:
+    cfg = _hub(tmp_path)
+    (Path(cfg.hub.name) / "data" / "train-00000.parquet").write_bytes(b"not parquet at all")
+    return cfg
+
+
+# Each source refusal: one line naming the problem and its fix, before anything is cached.
+@pytest.mark.parametrize("make_cfg, fragment", [
+    (lambda tmp: _hub(tmp, val=["", ""]), r"validation split .*'validation'.* holds no text.*val_split: null"),
+    (lambda tmp: _hub(tmp, val=make_documents(2), column="story"),
+     r"no column 'text' \(columns: story, n\).*data.hub.text_column"),
+    (lambda tmp: _hub(tmp, val=make_documents(2), text_column="n"), "'n' .* holds int64, not text"),
+    (lambda tmp: _hub_cfg(tmp, tmp / "nowhere"), "not found"),
+    (lambda tmp: _hub(tmp, train_split="training"), "no split 'training'.*data.hub.train_split"),
+    (_unreadable_parquet, "cannot load hub dataset"),
+    (_script_dir, "has a loading script .*my_corpus.py.*data.source: files"),
+    (lambda tmp: DataConfig(source="hub", cache_dir=str(tmp / "cache"), hub=HubSourceConfig(name="roneneldan/TinyStories")),
+     "offline.*roneneldan/TinyStories.*local"),
+    (lambda tmp: _files(tmp, {"a.jsonl": '{"body": "x", "id": 1}\n'}), r"no column 'text' \(columns: body, id\)"),
+    (lambda tmp: _files(tmp, {"good.txt": "fine text", "bad.txt": b"caf\xe9 latin-1"}, ["*.txt"]),
+     r"bad\.txt is not valid UTF-8 \(byte 0xe9 at offset 3\).*encoding_errors: replace"),
+    (lambda tmp: _files(tmp, {"bad.jsonl": b'{"text": "caf\xe9"}\n{"text": "ok"}\n'}), r"bad\.jsonl is not valid UTF-8"),
+    (lambda tmp: _files(tmp, {"a.csv": "x"}), "cannot tell the format of .*a.csv.*data.files.format"),
+    (lambda tmp: _files(tmp, {"a.txt": "x", "b.jsonl": "x"}), "mixes formats"),
+    (lambda tmp: _files(tmp, {}, ["*.txt"]), r"no file matches '.*\*\.txt'"),
+    (lambda tmp: _files(tmp, {}, ["missing.txt"]), "no such file"),
+], ids=["hub-empty-validation", "hub-no-text-column", "hub-column-not-text", "hub-no-folder", "hub-no-split",
+        "hub-unreadable-parquet", "hub-loading-script", "hub-offline", "jsonl-no-text-column", "txt-not-utf8",
+        "jsonl-not-utf8", "unknown-format", "mixed-formats", "no-match", "no-such-file"])
+def test_a_source_that_cannot_be_read_is_one_line_before_anything_is_cached(tmp_path, make_cfg, fragment):
+    cfg = make_cfg(tmp_path)
+    with pytest.raises(DataError, match=fragment) as info:
         prepare_data(cfg, progress=False)
-    assert not (tmp_path / "cache").exists()
-
-
-def test_malformed_jsonl_is_a_one_line_error(tmp_path):
-    path = tmp_path / "broken.jsonl"
-    path.write_text('{"text": "ok"}\n{"text": \n', encoding="utf-8")
-    with pytest.raises(DataError, match="cannot read local jsonl files") as err:
-        load_source(_files_cfg(path), progress=False)
-    assert "\n" not in str(err.value)
-
-
-def test_unreadable_hub_files_are_a_one_line_error(tmp_path):
-    folder = _hub_dir(tmp_path, make_documents(4), None)
-    (folder / "data" / "train-00000.parquet").write_bytes(b"not parquet at all")
-    with pytest.raises(DataError, match="cannot load hub dataset") as err:
-        prepare_data(_hub_cfg(tmp_path, folder), progress=False)
-    assert "\n" not in str(err.value)
+    assert "\n" not in str(info.value) and not list((tmp_path / "cache").glob("*"))  # nothing cached

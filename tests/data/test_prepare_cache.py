@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import dataclasses
 import errno
 import json
 import os
@@ -15,10 +14,11 @@ import numpy as np
 import pytest
 
 import data.prepared.text as prepare_module
-import data.sources.corpus as sources_module
+import data.sources.shakespeare as shakespeare_module
 from common.os_errors import describe_os_error
-from data import DataConfig, DataError, FilesSourceConfig, PreparedData, prepare_data
-from data.prepared.text import entry_dir
+from data.config import DataConfig, FilesSourceConfig
+from data.errors import DataError
+from data.prepared.text import PreparedData, entry_dir, prepare_data
 from data.sources.shakespeare import shakespeare_documents
 from data.split import hash_split
 from data_testkit import direct_tokens, make_documents
@@ -90,8 +90,8 @@ def test_cache_hit_reuses_the_entry_without_reading_the_corpus(files_cfg, monkey
 
 def test_changed_settings_or_files_make_a_new_entry(files_cfg, txt_corpus):
     first = prepare_data(files_cfg, progress=False).directory
-    other_vocab = prepare_data(dataclasses.replace(files_cfg, vocab_size=320), progress=False).directory
-    other_seed = entry_dir(dataclasses.replace(files_cfg, split_seed=99))
+    other_vocab = prepare_data(files_cfg.model_copy(update=dict(vocab_size=320)), progress=False).directory
+    other_seed = entry_dir(files_cfg.model_copy(update=dict(split_seed=99)))
     assert len({first, other_vocab, other_seed}) == 3
     doc = txt_corpus / "doc00.txt"
     doc.write_text(doc.read_text(encoding="utf-8") + " more", encoding="utf-8")
@@ -120,7 +120,7 @@ _KILLED_PREPARE = """
 import sys, time
 from pathlib import Path
 import data.prepared.text as prepare
-from data import DataConfig, FilesSourceConfig
+from data.config import DataConfig, FilesSourceConfig
 
 real = prepare._write_tokens
 
@@ -210,7 +210,7 @@ def test_shakespeare_metadata_lists_the_held_out_plays(tmp_path, monkeypatch):
     ids, texts = shakespeare_documents()
     # Real plays, cut short so the test stays fast (the full corpus is the benchmark's job).
     short = [t[:3000] for t in texts]
-    monkeypatch.setattr(sources_module, "shakespeare_documents", lambda progress=False: (ids, short))
+    monkeypatch.setattr(shakespeare_module, "shakespeare_documents", lambda progress=False: (ids, short))
     cfg = DataConfig(vocab_size=300, cache_dir=str(tmp_path / "cache"))
     data = prepare_data(cfg, progress=False)
     _, val_idx = hash_split(ids, cfg.val_fraction, cfg.split_seed)
@@ -285,7 +285,7 @@ def test_unknown_source_and_unwritable_cache_dir(tmp_path, files_cfg):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory", encoding="utf-8")
     with pytest.raises(DataError, match="cannot write to data.cache_dir"):
-        prepare_data(dataclasses.replace(files_cfg, cache_dir=str(blocker)), progress=False)
+        prepare_data(files_cfg.model_copy(update=dict(cache_dir=str(blocker))), progress=False)
 
 
 def test_a_full_disk_under_the_cache_names_the_entry_and_the_cause(tmp_path, mount_tmpfs):
@@ -295,7 +295,7 @@ def test_a_full_disk_under_the_cache_names_the_entry_and_the_cause(tmp_path, mou
     for i, text in enumerate(make_documents(400)):  # token files far larger than the disk
         (folder / f"doc{i:03d}.txt").write_text(text, encoding="utf-8")
     disk = mount_tmpfs(64 * 1024)
-    cfg = dataclasses.replace(_folder_cfg(tmp_path, folder), cache_dir=str(disk / "cache"))
+    cfg = _folder_cfg(tmp_path, folder).model_copy(update=dict(cache_dir=str(disk / "cache")))
     with pytest.raises(OSError) as full:
         prepare_data(cfg, progress=False)
     assert full.value.errno == errno.ENOSPC and full.value.filename == str(entry_dir(cfg))

@@ -70,7 +70,7 @@ def test_an_mla_run_trains_resumes_fine_tunes_generates_and_exports(tmp_path: Pa
     export = run_command([str(ROOT / "export.py"), "--run", str(chat), "--out", str(tmp_path / "hf")], cwd=tmp_path)
     assert export.returncode == 0, export.stderr[-3000:]
     transformers = pytest.importorskip("transformers")
-    from model import load_pretrained
+    from model.io import load_pretrained
 
     theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", trust_remote_code=True).eval()
     ids = torch.randint(0, 300, (2, 32), generator=torch.Generator().manual_seed(0))
@@ -79,7 +79,7 @@ def test_an_mla_run_trains_resumes_fine_tunes_generates_and_exports(tmp_path: Pa
 
 
 @pytest.mark.parametrize("settings,words", [
-    (["--set", "model.attention=foo"], "attention must be one of gqa, mla, got 'foo'"),
+    (["--set", "model.attention=foo"], "model.attention must be 'gqa' or 'mla', got 'foo'"),
     (["--set", "model.attention=mla", "--set", "model.n_kv_head=4"], "attention mla needs kv_latent_dim"),
     (["--set", "model.kv_latent_dim=32"], "kv_latent_dim is set (32) but attention is 'gqa'"),
 ])

@@ -28,7 +28,8 @@ def _single_thread(one_torch_thread):
 @pytest.fixture(scope="session")
 def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """configs/tiny.yaml trained for ``TRAIN_STEPS`` steps on one CPU thread."""
-    from training import load_run_config, train
+    from training.config import load_run_config
+    from training.trainer import train
 
     root = tmp_path_factory.mktemp("eval-run")
     overrides = [
@@ -55,7 +56,8 @@ def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def untrained_run(trained_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The trained run's config and tokenizer with freshly initialised weights: the floor."""
     from rundir.files import RUN_CONFIG_FILE, TOKENIZER_FILE
-    from model import GPT, load_pretrained, save_pretrained
+    from model.gpt import GPT
+    from model.io import load_pretrained, save_pretrained
 
     directory = tmp_path_factory.mktemp("untrained") / "run"
     directory.mkdir()

@@ -4,39 +4,32 @@ from __future__ import annotations
 
 import sys
 
-from eval_testkit import one_line_error as _one_line_error
+import pytest
+
+from evaluation.cli import main
+from refusal_testkit import one_error_line
+
+WRITES = {"weights": ("model.safetensors", "not a safetensors file"),
+          "config": ("config.yaml", "data:\n  source: [unclosed\n"),
+          "files": ("config.yaml", "data:\n  source: files\n  files:\n    paths: [corpus.txt]\n")}
 
 
-def test_without_lm_eval_says_how_to_install_it(capsys, monkeypatch, random_run):
-    monkeypatch.setitem(sys.modules, "lm_eval", None)  # import lm_eval now raises ImportError
-    _one_line_error(capsys, ["--run", str(random_run)], "lm-evaluation-harness", "pip install", "lm-eval")
-
-
-def test_missing_run(capsys, tmp_path):
-    _one_line_error(capsys, ["--run", str(tmp_path / "nope")], "does not exist")
-
-
-def test_damaged_weights(capsys, random_run):
-    (random_run / "model.safetensors").write_bytes(b"not a safetensors file")
-    _one_line_error(capsys, ["--run", str(random_run)], "model.safetensors")
-
-
-def test_damaged_config(capsys, random_run):
-    (random_run / "config.yaml").write_text("data:\n  source: [unclosed\n")
-    _one_line_error(capsys, ["--run", str(random_run)], "config.yaml")
-
-
-def test_run_not_trained_on_the_plays(capsys, random_run):
-    (random_run / "config.yaml").write_text("data:\n  source: files\n  files:\n    paths: [corpus.txt]\n")
-    _one_line_error(capsys, ["--run", str(random_run)], "data.source=files", "shakespeare")
-
-
-def test_unknown_task_and_bad_numbers(capsys, random_run):
-    _one_line_error(capsys, ["--run", str(random_run), "--tasks", "shakespeare_bpb,arc_easy"], "arc_easy")
-    _one_line_error(capsys, ["--run", str(random_run), "--items", "0"], "--items")
-
-
-def test_context_window_too_short_for_the_choices(capsys, random_run):
+@pytest.mark.parametrize("damage, flags, fragments", [
+    ("no-lm-eval", [], ["lm-evaluation-harness", "pip install", "lm-eval"]),
+    ("missing", [], ["does not exist"]),
+    ("weights", [], ["model.safetensors"]),
+    ("config", [], ["config.yaml"]),
+    ("files", [], ["data.source=files", "shakespeare"]),  # not trained on the plays
+    (None, ["--tasks", "shakespeare_bpb,arc_easy"], ["arc_easy"]),
+    (None, ["--items", "0"], ["--items"]),
     # run_testkit's model has a context of 32 tokens; a line of verse does not fit its small vocabulary.
-    _one_line_error(capsys, ["--run", str(random_run), "--tasks", "shakespeare_next_line"],
-                    "shakespeare_next_line", "block_size")
+    (None, ["--tasks", "shakespeare_next_line"], ["shakespeare_next_line", "block_size"]),
+])
+def test_bad_input_is_one_line_and_exit_2(capsys, monkeypatch, random_run, damage, flags, fragments):
+    run = random_run.parent / "nope" if damage == "missing" else random_run
+    if damage == "no-lm-eval":
+        monkeypatch.setitem(sys.modules, "lm_eval", None)  # import lm_eval now raises ImportError
+    elif damage in WRITES:
+        name, text = WRITES[damage]
+        (run / name).write_text(text)
+    one_error_line(main(["--run", str(run), *flags]), *capsys.readouterr(), *fragments)

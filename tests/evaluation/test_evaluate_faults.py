@@ -15,12 +15,17 @@ from pathlib import Path
 
 import pytest
 
-from eval_testkit import one_line_error as _one_line_error
+from evaluation.cli import main
+from refusal_testkit import one_error_line
 from signal_testkit import start_paused, stop
 
 BPB = ["--tasks", "shakespeare_bpb", "--limit", "1"]
 
 pytest.importorskip("lm_eval")  # optional: requirements-dev.txt installs it
+
+
+def _refused(capsys, run: Path, *fragments: str) -> None:
+    one_error_line(main(["--run", str(run), *BPB]), *capsys.readouterr(), *fragments)
 
 
 def _scratch(tmp: Path) -> list[str]:
@@ -41,7 +46,7 @@ def tmpdir_env(tmp_path, monkeypatch) -> Path:
 
 def test_eval_that_is_a_file_is_one_line(capsys, random_run, tmpdir_env):
     (random_run / "eval").write_text("my notes")
-    _one_line_error(capsys, ["--run", str(random_run), *BPB], str(random_run / "eval"), "is a file")
+    _refused(capsys, random_run, str(random_run / "eval"), "is a file")
     assert (random_run / "eval").read_text() == "my notes"
     assert _scratch(tmpdir_env) == []
 
@@ -50,7 +55,7 @@ def test_read_only_run_is_one_line(capsys, random_run, mount_tmpfs, tmpdir_env):
     disk = mount_tmpfs(16 << 20)
     run = Path(shutil.copytree(random_run, disk / "run"))
     subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
-    _one_line_error(capsys, ["--run", str(run), *BPB], str(run / "eval"), "Read-only file system")
+    _refused(capsys, run, str(run / "eval"), "Read-only file system")
     assert _scratch(tmpdir_env) == []
 
 
@@ -59,7 +64,7 @@ def test_full_tmpdir_is_one_line(capsys, random_run, mount_tmpfs, monkeypatch):
 
     disk = mount_tmpfs(64 << 10)  # smaller than the export's weights
     monkeypatch.setattr(tempfile, "tempdir", str(disk))
-    _one_line_error(capsys, ["--run", str(random_run), *BPB], "TMPDIR", str(disk), "No space left on device")
+    _refused(capsys, random_run, "TMPDIR", str(disk), "No space left on device")
     assert list(disk.iterdir()) == []
     assert not (random_run / "eval").exists()
 
@@ -79,7 +84,7 @@ def test_disk_that_fills_while_writing_the_tasks_keeps_the_earlier_results(capsy
         path.write_text(text)
 
     monkeypatch.setattr(evaluation.tasks, "atomic_write_text", fills)
-    _one_line_error(capsys, ["--run", str(random_run), *BPB], str(random_run / "eval"), "the disk is full")
+    _refused(capsys, random_run, str(random_run / "eval"), "the disk is full")
     assert (random_run / "eval" / "results.json").read_text() == '{"earlier": true}'
     assert _scratch(tmpdir_env) == []
 
@@ -121,5 +126,5 @@ def test_a_sigkill_leftover_is_removed_by_the_next_evaluation(capsys, random_run
     assert len(_scratch(tmpdir_env)) == 1
     # Refused once its own temporary export is made: a damaged config.
     (random_run / "config.yaml").write_text("data:\n  source: files\n")
-    _one_line_error(capsys, ["--run", str(random_run), *BPB], "config.yaml is damaged")
+    _refused(capsys, random_run, "config.yaml is damaged")
     assert _scratch(tmpdir_env) == []

@@ -24,7 +24,7 @@ from inference.aot_step import CACHE_ENV, AotStep, aot_missing, cache_folder, pa
 from inference.compiled_step import CompiledStep, compiler_missing, spare_slot_cache
 from inference.engine import Engine, decode
 from inference.sampling import SamplingSettings
-from model import KVCache
+from model.kv_cache import KVCache
 from signal_testkit import ROOT
 
 pytestmark = pytest.mark.skipif(compiler_missing(torch.device("cpu")) is not None or aot_missing(torch.device("cpu")),

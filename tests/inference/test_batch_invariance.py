@@ -10,7 +10,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from inference.batch_invariant import ROW_BLOCK, RowBlockedLinear, row_blocked
-from model import GPT, GPTConfig
+from model.config import GPTConfig
+from model.gpt import GPT
 
 # On this project's CPU hosts (MKL, two threads) a product this deep sums a row in another order
 # once it has 64 rows or more; a single thread, or a shallower product, keeps the 16-row order.

@@ -22,7 +22,8 @@ from inference.completion import generate_completions
 from inference.engine import Engine, Event, Finish, decode
 from inference.sampling import SamplingSettings
 from inference.settings import GenerationSettings
-from model import GPT, GPTConfig
+from model.config import GPTConfig
+from model.gpt import GPT
 from rundir.loading import load_run
 
 pytestmark = pytest.mark.skipif(compiler_missing(torch.device("cpu")) is not None,

@@ -171,7 +171,7 @@ def test_missing_runs_and_files(capsys, monkeypatch, copy_run, tmp_path):
 
 
 def test_damaged_weights_and_mismatched_tokenizer(capsys, copy_run, tmp_path, tokenizer_path):
-    from model import save_pretrained
+    from model.io import save_pretrained
 
     truncated = copy_run("truncated")
     weights = truncated / "model.safetensors"

@@ -14,8 +14,8 @@ import torch
 
 from inference.engine import Engine, Event, decode
 from inference.sampling import SamplingSettings, Window
-from model import GPT, GPTConfig
-from model.gpt import rotary, rotate
+from model.config import GPTConfig
+from model.gpt import GPT, rotary, rotate
 
 BLOCK = 16
 SINKS = 4

@@ -14,8 +14,9 @@ import torch
 from inference.batch_invariant import row_blocked
 from inference.engine import Engine, Event, Finish, decode
 from inference.sampling import SamplingSettings
-from inference.speculative import Proposal, PromptLookup, Speculation
-from model import GPT
+from inference.settings import Speculation
+from inference.speculative import Proposal, PromptLookup
+from model.gpt import GPT
 from run_testkit import build_model
 
 VOCAB = 97

@@ -19,8 +19,9 @@ import torch
 import inference.speculative
 from inference.engine import Engine, Event
 from inference.sampling import SamplingSettings, adjusted_logits, draw, token_distribution, uniform_per_row
-from inference.speculative import Speculation
-from model import GPT, GPTConfig
+from inference.settings import Speculation
+from model.config import GPTConfig
+from model.gpt import GPT
 
 VOCAB = 4
 NEW = 4  # tokens per request: the first one sampled plainly, then up to NEW - 2 guesses a step

@@ -84,22 +84,6 @@ class ScriptedTools(Toolbox):
         return self.answer(self.runs)
 
 
-def test_a_tool_error_is_a_result_the_model_reads_and_answers_after(tool_run):
-    [reply] = decode_with_tools(_engine(tool_run), tool_run.tokenizer, [_prompt(tool_run, "7+8")], GREEDY,
-                                ScriptedTools(lambda n: error_result("the calculator is out of order")))
-    assert reply.messages[1] == Message("tool", "error: the calculator is out of order")
-    assert not reply.steps[0].result.ok
-    assert reply.messages[2].role == "assistant" and reply.finish_reason in ("stop", "length", "malformed")
-
-
-def test_without_tools_or_past_the_call_limit_the_model_cannot_call(tool_run, toolbox):
-    call = ChatTokenIds.of(tool_run.tokenizer).call
-    for tools, limit in ((None, 4), (toolbox, 0)):
-        [reply] = decode_with_tools(_engine(tool_run), tool_run.tokenizer, [_prompt(tool_run, "12*34")], GREEDY,
-                                    tools, max_calls=limit)
-        assert call not in reply.ids and reply.steps == [] and len(reply.messages) == 1
-
-
 class ScriptedEngine:
     """Stands in for the engine: each submitted segment generates the next of ``segments`` (texts in the
     chat format) and ends its turn; keeps whether each segment could sample ``<|call|>``."""
@@ -122,17 +106,34 @@ class ScriptedEngine:
         self.submitted = []
 
 
-def test_within_one_reply_the_call_past_the_limit_runs_nothing_and_the_model_can_call_no_more(tool_run):
-    # Two calls allowed: one in the first segment, two in the second (the second of which is past
-    # the limit), then the answer.
-    call = '<|call|>calculator{"expression":"1+1"}'
-    engine = ScriptedEngine(tool_run.tokenizer, [call + "<|end|>", call + call + "<|end|>", "2<|end|>"])
-    tools = ScriptedTools(lambda n: ToolResult(str(n), True))
+CALL = '<|call|>calculator{"expression":"1+1"}'
+
+
+def _count(n: int) -> ToolResult:
+    return ToolResult(str(n), True)
+
+
+def _out_of_order(n: int) -> ToolResult:
+    return error_result("the calculator is out of order")
+
+
+@pytest.mark.parametrize("tools, limit, segments, results, could_call", [
+    # Two calls allowed: one in the first segment, two in the second (its second past the limit), then the answer.
+    (_count, 2, [CALL + "<|end|>", CALL + CALL + "<|end|>", "2<|end|>"],
+     ["1", "2", "error: no more calls in this reply (the limit is 2)"], [True, True, False]),
+    (_count, 0, ["2<|end|>"], [], [False]),
+    (None, 4, ["2<|end|>"], [], [False]),
+    # A tool's error is a result like any other, and the model answers after it.
+    (_out_of_order, 2, [CALL + "<|end|>", "2<|end|>"], ["error: the calculator is out of order"], [True, True]),
+], ids=["past-the-limit", "no-calls-allowed", "no-tools", "a-tool-error"])
+def test_each_call_within_a_replys_limit_runs_and_past_it_runs_nothing(tool_run, tools, limit, segments, results,
+                                                                         could_call):
+    engine, toolbox = ScriptedEngine(tool_run.tokenizer, segments), tools and ScriptedTools(tools)
     [reply] = decode_with_tools(engine, tool_run.tokenizer, [_prompt(tool_run, "1+1")],
-                                SamplingSettings(temperature=0, max_new_tokens=500), tools, max_calls=2)
-    assert tools.runs == 2 and [step.result.text for step in reply.steps] == \
-        ["1", "2", "error: no more calls in this reply (the limit is 2)"]
-    assert engine.could_call == [True, True, False] and (reply.finish_reason, reply.text) == ("stop", "2")
+                                SamplingSettings(temperature=0, max_new_tokens=500), toolbox, max_calls=limit)
+    assert [step.result.text for step in reply.steps] == results
+    assert (toolbox.runs if toolbox else 0) == min(len(results), limit)
+    assert engine.could_call == could_call and (reply.finish_reason, reply.text) == ("stop", "2")
 
 
 def test_the_token_budget_counts_every_segment(tool_run, toolbox):

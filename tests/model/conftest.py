@@ -14,7 +14,8 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from model import GPT, GPTConfig
+from model.config import GPTConfig
+from model.gpt import GPT
 
 BASE = dict(vocab_size=97, block_size=37, n_layer=2, n_head=6, n_kv_head=2, n_embd=42)
 

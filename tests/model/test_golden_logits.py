@@ -19,7 +19,8 @@ import zlib
 
 import torch
 
-from model import GPT, GPTConfig
+from model.config import GPTConfig
+from model.gpt import GPT
 
 # The shape of configs/tiny.yaml's family, small: grouped-query attention, a narrow SwiGLU, value
 # embeddings, learned positions, tied embeddings.

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from torch import nn
 
-from model import GPT, GPTConfig
+from model.config import GPTConfig
+from model.gpt import GPT
 from model.layer_map import block_linears
 
 SHAPE = dict(vocab_size=64, block_size=16, n_layer=1, n_head=4, n_kv_head=2, n_embd=32)

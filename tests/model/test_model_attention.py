@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import model.gpt as gqa
-from model import GPTConfig, KVCache
-from model.gpt import CausalSelfAttention
-from model.gpt import causal_mask
+from model.config import GPTConfig
+from model.kv_cache import KVCache
+from model.gpt import CausalSelfAttention, causal_mask
 
 N_HEAD = 6
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model import KVCache
+from model.kv_cache import KVCache
 from run_testkit import ALL_OPTIONS
 
 # Absolute tolerance on logits whose magnitude is a few units to a few tens (see conftest):

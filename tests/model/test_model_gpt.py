@@ -9,7 +9,8 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from model import GPT, GPTConfig
+from model.config import GPTConfig
+from model.gpt import GPT
 
 SMALL = dict(vocab_size=10, block_size=8, n_layer=2, n_head=4, n_kv_head=2, n_embd=12, ffn_hidden=16)
 

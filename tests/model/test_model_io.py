@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from model import GPT, ModelFileError, load_pretrained, save_pretrained
-from model.io import MODEL_CONFIG_FILE, WEIGHTS_FILE
+from model.gpt import GPT
+from model.io import MODEL_CONFIG_FILE, ModelFileError, WEIGHTS_FILE, load_pretrained, save_pretrained
 
 IDX = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6], [5, 3, 5, 8, 9, 7, 9, 3]])
 

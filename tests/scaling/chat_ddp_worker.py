@@ -13,7 +13,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from model import GPT, GPTConfig, unwrap
+from model.config import GPTConfig
+from model.gpt import GPT, unwrap
 from training.distributed import DistContext, sync_gradients, wrap_model
 from training.tasks.chat import ChatTask
 

@@ -72,7 +72,7 @@ def small_overrides(stories_jsonl: Path, tmp_path_factory: pytest.TempPathFactor
         "run.checkpoint_interval=0",
     ]
     # Tokenize once for the session, in this process, so the runs below only read the cache.
-    from data import prepare_data
+    from data.prepared.text import prepare_data
     from training.config import load_run_config
 
     prepare_data(load_run_config(SMALL_CONFIG, overrides).data, progress=False)

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from model import GPT, GPTConfig, unwrap
+from model.config import GPTConfig
+from model.gpt import GPT, unwrap
 from training.distributed import (
     all_reduce_mean,
     gather_to_main,

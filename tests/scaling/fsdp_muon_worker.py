@@ -15,7 +15,8 @@ from pathlib import Path
 
 import torch
 
-from model import GPT, GPTConfig
+from model.config import GPTConfig
+from model.gpt import GPT
 from training.adapters import Adapters
 from training.checkpointing import ShardedCheckpointer
 from training.config import TrainConfig

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from common.errors import UserError
-from model import unwrap
+from model.gpt import unwrap
 from rundir.checkpoint import load_trainer_state
 from training.distributed import (
     DistContext,

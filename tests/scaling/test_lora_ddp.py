@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from model import load_pretrained
+from model.io import load_pretrained
 from rundir.checkpoint import load_trainer_state
 from tests.scaling.test_distributed import torchrun_env
 from tests.scaling.test_fsdp import ROOT, _launch, _ok, _train_args

@@ -36,7 +36,7 @@ def metrics_lines(run_dir: Path) -> list[dict]:
 
 
 def test_small_config_is_minimind2_small_sized():
-    from model import GPT
+    from model.gpt import GPT
     from training.config import load_run_config
 
     config = load_run_config(ROOT / "configs" / "small.yaml", [])

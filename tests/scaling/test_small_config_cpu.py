@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from model import load_pretrained
+from model.io import load_pretrained
 from rundir.checkpoint import load_trainer_state
 from training.trainer import train
 

@@ -1,56 +1,49 @@
-"""serve.py's user errors: one line on stderr, exit code 2, nothing started."""
+"""serve.py's user errors: one line on stderr, exit code 2, nothing started; and how it stops."""
 
 from __future__ import annotations
 
-import re
 import signal
 
 import httpx
 import pytest
 
 from server_process import running_server
+from refusal_testkit import one_error_line
 from serving.cli import main
 
 
-@pytest.mark.parametrize(
-    "flags, fragment",
-    [
-        (["--threads", "0"], "--threads must be auto or a whole number of threads >= 1"),
-        (["--max-batch", "0"], "--max-batch must be at least 1"),
-        (["--port", "70000"], "--port must be in 0..65535"),
-        (["--prefill-chunk", "0"], "--prefill-chunk must be at least 1"),
-        (["--prefix-cache-mb", "-1"], "--prefix-cache-mb must be 0 (off) or more"),
-        (["--prefix-cache-mb", "nan"], "--prefix-cache-mb must be 0 (off) or more"),
-        (["--device", "tpu"], "unknown device 'tpu'"),
-        (["--max-batch", "many"], "invalid int value"),
-        (["--max-body-bytes", "0"], "--max-body-bytes must be at least 1"),
-    ],
-)
-def test_bad_flags_are_one_line_and_exit_2(tmp_path, capsys, flags, fragment):
-    code = main(["--run", str(tmp_path), "--port", "0", *flags])
-    err = capsys.readouterr().err
-    assert code == 2
-    assert err.startswith("error: ") and fragment in err and err.count("\n") == 1
-
-
-def test_a_directory_that_is_not_a_run_is_refused(tmp_path, capsys):
-    assert main(["--run", str(tmp_path / "missing"), "--port", "0"]) == 2
-    err = capsys.readouterr().err
-    assert "does not exist" in err and err.count("\n") == 1
-
-
-def test_a_kv_cache_larger_than_memory_is_one_line_before_allocating(chat_run_dir, capsys):
-    code = main(["--run", str(chat_run_dir), "--port", "0", "--device", "cpu", "--max-batch", "100000000"])
-    err = capsys.readouterr().err
-    assert code == 2 and err.count("\n") == 1
-    assert re.match(r"error: --max-batch 100000000 needs a KV cache of [\d,.]+ GiB .* pass --max-batch \d+ or less$", err)
-
-
-def test_sinks_on_a_learned_run_are_refused_in_one_line(chat_run_dir, capsys):
-    code = main(["--run", str(chat_run_dir), "--port", "0", "--device", "cpu", "--sinks", "4"])
-    err = capsys.readouterr().err
-    assert code == 2 and err.count("\n") == 1
-    assert err.startswith("error: --sinks applies to runs with rotary or no positions") and "drop --sinks" in err
+@pytest.mark.parametrize("run, flags, fragments", [
+    ("empty", ["--threads", "0"], ["--threads must be auto or a whole number of threads >= 1"]),
+    ("empty", ["--max-batch", "0"], ["--max-batch must be at least 1"]),
+    ("empty", ["--port", "70000"], ["--port must be in 0..65535"]),
+    ("empty", ["--prefill-chunk", "0"], ["--prefill-chunk must be at least 1"]),
+    ("empty", ["--prefix-cache-mb", "-1"], ["--prefix-cache-mb must be 0 (off) or more"]),
+    ("empty", ["--prefix-cache-mb", "nan"], ["--prefix-cache-mb must be 0 (off) or more"]),
+    ("empty", ["--device", "tpu"], ["unknown device 'tpu'"]),
+    ("empty", ["--max-batch", "many"], ["invalid int value"]),
+    ("empty", ["--max-body-bytes", "0"], ["--max-body-bytes must be at least 1"]),
+    ("empty", ["--max-queue", "-1"], ["--max-queue must be >= 0, got -1"]),
+    ("missing", [], ["does not exist"]),
+    # The refusals that read the run, before a cache is allocated or a server started.
+    ("chat", ["--draft-run", "somewhere"], ["--draft-run goes with --speculate"]),
+    ("chat", ["--speculate-k", "3"], ["--speculate-k goes with --speculate"]),
+    ("chat", ["--speculate", "draft"], ["--speculate draft needs --draft-run DIR"]),
+    ("chat", ["--speculate", "lookup", "--speculate-k", "0"], ["--speculate-k must be 1 to 16, got 0"]),
+    ("chat", ["--speculate", "lookup", "--speculate-k", "17"], ["--speculate-k must be 1 to 16, got 17"]),
+    ("chat", ["--speculate", "guess"], ["argument --speculate: invalid choice: 'guess'"]),
+    ("chat", ["--max-batch", "100000000"],
+     ["error: --max-batch 100000000 needs a KV cache of ", " GiB ", "; pass --max-batch ", " or less"]),
+    ("chat", ["--sinks", "4"], ["error: --sinks applies to runs with rotary or no positions", "drop --sinks"]),
+    ("chat", ["--speculate", "draft", "--draft-run", "{plain}"], ["--draft-run {plain} has another tokenizer"]),
+    ("chat", ["--speculate", "draft", "--draft-run", "{missing}"], ["is not a run directory"]),
+])
+def test_bad_input_is_one_line_and_exit_2(chat_run_dir, plain_run_dir, tmp_path, capsys, run, flags, fragments):
+    runs = {"empty": tmp_path, "missing": tmp_path / "missing", "chat": chat_run_dir}
+    paths = {"{plain}": str(plain_run_dir), "{missing}": str(tmp_path / "missing")}
+    flags = [paths.get(flag, flag) for flag in flags]
+    fragments = [fragment.replace("{plain}", str(plain_run_dir)) for fragment in fragments]
+    code = main(["--run", str(runs[run]), "--port", "0", "--device", "cpu", *flags])
+    one_error_line(code, *capsys.readouterr(), *fragments)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.e2e)],

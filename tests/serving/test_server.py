@@ -146,7 +146,7 @@ def test_chat_uses_the_chat_template_and_ends_at_end_of_turn(client, chat_run):
     ({"model": "gpt-4", "messages": [{"role": "user", "content": "x"}]}, 404, "does not exist"),
     ({"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}, 400, "unknown role"),
     ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "logit_bias": {}}, 400, "unrecognized"),
-    ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 2}, 400, "n:"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 2}, 400, "n must be 1, got 2"),
     (b'{"model": "tiny-chat", "messages": [{"role": "user", "content": "a\\ud800"}]}', 400,
      "messages.0.content has a lone surrogate"),
     (b'{"model": "tiny-chat", "\\udfff": 1}', 400, "a key with a lone surrogate"),

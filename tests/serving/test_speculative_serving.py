@@ -1,6 +1,6 @@
 """A speculating server keeps the engine's rule: each request gets what it gets served alone (and,
-greedy, what plain decoding gives), with lookup or a draft run; serve.py takes the flags and refuses
-the ones that cannot go together in one line."""
+greedy, what plain decoding gives), with lookup or a draft run; serve.py takes the flags (its refusals
+are rows of test_serve_cli.py's table)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,10 @@ import torch
 
 from inference.engine import Engine, Event, decode
 from inference.sampling import SamplingSettings
-from inference.speculative import Speculation
+from inference.settings import Speculation
 from rundir.loading import load_run
 from run_testkit import build_run, chat_tokenizer
 from server_process import running_server
-from serving.cli import main
 
 openai = pytest.importorskip("openai")
 
@@ -118,29 +117,3 @@ def test_a_speculating_server_answers_concurrent_requests_as_generate_py_does(sp
         if options["temperature"] == 0:  # greedy: what plain decoding gives
             assert mine.token_ids == alone(None).token_ids
         assert all(lp <= 0 for lp in choice.logprobs.token_logprobs)
-
-
-@pytest.mark.parametrize("flags, fragment", [
-    (["--draft-run", "somewhere"], "--draft-run goes with --speculate"),
-    (["--speculate-k", "3"], "--speculate-k goes with --speculate"),
-    (["--speculate", "draft"], "--speculate draft needs --draft-run DIR"),
-    (["--speculate", "lookup", "--speculate-k", "0"], "--speculate-k must be 1 to 16, got 0"),
-    (["--speculate", "lookup", "--speculate-k", "17"], "--speculate-k must be 1 to 16, got 17"),
-    (["--speculate", "guess"], "argument --speculate: invalid choice: 'guess'"),
-])
-def test_speculation_flags_that_do_not_go_together_are_one_line(chat_run_dir, capsys, flags, fragment):
-    code = main(["--run", str(chat_run_dir), "--port", "0", "--device", "cpu", *flags])
-    err = capsys.readouterr().err
-    assert code == 2 and err.startswith("error: ") and fragment in err and err.count("\n") == 1, err
-
-
-def test_a_draft_with_another_tokenizer_is_refused(chat_run_dir, plain_run_dir, tmp_path, capsys):
-    code = main(["--run", str(chat_run_dir), "--port", "0", "--device", "cpu", "--speculate", "draft",
-                 "--draft-run", str(plain_run_dir)])
-    err = capsys.readouterr().err
-    assert code == 2 and err.count("\n") == 1
-    assert f"--draft-run {plain_run_dir} has another tokenizer or vocabulary" in err
-    code = main(["--run", str(chat_run_dir), "--port", "0", "--device", "cpu", "--speculate", "draft",
-                 "--draft-run", str(tmp_path / "missing")])
-    err = capsys.readouterr().err
-    assert code == 2 and "is not a run directory" in err and err.count("\n") == 1

@@ -49,19 +49,29 @@ def write_netrc(path: Path, machine: str) -> Path:
 # Mode resolution (no wandb involved)
 
 
-def test_auto_is_offline_without_credentials_and_online_with_them(tmp_path):
-    home = tmp_path / "home"
-    home.mkdir()
-    env = {"HOME": str(home)}
-    mode, note = resolve_mode("auto", env)
-    assert mode == "offline" and "no W&B credentials" in note
+KEY = {"WANDB_API_KEY": "k" * 40}
 
-    assert resolve_mode("auto", {**env, "WANDB_API_KEY": "k" * 40}) == ("online", None)
 
-    write_netrc(home / ".netrc", "api.wandb.ai")
-    assert resolve_mode("auto", env) == ("online", None)
+@pytest.mark.parametrize("mode, env, netrc_host, expected, notes", [
+    ("auto", {}, None, "offline", ["no W&B credentials"]),
+    ("auto", KEY, None, "online", None),
+    ("auto", {}, "api.wandb.ai", "online", None),
     # A netrc entry for another server is not a login for the one being used.
-    assert resolve_mode("auto", {**env, "WANDB_BASE_URL": "https://wandb.example.com"})[0] == "offline"
+    ("auto", {"WANDB_BASE_URL": "https://wandb.example.com"}, "api.wandb.ai", "offline", ["no W&B credentials"]),
+    # WANDB_MODE steers auto, but not an explicit mode.
+    ("auto", {**KEY, "WANDB_MODE": "disabled"}, None, "disabled", None),
+    ("auto", {**KEY, "WANDB_MODE": "dryrun"}, None, "offline", None),
+    ("online", {**KEY, "WANDB_MODE": "disabled"}, None, "online", None),
+    ("disabled", KEY, None, "disabled", None),
+    # Online without credentials falls back to offline, and says how to log in.
+    ("online", {}, None, "offline", ["WANDB_API_KEY", "wandb login"]),
+])
+def test_the_mode_follows_the_config_the_environment_and_the_credentials(tmp_path, mode, env, netrc_host,
+                                                                         expected, notes):
+    if netrc_host:
+        write_netrc(tmp_path / ".netrc", netrc_host)
+    got, note = resolve_mode(mode, {"HOME": str(tmp_path), **env})
+    assert got == expected and (note is None if notes is None else all(n in note for n in notes)), note
 
 
 def test_netrc_location_follows_NETRC_and_the_server_host(tmp_path):
@@ -70,20 +80,6 @@ def test_netrc_location_follows_NETRC_and_the_server_host(tmp_path):
     assert not has_credentials(env)
     assert has_credentials({**env, "WANDB_BASE_URL": "https://wandb.example.com:8443"})
     assert not has_credentials({"HOME": str(tmp_path), "WANDB_API_KEY": "  "})
-
-
-def test_WANDB_MODE_steers_auto_but_not_an_explicit_mode(tmp_path):
-    env = {"HOME": str(tmp_path), "WANDB_API_KEY": "k" * 40}
-    assert resolve_mode("auto", {**env, "WANDB_MODE": "disabled"}) == ("disabled", None)
-    assert resolve_mode("auto", {**env, "WANDB_MODE": "dryrun"}) == ("offline", None)
-    assert resolve_mode("online", {**env, "WANDB_MODE": "disabled"}) == ("online", None)
-    assert resolve_mode("disabled", env) == ("disabled", None)
-
-
-def test_online_without_credentials_falls_back_to_offline(tmp_path):
-    mode, note = resolve_mode("online", {"HOME": str(tmp_path)})
-    assert mode == "offline"
-    assert "WANDB_API_KEY" in note and "wandb login" in note
 
 
 def test_unknown_mode_is_a_user_error():

@@ -14,7 +14,8 @@ import sys
 
 import torch
 
-from model import GPT, GPTConfig
+from model.config import GPTConfig
+from model.gpt import GPT
 from training.config import TrainConfig
 from training.optim import build_optimizer, plan_param_groups
 from training.recompute import checkpoint_blocks

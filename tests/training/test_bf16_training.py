@@ -13,11 +13,13 @@ from torch.overrides import TorchFunctionMode
 import training.device as device_module
 import training.evaluate as evaluate_module
 import training.muon as muon_module
-from data import prepare_data
-from model import GPT, GPTConfig, load_pretrained
-from model.gpt import RMSNorm
+from data.prepared.text import prepare_data
+from model.config import GPTConfig
+from model.gpt import GPT, RMSNorm
+from model.io import load_pretrained
 from rundir.checkpoint import load_trainer_state
 from rundir.metrics import read_metrics
+from test_rms_norm_cpu import backward_functions
 from test_training_loop import deterministic, interrupt_at, max_weight_diff
 from training.device import autocast
 from training.evaluate import evaluate
@@ -40,16 +42,6 @@ class OutputDtypes(TorchFunctionMode):
         if isinstance(out, torch.Tensor) and out.is_floating_point():
             self.seen.setdefault(getattr(func, "__name__", str(func)), set()).add(out.dtype)
         return out
-
-
-def autograd_nodes(out: torch.Tensor) -> set[str]:
-    names, stack = set(), [out.grad_fn]
-    while stack:
-        fn = stack.pop()
-        if fn is not None and type(fn).__name__ not in names:
-            names.add(type(fn).__name__)
-            stack.extend(f for f, _ in fn.next_functions)
-    return names
 
 
 @pytest.mark.parametrize("options", [
@@ -92,7 +84,7 @@ def test_a_bf16_step_multiplies_in_bf16_and_keeps_norms_loss_weights_and_optimiz
     # read and give fp32; those inside attention read a matmul's bf16 and give it back in bf16.
     assert norm_io
     for name, (dtype_in, out) in norm_io.items():
-        assert "RMSNormCPUFunctionBackward" in autograd_nodes(out), name
+        assert "RMSNormCPUFunctionBackward" in backward_functions(out), name
         assert out.dtype == dtype_in, name
         assert (dtype_in == torch.float32) == (name.startswith("blocks.") and name.endswith(("attn_norm", "ffn_norm"))
                                                or name == "norm"), name

@@ -16,8 +16,8 @@ import torch
 
 from rundir.files import STATE_FILE
 from crash_testkit import attempt
-from data import load_tokenizer
-from model import load_pretrained
+from data.tokenizer import load_tokenizer
+from model.io import load_pretrained
 from rundir.checkpoint import load_trainer_state
 from rundir.metrics import read_metrics
 from training.config import load_run_config

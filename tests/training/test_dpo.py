@@ -3,17 +3,19 @@ trained parent that learns the preference, logs TRL's metric names and resumes e
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 import pytest
 import torch
 
-from chat_testkit import pretrain, preference_file
+from chat_testkit import preference_file
 import training.cli as train_cli
 from common.errors import UserError
-from model import GPT, GPTConfig, load_pretrained
+from model.config import GPTConfig
+from model.gpt import GPT
+from model.io import load_pretrained
+from rundir.metrics import read_metrics
 from training.distributed import init_distributed
 from training.tasks.dpo.loss import accumulate_dpo_gradients, reply_logps
 from training.tasks.reference import FrozenReference
@@ -106,18 +108,35 @@ def test_rpo_adds_alpha_times_the_chosen_replies_mean_token_nll_to_each_pair():
         torch.testing.assert_close(policy.get_parameter(name).grad, p.grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
-def test_rpo_alpha_must_be_a_finite_number_from_zero_to_its_ceiling():
-    from training.tasks.dpo.config import DPOConfig
+# The dpo section's refusals, read without a parent run (it is read when the run starts).
+DPO_REFUSALS = [
+    ({"dpo": {"bta": 1}}, "unknown config key 'dpo.bta'; did you mean 'dpo.beta'?"),
+    ({"dpo": {"beta": 0.0}}, "dpo.beta must be greater than 0, got 0.0"),
+    ({"dpo": {"beta": 1e300}}, "dpo.beta must be less than or equal to 10, got 1e+300"),
+    ({"dpo": {"beta": math.nan}}, "dpo.beta must be less than or equal to 10, got nan"),
+    # a step past each bound
+    ({"dpo": {"rpo_alpha": math.nextafter(0.0, -1)}}, "dpo.rpo_alpha must be greater than or equal to 0, got -5e-324"),
+    ({"dpo": {"rpo_alpha": math.nextafter(10.0, 11)}}, "dpo.rpo_alpha must be less than or equal to 10, got 10.000000"),
+    ({"dpo": {"rpo_alpha": math.inf}}, "dpo.rpo_alpha must be less than or equal to 10, got inf"),
+    ({"train": {"dpo_beta": 0.5}}, "train.dpo_beta is now dpo.beta, in a dpo: section beside train:"),
+    ({"train": {"dpo_rpo_alpha": 1.0}}, "train.dpo_rpo_alpha is now dpo.rpo_alpha, in a dpo: section"),
+    ({"data": {"format": "chat"}, "dpo": {"beta": 0.2}}, "the dpo section is for data.format: preference (this run's "
+                                                         "is chat)"),
+]
 
-    for bad in (-0.1, 10.5, math.inf, math.nan):
-        with pytest.raises(UserError, match=r"dpo.rpo_alpha must be in \[0, 10\] \(0 = plain DPO\)"):
-            DPOConfig(rpo_alpha=bad)
-    assert DPOConfig(rpo_alpha=0.5).rpo_alpha == 0.5
 
+@pytest.mark.parametrize("sections, expected", DPO_REFUSALS)
+def test_dpo_refusals(sections, expected):
+    from common.config import merged
+    from training.config import config_from_dict
 
-@pytest.fixture(scope="module")
-def parent_run(base_raw, tmp_path_factory) -> Path:
-    return pretrain(base_raw, tmp_path_factory.mktemp("parent") / "run")
+    raw = {"train": {"max_steps": 1, "init_from": "p"}, "data": {"format": "preference", "source": "files",
+                                                                 "files": {"paths": ["p.jsonl"]}}}
+    with pytest.raises(UserError) as error:
+        config_from_dict(merged(raw, sections))
+    assert expected in str(error.value) and "\n" not in str(error.value)
+    at_bounds = config_from_dict(merged(raw, {"dpo": {"beta": 10, "rpo_alpha": 10}}))
+    assert (at_bounds.dpo.beta, at_bounds.dpo.rpo_alpha) == (10.0, 10.0)
 
 
 @pytest.fixture
@@ -138,13 +157,9 @@ def dpo_config(make_config, parent_run, tmp_path):
     return make
 
 
-def _records(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
 def test_dpo_learns_the_preference_logs_trl_names_and_resumes_exactly(dpo_config, tmp_path):
     whole = train(dpo_config(tmp_path / "whole"), progress=False)
-    records = _records(tmp_path / "whole")
+    records = read_metrics(tmp_path / "whole" / "metrics.jsonl")
     first = next(r for r in records if r["kind"] == "train")
     # The policy starts as the reference: every reward is 0 and the loss is -log σ(0) = log 2.
     assert first["step"] == 1 and first["loss"] == pytest.approx(math.log(2), abs=1e-6)
@@ -190,31 +205,9 @@ def test_a_handful_of_pairs_is_warned_about_as_a_small_corpus_is(make_config, pa
             "few pairs by heart") in "\n".join(said)
 
 
-def test_preference_data_needs_a_parent_run(make_config, tmp_path):
-    config = make_config(data={"format": "preference", "files": {"paths": [str(preference_file(tmp_path / "p.jsonl"))]}})
-    with pytest.raises(UserError, match="data.format: preference fine-tunes a trained run: set train.init_from"):
-        Trainer(config, init_distributed("cpu"), progress=False).setup(resume=False, overwrite=False)
-
-
-def test_beta_must_be_positive(dpo_config, tmp_path):
-    with pytest.raises(UserError, match="dpo.beta must be in"):
-        dpo_config(tmp_path / "run", dpo={"beta": 0.0})
-
-
-@pytest.mark.parametrize("key, value, new", [("dpo_beta", 0.5, "dpo.beta"), ("dpo_rpo_alpha", 1.0, "dpo.rpo_alpha")])
-def test_the_old_flat_keys_are_refused_in_one_line_naming_their_new_place(dpo_config, tmp_path, key, value, new):
-    with pytest.raises(UserError) as info:
-        dpo_config(tmp_path / "run", **{key: value})
-    message = str(info.value)
-    assert "\n" not in message and message.startswith(f"train.{key} is now {new}, in a dpo: section")
-
-
-def test_a_dpo_section_is_for_preference_runs_and_a_preference_run_saves_its_defaults(make_config, parent_run,
-                                                                                       tmp_path):
+def test_a_preference_run_saves_its_dpo_defaults(make_config, parent_run, tmp_path):
     from training.config import config_to_dict
 
-    with pytest.raises(UserError, match="a dpo section is for data.format: preference"):
-        make_config(tmp_path / "text", dpo={"beta": 0.2})
     pairs = make_config(tmp_path / "pairs", data={"format": "preference", "files": {"paths": ["p.jsonl"]}},
                         train={"init_from": str(parent_run)})
     assert config_to_dict(pairs)["dpo"] == {"beta": 0.1, "rpo_alpha": 0.0}  # what the run's config.yaml says
@@ -234,9 +227,8 @@ def test_a_lora_policy_with_its_adapters_off_is_the_frozen_reference():
     log-probabilities, though the adapters have moved it."""
     from types import SimpleNamespace
 
-    from training.adapters import LoraAdapters
     from training.config import LoraConfig
-    from training.lora import LowRankDelta, TrainedRows, parametrized
+    from training.lora import LoraAdapters, LowRankDelta, TrainedRows, parametrized
     from training.tasks.reference import AdaptersOffReference
 
     parent, policy = _model(), _model()
@@ -259,7 +251,7 @@ def test_a_lora_policy_with_its_adapters_off_is_the_frozen_reference():
 
 def test_a_lora_dpo_run_trains_the_adapters_against_the_parent(dpo_config, tmp_path):
     result = train(dpo_config(tmp_path / "lora", lora={"rank": 4}), progress=False)
-    records = _records(tmp_path / "lora")
+    records = read_metrics(tmp_path / "lora" / "metrics.jsonl")
     first = next(r for r in records if r["kind"] == "train")
     assert first["loss"] == pytest.approx(math.log(2), abs=1e-6) and first["rewards/margins"] == 0
     final = next(r for r in records if r["kind"] == "final_eval")

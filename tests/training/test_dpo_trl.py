@@ -17,7 +17,9 @@ import torch
 
 import run_testkit
 from data.chat import Message
-from model import GPT, GPTConfig, save_pretrained
+from model.config import GPTConfig
+from model.gpt import GPT
+from model.io import save_pretrained
 from training.tasks.dpo.batches import collate_pairs
 from training.tasks.dpo.loss import score_pairs
 from training.tasks.dpo.pairs import PreferencePair, pair_from_row

@@ -1,9 +1,9 @@
-"""GRPO: the loss's gradient against the analytic policy gradient on a one-token task, and an RL run
-from a trained parent that logs TRL's metric names, evaluates pass@k and resumes exactly."""
+"""GRPO: the loss's gradient against the analytic policy gradient on a one-token task, its clip at its
+bounds, the rollout's metrics by value, and an RL run from a trained parent that logs TRL's metric
+names, evaluates pass@k and resumes exactly. (The token mean over a ragged step: test_grpo_tools.)"""
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -13,10 +13,9 @@ import torch
 import training.cli as train_cli
 from chat_testkit import pretrain
 from common.errors import UserError
-from model import GPT, GPTConfig
 from rundir.checkpoint import load_trainer_state
-from rl_testkit import written_out_grpo_loss
-from training.tasks.grpo.loss import Rollout, accumulate_grpo_gradients, group_advantages, target_logps, token_losses
+from rundir.metrics import read_metrics
+from training.tasks.grpo.loss import group_advantages, target_logps, token_losses
 from training.tasks.grpo.rewards import RewardError, closeness, correct, integer_format, reward_function
 from training.tasks.grpo.rollout import rollout_metrics
 from training.trainer import train
@@ -89,15 +88,7 @@ def test_a_step_raises_the_probability_of_the_better_completion():
     assert stepped[2] > 1 / VOCAB > stepped[5]
 
 
-def test_advantages_are_normalised_within_each_group_and_a_tied_group_teaches_nothing():
-    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0])
-    advantages, std = group_advantages(rewards, group_size=3)
-    first = (rewards[:3] - rewards[:3].mean()) / (rewards[:3].std() + 1e-4)
-    torch.testing.assert_close(advantages[:3], first)
-    assert advantages[3:].abs().max() == 0 and std[3:].max() == 0
-
-
-def test_every_rollout_metric_has_its_value_on_a_hand_made_batch():
+def test_advantages_and_every_rollout_metric_have_their_values_on_a_hand_made_batch():
     # Two groups of three, two reward functions: the first group's summed rewards 0, 1, 2 (deviation
     # 1), the second's all 3 (deviation 0). reward_std is the mean of the groups' deviations (TRL's),
     # 0.5, not the batch's (1.26); a reward function's std is its column's, Bessel-corrected.
@@ -110,53 +101,9 @@ def test_every_rollout_metric_has_its_value_on_a_hand_made_batch():
         "completions/mean_length": 7.0, "completions/min_length": 2.0, "completions/max_length": 12.0,
         "completions/clipped_ratio": 1 / 3,
     }, rel=1e-6)
-
-
-def test_micro_batches_give_the_token_mean_of_the_whole_step():
-    model, rollout = _ragged_rollout()
-    loss, metrics = accumulate_grpo_gradients(model, rollout, 3, epsilon=0.2, beta=0.5, temperature=1.0)
-    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
-    model.zero_grad()
-    whole, _ = accumulate_grpo_gradients(model, rollout, 1, epsilon=0.2, beta=0.5, temperature=1.0)
-    assert loss.item() == pytest.approx(whole.item(), rel=1e-5)
-    assert metrics["kl"] > 0 and metrics["clip_ratio/region_mean"] == 0  # on-policy: nothing clipped
-    for name, p in model.named_parameters():
-        torch.testing.assert_close(grads[name], p.grad, rtol=1e-4, atol=1e-7, msg=name)
-
-
-def _ragged_rollout():
-    """A small model and a rollout of six completions of different lengths (y is −1 off them)."""
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=VOCAB * 5, block_size=16, n_layer=1, n_head=2, n_kv_head=1, n_embd=16))
-    g = torch.Generator().manual_seed(1)
-    x = torch.randint(0, VOCAB * 5, (6, 10), generator=g)
-    y = torch.randint(0, VOCAB * 5, (6, 10), generator=g)
-    for row, (start, end) in enumerate([(3, 10), (3, 4), (5, 9), (2, 10), (4, 5), (6, 8)]):
-        y[row, :start] = -1
-        y[row, end:] = -1
-    ref = target_logps(torch.randn(6, 10, VOCAB * 5, generator=g), y, 1.0)
-    return model, Rollout(x, y, torch.randn(6, generator=g), None, ref, {})
-
-
-def test_the_step_loss_is_the_mean_over_every_completion_token_of_the_step():
-    # DAPO's token mean written out: Σ(loss·mask) / Σmask over the step, not each completion's mean
-    # then the mean over completions (which weighs a token of a short completion more).
-    model, rollout = _ragged_rollout()
-    epsilon, beta = 0.2, 0.5
-    loss, _ = accumulate_grpo_gradients(model, rollout, 2, epsilon=epsilon, beta=beta, temperature=1.0)
-    got = {n: p.grad.clone() for n, p in model.named_parameters()}
-    model.zero_grad()
-
-    mask = (rollout.y != -1).float()
-    per_token, expected = written_out_grpo_loss(model, rollout, rollout.y.clamp(min=0), mask,
-                                                epsilon=epsilon, beta=beta)
-    expected.backward()
-    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
-    for name, p in model.named_parameters():
-        torch.testing.assert_close(got[name], p.grad, rtol=1e-4, atol=1e-7, msg=name)
-    # The rollout is ragged enough that the sequence mean is another number: the test can tell them apart.
-    sequence_mean = ((per_token * mask).sum(1) / mask.sum(1)).mean()
-    assert abs(sequence_mean.item() - expected.item()) > 1e-2
+    # Each reward against its group's, over the group's deviation (+1e-4, TRL's); a tied group teaches nothing.
+    advantages, _ = group_advantages(scores.sum(dim=1), group_size=3)
+    assert advantages.tolist() == pytest.approx([-1 / 1.0001, 0.0, 1 / 1.0001, 0.0, 0.0, 0.0], abs=1e-7)
 
 
 def _exact_log(value: float) -> float:
@@ -205,11 +152,6 @@ MLA = {"attention": "mla", "n_kv_head": 2, "kv_latent_dim": 8, "q_latent_dim": 1
 
 
 @pytest.fixture(scope="module")
-def parent_run(base_raw, tmp_path_factory) -> Path:
-    return pretrain(base_raw, tmp_path_factory.mktemp("parent") / "run")
-
-
-@pytest.fixture(scope="module")
 def mla_parent_run(base_raw, tmp_path_factory) -> Path:
     raw = {**base_raw, "model": {**base_raw["model"], **MLA}}
     return pretrain(raw, tmp_path_factory.mktemp("mla-parent") / "run")
@@ -235,15 +177,11 @@ def rl_config(make_config, parent_run, mla_parent_run):
     return make
 
 
-def _records(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
 @pytest.mark.parametrize("attention, lora", [("gqa", None), ("gqa", {"rank": 2}), ("mla", {"rank": 2})],
                          ids=["gqa-full", "gqa-lora", "mla-lora"])
 def test_an_rl_run_logs_trl_names_evaluates_pass_at_k_and_resumes_exactly(rl_config, tmp_path, attention, lora):
     whole = train(rl_config(tmp_path / "whole", lora=lora, attention=attention), progress=False)
-    records = _records(tmp_path / "whole")
+    records = read_metrics(tmp_path / "whole" / "metrics.jsonl")
     steps = [r for r in records if r["kind"] == "train"]
     assert [r["step"] for r in steps] == [1, 2, 3, 4]
     for name in ("reward", "reward_std", "frac_reward_zero_std", "rewards/rl_testkit:e_share/mean",
@@ -283,7 +221,7 @@ def test_an_rl_run_logs_trl_names_evaluates_pass_at_k_and_resumes_exactly(rl_con
         assert state["step"] == 4
         for name, tensor in final.items():
             torch.testing.assert_close(state["model"][name], tensor, rtol=0, atol=0, msg=f"stopped at {stop}: {name}")
-        resumed_steps = [r for r in _records(out) if r["kind"] == "train"]
+        resumed_steps = [r for r in read_metrics(out / "metrics.jsonl") if r["kind"] == "train"]
         assert [r["reward"] for r in resumed_steps] == [r["reward"] for r in steps], f"stopped at {stop}"
 
 
@@ -305,23 +243,70 @@ def test_a_checkpoint_that_kept_the_pending_rollout_with_its_batches_resumes_exa
         torch.testing.assert_close(b["model"][name], tensor, rtol=0, atol=0, msg=name)
 
 
-@pytest.mark.parametrize("rl, message", [
-    ({"group_size": 1}, "rl.group_size must be >= 2"),
-    ({"epsilon": 1.5}, "rl.epsilon must be in"),
-    ({"rewards": ["corect"]}, "rl.rewards: unknown reward 'corect'"),
-    ({"arithmetic": {"train_problems": 500, "val_problems": 8, "max_operand": 9}}, "only 100 distinct ones exist"),
-])
-def test_settings_that_cannot_work_are_refused_in_one_line(rl_config, tmp_path, rl, message):
-    with pytest.raises(UserError, match=message) as error:
-        rl_config(tmp_path / "run", rl=rl)
-    assert "\n" not in str(error.value)
+# The rl section's refusals, read without a parent run (it is read when the run starts): the sections
+# laid over an rl config, and the part of the one-line message they must give.
+RL_REFUSALS = [
+    ({"rl": {"grup_size": 2}}, "unknown config key 'rl.grup_size'; did you mean 'rl.group_size'?"),
+    ({"rl": {"group_size": 1}}, "rl.group_size must be greater than or equal to 2, got 1"),
+    ({"rl": {"group_size": 10**9}}, "rl.group_size must be less than or equal to 1024, got 1000000000"),
+    ({"rl": {"eval_samples": 0}}, "rl.eval_samples must be greater than or equal to 1, got 0"),
+    ({"rl": {"eval_samples": 1025}}, "rl.eval_samples must be less than or equal to 1024, got 1025"),
+    ({"rl": {"max_new_tokens": 0}}, "rl.max_new_tokens must be greater than or equal to 1, got 0"),
+    ({"rl": {"temperature": 1e300}}, "rl.temperature must be less than or equal to 10, got 1e+300"),
+    ({"rl": {"temperature": 1e-30}}, "rl.temperature must be greater than or equal to 0.1, got 1e-30"),
+    ({"rl": {"temperature": float("nan")}}, "rl.temperature must be less than or equal to 10, got nan"),
+    ({"rl": {"beta": float("inf")}}, "rl.beta must be less than or equal to 10, got inf"),
+    ({"rl": {"beta": -0.1}}, "rl.beta must be greater than or equal to 0, got -0.1"),
+    ({"rl": {"epsilon": 1.0}}, "rl.epsilon must be less than 1, got 1.0"),
+    ({"rl": {"epsilon": 0}}, "rl.epsilon must be greater than 0, got 0"),
+    ({"rl": {"updates_per_batch": 0}}, "rl.updates_per_batch must be greater than or equal to 1, got 0"),
+    ({"rl": {"rewards": []}}, "rl.rewards must have at least 1 item"),
+    ({"rl": {"rewards": ["correct", "correct"]}}, "rl.rewards names one twice: ['correct', 'correct']"),
+    ({"rl": {"rewards": ["corect"]}}, "rl.rewards: unknown reward 'corect'"),
+    ({"rl": {"rewards": ["correct", "tool_format"], "tools": ["calculator"]}},
+     "rl.rewards: correct reads a reply as a bare answer, but with rl.tools a reply holds its calls"),
+    ({"rl": {"tools": ["calculater"]}}, "rl.tools: unknown tool 'calculater'"),
+    ({"rl": {"max_tool_calls": 0}}, "rl.max_tool_calls must be greater than or equal to 1, got 0"),
+    ({"rl": {"max_tool_calls": 17}}, "rl.max_tool_calls must be less than or equal to 16, got 17"),
+    ({"rl": {"task": "chess"}}, "rl.task must be 'arithmetic' or 'calculator', got 'chess'"),
+    ({"rl": {"arithmetic": {"train_problems": 0}}}, "rl.arithmetic.train_problems must be greater than or equal to 1"),
+    ({"rl": {"arithmetic": {"train_problems": 10**9}}}, "rl.arithmetic asks for 1,000,000,200 problems, more than the "
+                                                        "1,000,000 a run renders and holds at its start"),
+    ({"rl": {"arithmetic": {"val_problems": 10**12, "max_operand": 10**12}}}, "more than the 1,000,000 a run renders"),
+    ({"rl": {"arithmetic": {"train_problems": 500, "val_problems": 8, "max_operand": 9}}},
+     "rl.arithmetic asks for 508 problems but only 100 distinct ones exist"),
+    ({"rl": {"arithmetic": {"operations": "++"}}}, "rl.arithmetic.operations must be distinct characters of +-*"),
+    ({"rl": {"calculator": {"digits": 6}}}, "rl.calculator.digits must be less than or equal to 5, got 6"),
+    ({"rl": {"calculator": {"digits": 1, "operations": "*", "train_problems": 60, "val_problems": 6}}},
+     "rl.calculator.train_problems + val_problems is 66, more than half the 100 distinct problems"),
+    ({"rl": None}, "data.format: rl needs an rl section (rl: {} takes every default)"),
+    ({"data": {"format": "text"}}, "the rl section is for data.format: rl (this run's is text)"),
+    ({"train": {"parallel": "fsdp"}}, "data.format: rl trains with train.parallel: ddp"),
+    ({"train": {"compile": True}}, "data.format: rl samples through the engine with the plain model; set "
+                                   "train.compile: false"),
+]
 
 
-def test_an_rl_section_needs_data_format_rl(make_config, parent_run, tmp_path):
-    with pytest.raises(UserError, match="an rl section is for data.format: rl"):
-        make_config(tmp_path / "run", train={"init_from": str(parent_run)}, rl={})
-    with pytest.raises(UserError, match="data.format: rl needs an rl section"):
-        make_config(tmp_path / "run", train={"init_from": str(parent_run)}, data={"format": "rl"})
+@pytest.mark.parametrize("sections, expected", RL_REFUSALS)
+def test_rl_refusals(sections, expected):
+    from common.config import merged
+    from training.config import config_from_dict
+
+    raw = {"train": {"max_steps": 1, "init_from": "runs/parent"}, "data": {"format": "rl"}, "rl": {}}
+    with pytest.raises(UserError) as error:
+        config_from_dict(merged(raw, sections))
+    assert expected in str(error.value) and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("rl", [{"group_size": 2, "eval_samples": 1, "max_tool_calls": 1, "temperature": 0.1, "beta": 0},
+                                {"group_size": 1024, "eval_samples": 1024, "max_tool_calls": 16, "temperature": 10,
+                                 "beta": 10}])
+def test_the_rl_bounds_admit_what_is_at_them(rl):
+    from training.config import config_from_dict
+
+    config = config_from_dict({"train": {"max_steps": 1, "init_from": "p"}, "data": {"format": "rl"}, "rl": rl})
+    assert config.rl.model_dump(include=set(rl)) == rl
+
 
 
 def test_the_shipped_rl_config_reads(parent_run):

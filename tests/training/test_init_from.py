@@ -10,18 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from chat_testkit import pretrain
 from common.errors import UserError
 from data.tokenizer import train_tokenizer
-from model import load_pretrained
-from training.config import config_from_dict
+from model.io import load_pretrained
+from training.config import config_from_dict, with_parent
 from training.distributed import init_distributed
 from training.trainer import Trainer, train
-
-
-@pytest.fixture(scope="module")
-def parent_run(base_raw, tmp_path_factory) -> Path:
-    return pretrain(base_raw, tmp_path_factory.mktemp("parent") / "run")
 
 
 def _setup(config):
@@ -54,6 +48,9 @@ def test_the_parent_run_is_found_once_and_travels_with_the_config(make_config, p
     found = []
     find = config_module.find_parent
     monkeypatch.setattr(config_module, "find_parent", lambda where: found.append(where) or find(where))
+    # Reading the config reads no other file: the parent is found when the run starts (with_parent).
+    read = config_from_dict({"train": {"max_steps": 1, "init_from": str(parent_run / "gone")}, "model": {"n_layer": 2}})
+    assert read.parent is None and read.model is None and found == []
     config = make_config(train={"init_from": str(parent_run)})
     assert found == [str(parent_run)] and config.parent.directory == parent_run
     trainer = _setup(config)
@@ -70,11 +67,11 @@ def test_a_model_section_that_disagrees_with_the_parent_names_the_field(base_raw
     raw["run"]["out_dir"] = str(tmp_path / "run")
     raw["model"]["n_layer"] = 3
     with pytest.raises(UserError, match=r"model\.n_layer is 3 in the config but 2 in the parent run"):
-        config_from_dict(raw)
+        with_parent(config_from_dict(raw))
     # Agreeing fields, and settings that do not change the shape, are fine.
     raw["model"]["n_layer"] = 2
     raw["model"]["dropout"] = 0.1
-    assert config_from_dict(raw).model.dropout == 0.1
+    assert with_parent(config_from_dict(raw)).model.dropout == 0.1
 
 
 def test_init_from_refuses_a_non_run(make_config, tmp_path):
@@ -161,7 +158,7 @@ def test_configs_tiny_quote_continues_a_parent_on_its_passages(parent_run, data_
     assert result.step == 2 and load_pretrained(tmp_path / "run").config == load_pretrained(parent_run).config
     assert (tmp_path / "run" / "tokenizer.json").read_bytes() == (parent_run / "tokenizer.json").read_bytes()
     # The data it trained on: the passages written twice, validated on the held-out plays' passages.
-    from data import prepare_data
+    from data.prepared.text import prepare_data
 
     meta = prepare_data(config.data, progress=False, tokenizer_file=parent_run / "tokenizer.json").meta
     assert meta["description"].startswith("passages of the plays written twice (300 of")

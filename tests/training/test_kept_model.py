@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from data.split import hash_split
-from model import load_pretrained
+from model.io import load_pretrained
 from rundir.checkpoint import load_trainer_state
 from rundir.metrics import read_metrics
 from test_training_loop import deterministic, interrupt_at
@@ -70,7 +70,7 @@ def test_an_overfitting_run_keeps_its_best_evaluated_weights(diverging_corpus, t
     # model.safetensors holds the kept weights: scored on the same subset, they give the best loss.
     kept = load_pretrained(tmp_path / "run")
     token_bytes = torch.ones(config.model.vocab_size, dtype=torch.long)
-    from data import prepare_data
+    from data.prepared.text import prepare_data
     val_tokens = prepare_data(config.data, progress=False).val_tokens()
     subset = evaluate(kept, val_tokens, token_bytes, block_size=32, batch_size=8, max_batches=2,
                       device=torch.device("cpu"))
@@ -143,8 +143,8 @@ def test_a_lora_run_keeps_its_best_merged_weights_and_scores_them_at_the_end(div
     best = min(evals, key=lambda r: r["val_loss"])
     assert best["step"] != 22 and result.kept_step == best["step"]  # the case this test is for
     kept = load_pretrained(tmp_path / "run")
-    token_bytes = torch.ones(config.model.vocab_size, dtype=torch.long)
-    from data import prepare_data
+    token_bytes = torch.ones(kept.config.vocab_size, dtype=torch.long)
+    from data.prepared.text import prepare_data
     val_tokens = prepare_data(config.data, progress=False).val_tokens()
     whole = evaluate(kept, val_tokens, token_bytes, block_size=32, batch_size=8, max_batches=None,
                      device=torch.device("cpu"))

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from common.config import ConfigError
-from model import GPTConfig
+from model.config import GPTConfig
 from training.config import TrainConfig
-from training.memory_budget import estimate_memory, plan_memory
+from training.memory_budget import estimate_memory, plan_memory, plan_run_memory
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = GPTConfig(vocab_size=6400, block_size=512, n_layer=8, n_head=8, n_kv_head=2, n_embd=512)
@@ -33,15 +33,25 @@ def test_fsdp_divides_the_model_state_and_checkpointing_the_activations():
     assert estimate_memory(SMALL, train, bf16=True).activations < ddp.activations
 
 
-def test_a_run_that_would_not_fit_is_refused_with_the_estimate_and_what_to_change(monkeypatch):
+@pytest.mark.parametrize("plan, fragments", [
+    (lambda: plan_memory(SMALL, TrainConfig(max_steps=1, batch_size=64), torch.device("cpu"), world_size=2,
+                         micro_batch=64, bf16=False),
+     ["would not fit: memory per device: about", "of 1.00 GiB on cpu", "lower train.batch_size",
+      "train.activation_checkpointing=true", "set train.parallel=fsdp (about"]),
+    (lambda: plan_run_memory(_rl_config(1024, batch_size=64), torch.device("cpu"), world_size=1, micro_batch=64,
+                             bf16=False), ["would not fit", "lower train.batch_size, rl.group_size"]),
+], ids=["text", "rl"])
+def test_a_run_that_would_not_fit_is_refused_with_the_estimate_and_what_to_change(monkeypatch, plan, fragments):
+    monkeypatch.setattr("training.memory_budget.device_memory_bytes", lambda device: 2**30)
+    with pytest.raises(ConfigError) as info:
+        plan()
+    message = str(info.value)
+    assert "\n" not in message and all(fragment in message for fragment in fragments), message
+
+
+def test_a_run_that_fits_gets_one_line_of_its_estimate(monkeypatch):
     monkeypatch.setattr("training.memory_budget.device_memory_bytes", lambda device: 2**30)
     train = TrainConfig(max_steps=1, batch_size=64)
-    with pytest.raises(ConfigError) as info:
-        plan_memory(SMALL, train, torch.device("cpu"), world_size=2, micro_batch=64, bf16=False)
-    message = str(info.value)
-    assert "\n" not in message and "would not fit: memory per device: about" in message
-    assert "of 1.00 GiB on cpu" in message and "lower train.batch_size" in message
-    assert "train.activation_checkpointing=true" in message and "set train.parallel=fsdp (about" in message
     tiny = GPTConfig(vocab_size=256, block_size=32, n_layer=1, n_head=2, n_kv_head=2, n_embd=32)
     line = plan_memory(tiny, train, torch.device("cpu"), world_size=1, micro_batch=4, bf16=False)
     assert line.startswith("memory per device: about") and "(ddp, 1 process(es)) of 1.00 GiB on cpu" in line
@@ -65,8 +75,6 @@ def _total_gib(line: str) -> float:
 @pytest.mark.parametrize("model", [{}, {"attention": "mla", "n_kv_head": 2, "kv_latent_dim": 16}],
                          ids=["gqa", "mla"])
 def test_an_rl_estimate_counts_every_completion_of_a_group(monkeypatch, model):
-    from training.memory_budget import plan_run_memory
-
     monkeypatch.setattr("training.memory_budget.device_memory_bytes", lambda device: 2**40)
     lines = {g: plan_run_memory(_rl_config(g, **model), torch.device("cpu"), world_size=1, micro_batch=4, bf16=False)
              for g in (2, 16, 64)}
@@ -78,19 +86,9 @@ def test_an_rl_estimate_counts_every_completion_of_a_group(monkeypatch, model):
     assert "sampling cache" in lines[64]
 
 
-def test_an_rl_run_that_would_not_fit_names_the_group_size(monkeypatch):
-    from training.memory_budget import plan_run_memory
-
-    monkeypatch.setattr("training.memory_budget.device_memory_bytes", lambda device: 2**30)
-    with pytest.raises(ConfigError) as info:
-        plan_run_memory(_rl_config(1024, batch_size=64), torch.device("cpu"), world_size=1, micro_batch=64, bf16=False)
-    message = str(info.value)
-    assert "\n" not in message and "would not fit" in message and "lower train.batch_size, rl.group_size" in message
-
-
 def test_the_sampling_cache_is_the_key_and_value_heads_of_every_layer_and_position():
     model = GPTConfig(vocab_size=256, block_size=64, n_layer=3, n_head=4, n_kv_head=2, n_embd=32)
-    from model import GPT
+    from model.gpt import GPT
 
     cache = GPT(model).init_cache(10).nbytes()
     assert estimate_memory(model, TrainConfig(max_steps=1, batch_size=1), decoded_rows=10).sampling == cache

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from chat_testkit import pretrain, preference_file
-from model import load_pretrained, save_pretrained
+from model.io import load_pretrained, save_pretrained
 from rundir.checkpoint import load_trainer_state
 from training.init_from import InitFromError
 from training.trainer import train

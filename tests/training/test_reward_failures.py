@@ -16,7 +16,6 @@ import pytest
 import torch
 
 import train as train_cli
-from chat_testkit import pretrain
 from common.config import ConfigError
 from rundir.checkpoint import load_trainer_state
 from training.config import save_config
@@ -48,11 +47,12 @@ def _module(tmp_path: Path, monkeypatch, source: str) -> str:
     ("def reward(prompt, completion, row, scale):\n    return 1.0\n", "reward",
      "cannot be called as (prompt, completion, row)"),
     ("class reward:\n    pass\n", "reward", "cannot be called as (prompt, completion, row)"),
+    (None, "short", "there is no module '{module}'; put {module}.py beside train.py"),
 ], ids=["syntax-error", "raises-at-import", "exits-at-import", "imports-a-missing-module", "no-such-function",
-        "not-a-function", "two-arguments", "four-arguments", "a-class"])
+        "not-a-function", "two-arguments", "four-arguments", "a-class", "no-such-module"])
 def test_a_reward_that_cannot_work_is_refused_when_the_config_is_read(tmp_path, monkeypatch, source, attribute,
                                                                        fragment):
-    module = _module(tmp_path, monkeypatch, source)
+    module = _module(tmp_path, monkeypatch, source) if source is not None else "my_rewardz"
     with pytest.raises(RewardError) as error:
         reward_function(f"{module}:{attribute}")
     message = str(error.value)
@@ -60,16 +60,12 @@ def test_a_reward_that_cannot_work_is_refused_when_the_config_is_read(tmp_path, 
     assert fragment.format(module=module) in message, message
 
 
-def test_a_missing_module_is_named_as_the_config_names_it():
-    with pytest.raises(RewardError, match=r"reward 'my_rewardz:short': there is no module 'my_rewardz'; put "
-                                          r"my_rewardz.py beside train.py"):
-        reward_function("my_rewardz:short")
-
-
-def test_keyboard_interrupt_while_importing_a_reward_is_not_swallowed(tmp_path, monkeypatch):
+def test_keyboard_interrupt_while_importing_or_inside_a_reward_is_not_swallowed(tmp_path, monkeypatch):
     module = _module(tmp_path, monkeypatch, "raise KeyboardInterrupt\n")
     with pytest.raises(KeyboardInterrupt):
         reward_function(f"{module}:reward")
+    with pytest.raises(KeyboardInterrupt):
+        Reward("mine", _interrupted)("q", "c", {})
 
 
 # --------------------------------------------------------------------------------------------
@@ -78,6 +74,10 @@ def test_keyboard_interrupt_while_importing_a_reward_is_not_swallowed(tmp_path, 
 
 def _exits(prompt, completion, row):
     raise SystemExit(3)
+
+
+def _interrupted(prompt, completion, row):
+    raise KeyboardInterrupt
 
 
 class _Tensorish:
@@ -129,21 +129,8 @@ def test_numbers_of_every_kind_are_scores(value, expected):
     assert Reward("mine", lambda p, c, r: value)("q", "c", {}) == expected
 
 
-def test_keyboard_interrupt_inside_a_reward_is_not_swallowed():
-    def interrupted(prompt, completion, row):
-        raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        Reward("mine", interrupted)("q", "c", {})
-
-
 # --------------------------------------------------------------------------------------------
 # A run whose reward fails only at its second step
-
-
-@pytest.fixture(scope="module")
-def parent_run(base_raw, tmp_path_factory) -> Path:
-    return pretrain(base_raw, tmp_path_factory.mktemp("parent") / "run")
 
 
 # Good for the first step's 2 x 2 questions x 3 completions, then the failure.
@@ -174,33 +161,25 @@ def _rl_run_config(make_config, parent_run: Path, out_dir: Path, reward: str, tm
     return path
 
 
-@pytest.mark.parametrize("failure, fragment", [
-    ("return None", "returned None"),
-    ("return float('nan')", "returned nan"),
-    ("raise RuntimeError('the grader is down')", "raised RuntimeError: the grader is down"),
-    ("import sys; sys.exit(3)", "called sys.exit(3)"),
+@pytest.mark.parametrize("failure, code, said", [
+    ("return None", 2, "reward '{module}:score' returned None for the question 'What is "),
+    ("return float('nan')", 2, "reward '{module}:score' returned nan for the question 'What is "),
+    ("raise RuntimeError('the grader is down')", 2,
+     "reward '{module}:score' raised RuntimeError: the grader is down for the question 'What is "),
+    ("import sys; sys.exit(3)", 2, "reward '{module}:score' called sys.exit(3) for the question 'What is "),
+    ("raise KeyboardInterrupt", 130, "interrupted; the last saved checkpoint (if any) is intact"),  # as anywhere else
 ])
 def test_a_reward_that_fails_at_step_two_stops_the_run_there_with_the_checkpoint_untouched(
-        make_config, parent_run, tmp_path, monkeypatch, capsys, failure, fragment):
+        make_config, parent_run, tmp_path, monkeypatch, capsys, failure, code, said):
     module = _module(tmp_path, monkeypatch, FAILS_LATER.format(failure=failure))
     out = tmp_path / "run"
     config_file = _rl_run_config(make_config, parent_run, out, f"{module}:score", tmp_path)
-    code = train_cli.main(["--config", str(config_file), "--no-progress"])
+    assert train_cli.main(["--config", str(config_file), "--no-progress"]) == code
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(err) == 1, err
-    line = err[0]
-    assert line.startswith(f"error: stopped at step 2: reward '{module}:score' {fragment} for the question 'What is ")
-    assert f"the last good checkpoint (step 1) in {out} is untouched" in line
-    assert load_trainer_state(out)["step"] == 1
-
-
-def test_ctrl_c_inside_a_reward_interrupts_the_run_as_anywhere_else(make_config, parent_run, tmp_path, monkeypatch,
-                                                                     capsys):
-    module = _module(tmp_path, monkeypatch, FAILS_LATER.format(failure="raise KeyboardInterrupt"))
-    out = tmp_path / "run"
-    config_file = _rl_run_config(make_config, parent_run, out, f"{module}:score", tmp_path)
-    assert train_cli.main(["--config", str(config_file), "--no-progress"]) == 130
-    assert "interrupted; the last saved checkpoint (if any) is intact" in capsys.readouterr().err
+    assert said.format(module=module) in err[-1]
+    if code == 2:  # one line, at the step that failed
+        assert len(err) == 1 and err[0].startswith("error: stopped at step 2: reward ")
+        assert f"the last good checkpoint (step 1) in {out} is untouched" in err[0]
     assert load_trainer_state(out)["step"] == 1
 
 

@@ -102,7 +102,7 @@ def test_bf16_autocast_keeps_the_norm_in_float32():
 
 
 def test_a_bf16_input_under_autocast_is_normed_in_float32_with_the_fused_backward():
-    # QK-norm and latent attention's norms read a matmul's bf16 output under bf16 autocast.
+    # Latent attention's norms read a matmul's bf16 output under bf16 autocast.
     norm = norm_with_gains(16, seed=7)
     gen = torch.Generator().manual_seed(8)
     x = (torch.randn(3, 5, 16, generator=gen) + 2.0).bfloat16().requires_grad_()

@@ -10,9 +10,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from chat_testkit import chat_file, pretrain
+from chat_testkit import chat_file, preference_file
 from common.errors import UserError
-from model import GPT, GPTConfig, load_pretrained
+from model.config import GPTConfig
+from model.gpt import GPT
+from model.io import load_pretrained
 from training.distributed import init_distributed
 from data.prepared.chat import ChatSplit
 from training.resume_rules import check_data_format
@@ -63,11 +65,6 @@ def test_the_step_loss_is_the_mean_over_every_loss_bearing_target_of_all_micro_b
     torch.testing.assert_close(loss, expected.detach(), rtol=1e-5, atol=1e-6)
     for name, p in reference.named_parameters():
         torch.testing.assert_close(grads[name], p.grad, rtol=1e-4, atol=1e-7, msg=name)
-
-
-@pytest.fixture(scope="module")
-def parent_run(base_raw, tmp_path_factory) -> Path:
-    return pretrain(base_raw, tmp_path_factory.mktemp("parent") / "run")
 
 
 @pytest.fixture
@@ -197,9 +194,10 @@ def test_fine_tuning_learns_replies_and_resumes_exactly(sft_config, tmp_path):
     assert resumed.val_bpb == pytest.approx(whole.val_bpb, abs=1e-6)
 
 
-def test_chat_data_needs_a_parent_run(make_config, tmp_path):
-    config = make_config(data={"format": "chat", "files": {"paths": [str(chat_file(tmp_path / "c.jsonl"))]}})
-    with pytest.raises(UserError, match="set train.init_from"):
+@pytest.mark.parametrize("data_format, write", [("chat", chat_file), ("preference", preference_file)])
+def test_fine_tuning_data_needs_a_parent_run(make_config, tmp_path, data_format, write):
+    config = make_config(data={"format": data_format, "files": {"paths": [str(write(tmp_path / "data.jsonl"))]}})
+    with pytest.raises(UserError, match=f"data.format: {data_format} fine-tunes a trained run: set train.init_from"):
         Trainer(config, init_distributed("cpu"), progress=False).setup(resume=False, overwrite=False)
 
 

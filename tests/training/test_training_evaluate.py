@@ -8,7 +8,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from model import GPT, GPTConfig
+from model.config import GPTConfig
+from model.gpt import GPT
 from training.evaluate import evaluate
 
 

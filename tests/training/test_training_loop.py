@@ -13,7 +13,8 @@ import torch
 import training.tasks.text as tasks_module
 import training.trainer as trainer_module
 from common.errors import UserError
-from model import GPT, load_pretrained
+from model.gpt import GPT
+from model.io import load_pretrained
 from rundir.checkpoint import CheckpointError, load_trainer_state
 from rundir.files import STATE_FILE
 from rundir.metrics import read_metrics
@@ -79,7 +80,7 @@ def test_loss_decreases_and_the_run_dir_describes_itself(make_config, tmp_path):
 
 def test_grad_accumulation_equals_one_larger_batch():
     torch.manual_seed(0)
-    from model import GPTConfig
+    from model.config import GPTConfig
 
     model = GPT(GPTConfig(vocab_size=50, block_size=12, n_layer=2, n_head=2, n_kv_head=1, n_embd=32))
     x = torch.randint(0, 50, (12, 12))
@@ -117,7 +118,8 @@ def test_the_step_applies_the_clipped_gradient(make_config, tmp_path, grad_clip)
 
 
 def test_logged_loss_is_the_mean_over_micro_batches(make_config, tmp_path):
-    from data import TrainBatches, prepare_data
+    from data.batches.text import TrainBatches
+    from data.prepared.text import prepare_data
 
     cfg = make_config(train={"max_steps": 1, "grad_accum_steps": 3}, eval={"interval": 0})
     train(cfg, progress=False)
@@ -319,17 +321,6 @@ def test_run_dir_holding_a_run_is_refused_then_overwritten_when_asked(make_confi
     assert [r["step"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["kind"] == "train"] == [1, 2, 3]
 
 
-def test_resume_without_a_checkpoint_is_refused(make_config, tmp_path):
-    with pytest.raises(CheckpointError, match="no checkpoint"):
-        train(make_config(tmp_path / "empty"), resume=True, progress=False)
-
-
-def test_resume_with_another_model_shape_is_refused(make_config, tmp_path):
-    train(make_config(train={"max_steps": 2}, eval={"interval": 0}), progress=False)
-    with pytest.raises(CheckpointError, match="model.n_embd is 64 in the config but 32"):
-        train(make_config(model={"n_embd": 64}, train={"max_steps": 4}), resume=True, progress=False)
-
-
 class FakeLogger:
     """Stands in for WandbLogger: records what the trainer sends it."""
 
@@ -402,42 +393,25 @@ def test_wandb_gets_metrics_samples_and_the_run_id_survives_resume(make_config, 
     assert FakeLogger.started[1]["resume_id"] == "run-1"
 
 
-def test_resume_takes_the_muon_to_adamw_ratio_from_the_config(make_config, tmp_path):
-    # A checkpoint's optimizer groups carry the ratio they were built with; resuming with a new
-    # train.muon_lr must run at the new one, as a new train.lr does.
-    sections = dict(eval={"interval": 0}, run={"checkpoint_interval": 0})
-    first = make_config(tmp_path / "run", train={"max_steps": 2, "optimizer": "muon", "muon_lr": 0.02}, **sections)
-    train(first, progress=False)
-    changed = make_config(tmp_path / "run", train={"max_steps": 4, "optimizer": "muon", "muon_lr": 0.06}, **sections)
-    train(changed, resume=True, progress=False)
-    optimizer = load_trainer_state(tmp_path / "run")["optimizer"]
-    muon_lr = optimizer["muon"]["param_groups"][0]["lr"]
-    adamw_lr = optimizer["adamw"]["param_groups"][0]["lr"]
-    assert adamw_lr > 0
-    assert muon_lr / adamw_lr == pytest.approx(0.06 / changed.train.lr)
-
-
-def test_resume_takes_the_value_embedding_rate_from_the_config(make_config, tmp_path):
-    # The tables' group exists whether or not the rate is set, so setting it on resume works.
+def test_a_resume_takes_the_rates_from_the_config_and_warms_muons_momentum_up_by_the_step_count(make_config,
+                                                                                                 tmp_path):
+    # A checkpoint's optimizer groups carry the rates they were built with; resuming with a new
+    # train.muon_lr or train.value_embedding_lr must run at the new one, as a new train.lr does. The
+    # tables' group exists whether or not its rate is set, so setting it on resume works.
     sections = dict(model={"value_embeddings": True}, eval={"interval": 0}, run={"checkpoint_interval": 0})
-    train(make_config(tmp_path / "run", train={"max_steps": 2, "optimizer": "muon"}, **sections), progress=False)
-    changed = make_config(tmp_path / "run", train={"max_steps": 4, "optimizer": "muon", "value_embedding_lr": 0.05},
+    muon = {"optimizer": "muon", "muon_momentum": 0.95, "muon_momentum_warmup": 10}
+    train(make_config(tmp_path / "run", train={"max_steps": 3, "muon_lr": 0.02, **muon}, **sections), progress=False)
+    optimizer = lambda: load_trainer_state(tmp_path / "run")["optimizer"]  # noqa: E731
+    assert optimizer()["muon"]["param_groups"][0]["momentum"] == pytest.approx(0.87)  # step 2: 0.85 + 0.1 * 2/10
+    changed = make_config(tmp_path / "run", train={"max_steps": 6, "muon_lr": 0.06, "value_embedding_lr": 0.05, **muon},
                           **sections)
     train(changed, resume=True, progress=False)
-    groups = load_trainer_state(tmp_path / "run")["optimizer"]["adamw"]["param_groups"]
+    muon_group, groups = optimizer()["muon"]["param_groups"][0], optimizer()["adamw"]["param_groups"]
+    assert muon_group["momentum"] == pytest.approx(0.90)  # step 5: the warm-up follows the step count, not the restart
     assert [len(g["params"]) for g in groups] == [len(groups[0]["params"]), 1]  # the one table (2 layers)
     assert groups[0]["lr"] > 0
+    assert muon_group["lr"] / groups[0]["lr"] == pytest.approx(0.06 / changed.train.lr)
     assert groups[1]["lr"] / groups[0]["lr"] == pytest.approx(0.05 / changed.train.lr)
-
-
-def test_muon_momentum_warms_up_across_a_resume(make_config, tmp_path):
-    sections = dict(eval={"interval": 0}, run={"checkpoint_interval": 0})
-    settings = {"optimizer": "muon", "muon_momentum": 0.95, "muon_momentum_warmup": 10}
-    train(make_config(tmp_path / "run", train={"max_steps": 3, **settings}, **sections), progress=False)
-    momentum = lambda: load_trainer_state(tmp_path / "run")["optimizer"]["muon"]["param_groups"][0]["momentum"]  # noqa: E731
-    assert momentum() == pytest.approx(0.87)  # the last step, 2, ran at 0.85 + 0.1 * 2/10
-    train(make_config(tmp_path / "run", train={"max_steps": 6, **settings}, **sections), resume=True, progress=False)
-    assert momentum() == pytest.approx(0.90)  # step 5: the warm-up follows the step count, not the restart
 
 
 def test_a_resume_keeps_the_runs_own_thread_count(make_config, tmp_path):

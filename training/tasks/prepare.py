@@ -2,22 +2,21 @@
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
-from training.adapters import Adapters
-from training.config import Config
-from training.tasks import chat, text
-from training.tasks.dpo import task as dpo
-from training.tasks.grpo import task as grpo
-from training.tasks.task import Task
+if TYPE_CHECKING:
+    from training.adapters import Adapters
+    from training.config import Config
+    from training.tasks.task import Task
 
-# Each builder refuses what its method cannot do, prepares its data (checked to fit the model) and
-# returns the task.
-BUILDERS: dict[str, Callable[..., Task]] = {"text": text.build, "chat": chat.build, "preference": dpo.build,
-                                            "rl": grpo.build}
+# Each format's task module, imported only when a run asks for it. Its ``build`` refuses what its
+# method cannot do, prepares its data (checked to fit the model) and returns the task.
+TASKS = {"text": "training.tasks.text", "chat": "training.tasks.chat", "preference": "training.tasks.dpo.task",
+         "rl": "training.tasks.grpo.task"}
 
 
 def prepare_task(config: Config, tokenizer_file: Path | None, *, progress: bool, is_main: bool, device: torch.device,
@@ -26,6 +25,6 @@ def prepare_task(config: Config, tokenizer_file: Path | None, *, progress: bool,
     tokenizer, or the run's own copy when resuming; None trains one for a text run) and checked
     to fit the model; ``adapters``: how the run's weights train (a post-training reference asks);
     ``resume``: the run continues from its checkpoint (a reference checks it is the one it began with)."""
-    build = BUILDERS[config.data.format]
+    build = importlib.import_module(TASKS[config.data.format]).build
     return build(config, tokenizer_file, progress=progress, is_main=is_main, device=device, adapters=adapters,
                  resume=resume)

@@ -15,8 +15,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from model import GPT
-from model.gpt import eval_mode
+from model.gpt import GPT, eval_mode
 from training.adapters import Adapters
 from rundir.files import PARENT_FILE, WEIGHTS_FILE
 from rundir.record import read_parent_record

@@ -7,7 +7,9 @@ from typing import Any
 
 import torch
 
-from data import EOT, prepare_data, train_batches
+from data.batches.text import train_batches
+from data.prepared.text import prepare_data
+from data.tokenizer import EOT
 from data.sample_prompt import default_sample_prompt
 from training.adapters import Adapters
 from training.attention_probe import attention_probe

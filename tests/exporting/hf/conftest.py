@@ -26,21 +26,20 @@ def chat_tokenizer(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def make_export(tmp_path_factory, chat_tokenizer):
-    """``make_export(n_kv_head=2, tie=True, options=False, positions="learned")`` -> (run_dir,
-    export_dir), built once per shape; ``options`` turns on value embeddings and an
-    explicit feed-forward width (``run_testkit.ALL_OPTIONS``)."""
+    """``make_export(n_kv_head=2, tie=True, options=False, positions="learned", **shape)`` -> (run_dir,
+    export_dir), built once per shape; ``options`` turns on value embeddings and an explicit
+    feed-forward width (``run_testkit.ALL_OPTIONS``), ``shape`` is more of GPTConfig (an MLA run's)."""
     from exporting.hf import export_run
 
     made: dict[tuple, tuple[Path, Path]] = {}
 
-    def make(n_kv_head: int = 2, tie: bool = True, options: bool = False,
-             positions: str = "learned") -> tuple[Path, Path]:
-        key = (n_kv_head, tie, options, positions)
+    def make(n_kv_head: int = 2, tie: bool = True, options: bool = False, positions: str = "learned",
+             **shape) -> tuple[Path, Path]:
+        key = (n_kv_head, tie, options, positions, *sorted(shape.items()))
         if key not in made:
-            root = tmp_path_factory.mktemp(f"kv{n_kv_head}-{'tied' if tie else 'untied'}{'-options' * options}"
-                                           f"-{positions}")
+            root = tmp_path_factory.mktemp("export")
             run_dir = build_run(root / "run", chat_tokenizer, n_kv_head=n_kv_head, tie=tie, positions=positions,
-                                **(ALL_OPTIONS if options else {}))
+                                **(ALL_OPTIONS if options else {}), **shape)
             export_run(run_dir, root / "export")
             made[key] = (run_dir, root / "export")
         return made[key]

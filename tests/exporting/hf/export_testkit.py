@@ -15,15 +15,23 @@ import yaml
 from tokenizers import Tokenizer
 
 import run_testkit
+from refusal_testkit import one_error_line
 from run_testkit import BLOCK_SIZE
 from rundir.metrics import MetricsLog
 
 VOCAB_SIZE = 320
 FINAL_BPB = 2.34567
+# Multi-head latent attention runs (with 4 heads): a latent wider than head_dim (16) with a query
+# latent, a narrower one without, and with rotary positions (the decoupled rotary key, cached beside
+# the latent in the same vector), one with the feed-forward width given.
+MLA_SHAPES = {"wide-qlatent": {"kv_latent_dim": 32, "q_latent_dim": 24}, "narrow": {"kv_latent_dim": 8},
+              "rope-qlatent": {"kv_latent_dim": 24, "q_latent_dim": 16, "positions": "rope"},
+              "rope-options": {"kv_latent_dim": 8, "positions": "rope", **run_testkit.MLA_OPTIONS}}
+MLA_KINDS = {f"mla-{name}": dict(n_kv_head=4, attention="mla", **shape) for name, shape in MLA_SHAPES.items()}
 ROOT = Path(__file__).resolve().parents[3]
 
-__all__ = ["BLOCK_SIZE", "FINAL_BPB", "ROOT", "VOCAB_SIZE", "assert_one_line_error", "build_run", "export_in_process",
-           "read_json", "run_export_cli", "train_test_tokenizer"]
+__all__ = ["BLOCK_SIZE", "FINAL_BPB", "MLA_KINDS", "MLA_SHAPES", "ROOT", "VOCAB_SIZE", "assert_one_line_error",
+           "build_run", "export_in_process", "read_json", "run_export_cli", "train_test_tokenizer"]
 
 
 def train_test_tokenizer(chat: bool = True) -> Tokenizer:
@@ -67,12 +75,5 @@ def export_in_process(capsys, *args: str) -> subprocess.CompletedProcess:
 
 
 def assert_one_line_error(done: subprocess.CompletedProcess, *fragments: str) -> str:
-    """The command refused its input: exit 2, nothing on stdout, one ``error:`` line holding each
-    fragment; returns that line."""
-    assert done.returncode == 2, done.stderr
-    assert done.stdout == ""
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
-    return lines[0]
+    """``refusal_testkit.one_error_line`` of a finished command."""
+    return one_error_line(done.returncode, done.stdout, done.stderr, *fragments)

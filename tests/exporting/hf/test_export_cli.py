@@ -1,4 +1,5 @@
-"""python export.py: what it writes, and one line with exit code 2 for every input it refuses.
+"""python export.py: what it writes, and the refusals that need a real export (the others are rows of
+tests/exporting/test_export_refusals.py).
 
 These tests need no transformers: they check the folder's files, not that transformers loads them
 (test_hf_parity.py does that).
@@ -8,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from export_testkit import (BLOCK_SIZE, FINAL_BPB, ROOT, assert_one_line_error, export_in_process, read_json,
-                            run_export_cli)
+from export_testkit import BLOCK_SIZE, FINAL_BPB, ROOT, assert_one_line_error, read_json, run_export_cli
+
 
 def test_folder_holds_what_transformers_and_the_hub_need(make_export):
     _, folder = make_export()
@@ -86,14 +87,6 @@ def test_a_tokenizer_without_chat_tokens_exports_without_a_template(copy_run, tm
     assert generation["eos_token_id"] == [0] and "suppress_tokens" not in generation
 
 
-def test_not_a_run_is_refused(tmp_path, capsys):
-    (tmp_path / "empty").mkdir()
-    # In-process: the corrupt weights below are refused by export.py as a process.
-    assert_one_line_error(export_in_process(capsys, "--run", str(tmp_path / "empty"), "--out", str(tmp_path / "out")),
-                          "has no model.safetensors")
-    assert not (tmp_path / "out").exists()
-
-
 def test_corrupt_weights_are_refused_like_generate_py_refuses_them(copy_run, tmp_path):
     weights = copy_run / "model.safetensors"
     data = bytearray(weights.read_bytes())
@@ -116,28 +109,3 @@ def test_existing_output_is_refused_then_replaced_with_overwrite(make_export, tm
     assert main(["--run", str(run_dir), "--out", str(out), "--overwrite"]) == 0
     assert (out / "model.safetensors").read_bytes() != b"an earlier export's weights"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no staging, backup or lock left behind
-
-
-def test_overwrite_keeps_a_file_the_user_put_in_an_earlier_export(make_export, tmp_path, capsys):
-    from exporting.cli import main
-
-    run_dir, _ = make_export()
-    out = tmp_path / "out"
-    assert main(["--run", str(run_dir), "--out", str(out)]) == 0
-    (out / "notes.txt").write_text("mine")
-    assert main(["--run", str(run_dir), "--out", str(out), "--overwrite"]) == 2
-    assert "'notes.txt', which no export writes" in capsys.readouterr().err
-    assert (out / "notes.txt").read_text() == "mine" and (out / "model.safetensors").is_file()
-
-
-@pytest.mark.parametrize("target", ["not_an_export", "the_run"])
-def test_overwrite_never_deletes_what_is_not_an_export(copy_run, tmp_path, capsys, target):
-    from exporting.cli import main
-
-    out = copy_run if target == "the_run" else tmp_path / "notes"
-    out.mkdir(exist_ok=True)
-    (out / "keep.txt").write_text("precious")
-    assert main(["--run", str(copy_run), "--out", str(out), "--overwrite"]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: ") and len(err.strip().splitlines()) == 1
-    assert (out / "keep.txt").read_text() == "precious"

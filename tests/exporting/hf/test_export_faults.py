@@ -22,14 +22,6 @@ def _hidden(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.name.startswith("."))
 
 
-def test_out_under_a_file_is_one_line(make_export, tmp_path, capsys):
-    run_dir, _ = make_export()
-    (tmp_path / "notes.txt").write_text("a file")
-    done = export_in_process(capsys, "--run", str(run_dir), "--out", str(tmp_path / "notes.txt" / "deeper" / "export"))
-    assert_one_line_error(done, "notes.txt", "which is a file")
-    assert (tmp_path / "notes.txt").read_text() == "a file"
-
-
 def test_read_only_folder_is_one_line(make_export, mount_tmpfs, capsys):
     run_dir, _ = make_export()
     disk = mount_tmpfs(1 << 20, read_only=True)

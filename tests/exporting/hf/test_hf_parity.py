@@ -1,9 +1,8 @@
 """The exported folder, loaded by transformers, computes what our model computes.
 
 Logits agree within 1e-5 in fp32 (with and without padding), greedy generation gives exactly
-generate.py's tokens (with and without the cache, for every GQA ratio, and with value
-embeddings on), the tokenizer and chat
-template agree token for token, and a save through transformers changes no weight.
+generate.py's tokens (with and without the cache, for every GQA ratio, with value embeddings
+on, and with latent attention), the tokenizer and chat template agree token for token, and a save through transformers changes no weight.
 """
 
 from __future__ import annotations
@@ -15,11 +14,11 @@ import textwrap
 import pytest
 import torch
 
-from export_testkit import BLOCK_SIZE, VOCAB_SIZE
+from export_testkit import BLOCK_SIZE, MLA_KINDS, VOCAB_SIZE
 
 transformers = pytest.importorskip("transformers")
 
-from model import load_pretrained  # noqa: E402
+from model.io import load_pretrained  # noqa: E402
 
 ATOL = 1e-5
 
@@ -28,11 +27,18 @@ def _random_ids(generator: torch.Generator, length: int, batch: int = 1) -> torc
     return torch.randint(0, VOCAB_SIZE, (batch, length), generator=generator)
 
 
-@pytest.mark.parametrize("n_kv_head, tie, options, positions", [
-    (2, True, False, "learned"), (2, False, False, "learned"), (2, False, True, "learned"),
-    (2, True, False, "rope"), (2, False, True, "rope"), (2, True, False, "none")])
-def test_logits_match_ours_on_prompts_of_several_lengths(make_export, hf_models, n_kv_head, tie, options, positions):
-    run_dir, folder = make_export(n_kv_head, tie, options, positions)
+# The runs exported, by name: make_export's arguments.
+KINDS = {"tied": {}, "untied": dict(tie=False), "untied-options": dict(tie=False, options=True),
+         "rope": dict(positions="rope"), "untied-options-rope": dict(tie=False, options=True, positions="rope"),
+         "none": dict(positions="none"), "ratio1": dict(n_kv_head=4), "ratio4": dict(n_kv_head=1),
+         "options": dict(options=True), "ratio4-rope": dict(n_kv_head=1, positions="rope"),
+         "options-rope": dict(options=True, positions="rope"), **MLA_KINDS}
+
+
+@pytest.mark.parametrize("kind", ["tied", "untied", "untied-options", "rope", "untied-options-rope", "none",
+                                  *MLA_KINDS])
+def test_logits_match_ours_on_prompts_of_several_lengths(make_export, hf_models, kind):
+    run_dir, folder = make_export(**KINDS[kind])
     ours, theirs = load_pretrained(run_dir), hf_models(folder)
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
@@ -44,12 +50,10 @@ def test_logits_match_ours_on_prompts_of_several_lengths(make_export, hf_models,
         torch.testing.assert_close(theirs(ids, labels=ids).loss, our_loss, atol=ATOL, rtol=0)
 
 
-@pytest.mark.parametrize("options, positions", [(False, "learned"), (True, "learned"), (False, "rope"),
-                                                (True, "rope"), (False, "none")],
-                         ids=["plain", "options", "rope", "rope-options", "none"])
+@pytest.mark.parametrize("kind", ["tied", "options", "rope", "options-rope", "none"])
 @pytest.mark.parametrize("side", ["left", "right"])
-def test_logits_match_ours_in_a_padded_batch(make_export, hf_models, side, options, positions):
-    run_dir, folder = make_export(options=options, positions=positions)
+def test_logits_match_ours_in_a_padded_batch(make_export, hf_models, side, kind):
+    run_dir, folder = make_export(**KINDS[kind])
     ours, theirs = load_pretrained(run_dir), hf_models(folder)
     g = torch.Generator().manual_seed(2)
     rows = [_random_ids(g, length)[0] for length in (BLOCK_SIZE, 19, 4)]
@@ -77,13 +81,10 @@ def _greedy_like_generate_py(run_dir, prompt_ids: list[int], max_new_tokens: int
 
 
 @pytest.mark.parametrize("use_cache", [True, False], ids=["cache", "no-cache"])
-@pytest.mark.parametrize("n_kv_head, options, positions",
-                         [(4, False, "learned"), (2, False, "learned"), (1, False, "learned"), (2, True, "learned"),
-                          (1, False, "rope"), (2, True, "rope"), (2, False, "none")],
-                         ids=["ratio1", "ratio2", "ratio4", "ratio2-options", "ratio4-rope", "ratio2-options-rope",
-                              "ratio2-none"])
-def test_greedy_generate_gives_generate_py_tokens(make_export, hf_models, n_kv_head, options, positions, use_cache):
-    run_dir, folder = make_export(n_kv_head, options=options, positions=positions)
+@pytest.mark.parametrize("kind", ["ratio1", "tied", "ratio4", "options", "ratio4-rope", "options-rope", "none",
+                                  *MLA_KINDS])
+def test_greedy_generate_gives_generate_py_tokens(make_export, hf_models, kind, use_cache):
+    run_dir, folder = make_export(**KINDS[kind])
     prompt = _random_ids(torch.Generator().manual_seed(3), 5)
     new = BLOCK_SIZE - prompt.shape[1]  # every token that fits in the window
     expected = _greedy_like_generate_py(run_dir, prompt[0].tolist(), new, use_cache)
@@ -161,7 +162,7 @@ TEXTS = [
 
 
 def test_tokenizer_encodes_and_decodes_like_ours(make_export, chat_tokenizer):
-    from data import load_tokenizer
+    from data.tokenizer import load_tokenizer
 
     _, folder = make_export()
     ours = load_tokenizer(chat_tokenizer)
@@ -177,7 +178,7 @@ def test_tokenizer_encodes_and_decodes_like_ours(make_export, chat_tokenizer):
 
 
 def test_chat_template_renders_like_ours(make_export, chat_tokenizer):
-    from data import load_tokenizer
+    from data.tokenizer import load_tokenizer
     from data.chat import chat_text, render_chat, to_messages
 
     _, folder = make_export()
@@ -203,7 +204,7 @@ def test_chat_template_renders_like_ours(make_export, chat_tokenizer):
 def test_chat_template_renders_tools_and_results_like_ours(make_export, chat_tokenizer, arguments):
     """transformers passes ``tools=`` and the messages' ``tool_calls`` (arguments as OpenAI's text
     or as the object its docs show) and ``tool`` results to the template: our ids, every time."""
-    from data import load_tokenizer
+    from data.tokenizer import load_tokenizer
     from data.chat import chat_text, render_chat, to_messages
     from tools import BUILT_IN
 
@@ -237,7 +238,7 @@ def test_the_model_cards_recipe_keeps_typed_control_tokens_as_text(make_export, 
     the card's encode_chat gives exactly the ids our own renderer does, which keeps them text."""
     import re
 
-    from data import load_tokenizer
+    from data.tokenizer import load_tokenizer
     from data.chat import render_chat, to_messages
 
     _, folder = make_export()

@@ -16,7 +16,7 @@ pytest.importorskip("gguf")
 
 from data.chat import CHAT_TEMPLATE  # noqa: E402
 from exporting.gguf.tensors import interleave_halves  # noqa: E402
-from model import load_pretrained  # noqa: E402
+from model.io import load_pretrained  # noqa: E402
 
 
 def test_metadata_describes_the_run_as_llama(gguf_file):

@@ -8,6 +8,7 @@ import json
 import pytest
 
 import run_testkit
+from refusal_testkit import one_error_line
 from run_testkit import ALL_OPTIONS
 
 pytest.importorskip("gguf")
@@ -16,10 +17,7 @@ from exporting.cli import main  # noqa: E402
 
 
 def _one_error_line(capsys) -> str:
-    captured = capsys.readouterr()
-    lines = captured.err.strip().splitlines()
-    assert captured.out == "" and len(lines) == 1 and lines[0].startswith("error: "), captured.err
-    return lines[0]
+    return one_error_line(2, *capsys.readouterr())  # each caller asserts main(...) == 2 first
 
 
 def test_llama_folder_holds_transformers_files_and_no_code(llama_runs, tmp_path, capsys):
@@ -94,12 +92,6 @@ def test_the_shape_is_refused_from_the_config_before_the_weights_are_read(tmp_pa
     assert "model.positions is learned" in _one_error_line(capsys) and loads == []
 
 
-def test_onnx_flags_are_refused_with_the_llama_formats(llama_runs, tmp_path, capsys):
-    assert main(["--run", str(llama_runs()), "--out", str(tmp_path / "out"), "--format", "gguf",
-                 "--static-shapes"]) == 2
-    assert "--static-shapes applies to --format onnx only" in _one_error_line(capsys)
-
-
 @pytest.mark.parametrize("room", ["half", "tensors_only"])
 def test_a_full_disk_is_one_line_and_leaves_nothing(gguf_file, mount_tmpfs, capsys, room):
     """Refused before writing when the tensors cannot fit, and after a short write when only the
@@ -116,14 +108,3 @@ def test_a_full_disk_is_one_line_and_leaves_nothing(gguf_file, mount_tmpfs, caps
     line = _one_error_line(capsys)
     assert "No space left on device" in line and str(disk / "gguf") in line
     assert list(disk.iterdir()) == []
-
-
-def test_without_the_gguf_package_the_export_says_how_to_install_it(llama_runs, tmp_path, capsys, monkeypatch):
-    import importlib.util
-
-    find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *args: None if name == "gguf" else find_spec(name, *args))
-    assert main(["--run", str(llama_runs()), "--out", str(tmp_path / "out"), "--format", "gguf"]) == 2
-    assert "pip install gguf" in _one_error_line(capsys)
-    assert not (tmp_path / "out").exists()

@@ -17,7 +17,7 @@ from llama_testkit import BLOCK_SIZE, our_greedy_tokens, random_ids
 
 llama_cpp = pytest.importorskip("llama_cpp")
 
-from model import load_pretrained  # noqa: E402
+from model.io import load_pretrained  # noqa: E402
 
 
 def _load(path) -> "llama_cpp.Llama":

@@ -11,7 +11,7 @@ from llama_testkit import BLOCK_SIZE, our_greedy_tokens, random_ids
 
 transformers = pytest.importorskip("transformers")
 
-from model import load_pretrained  # noqa: E402
+from model.io import load_pretrained  # noqa: E402
 
 ATOL = 1e-5
 

@@ -28,7 +28,7 @@ def onnx_run(tmp_path_factory) -> Path:
 
 def _export(tmp_path_factory, run: Path, static_batch: int | None) -> Exported:
     pytest.importorskip("onnxruntime")
-    from model import load_pretrained
+    from model.io import load_pretrained
     from exporting.onnx import export_onnx
 
     folder = tmp_path_factory.mktemp("onnx-export") / ("static" if static_batch else "dynamic")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from model import GPT
+from model.gpt import GPT
 
 BLOCK_SIZE = 128
 PROMPT = "ROMEO: But soft"

@@ -1,5 +1,5 @@
-"""python export.py --format onnx: the folder it writes, and one line with exit code 2 for every
-input it refuses. Called in-process (``exporting.cli.main``): the refusals come before any export."""
+"""python export.py --format onnx: the folder it writes, --overwrite, and what a failed or killed
+export leaves (its refusals of bad input are rows of tests/exporting/test_export_refusals.py)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,7 @@ from pathlib import Path
 import pytest
 
 from exporting.cli import main
-
-
-def _refused(capsys, *args: str) -> str:
-    assert main(list(args)) == 2
-    out, err = capsys.readouterr()
-    lines = err.strip().splitlines()
-    assert out == "" and len(lines) == 1 and lines[0].startswith("error: "), err
-    return lines[0]
+from refusal_testkit import one_error_line
 
 
 def test_folder_holds_the_graph_the_tokenizer_and_the_readme(dynamic_export):
@@ -30,27 +23,6 @@ def test_folder_holds_the_graph_the_tokenizer_and_the_readme(dynamic_export):
     assert config["onnx"]["shapes"] == "dynamic"
     readme = (dynamic_export.folder / "README.md").read_text(encoding="utf-8")
     assert "past_key_values.{i}.key" in readme and "--static-shapes" in readme
-
-
-def test_existing_out_unknown_format_and_missing_run_are_one_line(capsys, onnx_run, dynamic_export, tmp_path):
-    line = _refused(capsys, "--run", str(onnx_run), "--out", str(dynamic_export.folder), "--format", "onnx")
-    assert "already exists" in line and "--overwrite" in line
-    line = _refused(capsys, "--run", str(onnx_run), "--out", str(tmp_path / "new"), "--format", "tflite")
-    assert "--format" in line and "onnx" in line
-    line = _refused(capsys, "--run", str(tmp_path / "nowhere"), "--out", str(tmp_path / "new"), "--format", "onnx")
-    assert "nowhere" in line
-    line = _refused(capsys, "--run", str(onnx_run), "--out", str(tmp_path / "new"), "--static-shapes")
-    assert "--format onnx" in line
-    assert not (tmp_path / "new").exists()
-
-
-def test_damaged_run_is_one_line(capsys, onnx_run, tmp_path):
-    run = Path(shutil.copytree(onnx_run, tmp_path / "run"))
-    weights = run / "model.safetensors"
-    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
-    line = _refused(capsys, "--run", str(run), "--out", str(tmp_path / "out"), "--format", "onnx")
-    assert "model.safetensors" in line
-    assert not (tmp_path / "out").exists()
 
 
 def test_failed_export_leaves_nothing_that_looks_complete(onnx_run, tmp_path, monkeypatch):
@@ -77,43 +49,13 @@ def test_overwrite_replaces_an_earlier_export_with_the_static_form(capsys, onnx_
     assert json.loads((out / "config.json").read_text())["onnx"]["shapes"] == "static"
 
 
-def test_overwrite_never_deletes_a_folder_that_is_not_an_export(capsys, onnx_run, tmp_path):
-    keep = tmp_path / "notes"
-    keep.mkdir()
-    (keep / "draft.txt").write_text("mine")
-    line = _refused(capsys, "--run", str(onnx_run), "--out", str(keep), "--format", "onnx", "--overwrite")
-    assert "not an earlier export" in line and (keep / "draft.txt").read_text() == "mine"
-
-
-@pytest.mark.parametrize("flags, fragment", [
-    (["--static-batch", "4"], "add --static-shapes"),
-    (["--static-batch", "4", "--format", "hf"], "--format onnx only"),
-    (["--static-shapes", "--format", "hf"], "--format onnx only"),
-    (["--static-shapes", "--static-batch", "100000000"], "between 1 and"),
-    (["--static-shapes", "--static-batch", "0"], "between 1 and"),
-], ids=["without-static-shapes", "batch-with-hf", "static-with-hf", "absurd-batch", "zero-batch"])
-def test_static_flags_that_cannot_apply_are_refused(capsys, onnx_run, tmp_path, flags, fragment):
-    line = _refused(capsys, "--run", str(onnx_run), "--out", str(tmp_path / "new"), *(["--format", "onnx"]
-                    if "--format" not in flags else []), *flags)
-    assert fragment in line
-    assert not (tmp_path / "new").exists()
-
-
-def test_missing_onnxscript_names_the_install_command(capsys, onnx_run, tmp_path, monkeypatch):
-    import sys
-
-    monkeypatch.setitem(sys.modules, "onnxscript", None)  # importing it now raises ImportError
-    line = _refused(capsys, "--run", str(onnx_run), "--out", str(tmp_path / "new"), "--format", "onnx")
-    assert "onnxscript" in line and "pip install onnxscript" in line
-
-
 def test_a_window_too_short_to_trace_is_refused_and_the_static_form_still_works(capsys, tmp_path):
     pytest.importorskip("onnxruntime")
     import run_testkit
 
     run = run_testkit.build_run(tmp_path / "run", run_testkit.chat_tokenizer(), block_size=4)
-    line = _refused(capsys, "--run", str(run), "--out", str(tmp_path / "dynamic"), "--format", "onnx")
-    assert "model.block_size" in line and "--static-shapes" in line
+    one_error_line(main(["--run", str(run), "--out", str(tmp_path / "dynamic"), "--format", "onnx"]),
+                   *capsys.readouterr(), "model.block_size", "--static-shapes")
     assert main(["--run", str(run), "--out", str(tmp_path / "static"), "--format", "onnx", "--static-shapes"]) == 0
     assert (tmp_path / "static" / "model.onnx").is_file()
 

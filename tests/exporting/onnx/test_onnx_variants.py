@@ -52,7 +52,7 @@ def export(tmp_path_factory) -> Callable[[str, str], Exported]:
     import run_testkit
     from data.tokenizer import EOT
     from exporting.onnx import export_onnx
-    from model import load_pretrained
+    from model.io import load_pretrained
 
     runs: dict[str, Path] = {}
     exports: dict[tuple[str, str], Exported] = {}

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from data import bits_per_byte, target_nats_and_bytes
+from data.metrics import bits_per_byte, target_nats_and_bytes
 from data.batches.chat import iter_chat_val_batches
 from model.gpt import eval_mode
 from training.distributed import DistContext, all_reduce_sum
