@@ -46,6 +46,8 @@ class GenerationStats:
     time_to_first_token_s: float | None  # prefill + first sample, from the call (or the compile) to the first token
     decode_time_s: float  # from the first token to the last
     compile_s: float | None = None  # compiling the decode step, when it was compiled
+    compile_notice: str | None = None  # what the compiled step says of itself: built now, or loaded
+    compile_built: bool = False  # built by this command (its compiler processes then shared the cores)
 
     @property
     def tokens_generated(self) -> int:
@@ -95,10 +97,10 @@ def generate_completions(
         if event.text and on_text is not None:
             on_text(row, event.text)
 
-    compile_s: list[float] = []
+    compiled = []
 
-    def on_compiled(seconds: float) -> None:
-        compile_s.append(seconds)
+    def on_compiled(step) -> None:
+        compiled.append(step)
         clock.start = time.perf_counter()  # time to first token leaves the one-off compile out
 
     finishes = decode(run.model, [ids] * rows, replace(settings, seed=seed), token_bytes=run.token_bytes,
@@ -114,7 +116,8 @@ def generate_completions(
     first, last = clock.first, clock.last
     ttft, decode_time = (None, 0.0) if first is None else (first - clock.start, last - first)
     stats = GenerationStats(rows, steps, time_to_first_token_s=ttft, decode_time_s=decode_time,
-                            compile_s=compile_s[0] if compile_s else None)
+                            **({"compile_s": compiled[0].compile_seconds, "compile_notice": compiled[0].notice,
+                                "compile_built": compiled[0].built} if compiled else {}))
     return GenerationResult(completions, stats, seed)
 
 
