@@ -19,29 +19,13 @@ REPO = Path(__file__).resolve().parents[2]
 def small_overrides(base_raw: dict, out_dir: Path, max_steps: int) -> list[str]:
     data = base_raw["data"]
     sets = [
-        f"train.max_steps={max_steps}",
-        f"run.out_dir={out_dir}",
-        "logging.wandb.mode=disabled",
+        f"train.max_steps={max_steps}", f"run.out_dir={out_dir}", "logging.wandb.mode=disabled",
         # Shrink tiny.yaml's model and point it at the session corpus so the run takes seconds.
-        "model.n_layer=2",
-        "model.n_embd=32",
-        "model.n_head=2",
-        "model.n_kv_head=1",
-        "model.block_size=32",
-        "train.batch_size=8",
-        "train.warmup_steps=2",
-        "train.peak_flops=1e11",
-        "train.device=cpu",
-        "data.source=files",
-        f"data.vocab_size={data['vocab_size']}",
-        f"data.cache_dir={data['cache_dir']}",
-        f"data.files.paths=[{data['files']['paths'][0]}]",
-        "data.files.txt_document=paragraph",
-        "eval.interval=5",
-        "eval.max_batches=2",
-        "eval.final_max_batches=2",
-        "eval.sample_tokens=8",
-        "logging.interval=1",
+        "model.n_layer=2", "model.n_embd=32", "model.n_head=2", "model.n_kv_head=1", "model.block_size=32",
+        "train.batch_size=8", "train.warmup_steps=2", "train.peak_flops=1e11", "train.device=cpu",
+        "data.source=files", f"data.vocab_size={data['vocab_size']}", f"data.cache_dir={data['cache_dir']}",
+        f"data.files.paths=[{data['files']['paths'][0]}]", "data.files.txt_document=paragraph",
+        "eval.interval=5", "eval.max_batches=2", "eval.final_max_batches=2", "eval.sample_tokens=8", "logging.interval=1",
     ]
     return [arg for s in sets for arg in ("--set", s)]
 
