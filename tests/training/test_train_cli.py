@@ -40,6 +40,23 @@ def run_cli(args: list[str]) -> subprocess.CompletedProcess:
     )
 
 
+def start_cli(args: list[str]) -> subprocess.Popen:
+    """train.py started in the background, its output piped as text."""
+    return subprocess.Popen([sys.executable, "train.py", *args], cwd=REPO, env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_records(path: Path, count: int, proc: subprocess.Popen, timeout: float = 90) -> None:
+    """Block until the metrics file ``path`` of the running ``proc`` holds ``count`` records."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and len(read_metrics(path)) >= count:
+            return
+        assert proc.poll() is None, proc.communicate()[1]
+        time.sleep(0.1)
+    raise AssertionError(f"{path} never reached {count} records")
+
+
 @pytest.mark.e2e
 def test_train_cli_end_to_end(base_raw, tmp_path):
     out = tmp_path / "run"
@@ -55,14 +72,8 @@ def test_train_cli_end_to_end(base_raw, tmp_path):
 @pytest.mark.e2e
 def test_ctrl_c_saves_and_resume_finishes(base_raw, tmp_path):
     out = tmp_path / "run"
-    args = ["--config", "configs/tiny.yaml", "--no-progress", *small_overrides(base_raw, out, 100000)]
-    proc = subprocess.Popen(
-        [sys.executable, "train.py", *args], cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    metrics = out / "metrics.jsonl"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not (metrics.exists() and len(read_metrics(metrics)) >= 3):
-        time.sleep(0.1)
+    proc = start_cli(["--config", "configs/tiny.yaml", "--no-progress", *small_overrides(base_raw, out, 100000)])
+    wait_for_records(out / "metrics.jsonl", 3, proc)
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signal.SIGINT, stderr
