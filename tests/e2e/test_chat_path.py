@@ -47,7 +47,8 @@ def test_pretrain_then_chat_tune_then_chat(chat_tuned, capsys) -> None:
     # Bad input is one line and exit 2 (in-process: the same main() the command runs).
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
-    common = ["--config", str(ROOT / "configs" / "tiny-chat.yaml"), *quick_settings(tmp_path), "--set", "train.max_steps=3"]
+    common = ["--config", str(ROOT / "configs" / "tiny-chat.yaml"), *quick_settings(tmp_path),
+              "--set", "train.max_steps=3"]
     code = train_cli.main([*common, "--set", f"train.init_from={base}", "--set", "data.source=files",
                            "--set", f"data.files.paths=[{bad}]", "--set", f"run.out_dir={tmp_path / 'refused'}"])
     one_error_line(code, *capsys.readouterr(), f"{bad} line 1: the conversation has no assistant turn")

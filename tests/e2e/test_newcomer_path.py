@@ -19,10 +19,10 @@ from e2e_testkit import ROOT, run_ok
 @pytest.mark.e2e
 def test_train_tiny_then_generate(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    train = run_ok([str(ROOT / "train.py"), "--config", str(ROOT / "configs" / "tiny.yaml"), "--set", "train.max_steps=3",
-                    "--set", f"run.out_dir={run_dir}", "--set", f"data.cache_dir={tmp_path / 'cache'}",
-                    "--set", "logging.wandb.mode=disabled", "--set", "eval.max_batches=1",
-                    "--set", "eval.final_max_batches=2", "--no-progress"],
+    train = run_ok([str(ROOT / "train.py"), "--config", str(ROOT / "configs" / "tiny.yaml"),
+                    "--set", "train.max_steps=3", "--set", f"run.out_dir={run_dir}",
+                    "--set", f"data.cache_dir={tmp_path / 'cache'}", "--set", "logging.wandb.mode=disabled",
+                    "--set", "eval.max_batches=1", "--set", "eval.final_max_batches=2", "--no-progress"],
                    # generous: a loaded CI machine, and compile where tiny.yaml turns it on (CUDA)
                    cwd=tmp_path, timeout=480)
     assert "done: 3 steps" in train.stdout

@@ -127,8 +127,8 @@ def test_fsdp_losses_equal_ddp_then_resume_at_one_process_and_generate(attention
                             "--resume"]))
     assert "saved with 2 process(es) on 1" in resumed.stdout and "done: 6 steps" in resumed.stdout
     assert load_trainer_state(run)["world_size"] == 1
-    generated = ok(launch(1, ["generate.py", "--run", str(run), "--prompt", "Once upon a time", "--max-new-tokens", "12",
-                              "--seed", "0"], timeout=120))
+    generated = ok(launch(1, ["generate.py", "--run", str(run), "--prompt", "Once upon a time",
+                              "--max-new-tokens", "12", "--seed", "0"], timeout=120))
     assert generated.stdout.startswith("Once upon a time") and len(generated.stdout) > len("Once upon a time")
 
 
