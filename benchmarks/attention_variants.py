@@ -41,7 +41,7 @@ import argparse
 import math
 import statistics
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -63,10 +63,9 @@ from benchmarks.shared import (
 from common.cli import path_arg, positive_float, positive_int, run_stoppable
 from common.errors import UserError
 from data.tokenizer import token_byte_lengths
-from model.config import GPTConfig
+from model.config import POSITION_KINDS, GPTConfig
 from model.gpt import GPT
 from model.io import load_pretrained
-from model.config_checks import POSITION_KINDS
 from rundir.loading import load_run, validation_tokens
 from rundir.record import read_config
 
@@ -383,7 +382,7 @@ def measure_positions(kind: str, run_dirs: list[Path], multiples: list[int], arg
         held_out = torch.from_numpy(np.asarray(tokens[:count * T], dtype=np.int64).reshape(count, T))
         sinks.append(first_token_attention(run.model, held_out))
     model = run.model
-    heads = describe_attention(replace(model.config, positions="learned"))
+    heads = describe_attention(model.config.model_copy(update={"positions": "learned"}))
     return PositionsMeasured(kind, heads, model.num_params(), [s for s, _ in finals],
                              [b for _, b in finals], lengths, torch.stack(sinks).mean(0), model.config.block_size)
 

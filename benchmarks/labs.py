@@ -82,7 +82,7 @@ def train_stage(raw: dict[str, Any], stage: str, what: str, label: str, resume: 
     from training.config import config_from_dict
     from training.trainer import train
 
-    config = config_from_dict(copy.deepcopy(raw))  # reading a config fills in its model from the parent
+    config = config_from_dict(copy.deepcopy(raw))
     state = stage_state(config.out_dir) if resume else "new"
     say(f"{label} {stage}: {what}, in {config.out_dir}"
         + {"new": "", "finished": " (finished: kept)", "stopped": " (resuming)"}[state])

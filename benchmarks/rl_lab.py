@@ -113,14 +113,14 @@ def held_out(run_dir: Path, rl_raw: dict[str, Any], *, subset: bool = False) -> 
     or (``subset``) on those the RL run's periodic evaluations score."""
     from model.io import load_pretrained
     from training.trainer import adapters_for
-    from training.config import config_from_dict
+    from training.config import config_from_dict, with_parent
     from training.distributed import DistContext
     from training.tasks.prepare import prepare_task
 
     # Read as an RL run of it that is never trained (nothing is written to its out_dir).
     raw = _merge(rl_raw, {"train": {"init_from": str(run_dir)}, "rl": {"beta": 0.0},
                           "run": {"out_dir": f"{run_dir}-unused"}})
-    config = config_from_dict(raw)
+    config = with_parent(config_from_dict(raw))
     task = prepare_task(config, config.parent.tokenizer_file, progress=False, is_main=True,
                         device=torch.device("cpu"), adapters=adapters_for(config.train))
     batch_size = (config.eval.batch_size or config.train.batch_size) if subset else 32

@@ -149,14 +149,14 @@ def held_out(run_dir: Path, rl_raw: dict[str, Any]) -> dict[str, float]:
 
     from model.io import load_pretrained
     from training.trainer import adapters_for
-    from training.config import config_from_dict
+    from training.config import config_from_dict, with_parent
     from training.distributed import DistContext
     from training.tasks.prepare import prepare_task
 
     # Read as an RL run of it that is never trained (nothing is written to its out_dir).
     raw = _merge(rl_raw, {"train": {"init_from": str(run_dir)}, "rl": {"beta": 0.0},
                           "run": {"out_dir": f"{run_dir}-unused"}})
-    config = config_from_dict(copy.deepcopy(raw))
+    config = with_parent(config_from_dict(copy.deepcopy(raw)))
     task = prepare_task(config, config.parent.tokenizer_file, progress=False, is_main=True,
                         device=torch.device("cpu"), adapters=adapters_for(config.train))
     result = task.evaluate(load_pretrained(run_dir), batch_size=50, max_batches=None, device=torch.device("cpu"),

@@ -1,12 +1,12 @@
-"""The one mechanism behind every config section: typed dataclasses, checked strictly, read from YAML.
+"""The one mechanism behind every config section: pydantic models, checked strictly, read from YAML.
 
-Each section (``GPTConfig``, ``DataConfig``, ``TrainConfig``, ...) is a dataclass whose
-``__post_init__`` calls ``check_types`` and then checks its values with ``require``. ``build`` turns
-a plain dict (parsed YAML) into such a dataclass: an unknown key is rejected with a suggestion, a
-nested section is built the same way, and any failure becomes one line naming the key. A section
-lists the keys it no longer has in ``REMOVED_KEYS`` (key: ``Removed``, its "off" value and what to do
-instead): a saved run that wrote one at that value still loads, and any other value is refused in one
-line that says where the option went.
+Each section (``GPTConfig``, ``DataConfig``, ``TrainConfig``, ...) is a ``Section``: every field
+declares its type, default, bounds and what it means on one line, and a rule across fields is a
+validator beside them. ``build`` turns a plain dict (parsed YAML) into a section and any failure
+into one line naming the key (``describe``, which the server's 4xx bodies use too). An unknown key
+is refused with the closest valid one; a section lists the keys it no longer has in
+``REMOVED_KEYS`` (key: ``Removed``, its "off" value and what to do instead): a saved run that wrote
+one at that value still loads, and any other value is refused in one line that says where it went.
 Types are strict: ``true`` is not an int, ``"3"`` is not a number; an int is accepted (and stored
 as a float) where a float is expected.
 """
@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import functools
-import math
 import re
 import types
 import typing
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, ClassVar, Union
 
 import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic_core import PydanticCustomError
 
 from common.errors import UserError, one_line
 from common.yaml_safe import BoundedSafeLoader, YamlLimitError, read_yaml_text
@@ -36,19 +36,6 @@ class ConfigError(UserError, ValueError):
 def require(condition: bool, message: str, error: type[Exception] = ConfigError) -> None:
     if not condition:
         raise error(message)
-
-
-def require_one_of(value: str, key: str, choices: tuple[str, ...]) -> None:
-    require(value in choices, f"{key} must be {', '.join(choices[:-1])} or {choices[-1]} (got {value!r})")
-
-
-def require_in(value: float, key: str, low: float, high: float, *, low_open: bool = False,
-               high_open: bool = False, note: str = "") -> None:
-    """``value`` is a finite number in the interval; nan and infinities never are."""
-    above = low < value if low_open else low <= value
-    below = value < high if high_open else value <= high
-    interval = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
-    require(math.isfinite(value) and above and below, f"{key} must be in {interval}{note} (got {value!r})")
 
 
 class _Loader(BoundedSafeLoader):
@@ -121,128 +108,96 @@ class Removed:
     advice: str = LOST_BY_RECORDS
 
 
-def build(cls: type, raw: Any, path: str = "", error: type[Exception] = ConfigError) -> Any:
-    """``cls`` from a plain dict; any problem raises ``error`` with one line naming the key."""
-    kwargs = _init_kwargs(cls, raw, path, error)
-    try:
-        return cls(**kwargs)
-    except (UserError, ValueError, TypeError) as e:
-        message = one_line(e)
-        if path and not message.startswith(path):
-            message = f"{path}: {message}"
-        raise error(message) from None
+class Section(BaseModel):
+    """One config section: unknown keys refused with a suggestion, removed ones answered, types strict."""
 
+    model_config = ConfigDict(extra="forbid", strict=True)
+    REMOVED_KEYS: ClassVar[dict[str, Removed]] = {}
 
-def typed_values(cls: type, raw: Any, path: str = "", error: type[Exception] = ConfigError) -> dict[str, Any]:
-    """Every field of ``cls`` as it would hold it: ``raw``'s keys checked as ``build`` checks them,
-    each value type-checked, and the defaults filled in. For a loader that explains a bad value
-    in the user's words before the dataclass's own plain checks see it."""
-    kwargs = _init_kwargs(cls, raw, path, error)
-    values = {}
-    for f in dataclasses.fields(cls):
-        if not f.init:
-            continue
-        value = kwargs.get(f.name, f.default)
-        if value is dataclasses.MISSING:
-            value = f.default_factory()
-        values[f.name] = _checked(value, _hints(cls)[f.name], _join(path, f.name), error)
-    return values
-
-
-def _init_kwargs(cls: type, raw: Any, path: str, error: type[Exception]) -> dict[str, Any]:
-    if not isinstance(raw, dict):
-        raise error(f"{path or 'the config'} must be a mapping of keys, got {_show(raw)}")
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
-    hints = _hints(cls)
-    removed = getattr(cls, "REMOVED_KEYS", {})
-    kwargs = {}
-    for key, value in raw.items():
-        if key in removed and key not in fields:
-            require(value == removed[key].off, f"{_join(path, key)} {removed[key].advice}", error)
-            continue
-        if key not in fields:
-            raise error(_unknown_key_message(str(key), list(fields), path))
-        section = _section_type(hints[key])
-        if section is not None and isinstance(value, dict):
-            value = build(section, value, _join(path, key), error)
-        kwargs[key] = value
-    for name, f in fields.items():
-        if name not in raw and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise error(f"missing required config key {_join(path, name)!r}")
-    return kwargs
-
-
-def _section_type(hint: Any) -> type | None:
-    """The dataclass a field holds, also one that may be null (``LoraConfig | None``); else None."""
-    if typing.get_origin(hint) in (Union, types.UnionType):
-        sections = [arg for arg in typing.get_args(hint) if dataclasses.is_dataclass(arg)]
-        return sections[0] if len(sections) == 1 else None
-    return hint if dataclasses.is_dataclass(hint) else None
-
-
-def check_types(section: Any, path: str = "", error: type[Exception] = ConfigError) -> None:
-    """Check every field of a dataclass instance against its type hint; ints become floats
-    where a float is expected. Call it first thing in ``__post_init__``."""
-    for name, hint in _hints(type(section)).items():
-        value = _checked(getattr(section, name), hint, _join(path, name), error)
-        object.__setattr__(section, name, value)
-
-
-@functools.cache
-def _hints(cls: type) -> dict[str, Any]:
-    names = {f.name for f in dataclasses.fields(cls)}
-    return {name: hint for name, hint in typing.get_type_hints(cls).items() if name in names}
-
-
-def _checked(value: Any, hint: Any, key: str, error: type[Exception]) -> Any:
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin is Union or origin is types.UnionType:
-        for arg in args:
-            try:
-                return _checked(value, arg, key, error)
-            except error:
+    @model_validator(mode="before")
+    @classmethod
+    def _known_keys(cls, raw: Any) -> Any:
+        if not isinstance(raw, dict):
+            return raw
+        for key, value in raw.items():
+            if key in cls.model_fields:
                 continue
-    elif origin is list:
-        if isinstance(value, list):
-            return [_checked(v, args[0], f"{key}[{i}]", error) for i, v in enumerate(value)]
-    elif hint is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-    elif hint is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    elif isinstance(value, hint):  # also None against NoneType
-        return value
-    raise error(f"{key} must be {_describe(hint)}, got {_show(value)}")
+            if key in cls.REMOVED_KEYS and value == cls.REMOVED_KEYS[key].off:
+                continue
+            if key in cls.REMOVED_KEYS:
+                advice = cls.REMOVED_KEYS[key].advice
+                raise PydanticCustomError("removed_key", "{key} {advice}", {"key": key, "advice": advice})
+            raise PydanticCustomError("unknown_key", "unknown key {key!r}", {"key": key, "valid": list(cls.model_fields)})
+        return {key: value for key, value in raw.items() if key in cls.model_fields}
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump()
 
 
-def _describe(hint: Any) -> str:
+def build(cls: type[BaseModel], raw: Any, path: str = "", error: type[Exception] = ConfigError) -> Any:
+    """``cls`` from a plain dict; any problem raises ``error`` with one line naming the key."""
+    try:
+        return cls.model_validate(raw)
+    except ValidationError as e:
+        raise error(describe(e, cls, path, {"missing": "missing required config key {key!r}"})[1]) from None
+
+
+def describe(error: ValidationError, model: type[BaseModel], path: str = "",
+             wording: dict[str, str] | None = None) -> tuple[str, str]:
+    """The first problem pydantic found in ``model`` (read at ``path``) as its key and one line naming it.
+    ``wording`` phrases an error type its own way (``{key}``: where it is). A union's members each
+    report what they wanted: the line joins their wishes."""
+    problems = error.errors(include_url=False)
+    first = problems[0]
+    where = _key(first["loc"], model, path)
+    ctx = first.get("ctx", {})
+    key = _join(where, str(ctx.get("key")))
+    if first["type"] == "removed_key":  # a section's own refusals of a key (``Section._known_keys``)
+        return key, f"{key} {ctx['advice']}"
+    if first["type"] == "unknown_key":
+        close = difflib.get_close_matches(str(ctx["key"]), ctx["valid"], n=1, cutoff=0.5)
+        hint = f"did you mean {_join(where, close[0])!r}?" if close else \
+            f"valid keys{' in ' + where if where else ''}: {', '.join(ctx['valid'])}"
+        return key, f"unknown config {'key' if where else 'section'} {key!r}; {hint}"
+    if wording and first["type"] in wording:
+        return where, wording[first["type"]].format(key=where)
+    message = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "value_error":
+        return where, message if where and message.startswith(where) or not where else f"{where}: {message}"
+    wishes = [re.sub(r"^\w+ should (be )?", "", p["msg"]) for p in problems if _key(p["loc"], model, path) == where]
+    verb = "must be" if first["msg"].startswith("Input should be") else "must"
+    return where, f"{where or 'the input'} {verb} {' or '.join(dict.fromkeys(wishes))}, got {_show(first['input'])}"
+
+
+def _key(loc: tuple, model: Any, path: str) -> str:
+    """A pydantic location as the key the user wrote: a union member's tag is no key, and is left out."""
+    parts = [path] if path else []
+    for part in loc:
+        if model is Any or isinstance(part, int):
+            parts.append(str(part))
+        elif model is not None:  # a section's key, or one it does not have
+            parts.append(part)
+            model = _model_in(model.model_fields[part].annotation) if part in model.model_fields else None
+    return ".".join(parts)
+
+
+def _model_in(hint: Any) -> Any:
+    """The section a field holds (also in a list, or one that may be null); None for plain values,
+    ``Any`` when it may hold several kinds of section (their tags are then part of the path)."""
     args = typing.get_args(hint)
-    if typing.get_origin(hint) in (Union, types.UnionType):
-        text = " or ".join(_describe(a) for a in args if a is not type(None))
-        return text + " or null" if type(None) in args else text
     if typing.get_origin(hint) is list:
-        plural = {bool: "true or false values", int: "whole numbers", float: "numbers", str: "strings"}
-        return f"a list of {plural.get(args[0]) or _describe(args[0])}"
-    names = {bool: "true or false", int: "a whole number", float: "a number", str: "a string"}
-    if hint in names:
-        return names[hint]
-    return "a section (mapping)" if dataclasses.is_dataclass(hint) else getattr(hint, "__name__", str(hint))
+        return _model_in(args[0])
+    if typing.get_origin(hint) in (Union, types.UnionType):
+        models = {_model_in(arg) for arg in args} - {None}
+        return models.pop() if len(models) == 1 else (Any if models else None)
+    return hint if isinstance(hint, type) and issubclass(hint, BaseModel) else None
 
 
 def _show(value: Any) -> str:
     if value is None or isinstance(value, bool):
         return {None: "null", True: "true", False: "false"}[value]
-    return {dict: "a mapping", list: "a list"}.get(type(value), repr(value))
+    return {dict: "a mapping", list: "a list"}.get(type(value), f"{value!r:.60}")
 
 
 def _join(path: str, name: str) -> str:
     return f"{path}.{name}" if path else name
-
-
-def _unknown_key_message(key: str, valid: list[str], path: str) -> str:
-    kind = "config key" if path else "config section"
-    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
-    if close:
-        return f"unknown {kind} {_join(path, key)!r}; did you mean {_join(path, close[0])!r}?"
-    return f"unknown {kind} {_join(path, key)!r}; valid keys{' in ' + path if path else ''}: {', '.join(valid)}"

@@ -205,7 +205,7 @@ def _run_sections(run_dir: Path) -> tuple[DataConfig, LoggingConfig]:
 
 def _log_to_wandb(run_dir: Path, logging_config: LoggingConfig, mode: str | None, metrics: dict[str, float],
                   stage: Callable[[str], None]) -> None:
-    wandb_config = logging_config.wandb if mode is None else dataclasses.replace(logging_config.wandb, mode=mode)
+    wandb_config = logging_config.wandb if mode is None else logging_config.wandb.model_copy(update={"mode": mode})
     if wandb_config.mode == "disabled":
         return
     stage(f"logging the scores to wandb ({wandb_config.mode})")

@@ -15,8 +15,10 @@ fast: at one row ATen's product, which ``torch.compile``'s step calls, is severa
 What the step reads, the package fixes: the weights (constants inside it), the cache's shape (its
 rows and slots), whether rows read the whole buffer (batch invariance) or a window of symbolic
 length, the torch version, the CPU's vector instructions and the thread count its loops were cut
-for. Building takes tens of seconds, so the package is kept on disk, named by a hash of all of them
-and of the source files that define the step (``cache_folder``; delete it at any time). A package is
+for. Building takes tens of seconds (in a child process, so that a signal stops it at once and a
+full disk under the package writer takes only the child), so the package is kept on disk, named by
+a hash of all of them and of the source files that define the step (``cache_folder``; delete it at
+any time). A package is
 written atomically with its own checksum beside it; one whose checksum does not match, that fails
 to load, or whose first logits differ from the eager step's is built again, never used.
 
@@ -27,14 +29,21 @@ returns ``torch.compile``'s step instead.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import inspect
 import json
 import os
 import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
 import time
-from collections.abc import Mapping
+import warnings
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import torch
@@ -42,6 +51,7 @@ from torch import nn
 
 from common.errors import UserError
 from common.files import atomic_output, atomic_write_text
+from common.os_errors import describe_os_error
 from inference.batch_invariant import RowBlockedLinear
 from inference.compiled_step import MIN_WINDOW, CompiledStep, step_inputs, step_logits
 from model.gpt import GPT
@@ -111,6 +121,14 @@ class AotStep:
                                 "eager step; drop --compile")
         self.compile_seconds = time.perf_counter() - started
 
+    @property
+    def notice(self) -> str:
+        """The one line a command prints about this step: built now, or loaded as built before."""
+        if self.built:
+            return (f"built the decode step in {self.compile_seconds:.1f} s and kept it in {self.package.parent} "
+                    "for the next run of these weights (--no-compile skips it)")
+        return f"loaded the decode step built before in {self.compile_seconds:.1f} s (--no-compile skips it)"
+
     def __call__(self, tokens: Mapping[int, int]) -> torch.Tensor:
         """Next-token logits (rows, vocab) after appending ``tokens[row]`` to each row it names;
         the other rows' logits are meaningless."""
@@ -122,24 +140,29 @@ class AotStep:
         return (self.buffers, *step_inputs(self.cache, tokens, self._window))
 
     def _build(self, key: dict) -> None:
-        """Export the step, compile it into the package, and write its checksum beside it."""
+        """Export the step, compile it into the package in a child process (``_compile_apart``), and
+        write its checksum beside it. A folder that cannot take them (a full disk) is one line."""
         arguments = self._arguments({})
         window = torch.export.Dim("window", min=MIN_WINDOW, max=self.spare)
         shapes = ((None,) * len(self.buffers), None, None, None if self._window is None else {0: window})
-        with torch.no_grad():
+        with torch.no_grad(), _without_torchs_own_warning():
             program = torch.export.export(_Step(self.model), arguments, dynamic_shapes=shapes)
-        with atomic_output(self.package, suffix=".pt2") as written:
-            for backends in GEMM_BACKENDS:
-                options = {**INDUCTOR_OPTIONS, "max_autotune_gemm_backends": backends}
+        folder = self.package.parent
+        try:
+            with atomic_output(self.package, suffix=".pt2") as written:
+                fd, exported = tempfile.mkstemp(prefix=f".{self.package.stem}.export.", suffix=".pt2", dir=folder)
+                os.close(fd)
                 try:
-                    torch._inductor.aoti_compile_and_package(program, package_path=str(written),
-                                                             inductor_configs=options)
-                    break
-                except Exception:  # Inductor's own error types are private: the wider build says what failed
-                    if backends == GEMM_BACKENDS[-1]:
-                        raise
-        atomic_write_text(self.package.with_suffix(".json"),
-                          json.dumps({**key, "sha256": _file_digest(self.package)}, indent=1) + "\n")
+                    torch.export.save(program, exported)
+                    _compile_apart(Path(exported), written)
+                finally:
+                    os.unlink(exported)
+            atomic_write_text(self.package.with_suffix(".json"),
+                              json.dumps({**key, "sha256": _file_digest(self.package)}, indent=1) + "\n")
+        except (OSError, _BuildFailed) as error:
+            what = describe_os_error(error) if isinstance(error, OSError) else str(error)
+            raise UserError(f"cannot build the compiled decode step in {folder} ({what}); if its disk is full, "
+                            f"free space there or point ${CACHE_ENV} at another folder; or drop --compile") from None
 
     def _load(self):
         """The package's runner, or None when it is missing, damaged, or not this model's step."""
@@ -147,7 +170,8 @@ class AotStep:
             record = json.loads(self.package.with_suffix(".json").read_text())
             if record.get("sha256") != _file_digest(self.package):
                 return None
-            runner = torch._inductor.aoti_load_package(str(self.package))
+            with _without_torchs_own_warning():
+                runner = torch._inductor.aoti_load_package(str(self.package))
         except Exception:  # unreadable, not JSON, not a package: whatever the reason, build it again
             return None
         return runner if self._agrees(runner) else None
@@ -165,6 +189,71 @@ class AotStep:
             except RuntimeError:
                 return False
         return compiled.shape == eager.shape and bool(torch.allclose(compiled, eager, rtol=0, atol=CHECK_TOLERANCE))
+
+
+class _BuildFailed(Exception):
+    """The child process that compiles the package failed; the message says how."""
+
+
+def _compile_apart(exported: Path, package: Path) -> None:
+    """AOTInductor's compile of the exported step into ``package``, in a child process of its own
+    (``python -m inference.aot_step``). Ctrl-C or SIGTERM, raised here by the command line, then stops
+    it at once with the compiler processes it started, where Inductor in this process would carry on;
+    and a failure that aborts the process (a full disk under the package writer) takes only the child."""
+    path = os.pathsep.join(entry or os.getcwd() for entry in sys.path if isinstance(entry, str))
+    with tempfile.TemporaryFile() as errors:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "inference.aot_step", str(exported), str(package), str(torch.get_num_threads())],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errors, start_new_session=True,
+            env={**os.environ, "PYTHONPATH": path})
+        try:
+            code = child.wait()
+        except BaseException:
+            os.killpg(child.pid, signal.SIGKILL)  # the child and the compilers it started
+            child.wait()
+            raise
+        errors.seek(0)
+        said = [line for line in errors.read().decode("utf-8", "replace").splitlines() if line.startswith("error: ")]
+    if code != 0:
+        raise _BuildFailed(said[-1].removeprefix("error: ") if said else f"its process ended with exit code {code}")
+
+
+def _build_package(exported: str, package: str, threads: str) -> int:
+    """The child's side of ``_compile_apart``: load the exported step and compile it into ``package``."""
+    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
+    torch.set_num_threads(int(threads))  # the package's loops are cut for the parent's thread count
+    try:
+        with _without_torchs_own_warning():
+            program = torch.export.load(exported)
+            for backends in GEMM_BACKENDS:
+                options = {**INDUCTOR_OPTIONS, "max_autotune_gemm_backends": backends}
+                try:
+                    torch._inductor.aoti_compile_and_package(program, package_path=package, inductor_configs=options)
+                    return 0
+                except Exception:  # Inductor's own error types are private: the wider build says what failed
+                    if backends == GEMM_BACKENDS[-1]:
+                        raise
+    except Exception as error:  # noqa: BLE001 - one line for the parent to show
+        message = str(error).strip().splitlines()
+        print(f"error: {type(error).__name__}: {message[-1] if message else ''}", file=sys.stderr)
+    return 1
+
+
+def _exit_with_parent(parent: int) -> None:
+    """End the child when the command that started it is gone (killed before it could stop the child)."""
+    while os.getppid() == parent:
+        time.sleep(1)
+    os._exit(1)
+
+
+@contextlib.contextmanager
+def _without_torchs_own_warning() -> Iterator[None]:
+    """torch's export and AOTInductor code trips torch's own ``FutureWarning: isinstance(treespec,
+    LeafSpec) is deprecated`` on every build and load: nothing a user of --compile can act on."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+                                category=FutureWarning)
+        yield
 
 
 class _Step(nn.Module):
@@ -219,3 +308,7 @@ def _file_digest(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+if __name__ == "__main__":
+    sys.exit(_build_package(*sys.argv[1:]))

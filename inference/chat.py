@@ -29,7 +29,6 @@ from typing import Callable
 from common.errors import UserError
 from data.chat import ChatTokenIds, ChatTooLong, Message, fit_for_reply, render_chat
 from data.errors import DataError
-from inference.compiled_step import compiled_notice
 from inference.engine import Engine
 from inference.sampling import new_seed
 from inference.settings import DEFAULT_MAX_CALLS, GenerationSettings
@@ -85,7 +84,7 @@ class ChatSession:
                              sinks=settings.sinks, compile=settings.compile, speculation=settings.speculation)
         self.on_notice = on_notice or (lambda message: None)
         if self.engine.compiled is not None:
-            self.on_notice(compiled_notice(self.engine.compiled.compile_seconds))
+            self.on_notice(self.engine.compiled.notice)
         self.reset()
 
     @property

@@ -229,8 +229,10 @@ def _generate(args: argparse.Namespace) -> int:
             write_stdout(f"--- sample {number}/{settings.num_samples}{seed} ---\n{prompt}{completion.text}\n")
     if not args.quiet:
         print(_stats_line(result, settings), file=sys.stderr)
-        # Only a decode long enough to measure: the first tokens include one-off set-up.
-        if device.type == "cpu" and result.stats.tokens_generated >= 32 and share < STARVED_SHARE:
+        # Only a decode long enough to measure: the first tokens include one-off set-up. A step built
+        # now kept this thread waiting on the compiler processes the command started, not on others.
+        if device.type == "cpu" and result.stats.tokens_generated >= 32 and share < STARVED_SHARE \
+                and not result.stats.compile_built:
             print(starved_advice(share, threads.threads), file=sys.stderr)
     return 0
 
@@ -290,9 +292,8 @@ def _stats_line(result: GenerationResult, settings: GenerationSettings) -> str:
         parts.append(f"seed {result.seed}")
     if not settings.use_cache:
         parts.append("no cache")
-    if stats.compile_s is not None:
-        from inference.compiled_step import compiled_notice
-        parts.append(compiled_notice(stats.compile_s))
+    if stats.compile_notice is not None:
+        parts.append(stats.compile_notice)
     if settings.speculation is not None:
         parts.append(f"speculative ({settings.speculation.proposer}, up to {settings.speculation.k} guesses a step)")
     return " | ".join(parts)

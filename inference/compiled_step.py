@@ -59,11 +59,6 @@ def choose_compile(flag: bool | None, *, use_cache: bool = True, device: torch.d
     return flag
 
 
-def compiled_notice(seconds: float) -> str:
-    """The one line a command prints about its compile."""
-    return f"compiled the decode step in {seconds:.1f} s (once per process; --no-compile skips it)"
-
-
 def compiler_missing(device: torch.device) -> str | None:
     """Why a compiled step cannot run on ``device``, or None when it can."""
     if device.type == "cuda":
@@ -121,6 +116,13 @@ class CompiledStep:
         if self.cuda:
             torch.cuda.synchronize(cache.device)
         self.compile_seconds = time.perf_counter() - started
+
+    built = True  # torch.compile keeps nothing for the next process
+
+    @property
+    def notice(self) -> str:
+        """The one line a command prints about this step."""
+        return f"built the decode step in {self.compile_seconds:.1f} s (once per process; --no-compile skips it)"
 
     def __call__(self, tokens: Mapping[int, int]) -> torch.Tensor:
         """Next-token logits (rows, vocab) after appending ``tokens[row]`` to each row it names;

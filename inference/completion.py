@@ -43,6 +43,8 @@ class GenerationStats:
     time_to_first_token_s: float | None  # prefill + first sample, from the call (or the compile) to the first token
     decode_time_s: float  # from the first token to the last
     compile_s: float | None = None  # compiling the decode step, when it was compiled
+    compile_notice: str | None = None  # what the compiled step says of itself: built now, or loaded
+    compile_built: bool = False  # built by this command (its compiler processes then shared the cores)
 
     @property
     def tokens_generated(self) -> int:
@@ -80,7 +82,7 @@ def generate_completions(
     ``batch_invariant``: the server's arithmetic, bit for bit."""
     seed = settings.seed if settings.seed is not None else new_seed()
     rows = settings.num_samples
-    # When decoding started, and when the first and the last token came ("compile": seconds).
+    # When decoding started, and when the first and the last token came.
     clock: dict[str, float] = {"start": time.perf_counter()}
 
     def on_event(row: int, event: Event) -> None:
@@ -90,9 +92,11 @@ def generate_completions(
         if event.text and on_text is not None:
             on_text(row, event.text)
 
-    def on_compiled(seconds: float) -> None:
-        # Time to first token leaves the one-off compile out.
-        clock.update(compile=seconds, start=time.perf_counter())
+    compiled = []
+
+    def on_compiled(step) -> None:
+        compiled.append(step)
+        clock["start"] = time.perf_counter()  # time to first token leaves the one-off compile out
 
     finishes = decode(run.model, [ids] * rows, replace(settings, seed=seed), token_bytes=run.token_bytes,
                       use_cache=settings.use_cache, sinks=settings.sinks, batch_invariant=batch_invariant,
@@ -107,5 +111,6 @@ def generate_completions(
     first = clock.get("first")
     ttft, decode_time = (None, 0.0) if first is None else (first - clock["start"], clock["last"] - first)
     stats = GenerationStats(rows, steps, time_to_first_token_s=ttft, decode_time_s=decode_time,
-                            compile_s=clock.get("compile"))
+                            **({"compile_s": compiled[0].compile_seconds, "compile_notice": compiled[0].notice,
+                                "compile_built": compiled[0].built} if compiled else {}))
     return GenerationResult(completions, stats, seed)

@@ -604,13 +604,14 @@ def decode(
     compile: bool = False,
     speculation: Speculation | None = None,
     on_event: Callable[[int, Event], None] | None = None,
-    on_compiled: Callable[[float], None] | None = None,
+    on_compiled: Callable[[AotStep | CompiledStep], None] | None = None,
 ) -> list[Finish]:
     """Decode every prompt on the calling thread, prompt i sampled from ``settings.seed + i`` (a
     fresh seed when None), each in a row of one engine; returns their ``Finish``es in order.
     A prompt is cut to its last block_size tokens where the window does not roll.
-    ``on_event(i, event)`` streams prompt i's events; ``on_compiled(seconds)`` is told how long
-    compiling took, before the first token; the rest as in ``Engine`` and ``Engine.submit``."""
+    ``on_event(i, event)`` streams prompt i's events; ``on_compiled(step)`` is given the compiled
+    step (its ``compile_seconds``, ``built`` and ``notice``) before the first token; the rest as in
+    ``Engine`` and ``Engine.submit``."""
     assert prompts, "decode needs at least one prompt"
     cfg = model.config
     rolls = Window.for_positions(cfg.positions, cfg.block_size, keep_fraction, sinks, roll=roll).rolls
@@ -623,7 +624,7 @@ def decode(
                     use_cache=use_cache, keep_fraction=keep_fraction, sinks=sinks, roll=roll,
                     batch_invariant=batch_invariant, compile=compile, speculation=speculation)
     if engine.compiled is not None and on_compiled is not None:
-        on_compiled(engine.compiled.compile_seconds)
+        on_compiled(engine.compiled)
     seed = settings.seed if settings.seed is not None else new_seed()
     finishes: list[Finish | None] = [None] * len(prompts)
 

@@ -1,19 +1,27 @@
-"""The model's configuration: its sizes and options, and the checks that refuse what no model can be
-built from (``model.config_checks`` words them for a user). ``model.gpt`` builds the network from it.
+"""The model's configuration: its sizes and options, each declared with its bounds, and the rules
+across them that refuse what no model can be built from, in one line naming the key. ``model.gpt``
+builds the network from it.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
-from common.config import Removed, check_types, require, typed_values
-from model.config_checks import ATTENTION_KINDS, POSITION_KINDS, POSITIVE_INTS, explain_model_values
+from pydantic import Field, model_validator
+
+from common.config import Removed, Section, build, require
+
+# Bounds beyond which a model computes nonsense in fp32 or cannot learn, while training runs on and
+# blames the learning rate. rope_theta: at 1 or below every pair of a head turns a radian or more per
+# token; above 1e12 (LLaMA 3 uses 5e5, long-context models up to a few 1e9) no window tells the slow
+# pairs from no rotation. norm_eps: above 1e-2 it outweighs the mean square of the embeddings at
+# initialisation, so the norms stop normalising; below 1e-12 (BERT's, the smallest in use) it is lost
+# next to any activation.
+ROPE_THETA_MAX = 1e12
+POSITION_KINDS = ("learned", "rope", "none")
 
 
-@dataclass
-class GPTConfig:
+class GPTConfig(Section):
     """Sizes of a decoder-only GPT, and its options (docs/training.md).
 
     ``n_head // n_kv_head`` query heads share each key/value head: 1 key/value head is multi-query
@@ -28,55 +36,59 @@ class GPTConfig:
     token what came before it.
     """
 
-    vocab_size: int
-    block_size: int
-    n_layer: int
-    n_head: int
-    n_kv_head: int
-    n_embd: int
-    ffn_hidden: int | None = None  # None: derived from n_embd (ffn_dim)
-    dropout: float = 0.0
-    norm_eps: float = 1e-5
+    vocab_size: int = Field(ge=1)
+    block_size: int = Field(ge=1)
+    n_layer: int = Field(ge=1)
+    n_head: int = Field(ge=1)
+    n_kv_head: int = Field(ge=1, description="1: multi-query attention; n_head: multi-head")
+    n_embd: int = Field(ge=1)
+    ffn_hidden: int | None = Field(None, ge=1, description="null: derived from n_embd (ffn_dim)")
+    dropout: float = Field(0.0, ge=0, lt=1)
+    norm_eps: float = Field(1e-5, ge=1e-12, le=1e-2)
     tie_embeddings: bool = True
-    attention: str = "gqa"
-    kv_latent_dim: int | None = None
-    q_latent_dim: int | None = None
+    attention: Literal["gqa", "mla"] = Field("gqa", description="grouped-query, or multi-head latent attention")
+    kv_latent_dim: int | None = Field(None, ge=1, description="mla only: the cached latent's width")
+    q_latent_dim: int | None = Field(None, ge=1, description="mla only: the queries' latent (null: none)")
     value_embeddings: bool = False
-    positions: str = "learned"
-    rope_theta: float = 10000.0
+    positions: Literal[POSITION_KINDS] = "learned"
+    rope_theta: float = Field(10000.0, gt=1, le=ROPE_THETA_MAX, description="rope's base; LLaMA 3 uses 500000")
     # Options that lost by the records (docs/records.md), at the value that turned them off (common.config).
     REMOVED_KEYS: ClassVar[dict[str, Removed]] = {
         "bigram_buckets": Removed(None), "mtp_weight": Removed(0.0), "mlp": Removed("swiglu"),
         "qk_norm": Removed(False), "logit_softcap": Removed(None), "residual_scalars": Removed(False),
         "zero_init": Removed(False)}
 
-    def __post_init__(self) -> None:
-        # Plain checks against programmer errors: ``from_dict`` has explained a user's values already.
-        check_types(self)
-        mla = self.attention == "mla"
-        sizes = [getattr(self, name) for name in (*POSITIVE_INTS, "kv_latent_dim", "q_latent_dim")]
-        _expect(all(size is None or size >= 1 for size in sizes), "sizes must be >= 1")
-        _expect(self.n_embd % self.n_head == 0 and self.n_head % self.n_kv_head == 0, "heads must divide evenly")
-        _expect(self.attention in ATTENTION_KINDS, "unknown attention")
-        _expect(mla == (self.kv_latent_dim is not None) and (mla or self.q_latent_dim is None), "latent sizes")
-        _expect(not mla or self.n_kv_head == self.n_head, "mla needs n_kv_head == n_head")
+    @model_validator(mode="after")
+    def _buildable(self) -> GPTConfig:
+        n_head, kind = self.n_head, self.attention
+        require(self.n_embd % n_head == 0, f"n_embd ({self.n_embd}) must be divisible by n_head ({n_head}); "
+                "pick n_head from the divisors of n_embd or change n_embd")
+        require(n_head % self.n_kv_head == 0, f"n_head ({n_head}) must be divisible by n_kv_head ({self.n_kv_head}); "
+                "set n_kv_head to a divisor of n_head (1 = multi-query, n_head = multi-head)")
+        for name in ("kv_latent_dim", "q_latent_dim"):
+            require(kind == "mla" or getattr(self, name) is None, f"{name} is set ({getattr(self, name)}) but "
+                    f"attention is {kind!r}; remove {name} or set attention: mla")
+        require(kind != "mla" or self.kv_latent_dim is not None, "attention mla needs kv_latent_dim, the width of "
+                "the cached key/value latent; set it (e.g. kv_latent_dim: 64)")
+        require(kind != "mla" or self.n_kv_head == n_head, f"attention mla gives every head its own key and value "
+                f"(read from the shared latent), so n_kv_head must equal n_head ({n_head}), got {self.n_kv_head}; "
+                f"set n_kv_head: {n_head}")
         # The gate that mixes a value embedding in reads the layer's input, which a latent-only
         # cache does not keep: cached positions could not be decoded again from the latent alone.
-        _expect(not (mla and self.value_embeddings), "value embeddings need gqa")
-        _expect(0.0 <= self.dropout < 1.0 and self.norm_eps > 0.0, "dropout or norm_eps out of range")
-        _expect(self.positions in POSITION_KINDS and 0.0 < self.rope_theta < math.inf, "unknown positions")
-        _expect(self.positions != "rope" or self.rope_dim % 2 == 0, "rope rotates pairs: rope_dim must be even")
+        require(not (self.value_embeddings and kind == "mla"), "value_embeddings needs attention gqa (multi-head "
+                "latent attention caches only the latent, not the gated values); set value_embeddings: false to "
+                "use mla (configs/tiny.yaml turns it on)")
+        # rope rotates pairs of numbers: of each head, or with mla of its decoupled half (rope_dim).
+        require(self.positions != "rope" or self.rope_dim % 2 == 0, f"positions rope rotates pairs of numbers, "
+                f"so the rotated part of each head ({self.rope_dim} of n_embd / n_head = {self.head_dim}) must be "
+                "even; change n_embd or n_head")
+        return self
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> GPTConfig:
         """The config of a model section written by a user (YAML, JSON): unknown, missing,
-        mistyped and impossible values are refused in one line each (``model.config_checks``)."""
-        values = typed_values(cls, d, "model")
-        try:
-            explain_model_values(values)
-        except ValueError as e:
-            raise type(e)(f"model: {e}") from None
-        return cls(**values)
+        mistyped and impossible values are refused in one line each."""
+        return build(cls, d, "model")
 
     @property
     def head_dim(self) -> int:
@@ -121,10 +133,3 @@ class GPTConfig:
         values = len(self.value_embedding_layers) * (self.vocab_size * kv_width + C * self.n_kv_head)
         positions = self.block_size * C if self.positions == "learned" else 0
         return self.vocab_size * C + positions + self.n_layer * per_layer + C + head + values
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def _expect(condition: bool, what: str) -> None:
-    require(condition, f"invalid GPTConfig: {what}", ValueError)

@@ -22,7 +22,7 @@ from common.cli import ArgumentParser, path_arg, run_stoppable
 from common.device import DEVICE_CHOICES, device_memory_bytes, select_device
 from common.errors import UserError
 from common.threads import add_threads_argument, parse_threads, use_threads
-from inference.compiled_step import choose_compile, compiled_notice
+from inference.compiled_step import choose_compile
 from inference.engine import DEFAULT_PREFILL_CHUNK, Engine
 from inference.sampling import SINKS
 from inference.settings import add_speculation_arguments, checked_sinks, checked_speculation
@@ -133,7 +133,7 @@ def _serve(args: argparse.Namespace) -> int:
                     prefill_chunk=args.prefill_chunk, prefix_cache_bytes=int(args.prefix_cache_mb * 2**20),
                     sinks=sinks, compile=compile, speculation=speculation)
     if engine.compiled is not None:
-        print(compiled_notice(engine.compiled.compile_seconds), file=sys.stderr, flush=True)
+        print(engine.compiled.notice, file=sys.stderr, flush=True)
     model_id = run.directory.resolve().name
     app = create_app(run, engine, model_id=model_id, limits=Limits(max_tokens_cap=args.max_tokens_cap,
                                                                          max_body_bytes=args.max_body_bytes))

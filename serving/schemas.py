@@ -31,6 +31,7 @@ from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
                       model_validator)
 from pydantic_core import PydanticCustomError
 
+from common.config import describe
 from data.chat import FUNCTION_NAME
 from inference.sampling import MAX_SEED
 
@@ -338,7 +339,7 @@ def parse_request(raw: bytes, schema: type[Body], rules: ServerRules) -> Body:
             refusal = first["ctx"]
             raise RequestError(refusal["message"], refusal["param"], status=refusal["status"],
                                code=refusal["code"]) from None
-        raise RequestError(*_describe(first)) from None
+        raise RequestError(*_describe(error, schema)) from None
 
 
 def _refuse_constant(name: str) -> Any:
@@ -379,11 +380,10 @@ def _check_text(text: str, field: str | None) -> None:
                            "which is not a Unicode character; send valid text", field) from None
 
 
-def _describe(first: dict) -> tuple[str, str | None]:
-    """One line for a problem pydantic found, and the field it concerns."""
-    field = ".".join(str(part) for part in first.get("loc", ())) or None
-    if first.get("type") == "extra_forbidden":
-        return f"unrecognized request argument: {field}; this server does not implement it", field
-    if first.get("type") == "missing":
-        return f"missing required field: {field}", field
-    return f"{field or 'the request body'}: {first.get('msg')} (got {first.get('input')!r:.60})", field
+def _describe(error: ValidationError, schema: type[BaseModel]) -> tuple[str, str | None]:
+    """One line for a problem pydantic found, and the field it concerns (the config's formatter,
+    in OpenAI's words for a field it does not know or one left out)."""
+    field, line = describe(error, schema, wording={
+        "extra_forbidden": "unrecognized request argument: {key}; this server does not implement it",
+        "missing": "missing required field: {key}"})
+    return line, field or None

@@ -2,32 +2,23 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from typing import Literal
 
-from common.config import check_types, require
+from pydantic import Field
+
+from common.config import Section
 
 WANDB_MODES = ("auto", "online", "offline", "disabled")
 
 
-@dataclass
-class WandbConfig:
-    mode: str = "auto"  # auto | online | offline | disabled
+class WandbConfig(Section):
+    mode: Literal[WANDB_MODES] = "auto"
     project: str = "minigpt"
     entity: str | None = None
     name: str | None = None
-    tags: list[str] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        check_types(self, "logging.wandb")
-        require(self.mode in WANDB_MODES, f"logging.wandb.mode must be {', '.join(WANDB_MODES[:-1])} or "
-                f"{WANDB_MODES[-1]} (got {self.mode!r})")
+    tags: list[str] = []
 
 
-@dataclass
-class LoggingConfig:
-    interval: int = 10  # steps between lines in metrics.jsonl (and wandb points)
-    wandb: WandbConfig = field(default_factory=WandbConfig)
-
-    def __post_init__(self) -> None:
-        check_types(self, "logging")
-        require(self.interval >= 1, "logging.interval must be >= 1")
+class LoggingConfig(Section):
+    interval: int = Field(10, ge=1, description="steps between lines in metrics.jsonl (and wandb points)")
+    wandb: WandbConfig = WandbConfig()

@@ -20,9 +20,9 @@ from common.threads import parse_threads
 from data.chat import CHAT_SPECIAL_TOKENS
 from data.errors import DataError
 from data.tokenizer import load_tokenizer
-from model.config_checks import llama_blockers
+from model.layer_map import llama_blockers
 from rundir.files import STATE_FILE, TOKENIZER_FILE
-from training.config import Config, load_run_config
+from training.config import Config, load_run_config, with_parent
 from training.loss_curve import write_run_loss_curve
 from training.result import TrainResult
 from training.trainer import train
@@ -61,7 +61,7 @@ def _train(args: argparse.Namespace) -> int:
         threads = parse_threads(args.threads)
         args.overrides.append(f"train.threads={'auto' if threads is None else threads}")
     try:
-        config = load_run_config(args.config, args.overrides)
+        config = with_parent(load_run_config(args.config, args.overrides))
         result = train(config, resume=args.resume, overwrite=args.overwrite, progress=not args.no_progress,
                        threads_setting="train.threads" if args.threads is None else "--threads")
     except OSError as e:  # a full disk, a read-only mount: every file already saved is intact

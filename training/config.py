@@ -1,28 +1,28 @@
-"""The run configuration: typed dataclasses loaded from YAML, validated once, saved with the run.
+"""The run configuration: declared sections loaded from YAML, validated once, saved with the run.
 
-A YAML file maps one-to-one onto ``Config``: a top-level section per dataclass field, a key per
-field of that section, checked by ``common.config``. ``train`` holds what every run shares; a
-post-training method's own section (``dpo:``, ``rl:``) is declared and validated beside the method
-(``training/tasks/dpo/config.py``, ``training/tasks/grpo/config.py``). Keys that were taken out or
-moved are answered from each section's ``REMOVED_KEYS``.
+A YAML file maps one-to-one onto ``Config``: a top-level section per field, a key per field of that
+section, checked by ``common.config``. ``train`` holds what every run shares; a post-training
+method's own section (``dpo:``, ``rl:``) is declared and validated beside the method
+(``training/tasks/dpo/config.py``, ``training/tasks/grpo/config.py``), which registers it here
+(``METHOD_SECTIONS`` says which module to import for it). Reading a config reads no other file: the
+run ``train.init_from`` names is read when the run starts (``with_parent``). Keys that were taken
+out or moved are answered from each section's ``REMOVED_KEYS``.
 """
 
 from __future__ import annotations
 
 import copy
-import dataclasses
-import math
+import importlib
 import re
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 import torch
 import yaml
+from pydantic import Field, PositiveInt, PrivateAttr, SerializeAsAny, model_validator
 
-from common.config import (
-    ConfigError, Removed, build, check_types, read_yaml, read_yaml_file, require, require_in, require_one_of,
-)
+from common.config import ConfigError, Removed, Section, build, read_yaml, read_yaml_file, require
 from common.files import atomic_write_text
 from data.config import DataConfig
 from data.chat import CHAT_SPECIAL_TOKENS
@@ -30,9 +30,9 @@ from model.layer_map import block_linears
 from model.config import GPTConfig
 from tracking.config import LoggingConfig
 from training.fsdp import torch_too_old
-from training.init_from import ParentRun, find_parent, model_section_from_parent, refuse_own_parent
-from training.tasks.dpo.config import DPOConfig, check_dpo_run
-from training.tasks.grpo.config import RLConfig, check_rl_run
+
+if TYPE_CHECKING:  # a parent run is read by training.init_from when a run starts from one
+    from training.init_from import ParentRun
 
 DEFAULT_OUT_DIR = "runs/default"  # where a config without run.out_dir (and no file name) trains
 
@@ -51,8 +51,7 @@ MAX_GRAD_CLIP = 1e6
 LORA_GROUPS = {"attention": "attn.", "feed_forward": "ffn."}
 
 
-@dataclass
-class LoraConfig:
+class LoraConfig(Section):
     """Low-rank adapters (LoRA, training/lora.py): each targeted weight W of every block trains as
     W + (alpha / rank)·B·A, with W frozen and only A and B learned; dropout applies to the adapter's
     input, as in PEFT. ``targets`` names layers as ``model.gpt.Block`` does (``attn.qkv``,
@@ -64,21 +63,17 @@ class LoraConfig:
     what pretraining taught it (never to be predicted), and low-rank adapters on the blocks hardly
     learn to end a turn."""
 
-    rank: int = 8
-    alpha: float = 16.0
-    dropout: float = 0.0
-    targets: list[str] = field(default_factory=lambda: ["attention", "feed_forward"])
-    trainable_tokens: list[str] = field(default_factory=lambda: list(CHAT_SPECIAL_TOKENS))
+    rank: int = Field(8, ge=1)
+    alpha: float = Field(16.0, gt=0, allow_inf_nan=False)
+    dropout: float = Field(0.0, ge=0, lt=1)
+    targets: list[str] = Field(["attention", "feed_forward"], min_length=1, description="layers or groups to adapt")
+    trainable_tokens: list[str] = list(CHAT_SPECIAL_TOKENS)
 
-    def __post_init__(self) -> None:
-        check_types(self, "train.lora")
-        require(self.rank >= 1, f"train.lora.rank must be >= 1 (got {self.rank})")
-        require_in(self.alpha, "train.lora.alpha", 0, math.inf, low_open=True, high_open=True)
-        require_in(self.dropout, "train.lora.dropout", 0, 1, high_open=True)
-        require(bool(self.targets), "train.lora.targets is empty; name the layers to adapt, e.g. "
-                                    "[attention, feed_forward]")
+    @model_validator(mode="after")
+    def _distinct_tokens(self) -> LoraConfig:
         require(len(set(self.trainable_tokens)) == len(self.trainable_tokens),
                 f"train.lora.trainable_tokens names a token twice: {self.trainable_tokens}")
+        return self
 
     @property
     def scale(self) -> float:
@@ -103,52 +98,43 @@ class LoraConfig:
         return [name for name in available if name in chosen]
 
 
-@dataclass
-class TrainConfig:
+class TrainConfig(Section):
     """Optimisation, budgets and the hardware choices of the training loop."""
 
     # Budgets: the run ends cleanly at whichever comes first; at least one must be set.
-    max_steps: int | None = None
-    max_minutes: float | None = None
-    max_tokens: int | None = None
-    batch_size: int = 32  # sequences per micro-batch (per process)
-    grad_accum_steps: int = 1  # micro-batches per optimizer step
-    # random: windows at uniformly random offsets, with replacement (nanoGPT's way);
-    # epoch: every non-overlapping window once per epoch, shuffled (see data/batches/text.py)
-    sampling: str = "random"
-    optimizer: str = "adamw"  # adamw | muon (Muon for hidden matrices, AdamW for the rest)
-    lr: float = 3e-3  # AdamW's peak learning rate
-    min_lr: float = 3e-4  # floor the decay ends at
-    lr_schedule: str = "cosine"  # cosine | wsd (warmup, hold at lr, then linear decay to min_lr)
-    lr_decay_fraction: float = 0.4  # wsd only: the final fraction of the budget spent decaying
-    muon_lr: float = 0.02  # Muon's peak; the schedule scales it by the same factor as lr
-    # AdamW's peak for the value-embedding tables (model.value_embeddings), scaled by the schedule
-    # like muon_lr; null = lr. The small-model records train embedding tables far faster than the rest.
-    value_embedding_lr: float | None = None
-    muon_momentum: float = 0.95
-    muon_momentum_warmup: int = 0  # steps over which Muon's momentum rises to muon_momentum (0 = none)
-    warmup_steps: int = 100
-    weight_decay: float = 0.1  # applied to weight matrices only
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
-    grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
+    max_steps: int | None = Field(None, ge=1)
+    max_minutes: float | None = Field(None, gt=0, allow_inf_nan=False)
+    max_tokens: int | None = Field(None, ge=1)
+    batch_size: int = Field(32, ge=1, description="sequences per micro-batch (per process)")
+    grad_accum_steps: int = Field(1, ge=1, description="micro-batches per optimizer step")
+    sampling: Literal["random", "epoch"] = Field("random", description="random offsets, or each window once")
+    optimizer: Literal["adamw", "muon"] = Field("adamw", description="Muon for hidden matrices, AdamW for the rest")
+    lr: float = Field(3e-3, gt=0, le=MAX_LR, description="AdamW's peak learning rate")
+    min_lr: float = Field(3e-4, ge=0, description="floor the decay ends at, at most lr")
+    lr_schedule: Literal["cosine", "wsd"] = Field("cosine", description="wsd: warmup, hold at lr, then linear decay")
+    lr_decay_fraction: float = Field(0.4, gt=0, le=1, description="wsd only: the final fraction spent decaying")
+    muon_lr: float = Field(0.02, gt=0, le=MAX_LR, description="Muon's peak; the schedule scales it like lr")
+    # The small-model records train embedding tables far faster than the rest.
+    value_embedding_lr: float | None = Field(None, gt=0, le=MAX_LR, description="value tables' AdamW peak; null: lr")
+    muon_momentum: float = Field(0.95, ge=0, lt=1)
+    muon_momentum_warmup: int = Field(0, ge=0, description="steps over which Muon's momentum rises (0 = none)")
+    warmup_steps: int = Field(100, ge=0)
+    weight_decay: float = Field(0.1, ge=0, le=MAX_WEIGHT_DECAY, description="applied to weight matrices only")
+    beta1: float = Field(0.9, ge=0, lt=1)
+    beta2: float = Field(0.95, ge=0, lt=1)
+    # Adam divides by sqrt(v) + eps: past 1 it would outweigh any gradient of a normal scale.
+    eps: float = Field(1e-8, gt=0, le=1)
+    grad_clip: float = Field(1.0, ge=0, le=MAX_GRAD_CLIP, description="max global grad norm; 0 disables clipping")
     seed: int = 1337
-    device: str = "auto"  # auto (cuda, then mps, then cpu) | cpu | cuda | cuda:N | mps
-    threads: int | str = "auto"  # CPU threads for torch; auto = the free CPUs (common/threads.py)
-    precision: str = "auto"  # auto (bf16 autocast on GPUs and CPUs with bf16 arithmetic, else fp32) | bf16 | fp32
-    compile: bool | str = "auto"  # auto (on for CUDA, off elsewhere) | true | false
-    peak_flops: float | str = "auto"  # FLOP/s of one device for MFU; auto = table or measured
-    init_from: str | None = None  # a run directory to start from (its weights, shape and tokenizer)
-    # How torchrun's processes share the model: ddp (a whole copy each) or fsdp (each holds a slice
-    # of every weight, gradient and optimizer state: for a model that does not fit one device).
-    parallel: str = "ddp"
-    # Recompute each block's activations in the backward pass instead of keeping them: less memory
-    # for about a third more compute.
-    activation_checkpointing: bool = False
-    # Train low-rank adapters on a frozen copy of train.init_from's weights instead of every weight
-    # (null = full fine-tuning).
-    lora: LoraConfig | None = None
+    device: str = Field("auto", description="auto (cuda, then mps, then cpu) | cpu | cuda | cuda:N | mps")
+    threads: Literal["auto"] | PositiveInt = Field("auto", description="CPU threads for torch; auto: the free CPUs")
+    precision: Literal["auto", "bf16", "fp32"] = Field("auto", description="auto: bf16 where the device has it")
+    compile: bool | Literal["auto"] = Field("auto", description="auto: on for CUDA, off elsewhere")
+    peak_flops: Literal["auto"] | Annotated[float, Field(gt=0, allow_inf_nan=False)] = "auto"  # one device's, for MFU
+    init_from: str | None = Field(None, description="a run directory to start from (its weights, shape, tokenizer)")
+    parallel: Literal["ddp", "fsdp"] = Field("ddp", description="fsdp: each process holds a slice of the model")
+    activation_checkpointing: bool = Field(False, description="recompute activations: less memory, more compute")
+    lora: LoraConfig | None = Field(None, description="adapters on a frozen init_from; null: full fine-tuning")
 
     def budget_reached(self, step: int, tokens: int, seconds: float) -> str | None:
         """The budget a run at ``step``, having seen ``tokens`` in ``seconds`` of training, has used
@@ -178,137 +164,117 @@ class TrainConfig:
                                       "configs/tiny-dpo.yaml); move the value there"),
     }
 
-    def __post_init__(self) -> None:
-        check_types(self, "train")
-        require(
-            not (self.max_steps is None and self.max_minutes is None and self.max_tokens is None),
-            "no budget set: give train.max_steps, train.max_minutes or train.max_tokens",
-        )
-        require(self.max_steps is None or self.max_steps >= 1, "train.max_steps must be >= 1")
-        require(self.max_minutes is None or (self.max_minutes > 0 and math.isfinite(self.max_minutes)),
-                f"train.max_minutes must be a finite number > 0 (got {self.max_minutes!r})")
-        require(self.max_tokens is None or self.max_tokens >= 1, "train.max_tokens must be >= 1")
-        require(self.batch_size >= 1, "train.batch_size must be >= 1")
-        require(self.grad_accum_steps >= 1, "train.grad_accum_steps must be >= 1")
-        require_one_of(self.sampling, "train.sampling", ("random", "epoch"))
-        require_one_of(self.optimizer, "train.optimizer", ("adamw", "muon"))
-        require_in(self.lr, "train.lr", 0, MAX_LR, low_open=True)
-        require_in(self.muon_lr, "train.muon_lr", 0, MAX_LR, low_open=True)
-        if self.value_embedding_lr is not None:
-            require_in(self.value_embedding_lr, "train.value_embedding_lr", 0, MAX_LR, low_open=True,
-                        note=" (or null: the same as train.lr)")
-        require_in(self.muon_momentum, "train.muon_momentum", 0, 1, high_open=True)
-        require(self.muon_momentum_warmup >= 0, "train.muon_momentum_warmup must be >= 0 (0 = no warm-up)")
-        require_in(self.min_lr, "train.min_lr", 0, self.lr, note=" (0 to train.lr)")
-        require_one_of(self.lr_schedule, "train.lr_schedule", ("cosine", "wsd"))
-        require_in(self.lr_decay_fraction, "train.lr_decay_fraction", 0, 1, low_open=True)
-        require(self.warmup_steps >= 0, "train.warmup_steps must be >= 0")
-        require_in(self.weight_decay, "train.weight_decay", 0, MAX_WEIGHT_DECAY)
-        require_in(self.beta1, "train.beta1", 0, 1, high_open=True)
-        require_in(self.beta2, "train.beta2", 0, 1, high_open=True)
-        # Adam divides by sqrt(v) + eps: past 1 it would outweigh any gradient of a normal scale.
-        require_in(self.eps, "train.eps", 0, 1, low_open=True)
-        require_in(self.grad_clip, "train.grad_clip", 0, MAX_GRAD_CLIP, note=" (0 disables clipping)")
-        require(
-            self.device == "auto" or re.fullmatch(r"cpu|mps|cuda(:\d+)?", self.device) is not None,
-            f"train.device must be auto, cpu, cuda, cuda:N or mps (got {self.device!r})",
-        )
-        require(self.threads == "auto" or (isinstance(self.threads, int) and self.threads >= 1),
-                f"train.threads must be auto or a whole number >= 1 (got {self.threads!r})")
-        require_one_of(self.precision, "train.precision", ("auto", "bf16", "fp32"))
-        require_one_of(self.parallel, "train.parallel", ("ddp", "fsdp"))
+    @model_validator(mode="after")
+    def _consistent(self) -> TrainConfig:
+        require(not (self.max_steps is None and self.max_minutes is None and self.max_tokens is None),
+                "no budget set: give train.max_steps, train.max_minutes or train.max_tokens")
+        require(self.min_lr <= self.lr, f"train.min_lr must be at most train.lr ({self.lr:g}), got {self.min_lr!r}")
+        require(self.device == "auto" or re.fullmatch(r"cpu|mps|cuda(:\d+)?", self.device) is not None,
+                f"train.device must be auto, cpu, cuda, cuda:N or mps (got {self.device!r})")
         if self.parallel == "fsdp":
             require((too_old := torch_too_old(torch.__version__)) is None, str(too_old))
-        require(
-            isinstance(self.compile, bool) or self.compile == "auto",
-            f"train.compile must be auto, true or false (got {self.compile!r})",
-        )
-        require(
-            self.peak_flops == "auto"
-            or (not isinstance(self.peak_flops, str) and 0 < self.peak_flops < math.inf),
-            f"train.peak_flops must be auto or a positive number (got {self.peak_flops!r})",
-        )
+        return self
 
 
-@dataclass
-class EvalConfig:
+class EvalConfig(Section):
     """Periodic validation on a fixed subset, the final pass, and the text sample."""
 
-    interval: int = 250  # steps between evaluations, or a tenth of train.max_minutes if sooner; 0 = final only
-    max_batches: int = 20  # size of the fixed validation subset used during training
-    batch_size: int | None = None  # None = train.batch_size
-    final_max_batches: int | None = None  # None = the whole validation split at the end
-    # None: derived from the run's data (data/sample_prompt.py): "ROMEO:" for the embedded plays,
-    # the first words of the held-out text for any other corpus.
-    sample_prompt: str | None = None
-    sample_tokens: int = 64  # 0 disables the sample
-    sample_temperature: float = 0.8
-    sample_top_k: int | None = 50
+    interval: int = Field(250, ge=0, description="steps between evaluations (or a tenth of max_minutes); 0: at the end")
+    max_batches: int = Field(20, ge=1, description="size of the fixed validation subset used during training")
+    batch_size: int | None = Field(None, ge=1, description="null: train.batch_size")
+    final_max_batches: int | None = Field(None, ge=1, description="null: the whole validation split at the end")
+    sample_prompt: str | None = Field(None, description="null: from the data (data/sample_prompt.py)")
+    sample_tokens: int = Field(64, ge=0, description="0 disables the sample")
+    sample_temperature: float = Field(0.8, ge=0, allow_inf_nan=False, description="0: greedy")
+    sample_top_k: int | None = Field(50, ge=1, description="null: no limit")
     sample_seed: int = 0
-    # Attention at every evaluation (text runs): each layer's mean entropy and the best induction
-    # score, to metrics.jsonl and wandb; and every attention_image_interval-th evaluation a figure of
-    # the maps over sample_prompt, to wandb only (0 = never). See docs/attention.md.
-    attention_stats: bool = True
-    attention_image_interval: int = 4
-
-    def __post_init__(self) -> None:
-        check_types(self, "eval")
-        require(self.attention_image_interval >= 0, "eval.attention_image_interval must be >= 0 (0 = no images)")
-        require(self.interval >= 0, "eval.interval must be >= 0 (0 = only at the end)")
-        require(self.max_batches >= 1, "eval.max_batches must be >= 1")
-        require(self.batch_size is None or self.batch_size >= 1, "eval.batch_size must be >= 1")
-        require(
-            self.final_max_batches is None or self.final_max_batches >= 1,
-            "eval.final_max_batches must be >= 1 or null (whole split)",
-        )
-        require(self.sample_tokens >= 0, "eval.sample_tokens must be >= 0")
-        require_in(self.sample_temperature, "eval.sample_temperature", 0, math.inf, high_open=True,
-                   note=" (0 = greedy)")
-        require(self.sample_top_k is None or self.sample_top_k >= 1,
-                f"eval.sample_top_k must be a whole number >= 1, or null for no limit (got {self.sample_top_k!r})")
+    # See docs/attention.md for the attention statistics and figures.
+    attention_stats: bool = Field(True, description="each layer's entropy and induction score at evaluations")
+    attention_image_interval: int = Field(4, ge=0, description="evaluations per wandb figure of the maps; 0: none")
 
 
-@dataclass
-class RunConfig:
-    out_dir: str | None = None  # the run directory; None = runs/<config file stem>
-    overwrite: bool = False  # replace a run already in out_dir instead of refusing
-    checkpoint_interval: int = 500  # steps between checkpoints; 0 = only at the end
-
-    def __post_init__(self) -> None:
-        check_types(self, "run")
-        require(self.out_dir is None or self.out_dir.strip() != "", "run.out_dir must not be empty")
-        require(self.checkpoint_interval >= 0, "run.checkpoint_interval must be >= 0")
+class RunConfig(Section):
+    out_dir: str | None = Field(None, pattern=r"\S", description="the run directory; null: runs/<config file stem>")
+    overwrite: bool = Field(False, description="replace a run already in out_dir instead of refusing")
+    checkpoint_interval: int = Field(500, ge=0, description="steps between checkpoints; 0 = only at the end")
 
 
-@dataclass(kw_only=True)
-class Config:
-    model: GPTConfig
-    data: DataConfig = field(default_factory=DataConfig)
+class MethodSection(Section):
+    """A post-training method's own section (``dpo:``, ``rl:``), declared beside the method and
+    registered with ``METHOD_SECTIONS`` by ``register_section`` when its module is imported."""
+
+    @classmethod
+    def left_out(cls, config: Config) -> MethodSection | None:
+        """The section a run of this method's data.format gets when the config leaves it out."""
+        return cls()
+
+    def check_run(self, config: Config) -> None:
+        """Refuse, in one line, what the rest of ``config`` asks that this method cannot train with."""
+
+
+# Each method's section: the module that declares it (imported only when a config has its data.format
+# or its key), and the data.format it goes with.
+METHOD_SECTIONS = {"dpo": ("training.tasks.dpo.config", "preference"), "rl": ("training.tasks.grpo.config", "rl")}
+_REGISTERED: dict[str, type[MethodSection]] = {}
+
+
+def register_section(key: str) -> Callable[[type[MethodSection]], type[MethodSection]]:
+    def register(cls: type[MethodSection]) -> type[MethodSection]:
+        _REGISTERED[key] = cls
+        return cls
+    return register
+
+
+def method_section(key: str) -> type[MethodSection]:
+    importlib.import_module(METHOD_SECTIONS[key][0])
+    return _REGISTERED[key]
+
+
+class Config(Section):
+    model: GPTConfig | None = None  # None until with_parent reads it from train.init_from's run
+    data: DataConfig = DataConfig()
     train: TrainConfig  # required: it holds the budget, which has no sensible default
-    eval: EvalConfig = field(default_factory=EvalConfig)
-    logging: LoggingConfig = field(default_factory=LoggingConfig)
-    run: RunConfig = field(default_factory=RunConfig)
-    dpo: DPOConfig | None = None  # data.format: preference only (left out: every default)
-    rl: RLConfig | None = None  # data.format: rl only
-    # The run train.init_from names, found and checked once, when the config is read
-    # (config_from_dict); not a key of the YAML, and not saved: init_from says it.
-    parent: ParentRun | None = field(default=None, init=False, repr=False, compare=False)
+    eval: EvalConfig = EvalConfig()
+    logging: LoggingConfig = LoggingConfig()
+    run: RunConfig = RunConfig()
+    dpo: SerializeAsAny[MethodSection] | None = None  # data.format: preference only (left out: every default)
+    rl: SerializeAsAny[MethodSection] | None = None  # data.format: rl only
+    # The run train.init_from names, found and checked when the run starts (with_parent); not a key
+    # of the YAML, and not saved: init_from says it. Until then, the model section as written.
+    _parent: ParentRun | None = PrivateAttr(None)
+    _model_section: dict[str, Any] | None = PrivateAttr(None)
 
-    def __post_init__(self) -> None:
-        check_types(self)
+    @model_validator(mode="before")
+    @classmethod
+    def _method_sections(cls, raw: Any) -> Any:
+        if not isinstance(raw, dict):
+            return raw
+        return {**raw, **{key: build(method_section(key), raw[key], key) for key in METHOD_SECTIONS
+                          if isinstance(raw.get(key), dict)}}
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Config:
         # A larger model vocabulary is fine (padding to a multiple of 64 is a common speed trick);
         # a smaller one would index past the embedding table.
         require(
-            self.model.vocab_size >= self.data.vocab_size,
-            f"model.vocab_size ({self.model.vocab_size}) is smaller than data.vocab_size "
+            self.model is None or self.model.vocab_size >= self.data.vocab_size,
+            f"model.vocab_size ({self.model and self.model.vocab_size}) is smaller than data.vocab_size "
             f"({self.data.vocab_size}); remove model.vocab_size to use the data's",
         )
         if self.train.lora is not None:
             _check_lora(self.train, self.model)
-        if self.data.format == "preference" and self.dpo is None:
-            self.dpo = DPOConfig()  # written out whole in the run's config.yaml
-        check_dpo_run(self)
-        check_rl_run(self)
+        for key, (_, data_format) in METHOD_SECTIONS.items():
+            if getattr(self, key) is None and self.data.format == data_format:
+                setattr(self, key, method_section(key).left_out(self))  # written out whole in config.yaml
+            require(getattr(self, key) is None or self.data.format == data_format,
+                    f"the {key} section is for data.format: {data_format} (this run's is {self.data.format})")
+            if getattr(self, key) is not None:
+                getattr(self, key).check_run(self)
+        return self
+
+    @property
+    def parent(self) -> ParentRun | None:
+        return self._parent
 
     @property
     def out_dir(self) -> Path:
@@ -336,6 +302,8 @@ def _check_lora(train: TrainConfig, model: GPTConfig) -> None:
     require(train.parallel == "ddp",
             "train.lora is not supported with train.parallel: fsdp; use ddp (the frozen weights are shared, "
             "the adapters are small)")
+    if model is None:
+        return  # the parent's model is checked when the run starts (with_parent)
     layers = lora.layers(model)
     widths = {name: min(linear.in_features, linear.out_features) for name, linear in block_linears(model).items()}
     narrowest = min(layers, key=widths.__getitem__)
@@ -358,39 +326,45 @@ def load_run_config(path: str | Path, overrides: list[str] | tuple[str, ...] = (
     return config_from_dict(raw)
 
 
-def config_from_dict(raw: dict[str, Any]) -> Config:
-    """Validate a plain nested dict (as read from YAML) into a ``Config``; ``raw`` is left as it was."""
+def config_from_dict(raw: dict[str, Any], parent: ParentRun | None = None) -> Config:
+    """Validate a plain nested dict (as read from YAML) into a ``Config``; ``raw`` is left as it was.
+    With train.init_from the model comes from the parent run, read when the run starts
+    (``with_parent``): until then the config's own model section is kept as written."""
     raw = dict(raw)  # its sections are replaced below, never changed in place
-    train = raw.get("train")
-    parent = None
-    if isinstance(train, dict) and train.get("init_from"):
-        run = raw.get("run") if isinstance(raw.get("run"), dict) else {}
-        out_dir = run.get("out_dir") or DEFAULT_OUT_DIR
-        if isinstance(train["init_from"], str) and isinstance(out_dir, str):
-            refuse_own_parent(train["init_from"], out_dir)
-        # The parent run fixes the model's shape and the tokenizer's size.
-        parent = find_parent(train["init_from"])
+    train = raw.get("train") if isinstance(raw.get("train"), dict) else {}
+    model_section = None
+    if parent is not None:  # the parent run fixes the model's shape and the tokenizer's size
+        from training.init_from import model_section_from_parent
+
         raw["model"] = model_section_from_parent(raw.get("model"), parent)
-        data = raw.get("data") if isinstance(raw.get("data"), dict) else {}
-        raw["data"] = {**data, "vocab_size": parent.model_config.vocab_size}
-    if "model" not in raw and parent is None:
+        raw["data"] = {**(raw.get("data") or {}), "vocab_size": parent.model_config.vocab_size}
+    elif train.get("init_from"):
+        model_section = raw.pop("model", None)
+    elif "model" not in raw:
         # A fine-tuning config (tiny-chat, a LoRA one) has no model section: its parent run gives it.
         raise ConfigError("missing required config key 'model': describe the model (as configs/tiny.yaml does), "
                           "or set train.init_from to a trained run directory to start from its model")
     model, data = raw.get("model"), raw.get("data")
-    if isinstance(model, dict):
-        # model.vocab_size defaults to the tokenizer's size, so it is filled in before validation.
-        if "vocab_size" not in model:
-            if isinstance(data, dict):
-                # Checked as data's first, so that a bad data.vocab_size is named as the user wrote it,
-                # not as the model.vocab_size it is copied into.
-                raw["data"] = data = build(DataConfig, data, "data")
-            vocab = data.vocab_size if isinstance(data, DataConfig) else DataConfig.vocab_size
-            model = {**model, "vocab_size": vocab}
-        raw["model"] = GPTConfig.from_dict(model)  # the model section's loader explains its values
+    if isinstance(model, dict) and "vocab_size" not in model:
+        # model.vocab_size defaults to the tokenizer's size. data is checked first, so that a bad
+        # data.vocab_size is named as the user wrote it, not as the model.vocab_size it is copied into.
+        vocab = build(DataConfig, data, "data").vocab_size if isinstance(data, dict) else DataConfig().vocab_size
+        raw["model"] = {**model, "vocab_size": vocab}
     config = build(Config, raw)
-    config.parent = parent
+    config._parent, config._model_section = parent, model_section
     return config
+
+
+def with_parent(config: Config) -> Config:
+    """``config`` with the run its train.init_from names found and checked (a run cannot start from
+    its own directory), its model taken from the parent; what a run starts with, once."""
+    if not config.train.init_from or config.parent is not None:
+        return config
+    from training.init_from import find_parent, refuse_own_parent
+
+    refuse_own_parent(config.train.init_from, str(config.out_dir))
+    return config_from_dict({**config_to_dict(config), "model": config._model_section},
+                            find_parent(config.train.init_from))
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
@@ -414,8 +388,7 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str] | tuple[str, ...])
 
 def config_to_dict(config: Config) -> dict[str, Any]:
     """The config as plain nested dicts/lists/scalars (what config.yaml holds)."""
-    sections = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.init}
-    return {name: None if section is None else dataclasses.asdict(section) for name, section in sections.items()}
+    return {name: None if section is None else section.model_dump() for name, section in config}
 
 
 def save_config(config: Config, path: str | Path) -> None:

@@ -20,7 +20,7 @@ Per device, in bytes:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -122,7 +122,7 @@ def plan_memory(
     if not train.activation_checkpointing:
         advice.append("set train.activation_checkpointing=true")
     if train.parallel == "ddp" and world_size > 1:
-        fsdp = estimate_memory(model, replace(train, parallel="fsdp"), world_size=world_size,
+        fsdp = estimate_memory(model, train.model_copy(update={"parallel": "fsdp"}), world_size=world_size,
                                micro_batch=micro_batch, bf16=bf16, decoded_rows=decoded_rows)
         advice.append(f"set train.parallel=fsdp (about {_gib(fsdp.total)})")
     elif world_size == 1:

@@ -17,7 +17,6 @@ nothing), the model's shape (``SHAPE_KEYS``) and the data section's tokenizer (b
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from pathlib import Path
 from typing import Any
@@ -56,7 +55,7 @@ def fixed_settings(train_config: Any) -> dict[str, Any]:
     """The values saved with each checkpoint that a resumed run must keep."""
     values = {f"train.{key}": getattr(train_config, key) for key in FIXED_ON_RESUME}
     # A section (train.lora) is saved as a plain dict: the trainer state holds no Python objects.
-    return {key: dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+    return {key: value.model_dump() if hasattr(value, "model_dump") else value
             for key, value in values.items()}
 
 

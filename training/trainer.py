@@ -31,14 +31,13 @@ from rundir.metrics import MetricsLog
 from tracking.wandb_logger import WandbLogger
 from training.adapters import Adapters
 from training.checkpointing import checkpointer_for
-from training.config import Config, TrainConfig, config_to_dict
+from training.config import Config, TrainConfig, config_to_dict, with_parent
 from training.device import autocast, configure_backends, precision_name, resolve_precision, should_compile
 from training.distributed import (
     DistContext, all_reduce_mean, all_reduce_sum, barrier, decided_on_main, gather_to_main, init_distributed,
     select_rank_state, shutdown, split_batch, sync_gradients, wrap_model,
 )
 from training.evaluate import EvalResult
-from training.init_from import check_parent_tokenizer, load_parent_weights
 from training.interrupt import StopNow, StopRequest
 from training.kept_model import CorpusCheck, KeptModel, epochs, load_kept_weights
 from training.memory_budget import check_model_fits, plan_run_memory
@@ -100,6 +99,7 @@ def train(config: Config, *, resume: bool = False, overwrite: bool = False, prog
     such a directory is refused. ``progress`` shows the progress bar and evaluation lines.
     ``threads_setting`` names where train.threads came from (train.py: ``--threads``).
     """
+    config = with_parent(config)  # train.init_from's run is read when the run starts
     ctx = init_distributed(config.train.device)
     trainer = Trainer(config, ctx, progress=progress, threads_setting=threads_setting)
     try:
@@ -184,10 +184,12 @@ class Trainer:
         """The task's data (``training.tasks``); from a parent run (train.init_from), tokenized with
         its tokenizer (this run's own copy when resuming), never a new one."""
         cfg = self.config
-        assert (cfg.parent is not None) == bool(cfg.train.init_from), "read configs with config_from_dict"
+        assert (cfg.parent is not None) == bool(cfg.train.init_from), "start runs with train(), or with_parent"
         self.parent = cfg.parent
         tokenizer_file = None
         if self.parent is not None:
+            from training.init_from import check_parent_tokenizer  # a run from a parent (train.init_from)
+
             check_parent_tokenizer(self.parent, cfg.model.vocab_size)
             tokenizer_file = self.run_dir / TOKENIZER_FILE if resume else self.parent.tokenizer_file
         self.task = prepare_task(cfg, tokenizer_file, progress=self.verbose, is_main=self.ctx.is_main,
@@ -207,6 +209,8 @@ class Trainer:
         self.model = GPT(cfg.model).to(self.device)
         install_cpu_backward(self.model)  # a faster RMSNorm backward in eager CPU training
         if self.parent is not None:
+            from training.init_from import load_parent_weights
+
             load_parent_weights(self.model, self.parent)  # a resumed run's checkpoint replaces them
         self.adapters.apply(self.model, self.task.tokenizer)
         if tc.activation_checkpointing:

@@ -8,7 +8,6 @@ divide between the splits is described on `HubSourceConfig`.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -24,7 +23,7 @@ from data.sources.hub_network import check_hub_reachable
 def spec(cfg: DataConfig) -> dict[str, Any]:
     """What decides the documents, for the cache key (no network, no `datasets`)."""
     hub = cfg.hub
-    spec: dict[str, Any] = {"type": "hub", **dataclasses.asdict(hub)}
+    spec: dict[str, Any] = {"type": "hub", **hub.model_dump()}
     del spec["streaming"]  # it changes how the documents are read, not which ones
     # A local dataset directory can change under the same name; its files are the identity.
     root = Path(hub.name).expanduser()

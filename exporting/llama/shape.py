@@ -15,7 +15,7 @@ from exporting.hf.weights import hf_state_dict
 from exporting.hub_files import SpecialTokens, chat_template
 from model.config import GPTConfig
 from model.io import ModelFileError, load_model_config
-from model.config_checks import llama_blockers
+from model.layer_map import llama_blockers
 from rundir.loading import load_run
 
 

@@ -66,16 +66,3 @@ def _write(tmp_path, text: str):
     path = tmp_path / "config.yaml"
     path.write_text(text)
     return path
-
-
-def test_a_list_of_the_wrong_kind_names_its_items_in_the_plural():
-    import dataclasses
-
-    from common.config import check_types
-
-    @dataclasses.dataclass
-    class Section:
-        targets: list[str]
-
-    with pytest.raises(ConfigError, match=r"^demo\.targets must be a list of strings, got "):
-        check_types(Section(targets=5), "demo")

@@ -14,45 +14,45 @@ from data.prepared.text import PreparedData, prepare_data
 from data.prepared.token_files import digest_token_file
 
 
-def _same_size_garbage(path, dtype, high: int, fill: int | None = None) -> None:
-    count = path.stat().st_size // np.dtype(dtype).itemsize
-    rng = np.random.default_rng(0)
-    ids = np.full(count, fill, dtype=dtype) if fill is not None else rng.integers(0, high, count).astype(dtype)
-    ids.tofile(path)
+def _same_size_garbage(data, fill: int | None = None) -> None:
+    count = data.train_path.stat().st_size // np.dtype(data.dtype).itemsize
+    random = np.random.default_rng(0).integers(0, data.vocab_size, count)
+    (np.full(count, fill) if fill is not None else random).astype(data.dtype).tofile(data.train_path)
 
 
-@pytest.mark.parametrize("damage", ["random_in_range", "all_ff", "meta_is_a_list", "meta_lost_checksum"])
-def test_damaged_entry_is_refused_then_rebuilt_equal(files_cfg, damage):
-    original = prepare_data(files_cfg, progress=False)
-    train_before = np.array(original.train_tokens())
-    entry = original.directory
-    if damage == "random_in_range":
-        _same_size_garbage(original.train_path, original.dtype, original.vocab_size)
-    elif damage == "all_ff":
-        _same_size_garbage(original.train_path, original.dtype, 0, fill=np.iinfo(original.dtype).max)
-    elif damage == "meta_is_a_list":
-        (entry / "meta.json").write_text("[]")
-    else:
-        meta = json.loads((entry / "meta.json").read_text())
-        del meta["splits"]["train"]["sha256"]
-        (entry / "meta.json").write_text(json.dumps(meta))
-    with pytest.raises(DataError, match="delete that cache entry"):
-        PreparedData.open(entry)
-    rebuilt = prepare_data(files_cfg, progress=False)
-    assert rebuilt.directory == entry
-    assert np.array_equal(np.array(rebuilt.train_tokens()), train_before)
-
-
-def test_out_of_range_ids_are_refused_even_with_a_matching_checksum(files_cfg):
-    data = prepare_data(files_cfg, progress=False)
-    ids = np.array(data.val_tokens())
-    ids[-1] = data.vocab_size  # one past the end
-    ids.tofile(data.val_path)
+def _edit_meta(data, edit) -> None:
     meta = json.loads((data.directory / "meta.json").read_text())
-    meta["splits"]["val"]["sha256"] = digest_token_file(data.val_path, data.dtype).sha256
+    edit(meta)
     (data.directory / "meta.json").write_text(json.dumps(meta))
-    with pytest.raises(DataError, match=f"token id {data.vocab_size}, beyond the vocabulary"):
-        PreparedData.open(data.directory)
+
+
+def _one_past_the_vocabulary_with_its_checksum(data) -> None:
+    ids = np.array(data.val_tokens())
+    ids[-1] = data.vocab_size
+    ids.tofile(data.val_path)
+    _edit_meta(data, lambda meta: meta["splits"]["val"].update(sha256=digest_token_file(data.val_path, data.dtype).sha256))
+
+
+DAMAGES = {
+    "random_in_range": (_same_size_garbage, "delete that cache entry"),
+    "all_ff": (lambda data: _same_size_garbage(data, fill=np.iinfo(data.dtype).max), "delete that cache entry"),
+    "meta_is_a_list": (lambda data: (data.directory / "meta.json").write_text("[]"), "delete that cache entry"),
+    "meta_lost_checksum": (lambda data: _edit_meta(data, lambda meta: meta["splits"]["train"].pop("sha256")),
+                           "delete that cache entry"),
+    "out_of_range_with_a_matching_checksum": (_one_past_the_vocabulary_with_its_checksum, "token id 300, beyond the vocabulary"),
+}
+
+
+@pytest.mark.parametrize("damage, fragment", DAMAGES.values(), ids=DAMAGES)
+def test_a_damaged_entry_is_refused_then_rebuilt_equal(files_cfg, damage, fragment):
+    original = prepare_data(files_cfg, progress=False)
+    before = [np.array(original.train_tokens()), np.array(original.val_tokens())]
+    damage(original)
+    with pytest.raises(DataError, match=fragment):
+        PreparedData.open(original.directory)
+    rebuilt = prepare_data(files_cfg, progress=False)
+    assert rebuilt.directory == original.directory
+    assert all(np.array_equal(a, b) for a, b in zip([rebuilt.train_tokens(), rebuilt.val_tokens()], before))
 
 
 def test_recorded_digest_equals_a_fresh_read(files_cfg):

@@ -86,13 +86,6 @@ def test_generation_prompt_adds_an_unlearned_assistant_token(tokenizer):
     assert not any(rendered.loss_mask)
 
 
-def test_turn_by_turn_rendering_equals_whole_rendering(tokenizer):
-    messages = to_messages(CONVERSATION)
-    whole = render_chat(tokenizer, messages).ids
-    pieces = [i for m in messages for i in render_chat(tokenizer, [m]).ids]
-    assert pieces == whole
-
-
 @pytest.mark.parametrize("text", ["<|end|>", "a<|user|>b", "<|endoftext|><|assistant|>", END_OF_TURN * 3,
                                   "<|call|>f{}<|tool|>"])
 def test_plain_text_never_becomes_a_special_token(tokenizer, text):
@@ -103,16 +96,6 @@ def test_plain_text_never_becomes_a_special_token(tokenizer, text):
     rendered = render_chat(tokenizer, [Message("user", text)]).ids
     assert not specials & set(rendered[1:-1])
     assert tokenizer.encode_special_tokens is False  # the flag is restored
-
-
-def test_jinja_template_renders_exactly_chat_text():
-    jinja2 = pytest.importorskip("jinja2")
-    template = jinja2.Environment().from_string(CHAT_TEMPLATE)
-    messages = to_messages(CONVERSATION)
-    for prompt in (False, True):
-        rendered = template.render(messages=CONVERSATION, add_generation_prompt=prompt,
-                                   raise_exception=lambda message: None)
-        assert rendered == chat_text(messages, add_generation_prompt=prompt)
 
 
 @pytest.mark.parametrize(
@@ -195,18 +178,16 @@ def test_loss_falls_on_the_assistants_calls_and_replies_never_on_tool_results(to
     assert not any(rendered.loss_mask[tool_start:tool_end + 1])
 
 
-def test_a_tool_conversation_rendered_turn_by_turn_equals_it_whole(tokenizer):
-    messages = to_messages(TOOL_CONVERSATION)
+@pytest.mark.parametrize("conversation", [CONVERSATION, TOOL_CONVERSATION], ids=["plain", "tools"])
+def test_turn_by_turn_rendering_and_the_jinja_template_give_exactly_the_whole_rendering(tokenizer, conversation):
+    messages = to_messages(conversation)
     assert [i for m in messages for i in render_chat(tokenizer, [m]).ids] == render_chat(tokenizer, messages).ids
-
-
-def test_jinja_template_renders_tool_conversations_exactly_as_chat_text():
     jinja2 = pytest.importorskip("jinja2")
     template = jinja2.Environment().from_string(CHAT_TEMPLATE)
     for prompt in (False, True):
-        rendered = template.render(messages=TOOL_CONVERSATION, add_generation_prompt=prompt, tools=[{}],
+        rendered = template.render(messages=conversation, add_generation_prompt=prompt, tools=[{}],
                                    raise_exception=lambda message: None)
-        assert rendered == chat_text(to_messages(TOOL_CONVERSATION), add_generation_prompt=prompt)
+        assert rendered == chat_text(messages, add_generation_prompt=prompt)
 
 
 def test_arguments_given_as_an_object_are_written_as_json_dumps_writes_them():

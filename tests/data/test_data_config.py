@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from data.config import DataConfig, FilesSourceConfig, HubSourceConfig, MIN_VOCAB_SIZE
+from data.config import MIN_VOCAB_SIZE, DataConfig, HubSourceConfig, QuotesSourceConfig, SyntheticSourceConfig
 from data.errors import DataError
 
 
@@ -23,50 +23,83 @@ def test_from_dict_round_trips_and_builds_sections():
     assert DataConfig.from_dict(cfg.to_dict()) == cfg
 
 
-@pytest.mark.parametrize(
-    "kwargs, words",
-    [
-        ({"source": "wikipedia"}, ["data.source", "shakespeare, hub, files"]),
-        ({"vocab_size": 100}, ["data.vocab_size", "263"]),
-        ({"vocab_size": True}, ["data.vocab_size"]),
-        ({"val_fraction": 1.0}, ["data.val_fraction"]),
-        ({"val_fraction": 0}, ["data.val_fraction"]),
-        ({"source": "hub"}, ["data.hub.name"]),
-        ({"source": "files"}, ["data.files.paths"]),
-        ({"cache_dir": ""}, ["data.cache_dir"]),
-    ],
-)
-def test_bad_values_name_the_key(kwargs, words):
+# The data section's refusals: a section as written, and the part of the one-line message it must give.
+DATA_REFUSALS = [
+    ({"vocab": 10}, "unknown config key 'data.vocab'; did you mean 'data.vocab_size'?"),
+    ({"hub": {"nam": "x"}}, "unknown config key 'data.hub.nam'; did you mean 'data.hub.name'?"),
+    ({"source": "wikipedia"}, "data.source must be 'shakespeare', 'hub', 'files', 'synthetic', 'quotes' or "
+                              "'calculator', got 'wikipedia'"),
+    ({"format": "dialogue"}, "data.format must be 'text', 'chat', 'preference' or 'rl', got 'dialogue'"),
+    ({"vocab_size": MIN_VOCAB_SIZE - 1}, f"data.vocab_size must be greater than or equal to {MIN_VOCAB_SIZE}, got"),
+    ({"vocab_size": 2**32}, "data.vocab_size must be less than or equal to 4294967295, got 4294967296"),
+    ({"vocab_size": True}, "data.vocab_size must be a valid integer, got true"),
+    ({"val_fraction": 1.0}, "data.val_fraction must be less than 1, got 1.0"),
+    ({"val_fraction": 0}, "data.val_fraction must be greater than 0, got 0"),
+    ({"cache_dir": ""}, "data.cache_dir must have at least 1 character"),
+    ({"tokenize_batch_size": 0}, "data.tokenize_batch_size must be greater than or equal to 1, got 0"),
+    ({"source": "hub"}, "data.source is 'hub' but data.hub.name is empty"),
+    ({"source": "files"}, "data.source is 'files' but data.files.paths is empty"),
+    ({"format": "chat", "source": "synthetic"}, "data.source synthetic makes text, not conversations"),
+    ({"source": "calculator"}, "data.source calculator makes conversations that call the calculator: use it with "
+                               "data.format: chat"),
+    ({"source": "calculator", "format": "preference"}, "data.source calculator makes conversations"),
+    ({"format": "preference"}, "data.format: preference reads reply pairs from data.source files or hub"),
+    ({"hub": {"name": "x", "max_documents": 0}}, "data.hub.max_documents must be greater than or equal to 1, got 0"),
+    ({"hub": {"name": "x", "max_bytes": 0}}, "data.hub.max_bytes must be greater than or equal to 1, got 0"),
+    ({"hub": {"name": "x", "streaming": True}}, "data.hub.streaming reads a slice of a large corpus"),
+    ({"files": {"paths": "a.txt"}}, "data.files.paths must be a valid list, got 'a.txt'"),
+    ({"files": {"encoding_errors": "ignore"}}, "data.files.encoding_errors must be 'strict' or 'replace', got 'ignore'"),
+    ({"files": {"format": "csv"}}, "data.files.format must be 'auto', 'txt', 'jsonl' or 'parquet', got 'csv'"),
+    ({"files": {"txt_document": "page"}}, "data.files.txt_document must be 'file', 'paragraph' or 'line'"),
+    ({"synthetic": {"documents": 0}}, "data.synthetic.documents must be greater than or equal to 1, got 0"),
+    ({"synthetic": {"words": 1}}, "data.synthetic.words must be greater than or equal to 2, got 1"),
+    ({"synthetic": {"words": 10_001}}, "data.synthetic.words must be less than or equal to 10000"),
+    ({"synthetic": {"min_words": 0}}, "data.synthetic needs 1 <= min_words <= max_words <= words"),
+    ({"synthetic": {"min_words": 9, "max_words": 8}}, "got min_words 9, max_words 8, words 256"),
+    ({"synthetic": {"words": 20, "max_words": 40}}, "got min_words 8, max_words 40, words 20"),
+    # grew memory until killed, with no output; then a MemoryError after minutes
+    ({"synthetic": {"documents": 10**12}}, "data.synthetic asks for up to 80,000,000,000,000 words (2 x documents "
+                                           "x max_words), more than the 50,000,000 it makes in memory; lower "
+                                           "data.synthetic.documents or max_words"),
+    ({"synthetic": {"documents": 625_001, "max_words": 40}}, "asks for up to 50,000,080 words"),
+    ({"quotes": {"passages": 0}}, "data.quotes.passages must be greater than or equal to 1, got 0"),
+    ({"quotes": {"min_chars": 0}}, "data.quotes.min_chars must be greater than or equal to 1, got 0"),
+    ({"quotes": {"min_chars": 90, "max_chars": 80}}, "data.quotes needs min_chars <= max_chars"),
+    ({"quotes": {"max_chars": 100_001}}, "data.quotes.max_chars must be less than or equal to 100000"),
+    ({"quotes": {"passages": 500_001, "max_chars": 200}}, "data.quotes asks for up to 200,000,400 characters (2 x "
+                                                          "passages x max_chars), more than the 200,000,000"),
+    ({"calculator": {"digits": 0}}, "data.calculator.digits must be greater than or equal to 1, got 0"),
+    ({"calculator": {"digits": 6}}, "data.calculator.digits must be less than or equal to 5, got 6"),
+    ({"calculator": {"max_terms": 1}}, "data.calculator.max_terms must be greater than or equal to 2, got 1"),
+    ({"calculator": {"max_terms": 5}}, "data.calculator.max_terms must be less than or equal to 4, got 5"),
+    ({"calculator": {"digits": 5, "max_terms": 4}}, "data.calculator: a product of 4 numbers of 5 digits passes "
+                                                    "the calculator's limit of 10**15"),
+    ({"calculator": {"operations": "%"}}, "data.calculator.operations must be some of '+-*/', got '%'"),
+    ({"calculator": {"operations": ""}}, "data.calculator.operations must be some of '+-*/', got ''"),
+    ({"calculator": {"conversations": 0}}, "data.calculator.conversations must be from 1 to 1,000,000, got 0"),
+    ({"calculator": {"conversations": 1_000_001}}, "data.calculator.conversations must be from 1 to 1,000,000"),
+    ({"calculator": {"conversations": "many"}}, "data.calculator.conversations must be a valid integer"),
+    ({"calculator": {"digits": 1, "conversations": 51}}, "data.calculator.conversations is 51, more than half the "
+                                                         "100 distinct problems"),
+]
+
+
+@pytest.mark.parametrize("section, expected", DATA_REFUSALS)
+def test_data_refusals(section, expected):
     with pytest.raises(DataError) as err:
-        DataConfig(**kwargs)
-    for word in words:
-        assert word in str(err.value)
-    assert "\n" not in str(err.value)
+        DataConfig.from_dict(section)
+    assert expected in str(err.value) and "\n" not in str(err.value)
 
 
-def test_bad_section_values():
-    with pytest.raises(DataError, match="max_documents"):
-        HubSourceConfig(name="x", max_documents=0)
-    with pytest.raises(DataError, match="streaming"):
-        HubSourceConfig(name="x", streaming=True)
-    with pytest.raises(DataError, match="encoding_errors"):
-        FilesSourceConfig(paths=["a.txt"], encoding_errors="ignore")
-    with pytest.raises(DataError, match="list"):
-        FilesSourceConfig(paths="a.txt")  # type: ignore[arg-type]
-
-
-def test_unknown_keys_are_rejected_with_the_valid_ones():
-    with pytest.raises(DataError, match="data.vocab"):
-        DataConfig.from_dict({"vocab": 10})
-    with pytest.raises(DataError, match="data.hub.nam.*name"):
-        DataConfig.from_dict({"hub": {"nam": "x"}})
+def test_the_bounds_admit_what_is_at_them():
+    assert DataConfig.from_dict({"calculator": {"digits": 1, "conversations": 50}}).calculator.conversations == 50
+    assert SyntheticSourceConfig(documents=25_000_000 // 40, max_words=40).documents == 625_000  # 50,000,000 words
+    assert QuotesSourceConfig(passages=500_000, max_chars=200).passages == 500_000  # 200,000,000 characters
 
 
 def test_the_least_vocabulary_admitted_is_the_least_the_tokenizer_trainer_makes():
     # 257 was admitted, then always refused: the trained tokenizer had the chat tokens as well.
     from data.tokenizer import train_tokenizer
 
-    with pytest.raises(DataError, match=rf"^data.vocab_size must be from {MIN_VOCAB_SIZE} "):
-        DataConfig(vocab_size=MIN_VOCAB_SIZE - 1)
     least = DataConfig(vocab_size=MIN_VOCAB_SIZE).vocab_size
     assert train_tokenizer(["a b c, and the rest of it"] * 20, least).get_vocab_size() == least

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import dataclasses
 import errno
 import json
 import os
@@ -91,8 +90,8 @@ def test_cache_hit_reuses_the_entry_without_reading_the_corpus(files_cfg, monkey
 
 def test_changed_settings_or_files_make_a_new_entry(files_cfg, txt_corpus):
     first = prepare_data(files_cfg, progress=False).directory
-    other_vocab = prepare_data(dataclasses.replace(files_cfg, vocab_size=320), progress=False).directory
-    other_seed = entry_dir(dataclasses.replace(files_cfg, split_seed=99))
+    other_vocab = prepare_data(files_cfg.model_copy(update=dict(vocab_size=320)), progress=False).directory
+    other_seed = entry_dir(files_cfg.model_copy(update=dict(split_seed=99)))
     assert len({first, other_vocab, other_seed}) == 3
     doc = txt_corpus / "doc00.txt"
     doc.write_text(doc.read_text(encoding="utf-8") + " more", encoding="utf-8")
@@ -286,7 +285,7 @@ def test_unknown_source_and_unwritable_cache_dir(tmp_path, files_cfg):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory", encoding="utf-8")
     with pytest.raises(DataError, match="cannot write to data.cache_dir"):
-        prepare_data(dataclasses.replace(files_cfg, cache_dir=str(blocker)), progress=False)
+        prepare_data(files_cfg.model_copy(update=dict(cache_dir=str(blocker))), progress=False)
 
 
 def test_a_full_disk_under_the_cache_names_the_entry_and_the_cause(tmp_path, mount_tmpfs):
@@ -296,7 +295,7 @@ def test_a_full_disk_under_the_cache_names_the_entry_and_the_cause(tmp_path, mou
     for i, text in enumerate(make_documents(400)):  # token files far larger than the disk
         (folder / f"doc{i:03d}.txt").write_text(text, encoding="utf-8")
     disk = mount_tmpfs(64 * 1024)
-    cfg = dataclasses.replace(_folder_cfg(tmp_path, folder), cache_dir=str(disk / "cache"))
+    cfg = _folder_cfg(tmp_path, folder).model_copy(update=dict(cache_dir=str(disk / "cache")))
     with pytest.raises(OSError) as full:
         prepare_data(cfg, progress=False)
     assert full.value.errno == errno.ENOSPC and full.value.filename == str(entry_dir(cfg))

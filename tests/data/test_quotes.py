@@ -3,10 +3,7 @@ pretraining splits the plays, the same for the same seed."""
 
 from __future__ import annotations
 
-import pytest
-
 from data.config import DataConfig, QuotesSourceConfig
-from data.errors import DataError
 from data.sources.corpus import load_source, source_spec
 from data.sources.quotes import quote_documents
 from data.sources.shakespeare import held_out_plays, play_files, play_id, shakespeare_documents
@@ -47,24 +44,3 @@ def test_the_corpus_follows_from_its_seed_alone():
     spec = source_spec(DataConfig(source="quotes", quotes=SMALL))
     assert spec == source_spec(DataConfig(source="quotes", quotes=QuotesSourceConfig(**vars(SMALL))))
     assert spec != source_spec(DataConfig(source="quotes", quotes=other))
-
-
-@pytest.mark.parametrize("settings, words", [
-    ({"passages": 0}, "data.quotes.passages must be at least 1"),
-    ({"min_chars": 0}, "1 <= min_chars"),
-    ({"min_chars": 90, "max_chars": 80}, "min_chars <= max_chars"),
-    ({"max_chars": 100_001}, "max_chars <= 100000"),
-    ({"passages": 1_000_000, "max_chars": 1000}, r"asks for up to 2,000,000,000 characters .* lower "
-                                                 r"data.quotes.passages or max_chars$"),
-])
-def test_bad_settings_name_the_key_in_one_line(settings, words):
-    with pytest.raises(DataError, match=words) as caught:
-        DataConfig.from_dict({"source": "quotes", "quotes": settings})
-    assert "\n" not in str(caught.value) and "data.quotes" in str(caught.value)
-
-
-def test_the_memory_bound_admits_a_corpus_at_it_and_refuses_one_past_it():
-    at = QuotesSourceConfig(passages=500_000, max_chars=200)  # 2 x 500,000 x 200 = 200,000,000
-    assert 2 * at.passages * at.max_chars == 200_000_000
-    with pytest.raises(DataError, match="asks for up to 200,000,400 characters"):
-        QuotesSourceConfig(passages=500_001, max_chars=200)

@@ -5,29 +5,20 @@ import pytest
 from data.repetition import before_repeat, looping_prefix, repeats_ngram
 
 
-@pytest.mark.parametrize("text", [
-    "the king, the king, the king, the king",      # a phrase said over and over
-    "O O O O O",                                   # one word five times: its 4-gram comes back
-    "I will go.\nI will go.\nI will go and fight",  # line breaks are spaces to the measure
-    "And so to bed, and then. And so to bed, and then.",
+@pytest.mark.parametrize("text, n, repeats", [
+    ("the king, the king, the king, the king", 4, True),      # a phrase said over and over
+    ("O O O O O", 4, True),                                   # one word five times: its 4-gram comes back
+    ("I will go.\nI will go.\nI will go and fight", 4, True),  # line breaks are spaces to the measure
+    ("And so to bed, and then. And so to bed, and then.", 4, True),
+    ("", 4, False),
+    ("To be, or not to be, that is the question.", 4, False),   # "to be" twice, but no four words twice
+    ("O O O O", 4, False),                                     # one 4-gram, once
+    ("the king the king the queen the king", 4, False),        # 4-grams differ each time
+    ("Good night, good night! Parting is such sweet sorrow", 4, False),  # case and punctuation tell them apart
+    ("a b a b", 2, True), ("a b a b", 3, False),              # n sets the length of the repeated run
 ])
-def test_a_looping_reply_repeats_a_four_gram(text):
-    assert repeats_ngram(text)
-
-
-@pytest.mark.parametrize("text", [
-    "",
-    "To be, or not to be, that is the question.",   # "to be" twice, but no four words twice
-    "O O O O",                                     # one 4-gram, once
-    "the king the king the queen the king",        # 4-grams differ each time
-    "Good night, good night! Parting is such sweet sorrow",  # case and punctuation tell them apart
-])
-def test_a_reply_without_a_repeated_four_gram(text):
-    assert not repeats_ngram(text)
-
-
-def test_n_sets_the_length_of_the_repeated_run():
-    assert repeats_ngram("a b a b", n=2) and not repeats_ngram("a b a b", n=3)
+def test_a_looping_reply_repeats_an_n_gram(text, n, repeats):
+    assert repeats_ngram(text, n=n) is repeats
 
 
 @pytest.mark.parametrize("text, prefix", [

@@ -3,10 +3,7 @@ written twice, the same for the same seed, every word one token once the tokeniz
 
 from __future__ import annotations
 
-import pytest
-
 from data.config import DataConfig, SyntheticSourceConfig
-from data.errors import DataError
 from data.prepared.text import prepare_data
 from data.sources.corpus import load_source, source_spec
 from data.sources.synthetic import repeat_documents, word_list
@@ -48,31 +45,3 @@ def test_every_word_is_one_token_of_the_trained_tokenizer(tmp_path):
     tokenizer = prepare_data(cfg, progress=False).tokenizer()
     pieces = [len(tokenizer.encode(" " + word, add_special_tokens=False).ids) for word in word_list(256, 0)]
     assert pieces == [1] * 256
-
-
-@pytest.mark.parametrize("settings, words", [
-    ({"documents": 0}, "data.synthetic.documents"),
-    ({"words": 1}, "data.synthetic.words"),
-    ({"min_words": 0}, "min_words"),
-    ({"min_words": 9, "max_words": 8}, "min_words <= max_words"),
-    ({"words": 20, "max_words": 40}, "max_words <= words"),
-])
-def test_bad_settings_name_the_key(settings, words):
-    with pytest.raises(DataError, match=words):
-        SyntheticSourceConfig(**settings)
-    with pytest.raises(DataError, match="data.synthetic"):
-        DataConfig.from_dict({"source": "synthetic", "synthetic": settings})
-
-
-@pytest.mark.parametrize("settings", [
-    {"documents": 1_000_000_000_000},  # grew memory until killed, with no output
-    {"documents": 3_000_000, "words": 5000, "max_words": 4000},  # a MemoryError after minutes
-])
-def test_a_corpus_too_large_to_make_in_memory_is_refused_by_the_config(settings):
-    # Refused where the config is read, before a single document is drawn.
-    with pytest.raises(DataError, match=r"^data.synthetic asks for up to [\d,]+ words \(2 x documents x max_words\), "
-                                        r"more than the 50,000,000 it makes in memory; lower "
-                                        r"data.synthetic.documents or max_words$"):
-        DataConfig.from_dict({"source": "synthetic", "synthetic": settings})
-    largest = SyntheticSourceConfig(documents=25_000_000 // 40, max_words=40)  # at the bound: admitted
-    assert 2 * largest.documents * largest.max_words == 50_000_000

@@ -120,16 +120,16 @@ def test_saved_file_loads_with_transformers(tokenizer, tmp_path):
         assert fast.decode(fast.encode(text)) == text
 
 
-def test_load_tokenizer_errors(tmp_path):
-    with pytest.raises(DataError, match="does not exist"):
-        load_tokenizer(tmp_path / "missing.json")
-    bad = tmp_path / "bad.json"
-    bad.write_text("{not json", encoding="utf-8")
-    with pytest.raises(DataError, match="not a valid tokenizer.json"):
-        load_tokenizer(bad)
+@pytest.mark.parametrize("read, fragment", [
+    (lambda tmp: load_tokenizer(tmp / "missing.json"), "does not exist"),
+    (lambda tmp: (tmp / "bad.json").write_text("{not json") and load_tokenizer(tmp / "bad.json"),
+     "not a valid tokenizer.json"),
+    (lambda tmp: tk.token_bytes("\u4e00"), "not byte-level"),
+])
+def test_a_missing_or_damaged_tokenizer_or_a_token_of_no_bytes_is_refused(tmp_path, read, fragment):
+    with pytest.raises(DataError, match=fragment):
+        read(tmp_path)
 
 
-def test_token_bytes_rejects_non_byte_level_tokens():
-    with pytest.raises(DataError, match="not byte-level"):
-        tk.token_bytes("\u4e00")
+def test_token_bytes_reads_byte_level_tokens():
     assert np.array_equal(np.frombuffer(tk.token_bytes("ĠĊ"), np.uint8), [32, 10])

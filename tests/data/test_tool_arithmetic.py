@@ -57,28 +57,6 @@ def test_problems_are_distinct_held_out_first_and_follow_the_seed(tmp_path):
     assert questions(more_val) == questions(val)
 
 
-@pytest.mark.parametrize("settings, fragment", [
-    ({"digits": 6}, "data.calculator.digits must be from 1 to 5"),
-    ({"digits": 5, "max_terms": 4}, "passes the calculator's limit of 10**15"),
-    ({"operations": "%"}, "data.calculator.operations must be some of '+-*/'"),
-    ({"operations": ""}, "data.calculator.operations must be some of"),
-    ({"max_terms": 1}, "data.calculator.max_terms must be from 2 to 4"),
-    ({"digits": 1, "operations": "*", "max_terms": 2, "conversations": 51}, "more than half the 100 distinct"),
-    ({"conversations": 0}, "data.calculator.conversations must be from 1"),
-    ({"conversations": "many"}, "data.calculator.conversations"),
-])
-def test_bad_calculator_settings_are_refused_in_one_line(tmp_path, settings, fragment):
-    with pytest.raises(DataError, match=re.escape(fragment)) as info:
-        _config(tmp_path, **settings)
-    assert "\n" not in str(info.value)
-
-
-@pytest.mark.parametrize("fmt", ["text", "preference"])
-def test_the_calculator_source_is_for_chat_only(fmt):
-    with pytest.raises(DataError, match="data.source calculator makes conversations"):
-        DataConfig(source="calculator", format=fmt)
-
-
 def _tokenizer_file(tmp_path: Path, tokenizer: Tokenizer) -> Path:
     path = tmp_path / "tokenizer.json"
     tokenizer.save(str(path))

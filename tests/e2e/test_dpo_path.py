@@ -8,42 +8,24 @@ import json
 
 import pytest
 
-from e2e_testkit import ROOT, quick_settings, run_command
-
-WORDS = ["the river", "the market", "his garden", "the winter sea", "the miller", "a shepherd"]
+from e2e_testkit import ROOT, WORDS, chat_tune_args, pretrain_args, quick_settings, run_ok, write_corpora
 
 
 @pytest.mark.e2e
 def test_pretrain_then_chat_tune_then_dpo(tmp_path) -> None:
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text("\n\n".join(f"NURSE:\n{a} and {b}." for a in WORDS for b in WORDS) * 20)
-    chats = tmp_path / "chats.jsonl"
-    chats.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"{a}?"},
-                                                      {"role": "assistant", "content": f"{b}."}]}) + "\n"
-                             for a in WORDS for b in WORDS) * 3)
+    corpus, chats = write_corpora(tmp_path)
     pairs = tmp_path / "pairs.jsonl"
     pairs.write_text("".join(json.dumps({"prompt": [{"role": "user", "content": f"{a}?"}],
                                          "chosen": [{"role": "assistant", "content": f"{b}."}],
                                          "rejected": [{"role": "assistant", "content": f"{a} {a} {a} {a}"}]}) + "\n"
                              for a in WORDS for b in WORDS))
-    common = quick_settings(tmp_path)
     base, chat, dpo = tmp_path / "base", tmp_path / "chat", tmp_path / "dpo"
-    steps = [
-        ["--config", str(ROOT / "configs" / "tiny.yaml"), "--set", "data.source=files",
-         "--set", f"data.files.paths=[{corpus}]", "--set", "data.files.txt_document=paragraph",
-         "--set", "data.vocab_size=300", "--set", "model.n_layer=1", "--set", "model.n_embd=32",
-         "--set", "model.block_size=32", "--set", "train.batch_size=4", "--set", f"run.out_dir={base}"],
-        ["--config", str(ROOT / "configs" / "tiny-chat.yaml"), "--set", f"train.init_from={base}",
-         "--set", "data.source=files", "--set", f"data.files.paths=[{chats}]", "--set", "train.batch_size=4",
-         "--set", f"run.out_dir={chat}"],
-        ["--config", str(ROOT / "configs" / "tiny-dpo.yaml"), "--set", f"train.init_from={chat}",
-         "--set", f"data.files.paths=[{pairs}]", "--set", "train.batch_size=4", "--set", "eval.interval=2",
-         "--set", f"run.out_dir={dpo}"],
-    ]
+    steps = [pretrain_args(tmp_path, corpus, base), chat_tune_args(tmp_path, base, chats, chat),
+             [str(ROOT / "train.py"), "--config", str(ROOT / "configs" / "tiny-dpo.yaml"), *quick_settings(tmp_path),
+              "--set", f"train.init_from={chat}", "--set", f"data.files.paths=[{pairs}]", "--set", "train.batch_size=4",
+              "--set", "eval.interval=2", "--set", f"run.out_dir={dpo}"]]
     for args in steps:
-        done = run_command([str(ROOT / "train.py"), *args, *common, "--set", "train.max_steps=3"], cwd=tmp_path)
-        assert done.returncode == 0, done.stderr[-3000:]
-        assert "Traceback" not in done.stderr
+        done = run_ok([*args, "--set", "train.max_steps=3"], cwd=tmp_path)
     assert "done: 3 steps" in done.stdout
     records = [json.loads(line) for line in (dpo / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if r["kind"] == "train"]

@@ -8,7 +8,13 @@ into the session's compile cache (tests/conftest.py) and shared by both files.""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,6 +25,7 @@ from inference.compiled_step import CompiledStep, compiler_missing, spare_slot_c
 from inference.engine import Engine, decode
 from inference.sampling import SamplingSettings
 from model.kv_cache import KVCache
+from signal_testkit import ROOT
 
 pytestmark = pytest.mark.skipif(compiler_missing(torch.device("cpu")) is not None or aot_missing(torch.device("cpu")),
                                 reason=str(compiler_missing(torch.device("cpu")) or aot_missing(torch.device("cpu"))))
@@ -54,7 +61,7 @@ def test_the_cpu_engine_runs_the_package_and_decodes_as_eager(loaded_run, packag
 
 def test_a_built_package_is_loaded_by_the_next_step_not_built_again(loaded_run, package):
     step = one_row_step(loaded_run.model)
-    assert step.package == package and not step.built
+    assert step.package == package and not step.built and step.notice.startswith("loaded the decode step built ")
     record = json.loads(package.with_suffix(".json").read_text())
     assert record["digest"] == package.stem and record["threads"] == torch.get_num_threads()
 
@@ -122,7 +129,7 @@ def test_a_valid_package_in_the_folder_is_loaded_without_building(loaded_run, pa
 def test_a_damaged_package_is_built_again_not_loaded(loaded_run, package, private_cache, flaw):
     place(package, package.stem, damage=flaw == "a flipped byte", record=flaw != "no checksum record")
     step = one_row_step(loaded_run.model)
-    assert step.built and private_cache == [package.stem]
+    assert step.built and private_cache == [package.stem] and step.notice.startswith("built the decode step in ")
     assert step.package.read_bytes() == package.read_bytes()  # what the builder wrote replaced it
 
 
@@ -137,6 +144,64 @@ def test_a_package_of_other_weights_under_this_key_is_not_trusted(loaded_run, pa
     with pytest.raises(UserError, match="does not match the eager step; drop --compile"):
         one_row_step(model)  # the stand-in builder writes the same wrong package again
     assert private_cache == [digest]
+
+
+@pytest.mark.parametrize("flaw", ["the package writer aborts", "the folder cannot be made"])
+def test_a_build_that_cannot_write_its_package_is_one_line_and_leaves_nothing(loaded_run, monkeypatch, tmp_path, flaw):
+    """A full disk aborts AOTInductor's package writer (SIGABRT): only the build's own process dies."""
+    folder = tmp_path / "cache"
+    if flaw == "the package writer aborts":  # it wrote part of the package first
+        real = subprocess.Popen
+        abort = "import os, sys; open(sys.argv[2], 'wb').write(b'part'); os.abort()"
+        monkeypatch.setattr("inference.aot_step.subprocess.Popen",
+                            lambda command, **kw: real([sys.executable, "-c", abort, *command[3:]], **kw))
+        what = "its process ended with exit code -6"
+    else:
+        tmp_path.joinpath("a-file").write_text("mine")
+        folder = tmp_path / "a-file" / "cache"
+        what = "Not a directory"
+    monkeypatch.setenv(CACHE_ENV, str(folder))
+    with pytest.raises(UserError) as info:
+        one_row_step(loaded_run.model)
+    message = str(info.value)
+    assert message.startswith(f"cannot build the compiled decode step in {folder} (") and what in message
+    assert message.endswith(f"); if its disk is full, free space there or point ${CACHE_ENV} at another folder; "
+                            "or drop --compile") and "\n" not in message
+    assert not folder.is_dir() or list(folder.iterdir()) == []
+
+
+def _builders(folder: Path) -> list[str]:
+    """The processes building a package into ``folder`` (their command lines name it)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            words = cmdline.read_bytes().split(b"\0")
+        except OSError:  # it ended meanwhile
+            continue
+        if b"inference.aot_step" in words and any(str(folder).encode() in word for word in words):
+            found.append(cmdline.parent.name)
+    return found
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.e2e)])
+def test_a_signal_during_the_build_stops_it_at_once_and_leaves_no_package(run_dir, tmp_path, signum):
+    folder = tmp_path / "cache"
+    process = subprocess.Popen(
+        [sys.executable, "generate.py", "--run", str(run_dir), "--compile", "--prompt", "x"], cwd=ROOT,
+        env={**os.environ, CACHE_ENV: str(folder)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True)  # a group of its own, signalled whole as a terminal's Ctrl-C is
+    deadline = time.monotonic() + 120  # the exported step is written just before its compile starts
+    while not any(f.stat().st_size for f in folder.glob(".*.export.*")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(2)  # into the compile (where torch catches a signal and builds on), however fast the host
+    os.killpg(process.pid, signum)
+    try:
+        err = process.communicate(timeout=120)[1]
+    finally:
+        process.kill()
+    code = process.returncode
+    assert code == 128 + signum and "Traceback" not in err, err[-2000:]
+    assert list(folder.iterdir()) == [] and _builders(folder) == []
 
 
 def test_the_cache_folder_is_the_environment_s_or_compile_cache_here(monkeypatch, tmp_path):

@@ -148,7 +148,9 @@ def test_generate_py_compile_reports_its_compile_once_and_prints_the_eager_text(
     assert main([*argv, "--compile"]) == 0
     out, err = capsys.readouterr()
     assert out == eager_out
-    assert err.count("compiled the decode step in ") == 1 and "compiled" not in eager_err
+    assert err.count(" the decode step ") == 1 and "decode step" not in eager_err
+    # A build's own compiler processes kept this command off the cores, not other programs.
+    assert "built the decode step" not in err or "other programs" not in err
 
 
 def test_a_compiled_chat_replies_as_the_eager_one_and_says_it_compiled(loaded_run):
@@ -161,8 +163,8 @@ def test_a_compiled_chat_replies_as_the_eager_one_and_says_it_compiled(loaded_ru
     compiled, notices = conversation(compile=True)
     eager, eager_notices = conversation(compile=False)
     assert compiled == eager
-    assert [n for n in notices if n.startswith("compiled the decode step in ")] == notices[:1]
-    assert not any("compiled" in n for n in eager_notices)
+    assert [n for n in notices if " the decode step " in n] == notices[:1]
+    assert not any("decode step" in n for n in eager_notices)
 
 
 @pytest.mark.parametrize("command", ["generate.py", "serve.py"])

@@ -8,7 +8,6 @@ import json
 import pytest
 import torch
 
-from common.config import ConfigError
 from inference.engine import decode
 from inference.batch_invariant import row_blocked
 from inference.sampling import SamplingSettings
@@ -177,25 +176,6 @@ def test_parameter_count_from_the_config_matches_the_model():
 
 def base(**changes) -> dict:
     return {"vocab_size": 97, "block_size": 16, "n_layer": 1, "n_head": 4, "n_kv_head": 4, "n_embd": 32, **changes}
-
-
-@pytest.mark.parametrize("changes,words", [
-    ({"attention": "mla"}, "needs kv_latent_dim"),
-    ({"attention": "mla", "kv_latent_dim": 0}, "kv_latent_dim must be a positive integer"),
-    ({"attention": "mla", "kv_latent_dim": 8, "q_latent_dim": -1}, "q_latent_dim must be a positive integer"),
-    ({"attention": "foo"}, "attention must be one of gqa, mla, got 'foo'"),
-    ({"kv_latent_dim": 8}, "kv_latent_dim is set (8) but attention is 'gqa'"),
-    ({"q_latent_dim": 8}, "q_latent_dim is set (8) but attention is 'gqa'"),
-    ({"attention": "mla", "kv_latent_dim": 8, "n_kv_head": 2}, "n_kv_head must equal n_head (4), got 2"),
-    ({"attention": "mla", "kv_latent_dim": 8, "n_embd": 24, "positions": "rope"}, "head_dim must be a multiple of 4"),
-])
-def test_bad_attention_settings_get_one_clear_line(changes, words):
-    with pytest.raises(ConfigError) as error:
-        GPTConfig.from_dict(base(**changes))
-    message = str(error.value)
-    assert words in message and "\n" not in message
-    with pytest.raises(ValueError):  # and the dataclass refuses it too
-        GPTConfig(**base(**changes))
 
 
 def test_a_config_saved_before_attention_kinds_loads_as_grouped_query():

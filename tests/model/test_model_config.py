@@ -1,8 +1,7 @@
-"""GPTConfig: derived sizes, the loader's messages that name the field, plain checks, dict round trip."""
+"""GPTConfig: derived sizes, the refusals that name the key, the bounds, dict round trip."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import typing
 
@@ -26,46 +25,61 @@ def test_derived_sizes():
     assert GPTConfig(**VALID, ffn_hidden=100).ffn_dim == 100
 
 
-@pytest.mark.parametrize(
-    "field, value, fix",
-    [
-        ("vocab_size", 0, "at least 1"),
-        ("block_size", -3, "at least 1"),
-        ("n_layer", 2.5, "whole number"),
-        ("n_head", True, "whole number"),
-        ("n_kv_head", "2", "whole number"),
-        ("n_embd", 0, "at least 1"),
-        ("ffn_hidden", 0, "at least 1"),
-        ("dropout", 1.0, "0.0 to disable"),
-        ("norm_eps", 0.0, "default is 1e-5"),
-        ("tie_embeddings", "yes", "true or false"),
-        ("positions", "rotary", "use learned (the default), rope"),
-        ("positions", "rope", "(n_embd / n_head = 7) must be even"),  # an odd head has no pairs to rotate
-        ("rope_theta", 0.0, "the default is 10000"),
-    ],
-)
-def test_bad_field_names_field_and_fix(field, value, fix):
+# Options that lost by the records, with the value that turned each off and one that did not.
+REMOVED = [("bigram_buckets", None, 8192), ("mtp_weight", 0.0, 0.3), ("mtp_weight", 0, 1), ("mlp", "swiglu", "relu2"),
+           ("qk_norm", False, True), ("logit_softcap", None, 15.0), ("residual_scalars", False, True),
+           ("zero_init", False, True)]
+
+
+MLA = {"attention": "mla", "n_kv_head": 6}
+# The model section's refusals: keys over VALID, and the part of the one-line message they must give.
+MODEL_REFUSALS = [
+    ({"n_embed": 42}, "unknown config key 'model.n_embed'; did you mean 'model.n_embd'?"),
+    ({"vocab_size": 0}, "model.vocab_size must be greater than or equal to 1, got 0"),
+    ({"block_size": -3}, "model.block_size must be greater than or equal to 1, got -3"),
+    ({"n_layer": 2.5}, "model.n_layer must be a valid integer, got 2.5"),
+    ({"n_head": True}, "model.n_head must be a valid integer, got true"),
+    ({"n_kv_head": "2"}, "model.n_kv_head must be a valid integer, got '2'"),
+    ({"n_embd": 0}, "model.n_embd must be greater than or equal to 1, got 0"),
+    ({"ffn_hidden": 0}, "model.ffn_hidden must be greater than or equal to 1, got 0"),
+    ({"dropout": 1.0}, "model.dropout must be less than 1, got 1.0"),
+    ({"dropout": math.nan}, "model.dropout must be less than 1, got nan"),
+    ({"norm_eps": 1e-13}, "model.norm_eps must be greater than or equal to 0.000000000001, got 1e-13"),
+    ({"norm_eps": 0.011}, "model.norm_eps must be less than or equal to 0.01, got 0.011"),
+    ({"tie_embeddings": "yes"}, "model.tie_embeddings must be a valid boolean, got 'yes'"),
+    ({"value_embeddings": 1}, "model.value_embeddings must be a valid boolean, got 1"),
+    ({"positions": "rotary"}, "model.positions must be 'learned', 'rope' or 'none', got 'rotary'"),
+    ({"positions": "rope"}, "model: positions rope rotates pairs of numbers, so the rotated part of each head (7 of "
+                            "n_embd / n_head = 7) must be even"),  # an odd head has no pairs to rotate
+    ({"rope_theta": 1.0}, "model.rope_theta must be greater than 1, got 1.0"),
+    ({"rope_theta": 1e-50}, "model.rope_theta must be greater than 1, got 1e-50"),
+    ({"rope_theta": 1.01e12}, "model.rope_theta must be less than or equal to 1000000000000"),
+    ({"rope_theta": math.nan}, "model.rope_theta must be less than or equal to 1000000000000, got nan"),
+    ({"n_embd": 40}, "model: n_embd (40) must be divisible by n_head (6); pick n_head from the divisors"),
+    ({"n_kv_head": 4}, "model: n_head (6) must be divisible by n_kv_head (4); set n_kv_head to a divisor of n_head"),
+    ({"attention": "foo"}, "model.attention must be 'gqa' or 'mla', got 'foo'"),
+    (MLA, "model: attention mla needs kv_latent_dim, the width of the cached key/value latent"),
+    ({**MLA, "kv_latent_dim": 0}, "model.kv_latent_dim must be greater than or equal to 1, got 0"),
+    ({**MLA, "kv_latent_dim": 8, "q_latent_dim": -1}, "model.q_latent_dim must be greater than or equal to 1"),
+    ({"kv_latent_dim": 8}, "model: kv_latent_dim is set (8) but attention is 'gqa'; remove kv_latent_dim"),
+    ({"q_latent_dim": 8}, "model: q_latent_dim is set (8) but attention is 'gqa'; remove q_latent_dim"),
+    ({"attention": "mla", "kv_latent_dim": 8}, "so n_kv_head must equal n_head (6), got 2; set n_kv_head: 6"),
+    ({**MLA, "kv_latent_dim": 8, "n_embd": 36, "positions": "rope"},
+     "model: positions rope rotates pairs of numbers, so the rotated part of each head (3 of n_embd / n_head = 6)"),
+    ({**MLA, "kv_latent_dim": 8, "value_embeddings": True}, "model: value_embeddings needs attention gqa"),
+    # Options that lost by the records: at any value but the one that turned them off.
+    *[({key: on}, f"model.{key} was removed: it lost by the records protocol (docs/records.md")
+      for key, _, on in REMOVED],
+]
+
+
+@pytest.mark.parametrize("changes, expected", MODEL_REFUSALS)
+def test_model_refusals(changes, expected):
     with pytest.raises(ConfigError) as info:
-        GPTConfig.from_dict({**VALID, field: value})
-    message = str(info.value)
-    assert field in message and fix in message and "\n" not in message
-    # The dataclass itself refuses the same value, in a programmer's few words.
-    with pytest.raises(ValueError):
-        GPTConfig(**{**VALID, field: value})
-
-
-def test_n_embd_must_divide_by_n_head():
-    with pytest.raises(ConfigError, match=r"^model: n_embd \(40\) must be divisible by n_head \(6\)"):
-        GPTConfig.from_dict({**VALID, "n_embd": 40})
-    with pytest.raises(ValueError, match="invalid GPTConfig: heads must divide evenly"):
-        GPTConfig(**{**VALID, "n_embd": 40})
-
-
-def test_n_head_must_divide_by_n_kv_head():
-    with pytest.raises(ConfigError, match=r"n_head \(6\) must be divisible by n_kv_head \(4\).*divisor"):
-        GPTConfig.from_dict({**VALID, "n_kv_head": 4})
-    with pytest.raises(ValueError, match="invalid GPTConfig"):
-        GPTConfig(**{**VALID, "n_kv_head": 4})
+        GPTConfig.from_dict({**VALID, **changes})
+    assert expected in str(info.value) and "\n" not in str(info.value)
+    with pytest.raises(ValueError):  # built in code, the config refuses the same
+        GPTConfig(**{**VALID, **changes})
 
 
 def test_dict_round_trip_keeps_every_field():
@@ -73,56 +87,31 @@ def test_dict_round_trip_keeps_every_field():
     assert GPTConfig.from_dict(cfg.to_dict()) == cfg
 
 
-@pytest.mark.parametrize("key, off, on", [
-    ("bigram_buckets", None, 8192), ("mtp_weight", 0.0, 0.3), ("mtp_weight", 0, 1), ("mlp", "swiglu", "relu2"),
-    ("qk_norm", False, True), ("logit_softcap", None, 15.0), ("residual_scalars", False, True),
-    ("zero_init", False, True)])
-def test_a_removed_option_loads_when_off_and_is_refused_in_one_line_otherwise(key, off, on):
+@pytest.mark.parametrize("key, off, on", REMOVED)
+def test_a_removed_option_at_its_off_value_loads(key, off, on):
     # A run's model_config.json (or its trainer state) written before the option left holds it, off.
     assert GPTConfig.from_dict({**VALID, key: off}) == GPTConfig(**VALID)
-    with pytest.raises(ConfigError) as info:
-        GPTConfig.from_dict({**VALID, key: on})
-    message = str(info.value)
-    assert message.startswith(f"model.{key} was removed") and "docs/records.md" in message and "\n" not in message
 
 
-def test_from_dict_rejects_unknown_and_missing_keys():
-    with pytest.raises(ValueError, match=r"unknown config key 'model.n_embed'; did you mean 'model.n_embd'"):
-        GPTConfig.from_dict({**VALID, "n_embed": 42})
+def test_from_dict_rejects_missing_keys_and_what_is_no_section():
     partial = dict(VALID)
     del partial["n_layer"]
     with pytest.raises(ValueError, match=r"missing required config key 'model.n_layer'"):
         GPTConfig.from_dict(partial)
-    with pytest.raises(ValueError, match="must be a mapping"):
+    with pytest.raises(ValueError, match="model must be a valid dictionary"):
         GPTConfig.from_dict([1, 2])
 
 
-# The extremes each float key of GPTConfig accepts (model.config_checks): past each, the arithmetic
-# leaves fp32 or the model cannot learn.
+# The extremes each float key of GPTConfig accepts: past each, the arithmetic leaves fp32 or the
+# model cannot learn.
 EDGES = {"rope_theta": (1.0 + 1e-6, 1e12), "norm_eps": (1e-12, 1e-2), "dropout": (0.0, 0.99)}
 ROPE_SHAPE = dict(vocab_size=97, block_size=16, n_layer=2, n_head=4, n_kv_head=2, n_embd=32, positions="rope")
 
 
 def test_every_float_key_has_its_bounds():
-    hints = typing.get_type_hints(GPTConfig)
-    floats = {f.name for f in dataclasses.fields(GPTConfig)
-              if float in (hints[f.name], *typing.get_args(hints[f.name]))}
+    floats = {name for name, field in GPTConfig.model_fields.items()
+              if float in (field.annotation, *typing.get_args(field.annotation))}
     assert floats == set(EDGES)
-
-
-@pytest.mark.parametrize("field, value, words", [
-    ("rope_theta", 1e-50, "rope_theta must be above 1 and at most 1e+12, got 1e-50"),
-    ("rope_theta", 1.0, "above 1"),
-    ("rope_theta", 1e13, "at most 1e+12"),
-    ("rope_theta", math.nan, "got nan"),
-    ("norm_eps", 1e-50, "norm_eps must be between 1e-12 and 0.01, got 1e-50"),
-    ("norm_eps", 1.0, "between 1e-12 and 0.01"),
-    ("dropout", math.nan, "dropout must be in [0, 1)"),
-])
-def test_finite_but_absurd_values_are_refused_when_the_config_is_read(field, value, words):
-    with pytest.raises(ConfigError) as info:
-        GPTConfig.from_dict({**ROPE_SHAPE, field: value})
-    assert str(info.value).startswith(f"model: {field} ") and words in str(info.value) and "\n" not in str(info.value)
 
 
 @pytest.mark.parametrize("field", list(EDGES))
@@ -141,10 +130,9 @@ def test_the_extremes_each_float_key_accepts_still_train(field):
 
 @pytest.mark.parametrize("field, value", [("rope_theta", 1e-50), ("norm_eps", 1e30)])
 def test_past_the_bounds_a_training_step_is_nan_or_learns_nothing(field, value):
-    """The case where the answer is yes: the values refused do break training (the dataclass,
-    which only guards against programmer errors, still builds them)."""
+    """The case where the answer is yes: the values refused do break training (built unchecked here)."""
     torch.manual_seed(0)
-    model = GPT(GPTConfig(**{**ROPE_SHAPE, field: value})).train()
+    model = GPT(GPTConfig.model_construct(**{**ROPE_SHAPE, field: value})).train()
     idx = torch.randint(0, 97, (2, 16), generator=torch.Generator().manual_seed(1))
     _, loss = model(idx, idx)
     loss.backward()

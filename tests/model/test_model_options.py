@@ -9,7 +9,6 @@ import json
 import pytest
 import torch
 
-from common.config import ConfigError
 from model.config import GPTConfig
 from model.gpt import GPT
 from run_testkit import ALL_OPTIONS, MLA_OPTIONS
@@ -27,19 +26,6 @@ def test_parameter_count_from_the_config_matches_the_model(options):
     model = GPT(config)
     assert config.num_params() == model.num_params()
     assert hasattr(model, "pos_emb") == (config.positions == "learned")  # rope and none have no table
-
-
-@pytest.mark.parametrize("changes,words", [
-    ({"value_embeddings": "yes"}, "value_embeddings must be true or false"),
-    ({"tie_embeddings": 1}, "tie_embeddings must be true or false"),
-    ({"value_embeddings": True, **MLA}, "value_embeddings needs attention gqa"),
-])
-def test_bad_option_values_get_one_clear_line(changes, words):
-    with pytest.raises(ConfigError) as error:
-        GPTConfig.from_dict(SHAPE | changes)
-    assert words in str(error.value) and "\n" not in str(error.value)
-    with pytest.raises(ValueError):  # and the dataclass refuses it too
-        GPTConfig(**SHAPE | changes)
 
 
 def test_a_config_saved_before_the_options_loads_with_every_option_off():

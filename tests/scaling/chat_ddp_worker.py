@@ -40,7 +40,10 @@ def global_batch() -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
 
 
 class PreparedStub:
-    """What ChatTask reads of prepared chat data before a step: a tokenizer and each token's bytes."""
+    """What ChatTask reads of prepared chat data before a step: its conversations (for its words), a
+    tokenizer and each token's bytes."""
+
+    train: list = []
 
     def tokenizer(self) -> None:
         return None

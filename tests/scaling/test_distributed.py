@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
 from common.errors import UserError
+from launch_testkit import ROOT, TORCHRUN_VARS, launch, ok
 from model.gpt import unwrap
 from rundir.checkpoint import load_trainer_state
 from training.distributed import (
@@ -30,24 +26,6 @@ from training.distributed import (
     sync_gradients,
     wrap_model,
 )
-
-ROOT = Path(__file__).resolve().parents[2]
-TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def torchrun_env() -> dict[str, str]:
-    """The test's environment for a torchrun child: repo importable, one thread per process
-    (two ranks on a shared 2-core machine), and no torchrun variables leaking in."""
-    env = {k: v for k, v in os.environ.items() if k not in TORCHRUN_VARS}
-    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    return env
-
 
 # ---------------------------------------------------------------------------------------------
 # Batch split
@@ -137,23 +115,11 @@ def test_select_rank_state_same_and_different_world_size():
 # Two real processes (gloo)
 
 
-def _torchrun_two(args: list[str], timeout: int = 120) -> subprocess.CompletedProcess:
-    """Run ``args`` (a script and its arguments) under torchrun with two CPU processes."""
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run",
-        "--nproc_per_node=2", "--nnodes=1",
-        "--master_addr=127.0.0.1", f"--master_port={free_port()}", *args,
-    ]
-    proc = subprocess.run(cmd, cwd=ROOT, env=torchrun_env(), capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc
-
-
 @pytest.fixture(scope="module")
 def two_rank_steps(tmp_path_factory) -> dict:
     """Both two-rank measurements (``tests/scaling/two_rank_steps_worker.py``) from one torchrun."""
     out = tmp_path_factory.mktemp("two-ranks") / "result.json"
-    _torchrun_two([str(ROOT / "tests" / "scaling" / "two_rank_steps_worker.py"), str(out)])
+    ok(launch(2, [str(ROOT / "tests" / "scaling" / "two_rank_steps_worker.py"), str(out)], timeout=120))
     return json.loads(out.read_text())
 
 
@@ -195,7 +161,7 @@ def test_torchrun_two_processes_on_tiny_yaml_with_one_accumulation_step(small_ov
     sets = [*small_overrides, "train.max_steps=2", "train.grad_accum_steps=1", "eval.interval=0",
             "eval.sample_tokens=0", "logging.wandb.mode=disabled", f"run.out_dir={json.dumps(str(out))}"]
     args = ["train.py", "--config", "configs/tiny.yaml", "--no-progress", *[a for s in sets for a in ("--set", s)]]
-    proc = _torchrun_two(args, timeout=180)
+    proc = ok(launch(2, args, timeout=180))
     assert "done: 2 steps" in proc.stdout
     state = load_trainer_state(out)
     assert state["world_size"] == 2 and state["tokens_seen"] == 2 * 4 * 32  # steps x batch x block

@@ -7,18 +7,17 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from common.config import ConfigError
+from common.config import ConfigError, build
+from launch_testkit import ROOT, every_rank_says_one_line, launch, ok, torchrun, torchrun_env, train_args
 from model.config import GPTConfig
 from model.gpt import GPT
 from model.io import load_pretrained
@@ -26,7 +25,6 @@ from rundir.checkpoint import CheckpointError, load_trainer_state
 from rundir.files import METRICS_FILE, STATE_FILE
 from rundir.lock import hold_run_dir
 from rundir.metrics import read_metrics
-from tests.scaling.test_distributed import free_port, torchrun_env
 from training.config import TrainConfig
 from training.distributed import DistContext
 from training.adapters import Adapters
@@ -36,7 +34,6 @@ from training.optim import build_optimizer, plan_param_groups
 from training.recompute import checkpoint_blocks
 from training.resume_rules import check_fixed_settings, fixed_settings
 
-ROOT = Path(__file__).resolve().parents[2]
 MLA = ["model.attention=mla", "model.n_kv_head=4", "model.kv_latent_dim=32", "model.value_embeddings=false"]
 
 
@@ -44,11 +41,9 @@ def test_fsdp_torch_floor_and_bad_values_are_refused_in_one_line(monkeypatch):
     assert torch_too_old("2.7.0") is None and torch_too_old("2.13.0+cpu") is None
     message = torch_too_old("2.6.0+cu124")
     assert "torch >= 2.7 (this is 2.6.0+cu124)" in message and "pip install -U" in message
-    with pytest.raises(ConfigError, match=r"train.parallel must be ddp or fsdp \(got 'zero3'\)"):
-        TrainConfig(max_steps=1, parallel="zero3")
     monkeypatch.setattr(torch, "__version__", "2.6.0")
     with pytest.raises(ConfigError, match="needs torch >= 2.7") as info:
-        TrainConfig(max_steps=1, parallel="fsdp")
+        build(TrainConfig, {"max_steps": 1, "parallel": "fsdp"}, "train")
     assert "\n" not in str(info.value)
     TrainConfig(max_steps=1, parallel="ddp")  # DDP has no such floor
 
@@ -78,36 +73,6 @@ def test_activation_checkpointing_gives_the_same_loss_and_gradients(extra):
 # Two gloo processes (e2e)
 
 
-def _torchrun(nproc: int, args: list[str]) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--nnodes=1",
-            "--master_addr=127.0.0.1", f"--master_port={free_port()}", *args]
-
-
-def _launch(nproc: int, args: list[str], timeout: int = 240) -> subprocess.CompletedProcess:
-    """``args`` (a script and its arguments) under torchrun with ``nproc`` CPU processes; torchrun
-    stops every worker when one fails, and the test kills torchrun itself on a timeout."""
-    cmd = _torchrun(nproc, args)
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=torchrun_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
-
-
-def _train_args(overrides: list[str], out: Path, *more: str) -> list[str]:
-    sets = [*overrides, "model.n_layer=2", "train.max_steps=4", "run.checkpoint_interval=2",
-            "logging.wandb.mode=disabled", f"run.out_dir={json.dumps(str(out))}", *more]
-    return ["train.py", "--config", "configs/tiny.yaml", "--no-progress", *[a for s in sets for a in ("--set", s)]]
-
-
-def _ok(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc
-
-
 def _losses(run: Path) -> list[tuple[str, int, float]]:
     return [(r["kind"], r["step"], r.get("loss", r.get("val_loss"))) for r in read_metrics(run / METRICS_FILE)]
 
@@ -127,7 +92,7 @@ def _sharded_weights(run: Path) -> dict[str, torch.Tensor]:
 @pytest.mark.distributed
 def test_muon_on_sharded_weights_equals_single_process_muon(tmp_path):
     out = tmp_path / "result.json"
-    _ok(_launch(2, [str(ROOT / "tests" / "scaling" / "fsdp_muon_worker.py"), str(out)]))
+    ok(launch(2, [str(ROOT / "tests" / "scaling" / "fsdp_muon_worker.py"), str(out)]))
     result = json.loads(out.read_text())
     for attention in ("gqa", "mla"):
         # 3 steps of Muon + AdamW moved weights by a few hundredths; sharding changes only the
@@ -145,7 +110,7 @@ def test_fsdp_losses_equal_ddp_then_resume_at_one_process_and_generate(attention
     runs = {}
     for parallel in ("ddp", "fsdp"):
         runs[parallel] = tmp_path / parallel
-        _ok(_launch(2, _train_args(small_overrides, runs[parallel], f"train.parallel={parallel}", *more)))
+        ok(launch(2, train_args(small_overrides, runs[parallel], f"train.parallel={parallel}", *more)))
     ddp, fsdp = _losses(runs["ddp"]), _losses(runs["fsdp"])
     assert [(k, s) for k, s, _ in fsdp] == [(k, s) for k, s, _ in ddp] and len(fsdp) >= 6
     for (_, _, want), (_, _, got) in zip(ddp, fsdp):
@@ -158,15 +123,12 @@ def test_fsdp_losses_equal_ddp_then_resume_at_one_process_and_generate(attention
     assert sorted(p.name for p in run.glob("sharded-step*")) == ["sharded-step00000004"]
 
     # 2 -> 1 process: resumed by plain python, then generate.py decodes from the result.
-    resumed = subprocess.run(
-        [sys.executable, *_train_args(small_overrides, run, "train.parallel=fsdp", "train.max_steps=6", *more), "--resume"],
-        cwd=ROOT, env=torchrun_env(), capture_output=True, text=True, timeout=240)
-    _ok(resumed)
+    resumed = ok(launch(1, [*train_args(small_overrides, run, "train.parallel=fsdp", "train.max_steps=6", *more),
+                            "--resume"]))
     assert "saved with 2 process(es) on 1" in resumed.stdout and "done: 6 steps" in resumed.stdout
     assert load_trainer_state(run)["world_size"] == 1
-    generated = _ok(subprocess.run(
-        [sys.executable, "generate.py", "--run", str(run), "--prompt", "Once upon a time", "--max-new-tokens", "12",
-         "--seed", "0"], cwd=ROOT, env=torchrun_env(), capture_output=True, text=True, timeout=120))
+    generated = ok(launch(1, ["generate.py", "--run", str(run), "--prompt", "Once upon a time",
+                              "--max-new-tokens", "12", "--seed", "0"], timeout=120))
     assert generated.stdout.startswith("Once upon a time") and len(generated.stdout) > len("Once upon a time")
 
 
@@ -174,11 +136,10 @@ def test_fsdp_losses_equal_ddp_then_resume_at_one_process_and_generate(attention
 @pytest.mark.distributed
 def test_one_process_fsdp_run_resumes_on_two(small_overrides, tmp_path):
     run = tmp_path / "run"
-    _ok(subprocess.run([sys.executable, *_train_args(small_overrides, run, "train.parallel=fsdp")],
-                       cwd=ROOT, env=torchrun_env(), capture_output=True, text=True, timeout=240))
+    ok(launch(1, train_args(small_overrides, run, "train.parallel=fsdp")))
     before = load_trainer_state(run)
     assert before["world_size"] == 1 and before["sharded"] == "sharded-step00000004"
-    proc = _ok(_launch(2, [*_train_args(small_overrides, run, "train.parallel=fsdp", "train.max_steps=6"), "--resume"]))
+    proc = ok(launch(2, [*train_args(small_overrides, run, "train.parallel=fsdp", "train.max_steps=6"), "--resume"]))
     assert "done: 6 steps" in proc.stdout
     after = load_trainer_state(run)
     assert after["world_size"] == 2 and after["step"] == 6
@@ -192,8 +153,8 @@ def test_kill_9_in_a_sharded_save_leaves_the_previous_checkpoint_loadable(small_
     worker = str(ROOT / "tests" / "scaling" / "fsdp_kill_worker.py")
     # Checkpoints at steps 2 and 4: the kill lands in the second save, shards written, not published.
     # No periodic evaluation, so model.safetensors is each checkpoint's weights, not an evaluation's.
-    args = _train_args(small_overrides, run, "train.parallel=fsdp", "eval.interval=0")
-    killed = _launch(2, [worker, "2", *args[1:]])
+    args = train_args(small_overrides, run, "train.parallel=fsdp", "eval.interval=0")
+    killed = launch(2, [worker, "2", *args[1:]])
     assert killed.returncode != 0 and f"Signal {signal.SIGKILL.value}" in killed.stderr + killed.stdout, killed.stderr[-2000:]
     state = load_trainer_state(run)
     assert state["step"] == 2 and state["sharded"] == "sharded-step00000002"
@@ -202,12 +163,12 @@ def test_kill_9_in_a_sharded_save_leaves_the_previous_checkpoint_loadable(small_
     assert all(torch.equal(weights[k], v) for k, v in load_pretrained(run).state_dict().items())
 
     # The previous checkpoint resumes; the next save clears the unpublished one.
-    proc = _ok(_launch(2, [*args, "--resume"]))
+    proc = ok(launch(2, [*args, "--resume"]))
     assert "done: 4 steps" in proc.stdout
     assert sorted(p.name for p in run.glob("sharded-step*")) == ["sharded-step00000004"]
     # ... and ends where an uninterrupted run does: the sharded optimizer state came back whole.
     whole = tmp_path / "whole"
-    _ok(_launch(2, _train_args(small_overrides, whole, "train.parallel=fsdp")))
+    ok(launch(2, train_args(small_overrides, whole, "train.parallel=fsdp")))
     expected = load_pretrained(whole).state_dict()
     for name, tensor in load_pretrained(run).state_dict().items():
         torch.testing.assert_close(tensor, expected[name], rtol=0, atol=1e-5)  # fp32 sums, reordered
@@ -223,9 +184,8 @@ def test_resuming_with_another_train_parallel_is_refused_in_one_line(tmp_path):
 @pytest.mark.distributed
 def test_chat_tuning_from_a_parent_run_under_fsdp_equals_ddp(small_overrides, tmp_path):
     parent = tmp_path / "parent"
-    _ok(subprocess.run([sys.executable, *_train_args(small_overrides, parent, "model.block_size=128",
-                                                     "data.source=shakespeare", "train.max_steps=2")],
-                       cwd=ROOT, env=torchrun_env(), capture_output=True, text=True, timeout=240))
+    ok(launch(1, train_args(small_overrides, parent, "model.block_size=128", "data.source=shakespeare",
+                            "train.max_steps=2")))
     cache = next(s for s in small_overrides if s.startswith("data.cache_dir="))
     runs = {}
     for parallel in ("ddp", "fsdp"):
@@ -235,7 +195,7 @@ def test_chat_tuning_from_a_parent_run_under_fsdp_equals_ddp(small_overrides, tm
                 "eval.max_batches=2", "eval.final_max_batches=3", "eval.sample_tokens=8", "logging.wandb.mode=disabled",
                 f"run.out_dir={json.dumps(str(runs[parallel]))}", f"train.parallel={parallel}"]
         args = ["train.py", "--config", "configs/tiny-chat.yaml", "--no-progress", *[a for s in sets for a in ("--set", s)]]
-        assert "of assistant text" in _ok(_launch(2, args)).stdout
+        assert "of assistant text" in ok(launch(2, args)).stdout
     ddp, fsdp = _losses(runs["ddp"]), _losses(runs["fsdp"])
     assert [(k, s) for k, s, _ in fsdp] == [(k, s) for k, s, _ in ddp] and len(fsdp) >= 3
     for (_, _, want), (_, _, got) in zip(ddp, fsdp):
@@ -268,9 +228,9 @@ def _running(pid: int) -> bool:
 @pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="finds the workers in /proc")
 def test_workers_end_when_torchrun_is_killed_and_leave_a_loadable_checkpoint(small_overrides, tmp_path):
     run, log = tmp_path / "run", tmp_path / "log.txt"
-    args = _train_args(small_overrides, run, "train.parallel=fsdp", "train.max_steps=1000000", "eval.interval=0")
+    args = train_args(small_overrides, run, "train.parallel=fsdp", "train.max_steps=1000000", "eval.interval=0")
     with log.open("w") as out:
-        launcher = subprocess.Popen(_torchrun(2, args), cwd=ROOT, env=torchrun_env(), stdout=out,
+        launcher = subprocess.Popen(torchrun(2, args), cwd=ROOT, env=torchrun_env(), stdout=out,
                                     stderr=subprocess.STDOUT, start_new_session=True)
     workers: list[int] = []
     try:
@@ -301,24 +261,11 @@ def test_workers_end_when_torchrun_is_killed_and_leave_a_loadable_checkpoint(sma
     assert all(torch.equal(weights[k], v) for k, v in load_pretrained(run).state_dict().items())
 
 
-def _every_rank_says_one_line(proc: subprocess.CompletedProcess, nproc: int = 2) -> str:
-    """The one ``error:`` line that each of ``nproc`` ranks printed (the same), with no traceback
-    through this repository's code (torchrun reports the failed workers in its own words)."""
-    output = proc.stdout + proc.stderr
-    assert proc.returncode != 0, output[-3000:]
-    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert len(lines) == nproc and len(set(lines)) == 1, output[-3000:]
-    # (A virtual environment inside the checkout holds torchrun's own frames: those are not ours.)
-    ours = re.compile(rf'File "{re.escape(str(ROOT))}/(?!\.venv/)')
-    assert not ours.search(output) and "Connection closed" not in output, output[-3000:]
-    return lines[0]
-
-
 @pytest.fixture(scope="module")
 def two_rank_run(small_overrides, tmp_path_factory) -> Path:
     """An fsdp run of 2 steps saved by two processes (a shard file each); tests work on copies."""
     run = tmp_path_factory.mktemp("fsdp") / "run"
-    _ok(_launch(2, _train_args(small_overrides, run, "train.parallel=fsdp", "train.max_steps=2")))
+    ok(launch(2, train_args(small_overrides, run, "train.parallel=fsdp", "train.max_steps=2")))
     return run
 
 
@@ -354,7 +301,7 @@ def test_a_damaged_sharded_checkpoint_is_one_line_naming_it_and_the_run_stays_in
         folder = run / "sharded-step00000002"
         damage(folder)
         before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and not p.name.startswith(".run.lock")}
-        code = train_cli.main([*_train_args(small_overrides, run, "train.parallel=fsdp")[1:], "--resume"])
+        code = train_cli.main([*train_args(small_overrides, run, "train.parallel=fsdp")[1:], "--resume"])
         err = capsys.readouterr().err
         lines = [line for line in err.splitlines() if line.startswith("error:")]
         assert code == 2 and len(lines) == 1 and "Traceback" not in err, (name, err[-3000:])
@@ -364,7 +311,7 @@ def test_a_damaged_sharded_checkpoint_is_one_line_naming_it_and_the_run_stays_in
 
     # Under torchrun every rank fails the same way and says so in the same line.
     run = tmp_path / "half-a-shard"
-    line = _every_rank_says_one_line(_launch(2, [*_train_args(small_overrides, run, "train.parallel=fsdp"), "--resume"]))
+    line = every_rank_says_one_line(launch(2, [*train_args(small_overrides, run, "train.parallel=fsdp"), "--resume"]))
     assert f"sharded checkpoint {run / 'sharded-step00000002'} is damaged" in line
 
 
@@ -373,11 +320,11 @@ def test_a_damaged_sharded_checkpoint_is_one_line_naming_it_and_the_run_stays_in
 def test_refusals_of_rank_0_are_every_ranks_one_line(two_rank_run, small_overrides, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(two_rank_run, run)
-    args = _train_args(small_overrides, run, "train.parallel=fsdp", "train.max_steps=4")
-    line = _every_rank_says_one_line(_launch(2, args))
+    args = train_args(small_overrides, run, "train.parallel=fsdp", "train.max_steps=4")
+    line = every_rank_says_one_line(launch(2, args))
     assert f"{run} already holds a run; pass --resume" in line
     with hold_run_dir(run):  # another training holds the directory
-        line = _every_rank_says_one_line(_launch(2, [*args, "--resume"]))
+        line = every_rank_says_one_line(launch(2, [*args, "--resume"]))
     assert f"{run} is in use by another training (pid {os.getpid()}" in line
     assert load_trainer_state(run)["step"] == 2
 
@@ -397,7 +344,7 @@ def test_a_sharded_save_on_a_full_disk_is_one_line_and_leaves_the_previous_check
     disk = mount_tmpfs(_disk_bytes(two_rank_run) + sharded // 2 + 64 * 1024)
     run = disk / "run"
     # No periodic evaluation, so model.safetensors is each checkpoint's weights, not an evaluation's.
-    line = _every_rank_says_one_line(_launch(2, _train_args(small_overrides, run, "train.parallel=fsdp",
+    line = every_rank_says_one_line(launch(2, train_args(small_overrides, run, "train.parallel=fsdp",
                                                             "eval.interval=0")))
     # The OSError itself where the failing rank's exception still carries it, else torch's words.
     assert "sharded-step00000004.partial" in line

@@ -5,27 +5,23 @@ process."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from model.io import load_pretrained
 from rundir.checkpoint import load_trainer_state
-from tests.scaling.test_distributed import torchrun_env
-from tests.scaling.test_fsdp import ROOT, _launch, _ok, _train_args
+from launch_testkit import launch, ok, train_args
 
 
 @pytest.mark.e2e
 @pytest.mark.distributed
 def test_a_lora_run_on_two_processes_trains_the_adapters_alone_and_resumes_on_one(small_overrides, tmp_path):
     parent, run = tmp_path / "parent", tmp_path / "lora"
-    _ok(subprocess.run([sys.executable, *_train_args(small_overrides, parent)], cwd=ROOT, env=torchrun_env(),
-                       capture_output=True, text=True, timeout=240))
+    ok(launch(1, train_args(small_overrides, parent)))
     lora = [f"train.init_from={json.dumps(str(parent))}", "train.lora.rank=4", "train.lora.dropout=0.1",
             "train.optimizer=adamw", "train.lr=1e-2", "train.grad_accum_steps=2"]
-    assert "LoRA: " in _ok(_launch(2, _train_args(small_overrides, run, *lora))).stdout
+    assert "LoRA: " in ok(launch(2, train_args(small_overrides, run, *lora))).stdout
 
     state = load_trainer_state(run)
     assert state["world_size"] == 2 and state["step"] == 4
@@ -37,7 +33,5 @@ def test_a_lora_run_on_two_processes_trains_the_adapters_alone_and_resumes_on_on
             assert torch.equal(tensor, before[name.replace(".parametrizations.weight.original", ".weight")]), name
     assert (run / "adapter_model.safetensors").is_file() and (run / "adapter_config.json").is_file()
 
-    resumed = _ok(subprocess.run([sys.executable, *_train_args(small_overrides, run, *lora, "train.max_steps=6"),
-                                  "--resume"], cwd=ROOT, env=torchrun_env(), capture_output=True, text=True,
-                                 timeout=240))
+    resumed = ok(launch(1, [*train_args(small_overrides, run, *lora, "train.max_steps=6"), "--resume"]))
     assert "done: 6 steps" in resumed.stdout and load_trainer_state(run)["world_size"] == 1

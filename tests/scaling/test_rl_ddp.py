@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,8 +15,7 @@ import torch
 from rundir.checkpoint import load_trainer_state
 from rundir.files import METRICS_FILE
 from rundir.metrics import read_metrics
-from tests.scaling.test_distributed import torchrun_env
-from tests.scaling.test_fsdp import ROOT, _every_rank_says_one_line, _ok, _torchrun, _train_args
+from launch_testkit import every_rank_says_one_line, launch, ok, torchrun_env, train_args
 
 # What the runs log per step and evaluation that must agree (sums in another order: to rounding).
 # The weights agree to rounding too, but an absolute 1e-5: Adam divides each gradient by its own running
@@ -55,17 +52,11 @@ def env(tmp_path_factory) -> dict[str, str]:
     return {**base, "PYTHONPATH": f"{base['PYTHONPATH']}{os.pathsep}{folder}"}
 
 
-def _run(env: dict[str, str], nproc: int, args: list[str]) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, *args] if nproc == 1 else _torchrun(nproc, args)
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-
-
 @pytest.fixture(scope="module")
 def parent(small_overrides, tmp_path_factory) -> Path:
     run = tmp_path_factory.mktemp("rl-parent") / "parent"
-    _ok(subprocess.run([sys.executable, *_train_args(small_overrides, run, "model.block_size=64", "train.max_steps=2",
-                                                     "eval.interval=0", "eval.sample_tokens=0")],
-                       cwd=ROOT, env=torchrun_env(), capture_output=True, text=True, timeout=240))
+    ok(launch(1, train_args(small_overrides, run, "model.block_size=64", "train.max_steps=2", "eval.interval=0",
+                            "eval.sample_tokens=0")))
     return run
 
 
@@ -105,8 +96,8 @@ def _assert_same_runs(one: Path, two: Path) -> list[tuple[str, int, dict[str, fl
                          ids=["micro-batches-become-processes", "a-batch-split-between-processes"])
 def test_rl_on_two_processes_equals_one_process(parent, env, tmp_path, batch):
     one, two = tmp_path / "one", tmp_path / "two"
-    _ok(_run(env, 1, _rl_args(parent, one, *batch.split())))
-    _ok(_run(env, 2, _rl_args(parent, two, *batch.split())))
+    ok(launch(1, _rl_args(parent, one, *batch.split()), 300, env))
+    ok(launch(2, _rl_args(parent, two, *batch.split()), 300, env))
     assert load_trainer_state(two)["world_size"] == 2
 
     alone = _assert_same_runs(one, two)
@@ -124,8 +115,8 @@ TOOLS = ("rl.task=calculator", "rl.tools=[calculator]", "rl.max_tool_calls=2", "
 def test_rl_with_the_calculator_on_two_processes_equals_one_process(tool_run_dir, env, tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
     args = ("train.batch_size=4", *TOOLS)
-    _ok(_run(env, 1, _rl_args(tool_run_dir, one, *args)))
-    _ok(_run(env, 2, _rl_args(tool_run_dir, two, *args)))
+    ok(launch(1, _rl_args(tool_run_dir, one, *args), 300, env))
+    ok(launch(2, _rl_args(tool_run_dir, two, *args), 300, env))
     alone = _assert_same_runs(one, two)
     assert all(values["tools/calling_ratio"] > 0 for kind, _, values in alone if kind == "train")  # it calls
 
@@ -133,8 +124,9 @@ def test_rl_with_the_calculator_on_two_processes_equals_one_process(tool_run_dir
 @pytest.mark.e2e
 @pytest.mark.distributed
 def test_a_reward_that_fails_on_one_process_stops_both_with_one_line(parent, env, tmp_path):
-    proc = _run(env, 2, _rl_args(parent, tmp_path / "run", "rl.rewards=[grader:fails_on_rank_1]", "train.batch_size=4"))
-    line = _every_rank_says_one_line(proc)
+    proc = launch(2, _rl_args(parent, tmp_path / "run", "rl.rewards=[grader:fails_on_rank_1]", "train.batch_size=4"),
+                  300, env)
+    line = every_rank_says_one_line(proc)
     assert line.startswith("error: stopped at step 1: reward 'grader:fails_on_rank_1' raised RuntimeError: rank 1 "
                            "cannot grade for the question 'What is ")
     assert "no checkpoint had been written yet" in line

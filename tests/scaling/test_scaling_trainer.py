@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from launch_testkit import ROOT, torchrun
 from tests.tracking.wandb_records import read_offline_runs
 
-ROOT = Path(__file__).resolve().parents[2]
 TRAIN_METRICS = ("loss", "lr", "grad_norm", "tokens", "tokens_per_s", "mfu")
 
 
@@ -150,26 +149,15 @@ def test_wandb_failing_to_start_does_not_stop_training(small_config, tmp_path, m
 # torchrun
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.e2e  # two processes over a whole config: the default suite keeps the two-rank step tests
 @pytest.mark.distributed
 def test_torchrun_two_processes_train_and_only_rank0_writes(small_overrides, tmp_path):
     run_dir = tmp_path / "run"
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "WANDB_API_KEY")}
     env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), HOME=str(tmp_path / "home"))
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run",
-        "--nproc_per_node=2", "--nnodes=1", "--master_addr=127.0.0.1", f"--master_port={free_port()}",
-        "train.py", "--config", "configs/small.yaml", "--no-progress",
-        *[arg for o in small_overrides for arg in ("--set", o)],
-        "--set", f"run.out_dir={run_dir}", "--set", "logging.wandb.mode=offline",
-        "--set", "eval.interval=0",
-    ]
+    cmd = torchrun(2, ["train.py", "--config", "configs/small.yaml", "--no-progress",
+                       *[arg for o in small_overrides for arg in ("--set", o)], "--set", f"run.out_dir={run_dir}",
+                       "--set", "logging.wandb.mode=offline", "--set", "eval.interval=0"])
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.count("done: 4 steps") == 1  # rank 0 reports; rank 1 stays quiet

@@ -42,6 +42,6 @@ def test_a_compiled_server_replies_as_the_eager_one(plain_run_dir, device):
     # On CUDA the server compiles by default: no flag; on the CPU, --compile asks for it.
     compiled, log = replies(plain_run_dir, "--device", device, *(["--compile"] if device == "cpu" else []))
     eager, eager_log = replies(plain_run_dir, "--device", device, "--no-compile")
-    assert "compiled the decode step in " in log and "compil" not in eager_log
+    assert " the decode step " in log and "compil" not in eager_log and "decode step" not in eager_log
     assert all(text for text in eager)  # an empty reply would prove nothing
     assert compiled == eager

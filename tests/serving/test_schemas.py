@@ -48,6 +48,13 @@ def test_a_batch_of_one_becomes_its_prompt_and_max_tokens_is_resolved():
      "answered whole"),
     (ChatCompletionRequest, {"model": "m", "messages": [{"role": "user", "content": "x"}], "top_logprobs": 1},
      400, "top_logprobs", "needs logprobs: true"),
+    # What pydantic refuses, in the config's formatter (common.config.describe) and OpenAI's words.
+    (CompletionRequest, {"model": "m", "prompt": "a", "logit_bias": {}}, 400, "logit_bias",
+     "unrecognized request argument: logit_bias; this server does not implement it"),
+    (CompletionRequest, {"model": "m"}, 400, "prompt", "missing required field: prompt"),
+    (CompletionRequest, {"model": "m", "prompt": "a", "temperature": -0.5}, 400, "temperature",
+     "temperature must be greater than or equal to 0, got -0.5"),
+    (CompletionRequest, {"model": "m", "prompt": "a", "n": 2}, 400, "n", "n must be 1, got 2"),
 ])
 def test_every_rule_is_a_refusal_naming_its_field_and_status(schema, fields, status, param, fragment):
     error = refusal(schema, **fields)

@@ -103,15 +103,16 @@ def base_raw(corpus_file: Path, data_cache: Path) -> dict[str, Any]:
 
 @pytest.fixture
 def make_config(base_raw: dict[str, Any], tmp_path: Path):
-    """``make_config(**sections)``: the base config with per-section updates, out_dir in tmp."""
-    from training.config import config_from_dict
+    """``make_config(**sections)``: the base config with per-section updates, out_dir in tmp, as a run
+    starts with it (its parent run read)."""
+    from training.config import config_from_dict, with_parent
 
     def make(out_dir: str | Path | None = None, **sections: dict[str, Any]):
         raw = copy.deepcopy(base_raw)
         for section, values in sections.items():
             raw.setdefault(section, {}).update(values)
         raw["run"]["out_dir"] = str(out_dir if out_dir is not None else tmp_path / "run")
-        return config_from_dict(raw)
+        return with_parent(config_from_dict(raw))
 
     return make
 

@@ -3,7 +3,6 @@ training, and a model_config.json claiming a billion positions for loading."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
@@ -23,7 +22,7 @@ def test_a_model_too_large_for_the_machine_is_refused_before_building(make_confi
 
 @pytest.mark.parametrize("tied, n_kv_head, ffn_hidden", [(True, 2, None), (False, 1, None), (True, 1, 96)])
 def test_parameter_count_from_the_config_matches_a_built_model(make_config, tied, n_kv_head, ffn_hidden):
-    config = dataclasses.replace(make_config().model, tie_embeddings=tied, n_kv_head=n_kv_head, ffn_hidden=ffn_hidden)
+    config = make_config().model.model_copy(update=dict(tie_embeddings=tied, n_kv_head=n_kv_head, ffn_hidden=ffn_hidden))
     assert config.num_params() == GPT(config).num_params()
 
 
@@ -43,7 +42,7 @@ def test_counting_a_deep_models_parameters_builds_nothing_per_layer(make_config)
     # the count listed every value-embedding layer. It must cost the same at any depth.
     import tracemalloc
 
-    config = dataclasses.replace(make_config().model, n_layer=1_000_000, value_embeddings=True)
+    config = make_config().model.model_copy(update=dict(n_layer=1_000_000, value_embeddings=True))
     tracemalloc.start()
     try:
         params = config.num_params()
@@ -66,33 +65,6 @@ def test_a_thousand_million_layers_are_refused_by_the_size_check(make_config):
 
 RL = {"group_size": 2, "max_new_tokens": 2, "eval_samples": 2,
       "arithmetic": {"train_problems": 20, "val_problems": 4, "max_operand": 9}}
-
-
-@pytest.mark.parametrize("section, values, fragment", [
-    ("rl", {"group_size": 10**9}, "rl.group_size must be at most 1024"),
-    ("rl", {"eval_samples": 10**9}, "rl.eval_samples must be 1 to 1024"),
-    ("rl", {"arithmetic": {"train_problems": 10**9}}, "more than the 1,000,000 a run renders"),
-    ("rl", {"arithmetic": {"val_problems": 10**12, "max_operand": 10**12}}, "more than the 1,000,000 a run renders"),
-    ("rl", {"beta": 1e300}, "rl.beta must be in [0, 10]"),
-    ("rl", {"temperature": 1e300}, "rl.temperature must be in [0.1, 10]"),
-    ("rl", {"temperature": 1e-30}, "rl.temperature must be in [0.1, 10]"),
-    ("rl", {"temperature": float("nan")}, "rl.temperature must be in [0.1, 10]"),
-    ("rl", {"epsilon": 1e300}, "rl.epsilon must be in (0, 1)"),
-    ("rl", {"beta": float("inf")}, "rl.beta must be in [0, 10]"),
-    ("dpo", {"beta": 1e300}, "dpo.beta must be in (0, 10]"),
-    ("dpo", {"beta": float("nan")}, "dpo.beta must be in (0, 10]"),
-    ("dpo", {"rpo_alpha": 1e300}, "dpo.rpo_alpha must be in [0, 10]"),
-])
-def test_absurd_post_training_values_are_refused_when_the_config_is_read(make_config, parent_run, tmp_path, section,
-                                                                          values, fragment):
-    if section == "rl":
-        arithmetic = {**RL["arithmetic"], **values.get("arithmetic", {})}
-        data, values = {"format": "rl"}, {**RL, **values, "arithmetic": arithmetic}
-    else:
-        data = {"format": "preference", "source": "files", "files": {"paths": [str(tmp_path / "pairs.jsonl")]}}
-    with pytest.raises(ConfigError) as error:
-        make_config(tmp_path / "run", data=data, train={"init_from": str(parent_run)}, **{section: values})
-    assert fragment in str(error.value) and "\n" not in str(error.value)
 
 
 def test_a_huge_operand_range_trains_without_listing_its_pairs(make_config, parent_run, tmp_path):

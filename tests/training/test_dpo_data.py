@@ -95,11 +95,6 @@ def test_a_bad_row_is_refused_naming_the_file_and_row(tmp_path, tokenizer, row, 
     assert f"{path} line 3: " in message and fragment in message and "\n" not in message
 
 
-def test_preference_data_comes_from_files_or_the_hub():
-    with pytest.raises(DataError, match="data.format: preference reads reply pairs from data.source files or hub"):
-        DataConfig(source="shakespeare", format="preference")
-
-
 def test_a_batch_is_the_chosen_rows_then_the_rejected_rows_padded_to_one_width(tokenizer):
     pairs = [_pair(), _pair(chosen="Soft!", rejected="the east " * 5), _pair(chosen="Juliet is the sun, arise.")]
     split, _ = tokenize_pairs(tokenizer, pairs, 128)

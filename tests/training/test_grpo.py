@@ -243,11 +243,70 @@ def test_a_checkpoint_that_kept_the_pending_rollout_with_its_batches_resumes_exa
         torch.testing.assert_close(b["model"][name], tensor, rtol=0, atol=0, msg=name)
 
 
-def test_an_rl_section_needs_data_format_rl(make_config, parent_run, tmp_path):
-    with pytest.raises(UserError, match="an rl section is for data.format: rl"):
-        make_config(tmp_path / "run", train={"init_from": str(parent_run)}, rl={})
-    with pytest.raises(UserError, match="data.format: rl needs an rl section"):
-        make_config(tmp_path / "run", train={"init_from": str(parent_run)}, data={"format": "rl"})
+# The rl section's refusals, read without a parent run (it is read when the run starts): the sections
+# laid over an rl config, and the part of the one-line message they must give.
+RL_REFUSALS = [
+    ({"rl": {"grup_size": 2}}, "unknown config key 'rl.grup_size'; did you mean 'rl.group_size'?"),
+    ({"rl": {"group_size": 1}}, "rl.group_size must be greater than or equal to 2, got 1"),
+    ({"rl": {"group_size": 10**9}}, "rl.group_size must be less than or equal to 1024, got 1000000000"),
+    ({"rl": {"eval_samples": 0}}, "rl.eval_samples must be greater than or equal to 1, got 0"),
+    ({"rl": {"eval_samples": 1025}}, "rl.eval_samples must be less than or equal to 1024, got 1025"),
+    ({"rl": {"max_new_tokens": 0}}, "rl.max_new_tokens must be greater than or equal to 1, got 0"),
+    ({"rl": {"temperature": 1e300}}, "rl.temperature must be less than or equal to 10, got 1e+300"),
+    ({"rl": {"temperature": 1e-30}}, "rl.temperature must be greater than or equal to 0.1, got 1e-30"),
+    ({"rl": {"temperature": float("nan")}}, "rl.temperature must be less than or equal to 10, got nan"),
+    ({"rl": {"beta": float("inf")}}, "rl.beta must be less than or equal to 10, got inf"),
+    ({"rl": {"beta": -0.1}}, "rl.beta must be greater than or equal to 0, got -0.1"),
+    ({"rl": {"epsilon": 1.0}}, "rl.epsilon must be less than 1, got 1.0"),
+    ({"rl": {"epsilon": 0}}, "rl.epsilon must be greater than 0, got 0"),
+    ({"rl": {"updates_per_batch": 0}}, "rl.updates_per_batch must be greater than or equal to 1, got 0"),
+    ({"rl": {"rewards": []}}, "rl.rewards must have at least 1 item"),
+    ({"rl": {"rewards": ["correct", "correct"]}}, "rl.rewards names one twice: ['correct', 'correct']"),
+    ({"rl": {"rewards": ["corect"]}}, "rl.rewards: unknown reward 'corect'"),
+    ({"rl": {"rewards": ["correct", "tool_format"], "tools": ["calculator"]}},
+     "rl.rewards: correct reads a reply as a bare answer, but with rl.tools a reply holds its calls"),
+    ({"rl": {"tools": ["calculater"]}}, "rl.tools: unknown tool 'calculater'"),
+    ({"rl": {"max_tool_calls": 0}}, "rl.max_tool_calls must be greater than or equal to 1, got 0"),
+    ({"rl": {"max_tool_calls": 17}}, "rl.max_tool_calls must be less than or equal to 16, got 17"),
+    ({"rl": {"task": "chess"}}, "rl.task must be 'arithmetic' or 'calculator', got 'chess'"),
+    ({"rl": {"arithmetic": {"train_problems": 0}}}, "rl.arithmetic.train_problems must be greater than or equal to 1"),
+    ({"rl": {"arithmetic": {"train_problems": 10**9}}}, "rl.arithmetic asks for 1,000,000,200 problems, more than the "
+                                                        "1,000,000 a run renders and holds at its start"),
+    ({"rl": {"arithmetic": {"val_problems": 10**12, "max_operand": 10**12}}}, "more than the 1,000,000 a run renders"),
+    ({"rl": {"arithmetic": {"train_problems": 500, "val_problems": 8, "max_operand": 9}}},
+     "rl.arithmetic asks for 508 problems but only 100 distinct ones exist"),
+    ({"rl": {"arithmetic": {"operations": "++"}}}, "rl.arithmetic.operations must be distinct characters of +-*"),
+    ({"rl": {"calculator": {"digits": 6}}}, "rl.calculator.digits must be less than or equal to 5, got 6"),
+    ({"rl": {"calculator": {"digits": 1, "operations": "*", "train_problems": 60, "val_problems": 6}}},
+     "rl.calculator.train_problems + val_problems is 66, more than half the 100 distinct problems"),
+    ({"rl": None}, "data.format: rl needs an rl section (rl: {} takes every default)"),
+    ({"data": {"format": "text"}}, "the rl section is for data.format: rl (this run's is text)"),
+    ({"train": {"parallel": "fsdp"}}, "data.format: rl trains with train.parallel: ddp"),
+    ({"train": {"compile": True}}, "data.format: rl samples through the engine with the plain model; set "
+                                   "train.compile: false"),
+]
+
+
+@pytest.mark.parametrize("sections, expected", RL_REFUSALS)
+def test_rl_refusals(sections, expected):
+    from common.config import merged
+    from training.config import config_from_dict
+
+    raw = {"train": {"max_steps": 1, "init_from": "runs/parent"}, "data": {"format": "rl"}, "rl": {}}
+    with pytest.raises(UserError) as error:
+        config_from_dict(merged(raw, sections))
+    assert expected in str(error.value) and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("rl", [{"group_size": 2, "eval_samples": 1, "max_tool_calls": 1, "temperature": 0.1, "beta": 0},
+                                {"group_size": 1024, "eval_samples": 1024, "max_tool_calls": 16, "temperature": 10,
+                                 "beta": 10}])
+def test_the_rl_bounds_admit_what_is_at_them(rl):
+    from training.config import config_from_dict
+
+    config = config_from_dict({"train": {"max_steps": 1, "init_from": "p"}, "data": {"format": "rl"}, "rl": rl})
+    assert config.rl.model_dump(include=set(rl)) == rl
+
 
 
 def test_the_shipped_rl_config_reads(parent_run):

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from common.errors import UserError
 from data.chat import ChatTokenIds, Message, render_chat
 from data.sources.tool_arithmetic import conversation
 from data.tokenizer import token_byte_table
@@ -24,8 +23,7 @@ from rundir.metrics import read_metrics
 from rl_testkit import written_out_grpo_loss
 from run_testkit import TOOL_QUESTIONS
 from tools.calculator import calculator
-from training.config import config_from_dict
-from training.tasks.grpo.config import MAX_TOOL_CALLS
+from training.config import config_from_dict, with_parent
 from training.tasks.grpo.loss import Rollout, accumulate_grpo_gradients, target_logps
 from training.tasks.grpo.rewards import tool_answer_correct, tool_format
 from training.tasks.grpo.rollout import (Completion, Sampler, ToolLoop, call_counts, collate_completions,
@@ -243,7 +241,7 @@ def tool_rl_config(base_raw, tool_run_dir, tmp_path):
         raw["rl"] = {"task": "calculator", "tools": ["calculator"], "max_tool_calls": 2, "group_size": 3,
                      "max_new_tokens": 40, "rewards": ["tool_answer_correct", "tool_format"], "eval_samples": 2,
                      "updates_per_batch": 2, "beta": 0.1, "calculator": CALCULATOR, **(rl or {})}
-        return config_from_dict(raw)
+        return with_parent(config_from_dict(raw))
 
     return make
 
@@ -273,31 +271,6 @@ def test_an_rl_run_with_the_calculator_logs_tool_metrics_and_resumes_exactly(too
         torch.testing.assert_close(b[name], tensor, rtol=0, atol=0, msg=name)
     resumed = read_metrics(tmp_path / "resumed" / "metrics.jsonl")
     assert [r["reward"] for r in resumed if r["kind"] == "train"] == [r["reward"] for r in steps]
-
-
-@pytest.mark.parametrize("rl, message", [
-    ({"rewards": ["correct", "tool_format"]}, "rl.rewards: correct reads a reply as a bare answer"),
-    ({"tools": ["calculater"]}, "rl.tools: unknown tool 'calculater'"),
-    *[({"max_tool_calls": n}, f"rl.max_tool_calls must be 1 to {MAX_TOOL_CALLS} \\(got {n}\\)")
-      for n in (0, MAX_TOOL_CALLS + 1)],
-    ({"task": "chess"}, "rl.task must be arithmetic or calculator"),
-    ({"group_size": 1}, "rl.group_size must be >= 2"),
-    ({"epsilon": 1.5}, "rl.epsilon must be in"),
-    ({"rewards": ["corect"]}, "rl.rewards: unknown reward 'corect'"),
-    ({"task": "arithmetic", "tools": [], "rewards": ["correct"],
-      "arithmetic": {"train_problems": 500, "val_problems": 8, "max_operand": 9}}, "only 100 distinct ones exist"),
-    ({"calculator": {**CALCULATOR, "digits": 1, "operations": "*", "train_problems": 60}},
-     "rl.calculator.train_problems + val_problems is 66, more than half the 100 distinct problems"),
-])
-def test_rl_settings_that_cannot_work_are_refused_in_one_line(tool_rl_config, tmp_path, rl, message):
-    with pytest.raises(UserError, match=message.replace("+", r"\+")) as error:
-        tool_rl_config(tmp_path / "run", rl=rl)
-    assert "\n" not in str(error.value)
-
-
-@pytest.mark.parametrize("calls", [1, MAX_TOOL_CALLS])
-def test_the_call_limit_is_accepted_at_its_bounds(tool_rl_config, tmp_path, calls):
-    assert tool_rl_config(tmp_path / "run", rl={"max_tool_calls": calls}).rl.max_tool_calls == calls
 
 
 def test_the_shipped_tools_rl_config_reads_and_holds_out_the_sft_runs_held_out_problems(tool_run_dir):

@@ -13,7 +13,7 @@ import torch
 from common.errors import UserError
 from data.tokenizer import train_tokenizer
 from model.io import load_pretrained
-from training.config import config_from_dict
+from training.config import config_from_dict, with_parent
 from training.distributed import init_distributed
 from training.trainer import Trainer, train
 
@@ -43,11 +43,14 @@ def test_init_from_loads_the_parents_weights_exactly_and_records_it(make_config,
 
 
 def test_the_parent_run_is_found_once_and_travels_with_the_config(make_config, parent_run, monkeypatch, tmp_path):
-    import training.config as config_module
+    import training.init_from as init_from_module
 
     found = []
-    find = config_module.find_parent
-    monkeypatch.setattr(config_module, "find_parent", lambda where: found.append(where) or find(where))
+    find = init_from_module.find_parent
+    monkeypatch.setattr(init_from_module, "find_parent", lambda where: found.append(where) or find(where))
+    # Reading the config reads no other file: the parent is found when the run starts (with_parent).
+    read = config_from_dict({"train": {"max_steps": 1, "init_from": str(parent_run / "gone")}, "model": {"n_layer": 2}})
+    assert read.parent is None and read.model is None and found == []
     config = make_config(train={"init_from": str(parent_run)})
     assert found == [str(parent_run)] and config.parent.directory == parent_run
     trainer = _setup(config)
@@ -64,11 +67,11 @@ def test_a_model_section_that_disagrees_with_the_parent_names_the_field(base_raw
     raw["run"]["out_dir"] = str(tmp_path / "run")
     raw["model"]["n_layer"] = 3
     with pytest.raises(UserError, match=r"model\.n_layer is 3 in the config but 2 in the parent run"):
-        config_from_dict(raw)
+        with_parent(config_from_dict(raw))
     # Agreeing fields, and settings that do not change the shape, are fine.
     raw["model"]["n_layer"] = 2
     raw["model"]["dropout"] = 0.1
-    assert config_from_dict(raw).model.dropout == 0.1
+    assert with_parent(config_from_dict(raw)).model.dropout == 0.1
 
 
 def test_init_from_refuses_a_non_run(make_config, tmp_path):

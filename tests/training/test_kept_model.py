@@ -143,7 +143,7 @@ def test_a_lora_run_keeps_its_best_merged_weights_and_scores_them_at_the_end(div
     best = min(evals, key=lambda r: r["val_loss"])
     assert best["step"] != 22 and result.kept_step == best["step"]  # the case this test is for
     kept = load_pretrained(tmp_path / "run")
-    token_bytes = torch.ones(config.model.vocab_size, dtype=torch.long)
+    token_bytes = torch.ones(kept.config.vocab_size, dtype=torch.long)
     from data.prepared.text import prepare_data
     val_tokens = prepare_data(config.data, progress=False).val_tokens()
     whole = evaluate(kept, val_tokens, token_bytes, block_size=32, batch_size=8, max_batches=None,

@@ -19,7 +19,7 @@ from model.config import GPTConfig
 from model.gpt import GPT
 from model.io import load_pretrained
 from rundir.checkpoint import load_trainer_state
-from training.config import LoraConfig, config_from_dict
+from training.config import LoraConfig, config_from_dict, with_parent
 from training.lora import LowRankDelta, adapters_disabled, add_adapters, merged_copy, parametrized
 from training.trainer import train
 
@@ -142,13 +142,13 @@ def lora_config(base_raw, parents, tmp_path):
         raw["train"].update({"max_steps": 6, "batch_size": 4, "grad_accum_steps": 2, "lr": 1e-2, **train})
         raw["eval"] = {"interval": 3, "max_batches": 2, "sample_tokens": 6, "final_max_batches": 3}
         raw["run"]["checkpoint_interval"] = 3
-        return config_from_dict(raw)
+        return with_parent(config_from_dict(raw))
 
     return make
 
 
 @pytest.mark.parametrize("kind, lora, train, message", [
-    ("gqa", {"targets": []}, {}, r"train\.lora\.targets is empty"),
+    ("gqa", {"targets": []}, {}, r"train\.lora\.targets must have at least 1 item"),
     ("mla", {"targets": ["attn.qkv"]}, {}, r"'attn\.qkv' is not a layer of this model \(model\.attention: mla.*"
                                            r"choose from attention, feed_forward, attn\.down, attn\.q_up"),
     ("gqa", {"targets": ["ffn.up"]}, {}, r"'ffn\.up' is not a layer of this model \(model\.attention: gqa\)"),
@@ -156,20 +156,24 @@ def lora_config(base_raw, parents, tmp_path):
     ("gqa", {"rank": 33}, {}, r"rank 33 is above the width of attn\.qkv \(32\)"),
     ("gqa", {}, {"optimizer": "muon"}, r"set train\.optimizer: adamw"),
     ("gqa", {}, {"parallel": "fsdp"}, r"train\.lora is not supported with train\.parallel: fsdp; use ddp"),
-    ("gqa", {"rank": 0}, {}, r"train\.lora\.rank must be >= 1"),
-    ("gqa", {"dropout": 1.0}, {}, r"train\.lora\.dropout must be in \[0, 1\)"),
+    ("gqa", {"rank": 0}, {}, r"train\.lora\.rank must be greater than or equal to 1, got 0"),
+    ("gqa", {"dropout": 1.0}, {}, r"train\.lora\.dropout must be less than 1, got 1\.0"),
+    ("gqa", {"alpha": 0}, {}, r"train\.lora\.alpha must be greater than 0, got 0"),
+    ("gqa", {"alpha": float("inf")}, {}, r"train\.lora\.alpha must be a finite number, got inf"),
+    ("gqa", {"trainable_tokens": ["<|end|>", "<|end|>"]}, {}, r"train\.lora\.trainable_tokens names a token twice"),
 ])
 def test_a_lora_setting_that_cannot_work_is_refused_in_one_line(base_raw, parents, tmp_path, kind, lora, train,
                                                                   message):
     raw = _raw(base_raw, parents[kind], tmp_path / "run", **lora)
     raw["train"].update(train)
     with pytest.raises(ConfigError, match=message) as caught:
-        config_from_dict(raw)
+        with_parent(config_from_dict(raw))
     assert "\n" not in str(caught.value)
     # A rank that fits the narrowest layer is fine once it is left out.
     if kind == "mla" and lora.get("rank") == 9:
         raw["train"]["lora"]["targets"] = ["feed_forward"]
-        assert config_from_dict(raw).train.lora.layers(config_from_dict(raw).model) == ["ffn.gate_up", "ffn.down"]
+        config = with_parent(config_from_dict(raw))
+        assert config.train.lora.layers(config.model) == ["ffn.gate_up", "ffn.down"]
 
 
 @pytest.mark.parametrize("name", ["tiny-chat-lora", "tiny-dpo-lora"])
@@ -177,7 +181,7 @@ def test_the_lora_configs_read(parents, tmp_path, name):
     from training.config import load_run_config
 
     path = Path(__file__).resolve().parents[2] / "configs" / f"{name}.yaml"
-    config = load_run_config(path, [f"train.init_from={parents['gqa']}", f"run.out_dir={tmp_path / 'run'}"])
+    config = with_parent(load_run_config(path, [f"train.init_from={parents['gqa']}", f"run.out_dir={tmp_path / 'run'}"]))
     assert config.train.lora.layers(config.model) == ["attn.qkv", "attn.proj", "ffn.gate_up", "ffn.down"]
 
 
@@ -188,11 +192,11 @@ def test_lora_needs_a_parent_run_and_is_turned_on_by_one_override(base_raw, pare
     raw["run"]["out_dir"] = str(tmp_path / "run")
     raw["train"]["lora"] = {"rank": 4}
     with pytest.raises(ConfigError, match=r"train\.lora adapts a trained run's weights: set train\.init_from"):
-        config_from_dict(raw)
+        with_parent(config_from_dict(raw))
     raw = _raw(base_raw, parents["gqa"], tmp_path / "run")
     del raw["train"]["lora"]
     raw = apply_overrides(raw, ["train.lora.rank=2"])
-    lora = config_from_dict(raw).train.lora
+    lora = with_parent(config_from_dict(raw)).train.lora
     assert lora == LoraConfig(rank=2) and lora.targets == ["attention", "feed_forward"]
 
 

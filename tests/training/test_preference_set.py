@@ -81,24 +81,6 @@ def test_no_pair_is_an_error_and_writes_nothing(silent_run, tmp_path, capsys):
     assert not out.exists()
 
 
-@pytest.mark.parametrize("flags, fragment", [
-    (["--samples", "0"], "--samples must be at least 1"),
-    (["--temperature", "0"], "--temperature must be in (0, 10]"),
-    (["--prompts", "0"], "--prompts must be at least 1"),
-])
-def test_bad_flags_are_one_line_errors(silent_run, tmp_path, capsys, flags, fragment):
-    assert main(["--run", str(silent_run), "--out", str(tmp_path / "p.jsonl"), *flags]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: ") and fragment in err and err.count("\n") == 1
-
-
-def test_an_existing_file_is_kept_without_overwrite(silent_run, tmp_path, capsys):
-    out = tmp_path / "pairs.jsonl"
-    out.write_text("mine\n")
-    assert main(["--run", str(silent_run), "--out", str(out)]) == 2
-    assert "pass --overwrite" in capsys.readouterr().err and out.read_text() == "mine\n"
-
-
 def test_sampled_replies_carry_their_text_and_follow_the_seed_rule(tmp_path):
     run = load_run(run_testkit.build_run(tmp_path / "talker", run_testkit.chat_tokenizer(), block_size=64),
                    torch.device("cpu"))
@@ -156,21 +138,39 @@ def _one_line(capsys, code: int) -> str:
     return err.strip()
 
 
-@pytest.mark.parametrize("make_out, fragment", [
-    (lambda tmp: (tmp / "notes.txt").write_text("a file") and tmp / "notes.txt" / "pairs.jsonl",
-     "notes.txt is a file, not a folder"),
-    (lambda tmp: (tmp / "notes.txt").write_text("a file") and tmp / "notes.txt" / "deeper" / "pairs.jsonl",
-     "notes.txt is a file, not a folder"),
-    (lambda tmp: (tmp / "pairs.jsonl").mkdir() or tmp / "pairs.jsonl", "is a folder; name the .jsonl file"),
-    (lambda tmp: tmp / "pairs.json", "must end in .jsonl"),
-    (lambda tmp: (tmp / "pairs.jsonl").write_text("mine\n") and tmp / "pairs.jsonl", "exists; pass --overwrite"),
-], ids=["under-a-file", "deep-under-a-file", "a-folder", "not-jsonl", "exists"])
-def test_an_out_that_cannot_be_written_is_refused_before_any_reply(silent_run, tmp_path, capsys, monkeypatch, make_out,
-                                                                    fragment):
+def _out(name: str, content: str | None = None, folder: bool = False):
+    """A --out of ``name`` under a test's folder, as a function of it: the file ``content`` already holds
+    (where not None), or a folder in its place."""
+    def make(tmp):
+        if folder:
+            (tmp / name).mkdir()
+        elif content is not None:
+            (tmp / name).write_text(content)
+        return tmp / name
+    return make
+
+
+# Each refusal of a flag or of an --out that cannot be written: one line and exit 2 before any reply,
+# and what was there is kept.
+@pytest.mark.parametrize("make_out, flags, fragment", [
+    (_out("p.jsonl"), ["--samples", "0"], "--samples must be at least 1"),
+    (_out("p.jsonl"), ["--temperature", "0"], "--temperature must be in (0, 10]"),
+    (_out("p.jsonl"), ["--prompts", "0"], "--prompts must be at least 1"),
+    (lambda tmp: _out("notes.txt", "a file")(tmp) / "pairs.jsonl", [], "notes.txt is a file, not a folder"),
+    (lambda tmp: _out("notes.txt", "a file")(tmp) / "deeper" / "pairs.jsonl", [], "notes.txt is a file, not a folder"),
+    (_out("pairs.jsonl", folder=True), [], "is a folder; name the .jsonl file"),
+    (_out("pairs.json"), [], "must end in .jsonl"),
+    (_out("pairs.jsonl", "mine\n"), [], "exists; pass --overwrite"),
+], ids=["no-samples", "zero-temperature", "no-prompts", "under-a-file", "deep-under-a-file", "a-folder", "not-jsonl",
+        "exists"])
+def test_a_bad_flag_or_an_out_that_cannot_be_written_is_refused_before_any_reply(silent_run, tmp_path, capsys,
+                                                                               monkeypatch, make_out, flags, fragment):
     _no_work(monkeypatch)
     out = make_out(tmp_path)
-    line = _one_line(capsys, main(["--run", str(silent_run), "--out", str(out)]))
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    line = _one_line(capsys, main(["--run", str(silent_run), "--out", str(out), *flags]))
     assert fragment in line, line
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
 
 
 def test_a_read_only_folder_is_refused_before_any_reply(silent_run, mount_tmpfs, capsys, monkeypatch):

@@ -286,7 +286,7 @@ def test_loss_curve_draws_the_final_full_validation_as_its_own_point_at_the_kept
 
 
 def test_a_llama_shaped_run_is_offered_the_llama_and_gguf_exports(make_config):
-    from model.config_checks import llama_blockers
+    from model.layer_map import llama_blockers
 
     rope = make_config(model={"positions": "rope"})
     assert not llama_blockers(rope.model) and llama_blockers(make_config().model)  # learned positions

@@ -95,120 +95,146 @@ def test_out_dir_defaults_to_the_config_name(tmp_path):
     assert cfg.run.out_dir == "runs/my_experiment"
 
 
-def test_unknown_key_is_named_with_a_suggestion(tmp_path):
-    message = error_of(write(tmp_path, MINIMAL + "  max_step: 5\n"))
-    assert "'train.max_step'" in message and "'train.max_steps'" in message
+# Each section's refusals: an override, and the part of the one-line message it must give. A bound
+# is refused one step past it (test_optimizer_numbers_at_the_edges_of_their_ranges_load: at it).
+TRAIN_REFUSALS = [
+    ("train.max_step=5", "unknown config key 'train.max_step'; did you mean 'train.max_steps'?"),
+    ("train.batch_size='32'", "train.batch_size must be a valid integer, got '32'"),  # a string is not an int
+    ("train.max_steps=true", "train.max_steps must be a valid integer, got true"),  # nor is a bool
+    ("train.max_steps=2.5", "train.max_steps must be a valid integer, got 2.5"),  # nor a float
+    ("train.lr=fast", "train.lr must be a valid number, got 'fast'"),
+    ("train.lr=null", "train.lr must be a valid number, got null"),
+    ("train.max_steps=null", "no budget set: give train.max_steps, train.max_minutes or train.max_tokens"),
+    ("train.max_steps=0", "train.max_steps must be greater than or equal to 1, got 0"),
+    ("train.max_minutes=0", "train.max_minutes must be greater than 0, got 0"),
+    ("train.max_minutes=.inf", "train.max_minutes must be a finite number, got inf"),
+    ("train.max_tokens=0", "train.max_tokens must be greater than or equal to 1, got 0"),
+    ("train.batch_size=0", "train.batch_size must be greater than or equal to 1, got 0"),
+    ("train.grad_accum_steps=0", "train.grad_accum_steps must be greater than or equal to 1, got 0"),
+    ("train.sampling=shuffled", "train.sampling must be 'random' or 'epoch', got 'shuffled'"),
+    ("train.optimizer=sgd", "train.optimizer must be 'adamw' or 'muon', got 'sgd'"),
+    ("train.lr=-1", "train.lr must be greater than 0, got -1"),
+    ("train.lr=10.5", "train.lr must be less than or equal to 10, got 10.5"),
+    ("train.lr=.nan", "train.lr must be less than or equal to 10, got nan"),
+    ("train.min_lr=0.0031", "train.min_lr must be at most train.lr (0.003), got 0.0031"),
+    ("train.min_lr=-1e-9", "train.min_lr must be greater than or equal to 0"),
+    ("train.lr_schedule=step", "train.lr_schedule must be 'cosine' or 'wsd', got 'step'"),
+    ("train.lr_decay_fraction=0", "train.lr_decay_fraction must be greater than 0, got 0"),
+    ("train.lr_decay_fraction=1.01", "train.lr_decay_fraction must be less than or equal to 1"),
+    ("train.muon_lr=0", "train.muon_lr must be greater than 0, got 0"),
+    ("train.value_embedding_lr=0", "train.value_embedding_lr must be greater than 0, got 0"),
+    ("train.value_embedding_lr=11", "train.value_embedding_lr must be less than or equal to 10"),
+    ("train.muon_momentum=1.0", "train.muon_momentum must be less than 1, got 1.0"),
+    ("train.muon_momentum_warmup=-1", "train.muon_momentum_warmup must be greater than or equal to 0, got -1"),
+    ("train.warmup_steps=-1", "train.warmup_steps must be greater than or equal to 0, got -1"),
+    ("train.weight_decay=10.5", "train.weight_decay must be less than or equal to 10"),
+    ("train.weight_decay=-1", "train.weight_decay must be greater than or equal to 0"),
+    ("train.beta1=1", "train.beta1 must be less than 1, got 1"),
+    ("train.beta2=-.inf", "train.beta2 must be greater than or equal to 0, got -inf"),
+    ("train.eps=0", "train.eps must be greater than 0, got 0"),
+    ("train.eps=1.5", "train.eps must be less than or equal to 1"),
+    ("train.grad_clip=1e300", "train.grad_clip must be less than or equal to 1000000"),
+    ("train.grad_clip=-1", "train.grad_clip must be greater than or equal to 0"),
+    ("train.device=gpu", "train.device must be auto, cpu, cuda, cuda:N or mps (got 'gpu')"),
+    ("train.threads=0", "train.threads must be 'auto' or greater than 0, got 0"),
+    ("train.threads=many", "train.threads must be 'auto' or a valid integer, got 'many'"),
+    ("train.precision=fp16", "train.precision must be 'auto', 'bf16' or 'fp32', got 'fp16'"),
+    ("train.compile=sometimes", "train.compile must be a valid boolean or 'auto', got 'sometimes'"),
+    ("train.peak_flops=0", "train.peak_flops must be 'auto' or greater than 0, got 0"),
+    ("train.peak_flops=.inf", "train.peak_flops must be 'auto' or a finite number, got inf"),
+    ("train.parallel=zero", "train.parallel must be 'ddp' or 'fsdp', got 'zero'"),
+    ("train.lr.x=1", "--set train.lr.x: 'train.lr' is a value, not a section"),
+    # Keys that left, at any value but the one that changed nothing: where each went.
+    ("train.short_window=64", "train.short_window (short windows first) was taken out: it tied by the records "
+                              "protocol (docs/records.md); delete the key"),
+    ("train.short_window_share=0.5", "train.short_window_share went with train.short_window, which tied by the "
+                                     "records protocol (docs/records.md); delete the key"),
+    ("train.dpo_beta=0.2", "train.dpo_beta is now dpo.beta, in a dpo: section beside train:"),
+    ("train.bigram_lr=0.4", "train.bigram_lr was removed: it lost by the records protocol (docs/records.md"),
+    ("train.muon_iteration=polar_express", "train.muon_iteration was removed: it lost by the records protocol"),
+    ("train.normuon=true", "train.normuon was removed: NorMuon tied by the records protocol"),
+    ("train.cautious_weight_decay=true", "train.cautious_weight_decay was removed: it lost by the records"),
+]
+EVAL_REFUSALS = [
+    ("eval.intervals=5", "unknown config key 'eval.intervals'; did you mean 'eval.interval'?"),
+    ("eval.interval=-1", "eval.interval must be greater than or equal to 0, got -1"),
+    ("eval.max_batches=0", "eval.max_batches must be greater than or equal to 1, got 0"),
+    ("eval.batch_size=0", "eval.batch_size must be greater than or equal to 1, got 0"),
+    ("eval.final_max_batches=0", "eval.final_max_batches must be greater than or equal to 1, got 0"),
+    ("eval.sample_prompt=3", "eval.sample_prompt must be a valid string, got 3"),
+    ("eval.sample_tokens=-1", "eval.sample_tokens must be greater than or equal to 0, got -1"),
+    ("eval.sample_temperature=-0.5", "eval.sample_temperature must be greater than or equal to 0, got -0.5"),
+    ("eval.sample_temperature=.nan", "eval.sample_temperature must be a finite number, got nan"),
+    ("eval.sample_temperature=.inf", "eval.sample_temperature must be a finite number, got inf"),
+    ("eval.sample_top_k=0", "eval.sample_top_k must be greater than or equal to 1, got 0"),
+    ("eval.attention_stats=1", "eval.attention_stats must be a valid boolean, got 1"),
+    ("eval.attention_image_interval=-1", "eval.attention_image_interval must be greater than or equal to 0"),
+]
+RUN_AND_LOGGING_REFUSALS = [
+    ("run.overwrite=1", "run.overwrite must be a valid boolean, got 1"),  # an int is not a bool
+    ("run.out_dir=' '", "run.out_dir must match pattern"),
+    ("run.checkpoint_interval=-1", "run.checkpoint_interval must be greater than or equal to 0, got -1"),
+    ("logging.interval=0", "logging.interval must be greater than or equal to 1, got 0"),
+    ("logging.wandb.mode=loud", "logging.wandb.mode must be 'auto', 'online', 'offline' or 'disabled', got 'loud'"),
+    ("logging.wandb.moed=offline", "unknown config key 'logging.wandb.moed'; did you mean 'logging.wandb.mode'?"),
+    ("logging.wandb.tags=[1]", "logging.wandb.tags.0 must be a valid string, got 1"),
+    ("logging.wandb.tags=a", "logging.wandb.tags must be a valid list, got 'a'"),
+    ("logging.wandb=3", "logging.wandb must be a valid dictionary or instance of WandbConfig, got 3"),
+]
+# Across sections: the config's top level, and what a section asks of another.
+CONFIG_REFUSALS = [
+    ("trian.lr=1.0", "unknown config section 'trian'; did you mean 'train'?"),
+    ("model.vocab_size=100", "model.vocab_size (100) is smaller than data.vocab_size (2048); remove model.vocab_size"),
+    ("model.n_layer=0", "model.n_layer must be greater than or equal to 1, got 0"),
+    ("model.n_kv_head=3", "model: n_head (4) must be divisible by n_kv_head (3)"),
+    ("data.source=nowhere", "data.source must be 'shakespeare', 'hub', 'files', 'synthetic', 'quotes' or 'calculator'"),
+    ("dpo.beta=0.2", "the dpo section is for data.format: preference (this run's is text)"),
+    ("rl.group_size=4", "the rl section is for data.format: rl (this run's is text)"),
+    ("data.format=rl", "data.format: rl needs an rl section (rl: {} takes every default)"),
+    ("train.lora.rank=4", "train.lora adapts a trained run's weights: set train.init_from to its directory"),
+]
 
 
-def test_unknown_key_from_an_override_is_named_with_a_suggestion(tmp_path):
-    message = error_of(write(tmp_path, MINIMAL), ["logging.wandb.moed=offline"])
-    assert "'logging.wandb.moed'" in message and "'logging.wandb.mode'" in message
+@pytest.mark.parametrize("override, expected", TRAIN_REFUSALS)
+def test_train_refusals(tmp_path, override, expected):
+    assert expected in error_of(write(tmp_path, MINIMAL), [override])
 
 
-def test_unknown_section_is_named(tmp_path):
-    message = error_of(write(tmp_path, MINIMAL + "trian:\n  lr: 1.0\n"))
-    assert "'trian'" in message and "'train'" in message
+@pytest.mark.parametrize("override, expected", EVAL_REFUSALS)
+def test_eval_refusals(tmp_path, override, expected):
+    assert expected in error_of(write(tmp_path, MINIMAL), [override])
 
 
-@pytest.mark.parametrize(
-    "override, key",
-    [
-        ("train.batch_size='32'", "train.batch_size"),  # a string is not an int
-        ("train.max_steps=true", "train.max_steps"),  # a bool is not an int
-        ("train.max_steps=2.5", "train.max_steps"),  # a float is not an int
-        ("train.lr=fast", "train.lr"),
-        ("run.overwrite=1", "run.overwrite"),  # an int is not a bool
-        ("logging.wandb.tags=[1]", "logging.wandb.tags[0]"),
-        ("logging.wandb.tags=a", "logging.wandb.tags"),
-        ("train.lr=null", "train.lr"),
-        ("eval=3", "eval"),
-    ],
-)
-def test_wrong_types_name_the_key(tmp_path, override, key):
-    message = error_of(write(tmp_path, MINIMAL), [override])
-    assert key in message
+@pytest.mark.parametrize("override, expected", RUN_AND_LOGGING_REFUSALS)
+def test_run_and_logging_refusals(tmp_path, override, expected):
+    assert expected in error_of(write(tmp_path, MINIMAL), [override])
 
 
-@pytest.mark.parametrize(
-    "override, key",
-    [
-        ("train.lr=-1", "train.lr"),
-        ("train.min_lr=1.0", "train.min_lr"),
-        ("train.batch_size=0", "train.batch_size"),
-        ("train.device=gpu", "train.device"),
-        ("train.compile=sometimes", "train.compile"),
-        ("train.optimizer=sgd", "train.optimizer"),
-        ("train.muon_lr=0", "train.muon_lr"),
-        ("train.value_embedding_lr=0", "train.value_embedding_lr"),
-        ("train.muon_momentum=1.0", "train.muon_momentum"),
-        ("train.lr_schedule=step", "train.lr_schedule"),
-        ("train.lr_decay_fraction=0", "train.lr_decay_fraction"),
-        ("train.threads=0", "train.threads"),
-        ("train.threads=many", "train.threads"),
-        ("logging.wandb.mode=loud", "logging.wandb.mode"),
-        ("eval.sample_temperature=-0.5", "eval.sample_temperature"),
-        ("eval.sample_temperature=.nan", "eval.sample_temperature"),
-        ("eval.sample_temperature=.inf", "eval.sample_temperature"),
-        ("eval.sample_top_k=0", "eval.sample_top_k"),
-        ("model.n_layer=0", "n_layer"),
-        ("data.source=nowhere", "data.source"),
-        ("model.vocab_size=100", "model.vocab_size"),
-    ],
-)
-def test_impossible_values_name_the_key(tmp_path, override, key):
-    message = error_of(write(tmp_path, MINIMAL), [override])
-    assert key in message
-
-
-OPTIMIZER_KEYS = ("lr", "min_lr", "muon_lr", "value_embedding_lr", "muon_momentum", "lr_decay_fraction",
-                  "weight_decay", "beta1", "beta2", "eps", "grad_clip")
-
-
-@pytest.mark.parametrize("value", [".nan", ".inf", "-.inf", "1e300", "-1"])
-@pytest.mark.parametrize("key", OPTIMIZER_KEYS)
-def test_every_optimizer_number_has_a_finite_range_checked_at_load(tmp_path, key, value):
-    """The class of a step size that overflows mid-run: every such key, every kind of bad number,
-    refused at load in one line naming the key and the value (--set goes through the same path)."""
-    message = error_of(write(tmp_path, MINIMAL), [f"train.{key}={value}"])
-    assert message.startswith(f"train.{key} must be in ") and "got " in message
+@pytest.mark.parametrize("override, expected", CONFIG_REFUSALS)
+def test_config_refusals(tmp_path, override, expected):
+    assert expected in error_of(write(tmp_path, MINIMAL), [override])
 
 
 def test_optimizer_numbers_at_the_edges_of_their_ranges_load(tmp_path):
     edges = ["train.lr=10", "train.min_lr=0", "train.muon_lr=10", "train.value_embedding_lr=10",
              "train.muon_momentum=0", "train.lr_decay_fraction=1", "train.weight_decay=0", "train.beta1=0",
-             "train.beta2=0.999", "train.eps=1", "train.grad_clip=0"]
+             "train.beta2=0.999", "train.eps=1", "train.grad_clip=0", "train.weight_decay=10", "train.grad_clip=1e6"]
     config = load_run_config(write(tmp_path, MINIMAL), edges)
-    assert (config.train.lr, config.train.eps, config.train.grad_clip) == (10.0, 1.0, 0.0)
-
-
-@pytest.mark.parametrize("override, fix", [("train.short_window=64", "delete the key"),
-                                           ("train.short_window_share=0.5", "delete the key")])
-def test_a_retired_key_is_refused_in_one_line_saying_what_to_do(tmp_path, override, fix):
-    message = error_of(write(tmp_path, MINIMAL), [override])
-    assert message.startswith(override.split("=")[0]) and fix in message and "docs/records.md" in message
+    assert (config.train.lr, config.train.eps, config.train.grad_clip, config.train.weight_decay) == (10.0, 1.0, 1e6, 10)
 
 
 def test_a_saved_config_from_before_a_key_retired_still_loads(tmp_path):
     """A run directory's config.yaml lists every key its version knew: at the values that changed
     nothing, the retired ones are dropped, so the run can be resumed from its own config."""
-    saved = write(tmp_path, MINIMAL + "  short_window: null\n  short_window_share: 0.3\n  dpo_beta: 0.1\n"
-                            "  dpo_rpo_alpha: 0.0\n")
-    assert load_run_config(saved).train.max_steps == 10
-
-
-def test_heads_not_divisible_by_kv_heads(tmp_path):
-    message = error_of(write(tmp_path, MINIMAL), ["model.n_kv_head=3"])
-    assert message.startswith("model:") and "n_kv_head" in message
+    retired = ("  short_window: null\n  short_window_share: 0.3\n  dpo_beta: 0.1\n  dpo_rpo_alpha: 0.0\n"
+               "  bigram_lr: null\n  muon_iteration: newton_schulz\n  normuon: false\n  cautious_weight_decay: false\n")
+    old = load_run_config(write(tmp_path, MINIMAL + retired))
+    assert old == load_run_config(write(tmp_path, MINIMAL))
 
 
 def test_missing_model_key_is_named(tmp_path):
     message = error_of(write(tmp_path, MINIMAL.replace("  n_layer: 2\n", "")))
-    assert "model.n_layer" in message
-
-
-def test_a_budget_is_required(tmp_path):
-    message = error_of(write(tmp_path, MINIMAL), ["train.max_steps=null"])
-    assert "train.max_steps" in message and "train.max_minutes" in message
+    assert message == "missing required config key 'model.n_layer'"
 
 
 def test_missing_file(tmp_path):
@@ -222,15 +248,10 @@ def test_yaml_syntax_error_gives_the_file_and_line(tmp_path):
     assert "cfg.yaml" in message and "line 3" in message
 
 
-@pytest.mark.parametrize("bad", ["train.max_steps", "=3", "max_steps=3", "train..lr=1"])
+@pytest.mark.parametrize("bad", ["train.max_steps", "=3", "max_steps=3", "train..lr=1", "eval=3"])
 def test_malformed_override(tmp_path, bad):
     message = error_of(write(tmp_path, MINIMAL), [bad])
     assert "--set" in message
-
-
-def test_override_through_a_value_is_refused(tmp_path):
-    message = error_of(write(tmp_path, MINIMAL), ["train.lr.x=1"])
-    assert "train.lr" in message
 
 
 def test_saved_config_loads_back_identical(tmp_path):
@@ -255,18 +276,3 @@ def test_a_fine_tuning_config_without_its_parent_says_to_set_init_from(tmp_path)
     # train.init_from the message named only the missing model section.
     message = error_of(REPO / "configs" / "tiny-chat-lora.yaml", ["train.init_from=null"])
     assert message.startswith("missing required config key 'model'") and "set train.init_from" in message
-
-
-# The options that lost by the records protocol and left the code, with the value that turned each off.
-REMOVED = [("model.bigram_buckets", "null", "8192"), ("model.mtp_weight", "0.0", "0.3"), ("train.bigram_lr", "null", "0.4"),
-           ("train.muon_iteration", "newton_schulz", "polar_express"), ("train.normuon", "false", "true"),
-           ("train.cautious_weight_decay", "false", "true")]
-
-
-@pytest.mark.parametrize("key, off, on", REMOVED)
-def test_a_removed_option_loads_when_off_and_is_refused_in_one_line_otherwise(tmp_path, key, off, on):
-    # A config.yaml saved before they left holds each of them at its off value: it still loads, as
-    # the config without it.
-    assert load_run_config(write(tmp_path, MINIMAL), [f"{key}={off}"]) == load_run_config(write(tmp_path, MINIMAL))
-    message = error_of(write(tmp_path, MINIMAL), [f"{key}={on}"])
-    assert message.startswith(f"{key} was removed") and "docs/records.md" in message

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
@@ -43,19 +44,18 @@ def test_auto_picks_bf16_on_a_cpu_with_bf16_dot_products_and_either_can_be_force
         assert resolve_precision("bf16", cpu, run_own=own) == torch.bfloat16
 
 
-def test_a_gpu_without_bf16_refuses_it_in_one_line_even_as_a_runs_own(monkeypatch):
-    gpu = torch.device("cuda")
+@pytest.mark.parametrize("setting, run_own, expected", [
+    ("auto", None, torch.float32), ("auto", "fp32", torch.float32),
+    ("bf16", None, r"^train.precision=bf16 but this GPU has no bf16 support; use --set train.precision=fp32$"),
+    ("auto", "bf16", r"^train.precision=auto resumes the run's own bf16, but this GPU has no bf16 support; use "
+                     r"--set train.precision=fp32$"),
+])
+def test_a_gpu_without_bf16_refuses_it_in_one_line_even_as_a_runs_own(monkeypatch, setting, run_own, expected):
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: False)
-    assert resolve_precision("auto", gpu) == torch.float32
-    assert resolve_precision("auto", gpu, run_own="fp32") == torch.float32
-    with pytest.raises(UserError, match=r"^train.precision=bf16 but this GPU has no bf16 support; use "
-                                        r"--set train.precision=fp32$"):
-        resolve_precision("bf16", gpu)
-    with pytest.raises(UserError, match=r"^train.precision=auto resumes the run's own bf16, but this GPU has no "
-                                        r"bf16 support; use --set train.precision=fp32$"):
-        resolve_precision("auto", gpu, run_own="bf16")
+    with pytest.raises(UserError, match=expected) if isinstance(expected, str) else nullcontext():
+        assert resolve_precision(setting, torch.device("cuda"), run_own=run_own) == expected
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: True)
-    assert resolve_precision("auto", gpu) == torch.bfloat16  # as before CPUs could choose bf16
+    assert resolve_precision("auto", torch.device("cuda")) == torch.bfloat16  # as before CPUs could choose bf16
 
 
 def test_a_run_without_a_saved_precision_resumes_as_auto_chose_then():

@@ -393,42 +393,25 @@ def test_wandb_gets_metrics_samples_and_the_run_id_survives_resume(make_config, 
     assert FakeLogger.started[1]["resume_id"] == "run-1"
 
 
-def test_resume_takes_the_muon_to_adamw_ratio_from_the_config(make_config, tmp_path):
-    # A checkpoint's optimizer groups carry the ratio they were built with; resuming with a new
-    # train.muon_lr must run at the new one, as a new train.lr does.
-    sections = dict(eval={"interval": 0}, run={"checkpoint_interval": 0})
-    first = make_config(tmp_path / "run", train={"max_steps": 2, "optimizer": "muon", "muon_lr": 0.02}, **sections)
-    train(first, progress=False)
-    changed = make_config(tmp_path / "run", train={"max_steps": 4, "optimizer": "muon", "muon_lr": 0.06}, **sections)
-    train(changed, resume=True, progress=False)
-    optimizer = load_trainer_state(tmp_path / "run")["optimizer"]
-    muon_lr = optimizer["muon"]["param_groups"][0]["lr"]
-    adamw_lr = optimizer["adamw"]["param_groups"][0]["lr"]
-    assert adamw_lr > 0
-    assert muon_lr / adamw_lr == pytest.approx(0.06 / changed.train.lr)
-
-
-def test_resume_takes_the_value_embedding_rate_from_the_config(make_config, tmp_path):
-    # The tables' group exists whether or not the rate is set, so setting it on resume works.
+def test_a_resume_takes_the_rates_from_the_config_and_warms_muons_momentum_up_by_the_step_count(make_config,
+                                                                                                 tmp_path):
+    # A checkpoint's optimizer groups carry the rates they were built with; resuming with a new
+    # train.muon_lr or train.value_embedding_lr must run at the new one, as a new train.lr does. The
+    # tables' group exists whether or not its rate is set, so setting it on resume works.
     sections = dict(model={"value_embeddings": True}, eval={"interval": 0}, run={"checkpoint_interval": 0})
-    train(make_config(tmp_path / "run", train={"max_steps": 2, "optimizer": "muon"}, **sections), progress=False)
-    changed = make_config(tmp_path / "run", train={"max_steps": 4, "optimizer": "muon", "value_embedding_lr": 0.05},
+    muon = {"optimizer": "muon", "muon_momentum": 0.95, "muon_momentum_warmup": 10}
+    train(make_config(tmp_path / "run", train={"max_steps": 3, "muon_lr": 0.02, **muon}, **sections), progress=False)
+    optimizer = lambda: load_trainer_state(tmp_path / "run")["optimizer"]  # noqa: E731
+    assert optimizer()["muon"]["param_groups"][0]["momentum"] == pytest.approx(0.87)  # step 2: 0.85 + 0.1 * 2/10
+    changed = make_config(tmp_path / "run", train={"max_steps": 6, "muon_lr": 0.06, "value_embedding_lr": 0.05, **muon},
                           **sections)
     train(changed, resume=True, progress=False)
-    groups = load_trainer_state(tmp_path / "run")["optimizer"]["adamw"]["param_groups"]
+    muon_group, groups = optimizer()["muon"]["param_groups"][0], optimizer()["adamw"]["param_groups"]
+    assert muon_group["momentum"] == pytest.approx(0.90)  # step 5: the warm-up follows the step count, not the restart
     assert [len(g["params"]) for g in groups] == [len(groups[0]["params"]), 1]  # the one table (2 layers)
     assert groups[0]["lr"] > 0
+    assert muon_group["lr"] / groups[0]["lr"] == pytest.approx(0.06 / changed.train.lr)
     assert groups[1]["lr"] / groups[0]["lr"] == pytest.approx(0.05 / changed.train.lr)
-
-
-def test_muon_momentum_warms_up_across_a_resume(make_config, tmp_path):
-    sections = dict(eval={"interval": 0}, run={"checkpoint_interval": 0})
-    settings = {"optimizer": "muon", "muon_momentum": 0.95, "muon_momentum_warmup": 10}
-    train(make_config(tmp_path / "run", train={"max_steps": 3, **settings}, **sections), progress=False)
-    momentum = lambda: load_trainer_state(tmp_path / "run")["optimizer"]["muon"]["param_groups"][0]["momentum"]  # noqa: E731
-    assert momentum() == pytest.approx(0.87)  # the last step, 2, ran at 0.85 + 0.1 * 2/10
-    train(make_config(tmp_path / "run", train={"max_steps": 6, **settings}, **sections), resume=True, progress=False)
-    assert momentum() == pytest.approx(0.90)  # step 5: the warm-up follows the step count, not the restart
 
 
 def test_a_resume_keeps_the_runs_own_thread_count(make_config, tmp_path):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import pytest
 import torch
 
@@ -109,8 +111,9 @@ def test_state_dict_round_trip_continues_identically():
     torch.testing.assert_close(run(split=True), run(split=False), atol=0, rtol=0)
 
 
-def test_rejects_what_it_cannot_update():
-    with pytest.raises(ValueError, match="2-D weight matrices"):
-        Muon([torch.nn.Parameter(torch.ones(4))])
-    with pytest.raises(ValueError, match="momentum"):
-        Muon([torch.nn.Parameter(torch.ones(2, 2))], momentum=1.0)
+@pytest.mark.parametrize("shape, momentum, fragment", [
+    ((4,), 0.95, "2-D weight matrices"), ((2, 2), 1.0, "momentum"), ((2, 2), 0.999, None),  # the bound and below it
+])
+def test_rejects_what_it_cannot_update(shape, momentum, fragment):
+    with pytest.raises(ValueError, match=fragment) if fragment else nullcontext():
+        Muon([torch.nn.Parameter(torch.ones(shape))], momentum=momentum)

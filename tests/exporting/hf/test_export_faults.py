@@ -22,13 +22,6 @@ def _hidden(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.name.startswith("."))
 
 
-def test_read_only_folder_is_one_line(make_export, mount_tmpfs, capsys):
-    run_dir, _ = make_export()
-    disk = mount_tmpfs(1 << 20, read_only=True)
-    line = assert_one_line_error(export_in_process(capsys, "--run", str(run_dir), "--out", str(disk / "export")), str(disk))
-    assert "Read-only file system" in line and "choose a writable directory" in line
-
-
 def test_overwrite_on_a_read_only_filesystem_keeps_the_export(make_export, mount_tmpfs, capsys):
     run_dir, _ = make_export()
     disk = mount_tmpfs(1 << 20)
@@ -40,26 +33,30 @@ def test_overwrite_on_a_read_only_filesystem_keeps_the_export(make_export, mount
     assert {p.name: p.read_bytes() for p in (disk / "export").iterdir()} == before
 
 
-def test_full_disk_is_one_line_and_leaves_nothing(make_export, mount_tmpfs, capsys):
-    run_dir, folder = make_export()
-    disk = mount_tmpfs((folder / "model.safetensors").stat().st_size // 2)
-    line = assert_one_line_error(export_in_process(capsys, "--run", str(run_dir), "--out", str(disk / "export")))
-    assert "No space left on device" in line and "the disk is full" in line and str(disk) in line
-    assert list(disk.iterdir()) == []
+def _full(path, data):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # as a failed write() reports it
 
 
-def test_full_disk_anywhere_is_one_line(make_export, tmp_path, monkeypatch, capsys):
-    """The same without a mount, which some machines do not allow: the weights' write fails."""
+@pytest.mark.parametrize("disk, fragments", [
+    ("read-only", ["{parent}", "Read-only file system", "choose a writable directory"]),
+    ("half-the-weights", ["{parent}", "No space left on device", "the disk is full"]),
+    # The same without a mount, which some machines do not allow: the weights' write fails.
+    ("no-mount", ["{parent}/export: ", "the disk is full"]),
+])
+def test_a_disk_that_cannot_take_the_export_is_one_line_and_leaves_nothing(make_export, mount_tmpfs, tmp_path,
+                                                                          monkeypatch, capsys, disk, fragments):
     import exporting.hf.writer
 
-    def full(path, data):
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # as a failed write() reports it
-
-    monkeypatch.setattr(exporting.hf.writer, "atomic_write_bytes", full)
-    run_dir, _ = make_export()
-    out = tmp_path / "export"
-    assert_one_line_error(export_in_process(capsys, "--run", str(run_dir), "--out", str(out)), f"{out}: ", "the disk is full")
-    assert list(tmp_path.iterdir()) == []
+    run_dir, folder = make_export()
+    if disk == "no-mount":
+        monkeypatch.setattr(exporting.hf.writer, "atomic_write_bytes", _full)
+        parent = tmp_path
+    else:
+        size = (folder / "model.safetensors").stat().st_size // 2 if disk == "half-the-weights" else 1 << 20
+        parent = mount_tmpfs(size, read_only=disk == "read-only")
+    done = export_in_process(capsys, "--run", str(run_dir), "--out", str(parent / "export"))
+    assert_one_line_error(done, *[fragment.replace("{parent}", str(parent)) for fragment in fragments])
+    assert list(parent.iterdir()) == []
 
 
 def _start_paused_export(run_dir: Path, out: Path, marker: Path, release: Path | None = None) -> subprocess.Popen:

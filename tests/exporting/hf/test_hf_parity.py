@@ -2,7 +2,8 @@
 
 Logits agree within 1e-5 in fp32 (with and without padding), greedy generation gives exactly
 generate.py's tokens (with and without the cache, for every GQA ratio, with value embeddings
-on, and with latent attention), the tokenizer and chat template agree token for token, and a save through transformers changes no weight.
+on, and with latent attention), the tokenizer and chat template agree token for token, and a
+save through transformers changes no weight.
 """
 
 from __future__ import annotations

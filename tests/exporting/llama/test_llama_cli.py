@@ -16,10 +16,6 @@ pytest.importorskip("gguf")
 from exporting.cli import main  # noqa: E402
 
 
-def _one_error_line(capsys) -> str:
-    return one_error_line(2, *capsys.readouterr())  # each caller asserts main(...) == 2 first
-
-
 def test_llama_folder_holds_transformers_files_and_no_code(llama_runs, tmp_path, capsys):
     out = tmp_path / "llama"
     assert main(["--run", str(llama_runs()), "--out", str(out), "--format", "llama"]) == 0
@@ -38,8 +34,7 @@ def test_overwrite_replaces_an_earlier_export_of_the_format(llama_runs, tmp_path
     assert main(args) == 0
     capsys.readouterr()
     first = (out / written).read_bytes()
-    assert main(args) == 2
-    assert "already exists; pass --overwrite" in _one_error_line(capsys)
+    one_error_line(main(args), *capsys.readouterr(), "already exists; pass --overwrite")
     (out / written).write_bytes(first[:4] + b"an earlier export")
     assert main([*args, "--overwrite"]) == 0
     assert (out / written).read_bytes() == first
@@ -73,8 +68,8 @@ def test_gguf_export_is_one_file_and_says_how_to_continue_a_prompt(tmp_path, cap
 ], ids=["learned", "none", "options", "mla"])
 def test_a_run_that_is_not_llama_is_refused_naming_each_option(tmp_path, capsys, fmt, options, named):
     run = run_testkit.build_run(tmp_path / "run", run_testkit.chat_tokenizer(), **options)
-    assert main(["--run", str(run), "--out", str(tmp_path / "out"), "--format", fmt]) == 2
-    line = _one_error_line(capsys)
+    line = one_error_line(main(["--run", str(run), "--out", str(tmp_path / "out"), "--format", fmt]),
+                          *capsys.readouterr())
     assert f"cannot be exported as --format {fmt}" in line and "--format hf" in line
     for fragment in named:
         assert fragment in line
@@ -88,8 +83,9 @@ def test_the_shape_is_refused_from_the_config_before_the_weights_are_read(tmp_pa
     run = run_testkit.build_run(tmp_path / "run", run_testkit.chat_tokenizer(), positions="learned")
     loads = []
     monkeypatch.setattr(rundir.loading, "load_pretrained", lambda *a, **k: loads.append(a) or 1 / 0)
-    assert main(["--run", str(run), "--out", str(tmp_path / "out"), "--format", fmt]) == 2
-    assert "model.positions is learned" in _one_error_line(capsys) and loads == []
+    one_error_line(main(["--run", str(run), "--out", str(tmp_path / "out"), "--format", fmt]), *capsys.readouterr(),
+                   "model.positions is learned")
+    assert loads == []
 
 
 @pytest.mark.parametrize("room", ["half", "tensors_only"])
@@ -104,7 +100,7 @@ def test_a_full_disk_is_one_line_and_leaves_nothing(gguf_file, mount_tmpfs, caps
     room_for_tensors = size // 4096 * 4096  # a tmpfs holds whole pages
     assert tensors <= room_for_tensors < size
     disk = mount_tmpfs(size // 2 if room == "half" else room_for_tensors)
-    assert main(["--run", str(run_dir), "--out", str(disk / "gguf"), "--format", "gguf"]) == 2
-    line = _one_error_line(capsys)
+    line = one_error_line(main(["--run", str(run_dir), "--out", str(disk / "gguf"), "--format", "gguf"]),
+                          *capsys.readouterr())
     assert "No space left on device" in line and str(disk / "gguf") in line
     assert list(disk.iterdir()) == []

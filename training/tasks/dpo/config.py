@@ -3,10 +3,9 @@ names them, with its defaults."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from pydantic import Field
 
-from common.config import check_types, require, require_in
+from training.config import MethodSection, register_section
 
 # β multiplies a difference of log-ratios of summed reply probabilities inside a sigmoid. Published
 # settings are 0.01 to 1 (TRL's default 0.1); at 10 a margin of a nat already saturates the sigmoid,
@@ -19,25 +18,11 @@ MAX_BETA = 10.0
 MAX_RPO_ALPHA = 10.0
 
 
-@dataclass
-class DPOConfig:
+@register_section("dpo")
+class DPOConfig(MethodSection):
     """Direct preference optimisation (``training/tasks/dpo/loss.py``) of the ``train.init_from`` run."""
 
-    # β: how far the policy may move from the reference (the init_from run); TRL's default.
-    beta: float = 0.1
-    # RPO's weight on the chosen replies' mean token NLL, added to the DPO loss (TRL's loss_type
-    # [sigmoid, sft] with loss_weights [1, this]); it keeps the policy writing its chosen replies while
-    # it learns the preference. 0 = plain DPO.
-    rpo_alpha: float = 0.0
-
-    def __post_init__(self) -> None:
-        check_types(self, "dpo")
-        require_in(self.beta, "dpo.beta", 0, MAX_BETA, low_open=True)
-        require_in(self.rpo_alpha, "dpo.rpo_alpha", 0, MAX_RPO_ALPHA, note=" (0 = plain DPO)")
-
-
-def check_dpo_run(config: Any) -> None:
-    """The dpo section goes with data.format: preference (called by ``training.config.Config`` with the
-    whole config)."""
-    require(config.dpo is None or config.data.format == "preference",
-            f"a dpo section is for data.format: preference (this run's is {config.data.format})")
+    beta: float = Field(0.1, gt=0, le=MAX_BETA, description="how far the policy may move from init_from")
+    # RPO's weight (TRL's loss_type [sigmoid, sft] with loss_weights [1, this]): it keeps the policy
+    # writing its chosen replies while it learns the preference.
+    rpo_alpha: float = Field(0.0, ge=0, le=MAX_RPO_ALPHA, description="chosen replies' NLL weight; 0: plain DPO")

@@ -3,11 +3,13 @@ cannot work with GRPO."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Literal
 
-from common.config import ConfigError, check_types, require, require_in
+from pydantic import Field, model_validator
+
+from common.config import ConfigError, Section, require
 from data.config import check_calculator_problems
+from training.config import Config, MethodSection, register_section
 from tools import ToolError, load_tools
 from training.tasks.grpo.rewards import BARE_ANSWER, RewardError, reward_function
 
@@ -27,43 +29,38 @@ MAX_KL_BETA = 10.0
 # hundreds of nats, where the ratio exp(log π − log π_old) overflows. Above 10 every reply is noise
 # over the whole vocabulary.
 TEMPERATURES = (0.1, 10.0)
-TASKS = ("arithmetic", "calculator")
 # Calls one reply may make. A reply is one window; each call and its result take a dozen tokens or
 # more, so past 16 the window is full long before the limit binds.
 MAX_TOOL_CALLS = 16
 
 
-@dataclass
-class ArithmeticConfig:
+class ArithmeticConfig(Section):
     """The built-in RL prompts (data/sources/arithmetic.py): distinct questions "What is a+b?" over
     operands 0..max_operand and the ``operations`` named (any of + - *), shuffled by ``seed``;
     ``val_problems`` held out for pass@k, then ``train_problems`` to train on."""
 
     seed: int = 0
-    train_problems: int = 2000
-    val_problems: int = 200
-    max_operand: int = 99
-    operations: str = "+"
+    train_problems: int = Field(2000, ge=1)
+    val_problems: int = Field(200, ge=1)
+    max_operand: int = Field(99, ge=1)
+    operations: str = Field("+", description="distinct characters of +-*")
 
-    def __post_init__(self) -> None:
-        check_types(self, "rl.arithmetic")
-        require(self.train_problems >= 1 and self.val_problems >= 1,
-                "rl.arithmetic.train_problems and val_problems must be >= 1")
-        require(self.train_problems + self.val_problems <= MAX_PROBLEMS,
-                f"rl.arithmetic asks for {self.train_problems + self.val_problems:,} problems, more than the "
-                f"{MAX_PROBLEMS:,} a run renders and holds at its start; lower train_problems/val_problems")
-        require(self.max_operand >= 1, f"rl.arithmetic.max_operand must be >= 1 (got {self.max_operand})")
+    @model_validator(mode="after")
+    def _drawable(self) -> ArithmeticConfig:
         require(self.operations != "" and set(self.operations) <= set("+-*") and
                 len(set(self.operations)) == len(self.operations),
                 f"rl.arithmetic.operations must be distinct characters of +-* (got {self.operations!r})")
+        require(self.train_problems + self.val_problems <= MAX_PROBLEMS,
+                f"rl.arithmetic asks for {self.train_problems + self.val_problems:,} problems, more than the "
+                f"{MAX_PROBLEMS:,} a run renders and holds at its start; lower train_problems/val_problems")
         available = len(self.operations) * (self.max_operand + 1) ** 2
         require(self.train_problems + self.val_problems <= available,
                 f"rl.arithmetic asks for {self.train_problems + self.val_problems} problems but only {available} "
                 f"distinct ones exist; lower train_problems/val_problems or raise max_operand")
+        return self
 
 
-@dataclass
-class CalculatorTaskConfig:
+class CalculatorTaskConfig(Section):
     """The built-in prompts with the calculator in the loop (data/sources/tool_arithmetic.py):
     distinct questions "What is 347*812?" of 2 to ``max_terms`` operands of ``digits`` digits joined
     by ``operations`` (some of +-*/), the answer being the calculator's result; drawn by ``seed`` as
@@ -72,23 +69,22 @@ class CalculatorTaskConfig:
     ``train_problems`` to train on."""
 
     seed: int = 0
-    train_problems: int = 2000
-    val_problems: int = 200
-    digits: int = 3
+    train_problems: int = Field(2000, ge=1)
+    val_problems: int = Field(200, ge=1)
+    digits: int = Field(3, ge=1, le=5)
     operations: str = "*"
-    max_terms: int = 2
+    max_terms: int = Field(2, ge=2, le=4)
 
-    def __post_init__(self) -> None:
-        check_types(self, "rl.calculator")
-        require(self.train_problems >= 1 and self.val_problems >= 1,
-                "rl.calculator.train_problems and val_problems must be >= 1")
+    @model_validator(mode="after")
+    def _drawable(self) -> CalculatorTaskConfig:
         check_calculator_problems("rl.calculator", "train_problems + val_problems",
                                   self.train_problems + self.val_problems, self.digits, self.operations,
-                                  self.max_terms, ConfigError)
+                                  self.max_terms)
+        return self
 
 
-@dataclass
-class RLConfig:
+@register_section("rl")
+class RLConfig(MethodSection):
     """Reinforcement learning with verifiable rewards (GRPO, training/tasks/grpo/loss.py), for data.format: rl.
 
     Each step takes train.batch_size x train.grad_accum_steps prompts (per process), samples
@@ -102,43 +98,28 @@ class RLConfig:
     ``max_tool_calls`` calls; ``max_new_tokens`` counts what the model generates over the whole
     reply, and only those tokens carry the loss."""
 
-    group_size: int = 8  # completions per prompt (TRL's num_generations)
-    max_new_tokens: int = 8
-    temperature: float = 1.0  # sampling temperature; the loss's log-probabilities use the same
-    beta: float = 0.04  # weight of the KL penalty to the frozen init_from model (0: none)
-    epsilon: float = 0.2  # the ratio's clip range, [1 - epsilon, 1 + epsilon]
-    updates_per_batch: int = 1
-    rewards: list[str] = field(default_factory=lambda: ["correct"])
-    eval_samples: int = 8  # completions per held-out prompt: the k of pass@k
-    task: str = "arithmetic"  # where the prompts come from: arithmetic (in the head) or calculator
-    arithmetic: ArithmeticConfig = field(default_factory=ArithmeticConfig)
-    calculator: CalculatorTaskConfig = field(default_factory=CalculatorTaskConfig)
-    tools: list[str] = field(default_factory=list)  # run inside each rollout (none: the model alone)
-    max_tool_calls: int = 4  # calls one completion may make
+    # Advantages compare completions within a group, and a step samples all of them at once.
+    group_size: int = Field(8, ge=2, le=MAX_GROUP, description="completions per prompt (TRL's num_generations)")
+    max_new_tokens: int = Field(8, ge=1)
+    temperature: float = Field(1.0, ge=TEMPERATURES[0], le=TEMPERATURES[1], description="the loss's too")
+    beta: float = Field(0.04, ge=0, le=MAX_KL_BETA, description="KL penalty to the init_from model (0: none)")
+    # The ratio is clipped to [1 - ε, 1 + ε]; at ε >= 1 the lower bound is gone (a ratio is > 0).
+    epsilon: float = Field(0.2, gt=0, lt=1)
+    updates_per_batch: int = Field(1, ge=1)
+    rewards: list[str] = Field(["correct"], min_length=1, description="names in rewards.py, or module:function")
+    eval_samples: int = Field(8, ge=1, le=MAX_GROUP, description="completions per held-out prompt: pass@k's k")
+    task: Literal["arithmetic", "calculator"] = Field("arithmetic", description="where the prompts come from")
+    arithmetic: ArithmeticConfig = ArithmeticConfig()
+    calculator: CalculatorTaskConfig = CalculatorTaskConfig()
+    tools: list[str] = Field([], description="run inside each rollout (none: the model alone)")
+    max_tool_calls: int = Field(4, ge=1, le=MAX_TOOL_CALLS, description="calls one completion may make")
 
-    def __post_init__(self) -> None:
-        check_types(self, "rl")
-        require(self.group_size >= 2, f"rl.group_size must be >= 2: advantages compare completions within a group "
-                                      f"(got {self.group_size})")
-        require(self.group_size <= MAX_GROUP, f"rl.group_size must be at most {MAX_GROUP}: a step samples every "
-                                              f"completion of its questions at once (got {self.group_size:,})")
-        require(self.max_new_tokens >= 1, f"rl.max_new_tokens must be >= 1 (got {self.max_new_tokens})")
-        require_in(self.temperature, "rl.temperature", *TEMPERATURES)
-        require_in(self.beta, "rl.beta", 0, MAX_KL_BETA, note=" (0: no KL penalty)")
-        # The ratio is clipped to [1 - ε, 1 + ε]; at ε >= 1 the lower bound is gone (a ratio is > 0).
-        require_in(self.epsilon, "rl.epsilon", 0, 1, low_open=True, high_open=True)
-        require(self.updates_per_batch >= 1, f"rl.updates_per_batch must be >= 1 (got {self.updates_per_batch})")
-        require(1 <= self.eval_samples <= MAX_GROUP,
-                f"rl.eval_samples must be 1 to {MAX_GROUP}: each held-out question's samples are decoded at once "
-                f"(got {self.eval_samples:,})")
-        require(self.task in TASKS, f"rl.task must be arithmetic or calculator (got {self.task!r})")
-        require(1 <= self.max_tool_calls <= MAX_TOOL_CALLS,
-                f"rl.max_tool_calls must be 1 to {MAX_TOOL_CALLS} (got {self.max_tool_calls})")
+    @model_validator(mode="after")
+    def _runnable(self) -> RLConfig:
         try:
             load_tools(self.tools)
         except ToolError as e:
             raise ConfigError(f"rl.tools: {e}") from None
-        require(bool(self.rewards), "rl.rewards is empty; name at least one, e.g. [correct]")
         require(len(set(self.rewards)) == len(self.rewards), f"rl.rewards names one twice: {self.rewards}")
         for name in self.rewards:
             try:
@@ -147,21 +128,17 @@ class RLConfig:
                 raise ConfigError(f"rl.rewards: {e}") from None
         bare = [name for name in self.rewards if name in BARE_ANSWER]
         require(not (self.tools and bare),
-                f"rl.rewards: {', '.join(bare)} {'reads' if len(bare) == 1 else 'read'} a reply as a bare answer, but with rl.tools a reply holds "
-                "its calls and their results too; use tool_answer_correct (and tool_format)")
+                f"rl.rewards: {', '.join(bare)} {'reads' if len(bare) == 1 else 'read'} a reply as a bare answer, "
+                "but with rl.tools a reply holds its calls and their results too; use tool_answer_correct (and "
+                "tool_format)")
+        return self
 
+    @classmethod
+    def left_out(cls, config: Config) -> RLConfig | None:
+        raise ConfigError("data.format: rl needs an rl section (rl: {} takes every default)")
 
-
-
-def check_rl_run(config: Any) -> None:
-    """The rl section goes with data.format: rl, and a setting that cannot work is refused (called by
-    ``training.config.Config`` with the whole config)."""
-    rl, train = config.rl, config.train
-    if config.data.format != "rl":
-        require(rl is None, f"an rl section is for data.format: rl (this run's is {config.data.format})")
-        return
-    require(rl is not None, "data.format: rl needs an rl section (rl: {} takes every default)")
-    require(train.parallel == "ddp", "data.format: rl trains with train.parallel: ddp; under fsdp every process "
-                                     "would decode its samples with a sliced model")
-    require(train.compile is not True, "data.format: rl samples through the engine with the plain model; "
-                                       "set train.compile: false")
+    def check_run(self, config: Config) -> None:
+        require(config.train.parallel == "ddp", "data.format: rl trains with train.parallel: ddp; under fsdp every "
+                                                "process would decode its samples with a sliced model")
+        require(config.train.compile is not True, "data.format: rl samples through the engine with the plain model; "
+                                                  "set train.compile: false")
