@@ -82,11 +82,12 @@ def test_a_signal_at_any_import_is_quiet(script, tmp_path):
 
 
 # What train.py and generate.py import only when a config key or a flag asks for it.
-OPTIONAL = ("training.tasks.chat", "training.tasks.dpo.task", "training.tasks.grpo.task", "training.lora",
-            "training.recompute", "inference.chat", "inference.tool_use", "inference.speculative",
-            "inference.compiled_step", "inference.aot_step", "inference.prefix_cache", "inference.batch_invariant",
-            "data.sources.hub", "data.sources.local_files", "data.sources.synthetic", "data.sources.quotes",
-            "data.sources.conversations", "analysis.history", "serving", "exporting")
+OPTIONAL = ("training.tasks.chat", "training.tasks.dpo.config", "training.tasks.dpo.task", "training.tasks.grpo.config",
+            "training.tasks.grpo.task", "training.lora", "training.recompute", "training.init_from", "rundir.record",
+            "tools", "inference.chat", "inference.tool_use", "inference.speculative", "inference.compiled_step",
+            "inference.aot_step", "inference.prefix_cache", "inference.batch_invariant", "data.sources.hub",
+            "data.sources.local_files", "data.sources.synthetic", "data.sources.quotes", "data.sources.conversations",
+            "analysis.history", "serving", "exporting")
 
 
 def test_the_main_job_imports_no_optional_capability():

@@ -16,7 +16,7 @@ import importlib
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 import torch
 import yaml
@@ -30,7 +30,9 @@ from model.layer_map import block_linears
 from model.config import GPTConfig
 from tracking.config import LoggingConfig
 from training.fsdp import torch_too_old
-from training.init_from import ParentRun, find_parent, model_section_from_parent, refuse_own_parent
+
+if TYPE_CHECKING:  # a parent run is read by training.init_from when a run starts from one
+    from training.init_from import ParentRun
 
 DEFAULT_OUT_DIR = "runs/default"  # where a config without run.out_dir (and no file name) trains
 
@@ -332,6 +334,8 @@ def config_from_dict(raw: dict[str, Any], parent: ParentRun | None = None) -> Co
     train = raw.get("train") if isinstance(raw.get("train"), dict) else {}
     model_section = None
     if parent is not None:  # the parent run fixes the model's shape and the tokenizer's size
+        from training.init_from import model_section_from_parent
+
         raw["model"] = model_section_from_parent(raw.get("model"), parent)
         raw["data"] = {**(raw.get("data") or {}), "vocab_size": parent.model_config.vocab_size}
     elif train.get("init_from"):
@@ -356,6 +360,8 @@ def with_parent(config: Config) -> Config:
     its own directory), its model taken from the parent; what a run starts with, once."""
     if not config.train.init_from or config.parent is not None:
         return config
+    from training.init_from import find_parent, refuse_own_parent
+
     refuse_own_parent(config.train.init_from, str(config.out_dir))
     return config_from_dict({**config_to_dict(config), "model": config._model_section},
                             find_parent(config.train.init_from))

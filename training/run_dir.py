@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from common.files import atomic_write_bytes
 from model.config import GPTConfig
@@ -23,10 +23,12 @@ from rundir.lock import hold_run_dir
 from rundir.metrics import MetricsLog
 from training.config import Config, save_config
 from training.distributed import DistContext, barrier, decided_on_main
-from training.init_from import ParentRun
 from training.resume_rules import (
     check_data_format, check_fixed_settings, check_model_shape, check_not_finished, check_run_tokenizer,
 )
+
+if TYPE_CHECKING:
+    from training.init_from import ParentRun
 
 
 def open_run_dir(config: Config, ctx: DistContext, held: contextlib.ExitStack, *, resume: bool,

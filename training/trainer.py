@@ -38,7 +38,6 @@ from training.distributed import (
     select_rank_state, shutdown, split_batch, sync_gradients, wrap_model,
 )
 from training.evaluate import EvalResult
-from training.init_from import check_parent_tokenizer, load_parent_weights
 from training.interrupt import StopNow, StopRequest
 from training.kept_model import CorpusCheck, KeptModel, epochs, load_kept_weights
 from training.memory_budget import check_model_fits, plan_run_memory
@@ -189,6 +188,8 @@ class Trainer:
         self.parent = cfg.parent
         tokenizer_file = None
         if self.parent is not None:
+            from training.init_from import check_parent_tokenizer  # a run from a parent (train.init_from)
+
             check_parent_tokenizer(self.parent, cfg.model.vocab_size)
             tokenizer_file = self.run_dir / TOKENIZER_FILE if resume else self.parent.tokenizer_file
         self.task = prepare_task(cfg, tokenizer_file, progress=self.verbose, is_main=self.ctx.is_main,
@@ -208,6 +209,8 @@ class Trainer:
         self.model = GPT(cfg.model).to(self.device)
         install_cpu_backward(self.model)  # a faster RMSNorm backward in eager CPU training
         if self.parent is not None:
+            from training.init_from import load_parent_weights
+
             load_parent_weights(self.model, self.parent)  # a resumed run's checkpoint replaces them
         self.adapters.apply(self.model, self.task.tokenizer)
         if tc.activation_checkpointing:

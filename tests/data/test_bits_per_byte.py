@@ -16,17 +16,20 @@ def test_bits_per_byte_on_a_hand_computed_example():
         bits_per_byte(1.0, 0)
 
 
-def test_target_sums_skip_zero_byte_and_ignored_targets():
+# A chat reply is scored with charge_zero_byte: its <|end|> (a zero-byte id) costs nats, and the bytes
+# are the text's. Text is scored without: end-of-text costs nothing.
+@pytest.mark.parametrize("charge_zero_byte, charged", [(False, 0.0), (True, math.log(4))])
+def test_target_sums_skip_ignored_targets_and_charge_zero_byte_ones_only_when_asked(charge_zero_byte, charged):
     token_bytes = torch.tensor([0, 1, 2, 3])  # id 0 is the end-of-text token
     logits = torch.zeros(1, 4, 4)  # uniform over 4 ids: every target costs ln 4 nats
     logits[0, 3] = torch.tensor([0.0, 0.0, math.log(3.0), 0.0])  # target 2 at p = 3/6 = 1/2
     targets = torch.tensor([[3, 0, -1, 2]])
-    nats, nbytes = target_nats_and_bytes(logits, targets, token_bytes)
-    # Scored: position 0 (id 3, 3 bytes, ln 4) and position 3 (id 2, 2 bytes, ln 2).
-    # Position 1 is EOT (0 bytes) and position 2 is ignored (-1): neither counts.
+    nats, nbytes = target_nats_and_bytes(logits, targets, token_bytes, charge_zero_byte=charge_zero_byte)
+    # Scored: position 0 (id 3, 3 bytes, ln 4) and position 3 (id 2, 2 bytes, ln 2); position 1 is
+    # EOT (0 bytes, ln 4 nats where charged) and position 2 is ignored (-1).
     assert nbytes.item() == 5
-    assert nats.item() == pytest.approx(math.log(4) + math.log(2), abs=1e-6)
-    assert bits_per_byte(nats.item(), nbytes.item()) == pytest.approx(3 / 5, abs=1e-6)
+    assert nats.item() == pytest.approx(math.log(4) + math.log(2) + charged, abs=1e-6)
+    assert bits_per_byte(nats.item(), nbytes.item()) == pytest.approx((3 + charged / math.log(2)) / 5, abs=1e-6)
 
 
 def test_target_sums_match_the_mean_loss_when_every_target_counts():
@@ -38,13 +41,3 @@ def test_target_sums_match_the_mean_loss_when_every_target_counts():
     mean = torch.nn.functional.cross_entropy(logits.view(-1, 7), targets.view(-1))
     assert nbytes.item() == 10
     assert nats.item() == pytest.approx(mean.item() * 10, rel=1e-6)
-
-
-def test_charging_zero_byte_targets_keeps_their_nats_but_adds_no_bytes():
-    # As a chat reply is scored: its <|end|> (id 0 here, no bytes) costs nats, and the bytes are the text's.
-    token_bytes = torch.tensor([0, 1, 2, 3])
-    logits = torch.zeros(1, 4, 4)  # uniform: every target costs ln 4 nats
-    targets = torch.tensor([[3, 0, -1, 2]])
-    nats, nbytes = target_nats_and_bytes(logits, targets, token_bytes, charge_zero_byte=True)
-    assert nbytes.item() == 5
-    assert nats.item() == pytest.approx(3 * math.log(4), abs=1e-6)  # ids 3, 0 and 2; -1 still ignored

@@ -43,11 +43,11 @@ def test_init_from_loads_the_parents_weights_exactly_and_records_it(make_config,
 
 
 def test_the_parent_run_is_found_once_and_travels_with_the_config(make_config, parent_run, monkeypatch, tmp_path):
-    import training.config as config_module
+    import training.init_from as init_from_module
 
     found = []
-    find = config_module.find_parent
-    monkeypatch.setattr(config_module, "find_parent", lambda where: found.append(where) or find(where))
+    find = init_from_module.find_parent
+    monkeypatch.setattr(init_from_module, "find_parent", lambda where: found.append(where) or find(where))
     # Reading the config reads no other file: the parent is found when the run starts (with_parent).
     read = config_from_dict({"train": {"max_steps": 1, "init_from": str(parent_run / "gone")}, "model": {"n_layer": 2}})
     assert read.parent is None and read.model is None and found == []

@@ -7,41 +7,21 @@ import os
 import socket
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import pytest
 
-from test_train_cli import ENV, REPO, run_cli, small_overrides
-from rundir.files import LOCK_OWNER_FILE
-from rundir.lock import RunDirectoryBusy, hold_run_dir
+from test_train_cli import ENV, REPO, run_cli, small_overrides, start_cli, wait_for_records
+from rundir.lock import hold_run_dir
 from rundir.metrics import read_metrics
 from training.trainer import train
-
-
-def _start_training(base_raw, out: Path, steps: int) -> subprocess.Popen:
-    args = ["--config", "configs/tiny.yaml", "--no-progress", *small_overrides(base_raw, out, steps)]
-    return subprocess.Popen(
-        [sys.executable, "train.py", *args], cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-
-
-def _wait_for_lines(path: Path, count: int, proc: subprocess.Popen, timeout: float = 90) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists() and len(read_metrics(path)) >= count:
-            return
-        assert proc.poll() is None, proc.communicate()[1]
-        time.sleep(0.1)
-    raise AssertionError(f"{path} never reached {count} records")
 
 
 @pytest.mark.e2e
 def test_second_training_is_refused_naming_the_holder_and_kill_9_leaves_no_stale_lock(base_raw, tmp_path):
     out = tmp_path / "run"
-    first = _start_training(base_raw, out, 100000)
+    first = start_cli(["--config", "configs/tiny.yaml", "--no-progress", *small_overrides(base_raw, out, 100000)])
     try:
-        _wait_for_lines(out / "metrics.jsonl", 2, first)
+        wait_for_records(out / "metrics.jsonl", 2, first)
         for extra in ([], ["--overwrite"]):  # --resume takes the same lock, before anything else
             second = run_cli(["--config", "configs/tiny.yaml", "--no-progress", *extra, *small_overrides(base_raw, out, 5)])
             lines = second.stderr.strip().splitlines()
@@ -62,21 +42,16 @@ def test_second_training_is_refused_naming_the_holder_and_kill_9_leaves_no_stale
         pass
 
 
-def test_lock_is_exclusive_within_and_across_processes(tmp_path):
+def test_lock_is_exclusive_across_processes(tmp_path):
+    # Within one process, and its release: tests/rundir/test_rundir_lock.py.
     run_dir = tmp_path / "run"
     with hold_run_dir(run_dir):
-        assert f"pid {os.getpid()}" in (run_dir / LOCK_OWNER_FILE).read_text()
-        with pytest.raises(RunDirectoryBusy, match=f"pid {os.getpid()}"):
-            with hold_run_dir(run_dir):
-                pass
         probe = subprocess.run(
             [sys.executable, "-c", "import sys; from pathlib import Path; from rundir.lock import hold_run_dir\n"
              "with hold_run_dir(Path(sys.argv[1])): pass", str(run_dir)],
             cwd=REPO, env=ENV, capture_output=True, text=True, timeout=60,
         )
-        assert probe.returncode != 0 and "RunDirectoryBusy" in probe.stderr
-    with hold_run_dir(run_dir):  # released on exit from the block
-        pass
+        assert probe.returncode != 0 and "RunDirectoryBusy" in probe.stderr and f"pid {os.getpid()}" in probe.stderr
 
 
 def test_leftover_temporary_files_are_removed_when_a_run_resumes(make_config, tmp_path):

@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from test_train_cli import ENV, REPO, run_cli, small_overrides
+from test_train_cli import run_cli, small_overrides, start_cli
 from rundir.checkpoint import load_trainer_state
 from training.config import load_run_config
 from training.trainer import Trainer, train
@@ -41,8 +39,7 @@ def test_sigterm_inside_a_million_micro_batch_step_stops_and_resumes_exactly(bas
     out = tmp_path / "run"
     huge = ["--set", "train.grad_accum_steps=1000000", "--set", "eval.interval=0"]
     args = ["--config", "configs/tiny.yaml", *small_overrides(base_raw, out, 1), *huge]
-    proc = subprocess.Popen([sys.executable, "train.py", *args], cwd=REPO, env=ENV,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start_cli(args)
     try:
         for line in proc.stdout:  # the setup line comes once the loop is about to start
             if line.startswith("training "):

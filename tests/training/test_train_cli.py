@@ -19,29 +19,13 @@ REPO = Path(__file__).resolve().parents[2]
 def small_overrides(base_raw: dict, out_dir: Path, max_steps: int) -> list[str]:
     data = base_raw["data"]
     sets = [
-        f"train.max_steps={max_steps}",
-        f"run.out_dir={out_dir}",
-        "logging.wandb.mode=disabled",
+        f"train.max_steps={max_steps}", f"run.out_dir={out_dir}", "logging.wandb.mode=disabled",
         # Shrink tiny.yaml's model and point it at the session corpus so the run takes seconds.
-        "model.n_layer=2",
-        "model.n_embd=32",
-        "model.n_head=2",
-        "model.n_kv_head=1",
-        "model.block_size=32",
-        "train.batch_size=8",
-        "train.warmup_steps=2",
-        "train.peak_flops=1e11",
-        "train.device=cpu",
-        "data.source=files",
-        f"data.vocab_size={data['vocab_size']}",
-        f"data.cache_dir={data['cache_dir']}",
-        f"data.files.paths=[{data['files']['paths'][0]}]",
-        "data.files.txt_document=paragraph",
-        "eval.interval=5",
-        "eval.max_batches=2",
-        "eval.final_max_batches=2",
-        "eval.sample_tokens=8",
-        "logging.interval=1",
+        "model.n_layer=2", "model.n_embd=32", "model.n_head=2", "model.n_kv_head=1", "model.block_size=32",
+        "train.batch_size=8", "train.warmup_steps=2", "train.peak_flops=1e11", "train.device=cpu",
+        "data.source=files", f"data.vocab_size={data['vocab_size']}", f"data.cache_dir={data['cache_dir']}",
+        f"data.files.paths=[{data['files']['paths'][0]}]", "data.files.txt_document=paragraph",
+        "eval.interval=5", "eval.max_batches=2", "eval.final_max_batches=2", "eval.sample_tokens=8", "logging.interval=1",
     ]
     return [arg for s in sets for arg in ("--set", s)]
 
@@ -54,6 +38,23 @@ def run_cli(args: list[str]) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "train.py", *args], cwd=REPO, env=ENV, capture_output=True, text=True, timeout=120
     )
+
+
+def start_cli(args: list[str]) -> subprocess.Popen:
+    """train.py started in the background, its output piped as text."""
+    return subprocess.Popen([sys.executable, "train.py", *args], cwd=REPO, env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_records(path: Path, count: int, proc: subprocess.Popen, timeout: float = 90) -> None:
+    """Block until the metrics file ``path`` of the running ``proc`` holds ``count`` records."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and len(read_metrics(path)) >= count:
+            return
+        assert proc.poll() is None, proc.communicate()[1]
+        time.sleep(0.1)
+    raise AssertionError(f"{path} never reached {count} records")
 
 
 @pytest.mark.e2e
@@ -71,14 +72,8 @@ def test_train_cli_end_to_end(base_raw, tmp_path):
 @pytest.mark.e2e
 def test_ctrl_c_saves_and_resume_finishes(base_raw, tmp_path):
     out = tmp_path / "run"
-    args = ["--config", "configs/tiny.yaml", "--no-progress", *small_overrides(base_raw, out, 100000)]
-    proc = subprocess.Popen(
-        [sys.executable, "train.py", *args], cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    metrics = out / "metrics.jsonl"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not (metrics.exists() and len(read_metrics(metrics)) >= 3):
-        time.sleep(0.1)
+    proc = start_cli(["--config", "configs/tiny.yaml", "--no-progress", *small_overrides(base_raw, out, 100000)])
+    wait_for_records(out / "metrics.jsonl", 3, proc)
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signal.SIGINT, stderr

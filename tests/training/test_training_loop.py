@@ -166,16 +166,18 @@ def test_a_step_abandoned_between_micro_batches_is_taken_whole_on_resume(make_co
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-# The last case trains with value embeddings and an untied head: the saved config keeps them on resume.
+# The options case trains with value embeddings and an untied head: the saved config keeps them on resume.
 OPTIONS = dict(value_embeddings=True, tie_embeddings=False)
 
 
-@pytest.mark.parametrize("optimizer, sampling, model", [("adamw", "random", {}), ("muon", "random", {}),
-                                                         ("muon", "epoch", {}), ("muon", "epoch", OPTIONS)])
-def test_resume_equals_an_uninterrupted_run(make_config, tmp_path, monkeypatch, optimizer, sampling, model):
+@pytest.mark.parametrize("optimizer, sampling, model, precision", [
+    ("adamw", "random", {}, "fp32"), ("muon", "random", {}, "fp32"), ("muon", "epoch", {}, "fp32"),
+    ("muon", "epoch", OPTIONS, "fp32"), ("muon", "random", {}, "bf16")])
+def test_resume_equals_an_uninterrupted_run(make_config, tmp_path, monkeypatch, optimizer, sampling, model, precision):
     sections = dict(
         model=model,
-        train={"max_steps": 16, "grad_accum_steps": 2, "optimizer": optimizer, "sampling": sampling},
+        train={"max_steps": 16, "grad_accum_steps": 2, "optimizer": optimizer, "sampling": sampling,
+               "precision": precision},
         eval={"interval": 5},
         run={"checkpoint_interval": 4},
     )
@@ -194,7 +196,7 @@ def test_resume_equals_an_uninterrupted_run(make_config, tmp_path, monkeypatch, 
     assert resumed.step == 16 and resumed.stopped_by == "max_steps"
 
     a, b = load_trainer_state(tmp_path / "straight"), load_trainer_state(tmp_path / "broken")
-    assert max_weight_diff(a["model"], b["model"]) <= 1e-6
+    assert max_weight_diff(a["model"], b["model"]) == 0.0 and b["precision"] == precision
     assert resumed.val_loss == pytest.approx(expected.val_loss, abs=1e-6)
     m_straight = deterministic(read_metrics(tmp_path / "straight" / "metrics.jsonl"))
     m_broken = deterministic(read_metrics(tmp_path / "broken" / "metrics.jsonl"))
