@@ -198,8 +198,8 @@ class _BuildFailed(Exception):
 def _compile_apart(exported: Path, package: Path) -> None:
     """AOTInductor's compile of the exported step into ``package``, in a child process of its own
     (``python -m inference.aot_step``). Ctrl-C or SIGTERM, raised here by the command line, then stops
-    it at once with the compiler processes it started, where Inductor in this process would carry on;
-    and a failure that aborts the process (a full disk under the package writer) takes only the child."""
+    it at once with the compiler processes it started, and a failure that aborts the process (a full
+    disk under the package writer) takes only the child."""
     path = os.pathsep.join(entry or os.getcwd() for entry in sys.path if isinstance(entry, str))
     with tempfile.TemporaryFile() as errors:
         child = subprocess.Popen(

@@ -193,7 +193,7 @@ def test_a_signal_during_the_build_stops_it_at_once_and_leaves_no_package(run_di
     deadline = time.monotonic() + 120  # the exported step is written just before its compile starts
     while not any(f.stat().st_size for f in folder.glob(".*.export.*")) and time.monotonic() < deadline:
         time.sleep(0.05)
-    time.sleep(2)  # into the compile (where torch catches a signal and builds on), however fast the host
+    time.sleep(2)  # on into the build: wherever it is by then (its process starting, or compiling), it stops
     os.killpg(process.pid, signum)
     try:
         err = process.communicate(timeout=120)[1]
