@@ -105,14 +105,12 @@ def _check(args: argparse.Namespace) -> None:
     if not 0 <= args.port <= 65535:
         raise UserError(f"--port must be in 0..65535, got {args.port}")
     for flag, value in (("--max-batch", args.max_batch), ("--max-tokens-cap", args.max_tokens_cap),
-                        ("--max-body-bytes", args.max_body_bytes)):
+                        ("--max-body-bytes", args.max_body_bytes), ("--prefill-chunk", args.prefill_chunk)):
         if value < 1:
             raise UserError(f"{flag} must be at least 1, got {value}")
     if args.max_queue is not None and args.max_queue < 0:
         raise UserError(f"--max-queue must be >= 0, got {args.max_queue}")
     parse_threads(args.threads)
-    if args.prefill_chunk < 1:
-        raise UserError(f"--prefill-chunk must be at least 1, got {args.prefill_chunk}")
     if not 0 <= args.prefix_cache_mb < float("inf"):
         raise UserError(f"--prefix-cache-mb must be 0 (off) or more, got {args.prefix_cache_mb}")
 
