@@ -1,20 +1,12 @@
 """The HTTP layer: OpenAI requests become engine requests, engine events become JSON or SSE.
 
-Routes: ``GET /`` (the chat page, ``chat.html``), ``GET /health``, ``GET /v1/models``,
-``POST /v1/completions``, ``POST /v1/chat/completions`` (with OpenAI's tools protocol: the client
-runs the calls, ``serving.replies`` says how they are returned). Every refusal is an OpenAI error body with a 4xx status (an unknown route or method and an
-over-size body included), and the server goes on serving. Text streams as Server-Sent Events, one
-chunk per piece of whole characters, ending ``data: [DONE]``. A chat longer than the model's window
-is cut by the chat format's policy (``data.chat.fit_for_reply``: the oldest whole messages go, the
-system prompt stays) and answered; the ``X-Dropped-Messages`` header of every chat response says
-how many were left out, and the reply ends where the window is full (a rotary or no-position run's
-rolls on, and reads a prompt longer than its window through its rolling cache). A client that goes away mid-request
-cancels it, streaming or not, which frees its row in the engine. Each request ends with one line on
-the ``serving.access`` logger: method, path, status, tokens in and out, and time.
-
-The routes only translate: ``serving.schemas`` validates a body, ``serving.service`` reads it and
-submits to the engine, ``serving.replies`` shapes each response kind, ``serving.streaming``
-delivers it (SSE or whole), and ``serving.access_log`` logs it.
+Every refusal is an OpenAI error body with a 4xx status (an unknown route or method included), and
+the server goes on serving. A chat longer than the model's window is cut by the chat format's
+policy (``data.chat.fit_for_reply``) and answered; the ``X-Dropped-Messages`` header says how many
+messages were left out, and the reply ends where the window is full (a rotary or no-position run's
+rolls on). The routes only translate: ``serving.schemas`` validates a body, ``serving.service``
+reads it and submits to the engine, ``serving.replies`` shapes each response kind,
+``serving.streaming`` delivers it (SSE or whole), and ``serving.access_log`` logs it.
 """
 
 from __future__ import annotations
@@ -82,8 +74,7 @@ def create_app(run: LoadedRun, engine: Engine, *, model_id: str, limits: Limits 
 
     @app.get("/", include_in_schema=False)
     async def chat_page() -> HTMLResponse:
-        # The whole page, whatever Range a client sends (HTTP lets a server ignore Range): the page
-        # is small and only useful whole, so it offers no ranges and never answers 206 or 416.
+        # The whole page, whatever Range a client sends: it is small and only useful whole.
         return HTMLResponse(page)
 
     @app.get("/health")

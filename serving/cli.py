@@ -1,9 +1,8 @@
 """The ``serve.py`` command line: load a run, start the engine, serve the OpenAI API with uvicorn.
 
 User errors (a bad flag, a missing run, a port in use, a KV cache larger than the device's memory)
-become ``error: ...`` on stderr and exit code 2; Ctrl-C and SIGTERM stop the server gracefully and
-exit 130 and 143. Each request gets one access-log line on stderr.
-The server binds to 127.0.0.1 unless told otherwise: anyone who can reach the port can use it.
+exit 2 with one line; Ctrl-C and SIGTERM stop the server gracefully (130, 143). It binds to
+127.0.0.1 unless told otherwise: anyone who can reach the port can use it.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """The Llama weights under GGUF's names, with the query and key rows reordered for llama.cpp.
 
-Two rotary conventions pair a head's numbers differently. Ours and transformers' Llama turn the
-pair (i, i + d/2), the two halves of the head; llama.cpp's llama architecture turns the neighbours
-(2i, 2i + 1). Both give pair i the same frequency, so reordering each head's output rows of the
-query and key projections, halves interleaved, makes llama.cpp rotate exactly the numbers we
-rotate: row i of a head moves to 2i, row i + d/2 to 2i + 1. A dot product of a query and a key is
-the same sum in any order of their numbers, so the scores, and all that follows, are unchanged.
-(Hugging Face's own converter to GGUF reorders Llama's rows the same way.)
+Ours and transformers' Llama rotate the pair (i, i + d/2) of a head; llama.cpp's llama
+architecture rotates the neighbours (2i, 2i + 1), at the same frequency. So each head's query and
+key rows are interleaved (row i to 2i, row i + d/2 to 2i + 1), as Hugging Face's own converter
+does: a dot product is the same sum in any order of its numbers, so the scores are unchanged.
 """
 
 from __future__ import annotations
@@ -32,9 +29,8 @@ _TOP_NAMES = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "
 
 
 def gguf_tensors(llama_weights: dict[str, torch.Tensor], config: GPTConfig) -> dict[str, np.ndarray]:
-    """Every tensor of the Llama folder's ``llama_weights`` as float32 numpy, under its GGUF name, with
-    query and key rows interleaved. A tied head has no ``output.weight``: llama.cpp then reads the
-    token embedding, as Llama does."""
+    """Every tensor of ``llama_weights`` as float32 numpy under its GGUF name, query and key rows
+    interleaved. A tied head has no ``output.weight``: llama.cpp then reads the token embedding."""
     tensors = {}
     for name, tensor in llama_weights.items():
         array = tensor.detach().to(torch.float32).numpy()

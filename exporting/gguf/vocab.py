@@ -1,12 +1,9 @@
 """The run's tokenizer as GGUF metadata, so llama.cpp tokenizes and detokenizes as we do.
 
-Our tokenizer is byte-level BPE with GPT-2's pre-tokenizer (``data.tokenizer.new_tokenizer``): in
-GGUF terms the ``gpt2`` tokenizer model with the ``gpt-2`` pre-tokenizer, whose splitting regex is
-the one the ``tokenizers`` library's ByteLevel applies. Tokens are stored in id order as the byte
-level strings tokenizer.json holds, merges as "left right" strings, and the special tokens
-(``<|endoftext|>`` and the chat tokens) as control tokens: never produced from plain text by BPE,
-and matched whole when a caller asks for special tokens to be parsed. A model vocabulary larger
-than the tokenizer's is filled with unused placeholders so that ids and embedding rows line up.
+Our byte-level BPE with GPT-2's pre-tokenizer is, in GGUF terms, the ``gpt2`` tokenizer model with
+the ``gpt-2`` pre-tokenizer. Tokens are stored in id order as tokenizer.json holds them, merges as
+"left right" strings, and the special tokens as control tokens. A model vocabulary larger than the
+tokenizer's is filled with unused placeholders so that ids and embedding rows line up.
 """
 
 from __future__ import annotations
@@ -54,9 +51,8 @@ def gguf_vocab(tokenizer: Tokenizer, vocab_size: int) -> GgufVocab:
 
 
 def add_tokenizer(writer: gguf.GGUFWriter, vocab: GgufVocab, tokens: SpecialTokens, chat_template: str | None) -> None:
-    """Write the tokenizer's metadata: what ``gguf_vocab`` found, and the special ids. Nothing is
-    added to a prompt (training puts ``<|endoftext|>`` before documents itself, and a chat prompt is
-    rendered whole); ``<|endoftext|>`` ends text, and for chat ``<|end|>`` ends a turn."""
+    """Write the tokenizer's metadata and the special ids. Nothing is added to a prompt: training
+    puts ``<|endoftext|>`` before documents itself, and a chat prompt is rendered whole."""
     writer.add_tokenizer_model(TOKENIZER_MODEL)
     writer.add_tokenizer_pre(PRE_TOKENIZER)
     writer.add_token_list(vocab.tokens)

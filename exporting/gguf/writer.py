@@ -1,10 +1,6 @@
 """Write a Llama-shaped run as a folder holding one GGUF file, ``model.gguf``: the weights in f32 and
-the tokenizer, everything llama.cpp needs to load, tokenize and generate.
-
-The folder is built and published as the other formats' are (``exporting.folder``), so a killed
-export never leaves half a file where ``--out`` points. The ``gguf`` package (llama.cpp's own
-writer, on PyPI) is a development dependency, as ONNX's exporter is: ``export.py`` says how to
-install it before it imports this package.
+the tokenizer, everything llama.cpp needs. The ``gguf`` package (llama.cpp's own writer) is a
+development dependency: ``export.py`` says how to install it before it imports this package.
 """
 
 from __future__ import annotations
@@ -56,8 +52,7 @@ def export_gguf(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool = F
 
 
 def _require_space(out_dir: Path, size: int) -> None:
-    """Refuse, as a full disk, a folder whose disk cannot hold ``size`` bytes: checked before
-    writing, because a short write of the tensors would not say why it stopped."""
+    """Refuse, as a full disk, a folder whose disk cannot hold ``size`` bytes."""
     existing = next(folder for folder in (out_dir.absolute(), *out_dir.absolute().parents) if folder.exists())
     if shutil.disk_usage(existing).free < size:
         raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} ({size / 1e6:.1f} MB needed)", str(out_dir))

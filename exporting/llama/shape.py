@@ -1,7 +1,5 @@
 """A run loaded for a Llama format (the Llama folder and GGUF): refused first, from its config alone,
-when it is not Llama-shaped (``model.layer_map.llama_blockers`` decides, for both formats and
-for train.py's hints), then loaded once, with its weights under transformers' Llama names.
-"""
+when it is not Llama-shaped, then loaded once, with its weights under transformers' Llama names."""
 
 from __future__ import annotations
 
@@ -31,9 +29,8 @@ def require_llama_shape(config: GPTConfig, run_dir: Path, fmt: str) -> None:
 
 @dataclass(frozen=True)
 class LlamaRun:
-    """What both Llama formats write from: the run's config, tokenizer, special tokens and chat
-    template (None for a base run), and its weights under transformers' Llama names
-    (``exporting.hf.weights``: for a Llama-shaped run they are Llama's, and no other tensor exists)."""
+    """What both Llama formats write from. The weights are the hf format's (``exporting.hf.weights``),
+    whose names for a Llama-shaped run are Llama's, with no other tensor."""
 
     config: GPTConfig
     tokenizer: Tokenizer
@@ -44,9 +41,8 @@ class LlamaRun:
 
 
 def load_llama_run(run_dir: Path, out_dir: Path, overwrite: bool, fmt: str) -> LlamaRun:
-    """The Llama-shaped run in ``run_dir``, on the CPU, once ``out_dir`` may be written. The shape is
-    checked from ``model_config.json`` before any weight is read, so a refusal costs no load; a run
-    whose config cannot be read is left to ``load_run``, which says what is wrong with it."""
+    """The Llama-shaped run in ``run_dir``, on the CPU, once ``out_dir`` may be written; the shape is
+    checked before any weight is read (a config that cannot be read is ``load_run``'s to report)."""
     prepare_destination(run_dir, out_dir, overwrite)
     try:
         require_llama_shape(load_model_config(run_dir), run_dir, fmt)

@@ -1,11 +1,5 @@
-"""Write a Llama-shaped run as a folder that transformers loads as ``LlamaForCausalLM``.
-
-The weights are the Hugging Face export's (``exporting.hf.weights``): its names are transformers'
-Llama names already, and for a Llama-shaped run no other tensor exists. ``config.json`` is the same
-config under Llama's model type, with its rotary base, and without the shipped code's entries. The
-tokenizer files and generation settings are the other formats' (``exporting.hub_files``), and the
-folder is built and published as theirs are (``exporting.folder``).
-"""
+"""Write a Llama-shaped run as a folder that transformers loads as ``LlamaForCausalLM``: the hf
+format's files, with ``config.json`` under Llama's model type and without the shipped code."""
 
 from __future__ import annotations
 
