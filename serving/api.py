@@ -6,29 +6,35 @@ policy (``data.chat.fit_for_reply``) and answered; the ``X-Dropped-Messages`` he
 messages were left out, and the reply ends where the window is full (a rotary or no-position run's
 rolls on). The routes only translate: ``serving.schemas`` validates a body, ``serving.service``
 reads it and submits to the engine, ``serving.replies`` shapes each response kind,
-``serving.streaming`` delivers it (SSE or whole), and ``serving.access_log`` logs it.
+``serving.streaming`` delivers it (SSE or whole), and ``AccessLog`` logs it: one line per request on
+the ``serving.access`` logger (client, method, path, status, tokens in and out, and time), wrapping the
+whole app so that a refusal or a bug is logged as surely as a reply.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
+import time
 from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from inference.engine import Engine
 from inference.sampling import SamplingSettings
 from rundir.loading import LoadedRun
-from serving.access_log import AccessLog
 from serving.errors import ApiError, error_body
 from serving.logprobs import ChatReplyLogprobs, CompletionReplyLogprobs
 from serving.replies import ChatReply, CompletionReply
 from serving.schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from serving.service import Limits, Service
 from serving.streaming import answer
+
+access_log = logging.getLogger("serving.access")
 
 
 def create_app(run: LoadedRun, engine: Engine, *, model_id: str, limits: Limits = Limits()) -> FastAPI:
@@ -121,3 +127,33 @@ def _settings(body: GenerationRequest, suppress_ids: tuple[int, ...] = ()) -> Sa
     """The engine's sampling settings for a request (top_k is not an OpenAI field)."""
     return SamplingSettings(max_new_tokens=body.max_new_tokens, temperature=body.temperature, top_k=None,
                             top_p=body.top_p, seed=body.seed, stop=body.stop_strings(), suppress_ids=suppress_ids)
+
+
+class AccessLog:
+    """ASGI middleware. A route that answers with a reply leaves it in the request's state as
+    ``reply``; its ``prompt_tokens`` and ``completion_tokens`` are read when the request ends."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start, status = time.perf_counter(), 500  # 500 unless a response starts
+        state = scope.setdefault("state", {})
+
+        async def send_and_note(message: dict) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_note)
+        finally:
+            reply = state.get("reply")
+            tokens = f"in={reply.prompt_tokens} out={reply.completion_tokens}" if reply else "in=- out=-"
+            client = scope["client"][0] if scope.get("client") else "-"
+            access_log.info("%s %s %s %d %s %.3fs", client, scope["method"], scope["path"], status, tokens,
+                            time.perf_counter() - start)

@@ -28,8 +28,7 @@ from inference.sampling import SINKS
 from inference.settings import add_speculation_arguments, checked_sinks, checked_speculation
 from model.gpt import GPT
 from rundir.loading import find_latest_run, load_run
-from serving.access_log import access_log
-from serving.api import create_app
+from serving.api import access_log, create_app
 from serving.service import Limits
 
 _EPILOG = """\

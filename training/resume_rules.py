@@ -1,7 +1,7 @@
 """Which settings may change when a run is resumed, and the checks that refuse the others.
 
 May change on ``--resume``: the budgets (``train.max_steps``, ``max_minutes``, ``max_tokens``),
-learning rates and their schedule, warmup, Muon's momentum and its warm-up, weight decay, betas, eps, gradient clipping,
+learning rates and their schedule, warmup, Muon's momentum, weight decay, betas, eps, gradient clipping,
 ``train.batch_size`` and ``train.grad_accum_steps``, device, precision, compile, and the whole
 ``eval``, ``logging`` and ``run`` sections, plus ``model.dropout``. ``train.precision: auto`` keeps the
 precision the run trained in (``run_precision``), so only an explicit ``fp32`` or ``bf16`` changes it.

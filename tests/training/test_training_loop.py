@@ -394,21 +394,21 @@ def test_wandb_gets_metrics_samples_and_the_run_id_survives_resume(make_config, 
     assert FakeLogger.started[1]["resume_id"] == "run-1"
 
 
-def test_a_resume_takes_the_rates_from_the_config_and_warms_muons_momentum_up_by_the_step_count(make_config,
-                                                                                                 tmp_path):
+def test_a_resume_takes_the_rates_and_muons_momentum_from_the_config(make_config, tmp_path):
     # A checkpoint's optimizer groups carry the rates they were built with; resuming with a new
-    # train.muon_lr or train.value_embedding_lr must run at the new one, as a new train.lr does. The
+    # train.muon_lr, train.value_embedding_lr or train.muon_momentum must run at the new one, as a new
+    # train.lr does. The
     # tables' group exists whether or not its rate is set, so setting it on resume works.
     sections = dict(model={"value_embeddings": True}, eval={"interval": 0}, run={"checkpoint_interval": 0})
-    muon = {"optimizer": "muon", "muon_momentum": 0.95, "muon_momentum_warmup": 10}
+    muon = {"optimizer": "muon", "muon_momentum": 0.95}
     train(make_config(tmp_path / "run", train={"max_steps": 3, "muon_lr": 0.02, **muon}, **sections), progress=False)
     optimizer = lambda: load_trainer_state(tmp_path / "run")["optimizer"]  # noqa: E731
-    assert optimizer()["muon"]["param_groups"][0]["momentum"] == pytest.approx(0.87)  # step 2: 0.85 + 0.1 * 2/10
-    changed = make_config(tmp_path / "run", train={"max_steps": 6, "muon_lr": 0.06, "value_embedding_lr": 0.05, **muon},
-                          **sections)
+    assert optimizer()["muon"]["param_groups"][0]["momentum"] == pytest.approx(0.95)
+    changed = make_config(tmp_path / "run", train={"max_steps": 6, "muon_lr": 0.06, "value_embedding_lr": 0.05,
+                                                   **muon, "muon_momentum": 0.9}, **sections)
     train(changed, resume=True, progress=False)
     muon_group, groups = optimizer()["muon"]["param_groups"][0], optimizer()["adamw"]["param_groups"]
-    assert muon_group["momentum"] == pytest.approx(0.90)  # step 5: the warm-up follows the step count, not the restart
+    assert muon_group["momentum"] == pytest.approx(0.90)
     assert [len(g["params"]) for g in groups] == [len(groups[0]["params"]), 1]  # the one table (2 layers)
     assert groups[0]["lr"] > 0
     assert muon_group["lr"] / groups[0]["lr"] == pytest.approx(0.06 / changed.train.lr)
