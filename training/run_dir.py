@@ -1,12 +1,10 @@
 """A training run's directory, from the trainer's side: claimed and checked before anything slow, and
 given the run's own files once every input has been read.
 
-``open_run_dir`` takes the lock (held until the run closes), refuses a directory that holds another
-run (unless replaced) or no checkpoint to resume, and checks a resumed checkpoint against the config
-(``training.resume_rules``). ``write_run_files`` then clears a replaced run and writes the config,
-tokenizer and parent record; nothing in the directory is deleted or written before, so a run
-replaced with ``--overwrite`` stays whole when the new one cannot start. The file names and the
-checkpoint format belong to ``rundir``.
+``open_run_dir`` takes the lock, refuses a directory holding another run (unless replaced) or no
+checkpoint to resume, and checks a resumed checkpoint (``training.resume_rules``). ``write_run_files``
+then clears a replaced run and writes the config, tokenizer and parent record, so a run replaced with
+``--overwrite`` stays whole when the new one cannot start. File names and formats belong to ``rundir``.
 """
 
 from __future__ import annotations

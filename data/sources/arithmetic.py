@@ -1,15 +1,10 @@
 """Arithmetic questions with checkable answers: the prompts of an RL run (``data.format: rl``).
 
-Each problem is a user question such as "What is 23+58?" and its answer "81", written as the
-digits alone. Problems are drawn without repeats from every pair of operands in
-``0..max_operand`` for each operation; the held-out problems come first in the shuffled list, so
-no held-out question is ever a training one, and asking for more only adds problems at the end.
-Everything follows from ``seed``; nothing is read, and the pairs are never all listed when there
-are many of them (operands up to 10^12 are as cheap as up to 99).
-
-``conversations`` turns problems into chat rows (the question, then the answer as the
-assistant's reply), for fine-tuning a base model that is then sometimes right: what RL needs to
-start from.
+Each problem is a question such as "What is 23+58?" and its answer "81". Problems are drawn without
+repeats from the operand pairs in ``0..max_operand``, never listing them all (operands up to 10^12
+cost what 99 does); the held-out ones come first, so none is a training one, and asking for more
+only adds problems at the end. Everything follows from ``seed``. ``conversations`` turns problems
+into chat rows, to fine-tune a base model that is then sometimes right: what RL starts from.
 """
 
 from __future__ import annotations

@@ -153,8 +153,7 @@ def _file_read_error(exc: BaseException, files: list[Path], description: str) ->
 
 def _first_undecodable(files: list[Path]) -> str | None:
     for path in files:
-        opener = gzip.open if path.name.endswith(".gz") else open
-        with opener(path, "rb") as f:
+        with _open_binary(path) as f:
             data = f.read()
         try:
             data.decode("utf-8")
@@ -166,8 +165,7 @@ def _first_undecodable(files: list[Path]) -> str | None:
 def first_malformed_json_line(files: list[Path]) -> str | None:
     """'FILE line N: reason' for the first non-blank line that is not a JSON object, or None."""
     for path in files:
-        opener = gzip.open if path.name.endswith(".gz") else open
-        with opener(path, "rb") as f:
+        with _open_binary(path) as f:
             for number, raw in enumerate(f, start=1):
                 if not raw.strip():
                     continue
