@@ -1,11 +1,7 @@
-"""From a `DataConfig` to a cache entry training reads: tokenizer.json, train.bin, val.bin, meta.json.
-
-The entry lives in the one prepared-data cache (``data.prepared.cache``: built whole or not at all,
-checked on open, rebuilt when damaged) as `<cache_dir>/<source>-<key>/`. On open its token files
-must match their recorded sizes, checksums and id range, and its tokenizer its recorded hash.
-
-Token files are flat uint16 arrays (uint32 when the vocabulary needs it), each document preceded by
-the end-of-text token so the model learns where documents end.
+"""From a `DataConfig` to a cache entry training reads: tokenizer.json, train.bin, val.bin, meta.json,
+as `<cache_dir>/<source>-<key>/` in the prepared-data cache (``data.prepared.cache``). Token files
+are flat uint16 arrays (uint32 when the vocabulary needs it), each document preceded by the
+end-of-text token so the model learns where documents end.
 """
 
 from __future__ import annotations

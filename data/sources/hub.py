@@ -1,8 +1,5 @@
-"""A Hugging Face hub dataset (or a local directory laid out like one) as a corpus source.
-
-The same `datasets.load_dataset` call reads the hub and local directories, so the offline tests
-exercise the real path. The dataset's own validation split is used when it has one; how the caps
-divide between the splits is described on `HubSourceConfig`.
+"""A Hugging Face hub dataset (or a local directory laid out like one) as a corpus source: the same
+`datasets.load_dataset` call reads both, so the offline tests exercise the real path.
 """
 
 from __future__ import annotations

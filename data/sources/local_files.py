@@ -1,9 +1,6 @@
-"""Local .txt, .jsonl and .parquet files as a corpus source, read with `datasets.load_dataset`.
-
-What a document is: a .jsonl or .parquet row (its text column), and for .txt one whole file by
-default (`txt_document: file`; `paragraph` and `line` are datasets' other `sample_by` modes). A
-.txt document's id is its path relative to the files' common folder; a row's id is the data's
-own "id" column when it has one, else its row number.
+"""Local .txt, .jsonl and .parquet files as a corpus source, read with `datasets.load_dataset`. A
+document is a row's text column, or for .txt a whole file (`txt_document`), its id the path below
+the files' common folder; a row's id is its "id" column, else its row number.
 """
 
 from __future__ import annotations

@@ -105,8 +105,7 @@ def continuation_is_good(start: str, finish: Finish, end_id: int) -> bool:
 def build_preference_set(run: LoadedRun, prompts: list[list[Message]], settings: SetSettings, *,
                          progress: bool = False) -> PreferenceSet:
     """Reply greedily to each prompt with ``run``; where that reply loops, sample
-    ``settings.samples`` continuations from where the loop begins, and pair a good one against it.
-    ``progress``: a bar for each of the two rounds of replies."""
+    ``settings.samples`` continuations from where the loop begins, and pair a good one against it."""
     special = ChatTokenIds.of(run.tokenizer)
     fitted: list[tuple[list[Message], list[int]]] = []
     for messages in prompts:
