@@ -1,8 +1,6 @@
-"""A run's attention over its training: what each evaluation logged to ``metrics.jsonl`` (each
-layer's mean attention entropy, the induction scores and the loss on the first and second copies of
-repeated sequences, see ``maps.attention_summary``), and the evaluations at which the run began to
-copy: its second-copy loss fell, a layer's heads together reached the induction threshold, and one
-head reached it alone.
+"""A run's attention over its training, as each evaluation logged it (``maps.attention_summary``),
+and the evaluations at which the run began to copy: its second-copy loss fell, a layer's heads
+together reached the induction threshold, and one head reached it alone.
 """
 
 from __future__ import annotations
@@ -17,14 +15,11 @@ from common.errors import UserError
 from rundir.files import METRICS_FILE, RUN_CONFIG_FILE
 from rundir.metrics import read_metrics
 
-# A head passes when at least half its weight lands on the one token the repeat predicts: then it
-# reads that token more than every other visible position put together, so its output is mostly
-# the copied token. A head that spreads evenly scores about 1 / period, far below; a threshold
-# that does not depend on the window length can be read the same way for any run.
+# A head passes when at least half its weight lands on the one token the repeat predicts: it then
+# reads that token more than every other position together (an even spread scores about 1 / period).
 INDUCTION_THRESHOLD = 0.5
-# A layer passes when its heads' weights on the predicted token sum to this: copying shared by
-# several heads, none of which reaches the single-head threshold. It sits above the single head's
-# so that a layer of several evenly spread heads (each near 1 / period) stays far below it.
+# A layer passes when its heads' weights on the predicted token sum to this, above the single
+# head's so that a layer of several evenly spread heads stays far below it.
 LAYER_INDUCTION_THRESHOLD = 0.6
 # The second-copy loss has fallen once it is at most this fraction of the first-copy loss: the
 # model then predicts a repeated token far better than a fresh one, which only copying explains.
@@ -51,10 +46,8 @@ def _layered(record: dict[str, Any], prefix: str) -> tuple[float, ...]:
 
 
 def attention_history(records: list[dict[str, Any]]) -> list[AttentionEval]:
-    """The evaluations among metrics ``records`` that logged attention statistics, in file order.
-
-    An evaluation whose statistics cannot be read (a step or a score that is not a number, layers
-    missing or fewer than the first readable one's) is left out, as a damaged line is."""
+    """The evaluations among metrics ``records`` that logged attention statistics, in file order;
+    one whose statistics cannot be read is left out, as a damaged line is."""
     history: list[AttentionEval] = []
     for record in _evaluations(records):
         evaluation = _read_evaluation(record)
@@ -151,9 +144,8 @@ def first_copying(history: list[AttentionEval], ratio: float = COPY_LOSS_RATIO) 
 
 
 def format_history(history: list[AttentionEval], threshold: float = INDUCTION_THRESHOLD) -> str:
-    """A markdown table, one row per evaluation, then a line each for the step the second-copy loss
-    fell at, the step a layer's heads together passed the layer threshold, and the step one head
-    passed ``threshold`` (or the best reached, when none did)."""
+    """A markdown table, one row per evaluation, then a line each for when the second-copy loss
+    fell, a layer passed and a head passed ``threshold`` (or the best reached)."""
     n_layer = max(len(e.entropy_bits) for e in history)
     layers = max(len(e.induction_layers) for e in history)
     losses = has_repeat_loss(history)

@@ -1,10 +1,6 @@
-"""Attention probabilities of a model for given token ids (with and without the 1/√d scale), the
-head-role table of a run, the repeated-sequence probe (its induction scores and its first- and
-second-copy losses), each head's copy and induction scores where a given sequence repeats a span,
-and the words that name a run's attention kind.
-
-The probabilities come from ``GPT.attention_weights``: each attention kind's own projections and
-scores, the same code its forward pass runs, returned before they are applied to the values.
+"""Attention probabilities of a model (``GPT.attention_weights``: the forward pass's own code), the
+head-role table of a run, the repeated-sequence probe, each head's copy and induction scores where
+a sequence repeats a span, and the words that name a run's attention kind.
 """
 
 from __future__ import annotations
@@ -53,13 +49,8 @@ class ScaleComparison:
 
 @torch.no_grad()
 def scale_comparison(model: nn.Module, idx: torch.Tensor, layer: int, head: int) -> ScaleComparison:
-    """Head ``head`` of layer ``layer`` on token ids ``idx`` (1, T), with and without the 1/√d scale.
-
-    Both come from the layer's own queries and keys (``GPT.attention_queries_keys``) through the
-    same masked softmax the maps use; only the scale differs. Dividing by √d multiplies every
-    score by the same factor below 1, a softmax temperature above 1, so each scaled row is at
-    least as spread out as the unscaled one.
-    """
+    """Head ``head`` of layer ``layer`` on token ids ``idx`` (1, T), with and without the 1/√d
+    scale, from the layer's own queries and keys through the maps' masked softmax."""
     with eval_mode(model):
         q, k = model.attention_queries_keys(idx)[layer]
     q, k = q[0, head:head + 1].float(), k[0, head:head + 1].float()
@@ -84,28 +75,23 @@ MIN_PERIOD = 8
 # Ids looked for in at most this many held-out tokens: enough to meet every id a corpus uses
 # often, and a bounded cost at each evaluation of a run on a large corpus.
 PROBE_TOKENS = 1_000_000
-# The probe draws only ids seen at least this often among those tokens. An id the model met a
-# handful of times (a BPE piece that survives only inside rare words, a form that appears only at a
-# line's start) has an embedding training has barely moved: the blind spot of ids never seen, only
-# milder. Held-out text holds a twentieth to a tenth of the training tokens, so each such id was
-# trained on about a hundred times or more.
+# The probe draws only ids seen at least this often among those tokens: an id the model met a
+# handful of times has an embedding training has barely moved. Held-out text holds a twentieth to
+# a tenth of the training tokens, so each such id was trained on about a hundred times or more.
 MIN_COUNT = 10
 
 
 def probe_ids(tokens: np.ndarray, *, skip: Sequence[int] = (), min_count: int = MIN_COUNT) -> torch.Tensor:
     """The ids seen at least ``min_count`` times in (a prefix of) a run's held-out ``tokens``, less
-    ``skip`` (the end-of-text id: a document boundary in the middle of a repeat would ask the model
-    to forget it): ids the model was trained on, which the induction probe draws from."""
+    ``skip`` (the end-of-text id: a document boundary inside a repeat would ask the model to forget it)."""
     counts = np.bincount(np.asarray(tokens[:PROBE_TOKENS]).ravel())  # counting beats sorting here
     ids = np.flatnonzero(counts >= max(min_count, 1))
     return torch.from_numpy(ids[~np.isin(ids, list(skip))])
 
 
 def induction_periods(block_size: int, n_ids: int) -> tuple[int, ...]:
-    """The periods the probe repeats at: 8, 16, 32, ... up to half the context, and none longer
-    than the number of distinct ids (a sequence repeats no id). A head that copies only at the
-    lengths it was trained on scores lower than one that copies at any length. None when the
-    context is shorter than 16 tokens or fewer than 8 distinct ids are at hand."""
+    """The periods the probe repeats at: 8, 16, 32, ... up to half the context and the number of
+    distinct ids, so a head that copies only at the lengths it was trained on scores lower."""
     periods, period = [], MIN_PERIOD
     while 2 * period <= block_size and period <= n_ids:
         periods.append(period)
@@ -124,13 +110,9 @@ def repeat_probe(ids: torch.Tensor, block_size: int, *, batch: int = 8, seed: in
 def head_roles(
     model: nn.Module, text_windows: torch.Tensor, ids: torch.Tensor | None = None, *, seed: int = 0
 ) -> list[HeadRole]:
-    """Score every head of ``model``.
-
-    Previous-token, sink and entropy are averaged over the (B, T) windows of held-out text;
-    induction over ``repeat_probe``'s sequences (every period weighs the same), drawn from ``ids``
-    (default: every id in ``text_windows``; give ``probe_ids`` of the run's held-out tokens). With
-    no period to probe at (``induction_periods``), every induction score is NaN: not measured.
-    """
+    """Score every head of ``model``: previous-token, sink and entropy over the (B, T) windows of
+    held-out text; induction over ``repeat_probe``'s sequences drawn from ``ids`` (default: every id
+    in ``text_windows``), NaN with no period to probe at."""
     text = attention_maps(model, text_windows)
     if ids is None:
         ids = probe_ids(text_windows.cpu().numpy(), min_count=1)
@@ -151,9 +133,8 @@ def head_roles(
 
 
 def layer_induction(roles: list[HeadRole]) -> list[float]:
-    """Per layer, the sum of its heads' induction scores: the weight the layer's heads together put
-    on the predicted token. Copying spread over several heads shows here before any one head
-    carries it alone."""
+    """Per layer, the sum of its heads' induction scores: copying spread over several heads shows
+    here before any one head carries it alone."""
     sums = [0.0] * (max(r.layer for r in roles) + 1)
     for r in roles:
         sums[r.layer] += r.induction
@@ -168,9 +149,8 @@ class RepeatLoss:
 
 @torch.no_grad()
 def repeat_loss(model: nn.Module, probe: list[tuple[int, torch.Tensor]], device: torch.device) -> RepeatLoss:
-    """The model's loss on the first and the second copy of ``repeat_probe``'s sequences (every
-    period weighs the same). The second copy's first token is left out: it follows the first copy's
-    last token, which nothing predicts. So is the first copy's first token, which has no context."""
+    """The model's loss on the first and the second copy of ``repeat_probe``'s sequences, leaving
+    out each copy's first token, which nothing predicts."""
     first = second = 0.0
     with eval_mode(model):
         for period, sequences in probe:
@@ -242,9 +222,8 @@ def format_copy_roles(roles: list[CopyRole]) -> str:
 
 
 def attention_summary(model: nn.Module, text_windows: torch.Tensor, ids: torch.Tensor | None = None) -> dict[str, float]:
-    """What training logs at each evaluation: each layer's mean attention entropy over
-    ``text_windows``, the best induction score of any head and each layer's sum (``head_roles``'
-    definitions), and the loss on the first and second copies of the probe (``repeat_loss``)."""
+    """What training logs at each evaluation: each layer's mean attention entropy, the best head's
+    and each layer's induction score, and ``repeat_loss``."""
     if ids is None:
         ids = probe_ids(text_windows.cpu().numpy(), min_count=1)
     roles = head_roles(model, text_windows, ids)
@@ -264,9 +243,8 @@ def attention_summary(model: nn.Module, text_windows: torch.Tensor, ids: torch.T
 
 
 def describe_attention(config: GPTConfig) -> str:
-    """The attention kind of a model config in words, as figures label a run: MHA, GQA or MQA by
-    how many key/value heads the query heads share, MLA by the width of its cached latent; then the
-    positions, unless they are the default learned ones."""
+    """The attention kind of a model config in words, as figures label a run, then its positions
+    unless they are the default learned ones."""
     positions = {"learned": "", "rope": ", rotary positions", "none": ", no positions"}[config.positions]
     return _describe_heads(config) + positions
 

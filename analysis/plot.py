@@ -1,9 +1,6 @@
-"""Figures of attention maps, and of a run's attention over its training, drawn with matplotlib's
-Agg backend (no display needed).
-
-Each map is a (T, T) matrix of probabilities: row i is query position i, column j key position j.
-Cells the causal mask hides (j > i) are drawn in a hatched grey, so that they cannot be mistaken
-for a weight of zero, which is drawn white.
+"""Figures of attention maps, and of a run's attention over its training (matplotlib's Agg backend).
+A map's row i is query position i; cells the causal mask hides are hatched grey, so that they
+cannot be mistaken for a weight of zero, which is drawn white.
 """
 
 from __future__ import annotations
@@ -72,21 +69,20 @@ def _draw_map(ax, probs: torch.Tensor, tokens: Sequence[str] | None, title: str,
 
 
 def grid_map_size(T: int) -> tuple[float, int]:
-    """The side of one map of a grid, in inches, and the step between its labelled tokens: large
-    enough to label every token at GRID_FONTSIZE up to the largest side, every k-th past that."""
+    """The side of one map of a grid (inches) and the step between its labelled tokens."""
     side = min(max(T * GRID_LABEL_PITCH, GRID_MAP_INCHES[0]), GRID_MAP_INCHES[1])
     return side, math.ceil(T * GRID_LABEL_PITCH / side)
 
 
 def tick_labels(tokens: Sequence[str]) -> list[str]:
-    """Token pieces as axis labels: a line break or tab is written as its escape, since drawn as
-    itself it makes a label blank and several lines tall, pushing its neighbours off the figure."""
+    """Token pieces as axis labels, a line break or tab written as its escape (drawn as itself it
+    makes a label several lines tall)."""
     return [token.replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t") for token in tokens]
 
 
 def masked_region(T: int, **style):
-    """The cells a causal mask hides in a (T, T) map drawn by ``imshow`` (cell (i, j) spans
-    j ± 0.5 across and i ± 0.5 down), as one staircase polygon whose edges lie on cell boundaries."""
+    """The cells a causal mask hides in a (T, T) ``imshow`` map, as one staircase polygon on the
+    cell boundaries."""
     from matplotlib.patches import Polygon
 
     corners = [(0.5, -0.5), (T - 0.5, -0.5), (T - 0.5, T - 1.5)]
@@ -104,12 +100,8 @@ def draw_attention_grid(
     compare: Sequence[torch.Tensor] | None = None,
     compare_title: str = "untrained",
 ) -> None:
-    """One heatmap per layer (rows) and head (columns), written as a PNG to ``out``.
-
-    ``maps[l]`` is layer l's (n_head, T, T) probabilities for one sequence. With ``compare``
-    (maps of the same shape, e.g. from an untrained model), its heads are drawn to the right of
-    the first set's, under ``compare_title``.
-    """
+    """One heatmap per layer (rows) and head (columns) of one sequence, written to ``out``; with
+    ``compare`` (maps of the same shape), a second set under ``compare_title``."""
     sets = [(title, maps)] + ([(compare_title, compare)] if compare is not None else [])
     n_layer, n_head = len(maps), maps[0].shape[0]
     plt = _pyplot()
@@ -145,9 +137,8 @@ def draw_attention_map(probs: torch.Tensor, tokens: Sequence[str] | None, out: P
 
 def draw_attention_rows(rows: Sequence[tuple[str, torch.Tensor]], tokens: Sequence[str] | None, out: Path,
                         *, title: str, head_names: Sequence[str]) -> None:
-    """One row of heatmaps per ``(label, maps)``, maps being (n, T, T) (say one layer of one run),
-    written as a PNG to ``out``; map c of every row is titled with its label and ``head_names[c]``.
-    Rows with fewer maps than the widest leave their last cells empty."""
+    """One row of heatmaps per ``(label, maps)``, maps being (n, T, T), written to ``out``; map c of
+    every row is titled with its label and ``head_names[c]``."""
     cols = max(maps.shape[0] for _, maps in rows)
     size = 2.6 if cols > 1 else 3.6
     plt = _pyplot()
@@ -168,9 +159,8 @@ def draw_attention_rows(rows: Sequence[tuple[str, torch.Tensor]], tokens: Sequen
 
 def draw_copy_heads(maps: Sequence[torch.Tensor], names: Sequence[str], tokens: Sequence[str], repeat: SpanRepeat,
                     out: Path, *, title: str) -> None:
-    """Heads' (T, T) maps side by side, large, every token labelled, with the cells the copy score
-    reads outlined: the query that predicts each token of the span's repeat, on that token's first
-    copy. A head that copies fills them; a control beside it shows what not copying looks like."""
+    """Heads' (T, T) maps side by side, every token labelled, with the cells the copy score reads
+    outlined: a head that copies fills them."""
     from matplotlib.patches import Rectangle
 
     plt = _pyplot()
@@ -192,8 +182,7 @@ def draw_copy_heads(maps: Sequence[torch.Tensor], names: Sequence[str], tokens: 
 
 def draw_scale_comparison(comparison: ScaleComparison, tokens: Sequence[str] | None, out: Path, *,
                           title: str) -> None:
-    """A head's map as the model computes it (scores over √d) beside the map from the same scores
-    without the scale, and the last query's row of each as bars, written as a PNG to ``out``."""
+    """A head's map with and without the 1/√d scale, and the last query's row of each as bars."""
     plt = _pyplot()
     d = comparison.head_dim
     scaled_bits, unscaled_bits = comparison.entropy_bits()
@@ -220,7 +209,7 @@ def draw_scale_comparison(comparison: ScaleComparison, tokens: Sequence[str] | N
 
 def draw_attention_history(history: Sequence[AttentionEval], out: Path, *, title: str, threshold: float) -> None:
     """Each layer's mean attention entropy and the best induction score at every evaluation of a
-    run, with the induction threshold and the first evaluation past it, written as a PNG to ``out``."""
+    run, with the threshold and the first evaluation past it."""
     from analysis.history import first_induction
     plt = _pyplot()
     fig, (entropy, induction) = plt.subplots(1, 2, figsize=(12, 4.5), constrained_layout=True)
@@ -244,10 +233,9 @@ def draw_attention_history(history: Sequence[AttentionEval], out: Path, *, title
 
 
 def draw_induction_history(history: Sequence[AttentionEval], out: Path, *, title: str, threshold: float) -> None:
-    """The two signals of an induction head forming, at every evaluation of a run, written as a PNG to
-    ``out``: the loss on the first and second copies of repeated sequences (left), and the induction
-    score of the best head and of each layer's heads summed (right), each with its threshold and a
-    vertical line at the first evaluation past it."""
+    """The two signals of an induction head forming, at every evaluation of a run: the loss on the
+    first and second copies of repeated sequences, and the best head's and each layer's induction
+    score, each with its threshold and the first evaluation past it."""
     from analysis.history import (COPY_LOSS_RATIO, LAYER_INDUCTION_THRESHOLD, first_copying, first_induction,
                                   first_layer_induction)
     plt = _pyplot()
@@ -285,8 +273,7 @@ def draw_induction_history(history: Sequence[AttentionEval], out: Path, *, title
 
 
 def _save(fig, out: Path) -> None:
-    """Write the figure atomically in the format ``out``'s suffix names (PNG without one): an
-    existing file at ``out`` is replaced whole or kept."""
+    """Write the figure atomically in the format ``out``'s suffix names (PNG without one)."""
     plt = _pyplot()
     suffix = out.suffix.lower().lstrip(".")
     try:

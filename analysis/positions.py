@@ -3,12 +3,8 @@ the ones it was trained on, and how much attention each head puts on the first t
 
 Length extrapolation scores the same held-out tokens cut into back-to-back windows of each length,
 so the numbers differ only by how much context each token sees and by the positions the model
-meets. Learned positions have one embedding per position of the trained window: past it there is
-nothing to add, so such a length is reported as not possible rather than run. Rotary positions and
-none run at any length; whether they still predict well there is what is measured.
-
-The first-token score is the project's own sink score (``analysis.roles.sink_score``) over the
-maps ``analysis.maps.attention_maps`` draws, per layer and head.
+meets. Learned positions have nothing to add past the trained window, so such a length is reported
+as not possible; rotary positions and none run at any length.
 """
 
 from __future__ import annotations
@@ -45,9 +41,7 @@ def length_not_possible(config: GPTConfig, length: int) -> str | None:
 
 def scored_span(n_tokens: int, lengths: Sequence[int], max_windows: int) -> int:
     """The tokens every length scores: the most whole windows of the longest length (at most
-    ``max_windows``) that fit in ``n_tokens`` held-out tokens with one token left for the last
-    target. A multiple of every length when each divides the longest, as the benchmark's multiples
-    of the context do. 0 when not one window fits."""
+    ``max_windows``) that fit in ``n_tokens`` with one left for the last target (0: none fits)."""
     longest = max(lengths)
     return min(max_windows, max(0, (n_tokens - 1) // longest)) * longest
 
@@ -58,9 +52,7 @@ def bits_per_byte_at_lengths(
     span: int, batch_size: int,
 ) -> list[LengthScore]:
     """Bits per byte of the first ``span`` targets of ``tokens``, cut into back-to-back windows of
-    each of ``lengths`` tokens (each length must divide ``span``). Every window starts at position 0,
-    and the model runs at explicit positions 0..length-1, the way it runs inside its window at any
-    length. A length ``length_not_possible`` refuses is reported, not run."""
+    each of ``lengths`` tokens (each dividing ``span``), every window at positions 0..length-1."""
     scores = []
     for length in lengths:
         assert span > 0 and span % length == 0, "every length must divide the scored span"
@@ -88,7 +80,6 @@ def first_token_attention(model: nn.Module, windows: torch.Tensor) -> torch.Tens
 
 
 def even_spread_first_token(block_size: int) -> float:
-    """The sink score of a head that spreads every query's weight evenly over what it may see:
-    query i gives 1/(i + 1) to position 0, averaged over queries 1..T-1. The level a head must
-    clear to be said to favour the first token."""
+    """The sink score of a head that spreads every query's weight evenly (query i gives 1/(i + 1)
+    to position 0): the level a head must clear to be said to favour the first token."""
     return sum(1.0 / (i + 1) for i in range(1, block_size)) / (block_size - 1)

@@ -1,10 +1,7 @@
 """The ``evaluate.py`` command line: parse flags, evaluate the run, print lm-eval's table.
 
-User errors (no lm-eval installed, a missing or damaged run, a run not trained on the plays) and
-filesystem failures (a read-only run, a full disk or TMPDIR) print one ``error: ...`` line and exit
-with status 2; anything else is a bug and keeps its traceback. Ctrl-C exits with 130 and SIGTERM
-with 143, after the temporary export is removed (``common.cli.run_stoppable``). At a terminal,
-stderr shows a line per stage and a bar while lm-eval scores (minutes on a CPU).
+User errors and filesystem failures print one ``error: ...`` line and exit 2; Ctrl-C (130) and
+SIGTERM (143) remove the temporary export first.
 """
 
 from __future__ import annotations
@@ -17,8 +14,7 @@ from common.cli import ArgumentParser, path_arg, run_stoppable
 from common.errors import UserError
 from common.signals import held_signals
 from common.threads import add_threads_argument, parse_threads, use_threads
-
-WANDB_CHOICES = ("auto", "online", "offline", "disabled")
+from tracking.config import WANDB_MODES
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=int, default=32, metavar="N", help="sequences per forward pass (default 32)")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default auto)")
     add_threads_argument(parser)
-    parser.add_argument("--wandb", choices=WANDB_CHOICES, default=None,
+    parser.add_argument("--wandb", choices=WANDB_MODES, default=None,
                         help="log the results to wandb in this mode (default: the run's logging.wandb.mode)")
     parser.add_argument("--verbose", action="store_true",
                         help="show lm-eval's own log lines, progress bars and warnings, and its table")

@@ -1,8 +1,5 @@
-"""The one place that calls lm-evaluation-harness: its ``hf`` model on an export, local tasks only.
-
-lm-eval is an optional dependency (requirements-dev.txt), imported only here and only when an
-evaluation runs. Everything stays offline: the model is a local folder and the tasks read local
-jsonl files through the ``json`` dataset builder, so the hub is never asked for anything.
+"""The one place that calls lm-evaluation-harness (a development dependency, imported only when an
+evaluation runs): its ``hf`` model on a local export, local jsonl tasks, offline.
 """
 
 from __future__ import annotations
@@ -14,6 +11,7 @@ import os
 import sys
 from pathlib import Path
 from typing import Any, Iterator, TextIO
+from unittest import mock
 
 from common.errors import UserError
 
@@ -40,7 +38,7 @@ def run_lm_eval(
     instead; None: no bar)."""
     require_lm_eval()
     # Offline before datasets and huggingface_hub are imported: they read the setting then.
-    with _environment(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1"):
+    with mock.patch.dict(os.environ, HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1"):
         import lm_eval
         from lm_eval.models.huggingface import HFLM
         from lm_eval.tasks import TaskManager
@@ -72,9 +70,8 @@ _REQUESTS = {"loglikelihood": "choices", "loglikelihood_rolling": "documents"}
 
 def _with_progress(model: Any, batch_size: int, out: TextIO) -> Any:
     """``model`` (an lm-eval ``LM``) handed its requests a part at a time, with one bar per kind of
-    request: lm-eval scores every request of a kind in one call, which takes minutes on a CPU, and
-    its own bars come one per batch, hundreds of them. Each request is scored on its own, so the
-    parts change no score beyond fp32 rounding."""
+    request: lm-eval's own bars come one per batch, hundreds of them. Each request is scored on its
+    own, so the parts change no score beyond fp32 rounding."""
     from lm_eval.api.model import LM
     from tqdm import tqdm
 
@@ -104,9 +101,8 @@ def _with_progress(model: Any, batch_size: int, out: TextIO) -> Any:
 
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
-    """Hide lm-eval's and transformers' progress bars (one per batch of requests, hundreds in all)
-    and transformers' note that a play is longer than the window (lm-eval's rolling windows are
-    what handles that). Should the evaluation fail with a bug, what was hidden is shown."""
+    """Hide lm-eval's and transformers' progress bars and transformers' note that a play is longer
+    than the window (lm-eval's rolling windows handle that); shown should the evaluation fail."""
     import transformers
 
     level = transformers.logging.get_verbosity()
@@ -120,21 +116,6 @@ def _quiet() -> Iterator[None]:
         raise
     finally:
         transformers.logging.set_verbosity(level)
-
-
-@contextlib.contextmanager
-def _environment(**values: str) -> Iterator[None]:
-    """Environment variables set for the block, then restored."""
-    saved = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def results_table(results: dict[str, Any]) -> str:

@@ -1,9 +1,7 @@
 """The plays a run never trained on: the Shakespeare plays its config held out, read as training read them.
 
-The split is the one data preparation made (a seeded hash of play ids, see data/split.py), with
-the settings of the run's own ``data:`` section, so the tasks score exactly its validation text. A
-chat run (configs/tiny-chat.yaml) splits the plays the same way, so it is scored on the same
-plays as its parent.
+The split is the one data preparation made, with the run's own ``data:`` settings, so the tasks
+score exactly its validation text (a chat run splits the plays as its parent does).
 """
 
 from __future__ import annotations

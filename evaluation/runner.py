@@ -1,11 +1,9 @@
 """Evaluate a run: export it, build the tasks from its held-out plays, run lm-eval, keep the results.
 
-The export goes to a hidden folder in TMPDIR that is removed afterwards, so it can never be stale;
-one left by a killed evaluation is removed by the next (``exporting.folder.scratch_folder``). The
-tasks and lm-eval's results stay in the run directory's ``eval/`` folder, each score beside the
-score of guessing (``chance``). With wandb on (the run's
-``logging.wandb`` or ``--wandb``), the numbers become summary metrics of the run's own wandb run
-when its id is known (``eval/<task>/<metric>``), else of a new run in the same project.
+The export goes to a hidden folder in TMPDIR that is removed afterwards, so it can never be stale.
+The tasks and results stay in the run's ``eval/`` folder, each score beside the score of guessing.
+With wandb on, the numbers become summary metrics (``eval/<task>/<metric>``) of the run's own wandb
+run when its id is known, else of a new run in the same project.
 """
 
 from __future__ import annotations
@@ -64,8 +62,7 @@ class EvalReport:
 def evaluate_run(run_dir: str | Path, settings: EvalSettings = EvalSettings(),
                  progress: TextIO | None = None) -> EvalReport:
     """Export, build the tasks, score them with lm-eval, save and log the results. ``progress``:
-    where a line per stage and a bar per kind of lm-eval request go (None: nowhere), since lm-eval
-    takes minutes on a CPU."""
+    where a line per stage and a bar per kind of lm-eval request go (None: nowhere)."""
     run_dir = Path(run_dir)
 
     def stage(message: str) -> None:
@@ -143,9 +140,8 @@ def _eval_dir(run_dir: Path) -> Path:
 
 
 def chance_levels(export_dir: Path, task_dir: Path, tasks: tuple[str, ...]) -> dict[str, float]:
-    """The score of guessing, per ``<task>/<metric>``: one in ``CHOICES`` for a multiple-choice
-    task; for bits per byte, a uniform distribution over the vocabulary, which costs log2(vocab)
-    bits for every token of the plays."""
+    """The score of guessing, per ``<task>/<metric>``: one in ``CHOICES``, or for bits per byte a
+    uniform distribution over the vocabulary (log2(vocab) bits a token)."""
     chance = {}
     for task in tasks:
         if task != BPB_TASK:
@@ -218,7 +214,6 @@ def _log_to_wandb(run_dir: Path, logging_config: LoggingConfig, mode: str | None
 
 
 def _wandb_run_id(run_dir: Path) -> str | None:
-    """The training's wandb run id, kept in its trainer state (None when there is none to read:
-    a new wandb run is started then)."""
+    """The training's wandb run id, kept in its trainer state (None: a new wandb run is started)."""
     run_id = peek_trainer_state(run_dir, "wandb_run_id")
     return run_id if isinstance(run_id, str) else None

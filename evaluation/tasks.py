@@ -1,18 +1,16 @@
 """lm-evaluation-harness tasks built from the held-out plays: task YAML files and their jsonl data.
 
 Three tasks, each a YAML file beside its jsonl file, loaded through lm-eval's include path:
-- ``shakespeare_bpb``: every held-out play whole, scored with ``loglikelihood_rolling`` and
-  reported in bits per byte (the validation number of train.py, on the same text).
-- ``shakespeare_next_line``: a few lines of a scene, then the true next line among 4; the three
-  wrong ones are other lines of the same speaker in the same play where there are enough, so the
-  choice cannot be made from who speaks or how the play talks, only from what came just before.
+- ``shakespeare_bpb``: every held-out play whole, in bits per byte (train.py's validation number).
+- ``shakespeare_next_line``: a few lines of a scene, then the true next line among 4; the wrong
+  ones are other lines of the same speaker in the same play where there are enough, so only what
+  came just before tells them apart.
 - ``shakespeare_speaker``: a few lines of a scene, then a speech's first line under 4 speaker
-  names; the true speaker's and three others of the scene (of the play where the scene has too
-  few). The previous speech's speaker is never a candidate: in a dialogue a speech answers someone
-  else, and that alone would give the answer away.
+  names, from the scene (or the play). The previous speech's speaker is never a candidate: a
+  speech answers someone else, and that alone would give the answer away.
 
-Items are drawn by a generator seeded by (task, seed), from the plays alone (no tokenizer), so the
-files are the same for every run that holds the same plays out, and for every model.
+Items are drawn by a generator seeded by (task, seed), from the plays alone, so the files are the
+same for every run that holds the same plays out.
 """
 
 from __future__ import annotations
@@ -81,7 +79,7 @@ def next_line_items(plays: list[HeldOutPlay], settings: TaskSettings) -> list[di
         if lines[k].speaker is not None and _askable(lines[k].text)
     ]
     items = []
-    for play, lines, k in _draw(rng, candidates, settings.items):
+    for play, lines, k in rng.sample(candidates, min(settings.items, len(candidates))):
         truth = lines[k].text
         others = _pick(rng, CHOICES - 1, [play.lines_by_speaker[lines[k].speaker], play.all_lines], {truth})
         if others is not None:
@@ -103,7 +101,7 @@ def speaker_items(plays: list[HeldOutPlay], settings: TaskSettings) -> list[dict
         and (previous := _previous_speaker(lines, k)) != lines[k].speaker
     ]
     items = []
-    for play, lines, k, previous in _draw(rng, candidates, settings.items):
+    for play, lines, k, previous in rng.sample(candidates, min(settings.items, len(candidates))):
         speaker = lines[k].speaker
         scene_speakers = sorted({line.speaker for line in lines if line.speaker is not None})
         others = _pick(rng, CHOICES - 1, [scene_speakers, sorted(play.lines_by_speaker)], {speaker, previous})
@@ -168,11 +166,6 @@ def _pick(rng: random.Random, count: int, pools: list[list[str]], exclude: set[s
         if len(picked) == count:
             return picked
     return None
-
-
-def _draw(rng: random.Random, candidates: list, count: int) -> list:
-    """``count`` candidates without replacement, in the order they were drawn."""
-    return rng.sample(candidates, min(count, len(candidates)))
 
 
 def _item(rng: random.Random, play_id: str, context: str, choices: list[str], **extra: str) -> dict:

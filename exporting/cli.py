@@ -2,17 +2,15 @@
 names (``exporting.hf``, ``exporting.onnx``, ``exporting.llama`` or ``exporting.gguf``, siblings that
 share this package's files), print where it went.
 
-User errors (not a run, damaged weights, an output folder that exists) and filesystem failures (a
-full disk, a read-only folder) print one ``error: ...`` line and exit with status 2; anything else
-is a bug and keeps its traceback. Ctrl-C exits with 130 and SIGTERM with 143, both after removing
-the half-written folder; only a SIGKILL leaves one, which the next export to that parent removes.
-The exporters, and torch with them, are imported only once the signal handlers are in place and
-the flags are good.
+User errors and filesystem failures print one ``error: ...`` line and exit 2. Ctrl-C (130) and
+SIGTERM (143) remove the half-written folder first; a SIGKILL's is removed by the next export to
+that parent (``exporting.folder``).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import importlib.util
 from typing import TYPE_CHECKING, Sequence
 
@@ -61,18 +59,38 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _export(args: argparse.Namespace) -> int:
     _check_flags(args)
-    if args.format == "onnx":
-        return _export_onnx(args)
-    if args.format == "llama":
-        return _export_llama(args)
-    if args.format == "gguf":
-        return _export_gguf(args)
+    if args.format == "gguf" and importlib.util.find_spec("gguf") is None:
+        raise UserError("--format gguf needs the gguf package, which is not installed; install it with "
+                        "pip install gguf (or pip install -r requirements-dev.txt)")
     with held_signals():  # torch loads only once the flags are good, and is never half-imported
-        from exporting.hf import export_run
+        exporter = importlib.import_module(f"exporting.{args.format}")
+    if args.format == "onnx":
+        static_batch = (args.static_batch or 1) if args.static_shapes else None
+        result = exporter.export_onnx(args.run, args.out, overwrite=args.overwrite, static_batch=static_batch)
+        form = "dynamic shapes" if result.static_batch is None else f"static shapes, batch {result.static_batch}"
+        print(f"exported {args.run} ({result.num_params / 1e6:.2f}M parameters, {form}) to {result.out_dir / 'model.onnx'}")
+        print(f"decode it with onnxruntime: see {result.out_dir / 'README.md'}")
+    elif args.format == "gguf":
+        from exporting.folder import GGUF_FILE  # loaded with the exporter
 
-    result = export_run(args.run, args.out, overwrite=args.overwrite)
-    print(f"exported {args.run} ({result.num_params / 1e6:.2f}M parameters, {_chat(result)}) to {result.out_dir}")
-    print(f"load it with: AutoModelForCausalLM.from_pretrained({str(result.out_dir)!r}, trust_remote_code=True)")
+        result = exporter.export_gguf(args.run, args.out, overwrite=args.overwrite)
+        file = result.out_dir / GGUF_FILE
+        print(f"exported {args.run} ({result.num_params / 1e6:.2f}M parameters, f32, {_chat(result)}) to {file}")
+        # -no-cnv continues the prompt instead of holding a conversation, and an f32 cache reproduces
+        # generate.py's numbers (docs/export.md); -n keeps a short prompt inside the trained window.
+        print(f'continue a prompt with: llama-completion -m {file} -p "The" -n {result.block_size // 2} '
+              "-no-cnv -ctk f32 -ctv f32")
+        if result.chat_template:
+            print(f"or hold a conversation with: llama-cli -m {file}")
+    elif args.format == "llama":
+        result = exporter.export_llama(args.run, args.out, overwrite=args.overwrite)
+        print(f"exported {args.run} ({result.num_params / 1e6:.2f}M parameters, {_chat(result)}) as a Llama model "
+              f"to {result.out_dir}")
+        print(f"load it with: AutoModelForCausalLM.from_pretrained({str(result.out_dir)!r})")
+    else:
+        result = exporter.export_run(args.run, args.out, overwrite=args.overwrite)
+        print(f"exported {args.run} ({result.num_params / 1e6:.2f}M parameters, {_chat(result)}) to {result.out_dir}")
+        print(f"load it with: AutoModelForCausalLM.from_pretrained({str(result.out_dir)!r}, trust_remote_code=True)")
     return 0
 
 
@@ -91,46 +109,3 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise UserError(f"--static-batch must be between 1 and {MAX_STATIC_BATCH}, got {args.static_batch}: "
                         "the static form preallocates a cache for every row; for large batches export "
                         "the dynamic form (without --static-shapes)")
-
-
-def _export_onnx(args: argparse.Namespace) -> int:
-    with held_signals():  # as for the hf format
-        from exporting.onnx import export_onnx
-
-    static_batch = (args.static_batch or 1) if args.static_shapes else None
-    result = export_onnx(args.run, args.out, overwrite=args.overwrite, static_batch=static_batch)
-    form = "dynamic shapes" if result.static_batch is None else f"static shapes, batch {result.static_batch}"
-    print(f"exported {args.run} ({result.num_params / 1e6:.2f}M parameters, {form}) to {result.out_dir / 'model.onnx'}")
-    print(f"decode it with onnxruntime: see {result.out_dir / 'README.md'}")
-    return 0
-
-
-def _export_llama(args: argparse.Namespace) -> int:
-    with held_signals():  # as for the hf format
-        from exporting.llama import export_llama
-
-    result = export_llama(args.run, args.out, overwrite=args.overwrite)
-    print(f"exported {args.run} ({result.num_params / 1e6:.2f}M parameters, {_chat(result)}) as a Llama model "
-          f"to {result.out_dir}")
-    print(f"load it with: AutoModelForCausalLM.from_pretrained({str(result.out_dir)!r})")
-    return 0
-
-
-def _export_gguf(args: argparse.Namespace) -> int:
-    if importlib.util.find_spec("gguf") is None:
-        raise UserError("--format gguf needs the gguf package, which is not installed; install it with "
-                        "pip install gguf (or pip install -r requirements-dev.txt)")
-    with held_signals():  # as for the hf format
-        from exporting.folder import GGUF_FILE
-        from exporting.gguf import export_gguf
-
-    result = export_gguf(args.run, args.out, overwrite=args.overwrite)
-    file = result.out_dir / GGUF_FILE
-    print(f"exported {args.run} ({result.num_params / 1e6:.2f}M parameters, f32, {_chat(result)}) to {file}")
-    # -no-cnv continues the prompt instead of holding a conversation, and an f32 cache reproduces
-    # generate.py's numbers (docs/export.md); -n keeps a short prompt inside the trained window.
-    print(f'continue a prompt with: llama-completion -m {file} -p "The" -n {result.block_size // 2} '
-          "-no-cnv -ctk f32 -ctv f32")
-    if result.chat_template:
-        print(f"or hold a conversation with: llama-cli -m {file}")
-    return 0

@@ -1,24 +1,13 @@
 """The export folder's life: where it may go, the hidden folder it is built in, how it is
 published at ``--out``, what ``--overwrite`` may remove, and the clean-up after a killed export.
 
-An export writes ``.<out>.<pid>-<random>.tmp`` beside ``--out`` and, when it replaces an earlier
-export, moves that one aside to ``.<out>.<pid>-<random>.old`` for the moment of the swap. Both sit
-beside ``--out`` so that each rename stays on one filesystem (and so is atomic).
-
-Publishing checks the destination again, because the start of an export can be minutes before its
-end: a folder that appeared meanwhile is never replaced unless ``--overwrite`` allows it. Exports
-of one ``--out`` publish one at a time under a lock, so two that start together cannot both
-report success; the loser says so in one line. A new ``--out`` is claimed with ``mkdir``, which
-fails if anything is there, because ``rename`` would silently replace an empty folder. Signals
-wait while the folders are swapped, so a Ctrl-C cannot land between the two renames.
-
-``--overwrite`` removes only an earlier export holding nothing but files an export writes: a
-user's own file inside it stops the export instead of being deleted.
-
-A SIGKILL, or a machine that stops, leaves the hidden folders behind; the next export to the same
-parent removes those whose process is gone, and puts back an ``.old`` folder whose export never
-arrived, since it is the last complete one. Evaluation's temporary export is cleaned up the same
-way (``scratch_folder``).
+An export writes ``.<out>.<pid>-<random>.tmp`` beside ``--out`` (and moves an export it replaces
+aside to ``.old`` for the swap), so that each rename stays on one filesystem. Publishing checks
+the destination again, since an export can take minutes, and exports of one ``--out`` publish one
+at a time under a lock, so two that start together cannot both report success. ``--overwrite``
+removes only an earlier export holding nothing but files an export writes. A SIGKILL leaves the
+hidden folders behind; the next export to the same parent removes those whose process is gone,
+and puts back an ``.old`` folder whose replacement never arrived.
 """
 
 from __future__ import annotations
@@ -106,9 +95,8 @@ def is_export(directory: Path) -> bool:
 
 @contextmanager
 def staged_export(out_dir: Path, overwrite: bool) -> Iterator[Path]:
-    """A new hidden folder beside ``out_dir`` to write an export into (both formats use it); when
-    the block ends it is published at ``out_dir``, and if the block fails it is removed. A
-    filesystem failure names ``out_dir``, the folder the user asked for, not the hidden one."""
+    """A new hidden folder beside ``out_dir`` to write an export into, published at ``out_dir``
+    when the block ends, removed if it fails. A filesystem failure names ``out_dir``."""
     staging = sibling(out_dir, "tmp")
     try:
         out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -129,7 +117,8 @@ def sibling(out_dir: Path, kind: str) -> Path:
 
 def publish(staging: Path, out_dir: Path, overwrite: bool) -> None:
     """Move the finished ``staging`` folder to ``out_dir``: into a place nothing holds, or, with
-    ``overwrite``, over an earlier export, which is removed once the new one is in place."""
+    ``overwrite``, over an earlier export, which is removed once the new one is in place. Signals
+    wait, so a Ctrl-C cannot land between the two renames."""
     with _publish_lock(out_dir), held_signals():
         if not out_dir.exists():
             _claim_and_move(staging, out_dir)
@@ -150,9 +139,8 @@ def publish(staging: Path, out_dir: Path, overwrite: bool) -> None:
 
 
 def _claim_and_move(staging: Path, out_dir: Path) -> None:
-    """Publish into a place nothing holds. ``mkdir`` fails if a folder appeared there, where
-    ``rename`` would replace an empty one; the rename then replaces only this empty claim, and
-    fails if someone wrote into it meanwhile."""
+    """Publish into a place nothing holds: ``mkdir`` fails if a folder appeared there, where
+    ``rename`` would silently replace an empty one."""
     try:
         out_dir.mkdir()
     except FileExistsError:
@@ -181,8 +169,8 @@ def remove_export(directory: Path) -> None:
 
 @contextmanager
 def _publish_lock(out_dir: Path) -> Iterator[None]:
-    """Exports of one ``--out`` publish one at a time. The lock file is removed after use; filelock
-    notices a lock file unlinked under a waiting process and takes a fresh one."""
+    """Exports of one ``--out`` publish one at a time. The lock file is removed after use (filelock
+    takes a fresh one under a waiting process)."""
     path = out_dir.parent / f".{out_dir.name}.lock"
     try:
         with FileLock(path):
@@ -193,8 +181,8 @@ def _publish_lock(out_dir: Path) -> Iterator[None]:
 
 @contextmanager
 def scratch_folder(parent: Path, name: str) -> Iterator[Path]:
-    """A new hidden folder in ``parent`` for a temporary export, removed when the block ends, how
-    ever it ends; one whose process was killed is removed by the next call (``clean_leftovers``)."""
+    """A new hidden folder in ``parent`` for a temporary export (evaluation's), removed when the
+    block ends; one whose process was killed is removed by the next call."""
     clean_leftovers(parent)
     folder = sibling(parent / name, "tmp")
     folder.mkdir()
@@ -205,10 +193,8 @@ def scratch_folder(parent: Path, name: str) -> Iterator[Path]:
 
 
 def clean_leftovers(parent: Path) -> None:
-    """Remove what killed exports left in ``parent``; an export still running keeps its folders.
-
-    Whether the writer still runs is judged by its process id on this machine: on a filesystem
-    that several machines share, run concurrent exports in different parents."""
+    """Remove what killed exports left in ``parent``, judged by process id on this machine (on a
+    filesystem several machines share, run concurrent exports in different parents)."""
     if not parent.is_dir():
         return
     for path in parent.iterdir():

@@ -1,13 +1,10 @@
-"""The files both export formats write from a run's config and tokenizer, as transformers and
+"""The files the export formats write from a run's config and tokenizer, as transformers and
 Optimum read them: ``config.json``, ``generation_config.json``, ``tokenizer_config.json`` and the
 run's ``tokenizer.json``.
 
 ``<|endoftext|>`` is the end-of-text, beginning-of-text and padding token at once, as in GPT-2:
-training puts it before every document, so it is also what an unconditional sample starts from,
-and padding positions are masked out, so what they hold never matters. A run whose tokenizer has
-the chat tokens follows the project's rule for chat output: ``<|end|>`` and ``<|endoftext|>`` end a
-reply, and the role tokens are never sampled; only a run tuned on conversations carries the chat
-template (``chat_template``).
+training puts it before every document, and padding positions are masked out. A chat run's
+``<|end|>`` also ends a reply, and its role tokens are never sampled.
 """
 
 from __future__ import annotations
@@ -65,16 +62,14 @@ class SpecialTokens:
 
 
 def model_name(run_dir: Path) -> str:
-    """The name an export gives the model (GGUF's ``general.name``, the model card's title): its
-    run's, as train.py named the run directory, wherever the export is written."""
+    """The name an export gives the model: its run directory's, wherever the export is written."""
     return run_dir.resolve().name
 
 
 def chat_template(run_dir: Path, tokens: SpecialTokens) -> str | None:
-    """The chat template, for a run tuned on conversations (its config.yaml's ``data.format``), else
-    None. Every tokenizer reserves the chat tokens, so a base run has them too; but its model only
-    continues text, and a runtime that finds a template in the export (llama-cpp-python,
-    transformers' chat pipelines) would wrap every prompt in one, as if it could answer."""
+    """The chat template, for a run tuned on conversations, else None: a base run has the chat
+    tokens too, but a runtime that finds a template would wrap every prompt in one, as if it
+    could answer."""
     tuned = RunRecord.read(run_dir).data.get("format", "text") in CHAT_TUNED_FORMATS
     return CHAT_TEMPLATE if tokens.has_chat and tuned else None
 
@@ -109,13 +104,9 @@ def model_config(config: GPTConfig, tokens: SpecialTokens, dtype: str) -> dict:
 
 def generation_config(config: GPTConfig, tokens: SpecialTokens) -> dict:
     """``generation_config.json``: generate.py's sampling defaults, the stop tokens, the role tokens
-    that chat never samples, and a length that fits the window.
-
-    ``max_new_tokens`` keeps a call that names no length inside the learned positions, for a prompt
-    of up to half the window: without it the text-generation pipeline asks for 256 new tokens,
-    past a small model's window. It is the same setting a call names, so a call's own replaces it
-    quietly (a ``max_length`` here would make transformers warn at every such call), and a call that
-    passes the window fails in the model with a message that says so."""
+    that chat never samples, and a ``max_new_tokens`` that keeps a prompt of up to half the window
+    inside it (the pipeline's default of 256 would pass a small model's window; a ``max_length``
+    here would make transformers warn at every call that names its own)."""
     defaults = GenerationSettings()
     settings = {
         "bos_token_id": tokens.eot,

@@ -1,12 +1,11 @@
 """Batch-invariant decoding: a row gets the same bits alone and beside any other rows.
 
 A BLAS library picks its kernel, and with it the order of summation, from the matrix shape: a row
-multiplied alone and the same row among others may differ in the last bits, and in generation a
-near-tie then picks another token. The serving engine makes the choice once, where it builds its
-model and cache: ``row_blocked(model)`` multiplies in fixed blocks of ``ROW_BLOCK`` rows, and a
-cache with ``whole_buffers`` gives one-token attention the same shapes at every length (exact on
-the CPU when head_dim, or kv_latent_dim, is a multiple of 16: see ``CausalSelfAttention._attend_token``).
-The layers themselves never know; generate.py keeps the plain, faster products.
+multiplied alone and among others may differ in the last bits, and a near-tie then picks another
+token. The engine chooses once, where it builds its model and cache: ``row_blocked(model)``
+multiplies in fixed blocks of ``ROW_BLOCK`` rows, and a cache with ``whole_buffers`` gives
+one-token attention the same shapes at every length (exact on the CPU when head_dim, or
+kv_latent_dim, is a multiple of 16). The layers never know.
 """
 
 from __future__ import annotations

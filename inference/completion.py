@@ -1,8 +1,5 @@
-"""From a prompt to streamed continuations: encode, decode through the engine, time.
-
-``inference.engine`` owns the decoding itself (cache, sampling, stop strings, the window policy
-past block_size); this module asks it for ``num_samples`` rows, hands their text on as it arrives,
-and measures time to first token and decode speed.
+"""From a prompt to streamed continuations: encode, decode ``num_samples`` rows through
+``inference.engine``, hand their text on as it arrives, and time the first token and the rest.
 """
 
 from __future__ import annotations
@@ -69,9 +66,8 @@ class GenerationResult:
 
 
 def encode_prompt(run: LoadedRun, prompt: str) -> PromptTokens:
-    """Token ids for ``prompt`` (``data.tokenizer.prompt_ids``: an empty prompt is end-of-text).
-    Longer than the context: all of them for a run whose window rolls (rotary or no positions: the
-    engine reads them through the rolling cache), else the last block_size tokens."""
+    """Token ids for ``prompt`` (empty: end-of-text); past the context, all of them where the
+    window rolls, else the last block_size."""
     ids = prompt_ids(run.tokenizer, prompt)
     kept = ids if rolls_past_window(run.model.config.positions) else ids[-run.block_size:]
     return PromptTokens(kept, len(ids))
@@ -81,19 +77,18 @@ def generate_completions(
     run: LoadedRun, ids: Sequence[int], settings: GenerationSettings, on_text: TextCallback | None = None,
     *, batch_invariant: bool = False,
 ) -> GenerationResult:
-    """Sample ``settings.num_samples`` continuations of ``ids`` together, one engine row each
-    (``inference.engine.decode``): row i is seeded ``seed + i``, so it equals the single-row run
-    with that seed. Every row's streamed pieces join to its ``Completion.text``. ``settings.compile``
-    compiles the decode step first (``GenerationStats.compile_s``). ``batch_invariant``:
-    the server's arithmetic, so the rows equal its answers bit for bit (off: faster, equal to fp32
-    rounding)."""
+    """Sample ``settings.num_samples`` continuations of ``ids`` together (``inference.engine.decode``:
+    row i seeded ``seed + i``); every row's streamed pieces join to its ``Completion.text``.
+    ``batch_invariant``: the server's arithmetic, bit for bit."""
     seed = settings.seed if settings.seed is not None else new_seed()
     rows = settings.num_samples
-    clock = _Clock()
+    # When decoding started, and when the first and the last token came.
+    clock: dict[str, float] = {"start": time.perf_counter()}
 
     def on_event(row: int, event: Event) -> None:
         if event.token_id is not None:
-            clock.tick()
+            clock["last"] = time.perf_counter()
+            clock.setdefault("first", clock["last"])
         if event.text and on_text is not None:
             on_text(row, event.text)
 
@@ -101,7 +96,7 @@ def generate_completions(
 
     def on_compiled(step) -> None:
         compiled.append(step)
-        clock.start = time.perf_counter()  # time to first token leaves the one-off compile out
+        clock["start"] = time.perf_counter()  # time to first token leaves the one-off compile out
 
     finishes = decode(run.model, [ids] * rows, replace(settings, seed=seed), token_bytes=run.token_bytes,
                       use_cache=settings.use_cache, sinks=settings.sinks, batch_invariant=batch_invariant,
@@ -113,23 +108,9 @@ def generate_completions(
         for row, f in enumerate(finishes)
     ]
     steps = max(f.completion_tokens for f in finishes)
-    first, last = clock.first, clock.last
-    ttft, decode_time = (None, 0.0) if first is None else (first - clock.start, last - first)
+    first = clock.get("first")
+    ttft, decode_time = (None, 0.0) if first is None else (first - clock["start"], clock["last"] - first)
     stats = GenerationStats(rows, steps, time_to_first_token_s=ttft, decode_time_s=decode_time,
                             **({"compile_s": compiled[0].compile_seconds, "compile_notice": compiled[0].notice,
                                 "compile_built": compiled[0].built} if compiled else {}))
     return GenerationResult(completions, stats, seed)
-
-
-class _Clock:
-    """When the first and the last token came (the engine steps every row together)."""
-
-    def __init__(self) -> None:
-        self.start = time.perf_counter()
-        self.first: float | None = None
-        self.last: float | None = None
-
-    def tick(self) -> None:
-        self.last = time.perf_counter()
-        if self.first is None:
-            self.first = self.last

@@ -1,80 +1,46 @@
 """The engine: the one place a token is scheduled and sampled, for every caller.
 
-generate.py (one row or ``--num-samples``), the chat REPL, training's and SFT's samples and the
-server all decode here. A command line steps it on its own thread (``decode``, or ``submit`` then
-``run_until_idle``); the server runs ``start()``'s background loop, which steps it as requests come.
-It owns the model and a ``KVCache`` of ``max_batch`` rows, each filled to its own length. Each
-iteration (``step``) schedules every token:
+generate.py, the chat REPL, training's samples and the server all decode here. A command line
+steps it on its own thread (``decode``, or ``submit`` then ``run_until_idle``); the server runs
+``start()``'s background loop. It owns the model and a ``KVCache`` of ``max_batch`` rows, each
+filled to its own length. Each iteration (``step``):
 
 1. drop requests whose caller went away, freeing their rows;
 2. admit waiting requests into free rows;
 3. encode (prefill) one chunk of each newly admitted prompt into its own row;
-4. run one batched decode step for every row that is decoding, each row at its own position
-   (speculating, a row with guessed tokens checks them in one wider pass instead, and advances by
-   every one accepted: ``_speculate``);
-5. sample the next token of every row that has fresh logits, stream its text, and free the row
-   the moment its request ends (length, an end token, a stop string).
+4. run one batched decode step for every decoding row, each at its own position (speculating, a
+   row with guesses checks them in one wider pass instead: ``_speculate``);
+5. sample the next token of every row with fresh logits, stream its text, and free the row the
+   moment its request ends (length, an end token, a stop string).
 
-A request never waits for the batch to drain: it joins at the next iteration with a free row.
+Rows are independent: a request gets exactly the tokens it would get served alone, so
+``--num-samples`` row i equals the run seeded seed + i (each request samples from its own
+``seeded_generator``). The batched step computes each row bit for bit as alone under
+``inference.batch_invariant``, which the server needs; a command line may turn it off for speed
+and then agrees up to fp32 rounding. Prompts are encoded in chunks of ``prefill_chunk`` tokens on a
+fixed grid from position 0, so a chunk depends only on its request: that is what lets the prefix
+cache (``inference.prefix_cache``) copy in whole chunks without changing a token. Past the window
+a row slides as ``inference.sampling.Window`` says; a prompt longer than a rolling window rolls
+through the cache as feeding it one token at a time would have. A rolled row neither stores nor
+looks up prefix pages. ``use_cache=False`` re-encodes each row's whole window for every token: the
+reference the cache is tested against (a rolled window's own reference is in
+tests/inference/test_rolling_cache.py).
 
-Rows are independent: a request gets exactly the tokens it would get served alone, whatever else
-is being served, so ``--num-samples`` row i equals the run seeded seed + i. Seeding, one rule
-everywhere: a request samples from its own ``seeded_generator(seed)``, and sample i of a call that
-asks for several (``decode``: generate.py's rows, training's samples) is seeded ``seed + i``. Past
-the context window a row slides by the rule the run's positions allow (``inference.sampling.Window``,
-chosen once here): with learned positions it re-encodes its most recent tokens from position 0;
-with rotary or no positions it rolls, keeping the first tokens (the attention sinks) and the most
-recent ones in its cache row and evicting the middle (``KVCache.drop``, which turns the moved rotary
-keys to their new positions), so it never encodes again. The batched decode step computes each
-row bit for bit as alone (``inference.batch_invariant``, chosen once when the engine is built:
-attention reads the row's whole cache buffer under a mask, and matrix products run in fixed blocks
-of rows; on the CPU this holds when the model's head_dim is a multiple of 16). The server needs
-that; a command line's few rows of one request may turn it off for speed (``decode``'s default), and then
-agree with the server up to fp32 rounding. A prompt is encoded in chunks of
-``prefill_chunk`` tokens on a fixed grid from position 0; the chunks depend only on the request, so
-it still equals itself served alone. A prompt longer than a rolling window rolls through the cache
-as its chunks fill it, at the tokens where feeding it one token at a time would have rolled, so it
-leaves the cache as that would; a window that re-encodes takes only prompts that fit (its callers
-cut them or refuse them). ``use_cache=False`` re-encodes each row's whole window for
-every token instead: the reference the cache is tested against. (A rolled window re-encoded is not
-what the rolling cache holds when the model has several layers: a kept token's deeper entries were
-computed beside tokens since evicted. tests/inference/test_rolling_cache.py has the rolling cache's
-own reference.)
+With ``logprobs`` a request gets the chosen token's log-probability and the most likely tokens',
+from the model's distribution before temperature, top-p and suppressed ids; with ``echo`` also its
+prompt's, from the prefill's own pass (which then takes no pages from the prefix cache).
 
-With a prefix cache (``prefix_cache_bytes``, see ``inference.prefix_cache``) the whole chunks a
-prompt shares with a recent one are copied in instead of computed: the grid makes them bit for
-bit the chunks it would have computed, so a hit changes no token, only the time to the first. A
-rolled row neither stores a page nor looks one up: its positions no longer hold the chunks of any
-prompt from position 0.
-
-With ``speculation`` (``inference.speculative``) a decode step first asks a proposer for up to k
-guessed tokens per row. A row with guesses runs its newest token and the guesses through the model
-in one pass, keeps the entries of the accepted ones and forgets the rest (``KVCache.rewind``). Its
-guesses stop where its window is full and where its request runs out of tokens, so a window slides
-only at a step's last token, from the cache plain decoding would hold, and an end token, stop
-string or length limit inside an accepted run ends the request at that token. Greedy output is
-plain decoding's token for token (up to fp32 rounding of the wider pass, as the cache is to
-recomputation); sampled output has plain sampling's distribution, though not the
-same tokens for a seed. Logprobs of accepted tokens come from the checking pass, at their positions.
-
-A request may ask for log-probabilities (``logprobs``: the chosen token's and the ``logprobs``
-most likely tokens', from the model's distribution before temperature, top-p and suppressed ids),
-for its generated tokens and, with ``echo``, for its prompt's: those come from the prefill's own
-pass, which then keeps every position's logits, a chunk at a time (and so takes no pages from the
-prefix cache).
-
-Results go back through a callback, called on the stepping thread with one ``Event`` per generated
-token and a last one carrying the ``Finish``. The callback must be quick. One that raises ends its
-request there (its row is freed, it gets no more events) and nobody else's: on a caller's thread
-(``run_until_idle``, ``decode``) the exception then goes on to the caller, so a command line whose
-reader has left (a closed pipe, a full disk) ends at once, with its own one-line message; on the
-server's loop thread it is logged, and the callback is told once more, with a last event whose
-``Finish`` reason is "error", so that whoever waits on it stops waiting.
+Results go back through a callback, called on the stepping thread with one ``Event`` per token and
+a last one carrying the ``Finish``. A callback that raises ends its request (its row is freed) and
+nobody else's: on a caller's thread the exception goes on to the caller, so a command line whose
+reader left ends at once; on the server's loop it is logged, and the callback gets one last event
+with the reason "error", so that whoever waits on it stops waiting.
 """
 
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -178,9 +144,10 @@ class _Request:
     prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)  # with echo: filled chunk by chunk
     failed: bool = False  # its callback raised: the request has ended and gets no more events
 
-    def __post_init__(self) -> None:
-        # Rows with equal options sample together; the key is made once, not per token.
-        self.token_options = tuple(self.settings.token_options().items())
+    @functools.cached_property
+    def token_options(self) -> tuple:
+        """Rows with equal options sample together; the key is made once, not per token."""
+        return tuple(self.settings.token_options().items())
 
     @property
     def generated(self) -> int:
@@ -190,21 +157,12 @@ class _Request:
 class Engine:
     """Continuous batching over ``model`` (in eval mode) for up to ``max_batch`` requests at once.
 
-    ``max_queue`` requests may wait for a row (default 4 x max_batch) once every row is taken;
-    beyond that ``submit`` raises EngineBusy. ``prefill_chunk``: tokens a prompt is encoded in per
-    iteration (at most the context). ``prefix_cache_bytes``: memory for the prefix cache (0: none).
-    ``keep_fraction``: how much of the window a row keeps when it slides (``Window``; None: the
-    default of the slide the run's positions allow). ``sinks``: the first tokens a rolling window keeps
-    (None: ``inference.sampling.default_sinks``, which fits any window; a learned run keeps none).
-    ``roll`` False: re-encode even where the positions could roll, to compare.
-    ``use_cache`` False: every row's whole window is encoded afresh for every token (the reference).
-    ``token_bytes`` None: the events carry no text (a caller that wants only token ids).
-    ``batch_invariant`` False: decode steps take the plain, faster products, so a row's bits may
-    depend on the rows beside it (fine for one caller's rows; a server keeps it on).
-    ``compile``: decode steps run compiled (``inference.aot_step.decode_step``: built ahead of time
-    on the CPU, or loaded from its disk cache; ``torch.compile``'s on a GPU), made here, once; the
-    caller has checked ``compiler_missing``. Prompts stay eager. ``speculation``: decode steps check
-    proposed tokens (``inference.speculative``); rows with no proposal take the plain step.
+    ``max_queue`` requests may wait for a row (default 4 x max_batch); beyond that ``submit``
+    raises EngineBusy. ``prefix_cache_bytes`` 0: no prefix cache. ``keep_fraction``, ``sinks``,
+    ``roll``: the slide (``Window.for_positions``). ``token_bytes`` None: events carry no text.
+    ``compile``: decode steps run compiled (``inference.aot_step.decode_step``), made here, once;
+    prompts stay eager. ``speculation``: decode steps check proposed tokens
+    (``inference.speculative``); rows with no proposal take the plain step.
     """
 
     def __init__(
@@ -283,14 +241,11 @@ class Engine:
         echo: bool = False,
         slide: bool = True,
     ) -> Ticket:
-        """Queue a request (thread-safe). Generation ends early at any token in ``end_ids``.
-        ``logprobs`` (0 to MAX_TOP_LOGPROBS alternatives) reports each token's log-probability;
-        ``echo`` also the prompt's. ``slide`` False: the reply ends where the window is full rather
-        than sliding it (a learned run's chat: a re-encoded cut inside a turn is a conversation no
-        template renders; ``data.chat.fit_chat`` cuts whole turns before). A prompt longer than the
-        window is read through a rolling window's cache (see the module's docstring); where the window
-        does not roll, it must fit. The caller (a command line, the HTTP layer's schemas) has checked
-        the settings."""
+        """Queue a request (thread-safe); it ends early at any token in ``end_ids``. ``logprobs``:
+        how many alternatives to report per token; ``echo``: the prompt's logprobs too. ``slide``
+        False: the reply ends where the window is full (a learned run's chat: a re-encoded cut inside
+        a turn is a conversation no template renders). Where the window does not roll, the prompt
+        must fit it. The caller has checked the settings."""
         prompt_ids = list(prompt_ids)
         assert prompt_ids and (self.window.rolls or len(prompt_ids) <= self.block_size), \
             f"a prompt must have 1 to {self.block_size} tokens where the window does not roll"
@@ -323,15 +278,13 @@ class Engine:
 
     @torch.inference_mode()  # entered once, not per step
     def run_until_idle(self) -> None:
-        """Step on the calling thread until every submitted request has finished: how a command
-        line drives the engine, with no thread. Ctrl-C stops it between or inside steps; the
-        requests in flight are then ended by ``cancel_all``."""
+        """Step on the calling thread until every submitted request has finished (after Ctrl-C,
+        ``cancel_all`` ends the requests in flight)."""
         while self._waiting or self.active:
             self._step()
 
     def cancel_all(self) -> None:
-        """End every request as cancelled and free its row, on the calling thread (after an
-        interrupted ``run_until_idle``: a step cut short leaves nothing the next request reads)."""
+        """End every request as cancelled and free its row, on the calling thread."""
         with self._wake:
             requests = [*self._waiting, *filter(None, self._rows)]
             self._waiting.clear()
@@ -383,8 +336,7 @@ class Engine:
 
     @torch.inference_mode()
     def step(self) -> None:
-        """One iteration: cancel, admit, prefill a chunk, decode one token per row, sample.
-        The loop thread calls it, or ``run_until_idle`` on the caller's thread."""
+        """One iteration (see the module's docstring)."""
         self._step()
 
     def _step(self) -> None:
@@ -425,10 +377,9 @@ class Engine:
                     self.cache.reset([row])
 
     def _prefill_chunk(self, request: _Request) -> None:
-        """Encode the next chunk of the row's window (copying in the cached pages it begins with,
-        first); the last chunk yields next-token logits. Whole chunks from position 0 go to the
-        prefix cache. Without the cache, the whole window is one chunk, encoded afresh for every
-        token."""
+        """Encode the next chunk of the row's window (after copying in the cached pages it begins
+        with); the last chunk yields next-token logits. Whole chunks go to the prefix cache.
+        Without the KV cache the whole window is one chunk, encoded afresh for every token."""
         row, size = request.row, self.prefill_chunk
         echo = request.echo and len(request.prompt_logprobs) < len(request.prompt_ids)
         assert not (self.use_cache and request.evicted and request.generated), "a rolled row is never encoded again"
@@ -456,8 +407,7 @@ class Engine:
             request.prefilling = not self.use_cache  # uncached: the whole window again for the next token
 
     def _copy_cached_pages(self, request: _Request) -> None:
-        """Put the prefix cache's pages that the row's window begins with into its empty cache row
-        (none for a rolled window: its positions no longer hold a prompt from position 0)."""
+        """Copy the prefix cache's pages the row's window begins with into its empty cache row."""
         if request.evicted:
             return
         window = self.window.tokens(request.tokens, request.start, request.evicted)
@@ -468,8 +418,7 @@ class Engine:
 
     def _roll_prompt(self, request: _Request) -> None:
         """Before the next chunk of a prompt longer than a rolling window: roll where feeding the
-        prompt one token at a time would have, as its next token overflows the window, so that
-        the cache ends as that would leave it. (Where the window does not roll, every prompt fits.)"""
+        prompt one token at a time would have, so that the cache ends as that would leave it."""
         if not self.window.rolls:
             return
         if self.use_cache:
@@ -481,8 +430,8 @@ class Engine:
 
     @staticmethod
     def _add_prompt_logprobs(request: _Request, logits: torch.Tensor, first: int) -> None:
-        """Record the log-probability of each prompt token that ``logits`` (T, vocab), the positions of
-        the prompt's tokens ``first`` onwards, predict: one chunk's share. The first token has none."""
+        """Record the logprobs of the prompt tokens that one chunk's ``logits`` (T, vocab), at
+        prompt positions ``first`` onwards, predict. The first token has none."""
         if not request.prompt_logprobs:
             request.prompt_logprobs.append(None)
         targets = request.prompt_ids[first + 1:first + 1 + len(logits)]
@@ -502,9 +451,10 @@ class Engine:
 
     def _speculate(self, requests: list[_Request]) -> list[_Request]:
         """Each row the proposer has guesses for checks them (one pass for the rows with as many
-        guesses) and advances by every token that emits; returns the rows left to the plain step.
-        Guesses stop where a row's window is full and where its request runs out of tokens (see
-        the module's docstring); ``_advance`` then ends a request at the token plain decoding would."""
+        guesses), keeps the cache entries of the accepted ones (``KVCache.rewind``) and advances by
+        every token emitted; returns the rows left to the plain step. Guesses stop where a row's
+        window is full and where its request runs out of tokens, so a window slides only at a
+        step's last token and ``_advance`` ends a request at the token plain decoding would."""
         room = [min(self.block_size - self.window.held(r.start, r.evicted, len(r.tokens)),
                     r.settings.max_new_tokens - r.generated - 1) for r in requests]
         proposals = self.speculator.propose(requests, room)
@@ -533,9 +483,8 @@ class Engine:
         return [r for r, p in zip(requests, proposals) if not p.tokens]
 
     def _run_model(self, ids: list[list[int]], rows: list[int] | None, every_position: bool = False) -> torch.Tensor:
-        """The one call into the model: next-token logits (R, vocab) of ``ids`` (R rows of equal
-        length) appended to cache ``rows`` (None: no cache, from position 0), or with
-        ``every_position`` the logits (R, T, vocab) of every position."""
+        """The one call into the model: next-token logits (R, vocab) of ``ids`` appended to cache
+        ``rows`` (None: no cache), or with ``every_position`` the logits (R, T, vocab)."""
         idx = torch.tensor(ids, device=self.cache.device)
         cache = self.cache if rows is not None else None
         if every_position:
@@ -584,8 +533,7 @@ class Engine:
             self._emit(request, Event(text, token, logprob=self._last_logprob(request)))
 
     def _slide(self, request: _Request, length: int | None = None) -> None:
-        """Move the row's window on if its newest token (``tokens[length - 1]``, by default the last)
-        overflows it, as ``self.window`` says."""
+        """Move the row's window on if its newest token (``tokens[length - 1]``) overflows it."""
         length = len(request.tokens) if length is None else length
         start, evicted = self.window.slide(request.start, request.evicted, length)
         if self.use_cache and start != request.start:
@@ -622,7 +570,7 @@ class Engine:
 
     def _emit(self, request: _Request, event: Event) -> None:
         """Hand ``event`` to the request's callback; one that raises ends the request (see the
-        module's docstring), and only that one."""
+        module's docstring)."""
         if request.failed:
             return
         try:
@@ -660,13 +608,10 @@ def decode(
 ) -> list[Finish]:
     """Decode every prompt on the calling thread, prompt i sampled from ``settings.seed + i`` (a
     fresh seed when None), each in a row of one engine; returns their ``Finish``es in order.
-    A prompt longer than the context rolls through a rolling window's cache, and is cut to its last
-    block_size tokens where the window does not roll. ``on_event(i, event)`` streams prompt i's
-    events as they come; ``sinks``, ``roll`` as in ``Engine``, ``slide`` as in ``Engine.submit``. ``batch_invariant``
-    (off: the faster plain products) makes every row bit for bit what the server gives it.
-    ``compile``: decode steps run compiled (``inference.aot_step``); ``on_compiled(step)``
-    is given the compiled step (its ``compile_seconds``, ``built`` and ``notice``), before the first token. ``speculation``: decode steps check
-    proposed tokens (``inference.speculative``)."""
+    A prompt is cut to its last block_size tokens where the window does not roll.
+    ``on_event(i, event)`` streams prompt i's events; ``on_compiled(step)`` is given the compiled
+    step (its ``compile_seconds``, ``built`` and ``notice``) before the first token; the rest as in
+    ``Engine`` and ``Engine.submit``."""
     assert prompts, "decode needs at least one prompt"
     cfg = model.config
     rolls = Window.for_positions(cfg.positions, cfg.block_size, keep_fraction, sinks, roll=roll).rolls
@@ -702,8 +647,7 @@ def decode(
 
 
 def _token_logprobs(logprobs: torch.Tensor, token_ids: Sequence[int], top: int) -> list[TokenLogprob]:
-    """``TokenLogprob`` of ``token_ids[i]`` under row i of ``logprobs`` (rows, vocab), with the
-    ``top`` most likely tokens of each row."""
+    """``TokenLogprob`` of ``token_ids[i]`` under row i of ``logprobs``, with its ``top`` best."""
     index = torch.tensor(token_ids, dtype=torch.long, device=logprobs.device).unsqueeze(1)
     chosen = logprobs.gather(1, index)[:, 0].tolist()
     values, ids = logprobs.topk(top, dim=-1) if top else (logprobs[:, :0], logprobs[:, :0].long())

@@ -1,30 +1,20 @@
 """The prefix cache: the KV entries of recent prompts' pages, reused by prompts that begin alike.
 
 A page is ``page`` consecutive positions of a cache row, starting at a multiple of ``page``. The
-engine prefills every prompt in chunks of exactly one page on that grid, so the entries of a page
-are a function of the tokens from position 0 to the page's end and nothing else: a request that
-begins with the same tokens can copy them in and skip exactly the chunks it would have computed,
-and the chunks it does compute see bit for bit the inputs they would have seen. That is why a hit
-cannot change a request's tokens. Only pages that a prefill chunk computed are kept; a position
-written by a one-token decode step holds other bits (other matrix shapes), so the generated part
-of turn n is cached when turn n+1's prompt, which resends it, is prefilled.
+engine prefills every prompt in chunks of exactly one page on that grid, so a page's entries are a
+function of the token ids from position 0 to its end and nothing else, whatever the run's
+positions or attention kind, and it is only ever reused at its own positions: a request that
+begins with the same tokens copies them in and skips exactly the chunks it would have computed,
+bit for bit, so a hit cannot change its tokens. Only pages a prefill chunk computed are kept (a
+one-token decode step writes other bits): the generated part of turn n is cached when turn n+1's
+prompt, which resends it, is prefilled.
 
-A page's entries are a function of the token ids from position 0 to the page's end, whatever the
-run's positions: learned ones are added to the input at those positions, and rotary keys (with
-latent attention, the rotary key cached beside each latent) are turned by them. A page is only
-ever reused at its own positions, so copying it back is all a hit does, whatever the entries are
-named (K and V, or one MLA latent). A row that rolled past its window
-(``inference.sampling.Window``) no longer holds a prompt's chunks from position 0: the engine never
-stores or looks up its pages.
-
-Memory is bounded by ``max_bytes``, counting all the cache holds: the pages' entries and the
-index that finds them (``page_cost``). Entries live in preallocated blocks of page slots, added
-as pages arrive: many small tensors would each cost an allocation and its bookkeeping, and fill
-the heap with holes it cannot give back. A page is keyed by its parent page's id and its own
-tokens, so a key holds one page of tokens, not the whole prompt up to it. The least recently used
-page is evicted first. A page is worthless without the pages before it, so every lookup and store
-touches a prompt's pages from the last to the first: a page is always evicted before the pages it
-extends.
+Memory is bounded by ``max_bytes``, counting the pages' entries and the index that finds them
+(``page_cost``). Entries live in preallocated blocks of page slots: many small tensors would each
+cost an allocation and fill the heap with holes it cannot give back. A page is keyed by its parent
+page's id and its own tokens. The least recently used page is evicted first, and every lookup and
+store touches a prompt's pages from the last to the first, so a page is always evicted before the
+pages it extends (it is worthless without them).
 """
 
 from __future__ import annotations
@@ -38,9 +28,8 @@ import torch
 Page = dict[str, torch.Tensor]  # entry name -> (n_layer, heads, page, dim)
 _Key = tuple[int, tuple[int, ...]]  # (the parent page's id, 0 for none; this page's tokens)
 
-# What the index spends on one page (Python objects: its key, its node, its share of the ordered
-# dict's table) and on each of its tokens (a pointer, and the integer if no other object keeps it).
-# Upper bounds, checked in tests/serving/test_prefix_cache.py.
+# Upper bounds on what the index spends on one page (its key, its node, its share of the ordered
+# dict's table) and on each of its tokens, checked in tests/serving/test_prefix_cache.py.
 INDEX_BYTES_PER_PAGE = 512
 INDEX_BYTES_PER_TOKEN = 48
 BLOCK_BYTES = 2**20  # entries are allocated this many bytes of page slots at a time
@@ -77,9 +66,8 @@ class PrefixCache:
         return storage + len(self._index) * (INDEX_BYTES_PER_PAGE + INDEX_BYTES_PER_TOKEN * self.page)
 
     def lookup(self, tokens: Sequence[int]) -> list[Page]:
-        """The cached pages that begin ``tokens``, in order, as views of the cache's blocks (copy
-        them before the next store). The last token is never covered: its chunk must run to give
-        the next-token logits."""
+        """The cached pages that begin ``tokens``, as views of the cache's blocks (copy them before
+        the next store). The last token is never covered: its chunk must run for the logits."""
         keys = self._chain(tokens, (len(tokens) - 1) // self.page)
         self._touch(keys)
         return [self._entries(self._index[key][1]) for key in keys]

@@ -1,20 +1,10 @@
 """Decoding's rules: the settings every decoder shares, the sampler, and the window slide.
 
-``SamplingSettings`` is the one description of a decode, used by generate.py, the chat, the serving
-engine, training's samples and the export's generation config. The edges that take it from a user
-(configs, command lines, request schemas) check it once with ``check_sampling_args``; the sampler
-trusts it and never re-checks per token. Every sampled row consumes exactly one uniform draw,
-whatever its logits, so a row's random stream never depends on what the model predicted.
-
-The model sees a window of at most ``block_size`` tokens. When a new token would overflow it, the
-window slides (``Window``). With learned absolute positions it is cut to its most recent
-``max(1, int(keep_fraction * block_size))`` tokens and re-encoded from position 0: a cached key
-carries the position it was written at, so keys cannot be shifted along, and cutting by a fraction
-rather than one token at a time amortises the re-encoding over many cheap cached steps. With
-rotary or no positions it rolls instead: the first few tokens (attention sinks) and the most recent
-ones stay in the cache, the middle is evicted, and nothing is encoded again.
-
-The loop that applies them, for every caller, is ``inference.engine``.
+``SamplingSettings`` is the one description of a decode (generate.py, the chat, the server,
+training's samples, the export's generation config). The edges that take it from a user check it
+once with ``check_sampling_args``; the sampler trusts it. Every sampled row consumes exactly one
+uniform draw, whatever its logits, so a row's random stream never depends on what the model
+predicted. The loop that applies these rules, for every caller, is ``inference.engine``.
 """
 
 from __future__ import annotations
@@ -35,13 +25,9 @@ MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed takes a signed 64-bit value
 
 @dataclass(frozen=True)
 class SamplingSettings:
-    """How to decode one request; the defaults are generate.py's.
-
-    temperature 0 is greedy; ``top_k``/``top_p`` None turn those filters off; ``seed`` None means a
-    fresh random seed (see ``new_seed``). A reply ends after ``max_new_tokens``, or where one of the
-    ``stop`` strings appears (the text ends just before it). ``suppress_ids`` are never sampled
-    (their logits are -inf): the chat's role tokens, for example.
-    """
+    """How to decode one request; the defaults are generate.py's. temperature 0 is greedy;
+    ``top_k``/``top_p`` None turn those filters off; ``seed`` None: a fresh seed. A reply ends after
+    ``max_new_tokens`` or just before a ``stop`` string; ``suppress_ids`` are never sampled."""
 
     max_new_tokens: int = 200
     temperature: float = 0.8
@@ -86,12 +72,9 @@ def check_sampling_args(
 
 
 def apply_repetition_penalty(logits: torch.Tensor, prev_tokens: torch.Tensor, penalty: float) -> torch.Tensor:
-    """CTRL-style penalty on every token id present in ``prev_tokens`` (B, L) of its row.
-
-    A positive logit is divided by ``penalty`` and a negative one multiplied, so with
-    penalty > 1 a seen token always becomes less likely, whatever the sign of its logit.
-    Each id is penalised once however often it occurs. Returns a new tensor.
-    """
+    """CTRL-style penalty on every token id in ``prev_tokens`` (B, L) of its row, once however
+    often it occurs: a positive logit is divided by ``penalty`` and a negative one multiplied, so
+    with penalty > 1 a seen token always becomes less likely."""
     if penalty == 1.0 or prev_tokens.numel() == 0:
         return logits
     seen = logits.gather(-1, prev_tokens)
@@ -101,12 +84,9 @@ def apply_repetition_penalty(logits: torch.Tensor, prev_tokens: torch.Tensor, pe
 
 
 def filter_logits(logits: torch.Tensor, top_k: int | None = None, top_p: float | None = None) -> torch.Tensor:
-    """Set to -inf every logit outside the top-k, then outside the top-p nucleus.
-
-    top-k keeps exactly k ids per row (ties at the k-th value broken by ``torch.topk``).
-    top-p keeps the smallest prefix of ids by descending probability whose mass is >= p
-    (ties in probability ordered by id), and always at least the most likely id.
-    """
+    """Set to -inf every logit outside the top-k (exactly k ids, ties broken by ``torch.topk``),
+    then outside the top-p nucleus: the smallest prefix of ids by descending probability (ties by
+    id) whose mass is >= p, and always at least the most likely id."""
     if top_k is not None and top_k < logits.size(-1):
         values, indices = logits.topk(top_k, dim=-1)
         logits = torch.full_like(logits, float("-inf")).scatter_(-1, indices, values)
@@ -122,8 +102,7 @@ NUCLEUS_CANDIDATES = 256
 
 def outside_nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     """True for every id outside the top-p nucleus of ``probs`` (B, vocab), as ``filter_logits``
-    defines it. Rows whose nucleus lies within the ``NUCLEUS_CANDIDATES`` most likely ids are
-    answered from those alone; the others sort their whole vocabulary. Both give the same answer."""
+    defines it; only rows whose nucleus passes the candidates sort their whole vocabulary."""
     vocab = probs.size(-1)
     top, ids = probs.topk(min(NUCLEUS_CANDIDATES, vocab), dim=-1)
     # topk orders tied probabilities arbitrarily: put the candidates in id order, then sort them
@@ -161,14 +140,10 @@ def sample_next_token(
     generator: Generators = None,
     suppress_ids: Sequence[int] = (),
 ) -> torch.Tensor:
-    """Pick one token id per row from ``logits`` (B, vocab); returns a LongTensor (B,).
-
-    temperature 0 is greedy: the argmax after the repetition penalty, consuming no randomness.
-    Otherwise each row draws one uniform u and takes the id where the cumulative probability
-    (in id order) first exceeds u. ``generator`` may be one generator shared by the rows in
-    order, or one generator per row (row i then consumes only generator i). The settings are
-    trusted: whoever took them from a user checked them (``check_sampling_args``), once.
-    """
+    """One token id per row of ``logits`` (B, vocab). temperature 0 is greedy (no randomness
+    consumed); otherwise each row draws one uniform u and takes the id where the cumulative
+    probability (in id order) first exceeds u. ``generator``: one shared by the rows in order, or
+    one per row (row i then consumes only generator i)."""
     logits = adjusted_logits(logits, repetition_penalty=repetition_penalty, prev_tokens=prev_tokens,
                              suppress_ids=suppress_ids)
     if temperature == 0:
@@ -181,8 +156,7 @@ def adjusted_logits(
     logits: torch.Tensor, *, repetition_penalty: float = 1.0, prev_tokens: torch.Tensor | None = None,
     suppress_ids: Sequence[int] = (),
 ) -> torch.Tensor:
-    """``logits`` in fp32 with the suppressed ids at -inf and the repetition penalty applied: what
-    greedy decoding takes the argmax of, and what ``token_distribution`` turns into probabilities."""
+    """``logits`` in fp32 with the suppressed ids at -inf and the repetition penalty applied."""
     logits = logits.float()
     if suppress_ids:
         logits = logits.index_fill(-1, torch.tensor(suppress_ids, device=logits.device), float("-inf"))
@@ -194,14 +168,13 @@ def adjusted_logits(
 def token_distribution(logits: torch.Tensor, *, temperature: float, top_k: int | None = None,
                        top_p: float | None = None) -> torch.Tensor:
     """The probabilities (B, vocab) a sampled token is drawn from, given ``adjusted_logits`` and a
-    temperature above 0: scaled, cut to the top-k and the top-p nucleus, normalised. Speculative
-    decoding (``inference.speculative``) checks proposals against exactly this distribution."""
+    temperature above 0; speculative decoding checks proposals against exactly this."""
     return torch.softmax(filter_logits(scale_by_temperature(logits, temperature), top_k, top_p), dim=-1)
 
 
 def draw(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """The id of each row of ``weights`` (B, vocab; non-negative, not necessarily normalised) whose
-    share of the row's total the uniform draw ``u`` (B,) falls in, ids taken in id order."""
+    """The id of each row of ``weights`` (B, vocab; not necessarily normalised) whose share of the
+    row's total the uniform draw ``u`` (B,) falls in, ids taken in id order."""
     # Id order rather than sorted order: a tiny change in the logits then moves the
     # boundaries between ids a tiny amount, instead of reordering near-tied ids.
     cdf = weights.cumsum(dim=-1)
@@ -212,12 +185,8 @@ def draw(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
 
 def scale_by_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """``logits / temperature``, with rows that overflow replaced by their limit as T -> 0.
-
-    A tiny temperature (1e-39) pushes the largest logits past the float range; softmax of
-    inf - inf is NaN. The limit of the distribution is uniform over the ids tied at the maximum
-    (greedy when one id leads), which is what such rows get; they still consume their draw.
-    """
+    """``logits / temperature``, with rows that overflow (a temperature of 1e-39: softmax of
+    inf - inf is NaN) replaced by their limit as T -> 0, uniform over the ids tied at the maximum."""
     scaled = logits / temperature
     overflow = torch.isposinf(scaled).any(dim=-1, keepdim=True)
     if not bool(overflow.any()):
@@ -228,7 +197,7 @@ def scale_by_temperature(logits: torch.Tensor, temperature: float) -> torch.Tens
 
 
 def uniform_per_row(batch: int, generator: Generators, device: torch.device) -> torch.Tensor:
-    """One U[0, 1) draw per row, on ``device``, from the generator(s) as described above."""
+    """One U[0, 1) draw per row, on ``device``, from the generator(s) as ``sample_next_token`` says."""
     if generator is None:
         return torch.rand(batch, device=device)
     if isinstance(generator, torch.Generator):
@@ -240,19 +209,16 @@ def uniform_per_row(batch: int, generator: Generators, device: torch.device) -> 
     return torch.cat([torch.rand(1, generator=g, device=g.device) for g in generators]).to(device)
 
 
-# When the window reaches block_size and is re-encoded, this fraction of it (the most recent
-# tokens) is kept: half a window leaves room for block_size / 2 new tokens before the next
-# re-encode. A rolling window encodes nothing when it slides, so it keeps more; it still evicts a
-# quarter at a time rather than one token per step (StreamingLLM's way), because each eviction
-# turns every moved rotary key once more and rounds it: this way a key is turned at most about four
-# times in its life, whatever the window and the cache's dtype, and the copy happens once per
-# quarter window.
+# A re-encoded window keeps its most recent half: cutting by a fraction rather than one token at a
+# time amortises the re-encoding over many cached steps. A rolling window encodes nothing when it
+# slides, so it keeps more; it still evicts a quarter at a time, not one token per step, because
+# each eviction turns every moved rotary key once more and rounds it: a key is turned at most about
+# four times in its life.
 KEEP_FRACTION = 0.5
 ROLL_KEEP_FRACTION = 0.75
-# The first tokens a rolling window keeps. StreamingLLM found that trained models pour much
-# attention onto the first few tokens whatever they are; four kept that mass where it was. A window
-# of fewer than 16 tokens keeps a quarter of itself (none below 4): the rest is for the recent tokens,
-# which the next one depends on most, and a window of 4 or fewer could not hold four sinks at all.
+# The first tokens a rolling window keeps: trained models pour much attention onto the first few
+# tokens whatever they are (StreamingLLM's attention sinks). A window under 16 tokens keeps a
+# quarter of itself, leaving the rest for the recent tokens the next one depends on most.
 SINKS = 4
 
 
@@ -273,12 +239,10 @@ class Window:
 
     A row's window is ``tokens[start:]`` until it slides. Re-encoding (``sinks`` None; learned
     positions, where a cached key carries the position it was written at): the window moves on to
-    its most recent ``keep`` tokens, which are encoded again from position 0. Rolling (rotary or no
-    positions; StreamingLLM's attention sinks): the window keeps its first ``sinks`` tokens and its
-    most recent ones, ``keep`` in all, and ``evicted`` counts the tokens dropped between them; the
-    cache drops them too and moves the recent entries down beside the sinks
-    (``KVCache.drop``), so nothing is encoded again. The window is then
-    ``tokens[start:start + sinks] + tokens[start + sinks + evicted:]``, at positions 0 onwards.
+    its most recent ``keep`` tokens, encoded again from position 0. Rolling (rotary or no
+    positions): the window keeps its first ``sinks`` tokens and its most recent ones, ``keep`` in
+    all; ``evicted`` counts the tokens dropped between them, and the cache drops them too
+    (``KVCache.drop``), so nothing is encoded again.
     """
 
     block_size: int
@@ -288,10 +252,9 @@ class Window:
     @classmethod
     def for_positions(cls, positions: str, block_size: int, keep_fraction: float | None = None,
                       sinks: int | None = None, *, roll: bool = True) -> Window:
-        """The slide a run's positions allow: learned ones re-encode; rotary and none roll, keeping
-        ``sinks`` first tokens (None: ``default_sinks``), unless ``roll`` is False (re-encode them
-        too, to compare). ``keep_fraction`` None: the default of that slide. Raises ValueError for
-        sinks a rolling window cannot hold."""
+        """The slide a run's positions allow: learned ones re-encode; rotary and none roll (unless
+        ``roll`` is False), keeping ``sinks`` first tokens (None: ``default_sinks``). ``keep_fraction``
+        None: that slide's default."""
         rolls = rolls_past_window(positions) and roll
         fraction = (ROLL_KEEP_FRACTION if rolls else KEEP_FRACTION) if keep_fraction is None else keep_fraction
         keep = max(1, int(fraction * block_size))
@@ -317,9 +280,8 @@ class Window:
         return [*tokens[start:start + self.sinks], *tokens[start + self.sinks + evicted:]]
 
     def slide(self, start: int, evicted: int, length: int) -> tuple[int, int]:
-        """``(start, evicted)`` once ``tokens[:length]`` are in, the newest included: unchanged
-        while the window fits ``block_size``; past that, what it keeps (see the class). The
-        engine's one slide rule."""
+        """``(start, evicted)`` once ``tokens[:length]`` are in: unchanged while the window fits
+        ``block_size``; past that, what it keeps (see the class)."""
         held = self.held(start, evicted, length)
         if held <= self.block_size:
             return start, evicted

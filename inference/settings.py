@@ -1,7 +1,5 @@
-"""generate.py's settings: the shared sampling settings, plus how many samples, whether cached,
-whether the decode step is compiled and whether it speculates (flags serve.py shares).
-
-This is the command line's edge: the values are checked here, once, with messages for the user.
+"""generate.py's settings: the sampling settings plus how many samples, whether cached, compiled
+or speculative (flags serve.py shares); the command line's edge, checked here once.
 """
 
 from __future__ import annotations
@@ -42,16 +40,10 @@ class Speculation:
     k: int
     draft: GPT | None = None
 
-    def __post_init__(self) -> None:
-        assert self.proposer in PROPOSERS and 1 <= self.k <= MAX_K
-        assert (self.draft is not None) == (self.proposer == "draft")
-
 
 @dataclass(frozen=True)
 class GenerationSettings(SamplingSettings):
-    """``SamplingSettings`` with the command line's defaults, and row i of ``num_samples`` seeded
-    ``seed + i``; ``seed`` None means a fresh random seed, reported with the result so any run can
-    be repeated."""
+    """``SamplingSettings`` and row i of ``num_samples`` seeded ``seed + i``."""
 
     num_samples: int = 1
     use_cache: bool = True
@@ -82,10 +74,8 @@ class GenerationSettings(SamplingSettings):
 
 
 def checked_sinks(flag: int | None, config: GPTConfig) -> int | None:
-    """``--sinks`` (``flag``) for a run of ``config``; None when not given, for the default that fits
-    the run's window (``inference.sampling.default_sinks``). Refuses a flag that cannot apply: a
-    learned-position run re-encodes past its window and keeps no sinks, and a window keeps at most
-    all but its newest token."""
+    """``--sinks`` (``flag``, None: the window's default) for a run of ``config``, refused where it
+    cannot apply."""
     if flag is None:
         return None
     if not rolls_past_window(config.positions):

@@ -1,39 +1,27 @@
 """Speculative decoding: proposals that one pass checks, and the rule that keeps the output exact.
 
 A decode step of a small model costs about the same for one token as for a few: its time goes to
-Python, dispatch and reading the weights, not to arithmetic. A speculative step spends it on
-several tokens. A proposer guesses up to k tokens that may follow; the row's newest token and the
-guesses go through the model in one pass, which gives the logits after each of them; the guesses
-are checked in order, every accepted one is emitted, and at the first rejected one a token is
-drawn from what the model says there instead (when all are accepted, the logits after the last
-one give one more token). So a step emits 1 to k + 1 tokens, and the engine forgets the cache
-entries of the rejected guesses (``KVCache.rewind``).
+Python, dispatch and reading the weights. A proposer guesses up to k tokens; the row's newest
+token and the guesses go through the model in one pass; the guesses are checked in order, every
+accepted one is emitted, and at the first rejected one a token is drawn from what the model says
+there instead (all accepted: one more from the logits after the last). So a step emits 1 to k + 1
+tokens.
 
-Two proposers:
-
-- ``lookup``, prompt lookup (Saxena, 2023): the tokens that followed the most recent earlier
-  occurrence of the row's last ``LOOKUP_NGRAMS`` tokens in its own prompt and reply. It needs no
-  second model. It wins where a reply repeats its input (quoting the prompt, editing a given
-  passage, a loop) and proposes nothing where no n-gram recurs.
-- ``draft``: a smaller run with the same tokenizer decodes k tokens ahead in a cache of its own,
-  with the request's own sampling settings. Each guess then costs a step of the draft.
+Two proposers: ``lookup``, prompt lookup (Saxena, 2023), the tokens that followed the latest
+earlier occurrence of the row's last n-gram in its own prompt and reply, which wins where a reply
+repeats its input and needs no second model; and ``draft``, a smaller run with the same tokenizer
+decoding k tokens ahead in a cache of its own, with the request's sampling settings.
 
 The check (Leviathan et al., 2023; Chen et al., 2023). Greedy decoding accepts a guess when it is
-the argmax, so its output is plain greedy decoding's, token for token. (The checking pass computes
-the logits plain steps would, in wider matrix products that round apart in the last bits, as the
-cache and recomputation do: only a near-tie within that rounding could go the other way, and the
-tests find none.) Sampling accepts a guess x drawn from q with probability min(1, p(x) / q(x)),
-where p is the distribution plain sampling draws from at that position (``inference.sampling.token_distribution`` of ``adjusted_logits``:
-suppressed ids, the repetition penalty over the history with the guesses before accepted,
-temperature, top-k, top-p); a rejection draws from max(0, p - q), normalised. Every emitted token
-is then distributed exactly as plain sampling's. Prompt lookup's q is a point mass on x: x is
-accepted with probability p(x), and a rejection draws from p without x. The draws come from the
-request's own generator, more of them than plain sampling takes, so a seed samples other tokens
-than plain decoding with that seed does, from the same distribution; greedy decoding draws nothing.
-
-Everything a proposer does for a row depends on that row alone (its tokens, its settings, its
-generator; a draft's passes run a row alone or one token per row under the engine's batch-invariance
-choice), so a request still gets what it gets served alone.
+the argmax, so its output is plain greedy decoding's token for token (up to the last-bit rounding
+of the wider pass). Sampling accepts a guess x drawn from q with probability min(1, p(x) / q(x)),
+where p is plain sampling's distribution at that position (``token_distribution`` of
+``adjusted_logits``, the penalty reading the guesses accepted before), and a rejection draws from
+max(0, p - q), normalised: every emitted token is distributed exactly as plain sampling's. Prompt
+lookup's q is a point mass. The draws come from the request's own generator, more of them than
+plain sampling takes, so a seed samples other tokens than plain decoding with that seed does.
+Everything a proposer does for a row depends on that row alone, so a request still gets what it
+gets served alone.
 """
 
 from __future__ import annotations
@@ -71,8 +59,7 @@ class Proposal:
 
 class Speculator:
     """The engine's side: ``propose`` guesses for rows, ``check`` decides what a checked pass emits.
-    State is kept per cache row, and starts afresh when the row holds another request. The counts
-    say how it went: row steps taken (checked or plain), guesses proposed and accepted."""
+    The counts: row steps taken (checked or plain), guesses proposed and accepted."""
 
     def __init__(self, speculation: Speculation, max_batch: int, batch_invariant: bool) -> None:
         self.k = speculation.k
@@ -147,8 +134,8 @@ def _draw(weights: torch.Tensor, generator: torch.Generator) -> int:
     return int(draw(weights.unsqueeze(0), uniform_per_row(1, generator, weights.device))[0])
 
 
-# -------------------------------------------------------------------------------------------------
-# Proposers. Each keeps per-row state, tied to the request it was made for.
+# Proposers. Each keeps per-row state, tied to the request it was made for: a cache row that holds
+# another request starts afresh.
 
 
 @dataclass
@@ -161,10 +148,10 @@ class _LookupRow:
 
 
 class PromptLookup:
-    """Guesses from the row's own tokens: find the latest earlier occurrence of its last n tokens
-    (n from ``LOOKUP_NGRAMS``, longest first) and propose what followed it. The index grows by the
-    row's new tokens at each call, so a step never rescans the history. A match close to the end
-    overlaps its own continuation (a loop): the guesses then repeat the loop."""
+    """Guesses from the row's own tokens: what followed the latest earlier occurrence of its last
+    n tokens (n from ``LOOKUP_NGRAMS``, longest first). The index grows by the row's new tokens at
+    each call, so a step never rescans the history. A match that overlaps its own continuation (a
+    loop) repeats the loop."""
 
     def __init__(self, max_batch: int) -> None:
         self.rows: list[_LookupRow | None] = [None] * max_batch
@@ -205,12 +192,11 @@ class _DraftRow:
 class DraftProposer:
     """A smaller model guessing ahead in its own cache, one row per engine row.
 
-    The draft sees the row's most recent tokens: when they and the guesses outgrow its context it
-    starts again from the most recent half of it, encoded afresh (right for every kind of
-    positions). Before guessing, its cache row is cut back to what it shares with the row's tokens
-    (it may hold rejected guesses) and the rest is encoded; the guesses are then decoded one token
-    per pass. Rows encode together when they encode as many tokens; under batch invariance, only
-    up to the width that reads whole buffers, and a longer catch-up (a new prompt) runs alone."""
+    When the row's tokens and the guesses outgrow the draft's context it starts again from the
+    most recent half of it, encoded afresh (right for every kind of positions). Before guessing,
+    its cache row is cut back to what it shares with the row's tokens (it may hold rejected
+    guesses) and the rest is encoded. Rows encode together when they encode as many tokens; under
+    batch invariance a catch-up wider than the whole-buffer width (a new prompt) runs alone."""
 
     def __init__(self, draft: GPT, max_batch: int, k: int, batch_invariant: bool) -> None:
         self.model = row_blocked(draft) if batch_invariant else draft
@@ -237,8 +223,8 @@ class DraftProposer:
         return [Proposal(g, torch.cat(d) if d else None) for g, d in zip(guesses, dists)]
 
     def _catch_up(self, row: Row, limit: int) -> list[int]:
-        """Cut the draft's cache row back to what it shares with the row's tokens; the tokens it
-        has still to encode (the newest at least)."""
+        """Cut the draft's cache row back to what it shares with the row's tokens; returns the
+        tokens it has still to encode (the newest at least)."""
         state = self.rows[row.row]
         if state is None or state.owner is not row:
             state = self.rows[row.row] = _DraftRow(row)
@@ -274,10 +260,11 @@ class DraftProposer:
                 logits[i] = out[j:j + 1]
                 self.rows[rows[i].row].encoded += chunks[i]
         return logits
+
     @staticmethod
     def _guess(row: Row, guesses: list[int], logits: torch.Tensor) -> tuple[int, torch.Tensor | None]:
-        """The next guess from the draft's ``logits``, drawn as the row's settings draw a token, and
-        the distribution it was drawn from (None when greedy)."""
+        """The next guess, drawn as the row's settings draw a token, and its distribution (None
+        when greedy)."""
         settings = row.settings
         prev = None
         if settings.repetition_penalty != 1.0:

@@ -1,13 +1,10 @@
 """Token ids -> text that is safe to print the moment it arrives.
 
-A byte-level BPE token is a run of bytes, and one character can be split across tokens: an emoji is
-four UTF-8 bytes, often four tokens for a small vocabulary. Decoding each token alone would print
-replacement characters for the pieces. Instead the bytes of every token go through one incremental
-UTF-8 decoder, which holds an incomplete character back until its last byte arrives.
-
-Python's decoder and the tokenizer's own ``decode`` both turn malformed bytes into U+FFFD by the same
-rule (one per maximal ill-formed subpart), and an incremental decoder returns exactly what one-shot
-decoding returns, so the streamed pieces join to ``tokenizer.decode(ids, skip_special_tokens=False)``.
+A byte-level BPE token is a run of bytes, and one character can be split across tokens (an emoji
+is four UTF-8 bytes). The bytes of every token go through one incremental UTF-8 decoder, which
+holds an incomplete character back until its last byte arrives. It turns malformed bytes into
+U+FFFD by the tokenizer's own rule, so the streamed pieces join to
+``tokenizer.decode(ids, skip_special_tokens=False)``.
 """
 
 from __future__ import annotations
@@ -17,12 +14,9 @@ from typing import Sequence
 
 
 class TextStream:
-    """The text of one generated row, fed one token id at a time.
-
-    ``push`` returns the new text that can be printed now; ``finish`` returns the rest. With stop
-    strings, generation should end as soon as one appears: the text then ends just before it, and
-    text that might be the start of a stop string is held back until it is known not to be.
-    """
+    """The text of one generated row, fed one token id at a time: ``push`` returns the new text
+    that can be printed now, ``finish`` the rest. The text ends just before a stop string, and text
+    that might start one is held back until it is known not to."""
 
     def __init__(self, token_bytes: Sequence[bytes], stop: Sequence[str] = ()) -> None:
         self._token_bytes = token_bytes

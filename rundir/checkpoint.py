@@ -57,9 +57,8 @@ def check_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
 
 
 def run_progress(run_dir: Path) -> str:
-    """How far the run in ``run_dir`` got: ``new`` (no run there), ``finished`` (it had its final
-    validation) or ``stopped`` (a checkpoint to resume from); what a lab that trains several runs in
-    a row does with each of them under ``--resume``."""
+    """How far the run in ``run_dir`` got: ``new``, ``finished`` (it had its final validation) or
+    ``stopped`` (a checkpoint to resume from)."""
     if not run_dir.is_dir() or not any((run_dir / name).exists() for name in RUN_FILES):
         return "new"
     metrics = run_dir / METRICS_FILE
@@ -134,10 +133,8 @@ def load_trainer_state(run_dir: Path) -> dict[str, Any]:
 
 
 def peek_trainer_state(run_dir: Path, key: str) -> Any:
-    """One value of the run's trainer state, or None when there is no state this torch can read.
-
-    For readers that only look (evaluate.py wants the run's wandb id): memory-mapped, so the
-    optimizer state is never read into memory, and loaded with ``weights_only`` like any state."""
+    """One value of the run's trainer state, or None when there is none this torch can read;
+    memory-mapped, so the optimizer state is never read into memory."""
     try:
         state: Any = torch.load(run_dir / STATE_FILE, map_location="cpu", weights_only=True, mmap=True)
     except Exception:  # noqa: BLE001 - missing, damaged or from another torch: nothing to peek at

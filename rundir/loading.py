@@ -1,9 +1,6 @@
 """Find a trained run and load it for inference: model in eval mode, tokenizer, token bytes. Every
-reader of a trained model (generate.py, the server, the exports, evaluation, analysis) loads it here.
-
-A run directory (written by train.py) holds ``model_config.json`` + ``model.safetensors`` (see
-``model.io.save_pretrained``) and ``tokenizer.json``. Nothing here unpickles anything. Every problem a
-user can fix becomes a one-line ``UserError`` naming the file and what to do.
+reader of a trained model loads it here; nothing here unpickles anything, and every problem a user
+can fix is a one-line ``UserError`` naming the file and what to do.
 """
 
 from __future__ import annotations
@@ -40,8 +37,7 @@ class LoadedRun:
 
 
 def find_latest_run(runs_dir: Path = RUNS_DIR) -> Path:
-    """The run under ``runs_dir`` whose weights were written last (a run = a subdirectory holding
-    model.safetensors; "last" by the weights file's mtime, so a resumed run counts as recent)."""
+    """The run under ``runs_dir`` whose weights were written last (a resumed run counts as recent)."""
     weights = [path for path in Path(runs_dir).glob(f"*/{WEIGHTS_FILE}") if path.is_file()]
     if not weights:
         raise UserError(f"no trained run found under {runs_dir}/; train one with: {TRAIN_COMMAND}")

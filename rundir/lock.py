@@ -1,13 +1,8 @@
-"""One training per run directory: an OS-level lock held by the writing process for the whole run.
-
-The lock is an ``fcntl``/``LockFileEx`` lock taken through ``filelock`` on ``.run.lock`` inside
-the run directory. The kernel drops it when the process exits for any reason, kill -9 included,
-so a crashed run never leaves a stale lock behind. The holder's pid and host are written to a
-sidecar file, so a refused second training can say who holds the directory. Readers
-(``generate.py``) never take the lock.
-
-Holding the lock also makes it safe to delete temporary files that interrupted atomic writes left
-behind (``.<name>.*.tmp``): no other process can be writing them.
+"""One training per run directory: an OS-level lock (``filelock``) held by the writing process for
+the whole run. The kernel drops it when the process exits, kill -9 included, so a crashed run
+never leaves a stale lock behind. The holder's pid and host go to a sidecar file, so a refused
+second training can say who holds the directory. Readers never take the lock. Holding it makes
+it safe to delete the temporary files that killed atomic writes left: nobody else writes them.
 """
 
 from __future__ import annotations

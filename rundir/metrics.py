@@ -14,12 +14,9 @@ from common.os_errors import with_path
 
 
 class MetricsLog:
-    """Appends records to ``metrics.jsonl``.
-
-    Lines are appended rather than the whole file rewritten through a temporary file: rewriting
-    would make an overnight run quadratic in its length. Each line goes out in one ``write`` on an
-    ``O_APPEND`` descriptor, which a killed process cannot leave half-done; a line torn by a power
-    cut is skipped by ``read_metrics``. The one rewrite, on resume, is atomic.
+    """Appends records to ``metrics.jsonl``: appending rather than rewriting keeps an overnight run
+    linear in its length. Each line goes out in one ``write`` on an ``O_APPEND`` descriptor, which a
+    killed process cannot leave half-done; a line torn by a power cut is skipped by ``read_metrics``.
     """
 
     def __init__(self, path: str | Path) -> None:
@@ -48,11 +45,7 @@ class MetricsLog:
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """All complete records of a metrics file.
-
-    A torn last line, bytes that are not UTF-8 or JSON, and lines that are not objects are
-    skipped: a damaged line must not cost the good ones around it.
-    """
+    """All complete records of a metrics file; a damaged line is skipped, not the good ones."""
     records = []
     with open(path, "rb") as f:
         for line in f:

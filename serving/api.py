@@ -1,42 +1,40 @@
 """The HTTP layer: OpenAI requests become engine requests, engine events become JSON or SSE.
 
-Routes: ``GET /`` (the chat page, ``chat.html``), ``GET /health``, ``GET /v1/models``,
-``POST /v1/completions``, ``POST /v1/chat/completions`` (with OpenAI's tools protocol: the client
-runs the calls, ``serving.replies`` says how they are returned). Every refusal is an OpenAI error body with a 4xx status (an unknown route or method and an
-over-size body included), and the server goes on serving. Text streams as Server-Sent Events, one
-chunk per piece of whole characters, ending ``data: [DONE]``. A chat longer than the model's window
-is cut by the chat format's policy (``data.chat.fit_for_reply``: the oldest whole messages go, the
-system prompt stays) and answered; the ``X-Dropped-Messages`` header of every chat response says
-how many were left out, and the reply ends where the window is full (a rotary or no-position run's
-rolls on, and reads a prompt longer than its window through its rolling cache). A client that goes away mid-request
-cancels it, streaming or not, which frees its row in the engine. Each request ends with one line on
-the ``serving.access`` logger: method, path, status, tokens in and out, and time.
-
-The routes only translate: ``serving.schemas`` validates a body, ``serving.service`` reads it and
-submits to the engine, ``serving.replies`` shapes each response kind, ``serving.streaming``
-delivers it (SSE or whole), and ``serving.access_log`` logs it.
+Every refusal is an OpenAI error body with a 4xx status (an unknown route or method included), and
+the server goes on serving. A chat longer than the model's window is cut by the chat format's
+policy (``data.chat.fit_for_reply``) and answered; the ``X-Dropped-Messages`` header says how many
+messages were left out, and the reply ends where the window is full (a rotary or no-position run's
+rolls on). The routes only translate: ``serving.schemas`` validates a body, ``serving.service``
+reads it and submits to the engine, ``serving.replies`` shapes each response kind,
+``serving.streaming`` delivers it (SSE or whole), and ``AccessLog`` logs it: one line per request on
+the ``serving.access`` logger (client, method, path, status, tokens in and out, and time), wrapping the
+whole app so that a refusal or a bug is logged as surely as a reply.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
+import time
 from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from inference.engine import Engine
 from inference.sampling import SamplingSettings
 from rundir.loading import LoadedRun
-from serving.access_log import AccessLog
 from serving.errors import ApiError, error_body
 from serving.logprobs import ChatReplyLogprobs, CompletionReplyLogprobs
 from serving.replies import ChatReply, CompletionReply
 from serving.schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from serving.service import Limits, Service
 from serving.streaming import answer
+
+access_log = logging.getLogger("serving.access")
 
 
 def create_app(run: LoadedRun, engine: Engine, *, model_id: str, limits: Limits = Limits()) -> FastAPI:
@@ -82,8 +80,7 @@ def create_app(run: LoadedRun, engine: Engine, *, model_id: str, limits: Limits 
 
     @app.get("/", include_in_schema=False)
     async def chat_page() -> HTMLResponse:
-        # The whole page, whatever Range a client sends (HTTP lets a server ignore Range): the page
-        # is small and only useful whole, so it offers no ranges and never answers 206 or 416.
+        # The whole page, whatever Range a client sends: it is small and only useful whole.
         return HTMLResponse(page)
 
     @app.get("/health")
@@ -130,3 +127,33 @@ def _settings(body: GenerationRequest, suppress_ids: tuple[int, ...] = ()) -> Sa
     """The engine's sampling settings for a request (top_k is not an OpenAI field)."""
     return SamplingSettings(max_new_tokens=body.max_new_tokens, temperature=body.temperature, top_k=None,
                             top_p=body.top_p, seed=body.seed, stop=body.stop_strings(), suppress_ids=suppress_ids)
+
+
+class AccessLog:
+    """ASGI middleware. A route that answers with a reply leaves it in the request's state as
+    ``reply``; its ``prompt_tokens`` and ``completion_tokens`` are read when the request ends."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start, status = time.perf_counter(), 500  # 500 unless a response starts
+        state = scope.setdefault("state", {})
+
+        async def send_and_note(message: dict) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_note)
+        finally:
+            reply = state.get("reply")
+            tokens = f"in={reply.prompt_tokens} out={reply.completion_tokens}" if reply else "in=- out=-"
+            client = scope["client"][0] if scope.get("client") else "-"
+            access_log.info("%s %s %s %d %s %.3fs", client, scope["method"], scope["path"], status, tokens,
+                            time.perf_counter() - start)

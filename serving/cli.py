@@ -1,9 +1,8 @@
 """The ``serve.py`` command line: load a run, start the engine, serve the OpenAI API with uvicorn.
 
 User errors (a bad flag, a missing run, a port in use, a KV cache larger than the device's memory)
-become ``error: ...`` on stderr and exit code 2; Ctrl-C and SIGTERM stop the server gracefully and
-exit 130 and 143. Each request gets one access-log line on stderr.
-The server binds to 127.0.0.1 unless told otherwise: anyone who can reach the port can use it.
+exit 2 with one line; Ctrl-C and SIGTERM stop the server gracefully (130, 143). It binds to
+127.0.0.1 unless told otherwise: anyone who can reach the port can use it.
 """
 
 from __future__ import annotations
@@ -29,8 +28,7 @@ from inference.sampling import SINKS
 from inference.settings import add_speculation_arguments, checked_sinks, checked_speculation
 from model.gpt import GPT
 from rundir.loading import find_latest_run, load_run
-from serving.access_log import access_log
-from serving.api import create_app
+from serving.api import access_log, create_app
 from serving.service import Limits
 
 _EPILOG = """\
@@ -106,14 +104,12 @@ def _check(args: argparse.Namespace) -> None:
     if not 0 <= args.port <= 65535:
         raise UserError(f"--port must be in 0..65535, got {args.port}")
     for flag, value in (("--max-batch", args.max_batch), ("--max-tokens-cap", args.max_tokens_cap),
-                        ("--max-body-bytes", args.max_body_bytes)):
+                        ("--max-body-bytes", args.max_body_bytes), ("--prefill-chunk", args.prefill_chunk)):
         if value < 1:
             raise UserError(f"{flag} must be at least 1, got {value}")
     if args.max_queue is not None and args.max_queue < 0:
         raise UserError(f"--max-queue must be >= 0, got {args.max_queue}")
     parse_threads(args.threads)
-    if args.prefill_chunk < 1:
-        raise UserError(f"--prefill-chunk must be at least 1, got {args.prefill_chunk}")
     if not 0 <= args.prefix_cache_mb < float("inf"):
         raise UserError(f"--prefix-cache-mb must be 0 (off) or more, got {args.prefix_cache_mb}")
 

@@ -6,15 +6,12 @@ and the first has ``null`` (nothing precedes it). Chat: ``{"content": [{"token",
 "top_logprobs": [{"token", "logprob", "bytes"}]}], "refusal": null}``.
 
 Completions list every generated token, an ending ``<|endoftext|>`` included, as OpenAI's legacy
-completions did; chat leaves out the end token, as its text does. A token's text is its bytes
-decoded as UTF-8; a token that holds part of a character has no text of its own, and is written
-``bytes:\\xe2\\x80`` as OpenAI writes it. ``text_offset`` indexes the text itself, not the token
-strings: for every i, ``text[offset[i]:offset[i + 1]]`` is what token i adds to it. A character
-split over several tokens is added by the token that completes it; the tokens before it add
-nothing (their offsets equal the next one's). Bytes that begin a character no later byte finishes
-(a lone lead byte) are one U+FFFD, added by the token holding their last byte, although the decoder
-shows it only once the next byte proves it unfinished. An end token adds nothing, and neither does
-the ``<|endoftext|>`` an empty prompt is encoded as; tokens past a stop string add nothing either.
+completions did; chat leaves out the end token, as its text does. A token that holds part of a
+character is written ``bytes:\\xe2\\x80`` as OpenAI writes it. ``text_offset`` indexes the text
+itself: ``text[offset[i]:offset[i + 1]]`` is what token i adds to it. A character split over
+several tokens is added by the token that completes it; a lone lead byte is one U+FFFD, added by
+the token holding it. End tokens, an empty prompt's ``<|endoftext|>`` and tokens past a stop
+string add nothing.
 """
 
 from __future__ import annotations
@@ -34,20 +31,17 @@ def token_text(token_bytes: bytes) -> str:
 
 
 def text_offsets(token_bytes: Sequence[bytes], text_length: int, *, ends: Sequence[bool] = ()) -> list[int]:
-    """Where each token's characters begin in a text decoded from these tokens' bytes as UTF-8
-    (``errors="replace"``) and possibly cut short (at a stop string, or left out: an empty prompt
-    is ``<|endoftext|>`` alone): offsets past ``text_length`` are ``text_length``. A character
-    counts at the token holding its last byte, so a token holding only the start of one begins
-    where the next does and contributes no text. ``ends[i]``: token i ends the text (it shows no
-    bytes), so a character left unfinished before it is the previous token's U+FFFD."""
+    """Where each token's characters begin in the text decoded from their bytes, cut short at
+    ``text_length``. ``ends[i]``: token i ends the text (it shows no bytes), so a character left
+    unfinished before it is the previous token's U+FFFD."""
     characters = _Characters()
     return [min(characters.end() if i < len(ends) and ends[i] else characters.begin(raw), text_length)
             for i, raw in enumerate(token_bytes)]
 
 
 class _Characters:
-    """The characters of a UTF-8 byte stream (``errors="replace"``) fed token by token, and where
-    each token's own begin: after every character whose last byte came before the token's first."""
+    """The characters of a UTF-8 byte stream fed token by token, and where each token's own begin:
+    after every character whose last byte came before the token's first."""
 
     def __init__(self) -> None:
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -74,9 +68,8 @@ class _Characters:
 
 
 class CompletionLogprobs:
-    """Builds the legacy completions object for tokens that make one piece of text: ``text_offset``
-    indexes the text they begin at ``start`` (see ``text_offsets``). Tokens in ``hidden`` end the
-    text without showing (completions list the ending ``<|endoftext|>``, not its characters)."""
+    """Builds the legacy completions object for tokens that make one piece of text; tokens in
+    ``hidden`` end the text without showing."""
 
     def __init__(self, token_bytes: Sequence[bytes], hidden: Sequence[int] = ()) -> None:
         self.token_bytes, self.hidden = token_bytes, hidden
@@ -120,11 +113,9 @@ class ReplyLogprobs(Protocol):
 
 
 class CompletionReplyLogprobs:
-    """A completion's logprobs. ``wanted`` False: every ``logprobs`` field is null. Tokens in
-    ``hidden`` (the end tokens) are listed but never in the text. ``text_offset`` indexes
-    ``prompt_text`` followed by the reply's text, as OpenAI's does, whether or not the prompt is
-    echoed (with ``echo`` its tokens come first, so the first offset is 0). A streamed chunk's
-    offset is its token's, as in the whole body."""
+    """A completion's logprobs (``wanted`` False: null). Tokens in ``hidden`` (the end tokens) are
+    listed but never in the text. ``text_offset`` indexes ``prompt_text`` followed by the reply's
+    text, as OpenAI's does, echoed or not; a streamed chunk's offset is as in the whole body."""
 
     def __init__(self, token_bytes: Sequence[bytes], wanted: bool, prompt_text: str = "", echo: bool = False,
                  *, hidden: Sequence[int] = ()) -> None:

@@ -1,16 +1,11 @@
-"""The shape of each response kind, whole or as stream chunks: one class per endpoint.
-
-A reply knows its id, its creation time and the tokens counted so far (the access log reads
-them); ``CompletionReply`` and ``ChatReply`` each say, in one place, what their body, their chunks
-and the chunks that open their stream look like. Nothing here waits on the engine: that is
-``serving.streaming``'s job.
+"""The shape of each response kind, whole or as stream chunks: one class per endpoint. Nothing
+here waits on the engine: that is ``serving.streaming``'s job.
 
 A chat reply offered tools (``ReplyCalls``) is read back by the chat format (``data.chat.parse_reply``)
-once it ends: calls that parse become OpenAI's ``tool_calls`` with ``finish_reason: "tool_calls"``;
-anything else, a malformed call included, is the reply's text, as written. Streamed, the text goes
-out as it comes until a call begins; the call is held until the reply ends and sent then, as
-tool-call deltas (the name, then the arguments) or, if it does not parse, as text. The server never
-runs a tool: the client does, and sends the result back as a ``tool`` message.
+once it ends: calls that parse become OpenAI's ``tool_calls``; anything else, a malformed call
+included, is the reply's text, as written. Streamed, the text goes out as it comes until a call
+begins; the call is held until the reply ends and sent then, as tool-call deltas or, if it does not
+parse, as text. The server never runs a tool: the client does.
 """
 
 from __future__ import annotations
@@ -103,9 +98,8 @@ class CompletionReply(Reply):
 
 @dataclass(frozen=True)
 class ReplyCalls:
-    """How a chat reply offered tools is read: the chat tokens, the call tokens the server forced
-    at its start (``tool_choice`` required or named; see ``serving.service``), the functions
-    offered, and whether several calls may be returned (``parallel_tool_calls``)."""
+    """How a chat reply offered tools is read: the chat tokens, the call tokens forced at its start
+    (``serving.service``), the functions offered, and ``parallel_tool_calls``."""
 
     tokenizer: Tokenizer
     special: ChatTokenIds
@@ -114,8 +108,8 @@ class ReplyCalls:
     parallel: bool = True
 
     def read(self, finish: Finish) -> ParsedReply | None:
-        """The reply's calls, when it is to be returned as ``tool_calls``: it ended its turn and
-        every call parsed (and there is one, unless several are allowed). None: it is text."""
+        """The reply's calls, when it ended its turn and every call parsed (one, unless several are
+        allowed); None: it is text."""
         ended_turn = finish.reason == "stop" and bool(finish.token_ids) and \
             finish.token_ids[-1] in self.special.reply_end_ids
         if not ended_turn:

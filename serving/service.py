@@ -1,19 +1,18 @@
-"""What every route shares: the run, the engine, the server's limits and the chat token ids; and
-the steps a route takes with them: read a body within its limit, turn a completion's prompt or a
-chat's messages into token ids that fit the context, submit to the engine.
+"""What every route shares (the run, the engine, the limits, the chat token ids) and the steps a
+route takes with them: read a body within its limit, turn a prompt or a chat into token ids that
+fit the context, submit to the engine.
 
 A chat that may call tools is steered by decoding, never by prompting: with ``tool_choice: none``
-(or no tools) ``<|call|>`` is never sampled; with ``required`` the reply is made to begin with
-``<|call|>``, and with a named function with ``<|call|>`` and the name's tokens, written into the
-prompt where the model would have sampled them (forcing a token is sampling it with certainty).
-The model writes the rest: the arguments, and any further calls."""
+``<|call|>`` is never sampled; with ``required`` the reply is made to begin with ``<|call|>``, and
+with a named function with ``<|call|>`` and the name's tokens, written into the prompt where the
+model would have sampled them. The model writes the rest."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from fastapi import Request
@@ -35,8 +34,8 @@ RETRY_AFTER_S = 1
 
 @dataclass(frozen=True)
 class ChatPrompt:
-    """A chat request's prompt: its ids (the fitted conversation, then any call tokens forced), how
-    many old messages were dropped, the chat token ids, and how its calls are read (None: no tools)."""
+    """A chat request's prompt ids (then any call tokens forced), how many old messages were
+    dropped, and how its calls are read (None: no tools)."""
 
     ids: list[int]
     dropped: int
@@ -45,8 +44,7 @@ class ChatPrompt:
 
     @property
     def suppress_ids(self) -> tuple[int, ...]:
-        """The chat rule (data.chat.ChatTokenIds): role tokens never sampled; nor ``<|call|>``
-        where the request may not call."""
+        """Role tokens are never sampled; nor ``<|call|>`` where the request may not call."""
         return self.special.reply_suppress_ids(tools=self.calls is not None)
 
 
@@ -54,12 +52,9 @@ class ChatPrompt:
 class Limits:
     max_tokens_cap: int = 2048  # the largest max_tokens a request may ask for
     default_max_tokens: int = 256  # when a request gives none (at most the cap)
-    # The largest request body read. A prompt fills the context long before this, even with every
-    # character JSON-escaped; a bigger body only costs memory.
+    # A prompt fills the context long before this, even JSON-escaped; a bigger body only costs memory.
     max_body_bytes: int = 2**20
-    # How long the rest of an over-size body is read and dropped before the 413 is sent anyway (and
-    # the connection closed).
-    discard_s: float = 30.0
+    discard_s: float = 30.0  # how long an over-size body's rest is read and dropped before the 413
 
 
 class Service:
@@ -129,8 +124,7 @@ class Service:
 
     def chat_prompt(self, body: ChatCompletionRequest) -> ChatPrompt:
         """A chat request's messages rendered by the chat format and cut to leave room for the reply
-        (and the call tokens ``tool_choice`` forces); only a run that can chat, and for tools only a
-        run whose tokenizer has the tool tokens, is asked."""
+        and the call tokens ``tool_choice`` forces."""
         if self.chat_ids is None:
             raise ApiError(400, f"this run cannot chat: {self.no_chat_reason}; /v1/completions "
                            "still works", param="messages", code="chat_not_supported")
@@ -184,9 +178,8 @@ def _message(message) -> dict:
 
 
 def _forced_call(special: ChatTokenIds, tokenizer, choice: str) -> list[int]:
-    """The tokens a reply must begin with: ``<|call|>`` for ``required``, and a named function's
-    name after it (its name's tokens are those the call's text has: a name ends where ``{`` begins,
-    and the tokenizer never merges across that boundary)."""
+    """The tokens a reply must begin with: ``<|call|>``, and a named function's name (the tokens
+    the call's text has: the tokenizer never merges across the ``{`` that ends a name)."""
     if choice in ("none", "auto"):
         return []
     return [special.call, *(encode_plain(tokenizer, [choice])[0] if choice != "required" else [])]

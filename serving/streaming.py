@@ -1,10 +1,6 @@
-"""Delivering a reply while the engine generates it: streamed as Server-Sent Events, or whole once
-it has finished. Either way, a client that goes away cancels its request at once, which frees its
-row in the engine.
-
-A stream notices the client leaving by itself (the server stops iterating it, and its ``finally``
-cancels the ticket). A whole answer sends nothing until the end, so a watcher listens for the
-disconnect meanwhile.
+"""Delivering a reply while the engine generates it: as Server-Sent Events, or whole once it has
+finished. A client that goes away cancels its request at once, freeing its row: a stream notices
+by itself (its ``finally``), and a whole answer has a watcher listen for the disconnect.
 """
 
 from __future__ import annotations

@@ -25,11 +25,8 @@ _ENV_MODES = {"online": "online", "run": "online", "offline": "offline", "dryrun
 
 
 def has_credentials(env: dict[str, str] | None = None) -> bool:
-    """Whether wandb could log in without asking: an API key in the environment or in netrc.
-
-    Checked here rather than by asking wandb, because wandb's own check ends in an interactive
-    prompt when it finds nothing and a terminal is attached.
-    """
+    """Whether wandb could log in without asking: an API key in the environment or in netrc
+    (wandb's own check ends in a prompt when it finds nothing and a terminal is attached)."""
     env = os.environ if env is None else env
     if env.get("WANDB_API_KEY", "").strip():
         return True
@@ -72,15 +69,8 @@ def resolve_mode(requested: str, env: dict[str, str] | None = None) -> tuple[str
 
 def offline_sync_command(run_dir: str | os.PathLike, run_id: str) -> str:
     """The one shell command that uploads every offline piece of wandb run ``run_id`` in ``run_dir``
-    as that one run.
-
-    wandb gives every process its own offline folder, ``offline-run-<start time>-<id>``, and never
-    reopens one (it ignores ``resume`` offline, and adds ``-1``, ``-2``... to a name already taken),
-    so each session of a run (a ``--resume``, an ``evaluate.py``) leaves one more piece. The glob
-    takes them all, and ``--id`` uploads them into one run in the order they started. The folder
-    is quoted, so the command still works when pasted for a path with spaces or quotes; the glob
-    stays outside the quotes for the shell to expand.
-    """
+    as that one run: wandb gives every process (a ``--resume``, an ``evaluate.py``) its own offline
+    folder, which the glob takes, and ``--id`` joins them in the order they started."""
     folder = shlex.quote(str(Path(run_dir) / "wandb"))
     return f"wandb sync --id {shlex.quote(run_id)} {folder}/offline-run-*-{run_id}*"
 
@@ -103,12 +93,9 @@ class WandbLogger:
         resume_id: str | None = None,
         is_main: bool = True,
     ) -> WandbLogger:
-        """Start (or, given ``resume_id``, continue) the run for ``run_dir``.
-
-        Never raises for wandb's sake (an unknown mode is a config error and does raise). When
-        nothing is logged, ``run_id`` still holds ``resume_id``, so a checkpoint written now
-        keeps pointing at the run that a later, logging resume should continue.
-        """
+        """Start (or, given ``resume_id``, continue) the run for ``run_dir``; never raises for
+        wandb's sake. When nothing is logged, ``run_id`` still holds ``resume_id``, so a checkpoint
+        keeps pointing at the run a later resume should continue."""
         mode, note = resolve_mode(cfg.mode) if is_main else ("disabled", None)
         if mode == "disabled":
             return cls(run_id=resume_id)
@@ -177,8 +164,7 @@ class WandbLogger:
             self._give_up("log samples", e)
 
     def log_attention_maps(self, key: str, maps: list[Any], tokens: list[str], title: str, step: int) -> None:
-        """Draw every layer's attention ``maps`` over ``tokens`` (``analysis.plot``) and log the
-        figure as an image under ``key`` at ``step``; nothing is drawn when logging is off."""
+        """Draw every layer's attention ``maps`` over ``tokens`` and log the figure under ``key``."""
         if self._run is None:
             return
         try:
@@ -196,8 +182,7 @@ class WandbLogger:
             self._give_up("log an image", e)
 
     def finish(self, summary: dict[str, Any] | None = None, *, exit_code: int = 0) -> None:
-        """Record ``summary`` in the run and close it (idempotent); a non-zero ``exit_code`` marks it
-        failed."""
+        """Record ``summary`` in the run and close it (idempotent)."""
         run, self._run = self._run, None
         if run is None:
             return

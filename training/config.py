@@ -117,7 +117,6 @@ class TrainConfig(Section):
     # The small-model records train embedding tables far faster than the rest.
     value_embedding_lr: float | None = Field(None, gt=0, le=MAX_LR, description="value tables' AdamW peak; null: lr")
     muon_momentum: float = Field(0.95, ge=0, lt=1)
-    muon_momentum_warmup: int = Field(0, ge=0, description="steps over which Muon's momentum rises (0 = none)")
     warmup_steps: int = Field(100, ge=0)
     weight_decay: float = Field(0.1, ge=0, le=MAX_WEIGHT_DECAY, description="applied to weight matrices only")
     beta1: float = Field(0.9, ge=0, lt=1)
@@ -154,6 +153,7 @@ class TrainConfig(Section):
         "normuon": Removed(False, "was removed: NorMuon tied by the records protocol (docs/records.md, tried and "
                                   "dropped); delete the key"),
         "cautious_weight_decay": Removed(False),
+        "muon_momentum_warmup": Removed(0),
         "short_window": Removed(None, "(short windows first) was taken out: it tied by the records protocol "
                                       "(docs/records.md); delete the key"),
         "short_window_share": Removed(0.3, "went with train.short_window, which tied by the records protocol "

@@ -12,10 +12,6 @@ from torch import nn
 from training.config import TrainConfig
 from training.muon import Muon
 
-# Where Muon's momentum starts a warm-up (train.muon_momentum_warmup), as in modded-nanogpt.
-MUON_MOMENTUM_START = 0.85
-
-
 @dataclass(frozen=True)
 class ParamGroup:
     """One group of parameters as the optimizer steps it. The schedule gives one learning rate;
@@ -110,17 +106,6 @@ def load_optimizer_state(optimizer: torch.optim.AdamW | MuonWithAdamW, state: di
         for group in part["param_groups"]:
             group.pop("lr_scale", None)
     optimizer.load_state_dict(state)
-
-
-def muon_momentum(cfg: TrainConfig, step: int) -> float:
-    """Muon's momentum at optimizer step ``step``: ``train.muon_momentum``, or during the first
-    ``train.muon_momentum_warmup`` steps a linear rise to it from 0.85 (or from itself, if lower).
-    Early gradients change fast, and a long momentum average would keep stepping along stale ones."""
-    warmup = cfg.muon_momentum_warmup
-    if step >= warmup:
-        return cfg.muon_momentum
-    start = min(MUON_MOMENTUM_START, cfg.muon_momentum)
-    return start + (cfg.muon_momentum - start) * step / warmup
 
 
 class MuonWithAdamW:

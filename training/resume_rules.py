@@ -1,7 +1,7 @@
 """Which settings may change when a run is resumed, and the checks that refuse the others.
 
-May change on ``--resume``: the budgets, learning rates and schedule, Muon's momentum, weight decay,
-betas, eps, gradient clipping, ``train.batch_size`` and ``grad_accum_steps``, device, precision
+May change on ``--resume``: the budgets, learning rates and schedule, warmup, Muon's momentum, weight
+decay, betas, eps, gradient clipping, ``train.batch_size`` and ``grad_accum_steps``, device, precision
 (``auto`` keeps the run's own, ``run_precision``), compile, ``model.dropout``, and the whole ``eval``,
 ``logging`` and ``run`` sections.
 

@@ -42,7 +42,7 @@ from training.interrupt import StopNow, StopRequest
 from training.kept_model import CorpusCheck, KeptModel, epochs, load_kept_weights
 from training.memory_budget import check_model_fits, plan_run_memory
 from training.metrics import CpuShareWatch, Throughput, format_flops, mfu, peak_flops
-from training.optim import build_optimizer, build_schedule, muon_momentum, plan_param_groups, set_learning_rate
+from training.optim import build_optimizer, build_schedule, plan_param_groups, set_learning_rate
 from training.progress_bar import StepBar
 from training.result import TrainResult, batches_line, eval_line, final_words, kept_score, sample_fields
 from training.resume_rules import (
@@ -310,7 +310,7 @@ class Trainer:
                 while (reason := self._stop_reason(stop)) is None:
                     t0, cpu0 = time.perf_counter(), time.thread_time()
                     lr = self.schedule(self.step, self._elapsed())
-                    set_learning_rate(self.optimizer, self.param_groups, lr, muon_momentum(tc, self.step))
+                    set_learning_rate(self.optimizer, self.param_groups, lr, tc.muon_momentum)
                     try:
                         step_loss, tokens = self.task.accumulate(
                             self.train_model, self.batches, self.split.micro_steps, ctx=self.ctx, stop=stop,

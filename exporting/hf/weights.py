@@ -1,12 +1,9 @@
 """Our weights under the names and shapes of the shipped transformers model.
 
-The fused matrices are split as the model's layer map says (``model.layer_map``): our
-attention computes Q, K and V in one matmul and our SwiGLU the gate and up projections in one, while
-the export keeps transformers' usual separate ``q_proj``, ``k_proj``, ``v_proj``, ``gate_proj`` and
-``up_proj``, which tools such as PEFT target by name. Latent attention's matrices are split the same
-way, into DeepSeek-style names (``kv_a_proj`` down to the latent, ``k_b_proj`` and ``v_b_proj`` up
-from it, ``q_a_proj``/``q_b_proj`` for the query). Value embeddings go to ``model.value_embeds.{layer}``
-with their gates as ``self_attn.value_gate``.
+Our fused Q/K/V and gate/up matrices are split as the model's layer map says (``model.layer_map``)
+into transformers' usual separate projections, which tools such as PEFT target by name; latent
+attention's into DeepSeek-style names (``kv_a_proj``, ``k_b_proj``, ``v_b_proj``, ``q_a_proj``,
+``q_b_proj``).
 """
 
 from __future__ import annotations

@@ -1,11 +1,5 @@
-"""Write a run as a folder that Hugging Face transformers loads on its own.
-
-The folder is built in a hidden sibling directory and renamed into place when complete, so an
-interrupted export leaves the previous folder (or nothing) behind, never half of one
-(``exporting/folder.py``, which both formats share). The run is loaded through ``rundir.loading.load_run``: a run that
-``generate.py`` refuses is refused here too. Filesystem failures (a full disk, a read-only folder)
-surface as ``OSError`` naming the path, which the command line reports in one line.
-"""
+"""Write a run as a folder that Hugging Face transformers loads on its own. Every format builds
+its folder through ``exporting.folder`` and loads the run through ``rundir.loading.load_run``."""
 
 from __future__ import annotations
 

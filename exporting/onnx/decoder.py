@@ -1,15 +1,11 @@
 """The model as ONNX sees it: explicit past tensors in, present tensors out.
 
-Our ``KVCache`` is a Python object with host-side lengths, which an exported graph cannot hold, so
-these wrappers pass the cache as plain tensors named the way Hugging Face Optimum names decoders
-(``past_key_values.{i}.key``/``.value`` in, ``present.{i}.key``/``.value`` out). What a layer
-caches is what its attention declares for ``KVCache`` (``cache_entries``), so the names follow it:
-multi-head latent attention caches one ``past_key_values.{i}.latent`` per layer instead.
-The wrappers call the model itself (``GPT.hidden_states`` at the given positions, then
-``GPT.logits``), handing its attention the pasts through ``_GraphCache``: every option of the model
-comes along, and nothing of its trunk is written out here. The dynamic graph is traced on a
-3-token example, so it records attention's general path (a chunk under a mask), exact for one
-token too; the static graph's one token takes the decoding path.
+Our ``KVCache`` holds host-side lengths, which an exported graph cannot, so these wrappers pass
+the cache as plain tensors named as Hugging Face Optimum names decoders
+(``past_key_values.{i}.key``/``.value`` in, ``present.{i}.key``/``.value`` out; latent attention's
+``.latent``). They call the model itself, handing its attention the pasts through
+``_GraphCache``, so every option of the model comes along. The dynamic graph is traced on several
+new tokens, so it records attention's general path (a chunk under a mask), exact for one token too.
 
 - ``DynamicDecoder``: any batch, any number of new tokens, any past length (0 for the first call);
   presents are the pasts with the new tokens appended. ``attention_mask`` (batch, past + new) marks

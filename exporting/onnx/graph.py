@@ -1,10 +1,8 @@
 """From the model to a checked ``model.onnx``: example inputs, dynamic axes, the exporter, the checker.
 
-The exporter is the one PyTorch recommends: ``torch.onnx.export(..., dynamo=True)``, which captures
-the graph with ``torch.export`` and so sees every shape as a symbol. Batch, new tokens and past
-length become named dynamic axes. The legacy TorchScript tracer cannot export this model at all:
-it has no conversion for ``aten::rms_norm`` (the model's ``F.rms_norm``) at any opset it writes,
-so it would need the norm forked into elementwise ops; the dynamo exporter decomposes it itself.
+The exporter is ``torch.onnx.export(..., dynamo=True)``, which sees every shape as a symbol, so
+batch, new tokens and past length become named dynamic axes; the legacy TorchScript tracer has no
+conversion for ``aten::rms_norm`` at any opset.
 """
 
 from __future__ import annotations
@@ -59,8 +57,7 @@ MIN_DYNAMIC_BLOCK_SIZE = 5
 
 
 def _dynamic_example(model: GPT) -> tuple[tuple[torch.Tensor, ...], dict]:
-    """Inputs of sizes that no axis shares (batch 4, 2 new tokens on a past of 3, 5 in all), so the
-    exporter keeps every axis a symbol of its own, and that fit the smallest window exported
+    """Inputs of sizes that no axis shares, so the exporter keeps every axis a symbol of its own
     (sizes 0 and 1 would be fixed into the graph); and the axes that stay dynamic."""
     config = model.config
     batch, new, past = 4, 2, 3
@@ -96,8 +93,7 @@ def _caches(model: GPT, batch: int, length: int) -> tuple[torch.Tensor, ...]:
 
 
 class _quiet_exporter:
-    """Silence the exporter's progress lines and its notes about optional packages (torchvision)
-    for the duration of one export: ``export.py`` prints its own one-line summary."""
+    """Silence the exporter's progress lines and notes for one export: ``export.py`` prints its own."""
 
     def __enter__(self) -> None:
         self._levels = {name: logging.getLogger(name).level for name in ("torch.onnx", "torch.export", "onnxscript")}

@@ -1,11 +1,6 @@
 """Write a run as a folder that ONNX Runtime decodes with no PyTorch: model.onnx, the tokenizer
-files, config.json and a README.md with the decoding loop.
-
-The folder takes the layout of Hugging Face Optimum's ONNX exports (config.json beside model.onnx
-and the tokenizer), so ONNX tooling that reads those finds its way. It is built and swapped into
-place exactly as the Hugging Face export is (``exporting.folder``): a half-written folder never
-looks complete, what a killed export left is cleaned up by the next, and ``--overwrite`` replaces
-only an earlier export.
+files, config.json and a README.md with the decoding loop, in the layout of Hugging Face Optimum's
+ONNX exports.
 """
 
 from __future__ import annotations
@@ -26,6 +21,7 @@ from exporting.onnx.graph import MIN_DYNAMIC_BLOCK_SIZE, export_graph
 from exporting.onnx.readme import export_readme
 from rundir.loading import load_run
 
+
 @dataclass(frozen=True)
 class OnnxExportResult:
     out_dir: Path
@@ -39,8 +35,6 @@ def export_onnx(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool = F
     ``static_batch`` the fixed-shape form for that many rows. ``overwrite`` as in
     ``exporting.hf.export_run``."""
     run_dir, out_dir = Path(run_dir), Path(out_dir)
-    if static_batch is not None and static_batch < 1:
-        raise UserError(f"--static-batch must be at least 1, got {static_batch}")
     _require_exporter()
     prepare_destination(run_dir, out_dir, overwrite)
     run = load_run(run_dir, torch.device("cpu"))

@@ -55,32 +55,23 @@ def test_the_environment_and_the_config_are_held_to_the_cpus_too(monkeypatch):
         torch.set_num_threads(before)
 
 
-@pytest.mark.parametrize(
-    "cpus, load, threads",
-    [
-        (2, 0.0, 2),  # a quiet machine: every CPU
-        (2, None, 2),  # no counters to read: every CPU
-        (2, 0.4, 2),  # light background work does not cost a core
-        (2, 1.2, 1),  # one core's worth of other work: the other core
-        (2, 7.5, 1),  # far more work than cores: still one thread, never none
-        (8, 3.0, 5),
-    ],
-)
-def test_auto_takes_the_cpus_other_programs_leave_free(cpus, load, threads):
-    choice = choose_threads(None, cpus, load)
-    assert choice.threads == threads and choice.source == "auto"
+@pytest.mark.parametrize("asked, cpus, load, useful, threads", [
+    (None, 2, 0.0, None, 2),  # a quiet machine: every CPU
+    (None, 2, None, None, 2),  # no counters to read: every CPU
+    (None, 2, 0.4, None, 2),  # light background work does not cost a core
+    (None, 2, 1.2, None, 1),  # one core's worth of other work: the other core
+    (None, 2, 7.5, None, 1),  # far more work than cores: still one thread, never none
+    (None, 8, 3.0, None, 5),
+    (None, 8, 0.0, 1, 1),  # work that can use one thread (one decoding stream) gets one
+    (None, 8, 6.0, 4, 2),  # the free CPUs bind first
+    (3, 8, 0.0, 1, 3),  # an explicit count wins over what the work can use
+    (6, 2, 9.0, None, 6),  # and over the CPUs and their load: never second-guessed
+])
+def test_auto_takes_the_cpus_other_programs_leave_free_and_an_explicit_count_wins(asked, cpus, load, useful, threads):
+    choice = choose_threads(asked, cpus, load, **({"useful": useful} if useful else {}))
+    assert choice.threads == threads and choice.source == ("auto" if asked is None else "--threads")
     assert choice.describe().startswith(f"{threads} thread")
-
-
-def test_auto_gives_work_no_more_threads_than_it_can_use():
-    assert choose_threads(None, 8, 0.0, useful=1).threads == 1  # one decoding stream
-    assert choose_threads(None, 8, 6.0, useful=4).threads == 2  # the free CPUs bind first
-    assert choose_threads(3, 8, 0.0, useful=1).threads == 3  # an explicit count still wins
-
-
-def test_an_explicit_count_is_never_second_guessed():
-    choice = choose_threads(6, 2, 9.0)
-    assert choice.threads == 6 and choice.describe() == "6 threads (--threads)"
+    assert asked is None or choice.describe() == f"{threads} threads (--threads)"
 
 
 def test_use_threads_gives_torch_the_choice_and_keeps_the_environments(monkeypatch):

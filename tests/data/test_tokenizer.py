@@ -37,11 +37,6 @@ def tokenizer() -> Tokenizer:
     return train_tokenizer(make_documents(30), vocab_size=400)
 
 
-def test_trained_tokenizer_has_eot_first_and_the_requested_size(tokenizer):
-    assert tokenizer.token_to_id(EOT) == 0
-    assert tokenizer.get_vocab_size() == 400
-
-
 @pytest.mark.parametrize("text", HOSTILE)
 def test_round_trip_on_hostile_unicode(tokenizer, text):
     ids = tokenizer.encode(text, add_special_tokens=False).ids

@@ -81,9 +81,14 @@ def test_no_pair_is_an_error_and_writes_nothing(silent_run, tmp_path, capsys):
     assert not out.exists()
 
 
-def test_sampled_replies_carry_their_text_and_follow_the_seed_rule(tmp_path):
-    run = load_run(run_testkit.build_run(tmp_path / "talker", run_testkit.chat_tokenizer(), block_size=64),
-                   torch.device("cpu"))
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A loaded chat-token run that talks: its replies are sampled, never edited by the tests."""
+    return load_run(run_testkit.build_run(tmp_path_factory.mktemp("talker") / "run", run_testkit.chat_tokenizer(),
+                                          block_size=64), torch.device("cpu"))
+
+
+def test_sampled_replies_carry_their_text_and_follow_the_seed_rule(run):
     prompt = render_chat(run.tokenizer, [Message("user", "But soft, what light?")], add_generation_prompt=True).ids
     settings = SetSettings(max_new_tokens=12, seed=5)
     finishes = sample_replies(run, [prompt] * 3, settings)
@@ -96,11 +101,9 @@ def test_sampled_replies_carry_their_text_and_follow_the_seed_rule(tmp_path):
     assert len({f.token_ids for f in finishes}) > 1  # three seeds, not one reply thrice
 
 
-def test_continuations_are_sampled_after_the_start_of_each_greedy_loop(tmp_path, monkeypatch):
+def test_continuations_are_sampled_after_the_start_of_each_greedy_loop(run, monkeypatch):
     import training.tasks.dpo.preference_set as preference_set
 
-    run = load_run(run_testkit.build_run(tmp_path / "talker", run_testkit.chat_tokenizer(), block_size=64),
-                   torch.device("cpu"))
     prompts = [[Message("user", "But soft, what light?")], [Message("user", "Who is there?")]]
     calls = []
     end = ChatTokenIds.of(run.tokenizer).end
@@ -248,9 +251,7 @@ def test_a_signal_during_the_replies_exits_with_its_code_and_writes_nothing(sile
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["marker", "run"]
 
 
-def test_each_round_of_replies_shows_a_progress_bar(tmp_path, capsys):
-    run = load_run(run_testkit.build_run(tmp_path / "talker", run_testkit.chat_tokenizer(), block_size=64),
-                   torch.device("cpu"))
+def test_each_round_of_replies_shows_a_progress_bar(run, capsys):
     prompts = [[Message("user", "But soft, what light?")], [Message("user", "Who is there?")]]
     from training.tasks.dpo.preference_set import build_preference_set
 

@@ -13,7 +13,6 @@ import torch
 
 from model.config import GPTConfig
 from model.gpt import GPT
-from model.io import load_pretrained
 from rundir.checkpoint import CheckpointError, load_trainer_state, save_checkpoint
 from training.config import TrainConfig
 from training import metrics
@@ -45,7 +44,7 @@ def test_rng_states_survive_a_weights_only_round_trip(tmp_path):
 
 
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
-def test_checkpoint_round_trip(tmp_path, optimizer):
+def test_the_optimizer_continues_from_a_checkpoint(tmp_path, optimizer):
     torch.manual_seed(0)
     model = GPT(GPTConfig(**SHAPE))
     cfg = TrainConfig(max_steps=1, optimizer=optimizer)
@@ -61,18 +60,14 @@ def test_checkpoint_round_trip(tmp_path, optimizer):
     fresh_opt = build_optimizer(plan_param_groups(fresh, cfg), cfg, torch.device("cpu"))
     fresh.load_state_dict(state["model"])
     fresh_opt.load_state_dict(state["optimizer"])
-    for a, b in zip(model.state_dict().values(), fresh.state_dict().values()):
-        assert torch.equal(a, b)
-    # The optimizer continues identically: one more identical step gives identical weights.
+    # The optimizer continues identically: one more identical step gives identical weights. (The
+    # weights and the model files round trip: tests/rundir/test_rundir_checkpoint.py.)
     for m, o in ((model, opt), (fresh, fresh_opt)):
         m(x, x)[1].backward()
         o.step()
         o.zero_grad(set_to_none=True)
     for a, b in zip(model.parameters(), fresh.parameters()):
         assert torch.equal(a, b)
-    # The safetensors copy is what generate.py loads.
-    loaded = load_pretrained(tmp_path)
-    assert torch.equal(loaded.state_dict()["tok_emb.weight"], state["model"]["tok_emb.weight"])
 
 
 @pytest.mark.parametrize("key, value, fragment", [

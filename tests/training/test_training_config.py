@@ -125,7 +125,6 @@ TRAIN_REFUSALS = [
     ("train.value_embedding_lr=0", "train.value_embedding_lr must be greater than 0, got 0"),
     ("train.value_embedding_lr=11", "train.value_embedding_lr must be less than or equal to 10"),
     ("train.muon_momentum=1.0", "train.muon_momentum must be less than 1, got 1.0"),
-    ("train.muon_momentum_warmup=-1", "train.muon_momentum_warmup must be greater than or equal to 0, got -1"),
     ("train.warmup_steps=-1", "train.warmup_steps must be greater than or equal to 0, got -1"),
     ("train.weight_decay=10.5", "train.weight_decay must be less than or equal to 10"),
     ("train.weight_decay=-1", "train.weight_decay must be greater than or equal to 0"),
@@ -154,6 +153,7 @@ TRAIN_REFUSALS = [
     ("train.muon_iteration=polar_express", "train.muon_iteration was removed: it lost by the records protocol"),
     ("train.normuon=true", "train.normuon was removed: NorMuon tied by the records protocol"),
     ("train.cautious_weight_decay=true", "train.cautious_weight_decay was removed: it lost by the records"),
+    ("train.muon_momentum_warmup=300", "train.muon_momentum_warmup was removed: it lost by the records protocol"),
 ]
 EVAL_REFUSALS = [
     ("eval.intervals=5", "unknown config key 'eval.intervals'; did you mean 'eval.interval'?"),
@@ -227,7 +227,8 @@ def test_a_saved_config_from_before_a_key_retired_still_loads(tmp_path):
     """A run directory's config.yaml lists every key its version knew: at the values that changed
     nothing, the retired ones are dropped, so the run can be resumed from its own config."""
     retired = ("  short_window: null\n  short_window_share: 0.3\n  dpo_beta: 0.1\n  dpo_rpo_alpha: 0.0\n"
-               "  bigram_lr: null\n  muon_iteration: newton_schulz\n  normuon: false\n  cautious_weight_decay: false\n")
+               "  bigram_lr: null\n  muon_iteration: newton_schulz\n  normuon: false\n  cautious_weight_decay: false\n"
+               "  muon_momentum_warmup: 0\n")
     old = load_run_config(write(tmp_path, MINIMAL + retired))
     assert old == load_run_config(write(tmp_path, MINIMAL))
 

@@ -14,7 +14,7 @@ from model.gpt import GPT
 from training.config import TrainConfig
 from training.muon import Muon
 from training.optim import (
-    LRSchedule, build_optimizer, build_schedule, decayed_and_not, load_optimizer_state, muon_momentum,
+    LRSchedule, build_optimizer, build_schedule, decayed_and_not, load_optimizer_state,
     plan_param_groups, planned_steps, set_learning_rate,
 )
 
@@ -127,14 +127,6 @@ def test_token_budget_becomes_a_step_budget():
     assert planned_steps(both, tokens_per_step=1000) == 5
     assert build_schedule(TrainConfig(max_minutes=2.0), 100).max_steps is None
     assert build_schedule(TrainConfig(max_minutes=2.0), 100).max_seconds == 120.0
-
-
-def test_muon_momentum_warms_up_linearly_from_0_85_and_is_fixed_without_a_warmup():
-    cfg = TrainConfig(max_steps=100, optimizer="muon", muon_momentum=0.95, muon_momentum_warmup=10)
-    assert [muon_momentum(cfg, step) for step in (0, 5, 10, 50)] == pytest.approx([0.85, 0.90, 0.95, 0.95])
-    assert muon_momentum(TrainConfig(max_steps=100, muon_momentum=0.9), 0) == 0.9  # the default: no warm-up
-    low = TrainConfig(max_steps=100, muon_momentum=0.5, muon_momentum_warmup=10)
-    assert muon_momentum(low, 0) == muon_momentum(low, 5) == 0.5  # never above the target
 
 
 def test_muon_takes_the_hidden_matrices_and_adamw_the_rest():

@@ -1,32 +1,14 @@
-"""Configuration of a minigpt model for Hugging Face transformers.
-
-Shipped inside every exported folder and loaded with ``trust_remote_code=True``; it depends on
-transformers only. Field names follow transformers' conventions so that generic tools (pipelines,
-evaluation harnesses) find the sizes where they look for them.
-"""
+"""Configuration of a minigpt model for Hugging Face transformers, shipped in every exported
+folder. Field names follow transformers' conventions so that generic tools find the sizes."""
 
 from transformers import PretrainedConfig
 
 
 class MiniGPTConfig(PretrainedConfig):
-    """A decoder-only GPT: learned absolute positions, RMSNorm, SwiGLU, grouped-query attention.
-
-    ``max_position_embeddings`` is a hard limit: the position table has that many rows and nothing
-    past them, so a sequence (prompt plus generated tokens) can never be longer.
-
-    ``positions="rope"`` rotates each query and key head by its position instead (pairs of numbers
-    (i, i + dim/2), wavelengths from ``rotary_base``), with no table and so no hard limit; for latent
-    attention in a decoupled part of ``head_dim / 2`` numbers per head beside one shared rotary key
-    per token, cached with the latent. ``positions="none"`` gives the model no positions at all.
-
-    ``attention="mla"`` is multi-head latent attention instead: every head's key and value are read
-    from one latent of ``kv_latent_dim`` numbers per token (the only thing the cache stores), and
-    the query from a latent of ``q_latent_dim`` when that is set.
-
-    ``value_embeddings`` (off by default): every other layer, ending with the last, adds its own
-    embedding of each token to the attention values, under a gate ``2·sigmoid(value_gate(x))`` per
-    key/value head.
-    """
+    """A decoder-only GPT: RMSNorm, SwiGLU, grouped-query attention (``attention="mla"``: multi-head
+    latent attention, from a latent of ``kv_latent_dim``, the query from one of ``q_latent_dim`` when
+    set), learned positions up to ``max_position_embeddings`` (``positions="rope"``: rotary, base
+    ``rotary_base``; ``"none"``), and optional ``value_embeddings`` (see modeling_minigpt.py)."""
 
     model_type = "minigpt"
     keys_to_ignore_at_inference = ["past_key_values", "cache"]  # the cache's name before and since transformers 5

@@ -3,19 +3,12 @@
 Shipped inside every exported folder and loaded with ``trust_remote_code=True``; it depends on
 torch and transformers only. No built-in transformers architecture combines learned absolute
 positions with RMSNorm, SwiGLU and grouped-query (or multi-head latent) attention, hence this file.
+Each block is pre-norm: x + attention(norm(x)), then x + mlp(norm(x)). A sequence past the learned
+positions is an error with the fix in the message, never a silent wrap-around.
 
-Each block is pre-norm: x + attention(norm(x)), then x + mlp(norm(x)). Value embeddings, when the
-config has them, add a gated term to the attention values. Learned positions have
-``max_position_embeddings`` rows and nothing past them, so a longer sequence is an error (with the
-fix in the message), never a silent wrap-around or an IndexError from the embedding lookup. Rotary
-positions (``positions="rope"``) rotate queries and keys inside attention instead, and no positions
-(``"none"``) leave order to the causal mask.
-
-The KV cache crosses transformers' API under two names: ``generate`` passes it to ``forward`` as
-``past_key_values`` before transformers 5 and as ``cache`` since, and reads it back from the output's
-field of the same name. ``forward`` accepts both names, and the outputs are built positionally: the
-cache is their third field (second for the base model) under either name. Nothing here reads the
-version of transformers.
+``generate`` passes the KV cache as ``past_key_values`` before transformers 5 and as ``cache``
+since, and reads it back from the output's field of that name: ``forward`` accepts both, and the
+outputs are built positionally, so nothing here reads the version of transformers.
 """
 
 import torch
@@ -104,12 +97,9 @@ class MiniGPTAttention(nn.Module):
 class MiniGPTLatentAttention(nn.Module):
     """Multi-head latent attention: every head's key and value are read from one latent per token,
     ``c = norm(kv_a_proj(x))``, and the cache stores only ``c`` (as its keys, with empty values).
-    With rotary positions ``kv_a_proj`` also gives one rotary key per token, which the cache keeps
-    rotated beside the latent, and each query head has a rotary part beside it (DeepSeek-V2's
-    decoupled key: the latent's keys carry no position).
-
-    Keys and values are expanded from the latents at every call: the plainest form, equal to the
-    latent-space ("absorbed") form that the original model decodes with."""
+    With rotary positions ``kv_a_proj`` also gives one rotary key per token, kept rotated beside the
+    latent, and each query head has a rotary part (DeepSeek-V2's decoupled key). Keys and values are
+    expanded from the latents at every call: the plainest form, equal to the "absorbed" one."""
 
     def __init__(self, config: MiniGPTConfig, layer_idx: int):
         super().__init__()
@@ -194,13 +184,9 @@ def value_embedding_layer(config: MiniGPTConfig, layer_idx: int) -> bool:
 def attention_mask_4d(
     attention_mask: torch.Tensor | None, batch: int, length: int, past: int, device: torch.device
 ) -> torch.Tensor:
-    """Boolean (batch, 1, length, past + length) mask, True where a query may read a key.
-
-    The queries are the last ``length`` of ``past + length`` positions (causal, aligned to the
-    bottom right). Padding keys are hidden; a padding query still reads itself, because a query
-    that reads nothing is NaN in the softmax formula and in some attention kernels, and a NaN
-    value leaks into real rows (0 x NaN) once a padding position is read from the cache.
-    """
+    """Boolean (batch, 1, length, past + length) mask, True where a query may read a key: causal,
+    aligned to the bottom right, padding keys hidden. A padding query still reads itself: one that
+    reads nothing is NaN, which leaks into real rows once its position is read from the cache."""
     total = past + length
     query = torch.arange(past, total, device=device).unsqueeze(1)
     key = torch.arange(total, device=device).unsqueeze(0)
@@ -318,8 +304,7 @@ class MiniGPTForCausalLM(MiniGPTPreTrainedModel, GenerationMixin):
         **kwargs,
     ) -> CausalLMOutputWithPast:
         """Logits for ``input_ids``; with ``labels`` (usually the input ids, -100 = ignore), also
-        the mean next-token cross-entropy (the shift by one happens here). The KV cache comes as
-        ``cache`` or ``past_key_values``, whichever this transformers passes (see the module doc)."""
+        the mean next-token cross-entropy (the shift by one happens here)."""
         cache = self.model._cache_for(cache, past_key_values, use_cache)
         out = self.model(input_ids, attention_mask, position_ids, cache=cache, use_cache=cache is not None)
         hidden = out.last_hidden_state

@@ -15,7 +15,7 @@ from llama_testkit import BLOCK_SIZE, llama_cpp_reference_logits, random_ids, re
 pytest.importorskip("gguf")
 
 from data.chat import CHAT_TEMPLATE  # noqa: E402
-from exporting.gguf.tensors import interleave_halves  # noqa: E402
+from exporting.gguf.writer import interleave_halves  # noqa: E402
 from model.io import load_pretrained  # noqa: E402
 
 
@@ -127,7 +127,7 @@ def test_without_reordering_the_rotary_pairs_the_logits_differ(gguf_file):
 
 def test_a_model_vocabulary_larger_than_the_tokenizers_is_filled_with_unused_tokens():
     import run_testkit
-    from exporting.gguf.vocab import gguf_vocab
+    from exporting.gguf.writer import gguf_vocab
 
     tokenizer = run_testkit.chat_tokenizer()
     size = tokenizer.get_vocab_size()
