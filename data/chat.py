@@ -51,11 +51,9 @@ NO_TOOL_TOKENS = ("this run's tokenizer has no tool tokens (<|tool|>, <|call|>):
 FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _NAME_PREFIX = re.compile(r"[A-Za-z0-9_-]*")
 
-# The same rendering for transformers' ``apply_chat_template`` (tokenizer_config.json), and for
-# llama.cpp's (the GGUF's). Message text there is tokenized with special tokens recognised, the
-# one way the two can differ. A call's arguments given as an object (as transformers' docs show
-# them) are written by its ``tojson``, Python's json.dumps with its default separators; as text
-# (OpenAI's shape) they are written verbatim. ``tools`` is accepted and not rendered (see above).
+# The same rendering for transformers' ``apply_chat_template`` and llama.cpp's (the GGUF's), which
+# tokenize message text with special tokens recognised, the one way the two can differ. Arguments
+# given as an object are written by ``tojson`` (json.dumps' separators); ``tools`` is not rendered.
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
     "{% if message['role'] not in ['system', 'user', 'assistant', 'tool'] %}"

@@ -54,9 +54,8 @@ AOTI_API = ("aoti_compile_and_package", "aoti_load_package")
 CACHE_ENV = "MINIGPT_COMPILE_CACHE"
 DEFAULT_CACHE = "compile_cache"
 INDUCTOR_OPTIONS = {"max_autotune": True, "freezing": True}
-# The C++ GEMM template alone first, which skips timing it against ATen's product (minutes of a
-# build, and the template won every product of the decode step we timed); a product it does not
-# cover (one of two activations, as latent attention's rotary scores) then builds with both.
+# The C++ GEMM template alone first, skipping minutes of timing it against ATen's product (which it
+# always beat); a product it does not cover (latent attention's rotary scores) then builds with both.
 GEMM_BACKENDS = ("CPP", "CPP,ATEN")
 # The first logits of a package must match the eager step's this closely: a package of other weights
 # or another model misses by far more, while a kernel that only sums in another order stays inside.

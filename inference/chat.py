@@ -91,9 +91,8 @@ class ChatSession:
 
     def reply(self, user_text: str, on_text: Callable[[str], None] | None = None,
               on_step: Callable[[ToolStep], None] | None = None) -> ChatReply:
-        """Append the user's turn, generate the reply (streamed through ``on_text``; each call, once
-        run, told to ``on_step``), keep it. Ctrl-C stops the reply: what was said so far is kept,
-        and the reply reports "interrupted"."""
+        """Append the user's turn, generate the reply (text to ``on_text``, each call run to
+        ``on_step``) and keep it; Ctrl-C stops it ("interrupted"), keeping what was said."""
         try:
             fitted = fit_for_reply(self.run.tokenizer, [*self.system, *self.messages, Message("user", user_text)],
                                    self.block_size, rolls=self.engine.window.rolls)

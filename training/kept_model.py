@@ -58,9 +58,8 @@ class KeptModel:
 
 
 def load_kept_weights(model: nn.Module, run_dir: Path, adapters: Adapters) -> None:
-    """Put the run's ``model.safetensors`` into ``model``, whole or sharded over processes (every
-    process reads the file; under torchrun the run directory is shared). For the final validation
-    pass only: ``adapters`` fold the weights into their frozen base and then add nothing."""
+    """Put the run's ``model.safetensors`` into ``model``, whole or sharded (every process reads the
+    shared file), for the final validation pass: ``adapters`` fold into their frozen base."""
     weights = load_pretrained(run_dir).state_dict()
     if is_sharded(model):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict

@@ -84,9 +84,8 @@ class TrainedRows(nn.Module):
 
 
 def add_adapters(model: GPT, lora: LoraConfig, token_ids: list[int] | None = None) -> None:
-    """Freeze every weight of ``model`` and give the layers ``lora`` targets, in every block, their
-    adapters, and the token matrices the rows of ``token_ids`` (``lora.trainable_tokens``' ids):
-    then the only parameters that require a gradient. Draws A from torch's generator."""
+    """Freeze ``model`` and give the layers ``lora`` targets their adapters and the token matrices
+    the trainable rows ``token_ids``: then the only trainable parameters. Draws A from torch's generator."""
     model.requires_grad_(False)
     for block in model.blocks:
         for name in lora.layers(model.config):
@@ -104,9 +103,8 @@ def add_adapters(model: GPT, lora: LoraConfig, token_ids: list[int] | None = Non
 
 
 def parametrized(model: nn.Module, kind: type | tuple[type, ...]) -> Iterator[tuple[str, nn.Module, nn.Module]]:
-    """Each layer of ``model`` whose weight a ``kind`` parametrizes (``LowRankDelta``: the adapted
-    layers; ``TrainedRows``: the token matrices with trained rows, a tied head sharing the
-    embedding's): its name, the layer, and the parametrization."""
+    """(name, layer, parametrization) of each layer of ``model`` whose weight a ``kind`` parametrizes
+    (a tied head shares the embedding's)."""
     for name, module in model.named_modules():
         if parametrize.is_parametrized(module, "weight"):
             for part in module.parametrizations.weight:

@@ -83,10 +83,9 @@ def write_figure(figure: Any, out_file: Path) -> None:
 
 
 def _draw_loss(axes: Any, train: Records, evals: Records, finals: Records) -> None:
-    """Text and chat: in bits per byte, the number every report and table gives, with the loss in
-    nats per token on the right-hand axis. Training records carry only nats per token: they are
-    converted at the bytes per token of the validation split (the ratio of a validation record's two
-    numbers); a run with no validation yet is drawn in nats per token alone."""
+    """Text and chat: bits per byte, with nats per token on the right-hand axis. Training records,
+    in nats per token, are converted at the validation split's bytes per token; a run with no
+    validation yet is drawn in nats per token alone."""
     per_nat = bits_per_byte_per_nat(evals + finals)
     for each, x, label in zip(axes, ("step", "elapsed_s"), ("step", "training time (minutes)")):
         scale = 1 / 60 if x == "elapsed_s" else 1

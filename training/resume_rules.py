@@ -86,9 +86,8 @@ def run_precision(state: dict[str, Any] | None, device: torch.device) -> str | N
 
 
 def check_data_format(run_dir: Path, data_format: str) -> None:
-    """Refuse to resume a chat run as text or a text run as chat: the saved batch position belongs to
-    one kind of data. The run's own config.yaml says which it was trained on (unreadable: the
-    structural checks still apply when the state is restored)."""
+    """Refuse to resume a run on another kind of data than its config.yaml says (an unreadable one
+    leaves it to the structural checks when the state is restored)."""
     try:
         saved = read_yaml_file(run_dir / RUN_CONFIG_FILE)["data"].get("format", "text")
     except (OSError, ValueError, KeyError, TypeError, AttributeError, UserError):
@@ -119,9 +118,8 @@ def check_resumed_tokenizer(run_dir: Path, tokenizer: Any) -> None:
 
 
 def check_run_tokenizer(run_dir: Path) -> None:
-    """Refuse to resume a run whose tokenizer.json is gone: a resume writes it only when a run
-    starts, so the run would train on and end without it, and every command that reads the run
-    (generate, export, serve) would then refuse it."""
+    """Refuse to resume a run whose tokenizer.json is gone (only a new run writes it), which every
+    command that reads the run would then refuse."""
     if not (run_dir / TOKENIZER_FILE).is_file():
         raise CheckpointError(f"cannot resume {run_dir}: it has no {TOKENIZER_FILE}; {RUN_TOKENIZER_ADVICE}")
 

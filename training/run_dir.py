@@ -59,9 +59,9 @@ def open_run_dir(config: Config, ctx: DistContext, held: contextlib.ExitStack, *
 
 def write_run_files(config: Config, metrics: MetricsLog, tokenizer_path: Path, parent: ParentRun | None, *,
                     resume: bool, step: int) -> None:
-    """The run's own files: a replaced run cleared, the config (rewritten on resume too: a longer
-    budget is a legitimate change, and the directory describes the run as it continues), and for a
-    new run its tokenizer and parent record; a resumed run's metrics lose the lines after ``step``."""
+    """The run's own files: a replaced run cleared, the config (rewritten on resume: a longer budget
+    is a legitimate change), a new run's tokenizer and parent record; a resumed run's metrics lose
+    the lines after ``step``."""
     run_dir = config.out_dir
     if not resume:
         clear_old_run(run_dir)  # a run being replaced (--overwrite)

@@ -155,11 +155,8 @@ class Trainer:
     # Setup, by stage
 
     def setup(self, *, resume: bool, overwrite: bool) -> None:
-        """Cheapest stages first, so a bad directory or config fails before anything slow.
-
-        Nothing in the run directory is deleted or written until every input (config, parent
-        run, data, checkpoint) has been read and checked: a run replaced with --overwrite stays
-        whole when the new one cannot start."""
+        """Cheapest stages first, so a bad directory or config fails before anything slow; nothing
+        in the run directory is written until every input has been read and checked."""
         state = open_run_dir(self.config, self.ctx, self._held, resume=resume, overwrite=overwrite)
         tc = self.config.train
         if (own := threads_on_resume(state, tc.threads)) is not None:
@@ -292,12 +289,10 @@ class Trainer:
     # The loop
 
     def fit(self) -> TrainResult:
-        """The training loop. Until a budget is used up or a signal asks to stop, each step:
-        sets the learning rate of every parameter group, accumulates the gradient of one optimizer
-        step's micro-batches (``self.task`` knows how its loss is made), clips it, refuses a
-        non-finite loss, steps the optimizer; then logs, evaluates and saves on their intervals.
-        An evaluation of the last weights, a last checkpoint and the full validation pass of the
-        kept weights (``training.kept_model``) end the run."""
+        """The training loop: until a budget is used up or a signal asks to stop, set the learning
+        rates, accumulate one step's gradient (``self.task`` makes the loss), clip it, refuse a
+        non-finite loss, step; log, evaluate and save on their intervals. The last weights' evaluation,
+        a checkpoint and the kept weights' full validation pass (``training.kept_model``) end the run."""
         tc, cfg = self.config.train, self.config
         stop = StopRequest()
         stop.install()

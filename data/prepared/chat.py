@@ -60,9 +60,8 @@ class ChatSplit:
 
 @dataclass
 class PreparedSequences(cache.TokenizerMixin, Generic[Split]):
-    """A finished entry of rendered sequences, a training and a held-out split; ``tokenizer_path`` is
-    the tokenizer they were made with (the parent run's). Each kind says what it is called, how its
-    splits are read from the sequences file and how their shape is checked."""
+    """A finished entry of rendered sequences, a training and a held-out split, made with the
+    tokenizer at ``tokenizer_path``; each kind says how its splits are read and checked."""
 
     directory: Path
     tokenizer_path: Path

@@ -177,10 +177,8 @@ def first_malformed_json_line(files: list[Path]) -> str | None:
 
 
 def read_json_rows(path: Path, encoding_errors: str = "strict") -> SourceRows:
-    """The JSON objects of a fine-tuning file, one per line (JSON Lines), or the items of a file that
-    holds one JSON array of them (a .json file as many write it). Read here line by line rather than
-    through ``datasets``, whose errors name neither the line nor what is wrong with it: any problem is
-    a DataError naming the file, its 1-based line and what to fix."""
+    """The JSON objects of a fine-tuning file, one per line, or the items of one JSON array. Read here
+    rather than through ``datasets``, whose errors name neither the line nor what is wrong with it."""
     fix = "each line must hold one JSON object: fix or remove that line"
     placed: list[tuple[str, dict[str, Any]]] = []
     with _open_binary(path) as f:

@@ -156,10 +156,9 @@ def sample_replies(run: LoadedRun, prompt_ids: list[list[int]], settings: SetSet
 
 def pair_replies(prompts: list[list[Message]], loops: list[Finish], continuations: list[Finish], samples: int,
                  end_id: int) -> PreferenceSet:
-    """One pair per prompt whose looping reply (``loops``, one a prompt) has a good continuation
-    among its ``samples`` (``continuations`` holds each prompt's in turn, each sampled after
-    ``before_repeat`` of its loop): the loop cut where its first repeat completes, against the start
-    and a good continuation, the one whose reply is nearest it in words (the earliest of equals)."""
+    """One pair per looping reply (``loops``) with a good continuation among its ``samples``
+    (``continuations`` holds each prompt's in turn): the cut loop against its start and the good
+    continuation nearest it in words (the earliest of equals)."""
     result = PreferenceSet([], len(prompts), len(loops) + len(continuations), len(loops), len(continuations), 0, 0)
     for i, (messages, loop) in enumerate(zip(prompts, loops)):
         start, rejected = before_repeat(loop.text), looping_prefix(loop.text)

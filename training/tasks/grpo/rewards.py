@@ -81,9 +81,8 @@ def tool_answer_correct(prompt: str, completion: str, row: dict[str, Any]) -> fl
 
 
 def tool_format(prompt: str, completion: str, row: dict[str, Any]) -> float:
-    """1 when the reply called a tool, every call got a result that is not an error, and an answer
-    (not another call) follows them, right or wrong; else 0: a format reward. A call that does not
-    parse ends the reply with no result, so it scores 0."""
+    """A format reward: 1 when the reply called a tool, every call got a result that is not an
+    error (a call that does not parse gets none), and an answer follows, right or wrong; else 0."""
     *calling, answer = completion.split(ROLE_TOKENS["assistant"])
     if not calling or CALL in answer or not answer.strip():
         return 0.0

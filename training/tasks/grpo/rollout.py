@@ -230,11 +230,9 @@ def pass_at_k(
     rows: Sequence[dict[str, Any]], passed: RewardFunction, *, k: int, seed: int, batch_size: int,
     ctx: DistContext = DistContext(),
 ) -> dict[str, float]:
-    """``pass@1`` (the share of the k samples that pass, the unbiased estimate from k) and
-    ``pass@k`` (the share of prompts with at least one passing sample) over ``prompts``, the mean
-    completion length, and with tools their metrics over every sample (``tool_metrics``). Sample j
-    of prompt i is seeded ``seed + i·k + j`` whatever the batching; with several processes each
-    takes every ``world_size``-th batch of ``batch_size``."""
+    """``pass@1`` (the share of the k samples that pass) and ``pass@k`` (the share of prompts with a
+    passing sample) over ``prompts``, the mean completion length, and tool metrics. Sample j of
+    prompt i is seeded ``seed + i·k + j`` whatever the batching and the number of processes."""
     sums = torch.zeros(4, dtype=torch.float64)  # prompts, passing samples, prompts passed, tokens
     calls = torch.zeros(5, dtype=torch.float64)  # call_counts, summed
     for b, start in enumerate(range(0, len(prompts), batch_size)):
