@@ -138,7 +138,7 @@ class Sampler:
 @dataclass(frozen=True)
 class Questions:
     """One micro-batch of training questions: their prompts (token ids), texts and rows, and the seed
-    of the first one's first completion (``training.tasks.grpo.batches.PromptDraw``)."""
+    of the first one's first completion (``training.tasks.grpo.task.PromptDraw``)."""
 
     prompts: list[list[int]]
     texts: list[str]

@@ -7,9 +7,11 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from data.chat import ChatTokenIds
+from data.errors import DataError
 from data.tokenizer import token_byte_table
 from tools import Toolbox, load_tools
 from training.adapters import Adapters
@@ -18,7 +20,6 @@ from training.device import should_compile
 from training.evaluate import EvalResult
 from training.result import Words
 from training.tasks.chat import CHAT_SAMPLES, ChatTask
-from training.tasks.grpo.batches import PromptBatches
 from training.tasks.grpo.loss import Rollout, accumulate_grpo_gradients
 from training.tasks.grpo.prompts import prepare_arithmetic_prompts, prepare_calculator_prompts
 from training.tasks.grpo.rewards import correct, reward_function, tool_answer_correct
@@ -135,3 +136,55 @@ def build(config: Config, tokenizer_file: Path | None, *, progress: bool, is_mai
     prepared = fitted(prompts, config)
     reference = reference_for(config, adapters, device, resume=resume) if config.rl.beta > 0 else None
     return RLTask(prepared, config, device, reference)
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptDraw:
+    """This rank's share of a draw: the prompts' indices, and the seed of the first prompt's first
+    completion (prompt i's completion g is sampled from ``seed + i x copies + g``)."""
+
+    indices: list[int]
+    seed: int
+
+
+class PromptBatches:
+    """Shuffled draws of training prompt indices, every prompt once per epoch.
+
+    Each epoch shuffles the training prompts by (seed, epoch) alone, so every rank agrees on the order
+    and a resumed run continues it exactly; rank r takes the r-th ``batch_size`` prompts of each draw
+    of ``batch_size x world_size``. A draw is a list of prompt indices: the task samples the
+    completions itself (they need the model), and keeps the sampled batch that later updates reuse.
+    Completion g of the prompt at place k of the epoch's order is sampled from ``epoch seed + k x
+    copies + g``: a completion's seed depends on the prompt's place alone, not on the process that
+    draws it nor on how the step is cut into micro-batches, so several processes sample exactly what
+    one process would.
+    """
+
+    def __init__(self, count: int, batch_size: int, *, seed: int, rank: int = 0, world_size: int = 1,
+                 copies: int = 1) -> None:
+        self.count, self.batch_size, self.copies = count, batch_size, copies
+        self.seed, self.rank, self.world_size = seed, rank, world_size
+        self.draw_size = batch_size * world_size
+        if count < self.draw_size:
+            raise DataError(f"the rl task has {count} training prompts, fewer than one batch of {self.draw_size}: "
+                            "lower train.batch_size or raise rl.arithmetic.train_problems")
+        self.epoch = 0
+        self.position = 0  # draws of this epoch already taken
+
+    def next(self) -> PromptDraw:
+        """This rank's prompts of the next draw, and the seed of their completions."""
+        draws = self.count // self.draw_size
+        if self.position >= draws:
+            self.epoch, self.position = self.epoch + 1, 0
+        order = np.random.default_rng([self.seed, self.epoch]).permutation(self.count)
+        start = self.position * self.draw_size + self.rank * self.batch_size
+        self.position += 1
+        # A stream of its own (the third word), apart from the order's.
+        epoch_seed = int(np.random.default_rng([self.seed, self.epoch, 1]).integers(2**31))
+        return PromptDraw(order[start:start + self.batch_size].tolist(), epoch_seed + start * self.copies)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
