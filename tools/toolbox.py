@@ -91,8 +91,8 @@ def _worker_env() -> dict[str, str]:
 
 
 class Toolbox:
-    """``tools`` by name, and a worker process that runs them (see the module's docstring).
-    Close it (or use it as a context manager) to stop the worker; one left open stops at exit."""
+    """``tools`` by name, and the worker process that runs them; closing it (or leaving its context,
+    or exiting) stops the worker."""
 
     def __init__(self, tools: list[Tool], *, timeout_s: float = DEFAULT_TIMEOUT_S,
                  max_result_chars: int = DEFAULT_MAX_RESULT_CHARS) -> None:

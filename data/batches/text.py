@@ -41,9 +41,8 @@ class _TrainWindows:
 
 
 class TrainBatches(_TrainWindows):
-    """Windows starting at uniformly random tokens ("random", as nanoGPT), so some text is seen
-    many times and some never. Each (seed, rank) seeds its own generator, whose state is saved for
-    an exact resume; ranks draw different windows."""
+    """Windows starting at uniformly random tokens ("random", as nanoGPT), from a generator per
+    (seed, rank) whose state is saved for an exact resume."""
 
     def __init__(self, tokens: np.ndarray, block_size: int, batch_size: int, **kwargs) -> None:
         super().__init__(tokens, block_size, batch_size, **kwargs)

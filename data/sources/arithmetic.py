@@ -26,9 +26,8 @@ class Problem:
         return {"question": self.question, "answer": self.answer}
 
 
-# Up to this many pairs, every pair is listed and shuffled: the draw of every run made before larger
-# spaces could be drawn, kept so that those runs keep their questions (and resume exactly). A list of
-# a million pairs is about 100 MB for a moment; past it the pairs are drawn without listing them.
+# Up to this many pairs (about 100 MB listed), every pair is listed and shuffled, as runs did before
+# larger spaces could be drawn, so those runs keep their questions and resume exactly.
 LISTED_UP_TO = 1_000_000
 
 
@@ -51,9 +50,8 @@ def problems(seed: int, count: int, max_operand: int, operations: str) -> list[P
 
 
 def shuffled_prefix(rng: random.Random, n: int, k: int) -> list[int]:
-    """The first ``k`` numbers of a uniformly random order of ``range(n)``, in O(k) time and memory:
-    Fisher-Yates from the front, with only the places it has swapped kept (in a dict). Asking for
-    more of the same order (the same ``rng`` state, a larger ``k``) gives these first."""
+    """The first ``k`` numbers of a uniformly random order of ``range(n)`` in O(k): Fisher-Yates from
+    the front, keeping only the swapped places; a larger ``k`` from the same ``rng`` state extends them."""
     swapped: dict[int, int] = {}
     drawn = []
     for i in range(k):

@@ -48,9 +48,8 @@ class AdaptersOffReference:
 
 
 def reference_for(config: Config, adapters: Adapters, device: torch.device, *, resume: bool = False) -> Reference:
-    """The reference of a run that fine-tunes ``train.init_from``: the policy with its adapters off
-    where they hold the parent's weights (LoRA), otherwise a frozen copy of those weights, which a
-    resumed run (``resume``) checks are the ones it started from."""
+    """The reference of a run that fine-tunes ``train.init_from``: the policy with its LoRA adapters
+    off, or a frozen copy of the parent's weights, which a ``resume`` checks."""
     if adapters.holds_base:
         return AdaptersOffReference(adapters)
     if resume:
