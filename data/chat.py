@@ -249,9 +249,8 @@ def chat_text(messages: Iterable[Message], add_generation_prompt: bool = False) 
 def render_chat(
     tokenizer: Tokenizer, messages: Sequence[Message], add_generation_prompt: bool = False
 ) -> RenderedChat:
-    """Token ids and loss mask of ``messages``; with ``add_generation_prompt``, ending in the
-    ``<|assistant|>`` token a reply is generated after. A tool turn or call with a tokenizer from
-    before tool calls raises DataError (``NO_TOOL_TOKENS``)."""
+    """Token ids and loss mask of ``messages``, with ``add_generation_prompt`` ending in
+    ``<|assistant|>``; tools with a tokenizer from before them raise DataError (``NO_TOOL_TOKENS``)."""
     special = ChatTokenIds.of(tokenizer)
     if any(m.role == "tool" or m.tool_calls for m in messages):
         special.require_tools()

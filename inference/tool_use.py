@@ -202,9 +202,8 @@ class _Decoding:
         return True
 
     def _run_calls(self, row: _Row, calls: Sequence[ToolCall]) -> list[int] | None:
-        """Run ``calls``, keep their steps and results, and return the ids inserted after them (each
-        result's turn, then ``<|assistant|>``); None when a Ctrl-C cut them short (with
-        ``stop_on_interrupt``), every call still given a result."""
+        """Run ``calls``, keep their steps, and return the ids inserted after them (each result's
+        turn, then ``<|assistant|>``); None when a Ctrl-C cut them short, every call given a result."""
         reply, inserted, interrupted = row.reply, [], False
         for call in calls:
             if interrupted:

@@ -44,11 +44,9 @@ def precision_name(dtype: torch.dtype) -> str:
 
 
 def cpu_has_bf16_dot_products() -> bool:
-    """Whether this CPU computes bf16 dot products in hardware: AVX-512 BF16 (Intel since Cooper
-    Lake, AMD since Zen 4) or AMX (Intel since Sapphire Rapids). oneDNN, which CPU autocast's
-    matmuls run on, then multiplies bf16 faster than fp32 (docs/training.md, Precision); without them bf16
-    buys only conversions. Asked of torch where it can say (``torch.cpu.get_capabilities``), else
-    of the Linux kernel; elsewhere the answer is no."""
+    """Whether this CPU has AVX-512 BF16 or AMX, with which oneDNN (CPU autocast's matmuls) multiplies
+    bf16 faster than fp32 (docs/training.md, Precision); without them bf16 buys only conversions.
+    Asked of torch where it can say, else of the Linux kernel; elsewhere the answer is no."""
     capabilities = getattr(torch.cpu, "get_capabilities", None)  # newer torch only
     if capabilities is not None:
         found = capabilities()

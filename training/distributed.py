@@ -137,10 +137,9 @@ def sync_gradients(model: nn.Module, enabled: bool) -> Iterator[None]:
 
 
 def shared_failure(ctx: DistContext, action: Callable[[], T]) -> T:
-    """Run ``action`` on every rank (scoring this rank's samples, say) and make a failure of any rank
-    every rank's: the failing rank raises its own error, the others a ``UserError`` with the first
-    failing rank's line. Every rank then leaves together with one line, instead of the others waiting
-    in the next collective for a peer that is gone."""
+    """Run ``action`` on every rank and make a failure of any rank every rank's (the failing rank
+    raises its own error, the others a ``UserError`` with its line), so no rank waits in the next
+    collective for a peer that is gone."""
     result, failure, line = None, None, None
     try:
         result = action()

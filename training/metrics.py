@@ -107,10 +107,8 @@ def machine_key(device: torch.device, dtype: torch.dtype, threads: int | None) -
 
 
 def best_peak(measured: float, key: str, cache_file: Path) -> float:
-    """The best of ``measured`` and the peaks kept for ``key`` in ``cache_file``, which keeps it.
-
-    The cache only saves a measurement from load: one that cannot be read starts afresh, and one
-    that cannot be written (a read-only home) is left as it is."""
+    """The best of ``measured`` and the peaks kept for ``key`` in ``cache_file``, which keeps it; a
+    cache that cannot be read starts afresh, one that cannot be written is left as it is."""
     try:
         kept = json.loads(cache_file.read_text(encoding="utf-8"))
     except (OSError, ValueError):

@@ -14,9 +14,8 @@ from training.muon import Muon
 
 @dataclass(frozen=True)
 class ParamGroup:
-    """One group of parameters as the optimizer steps it. The schedule gives one learning rate;
-    this group runs at that rate times ``lr_scale``, so Muon and AdamW, whose rates live on
-    different scales, follow the same warm-up and decay."""
+    """One group of parameters, run at the schedule's rate times ``lr_scale``, so Muon and AdamW,
+    whose rates live on different scales, follow the same warm-up and decay."""
 
     name: str  # matrices | other | value_tables
     params: list[nn.Parameter]
@@ -89,9 +88,8 @@ def build_optimizer(
 
 def set_learning_rate(optimizer: torch.optim.AdamW | MuonWithAdamW, groups: list[ParamGroup], lr: float,
                       momentum: float | None = None) -> None:
-    """Run every group of ``optimizer`` (built from ``groups``) at the schedule's ``lr`` times its scale,
-    and Muon's groups at ``momentum`` (``muon_momentum``; None: as they are). AdamW's betas stay as
-    configured."""
+    """Run every group of ``optimizer`` (built from ``groups``) at the schedule's ``lr`` times its
+    scale, and Muon's groups at ``momentum`` (None: as they are)."""
     for torch_group, group in zip(optimizer.param_groups, groups, strict=True):
         torch_group["lr"] = lr * group.lr_scale
         if group.optimizer == "muon" and momentum is not None:

@@ -124,10 +124,8 @@ def evaluate_preferences(
     ctx: DistContext = DistContext(),
     progress: bool = False,
 ) -> EvalResult:
-    """The DPO loss (with RPO's term when ``rpo_alpha``) over held-out pairs, with the preference
-    metrics in ``metrics``, and the bits per byte of the chosen replies under the policy (each reply's
-    <|end|> charged, as a chat run's are). ``batch_size`` counts pairs; with several processes each
-    scores every ``world_size``-th batch and the sums are added up."""
+    """The DPO loss over held-out pairs (``batch_size`` of them a batch), the preference metrics, and
+    the bits per byte of the chosen replies under the policy, <|end|> charged as a chat run's is."""
     batches = iter_chat_val_batches(split, batch_size, pad_id=pad_id, max_batches=max_batches, device=device,
                                     collate_rows=collate_pairs)
     if progress:

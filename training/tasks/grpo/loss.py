@@ -105,10 +105,9 @@ def accumulate_grpo_gradients(
     model: nn.Module, rollout: Rollout, micro_steps: int, *, epsilon: float, beta: float, temperature: float,
     amp: Amp | None = None, sync: Callable[[bool], ContextManager] | None = None, ctx: DistContext = DistContext(),
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Backward the step's token-mean loss over ``rollout``, cut into ``micro_steps`` micro-batches
-    of whole rows; return it (detached, this process's) and the step's KL and clip ratios (over the
-    tokens of every process). Every token of the step counts once: each micro-batch's sum is divided
-    by the step's token count, known before the first backward."""
+    """Backward the step's token-mean loss over ``rollout`` in ``micro_steps`` micro-batches of whole
+    rows (each sum divided by the step's token count); return it (detached, this process's) and the
+    step's KL and clip ratios over every process's tokens."""
     mask = rollout.y != -1
     total = all_reduce_sum(mask.sum().double(), ctx).clamp(min=1)
     sums = torch.zeros(4, dtype=torch.float64, device=rollout.x.device)  # loss, kl, low, high
