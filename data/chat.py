@@ -1,49 +1,29 @@
 """The chat format, defined once: its special tokens, a conversation rendered to token ids, and a
-reply's tool calls read back.
+reply's tool calls read back. Every surface (SFT, ``generate.py --chat``, the Hugging Face export's
+Jinja template below, the server) renders through this module.
 
-A conversation is a list of messages, each a role (system, user, assistant or tool) and its text.
-Every turn is the role's token, the text as ordinary tokens, and the end-of-turn token:
-
-    <|system|>You are Hamlet.<|end|><|user|>Who's there?<|end|><|assistant|>Nay, answer me.<|end|>
-
-An assistant turn may end with tool calls, each ``<|call|>``, the function's name and its
-arguments as a JSON object, written verbatim: exactly OpenAI's ``function.name`` and
-``function.arguments``, so a call converts to and from OpenAI's shape with nothing lost. Each
-call's result follows as a ``tool`` turn, and the assistant's reply goes on in a turn of its own:
+Each turn is the role's token, the text, and ``<|end|>``. An assistant turn may end with tool calls,
+each ``<|call|>``, the function's name and its JSON arguments verbatim (OpenAI's ``function.name`` and
+``function.arguments``, so nothing is translated either way; a name never holds ``{``, so no
+separator is needed). Each result follows as a ``tool`` turn:
 
     <|user|>What is 347*812?<|end|><|assistant|><|call|>calculator{"expression":"347*812"}<|end|>
     <|tool|>281764<|end|><|assistant|>281764<|end|>
 
-Why JSON verbatim: it is what every client sends and receives, so nothing is translated either
-way, and a name followed by an object needs no separator (a name never holds ``{``). A shorter
-form would save a few tokens per call, at the price of a converter that every surface must agree
-on; that trade is not measured here. The tools offered are not written into the prompt: a model
-this small (a window of 128 tokens) learns its tools by fine-tuning, and the list decides which
-calls are accepted (``parse_reply``) and whether ``<|call|>`` may be sampled at all.
+The tools offered are not written into the prompt: a model this small learns its tools by
+fine-tuning, and the list decides which calls ``parse_reply`` accepts and whether ``<|call|>`` may be
+sampled. A call is never guessed at. Message text is encoded with special-token matching off, so a
+typed "<|end|>" stays text; rendering turn by turn gives the same ids as rendering whole, which lets
+a chat reuse the cache of its earlier turns.
 
-A reply is generated after a bare ``<|assistant|>`` and is over when the model emits ``<|end|>``
-(or ``<|endoftext|>``); the role tokens are never sampled in a reply (``ChatTokenIds``).
-``parse_reply`` reads a generated reply back into its text and its calls, or says why its calls
-are malformed: a call is never guessed at. Nothing else renders a conversation: supervised
-fine-tuning, ``generate.py --chat``, the Hugging Face export (as the Jinja template below) and the
-server all call this module.
+``fit_chat`` is the one policy for a conversation longer than the window: learned positions read from
+position 0, so the oldest whole messages are dropped (the system prompt is kept), resuming at a user
+message so a call is never cut from its result. A run with rotary or no positions whose last exchange
+alone does not fit keeps it whole and reads it through its rolling cache; elsewhere that is refused
+(``ChatTooLong``).
 
-The text of a message is encoded with special-token matching off, so a user who types "<|end|>"
-gets those characters, never the control token. Rendering the conversation turn by turn gives
-the same ids as rendering it whole, which is what lets a chat reuse the cache of its earlier turns.
-
-A conversation longer than the model's window is cut by one policy, ``fit_chat``, for every
-surface (the REPL, the server's chat endpoint and its page, SFT preparation): learned positions
-mean a conversation is always read from position 0, so its oldest whole messages are dropped (the
-system prompt is kept) until the rest fits, resuming at a user message, so a cut never separates a
-call from its result. The caller reports ``FittedChat.dropped``. A run with rotary or no positions drops old messages in the same way (whole
-messages keep the conversation as the template renders it); only where its last exchange alone does
-not fit does it keep that whole and read it through its rolling cache. Elsewhere such a
-conversation is refused (``ChatTooLong``) in one line.
-
-Tokenizers reserve the chat tokens after ``<|endoftext|>``, then the tool tokens. A tokenizer from
-before tool calls has the first and not the second: it chats as before and refuses tools in one
-line (``NO_TOOL_TOKENS``).
+Tokenizers reserve the chat tokens after ``<|endoftext|>``, then the tool tokens; one from before
+tool calls chats and refuses tools (``NO_TOOL_TOKENS``).
 """
 
 from __future__ import annotations
@@ -71,11 +51,9 @@ NO_TOOL_TOKENS = ("this run's tokenizer has no tool tokens (<|tool|>, <|call|>):
 FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _NAME_PREFIX = re.compile(r"[A-Za-z0-9_-]*")
 
-# The same rendering for transformers' ``apply_chat_template`` (tokenizer_config.json), and for
-# llama.cpp's (the GGUF's). Message text there is tokenized with special tokens recognised, the
-# one way the two can differ. A call's arguments given as an object (as transformers' docs show
-# them) are written by its ``tojson``, Python's json.dumps with its default separators; as text
-# (OpenAI's shape) they are written verbatim. ``tools`` is accepted and not rendered (see above).
+# The same rendering for transformers' ``apply_chat_template`` and llama.cpp's (the GGUF's), which
+# tokenize message text with special tokens recognised, the one way the two can differ. Arguments
+# given as an object are written by ``tojson`` (json.dumps' separators); ``tools`` is not rendered.
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
     "{% if message['role'] not in ['system', 'user', 'assistant', 'tool'] %}"
@@ -123,16 +101,13 @@ class ChatTokenIds:
 
     @property
     def reply_end_ids(self) -> tuple[int, ...]:
-        """Tokens that end a reply, never shown as text: ``<|end|>``, and ``<|endoftext|>``, which a
-        chat model may still produce from pretraining."""
+        """Tokens that end a reply, never shown: ``<|end|>``, and ``<|endoftext|>`` from pretraining."""
         return (self.end, self.end_of_text)
 
     @property
     def suppress_ids(self) -> tuple[int, ...]:
-        """Tokens a reply never samples (their logits are -inf): the role tokens (``<|tool|>``
-        among them: a result comes from the tool, never from the model), so the model can neither
-        open a new turn nor print a control token as text. The one place the rule is made; the CLI,
-        the server and the export's generation config all apply it."""
+        """Tokens a reply never samples: the role tokens (``<|tool|>`` too: a result is the tool's to
+        write), so no reply opens a turn. The one place the rule is made; every surface applies it."""
         return tuple(sorted(self.role.values()))
 
     def reply_suppress_ids(self, tools: bool) -> tuple[int, ...]:
@@ -175,21 +150,16 @@ class ChatTooLong(DataError):
 
 @dataclass
 class RenderedChat:
-    """Token ids of a conversation, and which of them a fine-tuned model learns to produce.
-
-    ``loss_mask[i]`` is True for the tokens of assistant turns (their text, their calls and their
-    ``<|end|>``): those are the targets. Role tokens, system and user text and tool results carry
-    no loss: a result is the tool's to write, never the model's.
-    """
+    """Token ids of a conversation, and ``loss_mask``: True for the assistant turns' text, calls and
+    ``<|end|>``, the targets; role tokens, system and user text and tool results carry no loss."""
 
     ids: list[int]
     loss_mask: list[bool]
 
 
 def to_messages(raw: object) -> list[Message]:
-    """Check a list of messages (Messages, or mappings in OpenAI's shape: ``role``, ``content``, an
-    assistant's ``tool_calls``) and return Messages. A ``tool`` message answers a call of the
-    assistant message before it; its ``tool_call_id`` and any ``name`` are not rendered."""
+    """Check a list of messages (Messages, or mappings in OpenAI's shape) and return Messages; a tool
+    message's ``tool_call_id`` and ``name`` are not rendered."""
     if isinstance(raw, (str, bytes)) or not isinstance(raw, Sequence):
         raise DataError(f"a conversation must be a list of {{'role', 'content'}} messages, "
                         f"got {type(raw).__name__}")
@@ -216,9 +186,8 @@ def to_messages(raw: object) -> list[Message]:
 
 
 def _tool_calls(raw: object, i: int) -> list[ToolCall]:
-    """OpenAI's ``tool_calls`` (``{"type": "function", "function": {"name", "arguments"}}``, or the
-    function alone) as ToolCalls; arguments given as an object are written as transformers' template
-    writes them (``json.dumps``)."""
+    """OpenAI's ``tool_calls`` (or bare functions) as ToolCalls; arguments given as an object are
+    written as transformers' template writes them (``json.dumps``)."""
     if raw is None:
         return []
     if isinstance(raw, (str, bytes, Mapping)) or not isinstance(raw, Sequence):
@@ -280,9 +249,8 @@ def chat_text(messages: Iterable[Message], add_generation_prompt: bool = False) 
 def render_chat(
     tokenizer: Tokenizer, messages: Sequence[Message], add_generation_prompt: bool = False
 ) -> RenderedChat:
-    """Token ids and loss mask of ``messages``; with ``add_generation_prompt``, ending in the
-    ``<|assistant|>`` token a reply is generated after. A tool turn or call with a tokenizer from
-    before tool calls raises DataError (``NO_TOOL_TOKENS``)."""
+    """Token ids and loss mask of ``messages``, with ``add_generation_prompt`` ending in
+    ``<|assistant|>``; tools with a tokenizer from before them raise DataError (``NO_TOOL_TOKENS``)."""
     special = ChatTokenIds.of(tokenizer)
     if any(m.role == "tool" or m.tool_calls for m in messages):
         special.require_tools()
@@ -305,9 +273,8 @@ def render_chat(
 
 @dataclass(frozen=True)
 class ParsedReply:
-    """A generated reply read back: its text before any call, and its calls, or why they are
-    malformed. ``text`` is everything the model wrote, each call marked by ``<|call|>`` as written:
-    what a reply whose calls cannot be used shows as plain text."""
+    """A generated reply read back: its text before any call, its calls or why they are malformed,
+    and ``text``, all of it as written (what a reply whose calls cannot be used shows)."""
 
     content: str
     calls: tuple[ToolCall, ...]
@@ -321,10 +288,8 @@ class ParsedReply:
 
 
 def parse_reply(tokenizer: Tokenizer, token_ids: Sequence[int], names: Collection[str] | None = None) -> ParsedReply:
-    """Read a generated reply (its ids, an end token at the end or not) into text and calls. A
-    call must name a function (one of ``names``, when given) and give a JSON object as its
-    arguments; the first that does not makes the reply's ``error``, naming the call and what is
-    wrong. Nothing is repaired or guessed."""
+    """Read a generated reply into text and calls. A call must name a function (one of ``names``, when
+    given) and give a JSON object; the first that does not is the reply's ``error``, never repaired."""
     special = ChatTokenIds.of(tokenizer)
     ids = list(token_ids)
     while ids and ids[-1] in special.reply_end_ids:
@@ -400,14 +365,10 @@ class FittedChat:
 
 def fit_chat(tokenizer: Tokenizer, messages: Sequence[Message], max_tokens: int, *,
              add_generation_prompt: bool = False, min_tokens: int | None = None, rolls: bool = False) -> FittedChat:
-    """``messages`` rendered within ``max_tokens`` tokens, dropping the fewest oldest whole messages.
-
-    The kept part is the system prompt (when the conversation begins with one) and the most recent
-    messages from a user message on. ``min_tokens`` (<= max_tokens): drop messages until the
-    conversation fits in that many where it can (room for a reply), settling for ``max_tokens``
-    when only the last exchange is left. Raises ChatTooLong when nothing fits, unless ``rolls``: a
-    model whose window rolls (rotary or no positions) reads a longer prompt through its rolling
-    cache, so the last exchange is then kept whole, with the system prompt, however long."""
+    """``messages`` rendered within ``max_tokens`` tokens, dropping the fewest oldest whole messages
+    (keeping any system prompt, resuming at a user message). ``min_tokens``: fit in that many where
+    dropping can (room for a reply). Raises ChatTooLong when nothing fits, unless ``rolls`` (a rolling
+    cache reads the last exchange however long)."""
     chat = render_chat(tokenizer, messages, add_generation_prompt)
     special = ChatTokenIds.of(tokenizer)
     role_ids = set(special.role.values())
@@ -441,8 +402,7 @@ REPLY_ROOM_FRACTION = 0.25
 
 def fit_for_reply(tokenizer: Tokenizer, messages: Sequence[Message], window: int, *, rolls: bool = False) -> FittedChat:
     """``messages`` and the generation prompt, cut to leave room for a reply in ``window`` tokens:
-    ``REPLY_ROOM_FRACTION`` of it where dropping messages allows, and always at least one token;
-    ``rolls`` as in ``fit_chat``."""
+    ``REPLY_ROOM_FRACTION`` of it where dropping allows, at least one token."""
     room = max(1, int(REPLY_ROOM_FRACTION * window))
     return fit_chat(tokenizer, messages, window - 1, add_generation_prompt=True, min_tokens=window - room,
                     rolls=rolls)

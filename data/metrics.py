@@ -22,16 +22,11 @@ def bits_per_byte(total_nats: float, total_bytes: int) -> float:
 def target_nats_and_bytes(
     logits: torch.Tensor, targets: torch.Tensor, token_bytes: torch.Tensor, *, charge_zero_byte: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(summed nats, summed bytes) over the scored targets, as 0-d tensors.
-
-    `token_bytes` is `token_byte_lengths(tokenizer)` as a tensor on the logits' device. Ignored
-    targets (-1) count in neither sum. Targets of zero bytes count in neither by default: in a text
-    run they are the end-of-text token between documents, which is not text, and charging for it
-    would tie the number to how a corpus is cut into documents. ``charge_zero_byte`` keeps their nats
-    in the sum (they still add no bytes): a chat reply's ``<|end|>`` is the model's decision to stop,
-    and a model that never makes it must score worse than one that does. Accumulate the two sums
-    over batches (no host sync per batch), then call `bits_per_byte(nats.item(), bytes.item())`.
-    """
+    """(summed nats, summed bytes) over the scored targets (not -1), as 0-d tensors to accumulate
+    without a host sync; `token_bytes` is `token_byte_lengths(tokenizer)` on the logits' device.
+    Zero-byte targets count in neither sum by default: a text run's end-of-text is not text, and
+    charging it would tie the number to how a corpus is cut. ``charge_zero_byte`` keeps their nats: a
+    chat reply's ``<|end|>`` is the model's decision to stop, and never making it must score worse."""
     flat = targets.reshape(-1)
     safe = flat.clamp(min=0)
     nbytes = torch.where(flat >= 0, token_bytes[safe], torch.zeros_like(safe))

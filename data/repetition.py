@@ -1,9 +1,5 @@
-"""Whether a text repeats itself: the measure of a reply that loops.
-
-A reply loops when some run of ``n`` words comes back later in it ("the king, the king, the king,
-the king" repeats "the king, the"). Words, not tokens, so the measure reads the same for any
-tokenizer and a long word split into pieces is not a repetition. Overlapping occurrences count: a
-single word said ``n + 1`` times in a row is a loop.
+"""Whether a text repeats itself: a reply loops when some run of ``n`` words comes back later in it,
+overlapping occurrences included. Words, not tokens, so the measure is the same for any tokenizer.
 """
 
 from __future__ import annotations

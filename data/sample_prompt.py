@@ -1,8 +1,6 @@
-"""The prompt a text run's samples continue when ``eval.sample_prompt`` is not set.
-
-A fixed prompt suits one corpus only ("ROMEO:" means nothing to a model of stories or code), so the
-default comes from the run's own data: for the embedded plays, a speaker's name as the plays write
-it; for any other corpus, the first words of its held-out text, which the model has seen the like of.
+"""The prompt a text run's samples continue when ``eval.sample_prompt`` is not set: "ROMEO:" means
+nothing to a model of code, so it comes from the run's data: a speaker's name for the plays, else
+the first words of the held-out text.
 """
 
 from __future__ import annotations

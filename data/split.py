@@ -1,10 +1,6 @@
-"""Document-level train/validation split by a seeded hash of each document's stable id.
-
-Whole documents are held out, so validation text never shares a document with training text. A
-document's side depends only on (seed, id), never on the order or the other documents, so adding
-a document to a corpus moves no other one. The one exception keeps tiny corpora usable: if the
-threshold puts no document (or every document) on one side, the document whose hash is nearest the
-threshold is moved across.
+"""Document-level train/validation split by a seeded hash of each document's stable id, so adding a
+document moves no other one. The one exception keeps tiny corpora usable: if one side would be
+empty, the document whose hash is nearest the threshold moves across.
 """
 
 from __future__ import annotations
@@ -16,10 +12,8 @@ from data.errors import DataError
 
 
 def validation_score(doc_id: str, seed: int) -> float:
-    """A uniform number in [0, 1) fixed by (seed, doc_id); below val_fraction means validation.
-
-    blake2b rather than Python's hash(), which is salted per process.
-    """
+    """A uniform number in [0, 1) fixed by (seed, doc_id) (blake2b: Python's hash() is salted per
+    process); below val_fraction means validation."""
     digest = hashlib.blake2b(f"{seed}\0{doc_id}".encode("utf-8"), digest_size=8).digest()
     return int.from_bytes(digest, "big") / 2**64
 

@@ -108,11 +108,8 @@ def prompt_ids(tokenizer: Tokenizer, prompt: str) -> list[int]:
 
 
 def split_for_encoding(text: str) -> list[str]:
-    """Cut a long document into pieces whose tokens, concatenated, equal the whole's tokens.
-
-    Encoding a 300 KB play as one input is markedly slower than encoding its pieces (and gives
-    encode_batch's threads nothing to share); see `_SAFE_SPLIT` for why the cut is exact.
-    """
+    """Cut a long document into pieces whose tokens, concatenated, equal the whole's (`_SAFE_SPLIT`
+    says why): one 300 KB input encodes markedly slower and gives encode_batch's threads nothing."""
     pieces: list[str] = []
     start = 0
     while len(text) - start > _PIECE_CHARS:
@@ -126,11 +123,8 @@ def split_for_encoding(text: str) -> list[str]:
 
 
 def encode_documents(tokenizer: Tokenizer, texts: list[str], eot: int) -> list[int]:
-    """Token ids of `texts`, each document preceded by `eot`, as one flat list.
-
-    The caller must have set `tokenizer.encode_special_tokens = True`, so a literal
-    "<|endoftext|>" inside a document is text, never a document boundary.
-    """
+    """Token ids of `texts`, each preceded by `eot`, as one flat list. The caller sets
+    `tokenizer.encode_special_tokens = True`, so a literal "<|endoftext|>" in a document is text."""
     documents = [split_for_encoding(text) for text in texts]
     pieces = [piece for parts in documents for piece in parts]
     # encode_batch runs on all cores (Rust threads); add_special_tokens=False: no post-processor
@@ -146,11 +140,8 @@ def encode_documents(tokenizer: Tokenizer, texts: list[str], eot: int) -> list[i
 
 @lru_cache(maxsize=1)
 def byte_to_unicode() -> dict[int, str]:
-    """The byte-level alphabet: each byte value's stand-in character (as in GPT-2).
-
-    Printable Latin-1 bytes stand for themselves; the rest (control characters, space, and a few
-    others) are shifted to code points from 256 up, so every token is a printable string.
-    """
+    """The byte-level alphabet (as in GPT-2): printable Latin-1 bytes stand for themselves, the rest
+    are shifted to code points from 256 up, so every token is a printable string."""
     printable = (
         list(range(ord("!"), ord("~") + 1))
         + list(range(ord("¡"), ord("¬") + 1))
@@ -190,11 +181,8 @@ def token_byte_table(tokenizer: Tokenizer) -> list[bytes]:
 
 
 def token_byte_lengths(tokenizer: Tokenizer) -> np.ndarray:
-    """UTF-8 bytes each token id stands for (int64, length = vocab size); special tokens are 0.
-
-    Summing this over the target tokens a model is scored on gives the bytes of text they cover,
-    the denominator of bits per byte.
-    """
+    """UTF-8 bytes each token id stands for (int64, length = vocab size; special tokens 0): summed
+    over scored targets, the denominator of bits per byte."""
     added = tokenizer.get_added_tokens_decoder()
     table = token_byte_table(tokenizer)
     return np.array([0 if i in added else len(b) for i, b in enumerate(table)], dtype=np.int64)

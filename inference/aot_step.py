@@ -1,30 +1,22 @@
 """The CPU's compiled decode step, built ahead of time: no Python between its kernels, nor around them.
 
-``torch.compile``'s step (``inference.compiled_step``) still passes through Python on every token:
-its guards, the wrappers around the compiled graph, and ATen's general matrix product, which at one
-row per call reads a small model's weights slower than a kernel built for their shapes. AOTInductor,
-PyTorch's ahead-of-time path, removes both: ``torch.export`` captures the same step function
-(``compiled_step.step_logits``) as a graph, ``torch._inductor.aoti_compile_and_package`` compiles it
-into a shared library in one ``.pt2`` package, and ``aoti_load_package`` calls it through one C++
-entry point. Documented Inductor options make the kernels: ``freezing`` treats the weights as the
-constants they are (the AOTInductor tutorial's advice for the CPU), and ``max_autotune`` with the
-``CPP`` GEMM backend (PyTorch's CPU max-autotune tutorial) writes each matrix product as a C++ GEMM
-for its own shapes and packed weights. That, more than the Python taken out, is what makes the step
-fast: at one row ATen's product, which ``torch.compile``'s step calls, is several times slower.
+``torch.compile``'s step (``inference.compiled_step``) still passes through Python on every token,
+and at one row ATen's general matrix product reads a small model's weights slowly. AOTInductor
+removes both: ``torch.export`` captures ``compiled_step.step_logits``,
+``torch._inductor.aoti_compile_and_package`` compiles it into one ``.pt2`` package, and
+``aoti_load_package`` calls it through one C++ entry point. ``freezing`` treats the weights as
+constants (the AOTInductor tutorial's advice for the CPU), and ``max_autotune`` with the ``CPP`` GEMM
+backend writes each matrix product for its own shapes and packed weights: that is what makes it fast.
 
-What the step reads, the package fixes: the weights (constants inside it), the cache's shape (its
-rows and slots), whether rows read the whole buffer (batch invariance) or a window of symbolic
-length, the torch version, the CPU's vector instructions and the thread count its loops were cut
-for. Building takes tens of seconds (in a child process, so that a signal stops it at once and a
-full disk under the package writer takes only the child), so the package is kept on disk, named by
-a hash of all of them and of the source files that define the step (``cache_folder``; delete it at
-any time). A package is
-written atomically with its own checksum beside it; one whose checksum does not match, that fails
-to load, or whose first logits differ from the eager step's is built again, never used.
+The package fixes the weights, the cache's shape, batch invariance or a symbolic window, the torch
+version, the CPU's vector instructions and the thread count. Building takes tens of seconds (in a
+child process, so a signal or a full disk takes only the child), so the package is kept on disk,
+named by a hash of all of them and of the step's source files (``cache_folder``; delete it at any
+time). It is written atomically with its checksum beside it; one that fails its checksum, fails to
+load, or whose first logits differ from the eager step's is built again, never used.
 
-Where AOTInductor is missing (a torch older than ``MIN_TORCH``) or the device is not the CPU (a
-GPU replays ``torch.compile``'s CUDA graph, which already has no Python inside), ``decode_step``
-returns ``torch.compile``'s step instead.
+Without AOTInductor (torch older than ``MIN_TORCH``) or off the CPU (a GPU replays ``torch.compile``'s
+CUDA graph, already free of Python), ``decode_step`` returns ``torch.compile``'s step instead.
 """
 
 from __future__ import annotations
@@ -62,9 +54,8 @@ AOTI_API = ("aoti_compile_and_package", "aoti_load_package")
 CACHE_ENV = "MINIGPT_COMPILE_CACHE"
 DEFAULT_CACHE = "compile_cache"
 INDUCTOR_OPTIONS = {"max_autotune": True, "freezing": True}
-# The C++ GEMM template alone first, which skips timing it against ATen's product (minutes of a
-# build, and the template won every product of the decode step we timed); a product it does not
-# cover (one of two activations, as latent attention's rotary scores) then builds with both.
+# The C++ GEMM template alone first, skipping minutes of timing it against ATen's product (which it
+# always beat); a product it does not cover (latent attention's rotary scores) then builds with both.
 GEMM_BACKENDS = ("CPP", "CPP,ATEN")
 # The first logits of a package must match the eager step's this closely: a package of other weights
 # or another model misses by far more, while a kernel that only sums in another order stays inside.
@@ -97,10 +88,8 @@ def cache_folder() -> Path:
 
 
 class AotStep:
-    """``CompiledStep``'s interface over a package built ahead of time for ``model`` and ``cache``
-    (made by ``spare_slot_cache``): loaded from ``cache_folder()`` when a valid one is there, built
-    and kept there otherwise. ``compile_seconds``: how long that took; ``package``: its path;
-    ``built``: whether it was built now rather than loaded."""
+    """``CompiledStep``'s interface over a package for ``model`` and ``cache``, loaded from
+    ``cache_folder()`` when a valid one is there, else built and kept there (``built``)."""
 
     def __init__(self, model: GPT, cache: KVCache, *, exact_window: bool = False) -> None:
         self.model = model
@@ -196,10 +185,9 @@ class _BuildFailed(Exception):
 
 
 def _compile_apart(exported: Path, package: Path) -> None:
-    """AOTInductor's compile of the exported step into ``package``, in a child process of its own
-    (``python -m inference.aot_step``). Ctrl-C or SIGTERM, raised here by the command line, then stops
-    it at once with the compiler processes it started, and a failure that aborts the process (a full
-    disk under the package writer) takes only the child."""
+    """AOTInductor's compile of the exported step into ``package``, in a child process
+    (``python -m inference.aot_step``) that a signal stops at once with its compilers, and whose
+    abort (a full disk under the package writer) takes only itself."""
     path = os.pathsep.join(entry or os.getcwd() for entry in sys.path if isinstance(entry, str))
     with tempfile.TemporaryFile() as errors:
         child = subprocess.Popen(
@@ -303,11 +291,8 @@ def _sources_digest() -> str:
 
 
 def _file_digest(path: Path) -> str:
-    digest = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 if __name__ == "__main__":

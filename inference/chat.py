@@ -1,24 +1,16 @@
 """A conversation with a chat-tuned run, turn by turn, decoded by the engine on this thread.
 
-The session keeps the conversation as messages. Each user turn is fitted to the model's window by
-the chat format's one policy (``data.chat.fit_for_reply``: the oldest whole messages are dropped,
-the system prompt is kept, and the session says so before the reply starts), rendered, and
-decoded by ``inference.engine``. With learned positions a reply ends where the window is full
-rather than sliding it: a re-encoded window cut inside a turn would open on message text with no
-role token, a conversation no template renders. A run with rotary or no positions rolls instead
-(``inference.sampling.Window``): its cache keeps the conversation's first tokens and the most
-recent ones, nothing is rendered again, and the reply runs on to its max_new_tokens or its end.
-Old messages are still dropped whole, as the policy says; only a last message too long for the
-window on its own rolls through the cache rather than being refused. The engine's prefix cache
-keeps the pages of earlier prompts, so each turn encodes little more than what is new since the
-last one. Without the cache (``use_cache=False``)
-the whole window is recomputed for every token: the reference the cached path is tested against.
+The session keeps the conversation as messages. Each user turn is fitted to the window by the chat
+format's one policy (``data.chat.fit_for_reply``; the session says what it dropped before the
+reply), rendered, and decoded by ``inference.engine``, whose prefix cache keeps earlier turns' pages.
+With learned positions a reply ends where the window is full rather than sliding it: a window cut
+inside a turn would open on text with no role token, which no template renders. With rotary or no
+positions the cache rolls (``inference.sampling.Window``), keeping the first and the most recent
+tokens, so only a last message too long on its own rolls rather than being refused.
+``use_cache=False`` recomputes the whole window for every token: the reference for the cached path.
 
-With a ``Toolbox`` the model may call tools: a reply is decoded by ``inference.tool_use``, which
-runs each call and lets the model go on after its result, and the conversation keeps the calls and
-results as messages. Without one, ``<|call|>`` is never sampled.
-
-Seeding follows the engine's rule: turn i of a session samples from ``seed + i``.
+With a ``Toolbox`` a reply is decoded by ``inference.tool_use`` and the conversation keeps its calls
+and results; without one ``<|call|>`` is never sampled. Turn i samples from ``seed + i``.
 """
 
 from __future__ import annotations
@@ -99,9 +91,8 @@ class ChatSession:
 
     def reply(self, user_text: str, on_text: Callable[[str], None] | None = None,
               on_step: Callable[[ToolStep], None] | None = None) -> ChatReply:
-        """Append the user's turn, generate the reply (streamed through ``on_text``; each call, once
-        run, told to ``on_step``), keep it. Ctrl-C stops the reply: what was said so far is kept,
-        and the reply reports "interrupted"."""
+        """Append the user's turn, generate the reply (text to ``on_text``, each call run to
+        ``on_step``) and keep it; Ctrl-C stops it ("interrupted"), keeping what was said."""
         try:
             fitted = fit_for_reply(self.run.tokenizer, [*self.system, *self.messages, Message("user", user_text)],
                                    self.block_size, rolls=self.engine.window.rolls)

@@ -1,16 +1,12 @@
 """``generate.py --chat``: talk to a chat-tuned run, interactively or one reply at a time.
 
-Interactive: each line typed is a user turn; the reply streams to stdout. Lines starting with a
-command (``/help`` lists them) are not sent to the model. The ``you>`` prompt and notices go to
-stderr (at a terminal the prompt shares the screen with the replies), so stdout holds only the
-replies, one per line. With ``--tools`` the model's calls run as it makes them; each call and
-its result are shown on stderr, in brackets, between the pieces of the reply.
-A line that is not UTF-8 is refused and the conversation goes on. Ctrl-C
-during a reply stops it and gives the prompt back, the conversation kept (the reply so far
-included). Quitting is deliberate: Ctrl-D, ``/exit``, or a second Ctrl-C in a row at the prompt. A
-first Ctrl-C there (a moment too late for the reply it was meant for: short replies end quickly)
-only says how to leave, and over a half-typed line it drops the line, as a shell does. Notices go out between replies, never
-inside one. With ``--prompt`` (or ``--prompt-file``) one reply is printed and the command exits.
+Each line typed is a user turn (``/help`` lists the commands, which are not sent); the reply streams
+to stdout, one per line, while the ``you>`` prompt, notices and, with ``--tools``, each call and its
+result go to stderr, between replies, never inside one. A line that is not UTF-8 is refused. Ctrl-C
+during a reply stops it, keeping the conversation and the reply so far. Quitting is deliberate:
+Ctrl-D, ``/exit``, or a second Ctrl-C in a row at the prompt; a first one there only says how to
+leave (it often comes a moment too late for a short reply), and drops a half-typed line as a shell
+does. With ``--prompt`` (or ``--prompt-file``) one reply is printed and the command exits.
 """
 
 from __future__ import annotations

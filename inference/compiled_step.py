@@ -1,30 +1,19 @@
 """The compiled decode step: one token for every row of the engine's cache, in one graph.
 
-This is ``torch.compile``'s step: a GPU's (one CUDA graph per step), and the CPU's on a torch without
-AOTInductor. Elsewhere on the CPU the engine runs the same ``step_logits`` built ahead of time
-(``inference.aot_step``), which keeps Python out of the step.
+This is ``torch.compile``'s step: a GPU's (one CUDA graph per step, mode ``reduce-overhead``), and the
+CPU's on a torch without AOTInductor; elsewhere on the CPU the same ``step_logits`` is built ahead of
+time (``inference.aot_step``). Eager decoding at batch 1 spends most of a step in Python and dispatch.
 
-Eager decoding at batch 1 spends most of a step in Python and per-op dispatch, not arithmetic.
-``torch.compile`` traces the step once into Inductor's kernels (C++ on the CPU) and, on a GPU,
-replays it as one CUDA graph (mode ``reduce-overhead``). Both need the step's shapes fixed, so the
-step always runs every one of the cache's rows under a mask (``StaticStep``): positions and which
-rows decode are tensors, not shapes, and a generation of any length is compiled once. A row with
-nothing to decode (free, or still encoding its prompt) writes a spare slot past ``block_size`` that
-no mask lets anyone read, and its logits are dropped.
+Compiling needs fixed shapes, so the step always runs every row of the cache under a mask
+(``StaticStep``): positions and which rows decode are tensors, and a generation of any length
+compiles once. A row with nothing to decode writes a spare slot past ``block_size`` that no mask lets
+anyone read, and its logits are dropped. A server's rows read the whole buffer (batch invariance, and
+a CUDA graph needs the static shape); otherwise on the CPU rows read only up to the longest row's
+slot (``exact_window``), a symbolic size, so a short generation does not attend over every slot.
 
-How far back rows read is the one size that may vary. A server's rows read the whole buffer, so a
-row's arithmetic never depends on its neighbours (batch invariance), and a CUDA graph needs that
-static shape anyway. Otherwise, on the CPU, rows read only the slots up to the longest row's
-(``exact_window``): that length reaches the graph as a symbolic size, so it is still compiled once,
-and a short generation no longer attends over every slot of the context.
-
-Every step goes through ``torch.compile``'s own call. Its guards cost little beside the step, so
-PyTorch's knobs for skipping them (``guard_filter_fn``, ``set_stance(skip_guard_eval_unsafe=True)``)
-gain nothing here; what the call itself costs could be saved only through Dynamo's private internals.
-
-Prompts are still encoded eagerly: their lengths vary, and a compile per length would cost more
-than it saves. The compiled kernels may round differently from the eager ones in the last bits;
-the eager path stays the reference (tests/inference/test_compiled_step.py bounds the difference).
+Guards cost little beside the step, so PyTorch's knobs for skipping them gain nothing here. Prompts
+are encoded eagerly: a compile per length would cost more than it saves. The eager path stays the
+reference (tests/inference/test_compiled_step.py bounds the difference in the last bits).
 """
 
 from __future__ import annotations
@@ -43,12 +32,9 @@ from model.gpt import GPT
 from model.kv_cache import KVCache, StaticStep
 
 def choose_compile(flag: bool | None, *, use_cache: bool = True, device: torch.device, serving: bool = False) -> bool:
-    """Whether a command compiles its decode step. ``--compile``/``--no-compile`` (``flag``) decide
-    when given. Otherwise only a server on CUDA compiles, where it can: there the compiled step
-    served several times eager's tokens/s, so a long-lived server soon repays a compile of tens of
-    seconds (docs/results.md, "A GPU: small.yaml and the compiled decode step"). One generation or
-    chat does not repay it on either device, and on the CPU a batched server gained nothing.
-    Refuses, in one line, a compile asked for that cannot run."""
+    """Whether a command compiles its decode step: as ``flag`` says when given (refusing in one line a
+    compile that cannot run), else only a server on CUDA, which soon repays the compile (docs/results.md,
+    "A GPU: small.yaml and the compiled decode step"); one generation, or a CPU server, does not."""
     if flag is None:
         return serving and device.type == "cuda" and use_cache and compiler_missing(device) is None
     if flag and not use_cache:
@@ -87,9 +73,7 @@ def spare_slot_cache(model: GPT, rows: int, whole_buffers: int) -> KVCache:
 
 class CompiledStep:
     """The decode step over every row of ``cache`` (made by ``spare_slot_cache``), compiled for
-    ``model``; building it compiles it, and ``compile_seconds`` says how long that took.
-    ``exact_window``: rows read only the slots up to the longest decoding row's (the CPU, when batch
-    invariance is not asked for); otherwise every slot."""
+    ``model`` when built; ``exact_window``: rows read only up to the longest decoding row's slot."""
 
     def __init__(self, model: GPT, cache: KVCache, *, exact_window: bool = False) -> None:
         self.model = model

@@ -35,13 +35,9 @@ def write_stdout(text: str) -> None:
 
 
 class LineReader:
-    """Lines from stdin, one turn each; ``read`` returns None at end of input (Ctrl-D).
-
-    At a terminal (stdin and stdout both ttys) the prompt and the line go through ``input``, which
-    uses the standard library's ``readline`` where it exists: arrow keys edit the line and recall
-    earlier ones. Otherwise the prompt (when stdin is a terminal) goes to stderr, so that stdout
-    holds only replies, and lines are read as bytes and checked to be UTF-8 one by one.
-    """
+    """Lines from stdin, one turn each; ``read`` returns None at end of input (Ctrl-D). At a terminal
+    they go through ``input`` (``readline`` editing and history); otherwise the prompt goes to
+    stderr, so stdout holds only replies, and lines are read as bytes and checked to be UTF-8."""
 
     def __init__(self, prompt: str) -> None:
         self.prompt = prompt

@@ -1,33 +1,22 @@
 """Replies that call tools: decode until a call, run the tool, append its result, continue.
 
-``decode_with_tools`` is the one multi-turn decode, for every caller that runs tools itself (the
-chat REPL, ``generate.py --chat --tools``; RL rollouts build on it). It steps the one engine; it
-never samples a token itself. Each row's reply is decoded in segments, in rounds:
+``decode_with_tools`` is the one multi-turn decode for every caller that runs tools itself (the chat
+REPL, ``generate.py --chat --tools``, RL rollouts). It steps the engine and never samples itself.
+Each round, every unfinished row submits its prompt so far and the engine runs them all; each
+segment is read back (``data.chat.parse_reply``): calls are run by the ``Toolbox``, each result
+appended as a ``tool`` turn and a bare ``<|assistant|>``, and the row goes on; a segment without calls
+is the answer; malformed calls end the reply as it is ("malformed").
 
-1. every row still going submits its prompt so far, and the engine runs until all are done;
-2. each finished segment is read back (``data.chat.parse_reply``): a segment that ended its turn
-   with calls has them run by the ``Toolbox``, each result appended as a ``tool`` turn, then a
-   bare ``<|assistant|>``, and the row goes on in the next round; a segment without calls is the
-   answer; one whose calls are malformed ends the reply as it is ("malformed"), never guessed at.
+A row goes on from the ids the model generated, not a re-rendering of its text (a model may spell a
+text in other tokens), so ``ids`` are exactly what was sampled, interleaved with what was inserted,
+and ``generated`` marks the tokens a loss may count. The prefix cache finds each continuation's
+prompt in the last one's pages.
 
-The ids a row goes on from are the ones the model generated, not a re-rendering of its text (a
-model may spell a text in other tokens than the tokenizer would), so a reply's ``ids`` are exactly
-what it sampled, interleaved with what was inserted, and ``generated`` marks which is which: the
-tokens a loss may count. The engine's prefix cache, when it has one, finds each continuation's
-prompt in the pages of the last, so a segment encodes little more than the inserted result.
-
-Ctrl-C, with ``stop_on_interrupt``, ends the rows where they are ("cancelled"); a call it cuts
-short (or one not yet run) gets an error result, so every call in the conversation has its result.
-
-Limits: ``max_calls`` calls per reply; past them ``<|call|>`` is no longer sampled, so the model
-answers (a reply's extra calls in its last allowed segment get an error result). ``max_new_tokens``
-counts every generated token of the reply, over all its segments. A segment whose prompt would
-fill the window ends the reply ("length"), as a chat's reply ends where the window is full.
-
-Rows are independent and seeded by the engine's rule: row i's first segment samples from
-``seed + i``, its later ones from seeds derived from that one alone (``segment_seed``). So each
-row gets what it would get decoded alone, whatever else is in the batch (the engine's rows are
-bit for bit their own when it is built batch-invariant).
+Ctrl-C with ``stop_on_interrupt`` ends rows where they are ("cancelled"); a call cut short gets an
+error result, so every call has its result. Past ``max_calls`` ``<|call|>`` is no longer sampled;
+``max_new_tokens`` counts the reply's tokens over all segments; a prompt that would fill the window
+ends the reply ("length"). Row i's first segment samples from ``seed + i``, later ones from seeds
+derived from it alone (``segment_seed``), so each row gets what it would get decoded alone.
 """
 
 from __future__ import annotations
@@ -96,11 +85,8 @@ def decode_with_tools(
     on_step: StepCallback | None = None,
 ) -> list[ToolReply]:
     """Each prompt's reply (a rendered conversation ending in ``<|assistant|>``), its calls run by
-    ``toolbox`` (None: no tools, and ``<|call|>`` is never sampled). Row i samples from
-    ``settings.seed + i`` (a fresh seed when None). ``slide`` as in ``Engine.submit``.
-    ``on_text(i, text)`` streams row i's text outside its calls, ``on_step(i, step)`` each call
-    once run. Ctrl-C cancels the rows in flight and propagates, unless ``stop_on_interrupt``: then
-    the replies end where they are ("cancelled") and are returned."""
+    ``toolbox`` (None: no tools). ``on_text(i, text)`` streams row i's text outside its calls,
+    ``on_step(i, step)`` each call once run. Ctrl-C propagates unless ``stop_on_interrupt``."""
     assert prompts and max_calls >= 0
     assert len(prompts) <= engine.max_batch + engine.max_queue, "the engine must take every row at once"
     special = ChatTokenIds.of(tokenizer)
@@ -216,9 +202,8 @@ class _Decoding:
         return True
 
     def _run_calls(self, row: _Row, calls: Sequence[ToolCall]) -> list[int] | None:
-        """Run ``calls``, keep their steps and results, and return the ids inserted after them (each
-        result's turn, then ``<|assistant|>``); None when a Ctrl-C cut them short (with
-        ``stop_on_interrupt``), every call still given a result."""
+        """Run ``calls``, keep their steps, and return the ids inserted after them (each result's
+        turn, then ``<|assistant|>``); None when a Ctrl-C cut them short, every call given a result."""
         reply, inserted, interrupted = row.reply, [], False
         for call in calls:
             if interrupted:

@@ -1,16 +1,12 @@
 """The built-in ``calculator`` tool: arithmetic on numbers, evaluated safely.
 
-The expression is parsed with ``ast`` and only a small grammar is walked: numbers (integers and
-decimals), ``+ - * /``, ``**`` with a small whole exponent, parentheses and unary minus. Anything
-else (a name, an attribute, a call, a string, a comparison, ``//``, ``%``, ``^``...) is refused
-by name, and nothing is ever handed to ``eval``.
-
-Every bound is checked before the work it limits, so a hostile expression is refused in time and
-memory that do not depend on it: the text's length before parsing (which also bounds how deep
-the parser can nest), the tree's depth before walking it, each number's size as it is read, and a
-power's size from its operands' logarithms before it is computed (``9**9**9`` is refused at the
-outer power's exponent, 387420489, with nothing large ever built). Integers stay exact; a
-division gives a decimal, written with 12 significant digits.
+The expression is parsed with ``ast`` and only numbers, ``+ - * /``, ``**`` with a small whole
+exponent, parentheses and unary minus are walked; anything else is refused by name, and nothing is
+handed to ``eval``. Every bound is checked before the work it limits, so a hostile expression costs
+time and memory that do not depend on it: the text's length before parsing, the tree's depth before
+walking, each number's size as read, and a power's size from its operands' logarithms before it is
+computed (``9**9**9`` is refused at the outer exponent). Integers stay exact; a division gives a
+decimal with 12 significant digits.
 """
 
 from __future__ import annotations

@@ -1,22 +1,16 @@
 """Tools a model may call: plain Python functions, each described by OpenAI's ``function`` shape.
 
-A tool is named as rewards are (``training.rewards``): a built-in name (``BUILT_IN``), or
-``module:function`` for a function of your own, imported from where the command runs. A function
-of your own is described by its signature and docstring; each parameter is annotated ``str``,
-``int``, ``float`` or ``bool``, and the first paragraph of the docstring tells the model what it
-does::
+A tool is named as rewards are: a built-in name (``BUILT_IN``), or ``module:function`` imported from
+where the command runs. Such a function is described by its signature (each parameter annotated
+``str``, ``int``, ``float`` or ``bool``) and its docstring's first paragraph::
 
     def weekday(date: str) -> str:
         \"\"\"The weekday of an ISO date, e.g. 2024-05-01.\"\"\"
         return datetime.date.fromisoformat(date).strftime("%A")
 
-is ``my_tools:weekday``, described as ``{"name": "weekday", "description": "The weekday...",
-"parameters": {"type": "object", "properties": {"date": {"type": "string"}}, "required": ["date"],
-"additionalProperties": false}}``. It returns text (anything else is written as JSON, or by
-``str``). ``tools.toolbox`` imports, describes and runs it, apart from the caller's process.
-
-This package imports nothing else of the project: the chat format, the engine and the data
-sources all build on it.
+is ``my_tools:weekday``. It returns text (anything else is written as JSON, or by ``str``).
+``tools.toolbox`` runs it apart from the caller's process. This package imports nothing else of the
+project: the chat format, the engine and the data sources build on it.
 """
 
 from __future__ import annotations

@@ -1,19 +1,14 @@
 """The tools a conversation may call, and the one way they run: in a worker process of their own.
 
-``Toolbox.run(name, arguments)`` always returns a ``ToolResult`` the model can read, and never
-raises for anything the call or the tool does. An unknown name, arguments that are not a JSON
-object or do not fit the tool's parameters, a tool that raises, one that returns more than
-``max_result_chars`` characters, and one still running after ``timeout_s`` seconds each give an
-error result, one line beginning ``error:``.
+``Toolbox.run(name, arguments)`` always returns a ``ToolResult`` the model can read and never raises:
+an unknown name, bad arguments, a tool that raises, returns more than ``max_result_chars`` or runs
+past ``timeout_s`` each give a one-line result beginning ``error:``.
 
-Why a process: a Python function cannot be stopped from outside once it runs. A thread running
-one that hangs can only be abandoned, still holding the GIL's share of a core and whatever it has
-allocated, and a tool that calls ``sys.exit`` or crashes the interpreter would take the caller with
-it. A process can be killed, with everything it started (it leads its own process group). So the
-tools run in one long-lived worker (``tools.worker``), started at the first call and reused: a call
-costs a round trip over a pipe, not a new interpreter. A call that times out kills the worker; the
-next call starts a fresh one. The worker imports only this package and the tools' own modules.
-Memory is bounded by the time limit, not checked; the built-in calculator bounds its own.
+Why a process: a running Python function cannot be stopped from outside, and a tool that calls
+``sys.exit`` or crashes would take the caller with it; a process (leading its own group) can be
+killed. The tools run in one long-lived worker (``tools.worker``) started at the first call, so a
+call costs a round trip over a pipe; a timeout kills it and the next call starts a fresh one.
+Memory is bounded by the time limit; the built-in calculator bounds its own.
 """
 
 from __future__ import annotations
@@ -52,9 +47,9 @@ def error_result(message: str) -> ToolResult:
 
 
 def load_tools(specs: list[str]) -> list[Tool]:
-    """The tools ``specs`` name (``tools.registry``), refusing two with the same name. Functions of the
-    user's are imported and described in a process of their own, as they run: a module that exits,
-    crashes or is interrupted as it is imported is one ``ToolError`` naming it, and the caller goes on."""
+    """The tools ``specs`` name (``tools.registry``), refusing two with the same name. A user's
+    functions are imported and described in a process of their own, so a module that exits or
+    crashes as it is imported is one ``ToolError`` naming it."""
     tools = {spec: built_in(spec) for spec in specs if ":" not in spec}
     own = [spec for spec in specs if ":" in spec]
     tools.update(zip(own, _described_apart(own)) if own else ())
@@ -96,8 +91,8 @@ def _worker_env() -> dict[str, str]:
 
 
 class Toolbox:
-    """``tools`` by name, and a worker process that runs them (see the module's docstring).
-    Close it (or use it as a context manager) to stop the worker; one left open stops at exit."""
+    """``tools`` by name, and the worker process that runs them; closing it (or leaving its context,
+    or exiting) stops the worker."""
 
     def __init__(self, tools: list[Tool], *, timeout_s: float = DEFAULT_TIMEOUT_S,
                  max_result_chars: int = DEFAULT_MAX_RESULT_CHARS) -> None:

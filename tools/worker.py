@@ -1,13 +1,11 @@
 """The process that runs tools for a ``tools.toolbox.Toolbox``: ``python -m tools.worker``.
 
-It reads one JSON request per line on stdin, ``{"function": "module:function", "arguments": {...},
-"max_chars": N}``, calls the function, and writes one JSON line back on stdout: ``{"ok": true,
-"text": ...}``, or ``{"ok": false, "text": <what went wrong>}``. Whatever the tool does (raise,
-exit, print, read stdin) cannot break that exchange: the protocol's pipes are moved to private
-descriptors first, and the tool's own stdout goes to stderr, its stdin to /dev/null. A result over
-``max_chars`` is refused here, so a huge one never crosses the pipe. The process ends when stdin
-closes. ``python -m tools.worker --describe module:function...`` writes each tool's description
-instead, a line each, and ends: the caller then never imports a user's module itself.
+It reads one JSON request per line on stdin (``{"function": "module:function", "arguments": {...},
+"max_chars": N}``) and writes one line back: ``{"ok": true|false, "text": ...}``. Whatever the tool
+does cannot break that exchange: the protocol's pipes are moved to private descriptors, the tool's
+stdout goes to stderr and its stdin to /dev/null. A result over ``max_chars`` is refused here, so it
+never crosses the pipe. ``--describe module:function...`` writes each tool's description instead,
+so the caller never imports a user's module itself.
 """
 
 from __future__ import annotations

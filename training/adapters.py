@@ -1,11 +1,6 @@
-"""How a run's weights train: all of them (``Adapters``, the plain case), or LoRA's low-rank adapters on a
-frozen model (``training.lora.LoraAdapters``, ``train.lora``).
-
-The object is built once, at the start, by ``training.trainer.adapters_for`` (as ``checkpointer_for``
-builds the checkpointer), and everything that differs between the two asks it: it applies itself to the model,
-says what trains, gives the plain model the run directory holds, saves its own files beside those
-weights and reports itself in the result. The trainer, the checkpoint and the kept weights then have
-one path each, whatever trains.
+"""How a run's weights train: all of them (``Adapters``), or LoRA's adapters on a frozen model
+(``training.lora.LoraAdapters``). Built once by ``training.trainer.adapters_for``; everything that
+differs between the two asks it, so the trainer, checkpoint and kept weights have one path each.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """The attention probe a text run takes at every evaluation: each layer's attention entropy, the
-induction scores and the loss on both copies of repeated sequences (``analysis.maps``), and now
-and then a figure of the maps over the sample prompt (drawn by the logger, ``analysis.plot``).
-
-Everything the probe reads from the data is fixed once, when the run starts: held-out windows,
-the ids the induction probe draws from, and the prompt's tokens. So the numbers of two
-evaluations differ only by the weights.
+induction scores and the loss on both copies of repeated sequences (``analysis.maps``), and now and
+then a figure of the maps (``analysis.plot``). What it reads from the data is fixed when the run
+starts, so two evaluations differ only by the weights.
 """
 
 from __future__ import annotations

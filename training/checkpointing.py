@@ -1,13 +1,11 @@
 """The run's checkpoint, whatever the run is (one process, ddp or fsdp), behind one interface.
 
-Every checkpoint is the run directory's whole model (``model.safetensors``, all ``generate.py``
-needs) and its trainer state (``trainer_state.pt``: step, clocks, every rank's sampler and RNG
-streams). The weights and optimizer state for ``--resume`` go inside the trainer state when the
-model is whole (one process, ddp); under ``train.parallel: fsdp`` they go to a
-``torch.distributed.checkpoint`` folder that every rank writes in parallel and a later run reshards
-to its own world size. That folder is written as ``<name>.partial`` and published by rename; the
-trainer state names the published folder, so a crash before that state is replaced leaves the
-previous checkpoint whole.
+Every checkpoint is the whole model (``model.safetensors``) and the trainer state
+(``trainer_state.pt``: step, clocks, every rank's sampler and RNG streams). The weights and optimizer
+state for ``--resume`` go inside the trainer state when the model is whole; under fsdp they go to a
+``torch.distributed.checkpoint`` folder that every rank writes and a later run reshards. That folder
+is written as ``<name>.partial`` and renamed; the trainer state names it, so a crash before that
+state is replaced leaves the previous checkpoint whole.
 """
 
 from __future__ import annotations

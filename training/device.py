@@ -19,15 +19,10 @@ PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def resolve_precision(preference: str, device: torch.device, run_own: str | None = None) -> torch.dtype:
-    """The training step's autocast dtype: ``fp32`` or ``bf16`` as asked; ``auto`` picks bf16 on
-    GPUs that support it and on CPUs with bf16 dot products (``cpu_has_bf16_dot_products``), fp32
-    elsewhere (Apple's GPU included).
-
-    ``run_own`` is the precision a resumed run trained in: ``auto`` keeps it, so that a resume on
-    another machine still ends on the weights an uninterrupted run would have (as ``train.threads:
-    auto`` keeps the run's own thread count). fp16 is deliberately absent: it needs loss scaling,
-    and every GPU worth training on here has bf16.
-    """
+    """The training step's autocast dtype: ``fp32`` or ``bf16`` as asked; ``auto`` picks bf16 on GPUs
+    that support it and on CPUs with bf16 dot products, fp32 elsewhere, and keeps ``run_own``, a resumed
+    run's precision, so a resume on another machine still ends on the uninterrupted run's weights.
+    fp16 is absent: it needs loss scaling, and every GPU worth training on here has bf16."""
     if preference == "auto" and run_own is not None:
         preference, asked = run_own, f"train.precision=auto resumes the run's own {run_own}, but"
     else:
@@ -49,11 +44,9 @@ def precision_name(dtype: torch.dtype) -> str:
 
 
 def cpu_has_bf16_dot_products() -> bool:
-    """Whether this CPU computes bf16 dot products in hardware: AVX-512 BF16 (Intel since Cooper
-    Lake, AMD since Zen 4) or AMX (Intel since Sapphire Rapids). oneDNN, which CPU autocast's
-    matmuls run on, then multiplies bf16 faster than fp32 (docs/training.md, Precision); without them bf16
-    buys only conversions. Asked of torch where it can say (``torch.cpu.get_capabilities``), else
-    of the Linux kernel; elsewhere the answer is no."""
+    """Whether this CPU has AVX-512 BF16 or AMX, with which oneDNN (CPU autocast's matmuls) multiplies
+    bf16 faster than fp32 (docs/training.md, Precision); without them bf16 buys only conversions.
+    Asked of torch where it can say, else of the Linux kernel; elsewhere the answer is no."""
     capabilities = getattr(torch.cpu, "get_capabilities", None)  # newer torch only
     if capabilities is not None:
         found = capabilities()
@@ -93,13 +86,9 @@ _M_MMAP_THRESHOLD = -3
 
 
 def keep_freed_memory() -> bool:
-    """Ask glibc to keep freed memory for reuse instead of handing it back to the kernel.
-
-    A training step frees and reallocates the same activation-sized blocks every time; by default
-    glibc hands them back to the kernel, so every step faults its memory back in page by page
-    (docs/results.md). Raising both thresholds lets the blocks be reused; the cost is that the
-    process keeps its peak resident size. Returns whether glibc accepted the settings.
-    """
+    """Ask glibc to keep freed memory for reuse; whether it accepted. A step frees and reallocates the
+    same activation-sized blocks, which glibc would hand back to the kernel and fault in again page by
+    page (docs/results.md); the cost is that the process keeps its peak resident size."""
     if not sys.platform.startswith("linux"):
         return False
     try:
@@ -111,13 +100,9 @@ def keep_freed_memory() -> bool:
 
 
 def should_compile(setting: bool | str, device: torch.device) -> bool:
-    """``auto`` compiles on CUDA only; ``true`` compiles anywhere a compiler is at hand.
-
-    On the CPU a machine's first compile costs more of a ten-minute budget than its faster steps win
-    back, and with Inductor's on-disk cache warm they only tie (docs/records.md), so ``auto`` leaves
-    it off there. Inductor builds CPU kernels with a C++ compiler; without one a compiled run would
-    crash at its first step, so it trains uncompiled and says so instead.
-    """
+    """``auto`` compiles on CUDA only: on the CPU a first compile costs more of a ten-minute budget than
+    it wins back (docs/records.md). ``true`` compiles anywhere a C++ compiler is at hand; without one
+    the run trains uncompiled and says so, rather than crash at its first step."""
     wanted = setting if isinstance(setting, bool) else device.type == "cuda"
     compilers = [os.environ.get("CXX", ""), "c++", "g++", "clang++"]
     if wanted and device.type == "cpu" and not any(name and shutil.which(name) for name in compilers):

@@ -71,14 +71,10 @@ def init_distributed(device_pref: str = "auto") -> DistContext:
 
 
 def end_with_launcher() -> None:
-    """Stop this worker when the torchrun that started it is gone (killed with SIGKILL, it cannot
-    stop its workers, which would train on as orphans holding the run directory).
-
-    Linux sends a process a signal of its choice when its parent dies (``prctl(PR_SET_PDEATHSIG)``):
-    SIGTERM here, which the trainer obeys as any stop request (the step ends, a checkpoint is
-    saved, every rank agreeing). No thread watches for it: with one running beside the training, a
-    resumed fsdp run drifted further from an uninterrupted one. Only under torchrun's agent
-    (``TORCHELASTIC_RUN_ID``), whose workers are its children, and only on Linux."""
+    """Stop this worker when the torchrun that started it is gone (a SIGKILLed torchrun would leave
+    orphans holding the run directory): ``prctl(PR_SET_PDEATHSIG)`` sends SIGTERM, which the trainer
+    obeys as any stop request. No watching thread: with one, a resumed fsdp run drifted from an
+    uninterrupted one. Only under torchrun's agent (``TORCHELASTIC_RUN_ID``), on Linux."""
     if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
         return
     launcher = os.getppid()
@@ -96,12 +92,9 @@ class BatchSplit:
 
 
 def split_batch(batch_size: int, grad_accum_steps: int, world_size: int) -> BatchSplit:
-    """Share the config's optimizer step (batch_size x grad_accum_steps sequences) among processes.
-
-    The global batch stays what the config says, whatever the number of processes: the
-    accumulation steps are divided among them when they divide evenly (the per-process batch and
-    its memory stay as configured); otherwise the per-process batch is divided.
-    """
+    """Share the config's optimizer step (batch_size x grad_accum_steps sequences) among processes,
+    dividing the accumulation steps when they divide evenly (the per-process memory stays as
+    configured), else the per-process batch."""
     if grad_accum_steps % world_size == 0:
         return BatchSplit(batch_size, grad_accum_steps // world_size)
     if batch_size % world_size == 0:
@@ -116,14 +109,9 @@ def split_batch(batch_size: int, grad_accum_steps: int, world_size: int) -> Batc
 
 
 def wrap_model(model: nn.Module, ctx: DistContext, parallel: str = "ddp") -> nn.Module:
-    """The one place the model is wrapped for multi-process training: DDP, or with
-    ``parallel="fsdp"`` sharded in place by FSDP2 (training/fsdp.py).
-
-    Call it before ``torch.compile``: compiling the wrapper lets communication overlap the
-    backward pass. DDP broadcasts rank 0's weights on construction, so every rank starts equal;
-    FSDP keeps each rank's own slice, which is equal because every rank built the model from
-    the same seed (or loaded the same parent weights).
-    """
+    """The one place the model is wrapped for multi-process training: DDP, or FSDP2 in place
+    (training/fsdp.py). Call it before ``torch.compile``, so communication overlaps the backward.
+    DDP broadcasts rank 0's weights; FSDP's slices agree because every rank built the same model."""
     if not ctx.enabled:
         return model
     if parallel == "fsdp":
@@ -149,10 +137,9 @@ def sync_gradients(model: nn.Module, enabled: bool) -> Iterator[None]:
 
 
 def shared_failure(ctx: DistContext, action: Callable[[], T]) -> T:
-    """Run ``action`` on every rank (scoring this rank's samples, say) and make a failure of any rank
-    every rank's: the failing rank raises its own error, the others a ``UserError`` with the first
-    failing rank's line. Every rank then leaves together with one line, instead of the others waiting
-    in the next collective for a peer that is gone."""
+    """Run ``action`` on every rank and make a failure of any rank every rank's (the failing rank
+    raises its own error, the others a ``UserError`` with its line), so no rank waits in the next
+    collective for a peer that is gone."""
     result, failure, line = None, None, None
     try:
         result = action()
@@ -221,11 +208,8 @@ def gather_to_main(obj: Any, ctx: DistContext) -> list[Any] | None:
 def select_rank_state(
     saved: list[Any] | None, saved_world_size: int | None, ctx: DistContext
 ) -> tuple[Any | None, str | None]:
-    """This rank's entry of per-rank state saved by ``gather_to_main``, for a resumed run.
-
-    With another world size than the saved one the per-rank streams cannot be carried over, so
-    it returns ``(None, message)``: the batch order starts afresh, everything else resumes.
-    """
+    """This rank's entry of per-rank state saved by ``gather_to_main``; ``(None, message)`` under
+    another world size, whose batch order then starts afresh."""
     if saved is None or saved_world_size is None:
         return None, None
     if saved_world_size == ctx.world_size and len(saved) == ctx.world_size:

@@ -86,13 +86,9 @@ def score_batches(
     ctx: DistContext = DistContext(),
     charge_zero_byte: bool = False,
 ) -> EvalResult:
-    """Loss over the targets of ``batches`` that are not -1, and bits per byte of their text.
-
-    Bits per byte leaves zero-byte targets (a text run's end-of-text) out unless ``charge_zero_byte``
-    (a chat run's ``<|end|>``: its nats count, over the bytes of the text; ``data.metrics``). With
-    several processes each scores every ``world_size``-th batch and the sums are added up, so the
-    result equals a single-process evaluation.
-    """
+    """Loss over the targets of ``batches`` that are not -1, and bits per byte of their text (zero-byte
+    targets left out unless ``charge_zero_byte``, ``data.metrics``). Each process scores every
+    ``world_size``-th batch and the sums are added, equal to a single-process evaluation."""
     # nats and count over every scored target (the loss); nats and UTF-8 bytes for bits per byte.
     sums = torch.zeros(4, dtype=torch.float64, device=device)
     seen = 0
@@ -124,13 +120,9 @@ def score_batches(
 
 
 def generate_sample(model: Any, tokenizer: Any, prompt: str, settings: SamplingSettings) -> str:
-    """Continue ``prompt`` through the engine; returns prompt + continuation, which ends where the
-    model ends the document (its end-of-text token), as the sample is one document's text.
-
-    The engine's seeding rule (a private generator seeded ``settings.seed``) makes the sample a
-    function of the weights alone (so samples at the same step of a resumed and an uninterrupted
-    run match) and leaves the training RNG untouched.
-    """
+    """Prompt + continuation through the engine, ending where the model ends the document. The
+    engine's private generator makes it a function of the weights alone (a resumed run's samples
+    match) and leaves the training RNG untouched."""
     ids = prompt_ids(tokenizer, prompt)
     with eval_mode(model):
         finish, = decode(model, [ids], settings, end_ids=[eot_id(tokenizer)])

@@ -1,9 +1,6 @@
-"""Sharded data parallelism (``train.parallel: fsdp``): FSDP2 over the blocks and the root.
-
-Each process holds 1/N of every weight, gradient and optimizer moment; a block's weights are
-gathered just before its forward and backward and freed after. This buys memory, not speed: pick
-it when the ``ddp`` estimate of training/memory_budget.py does not fit one device. Its checkpoints
-are sharded too (training/checkpointing.py).
+"""Sharded data parallelism (``train.parallel: fsdp``): FSDP2 over the blocks and the root. Each
+process holds 1/N of every weight, gradient and moment, gathering a block's weights around its
+forward and backward: memory, not speed, for when ``ddp`` does not fit (training/memory_budget.py).
 """
 
 from __future__ import annotations
@@ -27,12 +24,8 @@ def torch_too_old(version: str) -> str | None:
 
 
 def shard_model(model: GPT, device: torch.device) -> GPT:
-    """Shard every block, then the root (embeddings, final norm, head), over all processes.
-
-    On CUDA the gathered weights compute in bf16 and gradients are reduced in fp32; on the CPU
-    everything stays fp32. The module is changed in place (and returned): its parameters become
-    DTensors, and its forward gathers and frees them.
-    """
+    """Shard every block, then the root, over all processes, in place (the parameters become
+    DTensors); on CUDA gathered weights compute in bf16 and gradients reduce in fp32."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     policy = MixedPrecisionPolicy()

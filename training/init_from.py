@@ -1,13 +1,10 @@
 """Starting a run from another run's weights (``train.init_from``): fine-tuning and continued
 pretraining.
 
-The parent run fixes what the weights depend on: its ``model_config.json`` is the model's shape,
-and its ``tokenizer.json`` tokenizes the new data (no tokenizer is trained). A ``model`` section
-in the config may be left out; a field it sets that would change the shape is an error naming the
-field. The optimizer, schedule and step start fresh. The new run records its parent in
-``parent.json`` (``rundir.record``), with a SHA-256 of the weights it started from: a run whose
-loss measures itself against those weights (a post-training reference) resumes only against the
-same ones.
+The parent fixes the model's shape (its ``model_config.json``; a ``model`` field that would change
+it is an error naming the field) and the tokenizer (its ``tokenizer.json``). The optimizer, schedule
+and step start fresh. ``parent.json`` (``rundir.record``) records the parent with a SHA-256 of its
+weights, so a run whose loss measures itself against them resumes only against the same ones.
 """
 
 from __future__ import annotations

@@ -14,12 +14,8 @@ class StopNow(Exception):
 
 
 class StopRequest:
-    """Records the first SIGINT/SIGTERM instead of dying; a second Ctrl-C aborts at once.
-
-    Killing the process mid-step would lose everything since the last checkpoint; finishing the
-    step (seconds at most) and saving loses nothing. Schedulers send SIGTERM before SIGKILL for
-    exactly this.
-    """
+    """Records the first SIGINT/SIGTERM instead of dying, so the step finishes and is saved (as
+    schedulers expect, sending SIGTERM before SIGKILL); a second Ctrl-C aborts at once."""
 
     def __init__(self) -> None:
         self.signum: int | None = None

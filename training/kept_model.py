@@ -1,12 +1,9 @@
 """Which weights a run keeps as its model, and the warning that a corpus is small for the budget.
 
-A small corpus is soon learnt by heart: the training loss keeps falling while the validation loss
-turns and rises. So the run's ``model.safetensors`` (what generate.py, export.py and serve.py load)
-holds the weights whose periodic evaluation scored the lowest validation loss. Those evaluations
-score the same fixed subset of the validation split each time (``eval.max_batches`` batches), so
-their losses compare; the last step is evaluated on it too before the run ends. The last state
-stays in the trainer checkpoint, for ``--resume``, and the final full validation pass then scores
-the kept weights on the whole split. A run without periodic evaluations keeps its last weights.
+A small corpus is soon learnt by heart, so ``model.safetensors`` holds the weights whose periodic
+evaluation (the same fixed validation subset each time, the last step included) scored lowest. The
+last state stays in the trainer checkpoint for ``--resume``, and the final full validation pass
+scores the kept weights. A run without periodic evaluations keeps its last weights.
 """
 
 from __future__ import annotations
@@ -61,9 +58,8 @@ class KeptModel:
 
 
 def load_kept_weights(model: nn.Module, run_dir: Path, adapters: Adapters) -> None:
-    """Put the run's ``model.safetensors`` into ``model``, whole or sharded over processes (every
-    process reads the file; under torchrun the run directory is shared). For the final validation
-    pass only: ``adapters`` fold the weights into their frozen base and then add nothing."""
+    """Put the run's ``model.safetensors`` into ``model``, whole or sharded (every process reads the
+    shared file), for the final validation pass: ``adapters`` fold into their frozen base."""
     weights = load_pretrained(run_dir).state_dict()
     if is_sharded(model):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict

@@ -1,24 +1,17 @@
 """LoRA (``train.lora``): low-rank adapters on the linear layers of a frozen model.
 
-Each targeted weight W of every block is read as ``W + scale·B·A`` (A: rank x in, B: out x rank,
-scale = alpha / rank) through ``torch.nn.utils.parametrize``: W is frozen, only A and B train, and
-every reader of ``layer.weight`` sees the adapted weight, the forward pass and also latent
-attention's absorbed decoding, which multiplies by ``kv_up.weight`` directly. B starts at zero, so
-an adapted model starts equal to its parent. Dropout, as in PEFT, drops the adapter's input
-alone; the weight cannot carry that, so a forward hook adds the difference while training.
+Each targeted weight W is read as ``W + scale·B·A`` (scale = alpha / rank) through
+``torch.nn.utils.parametrize``, so every reader of ``layer.weight`` sees the adapted weight, latent
+attention's absorbed decoding included. B starts at zero: an adapted model starts equal to its
+parent. Dropout, as in PEFT, drops the adapter's input alone, which the weight cannot carry, so a
+forward hook adds the difference while training. Reading the weight whole makes the backward pass
+cost about what full fine-tuning's does; what LoRA saves is the optimizer state, the gradients and
+the checkpoint.
 
-The price of reading the weight whole: the backward pass forms the gradient of the whole weight
-before projecting it onto A and B, so a step costs about what full fine-tuning's does. What LoRA
-saves here is everything kept between steps: the optimizer's state and the gradients are the
-adapters' alone, and so is the checkpoint's new information (the adapter file).
-
-The run directory keeps the adapter in PEFT's files (``adapter_config.json``,
-``adapter_model.safetensors``) under the Hugging Face export's layer names (the model's layer map,
-``model.layer_map.block_linears``): loaded with ``peft.PeftModel.from_pretrained`` onto the
-parent's export, it computes this model. Our fused layers map exactly: one A and a stacked B on
-``attn.qkv`` are three LoRAs on ``q_proj``, ``k_proj`` and ``v_proj`` sharing A, each with its rows
-of B; likewise ``gate_up``, latent attention's ``down`` and ``kv_up``. The run's ``model.safetensors``
-holds the merged weights, so every tool that reads a run needs nothing new.
+The run keeps the adapter in PEFT's files under the Hugging Face export's layer names
+(``model.layer_map.block_linears``), so ``peft.PeftModel.from_pretrained`` on the parent's export
+computes this model: one A and a stacked B on ``attn.qkv`` are three LoRAs on q, k and v sharing A
+(likewise ``gate_up``, ``down`` and ``kv_up``). ``model.safetensors`` holds the merged weights.
 """
 
 from __future__ import annotations
@@ -91,9 +84,8 @@ class TrainedRows(nn.Module):
 
 
 def add_adapters(model: GPT, lora: LoraConfig, token_ids: list[int] | None = None) -> None:
-    """Freeze every weight of ``model`` and give the layers ``lora`` targets, in every block, their
-    adapters, and the token matrices the rows of ``token_ids`` (``lora.trainable_tokens``' ids):
-    then the only parameters that require a gradient. Draws A from torch's generator."""
+    """Freeze ``model`` and give the layers ``lora`` targets their adapters and the token matrices
+    the trainable rows ``token_ids``: then the only trainable parameters. Draws A from torch's generator."""
     model.requires_grad_(False)
     for block in model.blocks:
         for name in lora.layers(model.config):
@@ -111,9 +103,8 @@ def add_adapters(model: GPT, lora: LoraConfig, token_ids: list[int] | None = Non
 
 
 def parametrized(model: nn.Module, kind: type | tuple[type, ...]) -> Iterator[tuple[str, nn.Module, nn.Module]]:
-    """Each layer of ``model`` whose weight a ``kind`` parametrizes (``LowRankDelta``: the adapted
-    layers; ``TrainedRows``: the token matrices with trained rows, a tied head sharing the
-    embedding's): its name, the layer, and the parametrization."""
+    """(name, layer, parametrization) of each layer of ``model`` whose weight a ``kind`` parametrizes
+    (a tied head shares the embedding's)."""
     for name, module in model.named_modules():
         if parametrize.is_parametrized(module, "weight"):
             for part in module.parametrizations.weight:
@@ -200,11 +191,9 @@ def peft_state_dict(model: GPT) -> dict[str, torch.Tensor]:
 
 
 def peft_config(model: GPT, lora: LoraConfig) -> dict[str, object]:
-    """``adapter_config.json``: PEFT's LoRA settings for the export's layer names (PEFT fills in
-    the keys left out with its defaults). The base is the parent run's Hugging Face export, which
-    has no fixed path, so ``base_model_name_or_path`` is left empty. Trained rows are PEFT's
-    ``trainable_token_indices``: a list for the input embedding (PEFT ties the head to it when the
-    export ties them), or one list per matrix when the head is untied."""
+    """``adapter_config.json``: PEFT's LoRA settings for the export's layer names, defaults left to
+    PEFT; ``base_model_name_or_path`` empty (the parent's export has no fixed path). Trained rows are
+    ``trainable_token_indices``: one list (PEFT ties the head), or one per matrix when untied."""
     linears = block_linears(model.config)
     modules = sorted({part.name.rpartition(".")[2] for name in lora.layers(model.config) for part in linears[name].parts})
     indices = next((rows.index.tolist() for _, _, rows in parametrized(model, TrainedRows)), None)

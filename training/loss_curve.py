@@ -1,15 +1,11 @@
-"""The curves of a run as a PNG beside its metrics: each kind of run draws its own numbers. People would
-rather look at a curve than read metrics.jsonl.
+"""The curves of a run as a PNG beside its metrics, each kind of run drawing its own numbers:
 
-- text and chat: training and validation loss in bits per byte, against the step and against
-  training time;
-- preference (DPO): the DPO loss, ``rewards/accuracies`` and ``rewards/margins`` (TRL's names), training
-  and held-out, against the step;
-- rl (GRPO): the training groups' reward, held-out pass@1 and pass@k, and the KL to the reference,
-  against the step.
+- text and chat: training and validation bits per byte, against the step and against time;
+- preference (DPO): the loss, ``rewards/accuracies`` and ``rewards/margins``, training and held-out;
+- rl (GRPO): the training reward, held-out pass@1 and pass@k, and the KL to the reference.
 
-train.py draws it when a run ends; the library's ``train`` does not: importing matplotlib and drawing
-take time that programs and tests calling it in a loop do not need.
+train.py draws it when a run ends; the library's ``train`` does not, sparing callers in a loop the
+time matplotlib takes.
 """
 
 from __future__ import annotations
@@ -87,10 +83,9 @@ def write_figure(figure: Any, out_file: Path) -> None:
 
 
 def _draw_loss(axes: Any, train: Records, evals: Records, finals: Records) -> None:
-    """Text and chat: in bits per byte, the number every report and table gives, with the loss in
-    nats per token on the right-hand axis. Training records carry only nats per token: they are
-    converted at the bytes per token of the validation split (the ratio of a validation record's two
-    numbers); a run with no validation yet is drawn in nats per token alone."""
+    """Text and chat: bits per byte, with nats per token on the right-hand axis. Training records,
+    in nats per token, are converted at the validation split's bytes per token; a run with no
+    validation yet is drawn in nats per token alone."""
     per_nat = bits_per_byte_per_nat(evals + finals)
     for each, x, label in zip(axes, ("step", "elapsed_s"), ("step", "training time (minutes)")):
         scale = 1 / 60 if x == "elapsed_s" else 1

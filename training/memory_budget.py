@@ -1,21 +1,11 @@
 """Memory planning: what one device holds while training, estimated from the config alone, so that
 a run that cannot fit is refused before anything is allocated, with the settings that would fit.
 
-Per device, in bytes:
-- weights, gradients and optimizer state: fp32 (4 bytes) per parameter for each; AdamW keeps two
-  moments, Muon one for its matrices. Under fsdp each is divided by the number of processes,
-  plus the whole weights and gradients of the blocks being gathered (two: FSDP prefetches one).
-- activations kept for the backward pass at the configured per-process micro-batch: per token,
-  a fixed number of values per layer for each of the model width and the MLP width, and the
-  logits. Activation checkpointing keeps each block's input instead and recomputes one block.
-  The constants were fitted to the CPU's measured peak (tests/training/test_memory_budget.py);
-  bf16 autocast halves the activations. A micro-batch is counted in the rows the model computes:
-  a post-training method computes several per example (``Config.rows_per_example``: a reply pair's
-  two, an rl question's group of completions).
-- the KV cache of the rows a run decodes at once while it trains (an rl step samples its
-  completions through the engine): fp32 keys and values (or latents) of every layer at every
-  position of the window. The cache is gone before the backward pass, so the peak holds the larger
-  of the two, not both.
+Per device: fp32 weights, gradients and optimizer moments (divided among processes under fsdp, plus
+the blocks being gathered); the activations kept for the backward pass at the per-process
+micro-batch, counted in the rows the model computes (``Config.rows_per_example``), with constants
+fitted to the CPU's measured peak (tests/training/test_memory_budget.py); and the KV cache of the rows
+an rl step decodes, which is gone before the backward pass, so the peak holds the larger of the two.
 """
 
 from __future__ import annotations

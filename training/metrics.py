@@ -42,11 +42,8 @@ def known_gpu_peak(name: str) -> float | None:
 def measure_matmul_flops(
     device: torch.device, dtype: torch.dtype = torch.float32, size: int = 1024, max_seconds: float = 0.5
 ) -> float:
-    """Best achieved FLOP/s of an ``size x size`` matmul on ``device`` (the practical peak).
-
-    Best-of rather than mean: the question is what the hardware can do, not what the other
-    processes sharing it left over this time.
-    """
+    """Best achieved FLOP/s of an ``size x size`` matmul on ``device``: best-of, since the question is
+    what the hardware can do, not what other processes left over this time."""
     # A private generator: measuring must not move the global RNG that seeds the model.
     gen = torch.Generator(device=device).manual_seed(0)
     a = torch.randn(size, size, device=device, dtype=dtype, generator=gen)
@@ -110,10 +107,8 @@ def machine_key(device: torch.device, dtype: torch.dtype, threads: int | None) -
 
 
 def best_peak(measured: float, key: str, cache_file: Path) -> float:
-    """The best of ``measured`` and the peaks kept for ``key`` in ``cache_file``, which keeps it.
-
-    The cache only saves a measurement from load: one that cannot be read starts afresh, and one
-    that cannot be written (a read-only home) is left as it is."""
+    """The best of ``measured`` and the peaks kept for ``key`` in ``cache_file``, which keeps it; a
+    cache that cannot be read starts afresh, one that cannot be written is left as it is."""
     try:
         kept = json.loads(cache_file.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -169,10 +164,8 @@ class Throughput:
 
 class CpuShareWatch:
     """Notices, once, on a CPU, when other programs leave the training loop's thread on a core less
-    than half the time: the run is then far slower than the machine can go, and the user should
-    know why. The loop's own thread is the gauge: it computes its share of every operation and runs
-    the Python between them, so on a quiet machine it is on a core nearly all the time, whatever the
-    thread count."""
+    than half the time, so the user knows why the run is slow. That thread runs the Python and its
+    share of every operation, so on a quiet machine it is on a core nearly all the time."""
 
     def __init__(self, device: torch.device, threads: int) -> None:
         self.on_cpu, self.threads = device.type == "cpu", threads

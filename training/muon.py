@@ -1,24 +1,15 @@
 """Muon: momentum whose update is orthogonalised (Newton-Schulz) before it is applied.
 
-For a weight matrix W, plain momentum steps along the momentum matrix M, whose few largest singular
-directions dominate. Muon steps along the nearest semi-orthogonal matrix to M instead (roughly
-U Vᵀ for M = U S Vᵀ), so every direction the gradient points along moves at a similar rate.
-Five iterations of a quintic Newton-Schulz polynomial approximate U Vᵀ with matmuls only; the
-coefficients (3.4445, -4.7750, 2.0315) are Keller Jordan's, chosen to push small singular values
-up fast rather than to converge exactly: for a random matrix the singular values come out
-between about 0.7 and 1.15.
+Plain momentum steps along M, whose few largest singular directions dominate; Muon steps along the
+nearest semi-orthogonal matrix (about U Vᵀ for M = U S Vᵀ), so every direction moves at a similar
+rate. Five iterations of Keller Jordan's quintic (3.4445, -4.7750, 2.0315) approximate it with
+matmuls only, pushing small singular values up fast rather than converging exactly.
 
-torch.optim.Muon (torch >= 2.9) does the same mathematics, but always iterates in bfloat16. That
-is right on a GPU and far slower than the whole forward and backward pass on a CPU without bf16
-matrix units (docs/results.md). This version iterates in bf16 on CUDA and in fp32 elsewhere, and
-orthogonalises all matrices of one shape in one batched matmul. A CPU with bf16 dot products
-iterates in fp32 too: the trainer steps the optimizer outside autocast, and bf16 there would change
-the update itself, which no records run has compared.
-
-Under FSDP (train.parallel: fsdp) each process holds a slice of rows of every matrix, and the
-orthogonalised update of a slice is not a slice of the orthogonalised matrix. So each update is
-gathered whole, every process orthogonalises the same whole matrices, and each keeps its own
-rows: the step equals the unsharded one, at the price of one all-gather per matrix per step.
+torch.optim.Muon always iterates in bfloat16, far slower than the whole step on a CPU without bf16
+matrix units (docs/results.md). This one iterates in bf16 on CUDA and fp32 elsewhere, and batches
+all matrices of one shape. Under FSDP a slice's orthogonalised update is not a slice of the whole
+one's, so each update is gathered whole and each process keeps its own rows: the step equals the
+unsharded one, for one all-gather per matrix per step.
 """
 
 from __future__ import annotations
@@ -33,10 +24,7 @@ NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 
 
 def orthogonalize(matrices: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> torch.Tensor:
-    """Approximately orthogonalise each matrix of a (..., rows, cols) stack (see the module doc).
-
-    Computed in bf16 on CUDA and in the input dtype elsewhere; returned in the input dtype.
-    """
+    """Approximately orthogonalise each matrix of a (..., rows, cols) stack, in bf16 on CUDA."""
     x = matrices.bfloat16() if matrices.is_cuda else matrices
     wide = x.size(-2) <= x.size(-1)
     if not wide:  # iterate on the smaller Gram matrix
@@ -60,12 +48,9 @@ def orthogonalize(matrices: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> 
 
 
 class Muon(torch.optim.Optimizer):
-    """Muon for 2-D weight matrices, with Nesterov momentum and decoupled weight decay.
-
-    The step for a (rows, cols) matrix is ``lr * sqrt(max(1, rows / cols))`` times the
-    orthogonalised momentum, the same scaling as torch.optim.Muon's ``adjust_lr_fn="original"``,
-    so its learning rates carry over. Weight decay multiplies the weights by ``1 - lr * wd``.
-    """
+    """Muon for 2-D weight matrices, with Nesterov momentum and decoupled weight decay. A step is
+    ``lr * sqrt(max(1, rows / cols))`` times the orthogonalised momentum, as torch.optim.Muon's
+    ``adjust_lr_fn="original"``, so its learning rates carry over."""
 
     def __init__(
         self,

@@ -14,9 +14,8 @@ from training.muon import Muon
 
 @dataclass(frozen=True)
 class ParamGroup:
-    """One group of parameters as the optimizer steps it. The schedule gives one learning rate;
-    this group runs at that rate times ``lr_scale``, so Muon and AdamW, whose rates live on
-    different scales, follow the same warm-up and decay."""
+    """One group of parameters, run at the schedule's rate times ``lr_scale``, so Muon and AdamW,
+    whose rates live on different scales, follow the same warm-up and decay."""
 
     name: str  # matrices | other | value_tables
     params: list[nn.Parameter]
@@ -26,13 +25,9 @@ class ParamGroup:
 
 
 def decayed_and_not(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
-    """The parameters weight decay applies to (matrices), and the rest.
-
-    Decay pulls weights toward zero, which regularises the linear maps but would only fight the
-    scale parameters of norms and the biases; embeddings are excluded too because a row that is
-    rarely looked up would be shrunk at every step while it gets almost no gradient. (With tied
-    embeddings the output projection is the same tensor, so it is not decayed either.)
-    """
+    """The parameters weight decay applies to (matrices), and the rest: decay would only fight norm
+    gains and biases, and would shrink a rarely looked-up embedding row at every step while it gets
+    almost no gradient (tied embeddings leave the output projection undecayed too)."""
     # Everything an embedding holds: its weight, or its frozen weight and trained rows (LoRA's
     # trainable tokens, which are rows of the embedding all the same).
     embedding_params = {
@@ -50,14 +45,10 @@ def decayed_and_not(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Param
 
 
 def plan_param_groups(model: nn.Module, cfg: TrainConfig) -> list[ParamGroup]:
-    """The groups ``build_optimizer`` makes, in its order, each with its learning-rate scale.
-
-    The hidden matrices go to Muon under ``train.optimizer: muon``: its orthogonalised update
-    suits maps between hidden states, not the embedding (which is also the output head) or the
-    norm gains. Value-embedding tables get a group of their own whether or not
-    ``train.value_embedding_lr`` differs from ``train.lr``, so the groups depend on the model
-    alone and a resume may change that rate like any other.
-    """
+    """The groups ``build_optimizer`` makes, in its order, each with its learning-rate scale. Muon
+    takes the hidden matrices (its update suits maps between hidden states, not embeddings or gains).
+    Value-embedding tables always get their own group, so the groups depend on the model alone and a
+    resume may change ``train.value_embedding_lr`` like any other rate."""
     decay, no_decay = decayed_and_not(model)
     muon = cfg.optimizer == "muon"
     groups = [ParamGroup("matrices", decay, "muon" if muon else "adamw", cfg.weight_decay,
@@ -97,9 +88,8 @@ def build_optimizer(
 
 def set_learning_rate(optimizer: torch.optim.AdamW | MuonWithAdamW, groups: list[ParamGroup], lr: float,
                       momentum: float | None = None) -> None:
-    """Run every group of ``optimizer`` (built from ``groups``) at the schedule's ``lr`` times its scale,
-    and Muon's groups at ``momentum`` (``muon_momentum``; None: as they are). AdamW's betas stay as
-    configured."""
+    """Run every group of ``optimizer`` (built from ``groups``) at the schedule's ``lr`` times its
+    scale, and Muon's groups at ``momentum`` (None: as they are)."""
     for torch_group, group in zip(optimizer.param_groups, groups, strict=True):
         torch_group["lr"] = lr * group.lr_scale
         if group.optimizer == "muon" and momentum is not None:
@@ -145,15 +135,10 @@ class MuonWithAdamW:
 
 @dataclass(frozen=True)
 class LRSchedule:
-    """Linear warmup over ``warmup_steps``, then a decay from ``lr`` to ``min_lr``.
-
-    ``shape`` "cosine" decays along a half cosine over the whole budget; "wsd" (warmup, stable,
-    decay) holds ``lr`` and then falls linearly over the last ``decay_fraction`` of it.
-
-    The decay follows *progress*, the largest fraction used of any budget (a token budget is
-    folded into ``max_steps``). When the clock binds, progress follows the clock, so the run
-    still reaches the floor as time runs out instead of stopping half-way down a step curve.
-    """
+    """Linear warmup over ``warmup_steps``, then a decay from ``lr`` to ``min_lr``: "cosine" along a half
+    cosine over the whole budget, "wsd" holding ``lr`` and falling linearly over the last
+    ``decay_fraction``. The decay follows the largest fraction used of any budget (tokens folded into
+    ``max_steps``), so when the clock binds the run still reaches the floor as time runs out."""
 
     lr: float
     min_lr: float

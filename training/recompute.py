@@ -13,12 +13,8 @@ from torch.utils.checkpoint import checkpoint
 
 
 def checkpoint_blocks(model: nn.Module) -> None:
-    """Make every block of ``model`` recompute its activations in the backward pass.
-
-    The block's own ``forward`` is replaced, not the module: parameter names, FSDP's hooks on the
-    block (which gather its weights before the forward and before the recomputation) and the
-    analysis hooks inside attention all stay as they are.
-    """
+    """Make every block of ``model`` recompute its activations in the backward pass, replacing its
+    ``forward`` rather than the module, so names, FSDP's hooks and attention's hooks stay."""
     for block in model.blocks:
         block.forward = functools.partial(_recomputed, block.forward)
 

@@ -1,18 +1,15 @@
 """Which settings may change when a run is resumed, and the checks that refuse the others.
 
-May change on ``--resume``: the budgets (``train.max_steps``, ``max_minutes``, ``max_tokens``),
-learning rates and their schedule, warmup, Muon's momentum, weight decay, betas, eps, gradient clipping,
-``train.batch_size`` and ``train.grad_accum_steps``, device, precision, compile, and the whole
-``eval``, ``logging`` and ``run`` sections, plus ``model.dropout``. ``train.precision: auto`` keeps the
-precision the run trained in (``run_precision``), so only an explicit ``fp32`` or ``bf16`` changes it.
+May change on ``--resume``: the budgets, learning rates and schedule, warmup, Muon's momentum, weight
+decay, betas, eps, gradient clipping, ``train.batch_size`` and ``grad_accum_steps``, device, precision
+(``auto`` keeps the run's own, ``run_precision``), compile, ``model.dropout``, and the whole ``eval``,
+``logging`` and ``run`` sections.
 
-May not change: ``train.optimizer`` (the saved optimizer state belongs to one optimizer),
-``train.parallel`` (ddp saves whole tensors in the trainer state, fsdp a sharded folder),
-``train.sampling`` and ``data.format`` (the saved sampler position belongs to one sampler over one
-kind of data), ``train.lora`` (the saved adapters and their optimizer state have its shape and
-scale), ``train.seed`` (the saved random streams came from it; a new seed would silently do
-nothing), the model's shape (``SHAPE_KEYS``) and the data section's tokenizer (both checked in
-``Trainer.setup``).
+May not change, because the saved state belongs to them: ``train.optimizer``, ``train.parallel``
+(ddp saves whole tensors, fsdp a sharded folder), ``train.sampling`` and ``data.format`` (the
+sampler's position), ``train.lora`` (the adapters' shape and scale), ``train.seed`` (the saved random
+streams; a new seed would silently do nothing), the model's shape (``SHAPE_KEYS``) and the tokenizer
+(both checked in ``Trainer.setup``).
 """
 
 from __future__ import annotations
@@ -89,9 +86,8 @@ def run_precision(state: dict[str, Any] | None, device: torch.device) -> str | N
 
 
 def check_data_format(run_dir: Path, data_format: str) -> None:
-    """Refuse to resume a chat run as text or a text run as chat: the saved batch position belongs to
-    one kind of data. The run's own config.yaml says which it was trained on (unreadable: the
-    structural checks still apply when the state is restored)."""
+    """Refuse to resume a run on another kind of data than its config.yaml says (an unreadable one
+    leaves it to the structural checks when the state is restored)."""
     try:
         saved = read_yaml_file(run_dir / RUN_CONFIG_FILE)["data"].get("format", "text")
     except (OSError, ValueError, KeyError, TypeError, AttributeError, UserError):
@@ -105,10 +101,9 @@ def check_data_format(run_dir: Path, data_format: str) -> None:
 
 
 def threads_on_resume(state: dict[str, Any] | None, setting: int | str) -> int | None:
-    """The thread count a resumed run keeps: its own, where ``train.threads`` is auto (None: no
-    resume, a thread count set, or none recorded). The thread count changes how sums are split, and
-    so the last bits of every step: keeping it, a resumed run still ends on the weights of an
-    uninterrupted one. A machine with fewer CPUs than the run's own gives it all it has."""
+    """The thread count a resumed run keeps where ``train.threads`` is auto (None: none to keep): it
+    decides how sums are split, so keeping it ends on the uninterrupted run's weights. A machine with
+    fewer CPUs gives all it has."""
     if setting != "auto" or state is None or not isinstance(state.get("threads"), int):
         return None
     return min(state["threads"], os.cpu_count() or 1)
@@ -123,17 +118,15 @@ def check_resumed_tokenizer(run_dir: Path, tokenizer: Any) -> None:
 
 
 def check_run_tokenizer(run_dir: Path) -> None:
-    """Refuse to resume a run whose tokenizer.json is gone: a resume writes it only when a run
-    starts, so the run would train on and end without it, and every command that reads the run
-    (generate, export, serve) would then refuse it."""
+    """Refuse to resume a run whose tokenizer.json is gone (only a new run writes it), which every
+    command that reads the run would then refuse."""
     if not (run_dir / TOKENIZER_FILE).is_file():
         raise CheckpointError(f"cannot resume {run_dir}: it has no {TOKENIZER_FILE}; {RUN_TOKENIZER_ADVICE}")
 
 
 def check_not_finished(state: dict[str, Any], train_config: Any, run_dir: Path) -> None:
-    """Refuse to resume a run that used up its budget and had its final validation: there is nothing
-    left to do, and doing it again would only repeat the validation and its metrics line. One stopped
-    during that validation is not finished: resuming runs the validation."""
+    """Refuse to resume a run that used up its budget and had its final validation (one stopped
+    during that validation is not finished: resuming runs it)."""
     try:
         step, tokens, seconds = int(state["step"]), int(state["tokens_seen"]), float(state["train_seconds"])
     except (KeyError, ValueError, TypeError):
@@ -165,12 +158,9 @@ def _group_sizes(state: dict[str, Any]) -> list[int]:
 
 
 def check_optimizer_groups(saved: dict[str, Any], current: dict[str, Any], run_dir: Path) -> None:
-    """Refuse an optimizer state whose parameters were grouped otherwise, saying how to go on.
-
-    With the model's shape and the optimizer already checked, a different grouping means the state
-    was saved by an earlier version: before ``train.value_embedding_lr``, value-embedding tables
-    shared the group of the embedding and the norm gains. The weights still serve a new run.
-    """
+    """Refuse an optimizer state whose parameters were grouped otherwise: saved before
+    ``train.value_embedding_lr`` gave value-embedding tables their own group. The weights still serve
+    a new run."""
     was, now = _group_sizes(saved), _group_sizes(current)
     if was != now:
         raise CheckpointError(

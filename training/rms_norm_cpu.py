@@ -42,12 +42,8 @@ class CPUBackwardRMSNorm(RMSNorm):
 
 
 def use_cpu_backward(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Training in eager mode on the CPU with fp32/fp64 gains (the input in their dtype, or in
-    bf16 under autocast): the case RMSNormCPUFunction is for.
-
-    Inference needs no backward, CUDA has a fused RMSNorm backward kernel, and torch.compile
-    fuses the plain formula itself.
-    """
+    """Eager CPU training with fp32/fp64 gains: inference needs no backward, CUDA has a fused
+    kernel, and torch.compile fuses the plain formula itself."""
     return (
         torch.is_grad_enabled()
         and (x.requires_grad or weight.requires_grad)
@@ -69,9 +65,7 @@ class RMSNormCPUFunction(torch.autograd.Function):
 
         rstd·(g·w − mean(g·w·x̂)·x̂) − rstd·mean(g·w)
 
-    whose first term is RMSNorm's input gradient; the second is LayerNorm's centring, which
-    RMSNorm does not have, so it is added back (one matrix-vector product for mean(g·w)).
-    It pays for itself in a training step on the CPU (see docs/results.md, RMSNorm backward).
+    whose second term, LayerNorm's centring, RMSNorm lacks: it is added back (docs/results.md).
     ``native_layer_norm_backward`` is a Core ATen op, PyTorch's documented and stable operator set.
     """
 

@@ -1,12 +1,10 @@
 """A training run's directory, from the trainer's side: claimed and checked before anything slow, and
 given the run's own files once every input has been read.
 
-``open_run_dir`` takes the lock (held until the run closes), refuses a directory that holds another
-run (unless replaced) or no checkpoint to resume, and checks a resumed checkpoint against the config
-(``training.resume_rules``). ``write_run_files`` then clears a replaced run and writes the config,
-tokenizer and parent record; nothing in the directory is deleted or written before, so a run
-replaced with ``--overwrite`` stays whole when the new one cannot start. The file names and the
-checkpoint format belong to ``rundir``.
+``open_run_dir`` takes the lock, refuses a directory holding another run (unless replaced) or no
+checkpoint to resume, and checks a resumed checkpoint (``training.resume_rules``). ``write_run_files``
+then clears a replaced run and writes the config, tokenizer and parent record, so a run replaced with
+``--overwrite`` stays whole when the new one cannot start. File names and formats belong to ``rundir``.
 """
 
 from __future__ import annotations
@@ -61,9 +59,9 @@ def open_run_dir(config: Config, ctx: DistContext, held: contextlib.ExitStack, *
 
 def write_run_files(config: Config, metrics: MetricsLog, tokenizer_path: Path, parent: ParentRun | None, *,
                     resume: bool, step: int) -> None:
-    """The run's own files: a replaced run cleared, the config (rewritten on resume too: a longer
-    budget is a legitimate change, and the directory describes the run as it continues), and for a
-    new run its tokenizer and parent record; a resumed run's metrics lose the lines after ``step``."""
+    """The run's own files: a replaced run cleared, the config (rewritten on resume: a longer budget
+    is a legitimate change), a new run's tokenizer and parent record; a resumed run's metrics lose
+    the lines after ``step``."""
     run_dir = config.out_dir
     if not resume:
         clear_old_run(run_dir)  # a run being replaced (--overwrite)

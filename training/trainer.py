@@ -155,11 +155,8 @@ class Trainer:
     # Setup, by stage
 
     def setup(self, *, resume: bool, overwrite: bool) -> None:
-        """Cheapest stages first, so a bad directory or config fails before anything slow.
-
-        Nothing in the run directory is deleted or written until every input (config, parent
-        run, data, checkpoint) has been read and checked: a run replaced with --overwrite stays
-        whole when the new one cannot start."""
+        """Cheapest stages first, so a bad directory or config fails before anything slow; nothing
+        in the run directory is written until every input has been read and checked."""
         state = open_run_dir(self.config, self.ctx, self._held, resume=resume, overwrite=overwrite)
         tc = self.config.train
         if (own := threads_on_resume(state, tc.threads)) is not None:
@@ -168,8 +165,7 @@ class Trainer:
             self.threads = use_threads(None if tc.threads == "auto" else tc.threads, self.threads_setting)
         self.cpu_share = CpuShareWatch(self.device, self.threads.threads)
         check_model_fits(self.config.model, self.device)  # an absurd size, before anything slow
-        # The optimizer step always covers batch_size x grad_accum_steps sequences; more processes
-        # share it instead of silently growing the batch.
+        # More processes share the configured global batch rather than silently growing it.
         self.split = split_batch(tc.batch_size, tc.grad_accum_steps, self.ctx.world_size)
         self.amp_dtype = resolve_precision(tc.precision, self.device, run_own=run_precision(state, self.device))
         # The whole step's estimate, from the config alone: refused here, before any allocation.
@@ -222,8 +218,7 @@ class Trainer:
         torch.manual_seed(tc.seed + ctx.rank)  # for dropout, differing per rank
         np.random.seed((tc.seed + ctx.rank) % 2**32)
         random.seed(tc.seed + ctx.rank)
-        # Each group's learning-rate scale comes from the config, never from a checkpoint: a run
-        # resumed with a new train.lr or train.muon_lr runs at the new ratio between the two.
+        # Each group's learning-rate scale comes from the config, never a checkpoint, so a resume may change it.
         self.param_groups = plan_param_groups(self.model, tc)
         self.optimizer = build_optimizer(self.param_groups, tc, self.device)
         # Positions computed per step, at most: every row of every example fills the window.
@@ -292,12 +287,10 @@ class Trainer:
     # The loop
 
     def fit(self) -> TrainResult:
-        """The training loop. Until a budget is used up or a signal asks to stop, each step:
-        sets the learning rate of every parameter group, accumulates the gradient of one optimizer
-        step's micro-batches (``self.task`` knows how its loss is made), clips it, refuses a
-        non-finite loss, steps the optimizer; then logs, evaluates and saves on their intervals.
-        An evaluation of the last weights, a last checkpoint and the full validation pass of the
-        kept weights (``training.kept_model``) end the run."""
+        """The training loop: until a budget is used up or a signal asks to stop, set the learning
+        rates, accumulate one step's gradient (``self.task`` makes the loss), clip it, refuse a
+        non-finite loss, step; log, evaluate and save on their intervals. The last weights' evaluation,
+        a checkpoint and the kept weights' full validation pass (``training.kept_model``) end the run."""
         tc, cfg = self.config.train, self.config
         stop = StopRequest()
         stop.install()
@@ -324,8 +317,7 @@ class Trainer:
                         reason = "interrupted"
                         break
                     grad_norm = clip_gradients(self.model, tc.grad_clip)
-                    # One host sync per step: the cost of noticing a NaN before it reaches the
-                    # optimizer (and any checkpoint). The grad norm is the same on all ranks.
+                    # One host sync per step: the cost of catching a NaN before the optimizer does.
                     loss, grad_norm = all_reduce_mean(step_loss, self.ctx).item(), grad_norm.item()
                     if not (math.isfinite(loss) and math.isfinite(grad_norm)):
                         self.optimizer.zero_grad(set_to_none=True)
@@ -487,8 +479,7 @@ class Trainer:
             "precision": precision_name(self.amp_dtype),
             "kept": self.kept.state_dict(),
         }
-        # Once an evaluation has kept weights, model.safetensors (and the adapters' files) hold them,
-        # not the latest.
+        # Once an evaluation has kept weights, model.safetensors holds them, not the latest.
         weights = self.kept.step is None
         if weights and self.ctx.is_main:
             self.adapters.save(self.run_dir, self.model)

@@ -1,13 +1,10 @@
 """Batches of whole conversations for fine-tuning: each row starts at position 0, padded at the end.
 
-x is a conversation's ids but the last, y the ids shifted by one with -1 wherever the loss mask is
-off (system and user text, role tokens) and over the padding, so only the model's replies are
-learned. Right-padding never changes the real tokens' outputs (attention is causal).
-
-Rows of similar length share a batch, so little of what is computed is padding: each epoch
-shuffles the conversations, sorts each bucket of ``_BUCKET_BATCHES`` draws' worth by length, cuts
-it into draws, and shuffles the draws. The order depends only on (seed, epoch), so every rank agrees
-on it and a resumed run continues it exactly; rank r takes the r-th ``batch_size`` rows of a draw.
+y is x shifted by one, with -1 where the loss mask is off and over the padding, so only the replies
+are learned; right-padding never changes the real tokens' outputs (attention is causal). Rows of
+similar length share a batch: each epoch shuffles, sorts each bucket of ``_BUCKET_BATCHES`` draws by
+length, cuts it into draws and shuffles those, by (seed, epoch) alone, so every rank agrees and a
+resumed run continues exactly; rank r takes the r-th ``batch_size`` rows of a draw.
 """
 
 from __future__ import annotations

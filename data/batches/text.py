@@ -41,9 +41,8 @@ class _TrainWindows:
 
 
 class TrainBatches(_TrainWindows):
-    """Windows starting at uniformly random tokens ("random", as nanoGPT), so some text is seen
-    many times and some never. Each (seed, rank) seeds its own generator, whose state is saved for
-    an exact resume; ranks draw different windows."""
+    """Windows starting at uniformly random tokens ("random", as nanoGPT), from a generator per
+    (seed, rank) whose state is saved for an exact resume."""
 
     def __init__(self, tokens: np.ndarray, block_size: int, batch_size: int, **kwargs) -> None:
         super().__init__(tokens, block_size, batch_size, **kwargs)
@@ -63,13 +62,10 @@ class TrainBatches(_TrainWindows):
 
 
 class EpochBatches(_TrainWindows):
-    """Every back-to-back window once per epoch ("epoch"), shuffled, the grid shifted randomly.
-
-    Epoch e's offset and order come from a generator seeded by (seed, e) alone, so all ranks
-    agree on them: a draw is the next world_size x batch_size windows of the shuffled order, and
-    rank r takes the r-th batch_size of them. Windows left over at the end of an epoch (fewer
-    than one draw) are skipped. The state is just (epoch, position), so resuming is exact.
-    """
+    """Every back-to-back window once per epoch ("epoch"), shuffled, the grid shifted randomly. Epoch
+    e's offset and order come from (seed, e) alone, so all ranks agree: rank r takes the r-th
+    batch_size of each draw of world_size x batch_size windows; a partial last draw is skipped. The
+    state is (epoch, position), so resuming is exact."""
 
     def __init__(self, tokens: np.ndarray, block_size: int, batch_size: int, **kwargs) -> None:
         super().__init__(tokens, block_size, batch_size, **kwargs)
@@ -127,13 +123,9 @@ def iter_val_batches(
     tokens: np.ndarray, block_size: int, batch_size: int, *, max_batches: int | None = None,
     device: str | torch.device = "cpu",
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Non-overlapping validation windows, in order; the same every call.
-
-    max_batches=None: the full pass, every window that fits (the last batch may have fewer
-    rows; fewer than block_size trailing tokens are not scored). Otherwise a cheap fixed subset of
-    max_batches full batches whose windows are spread evenly over the whole array, so a frequent
-    estimate sees every part of the validation text, not just its first documents.
-    """
+    """Non-overlapping validation windows, in order, the same every call: every window that fits
+    (max_batches=None), or a fixed subset of max_batches full batches spread evenly over the array,
+    so a frequent estimate sees every part of the text, not just its first documents."""
     _check_sizes(block_size, batch_size)
     check_one_window("validation", len(tokens), block_size)
     n_windows = _grid_windows(len(tokens), block_size)

@@ -1,12 +1,9 @@
 """The one prepared-data cache: entries that appear whole, are checked on open, and are built once.
 
-An entry is a directory `<cache_dir>/<name>-<key>/` holding a meta.json and the files its kind
-writes (token files, a tokenizer, conversations). The key hashes a spec of everything that decides
-the contents, so a changed setting finds another entry. An entry only ever appears by renaming a
-complete temporary directory built beside it: a build killed halfway leaves a `.tmp-*` directory,
-which the next build removes. The kind's opener checks an entry's files against the checksums its
-meta.json records; the main process rebuilds one that fails, and in a multi-process run the others
-wait for the entry to open cleanly.
+An entry is `<cache_dir>/<name>-<key>/`: a meta.json and its kind's files, the key a hash of
+everything that decides the contents. An entry appears only by renaming a complete temporary
+directory (a killed build's `.tmp-*` is removed by the next). Its opener checks the files against
+meta.json's checksums; the main process rebuilds one that fails, and other processes wait for it.
 """
 
 from __future__ import annotations
@@ -66,12 +63,9 @@ def open_or_build(
     progress: bool,
     wait_timeout_s: float,
 ) -> Entry:
-    """The entry at `entry`, opened by `open_entry` (which raises DataError for a damaged one).
-
-    On a miss or a damaged entry the main process calls `build(temp)`: it writes the entry's files
-    into the empty directory `temp` and returns the meta, which is saved as meta.json before `temp`
-    is renamed into place. Other processes only wait. `totals(meta)` summarises an entry in the
-    progress messages."""
+    """The entry at `entry`, opened by `open_entry` (DataError for a damaged one). On a miss or
+    damage the main process calls `build(temp)`, which fills `temp` and returns the meta, saved as
+    meta.json before `temp` is renamed into place; others wait. `totals(meta)` feeds the progress."""
     if not is_main:
         return _wait_for(entry, open_entry, wait_timeout_s)
     if entry.exists():

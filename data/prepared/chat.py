@@ -1,15 +1,11 @@
 """Conversations -> token ids and loss masks that fit the model's window, cached on disk.
 
-Each conversation is rendered by ``data.chat.render_chat`` (the one chat template) with the
-parent run's tokenizer. Learned absolute positions mean a conversation is always seen from
-position 0, so one that is longer than the window (``block_size + 1`` tokens: inputs plus the
-shifted targets) is cut by the chat format's one policy (``data.chat.fit_chat``), exactly as a chat
-is at inference when its window fills. One whose last exchange alone does not fit, or that keeps
-no reply to learn from, is dropped; both are counted.
-
-An entry of the one prepared-data cache (``data.prepared.cache``), keyed by the source, the split
-settings, the tokenizer's hash and the block size, is `<cache_dir>/chat-<source>-<key>/`: one
-``conversations.npz`` (no pickles), whose checksum its meta.json records and every open verifies.
+Each conversation is rendered by ``data.chat.render_chat`` with the parent run's tokenizer, and one
+longer than ``block_size + 1`` tokens is cut by ``data.chat.fit_chat``, exactly as a chat is at
+inference. One whose last exchange alone does not fit, or that keeps no reply, is dropped; both are
+counted. An entry of the prepared-data cache (``data.prepared.cache``), keyed by the source, split,
+tokenizer hash and block size, is `<cache_dir>/chat-<source>-<key>/`: one checksummed
+``conversations.npz`` (no pickles).
 """
 
 from __future__ import annotations
@@ -64,9 +60,8 @@ class ChatSplit:
 
 @dataclass
 class PreparedSequences(cache.TokenizerMixin, Generic[Split]):
-    """A finished entry of rendered sequences, a training and a held-out split; ``tokenizer_path`` is
-    the tokenizer they were made with (the parent run's). Each kind says what it is called, how its
-    splits are read from the sequences file and how their shape is checked."""
+    """A finished entry of rendered sequences, a training and a held-out split, made with the
+    tokenizer at ``tokenizer_path``; each kind says how its splits are read and checked."""
 
     directory: Path
     tokenizer_path: Path

@@ -1,11 +1,7 @@
-"""From a `DataConfig` to a cache entry training reads: tokenizer.json, train.bin, val.bin, meta.json.
-
-The entry lives in the one prepared-data cache (``data.prepared.cache``: built whole or not at all,
-checked on open, rebuilt when damaged) as `<cache_dir>/<source>-<key>/`. On open its token files
-must match their recorded sizes, checksums and id range, and its tokenizer its recorded hash.
-
-Token files are flat uint16 arrays (uint32 when the vocabulary needs it), each document preceded by
-the end-of-text token so the model learns where documents end.
+"""From a `DataConfig` to a cache entry training reads: tokenizer.json, train.bin, val.bin, meta.json,
+as `<cache_dir>/<source>-<key>/` in the prepared-data cache (``data.prepared.cache``). Token files
+are flat uint16 arrays (uint32 when the vocabulary needs it), each document preceded by the
+end-of-text token so the model learns where documents end.
 """
 
 from __future__ import annotations
@@ -23,26 +19,13 @@ from common.files import atomic_output, atomic_write_text
 from data.config import DataConfig
 from data.errors import DataError
 from data.prepared.cache import (
-    REBUILD_ADVICE,
-    TokenizerMixin,
-    check_file_sha256,
-    entry_path,
-    file_sha256,
-    open_checked,
-    open_or_build,
-    read_meta,
-    spec_key,
+    REBUILD_ADVICE, TokenizerMixin, check_file_sha256, entry_path, file_sha256, open_checked, open_or_build,
+    read_meta, spec_key,
 )
 from data.prepared.token_files import TokenDigester, check_one_window, digest_token_file, token_dtype
 from data.sources.corpus import SourceDocuments, load_source, source_spec
 from data.split import hash_split
-from data.tokenizer import (
-    TOKENIZER_RECIPE,
-    encode_documents,
-    eot_id,
-    load_tokenizer,
-    train_tokenizer,
-)
+from data.tokenizer import TOKENIZER_RECIPE, encode_documents, eot_id, load_tokenizer, train_tokenizer
 
 # Bump when the entry layout or token file format changes: old entries then stop matching.
 FORMAT_VERSION = 2  # 2: token files carry a SHA-256 and their largest id

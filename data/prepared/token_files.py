@@ -1,10 +1,7 @@
-"""Checksums of the flat token files, recorded when they are written and verified when opened.
-
-A cache entry's token files are trusted only if their bytes hash to what preparation recorded and
-every id is below the vocabulary size: a file overwritten in place (same size, other content)
-is then rebuilt instead of trained on. Both checks run in one sequential read; SHA-256 is used
-because CPUs with SHA extensions hash faster than they read from disk (docs/results.md,
-"Hardening", has the measured cost).
+"""Checksums of the flat token files, recorded when written and verified when opened, with every id
+below the vocabulary size, so a file overwritten in place is rebuilt rather than trained on. Both
+checks run in one sequential read; SHA-256 hashes faster than a disk reads (docs/results.md,
+"Hardening").
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
 """Arithmetic questions with checkable answers: the prompts of an RL run (``data.format: rl``).
 
-Each problem is a user question such as "What is 23+58?" and its answer "81", written as the
-digits alone. Problems are drawn without repeats from every pair of operands in
-``0..max_operand`` for each operation; the held-out problems come first in the shuffled list, so
-no held-out question is ever a training one, and asking for more only adds problems at the end.
-Everything follows from ``seed``; nothing is read, and the pairs are never all listed when there
-are many of them (operands up to 10^12 are as cheap as up to 99).
-
-``conversations`` turns problems into chat rows (the question, then the answer as the
-assistant's reply), for fine-tuning a base model that is then sometimes right: what RL needs to
-start from.
+Each problem is a question such as "What is 23+58?" and its answer "81". Problems are drawn without
+repeats from the operand pairs in ``0..max_operand``, never listing them all (operands up to 10^12
+cost what 99 does); the held-out ones come first, so none is a training one, and asking for more
+only adds problems at the end. Everything follows from ``seed``. ``conversations`` turns problems
+into chat rows, to fine-tune a base model that is then sometimes right: what RL starts from.
 """
 
 from __future__ import annotations
@@ -31,9 +26,8 @@ class Problem:
         return {"question": self.question, "answer": self.answer}
 
 
-# Up to this many pairs, every pair is listed and shuffled: the draw of every run made before larger
-# spaces could be drawn, kept so that those runs keep their questions (and resume exactly). A list of
-# a million pairs is about 100 MB for a moment; past it the pairs are drawn without listing them.
+# Up to this many pairs (about 100 MB listed), every pair is listed and shuffled, as runs did before
+# larger spaces could be drawn, so those runs keep their questions and resume exactly.
 LISTED_UP_TO = 1_000_000
 
 
@@ -56,9 +50,8 @@ def problems(seed: int, count: int, max_operand: int, operations: str) -> list[P
 
 
 def shuffled_prefix(rng: random.Random, n: int, k: int) -> list[int]:
-    """The first ``k`` numbers of a uniformly random order of ``range(n)``, in O(k) time and memory:
-    Fisher-Yates from the front, with only the places it has swapped kept (in a dict). Asking for
-    more of the same order (the same ``rng`` state, a larger ``k``) gives these first."""
+    """The first ``k`` numbers of a uniformly random order of ``range(n)`` in O(k): Fisher-Yates from
+    the front, keeping only the swapped places; a larger ``k`` from the same ``rng`` state extends them."""
     swapped: dict[int, int] = {}
     drawn = []
     for i in range(k):

@@ -1,20 +1,15 @@
-"""Conversations for supervised fine-tuning (``data.format: chat``), from the same sources as
-pretraining text: the Shakespeare chat set, local .jsonl/.parquet files, or a hub dataset; or the
-built-in conversations that call the calculator (``data.sources.tool_arithmetic``). A row is one
-conversation, in one of two shapes:
+"""Conversations for supervised fine-tuning (``data.format: chat``): the Shakespeare chat set, local
+.jsonl/.parquet files, a hub dataset, or the calculator conversations (``data.sources.tool_arithmetic``).
+A row is one conversation, either:
 
-- a ``messages`` column: a list of ``{"role", "content"}`` (e.g. HuggingFaceTB/smol-smoltalk), in
-  OpenAI's shape: an assistant message may carry ``tool_calls`` (``{"type": "function",
-  "function": {"name", "arguments"}}``, the arguments a JSON object as text), each answered by a
-  ``{"role": "tool", "content"}`` message (see ``data.chat``);
-- ``instruction`` / ``input`` / ``output`` columns (e.g. tatsu-lab/alpaca): the instruction, a
-  blank line and the input (when there is one) become the user turn, the output the reply.
+- a ``messages`` column in OpenAI's shape (e.g. HuggingFaceTB/smol-smoltalk), tool calls and tool
+  results included (see ``data.chat``);
+- ``instruction`` / ``input`` / ``output`` columns (e.g. tatsu-lab/alpaca): the instruction, a blank
+  line and the input become the user turn, the output the reply.
 
-Every conversation is checked when read (known roles, text content, an assistant turn); a bad row
-is an error naming the file and its line (or the dataset and its row: ``data.sources.rows``). A
-JSON Lines file is read here line by line; parquet files and hub datasets through ``datasets``.
-Held-out conversations come from the dataset's own validation split when it has one, else by a
-seeded hash of row ids (data/split.py).
+Each conversation is checked when read; a bad row is an error naming the file and line, or the
+dataset and row (``data.sources.rows``). Held-out conversations come from the dataset's validation
+split when it has one, else by a seeded hash of row ids (data/split.py).
 """
 
 from __future__ import annotations

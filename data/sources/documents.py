@@ -11,11 +11,8 @@ from data.errors import DataError
 
 @dataclass
 class SourceDocuments:
-    """A corpus read from its source: `datasets.Dataset`s with one "text" column, plus ids.
-
-    `val` is the source's own validation split when it has one; otherwise None, and the caller
-    holds documents of `train` out by hashing their ids.
-    """
+    """A corpus read from its source: `datasets.Dataset`s with one "text" column, plus ids; `val` is
+    the source's own validation split, or None (the caller then hashes `train`'s ids)."""
 
     description: str
     train: Any
@@ -26,10 +23,8 @@ class SourceDocuments:
 
 
 def check_text_column(dataset_or_row: Any, column: str, description: str, key: str) -> None:
-    """The text column must exist and hold strings; say which columns there are if not.
-
-    Takes a `datasets.Dataset` (checked by its features) or one row (a dict, from a stream).
-    """
+    """The text column of a `datasets.Dataset` or of one row must exist and hold strings; if not,
+    say which columns there are."""
     if isinstance(dataset_or_row, dict):
         columns, value = list(dataset_or_row), dataset_or_row.get(column)
         dtype = None if value is None or isinstance(value, str) else type(value).__name__
@@ -66,11 +61,8 @@ def file_identity(path: Path, root: Path) -> list[Any]:
 
 
 def find_cause(exc: BaseException, kind: type) -> BaseException | None:
-    """The innermost exception of type `kind` in `exc`'s cause/context chain.
-
-    `datasets` wraps the real failure (a decode error, a bad file) in a generic
-    "An error occurred while generating the dataset"; the innermost one names the problem.
-    """
+    """The innermost exception of type `kind` in `exc`'s cause/context chain: `datasets` wraps the
+    real failure in a generic "An error occurred while generating the dataset"."""
     found = None
     seen = set()
     current: BaseException | None = exc

@@ -1,8 +1,5 @@
-"""A Hugging Face hub dataset (or a local directory laid out like one) as a corpus source.
-
-The same `datasets.load_dataset` call reads the hub and local directories, so the offline tests
-exercise the real path. The dataset's own validation split is used when it has one; how the caps
-divide between the splits is described on `HubSourceConfig`.
+"""A Hugging Face hub dataset (or a local directory laid out like one) as a corpus source: the same
+`datasets.load_dataset` call reads both, so the offline tests exercise the real path.
 """
 
 from __future__ import annotations
@@ -111,9 +108,8 @@ def _count_within_caps(dataset: Any, column: str, max_docs: int | None, max_byte
 
 
 def hub_has_val_split(hub: HubSourceConfig, description: str) -> bool:
-    """Whether the dataset has the split ``data.hub.val_split``, once it is known to have the training
-    split; first the checks that fail fast: a local directory with a loading script, and a hub that
-    cannot be reached (probed before ``datasets`` is imported, which takes longer than the probe)."""
+    """Whether the dataset has the split ``data.hub.val_split``; first the checks that fail fast (a
+    loading script, an unreachable hub), before ``datasets`` is imported."""
     root = Path(hub.name).expanduser()
     scripts = sorted(root.glob("*.py")) if root.is_dir() else []
     if scripts:

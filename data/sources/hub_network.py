@@ -1,8 +1,5 @@
-"""A fast check that the Hugging Face hub can be reached, before ``datasets`` tries.
-
-Without it an unreachable hub costs tens of seconds of retries (and a screen of retry lines)
-before the real cause surfaces. One TCP connection to the hub's endpoint, bounded by a timeout
-that covers the DNS lookup too, tells the two apart in a few seconds at most.
+"""A fast check that the Hugging Face hub can be reached, before ``datasets`` spends tens of seconds
+of retries: one TCP connection, its timeout covering the DNS lookup too.
 """
 
 from __future__ import annotations
@@ -23,11 +20,8 @@ def offline_mode() -> bool:
 
 
 def check_hub_reachable(name: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
-    """Raise ConnectionError when ``name`` needs the hub and the hub's endpoint cannot be reached.
-
-    Local dataset directories and offline mode (where ``datasets`` reads only its cache) need no
-    network, so they are not probed.
-    """
+    """Raise ConnectionError when ``name`` needs the hub and its endpoint cannot be reached (local
+    directories and offline mode are not probed)."""
     if Path(name).expanduser().is_dir() or offline_mode():
         return
     endpoint = urlsplit(os.environ.get("HF_ENDPOINT", DEFAULT_ENDPOINT))

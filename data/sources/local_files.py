@@ -1,9 +1,6 @@
-"""Local .txt, .jsonl and .parquet files as a corpus source, read with `datasets.load_dataset`.
-
-What a document is: a .jsonl or .parquet row (its text column), and for .txt one whole file by
-default (`txt_document: file`; `paragraph` and `line` are datasets' other `sample_by` modes). A
-.txt document's id is its path relative to the files' common folder; a row's id is the data's
-own "id" column when it has one, else its row number.
+"""Local .txt, .jsonl and .parquet files as a corpus source, read with `datasets.load_dataset`. A
+document is a row's text column, or for .txt a whole file (`txt_document`), its id the path below
+the files' common folder; a row's id is its "id" column, else its row number.
 """
 
 from __future__ import annotations
@@ -153,8 +150,7 @@ def _file_read_error(exc: BaseException, files: list[Path], description: str) ->
 
 def _first_undecodable(files: list[Path]) -> str | None:
     for path in files:
-        opener = gzip.open if path.name.endswith(".gz") else open
-        with opener(path, "rb") as f:
+        with _open_binary(path) as f:
             data = f.read()
         try:
             data.decode("utf-8")
@@ -166,8 +162,7 @@ def _first_undecodable(files: list[Path]) -> str | None:
 def first_malformed_json_line(files: list[Path]) -> str | None:
     """'FILE line N: reason' for the first non-blank line that is not a JSON object, or None."""
     for path in files:
-        opener = gzip.open if path.name.endswith(".gz") else open
-        with opener(path, "rb") as f:
+        with _open_binary(path) as f:
             for number, raw in enumerate(f, start=1):
                 if not raw.strip():
                     continue
@@ -182,10 +177,8 @@ def first_malformed_json_line(files: list[Path]) -> str | None:
 
 
 def read_json_rows(path: Path, encoding_errors: str = "strict") -> SourceRows:
-    """The JSON objects of a fine-tuning file, one per line (JSON Lines), or the items of a file that
-    holds one JSON array of them (a .json file as many write it). Read here line by line rather than
-    through ``datasets``, whose errors name neither the line nor what is wrong with it: any problem is
-    a DataError naming the file, its 1-based line and what to fix."""
+    """The JSON objects of a fine-tuning file, one per line, or the items of one JSON array. Read here
+    rather than through ``datasets``, whose errors name neither the line nor what is wrong with it."""
     fix = "each line must hold one JSON object: fix or remove that line"
     placed: list[tuple[str, dict[str, Any]]] = []
     with _open_binary(path) as f:

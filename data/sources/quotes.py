@@ -1,16 +1,11 @@
 """A corpus that teaches a model to quote: passages of the plays, each written twice.
 
-Each document is a passage of a play, a blank line, and the same passage again. The second copy is
-predictable from the first by looking back and copying, so a model fine-tuned on it learns to
-continue a passage its context already holds. That is what prompt-lookup speculative decoding
-needs (inference/speculative.py): a model of the plays that at 1M parameters and a 10-minute
-budget copies almost nothing of its prompt copies whole passages after a minute of this
-(configs/tiny-quote.yaml, docs/results.md#speculative-decoding).
-
-A passage is ``min_chars..max_chars`` characters from the start of a line of a play picked at
-random, cut back to a word's end. Passages of the plays that a text run with the same split holds
-out (``held_out_plays``) are the validation split, so neither pretraining nor this corpus trains on
-a held-out play. Everything follows from ``seed``.
+Each document is a passage, a blank line, and the same passage again; the second copy is predictable
+by looking back and copying, which is what prompt-lookup speculative decoding needs
+(inference/speculative.py; configs/tiny-quote.yaml, docs/results.md#speculative-decoding). A passage
+is ``min_chars..max_chars`` characters from the start of a random line, cut back to a word's end.
+The plays a text run with the same split holds out (``held_out_plays``) are the validation split, so
+no held-out play is trained on. Everything follows from ``seed``.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""Rows of a fine-tuning file or dataset split, each with the place an error about it names.
-
-A bad row must be found by the user in their own file: ``FILE line 4`` for JSON Lines (the 1-based
-line, blank lines counted, as an editor shows it), ``FILE item 4`` for a file holding one JSON array,
-and ``DESCRIPTION row 4`` (1-based) for a parquet file or a hub dataset. Every row has every column
-of its file, a missing one as None, as a table would give it.
+"""Rows of a fine-tuning file or dataset split, each with the place an error about it names, as the
+user finds it: ``FILE line 4`` (1-based, as an editor shows it), ``FILE item 4`` for one JSON array,
+``DESCRIPTION row 4`` for parquet or a hub dataset. Every row has every column, a missing one None.
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """A chat data set made from the embedded plays: each reply in a scene, in character.
 
-In every scene, each speech that answers another speaker becomes a conversation: a system prompt
-naming the speaker and the play, the speech before it as the user turn, and the reply as the
-assistant turn. When the two speakers were already trading lines, their previous exchange comes
-first, so the model also learns to continue a conversation. Stage directions end a speech; act
-and scene headings end a scene.
-
-A conversation's id is ``<play>/<n>``, and its play decides which split it is in: the plays held
-out of pretraining (the same hash of play ids, see data/split.py) are held out here too.
+Each speech that answers another speaker becomes a conversation: a system prompt naming the speaker
+and the play, the speech before as the user turn, the reply as the assistant's, preceded by the
+two speakers' previous exchange when they were already trading lines. Stage directions end a
+speech; headings end a scene. An id is ``<play>/<n>``, so the plays held out of pretraining
+(data/split.py) are held out here too.
 """
 
 from __future__ import annotations

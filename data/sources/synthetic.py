@@ -1,14 +1,9 @@
 """A synthetic corpus for watching an induction head form: random word sequences written twice.
 
-Each document is L words (L uniform in ``min_words..max_words``) drawn from a fixed list of
-made-up words, then the same L words again. The first copy is unpredictable; every word of the
-second copy after its first is predictable by looking back for the earlier occurrence of the
-current word and copying what followed it. That is exactly what an induction head does, so a
-small model that lowers its second-copy loss has built one.
-
-The words are consonant-vowel syllables, each written with a leading space, so byte-level BPE
-learns every word as one token: then a word is an id and a sequence of L words is L tokens.
-Everything follows from ``seed``; no file or network is read.
+Each document is L made-up words (L in ``min_words..max_words``), then the same L again. Every word
+of the second copy after its first is predictable by finding the current word earlier and copying
+what followed: what an induction head does. Words are consonant-vowel syllables with a leading
+space, so byte-level BPE learns each as one token. Everything follows from ``seed``.
 """
 
 from __future__ import annotations

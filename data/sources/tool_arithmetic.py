@@ -1,27 +1,18 @@
-"""Conversations that call the calculator (``data.source: calculator``, ``data.format: chat``):
-arithmetic a small model cannot do in its head, answered by calling the built-in calculator and
-then reading its result back.
+"""Conversations that call the calculator (``data.source: calculator``, ``data.format: chat``).
 
-Each problem is an expression of ``terms`` operands (2 to ``max_terms``, each with ``digits``
-digits), joined by operations drawn from ``operations``: three-digit products by default, or
-short chains such as ``347*812-95``. A conversation is the question, the assistant's call with the
-expression as its argument, the calculator's result, and the result as the answer:
+Each problem is an expression of 2 to ``max_terms`` operands of ``digits`` digits, joined by
+``operations``; a conversation is the question, the call, the calculator's result, and the result as
+the answer:
 
     user: What is 347*812-95?
     assistant: <|call|>calculator{"expression":"347*812-95"}
     tool: 281669
     assistant: 281669
 
-so what is learned is to copy the question into the call, and the result into the answer. The
-result is what ``tools.calculator`` itself returns, so training shows the model exactly what it
-reads when it calls. The arguments are compact JSON (no spaces): the fewest tokens, and JSON
-still, verbatim (``data.chat``).
-
-Problems are distinct; the held-out ones (``val_fraction`` of them) are drawn first, so no held-out
-question is ever a training one. Everything follows from ``seed``; nothing is read. The same
-problems, as questions with their answers (``tool_problems``), are the prompts of GRPO with the
-calculator in the loop (``rl.task: calculator``): drawn with the same settings, its first held-out
-questions are the SFT set's.
+The result is what ``tools.calculator`` returns, so training shows exactly what the model reads when
+it calls; the arguments are compact JSON, the fewest tokens. Problems are distinct and the held-out
+ones are drawn first, so none is a training one; everything follows from ``seed``. The same problems
+with their answers (``tool_problems``) are GRPO's prompts with the calculator (``rl.task: calculator``).
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """Supervised fine-tuning on conversations (``data.format: chat``): the assistant-only loss, its
 evaluation, chat samples, and the task that trains on them (``ChatTask``).
 
-The loss of an optimizer step is the summed cross-entropy over every loss-bearing target of the
-step (all micro-batches, all processes) divided by their count, so a long reply weighs what its
-tokens weigh wherever it falls. The count is taken before the backward passes (one small
-all-reduce per step), and clamped to at least 1: a step, or a micro-batch, with no loss-bearing
-token then contributes a loss of 0 and zero gradients instead of the 0/0 = NaN a mean over no
-targets gives.
+A step's loss is the summed cross-entropy over every loss-bearing target of the step (all
+micro-batches and processes) divided by their count, taken before the backward passes and clamped
+to at least 1, so a long reply weighs what its tokens weigh and a step with no target gives zero
+gradients rather than NaN.
 """
 
 from __future__ import annotations
@@ -48,11 +46,8 @@ def accumulate_chat_gradients(
     sync: Callable[[bool], ContextManager] | None = None,
     ctx: Any = None,
 ) -> torch.Tensor:
-    """Backward the step's assistant-only loss; return it (detached, the same on every rank).
-
-    Data-parallel gradients are averaged over ``world_size`` processes, so each process scales
-    its summed loss by world_size / (targets of the whole step) to get the gradient of the mean.
-    """
+    """Backward the step's assistant-only loss; return it (detached, the same on every rank). DDP
+    averages gradients over processes, so each scales its sum by world_size / (the step's targets)."""
     world_size = ctx.world_size if ctx is not None else 1
     count = torch.stack([(y != -1).sum() for _, y in micro_batches]).sum().double()
     if ctx is not None:
@@ -109,11 +104,9 @@ def held_out_replies(
     max_new_tokens: int = ENDING_MAX_TOKENS, temperature: float = SamplingSettings.temperature,
     seed: int = ENDING_SEED, token_bytes: Any = None,
 ) -> list[Finish]:
-    """Replies to the first user turn of ``count`` held-out conversations (``held_out_rows``), decoded
-    together as ``generate.py --chat`` replies: its sampling defaults at ``temperature`` (0: greedy),
-    role tokens never sampled, reply i seeded ``seed`` + i, ended by <|end|> or <|endoftext|>, or by
-    ``max_new_tokens`` or a full window (a chat's reply does not slide it). ``token_bytes`` (the
-    engine's byte table) fills each finish's text; without it only the ids are decoded."""
+    """Replies to the first user turn of ``count`` held-out conversations, decoded together as
+    ``generate.py --chat`` replies at ``temperature`` (reply i seeded ``seed`` + i). ``token_bytes``
+    (the engine's byte table) fills each finish's text; without it only the ids are decoded."""
     prompts = held_out_prompts(model, split, count)
     if not prompts:
         return []

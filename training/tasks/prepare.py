@@ -22,9 +22,7 @@ TASKS = {"text": "training.tasks.text", "chat": "training.tasks.chat", "preferen
 def prepare_task(config: Config, tokenizer_file: Path | None, *, progress: bool, is_main: bool, device: torch.device,
                  adapters: Adapters, resume: bool = False) -> Task:
     """The task ``data.format`` names, its data prepared (``tokenizer_file``: a parent run's
-    tokenizer, or the run's own copy when resuming; None trains one for a text run) and checked
-    to fit the model; ``adapters``: how the run's weights train (a post-training reference asks);
-    ``resume``: the run continues from its checkpoint (a reference checks it is the one it began with)."""
+    tokenizer, or the run's own copy when resuming; None trains one) and checked to fit the model."""
     build = importlib.import_module(TASKS[config.data.format]).build
     return build(config, tokenizer_file, progress=progress, is_main=is_main, device=device, adapters=adapters,
                  resume=resume)

@@ -1,12 +1,8 @@
 """The frozen reference a post-training loss measures the policy against: DPO's implicit rewards and
-GRPO's KL penalty. It is the ``train.init_from`` run, held as its own frozen copy, or, for a LoRA
-run, the policy itself with its adapters off (its frozen weights are the parent's), so no second
-copy of the weights is held.
-
-A frozen copy is read from the parent's weights file each time the run starts, so a resumed run
-checks that the file is the one it began with (its SHA-256, recorded in ``parent.json``): against
-other weights, its rewards or KL would measure something else from then on without a word. A LoRA
-run's reference comes from its own checkpoint, and needs no such check."""
+GRPO's KL penalty. It is the ``train.init_from`` run as a frozen copy, or, for a LoRA run, the policy
+with its adapters off, so no second copy is held. A frozen copy is read from the parent's weights
+each time the run starts, so a resumed run checks their SHA-256 (``parent.json``): against other
+weights its rewards or KL would silently measure something else."""
 
 from __future__ import annotations
 
@@ -52,9 +48,8 @@ class AdaptersOffReference:
 
 
 def reference_for(config: Config, adapters: Adapters, device: torch.device, *, resume: bool = False) -> Reference:
-    """The reference of a run that fine-tunes ``train.init_from``: the policy with its adapters off
-    where they hold the parent's weights (LoRA), otherwise a frozen copy of those weights, which a
-    resumed run (``resume``) checks are the ones it started from."""
+    """The reference of a run that fine-tunes ``train.init_from``: the policy with its LoRA adapters
+    off, or a frozen copy of the parent's weights, which a ``resume`` checks."""
     if adapters.holds_base:
         return AdaptersOffReference(adapters)
     if resume:

@@ -1,10 +1,7 @@
-"""Batches of reply pairs for preference optimisation: each pair is two rows of one batch.
-
-For ``batch_size`` pairs, x has ``2 * batch_size`` rows: the pairs' prompt + chosen sequences, then
-their prompt + rejected sequences in the same order, all padded at the end to the longest (one
-forward pass scores both replies of every pair). y is -1 off the replies and over the padding,
-so a row's summed target log-probability is its reply's. The pairs are drawn as conversations are
-(``data.batches.chat``): grouped by length, every pair once per epoch, exactly resumable.
+"""Batches of reply pairs for preference optimisation: x holds the pairs' prompt + chosen rows, then
+their prompt + rejected rows in the same order, padded at the end, so one forward pass scores both
+replies of every pair; y is -1 off the replies. Pairs are drawn as conversations are
+(``data.batches.chat``): grouped by length, once per epoch, exactly resumable.
 """
 
 from __future__ import annotations

@@ -1,29 +1,16 @@
 """Direct preference optimisation (DPO): the sigmoid loss, its rewards, and held-out preference accuracy.
 
-For a prompt with a chosen reply c and a rejected reply r, the policy π (the model being trained)
-and a frozen reference π_ref (the ``train.init_from`` run) each give the summed log-probability of
-each reply's tokens. A reply's implicit reward is β times how much more likely the policy finds it
-than the reference does, and the loss asks the chosen reward to beat the rejected one:
+The policy π and a frozen reference π_ref (the ``train.init_from`` run, ``training.tasks.reference``)
+each give the summed log-probability of the chosen reply c and the rejected reply r:
 
     reward(y) = β · (log π(y | prompt) − log π_ref(y | prompt))
-    loss      = −log σ(reward(c) − reward(r))
-
-averaged over the pairs of the step. β sets how far from the reference the policy may move.
-
-The loss only compares the two replies, so it is as well met by making both less likely as by
-making the chosen one more likely; on a small set many epochs of it drift the policy away from
-writing anything like its chosen replies (replies collapse to a few words). RPO adds the chosen
-replies' negative log-likelihood, the mean over their tokens in the batch, weighted by α
-(``dpo.rpo_alpha``; TRL's ``loss_type=["sigmoid", "sft"]`` with ``loss_weights=[1, α]``):
-
     loss      = −log σ(reward(c) − reward(r)) + α · NLL(c)
 
-which anchors the policy to text it already wrote well, and makes the held-out loss, which picks
-the weights the run keeps, rise again when the policy drifts. The metrics carry TRL's names:
-``rewards/chosen`` and ``rewards/rejected`` (the mean rewards), ``rewards/accuracies`` (the share of
-pairs whose chosen reward is the higher), ``rewards/margins`` (the mean difference), ``logps/chosen``
-and ``logps/rejected`` (the policy's mean summed log-probabilities). The reference is
-``training.tasks.reference``'s.
+averaged over the step's pairs. β sets how far the policy may move. The sigmoid term alone is as
+well met by making both replies less likely, and on a small set the policy drifts until replies
+collapse; RPO's α · NLL(c) (``dpo.rpo_alpha``; TRL's ``loss_type=["sigmoid", "sft"]``) anchors it to
+text it already wrote well, and makes the held-out loss rise again when it drifts. The metrics carry
+TRL's names (``rewards/chosen``, ``rewards/accuracies``, ``rewards/margins``, ``logps/chosen``, ...).
 """
 
 from __future__ import annotations
@@ -108,11 +95,8 @@ def accumulate_dpo_gradients(
     sync: Callable[[bool], ContextManager] | None = None,
     ctx: DistContext = DistContext(),
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Backward the mean DPO loss over the step's pairs; return it (detached, this process's) and
-    the step's metrics over the pairs of every process.
-
-    Every micro-batch holds the same number of pairs, so the mean over the step is the mean of the
-    micro-batch means; data-parallel training averages it over processes."""
+    """Backward the mean DPO loss over the step's pairs (every micro-batch holds as many, so it is the
+    mean of the micro-batch means); return it (detached, this process's) and the step's metrics."""
     sums = torch.zeros(len(_SUMS), dtype=torch.float64, device=micro_batches[0][0].device)
     for i, (x, y) in enumerate(micro_batches):
         with sync(i == len(micro_batches) - 1) if sync is not None else contextlib.nullcontext():
@@ -140,10 +124,8 @@ def evaluate_preferences(
     ctx: DistContext = DistContext(),
     progress: bool = False,
 ) -> EvalResult:
-    """The DPO loss (with RPO's term when ``rpo_alpha``) over held-out pairs, with the preference
-    metrics in ``metrics``, and the bits per byte of the chosen replies under the policy (each reply's
-    <|end|> charged, as a chat run's are). ``batch_size`` counts pairs; with several processes each
-    scores every ``world_size``-th batch and the sums are added up."""
+    """The DPO loss over held-out pairs (``batch_size`` of them a batch), the preference metrics, and
+    the bits per byte of the chosen replies under the policy, <|end|> charged as a chat run's is."""
     batches = iter_chat_val_batches(split, batch_size, pad_id=pad_id, max_batches=max_batches, device=device,
                                     collate_rows=collate_pairs)
     if progress:

@@ -1,15 +1,12 @@
 """Reply pairs for preference optimisation (``data.format: preference``), from local .jsonl/.parquet
-files or a hub dataset. A row is a prompt and two replies to it, the chosen and the rejected, in
-either of TRL's two explicit-prompt shapes:
+files or a hub dataset, in either of TRL's two explicit-prompt shapes (mixable within a row):
 
-- standard: ``prompt``, ``chosen`` and ``rejected`` are text: the prompt is one user turn, each
-  reply one assistant turn;
+- standard: ``prompt``, ``chosen`` and ``rejected`` are text (one user turn, one assistant turn);
 - conversational: ``prompt`` is a list of ``{"role", "content"}`` messages, ``chosen`` and
-  ``rejected`` lists that begin with the assistant's reply (e.g. ``[{"role": "assistant", ...}]``).
+  ``rejected`` lists that begin with the assistant's reply.
 
-The shapes may be mixed within a row (a message-list prompt with text replies). Every row is
-checked when read; a bad one is an error naming the file and its line (or the dataset and its row),
-and saying what is wrong with the pair. Held-out pairs come as held-out conversations do
+Each row is checked when read; a bad one is an error naming the file and line (or dataset and row)
+and what is wrong with the pair. Held-out pairs come as held-out conversations do
 (``data.sources.conversations.load_examples``).
 """
 

@@ -3,36 +3,24 @@ another way where the loop begins.
 
     python -m training.tasks.dpo.preference_set --run runs/tiny-chat --out runs/tiny-chat-preferences.jsonl
 
-For each user turn of the Shakespeare chat set (its first exchange, the prompt rendered and cut by
-the chat format as a chat is), the run first replies greedily, through the inference engine as
-``generate.py --chat`` does (role tokens suppressed). A chat run's greedy replies are the ones that
-loop; its sampled replies seldom do. Only the prompts whose greedy reply loops (repeats a 4-gram of
-words, ``data.repetition``) go on, and each gives at most one pair:
+For each user turn of the Shakespeare chat set's training plays (``--split train``, so the held-out
+plays ``benchmarks.chat_eval`` replies to stay unseen), the run replies greedily through the engine,
+as ``generate.py --chat`` does; greedy replies are the ones that loop. A prompt whose reply loops
+(repeats a 4-gram of words, ``data.repetition``) gives at most one pair:
 
-- rejected: the greedy reply, cut where its first repeat completes
-  (``data.repetition.looping_prefix``);
-- chosen: the same reply up to where that repeat begins (``data.repetition.before_repeat``), then
-  a sampled continuation that ends with ``<|end|>`` within ``--max-new-tokens`` and leaves the whole
-  reply without a repeated 4-gram. The run samples ``--samples`` continuations at
-  ``generate.py --chat``'s temperature 0.8 and top-p 0.95 (seeded); the chosen one is the good
-  continuation whose reply is nearest the rejected one in words.
+- rejected: the greedy reply, cut where its first repeat completes (``looping_prefix``);
+- chosen: the same reply up to where that repeat begins (``before_repeat``), then the sampled
+  continuation (``--samples`` of them at temperature 0.8, top-p 0.95, seeded) that ends with
+  ``<|end|>`` within ``--max-new-tokens``, repeats no 4-gram, and is nearest the rejected one in words.
 
-So both replies of a pair start alike and part where the loop begins: the words they share cancel in
-DPO's reward difference, and what is left is the loop against a way out of it, not the length of a
-reply nor the words it opens with. A reply that runs on to the budget without looping is never
-rejected: the chat format ends every rendered reply with ``<|end|>``, so such a pair would only say
-"shorter", and DPO then learns to end replies early rather than to stop loops. Replying greedily
-first keeps the set cheap: most prompts cost one reply. Each pair is written as a TRL
-conversational row that ``data.format: preference`` reads. No network, no other model: what DPO
-then teaches is measured by ``python -m benchmarks.chat_eval`` (the share of replies that end, and
-of those that repeat a 4-gram, greedy and sampled).
+Both replies start alike and part where the loop begins, so the shared words cancel in DPO's reward
+difference and what is left is the loop against a way out of it. A reply that runs to the budget
+without looping is never rejected: such a pair would only teach "shorter". Rows are TRL
+conversational rows that ``data.format: preference`` reads; ``python -m benchmarks.chat_eval``
+measures what DPO then teaches.
 
-The prompts come from the plays the chat run trained on (``--split train``, the default), so the
-held-out plays that ``benchmarks.chat_eval`` replies to stay unseen by DPO too.
-
-``--out`` is checked before any reply is made (a writable folder, no file in the way), and written
-whole or not at all; a full disk is one line, and Ctrl-C or SIGTERM stop the work at once, with
-nothing written, exiting 130 or 143.
+``--out`` is checked before any reply is made and written whole or not at all; a full disk is one
+line, and Ctrl-C or SIGTERM stop at once with nothing written, exiting 130 or 143.
 """
 
 from __future__ import annotations
@@ -117,8 +105,7 @@ def continuation_is_good(start: str, finish: Finish, end_id: int) -> bool:
 def build_preference_set(run: LoadedRun, prompts: list[list[Message]], settings: SetSettings, *,
                          progress: bool = False) -> PreferenceSet:
     """Reply greedily to each prompt with ``run``; where that reply loops, sample
-    ``settings.samples`` continuations from where the loop begins, and pair a good one against it.
-    ``progress``: a bar for each of the two rounds of replies."""
+    ``settings.samples`` continuations from where the loop begins, and pair a good one against it."""
     special = ChatTokenIds.of(run.tokenizer)
     fitted: list[tuple[list[Message], list[int]]] = []
     for messages in prompts:
@@ -147,9 +134,8 @@ def _bar(total: int, what: str, enabled: bool) -> tqdm:
 
 def sample_replies(run: LoadedRun, prompt_ids: list[list[int]], settings: SetSettings,
                    bar: tqdm | None = None) -> list[Finish]:
-    """A reply to each prompt through the engine, reply i seeded ``settings.seed + i`` (or greedy at
-    temperature 0), as a chat samples it: role tokens suppressed, ended by ``<|end|>`` or
-    ``<|endoftext|>`` (kept in the token ids, never in the text). ``bar`` counts the finished replies."""
+    """A reply to each prompt through the engine as a chat samples it, reply i seeded
+    ``settings.seed + i``; ``bar`` counts the finished replies."""
     special = ChatTokenIds.of(run.tokenizer)
     finishes: list[Finish] = []
 
@@ -170,10 +156,9 @@ def sample_replies(run: LoadedRun, prompt_ids: list[list[int]], settings: SetSet
 
 def pair_replies(prompts: list[list[Message]], loops: list[Finish], continuations: list[Finish], samples: int,
                  end_id: int) -> PreferenceSet:
-    """One pair per prompt whose looping reply (``loops``, one a prompt) has a good continuation
-    among its ``samples`` (``continuations`` holds each prompt's in turn, each sampled after
-    ``before_repeat`` of its loop): the loop cut where its first repeat completes, against the start
-    and a good continuation, the one whose reply is nearest it in words (the earliest of equals)."""
+    """One pair per looping reply (``loops``) with a good continuation among its ``samples``
+    (``continuations`` holds each prompt's in turn): the cut loop against its start and the good
+    continuation nearest it in words (the earliest of equals)."""
     result = PreferenceSet([], len(prompts), len(loops) + len(continuations), len(loops), len(continuations), 0, 0)
     for i, (messages, loop) in enumerate(zip(prompts, loops)):
         start, rejected = before_repeat(loop.text), looping_prefix(loop.text)

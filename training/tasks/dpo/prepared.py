@@ -1,17 +1,11 @@
 """Reply pairs -> two sequences each (prompt + chosen, prompt + rejected) that fit the window, cached.
 
-Each sequence is rendered by the chat format (``data.chat``) with the parent run's tokenizer: the
-prompt with its generation prompt, then the reply's turns. A reply renders as ``<|assistant|>``,
-its text and ``<|end|>``; the role token is the prompt's generation prompt, so the two renderings
-join into exactly what the whole conversation renders to. The loss mask is on the reply alone (its
-assistant text and ``<|end|>``), never on the prompt, not even on earlier assistant turns there.
-
-Both sequences of a pair share one prompt, cut by the chat format's one policy (``fit_chat``) to
-leave room for the longer reply within ``block_size + 1`` tokens. A pair whose reply alone does not
-fit is dropped; cut and dropped pairs are counted.
-
-An entry of the one prepared-data cache (``data.prepared.cache``), keyed like a chat entry, is
-`<cache_dir>/preference-<source>-<key>/`, its sequences in one checksummed ``conversations.npz``.
+Each sequence is the chat format's rendering (``data.chat``) with the parent's tokenizer: the prompt
+with its generation prompt, then the reply's text and ``<|end|>``, which join into exactly what the
+whole conversation renders to. The loss mask is on the reply alone. Both sequences share one prompt,
+cut by ``fit_chat`` to leave room for the longer reply within ``block_size + 1`` tokens; a pair whose
+reply alone does not fit is dropped, and cut and dropped pairs are counted. An entry of the prepared
+data cache is `<cache_dir>/preference-<source>-<key>/`, its sequences in one ``conversations.npz``.
 """
 
 from __future__ import annotations

@@ -25,9 +25,8 @@ FEW_HELD_OUT_PAIRS = 10
 
 
 class PreferenceTask(ChatTask):
-    """Direct preference optimisation (``training.tasks.dpo.loss``) on reply pairs: the model learns to prefer
-    each chosen reply over its rejected one, relative to the frozen ``reference``. Its samples are
-    replies to held-out prompts, as a chat run's are."""
+    """Direct preference optimisation (``training.tasks.dpo.loss``) on reply pairs, relative to the
+    frozen ``reference``; its samples are replies to held-out prompts."""
 
     def __init__(self, prepared: Any, device: torch.device, reference: Reference, dpo: DPOConfig) -> None:
         super().__init__(prepared, device)

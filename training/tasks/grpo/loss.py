@@ -1,31 +1,22 @@
 """Group relative policy optimisation (GRPO): sample a group, score it with a program, push the policy.
 
-For each prompt q the policy π (the model being trained) samples a group of G completions o_1..o_G
-through the engine. Reward functions (``training.tasks.grpo.rewards``) score each; the advantage of o_i is its
-reward relative to its group's, A_i = (r_i − mean(r)) / (std(r) + 1e-4), so a completion is pushed
-up exactly when it beat its siblings, and a group whose completions all scored alike teaches
-nothing. Every token t of o_i then carries
+For each prompt the policy π samples a group of G completions through the engine, reward functions
+(``training.tasks.grpo.rewards``) score them, and A_i = (r_i − mean(r)) / (std(r) + 1e-4): a
+completion is pushed up exactly when it beat its siblings. Every token t of o_i then carries
 
     ratio = π(o_i,t | q, o_i,<t) / π_old(o_i,t | ...)
     loss  = −min(ratio · A_i, clip(ratio, 1 − ε, 1 + ε) · A_i) + β · KL_t
     KL_t  = π_ref/π − log(π_ref/π) − 1        (the k3 estimator: ≥ 0, unbiased for KL(π‖π_ref))
 
-π_old is the policy that sampled the batch: with one update per sampled batch the ratio is 1 (its
-gradient is still that of the log-probability), with ``rl.updates_per_batch`` > 1 the later updates
-are off-policy and the clip keeps them near π_old. π_ref is frozen: the ``train.init_from`` run, or
-under LoRA the same model with its adapters switched off, so no second copy is held.
+π_old sampled the batch (the ratio is 1 on the first update; with ``rl.updates_per_batch`` > 1 the
+clip keeps later ones near it). π_ref is frozen: the ``train.init_from`` run, or under LoRA the same
+model with its adapters off, so no second copy is held.
 
-The variant: DAPO's token mean. The step's loss is the sum over every completion token of the
-step divided by their count. GRPO's original sequence mean (each completion's mean, then the mean
-over completions) gives a token of a long completion less weight than one of a short completion,
-which lets long wrong answers off lightly and biases lengths; Dr. GRPO's token sum divided by a
-constant (max_new_tokens) removes that bias but makes the step size depend on a length budget that
-has nothing to do with the task. The token mean weighs every token alike and keeps the loss's scale
-fixed; it is also TRL's default (``loss_type="dapo"``), so a TRL user reads the same numbers.
-Completions are sampled at ``rl.temperature``, without top-k or top-p, and their log-probabilities
-computed from the logits divided by it, so the loss is that of the distribution actually sampled
-(up to the role tokens, which a reply never samples and which keep their small share of the
-normalisation here).
+The step's loss is DAPO's token mean (TRL's default, ``loss_type="dapo"``): GRPO's sequence mean
+weighs a token of a long completion less, letting long wrong answers off lightly, and Dr. GRPO's
+division by max_new_tokens ties the step size to a length budget. Completions are sampled at
+``rl.temperature`` without top-k or top-p, and their log-probabilities computed at that
+temperature, so the loss is that of the distribution actually sampled.
 """
 
 from __future__ import annotations
@@ -45,11 +36,8 @@ STD_EPS = 1e-4  # TRL's, added to a group's standard deviation
 
 @dataclass
 class Rollout:
-    """A sampled batch, ready for updates: G completions per prompt, consecutive rows per group.
-
-    x and y are prompt + completion as a chat batch lays them out (y is −1 off the completion and
-    over the padding); ``old_logps`` is None when the batch serves one update (π_old is then the
-    policy itself), ``ref_logps`` None when β is 0."""
+    """A sampled batch, ready for updates: G completions per prompt, consecutive rows per group, laid
+    out as a chat batch; ``old_logps`` None for one update (π_old is the policy), ``ref_logps`` for β 0."""
 
     x: torch.Tensor
     y: torch.Tensor
@@ -117,10 +105,9 @@ def accumulate_grpo_gradients(
     model: nn.Module, rollout: Rollout, micro_steps: int, *, epsilon: float, beta: float, temperature: float,
     amp: Amp | None = None, sync: Callable[[bool], ContextManager] | None = None, ctx: DistContext = DistContext(),
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Backward the step's token-mean loss over ``rollout``, cut into ``micro_steps`` micro-batches
-    of whole rows; return it (detached, this process's) and the step's KL and clip ratios (over the
-    tokens of every process). Every token of the step counts once: each micro-batch's sum is divided
-    by the step's token count, known before the first backward."""
+    """Backward the step's token-mean loss over ``rollout`` in ``micro_steps`` micro-batches of whole
+    rows (each sum divided by the step's token count); return it (detached, this process's) and the
+    step's KL and clip ratios over every process's tokens."""
     mask = rollout.y != -1
     total = all_reduce_sum(mask.sum().double(), ctx).clamp(min=1)
     sums = torch.zeros(4, dtype=torch.float64, device=rollout.x.device)  # loss, kl, low, high

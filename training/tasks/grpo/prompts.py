@@ -1,10 +1,8 @@
 """Questions for an RL run, rendered as chat prompts with the parent run's tokenizer: the arithmetic
-task's ("What is 23+58?", answered in the head) and the calculator task's ("What is 347*812?",
-answered through the calculator, ``data.sources.tool_arithmetic``).
-
-Nothing is cached: the built-in problems are made from their seed in a moment. A prompt is the
-user's question with the generation prompt (``<|user|>What is 2+3?<|end|><|assistant|>``), what
-the engine replies to; the row data is what a reward function checks the reply against.
+task's ("What is 23+58?") and the calculator task's (``data.sources.tool_arithmetic``). Nothing is
+cached: the problems are made from their seed in a moment. A prompt is the question with the
+generation prompt (``<|user|>What is 2+3?<|end|><|assistant|>``); the row data is what a reward
+checks the reply against.
 """
 
 from __future__ import annotations

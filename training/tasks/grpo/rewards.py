@@ -1,15 +1,11 @@
 """Reward functions for RL runs (``data.format: rl``): plain Python, chosen by name in ``rl.rewards``.
 
-A reward function takes the prompt's text (the user's question), the completion's text (the
-model's reply, without its end token) and the row's data (for the arithmetic and calculator tasks:
-``{"question": ..., "answer": ...}``), and returns a float.
-
-With tools in the loop (``rl.tools``) the completion is the whole reply after the prompt, written
-as the chat format renders it: its calls, each tool's result and the answer that follows, e.g.
-``<|call|>calculator{"expression":"347*812"}<|end|><|tool|>281764<|end|><|assistant|>281764``.
-``tool_answer_correct`` scores the answer, ``tool_format`` the calls; ``correct``, ``integer_format``
-and ``closeness`` read a bare answer and are refused with tools (``BARE_ANSWER``). A run adds the rewards of every
-function it names; each one's mean is logged as ``rewards/<name>/mean``, as TRL does.
+A reward takes the prompt's text, the completion's text (without its end token) and the row's data
+(``{"question": ..., "answer": ...}`` for the arithmetic and calculator tasks), and returns a float.
+With tools (``rl.tools``) the completion is the whole reply as the chat format renders it, calls and
+results included; ``tool_answer_correct`` scores its answer and ``tool_format`` its calls, while the
+bare-answer rewards are refused (``BARE_ANSWER``). A run adds the rewards it names and logs each
+one's mean as ``rewards/<name>/mean``, as TRL does.
 
 Adding one, in a module of your own (say ``my_rewards.py`` beside ``train.py``)::
 
@@ -17,14 +13,10 @@ Adding one, in a module of your own (say ``my_rewards.py`` beside ``train.py``):
         \"\"\"1 for a reply of at most 4 characters: a nudge towards bare answers.\"\"\"
         return 1.0 if len(completion) <= 4 else 0.0
 
-and name it ``my_rewards:short`` in the config (``rl.rewards: [correct, "my_rewards:short"]``).
-A name without a colon is one of ``BUILT_IN``'s.
-
-A user's function is checked when the config is read (it imports, it is a function, it takes those
-three arguments), and every value it returns is checked when it is called: a finite number within
-``MAX_REWARD``. Whatever it raises, ``SystemExit`` included, becomes a ``RewardError``: one line naming
-the reward, what it returned or raised, and the question it was scoring. ``KeyboardInterrupt`` is
-left alone, so Ctrl-C stops a run inside a reward as it does anywhere else.
+and name it ``my_rewards:short`` (``rl.rewards: [correct, "my_rewards:short"]``); a name without a
+colon is one of ``BUILT_IN``'s. A user's function is checked when the config is read, and each value
+it returns must be a finite number within ``MAX_REWARD``. Whatever it raises, ``SystemExit``
+included, becomes a one-line ``RewardError``; ``KeyboardInterrupt`` is left alone.
 """
 
 from __future__ import annotations
@@ -89,9 +81,8 @@ def tool_answer_correct(prompt: str, completion: str, row: dict[str, Any]) -> fl
 
 
 def tool_format(prompt: str, completion: str, row: dict[str, Any]) -> float:
-    """1 when the reply called a tool, every call got a result that is not an error, and an answer
-    (not another call) follows them, right or wrong; else 0: a format reward. A call that does not
-    parse ends the reply with no result, so it scores 0."""
+    """A format reward: 1 when the reply called a tool, every call got a result that is not an
+    error (a call that does not parse gets none), and an answer follows, right or wrong; else 0."""
     *calling, answer = completion.split(ROLE_TOKENS["assistant"])
     if not calling or CALL in answer or not answer.strip():
         return 0.0

@@ -2,13 +2,11 @@
 functions into a ``Rollout`` (``training.tasks.grpo.loss``) that the updates train on; and the
 held-out pass@k an RL run is evaluated by.
 
-With tools (``rl.tools``), a completion is a multi-turn reply decoded by
-``inference.tool_use.decode_with_tools``: generated until a call, the call run by the toolbox, its
-result appended, generated on. Its ids interleave what the model sampled with what was inserted
-(each result's turn and the ``<|assistant|>`` after it), and only the sampled ids are targets of
-the loss: a policy gradient, KL term or ratio on a tool's output would push the model towards
-text it never chose. Completion i is seeded ``seed + i`` either way, and a tool call is
-deterministic, so a completion is what it would be on any process."""
+With tools (``rl.tools``), a completion is a multi-turn reply (``inference.tool_use.decode_with_tools``)
+whose ids interleave what the model sampled with the inserted results; only the sampled ids are loss
+targets, since a gradient on a tool's output would push the model towards text it never chose.
+Completion i is seeded ``seed + i`` and a tool call is deterministic, so a completion is the same on
+any process."""
 
 from __future__ import annotations
 
@@ -49,11 +47,8 @@ def collate_completions(prompts: Sequence[Sequence[int]], completions: Sequence[
 
 @dataclass(frozen=True)
 class Completion:
-    """One sampled completion: its ids after the prompt, which of them the model generated (the rest
-    were inserted: a tool's result and the turn tokens around it), its text as the rewards read it,
-    and whether it ended its turn (rather than being cut at ``max_new_tokens`` or the window). With
-    tools, its calls too: those it began (``<|call|>`` sampled), those that parsed and were run,
-    and those whose result was an error."""
+    """One sampled completion: its ids after the prompt, which of them the model generated, its text
+    as the rewards read it, whether it ended its turn, and with tools its calls begun, run and failed."""
 
     ids: list[int]
     generated: list[bool]
@@ -89,10 +84,8 @@ class ToolLoop:
         return [self.completion(reply, end_ids, policy.config.block_size) for reply in replies]
 
     def completion(self, reply: ToolReply, end_ids: Sequence[int], block_size: int) -> Completion:
-        """A reply as a completion. Its text is the reply written out in the chat format (special
-        tokens as their text), without the end token that closes it, as a reply without tools. Its
-        ids are cut to what the loss's window holds: a result that overflows the window ends the reply
-        (``decode_with_tools``), so only inserted ids are ever cut, and the rewards still read all."""
+        """A reply as a completion: its text in the chat format without the closing end token, its
+        ids cut to the loss's window (only inserted ids ever are; the rewards still read all)."""
         ended = reply.finish_reason in ("stop", "malformed")  # malformed: a turn ended on a call that does not parse
         shown = reply.ids[:-1] if ended and reply.ids and reply.ids[-1] in end_ids else reply.ids
         begun = sum(token == self.call_id for token, sampled in zip(reply.ids, reply.generated) if sampled)
@@ -104,9 +97,8 @@ class ToolLoop:
 
 @dataclass(frozen=True)
 class Sampler:
-    """How an RL run samples and scores: the engine's settings less the seed, the reply's end
-    tokens, the tokenizer's bytes (for the text a reward reads), the reward functions, and the
-    tools run inside each completion (None: none, and ``<|call|>`` is among ``suppress_ids``)."""
+    """How an RL run samples and scores: the engine's settings less the seed, end tokens, the
+    tokenizer's bytes, the reward functions, and the tools run inside each completion (or None)."""
 
     max_new_tokens: int
     temperature: float
@@ -159,11 +151,9 @@ def sample_rollout(
     policy: nn.Module, reference: Reference | None, sampler: Sampler, batches: Sequence[Questions], *,
     group_size: int, keep_old: bool, pad_id: int, amp: Amp | None = None, ctx: DistContext = DistContext(),
 ) -> Rollout:
-    """Sample ``group_size`` completions of every question, one micro-batch of ``batches`` at a time
-    (the rows the update later computes together), score them and compute what the updates need:
-    advantages, and (in eval mode, without gradients) the reference's log-probabilities and, for
-    several updates, the sampling policy's. A reward's failure on any process stops every process.
-    The metrics carry TRL's names and cover the rows of every process."""
+    """Sample ``group_size`` completions of every question, one micro-batch at a time, score them and
+    compute what the updates need: advantages, the reference's log-probabilities and, for several
+    updates, the sampling policy's. A reward's failure on any process stops every process."""
     device = next(policy.parameters()).device
     completions = [done for part in batches for done in sampler.complete(policy, part.prompts, group_size, part.seed)]
     questions = [text for part in batches for text in part.texts]
@@ -240,11 +230,9 @@ def pass_at_k(
     rows: Sequence[dict[str, Any]], passed: RewardFunction, *, k: int, seed: int, batch_size: int,
     ctx: DistContext = DistContext(),
 ) -> dict[str, float]:
-    """``pass@1`` (the share of the k samples that pass, the unbiased estimate from k) and
-    ``pass@k`` (the share of prompts with at least one passing sample) over ``prompts``, the mean
-    completion length, and with tools their metrics over every sample (``tool_metrics``). Sample j
-    of prompt i is seeded ``seed + i·k + j`` whatever the batching; with several processes each
-    takes every ``world_size``-th batch of ``batch_size``."""
+    """``pass@1`` (the share of the k samples that pass) and ``pass@k`` (the share of prompts with a
+    passing sample) over ``prompts``, the mean completion length, and tool metrics. Sample j of
+    prompt i is seeded ``seed + i·k + j`` whatever the batching and the number of processes."""
     sums = torch.zeros(4, dtype=torch.float64)  # prompts, passing samples, prompts passed, tokens
     calls = torch.zeros(5, dtype=torch.float64)  # call_counts, summed
     for b, start in enumerate(range(0, len(prompts), batch_size)):

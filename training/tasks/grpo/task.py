@@ -29,10 +29,8 @@ from training.tasks.task import Batches, fitted, parent_tokenizer
 
 
 class RLTask(ChatTask):
-    """Reinforcement learning with verifiable rewards (``training.tasks.grpo.loss``): each step samples groups
-    of replies to training questions through the engine, scores them with the reward functions and
-    updates the policy. Its evaluation is held-out pass@1 and pass@k; its samples are replies to
-    held-out questions, as a chat run's are."""
+    """Reinforcement learning with verifiable rewards (``training.tasks.grpo.loss``), evaluated by
+    held-out pass@1 and pass@k; its samples are replies to held-out questions."""
 
     def __init__(self, prepared: Any, config: Config, device: torch.device,
                  reference: Reference | None) -> None:
