@@ -183,7 +183,7 @@ class EvalConfig(Section):
     max_batches: int = Field(20, ge=1, description="size of the fixed validation subset used during training")
     batch_size: int | None = Field(None, ge=1, description="null: train.batch_size")
     final_max_batches: int | None = Field(None, ge=1, description="null: the whole validation split at the end")
-    sample_prompt: str | None = Field(None, description="null: from the data (data/sample_prompt.py)")
+    sample_prompt: str | None = Field(None, description="null: from the data (training/tasks/text.py)")
     sample_tokens: int = Field(64, ge=0, description="0 disables the sample")
     sample_temperature: float = Field(0.8, ge=0, allow_inf_nan=False, description="0: greedy")
     sample_top_k: int | None = Field(50, ge=1, description="null: no limit")

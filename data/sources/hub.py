@@ -5,8 +5,12 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import socket
+import threading
 from pathlib import Path
 from typing import Any, Iterator
+from urllib.parse import urlsplit
 
 from tqdm import tqdm
 
@@ -14,7 +18,6 @@ from common.errors import one_line
 from data.config import DataConfig, HubSourceConfig
 from data.errors import DataError
 from data.sources.documents import SourceDocuments, check_text_column, file_identity, find_cause, row_ids, text_only
-from data.sources.hub_network import check_hub_reachable
 
 
 def spec(cfg: DataConfig) -> dict[str, Any]:
@@ -159,3 +162,41 @@ def hub_errors_explained(name: str) -> Iterator[None]:
             raise
         cause = find_cause(exc, Exception) or exc
         raise DataError(f"cannot load hub dataset {name!r}: {one_line(cause)}") from exc
+
+
+# A fast check that the Hugging Face hub can be reached, before ``datasets`` spends tens of seconds
+# of retries: one TCP connection, its timeout covering the DNS lookup too.
+DEFAULT_ENDPOINT = "https://huggingface.co"
+PROBE_TIMEOUT_S = 3.0
+
+
+def offline_mode() -> bool:
+    """True when the user asked the Hugging Face libraries to stay offline."""
+    return any(os.environ.get(name, "").upper() in ("1", "ON", "YES", "TRUE") for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+
+
+def check_hub_reachable(name: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
+    """Raise ConnectionError when ``name`` needs the hub and its endpoint cannot be reached (local
+    directories and offline mode are not probed)."""
+    if Path(name).expanduser().is_dir() or offline_mode():
+        return
+    endpoint = urlsplit(os.environ.get("HF_ENDPOINT", DEFAULT_ENDPOINT))
+    host = endpoint.hostname or "huggingface.co"
+    port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
+    outcome: list[BaseException | None] = []
+
+    def connect() -> None:
+        try:
+            socket.create_connection((host, port), timeout=timeout_s).close()
+            outcome.append(None)
+        except OSError as e:
+            outcome.append(e)
+
+    # getaddrinfo ignores socket timeouts; a daemon thread bounds the lookup as well.
+    worker = threading.Thread(target=connect, daemon=True)
+    worker.start()
+    worker.join(timeout_s + 0.5)
+    if not outcome:
+        raise ConnectionError(f"no answer from {host}:{port} within {timeout_s:g} s")
+    if outcome[0] is not None:
+        raise ConnectionError(f"cannot connect to {host}:{port} ({outcome[0]})")

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-import data.sources.hub_network as hub_network
-from data.sources.hub_network import check_hub_reachable
+import data.sources.hub as hub
+from data.sources.hub import check_hub_reachable
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -48,7 +48,7 @@ def test_a_hub_that_never_answers_is_given_up_on_after_the_timeout(monkeypatch):
         release.wait(30)
         raise OSError("released by the test")  # like a late refusal; the probe has given up by then
 
-    monkeypatch.setattr(hub_network.socket, "create_connection", never_answers)
+    monkeypatch.setattr(hub.socket, "create_connection", never_answers)
     try:
         with pytest.raises(ConnectionError, match="no answer from huggingface.co:443 within 0.2 s"):
             check_hub_reachable("someone/some-corpus", timeout_s=0.2)
@@ -60,7 +60,7 @@ def test_local_directories_and_offline_mode_are_not_probed(monkeypatch, tmp_path
     def refuse(*args, **kwargs):
         raise AssertionError("probed the network")
 
-    monkeypatch.setattr(hub_network.socket, "create_connection", refuse)
+    monkeypatch.setattr(hub.socket, "create_connection", refuse)
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "0")
     check_hub_reachable(str(tmp_path))

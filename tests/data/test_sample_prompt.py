@@ -3,7 +3,7 @@ text's first words for any other corpus."""
 
 from tokenizers import Tokenizer
 
-from data.sample_prompt import NEUTRAL_PROMPT, SHAKESPEARE_PROMPT, default_sample_prompt
+from training.tasks.text import NEUTRAL_PROMPT, SHAKESPEARE_PROMPT, default_sample_prompt
 from run_testkit import chat_tokenizer as byte_tokenizer
 
 

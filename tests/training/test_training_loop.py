@@ -64,7 +64,7 @@ def test_loss_decreases_and_the_run_dir_describes_itself(make_config, tmp_path):
     assert last < first - 1.0, (first, last)
     evals = [r for r in records if r["kind"] == "eval"]
     assert [r["step"] for r in evals] == [20, 40]
-    # The sample continues a prompt from the run's own held-out text (data/sample_prompt.py).
+    # The sample continues a prompt from the run's own held-out text (training/tasks/text.py).
     assert result.sample_prompt and evals[0]["sample"].startswith(result.sample_prompt)
     final = [r for r in records if r["kind"] == "final_eval"]
     assert len(final) == 1 and final[0]["val_loss"] == pytest.approx(result.val_loss)

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+from tokenizers import Tokenizer
 
 from data.batches.text import train_batches
 from data.prepared.text import prepare_data
 from data.tokenizer import EOT
-from data.sample_prompt import default_sample_prompt
 from training.adapters import Adapters
 from training.attention_probe import attention_probe
 from training.config import Config
@@ -81,3 +82,24 @@ def build(config: Config, tokenizer_file: Path | None, *, progress: bool, is_mai
     """The documents of ``config.data``, tokenized with ``tokenizer_file`` (None: train one)."""
     prepared = prepare_data(config.data, progress=progress, is_main=is_main, tokenizer_file=tokenizer_file)
     return TextTask(fitted(prepared, config), config, device)
+
+
+SHAKESPEARE_PROMPT = "ROMEO:"
+# Enough tokens to reach the first line of text, and few words: a prompt, not a passage.
+_LOOKAHEAD_TOKENS = 256
+_PROMPT_WORDS = 3
+NEUTRAL_PROMPT = "The"
+
+
+def default_sample_prompt(source: str, tokenizer: Tokenizer, val_tokens: Sequence[int]) -> str:
+    """The sample prompt for a text run on ``source`` whose validation split is ``val_tokens``, when
+    ``eval.sample_prompt`` is not set: "ROMEO:" means nothing to a model of code, so it comes from the
+    run's data: a speaker's name for the plays, else the first words of the held-out text."""
+    if source == "shakespeare":
+        return SHAKESPEARE_PROMPT
+    text = tokenizer.decode([int(t) for t in val_tokens[:_LOOKAHEAD_TOKENS]])
+    for line in text.splitlines():
+        words = line.split()
+        if words:
+            return " ".join(words[:_PROMPT_WORDS])
+    return NEUTRAL_PROMPT
