@@ -174,7 +174,6 @@ def _device(args: argparse.Namespace) -> torch.device:
 
 
 def _loaded(args: argparse.Namespace) -> tuple[LoadedRun, torch.device]:
-    """The run of ``--run`` (default: the latest) on ``--device``, with ``--threads``."""
     device = _device(args)
     return load_run(args.run if args.run is not None else find_latest_run(), device), device
 
@@ -188,7 +187,6 @@ def _prompt(args: argparse.Namespace) -> tuple[LoadedRun, list[int], torch.Tenso
 
 
 def _draw(args: argparse.Namespace) -> int:
-    """Every head's map (``draw``), or one head's, large (``head``)."""
     run, _, idx, tokens = _prompt(args)
     out = _writable(args.out)
     maps = [layer[0] for layer in attention_maps(run.model, idx)]
@@ -370,7 +368,6 @@ def _writing_figure(out: Path) -> Iterator[None]:
 
 
 def _untrained_maps(run: LoadedRun, idx: torch.Tensor) -> list[torch.Tensor]:
-    """The maps of a freshly initialised model of the run's shape (seed 0)."""
     torch.manual_seed(0)
     untrained = type(run.model)(run.model.config).to(idx.device)
     return [layer[0] for layer in attention_maps(untrained, idx)]
@@ -388,7 +385,6 @@ def _held_out_tokens(run: LoadedRun, text_file: Path | None, count: int) -> tupl
 
 
 def _held_out_windows(run: LoadedRun, tokens: np.ndarray, source: str, count: int) -> torch.Tensor:
-    """(count, block_size) windows of held-out tokens, back to back from the start."""
     T = run.block_size
     count = min(count, len(tokens) // T)
     if count < 1:

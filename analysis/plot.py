@@ -127,7 +127,6 @@ def draw_attention_grid(
 
 
 def draw_attention_map(probs: torch.Tensor, tokens: Sequence[str] | None, out: Path, *, title: str) -> None:
-    """One (T, T) map, large, written as a PNG to ``out``."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 7.5), constrained_layout=True)
     image = _draw_map(ax, probs, tokens, title, fontsize=9)

@@ -134,7 +134,6 @@ MAX_EVAL_WINDOWS = 4096
 
 
 def check_budget(args: argparse.Namespace) -> None:
-    """One budget per run: --steps, or --minutes (by default)."""
     if args.steps is not None and args.minutes is not None:
         raise UserError("--minutes and --steps are two budgets for the same runs; give one of them")
     if args.steps is None and args.minutes is None:
@@ -142,7 +141,6 @@ def check_budget(args: argparse.Namespace) -> None:
 
 
 def check_positions_args(args: argparse.Namespace) -> None:
-    """Refuse flags of the positions axis that are wrong or do not go together, before any training."""
     axis_only = [flag for flag, value in (("--lengths", args.lengths), ("--eval-windows", args.eval_windows),
                                           ("--sink-windows", args.sink_windows)) if value is not None]
     if args.positions is None:
@@ -196,7 +194,6 @@ def variants(model: dict, latents: list[int]) -> dict[str, dict]:
 
 
 def budget_words(args: argparse.Namespace) -> str:
-    """Each run's training budget in words, for the tables and figures."""
     return f"{args.minutes:g} training minutes" if args.steps is None else f"{args.steps} training steps"
 
 
@@ -232,7 +229,6 @@ def check_reusable(run_dir: Path, args: argparse.Namespace) -> None:
 
 
 def budget_of(train: dict) -> str:
-    """A run's recorded training budget in words."""
     if train.get("max_minutes") is None:
         return f"{train.get('max_steps')} training steps"
     return f"{train['max_minutes']:g} training minutes"
@@ -297,7 +293,6 @@ def plot(rows: list[Measured], path: Path, budget: str) -> None:
 
 
 def compare_forms(config: GPTConfig, batch: int = 16, repeats: int = 9) -> None:
-    """Time a training step and a decode step of one MLA layer, in each form."""
     torch.manual_seed(0)
     attention = GPT(config).blocks[0].attn
     x = torch.randn(batch, config.block_size, config.n_embd, requires_grad=True)

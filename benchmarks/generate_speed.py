@@ -13,10 +13,9 @@ short one, and one long enough that the last token sits at the full context (blo
 
 Decode tokens/s counts the tokens after the first, over the time after the first, so prefill is
 left out of it and shown apart as time to first token (the compiled path's one-off compile is
-printed apart too: the first run builds the package into compile_cache/, later runs load it). transformers' ``generate`` exposes no per-token clock, so its decode time is
-t(N tokens) - t(1 token). Each figure is the best of the repeats, which run round-robin over the
-paths: on a shared machine other processes only ever slow a run down, so the best run is the
-closest to the code's own speed.
+printed apart too: the first run builds the package into compile_cache/, later runs load it).
+transformers' ``generate`` exposes no per-token clock, so its decode time is t(N tokens) - t(1 token).
+Each figure is the best of the repeats, taken round-robin over the paths (``shared.best_seconds``).
 
 The arithmetic limit is the decode rate if a step cost only its matrix products at the FLOP/s this
 host reaches on the step's own weight shapes (measured with 64 rows a call, so call overhead is
@@ -147,9 +146,7 @@ def measure(args: argparse.Namespace) -> int:
 
 
 def round_robin(paths: dict, context: str, repeats: int) -> list[Row]:
-    """Each path's best time to first token and best decode rate over ``repeats`` rounds. The
-    rounds go round-robin: on a shared machine the load drifts, and interleaving spreads the drift
-    over every path instead of penalising whichever ran during a busy spell."""
+    """Each path's best time to first token and best decode rate over ``repeats`` rounds, taken in turns."""
     timings: dict[str, list[tuple[float, float]]] = {name: [] for name in paths}
     for _ in range(repeats):
         for name, timer in paths.items():
@@ -191,14 +188,11 @@ def context_prompts(config: GPTConfig, new: int) -> dict[str, int]:
 
 
 def linear_weights(model: GPT) -> list[torch.Tensor]:
-    """The weights of the step's matrix products."""
     return [m.weight.detach() for m in model.modules() if isinstance(m, torch.nn.Linear)]
 
 
 def one_row_matmul_rate(model: GPT) -> float:
-    """Steps per second if a decode step were only ATen's matrix products at batch 1: each reads
-    its whole weight for one row, so this is bound by how fast those products stream the weights
-    in, not by FLOP/s."""
+    """Steps per second if a decode step were only ATen's matrix products at batch 1 (see above)."""
     return 1 / best_products_seconds(linear_weights(model), 1)
 
 

@@ -25,17 +25,11 @@ MFU column compares how well each model turns its arithmetic into throughput, ea
 the peak of its own precision. The optimizer's own arithmetic (Muon's Newton-Schulz iterations,
 fp32 on the CPU at either precision) is not model FLOPs, so it lowers MFU.
 
-Every model and precision steps in turn, round after round, so that the load of other programs
-hits all alike; the bf16/fp32 line gives the speed-up of each model as measured in this one run,
-with its round-by-round spread.
-
 ``--ddp``, under torchrun, measures data-parallel scaling instead: every rank runs ``--steps`` steps
 of the config's model wrapped by ``training.wrap_model`` (DDP, NCCL between GPUs, gloo on CPU), each on
 its own micro-batch, so the all-reduce of every step is in the timing; then rank 0 alone runs the same
 steps without DDP, the baseline. The scaling efficiency is global tokens/s over N x the baseline's
 (with gradient accumulation the trainer all-reduces less often, so it does at least as well).
-
-Timings only; nothing here is a test.
 """
 
 from __future__ import annotations
@@ -62,7 +56,6 @@ from training.metrics import format_flops
 OURS, REFERENCE = "ours (GQA, SwiGLU, RMSNorm)", "nanoGPT-style reference"
 
 
-# ---------------------------------------------------------------------------------------------
 # The reference: nanoGPT's block with its train.py defaults (no biases, exact GELU)
 
 
@@ -125,7 +118,6 @@ def flops_per_token(model: nn.Module, n_layer: int, n_embd: int, seq_len: int) -
     return 6 * matmul_params + 6 * 2 * n_layer * n_embd * seq_len
 
 
-# ---------------------------------------------------------------------------------------------
 # Measurements
 
 
@@ -142,11 +134,7 @@ def measure_peak(device: torch.device, dtype: torch.dtype, repeats: int = 5) -> 
 
 
 class TrainStepRunner:
-    """One model with its optimizer and a few random batches, ready to take timed steps.
-
-    A step is what the trainer does per optimizer step (its own functions): forward and backward
-    through ``accumulate_gradients``, gradient clipping, the optimizer ``train`` configures.
-    """
+    """One model with its optimizer and a few random batches, ready to take timed steps (a step as above)."""
 
     def __init__(
         self,
@@ -233,12 +221,10 @@ def summarize(runner: TrainStepRunner, step_times: list[float], first_step_s: fl
 def paired_ratio_quartiles(ours: list[list[float]], ref: list[list[float]], flops_ratio: float,
                            ) -> tuple[float, float, float]:
     """Quartiles, over the rounds, of ``flops_ratio`` x (ref's median step time / ours'): the MFU
-    ratio ours/reference for two models, the speed-up for one model at two precisions (ratio 1).
-    Both ran in the same round, seconds apart, so each round's ratio is free of the host's slow drift."""
+    ratio ours/reference for two models, the speed-up for one model at two precisions (ratio 1)."""
     return quartiles([flops_ratio * statistics.median(r) / statistics.median(o) for o, r in zip(ours, ref, strict=True)])
 
 
-# ---------------------------------------------------------------------------------------------
 # Command line
 
 
@@ -373,7 +359,6 @@ def measure(args: argparse.Namespace) -> int:
 
 
 def measure_ddp(args: argparse.Namespace) -> int:
-    """``--ddp``: every rank's DDP step, then rank 0 alone, and the scaling efficiency."""
     from model.gpt import GPT
     from training.config import load_run_config
     from training.rms_norm_cpu import install_cpu_backward
