@@ -1,10 +1,5 @@
-"""The ``attention.py`` command line: draw a run's attention maps (one head with and without the
-1/√d scale, or one layer of several runs side by side), print its heads' roles, score which head
-copies a span a prompt repeats, or show how its attention changed over training.
-
-Flags are checked and the runs loaded before anything is written, so a failed command leaves no
-file behind.
-"""
+"""The ``attention.py`` command line, a subcommand per mode (``COMMANDS``). Flags are checked and the
+runs loaded before anything is written, so a failed command leaves no file behind."""
 
 from __future__ import annotations
 
@@ -225,7 +220,6 @@ def _roles(args: argparse.Namespace) -> int:
 
 
 def _scale(args: argparse.Namespace) -> int:
-    """Experiment 2: one head's weights with the 1/√d scale and without it, from the same scores."""
     run, _, idx, tokens = _prompt(args)
     comparison = scale_comparison(run.model, idx, args.layer, args.head)
     scaled_bits, unscaled_bits = comparison.entropy_bits()
@@ -266,7 +260,6 @@ def _copy(args: argparse.Namespace) -> int:
 
 
 def _history(args: argparse.Namespace) -> int:
-    """Experiment 4: the run's logged attention statistics, and when an induction head appeared."""
     run_dir = args.run if args.run is not None else find_latest_run()
     _writable(args.out)
     history, skipped = read_attention_history(run_dir)
@@ -283,7 +276,6 @@ def _history(args: argparse.Namespace) -> int:
 
 
 def _runs(args: argparse.Namespace) -> int:
-    """Experiment 5: one layer of each run over the same prompt, one row per run."""
     device = _device(args)
     runs = [load_run(directory, device) for directory in args.runs]
     ids = _prompt_ids(runs[0], args.prompt)

@@ -19,16 +19,12 @@ layers, fp32), cache MiB at batch 16 and full context, and decode tokens/s at fu
 ``--decode-steps`` positions of the window) at batch 1 and 16. The figure plots bits/byte against
 KV bytes per token, one labelled point per variant (the seeds' mean, a bar spanning them).
 
-``--positions KIND ...`` trains the positions axis instead: the config's attention (grouped-query
-as tiny.yaml ships it, value embeddings off as above) once per kind of positions (learned, rope,
-none) and seed, seed by seed so that load from other processes falls on every kind alike. It prints
-three tables: quality at equal time (steps and final validation bits/byte per seed, their mean and
-standard deviation, and each kind's difference to the first kind in units of its standard error);
-length extrapolation (bits/byte of the same ``--eval-windows`` windows of validation text cut at
-each of ``--lengths`` times the trained context; learned positions have no embedding past it, so
-those cells say "not possible"); and each head's first-token (sink) score over ``--sink-windows``
-validation windows, the seeds' mean, beside the level of a head that spreads evenly. The figure is
-bits/byte against evaluation length, one line per kind (the seeds' mean, a bar spanning them).
+``--positions KIND ...`` trains the positions axis instead: the config's attention (grouped-query as
+tiny.yaml ships it, value embeddings off) once per kind of positions (learned, rope, none) and seed.
+It prints three tables: quality at equal time (``positions_table``); length extrapolation, bits/byte
+of the same ``--eval-windows`` validation windows cut at each of ``--lengths`` times the trained
+context (``extrapolation_table``); and each head's first-token (sink) score over ``--sink-windows``
+windows (``first_token_table``). The figure is bits/byte against evaluation length (``plot_extrapolation``).
 
 ``--forms`` times one latent-attention layer of the tiny shape in both forms (``model.gpt.LatentAttention``):
 a training step (forward + backward over a batch of whole windows) and a one-token decode step

@@ -66,9 +66,6 @@ def build_parser() -> argparse.ArgumentParser:
     return lab_parser("tool_lab", __doc__, OUT, SIZES)
 
 
-# The three runs
-
-
 def calculator_problems(size: str) -> dict[str, Any]:
     """``data.calculator``: the SFT run's conversations, the first ``held_out`` of them held out."""
     return {**PROBLEMS, "conversations": SIZES[size]["problems"]}
@@ -133,9 +130,6 @@ def configs(folder: Path, seed: int, size: str, overwrite: bool) -> dict[str, di
     return {"base": base, "sft": sft, "grpo": grpo}
 
 
-# Held-out pass@1
-
-
 def held_out(run_dir: Path, rl_raw: dict[str, Any]) -> dict[str, float]:
     """pass@1 and pass@4 of ``run_dir`` on every held-out problem by the RL task's own evaluation
     (with the calculator when ``rl_raw`` names it), and the share of replies that call and of
@@ -190,9 +184,6 @@ def run_seed(args: argparse.Namespace, seed: int) -> dict[str, Any]:
 
 def _rounded(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds, 1)
-
-
-# The figure and the table
 
 
 def draw_figure(out: Path, rows: list[dict[str, Any]]) -> Path:

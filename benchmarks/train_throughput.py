@@ -12,12 +12,10 @@
    untimed steps, under bf16 autocast and in fp32 (``--precision both``, the default; or one of
    them), whatever the config's ``train.precision`` says. ``--set train.optimizer=adamw`` shows what
    Muon's extra matmuls cost.
-3. Does the same for a nanoGPT-style model of the same width, depth, context and vocabulary,
-   written here as a comparison point, with the same optimizer. It is nanoGPT's GPT as its
-   train.py trains it (``bias = False``): LayerNorm without bias, multi-head attention with a
-   fused qkv projection, exact-erf GELU MLP 4x (``nn.GELU()``), no biases in any Linear, tied
-   embeddings. (On a CPU both choices make it faster than a GPT-2 block with biases and the tanh
-   GELU, so it is the harder comparison.)
+3. Does the same, with the same optimizer, for ``RefGPT``: nanoGPT's GPT as its train.py trains it
+   (``bias = False``), at the same width, depth, context and vocabulary. On a CPU its choices (no
+   biases, exact-erf GELU) make it faster than a GPT-2 block with biases and the tanh GELU, so it is
+   the harder comparison.
 
 FLOPs per token are counted the same way for both (``flops_per_token`` below, the convention
 ``model.gpt.GPT.flops_per_token`` uses: 6 per matmul weight plus the full attention matrix), so the
@@ -54,9 +52,6 @@ from training.distributed import init_distributed, shutdown, wrap_model
 from training.metrics import format_flops
 
 OURS, REFERENCE = "ours (GQA, SwiGLU, RMSNorm)", "nanoGPT-style reference"
-
-
-# The reference: nanoGPT's block with its train.py defaults (no biases, exact GELU)
 
 
 class RefAttention(nn.Module):
@@ -116,9 +111,6 @@ def flops_per_token(model: nn.Module, n_layer: int, n_embd: int, seq_len: int) -
     attention scores and weighted sum over the full seq_len x seq_len matrix."""
     matmul_params = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
     return 6 * matmul_params + 6 * 2 * n_layer * n_embd * seq_len
-
-
-# Measurements
 
 
 def measure_peak(device: torch.device, dtype: torch.dtype, repeats: int = 5) -> float:
@@ -223,9 +215,6 @@ def paired_ratio_quartiles(ours: list[list[float]], ref: list[list[float]], flop
     """Quartiles, over the rounds, of ``flops_ratio`` x (ref's median step time / ours'): the MFU
     ratio ours/reference for two models, the speed-up for one model at two precisions (ratio 1)."""
     return quartiles([flops_ratio * statistics.median(r) / statistics.median(o) for o, r in zip(ours, ref, strict=True)])
-
-
-# Command line
 
 
 def main(argv: list[str] | None = None) -> int:
