@@ -195,23 +195,10 @@ CONFIG_REFUSALS = [
 ]
 
 
-@pytest.mark.parametrize("override, expected", TRAIN_REFUSALS)
-def test_train_refusals(tmp_path, override, expected):
-    assert expected in error_of(write(tmp_path, MINIMAL), [override])
-
-
-@pytest.mark.parametrize("override, expected", EVAL_REFUSALS)
-def test_eval_refusals(tmp_path, override, expected):
-    assert expected in error_of(write(tmp_path, MINIMAL), [override])
-
-
-@pytest.mark.parametrize("override, expected", RUN_AND_LOGGING_REFUSALS)
-def test_run_and_logging_refusals(tmp_path, override, expected):
-    assert expected in error_of(write(tmp_path, MINIMAL), [override])
-
-
-@pytest.mark.parametrize("override, expected", CONFIG_REFUSALS)
-def test_config_refusals(tmp_path, override, expected):
+@pytest.mark.parametrize("override, expected",
+                         TRAIN_REFUSALS + EVAL_REFUSALS + RUN_AND_LOGGING_REFUSALS + CONFIG_REFUSALS)
+def test_refusals(tmp_path, override, expected):
+    """One table per section; each row is one override and the part of the one-line error it expects."""
     assert expected in error_of(write(tmp_path, MINIMAL), [override])
 
 
