@@ -29,11 +29,7 @@ class GPTConfig(Section):
     and value from one cached latent of ``kv_latent_dim`` numbers per token (``LatentAttention``).
     Served decoding is batch-invariant on the CPU when ``head_dim`` (or ``kv_latent_dim``, plus
     ``rope_dim`` with rotary positions) is a multiple of 16 (see ``CausalSelfAttention._attend_token``).
-
-    ``positions``: ``learned`` adds a learned embedding per absolute position to the input;
-    ``rope`` rotates queries and keys by their position inside attention (``rope_theta`` is the
-    base of its wavelengths); ``none`` gives no position at all, and the causal mask alone tells a
-    token what came before it.
+    ``positions``: learned, rope or none, side by side in ``model.gpt``.
     """
 
     vocab_size: int = Field(ge=1)

@@ -53,11 +53,7 @@ class KVCache:
     zeroing. ``drop`` evicts positions from the middle of a row (a rolling window, past the
     context), moving the later ones down with the model's rule for what an entry is elsewhere.
 
-    Multi-head latent attention (DeepSeek's MLA) caches one compressed vector per token and layer
-    instead of K and V per head. It plugs in by declaring ``{"latent": (1, latent_dim)}`` (plus a
-    small decoupled positional key if it uses RoPE); ``update`` then returns the latents of the
-    rows' positions with the same mask, and the attention module up-projects them (or absorbs the
-    up-projection into its query and output matrices). Nothing in this class changes.
+    Latent attention declares ``{"latent": (1, latent_dim)}`` and nothing in this class changes.
 
     ``whole_buffers``: in a pass of at most that many tokens per row (True: one, a decode step;
     speculative decoding checks a few at once) every row reads its whole buffer under a mask, so its

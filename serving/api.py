@@ -4,11 +4,9 @@ Every refusal is an OpenAI error body with a 4xx status (an unknown route or met
 the server goes on serving. A chat longer than the model's window is cut by the chat format's
 policy (``data.chat.fit_for_reply``) and answered; the ``X-Dropped-Messages`` header says how many
 messages were left out, and the reply ends where the window is full (a rotary or no-position run's
-rolls on). The routes only translate: ``serving.schemas`` validates a body, ``serving.service``
-reads it and submits to the engine, ``serving.replies`` shapes each response kind,
-``serving.streaming`` delivers it (SSE or whole), and ``AccessLog`` logs it: one line per request on
-the ``serving.access`` logger (client, method, path, status, tokens in and out, and time), wrapping the
-whole app so that a refusal or a bug is logged as surely as a reply.
+rolls on). ``AccessLog`` logs one line per request on the ``serving.access`` logger (client, method,
+path, status, tokens in and out, and time), wrapping the whole app so that a refusal or a bug is
+logged as surely as a reply.
 """
 
 from __future__ import annotations

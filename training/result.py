@@ -58,7 +58,6 @@ def sample_fields(words: Words, samples: list[tuple[str, str]]) -> dict[str, Any
 
 
 def kept_score(words: Words, loss: float) -> str:
-    # An RL evaluation's loss is the share of held-out samples that fail.
     return words.kept.format(loss=loss, passed=1 - loss)
 
 

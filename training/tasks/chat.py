@@ -148,14 +148,12 @@ class ChatTask(Task):
         return ChatBatches(self.prepared.train, batch_size, pad_id=self.prepared.eot_id, **placement)
 
     def accumulate(self, model, batches, micro_steps, *, amp, sync, ctx, stop):
-        # Assistant-only loss over every loss-bearing target of the step, on all ranks together:
-        # its count is needed before the first backward, so the step's batches are drawn first.
+        # The step's target count is needed before the first backward, so its batches are drawn first.
         micro_batches = [batches.next() for _ in range(micro_steps)]
         loss = accumulate_chat_gradients(model, micro_batches, amp=amp, sync=sync, ctx=ctx)
         return loss, sum(x.numel() for x, _ in micro_batches) * ctx.world_size
 
     def evaluate(self, model, **shared):
-        # Loss and bits/byte of the replies only, over held-out conversations.
         return evaluate_chat(model, self.prepared.val, self.token_bytes, pad_id=self.prepared.eot_id, **shared)
 
     def samples(self, model, settings):

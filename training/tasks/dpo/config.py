@@ -23,6 +23,4 @@ class DPOConfig(MethodSection):
     """Direct preference optimisation (``training/tasks/dpo/loss.py``) of the ``train.init_from`` run."""
 
     beta: float = Field(0.1, gt=0, le=MAX_BETA, description="how far the policy may move from init_from")
-    # RPO's weight (TRL's loss_type [sigmoid, sft] with loss_weights [1, this]): it keeps the policy
-    # writing its chosen replies while it learns the preference.
     rpo_alpha: float = Field(0.0, ge=0, le=MAX_RPO_ALPHA, description="chosen replies' NLL weight; 0: plain DPO")

@@ -14,9 +14,7 @@ model with its adapters off, so no second copy is held.
 
 The step's loss is DAPO's token mean (TRL's default, ``loss_type="dapo"``): GRPO's sequence mean
 weighs a token of a long completion less, letting long wrong answers off lightly, and Dr. GRPO's
-division by max_new_tokens ties the step size to a length budget. Completions are sampled at
-``rl.temperature`` without top-k or top-p, and their log-probabilities computed at that
-temperature, so the loss is that of the distribution actually sampled.
+division by max_new_tokens ties the step size to a length budget.
 """
 
 from __future__ import annotations
