@@ -1,7 +1,5 @@
 """A run's attention over its training, as each evaluation logged it (``maps.attention_summary``),
-and the evaluations at which the run began to copy: its second-copy loss fell, a layer's heads
-together reached the induction threshold, and one head reached it alone.
-"""
+and the evaluations at which the run began to copy (``first_copying``, ``first_*induction``)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
 """What the two post-training labs (``rl_lab`` and ``tool_lab``) share: their command line, the
 settings every run of theirs takes, the check of the lab folder, and training one stage.
-
-A lab trains a few real runs per seed, one after the other, in ``--out``/s<seed>/<stage>. Its table or
-JSON lines go to stdout; each stage's progress bar and evaluation lines go to stderr.
 """
 
 from __future__ import annotations

@@ -10,12 +10,10 @@ Free: a speaker's name, and whatever the model writes after it. Each prompt is d
 with each proposer (prompt lookup; a draft run with --draft-run), round-robin over --repeats rounds;
 a figure is the best round's, as in benchmarks/generate_speed.py.
 
-Reported per kind and proposer: the decode rate after the first token, plain and speculative, and
-their ratio; accepted guesses per step and tokens per pass of the model (1 + accepted); and
-whether the greedy tokens are plain decoding's (they must be). Speculation loses where guesses are
-rejected: every checking pass is wider than a plain step, and a draft spends a draft step on each
-guess, so free text, which repeats little of its prompt, gains little from lookup and may lose
-with a draft; the table says so wherever the ratio is below 1.
+Rates count from the first token; the greedy tokens must be plain decoding's. Speculation loses where
+guesses are rejected: every checking pass is wider than a plain step, and a draft spends a draft step
+on each guess, so free text, which repeats little of its prompt, gains little from lookup and may lose
+with a draft; the command says so wherever the ratio is below 1.
 
 The proposals need a model that has learnt to copy: random weights have not, runs/tiny hardly has,
 and runs/tiny-quote (configs/tiny-quote.yaml: runs/tiny after a minute on passages written twice) has.
@@ -126,9 +124,8 @@ def _default_run() -> Path:
 
 
 def grounded_prompts(run: LoadedRun, new_tokens: int, count: int) -> list[list[int]]:
-    """A passage of a held-out play, a blank line, then the passage's opening again: as written (a
-    quote) or with one word changed (an edit). The passage is sized so that the prompt and
-    ``new_tokens`` fit the run's context, and the continuation can copy the rest of it."""
+    """The input-grounded prompts (a blank line between passage and opening), each sized so that it
+    and ``new_tokens`` fit the run's context."""
     split = DataConfig()
     held_out = held_out_plays(split.val_fraction, split.split_seed)
     ids, texts = shakespeare_documents()
@@ -151,7 +148,6 @@ def grounded_prompts(run: LoadedRun, new_tokens: int, count: int) -> list[list[i
 
 def compare(run: LoadedRun, kind: str, prompts: list[list[int]], speculation: Speculation,
             args: argparse.Namespace) -> Result:
-    """Every prompt plainly and speculatively, alternating, each path's best round kept."""
     best = {None: [float("inf")] * len(prompts), speculation: [float("inf")] * len(prompts)}
     tokens, counts = {}, {}
     for _ in range(args.repeats):

@@ -23,9 +23,8 @@ run with the calculator taken away (``<|call|>`` never sampled: the model alone,
 head), the SFT run with the calculator, and the GRPO run with it. With the calculator, the lab
 also counts the share of replies that call and of calls that parse. ``seconds`` is the seed end to
 end, each stage's its training run's (data preparation and final evaluation included) and
-``eval_seconds`` the three measurements' (a stage kept or resumed under ``--resume`` is not timed:
-null, and so is the seed's). The figure (held-out pass@1 per stage and seed, and each GRPO run's
-curves) is ``--out``/tool_lab.png. The last run, ``s<seed>/grpo``, is a chat run with a calculator:
+``eval_seconds`` the three measurements' (null where not timed: ``labs.train_stage``). The figure is
+``--out``/tool_lab.png; the last run, ``s<seed>/grpo``, is a chat run with a calculator:
 ``python serve.py --run runs/tool_lab/s1337/grpo``.
 """
 

@@ -1,9 +1,6 @@
-"""What every command line shares: flag mistakes and user errors become one ``error: ...`` line.
-
-``run_command`` is the one place that turns a ``UserError`` into that line on stderr and exit code 2;
-anything else is a bug and keeps its traceback. Each command line adds only the failures that are
-its own (a closed pipe for ``generate.py``, a full disk for ``train.py``); ``run_stoppable`` adds
-filesystem failures and signals for the commands that write folders (export, evaluate).
+"""What every command line shares: flag mistakes and user errors become one ``error: ...`` line
+(``run_command``); anything else is a bug and keeps its traceback. Each command line adds only the
+failures that are its own (a closed pipe for ``generate.py``, a full disk for ``train.py``).
 """
 
 from __future__ import annotations

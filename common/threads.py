@@ -13,10 +13,6 @@ Two things make a PyTorch command collapse on a machine that is doing other work
   would help more beside other work but costs a quiet machine dearly, since every operation then
   wakes its workers. OpenMP reads the setting once, when torch's library loads, so the entry
   scripts call it before they import anything that imports torch.
-
-Every command that runs the model takes ``--threads N|auto`` (``train.threads`` in a config) and
-goes through ``use_threads``. An explicit number is the user's call and is never second-guessed,
-as long as the machine has that many CPUs.
 """
 
 from __future__ import annotations
