@@ -1,10 +1,5 @@
-"""The ``attention.py`` command line: draw a run's attention maps (one head with and without the
-1/√d scale, or one layer of several runs side by side), print its heads' roles, score which head
-copies a span a prompt repeats, or show how its attention changed over training.
-
-Flags are checked and the runs loaded before anything is written, so a failed command leaves no
-file behind.
-"""
+"""The ``attention.py`` command line, a subcommand per mode (``COMMANDS``). Flags are checked and the
+runs loaded before anything is written, so a failed command leaves no file behind."""
 
 from __future__ import annotations
 
@@ -174,7 +169,6 @@ def _device(args: argparse.Namespace) -> torch.device:
 
 
 def _loaded(args: argparse.Namespace) -> tuple[LoadedRun, torch.device]:
-    """The run of ``--run`` (default: the latest) on ``--device``, with ``--threads``."""
     device = _device(args)
     return load_run(args.run if args.run is not None else find_latest_run(), device), device
 
@@ -188,7 +182,6 @@ def _prompt(args: argparse.Namespace) -> tuple[LoadedRun, list[int], torch.Tenso
 
 
 def _draw(args: argparse.Namespace) -> int:
-    """Every head's map (``draw``), or one head's, large (``head``)."""
     run, _, idx, tokens = _prompt(args)
     out = _writable(args.out)
     maps = [layer[0] for layer in attention_maps(run.model, idx)]
@@ -227,7 +220,6 @@ def _roles(args: argparse.Namespace) -> int:
 
 
 def _scale(args: argparse.Namespace) -> int:
-    """Experiment 2: one head's weights with the 1/√d scale and without it, from the same scores."""
     run, _, idx, tokens = _prompt(args)
     comparison = scale_comparison(run.model, idx, args.layer, args.head)
     scaled_bits, unscaled_bits = comparison.entropy_bits()
@@ -268,7 +260,6 @@ def _copy(args: argparse.Namespace) -> int:
 
 
 def _history(args: argparse.Namespace) -> int:
-    """Experiment 4: the run's logged attention statistics, and when an induction head appeared."""
     run_dir = args.run if args.run is not None else find_latest_run()
     _writable(args.out)
     history, skipped = read_attention_history(run_dir)
@@ -285,7 +276,6 @@ def _history(args: argparse.Namespace) -> int:
 
 
 def _runs(args: argparse.Namespace) -> int:
-    """Experiment 5: one layer of each run over the same prompt, one row per run."""
     device = _device(args)
     runs = [load_run(directory, device) for directory in args.runs]
     ids = _prompt_ids(runs[0], args.prompt)
@@ -370,7 +360,6 @@ def _writing_figure(out: Path) -> Iterator[None]:
 
 
 def _untrained_maps(run: LoadedRun, idx: torch.Tensor) -> list[torch.Tensor]:
-    """The maps of a freshly initialised model of the run's shape (seed 0)."""
     torch.manual_seed(0)
     untrained = type(run.model)(run.model.config).to(idx.device)
     return [layer[0] for layer in attention_maps(untrained, idx)]
@@ -388,7 +377,6 @@ def _held_out_tokens(run: LoadedRun, text_file: Path | None, count: int) -> tupl
 
 
 def _held_out_windows(run: LoadedRun, tokens: np.ndarray, source: str, count: int) -> torch.Tensor:
-    """(count, block_size) windows of held-out tokens, back to back from the start."""
     T = run.block_size
     count = min(count, len(tokens) // T)
     if count < 1:

@@ -215,7 +215,6 @@ def copy_roles(model: nn.Module, idx: torch.Tensor, repeat: SpanRepeat) -> list[
 
 
 def format_copy_roles(roles: list[CopyRole]) -> str:
-    """A markdown table, one row per layer and head."""
     lines = ["| layer | head | copy | induction |", "|---:|---:|---:|---:|"]
     lines += [f"| {r.layer} | {r.head} | {r.copy:.3f} | {r.induction:.3f} |" for r in roles]
     return "\n".join(lines)

@@ -127,7 +127,6 @@ def draw_attention_grid(
 
 
 def draw_attention_map(probs: torch.Tensor, tokens: Sequence[str] | None, out: Path, *, title: str) -> None:
-    """One (T, T) map, large, written as a PNG to ``out``."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 7.5), constrained_layout=True)
     image = _draw_map(ax, probs, tokens, title, fontsize=9)
@@ -182,7 +181,6 @@ def draw_copy_heads(maps: Sequence[torch.Tensor], names: Sequence[str], tokens: 
 
 def draw_scale_comparison(comparison: ScaleComparison, tokens: Sequence[str] | None, out: Path, *,
                           title: str) -> None:
-    """A head's map with and without the 1/√d scale, and the last query's row of each as bars."""
     plt = _pyplot()
     d = comparison.head_dim
     scaled_bits, unscaled_bits = comparison.entropy_bits()
@@ -208,8 +206,6 @@ def draw_scale_comparison(comparison: ScaleComparison, tokens: Sequence[str] | N
 
 
 def draw_attention_history(history: Sequence[AttentionEval], out: Path, *, title: str, threshold: float) -> None:
-    """Each layer's mean attention entropy and the best induction score at every evaluation of a
-    run, with the threshold and the first evaluation past it."""
     from analysis.history import first_induction
     plt = _pyplot()
     fig, (entropy, induction) = plt.subplots(1, 2, figsize=(12, 4.5), constrained_layout=True)

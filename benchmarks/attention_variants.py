@@ -19,16 +19,12 @@ layers, fp32), cache MiB at batch 16 and full context, and decode tokens/s at fu
 ``--decode-steps`` positions of the window) at batch 1 and 16. The figure plots bits/byte against
 KV bytes per token, one labelled point per variant (the seeds' mean, a bar spanning them).
 
-``--positions KIND ...`` trains the positions axis instead: the config's attention (grouped-query
-as tiny.yaml ships it, value embeddings off as above) once per kind of positions (learned, rope,
-none) and seed, seed by seed so that load from other processes falls on every kind alike. It prints
-three tables: quality at equal time (steps and final validation bits/byte per seed, their mean and
-standard deviation, and each kind's difference to the first kind in units of its standard error);
-length extrapolation (bits/byte of the same ``--eval-windows`` windows of validation text cut at
-each of ``--lengths`` times the trained context; learned positions have no embedding past it, so
-those cells say "not possible"); and each head's first-token (sink) score over ``--sink-windows``
-validation windows, the seeds' mean, beside the level of a head that spreads evenly. The figure is
-bits/byte against evaluation length, one line per kind (the seeds' mean, a bar spanning them).
+``--positions KIND ...`` trains the positions axis instead: the config's attention (grouped-query as
+tiny.yaml ships it, value embeddings off) once per kind of positions (learned, rope, none) and seed.
+It prints three tables: quality at equal time (``positions_table``); length extrapolation, bits/byte
+of the same ``--eval-windows`` validation windows cut at each of ``--lengths`` times the trained
+context (``extrapolation_table``); and each head's first-token (sink) score over ``--sink-windows``
+windows (``first_token_table``). The figure is bits/byte against evaluation length (``plot_extrapolation``).
 
 ``--forms`` times one latent-attention layer of the tiny shape in both forms (``model.gpt.LatentAttention``):
 a training step (forward + backward over a batch of whole windows) and a one-token decode step
@@ -134,7 +130,6 @@ MAX_EVAL_WINDOWS = 4096
 
 
 def check_budget(args: argparse.Namespace) -> None:
-    """One budget per run: --steps, or --minutes (by default)."""
     if args.steps is not None and args.minutes is not None:
         raise UserError("--minutes and --steps are two budgets for the same runs; give one of them")
     if args.steps is None and args.minutes is None:
@@ -142,7 +137,6 @@ def check_budget(args: argparse.Namespace) -> None:
 
 
 def check_positions_args(args: argparse.Namespace) -> None:
-    """Refuse flags of the positions axis that are wrong or do not go together, before any training."""
     axis_only = [flag for flag, value in (("--lengths", args.lengths), ("--eval-windows", args.eval_windows),
                                           ("--sink-windows", args.sink_windows)) if value is not None]
     if args.positions is None:
@@ -196,7 +190,6 @@ def variants(model: dict, latents: list[int]) -> dict[str, dict]:
 
 
 def budget_words(args: argparse.Namespace) -> str:
-    """Each run's training budget in words, for the tables and figures."""
     return f"{args.minutes:g} training minutes" if args.steps is None else f"{args.steps} training steps"
 
 
@@ -232,7 +225,6 @@ def check_reusable(run_dir: Path, args: argparse.Namespace) -> None:
 
 
 def budget_of(train: dict) -> str:
-    """A run's recorded training budget in words."""
     if train.get("max_minutes") is None:
         return f"{train.get('max_steps')} training steps"
     return f"{train['max_minutes']:g} training minutes"
@@ -297,7 +289,6 @@ def plot(rows: list[Measured], path: Path, budget: str) -> None:
 
 
 def compare_forms(config: GPTConfig, batch: int = 16, repeats: int = 9) -> None:
-    """Time a training step and a decode step of one MLA layer, in each form."""
     torch.manual_seed(0)
     attention = GPT(config).blocks[0].attn
     x = torch.randn(batch, config.block_size, config.n_embd, requires_grad=True)

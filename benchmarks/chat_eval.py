@@ -17,9 +17,6 @@ run's tokenizer and its window):
 - the mean length in tokens of the replies that ended, sampled and greedy, and the share of greedy
   replies that are distinct: beside the bits/byte, they tell a fine-tune that stopped loops from one
   that taught the model to say almost nothing, or one thing to everyone.
-
-``--transcript`` adds a short multi-turn conversation with each run through ``generate.py --chat``'s
-session. The last column of the table is each run's figure over the first run's.
 """
 
 from __future__ import annotations

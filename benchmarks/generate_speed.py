@@ -13,10 +13,9 @@ short one, and one long enough that the last token sits at the full context (blo
 
 Decode tokens/s counts the tokens after the first, over the time after the first, so prefill is
 left out of it and shown apart as time to first token (the compiled path's one-off compile is
-printed apart too: the first run builds the package into compile_cache/, later runs load it). transformers' ``generate`` exposes no per-token clock, so its decode time is
-t(N tokens) - t(1 token). Each figure is the best of the repeats, which run round-robin over the
-paths: on a shared machine other processes only ever slow a run down, so the best run is the
-closest to the code's own speed.
+printed apart too: the first run builds the package into compile_cache/, later runs load it).
+transformers' ``generate`` exposes no per-token clock, so its decode time is t(N tokens) - t(1 token).
+Each figure is the best of the repeats, taken round-robin over the paths (``shared.best_seconds``).
 
 The arithmetic limit is the decode rate if a step cost only its matrix products at the FLOP/s this
 host reaches on the step's own weight shapes (measured with 64 rows a call, so call overhead is
@@ -26,10 +25,8 @@ step were only ATen's products (``F.linear``) at batch 1, with nothing around th
 step's products cost. The compiled step's own C++ products, written for its shapes and packed
 weights (``inference/aot_step.py``), read the same weights faster and can pass it.
 
-Goals: our cached decode >= 5x our own --no-cache at full context; compiled >= ONNX Runtime's
-dynamic graph (judged on the median of the round-by-round ratios, which pair the two paths under
-the same load), and >= 2x transformers at every context. ``transformers`` and ``onnxruntime`` are
-benchmark-only extras; without one its row is skipped with a note.
+The goals are printed as ``goal:`` lines. ``transformers`` and ``onnxruntime`` are benchmark-only
+extras; without one its row is skipped with a note.
 
 ``--device cuda`` times the same way on a GPU: the eager step against the compiled one (one CUDA
 graph replayed per token) and transformers, and says whether eager and compiled chose the same
@@ -147,9 +144,7 @@ def measure(args: argparse.Namespace) -> int:
 
 
 def round_robin(paths: dict, context: str, repeats: int) -> list[Row]:
-    """Each path's best time to first token and best decode rate over ``repeats`` rounds. The
-    rounds go round-robin: on a shared machine the load drifts, and interleaving spreads the drift
-    over every path instead of penalising whichever ran during a busy spell."""
+    """Each path's best time to first token and best decode rate over ``repeats`` rounds, taken in turns."""
     timings: dict[str, list[tuple[float, float]]] = {name: [] for name in paths}
     for _ in range(repeats):
         for name, timer in paths.items():
@@ -191,14 +186,11 @@ def context_prompts(config: GPTConfig, new: int) -> dict[str, int]:
 
 
 def linear_weights(model: GPT) -> list[torch.Tensor]:
-    """The weights of the step's matrix products."""
     return [m.weight.detach() for m in model.modules() if isinstance(m, torch.nn.Linear)]
 
 
 def one_row_matmul_rate(model: GPT) -> float:
-    """Steps per second if a decode step were only ATen's matrix products at batch 1: each reads
-    its whole weight for one row, so this is bound by how fast those products stream the weights
-    in, not by FLOP/s."""
+    """Steps per second if a decode step were only ATen's matrix products at batch 1 (see above)."""
     return 1 / best_products_seconds(linear_weights(model), 1)
 
 
@@ -341,8 +333,7 @@ def print_ratios(rows: list[Row], contexts: list[str]) -> None:
     print(f"goal: cache >= 5x --no-cache at full context: {'met' if cached >= 5 * no_cache else 'NOT met'}")
     best = COMPILED if COMPILED in ours else EAGER
     if rate(ONNX, full):
-        # Judged round by round: on a busy host the best-of ratio swings with whichever path met a
-        # quiet spell. The best-of ratio is printed beside it.
+        # Judged round by round (``paired_ratio``); the best-of ratio is printed beside it.
         paired = {c: paired_ratio(row(best, c).rounds, row(ONNX, c).rounds) for c in contexts}
         worst = min(contexts, key=lambda c: paired[c][0])
         median, low, high = paired[worst]
@@ -352,7 +343,6 @@ def print_ratios(rows: list[Row], contexts: list[str]) -> None:
     if rate("transformers", full):
         worst = min(rate(best, c) / rate("transformers", c) for c in contexts)
         print(f"goal: {best} >= 2x transformers (worst context): {'met' if worst >= 2 else 'NOT met'} ({worst:.2f}x)")
-
 
 
 def measure_cuda(args: argparse.Namespace) -> int:

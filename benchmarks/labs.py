@@ -22,7 +22,6 @@ from common.errors import UserError
 
 
 def lab_parser(module: str, doc: str, out: Path, sizes: dict[str, Any]) -> argparse.ArgumentParser:
-    """``--seeds``, ``--out``, ``--size``, ``--json`` and ``--resume`` or ``--overwrite``."""
     p = benchmark_parser(module, doc)
     p.add_argument("--seeds", type=non_negative_int, nargs="+", required=True,
                    help="train.seed of each seed's runs (required)")

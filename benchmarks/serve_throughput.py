@@ -13,9 +13,8 @@ last one has finished. One client is the one-at-a-time baseline. Each level is m
 Reported: generated tokens/s over the level's wall time, its ratio to one client, and p50/p95 time
 to first token and inter-token latency (for http, between text chunks).
 
-``--compile both`` serves every level with the eager step and then with the compiled one (as
-``serve.py --compile``), and prints compiled over eager level by level with the one-off compile
-time: whether a server repays its compile. ``--device cuda`` runs it all on a GPU.
+``--compile both`` also prints compiled over eager level by level with the one-off compile time:
+whether a server repays its compile.
 """
 
 from __future__ import annotations

@@ -123,7 +123,6 @@ def table_row(*cells: object) -> str:
 
 
 def table(columns: Sequence[str], rows: Iterable[Sequence[object]], left: int = 1) -> str:
-    """A whole markdown table."""
     return "\n".join([table_head(*columns, left=left), *(table_row(*row) for row in rows)])
 
 
@@ -159,8 +158,8 @@ Request: TypeAlias = "tuple[Sequence[int], SamplingSettings, Sequence[int]]"  # 
 
 def closed_loop(engine: Engine, clients: int, next_request: Callable[[int, Finish | None], Request | None],
                 ) -> tuple[list[Timing], float]:
-    """Closed-loop clients of ``engine``: client c sends ``next_request(c, None)``, then, each time its request finishes, ``next_request(c, finish)``, until that
-    returns None. Returns every request's
+    """Closed-loop clients of ``engine``: client c sends ``next_request(c, None)``, then, each time its
+    request finishes, ``next_request(c, finish)``, until that returns None. Returns every request's
     timing and the seconds until the last one finished. An error in a client (on the engine's
     thread, which would only log it and leave this waiting) is raised here."""
     timings: list[Timing] = []

@@ -17,10 +17,8 @@ rejected: every checking pass is wider than a plain step, and a draft spends a d
 guess, so free text, which repeats little of its prompt, gains little from lookup and may lose
 with a draft; the table says so wherever the ratio is below 1.
 
-Without --run the benchmark takes runs/tiny (python train.py --config configs/tiny.yaml). The
-proposals need a model that has learnt to copy: random weights have not, runs/tiny hardly has, and
-runs/tiny-quote (configs/tiny-quote.yaml: runs/tiny after a minute on passages written twice) has.
---json prints one object per kind and proposer instead of the table.
+The proposals need a model that has learnt to copy: random weights have not, runs/tiny hardly has,
+and runs/tiny-quote (configs/tiny-quote.yaml: runs/tiny after a minute on passages written twice) has.
 """
 
 from __future__ import annotations

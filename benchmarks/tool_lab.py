@@ -24,12 +24,9 @@ head), the SFT run with the calculator, and the GRPO run with it. With the calcu
 also counts the share of replies that call and of calls that parse. ``seconds`` is the seed end to
 end, each stage's its training run's (data preparation and final evaluation included) and
 ``eval_seconds`` the three measurements' (a stage kept or resumed under ``--resume`` is not timed:
-null, and so is the seed's). Progress goes to stderr; the figure (held-out pass@1
-per stage and seed, and each GRPO run's curves) is ``--out``/tool_lab.png.
-
-Run again with ``--resume``, the lab keeps the runs (and seeds) that finished and continues an
-interrupted run from its checkpoint; ``--overwrite`` starts every run again. The last run,
-``s<seed>/grpo``, is a chat run with a calculator: ``python serve.py --run runs/tool_lab/s1337/grpo``.
+null, and so is the seed's). The figure (held-out pass@1 per stage and seed, and each GRPO run's
+curves) is ``--out``/tool_lab.png. The last run, ``s<seed>/grpo``, is a chat run with a calculator:
+``python serve.py --run runs/tool_lab/s1337/grpo``.
 """
 
 from __future__ import annotations
@@ -67,10 +64,6 @@ LOG_INTERVAL = 10
 
 def build_parser() -> argparse.ArgumentParser:
     return lab_parser("tool_lab", __doc__, OUT, SIZES)
-
-
-# ---------------------------------------------------------------------------------------------
-# The three runs
 
 
 def calculator_problems(size: str) -> dict[str, Any]:
@@ -137,10 +130,6 @@ def configs(folder: Path, seed: int, size: str, overwrite: bool) -> dict[str, di
     return {"base": base, "sft": sft, "grpo": grpo}
 
 
-# ---------------------------------------------------------------------------------------------
-# Held-out pass@1
-
-
 def held_out(run_dir: Path, rl_raw: dict[str, Any]) -> dict[str, float]:
     """pass@1 and pass@4 of ``run_dir`` on every held-out problem by the RL task's own evaluation
     (with the calculator when ``rl_raw`` names it), and the share of replies that call and of
@@ -195,10 +184,6 @@ def run_seed(args: argparse.Namespace, seed: int) -> dict[str, Any]:
 
 def _rounded(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds, 1)
-
-
-# ---------------------------------------------------------------------------------------------
-# The figure and the table
 
 
 def draw_figure(out: Path, rows: list[dict[str, Any]]) -> Path:

@@ -12,12 +12,10 @@
    untimed steps, under bf16 autocast and in fp32 (``--precision both``, the default; or one of
    them), whatever the config's ``train.precision`` says. ``--set train.optimizer=adamw`` shows what
    Muon's extra matmuls cost.
-3. Does the same for a nanoGPT-style model of the same width, depth, context and vocabulary,
-   written here as a comparison point, with the same optimizer. It is nanoGPT's GPT as its
-   train.py trains it (``bias = False``): LayerNorm without bias, multi-head attention with a
-   fused qkv projection, exact-erf GELU MLP 4x (``nn.GELU()``), no biases in any Linear, tied
-   embeddings. (On a CPU both choices make it faster than a GPT-2 block with biases and the tanh
-   GELU, so it is the harder comparison.)
+3. Does the same, with the same optimizer, for ``RefGPT``: nanoGPT's GPT as its train.py trains it
+   (``bias = False``), at the same width, depth, context and vocabulary. On a CPU its choices (no
+   biases, exact-erf GELU) make it faster than a GPT-2 block with biases and the tanh GELU, so it is
+   the harder comparison.
 
 FLOPs per token are counted the same way for both (``flops_per_token`` below, the convention
 ``model.gpt.GPT.flops_per_token`` uses: 6 per matmul weight plus the full attention matrix), so the
@@ -25,17 +23,11 @@ MFU column compares how well each model turns its arithmetic into throughput, ea
 the peak of its own precision. The optimizer's own arithmetic (Muon's Newton-Schulz iterations,
 fp32 on the CPU at either precision) is not model FLOPs, so it lowers MFU.
 
-Every model and precision steps in turn, round after round, so that the load of other programs
-hits all alike; the bf16/fp32 line gives the speed-up of each model as measured in this one run,
-with its round-by-round spread.
-
 ``--ddp``, under torchrun, measures data-parallel scaling instead: every rank runs ``--steps`` steps
 of the config's model wrapped by ``training.wrap_model`` (DDP, NCCL between GPUs, gloo on CPU), each on
 its own micro-batch, so the all-reduce of every step is in the timing; then rank 0 alone runs the same
 steps without DDP, the baseline. The scaling efficiency is global tokens/s over N x the baseline's
 (with gradient accumulation the trainer all-reduces less often, so it does at least as well).
-
-Timings only; nothing here is a test.
 """
 
 from __future__ import annotations
@@ -60,10 +52,6 @@ from training.distributed import init_distributed, shutdown, wrap_model
 from training.metrics import format_flops
 
 OURS, REFERENCE = "ours (GQA, SwiGLU, RMSNorm)", "nanoGPT-style reference"
-
-
-# ---------------------------------------------------------------------------------------------
-# The reference: nanoGPT's block with its train.py defaults (no biases, exact GELU)
 
 
 class RefAttention(nn.Module):
@@ -125,10 +113,6 @@ def flops_per_token(model: nn.Module, n_layer: int, n_embd: int, seq_len: int) -
     return 6 * matmul_params + 6 * 2 * n_layer * n_embd * seq_len
 
 
-# ---------------------------------------------------------------------------------------------
-# Measurements
-
-
 def measure_peak(device: torch.device, dtype: torch.dtype, repeats: int = 5) -> float:
     """Best FLOP/s of large square matmuls on ``device`` (what the hardware can do here)."""
     sizes = (1024, 2048) if device.type == "cpu" else (4096, 8192)
@@ -142,11 +126,7 @@ def measure_peak(device: torch.device, dtype: torch.dtype, repeats: int = 5) -> 
 
 
 class TrainStepRunner:
-    """One model with its optimizer and a few random batches, ready to take timed steps.
-
-    A step is what the trainer does per optimizer step (its own functions): forward and backward
-    through ``accumulate_gradients``, gradient clipping, the optimizer ``train`` configures.
-    """
+    """One model with its optimizer and a few random batches, ready to take timed steps (a step as above)."""
 
     def __init__(
         self,
@@ -233,13 +213,8 @@ def summarize(runner: TrainStepRunner, step_times: list[float], first_step_s: fl
 def paired_ratio_quartiles(ours: list[list[float]], ref: list[list[float]], flops_ratio: float,
                            ) -> tuple[float, float, float]:
     """Quartiles, over the rounds, of ``flops_ratio`` x (ref's median step time / ours'): the MFU
-    ratio ours/reference for two models, the speed-up for one model at two precisions (ratio 1).
-    Both ran in the same round, seconds apart, so each round's ratio is free of the host's slow drift."""
+    ratio ours/reference for two models, the speed-up for one model at two precisions (ratio 1)."""
     return quartiles([flops_ratio * statistics.median(r) / statistics.median(o) for o, r in zip(ours, ref, strict=True)])
-
-
-# ---------------------------------------------------------------------------------------------
-# Command line
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -373,7 +348,6 @@ def measure(args: argparse.Namespace) -> int:
 
 
 def measure_ddp(args: argparse.Namespace) -> int:
-    """``--ddp``: every rank's DDP step, then rank 0 alone, and the scaling efficiency."""
     from model.gpt import GPT
     from training.config import load_run_config
     from training.rms_norm_cpu import install_cpu_backward

@@ -31,7 +31,6 @@ def whole_number(text: str) -> int | None:
 
 
 def positive_int(text: str) -> int:
-    """An argparse ``type`` for a count: a whole number >= 1."""
     value = whole_number(text)
     if value is None or value < 1:
         raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
@@ -128,13 +127,10 @@ def run_stoppable(
 ) -> int:
     """``run_command`` for a command that writes files: a filesystem failure (full disk, read-only
     folder) is one line and exit 2, and Ctrl-C exits with 130 and SIGTERM with 143, with no
-    traceback, once the command's own clean-up (its ``finally`` blocks) has run.
-
-    Call it before importing anything heavy (torch), so that a signal during those imports is
-    handled too. A signal is raised in the main thread as an exception; library code that catches
-    it and carries on would make the command run to its end, so the signal is raised again every
-    few seconds until the command stops, and a command that finishes anyway still exits with the
-    signal's code."""
+    traceback, once the command's own clean-up (its ``finally`` blocks) has run. Call it before
+    importing torch, so that a signal during those imports is handled too. Library code that catches
+    the signal's exception and carries on would run the command to its end, so it is raised again
+    every few seconds (``_StopRequest``), and a command that finishes anyway exits with its code."""
     stop = _StopRequest()
     # A signal set to be ignored (Ctrl-C for a shell's background job) stays ignored.
     previous = {signum: signal.signal(signum, stop.handle) for signum in (signal.SIGINT, signal.SIGTERM)

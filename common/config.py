@@ -39,11 +39,8 @@ def require(condition: bool, message: str, error: type[Exception] = ConfigError)
 
 
 class _Loader(BoundedSafeLoader):
-    """YAML 1.2 numbers and booleans; no duplicate keys, no alias bombs.
-
-    PyYAML follows YAML 1.1, where ``3e-3`` (no dot) is a *string* and ``on``/``no`` are
-    booleans; both surprise people writing learning rates and wandb modes.
-    """
+    """YAML 1.2 numbers and booleans: in PyYAML's YAML 1.1 ``3e-3`` (no dot) is a *string* and
+    ``on``/``no`` are booleans, which surprise people writing learning rates and wandb modes."""
 
 
 _BOOL, _FLOAT = "tag:yaml.org,2002:bool", "tag:yaml.org,2002:float"
@@ -101,8 +98,7 @@ LOST_BY_RECORDS = "was removed: it lost by the records protocol (docs/records.md
 @dataclasses.dataclass(frozen=True)
 class Removed:
     """A key a section no longer has. Every saved run's config lists every key of the version that
-    wrote it, so the key at ``off`` (the value that changed nothing) is dropped without a word and
-    those files still load; any other value is refused with ``advice``, after the key's name."""
+    wrote it, so the key at ``off`` is dropped without a word; any other value is refused with ``advice``."""
 
     off: Any
     advice: str = LOST_BY_RECORDS

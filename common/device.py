@@ -15,10 +15,7 @@ DEVICE_CHOICES = "auto, cpu, cuda, cuda:N or mps"
 
 def select_device(name: str = "auto", *, setting: str = "device") -> torch.device:
     """``auto`` picks CUDA, then Apple's MPS, then the CPU; an explicit device must exist here.
-
-    ``setting`` is how the user spelled the option (``train.device``, ``--device``), so the
-    message points at the thing to change.
-    """
+    ``setting`` is how the user spelled the option (``train.device``, ``--device``), for the message."""
     if name == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda")

@@ -16,11 +16,8 @@ from typing import Iterator
 
 @contextlib.contextmanager
 def atomic_output(path: str | os.PathLike, suffix: str = ".tmp") -> Iterator[Path]:
-    """Yield a temporary path to write; on success it replaces ``path``, on error it is removed.
-
-    Use this for writers that want a filename (safetensors, numpy memmaps, torch.save); ``suffix``
-    ends the temporary name, for a writer that insists on one.
-    """
+    """Yield a temporary path to write (for writers that want a filename: safetensors, torch.save);
+    on success it replaces ``path``, on error it is removed. ``suffix`` ends the temporary name."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
@@ -46,13 +43,11 @@ def atomic_output(path: str | os.PathLike, suffix: str = ".tmp") -> Iterator[Pat
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically."""
     with atomic_output(path) as tmp, open(tmp, "wb") as f:
         f.write(data)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` as UTF-8 to ``path`` atomically."""
     atomic_write_bytes(path, text.encode("utf-8"))
 
 

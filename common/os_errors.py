@@ -23,7 +23,6 @@ _FIXES = {
 
 
 def describe_os_error(error: OSError, path: str | os.PathLike | None = None) -> str:
-    """One line: the path, what the filesystem said, and what to do about it."""
     where = error.filename or path or "a file"
     reason = error.strerror or one_line(error)  # without an errno, its message is all it says
     fix = _FIXES.get(error.errno or 0, "check the path and the disk")

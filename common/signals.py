@@ -20,16 +20,11 @@ _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 @contextmanager
 def quiet_while_starting() -> Iterator[None]:
-    """While the block runs, Ctrl-C or SIGTERM exits with 128 + the signal and no traceback.
-
-    Each entry script imports its command inside this block, as the first thing it does: on a busy
-    machine importing torch takes seconds, and a Ctrl-C then would otherwise print a traceback from
-    deep inside it. The signal becomes ``SystemExit``, not ``KeyboardInterrupt``, because some
-    library code catches the interrupt while importing and goes on. Some swallows any exception
-    (torch's C start-up imports numpy and carries on when that fails), so a signal that came is
-    raised again when the block ends. Then the handlers in place before come back, and the
-    command's own (``common.cli``) take over. This module imports only the standard library's
-    signal and threading support, so nothing slow comes before the block."""
+    """While the block runs, Ctrl-C or SIGTERM exits with 128 + the signal and no traceback; each
+    entry script imports its command inside it, first thing. ``SystemExit``, not ``KeyboardInterrupt``
+    (see above). Some code swallows any exception (torch's C start-up imports numpy and carries on
+    when that fails), so a signal that came is raised again when the block ends. This module imports
+    only the standard library, so nothing slow comes before the block."""
     received: list[int] = []
 
     def exit_with_the_signal(signum: int, frame: object) -> None:
@@ -45,10 +40,8 @@ def quiet_while_starting() -> Iterator[None]:
 @contextmanager
 def held_signals() -> Iterator[None]:
     """Hold Ctrl-C and SIGTERM for the block; the first that came is raised when it ends.
-
     Blocking the signals at the OS level would not do: another thread (torch's, say) would take
-    them, and Python would run the handler in the main thread all the same. Outside the main
-    thread Python runs no handler, so there is nothing to hold."""
+    them, and Python would run the handler in the main thread all the same."""
     caught: list[int] = []
     try:
         with _handlers_replaced_by(lambda number, frame: caught.append(number)):

@@ -41,10 +41,7 @@ WORKER_SPIN = "30000"
 
 
 def calm_openmp_workers() -> None:
-    """Shorten how long OpenMP's idle workers spin, unless the user set a wait policy or spin.
-
-    Effective only before torch is first imported in this process.
-    """
+    """Shorten how long OpenMP's idle workers spin, unless the user set a wait policy or spin."""
     if "OMP_WAIT_POLICY" not in os.environ:
         os.environ.setdefault("GOMP_SPINCOUNT", WORKER_SPIN)
 
@@ -106,9 +103,8 @@ def usable_cpus() -> frozenset[int]:
 
 def busy_cpus(cpus: frozenset[int], seconds: float = 0.1) -> float | None:
     """How many of ``cpus`` other programs keep busy right now: their non-idle share over a short
-    sample of the kernel's per-CPU counters (/proc/stat), taken while this process sleeps.
-
-    A direct sample, not the load average: that one trails by a minute, so a command run right
+    sample of the kernel's per-CPU counters (/proc/stat), taken while this process sleeps. A
+    direct sample, not the load average: that one trails by a minute, so a command run right
     after another would count its predecessor as a neighbour. None where the counters cannot be read.
     """
     before = _cpu_counters(cpus)
@@ -154,12 +150,8 @@ def choose_threads(
 
 
 def use_threads(requested: int | None, setting: str = "--threads", useful: int | None = None) -> ThreadChoice:
-    """Choose the thread count for ``requested`` (None = auto, at most ``useful``) on this machine
-    and give it to torch.
-
-    ``auto`` keeps an OMP_NUM_THREADS the environment sets: the user's, or torchrun's one thread
-    per process when several share a machine.
-    """
+    """Choose the thread count for ``requested`` (None = auto, at most ``useful``) and give it to torch.
+    ``auto`` keeps an OMP_NUM_THREADS the environment sets: the user's, or torchrun's one per process."""
     import torch  # here, not at import: the entry scripts import this module before torch on purpose
 
     cpus = usable_cpus()

@@ -21,7 +21,6 @@ class YamlLimitError(ValueError):
 
 
 def read_yaml_text(path: str | os.PathLike, max_bytes: int = MAX_YAML_BYTES) -> str:
-    """Read at most ``max_bytes`` of UTF-8 from ``path``; refuse anything longer."""
     with open(path, "rb") as f:
         data = f.read(max_bytes + 1)
     if len(data) > max_bytes:
@@ -54,11 +53,8 @@ class BoundedSafeLoader(yaml.SafeLoader):
 
 
 def _check_expanded_size(root: yaml.Node) -> None:
-    """Count the nodes the document would have with every alias copied out; refuse too many.
-
-    Aliased nodes are shared objects in the graph, so their sizes are memoised: the count takes
-    time linear in the file, however large the expansion it predicts.
-    """
+    """Count the nodes the document would have with every alias copied out; refuse too many. Aliased
+    nodes are shared objects, so their sizes are memoised: the count is linear in the file."""
     sizes: dict[int, int] = {}
     in_progress: set[int] = set()
 
