@@ -13,11 +13,8 @@ latent attention at two latent sizes (``--latents``). Each one is a real ``train
 ``--out``/<variant>-s<seed>) whose training clock is ``--minutes`` (train.max_minutes; the
 final validation pass over the whole split comes after it), or, with ``--steps``, whose budget is a
 number of steps: on a machine shared with other work a clock buys each run a different number of
-steps, and equal steps compare the same work. The markdown table reports, per variant:
-parameters, steps reached, final validation bits/byte (each seed), KV cache bytes per token (all
-layers, fp32), cache MiB at batch 16 and full context, and decode tokens/s at full context (the last
-``--decode-steps`` positions of the window) at batch 1 and 16. The figure plots bits/byte against
-KV bytes per token, one labelled point per variant (the seeds' mean, a bar spanning them).
+steps, and equal steps compare the same work. The markdown table is ``variants_table``'s; the figure
+plots bits/byte against KV bytes per token, one labelled point per variant.
 
 ``--positions KIND ...`` trains the positions axis instead: the config's attention (grouped-query as
 tiny.yaml ships it, value embeddings off) once per kind of positions (learned, rope, none) and seed.

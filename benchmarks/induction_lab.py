@@ -7,10 +7,7 @@ did not make.
         --set 'data.files.paths=[runs/heldout-corpus/repeats.jsonl]' --out runs/heldout
 
 Each seed is a real ``train.py`` run (in ``--out``/s<seed>, one at a time, so that several do not share
-the cores). The table reports, per seed: the step at which the second-copy loss fell
-(``analysis.history.first_copying``), the seconds of training to it, the second-copy loss at the
-evaluation before, at it and at the end, the steps at which a layer's heads and one head passed
-their induction thresholds, and the wall-clock seconds of the whole ``train.py`` command.
+the cores). The table reports, per seed, when the run began to copy (``analysis.history``).
 
 The held-out corpus is made by its own generator, not ``data/sources/synthetic.py``: other letters, a
 word list of another size and shape, other lengths and another seed, and each copy on its own line.
@@ -70,7 +67,6 @@ def write_heldout(directory: Path) -> Path:
 
 
 def train(args: argparse.Namespace, seed: int) -> tuple[Path, float]:
-    """The run directory of ``seed``'s run, and the seconds its train.py command took."""
     run_dir = args.out / f"s{seed}"
     start = time.perf_counter()
     run_train_py(args.config, [f"train.seed={seed}", f"run.out_dir={run_dir}", "run.overwrite=true", *args.set])
@@ -90,7 +86,6 @@ def report_cells(seed: int, run_dir: Path, wall: float) -> tuple:
 
 
 def _elapsed_at(run_dir: Path, step: int) -> float:
-    """Seconds of training at the evaluation of ``step``, from the run's metrics."""
     for line in (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines():
         record = json.loads(line)
         if record.get("kind") == "eval" and record["step"] == step:

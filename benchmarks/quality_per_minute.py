@@ -137,8 +137,7 @@ def log_slope(long: list[tuple[int, float]], short: list[tuple[int, float]]) -> 
 
 
 def equal_time_estimate(difference: float, slope: float, ratio: float) -> float:
-    """The difference at equal time, from the one at equal steps: a candidate ``ratio`` times as slow
-    a step takes 1/ratio of the steps, which costs the baseline ``-slope·ln(ratio)`` bits/byte."""
+    """The difference at equal time, from the one at equal steps (the module docstring's estimate)."""
     return difference - slope * math.log(ratio)
 
 
