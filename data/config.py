@@ -1,8 +1,4 @@
-"""The `data:` section of a run config, declared as ``common.config`` sections.
-
-A bad value read by ``DataConfig.from_dict`` raises `DataError` naming the key and what to write
-instead, so a typo in YAML fails before any corpus is read.
-"""
+"""The `data:` section of a run config: a bad value raises `DataError` before any corpus is read."""
 
 from __future__ import annotations
 
@@ -135,10 +131,8 @@ class CalculatorSourceConfig(Section):
 
 def check_calculator_problems(key: str, count_key: str, count: int, digits: int, operations: str,
                               max_terms: int) -> None:
-    """Refuse in one line calculator problems that cannot be drawn: ``count`` of them (``key``.``count_key``)
-    of 2 to ``max_terms`` operands of ``digits`` digits (each bounded by its field) joined by
-    ``operations``. Shared by the SFT source (``data.calculator``) and the RL task that draws the same
-    problems (``rl.calculator``)."""
+    """Refuse in one line ``count`` calculator problems (``key``.``count_key``) that cannot be drawn;
+    shared by the SFT source (``data.calculator``) and the RL task (``rl.calculator``)."""
     require(1 <= count <= MAX_CALCULATOR_CONVERSATIONS,
             f"{key}.{count_key} must be from 1 to {MAX_CALCULATOR_CONVERSATIONS:,}, got {count}")
     require(operations != "" and set(operations) <= set(CALCULATOR_OPERATIONS),

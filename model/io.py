@@ -33,11 +33,8 @@ class ModelFileError(ValueError):
 
 
 def save_pretrained(model: nn.Module, directory: str | os.PathLike) -> None:
-    """Write the model's config and weights into ``directory`` (created if needed), atomically.
-
-    A DDP- or torch.compile-wrapped model is unwrapped first. A tied LM head shares the token
-    embedding's tensor, so only the embedding is stored and the tie is rebuilt on load.
-    """
+    """Write the model's config and weights into ``directory`` (created if needed), atomically. A tied
+    LM head shares the token embedding's tensor, so only the embedding is stored and the tie is rebuilt on load."""
     model = unwrap(model)
     if not isinstance(model, GPT):
         raise TypeError(f"save_pretrained expects a GPT (possibly wrapped), got {type(model).__name__}")
@@ -55,11 +52,7 @@ def save_pretrained(model: nn.Module, directory: str | os.PathLike) -> None:
 
 
 def load_pretrained(directory: str | os.PathLike, device: torch.device | str = "cpu") -> GPT:
-    """Rebuild the model saved in ``directory``, on ``device``, in eval mode.
-
-    Raises ModelFileError (a ValueError) with a one-line message when a file is missing,
-    unreadable, corrupt, or does not match the config.
-    """
+    """Rebuild the model saved in ``directory``, on ``device``, in eval mode; ModelFileError if it cannot."""
     directory = Path(directory)
     if not directory.is_dir():
         raise ModelFileError(f"model directory {directory} does not exist; "

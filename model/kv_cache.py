@@ -46,20 +46,16 @@ class KVCache:
     A forward pass with the cache writes each row's new chunk at that row's own length, so one
     object serves every case: a batch of equal rows (generate.py, ``--num-samples``), a prompt
     prefilled in chunks into one row of many, and one-token decode steps of rows at different
-    lengths (continuous batching). The model drives it: ``begin`` once per pass (it returns the
-    positions of the new tokens, each row's own length onwards), ``update`` in every layer,
-    ``end`` after the last layer. Callers only choose rows and ``reset`` them; no length is ever
-    copied back by hand. Positions past a row's length are never read, so ``reset`` needs no
-    zeroing. ``drop`` evicts positions from the middle of a row (a rolling window, past the
-    context), moving the later ones down with the model's rule for what an entry is elsewhere.
+    lengths (continuous batching). The model drives it (``begin``, ``update``, ``end``); callers
+    only choose rows and ``reset`` them, and no length is ever copied back by hand. Positions past a
+    row's length are never read, so ``reset`` needs no zeroing.
 
     Latent attention declares ``{"latent": (1, latent_dim)}`` and nothing in this class changes.
 
     ``whole_buffers``: in a pass of at most that many tokens per row (True: one, a decode step;
     speculative decoding checks a few at once) every row reads its whole buffer under a mask, so its
     attention has the same shape at every length and beside any other rows (what batch-invariant
-    decoding needs, ``inference.batch_invariant``). ``rewind`` forgets a row's newest positions
-    (the proposals a speculative step rejected).
+    decoding needs, ``inference.batch_invariant``).
     """
 
     def __init__(

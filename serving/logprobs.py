@@ -113,9 +113,8 @@ class ReplyLogprobs(Protocol):
 
 
 class CompletionReplyLogprobs:
-    """A completion's logprobs (``wanted`` False: null). Tokens in ``hidden`` (the end tokens) are
-    listed but never in the text. ``text_offset`` indexes ``prompt_text`` followed by the reply's
-    text, as OpenAI's does, echoed or not; a streamed chunk's offset is as in the whole body."""
+    """A completion's logprobs (``wanted`` False: null), its end tokens (``hidden``) listed. ``text_offset``
+    indexes ``prompt_text`` then the reply's text, as OpenAI's does, echoed or not, streamed or not."""
 
     def __init__(self, token_bytes: Sequence[bytes], wanted: bool, prompt_text: str = "", echo: bool = False,
                  *, hidden: Sequence[int] = ()) -> None:
@@ -147,8 +146,7 @@ class CompletionReplyLogprobs:
 
 
 class ChatReplyLogprobs:
-    """A chat reply's logprobs (``wanted`` False: null). Tokens in ``hidden`` (the end tokens) are
-    left out, as they are of the text."""
+    """A chat reply's logprobs (``wanted`` False: null), its end tokens (``hidden``) left out."""
 
     def __init__(self, token_bytes: Sequence[bytes], wanted: bool, *, hidden: Sequence[int] = ()) -> None:
         self.token_bytes, self.wanted, self.hidden = token_bytes, wanted, hidden

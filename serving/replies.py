@@ -125,8 +125,7 @@ class ReplyCalls:
 
 
 class ChatReply(Reply):
-    """``/v1/chat/completions``: the assistant's message; streamed as deltas after a role chunk.
-    With ``calls``, its tool calls (see the module's docstring)."""
+    """``/v1/chat/completions``: the assistant's message (or its ``calls``), as deltas after a role chunk."""
 
     id_prefix, kind, chunk_kind = "chatcmpl", "chat.completion", "chat.completion.chunk"
 

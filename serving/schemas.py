@@ -6,19 +6,13 @@ server does not implement are accepted only at their neutral value (``n`` 1, pen
 other value is refused, naming the field. ``logprobs`` takes each endpoint's own shape: a number of
 alternatives (0 to 5) for completions, ``true`` with ``top_logprobs`` for chat.
 
-A chat request takes OpenAI's tools protocol: ``tools`` (functions, described as OpenAI describes
-them), ``tool_choice`` (``none``, ``auto``, ``required`` or one named function), and messages that
-carry the assistant's ``tool_calls`` and the client's ``tool`` results, each answering a call by its
-``tool_call_id``. What the protocol requires is checked here, with OpenAI's own refusals: a
-``tool_choice`` without ``tools``, a named function that is not among them, a result that answers
-no call, a call left without a result.
+A chat request takes OpenAI's tools protocol (``tools``, ``tool_choice``, the assistant's
+``tool_calls`` and the client's ``tool`` results), checked here with OpenAI's own refusals.
 
-``parse_request`` turns the raw body into one of these models, or a ``RequestError`` whose one line
-names what is wrong: not UTF-8, not JSON, not an object, nested absurdly deep, a lone surrogate
-(which no tokenizer can encode), or a field pydantic refuses. Requests are checked here once,
-against the server's ``ServerRules`` too (the model served, the max_tokens cap, the vocabulary):
-the routes trust what they get. What needs the tokenizer (a prompt's length in tokens, a chat's
-roles) is checked where the prompt is encoded.
+``parse_request`` turns the raw body into one of these models, or a one-line ``RequestError``.
+Requests are checked here once, against the server's ``ServerRules`` too: the routes trust what
+they get. What needs the tokenizer (a prompt's length in tokens, a chat's roles) is checked where
+the prompt is encoded.
 """
 
 from __future__ import annotations

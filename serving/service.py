@@ -129,7 +129,6 @@ class Service:
             raise ApiError(400, f"this run cannot chat: {self.no_chat_reason}; /v1/completions "
                            "still works", param="messages", code="chat_not_supported")
         messages = body.messages
-        # A last message that cannot fit is refused before the tokenizer spends time on it.
         if messages and messages[-1].content:
             self.check_length(len(messages[-1].content), None, "messages")
         special, tokenizer = self.chat_ids, self.run.tokenizer

@@ -2,11 +2,8 @@
 
 A YAML file maps one-to-one onto ``Config``: a top-level section per field, a key per field of that
 section, checked by ``common.config``. ``train`` holds what every run shares; a post-training
-method's own section (``dpo:``, ``rl:``) is declared and validated beside the method
-(``training/tasks/dpo/config.py``, ``training/tasks/grpo/config.py``), which registers it here
-(``METHOD_SECTIONS`` says which module to import for it). Reading a config reads no other file: the
-run ``train.init_from`` names is read when the run starts (``with_parent``). Keys that were taken
-out or moved are answered from each section's ``REMOVED_KEYS``.
+method's own section (``dpo:``, ``rl:``) is declared and validated beside the method, which
+registers it here. Keys that were taken out or moved are answered from each section's ``REMOVED_KEYS``.
 """
 
 from __future__ import annotations
@@ -239,8 +236,7 @@ class Config(Section):
     run: RunConfig = RunConfig()
     dpo: SerializeAsAny[MethodSection] | None = None  # data.format: preference only (left out: every default)
     rl: SerializeAsAny[MethodSection] | None = None  # data.format: rl only
-    # The run train.init_from names, found and checked when the run starts (with_parent); not a key
-    # of the YAML, and not saved: init_from says it. Until then, the model section as written.
+    # Set by with_parent; not keys of the YAML, and not saved: init_from says it.
     _parent: ParentRun | None = PrivateAttr(None)
     _model_section: dict[str, Any] | None = PrivateAttr(None)
 

@@ -48,8 +48,7 @@ class AdaptersOffReference:
 
 
 def reference_for(config: Config, adapters: Adapters, device: torch.device, *, resume: bool = False) -> Reference:
-    """The reference of a run that fine-tunes ``train.init_from``: the policy with its LoRA adapters
-    off, or a frozen copy of the parent's weights, which a ``resume`` checks."""
+    """The reference of a run that fine-tunes ``train.init_from`` (the module's docstring says which)."""
     if adapters.holds_base:
         return AdaptersOffReference(adapters)
     if resume:

@@ -1,6 +1,5 @@
-"""What every task is (``training.tasks`` says what a task owns): the ``Task`` interface the training loop
-calls, the ``Batches`` a task draws, and the plain accumulation of a step's gradient that text training
-uses (``accumulate_gradients``)."""
+"""The ``Task`` interface the training loop calls, the ``Batches`` a task draws, and the plain
+accumulation of a step's gradient that text training uses (``accumulate_gradients``)."""
 
 from __future__ import annotations
 
@@ -42,14 +41,10 @@ def accumulate_gradients(
     sync: Sync | None = None,
     should_stop: Callable[[], bool] | None = None,
 ) -> torch.Tensor | None:
-    """Forward and backward ``micro_steps`` micro-batches; return their mean loss (detached).
-
-    Each loss is divided by ``micro_steps`` before ``backward`` so the accumulated gradient is the
-    gradient of the mean, i.e. that of one batch ``micro_steps`` times larger. ``sync(is_last)``
-    lets data-parallel training skip the gradient all-reduce on all but the last micro-batch.
-    ``should_stop`` is asked before each micro-batch after the first; when it says yes, the
-    step is abandoned half-accumulated and None is returned.
-    """
+    """Forward and backward ``micro_steps`` micro-batches; return their mean loss (detached), or None
+    when ``should_stop`` abandoned the step. Each loss is divided by ``micro_steps`` so the accumulated
+    gradient is that of the mean; ``sync(is_last)`` lets data-parallel training skip the all-reduce
+    on all but the last micro-batch."""
     total = None
     for i in range(micro_steps):
         if i > 0 and should_stop is not None and should_stop():

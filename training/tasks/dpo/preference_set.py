@@ -1,23 +1,14 @@
 """The built-in preference set: a chat run's own looping replies, against the same replies turned
-another way where the loop begins.
+another way where the loop begins (docs/training.md, "The built-in pairs", says how and why).
 
     python -m training.tasks.dpo.preference_set --run runs/tiny-chat --out runs/tiny-chat-preferences.jsonl
 
-For each user turn of the Shakespeare chat set's training plays (``--split train``, so the held-out
-plays ``benchmarks.chat_eval`` replies to stay unseen), the run replies greedily through the engine,
-as ``generate.py --chat`` does; greedy replies are the ones that loop. A prompt whose reply loops
-(repeats a 4-gram of words, ``data.repetition``) gives at most one pair:
-
-- rejected: the greedy reply, cut where its first repeat completes (``looping_prefix``);
-- chosen: the same reply up to where that repeat begins (``before_repeat``), then the sampled
-  continuation (``--samples`` of them at temperature 0.8, top-p 0.95, seeded) that ends with
-  ``<|end|>`` within ``--max-new-tokens``, repeats no 4-gram, and is nearest the rejected one in words.
-
-Both replies start alike and part where the loop begins, so the shared words cancel in DPO's reward
-difference and what is left is the loop against a way out of it. A reply that runs to the budget
-without looping is never rejected: such a pair would only teach "shorter". Rows are TRL
-conversational rows that ``data.format: preference`` reads; ``python -m benchmarks.chat_eval``
-measures what DPO then teaches.
+A looping greedy reply (it repeats a 4-gram of words, ``data.repetition``) is rejected, cut where its
+first repeat completes (``looping_prefix``); the chosen one is the same reply up to where that repeat
+begins (``before_repeat``), then the sampled continuation that ends with ``<|end|>``, repeats no
+4-gram, and is nearest the rejected one in words. A reply that runs to the budget without looping is
+never rejected: such a pair would only teach "shorter". Rows are TRL conversational rows that
+``data.format: preference`` reads.
 
 ``--out`` is checked before any reply is made and written whole or not at all; a full disk is one
 line, and Ctrl-C or SIGTERM stop at once with nothing written, exiting 130 or 143.

@@ -25,8 +25,7 @@ FEW_HELD_OUT_PAIRS = 10
 
 
 class PreferenceTask(ChatTask):
-    """Direct preference optimisation (``training.tasks.dpo.loss``) on reply pairs, relative to the
-    frozen ``reference``; its samples are replies to held-out prompts."""
+    """Scored against the frozen ``reference``; its samples are replies to held-out prompts."""
 
     def __init__(self, prepared: Any, device: torch.device, reference: Reference, dpo: DPOConfig) -> None:
         super().__init__(prepared, device)

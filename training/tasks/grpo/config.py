@@ -61,12 +61,9 @@ class ArithmeticConfig(Section):
 
 
 class CalculatorTaskConfig(Section):
-    """The built-in prompts with the calculator in the loop (data/sources/tool_arithmetic.py):
-    distinct questions "What is 347*812?" of 2 to ``max_terms`` operands of ``digits`` digits joined
-    by ``operations`` (some of +-*/), the answer being the calculator's result; drawn by ``seed`` as
-    ``data.calculator`` draws its conversations, so the same settings give the same problems in the
-    same order: ``val_problems`` held out first (an SFT run's held-out share of as many), then
-    ``train_problems`` to train on."""
+    """The built-in prompts with the calculator in the loop (data/sources/tool_arithmetic.py), drawn by
+    ``seed`` as ``data.calculator`` draws its conversations: the same settings give the same problems in
+    the same order, ``val_problems`` held out first (an SFT run's held-out share of as many)."""
 
     seed: int = 0
     train_problems: int = Field(2000, ge=1)
@@ -93,10 +90,8 @@ class RLConfig(MethodSection):
     optimizer steps reuse one sampled batch (TRL's num_iterations). Held-out pass@1 and
     pass@``eval_samples`` are measured at each evaluation.
 
-    ``tools`` (built-in names, or module:function, as ``generate.py --tools`` takes them) are run
-    inside each rollout: a completion that calls one gets the result and goes on, up to
-    ``max_tool_calls`` calls; ``max_new_tokens`` counts what the model generates over the whole
-    reply, and only those tokens carry the loss."""
+    ``tools`` (as ``generate.py --tools`` takes them) run inside each rollout, up to ``max_tool_calls``
+    calls a reply; ``max_new_tokens`` counts what the model generates over the whole reply."""
 
     # Advantages compare completions within a group, and a step samples all of them at once.
     group_size: int = Field(8, ge=2, le=MAX_GROUP, description="completions per prompt (TRL's num_generations)")

@@ -29,8 +29,7 @@ from training.tasks.task import Batches, fitted, parent_tokenizer
 
 
 class RLTask(ChatTask):
-    """Reinforcement learning with verifiable rewards (``training.tasks.grpo.loss``), evaluated by
-    held-out pass@1 and pass@k; its samples are replies to held-out questions."""
+    """Evaluated by held-out pass@1 and pass@k; its samples are replies to held-out questions."""
 
     def __init__(self, prepared: Any, config: Config, device: torch.device,
                  reference: Reference | None) -> None:
