@@ -74,7 +74,6 @@ class GPTConfig(Section):
         require(not (self.value_embeddings and kind == "mla"), "value_embeddings needs attention gqa (multi-head "
                 "latent attention caches only the latent, not the gated values); set value_embeddings: false to "
                 "use mla (configs/tiny.yaml turns it on)")
-        # rope rotates pairs of numbers: of each head, or with mla of its decoupled half (rope_dim).
         require(self.positions != "rope" or self.rope_dim % 2 == 0, f"positions rope rotates pairs of numbers, "
                 f"so the rotated part of each head ({self.rope_dim} of n_embd / n_head = {self.head_dim}) must be "
                 "even; change n_embd or n_head")

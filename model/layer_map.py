@@ -69,9 +69,7 @@ def llama_blockers(config: Any) -> list[str]:
     Llama's block is ours with every option at its plain setting: rotary positions over the halves
     of each head (transformers' convention, which ``model.gpt.rotary`` follows), grouped-query
     attention, RMSNorm, a SwiGLU feed-forward, no biases, and a tied or untied head. An option that
-    changes what the model computes has no counterpart there; ``dropout`` only shapes training and
-    does not matter. The Llama and GGUF exports refuse by it, and train.py offers
-    them by it."""
+    changes what the model computes has no counterpart there; ``dropout`` only shapes training."""
     blockers = []
     if config.positions != "rope":
         blockers.append(f"model.positions is {config.positions} (Llama rotates queries and keys: set rope)")

@@ -22,8 +22,6 @@ from training.tasks.task import Batches, Task, accumulate_gradients, fitted
 
 
 class TextTask(Task):
-    """Next-token prediction over documents: every target counts."""
-
     def __init__(self, prepared: Any, config: Config, device: torch.device) -> None:
         super().__init__(prepared, device)
         self.block_size = config.model.block_size
