@@ -107,7 +107,6 @@ def create_app(run: LoadedRun, engine: Engine, *, model_id: str, limits: Limits 
     async def chat_completions(request: Request):
         body = await service.read(request, ChatCompletionRequest)
         prompt = service.chat_prompt(body)
-        # End tokens are never shown; what may be sampled is the prompt's to say (tools or not).
         params = _settings(body, suppress_ids=prompt.suppress_ids)
         top = (body.top_logprobs or 0) if body.logprobs else None
         # A reply runs past the window only by rolling (inference.chat says why).
