@@ -22,15 +22,10 @@ POSITION_KINDS = ("learned", "rope", "none")
 
 
 class GPTConfig(Section):
-    """Sizes of a decoder-only GPT, and its options (docs/training.md).
-
-    ``n_head // n_kv_head`` query heads share each key/value head: 1 key/value head is multi-query
-    attention, ``n_head`` of them multi-head attention. ``attention="mla"`` reads every head's key
-    and value from one cached latent of ``kv_latent_dim`` numbers per token (``LatentAttention``).
-    Served decoding is batch-invariant on the CPU when ``head_dim`` (or ``kv_latent_dim``, plus
-    ``rope_dim`` with rotary positions) is a multiple of 16 (see ``CausalSelfAttention._attend_token``).
-    ``positions``: learned, rope or none, side by side in ``model.gpt``.
-    """
+    """Sizes of a decoder-only GPT, and its options (docs/training.md), the attention and position kinds
+    side by side in ``model.gpt``. Served decoding is batch-invariant on the CPU when ``head_dim`` (or
+    ``kv_latent_dim``, plus ``rope_dim`` with rotary positions) is a multiple of 16
+    (``CausalSelfAttention._attend_token``)."""
 
     vocab_size: int = Field(ge=1)
     block_size: int = Field(ge=1)

@@ -190,9 +190,9 @@ class StaticStep:
     the others at a slot nothing reads.
 
     ``window`` None: every row reads the whole buffer under its mask, so its arithmetic never
-    depends on its length or its neighbours (batch invariance, and the static shapes a CUDA graph
-    needs). An int: rows read only the first ``window`` slots, which must cover every decoding
-    row's slot; a compiler can keep it symbolic, so a short row no longer pays for the whole buffer."""
+    depends on its length or its neighbours (batch invariance). An int: rows read only the first
+    ``window`` slots, which must cover every decoding row's slot; a compiler can keep it symbolic, so a
+    short row no longer pays for the whole buffer."""
 
     def __init__(self, buffers: Sequence[torch.Tensor], slots: torch.Tensor, window: int | None = None) -> None:
         self.buffers = buffers
