@@ -1,7 +1,5 @@
-"""Attention probabilities of a model (``GPT.attention_weights``: the forward pass's own code), the
-head-role table of a run, the repeated-sequence probe, each head's copy and induction scores where
-a sequence repeats a span, and the words that name a run's attention kind.
-"""
+"""Attention probabilities of a model (``GPT.attention_weights``: the forward pass's own code), and
+what is read from them: head roles, the repeated-sequence probe, copy scores, the attention kind in words."""
 
 from __future__ import annotations
 

@@ -172,7 +172,6 @@ def paired_cost(config: Path, settings: list[str], overrides: list[str], pairs: 
 
 
 def step_runner(config: Path, settings: list[str]):
-    """``benchmarks.train_throughput.TrainStepRunner`` on the config: the trainer's own step, on random tokens."""
     from benchmarks.train_throughput import TrainStepRunner
     from model.gpt import GPT
     from training.config import load_run_config

@@ -80,7 +80,6 @@ def summarize(clients: int, timings: list[Timing], seconds: float) -> Level:
 
 
 def run_engine(run, work, clients: int, max_batch: int, compile: bool = False) -> Level:
-    """Closed-loop clients on an in-process engine: each finish sends that client's next request."""
     queues = [work[c::clients] for c in range(clients)]
 
     def next_request(client: int, finish) -> Request | None:

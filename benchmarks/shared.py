@@ -1,7 +1,5 @@
-"""What every benchmark shares, so that each adds only its measurement: the frame of its command
-line, timings taken in turns and their statistics, its tables (markdown, as docs/results.md holds
-them) or JSON lines, ``train.py`` runs started as a user starts them, and closed-loop clients of an
-in-process engine. A helper, not a benchmark: it has no command line."""
+"""What every benchmark shares, so that each adds only its measurement; tables are markdown, as
+docs/results.md holds them. A helper, not a benchmark: it has no command line."""
 
 from __future__ import annotations
 
