@@ -234,8 +234,6 @@ def _scale(args: argparse.Namespace) -> int:
 
 
 def _copy(args: argparse.Namespace) -> int:
-    """Which head copies a span the prompt writes twice: every head's copy and induction scores at
-    the second copy's positions, and (with --out) the most and the least copying heads' maps."""
     run, ids, idx, tokens = _prompt(args)
     span = run.tokenizer.encode(args.copy, add_special_tokens=False).ids
     repeat = find_repeat(ids, span) if span else None

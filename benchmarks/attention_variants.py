@@ -322,7 +322,6 @@ class PositionsMeasured:
 
 
 def positions_axis(args: argparse.Namespace, model: dict) -> int:
-    """Train every kind of ``args.positions`` for every seed (seed by seed), measure, print, draw."""
     runs: dict[str, list[Path]] = {kind: [] for kind in args.positions}
     for seed in args.seeds:  # seed-major: a burst of load from other processes hits every kind alike
         for kind in args.positions:

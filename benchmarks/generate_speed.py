@@ -346,7 +346,6 @@ def print_ratios(rows: list[Row], contexts: list[str]) -> None:
 
 
 def measure_cuda(args: argparse.Namespace) -> int:
-    """``--device cuda``: eager against compiled (a CUDA graph) and transformers, in ``--dtype``."""
     if not torch.cuda.is_available():
         raise UserError("--device cuda needs a CUDA GPU; leave it out to time the CPU paths")
     device = torch.device("cuda")

@@ -137,8 +137,7 @@ def _cpu_counters(cpus: frozenset[int]) -> dict[int, tuple[int, int]] | None:
 def choose_threads(
     requested: int | None, cpus: int, load: float | None, setting: str = "--threads", useful: int | None = None,
 ) -> ThreadChoice:
-    """The threads to use: ``requested`` as given, or for ``auto`` the ``cpus`` that ``load`` leaves
-    free, at most ``useful`` (what the work can use; None: any number)."""
+    """``requested``, or for ``auto`` (None) the ``cpus`` that ``load`` leaves free, at most ``useful`` (None: any)."""
     if requested is not None:
         return ThreadChoice(requested, cpus, None, setting)
     free = cpus if load is None else round(cpus - load)
