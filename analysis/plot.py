@@ -1,7 +1,5 @@
 """Figures of attention maps, and of a run's attention over its training (matplotlib's Agg backend).
-A map's row i is query position i; cells the causal mask hides are hatched grey, so that they
-cannot be mistaken for a weight of zero, which is drawn white.
-"""
+A map's row i is query position i."""
 
 from __future__ import annotations
 
@@ -56,7 +54,7 @@ def _draw_map(ax, probs: torch.Tensor, tokens: Sequence[str] | None, title: str,
     cmap = plt.get_cmap("Blues").with_extremes(bad=MASKED_COLOUR)
     image = ax.imshow(np.ma.masked_array(weights, mask=future), cmap=cmap, vmin=0.0, vmax=1.0,
                       interpolation="nearest")
-    # Hatching on top of the grey: distinct from zero weight even in a greyscale print.
+    # Masked cells grey and hatched: never taken for a zero weight (white), even in a greyscale print.
     ax.add_patch(masked_region(T, hatch="////", fill=False, edgecolor=HATCH_COLOUR, linewidth=0))
     ax.set_title(title, fontsize=fontsize + 1)
     if every is None:

@@ -1,6 +1,5 @@
-"""Which device to run on, and how much memory it has: one picker shared by train.py
-(``train.device``), generate.py and serve.py (``--device``), so all accept the same names and fail
-with the same kind of message."""
+"""Which device to run on, and how much memory it has: one picker for every command (``train.device``,
+``--device``), so all accept the same names and fail with the same kind of message."""
 
 from __future__ import annotations
 
