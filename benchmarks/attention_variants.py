@@ -170,8 +170,7 @@ EVERY_VARIANT = {"value_embeddings": False}
 
 
 def mla_overrides(model: dict) -> dict:
-    """The model-section overrides that make the config's model multi-head latent attention, apart
-    from the latent's width."""
+    """The model-section overrides that make the config's model MLA, apart from the latent's width."""
     return {**EVERY_VARIANT, "attention": "mla", "n_kv_head": model["n_head"]}
 
 
@@ -350,7 +349,6 @@ def variant_name(model: dict) -> str:
 
 
 def measure_positions(kind: str, run_dirs: list[Path], multiples: list[int], args: argparse.Namespace) -> PositionsMeasured:
-    """Steps, final bits/byte, bits/byte at each evaluation length and first-token scores of one kind's runs."""
     finals = [final_eval(d) for d in run_dirs]
     lengths, sinks = [], []
     for run_dir in run_dirs:

@@ -100,8 +100,7 @@ class Terminated(BaseException):
 
 @contextmanager
 def terminated_raises() -> Iterator[None]:
-    """SIGTERM raised as ``Terminated`` in the main thread for the block, so that the command's clean-up
-    (a tool's worker process it started) runs as it does for Ctrl-C, rather than the process vanishing."""
+    """SIGTERM raised as ``Terminated`` in the main thread for the block (a tool's worker process it started)."""
     if threading.current_thread() is not threading.main_thread() or \
             signal.getsignal(signal.SIGTERM) is signal.SIG_IGN:
         yield

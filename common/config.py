@@ -105,8 +105,6 @@ class Removed:
 
 
 class Section(BaseModel):
-    """One config section: unknown keys refused with a suggestion, removed ones answered, types strict."""
-
     model_config = ConfigDict(extra="forbid", strict=True)
     REMOVED_KEYS: ClassVar[dict[str, Removed]] = {}
 
