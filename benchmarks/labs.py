@@ -91,3 +91,29 @@ def train_stage(raw: dict[str, Any], stage: str, what: str, label: str, resume: 
         say(f"{label} {stage}: stopped at step {result.step}; continue the lab with --resume")
         raise KeyboardInterrupt if result.signal == signal.SIGINT else Terminated(result.signal or signal.SIGTERM)
     return None if state == "stopped" else time.perf_counter() - start
+
+
+def held_out(run_dir: Path, rl_raw: dict[str, Any], *, batch_size: int, subset: bool = False) -> dict[str, float]:
+    """The RL task's own evaluation of ``run_dir`` (pass@1, pass@k, and the tool metrics where ``rl_raw``
+    names the calculator) on every held-out problem, or (``subset``) on those the RL run's periodic
+    evaluations score; read as an RL run of it that is never trained."""
+    import torch
+
+    from common.config import merged
+    from model.io import load_pretrained
+    from training.config import config_from_dict, with_parent
+    from training.distributed import DistContext
+    from training.tasks.prepare import prepare_task
+    from training.trainer import adapters_for
+
+    raw = merged(rl_raw, {"train": {"init_from": str(run_dir)}, "rl": {"beta": 0.0},
+                          "run": {"out_dir": f"{run_dir}-unused"}})  # nothing is written there
+    config = with_parent(config_from_dict(copy.deepcopy(raw)))
+    task = prepare_task(config, config.parent.tokenizer_file, progress=False, is_main=True,
+                        device=torch.device("cpu"), adapters=adapters_for(config.train))
+    if subset:
+        batch_size = config.eval.batch_size or config.train.batch_size
+    result = task.evaluate(load_pretrained(run_dir), batch_size=batch_size,
+                           max_batches=config.eval.max_batches if subset else None,
+                           device=torch.device("cpu"), amp=None, ctx=DistContext(), progress=False)
+    return result.metrics

@@ -29,9 +29,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from benchmarks.labs import check_out_folder, lab_parser, run_settings, say, train_stage
+from benchmarks.labs import check_out_folder, held_out, lab_parser, run_settings, say, train_stage
 from benchmarks.shared import print_rows
 from common.cli import run_stoppable
 from common.config import merged as _merge
@@ -105,28 +103,6 @@ def configs(folder: Path, seed: int, size: str, overwrite: bool) -> dict[str, di
     return {"base": base, "chat": chat, "rl": rl}
 
 
-def held_out(run_dir: Path, rl_raw: dict[str, Any], *, subset: bool = False) -> dict[str, float]:
-    """pass@1 and pass@8 of ``run_dir`` by the RL task's own evaluation, on every held-out question,
-    or (``subset``) on those the RL run's periodic evaluations score."""
-    from model.io import load_pretrained
-    from training.trainer import adapters_for
-    from training.config import config_from_dict, with_parent
-    from training.distributed import DistContext
-    from training.tasks.prepare import prepare_task
-
-    # Read as an RL run of it that is never trained (nothing is written to its out_dir).
-    raw = _merge(rl_raw, {"train": {"init_from": str(run_dir)}, "rl": {"beta": 0.0},
-                          "run": {"out_dir": f"{run_dir}-unused"}})
-    config = with_parent(config_from_dict(raw))
-    task = prepare_task(config, config.parent.tokenizer_file, progress=False, is_main=True,
-                        device=torch.device("cpu"), adapters=adapters_for(config.train))
-    batch_size = (config.eval.batch_size or config.train.batch_size) if subset else 32
-    result = task.evaluate(load_pretrained(run_dir), batch_size=batch_size,
-                           max_batches=config.eval.max_batches if subset else None, device=torch.device("cpu"),
-                           amp=None, ctx=DistContext(), progress=False)
-    return result.metrics
-
-
 def draw_curves(run_dir: Path, before_subset: dict[str, float], before: dict[str, float]) -> Path:
     """The RL run's curves (``training.loss_curve``'s, as train.py draws them) with the chat run it
     started from at step 0, on the evaluation subset and on every held-out question."""
@@ -166,11 +142,11 @@ def run_seed(args: argparse.Namespace, seed: int) -> dict[str, Any]:
         train_stage(raws[stage], stage, WHAT[stage], label, args.resume)
     say(f"{label} held-out pass@1 and pass@{PASS_K} of the chat run ({VAL_PROBLEMS[args.size]} questions, "
         f"{PASS_K} samples each)")
-    before = held_out(folder / "chat", raws["rl"])
-    before_subset = held_out(folder / "chat", raws["rl"], subset=True)
+    before = held_out(folder / "chat", raws["rl"], batch_size=32)
+    before_subset = held_out(folder / "chat", raws["rl"], batch_size=32, subset=True)
     train_stage(raws["rl"], "rl", WHAT["rl"], label, args.resume)
     say(f"{label} held-out pass@1 and pass@{PASS_K} of the RL run")
-    after = held_out(folder / "rl", raws["rl"])
+    after = held_out(folder / "rl", raws["rl"], batch_size=32)
     curves = draw_curves(folder / "rl", before_subset, before)
     state = load_trainer_state(folder / "rl")  # the run's own record, also for an RL stage kept by --resume
     return {"seed": seed, "pass@1_before": before["pass@1"], "pass@1_after": after["pass@1"],

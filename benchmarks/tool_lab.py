@@ -31,13 +31,12 @@ end, each stage's its training run's (data preparation and final evaluation incl
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.labs import check_out_folder, lab_parser, run_settings, say, stage_state, train_stage
+from benchmarks.labs import check_out_folder, held_out, lab_parser, run_settings, say, stage_state, train_stage
 from benchmarks.shared import print_rows
 from common.cli import run_stoppable
 from common.config import merged as _merge
@@ -129,29 +128,6 @@ def configs(folder: Path, seed: int, size: str, overwrite: bool) -> dict[str, di
     return {"base": base, "sft": sft, "grpo": grpo}
 
 
-def held_out(run_dir: Path, rl_raw: dict[str, Any]) -> dict[str, float]:
-    """pass@1 and pass@4 of ``run_dir`` on every held-out problem by the RL task's own evaluation
-    (with the calculator when ``rl_raw`` names it), and the share of replies that call and of
-    calls that parse."""
-    import torch
-
-    from model.io import load_pretrained
-    from training.trainer import adapters_for
-    from training.config import config_from_dict, with_parent
-    from training.distributed import DistContext
-    from training.tasks.prepare import prepare_task
-
-    # Read as an RL run of it that is never trained (nothing is written to its out_dir).
-    raw = _merge(rl_raw, {"train": {"init_from": str(run_dir)}, "rl": {"beta": 0.0},
-                          "run": {"out_dir": f"{run_dir}-unused"}})
-    config = with_parent(config_from_dict(copy.deepcopy(raw)))
-    task = prepare_task(config, config.parent.tokenizer_file, progress=False, is_main=True,
-                        device=torch.device("cpu"), adapters=adapters_for(config.train))
-    result = task.evaluate(load_pretrained(run_dir), batch_size=50, max_batches=None, device=torch.device("cpu"),
-                           amp=None, ctx=DistContext(), progress=False)
-    return result.metrics
-
-
 def run_seed(args: argparse.Namespace, seed: int) -> dict[str, Any]:
     folder = args.out / f"s{seed}"
     label = f"[seed {seed}]"
@@ -167,7 +143,8 @@ def run_seed(args: argparse.Namespace, seed: int) -> dict[str, Any]:
     for name, run, tools in (("no_tools", "grpo", False), ("sft", "sft", True), ("grpo", "grpo", True)):
         say(f"{label} held-out pass@1 of the {run} run {'with the calculator' if tools else 'without tools'} "
             f"({SIZES[args.size]['held_out']} problems, {PASS_K} samples each)")
-        measured[name] = held_out(folder / run, {**raws["grpo"], "rl": rl_section(args.size, tools=tools)})
+        measured[name] = held_out(folder / run, {**raws["grpo"], "rl": rl_section(args.size, tools=tools)},
+                                  batch_size=50)
     row = {"seed": seed, **{f"pass@1_{name}": m["pass@1"] for name, m in measured.items()},
            **{f"pass@{PASS_K}_{name}": m[f"pass@{PASS_K}"] for name, m in measured.items()},
            **{f"calling_{name}": measured[name]["tools/calling_ratio"] for name in ("sft", "grpo")},

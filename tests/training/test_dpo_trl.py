@@ -22,7 +22,7 @@ from model.gpt import GPT
 from model.io import save_pretrained
 from training.tasks.dpo.batches import collate_pairs
 from training.tasks.dpo.loss import score_pairs
-from training.tasks.dpo.pairs import PreferencePair, pair_from_row
+from training.tasks.dpo.pairs import pair_from_row
 from training.tasks.dpo.prepared import tokenize_pairs
 from training.tasks.reference import FrozenReference
 

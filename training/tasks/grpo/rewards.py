@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import math
 import re
 from dataclasses import dataclass
 from typing import Any, Callable
