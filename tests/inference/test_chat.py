@@ -80,20 +80,6 @@ def test_one_shot_prints_one_reply(capsys, run_dir, loaded_run):
     assert out == session.reply(MESSAGES[0]).text + "\n"
 
 
-@pytest.mark.parametrize(
-    "argv, fragment",
-    [
-        (["--chat", "--num-samples", "2", "--prompt", "hi"], "--chat gives one reply at a time"),
-        (["--system", "You are X.", "--prompt", "hi"], "--system needs --chat"),
-        (["--chat", "--prompt", "x" * 200], "tokens: more than the 31 tokens the model's window leaves for them"),
-    ],
-)
-def test_chat_user_errors_are_one_line(capsys, run_dir, argv, fragment):
-    code, out, err = cli(capsys, "--run", run_dir, *argv)
-    assert code == 2 and out == ""
-    assert fragment in err and err.count("\n") == 1
-
-
 def test_a_run_without_chat_tokens_is_told_to_retrain(capsys, copy_run):
     run = copy_run("old")
     old = Tokenizer(models.BPE())

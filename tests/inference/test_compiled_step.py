@@ -134,13 +134,6 @@ def test_a_compiled_server_row_equals_the_request_alone_bit_for_bit(device_run):
     assert together.logprobs == alone.logprobs  # the same bits (a CUDA graph's outputs are copied out)
 
 
-def test_compile_without_the_cache_is_refused_in_one_line(capsys, run_dir):
-    code = main(["--run", str(run_dir), "--compile", "--no-cache", "--prompt", "x"])
-    out, err = capsys.readouterr()
-    assert code == 2 and out == ""
-    assert err == "error: --compile compiles the cached decode step; drop --no-cache or --compile\n"
-
-
 def test_generate_py_compile_reports_its_compile_once_and_prints_the_eager_text(capsys, run_dir):
     argv = ["--run", str(run_dir), "--prompt", "ROMEO:", "--temperature", "0", "--max-new-tokens", "40"]
     assert main(argv) == 0

@@ -264,14 +264,3 @@ def test_generate_py_speculates_with_lookup_or_a_draft_and_prints_plain_greedy_t
         assert (code, out) == (0, plain)
         if not extra:
             assert f"speculative ({speculate[1]}, up to {5 if speculate[1] == 'lookup' else 4} guesses a step)" in err
-
-
-@pytest.mark.parametrize("flags, fragment", [
-    (["--speculate", "lookup", "--no-cache"], "--speculate checks its guesses through the KV cache; drop --no-cache"),
-    (["--speculate", "lookup", "--speculate-k", "31"], "--speculate-k must be 1 to 16, got 31"),
-    (["--speculate", "lookup", "--draft-run", "x"], "--speculate draft needs --draft-run DIR"),
-    (["--speculate-k", "2"], "--speculate-k goes with --speculate"),
-])
-def test_generate_py_refuses_speculation_flags_in_one_line(capsys, run_dir, flags, fragment):
-    code, out, err = cli(capsys, "--run", run_dir, "--prompt", "hi", *flags)
-    assert (code, out) == (2, "") and err.startswith("error: ") and fragment in err and err.count("\n") == 1, err
