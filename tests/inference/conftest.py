@@ -39,6 +39,17 @@ def loaded_run(run_dir):
 
 
 @pytest.fixture
+def cli(capsys):
+    """generate.py's main in this process: ``cli(*argv)`` -> (exit code, stdout, stderr)."""
+    from inference.cli import main
+
+    def run(*argv) -> tuple[int, str, str]:
+        return (main([str(arg) for arg in argv]), *capsys.readouterr())
+
+    return run
+
+
+@pytest.fixture
 def copy_run(run_dir, tmp_path):
     """Copy the session run to ``tmp_path/<name>`` so a test may break or touch its files."""
 
