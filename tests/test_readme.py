@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -36,6 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from server_process import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -86,7 +87,7 @@ class Sandbox:
 
     def __init__(self, root: Path):
         self.root = root
-        self.port = _free_port()
+        self.port = free_port()
         self.servers: list[subprocess.Popen] = []
         for entry in ROOT.iterdir():
             if entry.name not in NOT_LINKED:
@@ -170,12 +171,6 @@ python() {{
             except subprocess.TimeoutExpired:
                 server.kill()
                 server.wait()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.e2e
