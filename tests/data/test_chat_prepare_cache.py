@@ -1,7 +1,5 @@
-"""Chat preparation lives in the same cache as text preparation: an entry is reused without reading
-the conversations again, a damaged one (truncated, overwritten in place, meta.json broken) is refused
-on open and rebuilt equal to the original, a failed build leaves nothing, and the other processes of
-a run wait for the main one, even past a damaged entry."""
+"""Chat preparation in the text preparation's cache: an entry reused without reading the conversations, a
+damaged one refused and rebuilt equal, a failed build leaving nothing, other processes waiting for the main one."""
 
 from __future__ import annotations
 
@@ -138,7 +136,8 @@ def test_other_processes_wait_for_the_main_one_even_past_a_damaged_entry(chat_se
     assert not results  # a damaged entry is not taken: the waiter keeps waiting
     rebuilt = _prepare(chat_setup)
     thread.join(timeout=120)
-    assert "error" not in results and all(np.array_equal(a, b) for a, b in zip(_arrays(rebuilt), _arrays(results["data"])))
+    assert "error" not in results
+    assert all(np.array_equal(a, b) for a, b in zip(_arrays(rebuilt), _arrays(results["data"])))
 
 
 def test_a_build_that_loses_the_race_to_publish_takes_the_winners_entry(chat_setup, monkeypatch):
