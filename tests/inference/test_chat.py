@@ -185,10 +185,8 @@ def test_at_a_terminal_lines_are_edited_recalled_and_ctrl_d_ends_the_line(run_di
 
 @pytest.mark.skipif(not hasattr(os, "openpty"), reason="needs a pseudo-terminal")
 def test_ctrl_c_at_the_prompt_says_how_to_leave_and_a_second_in_a_row_quits(run_dir, loaded_run):
-    """A Ctrl-C meant for a reply that has just ended lands on the prompt: it must not quit.
-
-    Typed at a terminal (stdin a pseudo-terminal), replies to a pipe: lines are then read with a
-    plain read(), which a signal interrupts wherever it lands, so the test needs no pause."""
+    """A Ctrl-C meant for a reply that has just ended lands on the prompt: it must not quit. (Replies go
+    to a pipe, so lines are read with a plain read(), which a signal interrupts anywhere: no pause.)"""
     import select
     import signal
 

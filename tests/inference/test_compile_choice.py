@@ -1,6 +1,5 @@
-"""When a command compiles its decode step (``inference.compiled_step.choose_compile``): a server
-on CUDA by default, where it pays; every other command, and a server on the CPU, only when
-``--compile`` asks. The flag wins both ways, and is refused in one line where the compile cannot run."""
+"""When a command compiles its decode step: a server on CUDA by default, anything else only when
+``--compile`` asks; the flag wins both ways and is refused in one line where it cannot run."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""generate.py --chat --tools: the session runs the model's calls and keeps them in the
-conversation, the command line shows each call with its result, and a run whose tokenizer has no tool tokens
-is refused in one line (the flags' refusals: test_generate_cli.py)."""
+"""generate.py --chat --tools: the session runs the model's calls and keeps them in the conversation,
+and the command line shows each call with its result."""
 
 from __future__ import annotations
 
