@@ -1,6 +1,5 @@
-"""attention.py --copy: each head's copy and induction scores where a prompt writes a span twice (a
-tool's result repeated as the answer), read at the right positions, the copier drawn beside a head
-that does not copy, and one-line refusals."""
+"""attention.py --copy: each head's copy and induction scores where a prompt writes a span twice, the
+copier drawn beside a head that does not copy, and one-line refusals."""
 
 import pytest
 import torch

@@ -1,7 +1,5 @@
-"""The induction probe on hand-built models whose answers are known: an induction head that can only
-tell apart the ids it was trained on (every untrained id shares one embedding, as tied embeddings
-leave them), a uniform head and a previous-token head; and the first- and second-copy losses of a
-model that copies."""
+"""The induction probe on hand-built models whose answers are known (an induction head that tells apart
+only the ids it was trained on, a uniform and a previous-token head), and the copy losses of a copier."""
 
 import math
 
@@ -37,9 +35,8 @@ def embeddings() -> torch.Tensor:
 
 
 class HandBuilt(nn.Module):
-    """Two layers of two heads. Layer 0: a previous-token head and a uniform head. Layer 1: an
-    induction head (query i matches key j by the embedding of the token before j, as the output of
-    a previous-token head would let it) and a uniform head."""
+    """Layer 0: a previous-token head and a uniform head. Layer 1: an induction head (query i matches key j
+    by the embedding of the token before j) and a uniform head."""
 
     config = Config()
 
