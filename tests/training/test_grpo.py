@@ -275,7 +275,7 @@ RL_REFUSALS = [
     ({"rl": {"arithmetic": {"train_problems": 500, "val_problems": 8, "max_operand": 9}}},
      "rl.arithmetic asks for 508 problems but only 100 distinct ones exist"),
     ({"rl": {"arithmetic": {"operations": "++"}}}, "rl.arithmetic.operations must be distinct characters of +-*"),
-    ({"rl": {"calculator": {"digits": 6}}}, "rl.calculator.digits must be less than or equal to 5, got 6"),
+    ({"rl": {"calculator": {"digits": 5}}}, "rl.calculator.digits must be less than or equal to 4, got 5"),
     ({"rl": {"calculator": {"digits": 1, "operations": "*", "train_problems": 60, "val_problems": 6}}},
      "rl.calculator.train_problems + val_problems is 66, more than half the 100 distinct problems"),
     ({"rl": None}, "data.format: rl needs an rl section (rl: {} takes every default)"),
