@@ -78,7 +78,7 @@ def test_weights_do_not_depend_on_other_rows_or_later_tokens(model):
 
 
 def test_attention_weights_leave_dropout_out_and_the_model_in_its_mode(model):
-    from analysis.maps import attention_maps
+    from analysis.roles import attention_maps
 
     model.train()
     first = attention_maps(model, ids())

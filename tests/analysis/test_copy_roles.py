@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from analysis.cli import main
-from analysis.maps import SpanRepeat, attention_maps, find_repeat
+from analysis.maps import SpanRepeat, find_repeat
+from analysis.roles import attention_maps
 from rundir.loading import load_run
 from refusal_testkit import one_error_line
 from run_testkit import build_run, chat_tokenizer

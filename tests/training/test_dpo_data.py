@@ -1,7 +1,5 @@
-"""Reply pairs for DPO: read in both of TRL's shapes, rendered by the chat format exactly as the
-whole conversation renders, the loss mask on the reply alone, the prompt cut to fit the window,
-bad rows refused in one line naming the row, batches laid out chosen-then-rejected, and the cache
-entry reused."""
+"""Reply pairs for DPO: both of TRL's shapes, rendered as the whole conversation with the loss on the reply,
+cut to fit the window, bad rows refused in one line naming the row, batches chosen-then-rejected, the cache reused."""
 
 from __future__ import annotations
 

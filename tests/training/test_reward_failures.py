@@ -1,8 +1,6 @@
-"""A user's reward function (``rl.rewards: [module:function]``) that misbehaves, as a hostile user writes
-it: refused when the config is read where that can be known (it does not import, is no function, takes
-other arguments), and otherwise stopped at the step where it fails, in one line naming the reward,
-what it returned or raised and the question, with exit 2 and the last checkpoint untouched. Ctrl-C
-inside a reward still interrupts the run as it does anywhere else."""
+"""A user's reward function (``rl.rewards: [module:function]``) that misbehaves: refused when the config is
+read where that can be known, else stopped at the step where it fails, in one line naming the reward, what
+it returned or raised and the question, exit 2 and the last checkpoint untouched; Ctrl-C still interrupts."""
 
 from __future__ import annotations
 
@@ -56,7 +54,7 @@ def test_a_reward_that_cannot_work_is_refused_when_the_config_is_read(tmp_path, 
     with pytest.raises(RewardError) as error:
         reward_function(f"{module}:{attribute}")
     message = str(error.value)
-    assert "\n" not in message and f"reward '{module}:{attribute}'" in message
+    assert "\n" not in message and f"reward '{module}:{attribute}'" in message, message
     assert fragment.format(module=module) in message, message
 
 
@@ -80,9 +78,7 @@ def _interrupted(prompt, completion, row):
     raise KeyboardInterrupt
 
 
-class _Tensorish:
-    """A one-value tensor-like object, as numpy and torch scalars are: float() reads it."""
-
+class _Tensorish:  # a one-value tensor-like object, as numpy and torch scalars are: float() reads it
     def __float__(self) -> float:
         return 0.25
 
