@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from common.errors import DataError
 from data.chat import Message, render_chat
 from data.config import CalculatorSourceConfig
-from data.errors import DataError
 from data.prepared import cache
 from data.sources.arithmetic import Problem, problems
 from data.sources.tool_arithmetic import tool_problems
