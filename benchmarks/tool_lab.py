@@ -66,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def calculator_problems(size: str) -> dict[str, Any]:
     """``data.calculator``: the SFT run's conversations, the first ``held_out`` of them held out."""
-    return {**PROBLEMS, "conversations": SIZES[size]["problems"]}
+    return {**PROBLEMS, "problems": SIZES[size]["problems"]}
 
 
 def rl_section(size: str, *, tools: bool = True) -> dict[str, Any]:
@@ -84,7 +84,8 @@ def write_text(folder: Path, size: str) -> Path:
     from data.config import CalculatorSourceConfig
     from data.sources.tool_arithmetic import calculator_conversations
 
-    conversations, _ = calculator_conversations(CalculatorSourceConfig(**calculator_problems(size)), _held_share(size))
+    source = CalculatorSourceConfig(**calculator_problems(size))
+    conversations, _ = calculator_conversations(source, _held_share(size), 0)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "conversations.txt"
     paragraphs = ("\n".join([m.content for m in c[:1]] + [t.name + t.arguments for t in c[1].tool_calls]

@@ -199,8 +199,8 @@ def test_an_rl_run_logs_trl_names_evaluates_pass_at_k_and_resumes_exactly(rl_con
     assert 0 <= final["val_pass@1"] <= final["val_pass@2"] <= 1
     assert whole.val_words == f"held-out pass@1 {final['val_pass@1']:.3f}, pass@2 {final['val_pass@2']:.3f}"
     # Its own numbers: no bits per byte (it has none), no loss per token, and its kept weights by pass@1.
-    assert "val_bpb" not in final
     summary = train_cli.summary(whole, None)
+    assert "val_bpb" not in final
     assert "nats/token" not in summary and "bits/byte" not in summary and "validation loss" not in summary
     assert "the best held-out pass@1 seen" in summary or "no periodic evaluation" in summary
     assert "--chat --prompt 'What is " in summary  # a question of the kind it learned
@@ -216,9 +216,8 @@ def test_an_rl_run_logs_trl_names_evaluates_pass_at_k_and_resumes_exactly(rl_con
         out = tmp_path / f"resumed-{stop}"
         train(rl_config(out, lora=lora, attention=attention, max_steps=stop), progress=False)
         resumed = train(rl_config(out, lora=lora, attention=attention), resume=True, progress=False)
-        assert resumed.step == whole.step == 4
         state = load_trainer_state(out)
-        assert state["step"] == 4
+        assert resumed.step == whole.step == state["step"] == 4
         for name, tensor in final.items():
             torch.testing.assert_close(state["model"][name], tensor, rtol=0, atol=0, msg=f"stopped at {stop}: {name}")
         resumed_steps = [r for r in read_metrics(out / "metrics.jsonl") if r["kind"] == "train"]
@@ -226,9 +225,9 @@ def test_an_rl_run_logs_trl_names_evaluates_pass_at_k_and_resumes_exactly(rl_con
 
 
 def test_a_checkpoint_that_kept_the_pending_rollout_with_its_batches_resumes_exactly(rl_config, tmp_path):
-    """Checkpoints from before tasks had a state of their own kept an RL run's pending rollout in the
-    batches' state: resumed between the two updates of a batch, such a run still trains on it."""
-    from rundir.checkpoint import load_trainer_state, save_checkpoint
+    # Checkpoints from before tasks had a state of their own kept it in the batches' state: resumed
+    # between the two updates of a batch, such a run still trains on it.
+    from rundir.checkpoint import save_checkpoint
 
     train(rl_config(tmp_path / "whole", lora={"rank": 2}), progress=False)
     train(rl_config(tmp_path / "old", lora={"rank": 2}, max_steps=3), progress=False)
@@ -276,7 +275,7 @@ RL_REFUSALS = [
     ({"rl": {"arithmetic": {"train_problems": 500, "val_problems": 8, "max_operand": 9}}},
      "rl.arithmetic asks for 508 problems but only 100 distinct ones exist"),
     ({"rl": {"arithmetic": {"operations": "++"}}}, "rl.arithmetic.operations must be distinct characters of +-*"),
-    ({"rl": {"calculator": {"digits": 6}}}, "rl.calculator.digits must be less than or equal to 5, got 6"),
+    ({"rl": {"calculator": {"digits": 5}}}, "rl.calculator.digits must be less than or equal to 4, got 5"),
     ({"rl": {"calculator": {"digits": 1, "operations": "*", "train_problems": 60, "val_problems": 6}}},
      "rl.calculator.train_problems + val_problems is 66, more than half the 100 distinct problems"),
     ({"rl": None}, "data.format: rl needs an rl section (rl: {} takes every default)"),
@@ -306,7 +305,6 @@ def test_the_rl_bounds_admit_what_is_at_them(rl):
 
     config = config_from_dict({"train": {"max_steps": 1, "init_from": "p"}, "data": {"format": "rl"}, "rl": rl})
     assert config.rl.model_dump(include=set(rl)) == rl
-
 
 
 def test_the_shipped_rl_config_reads(parent_run):

@@ -54,7 +54,7 @@ def test_a_reward_that_cannot_work_is_refused_when_the_config_is_read(tmp_path, 
     with pytest.raises(RewardError) as error:
         reward_function(f"{module}:{attribute}")
     message = str(error.value)
-    assert "\n" not in message and f"reward '{module}:{attribute}'" in message
+    assert "\n" not in message and f"reward '{module}:{attribute}'" in message, message
     assert fragment.format(module=module) in message, message
 
 
@@ -78,9 +78,7 @@ def _interrupted(prompt, completion, row):
     raise KeyboardInterrupt
 
 
-class _Tensorish:
-    """A one-value tensor-like object, as numpy and torch scalars are: float() reads it."""
-
+class _Tensorish:  # a one-value tensor-like object, as numpy and torch scalars are: float() reads it
     def __float__(self) -> float:
         return 0.25
 

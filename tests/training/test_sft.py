@@ -49,8 +49,7 @@ def test_the_step_loss_is_the_mean_over_every_loss_bearing_target_of_all_micro_b
     # Two micro-batches with very different numbers of targets (one has none in its first row):
     # the step must equal one batch holding both, not the mean of the two micro-batch means.
     g = torch.Generator().manual_seed(1)
-    x1, x2 = torch.randint(0, 40, (2, 12), generator=g), torch.randint(0, 40, (2, 12), generator=g)
-    y1, y2 = torch.randint(0, 40, (2, 12), generator=g), torch.randint(0, 40, (2, 12), generator=g)
+    x1, x2, y1, y2 = (torch.randint(0, 40, (2, 12), generator=g) for _ in range(4))
     y1[0] = -1
     y1[1, :9] = -1
     y2[:, :2] = -1
@@ -176,7 +175,7 @@ def test_the_share_of_held_out_replies_that_end_their_turn():
 def test_fine_tuning_learns_replies_and_resumes_exactly(sft_config, tmp_path):
     whole = train(sft_config(tmp_path / "whole"), progress=False)
     records = [json.loads(line) for line in (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()]
-    final = [r for r in records if r["kind"] == "final_eval"][0]
+    final = next(r for r in records if r["kind"] == "final_eval")
     assert whole.step == 6 and 0 < final["val_bpb"] < 20
     # The share of sampled held-out replies that end their turn, and how many were sampled.
     assert 0 <= final["val_replies/ended"] <= 1 and final["val_replies/sampled"] > 0
@@ -188,9 +187,9 @@ def test_fine_tuning_learns_replies_and_resumes_exactly(sft_config, tmp_path):
     train(sft_config(tmp_path / "resumed", max_steps=3), progress=False)
     resumed = train(sft_config(tmp_path / "resumed"), resume=True, progress=False)
     assert resumed.step == 6
-    a, b = load_pretrained(tmp_path / "whole"), load_pretrained(tmp_path / "resumed")
-    for name, tensor in a.state_dict().items():
-        torch.testing.assert_close(b.state_dict()[name], tensor, rtol=0, atol=1e-6, msg=name)
+    b = load_pretrained(tmp_path / "resumed").state_dict()
+    for name, tensor in load_pretrained(tmp_path / "whole").state_dict().items():
+        torch.testing.assert_close(b[name], tensor, rtol=0, atol=1e-6, msg=name)
     assert resumed.val_bpb == pytest.approx(whole.val_bpb, abs=1e-6)
 
 
