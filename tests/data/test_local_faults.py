@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from common.errors import DataError
 from data.config import DataConfig, FilesSourceConfig
-from data.errors import DataError
 from data.prepared.text import prepare_data
 from data.tokenizer import train_tokenizer
 from model.config import GPTConfig

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from data.errors import DataError
+from common.errors import DataError
 from data.sources.shakespeare import play_files, play_id
 from data.split import hash_split, validation_score
 
