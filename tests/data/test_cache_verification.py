@@ -2,8 +2,6 @@
 ids beyond the vocabulary and a meta.json that parses to the wrong shape all get the entry
 rebuilt, and the rebuilt entry equals the original."""
 
-from __future__ import annotations
-
 import json
 
 import numpy as np

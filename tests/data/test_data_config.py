@@ -1,5 +1,3 @@
-from __future__ import annotations
-
 import pytest
 
 from data.config import MIN_VOCAB_SIZE, DataConfig, HubSourceConfig, QuotesSourceConfig, SyntheticSourceConfig

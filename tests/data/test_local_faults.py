@@ -1,8 +1,6 @@
 """Local corpora and run files that parse but are wrong: a malformed .jsonl line is named by
 file and line, and a damaged run tokenizer asks for the run's own file back rather than new data."""
 
-from __future__ import annotations
-
 import pytest
 import torch
 

@@ -1,7 +1,5 @@
 """Grouped-query attention against the textbook formula and against torch's own MHA."""
 
-from __future__ import annotations
-
 import math
 
 import pytest

@@ -1,7 +1,5 @@
 """One cache, rows at their own lengths: chunked prefill into one row, ragged decode steps."""
 
-from __future__ import annotations
-
 import pytest
 import torch
 

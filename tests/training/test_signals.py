@@ -2,8 +2,6 @@
 micro-batch and leaves the run exactly as before the step; SIGTERM during the final validation
 skips it and reports what was saved."""
 
-from __future__ import annotations
-
 import os
 import signal
 import time

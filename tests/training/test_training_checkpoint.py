@@ -1,8 +1,6 @@
 """Training's side of a checkpoint: the optimizer continuing from one, RNG state round trips, the
 shape a resume must keep, and MFU accounting (the files themselves: tests/rundir)."""
 
-from __future__ import annotations
-
 import json
 import random
 from contextlib import nullcontext

@@ -1,7 +1,5 @@
 """Muon: the Newton-Schulz orthogonalisation and the optimizer step built on it."""
 
-from __future__ import annotations
-
 from contextlib import nullcontext
 
 import pytest
