@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 from typing import Sequence
 
-from data.errors import DataError
+from common.errors import DataError
 
 
 def validation_score(doc_id: str, seed: int) -> float:

@@ -15,9 +15,8 @@ import time
 from pathlib import Path
 
 from common.cli import run_command
-from common.errors import describe_os_error
+from common.errors import DataError, describe_os_error
 from common.threads import parse_threads
-from data.errors import DataError
 from data.tokenizer import CHAT_SPECIAL_TOKENS, load_tokenizer
 from model.layer_map import llama_blockers
 from rundir.files import STATE_FILE, TOKENIZER_FILE

@@ -25,7 +25,7 @@ from data.config import DataConfig
 from data.tokenizer import CHAT_SPECIAL_TOKENS
 from model.layer_map import block_linears
 from model.config import GPTConfig
-from tracking.config import LoggingConfig
+from tracking.wandb_logger import LoggingConfig
 
 if TYPE_CHECKING:  # a parent run is read by training.init_from when a run starts from one
     from training.init_from import ParentRun

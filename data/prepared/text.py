@@ -15,9 +15,9 @@ import numpy as np
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
+from common.errors import DataError
 from common.files import atomic_output, atomic_write_text
 from data.config import DataConfig
-from data.errors import DataError
 from data.prepared.cache import (
     REBUILD_ADVICE, TokenizerMixin, check_file_sha256, entry_path, file_sha256, open_checked, open_or_build,
     read_meta, spec_key,

@@ -17,9 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, TypeVar
 
+from common.errors import DataError
 from data.chat import Message, to_messages
 from data.config import DataConfig
-from data.errors import DataError
 from data.sources.corpus import datasets_progress
 from data.sources.documents import row_ids
 from data.sources.hub import hub_errors_explained, hub_has_val_split

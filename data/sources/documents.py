@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from data.errors import DataError
+from common.errors import DataError
 
 
 @dataclass

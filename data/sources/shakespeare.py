@@ -15,8 +15,8 @@ from typing import Any
 
 from tqdm import tqdm
 
+from common.errors import DataError
 from data.config import DataConfig
-from data.errors import DataError
 from data.sources.documents import SourceDocuments
 from data.split import hash_split
 

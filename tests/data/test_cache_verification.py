@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from data.errors import DataError
+from common.errors import DataError
 from data.prepared.text import PreparedData, prepare_data
 from data.prepared.token_files import digest_token_file
 

@@ -5,7 +5,7 @@ import re
 import pytest
 from tokenizers import Tokenizer
 
-from data.errors import DataError
+from common.errors import DataError
 from data.chat import (
     CHAT_SPECIAL_TOKENS,
     CHAT_TEMPLATE,

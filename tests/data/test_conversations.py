@@ -9,10 +9,10 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
+from common.errors import DataError
 from data.batches.chat import ChatBatches, collate
 from data.chat import ChatTokenIds, ChatTooLong, FittedChat, Message, fit_chat, fit_for_reply, render_chat
 from data.config import CHAT_SOURCES, SOURCES, DataConfig, FilesSourceConfig
-from data.errors import DataError
 from data.prepared.chat import tokenize_conversations
 from data.sources.conversations import conversations_spec, load_conversations
 from data.sources.shakespeare import play_files, play_id

@@ -2,8 +2,8 @@ import numpy as np
 import pytest
 import torch
 
+from common.errors import DataError
 from data.batches.text import EpochBatches, TrainBatches, iter_val_batches, train_batches
-from data.errors import DataError
 from data.prepared.token_files import token_dtype
 
 

@@ -7,8 +7,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from common.errors import DataError
 from data.config import DataConfig, FilesSourceConfig, HubSourceConfig
-from data.errors import DataError
 from data.prepared.text import prepare_data
 from data.sources.corpus import load_source
 from data_testkit import direct_tokens, make_documents

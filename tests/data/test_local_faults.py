@@ -4,8 +4,8 @@ file and line, and a damaged run tokenizer asks for the run's own file back rath
 import pytest
 import torch
 
+from common.errors import DataError
 from data.config import DataConfig, FilesSourceConfig
-from data.errors import DataError
 from data.prepared.text import prepare_data
 from data.tokenizer import train_tokenizer
 from model.config import GPTConfig

@@ -13,9 +13,8 @@ import pytest
 
 import data.prepared.text as prepare_module
 import data.sources.shakespeare as shakespeare_module
-from common.errors import describe_os_error
+from common.errors import DataError, describe_os_error
 from data.config import DataConfig, FilesSourceConfig
-from data.errors import DataError
 from data.prepared.text import PreparedData, entry_dir, prepare_data
 from data.sources.shakespeare import shakespeare_documents
 from data.split import hash_split

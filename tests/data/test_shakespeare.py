@@ -3,7 +3,7 @@ import re
 
 import pytest
 
-from data.errors import DataError
+from common.errors import DataError
 from data.sources.shakespeare import markdown_to_play_text, play_files, shakespeare_documents
 
 SNIPPET = """# The Play

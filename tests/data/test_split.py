@@ -1,6 +1,6 @@
 import pytest
 
-from data.errors import DataError
+from common.errors import DataError
 from data.sources.shakespeare import play_files, play_id
 from data.split import hash_split, validation_score
 

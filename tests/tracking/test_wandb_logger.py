@@ -31,7 +31,7 @@ def no_credentials(monkeypatch, tmp_path):
 
 
 def wandb_config(**kwargs):
-    from tracking.config import WandbConfig
+    from tracking.wandb_logger import WandbConfig
 
     return WandbConfig(**kwargs)
 

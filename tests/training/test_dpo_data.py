@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from common.errors import DataError
 from data.chat import Message, render_chat
 from data.config import DataConfig, FilesSourceConfig
-from data.errors import DataError
 from run_testkit import chat_tokenizer
 from training.tasks.dpo.batches import PreferenceBatches, collate_pairs
 from training.tasks.dpo.pairs import PreferencePair, pair_from_row
