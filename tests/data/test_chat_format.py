@@ -1,7 +1,5 @@
 """The chat format: reserved tokens, known text and ids, loss masks token by token."""
 
-from __future__ import annotations
-
 import re
 
 import pytest

@@ -1,8 +1,6 @@
 """Absurd sizes are refused before anything is allocated: a vocabulary of 100 million for
 training, and a model_config.json claiming a billion positions for loading."""
 
-from __future__ import annotations
-
 import json
 
 import pytest

@@ -1,8 +1,6 @@
 """Reply pairs for DPO: both of TRL's shapes, rendered as the whole conversation with the loss on the reply,
 cut to fit the window, bad rows refused in one line naming the row, batches chosen-then-rejected, the cache reused."""
 
-from __future__ import annotations
-
 import json
 import re
 from pathlib import Path

@@ -1,8 +1,6 @@
 """LoRA (train.lora): adapters on frozen weights, refused settings, the run's files, an exact resume,
 and the adapter proven against PEFT on the parent's Hugging Face export."""
 
-from __future__ import annotations
-
 import copy
 import json
 from pathlib import Path

@@ -1,7 +1,5 @@
 """The built-in preference set: which replies are good and bad, how they pair, and its command line."""
 
-from __future__ import annotations
-
 import errno
 import json
 import os

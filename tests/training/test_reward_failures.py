@@ -2,8 +2,6 @@
 read where that can be known, else stopped at the step where it fails, in one line naming the reward, what
 it returned or raised and the question, exit 2 and the last checkpoint untouched; Ctrl-C still interrupts."""
 
-from __future__ import annotations
-
 import itertools
 import math
 import textwrap

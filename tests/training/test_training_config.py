@@ -1,7 +1,5 @@
 """Config loading: YAML dialect, overrides, validation errors, and the saved round trip."""
 
-from __future__ import annotations
-
 from pathlib import Path
 
 import pytest

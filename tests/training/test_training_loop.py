@@ -1,7 +1,5 @@
 """The training loop end to end in-process: learning, accumulation, checkpoints, resume, failures."""
 
-from __future__ import annotations
-
 import os
 import signal
 import tempfile
