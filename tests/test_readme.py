@@ -22,8 +22,6 @@ Each block must exit with status 0 and print something: a snippet that shows the
 has not shown what it claims.
 """
 
-from __future__ import annotations
-
 import json
 import os
 import re

@@ -1,8 +1,6 @@
 """The positions measures on models whose answers are known: a head forced onto the first token, one
 spreading evenly, learned positions past their table not scored, a context-blind model flat over length."""
 
-from __future__ import annotations
-
 import numpy as np
 import pytest
 import torch

@@ -1,8 +1,6 @@
 """A benchmark is a command line like any other: bad input is one ``error:`` line and exit 2, and its
 --help says what it measures in whole sentences."""
 
-from __future__ import annotations
-
 import importlib
 import re
 import sys

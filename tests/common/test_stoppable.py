@@ -1,8 +1,6 @@
 """common.cli.run_stoppable: a signal ends the command with 130 or 143 after its clean-up, even
 when library code catches the first one and carries on; filesystem failures are one line."""
 
-from __future__ import annotations
-
 import errno
 import signal
 import subprocess

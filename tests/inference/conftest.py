@@ -1,8 +1,6 @@
 """Fixtures for the inference tests: a tiny run directory built once per session in the agreed
 format (``model.io.save_pretrained(GPT(cfg), dir)`` plus a byte-level BPE ``tokenizer.json``)."""
 
-from __future__ import annotations
-
 import shutil
 from pathlib import Path
 

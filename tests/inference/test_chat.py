@@ -1,8 +1,6 @@
 """generate.py --chat: a conversation through the KV cache equals full recomputation, the window
 policy keeps whole recent messages, and the command line's REPL, one-shot mode, Ctrl-C and errors."""
 
-from __future__ import annotations
-
 import io
 import os
 import subprocess

@@ -3,8 +3,6 @@ the same tokens, log-probabilities within a stated fp32 bound, one compilation f
 Compiling costs seconds, so the default tests share one shape built once per session
 (tests/conftest.py); the batch-invariant shapes, other models and attention kinds are e2e."""
 
-from __future__ import annotations
-
 import threading
 
 import pytest

@@ -1,8 +1,6 @@
 """generate.py: output formats, run discovery and user errors in-process through ``main(argv)``,
 plus a few real subprocesses (streaming, exit code 2 without a traceback)."""
 
-from __future__ import annotations
-
 import io
 import json
 import os

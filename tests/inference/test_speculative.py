@@ -2,8 +2,6 @@
 its guesses with its solo bits, and a draft run keeps in step with its row. The sampling rule's
 distribution: test_speculative_sampling.py."""
 
-from __future__ import annotations
-
 from dataclasses import replace
 
 import pytest

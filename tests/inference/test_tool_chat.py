@@ -1,8 +1,6 @@
 """generate.py --chat --tools: the session runs the model's calls and keeps them in the conversation,
 and the command line shows each call with its result."""
 
-from __future__ import annotations
-
 import io
 import os
 import signal

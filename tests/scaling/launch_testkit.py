@@ -1,8 +1,6 @@
 """Launching the scaling tests' command lines, as one process or under torchrun with gloo processes on
 the CPU, and reading what every rank said."""
 
-from __future__ import annotations
-
 import json
 import os
 import re

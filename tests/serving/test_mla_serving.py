@@ -2,8 +2,6 @@
 positions too): each request equals itself alone, bit for bit, and generate.py, in the engine and
 through the OpenAI client."""
 
-from __future__ import annotations
-
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest

@@ -1,8 +1,6 @@
 """A rotary-position run served past its window through the OpenAI client: replies and long prompts roll
 the cache as generate.py's do, concurrent long requests equal generate.py's tokens."""
 
-from __future__ import annotations
-
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest

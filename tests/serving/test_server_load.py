@@ -1,7 +1,5 @@
 """Load: 300 streaming requests from 32 concurrent clients, some leaving mid-stream."""
 
-from __future__ import annotations
-
 import asyncio
 import json
 import threading

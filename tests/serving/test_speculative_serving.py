@@ -1,8 +1,6 @@
 """A speculating server keeps the engine's rule: each request gets what it gets alone (and, greedy,
 plain decoding's tokens), with lookup or a draft run."""
 
-from __future__ import annotations
-
 import concurrent.futures
 
 import pytest

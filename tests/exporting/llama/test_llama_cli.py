@@ -1,8 +1,6 @@
 """export.py --format llama and --format gguf: what they write and print, --overwrite over an
 earlier export of theirs, and one line naming every option in the way for a run that is not Llama."""
 
-from __future__ import annotations
-
 import json
 
 import pytest
