@@ -1,5 +1,4 @@
-"""Experiment 4, when an induction head appeared: the attention statistics read back from a run's
-hand-written metrics.jsonl, the first evaluation past the threshold, and attention.py --history."""
+"""Experiment 4, when an induction head appeared: attention statistics read back from metrics.jsonl."""
 
 import json
 
@@ -7,16 +6,8 @@ import pytest
 import yaml
 
 from analysis.cli import main
-from analysis.history import (
-    INDUCTION_THRESHOLD,
-    AttentionEval,
-    attention_history,
-    first_copying,
-    first_induction,
-    first_layer_induction,
-    format_history,
-    read_attention_history,
-)
+from analysis.history import (INDUCTION_THRESHOLD, AttentionEval, attention_history, first_copying, first_induction,
+    first_layer_induction, format_history, read_attention_history)
 from common.errors import UserError
 
 

@@ -1,5 +1,4 @@
-"""generate.py: output formats, run discovery and user errors in-process through ``main(argv)``,
-plus a few real subprocesses (streaming, exit code 2 without a traceback)."""
+"""generate.py through ``main(argv)``: output, run discovery and user errors, and a few real processes."""
 
 import io
 import json
@@ -116,44 +115,41 @@ def assert_user_error(cli, argv, *needles) -> None:
         assert needle in err, err
 
 
-@pytest.mark.parametrize(
-    ("flags", "needle"),
-    [
-        (["--temperature", "-0.5"], "temperature must be a finite number >= 0"),
-        (["--temperature", "inf"], "temperature must be a finite number >= 0"),
-        (["--top-p", "0"], "top_p must be in (0, 1]"),
-        (["--top-p", "nan"], "top_p must be in (0, 1]"),
-        (["--top-p", "1.5"], "top_p must be in (0, 1]"),
-        (["--top-k", "0"], "top_k must be a positive integer"),
-        (["--max-new-tokens", "-1"], "max_new_tokens must be >= 0"),
-        (["--num-samples", "0"], "num_samples must be >= 1"),
-        (["--repetition-penalty", "0"], "repetition_penalty must be a finite number > 0"),
-        (["--temperature", "hot"], "invalid float value"),
-        (["--prompt", "a", "--prompt-file", "b"], "not allowed with"),
-        (["--prompt-file", "/no/such/prompt.txt"], "cannot read prompt file"),
-        (["--device", "tpu"], "unknown device 'tpu'"),
-        (["--device", "cuda:99"], "cuda:99"),
-        (["--num-samples", "10000000"], "num_samples must be >= 1 and at most 1024"),
-        (["--prompt", "ok", "--stop", "ab\udcff"], "--stop is not valid UTF-8 (byte 0xff at offset 2); convert it to UTF-8"),
-        (["--prompt", "ab\udcff"], "--prompt is not valid UTF-8 (byte 0xff at offset 2); convert it to UTF-8"),
-        (["--prompt", "x", "--compile", "--no-cache"], "--compile compiles the cached decode step; drop --no-cache or --compile"),
-        (["--prompt", "O", "--sinks", "2"], "--sinks applies to runs with rotary or no positions"),
-        (["--prompt", "O", "--sinks", "2"], "drop --sinks"),
-        (["--chat", "--num-samples", "2", "--prompt", "hi"], "--chat gives one reply at a time"),
-        (["--system", "You are X.", "--prompt", "hi"], "--system needs --chat"),
-        (["--chat", "--prompt", "x" * 200], "tokens: more than the 31 tokens the model's window leaves for them"),
-        (["--tools", "calculator", "--prompt", "hi"], "--tools needs --chat"),
-        (["--chat", "--tools", "abacus", "--prompt", "hi"], "--tools: unknown tool 'abacus'"),
-        (["--chat", "--tools", "no_such_module_here:f", "--prompt", "hi"], "cannot import no_such_module_here"),
-        (["--chat", "--max-tool-calls", "2", "--prompt", "hi"], "--max-tool-calls needs --tools"),
-        (["--chat", "--tools", "calculator", "--max-tool-calls", "-1", "--prompt", "hi"], "must be 0 or more"),
-        (["--prompt", "hi", "--speculate", "lookup", "--no-cache"],
-         "--speculate checks its guesses through the KV cache; drop --no-cache"),
-        (["--prompt", "hi", "--speculate", "lookup", "--speculate-k", "31"], "--speculate-k must be 1 to 16, got 31"),
-        (["--prompt", "hi", "--speculate", "lookup", "--draft-run", "x"], "--speculate draft needs --draft-run DIR"),
-        (["--prompt", "hi", "--speculate-k", "2"], "--speculate-k goes with --speculate"),
-    ],
-)
+@pytest.mark.parametrize("flags, needle", [
+    (["--temperature", "-0.5"], "temperature must be a finite number >= 0"),
+    (["--temperature", "inf"], "temperature must be a finite number >= 0"),
+    (["--top-p", "0"], "top_p must be in (0, 1]"),
+    (["--top-p", "nan"], "top_p must be in (0, 1]"),
+    (["--top-p", "1.5"], "top_p must be in (0, 1]"),
+    (["--top-k", "0"], "top_k must be a positive integer"),
+    (["--max-new-tokens", "-1"], "max_new_tokens must be >= 0"),
+    (["--num-samples", "0"], "num_samples must be >= 1"),
+    (["--repetition-penalty", "0"], "repetition_penalty must be a finite number > 0"),
+    (["--temperature", "hot"], "invalid float value"),
+    (["--prompt", "a", "--prompt-file", "b"], "not allowed with"),
+    (["--prompt-file", "/no/such/prompt.txt"], "cannot read prompt file"),
+    (["--device", "tpu"], "unknown device 'tpu'"),
+    (["--device", "cuda:99"], "cuda:99"),
+    (["--num-samples", "10000000"], "num_samples must be >= 1 and at most 1024"),
+    (["--prompt", "ok", "--stop", "ab\udcff"], "--stop is not valid UTF-8 (byte 0xff at offset 2); convert it to UTF-8"),
+    (["--prompt", "ab\udcff"], "--prompt is not valid UTF-8 (byte 0xff at offset 2); convert it to UTF-8"),
+    (["--prompt", "x", "--compile", "--no-cache"], "--compile compiles the cached decode step; drop --no-cache or --compile"),
+    (["--prompt", "O", "--sinks", "2"], "--sinks applies to runs with rotary or no positions"),
+    (["--prompt", "O", "--sinks", "2"], "drop --sinks"),
+    (["--chat", "--num-samples", "2", "--prompt", "hi"], "--chat gives one reply at a time"),
+    (["--system", "You are X.", "--prompt", "hi"], "--system needs --chat"),
+    (["--chat", "--prompt", "x" * 200], "tokens: more than the 31 tokens the model's window leaves for them"),
+    (["--tools", "calculator", "--prompt", "hi"], "--tools needs --chat"),
+    (["--chat", "--tools", "abacus", "--prompt", "hi"], "--tools: unknown tool 'abacus'"),
+    (["--chat", "--tools", "no_such_module_here:f", "--prompt", "hi"], "cannot import no_such_module_here"),
+    (["--chat", "--max-tool-calls", "2", "--prompt", "hi"], "--max-tool-calls needs --tools"),
+    (["--chat", "--tools", "calculator", "--max-tool-calls", "-1", "--prompt", "hi"], "must be 0 or more"),
+    (["--prompt", "hi", "--speculate", "lookup", "--no-cache"],
+     "--speculate checks its guesses through the KV cache; drop --no-cache"),
+    (["--prompt", "hi", "--speculate", "lookup", "--speculate-k", "31"], "--speculate-k must be 1 to 16, got 31"),
+    (["--prompt", "hi", "--speculate", "lookup", "--draft-run", "x"], "--speculate draft needs --draft-run DIR"),
+    (["--prompt", "hi", "--speculate-k", "2"], "--speculate-k goes with --speculate"),
+])
 def test_bad_flags_are_one_line_errors(cli, run_dir, flags, needle):
     assert_user_error(cli, ["--run", run_dir, *flags], needle)
 

@@ -1,5 +1,4 @@
-"""Generation through the library: the cache changes nothing, seeds reproduce, batch rows equal
-single runs, and the streamed text is exactly the decode of the tokens."""
+"""Generation through the library: cache, seeds, batch rows and streamed text."""
 
 import pytest
 
@@ -38,13 +37,10 @@ def test_greedy_is_identical_with_and_without_the_cache_across_the_window(loaded
     assert cached.stats.steps == LONG and cached.stats.decode_tokens_per_s > 0
 
 
-@pytest.mark.parametrize(
-    "sampling",
-    [
-        dict(temperature=0.9, top_k=40),
-        dict(temperature=1.2, top_p=0.9, repetition_penalty=1.3),
-    ],
-)
+@pytest.mark.parametrize("sampling", [
+    dict(temperature=0.9, top_k=40),
+    dict(temperature=1.2, top_p=0.9, repetition_penalty=1.3),
+])
 def test_seeded_sampling_repeats_and_ignores_the_cache(loaded_run, sampling):
     first = run(loaded_run, seed=7, max_new_tokens=LONG, **sampling)
     again = run(loaded_run, seed=7, max_new_tokens=LONG, **sampling)

@@ -1,5 +1,4 @@
-"""generate.py --chat --tools: the session runs the model's calls and keeps them in the conversation,
-and the command line shows each call with its result."""
+"""generate.py --chat --tools: calls run, kept in the conversation, and shown with their results."""
 
 import io
 import os

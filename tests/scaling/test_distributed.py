@@ -10,35 +10,20 @@ from common.errors import UserError
 from launch_testkit import ROOT, TORCHRUN_VARS, launch, ok
 from model.gpt import unwrap
 from rundir.checkpoint import load_trainer_state
-from training.distributed import (
-    DistContext,
-    all_reduce_mean,
-    all_reduce_sum,
-    barrier,
-    gather_to_main,
-    init_distributed,
-    launched_by_torchrun,
-    select_rank_state,
-    shutdown,
-    split_batch,
-    sync_gradients,
-    wrap_model,
-)
+from training.distributed import (DistContext, all_reduce_mean, all_reduce_sum, barrier, gather_to_main,
+    init_distributed, launched_by_torchrun, select_rank_state, shutdown, split_batch, sync_gradients, wrap_model)
 
 # ---------------------------------------------------------------------------------------------
 # Batch split
 
 
-@pytest.mark.parametrize(
-    ("batch", "accum", "world", "expected"),
-    [
-        (8, 4, 1, (8, 4)),
-        (8, 4, 2, (8, 2)),  # accumulation divides: the per-process batch stays as configured
-        (8, 4, 4, (8, 1)),
-        (8, 1, 2, (4, 1)),  # tiny.yaml under two processes: the per-process batch is halved
-        (6, 3, 2, (3, 3)),
-    ],
-)
+@pytest.mark.parametrize("batch, accum, world, expected", [
+    (8, 4, 1, (8, 4)),
+    (8, 4, 2, (8, 2)),  # accumulation divides: the per-process batch stays as configured
+    (8, 4, 4, (8, 1)),
+    (8, 1, 2, (4, 1)),  # tiny.yaml under two processes: the per-process batch is halved
+    (6, 3, 2, (3, 3)),
+])
 def test_split_batch_keeps_the_global_batch(batch, accum, world, expected):
     split = split_batch(batch, accum, world)
     assert (split.batch_size, split.micro_steps) == expected

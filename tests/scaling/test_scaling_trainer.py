@@ -1,5 +1,4 @@
-"""The trainer with wandb and torchrun on a shrunk configs/small.yaml; W&B's side read back from the
-offline run's files (wandb_records.py)."""
+"""The trainer with wandb and torchrun on a shrunk configs/small.yaml (W&B read back: wandb_records.py)."""
 
 import json
 import os
