@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from refusal_testkit import one_error_line
 from run_testkit import build_model
 from inference.completion import encode_prompt, generate_completions
 from inference.settings import GenerationSettings
@@ -21,9 +22,6 @@ def library_text(loaded_run, prompt=PROMPT, **settings) -> list[str]:
     ids = encode_prompt(loaded_run, prompt).ids
     result = generate_completions(loaded_run, ids, GenerationSettings(**settings))
     return [completion.text for completion in result.completions]
-
-
-# ---------------------------------------------------------------- output
 
 
 def test_prints_prompt_then_continuation_and_stats(cli, run_dir, loaded_run):
@@ -103,16 +101,8 @@ def test_help_documents_the_defaults(cli):
         assert default in out
 
 
-# ---------------------------------------------------------------- user errors
-
-
 def assert_user_error(cli, argv, *needles) -> None:
-    code, out, err = cli(*argv)
-    assert code == 2, err
-    assert out == ""  # nothing written: no prompt echo before a failure
-    assert err.startswith("error: ") and err.count("\n") == 1, err
-    for needle in needles:
-        assert needle in err, err
+    one_error_line(*cli(*argv), *needles)  # nothing on stdout: no prompt echo before a failure
 
 
 @pytest.mark.parametrize("flags, needle", [
@@ -192,9 +182,6 @@ def test_damaged_weights_and_mismatched_tokenizer(cli, copy_run, tmp_path, token
     save_pretrained(build_model(vocab_size=200), mismatched)
     (mismatched / "tokenizer.json").write_bytes(tokenizer_path.read_bytes())
     assert_user_error(cli, ["--run", mismatched], "has 300 tokens but the model's vocab_size is 200")
-
-
-# ---------------------------------------------------------------- real subprocesses
 
 
 def generate_py(*argv, cwd=REPO, stdin: bytes = b"") -> subprocess.CompletedProcess:

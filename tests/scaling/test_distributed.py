@@ -13,7 +13,6 @@ from rundir.checkpoint import load_trainer_state
 from training.distributed import (DistContext, all_reduce_mean, all_reduce_sum, barrier, gather_to_main,
     init_distributed, launched_by_torchrun, select_rank_state, shutdown, split_batch, sync_gradients, wrap_model)
 
-# ---------------------------------------------------------------------------------------------
 # Batch split
 
 
@@ -38,7 +37,6 @@ def test_split_batch_refuses_when_neither_divides_and_names_what_would_work():
     assert "launch 3, 5, 9 processes" in message and "multiple of 2" in message
 
 
-# ---------------------------------------------------------------------------------------------
 # A single process: everything is a no-op
 
 
@@ -94,7 +92,6 @@ def test_select_rank_state_same_and_different_world_size():
     assert "saved with 4 process(es) on 2" in message and "resume with 4" in message
 
 
-# ---------------------------------------------------------------------------------------------
 # Two real processes (gloo)
 
 

@@ -39,7 +39,6 @@ def write_netrc(path: Path, machine: str) -> Path:
     return path
 
 
-# ---------------------------------------------------------------------------------------------
 # Mode resolution (no wandb involved)
 
 
@@ -81,7 +80,6 @@ def test_unknown_mode_is_a_user_error():
         resolve_mode("sometimes", {})
 
 
-# ---------------------------------------------------------------------------------------------
 # Real offline runs, read back
 
 
@@ -157,7 +155,6 @@ def test_resumed_run_continues_the_same_wandb_run(tmp_path, no_credentials, caps
     assert sorted(Path(f).parent.name for f in listed) == sorted(p.directory.name for p in pieces), done.stdout + done.stderr
 
 
-# ---------------------------------------------------------------------------------------------
 # Failing without harm
 
 
