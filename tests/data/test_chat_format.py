@@ -100,7 +100,7 @@ def test_a_tokenizer_without_chat_tokens_is_refused_with_the_fix():
         ChatTokenIds.of(old)
 
 
-# ---------------------------------------------------------------- tool calls
+# Tool calls
 
 TOOL_CONVERSATION = [
     {"role": "system", "content": "You can calculate."},
