@@ -6,8 +6,6 @@ A plain module (not conftest): ``tests/conftest.py`` puts this directory on the 
 import it as ``run_testkit``.
 """
 
-from __future__ import annotations
-
 from pathlib import Path
 
 import torch

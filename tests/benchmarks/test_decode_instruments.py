@@ -1,8 +1,6 @@
 """The decode benchmarks' instruments on known cases: compiled and eager's token agreement, the 1-row
 matmul bound's bookkeeping, and the round-by-round ratio of the ONNX Runtime goal. Reads no clock."""
 
-from __future__ import annotations
-
 import types
 
 import pytest

@@ -1,8 +1,6 @@
 """The equal-steps screening of benchmarks/quality_per_minute.py: its arithmetic from equal steps to
 an equal-time estimate, its table, and its refusals. (It runs end to end in test_benchmarks_run.py.)"""
 
-from __future__ import annotations
-
 import math
 
 import pytest

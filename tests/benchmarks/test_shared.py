@@ -1,8 +1,6 @@
 """benchmarks/shared.py's pieces on known cases: turns, timings and spreads, tables and JSON lines, a
 run's final score, and closed-loop clients of a real engine."""
 
-from __future__ import annotations
-
 import json
 import math
 import threading

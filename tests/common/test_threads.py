@@ -1,8 +1,6 @@
 """The thread policy every command shares (common/threads.py): the choice, its refusals, OpenMP's
 wait policy set before torch loads, and the gauge that tells a starved command from a quiet one."""
 
-from __future__ import annotations
-
 import os
 import subprocess
 import sys

@@ -1,8 +1,6 @@
 """Bounded YAML: a size cap on the file, duplicate keys refused, alias expansion capped, and the
 config loader (train.py --config) turning each into one line naming the problem."""
 
-from __future__ import annotations
-
 import pytest
 
 from common.config import ConfigError, read_yaml

@@ -1,8 +1,6 @@
 """Chat preparation in the text preparation's cache: an entry reused without reading the conversations, a
 damaged one refused and rebuilt equal, a failed build leaving nothing, other processes waiting for the main one."""
 
-from __future__ import annotations
-
 import json
 import threading
 import time

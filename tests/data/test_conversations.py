@@ -1,8 +1,6 @@
 """Conversations for fine-tuning: the two row shapes, their errors, the Shakespeare chat set,
 fitting the window at turn boundaries, and length-grouped batches that start at position 0."""
 
-from __future__ import annotations
-
 import json
 from pathlib import Path
 

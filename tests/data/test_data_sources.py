@@ -1,7 +1,5 @@
 """Hub and local-file sources, exercised offline through the same `datasets.load_dataset` calls."""
 
-from __future__ import annotations
-
 import json
 from pathlib import Path
 

@@ -1,8 +1,6 @@
 """What the end-to-end tests share: running a command as a user does, and train.py settings that keep
 a run to seconds."""
 
-from __future__ import annotations
-
 import json
 import os
 import subprocess

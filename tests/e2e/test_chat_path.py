@@ -1,8 +1,6 @@
 """The fine-tuning path as a user runs it, each command a subprocess: pretrain briefly, chat-tune,
 ask one question with ``generate.py --chat --prompt``."""
 
-from __future__ import annotations
-
 import json
 from pathlib import Path
 

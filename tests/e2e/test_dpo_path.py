@@ -1,8 +1,6 @@
 """The preference path as a user runs it, each command a subprocess: pretrain briefly, chat-tune, then
 DPO by ``configs/tiny-dpo.yaml`` on a file of reply pairs."""
 
-from __future__ import annotations
-
 import json
 
 import pytest

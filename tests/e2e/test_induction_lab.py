@@ -1,8 +1,6 @@
 """The induction lab as a user runs it: train.py on configs/induction.yaml, then attention.py --history
 and --roles name when and where copying appeared."""
 
-from __future__ import annotations
-
 import re
 from pathlib import Path
 

@@ -1,8 +1,6 @@
 """Every command on a latent attention run, as a user types it: train, resume, chat-tune from it,
 generate.py in each mode, and export.py to a folder transformers loads with the same logits."""
 
-from __future__ import annotations
-
 import json
 from pathlib import Path
 

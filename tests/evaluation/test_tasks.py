@@ -1,7 +1,5 @@
 """The task files, built deterministically from the held-out plays in lm-eval's shape (no model here)."""
 
-from __future__ import annotations
-
 import json
 from collections import Counter
 from pathlib import Path

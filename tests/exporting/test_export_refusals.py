@@ -1,8 +1,6 @@
 """export.py refuses in one line, exit 2, before writing anything, what no format can export: flags
 that do not go together, a missing or damaged run, a folder it must not touch, a missing package."""
 
-from __future__ import annotations
-
 import importlib.util
 import json
 import shutil

@@ -1,8 +1,6 @@
 """generate.py at the edges: a near-zero temperature is greedy; stdout closed or full is one line
 and exit 2, never a traceback or a hang."""
 
-from __future__ import annotations
-
 import os
 import subprocess
 import sys

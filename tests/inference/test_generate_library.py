@@ -1,8 +1,6 @@
 """Generation through the library: the cache changes nothing, seeds reproduce, batch rows equal
 single runs, and the streamed text is exactly the decode of the tokens."""
 
-from __future__ import annotations
-
 import pytest
 
 from inference.completion import encode_prompt, generate_completions

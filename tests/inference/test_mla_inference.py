@@ -1,8 +1,6 @@
 """generate.py's library paths on latent attention runs (learned, rotary or no positions) and on
 grouped-query runs with rotary or no positions: cache against recomputation, batches, chat."""
 
-from __future__ import annotations
-
 import pytest
 import torch
 

@@ -2,8 +2,6 @@
 seeded requests on a 4-token vocabulary, against the exact distribution, by Pearson's chi-square at
 level ALPHA (cells under 5 pooled). A rule that accepts every guess fails it by a wide margin."""
 
-from __future__ import annotations
-
 from collections import Counter
 from dataclasses import replace
 

@@ -1,8 +1,6 @@
 """The streaming decoder: pieces join to the tokenizer's decode, never show half a character, and
 stop strings cut the text exactly where they begin."""
 
-from __future__ import annotations
-
 import random
 
 import pytest

@@ -1,8 +1,6 @@
 """Multi-head latent attention (model.gpt.LatentAttention): the absorbed decode path against full recomputation in
 the expanded form, and the latent-only cache."""
 
-from __future__ import annotations
-
 import pytest
 import torch
 

@@ -1,7 +1,5 @@
 """KV cache: incremental logits equal full recomputation; memory, reset, and room."""
 
-from __future__ import annotations
-
 import pytest
 import torch
 

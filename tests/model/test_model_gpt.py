@@ -1,7 +1,5 @@
 """The GPT module: loss, causality, initialisation, parameter and FLOP accounting."""
 
-from __future__ import annotations
-
 import math
 
 import pytest

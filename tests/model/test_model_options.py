@@ -2,8 +2,6 @@
 compute, their size, their init) and their config errors. The cache, generation and export tests run
 them too (``ALL_OPTIONS``)."""
 
-from __future__ import annotations
-
 import json
 
 import pytest

@@ -1,8 +1,6 @@
 """The trainer state beside the saved model: written atomically, read only as plain values, and the
 rules that keep a new run from clobbering another."""
 
-from __future__ import annotations
-
 import pytest
 import torch
 
@@ -45,7 +43,6 @@ def test_peeking_reads_one_value_and_never_fails(tmp_path):
 
 class Evil:
     """Any class: unpickling it would run arbitrary code, so weights_only refuses it."""
-
 
 @pytest.mark.parametrize("saved, message", [
     (b"not a checkpoint", "cannot be read"),

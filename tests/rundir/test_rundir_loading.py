@@ -1,8 +1,6 @@
 """Finding the latest trained run, and loading one for inference (its refusals are covered with the
 command lines in tests/inference)."""
 
-from __future__ import annotations
-
 import os
 
 import pytest

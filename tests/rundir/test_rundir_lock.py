@@ -1,8 +1,6 @@
 """The run-directory lock: one holder at a time, named to the one refused, released on exit, and
 the leftovers of killed atomic writes cleared by the new holder."""
 
-from __future__ import annotations
-
 import os
 
 import pytest

@@ -1,8 +1,6 @@
 """What a run records about itself: its config as written, its parent, and the summary of its
 training that the model card and evaluation report."""
 
-from __future__ import annotations
-
 import json
 
 import pytest

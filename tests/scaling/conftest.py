@@ -1,8 +1,6 @@
 """Fixtures for trainer-level scaling tests: a local TinyStories-shaped corpus, tokenized once per
 session, and configs/small.yaml shrunk to run in seconds."""
 
-from __future__ import annotations
-
 import json
 import random
 from pathlib import Path

@@ -3,8 +3,6 @@ A. 2 ranks × 1 micro-batch vs 1 process accumulating 2;
 B. 2 ranks × 2 vs 1 process accumulating 4 (the first micro-step must not communicate).
 Rank 1 starts from another seed on purpose: ``wrap_model`` must hand every rank rank 0's weights."""
 
-from __future__ import annotations
-
 import torch
 
 from model.config import GPTConfig

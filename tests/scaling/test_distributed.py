@@ -1,7 +1,5 @@
 """training.distributed: the single-process no-ops, the batch split, and a real 2-process step."""
 
-from __future__ import annotations
-
 import json
 
 import pytest

@@ -1,8 +1,6 @@
 """train.parallel=fsdp: the torch floor, activation checkpointing, and under torchrun (e2e) Muon on
 sharded weights, DDP's losses, resumes at another world size, and a kill -9 inside a save."""
 
-from __future__ import annotations
-
 import json
 import os
 import shutil

@@ -1,8 +1,6 @@
 """train.lora under torchrun (e2e): DDP trains the adapters alone, rank 0 writes them and the merged
 weights, and the run resumes on one process."""
 
-from __future__ import annotations
-
 import json
 
 import pytest

@@ -1,8 +1,6 @@
 """The trainer with wandb and torchrun on a shrunk configs/small.yaml; W&B's side read back from the
 offline run's files (wandb_records.py)."""
 
-from __future__ import annotations
-
 import json
 import os
 import subprocess

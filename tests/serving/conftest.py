@@ -1,8 +1,6 @@
 """Fixtures for the serving tests: tiny runs built and loaded once per session, and serve.py on the
 chat run, shared by the modules that only send it requests."""
 
-from __future__ import annotations
-
 from pathlib import Path
 
 import pytest

@@ -1,8 +1,6 @@
 """logprobs and echo through the real OpenAI client: the values are the model's own log-softmax
 (before temperature and top-p), recomputed here over the whole sequence without a cache."""
 
-from __future__ import annotations
-
 import httpx
 import pytest
 import torch

@@ -2,8 +2,6 @@
 The model's arithmetic depends on how a prompt is cut into chunks (checked below), so a hit that
 skipped the wrong chunks would show in the exactly compared log-probabilities."""
 
-from __future__ import annotations
-
 import gc
 import random
 import tracemalloc

@@ -1,7 +1,5 @@
 """Each response kind's shape and the stream a reply makes of engine events, without a model or socket."""
 
-from __future__ import annotations
-
 import asyncio
 
 from inference.engine import Event, Finish

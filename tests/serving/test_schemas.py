@@ -1,8 +1,6 @@
 """Requests are checked once, where they are parsed, against their shape and the server's rules
 (test_server.py and test_logprobs.py see the same refusals through a socket)."""
 
-from __future__ import annotations
-
 import json
 
 import pytest

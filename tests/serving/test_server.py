@@ -1,7 +1,5 @@
 """The server through the real OpenAI client, over a real socket on 127.0.0.1."""
 
-from __future__ import annotations
-
 import asyncio
 import http.client
 import json

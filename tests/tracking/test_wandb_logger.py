@@ -1,8 +1,6 @@
 """WandbLogger: mode resolution, what an offline run records (read back from its files, wandb_records.py:
 what `wandb sync` would upload), resume, and failing without harm."""
 
-from __future__ import annotations
-
 import os
 import shlex
 import subprocess

@@ -2,8 +2,6 @@
 evaluation stays fp32, and that a resume keeps the run's own precision (docs/training.md#precision;
 a bf16 run resuming exactly is a row of test_training_loop.py's resume table)."""
 
-from __future__ import annotations
-
 import pytest
 import torch
 import torch.nn.functional as F

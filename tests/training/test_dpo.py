@@ -1,8 +1,6 @@
 """Direct preference optimisation: the loss against a direct computation, and a DPO run from a
 trained parent that learns the preference, logs TRL's metric names and resumes exactly."""
 
-from __future__ import annotations
-
 import math
 from pathlib import Path
 

@@ -2,8 +2,6 @@
 mount one, and a patched write everywhere), a read-only filesystem, a run directory under a file.
 Each is one line naming the path and the fix, exit 2, and the last checkpoint still loads."""
 
-from __future__ import annotations
-
 import errno
 import os
 import subprocess

@@ -2,8 +2,6 @@
 bounds, the rollout's metrics by value, and an RL run from a trained parent that logs TRL's metric
 names, evaluates pass@k and resumes exactly. (The token mean over a ragged step: test_grpo_tools.)"""
 
-from __future__ import annotations
-
 import math
 from pathlib import Path
 
@@ -144,7 +142,6 @@ def test_built_in_rewards():
         reward_function("corect")
 
 
-# --------------------------------------------------------------------------------------------
 # Runs
 
 

@@ -1,7 +1,5 @@
 """train.init_from: a run that starts from another run's weights, shape and tokenizer."""
 
-from __future__ import annotations
-
 import copy
 import json
 import shutil

@@ -1,8 +1,6 @@
 """The run keeps the weights that validated best: a run that overfits saves its best evaluated
 weights as model.safetensors, the last state stays in the checkpoint, and a resume is still exact."""
 
-from __future__ import annotations
-
 import random
 import signal
 from types import SimpleNamespace

@@ -1,8 +1,6 @@
 """LoRA (train.lora): adapters on frozen weights, refused settings, the run's files, an exact resume,
 and the adapter proven against PEFT on the parent's Hugging Face export."""
 
-from __future__ import annotations
-
 import copy
 import json
 from pathlib import Path
@@ -109,7 +107,6 @@ def test_recomputed_blocks_give_the_adapters_the_same_gradients_dropout_included
         torch.testing.assert_close(grads[1][name], grad, rtol=1e-6, atol=1e-7, msg=name)
 
 
-# -------------------------------------------------------------------------------------------------
 # Runs: a parent of each attention kind, chat fine-tuned with LoRA.
 
 
@@ -264,7 +261,6 @@ def test_a_run_from_before_token_rows_trained_resumes_with_none(lora_config, tmp
     assert train(lora_config(run, lora={"trainable_tokens": []}), resume=True, progress=False).step == 6
 
 
-# -------------------------------------------------------------------------------------------------
 # The proof against PEFT: the parent's export, with the run's adapter applied by PEFT, computes the run.
 
 

@@ -1,8 +1,6 @@
 """training/memory_budget.py: the estimate's parts, the refusal before allocation, and (e2e) the
 estimate against the measured peak of real training steps on the CPU."""
 
-from __future__ import annotations
-
 import json
 import subprocess
 import sys

@@ -1,8 +1,6 @@
 """--resume with settings the checkpoint depends on, with a damaged trainer state or a damaged
 metrics.jsonl: one clear error naming the key or file, or a resume that keeps the good lines."""
 
-from __future__ import annotations
-
 from pathlib import Path
 
 import pytest

@@ -3,8 +3,6 @@ after those weights changed, it is refused in one line, before anything is writt
 reference is a frozen copy read from the parent's file. A LoRA run's reference comes from its own
 checkpoint, and a GRPO run without a KL penalty has none: both resume."""
 
-from __future__ import annotations
-
 import hashlib
 import json
 import shutil

@@ -1,7 +1,5 @@
 """RMSNorm's CPU training path (LayerNorm's backward kernel plus a correction) against the formula."""
 
-from __future__ import annotations
-
 import pytest
 import torch
 

@@ -1,8 +1,6 @@
 """One training per run directory (an OS lock naming its holder), leftover temporary files
 removed on start, and every run file readable by the group like any other file."""
 
-from __future__ import annotations
-
 import os
 import socket
 import subprocess

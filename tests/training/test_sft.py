@@ -1,7 +1,5 @@
 """Supervised fine-tuning: the assistant-only loss, and a fine-tuning run that resumes exactly."""
 
-from __future__ import annotations
-
 import json
 from pathlib import Path
 

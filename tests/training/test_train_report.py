@@ -1,8 +1,6 @@
 """What train.py shows while it runs and when it ends: progress against the budget that binds,
 evaluations that follow the clock, a bar over the final validation, a summary and a loss curve."""
 
-from __future__ import annotations
-
 import copy
 import re
 import shlex

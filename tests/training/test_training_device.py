@@ -1,7 +1,5 @@
 """Device, precision and compile choices."""
 
-from __future__ import annotations
-
 import subprocess
 import sys
 from contextlib import nullcontext

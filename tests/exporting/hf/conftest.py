@@ -1,8 +1,6 @@
 """Fixtures for the export tests: tiny runs in the layout train.py writes (weights, tokenizer.json,
 config.yaml, metrics.jsonl), each exported once per session."""
 
-from __future__ import annotations
-
 import shutil
 from pathlib import Path
 

@@ -1,8 +1,6 @@
 """python export.py: what it writes (no transformers needed), and the refusals that need a real export
 (the others: tests/exporting/test_export_refusals.py)."""
 
-from __future__ import annotations
-
 import pytest
 
 from export_testkit import BLOCK_SIZE, FINAL_BPB, ROOT, assert_one_line_error, read_json, run_export_cli

@@ -1,8 +1,6 @@
 """export.py stopped by the filesystem or the user: one line and exit 2, or the signal's code, with the
 previous export intact and no hidden folder left (a SIGKILL's is removed by the next export)."""
 
-from __future__ import annotations
-
 import errno
 import os
 import signal

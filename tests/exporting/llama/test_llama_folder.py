@@ -1,8 +1,6 @@
 """``--format llama`` is transformers' own ``LlamaForCausalLM``: no remote code, our logits within 1e-5
 in fp32, our greedy tokens, and our ids from ``AutoTokenizer``."""
 
-from __future__ import annotations
-
 import pytest
 import torch
 

@@ -1,8 +1,6 @@
 """Fixtures for the ONNX export tests: a tiny run with a 128-position window, exported once per session
 in each form, and ONNX Runtime sessions on the CPU."""
 
-from __future__ import annotations
-
 from pathlib import Path
 
 import pytest

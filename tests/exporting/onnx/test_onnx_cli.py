@@ -1,8 +1,6 @@
 """python export.py --format onnx: the folder it writes, --overwrite, and what a failed or killed
 export leaves (its refusals of bad input are rows of tests/exporting/test_export_refusals.py)."""
 
-from __future__ import annotations
-
 import shutil
 from pathlib import Path
 
