@@ -16,8 +16,8 @@ import data.sources.shakespeare as shakespeare_module
 from common.errors import DataError, describe_os_error
 from data.config import DataConfig, FilesSourceConfig
 from data.prepared.text import PreparedData, entry_dir, prepare_data
+from data.sources.documents import hash_split
 from data.sources.shakespeare import shakespeare_documents
-from data.split import hash_split
 from data_testkit import cache_contents, direct_tokens, make_documents
 
 

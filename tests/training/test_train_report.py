@@ -234,9 +234,8 @@ def test_chat_tuning_and_the_llama_exports_are_suggested_only_where_they_fit(mak
     old = new_tokenizer()
     old.train_from_iterator(["some natural text"] * 20, trainers.BpeTrainer(vocab_size=280, special_tokens=[EOT]))
     old.save(str(run / "tokenizer.json"))
-    from model.layer_map import llama_blockers  # learned positions block the llama and gguf exports
-
-    assert not llama_blockers(make_config(model={"positions": "rope"}).model) and llama_blockers(config.model)
+    # learned positions block the llama and gguf exports
+    assert not make_config(model={"positions": "rope"}).model.llama_blockers() and config.model.llama_blockers()
 
 
 
