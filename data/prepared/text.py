@@ -24,7 +24,7 @@ from data.prepared.cache import (
 )
 from data.prepared.token_files import TokenDigester, check_one_window, digest_token_file, token_dtype
 from data.sources.corpus import SourceDocuments, load_source, source_spec
-from data.split import hash_split
+from data.sources.documents import hash_split
 from data.tokenizer import TOKENIZER_RECIPE, encode_documents, eot_id, load_tokenizer, train_tokenizer
 
 # Bump when the entry layout or token file format changes: old entries then stop matching.

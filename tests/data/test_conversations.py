@@ -15,8 +15,8 @@ from data.chat import ChatTokenIds, ChatTooLong, FittedChat, Message, fit_chat, 
 from data.config import CHAT_SOURCES, SOURCES, DataConfig, FilesSourceConfig
 from data.prepared.chat import tokenize_conversations
 from data.sources.conversations import conversations_spec, load_conversations
+from data.sources.documents import hash_split
 from data.sources.shakespeare import play_files, play_id
-from data.split import hash_split
 from data.tokenizer import train_tokenizer
 from data_testkit import make_documents
 

@@ -113,7 +113,6 @@ def test_an_entry_is_built_once_and_reused(tmp_path, tokenizer, monkeypatch):
     assert again.val.rejected.mask.tolist() == first.val.rejected.mask.tolist()
 
 
-# --------------------------------------------------------------------------------------------
 # Preference files as a hostile user writes them: every case names the file and its 1-based line
 # (or, for the whole file, the file) and says what is wrong, in one line.
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from data.split import hash_split
+from data.sources.documents import hash_split
 from model.io import load_pretrained
 from rundir.checkpoint import load_trainer_state
 from rundir.metrics import read_metrics

@@ -122,7 +122,6 @@ def test_continuations_are_sampled_after_the_start_of_each_greedy_loop(run, monk
     assert built.pairs[0].prompt == tuple(prompts[1])
 
 
-# --------------------------------------------------------------------------------------------
 # The command line against a hostile user and filesystem: refused before the replies are made, one
 # line and exit 2, nothing half-written, and a signal's exit code with nothing written.
 

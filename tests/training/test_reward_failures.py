@@ -28,7 +28,6 @@ def _module(tmp_path: Path, monkeypatch, source: str) -> str:
     return name
 
 
-# --------------------------------------------------------------------------------------------
 # Refused when the config is read
 
 
@@ -64,7 +63,6 @@ def test_keyboard_interrupt_while_importing_or_inside_a_reward_is_not_swallowed(
         Reward("mine", _interrupted)("q", "c", {})
 
 
-# --------------------------------------------------------------------------------------------
 # Each score is checked when the reward is called
 
 
@@ -123,7 +121,6 @@ def test_numbers_of_every_kind_are_scores(value, expected):
     assert Reward("mine", lambda p, c, r: value)("q", "c", {}) == expected
 
 
-# --------------------------------------------------------------------------------------------
 # A run whose reward fails only at its second step
 
 

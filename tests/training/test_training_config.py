@@ -4,13 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from training.config import (
-    Config,
-    ConfigError,
-    config_to_dict,
-    load_run_config,
-    save_config,
-)
+from training.config import Config, ConfigError, config_to_dict, load_run_config, save_config
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "configs" / "tiny.yaml"
