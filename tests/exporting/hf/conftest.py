@@ -9,11 +9,6 @@ from export_testkit import build_run, train_test_tokenizer
 from run_testkit import ALL_OPTIONS
 
 
-@pytest.fixture(autouse=True)
-def _single_thread(one_torch_thread):
-    yield
-
-
 @pytest.fixture(scope="session")
 def chat_tokenizer(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("tokenizer") / "tokenizer.json"
