@@ -7,7 +7,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from common.config import Section, build, require
-from data.errors import DataError
+from common.errors import DataError
 from data.tokenizer import SPECIAL_TOKENS
 
 SOURCES = ("shakespeare", "hub", "files", "synthetic", "quotes", "calculator")

@@ -1,7 +1,5 @@
 """Every script in benchmarks/ is run by name in test_benchmarks_run.py (reads files only)."""
 
-from __future__ import annotations
-
 import re
 from pathlib import Path
 

@@ -1,7 +1,5 @@
 """Filesystem failures as one line (common/errors.py): the path, the cause, the fix."""
 
-from __future__ import annotations
-
 import errno
 import os
 

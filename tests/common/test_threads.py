@@ -1,7 +1,4 @@
-"""The thread policy every command shares (common/threads.py): the choice, its refusals, OpenMP's
-wait policy set before torch loads, and the gauge that tells a starved command from a quiet one."""
-
-from __future__ import annotations
+"""The thread policy every command shares (common/threads.py)."""
 
 import os
 import subprocess

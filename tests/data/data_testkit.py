@@ -1,7 +1,5 @@
 """Helpers for the data tests (a plain module: test files import it by name)."""
 
-from __future__ import annotations
-
 import random
 
 _WORDS = (

@@ -1,7 +1,5 @@
 """The arithmetic questions of RL runs: deterministic from the seed, distinct, answered right."""
 
-from __future__ import annotations
-
 import pytest
 
 from data.sources.arithmetic import OPERATIONS, conversations, problems

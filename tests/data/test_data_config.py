@@ -1,9 +1,7 @@
-from __future__ import annotations
-
 import pytest
 
+from common.errors import DataError
 from data.config import MIN_VOCAB_SIZE, DataConfig, HubSourceConfig, QuotesSourceConfig, SyntheticSourceConfig
-from data.errors import DataError
 
 
 def test_defaults_are_the_shakespeare_corpus_and_from_dict_round_trips():

@@ -1,8 +1,6 @@
 """The quoting corpus (data.source: quotes): passages of the plays written twice, split by play as
 pretraining splits the plays, the same for the same seed."""
 
-from __future__ import annotations
-
 from data.config import DataConfig, QuotesSourceConfig
 from data.sources.corpus import load_source, source_spec
 from data.sources.quotes import quote_documents

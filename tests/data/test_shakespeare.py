@@ -1,11 +1,9 @@
-from __future__ import annotations
-
 import importlib.util
 import re
 
 import pytest
 
-from data.errors import DataError
+from common.errors import DataError
 from data.sources.shakespeare import markdown_to_play_text, play_files, shakespeare_documents
 
 SNIPPET = """# The Play

@@ -1,10 +1,8 @@
-from __future__ import annotations
-
 import pytest
 
-from data.errors import DataError
+from common.errors import DataError
+from data.sources.documents import hash_split, validation_score
 from data.sources.shakespeare import play_files, play_id
-from data.split import hash_split, validation_score
 
 
 def test_split_is_deterministic_disjoint_and_complete():

@@ -1,8 +1,6 @@
 """The induction lab's corpus (data.source: synthetic): each document a sequence of distinct words
 written twice, the same for the same seed, every word one token once the tokenizer is trained."""
 
-from __future__ import annotations
-
 from data.config import DataConfig, SyntheticSourceConfig
 from data.prepared.text import prepare_data
 from data.sources.corpus import load_source, source_spec

@@ -1,5 +1,3 @@
-from __future__ import annotations
-
 import json
 import random
 
@@ -8,7 +6,7 @@ import pytest
 from tokenizers import Tokenizer, pre_tokenizers
 
 import data.tokenizer as tk
-from data.errors import DataError
+from common.errors import DataError
 from data.tokenizer import byte_to_unicode, encode_documents, load_tokenizer, split_for_encoding, token_byte_lengths, train_tokenizer
 
 from data_testkit import make_documents

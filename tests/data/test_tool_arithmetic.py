@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer, pre_tokenizers, trainers
 
+from common.errors import DataError
 from data.chat import CHAT_SPECIAL_TOKENS, ChatTokenIds, Message, ToolCall, chat_text
 from data.config import CalculatorSourceConfig, DataConfig, FilesSourceConfig
-from data.errors import DataError
 from data.prepared.chat import prepare_chat_data
 from data.sources.conversations import load_conversations
 from data.sources.shakespeare_chat import shakespeare_chat

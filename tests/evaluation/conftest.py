@@ -1,8 +1,6 @@
 """Fixtures for the evaluation tests: a short run of configs/tiny.yaml on the real plays (the tasks come
 from its held-out plays), holding out fewer plays to keep evaluation short, and the same run untrained."""
 
-from __future__ import annotations
-
 import shutil
 from pathlib import Path
 

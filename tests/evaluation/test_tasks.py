@@ -1,7 +1,5 @@
 """The task files, built deterministically from the held-out plays in lm-eval's shape (no model here)."""
 
-from __future__ import annotations
-
 import json
 from collections import Counter
 from pathlib import Path
@@ -10,8 +8,8 @@ import pytest
 import yaml
 
 from data.config import DataConfig
+from data.sources.documents import hash_split
 from data.sources.shakespeare import shakespeare_documents
-from data.split import hash_split
 from evaluation.tasks import TASKS, TaskSettings, write_tasks
 from evaluation.plays import held_out_plays
 

@@ -2,8 +2,6 @@
 package is kept under a key of everything it depends on, loaded when valid and built again when not.
 Its decoding is test_compiled_step.py's; both share the session's package (tests/conftest.py)."""
 
-from __future__ import annotations
-
 import json
 import os
 import shutil

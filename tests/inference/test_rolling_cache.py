@@ -1,8 +1,6 @@
 """The rolling cache (attention sinks) of rotary and no-position runs against references that never
 move a cached entry, for grouped-query and latent attention; learned runs still re-encode."""
 
-from __future__ import annotations
-
 import math
 from dataclasses import dataclass
 

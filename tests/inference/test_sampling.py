@@ -1,7 +1,5 @@
 """Sampling helpers: top-k, top-p, repetition penalty, temperature, generator semantics."""
 
-from __future__ import annotations
-
 import pytest
 import torch
 

@@ -1,8 +1,6 @@
 """Decoding with tools in the engine: answers through real calls, a batch row as alone, and malformed
 calls, tool errors, the call limit, the token budget and the window end or steer the reply."""
 
-from __future__ import annotations
-
 import pytest
 
 from data.chat import ChatTokenIds, Message, ToolCall, render_chat

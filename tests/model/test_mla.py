@@ -1,9 +1,5 @@
 """Multi-head latent attention (model.gpt.LatentAttention): the absorbed decode path against full recomputation in
-the expanded form, the latent-only cache, and the config's refusals."""
-
-from __future__ import annotations
-
-import json
+the expanded form, and the latent-only cache."""
 
 import pytest
 import torch
@@ -11,7 +7,6 @@ import torch
 from inference.engine import decode
 from inference.batch_invariant import row_blocked
 from inference.sampling import SamplingSettings
-from model.config import GPTConfig
 from model.gpt import GPT
 from run_testkit import MLA_OPTIONS, build_model
 
@@ -172,15 +167,3 @@ def test_parameter_count_from_the_config_matches_the_model():
     for kv_latent_dim, q_latent_dim, options in CASES:
         model = mla_model(kv_latent_dim, q_latent_dim, **options)
         assert model.config.num_params() == model.num_params()
-
-
-def base(**changes) -> dict:
-    return {"vocab_size": 97, "block_size": 16, "n_layer": 1, "n_head": 4, "n_kv_head": 4, "n_embd": 32, **changes}
-
-
-def test_a_config_saved_before_attention_kinds_loads_as_grouped_query():
-    saved = json.loads(json.dumps(base(n_kv_head=2)))  # a model_config.json without the new keys
-    config = GPTConfig.from_dict(saved)
-    assert (config.attention, config.kv_latent_dim, config.q_latent_dim) == ("gqa", None, None)
-    assert (config.positions, config.rope_theta) == ("learned", 10000.0)
-    assert GPTConfig.from_dict(config.to_dict()) == config

@@ -1,7 +1,5 @@
 """save_pretrained / load_pretrained: exact round trip, tied weights, and clear errors."""
 
-from __future__ import annotations
-
 import json
 
 import pytest

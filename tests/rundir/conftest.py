@@ -1,7 +1,5 @@
 """Fixtures for the run-directory tests: tiny models on one thread."""
 
-from __future__ import annotations
-
 import pytest
 
 

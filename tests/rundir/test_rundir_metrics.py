@@ -1,7 +1,5 @@
 """metrics.jsonl appended, truncated on resume and read past damage."""
 
-from __future__ import annotations
-
 from rundir.files import METRICS_FILE
 from rundir.metrics import MetricsLog, read_metrics
 

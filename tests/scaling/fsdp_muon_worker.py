@@ -1,8 +1,6 @@
 """Under torchrun: Muon + AdamW on FSDP-sharded weights (2 ranks × 2 micro-batches) take the steps of
 an unsharded copy on the whole batch; rank 0 writes the largest weight difference and change as JSON."""
 
-from __future__ import annotations
-
 import contextlib
 import sys
 from pathlib import Path

@@ -1,7 +1,5 @@
 """The engine without a socket: every request gets exactly its solo tokens, whatever else runs."""
 
-from __future__ import annotations
-
 import threading
 
 import pytest

@@ -1,7 +1,5 @@
 """Each response kind's shape and the stream a reply makes of engine events, without a model or socket."""
 
-from __future__ import annotations
-
 import asyncio
 
 from inference.engine import Event, Finish
@@ -84,8 +82,6 @@ def test_a_generation_that_ends_early_streams_an_error_and_stops():
                                     "param": None, "code": None}}
     assert len(chunks) == 2 and ticket.cancelled
 
-
-# ---------------------------------------------------------------- a chat reply offered tools
 
 def _tool_reply(forced_text: str = ""):
     from data.chat import ChatTokenIds, encode_plain

@@ -1,7 +1,4 @@
-"""OpenAI's tools protocol through the openai client, against a run that really calls the calculator:
-the full loop, streamed and not, ``tool_choice``, and the model's mistakes reaching the client as text."""
-
-from __future__ import annotations
+"""OpenAI's tools protocol through the openai client, against a run that really calls the calculator."""
 
 import json
 

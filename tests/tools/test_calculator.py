@@ -2,8 +2,6 @@
 before the work they would cost, checked by the memory each refusal allocates, in a toolbox's worker
 whose time limit turns a regression into a failure rather than a hung test."""
 
-from __future__ import annotations
-
 import json
 
 import pytest

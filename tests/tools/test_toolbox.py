@@ -2,8 +2,6 @@
 (raising, hanging, exiting, crashing, printing, huge or odd results) comes back as an error result
 the model reads, and the caller goes on; a timed-out worker is killed with what it started."""
 
-from __future__ import annotations
-
 import json
 import os
 import time

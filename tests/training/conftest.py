@@ -1,8 +1,6 @@
 """Fixtures for the training tests: a small generated corpus (its tokenizer trains in a fraction of a
 second), tokenized once per session, and a tiny, fast run config."""
 
-from __future__ import annotations
-
 import copy
 import random
 from pathlib import Path

@@ -1,8 +1,6 @@
 """Absurd sizes are refused before anything is allocated: a vocabulary of 100 million for
 training, and a model_config.json claiming a billion positions for loading."""
 
-from __future__ import annotations
-
 import json
 
 import pytest
@@ -47,7 +45,6 @@ def test_counting_a_deep_models_parameters_builds_nothing_per_layer(make_config)
     assert peak < 100_000 and params > 1_000_000 * 32 * 32
     assert len(config.value_embedding_layers) == 500_000 and 999_999 in config.value_embedding_layers
 
-# --------------------------------------------------------------------------------------------
 # Post-training: sizes and weights of the dpo: and rl: sections
 
 

@@ -2,9 +2,6 @@
 evaluation stays fp32, and that a resume keeps the run's own precision (docs/training.md#precision;
 a bf16 run resuming exactly is a row of test_training_loop.py's resume table)."""
 
-from __future__ import annotations
-
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -77,14 +74,12 @@ def test_a_bf16_step_multiplies_in_bf16_and_keeps_norms_loss_weights_and_optimiz
     assert activations and all(ops.seen[op] == {torch.bfloat16} for op in activations)
     assert logits.dtype == torch.bfloat16
     # The embeddings and the residual stream they start: fp32 (an fp32 + bf16 sum is fp32).
-    assert ops.seen["embedding"] == {torch.float32}
-    assert block_out and set(block_out) == {torch.float32}
+    assert ops.seen["embedding"] == {torch.float32} and block_out and set(block_out) == {torch.float32}
     # Every norm computes in fp32 and takes the fused CPU backward: those on the residual stream
     # read and give fp32; those inside attention read a matmul's bf16 and give it back in bf16.
     assert norm_io
     for name, (dtype_in, out) in norm_io.items():
-        assert "RMSNormCPUFunctionBackward" in backward_functions(out), name
-        assert out.dtype == dtype_in, name
+        assert "RMSNormCPUFunctionBackward" in backward_functions(out) and out.dtype == dtype_in, name
         assert (dtype_in == torch.float32) == (name.startswith("blocks.") and name.endswith(("attn_norm", "ffn_norm"))
                                                or name == "norm"), name
     # The loss is autocast's fp32 cross-entropy of the bf16 logits: the logits are rounded, the
@@ -182,8 +177,7 @@ def test_auto_resumes_in_the_runs_own_precision_on_a_cpu_that_would_choose_anoth
     resumed = train(broken, resume=True, progress=False)
     assert resumed.val_loss == pytest.approx(expected.val_loss, abs=1e-6)
     state = load_trainer_state(tmp_path / "broken")
-    assert state["precision"] == "fp32"
-    assert max_weight_diff(load_trainer_state(tmp_path / "straight")["model"], state["model"]) == 0.0
+    assert state["precision"] == "fp32" and max_weight_diff(load_trainer_state(tmp_path / "straight")["model"], state["model"]) == 0.0
     # An explicit setting is obeyed on resume, and saved as the run's own from then on.
     longer = make_config(tmp_path / "broken", **{**sections, "train": {"precision": "bf16", "max_steps": 7}})
     train(longer, resume=True, progress=False)

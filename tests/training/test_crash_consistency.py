@@ -2,8 +2,6 @@
 checkpoint writes) and resumed each time ends with exactly the weights of an uninterrupted run,
 and after every kill each file in the run directory loads."""
 
-from __future__ import annotations
-
 import copy
 import multiprocessing
 import os

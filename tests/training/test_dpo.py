@@ -1,8 +1,6 @@
 """Direct preference optimisation: the loss against a direct computation, and a DPO run from a
 trained parent that learns the preference, logs TRL's metric names and resumes exactly."""
 
-from __future__ import annotations
-
 import math
 from pathlib import Path
 
@@ -163,8 +161,8 @@ def test_dpo_learns_the_preference_logs_trl_names_and_resumes_exactly(dpo_config
     first = next(r for r in records if r["kind"] == "train")
     # The policy starts as the reference: every reward is 0 and the loss is -log σ(0) = log 2.
     assert first["step"] == 1 and first["loss"] == pytest.approx(math.log(2), abs=1e-6)
-    assert first["rewards/chosen"] == 0 and first["rewards/rejected"] == 0 and first["rewards/margins"] == 0
-    assert first["rewards/accuracies"] == 0 and first["beta"] == 0.5
+    assert [first[f"rewards/{key}"] for key in ("chosen", "rejected", "margins", "accuracies")] == [0, 0, 0, 0]
+    assert first["beta"] == 0.5
     final = next(r for r in records if r["kind"] == "final_eval")
     # Held out: every pair of the split, scored after training on the others.
     assert final["val_rewards/accuracies"] >= 0.9 and final["val_rewards/margins"] > 0
@@ -182,9 +180,9 @@ def test_dpo_learns_the_preference_logs_trl_names_and_resumes_exactly(dpo_config
     train(dpo_config(tmp_path / "resumed", max_steps=4), progress=False)
     resumed = train(dpo_config(tmp_path / "resumed"), resume=True, progress=False)
     assert resumed.step == whole.step == 8
-    a, b = load_pretrained(tmp_path / "whole"), load_pretrained(tmp_path / "resumed")
-    for name, tensor in a.state_dict().items():
-        torch.testing.assert_close(b.state_dict()[name], tensor, rtol=0, atol=1e-6, msg=name)
+    b = load_pretrained(tmp_path / "resumed").state_dict()
+    for name, tensor in load_pretrained(tmp_path / "whole").state_dict().items():
+        torch.testing.assert_close(b[name], tensor, rtol=0, atol=1e-6, msg=name)
     assert resumed.val_loss == pytest.approx(whole.val_loss, abs=1e-6)
 
 
@@ -223,8 +221,8 @@ def test_fsdp_is_refused_before_any_data_is_read(dpo_config, tmp_path, monkeypat
 
 
 def test_a_lora_policy_with_its_adapters_off_is_the_frozen_reference():
-    """A LoRA DPO run holds no second model: its policy with the adapters off gives the parent's
-    log-probabilities, though the adapters have moved it."""
+    # A LoRA DPO run holds no second model: its policy with the adapters off gives the parent's
+    # log-probabilities, though the adapters have moved it.
     from types import SimpleNamespace
 
     from training.config import LoraConfig

@@ -1,8 +1,6 @@
 """Reply pairs for DPO: both of TRL's shapes, rendered as the whole conversation with the loss on the reply,
 cut to fit the window, bad rows refused in one line naming the row, batches chosen-then-rejected, the cache reused."""
 
-from __future__ import annotations
-
 import json
 import re
 from pathlib import Path
@@ -10,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from common.errors import DataError
 from data.chat import Message, render_chat
 from data.config import DataConfig, FilesSourceConfig
-from data.errors import DataError
 from run_testkit import chat_tokenizer
 from training.tasks.dpo.batches import PreferenceBatches, collate_pairs
 from training.tasks.dpo.pairs import PreferencePair, pair_from_row
@@ -115,7 +113,6 @@ def test_an_entry_is_built_once_and_reused(tmp_path, tokenizer, monkeypatch):
     assert again.val.rejected.mask.tolist() == first.val.rejected.mask.tolist()
 
 
-# --------------------------------------------------------------------------------------------
 # Preference files as a hostile user writes them: every case names the file and its 1-based line
 # (or, for the whole file, the file) and says what is wrong, in one line.
 

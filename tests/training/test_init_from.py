@@ -1,7 +1,5 @@
 """train.init_from: a run that starts from another run's weights, shape and tokenizer."""
 
-from __future__ import annotations
-
 import copy
 import json
 import shutil
@@ -32,13 +30,13 @@ def test_init_from_loads_the_parents_weights_exactly_and_records_it(make_config,
     assert trainer.model.config == parent.config
     for name, tensor in parent.state_dict().items():
         assert torch.equal(trainer.model.state_dict()[name], tensor), name
-    # Fresh optimizer and step; the tokenizer is the parent's, byte for byte; the parent is recorded.
+    # Fresh optimizer and step; the tokenizer is the parent's, byte for byte, and continued pretraining
+    # tokenizes its data with it (none is trained); the parent is recorded.
     assert trainer.step == 0 and not trainer.optimizer.state
-    assert (tmp_path / "run" / "tokenizer.json").read_bytes() == (parent_run / "tokenizer.json").read_bytes()
-    record = json.loads((tmp_path / "run" / "parent.json").read_text())
-    assert record["init_from"] == str(parent_run.resolve())
-    # Continued pretraining tokenizes its data with the parent's tokenizer: none is trained.
-    assert trainer.task.prepared.tokenizer_path.read_bytes() == (parent_run / "tokenizer.json").read_bytes()
+    tokenizer = (parent_run / "tokenizer.json").read_bytes()
+    assert (tmp_path / "run" / "tokenizer.json").read_bytes() == tokenizer
+    assert trainer.task.prepared.tokenizer_path.read_bytes() == tokenizer
+    assert json.loads((tmp_path / "run" / "parent.json").read_text())["init_from"] == str(parent_run.resolve())
     trainer.logger.finish()
 
 
@@ -96,33 +94,26 @@ def _snapshot(directory: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(directory.iterdir()) if p.is_file()}
 
 
-def _write_config(path: Path, raw: dict) -> Path:
-    import yaml
-
-    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
-    return path
-
-
 @pytest.mark.parametrize("spelling", ["runs/tiny", "./runs/tiny/", "runs//tiny", "runs/link", "ABSOLUTE"])
 @pytest.mark.parametrize("overwrite", [False, True])
 def test_init_from_equal_to_out_dir_is_refused_and_the_run_is_untouched(
     base_raw, parent_run, tmp_path, monkeypatch, capsys, spelling, overwrite
 ):
+    import yaml
+
     import train as train_cli
 
     monkeypatch.chdir(tmp_path)
     run = Path(shutil.copytree(parent_run, tmp_path / "runs" / "tiny"))
     (tmp_path / "runs" / "link").symlink_to("tiny")
     before = _snapshot(run)
-    raw = copy.deepcopy(base_raw)
-    raw["train"]["init_from"] = "runs/tiny"
-    config = _write_config(tmp_path / "chat.yaml", raw)
+    config = tmp_path / "chat.yaml"
+    config.write_text(yaml.safe_dump({**base_raw, "train": {**base_raw["train"], "init_from": "runs/tiny"}}))
     out_dir = str(run.resolve()) if spelling == "ABSOLUTE" else spelling
     argv = ["--config", str(config), "--set", f"run.out_dir={out_dir}"] + (["--overwrite"] if overwrite else [])
     assert train_cli.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "train.init_from runs/tiny is run.out_dir" in err[0], err
-    assert _snapshot(run) == before
+    assert len(err) == 1 and "train.init_from runs/tiny is run.out_dir" in err[0] and _snapshot(run) == before, err
 
 
 def test_overwrite_keeps_the_old_run_when_the_new_one_cannot_start(base_raw, parent_run, tmp_path):

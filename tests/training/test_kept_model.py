@@ -1,8 +1,6 @@
 """The run keeps the weights that validated best: a run that overfits saves its best evaluated
 weights as model.safetensors, the last state stays in the checkpoint, and a resume is still exact."""
 
-from __future__ import annotations
-
 import random
 import signal
 from types import SimpleNamespace
@@ -11,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from data.split import hash_split
+from data.sources.documents import hash_split
 from model.io import load_pretrained
 from rundir.checkpoint import load_trainer_state
 from rundir.metrics import read_metrics

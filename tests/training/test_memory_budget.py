@@ -1,8 +1,6 @@
 """training/memory_budget.py: the estimate's parts, the refusal before allocation, and (e2e) the
 estimate against the measured peak of real training steps on the CPU."""
 
-from __future__ import annotations
-
 import json
 import subprocess
 import sys
@@ -51,9 +49,9 @@ def test_a_run_that_would_not_fit_is_refused_with_the_estimate_and_what_to_chang
 
 def test_a_run_that_fits_gets_one_line_of_its_estimate(monkeypatch):
     monkeypatch.setattr("training.memory_budget.device_memory_bytes", lambda device: 2**30)
-    train = TrainConfig(max_steps=1, batch_size=64)
     tiny = GPTConfig(vocab_size=256, block_size=32, n_layer=1, n_head=2, n_kv_head=2, n_embd=32)
-    line = plan_memory(tiny, train, torch.device("cpu"), world_size=1, micro_batch=4, bf16=False)
+    line = plan_memory(tiny, TrainConfig(max_steps=1, batch_size=64), torch.device("cpu"), world_size=1, micro_batch=4,
+                       bf16=False)
     assert line.startswith("memory per device: about") and "(ddp, 1 process(es)) of 1.00 GiB on cpu" in line
 
 
@@ -82,20 +80,16 @@ def test_an_rl_estimate_counts_every_completion_of_a_group(monkeypatch, model):
     assert totals[0] < totals[1] < totals[2]
     # The activations of a micro-batch are those of its 4 x G rows, as a text run of that batch has them.
     plain = estimate_memory(_rl_config(2, **model).model, TrainConfig(max_steps=1, batch_size=256), micro_batch=256)
-    assert f"activations {plain.activations / 2**30:,.2f} GiB" in lines[64]
-    assert "sampling cache" in lines[64]
+    assert f"activations {plain.activations / 2**30:,.2f} GiB" in lines[64] and "sampling cache" in lines[64]
 
 
-def test_the_sampling_cache_is_the_key_and_value_heads_of_every_layer_and_position():
-    model = GPTConfig(vocab_size=256, block_size=64, n_layer=3, n_head=4, n_kv_head=2, n_embd=32)
+@pytest.mark.parametrize("options", [{"n_kv_head": 2}, {"attention": "mla", "kv_latent_dim": 8, "positions": "rope"}])
+def test_the_sampling_cache_is_the_key_and_value_heads_of_every_layer_and_position(options):
     from model.gpt import GPT
 
+    model = GPTConfig(**{**dict(vocab_size=256, block_size=64, n_layer=3, n_head=4, n_kv_head=4, n_embd=32), **options})
     cache = GPT(model).init_cache(10).nbytes()
     assert estimate_memory(model, TrainConfig(max_steps=1, batch_size=1), decoded_rows=10).sampling == cache
-    latent = GPTConfig(vocab_size=256, block_size=64, n_layer=3, n_head=4, n_kv_head=4, n_embd=32, attention="mla",
-                       kv_latent_dim=8, positions="rope")
-    assert estimate_memory(latent, TrainConfig(max_steps=1, batch_size=1), decoded_rows=10).sampling == \
-        GPT(latent).init_cache(10).nbytes()
 
 
 def _widest_fitting(gib: int, parallel: str, checkpointing: bool) -> str:

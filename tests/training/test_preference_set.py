@@ -1,7 +1,5 @@
 """The built-in preference set: which replies are good and bad, how they pair, and its command line."""
 
-from __future__ import annotations
-
 import errno
 import json
 import os
@@ -12,6 +10,7 @@ import pytest
 import torch
 
 import run_testkit
+from refusal_testkit import one_error_line
 from data.chat import ChatTokenIds, Message, encode_plain, render_chat
 from training.tasks.dpo.pairs import pair_from_row
 from inference.engine import Finish
@@ -64,8 +63,7 @@ def test_a_looping_reply_pairs_with_a_good_way_out_of_the_loop():
 
 
 @pytest.fixture
-def silent_run(tmp_path):
-    """A chat-token run that never ends a reply, so no prompt can give a good one."""
+def silent_run(tmp_path):  # a chat-token run that never ends a reply, so no prompt can give a good one
     return run_testkit.build_run(tmp_path / "run", run_testkit.chat_tokenizer(), block_size=128,
                                  never_predicts=("<|end|>", "<|endoftext|>"))
 
@@ -82,8 +80,7 @@ def test_no_pair_is_an_error_and_writes_nothing(silent_run, tmp_path, capsys):
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    """A loaded chat-token run that talks: its replies are sampled, never edited by the tests."""
+def run(tmp_path_factory):  # a loaded chat-token run that talks: its replies are sampled, never edited
     return load_run(run_testkit.build_run(tmp_path_factory.mktemp("talker") / "run", run_testkit.chat_tokenizer(),
                                           block_size=64), torch.device("cpu"))
 
@@ -125,7 +122,6 @@ def test_continuations_are_sampled_after_the_start_of_each_greedy_loop(run, monk
     assert built.pairs[0].prompt == tuple(prompts[1])
 
 
-# --------------------------------------------------------------------------------------------
 # The command line against a hostile user and filesystem: refused before the replies are made, one
 # line and exit 2, nothing half-written, and a signal's exit code with nothing written.
 
@@ -135,10 +131,8 @@ def _no_work(monkeypatch):
     monkeypatch.setattr(preference_set, "load_run", lambda *a, **k: pytest.fail("started the work"))
 
 
-def _one_line(capsys, code: int) -> str:
-    err = capsys.readouterr().err
-    assert code == 2 and err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err, err
-    return err.strip()
+def _refused(capsys, *argv: str) -> str:  # the command's one line of refusal, exit 2
+    return one_error_line(main(["--run", *argv]), *capsys.readouterr())
 
 
 def _out(name: str, content: str | None = None, folder: bool = False):
@@ -171,7 +165,7 @@ def test_a_bad_flag_or_an_out_that_cannot_be_written_is_refused_before_any_reply
     _no_work(monkeypatch)
     out = make_out(tmp_path)
     before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
-    line = _one_line(capsys, main(["--run", str(silent_run), "--out", str(out), *flags]))
+    line = _refused(capsys, str(silent_run), "--out", str(out), *flags)
     assert fragment in line, line
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
 
@@ -179,12 +173,11 @@ def test_a_bad_flag_or_an_out_that_cannot_be_written_is_refused_before_any_reply
 def test_a_read_only_folder_is_refused_before_any_reply(silent_run, mount_tmpfs, capsys, monkeypatch):
     _no_work(monkeypatch)
     disk = mount_tmpfs(1 << 20, read_only=True)
-    line = _one_line(capsys, main(["--run", str(silent_run), "--out", str(disk / "sets" / "pairs.jsonl")]))
+    line = _refused(capsys, str(silent_run), "--out", str(disk / "sets" / "pairs.jsonl"))
     assert "Read-only file system" in line and "choose a writable directory" in line and str(disk) in line
 
 
-def _built(monkeypatch):
-    """The set built instantly: one pair, without sampling."""
+def _built(monkeypatch):  # the set built instantly: one pair, without sampling
     import training.tasks.dpo.preference_set as preference_set
 
     pair = preference_set.PreferencePair((Message("user", "Who is there?"),), (Message("assistant", "A friend."),),
@@ -207,7 +200,7 @@ def test_a_disk_failure_while_writing_is_one_line_and_keeps_the_old_set(silent_r
         raise OSError(error, os.strerror(error))
 
     monkeypatch.setattr(common.files.os, "fsync", failing)
-    line = _one_line(capsys, main(["--run", str(silent_run), "--out", str(out), "--overwrite", "--no-progress"]))
+    line = _refused(capsys, str(silent_run), "--out", str(out), "--overwrite", "--no-progress")
     monkeypatch.setattr(common.files.os, "fsync", real_fsync)
     assert os.strerror(error) in line and str(out) in line
     assert out.read_text() == "the old set\n" and sorted(p.name for p in tmp_path.iterdir()) == ["pairs.jsonl", "run"]
@@ -221,7 +214,7 @@ def test_a_full_disk_is_one_line_and_leaves_nothing(silent_run, mount_tmpfs, cap
     many = preference_set.PreferenceSet([pair_from_row({"prompt": "x" * 9000, "chosen": "y", "rejected": "z"}, "")] * 4,
                                         1, 2, 1, 1, 1, 0)
     monkeypatch.setattr(preference_set, "build_preference_set", lambda *a, **k: many)
-    line = _one_line(capsys, main(["--run", str(silent_run), "--out", str(disk / "pairs.jsonl"), "--no-progress"]))
+    line = _refused(capsys, str(silent_run), "--out", str(disk / "pairs.jsonl"), "--no-progress")
     assert "No space left on device" in line and "the disk is full" in line
     assert list(disk.iterdir()) == []
 

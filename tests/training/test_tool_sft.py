@@ -2,8 +2,6 @@
 pretrained parent, learning the calls and answers (the results are the tool's), and the shipped
 configs/tiny-tools.yaml, which reads."""
 
-from __future__ import annotations
-
 import copy
 import json
 from pathlib import Path

@@ -1,7 +1,5 @@
 """train.py as a user runs it: a subprocess, exit codes, one-line errors, Ctrl-C and --resume."""
 
-from __future__ import annotations
-
 import os
 import signal
 import subprocess

@@ -1,7 +1,5 @@
 """The trainer's validation numbers, recomputed by hand over the same windows."""
 
-from __future__ import annotations
-
 import math
 
 import numpy as np

@@ -1,7 +1,5 @@
 """Parameter groups for weight decay, and the warmup + cosine schedule by steps and by time."""
 
-from __future__ import annotations
-
 import copy
 import math
 

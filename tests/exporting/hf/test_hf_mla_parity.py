@@ -1,8 +1,6 @@
 """An exported multi-head latent attention run declares its attention, and its cache in transformers
 holds the latents only (its logits and greedy tokens are rows of test_hf_parity.py's tables)."""
 
-from __future__ import annotations
-
 import pytest
 import torch
 

@@ -1,8 +1,6 @@
 """Fixtures for the Llama and GGUF export tests: tiny Llama-shaped runs (rotary positions, no
 value embeddings; tied and untied head), each exported once per session in both formats."""
 
-from __future__ import annotations
-
 from pathlib import Path
 
 import pytest

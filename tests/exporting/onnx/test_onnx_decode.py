@@ -1,8 +1,6 @@
 """Greedy decoding through the ONNX cache gives generate.py --temperature 0's 100 tokens, in both forms,
 by the tests' loops and by the export README's snippet as written (learned positions: all fit in 128)."""
 
-from __future__ import annotations
-
 import ast
 import json
 import os

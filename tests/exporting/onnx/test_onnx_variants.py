@@ -2,8 +2,6 @@
 ``past_key_values.{i}.latent`` per layer, a query latent, an explicit feed-forward width), GQA with
 value embeddings, rotary positions for both kinds, and no positions."""
 
-from __future__ import annotations
-
 from collections.abc import Callable
 from pathlib import Path
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from common.errors import DataError
 from data.chat import ChatTooLong, Message, fit_for_reply, render_chat
 from data.config import CalculatorShapes
-from data.errors import DataError
 from data.prepared import cache
 from data.sources.arithmetic import problems
 from data.sources.tool_arithmetic import calculator_chats

@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from common.errors import DataError
 from data.chat import ChatTokenIds
-from data.errors import DataError
 from data.tokenizer import token_byte_table
 from tools import Toolbox, load_tools
 from training.adapters import Adapters
