@@ -1,5 +1,4 @@
-"""Fixtures every test directory may use. Its presence also puts ``tests/`` on the path, so the
-shared builders import as ``run_testkit``."""
+"""Fixtures every test directory may use; its presence puts ``tests/`` on the path (``run_testkit``)."""
 
 import subprocess
 from pathlib import Path
@@ -52,8 +51,7 @@ def mount_tmpfs(tmp_path):
 
 @pytest.fixture(scope="session")
 def tool_run_dir(tmp_path_factory):
-    """A tiny run that really calls the calculator (``run_testkit.build_tool_run``), trained once
-    per session for the inference and serving tests."""
+    """A tiny run that really calls the calculator (``run_testkit.build_tool_run``), trained once per session."""
     from run_testkit import build_tool_run
 
     threads = torch.get_num_threads()

@@ -1,5 +1,4 @@
-"""Every command on a latent attention run, as a user types it: train, resume, chat-tune from it,
-generate.py in each mode, and export.py to a folder transformers loads with the same logits."""
+"""Every command on a latent attention run, as a user types it."""
 
 import json
 from pathlib import Path

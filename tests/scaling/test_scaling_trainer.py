@@ -1,5 +1,4 @@
-"""The trainer with wandb and torchrun on a shrunk configs/small.yaml; W&B's side read back from the
-offline run's files (wandb_records.py)."""
+"""The trainer with wandb and torchrun on a shrunk configs/small.yaml (W&B read back: wandb_records.py)."""
 
 import json
 import os
@@ -26,7 +25,6 @@ def metrics_lines(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-# ---------------------------------------------------------------------------------------------
 # configs/small.yaml as shipped
 
 
@@ -67,7 +65,6 @@ def test_small_config_offline_fails_with_the_hub_message(tmp_path):
     assert "local" in lines[0] and "Traceback" not in proc.stderr
 
 
-# ---------------------------------------------------------------------------------------------
 # wandb through the trainer
 
 
@@ -141,7 +138,6 @@ def test_wandb_failing_to_start_does_not_stop_training(small_config, tmp_path, m
     assert err == ["wandb: could not start (CommError: could not reach the server); training continues without wandb"]
 
 
-# ---------------------------------------------------------------------------------------------
 # torchrun
 
 

@@ -1,5 +1,4 @@
-"""Fixtures for the serving tests: tiny runs built and loaded once per session, and serve.py on the
-chat run, shared by the modules that only send it requests."""
+"""Serving fixtures: tiny runs built and loaded once per session, and serve.py on the chat run."""
 
 from pathlib import Path
 

@@ -1,5 +1,4 @@
-"""Fixtures for the export tests: tiny runs in the layout train.py writes (weights, tokenizer.json,
-config.yaml, metrics.jsonl), each exported once per session."""
+"""Fixtures for the export tests: tiny runs as train.py writes them, each exported once per session."""
 
 import shutil
 from pathlib import Path

@@ -1,5 +1,4 @@
-"""Fixtures for the ONNX export tests: a tiny run with a 128-position window, exported once per session
-in each form, and ONNX Runtime sessions on the CPU."""
+"""Fixtures for the ONNX tests: a run with a 128-position window, exported once per session in each form."""
 
 from pathlib import Path
 
