@@ -75,6 +75,12 @@ def test_bad_input_is_one_line_and_changes_nothing(module, args, fragments, tmp_
 BENCHMARKS = benchmark_scripts()
 
 
+def test_every_benchmark_script_has_a_smoke_test() -> None:
+    smoke = (Path(__file__).parent / "test_benchmarks_run.py").read_text()
+    missing = set(BENCHMARKS) - set(re.findall(r'\bbench\("(\w+)"', smoke))
+    assert BENCHMARKS and not missing, f"benchmarks without a smoke test in test_benchmarks_run.py: {sorted(missing)}"
+
+
 @pytest.mark.parametrize("name", BENCHMARKS)
 def test_every_benchmarks_help_describes_it_in_whole_sentences(name, monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", [f"{name}.py", "--help"])

@@ -1,6 +1,9 @@
 """OpenAI's tools protocol through the openai client, against a run that really calls the calculator."""
 
+import contextlib
+import io
 import json
+import re
 
 import httpx
 import pytest
@@ -192,10 +195,6 @@ def test_a_run_from_before_tool_calls_chats_and_refuses_tools_in_one_line(tmp_pa
 
 def test_the_documented_client_loop_runs_as_written(served):
     """docs/serving.md's loop, only its address and question changed: it calls, sends the result, prints the answer."""
-    import contextlib
-    import io
-    import re
-
     from server_process import ROOT
 
     section = (ROOT / "docs" / "serving.md").read_text(encoding="utf-8").split("## Tools")[1]

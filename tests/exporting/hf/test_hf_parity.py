@@ -1,5 +1,6 @@
 """The exported folder, loaded by transformers, computes, tokenizes and templates what ours does."""
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -209,8 +210,6 @@ def test_chat_template_renders_like_ours(make_export, chat_tokenizer, kind):
 def test_the_model_cards_recipe_keeps_typed_control_tokens_as_text(make_export, chat_tokenizer):
     """apply_chat_template turns typed control tokens into real ones (the card warns); the card's
     encode_chat gives our renderer's ids, which keeps them text."""
-    import re
-
     from data.tokenizer import load_tokenizer
     from data.chat import render_chat, to_messages
 
