@@ -191,14 +191,12 @@ def test_a_signal_during_the_build_stops_it_at_once_and_leaves_no_package(run_di
     assert list(folder.iterdir()) == [] and _builders(folder) == []
 
 
-def test_the_cache_folder_is_the_environment_s_or_compile_cache_here(monkeypatch, tmp_path):
+def test_the_cache_folder_and_where_the_step_is_built_ahead_of_time(monkeypatch, tmp_path):
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))
     assert cache_folder() == tmp_path
     monkeypatch.delenv(CACHE_ENV)
     assert str(cache_folder()) == "compile_cache"
-
-
-def test_the_step_is_built_ahead_of_time_on_the_cpu_only_and_from_torch_2_6(monkeypatch):
+    # The step is built ahead of time on the CPU only, and from torch 2.6.
     assert aot_missing(torch.device("cpu")) is None
     assert aot_missing(torch.device("cuda")) == "the ahead-of-time step runs on the CPU, not cuda"
     monkeypatch.setattr(torch, "__version__", torch.torch_version.TorchVersion("2.5.1"))
