@@ -77,15 +77,12 @@ def test_streamed_completion_joins_to_the_whole_text(client, chat_run):
         assert whole.text == expected.text
 
 
-def test_stop_string_ends_the_text_before_it(client):
+def test_stop_string_ends_the_text_before_it_and_a_seed_repeats(client):
     kwargs = dict(model=MODEL, prompt="JULIET:", max_tokens=30, temperature=0.0)
     full = client.completions.create(**kwargs).choices[0].text
     stop = full[10:13]
     reply = client.completions.create(stop=[stop], **kwargs).choices[0]
     assert reply.finish_reason == "stop" and reply.text == full[: full.index(stop)]
-
-
-def test_seed_repeats_and_differs(client):
     kwargs = dict(model=MODEL, prompt="The quick", max_tokens=20, temperature=1.2)
     a, b = (client.completions.create(seed=5, **kwargs).choices[0].text for _ in range(2))
     c = client.completions.create(seed=6, **kwargs).choices[0].text
