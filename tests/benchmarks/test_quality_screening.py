@@ -12,12 +12,10 @@ LONG = [(1000, 1.99), (1000, 2.01)]
 SHORT = [(368, 2.09), (368, 2.11)]
 
 
-def test_the_slope_is_bits_per_e_fold_of_steps():
+def test_the_slope_and_the_equal_time_estimate():
     assert log_slope(LONG, SHORT) == pytest.approx(-0.1 / math.log(1000 / 368), rel=1e-9)
     assert log_slope(LONG, [(368, 2.0), (368, 2.0)]) == pytest.approx(0.0)  # a flat curve
-
-
-def test_a_tie_at_equal_steps_wins_at_equal_time_only_when_faster():
+    # A tie at equal steps wins at equal time only when faster.
     slope = -0.1  # more steps help
     assert equal_time_estimate(0.0, slope, ratio=0.8) < 0  # faster: more steps in the same time
     assert equal_time_estimate(0.0, slope, ratio=1.25) > 0  # slower: fewer steps

@@ -43,16 +43,14 @@ def package(loaded_run):
         torch.set_num_threads(threads)
 
 
-def test_the_cpu_engine_runs_the_package_and_decodes_as_eager(loaded_run, package):
+def test_the_cpu_engine_runs_the_package_and_the_next_step_loads_it(loaded_run, package):
     engine = Engine(loaded_run.model, max_batch=1, batch_invariant=False, compile=True)
     assert isinstance(engine.compiled, AotStep) and engine.compiled.package == package
     settings = SamplingSettings(max_new_tokens=80, temperature=0)  # past the window (32): it slides
     [compiled] = decode(loaded_run.model, [PROMPT_IDS], settings, compile=True)
     [eager] = decode(loaded_run.model, [PROMPT_IDS], settings)
     assert compiled.token_ids == eager.token_ids and len(set(eager.token_ids)) > 10
-
-
-def test_a_built_package_is_loaded_by_the_next_step_not_built_again(loaded_run, package):
+    # A built package is loaded by the next step, not built again.
     step = one_row_step(loaded_run.model)
     assert step.package == package and not step.built and step.notice.startswith("loaded the decode step built ")
     record = json.loads(package.with_suffix(".json").read_text())

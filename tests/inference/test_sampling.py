@@ -77,7 +77,7 @@ def test_temperature_zero_is_argmax_and_consumes_no_randomness():
     assert penalised.item() == 1
 
 
-def test_sampling_is_inverse_cdf_of_one_uniform_per_row():
+def test_sampling_is_inverse_cdf_of_one_uniform_per_row_and_never_past_the_mass(monkeypatch):
     probs = torch.tensor([0.1, 0.2, 0.7])
     logits = probs.log().expand(4, 3)
     for seed in range(30):
@@ -88,9 +88,6 @@ def test_sampling_is_inverse_cdf_of_one_uniform_per_row():
         u_gen = gen(seed)
         torch.rand(4, generator=u_gen)  # one draw per row, whatever the logits
         assert torch.equal(g.get_state(), u_gen.get_state())
-
-
-def test_a_draw_rounded_up_to_the_total_mass_still_picks_an_allowed_id(monkeypatch):
     # u * total can round up to total; searchsorted then points past the end (or at a filtered id).
     monkeypatch.setattr(sampling, "uniform_per_row", lambda batch, generator, device: torch.ones(batch))
     logits = torch.tensor([[0.0, 0.0, 0.0, 5.0, 0.0, 4.0, 0.0, 0.0, 0.0, 0.0]])

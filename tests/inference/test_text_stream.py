@@ -37,7 +37,7 @@ def test_split_emoji_is_printed_only_when_complete(tokenizer, table):
     # Fragments yield nothing until the token that completes their character.
     assert "" in pieces[:-1]
 
-def test_random_token_sequences_join_to_the_tokenizers_decode(tokenizer, table):
+def test_random_token_sequences_join_to_the_tokenizers_decode_and_special_tokens_show(tokenizer, table):
     # Random ids give every kind of byte soup: truncated characters, stray continuation bytes,
     # special tokens in the middle. The stream must agree with decode on all of it.
     rng = random.Random(0)
@@ -46,9 +46,7 @@ def test_random_token_sequences_join_to_the_tokenizers_decode(tokenizer, table):
         ids = [rng.randrange(vocab) for _ in range(rng.randrange(1, 40))]
         pieces, stream = stream_pieces(table, ids)
         assert "".join(pieces) == stream.text == tokenizer.decode(ids, skip_special_tokens=False), ids
-
-
-def test_special_tokens_stay_visible_and_unknown_ids_decode_to_nothing(tokenizer, table):
+    # Special tokens stay visible and unknown ids decode to nothing.
     eot = tokenizer.token_to_id("<|endoftext|>")
     ids = tokenizer.encode("a b").ids
     pieces, stream = stream_pieces(table, [*ids, eot, len(table) + 5, *ids])

@@ -30,9 +30,7 @@ def test_a_session_runs_the_call_and_keeps_it_in_the_conversation(tool_run):
     assert [step.call for step in reply.steps] == [call]
     assert session.messages == [Message("user", "What is 12*34?"), Message("assistant", "", (call,)),
                                 Message("tool", "408"), Message("assistant", "408")]
-
-
-def test_without_tools_the_same_question_gets_no_call(tool_run):
+    # Without tools the same question gets no call.
     session = ChatSession(tool_run, GenerationSettings(**GREEDY))
     reply = session.reply("What is 12*34?")
     assert reply.steps == [] and "<|call|>" not in reply.text

@@ -107,14 +107,7 @@ def test_streamed_and_whole_replies_agree(client):
            [(c.function.name, c.function.arguments) for c in whole.message.tool_calls]
 
 
-def test_tool_choice_none_and_no_tools_never_call(client):
-    for options in ({"tool_choice": "none"}, {"tools": openai.NOT_GIVEN}):
-        choice = ask(client, "What is 12*34?", **options).choices[0]
-        assert not choice.message.tool_calls and choice.finish_reason in ("stop", "length")
-        assert "<|call|>" not in choice.message.content
-
-
-def test_tool_choice_required_and_named_force_a_call(client):
+def test_tool_choice_required_and_named_force_a_call_and_none_never_calls(client):
     # Required: the model calls, as it would have; named: the function forced, among two offered.
     required = ask(client, "What is 7+8?", tool_choice="required").choices[0]
     assert required.finish_reason == "tool_calls" and required.message.tool_calls[0].function.name == "calculator"
@@ -131,6 +124,11 @@ def test_tool_choice_required_and_named_force_a_call(client):
         assert {c.function.name for c in forced.message.tool_calls} == {"weather"}
     else:
         assert forced.message.content.startswith("<|call|>weather")
+    # None, and no tools, never call.
+    for options in ({"tool_choice": "none"}, {"tools": openai.NOT_GIVEN}):
+        choice = ask(client, "What is 12*34?", **options).choices[0]
+        assert not choice.message.tool_calls and choice.finish_reason in ("stop", "length")
+        assert "<|call|>" not in choice.message.content
 
 
 @pytest.mark.parametrize("question, options, reason", [

@@ -114,7 +114,7 @@ def test_without_learned_positions_a_sequence_may_run_past_the_trained_context(m
     assert ("rotary positions (RoPE, base 10000)" in card) == (positions == "rope")
 
 
-def test_weights_are_tied_on_load_and_unchanged_by_a_save(make_export, tmp_path):
+def test_weights_are_tied_on_load_unchanged_by_a_save_and_an_untied_head_stored(make_export, tmp_path, hf_models):
     from safetensors.torch import load_file
 
     _, folder = make_export()
@@ -136,9 +136,7 @@ def test_weights_are_tied_on_load_and_unchanged_by_a_save(make_export, tmp_path)
     ids = torch.arange(10)[None]
     with torch.no_grad():
         assert torch.equal(again(ids).logits, model(ids).logits)
-
-
-def test_untied_head_is_stored_and_loaded(make_export, hf_models):
+    # An untied head is stored and loaded.
     run_dir, folder = make_export(2, tie=False)
     model = hf_models(folder)
     assert model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr()
