@@ -69,6 +69,8 @@ RESUME_REFUSALS = {
     "earlier-grouping": ({}, VE, _edit_state(_earlier_grouping), {"model": VE}, "groups the parameters as .* train.init_from="),
     "pickle-with-code": ({}, {}, _edit_state(lambda state: state.update(payload=_NotATensor())), {}, "is not loaded"),
     "metrics-a-folder": ({}, {}, _metrics_folder, {}, "metrics.jsonl is not a file; move it aside"),
+    "state-a-folder": ({}, {}, lambda run: ((run / "trainer_state.pt").unlink(), (run / "trainer_state.pt").mkdir()), {},
+                       r"trainer_state.pt is not a file \(a folder\?\)"),
     "no-tokenizer": ({}, {}, lambda run: (run / "tokenizer.json").unlink(), {},
                      "cannot resume .*: it has no tokenizer.json; restore the run's own"),
     "finished-by-clock": ({}, {}, None, {"max_steps": 5, "max_minutes": 1e-6},
@@ -123,15 +125,6 @@ def test_a_finished_run_is_refused_unchanged_finishes_a_lost_final_validation_an
     # A raised budget continues it, at a new learning rate if asked.
     result = train(make_config(train={"max_steps": 3, "lr": 1e-3}, eval=QUIET), resume=True, progress=False)
     assert result.step == 3 and result.stopped_by == "max_steps"
-
-
-def test_a_trainer_state_that_is_a_folder_is_named_as_such(tmp_path):
-    from rundir.checkpoint import check_run_dir
-    from rundir.files import STATE_FILE
-
-    (tmp_path / STATE_FILE).mkdir()
-    with pytest.raises(CheckpointError, match=rf"{STATE_FILE} is not a file \(a folder\?\)"):
-        check_run_dir(tmp_path, resume=True, overwrite=False)
 
 
 # Every removed model key at its off value, as a model_config.json written before it left holds it.
