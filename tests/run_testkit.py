@@ -92,8 +92,6 @@ def build_run(directory: Path, tokenizer: Tokenizer, *, vocab_size: int | None =
     return directory
 
 
-# ---------------------------------------------------------------- a run that calls a tool
-
 # The conversations the tool-calling test run learns by heart: each question, a call to the
 # calculator with the question's expression, the calculator's result, and the result as the answer.
 TOOL_QUESTIONS = ("12*34", "7+8", "99-45")

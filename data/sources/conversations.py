@@ -29,7 +29,7 @@ from data.sources.local_files import spec as files_spec
 from data.sources.rows import SourceRows, dataset_rows
 from data.sources.shakespeare import shakespeare_fingerprint
 from data.sources.shakespeare_chat import CHAT_SET_VERSION, shakespeare_chat
-from data.sources.tool_arithmetic import calculator_conversations, calculator_spec, held_out_count
+from data.sources.tool_arithmetic import calculator_conversations, calculator_spec
 
 ALPACA_COLUMNS = ("instruction", "output")
 Example = TypeVar("Example")
@@ -74,8 +74,7 @@ def load_conversations(cfg: DataConfig, *, progress: bool = False) -> Conversati
     if cfg.source == "calculator":
         train, val = calculator_conversations(cfg.calculator, cfg.val_fraction, cfg.split_seed)
         plays = ", with the held-out plays' exchanges" if cfg.calculator.plays_share > 0 else ""
-        return ConversationSet("conversations that call the calculator", train, val,
-                               f"the first {held_out_count(cfg.calculator, cfg.val_fraction)} problems drawn "
+        return ConversationSet("conversations that call the calculator", train, val, f"the first problems drawn "
                                f"(seed {cfg.calculator.seed}), never trained on{plays}")
     return load_examples(cfg, dataset_conversations, progress=progress)
 

@@ -160,15 +160,11 @@ def calculator_chats(cfg: CalculatorShapes, count: int, held_out: int, val_fract
             _chats(cfg, problems[:held_out], plays[1], random.Random(f"calculator-chats-{cfg.seed}-val")))
 
 
-def held_out_count(cfg: CalculatorSourceConfig, val_fraction: float) -> int:
-    """How many of ``cfg.problems`` are held out: ``val_fraction`` of them, at least one."""
-    return max(1, round(val_fraction * cfg.problems))
-
-
 def calculator_conversations(cfg: CalculatorSourceConfig, val_fraction: float, split_seed: int
                              ) -> tuple[list[list[Message]], list[list[Message]]]:
-    """Training and held-out conversations: ``cfg.problems`` in all, the held-out share first."""
-    train, val = calculator_chats(cfg, cfg.problems, held_out_count(cfg, val_fraction), val_fraction, split_seed)
+    """Training and held-out conversations: ``cfg.problems`` in all, the held-out share (at least one) first."""
+    held_out = max(1, round(val_fraction * cfg.problems))
+    train, val = calculator_chats(cfg, cfg.problems, held_out, val_fraction, split_seed)
     return [c.messages() for c in train], [c.messages() for c in val]
 
 

@@ -1,5 +1,4 @@
-"""attention.py end to end on saved runs of both attention kinds: the figure, the JSON, the roles
-table, and one-line refusals (exit 2) for bad input."""
+"""attention.py end to end on saved runs of both attention kinds, and its one-line refusals."""
 
 import json
 

@@ -1,5 +1,4 @@
-"""The attention figures as drawn: the hatched mask covers exactly the masked cells, token pieces
-that are line breaks stay one-line labels, and the panels' titles do not overlap."""
+"""The attention figures as drawn: the hatched mask, one-line labels, titles and labels that never overlap."""
 
 import itertools
 

@@ -1,5 +1,4 @@
-"""attention.py --copy: each head's copy and induction scores where a prompt writes a span twice, the
-copier drawn beside a head that does not copy, and one-line refusals."""
+"""attention.py --copy: each head's copy and induction scores where a prompt writes a span twice."""
 
 import pytest
 import torch

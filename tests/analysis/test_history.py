@@ -1,5 +1,4 @@
-"""Experiment 4, when an induction head appeared: the attention statistics read back from a run's
-hand-written metrics.jsonl, the first evaluation past the threshold, and attention.py --history."""
+"""Experiment 4, when an induction head appeared: attention statistics read back from metrics.jsonl."""
 
 import json
 
@@ -7,16 +6,8 @@ import pytest
 import yaml
 
 from analysis.cli import main
-from analysis.history import (
-    INDUCTION_THRESHOLD,
-    AttentionEval,
-    attention_history,
-    first_copying,
-    first_induction,
-    first_layer_induction,
-    format_history,
-    read_attention_history,
-)
+from analysis.history import (INDUCTION_THRESHOLD, AttentionEval, attention_history, first_copying, first_induction,
+    first_layer_induction, format_history, read_attention_history)
 from common.errors import UserError
 
 
@@ -183,26 +174,24 @@ def test_a_run_without_statistics_is_told_the_true_reason(tmp_path, config, reco
     assert reason in str(refused.value)
 
 
+def _without_layer_1(record):
+    del record["attn_entropy_layer1"]
+    return record
+
+
 @pytest.mark.parametrize("damaged", [
-    {"step": "300"},
-    {"step": True},
-    {"induction_best": "high"},
-    {"induction_best": float("nan")},
-    {"attn_entropy_layer1": None},
-    {"attn_entropy_layer1": "4.0"},
+    lambda r: {**r, "step": "300"},
+    lambda r: {**r, "step": True},
+    lambda r: {**r, "induction_best": "high"},
+    lambda r: {**r, "induction_best": float("nan")},
+    lambda r: {**r, "attn_entropy_layer1": None},
+    lambda r: {**r, "attn_entropy_layer1": "4.0"},
+    _without_layer_1,  # a layer missing
+    lambda r: evaluation(200, 0.9, entropy=(5.0,)),  # fewer layers than the others
+    lambda r: _without_layer_1(evaluation(200, 0.9, entropy=(5.0, 4.0, 3.0))),  # a gap in the layers
 ])
-def test_an_evaluation_whose_statistics_are_not_numbers_is_left_out(damaged):
-    records = [evaluation(100, 0.2), {**evaluation(200, 0.9), **damaged}, evaluation(300, 0.3)]
-    assert [e.step for e in attention_history(records)] == [100, 300]
-
-
-def test_an_evaluation_missing_a_layer_is_left_out():
-    missing = evaluation(200, 0.9)
-    del missing["attn_entropy_layer1"]
-    fewer = evaluation(250, 0.9, entropy=(5.0,))
-    gap = evaluation(270, 0.9, entropy=(5.0, 4.0, 3.0))
-    del gap["attn_entropy_layer1"]
-    records = [evaluation(100, 0.2), missing, fewer, gap, evaluation(300, 0.3)]
+def test_an_evaluation_whose_statistics_are_not_numbers_or_miss_a_layer_is_left_out(damaged):
+    records = [evaluation(100, 0.2), damaged(evaluation(200, 0.9)), evaluation(300, 0.3)]
     assert [e.step for e in attention_history(records)] == [100, 300]
 
 

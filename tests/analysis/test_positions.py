@@ -1,17 +1,11 @@
-"""The positions measures on models whose answers are known: a head forced onto the first token, one
-spreading evenly, learned positions past their table not scored, a context-blind model flat over length."""
+"""The positions measures on hand-built models whose answers are known."""
 
 import numpy as np
 import pytest
 import torch
 
-from analysis.positions import (
-    bits_per_byte_at_lengths,
-    even_spread_first_token,
-    first_token_attention,
-    length_not_possible,
-    scored_span,
-)
+from analysis.positions import (bits_per_byte_at_lengths, even_spread_first_token, first_token_attention,
+    length_not_possible, scored_span)
 from data.batches.text import iter_val_batches
 from model.config import GPTConfig
 from model.gpt import GPT

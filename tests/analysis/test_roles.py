@@ -6,14 +6,8 @@ import pytest
 import torch
 from heads_testkit import previous_token_head, sink_head, uniform_head
 
-from analysis.roles import (
-    attention_entropy,
-    copy_score,
-    induction_score,
-    previous_token_score,
-    repeated_random_tokens,
-    sink_score,
-)
+from analysis.roles import (attention_entropy, copy_score, induction_score, previous_token_score,
+    repeated_random_tokens, sink_score)
 
 T = 8
 

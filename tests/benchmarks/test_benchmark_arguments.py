@@ -1,5 +1,4 @@
-"""A benchmark is a command line like any other: bad input is one ``error:`` line and exit 2, and its
---help says what it measures in whole sentences."""
+"""A benchmark is a command line like any other: one ``error:`` line, exit 2, and a --help in sentences."""
 
 import importlib
 import re

@@ -1,5 +1,4 @@
-"""chat_eval's reply measures on replies whose answers are known: which ended, which loop, how long
-the ended ones are, and how many differ."""
+"""chat_eval's reply measures on replies whose answers are known."""
 
 from types import SimpleNamespace
 

@@ -1,5 +1,4 @@
-"""The equal-steps screening of benchmarks/quality_per_minute.py: its arithmetic from equal steps to
-an equal-time estimate, its table, and its refusals. (It runs end to end in test_benchmarks_run.py.)"""
+"""The equal-steps screening of benchmarks/quality_per_minute.py: its arithmetic, table and refusals."""
 
 import math
 

@@ -1,5 +1,4 @@
-"""benchmarks/shared.py's pieces on known cases: turns, timings and spreads, tables and JSON lines, a
-run's final score, and closed-loop clients of a real engine."""
+"""benchmarks/shared.py's pieces on cases whose answer is known."""
 
 import json
 import math
@@ -9,9 +8,8 @@ import pytest
 import torch
 
 import benchmarks.shared as shared
-from benchmarks.shared import (
-    api_settings, best_seconds, closed_loop, final_eval, in_turns, mean_std, print_rows, quartiles, table,
-)
+from benchmarks.shared import (api_settings, best_seconds, closed_loop, final_eval, in_turns, mean_std, print_rows,
+    quartiles, table)
 from inference.engine import Engine
 from model.config import GPTConfig
 from model.gpt import GPT

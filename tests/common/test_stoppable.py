@@ -1,5 +1,4 @@
-"""common.cli.run_stoppable: a signal ends the command with 130 or 143 after its clean-up, even
-when library code catches the first one and carries on; filesystem failures are one line."""
+"""common.cli.run_stoppable: a signal ends the command with 130 or 143 after its clean-up, swallowed or not."""
 
 import errno
 import signal

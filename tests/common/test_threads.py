@@ -1,5 +1,4 @@
-"""The thread policy every command shares (common/threads.py): the choice, its refusals, OpenMP's
-wait policy set before torch loads, and the gauge that tells a starved command from a quiet one."""
+"""The thread policy every command shares (common/threads.py)."""
 
 import os
 import subprocess

@@ -1,5 +1,4 @@
-"""Bounded YAML: a size cap on the file, duplicate keys refused, alias expansion capped, and the
-config loader (train.py --config) turning each into one line naming the problem."""
+"""Bounded YAML: file size, duplicate keys and alias expansion capped, each refused in one line."""
 
 import pytest
 
@@ -46,14 +45,11 @@ def test_file_size_is_capped(tmp_path):
     assert read_yaml_text(big, max_bytes=5000).startswith("# x")
 
 
-@pytest.mark.parametrize(
-    "make, expected",
-    [
-        (lambda tmp: "/dev/zero", "larger than"),
-        (lambda tmp: _write(tmp, "model:\n  n_layer: 2\nmodel:\n  n_layer: 3\n"), "duplicate key 'model'"),
-        (lambda tmp: _write(tmp, _alias_bomb(9)), "write the values out"),
-    ],
-)
+@pytest.mark.parametrize("make, expected", [
+    (lambda tmp: "/dev/zero", "larger than"),
+    (lambda tmp: _write(tmp, "model:\n  n_layer: 2\nmodel:\n  n_layer: 3\n"), "duplicate key 'model'"),
+    (lambda tmp: _write(tmp, _alias_bomb(9)), "write the values out"),
+])
 def test_config_loader_reports_each_in_one_line(tmp_path, make, expected):
     with pytest.raises(ConfigError, match=expected) as info:
         load_run_config(make(tmp_path))

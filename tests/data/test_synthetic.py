@@ -18,8 +18,7 @@ def test_each_document_is_a_sequence_of_distinct_words_written_twice():
         assert text.startswith(" ")  # the first word is the same token as every other
         sequence = text.split()
         half = len(sequence) // 2
-        assert sequence[:half] == sequence[half:]
-        assert len(set(sequence[:half])) == half and set(sequence) <= words
+        assert sequence[:half] == sequence[half:] and len(set(sequence[:half])) == half and set(sequence) <= words
         lengths.add(half)
     assert lengths == set(range(5, 13))  # every length of 5-12 occurs in 300 draws
 

@@ -1,5 +1,4 @@
-"""What the end-to-end tests share: running a command as a user does, and train.py settings that keep
-a run to seconds."""
+"""What the end-to-end tests share: running a command as a user does, and train.py settings for seconds."""
 
 import json
 import os

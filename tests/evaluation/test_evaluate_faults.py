@@ -1,5 +1,4 @@
-"""evaluate.py stopped by the filesystem or the user: one line and exit 2, or the signal's code, nothing
-written lost and no temporary export left (a SIGKILL's is removed by the next evaluation)."""
+"""evaluate.py stopped by the filesystem or a signal: one line, nothing lost, no temporary export left."""
 
 import errno
 import os

@@ -1,5 +1,4 @@
-"""Fixtures for the inference tests: a tiny run directory built once per session in the agreed
-format (``model.io.save_pretrained(GPT(cfg), dir)`` plus a byte-level BPE ``tokenizer.json``)."""
+"""Fixtures for the inference tests: a tiny run built once per session, and generate.py in-process."""
 
 import shutil
 from pathlib import Path
@@ -9,11 +8,6 @@ import torch
 from tokenizers import Tokenizer
 
 from run_testkit import build_run, chat_tokenizer
-
-
-@pytest.fixture(autouse=True)
-def _single_thread(one_torch_thread):
-    yield
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,4 @@
-"""Batch invariance (``inference.batch_invariant``): a row gets the same bits alone and in any batch.
-Where the host's BLAS never differs by product shape, the tests that need a difference skip."""
+"""Batch invariance (``inference.batch_invariant``): a row gets the same bits alone and in any batch."""
 
 import pytest
 import torch

@@ -1,5 +1,4 @@
-"""generate.py --chat: a conversation through the KV cache equals full recomputation, the window
-policy keeps whole recent messages, and the command line's REPL, one-shot mode, Ctrl-C and errors."""
+"""generate.py --chat: the cache against recomputation, the window policy, the REPL, Ctrl-C and errors."""
 
 import io
 import os

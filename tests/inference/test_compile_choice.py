@@ -1,5 +1,4 @@
-"""When a command compiles its decode step: a server on CUDA by default, anything else only when
-``--compile`` asks; the flag wins both ways and is refused in one line where it cannot run."""
+"""When a command compiles its decode step, and its refusals where it cannot."""
 
 import pytest
 import torch

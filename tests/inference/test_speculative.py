@@ -236,9 +236,6 @@ def test_a_draft_the_same_as_the_run_accepts_nearly_every_sampled_guess():
     assert engine.speculator.accepted >= 0.95 * engine.speculator.proposed > 0
 
 
-# ---------------------------------------------------------------- generate.py
-
-
 @pytest.mark.parametrize("extra", [["--chat"], []], ids=["chat", "text"])
 def test_generate_py_speculates_with_lookup_or_a_draft_and_prints_plain_greedy_text(cli, run_dir, extra):
     flags = ["--run", run_dir, "--prompt", "ROMEO: But soft, ROMEO: But", "--temperature", 0, "--max-new-tokens", 60,

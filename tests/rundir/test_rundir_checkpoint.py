@@ -1,5 +1,4 @@
-"""The trainer state beside the saved model: written atomically, read only as plain values, and the
-rules that keep a new run from clobbering another."""
+"""The trainer state beside the saved model, and the rules that keep a new run from clobbering another."""
 
 import pytest
 import torch
@@ -7,9 +6,8 @@ import torch
 from model.config import GPTConfig
 from model.gpt import GPT
 from model.io import load_pretrained
-from rundir.checkpoint import (
-    CheckpointError, check_run_dir, clear_old_run, load_trainer_state, peek_trainer_state, save_checkpoint,
-)
+from rundir.checkpoint import (CheckpointError, check_run_dir, clear_old_run, load_trainer_state, peek_trainer_state,
+    save_checkpoint)
 from rundir.files import STATE_FILE
 
 SHAPE = dict(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_kv_head=1, n_embd=32)

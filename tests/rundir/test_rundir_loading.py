@@ -1,5 +1,4 @@
-"""Finding the latest trained run, and loading one for inference (its refusals are covered with the
-command lines in tests/inference)."""
+"""Finding the latest trained run and loading one (its refusals: tests/inference's command lines)."""
 
 import os
 

@@ -1,5 +1,4 @@
-"""The run-directory lock: one holder at a time, named to the one refused, released on exit, and
-the leftovers of killed atomic writes cleared by the new holder."""
+"""The run-directory lock: one holder at a time, named to the one refused, leftovers cleared."""
 
 import os
 

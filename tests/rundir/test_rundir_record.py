@@ -1,5 +1,4 @@
-"""What a run records about itself: its config as written, its parent, and the summary of its
-training that the model card and evaluation report."""
+"""What a run records about itself: its config, its parent, and the summary of its training."""
 
 import json
 

@@ -7,13 +7,7 @@ import torch
 
 from model.config import GPTConfig
 from model.gpt import GPT, unwrap
-from training.distributed import (
-    all_reduce_mean,
-    gather_to_main,
-    split_batch,
-    sync_gradients,
-    wrap_model,
-)
+from training.distributed import all_reduce_mean, gather_to_main, split_batch, sync_gradients, wrap_model
 
 CONFIG = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=4, n_kv_head=2, n_embd=32)
 MICRO_BATCH = 2

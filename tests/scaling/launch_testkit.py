@@ -1,5 +1,4 @@
-"""Launching the scaling tests' command lines, as one process or under torchrun with gloo processes on
-the CPU, and reading what every rank said."""
+"""Launching command lines as one process or under torchrun on the CPU, and reading what each rank said."""
 
 import json
 import os

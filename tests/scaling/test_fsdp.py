@@ -65,7 +65,6 @@ def test_activation_checkpointing_gives_the_same_loss_and_gradients(extra):
         torch.testing.assert_close(grads[name], grad, rtol=1e-6, atol=1e-7)  # fp32, the same ops again
 
 
-# ---------------------------------------------------------------------------------------------
 # Two gloo processes (e2e)
 
 

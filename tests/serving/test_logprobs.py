@@ -1,5 +1,4 @@
-"""logprobs and echo through the real OpenAI client: the values are the model's own log-softmax
-(before temperature and top-p), recomputed here over the whole sequence without a cache."""
+"""logprobs and echo through the OpenAI client: the model's own log-softmax, before temperature and top-p."""
 
 import httpx
 import pytest

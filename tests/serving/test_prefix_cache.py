@@ -212,7 +212,6 @@ def test_concurrent_conversations_with_a_small_cache_still_equal_their_solo_runs
         assert sum(f.cached_tokens for f in by_client) > 0
 
 
-
 def test_the_server_reports_cached_tokens_as_openai_does(wide_run_dir, wide_run):
     openai = pytest.importorskip("openai")
     prompt = "ROMEO: But soft, what light through yonder window breaks? It is the east. " * 3

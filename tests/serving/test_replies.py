@@ -83,8 +83,6 @@ def test_a_generation_that_ends_early_streams_an_error_and_stops():
     assert len(chunks) == 2 and ticket.cancelled
 
 
-# ---------------------------------------------------------------- a chat reply offered tools
-
 def _tool_reply(forced_text: str = ""):
     from data.chat import ChatTokenIds, encode_plain
     from run_testkit import chat_tokenizer

@@ -1,5 +1,4 @@
-"""A rotary-position run served past its window through the OpenAI client: replies and long prompts roll
-the cache as generate.py's do, concurrent long requests equal generate.py's tokens."""
+"""A rotary-position run served past its window through the OpenAI client, as generate.py decodes it."""
 
 from concurrent.futures import ThreadPoolExecutor
 

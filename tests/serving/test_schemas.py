@@ -1,5 +1,4 @@
-"""Requests are checked once, where they are parsed, against their shape and the server's rules
-(test_server.py and test_logprobs.py see the same refusals through a socket)."""
+"""Requests are checked once, where they are parsed, against their shape and the server's rules."""
 
 import json
 

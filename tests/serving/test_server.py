@@ -33,9 +33,12 @@ def reference(run, prompt_ids, **settings):
     return generate_completions(run, prompt_ids, GenerationSettings(**settings), batch_invariant=True).completions[0]
 
 
-def test_start_up_names_the_api_and_the_chat_page(chat_server):
+def test_start_up_names_the_api_and_the_chat_page_and_health_answers(chat_server, client):
     assert f"at {chat_server.base}/v1 " in chat_server.output()
     assert f"chat page: {chat_server.base}/\n" in chat_server.output()
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    health = httpx.get(f"{chat_server.base}/health").json()
+    assert health["status"] == "ok" and health["max_batch"] == 4
 
 
 @pytest.mark.parametrize("header", ["bytes=0-10", "bytes=-5", "bytes=999999-", "bytes=5-2", "bytes=abc",
@@ -46,12 +49,6 @@ def test_the_page_is_served_whole_whatever_range_is_asked(server, header):
     assert response.status_code == 200 and response.text == page
     assert response.headers["content-type"].startswith("text/html")
     assert "content-range" not in response.headers and "accept-ranges" not in response.headers
-
-
-def test_models_and_health(client, server):
-    assert [m.id for m in client.models.list().data] == [MODEL]
-    health = httpx.get(f"{server}/health").json()
-    assert health["status"] == "ok" and health["max_batch"] == 4
 
 
 def test_completion_equals_generate_py_with_usage(client, chat_run):

@@ -1,5 +1,4 @@
-"""A speculating server keeps the engine's rule: each request gets what it gets alone (and, greedy,
-plain decoding's tokens), with lookup or a draft run."""
+"""A speculating server keeps the engine's rule: each request gets what it gets alone."""
 
 import concurrent.futures
 

@@ -1,5 +1,4 @@
-"""OpenAI's tools protocol through the openai client, against a run that really calls the calculator:
-the full loop, streamed and not, ``tool_choice``, and the model's mistakes reaching the client as text."""
+"""OpenAI's tools protocol through the openai client, against a run that really calls the calculator."""
 
 import json
 

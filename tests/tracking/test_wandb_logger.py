@@ -1,5 +1,4 @@
-"""WandbLogger: mode resolution, what an offline run records (read back from its files, wandb_records.py:
-what `wandb sync` would upload), resume, and failing without harm."""
+"""WandbLogger: mode resolution, what an offline run records (wandb_records.py), resume, failing harmlessly."""
 
 import os
 import shlex
@@ -40,7 +39,6 @@ def write_netrc(path: Path, machine: str) -> Path:
     return path
 
 
-# ---------------------------------------------------------------------------------------------
 # Mode resolution (no wandb involved)
 
 
@@ -82,7 +80,6 @@ def test_unknown_mode_is_a_user_error():
         resolve_mode("sometimes", {})
 
 
-# ---------------------------------------------------------------------------------------------
 # Real offline runs, read back
 
 
@@ -158,7 +155,6 @@ def test_resumed_run_continues_the_same_wandb_run(tmp_path, no_credentials, caps
     assert sorted(Path(f).parent.name for f in listed) == sorted(p.directory.name for p in pieces), done.stdout + done.stderr
 
 
-# ---------------------------------------------------------------------------------------------
 # Failing without harm
 
 
@@ -229,9 +225,7 @@ def test_non_main_ranks_and_disabled_mode_are_free(tmp_path):
         print("ok")
         """
     )
-    result = subprocess.run(
-        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60
-    )
+    result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout == "ok\n" and result.stderr == ""
 

@@ -98,7 +98,7 @@ def test_training_batches_resume_exactly_and_cover_every_pair_once_an_epoch(toke
     assert 0 <= batches.padding_fraction < 1
 
 
-def test_an_entry_is_built_once_and_reused(tmp_path, tokenizer, monkeypatch):
+def test_an_entry_is_built_once_and_reused_and_a_json_array_reads_as_its_items(tmp_path, tokenizer, monkeypatch):
     path = tmp_path / "pairs.jsonl"
     rows = [_pair(chosen=f"answer {i}.", rejected="no " * (i % 4 + 1)).to_row() for i in range(30)]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
@@ -111,6 +111,14 @@ def test_an_entry_is_built_once_and_reused(tmp_path, tokenizer, monkeypatch):
     assert again.directory == first.directory
     assert again.train.chosen.ids.tolist() == first.train.chosen.ids.tolist()
     assert again.val.rejected.mask.tolist() == first.val.rejected.mask.tolist()
+    monkeypatch.undo()
+    array = tmp_path / "array" / "pairs.jsonl"  # the same name: the rows' ids hold it
+    array.parent.mkdir()
+    array.write_text(json.dumps(rows, indent=2), encoding="utf-8")
+    items = _prepared(tmp_path / "array", tokenizer, array)
+    assert items.train.chosen.ids.tolist() == first.train.chosen.ids.tolist() and len(items.val) == len(first.val)
+    array.write_text(json.dumps([*rows[:3], "oops"]), encoding="utf-8")
+    assert f"{array} item 4: a JSON string, not an object" in _refusal(tmp_path, tokenizer, array, 64)
 
 
 # Preference files as a hostile user writes them: every case names the file and its 1-based line
@@ -182,19 +190,6 @@ def test_a_pair_too_long_for_the_window_blames_the_part_that_is(tmp_path, tokeni
     assert re.search(rf"the first: {re.escape(str(path))} line \d: its ", message) and fragment in message, message
     shorten = "shorten the replies" if "reply is" in fragment else "shorten the prompt"
     assert message.endswith(shorten)
-
-
-def test_a_file_of_one_json_array_reads_as_its_items(tmp_path, tokenizer):
-    rows = [_pair(chosen=f"answer {i}.").to_row() for i in range(12)]
-    (tmp_path / "lines").mkdir()
-    (tmp_path / "array").mkdir()
-    lines, array = tmp_path / "lines" / "pairs.jsonl", tmp_path / "array" / "pairs.jsonl"  # ids hold the name
-    lines.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    array.write_text(json.dumps(rows, indent=2), encoding="utf-8")
-    a, b = (_prepared(tmp_path / name, tokenizer, path) for name, path in (("a", lines), ("b", array)))
-    assert a.train.chosen.ids.tolist() == b.train.chosen.ids.tolist() and len(a.val) == len(b.val)
-    array.write_text(json.dumps([*rows[:3], "oops"]), encoding="utf-8")
-    assert f"{array} item 4: a JSON string, not an object" in _refusal(tmp_path, tokenizer, array, 64)
 
 
 def _config(cache: Path, path: Path) -> DataConfig:

@@ -11,7 +11,7 @@ import torch
 import training.cli as train_cli
 from chat_testkit import pretrain
 from common.errors import UserError
-from rundir.checkpoint import load_trainer_state
+from rundir.checkpoint import load_trainer_state, save_checkpoint
 from rundir.metrics import read_metrics
 from training.tasks.grpo.loss import group_advantages, target_logps, token_losses
 from training.tasks.grpo.rewards import RewardError, closeness, correct, integer_format, reward_function
@@ -207,11 +207,18 @@ def test_an_rl_run_logs_trl_names_evaluates_pass_at_k_and_resumes_exactly(rl_con
     # between the two updates of a batch, the resumed run must train on the pending rollout; stopped after
     # step 2, at a sampling boundary, it must sample step 3's batch from the restored generator. The
     # final weights are compared (the trainer state's, not model.safetensors: the kept weights may be
-    # an earlier step's).
+    # an earlier step's). The LoRA runs stopped after step 3 resume from a checkpoint in the layout of
+    # before tasks had a state of their own, the pending rollout in the batches' state.
     final = load_trainer_state(tmp_path / "whole")["model"]
     for stop in (3, 2):
         out = tmp_path / f"resumed-{stop}"
         train(rl_config(out, lora=lora, attention=attention, max_steps=stop), progress=False)
+        if stop == 3 and lora:
+            state = load_trainer_state(out)
+            for rank in state["ranks"]:
+                rank["batches"].update(rank.pop("task"))  # the old layout
+            assert state["ranks"][0]["batches"]["pending"] is not None  # stopped between the updates
+            save_checkpoint(out, None, {k: v for k, v in state.items() if k != "format_version"})
         resumed = train(rl_config(out, lora=lora, attention=attention), resume=True, progress=False)
         state = load_trainer_state(out)
         assert resumed.step == whole.step == state["step"] == 4
@@ -219,24 +226,6 @@ def test_an_rl_run_logs_trl_names_evaluates_pass_at_k_and_resumes_exactly(rl_con
             torch.testing.assert_close(state["model"][name], tensor, rtol=0, atol=0, msg=f"stopped at {stop}: {name}")
         resumed_steps = [r for r in read_metrics(out / "metrics.jsonl") if r["kind"] == "train"]
         assert [r["reward"] for r in resumed_steps] == [r["reward"] for r in steps], f"stopped at {stop}"
-
-
-def test_a_checkpoint_that_kept_the_pending_rollout_with_its_batches_resumes_exactly(rl_config, tmp_path):
-    # Checkpoints from before tasks had a state of their own kept it in the batches' state: resumed
-    # between the two updates of a batch, such a run still trains on it.
-    from rundir.checkpoint import save_checkpoint
-
-    train(rl_config(tmp_path / "whole", lora={"rank": 2}), progress=False)
-    train(rl_config(tmp_path / "old", lora={"rank": 2}, max_steps=3), progress=False)
-    state = load_trainer_state(tmp_path / "old")
-    for rank in state["ranks"]:
-        rank["batches"].update(rank.pop("task"))  # the old layout
-    assert state["ranks"][0]["batches"]["pending"] is not None  # stopped between the updates
-    save_checkpoint(tmp_path / "old", None, {k: v for k, v in state.items() if k != "format_version"})
-    train(rl_config(tmp_path / "old", lora={"rank": 2}), resume=True, progress=False)
-    a, b = load_trainer_state(tmp_path / "whole"), load_trainer_state(tmp_path / "old")
-    for name, tensor in a["model"].items():
-        torch.testing.assert_close(b["model"][name], tensor, rtol=0, atol=0, msg=name)
 
 
 # The rl section's refusals, read without a parent run (it is read when the run starts): the sections

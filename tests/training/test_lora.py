@@ -194,9 +194,9 @@ def test_lora_is_turned_on_by_one_override(base_raw, parents, tmp_path):
 
 def test_a_lora_chat_run_trains_only_the_adapters_and_writes_peft_files_and_merged_weights(lora_config, parents,
                                                                                            tmp_path, capsys):
-    result = train(lora_config(tmp_path / "run"), progress=True)
-    said = capsys.readouterr().out.splitlines()
     run = tmp_path / "run"
+    result = train(lora_config(run), progress=True)
+    said = capsys.readouterr().out.splitlines()
     parent = load_pretrained(parents["gqa"]).state_dict()
     state = load_trainer_state(run)
     # The frozen weights are the parent's, bit for bit; the optimizer holds state for the adapters alone.
@@ -212,8 +212,7 @@ def test_a_lora_chat_run_trains_only_the_adapters_and_writes_peft_files_and_merg
     assert index.tolist() == [tokenizer.token_to_id(t) for t in ("<|system|>", "<|user|>", "<|assistant|>", "<|end|>")]
     assert torch.equal(state["model"]["lm_head.parametrizations.weight.0.rows"], rows)
     assert not torch.equal(rows, parent["tok_emb.weight"][index])  # they learned
-    optimizer_state = state["optimizer"]["state"]
-    assert len(optimizer_state) == len(adapters) + 1
+    assert len(state["optimizer"]["state"]) == len(adapters) + 1
     trained = sum(state["model"][name].numel() for name in adapters) + rows.numel()
     size = (run / "adapter_model.safetensors").stat().st_size
     assert result.adapter.startswith(f"LoRA: {trained:,} of ") and f"({size / 1024:.1f} KiB)" in result.adapter
@@ -222,10 +221,10 @@ def test_a_lora_chat_run_trains_only_the_adapters_and_writes_peft_files_and_merg
     assert said[0].startswith(f"training {trained:,} of ") and "M parameters on " in said[0]
     assert any(line.startswith("LoRA rank 4") and f": {trained:,} of " in line for line in said[1:5])
     # The merged weights differ from the parent's, and are what generate.py and the exports load.
-    merged = load_pretrained(run)
-    assert any(not torch.equal(merged.state_dict()[k], parent[k]) for k in parent)
+    merged = load_pretrained(run).state_dict()
+    assert any(not torch.equal(merged[k], parent[k]) for k in parent)
     config = json.loads((run / "adapter_config.json").read_text())
-    assert config["peft_type"] == "LORA" and config["r"] == 4 and config["lora_alpha"] == 8.0
+    assert (config["peft_type"], config["r"], config["lora_alpha"]) == ("LORA", 4, 8.0)
     assert config["trainable_token_indices"] == index.tolist()
     assert config["target_modules"] == sorted(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                                                "down_proj"])
@@ -249,7 +248,7 @@ def test_a_lora_run_resumes_exactly_and_only_with_its_own_setting(lora_config, t
 
 
 def test_a_run_from_before_token_rows_trained_resumes_with_none(lora_config, tmp_path):
-    from rundir.checkpoint import CheckpointError, load_trainer_state, save_checkpoint
+    from rundir.checkpoint import CheckpointError, save_checkpoint
 
     run = tmp_path / "run"
     train(lora_config(run, lora={"trainable_tokens": []}, max_steps=3), progress=False)

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import run_testkit
+import training.tasks.dpo.preference_set as preference_set
 from refusal_testkit import one_error_line
 from data.chat import ChatTokenIds, Message, encode_plain, render_chat
 from training.tasks.dpo.pairs import pair_from_row
@@ -70,12 +71,10 @@ def silent_run(tmp_path):  # a chat-token run that never ends a reply, so no pro
 
 def test_no_pair_is_an_error_and_writes_nothing(silent_run, tmp_path, capsys):
     out = tmp_path / "pairs.jsonl"
-    code = main(["--run", str(silent_run), "--out", str(out), "--prompts", "3", "--samples", "2",
-                 "--max-new-tokens", "4", "--no-progress"])
-    err = capsys.readouterr().err
+    line = _refused(capsys, str(silent_run), "--out", str(out), "--prompts", "3", "--samples", "2", "--max-new-tokens",
+                    "4", "--no-progress")
     # (Some of the three speeches are longer than this run's window: they are not replied to.)
-    assert code == 2 and err.startswith("error: no prompt of ") and err.count("\n") == 1
-    assert "gave a looping greedy reply with a good continuation" in err
+    assert line.startswith("error: no prompt of ") and "gave a looping greedy reply with a good continuation" in line
     assert not out.exists()
 
 
@@ -99,8 +98,6 @@ def test_sampled_replies_carry_their_text_and_follow_the_seed_rule(run):
 
 
 def test_continuations_are_sampled_after_the_start_of_each_greedy_loop(run, monkeypatch):
-    import training.tasks.dpo.preference_set as preference_set
-
     prompts = [[Message("user", "But soft, what light?")], [Message("user", "Who is there?")]]
     calls = []
     end = ChatTokenIds.of(run.tokenizer).end
@@ -126,8 +123,6 @@ def test_continuations_are_sampled_after_the_start_of_each_greedy_loop(run, monk
 # line and exit 2, nothing half-written, and a signal's exit code with nothing written.
 
 def _no_work(monkeypatch):
-    import training.tasks.dpo.preference_set as preference_set
-
     monkeypatch.setattr(preference_set, "load_run", lambda *a, **k: pytest.fail("started the work"))
 
 
@@ -177,12 +172,11 @@ def test_a_read_only_folder_is_refused_before_any_reply(silent_run, mount_tmpfs,
     assert "Read-only file system" in line and "choose a writable directory" in line and str(disk) in line
 
 
-def _built(monkeypatch):  # the set built instantly: one pair, without sampling
-    import training.tasks.dpo.preference_set as preference_set
-
-    pair = preference_set.PreferencePair((Message("user", "Who is there?"),), (Message("assistant", "A friend."),),
-                                         (Message("assistant", "A friend, a friend, a"),))
-    built = preference_set.PreferenceSet([pair], 1, 2, 1, 1, 1, 0)
+def _built(monkeypatch, pairs=None):  # the set built instantly (one pair unless given), without sampling
+    pairs = pairs or [preference_set.PreferencePair(
+        (Message("user", "Who is there?"),), (Message("assistant", "A friend."),),
+        (Message("assistant", "A friend, a friend, a"),))]
+    built = preference_set.PreferenceSet(pairs, 1, 2, 1, 1, 1, 0)
     monkeypatch.setattr(preference_set, "build_preference_set", lambda *a, **k: built)
 
 
@@ -194,26 +188,19 @@ def test_a_disk_failure_while_writing_is_one_line_and_keeps_the_old_set(silent_r
     _built(monkeypatch)
     out = tmp_path / "pairs.jsonl"
     out.write_text("the old set\n")
-    real_fsync = common.files.os.fsync
 
     def failing(fd):
         raise OSError(error, os.strerror(error))
 
     monkeypatch.setattr(common.files.os, "fsync", failing)
     line = _refused(capsys, str(silent_run), "--out", str(out), "--overwrite", "--no-progress")
-    monkeypatch.setattr(common.files.os, "fsync", real_fsync)
     assert os.strerror(error) in line and str(out) in line
     assert out.read_text() == "the old set\n" and sorted(p.name for p in tmp_path.iterdir()) == ["pairs.jsonl", "run"]
 
 
 def test_a_full_disk_is_one_line_and_leaves_nothing(silent_run, mount_tmpfs, capsys, monkeypatch):
-    _built(monkeypatch)
+    _built(monkeypatch, [pair_from_row({"prompt": "x" * 9000, "chosen": "y", "rejected": "z"}, "")] * 4)
     disk = mount_tmpfs(4096)
-    import training.tasks.dpo.preference_set as preference_set
-
-    many = preference_set.PreferenceSet([pair_from_row({"prompt": "x" * 9000, "chosen": "y", "rejected": "z"}, "")] * 4,
-                                        1, 2, 1, 1, 1, 0)
-    monkeypatch.setattr(preference_set, "build_preference_set", lambda *a, **k: many)
     line = _refused(capsys, str(silent_run), "--out", str(disk / "pairs.jsonl"), "--no-progress")
     assert "No space left on device" in line and "the disk is full" in line
     assert list(disk.iterdir()) == []

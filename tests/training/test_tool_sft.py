@@ -46,4 +46,6 @@ def test_the_shipped_tools_config_reads(parent_run):
     config = load_run_config(Path(__file__).parents[2] / "configs" / "tiny-tools.yaml",
                              [f"train.init_from={parent_run}", "run.out_dir=unused"])
     assert (config.data.source, config.data.format) == ("calculator", "chat")
-    assert (config.data.calculator.digits, config.data.calculator.operations) == (3, "+-*")
+    calculator = config.data.calculator
+    assert (calculator.digits, calculator.operations, calculator.max_terms, calculator.max_exchanges) == (4, "+-*/", 4, 4)
+    assert calculator.parentheses and calculator.words and 0 < calculator.plays_share < 1

@@ -49,20 +49,18 @@ def test_a_clock_bound_run_shows_progress_evaluations_summary_and_curve(base_raw
     # The clock binds long before max_steps, and no step reaches eval.interval: as on a slow host.
     run_dir, out, err = _run(base_raw, tmp_path, capsys, eval_interval=50_000, max_steps=100_000, max_minutes=0.04)
     records = read_metrics(run_dir / "metrics.jsonl")
-    steps = max(r["step"] for r in records if r["kind"] == "train")
-    assert steps < 100_000
+    assert (steps := max(r["step"] for r in records if r["kind"] == "train")) < 100_000
     # The bar ends full, counted in the clock's seconds, not against max_steps.
     last_bar = [line for line in re.split(r"[\r\n]", err) if line.startswith("train:")][-1]
     assert f"| 2/2 s, step {steps} |" in last_bar and "100%" in last_bar, last_bar
     # Evaluations came along the way, every tenth of the clock budget.
     evals = [r for r in records if r["kind"] == "eval"]
     assert evals[-1]["step"] == steps  # the last weights are evaluated too, to compete for the kept model
-    assert 3 <= len(evals[:-1]) <= 10, [r["step"] for r in evals]
-    assert all("elapsed_s" in r for r in evals)
+    assert 3 <= len(evals[:-1]) <= 10 and all("elapsed_s" in r for r in evals), evals
     # The final full validation has a progress bar.
     assert re.search(r"full validation: +\d+%\|", err), err[-2000:]
     # The summary: final bits/byte, where the run is, and what to do next.
-    final = [r for r in records if r["kind"] == "final_eval"][0]
+    final = next(r for r in records if r["kind"] == "final_eval")
     assert f"final validation: {final['val_bpb']:.4f} bits/byte" in out
     assert f"the run is in {run_dir}; its loss curve is {run_dir / 'loss_curve.png'}" in out
     for command in ("python generate.py --run", "--set train.init_from=", "python export.py --run", "python serve.py --run"):
@@ -79,15 +77,12 @@ def test_a_step_bound_run_counts_to_max_steps_and_evaluates_by_steps(base_raw, t
     # The final pass scores weights whose sample was shown at their evaluation: it is not shown again.
     lines = out.splitlines()
     final = next(i for i, line in enumerate(lines) if line.startswith("step 12 full validation"))
-    assert not lines[final + 1].startswith("  sample:")
-    assert sum(line.startswith("  sample:") for line in lines) == 2  # steps 10 and 12
+    assert not lines[final + 1].startswith("  sample:") and sum(line.startswith("  sample:") for line in lines) == 2
 
 
 def test_no_clock_evaluation_falls_in_the_last_half_interval_of_the_clock():
     # The run's end evaluates the last weights a moment later; with the learning rate at its end they are
     # the same weights, and the two evaluations printed the same numbers and sample twice.
-    from types import SimpleNamespace
-
     from training.trainer import Trainer
 
     trainer = Trainer.__new__(Trainer)  # the clock rule alone: a budget of 100 s, an evaluation due every 10 s
@@ -189,7 +184,6 @@ def test_a_run_starved_of_cpu_time_says_so_once():
     assert on_a_gpu.starved_share is None and said == []
 
 
-
 def test_loss_curve_is_in_bits_per_byte_with_nats_per_token_beside(tmp_path, monkeypatch):
     pytest.importorskip("matplotlib")
     records = [{"kind": "train", "step": step, "loss": 4.0 / step, "elapsed_s": step} for step in (1, 2)]
@@ -210,8 +204,8 @@ def test_the_hints_sample_from_the_runs_own_data_not_the_plays(base_raw, tmp_pat
     assert "ROMEO" not in out
     # The corpus's held-out text starts a line with the prompt's words, and the samples continued it.
     assert any(line.startswith(prompt) for line in corpus_file.read_text(encoding="utf-8").splitlines())
-    evals = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "final_eval"]
-    assert evals[0]["sample"].startswith(prompt)
+    assert next(r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "final_eval")["sample"].startswith(
+        prompt)
 
 
 

@@ -285,14 +285,22 @@ def test_progress_bar_trusts_the_clock_budget_over_tqdms_estimate(make_config, c
         assert "100%" in bars[-1] and "300/300 s, step 3 | loss" in bars[-1] and all("/300 s" in bar for bar in bars), bars
 
 
-def test_run_dir_holding_a_run_is_refused_then_overwritten_when_asked(make_config, tmp_path):
-    cfg = make_config(train={"max_steps": 2}, eval={"interval": 0})
-    train(cfg, progress=False)
+def test_a_run_dir_holding_a_run_is_refused_resumed_in_its_own_thread_count_or_overwritten(make_config, tmp_path):
+    train(make_config(train={"max_steps": 2}, eval={"interval": 0}), progress=False)  # one thread (conftest)
+    longer = make_config(train={"max_steps": 3}, eval={"interval": 0})
     with pytest.raises(CheckpointError, match="already holds a run.*--resume.*--overwrite"):
-        train(make_config(train={"max_steps": 3}, eval={"interval": 0}), progress=False)
+        train(longer, progress=False)
     assert load_trainer_state(tmp_path / "run")["step"] == 2  # untouched by the refusal
-    result = train(make_config(train={"max_steps": 3}, eval={"interval": 0}), overwrite=True, progress=False)
-    assert result.step == 3
+    # The thread count changes the last bits of every step; a resume under auto takes the checkpoint's,
+    # whatever the machine (or OMP_NUM_THREADS) says now, so it stays exact.
+    os.environ["OMP_NUM_THREADS"] = "2"
+    torch.set_num_threads(2)
+    try:
+        train(longer, resume=True, progress=False)
+        assert torch.get_num_threads() == 1
+    finally:
+        os.environ["OMP_NUM_THREADS"] = "1"
+    assert train(longer, overwrite=True, progress=False).step == 3
     assert [r["step"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["kind"] == "train"] == [1, 2, 3]
 
 
@@ -383,18 +391,3 @@ def test_a_resume_takes_the_rates_and_muons_momentum_from_the_config(make_config
     assert groups[0]["lr"] > 0
     assert muon_group["lr"] / groups[0]["lr"] == pytest.approx(0.06 / changed.train.lr)
     assert groups[1]["lr"] / groups[0]["lr"] == pytest.approx(0.05 / changed.train.lr)
-
-
-def test_a_resume_keeps_the_runs_own_thread_count(make_config, tmp_path):
-    # The count changes the last bits of every step; a resume under auto takes the checkpoint's,
-    # whatever the machine (or OMP_NUM_THREADS) says now, so it stays exact.
-    config = make_config(tmp_path / "run", train={"max_steps": 2}, eval={"interval": 0})
-    train(config, progress=False)  # one thread: the environment's OMP_NUM_THREADS (conftest)
-    longer = make_config(tmp_path / "run", train={"max_steps": 3}, eval={"interval": 0})
-    os.environ["OMP_NUM_THREADS"] = "2"
-    torch.set_num_threads(2)
-    try:
-        train(longer, resume=True, progress=False)
-        assert torch.get_num_threads() == 1
-    finally:
-        os.environ["OMP_NUM_THREADS"] = "1"

@@ -1,5 +1,4 @@
-"""python export.py: what it writes (no transformers needed), and the refusals that need a real export
-(the others: tests/exporting/test_export_refusals.py)."""
+"""python export.py: what it writes, and the refusals that need a real export."""
 
 import pytest
 

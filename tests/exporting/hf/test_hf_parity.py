@@ -1,5 +1,4 @@
-"""The exported folder, loaded by transformers, computes what our model computes: logits within 1e-5
-in fp32, generate.py's greedy tokens exactly, our tokenizer and chat template token for token."""
+"""The exported folder, loaded by transformers, computes, tokenizes and templates what ours does."""
 
 import subprocess
 import sys

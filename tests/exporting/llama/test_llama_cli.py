@@ -1,5 +1,4 @@
-"""export.py --format llama and --format gguf: what they write and print, --overwrite over an
-earlier export of theirs, and one line naming every option in the way for a run that is not Llama."""
+"""export.py --format llama and --format gguf: what they write and print, --overwrite, and refusals."""
 
 import json
 

@@ -1,5 +1,4 @@
-"""python export.py --format onnx: the folder it writes, --overwrite, and what a failed or killed
-export leaves (its refusals of bad input are rows of tests/exporting/test_export_refusals.py)."""
+"""python export.py --format onnx: the folder it writes, --overwrite, and what a failed export leaves."""
 
 import shutil
 from pathlib import Path

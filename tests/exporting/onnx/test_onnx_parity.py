@@ -1,5 +1,4 @@
-"""The ONNX graphs against their PyTorch model on ONNX Runtime's CPU: logits within 1e-4 for a prompt,
-on a past, in batches, under an attention mask, and through the static graph's cache."""
+"""The ONNX graphs against their PyTorch model on ONNX Runtime's CPU: logits within 1e-4."""
 
 import numpy as np
 import pytest

@@ -38,7 +38,8 @@ class RLTask(ChatTask):
         self.device = device
         self.reference = reference
         self.eval_seed = config.eval.sample_seed
-        self.sample_prompt = prepared.val.questions[0]  # a question of the kind it learned to answer
+        # A question of the kind it learned to answer (not a speech of the plays).
+        self.sample_prompt = next(q for q, row in zip(prepared.val.questions, prepared.val.rows) if needs_tool(row))
         special = ChatTokenIds.of(self.tokenizer)
         tools = None
         if self.rl.tools:
