@@ -160,5 +160,4 @@ def test_the_cache_holds_the_latent_only(dtype, positions, cached):
     model = mla_model(48, 8, positions=positions)
     cache = model.init_cache(5, max_len=32, dtype=dtype)
     element = torch.tensor([], dtype=dtype).element_size()
-    assert cache.buffers.keys() == {"latent"}
-    assert cache.nbytes() == model.config.n_layer * 5 * 32 * cached * element
+    assert cache.buffers.keys() == {"latent"} and cache.nbytes() == model.config.n_layer * 5 * 32 * cached * element

@@ -68,8 +68,7 @@ def test_a_bf16_step_multiplies_in_bf16_and_keeps_norms_loss_weights_and_optimiz
     # Every matmul and what is computed from its output before it joins the residual stream: bf16.
     # Attention itself computes in fp32 on the CPU (model.gpt.sdpa: its bf16 kernels are the slow
     # ones), from bf16 inputs, and hands its output back in bf16.
-    assert ops.seen["linear"] == {torch.bfloat16}
-    assert ops.seen["scaled_dot_product_attention"] == {torch.float32}
+    assert ops.seen["linear"] == {torch.bfloat16} and ops.seen["scaled_dot_product_attention"] == {torch.float32}
     activations = [op for op in ("silu", "sigmoid") if op in ops.seen]
     assert activations and all(ops.seen[op] == {torch.bfloat16} for op in activations)
     assert logits.dtype == torch.bfloat16

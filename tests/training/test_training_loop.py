@@ -383,6 +383,5 @@ def test_a_resume_takes_the_rates_and_muons_momentum_from_the_config(make_config
     muon_group, groups = optimizer()["muon"]["param_groups"][0], optimizer()["adamw"]["param_groups"]
     assert muon_group["momentum"] == pytest.approx(0.90)
     assert [len(g["params"]) for g in groups] == [len(groups[0]["params"]), 1]  # the one table (2 layers)
-    assert groups[0]["lr"] > 0
-    assert muon_group["lr"] / groups[0]["lr"] == pytest.approx(0.06 / changed.train.lr)
+    assert groups[0]["lr"] > 0 and muon_group["lr"] / groups[0]["lr"] == pytest.approx(0.06 / changed.train.lr)
     assert groups[1]["lr"] / groups[0]["lr"] == pytest.approx(0.05 / changed.train.lr)
