@@ -1,6 +1,7 @@
 """The arithmetic questions of RL runs: deterministic from the seed, distinct, answered right."""
 
 import random
+import tracemalloc
 from collections import Counter
 
 import pytest
@@ -39,8 +40,6 @@ def test_a_small_space_keeps_the_draw_runs_have_always_had():
 
 @pytest.mark.parametrize("max_operand", [10**5, 10**12, 10**30])
 def test_a_huge_space_is_drawn_without_listing_it(max_operand):
-    import tracemalloc
-
     tracemalloc.start()
     try:
         items = problems(7, 3000, max_operand=max_operand, operations="+-*")
