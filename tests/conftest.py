@@ -19,10 +19,16 @@ def compile_cache(tmp_path_factory):
         yield folder
 
 
-@pytest.fixture
-def one_torch_thread():
-    """Tiny models on a shared 2-core machine: a second intra-op thread mostly waits for the first,
-    so run single-threaded and restore the setting afterwards."""
+# Tiny models on a shared 2-core machine: a second intra-op thread mostly waits for the first, so the
+# tests of these folders run single-threaded, and the setting is restored afterwards.
+SINGLE_THREADED = {"evaluation", "exporting", "inference", "rundir", "serving"}
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread(request):
+    if request.path.relative_to(Path(__file__).parent).parts[0] not in SINGLE_THREADED:
+        yield
+        return
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

@@ -14,11 +14,6 @@ TRAIN_STEPS = 400  # enough for shakespeare_next_line to beat the untrained mode
 VAL_FRACTION = 0.05
 
 
-@pytest.fixture(autouse=True)
-def _single_thread(one_torch_thread):
-    yield
-
-
 @pytest.fixture(scope="session")
 def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """configs/tiny.yaml trained for ``TRAIN_STEPS`` steps on one CPU thread."""

@@ -12,8 +12,6 @@ import run_testkit
 from exporting.cli import main
 from refusal_testkit import one_error_line
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> Path:

@@ -10,11 +10,6 @@ from tokenizers import Tokenizer
 from run_testkit import build_run, chat_tokenizer
 
 
-@pytest.fixture(autouse=True)
-def _single_thread(one_torch_thread):
-    yield
-
-
 @pytest.fixture(scope="session")
 def tokenizer_path(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("tokenizer") / "tokenizer.json"

@@ -11,11 +11,6 @@ from run_testkit import ALL_OPTIONS, build_run, chat_tokenizer, tokenizer_withou
 from server_process import running_server
 
 
-@pytest.fixture(autouse=True)
-def _single_thread(one_torch_thread):
-    yield
-
-
 @pytest.fixture(scope="session")
 def chat_run_dir(tmp_path_factory) -> Path:
     # Never <|endoftext|>: a completion of it runs to its max_tokens, which the tests of clients that

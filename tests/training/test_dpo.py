@@ -187,28 +187,22 @@ def test_dpo_learns_the_preference_logs_trl_names_and_resumes_exactly(dpo_config
 
 
 def test_a_handful_of_pairs_is_warned_about_as_a_small_corpus_is(make_config, parent_run, tmp_path, capsys):
+    from training.config import config_to_dict
+
     # 12 pairs, a few held out: a budget of 16 steps of 8 pairs passes over the rest more than 10 times.
     data_file = preference_file(tmp_path / "few.jsonl", count=12)
     config = make_config(tmp_path / "run", data={"format": "preference", "files": {"paths": [str(data_file)]},
                                                  "val_fraction": 0.2},
                          train={"init_from": str(parent_run), "max_steps": 16, "batch_size": 4, "grad_accum_steps": 2},
                          eval={"interval": 0, "max_batches": 1, "sample_tokens": 0, "final_max_batches": None})
+    assert config_to_dict(config)["dpo"] == {"beta": 0.1, "rpo_alpha": 0.0}  # no dpo section: its defaults, saved
     result = train(config, progress=False)
     said = capsys.readouterr().out.splitlines()
     held_out = [line for line in said if line.startswith("warning: only ")]
     assert held_out and "held-out pairs: rewards/accuracies moves in steps of" in held_out[0]
-    pairs = round(16 * 8 / result.epochs)
-    assert result.epochs > 10 and pairs < 12
+    assert result.epochs > 10 and (pairs := round(16 * 8 / result.epochs)) < 12
     assert (f"warning: the budget is about {result.epochs:.0f} epochs of the {pairs} training pairs: DPO learns so "
             "few pairs by heart") in "\n".join(said)
-
-
-def test_a_preference_run_saves_its_dpo_defaults(make_config, parent_run, tmp_path):
-    from training.config import config_to_dict
-
-    pairs = make_config(tmp_path / "pairs", data={"format": "preference", "files": {"paths": ["p.jsonl"]}},
-                        train={"init_from": str(parent_run)})
-    assert config_to_dict(pairs)["dpo"] == {"beta": 0.1, "rpo_alpha": 0.0}  # what the run's config.yaml says
 
 
 def test_fsdp_is_refused_before_any_data_is_read(dpo_config, tmp_path, monkeypatch):

@@ -108,8 +108,7 @@ def test_an_entry_is_built_once_and_reused_and_a_json_array_reads_as_its_items(t
 
     monkeypatch.setattr(module, "load_preferences", lambda *a, **k: pytest.fail("read the pairs again"))
     again = _prepared(tmp_path, tokenizer, path)
-    assert again.directory == first.directory
-    assert again.train.chosen.ids.tolist() == first.train.chosen.ids.tolist()
+    assert again.directory == first.directory and again.train.chosen.ids.tolist() == first.train.chosen.ids.tolist()
     assert again.val.rejected.mask.tolist() == first.val.rejected.mask.tolist()
     monkeypatch.undo()
     array = tmp_path / "array" / "pairs.jsonl"  # the same name: the rows' ids hold it

@@ -22,25 +22,8 @@ def _setup(config):
     return trainer
 
 
-def test_init_from_loads_the_parents_weights_exactly_and_records_it(make_config, parent_run, tmp_path):
-    # No model section at all: the parent's shape is used.
-    config = make_config(train={"init_from": str(parent_run)})
-    trainer = _setup(config)
-    parent = load_pretrained(parent_run)
-    assert trainer.model.config == parent.config
-    for name, tensor in parent.state_dict().items():
-        assert torch.equal(trainer.model.state_dict()[name], tensor), name
-    # Fresh optimizer and step; the tokenizer is the parent's, byte for byte, and continued pretraining
-    # tokenizes its data with it (none is trained); the parent is recorded.
-    assert trainer.step == 0 and not trainer.optimizer.state
-    tokenizer = (parent_run / "tokenizer.json").read_bytes()
-    assert (tmp_path / "run" / "tokenizer.json").read_bytes() == tokenizer
-    assert trainer.task.prepared.tokenizer_path.read_bytes() == tokenizer
-    assert json.loads((tmp_path / "run" / "parent.json").read_text())["init_from"] == str(parent_run.resolve())
-    trainer.logger.finish()
-
-
-def test_the_parent_run_is_found_once_and_travels_with_the_config(make_config, parent_run, monkeypatch, tmp_path):
+def test_init_from_loads_the_parents_weights_exactly_and_records_the_parent_found_once(make_config, parent_run,
+                                                                                        monkeypatch, tmp_path):
     import training.init_from as init_from_module
 
     found = []
@@ -53,6 +36,17 @@ def test_the_parent_run_is_found_once_and_travels_with_the_config(make_config, p
     assert found == [str(parent_run)] and config.parent.directory == parent_run
     trainer = _setup(config)
     assert len(found) == 1 and trainer.parent is config.parent  # the trainer did not look again
+    parent = load_pretrained(parent_run)
+    assert trainer.model.config == parent.config
+    for name, tensor in parent.state_dict().items():
+        assert torch.equal(trainer.model.state_dict()[name], tensor), name
+    # Fresh optimizer and step; the tokenizer is the parent's, byte for byte, and continued pretraining
+    # tokenizes its data with it (none is trained); the parent is recorded.
+    assert trainer.step == 0 and not trainer.optimizer.state
+    tokenizer = (parent_run / "tokenizer.json").read_bytes()
+    assert (tmp_path / "run" / "tokenizer.json").read_bytes() == tokenizer
+    assert trainer.task.prepared.tokenizer_path.read_bytes() == tokenizer
+    assert json.loads((tmp_path / "run" / "parent.json").read_text())["init_from"] == str(parent_run.resolve())
     trainer.logger.finish()
     # The resolved parent is no key of the saved config: train.init_from says it.
     saved = (tmp_path / "run" / "config.yaml").read_text()

@@ -8,11 +8,6 @@ import pytest
 from llama_testkit import build_llama_run
 
 
-@pytest.fixture(autouse=True)
-def _single_thread(one_torch_thread):
-    yield
-
-
 @pytest.fixture(scope="session")
 def llama_runs(tmp_path_factory):
     """``llama_runs(tie=True)`` -> a Llama-shaped run directory, built once per head kind."""

@@ -7,11 +7,6 @@ import pytest
 from onnx_testkit import BLOCK_SIZE, Exported
 
 
-@pytest.fixture(autouse=True)
-def _single_thread(one_torch_thread):
-    yield
-
-
 @pytest.fixture(scope="session")
 def onnx_run(tmp_path_factory) -> Path:
     import run_testkit
