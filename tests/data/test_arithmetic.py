@@ -2,7 +2,7 @@
 
 import pytest
 
-from data.sources.arithmetic import OPERATIONS, conversations, problems
+from data.sources.arithmetic import OPERATIONS, conversations, problems, shuffled_prefix
 
 
 def test_problems_follow_from_the_seed_are_distinct_and_answered_right():
@@ -60,8 +60,6 @@ def test_a_huge_space_is_drawn_without_listing_it(max_operand):
 def test_the_prefix_of_a_shuffle_is_a_uniform_order_drawn_lazily():
     import random
     from collections import Counter
-
-    from data.sources.arithmetic import shuffled_prefix
 
     assert sorted(shuffled_prefix(random.Random(0), 50, 50)) == list(range(50))  # the whole order: a permutation
     first = Counter(shuffled_prefix(random.Random(seed), 4, 1)[0] for seed in range(4000))

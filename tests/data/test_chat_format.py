@@ -3,7 +3,7 @@
 import re
 
 import pytest
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, pre_tokenizers, trainers
 
 from common.errors import DataError
 from data.chat import (
@@ -104,8 +104,6 @@ TOOL_CONVERSATION = [
 
 def old_tokenizer() -> Tokenizer:
     """As tokenizers were trained before the tool tokens: <|endoftext|> and the chat tokens only."""
-    from tokenizers import pre_tokenizers, trainers
-
     tokenizer = new_tokenizer()
     trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=[EOT, *CHAT_SPECIAL_TOKENS], show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())

@@ -12,7 +12,7 @@ import training.evaluate as evaluate_module
 import training.muon as muon_module
 from data.prepared.text import prepare_data
 from model.config import GPTConfig
-from model.gpt import GPT, RMSNorm
+from model.gpt import GPT, RMSNorm, sdpa
 from model.io import load_pretrained
 from rundir.checkpoint import load_trainer_state
 from test_rms_norm_cpu import backward_functions
@@ -92,8 +92,6 @@ def test_a_bf16_step_multiplies_in_bf16_and_keeps_norms_loss_weights_and_optimiz
 
 
 def test_attention_under_cpu_autocast_computes_in_fp32_and_nowhere_else():
-    from model.gpt import sdpa
-
     q, k, v = (torch.randn(2, 2, 8, 16, generator=torch.Generator().manual_seed(i)).bfloat16() for i in range(3))
     exact = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
     with OutputDtypes() as under_autocast, autocast(CPU, torch.bfloat16):

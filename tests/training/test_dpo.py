@@ -16,7 +16,7 @@ from model.io import load_pretrained
 from rundir.metrics import read_metrics
 from training.distributed import init_distributed
 from training.tasks.dpo.loss import accumulate_dpo_gradients, reply_logps
-from training.tasks.reference import FrozenReference
+from training.tasks.reference import AdaptersOffReference, FrozenReference
 from training.trainer import Trainer, train
 
 VOCAB = 40
@@ -221,7 +221,6 @@ def test_a_lora_policy_with_its_adapters_off_is_the_frozen_reference():
 
     from training.config import LoraConfig
     from training.lora import LoraAdapters, LowRankDelta, TrainedRows, parametrized
-    from training.tasks.reference import AdaptersOffReference
 
     parent, policy = _model(), _model()
     adapters = LoraAdapters(LoraConfig(rank=2, trainable_tokens=["<|end|>"]))

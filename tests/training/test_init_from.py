@@ -11,7 +11,7 @@ import torch
 from common.errors import UserError
 from data.tokenizer import train_tokenizer
 from model.io import load_pretrained
-from training.config import config_from_dict, with_parent
+from training.config import config_from_dict, load_run_config, with_parent
 from training.distributed import init_distributed
 from training.trainer import Trainer, train
 
@@ -133,8 +133,6 @@ def test_overwrite_keeps_the_old_run_when_the_new_one_cannot_start(base_raw, par
 def test_configs_tiny_quote_continues_a_parent_on_its_passages(parent_run, data_cache, tmp_path):
     # The shipped config, its passages and steps cut down: the parent's shape and tokenizer, and
     # validation on the passages of the plays pretraining held out.
-    from training.config import load_run_config
-
     config = load_run_config(Path(__file__).resolve().parents[2] / "configs" / "tiny-quote.yaml", [
         f"train.init_from={parent_run}", f"run.out_dir={tmp_path / 'run'}", f"data.cache_dir={data_cache}",
         "data.quotes.passages=300", "train.max_steps=2", "train.peak_flops=1e11", "train.device=cpu",

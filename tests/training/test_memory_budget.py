@@ -11,7 +11,7 @@ import torch
 
 from common.config import ConfigError
 from model.config import GPTConfig
-from training.config import TrainConfig
+from training.config import TrainConfig, config_from_dict
 from training.memory_budget import estimate_memory, plan_memory, plan_run_memory
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,8 +56,6 @@ def test_a_run_that_fits_gets_one_line_of_its_estimate(monkeypatch):
 
 
 def _rl_config(group_size: int, batch_size: int = 4, eval_samples: int = 8, **model):
-    from training.config import config_from_dict
-
     return config_from_dict({
         "model": {"n_layer": 2, "n_head": 2, "n_kv_head": 1, "n_embd": 64, "block_size": 128, **model},
         "data": {"format": "rl", "vocab_size": 512},

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from training import cli as train_cli
-from rundir.metrics import read_metrics
+from rundir.metrics import MetricsLog, read_metrics
 from training.result import TrainResult
 
 
@@ -32,7 +32,6 @@ def _drawn(tmp_path, monkeypatch, records: list[dict], kind: str = "text"):
     """The figure write_loss_curve draws for ``records`` as a ``kind`` run."""
     from matplotlib.figure import Figure
 
-    from rundir.metrics import MetricsLog
     from training.loss_curve import write_loss_curve
 
     log = MetricsLog(tmp_path / "metrics.jsonl")
