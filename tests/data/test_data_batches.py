@@ -39,10 +39,7 @@ def test_same_seed_same_batches_and_different_seeds_or_ranks_differ(tokens):
 
     assert torch.equal(draw(1, 0), draw(1, 0))
     assert not torch.equal(draw(1, 0), draw(2, 0))
-    by_rank = [draw(1, r)[:, 0] for r in range(4)]
-    for a in range(4):
-        for b in range(a + 1, 4):
-            assert not torch.equal(by_rank[a], by_rank[b])
+    assert len({tuple(draw(1, rank)[:, 0].tolist()) for rank in range(4)}) == 4  # each rank its own
 
 
 def test_state_dict_restores_the_exact_stream(tokens):

@@ -38,6 +38,7 @@ def assert_close(got: torch.Tensor, want: torch.Tensor) -> None:
 @pytest.mark.parametrize("kv_latent_dim,q_latent_dim,options", CASES, ids=CASE_IDS)
 def test_cached_decode_equals_full_recomputation(kv_latent_dim, q_latent_dim, options):
     model = mla_model(kv_latent_dim, q_latent_dim, **options)
+    assert model.config.num_params() == model.num_params()  # the count from the config is the model's
     idx = torch.randint(0, 97, (3, 30), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         full = model(idx)
@@ -159,11 +160,4 @@ def test_the_cache_holds_the_latent_only(dtype, positions, cached):
     model = mla_model(48, 8, positions=positions)
     cache = model.init_cache(5, max_len=32, dtype=dtype)
     element = torch.tensor([], dtype=dtype).element_size()
-    assert cache.buffers.keys() == {"latent"}
-    assert cache.nbytes() == model.config.n_layer * 5 * 32 * cached * element
-
-
-def test_parameter_count_from_the_config_matches_the_model():
-    for kv_latent_dim, q_latent_dim, options in CASES:
-        model = mla_model(kv_latent_dim, q_latent_dim, **options)
-        assert model.config.num_params() == model.num_params()
+    assert cache.buffers.keys() == {"latent"} and cache.nbytes() == model.config.n_layer * 5 * 32 * cached * element

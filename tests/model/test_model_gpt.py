@@ -8,7 +8,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from model.config import GPTConfig
-from model.gpt import GPT
+from model.gpt import GPT, rotary, rotate
 
 SMALL = dict(vocab_size=10, block_size=8, n_layer=2, n_head=4, n_kv_head=2, n_embd=12, ffn_hidden=16)
 
@@ -128,8 +128,6 @@ def test_loss_trains_down_on_a_repeated_batch():
 def test_rotary_positions_turn_each_pair_as_a_complex_number_turns():
     """Against an independent reference: the pair (x_i, x_(i+d/2)) read as x_i + j·x_(i+d/2) and
     multiplied by exp(j·t·θ^(-2i/d)), in float64."""
-    from model.gpt import rotary, rotate
-
     d, theta = 8, 500.0
     x = torch.randn(2, 3, 5, d, generator=torch.Generator().manual_seed(0))
     positions = torch.tensor([[0, 1, 2, 7, 30], [4, 5, 6, 7, 8]])  # a row each: (B, T)

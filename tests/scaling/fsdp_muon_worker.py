@@ -10,7 +10,7 @@ import torch
 from model.config import GPTConfig
 from model.gpt import GPT
 from training.adapters import Adapters
-from training.checkpointing import ShardedCheckpointer
+from training.fsdp import ShardedCheckpointer
 from training.config import TrainConfig
 from training.distributed import sync_gradients, wrap_model
 from training.optim import build_optimizer, plan_param_groups

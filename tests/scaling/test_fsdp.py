@@ -24,7 +24,7 @@ from rundir.metrics import read_metrics
 from training.config import TrainConfig
 from training.distributed import DistContext
 from training.adapters import Adapters
-from training.checkpointing import ShardedCheckpointer
+from training.fsdp import ShardedCheckpointer
 from training.fsdp import torch_too_old
 from training.optim import build_optimizer, plan_param_groups
 from training.recompute import checkpoint_blocks

@@ -3,20 +3,25 @@ trained parent that learns the preference, logs TRL's metric names and resumes e
 
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from chat_testkit import preference_file
 import training.cli as train_cli
+import training.tasks.dpo.task as dpo_task
+from chat_testkit import preference_file
+from common.config import merged
 from common.errors import UserError
 from model.config import GPTConfig
 from model.gpt import GPT
 from model.io import load_pretrained
 from rundir.metrics import read_metrics
+from training.config import LoraConfig, config_from_dict, config_to_dict
 from training.distributed import init_distributed
+from training.lora import LoraAdapters, LowRankDelta, TrainedRows, parametrized
 from training.tasks.dpo.loss import accumulate_dpo_gradients, reply_logps
-from training.tasks.reference import FrozenReference
+from training.tasks.reference import AdaptersOffReference, FrozenReference
 from training.trainer import Trainer, train
 
 VOCAB = 40
@@ -125,9 +130,6 @@ DPO_REFUSALS = [
 
 @pytest.mark.parametrize("sections, expected", DPO_REFUSALS)
 def test_dpo_refusals(sections, expected):
-    from common.config import merged
-    from training.config import config_from_dict
-
     raw = {"train": {"max_steps": 1, "init_from": "p"}, "data": {"format": "preference", "source": "files",
                                                                  "files": {"paths": ["p.jsonl"]}}}
     with pytest.raises(UserError) as error:
@@ -193,27 +195,17 @@ def test_a_handful_of_pairs_is_warned_about_as_a_small_corpus_is(make_config, pa
                                                  "val_fraction": 0.2},
                          train={"init_from": str(parent_run), "max_steps": 16, "batch_size": 4, "grad_accum_steps": 2},
                          eval={"interval": 0, "max_batches": 1, "sample_tokens": 0, "final_max_batches": None})
+    assert config_to_dict(config)["dpo"] == {"beta": 0.1, "rpo_alpha": 0.0}  # no dpo section: its defaults, saved
     result = train(config, progress=False)
     said = capsys.readouterr().out.splitlines()
     held_out = [line for line in said if line.startswith("warning: only ")]
     assert held_out and "held-out pairs: rewards/accuracies moves in steps of" in held_out[0]
-    pairs = round(16 * 8 / result.epochs)
-    assert result.epochs > 10 and pairs < 12
+    assert result.epochs > 10 and (pairs := round(16 * 8 / result.epochs)) < 12
     assert (f"warning: the budget is about {result.epochs:.0f} epochs of the {pairs} training pairs: DPO learns so "
             "few pairs by heart") in "\n".join(said)
 
 
-def test_a_preference_run_saves_its_dpo_defaults(make_config, parent_run, tmp_path):
-    from training.config import config_to_dict
-
-    pairs = make_config(tmp_path / "pairs", data={"format": "preference", "files": {"paths": ["p.jsonl"]}},
-                        train={"init_from": str(parent_run)})
-    assert config_to_dict(pairs)["dpo"] == {"beta": 0.1, "rpo_alpha": 0.0}  # what the run's config.yaml says
-
-
 def test_fsdp_is_refused_before_any_data_is_read(dpo_config, tmp_path, monkeypatch):
-    import training.tasks.dpo.task as dpo_task
-
     monkeypatch.setattr(dpo_task, "prepare_preference_data", lambda *a, **k: pytest.fail("read the data"))
     config = dpo_config(tmp_path / "run", parallel="fsdp")
     with pytest.raises(UserError, match="data.format: preference trains with train.parallel: ddp"):
@@ -223,12 +215,6 @@ def test_fsdp_is_refused_before_any_data_is_read(dpo_config, tmp_path, monkeypat
 def test_a_lora_policy_with_its_adapters_off_is_the_frozen_reference():
     # A LoRA DPO run holds no second model: its policy with the adapters off gives the parent's
     # log-probabilities, though the adapters have moved it.
-    from types import SimpleNamespace
-
-    from training.config import LoraConfig
-    from training.lora import LoraAdapters, LowRankDelta, TrainedRows, parametrized
-    from training.tasks.reference import AdaptersOffReference
-
     parent, policy = _model(), _model()
     adapters = LoraAdapters(LoraConfig(rank=2, trainable_tokens=["<|end|>"]))
     adapters.apply(policy, SimpleNamespace(token_to_id={"<|end|>": 3}.get))

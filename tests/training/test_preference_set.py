@@ -202,8 +202,7 @@ def test_a_full_disk_is_one_line_and_leaves_nothing(silent_run, mount_tmpfs, cap
     _built(monkeypatch, [pair_from_row({"prompt": "x" * 9000, "chosen": "y", "rejected": "z"}, "")] * 4)
     disk = mount_tmpfs(4096)
     line = _refused(capsys, str(silent_run), "--out", str(disk / "pairs.jsonl"), "--no-progress")
-    assert "No space left on device" in line and "the disk is full" in line
-    assert list(disk.iterdir()) == []
+    assert "No space left on device" in line and "the disk is full" in line and list(disk.iterdir()) == []
 
 
 # Ctrl-C and SIGTERM take one path, common.cli.run_stoppable (tests/common/test_stoppable.py proves

@@ -99,8 +99,7 @@ def test_evaluation_scores_the_replies_alone_in_one_process():
             targets = torch.as_tensor(np.where(flags[1:], conv[1:], -1), dtype=torch.long)
             nats += F.cross_entropy(logits, targets, ignore_index=-1, reduction="sum").item()
             count += int(flags[1:].sum())
-    assert result.tokens == count > 0
-    assert result.loss == pytest.approx(nats / count, rel=1e-5)
+    assert result.tokens == count > 0 and result.loss == pytest.approx(nats / count, rel=1e-5)
 
 
 def _chat_split(rng: np.random.Generator, end: int, count: int = 6) -> ChatSplit:

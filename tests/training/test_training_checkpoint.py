@@ -12,12 +12,12 @@ import torch
 from model.config import GPTConfig
 from model.gpt import GPT
 from rundir.checkpoint import CheckpointError, load_trainer_state, save_checkpoint
+from training.checkpointing import capture_rng_state, restore_rng_state
 from training.config import TrainConfig
 from training import metrics
 from training.metrics import known_gpu_peak, measure_matmul_flops, mfu
 from training.optim import build_optimizer, plan_param_groups
 from training.resume_rules import check_model_shape
-from training.rng_state import capture_rng_state, restore_rng_state
 
 SHAPE = dict(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_kv_head=1, n_embd=32)
 

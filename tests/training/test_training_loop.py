@@ -8,9 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 
+import rundir.checkpoint as checkpoint_module
 import training.tasks.text as tasks_module
 import training.trainer as trainer_module
 from common.errors import UserError
+from data.batches.text import TrainBatches
+from data.prepared.text import prepare_data
+from model.config import GPTConfig
 from model.gpt import GPT
 from model.io import load_pretrained
 from rundir.checkpoint import CheckpointError, load_trainer_state
@@ -75,8 +79,6 @@ def test_loss_decreases_and_the_run_dir_describes_itself(make_config, tmp_path):
 
 def test_grad_accumulation_equals_one_larger_batch():
     torch.manual_seed(0)
-    from model.config import GPTConfig
-
     model = GPT(GPTConfig(vocab_size=50, block_size=12, n_layer=2, n_head=2, n_kv_head=1, n_embd=32))
     x, y = torch.randint(0, 50, (12, 12)), torch.randint(0, 50, (12, 12))
     chunks = iter(list(zip(x.chunk(4), y.chunk(4))))
@@ -93,30 +95,14 @@ def test_grad_accumulation_equals_one_larger_batch():
 
 
 @pytest.mark.parametrize("grad_clip", [0.01, 0.0])
-def test_the_step_applies_the_clipped_gradient(make_config, tmp_path, grad_clip):
-    # AdamW's first update hardly depends on the gradient's scale, so read the clip from its state:
-    # after one step the first moment is (1 - beta1) times the gradient the optimizer was given,
-    # whose norm is the logged (unclipped) norm, or train.grad_clip when that is smaller.
-    cfg = make_config(train={"max_steps": 1, "grad_clip": grad_clip}, eval={"interval": 0, "sample_tokens": 0})
-    train(cfg, progress=False)
-    logged = next(r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["kind"] == "train")["grad_norm"]
-    moments = [s["exp_avg"] for s in load_trainer_state(tmp_path / "run")["optimizer"]["state"].values()]
-    given = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(m) for m in moments])).item()
-    assert logged > 0.01  # the norm at initialisation, so the small clip binds
-    expected = min(logged, grad_clip) if grad_clip > 0 else logged
-    assert given / (1 - cfg.train.beta1) == pytest.approx(expected, rel=1e-4)
-
-
-def test_logged_loss_is_the_mean_over_micro_batches(make_config, tmp_path):
-    from data.batches.text import TrainBatches
-    from data.prepared.text import prepare_data
-
-    cfg = make_config(train={"max_steps": 1, "grad_accum_steps": 3}, eval={"interval": 0})
+def test_the_step_logs_the_mean_loss_of_its_micro_batches_and_applies_the_clipped_gradient(make_config, tmp_path,
+                                                                                           grad_clip):
+    cfg = make_config(train={"max_steps": 1, "grad_accum_steps": 3, "grad_clip": grad_clip},
+                      eval={"interval": 0, "sample_tokens": 0})
     train(cfg, progress=False)
     logged = read_metrics(tmp_path / "run" / "metrics.jsonl")[0]
     assert logged["kind"] == "train" and logged["step"] == 1
-
-    # Rebuild step 1 by hand: the same initial weights and the same three micro-batches.
+    # Rebuild step 1's loss by hand: the same initial weights and the same three micro-batches.
     torch.manual_seed(cfg.train.seed)
     model = GPT(cfg.model)
     tokens = prepare_data(cfg.data, progress=False).train_tokens()
@@ -126,6 +112,14 @@ def test_logged_loss_is_the_mean_over_micro_batches(make_config, tmp_path):
     assert len(set(losses)) == 3  # three different micro-batches
     assert logged["loss"] == pytest.approx(sum(losses) / 3, rel=1e-5)
     assert logged["tokens"] == 3 * cfg.train.batch_size * cfg.model.block_size
+    # AdamW's first update hardly depends on the gradient's scale, so read the clip from its state:
+    # after one step the first moment is (1 - beta1) times the gradient the optimizer was given,
+    # whose norm is the logged (unclipped) norm, or train.grad_clip when that is smaller.
+    moments = [s["exp_avg"] for s in load_trainer_state(tmp_path / "run")["optimizer"]["state"].values()]
+    given = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(m) for m in moments])).item()
+    assert logged["grad_norm"] > 0.01  # the norm at initialisation, so the small clip binds
+    expected = min(logged["grad_norm"], grad_clip) if grad_clip > 0 else logged["grad_norm"]
+    assert given / (1 - cfg.train.beta1) == pytest.approx(expected, rel=1e-4)
 
 
 def test_a_step_abandoned_between_micro_batches_is_taken_whole_on_resume(make_config, tmp_path, monkeypatch):
@@ -186,8 +180,6 @@ def test_resume_equals_an_uninterrupted_run(make_config, tmp_path, monkeypatch, 
 
 def test_a_checkpoint_interrupted_mid_write_leaves_the_previous_one(make_config, tmp_path, monkeypatch):
     cfg = make_config(train={"max_steps": 8}, eval={"interval": 0}, run={"checkpoint_interval": 4})
-    import rundir.checkpoint as checkpoint_module
-
     real_save = torch.save
     calls = {"n": 0}
 
@@ -388,6 +380,5 @@ def test_a_resume_takes_the_rates_and_muons_momentum_from_the_config(make_config
     muon_group, groups = optimizer()["muon"]["param_groups"][0], optimizer()["adamw"]["param_groups"]
     assert muon_group["momentum"] == pytest.approx(0.90)
     assert [len(g["params"]) for g in groups] == [len(groups[0]["params"]), 1]  # the one table (2 layers)
-    assert groups[0]["lr"] > 0
-    assert muon_group["lr"] / groups[0]["lr"] == pytest.approx(0.06 / changed.train.lr)
+    assert groups[0]["lr"] > 0 and muon_group["lr"] / groups[0]["lr"] == pytest.approx(0.06 / changed.train.lr)
     assert groups[1]["lr"] / groups[0]["lr"] == pytest.approx(0.05 / changed.train.lr)
