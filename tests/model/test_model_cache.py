@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+import model.gpt as gpt
 from model.kv_cache import KVCache
 from run_testkit import ALL_OPTIONS
 
@@ -144,8 +145,6 @@ def test_decoding_holds_when_attention_returns_another_memory_layout(make_model,
     """CUDA's attention may return its heads in another memory order (an H200's one-token GQA step gave
     strides (64, 16, 32, 1), which a .view() refused); the CPU never does, so here every output is given
     that layout. (Latent attention only splits its one head axis, which any layout allows.)"""
-    import model.gpt as gpt
-
     plain = gpt.F.scaled_dot_product_attention
     permuted_layout = lambda *a, **k: plain(*a, **k).transpose(1, 2).contiguous().transpose(1, 2)  # noqa: E731
     model = make_model(seed=3, **overrides)

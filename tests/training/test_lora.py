@@ -19,6 +19,7 @@ from model.io import load_pretrained
 from rundir.checkpoint import CheckpointError, load_trainer_state, save_checkpoint
 from training.config import LoraConfig, apply_overrides, config_from_dict, load_run_config, with_parent
 from training.lora import LowRankDelta, adapters_disabled, add_adapters, merged_copy, parametrized
+from training.recompute import checkpoint_blocks
 from training.trainer import train
 
 # Latent attention with a query latent: every attention layer name the other kind lacks.
@@ -91,8 +92,6 @@ def test_adapter_dropout_drops_the_adapters_input_as_peft_does():
 
 
 def test_recomputed_blocks_give_the_adapters_the_same_gradients_dropout_included():
-    from training.recompute import checkpoint_blocks
-
     x, y = torch.randint(0, 50, (2, 12)), torch.randint(0, 50, (2, 12))
     grads = []
     for recompute in (False, True):

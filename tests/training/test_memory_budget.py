@@ -11,6 +11,7 @@ import torch
 
 from common.config import ConfigError
 from model.config import GPTConfig
+from model.gpt import GPT
 from training.config import TrainConfig, config_from_dict
 from training.memory_budget import estimate_memory, plan_memory, plan_run_memory
 
@@ -83,8 +84,6 @@ def test_an_rl_estimate_counts_every_completion_of_a_group(monkeypatch, model):
 
 @pytest.mark.parametrize("options", [{"n_kv_head": 2}, {"attention": "mla", "kv_latent_dim": 8, "positions": "rope"}])
 def test_the_sampling_cache_is_the_key_and_value_heads_of_every_layer_and_position(options):
-    from model.gpt import GPT
-
     model = GPTConfig(**{**dict(vocab_size=256, block_size=64, n_layer=3, n_head=4, n_kv_head=4, n_embd=32), **options})
     cache = GPT(model).init_cache(10).nbytes()
     assert estimate_memory(model, TrainConfig(max_steps=1, batch_size=1), decoded_rows=10).sampling == cache

@@ -8,11 +8,17 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 import yaml
+from tokenizers import trainers
 
-from training import cli as train_cli
+from data.tokenizer import EOT, new_tokenizer, train_tokenizer
 from rundir.metrics import MetricsLog, read_metrics
+from training import cli as train_cli
+from training.loss_curve import write_loss_curve
+from training.metrics import CpuShareWatch, Throughput
 from training.result import TrainResult
+from training.trainer import Trainer
 
 
 def _run(base_raw: dict, tmp_path: Path, capsys, eval_interval: int = 10, **train) -> tuple[Path, str, str]:
@@ -31,8 +37,6 @@ def _run(base_raw: dict, tmp_path: Path, capsys, eval_interval: int = 10, **trai
 def _drawn(tmp_path, monkeypatch, records: list[dict], kind: str = "text"):
     """The figure write_loss_curve draws for ``records`` as a ``kind`` run."""
     from matplotlib.figure import Figure
-
-    from training.loss_curve import write_loss_curve
 
     log = MetricsLog(tmp_path / "metrics.jsonl")
     for record in records:
@@ -82,8 +86,6 @@ def test_a_step_bound_run_counts_to_max_steps_and_evaluates_by_steps(base_raw, t
 def test_no_clock_evaluation_falls_in_the_last_half_interval_of_the_clock():
     # The run's end evaluates the last weights a moment later; with the learning rate at its end they are
     # the same weights, and the two evaluations printed the same numbers and sample twice.
-    from training.trainer import Trainer
-
     trainer = Trainer.__new__(Trainer)  # the clock rule alone: a budget of 100 s, an evaluation due every 10 s
     trainer.schedule = SimpleNamespace(max_seconds=100.0)
     trainer.config = SimpleNamespace(eval=SimpleNamespace(interval=5))
@@ -162,10 +164,6 @@ def test_the_tools_a_run_learned():
 
 
 def test_a_run_starved_of_cpu_time_says_so_once():
-    import torch
-
-    from training.metrics import CpuShareWatch, Throughput
-
     def watched(cpu_per_wall: float, device: str = "cpu"):
         throughput = Throughput(window=4)
         for _ in range(4):
@@ -218,10 +216,6 @@ def test_a_resumed_run_says_what_each_duration_covers():
 
 
 def test_chat_tuning_and_the_llama_exports_are_suggested_only_where_they_fit(make_config, tmp_path):
-    from tokenizers import trainers
-
-    from data.tokenizer import EOT, new_tokenizer, train_tokenizer
-
     config = make_config()
     run = config.out_dir
     run.mkdir(parents=True)
