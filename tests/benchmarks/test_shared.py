@@ -15,15 +15,13 @@ from model.config import GPTConfig
 from model.gpt import GPT
 
 
-def test_calls_take_turns_and_the_warmup_rounds_are_not_timed():
+def test_calls_take_turns_untimed_warmups_and_the_best_of_timings(monkeypatch):
     order = []
     seconds = in_turns({"a": lambda: order.append("a"), "b": lambda: order.append("b")}, rounds=2, warmup=1)
     assert order == ["a", "b"] * 3
     assert {name: len(spent) for name, spent in seconds.items()} == {"a": 2, "b": 2}
     assert all(s >= 0 for spent in seconds.values() for s in spent)
-
-
-def test_the_best_of_timings_is_the_fastest_and_the_device_waited_for_around_each(monkeypatch):
+    # The best of timings is the fastest, and the device is waited for around each.
     clock = iter([0.0, 5.0, 10.0, 12.0, 20.0, 23.0])  # three timings: 5, 2 and 3 seconds
     monkeypatch.setattr(shared.time, "perf_counter", lambda: next(clock))
     events = []

@@ -62,9 +62,7 @@ def test_single_process_context_without_torchrun(monkeypatch):
         with sync_gradients(model, enabled=False):
             model(torch.ones(1, 3)).sum().backward()
     assert torch.equal(model.bias.grad, torch.full((2,), 2.0))
-
-
-def test_torchrun_with_one_process_needs_no_process_group(monkeypatch):
+    # torchrun with one process needs no process group.
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("LOCAL_RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "1")

@@ -95,16 +95,14 @@ def chat(**fields) -> ChatCompletionRequest:
     return parse(ChatCompletionRequest, model="m", **{"messages": [ASK], **fields})
 
 
-def test_tool_choice_takes_openais_defaults_and_values():
+def test_tool_choice_takes_openais_values_and_a_call_comes_back_as_sent():
     assert chat().choice == "none" and not chat().may_call
     assert chat(tools=[TOOL]).choice == "auto" and chat(tools=[TOOL]).may_call
     assert chat(tools=[TOOL], tool_choice="none").may_call is False
     assert chat(tools=[TOOL], tool_choice="required").choice == "required"
     named = chat(tools=[TOOL], tool_choice={"type": "function", "function": {"name": "calculator"}})
     assert named.choice == "calculator" and named.tool_names == ("calculator",)
-
-
-def test_a_conversation_with_a_call_and_its_result_is_taken_as_the_client_sends_it_back():
+    # A call and its result are taken as the openai client sends them back (its empty fields too).
     # The assistant message as the openai client sends back the one it received (its empty fields too).
     echoed = {**CALLED, "refusal": None, "annotations": None, "audio": None, "function_call": None}
     request = chat(messages=[ASK, echoed, ANSWERED], tools=[TOOL])
