@@ -15,7 +15,7 @@ from model.config import GPTConfig
 from model.gpt import GPT
 
 
-def test_calls_take_turns_untimed_warmups_and_the_best_of_timings(monkeypatch):
+def test_turns_timings_and_their_statistics(monkeypatch):
     order = []
     seconds = in_turns({"a": lambda: order.append("a"), "b": lambda: order.append("b")}, rounds=2, warmup=1)
     assert order == ["a", "b"] * 3
@@ -27,9 +27,7 @@ def test_calls_take_turns_untimed_warmups_and_the_best_of_timings(monkeypatch):
     events = []
     assert best_seconds(lambda: events.append("call"), 3, sync=lambda: events.append("sync")) == 2.0
     assert events == ["sync", "call", "sync"] * 3
-
-
-def test_quartiles_and_the_mean_with_its_spread():
+    # Quartiles, and the mean with its spread.
     assert quartiles([7, 1, 3, 5, 9, 2, 8, 4]) == (3, 5, 8)  # by rank: the 3rd, 5th and 7th of eight
     assert quartiles([4.0]) == (4.0, 4.0, 4.0)
     mean, std = mean_std([1.0, 2.0, 3.0])

@@ -125,7 +125,7 @@ def test_each_call_within_a_replys_limit_runs_and_past_it_runs_nothing(tool_run,
     assert engine.could_call == could_call and (reply.finish_reason, reply.text) == ("stop", "2")
 
 
-def test_the_token_budget_counts_every_segment_and_a_malformed_call_runs_nothing(tool_run, toolbox):
+def test_the_token_budget_the_window_and_a_malformed_call_end_a_reply(tool_run, toolbox):
     whole = decode_with_tools(_engine(tool_run), tool_run.tokenizer, [_prompt(tool_run, "12*34")], GREEDY, toolbox)[0]
     call_tokens = whole.generated.index(False)
     [cut] = decode_with_tools(_engine(tool_run), tool_run.tokenizer, [_prompt(tool_run, "12*34")],
@@ -137,9 +137,7 @@ def test_the_token_budget_counts_every_segment_and_a_malformed_call_runs_nothing
     assert reply.finish_reason == "malformed" and reply.error.startswith("call 1 ")
     assert reply.steps == [] and len(reply.messages) == 1 and reply.text.startswith("<|call|>calculator")
     assert all(reply.generated)
-
-
-def test_a_result_that_leaves_no_room_in_the_window_ends_the_reply(tool_run):
+    # A result that leaves no room in the window ends the reply.
     [reply] = decode_with_tools(_engine(tool_run), tool_run.tokenizer, [_prompt(tool_run, "12*34")], GREEDY,
                                 ScriptedTools(lambda n: ToolResult("9" * 200, True)))  # longer than the window's room
     assert reply.finish_reason == "length" and len(reply.steps) == 1

@@ -19,15 +19,6 @@ def refusal(schema, **fields) -> RequestError:
     return info.value
 
 
-def test_a_batch_of_one_becomes_its_prompt_and_max_tokens_is_resolved():
-    assert parse(CompletionRequest, model="m", prompt=["hi"]).prompt == "hi"
-    assert parse(CompletionRequest, model="m", prompt=[[1, 2]]).prompt == [1, 2]
-    assert parse(CompletionRequest, model="m", prompt="a").max_new_tokens == 50  # the default, capped
-    chat = parse(ChatCompletionRequest, model="m", messages=[{"role": "user", "content": "x"}], max_tokens=9,
-                 max_completion_tokens=7)
-    assert chat.max_new_tokens == 7  # OpenAI's newer name wins
-
-
 TOOL = {"type": "function", "function": {"name": "calculator", "parameters": {"type": "object"}}}
 CALL = {"id": "call_1", "type": "function", "function": {"name": "calculator", "arguments": '{"expression":"1+1"}'}}
 ASK = {"role": "user", "content": "What is 1+1?"}
@@ -95,7 +86,7 @@ def chat(**fields) -> ChatCompletionRequest:
     return parse(ChatCompletionRequest, model="m", **{"messages": [ASK], **fields})
 
 
-def test_tool_choice_takes_openais_values_and_a_call_comes_back_as_sent():
+def test_requests_are_normalised_as_openai_defines_them():
     assert chat().choice == "none" and not chat().may_call
     assert chat(tools=[TOOL]).choice == "auto" and chat(tools=[TOOL]).may_call
     assert chat(tools=[TOOL], tool_choice="none").may_call is False
@@ -108,3 +99,10 @@ def test_tool_choice_takes_openais_values_and_a_call_comes_back_as_sent():
     request = chat(messages=[ASK, echoed, ANSWERED], tools=[TOOL])
     assert request.messages[1].tool_calls[0].function.arguments == '{"expression":"1+1"}'
     assert request.messages[2].tool_call_id == "call_1"
+    # A batch of one becomes its prompt, and max_tokens is resolved.
+    assert parse(CompletionRequest, model="m", prompt=["hi"]).prompt == "hi"
+    assert parse(CompletionRequest, model="m", prompt=[[1, 2]]).prompt == [1, 2]
+    assert parse(CompletionRequest, model="m", prompt="a").max_new_tokens == 50  # the default, capped
+    newer = parse(ChatCompletionRequest, model="m", messages=[{"role": "user", "content": "x"}], max_tokens=9,
+                 max_completion_tokens=7)
+    assert newer.max_new_tokens == 7  # OpenAI's newer name wins
