@@ -2,8 +2,12 @@
 
 import io
 import os
+import re
+import select
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -123,9 +127,6 @@ def test_repl_refuses_a_line_that_is_not_utf8_and_goes_on_and_help_is_not_sent(r
 
 def _read_until(fd: int, needle: bytes, seen: bytearray, count: int, timeout: float = 60.0) -> None:
     """Read the terminal into ``seen`` until ``needle`` occurs ``count`` times (or it closes)."""
-    import select
-    import time
-
     deadline = time.monotonic() + timeout
     while seen.count(needle) < count:
         ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
@@ -142,8 +143,6 @@ def _read_until(fd: int, needle: bytes, seen: bytearray, count: int, timeout: fl
 
 @pytest.mark.skipif(not hasattr(os, "openpty"), reason="needs a pseudo-terminal")
 def test_at_a_terminal_lines_are_edited_recalled_and_ctrl_d_ends_the_line(run_dir):
-    import re
-
     pytest.importorskip("readline")
     try:
         controller, terminal = os.openpty()
@@ -177,9 +176,6 @@ def test_at_a_terminal_lines_are_edited_recalled_and_ctrl_d_ends_the_line(run_di
 def test_ctrl_c_at_the_prompt_says_how_to_leave_and_a_second_in_a_row_quits(run_dir, loaded_run):
     """A Ctrl-C meant for a reply that has just ended lands on the prompt: it must not quit. (Replies go
     to a pipe, so lines are read with a plain read(), which a signal interrupts anywhere: no pause.)"""
-    import select
-    import signal
-
     try:
         controller, terminal = os.openpty()
     except OSError as error:  # a container without /dev/ptmx
@@ -247,8 +243,6 @@ def endless_run_dir(tmp_path_factory, tokenizer_path) -> Path:
 
 def _read_more(fd: int, seen: bytearray, count: int, timeout: float = 60.0) -> None:
     """Read the terminal into ``seen`` until ``count`` more bytes have come."""
-    import select
-
     goal = len(seen) + count
     while len(seen) < goal:
         ready, _, _ = select.select([fd], [], [], timeout)
@@ -260,8 +254,6 @@ def _read_more(fd: int, seen: bytearray, count: int, timeout: float = 60.0) -> N
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs a pseudo-terminal (pty.fork)")
 def test_at_a_terminal_ctrl_c_stops_the_reply_and_two_at_an_empty_prompt_quit(endless_run_dir):
     import pty
-    import signal
-    import time
 
     command = [sys.executable, str(REPO / "generate.py"), "--run", str(endless_run_dir), "--chat", "--temperature",
                "0", "--max-new-tokens", "100000"]

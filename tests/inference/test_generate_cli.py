@@ -24,11 +24,16 @@ def library_text(loaded_run, prompt=PROMPT, **settings) -> list[str]:
     return [completion.text for completion in result.completions]
 
 
-def test_prints_prompt_then_continuation_and_stats(cli, run_dir, loaded_run):
+def test_prints_prompt_then_continuation_and_stats_and_help_gives_the_defaults(cli, run_dir, loaded_run):
     code, out, err = cli("--run", run_dir, "--prompt", PROMPT, "--temperature", 0, "--max-new-tokens", 40)
     assert code == 0
     assert out == PROMPT + library_text(loaded_run, temperature=0, max_new_tokens=40)[0] + "\n"
     assert "generated 40 tokens" in err and "time to first token" in err and "tokens/s" in err
+    # --help documents the defaults.
+    code, out, _ = cli("--help")
+    assert code == 0
+    for default in ("default: 200", "default: 0.8", "default: 0.95", "default: auto", "SEED+i", "before the stop"):
+        assert default in out
 
 
 def test_json_reports_every_sample_with_its_seed(cli, run_dir, loaded_run):
@@ -66,14 +71,12 @@ def test_prompt_from_stdin_and_from_a_file(cli, monkeypatch, run_dir, loaded_run
     assert cli(*common, "--prompt-file", prompt_file)[:2] == (0, expected)
 
 
-def test_stop_string_ends_the_printed_text_before_it(cli, run_dir, loaded_run):
+def test_stop_string_ends_the_printed_text_and_a_long_prompt_is_cropped(cli, run_dir, loaded_run):
     full = library_text(loaded_run, temperature=0, max_new_tokens=60)[0]
     stop = full[30:33]
     code, out, _ = cli("--run", run_dir, "--prompt", PROMPT, "--temperature", 0, "--stop", stop, "--quiet")
     assert (code, out) == (0, full[: full.index(stop)] + "\n")
-
-
-def test_long_prompt_is_cropped_with_a_notice(cli, run_dir, loaded_run):
+    # A long prompt is cropped, with a notice.
     prompt = "and again " * 40
     code, out, err = cli("--run", run_dir, "--prompt", prompt, "--max-new-tokens", 3, "--seed", 0)
     assert code == 0 and out.startswith(prompt)
@@ -92,13 +95,6 @@ def test_latest_run_under_runs_is_used_by_default(cli, monkeypatch, copy_run, tm
     assert f"using {Path('runs') / 'older'}, the most recently trained run" in err
     code, _, err = cli("--max-new-tokens", 2, "--quiet")
     assert code == 0 and err == ""
-
-
-def test_help_documents_the_defaults(cli):
-    code, out, _ = cli("--help")
-    assert code == 0
-    for default in ("default: 200", "default: 0.8", "default: 0.95", "default: auto", "SEED+i", "before the stop"):
-        assert default in out
 
 
 def assert_user_error(cli, argv, *needles) -> None:

@@ -1,5 +1,6 @@
 """The exported folder, loaded by transformers, computes, tokenizes and templates what ours does."""
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -113,7 +114,7 @@ def test_without_learned_positions_a_sequence_may_run_past_the_trained_context(m
     assert ("rotary positions (RoPE, base 10000)" in card) == (positions == "rope")
 
 
-def test_weights_are_tied_on_load_and_unchanged_by_a_save(make_export, tmp_path):
+def test_weights_are_tied_on_load_unchanged_by_a_save_and_an_untied_head_stored(make_export, tmp_path, hf_models):
     from safetensors.torch import load_file
 
     _, folder = make_export()
@@ -135,9 +136,7 @@ def test_weights_are_tied_on_load_and_unchanged_by_a_save(make_export, tmp_path)
     ids = torch.arange(10)[None]
     with torch.no_grad():
         assert torch.equal(again(ids).logits, model(ids).logits)
-
-
-def test_untied_head_is_stored_and_loaded(make_export, hf_models):
+    # An untied head is stored and loaded.
     run_dir, folder = make_export(2, tie=False)
     model = hf_models(folder)
     assert model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr()
@@ -209,8 +208,6 @@ def test_chat_template_renders_like_ours(make_export, chat_tokenizer, kind):
 def test_the_model_cards_recipe_keeps_typed_control_tokens_as_text(make_export, chat_tokenizer):
     """apply_chat_template turns typed control tokens into real ones (the card warns); the card's
     encode_chat gives our renderer's ids, which keeps them text."""
-    import re
-
     from data.tokenizer import load_tokenizer
     from data.chat import render_chat, to_messages
 
