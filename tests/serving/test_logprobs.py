@@ -134,9 +134,7 @@ def test_echo_gives_the_prompt_tokens_first_with_null_for_the_first(client, chat
     assert logprobs.token_logprobs[-1] == pytest.approx(expected[-1].max().item(), abs=TOLERANCE)
     assert choice.text.startswith(text) and logprobs.text_offset[0] == 0
     assert reply.usage.prompt_tokens == len(ids)
-
-
-def test_echo_without_logprobs_returns_the_prompt_before_the_text(client):
+    # Echo without logprobs returns the prompt before the text.
     plain = client.completions.create(model=MODEL, prompt="KING:", max_tokens=6, temperature=0)
     echoed = client.completions.create(model=MODEL, prompt="KING:", max_tokens=6, temperature=0, echo=True)
     assert echoed.choices[0].text == "KING:" + plain.choices[0].text

@@ -22,6 +22,14 @@ def test_folder_holds_the_graph_the_tokenizer_and_the_readme(dynamic_export):
     assert config["onnx"]["shapes"] == "dynamic"
     readme = (dynamic_export.folder / "README.md").read_text(encoding="utf-8")
     assert "past_key_values.{i}.key" in readme and "--static-shapes" in readme
+    # The README's loop is valid Python for any folder name.
+    from exporting.onnx.readme import decoding_loop
+
+    folder = """/tmp/it's a "quoted" \\folder"""
+    for static in (False, True):
+        tree = ast.parse(decoding_loop(folder, static))
+        assigned = next(node for node in tree.body if isinstance(node, ast.Assign))
+        assert ast.literal_eval(assigned.value)[0] == folder
 
 
 def test_failed_export_leaves_nothing_that_looks_complete(onnx_run, tmp_path, monkeypatch):
@@ -67,13 +75,3 @@ def test_a_sigkill_leftover_is_removed_by_the_next_onnx_export(onnx_run, tmp_pat
     leftover.mkdir()
     writer.export_onnx(onnx_run, tmp_path / "other")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["other"]
-
-
-def test_readme_loop_is_valid_python_for_any_folder_name():
-    from exporting.onnx.readme import decoding_loop
-
-    folder = """/tmp/it's a "quoted" \\folder"""
-    for static in (False, True):
-        tree = ast.parse(decoding_loop(folder, static))
-        assigned = next(node for node in tree.body if isinstance(node, ast.Assign))
-        assert ast.literal_eval(assigned.value)[0] == folder
