@@ -85,9 +85,7 @@ def test_closed_loop_clients_send_each_request_after_the_last_one_finished(engin
     assert len(timings) == sum(turns.values()) and seconds > 0 and not in_flight
     assert sorted(t.tokens for t in timings) == sorted(4 + c for c, count in turns.items() for _ in range(count))
     assert all(len(t.stamps) == t.tokens and t.stamps[0] >= t.submitted for t in timings)
-
-
-def test_a_client_that_fails_on_the_engines_thread_fails_the_loop_instead_of_hanging(engine_model):
+    # A client that fails on the engine's thread fails the loop instead of hanging.
     def next_request(client, finish):
         if finish is not None:
             raise RuntimeError("the client's own bug")

@@ -55,7 +55,7 @@ def test_whole_bodies_have_each_endpoints_shape():
     assert body["usage"] == USAGE and reply.headers == {"X-Dropped-Messages": "0"}
 
 
-def test_a_completion_streams_its_echo_then_text_then_the_end():
+def test_a_completion_and_a_chat_stream_as_openai_defines():
     reply = completion(echo="ab")
     chunks, ticket = stream(reply, EVENTS, include_usage=True)
     assert {c["object"] for c in chunks} == {"text_completion"} and {c["id"] for c in chunks} == {reply.id}
@@ -69,9 +69,7 @@ def test_a_completion_streams_its_echo_then_text_then_the_end():
     assert chunks[-1] == {"error": {"message": "generation ended early (error)", "type": "server_error",
                                     "param": None, "code": None}}
     assert len(chunks) == 2 and ticket.cancelled
-
-
-def test_a_chat_streams_a_role_then_content_deltas_then_an_empty_delta():
+    # A chat streams a role, then content deltas, then an empty delta.
     reply = chat()
     chunks, ticket = stream(reply, EVENTS)
     assert {c["object"] for c in chunks} == {"chat.completion.chunk"}
