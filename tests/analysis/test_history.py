@@ -36,9 +36,7 @@ def test_only_evaluations_with_attention_statistics_are_read():
     assert history[2] == AttentionEval(step=300, final=False, entropy_bits=(5.1, 3.2), induction_best=0.62)
     record = evaluation(10, 0.0, entropy=[float(i) for i in range(12)])  # layers in order, not key order
     assert attention_history([dict(reversed(list(record.items())))])[0].entropy_bits == tuple(map(float, range(12)))
-
-
-def test_a_final_evaluation_of_weights_kept_from_an_earlier_step_is_not_a_later_point():
+    # A final evaluation of weights kept from an earlier step is not a later point.
     kept_earlier = {**evaluation(400, 0.62, kind="final_eval"), "weights_step": 300}
     history = attention_history([*RECORDS[:-1], kept_earlier])
     assert [(e.step, e.final) for e in history] == [(100, False), (200, False), (300, False), (400, False)]

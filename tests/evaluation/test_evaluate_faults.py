@@ -45,15 +45,13 @@ def test_eval_that_is_a_file_is_one_line(capsys, random_run, tmpdir_env):
     assert _scratch(tmpdir_env) == []
 
 
-def test_read_only_run_is_one_line(capsys, random_run, mount_tmpfs, tmpdir_env):
+def test_a_read_only_run_or_a_full_tmpdir_is_one_line(capsys, random_run, mount_tmpfs, tmpdir_env, monkeypatch):
     disk = mount_tmpfs(16 << 20)
     run = Path(shutil.copytree(random_run, disk / "run"))
     subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
     _refused(capsys, run, str(run / "eval"), "Read-only file system")
     assert _scratch(tmpdir_env) == []
-
-
-def test_full_tmpdir_is_one_line(capsys, random_run, mount_tmpfs, monkeypatch):
+    # A full TMPDIR.
     disk = mount_tmpfs(64 << 10)  # smaller than the export's weights
     monkeypatch.setattr(tempfile, "tempdir", str(disk))
     _refused(capsys, random_run, "TMPDIR", str(disk), "No space left on device")

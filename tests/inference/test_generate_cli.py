@@ -140,13 +140,7 @@ def test_bad_flags_are_one_line_errors(cli, run_dir, flags, needle):
     assert_user_error(cli, ["--run", run_dir, *flags], needle)
 
 
-def test_unreadable_prompts(cli, monkeypatch, run_dir, tmp_path):
-    assert_user_error(cli, ["--run", run_dir, "--prompt-file", tmp_path], "cannot read prompt file")
-    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"caf\xe9 au lait")))
-    assert_user_error(cli, ["--run", run_dir, "--prompt", "-"], "not valid UTF-8", "0xe9 at offset 3")
-
-
-def test_missing_runs_and_files(cli, monkeypatch, copy_run, tmp_path):
+def test_missing_runs_files_and_unreadable_prompts(cli, monkeypatch, copy_run, tmp_path, run_dir):
     monkeypatch.chdir(tmp_path)
     assert_user_error(cli, [], "no trained run found", "python train.py --config configs/tiny.yaml")
     assert list(tmp_path.iterdir()) == []
@@ -160,6 +154,10 @@ def test_missing_runs_and_files(cli, monkeypatch, copy_run, tmp_path):
     assert_user_error(cli, ["--run", tmp_path], "it holds runs", f"--run {tmp_path / 'no_tokenizer'}")
     (no_tokenizer / "tokenizer.json").write_text('{"version": "1.0", "model": ')
     assert_user_error(cli, ["--run", no_tokenizer], "not a valid tokenizer.json")
+    # Unreadable prompts.
+    assert_user_error(cli, ["--run", run_dir, "--prompt-file", tmp_path], "cannot read prompt file")
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"caf\xe9 au lait")))
+    assert_user_error(cli, ["--run", run_dir, "--prompt", "-"], "not valid UTF-8", "0xe9 at offset 3")
 
 
 def test_damaged_weights_and_mismatched_tokenizer(cli, copy_run, tmp_path, tokenizer_path):

@@ -9,7 +9,7 @@ from rundir.files import LOCK_FILES, LOCK_OWNER_FILE
 from rundir.lock import RunDirectoryBusy, hold_run_dir
 
 
-def test_a_second_holder_or_a_file_in_place_of_the_directory_is_refused(tmp_path):
+def test_the_lock_refuses_a_second_holder_or_a_file_and_clears_leftovers(tmp_path):
     run_dir = tmp_path / "new" / "run"
     with hold_run_dir(run_dir):  # creates the directory
         assert sorted(p.name for p in run_dir.iterdir()) == sorted(LOCK_FILES)
@@ -23,9 +23,7 @@ def test_a_second_holder_or_a_file_in_place_of_the_directory_is_refused(tmp_path
     with pytest.raises(UserError, match="is a file, not a directory"):
         with hold_run_dir(tmp_path / "run"):
             pass
-
-
-def test_taking_the_lock_removes_leftover_temporary_files_only(tmp_path):
+    # Taking the lock removes leftover temporary files only.
     tmp_path.joinpath(".trainer_state.pt.k3j2.tmp").write_bytes(b"\0" * 10)
     tmp_path.joinpath("notes.tmp").write_text("mine")  # not an atomic write's leftover
     with hold_run_dir(tmp_path):

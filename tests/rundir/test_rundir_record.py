@@ -11,7 +11,7 @@ from rundir.metrics import MetricsLog
 from rundir.record import RunRecord, read_config, write_parent_record
 
 
-def test_the_config_is_read_as_written_and_refused_when_missing_or_damaged(tmp_path):
+def test_the_config_as_written_refused_when_missing_or_damaged_and_the_parent_record(tmp_path):
     with pytest.raises(UserError, match=f"has no {RUN_CONFIG_FILE}"):
         read_config(tmp_path)
     (tmp_path / RUN_CONFIG_FILE).write_text(yaml.safe_dump({"data": {"source": "files"}, "train": {"init_from": "gone"}}))
@@ -19,9 +19,7 @@ def test_the_config_is_read_as_written_and_refused_when_missing_or_damaged(tmp_p
     (tmp_path / RUN_CONFIG_FILE).write_text("data: [not, closed")
     with pytest.raises(UserError, match="is damaged .*restore the config"):
         read_config(tmp_path)
-
-
-def test_the_parent_record_names_the_parent_and_its_model(tmp_path):
+    # The parent record names the parent and its model.
     (tmp_path / "parent").mkdir()
     write_parent_record(tmp_path, tmp_path / "parent", {"n_layer": 2})
     record = json.loads((tmp_path / PARENT_FILE).read_text())

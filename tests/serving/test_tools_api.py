@@ -97,9 +97,7 @@ def test_the_full_loop_streamed(client):
     result = {"role": "tool", "tool_call_id": call["id"], "content": calculator("99-45")}
     content, calls, finish, _ = _streamed(client, [question, assistant, result], tools=[CALCULATOR])
     assert (content, calls, finish) == ("54", [], "stop")
-
-
-def test_streamed_and_whole_replies_agree(client):
+    # Streamed and whole replies agree.
     whole = ask(client, "What is 7+8?").choices[0]
     content, calls, finish, _ = _streamed(client, [{"role": "user", "content": "What is 7+8?"}], tools=[CALCULATOR])
     assert finish == whole.finish_reason == "tool_calls"

@@ -151,7 +151,7 @@ TEXTS = [
 ]
 
 
-def test_tokenizer_encodes_and_decodes_like_ours(make_export, chat_tokenizer):
+def test_tokenizer_encodes_and_decodes_like_ours_and_feeds_generate(make_export, chat_tokenizer, hf_models):
     from data.tokenizer import load_tokenizer
 
     _, folder = make_export()
@@ -165,6 +165,11 @@ def test_tokenizer_encodes_and_decodes_like_ours(make_export, chat_tokenizer):
         for skip in (False, True):
             assert theirs.decode(ids, skip_special_tokens=skip) == ours.decode(ids, skip_special_tokens=skip)
     assert theirs("<|end|>")["input_ids"] == [ours.token_to_id("<|end|>")]
+    _, folder = make_export()
+    inputs = transformers.AutoTokenizer.from_pretrained(folder)("ROMEO:", return_tensors="pt")
+    assert set(inputs.keys()) == {"input_ids", "attention_mask"}
+    out = hf_models(folder).generate(**inputs, max_new_tokens=4, do_sample=False, eos_token_id=None)
+    assert out.shape == (1, inputs["input_ids"].shape[1] + 4)
 
 
 CALL = {"id": "call_1", "type": "function", "function": {"name": "calculator", "arguments": '{"expression":"347*812"}'}}
@@ -259,15 +264,6 @@ def test_pipeline_generates_text_from_a_folder_alone(make_export, tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.startswith("'ROMEO:")
     assert "max_length" not in done.stderr and "max_new_tokens" not in done.stderr, done.stderr
-
-
-def test_tokenizer_output_goes_straight_into_generate(make_export, hf_models):
-    """The tokenizer returns only what the model takes (transformers 4.x refuses token_type_ids)."""
-    _, folder = make_export()
-    inputs = transformers.AutoTokenizer.from_pretrained(folder)("ROMEO:", return_tensors="pt")
-    assert set(inputs.keys()) == {"input_ids", "attention_mask"}
-    out = hf_models(folder).generate(**inputs, max_new_tokens=4, do_sample=False, eos_token_id=None)
-    assert out.shape == (1, inputs["input_ids"].shape[1] + 4)
 
 
 def test_chat_generation_never_samples_a_role_token(make_export, hf_models):
