@@ -45,7 +45,8 @@ def test_failed_export_leaves_nothing_that_looks_complete(onnx_run, tmp_path, mo
     assert list(tmp_path.iterdir()) == []  # neither the folder nor its hidden staging sibling
 
 
-def test_the_static_form_replaces_an_earlier_export_and_takes_a_window_too_short_to_trace(capsys, onnx_run, dynamic_export, tmp_path):
+def test_the_static_form_replaces_an_earlier_export_and_takes_a_window_too_short_to_trace(capsys, onnx_run,
+                                                                                         dynamic_export, tmp_path):
     out = Path(shutil.copytree(dynamic_export.folder, tmp_path / "export"))
     assert main(["--run", str(onnx_run), "--out", str(out), "--format", "onnx", "--static-shapes", "--overwrite"]) == 0
     printed = capsys.readouterr().out
