@@ -15,20 +15,8 @@ import numpy as np
 import torch
 
 from analysis.history import INDUCTION_THRESHOLD, format_history, has_repeat_loss, read_attention_history
-from analysis.maps import (
-    MIN_COUNT,
-    MIN_PERIOD,
-    attention_maps,
-    copy_roles,
-    describe_attention,
-    find_repeat,
-    format_copy_roles,
-    format_roles,
-    head_roles,
-    induction_periods,
-    probe_ids,
-    scale_comparison,
-)
+from analysis.maps import (copy_roles, describe_attention, find_repeat, format_copy_roles, format_roles, head_roles,
+                           scale_comparison)
 from analysis.plot import (
     FIGURE_FORMATS,
     draw_attention_grid,
@@ -39,11 +27,11 @@ from analysis.plot import (
     draw_induction_history,
     draw_scale_comparison,
 )
+from analysis.roles import MIN_COUNT, MIN_PERIOD, attention_maps, induction_periods, probe_ids
 from common.cli import ArgumentParser, path_arg, run_command
 from common.device import select_device
 from common.threads import add_threads_argument, parse_threads, use_threads
-from common.errors import UserError
-from common.os_errors import describe_os_error
+from common.errors import UserError, describe_os_error
 from inference.terminal import decode_argument
 from rundir.files import METRICS_FILE
 from rundir.loading import LoadedRun, find_latest_run, load_run, validation_tokens

@@ -1,4 +1,4 @@
-"""A run's attention over its training, as each evaluation logged it (``maps.attention_summary``),
+"""A run's attention over its training, as each evaluation logged it (``roles.attention_summary``),
 and the evaluations at which the run began to copy (``first_copying``, ``first_*induction``)."""
 
 from __future__ import annotations

@@ -12,11 +12,11 @@ import math
 import numpy as np
 import torch
 
-from analysis.maps import ScaleComparison, SpanRepeat
 from common.files import atomic_output
 
-if TYPE_CHECKING:  # the histories are read by attention.py alone, not by a training run's figures
+if TYPE_CHECKING:  # attention.py's readings alone, not a training run's figures
     from analysis.history import AttentionEval
+    from analysis.maps import ScaleComparison, SpanRepeat
 
 # Token pieces label the axes only while they stay readable.
 MAX_LABELLED_TOKENS = 32

@@ -15,8 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from analysis.maps import attention_maps
-from analysis.roles import sink_score
+from analysis.roles import attention_maps, sink_score
 from data.batches.text import iter_val_batches
 from data.metrics import bits_per_byte, target_nats_and_bytes
 from model.config import GPTConfig

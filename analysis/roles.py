@@ -1,15 +1,31 @@
-"""Scores that say what a head does, from its attention probabilities.
+"""Scores that say what a head does, from its attention probabilities, and the repeated-sequence
+probe that training records at each evaluation (``attention_summary``).
 
-Every function takes ``probs`` of shape (..., T, T): row i is where query position i puts its
-weight over key positions 0..T-1. Leading dimensions (batch, heads) are kept, so one call scores
-every head at once.
+Every score takes ``probs`` of shape (..., T, T): row i is where query position i puts its weight
+over key positions 0..T-1. Leading dimensions (batch, heads) are kept, so one call scores every head
+at once. ``attention_maps`` reads them from a model (``GPT.attention_weights``: the forward pass's
+own code).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 
+import numpy as np
 import torch
+from torch import nn
+
+from model.gpt import eval_mode
+
+
+@torch.no_grad()
+def attention_maps(model: nn.Module, idx: torch.Tensor) -> list[torch.Tensor]:
+    """Per layer, the (B, n_head, T, T) attention probabilities of ``model`` on ``idx`` (B, T),
+    computed in eval mode (no dropout) and returned on the CPU in fp32."""
+    with eval_mode(model):
+        return [probs.float().cpu() for probs in model.attention_weights(idx)]
 
 
 def previous_token_score(probs: torch.Tensor) -> torch.Tensor:
@@ -70,3 +86,93 @@ def repeated_random_tokens(batch: int, period: int, ids: torch.Tensor, generator
     order = torch.rand(batch, len(ids), generator=generator).argsort(dim=1)[:, :period]
     first = ids[order]
     return torch.cat([first, first], dim=1)
+
+
+# The shortest repeat scored: shorter ones put the predicted token among so few earlier positions
+# that a head spreading its weight evenly already scores high.
+MIN_PERIOD = 8
+# Ids looked for in at most this many held-out tokens: enough to meet every id a corpus uses
+# often, and a bounded cost at each evaluation of a run on a large corpus.
+PROBE_TOKENS = 1_000_000
+# The probe draws only ids seen at least this often among those tokens: an id the model met a
+# handful of times has an embedding training has barely moved. Held-out text holds a twentieth to
+# a tenth of the training tokens, so each such id was trained on about a hundred times or more.
+MIN_COUNT = 10
+
+
+def probe_ids(tokens: np.ndarray, *, skip: Sequence[int] = (), min_count: int = MIN_COUNT) -> torch.Tensor:
+    """The ids seen at least ``min_count`` times in (a prefix of) a run's held-out ``tokens``, less
+    ``skip`` (the end-of-text id: a document boundary inside a repeat would ask the model to forget it)."""
+    counts = np.bincount(np.asarray(tokens[:PROBE_TOKENS]).ravel())  # counting beats sorting here
+    ids = np.flatnonzero(counts >= max(min_count, 1))
+    return torch.from_numpy(ids[~np.isin(ids, list(skip))])
+
+
+def induction_periods(block_size: int, n_ids: int) -> tuple[int, ...]:
+    """The periods the probe repeats at: 8, 16, 32, ... up to half the context and the number of
+    distinct ids, so a head that copies only at the lengths it was trained on scores lower."""
+    periods, period = [], MIN_PERIOD
+    while 2 * period <= block_size and period <= n_ids:
+        periods.append(period)
+        period *= 2
+    return tuple(periods)
+
+
+def repeat_probe(ids: torch.Tensor, block_size: int, *, batch: int = 8, seed: int = 0) -> list[tuple[int, torch.Tensor]]:
+    """(period, (batch, 2 * period) sequences) for each of ``induction_periods``: random draws
+    from ``ids`` without replacement, each written twice, the same for the same ``seed``."""
+    generator = torch.Generator().manual_seed(seed)
+    return [(period, repeated_random_tokens(batch, period, ids, generator))
+            for period in induction_periods(block_size, len(ids))]
+
+
+def probe_induction(model: nn.Module, probe: list[tuple[int, torch.Tensor]], device: torch.device) -> list[torch.Tensor]:
+    """Per layer, each head's ``induction_score`` on ``repeat_probe``'s sequences, averaged over its periods."""
+    induction = [0.0] * model.config.n_layer
+    for period, sequences in probe:
+        for layer, probs in enumerate(attention_maps(model, sequences.to(device))):
+            induction[layer] = induction[layer] + induction_score(probs, period).mean(0) / len(probe)
+    return induction
+
+
+@dataclass(frozen=True)
+class RepeatLoss:
+    first: float  # mean loss (nats) on the first copy's tokens: unpredictable, about log(#ids)
+    second: float  # on the second copy's tokens after its first: near 0 once the model copies
+
+
+@torch.no_grad()
+def repeat_loss(model: nn.Module, probe: list[tuple[int, torch.Tensor]], device: torch.device) -> RepeatLoss:
+    """The model's loss on the first and the second copy of ``repeat_probe``'s sequences, leaving
+    out each copy's first token, which nothing predicts."""
+    first = second = 0.0
+    with eval_mode(model):
+        for period, sequences in probe:
+            sequences = sequences.to(device)
+            logprobs = torch.log_softmax(model(sequences[:, :-1]).float(), dim=-1)
+            nll = -logprobs.gather(-1, sequences[:, 1:, None])[..., 0]  # nll[:, i]: of token i + 1
+            first += float(nll[:, :period - 1].mean()) / len(probe)
+            second += float(nll[:, period:].mean()) / len(probe)
+    return RepeatLoss(first, second)
+
+
+def attention_summary(model: nn.Module, text_windows: torch.Tensor, ids: torch.Tensor | None = None) -> dict[str, float]:
+    """What training logs at each evaluation: each layer's mean attention entropy over the held-out
+    ``text_windows``, the best head's and each layer's summed induction score on ``repeat_probe``'s
+    sequences drawn from ``ids`` (default: every id in the windows), and ``repeat_loss``."""
+    if ids is None:
+        ids = probe_ids(text_windows.cpu().numpy(), min_count=1)
+    summary = {}
+    for layer, probs in enumerate(attention_maps(model, text_windows)):
+        heads = attention_entropy(probs).mean(0).tolist()
+        summary[f"attn_entropy_layer{layer}"] = sum(heads) / len(heads)
+    probe = repeat_probe(ids, model.config.block_size)
+    if not probe:  # a context or a corpus too small to probe: log no induction statistics at all
+        return summary
+    induction = [heads.tolist() for heads in probe_induction(model, probe, text_windows.device)]
+    summary["induction_best"] = max(max(heads) for heads in induction)
+    for layer, heads in enumerate(induction):
+        summary[f"induction_layer{layer}"] = sum(heads)
+    loss = repeat_loss(model, probe, text_windows.device)
+    summary["repeat_loss_first"], summary["repeat_loss_second"] = loss.first, loss.second
+    return summary

@@ -103,7 +103,7 @@ def held_out(run_dir: Path, rl_raw: dict[str, Any], *, batch_size: int, subset: 
     from model.io import load_pretrained
     from training.config import config_from_dict, with_parent
     from training.distributed import DistContext
-    from training.tasks.prepare import prepare_task
+    from training.tasks.task import prepare_task
     from training.trainer import adapters_for
 
     raw = merged(rl_raw, {"train": {"init_from": str(run_dir)}, "rl": {"beta": 0.0},

@@ -16,8 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, NoReturn, Sequence
 
-from common.errors import UserError
-from common.os_errors import describe_os_error
+from common.errors import UserError, describe_os_error
 
 
 def whole_number(text: str) -> int | None:

@@ -36,15 +36,14 @@ from dataclasses import dataclass
 from tokenizers import Tokenizer
 
 from data.errors import DataError
+# Reserved by every tokenizer the project trains, right after <|endoftext|>; the tool tokens follow.
+from data.tokenizer import CHAT_SPECIAL_TOKENS, TOOL_SPECIAL_TOKENS
+from data.tokenizer import EOT as END_OF_TEXT
 
 ROLES = ("system", "user", "assistant", "tool")
 ROLE_TOKENS = {role: f"<|{role}|>" for role in ROLES}
-END_OF_TURN = "<|end|>"
-CALL = "<|call|>"
-END_OF_TEXT = "<|endoftext|>"  # the tokenizer's document separator (data.tokenizer.EOT)
-# Reserved by every tokenizer the project trains, right after <|endoftext|>; the tool tokens follow.
-CHAT_SPECIAL_TOKENS = (ROLE_TOKENS["system"], ROLE_TOKENS["user"], ROLE_TOKENS["assistant"], END_OF_TURN)
-TOOL_SPECIAL_TOKENS = (ROLE_TOKENS["tool"], CALL)
+END_OF_TURN = CHAT_SPECIAL_TOKENS[-1]
+CALL = TOOL_SPECIAL_TOKENS[-1]
 NO_TOOL_TOKENS = ("this run's tokenizer has no tool tokens (<|tool|>, <|call|>): it was trained before tool calls "
                   "existed; pretrain a new run (its tokenizer reserves them) to use tools")
 # OpenAI's rule for a function's name; a call's text is the name, then its arguments.

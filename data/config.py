@@ -7,11 +7,11 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from common.config import Section, build, require
-from data.chat import CHAT_SPECIAL_TOKENS, TOOL_SPECIAL_TOKENS
 from data.errors import DataError
+from data.tokenizer import SPECIAL_TOKENS
 
 SOURCES = ("shakespeare", "hub", "files", "synthetic", "quotes", "calculator")
-MIN_VOCAB_SIZE = 256 + 1 + len(CHAT_SPECIAL_TOKENS) + len(TOOL_SPECIAL_TOKENS)  # bytes, end-of-text, chat and tool tokens
+MIN_VOCAB_SIZE = 256 + len(SPECIAL_TOKENS)  # bytes, end-of-text, chat and tool tokens
 # The sources that hold conversations (data/sources/conversations.py); calculator holds nothing else.
 CHAT_SOURCES = ("shakespeare", "hub", "files", "calculator")
 # text: documents for pretraining; chat: conversations for fine-tuning; preference: chosen and

@@ -15,10 +15,13 @@ import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from common.errors import one_line
-from data.chat import CHAT_SPECIAL_TOKENS, END_OF_TEXT, TOOL_SPECIAL_TOKENS
 from data.errors import DataError
 
-EOT = END_OF_TEXT
+EOT = "<|endoftext|>"  # the document separator
+# The chat format's tokens (data/chat.py): its system, user and assistant roles and the end of a turn,
+# then the tool role and a call.
+CHAT_SPECIAL_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>", "<|end|>")
+TOOL_SPECIAL_TOKENS = ("<|tool|>", "<|call|>")
 # EOT is id 0; the chat tokens follow, then the tool tokens, so any pretrained run can be chat-tuned,
 # with tools, without growing its embedding. Tokenizers from before the tool tokens have ids 0-4
 # only: the same ids for the same tokens, so their runs chat as before (and refuse tools).

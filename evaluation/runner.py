@@ -20,9 +20,8 @@ from typing import TextIO
 
 from common.config import build
 from common.device import select_device
-from common.errors import UserError
+from common.errors import UserError, with_path
 from common.files import atomic_write_text
-from common.os_errors import with_path
 from data.config import DataConfig
 from evaluation.harness import require_lm_eval, results_table, run_lm_eval, summary_metrics
 from evaluation.plays import held_out_plays

@@ -41,9 +41,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from common.errors import UserError
+from common.errors import UserError, describe_os_error
 from common.files import atomic_output, atomic_write_text
-from common.os_errors import describe_os_error
 from inference.batch_invariant import RowBlockedLinear
 from inference.compiled_step import MIN_WINDOW, CompiledStep, step_inputs, step_logits
 from model.gpt import GPT

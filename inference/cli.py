@@ -16,8 +16,7 @@ from typing import Sequence
 
 from common.cli import ArgumentParser, Terminated, path_arg, run_command, terminated_raises
 from common.device import select_device
-from common.errors import UserError
-from common.os_errors import describe_os_error
+from common.errors import UserError, describe_os_error
 from common.threads import STARVED_SHARE, add_threads_argument, parse_threads, starved_advice, use_threads
 from inference.completion import GenerationResult, encode_prompt, generate_completions
 from inference.sampling import KEEP_FRACTION, SINKS

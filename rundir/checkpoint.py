@@ -15,9 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from common.errors import UserError
+from common.errors import UserError, with_path
 from common.files import atomic_output
-from common.os_errors import with_path
 from model.io import save_pretrained
 from rundir.files import LOCK_FILES, METRICS_FILE, RUN_FILES, SHARDED_PREFIX, STATE_FILE
 from rundir.metrics import read_metrics

@@ -15,8 +15,7 @@ from typing import Iterator
 
 from filelock import FileLock, Timeout
 
-from common.errors import UserError
-from common.os_errors import describe_os_error
+from common.errors import UserError, describe_os_error
 from rundir.files import LOCK_FILE, LOCK_OWNER_FILE
 
 

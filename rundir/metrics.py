@@ -8,9 +8,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from common.errors import UserError
+from common.errors import UserError, with_path
 from common.files import atomic_write_text
-from common.os_errors import with_path
 
 
 class MetricsLog:

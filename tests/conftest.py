@@ -12,9 +12,8 @@ from inference.aot_step import CACHE_ENV
 
 @pytest.fixture(scope="session", autouse=True)
 def compile_cache(tmp_path_factory):
-    """One folder for the session's compiled decode steps (``inference.aot_step``): a package built
-    by one test is loaded by the next, and nothing lands in the working directory's compile_cache/.
-    Servers and command lines started as processes inherit it."""
+    """One folder for the session's compiled decode steps, inherited by the processes tests start: a
+    package built by one test is loaded by the next, and nothing lands in ./compile_cache/."""
     folder = tmp_path_factory.mktemp("compile_cache")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(CACHE_ENV, str(folder))

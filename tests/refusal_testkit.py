@@ -1,8 +1,4 @@
-"""How every command line refuses a user's input: exit code 2, nothing on stdout, and one line on
-stderr that starts with ``error:`` and names the problem.
-
-A plain module (not conftest) so tests in every directory can import it.
-"""
+"""How every command line refuses a user's input: exit 2, nothing on stdout, one ``error:`` line on stderr."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""Starting a command line that pauses at a point the test chose, and signalling it there.
-
-A plain module (not conftest) so tests in every directory can import it.
-"""
+"""Starting a command line that pauses at a point the test chose, and signalling it there."""
 
 from __future__ import annotations
 

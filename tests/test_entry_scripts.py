@@ -1,11 +1,7 @@
-"""Every entry script guards against a signal from its first import on: nothing but the standard
-library and the guard loads before the guard is in place, and a Ctrl-C or SIGTERM at any import
-after it exits with 128 + the signal and no traceback.
-
-Sending the signal after a fixed delay would test whichever import a given machine happens to be
-in at that moment. Instead, an import hook records the imports in order and raises the signal at a
-chosen one, so each case lands at the same point on any machine.
-"""
+"""Every entry script guards against a signal from its first import: only the standard library loads
+before the guard, and a Ctrl-C or SIGTERM at any later import exits 128 + signal, no traceback.
+An import hook raises the signal at a chosen import, so each case lands at the same point on any
+machine (a fixed delay would not)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The attention probe a text run takes at every evaluation: each layer's attention entropy, the
-induction scores and the loss on both copies of repeated sequences (``analysis.maps``), and now and
+induction scores and the loss on both copies of repeated sequences (``analysis.roles``), and now and
 then a figure of the maps (``analysis.plot``). What it reads from the data is fixed when the run
 starts, so two evaluations differ only by the weights.
 """
@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from analysis.maps import attention_maps, attention_summary, probe_ids
+from analysis.roles import attention_maps, attention_summary, probe_ids
 
 WINDOWS = 4  # held-out windows the entropy is averaged over
 
@@ -28,7 +28,7 @@ class AttentionProbe:
 
     def record(self, model: nn.Module, logger: Any, step: int, tokenizer: Any, *, final: bool,
                image_interval: int) -> dict[str, float]:
-        """An evaluation's numbers (``analysis.maps.attention_summary``), for its line of the metrics file and logged to wandb
+        """An evaluation's numbers (``analysis.roles.attention_summary``), for its line of the metrics file and logged to wandb
         as ``attn/...``; at every ``image_interval``-th evaluation, and the final one, a figure of
         the maps too (0: never)."""
         stats = attention_summary(model, self.windows, self.ids)

@@ -19,15 +19,13 @@ from typing import Any, Iterator
 
 import torch
 
-from common.errors import one_line
-from common.os_errors import describe_os_error, with_path
+from common.errors import describe_os_error, one_line, with_path
 from model.config import GPTConfig
 from model.gpt import GPT
 from rundir.checkpoint import CheckpointError, save_checkpoint
 from rundir.files import SHARDED_PREFIX
 from training.adapters import Adapters
-from training.distributed import DistContext, barrier, decided_on_main
-from training.fsdp import is_sharded
+from training.distributed import DistContext, barrier, decided_on_main, is_sharded
 from training.optim import load_optimizer_state
 from training.resume_rules import check_optimizer_groups
 

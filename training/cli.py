@@ -15,11 +15,10 @@ import time
 from pathlib import Path
 
 from common.cli import run_command
-from common.os_errors import describe_os_error
+from common.errors import describe_os_error
 from common.threads import parse_threads
-from data.chat import CHAT_SPECIAL_TOKENS
 from data.errors import DataError
-from data.tokenizer import load_tokenizer
+from data.tokenizer import CHAT_SPECIAL_TOKENS, load_tokenizer
 from model.layer_map import llama_blockers
 from rundir.files import STATE_FILE, TOKENIZER_FILE
 from training.config import Config, load_run_config, with_parent

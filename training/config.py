@@ -22,11 +22,10 @@ from pydantic import Field, PositiveInt, PrivateAttr, SerializeAsAny, model_vali
 from common.config import ConfigError, Removed, Section, build, read_yaml, read_yaml_file, require
 from common.files import atomic_write_text
 from data.config import DataConfig
-from data.chat import CHAT_SPECIAL_TOKENS
+from data.tokenizer import CHAT_SPECIAL_TOKENS
 from model.layer_map import block_linears
 from model.config import GPTConfig
 from tracking.config import LoggingConfig
-from training.fsdp import torch_too_old
 
 if TYPE_CHECKING:  # a parent run is read by training.init_from when a run starts from one
     from training.init_from import ParentRun
@@ -169,6 +168,8 @@ class TrainConfig(Section):
         require(self.device == "auto" or re.fullmatch(r"cpu|mps|cuda(:\d+)?", self.device) is not None,
                 f"train.device must be auto, cpu, cuda, cuda:N or mps (got {self.device!r})")
         if self.parallel == "fsdp":
+            from training.fsdp import torch_too_old
+
             require((too_old := torch_too_old(torch.__version__)) is None, str(too_old))
         return self
 

@@ -20,9 +20,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from common.errors import UserError
+from common.errors import UserError, describe_os_error
 from common.device import select_device
-from common.os_errors import describe_os_error
 
 T = TypeVar("T")
 
@@ -120,6 +119,12 @@ def wrap_model(model: nn.Module, ctx: DistContext, parallel: str = "ddp") -> nn.
         return shard_model(model, ctx.device)
     device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
     return DistributedDataParallel(model, device_ids=device_ids)
+
+
+def is_sharded(model: nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
 
 
 @contextlib.contextmanager

@@ -20,8 +20,7 @@ from data.tokenizer import eot_id, prompt_ids
 from inference.engine import decode
 from inference.sampling import SamplingSettings
 from model.gpt import eval_mode
-from training.distributed import DistContext, all_reduce_sum
-from training.fsdp import is_sharded
+from training.distributed import DistContext, all_reduce_sum, is_sharded
 
 
 @dataclass

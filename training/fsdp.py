@@ -6,7 +6,6 @@ forward and backward: memory, not speed, for when ``ddp`` does not fit (training
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from model.gpt import GPT
 
@@ -35,9 +34,3 @@ def shard_model(model: GPT, device: torch.device) -> GPT:
         fully_shard(block, mp_policy=policy)
     fully_shard(model, mp_policy=policy)
     return model
-
-
-def is_sharded(model: nn.Module) -> bool:
-    from torch.distributed.fsdp import FSDPModule
-
-    return isinstance(model, FSDPModule)

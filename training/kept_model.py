@@ -16,7 +16,7 @@ from torch import nn
 
 from model.io import load_pretrained
 from training.adapters import Adapters
-from training.fsdp import is_sharded
+from training.distributed import is_sharded
 from training.result import Words, epochs_warning
 
 # A few passes over a corpus are normal; beyond this many a small model learns the text itself

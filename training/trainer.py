@@ -51,7 +51,7 @@ from training.resume_rules import (
 from training.rms_norm_cpu import install_cpu_backward
 from training.rng_state import capture_rng_state, restore_rng_state
 from training.run_dir import open_run_dir, write_run_files
-from training.tasks.prepare import prepare_task
+from training.tasks.task import prepare_task
 
 # Under a clock budget an evaluation is also due when this fraction of train.max_minutes has passed
 # since the last one, so a slow machine that reaches few eval.interval steps still shows samples.

@@ -1,7 +1,5 @@
-"""The drawn weights are the model's own: rows sum to 1, the future is exactly 0, and the
-weights times the values reproduce each attention layer's output, for both attention kinds.
-Experiment 2, the 1/√d scale: the scaled weights are the model's own, the unscaled ones what
-attention makes of the same scores without it, and dropping the scale only ever sharpens a row."""
+"""The drawn weights are the model's own, for both attention kinds: rows sum to 1, the future is 0,
+and weights times values give each layer's output. Without the 1/√d scale a row only sharpens."""
 
 import pytest
 import torch
@@ -80,7 +78,7 @@ def test_weights_do_not_depend_on_other_rows_or_later_tokens(model):
 
 
 def test_attention_weights_leave_dropout_out_and_the_model_in_its_mode(model):
-    from analysis.maps import attention_maps
+    from analysis.roles import attention_maps
 
     model.train()
     first = attention_maps(model, ids())
@@ -89,9 +87,8 @@ def test_attention_weights_leave_dropout_out_and_the_model_in_its_mode(model):
 
 
 def test_without_positions_attention_cannot_tell_order_and_with_them_it_can(model):
-    """The last token reads its prefix as a set: shuffle the tokens before it and, with no position
-    embedding added, its attention output is the same; with the learned positions it changes.
-    That is why the model adds positions at the input."""
+    """With no position embedding the last token reads its prefix as a set (shuffling it changes nothing);
+    with learned positions it changes: why the model adds positions at the input."""
     if model.config.positions != "learned":
         pytest.skip("rotary and no positions add nothing at the input, which is what this test takes away")
     tokens = ids(batch=1, T=12)

@@ -1,12 +1,12 @@
-"""attention.py --copy: each head's copy and induction scores where a prompt writes a span twice (a
-tool's result repeated as the answer), read at the right positions, the copier drawn beside a head
-that does not copy, and one-line refusals."""
+"""attention.py --copy: each head's copy and induction scores where a prompt writes a span twice, the
+copier drawn beside a head that does not copy, and one-line refusals."""
 
 import pytest
 import torch
 
 from analysis.cli import main
-from analysis.maps import SpanRepeat, attention_maps, find_repeat
+from analysis.maps import SpanRepeat, find_repeat
+from analysis.roles import attention_maps
 from rundir.loading import load_run
 from refusal_testkit import one_error_line
 from run_testkit import build_run, chat_tokenizer

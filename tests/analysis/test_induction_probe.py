@@ -1,7 +1,5 @@
-"""The induction probe on hand-built models whose answers are known: an induction head that can only
-tell apart the ids it was trained on (every untrained id shares one embedding, as tied embeddings
-leave them), a uniform head and a previous-token head; and the first- and second-copy losses of a
-model that copies."""
+"""The induction probe on hand-built models whose answers are known (an induction head that tells apart
+only the ids it was trained on, a uniform and a previous-token head), and the copy losses of a copier."""
 
 import math
 
@@ -14,6 +12,7 @@ from torch import nn
 # Through the module, so that the first test runs (and fails) against the metric as it was before
 # the probe drew trained ids: docs/attention.md#the-induction-score-and-what-it-can-see.
 from analysis import maps
+from analysis.roles import MIN_COUNT, attention_summary, induction_periods, probe_ids, repeat_loss, repeat_probe
 
 VOCAB = 1024
 TRAINED = torch.arange(5, 5 + 96)  # 96 of 1024 ids seen in training; the rest never were
@@ -36,9 +35,8 @@ def embeddings() -> torch.Tensor:
 
 
 class HandBuilt(nn.Module):
-    """Two layers of two heads. Layer 0: a previous-token head and a uniform head. Layer 1: an
-    induction head (query i matches key j by the embedding of the token before j, as the output of
-    a previous-token head would let it) and a uniform head."""
+    """Layer 0: a previous-token head and a uniform head. Layer 1: an induction head (query i matches key j
+    by the embedding of the token before j) and a uniform head."""
 
     config = Config()
 
@@ -82,7 +80,7 @@ def test_the_same_head_is_blind_when_the_ids_it_cannot_tell_apart_are_drawn():
 
 def test_a_uniform_head_scores_its_share_of_each_query_and_a_previous_token_head_zero():
     roles = {(r.layer, r.head): r for r in maps.head_roles(HandBuilt(), text_windows(), TRAINED)}
-    periods = maps.induction_periods(BLOCK, len(TRAINED))
+    periods = induction_periods(BLOCK, len(TRAINED))
     # Query p + j of a uniform head puts 1 / (p + j + 1) on each key it may see.
     expected = np.mean([np.mean([1 / (p + j + 1) for j in range(p)]) for p in periods])
     assert roles[0, 1].induction == pytest.approx(expected, rel=1e-5)
@@ -93,28 +91,28 @@ def test_a_uniform_head_scores_its_share_of_each_query_and_a_previous_token_head
 
 
 def test_periods_double_up_to_half_the_context_and_the_ids_available():
-    assert maps.induction_periods(128, 1000) == (8, 16, 32, 64)
-    assert maps.induction_periods(128, 20) == (8, 16)
-    assert maps.induction_periods(40, 1000) == (8, 16)
-    assert maps.induction_periods(128, 7) == () and maps.induction_periods(15, 1000) == ()
+    assert induction_periods(128, 1000) == (8, 16, 32, 64)
+    assert induction_periods(128, 20) == (8, 16)
+    assert induction_periods(40, 1000) == (8, 16)
+    assert induction_periods(128, 7) == () and induction_periods(15, 1000) == ()
 
 
 def test_without_a_period_to_probe_induction_is_not_measured_nor_logged():
     few = TRAINED[:7]
     assert all(math.isnan(r.induction) for r in maps.head_roles(HandBuilt(), text_windows(), few))
-    summary = maps.attention_summary(HandBuilt(), text_windows(), few)
+    summary = attention_summary(HandBuilt(), text_windows(), few)
     assert sorted(summary) == ["attn_entropy_layer0", "attn_entropy_layer1"]
 
 
 def test_probe_ids_are_the_distinct_held_out_ids_less_the_ones_skipped():
     tokens = np.array([0, 7, 3, 7, 0, 9, 3], dtype=np.uint16)
-    assert maps.probe_ids(tokens, skip=[0], min_count=1).tolist() == [3, 7, 9]
-    assert maps.probe_ids(tokens, skip=[0], min_count=2).tolist() == [3, 7]  # 9 was seen once
-    common = np.repeat(np.array([4, 5, 6], dtype=np.uint32), [maps.MIN_COUNT, maps.MIN_COUNT - 1, 50])
-    assert maps.probe_ids(common).tolist() == [4, 6]
-    probe = maps.repeat_probe(torch.arange(10, 30), 64, batch=3, seed=5)
+    assert probe_ids(tokens, skip=[0], min_count=1).tolist() == [3, 7, 9]
+    assert probe_ids(tokens, skip=[0], min_count=2).tolist() == [3, 7]  # 9 was seen once
+    common = np.repeat(np.array([4, 5, 6], dtype=np.uint32), [MIN_COUNT, MIN_COUNT - 1, 50])
+    assert probe_ids(common).tolist() == [4, 6]
+    probe = repeat_probe(torch.arange(10, 30), 64, batch=3, seed=5)
     assert [period for period, _ in probe] == [8, 16]
-    again = maps.repeat_probe(torch.arange(10, 30), 64, batch=3, seed=5)
+    again = repeat_probe(torch.arange(10, 30), 64, batch=3, seed=5)
     assert all(torch.equal(a, b) for (_, a), (_, b) in zip(probe, again))
 
 
@@ -138,7 +136,7 @@ class Copier(nn.Module):
 
 
 def test_repeat_loss_is_uniform_on_the_first_copy_and_near_zero_on_the_second():
-    loss = maps.repeat_loss(Copier(), maps.repeat_probe(TRAINED, BLOCK, batch=2), torch.device("cpu"))
+    loss = repeat_loss(Copier(), repeat_probe(TRAINED, BLOCK, batch=2), torch.device("cpu"))
     assert loss.first == pytest.approx(math.log(VOCAB), rel=1e-5)
     # The copied token holds e^20 of the mass against 1 for each of the other 1023 ids.
     assert loss.second == pytest.approx(math.log1p((VOCAB - 1) * math.exp(-20.0)), abs=1e-6)  # fp32 log-softmax

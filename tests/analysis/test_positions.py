@@ -1,7 +1,5 @@
-"""The positions measures on models whose answers are known: a head forced onto the first token scores
-1 and an evenly spreading one the even-spread level; learned positions past their table are reported
-as not possible while rope and none are scored; a model that ignores its context scores the same at
-every length and one that reads it does not; at the trained length the score is training's own."""
+"""The positions measures on models whose answers are known: a head forced onto the first token, one
+spreading evenly, learned positions past their table not scored, a context-blind model flat over length."""
 
 from __future__ import annotations
 
@@ -52,9 +50,8 @@ def without_block_outputs(model: GPT) -> GPT:
 
 
 def forced_to_the_first_token(positions: str) -> GPT:
-    """Every query of every head scores the key of MARK far above any other: the embedding of every
-    id has +1 in dimension 0, MARK's alone +1 in dimension 1 too; every query is dimension 0, every
-    key dimension 1, both large."""
+    """Every query scores MARK's key far above any other (every embedding has +1 in dimension 0, MARK's
+    +1 in dimension 1 too; queries read dimension 0, keys dimension 1)."""
     model = without_block_outputs(tiny(positions))
     with torch.no_grad():
         if positions == "learned":

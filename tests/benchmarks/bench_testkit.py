@@ -1,7 +1,4 @@
-"""What the benchmark smoke tests share besides fixtures: running a command as a user does.
-
-A plain module (not conftest) so tests can import it by a name no other test directory uses.
-"""
+"""What the benchmark smoke tests share besides fixtures: running a command as a user does."""
 
 from __future__ import annotations
 
@@ -23,11 +20,8 @@ def benchmark_scripts() -> list[str]:
 
 def run_python(args: list[str], cwd: Path = ROOT, timeout: float = 300, env: dict[str, str] | None = None,
                ) -> subprocess.CompletedProcess:
-    """``python *args`` from the repository root, with wandb off, one torch thread and no network.
-
-    The command runs in its own process group, and a command past ``timeout`` (or interrupted with
-    the test run) is killed with the whole group: a benchmark that hangs leaves no server or
-    torchrun worker behind. ``env`` adds variables."""
+    """``python *args`` from the repository root, wandb off, one torch thread, no network, ``env`` added.
+    Past ``timeout`` (or interrupted) its whole process group is killed: no server or worker is left."""
     env = dict(os.environ, WANDB_MODE="disabled", PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
                HF_DATASETS_OFFLINE="1", **(env or {}))
     with subprocess.Popen([sys.executable, *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -1,6 +1,5 @@
-"""What the benchmark smoke tests share: a toy config (configs/tiny.yaml shrunk, with its own data
-cache), one toy run trained from it for a few steps, and its chat-tuned child. Each benchmark then
-runs at a toy size against these, so that a command the docs link to cannot rot unnoticed."""
+"""A toy config (configs/tiny.yaml shrunk, its own data cache), one toy run trained from it and its
+chat-tuned child: every benchmark runs at a toy size against these, so a linked command cannot rot."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
-"""The DDP throughput benchmark (``train_throughput --ddp``) with its gradient all-reduce made slow on purpose, for the test that
-checks the benchmark sees a slow all-reduce (tests/benchmarks/test_benchmarks_run.py).
+"""``train_throughput --ddp`` with every gradient bucket waiting DELAY_S seconds before torch's own
+all-reduce hook (DDP's documented ``register_comm_hook``), for test_benchmarks_run.py:
 
-    torchrun --standalone --nproc_per_node=2 tests/benchmarks/ddp_slow_allreduce_worker.py DELAY_S [benchmark args]
-
-Every gradient bucket waits DELAY_S seconds before torch's own all-reduce hook runs it, through
-DDP's documented ``register_comm_hook``.
-"""
+    torchrun --standalone --nproc_per_node=2 tests/benchmarks/ddp_slow_allreduce_worker.py DELAY_S [benchmark args]"""
 
 from __future__ import annotations
 

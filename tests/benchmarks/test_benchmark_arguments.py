@@ -1,6 +1,5 @@
-"""A benchmark is a command line like any other: a bad flag, a missing config or an output path it
-cannot use is one ``error:`` line and exit code 2, never a traceback or a table of wrong answers;
-and its --help says what it measures in whole sentences."""
+"""A benchmark is a command line like any other: bad input is one ``error:`` line and exit 2, and its
+--help says what it measures in whole sentences."""
 
 from __future__ import annotations
 

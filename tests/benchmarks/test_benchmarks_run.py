@@ -1,7 +1,5 @@
-"""Every script in benchmarks/ runs at a toy size and prints its table. Each one runs as a user runs
-it (``python -m benchmarks.NAME``, in a subprocess), so these tests see what the linked commands
-do and depend on no benchmark's internals. The figures themselves are not checked: at this size
-and on a shared machine they mean nothing; the words of each table's header are."""
+"""Every script in benchmarks/ runs at a toy size as a user runs it (``python -m benchmarks.NAME``) and
+prints its table; the figures mean nothing at this size, the words of each header are checked."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""The decode benchmarks' own instruments, on cases whose answer is known: the report of whether
-compiled and eager chose the same tokens, the 1-row matmul bound's bookkeeping (every weight of the
-step multiplied once per timing, one row each; its bytes counted once), and the round-by-round
-ratio the ONNX Runtime goal is judged on. Reads no clock."""
+"""The decode benchmarks' instruments on known cases: compiled and eager's token agreement, the 1-row
+matmul bound's bookkeeping, and the round-by-round ratio of the ONNX Runtime goal. Reads no clock."""
 
 from __future__ import annotations
 

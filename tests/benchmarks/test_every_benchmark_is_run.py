@@ -1,6 +1,4 @@
-"""A benchmark added without a smoke test would be the next linked command to rot: every script in
-benchmarks/ must be run by name in test_benchmarks_run.py. Reads files only, so it stays in the
-default suite."""
+"""Every script in benchmarks/ is run by name in test_benchmarks_run.py (reads files only)."""
 
 from __future__ import annotations
 

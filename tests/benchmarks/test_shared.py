@@ -1,7 +1,5 @@
-"""benchmarks/shared.py's pieces on cases whose answer is known: calls taking turns, the best of
-timings and the spreads of figures, tables and JSON lines, a run's final score read back, and
-closed-loop clients of a real engine, each sending its next request only once its last one has
-finished. (The benchmarks that use them run end to end in test_benchmarks_run.py.)"""
+"""benchmarks/shared.py's pieces on known cases: turns, timings and spreads, tables and JSON lines, a
+run's final score, and closed-loop clients of a real engine."""
 
 from __future__ import annotations
 

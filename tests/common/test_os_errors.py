@@ -1,11 +1,11 @@
-"""Filesystem failures as one line (common/os_errors.py): the path, the cause, the fix."""
+"""Filesystem failures as one line (common/errors.py): the path, the cause, the fix."""
 
 from __future__ import annotations
 
 import errno
 import os
 
-from common.os_errors import describe_os_error, with_path
+from common.errors import describe_os_error, with_path
 
 
 def test_an_error_from_the_filesystem_names_the_path_its_cause_and_the_fix():

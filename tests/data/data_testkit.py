@@ -25,6 +25,14 @@ def make_documents(count: int, words_per_doc: int = 120, seed: int = 0) -> list[
     return docs
 
 
+def cache_contents(cfg) -> list[str]:
+    """The names in ``cfg``'s data.cache_dir (none when it does not exist)."""
+    from pathlib import Path
+
+    cache = Path(cfg.cache_dir)
+    return sorted(p.name for p in cache.iterdir()) if cache.exists() else []
+
+
 def direct_tokens(tokenizer, texts: list[str]) -> list[int]:
     """What a token file must hold: each non-empty document preceded by EOT, encoded whole."""
     from tokenizers import Tokenizer

@@ -19,12 +19,9 @@ def test_problems_follow_from_the_seed_are_distinct_and_answered_right():
     assert problems(3, 160, max_operand=12, operations="+-*")[:150] == items
 
 
-def test_more_problems_than_exist_are_refused():
+def test_more_problems_than_exist_are_refused_and_conversations_answer_each_question():
     with pytest.raises(ValueError, match="only 16 distinct problems exist"):
         problems(0, 17, max_operand=3, operations="+")
-
-
-def test_conversations_answer_each_question():
     rows = conversations(problems(0, 2, max_operand=3, operations="+"))
     assert [m["role"] for m in rows[0]["messages"]] == ["user", "assistant"]
     assert rows[0]["messages"][1]["content"] == problems(0, 1, max_operand=3, operations="+")[0].answer

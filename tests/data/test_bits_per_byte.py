@@ -39,5 +39,4 @@ def test_target_sums_match_the_mean_loss_when_every_target_counts():
     token_bytes = torch.ones(7, dtype=torch.int64)
     nats, nbytes = target_nats_and_bytes(logits, targets, token_bytes)
     mean = torch.nn.functional.cross_entropy(logits.view(-1, 7), targets.view(-1))
-    assert nbytes.item() == 10
-    assert nats.item() == pytest.approx(mean.item() * 10, rel=1e-6)
+    assert nbytes.item() == 10 and nats.item() == pytest.approx(mean.item() * 10, rel=1e-6)

@@ -61,6 +61,9 @@ def test_known_messages_render_to_known_text_and_ids(tokenizer):
     # The rendered text, tokenized with special tokens recognised (what transformers does with
     # the Jinja template's output), gives the same ids.
     assert tokenizer.encode(chat_text(messages), add_special_tokens=False).ids == ids
+    # The generation prompt adds an assistant token that carries no loss.
+    prompted = render_chat(tokenizer, messages[:2], add_generation_prompt=True)
+    assert prompted.ids[-1] == ChatTokenIds.of(tokenizer).role["assistant"] and not any(prompted.loss_mask)
 
 
 def test_loss_mask_covers_assistant_text_and_its_end_token_only(tokenizer):
@@ -80,12 +83,6 @@ def test_loss_mask_covers_assistant_text_and_its_end_token_only(tokenizer):
             assert m == (role == "assistant"), (token, role)
 
 
-def test_generation_prompt_adds_an_unlearned_assistant_token(tokenizer):
-    rendered = render_chat(tokenizer, to_messages(CONVERSATION[:2]), add_generation_prompt=True)
-    assert rendered.ids[-1] == ChatTokenIds.of(tokenizer).role["assistant"]
-    assert not any(rendered.loss_mask)
-
-
 @pytest.mark.parametrize("text", ["<|end|>", "a<|user|>b", "<|endoftext|><|assistant|>", END_OF_TURN * 3,
                                   "<|call|>f{}<|tool|>"])
 def test_plain_text_never_becomes_a_special_token(tokenizer, text):
@@ -96,21 +93,6 @@ def test_plain_text_never_becomes_a_special_token(tokenizer, text):
     rendered = render_chat(tokenizer, [Message("user", text)]).ids
     assert not specials & set(rendered[1:-1])
     assert tokenizer.encode_special_tokens is False  # the flag is restored
-
-
-@pytest.mark.parametrize(
-    "raw, fragment",
-    [
-        ("hello", "must be a list"),
-        ([{"role": "user"}], "'role' and 'content'"),
-        ([{"role": "narrator", "content": "x"}], "unknown role 'narrator'"),
-        ([{"role": "user", "content": 3}], "must be a string"),
-    ],
-)
-def test_bad_conversations_get_one_line_errors(raw, fragment):
-    with pytest.raises(DataError, match=fragment) as info:
-        to_messages(raw)
-    assert "\n" not in str(info.value)
 
 
 def test_a_tokenizer_without_chat_tokens_is_refused_with_the_fix():
@@ -165,6 +147,7 @@ def test_a_tool_conversation_renders_to_known_text_and_ids(tokenizer):
     assert ids == [2, *plain("What is 347*812?"), 4, 3, 6, *plain('calculator{"expression":"347*812"}'), 4,
                    5, *plain("281764"), 4, 3, *plain("It is 281764."), 4]
     assert tokenizer.encode(chat_text(messages), add_special_tokens=False).ids == render_chat(tokenizer, messages).ids
+    assert to_messages(TOOL_CONVERSATION[1:3])[-1].tool_calls  # a call still to be run may end the conversation
 
 
 def test_loss_falls_on_the_assistants_calls_and_replies_never_on_tool_results(tokenizer):
@@ -197,6 +180,10 @@ def test_arguments_given_as_an_object_are_written_as_json_dumps_writes_them():
 
 
 @pytest.mark.parametrize("raw, fragment", [
+    ("hello", "must be a list"),
+    ([{"role": "user"}], "'role' and 'content'"),
+    ([{"role": "narrator", "content": "x"}], "unknown role 'narrator'"),
+    ([{"role": "user", "content": 3}], "must be a string"),
     ([{"role": "tool", "content": "5"}], "answers no call"),
     ([{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}, {"role": "tool", "content": "5"}],
      "answers no call"),
@@ -217,14 +204,10 @@ def test_arguments_given_as_an_object_are_written_as_json_dumps_writes_them():
     ([{"role": "assistant", "content": "", "tool_calls": [{"type": "code", "function": {}}]}], "'type': 'function'"),
     ([{"role": "assistant", "content": None}], "must be a string"),
 ])
-def test_bad_tool_conversations_get_one_line_errors(raw, fragment):
+def test_bad_conversations_get_one_line_errors(raw, fragment):
     with pytest.raises(DataError, match=re.escape(fragment)) as info:
         to_messages(raw)
     assert "\n" not in str(info.value)
-
-
-def test_a_call_still_to_be_run_may_end_the_conversation():
-    assert to_messages(TOOL_CONVERSATION[1:3])[-1].tool_calls
 
 
 def _assistant_ids(tokenizer, message: Message) -> list[int]:
@@ -260,8 +243,7 @@ def test_a_malformed_call_is_reported_never_guessed_at(tokenizer, body, fragment
     assert parsed.content == "ok" and parsed.text == "ok<|call|>" + body
 
 
-def test_typed_call_text_is_never_a_call(tokenizer):
-    """The characters "<|call|>" typed or generated as plain text are text, not a call."""
+def test_typed_call_text_is_never_a_call(tokenizer):  # "<|call|>" typed or generated as plain text
     [ids] = encode_plain(tokenizer, ['<|call|>calculator{"expression":"1"}'])
     parsed = parse_reply(tokenizer, ids, names={"calculator"})
     assert parsed.calls == () and parsed.error is None and parsed.content.startswith("<|call|>")

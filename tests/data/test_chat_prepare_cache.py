@@ -1,7 +1,5 @@
-"""Chat preparation lives in the same cache as text preparation: an entry is reused without reading
-the conversations again, a damaged one (truncated, overwritten in place, meta.json broken) is refused
-on open and rebuilt equal to the original, a failed build leaves nothing, and the other processes of
-a run wait for the main one, even past a damaged entry."""
+"""Chat preparation in the text preparation's cache: an entry reused without reading the conversations, a
+damaged one refused and rebuilt equal, a failed build leaving nothing, other processes waiting for the main one."""
 
 from __future__ import annotations
 
@@ -18,7 +16,7 @@ from data.config import DataConfig, FilesSourceConfig
 from data.errors import DataError
 from data.prepared.chat import PreparedChat, prepare_chat_data
 from data.tokenizer import train_tokenizer
-from data_testkit import make_documents
+from data_testkit import cache_contents, make_documents
 
 BLOCK_SIZE = 64
 
@@ -47,24 +45,16 @@ def _arrays(chat: PreparedChat) -> list[np.ndarray]:
     return [np.array(a) for split in (chat.train, chat.val) for a in (split.ids, split.mask, split.offsets)]
 
 
-def _cache_contents(cfg: DataConfig) -> list[str]:
-    cache = Path(cfg.cache_dir)
-    return sorted(p.name for p in cache.iterdir()) if cache.exists() else []
-
-
 def test_an_entry_is_reused_without_reading_the_conversations(chat_setup, monkeypatch):
     first = _prepare(chat_setup)
     assert len(first.train) > 0 and len(first.val) > 0
     assert first.train.offsets[-1] == len(first.train.ids) == first.meta["splits"]["train"]["tokens"]
 
-    def no_reading(*args, **kwargs):
-        raise AssertionError("the conversations were read again")
-
-    monkeypatch.setattr(chat_module, "load_conversations", no_reading)
+    monkeypatch.setattr(chat_module, "load_conversations", lambda *a, **k: pytest.fail("read them again"))
     second = _prepare(chat_setup)
     assert second.directory == first.directory and second.meta == first.meta
     assert all(np.array_equal(a, b) for a, b in zip(_arrays(first), _arrays(second)))
-    assert _cache_contents(chat_setup[0]) == [first.directory.name]
+    assert cache_contents(chat_setup[0]) == [first.directory.name]
 
 
 def _damage(entry: Path, how: str) -> None:
@@ -95,7 +85,7 @@ def test_a_damaged_entry_is_refused_then_rebuilt_equal(chat_setup, how):
     rebuilt = _prepare(chat_setup)
     assert rebuilt.directory == original.directory
     assert all(np.array_equal(a, b) for a, b in zip(before, _arrays(rebuilt)))
-    assert _cache_contents(chat_setup[0]) == [original.directory.name]
+    assert cache_contents(chat_setup[0]) == [original.directory.name]
 
 
 def test_a_failed_build_leaves_nothing_and_the_next_one_succeeds(chat_setup, monkeypatch):
@@ -111,7 +101,7 @@ def test_a_failed_build_leaves_nothing_and_the_next_one_succeeds(chat_setup, mon
     monkeypatch.setattr(chat_module, "tokenize_conversations", crash_on_val)
     with pytest.raises(KeyboardInterrupt):
         _prepare(chat_setup)
-    assert _cache_contents(chat_setup[0]) == []
+    assert cache_contents(chat_setup[0]) == []
     monkeypatch.setattr(chat_module, "tokenize_conversations", real)
     assert len(_prepare(chat_setup).val) > 0
 
@@ -129,6 +119,8 @@ def _wait_in_thread(setup, results: dict[str, object]) -> threading.Thread:
 
 
 def test_other_processes_wait_for_the_main_one_even_past_a_damaged_entry(chat_setup):
+    with pytest.raises(DataError, match="waited 0.2 s for the main process"):  # in one line, when it times out
+        _prepare(chat_setup, is_main=False, wait_timeout_s=0.2)
     results: dict[str, object] = {}
     thread = _wait_in_thread(chat_setup, results)
     time.sleep(0.3)
@@ -148,11 +140,6 @@ def test_other_processes_wait_for_the_main_one_even_past_a_damaged_entry(chat_se
     assert all(np.array_equal(a, b) for a, b in zip(_arrays(rebuilt), _arrays(results["data"])))
 
 
-def test_a_wait_that_times_out_says_so_in_one_line(chat_setup):
-    with pytest.raises(DataError, match="waited 0.2 s for the main process"):
-        _prepare(chat_setup, is_main=False, wait_timeout_s=0.2)
-
-
 def test_a_build_that_loses_the_race_to_publish_takes_the_winners_entry(chat_setup, monkeypatch):
     real = chat_module.load_conversations
     winner: dict[str, PreparedChat] = {}
@@ -165,4 +152,4 @@ def test_a_build_that_loses_the_race_to_publish_takes_the_winners_entry(chat_set
     monkeypatch.setattr(chat_module, "load_conversations", another_process_finishes_first)
     ours = _prepare(chat_setup)
     assert ours.directory == winner["data"].directory and ours.meta == winner["data"].meta
-    assert _cache_contents(chat_setup[0]) == [ours.directory.name]  # our temporary directory is gone
+    assert cache_contents(chat_setup[0]) == [ours.directory.name]  # our temporary directory is gone

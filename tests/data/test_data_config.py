@@ -6,20 +6,12 @@ from data.config import MIN_VOCAB_SIZE, DataConfig, HubSourceConfig, QuotesSourc
 from data.errors import DataError
 
 
-def test_defaults_are_the_shakespeare_corpus():
+def test_defaults_are_the_shakespeare_corpus_and_from_dict_round_trips():
     cfg = DataConfig()
-    assert cfg.source == "shakespeare"
-    assert cfg.vocab_size == 2048
-    assert cfg.hub.val_split == "validation"
-    assert cfg.files.encoding_errors == "strict"
-
-
-def test_from_dict_round_trips_and_builds_sections():
-    cfg = DataConfig.from_dict(
-        {"source": "hub", "hub": {"name": "roneneldan/TinyStories", "max_documents": 10}}
-    )
-    assert isinstance(cfg.hub, HubSourceConfig)
-    assert cfg.hub.max_documents == 10
+    assert (cfg.source, cfg.vocab_size, cfg.hub.val_split, cfg.files.encoding_errors) == (
+        "shakespeare", 2048, "validation", "strict")
+    cfg = DataConfig.from_dict({"source": "hub", "hub": {"name": "roneneldan/TinyStories", "max_documents": 10}})
+    assert isinstance(cfg.hub, HubSourceConfig) and cfg.hub.max_documents == 10
     assert DataConfig.from_dict(cfg.to_dict()) == cfg
 
 

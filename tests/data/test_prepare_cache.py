@@ -15,13 +15,13 @@ import pytest
 
 import data.prepared.text as prepare_module
 import data.sources.shakespeare as shakespeare_module
-from common.os_errors import describe_os_error
+from common.errors import describe_os_error
 from data.config import DataConfig, FilesSourceConfig
 from data.errors import DataError
 from data.prepared.text import PreparedData, entry_dir, prepare_data
 from data.sources.shakespeare import shakespeare_documents
 from data.split import hash_split
-from data_testkit import direct_tokens, make_documents
+from data_testkit import cache_contents, direct_tokens, make_documents
 
 
 def _split_texts(folder: Path, val_ids: list[str]) -> tuple[list[str], list[str]]:
@@ -35,11 +35,6 @@ def _folder_cfg(tmp_path: Path, folder: Path, **settings) -> DataConfig:
     settings.setdefault("vocab_size", 300)
     files = FilesSourceConfig(paths=[str(folder / "*.txt")])
     return DataConfig(source="files", cache_dir=str(tmp_path / "cache"), files=files, **settings)
-
-
-def _cache_contents(cfg: DataConfig) -> list[str]:
-    cache = Path(cfg.cache_dir)
-    return sorted(p.name for p in cache.iterdir()) if cache.exists() else []
 
 
 def test_token_files_equal_a_direct_tokenization(files_cfg, txt_corpus):
@@ -61,6 +56,8 @@ def test_token_files_equal_a_direct_tokenization(files_cfg, txt_corpus):
     assert data.eot_id == 0 and data.vocab_size == tok.get_vocab_size()
     assert meta["source"]["type"] == "files" and meta["tokenizer"]["vocab_size"] == 300
     assert len(meta["tokenizer_sha256"]) == 64 and meta["created"]
+    assert json.loads((data.directory / "meta.json").read_text(encoding="utf-8")) == meta  # plain JSON on disk
+    assert sorted(os.listdir(data.directory)) == ["meta.json", "tokenizer.json", "train.bin", "val.bin"]
 
 
 def test_tokenizer_is_trained_on_the_training_split_only(tmp_path):
@@ -79,11 +76,7 @@ def test_tokenizer_is_trained_on_the_training_split_only(tmp_path):
 
 def test_cache_hit_reuses_the_entry_without_reading_the_corpus(files_cfg, monkeypatch):
     first = prepare_data(files_cfg, progress=False)
-
-    def no_reading(*args, **kwargs):
-        raise AssertionError("the corpus was read again")
-
-    monkeypatch.setattr(prepare_module, "load_source", no_reading)
+    monkeypatch.setattr(prepare_module, "load_source", lambda *a, **k: pytest.fail("the corpus was read again"))
     second = prepare_data(files_cfg, progress=False)
     assert second.directory == first.directory and second.meta == first.meta
 
@@ -110,7 +103,7 @@ def test_a_failed_prepare_leaves_nothing_and_the_next_one_succeeds(files_cfg, mo
     monkeypatch.setattr(prepare_module, "_write_tokens", crash_on_val)
     with pytest.raises(KeyboardInterrupt):
         prepare_data(files_cfg, progress=False)
-    assert _cache_contents(files_cfg) == []
+    assert cache_contents(files_cfg) == []
     monkeypatch.setattr(prepare_module, "_write_tokens", real)
     data = prepare_data(files_cfg, progress=False)
     assert data.val_tokens().size > 0
@@ -157,7 +150,7 @@ def test_a_prepare_killed_halfway_is_never_taken_for_a_finished_one(files_cfg, t
     assert len(leftovers) == 1 and (leftovers[0] / "train.bin").exists()
     data = prepare_data(files_cfg, progress=False)
     assert data.directory == entry and data.val_tokens().size > 0
-    assert _cache_contents(files_cfg) == [entry.name]
+    assert cache_contents(files_cfg) == [entry.name]
 
 
 def test_recovers_from_a_damaged_entry_and_spares_other_hosts_temp_dirs(files_cfg):
@@ -179,10 +172,12 @@ def test_recovers_from_a_damaged_entry_and_spares_other_hosts_temp_dirs(files_cf
     with pytest.raises(DataError, match="truncated"):
         PreparedData.open(entry)
     assert prepare_data(files_cfg, progress=False).train_tokens().tolist() == good
-    assert _cache_contents(files_cfg) == [entry.name]
+    assert cache_contents(files_cfg) == [entry.name]
 
 
 def test_non_main_processes_wait_for_the_main_one(files_cfg):
+    with pytest.raises(DataError, match="waited 0.2 s for the main process"):  # in one line, when it times out
+        prepare_data(files_cfg, progress=False, is_main=False, wait_timeout_s=0.2)
     results: dict[str, object] = {}
 
     def worker() -> None:
@@ -197,13 +192,7 @@ def test_non_main_processes_wait_for_the_main_one(files_cfg):
     assert "data" not in results  # nothing to return until the main process has prepared
     main = prepare_data(files_cfg, progress=False)
     thread.join(timeout=120)
-    assert "error" not in results
-    assert results["data"].directory == main.directory
-
-
-def test_non_main_wait_times_out_with_a_clear_message(files_cfg):
-    with pytest.raises(DataError, match="waited 0.2 s for the main process"):
-        prepare_data(files_cfg, progress=False, is_main=False, wait_timeout_s=0.2)
+    assert "error" not in results and results["data"].directory == main.directory
 
 
 def test_shakespeare_metadata_lists_the_held_out_plays(tmp_path, monkeypatch):
@@ -239,42 +228,22 @@ def test_block_size_check_names_the_split_and_the_fix(files_cfg):
         data.check_block_size(len(data.val_tokens()))
 
 
-@pytest.mark.parametrize(
-    "contents, message",
-    [
-        (["", "", ""], "corpus is empty"),
-        (["only one document"], "at least 2"),
-    ],
-)
+# b.txt and c.txt are the validation split of val_fraction 0.3 and split_seed 1.
+@pytest.mark.parametrize("contents, message", [
+    ({"0.txt": "", "1.txt": "", "2.txt": ""}, "corpus is empty"),
+    ({"0.txt": "only one document"}, "at least 2"),
+    ({"a.txt": "some text here", "b.txt": "", "c.txt": ""}, "validation split .* holds no text"),
+])
 def test_bad_corpora_fail_cleanly(tmp_path, contents, message):
+    assert hash_split(["a.txt", "b.txt", "c.txt"], 0.3, seed=1)[1] == [1, 2]
     folder = tmp_path / "c"
     folder.mkdir()
-    for i, text in enumerate(contents):
-        (folder / f"{i}.txt").write_text(text, encoding="utf-8")
-    cfg = _folder_cfg(tmp_path, folder)
+    for name, text in contents.items():
+        (folder / name).write_text(text, encoding="utf-8")
+    cfg = _folder_cfg(tmp_path, folder, val_fraction=0.3, split_seed=1)
     with pytest.raises(DataError, match=message):
         prepare_data(cfg, progress=False)
-    assert _cache_contents(cfg) == []
-
-
-def test_an_empty_validation_split_fails_cleanly(tmp_path):
-    names = ["a.txt", "b.txt", "c.txt"]
-    _, val_idx = hash_split(names, 0.3, seed=1)
-    folder = tmp_path / "c"
-    folder.mkdir()
-    for i, name in enumerate(names):
-        (folder / name).write_text("" if i in val_idx else "some text here", encoding="utf-8")
-    cfg = _folder_cfg(tmp_path, folder, val_fraction=0.3, split_seed=1)
-    with pytest.raises(DataError, match="validation split .* holds no text"):
-        prepare_data(cfg, progress=False)
-    assert _cache_contents(cfg) == []
-
-
-def test_meta_is_plain_json_on_disk(files_cfg):
-    data = prepare_data(files_cfg, progress=False)
-    on_disk = json.loads((data.directory / "meta.json").read_text(encoding="utf-8"))
-    assert on_disk == data.meta
-    assert sorted(os.listdir(data.directory)) == ["meta.json", "tokenizer.json", "train.bin", "val.bin"]
+    assert cache_contents(cfg) == []
 
 
 def test_unknown_source_and_unwritable_cache_dir(tmp_path, files_cfg):

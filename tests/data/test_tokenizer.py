@@ -56,6 +56,7 @@ def test_byte_alphabet_matches_the_pre_tokenizer():
     assert sorted(mapping) == list(range(256))
     assert set(mapping.values()) == set(pre_tokenizers.ByteLevel.alphabet())
     assert mapping[ord("A")] == "A" and mapping[ord(" ")] == "Ġ" and mapping[ord("\n")] == "Ċ"
+    assert np.array_equal(np.frombuffer(tk.token_bytes("ĠĊ"), np.uint8), [32, 10])  # and back to bytes
 
 
 def test_token_byte_lengths_sum_to_the_utf8_length(tokenizer):
@@ -95,21 +96,15 @@ def test_split_for_encoding_never_changes_the_tokens(tokenizer, monkeypatch):
     assert len(split_for_encoding("line one\nline two\nline three\n" * 5)) > 1
 
 
-def test_saved_file_loads_with_tokenizers_and_has_no_normalizer(tokenizer, tmp_path):
+def test_saved_file_loads_with_tokenizers_and_transformers_and_has_no_normalizer(tokenizer, tmp_path):
     path = tmp_path / "tokenizer.json"
     path.write_text(tokenizer.to_str(), encoding="utf-8")
     loaded = load_tokenizer(path)
     assert loaded.encode("To be, or not").ids == tokenizer.encode("To be, or not").ids
     spec = json.loads(path.read_text(encoding="utf-8"))
-    assert spec["normalizer"] is None
+    assert spec["normalizer"] is None and spec["decoder"]["type"] == "ByteLevel"
     assert spec["pre_tokenizer"]["type"] == "ByteLevel" and spec["pre_tokenizer"]["add_prefix_space"] is False
-    assert spec["decoder"]["type"] == "ByteLevel"
-
-
-def test_saved_file_loads_with_transformers(tokenizer, tmp_path):
     transformers = pytest.importorskip("transformers")
-    path = tmp_path / "tokenizer.json"
-    path.write_text(tokenizer.to_str(), encoding="utf-8")
     fast = transformers.PreTrainedTokenizerFast(tokenizer_file=str(path))
     for text in HOSTILE:
         assert fast.decode(fast.encode(text)) == text
@@ -124,7 +119,3 @@ def test_saved_file_loads_with_transformers(tokenizer, tmp_path):
 def test_a_missing_or_damaged_tokenizer_or_a_token_of_no_bytes_is_refused(tmp_path, read, fragment):
     with pytest.raises(DataError, match=fragment):
         read(tmp_path)
-
-
-def test_token_bytes_reads_byte_level_tokens():
-    assert np.array_equal(np.frombuffer(tk.token_bytes("ĠĊ"), np.uint8), [32, 10])

@@ -1,8 +1,5 @@
-"""What the end-to-end tests share: running a command line as a user does, and the train.py
-settings that keep a run to seconds.
-
-A plain module (not conftest) so tests can import it by a name no other test directory uses.
-"""
+"""What the end-to-end tests share: running a command as a user does, and train.py settings that keep
+a run to seconds."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The fine-tuning path, run as a user runs it: pretrain briefly, chat-tune the run, ask it one
-question with ``generate.py --chat --prompt``. Each command is a subprocess; a tiny model, a
-small generated corpus and a few steps keep the whole path to seconds."""
+"""The fine-tuning path as a user runs it, each command a subprocess: pretrain briefly, chat-tune,
+ask one question with ``generate.py --chat --prompt``."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The preference path, run as a user runs it: pretrain briefly, chat-tune, then DPO by
-``configs/tiny-dpo.yaml`` on a file of reply pairs. Each command is a subprocess; a tiny model, a
-small generated corpus and a few steps keep the whole path to seconds."""
+"""The preference path as a user runs it, each command a subprocess: pretrain briefly, chat-tune, then
+DPO by ``configs/tiny-dpo.yaml`` on a file of reply pairs."""
 
 from __future__ import annotations
 

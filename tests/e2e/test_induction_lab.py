@@ -1,6 +1,5 @@
-"""The induction lab as a user runs it: train.py on configs/induction.yaml, then attention.py
---history names the step where the second-copy loss fell and a layer passed its induction threshold,
-and --roles finds the layer whose heads copy."""
+"""The induction lab as a user runs it: train.py on configs/induction.yaml, then attention.py --history
+and --roles name when and where copying appeared."""
 
 from __future__ import annotations
 

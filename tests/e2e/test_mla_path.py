@@ -1,7 +1,5 @@
-"""Every command on a multi-head latent attention run, as a user types it: train, resume, chat
-fine-tuning from it (train.init_from), generate.py with and without the cache, several samples
-and --chat, and export.py to a folder transformers loads with the same logits. A bad attention
-setting is one line and exit code 2 (checked in process, it needs no run)."""
+"""Every command on a latent attention run, as a user types it: train, resume, chat-tune from it,
+generate.py in each mode, and export.py to a folder transformers loads with the same logits."""
 
 from __future__ import annotations
 

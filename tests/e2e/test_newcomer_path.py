@@ -1,10 +1,5 @@
-"""The README's newcomer path, run for real: train tiny.yaml briefly, then sample from the run.
-
-Both commands run in subprocesses exactly as a user types them (only the step budget, the run
-directory, the data cache and wandb are overridden), so this catches breakage that unit tests
-cannot: argument parsing, imports at the top level, the run-directory contract between
-train.py and generate.py. Select it alone with `python -m pytest -m e2e`.
-"""
+"""The README's newcomer path for real, as a user types it (only the budget, run directory, data cache
+and wandb overridden): train tiny.yaml briefly, then sample from the run."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Runs whose window is 2, 3 or 4 tokens, with every kind of positions, through the real command
-lines as a user types them: train.py (its own samples and closing sample included), generate.py
-with a prompt longer than the window, and serve.py answering one completion over a socket. The
-rolling window's default sinks once stopped every one of them at its first decode."""
+"""Runs with windows of 2 to 4 tokens, every kind of positions, through train.py, generate.py with a
+long prompt, and serve.py: the default sinks once stopped every one of them at its first decode."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""Fixtures for the evaluation tests: a short run of configs/tiny.yaml on the real plays (the tasks
-are built from its held-out plays, so no stand-in corpus will do), and the same run untrained.
-
-The run holds out fewer plays than tiny.yaml (data.val_fraction), which keeps its validation pass
-and lm-eval's rolling bits/byte short; both are still the whole held-out text.
-"""
+"""Fixtures for the evaluation tests: a short run of configs/tiny.yaml on the real plays (the tasks come
+from its held-out plays), holding out fewer plays to keep evaluation short, and the same run untrained."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""lm-eval on a short real run: its bits/byte is train.py's, and it beats an untrained model.
-
-Slow (a few hundred training steps, then lm-eval over the held-out plays): marked e2e.
-"""
+"""lm-eval on a short real run (e2e): its bits/byte is train.py's, and it beats an untrained model."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""evaluate.py when the filesystem or the user stops it: eval/ as a file, a read-only run, a full
-TMPDIR or disk, Ctrl-C, SIGTERM and SIGKILL. Each is one line and exit 2, or the signal's exit
-code, with nothing already written lost and no temporary export left behind (a SIGKILL's is
-removed by the next evaluation)."""
+"""evaluate.py stopped by the filesystem or the user: one line and exit 2, or the signal's code, nothing
+written lost and no temporary export left (a SIGKILL's is removed by the next evaluation)."""
 
 from __future__ import annotations
 

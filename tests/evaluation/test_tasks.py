@@ -1,7 +1,4 @@
-"""The task files: built deterministically from the held-out plays, in the shape lm-eval reads.
-
-No model and no lm-eval here: only the builder, on the real plays that a run config holds out.
-"""
+"""The task files, built deterministically from the held-out plays in lm-eval's shape (no model here)."""
 
 from __future__ import annotations
 

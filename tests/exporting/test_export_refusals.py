@@ -1,6 +1,5 @@
-"""export.py refuses, in one line with exit code 2 and before it writes anything, what no format can
-export: flags that do not go together, a run that is missing or damaged, a folder it must not write
-to or replace, and an exporter's missing package. Called in-process (``exporting.cli.main``)."""
+"""export.py refuses in one line, exit 2, before writing anything, what no format can export: flags
+that do not go together, a missing or damaged run, a folder it must not touch, a missing package."""
 
 from __future__ import annotations
 

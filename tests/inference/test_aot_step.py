@@ -1,9 +1,6 @@
-"""The decode step built ahead of time (``inference.aot_step``): what the engine runs for ``--compile``
-on the CPU. Its package is kept on disk under a key of everything it depends on, loaded when valid
-and built again when not (damaged, missing its checksum, or computing another model). That it
-decodes as eager and as the recomputation is proven by test_compiled_step.py, whose CPU engine runs
-this step; the package generate.py's shape needs (one row, exact window) is built once per session
-into the session's compile cache (tests/conftest.py) and shared by both files."""
+"""The decode step built ahead of time (``inference.aot_step``), what ``--compile`` runs on the CPU: its
+package is kept under a key of everything it depends on, loaded when valid and built again when not.
+Its decoding is test_compiled_step.py's; both share the session's package (tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -34,14 +31,12 @@ PROMPT_IDS = [5, 17, 9, 30, 2, 11]
 
 
 def one_row_step(model) -> AotStep:
-    """generate.py's step over ``model``: one row, reading only the slots it has filled."""
     return AotStep(model, spare_slot_cache(model, 1, whole_buffers=False), exact_window=True)
 
 
 @pytest.fixture(scope="session")
 def package(loaded_run):
-    """The session's package for the test run's one-row step (built here, or by whichever test came
-    first), on the one thread the tests run (a session fixture comes before the per-test one)."""
+    """The session's one-row package, built on one thread (a session fixture precedes the per-test one)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -91,8 +86,7 @@ def test_the_key_changes_with_everything_the_package_depends_on(loaded_run, monk
 
 @pytest.fixture
 def private_cache(tmp_path, monkeypatch, package):
-    """An empty cache folder of the test's own, and a stand-in builder that copies the session's
-    package in and counts its calls (a real build would cost tens of seconds)."""
+    """An empty cache folder, and a builder that copies the session's package in and counts its calls."""
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     builds: list[str] = []
 
@@ -108,7 +102,6 @@ def private_cache(tmp_path, monkeypatch, package):
 
 
 def place(package, digest: str, *, damage: bool = False, record: bool = True) -> None:
-    """Put the session's package in the private cache under ``digest``, with its checksum record."""
     target = cache_folder() / f"{digest}.pt2"
     target.parent.mkdir(parents=True, exist_ok=True)
     data = bytearray(package.read_bytes())
@@ -171,7 +164,6 @@ def test_a_build_that_cannot_write_its_package_is_one_line_and_leaves_nothing(lo
 
 
 def _builders(folder: Path) -> list[str]:
-    """The processes building a package into ``folder`` (their command lines name it)."""
     found = []
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:

@@ -1,6 +1,5 @@
-"""Batch invariance, chosen once (``inference.batch_invariant``): a row gets the same bits alone and in
-any batch. Where the host's BLAS gives a row the same bits in every product shape, the tests that
-need a difference to show skip and say so."""
+"""Batch invariance (``inference.batch_invariant``): a row gets the same bits alone and in any batch.
+Where the host's BLAS never differs by product shape, the tests that need a difference skip."""
 
 from __future__ import annotations
 

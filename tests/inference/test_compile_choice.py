@@ -1,6 +1,5 @@
-"""When a command compiles its decode step (``inference.compiled_step.choose_compile``): a server
-on CUDA by default, where it pays; every other command, and a server on the CPU, only when
-``--compile`` asks. The flag wins both ways, and is refused in one line where the compile cannot run."""
+"""When a command compiles its decode step: a server on CUDA by default, anything else only when
+``--compile`` asks; the flag wins both ways and is refused in one line where it cannot run."""
 
 from __future__ import annotations
 
@@ -11,42 +10,25 @@ from common.errors import UserError
 from inference.compiled_step import choose_compile
 
 
-@pytest.mark.parametrize("device", ["cpu", "cuda"])
-def test_one_generation_or_chat_never_compiles_by_default(device):
-    assert choose_compile(None, device=torch.device(device)) is False
+@pytest.mark.parametrize("flag, device, serving, use_cache, triton, compiles", [
+    (None, "cpu", False, True, True, False), (None, "cuda", False, True, True, False),  # one generation or chat
+    (None, "cuda", True, True, True, True), (None, "cpu", True, True, True, False), (None, "mps", True, True, True, False),
+    (None, "cuda", True, False, True, False),  # the default never compiles without the cache
+    (None, "cuda", True, True, False, False),  # nor without Triton
+    (True, "cuda", False, True, True, True), (True, "cuda", True, True, True, True),
+    (False, "cuda", False, True, True, False), (False, "cuda", True, True, True, False),
+])
+def test_the_default_and_the_flag_decide(monkeypatch, flag, device, serving, use_cache, triton, compiles):
+    monkeypatch.setattr("inference.compiled_step._triton_installed", lambda: triton)
+    assert choose_compile(flag, device=torch.device(device), serving=serving, use_cache=use_cache) is compiles
 
 
-def test_a_server_compiles_by_default_on_cuda_only(monkeypatch):
-    monkeypatch.setattr("inference.compiled_step._triton_installed", lambda: True)
-    assert choose_compile(None, device=torch.device("cuda"), serving=True) is True
-    assert choose_compile(None, device=torch.device("cpu"), serving=True) is False
-    assert choose_compile(None, device=torch.device("mps"), serving=True) is False
-
-
-def test_the_default_never_compiles_without_the_cache(monkeypatch):
-    monkeypatch.setattr("inference.compiled_step._triton_installed", lambda: True)
-    assert choose_compile(None, use_cache=False, device=torch.device("cuda"), serving=True) is False
-
-
-def test_without_triton_a_cuda_server_stays_eager_and_compile_is_refused_in_one_line(monkeypatch):
+@pytest.mark.parametrize("device, use_cache, message", [
+    ("cuda", True, r"^torch.compile on CUDA needs Triton \(pip install triton\); drop --compile$"),
+    ("mps", True, r"^torch.compile's decode step runs on cpu or cuda, not mps; drop --compile$"),
+    ("cpu", False, r"^--compile compiles the cached decode step; drop --no-cache or --compile$"),
+])
+def test_a_compile_that_cannot_run_is_refused_in_one_line(monkeypatch, device, use_cache, message):
     monkeypatch.setattr("inference.compiled_step._triton_installed", lambda: False)
-    assert choose_compile(None, device=torch.device("cuda"), serving=True) is False
-    with pytest.raises(UserError, match=r"^torch.compile on CUDA needs Triton \(pip install triton\); drop --compile$"):
-        choose_compile(True, device=torch.device("cuda"), serving=True)
-
-
-@pytest.mark.parametrize("serving", [False, True])
-def test_the_flag_decides_both_ways(serving, monkeypatch):
-    monkeypatch.setattr("inference.compiled_step._triton_installed", lambda: True)
-    assert choose_compile(True, device=torch.device("cuda"), serving=serving) is True
-    assert choose_compile(False, device=torch.device("cuda"), serving=serving) is False
-
-
-def test_compile_on_an_unsupported_device_is_refused_in_one_line():
-    with pytest.raises(UserError, match=r"^torch.compile's decode step runs on cpu or cuda, not mps; drop --compile$"):
-        choose_compile(True, device=torch.device("mps"))
-
-
-def test_compile_without_the_cache_is_refused_in_one_line():
-    with pytest.raises(UserError, match=r"^--compile compiles the cached decode step; drop --no-cache or --compile$"):
-        choose_compile(True, use_cache=False, device=torch.device("cpu"))
+    with pytest.raises(UserError, match=message):
+        choose_compile(True, device=torch.device(device), use_cache=use_cache)

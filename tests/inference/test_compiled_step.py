@@ -1,11 +1,7 @@
-"""The compiled decode step the engine runs for ``--compile`` (``inference.aot_step.decode_step``: on
-the CPU built ahead of time by AOTInductor, on a GPU ``torch.compile``'s CUDA graph) against the eager
-path, which stays the reference: the same tokens (greedy and seeded), cache == recomputation still,
-log-probabilities within a stated fp32 bound, served rows equal to the same request alone, and one
-compilation for a generation of any length. Compiling costs seconds (on the CPU tens of them), so
-the default tests use one shape, one row reading its own window: its CPU package is built once per
-session into the session's compile cache (tests/conftest.py) and loaded by every test after; the
-batch-invariant shapes, other models and the other attention kinds are e2e."""
+"""The compiled decode step (``--compile``: AOTInductor on the CPU, a CUDA graph on a GPU) against eager:
+the same tokens, log-probabilities within a stated fp32 bound, one compilation for any length.
+Compiling costs seconds, so the default tests share one shape built once per session
+(tests/conftest.py); the batch-invariant shapes, other models and attention kinds are e2e."""
 
 from __future__ import annotations
 
@@ -85,9 +81,8 @@ def test_a_long_generation_compiles_once(device_run):
 
 @pytest.mark.e2e  # a compile of its own (three rows, batch-invariant)
 def test_a_step_compiled_on_one_thread_serves_on_the_engine_thread(device_run):
-    """The server's handoff: the step is compiled (on CUDA, its graph recorded) on the main thread,
-    then stepped on the engine's own thread (CUDA graph trees keep per-thread state). Its replies
-    must equal the same requests stepped on the thread that compiled them."""
+    """The server's handoff: compiled on the main thread, stepped on the engine's (CUDA graph trees keep
+    per-thread state), it replies as on the thread that compiled it."""
     requests = [(PROMPT_IDS, SamplingSettings(max_new_tokens=40, temperature=0.8, seed=11)),
                 ([7, 8, 9], SamplingSettings(max_new_tokens=25, temperature=0.0))]
     here = served(Engine(device_run.model, max_batch=3, compile=True), requests)
@@ -132,13 +127,6 @@ def test_a_compiled_server_row_equals_the_request_alone_bit_for_bit(device_run):
     together = served(engine, [others[0], mine, others[1]])[1]
     assert together.token_ids == alone.token_ids
     assert together.logprobs == alone.logprobs  # the same bits (a CUDA graph's outputs are copied out)
-
-
-def test_compile_without_the_cache_is_refused_in_one_line(capsys, run_dir):
-    code = main(["--run", str(run_dir), "--compile", "--no-cache", "--prompt", "x"])
-    out, err = capsys.readouterr()
-    assert code == 2 and out == ""
-    assert err == "error: --compile compiles the cached decode step; drop --no-cache or --compile\n"
 
 
 def test_generate_py_compile_reports_its_compile_once_and_prints_the_eager_text(capsys, run_dir):
@@ -234,9 +222,8 @@ def test_batch_invariant_rows_of_each_kind_decode_as_eager_bit_for_bit(kind):
 
 @pytest.mark.parametrize("batch_invariant", [False, pytest.param(True, marks=pytest.mark.e2e)])  # True: a compile of its own
 def test_a_compiled_row_reads_only_its_window_unless_batch_invariant(loaded_run, batch_invariant):
-    """Off the server, a CPU step reads only the slots up to the longest row's (a symbolic size, so
-    still one graph); the server's batch-invariant step reads every slot under its mask. NaN in the
-    slots past the row tells which: a masked NaN still poisons attention, an unread one cannot."""
+    """Off the server a CPU step reads only the slots up to the longest row's; the batch-invariant step
+    reads every slot under its mask. NaN past the row tells which: a masked NaN still poisons attention."""
     engine = Engine(loaded_run.model, max_batch=1, batch_invariant=batch_invariant, compile=True)
     assert engine.compiled.compile_seconds > 0
     engine.cache.lengths[0] = len(PROMPT_IDS)

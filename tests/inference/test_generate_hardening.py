@@ -1,5 +1,5 @@
-"""generate.py at the edges: a near-zero temperature is greedy, stdout closed or full, a --stop
-that is not UTF-8, an absurd --num-samples: one line and exit 2, never a traceback or a hang."""
+"""generate.py at the edges: a near-zero temperature is greedy; stdout closed or full is one line
+and exit 2, never a traceback or a hang."""
 
 from __future__ import annotations
 
@@ -39,19 +39,6 @@ def test_cli_near_zero_temperature_equals_greedy(capsys, run_dir):
         assert code == 0, err
         outputs.append(out)
     assert outputs[0] == outputs[1]
-
-
-def test_stop_that_is_not_utf8_is_refused_like_the_prompt(capsys, run_dir):
-    for flag in ("--stop", "--prompt"):
-        args = ["--run", str(run_dir), "--prompt", "ok", "--max-new-tokens", "2", flag, "ab\udcff"]
-        assert main(args) == 2
-        err = capsys.readouterr().err.strip()
-        assert err == f"error: {flag} is not valid UTF-8 (byte 0xff at offset 2); convert it to UTF-8"
-
-
-def test_absurd_num_samples_is_refused_before_loading(capsys, run_dir):
-    assert main(["--run", str(run_dir), "--num-samples", "10000000"]) == 2
-    assert "num_samples must be >= 1 and at most 1024" in capsys.readouterr().err
 
 
 def _generate(run_dir: Path, shell_redirect: str) -> subprocess.CompletedProcess:

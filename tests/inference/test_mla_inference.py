@@ -1,7 +1,5 @@
-"""generate.py's library paths on a multi-head latent attention run: the cache (absorbed decoding)
-against recomputation (expanded), several samples against single runs, and a chat whose turns are
-appended to the latent cache against recomputing the history; also with rotary positions (the
-decoupled rotary key) or none, and grouped-query runs with rotary or no positions."""
+"""generate.py's library paths on latent attention runs (learned, rotary or no positions) and on
+grouped-query runs with rotary or no positions: cache against recomputation, batches, chat."""
 
 from __future__ import annotations
 

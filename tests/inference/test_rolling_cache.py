@@ -1,8 +1,5 @@
-"""The rolling cache (attention sinks) of rotary and no-position runs, against references that never
-move a cached entry: past the window, the engine's logits equal those of the same kept tokens at
-the same cache positions, for grouped-query and latent attention, a prompt longer than the window
-included (prefilled in chunks, it must end as one token at a time would leave it). Learned runs
-still re-encode. Every window size down to one token decodes, with sinks that fit it."""
+"""The rolling cache (attention sinks) of rotary and no-position runs against references that never
+move a cached entry, for grouped-query and latent attention; learned runs still re-encode."""
 
 from __future__ import annotations
 
@@ -42,15 +39,13 @@ def tiny_model(n_layer: int, seed: int = 0, block_size: int = BLOCK, **options) 
 
 @dataclass(frozen=True)
 class Rule:
-    """StreamingLLM's rule written out: a window of ``block`` tokens keeps the first ``sinks`` and
-    the most recent ones, cut to ``keep`` whenever it outgrows the block."""
+    """StreamingLLM's rule: keep the first ``sinks`` and the newest, cut to ``keep`` past ``block``."""
 
     block: int = BLOCK
     sinks: int = SINKS
     keep: int = KEEP
 
     def after(self, kept: list[int], index: int) -> list[int]:
-        """The window's stream indices once token ``index`` is in."""
         kept = [*kept, index]
         if len(kept) > self.block:
             del kept[self.sinks:self.sinks + len(kept) - self.keep]
@@ -64,9 +59,8 @@ class Rule:
 
 
 class ReadTimeRotation:
-    """The reference for any depth: a ``LayerCache`` of one row, fed one token per pass at its slot
-    in the window, that keeps every token's entries as the model wrote them (and the slot it wrote
-    them at) and never moves them; a read turns the rotary part to the token's present slot."""
+    """The reference for any depth: a one-row ``LayerCache`` fed a token per pass that never moves an
+    entry as written; a read turns the rotary part to the token's present slot."""
 
     def __init__(self, model: GPT, rule: Rule = Rule()) -> None:
         self.model, self.rule = model, rule
@@ -76,7 +70,6 @@ class ReadTimeRotation:
         self.part = slice(None) if model.config.attention == "gqa" else slice(model.config.kv_latent_dim, None)
 
     def feed(self, token: int, index: int) -> torch.Tensor:
-        """Log-probabilities of the next token after ``token``, the stream's ``index``-th."""
         self.kept = self.rule.after(self.kept, index)
         self.index, self.slot = index, len(self.kept) - 1
         hidden = self.model.hidden_states(torch.tensor([[token]]), torch.tensor([[self.slot]]), self)
@@ -98,8 +91,7 @@ class ReadTimeRotation:
 
 def engine_logprobs(model: GPT, prompts: list[list[int]], new: int, prefill_chunk: int = 8,
                     **engine) -> list[list[Event]]:
-    """Every generated token's event (greedy, with the top 5 log-probabilities) of each prompt,
-    decoded side by side in one engine."""
+    """Each prompt's generated events (greedy, top 5 log-probabilities), side by side in one engine."""
     events: list[list[Event]] = [[] for _ in prompts]
     runner = Engine(model, max_batch=len(prompts), prefill_chunk=prefill_chunk, **engine)
     settings = SamplingSettings(max_new_tokens=new, temperature=0.0, top_p=None)
@@ -110,14 +102,12 @@ def engine_logprobs(model: GPT, prompts: list[list[int]], new: int, prefill_chun
 
 
 def prompts(lengths: tuple[int, ...] = (5, 11, 2 * BLOCK + 7)) -> list[list[int]]:
-    """Random prompts; the last is longer than two windows, so that its prefill rolls twice."""
     g = torch.Generator().manual_seed(3)
     return [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in lengths]
 
 
 def assert_follows(events: list[Event], prompt: list[int], reference_logprobs) -> None:
-    """The engine's tokens are the reference's greedy choices, and their log-probabilities (the
-    chosen token's and the top 5) the reference's, fed the same stream."""
+    """The engine's tokens and top 5 log-probabilities are the reference's, fed the same stream."""
     stream = list(prompt)
     logprobs = None
     for index, token in enumerate(prompt):
@@ -138,9 +128,8 @@ ENGINES = {"plain": dict(batch_invariant=False), "server": dict(batch_invariant=
 @pytest.mark.parametrize("kind", list(KINDS))
 @pytest.mark.parametrize("engine", list(ENGINES))
 def test_one_layer_rolling_cache_equals_recomputing_the_kept_tokens(kind, engine):
-    """One layer: a cached entry depends on its token and slot alone, so the rolling cache must
-    equal a plain forward pass (no cache) over the kept tokens from position 0; and so must the
-    engine without its cache, which re-encodes the same kept tokens for every token."""
+    """One layer: an entry depends on its token and slot alone, so a forward pass over the kept tokens
+    is the reference, for the engine with and without its cache."""
     model = tiny_model(1, **KINDS[kind])
     rows = prompts()
 
@@ -156,9 +145,8 @@ def test_one_layer_rolling_cache_equals_recomputing_the_kept_tokens(kind, engine
 
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_two_layer_rolling_cache_equals_a_cache_that_turns_keys_when_read(kind):
-    """Two layers: a kept token's deeper entries were computed beside tokens since evicted, as in
-    StreamingLLM. The reference keeps every entry where it was written and turns rotary keys to
-    their present slot at each read; the engine moves them once per eviction instead."""
+    """Two layers: deeper entries were computed beside tokens since evicted, so the reference turns
+    keys at each read where the engine moves them once per eviction."""
     model = tiny_model(2, seed=1, **KINDS[kind])
     rows = prompts()
     with torch.inference_mode():
@@ -170,8 +158,7 @@ def test_two_layer_rolling_cache_equals_a_cache_that_turns_keys_when_read(kind):
 
 @pytest.mark.parametrize("kind", ["gqa-rope", "mla-rope"])
 def test_the_reference_catches_keys_moved_without_turning(kind):
-    """The case where the answer is no: a cache that moves the kept entries down but leaves their
-    rotary keys where they were turned is caught, within the first windows past the eviction."""
+    """A cache that moves kept entries without turning their rotary keys is caught."""
     model = tiny_model(2, seed=1, **KINDS[kind])
     model.move_entries = lambda entries, offset: None  # the bug: entries move, keys keep their angle
     prompt = prompts()[0]
@@ -203,32 +190,11 @@ def test_learned_runs_re_encode_and_bad_sinks_are_refused():
         model.move_entries({}, 1)
 
 
-def test_a_rolled_row_neither_stores_nor_finds_prefix_pages():
-    """A page is the entries of a prompt's chunk from position 0: a rolled row's positions hold
-    none, so it must not add pages past its prompt; a second request with the same prompt still
-    gets the same tokens, from the prompt's first page. (A learned run re-encodes, and stores
-    the pages of each re-encoded window.)"""
-    model = tiny_model(2, positions="rope")
-    prompt = list(range(1, 17))  # a whole window: two pages of 8
-    settings = SamplingSettings(max_new_tokens=3 * BLOCK, temperature=0.0, top_p=None)
-    engine = Engine(model, max_batch=1, prefill_chunk=8, prefix_cache_bytes=2**20)
-    finishes = []
-    with torch.inference_mode():
-        for _ in range(2):
-            engine.submit(prompt, settings, lambda e: e.finish and finishes.append(e.finish))
-            engine.run_until_idle()
-            assert len(engine.prefix_cache) == 2
-    assert finishes[0].token_ids == finishes[1].token_ids and len(finishes[0].token_ids) == 3 * BLOCK
-    # The second copies the first page in; the last is computed again, for its logits.
-    assert (finishes[0].cached_tokens, finishes[1].cached_tokens) == (0, 8)
-
-
 @pytest.mark.parametrize("kind", list(KINDS))
 @pytest.mark.parametrize("chunk", [5, BLOCK])
 def test_a_long_prompt_prefilled_in_chunks_equals_feeding_it_one_token_at_a_time(kind, chunk):
-    """The engine's own reference: a prompt of two and a half windows prefilled a token per chunk
-    rolls exactly as decoding does; in chunks that do not divide the window, or fill it, it must
-    end with the same cache, so the same tokens and log-probabilities follow."""
+    """A prefill a token per chunk rolls as decoding does; chunks that do not divide the window, or
+    fill it, must end with the same cache."""
     model = tiny_model(2, seed=2, **KINDS[kind])
     prompt = prompts()[-1]
     with torch.inference_mode():
@@ -246,10 +212,8 @@ SMALL_WINDOWS = range(1, 9)
 @pytest.mark.parametrize("kind", list(KINDS))
 @pytest.mark.parametrize("block", SMALL_WINDOWS)
 def test_every_small_window_rolls_with_sinks_that_fit_it(kind, block):
-    """However small the window, the default sinks fit it: a quarter of a window under 16 tokens
-    (none under 4), and the rest rolls. A prompt of three windows and a reply of three more follow
-    StreamingLLM's rule with those sinks, keeping three quarters of the window when it rolls (never
-    fewer than the sinks and the newest token)."""
+    """The default sinks fit any window (a quarter under 16 tokens), and a roll keeps three quarters
+    of it, never fewer than the sinks and the newest token."""
     sinks = min(SINKS, block // 4)
     rule = Rule(block, sinks, max(int(0.75 * block), sinks + 1))
     model = tiny_model(2, seed=1, block_size=block, **KINDS[kind])
@@ -262,9 +226,8 @@ def test_every_small_window_rolls_with_sinks_that_fit_it(kind, block):
 
 @pytest.mark.parametrize("block", SMALL_WINDOWS)
 def test_every_small_learned_window_re_encodes_as_recomputation_does(block):
-    """A learned run keeps no sinks and never rolls, so no default of the rolling window may stop
-    it: a prompt longer than the window is cut to its last block_size tokens, and past the window
-    the cache re-encodes exactly the window a full recomputation reads."""
+    """A learned run never rolls: a long prompt is cut to its last block_size tokens, and the cache
+    re-encodes the window a recomputation reads."""
     model = tiny_model(2, seed=1, block_size=block, positions="learned")
     prompt = prompts((3 * block + 1,))[0]
     settings = SamplingSettings(max_new_tokens=3 * block, temperature=0.0, top_p=None)
@@ -278,9 +241,7 @@ def test_every_small_learned_window_re_encodes_as_recomputation_does(block):
 
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_a_long_prompts_log_probabilities_are_those_of_its_rolling_prefill(kind):
-    """With echo, each token of a prompt of two and a half windows gets the log-probability that
-    feeding the prompt one token at a time through the rolling cache gives it (the reference
-    turns keys when read), chunk by chunk, with the most likely alternatives."""
+    """With echo, a long prompt's tokens get the log-probabilities of feeding it a token at a time."""
     model = tiny_model(2, seed=1, **KINDS[kind])
     prompt = prompts()[-1]
     finishes = []
@@ -299,13 +260,13 @@ def test_a_long_prompts_log_probabilities_are_those_of_its_rolling_prefill(kind)
         assert [i for i, _ in logprob.top] == logprobs.topk(3).indices.tolist()
 
 
-def test_a_long_prompt_takes_the_pages_of_its_first_window_and_rolls_on():
-    """Pages are chunks from position 0, so a long prompt stores and finds those of its first window
-    only; a second request with the same prompt copies them in (they fill the window, so it rolls
-    at once) and gets the same tokens as the first."""
+@pytest.mark.parametrize("prompt, new, cached", [(list(range(1, 17)), 3 * BLOCK, 8), (prompts()[-1], BLOCK, BLOCK)])
+def test_a_rolled_row_stores_and_finds_only_its_first_windows_prefix_pages(prompt, new, cached):
+    """Pages are chunks from position 0: a rolled row adds none past its first window, and a repeat
+    of the prompt copies those in (all but a last page that ends the prompt, computed for its logits)
+    and gets the same tokens."""
     model = tiny_model(2, positions="rope")
-    prompt = prompts()[-1]
-    settings = SamplingSettings(max_new_tokens=BLOCK, temperature=0.0, top_p=None)
+    settings = SamplingSettings(max_new_tokens=new, temperature=0.0, top_p=None)
     engine = Engine(model, max_batch=1, prefill_chunk=8, prefix_cache_bytes=2**20)
     finishes = []
     with torch.inference_mode():
@@ -313,5 +274,5 @@ def test_a_long_prompt_takes_the_pages_of_its_first_window_and_rolls_on():
             engine.submit(prompt, settings, lambda e: e.finish and finishes.append(e.finish))
             engine.run_until_idle()
             assert len(engine.prefix_cache) == BLOCK // 8
-    assert finishes[0].token_ids == finishes[1].token_ids and len(finishes[0].token_ids) == BLOCK
-    assert (finishes[0].cached_tokens, finishes[1].cached_tokens) == (0, BLOCK)
+    assert finishes[0].token_ids == finishes[1].token_ids and len(finishes[0].token_ids) == new
+    assert (finishes[0].cached_tokens, finishes[1].cached_tokens) == (0, cached)

@@ -23,20 +23,13 @@ def test_top_k_keeps_exactly_the_k_largest():
         smallest_kept = logits.masked_fill(~kept, float("inf")).min(-1).values
         largest_dropped = logits.masked_fill(kept, NEG_INF).max(-1).values
         assert (smallest_kept > largest_dropped).all()
+        out = filter_logits(logits, top_k=k)
+        assert torch.equal(out[out.isfinite()], logits[out.isfinite()])  # kept values unchanged
+    assert filter_logits(torch.tensor([[1.0, 3.0, 3.0, 3.0, 0.0]]), top_k=2).isfinite().sum().item() == 2  # ties
 
 
-def test_top_k_keeps_exactly_k_under_ties():
-    logits = torch.tensor([[1.0, 3.0, 3.0, 3.0, 0.0]])
-    assert filter_logits(logits, top_k=2).isfinite().sum().item() == 2
-
-
-def test_top_k_leaves_kept_values_unchanged():
-    logits = torch.randn(2, 10, generator=gen(1))
-    out = filter_logits(logits, top_k=3)
-    assert torch.equal(out[out.isfinite()], logits[out.isfinite()])
-
-
-@pytest.mark.parametrize("p, kept", [(0.3, [0]), (0.75, [0, 1]), (0.81, [0, 1, 2]), (0.99, [0, 1, 2, 3])])
+@pytest.mark.parametrize("p, kept", [(0.3, [0]), (0.5, [0]), (0.75, [0, 1]), (0.8, [0, 1]), (0.81, [0, 1, 2]),
+                                     (0.99, [0, 1, 2, 3])])
 def test_top_p_keeps_smallest_prefix_with_enough_mass(p, kept):
     # Probabilities 0.5, 0.3, 0.15, 0.05 sit on shuffled ids.
     order = torch.tensor([2, 0, 3, 1])
@@ -44,9 +37,6 @@ def test_top_p_keeps_smallest_prefix_with_enough_mass(p, kept):
     logits[0, order] = torch.tensor([0.5, 0.3, 0.15, 0.05]).log()
     out = filter_logits(logits, top_p=p)
     assert sorted(out[0].isfinite().nonzero().flatten().tolist()) == sorted(order[kept].tolist())
-
-
-def test_top_p_stops_as_soon_as_the_mass_reaches_p():
     # Four equal probabilities of exactly 0.25: two ids hold exactly 0.5, so a third is not needed.
     assert filter_logits(torch.zeros(1, 4), top_p=0.5).isfinite().sum().item() == 2
 
@@ -63,10 +53,6 @@ def test_top_p_property_on_random_distributions():
             assert mass.sum() - mass.min() < p + 1e-6  # minimal: without its smallest it falls short
             if dropped.numel():  # a prefix by probability
                 assert mass.min() >= dropped.max()
-
-
-def test_top_p_one_and_none_keep_everything():
-    logits = torch.randn(3, 20, generator=gen(3))
     assert torch.equal(filter_logits(logits, top_p=1.0), logits)
     assert torch.equal(filter_logits(logits), logits)
 
@@ -78,12 +64,8 @@ def test_repetition_penalty_divides_positive_and_multiplies_negative():
     assert torch.equal(out, torch.tensor([[1.0, -4.0, 1.0, -1.0, 0.25]]))
     assert torch.equal(logits, torch.tensor([[2.0, -2.0, 1.0, -1.0, 0.5]]))  # input untouched
     assert apply_repetition_penalty(logits, seen, 1.0) is logits
-
-
-def test_repetition_penalty_is_per_row():
-    logits = torch.ones(2, 4)
-    out = apply_repetition_penalty(logits, torch.tensor([[0], [3]]), 4.0)
-    assert out.tolist() == [[0.25, 1, 1, 1], [1, 1, 1, 0.25]]
+    per_row = apply_repetition_penalty(torch.ones(2, 4), torch.tensor([[0], [3]]), 4.0)
+    assert per_row.tolist() == [[0.25, 1, 1, 1], [1, 1, 1, 0.25]]
 
 
 def test_temperature_zero_is_argmax_and_consumes_no_randomness():
@@ -134,15 +116,10 @@ def test_generator_list_gives_each_row_its_own_stream():
         assert batch[row] == single[0]
     with pytest.raises(ValueError, match="got 2 generators for 3 rows"):
         sample_next_token(logits, temperature=1.0, generator=[gen(1), gen(2)])
-
-
-def test_single_generator_serves_rows_in_order():
-    logits = torch.randn(1, 25, generator=gen(9)).expand(2, 25)
-    batch = sample_next_token(logits, temperature=1.0, generator=gen(13))
-    g = gen(13)
-    first = sample_next_token(logits[:1], temperature=1.0, generator=g)
-    second = sample_next_token(logits[:1], temperature=1.0, generator=g)
-    assert batch.tolist() == [first.item(), second.item()]
+    # One generator serves the rows in order.
+    batch, g = sample_next_token(logits, temperature=1.0, generator=gen(13)), gen(13)
+    assert batch.tolist() == [sample_next_token(logits[row:row + 1], temperature=1.0, generator=g).item()
+                              for row in range(3)]
 
 
 def test_sampling_frequencies_follow_the_distribution():

@@ -1,7 +1,5 @@
 """Runs with windows of a few tokens, every kind of positions, through generate.py and its chat:
-nothing meant for larger windows (the rolling window's default sinks) may stop them. A prompt longer
-than the window is cut to the window where the positions are learned, and rolls through the cache
-where they are rotary or none; a chat that cannot fit a learned window is refused in one line."""
+nothing meant for larger windows (the default sinks) may stop them."""
 
 from __future__ import annotations
 

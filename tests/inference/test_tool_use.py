@@ -1,7 +1,5 @@
-"""Decoding with tools in the one engine: a run that calls the calculator answers through real
-calls, its reply's ids are what it sampled with the results inserted, a batch gives every row what
-it gets alone, and malformed calls, tool errors, the call limit, the token budget and the window
-each end or steer the reply as documented."""
+"""Decoding with tools in the engine: answers through real calls, a batch row as alone, and malformed
+calls, tool errors, the call limit, the token budget and the window end or steer the reply."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""Shared fixtures for the model tests: small random models with well-spread logits.
-
-GPT-2 initialisation (std 0.02) makes a tiny model's logits nearly equal, so greedy decoding
-would hinge on 1e-7 differences and cached/uncached comparisons would be flaky. These models get
-weights scaled to keep activations O(1), and logits spread (top-2 gaps ~1e-3 and up) yet small
-enough that fp32 rounding (~2e-6 against a float64 run) stays well under the 1e-5 tolerances.
-"""
+"""Small random models with well-spread logits. GPT-2's initialisation makes a tiny model's logits nearly
+equal (greedy decoding would hinge on 1e-7 differences); these keep activations O(1) and top-2 gaps of
+~1e-3 and up, yet fp32 rounding (~2e-6 against float64) well under the 1e-5 tolerances."""
 
 from __future__ import annotations
 
@@ -46,8 +42,7 @@ def make_model() -> Callable[..., GPT]:
 
 @pytest.fixture(autouse=True)
 def single_thread():
-    """Run these tests on one thread. Their matmuls are tiny, and on a busy 2-core machine the
-    second OpenMP thread makes every op wait for a core (we measured 10x slowdowns)."""
+    """One thread: the matmuls are tiny, and on a busy machine a second OpenMP thread waits for a core."""
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

@@ -1,17 +1,8 @@
-"""Golden logits: learned positions' arithmetic pinned to recorded numbers.
-
-Learned positions are the default, and every run trained before a refactor must keep computing what
-it computed. Other tests compare two paths of today's code with each other (a cache against a
-recomputation, an export against the model), so a change that moves both alike passes them all. This
-one compares today's code with numbers recorded from the code as it was (the refactor of
-post-training into ``training/tasks``), on fixed weights and a fixed input, at a tolerance that only
-the summation order of another CPU's float32 kernels can use up. If it fails after a refactor, the
-refactor changed what a trained model computes: find out why before recording new numbers.
-
-The weights are drawn per tensor from a generator seeded by the tensor's name, not from the model's
-own initialisation, so that adding a parameter, or drawing the initial weights in another order,
-changes nothing here.
-"""
+"""Golden logits: learned positions' (the default's) arithmetic pinned to numbers recorded from the code
+as it was (the refactor of post-training into ``training/tasks``). Other tests compare two paths of
+today's code, which a change that moves both alike passes; this one fails if a refactor changed what a
+trained model computes: find out why before recording new numbers. The weights are drawn per tensor,
+seeded by its name, so a new parameter or another order of initialisation changes nothing here."""
 
 from __future__ import annotations
 
@@ -58,7 +49,7 @@ def golden_model() -> GPT:
     return model
 
 
-def test_learned_positions_compute_the_recorded_logits():
+def test_learned_positions_compute_the_recorded_logits_with_and_without_the_cache():
     model = golden_model()
     assert model.config.positions == "learned"  # the default this test pins
     ids = torch.tensor([IDS])
@@ -66,13 +57,8 @@ def test_learned_positions_compute_the_recorded_logits():
         logits = model(ids)[0]
     torch.testing.assert_close(logits[:, :6], torch.tensor(FIRST_SIX), **TOLERANCE)
     torch.testing.assert_close(torch.logsumexp(logits, -1), torch.tensor(LOGSUMEXP), **TOLERANCE)
-
-
-def test_decoding_through_the_cache_reaches_the_recorded_last_logits():
     # The cache path adds each new token's position from the cache's length: the last token, decoded
     # after the others were prefilled, must read the table at position 9 as the full pass does.
-    model = golden_model()
-    ids = torch.tensor([IDS])
     with torch.no_grad():
         cache = model.init_cache(1)
         model(ids[:, :-1], cache=cache)

@@ -151,11 +151,9 @@ def test_standalone_cache_reports_its_shape_and_lengths():
 
 @pytest.mark.parametrize("overrides", [dict(n_kv_head=2), dict(n_kv_head=1)], ids=["gqa", "mqa"])
 def test_decoding_holds_when_attention_returns_another_memory_layout(make_model, monkeypatch, overrides):
-    """CUDA's attention kernels may return their output with the head dimensions in another memory
-    order than the CPU's (on an H200 a one-token GQA step came back with strides (64, 16, 32, 1),
-    which a .view() refused). The CPU never does that, so here every call's output is given that
-    layout: same values, permuted strides. (Latent attention only splits its output's one head
-    axis, which any layout allows.)"""
+    """CUDA's attention may return its heads in another memory order (an H200's one-token GQA step gave
+    strides (64, 16, 32, 1), which a .view() refused); the CPU never does, so here every output is given
+    that layout. (Latent attention only splits its one head axis, which any layout allows.)"""
     import model.gpt as gpt
 
     plain = gpt.F.scaled_dot_product_attention

@@ -83,13 +83,13 @@ def test_hand_counted_parameters():
     untied = GPT(GPTConfig(**SMALL, tie_embeddings=False))
     assert untied.num_params() == embeddings + 2 * block + 12 + 10 * 12
     assert untied.num_params(include_embeddings=False) == 2 * block + 12 + 10 * 12
+    assert untied.lm_head.weight is not untied.tok_emb.weight
 
 
 @pytest.mark.parametrize("n_kv_head", [1, 2, 6])
 def test_flops_per_token_matches_a_measured_count(make_model, n_kv_head):
-    """FlopCounterMode counts every matmul of a real forward + backward. The math SDPA backend
-    spells attention out as matmuls (full score matrix, K/V repeated per query head), which is
-    exactly what the formula assumes."""
+    # The math SDPA backend spells attention out as matmuls (full scores, K/V repeated per query
+    # head), which is exactly what the formula assumes.
     model = make_model(n_kv_head=n_kv_head).train()
     batch, seq_len = 2, 24
     idx = torch.randint(0, 97, (batch, seq_len))
@@ -115,11 +115,6 @@ def test_gpt2_initialisation():
     assert model.lm_head.weight is model.tok_emb.weight
 
 
-def test_untied_head_is_a_separate_matrix():
-    model = GPT(GPTConfig(**SMALL, tie_embeddings=False))
-    assert model.lm_head.weight is not model.tok_emb.weight
-
-
 def test_loss_trains_down_on_a_repeated_batch():
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=16, block_size=16, n_layer=1, n_head=2, n_kv_head=1, n_embd=16))
@@ -133,7 +128,6 @@ def test_loss_trains_down_on_a_repeated_batch():
         loss.backward()
         opt.step()
     assert loss.item() < 0.5 * first
-
 
 
 def test_rotary_positions_turn_each_pair_as_a_complex_number_turns():

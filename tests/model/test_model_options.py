@@ -17,10 +17,10 @@ SHAPE = dict(vocab_size=97, block_size=16, n_layer=2, n_head=4, n_kv_head=2, n_e
 MLA = dict(attention="mla", n_kv_head=4, kv_latent_dim=16)
 
 
-@pytest.mark.parametrize("options", [ALL_OPTIONS, MLA_OPTIONS | MLA, dict(tie_embeddings=False),
+@pytest.mark.parametrize("options", [ALL_OPTIONS, MLA_OPTIONS | MLA, dict(tie_embeddings=False, n_kv_head=1),
                                      ALL_OPTIONS | dict(positions="rope"), MLA_OPTIONS | MLA | dict(positions="rope"),
                                      dict(positions="none")],
-                         ids=["gqa", "mla", "untied", "gqa-rope", "mla-rope", "none"])
+                         ids=["gqa", "mla", "untied-mqa", "gqa-rope", "mla-rope", "none"])
 def test_parameter_count_from_the_config_matches_the_model(options):
     config = GPTConfig(**SHAPE | options)
     model = GPT(config)

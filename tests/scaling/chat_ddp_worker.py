@@ -1,12 +1,6 @@
-"""Measured under ``torchrun --nproc_per_node=2`` (``two_rank_steps_worker.py``): the assistant-only
-loss of a data-parallel step must equal one process's loss over the whole global batch, mean over
-every loss-bearing target.
-
-The ranks hold very different numbers of targets (rank 1's first micro-batch has none at all), so
-averaging per-rank means would give another gradient. The step goes through the chat task, as
-in training, which also counts the tokens every rank computed. Every rank computes the
-single-process reference (``worker_testkit`` says why); rank 0's comparison is returned.
-"""
+"""Under torchrun (``two_rank_steps_worker.py``): a data-parallel chat step's assistant-only loss equals
+one process's over the whole global batch, a mean over every loss-bearing target. The ranks hold
+very different target counts (rank 1's first micro-batch has none), so per-rank means would differ."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""Fixtures for trainer-level scaling tests: a local corpus with the TinyStories schema (one JSON
-object per line with a ``text`` column) and configs/small.yaml shrunk to run in seconds.
-
-The corpus is generated deterministically and tokenized once per session; every run afterwards
-(in-process or under torchrun) reads the same data cache.
-"""
+"""Fixtures for trainer-level scaling tests: a local TinyStories-shaped corpus, tokenized once per
+session, and configs/small.yaml shrunk to run in seconds."""
 
 from __future__ import annotations
 

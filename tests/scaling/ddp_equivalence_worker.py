@@ -1,16 +1,7 @@
-"""Measured under ``torchrun --nproc_per_node=2`` (``two_rank_steps_worker.py``): a data-parallel
-step must equal a single-process one.
-
-Two cases on the same global batch of micro-batches:
-
-A. 2 ranks × 1 micro-batch each  vs  1 process accumulating 2 micro-batches;
-B. 2 ranks × 2 accumulated micro-batches each  vs  1 process accumulating 4, where the first
-   micro-step of each rank must not communicate (``sync_gradients``) and the second must.
-
-Rank 1 builds its model from another seed on purpose: ``wrap_model`` must hand every rank rank
-0's weights. Every rank computes the single-process reference itself; rank 0's comparison is
-returned.
-"""
+"""Under torchrun (``two_rank_steps_worker.py``): a data-parallel step equals a single-process one,
+A. 2 ranks × 1 micro-batch vs 1 process accumulating 2;
+B. 2 ranks × 2 vs 1 process accumulating 4 (the first micro-step must not communicate).
+Rank 1 starts from another seed on purpose: ``wrap_model`` must hand every rank rank 0's weights."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""``train.py`` under torchrun, with rank 0 SIGKILLing its whole process group inside the n-th
-sharded save (the first argument), after every rank has written its shards and before the folder
-is published: the moment a sharded checkpoint is most exposed. The other arguments are train.py's.
-"""
+"""``train.py`` under torchrun, rank 0 SIGKILLing its process group inside the n-th sharded save (the
+first argument), shards written but not published. The other arguments are train.py's."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""Run under ``torchrun --nproc_per_node=2``: Muon + AdamW on FSDP-sharded weights must take the
-steps a single process takes on the whole batch.
-
-Both ranks shard one model (FSDP2, training/fsdp.py); each gets half of every global batch and
-the two accumulate 2 micro-batches each. Every rank also trains an unsharded copy on the whole batch
-(4 micro-batches) with the same optimizer; rank 0 writes the largest difference between both final
-weights, and the largest change of a weight, as JSON to the path given as the only argument.
-"""
+"""Under torchrun: Muon + AdamW on FSDP-sharded weights (2 ranks × 2 micro-batches) take the steps of
+an unsharded copy on the whole batch; rank 0 writes the largest weight difference and change as JSON."""
 
 from __future__ import annotations
 

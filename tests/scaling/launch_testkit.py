@@ -1,8 +1,5 @@
-"""Launching the command lines of the scaling tests: one plain process, or torchrun with several
-gloo processes on the CPU, in an environment of their own; and reading what every rank said.
-
-A plain module (not conftest) so tests can import it by a name no other test directory uses.
-"""
+"""Launching the scaling tests' command lines, as one process or under torchrun with gloo processes on
+the CPU, and reading what every rank said."""
 
 from __future__ import annotations
 
@@ -39,9 +36,7 @@ def torchrun(nproc: int, args: list[str]) -> list[str]:
 
 def launch(nproc: int, args: list[str], timeout: int = 240, env: dict[str, str] | None = None
            ) -> subprocess.CompletedProcess:
-    """``args`` (a script and its arguments) as one plain process, or under torchrun with ``nproc``
-    CPU processes; torchrun stops every worker when one fails, and the test kills torchrun itself on
-    a timeout."""
+    """``args`` (a script and its arguments) as one process, or under torchrun with ``nproc`` processes."""
     cmd = [sys.executable, *args] if nproc == 1 else torchrun(nproc, args)
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env or torchrun_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)

@@ -1,7 +1,5 @@
-"""train.parallel=fsdp (training/fsdp.py): the config's refusals, activation checkpointing, and,
-under torchrun with two gloo processes (e2e), Muon on sharded weights, losses equal to DDP's (a
-chat-tune from a parent run too), sharded checkpoints resumed at another world size, and a kill -9
-in the middle of a save."""
+"""train.parallel=fsdp: the torch floor, activation checkpointing, and under torchrun (e2e) Muon on
+sharded weights, DDP's losses, resumes at another world size, and a kill -9 inside a save."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""train.lora under torchrun (two gloo processes, e2e): DDP carries the frozen weights and trains
-the adapters alone, rank 0 writes the adapter and the merged weights, and the run resumes on one
-process."""
+"""train.lora under torchrun (e2e): DDP trains the adapters alone, rank 0 writes them and the merged
+weights, and the run resumes on one process."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""GRPO (data.format: rl) under torchrun with two gloo processes (e2e): the run equals the one-process run
-(every completion is seeded by its question's place in the epoch's order, whichever process samples
-it; the rollout metrics cover every process's rows), with the calculator in the loop too (a call is
-deterministic), and a reward that fails on one process alone stops both, each with the same one line."""
+"""GRPO under torchrun (e2e): the run equals the one-process run (each completion seeded by its
+question's place), with the calculator too, and a reward failing on one process stops both in one line."""
 
 from __future__ import annotations
 

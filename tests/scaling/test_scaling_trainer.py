@@ -1,7 +1,5 @@
-"""The trainer with wandb and torchrun, on configs/small.yaml pointed at local files and shrunk.
-
-What W&B received is read back from the offline run's record files (wandb_records.py).
-"""
+"""The trainer with wandb and torchrun on a shrunk configs/small.yaml; W&B's side read back from the
+offline run's files (wandb_records.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""configs/small.yaml's own path, which no GPU in CI runs: bf16 autocast and torch.compile, with the
-config's other options (value embeddings, AdamW, two accumulation steps), for a few steps of a
-shrunk model on the CPU, so that a change that breaks the GPU config fails here first."""
+"""configs/small.yaml's GPU path (bf16 autocast, torch.compile, its options) for a few steps of a shrunk
+model on the CPU, so that a change breaking the GPU config fails here first."""
 
 from __future__ import annotations
 

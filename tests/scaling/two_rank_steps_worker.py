@@ -1,7 +1,5 @@
-"""Run under ``torchrun --nproc_per_node=2``: the data-parallel step against one process's
-(``ddp_equivalence_worker``), then the chat step's loss over every loss-bearing target
-(``chat_ddp_worker``), in one launch: starting two processes costs more than both measurements.
-Rank 0 writes both as JSON to the path given as the only argument; the tests assert on it."""
+"""Under torchrun: ``ddp_equivalence_worker`` then ``chat_ddp_worker`` in one launch (two starts cost
+more than both); rank 0 writes both as JSON to the given path."""
 
 from __future__ import annotations
 

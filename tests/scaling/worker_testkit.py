@@ -1,9 +1,6 @@
-"""What every torchrun worker of these tests does around its measurement: join the process
-group, measure, have rank 0 write the results as JSON, and leave the group even on a failure.
-
-A measurement keeps every rank busy until it leaves: a single-process reference is computed on
-every rank rather than on rank 0 while the others wait in a collective, the state in which a loaded
-host saw gloo abort rank 0."""
+"""Every torchrun worker's frame: join the group, measure, rank 0 writes JSON, leave even on a failure.
+Every rank computes the single-process reference itself: ranks left waiting in a collective while
+rank 0 computed it saw gloo abort rank 0 on a loaded host."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Fixtures for the serving tests: tiny runs built once per session, loaded once, and serve.py on
-the chat run, started once for the modules that only send it requests."""
+"""Fixtures for the serving tests: tiny runs built and loaded once per session, and serve.py on the
+chat run, shared by the modules that only send it requests."""
 
 from __future__ import annotations
 
@@ -45,10 +45,15 @@ def options_run(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def chat_server(chat_run_dir):
-    """serve.py on the chat run (test_server.py and test_logprobs.py): 4 rows and 2 waiting, a
-    --max-tokens-cap that lets a request run on, and a body limit of 2 MB (test_server.py's MAX_BODY)
-    above the default, so that a context-length refusal reaches the model. A server start costs
-    seconds: the modules share one, each leaving it idle."""
+    """serve.py on the chat run: 4 rows and 2 waiting, a --max-tokens-cap that lets a request run on, and
+    a 2 MB body limit (test_server.py's MAX_BODY) so that a context-length refusal reaches the model."""
     with running_server(chat_run_dir, "--max-batch", "4", "--max-queue", "2", "--max-tokens-cap", "20000",
                         "--max-body-bytes", "2000000") as served:
         yield served
+
+
+@pytest.fixture(scope="module")
+def client(chat_server):
+    """The openai client of ``chat_server``."""
+    openai = pytest.importorskip("openai")
+    return openai.OpenAI(base_url=f"{chat_server.base}/v1", api_key="x", max_retries=0, timeout=60)

@@ -1,9 +1,6 @@
-"""The chat page at GET /, driven in headless Chromium against a real serve.py on 127.0.0.1.
-
-Needs Debian's ``chromium`` and ``chromium-driver`` and the ``selenium`` package; without them the
-tests skip, saying what to install. Set ``CHAT_PAGE_SCREENSHOT`` to a path to keep the screenshot
-the README shows (``CHAT_PAGE_SCREENSHOT=docs/chat-page.png``).
-"""
+"""The chat page at GET /, driven in headless Chromium against a real serve.py on 127.0.0.1. Needs
+``chromium``, ``chromium-driver`` and ``selenium`` (else skips); ``CHAT_PAGE_SCREENSHOT=docs/chat-page.png``
+keeps the README's screenshot."""
 
 from __future__ import annotations
 

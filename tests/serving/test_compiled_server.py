@@ -1,8 +1,5 @@
-"""serve.py --compile over a real socket: the decode step is compiled (and warmed) on the main
-thread and then stepped on the engine's own thread, and concurrent requests get the eager server's
-replies. On the CPU and, where there is one, on a CUDA GPU, where the server compiles by default
-and the engine's thread replays the CUDA graph the main thread recorded (CI has none;
-benchmarks/gpu_checks.sh runs it on a lent GPU)."""
+"""serve.py --compile: compiled on the main thread, stepped on the engine's, concurrent requests get
+the eager server's replies, on the CPU and on a CUDA GPU where there is one."""
 
 from __future__ import annotations
 

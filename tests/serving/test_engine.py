@@ -19,7 +19,6 @@ def api_settings(max_tokens: int, temperature: float = 1.0, top_p: float = 1.0, 
     return SamplingSettings(max_new_tokens=max_tokens, temperature=temperature, top_k=None, top_p=top_p, **options)
 
 
-
 class Collector:
     """An on_event callback that keeps every event and signals the last one."""
 
@@ -42,8 +41,8 @@ class Collector:
 
 
 def mixed_requests(run, count: int) -> list[tuple[list[int], SamplingSettings]]:
-    """Prompts of 1 to block_size tokens; lengths that stay inside the window and that slide it
-    several times; greedy and seeded sampling at several temperatures and top_p."""
+    """Prompts of 1 to block_size tokens, lengths inside the window and sliding it several times, greedy
+    and seeded at several temperatures and top_p."""
     g = torch.Generator().manual_seed(11)
     block = run.block_size
     requests = []
@@ -73,7 +72,11 @@ def test_32_concurrent_requests_each_equal_their_solo_run_and_generate_py(reques
     with Engine(chat_run.model, chat_run.token_bytes, max_batch=1) as engine:
         solo = [serve_all(engine, [request])[0].finish for request in requests]
     with Engine(chat_run.model, chat_run.token_bytes, max_batch=16) as engine:
-        together = [c.finish for c in serve_all(engine, requests)]
+        collectors = serve_all(engine, requests)
+    for collect in collectors:  # the streamed pieces join to the whole
+        assert collect.text == collect.finish.text
+        assert [e.token_id for e in collect.events] == list(collect.finish.token_ids)
+    together = [c.finish for c in collectors]
     assert any(len(f.token_ids) > 2 * chat_run.block_size for f in solo)  # the window slid
     for i, ((prompt, params), alone, mixed) in enumerate(zip(requests, solo, together)):
         assert mixed.token_ids == alone.token_ids, f"request {i}"
@@ -84,14 +87,6 @@ def test_32_concurrent_requests_each_equal_their_solo_run_and_generate_py(reques
         reference = generate_completions(chat_run, prompt, settings, batch_invariant=True).completions[0]
         assert list(alone.token_ids) == reference.token_ids, f"request {i} against generate.py"
         assert alone.text == reference.text
-
-
-def test_streamed_text_joins_to_the_whole_text(chat_run):
-    with Engine(chat_run.model, chat_run.token_bytes, max_batch=4) as engine:
-        collectors = serve_all(engine, mixed_requests(chat_run, 8))
-    for collect in collectors:
-        assert collect.text == collect.finish.text
-        assert [e.token_id for e in collect.events] == list(collect.finish.token_ids)
 
 
 def test_a_long_prompt_is_prefilled_in_chunks_between_other_rows_decode_steps(chat_run):

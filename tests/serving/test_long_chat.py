@@ -1,7 +1,5 @@
-"""A conversation far past a 128-token window is answered at every turn, the oldest messages
-dropped by the chat format's one policy, on every surface: the OpenAI client (which learns how
-many from the X-Dropped-Messages header), the chat page in headless Chromium (which shows a note),
-and the generate.py --chat REPL (which prints a notice between replies)."""
+"""A conversation far past a 128-token window is answered at every turn, the oldest messages dropped by
+the chat format's one policy: through the OpenAI client (X-Dropped-Messages), the chat page and the REPL."""
 
 from __future__ import annotations
 

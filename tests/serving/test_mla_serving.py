@@ -1,8 +1,6 @@
-"""A multi-head latent attention run served: each request equals the same request alone, bit for
-bit, and generate.py, whatever else decodes beside it (the latent cache's masked whole-buffer
-one-token path), in the engine and through the real OpenAI client over a socket; also with
-rotary positions (the decoupled rotary key cached beside the latent); grouped-query runs with rotary
-or no positions go through the same checks."""
+"""Latent attention runs served (learned and rotary positions; grouped-query runs with rotary or no
+positions too): each request equals itself alone, bit for bit, and generate.py, in the engine and
+through the OpenAI client."""
 
 from __future__ import annotations
 

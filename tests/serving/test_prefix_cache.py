@@ -1,10 +1,6 @@
-"""The prefix cache: a hit skips prefill work and changes no token, bit for bit; what it holds stays
-within its bound.
-
-The conversations run on a model whose arithmetic depends on how a prompt is cut into chunks (a
-wider context than the other serving tests; checked below), so a hit that skipped other chunks
-than it would have computed would show in the log-probabilities, which are compared exactly.
-"""
+"""The prefix cache: a hit skips prefill and changes no token, bit for bit; it stays within its bound.
+The model's arithmetic depends on how a prompt is cut into chunks (checked below), so a hit that
+skipped the wrong chunks would show in the exactly compared log-probabilities."""
 
 from __future__ import annotations
 
@@ -62,8 +58,8 @@ def serve_one(eng: Engine, prompt, params) -> Collector:
 
 
 def conversations(run, clients: int = 3) -> list[list[tuple[list[int], object]]]:
-    """Each client's turns: (prompt, settings). Turn n+1 resends turn n's prompt and reply, then a
-    new user message, as an OpenAI chat client does; the replies are those served with no cache."""
+    """Each client's turns, (prompt, settings): each resends the last prompt and its reply (served with
+    no cache) and a new message, as an OpenAI chat client does."""
     g = torch.Generator().manual_seed(5)
     vocab = len(run.token_bytes)
 
@@ -129,9 +125,8 @@ def tensors_held(root) -> list[torch.Tensor]:
 
 @pytest.mark.parametrize("page", [1, 8])
 def test_what_the_cache_holds_stays_within_its_bound(page):
-    """Measured, not taken from the cache's own count: the storage of every tensor it references
-    (views and slack included), and every Python byte it keeps (tracemalloc: the index, its keys
-    and their integers, which the prompts it came from no longer share)."""
+    """Measured, not the cache's own count: every tensor storage it references, and every Python byte it
+    keeps (tracemalloc)."""
     bound = 2**20
     entries = {"k": torch.randn(2, 2, page, 16), "v": torch.randn(2, 2, page, 16)}
     cache = PrefixCache(page, bound)
@@ -198,8 +193,7 @@ def test_hits_skip_prefill_and_change_no_token_nor_logprob_bit(request, attentio
 
 
 def test_concurrent_conversations_with_a_small_cache_still_equal_their_solo_runs(wide_run):
-    """Rows prefilling side by side share pages as they appear; a cache of a few pages evicts
-    all the time. Neither changes a token."""
+    """Rows prefilling side by side share pages, and a small cache evicts all the time: no token changes."""
     turns = conversations(wide_run, clients=4)
     page_bytes = engine(wide_run).cache.nbytes() // BLOCK * PAGE  # one row's page
     solo = [serve_one(engine(wide_run), *turn).finish for client in turns for turn in client]
@@ -236,9 +230,8 @@ def test_the_server_reports_cached_tokens_as_openai_does(wide_run_dir, wide_run)
 
 @pytest.mark.e2e
 def test_a_server_with_one_token_pages_grows_by_about_its_bound(wide_run_dir):
-    """The case that once grew by forty times its bound: pages of one token, and 40 distinct
-    prompts that would fill the cache several times over. The server's resident memory may grow by
-    the bound, and as much again for the allocator and everything else a request touches."""
+    """Once it grew by forty times its bound: one-token pages, 40 distinct prompts; the server may grow by
+    the bound and as much again for everything else a request touches."""
     bound_mb = 4
     generator = random.Random(1)
     with running_server(wide_run_dir, "--prefill-chunk", "1", "--prefix-cache-mb", str(bound_mb),

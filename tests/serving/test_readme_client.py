@@ -1,6 +1,5 @@
-"""The README's OpenAI snippet, run as written (only its address changed) against a run named
-``tiny``: it prints generate.py's text for the same prompt and seed, because it passes generate.py's
-sampling settings rather than taking the API's (OpenAI's) defaults."""
+"""The README's OpenAI snippet, run as written (only its address changed): it prints generate.py's text,
+because it passes generate.py's sampling settings rather than OpenAI's defaults."""
 
 from __future__ import annotations
 

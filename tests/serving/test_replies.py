@@ -1,6 +1,4 @@
-"""Each response kind's shape (serving.replies) and the stream a reply makes of engine events
-(serving.streaming.stream_chunks), without a model or a socket: the fields OpenAI's completions
-and chat completions APIs define, in each kind's own place."""
+"""Each response kind's shape and the stream a reply makes of engine events, without a model or socket."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""A rotary-position run served past its window, through the real OpenAI client over a socket: a
-completion and a chat reply run on to max_tokens > block_size by rolling the cache (no request ends at
-the window), concurrent long requests equal generate.py's tokens, and the server keeps serving. A
-prompt longer than the window rolls through the cache too, on both endpoints, as generate.py's does."""
+"""A rotary-position run served past its window through the OpenAI client: replies and long prompts roll
+the cache as generate.py's do, concurrent long requests equal generate.py's tokens."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Requests are checked once, where they are parsed: against their shape and the server's rules.
-
-No server here: what the routes receive from ``parse_request`` is already checked (the HTTP tests
-in test_server.py and test_logprobs.py see the same refusals through a socket).
-"""
+"""Requests are checked once, where they are parsed, against their shape and the server's rules
+(test_server.py and test_logprobs.py see the same refusals through a socket)."""
 
 from __future__ import annotations
 
@@ -34,6 +31,16 @@ def test_a_batch_of_one_becomes_its_prompt_and_max_tokens_is_resolved():
     assert chat.max_new_tokens == 7  # OpenAI's newer name wins
 
 
+TOOL = {"type": "function", "function": {"name": "calculator", "parameters": {"type": "object"}}}
+CALL = {"id": "call_1", "type": "function", "function": {"name": "calculator", "arguments": '{"expression":"1+1"}'}}
+ASK = {"role": "user", "content": "What is 1+1?"}
+CALLED = {"role": "assistant", "content": None, "tool_calls": [CALL]}
+ANSWERED = {"role": "tool", "tool_call_id": "call_1", "content": "2"}
+
+
+CHAT = {"model": "m", "messages": [ASK]}
+
+
 @pytest.mark.parametrize("schema, fields, status, param, fragment", [
     (CompletionRequest, {"model": "gpt-4", "prompt": "a"}, 404, "model", "does not exist"),
     (CompletionRequest, {"model": "m", "prompt": "a", "max_tokens": 51}, 400, "max_tokens", "at most 50"),
@@ -55,20 +62,36 @@ def test_a_batch_of_one_becomes_its_prompt_and_max_tokens_is_resolved():
     (CompletionRequest, {"model": "m", "prompt": "a", "temperature": -0.5}, 400, "temperature",
      "temperature must be greater than or equal to 0, got -0.5"),
     (CompletionRequest, {"model": "m", "prompt": "a", "n": 2}, 400, "n", "n must be 1, got 2"),
+    (CompletionRequest, {"model": "m", "prompt": "a", "logprobs": 6}, 400, "logprobs", "logprobs"),
+    (CompletionRequest, {"model": "m", "prompt": [[1, 2], [3]]}, 400, "prompt", "one prompt per request"),
+    (ChatCompletionRequest, {**CHAT, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs", "top_logprobs"),
+    # OpenAI's tools protocol
+    *[(ChatCompletionRequest, {**CHAT, **fields}, 400, param, fragment) for fields, param, fragment in [
+        ({"tool_choice": "auto"}, "tool_choice", "tool_choice is only allowed when tools are specified"),
+        ({"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "x"}}}, "tool_choice",
+         "names 'x', which is not among tools (calculator)"),
+        ({"tools": [TOOL], "tool_choice": "sometimes"}, "tool_choice", "tool_choice must be none, auto, required or"),
+        ({"tools": [TOOL, TOOL]}, "tools", "two functions named 'calculator'"),
+        ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools.0.function.name", "a name is 1 to 64"),
+        ({"tools": [{"type": "code_interpreter"}]}, "tools.0.type", "tools.0.type"),
+        ({"tools": [TOOL] * 129}, "tools", "tools"),
+        ({"tools": [TOOL], "logprobs": True}, "logprobs", "not supported with tools"),
+        ({"messages": [ASK, ANSWERED]}, "messages.1.tool_call_id", "answers no call"),
+        ({"messages": [ASK, CALLED]}, "messages", "no answer to call_1"),
+        ({"messages": [ASK, CALLED, ASK]}, "messages.1", "no answer to call_1"),
+        ({"messages": [ASK, CALLED, {"role": "tool", "content": "2"}]}, "messages.2.tool_call_id",
+         "needs the tool_call_id"),
+        ({"messages": [ASK, CALLED, {**ANSWERED, "tool_call_id": "call_9"}]}, "messages.2.tool_call_id",
+         "'call_9' answers no"),
+        ({"messages": [{**ASK, "tool_calls": [CALL]}, ANSWERED]}, "messages.0.tool_calls", "only an assistant"),
+        ({"messages": [{"role": "user", "content": None}]}, "messages.0.content", "content is missing"),
+        ({"messages": [ASK, {**CALLED, "refusal": "no"}, ANSWERED]}, "messages.1.refusal", "messages.1.refusal"),
+    ]],
 ])
 def test_every_rule_is_a_refusal_naming_its_field_and_status(schema, fields, status, param, fragment):
     error = refusal(schema, **fields)
-    assert (error.status, error.param) == (status, param) and fragment in str(error)
+    assert (error.status, error.param) == (status, param) and fragment in str(error), (error.param, str(error))
     assert "\n" not in str(error)
-
-
-# ---------------------------------------------------------------- OpenAI's tools protocol
-
-TOOL = {"type": "function", "function": {"name": "calculator", "parameters": {"type": "object"}}}
-CALL = {"id": "call_1", "type": "function", "function": {"name": "calculator", "arguments": '{"expression":"1+1"}'}}
-ASK = {"role": "user", "content": "What is 1+1?"}
-CALLED = {"role": "assistant", "content": None, "tool_calls": [CALL]}
-ANSWERED = {"role": "tool", "tool_call_id": "call_1", "content": "2"}
 
 
 def chat(**fields) -> ChatCompletionRequest:
@@ -90,28 +113,3 @@ def test_a_conversation_with_a_call_and_its_result_is_taken_as_the_client_sends_
     request = chat(messages=[ASK, echoed, ANSWERED], tools=[TOOL])
     assert request.messages[1].tool_calls[0].function.arguments == '{"expression":"1+1"}'
     assert request.messages[2].tool_call_id == "call_1"
-
-
-@pytest.mark.parametrize("fields, param, fragment", [
-    ({"tool_choice": "auto"}, "tool_choice", "tool_choice is only allowed when tools are specified"),
-    ({"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "x"}}}, "tool_choice",
-     "names 'x', which is not among tools (calculator)"),
-    ({"tools": [TOOL], "tool_choice": "sometimes"}, "tool_choice", "tool_choice must be none, auto, required or"),
-    ({"tools": [TOOL, TOOL]}, "tools", "two functions named 'calculator'"),
-    ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools.0.function.name", "a name is 1 to 64"),
-    ({"tools": [{"type": "code_interpreter"}]}, "tools.0.type", "tools.0.type"),
-    ({"tools": [TOOL] * 129}, "tools", "tools"),
-    ({"tools": [TOOL], "logprobs": True}, "logprobs", "not supported with tools"),
-    ({"messages": [ASK, ANSWERED]}, "messages.1.tool_call_id", "answers no call"),
-    ({"messages": [ASK, CALLED]}, "messages", "no answer to call_1"),
-    ({"messages": [ASK, CALLED, ASK]}, "messages.1", "no answer to call_1"),
-    ({"messages": [ASK, CALLED, {"role": "tool", "content": "2"}]}, "messages.2.tool_call_id", "needs the tool_call_id"),
-    ({"messages": [ASK, CALLED, {**ANSWERED, "tool_call_id": "call_9"}]}, "messages.2.tool_call_id", "'call_9' answers no"),
-    ({"messages": [{**ASK, "tool_calls": [CALL]}, ANSWERED]}, "messages.0.tool_calls", "only an assistant"),
-    ({"messages": [{"role": "user", "content": None}]}, "messages.0.content", "content is missing"),
-    ({"messages": [ASK, {**CALLED, "refusal": "no"}, ANSWERED]}, "messages.1.refusal", "messages.1.refusal"),
-])
-def test_tool_protocol_mistakes_are_refused_naming_the_field(fields, param, fragment):
-    error = refusal(ChatCompletionRequest, model="m", **{"messages": [ASK], **fields})
-    assert (error.status, error.param) == (400, param) and fragment in str(error), (error.param, str(error))
-    assert "\n" not in str(error)

@@ -49,8 +49,7 @@ def test_bad_input_is_one_line_and_exit_2(chat_run_dir, plain_run_dir, tmp_path,
 @pytest.mark.parametrize("signum", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.e2e)],
                          ids=["ctrl-c", "sigterm"])
 def test_a_signal_stops_the_server_with_the_code_every_command_exits_with(chat_run_dir, signum):
-    """Ctrl-C and SIGTERM shut the server down gracefully, then exit 130 and 143 as train.py,
-    generate.py and export.py do (a shell and a supervisor read them as "stopped by a signal")."""
+    """Ctrl-C and SIGTERM shut the server down gracefully, exiting 130 and 143 as every command does."""
     with running_server(chat_run_dir) as server:
         assert httpx.post(f"{server.base}/v1/completions", json={"model": "tiny-chat", "prompt": "O", "max_tokens": 2},
                           timeout=60).status_code == 200

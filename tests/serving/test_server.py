@@ -26,18 +26,8 @@ MAX_BODY = 2_000_000  # chat_server's --max-body-bytes (conftest.py)
 
 
 @pytest.fixture(scope="module")
-def served(chat_server):
-    return chat_server
-
-
-@pytest.fixture(scope="module")
-def server(served):
-    return served.base
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=f"{server}/v1", api_key="x", max_retries=0, timeout=60)
+def server(chat_server):
+    return chat_server.base
 
 
 def reference(run, prompt_ids, **settings):
@@ -45,9 +35,9 @@ def reference(run, prompt_ids, **settings):
     return generate_completions(run, prompt_ids, GenerationSettings(**settings), batch_invariant=True).completions[0]
 
 
-def test_start_up_names_the_api_and_the_chat_page(served):
-    assert f"at {served.base}/v1 " in served.output()
-    assert f"chat page: {served.base}/\n" in served.output()
+def test_start_up_names_the_api_and_the_chat_page(chat_server):
+    assert f"at {chat_server.base}/v1 " in chat_server.output()
+    assert f"chat page: {chat_server.base}/\n" in chat_server.output()
 
 
 @pytest.mark.parametrize("header", ["bytes=0-10", "bytes=-5", "bytes=999999-", "bytes=5-2", "bytes=abc",
@@ -191,8 +181,7 @@ def test_unknown_routes_and_methods_are_openai_errors(server, method, path, stat
 
 
 def post_and_close(server: str, path: str, body: bytes, *, chunked: bool = False) -> tuple[int, dict]:
-    """POST ``body`` as a client that asks to close the connection after the answer (urllib's way)
-    and sends its whole body before reading: the status and the JSON it reads back."""
+    """POST ``body`` whole before reading, asking to close after the answer (urllib's way): status and JSON."""
     address = urlsplit(server)
     connection = http.client.HTTPConnection(address.hostname, address.port, timeout=60)
     try:
@@ -218,8 +207,8 @@ def post_and_close(server: str, path: str, body: bytes, *, chunked: bool = False
     ("/v1/completions", None, False, True),  # not even JSON
 ])
 def test_an_over_size_body_is_a_413_and_the_server_goes_on(server, client, path, body, chunked, close):
-    """Declared or not; and the server reads the rest of an over-size body and drops it, so a client
-    that sends all of it before reading (and closes) gets the 413, not a reset connection."""
+    """Declared or not; the rest of the body is read and dropped, so a client that sends it all before
+    reading gets the 413, not a reset connection."""
     raw = b"x" * 10 * MAX_BODY if body is None else json.dumps(body, ensure_ascii=False).encode()
     if close:
         status, answer = post_and_close(server, path, raw, chunked=chunked)
@@ -257,30 +246,29 @@ def wait_for_idle(server: str, timeout_s: float) -> dict:
         time.sleep(0.05)
 
 
-def test_a_non_streaming_client_that_leaves_frees_its_row_at_once(served):
-    """Tokens keep coming, so no pause would ever reveal that the client left: the server must
-    hear the disconnect itself. (Greedy "ROMEO:" on this model runs for thousands of tokens without
-    reaching <|endoftext|>; the access log's 499 shows that the request did not just end.)"""
-    assert wait_for_idle(served.base, 10)["active"] == 0
+def test_a_non_streaming_client_that_leaves_frees_its_row_at_once(chat_server):
+    """Tokens keep coming, so the server must hear the disconnect itself; the access log's 499 shows the
+    request did not just end."""
+    assert wait_for_idle(chat_server.base, 10)["active"] == 0
     body = {"model": MODEL, "prompt": "ROMEO:", "max_tokens": 20000, "temperature": 0.0}
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{served.base}/v1/completions", json=body, timeout=httpx.Timeout(30, read=1.0))
+        httpx.post(f"{chat_server.base}/v1/completions", json=body, timeout=httpx.Timeout(30, read=1.0))
     left = time.monotonic()
-    health = wait_for_idle(served.base, 2)
+    health = wait_for_idle(chat_server.base, 2)
     assert health["active"] == 0, f"the row is still held {time.monotonic() - left:.1f} s after the client left"
-    assert re.search(r"POST /v1/completions 499 in=\d+ out=\d+ ", served.output())
+    assert re.search(r"POST /v1/completions 499 in=\d+ out=\d+ ", chat_server.output())
 
 
-def test_each_request_gets_one_access_log_line(served, client):
+def test_each_request_gets_one_access_log_line(chat_server, client):
     reply = client.completions.create(model=MODEL, prompt="ROMEO: But soft", max_tokens=7, temperature=0)
     usage = reply.usage
-    httpx.get(f"{served.base}/v1/nope")
+    httpx.get(f"{chat_server.base}/v1/nope")
     deadline = time.monotonic() + 10
     pattern = rf"POST /v1/completions 200 in={usage.prompt_tokens} out={usage.completion_tokens} \d+\.\d+s$"
-    while not re.search(pattern, served.output(), re.MULTILINE) and time.monotonic() < deadline:
+    while not re.search(pattern, chat_server.output(), re.MULTILINE) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert re.search(pattern, served.output(), re.MULTILINE), served.output()[-2000:]
-    assert re.search(r"GET /v1/nope 404 in=- out=- \d+\.\d+s$", served.output(), re.MULTILINE)
+    assert re.search(pattern, chat_server.output(), re.MULTILINE), chat_server.output()[-2000:]
+    assert re.search(r"GET /v1/nope 404 in=- out=- \d+\.\d+s$", chat_server.output(), re.MULTILINE)
 
 
 def test_the_openai_client_raises_its_own_errors(client):
@@ -329,8 +317,7 @@ def test_overload_answers_503_with_retry_after_at_once(server):
 
 
 def test_tool_choice_required_forces_a_call_even_from_a_model_that_never_learned_one(client):
-    """The chat run's random weights call no tool of their own accord; required writes <|call|> where
-    the reply begins, so what comes back is that call, as text (it does not parse), never a 5xx."""
+    """required writes <|call|> where the reply begins: that call comes back as text (it does not parse)."""
     tool = {"type": "function", "function": {"name": "calculator", "parameters": {"type": "object"}}}
     ask = dict(model=MODEL, messages=[{"role": "user", "content": "Who's there?"}], max_tokens=5, temperature=0,
                tools=[tool])

@@ -1,6 +1,5 @@
-"""A speculating server keeps the engine's rule: each request gets what it gets served alone (and,
-greedy, what plain decoding gives), with lookup or a draft run; serve.py takes the flags (its refusals
-are rows of test_serve_cli.py's table)."""
+"""A speculating server keeps the engine's rule: each request gets what it gets alone (and, greedy,
+plain decoding's tokens), with lookup or a draft run."""
 
 from __future__ import annotations
 
@@ -27,8 +26,7 @@ def draft_run_dir(tmp_path_factory):
 
 
 def repeating_requests(run, count: int) -> list[tuple[list[int], SamplingSettings]]:
-    """Prompts that repeat a phrase (lookup finds guesses in them), greedy and sampled, some long
-    enough to slide the window several times."""
+    """Prompts that repeat a phrase, greedy and sampled, some sliding the window several times."""
     g = torch.Generator().manual_seed(4)
     requests = []
     for i in range(count):
@@ -61,8 +59,8 @@ def serve_all(engine: Engine, requests) -> list[tuple[int, ...]]:
 
 @pytest.mark.parametrize("proposer", ["lookup", "draft", "itself"])
 def test_concurrent_speculative_requests_each_equal_their_solo_run(chat_run, draft_run_dir, proposer):
-    """``itself``: the run is its own draft, so many guesses, sampled ones included, are accepted
-    (not all: past the window the draft starts afresh where the run slides, at other tokens)."""
+    """``itself``: the run as its own draft, so many guesses are accepted (not all: past the window the
+    draft starts afresh)."""
     if proposer == "lookup":
         speculation = Speculation("lookup", 4)
     else:

@@ -1,7 +1,5 @@
-"""OpenAI's tools protocol on /v1/chat/completions, through the real openai client over a real
-socket, against a tiny run that really calls the calculator (``run_testkit.build_tool_run``): the
-full loop (a call, the client's result, the answer), streamed and not; ``tool_choice`` as OpenAI
-documents it; and every reply the model gets wrong reaching the client as text, never a 5xx."""
+"""OpenAI's tools protocol through the openai client, against a run that really calls the calculator:
+the full loop, streamed and not, ``tool_choice``, and the model's mistakes reaching the client as text."""
 
 from __future__ import annotations
 
@@ -208,8 +206,7 @@ def test_a_run_from_before_tool_calls_chats_and_refuses_tools_in_one_line(tmp_pa
 
 
 def test_the_documented_client_loop_runs_as_written(served):
-    """docs/serving.md's loop, with only its address and its question changed (to one this tiny
-    run learned): it calls, runs the calculator, sends the result back and prints the answer."""
+    """docs/serving.md's loop, only its address and question changed: it calls, sends the result, prints the answer."""
     import contextlib
     import io
     import re

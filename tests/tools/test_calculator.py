@@ -76,9 +76,7 @@ HOSTILE = [
 
 
 @pytest.fixture(scope="module")
-def worker():
-    """The checks run in a toolbox's worker: a regression that computed a refused power would
-    hang, and here it times out instead."""
+def worker():  # a regression that computed a refused power would hang; in a worker it times out
     with Toolbox(load_tools(["tool_testkit:calculator_refusal", "calculator"]), timeout_s=60) as toolbox:
         yield toolbox
 
@@ -104,11 +102,8 @@ def test_the_calculator_tool_gives_its_refusals_to_the_model(worker):
 def test_eval_is_never_called(monkeypatch):
     import builtins
 
-    def no_eval(*args, **kwargs):
-        raise AssertionError("eval was called")
-
-    monkeypatch.setattr(builtins, "eval", no_eval)
-    monkeypatch.setattr(builtins, "exec", no_eval)
+    monkeypatch.setattr(builtins, "eval", lambda *a, **k: pytest.fail("eval was called"))
+    monkeypatch.setattr(builtins, "exec", lambda *a, **k: pytest.fail("exec was called"))
     assert calculator("2*(3+4)") == "14"
 
 
@@ -116,5 +111,4 @@ def test_random_strings_are_answered_or_refused_never_anything_else(worker):
     fuzz = load_tools(["tool_testkit:calculator_fuzz"])
     with Toolbox(fuzz, timeout_s=120) as toolbox:
         result = toolbox.run("calculator_fuzz", json.dumps({"seed": 0, "count": 20000}))
-    assert result.ok, result.text
-    assert json.loads(result.text) == []
+    assert result.ok and json.loads(result.text) == [], result.text

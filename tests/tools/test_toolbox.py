@@ -31,15 +31,16 @@ def test_a_function_is_described_by_its_signature_and_docstring():
     assert load_tool("calculator") is BUILT_IN["calculator"]
 
 
-@pytest.mark.parametrize("spec, fragment", [
-    ("abacus", "unknown tool 'abacus'"),
-    ("no_such_module_here:f", "cannot import no_such_module_here"),
-    ("tool_testkit:missing", "has no function 'missing'"),
-    ("json:dumps", "annotate parameter"),
+@pytest.mark.parametrize("specs, fragment", [
+    (["abacus"], "unknown tool 'abacus'"),
+    (["no_such_module_here:f"], "cannot import no_such_module_here"),
+    (["tool_testkit:missing"], "has no function 'missing'"),
+    (["json:dumps"], "annotate parameter"),
+    (["calculator", "calculator"], "two tools are named 'calculator'"),
 ])
-def test_a_tool_that_cannot_be_set_up_is_refused_in_one_line(spec, fragment):
+def test_a_tool_that_cannot_be_set_up_is_refused_in_one_line(specs, fragment):
     with pytest.raises(ToolError, match=fragment) as info:
-        load_tool(spec)
+        load_tools(specs)
     assert "\n" not in str(info.value)
 
 
@@ -54,11 +55,6 @@ def test_a_tool_module_that_leaves_at_import_is_one_error_and_the_caller_goes_on
     with pytest.raises(ToolError) as info:
         load_tools(["calculator", "tool_testkit:add", "mymod:calculator"])
     assert str(info.value) == f"tool 'mymod:calculator': {said}"
-
-
-def test_two_tools_with_one_name_are_refused():
-    with pytest.raises(ToolError, match="two tools are named 'calculator'"):
-        load_tools(["calculator", "calculator"])
 
 
 @pytest.mark.parametrize("arguments, fragment", [
@@ -139,15 +135,9 @@ def test_a_tool_that_closes_the_workers_pipes_is_an_error_result_and_nothing_els
         assert tools.run("closes_pipes", "{}").text == "error: closes_pipes ended its process without a result " \
                                                         "(exit code 1)"
         assert tools.run("add", '{"a": 1}').text == "2"
+        process = tools._worker.process
+    assert process.poll() is not None  # closing the toolbox ended its worker
     assert capfd.readouterr().err == ""  # the worker shares the caller's stderr: no traceback of its own
-
-
-def test_closing_the_toolbox_ends_its_worker():
-    tools = toolbox("add")
-    tools.run("add", '{"a": 1}')
-    process = tools._worker.process
-    tools.close()
-    assert process.poll() is not None
 
 
 def _alive(pid: int) -> bool:

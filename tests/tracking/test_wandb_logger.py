@@ -1,8 +1,5 @@
-"""WandbLogger: mode resolution, what an offline run records, resume, and failing without harm.
-
-Real wandb runs here are offline and read back from their record files (wandb_records.py), so
-the tests check what `wandb sync` would upload rather than what the logger meant to send.
-"""
+"""WandbLogger: mode resolution, what an offline run records (read back from its files, wandb_records.py:
+what `wandb sync` would upload), resume, and failing without harm."""
 
 from __future__ import annotations
 

@@ -67,22 +67,15 @@ class OfflineRun:
 
 
 def read_offline_runs(wandb_dir: str | Path, *, wait_s: float = 15.0) -> list[OfflineRun]:
-    """Every offline run under ``wandb_dir`` (a run directory's ``wandb/``), oldest first.
-
-    See ``read_offline_run`` for ``wait_s``.
-    """
+    """Every offline run under ``wandb_dir`` (a run directory's ``wandb/``), oldest first."""
     paths = glob.glob(str(Path(wandb_dir) / "offline-run-*"))
     runs = [read_offline_run(Path(p), wait_s=wait_s) for p in paths]
     return sorted(runs, key=lambda r: (r.start_time, r.directory.name))
 
 
 def read_offline_run(directory: str | Path, *, wait_s: float = 15.0) -> OfflineRun:
-    """Read one offline run directory, waiting up to ``wait_s`` for its exit record.
-
-    ``run.finish()`` returns before the wandb-core service has necessarily flushed the record
-    file (seen with wandb 0.31: a file holding only its 7-byte header right after finish), so a
-    reader polls until the run's exit record is on disk, then reads what is there either way.
-    """
+    """One offline run directory, polled up to ``wait_s`` for its exit record: ``run.finish()`` may return
+    before wandb-core has flushed the file."""
     directory = Path(directory)
     deadline = time.monotonic() + wait_s
     while True:

@@ -1,9 +1,5 @@
-"""Fixtures for the training tests: a small local corpus and a tiny, fast run config.
-
-The corpus is generated (deterministically) rather than read from the embedded Shakespeare, so
-tokenizer training takes a fraction of a second; it is built and tokenized once per session and
-every run reads the same data cache.
-"""
+"""Fixtures for the training tests: a small generated corpus (its tokenizer trains in a fraction of a
+second), tokenized once per session, and a tiny, fast run config."""
 
 from __future__ import annotations
 
@@ -31,13 +27,9 @@ def _paragraph(rng: random.Random) -> str:
 
 @pytest.fixture(autouse=True)
 def one_torch_thread():
-    """Run these tests on one intra-op thread.
-
-    The tiny models here cannot use two threads, and on a machine shared with other jobs
-    OpenMP's spinning workers make each step ~10x slower than a single thread. The trainer's
-    ``train.threads: auto`` keeps the environment's OMP_NUM_THREADS, so it stays at one too. Set by
-    hand, not with ``monkeypatch``: tests that call ``monkeypatch.undo()`` would undo it midway.
-    """
+    """One intra-op thread (the tiny models cannot use two; on a shared machine OpenMP's spinning makes
+    steps slower), for the trainer too: ``train.threads: auto`` keeps OMP_NUM_THREADS. Set by hand, not
+    with ``monkeypatch``: tests that call ``monkeypatch.undo()`` would undo it midway."""
     import os
 
     import torch

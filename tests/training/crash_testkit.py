@@ -1,10 +1,7 @@
-"""The child side of the crash-consistency test: one training attempt in a forked process.
-
-The test's forkserver preloads this module (and with it torch and the trainer), so each attempt
-starts in milliseconds instead of re-importing torch. ``kill_at_write`` makes the child SIGKILL
-itself inside its n-th atomic write, after the temporary file is written and before it is renamed
-into place: the moment a checkpoint is most exposed.
-"""
+"""The child side of the crash-consistency test: one training attempt in a process forked from a server
+that preloaded this module (torch and the trainer). ``kill_at_write`` makes it SIGKILL itself inside its
+n-th atomic write, after the temporary file is written and before its rename (a checkpoint's most exposed
+moment)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Reply pairs for DPO: read in both of TRL's shapes, rendered by the chat format exactly as the
-whole conversation renders, the loss mask on the reply alone, the prompt cut to fit the window,
-bad rows refused in one line naming the row, batches laid out chosen-then-rejected, and the cache
-entry reused."""
+"""Reply pairs for DPO: both of TRL's shapes, rendered as the whole conversation with the loss on the reply,
+cut to fit the window, bad rows refused in one line naming the row, batches chosen-then-rejected, the cache reused."""
 
 from __future__ import annotations
 
@@ -72,29 +70,6 @@ def test_the_prompt_is_cut_to_leave_room_for_the_longer_reply_and_a_pair_that_ca
     assert (stats["pairs"], stats["cut"], stats["dropped"]) == (len(split), 1, 1) == (2, 1, 1)
 
 
-@pytest.mark.parametrize("row, fragment", [
-    ({"prompt": "Hi", "chosen": "Yes"}, "the pair has no rejected"),
-    ({"prompt": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}], "chosen": "a",
-      "rejected": "b"}, "the prompt ends with an assistant turn"),
-    ({"prompt": "Hi", "chosen": [{"role": "user", "content": "x"}], "rejected": "b"},
-     "chosen must begin with the assistant's reply"),
-    ({"prompt": "Hi", "chosen": "a", "rejected": []}, "rejected is an empty list"),
-    ({"prompt": "Hi", "chosen": "a", "rejected": [{"role": "robot", "content": "b"}]}, "unknown role 'robot'"),
-])
-def test_a_bad_row_is_refused_naming_the_file_and_row(tmp_path, tokenizer, row, fragment):
-    good = {"prompt": "Hi", "chosen": "a", "rejected": "b"}
-    path = tmp_path / "pairs.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in [good, good, row]), encoding="utf-8")
-    tokenizer_file = tmp_path / "tokenizer.json"
-    tokenizer.save(str(tokenizer_file))
-    cfg = DataConfig(source="files", format="preference", cache_dir=str(tmp_path / "cache"),
-                     files=FilesSourceConfig(paths=[str(path)]))
-    with pytest.raises(DataError) as error:
-        prepare_preference_data(cfg, tokenizer_file, 64, progress=False)
-    message = str(error.value)
-    assert f"{path} line 3: " in message and fragment in message and "\n" not in message
-
-
 def test_a_batch_is_the_chosen_rows_then_the_rejected_rows_padded_to_one_width(tokenizer):
     pairs = [_pair(), _pair(chosen="Soft!", rejected="the east " * 5), _pair(chosen="Juliet is the sun, arise.")]
     split, _ = tokenize_pairs(tokenizer, pairs, 128)
@@ -129,16 +104,12 @@ def test_an_entry_is_built_once_and_reused(tmp_path, tokenizer, monkeypatch):
     path = tmp_path / "pairs.jsonl"
     rows = [_pair(chosen=f"answer {i}.", rejected="no " * (i % 4 + 1)).to_row() for i in range(30)]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    tokenizer_file = tmp_path / "tokenizer.json"
-    tokenizer.save(str(tokenizer_file))
-    cfg = DataConfig(source="files", format="preference", cache_dir=str(tmp_path / "cache"), val_fraction=0.2,
-                     files=FilesSourceConfig(paths=[str(path)]))
-    first = prepare_preference_data(cfg, tokenizer_file, 64, progress=False)
+    first = _prepared(tmp_path, tokenizer, path)
     assert len(first.train) + len(first.val) == 30 and len(first.val) > 0
     import training.tasks.dpo.prepared as module
 
     monkeypatch.setattr(module, "load_preferences", lambda *a, **k: pytest.fail("read the pairs again"))
-    again = prepare_preference_data(cfg, tokenizer_file, 64, progress=False)
+    again = _prepared(tmp_path, tokenizer, path)
     assert again.directory == first.directory
     assert again.train.chosen.ids.tolist() == first.train.chosen.ids.tolist()
     assert again.val.rejected.mask.tolist() == first.val.rejected.mask.tolist()
@@ -151,6 +122,10 @@ def test_an_entry_is_built_once_and_reused(tmp_path, tokenizer, monkeypatch):
 GOOD = json.dumps({"prompt": "Hi", "chosen": "a", "rejected": "b"})
 
 
+def _third(row: dict) -> str:
+    return f"{GOOD}\n{GOOD}\n{json.dumps(row)}\n"
+
+
 @pytest.mark.parametrize("content, where, fragment", [
     (f"{GOOD}\n{GOOD}\n{GOOD}\n" + json.dumps({"prompt": "x", "rejected": "y"}) + f"\n{GOOD}\n", "line 4",
      "the pair has no chosen; give it prompt, chosen and rejected"),
@@ -161,8 +136,15 @@ GOOD = json.dumps({"prompt": "Hi", "chosen": "a", "rejected": "b"})
     (f"[{GOOD}, {GOOD}]\n{GOOD}\n", "line 1", "a JSON array, not an object"),
     (f"{GOOD}\n\"a string\"\n", "line 2", "a JSON string, not an object"),
     (f"{GOOD}\n{{'prompt': 'single quotes'}}\n", "line 2", "not one whole JSON object (Expecting property name"),
-    (f"{GOOD}\n{GOOD}\n" + json.dumps({"prompt": "x", "chosen": 7, "rejected": "y"}) + "\n", "line 3",
-     "chosen: a conversation must be a list of"),
+    (_third({"prompt": "x", "chosen": 7, "rejected": "y"}), "line 3", "chosen: a conversation must be a list of"),
+    (_third({"prompt": "Hi", "chosen": "Yes"}), "line 3", "the pair has no rejected"),
+    (_third({"prompt": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}], "chosen": "a",
+             "rejected": "b"}), "line 3", "the prompt ends with an assistant turn"),
+    (_third({"prompt": "Hi", "chosen": [{"role": "user", "content": "x"}], "rejected": "b"}), "line 3",
+     "chosen must begin with the assistant's reply"),
+    (_third({"prompt": "Hi", "chosen": "a", "rejected": []}), "line 3", "rejected is an empty list"),
+    (_third({"prompt": "Hi", "chosen": "a", "rejected": [{"role": "robot", "content": "b"}]}), "line 3",
+     "unknown role 'robot'"),
     (f"{GOOD}\n" + json.dumps({"prompt": "x", "chosen": "a", "rejected": None}) + f"\n{GOOD}\n", "line 2",
      "the pair has no rejected"),
     ("", "", "is empty: write one JSON object per line"),
@@ -171,7 +153,8 @@ GOOD = json.dumps({"prompt": "Hi", "chosen": "a", "rejected": "b"})
     (json.dumps({"question": "x", "answer": "y"}) + "\n", "",
      "has no 'prompt', 'chosen', 'rejected' column (columns: question, answer)"),
 ], ids=["missing-chosen", "cut-mid-object", "cut-mid-string", "array-line", "array-first-line", "string-line",
-        "python-dict", "number-reply", "null-reply", "empty-file", "blank-lines", "one-pair", "other-columns"])
+        "python-dict", "number-reply", "no-rejected", "prompt-ends-with-assistant", "reply-from-user", "empty-reply",
+        "unknown-role", "null-reply", "empty-file", "blank-lines", "one-pair", "other-columns"])
 def test_a_hostile_preference_file_is_one_line_naming_the_file_and_line(tmp_path, tokenizer, content, where,
                                                                           fragment):
     path = tmp_path / "pairs.jsonl"

@@ -1,12 +1,7 @@
-"""Proof against TRL: on the same exported models and the same reply pairs, our DPO loss and each
-pair's chosen and rejected rewards equal what TRL's ``DPOTrainer`` computes (its documented
-``evaluate``, one pair at a time), in fp32 within 1e-5; and with ``dpo.rpo_alpha`` the loss
-equals TRL's RPO (``loss_type=["sigmoid", "sft"]``, ``loss_weights=[1, α]``).
-
-The policy is the reference with its weights moved a little, so the rewards are far from zero; a
-pair given twice, the second time the other way round, makes their margins differ in sign. TRL reads the pairs in its conversational shape and renders them with
-the export's chat template; we render them with ``data.chat``: the two must agree token for token.
-"""
+"""Proof against TRL: on the same exported models and reply pairs, our DPO loss and each pair's rewards
+equal TRL's ``DPOTrainer.evaluate`` (one pair at a time) in fp32 within 1e-5, and with ``dpo.rpo_alpha``
+its RPO (``loss_type=["sigmoid", "sft"]``, ``loss_weights=[1, α]``). TRL renders the pairs with the
+export's chat template, we with ``data.chat``: the two must agree token for token."""
 
 from __future__ import annotations
 
@@ -50,7 +45,8 @@ SHAPES = {"gqa": {}, "mla": {"attention": "mla", "n_kv_head": 4, "kv_latent_dim"
 
 @pytest.fixture(params=sorted(SHAPES))
 def exported(request, tmp_path):
-    """(policy, reference) as our models and as export folders, with the tokenizer."""
+    """(policy, reference) as our models and as export folders, with the tokenizer. The policy is the
+    reference moved a little, so the rewards are far from zero."""
     from exporting.hf import export_run
 
     tokenizer = run_testkit.chat_tokenizer()

@@ -203,7 +203,7 @@ def test_an_rl_run_logs_trl_names_evaluates_pass_at_k_and_resumes_exactly(rl_con
     summary = train_cli.summary(whole, None)
     assert "nats/token" not in summary and "bits/byte" not in summary and "validation loss" not in summary
     assert "the best held-out pass@1 seen" in summary or "no periodic evaluation" in summary
-    assert f"--chat --prompt 'What is " in summary  # a question of the kind it learned
+    assert "--chat --prompt 'What is " in summary  # a question of the kind it learned
     assert final["samples"] and all(s["prompt"].endswith("<|assistant|>") for s in final["samples"])
 
     # Each batch serves two updates (rl.updates_per_batch), sampled at steps 1 and 3. Stopped after step 3,

@@ -55,6 +55,15 @@ def _config(corpus: Path, out_dir: Path, **train):
     })
 
 
+def _score(model, config, max_batches):
+    """``model``'s loss over the run's validation split, the first ``max_batches`` batches of it."""
+    from data.prepared.text import prepare_data
+
+    val_tokens = prepare_data(config.data, progress=False).val_tokens()
+    return evaluate(model, val_tokens, torch.ones(model.config.vocab_size, dtype=torch.long), block_size=32,
+                    batch_size=8, max_batches=max_batches, device=torch.device("cpu")).loss
+
+
 def test_an_overfitting_run_keeps_its_best_evaluated_weights(diverging_corpus, tmp_path):
     config = _config(diverging_corpus, tmp_path / "run", max_steps=22)  # not a multiple of eval.interval
     result = train(config, progress=False)
@@ -69,17 +78,11 @@ def test_an_overfitting_run_keeps_its_best_evaluated_weights(diverging_corpus, t
 
     # model.safetensors holds the kept weights: scored on the same subset, they give the best loss.
     kept = load_pretrained(tmp_path / "run")
-    token_bytes = torch.ones(config.model.vocab_size, dtype=torch.long)
-    from data.prepared.text import prepare_data
-    val_tokens = prepare_data(config.data, progress=False).val_tokens()
-    subset = evaluate(kept, val_tokens, token_bytes, block_size=32, batch_size=8, max_batches=2,
-                      device=torch.device("cpu"))
-    assert subset.loss == pytest.approx(best["val_loss"], abs=1e-6)
+    assert _score(kept, config, 2) == pytest.approx(best["val_loss"], abs=1e-6)
     # The final full validation scores those weights, and says which step they are from.
     final = [r for r in records if r["kind"] == "final_eval"][0]
-    whole = evaluate(kept, val_tokens, token_bytes, block_size=32, batch_size=8, max_batches=None,
-                     device=torch.device("cpu"))
-    assert final["weights_step"] == best["step"] and final["val_loss"] == pytest.approx(whole.loss, abs=1e-6)
+    assert final["weights_step"] == best["step"] and final["val_loss"] == pytest.approx(_score(kept, config, None),
+                                                                                         abs=1e-6)
     assert result.val_loss == final["val_loss"]
     # The last state stays in the checkpoint, for --resume.
     state = load_trainer_state(tmp_path / "run")
@@ -97,10 +100,9 @@ def test_a_resumed_run_keeps_the_same_weights_bit_for_bit(diverging_corpus, tmp_
     assert stopped.interrupted and stopped.signal == signal.SIGTERM and stopped.kept_step is not None
     resumed = train(broken, resume=True, progress=False)
     assert (resumed.kept_step, resumed.kept_val_loss) == (straight.kept_step, straight.kept_val_loss)
-    a, b = load_pretrained(tmp_path / "straight").state_dict(), load_pretrained(tmp_path / "broken").state_dict()
-    assert all(torch.equal(a[k], b[k]) for k in a)
-    a, b = load_trainer_state(tmp_path / "straight")["model"], load_trainer_state(tmp_path / "broken")["model"]
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    for load in (lambda run: load_pretrained(run).state_dict(), lambda run: load_trainer_state(run)["model"]):
+        a, b = load(tmp_path / "straight"), load(tmp_path / "broken")  # the kept weights and the last ones
+        assert all(torch.equal(a[k], b[k]) for k in a)
     assert deterministic(read_metrics(tmp_path / "broken" / "metrics.jsonl")) == deterministic(
         read_metrics(tmp_path / "straight" / "metrics.jsonl"))
 
@@ -120,8 +122,7 @@ def test_kept_weights_change_only_on_a_lower_loss_over_the_same_subset():
 
 @pytest.mark.parametrize("steps, warned", [(100, None), (101, "about 10 epochs"), (3300, "about 330 epochs")])
 def test_a_budget_of_many_epochs_is_warned_about_once(steps, warned):
-    """More than MANY_EPOCHS passes over the split are warned of in the task's words, once; a task
-    that counts no epochs (RL) or has no words for them says nothing."""
+    # Warned in the task's words, once; a task that counts no epochs (RL) or has no words for them is silent.
     bar = SimpleNamespace(schedule=SimpleNamespace(max_seconds=None), expected_steps=lambda step, elapsed: steps)
     check = CorpusCheck(10.0, 64, None, Words(epochs="the training split (33,000 tokens): learnt by heart"))
     line = check.warning(bar, 0, 0.0)
@@ -133,8 +134,7 @@ def test_a_budget_of_many_epochs_is_warned_about_once(steps, warned):
 
 
 def test_a_lora_run_keeps_its_best_merged_weights_and_scores_them_at_the_end(diverging_corpus, tmp_path):
-    """The kept weights of a LoRA run are merged ones; the final pass folds them into the adapted
-    model, so it scores what model.safetensors holds, not the last adapters."""
+    # The kept weights are merged ones: the final pass scores what model.safetensors holds, not the last adapters.
     train(_config(diverging_corpus, tmp_path / "parent", max_steps=5), progress=False)
     config = _config(diverging_corpus, tmp_path / "run", max_steps=22, lr=3e-2, min_lr=3e-2,
                      init_from=str(tmp_path / "parent"), lora={"rank": 4})
@@ -142,10 +142,4 @@ def test_a_lora_run_keeps_its_best_merged_weights_and_scores_them_at_the_end(div
     evals = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["kind"] == "eval"]
     best = min(evals, key=lambda r: r["val_loss"])
     assert best["step"] != 22 and result.kept_step == best["step"]  # the case this test is for
-    kept = load_pretrained(tmp_path / "run")
-    token_bytes = torch.ones(kept.config.vocab_size, dtype=torch.long)
-    from data.prepared.text import prepare_data
-    val_tokens = prepare_data(config.data, progress=False).val_tokens()
-    whole = evaluate(kept, val_tokens, token_bytes, block_size=32, batch_size=8, max_batches=None,
-                     device=torch.device("cpu"))
-    assert result.val_loss == pytest.approx(whole.loss, abs=1e-6)
+    assert result.val_loss == pytest.approx(_score(load_pretrained(tmp_path / "run"), config, None), abs=1e-6)

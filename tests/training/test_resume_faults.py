@@ -16,10 +16,10 @@ from training.trainer import train
 QUIET = {"interval": 0, "sample_tokens": 0}
 
 
-def test_resume_may_change_budgets_and_learning_rate(make_config):
+def test_a_finished_run_continues_when_its_budget_is_raised_and_may_change_its_learning_rate(make_config):
     train(make_config(train={"max_steps": 1}, eval=QUIET), progress=False)
     result = train(make_config(train={"max_steps": 2, "lr": 1e-3}, eval=QUIET), resume=True, progress=False)
-    assert result.step == 2
+    assert result.step == 2 and result.stopped_by == "max_steps"
 
 
 def test_damaged_metrics_lines_are_dropped_and_the_good_ones_kept(make_config):
@@ -35,14 +35,12 @@ def test_damaged_metrics_lines_are_dropped_and_the_good_ones_kept(make_config):
     assert [r["step"] for r in records if r["kind"] == "train"] == [1, 2, 3]
 
 
-def _snapshot(run_dir):
-    """Every file of the run but the lock a command takes on it."""
+def _snapshot(run_dir):  # every file of the run but the lock a command takes on it
     return {p.relative_to(run_dir): p.read_bytes() for p in sorted(run_dir.rglob("*"))
             if p.is_file() and not p.name.startswith(".run.lock")}
 
 
-def _edit_state(edit):
-    """A damage: ``edit`` applied to the run's trainer state, saved back."""
+def _edit_state(edit):  # a damage: ``edit`` applied to the run's trainer state, saved back
     def damage(run_dir):
         state = torch.load(run_dir / "trainer_state.pt", weights_only=True)
         edit(state)
@@ -114,15 +112,11 @@ def test_resuming_a_finished_run_says_how_to_continue_and_changes_nothing(make_c
     before = _snapshot(config.out_dir)
     import training.trainer as trainer_module
 
-    def no_wandb(*args, **kwargs):
-        raise AssertionError("a finished run opened a wandb run")
-
-    monkeypatch.setattr(trainer_module.WandbLogger, "start", no_wandb)
+    monkeypatch.setattr(trainer_module.WandbLogger, "start", lambda *a, **k: pytest.fail("opened a wandb run"))
     with pytest.raises(CheckpointError) as info:
         train(make_config(train={"max_steps": 2}, eval=QUIET), resume=True, progress=False)
     message = str(info.value)
-    assert "\n" not in message
-    assert f"{config.out_dir} is finished: it reached train.max_steps (step 2)" in message
+    assert "\n" not in message and f"{config.out_dir} is finished: it reached train.max_steps (step 2)" in message
     assert "raise train.max_steps or train.max_minutes" in message and "--resume --set train.max_steps=4" in message
     assert _snapshot(config.out_dir) == before  # no second validation line, no rewritten config
 
@@ -136,12 +130,6 @@ def test_a_run_stopped_during_its_final_validation_resumes_to_run_it_once(make_c
     result = train(make_config(train={"max_steps": 2}, eval=QUIET), resume=True, progress=False)
     assert result.step == 2 and result.val_bpb is not None
     assert [r["step"] for r in read_metrics(metrics) if r["kind"] == "final_eval"] == [2]
-
-
-def test_a_finished_run_continues_when_its_budget_is_raised(make_config):
-    train(make_config(train={"max_steps": 2}, eval=QUIET), progress=False)
-    result = train(make_config(train={"max_steps": 3}, eval=QUIET), resume=True, progress=False)
-    assert result.step == 3 and result.stopped_by == "max_steps"
 
 
 def test_a_trainer_state_that_is_a_folder_is_named_as_such(tmp_path):

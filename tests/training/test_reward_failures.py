@@ -1,8 +1,6 @@
-"""A user's reward function (``rl.rewards: [module:function]``) that misbehaves, as a hostile user writes
-it: refused when the config is read where that can be known (it does not import, is no function, takes
-other arguments), and otherwise stopped at the step where it fails, in one line naming the reward,
-what it returned or raised and the question, with exit 2 and the last checkpoint untouched. Ctrl-C
-inside a reward still interrupts the run as it does anywhere else."""
+"""A user's reward function (``rl.rewards: [module:function]``) that misbehaves: refused when the config is
+read where that can be known, else stopped at the step where it fails, in one line naming the reward, what
+it returned or raised and the question, exit 2 and the last checkpoint untouched; Ctrl-C still interrupts."""
 
 from __future__ import annotations
 

@@ -80,8 +80,7 @@ def test_ctrl_c_saves_and_resume_finishes(base_raw, tmp_path):
     assert "checkpoint saved" in stderr and "--resume" in stderr and "Traceback" not in stderr
     from rundir.checkpoint import load_trainer_state
 
-    saved = load_trainer_state(out)["step"]
-    assert saved >= 3
+    assert (saved := load_trainer_state(out)["step"]) >= 3
 
     finish = run_cli(["--config", "configs/tiny.yaml", "--no-progress", "--resume", *small_overrides(base_raw, out, saved + 2)])
     assert finish.returncode == 0, finish.stderr
@@ -105,30 +104,20 @@ def test_bad_input_is_one_line_and_exit_2(args, expected):
     assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], proc.stderr
 
 
-def test_the_thread_count_is_credited_to_the_flag_that_set_it(base_raw, tmp_path, capsys):
+@pytest.mark.parametrize("positions", ["rope", "learned"])
+def test_the_threads_flag_is_credited_and_a_llama_shaped_run_is_offered_its_exports(base_raw, tmp_path, capsys,
+                                                                                    positions):
     import yaml
 
     import train as train_cli
 
     config = tmp_path / "run.yaml"
-    config.write_text(yaml.safe_dump({**base_raw, "train": {**base_raw["train"], "max_steps": 1},
+    config.write_text(yaml.safe_dump({**base_raw, "model": {**base_raw["model"], "positions": positions},
+                                      "train": {**base_raw["train"], "max_steps": 1},
                                       "eval": {**base_raw["eval"], "sample_tokens": 0},
                                       "run": {"out_dir": str(tmp_path / "run")}}))
     assert train_cli.main(["--config", str(config), "--threads", "1"]) == 0
-    assert "1 thread (--threads)" in capsys.readouterr().out
-
-
-def test_a_llama_shaped_run_ends_with_the_llama_and_gguf_export_commands(base_raw, tmp_path, capsys):
-    import yaml
-
-    import train as train_cli
-
-    for positions in ("rope", "learned"):
-        config = tmp_path / f"{positions}.yaml"
-        config.write_text(yaml.safe_dump({**base_raw, "model": {**base_raw["model"], "positions": positions},
-                                          "train": {**base_raw["train"], "max_steps": 1},
-                                          "eval": {**base_raw["eval"], "sample_tokens": 0},
-                                          "run": {"out_dir": str(tmp_path / positions)}}))
-        assert train_cli.main(["--config", str(config)]) == 0
-        hints = capsys.readouterr().out.split("next:")[1]
-        assert ("--format llama" in hints and "--format gguf" in hints) == (positions == "rope")
+    out = capsys.readouterr().out
+    hints = out.split("next:")[1]
+    assert "1 thread (--threads)" in out and ("--format llama" in hints and "--format gguf" in hints) == (
+        positions == "rope")

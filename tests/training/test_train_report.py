@@ -30,6 +30,23 @@ def _run(base_raw: dict, tmp_path: Path, capsys, eval_interval: int = 10, **trai
     return run_dir, out, err
 
 
+def _drawn(tmp_path, monkeypatch, records: list[dict], kind: str = "text"):
+    """The figure write_loss_curve draws for ``records`` as a ``kind`` run."""
+    from matplotlib.figure import Figure
+
+    from rundir.metrics import MetricsLog
+    from training.loss_curve import write_loss_curve
+
+    log = MetricsLog(tmp_path / "metrics.jsonl")
+    for record in records:
+        log.append(record)
+    drawn = []
+    real_savefig = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: (drawn.append(fig), real_savefig(fig, *a, **k)))
+    write_loss_curve(tmp_path / "metrics.jsonl", tmp_path / "loss_curve.png", kind)
+    return drawn[0]
+
+
 def test_a_clock_bound_run_shows_progress_evaluations_summary_and_curve(base_raw, tmp_path, capsys):
     # The clock binds long before max_steps, and no step reaches eval.interval: as on a slow host.
     run_dir, out, err = _run(base_raw, tmp_path, capsys, eval_interval=50_000, max_steps=100_000, max_minutes=0.04)
@@ -87,54 +104,69 @@ def test_no_clock_evaluation_falls_in_the_last_half_interval_of_the_clock():
     assert due(94.0, 83.0) and not due(96.0, 85.0)  # 6 s left: due; 4 s left: the end evaluates soon
 
 
-def test_loss_curve_draws_train_and_validation_against_step_and_time(tmp_path):
-    matplotlib = pytest.importorskip("matplotlib")
+def test_loss_curve_draws_train_and_validation_against_step_and_time(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
     from matplotlib.image import imread
 
-    from training.loss_curve import write_loss_curve
-    from rundir.metrics import MetricsLog
-
-    log = MetricsLog(tmp_path / "metrics.jsonl")
-    for step in range(1, 21):
-        log.append({"kind": "train", "step": step, "loss": 5.0 / step, "elapsed_s": step * 0.5})
-    log.append({"kind": "eval", "step": 10, "val_loss": 1.0, "elapsed_s": 5.2})
-    log.append({"kind": "final_eval", "step": 20, "val_loss": 0.5})  # an older record: no time
-    write_loss_curve(tmp_path / "metrics.jsonl", tmp_path / "loss_curve.png")
-    image = imread(tmp_path / "loss_curve.png")
-    assert image.shape[:2] == (420, 1100) and matplotlib.__version__
+    records = [{"kind": "train", "step": step, "loss": 5.0 / step, "elapsed_s": step * 0.5} for step in range(1, 21)]
+    records += [{"kind": "eval", "step": 10, "val_loss": 1.0, "elapsed_s": 5.2},
+                {"kind": "final_eval", "step": 20, "val_loss": 0.5}]  # an older record: no time
+    _drawn(tmp_path, monkeypatch, records)
+    assert imread(tmp_path / "loss_curve.png").shape[:2] == (420, 1100)
 
 
-def test_summary_repeats_the_wandb_sync_line_and_suits_a_chat_run(tmp_path):
-    result = TrainResult(
-        run_dir=Path("runs/tiny-chat"), step=5, tokens_seen=100, stopped_by="max_steps", train_seconds=1.0,
-        val_loss=1.0, val_bpb=1.5, kind="chat", val_words="1.5000 bits/byte of assistant text",
-        wandb_sync="wandb sync runs/tiny-chat/wandb/offline-run-*-abc*",
-    )
-    text = train_cli.summary(result, None)
-    assert "final validation: 1.5000 bits/byte of assistant text" in text
-    assert "python generate.py --run runs/tiny-chat --chat" in text and "init_from" not in text
-    assert "python -m benchmarks.chat_eval --runs runs/tiny-chat" in text
-    assert text.splitlines()[-1] == "wandb logged offline; upload it with: wandb sync runs/tiny-chat/wandb/offline-run-*-abc*"
+def _result(**fields) -> TrainResult:
+    return TrainResult(**{"run_dir": Path("runs/tiny"), "step": 136, "tokens_seen": 100, "stopped_by": "max_steps",
+                          "train_seconds": 600.0, "val_loss": 1.0, "val_bpb": 2.75, **fields})
+
+
+STARVED = dict(stopped_by="max_minutes", starved_share=0.3)
+CHAT = dict(run_dir=Path("runs/tiny-chat"), kind="chat", val_words="1.5000 bits/byte of assistant text",
+            wandb_sync="wandb sync runs/tiny-chat/wandb/offline-run-*-abc*")
+KEPT = dict(step=400, kept_step=180, kept_score="1.4190 nats/token", last_score="1.6080 nats/token")
+SLOW = ("train.max_minutes ended it after 136 steps", "on a CPU 30% of the time")
+LLAMA = ("python export.py --run runs/tiny --out exports/tiny-llama --format llama",
+         "python export.py --run runs/tiny --out exports/tiny-gguf --format gguf")
+
+
+# Each row: the result, summary()'s options, what its text must say and what it must not.
+@pytest.mark.parametrize("fields, options, said, unsaid", [
+    (STARVED, {}, SLOW, ()),  # the clock ended a starved run early: say so, and why
+    ({"starved_share": 0.3}, {}, (), SLOW),  # a step budget is not shortened by a slow machine
+    ({"stopped_by": "max_minutes"}, {}, (), SLOW),  # a run that got its cores
+    ({**STARVED, "threads": 2}, {}, ("on a quieter machine", "--threads 1"), ()),
+    ({**STARVED, "threads": 1}, {}, ("on a quieter machine",), ("--threads 1",)),
+    (KEPT, {}, ("kept: the weights of step 180, the best validation loss seen (1.4190 nats/token on the evaluation "
+                "subset, against 1.6080 nats/token at the last step); the last state (step 400) stays in "
+                "trainer_state.pt for --resume",), ()),
+    ({**KEPT, "kept_step": 400, "kept_score": "1.3000 nats/token"}, {},
+     ("kept: the last weights (step 400), the best validation loss seen (1.3000",), ()),
+    ({**KEPT, "kind": "rl", "kept_by": "held-out pass@1", "kept_score": "0.410", "last_score": "0.380"}, {},
+     ("kept: the weights of step 180, the best held-out pass@1 seen (0.410 on the evaluation subset, against "
+      "0.380 at the last step)",), ()),
+    ({"step": 400, "kept_step": 400}, {}, ("kept: the last weights (step 400; no periodic evaluation",), ()),
+    (CHAT, {}, ("final validation: 1.5000 bits/byte of assistant text", "python generate.py --run runs/tiny-chat --chat",
+                "python -m benchmarks.chat_eval --runs runs/tiny-chat"), ("init_from", "--tools")),
     # A run that learned to call tools is talked to with them: without, its calls print as raw text.
+    (CHAT, {"tools": ("calculator",)}, ("generate.py --run runs/tiny-chat --chat --tools calculator   #",), ()),
+    ({}, {"chat_tuning": True}, ("configs/tiny-chat.yaml",), ()),
+    ({}, {"chat_tuning": False}, (), ("configs/tiny-chat.yaml",)),
+    ({}, {"llama_shaped": True}, LLAMA, ()),
+    ({}, {"llama_shaped": False}, (), ("--format llama", "--format gguf")),
+])
+def test_the_summary(fields, options, said, unsaid):
+    text = train_cli.summary(_result(**fields), None, **options)
+    assert all(part in text for part in said) and not any(part in text for part in unsaid), text
+    if "wandb_sync" in fields:
+        assert text.splitlines()[-1] == ("wandb logged offline; upload it with: "
+                                         "wandb sync runs/tiny-chat/wandb/offline-run-*-abc*")
+
+
+def test_the_tools_a_run_learned():
     calls = SimpleNamespace(data=SimpleNamespace(source="calculator"), rl=None)
     grpo = SimpleNamespace(data=SimpleNamespace(source="shakespeare"), rl=SimpleNamespace(tools=["calculator", "my:f"]))
     plain = SimpleNamespace(data=SimpleNamespace(source="shakespeare"), rl=SimpleNamespace(tools=[]))
     assert [train_cli.tools_learned(c) for c in (calls, grpo, plain)] == [("calculator",), ("calculator", "my:f"), ()]
-    assert "generate.py --run runs/tiny-chat --chat --tools calculator   #" in train_cli.summary(
-        result, None, tools=("calculator",))
-
-
-@pytest.mark.parametrize("stopped_by, starved, noted", [
-    ("max_minutes", 0.3, True),  # the clock ended a starved run early: say so, and why
-    ("max_steps", 0.3, False),  # a step budget is not shortened by a slow machine
-    ("max_minutes", None, False),  # a run that got its cores
-])
-def test_summary_says_when_a_busy_machine_shortened_the_clock_budget(stopped_by, starved, noted):
-    result = TrainResult(run_dir=Path("runs/tiny"), step=136, tokens_seen=100, stopped_by=stopped_by,
-                         train_seconds=600.0, val_loss=1.0, val_bpb=2.75, starved_share=starved)
-    text = train_cli.summary(result, None)
-    assert ("train.max_minutes ended it after 136 steps" in text) == noted
-    assert ("on a CPU 30% of the time" in text) == noted
 
 
 def test_a_run_starved_of_cpu_time_says_so_once():
@@ -159,23 +191,13 @@ def test_a_run_starved_of_cpu_time_says_so_once():
     assert on_a_gpu.starved_share is None and said == []
 
 
+
 def test_loss_curve_is_in_bits_per_byte_with_nats_per_token_beside(tmp_path, monkeypatch):
     pytest.importorskip("matplotlib")
-    from matplotlib.figure import Figure
-
-    from rundir.metrics import MetricsLog
-    from training.loss_curve import write_loss_curve
-
-    log = MetricsLog(tmp_path / "metrics.jsonl")
-    for step in (1, 2):
-        log.append({"kind": "train", "step": step, "loss": 4.0 / step, "elapsed_s": step})
+    records = [{"kind": "train", "step": step, "loss": 4.0 / step, "elapsed_s": step} for step in (1, 2)]
     # 2 nats/token at 3 bytes/token is 2 / (3 ln 2) bits/byte.
-    log.append({"kind": "final_eval", "step": 2, "val_loss": 2.0, "val_bpb": 0.9618, "elapsed_s": 2.5})
-    drawn = []
-    real_savefig = Figure.savefig
-    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: (drawn.append(fig), real_savefig(fig, *a, **k)))
-    write_loss_curve(tmp_path / "metrics.jsonl", tmp_path / "loss_curve.png")
-    by_step = drawn[0].axes[0]
+    records.append({"kind": "final_eval", "step": 2, "val_loss": 2.0, "val_bpb": 0.9618, "elapsed_s": 2.5})
+    by_step = _drawn(tmp_path, monkeypatch, records).axes[0]
     assert by_step.get_ylabel() == "bits per byte"
     train_line, validation = by_step.get_lines()
     assert list(train_line.get_ydata()) == pytest.approx([4.0 * 0.9618 / 2.0, 2.0 * 0.9618 / 2.0], abs=1e-9)
@@ -194,45 +216,17 @@ def test_the_hints_sample_from_the_runs_own_data_not_the_plays(base_raw, tmp_pat
     assert evals[0]["sample"].startswith(prompt)
 
 
-@pytest.mark.parametrize("threads, advised", [(1, False), (2, True)])
-def test_the_threads_advice_comes_only_when_the_run_had_more_than_one(threads, advised):
-    result = TrainResult(run_dir=Path("runs/tiny"), step=136, tokens_seen=100, stopped_by="max_minutes",
-                         train_seconds=600.0, val_loss=1.0, val_bpb=2.75, starved_share=0.3, threads=threads)
-    text = train_cli.summary(result, None)
-    assert "on a quieter machine" in text and ("--threads 1" in text) == advised
-
 
 def test_a_resumed_run_says_what_each_duration_covers():
-    result = TrainResult(run_dir=Path("runs/tiny"), step=20, tokens_seen=40_960, stopped_by="max_steps",
-                         train_seconds=48.0, val_loss=1.0, val_bpb=2.0, earlier_seconds=30.0, epochs=2.5)
-    line = train_cli.done_line(result, session_seconds=30.0)
+    line = train_cli.done_line(_result(step=20, tokens_seen=40_960, train_seconds=48.0, earlier_seconds=30.0,
+                                       epochs=2.5), session_seconds=30.0)
     assert ("40,960 tokens (2.5 epochs of the training split), 0.3 min of training in this session "
             "(0.8 min over the whole run), 0.5 min in all this session;") in line
-    fresh = train_cli.done_line(TrainResult(run_dir=Path("runs/tiny"), step=20, tokens_seen=40_960, stopped_by="max_steps",
-                                            train_seconds=18.0, val_loss=1.0, val_bpb=2.0), session_seconds=30.0)
+    fresh = train_cli.done_line(_result(step=20, tokens_seen=40_960, train_seconds=18.0), session_seconds=30.0)
     assert "40,960 tokens, 0.3 min of training, 0.5 min in all;" in fresh
 
 
-def test_the_summary_says_which_weights_were_kept():
-    common = dict(run_dir=Path("runs/tiny"), tokens_seen=100, stopped_by="max_steps", train_seconds=1.0,
-                  val_loss=1.0, val_bpb=2.0)
-    best_earlier = TrainResult(step=400, kept_step=180, kept_score="1.4190 nats/token", last_score="1.6080 nats/token",
-                               **common)
-    assert ("kept: the weights of step 180, the best validation loss seen (1.4190 nats/token on the evaluation "
-            "subset, against 1.6080 nats/token at the last step); the last state (step 400) stays in trainer_state.pt "
-            "for --resume") in train_cli.summary(best_earlier, None)
-    last = TrainResult(step=400, kept_step=400, kept_score="1.3000 nats/token", last_score="1.3000 nats/token",
-                       **common)
-    assert "kept: the last weights (step 400), the best validation loss seen (1.3000" in train_cli.summary(last, None)
-    rl = TrainResult(step=400, kept_step=180, kind="rl", kept_by="held-out pass@1", kept_score="0.410",
-                     last_score="0.380", **common)
-    assert ("kept: the weights of step 180, the best held-out pass@1 seen (0.410 on the evaluation subset, against "
-            "0.380 at the last step)") in train_cli.summary(rl, None)
-    unevaluated = TrainResult(step=400, kept_step=400, **common)
-    assert "kept: the last weights (step 400; no periodic evaluation" in train_cli.summary(unevaluated, None)
-
-
-def test_chat_tuning_is_suggested_only_where_tiny_chat_fits(make_config, tmp_path):
+def test_chat_tuning_and_the_llama_exports_are_suggested_only_where_they_fit(make_config, tmp_path):
     from tokenizers import trainers
 
     from data.tokenizer import EOT, new_tokenizer, train_tokenizer
@@ -248,33 +242,21 @@ def test_chat_tuning_is_suggested_only_where_tiny_chat_fits(make_config, tmp_pat
     old = new_tokenizer()
     old.train_from_iterator(["some natural text"] * 20, trainers.BpeTrainer(vocab_size=280, special_tokens=[EOT]))
     old.save(str(run / "tokenizer.json"))
-    assert not train_cli.suits_chat_tuning(config)
-    text = lambda fits: train_cli.summary(TrainResult(run_dir=run, step=2, tokens_seen=1, stopped_by="max_steps",
-                                                      train_seconds=1.0, val_loss=1.0, val_bpb=1.0), None,
-                                          chat_tuning=fits)
-    assert "configs/tiny-chat.yaml" in text(True) and "configs/tiny-chat.yaml" not in text(False)
+    from model.layer_map import llama_blockers  # learned positions block the llama and gguf exports
+
+    assert not llama_blockers(make_config(model={"positions": "rope"}).model) and llama_blockers(config.model)
+
 
 
 def test_loss_curve_draws_the_final_full_validation_as_its_own_point_at_the_kept_step(tmp_path, monkeypatch):
     pytest.importorskip("matplotlib")
-    from matplotlib.figure import Figure
-
-    from rundir.metrics import MetricsLog
-    from training.loss_curve import write_loss_curve
-
-    log = MetricsLog(tmp_path / "metrics.jsonl")
-    for step in range(1, 31):
-        log.append({"kind": "train", "step": step, "loss": 3.0 / step, "elapsed_s": step})
+    records = [{"kind": "train", "step": step, "loss": 3.0 / step, "elapsed_s": step} for step in range(1, 31)]
     subset = {10: 2.0, 20: 1.5, 30: 1.8}  # the run overfits after step 20, which it keeps
-    for step, loss in subset.items():
-        log.append({"kind": "eval", "step": step, "val_loss": loss, "val_bpb": loss / 2, "elapsed_s": step + 0.5})
-    log.append({"kind": "final_eval", "step": 30, "weights_step": 20, "val_loss": 1.6, "val_bpb": 0.8,
-                "elapsed_s": 40.0})
-    drawn = []
-    real_savefig = Figure.savefig
-    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: (drawn.append(fig), real_savefig(fig, *a, **k)))
-    write_loss_curve(tmp_path / "metrics.jsonl", tmp_path / "loss_curve.png")
-    by_step, by_time = drawn[0].axes[:2]
+    records += [{"kind": "eval", "step": step, "val_loss": loss, "val_bpb": loss / 2, "elapsed_s": step + 0.5}
+                for step, loss in subset.items()]
+    records.append({"kind": "final_eval", "step": 30, "weights_step": 20, "val_loss": 1.6, "val_bpb": 0.8,
+                    "elapsed_s": 40.0})
+    by_step, by_time = _drawn(tmp_path, monkeypatch, records).axes[:2]
     for axes, x in ((by_step, [20]), (by_time, [20.5 / 60])):
         _, periodic, final = axes.get_lines()
         # The subset's line holds the periodic evaluations alone; the full pass is a marked point
@@ -284,36 +266,6 @@ def test_loss_curve_draws_the_final_full_validation_as_its_own_point_at_the_kept
         assert [t.get_text() for t in axes.get_legend().get_texts()][1:] == [
             "validation (the evaluation subset)", "full validation (weights of step 20)"]
 
-
-def test_a_llama_shaped_run_is_offered_the_llama_and_gguf_exports(make_config):
-    from model.layer_map import llama_blockers
-
-    rope = make_config(model={"positions": "rope"})
-    assert not llama_blockers(rope.model) and llama_blockers(make_config().model)  # learned positions
-    result = TrainResult(run_dir=rope.out_dir, step=2, tokens_seen=1, stopped_by="max_steps", train_seconds=1.0,
-                         val_loss=1.0, val_bpb=1.0)
-    formats = ("--format llama", "--format gguf")
-    shaped = train_cli.summary(result, None, llama_shaped=True)
-    assert all(f"python export.py --run {rope.out_dir} --out exports/{rope.out_dir.name}-{fmt[9:]} {fmt}" in shaped
-               for fmt in formats)
-    assert not any(fmt in train_cli.summary(result, None, llama_shaped=False) for fmt in formats)
-
-
-def _drawn(tmp_path, monkeypatch, records: list[dict], kind: str):
-    """The figure write_loss_curve draws for ``records`` as a ``kind`` run."""
-    from matplotlib.figure import Figure
-
-    from rundir.metrics import MetricsLog
-    from training.loss_curve import write_loss_curve
-
-    log = MetricsLog(tmp_path / "metrics.jsonl")
-    for record in records:
-        log.append(record)
-    drawn = []
-    real_savefig = Figure.savefig
-    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: (drawn.append(fig), real_savefig(fig, *a, **k)))
-    write_loss_curve(tmp_path / "metrics.jsonl", tmp_path / "loss_curve.png", kind)
-    return drawn[0]
 
 
 def test_a_dpo_run_draws_its_loss_accuracies_and_margins(tmp_path, monkeypatch):

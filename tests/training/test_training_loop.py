@@ -83,8 +83,7 @@ def test_grad_accumulation_equals_one_larger_batch():
     from model.config import GPTConfig
 
     model = GPT(GPTConfig(vocab_size=50, block_size=12, n_layer=2, n_head=2, n_kv_head=1, n_embd=32))
-    x = torch.randint(0, 50, (12, 12))
-    y = torch.randint(0, 50, (12, 12))
+    x, y = torch.randint(0, 50, (12, 12)), torch.randint(0, 50, (12, 12))
 
     chunks = iter(list(zip(x.chunk(4), y.chunk(4))))
     loss_accum = accumulate_gradients(model, lambda: next(chunks), 4)
@@ -189,8 +188,7 @@ def test_resume_equals_an_uninterrupted_run(make_config, tmp_path, monkeypatch, 
     stopped = train(broken, progress=False)
     monkeypatch.undo()
     assert stopped.interrupted and stopped.step == 7 and stopped.signal == signal.SIGTERM
-    assert load_trainer_state(tmp_path / "broken")["step"] == 7
-    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # handlers restored
+    assert load_trainer_state(tmp_path / "broken")["step"] == 7 and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
 
     resumed = train(broken, resume=True, progress=False)
     assert resumed.step == 16 and resumed.stopped_by == "max_steps"
@@ -198,9 +196,8 @@ def test_resume_equals_an_uninterrupted_run(make_config, tmp_path, monkeypatch, 
     a, b = load_trainer_state(tmp_path / "straight"), load_trainer_state(tmp_path / "broken")
     assert max_weight_diff(a["model"], b["model"]) == 0.0 and b["precision"] == precision
     assert resumed.val_loss == pytest.approx(expected.val_loss, abs=1e-6)
-    m_straight = deterministic(read_metrics(tmp_path / "straight" / "metrics.jsonl"))
-    m_broken = deterministic(read_metrics(tmp_path / "broken" / "metrics.jsonl"))
-    assert m_broken == m_straight
+    assert deterministic(read_metrics(tmp_path / "broken" / "metrics.jsonl")) == deterministic(
+        read_metrics(tmp_path / "straight" / "metrics.jsonl"))
 
 
 def test_a_checkpoint_interrupted_mid_write_leaves_the_previous_one(make_config, tmp_path, monkeypatch):
@@ -265,8 +262,7 @@ def test_a_diverged_step_stops_the_run_and_keeps_the_last_checkpoint(make_config
     assert isinstance(info.value, UserError) and "\n" not in str(info.value)
     run = tmp_path / "run"
     state = load_trainer_state(run)
-    assert state["step"] == 3
-    assert all(torch.isfinite(t).all() for t in state["model"].values())
+    assert state["step"] == 3 and all(torch.isfinite(t).all() for t in state["model"].values())
     assert all(torch.isfinite(t).all() for t in load_pretrained(run).state_dict().values())
     metrics = run / "metrics.jsonl"
     assert max(r["step"] for r in read_metrics(metrics)) == 4
@@ -281,13 +277,16 @@ def test_a_diverged_step_stops_the_run_and_keeps_the_last_checkpoint(make_config
     assert steps == [("train", s) for s in range(1, 11)] + [("final_eval", 10)]
 
 
-def test_time_budget_ends_the_run_cleanly_at_the_floor(make_config):
+def test_time_and_token_budgets_end_the_run(make_config):
     cfg = make_config(train={"max_steps": None, "max_minutes": 0.02, "warmup_steps": 0}, eval={"interval": 0})
     result = train(cfg, progress=False)
-    assert result.stopped_by == "max_minutes" and result.step >= 1
-    assert result.val_loss is not None
+    assert result.stopped_by == "max_minutes" and result.step >= 1 and result.val_loss is not None
     last = [r for r in read_metrics(result.run_dir / "metrics.jsonl") if r["kind"] == "train"][-1]
     assert last["lr"] < 0.5 * cfg.train.lr  # annealed by the clock
+    cfg = make_config(cfg.out_dir.parent / "tokens", train={"max_steps": 100, "max_tokens": 5 * 8 * 32},
+                      eval={"interval": 0})
+    result = train(cfg, progress=False)
+    assert result.stopped_by == "max_tokens" and result.step == 5
 
 
 @pytest.mark.parametrize("max_minutes", [None, 5.0])
@@ -305,12 +304,6 @@ def test_progress_bar_trusts_the_clock_budget_over_tqdms_estimate(make_config, c
         assert "100%" in bars[-1] and "300/300 s, step 3 | loss" in bars[-1] and all("/300 s" in bar for bar in bars), bars
 
 
-def test_token_budget(make_config):
-    cfg = make_config(train={"max_steps": 100, "max_tokens": 5 * 8 * 32}, eval={"interval": 0})
-    result = train(cfg, progress=False)
-    assert result.stopped_by == "max_tokens" and result.step == 5
-
-
 def test_run_dir_holding_a_run_is_refused_then_overwritten_when_asked(make_config, tmp_path):
     cfg = make_config(train={"max_steps": 2}, eval={"interval": 0})
     train(cfg, progress=False)
@@ -322,9 +315,7 @@ def test_run_dir_holding_a_run_is_refused_then_overwritten_when_asked(make_confi
     assert [r["step"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["kind"] == "train"] == [1, 2, 3]
 
 
-class FakeLogger:
-    """Stands in for WandbLogger: records what the trainer sends it."""
-
+class FakeLogger:  # stands in for WandbLogger: records what the trainer sends it
     started: list[dict] = []
 
     def __init__(self, resume_id):
@@ -395,10 +386,8 @@ def test_wandb_gets_metrics_samples_and_the_run_id_survives_resume(make_config, 
 
 
 def test_a_resume_takes_the_rates_and_muons_momentum_from_the_config(make_config, tmp_path):
-    # A checkpoint's optimizer groups carry the rates they were built with; resuming with a new
-    # train.muon_lr, train.value_embedding_lr or train.muon_momentum must run at the new one, as a new
-    # train.lr does. The
-    # tables' group exists whether or not its rate is set, so setting it on resume works.
+    # A checkpoint's optimizer groups carry the rates they were built with; a resume runs at the
+    # config's, as for train.lr. The tables' group exists whether or not its rate is set.
     sections = dict(model={"value_embeddings": True}, eval={"interval": 0}, run={"checkpoint_interval": 0})
     muon = {"optimizer": "muon", "muon_momentum": 0.95}
     train(make_config(tmp_path / "run", train={"max_steps": 3, "muon_lr": 0.02, **muon}, **sections), progress=False)
@@ -418,8 +407,6 @@ def test_a_resume_takes_the_rates_and_muons_momentum_from_the_config(make_config
 def test_a_resume_keeps_the_runs_own_thread_count(make_config, tmp_path):
     # The count changes the last bits of every step; a resume under auto takes the checkpoint's,
     # whatever the machine (or OMP_NUM_THREADS) says now, so it stays exact.
-    import os
-
     config = make_config(tmp_path / "run", train={"max_steps": 2}, eval={"interval": 0})
     train(config, progress=False)  # one thread: the environment's OMP_NUM_THREADS (conftest)
     longer = make_config(tmp_path / "run", train={"max_steps": 3}, eval={"interval": 0})

@@ -60,52 +60,28 @@ def test_optimizer_applies_no_decay_to_norms_and_embeddings():
 
 def test_warmup_then_cosine_to_the_floor():
     s = LRSchedule(lr=1.0, min_lr=0.1, warmup_steps=10, max_steps=110, max_seconds=None)
-    assert s(0) == pytest.approx(0.1)
-    assert s(4) == pytest.approx(0.5)
-    assert s(10) == pytest.approx(1.0)  # warmup ends at the peak
-    assert s(60) == pytest.approx(0.55)  # half-way down the cosine
-    # A quarter and three quarters down: a cosine (not a linear decay) is slow at both ends.
-    assert s(35) == pytest.approx(0.1 + 0.45 * (1 + math.cos(math.pi / 4)))
-    assert s(85) == pytest.approx(0.1 + 0.45 * (1 - math.cos(math.pi / 4)))
-    assert s(110) == pytest.approx(0.1)
-    assert s(500) == pytest.approx(0.1)  # never below the floor
-    lrs = [s(i) for i in range(10, 111)]
-    assert all(a >= b for a, b in zip(lrs, lrs[1:]))
-    # The shape between the ends: a half cosine, which a linear (or any other) decay through the
-    # same ends and midpoint is not: at a quarter of the way it is 0.868, a straight line 0.775.
-    assert s(35) == pytest.approx(0.1 + 0.9 * (1 + math.cos(math.pi / 4)) / 2)
+    for step in range(10):
+        assert s(step) == pytest.approx((step + 1) / 10), step  # warmup: a straight line to the peak
+    # Then a half cosine to the floor, which a linear (or any other) decay through the same ends and
+    # midpoint is not: at a quarter of the way it is 0.868, a straight line 0.775.
     for step in range(10, 111):
         progress = (step - 10) / 100
         assert s(step) == pytest.approx(0.1 + 0.45 * (1 + math.cos(math.pi * progress)), abs=1e-12), step
-    for step in range(10):
-        assert s(step) == pytest.approx((step + 1) / 10), step  # warmup: a straight line to the peak
+    assert s(35) == pytest.approx(0.868, abs=1e-3) and s(500) == pytest.approx(0.1)  # never below the floor
 
 
 def test_wsd_holds_the_peak_then_decays_linearly_over_the_last_fraction():
-    s = LRSchedule(
-        lr=1.0, min_lr=0.1, warmup_steps=10, max_steps=110, max_seconds=None, shape="wsd", decay_fraction=0.4
-    )
-    assert s(4) == pytest.approx(0.5)  # the same warmup as cosine
-    assert s(10) == pytest.approx(1.0)
-    assert s(70) == pytest.approx(1.0)  # progress 0.6: the last moment of the stable phase
-    assert s(80) == pytest.approx(1.0 - 0.9 * 0.25)  # a quarter of the way down the ramp
-    assert s(90) == pytest.approx(0.55)  # half-way down
-    assert s(110) == pytest.approx(0.1)
-    assert s(500) == pytest.approx(0.1)
+    s = LRSchedule(lr=1.0, min_lr=0.1, warmup_steps=10, max_steps=110, max_seconds=None, shape="wsd",
+                   decay_fraction=0.4)
+    assert [s(4), s(10), s(70)] == pytest.approx([0.5, 1.0, 1.0])  # cosine's warmup; 70: the stable phase's end
+    assert [s(80), s(90), s(110), s(500)] == pytest.approx([1.0 - 0.9 * 0.25, 0.55, 0.1, 0.1])  # down the ramp
     lrs = [s(i) for i in range(10, 111)]
     assert all(a >= b for a, b in zip(lrs, lrs[1:]))
     # The clock drives it the same way when time binds.
-    timed = LRSchedule(
-        lr=1.0, min_lr=0.0, warmup_steps=0, max_steps=None, max_seconds=100.0, shape="wsd", decay_fraction=0.5
-    )
+    timed = LRSchedule(lr=1.0, min_lr=0.0, warmup_steps=0, max_steps=None, max_seconds=100.0, shape="wsd",
+                       decay_fraction=0.5)
     assert timed(7, elapsed_s=40.0) == pytest.approx(1.0)
     assert timed(7, elapsed_s=75.0) == pytest.approx(0.5)
-
-
-def test_the_config_picks_the_schedule_shape():
-    schedule = build_schedule(TrainConfig(max_steps=100, lr_schedule="wsd", lr_decay_fraction=0.3), 10)
-    assert (schedule.shape, schedule.decay_fraction) == ("wsd", 0.3)
-    assert build_schedule(TrainConfig(max_steps=100), 10).shape == "cosine"
 
 
 def test_time_budget_drives_the_decay_when_it_binds():
@@ -119,14 +95,16 @@ def test_time_budget_drives_the_decay_when_it_binds():
     assert time_only(12345, elapsed_s=15.0) == pytest.approx(0.5 * (1 + math.cos(math.pi / 4)))
 
 
-def test_token_budget_becomes_a_step_budget():
+def test_the_config_becomes_the_schedule():
     cfg = TrainConfig(max_steps=None, max_tokens=10_000)
     assert planned_steps(cfg, tokens_per_step=1000) == 10
     assert planned_steps(cfg, tokens_per_step=3000) == 4  # rounded up: the budget is reached
     both = TrainConfig(max_steps=5, max_tokens=10_000)
     assert planned_steps(both, tokens_per_step=1000) == 5
-    assert build_schedule(TrainConfig(max_minutes=2.0), 100).max_steps is None
-    assert build_schedule(TrainConfig(max_minutes=2.0), 100).max_seconds == 120.0
+    timed = build_schedule(TrainConfig(max_minutes=2.0), 100)
+    assert (timed.max_steps, timed.max_seconds, timed.shape) == (None, 120.0, "cosine")
+    schedule = build_schedule(TrainConfig(max_steps=100, lr_schedule="wsd", lr_decay_fraction=0.3), 10)
+    assert (schedule.shape, schedule.decay_fraction) == ("wsd", 0.3)  # the config picks the shape
 
 
 def test_muon_takes_the_hidden_matrices_and_adamw_the_rest():
@@ -195,7 +173,6 @@ def test_muon_and_adamw_both_move_their_parameters():
     for name, p in model.named_parameters():
         assert not torch.equal(p, before[name]), name
         assert p.grad is None
-
 
 
 @pytest.mark.parametrize("optimizer", ["muon", "adamw"])

@@ -1,12 +1,14 @@
-"""The ``Task`` interface the training loop calls, the ``Batches`` a task draws, and the plain
-accumulation of a step's gradient that text training uses (``accumulate_gradients``)."""
+"""The ``Task`` interface the training loop calls, the ``Batches`` a task draws, the plain
+accumulation of a step's gradient that text training uses (``accumulate_gradients``), and
+``prepare_task``, the one place that reads ``data.format``."""
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Protocol
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Protocol
 
 import numpy as np
 import torch
@@ -19,6 +21,9 @@ from training.distributed import DistContext
 from training.evaluate import EvalResult
 from training.interrupt import StopRequest
 from training.result import Words
+
+if TYPE_CHECKING:
+    from training.adapters import Adapters
 
 Amp = Callable[[], ContextManager]
 Sync = Callable[[bool], ContextManager]
@@ -137,3 +142,18 @@ def fitted(prepared: Any, config: Config) -> Any:
             f"{config.model.vocab_size}; remove model.vocab_size or raise it"
         )
     return prepared
+
+
+# Each format's task module, imported only when a run asks for it. Its ``build`` refuses what its
+# method cannot do, prepares its data (checked to fit the model) and returns the task.
+TASKS = {"text": "training.tasks.text", "chat": "training.tasks.chat", "preference": "training.tasks.dpo.task",
+         "rl": "training.tasks.grpo.task"}
+
+
+def prepare_task(config: Config, tokenizer_file: Path | None, *, progress: bool, is_main: bool, device: torch.device,
+                 adapters: Adapters, resume: bool = False) -> Task:
+    """The task ``data.format`` names, its data prepared (``tokenizer_file``: a parent run's
+    tokenizer, or the run's own copy when resuming; None trains one) and checked to fit the model."""
+    build = importlib.import_module(TASKS[config.data.format]).build
+    return build(config, tokenizer_file, progress=progress, is_main=is_main, device=device, adapters=adapters,
+                 resume=resume)

@@ -27,8 +27,7 @@ def chat_tokenizer(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def make_export(tmp_path_factory, chat_tokenizer):
     """``make_export(n_kv_head=2, tie=True, options=False, positions="learned", **shape)`` -> (run_dir,
-    export_dir), built once per shape; ``options`` turns on value embeddings and an explicit
-    feed-forward width (``run_testkit.ALL_OPTIONS``), ``shape`` is more of GPTConfig (an MLA run's)."""
+    export_dir), once per shape; ``options``: ``run_testkit.ALL_OPTIONS``; ``shape``: more GPTConfig."""
     from exporting.hf import export_run
 
     made: dict[tuple, tuple[Path, Path]] = {}

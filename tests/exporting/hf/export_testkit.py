@@ -1,8 +1,4 @@
-"""Builders for the export tests: tiny runs like train.py writes, with config.yaml and metrics.jsonl
-for the model card.
-
-A plain module (not conftest) so tests can import it by a name no other test directory uses.
-"""
+"""Builders for the export tests: tiny runs like train.py writes, with config.yaml and metrics.jsonl."""
 
 from __future__ import annotations
 
@@ -42,9 +38,8 @@ def train_test_tokenizer(chat: bool = True) -> Tokenizer:
 
 def build_run(directory: Path, tokenizer_path: Path, *, n_kv_head: int = 2, tie: bool = True, seed: int = 0,
               data_format: str = "chat", **options) -> Path:
-    """A run directory (``run_testkit.build_run``, ``options`` as there) with config.yaml's data
-    section (a chat-tuned run's by default: its export carries the chat template) and a metrics.jsonl
-    holding a final validation record."""
+    """``run_testkit.build_run`` plus config.yaml's data section (chat-tuned by default: its export
+    carries the chat template) and a metrics.jsonl with a final validation record."""
     tokenizer = Tokenizer.from_file(str(tokenizer_path))
     run_testkit.build_run(directory, tokenizer, vocab_size=VOCAB_SIZE, n_kv_head=n_kv_head, tie=tie, seed=seed,
                           **options)

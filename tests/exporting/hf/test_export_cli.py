@@ -1,9 +1,5 @@
-"""python export.py: what it writes, and the refusals that need a real export (the others are rows of
-tests/exporting/test_export_refusals.py).
-
-These tests need no transformers: they check the folder's files, not that transformers loads them
-(test_hf_parity.py does that).
-"""
+"""python export.py: what it writes (no transformers needed), and the refusals that need a real export
+(the others: tests/exporting/test_export_refusals.py)."""
 
 from __future__ import annotations
 

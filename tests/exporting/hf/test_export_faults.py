@@ -1,7 +1,5 @@
-"""export.py when the filesystem or the user stops it: a full disk, a read-only folder, ``--out``
-under a file, Ctrl-C, SIGTERM and SIGKILL. Each is one line and exit 2, or the signal's exit code,
-with the previous export intact and no hidden folder left behind (a SIGKILL's is removed by the
-next export to the same parent)."""
+"""export.py stopped by the filesystem or the user: one line and exit 2, or the signal's code, with the
+previous export intact and no hidden folder left (a SIGKILL's is removed by the next export)."""
 
 from __future__ import annotations
 

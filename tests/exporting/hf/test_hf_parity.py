@@ -1,10 +1,5 @@
-"""The exported folder, loaded by transformers, computes what our model computes.
-
-Logits agree within 1e-5 in fp32 (with and without padding), greedy generation gives exactly
-generate.py's tokens (with and without the cache, for every GQA ratio, with value embeddings
-on, and with latent attention), the tokenizer and chat template agree token for token, and a
-save through transformers changes no weight.
-"""
+"""The exported folder, loaded by transformers, computes what our model computes: logits within 1e-5
+in fp32, generate.py's greedy tokens exactly, our tokenizer and chat template token for token."""
 
 from __future__ import annotations
 
@@ -71,7 +66,6 @@ def test_logits_match_ours_in_a_padded_batch(make_export, hf_models, side, kind)
 
 
 def _greedy_like_generate_py(run_dir, prompt_ids: list[int], max_new_tokens: int, use_cache: bool) -> list[int]:
-    """What ``generate.py --temperature 0`` produces, through the library call it makes."""
     from inference.completion import generate_completions
     from rundir.loading import load_run
     from inference.settings import GenerationSettings
@@ -109,8 +103,7 @@ def test_generate_past_the_learned_positions_is_a_clear_error(make_export, hf_mo
 
 @pytest.mark.parametrize("positions", ["rope", "none"])
 def test_without_learned_positions_a_sequence_may_run_past_the_trained_context(make_export, hf_models, positions):
-    """Nothing limits rotary or no positions; the first block_size positions are still ours (causal),
-    and the card says the model never saw longer sequences."""
+    """Nothing limits rotary or no positions, and the card says the model never saw longer sequences."""
     run_dir, folder = make_export(positions=positions)
     ids = _random_ids(torch.Generator().manual_seed(6), BLOCK_SIZE + 5)
     with torch.no_grad():
@@ -178,33 +171,26 @@ def test_tokenizer_encodes_and_decodes_like_ours(make_export, chat_tokenizer):
     assert theirs("<|end|>")["input_ids"] == [ours.token_to_id("<|end|>")]
 
 
-def test_chat_template_renders_like_ours(make_export, chat_tokenizer):
-    from data.tokenizer import load_tokenizer
-    from data.chat import chat_text, render_chat, to_messages
-
-    _, folder = make_export()
-    ours = load_tokenizer(chat_tokenizer)
-    theirs = transformers.AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
-    conversation = [
-        {"role": "system", "content": "You are Hamlet."},
-        {"role": "user", "content": "Who's there? Café 😀"},
-        {"role": "assistant", "content": "Nay, answer me."},
-        {"role": "user", "content": "Long live the king!"},
-    ]
-    messages = to_messages(conversation)
-    for prompt in (False, True):
-        text = theirs.apply_chat_template(conversation, tokenize=False, add_generation_prompt=prompt)
-        assert text == chat_text(messages, add_generation_prompt=prompt)
-        ids = theirs.apply_chat_template(conversation, tokenize=True, add_generation_prompt=prompt)
-        ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
-        assert list(ids) == render_chat(ours, messages, add_generation_prompt=prompt).ids
+CALL = {"id": "call_1", "type": "function", "function": {"name": "calculator", "arguments": '{"expression":"347*812"}'}}
+TOOL_TURNS = [
+    {"role": "system", "content": "You can calculate."}, {"role": "user", "content": "What is 347*812? Café 😀"},
+    {"role": "assistant", "content": "Let me see.", "tool_calls": [CALL, CALL]},
+    {"role": "tool", "tool_call_id": "call_1", "name": "calculator", "content": "281764"},
+    {"role": "tool", "tool_call_id": "call_1", "content": "281764"}, {"role": "assistant", "content": "281764"},
+    {"role": "user", "content": "And again?"}, {"role": "assistant", "content": None, "tool_calls": [CALL]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "281764"}]
+# transformers passes a call's arguments as OpenAI's text or as the object its docs show.
+OBJECT_CALL = {**CALL, "function": {"name": "calculator", "arguments": {"expression": "347*812", "note": "é"}}}
+CONVERSATIONS = {
+    "plain": [{"role": "system", "content": "You are Hamlet."}, {"role": "user", "content": "Who's there? Café 😀"},
+              {"role": "assistant", "content": "Nay, answer me."}, {"role": "user", "content": "Long live the king!"}],
+    "tools-openai-text": TOOL_TURNS,
+    "tools-transformers-object": [{**turn, "tool_calls": [OBJECT_CALL] * len(turn["tool_calls"])}
+                                  if "tool_calls" in turn else turn for turn in TOOL_TURNS]}
 
 
-@pytest.mark.parametrize("arguments", ['{"expression":"347*812"}', {"expression": "347*812", "note": "é"}],
-                         ids=["openai-text", "transformers-object"])
-def test_chat_template_renders_tools_and_results_like_ours(make_export, chat_tokenizer, arguments):
-    """transformers passes ``tools=`` and the messages' ``tool_calls`` (arguments as OpenAI's text
-    or as the object its docs show) and ``tool`` results to the template: our ids, every time."""
+@pytest.mark.parametrize("kind", list(CONVERSATIONS))
+def test_chat_template_renders_like_ours(make_export, chat_tokenizer, kind):
     from data.tokenizer import load_tokenizer
     from data.chat import chat_text, render_chat, to_messages
     from tools import BUILT_IN
@@ -212,31 +198,20 @@ def test_chat_template_renders_tools_and_results_like_ours(make_export, chat_tok
     _, folder = make_export()
     ours = load_tokenizer(chat_tokenizer)
     theirs = transformers.AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
-    call = {"id": "call_1", "type": "function", "function": {"name": "calculator", "arguments": arguments}}
-    conversation = [
-        {"role": "system", "content": "You can calculate."},
-        {"role": "user", "content": "What is 347*812? Café 😀"},
-        {"role": "assistant", "content": "Let me see.", "tool_calls": [call, call]},
-        {"role": "tool", "tool_call_id": "call_1", "name": "calculator", "content": "281764"},
-        {"role": "tool", "tool_call_id": "call_1", "content": "281764"},
-        {"role": "assistant", "content": "281764"},
-        {"role": "user", "content": "And again?"},
-        {"role": "assistant", "content": None, "tool_calls": [call]},
-        {"role": "tool", "tool_call_id": "call_1", "content": "281764"},
-    ]
-    tools = [BUILT_IN["calculator"].schema()]
+    conversation = CONVERSATIONS[kind]
+    tools = {"tools": [BUILT_IN["calculator"].schema()]} if kind != "plain" else {}
     messages = to_messages(conversation)
     for prompt in (False, True):
-        text = theirs.apply_chat_template(conversation, tools=tools, tokenize=False, add_generation_prompt=prompt)
+        text = theirs.apply_chat_template(conversation, tokenize=False, add_generation_prompt=prompt, **tools)
         assert text == chat_text(messages, add_generation_prompt=prompt)
-        ids = theirs.apply_chat_template(conversation, tools=tools, tokenize=True, add_generation_prompt=prompt)
+        ids = theirs.apply_chat_template(conversation, tokenize=True, add_generation_prompt=prompt, **tools)
         ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
         assert list(ids) == render_chat(ours, messages, add_generation_prompt=prompt).ids
 
 
 def test_the_model_cards_recipe_keeps_typed_control_tokens_as_text(make_export, chat_tokenizer):
-    """apply_chat_template turns typed control tokens into real ones (what the card warns about);
-    the card's encode_chat gives exactly the ids our own renderer does, which keeps them text."""
+    """apply_chat_template turns typed control tokens into real ones (the card warns); the card's
+    encode_chat gives our renderer's ids, which keeps them text."""
     import re
 
     from data.tokenizer import load_tokenizer
@@ -293,21 +268,17 @@ def test_pipeline_generates_text_from_a_folder_alone(make_export, tmp_path):
 
 
 def test_tokenizer_output_goes_straight_into_generate(make_export, hf_models):
-    """``model.generate(**tokenizer(text, return_tensors="pt"))``, as the README and model card
-    write it: the tokenizer must return only what the model takes (transformers 4.x refuses
-    token_type_ids)."""
+    """The tokenizer returns only what the model takes (transformers 4.x refuses token_type_ids)."""
     _, folder = make_export()
-    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
-    inputs = tokenizer("ROMEO:", return_tensors="pt")
+    inputs = transformers.AutoTokenizer.from_pretrained(folder)("ROMEO:", return_tensors="pt")
     assert set(inputs.keys()) == {"input_ids", "attention_mask"}
     out = hf_models(folder).generate(**inputs, max_new_tokens=4, do_sample=False, eos_token_id=None)
     assert out.shape == (1, inputs["input_ids"].shape[1] + 4)
 
 
 def test_chat_generation_never_samples_a_role_token(make_export, hf_models):
-    """The project's rule for chat: <|end|> and <|endoftext|> end a reply, role tokens are never
-    sampled. An untrained model samples every token (the control below shows it samples role
-    tokens); with the export's generation config, none appear over many seeds."""
+    """<|end|> and <|endoftext|> end a reply and role tokens are never sampled, over many seeds (the
+    untrained model does sample them without the export's generation config)."""
     from data.chat import ROLE_TOKENS
 
     _, folder = make_export()

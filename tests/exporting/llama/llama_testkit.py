@@ -1,7 +1,4 @@
-"""Builders and references for the Llama and GGUF export tests.
-
-A plain module (not conftest) so tests can import it by a name no other test directory uses.
-"""
+"""Builders and references for the Llama and GGUF export tests."""
 
 from __future__ import annotations
 
@@ -19,9 +16,8 @@ BLOCK_SIZE = 48  # room for a prompt and a few dozen greedy tokens
 
 
 def build_llama_run(directory: Path, *, tie: bool = True, data_format: str = "chat") -> Path:
-    """A random Llama-shaped run: rotary positions, GQA with 2 query heads per key/value head, no
-    options; <|endoftext|> never wins, so greedy decoding never ends early. Its config.yaml says it
-    was tuned on ``data_format`` (chat: its exports carry the chat template)."""
+    """A random Llama-shaped run (rope, GQA 2:1, no options) in which <|endoftext|> never wins; config.yaml
+    says it was tuned on ``data_format``."""
     run_testkit.build_run(directory, run_testkit.chat_tokenizer(), tie=tie, positions="rope", rope_theta=500.0,
                           block_size=BLOCK_SIZE, never_predicts=(EOT,))
     (directory / "config.yaml").write_text(yaml.safe_dump({"data": {"format": data_format}}))
@@ -54,10 +50,8 @@ def read_gguf(path: Path) -> tuple[dict, dict[str, np.ndarray]]:
 
 
 def llama_cpp_reference_logits(metadata: dict, tensors: dict[str, np.ndarray], ids: list[int]) -> np.ndarray:
-    """Logits (T, vocab) of ``ids``, computed in float64 as llama.cpp's llama architecture reads a GGUF
-    file: written here from the file alone, with its rotary convention (each head's neighbours
-    (2i, 2i + 1) turned together), query head h reading key/value head h // (heads / kv heads), and
-    the token embedding as the head when the file has no ``output.weight``."""
+    """Logits (T, vocab) of ``ids`` in float64, as llama.cpp's llama architecture reads the GGUF file:
+    neighbour-pair rotary, query head h reading kv head h // group, the embedding as head when no output.weight."""
     arch = metadata["general.architecture"]
     heads, kv_heads = metadata[f"{arch}.attention.head_count"], metadata[f"{arch}.attention.head_count_kv"]
     eps, base = metadata[f"{arch}.attention.layer_norm_rms_epsilon"], metadata[f"{arch}.rope.freq_base"]

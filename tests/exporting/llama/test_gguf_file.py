@@ -1,6 +1,5 @@
-"""The GGUF export, read back with the gguf package's reader: llama metadata, the run's tokenizer,
-f32 tensors under GGUF's names, and query/key rows in llama.cpp's rotary order, proven by a float64
-Llama that reads the file as llama.cpp does and computes our logits."""
+"""The GGUF export read back with the gguf package: llama metadata, our tokenizer, f32 tensors under
+GGUF's names, rows in llama.cpp's rotary order (a float64 reader of the file computes our logits)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""The GGUF export run by llama.cpp itself, through llama-cpp-python (an opt-in heavy build: these
-tests skip where it is not installed; ``pip install llama-cpp-python`` compiles llama.cpp).
-
-llama.cpp decodes our greedy tokens at f32 (weights and key/value cache), its logits are ours within
-1e-4 (its kernels sum in another order than PyTorch's), and it tokenizes and detokenizes text as our
-tokenizer does."""
+"""The GGUF export run by llama.cpp (llama-cpp-python, opt-in: skips where not installed): our greedy
+tokens at f32, logits within 1e-4 (other sum order), and our tokenizer's text both ways."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""A Llama-shaped run exported with ``--format llama`` is transformers' own ``LlamaForCausalLM``:
-loaded with no remote code, it computes our logits within 1e-5 in fp32 and greedy-decodes our
-tokens, and its tokenizer loads with ``AutoTokenizer`` and gives our ids."""
+"""``--format llama`` is transformers' own ``LlamaForCausalLM``: no remote code, our logits within 1e-5
+in fp32, our greedy tokens, and our ids from ``AutoTokenizer``."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Fixtures for the ONNX export tests: one tiny random run with a window of 128 positions (room for
-a prompt and 100 greedy tokens), exported once per session in each form, and ONNX Runtime sessions
-on the CPU."""
+"""Fixtures for the ONNX export tests: a tiny run with a 128-position window, exported once per session
+in each form, and ONNX Runtime sessions on the CPU."""
 
 from __future__ import annotations
 

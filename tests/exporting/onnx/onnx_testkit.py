@@ -1,8 +1,4 @@
-"""Helpers for the ONNX export tests: an exported folder with its ONNX Runtime session, and the
-feeds that the dynamic and static graphs take.
-
-A plain module (not conftest) so tests can import it by a name no other test directory uses.
-"""
+"""Helpers for the ONNX export tests: an exported folder with its session, and each graph's feeds."""
 
 from __future__ import annotations
 

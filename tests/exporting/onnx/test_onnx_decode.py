@@ -1,8 +1,5 @@
-"""Greedy decoding through the ONNX cache gives exactly generate.py --temperature 0's 100 tokens,
-in both forms, by the tests' loops and by the export README's own snippet run as written.
-
-The model has learned positions and the graphs do not slide the window, so the prompt and the 100
-tokens fit in the run's 128 positions."""
+"""Greedy decoding through the ONNX cache gives generate.py --temperature 0's 100 tokens, in both forms,
+by the tests' loops and by the export README's snippet as written (learned positions: all fit in 128)."""
 
 from __future__ import annotations
 

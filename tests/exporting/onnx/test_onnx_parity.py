@@ -1,6 +1,5 @@
-"""The ONNX graphs against the PyTorch model they were exported from, on ONNX Runtime's CPU: logits
-within 1e-4 for a prompt, on top of a past, in a batch of 1 or 4, for rows of different lengths
-under an attention mask, and through the static graph's preallocated cache."""
+"""The ONNX graphs against their PyTorch model on ONNX Runtime's CPU: logits within 1e-4 for a prompt,
+on a past, in batches, under an attention mask, and through the static graph's cache."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""Model variants beside the default run export too, and both graphs decode exactly what the
-model's own greedy loop (generate.py's) decodes, within the 128-position window:
-
-- multi-head latent attention (``attention: mla``): each layer caches one latent,
-  ``past_key_values.{i}.latent`` (batch, 1, length, kv_latent_dim); the run has a low-rank query
-  too (q_latent_dim), so both of MLA's options are in the graph, and an explicit feed-forward width;
-- grouped-query attention with value embeddings (``run_testkit.ALL_OPTIONS``);
-- rotary positions (``positions: rope``) for both attention kinds, the latent's cached vector with
-  its rotary key beside it, and no positions at all (``positions: none``)."""
+"""Model variants export too and both graphs decode generate.py's greedy tokens: latent attention (one
+``past_key_values.{i}.latent`` per layer, a query latent, an explicit feed-forward width), GQA with
+value embeddings, rotary positions for both kinds, and no positions."""
 
 from __future__ import annotations
 

@@ -27,9 +27,8 @@ import torch
 from tqdm import tqdm
 
 from common.cli import ArgumentParser, path_arg, run_stoppable
-from common.errors import UserError
+from common.errors import UserError, describe_os_error, with_path
 from common.files import atomic_write_text
-from common.os_errors import describe_os_error, with_path
 from common.threads import add_threads_argument, parse_threads, use_threads
 from data.chat import ChatTokenIds, ChatTooLong, Message, encode_plain, fit_for_reply
 from data.config import DataConfig
