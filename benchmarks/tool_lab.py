@@ -1,45 +1,35 @@
-"""The tool lab: a small chat model learns to call a calculator when a question needs arithmetic, and
-to chat without calling otherwise, by supervised examples and then by reinforcement learning with the
-calculator in the loop, on a laptop CPU; measured as a user meets it, in a conversation.
+"""The tool lab: a small chat model learns to call a calculator where a question needs arithmetic and
+to answer the plays' speeches without one, by SFT and then GRPO with the calculator in the loop, on a
+laptop CPU; measured as a user meets it, in a conversation.
 
     python -m benchmarks.tool_lab --seeds 1337 1338 1339
     python -m benchmarks.tool_lab --seeds 1337 --json          # one JSON object per seed, per line
 
-Per seed, in ``--out``/s<seed>, four real training runs:
+Per seed, in ``--out``/s<seed>, four runs, each a fixed number of steps: ``base``, a short text
+pretraining on the training conversations written out (it trains the tokenizer, its chat and tool
+tokens reserved); ``sft_plays``, a chat fine-tune of it on the plays' exchanges alone, the comparison
+for chat quality; ``sft``, the same fine-tune on the plays' exchanges mixed with calculator
+conversations of every shape (``data.source: calculator``, data/sources/tool_arithmetic.py); ``grpo``,
+GRPO from ``sft`` on mixed prompts with the calculator run inside each rollout, rewarded for the exact
+answer and for calling exactly where a question needs it. Then, on questions and plays none trained on:
 
-1. ``base``: a short text pretraining on the training conversations (the plays' exchanges and the
-   calculator's) written out as plain text, which trains the tokenizer (its chat and tool tokens
-   reserved) and little else;
-2. ``sft_plays``: a chat fine-tune of it on the plays' exchanges alone (``data.source: shakespeare``),
-   the comparison for the chat quality of the next one;
-3. ``sft``: the same fine-tune on the plays' exchanges mixed with calculator conversations
-   (``data.source: calculator``, data/sources/tool_arithmetic.py): 1 to 4 questions each, of mixed
-   shapes (operands of 1 to 4 digits, ``+ - * /``, parentheses, operators in words), each answered by a
-   call and the calculator's result;
-4. ``grpo``: GRPO from ``sft`` on mixed prompts with the calculator run inside each rollout
-   (``rl.task: calculator``, ``rl.tools: [calculator]``), rewarded for the exact answer and for calling
-   exactly when a question needs it.
+- ``pass@1_no_tools``, ``pass@1_sft``, ``pass@1_grpo``: the RL task's own evaluation, 4 samples of
+  each question at temperature 1: the GRPO run without the calculator (``<|call|>`` never sampled),
+  the SFT and GRPO runs with it;
+- ``pass@1_by_turn``, ``pass@1_by_shape``: the GRPO run in conversations of 5 held-out questions, each
+  asked after its previous answer through ``inference.chat.ChatSession`` as ``generate.py --chat
+  --tools calculator --temperature 0`` asks them (the history rolled past the window as generate.py
+  and serve.py roll it), passing when the final answer is the problem's; by turn position, and by
+  shape group (a question counts in each of its ``shapes``);
+- ``plays_calling``: the share of held-out plays prompts (a system prompt and a speech, each a chat
+  of its own) whose reply calls a tool, a malformed call included;
+- ``bpb_sft_plays``, ``bpb_sft``, ``bpb_grpo``: bits/byte of assistant text on every held-out plays
+  exchange, ``<|end|>`` charged (``training.tasks.chat.evaluate_chat``, a chat run's validation).
 
-Each stops after a fixed number of steps, the same on any machine. Then, on questions and plays no
-run trained on:
-
-- ``pass@1_no_tools``, ``pass@1_sft``, ``pass@1_grpo``: the RL task's own evaluation of one question
-  alone (4 samples each at temperature 1): the GRPO run without the calculator (``<|call|>`` never
-  sampled, the model answering in its head), the SFT and the GRPO runs with it;
-- ``pass@1_by_turn`` and ``pass@1_by_shape``: the GRPO run in conversations of 5 held-out questions,
-  each asked after the model's previous answer, as ``generate.py --chat --tools calculator
-  --temperature 0`` asks them (``inference.chat.ChatSession``, which rolls the history past the window
-  as generate.py and serve.py do); a question passes when the final answer is its problem's answer.
-  By turn position (1 to 5) and by shape group (a question counts in each of its ``shapes``);
-- ``plays_calling``: the share of held-out plays prompts (a system prompt and a speech, each its own
-  chat) whose reply calls a tool within its first tokens, malformed calls included;
-- ``bpb_sft_plays``, ``bpb_sft``, ``bpb_grpo``: bits/byte of assistant text on the held-out plays'
-  exchanges, ``<|end|>`` charged (``training.tasks.chat.evaluate_chat``, as a chat run's validation).
-
-``seconds`` is the seed end to end, each stage's its training run's (data preparation and final
-evaluation included) and ``eval_seconds`` the measurements' (null where not timed:
-``labs.train_stage``). The figure is ``--out``/tool_lab.png; the last run, ``s<seed>/grpo``, is a chat
-run with a calculator: ``python generate.py --run runs/tool_lab/s1337/grpo --chat --tools calculator``.
+``seconds`` is the seed end to end, ``<stage>_seconds`` each training run's and ``eval_seconds`` the
+measurements' (null where not timed: ``labs.train_stage``). The figure is ``--out``/tool_lab.png;
+``s<seed>/grpo`` is a chat run with a calculator:
+``python generate.py --run runs/tool_lab/s1337/grpo --chat --tools calculator``.
 """
 
 from __future__ import annotations
@@ -64,8 +54,8 @@ WHAT = {"base": "a text pretraining on the conversations written out", "sft_play
 PASS_K = 4
 TURNS = 5  # questions in one held-out conversation
 SIZES = {  # the model, the problems and each run's budget
-    "lab": dict(model={"n_layer": 2, "n_head": 4, "n_kv_head": 4, "n_embd": 96, "block_size": 128},
-                problems=20000, held_out=400, conversations_asked=80, plays_prompts=100,
+    "lab": dict(model={"n_layer": 2, "n_head": 4, "n_kv_head": 4, "n_embd": 96, "block_size": 128, "positions": "rope"},
+                problems=20000, held_out=200, conversations_asked=40, plays_prompts=50,
                 base={"max_steps": 100}, sft={"max_steps": 1500}, grpo={"max_steps": 150}, grpo_eval_interval=50),
     # A smoke test of the whole path: a few steps each, and nothing learned.
     "toy": dict(model={"n_layer": 1, "n_head": 2, "n_kv_head": 1, "n_embd": 32, "block_size": 128},
@@ -73,7 +63,7 @@ SIZES = {  # the model, the problems and each run's budget
                 base={"max_steps": 3}, sft={"max_steps": 3}, grpo={"max_steps": 2}, grpo_eval_interval=0),
 }
 PROBLEMS = {"seed": 0, "digits": 4, "operations": "+-*/", "max_terms": 4, "parentheses": True, "words": True,
-            "max_exchanges": 4, "plays_share": 0.5}
+            "max_exchanges": 4, "plays_share": 0.9}
 VAL_FRACTION = 0.1  # the plays held out: data.val_fraction's default, as configs/tiny-chat.yaml's
 REPLY_TOKENS = 48  # the most tokens of a measured reply: a call, its answer; a plays reply's first tokens
 RESULT_FILE = "result.json"  # a finished seed's row, kept for --resume
@@ -306,9 +296,10 @@ def draw_figure(out: Path, rows: list[dict[str, Any]]) -> Path:
                    label=f"seed {row['seed']}: {row['plays_calling']:.1%} of plays prompts call")
     talked.axvline(TURNS - 0.5, color="grey", linewidth=0.8)
     talked.set_xticks(range(len(groups)), groups, rotation=30, fontsize="small")
-    talked.set_ylim(0, 1.12)
+    talked.set_ylim(0, 1.25)
+    talked.set_ylabel("held-out pass@1 (greedy)")
     talked.set_title(f"GRPO run, conversations of {TURNS} held-out questions: by turn, by shape")
-    talked.legend(fontsize="small", loc="lower left")
+    talked.legend(fontsize="small", loc="upper left")
     for row in rows:
         records = read_metrics(Path(row["run"]) / "metrics.jsonl")
         train = [r for r in records if r.get("kind") == "train" and "rewards/tool_answer_correct/mean" in r]
@@ -318,7 +309,7 @@ def draw_figure(out: Path, rows: list[dict[str, Any]]) -> Path:
         curves.plot([0, *(r["step"] for r in evals)], [row["pass@1_sft"], *(r["val_pass@1"] for r in evals)], "o-",
                     color=line.get_color(), markersize=4, label=f"seed {row['seed']}: held-out pass@1")
     curves.set_ylim(0, 1.05)
-    curves.set_xlabel("GRPO step (at 0, the SFT run on every held-out problem; then the evaluation subset)",
+    curves.set_xlabel("GRPO step (at 0, the SFT run on every held-out question;\nthen the evaluation subset)",
                       fontsize="small")
     curves.set_ylabel("share right")
     curves.set_title("GRPO with the calculator in the loop")
