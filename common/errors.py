@@ -1,7 +1,7 @@
-"""The one exception type that command lines turn into a one-line message and exit code 2: something
-the user can fix (a bad flag, a missing file, a config typo), so its message names the problem and the
-fix; and filesystem failures the user can fix (full disk, read-only mount, a file where a directory
-should be) as one such line naming the path, the cause and the fix."""
+"""The errors command lines turn into a one-line message and exit code 2: something the user can fix
+(a bad flag, a missing file, a config typo; ``DataError`` for a corpus, a source setting or the cache),
+so the message names the problem and the fix. Filesystem failures the user can fix (full disk,
+read-only mount, a file where a directory should be) become one such line: the path, the cause, the fix."""
 
 from __future__ import annotations
 
@@ -11,6 +11,10 @@ import os
 
 class UserError(Exception):
     """An error caused by the user's input; its message says what to change."""
+
+
+class DataError(UserError):
+    """A corpus, source setting or cache problem; the message names the problem and the fix."""
 
 
 def one_line(error: BaseException, *, with_type: bool = False) -> str:

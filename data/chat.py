@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from tokenizers import Tokenizer
 
-from data.errors import DataError
+from common.errors import DataError
 # Reserved by every tokenizer the project trains, right after <|endoftext|>; the tool tokens follow.
 from data.tokenizer import CHAT_SPECIAL_TOKENS, TOOL_SPECIAL_TOKENS
 from data.tokenizer import EOT as END_OF_TEXT

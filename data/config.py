@@ -7,7 +7,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from common.config import Section, build, require
-from data.errors import DataError
+from common.errors import DataError
 from data.tokenizer import SPECIAL_TOKENS
 
 SOURCES = ("shakespeare", "hub", "files", "synthetic", "quotes", "calculator")
@@ -107,44 +107,51 @@ class QuotesSourceConfig(Section):
         return self
 
 
-# A ceiling on the conversations the calculator set makes in memory (a few hundred bytes each).
-MAX_CALCULATOR_CONVERSATIONS = 1_000_000
+# A ceiling on the calculator problems a run draws and holds in memory (a few hundred bytes each).
+MAX_CALCULATOR_PROBLEMS = 1_000_000
 CALCULATOR_OPERATIONS = "+-*/"
 
 
-class CalculatorSourceConfig(Section):
-    """Conversations that call the built-in calculator (data/sources/tool_arithmetic.py): questions of
-    2 to ``max_terms`` operands of ``digits`` digits, joined by ``operations`` (some of ``+-*/``)."""
+class CalculatorShapes(Section):
+    """The shapes of the calculator problems (data/sources/tool_arithmetic.py), shared by the SFT source
+    (``data.calculator``) and the RL task (``rl.calculator``), so the same settings draw the same problems:
+    2 to ``max_terms`` operands of 1 to ``digits`` digits joined by ``operations`` (some of ``+-*/``),
+    ``parentheses`` around some of them, ``words`` for some questions ("7 times 3"); conversations of
+    1 to ``max_exchanges`` exchanges, a share ``plays_share`` of them holding the plays' exchanges too."""
 
     seed: int = 0
-    conversations: int = 4000
-    digits: int = Field(3, ge=1, le=5)
+    digits: int = Field(3, ge=1, le=4)
     operations: str = "*"
     max_terms: int = Field(2, ge=2, le=4)
+    parentheses: bool = False
+    words: bool = False
+    max_exchanges: int = Field(1, ge=1, le=4)
+    # Past 0.9 the plays' exchanges outnumber the calculator's tenfold: a plays set, not a tool set.
+    plays_share: float = Field(0.0, ge=0, le=0.9)
+
+    def check_count(self, key: str, count_key: str, count: int) -> None:
+        """Refuse in one line ``count`` problems (``key``.``count_key``) that cannot be drawn."""
+        require(1 <= count <= MAX_CALCULATOR_PROBLEMS,
+                f"{key}.{count_key} must be from 1 to {MAX_CALCULATOR_PROBLEMS:,}, got {count}")
+        require(self.operations != "" and set(self.operations) <= set(CALCULATOR_OPERATIONS),
+                f"{key}.operations must be some of {CALCULATOR_OPERATIONS!r}, got {self.operations!r}")
+        # Parentheses only add to these; the few the calculator refuses (x/0, products past 10**15) are redrawn.
+        ops = len(set(self.operations))
+        distinct = sum(10 ** (self.digits * terms) * ops ** (terms - 1) for terms in range(2, self.max_terms + 1))
+        require(count <= distinct // 2,
+                f"{key}.{count_key} is {count:,}, more than half the {distinct:,} distinct problems its digits, "
+                "operations and max_terms make; ask for fewer or widen them")
+
+
+class CalculatorSourceConfig(CalculatorShapes):
+    """Conversations that call the built-in calculator: ``problems`` drawn, the held-out share first."""
+
+    problems: int = 4000
 
     @model_validator(mode="after")
     def _drawable(self) -> CalculatorSourceConfig:
-        check_calculator_problems("data.calculator", "conversations", self.conversations, self.digits,
-                                  self.operations, self.max_terms)
+        self.check_count("data.calculator", "problems", self.problems)
         return self
-
-
-def check_calculator_problems(key: str, count_key: str, count: int, digits: int, operations: str,
-                              max_terms: int) -> None:
-    """Refuse in one line ``count`` calculator problems (``key``.``count_key``) that cannot be drawn;
-    shared by the SFT source (``data.calculator``) and the RL task (``rl.calculator``)."""
-    require(1 <= count <= MAX_CALCULATOR_CONVERSATIONS,
-            f"{key}.{count_key} must be from 1 to {MAX_CALCULATOR_CONVERSATIONS:,}, got {count}")
-    require(operations != "" and set(operations) <= set(CALCULATOR_OPERATIONS),
-            f"{key}.operations must be some of {CALCULATOR_OPERATIONS!r}, got {operations!r}")
-    require("*" not in operations or digits * max_terms <= 15,
-            f"{key}: a product of {max_terms} numbers of {digits} digits passes the calculator's limit of "
-            f"10**15; lower {key}.digits or max_terms")
-    numbers = 10**digits - (10 ** (digits - 1) if digits > 1 else 0)
-    distinct = sum(numbers**terms * len(set(operations)) ** (terms - 1) for terms in range(2, max_terms + 1))
-    require(count <= distinct // 2,
-            f"{key}.{count_key} is {count:,}, more than half the {distinct:,} distinct problems its digits, "
-            "operations and max_terms make; ask for fewer or widen them")
 
 
 class DataConfig(Section):

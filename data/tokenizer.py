@@ -14,8 +14,7 @@ from typing import Iterable
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from common.errors import one_line
-from data.errors import DataError
+from common.errors import DataError, one_line
 
 EOT = "<|endoftext|>"  # the document separator
 # The chat format's tokens (data/chat.py): its system, user and assistant roles and the end of a turn,

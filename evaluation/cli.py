@@ -14,7 +14,7 @@ from common.cli import ArgumentParser, path_arg, run_stoppable
 from common.errors import UserError
 from common.signals import held_signals
 from common.threads import add_threads_argument, parse_threads, use_threads
-from tracking.config import WANDB_MODES
+from tracking.wandb_logger import WANDB_MODES
 
 
 def build_parser() -> argparse.ArgumentParser:

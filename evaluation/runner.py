@@ -31,8 +31,7 @@ from exporting.hf import export_run
 from rundir.checkpoint import peek_trainer_state
 from rundir.files import EVAL_DIR, RUN_CONFIG_FILE
 from rundir.record import RunRecord, read_config
-from tracking.config import LoggingConfig
-from tracking.wandb_logger import WandbLogger
+from tracking.wandb_logger import LoggingConfig, WandbLogger
 
 RESULTS_FILE = "results.json"
 

@@ -16,9 +16,9 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
+from common.errors import DataError
 from common.files import atomic_write_text
 from data.chat import CHAT_TEMPLATE, ChatTokenIds
-from data.errors import DataError
 from data.tokenizer import EOT, eot_id
 from inference.settings import GenerationSettings
 from model.config import GPTConfig

@@ -18,9 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from common.errors import UserError
+from common.errors import DataError, UserError
 from data.chat import ChatTokenIds, ChatTooLong, Message, fit_for_reply, render_chat
-from data.errors import DataError
 from inference.engine import Engine
 from inference.sampling import new_seed
 from inference.settings import DEFAULT_MAX_CALLS, GenerationSettings

@@ -19,7 +19,7 @@ import contextlib
 from common.errors import UserError
 from inference.chat import ChatSession
 from inference.settings import DEFAULT_MAX_CALLS, GenerationSettings
-from inference.terminal import LineReader, write_stdout
+from inference.terminal import decode_argument, decode_utf8, write_stdout
 from inference.tool_use import ToolStep
 from rundir.loading import LoadedRun
 from tools import ToolError, Toolbox, load_tools
@@ -33,6 +33,51 @@ COMMANDS = {
 
 QUIT_HINT = "(to leave: Ctrl-C again, Ctrl-D or /exit)"
 
+
+
+class LineReader:
+    """Lines from stdin, one turn each; ``read`` returns None at end of input (Ctrl-D). At a terminal
+    they go through ``input`` (``readline`` editing and history); otherwise the prompt goes to
+    stderr, so stdout holds only replies, and lines are read as bytes and checked to be UTF-8."""
+
+    def __init__(self, prompt: str) -> None:
+        self.prompt = prompt
+        self.interactive = sys.stdin.isatty()
+        self.terminal = self.interactive and sys.stdout.isatty()
+        if self.terminal:
+            try:
+                import readline  # noqa: F401  (importing it is what makes input() edit lines)
+            except ImportError:  # Windows, or a Python built without it: input() still works
+                pass
+
+    def half_typed(self) -> bool:
+        """Whether a line was being typed at the terminal (read after ``read`` was interrupted)."""
+        if not self.terminal:
+            return False
+        try:
+            import readline
+        except ImportError:
+            return False
+        return bool(readline.get_line_buffer())
+
+    def read(self) -> str | None:
+        """The next line without its line ending; a UserError for a line that is not UTF-8 (the
+        line is consumed, so the next ``read`` goes on after it)."""
+        if self.terminal:
+            try:
+                text = input(self.prompt)
+            except EOFError:
+                return None
+            except UnicodeDecodeError:
+                raise UserError("that line is not valid UTF-8; type it again") from None
+            # Under a C locale Python reads undecodable bytes as surrogate escapes: refuse those too.
+            return decode_argument(text, "that line")
+        if self.interactive:
+            print(self.prompt, end="", file=sys.stderr, flush=True)
+        data = sys.stdin.buffer.readline()
+        if not data:
+            return None
+        return decode_utf8(data.removesuffix(b"\n").removesuffix(b"\r"), "that line")
 
 def chat_main(args: argparse.Namespace, run: LoadedRun, settings: GenerationSettings, prompt: str | None) -> int:
     """Chat with ``run`` as the parsed ``generate.py`` flags say; ``prompt`` None means interactive."""

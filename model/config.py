@@ -106,6 +106,23 @@ class GPTConfig(Section):
         counting them (the size check) costs nothing whatever ``n_layer`` a config asks for."""
         return range((self.n_layer - 1) % 2, self.n_layer, 2) if self.value_embeddings else range(0)
 
+    def llama_blockers(self) -> list[str]:
+        """Each option that keeps this model from being a Llama, as ``model.key is X (set Y)``; empty
+        for a Llama-shaped run (the Llama and GGUF exports, and the exports ``train.py`` suggests).
+
+        Llama's block is ours with every option at its plain setting: rotary positions over the halves
+        of each head (transformers' convention, which ``model.gpt.rotary`` follows), grouped-query
+        attention, RMSNorm, a SwiGLU feed-forward, no biases, and a tied or untied head. An option that
+        changes what the model computes has no counterpart there; ``dropout`` only shapes training."""
+        blockers = []
+        if self.positions != "rope":
+            blockers.append(f"model.positions is {self.positions} (Llama rotates queries and keys: set rope)")
+        if self.attention != "gqa":
+            blockers.append(f"model.attention is {self.attention} (set gqa)")
+        if self.value_embeddings:
+            blockers.append("model.value_embeddings is true (set false)")
+        return blockers
+
     def num_params(self) -> int:
         """Parameters of a GPT of this shape (a tied head counted once), from the sizes alone:
         checking that a model fits must not build one, not even on the meta device, whose

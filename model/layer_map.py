@@ -1,14 +1,12 @@
 """The model's layer map: which linear layers a block has (``model.gpt.Block``), and how a fused
 one splits into the projections it computes at once. The Hugging Face export splits the weights by
 it (``exporting.hf.weights``) and LoRA adapts its layers and writes the adapter by it
-(``training.lora``): neither decides what a block holds. ``llama_blockers`` says which options keep
-a model from being a Llama, for the Llama and GGUF exports.
+(``training.lora``): neither decides what a block holds.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from model.config import GPTConfig
 
@@ -60,21 +58,3 @@ def block_linears(cfg: GPTConfig) -> dict[str, BlockLinear]:
     layers["ffn.gate_up"] = linear(cfg.n_embd, ("mlp.gate_proj", cfg.ffn_dim), ("mlp.up_proj", cfg.ffn_dim))
     layers["ffn.down"] = linear(cfg.ffn_dim, ("mlp.down_proj", cfg.n_embd))
     return layers
-
-
-def llama_blockers(config: Any) -> list[str]:
-    """Each option that keeps ``config`` (a ``GPTConfig``) from being a Llama model, as ``model.key is X (set Y)``;
-    empty for a Llama-shaped run.
-
-    Llama's block is ours with every option at its plain setting: rotary positions over the halves
-    of each head (transformers' convention, which ``model.gpt.rotary`` follows), grouped-query
-    attention, RMSNorm, a SwiGLU feed-forward, no biases, and a tied or untied head. An option that
-    changes what the model computes has no counterpart there; ``dropout`` only shapes training."""
-    blockers = []
-    if config.positions != "rope":
-        blockers.append(f"model.positions is {config.positions} (Llama rotates queries and keys: set rope)")
-    if config.attention != "gqa":
-        blockers.append(f"model.attention is {config.attention} (set gqa)")
-    if config.value_embeddings:
-        blockers.append("model.value_embeddings is true (set false)")
-    return blockers

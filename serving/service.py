@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from fastapi import Request
 from starlette.requests import ClientDisconnect
 
+from common.errors import DataError
 from data.chat import NO_TOOL_TOKENS, ChatTokenIds, ChatTooLong, encode_plain, fit_for_reply, to_messages
-from data.errors import DataError
 from inference.completion import encode_prompt
 from inference.engine import Engine, EngineBusy, Event, Ticket
 from inference.sampling import SamplingSettings

@@ -1,5 +1,4 @@
-"""Fixtures every test directory may use. Its presence also puts ``tests/`` on the path, so the
-shared builders import as ``run_testkit``."""
+"""Fixtures every test directory may use; its presence puts ``tests/`` on the path (``run_testkit``)."""
 
 import subprocess
 from pathlib import Path
@@ -20,10 +19,16 @@ def compile_cache(tmp_path_factory):
         yield folder
 
 
-@pytest.fixture
-def one_torch_thread():
-    """Tiny models on a shared 2-core machine: a second intra-op thread mostly waits for the first,
-    so run single-threaded and restore the setting afterwards."""
+# Tiny models on a shared 2-core machine: a second intra-op thread mostly waits for the first, so the
+# tests of these folders run single-threaded, and the setting is restored afterwards.
+SINGLE_THREADED = {"evaluation", "exporting", "inference", "rundir", "serving"}
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread(request):
+    if request.path.relative_to(Path(__file__).parent).parts[0] not in SINGLE_THREADED:
+        yield
+        return
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -52,8 +57,7 @@ def mount_tmpfs(tmp_path):
 
 @pytest.fixture(scope="session")
 def tool_run_dir(tmp_path_factory):
-    """A tiny run that really calls the calculator (``run_testkit.build_tool_run``), trained once
-    per session for the inference and serving tests."""
+    """A tiny run that really calls the calculator (``run_testkit.build_tool_run``), trained once per session."""
     from run_testkit import build_tool_run
 
     threads = torch.get_num_threads()

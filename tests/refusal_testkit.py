@@ -1,8 +1,5 @@
 """How every command line refuses a user's input: exit 2, nothing on stdout, one ``error:`` line on stderr."""
 
-from __future__ import annotations
-
-
 def one_error_line(code: int, out: str, err: str, *fragments: str) -> str:
     """Asserts the refusal and that its line holds each fragment; returns the line. With capsys:
     ``one_error_line(main(argv), *capsys.readouterr(), "fragment")``."""

@@ -6,8 +6,6 @@ A plain module (not conftest): ``tests/conftest.py`` puts this directory on the 
 import it as ``run_testkit``.
 """
 
-from __future__ import annotations
-
 from pathlib import Path
 
 import torch
@@ -93,8 +91,6 @@ def build_run(directory: Path, tokenizer: Tokenizer, *, vocab_size: int | None =
     save_pretrained(model, directory)
     return directory
 
-
-# ---------------------------------------------------------------- a run that calls a tool
 
 # The conversations the tool-calling test run learns by heart: each question, a call to the
 # calculator with the question's expression, the calculator's result, and the result as the answer.

@@ -1,7 +1,5 @@
 """Start ``serve.py`` as a real process on a free 127.0.0.1 port, and always stop it."""
 
-from __future__ import annotations
-
 import contextlib
 import os
 import signal

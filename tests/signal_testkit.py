@@ -1,7 +1,5 @@
 """Starting a command line that pauses at a point the test chose, and signalling it there."""
 
-from __future__ import annotations
-
 import signal
 import subprocess
 import sys

@@ -3,8 +3,6 @@ before the guard, and a Ctrl-C or SIGTERM at any later import exits 128 + signal
 An import hook raises the signal at a chosen import, so each case lands at the same point on any
 machine (a fixed delay would not)."""
 
-from __future__ import annotations
-
 import json
 import signal
 import subprocess
@@ -47,7 +45,6 @@ finally:
     with open(report, "w") as f:
         json.dump(seen, f)
 """
-
 
 def _run(script: str, tmp_path: Path, stage: int | str, signum: int = signal.SIGINT) -> tuple[int, str, dict]:
     report = tmp_path / f"imports-{stage}.json"

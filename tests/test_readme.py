@@ -22,12 +22,9 @@ Each block must exit with status 0 and print something: a snippet that shows the
 has not shown what it claims.
 """
 
-from __future__ import annotations
-
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -36,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from server_process import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -86,7 +85,7 @@ class Sandbox:
 
     def __init__(self, root: Path):
         self.root = root
-        self.port = _free_port()
+        self.port = free_port()
         self.servers: list[subprocess.Popen] = []
         for entry in ROOT.iterdir():
             if entry.name not in NOT_LINKED:
@@ -170,12 +169,6 @@ python() {{
             except subprocess.TimeoutExpired:
                 server.kill()
                 server.wait()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.e2e

@@ -1,4 +1,5 @@
-"""Weights & Biases logging that can neither prompt nor take a training run down.
+"""Weights & Biases logging that can neither prompt nor take a training run down, and the ``logging:``
+section of a run config that sets it up.
 
 Without credentials it logs offline, since a login prompt would hang a job with no terminal.
 Anything wandb raises is reported in one line and turns the logger into a no-op.
@@ -12,11 +13,29 @@ import os
 import shlex
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlparse
 
+from pydantic import Field
+
+from common.config import Section
 from common.errors import UserError, one_line
-from tracking.config import WANDB_MODES, WandbConfig
+
+WANDB_MODES = ("auto", "online", "offline", "disabled")
+
+
+class WandbConfig(Section):
+    mode: Literal[WANDB_MODES] = "auto"
+    project: str = "minigpt"
+    entity: str | None = None
+    name: str | None = None
+    tags: list[str] = []
+
+
+class LoggingConfig(Section):
+    interval: int = Field(10, ge=1, description="steps between lines in metrics.jsonl (and wandb points)")
+    wandb: WandbConfig = WandbConfig()
+
 
 DEFAULT_HOST = "https://api.wandb.ai"
 

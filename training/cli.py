@@ -15,11 +15,9 @@ import time
 from pathlib import Path
 
 from common.cli import run_command
-from common.errors import describe_os_error
+from common.errors import DataError, describe_os_error
 from common.threads import parse_threads
-from data.errors import DataError
 from data.tokenizer import CHAT_SPECIAL_TOKENS, load_tokenizer
-from model.layer_map import llama_blockers
 from rundir.files import STATE_FILE, TOKENIZER_FILE
 from training.config import Config, load_run_config, with_parent
 from training.loss_curve import write_run_loss_curve
@@ -79,7 +77,7 @@ def _train(args: argparse.Namespace) -> int:
     if result.is_main:
         print(done_line(result, time.perf_counter() - started))
         print(summary(result, _draw_loss_curve(result.run_dir, result.kind), chat_tuning=suits_chat_tuning(config),
-                      llama_shaped=not llama_blockers(config.model), tools=tools_learned(config)))
+                      llama_shaped=not config.model.llama_blockers(), tools=tools_learned(config)))
     return 0
 
 

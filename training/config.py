@@ -23,9 +23,8 @@ from common.config import ConfigError, Removed, Section, build, read_yaml, read_
 from common.files import atomic_write_text
 from data.config import DataConfig
 from data.tokenizer import CHAT_SPECIAL_TOKENS
-from model.layer_map import block_linears
 from model.config import GPTConfig
-from tracking.config import LoggingConfig
+from tracking.wandb_logger import LoggingConfig
 
 if TYPE_CHECKING:  # a parent run is read by training.init_from when a run starts from one
     from training.init_from import ParentRun
@@ -78,6 +77,8 @@ class LoraConfig(Section):
     def layers(self, model: GPTConfig) -> list[str]:
         """The block's layers the targets name, in the block's order; a name that is no layer of
         ``model`` (say ``attn.qkv`` under latent attention) is refused, listing the layers it has."""
+        from model.layer_map import block_linears  # LoRA's alone
+
         available = list(block_linears(model))
         chosen = set()
         for target in self.targets:
@@ -301,6 +302,8 @@ def _check_lora(train: TrainConfig, model: GPTConfig) -> None:
             "the adapters are small)")
     if model is None:
         return  # the parent's model is checked when the run starts (with_parent)
+    from model.layer_map import block_linears
+
     layers = lora.layers(model)
     widths = {name: min(linear.in_features, linear.out_features) for name, linear in block_linears(model).items()}
     narrowest = min(layers, key=widths.__getitem__)

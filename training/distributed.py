@@ -109,16 +109,28 @@ def split_batch(batch_size: int, grad_accum_steps: int, world_size: int) -> Batc
 
 def wrap_model(model: nn.Module, ctx: DistContext, parallel: str = "ddp") -> nn.Module:
     """The one place the model is wrapped for multi-process training: DDP, or FSDP2 in place
-    (training/fsdp.py). Call it before ``torch.compile``, so communication overlaps the backward.
+    (``shard_model``). Call it before ``torch.compile``, so communication overlaps the backward.
     DDP broadcasts rank 0's weights; FSDP's slices agree because every rank built the same model."""
     if not ctx.enabled:
         return model
     if parallel == "fsdp":
-        from training.fsdp import shard_model
-
         return shard_model(model, ctx.device)
     device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
     return DistributedDataParallel(model, device_ids=device_ids)
+
+
+def shard_model(model: nn.Module, device: torch.device) -> nn.Module:
+    """Shard every block, then the root, over all processes, in place (the parameters become
+    DTensors); on CUDA gathered weights compute in bf16 and gradients reduce in fp32."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy()
+    if device.type == "cuda":
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for block in model.blocks:
+        fully_shard(block, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+    return model
 
 
 def is_sharded(model: nn.Module) -> bool:

@@ -22,6 +22,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from common.errors import UserError
+from common.signals import StopNow, StopRequest
 from common.threads import use_threads
 from inference.sampling import SamplingSettings
 from model.gpt import GPT
@@ -30,7 +31,7 @@ from rundir.files import METRICS_FILE, TOKENIZER_FILE
 from rundir.metrics import MetricsLog
 from tracking.wandb_logger import WandbLogger
 from training.adapters import Adapters
-from training.checkpointing import checkpointer_for
+from training.checkpointing import capture_rng_state, checkpointer_for, restore_rng_state
 from training.config import Config, TrainConfig, config_to_dict, with_parent
 from training.device import autocast, configure_backends, precision_name, resolve_precision, should_compile
 from training.distributed import (
@@ -38,7 +39,6 @@ from training.distributed import (
     select_rank_state, shutdown, split_batch, sync_gradients, wrap_model,
 )
 from training.evaluate import EvalResult
-from training.interrupt import StopNow, StopRequest
 from training.kept_model import CorpusCheck, KeptModel, epochs, load_kept_weights
 from training.memory_budget import check_model_fits, plan_run_memory
 from training.metrics import CpuShareWatch, Throughput, format_flops, mfu, peak_flops
@@ -49,7 +49,6 @@ from training.resume_rules import (
     check_resumed_tokenizer, fixed_settings, restore_error, run_precision, threads_on_resume,
 )
 from training.rms_norm_cpu import install_cpu_backward
-from training.rng_state import capture_rng_state, restore_rng_state
 from training.run_dir import open_run_dir, write_run_files
 from training.tasks.task import prepare_task
 

@@ -14,8 +14,8 @@ from typing import Callable, Iterator
 import numpy as np
 import torch
 
+from common.errors import DataError
 from data.batches.text import stream_seed
-from data.errors import DataError
 from data.prepared.chat import ChatSplit
 
 _BUCKET_BATCHES = 64

@@ -12,7 +12,7 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from data.errors import DataError
+from common.errors import DataError
 from data.prepared.token_files import check_one_window
 
 

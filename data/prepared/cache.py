@@ -23,9 +23,8 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 from tokenizers import Tokenizer
 
-from common.errors import with_path
+from common.errors import DataError, with_path
 from common.files import atomic_write_text, process_alive
-from data.errors import DataError
 from data.tokenizer import load_tokenizer, token_byte_lengths
 
 META_FILE = "meta.json"

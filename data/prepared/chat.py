@@ -17,9 +17,9 @@ from typing import Any, ClassVar, Generic, TypeVar
 import numpy as np
 from tokenizers import Tokenizer
 
+from common.errors import DataError
 from data.chat import ChatTokenIds, ChatTooLong, Message, RenderedChat, fit_chat
 from data.config import DataConfig
-from data.errors import DataError
 from data.prepared import cache
 from data.prepared.token_files import token_dtype
 from data.sources.conversations import ConversationSet, conversations_spec, load_conversations

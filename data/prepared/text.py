@@ -15,16 +15,16 @@ import numpy as np
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
+from common.errors import DataError
 from common.files import atomic_output, atomic_write_text
 from data.config import DataConfig
-from data.errors import DataError
 from data.prepared.cache import (
     REBUILD_ADVICE, TokenizerMixin, check_file_sha256, entry_path, file_sha256, open_checked, open_or_build,
     read_meta, spec_key,
 )
 from data.prepared.token_files import TokenDigester, check_one_window, digest_token_file, token_dtype
 from data.sources.corpus import SourceDocuments, load_source, source_spec
-from data.split import hash_split
+from data.sources.documents import hash_split
 from data.tokenizer import TOKENIZER_RECIPE, encode_documents, eot_id, load_tokenizer, train_tokenizer
 
 # Bump when the entry layout or token file format changes: old entries then stop matching.

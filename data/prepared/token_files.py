@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from data.errors import DataError
+from common.errors import DataError
 
 _CHUNK_BYTES = 64 * 2**20
 

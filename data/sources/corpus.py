@@ -11,8 +11,8 @@ import importlib
 from types import ModuleType
 from typing import Any, Iterator
 
+from common.errors import DataError
 from data.config import DataConfig
-from data.errors import DataError
 from data.sources.documents import SourceDocuments
 
 # Each source's module, imported only when a config names it. Each has ``spec(cfg)`` and

@@ -14,9 +14,8 @@ from urllib.parse import urlsplit
 
 from tqdm import tqdm
 
-from common.errors import one_line
+from common.errors import DataError, one_line
 from data.config import DataConfig, HubSourceConfig
-from data.errors import DataError
 from data.sources.documents import SourceDocuments, check_text_column, file_identity, find_cause, row_ids, text_only
 
 

@@ -14,9 +14,8 @@ import os
 from pathlib import Path
 from typing import IO, Any
 
-from common.errors import one_line
+from common.errors import DataError, one_line
 from data.config import DataConfig, FilesSourceConfig
-from data.errors import DataError
 from data.sources.documents import SourceDocuments, check_text_column, file_identity, find_cause, row_ids, text_only
 from data.sources.rows import SourceRows, table_rows
 

@@ -15,10 +15,9 @@ from typing import Any
 
 from tqdm import tqdm
 
+from common.errors import DataError
 from data.config import DataConfig
-from data.errors import DataError
-from data.sources.documents import SourceDocuments
-from data.split import hash_split
+from data.sources.documents import SourceDocuments, hash_split
 
 # Bump when the conversion below changes, so cached corpora built with the old text are rebuilt.
 CONVERSION_VERSION = 1

@@ -1,6 +1,6 @@
 """Export a rotary-position run as a standard Llama model (``python export.py --format llama``).
 
-A run whose options are Llama's (``model.layer_map.llama_blockers``, checked by ``writer``)
+A run whose options are Llama's (``GPTConfig.llama_blockers``, checked by ``writer``)
 becomes a folder that transformers loads as its own ``LlamaForCausalLM``, with no code shipped and
 no ``trust_remote_code``; the GGUF export (``exporting.gguf``) takes the same runs, for llama.cpp and
 the runtimes built on it.

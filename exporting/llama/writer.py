@@ -20,7 +20,6 @@ from exporting.hf.writer import ExportResult, weights_dtype, write_model_files
 from exporting.hub_files import LLAMA_MODEL_TYPE, SpecialTokens, chat_template, model_config
 from model.config import GPTConfig
 from model.io import ModelFileError, load_model_config
-from model.layer_map import llama_blockers
 from rundir.loading import load_run
 
 
@@ -54,7 +53,7 @@ def llama_config(config: GPTConfig, tokens: SpecialTokens, dtype: str) -> dict:
 
 def require_llama_shape(config: GPTConfig, run_dir: Path, fmt: str) -> None:
     """Refuse, in one line naming every option in the way, a run that ``--format fmt`` cannot write."""
-    blockers = llama_blockers(config)
+    blockers = config.llama_blockers()
     if blockers:
         raise UserError(f"{run_dir} cannot be exported as --format {fmt} (a Llama model): {'; '.join(blockers)}; "
                         "train a run with those settings, or export this one with --format hf")

@@ -1,5 +1,4 @@
-"""The drawn weights are the model's own, for both attention kinds: rows sum to 1, the future is 0,
-and weights times values give each layer's output. Without the 1/√d scale a row only sharpens."""
+"""The drawn weights are the model's own, for both attention kinds, and the 1/√d scale's comparison."""
 
 import pytest
 import torch
@@ -67,8 +66,7 @@ def test_weights_times_values_reproduce_each_layer_output(model):
 
 
 def test_weights_do_not_depend_on_other_rows_or_later_tokens(model):
-    """Row 0 alone gives the same maps as in a batch, and a prefix's maps are the top-left corner
-    of the longer sequence's: the causal mask never lets a later token in."""
+    """Row 0 alone gives its maps in the batch, and a prefix's maps are the longer sequence's top-left corner."""
     batch = model.attention_weights(ids())
     alone = model.attention_weights(ids()[:1])
     prefix = model.attention_weights(ids()[:1, :9])

@@ -1,5 +1,4 @@
-"""attention.py --copy: each head's copy and induction scores where a prompt writes a span twice, the
-copier drawn beside a head that does not copy, and one-line refusals."""
+"""attention.py --copy: each head's copy and induction scores where a prompt writes a span twice."""
 
 import pytest
 import torch
@@ -27,7 +26,11 @@ def test_a_repeat_is_found_by_its_tokens_and_never_overlapping():
     assert find_repeat([3, 4, 5], [4]) is None
 
 
-def test_each_heads_scores_are_its_weights_at_the_answers_positions(run_dir, capsys):
+def test_each_heads_scores_are_its_weights_at_the_answers_positions_and_the_copier_is_drawn(run_dir, tmp_path,
+                                                                                              capsys):
+    figure = tmp_path / "copy.png"  # the copier beside the head that copies least
+    assert main(["--run", str(run_dir), "--prompt", CONVERSATION, "--copy", "408", "--out", str(figure)]) == 0
+    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"wrote {figure}" in capsys.readouterr().err
     assert main(["--run", str(run_dir), "--prompt", CONVERSATION, "--copy", "408"]) == 0
     out = capsys.readouterr().out
     rows = [[float(x) for x in line.strip("|").split("|")] for line in out.splitlines()
@@ -48,12 +51,6 @@ def test_each_heads_scores_are_its_weights_at_the_answers_positions(run_dir, cap
         assert (copy, induction) == (pytest.approx(float(want_copy), abs=6e-4),
                                      pytest.approx(float(want_induction), abs=6e-4))
     assert f"tokens {result}-{result + len(span) - 1} written again at {answer}-{answer + len(span) - 1}" in out
-
-
-def test_the_copier_is_drawn_beside_the_head_that_copies_least(run_dir, tmp_path, capsys):
-    out = tmp_path / "copy.png"
-    assert main(["--run", str(run_dir), "--prompt", CONVERSATION, "--copy", "408", "--out", str(out)]) == 0
-    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"wrote {out}" in capsys.readouterr().err
 
 
 def test_a_span_written_once_is_one_line_and_exit_2_and_writes_nothing(run_dir, tmp_path, capsys, monkeypatch):

@@ -1,5 +1,4 @@
-"""Experiment 4, when an induction head appeared: the attention statistics read back from a run's
-hand-written metrics.jsonl, the first evaluation past the threshold, and attention.py --history."""
+"""Experiment 4, when an induction head appeared: attention statistics read back from metrics.jsonl."""
 
 import json
 
@@ -7,16 +6,8 @@ import pytest
 import yaml
 
 from analysis.cli import main
-from analysis.history import (
-    INDUCTION_THRESHOLD,
-    AttentionEval,
-    attention_history,
-    first_copying,
-    first_induction,
-    first_layer_induction,
-    format_history,
-    read_attention_history,
-)
+from analysis.history import (INDUCTION_THRESHOLD, AttentionEval, attention_history, first_copying, first_induction,
+    first_layer_induction, format_history, read_attention_history)
 from common.errors import UserError
 
 
@@ -43,9 +34,9 @@ def test_only_evaluations_with_attention_statistics_are_read():
     assert [(e.step, e.final) for e in history] == [(100, False), (200, False), (300, False), (400, False),
                                                   (400, True)]
     assert history[2] == AttentionEval(step=300, final=False, entropy_bits=(5.1, 3.2), induction_best=0.62)
-
-
-def test_a_final_evaluation_of_weights_kept_from_an_earlier_step_is_not_a_later_point():
+    record = evaluation(10, 0.0, entropy=[float(i) for i in range(12)])  # layers in order, not key order
+    assert attention_history([dict(reversed(list(record.items())))])[0].entropy_bits == tuple(map(float, range(12)))
+    # A final evaluation of weights kept from an earlier step is not a later point.
     kept_earlier = {**evaluation(400, 0.62, kind="final_eval"), "weights_step": 300}
     history = attention_history([*RECORDS[:-1], kept_earlier])
     assert [(e.step, e.final) for e in history] == [(100, False), (200, False), (300, False), (400, False)]
@@ -62,18 +53,14 @@ def test_the_first_evaluation_past_the_threshold_is_the_step_an_induction_head_a
     assert INDUCTION_THRESHOLD == 0.5
 
 
-def test_entropy_layers_are_read_in_layer_order_not_key_order():
-    record = evaluation(10, 0.0, entropy=[float(i) for i in range(12)])
-    shuffled = dict(reversed(list(record.items())))
-    assert attention_history([shuffled])[0].entropy_bits == tuple(float(i) for i in range(12))
-
-
 def test_the_table_names_the_step_or_the_best_score_reached():
     table = format_history(attention_history(RECORDS))
     assert "| 400 (final) | 5.000 | 4.000 | 0.710 |" in table
     assert table.endswith("first induction head: step 300 (induction_best 0.620 >= 0.5)")
     none = format_history(attention_history(RECORDS[:5]))
     assert none.endswith("no induction head: induction_best stayed below 0.5 (highest 0.490, at step 200)")
+    # This run logged no repeated-sequence loss, nor layer sums: no column, no line.
+    assert "no repeated-sequence loss: this run's evaluations did not log" in table and "induction layer" not in table
 
 
 def copying(step, layers, first, second, best=0.3):
@@ -115,12 +102,6 @@ def test_the_table_names_when_the_second_copy_loss_fell_and_each_threshold_was_p
     drifting = [copying(50, (0.1, 0.1), 6.0, 5.0), copying(100, (0.1, 0.1), 9.0, 5.5)]
     assert "(closest 5.500 against 9.000, at step 100)" in format_history(attention_history(drifting))
     assert "no induction layer: no layer's heads summed to 0.6 (highest 0.400, at step 100)" in early
-
-
-def test_a_run_that_logged_no_repeated_sequence_loss_says_so():
-    table = format_history(attention_history(RECORDS))
-    assert "no repeated-sequence loss: this run's evaluations did not log" in table
-    assert "induction layer" not in table  # nor the layer sums: no column, no line
 
 
 def write_metrics(run_dir, records):
@@ -183,26 +164,24 @@ def test_a_run_without_statistics_is_told_the_true_reason(tmp_path, config, reco
     assert reason in str(refused.value)
 
 
+def _without_layer_1(record):
+    del record["attn_entropy_layer1"]
+    return record
+
+
 @pytest.mark.parametrize("damaged", [
-    {"step": "300"},
-    {"step": True},
-    {"induction_best": "high"},
-    {"induction_best": float("nan")},
-    {"attn_entropy_layer1": None},
-    {"attn_entropy_layer1": "4.0"},
+    lambda r: {**r, "step": "300"},
+    lambda r: {**r, "step": True},
+    lambda r: {**r, "induction_best": "high"},
+    lambda r: {**r, "induction_best": float("nan")},
+    lambda r: {**r, "attn_entropy_layer1": None},
+    lambda r: {**r, "attn_entropy_layer1": "4.0"},
+    _without_layer_1,  # a layer missing
+    lambda r: evaluation(200, 0.9, entropy=(5.0,)),  # fewer layers than the others
+    lambda r: _without_layer_1(evaluation(200, 0.9, entropy=(5.0, 4.0, 3.0))),  # a gap in the layers
 ])
-def test_an_evaluation_whose_statistics_are_not_numbers_is_left_out(damaged):
-    records = [evaluation(100, 0.2), {**evaluation(200, 0.9), **damaged}, evaluation(300, 0.3)]
-    assert [e.step for e in attention_history(records)] == [100, 300]
-
-
-def test_an_evaluation_missing_a_layer_is_left_out():
-    missing = evaluation(200, 0.9)
-    del missing["attn_entropy_layer1"]
-    fewer = evaluation(250, 0.9, entropy=(5.0,))
-    gap = evaluation(270, 0.9, entropy=(5.0, 4.0, 3.0))
-    del gap["attn_entropy_layer1"]
-    records = [evaluation(100, 0.2), missing, fewer, gap, evaluation(300, 0.3)]
+def test_an_evaluation_whose_statistics_are_not_numbers_or_miss_a_layer_is_left_out(damaged):
+    records = [evaluation(100, 0.2), damaged(evaluation(200, 0.9)), evaluation(300, 0.3)]
     assert [e.step for e in attention_history(records)] == [100, 300]
 
 

@@ -1,19 +1,11 @@
-"""The positions measures on models whose answers are known: a head forced onto the first token, one
-spreading evenly, learned positions past their table not scored, a context-blind model flat over length."""
-
-from __future__ import annotations
+"""The positions measures on hand-built models whose answers are known."""
 
 import numpy as np
 import pytest
 import torch
 
-from analysis.positions import (
-    bits_per_byte_at_lengths,
-    even_spread_first_token,
-    first_token_attention,
-    length_not_possible,
-    scored_span,
-)
+from analysis.positions import (bits_per_byte_at_lengths, even_spread_first_token, first_token_attention,
+    length_not_possible, scored_span)
 from data.batches.text import iter_val_batches
 from model.config import GPTConfig
 from model.gpt import GPT
@@ -95,12 +87,6 @@ def test_a_head_that_spreads_evenly_scores_the_even_spread_level(positions, atte
     torch.testing.assert_close(scores, torch.full((2, 2), even_spread_first_token(T)), atol=1e-6, rtol=0)
 
 
-def test_the_even_spread_level_is_the_mean_of_one_over_the_visible_span():
-    assert even_spread_first_token(2) == pytest.approx(1 / 2)
-    assert even_spread_first_token(4) == pytest.approx((1 / 2 + 1 / 3 + 1 / 4) / 3)
-    assert even_spread_first_token(128) < 0.05  # far below a head that favours the first token
-
-
 def held_out(n: int = 200) -> tuple[np.ndarray, torch.Tensor]:
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, VOCAB, n).astype(np.uint16)
@@ -137,32 +123,32 @@ def test_at_the_trained_length_the_score_is_what_training_reports(positions):
     assert ours.bpb == pytest.approx(reference.bpb, abs=1e-6)
 
 
+@pytest.mark.parametrize("reads_context", [False, True])
 @pytest.mark.parametrize("positions", ["rope", "none"])
-def test_a_model_that_ignores_its_context_scores_the_same_at_every_length(positions):
-    tokens, token_bytes = held_out()
-    lengths = [T, 2 * T, 4 * T]
-    span = scored_span(len(tokens), lengths, max_windows=4)
-    scores = bits_per_byte_at_lengths(without_block_outputs(tiny(positions)), tokens, token_bytes, lengths,
-                                      span=span, batch_size=3)
-    assert scores[1].bpb == pytest.approx(scores[0].bpb, abs=1e-6)
-    assert scores[2].bpb == pytest.approx(scores[0].bpb, abs=1e-6)
-
-
-@pytest.mark.parametrize("positions", ["rope", "none"])
-def test_a_model_that_reads_its_context_scores_differently_in_longer_windows(positions):
+def test_only_a_model_that_reads_its_context_scores_differently_in_longer_windows(positions, reads_context):
     tokens, token_bytes = held_out()
     model = tiny(positions)
     with torch.no_grad():  # louder blocks, so that what attention reads moves the logits visibly
         for block in model.blocks:
             block.attn.proj.weight.mul_(50.0)
-    lengths = [T, 2 * T]
-    span = scored_span(len(tokens), lengths, max_windows=4)
-    short, long = bits_per_byte_at_lengths(model, tokens, token_bytes, lengths, span=span, batch_size=3)
-    assert abs(long.bpb - short.bpb) > 1e-3
+    if not reads_context:
+        without_block_outputs(model)
+    lengths = [T, 2 * T, 4 * T]
+    scores = bits_per_byte_at_lengths(model, tokens, token_bytes, lengths, span=scored_span(len(tokens), lengths, 4),
+                                      batch_size=3)
+    if reads_context:
+        assert abs(scores[1].bpb - scores[0].bpb) > 1e-3
+    else:
+        assert scores[1].bpb == pytest.approx(scores[0].bpb, abs=1e-6)
+        assert scores[2].bpb == pytest.approx(scores[0].bpb, abs=1e-6)
 
 
-def test_the_scored_span_holds_whole_windows_of_every_length():
+def test_the_scored_span_and_the_even_spread_level():
     assert scored_span(200, [8, 16, 32], max_windows=4) == 128
     assert scored_span(200, [8, 16, 32], max_windows=100) == 192  # 6 windows of 32, one token to spare
     assert scored_span(192, [8, 16, 32], max_windows=100) == 160  # the last target needs one more token
     assert scored_span(20, [8, 16, 32], max_windows=4) == 0
+    # The even-spread level is the mean of one over the visible span.
+    assert even_spread_first_token(2) == pytest.approx(1 / 2)
+    assert even_spread_first_token(4) == pytest.approx((1 / 2 + 1 / 3 + 1 / 4) / 3)
+    assert even_spread_first_token(128) < 0.05  # far below a head that favours the first token

@@ -1,7 +1,5 @@
 """What the benchmark smoke tests share besides fixtures: running a command as a user does."""
 
-from __future__ import annotations
-
 import os
 import signal
 import subprocess

@@ -1,8 +1,6 @@
 """A toy config (configs/tiny.yaml shrunk, its own data cache), one toy run trained from it and its
 chat-tuned child: every benchmark runs at a toy size against these, so a linked command cannot rot."""
 
-from __future__ import annotations
-
 from pathlib import Path
 
 import pytest

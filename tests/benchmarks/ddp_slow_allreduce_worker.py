@@ -3,8 +3,6 @@ all-reduce hook (DDP's documented ``register_comm_hook``), for test_benchmarks_r
 
     torchrun --standalone --nproc_per_node=2 tests/benchmarks/ddp_slow_allreduce_worker.py DELAY_S [benchmark args]"""
 
-from __future__ import annotations
-
 import sys
 import time
 

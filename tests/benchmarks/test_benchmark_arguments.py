@@ -1,55 +1,18 @@
-"""A benchmark is a command line like any other: bad input is one ``error:`` line and exit 2, and its
---help says what it measures in whole sentences."""
-
-from __future__ import annotations
+"""A benchmark is a command line like any other: one ``error:`` line, exit 2, and a --help in sentences."""
 
 import importlib
 import re
 import sys
+from pathlib import Path
 
 import pytest
 
 from bench_testkit import benchmark_scripts
+from refusal_testkit import one_error_line
 
+ROOT = Path(__file__).resolve().parents[2]
 
-def _induction_lab(args: list[str], capsys) -> str:
-    from benchmarks.induction_lab import main
-
-    assert main(args) == 2
-    out, err = capsys.readouterr()
-    assert out == "" and err.count("\n") == 1 and err.startswith("error: "), (out, err)
-    return err
-
-
-# Each refusal is a train.py process of its own: one by default, the other with the slow tests.
-@pytest.mark.parametrize("refusal", ["missing config", pytest.param("out under a file", marks=pytest.mark.e2e)])
-def test_the_induction_lab_passes_on_train_pys_refusal_in_one_line(tmp_path, capsys, refusal):
-    if refusal == "missing config":
-        err = _induction_lab(["--seeds", "1", "--config", str(tmp_path / "none.yaml"), "--out", str(tmp_path / "o")],
-                             capsys)
-        assert "none.yaml' not found" in err
-    else:
-        (tmp_path / "a-file").write_text("mine\n")
-        err = _induction_lab(["--seeds", "1", "--out", str(tmp_path / "a-file"), "--set", "train.max_steps=1"],
-                             capsys)
-        assert "a-file/s1: Not a directory" in err
-        assert (tmp_path / "a-file").read_text() == "mine\n"
-
-
-def test_the_induction_lab_names_a_held_out_folder_it_cannot_make(tmp_path, capsys):
-    (tmp_path / "a-file").write_text("mine\n")
-    err = _induction_lab(["--heldout", str(tmp_path / "a-file" / "heldout")], capsys)
-    assert "a-file/heldout: Not a directory" in err
-
-
-def test_the_attention_variants_refuse_a_bad_clock_in_one_line(capsys):
-    from benchmarks.attention_variants import main
-
-    assert main(["--minutes", "nan"]) == 2
-    assert capsys.readouterr().err.startswith("error: argument --minutes: must be a finite number > 0")
-
-
-@pytest.mark.parametrize("args, message", [
+POSITIONS_REFUSALS = [
     (["--positions", "rotary"], "--positions: unknown kind 'rotary'; choose from learned, rope, none"),
     (["--positions", "rope", "learned", "rope"], "--positions names rope twice; give each once"),
     (["--positions"], "argument --positions: expected at least one argument"),
@@ -65,18 +28,67 @@ def test_the_attention_variants_refuse_a_bad_clock_in_one_line(capsys):
     (["--positions", "none", "--minutes", "2", "--steps", "400"], "--minutes and --steps are two budgets"),
     (["--positions", "none", "--steps", "0"], "argument --steps: must be"),
     (["--positions", "none", "--reuse-runs"], "holds no finished run; train it first (leave out --reuse-runs)"),
-])
-def test_the_positions_axis_refuses_bad_flags_in_one_line_before_training(args, message, tmp_path, capsys):
-    from benchmarks.attention_variants import main
+]
+THROUGHPUT_REFUSALS = [
+    (["--steps", "0"], "error: argument --steps: must be a whole number >= 1, got '0'; see "),
+    (["--warmup", "x"], "error: argument --warmup: must be a whole number >= 1, got 'x'; see "),
+    (["--config", "none.yaml"], "none.yaml' not found"),
+    (["--config", str(ROOT / "configs" / "tiny.yaml"), "--set", "train.precision=fp16"], "train.precision"),
+]
 
-    assert main([*args, "--out", str(tmp_path / "runs")]) == 2
-    out, err = capsys.readouterr()
-    assert out == "" and err.count("\n") == 1 and err.startswith("error: "), (out, err)
-    assert message in err, err
-    assert not (tmp_path / "runs").exists()  # nothing trained
+
+# Run in an empty folder holding only a-file, which nothing may change: no runs/tiny, nothing trained.
+@pytest.mark.parametrize("module, args, fragments", [
+    ("induction_lab", ["--seeds", "1", "--config", "none.yaml", "--out", "o"], "none.yaml' not found"),
+    # Each of the induction lab's train.py refusals is a process of its own: the other is slow.
+    pytest.param("induction_lab", ["--seeds", "1", "--out", "{tmp}/a-file", "--set", "train.max_steps=1"],
+                 "a-file/s1: Not a directory", marks=pytest.mark.e2e),
+    ("induction_lab", ["--heldout", "a-file/heldout"], "a-file/heldout: Not a directory"),
+    # Without --seeds or --heldout it did nothing and exited 0, silently.
+    ("induction_lab", [], ("error: nothing to do: give --seeds", "--heldout")),
+    ("induction_lab", ["--out", "somewhere"], ("error: nothing to do: give --seeds", "--heldout")),
+    ("attention_variants", ["--minutes", "nan"], "error: argument --minutes: must be a finite number > 0"),
+    *[("attention_variants", [*args, "--out", "runs"], message) for args, message in POSITIONS_REFUSALS],
+    *[("train_throughput", [*mode, *args], message) for mode in ([], ["--ddp"]) for args, message in THROUGHPUT_REFUSALS],
+    ("train_throughput", ["--precision", "fp16"], "error: argument --precision: invalid choice: 'fp16'"),
+    # These parsed their own flags, outside common.cli.run_command: the loader's refusal was a traceback.
+    *[(module, [flag, "gone"], "error: run directory gone does not exist; ") for module, flag in [
+        ("chat_eval", "--runs"), ("generate_speed", "--run"), ("prefix_cache", "--run"), ("serve_throughput", "--run"),
+        ("speculative", "--run")]],
+    ("chat_eval", ["--runs", "runs/tiny", "--replies", "0"], "error: argument --replies: must be a whole number >= 1"),
+    ("chat_eval", ["--runs", "runs/tiny", "--max-new-tokens", "-1"],
+     "error: argument --max-new-tokens: must be a whole number >= 1"),
+    ("chat_eval", [], "error: the following arguments are required: --runs"),
+    ("speculative", ["--new-tokens", "0"], "argument --new-tokens: must be a whole number >= 1, got '0'"),
+    ("speculative", ["--k", "-2"], "argument --k: must be a whole number >= 1"),
+    ("speculative", [], "no run at runs/tiny: train one (python train.py --config configs/tiny.yaml) or pass --run DIR"),
+    ("quality_per_minute", [], "nothing to screen: give --candidate NAME KEY=VALUE"),
+    ("quality_per_minute", ["--candidate", "rope"], "--candidate rope: give its overrides as SECTION.KEY=VALUE"),
+    ("quality_per_minute", ["--candidate", "rope", "model.positions"],
+     "--candidate rope: give its overrides as SECTION.KEY=VALUE"),
+    ("quality_per_minute", ["--candidate", "baseline", "train.lr=1e-3"], "--candidate baseline: a name is a new word"),
+    ("quality_per_minute", ["--candidate", "a", "train.lr=1e-3", "--candidate", "a", "train.lr=2e-3"],
+     "name each candidate once"),
+    ("quality_per_minute", ["--candidate", "../up", "train.lr=1e-3"], "--candidate ../up: a name is a new word"),
+    ("quality_per_minute", ["--candidate", "a", "train.lr=1e-3", "--steps", "10", "--short-steps", "10"],
+     "--short-steps (10) must be below --steps (10)"),
+])
+def test_bad_input_is_one_line_and_changes_nothing(module, args, fragments, tmp_path, monkeypatch, capsys):
+    main = importlib.import_module(f"benchmarks.{module}").main
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a-file").write_text("mine\n")
+    code = main([arg.format(tmp=tmp_path) for arg in args])  # {tmp}: a train.py process runs elsewhere
+    one_error_line(code, *capsys.readouterr(), *(fragments if isinstance(fragments, tuple) else (fragments,)))
+    assert [p.name for p in tmp_path.iterdir()] == ["a-file"] and (tmp_path / "a-file").read_text() == "mine\n"
 
 
 BENCHMARKS = benchmark_scripts()
+
+
+def test_every_benchmark_script_has_a_smoke_test() -> None:
+    smoke = (Path(__file__).parent / "test_benchmarks_run.py").read_text()
+    missing = set(BENCHMARKS) - set(re.findall(r'\bbench\("(\w+)"', smoke))
+    assert BENCHMARKS and not missing, f"benchmarks without a smoke test in test_benchmarks_run.py: {sorted(missing)}"
 
 
 @pytest.mark.parametrize("name", BENCHMARKS)
@@ -90,60 +102,6 @@ def test_every_benchmarks_help_describes_it_in_whole_sentences(name, monkeypatch
     usage, description = capsys.readouterr().out.split("\n\n")[:2]
     assert usage.startswith("usage: ")
     assert " ".join(description.split()).endswith("."), description
-
-
-@pytest.mark.parametrize("module, flag", [
-    ("chat_eval", "--runs"), ("generate_speed", "--run"),
-    ("prefix_cache", "--run"), ("serve_throughput", "--run"),
-    ("speculative", "--run"),
-])
-def test_a_benchmark_given_a_run_that_is_not_there_says_so_in_one_line(module, flag, tmp_path, capsys):
-    # These parsed their own flags, outside common.cli.run_command: the loader's refusal was a traceback.
-    main = importlib.import_module(f"benchmarks.{module}").main
-    assert main([flag, str(tmp_path / "gone")]) == 2
-    out, err = capsys.readouterr()
-    assert out == "" and err.count("\n") == 1, (out, err)
-    assert err.startswith(f"error: run directory {tmp_path / 'gone'} does not exist; "), err
-
-
-@pytest.mark.parametrize("args", [[], ["--out", "somewhere"]])
-def test_the_induction_lab_with_nothing_to_do_says_so(args, capsys):
-    # Without --seeds or --heldout it did nothing and exited 0, silently.
-    err = _induction_lab(args, capsys)
-    assert err.startswith("error: nothing to do: give --seeds") and "--heldout" in err
-
-
-@pytest.mark.parametrize("mode", [[], ["--ddp"]], ids=["", "ddp"])
-@pytest.mark.parametrize("args, message", [
-    (["--steps", "0"], "error: argument --steps: must be a whole number >= 1, got '0'; see "),
-    (["--warmup", "x"], "error: argument --warmup: must be a whole number >= 1, got 'x'; see "),
-    (["--config", "{tmp}/none.yaml"], "none.yaml' not found"),
-    (["--set", "train.precision=fp16"], "train.precision"),
-])
-def test_the_training_throughput_benchmark_refuses_bad_flags_in_one_line(mode, args, message, tmp_path, capsys):
-    from benchmarks.train_throughput import main
-
-    assert main([*mode, *(arg.format(tmp=tmp_path) for arg in args)]) == 2
-    out, err = capsys.readouterr()
-    assert out == "" and err.count("\n") == 1 and err.startswith("error: "), (out, err)
-    assert message in err, err
-
-
-def test_train_throughput_refuses_an_unknown_precision_and_bf16_on_a_gpu_without_it(monkeypatch, capsys):
-    import torch
-
-    from benchmarks.train_throughput import main, measured_precisions
-    from common.errors import UserError
-
-    assert main(["--precision", "fp16"]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("error: argument --precision: invalid choice: 'fp16'"), err
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: False)
-    gpu = torch.device("cuda")
-    assert measured_precisions("fp32", gpu) == [torch.float32]
-    with pytest.raises(UserError, match=r"^--precision both times bf16, which this GPU does not support; "
-                                        r"use --precision fp32$"):
-        measured_precisions("both", gpu)
 
 
 @pytest.mark.parametrize("name", BENCHMARKS)
@@ -170,33 +128,6 @@ def test_every_benchmarks_help_gives_each_value_its_default(name, capsys):
     silent = [entry.split()[0] for entry in entries if OPTION.match(entry)
               and not re.search(r"\bdefault\b|\brequired\b", " ".join(entry.split()))]
     assert not silent, f"benchmarks.{name} --help gives no default for {silent}"
-
-
-@pytest.mark.parametrize("args, words", [
-    (["--runs", "runs/tiny", "--replies", "0"], "argument --replies: must be a whole number >= 1"),
-    (["--runs", "runs/tiny", "--max-new-tokens", "-1"], "argument --max-new-tokens: must be a whole number >= 1"),
-    ([], "the following arguments are required: --runs"),
-])
-def test_chat_eval_refuses_bad_arguments_in_one_line(args, words, capsys):
-    from benchmarks.chat_eval import main
-
-    assert main(args) == 2
-    out, err = capsys.readouterr()
-    assert out == "" and err.count("\n") == 1 and err.startswith(f"error: {words}"), err
-
-
-@pytest.mark.parametrize("args, message", [
-    (["--new-tokens", "0"], "argument --new-tokens: must be a whole number >= 1, got '0'"),
-    (["--k", "-2"], "argument --k: must be a whole number >= 1"),
-    ([], "no run at runs/tiny: train one (python train.py --config configs/tiny.yaml) or pass --run DIR"),
-])
-def test_the_speculative_benchmark_refuses_in_one_line(args, message, tmp_path, monkeypatch, capsys):
-    from benchmarks.speculative import main
-
-    monkeypatch.chdir(tmp_path)  # no runs/tiny here
-    assert main(args) == 2
-    out, err = capsys.readouterr()
-    assert out == "" and err.count("\n") == 1 and err.startswith("error: ") and message in err, (out, err)
 
 
 @pytest.mark.parametrize("args, message", [

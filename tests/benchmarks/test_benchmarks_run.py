@@ -1,8 +1,6 @@
 """Every script in benchmarks/ runs at a toy size as a user runs it (``python -m benchmarks.NAME``) and
 prints its table; the figures mean nothing at this size, the words of each header are checked."""
 
-from __future__ import annotations
-
 import json
 import math
 import re

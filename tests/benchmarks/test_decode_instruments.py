@@ -1,8 +1,6 @@
 """The decode benchmarks' instruments on known cases: compiled and eager's token agreement, the 1-row
 matmul bound's bookkeeping, and the round-by-round ratio of the ONNX Runtime goal. Reads no clock."""
 
-from __future__ import annotations
-
 import types
 
 import pytest
@@ -19,14 +17,13 @@ from model.config import GPTConfig
 from model.gpt import GPT
 
 
-def test_the_same_tokens_are_reported_as_the_same():
-    assert token_agreement([5, 6, 7], [5, 6, 7]) == "compiled and eager chose the same 3 greedy tokens"
-
-
-def test_tokens_that_part_are_reported_where_they_part():
-    assert token_agreement([5, 6, 7, 8], [5, 6, 9, 8]) == "compiled and eager greedy tokens first differ at new token 2 of 4"
-    # One stopped early (an end token) where the other went on.
-    assert token_agreement([5, 6, 7], [5, 6]) == "compiled and eager greedy tokens first differ at new token 2 of 3"
+@pytest.mark.parametrize("compiled, eager, said", [
+    ([5, 6, 7], [5, 6, 7], "compiled and eager chose the same 3 greedy tokens"),
+    ([5, 6, 7, 8], [5, 6, 9, 8], "compiled and eager greedy tokens first differ at new token 2 of 4"),
+    ([5, 6, 7], [5, 6], "compiled and eager greedy tokens first differ at new token 2 of 3"),  # one stopped early
+])
+def test_tokens_are_reported_the_same_or_where_they_part(compiled, eager, said):
+    assert token_agreement(compiled, eager) == said
 
 
 def test_the_one_row_bound_multiplies_every_weight_once_per_timing(monkeypatch):
@@ -49,19 +46,14 @@ def test_a_path_faster_in_every_round_is_faster_round_by_round_however_the_load_
     assert paired_ratio(mine, peer) == pytest.approx((1.1, 1.1, 1.1))
     slower = tuple(0.9 * rate for rate in peer)
     assert paired_ratio(slower, peer)[0] == pytest.approx(0.9)
-
-
-def test_one_quiet_spell_for_the_peer_moves_the_best_of_ratio_but_not_the_round_by_round_one():
+    with pytest.raises(ValueError):  # rounds of different counts
+        paired_ratio((1.0, 2.0), (1.0,))
+    # One quiet spell for the peer moves the best-of ratio, not the round-by-round one.
     mine = (110.0, 55.0, 88.0)
     peer = (100.0, 50.0, 121.0)  # the peer's third run met a quiet spell the others did not
     assert max(mine) / max(peer) < 1  # best of rounds: "slower"
     median, low, high = paired_ratio(mine, peer)
     assert median == pytest.approx(1.1) and low == pytest.approx(88 / 121) and high == pytest.approx(1.1)
-
-
-def test_rounds_of_different_counts_are_refused():
-    with pytest.raises(ValueError):
-        paired_ratio((1.0, 2.0), (1.0,))
 
 
 def test_the_grounded_prompts_quote_held_out_plays_and_no_play_trained_on():

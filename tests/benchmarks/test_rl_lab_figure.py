@@ -1,8 +1,6 @@
 """The RL lab's figure: the RL run's own curves, the chat run it started from at step 0 on the same
 questions as each periodic point, and the final pass at the step whose weights it scored."""
 
-from __future__ import annotations
-
 import json
 
 import pytest

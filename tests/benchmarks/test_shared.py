@@ -1,7 +1,4 @@
-"""benchmarks/shared.py's pieces on known cases: turns, timings and spreads, tables and JSON lines, a
-run's final score, and closed-loop clients of a real engine."""
-
-from __future__ import annotations
+"""benchmarks/shared.py's pieces on cases whose answer is known."""
 
 import json
 import math
@@ -11,31 +8,26 @@ import pytest
 import torch
 
 import benchmarks.shared as shared
-from benchmarks.shared import (
-    api_settings, best_seconds, closed_loop, final_eval, in_turns, mean_std, print_rows, quartiles, table,
-)
+from benchmarks.shared import (api_settings, best_seconds, closed_loop, final_eval, in_turns, mean_std, print_rows,
+    quartiles, table)
 from inference.engine import Engine
 from model.config import GPTConfig
 from model.gpt import GPT
 
 
-def test_calls_take_turns_and_the_warmup_rounds_are_not_timed():
+def test_turns_timings_and_their_statistics(monkeypatch):
     order = []
     seconds = in_turns({"a": lambda: order.append("a"), "b": lambda: order.append("b")}, rounds=2, warmup=1)
     assert order == ["a", "b"] * 3
     assert {name: len(spent) for name, spent in seconds.items()} == {"a": 2, "b": 2}
     assert all(s >= 0 for spent in seconds.values() for s in spent)
-
-
-def test_the_best_of_timings_is_the_fastest_and_the_device_waited_for_around_each(monkeypatch):
+    # The best of timings is the fastest, and the device is waited for around each.
     clock = iter([0.0, 5.0, 10.0, 12.0, 20.0, 23.0])  # three timings: 5, 2 and 3 seconds
     monkeypatch.setattr(shared.time, "perf_counter", lambda: next(clock))
     events = []
     assert best_seconds(lambda: events.append("call"), 3, sync=lambda: events.append("sync")) == 2.0
     assert events == ["sync", "call", "sync"] * 3
-
-
-def test_quartiles_and_the_mean_with_its_spread():
+    # Quartiles, and the mean with its spread.
     assert quartiles([7, 1, 3, 5, 9, 2, 8, 4]) == (3, 5, 8)  # by rank: the 3rd, 5th and 7th of eight
     assert quartiles([4.0]) == (4.0, 4.0, 4.0)
     mean, std = mean_std([1.0, 2.0, 3.0])

@@ -1,7 +1,5 @@
 """Atomic writes: the target holds the old content or the new, never a torn mix or a leftover."""
 
-from __future__ import annotations
-
 import os
 import stat
 from pathlib import Path

@@ -1,8 +1,6 @@
 """An empty path flag (an unset shell variable: ``--out "$OUT"``) is refused by name: ``Path("")``
 is the current folder, which the user never gave, and messages would otherwise talk about ``.``."""
 
-from __future__ import annotations
-
 import argparse
 import importlib
 

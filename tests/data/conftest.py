@@ -1,7 +1,5 @@
 """Small corpora and configs shared by the data tests (kept tiny: the whole area runs in seconds)."""
 
-from __future__ import annotations
-
 from pathlib import Path
 
 import pytest

@@ -2,14 +2,12 @@
 ids beyond the vocabulary and a meta.json that parses to the wrong shape all get the entry
 rebuilt, and the rebuilt entry equals the original."""
 
-from __future__ import annotations
-
 import json
 
 import numpy as np
 import pytest
 
-from data.errors import DataError
+from common.errors import DataError
 from data.prepared.text import PreparedData, prepare_data
 from data.prepared.token_files import digest_token_file
 
@@ -51,8 +49,7 @@ def test_a_damaged_entry_is_refused_then_rebuilt_equal(files_cfg, damage, fragme
     with pytest.raises(DataError, match=fragment):
         PreparedData.open(original.directory)
     rebuilt = prepare_data(files_cfg, progress=False)
-    assert rebuilt.directory == original.directory
-    assert all(np.array_equal(a, b) for a, b in zip([rebuilt.train_tokens(), rebuilt.val_tokens()], before))
+    assert rebuilt.directory == original.directory and all(np.array_equal(a, b) for a, b in zip([rebuilt.train_tokens(), rebuilt.val_tokens()], before))
 
 
 def test_recorded_digest_equals_a_fresh_read(files_cfg):

@@ -1,28 +1,14 @@
 """The chat format: reserved tokens, known text and ids, loss masks token by token."""
 
-from __future__ import annotations
-
 import re
 
 import pytest
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, pre_tokenizers, trainers
 
-from data.errors import DataError
+from common.errors import DataError
 from data.chat import (
-    CHAT_SPECIAL_TOKENS,
-    CHAT_TEMPLATE,
-    END_OF_TURN,
-    TOOL_SPECIAL_TOKENS,
-    ChatTokenIds,
-    ChatTooLong,
-    Message,
-    ToolCall,
-    chat_text,
-    encode_plain,
-    fit_chat,
-    parse_reply,
-    render_chat,
-    to_messages,
+    CHAT_SPECIAL_TOKENS, CHAT_TEMPLATE, END_OF_TURN, TOOL_SPECIAL_TOKENS, ChatTokenIds, ChatTooLong, Message, ToolCall,
+    chat_text, encode_plain, fit_chat, parse_reply, render_chat, to_messages,
 )
 from data.tokenizer import EOT, new_tokenizer, train_tokenizer
 
@@ -42,17 +28,20 @@ def tokenizer() -> Tokenizer:
     return train_tokenizer(make_documents(30), vocab_size=400)
 
 
-def test_every_trained_tokenizer_reserves_the_chat_tokens_after_eot(tokenizer):
-    assert tokenizer.token_to_id(EOT) == 0
-    assert [tokenizer.token_to_id(t) for t in CHAT_SPECIAL_TOKENS] == [1, 2, 3, 4]
+def test_every_trained_tokenizer_reserves_the_chat_tokens_after_eot_then_the_tool_tokens(tokenizer):
+    assert [tokenizer.token_to_id(t) for t in (EOT, *CHAT_SPECIAL_TOKENS, *TOOL_SPECIAL_TOKENS)] == list(range(7))
     assert tokenizer.get_vocab_size() == 400
+    special = ChatTokenIds.of(tokenizer)
+    assert special.has_tools and special.role["tool"] == 5 and special.call == 6
+    # The tool turn is never sampled, like every role; <|call|> only where tools are offered.
+    assert special.suppress_ids == special.reply_suppress_ids(tools=True) == (1, 2, 3, 5)
+    assert special.reply_suppress_ids(tools=False) == (1, 2, 3, 5, 6)
 
 
 def test_known_messages_render_to_known_text_and_ids(tokenizer):
     messages = to_messages(CONVERSATION[:3])
-    assert chat_text(messages) == (
-        "<|system|>You are Hamlet.<|end|><|user|>Who's there?<|end|><|assistant|>Nay, answer me.<|end|>"
-    )
+    assert chat_text(messages) == ("<|system|>You are Hamlet.<|end|><|user|>Who's there?<|end|>"
+                                   "<|assistant|>Nay, answer me.<|end|>")
     assert chat_text(messages[:2], add_generation_prompt=True).endswith("<|end|><|assistant|>")
     ids = render_chat(tokenizer, messages).ids
     plain = lambda text: tokenizer.encode(text, add_special_tokens=False).ids  # noqa: E731
@@ -88,8 +77,7 @@ def test_loss_mask_covers_assistant_text_and_its_end_token_only(tokenizer):
 def test_plain_text_never_becomes_a_special_token(tokenizer, text):
     specials = {tokenizer.token_to_id(t) for t in (EOT, *CHAT_SPECIAL_TOKENS, *TOOL_SPECIAL_TOKENS)}
     [ids] = encode_plain(tokenizer, [text])
-    assert not specials & set(ids)
-    assert tokenizer.decode(ids) == text
+    assert not specials & set(ids) and tokenizer.decode(ids) == text
     rendered = render_chat(tokenizer, [Message("user", text)]).ids
     assert not specials & set(rendered[1:-1])
     assert tokenizer.encode_special_tokens is False  # the flag is restored
@@ -102,7 +90,7 @@ def test_a_tokenizer_without_chat_tokens_is_refused_with_the_fix():
         ChatTokenIds.of(old)
 
 
-# ---------------------------------------------------------------- tool calls
+# Tool calls
 
 TOOL_CONVERSATION = [
     {"role": "system", "content": "You can calculate."},
@@ -116,23 +104,11 @@ TOOL_CONVERSATION = [
 
 def old_tokenizer() -> Tokenizer:
     """As tokenizers were trained before the tool tokens: <|endoftext|> and the chat tokens only."""
-    from tokenizers import pre_tokenizers, trainers
-
     tokenizer = new_tokenizer()
     trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=[EOT, *CHAT_SPECIAL_TOKENS], show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tokenizer.train_from_iterator(make_documents(30), trainer)
     return tokenizer
-
-
-def test_trained_tokenizers_reserve_the_tool_tokens_after_the_chat_tokens(tokenizer):
-    assert [tokenizer.token_to_id(t) for t in TOOL_SPECIAL_TOKENS] == [5, 6]
-    special = ChatTokenIds.of(tokenizer)
-    assert special.has_tools and special.role["tool"] == 5 and special.call == 6
-    # The tool turn is never sampled, like every role; <|call|> only where tools are offered.
-    assert special.suppress_ids == (1, 2, 3, 5)
-    assert special.reply_suppress_ids(tools=True) == (1, 2, 3, 5)
-    assert special.reply_suppress_ids(tools=False) == (1, 2, 3, 5, 6)
 
 
 def test_a_tool_conversation_renders_to_known_text_and_ids(tokenizer):
@@ -238,8 +214,7 @@ def test_a_rendered_reply_parses_back_to_its_text_and_calls(tokenizer):
 def test_a_malformed_call_is_reported_never_guessed_at(tokenizer, body, fragment):
     ids = [*encode_plain(tokenizer, ["ok"])[0], ChatTokenIds.of(tokenizer).call, *encode_plain(tokenizer, [body])[0]]
     parsed = parse_reply(tokenizer, ids, names={"calculator"})
-    assert fragment in parsed.error and "\n" not in parsed.error
-    assert parsed.calls == () and not parsed.calls_tools
+    assert fragment in parsed.error and "\n" not in parsed.error and parsed.calls == () and not parsed.calls_tools
     assert parsed.content == "ok" and parsed.text == "ok<|call|>" + body
 
 

@@ -1,8 +1,6 @@
 """Chat preparation in the text preparation's cache: an entry reused without reading the conversations, a
 damaged one refused and rebuilt equal, a failed build leaving nothing, other processes waiting for the main one."""
 
-from __future__ import annotations
-
 import json
 import threading
 import time
@@ -12,8 +10,8 @@ import numpy as np
 import pytest
 
 import data.prepared.chat as chat_module
+from common.errors import DataError
 from data.config import DataConfig, FilesSourceConfig
-from data.errors import DataError
 from data.prepared.chat import PreparedChat, prepare_chat_data
 from data.tokenizer import train_tokenizer
 from data_testkit import cache_contents, make_documents

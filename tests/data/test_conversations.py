@@ -1,8 +1,6 @@
 """Conversations for fine-tuning: the two row shapes, their errors, the Shakespeare chat set,
 fitting the window at turn boundaries, and length-grouped batches that start at position 0."""
 
-from __future__ import annotations
-
 import json
 from pathlib import Path
 
@@ -11,14 +9,14 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
+from common.errors import DataError
 from data.batches.chat import ChatBatches, collate
 from data.chat import ChatTokenIds, ChatTooLong, FittedChat, Message, fit_chat, fit_for_reply, render_chat
 from data.config import CHAT_SOURCES, SOURCES, DataConfig, FilesSourceConfig
-from data.errors import DataError
 from data.prepared.chat import tokenize_conversations
 from data.sources.conversations import conversations_spec, load_conversations
+from data.sources.documents import hash_split
 from data.sources.shakespeare import play_files, play_id
-from data.split import hash_split
 from data.tokenizer import train_tokenizer
 from data_testkit import make_documents
 
@@ -55,21 +53,17 @@ def test_messages_and_instruction_columns_become_the_same_conversations(tmp_path
     assert [Message("user", "Greet"), Message("assistant", "Hello.")] in both
 
 
-@pytest.mark.parametrize(
-    "row, fragment",
-    [
-        ({"messages": [{"role": "user", "content": "hi"}]}, "line 4: the conversation has no assistant turn"),
-        ({"messages": [{"role": "wizard", "content": "hi"}]}, "line 4: message 0 has unknown role 'wizard'"),
-        ({"text": "hello"}, "has no 'messages' column (columns: text)"),
-    ],
-)
+@pytest.mark.parametrize("row, fragment", [
+    ({"messages": [{"role": "user", "content": "hi"}]}, "line 4: the conversation has no assistant turn"),
+    ({"messages": [{"role": "wizard", "content": "hi"}]}, "line 4: message 0 has unknown role 'wizard'"),
+    ({"text": "hello"}, "has no 'messages' column (columns: text)"),
+])
 def test_bad_rows_name_the_file_and_row(tmp_path, row, fragment):
     rows = [{"messages": _chat(i)} for i in range(3)] + [row] if "messages" in row else [row] * 4
     path = _jsonl(tmp_path / "bad.jsonl", rows)
     with pytest.raises(DataError) as info:
         load_conversations(_files_cfg(path))
-    assert fragment in str(info.value) and str(path) in str(info.value)
-    assert "\n" not in str(info.value)
+    assert fragment in str(info.value) and str(path) in str(info.value) and "\n" not in str(info.value)
 
 
 def test_shakespeare_chat_holds_out_the_plays_pretraining_holds_out():
@@ -112,9 +106,9 @@ def test_a_long_conversation_keeps_its_system_prompt_and_most_recent_whole_turns
     with pytest.raises(ChatTooLong, match=f"the last message is {len(expected.ids) - system} tokens and the "
                                           f"system prompt {system}: more than the {len(expected.ids) - 1} tokens"):
         fit_chat(tokenizer, messages, len(expected.ids) - 1)
-    split, stats = tokenize_conversations(tokenizer, [messages, messages], len(expected.ids) - 1)
+    _, stats = tokenize_conversations(tokenizer, [messages, messages], len(expected.ids) - 1)
     assert (stats["conversations"], stats["cut"]) == (2, 2)
-    split, stats = tokenize_conversations(tokenizer, [messages], len(expected.ids) - 2)
+    _, stats = tokenize_conversations(tokenizer, [messages], len(expected.ids) - 2)
     assert (stats["conversations"], stats["dropped"]) == (0, 1)
 
 
@@ -128,8 +122,7 @@ def test_batches_start_every_conversation_at_position_0_and_learn_only_replies(t
     for r in rows:
         rendered = render_chat(tokenizer, conversations[r])
         n = len(rendered.ids) - 1
-        assert x[r, 0].item() == special.role["system"]
-        assert x[r, :n].tolist() == rendered.ids[:-1]
+        assert x[r, 0].item() == special.role["system"] and x[r, :n].tolist() == rendered.ids[:-1]
         expected = [t if m else -1 for t, m in zip(rendered.ids[1:], rendered.loss_mask[1:])]
         assert y[r, :n].tolist() == expected and y[r, n:].eq(-1).all()
         assert expected[-1] == special.end  # the reply's end-of-turn token is learned

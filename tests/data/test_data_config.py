@@ -1,9 +1,8 @@
-from __future__ import annotations
-
 import pytest
 
+from common.errors import DataError
 from data.config import MIN_VOCAB_SIZE, DataConfig, HubSourceConfig, QuotesSourceConfig, SyntheticSourceConfig
-from data.errors import DataError
+from data.tokenizer import train_tokenizer
 
 
 def test_defaults_are_the_shakespeare_corpus_and_from_dict_round_trips():
@@ -60,19 +59,6 @@ DATA_REFUSALS = [
     ({"quotes": {"max_chars": 100_001}}, "data.quotes.max_chars must be less than or equal to 100000"),
     ({"quotes": {"passages": 500_001, "max_chars": 200}}, "data.quotes asks for up to 200,000,400 characters (2 x "
                                                           "passages x max_chars), more than the 200,000,000"),
-    ({"calculator": {"digits": 0}}, "data.calculator.digits must be greater than or equal to 1, got 0"),
-    ({"calculator": {"digits": 6}}, "data.calculator.digits must be less than or equal to 5, got 6"),
-    ({"calculator": {"max_terms": 1}}, "data.calculator.max_terms must be greater than or equal to 2, got 1"),
-    ({"calculator": {"max_terms": 5}}, "data.calculator.max_terms must be less than or equal to 4, got 5"),
-    ({"calculator": {"digits": 5, "max_terms": 4}}, "data.calculator: a product of 4 numbers of 5 digits passes "
-                                                    "the calculator's limit of 10**15"),
-    ({"calculator": {"operations": "%"}}, "data.calculator.operations must be some of '+-*/', got '%'"),
-    ({"calculator": {"operations": ""}}, "data.calculator.operations must be some of '+-*/', got ''"),
-    ({"calculator": {"conversations": 0}}, "data.calculator.conversations must be from 1 to 1,000,000, got 0"),
-    ({"calculator": {"conversations": 1_000_001}}, "data.calculator.conversations must be from 1 to 1,000,000"),
-    ({"calculator": {"conversations": "many"}}, "data.calculator.conversations must be a valid integer"),
-    ({"calculator": {"digits": 1, "conversations": 51}}, "data.calculator.conversations is 51, more than half the "
-                                                         "100 distinct problems"),
 ]
 
 
@@ -84,14 +70,11 @@ def test_data_refusals(section, expected):
 
 
 def test_the_bounds_admit_what_is_at_them():
-    assert DataConfig.from_dict({"calculator": {"digits": 1, "conversations": 50}}).calculator.conversations == 50
     assert SyntheticSourceConfig(documents=25_000_000 // 40, max_words=40).documents == 625_000  # 50,000,000 words
     assert QuotesSourceConfig(passages=500_000, max_chars=200).passages == 500_000  # 200,000,000 characters
 
 
 def test_the_least_vocabulary_admitted_is_the_least_the_tokenizer_trainer_makes():
     # 257 was admitted, then always refused: the trained tokenizer had the chat tokens as well.
-    from data.tokenizer import train_tokenizer
-
     least = DataConfig(vocab_size=MIN_VOCAB_SIZE).vocab_size
     assert train_tokenizer(["a b c, and the rest of it"] * 20, least).get_vocab_size() == least

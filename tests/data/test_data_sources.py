@@ -1,7 +1,5 @@
 """Hub and local-file sources, exercised offline through the same `datasets.load_dataset` calls."""
 
-from __future__ import annotations
-
 import json
 from pathlib import Path
 
@@ -9,16 +7,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from common.errors import DataError
 from data.config import DataConfig, FilesSourceConfig, HubSourceConfig
-from data.errors import DataError
 from data.prepared.text import prepare_data
 from data.sources.corpus import load_source
 from data_testkit import direct_tokens, make_documents
 
 
-def _hub_dir(
-    root: Path, train: list[str], val: list[str] | None, column: str = "text", ids: bool = False
-) -> Path:
+def _hub_dir(root: Path, train: list[str], val: list[str] | None, column: str = "text", ids: bool = False) -> Path:
     """A local directory laid out like a hub dataset: data/<split>-00000.parquet."""
     folder = root / "hub_dataset"
     (folder / "data").mkdir(parents=True)
@@ -29,10 +25,6 @@ def _hub_dir(
                 columns["id"] = [f"{split}-doc-{i}" for i in range(len(texts))]
             pq.write_table(pa.table(columns), folder / "data" / f"{split}-00000.parquet")
     return folder
-
-
-def _files_cfg(path: Path, **files) -> DataConfig:
-    return DataConfig(source="files", files=FilesSourceConfig(paths=[str(path)], **files))
 
 
 def _hub_cfg(tmp_path: Path, folder: Path, **hub) -> DataConfig:
@@ -46,8 +38,7 @@ def test_hub_dataset_with_its_own_validation_split(tmp_path):
     tok = data.tokenizer()
     assert data.train_tokens().tolist() == direct_tokens(tok, train)
     assert data.val_tokens().tolist() == direct_tokens(tok, val)
-    assert data.meta["val_from"] == "split 'validation'"
-    assert data.meta["val_document_ids"] == ["0", "1", "2"]
+    assert (data.meta["val_from"], data.meta["val_document_ids"]) == ("split 'validation'", ["0", "1", "2"])
 
 
 def test_hub_dataset_without_validation_split_is_hash_split_by_its_id_column(tmp_path):
@@ -66,8 +57,7 @@ def test_hub_limits_take_leading_whole_documents(tmp_path, streaming):
     docs = load_source(_hub_cfg(tmp_path, folder, max_documents=8, streaming=streaming), progress=False)
     # A budget of 8 documents: val_fraction (0.25) of it for the validation split.
     assert list(docs.train["text"]) == train[:6] and list(docs.val["text"]) == val[:2]
-    one_doc_bytes = len(train[0].encode("utf-8"))
-    cfg = _hub_cfg(tmp_path, folder, max_bytes=4 * one_doc_bytes, streaming=streaming)
+    cfg = _hub_cfg(tmp_path, folder, max_bytes=4 * len(train[0].encode("utf-8")), streaming=streaming)
     docs = load_source(cfg, progress=False)
     assert 2 <= len(docs.train) <= 4 and list(docs.train["text"]) == train[: len(docs.train)]
 
@@ -83,7 +73,7 @@ def test_txt_files_are_one_document_per_file_named_by_relative_path(tmp_path):
     for sub, name, text in layout:
         (tmp_path / "in" / sub).mkdir(parents=True, exist_ok=True)
         (tmp_path / "in" / sub / name).write_text(text, encoding="utf-8")
-    cfg = DataConfig(source="files", files=FilesSourceConfig(paths=[str(tmp_path / "in" / "**" / "*.txt")]))
+    cfg = _files(tmp_path, {}, ["in/**/*.txt"])
     docs = load_source(cfg, progress=False)
     assert docs.train_ids == ["a/x.txt", "b/y.txt", "b/z.txt"]
     assert list(docs.train["text"]) == ["first file\n", "second\n\nfile", "third"]
@@ -93,22 +83,18 @@ def test_txt_files_are_one_document_per_file_named_by_relative_path(tmp_path):
 
 def test_jsonl_and_parquet_files(tmp_path):
     texts = make_documents(6, seed=6)
-    jsonl = tmp_path / "corpus.jsonl"
-    rows = [json.dumps({"body": t, "id": f"j{i}"}) + "\n" for i, t in enumerate(texts)]
-    jsonl.write_text("".join(rows), encoding="utf-8")
-    parquet = tmp_path / "corpus.parquet"
-    pq.write_table(pa.table({"text": texts}), parquet)
-    from_jsonl = load_source(_files_cfg(jsonl, text_column="body"), progress=False)
+    rows = "".join(json.dumps({"body": t, "id": f"j{i}"}) + "\n" for i, t in enumerate(texts))
+    from_jsonl = load_source(_files(tmp_path, {"corpus.jsonl": rows}, text_column="body"), progress=False)
     assert list(from_jsonl.train["text"]) == texts and from_jsonl.train_ids == [f"j{i}" for i in range(6)]
-    from_parquet = load_source(_files_cfg(parquet), progress=False)
+    pq.write_table(pa.table({"text": texts}), tmp_path / "corpus.parquet")
+    from_parquet = load_source(_files(tmp_path, {}, ["corpus.parquet"]), progress=False)
     assert list(from_parquet.train["text"]) == texts and from_parquet.train_ids == [str(i) for i in range(6)]
 
 
 def test_non_utf8_bytes_are_replaced_when_asked(tmp_path):
-    (tmp_path / "bad.txt").write_bytes(b"caf\xe9 latin-1")
-    (tmp_path / "bad.jsonl").write_bytes(b'{"text": "caf\xe9"}\n{"text": "ok"}\n')
-    for name, expected in (("bad.txt", ["caf\ufffd latin-1"]), ("bad.jsonl", ["caf\ufffd", "ok"])):
-        cfg = _files_cfg(tmp_path / name, encoding_errors="replace")
+    for name, content, expected in (("bad.txt", b"caf\xe9 latin-1", ["caf\ufffd latin-1"]),
+                                    ("bad.jsonl", b'{"text": "caf\xe9"}\n{"text": "ok"}\n', ["caf\ufffd", "ok"])):
+        cfg = _files(tmp_path, {name: content}, encoding_errors="replace")
         assert list(load_source(cfg, progress=False).train["text"]) == expected
 
 

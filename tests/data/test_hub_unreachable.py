@@ -1,8 +1,6 @@
 """An unreachable hub is named as a network problem at once, with the offline alternatives,
 instead of after tens of seconds of retries or as a 'dataset not found'."""
 
-from __future__ import annotations
-
 import os
 import socket
 import subprocess

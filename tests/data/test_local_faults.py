@@ -1,13 +1,11 @@
 """Local corpora and run files that parse but are wrong: a malformed .jsonl line is named by
 file and line, and a damaged run tokenizer asks for the run's own file back rather than new data."""
 
-from __future__ import annotations
-
 import pytest
 import torch
 
+from common.errors import DataError
 from data.config import DataConfig, FilesSourceConfig
-from data.errors import DataError
 from data.prepared.text import prepare_data
 from data.tokenizer import train_tokenizer
 from model.config import GPTConfig
@@ -16,10 +14,8 @@ from model.io import save_pretrained
 from rundir.loading import load_run
 
 
-@pytest.mark.parametrize(
-    "bad_line, reason",
-    [('{"text": broken', "Expecting value"), ("[1, 2]", "a JSON list, not an object"), ("\"text\"", "a JSON str")],
-)
+@pytest.mark.parametrize("bad_line, reason", [('{"text": broken', "Expecting value"),
+                                              ("[1, 2]", "a JSON list, not an object"), ("\"text\"", "a JSON str")])
 def test_malformed_jsonl_names_the_file_and_line(tmp_path, bad_line, reason):
     good = tmp_path / "a.jsonl"
     good.write_text('{"text": "fine"}\n' * 3)
@@ -38,8 +34,7 @@ def test_a_damaged_run_tokenizer_asks_for_the_runs_own_file(copy_run_dir):
     (copy_run_dir / "tokenizer.json").write_text('{"not": "a tokenizer"')
     with pytest.raises(DataError) as info:
         load_run(copy_run_dir, "cpu")
-    assert "restore the run's own tokenizer.json" in str(info.value)
-    assert "prepare the data again" not in str(info.value)
+    assert "restore the run's own tokenizer.json" in str(info.value) and "prepare the data again" not in str(info.value)
 
 
 @pytest.fixture

@@ -1,5 +1,3 @@
-from __future__ import annotations
-
 import errno
 import json
 import os
@@ -15,12 +13,11 @@ import pytest
 
 import data.prepared.text as prepare_module
 import data.sources.shakespeare as shakespeare_module
-from common.errors import describe_os_error
+from common.errors import DataError, describe_os_error
 from data.config import DataConfig, FilesSourceConfig
-from data.errors import DataError
 from data.prepared.text import PreparedData, entry_dir, prepare_data
+from data.sources.documents import hash_split
 from data.sources.shakespeare import shakespeare_documents
-from data.split import hash_split
 from data_testkit import cache_contents, direct_tokens, make_documents
 
 
@@ -44,13 +41,11 @@ def test_token_files_equal_a_direct_tokenization(files_cfg, txt_corpus):
     train_texts, val_texts = _split_texts(txt_corpus, val_ids)
     assert val_ids and len(train_texts) + len(val_texts) == 12
     tok = data.tokenizer()
-    assert data.train_tokens().dtype == np.uint16
-    assert data.train_tokens().tolist() == direct_tokens(tok, train_texts)
+    assert data.train_tokens().dtype == np.uint16 and data.train_tokens().tolist() == direct_tokens(tok, train_texts)
     assert data.val_tokens().tolist() == direct_tokens(tok, val_texts)
     for split, texts in (("train", train_texts), ("val", val_texts)):
         stats = meta["splits"][split]
-        assert stats["documents"] == len(texts)
-        assert stats["bytes"] == sum(len(t.encode("utf-8")) for t in texts)
+        assert stats["documents"] == len(texts) and stats["bytes"] == sum(len(t.encode("utf-8")) for t in texts)
     # Byte accounting agrees with the text: EOTs count 0, every other token its bytes.
     assert data.token_bytes()[np.asarray(data.val_tokens())].sum() == meta["splits"]["val"]["bytes"]
     assert data.eot_id == 0 and data.vocab_size == tok.get_vocab_size()
@@ -70,15 +65,21 @@ def test_tokenizer_is_trained_on_the_training_split_only(tmp_path):
         (folder / name).write_text(text + extra, encoding="utf-8")
     cfg = _folder_cfg(tmp_path, folder, vocab_size=400, val_fraction=0.2, split_seed=5)
     tok = prepare_data(cfg, progress=False).tokenizer()
-    assert "Ġzebrafish" not in tok.get_vocab()
-    assert len(tok.encode(" zebrafish").ids) > 3
+    assert "Ġzebrafish" not in tok.get_vocab() and len(tok.encode(" zebrafish").ids) > 3
 
 
-def test_cache_hit_reuses_the_entry_without_reading_the_corpus(files_cfg, monkeypatch):
-    first = prepare_data(files_cfg, progress=False)
+def test_cache_hit_reuses_the_entry_without_reading_the_corpus_and_progress_says_which(files_cfg, monkeypatch, capsys):
+    first = prepare_data(files_cfg, progress=True)
+    err = capsys.readouterr().err
+    assert "tokenizing train" in err and "training tokenizer" in err
+    summary = [line for line in err.splitlines() if line.startswith("data: prepared")]
+    assert len(summary) == 1 and "documents" in summary[0] and "bytes/token" in summary[0]
     monkeypatch.setattr(prepare_module, "load_source", lambda *a, **k: pytest.fail("the corpus was read again"))
-    second = prepare_data(files_cfg, progress=False)
+    second = prepare_data(files_cfg, progress=True)
     assert second.directory == first.directory and second.meta == first.meta
+    assert "data: using cached" in capsys.readouterr().err
+    prepare_data(files_cfg, progress=False)
+    assert capsys.readouterr().err == ""
 
 
 def test_changed_settings_or_files_make_a_new_entry(files_cfg, txt_corpus):
@@ -88,8 +89,7 @@ def test_changed_settings_or_files_make_a_new_entry(files_cfg, txt_corpus):
     assert len({first, other_vocab, other_seed}) == 3
     doc = txt_corpus / "doc00.txt"
     doc.write_text(doc.read_text(encoding="utf-8") + " more", encoding="utf-8")
-    assert entry_dir(files_cfg) != first
-    assert first.is_dir() and other_vocab.is_dir()
+    assert entry_dir(files_cfg) != first and first.is_dir() and other_vocab.is_dir()
 
 
 def test_a_failed_prepare_leaves_nothing_and_the_next_one_succeeds(files_cfg, monkeypatch):
@@ -105,8 +105,7 @@ def test_a_failed_prepare_leaves_nothing_and_the_next_one_succeeds(files_cfg, mo
         prepare_data(files_cfg, progress=False)
     assert cache_contents(files_cfg) == []
     monkeypatch.setattr(prepare_module, "_write_tokens", real)
-    data = prepare_data(files_cfg, progress=False)
-    assert data.val_tokens().size > 0
+    assert prepare_data(files_cfg, progress=False).val_tokens().size > 0
 
 
 _KILLED_PREPARE = """
@@ -149,8 +148,7 @@ def test_a_prepare_killed_halfway_is_never_taken_for_a_finished_one(files_cfg, t
     leftovers = [p for p in entry.parent.iterdir() if p.name.startswith(".tmp-")]
     assert len(leftovers) == 1 and (leftovers[0] / "train.bin").exists()
     data = prepare_data(files_cfg, progress=False)
-    assert data.directory == entry and data.val_tokens().size > 0
-    assert cache_contents(files_cfg) == [entry.name]
+    assert data.directory == entry and data.val_tokens().size > 0 and cache_contents(files_cfg) == [entry.name]
 
 
 def test_recovers_from_a_damaged_entry_and_spares_other_hosts_temp_dirs(files_cfg):
@@ -203,22 +201,8 @@ def test_shakespeare_metadata_lists_the_held_out_plays(tmp_path, monkeypatch):
     cfg = DataConfig(vocab_size=300, cache_dir=str(tmp_path / "cache"))
     data = prepare_data(cfg, progress=False)
     _, val_idx = hash_split(ids, cfg.val_fraction, cfg.split_seed)
-    assert data.meta["val_document_ids"] == [ids[i] for i in val_idx]
-    assert set(data.meta["val_document_ids"]) < set(ids)
-    assert data.meta["splits"]["val"]["documents"] == len(val_idx)
-    assert data.meta["source"]["type"] == "shakespeare"
-
-
-def test_progress_prints_bars_and_a_summary_line(files_cfg, capsys):
-    prepare_data(files_cfg, progress=True)
-    err = capsys.readouterr().err
-    assert "tokenizing train" in err and "training tokenizer" in err
-    summary = [line for line in err.splitlines() if line.startswith("data: prepared")]
-    assert len(summary) == 1 and "documents" in summary[0] and "bytes/token" in summary[0]
-    prepare_data(files_cfg, progress=True)
-    assert "data: using cached" in capsys.readouterr().err
-    prepare_data(files_cfg, progress=False)
-    assert capsys.readouterr().err == ""
+    assert data.meta["val_document_ids"] == [ids[i] for i in val_idx] and set(data.meta["val_document_ids"]) < set(ids)
+    assert (data.meta["splits"]["val"]["documents"], data.meta["source"]["type"]) == (len(val_idx), "shakespeare")
 
 
 def test_block_size_check_names_the_split_and_the_fix(files_cfg):

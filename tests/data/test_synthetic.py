@@ -1,8 +1,6 @@
 """The induction lab's corpus (data.source: synthetic): each document a sequence of distinct words
 written twice, the same for the same seed, every word one token once the tokenizer is trained."""
 
-from __future__ import annotations
-
 from data.config import DataConfig, SyntheticSourceConfig
 from data.prepared.text import prepare_data
 from data.sources.corpus import load_source, source_spec
@@ -20,8 +18,7 @@ def test_each_document_is_a_sequence_of_distinct_words_written_twice():
         assert text.startswith(" ")  # the first word is the same token as every other
         sequence = text.split()
         half = len(sequence) // 2
-        assert sequence[:half] == sequence[half:]
-        assert len(set(sequence[:half])) == half and set(sequence) <= words
+        assert sequence[:half] == sequence[half:] and len(set(sequence[:half])) == half and set(sequence) <= words
         lengths.add(half)
     assert lengths == set(range(5, 13))  # every length of 5-12 occurs in 300 draws
 
@@ -29,8 +26,7 @@ def test_each_document_is_a_sequence_of_distinct_words_written_twice():
 def test_the_corpus_follows_from_its_seed_alone():
     assert repeat_documents(SMALL) == repeat_documents(SyntheticSourceConfig(**vars(SMALL)))
     other = SyntheticSourceConfig(**{**vars(SMALL), "seed": 4})
-    assert repeat_documents(other) != repeat_documents(SMALL)
-    assert word_list(64, 4) != word_list(64, 3)
+    assert repeat_documents(other) != repeat_documents(SMALL) and word_list(64, 4) != word_list(64, 3)
     cfg = DataConfig(source="synthetic", synthetic=SMALL)
     assert source_spec(cfg) == source_spec(DataConfig(source="synthetic", synthetic=SMALL))
     assert source_spec(cfg) != source_spec(DataConfig(source="synthetic", synthetic=other))

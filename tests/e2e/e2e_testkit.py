@@ -1,7 +1,4 @@
-"""What the end-to-end tests share: running a command as a user does, and train.py settings that keep
-a run to seconds."""
-
-from __future__ import annotations
+"""What the end-to-end tests share: running a command as a user does, and train.py settings for seconds."""
 
 import json
 import os

@@ -1,7 +1,4 @@
-"""The fine-tuning path as a user runs it, each command a subprocess: pretrain briefly, chat-tune,
-ask one question with ``generate.py --chat --prompt``."""
-
-from __future__ import annotations
+"""The fine-tuning path as a user runs it: pretrain, chat-tune, ask with ``generate.py --chat --prompt``."""
 
 import json
 from pathlib import Path

@@ -1,7 +1,4 @@
-"""The preference path as a user runs it, each command a subprocess: pretrain briefly, chat-tune, then
-DPO by ``configs/tiny-dpo.yaml`` on a file of reply pairs."""
-
-from __future__ import annotations
+"""The preference path as a user runs it: pretrain, chat-tune, then DPO by ``configs/tiny-dpo.yaml``."""
 
 import json
 

@@ -1,7 +1,4 @@
-"""The induction lab as a user runs it: train.py on configs/induction.yaml, then attention.py --history
-and --roles name when and where copying appeared."""
-
-from __future__ import annotations
+"""The induction lab as a user runs it: train.py on configs/induction.yaml, then attention.py."""
 
 import re
 from pathlib import Path

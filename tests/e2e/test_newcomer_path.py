@@ -1,8 +1,6 @@
 """The README's newcomer path for real, as a user types it (only the budget, run directory, data cache
 and wandb overridden): train tiny.yaml briefly, then sample from the run."""
 
-from __future__ import annotations
-
 import json
 from pathlib import Path
 

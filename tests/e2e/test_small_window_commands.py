@@ -1,8 +1,6 @@
 """Runs with windows of 2 to 4 tokens, every kind of positions, through train.py, generate.py with a
 long prompt, and serve.py: the default sinks once stopped every one of them at its first decode."""
 
-from __future__ import annotations
-
 from pathlib import Path
 
 import httpx

@@ -1,8 +1,6 @@
 """Fixtures for the evaluation tests: a short run of configs/tiny.yaml on the real plays (the tasks come
 from its held-out plays), holding out fewer plays to keep evaluation short, and the same run untrained."""
 
-from __future__ import annotations
-
 import shutil
 from pathlib import Path
 
@@ -14,11 +12,6 @@ from run_testkit import build_run, tokenizer_without_chat
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN_STEPS = 400  # enough for shakespeare_next_line to beat the untrained model (docs/results.md)
 VAL_FRACTION = 0.05
-
-
-@pytest.fixture(autouse=True)
-def _single_thread(one_torch_thread):
-    yield
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,5 @@
 """python evaluate.py refuses bad input with one line and exit code 2, before any lm-eval work."""
 
-from __future__ import annotations
-
 import sys
 
 import pytest

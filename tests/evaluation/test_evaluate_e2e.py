@@ -1,7 +1,5 @@
 """lm-eval on a short real run (e2e): its bits/byte is train.py's, and it beats an untrained model."""
 
-from __future__ import annotations
-
 import json
 from pathlib import Path
 

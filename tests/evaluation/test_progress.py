@@ -1,8 +1,6 @@
 """evaluate.py's progress: a line for each stage, and a bar for each kind of request lm-eval scores,
 which take minutes on a CPU; the bars hand lm-eval its requests in parts, which changes no score."""
 
-from __future__ import annotations
-
 import io
 from pathlib import Path
 

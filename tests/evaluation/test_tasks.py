@@ -1,8 +1,7 @@
 """The task files, built deterministically from the held-out plays in lm-eval's shape (no model here)."""
 
-from __future__ import annotations
-
 import json
+import math
 from collections import Counter
 from pathlib import Path
 
@@ -10,8 +9,8 @@ import pytest
 import yaml
 
 from data.config import DataConfig
+from data.sources.documents import hash_split
 from data.sources.shakespeare import shakespeare_documents
-from data.split import hash_split
 from evaluation.tasks import TASKS, TaskSettings, write_tasks
 from evaluation.plays import held_out_plays
 
@@ -105,8 +104,6 @@ def test_speaker_choices_differ_only_in_the_name_and_never_name_the_previous_spe
 
 
 def test_chance_levels_and_the_summary_beside_them(tmp_path):
-    import math
-
     from evaluation.runner import chance_levels, summary_table
     from run_testkit import tokenizer_without_chat
 

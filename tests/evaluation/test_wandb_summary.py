@@ -1,7 +1,5 @@
 """With wandb on in the run's config, the results become summary metrics of an offline wandb run."""
 
-from __future__ import annotations
-
 from pathlib import Path
 
 import pytest

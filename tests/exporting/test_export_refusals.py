@@ -1,7 +1,4 @@
-"""export.py refuses in one line, exit 2, before writing anything, what no format can export: flags
-that do not go together, a missing or damaged run, a folder it must not touch, a missing package."""
-
-from __future__ import annotations
+"""export.py refuses in one line, exit 2, before writing anything, what no format can export."""
 
 import importlib.util
 import json
@@ -14,8 +11,6 @@ import pytest
 import run_testkit
 from exporting.cli import main
 from refusal_testkit import one_error_line
-
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

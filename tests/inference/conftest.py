@@ -1,7 +1,4 @@
-"""Fixtures for the inference tests: a tiny run directory built once per session in the agreed
-format (``model.io.save_pretrained(GPT(cfg), dir)`` plus a byte-level BPE ``tokenizer.json``)."""
-
-from __future__ import annotations
+"""Fixtures for the inference tests: a tiny run built once per session, and generate.py in-process."""
 
 import shutil
 from pathlib import Path
@@ -11,11 +8,6 @@ import torch
 from tokenizers import Tokenizer
 
 from run_testkit import build_run, chat_tokenizer
-
-
-@pytest.fixture(autouse=True)
-def _single_thread(one_torch_thread):
-    yield
 
 
 @pytest.fixture(scope="session")
@@ -36,6 +28,17 @@ def loaded_run(run_dir):
     from rundir.loading import load_run
 
     return load_run(run_dir, torch.device("cpu"))
+
+
+@pytest.fixture
+def cli(capsys):
+    """generate.py's main in this process: ``cli(*argv)`` -> (exit code, stdout, stderr)."""
+    from inference.cli import main
+
+    def run(*argv) -> tuple[int, str, str]:
+        return (main([str(arg) for arg in argv]), *capsys.readouterr())
+
+    return run
 
 
 @pytest.fixture

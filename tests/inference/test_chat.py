@@ -1,12 +1,13 @@
-"""generate.py --chat: a conversation through the KV cache equals full recomputation, the window
-policy keeps whole recent messages, and the command line's REPL, one-shot mode, Ctrl-C and errors."""
-
-from __future__ import annotations
+"""generate.py --chat: the cache against recomputation, the window policy, the REPL, Ctrl-C and errors."""
 
 import io
 import os
+import re
+import select
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,6 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from data.chat import Message, render_chat
 from run_testkit import CORPUS, build_model, build_run
 from inference.chat import ChatSession
-from inference.cli import main
 from inference.settings import GenerationSettings
 from rundir.loading import LoadedRun
 
@@ -66,21 +66,15 @@ def test_earlier_turns_come_from_the_prefix_cache_not_re_encoded(loaded_run):
     assert reused > 0 and session.tokens_encoded == sum(prompts) - reused
 
 
-def cli(capsys, *argv) -> tuple[int, str, str]:
-    code = main([str(arg) for arg in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def test_one_shot_prints_one_reply(capsys, run_dir, loaded_run):
-    code, out, err = cli(capsys, "--run", run_dir, "--chat", "--prompt", MESSAGES[0], "--temperature", 0,
+def test_one_shot_prints_one_reply(cli, run_dir, loaded_run):
+    code, out, err = cli("--run", run_dir, "--chat", "--prompt", MESSAGES[0], "--temperature", 0,
                          "--max-new-tokens", 7, "--system", "You are JULIET.")
     assert code == 0
     session = ChatSession(loaded_run, GenerationSettings(temperature=0, max_new_tokens=7), system_prompt="You are JULIET.")
     assert out == session.reply(MESSAGES[0]).text + "\n"
 
 
-def test_a_run_without_chat_tokens_is_told_to_retrain(capsys, copy_run):
+def test_a_run_without_chat_tokens_is_told_to_retrain(cli, copy_run):
     run = copy_run("old")
     old = Tokenizer(models.BPE())
     old.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -88,7 +82,7 @@ def test_a_run_without_chat_tokens_is_told_to_retrain(capsys, copy_run):
     old.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=280, special_tokens=["<|endoftext|>"],
                                                         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     old.save(str(run / "tokenizer.json"))
-    code, out, err = cli(capsys, "--run", run, "--chat", "--prompt", "hi")
+    code, out, err = cli("--run", run, "--chat", "--prompt", "hi")
     assert code == 2 and "it was trained before the chat format existed" in err and "pretrain a new run" in err
 
 
@@ -114,12 +108,12 @@ def _chat_command(run_dir: Path) -> list[str]:
             "--max-new-tokens", "5"]
 
 
-def test_repl_refuses_a_line_that_is_not_utf8_and_goes_on_and_help_is_not_sent(run_dir, loaded_run, capsys,
+def test_repl_refuses_a_line_that_is_not_utf8_and_goes_on_and_help_is_not_sent(run_dir, loaded_run, cli,
                                                                               monkeypatch):
     # In-process: the REPL's command line as a process is test_repl_over_stdin_resets_and_exits's.
     stdin = b"\xff\xfe caf\xe9\n/help\n/nope\n" + MESSAGES[0].encode() + b"\n/quit\n" + MESSAGES[1].encode() + b"\n"
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin)))
-    code, out, err = cli(capsys, *_chat_command(run_dir)[2:])
+    code, out, err = cli(*_chat_command(run_dir)[2:])
     assert code == 0 and "Traceback" not in err, err[-2000:]
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert errors == ["error: that line is not valid UTF-8 (byte 0xff at offset 0); convert it to UTF-8",
@@ -133,9 +127,6 @@ def test_repl_refuses_a_line_that_is_not_utf8_and_goes_on_and_help_is_not_sent(r
 
 def _read_until(fd: int, needle: bytes, seen: bytearray, count: int, timeout: float = 60.0) -> None:
     """Read the terminal into ``seen`` until ``needle`` occurs ``count`` times (or it closes)."""
-    import select
-    import time
-
     deadline = time.monotonic() + timeout
     while seen.count(needle) < count:
         ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
@@ -152,8 +143,6 @@ def _read_until(fd: int, needle: bytes, seen: bytearray, count: int, timeout: fl
 
 @pytest.mark.skipif(not hasattr(os, "openpty"), reason="needs a pseudo-terminal")
 def test_at_a_terminal_lines_are_edited_recalled_and_ctrl_d_ends_the_line(run_dir):
-    import re
-
     pytest.importorskip("readline")
     try:
         controller, terminal = os.openpty()
@@ -187,9 +176,6 @@ def test_at_a_terminal_lines_are_edited_recalled_and_ctrl_d_ends_the_line(run_di
 def test_ctrl_c_at_the_prompt_says_how_to_leave_and_a_second_in_a_row_quits(run_dir, loaded_run):
     """A Ctrl-C meant for a reply that has just ended lands on the prompt: it must not quit. (Replies go
     to a pipe, so lines are read with a plain read(), which a signal interrupts anywhere: no pause.)"""
-    import select
-    import signal
-
     try:
         controller, terminal = os.openpty()
     except OSError as error:  # a container without /dev/ptmx
@@ -257,8 +243,6 @@ def endless_run_dir(tmp_path_factory, tokenizer_path) -> Path:
 
 def _read_more(fd: int, seen: bytearray, count: int, timeout: float = 60.0) -> None:
     """Read the terminal into ``seen`` until ``count`` more bytes have come."""
-    import select
-
     goal = len(seen) + count
     while len(seen) < goal:
         ready, _, _ = select.select([fd], [], [], timeout)
@@ -270,8 +254,6 @@ def _read_more(fd: int, seen: bytearray, count: int, timeout: float = 60.0) -> N
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs a pseudo-terminal (pty.fork)")
 def test_at_a_terminal_ctrl_c_stops_the_reply_and_two_at_an_empty_prompt_quit(endless_run_dir):
     import pty
-    import signal
-    import time
 
     command = [sys.executable, str(REPO / "generate.py"), "--run", str(endless_run_dir), "--chat", "--temperature",
                "0", "--max-new-tokens", "100000"]

@@ -1,7 +1,4 @@
-"""When a command compiles its decode step: a server on CUDA by default, anything else only when
-``--compile`` asks; the flag wins both ways and is refused in one line where it cannot run."""
-
-from __future__ import annotations
+"""When a command compiles its decode step, and its refusals where it cannot."""
 
 import pytest
 import torch

@@ -3,8 +3,6 @@ the same tokens, log-probabilities within a stated fp32 bound, one compilation f
 Compiling costs seconds, so the default tests share one shape built once per session
 (tests/conftest.py); the batch-invariant shapes, other models and attention kinds are e2e."""
 
-from __future__ import annotations
-
 import threading
 
 import pytest
@@ -20,6 +18,7 @@ from inference.sampling import SamplingSettings
 from inference.settings import GenerationSettings
 from model.config import GPTConfig
 from model.gpt import GPT
+from refusal_testkit import one_error_line
 from rundir.loading import load_run
 
 pytestmark = pytest.mark.skipif(compiler_missing(torch.device("cpu")) is not None,
@@ -155,10 +154,14 @@ def test_a_compiled_chat_replies_as_the_eager_one_and_says_it_compiled(loaded_ru
     assert not any("decode step" in n for n in eager_notices)
 
 
-@pytest.mark.parametrize("command", ["generate.py", "serve.py"])
-def test_compile_without_a_cxx_compiler_is_refused_before_loading(capsys, monkeypatch, tmp_path, command):
+# Inductor runs $CXX when it is set, whatever else is installed: the refusal names that one.
+@pytest.mark.parametrize("command, cxx", [("generate.py", None), ("serve.py", None), ("generate.py", "no-such-g++")])
+def test_compile_without_a_cxx_compiler_is_refused_before_loading(capsys, monkeypatch, tmp_path, command, cxx):
     monkeypatch.setattr("inference.compiled_step.shutil.which", lambda name: None)
-    monkeypatch.delenv("CXX", raising=False)
+    if cxx:
+        monkeypatch.setenv("CXX", str(tmp_path / cxx))
+    else:
+        monkeypatch.delenv("CXX", raising=False)
     missing = tmp_path / "not-a-run"  # the refusal comes before the run is looked for
     if command == "generate.py":
         code = main(["--run", str(missing), "--device", "cpu", "--compile", "--prompt", "x"])
@@ -166,20 +169,8 @@ def test_compile_without_a_cxx_compiler_is_refused_before_loading(capsys, monkey
         from serving.cli import main as serve_main  # here: a GPU machine running the rest may lack the server's packages
 
         code = serve_main(["--run", str(missing), "--port", "0", "--device", "cpu", "--compile"])
-    out, err = capsys.readouterr()
-    assert code == 2 and out == ""
-    assert err.startswith("error: torch.compile needs a C++ compiler on the CPU") and err.endswith("; drop --compile\n")
-    assert err.count("\n") == 1
-
-
-def test_compile_with_cxx_naming_a_missing_compiler_is_refused_in_one_line(capsys, monkeypatch, tmp_path):
-    """Inductor runs $CXX when it is set, whatever else is installed: the refusal names that one."""
-    monkeypatch.setenv("CXX", str(tmp_path / "no-such-g++"))
-    code = main(["--run", str(tmp_path / "not-a-run"), "--device", "cpu", "--compile", "--prompt", "x"])
-    out, err = capsys.readouterr()
-    assert code == 2 and out == ""
-    assert err == (f"error: torch.compile needs a C++ compiler on the CPU: {str(tmp_path / 'no-such-g++')!r} "
-                   f"($CXX) was not found; drop --compile\n")
+    line = one_error_line(code, *capsys.readouterr(), "error: torch.compile needs a C++ compiler on the CPU")
+    assert line.endswith(f"CPU: {str(tmp_path / cxx)!r} ($CXX) was not found; drop --compile" if cxx else "; drop --compile")
 
 
 # Latent attention, with rotary positions (the rotary key beside a latent of 24) too, and grouped-query

@@ -1,7 +1,4 @@
-"""generate.py: output formats, run discovery and user errors in-process through ``main(argv)``,
-plus a few real subprocesses (streaming, exit code 2 without a traceback)."""
-
-from __future__ import annotations
+"""generate.py through ``main(argv)``: output, run discovery and user errors, and a few real processes."""
 
 import io
 import json
@@ -12,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from refusal_testkit import one_error_line
 from run_testkit import build_model
-from inference.cli import main
 from inference.completion import encode_prompt, generate_completions
 from inference.settings import GenerationSettings
 
@@ -27,25 +24,21 @@ def library_text(loaded_run, prompt=PROMPT, **settings) -> list[str]:
     return [completion.text for completion in result.completions]
 
 
-def cli(capsys, *argv) -> tuple[int, str, str]:
-    code = main([str(arg) for arg in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-# ---------------------------------------------------------------- output
-
-
-def test_prints_prompt_then_continuation_and_stats(capsys, run_dir, loaded_run):
-    code, out, err = cli(capsys, "--run", run_dir, "--prompt", PROMPT, "--temperature", 0, "--max-new-tokens", 40)
+def test_prints_prompt_then_continuation_and_stats_and_help_gives_the_defaults(cli, run_dir, loaded_run):
+    code, out, err = cli("--run", run_dir, "--prompt", PROMPT, "--temperature", 0, "--max-new-tokens", 40)
     assert code == 0
     assert out == PROMPT + library_text(loaded_run, temperature=0, max_new_tokens=40)[0] + "\n"
     assert "generated 40 tokens" in err and "time to first token" in err and "tokens/s" in err
+    # --help documents the defaults.
+    code, out, _ = cli("--help")
+    assert code == 0
+    for default in ("default: 200", "default: 0.8", "default: 0.95", "default: auto", "SEED+i", "before the stop"):
+        assert default in out
 
 
-def test_json_reports_every_sample_with_its_seed(capsys, run_dir, loaded_run):
+def test_json_reports_every_sample_with_its_seed(cli, run_dir, loaded_run):
     code, out, err = cli(
-        capsys, "--run", run_dir, "--prompt", PROMPT, "--num-samples", 3, "--seed", 5,
+        "--run", run_dir, "--prompt", PROMPT, "--num-samples", 3, "--seed", 5,
         "--top-k", 20, "--max-new-tokens", 30, "--json",
     )
     assert code == 0
@@ -58,156 +51,131 @@ def test_json_reports_every_sample_with_its_seed(capsys, run_dir, loaded_run):
     assert report["tokens_generated"] == 90 and report["decode_tokens_per_s"] > 0
 
 
-def test_samples_are_printed_under_headers_and_quiet_prints_only_text(capsys, run_dir, loaded_run):
+def test_samples_are_printed_under_headers_and_quiet_prints_only_text(cli, run_dir, loaded_run):
     texts = library_text(loaded_run, seed=1, num_samples=2, max_new_tokens=20)
     args = ["--run", run_dir, "--prompt", PROMPT, "--seed", 1, "--max-new-tokens", 20]
-    code, out, _ = cli(capsys, *args, "--num-samples", 2)
+    code, out, _ = cli(*args, "--num-samples", 2)
     assert code == 0
     assert out == "".join(f"--- sample {i + 1}/2 (seed {1 + i}) ---\n{PROMPT}{texts[i]}\n" for i in range(2))
-    code, out, err = cli(capsys, *args, "--quiet")
+    code, out, err = cli(*args, "--quiet")
     assert (code, out, err) == (0, texts[0] + "\n", "")
 
 
-def test_prompt_from_stdin_and_from_a_file(capsys, monkeypatch, run_dir, loaded_run, tmp_path):
+def test_prompt_from_stdin_and_from_a_file(cli, monkeypatch, run_dir, loaded_run, tmp_path):
     expected = PROMPT + library_text(loaded_run, temperature=0, max_new_tokens=10)[0] + "\n"
     common = ["--run", run_dir, "--temperature", 0, "--max-new-tokens", 10]
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(PROMPT.encode())))
-    assert cli(capsys, *common, "--prompt", "-")[:2] == (0, expected)
+    assert cli(*common, "--prompt", "-")[:2] == (0, expected)
     prompt_file = tmp_path / "prompt.txt"
     prompt_file.write_bytes(b"\xef\xbb\xbf" + PROMPT.encode())  # a BOM is not part of the prompt
-    assert cli(capsys, *common, "--prompt-file", prompt_file)[:2] == (0, expected)
+    assert cli(*common, "--prompt-file", prompt_file)[:2] == (0, expected)
 
 
-def test_stop_string_ends_the_printed_text_before_it(capsys, run_dir, loaded_run):
+def test_stop_string_ends_the_printed_text_and_a_long_prompt_is_cropped(cli, run_dir, loaded_run):
     full = library_text(loaded_run, temperature=0, max_new_tokens=60)[0]
     stop = full[30:33]
-    code, out, _ = cli(capsys, "--run", run_dir, "--prompt", PROMPT, "--temperature", 0, "--stop", stop, "--quiet")
+    code, out, _ = cli("--run", run_dir, "--prompt", PROMPT, "--temperature", 0, "--stop", stop, "--quiet")
     assert (code, out) == (0, full[: full.index(stop)] + "\n")
-
-
-def test_long_prompt_is_cropped_with_a_notice(capsys, run_dir, loaded_run):
+    # A long prompt is cropped, with a notice.
     prompt = "and again " * 40
-    code, out, err = cli(capsys, "--run", run_dir, "--prompt", prompt, "--max-new-tokens", 3, "--seed", 0)
+    code, out, err = cli("--run", run_dir, "--prompt", prompt, "--max-new-tokens", 3, "--seed", 0)
     assert code == 0 and out.startswith(prompt)
     assert err.count("\n") == 2 and err.startswith("notice: the prompt is") and "last 32" in err
 
 
-def test_latest_run_under_runs_is_used_by_default(capsys, monkeypatch, copy_run, tmp_path):
+def test_latest_run_under_runs_is_used_by_default(cli, monkeypatch, copy_run, tmp_path):
     older, newer = copy_run("runs/older"), copy_run("runs/newer")
     (tmp_path / "runs" / "notes").mkdir()  # a directory without weights is not a run
     os.utime(older / "model.safetensors", (2_000_000_000, 2_000_000_000))
     os.utime(newer / "model.safetensors", (1_000_000_000, 1_000_000_000))
     monkeypatch.chdir(tmp_path)
-    code, out, err = cli(capsys, "--max-new-tokens", 2, "--json")
+    code, out, err = cli("--max-new-tokens", 2, "--json")
     assert code == 0 and json.loads(out)["run"] == str(Path("runs") / "older")
     # The choice is said on stderr: after a fine-tune the newest run may not be the one meant.
     assert f"using {Path('runs') / 'older'}, the most recently trained run" in err
-    code, _, err = cli(capsys, "--max-new-tokens", 2, "--quiet")
+    code, _, err = cli("--max-new-tokens", 2, "--quiet")
     assert code == 0 and err == ""
 
 
-def test_help_documents_the_defaults(capsys):
-    code, out, _ = cli(capsys, "--help")
-    assert code == 0
-    for default in ("default: 200", "default: 0.8", "default: 0.95", "default: auto", "SEED+i", "before the stop"):
-        assert default in out
+def assert_user_error(cli, argv, *needles) -> None:
+    one_error_line(*cli(*argv), *needles)  # nothing on stdout: no prompt echo before a failure
 
 
-# ---------------------------------------------------------------- user errors
+@pytest.mark.parametrize("flags, needle", [
+    (["--temperature", "-0.5"], "temperature must be a finite number >= 0"),
+    (["--temperature", "inf"], "temperature must be a finite number >= 0"),
+    (["--top-p", "0"], "top_p must be in (0, 1]"),
+    (["--top-p", "nan"], "top_p must be in (0, 1]"),
+    (["--top-p", "1.5"], "top_p must be in (0, 1]"),
+    (["--top-k", "0"], "top_k must be a positive integer"),
+    (["--max-new-tokens", "-1"], "max_new_tokens must be >= 0"),
+    (["--num-samples", "0"], "num_samples must be >= 1"),
+    (["--repetition-penalty", "0"], "repetition_penalty must be a finite number > 0"),
+    (["--temperature", "hot"], "invalid float value"),
+    (["--prompt", "a", "--prompt-file", "b"], "not allowed with"),
+    (["--prompt-file", "/no/such/prompt.txt"], "cannot read prompt file"),
+    (["--device", "tpu"], "unknown device 'tpu'"),
+    (["--device", "cuda:99"], "cuda:99"),
+    (["--num-samples", "10000000"], "num_samples must be >= 1 and at most 1024"),
+    (["--prompt", "ok", "--stop", "ab\udcff"], "--stop is not valid UTF-8 (byte 0xff at offset 2); convert it to UTF-8"),
+    (["--prompt", "ab\udcff"], "--prompt is not valid UTF-8 (byte 0xff at offset 2); convert it to UTF-8"),
+    (["--prompt", "x", "--compile", "--no-cache"], "--compile compiles the cached decode step; drop --no-cache or --compile"),
+    (["--prompt", "O", "--sinks", "2"], "--sinks applies to runs with rotary or no positions"),
+    (["--prompt", "O", "--sinks", "2"], "drop --sinks"),
+    (["--chat", "--num-samples", "2", "--prompt", "hi"], "--chat gives one reply at a time"),
+    (["--system", "You are X.", "--prompt", "hi"], "--system needs --chat"),
+    (["--chat", "--prompt", "x" * 200], "tokens: more than the 31 tokens the model's window leaves for them"),
+    (["--tools", "calculator", "--prompt", "hi"], "--tools needs --chat"),
+    (["--chat", "--tools", "abacus", "--prompt", "hi"], "--tools: unknown tool 'abacus'"),
+    (["--chat", "--tools", "no_such_module_here:f", "--prompt", "hi"], "cannot import no_such_module_here"),
+    (["--chat", "--max-tool-calls", "2", "--prompt", "hi"], "--max-tool-calls needs --tools"),
+    (["--chat", "--tools", "calculator", "--max-tool-calls", "-1", "--prompt", "hi"], "must be 0 or more"),
+    (["--prompt", "hi", "--speculate", "lookup", "--no-cache"],
+     "--speculate checks its guesses through the KV cache; drop --no-cache"),
+    (["--prompt", "hi", "--speculate", "lookup", "--speculate-k", "31"], "--speculate-k must be 1 to 16, got 31"),
+    (["--prompt", "hi", "--speculate", "lookup", "--draft-run", "x"], "--speculate draft needs --draft-run DIR"),
+    (["--prompt", "hi", "--speculate-k", "2"], "--speculate-k goes with --speculate"),
+])
+def test_bad_flags_are_one_line_errors(cli, run_dir, flags, needle):
+    assert_user_error(cli, ["--run", run_dir, *flags], needle)
 
 
-def assert_user_error(capsys, argv, *needles) -> None:
-    code, out, err = cli(capsys, *argv)
-    assert code == 2, err
-    assert out == ""  # nothing written: no prompt echo before a failure
-    assert err.startswith("error: ") and err.count("\n") == 1, err
-    for needle in needles:
-        assert needle in err, err
-
-
-@pytest.mark.parametrize(
-    ("flags", "needle"),
-    [
-        (["--temperature", "-0.5"], "temperature must be a finite number >= 0"),
-        (["--temperature", "inf"], "temperature must be a finite number >= 0"),
-        (["--top-p", "0"], "top_p must be in (0, 1]"),
-        (["--top-p", "nan"], "top_p must be in (0, 1]"),
-        (["--top-p", "1.5"], "top_p must be in (0, 1]"),
-        (["--top-k", "0"], "top_k must be a positive integer"),
-        (["--max-new-tokens", "-1"], "max_new_tokens must be >= 0"),
-        (["--num-samples", "0"], "num_samples must be >= 1"),
-        (["--repetition-penalty", "0"], "repetition_penalty must be a finite number > 0"),
-        (["--temperature", "hot"], "invalid float value"),
-        (["--prompt", "a", "--prompt-file", "b"], "not allowed with"),
-        (["--prompt-file", "/no/such/prompt.txt"], "cannot read prompt file"),
-        (["--device", "tpu"], "unknown device 'tpu'"),
-        (["--device", "cuda:99"], "cuda:99"),
-        (["--num-samples", "10000000"], "num_samples must be >= 1 and at most 1024"),
-        (["--prompt", "ok", "--stop", "ab\udcff"], "--stop is not valid UTF-8 (byte 0xff at offset 2); convert it to UTF-8"),
-        (["--prompt", "ab\udcff"], "--prompt is not valid UTF-8 (byte 0xff at offset 2); convert it to UTF-8"),
-        (["--prompt", "x", "--compile", "--no-cache"], "--compile compiles the cached decode step; drop --no-cache or --compile"),
-        (["--prompt", "O", "--sinks", "2"], "--sinks applies to runs with rotary or no positions"),
-        (["--prompt", "O", "--sinks", "2"], "drop --sinks"),
-        (["--chat", "--num-samples", "2", "--prompt", "hi"], "--chat gives one reply at a time"),
-        (["--system", "You are X.", "--prompt", "hi"], "--system needs --chat"),
-        (["--chat", "--prompt", "x" * 200], "tokens: more than the 31 tokens the model's window leaves for them"),
-        (["--tools", "calculator", "--prompt", "hi"], "--tools needs --chat"),
-        (["--chat", "--tools", "abacus", "--prompt", "hi"], "--tools: unknown tool 'abacus'"),
-        (["--chat", "--tools", "no_such_module_here:f", "--prompt", "hi"], "cannot import no_such_module_here"),
-        (["--chat", "--max-tool-calls", "2", "--prompt", "hi"], "--max-tool-calls needs --tools"),
-        (["--chat", "--tools", "calculator", "--max-tool-calls", "-1", "--prompt", "hi"], "must be 0 or more"),
-        (["--prompt", "hi", "--speculate", "lookup", "--no-cache"],
-         "--speculate checks its guesses through the KV cache; drop --no-cache"),
-        (["--prompt", "hi", "--speculate", "lookup", "--speculate-k", "31"], "--speculate-k must be 1 to 16, got 31"),
-        (["--prompt", "hi", "--speculate", "lookup", "--draft-run", "x"], "--speculate draft needs --draft-run DIR"),
-        (["--prompt", "hi", "--speculate-k", "2"], "--speculate-k goes with --speculate"),
-    ],
-)
-def test_bad_flags_are_one_line_errors(capsys, run_dir, flags, needle):
-    assert_user_error(capsys, ["--run", run_dir, *flags], needle)
-
-
-def test_unreadable_prompts(capsys, monkeypatch, run_dir, tmp_path):
-    assert_user_error(capsys, ["--run", run_dir, "--prompt-file", tmp_path], "cannot read prompt file")
-    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"caf\xe9 au lait")))
-    assert_user_error(capsys, ["--run", run_dir, "--prompt", "-"], "not valid UTF-8", "0xe9 at offset 3")
-
-
-def test_missing_runs_and_files(capsys, monkeypatch, copy_run, tmp_path):
+def test_missing_runs_files_and_unreadable_prompts(cli, monkeypatch, copy_run, tmp_path, run_dir):
     monkeypatch.chdir(tmp_path)
-    assert_user_error(capsys, [], "no trained run found", "python train.py --config configs/tiny.yaml")
+    assert_user_error(cli, [], "no trained run found", "python train.py --config configs/tiny.yaml")
     assert list(tmp_path.iterdir()) == []
-    assert_user_error(capsys, ["--run", "nowhere"], "nowhere does not exist")
+    assert_user_error(cli, ["--run", "nowhere"], "nowhere does not exist")
     no_weights = copy_run("no_weights")
     (no_weights / "model.safetensors").unlink()
-    assert_user_error(capsys, ["--run", no_weights], "has no model.safetensors", "train.py")
+    assert_user_error(cli, ["--run", no_weights], "has no model.safetensors", "train.py")
     no_tokenizer = copy_run("no_tokenizer")
     (no_tokenizer / "tokenizer.json").unlink()
-    assert_user_error(capsys, ["--run", no_tokenizer], "has no tokenizer.json")
-    assert_user_error(capsys, ["--run", tmp_path], "it holds runs", f"--run {tmp_path / 'no_tokenizer'}")
+    assert_user_error(cli, ["--run", no_tokenizer], "has no tokenizer.json")
+    assert_user_error(cli, ["--run", tmp_path], "it holds runs", f"--run {tmp_path / 'no_tokenizer'}")
     (no_tokenizer / "tokenizer.json").write_text('{"version": "1.0", "model": ')
-    assert_user_error(capsys, ["--run", no_tokenizer], "not a valid tokenizer.json")
+    assert_user_error(cli, ["--run", no_tokenizer], "not a valid tokenizer.json")
+    # Unreadable prompts.
+    assert_user_error(cli, ["--run", run_dir, "--prompt-file", tmp_path], "cannot read prompt file")
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"caf\xe9 au lait")))
+    assert_user_error(cli, ["--run", run_dir, "--prompt", "-"], "not valid UTF-8", "0xe9 at offset 3")
 
 
-def test_damaged_weights_and_mismatched_tokenizer(capsys, copy_run, tmp_path, tokenizer_path):
+def test_damaged_weights_and_mismatched_tokenizer(cli, copy_run, tmp_path, tokenizer_path):
     from model.io import save_pretrained
 
     truncated = copy_run("truncated")
     weights = truncated / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
-    assert_user_error(capsys, ["--run", truncated], "model.safetensors")
+    assert_user_error(cli, ["--run", truncated], "model.safetensors")
     corrupt = copy_run("corrupt")
     data = bytearray((corrupt / "model.safetensors").read_bytes())
     data[-100:-50] = bytes(50)  # inside the tensor data, where only the checksum can tell
     (corrupt / "model.safetensors").write_bytes(bytes(data))
-    assert_user_error(capsys, ["--run", corrupt], "corrupt")
+    assert_user_error(cli, ["--run", corrupt], "corrupt")
     mismatched = tmp_path / "mismatched"
     save_pretrained(build_model(vocab_size=200), mismatched)
     (mismatched / "tokenizer.json").write_bytes(tokenizer_path.read_bytes())
-    assert_user_error(capsys, ["--run", mismatched], "has 300 tokens but the model's vocab_size is 200")
-
-
-# ---------------------------------------------------------------- real subprocesses
+    assert_user_error(cli, ["--run", mismatched], "has 300 tokens but the model's vocab_size is 200")
 
 
 def generate_py(*argv, cwd=REPO, stdin: bytes = b"") -> subprocess.CompletedProcess:
@@ -219,7 +187,7 @@ def generate_py(*argv, cwd=REPO, stdin: bytes = b"") -> subprocess.CompletedProc
     )
 
 
-def test_subprocess_streams_identical_greedy_text_with_and_without_cache(run_dir, loaded_run, capsys):
+def test_subprocess_streams_identical_greedy_text_with_and_without_cache(run_dir, loaded_run, cli):
     expected = PROMPT + library_text(loaded_run, temperature=0, max_new_tokens=300)[0] + "\n"
     args = ["--run", run_dir, "--prompt", PROMPT, "--temperature", 0, "--max-new-tokens", 300]
     done = generate_py(*args)
@@ -227,7 +195,7 @@ def test_subprocess_streams_identical_greedy_text_with_and_without_cache(run_dir
     assert done.stdout.decode("utf-8") == expected
     assert b"generated 300 tokens" in done.stderr and b"Traceback" not in done.stderr
     # Without the cache, past the window: the same text, through the same main (one start-up is enough).
-    code, out, err = cli(capsys, *args, "--no-cache")
+    code, out, err = cli(*args, "--no-cache")
     assert (code, out) == (0, expected) and "generated 300 tokens" in err
 
 
@@ -244,15 +212,15 @@ def test_subprocess_user_errors_exit_2_without_traceback(run_dir, tmp_path, case
     assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err
 
 
-def test_sinks_reach_a_rolling_run_and_are_refused_past_its_window(capsys, tokenizer_path, tmp_path):
+def test_sinks_reach_a_rolling_run_and_are_refused_past_its_window(cli, tokenizer_path, tmp_path):
     from tokenizers import Tokenizer
 
     from run_testkit import build_run
 
     rope = build_run(tmp_path / "rope", Tokenizer.from_file(str(tokenizer_path)), positions="rope")
-    code, out, err = cli(capsys, "--run", rope, "--prompt", "O", "--sinks", 32)
+    code, out, err = cli("--run", rope, "--prompt", "O", "--sinks", 32)
     assert code == 2 and err == "error: --sinks must be 0 to 31 (the window less one), got 32\n"
     # Past the 32-token window: the default keeps 4 sinks; keeping none evicts another way.
-    texts = [cli(capsys, "--run", rope, "--prompt", "O", "--temperature", 0, "--max-new-tokens", 90, "--quiet",
+    texts = [cli("--run", rope, "--prompt", "O", "--temperature", 0, "--max-new-tokens", 90, "--quiet",
                  *sinks)[1] for sinks in ([], ["--sinks", 4], ["--sinks", 0])]
     assert texts[0] == texts[1] != texts[2]

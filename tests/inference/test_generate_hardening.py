@@ -1,7 +1,4 @@
-"""generate.py at the edges: a near-zero temperature is greedy; stdout closed or full is one line
-and exit 2, never a traceback or a hang."""
-
-from __future__ import annotations
+"""generate.py at the edges: near-zero temperature, and stdout closed or full (one line, exit 2)."""
 
 import os
 import subprocess

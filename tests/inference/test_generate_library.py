@@ -1,7 +1,4 @@
-"""Generation through the library: the cache changes nothing, seeds reproduce, batch rows equal
-single runs, and the streamed text is exactly the decode of the tokens."""
-
-from __future__ import annotations
+"""Generation through the library: cache, seeds, batch rows and streamed text."""
 
 import pytest
 
@@ -40,13 +37,10 @@ def test_greedy_is_identical_with_and_without_the_cache_across_the_window(loaded
     assert cached.stats.steps == LONG and cached.stats.decode_tokens_per_s > 0
 
 
-@pytest.mark.parametrize(
-    "sampling",
-    [
-        dict(temperature=0.9, top_k=40),
-        dict(temperature=1.2, top_p=0.9, repetition_penalty=1.3),
-    ],
-)
+@pytest.mark.parametrize("sampling", [
+    dict(temperature=0.9, top_k=40),
+    dict(temperature=1.2, top_p=0.9, repetition_penalty=1.3),
+])
 def test_seeded_sampling_repeats_and_ignores_the_cache(loaded_run, sampling):
     first = run(loaded_run, seed=7, max_new_tokens=LONG, **sampling)
     again = run(loaded_run, seed=7, max_new_tokens=LONG, **sampling)
@@ -67,13 +61,10 @@ def test_batch_row_i_equals_the_single_run_seeded_seed_plus_i(loaded_run):
     assert len({tuple(row) for row in rows}) == 4
     assert [completion.seed for completion in batch.completions] == [100, 101, 102, 103]
     assert batch.stats.rows == 4 and batch.stats.tokens_generated == 4 * 80
-
-
-def test_greedy_batch_rows_all_equal_the_single_greedy_run(loaded_run):
-    batch = run(loaded_run, temperature=0, num_samples=3, max_new_tokens=60)
+    greedy = run(loaded_run, temperature=0, num_samples=3, max_new_tokens=60)  # every row the single greedy run
     single = run(loaded_run, temperature=0, max_new_tokens=60)
-    assert [c.token_ids for c in batch.completions] == [single.completions[0].token_ids] * 3
-    assert all(c.seed is None for c in batch.completions)
+    assert [c.token_ids for c in greedy.completions] == [single.completions[0].token_ids] * 3
+    assert all(c.seed is None for c in greedy.completions)
 
 
 def test_stop_string_ends_the_text_before_it_and_stops_generating(loaded_run):
@@ -99,7 +90,7 @@ def test_batch_keeps_generating_until_every_row_has_stopped(loaded_run):
         assert batched.finish_reason == ("stop" if stop in single.text else "length")
 
 
-def test_empty_prompt_starts_from_end_of_text_and_long_prompts_keep_their_end(loaded_run):
+def test_an_empty_prompt_starts_from_end_of_text_long_prompts_keep_their_end_and_zero_tokens_is_nothing(loaded_run):
     empty = encode_prompt(loaded_run, "")
     assert empty.ids == [loaded_run.eot_id] and not empty.cropped
     assert run(loaded_run, prompt="", temperature=0, max_new_tokens=5).stats.steps == 5
@@ -108,9 +99,6 @@ def test_empty_prompt_starts_from_end_of_text_and_long_prompts_keep_their_end(lo
     cropped = encode_prompt(loaded_run, "the lazy dog " * 40)
     assert cropped.cropped and cropped.original_length == len(long_ids) > loaded_run.block_size
     assert cropped.ids == long_ids[-loaded_run.block_size :]
-
-
-def test_zero_new_tokens_generates_nothing(loaded_run):
     result = run(loaded_run, max_new_tokens=0)
     assert result.completions[0].token_ids == [] and result.completions[0].text == ""
     assert result.stats.steps == 0 and result.stats.time_to_first_token_s is None

@@ -1,7 +1,4 @@
-"""generate.py's library paths on latent attention runs (learned, rotary or no positions) and on
-grouped-query runs with rotary or no positions: cache against recomputation, batches, chat."""
-
-from __future__ import annotations
+"""generate.py's library paths on latent and rotary/position-free runs: cache, batches, chat."""
 
 import pytest
 import torch

@@ -1,7 +1,4 @@
-"""Runs with windows of a few tokens, every kind of positions, through generate.py and its chat:
-nothing meant for larger windows (the default sinks) may stop them."""
-
-from __future__ import annotations
+"""Windows of a few tokens, every kind of positions, through generate.py and its chat."""
 
 import json
 

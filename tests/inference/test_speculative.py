@@ -2,8 +2,6 @@
 its guesses with its solo bits, and a draft run keeps in step with its row. The sampling rule's
 distribution: test_speculative_sampling.py."""
 
-from __future__ import annotations
-
 from dataclasses import replace
 
 import pytest
@@ -238,25 +236,14 @@ def test_a_draft_the_same_as_the_run_accepts_nearly_every_sampled_guess():
     assert engine.speculator.accepted >= 0.95 * engine.speculator.proposed > 0
 
 
-# ---------------------------------------------------------------- generate.py
-
-
-def cli(capsys, *argv) -> tuple[int, str, str]:
-    from inference.cli import main
-
-    code = main([str(arg) for arg in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 @pytest.mark.parametrize("extra", [["--chat"], []], ids=["chat", "text"])
-def test_generate_py_speculates_with_lookup_or_a_draft_and_prints_plain_greedy_text(capsys, run_dir, extra):
+def test_generate_py_speculates_with_lookup_or_a_draft_and_prints_plain_greedy_text(cli, run_dir, extra):
     flags = ["--run", run_dir, "--prompt", "ROMEO: But soft, ROMEO: But", "--temperature", 0, "--max-new-tokens", 60,
              *extra]
-    code, plain, _ = cli(capsys, *flags)
+    code, plain, _ = cli(*flags)
     assert code == 0
     for speculate in (["--speculate", "lookup", "--speculate-k", 5], ["--speculate", "draft", "--draft-run", run_dir]):
-        code, out, err = cli(capsys, *flags, *speculate)
+        code, out, err = cli(*flags, *speculate)
         assert (code, out) == (0, plain)
         if not extra:
             assert f"speculative ({speculate[1]}, up to {5 if speculate[1] == 'lookup' else 4} guesses a step)" in err

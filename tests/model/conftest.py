@@ -2,8 +2,6 @@
 equal (greedy decoding would hinge on 1e-7 differences); these keep activations O(1) and top-2 gaps of
 ~1e-3 and up, yet fp32 rounding (~2e-6 against float64) well under the 1e-5 tolerances."""
 
-from __future__ import annotations
-
 import math
 from collections.abc import Callable
 

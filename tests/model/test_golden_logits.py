@@ -4,8 +4,6 @@ today's code, which a change that moves both alike passes; this one fails if a r
 trained model computes: find out why before recording new numbers. The weights are drawn per tensor,
 seeded by its name, so a new parameter or another order of initialisation changes nothing here."""
 
-from __future__ import annotations
-
 import zlib
 
 import torch

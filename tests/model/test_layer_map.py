@@ -1,7 +1,5 @@
 """The layer map names every linear layer of a block with its real shape, and its parts cover the rows."""
 
-from __future__ import annotations
-
 import pytest
 from torch import nn
 

@@ -1,9 +1,5 @@
 """Multi-head latent attention (model.gpt.LatentAttention): the absorbed decode path against full recomputation in
-the expanded form, the latent-only cache, and the config's refusals."""
-
-from __future__ import annotations
-
-import json
+the expanded form, and the latent-only cache."""
 
 import pytest
 import torch
@@ -11,7 +7,6 @@ import torch
 from inference.engine import decode
 from inference.batch_invariant import row_blocked
 from inference.sampling import SamplingSettings
-from model.config import GPTConfig
 from model.gpt import GPT
 from run_testkit import MLA_OPTIONS, build_model
 
@@ -43,6 +38,7 @@ def assert_close(got: torch.Tensor, want: torch.Tensor) -> None:
 @pytest.mark.parametrize("kv_latent_dim,q_latent_dim,options", CASES, ids=CASE_IDS)
 def test_cached_decode_equals_full_recomputation(kv_latent_dim, q_latent_dim, options):
     model = mla_model(kv_latent_dim, q_latent_dim, **options)
+    assert model.config.num_params() == model.num_params()  # the count from the config is the model's
     idx = torch.randint(0, 97, (3, 30), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         full = model(idx)
@@ -164,23 +160,4 @@ def test_the_cache_holds_the_latent_only(dtype, positions, cached):
     model = mla_model(48, 8, positions=positions)
     cache = model.init_cache(5, max_len=32, dtype=dtype)
     element = torch.tensor([], dtype=dtype).element_size()
-    assert cache.buffers.keys() == {"latent"}
-    assert cache.nbytes() == model.config.n_layer * 5 * 32 * cached * element
-
-
-def test_parameter_count_from_the_config_matches_the_model():
-    for kv_latent_dim, q_latent_dim, options in CASES:
-        model = mla_model(kv_latent_dim, q_latent_dim, **options)
-        assert model.config.num_params() == model.num_params()
-
-
-def base(**changes) -> dict:
-    return {"vocab_size": 97, "block_size": 16, "n_layer": 1, "n_head": 4, "n_kv_head": 4, "n_embd": 32, **changes}
-
-
-def test_a_config_saved_before_attention_kinds_loads_as_grouped_query():
-    saved = json.loads(json.dumps(base(n_kv_head=2)))  # a model_config.json without the new keys
-    config = GPTConfig.from_dict(saved)
-    assert (config.attention, config.kv_latent_dim, config.q_latent_dim) == ("gqa", None, None)
-    assert (config.positions, config.rope_theta) == ("learned", 10000.0)
-    assert GPTConfig.from_dict(config.to_dict()) == config
+    assert cache.buffers.keys() == {"latent"} and cache.nbytes() == model.config.n_layer * 5 * 32 * cached * element

@@ -1,7 +1,5 @@
 """Grouped-query attention against the textbook formula and against torch's own MHA."""
 
-from __future__ import annotations
-
 import math
 
 import pytest
@@ -15,16 +13,11 @@ from model.gpt import CausalSelfAttention, causal_mask
 N_HEAD = 6
 
 
-def reference_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
-) -> torch.Tensor:
+def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None):
     """softmax(QKᵀ/√d + mask)·V with K/V heads repeated explicitly: the slow, plain oracle.
-
-    q: (B, n_head, Tq, d); k, v: (B, n_kv_head, Tk, d); mask: bool (Tq, Tk), True = allowed.
-    """
+    q: (B, n_head, Tq, d); k, v: (B, n_kv_head, Tk, d); mask: bool (Tq, Tk), True = allowed."""
     group = q.shape[1] // k.shape[1]
-    k = k.repeat_interleave(group, dim=1)
-    v = v.repeat_interleave(group, dim=1)
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
@@ -43,10 +36,7 @@ def make_layer(n_kv_head: int, seed: int = 0) -> CausalSelfAttention:
 
 def reference_layer(layer: CausalSelfAttention, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """The layer's projections around reference_attention instead of SDPA."""
-    B, T, C = x.shape
-    q, k, v = layer.split_heads(x)
-    y = reference_attention(q, k, v, mask)
-    return layer.proj(y.transpose(1, 2).reshape(B, T, C))
+    return layer.proj(reference_attention(*layer.split_heads(x), mask).transpose(1, 2).reshape(x.shape))
 
 
 def test_causal_mask_aligns_bottom_right():

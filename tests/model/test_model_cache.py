@@ -1,21 +1,16 @@
 """KV cache: incremental logits equal full recomputation; memory, reset, and room."""
 
-from __future__ import annotations
-
 import pytest
 import torch
 
+import model.gpt as gpt
 from model.kv_cache import KVCache
 from run_testkit import ALL_OPTIONS
 
-# Absolute tolerance on logits whose magnitude is a few units to a few tens (see conftest):
-# fp32 rounding of two summation orders differs by ~1e-6 here.
-ATOL = 1e-5
+ATOL = 1e-5  # logits of a few units to a few tens (see conftest): two summation orders differ by ~1e-6
 
 CONFIGS = [
-    dict(n_kv_head=1),
-    dict(n_kv_head=2),
-    dict(n_kv_head=6),
+    dict(n_kv_head=1), dict(n_kv_head=2), dict(n_kv_head=6),
     dict(n_kv_head=3, n_head=3, n_embd=33, vocab_size=61, n_layer=3, block_size=29, tie_embeddings=False),
     # Value embeddings with an explicit feed-forward width, and value embeddings on three layers.
     dict(n_kv_head=2, **ALL_OPTIONS),
@@ -71,15 +66,12 @@ def test_batch_rows_equal_single_sequence_runs(make_model, positions):
     seq = torch.randint(0, 97, (3, 20), generator=torch.Generator().manual_seed(8))
     with torch.inference_mode():
         batch_cache = model.init_cache(3)
-        batched = [model(seq[:, :9], cache=batch_cache)] + [
-            model(seq[:, t:t + 1], cache=batch_cache) for t in range(9, 20)
-        ]
-        batched = torch.cat(batched, dim=1)
+        batched = torch.cat([model(seq[:, :9], cache=batch_cache)]
+                            + [model(seq[:, t:t + 1], cache=batch_cache) for t in range(9, 20)], dim=1)
         for row in range(3):
             single_cache = model.init_cache(1)
             single = [model(seq[row:row + 1, :9], cache=single_cache)] + [
-                model(seq[row:row + 1, t:t + 1], cache=single_cache) for t in range(9, 20)
-            ]
+                model(seq[row:row + 1, t:t + 1], cache=single_cache) for t in range(9, 20)]
             assert max_err(batched[row:row + 1], torch.cat(single, dim=1)) <= ATOL
 
 
@@ -91,8 +83,7 @@ def test_reset_cache_serves_a_second_prompt_without_stale_keys(make_model, posit
     short_prompt = torch.randint(0, 97, (1, 12), generator=gen)
     cache = model.init_cache(1)
     with torch.inference_mode():
-        first = [model(long_prompt[:, :20], cache=cache), model(long_prompt[:, 20:], cache=cache)]
-        first = torch.cat(first, dim=1)
+        first = torch.cat([model(long_prompt[:, :20], cache=cache), model(long_prompt[:, 20:], cache=cache)], dim=1)
         assert max_err(first, model(long_prompt)) <= ATOL
         cache.reset()
         # The cache still holds 30 positions of the first prompt; only the first 12 are rewritten.
@@ -154,14 +145,8 @@ def test_decoding_holds_when_attention_returns_another_memory_layout(make_model,
     """CUDA's attention may return its heads in another memory order (an H200's one-token GQA step gave
     strides (64, 16, 32, 1), which a .view() refused); the CPU never does, so here every output is given
     that layout. (Latent attention only splits its one head axis, which any layout allows.)"""
-    import model.gpt as gpt
-
     plain = gpt.F.scaled_dot_product_attention
-
-    def permuted_layout(*args, **kwargs):
-        out = plain(*args, **kwargs)
-        return out.transpose(1, 2).contiguous().transpose(1, 2)
-
+    permuted_layout = lambda *a, **k: plain(*a, **k).transpose(1, 2).contiguous().transpose(1, 2)  # noqa: E731
     model = make_model(seed=3, **overrides)
     seq = torch.randint(0, model.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(4))
     with torch.inference_mode():

@@ -1,7 +1,5 @@
 """One cache, rows at their own lengths: chunked prefill into one row, ragged decode steps."""
 
-from __future__ import annotations
-
 import pytest
 import torch
 
@@ -114,9 +112,8 @@ def test_a_full_row_or_repeated_rows_are_refused(make_model):
 
 @pytest.mark.parametrize("whole_buffers", [False, True])
 def test_ragged_rows_read_up_to_the_longest_row_unless_whole_buffers(make_model, whole_buffers):
-    """Off the server, rows at different lengths read only the slots up to the longest row's new
-    token; with whole buffers they read every slot under their masks. NaN past the longest row tells
-    which: a masked NaN still poisons attention, an unread one cannot."""
+    # Off the server, rows read only the slots up to the longest row's new token; with whole buffers,
+    # every slot under their masks. NaN past the longest row tells which: a masked NaN still poisons.
     model = make_model(seed=4)
     cache = model.init_cache(2, whole_buffers=whole_buffers)
     with torch.inference_mode():

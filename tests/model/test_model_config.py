@@ -1,7 +1,5 @@
 """GPTConfig: derived sizes, the refusals that name the key, the bounds, dict round trip."""
 
-from __future__ import annotations
-
 import math
 import typing
 

@@ -1,8 +1,6 @@
 """The engine's synchronous ``decode``: cached == uncached (the whole window recomputed for every
 token) token for token, greedy and sampled, within and past block_size, batched and single."""
 
-from __future__ import annotations
-
 import pytest
 import torch
 

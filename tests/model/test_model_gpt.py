@@ -1,7 +1,5 @@
 """The GPT module: loss, causality, initialisation, parameter and FLOP accounting."""
 
-from __future__ import annotations
-
 import math
 
 import pytest
@@ -10,15 +8,14 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from model.config import GPTConfig
-from model.gpt import GPT
+from model.gpt import GPT, rotary, rotate
 
 SMALL = dict(vocab_size=10, block_size=8, n_layer=2, n_head=4, n_kv_head=2, n_embd=12, ffn_hidden=16)
 
 
 def test_forward_shapes_and_loss(make_model):
     model = make_model(seed=1)
-    idx = torch.randint(0, 97, (3, 11))
-    targets = torch.randint(0, 97, (3, 11))
+    idx, targets = torch.randint(0, 97, (3, 11)), torch.randint(0, 97, (3, 11))
     targets[0, :4] = -1  # ignored positions
     logits, loss = model(idx, targets)
     assert model(idx).shape == logits.shape == (3, 11, 97)
@@ -74,15 +71,13 @@ def test_changing_a_token_never_changes_earlier_logits(make_model, n_kv_head):
 
 
 def test_hand_counted_parameters():
-    tied = GPT(GPTConfig(**SMALL))
+    tied, untied = GPT(GPTConfig(**SMALL)), GPT(GPTConfig(**SMALL, tie_embeddings=False))
     # Per block: 2 norms (12 each) + qkv 12*(4+2+2)*3 + proj 12*12 + gate_up 12*32 + down 16*12.
     block = 2 * 12 + 12 * 24 + 144 + 384 + 192
-    embeddings = 10 * 12 + 8 * 12
-    assert tied.num_params() == embeddings + 2 * block + 12
-    assert tied.num_params(include_embeddings=False) == 2 * block + 12
-    untied = GPT(GPTConfig(**SMALL, tie_embeddings=False))
-    assert untied.num_params() == embeddings + 2 * block + 12 + 10 * 12
-    assert untied.num_params(include_embeddings=False) == 2 * block + 12 + 10 * 12
+    embeddings, head = 10 * 12 + 8 * 12, 10 * 12
+    assert (tied.num_params(), tied.num_params(include_embeddings=False)) == (embeddings + 2 * block + 12, 2 * block + 12)
+    assert (untied.num_params(), untied.num_params(include_embeddings=False)) == (
+        embeddings + 2 * block + 12 + head, 2 * block + 12 + head)
     assert untied.lm_head.weight is not untied.tok_emb.weight
 
 
@@ -120,21 +115,19 @@ def test_loss_trains_down_on_a_repeated_batch():
     model = GPT(GPTConfig(vocab_size=16, block_size=16, n_layer=1, n_head=2, n_kv_head=1, n_embd=16))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     x = torch.randint(0, 16, (4, 16))
-    first = None
+    losses = []
     for _ in range(30):
         _, loss = model(x[:, :-1], x[:, 1:])
-        first = loss.item() if first is None else first
+        losses.append(loss.item())
         opt.zero_grad()
         loss.backward()
         opt.step()
-    assert loss.item() < 0.5 * first
+    assert losses[-1] < 0.5 * losses[0]
 
 
 def test_rotary_positions_turn_each_pair_as_a_complex_number_turns():
     """Against an independent reference: the pair (x_i, x_(i+d/2)) read as x_i + j·x_(i+d/2) and
     multiplied by exp(j·t·θ^(-2i/d)), in float64."""
-    from model.gpt import rotary, rotate
-
     d, theta = 8, 500.0
     x = torch.randn(2, 3, 5, d, generator=torch.Generator().manual_seed(0))
     positions = torch.tensor([[0, 1, 2, 7, 30], [4, 5, 6, 7, 8]])  # a row each: (B, T)

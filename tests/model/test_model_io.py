@@ -1,7 +1,5 @@
 """save_pretrained / load_pretrained: exact round trip, tied weights, and clear errors."""
 
-from __future__ import annotations
-
 import json
 
 import pytest
@@ -104,3 +102,5 @@ def test_weights_that_do_not_fit_the_config(saved):
     assert "tok_emb.weight has shape (97, 42) in the file but (98, 42)" in load_error(saved)
     path.write_text(json.dumps({**original, "n_layer": 3}))
     assert "missing ['blocks.2." in load_error(saved)
+    path.write_text(json.dumps({**original, "block_size": 1_000_000_000}))  # a position table of 168 GB, never built
+    assert "pos_emb.weight has shape" in load_error(saved)

@@ -2,8 +2,6 @@
 compute, their size, their init) and their config errors. The cache, generation and export tests run
 them too (``ALL_OPTIONS``)."""
 
-from __future__ import annotations
-
 import json
 
 import pytest
@@ -31,6 +29,8 @@ def test_parameter_count_from_the_config_matches_the_model(options):
 def test_a_config_saved_before_the_options_loads_with_every_option_off():
     config = GPTConfig.from_dict(json.loads(json.dumps(SHAPE)))  # a model_config.json without the keys
     assert (config.value_embeddings, config.tie_embeddings, config.positions) == (False, True, "learned")
+    assert (config.attention, config.kv_latent_dim, config.q_latent_dim, config.rope_theta) == ("gqa", None, None, 1e4)
+    assert GPTConfig.from_dict(config.to_dict()) == config
     with_options = GPTConfig(**SHAPE | ALL_OPTIONS)
     assert GPTConfig.from_dict(json.loads(json.dumps(with_options.to_dict()))) == with_options
 

@@ -1,7 +1,4 @@
-"""The trainer state beside the saved model: written atomically, read only as plain values, and the
-rules that keep a new run from clobbering another."""
-
-from __future__ import annotations
+"""The trainer state beside the saved model, and the rules that keep a new run from clobbering another."""
 
 import pytest
 import torch
@@ -9,9 +6,8 @@ import torch
 from model.config import GPTConfig
 from model.gpt import GPT
 from model.io import load_pretrained
-from rundir.checkpoint import (
-    CheckpointError, check_run_dir, clear_old_run, load_trainer_state, peek_trainer_state, save_checkpoint,
-)
+from rundir.checkpoint import (CheckpointError, check_run_dir, clear_old_run, load_trainer_state, peek_trainer_state,
+    save_checkpoint)
 from rundir.files import STATE_FILE
 
 SHAPE = dict(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_kv_head=1, n_embd=32)
@@ -45,7 +41,6 @@ def test_peeking_reads_one_value_and_never_fails(tmp_path):
 
 class Evil:
     """Any class: unpickling it would run arbitrary code, so weights_only refuses it."""
-
 
 @pytest.mark.parametrize("saved, message", [
     (b"not a checkpoint", "cannot be read"),

@@ -2,8 +2,6 @@
 one process's over the whole global batch, a mean over every loss-bearing target. The ranks hold
 very different target counts (rank 1's first micro-batch has none), so per-rank means would differ."""
 
-from __future__ import annotations
-
 import torch
 import torch.nn.functional as F
 

@@ -1,7 +1,4 @@
-"""Fixtures for trainer-level scaling tests: a local TinyStories-shaped corpus, tokenized once per
-session, and configs/small.yaml shrunk to run in seconds."""
-
-from __future__ import annotations
+"""Scaling fixtures: a local TinyStories-shaped corpus tokenized once, and a shrunk configs/small.yaml."""
 
 import json
 import random

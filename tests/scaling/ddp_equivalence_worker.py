@@ -3,19 +3,11 @@ A. 2 ranks × 1 micro-batch vs 1 process accumulating 2;
 B. 2 ranks × 2 vs 1 process accumulating 4 (the first micro-step must not communicate).
 Rank 1 starts from another seed on purpose: ``wrap_model`` must hand every rank rank 0's weights."""
 
-from __future__ import annotations
-
 import torch
 
 from model.config import GPTConfig
 from model.gpt import GPT, unwrap
-from training.distributed import (
-    all_reduce_mean,
-    gather_to_main,
-    split_batch,
-    sync_gradients,
-    wrap_model,
-)
+from training.distributed import all_reduce_mean, gather_to_main, split_batch, sync_gradients, wrap_model
 
 CONFIG = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=4, n_kv_head=2, n_embd=32)
 MICRO_BATCH = 2

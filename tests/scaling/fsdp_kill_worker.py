@@ -1,8 +1,6 @@
 """``train.py`` under torchrun, rank 0 SIGKILLing its process group inside the n-th sharded save (the
 first argument), shards written but not published. The other arguments are train.py's."""
 
-from __future__ import annotations
-
 import os
 import signal
 import sys

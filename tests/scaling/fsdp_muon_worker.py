@@ -1,8 +1,6 @@
 """Under torchrun: Muon + AdamW on FSDP-sharded weights (2 ranks × 2 micro-batches) take the steps of
 an unsharded copy on the whole batch; rank 0 writes the largest weight difference and change as JSON."""
 
-from __future__ import annotations
-
 import contextlib
 import sys
 from pathlib import Path
@@ -12,7 +10,7 @@ import torch
 from model.config import GPTConfig
 from model.gpt import GPT
 from training.adapters import Adapters
-from training.checkpointing import ShardedCheckpointer
+from training.fsdp import ShardedCheckpointer
 from training.config import TrainConfig
 from training.distributed import sync_gradients, wrap_model
 from training.optim import build_optimizer, plan_param_groups

@@ -1,24 +1,16 @@
-"""Launching the scaling tests' command lines, as one process or under torchrun with gloo processes on
-the CPU, and reading what every rank said."""
-
-from __future__ import annotations
+"""Launching command lines as one process or under torchrun on the CPU, and reading what each rank said."""
 
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
+from server_process import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def torchrun_env() -> dict[str, str]:

@@ -1,7 +1,5 @@
 """training.distributed: the single-process no-ops, the batch split, and a real 2-process step."""
 
-from __future__ import annotations
-
 import json
 
 import pytest
@@ -12,35 +10,19 @@ from common.errors import UserError
 from launch_testkit import ROOT, TORCHRUN_VARS, launch, ok
 from model.gpt import unwrap
 from rundir.checkpoint import load_trainer_state
-from training.distributed import (
-    DistContext,
-    all_reduce_mean,
-    all_reduce_sum,
-    barrier,
-    gather_to_main,
-    init_distributed,
-    launched_by_torchrun,
-    select_rank_state,
-    shutdown,
-    split_batch,
-    sync_gradients,
-    wrap_model,
-)
+from training.distributed import (DistContext, all_reduce_mean, all_reduce_sum, barrier, gather_to_main,
+    init_distributed, launched_by_torchrun, select_rank_state, shutdown, split_batch, sync_gradients, wrap_model)
 
-# ---------------------------------------------------------------------------------------------
 # Batch split
 
 
-@pytest.mark.parametrize(
-    ("batch", "accum", "world", "expected"),
-    [
-        (8, 4, 1, (8, 4)),
-        (8, 4, 2, (8, 2)),  # accumulation divides: the per-process batch stays as configured
-        (8, 4, 4, (8, 1)),
-        (8, 1, 2, (4, 1)),  # tiny.yaml under two processes: the per-process batch is halved
-        (6, 3, 2, (3, 3)),
-    ],
-)
+@pytest.mark.parametrize("batch, accum, world, expected", [
+    (8, 4, 1, (8, 4)),
+    (8, 4, 2, (8, 2)),  # accumulation divides: the per-process batch stays as configured
+    (8, 4, 4, (8, 1)),
+    (8, 1, 2, (4, 1)),  # tiny.yaml under two processes: the per-process batch is halved
+    (6, 3, 2, (3, 3)),
+])
 def test_split_batch_keeps_the_global_batch(batch, accum, world, expected):
     split = split_batch(batch, accum, world)
     assert (split.batch_size, split.micro_steps) == expected
@@ -55,7 +37,6 @@ def test_split_batch_refuses_when_neither_divides_and_names_what_would_work():
     assert "launch 3, 5, 9 processes" in message and "multiple of 2" in message
 
 
-# ---------------------------------------------------------------------------------------------
 # A single process: everything is a no-op
 
 
@@ -81,15 +62,20 @@ def test_single_process_context_without_torchrun(monkeypatch):
         with sync_gradients(model, enabled=False):
             model(torch.ones(1, 3)).sum().backward()
     assert torch.equal(model.bias.grad, torch.full((2,), 2.0))
-
-
-def test_torchrun_with_one_process_needs_no_process_group(monkeypatch):
+    # torchrun with one process needs no process group.
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("LOCAL_RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "1")
     ctx = init_distributed("cpu")
     assert not ctx.enabled and ctx.is_main
     assert not torch.distributed.is_initialized()
+    # A rank's state, at the same and at a different world size.
+    ctx = DistContext(rank=1, world_size=2, is_main=False, enabled=True)
+    assert select_rank_state(["s0", "s1"], 2, ctx) == ("s1", None)
+    assert select_rank_state(None, None, ctx) == (None, None)
+    state, message = select_rank_state(["s0", "s1", "s2", "s3"], 4, ctx)
+    assert state is None
+    assert "saved with 4 process(es) on 2" in message and "resume with 4" in message
 
 
 def test_torchrun_refuses_a_device_that_pins_one_gpu(monkeypatch):
@@ -102,16 +88,6 @@ def test_torchrun_refuses_a_device_that_pins_one_gpu(monkeypatch):
         init_distributed("mps")
 
 
-def test_select_rank_state_same_and_different_world_size():
-    ctx = DistContext(rank=1, world_size=2, is_main=False, enabled=True)
-    assert select_rank_state(["s0", "s1"], 2, ctx) == ("s1", None)
-    assert select_rank_state(None, None, ctx) == (None, None)
-    state, message = select_rank_state(["s0", "s1", "s2", "s3"], 4, ctx)
-    assert state is None
-    assert "saved with 4 process(es) on 2" in message and "resume with 4" in message
-
-
-# ---------------------------------------------------------------------------------------------
 # Two real processes (gloo)
 
 
@@ -142,12 +118,8 @@ def test_two_rank_step_equals_single_process_accumulation(two_rank_steps):
         # Only the last micro-step of each rank communicates.
         calls = r["calls_per_micro_step"]
         assert calls[:-1] == [0] * (accum - 1) and calls[-1] >= 1
-
-
-@pytest.mark.distributed
-def test_two_rank_chat_step_takes_the_mean_over_all_loss_bearing_targets(two_rank_steps):
+    # A chat step takes the mean over every loss-bearing target of both ranks.
     result = two_rank_steps["chat"]
-    assert two_rank_steps["world_size"] == 2
     assert result["loss"] == pytest.approx(result["expected_loss"], rel=1e-5)
     assert result["max_grad_diff"] <= 1e-5 * result["max_grad"]
     assert result["tokens"] == result["expected_tokens"]  # the step's tokens on both ranks

@@ -1,8 +1,6 @@
 """train.parallel=fsdp: the torch floor, activation checkpointing, and under torchrun (e2e) Muon on
 sharded weights, DDP's losses, resumes at another world size, and a kill -9 inside a save."""
 
-from __future__ import annotations
-
 import json
 import os
 import shutil
@@ -26,7 +24,7 @@ from rundir.metrics import read_metrics
 from training.config import TrainConfig
 from training.distributed import DistContext
 from training.adapters import Adapters
-from training.checkpointing import ShardedCheckpointer
+from training.fsdp import ShardedCheckpointer
 from training.fsdp import torch_too_old
 from training.optim import build_optimizer, plan_param_groups
 from training.recompute import checkpoint_blocks
@@ -67,7 +65,6 @@ def test_activation_checkpointing_gives_the_same_loss_and_gradients(extra):
         torch.testing.assert_close(grads[name], grad, rtol=1e-6, atol=1e-7)  # fp32, the same ops again
 
 
-# ---------------------------------------------------------------------------------------------
 # Two gloo processes (e2e)
 
 

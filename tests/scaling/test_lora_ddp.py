@@ -1,7 +1,4 @@
-"""train.lora under torchrun (e2e): DDP trains the adapters alone, rank 0 writes them and the merged
-weights, and the run resumes on one process."""
-
-from __future__ import annotations
+"""train.lora under torchrun (e2e): the adapters alone trained, written by rank 0, resumed on one process."""
 
 import json
 

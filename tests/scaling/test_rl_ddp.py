@@ -1,8 +1,6 @@
 """GRPO under torchrun (e2e): the run equals the one-process run (each completion seeded by its
 question's place), with the calculator too, and a reward failing on one process stops both in one line."""
 
-from __future__ import annotations
-
 import json
 import os
 from pathlib import Path
@@ -39,7 +37,6 @@ def fails_on_rank_1(prompt, completion, row):
         raise RuntimeError("rank 1 cannot grade")
     return 0.0
 """
-
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory) -> dict[str, str]:

@@ -1,8 +1,6 @@
 """configs/small.yaml's GPU path (bf16 autocast, torch.compile, its options) for a few steps of a shrunk
 model on the CPU, so that a change breaking the GPU config fails here first."""
 
-from __future__ import annotations
-
 import math
 import shutil
 

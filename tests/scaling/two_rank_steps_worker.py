@@ -1,8 +1,6 @@
 """Under torchrun: ``ddp_equivalence_worker`` then ``chat_ddp_worker`` in one launch (two starts cost
 more than both); rank 0 writes both as JSON to the given path."""
 
-from __future__ import annotations
-
 import sys
 
 import torch

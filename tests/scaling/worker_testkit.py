@@ -2,8 +2,6 @@
 Every rank computes the single-process reference itself: ranks left waiting in a collective while
 rank 0 computed it saw gloo abort rank 0 on a loaded host."""
 
-from __future__ import annotations
-
 import json
 from collections.abc import Callable
 from typing import Any

@@ -1,7 +1,4 @@
-"""Fixtures for the serving tests: tiny runs built and loaded once per session, and serve.py on the
-chat run, shared by the modules that only send it requests."""
-
-from __future__ import annotations
+"""Serving fixtures: tiny runs built and loaded once per session, and serve.py on the chat run."""
 
 from pathlib import Path
 
@@ -12,11 +9,6 @@ from rundir.loading import load_run
 from data.tokenizer import EOT
 from run_testkit import ALL_OPTIONS, build_run, chat_tokenizer, tokenizer_without_chat
 from server_process import running_server
-
-
-@pytest.fixture(autouse=True)
-def _single_thread(one_torch_thread):
-    yield
 
 
 @pytest.fixture(scope="session")

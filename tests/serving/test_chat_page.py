@@ -2,8 +2,6 @@
 ``chromium``, ``chromium-driver`` and ``selenium`` (else skips); ``CHAT_PAGE_SCREENSHOT=docs/chat-page.png``
 keeps the README's screenshot."""
 
-from __future__ import annotations
-
 import os
 import re
 import shutil

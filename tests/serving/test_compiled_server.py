@@ -1,7 +1,4 @@
-"""serve.py --compile: compiled on the main thread, stepped on the engine's, concurrent requests get
-the eager server's replies, on the CPU and on a CUDA GPU where there is one."""
-
-from __future__ import annotations
+"""serve.py --compile: concurrent requests get the eager server's replies, on the CPU and a CUDA GPU."""
 
 from concurrent.futures import ThreadPoolExecutor
 

@@ -1,8 +1,6 @@
 """Tools can use the logprobs: lm-evaluation-harness's ``local-completions`` model, pointed at the
 server, answers a small local multiple-choice task as its ``hf`` model does on the exported folder."""
 
-from __future__ import annotations
-
 import json
 
 import pytest

@@ -1,7 +1,4 @@
-"""logprobs and echo through the real OpenAI client: the values are the model's own log-softmax
-(before temperature and top-p), recomputed here over the whole sequence without a cache."""
-
-from __future__ import annotations
+"""logprobs and echo through the OpenAI client: the model's own log-softmax, before temperature and top-p."""
 
 import httpx
 import pytest
@@ -72,7 +69,7 @@ def check_offsets(run, text: str, ids: list[int], offsets: list[int], end_ids=()
         first_byte += len(shown[i])
 
 
-def test_a_character_counts_at_the_token_that_completes_it():
+def test_a_character_counts_at_the_token_that_completes_it_a_lone_lead_byte_at_its_own():
     """The rule on known bytes: "—" over two tokens, and an unfinished character's U+FFFD at the token that began it."""
     tokens = [b"a", b"\xe2\x80", b"\x94", b"\xce", b"<|endoftext|>"]
     text = "a\u2014\ufffd"
@@ -80,10 +77,6 @@ def test_a_character_counts_at_the_token_that_completes_it():
     assert offsets == [0, 1, 1, 2, 3]
     assert [text[a:b] for a, b in zip(offsets, offsets[1:] + [len(text)])] == ["a", "", "\u2014", "\ufffd", ""]
     assert text_offsets([b"<|endoftext|>"], 0) == [0]  # an empty prompt's text is empty
-
-
-def test_a_lone_lead_byte_is_added_by_its_own_token_not_the_next():
-    """The decoder shows a lone lead byte's U+FFFD when the next token arrives; the lone byte's token adds it."""
     tokens = [b"ROMEO: But", b"\xe2", b"\xe2", b"\xe2", b" so", b"ft"]
     text = b"".join(tokens).decode("utf-8", "replace")
     offsets = text_offsets(tokens, len(text))

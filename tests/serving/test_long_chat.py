@@ -1,7 +1,4 @@
-"""A conversation far past a 128-token window is answered at every turn, the oldest messages dropped by
-the chat format's one policy: through the OpenAI client (X-Dropped-Messages), the chat page and the REPL."""
-
-from __future__ import annotations
+"""A conversation far past a 128-token window is answered at every turn on every surface."""
 
 import os
 import subprocess

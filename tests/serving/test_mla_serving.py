@@ -2,9 +2,6 @@
 positions too): each request equals itself alone, bit for bit, and generate.py, in the engine and
 through the OpenAI client."""
 
-from __future__ import annotations
-
-import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -17,6 +14,7 @@ from rundir.loading import load_run
 from run_testkit import MLA_OPTIONS, build_run, chat_tokenizer
 from server_process import running_server
 from inference.engine import Engine
+from test_engine import api_settings, serve_all
 
 openai = pytest.importorskip("openai")
 
@@ -45,30 +43,8 @@ def requests(run) -> list[tuple[list[int], SamplingSettings]]:
     g = torch.Generator().manual_seed(5)
     lengths, new = [1, 4, 13, 31, 32, 7], [20, 45, 9, 70, 3, 40]
     return [(torch.randint(5, len(run.token_bytes), (n,), generator=g).tolist(),
-             settings(m, temperature=[0.0, 0.9, 1.3][i % 3], top_p=[1.0, 0.8][i % 2], seed=40 + i))
+             api_settings(m, temperature=[0.0, 0.9, 1.3][i % 3], top_p=[1.0, 0.8][i % 2], seed=40 + i))
             for i, (n, m) in enumerate(zip(lengths, new))]
-
-
-def settings(max_tokens: int, **options) -> SamplingSettings:
-    """As the server builds them: OpenAI's defaults (no top-k, top_p 1)."""
-    return SamplingSettings(**{"max_new_tokens": max_tokens, "top_k": None, "top_p": 1.0, **options})
-
-
-def serve(engine: Engine, batch) -> list[tuple[int, ...]]:
-    finished, done = {}, threading.Event()
-
-    def collect(i):
-        def on_event(event):
-            if event.finish is not None:
-                finished[i] = event.finish.token_ids
-                if len(finished) == len(batch):
-                    done.set()
-        return on_event
-
-    for i, (prompt, params) in enumerate(batch):
-        engine.submit(prompt, params, collect(i))
-    assert done.wait(120), "a request never finished"
-    return [finished[i] for i in range(len(batch))]
 
 
 def reference(run, prompt, params: SamplingSettings) -> list[int]:
@@ -81,8 +57,8 @@ def reference(run, prompt, params: SamplingSettings) -> list[int]:
 def test_each_served_request_equals_its_solo_run_and_generate_py(mla_run):
     batch = requests(mla_run)
     with Engine(mla_run.model, mla_run.token_bytes, max_batch=4, prefill_chunk=8) as engine:
-        together = serve(engine, batch)
-        alone = [serve(engine, [request])[0] for request in batch]
+        together = [c.finish.token_ids for c in serve_all(engine, batch)]
+        alone = [serve_all(engine, [request])[0].finish.token_ids for request in batch]
     for i, (request, mixed, solo) in enumerate(zip(batch, together, alone)):
         assert mixed == solo, f"request {i}"
         assert list(solo) == reference(mla_run, *request), f"request {i} against generate.py"
@@ -105,7 +81,7 @@ def test_concurrent_completions_over_a_socket_equal_generate_py(mla_run_dir, mla
             texts = list(pool.map(complete, range(len(prompts))))
     for i, (prompt, text) in enumerate(zip(prompts, texts)):
         ids = mla_run.tokenizer.encode(prompt).ids
-        expected = reference(mla_run, ids, settings(24, temperature=0.8, seed=i))
+        expected = reference(mla_run, ids, api_settings(24, temperature=0.8, seed=i))
         if mla_run.eot_id in expected:  # the server stops at <|endoftext|>
             expected = expected[:expected.index(mla_run.eot_id)]
         assert text == mla_run.tokenizer.decode(expected, skip_special_tokens=False), f"prompt {i}"

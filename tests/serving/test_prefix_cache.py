@@ -2,8 +2,6 @@
 The model's arithmetic depends on how a prompt is cut into chunks (checked below), so a hit that
 skipped the wrong chunks would show in the exactly compared log-probabilities."""
 
-from __future__ import annotations
-
 import gc
 import random
 import tracemalloc
@@ -212,7 +210,6 @@ def test_concurrent_conversations_with_a_small_cache_still_equal_their_solo_runs
         for alone, mixed in zip(solo, by_client):
             assert (mixed.token_ids, mixed.logprobs) == (alone.token_ids, alone.logprobs)
         assert sum(f.cached_tokens for f in by_client) > 0
-
 
 
 def test_the_server_reports_cached_tokens_as_openai_does(wide_run_dir, wide_run):

@@ -1,8 +1,6 @@
 """The README's OpenAI snippet, run as written (only its address changed): it prints generate.py's text,
 because it passes generate.py's sampling settings rather than OpenAI's defaults."""
 
-from __future__ import annotations
-
 import contextlib
 import io
 import re

@@ -1,7 +1,5 @@
 """Each response kind's shape and the stream a reply makes of engine events, without a model or socket."""
 
-from __future__ import annotations
-
 import asyncio
 
 from inference.engine import Event, Finish
@@ -65,6 +63,12 @@ def test_a_completion_streams_its_echo_then_text_then_the_end():
     assert [c["choices"][0]["finish_reason"] for c in chunks[:-1]] == [None, None, None, "stop"]
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == USAGE
     assert reply.completion_tokens == 2 and ticket.cancelled
+    # A generation that ends early streams an error and stops.
+    failed = Finish(reason="error", prompt_tokens=3, token_ids=(104,), text="h")
+    chunks, ticket = stream(completion(), [Event("h", 104), Event("", None, failed)], include_usage=True)
+    assert chunks[-1] == {"error": {"message": "generation ended early (error)", "type": "server_error",
+                                    "param": None, "code": None}}
+    assert len(chunks) == 2 and ticket.cancelled
 
 
 def test_a_chat_streams_a_role_then_content_deltas_then_an_empty_delta():
@@ -76,16 +80,6 @@ def test_a_chat_streams_a_role_then_content_deltas_then_an_empty_delta():
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop" and "usage" not in chunks[-1]
     assert ticket.cancelled
 
-
-def test_a_generation_that_ends_early_streams_an_error_and_stops():
-    failed = Finish(reason="error", prompt_tokens=3, token_ids=(104,), text="h")
-    chunks, ticket = stream(completion(), [Event("h", 104), Event("", None, failed)], include_usage=True)
-    assert chunks[-1] == {"error": {"message": "generation ended early (error)", "type": "server_error",
-                                    "param": None, "code": None}}
-    assert len(chunks) == 2 and ticket.cancelled
-
-
-# ---------------------------------------------------------------- a chat reply offered tools
 
 def _tool_reply(forced_text: str = ""):
     from data.chat import ChatTokenIds, encode_plain

@@ -1,7 +1,5 @@
 """serve.py's user errors: one line on stderr, exit code 2, nothing started; and how it stops."""
 
-from __future__ import annotations
-
 import signal
 
 import httpx

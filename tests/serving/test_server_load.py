@@ -1,7 +1,5 @@
 """Load: 300 streaming requests from 32 concurrent clients, some leaving mid-stream."""
 
-from __future__ import annotations
-
 import asyncio
 import json
 import threading
@@ -9,8 +7,8 @@ import time
 
 import httpx
 from server_process import rss_bytes, running_server
-from inference.sampling import SamplingSettings
 from inference.engine import Engine
+from test_engine import api_settings
 
 CLIENTS = 32
 REQUESTS = 300
@@ -21,11 +19,6 @@ RSS_GROWTH_BOUND = 24 * 2**20
 
 SPECS = [("ROMEO:", 0.0, 12), ("JULIET: O", 0.9, 20), ("Café", 1.2, 16), ("The quick brown", 0.7, 24),
          ("世界", 1.0, 8), ("again and", 0.0, 18)]
-
-def api_settings(max_tokens: int, temperature: float = 1.0, top_p: float = 1.0, **options) -> SamplingSettings:
-    """Sampling settings with the server's (OpenAI's) defaults, as serving.api builds them."""
-    return SamplingSettings(max_new_tokens=max_tokens, temperature=temperature, top_k=None, top_p=top_p, **options)
-
 
 
 def expected_texts(run) -> dict[int, tuple[str, str, int]]:

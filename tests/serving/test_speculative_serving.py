@@ -1,20 +1,17 @@
-"""A speculating server keeps the engine's rule: each request gets what it gets alone (and, greedy,
-plain decoding's tokens), with lookup or a draft run."""
-
-from __future__ import annotations
+"""A speculating server keeps the engine's rule: each request gets what it gets alone."""
 
 import concurrent.futures
-import threading
 
 import pytest
 import torch
 
-from inference.engine import Engine, Event, decode
+from inference.engine import Engine, decode
 from inference.sampling import SamplingSettings
 from inference.settings import Speculation
 from rundir.loading import load_run
 from run_testkit import build_run, chat_tokenizer
 from server_process import running_server
+from test_engine import serve_all
 
 openai = pytest.importorskip("openai")
 
@@ -39,22 +36,8 @@ def repeating_requests(run, count: int) -> list[tuple[list[int], SamplingSetting
     return requests
 
 
-def serve_all(engine: Engine, requests) -> list[tuple[int, ...]]:
-    done = [threading.Event() for _ in requests]
-    tokens: list[tuple[int, ...]] = [()] * len(requests)
-
-    def on(i: int):
-        def event(e: Event) -> None:
-            if e.finish is not None:
-                tokens[i] = e.finish.token_ids
-                done[i].set()
-        return event
-
-    for i, (prompt, settings) in enumerate(requests):
-        engine.submit(prompt, settings, on(i))
-    for flag in done:
-        assert flag.wait(120), "a request never finished"
-    return tokens
+def tokens(engine: Engine, requests) -> list[tuple[int, ...]]:
+    return [collect.finish.token_ids for collect in serve_all(engine, requests)]
 
 
 @pytest.mark.parametrize("proposer", ["lookup", "draft", "itself"])
@@ -68,13 +51,13 @@ def test_concurrent_speculative_requests_each_equal_their_solo_run(chat_run, dra
         speculation = Speculation("draft", 4, draft)
     requests = repeating_requests(chat_run, 8)
     with Engine(chat_run.model, chat_run.token_bytes, max_batch=1, speculation=speculation) as engine:
-        solo = [serve_all(engine, [request])[0] for request in requests]
+        solo = [tokens(engine, [request])[0] for request in requests]
     with Engine(chat_run.model, chat_run.token_bytes, max_batch=8, speculation=speculation) as engine:
-        together = serve_all(engine, requests)
+        together = tokens(engine, requests)
         if proposer == "itself":
             assert engine.speculator.accepted > 0.2 * engine.speculator.proposed > 0
     with Engine(chat_run.model, chat_run.token_bytes, max_batch=8) as engine:
-        plain = serve_all(engine, requests)
+        plain = tokens(engine, requests)
     assert any(len(t) > chat_run.block_size for t in solo)  # the window slid
     for i, ((_, settings), alone, mixed, unspeculated) in enumerate(zip(requests, solo, together, plain)):
         assert mixed == alone, f"request {i}"

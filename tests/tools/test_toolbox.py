@@ -2,8 +2,6 @@
 (raising, hanging, exiting, crashing, printing, huge or odd results) comes back as an error result
 the model reads, and the caller goes on; a timed-out worker is killed with what it started."""
 
-from __future__ import annotations
-
 import json
 import os
 import time
@@ -73,8 +71,7 @@ def test_calls_run_in_a_worker_and_every_failure_is_a_result():
     with toolbox("add", "fails", "exits", "crashes", "chatty", "huge", "structured", "surrogate",
                  max_result_chars=100) as tools:
         assert tools.run("add", '{"a": 2, "b": 40}').text == "42"
-        worker = tools._worker.process.pid
-        assert worker != os.getpid()
+        assert tools._worker.process.pid != os.getpid()
         results = {
             "raises": tools.run("fails", '{"text": "purpose"}'),
             "exits": tools.run("exits", '{"code": 3}'),
@@ -93,8 +90,7 @@ def test_calls_run_in_a_worker_and_every_failure_is_a_result():
         assert results["bad json"].text.startswith("error: the arguments are not JSON")
         assert results["unknown"].text.startswith("error: there is no tool 'abacus'")
         assert "must be an integer" in results["wrong type"].text
-        assert not any(result.ok for name, result in results.items() if name != "prints")
-        assert all("\n" not in result.text for result in results.values())
+        assert not any(result.ok or "\n" in result.text for name, result in results.items() if name != "prints")
         # After the crash a fresh worker took over, and calls go on.
         assert tools.run("huge", '{"size": 100}').text == "x" * 100
         assert tools.run("structured", '{"flag": true}').text == json.dumps({"flag": True, "items": [1, 2]})

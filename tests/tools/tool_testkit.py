@@ -1,8 +1,6 @@
 """Tools that misbehave on purpose, for the toolbox tests. A plain module the worker imports by
 ``tool_testkit:<name>`` (pytest puts this folder on the path, and the worker inherits the path)."""
 
-from __future__ import annotations
-
 import os
 import subprocess
 import sys

@@ -1,7 +1,4 @@
-"""WandbLogger: mode resolution, what an offline run records (read back from its files, wandb_records.py:
-what `wandb sync` would upload), resume, and failing without harm."""
-
-from __future__ import annotations
+"""WandbLogger: mode resolution, what an offline run records (wandb_records.py), resume, failing harmlessly."""
 
 import os
 import shlex
@@ -31,7 +28,7 @@ def no_credentials(monkeypatch, tmp_path):
 
 
 def wandb_config(**kwargs):
-    from tracking.config import WandbConfig
+    from tracking.wandb_logger import WandbConfig
 
     return WandbConfig(**kwargs)
 
@@ -42,7 +39,6 @@ def write_netrc(path: Path, machine: str) -> Path:
     return path
 
 
-# ---------------------------------------------------------------------------------------------
 # Mode resolution (no wandb involved)
 
 
@@ -71,20 +67,16 @@ def test_the_mode_follows_the_config_the_environment_and_the_credentials(tmp_pat
     assert got == expected and (note is None if notes is None else all(n in note for n in notes)), note
 
 
-def test_netrc_location_follows_NETRC_and_the_server_host(tmp_path):
+def test_netrc_location_follows_NETRC_and_the_server_host_and_an_unknown_mode_is_refused(tmp_path):
     custom = write_netrc(tmp_path / "creds", "wandb.example.com")
     env = {"HOME": str(tmp_path), "NETRC": str(custom)}
     assert not has_credentials(env)
     assert has_credentials({**env, "WANDB_BASE_URL": "https://wandb.example.com:8443"})
     assert not has_credentials({"HOME": str(tmp_path), "WANDB_API_KEY": "  "})
-
-
-def test_unknown_mode_is_a_user_error():
     with pytest.raises(UserError, match="logging.wandb.mode must be one of"):
         resolve_mode("sometimes", {})
 
 
-# ---------------------------------------------------------------------------------------------
 # Real offline runs, read back
 
 
@@ -160,7 +152,6 @@ def test_resumed_run_continues_the_same_wandb_run(tmp_path, no_credentials, caps
     assert sorted(Path(f).parent.name for f in listed) == sorted(p.directory.name for p in pieces), done.stdout + done.stderr
 
 
-# ---------------------------------------------------------------------------------------------
 # Failing without harm
 
 
@@ -231,9 +222,7 @@ def test_non_main_ranks_and_disabled_mode_are_free(tmp_path):
         print("ok")
         """
     )
-    result = subprocess.run(
-        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60
-    )
+    result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout == "ok\n" and result.stderr == ""
 

@@ -14,8 +14,6 @@ a LevelDB-style log, as written by the wandb-core service:
 Other tests import this as ``from tests.tracking.wandb_records import read_offline_runs``.
 """
 
-from __future__ import annotations
-
 import glob
 import json
 import struct

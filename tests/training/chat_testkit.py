@@ -1,7 +1,5 @@
 """Small conversation files for the fine-tuning tests (generated, deterministic)."""
 
-from __future__ import annotations
-
 import copy
 import json
 import random

@@ -3,8 +3,6 @@ that preloaded this module (torch and the trainer). ``kill_at_write`` makes it S
 n-th atomic write, after the temporary file is written and before its rename (a checkpoint's most exposed
 moment)."""
 
-from __future__ import annotations
-
 import os
 import signal
 from typing import Any

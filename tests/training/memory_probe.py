@@ -6,8 +6,6 @@ optimizer state and the activations of a step. Arguments: a JSON object of GPTCo
 then one of TrainConfig fields (its batch_size is the micro-batch).
 """
 
-from __future__ import annotations
-
 import json
 import resource
 import sys

@@ -1,8 +1,6 @@
 """What the GRPO tests share: a reward an untrained model's replies already differ on (so its
 advantages are not all zero), and GRPO's loss written out by hand, which the product's is tested against."""
 
-from __future__ import annotations
-
 import torch
 
 

@@ -2,9 +2,6 @@
 evaluation stays fp32, and that a resume keeps the run's own precision (docs/training.md#precision;
 a bf16 run resuming exactly is a row of test_training_loop.py's resume table)."""
 
-from __future__ import annotations
-
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -15,7 +12,7 @@ import training.evaluate as evaluate_module
 import training.muon as muon_module
 from data.prepared.text import prepare_data
 from model.config import GPTConfig
-from model.gpt import GPT, RMSNorm
+from model.gpt import GPT, RMSNorm, sdpa
 from model.io import load_pretrained
 from rundir.checkpoint import load_trainer_state
 from test_rms_norm_cpu import backward_functions
@@ -71,20 +68,17 @@ def test_a_bf16_step_multiplies_in_bf16_and_keeps_norms_loss_weights_and_optimiz
     # Every matmul and what is computed from its output before it joins the residual stream: bf16.
     # Attention itself computes in fp32 on the CPU (model.gpt.sdpa: its bf16 kernels are the slow
     # ones), from bf16 inputs, and hands its output back in bf16.
-    assert ops.seen["linear"] == {torch.bfloat16}
-    assert ops.seen["scaled_dot_product_attention"] == {torch.float32}
+    assert ops.seen["linear"] == {torch.bfloat16} and ops.seen["scaled_dot_product_attention"] == {torch.float32}
     activations = [op for op in ("silu", "sigmoid") if op in ops.seen]
     assert activations and all(ops.seen[op] == {torch.bfloat16} for op in activations)
     assert logits.dtype == torch.bfloat16
     # The embeddings and the residual stream they start: fp32 (an fp32 + bf16 sum is fp32).
-    assert ops.seen["embedding"] == {torch.float32}
-    assert block_out and set(block_out) == {torch.float32}
+    assert ops.seen["embedding"] == {torch.float32} and block_out and set(block_out) == {torch.float32}
     # Every norm computes in fp32 and takes the fused CPU backward: those on the residual stream
     # read and give fp32; those inside attention read a matmul's bf16 and give it back in bf16.
     assert norm_io
     for name, (dtype_in, out) in norm_io.items():
-        assert "RMSNormCPUFunctionBackward" in backward_functions(out), name
-        assert out.dtype == dtype_in, name
+        assert "RMSNormCPUFunctionBackward" in backward_functions(out) and out.dtype == dtype_in, name
         assert (dtype_in == torch.float32) == (name.startswith("blocks.") and name.endswith(("attn_norm", "ffn_norm"))
                                                or name == "norm"), name
     # The loss is autocast's fp32 cross-entropy of the bf16 logits: the logits are rounded, the
@@ -98,8 +92,6 @@ def test_a_bf16_step_multiplies_in_bf16_and_keeps_norms_loss_weights_and_optimiz
 
 
 def test_attention_under_cpu_autocast_computes_in_fp32_and_nowhere_else():
-    from model.gpt import sdpa
-
     q, k, v = (torch.randn(2, 2, 8, 16, generator=torch.Generator().manual_seed(i)).bfloat16() for i in range(3))
     exact = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
     with OutputDtypes() as under_autocast, autocast(CPU, torch.bfloat16):
@@ -114,26 +106,6 @@ def test_attention_under_cpu_autocast_computes_in_fp32_and_nowhere_else():
     assert torch.equal(sdpa(q.float(), k.float(), v.float(), is_causal=True), exact)
 
 
-@pytest.mark.parametrize("optimizer", ["muon", "adamw"])
-def test_a_bf16_run_steps_its_optimizer_in_fp32(monkeypatch, make_config, tmp_path, optimizer):
-    iterated = []
-    original = muon_module.orthogonalize
-
-    def spy(matrices, *args, **kwargs):
-        # The Newton-Schulz iteration: its input, and whether autocast would round its matmuls.
-        iterated.append((matrices.dtype, torch.is_autocast_enabled("cpu")))
-        return original(matrices, *args, **kwargs)
-
-    monkeypatch.setattr(muon_module, "orthogonalize", spy)
-    train(make_config(train={"optimizer": optimizer, "precision": "bf16", "max_steps": 2}, eval={"interval": 0}),
-          progress=False)
-    assert (set(iterated) == {(torch.float32, False)}) == (optimizer == "muon")
-    state = load_trainer_state(tmp_path / "run")
-    assert {v.dtype for v in state["model"].values()} == {torch.float32}
-    moments = [v for v in tensors_in(state["optimizer"]) if v.dim()]  # moments and momenta, not step counts
-    assert moments and {v.dtype for v in moments} == {torch.float32}
-
-
 def tensors_in(value) -> list[torch.Tensor]:
     if torch.is_tensor(value):
         return [value]
@@ -141,22 +113,34 @@ def tensors_in(value) -> list[torch.Tensor]:
     return [t for item in items for t in tensors_in(item)]
 
 
-def test_a_bf16_run_is_evaluated_in_fp32(make_config, tmp_path, monkeypatch):
-    # Proved by the dtypes the evaluation's arithmetic ran in and by its score, not by a bf16-fp32
+@pytest.mark.parametrize("optimizer", ["muon", "adamw"])
+def test_a_bf16_run_steps_its_optimizer_and_is_evaluated_in_fp32(monkeypatch, make_config, tmp_path, optimizer):
+    # The evaluation is proved by the dtypes its arithmetic ran in and by its score, not by a bf16-fp32
     # gap in the score, which some CPUs' kernels round away.
-    evaluations, original = [], evaluate_module.score_batches
+    iterated, evaluations = [], []
+    orthogonalize, score_batches = muon_module.orthogonalize, evaluate_module.score_batches
 
-    def spy(*args, **kwargs):
+    def spy_orthogonalize(matrices, *args, **kwargs):
+        # The Newton-Schulz iteration: its input, and whether autocast would round its matmuls.
+        iterated.append((matrices.dtype, torch.is_autocast_enabled("cpu")))
+        return orthogonalize(matrices, *args, **kwargs)
+
+    def spy_score_batches(*args, **kwargs):
         with OutputDtypes() as ops:
-            result = original(*args, **kwargs)
+            result = score_batches(*args, **kwargs)
         evaluations.append(ops.seen["linear"])
         return result
 
-    monkeypatch.setattr(evaluate_module, "score_batches", spy)
-    config = make_config(train={"precision": "bf16", "max_steps": 6}, eval={"interval": 3})
+    monkeypatch.setattr(muon_module, "orthogonalize", spy_orthogonalize)
+    monkeypatch.setattr(evaluate_module, "score_batches", spy_score_batches)
+    config = make_config(train={"optimizer": optimizer, "precision": "bf16", "max_steps": 6}, eval={"interval": 3})
     result = train(config, progress=False)
     monkeypatch.undo()
-    assert load_trainer_state(tmp_path / "run")["precision"] == "bf16"
+    assert (set(iterated) == {(torch.float32, False)}) == (optimizer == "muon")
+    state = load_trainer_state(tmp_path / "run")
+    assert state["precision"] == "bf16" and {v.dtype for v in state["model"].values()} == {torch.float32}
+    moments = [v for v in tensors_in(state["optimizer"]) if v.dim()]  # moments and momenta, not step counts
+    assert moments and {v.dtype for v in moments} == {torch.float32}
     assert len(evaluations) >= 3 and all(seen == {torch.float32} for seen in evaluations)  # steps 3 and 6, final
     # The final pass scored the kept weights (model.safetensors) over final_max_batches batches.
     kept = load_pretrained(tmp_path / "run")
@@ -182,8 +166,7 @@ def test_auto_resumes_in_the_runs_own_precision_on_a_cpu_that_would_choose_anoth
     resumed = train(broken, resume=True, progress=False)
     assert resumed.val_loss == pytest.approx(expected.val_loss, abs=1e-6)
     state = load_trainer_state(tmp_path / "broken")
-    assert state["precision"] == "fp32"
-    assert max_weight_diff(load_trainer_state(tmp_path / "straight")["model"], state["model"]) == 0.0
+    assert state["precision"] == "fp32" and max_weight_diff(load_trainer_state(tmp_path / "straight")["model"], state["model"]) == 0.0
     # An explicit setting is obeyed on resume, and saved as the run's own from then on.
     longer = make_config(tmp_path / "broken", **{**sections, "train": {"precision": "bf16", "max_steps": 7}})
     train(longer, resume=True, progress=False)

@@ -2,8 +2,6 @@
 checkpoint writes) and resumed each time ends with exactly the weights of an uninterrupted run,
 and after every kill each file in the run directory loads."""
 
-from __future__ import annotations
-
 import copy
 import multiprocessing
 import os
@@ -36,11 +34,8 @@ def _raw(base_raw: dict, out_dir: Path) -> dict:
 
 
 def _forkserver(monkeypatch: pytest.MonkeyPatch):
-    """A forkserver that has imported torch and the trainer once; every attempt forks from it.
-
-    The server is a fresh interpreter that finds modules through PYTHONPATH (it inherits the
-    environment, not sys.path), and it never runs a torch op, so forking it is safe.
-    """
+    """A forkserver that has imported torch and the trainer once; every attempt forks from it. A fresh
+    interpreter, it finds modules through PYTHONPATH and never runs a torch op, so forking it is safe."""
     here = Path(__file__).resolve().parent
     paths = [str(here.parents[1]), str(here), os.environ.get("PYTHONPATH", "")]
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in paths if p))
@@ -82,10 +77,6 @@ def _check_every_file_loads(out: Path) -> None:
         load_tokenizer(out / "tokenizer.json")
 
 
-def _weights(out: Path) -> dict[str, torch.Tensor]:
-    return load_pretrained(out).state_dict()
-
-
 @pytest.mark.e2e  # whole runs killed at random moments and resumed: the slowest of the default suite
 def test_sigkill_at_random_moments_then_resume_equals_an_uninterrupted_run(base_raw, tmp_path, monkeypatch):
     ctx = _forkserver(monkeypatch)
@@ -111,7 +102,7 @@ def test_sigkill_at_random_moments_then_resume_equals_an_uninterrupted_run(base_
     assert _run(ctx, raw) == 0
     assert by_write >= KILLS // 4
 
-    ref, got = _weights(reference), _weights(out)
+    ref, got = load_pretrained(reference).state_dict(), load_pretrained(out).state_dict()
     assert ref.keys() == got.keys() and all(torch.equal(ref[k], got[k]) for k in ref)
     steps = [r["step"] for r in read_metrics(out / "metrics.jsonl") if r["kind"] == "train"]
     assert steps == list(range(1, MAX_STEPS + 1))

@@ -1,24 +1,27 @@
 """Direct preference optimisation: the loss against a direct computation, and a DPO run from a
 trained parent that learns the preference, logs TRL's metric names and resumes exactly."""
 
-from __future__ import annotations
-
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from chat_testkit import preference_file
 import training.cli as train_cli
+import training.tasks.dpo.task as dpo_task
+from chat_testkit import preference_file
+from common.config import merged
 from common.errors import UserError
 from model.config import GPTConfig
 from model.gpt import GPT
 from model.io import load_pretrained
 from rundir.metrics import read_metrics
+from training.config import LoraConfig, config_from_dict, config_to_dict
 from training.distributed import init_distributed
+from training.lora import LoraAdapters, LowRankDelta, TrainedRows, parametrized
 from training.tasks.dpo.loss import accumulate_dpo_gradients, reply_logps
-from training.tasks.reference import FrozenReference
+from training.tasks.reference import AdaptersOffReference, FrozenReference
 from training.trainer import Trainer, train
 
 VOCAB = 40
@@ -127,9 +130,6 @@ DPO_REFUSALS = [
 
 @pytest.mark.parametrize("sections, expected", DPO_REFUSALS)
 def test_dpo_refusals(sections, expected):
-    from common.config import merged
-    from training.config import config_from_dict
-
     raw = {"train": {"max_steps": 1, "init_from": "p"}, "data": {"format": "preference", "source": "files",
                                                                  "files": {"paths": ["p.jsonl"]}}}
     with pytest.raises(UserError) as error:
@@ -163,8 +163,8 @@ def test_dpo_learns_the_preference_logs_trl_names_and_resumes_exactly(dpo_config
     first = next(r for r in records if r["kind"] == "train")
     # The policy starts as the reference: every reward is 0 and the loss is -log σ(0) = log 2.
     assert first["step"] == 1 and first["loss"] == pytest.approx(math.log(2), abs=1e-6)
-    assert first["rewards/chosen"] == 0 and first["rewards/rejected"] == 0 and first["rewards/margins"] == 0
-    assert first["rewards/accuracies"] == 0 and first["beta"] == 0.5
+    assert [first[f"rewards/{key}"] for key in ("chosen", "rejected", "margins", "accuracies")] == [0, 0, 0, 0]
+    assert first["beta"] == 0.5
     final = next(r for r in records if r["kind"] == "final_eval")
     # Held out: every pair of the split, scored after training on the others.
     assert final["val_rewards/accuracies"] >= 0.9 and final["val_rewards/margins"] > 0
@@ -182,9 +182,9 @@ def test_dpo_learns_the_preference_logs_trl_names_and_resumes_exactly(dpo_config
     train(dpo_config(tmp_path / "resumed", max_steps=4), progress=False)
     resumed = train(dpo_config(tmp_path / "resumed"), resume=True, progress=False)
     assert resumed.step == whole.step == 8
-    a, b = load_pretrained(tmp_path / "whole"), load_pretrained(tmp_path / "resumed")
-    for name, tensor in a.state_dict().items():
-        torch.testing.assert_close(b.state_dict()[name], tensor, rtol=0, atol=1e-6, msg=name)
+    b = load_pretrained(tmp_path / "resumed").state_dict()
+    for name, tensor in load_pretrained(tmp_path / "whole").state_dict().items():
+        torch.testing.assert_close(b[name], tensor, rtol=0, atol=1e-6, msg=name)
     assert resumed.val_loss == pytest.approx(whole.val_loss, abs=1e-6)
 
 
@@ -195,27 +195,17 @@ def test_a_handful_of_pairs_is_warned_about_as_a_small_corpus_is(make_config, pa
                                                  "val_fraction": 0.2},
                          train={"init_from": str(parent_run), "max_steps": 16, "batch_size": 4, "grad_accum_steps": 2},
                          eval={"interval": 0, "max_batches": 1, "sample_tokens": 0, "final_max_batches": None})
+    assert config_to_dict(config)["dpo"] == {"beta": 0.1, "rpo_alpha": 0.0}  # no dpo section: its defaults, saved
     result = train(config, progress=False)
     said = capsys.readouterr().out.splitlines()
     held_out = [line for line in said if line.startswith("warning: only ")]
     assert held_out and "held-out pairs: rewards/accuracies moves in steps of" in held_out[0]
-    pairs = round(16 * 8 / result.epochs)
-    assert result.epochs > 10 and pairs < 12
+    assert result.epochs > 10 and (pairs := round(16 * 8 / result.epochs)) < 12
     assert (f"warning: the budget is about {result.epochs:.0f} epochs of the {pairs} training pairs: DPO learns so "
             "few pairs by heart") in "\n".join(said)
 
 
-def test_a_preference_run_saves_its_dpo_defaults(make_config, parent_run, tmp_path):
-    from training.config import config_to_dict
-
-    pairs = make_config(tmp_path / "pairs", data={"format": "preference", "files": {"paths": ["p.jsonl"]}},
-                        train={"init_from": str(parent_run)})
-    assert config_to_dict(pairs)["dpo"] == {"beta": 0.1, "rpo_alpha": 0.0}  # what the run's config.yaml says
-
-
 def test_fsdp_is_refused_before_any_data_is_read(dpo_config, tmp_path, monkeypatch):
-    import training.tasks.dpo.task as dpo_task
-
     monkeypatch.setattr(dpo_task, "prepare_preference_data", lambda *a, **k: pytest.fail("read the data"))
     config = dpo_config(tmp_path / "run", parallel="fsdp")
     with pytest.raises(UserError, match="data.format: preference trains with train.parallel: ddp"):
@@ -223,14 +213,8 @@ def test_fsdp_is_refused_before_any_data_is_read(dpo_config, tmp_path, monkeypat
 
 
 def test_a_lora_policy_with_its_adapters_off_is_the_frozen_reference():
-    """A LoRA DPO run holds no second model: its policy with the adapters off gives the parent's
-    log-probabilities, though the adapters have moved it."""
-    from types import SimpleNamespace
-
-    from training.config import LoraConfig
-    from training.lora import LoraAdapters, LowRankDelta, TrainedRows, parametrized
-    from training.tasks.reference import AdaptersOffReference
-
+    # A LoRA DPO run holds no second model: its policy with the adapters off gives the parent's
+    # log-probabilities, though the adapters have moved it.
     parent, policy = _model(), _model()
     adapters = LoraAdapters(LoraConfig(rank=2, trainable_tokens=["<|end|>"]))
     adapters.apply(policy, SimpleNamespace(token_to_id={"<|end|>": 3}.get))

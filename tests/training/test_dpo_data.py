@@ -1,18 +1,19 @@
 """Reply pairs for DPO: both of TRL's shapes, rendered as the whole conversation with the loss on the reply,
 cut to fit the window, bad rows refused in one line naming the row, batches chosen-then-rejected, the cache reused."""
 
-from __future__ import annotations
-
 import json
 import re
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
+import training.tasks.dpo.prepared as module
+from common.errors import DataError
 from data.chat import Message, render_chat
 from data.config import DataConfig, FilesSourceConfig
-from data.errors import DataError
 from run_testkit import chat_tokenizer
 from training.tasks.dpo.batches import PreferenceBatches, collate_pairs
 from training.tasks.dpo.pairs import PreferencePair, pair_from_row
@@ -100,22 +101,26 @@ def test_training_batches_resume_exactly_and_cover_every_pair_once_an_epoch(toke
     assert 0 <= batches.padding_fraction < 1
 
 
-def test_an_entry_is_built_once_and_reused(tmp_path, tokenizer, monkeypatch):
+def test_an_entry_is_built_once_and_reused_and_a_json_array_reads_as_its_items(tmp_path, tokenizer, monkeypatch):
     path = tmp_path / "pairs.jsonl"
     rows = [_pair(chosen=f"answer {i}.", rejected="no " * (i % 4 + 1)).to_row() for i in range(30)]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     first = _prepared(tmp_path, tokenizer, path)
     assert len(first.train) + len(first.val) == 30 and len(first.val) > 0
-    import training.tasks.dpo.prepared as module
-
     monkeypatch.setattr(module, "load_preferences", lambda *a, **k: pytest.fail("read the pairs again"))
     again = _prepared(tmp_path, tokenizer, path)
-    assert again.directory == first.directory
-    assert again.train.chosen.ids.tolist() == first.train.chosen.ids.tolist()
+    assert again.directory == first.directory and again.train.chosen.ids.tolist() == first.train.chosen.ids.tolist()
     assert again.val.rejected.mask.tolist() == first.val.rejected.mask.tolist()
+    monkeypatch.undo()
+    array = tmp_path / "array" / "pairs.jsonl"  # the same name: the rows' ids hold it
+    array.parent.mkdir()
+    array.write_text(json.dumps(rows, indent=2), encoding="utf-8")
+    items = _prepared(tmp_path / "array", tokenizer, array)
+    assert items.train.chosen.ids.tolist() == first.train.chosen.ids.tolist() and len(items.val) == len(first.val)
+    array.write_text(json.dumps([*rows[:3], "oops"]), encoding="utf-8")
+    assert f"{array} item 4: a JSON string, not an object" in _refusal(tmp_path, tokenizer, array, 64)
 
 
-# --------------------------------------------------------------------------------------------
 # Preference files as a hostile user writes them: every case names the file and its 1-based line
 # (or, for the whole file, the file) and says what is wrong, in one line.
 
@@ -187,19 +192,6 @@ def test_a_pair_too_long_for_the_window_blames_the_part_that_is(tmp_path, tokeni
     assert message.endswith(shorten)
 
 
-def test_a_file_of_one_json_array_reads_as_its_items(tmp_path, tokenizer):
-    rows = [_pair(chosen=f"answer {i}.").to_row() for i in range(12)]
-    (tmp_path / "lines").mkdir()
-    (tmp_path / "array").mkdir()
-    lines, array = tmp_path / "lines" / "pairs.jsonl", tmp_path / "array" / "pairs.jsonl"  # ids hold the name
-    lines.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    array.write_text(json.dumps(rows, indent=2), encoding="utf-8")
-    a, b = (_prepared(tmp_path / name, tokenizer, path) for name, path in (("a", lines), ("b", array)))
-    assert a.train.chosen.ids.tolist() == b.train.chosen.ids.tolist() and len(a.val) == len(b.val)
-    array.write_text(json.dumps([*rows[:3], "oops"]), encoding="utf-8")
-    assert f"{array} item 4: a JSON string, not an object" in _refusal(tmp_path, tokenizer, array, 64)
-
-
 def _config(cache: Path, path: Path) -> DataConfig:
     return DataConfig(source="files", format="preference", cache_dir=str(cache), val_fraction=0.2,
                       files=FilesSourceConfig(paths=[str(path)]))
@@ -221,9 +213,6 @@ def _refusal(folder: Path, tokenizer, path: Path, block_size: int) -> str:
 
 
 def test_a_bad_row_of_a_parquet_file_is_named_by_its_1_based_row(tmp_path, tokenizer):
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     rows = [{"prompt": "Hi", "chosen": "a", "rejected": "b"}] * 3 + [{"prompt": "Hi", "chosen": None, "rejected": "b"}]
     path = tmp_path / "pairs.parquet"
     pq.write_table(pa.Table.from_pylist(rows), path)

@@ -3,8 +3,6 @@ equal TRL's ``DPOTrainer.evaluate`` (one pair at a time) in fp32 within 1e-5, an
 its RPO (``loss_type=["sigmoid", "sft"]``, ``loss_weights=[1, α]``). TRL renders the pairs with the
 export's chat template, we with ``data.chat``: the two must agree token for token."""
 
-from __future__ import annotations
-
 from pathlib import Path
 
 import pytest

@@ -2,8 +2,6 @@
 mount one, and a patched write everywhere), a read-only filesystem, a run directory under a file.
 Each is one line naming the path and the fix, exit 2, and the last checkpoint still loads."""
 
-from __future__ import annotations
-
 import errno
 import os
 import subprocess
@@ -20,8 +18,7 @@ from training.trainer import train
 
 
 def _one_error_line(proc: subprocess.CompletedProcess) -> str:
-    assert proc.returncode == 2, proc.stderr
-    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     lines = [line for line in proc.stderr.strip().splitlines() if line.startswith("error:")]
     assert len(lines) == 1, proc.stderr
     return lines[0]
@@ -57,8 +54,7 @@ def test_real_full_disk_during_a_checkpoint_and_during_resume(base_raw, tmp_path
     out = disk / "run"
     line = _one_error_line(_train(base_raw, out, 4))
     assert "No space left on device" in line and "the disk is full" in line and str(disk) in line
-    assert load_trainer_state(out)["step"] == 2
-    assert not list(out.glob(".*.tmp"))
+    assert load_trainer_state(out)["step"] == 2 and not list(out.glob(".*.tmp"))
 
     with open(disk / "filler", "wb") as f:  # take the rest, so even the metrics rewrite fails
         try:
@@ -68,8 +64,7 @@ def test_real_full_disk_during_a_checkpoint_and_during_resume(base_raw, tmp_path
         except OSError as e:
             assert e.errno == errno.ENOSPC
     line = _one_error_line(_train(base_raw, out, 4, "--resume"))
-    assert "No space left on device" in line
-    assert load_trainer_state(out)["step"] == 2
+    assert "No space left on device" in line and load_trainer_state(out)["step"] == 2
 
 
 @pytest.mark.e2e
@@ -87,10 +82,9 @@ def test_run_dir_under_a_file_is_one_line(base_raw, tmp_path, capsys, monkeypatc
 
 
 def test_full_disk_while_appending_metrics_is_one_line_and_keeps_the_checkpoint(make_config, monkeypatch, capsys):
-    """The same fault with a patched write, for machines where no tmpfs can be mounted."""
+    # The same fault with a patched write, for machines where no tmpfs can be mounted.
     config = make_config(train={"max_steps": 2}, eval={"interval": 0, "sample_tokens": 0})
     train(config, progress=False)
-    real_write = os.write
 
     def full(fd, data):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -99,7 +93,7 @@ def test_full_disk_while_appending_metrics_is_one_line_and_keeps_the_checkpoint(
     save_config(make_config(train={"max_steps": 4}, eval={"interval": 0, "sample_tokens": 0}), config_file)
     monkeypatch.setattr(metrics_module.os, "write", full)
     code = train_cli.main(["--config", str(config_file), "--resume", "--no-progress"])
-    monkeypatch.setattr(metrics_module.os, "write", real_write)
+    monkeypatch.undo()
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "No space left on device" in err[0] and "the disk is full" in err[0]
     assert load_trainer_state(config.out_dir)["step"] == 2

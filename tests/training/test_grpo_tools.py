@@ -25,7 +25,7 @@ from run_testkit import TOOL_QUESTIONS
 from tools.calculator import calculator
 from training.config import config_from_dict, with_parent
 from training.tasks.grpo.loss import Rollout, accumulate_grpo_gradients, target_logps
-from training.tasks.grpo.rewards import tool_answer_correct, tool_format
+from training.tasks.grpo.rewards import tool_answer_correct, tool_format, tool_when_needed
 from training.tasks.grpo.rollout import (Completion, Sampler, ToolLoop, call_counts, collate_completions,
                                           tool_metrics)
 from training.trainer import train
@@ -171,6 +171,67 @@ def test_tool_rewards_read_the_reply_written_out(reply, scores):
     assert (tool_answer_correct("", reply, row), tool_format("", reply, row)) == scores
 
 
+SPEECH = {"question": "Who's there?", "needs_tool": False}  # a plays row: no answer to check
+ASKED = {"question": "What is 12*34?", "answer": "408", "needs_tool": True}
+
+
+@pytest.mark.parametrize("reply, row, scores", [  # (tool_when_needed, tool_answer_correct, tool_format)
+    (written(["12*34"], ["408"]), ASKED, (1.0, 1.0, 1.0)),
+    ("408", ASKED, (0.0, 1.0, 0.0)),  # right, but from its head: the call was needed
+    (written(["12*34"], ["408"], "407"), ASKED, (1.0, 0.0, 1.0)),
+    ("Nay, answer me: stand, and unfold yourself.", SPEECH, (1.0, 0.0, 0.0)),
+    (written(["12*34"], ["408"], "Long live the king!"), SPEECH, (0.0, 0.0, 0.0)),  # a call nobody asked for
+    ('<|call|>calculator{"expression":"1', SPEECH, (0.0, 0.0, 0.0)),
+    (written(["12*34"], ["408"]), {"answer": "408"}, (1.0, 1.0, 1.0)),  # the arithmetic task's rows need it
+    ("408", {"answer": "408"}, (0.0, 1.0, 0.0)),
+], ids=["called-where-needed", "no-call-where-needed", "called-wrong-answer", "speech-without-a-call",
+        "speech-with-a-call", "speech-begins-a-call", "arithmetic-row-called", "arithmetic-row-not-called"])
+def test_a_call_is_rewarded_exactly_where_the_question_needs_one(reply, row, scores):
+    assert (tool_when_needed("", reply, row), tool_answer_correct("", reply, row), tool_format("", reply, row)) == scores
+
+
+MIXED = {"seed": 0, "digits": 2, "operations": "+-*/", "max_terms": 3, "parentheses": True, "words": True,
+         "max_exchanges": 3, "plays_share": 0.5}
+
+
+def test_the_calculator_prompts_ask_at_every_turn_among_the_plays_held_out_as_the_plays_are(tool_run_dir):
+    from data.sources.shakespeare_chat import shakespeare_chat
+    from data.tokenizer import load_tokenizer
+    from training.tasks.grpo.config import CalculatorTaskConfig
+    from training.tasks.grpo.prompts import prepare_calculator_prompts
+
+    tokenizer = load_tokenizer(tool_run_dir / "tokenizer.json")
+    cfg = CalculatorTaskConfig(**MIXED, train_problems=60, val_problems=20)
+
+    def prepared(window: int, reply: int):
+        return prepare_calculator_prompts(tool_run_dir / "tokenizer.json", cfg, train_problems=60, val_problems=20,
+                                          val_fraction=0.1, split_seed=1234, window=window, reply=reply)
+
+    whole = prepared(4096, 0)
+    plays_train, plays_val, _ = shakespeare_chat(0.1, 1234)
+    for split, problems, plays in ((whole.train, 60, plays_train), (whole.val, 20, plays_val)):
+        texts = [tokenizer.decode(ids, skip_special_tokens=False) for ids in split.prompts]
+        assert all(t.endswith(f"<|user|>{q}<|end|><|assistant|>") for t, q in zip(texts, split.questions))
+        assert [r["question"] for r in split.rows] == split.questions
+        assert sum(r["needs_tool"] for r in split.rows) == problems
+        # The plays' speeches, from their split only, with no answer; questions after earlier exchanges.
+        speeches = [r for r in split.rows if not r["needs_tool"]]
+        assert speeches and all("answer" not in r for r in speeches)
+        assert {r["question"] for r in speeches} <= {m.content for c in plays for m in c if m.role == "user"}
+        later = [t for t, r in zip(texts, split.rows) if r["needs_tool"] and "<|call|>" in t]
+        assert later and any("<|system|>" in t for t, r in zip(texts, split.rows) if r["needs_tool"])
+    # A small window drops the oldest exchanges as a chat does, to leave a whole reply room; every question stays.
+    for reply in (0, 128):
+        cut = prepared(256, reply)
+        assert max(len(p) for p in cut.train.prompts + cut.val.prompts) <= 255
+    kept = dict(zip(cut.train.questions + cut.val.questions, cut.train.prompts + cut.val.prompts))
+    assert {r["question"] for r in whole.train.rows + whole.val.rows if r["needs_tool"]} <= kept.keys()
+    shortened = [kept[q] for q, p in zip(whole.train.questions + whole.val.questions,
+                                         whole.train.prompts + whole.val.prompts) if q in kept and len(kept[q]) < len(p)]
+    user = ChatTokenIds.of(tokenizer).role["user"]
+    assert shortened and all(len(p) <= 256 - 128 or p.count(user) == 1 for p in shortened)  # or nothing left to drop
+
+
 # --------------------------------------------------------------------------------------------
 # Completions sampled with the calculator
 
@@ -222,7 +283,8 @@ def test_every_tool_metric_has_its_value_on_hand_made_completions():
 # Runs
 
 
-CALCULATOR = {"seed": 0, "train_problems": 40, "val_problems": 6, "digits": 2, "operations": "+-*", "max_terms": 2}
+# The test run learned three questions by heart: a seed whose held-out samples it answers with calls that run.
+CALCULATOR = {"seed": 4, "train_problems": 40, "val_problems": 6, "digits": 2, "operations": "+-*", "max_terms": 2}
 
 
 @pytest.fixture
@@ -273,19 +335,55 @@ def test_an_rl_run_with_the_calculator_logs_tool_metrics_and_resumes_exactly(too
     assert [r["reward"] for r in resumed if r["kind"] == "train"] == [r["reward"] for r in steps]
 
 
+def test_held_out_pass_at_k_counts_the_questions_and_the_speeches_count_the_calls_nobody_asked_for(
+        tool_rl_config, tool_run, tmp_path):
+    from training.distributed import DistContext
+    from training.tasks.grpo.prompts import PromptSplit
+    from training.tasks.task import prepare_task
+    from training.trainer import adapters_for
+
+    config = tool_rl_config(tmp_path / "run", rl={"temperature": 0.1})  # nearly greedy: greedy decoding checks it
+    task = prepare_task(config, config.parent.tokenizer_file, progress=False, is_main=True, device=torch.device("cpu"),
+                        adapters=adapters_for(config.train))
+    asked = [([Message("user", f"What is {q}?")], {"question": f"What is {q}?", "answer": calculator(q),
+                                                   "needs_tool": True}) for q in TOOL_QUESTIONS]
+    spoken = [([Message("system", "You are HAMLET in Hamlet."), Message("user", speech)],
+               {"question": speech, "needs_tool": False}) for speech in ("Who's there?", "Speak!", "What is 99-45")]
+
+    def split(items) -> PromptSplit:
+        return PromptSplit([render_chat(tool_run.tokenizer, m, add_generation_prompt=True).ids for m, _ in items],
+                           [m[-1].content for m, _ in items], [row for _, row in items])
+
+    def evaluate(items) -> dict:
+        task.prepared.val = split(items)
+        return task.evaluate(tool_run.model, batch_size=8, max_batches=None, device=torch.device("cpu"), amp=None,
+                             ctx=DistContext(), progress=False).metrics
+
+    mixed, alone = evaluate(asked[:2] + spoken + asked[2:]), evaluate(asked)
+    assert mixed["pass@1"] == alone["pass@1"] > 0 and "tools/unneeded_call_ratio" not in alone
+    replies = task.sampler.decode(tool_run.model, split(spoken).prompts, GREEDY)
+    called = sum("<|call|>" in r.text for r in replies) / len(replies)
+    assert 0 < called < 1 and mixed["tools/unneeded_call_ratio"] == pytest.approx(called, abs=1e-12)
+
+
 def test_the_shipped_tools_rl_config_reads_and_holds_out_the_sft_runs_held_out_problems(tool_run_dir):
-    from data.config import CalculatorSourceConfig
-    from data.sources.tool_arithmetic import calculator_conversations, tool_problems
+    from data.sources.tool_arithmetic import calculator_conversations
     from training.config import load_run_config
+    from training.tasks.grpo.prompts import prepare_calculator_prompts
 
     root = Path(__file__).parents[2]
-    rl = load_run_config(root / "configs" / "tiny-tools-rl.yaml",
-                         [f"train.init_from={tool_run_dir}", "run.out_dir=unused"]).rl
-    assert (rl.task, rl.tools, rl.rewards) == ("calculator", ["calculator"], ["tool_answer_correct", "tool_format"])
+    config = load_run_config(root / "configs" / "tiny-tools-rl.yaml",
+                             [f"train.init_from={tool_run_dir}", "run.out_dir=unused"])
+    rl = config.rl
+    assert (rl.task, rl.tools) == ("calculator", ["calculator"])
+    assert rl.rewards == ["tool_answer_correct", "tool_format", "tool_when_needed"]
     sft = load_run_config(root / "configs" / "tiny-tools.yaml",
                           [f"train.init_from={tool_run_dir}", "run.out_dir=unused"]).data
-    _, held_out = calculator_conversations(sft.calculator, sft.val_fraction)
-    settings = {k: v for k, v in vars(rl.calculator).items() if k not in ("train_problems", "val_problems")}
-    drawn = tool_problems(CalculatorSourceConfig(**settings, conversations=sft.calculator.conversations),
-                          rl.calculator.val_problems)
-    assert [p.question for p in drawn] == [c[0].content for c in held_out]
+    train, held_out = calculator_conversations(sft.calculator, sft.val_fraction, sft.split_seed)
+    prompts = prepare_calculator_prompts(tool_run_dir / "tokenizer.json", rl.calculator, window=4096, reply=0,
+                                         train_problems=rl.calculator.train_problems,
+                                         val_problems=rl.calculator.val_problems,
+                                         val_fraction=config.data.val_fraction, split_seed=config.data.split_seed)
+    # Every question of the SFT run's conversations is a prompt, held out exactly where the SFT run holds it out.
+    asked = lambda conversations: [m.content for c in conversations for m in c if m.role == "user"]  # noqa: E731
+    assert prompts.val.questions == asked(held_out) and prompts.train.questions == asked(train)

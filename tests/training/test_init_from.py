@@ -1,7 +1,5 @@
 """train.init_from: a run that starts from another run's weights, shape and tokenizer."""
 
-from __future__ import annotations
-
 import copy
 import json
 import shutil
@@ -9,11 +7,15 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
+import train as train_cli
+import training.init_from as init_from_module
 from common.errors import UserError
+from data.prepared.text import prepare_data
 from data.tokenizer import train_tokenizer
 from model.io import load_pretrained
-from training.config import config_from_dict, with_parent
+from training.config import config_from_dict, load_run_config, with_parent
 from training.distributed import init_distributed
 from training.trainer import Trainer, train
 
@@ -24,27 +26,8 @@ def _setup(config):
     return trainer
 
 
-def test_init_from_loads_the_parents_weights_exactly_and_records_it(make_config, parent_run, tmp_path):
-    # No model section at all: the parent's shape is used.
-    config = make_config(train={"init_from": str(parent_run)})
-    trainer = _setup(config)
-    parent = load_pretrained(parent_run)
-    assert trainer.model.config == parent.config
-    for name, tensor in parent.state_dict().items():
-        assert torch.equal(trainer.model.state_dict()[name], tensor), name
-    # Fresh optimizer and step; the tokenizer is the parent's, byte for byte; the parent is recorded.
-    assert trainer.step == 0 and not trainer.optimizer.state
-    assert (tmp_path / "run" / "tokenizer.json").read_bytes() == (parent_run / "tokenizer.json").read_bytes()
-    record = json.loads((tmp_path / "run" / "parent.json").read_text())
-    assert record["init_from"] == str(parent_run.resolve())
-    # Continued pretraining tokenizes its data with the parent's tokenizer: none is trained.
-    assert trainer.task.prepared.tokenizer_path.read_bytes() == (parent_run / "tokenizer.json").read_bytes()
-    trainer.logger.finish()
-
-
-def test_the_parent_run_is_found_once_and_travels_with_the_config(make_config, parent_run, monkeypatch, tmp_path):
-    import training.init_from as init_from_module
-
+def test_init_from_loads_the_parents_weights_exactly_and_records_the_parent_found_once(make_config, parent_run,
+                                                                                        monkeypatch, tmp_path):
     found = []
     find = init_from_module.find_parent
     monkeypatch.setattr(init_from_module, "find_parent", lambda where: found.append(where) or find(where))
@@ -55,6 +38,17 @@ def test_the_parent_run_is_found_once_and_travels_with_the_config(make_config, p
     assert found == [str(parent_run)] and config.parent.directory == parent_run
     trainer = _setup(config)
     assert len(found) == 1 and trainer.parent is config.parent  # the trainer did not look again
+    parent = load_pretrained(parent_run)
+    assert trainer.model.config == parent.config
+    for name, tensor in parent.state_dict().items():
+        assert torch.equal(trainer.model.state_dict()[name], tensor), name
+    # Fresh optimizer and step; the tokenizer is the parent's, byte for byte, and continued pretraining
+    # tokenizes its data with it (none is trained); the parent is recorded.
+    assert trainer.step == 0 and not trainer.optimizer.state
+    tokenizer = (parent_run / "tokenizer.json").read_bytes()
+    assert (tmp_path / "run" / "tokenizer.json").read_bytes() == tokenizer
+    assert trainer.task.prepared.tokenizer_path.read_bytes() == tokenizer
+    assert json.loads((tmp_path / "run" / "parent.json").read_text())["init_from"] == str(parent_run.resolve())
     trainer.logger.finish()
     # The resolved parent is no key of the saved config: train.init_from says it.
     saved = (tmp_path / "run" / "config.yaml").read_text()
@@ -96,33 +90,22 @@ def _snapshot(directory: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(directory.iterdir()) if p.is_file()}
 
 
-def _write_config(path: Path, raw: dict) -> Path:
-    import yaml
-
-    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
-    return path
-
-
 @pytest.mark.parametrize("spelling", ["runs/tiny", "./runs/tiny/", "runs//tiny", "runs/link", "ABSOLUTE"])
 @pytest.mark.parametrize("overwrite", [False, True])
 def test_init_from_equal_to_out_dir_is_refused_and_the_run_is_untouched(
     base_raw, parent_run, tmp_path, monkeypatch, capsys, spelling, overwrite
 ):
-    import train as train_cli
-
     monkeypatch.chdir(tmp_path)
     run = Path(shutil.copytree(parent_run, tmp_path / "runs" / "tiny"))
     (tmp_path / "runs" / "link").symlink_to("tiny")
     before = _snapshot(run)
-    raw = copy.deepcopy(base_raw)
-    raw["train"]["init_from"] = "runs/tiny"
-    config = _write_config(tmp_path / "chat.yaml", raw)
+    config = tmp_path / "chat.yaml"
+    config.write_text(yaml.safe_dump({**base_raw, "train": {**base_raw["train"], "init_from": "runs/tiny"}}))
     out_dir = str(run.resolve()) if spelling == "ABSOLUTE" else spelling
     argv = ["--config", str(config), "--set", f"run.out_dir={out_dir}"] + (["--overwrite"] if overwrite else [])
     assert train_cli.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "train.init_from runs/tiny is run.out_dir" in err[0], err
-    assert _snapshot(run) == before
+    assert len(err) == 1 and "train.init_from runs/tiny is run.out_dir" in err[0] and _snapshot(run) == before, err
 
 
 def test_overwrite_keeps_the_old_run_when_the_new_one_cannot_start(base_raw, parent_run, tmp_path):
@@ -148,8 +131,6 @@ def test_overwrite_keeps_the_old_run_when_the_new_one_cannot_start(base_raw, par
 def test_configs_tiny_quote_continues_a_parent_on_its_passages(parent_run, data_cache, tmp_path):
     # The shipped config, its passages and steps cut down: the parent's shape and tokenizer, and
     # validation on the passages of the plays pretraining held out.
-    from training.config import load_run_config
-
     config = load_run_config(Path(__file__).resolve().parents[2] / "configs" / "tiny-quote.yaml", [
         f"train.init_from={parent_run}", f"run.out_dir={tmp_path / 'run'}", f"data.cache_dir={data_cache}",
         "data.quotes.passages=300", "train.max_steps=2", "train.peak_flops=1e11", "train.device=cpu",
@@ -158,8 +139,6 @@ def test_configs_tiny_quote_continues_a_parent_on_its_passages(parent_run, data_
     assert result.step == 2 and load_pretrained(tmp_path / "run").config == load_pretrained(parent_run).config
     assert (tmp_path / "run" / "tokenizer.json").read_bytes() == (parent_run / "tokenizer.json").read_bytes()
     # The data it trained on: the passages written twice, validated on the held-out plays' passages.
-    from data.prepared.text import prepare_data
-
     meta = prepare_data(config.data, progress=False, tokenizer_file=parent_run / "tokenizer.json").meta
     assert meta["description"].startswith("passages of the plays written twice (300 of")
     assert meta["val_from"] == "split 'held-out plays'"

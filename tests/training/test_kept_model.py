@@ -1,8 +1,6 @@
 """The run keeps the weights that validated best: a run that overfits saves its best evaluated
 weights as model.safetensors, the last state stays in the checkpoint, and a resume is still exact."""
 
-from __future__ import annotations
-
 import random
 import signal
 from types import SimpleNamespace
@@ -11,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from data.split import hash_split
+from data.prepared.text import prepare_data
+from data.sources.documents import hash_split
 from model.io import load_pretrained
 from rundir.checkpoint import load_trainer_state
 from rundir.metrics import read_metrics
@@ -57,14 +56,13 @@ def _config(corpus: Path, out_dir: Path, **train):
 
 def _score(model, config, max_batches):
     """``model``'s loss over the run's validation split, the first ``max_batches`` batches of it."""
-    from data.prepared.text import prepare_data
-
     val_tokens = prepare_data(config.data, progress=False).val_tokens()
     return evaluate(model, val_tokens, torch.ones(model.config.vocab_size, dtype=torch.long), block_size=32,
                     batch_size=8, max_batches=max_batches, device=torch.device("cpu")).loss
 
 
-def test_an_overfitting_run_keeps_its_best_evaluated_weights(diverging_corpus, tmp_path):
+def test_an_overfitting_run_keeps_its_best_evaluated_weights_and_a_resume_the_same_bit_for_bit(diverging_corpus,
+                                                                                                tmp_path, monkeypatch):
     config = _config(diverging_corpus, tmp_path / "run", max_steps=22)  # not a multiple of eval.interval
     result = train(config, progress=False)
     records = read_metrics(tmp_path / "run" / "metrics.jsonl")
@@ -80,7 +78,7 @@ def test_an_overfitting_run_keeps_its_best_evaluated_weights(diverging_corpus, t
     kept = load_pretrained(tmp_path / "run")
     assert _score(kept, config, 2) == pytest.approx(best["val_loss"], abs=1e-6)
     # The final full validation scores those weights, and says which step they are from.
-    final = [r for r in records if r["kind"] == "final_eval"][0]
+    final = next(r for r in records if r["kind"] == "final_eval")
     assert final["weights_step"] == best["step"] and final["val_loss"] == pytest.approx(_score(kept, config, None),
                                                                                          abs=1e-6)
     assert result.val_loss == final["val_loss"]
@@ -90,21 +88,17 @@ def test_an_overfitting_run_keeps_its_best_evaluated_weights(diverging_corpus, t
     last = state["model"]
     assert any(not torch.equal(last[k], v) for k, v in kept.state_dict().items() if k in last)
 
-
-def test_a_resumed_run_keeps_the_same_weights_bit_for_bit(diverging_corpus, tmp_path, monkeypatch):
-    straight = train(_config(diverging_corpus, tmp_path / "straight"), progress=False)
-    broken = _config(diverging_corpus, tmp_path / "broken")
+    broken = _config(diverging_corpus, tmp_path / "broken", max_steps=22)
     interrupt_at(monkeypatch, 13)  # after an evaluation has kept weights, before the end
     stopped = train(broken, progress=False)
     monkeypatch.undo()
     assert stopped.interrupted and stopped.signal == signal.SIGTERM and stopped.kept_step is not None
     resumed = train(broken, resume=True, progress=False)
-    assert (resumed.kept_step, resumed.kept_val_loss) == (straight.kept_step, straight.kept_val_loss)
+    assert (resumed.kept_step, resumed.kept_val_loss) == (result.kept_step, result.kept_val_loss)
     for load in (lambda run: load_pretrained(run).state_dict(), lambda run: load_trainer_state(run)["model"]):
-        a, b = load(tmp_path / "straight"), load(tmp_path / "broken")  # the kept weights and the last ones
+        a, b = load(tmp_path / "run"), load(tmp_path / "broken")  # the kept weights and the last ones
         assert all(torch.equal(a[k], b[k]) for k in a)
-    assert deterministic(read_metrics(tmp_path / "broken" / "metrics.jsonl")) == deterministic(
-        read_metrics(tmp_path / "straight" / "metrics.jsonl"))
+    assert deterministic(read_metrics(tmp_path / "broken" / "metrics.jsonl")) == deterministic(records)
 
 
 def test_kept_weights_change_only_on_a_lower_loss_over_the_same_subset():

@@ -1,8 +1,6 @@
 """LoRA (train.lora): adapters on frozen weights, refused settings, the run's files, an exact resume,
 and the adapter proven against PEFT on the parent's Hugging Face export."""
 
-from __future__ import annotations
-
 import copy
 import json
 from pathlib import Path
@@ -18,9 +16,10 @@ from data.tokenizer import load_tokenizer
 from model.config import GPTConfig
 from model.gpt import GPT
 from model.io import load_pretrained
-from rundir.checkpoint import load_trainer_state
-from training.config import LoraConfig, config_from_dict, with_parent
+from rundir.checkpoint import CheckpointError, load_trainer_state, save_checkpoint
+from training.config import LoraConfig, apply_overrides, config_from_dict, load_run_config, with_parent
 from training.lora import LowRankDelta, adapters_disabled, add_adapters, merged_copy, parametrized
+from training.recompute import checkpoint_blocks
 from training.trainer import train
 
 # Latent attention with a query latent: every attention layer name the other kind lacks.
@@ -93,8 +92,6 @@ def test_adapter_dropout_drops_the_adapters_input_as_peft_does():
 
 
 def test_recomputed_blocks_give_the_adapters_the_same_gradients_dropout_included():
-    from training.recompute import checkpoint_blocks
-
     x, y = torch.randint(0, 50, (2, 12)), torch.randint(0, 50, (2, 12))
     grads = []
     for recompute in (False, True):
@@ -109,7 +106,6 @@ def test_recomputed_blocks_give_the_adapters_the_same_gradients_dropout_included
         torch.testing.assert_close(grads[1][name], grad, rtol=1e-6, atol=1e-7, msg=name)
 
 
-# -------------------------------------------------------------------------------------------------
 # Runs: a parent of each attention kind, chat fine-tuned with LoRA.
 
 
@@ -177,8 +173,6 @@ def test_a_lora_setting_that_cannot_work_is_refused_in_one_line(base_raw, parent
 
 @pytest.mark.parametrize("name", ["tiny-chat-lora", "tiny-dpo-lora"])
 def test_the_lora_configs_read(parents, tmp_path, name):
-    from training.config import load_run_config
-
     path = Path(__file__).resolve().parents[2] / "configs" / f"{name}.yaml"
     config = with_parent(load_run_config(path, [f"train.init_from={parents['gqa']}", f"run.out_dir={tmp_path / 'run'}"]))
     assert config.train.lora.layers(config.model) == ["attn.qkv", "attn.proj", "ffn.gate_up", "ffn.down"]
@@ -186,8 +180,6 @@ def test_the_lora_configs_read(parents, tmp_path, name):
 
 def test_lora_is_turned_on_by_one_override(base_raw, parents, tmp_path):
     # (Without a parent run it is refused: test_training_config.py's table.)
-    from training.config import apply_overrides
-
     raw = _raw(base_raw, parents["gqa"], tmp_path / "run")
     del raw["train"]["lora"]
     raw = apply_overrides(raw, ["train.lora.rank=2"])
@@ -197,9 +189,9 @@ def test_lora_is_turned_on_by_one_override(base_raw, parents, tmp_path):
 
 def test_a_lora_chat_run_trains_only_the_adapters_and_writes_peft_files_and_merged_weights(lora_config, parents,
                                                                                            tmp_path, capsys):
-    result = train(lora_config(tmp_path / "run"), progress=True)
-    said = capsys.readouterr().out.splitlines()
     run = tmp_path / "run"
+    result = train(lora_config(run), progress=True)
+    said = capsys.readouterr().out.splitlines()
     parent = load_pretrained(parents["gqa"]).state_dict()
     state = load_trainer_state(run)
     # The frozen weights are the parent's, bit for bit; the optimizer holds state for the adapters alone.
@@ -215,8 +207,7 @@ def test_a_lora_chat_run_trains_only_the_adapters_and_writes_peft_files_and_merg
     assert index.tolist() == [tokenizer.token_to_id(t) for t in ("<|system|>", "<|user|>", "<|assistant|>", "<|end|>")]
     assert torch.equal(state["model"]["lm_head.parametrizations.weight.0.rows"], rows)
     assert not torch.equal(rows, parent["tok_emb.weight"][index])  # they learned
-    optimizer_state = state["optimizer"]["state"]
-    assert len(optimizer_state) == len(adapters) + 1
+    assert len(state["optimizer"]["state"]) == len(adapters) + 1
     trained = sum(state["model"][name].numel() for name in adapters) + rows.numel()
     size = (run / "adapter_model.safetensors").stat().st_size
     assert result.adapter.startswith(f"LoRA: {trained:,} of ") and f"({size / 1024:.1f} KiB)" in result.adapter
@@ -225,18 +216,16 @@ def test_a_lora_chat_run_trains_only_the_adapters_and_writes_peft_files_and_merg
     assert said[0].startswith(f"training {trained:,} of ") and "M parameters on " in said[0]
     assert any(line.startswith("LoRA rank 4") and f": {trained:,} of " in line for line in said[1:5])
     # The merged weights differ from the parent's, and are what generate.py and the exports load.
-    merged = load_pretrained(run)
-    assert any(not torch.equal(merged.state_dict()[k], parent[k]) for k in parent)
+    merged = load_pretrained(run).state_dict()
+    assert any(not torch.equal(merged[k], parent[k]) for k in parent)
     config = json.loads((run / "adapter_config.json").read_text())
-    assert config["peft_type"] == "LORA" and config["r"] == 4 and config["lora_alpha"] == 8.0
+    assert (config["peft_type"], config["r"], config["lora_alpha"]) == ("LORA", 4, 8.0)
     assert config["trainable_token_indices"] == index.tolist()
     assert config["target_modules"] == sorted(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                                                "down_proj"])
 
 
 def test_a_lora_run_resumes_exactly_and_only_with_its_own_setting(lora_config, tmp_path):
-    from rundir.checkpoint import CheckpointError
-
     whole = train(lora_config(tmp_path / "whole"), progress=False)
     train(lora_config(tmp_path / "resumed", max_steps=3), progress=False)
     with pytest.raises(CheckpointError, match=r"train\.lora is .*'rank': 2.* but the run was trained with .*'rank': 4"):
@@ -252,8 +241,6 @@ def test_a_lora_run_resumes_exactly_and_only_with_its_own_setting(lora_config, t
 
 
 def test_a_run_from_before_token_rows_trained_resumes_with_none(lora_config, tmp_path):
-    from rundir.checkpoint import CheckpointError, load_trainer_state, save_checkpoint
-
     run = tmp_path / "run"
     train(lora_config(run, lora={"trainable_tokens": []}, max_steps=3), progress=False)
     state = load_trainer_state(run)  # as such a run saved it: no trainable_tokens in its LoRA settings
@@ -264,7 +251,6 @@ def test_a_run_from_before_token_rows_trained_resumes_with_none(lora_config, tmp
     assert train(lora_config(run, lora={"trainable_tokens": []}), resume=True, progress=False).step == 6
 
 
-# -------------------------------------------------------------------------------------------------
 # The proof against PEFT: the parent's export, with the run's adapter applied by PEFT, computes the run.
 
 

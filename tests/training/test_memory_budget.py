@@ -1,8 +1,6 @@
 """training/memory_budget.py: the estimate's parts, the refusal before allocation, and (e2e) the
 estimate against the measured peak of real training steps on the CPU."""
 
-from __future__ import annotations
-
 import json
 import subprocess
 import sys
@@ -13,7 +11,8 @@ import torch
 
 from common.config import ConfigError
 from model.config import GPTConfig
-from training.config import TrainConfig
+from model.gpt import GPT
+from training.config import TrainConfig, config_from_dict
 from training.memory_budget import estimate_memory, plan_memory, plan_run_memory
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,15 +50,13 @@ def test_a_run_that_would_not_fit_is_refused_with_the_estimate_and_what_to_chang
 
 def test_a_run_that_fits_gets_one_line_of_its_estimate(monkeypatch):
     monkeypatch.setattr("training.memory_budget.device_memory_bytes", lambda device: 2**30)
-    train = TrainConfig(max_steps=1, batch_size=64)
     tiny = GPTConfig(vocab_size=256, block_size=32, n_layer=1, n_head=2, n_kv_head=2, n_embd=32)
-    line = plan_memory(tiny, train, torch.device("cpu"), world_size=1, micro_batch=4, bf16=False)
+    line = plan_memory(tiny, TrainConfig(max_steps=1, batch_size=64), torch.device("cpu"), world_size=1, micro_batch=4,
+                       bf16=False)
     assert line.startswith("memory per device: about") and "(ddp, 1 process(es)) of 1.00 GiB on cpu" in line
 
 
 def _rl_config(group_size: int, batch_size: int = 4, eval_samples: int = 8, **model):
-    from training.config import config_from_dict
-
     return config_from_dict({
         "model": {"n_layer": 2, "n_head": 2, "n_kv_head": 1, "n_embd": 64, "block_size": 128, **model},
         "data": {"format": "rl", "vocab_size": 512},
@@ -82,20 +79,14 @@ def test_an_rl_estimate_counts_every_completion_of_a_group(monkeypatch, model):
     assert totals[0] < totals[1] < totals[2]
     # The activations of a micro-batch are those of its 4 x G rows, as a text run of that batch has them.
     plain = estimate_memory(_rl_config(2, **model).model, TrainConfig(max_steps=1, batch_size=256), micro_batch=256)
-    assert f"activations {plain.activations / 2**30:,.2f} GiB" in lines[64]
-    assert "sampling cache" in lines[64]
+    assert f"activations {plain.activations / 2**30:,.2f} GiB" in lines[64] and "sampling cache" in lines[64]
 
 
-def test_the_sampling_cache_is_the_key_and_value_heads_of_every_layer_and_position():
-    model = GPTConfig(vocab_size=256, block_size=64, n_layer=3, n_head=4, n_kv_head=2, n_embd=32)
-    from model.gpt import GPT
-
+@pytest.mark.parametrize("options", [{"n_kv_head": 2}, {"attention": "mla", "kv_latent_dim": 8, "positions": "rope"}])
+def test_the_sampling_cache_is_the_key_and_value_heads_of_every_layer_and_position(options):
+    model = GPTConfig(**{**dict(vocab_size=256, block_size=64, n_layer=3, n_head=4, n_kv_head=4, n_embd=32), **options})
     cache = GPT(model).init_cache(10).nbytes()
     assert estimate_memory(model, TrainConfig(max_steps=1, batch_size=1), decoded_rows=10).sampling == cache
-    latent = GPTConfig(vocab_size=256, block_size=64, n_layer=3, n_head=4, n_kv_head=4, n_embd=32, attention="mla",
-                       kv_latent_dim=8, positions="rope")
-    assert estimate_memory(latent, TrainConfig(max_steps=1, batch_size=1), decoded_rows=10).sampling == \
-        GPT(latent).init_cache(10).nbytes()
 
 
 def _widest_fitting(gib: int, parallel: str, checkpointing: bool) -> str:

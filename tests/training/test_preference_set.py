@@ -1,7 +1,5 @@
 """The built-in preference set: which replies are good and bad, how they pair, and its command line."""
 
-from __future__ import annotations
-
 import errno
 import json
 import os
@@ -11,11 +9,15 @@ import textwrap
 import pytest
 import torch
 
+import common.files
 import run_testkit
+import training.tasks.dpo.preference_set as preference_set
 from data.chat import ChatTokenIds, Message, encode_plain, render_chat
-from training.tasks.dpo.pairs import pair_from_row
 from inference.engine import Finish
+from refusal_testkit import one_error_line
 from rundir.loading import load_run
+from signal_testkit import start_paused, stop
+from training.tasks.dpo.pairs import pair_from_row
 from training.tasks.dpo.preference_set import SetSettings, continuation_is_good, main, pair_replies, sample_replies
 
 END, EOT = 5, 0
@@ -64,26 +66,22 @@ def test_a_looping_reply_pairs_with_a_good_way_out_of_the_loop():
 
 
 @pytest.fixture
-def silent_run(tmp_path):
-    """A chat-token run that never ends a reply, so no prompt can give a good one."""
+def silent_run(tmp_path):  # a chat-token run that never ends a reply, so no prompt can give a good one
     return run_testkit.build_run(tmp_path / "run", run_testkit.chat_tokenizer(), block_size=128,
                                  never_predicts=("<|end|>", "<|endoftext|>"))
 
 
 def test_no_pair_is_an_error_and_writes_nothing(silent_run, tmp_path, capsys):
     out = tmp_path / "pairs.jsonl"
-    code = main(["--run", str(silent_run), "--out", str(out), "--prompts", "3", "--samples", "2",
-                 "--max-new-tokens", "4", "--no-progress"])
-    err = capsys.readouterr().err
+    line = _refused(capsys, str(silent_run), "--out", str(out), "--prompts", "3", "--samples", "2", "--max-new-tokens",
+                    "4", "--no-progress")
     # (Some of the three speeches are longer than this run's window: they are not replied to.)
-    assert code == 2 and err.startswith("error: no prompt of ") and err.count("\n") == 1
-    assert "gave a looping greedy reply with a good continuation" in err
+    assert line.startswith("error: no prompt of ") and "gave a looping greedy reply with a good continuation" in line
     assert not out.exists()
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    """A loaded chat-token run that talks: its replies are sampled, never edited by the tests."""
+def run(tmp_path_factory):  # a loaded chat-token run that talks: its replies are sampled, never edited
     return load_run(run_testkit.build_run(tmp_path_factory.mktemp("talker") / "run", run_testkit.chat_tokenizer(),
                                           block_size=64), torch.device("cpu"))
 
@@ -102,8 +100,6 @@ def test_sampled_replies_carry_their_text_and_follow_the_seed_rule(run):
 
 
 def test_continuations_are_sampled_after_the_start_of_each_greedy_loop(run, monkeypatch):
-    import training.tasks.dpo.preference_set as preference_set
-
     prompts = [[Message("user", "But soft, what light?")], [Message("user", "Who is there?")]]
     calls = []
     end = ChatTokenIds.of(run.tokenizer).end
@@ -125,20 +121,15 @@ def test_continuations_are_sampled_after_the_start_of_each_greedy_loop(run, monk
     assert built.pairs[0].prompt == tuple(prompts[1])
 
 
-# --------------------------------------------------------------------------------------------
 # The command line against a hostile user and filesystem: refused before the replies are made, one
 # line and exit 2, nothing half-written, and a signal's exit code with nothing written.
 
 def _no_work(monkeypatch):
-    import training.tasks.dpo.preference_set as preference_set
-
     monkeypatch.setattr(preference_set, "load_run", lambda *a, **k: pytest.fail("started the work"))
 
 
-def _one_line(capsys, code: int) -> str:
-    err = capsys.readouterr().err
-    assert code == 2 and err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err, err
-    return err.strip()
+def _refused(capsys, *argv: str) -> str:  # the command's one line of refusal, exit 2
+    return one_error_line(main(["--run", *argv]), *capsys.readouterr())
 
 
 def _out(name: str, content: str | None = None, folder: bool = False):
@@ -171,7 +162,7 @@ def test_a_bad_flag_or_an_out_that_cannot_be_written_is_refused_before_any_reply
     _no_work(monkeypatch)
     out = make_out(tmp_path)
     before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
-    line = _one_line(capsys, main(["--run", str(silent_run), "--out", str(out), *flags]))
+    line = _refused(capsys, str(silent_run), "--out", str(out), *flags)
     assert fragment in line, line
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
 
@@ -179,51 +170,39 @@ def test_a_bad_flag_or_an_out_that_cannot_be_written_is_refused_before_any_reply
 def test_a_read_only_folder_is_refused_before_any_reply(silent_run, mount_tmpfs, capsys, monkeypatch):
     _no_work(monkeypatch)
     disk = mount_tmpfs(1 << 20, read_only=True)
-    line = _one_line(capsys, main(["--run", str(silent_run), "--out", str(disk / "sets" / "pairs.jsonl")]))
+    line = _refused(capsys, str(silent_run), "--out", str(disk / "sets" / "pairs.jsonl"))
     assert "Read-only file system" in line and "choose a writable directory" in line and str(disk) in line
 
 
-def _built(monkeypatch):
-    """The set built instantly: one pair, without sampling."""
-    import training.tasks.dpo.preference_set as preference_set
-
-    pair = preference_set.PreferencePair((Message("user", "Who is there?"),), (Message("assistant", "A friend."),),
-                                         (Message("assistant", "A friend, a friend, a"),))
-    built = preference_set.PreferenceSet([pair], 1, 2, 1, 1, 1, 0)
+def _built(monkeypatch, pairs=None):  # the set built instantly (one pair unless given), without sampling
+    pairs = pairs or [preference_set.PreferencePair(
+        (Message("user", "Who is there?"),), (Message("assistant", "A friend."),),
+        (Message("assistant", "A friend, a friend, a"),))]
+    built = preference_set.PreferenceSet(pairs, 1, 2, 1, 1, 1, 0)
     monkeypatch.setattr(preference_set, "build_preference_set", lambda *a, **k: built)
 
 
 @pytest.mark.parametrize("error", [errno.ENOSPC, errno.EROFS, errno.EIO], ids=["full", "read-only", "io-error"])
 def test_a_disk_failure_while_writing_is_one_line_and_keeps_the_old_set(silent_run, tmp_path, capsys, monkeypatch,
                                                                          error):
-    import common.files
-
     _built(monkeypatch)
     out = tmp_path / "pairs.jsonl"
     out.write_text("the old set\n")
-    real_fsync = common.files.os.fsync
 
     def failing(fd):
         raise OSError(error, os.strerror(error))
 
     monkeypatch.setattr(common.files.os, "fsync", failing)
-    line = _one_line(capsys, main(["--run", str(silent_run), "--out", str(out), "--overwrite", "--no-progress"]))
-    monkeypatch.setattr(common.files.os, "fsync", real_fsync)
+    line = _refused(capsys, str(silent_run), "--out", str(out), "--overwrite", "--no-progress")
     assert os.strerror(error) in line and str(out) in line
     assert out.read_text() == "the old set\n" and sorted(p.name for p in tmp_path.iterdir()) == ["pairs.jsonl", "run"]
 
 
 def test_a_full_disk_is_one_line_and_leaves_nothing(silent_run, mount_tmpfs, capsys, monkeypatch):
-    _built(monkeypatch)
+    _built(monkeypatch, [pair_from_row({"prompt": "x" * 9000, "chosen": "y", "rejected": "z"}, "")] * 4)
     disk = mount_tmpfs(4096)
-    import training.tasks.dpo.preference_set as preference_set
-
-    many = preference_set.PreferenceSet([pair_from_row({"prompt": "x" * 9000, "chosen": "y", "rejected": "z"}, "")] * 4,
-                                        1, 2, 1, 1, 1, 0)
-    monkeypatch.setattr(preference_set, "build_preference_set", lambda *a, **k: many)
-    line = _one_line(capsys, main(["--run", str(silent_run), "--out", str(disk / "pairs.jsonl"), "--no-progress"]))
-    assert "No space left on device" in line and "the disk is full" in line
-    assert list(disk.iterdir()) == []
+    line = _refused(capsys, str(silent_run), "--out", str(disk / "pairs.jsonl"), "--no-progress")
+    assert "No space left on device" in line and "the disk is full" in line and list(disk.iterdir()) == []
 
 
 # Ctrl-C and SIGTERM take one path, common.cli.run_stoppable (tests/common/test_stoppable.py proves
@@ -232,8 +211,6 @@ def test_a_full_disk_is_one_line_and_leaves_nothing(silent_run, mount_tmpfs, cap
                                           pytest.param(signal.SIGTERM, 143, marks=pytest.mark.e2e)],
                          ids=["ctrl-c", "sigterm"])
 def test_a_signal_during_the_replies_exits_with_its_code_and_writes_nothing(silent_run, tmp_path, signum, code):
-    from signal_testkit import start_paused, stop
-
     marker, out = tmp_path / "marker", tmp_path / "pairs.jsonl"
     script = textwrap.dedent(f"""
         import pathlib, sys, time
@@ -253,12 +230,10 @@ def test_a_signal_during_the_replies_exits_with_its_code_and_writes_nothing(sile
 
 def test_each_round_of_replies_shows_a_progress_bar(run, capsys):
     prompts = [[Message("user", "But soft, what light?")], [Message("user", "Who is there?")]]
-    from training.tasks.dpo.preference_set import build_preference_set
-
-    build_preference_set(run, prompts, SetSettings(max_new_tokens=6, samples=2), progress=True)
+    preference_set.build_preference_set(run, prompts, SetSettings(max_new_tokens=6, samples=2), progress=True)
     err = capsys.readouterr().err
     assert "greedy replies: 100%" in err and "2/2" in err
-    build_preference_set(run, prompts, SetSettings(max_new_tokens=6, samples=2), progress=False)
+    preference_set.build_preference_set(run, prompts, SetSettings(max_new_tokens=6, samples=2), progress=False)
     assert capsys.readouterr().err == ""
 
 

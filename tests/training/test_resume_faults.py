@@ -1,25 +1,23 @@
 """--resume with settings the checkpoint depends on, with a damaged trainer state or a damaged
 metrics.jsonl: one clear error naming the key or file, or a resume that keeps the good lines."""
 
-from __future__ import annotations
-
+import json
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
+import training.trainer as trainer_module
 from common.errors import UserError
+from exporting.cli import main as export
+from inference.cli import main as generate
 from rundir.checkpoint import CheckpointError
 from rundir.metrics import read_metrics
+from training.config import load_run_config
 from training.trainer import train
 
 QUIET = {"interval": 0, "sample_tokens": 0}
-
-
-def test_a_finished_run_continues_when_its_budget_is_raised_and_may_change_its_learning_rate(make_config):
-    train(make_config(train={"max_steps": 1}, eval=QUIET), progress=False)
-    result = train(make_config(train={"max_steps": 2, "lr": 1e-3}, eval=QUIET), resume=True, progress=False)
-    assert result.step == 2 and result.stopped_by == "max_steps"
 
 
 def test_damaged_metrics_lines_are_dropped_and_the_good_ones_kept(make_config):
@@ -77,6 +75,8 @@ RESUME_REFUSALS = {
     "earlier-grouping": ({}, VE, _edit_state(_earlier_grouping), {"model": VE}, "groups the parameters as .* train.init_from="),
     "pickle-with-code": ({}, {}, _edit_state(lambda state: state.update(payload=_NotATensor())), {}, "is not loaded"),
     "metrics-a-folder": ({}, {}, _metrics_folder, {}, "metrics.jsonl is not a file; move it aside"),
+    "state-a-folder": ({}, {}, lambda run: ((run / "trainer_state.pt").unlink(), (run / "trainer_state.pt").mkdir()), {},
+                       r"trainer_state.pt is not a file \(a folder\?\)"),
     "no-tokenizer": ({}, {}, lambda run: (run / "tokenizer.json").unlink(), {},
                      "cannot resume .*: it has no tokenizer.json; restore the run's own"),
     "finished-by-clock": ({}, {}, None, {"max_steps": 5, "max_minutes": 1e-6},
@@ -106,39 +106,29 @@ def test_a_resume_that_cannot_go_on_is_one_line_and_leaves_the_run_as_it_was(mak
     assert after == before
 
 
-def test_resuming_a_finished_run_says_how_to_continue_and_changes_nothing(make_config, monkeypatch):
+def test_a_finished_run_is_refused_unchanged_finishes_a_lost_final_validation_and_continues_on_a_new_budget(
+        make_config, monkeypatch):
     config = make_config(train={"max_steps": 2}, eval=QUIET)
     train(config, progress=False)
     before = _snapshot(config.out_dir)
-    import training.trainer as trainer_module
-
     monkeypatch.setattr(trainer_module.WandbLogger, "start", lambda *a, **k: pytest.fail("opened a wandb run"))
     with pytest.raises(CheckpointError) as info:
-        train(make_config(train={"max_steps": 2}, eval=QUIET), resume=True, progress=False)
+        train(config, resume=True, progress=False)
+    monkeypatch.undo()
     message = str(info.value)
     assert "\n" not in message and f"{config.out_dir} is finished: it reached train.max_steps (step 2)" in message
     assert "raise train.max_steps or train.max_minutes" in message and "--resume --set train.max_steps=4" in message
     assert _snapshot(config.out_dir) == before  # no second validation line, no rewritten config
-
-
-def test_a_run_stopped_during_its_final_validation_resumes_to_run_it_once(make_config):
-    config = make_config(train={"max_steps": 2}, eval=QUIET)
-    train(config, progress=False)
+    # Stopped during its final validation, a resume runs it, once.
     metrics = config.out_dir / "metrics.jsonl"
     lines = metrics.read_text().splitlines(keepends=True)
     metrics.write_text("".join(line for line in lines if '"final_eval"' not in line))
-    result = train(make_config(train={"max_steps": 2}, eval=QUIET), resume=True, progress=False)
+    result = train(config, resume=True, progress=False)
     assert result.step == 2 and result.val_bpb is not None
     assert [r["step"] for r in read_metrics(metrics) if r["kind"] == "final_eval"] == [2]
-
-
-def test_a_trainer_state_that_is_a_folder_is_named_as_such(tmp_path):
-    from rundir.checkpoint import check_run_dir
-    from rundir.files import STATE_FILE
-
-    (tmp_path / STATE_FILE).mkdir()
-    with pytest.raises(CheckpointError, match=rf"{STATE_FILE} is not a file \(a folder\?\)"):
-        check_run_dir(tmp_path, resume=True, overwrite=False)
+    # A raised budget continues it, at a new learning rate if asked.
+    result = train(make_config(train={"max_steps": 3, "lr": 1e-3}, eval=QUIET), resume=True, progress=False)
+    assert result.step == 3 and result.stopped_by == "max_steps"
 
 
 # Every removed model key at its off value, as a model_config.json written before it left holds it.
@@ -149,14 +139,6 @@ REMOVED_OFF = {"bigram_buckets": None, "mtp_weight": 0.0, "mlp": "swiglu", "qk_n
 def test_a_run_saved_with_the_removed_options_off_still_generates_exports_and_resumes(make_config, tmp_path, capsys):
     # Runs written while the removed options existed (the model's up to 9e81adb) record them, off,
     # in model_config.json, config.yaml and the trainer state.
-    import json
-
-    import yaml
-
-    from exporting.cli import main as export
-    from inference.cli import main as generate
-    from training.config import load_run_config
-
     config = make_config(train={"max_steps": 1}, eval=QUIET)
     train(config, progress=False)
     run = config.out_dir
@@ -174,8 +156,7 @@ def test_a_run_saved_with_the_removed_options_off_still_generates_exports_and_re
     state["model_config"] |= REMOVED_OFF
     torch.save(state, run / "trainer_state.pt")
 
-    assert generate(greedy) == 0
-    assert capsys.readouterr().out == before
+    assert generate(greedy) == 0 and capsys.readouterr().out == before
     assert export(["--run", str(run), "--out", str(tmp_path / "hf")]) == 0
     assert (tmp_path / "hf" / "model.safetensors").is_file()
     result = train(load_run_config(run / "config.yaml", ["train.max_steps=2"]), resume=True, progress=False)

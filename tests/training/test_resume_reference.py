@@ -3,8 +3,6 @@ after those weights changed, it is refused in one line, before anything is writt
 reference is a frozen copy read from the parent's file. A LoRA run's reference comes from its own
 checkpoint, and a GRPO run without a KL penalty has none: both resume."""
 
-from __future__ import annotations
-
 import hashlib
 import json
 import shutil
@@ -13,22 +11,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from chat_testkit import pretrain, preference_file
+from chat_testkit import preference_file
 from model.io import load_pretrained, save_pretrained
 from rundir.checkpoint import load_trainer_state
 from training.init_from import InitFromError
 from training.trainer import train
 
 
-@pytest.fixture(scope="module")
-def pristine_parent(base_raw, tmp_path_factory) -> Path:
-    return pretrain(base_raw, tmp_path_factory.mktemp("parent") / "run")
-
-
 @pytest.fixture
-def parent(pristine_parent, tmp_path) -> Path:
-    """A copy of the parent run whose weights the test may change."""
-    return Path(shutil.copytree(pristine_parent, tmp_path / "parent"))
+def parent(parent_run, tmp_path) -> Path:  # a copy of the parent run, whose weights the test may change
+    return Path(shutil.copytree(parent_run, tmp_path / "parent"))
 
 
 def _post_training(kind: str, make_config, parent: Path, tmp_path: Path, max_steps: int):

@@ -2,8 +2,6 @@
 read where that can be known, else stopped at the step where it fails, in one line naming the reward, what
 it returned or raised and the question, exit 2 and the last checkpoint untouched; Ctrl-C still interrupts."""
 
-from __future__ import annotations
-
 import itertools
 import math
 import textwrap
@@ -30,7 +28,6 @@ def _module(tmp_path: Path, monkeypatch, source: str) -> str:
     return name
 
 
-# --------------------------------------------------------------------------------------------
 # Refused when the config is read
 
 
@@ -54,7 +51,7 @@ def test_a_reward_that_cannot_work_is_refused_when_the_config_is_read(tmp_path, 
     with pytest.raises(RewardError) as error:
         reward_function(f"{module}:{attribute}")
     message = str(error.value)
-    assert "\n" not in message and f"reward '{module}:{attribute}'" in message
+    assert "\n" not in message and f"reward '{module}:{attribute}'" in message, message
     assert fragment.format(module=module) in message, message
 
 
@@ -66,7 +63,6 @@ def test_keyboard_interrupt_while_importing_or_inside_a_reward_is_not_swallowed(
         Reward("mine", _interrupted)("q", "c", {})
 
 
-# --------------------------------------------------------------------------------------------
 # Each score is checked when the reward is called
 
 
@@ -78,9 +74,7 @@ def _interrupted(prompt, completion, row):
     raise KeyboardInterrupt
 
 
-class _Tensorish:
-    """A one-value tensor-like object, as numpy and torch scalars are: float() reads it."""
-
+class _Tensorish:  # a one-value tensor-like object, as numpy and torch scalars are: float() reads it
     def __float__(self) -> float:
         return 0.25
 
@@ -127,7 +121,6 @@ def test_numbers_of_every_kind_are_scores(value, expected):
     assert Reward("mine", lambda p, c, r: value)("q", "c", {}) == expected
 
 
-# --------------------------------------------------------------------------------------------
 # A run whose reward fails only at its second step
 
 

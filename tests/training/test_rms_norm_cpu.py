@@ -1,12 +1,9 @@
 """RMSNorm's CPU training path (LayerNorm's backward kernel plus a correction) against the formula."""
 
-from __future__ import annotations
-
 import pytest
 import torch
 
-from model.gpt import GPT, GPTConfig
-from model.gpt import RMSNorm
+from model.gpt import GPT, GPTConfig, RMSNorm
 from training.rms_norm_cpu import CPUBackwardRMSNorm, RMSNormCPUFunction, install_cpu_backward
 
 
@@ -72,8 +69,7 @@ def test_inference_uses_the_plain_kernel_with_the_same_values():
     with torch.no_grad():
         plain = norm(x)
     trained = norm(x.requires_grad_())
-    assert plain.grad_fn is None
-    assert "RMSNormCPUFunction" in type(trained.grad_fn).__name__
+    assert plain.grad_fn is None and "RMSNormCPUFunction" in type(trained.grad_fn).__name__
     torch.testing.assert_close(plain, trained.detach(), rtol=1e-6, atol=1e-6)
 
 
@@ -124,8 +120,7 @@ def test_a_bf16_input_under_autocast_is_normed_in_float32_with_the_fused_backwar
     torch.testing.assert_close(grad_w.double(), grad_w_ref, rtol=1e-5, atol=1e-5)
 
 
-def backward_functions(out: torch.Tensor) -> set[str]:
-    """Names of every autograd node ``out`` was computed through."""
+def backward_functions(out: torch.Tensor) -> set[str]:  # every autograd node ``out`` was computed through
     names, stack = set(), [out.grad_fn]
     while stack:
         fn = stack.pop()

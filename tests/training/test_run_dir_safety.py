@@ -1,8 +1,6 @@
 """One training per run directory (an OS lock naming its holder), leftover temporary files
 removed on start, and every run file readable by the group like any other file."""
 
-from __future__ import annotations
-
 import os
 import socket
 import subprocess
@@ -25,15 +23,13 @@ def test_second_training_is_refused_naming_the_holder_and_kill_9_leaves_no_stale
         for extra in ([], ["--overwrite"]):  # --resume takes the same lock, before anything else
             second = run_cli(["--config", "configs/tiny.yaml", "--no-progress", *extra, *small_overrides(base_raw, out, 5)])
             lines = second.stderr.strip().splitlines()
-            assert second.returncode == 2, second.stderr
-            assert len(lines) == 1 and "in use by another training" in lines[0], second.stderr
+            assert second.returncode == 2 and len(lines) == 1 and "in use by another training" in lines[0], second.stderr
             assert f"pid {first.pid}" in lines[0] and socket.gethostname() in lines[0]
         # The refused runs wrote nothing: every step is logged once, by the first run.
         first.kill()  # SIGKILL: the kernel releases the lock with the process
         first.communicate(timeout=30)
         steps = [r["step"] for r in read_metrics(out / "metrics.jsonl") if r["kind"] == "train"]
-        assert steps == sorted(set(steps))
-        assert (out / "config.yaml").is_file()
+        assert steps == sorted(set(steps)) and (out / "config.yaml").is_file()
     finally:
         if first.poll() is None:
             first.kill()
@@ -54,24 +50,17 @@ def test_lock_is_exclusive_across_processes(tmp_path):
         assert probe.returncode != 0 and "RunDirectoryBusy" in probe.stderr and f"pid {os.getpid()}" in probe.stderr
 
 
-def test_leftover_temporary_files_are_removed_when_a_run_resumes(make_config, tmp_path):
+def test_run_files_get_the_same_mode_and_leftover_temporary_files_are_removed_on_resume(make_config):
     config = make_config(train={"max_steps": 2}, eval={"interval": 0, "sample_tokens": 0})
     train(config, progress=False)
+    umask = os.umask(0o022)
+    os.umask(umask)
+    for name in ("model.safetensors", "model_config.json", "trainer_state.pt", "config.yaml", "tokenizer.json"):
+        assert (config.out_dir / name).stat().st_mode & 0o777 == 0o666 & ~umask, name
     leftovers = [config.out_dir / ".trainer_state.pt.k3j2.tmp", config.out_dir / ".model.safetensors.x9.tmp"]
     for path in leftovers:
         path.write_bytes(b"\0" * 1000)
     keep = config.out_dir / "notes.tmp"  # not an atomic-write leftover: never touched
     keep.write_text("mine")
     train(make_config(train={"max_steps": 3}, eval={"interval": 0, "sample_tokens": 0}), resume=True, progress=False)
-    assert not any(path.exists() for path in leftovers)
-    assert keep.read_text() == "mine"
-
-
-def test_run_files_get_the_same_mode(make_config):
-    config = make_config(train={"max_steps": 1}, eval={"interval": 0, "sample_tokens": 0})
-    train(config, progress=False)
-    umask = os.umask(0o022)
-    os.umask(umask)
-    expected = 0o666 & ~umask
-    for name in ("model.safetensors", "model_config.json", "trainer_state.pt", "config.yaml", "tokenizer.json"):
-        assert (config.out_dir / name).stat().st_mode & 0o777 == expected, name
+    assert not any(path.exists() for path in leftovers) and keep.read_text() == "mine"

@@ -1,7 +1,5 @@
 """Supervised fine-tuning: the assistant-only loss, and a fine-tuning run that resumes exactly."""
 
-from __future__ import annotations
-
 import json
 from pathlib import Path
 
@@ -49,8 +47,7 @@ def test_the_step_loss_is_the_mean_over_every_loss_bearing_target_of_all_micro_b
     # Two micro-batches with very different numbers of targets (one has none in its first row):
     # the step must equal one batch holding both, not the mean of the two micro-batch means.
     g = torch.Generator().manual_seed(1)
-    x1, x2 = torch.randint(0, 40, (2, 12), generator=g), torch.randint(0, 40, (2, 12), generator=g)
-    y1, y2 = torch.randint(0, 40, (2, 12), generator=g), torch.randint(0, 40, (2, 12), generator=g)
+    x1, x2, y1, y2 = (torch.randint(0, 40, (2, 12), generator=g) for _ in range(4))
     y1[0] = -1
     y1[1, :9] = -1
     y2[:, :2] = -1
@@ -102,8 +99,7 @@ def test_evaluation_scores_the_replies_alone_in_one_process():
             targets = torch.as_tensor(np.where(flags[1:], conv[1:], -1), dtype=torch.long)
             nats += F.cross_entropy(logits, targets, ignore_index=-1, reduction="sum").item()
             count += int(flags[1:].sum())
-    assert result.tokens == count > 0
-    assert result.loss == pytest.approx(nats / count, rel=1e-5)
+    assert result.tokens == count > 0 and result.loss == pytest.approx(nats / count, rel=1e-5)
 
 
 def _chat_split(rng: np.random.Generator, end: int, count: int = 6) -> ChatSplit:
@@ -173,10 +169,11 @@ def test_the_share_of_held_out_replies_that_end_their_turn():
     assert held_out_rows(split, 4) == [0, 3, 5, 8] and held_out_rows(split, 50) == list(range(9))
 
 
-def test_fine_tuning_learns_replies_and_resumes_exactly(sft_config, tmp_path):
+def test_fine_tuning_learns_replies_and_resumes_exactly_in_its_own_format(sft_config, make_config, parent_run,
+                                                                          tmp_path):
     whole = train(sft_config(tmp_path / "whole"), progress=False)
     records = [json.loads(line) for line in (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()]
-    final = [r for r in records if r["kind"] == "final_eval"][0]
+    final = next(r for r in records if r["kind"] == "final_eval")
     assert whole.step == 6 and 0 < final["val_bpb"] < 20
     # The share of sampled held-out replies that end their turn, and how many were sampled.
     assert 0 <= final["val_replies/ended"] <= 1 and final["val_replies/sampled"] > 0
@@ -186,11 +183,19 @@ def test_fine_tuning_learns_replies_and_resumes_exactly(sft_config, tmp_path):
     assert all(0 <= r["padding_fraction"] < 1 for r in records if r["kind"] == "train")
 
     train(sft_config(tmp_path / "resumed", max_steps=3), progress=False)
+    # Resumed as text it is refused in user terms (once a KeyError quoting the text sampler's generator_state).
+    as_text = make_config(tmp_path / "resumed", train={"init_from": str(parent_run), "max_steps": 6, "batch_size": 4})
+    with pytest.raises(UserError, match=r"^cannot resume .*resumed: it was trained on conversations \(data.format: "
+                                        r"chat\), and this config says data.format: text; resume with data.format: chat"):
+        train(as_text, resume=True, progress=False)
+    with pytest.raises(UserError, match=r"it was trained on text \(data.format: text\), and this config says "
+                                        r"data.format: chat"):
+        check_data_format(parent_run, "chat")
     resumed = train(sft_config(tmp_path / "resumed"), resume=True, progress=False)
     assert resumed.step == 6
-    a, b = load_pretrained(tmp_path / "whole"), load_pretrained(tmp_path / "resumed")
-    for name, tensor in a.state_dict().items():
-        torch.testing.assert_close(b.state_dict()[name], tensor, rtol=0, atol=1e-6, msg=name)
+    b = load_pretrained(tmp_path / "resumed").state_dict()
+    for name, tensor in load_pretrained(tmp_path / "whole").state_dict().items():
+        torch.testing.assert_close(b[name], tensor, rtol=0, atol=1e-6, msg=name)
     assert resumed.val_bpb == pytest.approx(whole.val_bpb, abs=1e-6)
 
 
@@ -199,18 +204,3 @@ def test_fine_tuning_data_needs_a_parent_run(make_config, tmp_path, data_format,
     config = make_config(data={"format": data_format, "files": {"paths": [str(write(tmp_path / "data.jsonl"))]}})
     with pytest.raises(UserError, match=f"data.format: {data_format} fine-tunes a trained run: set train.init_from"):
         Trainer(config, init_distributed("cpu"), progress=False).setup(resume=False, overwrite=False)
-
-
-def test_a_run_resumed_with_another_data_format_is_refused_in_user_terms(sft_config, make_config, parent_run,
-                                                                          tmp_path):
-    # Once a KeyError quoting the text sampler's internal 'generator_state'.
-    out = tmp_path / "chat-run"
-    train(sft_config(out, max_steps=3), progress=False)
-    as_text = make_config(out, train={"init_from": str(parent_run), "max_steps": 6, "batch_size": 4})
-    with pytest.raises(UserError, match=r"^cannot resume .*chat-run: it was trained on conversations \(data.format: "
-                                        r"chat\), and this config says data.format: text; resume with data.format: chat"):
-        train(as_text, resume=True, progress=False)
-    with pytest.raises(UserError, match=r"it was trained on text \(data.format: text\), and this config says "
-                                        r"data.format: chat"):
-        check_data_format(parent_run, "chat")
-    check_data_format(out, "chat")  # its own format resumes

@@ -2,8 +2,6 @@
 pretrained parent, learning the calls and answers (the results are the tool's), and the shipped
 configs/tiny-tools.yaml, which reads."""
 
-from __future__ import annotations
-
 import copy
 import json
 from pathlib import Path
@@ -12,11 +10,12 @@ import pytest
 
 from chat_testkit import pretrain
 from data.chat import ChatTokenIds
+from data.sources.conversations import load_conversations
 from data.tokenizer import load_tokenizer
 from training.config import load_run_config
 from training.trainer import train
 
-CALCULATOR = {"conversations": 80, "digits": 2, "operations": "+*", "max_terms": 2}
+CALCULATOR = {"problems": 80, "digits": 2, "operations": "+*", "max_terms": 2}
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +36,9 @@ def test_a_tool_sft_run_learns_the_calls_from_its_parent(make_config, parent_run
     final = next(r for r in records if r["kind"] == "final_eval")
     assert 0 < final["val_bpb"] < 30
     # The samples answer held-out questions, from the prompt a chat shows before the reply.
-    assert final["samples"] and all(s["prompt"].startswith("<|user|>What is ") for s in final["samples"])
-    assert all(s["prompt"].endswith("<|assistant|>") for s in final["samples"])
+    held_out = {c[0].content for c in load_conversations(config.data).val}
+    assert final["samples"] and all(s["prompt"].removeprefix("<|user|>").removesuffix("<|end|><|assistant|>")
+                                    in held_out for s in final["samples"])
     assert ChatTokenIds.of(load_tokenizer(tmp_path / "tools" / "tokenizer.json")).has_tools
 
 
@@ -46,4 +46,6 @@ def test_the_shipped_tools_config_reads(parent_run):
     config = load_run_config(Path(__file__).parents[2] / "configs" / "tiny-tools.yaml",
                              [f"train.init_from={parent_run}", "run.out_dir=unused"])
     assert (config.data.source, config.data.format) == ("calculator", "chat")
-    assert (config.data.calculator.digits, config.data.calculator.operations) == (3, "+-*")
+    calculator = config.data.calculator
+    assert (calculator.digits, calculator.operations, calculator.max_terms, calculator.max_exchanges) == (4, "+-*/", 4, 4)
+    assert calculator.parentheses and calculator.words and 0 < calculator.plays_share < 1

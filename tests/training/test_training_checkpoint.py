@@ -1,8 +1,6 @@
 """Training's side of a checkpoint: the optimizer continuing from one, RNG state round trips, the
 shape a resume must keep, and MFU accounting (the files themselves: tests/rundir)."""
 
-from __future__ import annotations
-
 import json
 import random
 from contextlib import nullcontext
@@ -14,12 +12,12 @@ import torch
 from model.config import GPTConfig
 from model.gpt import GPT
 from rundir.checkpoint import CheckpointError, load_trainer_state, save_checkpoint
+from training.checkpointing import capture_rng_state, restore_rng_state
 from training.config import TrainConfig
 from training import metrics
 from training.metrics import known_gpu_peak, measure_matmul_flops, mfu
 from training.optim import build_optimizer, plan_param_groups
 from training.resume_rules import check_model_shape
-from training.rng_state import capture_rng_state, restore_rng_state
 
 SHAPE = dict(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_kv_head=1, n_embd=32)
 
@@ -29,16 +27,14 @@ def draws() -> tuple:
 
 
 def test_rng_states_survive_a_weights_only_round_trip(tmp_path):
-    torch.manual_seed(1)
-    np.random.seed(2)
-    random.seed(3)
+    for seed, seeding in enumerate((torch.manual_seed, np.random.seed, random.seed), 1):
+        seeding(seed)
     np.random.randn()  # leaves a cached gaussian in numpy's state
     state = capture_rng_state()
     expected = draws()
     torch.save(state, tmp_path / "rng.pt")
-    torch.manual_seed(99)
-    np.random.seed(99)
-    random.seed(99)
+    for seeding in (torch.manual_seed, np.random.seed, random.seed):
+        seeding(99)
     restore_rng_state(torch.load(tmp_path / "rng.pt", weights_only=True))
     assert draws() == expected
 
@@ -82,10 +78,8 @@ def test_a_resume_may_not_change_the_models_shape_or_options_naming_the_key(tmp_
 
 def test_mfu_and_peaks():
     assert mfu(6e6, 1e5, 1.2e12) == pytest.approx(0.5)
-    assert known_gpu_peak("NVIDIA H100 80GB HBM3") == 989e12
-    assert known_gpu_peak("NVIDIA H100 PCIe") == 756e12
-    assert known_gpu_peak("NVIDIA A100-SXM4-80GB") == 312e12
-    assert known_gpu_peak("Some Future GPU") is None
+    names = ("NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe", "NVIDIA A100-SXM4-80GB", "Some Future GPU")
+    assert [known_gpu_peak(name) for name in names] == [989e12, 756e12, 312e12, None]
 
 
 def test_the_cpu_peak_is_the_best_measured_on_this_machine(tmp_path, monkeypatch):
@@ -95,15 +89,13 @@ def test_the_cpu_peak_is_the_best_measured_on_this_machine(tmp_path, monkeypatch
     monkeypatch.setattr(metrics, "measure_matmul_flops", lambda *args, **kwargs: next(measured))
     cache = tmp_path / "cache" / "peak_flops.json"
     cpu = torch.device("cpu")
-    peaks = []
-    for _ in range(3):
-        peak, source = metrics.peak_flops("auto", cpu, torch.float32, cache_file=cache)
-        peaks.append(peak)
-    assert peaks == [17e9, 55e9, 55e9]
+    peaks = [metrics.peak_flops("auto", cpu, torch.float32, cache_file=cache) for _ in range(3)]
+    assert [peak for peak, _ in peaks] == [17e9, 55e9, 55e9]
+    source = peaks[-1][1]
     assert source == f"the fastest 1024x1024 float32 matmul measured here at {torch.get_num_threads()} thread" + (
         "s" if torch.get_num_threads() != 1 else "")
     # 6 MFLOP a token at 2,750 tokens/s is 16.5 GFLOP/s of model arithmetic: 30% of the best peak.
-    assert mfu(6e6, 2750, peaks[-1]) == pytest.approx(0.3)
+    assert mfu(6e6, 2750, peaks[-1][0]) == pytest.approx(0.3)
     assert list(json.loads(cache.read_text()).values()) == [55e9]
     # Another thread count is another peak; a setting in the config is taken as it is.
     threads = torch.get_num_threads()

@@ -1,7 +1,5 @@
 """Device, precision and compile choices."""
 
-from __future__ import annotations
-
 import subprocess
 import sys
 from contextlib import nullcontext
@@ -18,10 +16,8 @@ from training.resume_rules import run_precision
 
 
 def test_explicit_cpu_and_auto():
-    assert select_device("cpu") == torch.device("cpu")
-    auto = select_device("auto")
     expected = "cuda" if torch.cuda.is_available() else ("mps" if torch.backends.mps.is_available() else "cpu")
-    assert auto.type == expected
+    assert select_device("cpu") == torch.device("cpu") and select_device("auto").type == expected
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
@@ -35,13 +31,12 @@ def test_auto_picks_bf16_on_a_cpu_with_bf16_dot_products_and_either_can_be_force
     monkeypatch.setattr(device_module, "cpu_has_bf16_dot_products", lambda: has_bf16)
     cpu = torch.device("cpu")
     assert resolve_precision("auto", cpu) == (torch.bfloat16 if has_bf16 else torch.float32)
-    assert resolve_precision("bf16", cpu) == torch.bfloat16
-    assert resolve_precision("fp32", cpu) == torch.float32
+    assert (resolve_precision("bf16", cpu), resolve_precision("fp32", cpu)) == (torch.bfloat16, torch.float32)
     # A resumed run: auto keeps the precision it trained in; an explicit setting changes it.
     for own in ("fp32", "bf16"):
         assert precision_name(resolve_precision("auto", cpu, run_own=own)) == own
-        assert resolve_precision("fp32", cpu, run_own=own) == torch.float32
-        assert resolve_precision("bf16", cpu, run_own=own) == torch.bfloat16
+        assert (resolve_precision("fp32", cpu, run_own=own), resolve_precision("bf16", cpu, run_own=own)) == (
+            torch.float32, torch.bfloat16)
 
 
 @pytest.mark.parametrize("setting, run_own, expected", [
@@ -61,11 +56,9 @@ def test_a_gpu_without_bf16_refuses_it_in_one_line_even_as_a_runs_own(monkeypatc
 def test_a_run_without_a_saved_precision_resumes_as_auto_chose_then():
     cpu, gpu = torch.device("cpu"), torch.device("cuda")
     assert run_precision(None, cpu) is None  # a new run
-    assert run_precision({"precision": "bf16"}, cpu) == "bf16"
-    assert run_precision({"precision": "fp32"}, gpu) == "fp32"
+    assert (run_precision({"precision": "bf16"}, cpu), run_precision({"precision": "fp32"}, gpu)) == ("bf16", "fp32")
     # Saved before the precision was: auto was fp32 on every CPU, and chose on a GPU as it does now.
-    assert run_precision({}, cpu) == "fp32"
-    assert run_precision({}, gpu) is None
+    assert (run_precision({}, cpu), run_precision({}, gpu)) == ("fp32", None)
 
 
 @pytest.mark.parametrize("capabilities, expected", [
@@ -99,22 +92,17 @@ def test_on_a_cpu_with_avx512_bf16_auto_trains_in_bf16():
     assert resolve_precision("auto", torch.device("cpu")) == torch.bfloat16
 
 
-def test_cpu_compiles_only_when_asked_and_autocast_is_a_no_op_in_fp32():
+def test_cpu_compiles_only_when_asked_and_autocast_is_a_no_op_in_fp32(monkeypatch, capsys):
     cpu = torch.device("cpu")
-    assert should_compile("auto", cpu) is False
-    assert should_compile(True, cpu) is True
-    assert should_compile("auto", torch.device("cuda")) is True
-    with autocast(cpu, torch.float32):
-        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.float32
-    with autocast(cpu, torch.bfloat16):
-        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16
-
-
-def test_compile_on_cpu_without_a_cxx_compiler_trains_uncompiled(monkeypatch, capsys):
+    assert (should_compile("auto", cpu), should_compile(True, cpu), should_compile("auto", torch.device("cuda"))) == (
+        False, True, True)
+    for dtype in (torch.float32, torch.bfloat16):
+        with autocast(cpu, dtype):
+            assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == dtype
+    # Without a C++ compiler the CPU trains uncompiled, and says why.
     monkeypatch.setenv("CXX", "")
     monkeypatch.setattr("shutil.which", lambda name: None)
-    assert should_compile(True, torch.device("cpu")) is False
-    assert "no C++ compiler" in capsys.readouterr().err
+    assert should_compile(True, torch.device("cpu")) is False and "no C++ compiler" in capsys.readouterr().err
     # A GPU compiles with Triton, not the host C++ compiler: the setting stands.
     assert should_compile(True, torch.device("cuda")) is True
 

@@ -1,16 +1,17 @@
 """The trainer's validation numbers, recomputed by hand over the same windows."""
 
-from __future__ import annotations
-
 import math
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from data.tokenizer import EOT, train_tokenizer
+from inference.engine import decode
+from inference.sampling import SamplingSettings
 from model.config import GPTConfig
 from model.gpt import GPT
-from training.evaluate import evaluate
+from training.evaluate import evaluate, generate_sample
 
 
 def test_full_pass_loss_and_bits_per_byte_match_a_hand_computation() -> None:
@@ -24,7 +25,6 @@ def test_full_pass_loss_and_bits_per_byte_match_a_hand_computation() -> None:
 
     result = evaluate(model, val, token_bytes, block_size=block, batch_size=2, max_batches=None,
                       device=torch.device("cpu"))
-
     nats_all, count, text_nats, text_bytes = 0.0, 0, 0.0, 0
     with torch.no_grad():
         for start in range(0, (len(val) - 1) // block * block, block):  # non-overlapping windows
@@ -36,19 +36,12 @@ def test_full_pass_loss_and_bits_per_byte_match_a_hand_computation() -> None:
             text = token_bytes[y] > 0
             text_nats += nats[text].sum().item()
             text_bytes += token_bytes[y].sum().item()
-
-    assert result.tokens == count == 5 * block
-    assert result.bytes == text_bytes
+    assert result.tokens == count == 5 * block and result.bytes == text_bytes
     assert abs(result.loss - nats_all / count) < 1e-5
     assert abs(result.bpb - text_nats / math.log(2) / text_bytes) < 1e-5
 
 
 def test_a_sample_is_one_document_ending_where_the_model_ends_it() -> None:
-    from data.tokenizer import EOT, train_tokenizer
-    from inference.engine import decode
-    from inference.sampling import SamplingSettings
-    from training.evaluate import generate_sample
-
     tokenizer = train_tokenizer(["ab ba abba baab " * 20] * 4, 270)
     eot, a = tokenizer.token_to_id(EOT), tokenizer.token_to_id("a")
     torch.manual_seed(0)
@@ -63,7 +56,6 @@ def test_a_sample_is_one_document_ending_where_the_model_ends_it() -> None:
     ids = list(free.token_ids)
     assert eot in ids and ids.index(eot) > 0  # the case this test is for: a document ends mid-sample
     sample = generate_sample(model, tokenizer, "ab", settings)
-    assert sample == "ab" + "a" * ids.index(eot)
-    assert EOT not in sample
+    assert sample == "ab" + "a" * ids.index(eot) and EOT not in sample
     # An unconditional sample starts from end-of-text alone, which is not text either.
     assert EOT not in generate_sample(model, tokenizer, "", settings)

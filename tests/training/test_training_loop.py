@@ -1,7 +1,5 @@
 """The training loop end to end in-process: learning, accumulation, checkpoints, resume, failures."""
 
-from __future__ import annotations
-
 import os
 import signal
 import tempfile
@@ -10,9 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 
+import rundir.checkpoint as checkpoint_module
 import training.tasks.text as tasks_module
 import training.trainer as trainer_module
 from common.errors import UserError
+from data.batches.text import TrainBatches
+from data.prepared.text import prepare_data
+from model.config import GPTConfig
 from model.gpt import GPT
 from model.io import load_pretrained
 from rundir.checkpoint import CheckpointError, load_trainer_state
@@ -58,43 +60,34 @@ def test_loss_decreases_and_the_run_dir_describes_itself(make_config, tmp_path):
     for name in ("config.yaml", "tokenizer.json", "model_config.json", "model.safetensors", STATE_FILE, "metrics.jsonl"):
         assert (run / name).is_file(), name
     records = read_metrics(run / "metrics.jsonl")
-    train_records = [r for r in records if r["kind"] == "train"]
-    assert [r["step"] for r in train_records] == list(range(1, 41))
-    first, last = train_records[0]["loss"], train_records[-1]["loss"]
-    assert last < first - 1.0, (first, last)
+    losses = [r["loss"] for r in records if r["kind"] == "train"]
+    assert [r["step"] for r in records if r["kind"] == "train"] == list(range(1, 41))
+    assert losses[-1] < losses[0] - 1.0, losses
     evals = [r for r in records if r["kind"] == "eval"]
     assert [r["step"] for r in evals] == [20, 40]
     # The sample continues a prompt from the run's own held-out text (training/tasks/text.py).
     assert result.sample_prompt and evals[0]["sample"].startswith(result.sample_prompt)
     final = [r for r in records if r["kind"] == "final_eval"]
     assert len(final) == 1 and final[0]["val_loss"] == pytest.approx(result.val_loss)
-    assert result.val_loss < evals[0]["val_loss"] + 0.5
-    assert 0 < result.val_bpb < 8
+    assert result.val_loss < evals[0]["val_loss"] + 0.5 and 0 < result.val_bpb < 8
     # The saved config is the one trained with; the weights load for generation.
     assert load_run_config(run / "config.yaml") == cfg
-    model = load_pretrained(run)
     state = load_trainer_state(run)
-    assert max_weight_diff(model.state_dict(), state["model"]) == 0.0
+    assert max_weight_diff(load_pretrained(run).state_dict(), state["model"]) == 0.0
     assert state["step"] == 40 and state["tokens_seen"] == 40 * 8 * 32 == result.tokens_seen
 
 
 def test_grad_accumulation_equals_one_larger_batch():
     torch.manual_seed(0)
-    from model.config import GPTConfig
-
     model = GPT(GPTConfig(vocab_size=50, block_size=12, n_layer=2, n_head=2, n_kv_head=1, n_embd=32))
     x, y = torch.randint(0, 50, (12, 12)), torch.randint(0, 50, (12, 12))
-
     chunks = iter(list(zip(x.chunk(4), y.chunk(4))))
     loss_accum = accumulate_gradients(model, lambda: next(chunks), 4)
     grads_accum = [p.grad.clone() for p in model.parameters()]
     micro_losses = [model(xc, yc)[1].item() for xc, yc in zip(x.chunk(4), y.chunk(4))]
     model.zero_grad(set_to_none=True)
-
     loss_big = accumulate_gradients(model, lambda: (x, y), 1)
-    grads_big = [p.grad.clone() for p in model.parameters()]
-
-    for a, b in zip(grads_accum, grads_big):
+    for a, b in zip(grads_accum, [p.grad for p in model.parameters()]):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     # The returned loss is the mean of the micro-batch losses (= the big batch's loss here).
     assert loss_accum.item() == pytest.approx(sum(micro_losses) / 4, rel=1e-6)
@@ -102,39 +95,31 @@ def test_grad_accumulation_equals_one_larger_batch():
 
 
 @pytest.mark.parametrize("grad_clip", [0.01, 0.0])
-def test_the_step_applies_the_clipped_gradient(make_config, tmp_path, grad_clip):
-    # AdamW's first update hardly depends on the gradient's scale, so read the clip from its state:
-    # after one step the first moment is (1 - beta1) times the gradient the optimizer was given,
-    # whose norm is the logged (unclipped) norm, or train.grad_clip when that is smaller.
-    cfg = make_config(train={"max_steps": 1, "grad_clip": grad_clip}, eval={"interval": 0, "sample_tokens": 0})
-    train(cfg, progress=False)
-    logged = next(r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["kind"] == "train")["grad_norm"]
-    moments = [s["exp_avg"] for s in load_trainer_state(tmp_path / "run")["optimizer"]["state"].values()]
-    given = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(m) for m in moments])).item()
-    assert logged > 0.01  # the norm at initialisation, so the small clip binds
-    expected = min(logged, grad_clip) if grad_clip > 0 else logged
-    assert given / (1 - cfg.train.beta1) == pytest.approx(expected, rel=1e-4)
-
-
-def test_logged_loss_is_the_mean_over_micro_batches(make_config, tmp_path):
-    from data.batches.text import TrainBatches
-    from data.prepared.text import prepare_data
-
-    cfg = make_config(train={"max_steps": 1, "grad_accum_steps": 3}, eval={"interval": 0})
+def test_the_step_logs_the_mean_loss_of_its_micro_batches_and_applies_the_clipped_gradient(make_config, tmp_path,
+                                                                                           grad_clip):
+    cfg = make_config(train={"max_steps": 1, "grad_accum_steps": 3, "grad_clip": grad_clip},
+                      eval={"interval": 0, "sample_tokens": 0})
     train(cfg, progress=False)
     logged = read_metrics(tmp_path / "run" / "metrics.jsonl")[0]
     assert logged["kind"] == "train" and logged["step"] == 1
-
-    # Rebuild step 1 by hand: the same initial weights and the same three micro-batches.
+    # Rebuild step 1's loss by hand: the same initial weights and the same three micro-batches.
     torch.manual_seed(cfg.train.seed)
     model = GPT(cfg.model)
-    prepared = prepare_data(cfg.data, progress=False)
-    batches = TrainBatches(prepared.train_tokens(), cfg.model.block_size, cfg.train.batch_size, seed=cfg.train.seed)
+    tokens = prepare_data(cfg.data, progress=False).train_tokens()
+    batches = TrainBatches(tokens, cfg.model.block_size, cfg.train.batch_size, seed=cfg.train.seed)
     with torch.no_grad():
         losses = [model(*batches.next())[1].item() for _ in range(3)]
     assert len(set(losses)) == 3  # three different micro-batches
     assert logged["loss"] == pytest.approx(sum(losses) / 3, rel=1e-5)
     assert logged["tokens"] == 3 * cfg.train.batch_size * cfg.model.block_size
+    # AdamW's first update hardly depends on the gradient's scale, so read the clip from its state:
+    # after one step the first moment is (1 - beta1) times the gradient the optimizer was given,
+    # whose norm is the logged (unclipped) norm, or train.grad_clip when that is smaller.
+    moments = [s["exp_avg"] for s in load_trainer_state(tmp_path / "run")["optimizer"]["state"].values()]
+    given = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(m) for m in moments])).item()
+    assert logged["grad_norm"] > 0.01  # the norm at initialisation, so the small clip binds
+    expected = min(logged["grad_norm"], grad_clip) if grad_clip > 0 else logged["grad_norm"]
+    assert given / (1 - cfg.train.beta1) == pytest.approx(expected, rel=1e-4)
 
 
 def test_a_step_abandoned_between_micro_batches_is_taken_whole_on_resume(make_config, tmp_path, monkeypatch):
@@ -173,16 +158,10 @@ OPTIONS = dict(value_embeddings=True, tie_embeddings=False)
     ("adamw", "random", {}, "fp32"), ("muon", "random", {}, "fp32"), ("muon", "epoch", {}, "fp32"),
     ("muon", "epoch", OPTIONS, "fp32"), ("muon", "random", {}, "bf16")])
 def test_resume_equals_an_uninterrupted_run(make_config, tmp_path, monkeypatch, optimizer, sampling, model, precision):
-    sections = dict(
-        model=model,
-        train={"max_steps": 16, "grad_accum_steps": 2, "optimizer": optimizer, "sampling": sampling,
-               "precision": precision},
-        eval={"interval": 5},
-        run={"checkpoint_interval": 4},
-    )
-    straight = make_config(tmp_path / "straight", **sections)
-    expected = train(straight, progress=False)
-
+    sections = dict(model=model, eval={"interval": 5}, run={"checkpoint_interval": 4},
+                    train={"max_steps": 16, "grad_accum_steps": 2, "optimizer": optimizer, "sampling": sampling,
+                           "precision": precision})
+    expected = train(make_config(tmp_path / "straight", **sections), progress=False)
     broken = make_config(tmp_path / "broken", **sections)
     interrupt_at(monkeypatch, 7)
     stopped = train(broken, progress=False)
@@ -192,7 +171,6 @@ def test_resume_equals_an_uninterrupted_run(make_config, tmp_path, monkeypatch, 
 
     resumed = train(broken, resume=True, progress=False)
     assert resumed.step == 16 and resumed.stopped_by == "max_steps"
-
     a, b = load_trainer_state(tmp_path / "straight"), load_trainer_state(tmp_path / "broken")
     assert max_weight_diff(a["model"], b["model"]) == 0.0 and b["precision"] == precision
     assert resumed.val_loss == pytest.approx(expected.val_loss, abs=1e-6)
@@ -202,8 +180,6 @@ def test_resume_equals_an_uninterrupted_run(make_config, tmp_path, monkeypatch, 
 
 def test_a_checkpoint_interrupted_mid_write_leaves_the_previous_one(make_config, tmp_path, monkeypatch):
     cfg = make_config(train={"max_steps": 8}, eval={"interval": 0}, run={"checkpoint_interval": 4})
-    import rundir.checkpoint as checkpoint_module
-
     real_save = torch.save
     calls = {"n": 0}
 
@@ -221,10 +197,8 @@ def test_a_checkpoint_interrupted_mid_write_leaves_the_previous_one(make_config,
     run = tmp_path / "run"
     assert load_trainer_state(run)["step"] == 4
     assert not [p for p in run.iterdir() if p.name.endswith(".tmp")]  # no temp file left behind
-    resumed = train(cfg, resume=True, progress=False)
-    assert resumed.step == 8
-    steps = [r["step"] for r in read_metrics(run / "metrics.jsonl") if r["kind"] == "train"]
-    assert steps == list(range(1, 9))
+    assert train(cfg, resume=True, progress=False).step == 8
+    assert [r["step"] for r in read_metrics(run / "metrics.jsonl") if r["kind"] == "train"] == list(range(1, 9))
 
 
 def _nan_loss_at(monkeypatch, step: int) -> None:
@@ -271,10 +245,9 @@ def test_a_diverged_step_stops_the_run_and_keeps_the_last_checkpoint(make_config
     with open(metrics, "a") as f:
         f.write('{"kind": "train", "st')
     monkeypatch.undo()
-    resumed = train(cfg, resume=True, progress=False)
-    assert resumed.step == 10
-    steps = [(r["kind"], r["step"]) for r in read_metrics(metrics)]
-    assert steps == [("train", s) for s in range(1, 11)] + [("final_eval", 10)]
+    assert train(cfg, resume=True, progress=False).step == 10
+    assert [(r["kind"], r["step"]) for r in read_metrics(metrics)] == [("train", s) for s in range(1, 11)] + [
+        ("final_eval", 10)]
 
 
 def test_time_and_token_budgets_end_the_run(make_config):
@@ -304,14 +277,22 @@ def test_progress_bar_trusts_the_clock_budget_over_tqdms_estimate(make_config, c
         assert "100%" in bars[-1] and "300/300 s, step 3 | loss" in bars[-1] and all("/300 s" in bar for bar in bars), bars
 
 
-def test_run_dir_holding_a_run_is_refused_then_overwritten_when_asked(make_config, tmp_path):
-    cfg = make_config(train={"max_steps": 2}, eval={"interval": 0})
-    train(cfg, progress=False)
+def test_a_run_dir_holding_a_run_is_refused_resumed_in_its_own_thread_count_or_overwritten(make_config, tmp_path):
+    train(make_config(train={"max_steps": 2}, eval={"interval": 0}), progress=False)  # one thread (conftest)
+    longer = make_config(train={"max_steps": 3}, eval={"interval": 0})
     with pytest.raises(CheckpointError, match="already holds a run.*--resume.*--overwrite"):
-        train(make_config(train={"max_steps": 3}, eval={"interval": 0}), progress=False)
+        train(longer, progress=False)
     assert load_trainer_state(tmp_path / "run")["step"] == 2  # untouched by the refusal
-    result = train(make_config(train={"max_steps": 3}, eval={"interval": 0}), overwrite=True, progress=False)
-    assert result.step == 3
+    # The thread count changes the last bits of every step; a resume under auto takes the checkpoint's,
+    # whatever the machine (or OMP_NUM_THREADS) says now, so it stays exact.
+    os.environ["OMP_NUM_THREADS"] = "2"
+    torch.set_num_threads(2)
+    try:
+        train(longer, resume=True, progress=False)
+        assert torch.get_num_threads() == 1
+    finally:
+        os.environ["OMP_NUM_THREADS"] = "1"
+    assert train(longer, overwrite=True, progress=False).step == 3
     assert [r["step"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["kind"] == "train"] == [1, 2, 3]
 
 
@@ -399,21 +380,5 @@ def test_a_resume_takes_the_rates_and_muons_momentum_from_the_config(make_config
     muon_group, groups = optimizer()["muon"]["param_groups"][0], optimizer()["adamw"]["param_groups"]
     assert muon_group["momentum"] == pytest.approx(0.90)
     assert [len(g["params"]) for g in groups] == [len(groups[0]["params"]), 1]  # the one table (2 layers)
-    assert groups[0]["lr"] > 0
-    assert muon_group["lr"] / groups[0]["lr"] == pytest.approx(0.06 / changed.train.lr)
+    assert groups[0]["lr"] > 0 and muon_group["lr"] / groups[0]["lr"] == pytest.approx(0.06 / changed.train.lr)
     assert groups[1]["lr"] / groups[0]["lr"] == pytest.approx(0.05 / changed.train.lr)
-
-
-def test_a_resume_keeps_the_runs_own_thread_count(make_config, tmp_path):
-    # The count changes the last bits of every step; a resume under auto takes the checkpoint's,
-    # whatever the machine (or OMP_NUM_THREADS) says now, so it stays exact.
-    config = make_config(tmp_path / "run", train={"max_steps": 2}, eval={"interval": 0})
-    train(config, progress=False)  # one thread: the environment's OMP_NUM_THREADS (conftest)
-    longer = make_config(tmp_path / "run", train={"max_steps": 3}, eval={"interval": 0})
-    os.environ["OMP_NUM_THREADS"] = "2"
-    torch.set_num_threads(2)
-    try:
-        train(longer, resume=True, progress=False)
-        assert torch.get_num_threads() == 1
-    finally:
-        os.environ["OMP_NUM_THREADS"] = "1"

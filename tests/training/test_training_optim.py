@@ -1,7 +1,5 @@
 """Parameter groups for weight decay, and the warmup + cosine schedule by steps and by time."""
 
-from __future__ import annotations
-
 import copy
 import math
 
@@ -24,27 +22,21 @@ def tiny_gpt() -> GPT:
     return GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_kv_head=1, n_embd=32))
 
 
-def test_weight_decay_only_on_linear_weights():
+def test_weight_decay_only_on_linear_weights_and_the_optimizer_applies_it_so():
     model = tiny_gpt()
     decay, no_decay = decayed_and_not(model)
     decayed = {id(p) for p in decay}
     linear = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     # Linear weights other than the (tied) output head are decayed; nothing else is.
-    assert decayed == linear - embeddings
-    assert not decayed & embeddings
-    for p in no_decay:
-        assert p.ndim < 2 or id(p) in embeddings
+    assert decayed == linear - embeddings and not decayed & embeddings
+    assert all(p.ndim < 2 or id(p) in embeddings for p in no_decay)
     # Every trainable tensor sits in exactly one group.
     all_params = {id(p) for p in model.parameters()}
-    assert decayed | {id(p) for p in no_decay} == all_params
-    assert len(decay) + len(no_decay) == len(all_params)
+    assert decayed | {id(p) for p in no_decay} == all_params and len(decay) + len(no_decay) == len(all_params)
     groups = plan_param_groups(model, TrainConfig(max_steps=1, weight_decay=0.1))
     assert [(g.name, g.weight_decay) for g in groups] == [("matrices", 0.1), ("other", 0.0)]
-
-
-def test_optimizer_applies_no_decay_to_norms_and_embeddings():
-    model = tiny_gpt()
+    # The optimizer applies it so: norms and embeddings are never decayed.
     cfg = TrainConfig(max_steps=1, weight_decay=0.5, lr=1e-2)
     opt = build_optimizer(plan_param_groups(model, cfg), cfg, torch.device("cpu"))
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
@@ -80,15 +72,13 @@ def test_wsd_holds_the_peak_then_decays_linearly_over_the_last_fraction():
     # The clock drives it the same way when time binds.
     timed = LRSchedule(lr=1.0, min_lr=0.0, warmup_steps=0, max_steps=None, max_seconds=100.0, shape="wsd",
                        decay_fraction=0.5)
-    assert timed(7, elapsed_s=40.0) == pytest.approx(1.0)
-    assert timed(7, elapsed_s=75.0) == pytest.approx(0.5)
+    assert timed(7, elapsed_s=40.0) == pytest.approx(1.0) and timed(7, elapsed_s=75.0) == pytest.approx(0.5)
 
 
 def test_time_budget_drives_the_decay_when_it_binds():
     s = LRSchedule(lr=1.0, min_lr=0.0, warmup_steps=0, max_steps=1000, max_seconds=100.0)
     # Few steps done, but the clock is half gone: progress follows the clock.
-    assert s(10, elapsed_s=50.0) == pytest.approx(0.5)
-    assert s(10, elapsed_s=100.0) == pytest.approx(0.0)
+    assert s(10, elapsed_s=50.0) == pytest.approx(0.5) and s(10, elapsed_s=100.0) == pytest.approx(0.0)
     # Steps ahead of the clock: progress follows the steps.
     assert s(500, elapsed_s=1.0) == pytest.approx(0.5)
     time_only = LRSchedule(lr=1.0, min_lr=0.0, warmup_steps=0, max_steps=None, max_seconds=60.0)
@@ -129,6 +119,13 @@ def test_muon_takes_the_hidden_matrices_and_adamw_the_rest():
     set_learning_rate(opt, groups, 1e-3, momentum=0.9)  # Muon's momentum rides with the rates
     assert opt.muon.param_groups[0]["momentum"] == 0.9
     assert all("momentum" not in g and g["betas"] == (cfg.beta1, cfg.beta2) for g in opt.adamw.param_groups)
+    # Both move their parameters, and zero_grad clears them all.
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    x = torch.randint(0, 64, (2, 16))
+    model(x, x)[1].backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    assert all(not torch.equal(p, before[name]) and p.grad is None for name, p in model.named_parameters())
 
 
 @pytest.mark.parametrize("optimizer", ["muon", "adamw"])
@@ -159,20 +156,6 @@ def test_value_embedding_tables_run_at_their_own_rate(optimizer):
     # A model without tables has no such group, whatever the setting.
     plain = plan_param_groups(tiny_gpt(), TrainConfig(max_steps=1, optimizer=optimizer, value_embedding_lr=0.03))
     assert len(plain) == len(groups) - 1
-
-
-def test_muon_and_adamw_both_move_their_parameters():
-    model = tiny_gpt()
-    cfg = TrainConfig(max_steps=1, optimizer="muon")
-    opt = build_optimizer(plan_param_groups(model, cfg), cfg, torch.device("cpu"))
-    before = {name: p.detach().clone() for name, p in model.named_parameters()}
-    x = torch.randint(0, 64, (2, 16))
-    model(x, x)[1].backward()
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    for name, p in model.named_parameters():
-        assert not torch.equal(p, before[name]), name
-        assert p.grad is None
 
 
 @pytest.mark.parametrize("optimizer", ["muon", "adamw"])

@@ -14,12 +14,12 @@ import numpy as np
 import torch
 from torch import nn
 
+from common.signals import StopRequest
 from inference.sampling import SamplingSettings
 from training.attention_probe import AttentionProbe
 from training.config import Config, ConfigError
 from training.distributed import DistContext
 from training.evaluate import EvalResult
-from training.interrupt import StopRequest
 from training.result import Words
 
 if TYPE_CHECKING:

@@ -14,10 +14,10 @@ from data.prepared.text import prepare_data
 from data.tokenizer import EOT
 from training.adapters import Adapters
 from training.attention_probe import attention_probe
+from training.checkpointing import capture_rng_state, restore_rng_state
 from training.config import Config
 from training.evaluate import evaluate, generate_sample
 from training.result import Words
-from training.rng_state import capture_rng_state, restore_rng_state
 from training.tasks.task import Batches, Task, accumulate_gradients, fitted
 
 

@@ -1,20 +1,13 @@
-"""Fixtures for the export tests: tiny runs in the layout train.py writes (weights, tokenizer.json,
-config.yaml, metrics.jsonl), each exported once per session."""
-
-from __future__ import annotations
+"""Fixtures for the export tests: tiny runs as train.py writes them, each exported once per session."""
 
 import shutil
+from functools import cache
 from pathlib import Path
 
 import pytest
 
 from export_testkit import build_run, train_test_tokenizer
 from run_testkit import ALL_OPTIONS
-
-
-@pytest.fixture(autouse=True)
-def _single_thread(one_torch_thread):
-    yield
 
 
 @pytest.fixture(scope="session")
@@ -50,14 +43,7 @@ def make_export(tmp_path_factory, chat_tokenizer):
 def hf_models():
     """transformers models loaded from an export folder, cached by folder."""
     transformers = pytest.importorskip("transformers")
-    loaded = {}
-
-    def load(folder: Path):
-        if folder not in loaded:
-            loaded[folder] = transformers.AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).eval()
-        return loaded[folder]
-
-    return load
+    return cache(lambda folder: transformers.AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).eval())
 
 
 @pytest.fixture

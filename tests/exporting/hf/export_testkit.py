@@ -1,7 +1,5 @@
 """Builders for the export tests: tiny runs like train.py writes, with config.yaml and metrics.jsonl."""
 
-from __future__ import annotations
-
 import json
 import subprocess
 import sys

@@ -1,7 +1,4 @@
-"""export.py stopped by the filesystem or the user: one line and exit 2, or the signal's code, with the
-previous export intact and no hidden folder left (a SIGKILL's is removed by the next export)."""
-
-from __future__ import annotations
+"""export.py stopped by the filesystem or a signal: one line, the previous export intact, nothing hidden left."""
 
 import errno
 import os

@@ -1,8 +1,6 @@
-"""The exported folder, loaded by transformers, computes what our model computes: logits within 1e-5
-in fp32, generate.py's greedy tokens exactly, our tokenizer and chat template token for token."""
+"""The exported folder, loaded by transformers, computes, tokenizes and templates what ours does."""
 
-from __future__ import annotations
-
+import re
 import subprocess
 import sys
 import textwrap
@@ -116,7 +114,7 @@ def test_without_learned_positions_a_sequence_may_run_past_the_trained_context(m
     assert ("rotary positions (RoPE, base 10000)" in card) == (positions == "rope")
 
 
-def test_weights_are_tied_on_load_and_unchanged_by_a_save(make_export, tmp_path):
+def test_weights_are_tied_on_load_unchanged_by_a_save_and_an_untied_head_stored(make_export, tmp_path, hf_models):
     from safetensors.torch import load_file
 
     _, folder = make_export()
@@ -138,9 +136,7 @@ def test_weights_are_tied_on_load_and_unchanged_by_a_save(make_export, tmp_path)
     ids = torch.arange(10)[None]
     with torch.no_grad():
         assert torch.equal(again(ids).logits, model(ids).logits)
-
-
-def test_untied_head_is_stored_and_loaded(make_export, hf_models):
+    # An untied head is stored and loaded.
     run_dir, folder = make_export(2, tie=False)
     model = hf_models(folder)
     assert model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr()
@@ -155,7 +151,7 @@ TEXTS = [
 ]
 
 
-def test_tokenizer_encodes_and_decodes_like_ours(make_export, chat_tokenizer):
+def test_tokenizer_encodes_and_decodes_like_ours_and_feeds_generate(make_export, chat_tokenizer, hf_models):
     from data.tokenizer import load_tokenizer
 
     _, folder = make_export()
@@ -169,6 +165,11 @@ def test_tokenizer_encodes_and_decodes_like_ours(make_export, chat_tokenizer):
         for skip in (False, True):
             assert theirs.decode(ids, skip_special_tokens=skip) == ours.decode(ids, skip_special_tokens=skip)
     assert theirs("<|end|>")["input_ids"] == [ours.token_to_id("<|end|>")]
+    _, folder = make_export()
+    inputs = transformers.AutoTokenizer.from_pretrained(folder)("ROMEO:", return_tensors="pt")
+    assert set(inputs.keys()) == {"input_ids", "attention_mask"}
+    out = hf_models(folder).generate(**inputs, max_new_tokens=4, do_sample=False, eos_token_id=None)
+    assert out.shape == (1, inputs["input_ids"].shape[1] + 4)
 
 
 CALL = {"id": "call_1", "type": "function", "function": {"name": "calculator", "arguments": '{"expression":"347*812"}'}}
@@ -212,8 +213,6 @@ def test_chat_template_renders_like_ours(make_export, chat_tokenizer, kind):
 def test_the_model_cards_recipe_keeps_typed_control_tokens_as_text(make_export, chat_tokenizer):
     """apply_chat_template turns typed control tokens into real ones (the card warns); the card's
     encode_chat gives our renderer's ids, which keeps them text."""
-    import re
-
     from data.tokenizer import load_tokenizer
     from data.chat import render_chat, to_messages
 
@@ -265,15 +264,6 @@ def test_pipeline_generates_text_from_a_folder_alone(make_export, tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.startswith("'ROMEO:")
     assert "max_length" not in done.stderr and "max_new_tokens" not in done.stderr, done.stderr
-
-
-def test_tokenizer_output_goes_straight_into_generate(make_export, hf_models):
-    """The tokenizer returns only what the model takes (transformers 4.x refuses token_type_ids)."""
-    _, folder = make_export()
-    inputs = transformers.AutoTokenizer.from_pretrained(folder)("ROMEO:", return_tensors="pt")
-    assert set(inputs.keys()) == {"input_ids", "attention_mask"}
-    out = hf_models(folder).generate(**inputs, max_new_tokens=4, do_sample=False, eos_token_id=None)
-    assert out.shape == (1, inputs["input_ids"].shape[1] + 4)
 
 
 def test_chat_generation_never_samples_a_role_token(make_export, hf_models):

@@ -1,18 +1,11 @@
 """Fixtures for the Llama and GGUF export tests: tiny Llama-shaped runs (rotary positions, no
 value embeddings; tied and untied head), each exported once per session in both formats."""
 
-from __future__ import annotations
-
 from pathlib import Path
 
 import pytest
 
 from llama_testkit import build_llama_run
-
-
-@pytest.fixture(autouse=True)
-def _single_thread(one_torch_thread):
-    yield
 
 
 @pytest.fixture(scope="session")

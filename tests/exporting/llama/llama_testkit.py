@@ -1,7 +1,5 @@
 """Builders and references for the Llama and GGUF export tests."""
 
-from __future__ import annotations
-
 from pathlib import Path
 
 import numpy as np

@@ -1,8 +1,6 @@
 """The GGUF export read back with the gguf package: llama metadata, our tokenizer, f32 tensors under
 GGUF's names, rows in llama.cpp's rotary order (a float64 reader of the file computes our logits)."""
 
-from __future__ import annotations
-
 import json
 
 import numpy as np

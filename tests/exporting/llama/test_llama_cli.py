@@ -1,7 +1,4 @@
-"""export.py --format llama and --format gguf: what they write and print, --overwrite over an
-earlier export of theirs, and one line naming every option in the way for a run that is not Llama."""
-
-from __future__ import annotations
+"""export.py --format llama and --format gguf: what they write and print, --overwrite, and refusals."""
 
 import json
 
@@ -66,25 +63,18 @@ def test_gguf_export_is_one_file_and_says_how_to_continue_a_prompt(tmp_path, cap
      ["model.value_embeddings is true (set false)"]),
     (dict(positions="rope", attention="mla", kv_latent_dim=32, n_kv_head=4), ["model.attention is mla (set gqa)"]),
 ], ids=["learned", "none", "options", "mla"])
-def test_a_run_that_is_not_llama_is_refused_naming_each_option(tmp_path, capsys, fmt, options, named):
+def test_a_run_that_is_not_llama_is_refused_naming_each_option(tmp_path, capsys, monkeypatch, fmt, options, named):
+    import rundir.loading
+
     run = run_testkit.build_run(tmp_path / "run", run_testkit.chat_tokenizer(), **options)
+    loads = []  # refused from the config, before the weights are read
+    monkeypatch.setattr(rundir.loading, "load_pretrained", lambda *a, **k: loads.append(a) or 1 / 0)
     line = one_error_line(main(["--run", str(run), "--out", str(tmp_path / "out"), "--format", fmt]),
                           *capsys.readouterr())
     assert f"cannot be exported as --format {fmt}" in line and "--format hf" in line
     for fragment in named:
         assert fragment in line
     assert not (tmp_path / "out").exists() and sorted(path.name for path in tmp_path.iterdir()) == ["run"]
-
-
-@pytest.mark.parametrize("fmt", ["llama", "gguf"])
-def test_the_shape_is_refused_from_the_config_before_the_weights_are_read(tmp_path, capsys, monkeypatch, fmt):
-    import rundir.loading
-
-    run = run_testkit.build_run(tmp_path / "run", run_testkit.chat_tokenizer(), positions="learned")
-    loads = []
-    monkeypatch.setattr(rundir.loading, "load_pretrained", lambda *a, **k: loads.append(a) or 1 / 0)
-    one_error_line(main(["--run", str(run), "--out", str(tmp_path / "out"), "--format", fmt]), *capsys.readouterr(),
-                   "model.positions is learned")
     assert loads == []
 
 

@@ -1,8 +1,6 @@
 """The GGUF export run by llama.cpp (llama-cpp-python, opt-in: skips where not installed): our greedy
 tokens at f32, logits within 1e-4 (other sum order), and our tokenizer's text both ways."""
 
-from __future__ import annotations
-
 from contextlib import closing
 
 import numpy as np

@@ -1,7 +1,4 @@
-"""``--format llama`` is transformers' own ``LlamaForCausalLM``: no remote code, our logits within 1e-5
-in fp32, our greedy tokens, and our ids from ``AutoTokenizer``."""
-
-from __future__ import annotations
+"""``--format llama`` is transformers' own ``LlamaForCausalLM``, with our logits, tokens and ids."""
 
 import pytest
 import torch

@@ -1,18 +1,10 @@
-"""Fixtures for the ONNX export tests: a tiny run with a 128-position window, exported once per session
-in each form, and ONNX Runtime sessions on the CPU."""
-
-from __future__ import annotations
+"""Fixtures for the ONNX tests: a run with a 128-position window, exported once per session in each form."""
 
 from pathlib import Path
 
 import pytest
 
 from onnx_testkit import BLOCK_SIZE, Exported
-
-
-@pytest.fixture(autouse=True)
-def _single_thread(one_torch_thread):
-    yield
 
 
 @pytest.fixture(scope="session")

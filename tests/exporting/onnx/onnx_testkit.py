@@ -1,7 +1,5 @@
 """Helpers for the ONNX export tests: an exported folder with its session, and each graph's feeds."""
 
-from __future__ import annotations
-
 import json
 from dataclasses import dataclass
 from functools import cached_property

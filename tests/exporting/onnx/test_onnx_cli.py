@@ -1,8 +1,7 @@
-"""python export.py --format onnx: the folder it writes, --overwrite, and what a failed or killed
-export leaves (its refusals of bad input are rows of tests/exporting/test_export_refusals.py)."""
+"""python export.py --format onnx: the folder it writes, --overwrite, and what a failed export leaves."""
 
-from __future__ import annotations
-
+import ast
+import json
 import shutil
 from pathlib import Path
 
@@ -44,8 +43,6 @@ def test_overwrite_replaces_an_earlier_export_with_the_static_form(capsys, onnx_
     printed = capsys.readouterr().out
     assert "static shapes, batch 1" in printed and "README.md" in printed
     assert {p.name for p in tmp_path.iterdir()} == {"export"}
-    import json
-
     assert json.loads((out / "config.json").read_text())["onnx"]["shapes"] == "static"
 
 
@@ -73,8 +70,6 @@ def test_a_sigkill_leftover_is_removed_by_the_next_onnx_export(onnx_run, tmp_pat
 
 
 def test_readme_loop_is_valid_python_for_any_folder_name():
-    import ast
-
     from exporting.onnx.readme import decoding_loop
 
     folder = """/tmp/it's a "quoted" \\folder"""

@@ -1,8 +1,6 @@
 """Greedy decoding through the ONNX cache gives generate.py --temperature 0's 100 tokens, in both forms,
 by the tests' loops and by the export README's snippet as written (learned positions: all fit in 128)."""
 
-from __future__ import annotations
-
 import ast
 import json
 import os
@@ -34,15 +32,12 @@ def generated(onnx_run) -> tuple[list[int], list[int]]:
     return prompt_ids, report["samples"][0]["token_ids"]
 
 
-def test_dynamic_graph_decodes_generate_py_tokens(dynamic_export, generated):
+@pytest.mark.parametrize("form", ["dynamic", "static"])
+def test_each_graph_decodes_generate_py_tokens(form, request, generated):
     prompt_ids, tokens = generated
     assert len(tokens) == STEPS and len(set(tokens)) > 10  # a real sequence, not one token repeated
-    assert greedy_dynamic(dynamic_export, prompt_ids, STEPS) == tokens
-
-
-def test_static_graph_decodes_generate_py_tokens(static_export, generated):
-    prompt_ids, tokens = generated
-    assert greedy_static(static_export, prompt_ids, STEPS) == tokens
+    greedy = greedy_static if form == "static" else greedy_dynamic
+    assert greedy(request.getfixturevalue(f"{form}_export"), prompt_ids, STEPS) == tokens
 
 
 def _readme_snippet(folder: Path) -> str:

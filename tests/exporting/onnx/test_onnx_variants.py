@@ -2,9 +2,8 @@
 ``past_key_values.{i}.latent`` per layer, a query latent, an explicit feed-forward width), GQA with
 value embeddings, rotary positions for both kinds, and no positions."""
 
-from __future__ import annotations
-
 from collections.abc import Callable
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -48,19 +47,15 @@ def export(tmp_path_factory) -> Callable[[str, str], Exported]:
     from exporting.onnx import export_onnx
     from model.io import load_pretrained
 
-    runs: dict[str, Path] = {}
-    exports: dict[tuple[str, str], Exported] = {}
+    run = cache(lambda variant: run_testkit.build_run(
+        tmp_path_factory.mktemp(variant) / "run", run_testkit.chat_tokenizer(), block_size=BLOCK_SIZE,
+        never_predicts=(EOT,), **VARIANTS[variant]))
 
+    @cache
     def get(variant: str, form: str) -> Exported:
-        if variant not in runs:
-            runs[variant] = run_testkit.build_run(
-                tmp_path_factory.mktemp(variant) / "run", run_testkit.chat_tokenizer(), block_size=BLOCK_SIZE,
-                never_predicts=(EOT,), **VARIANTS[variant])
-        if (variant, form) not in exports:
-            folder = tmp_path_factory.mktemp("variant-export") / form
-            export_onnx(runs[variant], folder, static_batch=1 if form == "static" else None)
-            exports[variant, form] = Exported(folder, load_pretrained(runs[variant]))
-        return exports[variant, form]
+        folder = tmp_path_factory.mktemp("variant-export") / form
+        export_onnx(run(variant), folder, static_batch=1 if form == "static" else None)
+        return Exported(folder, load_pretrained(run(variant)))
 
     return get
 

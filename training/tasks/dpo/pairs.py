@@ -15,9 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from common.errors import DataError
 from data.chat import Message, to_messages
 from data.config import DataConfig
-from data.errors import DataError
 from data.sources.conversations import ExampleSet, load_examples
 from data.sources.rows import SourceRows
 

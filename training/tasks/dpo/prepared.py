@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
+from common.errors import DataError
 from data.chat import ChatTokenIds, ChatTooLong, RenderedChat, fit_chat, render_chat
 from data.config import DataConfig
-from data.errors import DataError
 from data.prepared import cache
 from data.prepared.chat import (
     ChatSplit, PreparedSequences, check_split, chat_cache_spec, pack_sequences, read_splits, write_splits,

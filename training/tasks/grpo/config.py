@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from common.config import ConfigError, Section, require
-from data.config import check_calculator_problems
+from data.config import CalculatorShapes
 from training.config import Config, MethodSection, register_section
 from tools import ToolError, load_tools
 from training.tasks.grpo.rewards import BARE_ANSWER, RewardError, reward_function
@@ -60,23 +60,19 @@ class ArithmeticConfig(Section):
         return self
 
 
-class CalculatorTaskConfig(Section):
-    """The built-in prompts with the calculator in the loop (data/sources/tool_arithmetic.py), drawn by
-    ``seed`` as ``data.calculator`` draws its conversations: the same settings give the same problems in
-    the same order, ``val_problems`` held out first (an SFT run's held-out share of as many)."""
+class CalculatorTaskConfig(CalculatorShapes):
+    """The built-in prompts with the calculator in the loop (data/sources/tool_arithmetic.py): each
+    question of ``data.calculator``'s conversations after the exchanges before it, the plays' among them.
+    The same settings draw the same problems in the same order, ``val_problems`` held out first (an SFT
+    run's held-out share of as many), and the plays held out as ``data.val_fraction`` and ``split_seed``
+    hold them out."""
 
-    seed: int = 0
     train_problems: int = Field(2000, ge=1)
     val_problems: int = Field(200, ge=1)
-    digits: int = Field(3, ge=1, le=5)
-    operations: str = "*"
-    max_terms: int = Field(2, ge=2, le=4)
 
     @model_validator(mode="after")
     def _drawable(self) -> CalculatorTaskConfig:
-        check_calculator_problems("rl.calculator", "train_problems + val_problems",
-                                  self.train_problems + self.val_problems, self.digits, self.operations,
-                                  self.max_terms)
+        self.check_count("rl.calculator", "train_problems + val_problems", self.train_problems + self.val_problems)
         return self
 
 

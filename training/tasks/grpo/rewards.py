@@ -1,10 +1,12 @@
 """Reward functions for RL runs (``data.format: rl``): plain Python, chosen by name in ``rl.rewards``.
 
 A reward takes the prompt's text, the completion's text (without its end token) and the row's data
-(``{"question": ..., "answer": ...}`` for the arithmetic and calculator tasks), and returns a float.
+(``{"question": ..., "answer": ...}`` for the arithmetic and calculator tasks; the calculator task's
+rows say ``needs_tool``, False for the plays' speeches, which have no answer), and returns a float.
 With tools (``rl.tools``) the completion is the whole reply as the chat format renders it, calls and
-results included; ``tool_answer_correct`` scores its answer and ``tool_format`` its calls, while the
-bare-answer rewards are refused (``BARE_ANSWER``). A run adds the rewards it names and logs each
+results included; ``tool_answer_correct`` scores its answer, ``tool_format`` its calls (both 0 where no
+tool is needed) and ``tool_when_needed`` whether it called exactly where one is, while the bare-answer
+rewards are refused (``BARE_ANSWER``). A run adds the rewards it names and logs each
 one's mean as ``rewards/<name>/mean``, as TRL does.
 
 Adding one, in a module of your own (say ``my_rewards.py`` beside ``train.py``)::
@@ -72,18 +74,30 @@ def final_answer(completion: str) -> str:
     return completion.rpartition(ROLE_TOKENS["assistant"])[2]
 
 
+def needs_tool(row: dict[str, Any]) -> bool:
+    """Whether the row's question needs a tool: every arithmetic question, no speech of the plays."""
+    return row.get("needs_tool", True)
+
+
+def tool_when_needed(prompt: str, completion: str, row: dict[str, Any]) -> float:
+    """1 when the reply calls a tool exactly when its question needs one, else 0: a call where none
+    is needed costs as much as a missing one."""
+    return 1.0 if (CALL in completion) == needs_tool(row) else 0.0
+
+
 def tool_answer_correct(prompt: str, completion: str, row: dict[str, Any]) -> float:
     """1 when the reply's answer, after any calls, is exactly the answer (surrounding spaces aside),
-    else 0: ``correct`` for a reply with tools, and what held-out pass@k counts then."""
+    else 0 (and 0 where no tool is needed): ``correct`` for a reply with tools, what held-out pass@k counts."""
     answer = final_answer(completion)
-    return 1.0 if CALL not in answer and answer.strip() == row["answer"] else 0.0
+    return 1.0 if needs_tool(row) and CALL not in answer and answer.strip() == row["answer"] else 0.0
 
 
 def tool_format(prompt: str, completion: str, row: dict[str, Any]) -> float:
     """A format reward: 1 when the reply called a tool, every call got a result that is not an
-    error (a call that does not parse gets none), and an answer follows, right or wrong; else 0."""
+    error (a call that does not parse gets none), and an answer follows, right or wrong; else 0
+    (and 0 where no tool is needed)."""
     *calling, answer = completion.split(ROLE_TOKENS["assistant"])
-    if not calling or CALL in answer or not answer.strip():
+    if not needs_tool(row) or not calling or CALL in answer or not answer.strip():
         return 0.0
     for turn in calling:
         said, *results = turn.split(ROLE_TOKENS["tool"])
@@ -94,7 +108,8 @@ def tool_format(prompt: str, completion: str, row: dict[str, Any]) -> float:
 
 
 BUILT_IN: dict[str, RewardFunction] = {"correct": correct, "integer_format": integer_format, "closeness": closeness,
-                                       "tool_answer_correct": tool_answer_correct, "tool_format": tool_format}
+                                       "tool_answer_correct": tool_answer_correct, "tool_format": tool_format,
+                                       "tool_when_needed": tool_when_needed}
 # The built-in rewards that read the completion as a bare answer: with tools it holds the calls too.
 BARE_ANSWER = ("correct", "integer_format", "closeness")
 

@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from common.errors import DataError
 from data.chat import ChatTokenIds
-from data.errors import DataError
 from data.tokenizer import token_byte_table
 from tools import Toolbox, load_tools
 from training.adapters import Adapters
@@ -22,7 +22,7 @@ from training.result import Words
 from training.tasks.chat import CHAT_SAMPLES, ChatTask
 from training.tasks.grpo.loss import Rollout, accumulate_grpo_gradients
 from training.tasks.grpo.prompts import prepare_arithmetic_prompts, prepare_calculator_prompts
-from training.tasks.grpo.rewards import correct, reward_function, tool_answer_correct
+from training.tasks.grpo.rewards import correct, needs_tool, reward_function, tool_answer_correct, tool_when_needed
 from training.tasks.grpo.rollout import Questions, Sampler, ToolLoop, pass_at_k, sample_rollout
 from training.tasks.reference import Reference, reference_for
 from training.tasks.task import Batches, fitted, parent_tokenizer
@@ -38,7 +38,8 @@ class RLTask(ChatTask):
         self.device = device
         self.reference = reference
         self.eval_seed = config.eval.sample_seed
-        self.sample_prompt = prepared.val.questions[0]  # a question of the kind it learned to answer
+        # A question of the kind it learned to answer (not a speech of the plays).
+        self.sample_prompt = next(q for q, row in zip(prepared.val.questions, prepared.val.rows) if needs_tool(row))
         special = ChatTokenIds.of(self.tokenizer)
         tools = None
         if self.rl.tools:
@@ -91,9 +92,19 @@ class RLTask(ChatTask):
 
     def evaluate(self, model, *, batch_size, max_batches, device, amp, ctx, progress):
         val = self.prepared.val
-        count = len(val) if max_batches is None else min(len(val), batch_size * max_batches)
-        metrics = pass_at_k(model, self.sampler, val.prompts[:count], val.questions[:count], val.rows[:count],
-                            self.passed, k=self.rl.eval_samples, seed=self.eval_seed, batch_size=batch_size, ctx=ctx)
+
+        def measured(indices: list[int], passed: Any, seed: int) -> dict[str, float]:
+            chosen = indices if max_batches is None else indices[:batch_size * max_batches]
+            return pass_at_k(model, self.sampler, [val.prompts[i] for i in chosen], [val.questions[i] for i in chosen],
+                             [val.rows[i] for i in chosen], passed, k=self.rl.eval_samples, seed=seed,
+                             batch_size=batch_size, ctx=ctx)
+
+        # pass@k counts the questions that need a tool; the plays' speeches count the calls made where none is.
+        asked = [i for i, row in enumerate(val.rows) if needs_tool(row)]
+        metrics = measured(asked, self.passed, self.eval_seed)
+        spoken = [i for i, row in enumerate(val.rows) if not needs_tool(row)]
+        if spoken:
+            metrics["tools/unneeded_call_ratio"] = 1 - measured(spoken, tool_when_needed, self.eval_seed + 1)["pass@1"]
         # The loss an RL evaluation has: the share of held-out samples that fail.
         return EvalResult(loss=1 - metrics["pass@1"], bpb=math.nan, tokens=0, bytes=0, metrics=metrics)
 
@@ -129,7 +140,11 @@ def build(config: Config, tokenizer_file: Path | None, *, progress: bool, is_mai
     if should_compile(config.train.compile, device):
         raise ConfigError("data.format: rl samples through the engine with the plain model; set train.compile: false")
     if config.rl.task == "calculator":
-        prompts = prepare_calculator_prompts(tokenizer_file, **vars(config.rl.calculator))
+        calc = config.rl.calculator
+        prompts = prepare_calculator_prompts(tokenizer_file, calc, train_problems=calc.train_problems,
+                                             val_problems=calc.val_problems, val_fraction=config.data.val_fraction,
+                                             split_seed=config.data.split_seed, window=config.model.block_size,
+                                             reply=config.rl.max_new_tokens)
     else:
         prompts = prepare_arithmetic_prompts(tokenizer_file, **vars(config.rl.arithmetic))
     prepared = fitted(prompts, config)
