@@ -44,16 +44,7 @@ def test_only_evaluations_with_attention_statistics_are_read():
     assert [e.final for e in attention_history([*RECORDS[:-1], kept_last])][-1]
 
 
-def test_the_first_evaluation_past_the_threshold_is_the_step_an_induction_head_appeared():
-    history = attention_history(RECORDS)
-    assert first_induction(history).step == 300  # 0.49 at step 200 is below the default of 0.5
-    assert first_induction(history, threshold=0.49).step == 200  # reaching the threshold counts
-    assert first_induction(history, threshold=0.7).final
-    assert first_induction(history, threshold=0.9) is None
-    assert INDUCTION_THRESHOLD == 0.5
-
-
-def test_the_table_names_the_step_or_the_best_score_reached():
+def test_the_first_evaluation_past_the_threshold_and_the_table_naming_it():
     table = format_history(attention_history(RECORDS))
     assert "| 400 (final) | 5.000 | 4.000 | 0.710 |" in table
     assert table.endswith("first induction head: step 300 (induction_best 0.620 >= 0.5)")
@@ -61,6 +52,12 @@ def test_the_table_names_the_step_or_the_best_score_reached():
     assert none.endswith("no induction head: induction_best stayed below 0.5 (highest 0.490, at step 200)")
     # This run logged no repeated-sequence loss, nor layer sums: no column, no line.
     assert "no repeated-sequence loss: this run's evaluations did not log" in table and "induction layer" not in table
+    history = attention_history(RECORDS)
+    assert first_induction(history).step == 300  # 0.49 at step 200 is below the default of 0.5
+    assert first_induction(history, threshold=0.49).step == 200  # reaching the threshold counts
+    assert first_induction(history, threshold=0.7).final
+    assert first_induction(history, threshold=0.9) is None
+    assert INDUCTION_THRESHOLD == 0.5
 
 
 def copying(step, layers, first, second, best=0.3):

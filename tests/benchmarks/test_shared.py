@@ -35,7 +35,7 @@ def test_turns_timings_and_their_statistics(monkeypatch):
     assert math.isnan(mean_std([5.0])[1])
 
 
-def test_a_table_aligns_its_figures_right_and_rows_come_as_table_rows_or_json_lines(capsys):
+def test_tables_json_lines_and_the_final_score(capsys, tmp_path):
     assert table(("name", "kind", "n"), [("a", "x", 1)], left=2) == "| name | kind | n |\n|---|---|---:|\n| a | x | 1 |"
     rows = [({"seed": 1, "score": 0.5}, (1, "0.500")), ({"seed": 2, "score": 0.25}, (2, "0.250"))]
     print_rows(("seed", "score"), iter(rows), as_json=False, left=0)
@@ -44,9 +44,7 @@ def test_a_table_aligns_its_figures_right_and_rows_come_as_table_rows_or_json_li
     assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == [r for r, _ in rows]
     print_rows(("seed", "score"), iter([]), as_json=False)  # nothing measured: no empty table
     assert capsys.readouterr().out == ""
-
-
-def test_the_final_score_is_the_last_final_evaluation_and_none_before_it(tmp_path):
+    # The final score is the last final evaluation, and none before it.
     assert final_eval(tmp_path) is None  # no metrics file
     records = [{"kind": "eval", "step": 5, "val_bpb": 3.0}, {"kind": "final_eval", "step": 5, "val_bpb": 3.1},
                {"kind": "final_eval", "step": 9, "val_bpb": 2.5}]  # a run resumed after its first end
@@ -87,9 +85,7 @@ def test_closed_loop_clients_send_each_request_after_the_last_one_finished(engin
     assert len(timings) == sum(turns.values()) and seconds > 0 and not in_flight
     assert sorted(t.tokens for t in timings) == sorted(4 + c for c, count in turns.items() for _ in range(count))
     assert all(len(t.stamps) == t.tokens and t.stamps[0] >= t.submitted for t in timings)
-
-
-def test_a_client_that_fails_on_the_engines_thread_fails_the_loop_instead_of_hanging(engine_model):
+    # A client that fails on the engine's thread fails the loop instead of hanging.
     def next_request(client, finish):
         if finish is not None:
             raise RuntimeError("the client's own bug")

@@ -59,17 +59,6 @@ def test_a_signal_that_a_callback_swallows_is_raised_again(tmp_path, signum, cod
     assert time.monotonic() - started < 20 and (tmp_path / "cleaned").exists()
 
 
-def test_a_filesystem_failure_is_one_line(capsys):
-    from common.cli import ArgumentParser, run_stoppable
-
-    def full(args):
-        raise OSError(errno.ENOSPC, "No space left on device", "out/model.onnx")
-
-    assert run_stoppable(ArgumentParser(prog="test"), [], full) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: out/model.onnx: No space left on device; the disk is full") and err.count("\n") == 1
-
-
 def _starting(tmp_path: Path, quiet: bool) -> subprocess.Popen:
     """A command script paused inside its imports, before run_stoppable installs any handler."""
     script = textwrap.dedent(f'''
@@ -92,7 +81,7 @@ def test_a_signal_during_a_commands_imports_exits_quietly_with_its_code(tmp_path
         assert returncode == -signal.SIGINT and "KeyboardInterrupt" in err
 
 
-def test_after_the_imports_the_previous_handlers_are_back():
+def test_after_the_imports_the_previous_handlers_are_back(capsys):
     """The command's own handling of Ctrl-C (a chat reply stopped, not the chat) starts after it."""
     from common.signals import quiet_while_starting
 
@@ -107,6 +96,15 @@ def test_after_the_imports_the_previous_handlers_are_back():
     finally:
         for signum, handler in outer.items():
             signal.signal(signum, handler)
+    # A filesystem failure is one line.
+    from common.cli import ArgumentParser, run_stoppable
+
+    def full(args):
+        raise OSError(errno.ENOSPC, "No space left on device", "out/model.onnx")
+
+    assert run_stoppable(ArgumentParser(prog="test"), [], full) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: out/model.onnx: No space left on device; the disk is full") and err.count("\n") == 1
 
 
 def test_a_signal_that_an_import_swallows_still_ends_the_start():

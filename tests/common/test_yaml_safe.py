@@ -19,17 +19,7 @@ def _alias_bomb(levels: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def test_duplicate_keys_are_refused_at_any_depth():
-    with pytest.raises(ConfigError, match=r"test.yaml line 4: .*duplicate key 'lr' \(first on line 2\)"):
-        _load("train:\n  lr: 1\n  batch_size: 2\n  lr: 3\n")
-    with pytest.raises(ConfigError, match="duplicate key 'train'"):
-        _load("train: {}\ntrain: {}\n")
-    # The same text under different parents, and merge keys overridden on purpose, are fine.
-    assert _load("a: {x: 1}\nb: {x: 2}\n") == {"a": {"x": 1}, "b": {"x": 2}}
-    assert _load("base: &b {x: 1, y: 2}\nd:\n  <<: *b\n  x: 3\n")["d"] == {"x": 3, "y": 2}
-
-
-def test_alias_bombs_recursive_aliases_and_big_files_are_refused_quickly(tmp_path):
+def test_duplicate_keys_alias_bombs_and_big_files_are_refused(tmp_path):
     with pytest.raises(ConfigError, match=f"more than {MAX_EXPANDED_NODES:,} values"):
         _load(_alias_bomb(9))  # 9**9 strings once expanded
     with pytest.raises(ConfigError, match="recursive"):
@@ -41,6 +31,14 @@ def test_alias_bombs_recursive_aliases_and_big_files_are_refused_quickly(tmp_pat
     with pytest.raises(YamlLimitError, match="larger than 1,000 bytes"):
         read_yaml_text(big, max_bytes=1000)
     assert read_yaml_text(big, max_bytes=5000).startswith("# x")
+    # Duplicate keys are refused at any depth.
+    with pytest.raises(ConfigError, match=r"test.yaml line 4: .*duplicate key 'lr' \(first on line 2\)"):
+        _load("train:\n  lr: 1\n  batch_size: 2\n  lr: 3\n")
+    with pytest.raises(ConfigError, match="duplicate key 'train'"):
+        _load("train: {}\ntrain: {}\n")
+    # The same text under different parents, and merge keys overridden on purpose, are fine.
+    assert _load("a: {x: 1}\nb: {x: 2}\n") == {"a": {"x": 1}, "b": {"x": 2}}
+    assert _load("base: &b {x: 1, y: 2}\nd:\n  <<: *b\n  x: 3\n")["d"] == {"x": 3, "y": 2}
 
 
 @pytest.mark.parametrize("make, expected", [

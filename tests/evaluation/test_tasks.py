@@ -41,9 +41,7 @@ def test_the_same_plays_and_seed_give_the_same_files_byte_for_byte(plays, tmp_pa
     other_seed = write_tasks(plays, tmp_path / "c", TaskSettings(seed=4, items=ITEMS))
     assert _rows(other_seed, "shakespeare_next_line") != _rows(first, "shakespeare_next_line")
     assert _rows(other_seed, "shakespeare_bpb") == _rows(first, "shakespeare_bpb")
-
-
-def test_bpb_documents_are_the_held_out_plays_as_training_reads_them(plays, tmp_path):
+    # The bpb documents are the held-out plays as training reads them.
     ids, texts = shakespeare_documents()
     _, val_idx = hash_split(ids, DATA.val_fraction, DATA.split_seed)
     rows = _rows(write_tasks(plays, tmp_path, TaskSettings(items=10)), "shakespeare_bpb")

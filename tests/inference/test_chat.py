@@ -66,15 +66,7 @@ def test_earlier_turns_come_from_the_prefix_cache_not_re_encoded(loaded_run):
     assert reused > 0 and session.tokens_encoded == sum(prompts) - reused
 
 
-def test_one_shot_prints_one_reply(cli, run_dir, loaded_run):
-    code, out, err = cli("--run", run_dir, "--chat", "--prompt", MESSAGES[0], "--temperature", 0,
-                         "--max-new-tokens", 7, "--system", "You are JULIET.")
-    assert code == 0
-    session = ChatSession(loaded_run, GenerationSettings(temperature=0, max_new_tokens=7), system_prompt="You are JULIET.")
-    assert out == session.reply(MESSAGES[0]).text + "\n"
-
-
-def test_a_run_without_chat_tokens_is_told_to_retrain(cli, copy_run):
+def test_one_shot_prints_one_reply_and_a_run_without_chat_tokens_is_told_to_retrain(cli, copy_run, run_dir, loaded_run):
     run = copy_run("old")
     old = Tokenizer(models.BPE())
     old.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -84,6 +76,12 @@ def test_a_run_without_chat_tokens_is_told_to_retrain(cli, copy_run):
     old.save(str(run / "tokenizer.json"))
     code, out, err = cli("--run", run, "--chat", "--prompt", "hi")
     assert code == 2 and "it was trained before the chat format existed" in err and "pretrain a new run" in err
+    # One shot prints one reply.
+    code, out, err = cli("--run", run_dir, "--chat", "--prompt", MESSAGES[0], "--temperature", 0,
+                         "--max-new-tokens", 7, "--system", "You are JULIET.")
+    assert code == 0
+    session = ChatSession(loaded_run, GenerationSettings(temperature=0, max_new_tokens=7), system_prompt="You are JULIET.")
+    assert out == session.reply(MESSAGES[0]).text + "\n"
 
 
 def test_repl_over_stdin_resets_and_exits(run_dir, loaded_run):

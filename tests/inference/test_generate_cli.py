@@ -51,7 +51,7 @@ def test_json_reports_every_sample_with_its_seed(cli, run_dir, loaded_run):
     assert report["tokens_generated"] == 90 and report["decode_tokens_per_s"] > 0
 
 
-def test_samples_are_printed_under_headers_and_quiet_prints_only_text(cli, run_dir, loaded_run):
+def test_samples_headers_quiet_and_the_prompt_from_stdin_or_a_file(cli, run_dir, loaded_run, monkeypatch, tmp_path):
     texts = library_text(loaded_run, seed=1, num_samples=2, max_new_tokens=20)
     args = ["--run", run_dir, "--prompt", PROMPT, "--seed", 1, "--max-new-tokens", 20]
     code, out, _ = cli(*args, "--num-samples", 2)
@@ -59,9 +59,7 @@ def test_samples_are_printed_under_headers_and_quiet_prints_only_text(cli, run_d
     assert out == "".join(f"--- sample {i + 1}/2 (seed {1 + i}) ---\n{PROMPT}{texts[i]}\n" for i in range(2))
     code, out, err = cli(*args, "--quiet")
     assert (code, out, err) == (0, texts[0] + "\n", "")
-
-
-def test_prompt_from_stdin_and_from_a_file(cli, monkeypatch, run_dir, loaded_run, tmp_path):
+    # The prompt from stdin and from a file.
     expected = PROMPT + library_text(loaded_run, temperature=0, max_new_tokens=10)[0] + "\n"
     common = ["--run", run_dir, "--temperature", 0, "--max-new-tokens", 10]
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(PROMPT.encode())))

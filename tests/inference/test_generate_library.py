@@ -77,9 +77,7 @@ def test_stop_string_ends_the_text_before_it_and_stops_generating(loaded_run):
     assert stop not in stopped.text
     assert len(stopped.token_ids) < len(full.token_ids)
     assert full.token_ids[: len(stopped.token_ids)] == stopped.token_ids
-
-
-def test_batch_keeps_generating_until_every_row_has_stopped(loaded_run):
+    # A batch keeps generating until every row has stopped.
     sampling = dict(temperature=1.0, seed=3, max_new_tokens=60)
     rows = [run(loaded_run, **{**sampling, "seed": 3 + i}).completions[0] for i in range(2)]
     stop = rows[0].text[10:13]  # row 0 stops early; row 1 may or may not contain it

@@ -55,18 +55,7 @@ def test_top_p_property_on_random_distributions():
     assert torch.equal(filter_logits(logits), logits)
 
 
-def test_repetition_penalty_divides_positive_and_multiplies_negative():
-    logits = torch.tensor([[2.0, -2.0, 1.0, -1.0, 0.5]])
-    seen = torch.tensor([[0, 1, 1, 4]])  # id 1 twice: penalised once
-    out = apply_repetition_penalty(logits, seen, 2.0)
-    assert torch.equal(out, torch.tensor([[1.0, -4.0, 1.0, -1.0, 0.25]]))
-    assert torch.equal(logits, torch.tensor([[2.0, -2.0, 1.0, -1.0, 0.5]]))  # input untouched
-    assert apply_repetition_penalty(logits, seen, 1.0) is logits
-    per_row = apply_repetition_penalty(torch.ones(2, 4), torch.tensor([[0], [3]]), 4.0)
-    assert per_row.tolist() == [[0.25, 1, 1, 1], [1, 1, 1, 0.25]]
-
-
-def test_temperature_zero_is_argmax_and_consumes_no_randomness():
+def test_temperature_zero_is_argmax_and_the_repetition_penalty():
     logits = torch.randn(5, 40, generator=gen(4))
     g = gen(5)
     before = g.get_state()
@@ -75,6 +64,15 @@ def test_temperature_zero_is_argmax_and_consumes_no_randomness():
     # Greedy applies the repetition penalty first: 3 / 2 = 1.5 < 2.
     penalised = sample_next_token(torch.tensor([[3.0, 2.0, -1.0]]), repetition_penalty=2.0, prev_tokens=torch.tensor([[0]]))
     assert penalised.item() == 1
+    # The repetition penalty divides positive logits and multiplies negative ones.
+    logits = torch.tensor([[2.0, -2.0, 1.0, -1.0, 0.5]])
+    seen = torch.tensor([[0, 1, 1, 4]])  # id 1 twice: penalised once
+    out = apply_repetition_penalty(logits, seen, 2.0)
+    assert torch.equal(out, torch.tensor([[1.0, -4.0, 1.0, -1.0, 0.25]]))
+    assert torch.equal(logits, torch.tensor([[2.0, -2.0, 1.0, -1.0, 0.5]]))  # input untouched
+    assert apply_repetition_penalty(logits, seen, 1.0) is logits
+    per_row = apply_repetition_penalty(torch.ones(2, 4), torch.tensor([[0], [3]]), 4.0)
+    assert per_row.tolist() == [[0.25, 1, 1, 1], [1, 1, 1, 0.25]]
 
 
 def test_sampling_is_inverse_cdf_of_one_uniform_per_row_and_never_past_the_mass(monkeypatch):

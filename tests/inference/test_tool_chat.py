@@ -48,15 +48,7 @@ def test_one_shot_prints_the_answer_and_shows_the_call(cli, tool_run_dir, questi
     assert code == 0 and re.fullmatch(printed, out, re.S) and shown in "\n" + err  # a whole line, or a fragment
 
 
-def test_a_run_from_before_tool_calls_chats_but_refuses_tools_in_one_line(cli, tmp_path):
-    run = build_run(tmp_path / "old", chat_tokenizer_before_tools())
-    code, out, err = cli("--run", run, "--chat", "--prompt", "hi", "--temperature", 0, "--max-new-tokens", 3)
-    assert code == 0 and out.endswith("\n")
-    one_error_line(*cli("--run", run, "--chat", "--tools", "calculator", "--prompt", "hi"),
-                   "error: this run's tokenizer has no tool tokens (<|tool|>, <|call|>)")
-
-
-def test_the_repl_shows_calls_between_turns(tool_run_dir, cli, monkeypatch):
+def test_the_repl_shows_calls_between_turns(tool_run_dir, cli, monkeypatch, tmp_path):
     # In-process (the tools still run in their worker process): the REPL as a process is
     # tests/inference/test_chat.py's test_repl_over_stdin_resets_and_exits.
     stdin = "What is 12*34?\n/reset\nWhat is 99-45?\n/exit\n"
@@ -67,6 +59,12 @@ def test_the_repl_shows_calls_between_turns(tool_run_dir, cli, monkeypatch):
     assert out == "408\n54\n"
     assert '[calculator {"expression":"12*34"} -> 408]' in err
     assert '[calculator {"expression":"99-45"} -> 54]' in err
+    # A run from before tool calls chats but refuses tools in one line.
+    run = build_run(tmp_path / "old", chat_tokenizer_before_tools())
+    code, out, err = cli("--run", run, "--chat", "--prompt", "hi", "--temperature", 0, "--max-new-tokens", 3)
+    assert code == 0 and out.endswith("\n")
+    one_error_line(*cli("--run", run, "--chat", "--tools", "calculator", "--prompt", "hi"),
+                   "error: this run's tokenizer has no tool tokens (<|tool|>, <|call|>)")
 
 
 @pytest.mark.parametrize("signum", [pytest.param(signal.SIGINT, marks=pytest.mark.e2e), signal.SIGTERM])

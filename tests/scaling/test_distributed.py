@@ -76,9 +76,7 @@ def test_single_process_context_without_torchrun(monkeypatch):
     state, message = select_rank_state(["s0", "s1", "s2", "s3"], 4, ctx)
     assert state is None
     assert "saved with 4 process(es) on 2" in message and "resume with 4" in message
-
-
-def test_torchrun_refuses_a_device_that_pins_one_gpu(monkeypatch):
+    # torchrun refuses a device that pins one GPU.
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("LOCAL_RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")

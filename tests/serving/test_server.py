@@ -33,12 +33,18 @@ def reference(run, prompt_ids, **settings):
     return generate_completions(run, prompt_ids, GenerationSettings(**settings), batch_invariant=True).completions[0]
 
 
-def test_start_up_names_the_api_and_the_chat_page_and_health_answers(chat_server, client):
+def test_start_up_names_the_api_health_answers_and_a_plain_run_refuses_chat(chat_server, client, plain_run_dir):
     assert f"at {chat_server.base}/v1 " in chat_server.output()
     assert f"chat page: {chat_server.base}/\n" in chat_server.output()
     assert [m.id for m in client.models.list().data] == [MODEL]
     health = httpx.get(f"{chat_server.base}/health").json()
     assert health["status"] == "ok" and health["max_batch"] == 4
+    # A run without chat tokens refuses chat but completes.
+    with running_server(plain_run_dir) as served:
+        client = openai.OpenAI(base_url=f"{served.base}/v1", api_key="x", max_retries=0)
+        with pytest.raises(openai.BadRequestError, match="no chat tokens.*pretrain a new run"):
+            client.chat.completions.create(model="tiny-plain", messages=[{"role": "user", "content": "hi"}])
+        assert client.completions.create(model="tiny-plain", prompt="hi", max_tokens=3).usage.completion_tokens >= 1
 
 
 @pytest.mark.parametrize("header", ["bytes=0-10", "bytes=-5", "bytes=999999-", "bytes=5-2", "bytes=abc",
@@ -268,14 +274,6 @@ def test_the_openai_client_raises_its_own_errors_and_a_lone_surrogate_is_named(c
                           headers={"Content-Type": "application/json"}, timeout=30)
     assert response.status_code == 400
     assert response.json()["error"]["param"] == "prompt" and "lone surrogate" in response.json()["error"]["message"]
-
-
-def test_a_run_without_chat_tokens_refuses_chat_but_completes(plain_run_dir):
-    with running_server(plain_run_dir) as served:
-        client = openai.OpenAI(base_url=f"{served.base}/v1", api_key="x", max_retries=0)
-        with pytest.raises(openai.BadRequestError, match="no chat tokens.*pretrain a new run"):
-            client.chat.completions.create(model="tiny-plain", messages=[{"role": "user", "content": "hi"}])
-        assert client.completions.create(model="tiny-plain", prompt="hi", max_tokens=3).usage.completion_tokens >= 1
 
 
 def test_overload_answers_503_with_retry_after_at_once(server):

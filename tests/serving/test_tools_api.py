@@ -127,6 +127,13 @@ def test_tool_choice_required_and_named_force_a_call_and_none_never_calls(client
         choice = ask(client, "What is 12*34?", **options).choices[0]
         assert not choice.message.tool_calls and choice.finish_reason in ("stop", "length")
         assert "<|call|>" not in choice.message.content
+    # The protocol's other mistakes are refused where requests are parsed: test_schemas.py's table.
+    call = {"id": "call_1", "type": "function", "function": {"name": "calculator", "arguments": "[1]"}}
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "5"}]
+    with pytest.raises(openai.BadRequestError, match="not an object"):
+        client.chat.completions.create(model=MODEL, messages=messages, tools=[CALCULATOR], max_tokens=5)
+    assert ask(client, "What is 7+8?").choices[0].finish_reason == "tool_calls"
 
 
 @pytest.mark.parametrize("question, options, reason", [
@@ -142,16 +149,6 @@ def test_a_call_that_cannot_be_used_reaches_the_client_as_text(client, question,
     content, calls, finish, _ = _streamed(client, [{"role": "user", "content": question}],
                                           **{"tools": [CALCULATOR], **options})
     assert (content, calls, finish) == (choice.message.content, [], reason)
-
-
-def test_a_call_in_the_history_whose_arguments_are_not_an_object_is_a_400_and_the_server_goes_on(client):
-    # The protocol's other mistakes are refused where requests are parsed: test_schemas.py's table.
-    call = {"id": "call_1", "type": "function", "function": {"name": "calculator", "arguments": "[1]"}}
-    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [call]},
-                {"role": "tool", "tool_call_id": "call_1", "content": "5"}]
-    with pytest.raises(openai.BadRequestError, match="not an object"):
-        client.chat.completions.create(model=MODEL, messages=messages, tools=[CALCULATOR], max_tokens=5)
-    assert ask(client, "What is 7+8?").choices[0].finish_reason == "tool_calls"
 
 
 def test_the_stream_carries_openais_chunk_shapes(served):

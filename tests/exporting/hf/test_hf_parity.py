@@ -89,7 +89,7 @@ def test_greedy_generate_gives_generate_py_tokens(make_export, hf_models, kind, 
     assert len(set(expected)) > 3  # a degenerate model repeating one token would prove little
 
 
-def test_generate_past_the_learned_positions_is_a_clear_error(make_export, hf_models):
+def test_generate_past_the_learned_positions_is_a_clear_error_and_the_config_names_its_options(make_export, hf_models):
     _, folder = make_export()
     model = hf_models(folder)
     prompt = _random_ids(torch.Generator().manual_seed(4), 30)
@@ -97,6 +97,15 @@ def test_generate_past_the_learned_positions_is_a_clear_error(make_export, hf_mo
         model.generate(prompt, max_new_tokens=5, do_sample=False, eos_token_id=None)
     with pytest.raises(ValueError, match="keep the prompt plus max_new_tokens within"):
         model(_random_ids(torch.Generator().manual_seed(5), BLOCK_SIZE + 1))
+    # config.json names only the options that are on.
+    from export_testkit import read_json
+
+    plain = read_json(make_export()[1] / "config.json")
+    with_options = read_json(make_export(options=True)[1] / "config.json")
+    assert not {"value_embeddings", "positions", "rotary_base"} & plain.keys()
+    rope = read_json(make_export(positions="rope")[1] / "config.json")
+    assert (rope["positions"], rope["rotary_base"]) == ("rope", 10000.0)
+    assert with_options["value_embeddings"] is True
 
 
 @pytest.mark.parametrize("positions", ["rope", "none"])
@@ -309,14 +318,3 @@ def test_attention_mask_hides_padding_and_leaves_no_query_empty():
     assert not mask[0, 0, :, :2].any()  # real queries of row 0 never read its padding
     expected_causal = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
     assert torch.equal(mask[1, 0], expected_causal)  # bottom-right aligned on top of 2 cached positions
-
-
-def test_config_json_names_only_the_options_that_are_on(make_export):
-    from export_testkit import read_json
-
-    plain = read_json(make_export()[1] / "config.json")
-    with_options = read_json(make_export(options=True)[1] / "config.json")
-    assert not {"value_embeddings", "positions", "rotary_base"} & plain.keys()
-    rope = read_json(make_export(positions="rope")[1] / "config.json")
-    assert (rope["positions"], rope["rotary_base"]) == ("rope", 10000.0)
-    assert with_options["value_embeddings"] is True
