@@ -81,4 +81,3 @@ def test_mha_case_equals_torch_multihead_attention():
         want, _ = mha(x, x, x, attn_mask=~causal_mask(19, 19), need_weights=False)  # True = blocked
         got = layer(x)
     assert (got - want).abs().max().item() <= 1e-5
-
