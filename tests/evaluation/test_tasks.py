@@ -74,7 +74,7 @@ def test_multiple_choice_items_have_four_distinct_choices_and_the_truth_follows_
     assert config["output_type"] == "multiple_choice" and config["target_delimiter"] == ""
 
 
-def test_next_line_distractors_are_the_same_speakers_lines_of_the_same_play(plays, tmp_path):
+def test_next_line_distractors_and_speaker_choices_are_the_plays_own(plays, tmp_path):
     rows = _rows(write_tasks(plays, tmp_path, TaskSettings(items=ITEMS)), "shakespeare_next_line")
     lines_of = {}  # (play, speaker) -> lines
     for play in plays:
@@ -87,9 +87,7 @@ def test_next_line_distractors_are_the_same_speakers_lines_of_the_same_play(play
         speakers = [{s for (p, s), lines in lines_of.items() if p == row["play"] and c in lines} for c in choices]
         same_speaker += bool(set.intersection(*speakers))
     assert same_speaker >= 0.9 * len(rows)
-
-
-def test_speaker_choices_differ_only_in_the_name_and_never_name_the_previous_speaker(plays, tmp_path):
+    # Speaker choices differ only in the name and never name the previous speaker.
     rows = _rows(write_tasks(plays, tmp_path, TaskSettings(items=ITEMS)), "shakespeare_speaker")
     for row in rows:
         names = [choice.split(":\n", 1)[0] for choice in row["choices"]]

@@ -155,7 +155,7 @@ def test_resumed_run_continues_the_same_wandb_run(tmp_path, no_credentials, caps
 # Failing without harm
 
 
-def test_failure_to_start_is_one_line_and_keeps_the_resume_id(tmp_path, monkeypatch, capsys):
+def test_failing_to_start_or_to_log_is_one_line_and_stops_logging(tmp_path, monkeypatch, capsys):
     import wandb
 
     def broken_init(*args, **kwargs):
@@ -170,9 +170,7 @@ def test_failure_to_start_is_one_line_and_keeps_the_resume_id(tmp_path, monkeypa
     logger.log_samples(1, [("a", "b")])
     logger.finish({"x": 1})
     assert capsys.readouterr() == ("", "")
-
-
-def test_a_failing_log_call_reports_once_and_stops_logging(capsys):
+    # A failing log call reports once and stops logging.
     class FlakyRun:
         def __init__(self):
             self.calls, self.finished_with = 0, None

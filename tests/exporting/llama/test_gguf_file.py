@@ -32,7 +32,7 @@ def test_metadata_describes_the_run_as_llama(gguf_file):
     assert metadata["llama.attention.layer_norm_rms_epsilon"] == pytest.approx(config.norm_eps, rel=1e-6)
 
 
-def test_tokenizer_is_the_runs_byte_level_bpe(gguf_file):
+def test_tokenizer_is_the_runs_byte_level_bpe_and_only_a_chat_run_carries_the_template(gguf_file, tmp_path):
     from tokenizers import Tokenizer
 
     run_dir, path = gguf_file()
@@ -63,9 +63,6 @@ def test_tokenizer_is_the_runs_byte_level_bpe(gguf_file):
     vocab = gguf_vocab(tokenizer, size + 3)
     assert vocab.tokens[size:] == [f"[PAD{size + i}]" for i in range(3)] and vocab.types[size:] == [5, 5, 5]
     assert vocab.tokens[:size] == gguf_vocab(tokenizer, size).tokens
-
-
-def test_a_base_run_carries_no_chat_template(tmp_path):
     # Its tokenizer has the chat tokens (every tokenizer reserves them), but a file with a template
     # puts llama-cpp-python in chat mode: only a run tuned on conversations gets one.
     from exporting.gguf import export_gguf
