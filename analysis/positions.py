@@ -6,8 +6,6 @@ so the numbers differ only by how much context each token sees and by the positi
 meets.
 """
 
-from __future__ import annotations
-
 from collections.abc import Sequence
 from dataclasses import dataclass
 

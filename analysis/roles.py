@@ -7,8 +7,6 @@ at once. ``attention_maps`` reads them from a model (``GPT.attention_weights``: 
 own code).
 """
 
-from __future__ import annotations
-
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass

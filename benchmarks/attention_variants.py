@@ -28,8 +28,6 @@ a training step (forward + backward over a batch of whole windows) and a one-tok
 at full context. It is how the model's choice of form for each case was made.
 """
 
-from __future__ import annotations
-
 import argparse
 import math
 import statistics

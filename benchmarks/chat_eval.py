@@ -19,8 +19,6 @@ run's tokenizer and its window):
   that taught the model to say almost nothing, or one thing to everyone.
 """
 
-from __future__ import annotations
-
 import argparse
 import statistics
 from dataclasses import dataclass

@@ -33,8 +33,6 @@ graph replayed per token) and transformers, and says whether eager and compiled 
 tokens. ``--dtype bf16`` casts the weights (and so the cache) to bfloat16 there. CI never runs it.
 """
 
-from __future__ import annotations
-
 import argparse
 import sys
 import tempfile

@@ -13,8 +13,6 @@ The held-out corpus is made by its own generator, not ``data/sources/synthetic.p
 word list of another size and shape, other lengths and another seed, and each copy on its own line.
 """
 
-from __future__ import annotations
-
 import argparse
 import json
 import random

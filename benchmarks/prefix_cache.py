@@ -15,8 +15,6 @@ messages and replies of a sixteenth, so the last turn fits. A random-weight mode
 tokenizer with the chat tokens trained here on the plays, with the config's vocabulary size.
 """
 
-from __future__ import annotations
-
 import argparse
 import os
 import statistics

@@ -22,8 +22,6 @@ Each run is a real ``train.py`` run in ``--out``/<name><steps>-s<seed>; ``--reus
 finished there, to split one screen over several processes.
 """
 
-from __future__ import annotations
-
 import argparse
 import math
 import re

@@ -22,8 +22,6 @@ the RL run's evaluation subset, the first point of its periodic line, and on eve
 beside its final point). ``rl_seconds`` is the RL run's training time.
 """
 
-from __future__ import annotations
-
 import argparse
 import json
 from pathlib import Path

@@ -17,8 +17,6 @@ to first token and inter-token latency (for http, between text chunks).
 whether a server repays its compile.
 """
 
-from __future__ import annotations
-
 import argparse
 import asyncio
 import contextlib

@@ -19,8 +19,6 @@ The proposals need a model that has learnt to copy: random weights have not, run
 and runs/tiny-quote (configs/tiny-quote.yaml: runs/tiny after a minute on passages written twice) has.
 """
 
-from __future__ import annotations
-
 import argparse
 import time
 from dataclasses import asdict, dataclass

@@ -30,8 +30,6 @@ steps without DDP, the baseline. The scaling efficiency is global tokens/s over 
 (with gradient accumulation the trainer all-reduces less often, so it does at least as well).
 """
 
-from __future__ import annotations
-
 import argparse
 import statistics
 import sys

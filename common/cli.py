@@ -3,8 +3,6 @@
 failures that are its own (a closed pipe for ``generate.py``, a full disk for ``train.py``).
 """
 
-from __future__ import annotations
-
 import _thread
 import argparse
 import math

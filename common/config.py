@@ -11,8 +11,6 @@ Types are strict: ``true`` is not an int, ``"3"`` is not a number; an int is acc
 as a float) where a float is expected.
 """
 
-from __future__ import annotations
-
 import dataclasses
 import difflib
 import re

@@ -5,8 +5,6 @@ renamed over the target. ``os.replace`` is atomic on POSIX and Windows when both
 same filesystem, which holds because the temporary file sits beside the target.
 """
 
-from __future__ import annotations
-
 import contextlib
 import os
 import tempfile

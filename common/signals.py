@@ -10,8 +10,6 @@ turns one that comes while a command imports its libraries into a quiet exit. In
 gets saved.
 """
 
-from __future__ import annotations
-
 import signal
 import sys
 import threading

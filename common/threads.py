@@ -15,8 +15,6 @@ Two things make a PyTorch command collapse on a machine that is doing other work
   scripts call it before they import anything that imports torch.
 """
 
-from __future__ import annotations
-
 import argparse
 import os
 import time

@@ -6,8 +6,6 @@ exponential in the file size (the "billion laughs"). ``BoundedSafeLoader`` refus
 and ``read_yaml_text`` bounds the first; ``common.config`` (the one YAML reader) uses both.
 """
 
-from __future__ import annotations
-
 import os
 
 import yaml

@@ -4,8 +4,6 @@ Loss per token depends on how much text a token covers; dividing the summed loss
 bytes those tokens stand for removes that, so models with different vocabularies compare fairly.
 """
 
-from __future__ import annotations
-
 import math
 
 import torch

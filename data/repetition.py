@@ -2,8 +2,6 @@
 overlapping occurrences included. Words, not tokens, so the measure is the same for any tokenizer.
 """
 
-from __future__ import annotations
-
 import re
 
 REPEAT_NGRAM = 4  # the n of the repeated n-gram that marks a looping reply

@@ -4,8 +4,6 @@ Byte-level means every string maps to UTF-8 bytes, and every byte to one of 256 
 characters before BPE sees it; with no normalizer, decode(encode(s)) == s for any string.
 """
 
-from __future__ import annotations
-
 import re
 from functools import lru_cache
 from pathlib import Path

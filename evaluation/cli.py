@@ -4,8 +4,6 @@ User errors and filesystem failures print one ``error: ...`` line and exit 2; Ct
 SIGTERM (143) remove the temporary export first.
 """
 
-from __future__ import annotations
-
 import argparse
 import sys
 from typing import Sequence

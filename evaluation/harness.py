@@ -2,8 +2,6 @@
 evaluation runs): its ``hf`` model on a local export, local jsonl tasks, offline.
 """
 
-from __future__ import annotations
-
 import contextlib
 import io
 import logging

@@ -4,8 +4,6 @@ The split is the one data preparation made, with the run's own ``data:`` setting
 score exactly its validation text (a chat run splits the plays as its parent does).
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 from pathlib import Path
 

@@ -6,8 +6,6 @@ With wandb on, the numbers become summary metrics (``eval/<task>/<metric>``) of 
 run when its id is known, else of a new run in the same project.
 """
 
-from __future__ import annotations
-
 import dataclasses
 import json
 import math

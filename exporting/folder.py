@@ -10,8 +10,6 @@ hidden folders behind; the next export to the same parent removes those whose pr
 and puts back an ``.old`` folder whose replacement never arrived.
 """
 
-from __future__ import annotations
-
 import json
 import os
 import re

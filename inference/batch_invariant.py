@@ -8,8 +8,6 @@ one-token attention the same shapes at every length (exact on the CPU when head_
 kv_latent_dim, is a multiple of 16). The layers never know.
 """
 
-from __future__ import annotations
-
 import copy
 
 import torch

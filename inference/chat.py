@@ -13,8 +13,6 @@ With a ``Toolbox`` a reply is decoded by ``inference.tool_use`` and the conversa
 and results; without one ``<|call|>`` is never sampled. Turn i samples from ``seed + i``.
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass, field, replace
 from typing import Callable
 

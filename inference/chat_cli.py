@@ -9,8 +9,6 @@ leave (it often comes a moment too late for a short reply), and drops a half-typ
 does. With ``--prompt`` (or ``--prompt-file``) one reply is printed and the command exits.
 """
 
-from __future__ import annotations
-
 import argparse
 import sys
 

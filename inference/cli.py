@@ -3,8 +3,6 @@
 Flags are checked before anything is printed, so a failed command writes nothing to stdout.
 """
 
-from __future__ import annotations
-
 import argparse
 import dataclasses
 import json

@@ -16,8 +16,6 @@ are encoded eagerly: a compile per length would cost more than it saves. The eag
 reference (tests/inference/test_compiled_step.py bounds the difference in the last bits).
 """
 
-from __future__ import annotations
-
 import importlib.util
 import os
 import shutil

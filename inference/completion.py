@@ -2,8 +2,6 @@
 ``inference.engine``, hand their text on as it arrives, and time the first token and the rest.
 """
 
-from __future__ import annotations
-
 import time
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence

@@ -17,8 +17,6 @@ store touches a prompt's pages from the last to the first, so a page is always e
 pages it extends (it is worthless without them).
 """
 
-from __future__ import annotations
-
 import itertools
 from collections import OrderedDict
 from collections.abc import Sequence

@@ -24,8 +24,6 @@ Everything a proposer does for a row depends on that row alone, so a request sti
 gets served alone.
 """
 
-from __future__ import annotations
-
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol

@@ -7,8 +7,6 @@ U+FFFD by the tokenizer's own rule, so the streamed pieces join to
 ``tokenizer.decode(ids, skip_special_tokens=False)``.
 """
 
-from __future__ import annotations
-
 import codecs
 from typing import Sequence
 

@@ -19,8 +19,6 @@ ends the reply ("length"). Row i's first segment samples from ``seed + i``, late
 derived from it alone (``segment_seed``), so each row gets what it would get decoded alone.
 """
 
-from __future__ import annotations
-
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace

@@ -5,8 +5,6 @@ side, pre-norm RMSNorm blocks with a SwiGLU feed-forward, and the model. A decod
 ``model.kv_cache`` and the one decode loop, ``inference.engine``.
 """
 
-from __future__ import annotations
-
 import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager

@@ -5,8 +5,6 @@ anything. A SHA-256 of the tensors is stored in the file's metadata: the format 
 truncated file, but not flipped bytes inside the tensor data.
 """
 
-from __future__ import annotations
-
 import hashlib
 import json
 import os

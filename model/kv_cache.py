@@ -6,8 +6,6 @@ cache with ``torch.cat`` would copy the whole history at every step, which is wh
 decode loops quadratic in memory traffic.
 """
 
-from __future__ import annotations
-
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol

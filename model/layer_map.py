@@ -4,8 +4,6 @@ it (``exporting.hf.weights``) and LoRA adapts its layers and writes the adapter 
 (``training.lora``): neither decides what a block holds.
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 
 from model.config import GPTConfig

@@ -5,8 +5,6 @@ The trainer state holds only tensors, dicts, lists and scalars (training convert
 to such types), so it loads with ``torch.load(weights_only=True)``, which unpickles no code.
 """
 
-from __future__ import annotations
-
 import pickle
 import shutil
 from pathlib import Path

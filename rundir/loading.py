@@ -3,8 +3,6 @@ reader of a trained model loads it here; nothing here unpickles anything, and ev
 can fix is a one-line ``UserError`` naming the file and what to do.
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 from pathlib import Path
 

@@ -5,8 +5,6 @@ second training can say who holds the directory. Readers never take the lock. Ho
 it safe to delete the temporary files that killed atomic writes left: nobody else writes them.
 """
 
-from __future__ import annotations
-
 import contextlib
 import os
 import socket

@@ -1,8 +1,6 @@
 """metrics.jsonl: one JSON object per logged step and per evaluation, appended by training and read
 by the loss curve and by ``rundir.record``."""
 
-from __future__ import annotations
-
 import json
 import os
 from pathlib import Path

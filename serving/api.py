@@ -9,8 +9,6 @@ path, status, tokens in and out, and time), wrapping the whole app so that a ref
 logged as surely as a reply.
 """
 
-from __future__ import annotations
-
 import contextlib
 import logging
 import time

@@ -5,8 +5,6 @@ exit 2 with one line; Ctrl-C and SIGTERM stop the server gracefully (130, 143). 
 127.0.0.1 unless told otherwise: anyone who can reach the port can use it.
 """
 
-from __future__ import annotations
-
 import argparse
 import contextlib
 import ipaddress

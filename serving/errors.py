@@ -4,8 +4,6 @@ Every refusal the server makes (a bad body, an over-size one, a busy engine, a c
 is an ``ApiError``; the app turns it into ``error_body`` with its status, and goes on serving.
 """
 
-from __future__ import annotations
-
 
 def error_body(message: str, *, kind: str = "invalid_request_error", param: str | None = None,
                code: str | None = None) -> dict:

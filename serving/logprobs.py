@@ -14,8 +14,6 @@ the token holding it. End tokens, an empty prompt's ``<|endoftext|>`` and tokens
 string add nothing.
 """
 
-from __future__ import annotations
-
 import codecs
 from collections.abc import Sequence
 from typing import Protocol

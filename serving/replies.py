@@ -8,8 +8,6 @@ begins; the call is held until the reply ends and sent then, as tool-call deltas
 parse, as text. The server never runs a tool: the client does.
 """
 
-from __future__ import annotations
-
 import time
 import uuid
 from abc import ABC, abstractmethod

@@ -3,8 +3,6 @@ finished. A client that goes away cancels its request at once, freeing its row: 
 by itself (its ``finally``), and a whole answer has a watcher listen for the disconnect.
 """
 
-from __future__ import annotations
-
 import asyncio
 import json
 from collections.abc import AsyncIterator

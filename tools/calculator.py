@@ -9,8 +9,6 @@ computed (``9**9**9`` is refused at the outer exponent). Integers stay exact; a 
 decimal with 12 significant digits.
 """
 
-from __future__ import annotations
-
 import ast
 import math
 

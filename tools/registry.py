@@ -13,8 +13,6 @@ is ``my_tools:weekday``. It returns text (anything else is written as JSON, or b
 project: the chat format, the engine and the data sources build on it.
 """
 
-from __future__ import annotations
-
 import importlib
 import inspect
 import re

@@ -8,8 +8,6 @@ never crosses the pipe. ``--describe module:function...`` writes each tool's des
 so the caller never imports a user's module itself.
 """
 
-from __future__ import annotations
-
 import json
 import os
 import sys

@@ -3,8 +3,6 @@
 differs between the two asks it, so the trainer, checkpoint and kept weights have one path each.
 """
 
-from __future__ import annotations
-
 from pathlib import Path
 from typing import Any, ContextManager
 

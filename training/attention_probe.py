@@ -4,8 +4,6 @@ then a figure of the maps (``analysis.plot``). What it reads from the data is fi
 starts, so two evaluations differ only by the weights.
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass, field
 from typing import Any
 

@@ -9,8 +9,6 @@ state is replaced leaves the previous checkpoint whole. The random streams that 
 holds are captured and restored here too.
 """
 
-from __future__ import annotations
-
 import random
 from dataclasses import dataclass
 from pathlib import Path

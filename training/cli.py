@@ -6,8 +6,6 @@ Ctrl-C / SIGTERM finish the current step, save a checkpoint and exit with 128 + 
 is imported.
 """
 
-from __future__ import annotations
-
 import argparse
 import shlex
 import sys

@@ -5,8 +5,6 @@ DDP averages gradients over processes and each process averages over its micro-s
 update is the one a single process would make on the whole global batch.
 """
 
-from __future__ import annotations
-
 import contextlib
 import ctypes
 import os

@@ -5,8 +5,6 @@ speed, for when ``ddp`` does not fit (training/memory_budget.py). Here: the torc
 checkpoint (``ShardedCheckpointer``, with ``training.checkpointing.Checkpointer``'s methods).
 """
 
-from __future__ import annotations
-
 import contextlib
 import shutil
 import warnings

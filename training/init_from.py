@@ -7,8 +7,6 @@ and step start fresh. ``parent.json`` (``rundir.record``) records the parent wit
 weights, so a run whose loss measures itself against them resumes only against the same ones.
 """
 
-from __future__ import annotations
-
 import functools
 import hashlib
 import os

@@ -6,8 +6,6 @@ last state stays in the trainer checkpoint for ``--resume``, and the final full 
 scores the kept weights. A run without periodic evaluations keeps its last weights.
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any

@@ -14,8 +14,6 @@ computes this model: one A and a stacked B on ``attn.qkv`` are three LoRAs on q,
 (likewise ``gate_up``, ``down`` and ``kv_up``). ``model.safetensors`` holds the merged weights.
 """
 
-from __future__ import annotations
-
 import json
 import math
 from collections.abc import Iterator

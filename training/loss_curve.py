@@ -8,8 +8,6 @@ train.py draws it when a run ends; the library's ``train`` does not, sparing cal
 time matplotlib takes.
 """
 
-from __future__ import annotations
-
 import io
 import math
 from pathlib import Path

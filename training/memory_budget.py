@@ -8,8 +8,6 @@ fitted to the CPU's measured peak (tests/training/test_memory_budget.py); and th
 an rl step decodes, which is gone before the backward pass, so the peak holds the larger of the two.
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 
 import torch

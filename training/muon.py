@@ -12,8 +12,6 @@ one's, so each update is gathered whole and each process keeps its own rows: the
 unsharded one, for one all-gather per matrix per step.
 """
 
-from __future__ import annotations
-
 from collections import defaultdict
 from typing import Iterable
 

@@ -12,8 +12,6 @@ streams; a new seed would silently do nothing), the model's shape (``SHAPE_KEYS`
 (both checked in ``Trainer.setup``).
 """
 
-from __future__ import annotations
-
 import os
 from pathlib import Path
 from typing import Any

@@ -6,8 +6,6 @@ gain; everything else (inference, the server, the export) never meets it. The va
 either way; ``benchmarks/rms_norm_backward.py`` at 9e81adb compared the speed (docs/records.md).
 """
 
-from __future__ import annotations
-
 import torch
 from torch import nn
 from torch.autograd.function import once_differentiable

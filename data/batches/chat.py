@@ -7,8 +7,6 @@ length, cuts it into draws and shuffles those, by (seed, epoch) alone, so every 
 resumed run continues exactly; rank r takes the r-th ``batch_size`` rows of a draw.
 """
 
-from __future__ import annotations
-
 from typing import Callable, Iterator
 
 import numpy as np

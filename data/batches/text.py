@@ -4,8 +4,6 @@ A window is block_size + 1 consecutive tokens: x is its first block_size tokens,
 by one. Windows are gathered in one vectorised indexing of the memory-mapped tokens, never row by row.
 """
 
-from __future__ import annotations
-
 import hashlib
 from typing import Iterator
 

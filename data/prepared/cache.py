@@ -6,8 +6,6 @@ directory (a killed build's `.tmp-*` is removed by the next). Its opener checks 
 meta.json's checksums; the main process rebuilds one that fails, and other processes wait for it.
 """
 
-from __future__ import annotations
-
 import hashlib
 import json
 import os

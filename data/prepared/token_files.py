@@ -4,8 +4,6 @@ checks run in one sequential read; SHA-256 hashes faster than a disk reads (docs
 "Hardening").
 """
 
-from __future__ import annotations
-
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path

@@ -7,8 +7,6 @@ only adds problems at the end. Everything follows from ``seed``. ``conversations
 into chat rows, to fine-tune a base model that is then sometimes right: what RL starts from.
 """
 
-from __future__ import annotations
-
 import random
 from dataclasses import dataclass
 from typing import Any

@@ -12,8 +12,6 @@ dataset and row (``data.sources.rows``). Held-out conversations come from the da
 split when it has one, else by a seeded hash of row ids (data/sources/documents.py).
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, TypeVar
 

@@ -4,8 +4,6 @@ id per document for the split to hash. `source_spec` describes a source for the 
 reading it or importing `datasets`, so a cache hit costs milliseconds.
 """
 
-from __future__ import annotations
-
 import contextlib
 import importlib
 from types import ModuleType

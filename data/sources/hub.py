@@ -2,8 +2,6 @@
 `datasets.load_dataset` call reads both, so the offline tests exercise the real path.
 """
 
-from __future__ import annotations
-
 import contextlib
 import os
 import socket

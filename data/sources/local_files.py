@@ -3,8 +3,6 @@ document is a row's text column, or for .txt a whole file (`txt_document`), its 
 the files' common folder; a row's id is its "id" column, else its row number.
 """
 
-from __future__ import annotations
-
 import bz2
 import glob
 import gzip

@@ -8,8 +8,6 @@ The plays a text run with the same split holds out (``held_out_plays``) are the 
 no held-out play is trained on. Everything follows from ``seed``.
 """
 
-from __future__ import annotations
-
 import random
 from typing import Any
 

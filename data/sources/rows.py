@@ -3,8 +3,6 @@ user finds it: ``FILE line 4`` (1-based, as an editor shows it), ``FILE item 4``
 ``DESCRIPTION row 4`` for parquet or a hub dataset. Every row has every column, a missing one None.
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
 

@@ -5,8 +5,6 @@ plain play text: speakers become `NAME:` lines, headings and stage directions pl
 markdown markup (headings, bold, italics, escapes, hard-break spaces) is removed.
 """
 
-from __future__ import annotations
-
 import importlib.metadata
 import importlib.util
 import re

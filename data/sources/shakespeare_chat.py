@@ -7,8 +7,6 @@ speech; headings end a scene. An id is ``<play>/<n>``, so the plays held out of 
 (data/sources/documents.py) are held out here too.
 """
 
-from __future__ import annotations
-
 import re
 from dataclasses import dataclass
 

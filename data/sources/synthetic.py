@@ -6,8 +6,6 @@ what followed: what an induction head does. Words are consonant-vowel syllables 
 space, so byte-level BPE learns each as one token. Everything follows from ``seed``.
 """
 
-from __future__ import annotations
-
 import random
 from typing import Any
 

@@ -6,8 +6,6 @@ attention's into DeepSeek-style names (``kv_a_proj``, ``k_b_proj``, ``v_b_proj``
 ``q_b_proj``).
 """
 
-from __future__ import annotations
-
 import torch
 
 from model.config import GPTConfig

@@ -5,8 +5,6 @@ A run for either Llama format (this folder and GGUF) is refused first, from its 
 it is not Llama-shaped, then loaded once, with its weights under transformers' Llama names.
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 from pathlib import Path
 

@@ -15,8 +15,6 @@ new tokens, so it records attention's general path (a chunk under a mask), exact
   reads the slots that ``attention_mask`` (batch, block_size) marks as written.
 """
 
-from __future__ import annotations
-
 from collections.abc import Callable
 
 import torch

@@ -5,8 +5,6 @@ batch, new tokens and past length become named dynamic axes; the legacy TorchScr
 conversion for ``aten::rms_norm`` at any opset.
 """
 
-from __future__ import annotations
-
 import logging
 import warnings
 from pathlib import Path

@@ -3,8 +3,6 @@ files, config.json and a README.md with the decoding loop, in the layout of Hugg
 ONNX exports.
 """
 
-from __future__ import annotations
-
 import importlib
 from dataclasses import dataclass
 from pathlib import Path

@@ -7,8 +7,6 @@ to at least 1, so a long reply weighs what its tokens weigh and a step with no t
 gradients rather than NaN.
 """
 
-from __future__ import annotations
-
 import contextlib
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Sized

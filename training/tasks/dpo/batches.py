@@ -4,8 +4,6 @@ replies of every pair; y is -1 off the replies. Pairs are drawn as conversations
 (``data.batches.chat``): grouped by length, once per epoch, exactly resumable.
 """
 
-from __future__ import annotations
-
 import numpy as np
 import torch
 

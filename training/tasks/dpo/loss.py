@@ -13,8 +13,6 @@ text it already wrote well, and makes the held-out loss rise again when it drift
 TRL's names (``rewards/chosen``, ``rewards/accuracies``, ``rewards/margins``, ``logps/chosen``, ...).
 """
 
-from __future__ import annotations
-
 import contextlib
 from typing import Callable, ContextManager
 

@@ -10,8 +10,6 @@ and what is wrong with the pair. Held-out pairs come as held-out conversations d
 (``data.sources.conversations.load_examples``).
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass, field
 from typing import Any
 

@@ -14,8 +14,6 @@ never rejected: such a pair would only teach "shorter". Rows are TRL conversatio
 line, and Ctrl-C or SIGTERM stop at once with nothing written, exiting 130 or 143.
 """
 
-from __future__ import annotations
-
 import argparse
 import json
 import tempfile

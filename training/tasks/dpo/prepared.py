@@ -8,8 +8,6 @@ reply alone does not fit is dropped, and cut and dropped pairs are counted. An e
 data cache is `<cache_dir>/preference-<source>-<key>/`, its sequences in one ``conversations.npz``.
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
