@@ -26,8 +26,6 @@ Tokenizers reserve the chat tokens after ``<|endoftext|>``, then the tool tokens
 tool calls chats and refuses tools (``NO_TOOL_TOKENS``).
 """
 
-from __future__ import annotations
-
 import json
 import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
@@ -124,7 +122,7 @@ class ChatTokenIds:
             raise DataError(NO_TOOL_TOKENS)
 
     @classmethod
-    def of(cls, tokenizer: Tokenizer) -> ChatTokenIds:
+    def of(cls, tokenizer: Tokenizer) -> "ChatTokenIds":
         tokens = (*CHAT_SPECIAL_TOKENS, *TOOL_SPECIAL_TOKENS, END_OF_TEXT)
         ids = {token: tokenizer.token_to_id(token) for token in tokens}
         missing = [token for token in (*CHAT_SPECIAL_TOKENS, END_OF_TEXT) if ids[token] is None]

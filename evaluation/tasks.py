@@ -13,8 +13,6 @@ Items are drawn by a generator seeded by (task, seed), from the plays alone, so 
 same for every run that holds the same plays out.
 """
 
-from __future__ import annotations
-
 import json
 import random
 from dataclasses import dataclass
@@ -125,7 +123,7 @@ class _RenderedPlay:
     all_lines: list[str]  # every speaker's, sorted
 
     @classmethod
-    def of(cls, play: HeldOutPlay) -> _RenderedPlay:
+    def of(cls, play: HeldOutPlay) -> "_RenderedPlay":
         scenes = [_render(scene) for scene in play.scenes]
         by_speaker: dict[str, set[str]] = {}
         for line in (line for lines in scenes for line in lines):

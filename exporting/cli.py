@@ -7,8 +7,6 @@ SIGTERM (143) remove the half-written folder first; a SIGKILL's is removed by th
 that parent (``exporting.folder``).
 """
 
-from __future__ import annotations
-
 import argparse
 import importlib
 import importlib.util
@@ -94,7 +92,7 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _chat(result: ExportResult) -> str:
+def _chat(result: "ExportResult") -> str:
     """Whether the export carries the chat template: only a run tuned on conversations does."""
     return "with the chat template" if result.chat_template else "no chat template: a base model, it continues text"
 

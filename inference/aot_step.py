@@ -19,8 +19,6 @@ Without AOTInductor (torch older than ``MIN_TORCH``) or off the CPU (a GPU repla
 CUDA graph, already free of Python), ``decode_step`` returns ``torch.compile``'s step instead.
 """
 
-from __future__ import annotations
-
 import contextlib
 import functools
 import hashlib
@@ -73,7 +71,7 @@ def aot_missing(device: torch.device) -> str | None:
     return None
 
 
-def decode_step(model: GPT, cache: KVCache, *, exact_window: bool = False) -> AotStep | CompiledStep:
+def decode_step(model: GPT, cache: KVCache, *, exact_window: bool = False) -> "AotStep | CompiledStep":
     """The compiled decode step for ``cache``: built ahead of time on the CPU, ``torch.compile``'s
     elsewhere or on a torch without AOTInductor."""
     if aot_missing(cache.device) is None:

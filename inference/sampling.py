@@ -7,8 +7,6 @@ uniform draw, whatever its logits, so a row's random stream never depends on wha
 predicted. The loop that applies these rules, for every caller, is ``inference.engine``.
 """
 
-from __future__ import annotations
-
 import math
 import secrets
 from collections.abc import Sequence
@@ -251,7 +249,7 @@ class Window:
 
     @classmethod
     def for_positions(cls, positions: str, block_size: int, keep_fraction: float | None = None,
-                      sinks: int | None = None, *, roll: bool = True) -> Window:
+                      sinks: int | None = None, *, roll: bool = True) -> "Window":
         """The slide a run's positions allow: learned ones re-encode; rotary and none roll (unless
         ``roll`` is False), keeping ``sinks`` first tokens (None: ``default_sinks``). ``keep_fraction``
         None: that slide's default."""

@@ -2,8 +2,6 @@
 or speculative (flags serve.py shares); the command line's edge, checked here once.
 """
 
-from __future__ import annotations
-
 import argparse
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +36,7 @@ class Speculation:
 
     proposer: str
     k: int
-    draft: GPT | None = None
+    draft: "GPT | None" = None
 
 
 @dataclass(frozen=True)
@@ -73,7 +71,7 @@ class GenerationSettings(SamplingSettings):
         return self.temperature == 0
 
 
-def checked_sinks(flag: int | None, config: GPTConfig) -> int | None:
+def checked_sinks(flag: int | None, config: "GPTConfig") -> int | None:
     """``--sinks`` (``flag``, None: the window's default) for a run of ``config``, refused where it
     cannot apply."""
     if flag is None:

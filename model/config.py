@@ -3,8 +3,6 @@ across them that refuse what no model can be built from, in one line naming the 
 builds the network from it.
 """
 
-from __future__ import annotations
-
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
@@ -50,7 +48,7 @@ class GPTConfig(Section):
         "zero_init": Removed(False)}
 
     @model_validator(mode="after")
-    def _buildable(self) -> GPTConfig:
+    def _buildable(self) -> "GPTConfig":
         n_head, kind = self.n_head, self.attention
         require(self.n_embd % n_head == 0, f"n_embd ({self.n_embd}) must be divisible by n_head ({n_head}); "
                 "pick n_head from the divisors of n_embd or change n_embd")
@@ -75,7 +73,7 @@ class GPTConfig(Section):
         return self
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> GPTConfig:
+    def from_dict(cls, d: dict[str, Any]) -> "GPTConfig":
         """The config of a model section written by a user (YAML, JSON): unknown, missing,
         mistyped and impossible values are refused in one line each."""
         return build(cls, d, "model")

@@ -11,8 +11,6 @@ call costs a round trip over a pipe; a timeout kills it and the next call starts
 Memory is bounded by the time limit; the built-in calculator bounds its own.
 """
 
-from __future__ import annotations
-
 import json
 import os
 import select
@@ -150,7 +148,7 @@ class Toolbox:
                 self._worker.close()
                 self._worker = None
 
-    def __enter__(self) -> Toolbox:
+    def __enter__(self) -> "Toolbox":
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -7,8 +7,6 @@ then clears a replaced run and writes the config, tokenizer and parent record, s
 ``--overwrite`` stays whole when the new one cannot start. File names and formats belong to ``rundir``.
 """
 
-from __future__ import annotations
-
 import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -57,7 +55,7 @@ def open_run_dir(config: Config, ctx: DistContext, held: contextlib.ExitStack, *
     return state
 
 
-def write_run_files(config: Config, metrics: MetricsLog, tokenizer_path: Path, parent: ParentRun | None, *,
+def write_run_files(config: Config, metrics: MetricsLog, tokenizer_path: Path, parent: "ParentRun | None", *,
                     resume: bool, step: int) -> None:
     """The run's own files: a replaced run cleared, the config (rewritten on resume: a longer budget
     is a legitimate change), a new run's tokenizer and parent record; a resumed run's metrics lose

@@ -6,8 +6,6 @@ batch sampler has its own generator. Everything that consumes randomness is in t
 so a resumed run replays the uninterrupted one exactly (on the CPU, bit for bit).
 """
 
-from __future__ import annotations
-
 import contextlib
 import math
 import random
@@ -70,7 +68,7 @@ class NonFiniteLossError(UserError):
     """The loss or gradient became NaN/Inf; the run stopped without saving."""
 
     @classmethod
-    def at(cls, step: int, loss: float, grad_norm: float, saved_step: int | None, run_dir: Path) -> NonFiniteLossError:
+    def at(cls, step: int, loss: float, grad_norm: float, saved_step: int | None, run_dir: Path) -> "NonFiniteLossError":
         return cls(f"training diverged at step {step}: loss {loss}, gradient norm {grad_norm}; stopped without "
                    f"saving, {_what_is_saved(saved_step, run_dir)}; lower train.lr or raise train.warmup_steps")
 
@@ -80,7 +78,7 @@ class StepFailed(UserError):
     reply, say); the run stopped without saving."""
 
     @classmethod
-    def at(cls, step: int, error: UserError, saved_step: int | None, run_dir: Path) -> StepFailed:
+    def at(cls, step: int, error: UserError, saved_step: int | None, run_dir: Path) -> "StepFailed":
         return cls(f"stopped at step {step}: {error}; nothing was saved, {_what_is_saved(saved_step, run_dir)}")
 
 

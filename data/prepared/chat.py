@@ -8,8 +8,6 @@ tokenizer hash and block size, is `<cache_dir>/chat-<source>-<key>/`: one checks
 ``conversations.npz`` (no pickles).
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar
@@ -73,7 +71,7 @@ class PreparedSequences(cache.TokenizerMixin, Generic[Split]):
     format_version: ClassVar[int]
 
     @classmethod
-    def open(cls, directory: Path, tokenizer_file: Path) -> PreparedSequences:
+    def open(cls, directory: Path, tokenizer_file: Path) -> "PreparedSequences":
         """Open an entry, checking its sequences against their recorded checksum and shape;
         raises DataError if they do not match."""
         meta = cache.read_meta(directory, cls.format_version)
