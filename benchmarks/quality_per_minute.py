@@ -19,8 +19,7 @@ interpolation along the baseline's curve, not a measurement. Differences smaller
 between the baseline's seeds are no effect.
 
 Each run is a real ``train.py`` run in ``--out``/<name><steps>-s<seed>; ``--reuse`` reads runs already
-finished there, to split one screen over several processes.
-"""
+finished there, to split one screen over several processes."""
 
 import argparse
 import math

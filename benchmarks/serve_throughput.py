@@ -14,8 +14,7 @@ Reported: generated tokens/s over the level's wall time, its ratio to one client
 to first token and inter-token latency (for http, between text chunks).
 
 ``--compile both`` also prints compiled over eager level by level with the one-off compile time:
-whether a server repays its compile.
-"""
+whether a server repays its compile."""
 
 import argparse
 import asyncio

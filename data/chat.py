@@ -23,8 +23,7 @@ alone does not fit keeps it whole and reads it through its rolling cache; elsewh
 (``ChatTooLong``).
 
 Tokenizers reserve the chat tokens after ``<|endoftext|>``, then the tool tokens; one from before
-tool calls chats and refuses tools (``NO_TOOL_TOKENS``).
-"""
+tool calls chats and refuses tools (``NO_TOOL_TOKENS``)."""
 
 import json
 import re

@@ -1,6 +1,5 @@
 """Whether a text repeats itself: a reply loops when some run of ``n`` words comes back later in it,
-overlapping occurrences included. Words, not tokens, so the measure is the same for any tokenizer.
-"""
+overlapping occurrences included. Words, not tokens, so the measure is the same for any tokenizer."""
 
 import re
 

@@ -1,6 +1,5 @@
 """The one place that calls lm-evaluation-harness (a development dependency, imported only when an
-evaluation runs): its ``hf`` model on a local export, local jsonl tasks, offline.
-"""
+evaluation runs): its ``hf`` model on a local export, local jsonl tasks, offline."""
 
 import contextlib
 import io

@@ -10,8 +10,7 @@ Three tasks, each a YAML file beside its jsonl file, loaded through lm-eval's in
   speech answers someone else, and that alone would give the answer away.
 
 Items are drawn by a generator seeded by (task, seed), from the plays alone, so the files are the
-same for every run that holds the same plays out.
-"""
+same for every run that holds the same plays out."""
 
 import json
 import random

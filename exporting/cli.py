@@ -4,8 +4,7 @@ share this package's files), print where it went.
 
 User errors and filesystem failures print one ``error: ...`` line and exit 2. Ctrl-C (130) and
 SIGTERM (143) remove the half-written folder first; a SIGKILL's is removed by the next export to
-that parent (``exporting.folder``).
-"""
+that parent (``exporting.folder``)."""
 
 import argparse
 import importlib

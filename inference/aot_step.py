@@ -16,8 +16,7 @@ time). It is written atomically with its checksum beside it; one that fails its 
 load, or whose first logits differ from the eager step's is built again, never used.
 
 Without AOTInductor (torch older than ``MIN_TORCH``) or off the CPU (a GPU replays ``torch.compile``'s
-CUDA graph, already free of Python), ``decode_step`` returns ``torch.compile``'s step instead.
-"""
+CUDA graph, already free of Python), ``decode_step`` returns ``torch.compile``'s step instead."""
 
 import contextlib
 import functools

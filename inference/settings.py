@@ -1,6 +1,5 @@
 """generate.py's settings: the sampling settings plus how many samples, whether cached, compiled
-or speculative (flags serve.py shares); the command line's edge, checked here once.
-"""
+or speculative (flags serve.py shares); the command line's edge, checked here once."""
 
 import argparse
 from dataclasses import dataclass

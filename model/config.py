@@ -1,7 +1,6 @@
 """The model's configuration: its sizes and options, each declared with its bounds, and the rules
 across them that refuse what no model can be built from, in one line naming the key. ``model.gpt``
-builds the network from it.
-"""
+builds the network from it."""
 
 from typing import Any, ClassVar, Literal
 

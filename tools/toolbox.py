@@ -8,8 +8,7 @@ Why a process: a running Python function cannot be stopped from outside, and a t
 ``sys.exit`` or crashes would take the caller with it; a process (leading its own group) can be
 killed. The tools run in one long-lived worker (``tools.worker``) started at the first call, so a
 call costs a round trip over a pipe; a timeout kills it and the next call starts a fresh one.
-Memory is bounded by the time limit; the built-in calculator bounds its own.
-"""
+Memory is bounded by the time limit; the built-in calculator bounds its own."""
 
 import json
 import os

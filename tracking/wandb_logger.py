@@ -2,8 +2,7 @@
 section of a run config that sets it up.
 
 Without credentials it logs offline, since a login prompt would hang a job with no terminal.
-Anything wandb raises is reported in one line and turns the logger into a no-op.
-"""
+Anything wandb raises is reported in one line and turns the logger into a no-op."""
 
 import contextlib
 import netrc

@@ -4,8 +4,7 @@ given the run's own files once every input has been read.
 ``open_run_dir`` takes the lock, refuses a directory holding another run (unless replaced) or no
 checkpoint to resume, and checks a resumed checkpoint (``training.resume_rules``). ``write_run_files``
 then clears a replaced run and writes the config, tokenizer and parent record, so a run replaced with
-``--overwrite`` stays whole when the new one cannot start. File names and formats belong to ``rundir``.
-"""
+``--overwrite`` stays whole when the new one cannot start. File names and formats belong to ``rundir``."""
 
 import contextlib
 from pathlib import Path

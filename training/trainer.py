@@ -3,8 +3,7 @@
 Reproducibility: the model is initialised right after ``torch.manual_seed(train.seed)`` on every
 rank (so ranks start identical), then every RNG is reseeded with ``seed + rank`` for dropout. The
 batch sampler has its own generator. Everything that consumes randomness is in the trainer state,
-so a resumed run replays the uninterrupted one exactly (on the CPU, bit for bit).
-"""
+so a resumed run replays the uninterrupted one exactly (on the CPU, bit for bit)."""
 
 import contextlib
 import math
@@ -94,8 +93,7 @@ def train(config: Config, *, resume: bool = False, overwrite: bool = False, prog
 
     ``overwrite`` (or ``run.overwrite``) replaces a run already in ``run.out_dir``; without it
     such a directory is refused. ``progress`` shows the progress bar and evaluation lines.
-    ``threads_setting`` names where train.threads came from (train.py: ``--threads``).
-    """
+    ``threads_setting`` names where train.threads came from (train.py: ``--threads``)."""
     config = with_parent(config)  # train.init_from's run is read when the run starts
     ctx = init_distributed(config.train.device)
     trainer = Trainer(config, ctx, progress=progress, threads_setting=threads_setting)

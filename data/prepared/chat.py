@@ -5,8 +5,7 @@ longer than ``block_size + 1`` tokens is cut by ``data.chat.fit_chat``, exactly 
 inference. One whose last exchange alone does not fit, or that keeps no reply, is dropped; both are
 counted. An entry of the prepared-data cache (``data.prepared.cache``), keyed by the source, split,
 tokenizer hash and block size, is `<cache_dir>/chat-<source>-<key>/`: one checksummed
-``conversations.npz`` (no pickles).
-"""
+``conversations.npz`` (no pickles)."""
 
 from dataclasses import dataclass
 from pathlib import Path

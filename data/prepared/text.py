@@ -1,8 +1,7 @@
 """From a `DataConfig` to a cache entry training reads: tokenizer.json, train.bin, val.bin, meta.json,
 as `<cache_dir>/<source>-<key>/` in the prepared-data cache (``data.prepared.cache``). Token files
 are flat uint16 arrays (uint32 when the vocabulary needs it), each document preceded by the
-end-of-text token so the model learns where documents end.
-"""
+end-of-text token so the model learns where documents end."""
 
 from dataclasses import dataclass
 from datetime import datetime, timezone
