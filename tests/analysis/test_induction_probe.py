@@ -70,12 +70,8 @@ def test_an_induction_head_is_seen_on_trained_ids_even_when_most_ids_are_untrain
     assert roles[1, 0].induction > 0.95
     assert roles[1, 0].induction == pytest.approx(1.0, abs=0.05)
     assert maps.layer_induction(list(roles.values()))[1] > 0.95
-
-
-def test_the_same_head_is_blind_when_the_ids_it_cannot_tell_apart_are_drawn():
-    untrained = torch.arange(200, VOCAB)
-    roles = maps.head_roles(HandBuilt(), text_windows(), untrained)
-    assert roles[2].induction < 0.1  # spread over the whole first copy: the probe, not the head, failed
+    # The same head is blind when the ids it cannot tell apart are drawn: the probe, not the head, fails.
+    assert maps.head_roles(HandBuilt(), text_windows(), torch.arange(200, VOCAB))[2].induction < 0.1
 
 
 def test_a_uniform_head_scores_its_share_of_each_query_and_a_previous_token_head_zero():
@@ -90,18 +86,16 @@ def test_a_uniform_head_scores_its_share_of_each_query_and_a_previous_token_head
     assert maps.layer_induction(list(roles.values()))[0] == pytest.approx(expected, rel=1e-5)
 
 
-def test_periods_double_up_to_half_the_context_and_the_ids_available():
-    assert induction_periods(128, 1000) == (8, 16, 32, 64)
-    assert induction_periods(128, 20) == (8, 16)
-    assert induction_periods(40, 1000) == (8, 16)
-    assert induction_periods(128, 7) == () and induction_periods(15, 1000) == ()
-
-
-def test_without_a_period_to_probe_induction_is_not_measured_nor_logged():
+def test_periods_and_without_one_induction_is_not_measured_nor_logged():
     few = TRAINED[:7]
     assert all(math.isnan(r.induction) for r in maps.head_roles(HandBuilt(), text_windows(), few))
     summary = attention_summary(HandBuilt(), text_windows(), few)
     assert sorted(summary) == ["attn_entropy_layer0", "attn_entropy_layer1"]
+    # Periods double up to half the context and the ids available.
+    assert induction_periods(128, 1000) == (8, 16, 32, 64)
+    assert induction_periods(128, 20) == (8, 16)
+    assert induction_periods(40, 1000) == (8, 16)
+    assert induction_periods(128, 7) == () and induction_periods(15, 1000) == ()
 
 
 def test_probe_ids_are_the_distinct_held_out_ids_less_the_ones_skipped():

@@ -1,6 +1,9 @@
 """Helpers for the data tests (a plain module: test files import it by name)."""
 
 import random
+from pathlib import Path
+
+from tokenizers import Tokenizer
 
 _WORDS = (
     "the king queen lord lady good night sweet love death crown sword heart blood fair "
@@ -25,16 +28,12 @@ def make_documents(count: int, words_per_doc: int = 120, seed: int = 0) -> list[
 
 def cache_contents(cfg) -> list[str]:
     """The names in ``cfg``'s data.cache_dir (none when it does not exist)."""
-    from pathlib import Path
-
     cache = Path(cfg.cache_dir)
     return sorted(p.name for p in cache.iterdir()) if cache.exists() else []
 
 
 def direct_tokens(tokenizer, texts: list[str]) -> list[int]:
     """What a token file must hold: each non-empty document preceded by EOT, encoded whole."""
-    from tokenizers import Tokenizer
-
     plain = Tokenizer.from_str(tokenizer.to_str())
     plain.encode_special_tokens = True
     eot = plain.token_to_id("<|endoftext|>")

@@ -1,8 +1,12 @@
 """The arithmetic questions of RL runs: deterministic from the seed, distinct, answered right."""
 
+import random
+import tracemalloc
+from collections import Counter
+
 import pytest
 
-from data.sources.arithmetic import OPERATIONS, conversations, problems
+from data.sources.arithmetic import OPERATIONS, conversations, problems, shuffled_prefix
 
 
 def test_problems_follow_from_the_seed_are_distinct_and_answered_right():
@@ -28,8 +32,6 @@ def test_more_problems_than_exist_are_refused_and_conversations_answer_each_ques
 def test_a_small_space_keeps_the_draw_runs_have_always_had():
     # Every pair listed and shuffled by the seed's generator: the questions of runs made before large
     # spaces were drawn without listing them, so those runs resume exactly.
-    import random
-
     pairs = [(a, b, op) for op in "+-" for a in range(13) for b in range(13)]
     random.Random("arithmetic-5").shuffle(pairs)
     expected = [f"What is {a}{op}{b}?" for a, b, op in pairs[:40]]
@@ -38,8 +40,6 @@ def test_a_small_space_keeps_the_draw_runs_have_always_had():
 
 @pytest.mark.parametrize("max_operand", [10**5, 10**12, 10**30])
 def test_a_huge_space_is_drawn_without_listing_it(max_operand):
-    import tracemalloc
-
     tracemalloc.start()
     try:
         items = problems(7, 3000, max_operand=max_operand, operations="+-*")
@@ -58,11 +58,6 @@ def test_a_huge_space_is_drawn_without_listing_it(max_operand):
 
 
 def test_the_prefix_of_a_shuffle_is_a_uniform_order_drawn_lazily():
-    import random
-    from collections import Counter
-
-    from data.sources.arithmetic import shuffled_prefix
-
     assert sorted(shuffled_prefix(random.Random(0), 50, 50)) == list(range(50))  # the whole order: a permutation
     first = Counter(shuffled_prefix(random.Random(seed), 4, 1)[0] for seed in range(4000))
     assert set(first) == {0, 1, 2, 3} and min(first.values()) > 850  # each place first about 1000 times in 4000

@@ -25,8 +25,7 @@ def test_target_sums_skip_ignored_targets_and_charge_zero_byte_ones_only_when_as
     nats, nbytes = target_nats_and_bytes(logits, targets, token_bytes, charge_zero_byte=charge_zero_byte)
     # Scored: position 0 (id 3, 3 bytes, ln 4) and position 3 (id 2, 2 bytes, ln 2); position 1 is
     # EOT (0 bytes, ln 4 nats where charged) and position 2 is ignored (-1).
-    assert nbytes.item() == 5
-    assert nats.item() == pytest.approx(math.log(4) + math.log(2) + charged, abs=1e-6)
+    assert nbytes.item() == 5 and nats.item() == pytest.approx(math.log(4) + math.log(2) + charged, abs=1e-6)
     assert bits_per_byte(nats.item(), nbytes.item()) == pytest.approx((3 + charged / math.log(2)) / 5, abs=1e-6)
 
 

@@ -3,7 +3,7 @@
 import re
 
 import pytest
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, pre_tokenizers, trainers
 
 from common.errors import DataError
 from data.chat import (
@@ -29,7 +29,7 @@ def tokenizer() -> Tokenizer:
 
 
 def test_every_trained_tokenizer_reserves_the_chat_tokens_after_eot_then_the_tool_tokens(tokenizer):
-    assert [tokenizer.token_to_id(t) for t in (EOT, *CHAT_SPECIAL_TOKENS, *TOOL_SPECIAL_TOKENS)] == [0, 1, 2, 3, 4, 5, 6]
+    assert [tokenizer.token_to_id(t) for t in (EOT, *CHAT_SPECIAL_TOKENS, *TOOL_SPECIAL_TOKENS)] == list(range(7))
     assert tokenizer.get_vocab_size() == 400
     special = ChatTokenIds.of(tokenizer)
     assert special.has_tools and special.role["tool"] == 5 and special.call == 6
@@ -104,8 +104,6 @@ TOOL_CONVERSATION = [
 
 def old_tokenizer() -> Tokenizer:
     """As tokenizers were trained before the tool tokens: <|endoftext|> and the chat tokens only."""
-    from tokenizers import pre_tokenizers, trainers
-
     tokenizer = new_tokenizer()
     trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=[EOT, *CHAT_SPECIAL_TOKENS], show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
@@ -216,8 +214,7 @@ def test_a_rendered_reply_parses_back_to_its_text_and_calls(tokenizer):
 def test_a_malformed_call_is_reported_never_guessed_at(tokenizer, body, fragment):
     ids = [*encode_plain(tokenizer, ["ok"])[0], ChatTokenIds.of(tokenizer).call, *encode_plain(tokenizer, [body])[0]]
     parsed = parse_reply(tokenizer, ids, names={"calculator"})
-    assert fragment in parsed.error and "\n" not in parsed.error
-    assert parsed.calls == () and not parsed.calls_tools
+    assert fragment in parsed.error and "\n" not in parsed.error and parsed.calls == () and not parsed.calls_tools
     assert parsed.content == "ok" and parsed.text == "ok<|call|>" + body
 
 

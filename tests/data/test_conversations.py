@@ -122,8 +122,7 @@ def test_batches_start_every_conversation_at_position_0_and_learn_only_replies(t
     for r in rows:
         rendered = render_chat(tokenizer, conversations[r])
         n = len(rendered.ids) - 1
-        assert x[r, 0].item() == special.role["system"]
-        assert x[r, :n].tolist() == rendered.ids[:-1]
+        assert x[r, 0].item() == special.role["system"] and x[r, :n].tolist() == rendered.ids[:-1]
         expected = [t if m else -1 for t, m in zip(rendered.ids[1:], rendered.loss_mask[1:])]
         assert y[r, :n].tolist() == expected and y[r, n:].eq(-1).all()
         assert expected[-1] == special.end  # the reply's end-of-turn token is learned

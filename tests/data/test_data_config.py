@@ -2,6 +2,7 @@ import pytest
 
 from common.errors import DataError
 from data.config import MIN_VOCAB_SIZE, DataConfig, HubSourceConfig, QuotesSourceConfig, SyntheticSourceConfig
+from data.tokenizer import train_tokenizer
 
 
 def test_defaults_are_the_shakespeare_corpus_and_from_dict_round_trips():
@@ -75,7 +76,5 @@ def test_the_bounds_admit_what_is_at_them():
 
 def test_the_least_vocabulary_admitted_is_the_least_the_tokenizer_trainer_makes():
     # 257 was admitted, then always refused: the trained tokenizer had the chat tokens as well.
-    from data.tokenizer import train_tokenizer
-
     least = DataConfig(vocab_size=MIN_VOCAB_SIZE).vocab_size
     assert train_tokenizer(["a b c, and the rest of it"] * 20, least).get_vocab_size() == least

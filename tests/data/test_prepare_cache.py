@@ -41,13 +41,11 @@ def test_token_files_equal_a_direct_tokenization(files_cfg, txt_corpus):
     train_texts, val_texts = _split_texts(txt_corpus, val_ids)
     assert val_ids and len(train_texts) + len(val_texts) == 12
     tok = data.tokenizer()
-    assert data.train_tokens().dtype == np.uint16
-    assert data.train_tokens().tolist() == direct_tokens(tok, train_texts)
+    assert data.train_tokens().dtype == np.uint16 and data.train_tokens().tolist() == direct_tokens(tok, train_texts)
     assert data.val_tokens().tolist() == direct_tokens(tok, val_texts)
     for split, texts in (("train", train_texts), ("val", val_texts)):
         stats = meta["splits"][split]
-        assert stats["documents"] == len(texts)
-        assert stats["bytes"] == sum(len(t.encode("utf-8")) for t in texts)
+        assert stats["documents"] == len(texts) and stats["bytes"] == sum(len(t.encode("utf-8")) for t in texts)
     # Byte accounting agrees with the text: EOTs count 0, every other token its bytes.
     assert data.token_bytes()[np.asarray(data.val_tokens())].sum() == meta["splits"]["val"]["bytes"]
     assert data.eot_id == 0 and data.vocab_size == tok.get_vocab_size()
@@ -67,8 +65,7 @@ def test_tokenizer_is_trained_on_the_training_split_only(tmp_path):
         (folder / name).write_text(text + extra, encoding="utf-8")
     cfg = _folder_cfg(tmp_path, folder, vocab_size=400, val_fraction=0.2, split_seed=5)
     tok = prepare_data(cfg, progress=False).tokenizer()
-    assert "Ġzebrafish" not in tok.get_vocab()
-    assert len(tok.encode(" zebrafish").ids) > 3
+    assert "Ġzebrafish" not in tok.get_vocab() and len(tok.encode(" zebrafish").ids) > 3
 
 
 def test_cache_hit_reuses_the_entry_without_reading_the_corpus_and_progress_says_which(files_cfg, monkeypatch, capsys):
@@ -92,8 +89,7 @@ def test_changed_settings_or_files_make_a_new_entry(files_cfg, txt_corpus):
     assert len({first, other_vocab, other_seed}) == 3
     doc = txt_corpus / "doc00.txt"
     doc.write_text(doc.read_text(encoding="utf-8") + " more", encoding="utf-8")
-    assert entry_dir(files_cfg) != first
-    assert first.is_dir() and other_vocab.is_dir()
+    assert entry_dir(files_cfg) != first and first.is_dir() and other_vocab.is_dir()
 
 
 def test_a_failed_prepare_leaves_nothing_and_the_next_one_succeeds(files_cfg, monkeypatch):
@@ -152,8 +148,7 @@ def test_a_prepare_killed_halfway_is_never_taken_for_a_finished_one(files_cfg, t
     leftovers = [p for p in entry.parent.iterdir() if p.name.startswith(".tmp-")]
     assert len(leftovers) == 1 and (leftovers[0] / "train.bin").exists()
     data = prepare_data(files_cfg, progress=False)
-    assert data.directory == entry and data.val_tokens().size > 0
-    assert cache_contents(files_cfg) == [entry.name]
+    assert data.directory == entry and data.val_tokens().size > 0 and cache_contents(files_cfg) == [entry.name]
 
 
 def test_recovers_from_a_damaged_entry_and_spares_other_hosts_temp_dirs(files_cfg):

@@ -15,8 +15,7 @@ def test_each_document_is_a_passage_of_a_play_written_twice():
     assert len(documents) == 400
     for play, text in documents:
         passage = text[:len(text) // 2 - 1]
-        assert text == f"{passage}\n\n{passage}"
-        assert 0 < len(passage) <= 120 and passage in plays[play]
+        assert text == f"{passage}\n\n{passage}" and 0 < len(passage) <= 120 and passage in plays[play]
     assert len({play for play, _ in documents}) > 20  # passages from many plays
 
 

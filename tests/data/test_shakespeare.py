@@ -49,8 +49,7 @@ def test_one_document_per_play_file(plays):
     ids, texts = plays
     files = play_files()
     # The package ships the 37 plays of the usual canon plus Edward III.
-    assert len(files) >= 37
-    assert len(ids) == len(texts) == len(files) == len(set(ids))
+    assert len(files) >= 37 and len(ids) == len(texts) == len(files) == len(set(ids))
     assert {"hamlet", "macbeth", "the-tempest", "king-lear"} <= set(ids)
     assert all(len(t) > 50_000 for t in texts)
 
@@ -71,8 +70,7 @@ def test_speaker_lines_and_headings_are_kept(plays):
     speakers_in_source = re.findall(r"^\*\*([^*]+)\*\*\s*$", source, re.MULTILINE)
     names = set(speakers_in_source)
     speakers_in_text = [line[:-1] for line in hamlet.splitlines() if line.endswith(":") and line[:-1] in names]
-    assert speakers_in_text == [name.strip() for name in speakers_in_source]
-    assert len(speakers_in_text) > 1000
+    assert speakers_in_text == [name.strip() for name in speakers_in_source] and len(speakers_in_text) > 1000
     assert "HAMLET:\nTo be, or not to be: that is the question:\n" in hamlet
     assert "\nACT III\n" in hamlet and "\nSCENE I. Elsinore. A platform before the castle.\n" in hamlet
     assert "\nEnter Ghost\n" in hamlet

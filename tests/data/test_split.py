@@ -9,8 +9,7 @@ def test_split_is_deterministic_disjoint_and_complete():
     ids = [f"doc-{i}" for i in range(1000)]
     train, val = hash_split(ids, 0.1, seed=7)
     assert (train, val) == hash_split(list(ids), 0.1, seed=7)
-    assert set(train).isdisjoint(val)
-    assert sorted(train + val) == list(range(len(ids)))
+    assert set(train).isdisjoint(val) and sorted(train + val) == list(range(len(ids)))
     assert 60 <= len(val) <= 140  # ~Binomial(1000, 0.1)
 
 
@@ -22,8 +21,7 @@ def test_side_depends_only_on_seed_and_id():
     _, val2 = hash_split(shuffled, 0.2, seed=3)
     assert held_out == {shuffled[i] for i in val2} - {"a-new-document"}
     _, other = hash_split(ids, 0.2, seed=4)
-    assert {ids[i] for i in other} != held_out
-    assert 0.0 <= validation_score("x", 1) < 1.0
+    assert {ids[i] for i in other} != held_out and 0.0 <= validation_score("x", 1) < 1.0
 
 
 def test_tiny_corpora_still_get_one_document_on_each_side():

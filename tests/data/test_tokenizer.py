@@ -51,8 +51,7 @@ def test_round_trip_on_random_code_points(tokenizer):
 
 def test_byte_alphabet_matches_the_pre_tokenizer():
     mapping = byte_to_unicode()
-    assert sorted(mapping) == list(range(256))
-    assert set(mapping.values()) == set(pre_tokenizers.ByteLevel.alphabet())
+    assert sorted(mapping) == list(range(256)) and set(mapping.values()) == set(pre_tokenizers.ByteLevel.alphabet())
     assert mapping[ord("A")] == "A" and mapping[ord(" ")] == "Ġ" and mapping[ord("\n")] == "Ċ"
     assert np.array_equal(np.frombuffer(tk.token_bytes("ĠĊ"), np.uint8), [32, 10])  # and back to bytes
 
@@ -76,8 +75,7 @@ def test_eot_inside_text_stays_text_when_encoding_documents(tokenizer):
     tokenizer = Tokenizer.from_str(tokenizer.to_str())
     tokenizer.encode_special_tokens = True
     ids = encode_documents(tokenizer, ["a <|endoftext|> b", "c"], eot=0)
-    assert ids.count(0) == 2 and ids[0] == 0
-    assert tokenizer.decode(ids[1 : ids.index(0, 1)]) == "a <|endoftext|> b"
+    assert ids.count(0) == 2 and ids[0] == 0 and tokenizer.decode(ids[1 : ids.index(0, 1)]) == "a <|endoftext|> b"
 
 
 def test_split_for_encoding_never_changes_the_tokens(tokenizer, monkeypatch):

@@ -5,6 +5,7 @@ import os
 import shutil
 import signal
 import subprocess
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -30,8 +31,6 @@ def _scratch(tmp: Path) -> list[str]:
 @pytest.fixture
 def tmpdir_env(tmp_path, monkeypatch) -> Path:
     """A TMPDIR of the test's own, so that what an evaluation leaves there can be seen."""
-    import tempfile
-
     folder = tmp_path / "tmpdir"
     folder.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(folder))
@@ -46,17 +45,13 @@ def test_eval_that_is_a_file_is_one_line(capsys, random_run, tmpdir_env):
     assert _scratch(tmpdir_env) == []
 
 
-def test_read_only_run_is_one_line(capsys, random_run, mount_tmpfs, tmpdir_env):
+def test_a_read_only_run_or_a_full_tmpdir_is_one_line(capsys, random_run, mount_tmpfs, tmpdir_env, monkeypatch):
     disk = mount_tmpfs(16 << 20)
     run = Path(shutil.copytree(random_run, disk / "run"))
     subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
     _refused(capsys, run, str(run / "eval"), "Read-only file system")
     assert _scratch(tmpdir_env) == []
-
-
-def test_full_tmpdir_is_one_line(capsys, random_run, mount_tmpfs, monkeypatch):
-    import tempfile
-
+    # A full TMPDIR.
     disk = mount_tmpfs(64 << 10)  # smaller than the export's weights
     monkeypatch.setattr(tempfile, "tempdir", str(disk))
     _refused(capsys, random_run, "TMPDIR", str(disk), "No space left on device")

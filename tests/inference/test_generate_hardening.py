@@ -44,13 +44,6 @@ def _generate(run_dir: Path, shell_redirect: str) -> subprocess.CompletedProcess
                           stderr=subprocess.PIPE, text=True, timeout=120)
 
 
-def test_closed_stdout_is_one_line_and_exit_2(run_dir):
-    proc = _generate(run_dir, ">&-")
-    assert proc.returncode == 2, proc.stderr
-    assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr
-    assert proc.stderr.strip() == "error: standard output is closed; redirect it to a file or a pipe"
-
-
 def test_full_stdout_is_one_line_and_exit_2(run_dir, monkeypatch, capsys):
     if not Path("/dev/full").exists():
         pytest.skip("this system has no /dev/full")
@@ -77,7 +70,7 @@ def _reader_gone() -> int:
     return write_end
 
 
-def test_a_reader_that_leaves_ends_the_command_quietly(run_dir):
+def test_a_reader_that_leaves_ends_the_command_quietly_and_a_closed_stdout_is_one_line(run_dir):
     pipe = _reader_gone()
     try:
         # --quiet: the first write is the first token's text, from inside the decode loop.
@@ -85,6 +78,11 @@ def test_a_reader_that_leaves_ends_the_command_quietly(run_dir):
     finally:
         os.close(pipe)
     assert (done.returncode, done.stderr.decode()) == (0, "")
+    # Closed stdout is one line and exit 2.
+    proc = _generate(run_dir, ">&-")
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr
+    assert proc.stderr.strip() == "error: standard output is closed; redirect it to a file or a pipe"
 
 
 def test_a_reader_that_leaves_the_chat_ends_it_quietly(run_dir):

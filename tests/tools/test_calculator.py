@@ -2,6 +2,7 @@
 before the work they would cost, checked by the memory each refusal allocates, in a toolbox's worker
 whose time limit turns a regression into a failure rather than a hung test."""
 
+import builtins
 import json
 
 import pytest
@@ -98,8 +99,6 @@ def test_the_calculator_tool_gives_its_refusals_to_the_model(worker):
 
 
 def test_eval_is_never_called(monkeypatch):
-    import builtins
-
     monkeypatch.setattr(builtins, "eval", lambda *a, **k: pytest.fail("eval was called"))
     monkeypatch.setattr(builtins, "exec", lambda *a, **k: pytest.fail("exec was called"))
     assert calculator("2*(3+4)") == "14"

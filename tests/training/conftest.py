@@ -2,11 +2,17 @@
 second), tokenized once per session, and a tiny, fast run config."""
 
 import copy
+import os
 import random
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
+
+from chat_testkit import pretrain
+from data.prepared.text import prepare_data
+from training.config import config_from_dict, with_parent
 
 _SUBJECTS = ["the miller", "a young knight", "the old queen", "my brother", "the weaver", "a shepherd"]
 _VERBS = ["walked to", "looked at", "spoke of", "dreamed of", "sang about", "rode past"]
@@ -28,10 +34,6 @@ def one_torch_thread():
     """One intra-op thread (the tiny models cannot use two; on a shared machine OpenMP's spinning makes
     steps slower), for the trainer too: ``train.threads: auto`` keeps OMP_NUM_THREADS. Set by hand, not
     with ``monkeypatch``: tests that call ``monkeypatch.undo()`` would undo it midway."""
-    import os
-
-    import torch
-
     previous_env = os.environ.get("OMP_NUM_THREADS")
     os.environ["OMP_NUM_THREADS"] = "1"
     previous = torch.get_num_threads()
@@ -84,9 +86,6 @@ def base_raw(corpus_file: Path, data_cache: Path) -> dict[str, Any]:
         "run": {"checkpoint_interval": 0},
     }
     # Tokenize once for the whole session; every run afterwards hits the cache.
-    from data.prepared.text import prepare_data
-    from training.config import config_from_dict
-
     prepare_data(config_from_dict({**raw, "run": {"out_dir": "unused"}}).data, progress=False)
     return raw
 
@@ -95,8 +94,6 @@ def base_raw(corpus_file: Path, data_cache: Path) -> dict[str, Any]:
 def make_config(base_raw: dict[str, Any], tmp_path: Path):
     """``make_config(**sections)``: the base config with per-section updates, out_dir in tmp, as a run
     starts with it (its parent run read)."""
-    from training.config import config_from_dict, with_parent
-
     def make(out_dir: str | Path | None = None, **sections: dict[str, Any]):
         raw = copy.deepcopy(base_raw)
         for section, values in sections.items():
@@ -110,6 +107,4 @@ def make_config(base_raw: dict[str, Any], tmp_path: Path):
 @pytest.fixture(scope="session")
 def parent_run(base_raw, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A pretrained run that the fine-tuning tests start from, built once (tests that damage it copy it)."""
-    from chat_testkit import pretrain
-
     return pretrain(base_raw, tmp_path_factory.mktemp("parent") / "run")

@@ -1,8 +1,11 @@
 """Absurd sizes are refused before anything is allocated (a model_config.json claiming a billion positions:
 tests/model/test_model_io.py)."""
 
+import tracemalloc
+
 import pytest
 
+import training.tasks.grpo.task as rl_task
 from training.config import ConfigError
 from training.trainer import train
 
@@ -19,8 +22,6 @@ def test_a_model_too_large_for_the_machine_is_refused_before_building(make_confi
 
 def test_counting_a_deep_models_parameters_builds_nothing_per_layer(make_config):
     # The count once listed every value-embedding layer. It must cost the same at any depth.
-    import tracemalloc
-
     config = make_config().model.model_copy(update=dict(n_layer=1_000_000, value_embeddings=True))
     tracemalloc.start()
     try:
@@ -53,11 +54,8 @@ def test_a_group_too_large_for_memory_is_refused_before_anything_is_allocated(ma
     config = make_config(tmp_path / "run", data={"format": "rl"},
                          train={"init_from": str(parent_run), "batch_size": 64},
                          rl={**RL, "group_size": 1024})
-    import training.tasks.grpo.task as rl_task
-
     monkeypatch.setattr(rl_task, "prepare_arithmetic_prompts", lambda *a, **k: pytest.fail("prepared the questions"))
     with pytest.raises(ConfigError, match=r"this run would not fit: .*activations .* lower train.batch_size, "
                                           r"rl.group_size or rl.eval_samples") as error:
         train(config, progress=False)
-    assert "\n" not in str(error.value)
-    assert not (config.out_dir / "model.safetensors").exists()
+    assert "\n" not in str(error.value) and not (config.out_dir / "model.safetensors").exists()

@@ -12,7 +12,7 @@ import training.evaluate as evaluate_module
 import training.muon as muon_module
 from data.prepared.text import prepare_data
 from model.config import GPTConfig
-from model.gpt import GPT, RMSNorm
+from model.gpt import GPT, RMSNorm, sdpa
 from model.io import load_pretrained
 from rundir.checkpoint import load_trainer_state
 from test_rms_norm_cpu import backward_functions
@@ -68,8 +68,7 @@ def test_a_bf16_step_multiplies_in_bf16_and_keeps_norms_loss_weights_and_optimiz
     # Every matmul and what is computed from its output before it joins the residual stream: bf16.
     # Attention itself computes in fp32 on the CPU (model.gpt.sdpa: its bf16 kernels are the slow
     # ones), from bf16 inputs, and hands its output back in bf16.
-    assert ops.seen["linear"] == {torch.bfloat16}
-    assert ops.seen["scaled_dot_product_attention"] == {torch.float32}
+    assert ops.seen["linear"] == {torch.bfloat16} and ops.seen["scaled_dot_product_attention"] == {torch.float32}
     activations = [op for op in ("silu", "sigmoid") if op in ops.seen]
     assert activations and all(ops.seen[op] == {torch.bfloat16} for op in activations)
     assert logits.dtype == torch.bfloat16
@@ -93,8 +92,6 @@ def test_a_bf16_step_multiplies_in_bf16_and_keeps_norms_loss_weights_and_optimiz
 
 
 def test_attention_under_cpu_autocast_computes_in_fp32_and_nowhere_else():
-    from model.gpt import sdpa
-
     q, k, v = (torch.randn(2, 2, 8, 16, generator=torch.Generator().manual_seed(i)).bfloat16() for i in range(3))
     exact = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
     with OutputDtypes() as under_autocast, autocast(CPU, torch.bfloat16):

@@ -3,20 +3,25 @@ trained parent that learns the preference, logs TRL's metric names and resumes e
 
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from chat_testkit import preference_file
 import training.cli as train_cli
+import training.tasks.dpo.task as dpo_task
+from chat_testkit import preference_file
+from common.config import merged
 from common.errors import UserError
 from model.config import GPTConfig
 from model.gpt import GPT
 from model.io import load_pretrained
 from rundir.metrics import read_metrics
+from training.config import LoraConfig, config_from_dict, config_to_dict
 from training.distributed import init_distributed
+from training.lora import LoraAdapters, LowRankDelta, TrainedRows, parametrized
 from training.tasks.dpo.loss import accumulate_dpo_gradients, reply_logps
-from training.tasks.reference import FrozenReference
+from training.tasks.reference import AdaptersOffReference, FrozenReference
 from training.trainer import Trainer, train
 
 VOCAB = 40
@@ -125,9 +130,6 @@ DPO_REFUSALS = [
 
 @pytest.mark.parametrize("sections, expected", DPO_REFUSALS)
 def test_dpo_refusals(sections, expected):
-    from common.config import merged
-    from training.config import config_from_dict
-
     raw = {"train": {"max_steps": 1, "init_from": "p"}, "data": {"format": "preference", "source": "files",
                                                                  "files": {"paths": ["p.jsonl"]}}}
     with pytest.raises(UserError) as error:
@@ -187,8 +189,6 @@ def test_dpo_learns_the_preference_logs_trl_names_and_resumes_exactly(dpo_config
 
 
 def test_a_handful_of_pairs_is_warned_about_as_a_small_corpus_is(make_config, parent_run, tmp_path, capsys):
-    from training.config import config_to_dict
-
     # 12 pairs, a few held out: a budget of 16 steps of 8 pairs passes over the rest more than 10 times.
     data_file = preference_file(tmp_path / "few.jsonl", count=12)
     config = make_config(tmp_path / "run", data={"format": "preference", "files": {"paths": [str(data_file)]},
@@ -206,8 +206,6 @@ def test_a_handful_of_pairs_is_warned_about_as_a_small_corpus_is(make_config, pa
 
 
 def test_fsdp_is_refused_before_any_data_is_read(dpo_config, tmp_path, monkeypatch):
-    import training.tasks.dpo.task as dpo_task
-
     monkeypatch.setattr(dpo_task, "prepare_preference_data", lambda *a, **k: pytest.fail("read the data"))
     config = dpo_config(tmp_path / "run", parallel="fsdp")
     with pytest.raises(UserError, match="data.format: preference trains with train.parallel: ddp"):
@@ -217,12 +215,6 @@ def test_fsdp_is_refused_before_any_data_is_read(dpo_config, tmp_path, monkeypat
 def test_a_lora_policy_with_its_adapters_off_is_the_frozen_reference():
     # A LoRA DPO run holds no second model: its policy with the adapters off gives the parent's
     # log-probabilities, though the adapters have moved it.
-    from types import SimpleNamespace
-
-    from training.config import LoraConfig
-    from training.lora import LoraAdapters, LowRankDelta, TrainedRows, parametrized
-    from training.tasks.reference import AdaptersOffReference
-
     parent, policy = _model(), _model()
     adapters = LoraAdapters(LoraConfig(rank=2, trainable_tokens=["<|end|>"]))
     adapters.apply(policy, SimpleNamespace(token_to_id={"<|end|>": 3}.get))

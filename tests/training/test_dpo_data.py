@@ -6,8 +6,11 @@ import re
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
+import training.tasks.dpo.prepared as module
 from common.errors import DataError
 from data.chat import Message, render_chat
 from data.config import DataConfig, FilesSourceConfig
@@ -104,12 +107,9 @@ def test_an_entry_is_built_once_and_reused_and_a_json_array_reads_as_its_items(t
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     first = _prepared(tmp_path, tokenizer, path)
     assert len(first.train) + len(first.val) == 30 and len(first.val) > 0
-    import training.tasks.dpo.prepared as module
-
     monkeypatch.setattr(module, "load_preferences", lambda *a, **k: pytest.fail("read the pairs again"))
     again = _prepared(tmp_path, tokenizer, path)
-    assert again.directory == first.directory
-    assert again.train.chosen.ids.tolist() == first.train.chosen.ids.tolist()
+    assert again.directory == first.directory and again.train.chosen.ids.tolist() == first.train.chosen.ids.tolist()
     assert again.val.rejected.mask.tolist() == first.val.rejected.mask.tolist()
     monkeypatch.undo()
     array = tmp_path / "array" / "pairs.jsonl"  # the same name: the rows' ids hold it
@@ -213,9 +213,6 @@ def _refusal(folder: Path, tokenizer, path: Path, block_size: int) -> str:
 
 
 def test_a_bad_row_of_a_parquet_file_is_named_by_its_1_based_row(tmp_path, tokenizer):
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     rows = [{"prompt": "Hi", "chosen": "a", "rejected": "b"}] * 3 + [{"prompt": "Hi", "chosen": None, "rejected": "b"}]
     path = tmp_path / "pairs.parquet"
     pq.write_table(pa.Table.from_pylist(rows), path)

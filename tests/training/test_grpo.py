@@ -10,9 +10,11 @@ import torch
 
 import training.cli as train_cli
 from chat_testkit import pretrain
+from common.config import merged
 from common.errors import UserError
 from rundir.checkpoint import load_trainer_state, save_checkpoint
 from rundir.metrics import read_metrics
+from training.config import config_from_dict, load_run_config
 from training.tasks.grpo.loss import group_advantages, target_logps, token_losses
 from training.tasks.grpo.rewards import RewardError, closeness, correct, integer_format, reward_function
 from training.tasks.grpo.rollout import rollout_metrics
@@ -274,9 +276,6 @@ RL_REFUSALS = [
 
 @pytest.mark.parametrize("sections, expected", RL_REFUSALS)
 def test_rl_refusals(sections, expected):
-    from common.config import merged
-    from training.config import config_from_dict
-
     raw = {"train": {"max_steps": 1, "init_from": "runs/parent"}, "data": {"format": "rl"}, "rl": {}}
     with pytest.raises(UserError) as error:
         config_from_dict(merged(raw, sections))
@@ -287,15 +286,11 @@ def test_rl_refusals(sections, expected):
                                 {"group_size": 1024, "eval_samples": 1024, "max_tool_calls": 16, "temperature": 10,
                                  "beta": 10}])
 def test_the_rl_bounds_admit_what_is_at_them(rl):
-    from training.config import config_from_dict
-
     config = config_from_dict({"train": {"max_steps": 1, "init_from": "p"}, "data": {"format": "rl"}, "rl": rl})
     assert config.rl.model_dump(include=set(rl)) == rl
 
 
 def test_the_shipped_rl_config_reads(parent_run):
-    from training.config import load_run_config
-
     config = load_run_config(Path(__file__).parents[2] / "configs" / "tiny-rl.yaml",
                              [f"train.init_from={parent_run}", "run.out_dir=unused"])
     assert config.data.format == "rl" and config.rl.group_size == 8 and config.rl.rewards == ["correct", "closeness"]

@@ -203,11 +203,11 @@ def test_the_calculator_prompts_ask_at_every_turn_among_the_plays_held_out_as_th
     tokenizer = load_tokenizer(tool_run_dir / "tokenizer.json")
     cfg = CalculatorTaskConfig(**MIXED, train_problems=60, val_problems=20)
 
-    def prepared(window: int):
+    def prepared(window: int, reply: int):
         return prepare_calculator_prompts(tool_run_dir / "tokenizer.json", cfg, train_problems=60, val_problems=20,
-                                          val_fraction=0.1, split_seed=1234, window=window)
+                                          val_fraction=0.1, split_seed=1234, window=window, reply=reply)
 
-    whole = prepared(4096)
+    whole = prepared(4096, 0)
     plays_train, plays_val, _ = shakespeare_chat(0.1, 1234)
     for split, problems, plays in ((whole.train, 60, plays_train), (whole.val, 20, plays_val)):
         texts = [tokenizer.decode(ids, skip_special_tokens=False) for ids in split.prompts]
@@ -220,12 +220,16 @@ def test_the_calculator_prompts_ask_at_every_turn_among_the_plays_held_out_as_th
         assert {r["question"] for r in speeches} <= {m.content for c in plays for m in c if m.role == "user"}
         later = [t for t, r in zip(texts, split.rows) if r["needs_tool"] and "<|call|>" in t]
         assert later and any("<|system|>" in t for t, r in zip(texts, split.rows) if r["needs_tool"])
-    # A small window cuts the history as a chat does: the oldest exchanges go, every question stays.
-    cut = prepared(96)
-    assert max(len(p) for p in cut.train.prompts + cut.val.prompts) <= 95
-    kept = dict(zip(cut.val.questions, cut.val.prompts))
-    assert {r["question"] for r in whole.val.rows if r["needs_tool"]} <= kept.keys()
-    assert any(len(kept[q]) < len(p) for q, p in zip(whole.val.questions, whole.val.prompts) if q in kept)
+    # A small window drops the oldest exchanges as a chat does, to leave a whole reply room; every question stays.
+    for reply in (0, 128):
+        cut = prepared(256, reply)
+        assert max(len(p) for p in cut.train.prompts + cut.val.prompts) <= 255
+    kept = dict(zip(cut.train.questions + cut.val.questions, cut.train.prompts + cut.val.prompts))
+    assert {r["question"] for r in whole.train.rows + whole.val.rows if r["needs_tool"]} <= kept.keys()
+    shortened = [kept[q] for q, p in zip(whole.train.questions + whole.val.questions,
+                                         whole.train.prompts + whole.val.prompts) if q in kept and len(kept[q]) < len(p)]
+    user = ChatTokenIds.of(tokenizer).role["user"]
+    assert shortened and all(len(p) <= 256 - 128 or p.count(user) == 1 for p in shortened)  # or nothing left to drop
 
 
 # --------------------------------------------------------------------------------------------
@@ -376,7 +380,7 @@ def test_the_shipped_tools_rl_config_reads_and_holds_out_the_sft_runs_held_out_p
     sft = load_run_config(root / "configs" / "tiny-tools.yaml",
                           [f"train.init_from={tool_run_dir}", "run.out_dir=unused"]).data
     train, held_out = calculator_conversations(sft.calculator, sft.val_fraction, sft.split_seed)
-    prompts = prepare_calculator_prompts(tool_run_dir / "tokenizer.json", rl.calculator, window=4096,
+    prompts = prepare_calculator_prompts(tool_run_dir / "tokenizer.json", rl.calculator, window=4096, reply=0,
                                          train_problems=rl.calculator.train_problems,
                                          val_problems=rl.calculator.val_problems,
                                          val_fraction=config.data.val_fraction, split_seed=config.data.split_seed)

@@ -7,11 +7,15 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
+import train as train_cli
+import training.init_from as init_from_module
 from common.errors import UserError
+from data.prepared.text import prepare_data
 from data.tokenizer import train_tokenizer
 from model.io import load_pretrained
-from training.config import config_from_dict, with_parent
+from training.config import config_from_dict, load_run_config, with_parent
 from training.distributed import init_distributed
 from training.trainer import Trainer, train
 
@@ -24,8 +28,6 @@ def _setup(config):
 
 def test_init_from_loads_the_parents_weights_exactly_and_records_the_parent_found_once(make_config, parent_run,
                                                                                         monkeypatch, tmp_path):
-    import training.init_from as init_from_module
-
     found = []
     find = init_from_module.find_parent
     monkeypatch.setattr(init_from_module, "find_parent", lambda where: found.append(where) or find(where))
@@ -93,10 +95,6 @@ def _snapshot(directory: Path) -> dict[str, bytes]:
 def test_init_from_equal_to_out_dir_is_refused_and_the_run_is_untouched(
     base_raw, parent_run, tmp_path, monkeypatch, capsys, spelling, overwrite
 ):
-    import yaml
-
-    import train as train_cli
-
     monkeypatch.chdir(tmp_path)
     run = Path(shutil.copytree(parent_run, tmp_path / "runs" / "tiny"))
     (tmp_path / "runs" / "link").symlink_to("tiny")
@@ -133,8 +131,6 @@ def test_overwrite_keeps_the_old_run_when_the_new_one_cannot_start(base_raw, par
 def test_configs_tiny_quote_continues_a_parent_on_its_passages(parent_run, data_cache, tmp_path):
     # The shipped config, its passages and steps cut down: the parent's shape and tokenizer, and
     # validation on the passages of the plays pretraining held out.
-    from training.config import load_run_config
-
     config = load_run_config(Path(__file__).resolve().parents[2] / "configs" / "tiny-quote.yaml", [
         f"train.init_from={parent_run}", f"run.out_dir={tmp_path / 'run'}", f"data.cache_dir={data_cache}",
         "data.quotes.passages=300", "train.max_steps=2", "train.peak_flops=1e11", "train.device=cpu",
@@ -143,8 +139,6 @@ def test_configs_tiny_quote_continues_a_parent_on_its_passages(parent_run, data_
     assert result.step == 2 and load_pretrained(tmp_path / "run").config == load_pretrained(parent_run).config
     assert (tmp_path / "run" / "tokenizer.json").read_bytes() == (parent_run / "tokenizer.json").read_bytes()
     # The data it trained on: the passages written twice, validated on the held-out plays' passages.
-    from data.prepared.text import prepare_data
-
     meta = prepare_data(config.data, progress=False, tokenizer_file=parent_run / "tokenizer.json").meta
     assert meta["description"].startswith("passages of the plays written twice (300 of")
     assert meta["val_from"] == "split 'held-out plays'"

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from data.prepared.text import prepare_data
 from data.sources.documents import hash_split
 from model.io import load_pretrained
 from rundir.checkpoint import load_trainer_state
@@ -55,8 +56,6 @@ def _config(corpus: Path, out_dir: Path, **train):
 
 def _score(model, config, max_batches):
     """``model``'s loss over the run's validation split, the first ``max_batches`` batches of it."""
-    from data.prepared.text import prepare_data
-
     val_tokens = prepare_data(config.data, progress=False).val_tokens()
     return evaluate(model, val_tokens, torch.ones(model.config.vocab_size, dtype=torch.long), block_size=32,
                     batch_size=8, max_batches=max_batches, device=torch.device("cpu")).loss

@@ -16,9 +16,10 @@ from data.tokenizer import load_tokenizer
 from model.config import GPTConfig
 from model.gpt import GPT
 from model.io import load_pretrained
-from rundir.checkpoint import load_trainer_state
-from training.config import LoraConfig, config_from_dict, with_parent
+from rundir.checkpoint import CheckpointError, load_trainer_state, save_checkpoint
+from training.config import LoraConfig, apply_overrides, config_from_dict, load_run_config, with_parent
 from training.lora import LowRankDelta, adapters_disabled, add_adapters, merged_copy, parametrized
+from training.recompute import checkpoint_blocks
 from training.trainer import train
 
 # Latent attention with a query latent: every attention layer name the other kind lacks.
@@ -61,16 +62,11 @@ def test_only_the_adapters_train_and_they_merge_into_the_same_model(kind):
     merged = merged_copy(model)
     assert not list(parametrized(merged, LowRankDelta)) and list(parametrized(model, LowRankDelta))
     torch.testing.assert_close(merged(x), adapted, rtol=1e-5, atol=1e-5)
-
-
-def test_decoding_with_a_cache_sees_the_adapters_in_latent_attentions_absorbed_form():
-    # One token with a cache multiplies by kv_up.weight directly, not through the layer.
-    model = _adapted(_model(**MLA), LoraConfig(rank=4, targets=["attn.kv_up"]))
-    x = torch.randint(0, 50, (1, 9), generator=torch.Generator().manual_seed(3))
-    cache = model.init_cache(1)
+    # Decoding with a cache sees them too, in latent attention's absorbed form as well (one token with a
+    # cache multiplies by kv_up.weight directly, not through the layer).
+    cache = model.init_cache(2)
     model(x[:, :-1], cache=cache)
-    step = model(x[:, -1:], cache=cache)[:, -1]
-    torch.testing.assert_close(step, merged_copy(model)(x)[:, -1], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(model(x[:, -1:], cache=cache)[:, -1], adapted[:, -1], rtol=1e-5, atol=1e-5)
 
 
 def test_adapter_dropout_drops_the_adapters_input_as_peft_does():
@@ -91,8 +87,6 @@ def test_adapter_dropout_drops_the_adapters_input_as_peft_does():
 
 
 def test_recomputed_blocks_give_the_adapters_the_same_gradients_dropout_included():
-    from training.recompute import checkpoint_blocks
-
     x, y = torch.randint(0, 50, (2, 12)), torch.randint(0, 50, (2, 12))
     grads = []
     for recompute in (False, True):
@@ -174,8 +168,6 @@ def test_a_lora_setting_that_cannot_work_is_refused_in_one_line(base_raw, parent
 
 @pytest.mark.parametrize("name", ["tiny-chat-lora", "tiny-dpo-lora"])
 def test_the_lora_configs_read(parents, tmp_path, name):
-    from training.config import load_run_config
-
     path = Path(__file__).resolve().parents[2] / "configs" / f"{name}.yaml"
     config = with_parent(load_run_config(path, [f"train.init_from={parents['gqa']}", f"run.out_dir={tmp_path / 'run'}"]))
     assert config.train.lora.layers(config.model) == ["attn.qkv", "attn.proj", "ffn.gate_up", "ffn.down"]
@@ -183,8 +175,6 @@ def test_the_lora_configs_read(parents, tmp_path, name):
 
 def test_lora_is_turned_on_by_one_override(base_raw, parents, tmp_path):
     # (Without a parent run it is refused: test_training_config.py's table.)
-    from training.config import apply_overrides
-
     raw = _raw(base_raw, parents["gqa"], tmp_path / "run")
     del raw["train"]["lora"]
     raw = apply_overrides(raw, ["train.lora.rank=2"])
@@ -231,8 +221,6 @@ def test_a_lora_chat_run_trains_only_the_adapters_and_writes_peft_files_and_merg
 
 
 def test_a_lora_run_resumes_exactly_and_only_with_its_own_setting(lora_config, tmp_path):
-    from rundir.checkpoint import CheckpointError
-
     whole = train(lora_config(tmp_path / "whole"), progress=False)
     train(lora_config(tmp_path / "resumed", max_steps=3), progress=False)
     with pytest.raises(CheckpointError, match=r"train\.lora is .*'rank': 2.* but the run was trained with .*'rank': 4"):
@@ -248,8 +236,6 @@ def test_a_lora_run_resumes_exactly_and_only_with_its_own_setting(lora_config, t
 
 
 def test_a_run_from_before_token_rows_trained_resumes_with_none(lora_config, tmp_path):
-    from rundir.checkpoint import CheckpointError, save_checkpoint
-
     run = tmp_path / "run"
     train(lora_config(run, lora={"trainable_tokens": []}, max_steps=3), progress=False)
     state = load_trainer_state(run)  # as such a run saved it: no trainable_tokens in its LoRA settings

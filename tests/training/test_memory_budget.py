@@ -11,7 +11,8 @@ import torch
 
 from common.config import ConfigError
 from model.config import GPTConfig
-from training.config import TrainConfig
+from model.gpt import GPT
+from training.config import TrainConfig, config_from_dict
 from training.memory_budget import estimate_memory, plan_memory, plan_run_memory
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,8 +57,6 @@ def test_a_run_that_fits_gets_one_line_of_its_estimate(monkeypatch):
 
 
 def _rl_config(group_size: int, batch_size: int = 4, eval_samples: int = 8, **model):
-    from training.config import config_from_dict
-
     return config_from_dict({
         "model": {"n_layer": 2, "n_head": 2, "n_kv_head": 1, "n_embd": 64, "block_size": 128, **model},
         "data": {"format": "rl", "vocab_size": 512},
@@ -85,8 +84,6 @@ def test_an_rl_estimate_counts_every_completion_of_a_group(monkeypatch, model):
 
 @pytest.mark.parametrize("options", [{"n_kv_head": 2}, {"attention": "mla", "kv_latent_dim": 8, "positions": "rope"}])
 def test_the_sampling_cache_is_the_key_and_value_heads_of_every_layer_and_position(options):
-    from model.gpt import GPT
-
     model = GPTConfig(**{**dict(vocab_size=256, block_size=64, n_layer=3, n_head=4, n_kv_head=4, n_embd=32), **options})
     cache = GPT(model).init_cache(10).nbytes()
     assert estimate_memory(model, TrainConfig(max_steps=1, batch_size=1), decoded_rows=10).sampling == cache

@@ -1,14 +1,20 @@
 """--resume with settings the checkpoint depends on, with a damaged trainer state or a damaged
 metrics.jsonl: one clear error naming the key or file, or a resume that keeps the good lines."""
 
+import json
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
+import training.trainer as trainer_module
 from common.errors import UserError
+from exporting.cli import main as export
+from inference.cli import main as generate
 from rundir.checkpoint import CheckpointError
 from rundir.metrics import read_metrics
+from training.config import load_run_config
 from training.trainer import train
 
 QUIET = {"interval": 0, "sample_tokens": 0}
@@ -105,8 +111,6 @@ def test_a_finished_run_is_refused_unchanged_finishes_a_lost_final_validation_an
     config = make_config(train={"max_steps": 2}, eval=QUIET)
     train(config, progress=False)
     before = _snapshot(config.out_dir)
-    import training.trainer as trainer_module
-
     monkeypatch.setattr(trainer_module.WandbLogger, "start", lambda *a, **k: pytest.fail("opened a wandb run"))
     with pytest.raises(CheckpointError) as info:
         train(config, resume=True, progress=False)
@@ -135,14 +139,6 @@ REMOVED_OFF = {"bigram_buckets": None, "mtp_weight": 0.0, "mlp": "swiglu", "qk_n
 def test_a_run_saved_with_the_removed_options_off_still_generates_exports_and_resumes(make_config, tmp_path, capsys):
     # Runs written while the removed options existed (the model's up to 9e81adb) record them, off,
     # in model_config.json, config.yaml and the trainer state.
-    import json
-
-    import yaml
-
-    from exporting.cli import main as export
-    from inference.cli import main as generate
-    from training.config import load_run_config
-
     config = make_config(train={"max_steps": 1}, eval=QUIET)
     train(config, progress=False)
     run = config.out_dir
@@ -160,8 +156,7 @@ def test_a_run_saved_with_the_removed_options_off_still_generates_exports_and_re
     state["model_config"] |= REMOVED_OFF
     torch.save(state, run / "trainer_state.pt")
 
-    assert generate(greedy) == 0
-    assert capsys.readouterr().out == before
+    assert generate(greedy) == 0 and capsys.readouterr().out == before
     assert export(["--run", str(run), "--out", str(tmp_path / "hf")]) == 0
     assert (tmp_path / "hf" / "model.safetensors").is_file()
     result = train(load_run_config(run / "config.yaml", ["train.max_steps=2"]), resume=True, progress=False)

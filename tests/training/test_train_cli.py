@@ -8,7 +8,10 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
+import train as train_cli
+from rundir.checkpoint import load_trainer_state
 from rundir.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
@@ -76,8 +79,6 @@ def test_ctrl_c_saves_and_resume_finishes(base_raw, tmp_path):
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signal.SIGINT, stderr
     assert "checkpoint saved" in stderr and "--resume" in stderr and "Traceback" not in stderr
-    from rundir.checkpoint import load_trainer_state
-
     assert (saved := load_trainer_state(out)["step"]) >= 3
 
     finish = run_cli(["--config", "configs/tiny.yaml", "--no-progress", "--resume", *small_overrides(base_raw, out, saved + 2)])
@@ -105,10 +106,6 @@ def test_bad_input_is_one_line_and_exit_2(args, expected):
 @pytest.mark.parametrize("positions", ["rope", "learned"])
 def test_the_threads_flag_is_credited_and_a_llama_shaped_run_is_offered_its_exports(base_raw, tmp_path, capsys,
                                                                                     positions):
-    import yaml
-
-    import train as train_cli
-
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump({**base_raw, "model": {**base_raw["model"], "positions": positions},
                                       "train": {**base_raw["train"], "max_steps": 1},

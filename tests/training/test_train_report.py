@@ -8,11 +8,19 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 import yaml
+from matplotlib.figure import Figure
+from matplotlib.image import imread
+from tokenizers import trainers
 
+from data.tokenizer import EOT, new_tokenizer, train_tokenizer
+from rundir.metrics import MetricsLog, read_metrics
 from training import cli as train_cli
-from rundir.metrics import read_metrics
+from training.loss_curve import write_loss_curve
+from training.metrics import CpuShareWatch, Throughput
 from training.result import TrainResult
+from training.trainer import Trainer
 
 
 def _run(base_raw: dict, tmp_path: Path, capsys, eval_interval: int = 10, **train) -> tuple[Path, str, str]:
@@ -30,11 +38,6 @@ def _run(base_raw: dict, tmp_path: Path, capsys, eval_interval: int = 10, **trai
 
 def _drawn(tmp_path, monkeypatch, records: list[dict], kind: str = "text"):
     """The figure write_loss_curve draws for ``records`` as a ``kind`` run."""
-    from matplotlib.figure import Figure
-
-    from rundir.metrics import MetricsLog
-    from training.loss_curve import write_loss_curve
-
     log = MetricsLog(tmp_path / "metrics.jsonl")
     for record in records:
         log.append(record)
@@ -83,8 +86,6 @@ def test_a_step_bound_run_counts_to_max_steps_and_evaluates_by_steps(base_raw, t
 def test_no_clock_evaluation_falls_in_the_last_half_interval_of_the_clock():
     # The run's end evaluates the last weights a moment later; with the learning rate at its end they are
     # the same weights, and the two evaluations printed the same numbers and sample twice.
-    from training.trainer import Trainer
-
     trainer = Trainer.__new__(Trainer)  # the clock rule alone: a budget of 100 s, an evaluation due every 10 s
     trainer.schedule = SimpleNamespace(max_seconds=100.0)
     trainer.config = SimpleNamespace(eval=SimpleNamespace(interval=5))
@@ -98,9 +99,6 @@ def test_no_clock_evaluation_falls_in_the_last_half_interval_of_the_clock():
 
 
 def test_loss_curve_draws_train_and_validation_against_step_and_time(tmp_path, monkeypatch):
-    pytest.importorskip("matplotlib")
-    from matplotlib.image import imread
-
     records = [{"kind": "train", "step": step, "loss": 5.0 / step, "elapsed_s": step * 0.5} for step in range(1, 21)]
     records += [{"kind": "eval", "step": 10, "val_loss": 1.0, "elapsed_s": 5.2},
                 {"kind": "final_eval", "step": 20, "val_loss": 0.5}]  # an older record: no time
@@ -163,10 +161,6 @@ def test_the_tools_a_run_learned():
 
 
 def test_a_run_starved_of_cpu_time_says_so_once():
-    import torch
-
-    from training.metrics import CpuShareWatch, Throughput
-
     def watched(cpu_per_wall: float, device: str = "cpu"):
         throughput = Throughput(window=4)
         for _ in range(4):
@@ -185,7 +179,6 @@ def test_a_run_starved_of_cpu_time_says_so_once():
 
 
 def test_loss_curve_is_in_bits_per_byte_with_nats_per_token_beside(tmp_path, monkeypatch):
-    pytest.importorskip("matplotlib")
     records = [{"kind": "train", "step": step, "loss": 4.0 / step, "elapsed_s": step} for step in (1, 2)]
     # 2 nats/token at 3 bytes/token is 2 / (3 ln 2) bits/byte.
     records.append({"kind": "final_eval", "step": 2, "val_loss": 2.0, "val_bpb": 0.9618, "elapsed_s": 2.5})
@@ -219,10 +212,6 @@ def test_a_resumed_run_says_what_each_duration_covers():
 
 
 def test_chat_tuning_and_the_llama_exports_are_suggested_only_where_they_fit(make_config, tmp_path):
-    from tokenizers import trainers
-
-    from data.tokenizer import EOT, new_tokenizer, train_tokenizer
-
     config = make_config()
     run = config.out_dir
     run.mkdir(parents=True)
@@ -240,7 +229,6 @@ def test_chat_tuning_and_the_llama_exports_are_suggested_only_where_they_fit(mak
 
 
 def test_loss_curve_draws_the_final_full_validation_as_its_own_point_at_the_kept_step(tmp_path, monkeypatch):
-    pytest.importorskip("matplotlib")
     records = [{"kind": "train", "step": step, "loss": 3.0 / step, "elapsed_s": step} for step in range(1, 31)]
     subset = {10: 2.0, 20: 1.5, 30: 1.8}  # the run overfits after step 20, which it keeps
     records += [{"kind": "eval", "step": step, "val_loss": loss, "val_bpb": loss / 2, "elapsed_s": step + 0.5}
@@ -260,7 +248,6 @@ def test_loss_curve_draws_the_final_full_validation_as_its_own_point_at_the_kept
 
 
 def test_a_dpo_run_draws_its_loss_accuracies_and_margins(tmp_path, monkeypatch):
-    pytest.importorskip("matplotlib")
     records = [{"kind": "train", "step": s, "loss": 0.7 / s, "rewards/accuracies": 1 - 1 / s, "rewards/margins": s / 2,
                 "elapsed_s": s} for s in range(1, 11)]
     records += [{"kind": "eval", "step": s, "val_loss": 0.5 / s, "val_bpb": 2.0, "val_rewards/accuracies": 0.8,
@@ -279,7 +266,6 @@ def test_a_dpo_run_draws_its_loss_accuracies_and_margins(tmp_path, monkeypatch):
 
 
 def test_an_rl_run_draws_reward_and_pass_at_k_on_axes_of_their_own(tmp_path, monkeypatch):
-    pytest.importorskip("matplotlib")
     records = [{"kind": "train", "step": s, "loss": 0.01, "reward": 0.2 * s, "kl": 0.001 * s} for s in range(1, 9)]
     records += [{"kind": "eval", "step": s, "val_loss": 1 - p, "val_pass@1": p, "val_pass@8": min(1, 3 * p)}
                 for s, p in ((4, 0.2), (8, 0.1))]

@@ -39,52 +39,32 @@ def error_of(path: Path, overrides: list[str] = ()) -> str:
 def test_tiny_yaml_loads_with_the_documented_shape():
     cfg = load_run_config(TINY)
     assert isinstance(cfg, Config)
-    assert (cfg.model.n_layer, cfg.model.n_head, cfg.model.n_kv_head, cfg.model.n_embd) == (4, 4, 2, 128)
-    assert cfg.model.block_size == 128
-    assert cfg.data.vocab_size == 2048
-    assert cfg.model.vocab_size == cfg.data.vocab_size  # defaulted from the data section
-    assert cfg.train.batch_size == 16
-    assert cfg.train.compile == "auto" and cfg.train.max_minutes == pytest.approx(9.2)
-    assert cfg.train.sampling == "epoch"
-    assert cfg.train.optimizer == "muon" and cfg.train.min_lr == 0.0
+    assert (cfg.model.n_layer, cfg.model.n_head, cfg.model.n_kv_head, cfg.model.n_embd, cfg.model.block_size) == (
+        4, 4, 2, 128, 128)
+    assert cfg.model.vocab_size == cfg.data.vocab_size == 2048  # defaulted from the data section
+    assert (cfg.train.batch_size, cfg.train.compile, cfg.train.sampling, cfg.train.optimizer, cfg.train.min_lr) == (
+        16, "auto", "epoch", "muon", 0.0)
+    assert cfg.train.max_minutes == pytest.approx(9.2)
     assert cfg.train.lr == pytest.approx(4e-3) and isinstance(cfg.train.lr, float)
     assert cfg.eval.sample_prompt is None  # derived from the data: "ROMEO:" for the plays
 
 
-def test_exponent_floats_without_a_dot_are_numbers(tmp_path):
+def test_exponent_floats_without_a_dot_are_numbers_and_out_dir_defaults_to_the_config_name(tmp_path):
     # PyYAML alone reads `3e-3` as a string; config files must not.
-    cfg = load_run_config(write(tmp_path, MINIMAL), ["train.min_lr=1e-4"])
-    assert cfg.train.lr == pytest.approx(3e-3)
-    assert cfg.train.min_lr == pytest.approx(1e-4)
+    cfg = load_run_config(write(tmp_path, MINIMAL, "my_experiment.yaml"), ["train.min_lr=1e-4"])
+    assert (cfg.train.lr, cfg.train.min_lr) == (pytest.approx(3e-3), pytest.approx(1e-4))
+    assert cfg.run.out_dir == "runs/my_experiment"
 
 
 def test_overrides_reach_nested_keys_and_parse_as_yaml(tmp_path):
-    cfg = load_run_config(
-        write(tmp_path, MINIMAL),
-        [
-            "train.max_steps=7",
-            "run.out_dir=somewhere/else",
-            "logging.wandb.mode=offline",
-            "logging.wandb.tags=[a, b]",
-            "data.hub.name=roneneldan/TinyStories",
-            "train.compile=true",
-            "eval.sample_top_k=null",
-            "train.lr=1",  # an int is accepted where a float is expected
-        ],
-    )
-    assert cfg.train.max_steps == 7
-    assert cfg.run.out_dir == "somewhere/else"
-    assert cfg.logging.wandb.mode == "offline"
-    assert cfg.logging.wandb.tags == ["a", "b"]
-    assert cfg.data.hub.name == "roneneldan/TinyStories"
-    assert cfg.train.compile is True
-    assert cfg.eval.sample_top_k is None
+    cfg = load_run_config(write(tmp_path, MINIMAL), [
+        "train.max_steps=7", "run.out_dir=somewhere/else", "logging.wandb.mode=offline", "logging.wandb.tags=[a, b]",
+        "data.hub.name=roneneldan/TinyStories", "train.compile=true", "eval.sample_top_k=null",
+        "train.lr=1"])  # an int is accepted where a float is expected
+    assert (cfg.train.max_steps, cfg.run.out_dir, cfg.logging.wandb.mode, cfg.logging.wandb.tags) == (
+        7, "somewhere/else", "offline", ["a", "b"])
+    assert cfg.data.hub.name == "roneneldan/TinyStories" and cfg.train.compile is True and cfg.eval.sample_top_k is None
     assert cfg.train.lr == 1.0 and isinstance(cfg.train.lr, float)
-
-
-def test_out_dir_defaults_to_the_config_name(tmp_path):
-    cfg = load_run_config(write(tmp_path, MINIMAL, "my_experiment.yaml"))
-    assert cfg.run.out_dir == "runs/my_experiment"
 
 
 # Each section's refusals: an override, and the part of the one-line message it must give. A bound
@@ -232,8 +212,7 @@ def test_saved_config_loads_back_identical(tmp_path):
     path = tmp_path / "config.yaml"
     save_config(cfg, path)
     again = load_run_config(path)
-    assert again == cfg
-    assert config_to_dict(again)["train"]["min_lr"] == pytest.approx(1e-5)
+    assert again == cfg and config_to_dict(again)["train"]["min_lr"] == pytest.approx(1e-5)
 
 
 @pytest.mark.parametrize("value", ["0", "-5", ".nan", "1e12", "5000000000", "'big'"])

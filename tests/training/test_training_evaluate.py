@@ -6,9 +6,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from data.tokenizer import EOT, train_tokenizer
+from inference.engine import decode
+from inference.sampling import SamplingSettings
 from model.config import GPTConfig
 from model.gpt import GPT
-from training.evaluate import evaluate
+from training.evaluate import evaluate, generate_sample
 
 
 def test_full_pass_loss_and_bits_per_byte_match_a_hand_computation() -> None:
@@ -39,11 +42,6 @@ def test_full_pass_loss_and_bits_per_byte_match_a_hand_computation() -> None:
 
 
 def test_a_sample_is_one_document_ending_where_the_model_ends_it() -> None:
-    from data.tokenizer import EOT, train_tokenizer
-    from inference.engine import decode
-    from inference.sampling import SamplingSettings
-    from training.evaluate import generate_sample
-
     tokenizer = train_tokenizer(["ab ba abba baab " * 20] * 4, 270)
     eot, a = tokenizer.token_to_id(EOT), tokenizer.token_to_id("a")
     torch.manual_seed(0)

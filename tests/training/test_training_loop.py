@@ -8,9 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 
+import rundir.checkpoint as checkpoint_module
 import training.tasks.text as tasks_module
 import training.trainer as trainer_module
 from common.errors import UserError
+from data.batches.text import TrainBatches
+from data.prepared.text import prepare_data
+from model.config import GPTConfig
 from model.gpt import GPT
 from model.io import load_pretrained
 from rundir.checkpoint import CheckpointError, load_trainer_state
@@ -75,8 +79,6 @@ def test_loss_decreases_and_the_run_dir_describes_itself(make_config, tmp_path):
 
 def test_grad_accumulation_equals_one_larger_batch():
     torch.manual_seed(0)
-    from model.config import GPTConfig
-
     model = GPT(GPTConfig(vocab_size=50, block_size=12, n_layer=2, n_head=2, n_kv_head=1, n_embd=32))
     x, y = torch.randint(0, 50, (12, 12)), torch.randint(0, 50, (12, 12))
     chunks = iter(list(zip(x.chunk(4), y.chunk(4))))
@@ -95,9 +97,6 @@ def test_grad_accumulation_equals_one_larger_batch():
 @pytest.mark.parametrize("grad_clip", [0.01, 0.0])
 def test_the_step_logs_the_mean_loss_of_its_micro_batches_and_applies_the_clipped_gradient(make_config, tmp_path,
                                                                                            grad_clip):
-    from data.batches.text import TrainBatches
-    from data.prepared.text import prepare_data
-
     cfg = make_config(train={"max_steps": 1, "grad_accum_steps": 3, "grad_clip": grad_clip},
                       eval={"interval": 0, "sample_tokens": 0})
     train(cfg, progress=False)
@@ -181,8 +180,6 @@ def test_resume_equals_an_uninterrupted_run(make_config, tmp_path, monkeypatch, 
 
 def test_a_checkpoint_interrupted_mid_write_leaves_the_previous_one(make_config, tmp_path, monkeypatch):
     cfg = make_config(train={"max_steps": 8}, eval={"interval": 0}, run={"checkpoint_interval": 4})
-    import rundir.checkpoint as checkpoint_module
-
     real_save = torch.save
     calls = {"n": 0}
 
@@ -383,6 +380,5 @@ def test_a_resume_takes_the_rates_and_muons_momentum_from_the_config(make_config
     muon_group, groups = optimizer()["muon"]["param_groups"][0], optimizer()["adamw"]["param_groups"]
     assert muon_group["momentum"] == pytest.approx(0.90)
     assert [len(g["params"]) for g in groups] == [len(groups[0]["params"]), 1]  # the one table (2 layers)
-    assert groups[0]["lr"] > 0
-    assert muon_group["lr"] / groups[0]["lr"] == pytest.approx(0.06 / changed.train.lr)
+    assert groups[0]["lr"] > 0 and muon_group["lr"] / groups[0]["lr"] == pytest.approx(0.06 / changed.train.lr)
     assert groups[1]["lr"] / groups[0]["lr"] == pytest.approx(0.05 / changed.train.lr)

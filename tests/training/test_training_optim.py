@@ -72,15 +72,13 @@ def test_wsd_holds_the_peak_then_decays_linearly_over_the_last_fraction():
     # The clock drives it the same way when time binds.
     timed = LRSchedule(lr=1.0, min_lr=0.0, warmup_steps=0, max_steps=None, max_seconds=100.0, shape="wsd",
                        decay_fraction=0.5)
-    assert timed(7, elapsed_s=40.0) == pytest.approx(1.0)
-    assert timed(7, elapsed_s=75.0) == pytest.approx(0.5)
+    assert timed(7, elapsed_s=40.0) == pytest.approx(1.0) and timed(7, elapsed_s=75.0) == pytest.approx(0.5)
 
 
 def test_time_budget_drives_the_decay_when_it_binds():
     s = LRSchedule(lr=1.0, min_lr=0.0, warmup_steps=0, max_steps=1000, max_seconds=100.0)
     # Few steps done, but the clock is half gone: progress follows the clock.
-    assert s(10, elapsed_s=50.0) == pytest.approx(0.5)
-    assert s(10, elapsed_s=100.0) == pytest.approx(0.0)
+    assert s(10, elapsed_s=50.0) == pytest.approx(0.5) and s(10, elapsed_s=100.0) == pytest.approx(0.0)
     # Steps ahead of the clock: progress follows the steps.
     assert s(500, elapsed_s=1.0) == pytest.approx(0.5)
     time_only = LRSchedule(lr=1.0, min_lr=0.0, warmup_steps=0, max_steps=None, max_seconds=60.0)

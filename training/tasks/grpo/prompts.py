@@ -3,8 +3,9 @@ task's ("What is 23+58?") and the calculator task's (``data.sources.tool_arithme
 cached: the problems are made from their seed in a moment. A prompt is the question with the
 generation prompt (``<|user|>What is 2+3?<|end|><|assistant|>``); the row data is what a reward
 checks the reply against. The calculator task's prompts are every exchange of its conversations
-after the exchanges before it, the plays' speeches among them (``needs_tool`` False), the history
-cut to the window as a chat cuts it (``data.chat.fit_for_reply``).
+after the exchanges before it, the plays' speeches among them (``needs_tool`` False), the oldest
+exchanges dropped as a chat drops them (``data.chat.fit_chat``) where that leaves a whole reply room
+in the window: a reply cut short there would reward shorter calls, not right ones.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import DataError
-from data.chat import ChatTooLong, Message, fit_for_reply, render_chat
+from data.chat import ChatTooLong, Message, fit_chat, render_chat
 from data.config import CalculatorShapes
 from data.prepared import cache
 from data.sources.arithmetic import problems
@@ -50,12 +51,12 @@ class PreparedPrompts(cache.TokenizerMixin):
 Item = tuple[list[Message], dict[str, Any]]
 
 
-def _split(tokenizer: Any, items: list[Item], window: int | None) -> PromptSplit:
+def _split(tokenizer: Any, items: list[Item], window: int | None, reply: int) -> PromptSplit:
     split = PromptSplit([], [], [])
     for messages, row in items:
         try:
-            ids = (render_chat(tokenizer, messages, add_generation_prompt=True) if window is None
-                   else fit_for_reply(tokenizer, messages, window).chat).ids
+            ids = (render_chat(tokenizer, messages, add_generation_prompt=True) if window is None else fit_chat(
+                tokenizer, messages, window - 1, add_generation_prompt=True, min_tokens=window - max(reply, 1)).chat).ids
         except ChatTooLong:  # a speech longer than the window: no room for a reply
             continue
         split.prompts.append(ids)
@@ -64,10 +65,12 @@ def _split(tokenizer: Any, items: list[Item], window: int | None) -> PromptSplit
     return split
 
 
-def _prepared(tokenizer_file: Path, train: list[Item], val: list[Item], window: int | None = None) -> PreparedPrompts:
+def _prepared(tokenizer_file: Path, train: list[Item], val: list[Item], window: int | None = None,
+              reply: int = 0) -> PreparedPrompts:
     tokenizer = load_tokenizer(tokenizer_file)
     meta = {"eot_id": eot_id(tokenizer), "vocab_size": tokenizer.get_vocab_size()}
-    return PreparedPrompts(Path(tokenizer_file), _split(tokenizer, train, window), _split(tokenizer, val, window), meta)
+    return PreparedPrompts(Path(tokenizer_file), _split(tokenizer, train, window, reply),
+                           _split(tokenizer, val, window, reply), meta)
 
 
 def prepare_arithmetic_prompts(tokenizer_file: Path, *, seed: int, train_problems: int, val_problems: int,
@@ -80,9 +83,10 @@ def prepare_arithmetic_prompts(tokenizer_file: Path, *, seed: int, train_problem
 
 
 def prepare_calculator_prompts(tokenizer_file: Path, cfg: CalculatorShapes, *, train_problems: int, val_problems: int,
-                               val_fraction: float, split_seed: int, window: int) -> PreparedPrompts:
+                               val_fraction: float, split_seed: int, window: int, reply: int) -> PreparedPrompts:
     """The calculator task's held-out and training prompts (data.sources.tool_arithmetic), drawn as
-    ``data.calculator`` draws its conversations from the same settings."""
+    ``data.calculator`` draws its conversations from the same settings; ``reply`` tokens of the
+    ``window`` left for the reply where dropping old exchanges allows."""
     train, val = calculator_chats(cfg, val_problems + train_problems, val_problems, val_fraction, split_seed)
     return _prepared(tokenizer_file, [p for c in train for p in c.prompts()], [p for c in val for p in c.prompts()],
-                     window)
+                     window, reply)

@@ -143,7 +143,8 @@ def build(config: Config, tokenizer_file: Path | None, *, progress: bool, is_mai
         calc = config.rl.calculator
         prompts = prepare_calculator_prompts(tokenizer_file, calc, train_problems=calc.train_problems,
                                              val_problems=calc.val_problems, val_fraction=config.data.val_fraction,
-                                             split_seed=config.data.split_seed, window=config.model.block_size)
+                                             split_seed=config.data.split_seed, window=config.model.block_size,
+                                             reply=config.rl.max_new_tokens)
     else:
         prompts = prepare_arithmetic_prompts(tokenizer_file, **vars(config.rl.arithmetic))
     prepared = fitted(prompts, config)
