@@ -1,6 +1,9 @@
 """attention.py end to end on saved runs of both attention kinds, and its one-line refusals."""
 
 import json
+import re
+import shutil
+import subprocess
 
 import pytest
 
@@ -86,8 +89,6 @@ def head_rows(out):
 
 
 def test_roles_default_to_the_runs_own_validation_text_read_from_its_config(run_dir, tmp_path, capsys):
-    import shutil
-
     import yaml
 
     run = shutil.copytree(run_dir, tmp_path / "run")
@@ -223,9 +224,6 @@ def test_the_figure_is_written_in_the_format_its_name_asks_for(run_dir, tmp_path
 
 def test_the_figures_the_docs_draw_in_the_checkout_are_git_ignored():
     """Following README.md or docs/*.md leaves no figure for `git status` to list."""
-    import re
-    import shutil
-    import subprocess
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]

@@ -37,7 +37,7 @@ def ids(batch=2, T=17, seed=1):
     return torch.randint(0, 60, (batch, T), generator=torch.Generator().manual_seed(seed))
 
 
-def test_rows_sum_to_one_and_the_future_is_exactly_zero(model):
+def test_rows_sum_to_one_the_future_is_zero_and_no_row_or_later_token_moves_them(model):
     weights = model.attention_weights(ids())
     assert len(weights) == model.config.n_layer
     for w in weights:
@@ -46,6 +46,20 @@ def test_rows_sum_to_one_and_the_future_is_exactly_zero(model):
         future = torch.triu(torch.ones(17, 17, dtype=torch.bool), diagonal=1)
         assert torch.count_nonzero(w[..., future]) == 0
         assert bool((w[..., ~future] > 0).all())  # softmax never gives exactly zero where allowed
+    # Row 0 alone gives its maps in the batch, and a prefix's maps are the longer sequence's top-left corner.
+    batch = model.attention_weights(ids())
+    alone = model.attention_weights(ids()[:1])
+    prefix = model.attention_weights(ids()[:1, :9])
+    for b, a, p in zip(batch, alone, prefix):
+        torch.testing.assert_close(b[:1], a, atol=1e-6, rtol=0)
+        torch.testing.assert_close(a[..., :9, :9], p, atol=1e-6, rtol=0)
+    # Dropout is left out, and the model stays in its mode.
+    from analysis.roles import attention_maps
+
+    model.train()
+    first = attention_maps(model, ids())
+    assert model.training
+    torch.testing.assert_close(first[0], attention_maps(model, ids())[0])
 
 
 def test_weights_times_values_reproduce_each_layer_output(model):
@@ -63,25 +77,6 @@ def test_weights_times_values_reproduce_each_layer_output(model):
             torch.testing.assert_close(block.attn.proj(mixed), block.attn(h, None, None, rotation),
                                        atol=1e-5, rtol=1e-5)
             x = block(x, rotation=rotation)
-
-
-def test_weights_do_not_depend_on_other_rows_or_later_tokens(model):
-    """Row 0 alone gives its maps in the batch, and a prefix's maps are the longer sequence's top-left corner."""
-    batch = model.attention_weights(ids())
-    alone = model.attention_weights(ids()[:1])
-    prefix = model.attention_weights(ids()[:1, :9])
-    for b, a, p in zip(batch, alone, prefix):
-        torch.testing.assert_close(b[:1], a, atol=1e-6, rtol=0)
-        torch.testing.assert_close(a[..., :9, :9], p, atol=1e-6, rtol=0)
-
-
-def test_attention_weights_leave_dropout_out_and_the_model_in_its_mode(model):
-    from analysis.roles import attention_maps
-
-    model.train()
-    first = attention_maps(model, ids())
-    assert model.training
-    torch.testing.assert_close(first[0], attention_maps(model, ids())[0])
 
 
 def test_without_positions_attention_cannot_tell_order_and_with_them_it_can(model):

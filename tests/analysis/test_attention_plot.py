@@ -21,16 +21,14 @@ def test_the_hatched_region_is_exactly_the_masked_cells(T):
     np.testing.assert_array_equal(inside, np.triu(np.ones((T, T), dtype=bool), k=1))
 
 
-def test_the_drawn_map_carries_that_region():
+def test_the_drawn_map_carries_that_region_and_labels_line_breaks_by_their_escapes():
     from matplotlib.figure import Figure
 
     ax = Figure().subplots()
     plot._draw_map(ax, torch.full((4, 4), 0.25), ["a", "b", "c", "d"], "t", fontsize=8)
     (patch,) = [p for p in ax.patches if p.get_hatch()]
     np.testing.assert_array_equal(patch.get_xy(), plot.masked_region(4).get_xy())
-
-
-def test_line_breaks_and_tabs_are_labelled_by_their_escapes():
+    # Line breaks and tabs are labelled by their escapes.
     assert plot.tick_labels(["\n", " But", "\t\r\n"]) == ["\\n", " But", "\\t\\r\\n"]
 
 

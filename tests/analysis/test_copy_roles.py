@@ -19,14 +19,11 @@ def run_dir(tmp_path_factory):
     return build_run(tmp_path_factory.mktemp("copy") / "run", chat_tokenizer(), block_size=64)
 
 
-def test_a_repeat_is_found_by_its_tokens_and_never_overlapping():
-    assert find_repeat([5, 1, 2, 7, 1, 2, 9], [1, 2]) == SpanRepeat(offset=1, period=3, length=2)
-    assert find_repeat([1, 1, 1], [1, 1]) is None  # the two would share a token
-    assert find_repeat([1, 1, 1, 1], [1, 1]) == SpanRepeat(0, 2, 2)
-    assert find_repeat([3, 4, 5], [4]) is None
-
-
-def test_each_heads_scores_are_its_weights_at_the_answers_positions(run_dir, capsys):
+def test_each_heads_scores_are_its_weights_at_the_answers_positions_and_the_copier_is_drawn(run_dir, tmp_path,
+                                                                                              capsys):
+    figure = tmp_path / "copy.png"  # the copier beside the head that copies least
+    assert main(["--run", str(run_dir), "--prompt", CONVERSATION, "--copy", "408", "--out", str(figure)]) == 0
+    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"wrote {figure}" in capsys.readouterr().err
     assert main(["--run", str(run_dir), "--prompt", CONVERSATION, "--copy", "408"]) == 0
     out = capsys.readouterr().out
     rows = [[float(x) for x in line.strip("|").split("|")] for line in out.splitlines()
@@ -49,14 +46,13 @@ def test_each_heads_scores_are_its_weights_at_the_answers_positions(run_dir, cap
     assert f"tokens {result}-{result + len(span) - 1} written again at {answer}-{answer + len(span) - 1}" in out
 
 
-def test_the_copier_is_drawn_beside_the_head_that_copies_least(run_dir, tmp_path, capsys):
-    out = tmp_path / "copy.png"
-    assert main(["--run", str(run_dir), "--prompt", CONVERSATION, "--copy", "408", "--out", str(out)]) == 0
-    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"wrote {out}" in capsys.readouterr().err
-
-
-def test_a_span_written_once_is_one_line_and_exit_2_and_writes_nothing(run_dir, tmp_path, capsys, monkeypatch):
+def test_a_repeat_is_found_never_overlapping_and_a_span_written_once_is_refused(run_dir, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)  # attention.py's other refusals are rows of test_attention_cli.py's table
     one_error_line(main(["--run", str(run_dir), "--prompt", CONVERSATION, "--copy", "409"]), *capsys.readouterr(),
                    "--copy '409' (3 tokens) does not occur twice")
     assert list(tmp_path.iterdir()) == []
+    # A repeat is found by its tokens, never overlapping.
+    assert find_repeat([5, 1, 2, 7, 1, 2, 9], [1, 2]) == SpanRepeat(offset=1, period=3, length=2)
+    assert find_repeat([1, 1, 1], [1, 1]) is None  # the two would share a token
+    assert find_repeat([1, 1, 1, 1], [1, 1]) == SpanRepeat(0, 2, 2)
+    assert find_repeat([3, 4, 5], [4]) is None

@@ -34,9 +34,9 @@ def test_only_evaluations_with_attention_statistics_are_read():
     assert [(e.step, e.final) for e in history] == [(100, False), (200, False), (300, False), (400, False),
                                                   (400, True)]
     assert history[2] == AttentionEval(step=300, final=False, entropy_bits=(5.1, 3.2), induction_best=0.62)
-
-
-def test_a_final_evaluation_of_weights_kept_from_an_earlier_step_is_not_a_later_point():
+    record = evaluation(10, 0.0, entropy=[float(i) for i in range(12)])  # layers in order, not key order
+    assert attention_history([dict(reversed(list(record.items())))])[0].entropy_bits == tuple(map(float, range(12)))
+    # A final evaluation of weights kept from an earlier step is not a later point.
     kept_earlier = {**evaluation(400, 0.62, kind="final_eval"), "weights_step": 300}
     history = attention_history([*RECORDS[:-1], kept_earlier])
     assert [(e.step, e.final) for e in history] == [(100, False), (200, False), (300, False), (400, False)]
@@ -44,27 +44,20 @@ def test_a_final_evaluation_of_weights_kept_from_an_earlier_step_is_not_a_later_
     assert [e.final for e in attention_history([*RECORDS[:-1], kept_last])][-1]
 
 
-def test_the_first_evaluation_past_the_threshold_is_the_step_an_induction_head_appeared():
+def test_the_first_evaluation_past_the_threshold_and_the_table_naming_it():
+    table = format_history(attention_history(RECORDS))
+    assert "| 400 (final) | 5.000 | 4.000 | 0.710 |" in table
+    assert table.endswith("first induction head: step 300 (induction_best 0.620 >= 0.5)")
+    none = format_history(attention_history(RECORDS[:5]))
+    assert none.endswith("no induction head: induction_best stayed below 0.5 (highest 0.490, at step 200)")
+    # This run logged no repeated-sequence loss, nor layer sums: no column, no line.
+    assert "no repeated-sequence loss: this run's evaluations did not log" in table and "induction layer" not in table
     history = attention_history(RECORDS)
     assert first_induction(history).step == 300  # 0.49 at step 200 is below the default of 0.5
     assert first_induction(history, threshold=0.49).step == 200  # reaching the threshold counts
     assert first_induction(history, threshold=0.7).final
     assert first_induction(history, threshold=0.9) is None
     assert INDUCTION_THRESHOLD == 0.5
-
-
-def test_entropy_layers_are_read_in_layer_order_not_key_order():
-    record = evaluation(10, 0.0, entropy=[float(i) for i in range(12)])
-    shuffled = dict(reversed(list(record.items())))
-    assert attention_history([shuffled])[0].entropy_bits == tuple(float(i) for i in range(12))
-
-
-def test_the_table_names_the_step_or_the_best_score_reached():
-    table = format_history(attention_history(RECORDS))
-    assert "| 400 (final) | 5.000 | 4.000 | 0.710 |" in table
-    assert table.endswith("first induction head: step 300 (induction_best 0.620 >= 0.5)")
-    none = format_history(attention_history(RECORDS[:5]))
-    assert none.endswith("no induction head: induction_best stayed below 0.5 (highest 0.490, at step 200)")
 
 
 def copying(step, layers, first, second, best=0.3):
@@ -106,12 +99,6 @@ def test_the_table_names_when_the_second_copy_loss_fell_and_each_threshold_was_p
     drifting = [copying(50, (0.1, 0.1), 6.0, 5.0), copying(100, (0.1, 0.1), 9.0, 5.5)]
     assert "(closest 5.500 against 9.000, at step 100)" in format_history(attention_history(drifting))
     assert "no induction layer: no layer's heads summed to 0.6 (highest 0.400, at step 100)" in early
-
-
-def test_a_run_that_logged_no_repeated_sequence_loss_says_so():
-    table = format_history(attention_history(RECORDS))
-    assert "no repeated-sequence loss: this run's evaluations did not log" in table
-    assert "induction layer" not in table  # nor the layer sums: no column, no line
 
 
 def write_metrics(run_dir, records):

@@ -70,12 +70,8 @@ def test_an_induction_head_is_seen_on_trained_ids_even_when_most_ids_are_untrain
     assert roles[1, 0].induction > 0.95
     assert roles[1, 0].induction == pytest.approx(1.0, abs=0.05)
     assert maps.layer_induction(list(roles.values()))[1] > 0.95
-
-
-def test_the_same_head_is_blind_when_the_ids_it_cannot_tell_apart_are_drawn():
-    untrained = torch.arange(200, VOCAB)
-    roles = maps.head_roles(HandBuilt(), text_windows(), untrained)
-    assert roles[2].induction < 0.1  # spread over the whole first copy: the probe, not the head, failed
+    # The same head is blind when the ids it cannot tell apart are drawn: the probe, not the head, fails.
+    assert maps.head_roles(HandBuilt(), text_windows(), torch.arange(200, VOCAB))[2].induction < 0.1
 
 
 def test_a_uniform_head_scores_its_share_of_each_query_and_a_previous_token_head_zero():
@@ -90,21 +86,19 @@ def test_a_uniform_head_scores_its_share_of_each_query_and_a_previous_token_head
     assert maps.layer_induction(list(roles.values()))[0] == pytest.approx(expected, rel=1e-5)
 
 
-def test_periods_double_up_to_half_the_context_and_the_ids_available():
+def test_periods_and_without_one_induction_is_not_measured_nor_logged():
+    few = TRAINED[:7]
+    assert all(math.isnan(r.induction) for r in maps.head_roles(HandBuilt(), text_windows(), few))
+    summary = attention_summary(HandBuilt(), text_windows(), few)
+    assert sorted(summary) == ["attn_entropy_layer0", "attn_entropy_layer1"]
+    # Periods double up to half the context and the ids available.
     assert induction_periods(128, 1000) == (8, 16, 32, 64)
     assert induction_periods(128, 20) == (8, 16)
     assert induction_periods(40, 1000) == (8, 16)
     assert induction_periods(128, 7) == () and induction_periods(15, 1000) == ()
 
 
-def test_without_a_period_to_probe_induction_is_not_measured_nor_logged():
-    few = TRAINED[:7]
-    assert all(math.isnan(r.induction) for r in maps.head_roles(HandBuilt(), text_windows(), few))
-    summary = attention_summary(HandBuilt(), text_windows(), few)
-    assert sorted(summary) == ["attn_entropy_layer0", "attn_entropy_layer1"]
-
-
-def test_probe_ids_are_the_distinct_held_out_ids_less_the_ones_skipped():
+def test_probe_ids_and_the_repeat_loss_of_a_copier():
     tokens = np.array([0, 7, 3, 7, 0, 9, 3], dtype=np.uint16)
     assert probe_ids(tokens, skip=[0], min_count=1).tolist() == [3, 7, 9]
     assert probe_ids(tokens, skip=[0], min_count=2).tolist() == [3, 7]  # 9 was seen once
@@ -114,6 +108,11 @@ def test_probe_ids_are_the_distinct_held_out_ids_less_the_ones_skipped():
     assert [period for period, _ in probe] == [8, 16]
     again = repeat_probe(torch.arange(10, 30), 64, batch=3, seed=5)
     assert all(torch.equal(a, b) for (_, a), (_, b) in zip(probe, again))
+    # The repeat loss is uniform on the first copy and near zero on the second.
+    loss = repeat_loss(Copier(), repeat_probe(TRAINED, BLOCK, batch=2), torch.device("cpu"))
+    assert loss.first == pytest.approx(math.log(VOCAB), rel=1e-5)
+    # The copied token holds e^20 of the mass against 1 for each of the other 1023 ids.
+    assert loss.second == pytest.approx(math.log1p((VOCAB - 1) * math.exp(-20.0)), abs=1e-6)  # fp32 log-softmax
 
 
 class Copier(nn.Module):
@@ -133,10 +132,3 @@ class Copier(nn.Module):
                     logits[b, i, int(idx[b, seen[token] + 1])] = 20.0
                 seen[token] = i
         return logits
-
-
-def test_repeat_loss_is_uniform_on_the_first_copy_and_near_zero_on_the_second():
-    loss = repeat_loss(Copier(), repeat_probe(TRAINED, BLOCK, batch=2), torch.device("cpu"))
-    assert loss.first == pytest.approx(math.log(VOCAB), rel=1e-5)
-    # The copied token holds e^20 of the mass against 1 for each of the other 1023 ids.
-    assert loss.second == pytest.approx(math.log1p((VOCAB - 1) * math.exp(-20.0)), abs=1e-6)  # fp32 log-softmax

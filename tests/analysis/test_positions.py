@@ -87,12 +87,6 @@ def test_a_head_that_spreads_evenly_scores_the_even_spread_level(positions, atte
     torch.testing.assert_close(scores, torch.full((2, 2), even_spread_first_token(T)), atol=1e-6, rtol=0)
 
 
-def test_the_even_spread_level_is_the_mean_of_one_over_the_visible_span():
-    assert even_spread_first_token(2) == pytest.approx(1 / 2)
-    assert even_spread_first_token(4) == pytest.approx((1 / 2 + 1 / 3 + 1 / 4) / 3)
-    assert even_spread_first_token(128) < 0.05  # far below a head that favours the first token
-
-
 def held_out(n: int = 200) -> tuple[np.ndarray, torch.Tensor]:
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, VOCAB, n).astype(np.uint16)
@@ -149,8 +143,12 @@ def test_only_a_model_that_reads_its_context_scores_differently_in_longer_window
         assert scores[2].bpb == pytest.approx(scores[0].bpb, abs=1e-6)
 
 
-def test_the_scored_span_holds_whole_windows_of_every_length():
+def test_the_scored_span_and_the_even_spread_level():
     assert scored_span(200, [8, 16, 32], max_windows=4) == 128
     assert scored_span(200, [8, 16, 32], max_windows=100) == 192  # 6 windows of 32, one token to spare
     assert scored_span(192, [8, 16, 32], max_windows=100) == 160  # the last target needs one more token
     assert scored_span(20, [8, 16, 32], max_windows=4) == 0
+    # The even-spread level is the mean of one over the visible span.
+    assert even_spread_first_token(2) == pytest.approx(1 / 2)
+    assert even_spread_first_token(4) == pytest.approx((1 / 2 + 1 / 3 + 1 / 4) / 3)
+    assert even_spread_first_token(128) < 0.05  # far below a head that favours the first token

@@ -12,28 +12,29 @@ from analysis.roles import (attention_entropy, copy_score, induction_score, prev
 T = 8
 
 
-def test_previous_token_head_scores_one_and_sink_head_zero():
-    assert previous_token_score(previous_token_head(T)).item() == 1.0
-    assert previous_token_score(sink_head(T)).item() == pytest.approx(1 / (T - 1))  # only query 1's key 0
-
-
-def test_sink_score_of_sink_previous_and_uniform_heads():
+def test_previous_token_sink_and_entropy_scores_of_hand_built_heads():
     assert sink_score(sink_head(T)).item() == 1.0
     assert sink_score(previous_token_head(T)).item() == pytest.approx(1 / (T - 1))
     expected = sum(1 / (i + 1) for i in range(1, T)) / (T - 1)
     assert sink_score(uniform_head(T)).item() == pytest.approx(expected, rel=1e-6)
-
-
-def test_entropy_is_zero_for_one_hot_and_log_of_span_for_uniform():
+    # Entropy: zero for a one-hot head, the log of the span for a uniform one.
     assert attention_entropy(previous_token_head(T)).item() == 0.0
     expected = sum(math.log2(i + 1) for i in range(T)) / T
     assert attention_entropy(uniform_head(T)).item() == pytest.approx(expected, rel=1e-6)
-
-
-def test_scores_keep_leading_dimensions():
+    # The scores keep leading dimensions.
     stacked = torch.stack([previous_token_head(T), sink_head(T), uniform_head(T)]).unsqueeze(0)
     assert previous_token_score(stacked).shape == (1, 3)
     assert torch.equal(sink_score(stacked)[0, 1], torch.tensor(1.0))
+    assert previous_token_score(previous_token_head(T)).item() == 1.0
+    assert previous_token_score(sink_head(T)).item() == pytest.approx(1 / (T - 1))  # only query 1's key 0
+    # Repeated random tokens repeat distinct ids from the pool.
+    g = torch.Generator().manual_seed(0)
+    pool = torch.tensor([3, 9, 11, 40, 41, 42, 57, 60])
+    ids = repeated_random_tokens(200, 7, pool, g)
+    assert ids.shape == (200, 14)
+    assert torch.equal(ids[:, :7], ids[:, 7:])
+    assert all(len(set(row[:7].tolist())) == 7 for row in ids)  # no id twice within a sequence
+    assert set(ids.unique().tolist()) == set(pool.tolist())  # every id of the pool is drawn, no other
 
 
 def induction_head(period: int, offset: int) -> torch.Tensor:
@@ -59,16 +60,6 @@ def test_induction_head_scores_one_and_previous_token_head_does_not(offset):
         same[offset + period + j] = 0.0
         same[offset + period + j, offset + j] = 1.0
     assert induction_score(same, period, offset).item() == 0.0
-
-
-def test_repeated_random_tokens_repeat_distinct_ids_from_the_pool():
-    g = torch.Generator().manual_seed(0)
-    pool = torch.tensor([3, 9, 11, 40, 41, 42, 57, 60])
-    ids = repeated_random_tokens(200, 7, pool, g)
-    assert ids.shape == (200, 14)
-    assert torch.equal(ids[:, :7], ids[:, 7:])
-    assert all(len(set(row[:7].tolist())) == 7 for row in ids)  # no id twice within a sequence
-    assert set(ids.unique().tolist()) == set(pool.tolist())  # every id of the pool is drawn, no other
 
 
 def copy_head(offset: int, period: int, length: int) -> torch.Tensor:

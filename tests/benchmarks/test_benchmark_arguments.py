@@ -49,7 +49,8 @@ THROUGHPUT_REFUSALS = [
     ("induction_lab", ["--out", "somewhere"], ("error: nothing to do: give --seeds", "--heldout")),
     ("attention_variants", ["--minutes", "nan"], "error: argument --minutes: must be a finite number > 0"),
     *[("attention_variants", [*args, "--out", "runs"], message) for args, message in POSITIONS_REFUSALS],
-    *[("train_throughput", [*mode, *args], message) for mode in ([], ["--ddp"]) for args, message in THROUGHPUT_REFUSALS],
+    *[("train_throughput", [*mode, *args], message)
+      for mode in ([], ["--ddp"]) for args, message in THROUGHPUT_REFUSALS],
     ("train_throughput", ["--precision", "fp16"], "error: argument --precision: invalid choice: 'fp16'"),
     # These parsed their own flags, outside common.cli.run_command: the loader's refusal was a traceback.
     *[(module, [flag, "gone"], "error: run directory gone does not exist; ") for module, flag in [
@@ -61,7 +62,18 @@ THROUGHPUT_REFUSALS = [
     ("chat_eval", [], "error: the following arguments are required: --runs"),
     ("speculative", ["--new-tokens", "0"], "argument --new-tokens: must be a whole number >= 1, got '0'"),
     ("speculative", ["--k", "-2"], "argument --k: must be a whole number >= 1"),
-    ("speculative", [], "no run at runs/tiny: train one (python train.py --config configs/tiny.yaml) or pass --run DIR"),
+    ("speculative", [],
+     "no run at runs/tiny: train one (python train.py --config configs/tiny.yaml) or pass --run DIR"),
+    ("quality_per_minute", [], "nothing to screen: give --candidate NAME KEY=VALUE"),
+    ("quality_per_minute", ["--candidate", "rope"], "--candidate rope: give its overrides as SECTION.KEY=VALUE"),
+    ("quality_per_minute", ["--candidate", "rope", "model.positions"],
+     "--candidate rope: give its overrides as SECTION.KEY=VALUE"),
+    ("quality_per_minute", ["--candidate", "baseline", "train.lr=1e-3"], "--candidate baseline: a name is a new word"),
+    ("quality_per_minute", ["--candidate", "a", "train.lr=1e-3", "--candidate", "a", "train.lr=2e-3"],
+     "name each candidate once"),
+    ("quality_per_minute", ["--candidate", "../up", "train.lr=1e-3"], "--candidate ../up: a name is a new word"),
+    ("quality_per_minute", ["--candidate", "a", "train.lr=1e-3", "--steps", "10", "--short-steps", "10"],
+     "--short-steps (10) must be below --steps (10)"),
 ])
 def test_bad_input_is_one_line_and_changes_nothing(module, args, fragments, tmp_path, monkeypatch, capsys):
     main = importlib.import_module(f"benchmarks.{module}").main
@@ -73,6 +85,12 @@ def test_bad_input_is_one_line_and_changes_nothing(module, args, fragments, tmp_
 
 
 BENCHMARKS = benchmark_scripts()
+
+
+def test_every_benchmark_script_has_a_smoke_test() -> None:
+    smoke = (Path(__file__).parent / "test_benchmarks_run.py").read_text()
+    missing = set(BENCHMARKS) - set(re.findall(r'\bbench\("(\w+)"', smoke))
+    assert BENCHMARKS and not missing, f"benchmarks without a smoke test in test_benchmarks_run.py: {sorted(missing)}"
 
 
 @pytest.mark.parametrize("name", BENCHMARKS)

@@ -237,8 +237,13 @@ def test_tool_lab_runs_a_seed_end_to_end_at_a_toy_size(bench_dir) -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     row = json.loads(proc.stdout.strip().splitlines()[-1])
     assert set(row) >= {"seed", "pass@1_no_tools", "pass@1_sft", "pass@1_grpo", "calling_grpo", "parsed_grpo",
-                        "base_seconds", "sft_seconds", "grpo_seconds", "seconds", "run"}
-    assert row["seed"] == 1 and all(0 <= row[k] <= 1 for k in row if k.startswith(("pass@", "calling", "parsed")))
+                        "plays_calling", "bpb_sft_plays", "bpb_sft", "bpb_grpo", "base_seconds", "sft_plays_seconds",
+                        "sft_seconds", "grpo_seconds", "seconds", "run"}
+    assert row["seed"] == 1 and all(0 <= row[k] <= 1 for k in row
+                                if k.startswith(("pass@", "calling", "parsed")) and "_by_" not in k)
+    assert list(row["pass@1_by_turn"]) == ["1", "2", "3", "4", "5"] and row["pass@1_by_shape"]  # one conversation
+    assert all(0 <= share <= 1 for share in [*row["pass@1_by_turn"].values(), *row["pass@1_by_shape"].values()])
+    assert 0 <= row["plays_calling"] <= 1 and all(row[f"bpb_{s}"] > 0 for s in ("sft_plays", "sft", "grpo"))
     assert row["run"] == str(bench_dir / "tool_lab" / "s1" / "grpo") and row["seconds"] is None  # not timed whole
     assert (Path(row["run"]) / "model.safetensors").is_file()  # what serve.py --run takes
     assert (bench_dir / "tool_lab" / "tool_lab.png").stat().st_size > 0
@@ -251,4 +256,4 @@ def test_tool_lab_runs_a_seed_end_to_end_at_a_toy_size(bench_dir) -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "[seed 1] finished: kept" in proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == f"figure: {bench_dir / 'tool_lab' / 'tool_lab.png'}"
-    assert_words(proc.stdout, "| seed | pass@1 no tools | SFT | GRPO | calling (GRPO) | calls parsed (GRPO) |", "| 1 | ")
+    assert_words(proc.stdout, "| seed | pass@1 no tools | SFT | GRPO | GRPO by turn 1-5 | worst shape (GRPO) |", "| 1 | ")

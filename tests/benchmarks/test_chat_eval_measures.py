@@ -66,8 +66,6 @@ def test_replies_that_end_loop_and_repeat_each_other_are_counted(run, monkeypatc
     assert seen["settings"].suppress_ids == special.suppress_ids and tuple(seen["end_ids"]) == special.reply_end_ids
     assert seen["settings"].max_new_tokens == 50 and seen["prompts"] == [[0], [1], [2], [3]]
     assert seen["slide"] is False  # a chat's reply ends where the window is full
-
-
-def test_different_replies_that_all_end_without_a_loop(run, monkeypatch):
+    # Different replies that all end without a loop.
     measured, _, _ = _measure(run, monkeypatch, [("Aye.", 2, "end"), ("No, my lord.", 4, "end")])
     assert (measured.ended, measured.repeated, measured.distinct) == (1.0, 0.0, 1.0)

@@ -48,9 +48,7 @@ def test_a_path_faster_in_every_round_is_faster_round_by_round_however_the_load_
     assert paired_ratio(slower, peer)[0] == pytest.approx(0.9)
     with pytest.raises(ValueError):  # rounds of different counts
         paired_ratio((1.0, 2.0), (1.0,))
-
-
-def test_one_quiet_spell_for_the_peer_moves_the_best_of_ratio_but_not_the_round_by_round_one():
+    # One quiet spell for the peer moves the best-of ratio, not the round-by-round one.
     mine = (110.0, 55.0, 88.0)
     peer = (100.0, 50.0, 121.0)  # the peer's third run met a quiet spell the others did not
     assert max(mine) / max(peer) < 1  # best of rounds: "slower"

@@ -1,22 +1,21 @@
-"""The equal-steps screening of benchmarks/quality_per_minute.py: its arithmetic, table and refusals."""
+"""The equal-steps screening of benchmarks/quality_per_minute.py: its arithmetic and table (its refusals:
+test_benchmark_arguments.py)."""
 
 import math
 
 import pytest
 
-from benchmarks.quality_per_minute import Screened, equal_time_estimate, log_slope, main, screening_table
+from benchmarks.quality_per_minute import Screened, equal_time_estimate, log_slope, screening_table
 
 # A baseline that gains 0.1 bits/byte per e-fold of steps: 2.0 at 1000 steps, 2.1 at 1000/e.
 LONG = [(1000, 1.99), (1000, 2.01)]
 SHORT = [(368, 2.09), (368, 2.11)]
 
 
-def test_the_slope_is_bits_per_e_fold_of_steps():
+def test_the_slope_and_the_equal_time_estimate():
     assert log_slope(LONG, SHORT) == pytest.approx(-0.1 / math.log(1000 / 368), rel=1e-9)
     assert log_slope(LONG, [(368, 2.0), (368, 2.0)]) == pytest.approx(0.0)  # a flat curve
-
-
-def test_a_tie_at_equal_steps_wins_at_equal_time_only_when_faster():
+    # A tie at equal steps wins at equal time only when faster.
     slope = -0.1  # more steps help
     assert equal_time_estimate(0.0, slope, ratio=0.8) < 0  # faster: more steps in the same time
     assert equal_time_estimate(0.0, slope, ratio=1.25) > 0  # slower: fewer steps
@@ -35,19 +34,3 @@ def test_the_table_gives_each_technique_its_difference_cost_and_estimate():
     # The same gain at twice the cost is lost at equal time: -0.02 + 0.1·ln 2 / ln(1000/368).
     assert "| -0.0200 | 2.000 (1.900-2.100) |" in lines["costly-win"] and lines["costly-win"].endswith("| +0.0493 |")
     assert "spread between the baseline's seeds 0.0200" in table
-
-
-@pytest.mark.parametrize("argv,words", [
-    ([], "nothing to screen: give --candidate NAME KEY=VALUE"),
-    (["--candidate", "rope"], "--candidate rope: give its overrides as SECTION.KEY=VALUE"),
-    (["--candidate", "rope", "model.positions"], "--candidate rope: give its overrides as SECTION.KEY=VALUE"),
-    (["--candidate", "baseline", "train.lr=1e-3"], "--candidate baseline: a name is a new word"),
-    (["--candidate", "a", "train.lr=1e-3", "--candidate", "a", "train.lr=2e-3"], "name each candidate once"),
-    (["--candidate", "../up", "train.lr=1e-3"], "--candidate ../up: a name is a new word"),
-    (["--candidate", "a", "train.lr=1e-3", "--steps", "10", "--short-steps", "10"],
-     "--short-steps (10) must be below --steps (10)"),
-])
-def test_a_screen_that_cannot_compare_is_refused_in_one_line(argv, words, capsys):
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: ") and words in err and err.count("\n") == 1

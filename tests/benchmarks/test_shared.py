@@ -15,23 +15,19 @@ from model.config import GPTConfig
 from model.gpt import GPT
 
 
-def test_calls_take_turns_and_the_warmup_rounds_are_not_timed():
+def test_turns_timings_and_their_statistics(monkeypatch):
     order = []
     seconds = in_turns({"a": lambda: order.append("a"), "b": lambda: order.append("b")}, rounds=2, warmup=1)
     assert order == ["a", "b"] * 3
     assert {name: len(spent) for name, spent in seconds.items()} == {"a": 2, "b": 2}
     assert all(s >= 0 for spent in seconds.values() for s in spent)
-
-
-def test_the_best_of_timings_is_the_fastest_and_the_device_waited_for_around_each(monkeypatch):
+    # The best of timings is the fastest, and the device is waited for around each.
     clock = iter([0.0, 5.0, 10.0, 12.0, 20.0, 23.0])  # three timings: 5, 2 and 3 seconds
     monkeypatch.setattr(shared.time, "perf_counter", lambda: next(clock))
     events = []
     assert best_seconds(lambda: events.append("call"), 3, sync=lambda: events.append("sync")) == 2.0
     assert events == ["sync", "call", "sync"] * 3
-
-
-def test_quartiles_and_the_mean_with_its_spread():
+    # Quartiles, and the mean with its spread.
     assert quartiles([7, 1, 3, 5, 9, 2, 8, 4]) == (3, 5, 8)  # by rank: the 3rd, 5th and 7th of eight
     assert quartiles([4.0]) == (4.0, 4.0, 4.0)
     mean, std = mean_std([1.0, 2.0, 3.0])
@@ -39,7 +35,7 @@ def test_quartiles_and_the_mean_with_its_spread():
     assert math.isnan(mean_std([5.0])[1])
 
 
-def test_a_table_aligns_its_figures_right_and_rows_come_as_table_rows_or_json_lines(capsys):
+def test_tables_json_lines_and_the_final_score(capsys, tmp_path):
     assert table(("name", "kind", "n"), [("a", "x", 1)], left=2) == "| name | kind | n |\n|---|---|---:|\n| a | x | 1 |"
     rows = [({"seed": 1, "score": 0.5}, (1, "0.500")), ({"seed": 2, "score": 0.25}, (2, "0.250"))]
     print_rows(("seed", "score"), iter(rows), as_json=False, left=0)
@@ -48,9 +44,7 @@ def test_a_table_aligns_its_figures_right_and_rows_come_as_table_rows_or_json_li
     assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == [r for r, _ in rows]
     print_rows(("seed", "score"), iter([]), as_json=False)  # nothing measured: no empty table
     assert capsys.readouterr().out == ""
-
-
-def test_the_final_score_is_the_last_final_evaluation_and_none_before_it(tmp_path):
+    # The final score is the last final evaluation, and none before it.
     assert final_eval(tmp_path) is None  # no metrics file
     records = [{"kind": "eval", "step": 5, "val_bpb": 3.0}, {"kind": "final_eval", "step": 5, "val_bpb": 3.1},
                {"kind": "final_eval", "step": 9, "val_bpb": 2.5}]  # a run resumed after its first end
@@ -91,9 +85,7 @@ def test_closed_loop_clients_send_each_request_after_the_last_one_finished(engin
     assert len(timings) == sum(turns.values()) and seconds > 0 and not in_flight
     assert sorted(t.tokens for t in timings) == sorted(4 + c for c, count in turns.items() for _ in range(count))
     assert all(len(t.stamps) == t.tokens and t.stamps[0] >= t.submitted for t in timings)
-
-
-def test_a_client_that_fails_on_the_engines_thread_fails_the_loop_instead_of_hanging(engine_model):
+    # A client that fails on the engine's thread fails the loop instead of hanging.
     def next_request(client, finish):
         if finish is not None:
             raise RuntimeError("the client's own bug")

@@ -9,23 +9,18 @@ import pytest
 from common.files import atomic_output, atomic_write_text
 
 
-def test_write_replaces_the_file_and_leaves_no_temporary(tmp_path: Path) -> None:
+def test_a_write_replaces_the_file_or_an_error_mid_write_keeps_it_and_no_temporary_is_left(tmp_path: Path) -> None:
     target = tmp_path / "sub" / "f.txt"
     atomic_write_text(target, "first")
     atomic_write_text(target, "second")
     assert target.read_text() == "second"
     assert sorted(p.name for p in target.parent.iterdir()) == ["f.txt"]
-
-
-def test_an_error_mid_write_keeps_the_old_file(tmp_path: Path) -> None:
-    target = tmp_path / "f.txt"
-    atomic_write_text(target, "old")
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError):  # an error mid-write keeps the old file
         with atomic_output(target) as tmp:
             tmp.write_text("half of the new")
             raise RuntimeError("killed mid-write")
-    assert target.read_text() == "old"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.txt"]
+    assert target.read_text() == "second"
+    assert sorted(p.name for p in target.parent.iterdir()) == ["f.txt"]
 
 
 def test_files_get_the_mode_a_plain_open_would_give(tmp_path: Path) -> None:

@@ -6,13 +6,10 @@ import os
 from common.errors import describe_os_error, with_path
 
 
-def test_an_error_from_the_filesystem_names_the_path_its_cause_and_the_fix():
+def test_an_error_names_the_path_its_cause_and_the_fix_or_keeps_its_own_words():
     full = with_path(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), "data_cache/x")  # os.write names no file
     assert describe_os_error(full) == ("data_cache/x: No space left on device; the disk is full; free space on it "
                                        "or choose a directory on another disk")
-
-
-def test_an_error_without_an_errno_keeps_its_own_words():
     # A library's short write once read "a file: OSError", losing the only words that said what failed.
     short = OSError("1574407 requested and 126976 written")
     assert with_path(short, "data_cache/x") is short  # no errno: not known to be about that path

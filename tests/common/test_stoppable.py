@@ -59,17 +59,6 @@ def test_a_signal_that_a_callback_swallows_is_raised_again(tmp_path, signum, cod
     assert time.monotonic() - started < 20 and (tmp_path / "cleaned").exists()
 
 
-def test_a_filesystem_failure_is_one_line(capsys):
-    from common.cli import ArgumentParser, run_stoppable
-
-    def full(args):
-        raise OSError(errno.ENOSPC, "No space left on device", "out/model.onnx")
-
-    assert run_stoppable(ArgumentParser(prog="test"), [], full) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: out/model.onnx: No space left on device; the disk is full") and err.count("\n") == 1
-
-
 def _starting(tmp_path: Path, quiet: bool) -> subprocess.Popen:
     """A command script paused inside its imports, before run_stoppable installs any handler."""
     script = textwrap.dedent(f'''
@@ -86,9 +75,13 @@ def _starting(tmp_path: Path, quiet: bool) -> subprocess.Popen:
 @pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["ctrl-c", "sigterm"])
 def test_a_signal_during_a_commands_imports_exits_quietly_with_its_code(tmp_path, signum, code):
     assert stop(_starting(tmp_path, quiet=True), signum) == (code, "")
+    if signum == signal.SIGINT:  # without quiet_while_starting, a traceback
+        (tmp_path / "unguarded").mkdir()
+        returncode, err = stop(_starting(tmp_path / "unguarded", quiet=False), signum)
+        assert returncode == -signal.SIGINT and "KeyboardInterrupt" in err
 
 
-def test_after_the_imports_the_previous_handlers_are_back():
+def test_after_the_imports_the_previous_handlers_are_back(capsys):
     """The command's own handling of Ctrl-C (a chat reply stopped, not the chat) starts after it."""
     from common.signals import quiet_while_starting
 
@@ -103,6 +96,15 @@ def test_after_the_imports_the_previous_handlers_are_back():
     finally:
         for signum, handler in outer.items():
             signal.signal(signum, handler)
+    # A filesystem failure is one line.
+    from common.cli import ArgumentParser, run_stoppable
+
+    def full(args):
+        raise OSError(errno.ENOSPC, "No space left on device", "out/model.onnx")
+
+    assert run_stoppable(ArgumentParser(prog="test"), [], full) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: out/model.onnx: No space left on device; the disk is full") and err.count("\n") == 1
 
 
 def test_a_signal_that_an_import_swallows_still_ends_the_start():
@@ -118,7 +120,3 @@ def test_a_signal_that_an_import_swallows_still_ends_the_start():
                 pass
     assert stopped.value.code == 128 + signal.SIGTERM
 
-
-def test_without_it_a_ctrl_c_during_the_imports_is_a_traceback(tmp_path):
-    returncode, err = stop(_starting(tmp_path, quiet=False), signal.SIGINT)
-    assert returncode == -signal.SIGINT and "KeyboardInterrupt" in err

@@ -140,9 +140,7 @@ def test_the_starvation_gauge_reads_off_cpu_time_as_starved_and_computing_as_not
 
     assert _measured_share(compute) > 0.5 or os.getloadavg()[0] > 2 * len(os.sched_getaffinity(0)), \
         "a computing thread read as starved on a machine that is not overloaded"
-
-
-def test_the_advice_names_the_cause_and_the_fix():
+    # The advice names the cause and the fix.
     assert "--threads 1" in starved_advice(0.3, 2) and "30%" in starved_advice(0.3, 2)
     assert "--threads 1" not in starved_advice(0.3, 1)
 

@@ -1,6 +1,7 @@
 """The task files, built deterministically from the held-out plays in lm-eval's shape (no model here)."""
 
 import json
+import math
 from collections import Counter
 from pathlib import Path
 
@@ -40,9 +41,7 @@ def test_the_same_plays_and_seed_give_the_same_files_byte_for_byte(plays, tmp_pa
     other_seed = write_tasks(plays, tmp_path / "c", TaskSettings(seed=4, items=ITEMS))
     assert _rows(other_seed, "shakespeare_next_line") != _rows(first, "shakespeare_next_line")
     assert _rows(other_seed, "shakespeare_bpb") == _rows(first, "shakespeare_bpb")
-
-
-def test_bpb_documents_are_the_held_out_plays_as_training_reads_them(plays, tmp_path):
+    # The bpb documents are the held-out plays as training reads them.
     ids, texts = shakespeare_documents()
     _, val_idx = hash_split(ids, DATA.val_fraction, DATA.split_seed)
     rows = _rows(write_tasks(plays, tmp_path, TaskSettings(items=10)), "shakespeare_bpb")
@@ -103,8 +102,6 @@ def test_speaker_choices_differ_only_in_the_name_and_never_name_the_previous_spe
 
 
 def test_chance_levels_and_the_summary_beside_them(tmp_path):
-    import math
-
     from evaluation.runner import chance_levels, summary_table
     from run_testkit import tokenizer_without_chat
 

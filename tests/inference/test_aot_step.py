@@ -43,16 +43,14 @@ def package(loaded_run):
         torch.set_num_threads(threads)
 
 
-def test_the_cpu_engine_runs_the_package_and_decodes_as_eager(loaded_run, package):
+def test_the_cpu_engine_runs_the_package_and_the_next_step_loads_it(loaded_run, package):
     engine = Engine(loaded_run.model, max_batch=1, batch_invariant=False, compile=True)
     assert isinstance(engine.compiled, AotStep) and engine.compiled.package == package
     settings = SamplingSettings(max_new_tokens=80, temperature=0)  # past the window (32): it slides
     [compiled] = decode(loaded_run.model, [PROMPT_IDS], settings, compile=True)
     [eager] = decode(loaded_run.model, [PROMPT_IDS], settings)
     assert compiled.token_ids == eager.token_ids and len(set(eager.token_ids)) > 10
-
-
-def test_a_built_package_is_loaded_by_the_next_step_not_built_again(loaded_run, package):
+    # A built package is loaded by the next step, not built again.
     step = one_row_step(loaded_run.model)
     assert step.package == package and not step.built and step.notice.startswith("loaded the decode step built ")
     record = json.loads(package.with_suffix(".json").read_text())
@@ -191,14 +189,12 @@ def test_a_signal_during_the_build_stops_it_at_once_and_leaves_no_package(run_di
     assert list(folder.iterdir()) == [] and _builders(folder) == []
 
 
-def test_the_cache_folder_is_the_environment_s_or_compile_cache_here(monkeypatch, tmp_path):
+def test_the_cache_folder_and_where_the_step_is_built_ahead_of_time(monkeypatch, tmp_path):
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))
     assert cache_folder() == tmp_path
     monkeypatch.delenv(CACHE_ENV)
     assert str(cache_folder()) == "compile_cache"
-
-
-def test_the_step_is_built_ahead_of_time_on_the_cpu_only_and_from_torch_2_6(monkeypatch):
+    # The step is built ahead of time on the CPU only, and from torch 2.6.
     assert aot_missing(torch.device("cpu")) is None
     assert aot_missing(torch.device("cuda")) == "the ahead-of-time step runs on the CPU, not cuda"
     monkeypatch.setattr(torch, "__version__", torch.torch_version.TorchVersion("2.5.1"))

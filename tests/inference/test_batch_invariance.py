@@ -93,9 +93,7 @@ def test_the_twin_shares_the_weights_and_leaves_the_model_plain():
     assert type(model.lm_head) is nn.Linear and type(twin.lm_head) is RowBlockedLinear
     idx = torch.randint(0, 32, (3, 8), generator=torch.Generator().manual_seed(9))
     torch.testing.assert_close(twin(idx), model(idx), atol=1e-6, rtol=0)  # fp32 rounding of another order
-
-
-def test_the_row_blocked_product_is_differentiable():
+    # The row-blocked product is differentiable.
     dense = blocked(32, 48, seed=4)
     token = torch.randn(3, 1, 32, requires_grad=True)
     torch.testing.assert_close(dense(token), F.linear(token, dense.weight), atol=1e-6, rtol=0)

@@ -2,8 +2,12 @@
 
 import io
 import os
+import re
+import select
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -62,15 +66,7 @@ def test_earlier_turns_come_from_the_prefix_cache_not_re_encoded(loaded_run):
     assert reused > 0 and session.tokens_encoded == sum(prompts) - reused
 
 
-def test_one_shot_prints_one_reply(cli, run_dir, loaded_run):
-    code, out, err = cli("--run", run_dir, "--chat", "--prompt", MESSAGES[0], "--temperature", 0,
-                         "--max-new-tokens", 7, "--system", "You are JULIET.")
-    assert code == 0
-    session = ChatSession(loaded_run, GenerationSettings(temperature=0, max_new_tokens=7), system_prompt="You are JULIET.")
-    assert out == session.reply(MESSAGES[0]).text + "\n"
-
-
-def test_a_run_without_chat_tokens_is_told_to_retrain(cli, copy_run):
+def test_one_shot_prints_one_reply_and_a_run_without_chat_tokens_is_told_to_retrain(cli, copy_run, run_dir, loaded_run):
     run = copy_run("old")
     old = Tokenizer(models.BPE())
     old.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -80,6 +76,12 @@ def test_a_run_without_chat_tokens_is_told_to_retrain(cli, copy_run):
     old.save(str(run / "tokenizer.json"))
     code, out, err = cli("--run", run, "--chat", "--prompt", "hi")
     assert code == 2 and "it was trained before the chat format existed" in err and "pretrain a new run" in err
+    # One shot prints one reply.
+    code, out, err = cli("--run", run_dir, "--chat", "--prompt", MESSAGES[0], "--temperature", 0,
+                         "--max-new-tokens", 7, "--system", "You are JULIET.")
+    assert code == 0
+    session = ChatSession(loaded_run, GenerationSettings(temperature=0, max_new_tokens=7), system_prompt="You are JULIET.")
+    assert out == session.reply(MESSAGES[0]).text + "\n"
 
 
 def test_repl_over_stdin_resets_and_exits(run_dir, loaded_run):
@@ -123,9 +125,6 @@ def test_repl_refuses_a_line_that_is_not_utf8_and_goes_on_and_help_is_not_sent(r
 
 def _read_until(fd: int, needle: bytes, seen: bytearray, count: int, timeout: float = 60.0) -> None:
     """Read the terminal into ``seen`` until ``needle`` occurs ``count`` times (or it closes)."""
-    import select
-    import time
-
     deadline = time.monotonic() + timeout
     while seen.count(needle) < count:
         ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
@@ -142,8 +141,6 @@ def _read_until(fd: int, needle: bytes, seen: bytearray, count: int, timeout: fl
 
 @pytest.mark.skipif(not hasattr(os, "openpty"), reason="needs a pseudo-terminal")
 def test_at_a_terminal_lines_are_edited_recalled_and_ctrl_d_ends_the_line(run_dir):
-    import re
-
     pytest.importorskip("readline")
     try:
         controller, terminal = os.openpty()
@@ -177,9 +174,6 @@ def test_at_a_terminal_lines_are_edited_recalled_and_ctrl_d_ends_the_line(run_di
 def test_ctrl_c_at_the_prompt_says_how_to_leave_and_a_second_in_a_row_quits(run_dir, loaded_run):
     """A Ctrl-C meant for a reply that has just ended lands on the prompt: it must not quit. (Replies go
     to a pipe, so lines are read with a plain read(), which a signal interrupts anywhere: no pause.)"""
-    import select
-    import signal
-
     try:
         controller, terminal = os.openpty()
     except OSError as error:  # a container without /dev/ptmx
@@ -247,8 +241,6 @@ def endless_run_dir(tmp_path_factory, tokenizer_path) -> Path:
 
 def _read_more(fd: int, seen: bytearray, count: int, timeout: float = 60.0) -> None:
     """Read the terminal into ``seen`` until ``count`` more bytes have come."""
-    import select
-
     goal = len(seen) + count
     while len(seen) < goal:
         ready, _, _ = select.select([fd], [], [], timeout)
@@ -260,8 +252,6 @@ def _read_more(fd: int, seen: bytearray, count: int, timeout: float = 60.0) -> N
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs a pseudo-terminal (pty.fork)")
 def test_at_a_terminal_ctrl_c_stops_the_reply_and_two_at_an_empty_prompt_quit(endless_run_dir):
     import pty
-    import signal
-    import time
 
     command = [sys.executable, str(REPO / "generate.py"), "--run", str(endless_run_dir), "--chat", "--temperature",
                "0", "--max-new-tokens", "100000"]

@@ -24,11 +24,16 @@ def library_text(loaded_run, prompt=PROMPT, **settings) -> list[str]:
     return [completion.text for completion in result.completions]
 
 
-def test_prints_prompt_then_continuation_and_stats(cli, run_dir, loaded_run):
+def test_prints_prompt_then_continuation_and_stats_and_help_gives_the_defaults(cli, run_dir, loaded_run):
     code, out, err = cli("--run", run_dir, "--prompt", PROMPT, "--temperature", 0, "--max-new-tokens", 40)
     assert code == 0
     assert out == PROMPT + library_text(loaded_run, temperature=0, max_new_tokens=40)[0] + "\n"
     assert "generated 40 tokens" in err and "time to first token" in err and "tokens/s" in err
+    # --help documents the defaults.
+    code, out, _ = cli("--help")
+    assert code == 0
+    for default in ("default: 200", "default: 0.8", "default: 0.95", "default: auto", "SEED+i", "before the stop"):
+        assert default in out
 
 
 def test_json_reports_every_sample_with_its_seed(cli, run_dir, loaded_run):
@@ -46,7 +51,7 @@ def test_json_reports_every_sample_with_its_seed(cli, run_dir, loaded_run):
     assert report["tokens_generated"] == 90 and report["decode_tokens_per_s"] > 0
 
 
-def test_samples_are_printed_under_headers_and_quiet_prints_only_text(cli, run_dir, loaded_run):
+def test_samples_headers_quiet_and_the_prompt_from_stdin_or_a_file(cli, run_dir, loaded_run, monkeypatch, tmp_path):
     texts = library_text(loaded_run, seed=1, num_samples=2, max_new_tokens=20)
     args = ["--run", run_dir, "--prompt", PROMPT, "--seed", 1, "--max-new-tokens", 20]
     code, out, _ = cli(*args, "--num-samples", 2)
@@ -54,9 +59,7 @@ def test_samples_are_printed_under_headers_and_quiet_prints_only_text(cli, run_d
     assert out == "".join(f"--- sample {i + 1}/2 (seed {1 + i}) ---\n{PROMPT}{texts[i]}\n" for i in range(2))
     code, out, err = cli(*args, "--quiet")
     assert (code, out, err) == (0, texts[0] + "\n", "")
-
-
-def test_prompt_from_stdin_and_from_a_file(cli, monkeypatch, run_dir, loaded_run, tmp_path):
+    # The prompt from stdin and from a file.
     expected = PROMPT + library_text(loaded_run, temperature=0, max_new_tokens=10)[0] + "\n"
     common = ["--run", run_dir, "--temperature", 0, "--max-new-tokens", 10]
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(PROMPT.encode())))
@@ -66,14 +69,12 @@ def test_prompt_from_stdin_and_from_a_file(cli, monkeypatch, run_dir, loaded_run
     assert cli(*common, "--prompt-file", prompt_file)[:2] == (0, expected)
 
 
-def test_stop_string_ends_the_printed_text_before_it(cli, run_dir, loaded_run):
+def test_stop_string_ends_the_printed_text_and_a_long_prompt_is_cropped(cli, run_dir, loaded_run):
     full = library_text(loaded_run, temperature=0, max_new_tokens=60)[0]
     stop = full[30:33]
     code, out, _ = cli("--run", run_dir, "--prompt", PROMPT, "--temperature", 0, "--stop", stop, "--quiet")
     assert (code, out) == (0, full[: full.index(stop)] + "\n")
-
-
-def test_long_prompt_is_cropped_with_a_notice(cli, run_dir, loaded_run):
+    # A long prompt is cropped, with a notice.
     prompt = "and again " * 40
     code, out, err = cli("--run", run_dir, "--prompt", prompt, "--max-new-tokens", 3, "--seed", 0)
     assert code == 0 and out.startswith(prompt)
@@ -92,13 +93,6 @@ def test_latest_run_under_runs_is_used_by_default(cli, monkeypatch, copy_run, tm
     assert f"using {Path('runs') / 'older'}, the most recently trained run" in err
     code, _, err = cli("--max-new-tokens", 2, "--quiet")
     assert code == 0 and err == ""
-
-
-def test_help_documents_the_defaults(cli):
-    code, out, _ = cli("--help")
-    assert code == 0
-    for default in ("default: 200", "default: 0.8", "default: 0.95", "default: auto", "SEED+i", "before the stop"):
-        assert default in out
 
 
 def assert_user_error(cli, argv, *needles) -> None:
@@ -121,9 +115,11 @@ def assert_user_error(cli, argv, *needles) -> None:
     (["--device", "tpu"], "unknown device 'tpu'"),
     (["--device", "cuda:99"], "cuda:99"),
     (["--num-samples", "10000000"], "num_samples must be >= 1 and at most 1024"),
-    (["--prompt", "ok", "--stop", "ab\udcff"], "--stop is not valid UTF-8 (byte 0xff at offset 2); convert it to UTF-8"),
+    (["--prompt", "ok", "--stop", "ab\udcff"],
+     "--stop is not valid UTF-8 (byte 0xff at offset 2); convert it to UTF-8"),
     (["--prompt", "ab\udcff"], "--prompt is not valid UTF-8 (byte 0xff at offset 2); convert it to UTF-8"),
-    (["--prompt", "x", "--compile", "--no-cache"], "--compile compiles the cached decode step; drop --no-cache or --compile"),
+    (["--prompt", "x", "--compile", "--no-cache"],
+     "--compile compiles the cached decode step; drop --no-cache or --compile"),
     (["--prompt", "O", "--sinks", "2"], "--sinks applies to runs with rotary or no positions"),
     (["--prompt", "O", "--sinks", "2"], "drop --sinks"),
     (["--chat", "--num-samples", "2", "--prompt", "hi"], "--chat gives one reply at a time"),
@@ -144,13 +140,7 @@ def test_bad_flags_are_one_line_errors(cli, run_dir, flags, needle):
     assert_user_error(cli, ["--run", run_dir, *flags], needle)
 
 
-def test_unreadable_prompts(cli, monkeypatch, run_dir, tmp_path):
-    assert_user_error(cli, ["--run", run_dir, "--prompt-file", tmp_path], "cannot read prompt file")
-    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"caf\xe9 au lait")))
-    assert_user_error(cli, ["--run", run_dir, "--prompt", "-"], "not valid UTF-8", "0xe9 at offset 3")
-
-
-def test_missing_runs_and_files(cli, monkeypatch, copy_run, tmp_path):
+def test_missing_runs_files_and_unreadable_prompts(cli, monkeypatch, copy_run, tmp_path, run_dir):
     monkeypatch.chdir(tmp_path)
     assert_user_error(cli, [], "no trained run found", "python train.py --config configs/tiny.yaml")
     assert list(tmp_path.iterdir()) == []
@@ -164,6 +154,10 @@ def test_missing_runs_and_files(cli, monkeypatch, copy_run, tmp_path):
     assert_user_error(cli, ["--run", tmp_path], "it holds runs", f"--run {tmp_path / 'no_tokenizer'}")
     (no_tokenizer / "tokenizer.json").write_text('{"version": "1.0", "model": ')
     assert_user_error(cli, ["--run", no_tokenizer], "not a valid tokenizer.json")
+    # Unreadable prompts.
+    assert_user_error(cli, ["--run", run_dir, "--prompt-file", tmp_path], "cannot read prompt file")
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"caf\xe9 au lait")))
+    assert_user_error(cli, ["--run", run_dir, "--prompt", "-"], "not valid UTF-8", "0xe9 at offset 3")
 
 
 def test_damaged_weights_and_mismatched_tokenizer(cli, copy_run, tmp_path, tokenizer_path):

@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
-def test_tiny_temperatures_sample_the_argmax_and_ties_share_the_draw():
+def test_tiny_temperatures_sample_the_argmax_and_ties_share_the_draw(capsys, run_dir):
     logits = torch.tensor([[1.0, 5.0, 2.0, -3.0], [7.0, 7.0, 0.0, float("-inf")]])
     for temperature in (1e-39, 1e-30, 1e-45):
         g = torch.Generator().manual_seed(0)
@@ -25,9 +25,7 @@ def test_tiny_temperatures_sample_the_argmax_and_ties_share_the_draw():
     seen = {sample_next_token(logits[1:], temperature=1e-39, generator=torch.Generator().manual_seed(s)).item()
             for s in range(32)}
     assert seen == {0, 1}
-
-
-def test_cli_near_zero_temperature_equals_greedy(capsys, run_dir):
+    # generate.py at a near-zero temperature prints the greedy text.
     outputs = []
     for temperature in ("0", "1e-39"):
         code = main(["--run", str(run_dir), "--prompt", "JULIET:", "--temperature", temperature,
@@ -42,13 +40,6 @@ def _generate(run_dir: Path, shell_redirect: str) -> subprocess.CompletedProcess
     command = f'"{sys.executable}" generate.py --run "{run_dir}" --prompt hi --max-new-tokens 4 {shell_redirect}'
     return subprocess.run(["bash", "-c", command], cwd=REPO, env=ENV, capture_output=False,
                           stderr=subprocess.PIPE, text=True, timeout=120)
-
-
-def test_closed_stdout_is_one_line_and_exit_2(run_dir):
-    proc = _generate(run_dir, ">&-")
-    assert proc.returncode == 2, proc.stderr
-    assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr
-    assert proc.stderr.strip() == "error: standard output is closed; redirect it to a file or a pipe"
 
 
 def test_full_stdout_is_one_line_and_exit_2(run_dir, monkeypatch, capsys):
@@ -77,7 +68,7 @@ def _reader_gone() -> int:
     return write_end
 
 
-def test_a_reader_that_leaves_ends_the_command_quietly(run_dir):
+def test_a_reader_that_leaves_ends_the_command_quietly_and_a_closed_stdout_is_one_line(run_dir):
     pipe = _reader_gone()
     try:
         # --quiet: the first write is the first token's text, from inside the decode loop.
@@ -85,9 +76,12 @@ def test_a_reader_that_leaves_ends_the_command_quietly(run_dir):
     finally:
         os.close(pipe)
     assert (done.returncode, done.stderr.decode()) == (0, "")
-
-
-def test_a_reader_that_leaves_the_chat_ends_it_quietly(run_dir):
+    # Closed stdout is one line and exit 2.
+    proc = _generate(run_dir, ">&-")
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr
+    assert proc.stderr.strip() == "error: standard output is closed; redirect it to a file or a pipe"
+    # A reader that leaves the chat ends it quietly.
     pipe = _reader_gone()
     try:
         done = _generate_into(pipe, "--run", str(run_dir), "--chat", "--max-new-tokens", "5",

@@ -77,9 +77,7 @@ def test_stop_string_ends_the_text_before_it_and_stops_generating(loaded_run):
     assert stop not in stopped.text
     assert len(stopped.token_ids) < len(full.token_ids)
     assert full.token_ids[: len(stopped.token_ids)] == stopped.token_ids
-
-
-def test_batch_keeps_generating_until_every_row_has_stopped(loaded_run):
+    # A batch keeps generating until every row has stopped.
     sampling = dict(temperature=1.0, seed=3, max_new_tokens=60)
     rows = [run(loaded_run, **{**sampling, "seed": 3 + i}).completions[0] for i in range(2)]
     stop = rows[0].text[10:13]  # row 0 stops early; row 1 may or may not contain it
@@ -90,7 +88,7 @@ def test_batch_keeps_generating_until_every_row_has_stopped(loaded_run):
         assert batched.finish_reason == ("stop" if stop in single.text else "length")
 
 
-def test_empty_prompt_starts_from_end_of_text_and_long_prompts_keep_their_end(loaded_run):
+def test_an_empty_prompt_starts_from_end_of_text_long_prompts_keep_their_end_and_zero_tokens_is_nothing(loaded_run):
     empty = encode_prompt(loaded_run, "")
     assert empty.ids == [loaded_run.eot_id] and not empty.cropped
     assert run(loaded_run, prompt="", temperature=0, max_new_tokens=5).stats.steps == 5
@@ -99,9 +97,6 @@ def test_empty_prompt_starts_from_end_of_text_and_long_prompts_keep_their_end(lo
     cropped = encode_prompt(loaded_run, "the lazy dog " * 40)
     assert cropped.cropped and cropped.original_length == len(long_ids) > loaded_run.block_size
     assert cropped.ids == long_ids[-loaded_run.block_size :]
-
-
-def test_zero_new_tokens_generates_nothing(loaded_run):
     result = run(loaded_run, max_new_tokens=0)
     assert result.completions[0].token_ids == [] and result.completions[0].text == ""
     assert result.stats.steps == 0 and result.stats.time_to_first_token_s is None

@@ -44,14 +44,7 @@ def test_cache_and_no_cache_give_the_same_tokens_past_the_window(mla_run, settin
     assert len(set(cached.token_ids)) > 3
 
 
-def test_sample_i_of_several_equals_the_single_run_seeded_seed_plus_i(mla_run):
-    rows = _completions(mla_run, [9, 10, 11], max_new_tokens=20, temperature=1.0, seed=5, num_samples=3)
-    for i, row in enumerate(rows):
-        alone = _completions(mla_run, [9, 10, 11], max_new_tokens=20, temperature=1.0, seed=5 + i)[0]
-        assert row.token_ids == alone.token_ids
-
-
-def test_chat_through_the_latent_cache_equals_recomputing_the_history(mla_run):
+def test_sample_i_and_a_chat_through_the_latent_cache_equal_their_references(mla_run):
     settings = GenerationSettings(temperature=0, max_new_tokens=9)
     # A rolling run's replies are compared up to their first roll (below): with no system prompt
     # the first turns end before it.
@@ -73,3 +66,8 @@ def test_chat_through_the_latent_cache_equals_recomputing_the_history(mla_run):
         compared += 1
     assert compared >= 2  # whole turns, the second one's history from the prefix cache
     assert session.tokens_encoded < reference.tokens_encoded  # earlier turns came from the prefix cache
+    # Sample i of several equals the single run seeded seed + i.
+    rows = _completions(mla_run, [9, 10, 11], max_new_tokens=20, temperature=1.0, seed=5, num_samples=3)
+    for i, row in enumerate(rows):
+        alone = _completions(mla_run, [9, 10, 11], max_new_tokens=20, temperature=1.0, seed=5 + i)[0]
+        assert row.token_ids == alone.token_ids

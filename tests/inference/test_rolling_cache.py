@@ -177,9 +177,7 @@ def test_the_window_slide_rules():
     assert (learned.keep, learned.rolls) == (BLOCK // 2, False)
     assert learned.slide(0, 0, BLOCK + 1) == (BLOCK + 1 - BLOCK // 2, 0)  # re-encode the recent half
     assert Window.for_positions("none", BLOCK, keep_fraction=1.0).keep == BLOCK  # one token at a time
-
-
-def test_learned_runs_re_encode_and_bad_sinks_are_refused():
+    # Learned runs re-encode, and sinks that do not fit are refused.
     model = tiny_model(1, positions="learned")
     assert not Engine(model, max_batch=1).window.rolls
     with pytest.raises(ValueError, match="sinks must be 0 to 15"):

@@ -55,7 +55,17 @@ def test_top_p_property_on_random_distributions():
     assert torch.equal(filter_logits(logits), logits)
 
 
-def test_repetition_penalty_divides_positive_and_multiplies_negative():
+def test_temperature_zero_is_argmax_and_the_repetition_penalty():
+    logits = torch.randn(5, 40, generator=gen(4))
+    g = gen(5)
+    before = g.get_state()
+    assert torch.equal(sample_next_token(logits, temperature=0.0, top_k=3, generator=g), logits.argmax(-1))
+    assert torch.equal(g.get_state(), before)
+    # Greedy applies the repetition penalty first: 3 / 2 = 1.5 < 2.
+    penalised = sample_next_token(torch.tensor([[3.0, 2.0, -1.0]]), repetition_penalty=2.0,
+                                  prev_tokens=torch.tensor([[0]]))
+    assert penalised.item() == 1
+    # The repetition penalty divides positive logits and multiplies negative ones.
     logits = torch.tensor([[2.0, -2.0, 1.0, -1.0, 0.5]])
     seen = torch.tensor([[0, 1, 1, 4]])  # id 1 twice: penalised once
     out = apply_repetition_penalty(logits, seen, 2.0)
@@ -66,21 +76,7 @@ def test_repetition_penalty_divides_positive_and_multiplies_negative():
     assert per_row.tolist() == [[0.25, 1, 1, 1], [1, 1, 1, 0.25]]
 
 
-def test_temperature_zero_is_argmax_and_consumes_no_randomness():
-    logits = torch.randn(5, 40, generator=gen(4))
-    g = gen(5)
-    before = g.get_state()
-    assert torch.equal(sample_next_token(logits, temperature=0.0, top_k=3, generator=g), logits.argmax(-1))
-    assert torch.equal(g.get_state(), before)
-
-
-def test_greedy_applies_the_repetition_penalty_first():
-    logits = torch.tensor([[3.0, 2.0, -1.0]])
-    token = sample_next_token(logits, repetition_penalty=2.0, prev_tokens=torch.tensor([[0]]))
-    assert token.item() == 1  # 3 / 2 = 1.5 < 2
-
-
-def test_sampling_is_inverse_cdf_of_one_uniform_per_row():
+def test_sampling_is_inverse_cdf_of_one_uniform_per_row_and_never_past_the_mass(monkeypatch):
     probs = torch.tensor([0.1, 0.2, 0.7])
     logits = probs.log().expand(4, 3)
     for seed in range(30):
@@ -91,19 +87,15 @@ def test_sampling_is_inverse_cdf_of_one_uniform_per_row():
         u_gen = gen(seed)
         torch.rand(4, generator=u_gen)  # one draw per row, whatever the logits
         assert torch.equal(g.get_state(), u_gen.get_state())
-
-
-def test_a_draw_rounded_up_to_the_total_mass_still_picks_an_allowed_id(monkeypatch):
+    # Frequencies follow the distribution.
+    probs = torch.tensor([0.6, 0.3, 0.1])
+    tokens = sample_next_token(probs.log().expand(20000, 3), temperature=1.0, generator=gen(14))
+    freq = torch.bincount(tokens, minlength=3).float() / 20000
+    assert (freq - probs).abs().max() < 0.015  # ~4 standard errors
     # u * total can round up to total; searchsorted then points past the end (or at a filtered id).
     monkeypatch.setattr(sampling, "uniform_per_row", lambda batch, generator, device: torch.ones(batch))
     logits = torch.tensor([[0.0, 0.0, 0.0, 5.0, 0.0, 4.0, 0.0, 0.0, 0.0, 0.0]])
     assert sample_next_token(logits, temperature=1.0, top_k=2).item() == 5
-
-
-def test_filtered_ids_are_never_sampled():
-    logits = torch.randn(1, 30, generator=gen(6)).expand(500, 30)
-    tokens = sample_next_token(logits, temperature=1.5, top_k=3, generator=gen(7))
-    assert set(tokens.tolist()) == set(logits[0].topk(3).indices.tolist())
 
 
 def test_generator_list_gives_each_row_its_own_stream():
@@ -118,13 +110,6 @@ def test_generator_list_gives_each_row_its_own_stream():
     batch, g = sample_next_token(logits, temperature=1.0, generator=gen(13)), gen(13)
     assert batch.tolist() == [sample_next_token(logits[row:row + 1], temperature=1.0, generator=g).item()
                               for row in range(3)]
-
-
-def test_sampling_frequencies_follow_the_distribution():
-    probs = torch.tensor([0.6, 0.3, 0.1])
-    tokens = sample_next_token(probs.log().expand(20000, 3), temperature=1.0, generator=gen(14))
-    freq = torch.bincount(tokens, minlength=3).float() / 20000
-    assert (freq - probs).abs().max() < 0.015  # ~4 standard errors
 
 
 def nucleus_by_full_sort(probs: torch.Tensor, p: float) -> torch.Tensor:
@@ -150,9 +135,12 @@ def test_the_nucleus_from_candidates_equals_sorting_the_whole_vocabulary(monkeyp
             assert torch.equal(sampling.outside_nucleus(probs, p), nucleus_by_full_sort(probs, p)), (candidates, p)
 
 
-def test_suppressed_ids_are_never_picked_greedy_or_sampled():
+def test_suppressed_and_filtered_ids_are_never_picked_greedy_or_sampled():
     logits = torch.tensor([[5.0, 4.0, -1.0, 0.0]]).expand(500, 4)
     assert sample_next_token(logits[:1], suppress_ids=(0,)).item() == 1
     tokens = sample_next_token(logits, temperature=2.0, suppress_ids=(0, 1), generator=gen(15))
     assert set(tokens.tolist()) == {2, 3}
     assert logits[0, 0] == 5.0  # the caller's logits are left as they were
+    filtered = torch.randn(1, 30, generator=gen(6)).expand(500, 30)  # nor are the ids top-k leaves out
+    tokens = sample_next_token(filtered, temperature=1.5, top_k=3, generator=gen(7))
+    assert set(tokens.tolist()) == set(filtered[0].topk(3).indices.tolist())

@@ -61,13 +61,6 @@ def test_a_batch_gives_every_row_what_it_gets_alone(tool_run, toolbox, settings)
     assert segment_seed(5, 1) != segment_seed(6, 0) and segment_seed(5, 0) == 5
 
 
-def test_a_malformed_call_ends_the_reply_as_written_and_runs_nothing(tool_run, toolbox):
-    [reply] = decode_with_tools(_engine(tool_run), tool_run.tokenizer, [_prompt(tool_run, "5*5")], GREEDY, toolbox)
-    assert reply.finish_reason == "malformed" and reply.error.startswith("call 1 ")
-    assert reply.steps == [] and len(reply.messages) == 1 and reply.text.startswith("<|call|>calculator")
-    assert all(reply.generated)
-
-
 class ScriptedTools(Toolbox):
     """A calculator that answers its n-th run with ``answer(n)`` and counts its runs."""
 
@@ -132,16 +125,19 @@ def test_each_call_within_a_replys_limit_runs_and_past_it_runs_nothing(tool_run,
     assert engine.could_call == could_call and (reply.finish_reason, reply.text) == ("stop", "2")
 
 
-def test_the_token_budget_counts_every_segment(tool_run, toolbox):
+def test_the_token_budget_the_window_and_a_malformed_call_end_a_reply(tool_run, toolbox):
     whole = decode_with_tools(_engine(tool_run), tool_run.tokenizer, [_prompt(tool_run, "12*34")], GREEDY, toolbox)[0]
     call_tokens = whole.generated.index(False)
     [cut] = decode_with_tools(_engine(tool_run), tool_run.tokenizer, [_prompt(tool_run, "12*34")],
                               SamplingSettings(temperature=0, max_new_tokens=call_tokens + 2), toolbox)
     assert cut.finish_reason == "length" and cut.generated_tokens == call_tokens + 2
     assert cut.ids == whole.ids[:len(cut.ids)]
-
-
-def test_a_result_that_leaves_no_room_in_the_window_ends_the_reply(tool_run):
+    # A malformed call ends the reply as written and runs nothing.
+    [reply] = decode_with_tools(_engine(tool_run), tool_run.tokenizer, [_prompt(tool_run, "5*5")], GREEDY, toolbox)
+    assert reply.finish_reason == "malformed" and reply.error.startswith("call 1 ")
+    assert reply.steps == [] and len(reply.messages) == 1 and reply.text.startswith("<|call|>calculator")
+    assert all(reply.generated)
+    # A result that leaves no room in the window ends the reply.
     [reply] = decode_with_tools(_engine(tool_run), tool_run.tokenizer, [_prompt(tool_run, "12*34")], GREEDY,
                                 ScriptedTools(lambda n: ToolResult("9" * 200, True)))  # longer than the window's room
     assert reply.finish_reason == "length" and len(reply.steps) == 1

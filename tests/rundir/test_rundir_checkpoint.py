@@ -27,16 +27,14 @@ def test_a_checkpoint_round_trip_gives_back_the_state_and_the_model(tmp_path):
     # The model files beside it are what generate.py loads.
     assert torch.equal(load_pretrained(tmp_path).tok_emb.weight, model.tok_emb.weight)
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
-
-
-def test_peeking_reads_one_value_and_never_fails(tmp_path):
-    assert peek_trainer_state(tmp_path, "wandb_run_id") is None  # no state at all
+    peek = tmp_path / "peek"  # peeking reads one value and never fails
+    assert peek_trainer_state(peek, "wandb_run_id") is None  # no state at all
     model = GPT(GPTConfig(**SHAPE))
-    save_checkpoint(tmp_path, model, {"wandb_run_id": "abc"})
-    assert peek_trainer_state(tmp_path, "wandb_run_id") == "abc"
-    assert peek_trainer_state(tmp_path, "missing") is None
-    (tmp_path / STATE_FILE).write_bytes(b"damaged")
-    assert peek_trainer_state(tmp_path, "wandb_run_id") is None
+    save_checkpoint(peek, model, {"wandb_run_id": "abc"})
+    assert peek_trainer_state(peek, "wandb_run_id") == "abc"
+    assert peek_trainer_state(peek, "missing") is None
+    (peek / STATE_FILE).write_bytes(b"damaged")
+    assert peek_trainer_state(peek, "wandb_run_id") is None
 
 
 class Evil:

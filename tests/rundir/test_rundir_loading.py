@@ -11,7 +11,7 @@ from rundir.loading import find_latest_run, load_run
 from run_testkit import build_run, chat_tokenizer
 
 
-def test_the_latest_run_is_the_one_whose_weights_were_written_last(tmp_path):
+def test_the_latest_run_is_the_last_written_and_a_loaded_run_is_ready_to_sample(tmp_path):
     with pytest.raises(UserError, match="no trained run found"):
         find_latest_run(tmp_path)
     tokenizer = chat_tokenizer()
@@ -21,9 +21,7 @@ def test_the_latest_run_is_the_one_whose_weights_were_written_last(tmp_path):
     assert find_latest_run(tmp_path) == newer
     os.utime(newer / WEIGHTS_FILE, ns=(0, 0))
     assert find_latest_run(tmp_path) == older
-
-
-def test_a_loaded_run_is_ready_to_sample(tmp_path):
+    # A loaded run is ready to sample.
     run_dir = build_run(tmp_path / "run", chat_tokenizer())
     run = load_run(run_dir, torch.device("cpu"))
     assert not run.model.training and run.directory == run_dir

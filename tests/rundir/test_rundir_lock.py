@@ -9,7 +9,7 @@ from rundir.files import LOCK_FILES, LOCK_OWNER_FILE
 from rundir.lock import RunDirectoryBusy, hold_run_dir
 
 
-def test_a_second_holder_is_refused_naming_the_first(tmp_path):
+def test_the_lock_refuses_a_second_holder_or_a_file_and_clears_leftovers(tmp_path):
     run_dir = tmp_path / "new" / "run"
     with hold_run_dir(run_dir):  # creates the directory
         assert sorted(p.name for p in run_dir.iterdir()) == sorted(LOCK_FILES)
@@ -18,19 +18,15 @@ def test_a_second_holder_is_refused_naming_the_first(tmp_path):
                 pass
     with hold_run_dir(run_dir):  # released when the first block ended
         assert f"pid {os.getpid()}" in (run_dir / LOCK_OWNER_FILE).read_text()
-
-
-def test_taking_the_lock_removes_leftover_temporary_files_only(tmp_path):
+    # A file in place of the directory is refused.
+    (tmp_path / "run").write_text("not a directory")
+    with pytest.raises(UserError, match="is a file, not a directory"):
+        with hold_run_dir(tmp_path / "run"):
+            pass
+    # Taking the lock removes leftover temporary files only.
     tmp_path.joinpath(".trainer_state.pt.k3j2.tmp").write_bytes(b"\0" * 10)
     tmp_path.joinpath("notes.tmp").write_text("mine")  # not an atomic write's leftover
     with hold_run_dir(tmp_path):
         pass
     assert not tmp_path.joinpath(".trainer_state.pt.k3j2.tmp").exists()
     assert tmp_path.joinpath("notes.tmp").read_text() == "mine"
-
-
-def test_a_file_in_place_of_the_directory_is_refused(tmp_path):
-    (tmp_path / "run").write_text("not a directory")
-    with pytest.raises(UserError, match="is a file, not a directory"):
-        with hold_run_dir(tmp_path / "run"):
-            pass

@@ -4,7 +4,7 @@ from rundir.files import METRICS_FILE
 from rundir.metrics import MetricsLog, read_metrics
 
 
-def test_metrics_log_appends_reads_and_truncates(tmp_path):
+def test_metrics_log_appends_reads_truncates_and_reads_past_damage(tmp_path):
     log = MetricsLog(tmp_path / "metrics.jsonl")
     for step in range(1, 6):
         log.append({"kind": "train", "step": step, "loss": 1.0 / step})
@@ -16,9 +16,7 @@ def test_metrics_log_appends_reads_and_truncates(tmp_path):
     assert [r["step"] for r in read_metrics(log.path)] == [1, 2, 3]
     log.append({"kind": "train", "step": 4, "loss": 0.2})
     assert read_metrics(log.path)[-1] == {"kind": "train", "step": 4, "loss": 0.2}
-
-
-def test_damaged_lines_cost_only_themselves(tmp_path):
-    path = tmp_path / METRICS_FILE
+    path = tmp_path / "damaged" / METRICS_FILE  # damaged lines cost only themselves
+    path.parent.mkdir()
     path.write_bytes(b'{"step": 1}\n\xff\xfe not utf-8\n[1, 2]\n{"step": 2}\nnot json\n{"step": 3}\n{"step": 4')
     assert read_metrics(path) == [{"step": 1}, {"step": 2}, {"step": 3}]

@@ -11,7 +11,7 @@ from rundir.metrics import MetricsLog
 from rundir.record import RunRecord, read_config, write_parent_record
 
 
-def test_the_config_is_read_as_written_and_refused_when_missing_or_damaged(tmp_path):
+def test_the_config_as_written_refused_when_missing_or_damaged_and_the_parent_record(tmp_path):
     with pytest.raises(UserError, match=f"has no {RUN_CONFIG_FILE}"):
         read_config(tmp_path)
     (tmp_path / RUN_CONFIG_FILE).write_text(yaml.safe_dump({"data": {"source": "files"}, "train": {"init_from": "gone"}}))
@@ -19,9 +19,7 @@ def test_the_config_is_read_as_written_and_refused_when_missing_or_damaged(tmp_p
     (tmp_path / RUN_CONFIG_FILE).write_text("data: [not, closed")
     with pytest.raises(UserError, match="is damaged .*restore the config"):
         read_config(tmp_path)
-
-
-def test_the_parent_record_names_the_parent_and_its_model(tmp_path):
+    # The parent record names the parent and its model.
     (tmp_path / "parent").mkdir()
     write_parent_record(tmp_path, tmp_path / "parent", {"n_layer": 2})
     record = json.loads((tmp_path / PARENT_FILE).read_text())
@@ -29,7 +27,7 @@ def test_the_parent_record_names_the_parent_and_its_model(tmp_path):
     assert "started" in record
 
 
-def test_run_record_prefers_the_final_validation(tmp_path):
+def test_run_record_prefers_the_final_validation_and_survives_a_run_that_recorded_nothing(tmp_path):
     (tmp_path / RUN_CONFIG_FILE).write_text(yaml.safe_dump({"data": {"source": "shakespeare", "vocab_size": 320}}))
     log = MetricsLog(tmp_path / METRICS_FILE)
     log.append({"kind": "train", "step": 10, "loss": 3.0, "tokens": 2560})
@@ -41,6 +39,12 @@ def test_run_record_prefers_the_final_validation(tmp_path):
     assert record.data == {"source": "shakespeare", "vocab_size": 320}
     assert (record.val_bpb, record.val_scope) == (2.9, "full validation set at step 10")
     assert (record.steps, record.tokens_per_step) == (10, 256)
+    nothing = tmp_path / "nothing"  # a run that recorded nothing, its config damaged
+    nothing.mkdir()
+    (nothing / RUN_CONFIG_FILE).write_text("data: [not, a, section")
+    assert RunRecord.read(nothing) == RunRecord(data={}, val_bpb=None, val_scope=None, steps=None, tokens_per_step=None)
+    (nothing / RUN_CONFIG_FILE).write_text(json.dumps({"data": "a string"}))
+    assert RunRecord.read(nothing).data == {}
 
 
 def test_run_record_describes_the_weights_the_run_kept(tmp_path):
@@ -52,10 +56,3 @@ def test_run_record_describes_the_weights_the_run_kept(tmp_path):
     log.append({"kind": "final_eval", "step": 40, "weights_step": 20, "val_loss": 1.6, "val_bpb": 0.8})
     record = RunRecord.read(tmp_path)
     assert (record.val_bpb, record.val_scope, record.steps) == (0.8, "full validation set at step 20", 40)
-
-
-def test_run_record_of_a_run_that_recorded_nothing(tmp_path):
-    (tmp_path / RUN_CONFIG_FILE).write_text("data: [not, a, section")  # damaged YAML
-    assert RunRecord.read(tmp_path) == RunRecord(data={}, val_bpb=None, val_scope=None, steps=None, tokens_per_step=None)
-    (tmp_path / RUN_CONFIG_FILE).write_text(json.dumps({"data": "a string"}))
-    assert RunRecord.read(tmp_path).data == {}

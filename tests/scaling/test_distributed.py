@@ -29,14 +29,6 @@ def test_split_batch_keeps_the_global_batch(batch, accum, world, expected):
     assert split.batch_size * split.micro_steps * world == batch * accum
 
 
-def test_split_batch_refuses_when_neither_divides_and_names_what_would_work():
-    with pytest.raises(UserError) as info:
-        split_batch(9, 5, 2)
-    message = str(info.value)
-    assert "\n" not in message and "9 x 5 sequences" in message and "2 processes" in message
-    assert "launch 3, 5, 9 processes" in message and "multiple of 2" in message
-
-
 # A single process: everything is a no-op
 
 
@@ -62,18 +54,21 @@ def test_single_process_context_without_torchrun(monkeypatch):
         with sync_gradients(model, enabled=False):
             model(torch.ones(1, 3)).sum().backward()
     assert torch.equal(model.bias.grad, torch.full((2,), 2.0))
-
-
-def test_torchrun_with_one_process_needs_no_process_group(monkeypatch):
+    # torchrun with one process needs no process group.
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("LOCAL_RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "1")
     ctx = init_distributed("cpu")
     assert not ctx.enabled and ctx.is_main
     assert not torch.distributed.is_initialized()
-
-
-def test_torchrun_refuses_a_device_that_pins_one_gpu(monkeypatch):
+    # A rank's state, at the same and at a different world size.
+    ctx = DistContext(rank=1, world_size=2, is_main=False, enabled=True)
+    assert select_rank_state(["s0", "s1"], 2, ctx) == ("s1", None)
+    assert select_rank_state(None, None, ctx) == (None, None)
+    state, message = select_rank_state(["s0", "s1", "s2", "s3"], 4, ctx)
+    assert state is None
+    assert "saved with 4 process(es) on 2" in message and "resume with 4" in message
+    # torchrun refuses a device that pins one GPU.
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("LOCAL_RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
@@ -81,15 +76,12 @@ def test_torchrun_refuses_a_device_that_pins_one_gpu(monkeypatch):
         init_distributed("cuda:1")
     with pytest.raises(UserError, match="not supported with torchrun"):
         init_distributed("mps")
-
-
-def test_select_rank_state_same_and_different_world_size():
-    ctx = DistContext(rank=1, world_size=2, is_main=False, enabled=True)
-    assert select_rank_state(["s0", "s1"], 2, ctx) == ("s1", None)
-    assert select_rank_state(None, None, ctx) == (None, None)
-    state, message = select_rank_state(["s0", "s1", "s2", "s3"], 4, ctx)
-    assert state is None
-    assert "saved with 4 process(es) on 2" in message and "resume with 4" in message
+    # split_batch refuses when neither divides, naming what would work.
+    with pytest.raises(UserError) as info:
+        split_batch(9, 5, 2)
+    message = str(info.value)
+    assert "\n" not in message and "9 x 5 sequences" in message and "2 processes" in message
+    assert "launch 3, 5, 9 processes" in message and "multiple of 2" in message
 
 
 # Two real processes (gloo)

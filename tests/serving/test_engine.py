@@ -110,9 +110,7 @@ def test_a_long_prompt_is_prefilled_in_chunks_between_other_rows_decode_steps(ch
     while not chunked.done.is_set():
         engine.step()
     assert chunked.finish.token_ids == alone.finish.token_ids
-
-
-def test_a_new_request_joins_while_others_are_still_decoding(chat_run):
+    # A new request joins while others are still decoding.
     engine = Engine(chat_run.model, chat_run.token_bytes, max_batch=2)
     short, long = Collector(), Collector()
     engine.submit([5], api_settings(3, temperature=0.0), short)
@@ -126,7 +124,7 @@ def test_a_new_request_joins_while_others_are_still_decoding(chat_run):
     assert engine.active == 2 and engine.waiting == 0
 
 
-def test_cancel_frees_the_row_at_the_next_iteration(chat_run):
+def test_cancel_frees_the_row_at_the_next_iteration_and_a_full_queue_refuses_at_once(chat_run):
     engine = Engine(chat_run.model, chat_run.token_bytes, max_batch=1)
     first, second = Collector(), Collector()
     ticket = engine.submit([5, 6], api_settings(100, temperature=0.0), first)
@@ -137,6 +135,12 @@ def test_cancel_frees_the_row_at_the_next_iteration(chat_run):
     engine.step()
     assert first.finish.reason == "cancelled" and len(first.finish.token_ids) == 3
     assert second.events  # admitted into the freed row in the same iteration
+    # A full queue refuses at once.
+    engine = Engine(chat_run.model, chat_run.token_bytes, max_batch=1, max_queue=2)
+    for _ in range(3):  # one for the free row (not admitted yet: the loop has not run), two waiting
+        engine.submit([5], api_settings(1), Collector())
+    with pytest.raises(EngineBusy):
+        engine.submit([5], api_settings(1), Collector())
 
 
 class Refusing(Collector):
@@ -185,14 +189,6 @@ def test_a_callback_error_on_the_servers_loop_ends_only_its_request(chat_run, ca
     assert other.finish.reason == after.finish.reason == "length"
     assert other.finish.token_ids == after.finish.token_ids
     assert "an engine event callback raised" in caplog.text
-
-
-def test_a_full_queue_refuses_at_once(chat_run):
-    engine = Engine(chat_run.model, chat_run.token_bytes, max_batch=1, max_queue=2)
-    for _ in range(3):  # one for the free row (not admitted yet: the loop has not run), two waiting
-        engine.submit([5], api_settings(1), Collector())
-    with pytest.raises(EngineBusy):
-        engine.submit([5], api_settings(1), Collector())
 
 
 def test_end_tokens_and_stop_strings_end_a_request_with_reason_stop(chat_run):

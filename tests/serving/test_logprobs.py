@@ -69,18 +69,14 @@ def check_offsets(run, text: str, ids: list[int], offsets: list[int], end_ids=()
         first_byte += len(shown[i])
 
 
-def test_a_character_counts_at_the_token_that_completes_it():
-    """The rule on known bytes: "—" over two tokens, and an unfinished character's U+FFFD at the token that began it."""
+def test_a_character_counts_at_the_token_that_completes_it_a_lone_lead_byte_at_its_own():
+    """The rule on known bytes: "—" over two tokens; an unfinished character's U+FFFD at the token beginning it."""
     tokens = [b"a", b"\xe2\x80", b"\x94", b"\xce", b"<|endoftext|>"]
     text = "a\u2014\ufffd"
     offsets = text_offsets(tokens, len(text), ends=[False, False, False, False, True])
     assert offsets == [0, 1, 1, 2, 3]
     assert [text[a:b] for a, b in zip(offsets, offsets[1:] + [len(text)])] == ["a", "", "\u2014", "\ufffd", ""]
     assert text_offsets([b"<|endoftext|>"], 0) == [0]  # an empty prompt's text is empty
-
-
-def test_a_lone_lead_byte_is_added_by_its_own_token_not_the_next():
-    """The decoder shows a lone lead byte's U+FFFD when the next token arrives; the lone byte's token adds it."""
     tokens = [b"ROMEO: But", b"\xe2", b"\xe2", b"\xe2", b" so", b"ft"]
     text = b"".join(tokens).decode("utf-8", "replace")
     offsets = text_offsets(tokens, len(text))
@@ -138,9 +134,7 @@ def test_echo_gives_the_prompt_tokens_first_with_null_for_the_first(client, chat
     assert logprobs.token_logprobs[-1] == pytest.approx(expected[-1].max().item(), abs=TOLERANCE)
     assert choice.text.startswith(text) and logprobs.text_offset[0] == 0
     assert reply.usage.prompt_tokens == len(ids)
-
-
-def test_echo_without_logprobs_returns_the_prompt_before_the_text(client):
+    # Echo without logprobs returns the prompt before the text.
     plain = client.completions.create(model=MODEL, prompt="KING:", max_tokens=6, temperature=0)
     echoed = client.completions.create(model=MODEL, prompt="KING:", max_tokens=6, temperature=0, echo=True)
     assert echoed.choices[0].text == "KING:" + plain.choices[0].text
@@ -166,7 +160,7 @@ def test_chat_logprobs_in_openais_chat_shape(client, chat_run):
         check_top(chat_run, row, {t.token: t.logprob for t in entry.top_logprobs}, 2)
 
 
-def test_streamed_logprobs_join_to_the_whole_bodys(client):
+def test_streamed_logprobs_join_to_the_whole_bodys(client, chat_run):
     kwargs = dict(model=MODEL, prompt="Café 😀", max_tokens=15, temperature=1.0, seed=9, logprobs=2)
     whole = client.completions.create(**kwargs).choices[0].logprobs
     chunks = [c.choices[0].logprobs for c in client.completions.create(stream=True, **kwargs)]
@@ -179,6 +173,15 @@ def test_streamed_logprobs_join_to_the_whole_bodys(client):
     streamed = [e for c in client.chat.completions.create(stream=True, **chat)
                 if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
     assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in whole_chat]
+    # Offsets past a stop string stay inside the text.
+    plain = dict(model=MODEL, prompt="ROMEO:", max_tokens=12, temperature=1.0, seed=4, logprobs=1)
+    full = client.completions.create(**plain).choices[0].text
+    stop = full[3:5]
+    if not stop or stop in full[:3] + full[3:4]:
+        pytest.skip("this seed's text has no clean stop string at characters 3-4")
+    choice = client.completions.create(stop=stop, **plain).choices[0]
+    assert choice.text == full[:3] and choice.finish_reason == "stop"
+    assert all(len("ROMEO:") <= o <= len("ROMEO:") + len(choice.text) for o in choice.logprobs.text_offset)
 
 
 @pytest.mark.parametrize("prompt", ["Καλημέρα κόσμε", "東京は晴れ", "Crème brûlée à la café", "emoji 😀 here", "x",
@@ -202,14 +205,3 @@ def test_echoed_offsets_index_the_text_for_characters_split_over_tokens(client, 
     check_offsets(chat_run, choice.text[len(prompt):], generated, [o - len(prompt) for o in offsets[len(prompt_ids):]],
                   end_ids=(chat_run.eot_id,))
     assert all(a <= b <= len(choice.text) for a, b in zip(offsets, offsets[1:]))
-
-
-def test_offsets_past_a_stop_string_stay_inside_the_text(client, chat_run):
-    plain = dict(model=MODEL, prompt="ROMEO:", max_tokens=12, temperature=1.0, seed=4, logprobs=1)
-    full = client.completions.create(**plain).choices[0].text
-    stop = full[3:5]
-    if not stop or stop in full[:3] + full[3:4]:
-        pytest.skip("this seed's text has no clean stop string at characters 3-4")
-    choice = client.completions.create(stop=stop, **plain).choices[0]
-    assert choice.text == full[:3] and choice.finish_reason == "stop"
-    assert all(len("ROMEO:") <= o <= len("ROMEO:") + len(choice.text) for o in choice.logprobs.text_offset)

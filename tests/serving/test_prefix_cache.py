@@ -79,7 +79,7 @@ def conversations(run, clients: int = 3) -> list[list[tuple[list[int], object]]]
     return turns
 
 
-def test_pages_are_found_from_position_0_and_the_last_token_is_never_covered():
+def test_pages_from_position_0_and_the_least_recently_used_go_first_within_the_bound():
     cache = PrefixCache(page=4, max_bytes=10**6)
     tokens = list(range(20))
     cache.store(tokens[:4], {"k": torch.zeros(1, 1, 4, 2)})
@@ -88,9 +88,7 @@ def test_pages_are_found_from_position_0_and_the_last_token_is_never_covered():
     assert len(cache.lookup(tokens[:8])) == 1  # the 8th token must be computed for its logits
     assert len(cache.lookup([99] + tokens[1:])) == 0  # the same page after another first token
     assert torch.equal(cache.lookup(tokens[:9])[1]["k"], torch.ones(1, 1, 4, 2))
-
-
-def test_memory_is_bounded_and_the_least_recently_used_page_goes_first_before_the_pages_it_begins():
+    # Memory is bounded, and the least recently used page goes first, before the pages it begins.
     page_bytes = page_cost(4, 4 * 2 * 4)  # one fp32 entry of (1 layer, 1 head, 4 positions, 2 dims)
     cache = PrefixCache(page=4, max_bytes=3 * page_bytes)
     a, b = list(range(100, 112)), list(range(200, 212))

@@ -55,7 +55,7 @@ def test_whole_bodies_have_each_endpoints_shape():
     assert body["usage"] == USAGE and reply.headers == {"X-Dropped-Messages": "0"}
 
 
-def test_a_completion_streams_its_echo_then_text_then_the_end():
+def test_a_completion_and_a_chat_stream_as_openai_defines():
     reply = completion(echo="ab")
     chunks, ticket = stream(reply, EVENTS, include_usage=True)
     assert {c["object"] for c in chunks} == {"text_completion"} and {c["id"] for c in chunks} == {reply.id}
@@ -63,9 +63,13 @@ def test_a_completion_streams_its_echo_then_text_then_the_end():
     assert [c["choices"][0]["finish_reason"] for c in chunks[:-1]] == [None, None, None, "stop"]
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == USAGE
     assert reply.completion_tokens == 2 and ticket.cancelled
-
-
-def test_a_chat_streams_a_role_then_content_deltas_then_an_empty_delta():
+    # A generation that ends early streams an error and stops.
+    failed = Finish(reason="error", prompt_tokens=3, token_ids=(104,), text="h")
+    chunks, ticket = stream(completion(), [Event("h", 104), Event("", None, failed)], include_usage=True)
+    assert chunks[-1] == {"error": {"message": "generation ended early (error)", "type": "server_error",
+                                    "param": None, "code": None}}
+    assert len(chunks) == 2 and ticket.cancelled
+    # A chat streams a role, then content deltas, then an empty delta.
     reply = chat()
     chunks, ticket = stream(reply, EVENTS)
     assert {c["object"] for c in chunks} == {"chat.completion.chunk"}
@@ -73,14 +77,6 @@ def test_a_chat_streams_a_role_then_content_deltas_then_an_empty_delta():
                                                           {"content": "i"}, {}]
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop" and "usage" not in chunks[-1]
     assert ticket.cancelled
-
-
-def test_a_generation_that_ends_early_streams_an_error_and_stops():
-    failed = Finish(reason="error", prompt_tokens=3, token_ids=(104,), text="h")
-    chunks, ticket = stream(completion(), [Event("h", 104), Event("", None, failed)], include_usage=True)
-    assert chunks[-1] == {"error": {"message": "generation ended early (error)", "type": "server_error",
-                                    "param": None, "code": None}}
-    assert len(chunks) == 2 and ticket.cancelled
 
 
 def _tool_reply(forced_text: str = ""):
@@ -124,7 +120,7 @@ def test_text_before_a_call_streams_and_the_call_follows_as_deltas_once_it_parse
     assert message["tool_calls"][0]["function"] == {"name": "calculator", "arguments": '{"expression":"2+3"}'}
 
 
-def test_a_malformed_call_is_streamed_and_answered_as_the_text_it_is():
+def test_a_malformed_call_is_answered_as_text_and_a_forced_one_read_with_its_tokens():
     reply, tokenizer, special = _tool_reply()
     events = _events(tokenizer, special, ["Hm. ", None, 'calculator{"expression":'])
     chunks, _ = stream(reply, events)
@@ -132,9 +128,7 @@ def test_a_malformed_call_is_streamed_and_answered_as_the_text_it_is():
     assert text == 'Hm. <|call|>calculator{"expression":' and chunks[-1]["choices"][0]["finish_reason"] == "stop"
     body = _tool_reply()[0].body(events[-1].finish)
     assert body["choices"][0]["message"] == {"role": "assistant", "content": text}
-
-
-def test_a_forced_call_is_read_with_the_tokens_the_server_wrote():
+    # A forced call is read with the tokens the server wrote.
     reply, tokenizer, special = _tool_reply(forced_text="calculator")
     events = _events(tokenizer, special, ['{"expression":"2+3"}'])
     chunks, _ = stream(reply, events)

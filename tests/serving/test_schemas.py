@@ -19,15 +19,6 @@ def refusal(schema, **fields) -> RequestError:
     return info.value
 
 
-def test_a_batch_of_one_becomes_its_prompt_and_max_tokens_is_resolved():
-    assert parse(CompletionRequest, model="m", prompt=["hi"]).prompt == "hi"
-    assert parse(CompletionRequest, model="m", prompt=[[1, 2]]).prompt == [1, 2]
-    assert parse(CompletionRequest, model="m", prompt="a").max_new_tokens == 50  # the default, capped
-    chat = parse(ChatCompletionRequest, model="m", messages=[{"role": "user", "content": "x"}], max_tokens=9,
-                 max_completion_tokens=7)
-    assert chat.max_new_tokens == 7  # OpenAI's newer name wins
-
-
 TOOL = {"type": "function", "function": {"name": "calculator", "parameters": {"type": "object"}}}
 CALL = {"id": "call_1", "type": "function", "function": {"name": "calculator", "arguments": '{"expression":"1+1"}'}}
 ASK = {"role": "user", "content": "What is 1+1?"}
@@ -95,18 +86,23 @@ def chat(**fields) -> ChatCompletionRequest:
     return parse(ChatCompletionRequest, model="m", **{"messages": [ASK], **fields})
 
 
-def test_tool_choice_takes_openais_defaults_and_values():
+def test_requests_are_normalised_as_openai_defines_them():
     assert chat().choice == "none" and not chat().may_call
     assert chat(tools=[TOOL]).choice == "auto" and chat(tools=[TOOL]).may_call
     assert chat(tools=[TOOL], tool_choice="none").may_call is False
     assert chat(tools=[TOOL], tool_choice="required").choice == "required"
     named = chat(tools=[TOOL], tool_choice={"type": "function", "function": {"name": "calculator"}})
     assert named.choice == "calculator" and named.tool_names == ("calculator",)
-
-
-def test_a_conversation_with_a_call_and_its_result_is_taken_as_the_client_sends_it_back():
+    # A call and its result are taken as the openai client sends them back (its empty fields too).
     # The assistant message as the openai client sends back the one it received (its empty fields too).
     echoed = {**CALLED, "refusal": None, "annotations": None, "audio": None, "function_call": None}
     request = chat(messages=[ASK, echoed, ANSWERED], tools=[TOOL])
     assert request.messages[1].tool_calls[0].function.arguments == '{"expression":"1+1"}'
     assert request.messages[2].tool_call_id == "call_1"
+    # A batch of one becomes its prompt, and max_tokens is resolved.
+    assert parse(CompletionRequest, model="m", prompt=["hi"]).prompt == "hi"
+    assert parse(CompletionRequest, model="m", prompt=[[1, 2]]).prompt == [1, 2]
+    assert parse(CompletionRequest, model="m", prompt="a").max_new_tokens == 50  # the default, capped
+    newer = parse(ChatCompletionRequest, model="m", messages=[{"role": "user", "content": "x"}], max_tokens=9,
+                 max_completion_tokens=7)
+    assert newer.max_new_tokens == 7  # OpenAI's newer name wins

@@ -33,12 +33,18 @@ def reference(run, prompt_ids, **settings):
     return generate_completions(run, prompt_ids, GenerationSettings(**settings), batch_invariant=True).completions[0]
 
 
-def test_start_up_names_the_api_and_the_chat_page_and_health_answers(chat_server, client):
+def test_start_up_names_the_api_health_answers_and_a_plain_run_refuses_chat(chat_server, client, plain_run_dir):
     assert f"at {chat_server.base}/v1 " in chat_server.output()
     assert f"chat page: {chat_server.base}/\n" in chat_server.output()
     assert [m.id for m in client.models.list().data] == [MODEL]
     health = httpx.get(f"{chat_server.base}/health").json()
     assert health["status"] == "ok" and health["max_batch"] == 4
+    # A run without chat tokens refuses chat but completes.
+    with running_server(plain_run_dir) as served:
+        client = openai.OpenAI(base_url=f"{served.base}/v1", api_key="x", max_retries=0)
+        with pytest.raises(openai.BadRequestError, match="no chat tokens.*pretrain a new run"):
+            client.chat.completions.create(model="tiny-plain", messages=[{"role": "user", "content": "hi"}])
+        assert client.completions.create(model="tiny-plain", prompt="hi", max_tokens=3).usage.completion_tokens >= 1
 
 
 @pytest.mark.parametrize("header", ["bytes=0-10", "bytes=-5", "bytes=999999-", "bytes=5-2", "bytes=abc",
@@ -77,15 +83,12 @@ def test_streamed_completion_joins_to_the_whole_text(client, chat_run):
         assert whole.text == expected.text
 
 
-def test_stop_string_ends_the_text_before_it(client):
+def test_stop_string_ends_the_text_before_it_and_a_seed_repeats(client):
     kwargs = dict(model=MODEL, prompt="JULIET:", max_tokens=30, temperature=0.0)
     full = client.completions.create(**kwargs).choices[0].text
     stop = full[10:13]
     reply = client.completions.create(stop=[stop], **kwargs).choices[0]
     assert reply.finish_reason == "stop" and reply.text == full[: full.index(stop)]
-
-
-def test_seed_repeats_and_differs(client):
     kwargs = dict(model=MODEL, prompt="The quick", max_tokens=20, temperature=1.2)
     a, b = (client.completions.create(seed=5, **kwargs).choices[0].text for _ in range(2))
     c = client.completions.create(seed=6, **kwargs).choices[0].text
@@ -152,13 +155,6 @@ def test_bad_requests_get_an_openai_error_and_the_server_keeps_serving(server, c
     assert fragment in error["message"] and "\n" not in error["message"] and error["type"]
     assert "None" not in error["message"]
     assert client.completions.create(model=MODEL, prompt="ok", max_tokens=2).choices[0].text is not None
-
-
-def test_a_lone_surrogate_in_a_prompt_is_a_400_naming_it(server):
-    response = httpx.post(f"{server}/v1/completions", content=b'{"model": "tiny-chat", "prompt": "\\ud800 x"}',
-                          headers={"Content-Type": "application/json"}, timeout=30)
-    assert response.status_code == 400
-    assert response.json()["error"]["param"] == "prompt" and "lone surrogate" in response.json()["error"]["message"]
 
 
 @pytest.mark.parametrize("method, path, status, fragment", [
@@ -266,21 +262,18 @@ def test_each_request_gets_one_access_log_line(chat_server, client):
     assert re.search(r"GET /v1/nope 404 in=- out=- \d+\.\d+s$", chat_server.output(), re.MULTILINE)
 
 
-def test_the_openai_client_raises_its_own_errors(client):
+def test_the_openai_client_raises_its_own_errors_and_a_lone_surrogate_is_named(client, server):
     with pytest.raises(openai.BadRequestError, match="temperature"):
         client.completions.create(model=MODEL, prompt="x", temperature=-1)
     with pytest.raises(openai.NotFoundError, match="does not exist"):
         client.completions.create(model="nope", prompt="x")
     with pytest.raises(openai.BadRequestError, match="context"):
         client.completions.create(model=MODEL, prompt="x" * 1_000_000)
-
-
-def test_a_run_without_chat_tokens_refuses_chat_but_completes(plain_run_dir):
-    with running_server(plain_run_dir) as served:
-        client = openai.OpenAI(base_url=f"{served.base}/v1", api_key="x", max_retries=0)
-        with pytest.raises(openai.BadRequestError, match="no chat tokens.*pretrain a new run"):
-            client.chat.completions.create(model="tiny-plain", messages=[{"role": "user", "content": "hi"}])
-        assert client.completions.create(model="tiny-plain", prompt="hi", max_tokens=3).usage.completion_tokens >= 1
+    # A lone surrogate in a prompt is a 400 naming it.
+    response = httpx.post(f"{server}/v1/completions", content=b'{"model": "tiny-chat", "prompt": "\\ud800 x"}',
+                          headers={"Content-Type": "application/json"}, timeout=30)
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "prompt" and "lone surrogate" in response.json()["error"]["message"]
 
 
 def test_overload_answers_503_with_retry_after_at_once(server):

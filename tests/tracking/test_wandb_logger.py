@@ -67,15 +67,12 @@ def test_the_mode_follows_the_config_the_environment_and_the_credentials(tmp_pat
     assert got == expected and (note is None if notes is None else all(n in note for n in notes)), note
 
 
-def test_netrc_location_follows_NETRC_and_the_server_host(tmp_path):
+def test_netrc_location_follows_NETRC_and_the_server_host_and_an_unknown_mode_is_refused(tmp_path):
     custom = write_netrc(tmp_path / "creds", "wandb.example.com")
     env = {"HOME": str(tmp_path), "NETRC": str(custom)}
     assert not has_credentials(env)
     assert has_credentials({**env, "WANDB_BASE_URL": "https://wandb.example.com:8443"})
     assert not has_credentials({"HOME": str(tmp_path), "WANDB_API_KEY": "  "})
-
-
-def test_unknown_mode_is_a_user_error():
     with pytest.raises(UserError, match="logging.wandb.mode must be one of"):
         resolve_mode("sometimes", {})
 

@@ -9,13 +9,15 @@ import textwrap
 import pytest
 import torch
 
+import common.files
 import run_testkit
 import training.tasks.dpo.preference_set as preference_set
-from refusal_testkit import one_error_line
 from data.chat import ChatTokenIds, Message, encode_plain, render_chat
-from training.tasks.dpo.pairs import pair_from_row
 from inference.engine import Finish
+from refusal_testkit import one_error_line
 from rundir.loading import load_run
+from signal_testkit import start_paused, stop
+from training.tasks.dpo.pairs import pair_from_row
 from training.tasks.dpo.preference_set import SetSettings, continuation_is_good, main, pair_replies, sample_replies
 
 END, EOT = 5, 0
@@ -183,8 +185,6 @@ def _built(monkeypatch, pairs=None):  # the set built instantly (one pair unless
 @pytest.mark.parametrize("error", [errno.ENOSPC, errno.EROFS, errno.EIO], ids=["full", "read-only", "io-error"])
 def test_a_disk_failure_while_writing_is_one_line_and_keeps_the_old_set(silent_run, tmp_path, capsys, monkeypatch,
                                                                          error):
-    import common.files
-
     _built(monkeypatch)
     out = tmp_path / "pairs.jsonl"
     out.write_text("the old set\n")
@@ -211,8 +211,6 @@ def test_a_full_disk_is_one_line_and_leaves_nothing(silent_run, mount_tmpfs, cap
                                           pytest.param(signal.SIGTERM, 143, marks=pytest.mark.e2e)],
                          ids=["ctrl-c", "sigterm"])
 def test_a_signal_during_the_replies_exits_with_its_code_and_writes_nothing(silent_run, tmp_path, signum, code):
-    from signal_testkit import start_paused, stop
-
     marker, out = tmp_path / "marker", tmp_path / "pairs.jsonl"
     script = textwrap.dedent(f"""
         import pathlib, sys, time
@@ -232,12 +230,10 @@ def test_a_signal_during_the_replies_exits_with_its_code_and_writes_nothing(sile
 
 def test_each_round_of_replies_shows_a_progress_bar(run, capsys):
     prompts = [[Message("user", "But soft, what light?")], [Message("user", "Who is there?")]]
-    from training.tasks.dpo.preference_set import build_preference_set
-
-    build_preference_set(run, prompts, SetSettings(max_new_tokens=6, samples=2), progress=True)
+    preference_set.build_preference_set(run, prompts, SetSettings(max_new_tokens=6, samples=2), progress=True)
     err = capsys.readouterr().err
     assert "greedy replies: 100%" in err and "2/2" in err
-    build_preference_set(run, prompts, SetSettings(max_new_tokens=6, samples=2), progress=False)
+    preference_set.build_preference_set(run, prompts, SetSettings(max_new_tokens=6, samples=2), progress=False)
     assert capsys.readouterr().err == ""
 
 

@@ -10,6 +10,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 import yaml
+from matplotlib.figure import Figure
+from matplotlib.image import imread
 from tokenizers import trainers
 
 from data.tokenizer import EOT, new_tokenizer, train_tokenizer
@@ -36,8 +38,6 @@ def _run(base_raw: dict, tmp_path: Path, capsys, eval_interval: int = 10, **trai
 
 def _drawn(tmp_path, monkeypatch, records: list[dict], kind: str = "text"):
     """The figure write_loss_curve draws for ``records`` as a ``kind`` run."""
-    from matplotlib.figure import Figure
-
     log = MetricsLog(tmp_path / "metrics.jsonl")
     for record in records:
         log.append(record)
@@ -99,9 +99,6 @@ def test_no_clock_evaluation_falls_in_the_last_half_interval_of_the_clock():
 
 
 def test_loss_curve_draws_train_and_validation_against_step_and_time(tmp_path, monkeypatch):
-    pytest.importorskip("matplotlib")
-    from matplotlib.image import imread
-
     records = [{"kind": "train", "step": step, "loss": 5.0 / step, "elapsed_s": step * 0.5} for step in range(1, 21)]
     records += [{"kind": "eval", "step": 10, "val_loss": 1.0, "elapsed_s": 5.2},
                 {"kind": "final_eval", "step": 20, "val_loss": 0.5}]  # an older record: no time
@@ -182,7 +179,6 @@ def test_a_run_starved_of_cpu_time_says_so_once():
 
 
 def test_loss_curve_is_in_bits_per_byte_with_nats_per_token_beside(tmp_path, monkeypatch):
-    pytest.importorskip("matplotlib")
     records = [{"kind": "train", "step": step, "loss": 4.0 / step, "elapsed_s": step} for step in (1, 2)]
     # 2 nats/token at 3 bytes/token is 2 / (3 ln 2) bits/byte.
     records.append({"kind": "final_eval", "step": 2, "val_loss": 2.0, "val_bpb": 0.9618, "elapsed_s": 2.5})
@@ -233,7 +229,6 @@ def test_chat_tuning_and_the_llama_exports_are_suggested_only_where_they_fit(mak
 
 
 def test_loss_curve_draws_the_final_full_validation_as_its_own_point_at_the_kept_step(tmp_path, monkeypatch):
-    pytest.importorskip("matplotlib")
     records = [{"kind": "train", "step": step, "loss": 3.0 / step, "elapsed_s": step} for step in range(1, 31)]
     subset = {10: 2.0, 20: 1.5, 30: 1.8}  # the run overfits after step 20, which it keeps
     records += [{"kind": "eval", "step": step, "val_loss": loss, "val_bpb": loss / 2, "elapsed_s": step + 0.5}
@@ -253,7 +248,6 @@ def test_loss_curve_draws_the_final_full_validation_as_its_own_point_at_the_kept
 
 
 def test_a_dpo_run_draws_its_loss_accuracies_and_margins(tmp_path, monkeypatch):
-    pytest.importorskip("matplotlib")
     records = [{"kind": "train", "step": s, "loss": 0.7 / s, "rewards/accuracies": 1 - 1 / s, "rewards/margins": s / 2,
                 "elapsed_s": s} for s in range(1, 11)]
     records += [{"kind": "eval", "step": s, "val_loss": 0.5 / s, "val_bpb": 2.0, "val_rewards/accuracies": 0.8,
@@ -272,7 +266,6 @@ def test_a_dpo_run_draws_its_loss_accuracies_and_margins(tmp_path, monkeypatch):
 
 
 def test_an_rl_run_draws_reward_and_pass_at_k_on_axes_of_their_own(tmp_path, monkeypatch):
-    pytest.importorskip("matplotlib")
     records = [{"kind": "train", "step": s, "loss": 0.01, "reward": 0.2 * s, "kl": 0.001 * s} for s in range(1, 9)]
     records += [{"kind": "eval", "step": s, "val_loss": 1 - p, "val_pass@1": p, "val_pass@8": min(1, 3 * p)}
                 for s, p in ((4, 0.2), (8, 0.1))]

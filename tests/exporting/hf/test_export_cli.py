@@ -1,5 +1,6 @@
 """python export.py: what it writes, and the refusals that need a real export."""
 
+import ast
 import pytest
 
 from export_testkit import BLOCK_SIZE, FINAL_BPB, ROOT, assert_one_line_error, read_json, run_export_cli
@@ -33,8 +34,6 @@ def test_folder_holds_what_transformers_and_the_hub_need(make_export):
 
 
 def test_shipped_code_imports_nothing_from_this_repository():
-    import ast
-
     for path in (ROOT / "exporting" / "hf" / "shipped").glob("*ing_minigpt.py"):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Import):

@@ -17,12 +17,18 @@ def mla_export(request, make_export, hf_models):
     return run_dir, folder, hf_models(folder)
 
 
-def test_config_json_declares_the_latent_attention(mla_export):
+def test_config_json_and_model_card_declare_the_latent_attention(mla_export):
     run_dir, folder, _ = mla_export
     config = read_json(folder / "config.json")
     ours = load_pretrained(run_dir).config
     assert (config["attention"], config["kv_latent_dim"], config["q_latent_dim"]) == (
         "mla", ours.kv_latent_dim, ours.q_latent_dim)
+    # The model card names it too.
+    run_dir, folder, _ = mla_export
+    card = (folder / "README.md").read_text(encoding="utf-8")
+    latent = load_pretrained(run_dir).config.kv_latent_dim
+    assert "multi-head latent attention" in card and "grouped-query" not in card
+    assert f"| attention heads / key-value heads | 4 / 4, from a latent of {latent} |" in card
 
 
 def test_cached_logits_match_ours_and_the_cache_holds_latents_only(mla_export):
@@ -40,11 +46,3 @@ def test_cached_logits_match_ours_and_the_cache_holds_latents_only(mla_export):
     layer = cache.layers[0]
     width = ours.config.kv_latent_dim + ours.config.rope_dim  # the rotary key beside the latent
     assert layer.keys.shape == (1, 1, 12, width) and layer.values.numel() == 0
-
-
-def test_model_card_names_the_latent_attention(mla_export):
-    run_dir, folder, _ = mla_export
-    card = (folder / "README.md").read_text(encoding="utf-8")
-    latent = load_pretrained(run_dir).config.kv_latent_dim
-    assert "multi-head latent attention" in card and "grouped-query" not in card
-    assert f"| attention heads / key-value heads | 4 / 4, from a latent of {latent} |" in card

@@ -1,5 +1,6 @@
 """The exported folder, loaded by transformers, computes, tokenizes and templates what ours does."""
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -88,7 +89,7 @@ def test_greedy_generate_gives_generate_py_tokens(make_export, hf_models, kind, 
     assert len(set(expected)) > 3  # a degenerate model repeating one token would prove little
 
 
-def test_generate_past_the_learned_positions_is_a_clear_error(make_export, hf_models):
+def test_generate_past_the_learned_positions_is_a_clear_error_and_the_config_names_its_options(make_export, hf_models):
     _, folder = make_export()
     model = hf_models(folder)
     prompt = _random_ids(torch.Generator().manual_seed(4), 30)
@@ -96,6 +97,15 @@ def test_generate_past_the_learned_positions_is_a_clear_error(make_export, hf_mo
         model.generate(prompt, max_new_tokens=5, do_sample=False, eos_token_id=None)
     with pytest.raises(ValueError, match="keep the prompt plus max_new_tokens within"):
         model(_random_ids(torch.Generator().manual_seed(5), BLOCK_SIZE + 1))
+    # config.json names only the options that are on.
+    from export_testkit import read_json
+
+    plain = read_json(make_export()[1] / "config.json")
+    with_options = read_json(make_export(options=True)[1] / "config.json")
+    assert not {"value_embeddings", "positions", "rotary_base"} & plain.keys()
+    rope = read_json(make_export(positions="rope")[1] / "config.json")
+    assert (rope["positions"], rope["rotary_base"]) == ("rope", 10000.0)
+    assert with_options["value_embeddings"] is True
 
 
 @pytest.mark.parametrize("positions", ["rope", "none"])
@@ -113,7 +123,7 @@ def test_without_learned_positions_a_sequence_may_run_past_the_trained_context(m
     assert ("rotary positions (RoPE, base 10000)" in card) == (positions == "rope")
 
 
-def test_weights_are_tied_on_load_and_unchanged_by_a_save(make_export, tmp_path):
+def test_weights_are_tied_on_load_unchanged_by_a_save_and_an_untied_head_stored(make_export, tmp_path, hf_models):
     from safetensors.torch import load_file
 
     _, folder = make_export()
@@ -135,9 +145,7 @@ def test_weights_are_tied_on_load_and_unchanged_by_a_save(make_export, tmp_path)
     ids = torch.arange(10)[None]
     with torch.no_grad():
         assert torch.equal(again(ids).logits, model(ids).logits)
-
-
-def test_untied_head_is_stored_and_loaded(make_export, hf_models):
+    # An untied head is stored and loaded.
     run_dir, folder = make_export(2, tie=False)
     model = hf_models(folder)
     assert model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr()
@@ -152,7 +160,7 @@ TEXTS = [
 ]
 
 
-def test_tokenizer_encodes_and_decodes_like_ours(make_export, chat_tokenizer):
+def test_tokenizer_encodes_and_decodes_like_ours_and_feeds_generate(make_export, chat_tokenizer, hf_models):
     from data.tokenizer import load_tokenizer
 
     _, folder = make_export()
@@ -166,6 +174,11 @@ def test_tokenizer_encodes_and_decodes_like_ours(make_export, chat_tokenizer):
         for skip in (False, True):
             assert theirs.decode(ids, skip_special_tokens=skip) == ours.decode(ids, skip_special_tokens=skip)
     assert theirs("<|end|>")["input_ids"] == [ours.token_to_id("<|end|>")]
+    _, folder = make_export()
+    inputs = transformers.AutoTokenizer.from_pretrained(folder)("ROMEO:", return_tensors="pt")
+    assert set(inputs.keys()) == {"input_ids", "attention_mask"}
+    out = hf_models(folder).generate(**inputs, max_new_tokens=4, do_sample=False, eos_token_id=None)
+    assert out.shape == (1, inputs["input_ids"].shape[1] + 4)
 
 
 CALL = {"id": "call_1", "type": "function", "function": {"name": "calculator", "arguments": '{"expression":"347*812"}'}}
@@ -209,8 +222,6 @@ def test_chat_template_renders_like_ours(make_export, chat_tokenizer, kind):
 def test_the_model_cards_recipe_keeps_typed_control_tokens_as_text(make_export, chat_tokenizer):
     """apply_chat_template turns typed control tokens into real ones (the card warns); the card's
     encode_chat gives our renderer's ids, which keeps them text."""
-    import re
-
     from data.tokenizer import load_tokenizer
     from data.chat import render_chat, to_messages
 
@@ -264,15 +275,6 @@ def test_pipeline_generates_text_from_a_folder_alone(make_export, tmp_path):
     assert "max_length" not in done.stderr and "max_new_tokens" not in done.stderr, done.stderr
 
 
-def test_tokenizer_output_goes_straight_into_generate(make_export, hf_models):
-    """The tokenizer returns only what the model takes (transformers 4.x refuses token_type_ids)."""
-    _, folder = make_export()
-    inputs = transformers.AutoTokenizer.from_pretrained(folder)("ROMEO:", return_tensors="pt")
-    assert set(inputs.keys()) == {"input_ids", "attention_mask"}
-    out = hf_models(folder).generate(**inputs, max_new_tokens=4, do_sample=False, eos_token_id=None)
-    assert out.shape == (1, inputs["input_ids"].shape[1] + 4)
-
-
 def test_chat_generation_never_samples_a_role_token(make_export, hf_models):
     """<|end|> and <|endoftext|> end a reply and role tokens are never sampled, over many seeds (the
     untrained model does sample them without the export's generation config)."""
@@ -316,14 +318,3 @@ def test_attention_mask_hides_padding_and_leaves_no_query_empty():
     assert not mask[0, 0, :, :2].any()  # real queries of row 0 never read its padding
     expected_causal = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
     assert torch.equal(mask[1, 0], expected_causal)  # bottom-right aligned on top of 2 cached positions
-
-
-def test_config_json_names_only_the_options_that_are_on(make_export):
-    from export_testkit import read_json
-
-    plain = read_json(make_export()[1] / "config.json")
-    with_options = read_json(make_export(options=True)[1] / "config.json")
-    assert not {"value_embeddings", "positions", "rotary_base"} & plain.keys()
-    rope = read_json(make_export(positions="rope")[1] / "config.json")
-    assert (rope["positions"], rope["rotary_base"]) == ("rope", 10000.0)
-    assert with_options["value_embeddings"] is True

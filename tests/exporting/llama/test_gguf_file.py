@@ -54,6 +54,15 @@ def test_tokenizer_is_the_runs_byte_level_bpe(gguf_file):
     assert metadata["tokenizer.ggml.eot_token_id"] == end
     assert metadata["tokenizer.ggml.add_bos_token"] is False
     assert metadata["tokenizer.chat_template"] == CHAT_TEMPLATE
+    # A model vocabulary larger than the tokenizer's is filled with unused tokens.
+    import run_testkit
+    from exporting.gguf.writer import gguf_vocab
+
+    tokenizer = run_testkit.chat_tokenizer()
+    size = tokenizer.get_vocab_size()
+    vocab = gguf_vocab(tokenizer, size + 3)
+    assert vocab.tokens[size:] == [f"[PAD{size + i}]" for i in range(3)] and vocab.types[size:] == [5, 5, 5]
+    assert vocab.tokens[:size] == gguf_vocab(tokenizer, size).tokens
 
 
 def test_a_base_run_carries_no_chat_template(tmp_path):
@@ -120,14 +129,3 @@ def test_without_reordering_the_rotary_pairs_the_logits_differ(gguf_file):
     with torch.no_grad():
         ours = load_pretrained(run_dir)(ids)[0].numpy()
     assert np.abs(llama_cpp_reference_logits(metadata, tensors, ids[0].tolist()) - ours).max() > 0.1
-
-
-def test_a_model_vocabulary_larger_than_the_tokenizers_is_filled_with_unused_tokens():
-    import run_testkit
-    from exporting.gguf.writer import gguf_vocab
-
-    tokenizer = run_testkit.chat_tokenizer()
-    size = tokenizer.get_vocab_size()
-    vocab = gguf_vocab(tokenizer, size + 3)
-    assert vocab.tokens[size:] == [f"[PAD{size + i}]" for i in range(3)] and vocab.types[size:] == [5, 5, 5]
-    assert vocab.tokens[:size] == gguf_vocab(tokenizer, size).tokens

@@ -75,17 +75,6 @@ def test_ragged_rows_left_padded_under_the_attention_mask(dynamic_export):
         np.testing.assert_allclose(step_logits[r, 0], alone[0, -1], atol=TOLERANCE, rtol=0)
 
 
-def test_static_graph_has_fixed_shapes(static_export):
-    inputs = {i.name: i.shape for i in static_export.session.get_inputs()}
-    model = static_export.model
-    heads, head_dim = model.config.n_kv_head, model.config.head_dim
-    assert inputs["input_ids"] == inputs["position_ids"] == [1, 1]
-    assert inputs["attention_mask"] == [1, BLOCK_SIZE]
-    assert inputs["past_key_values.1.value"] == [1, heads, BLOCK_SIZE, head_dim]
-    assert static_export.config["onnx"] == {"shapes": "static", "batch_size": 1,
-                                            "cache": {"key": [heads, head_dim], "value": [heads, head_dim]}}
-
-
 def test_static_cache_one_token_a_call_reads_only_written_slots(static_export):
     """Each call's logits equal the model's at that position. The cache starts as noise, not
     zeros: slots the mask leaves out must never be read."""
@@ -100,3 +89,12 @@ def test_static_cache_one_token_a_call_reads_only_written_slots(static_export):
         mask[0, position] = 1
         logits, cache = static_export.run(ids[:, position:position + 1], mask, [[position]], cache)
         np.testing.assert_allclose(logits[0, 0], reference[0, position], atol=TOLERANCE, rtol=0)
+    # The static graph has fixed shapes.
+    inputs = {i.name: i.shape for i in static_export.session.get_inputs()}
+    model = static_export.model
+    heads, head_dim = model.config.n_kv_head, model.config.head_dim
+    assert inputs["input_ids"] == inputs["position_ids"] == [1, 1]
+    assert inputs["attention_mask"] == [1, BLOCK_SIZE]
+    assert inputs["past_key_values.1.value"] == [1, heads, BLOCK_SIZE, head_dim]
+    assert static_export.config["onnx"] == {"shapes": "static", "batch_size": 1,
+                                            "cache": {"key": [heads, head_dim], "value": [heads, head_dim]}}
