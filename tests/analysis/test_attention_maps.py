@@ -53,6 +53,13 @@ def test_rows_sum_to_one_the_future_is_zero_and_no_row_or_later_token_moves_them
     for b, a, p in zip(batch, alone, prefix):
         torch.testing.assert_close(b[:1], a, atol=1e-6, rtol=0)
         torch.testing.assert_close(a[..., :9, :9], p, atol=1e-6, rtol=0)
+    # Dropout is left out, and the model stays in its mode.
+    from analysis.roles import attention_maps
+
+    model.train()
+    first = attention_maps(model, ids())
+    assert model.training
+    torch.testing.assert_close(first[0], attention_maps(model, ids())[0])
 
 
 def test_weights_times_values_reproduce_each_layer_output(model):
@@ -70,15 +77,6 @@ def test_weights_times_values_reproduce_each_layer_output(model):
             torch.testing.assert_close(block.attn.proj(mixed), block.attn(h, None, None, rotation),
                                        atol=1e-5, rtol=1e-5)
             x = block(x, rotation=rotation)
-
-
-def test_attention_weights_leave_dropout_out_and_the_model_in_its_mode(model):
-    from analysis.roles import attention_maps
-
-    model.train()
-    first = attention_maps(model, ids())
-    assert model.training
-    torch.testing.assert_close(first[0], attention_maps(model, ids())[0])
 
 
 def test_without_positions_attention_cannot_tell_order_and_with_them_it_can(model):

@@ -98,7 +98,7 @@ def test_periods_and_without_one_induction_is_not_measured_nor_logged():
     assert induction_periods(128, 7) == () and induction_periods(15, 1000) == ()
 
 
-def test_probe_ids_are_the_distinct_held_out_ids_less_the_ones_skipped():
+def test_probe_ids_and_the_repeat_loss_of_a_copier():
     tokens = np.array([0, 7, 3, 7, 0, 9, 3], dtype=np.uint16)
     assert probe_ids(tokens, skip=[0], min_count=1).tolist() == [3, 7, 9]
     assert probe_ids(tokens, skip=[0], min_count=2).tolist() == [3, 7]  # 9 was seen once
@@ -108,6 +108,11 @@ def test_probe_ids_are_the_distinct_held_out_ids_less_the_ones_skipped():
     assert [period for period, _ in probe] == [8, 16]
     again = repeat_probe(torch.arange(10, 30), 64, batch=3, seed=5)
     assert all(torch.equal(a, b) for (_, a), (_, b) in zip(probe, again))
+    # The repeat loss is uniform on the first copy and near zero on the second.
+    loss = repeat_loss(Copier(), repeat_probe(TRAINED, BLOCK, batch=2), torch.device("cpu"))
+    assert loss.first == pytest.approx(math.log(VOCAB), rel=1e-5)
+    # The copied token holds e^20 of the mass against 1 for each of the other 1023 ids.
+    assert loss.second == pytest.approx(math.log1p((VOCAB - 1) * math.exp(-20.0)), abs=1e-6)  # fp32 log-softmax
 
 
 class Copier(nn.Module):
@@ -127,10 +132,3 @@ class Copier(nn.Module):
                     logits[b, i, int(idx[b, seen[token] + 1])] = 20.0
                 seen[token] = i
         return logits
-
-
-def test_repeat_loss_is_uniform_on_the_first_copy_and_near_zero_on_the_second():
-    loss = repeat_loss(Copier(), repeat_probe(TRAINED, BLOCK, batch=2), torch.device("cpu"))
-    assert loss.first == pytest.approx(math.log(VOCAB), rel=1e-5)
-    # The copied token holds e^20 of the mass against 1 for each of the other 1023 ids.
-    assert loss.second == pytest.approx(math.log1p((VOCAB - 1) * math.exp(-20.0)), abs=1e-6)  # fp32 log-softmax

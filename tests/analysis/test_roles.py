@@ -27,6 +27,14 @@ def test_previous_token_sink_and_entropy_scores_of_hand_built_heads():
     assert torch.equal(sink_score(stacked)[0, 1], torch.tensor(1.0))
     assert previous_token_score(previous_token_head(T)).item() == 1.0
     assert previous_token_score(sink_head(T)).item() == pytest.approx(1 / (T - 1))  # only query 1's key 0
+    # Repeated random tokens repeat distinct ids from the pool.
+    g = torch.Generator().manual_seed(0)
+    pool = torch.tensor([3, 9, 11, 40, 41, 42, 57, 60])
+    ids = repeated_random_tokens(200, 7, pool, g)
+    assert ids.shape == (200, 14)
+    assert torch.equal(ids[:, :7], ids[:, 7:])
+    assert all(len(set(row[:7].tolist())) == 7 for row in ids)  # no id twice within a sequence
+    assert set(ids.unique().tolist()) == set(pool.tolist())  # every id of the pool is drawn, no other
 
 
 def induction_head(period: int, offset: int) -> torch.Tensor:
@@ -52,16 +60,6 @@ def test_induction_head_scores_one_and_previous_token_head_does_not(offset):
         same[offset + period + j] = 0.0
         same[offset + period + j, offset + j] = 1.0
     assert induction_score(same, period, offset).item() == 0.0
-
-
-def test_repeated_random_tokens_repeat_distinct_ids_from_the_pool():
-    g = torch.Generator().manual_seed(0)
-    pool = torch.tensor([3, 9, 11, 40, 41, 42, 57, 60])
-    ids = repeated_random_tokens(200, 7, pool, g)
-    assert ids.shape == (200, 14)
-    assert torch.equal(ids[:, :7], ids[:, 7:])
-    assert all(len(set(row[:7].tolist())) == 7 for row in ids)  # no id twice within a sequence
-    assert set(ids.unique().tolist()) == set(pool.tolist())  # every id of the pool is drawn, no other
 
 
 def copy_head(offset: int, period: int, length: int) -> torch.Tensor:

@@ -49,7 +49,8 @@ THROUGHPUT_REFUSALS = [
     ("induction_lab", ["--out", "somewhere"], ("error: nothing to do: give --seeds", "--heldout")),
     ("attention_variants", ["--minutes", "nan"], "error: argument --minutes: must be a finite number > 0"),
     *[("attention_variants", [*args, "--out", "runs"], message) for args, message in POSITIONS_REFUSALS],
-    *[("train_throughput", [*mode, *args], message) for mode in ([], ["--ddp"]) for args, message in THROUGHPUT_REFUSALS],
+    *[("train_throughput", [*mode, *args], message)
+      for mode in ([], ["--ddp"]) for args, message in THROUGHPUT_REFUSALS],
     ("train_throughput", ["--precision", "fp16"], "error: argument --precision: invalid choice: 'fp16'"),
     # These parsed their own flags, outside common.cli.run_command: the loader's refusal was a traceback.
     *[(module, [flag, "gone"], "error: run directory gone does not exist; ") for module, flag in [
@@ -61,7 +62,8 @@ THROUGHPUT_REFUSALS = [
     ("chat_eval", [], "error: the following arguments are required: --runs"),
     ("speculative", ["--new-tokens", "0"], "argument --new-tokens: must be a whole number >= 1, got '0'"),
     ("speculative", ["--k", "-2"], "argument --k: must be a whole number >= 1"),
-    ("speculative", [], "no run at runs/tiny: train one (python train.py --config configs/tiny.yaml) or pass --run DIR"),
+    ("speculative", [],
+     "no run at runs/tiny: train one (python train.py --config configs/tiny.yaml) or pass --run DIR"),
     ("quality_per_minute", [], "nothing to screen: give --candidate NAME KEY=VALUE"),
     ("quality_per_minute", ["--candidate", "rope"], "--candidate rope: give its overrides as SECTION.KEY=VALUE"),
     ("quality_per_minute", ["--candidate", "rope", "model.positions"],

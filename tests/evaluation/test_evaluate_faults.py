@@ -38,13 +38,6 @@ def tmpdir_env(tmp_path, monkeypatch) -> Path:
     return folder
 
 
-def test_eval_that_is_a_file_is_one_line(capsys, random_run, tmpdir_env):
-    (random_run / "eval").write_text("my notes")
-    _refused(capsys, random_run, str(random_run / "eval"), "is a file")
-    assert (random_run / "eval").read_text() == "my notes"
-    assert _scratch(tmpdir_env) == []
-
-
 def test_a_read_only_run_or_a_full_tmpdir_is_one_line(capsys, random_run, mount_tmpfs, tmpdir_env, monkeypatch):
     disk = mount_tmpfs(16 << 20)
     run = Path(shutil.copytree(random_run, disk / "run"))
@@ -59,10 +52,15 @@ def test_a_read_only_run_or_a_full_tmpdir_is_one_line(capsys, random_run, mount_
     assert not (random_run / "eval").exists()
 
 
-def test_disk_that_fills_while_writing_the_tasks_keeps_the_earlier_results(capsys, random_run, tmpdir_env,
-                                                                        monkeypatch):
+def test_eval_as_a_file_or_a_disk_that_fills_is_one_line_and_keeps_what_was_there(capsys, random_run, tmpdir_env,
+                                                                                   monkeypatch):
     import evaluation.tasks
 
+    (random_run / "eval").write_text("my notes")
+    _refused(capsys, random_run, str(random_run / "eval"), "is a file")
+    assert (random_run / "eval").read_text() == "my notes"
+    assert _scratch(tmpdir_env) == []
+    (random_run / "eval").unlink()
     (random_run / "eval").mkdir()
     (random_run / "eval" / "results.json").write_text('{"earlier": true}')
     written = []

@@ -9,7 +9,8 @@ from inference.compiled_step import choose_compile
 
 @pytest.mark.parametrize("flag, device, serving, use_cache, triton, compiles", [
     (None, "cpu", False, True, True, False), (None, "cuda", False, True, True, False),  # one generation or chat
-    (None, "cuda", True, True, True, True), (None, "cpu", True, True, True, False), (None, "mps", True, True, True, False),
+    (None, "cuda", True, True, True, True), (None, "cpu", True, True, True, False),
+    (None, "mps", True, True, True, False),
     (None, "cuda", True, False, True, False),  # the default never compiles without the cache
     (None, "cuda", True, True, False, False),  # nor without Triton
     (True, "cuda", False, True, True, True), (True, "cuda", True, True, True, True),

@@ -170,7 +170,8 @@ def test_compile_without_a_cxx_compiler_is_refused_before_loading(capsys, monkey
 
         code = serve_main(["--run", str(missing), "--port", "0", "--device", "cpu", "--compile"])
     line = one_error_line(code, *capsys.readouterr(), "error: torch.compile needs a C++ compiler on the CPU")
-    assert line.endswith(f"CPU: {str(tmp_path / cxx)!r} ($CXX) was not found; drop --compile" if cxx else "; drop --compile")
+    ending = f"CPU: {str(tmp_path / cxx)!r} ($CXX) was not found; drop --compile" if cxx else "; drop --compile"
+    assert line.endswith(ending)
 
 
 # Latent attention, with rotary positions (the rotary key beside a latent of 24) too, and grouped-query

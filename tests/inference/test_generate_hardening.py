@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
-def test_tiny_temperatures_sample_the_argmax_and_ties_share_the_draw():
+def test_tiny_temperatures_sample_the_argmax_and_ties_share_the_draw(capsys, run_dir):
     logits = torch.tensor([[1.0, 5.0, 2.0, -3.0], [7.0, 7.0, 0.0, float("-inf")]])
     for temperature in (1e-39, 1e-30, 1e-45):
         g = torch.Generator().manual_seed(0)
@@ -25,9 +25,7 @@ def test_tiny_temperatures_sample_the_argmax_and_ties_share_the_draw():
     seen = {sample_next_token(logits[1:], temperature=1e-39, generator=torch.Generator().manual_seed(s)).item()
             for s in range(32)}
     assert seen == {0, 1}
-
-
-def test_cli_near_zero_temperature_equals_greedy(capsys, run_dir):
+    # generate.py at a near-zero temperature prints the greedy text.
     outputs = []
     for temperature in ("0", "1e-39"):
         code = main(["--run", str(run_dir), "--prompt", "JULIET:", "--temperature", temperature,
@@ -83,9 +81,7 @@ def test_a_reader_that_leaves_ends_the_command_quietly_and_a_closed_stdout_is_on
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr
     assert proc.stderr.strip() == "error: standard output is closed; redirect it to a file or a pipe"
-
-
-def test_a_reader_that_leaves_the_chat_ends_it_quietly(run_dir):
+    # A reader that leaves the chat ends it quietly.
     pipe = _reader_gone()
     try:
         done = _generate_into(pipe, "--run", str(run_dir), "--chat", "--max-new-tokens", "5",

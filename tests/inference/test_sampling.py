@@ -62,7 +62,8 @@ def test_temperature_zero_is_argmax_and_the_repetition_penalty():
     assert torch.equal(sample_next_token(logits, temperature=0.0, top_k=3, generator=g), logits.argmax(-1))
     assert torch.equal(g.get_state(), before)
     # Greedy applies the repetition penalty first: 3 / 2 = 1.5 < 2.
-    penalised = sample_next_token(torch.tensor([[3.0, 2.0, -1.0]]), repetition_penalty=2.0, prev_tokens=torch.tensor([[0]]))
+    penalised = sample_next_token(torch.tensor([[3.0, 2.0, -1.0]]), repetition_penalty=2.0,
+                                  prev_tokens=torch.tensor([[0]]))
     assert penalised.item() == 1
     # The repetition penalty divides positive logits and multiplies negative ones.
     logits = torch.tensor([[2.0, -2.0, 1.0, -1.0, 0.5]])

@@ -36,7 +36,7 @@ def assert_close(got: torch.Tensor, want: torch.Tensor) -> None:
 
 
 @pytest.mark.parametrize("kv_latent_dim,q_latent_dim,options", CASES, ids=CASE_IDS)
-def test_cached_decode_equals_full_recomputation(kv_latent_dim, q_latent_dim, options):
+def test_cached_decode_and_chunked_prefill_equal_full_recomputation(kv_latent_dim, q_latent_dim, options):
     model = mla_model(kv_latent_dim, q_latent_dim, **options)
     assert model.config.num_params() == model.num_params()  # the count from the config is the model's
     idx = torch.randint(0, 97, (3, 30), generator=torch.Generator().manual_seed(1))
@@ -44,7 +44,10 @@ def test_cached_decode_equals_full_recomputation(kv_latent_dim, q_latent_dim, op
         full = model(idx)
         cache = model.init_cache(3)
         steps = [model(idx[:, :1], cache=cache)] + [model(idx[:, t:t + 1], cache=cache) for t in range(1, 30)]
+        cache = model.init_cache(3)
+        chunks = [model(idx[:, a:b], cache=cache) for a, b in ((0, 7), (7, 8), (8, 20), (20, 30))]
     assert_close(torch.cat(steps, dim=1), full)
+    assert_close(torch.cat(chunks, dim=1), full)
 
 
 @pytest.mark.parametrize("kv_latent_dim,q_latent_dim,options", CASES, ids=CASE_IDS)
@@ -64,18 +67,6 @@ def test_greedy_tokens_with_and_without_the_cache_are_identical(kv_latent_dim, q
         cached, recomputed = [[row[:inside] for row in rows] for rows in (cached, recomputed)]
     assert cached == recomputed
     assert len(set(cached[0])) > 3  # not one repeated token: the test could fail
-
-
-@pytest.mark.parametrize("options", [{}, MLA_OPTIONS, ROPE, ROPE | MLA_OPTIONS, NOPE],
-                         ids=["plain", "options", "rope", "rope-options", "none"])
-def test_chunked_prefill_equals_one_pass(options):
-    model = mla_model(48, 8, **options)
-    idx = torch.randint(0, 97, (2, 33), generator=torch.Generator().manual_seed(3))
-    with torch.no_grad():
-        full = model(idx)
-        cache = model.init_cache(2)
-        chunks = [model(idx[:, a:b], cache=cache) for a, b in ((0, 7), (7, 8), (8, 20), (20, 33))]
-    assert_close(torch.cat(chunks, dim=1), full)
 
 
 @pytest.mark.parametrize("options", [{}, ROPE], ids=["learned", "rope"])

@@ -48,31 +48,25 @@ def test_causal_mask_aligns_bottom_right():
 
 @pytest.mark.parametrize("n_kv_head", [1, 2, N_HEAD])
 @pytest.mark.parametrize("gqa_kernel", [True, False], ids=["enable_gqa", "repeat_fallback"])
-def test_full_sequence_matches_reference(n_kv_head, gqa_kernel, monkeypatch):
+def test_a_full_sequence_and_cached_chunks_and_single_tokens_match_reference(n_kv_head, gqa_kernel, monkeypatch):
+    # Chunks on a filled cache take the bottom-right mask; one-token steps fold the query heads.
     monkeypatch.setattr(gqa, "SDPA_HAS_GQA", gqa_kernel)
     layer = make_layer(n_kv_head)
     x = torch.randn(3, 23, 42)
+    cache = KVCache(1, 3, 40, layer.cache_entries())
     with torch.inference_mode():
-        got = layer(x)
         want = reference_layer(layer, x, causal_mask(23, 23))
-    assert (got - want).abs().max().item() <= 1e-5
-
-
-@pytest.mark.parametrize("n_kv_head", [1, 2, N_HEAD])
-def test_cached_chunks_and_single_tokens_match_reference(n_kv_head):
-    """Chunk on a filled cache (bottom-right mask) and one-token steps (folded query heads)."""
-    layer = make_layer(n_kv_head, seed=1)
-    x = torch.randn(2, 17, 42)
-    cache = KVCache(1, 2, 40, layer.cache_entries())
-    with torch.inference_mode():
-        want = reference_layer(layer, x, causal_mask(17, 17))
+        assert (layer(x) - want).abs().max().item() <= 1e-5
         pieces = []
-        for start, end in [(0, 6), (6, 11), (11, 12), (12, 13), (13, 17)]:
+        for start, end in [(0, 6), (6, 11), (11, 12), (12, 13), (13, 23)]:
             cache.begin(end - start)
             pieces.append(layer(x[:, start:end], cache))
             cache.end()
-        got = torch.cat(pieces, dim=1)
-    assert (got - want).abs().max().item() <= 1e-5
+        _, k, v = layer.split_heads(x)
+    assert (torch.cat(pieces, dim=1) - want).abs().max().item() <= 1e-5
+    # The cache holds the key/value heads alone: (layers, batch, n_kv_head, max_len, head_dim).
+    assert cache.buffers["k"].shape == (1, 3, n_kv_head, 40, 7)
+    assert torch.equal(cache.buffers["k"][0, :, :, :23], k) and torch.equal(cache.buffers["v"][0, :, :, :23], v)
 
 
 def test_mha_case_equals_torch_multihead_attention():
@@ -87,15 +81,3 @@ def test_mha_case_equals_torch_multihead_attention():
         want, _ = mha(x, x, x, attn_mask=~causal_mask(19, 19), need_weights=False)  # True = blocked
         got = layer(x)
     assert (got - want).abs().max().item() <= 1e-5
-
-
-def test_cache_stores_kv_heads_only():
-    layer = make_layer(2)
-    cache = KVCache(1, 1, 40, layer.cache_entries())
-    with torch.inference_mode():
-        x = torch.randn(1, 5, 42)
-        _, k, v = layer.split_heads(x)
-        cache.begin(5)
-        layer(x, cache)
-    assert cache.buffers["k"].shape == (1, 1, 2, 40, 7)
-    assert torch.equal(cache.buffers["k"][0, :, :, :5], k) and torch.equal(cache.buffers["v"][0, :, :, :5], v)

@@ -25,25 +25,16 @@ def generate(model, idx: torch.Tensor, max_new_tokens: int, *, seed: int = 0, us
     return torch.cat([idx, torch.tensor([f.token_ids for f in finishes])], dim=1)
 
 
-def test_greedy_equals_a_plain_argmax_loop(make_model):  # independent of the engine
-    model = make_model(seed=1, block_size=80)
+@pytest.mark.parametrize("overrides", [dict(n_kv_head=1), dict(n_kv_head=2), dict(n_kv_head=6),
+                                       dict(n_kv_head=2, **ALL_OPTIONS)], ids=["kv1", "kv2", "kv6", "options"])
+def test_greedy_with_the_cache_equals_a_plain_argmax_loop(make_model, overrides):  # independent of the engine
+    model = make_model(seed=1, block_size=80, **overrides)
     seq = prompt(2, 6)
     out = generate(model, seq, 70)
     with torch.inference_mode():
         for _ in range(70):
             seq = torch.cat([seq, model(seq)[:, -1].argmax(-1, keepdim=True)], dim=1)
-    assert torch.equal(out, seq)
-
-
-@pytest.mark.parametrize("overrides", [dict(n_kv_head=1), dict(n_kv_head=2), dict(n_kv_head=6),
-                                       dict(n_kv_head=2, **ALL_OPTIONS)], ids=["kv1", "kv2", "kv6", "options"])
-def test_greedy_cached_equals_uncached(make_model, overrides):
-    model = make_model(seed=2, block_size=80, **overrides)
-    idx = prompt(1, 7, seed=3)
-    cached = generate(model, idx, 64, use_cache=True)
-    assert torch.equal(cached, generate(model, idx, 64, use_cache=False))
-    assert torch.equal(cached[:, :7], idx)
-    assert len(set(cached[0, 7:].tolist())) > 5  # a real continuation, not one repeated id
+    assert torch.equal(out, seq) and len(set(out[0, 6:].tolist())) > 5  # a real continuation, not one id
 
 
 @pytest.mark.parametrize("keep_fraction", [0.5, 0.25, 1.0])

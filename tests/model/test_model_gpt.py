@@ -56,7 +56,7 @@ def test_the_entry_point_takes_positions_and_any_cache_with_update(make_model, a
 
 
 @pytest.mark.parametrize("n_kv_head", [1, 2, 6])
-def test_changing_a_token_never_changes_earlier_logits(make_model, n_kv_head):
+def test_changing_a_token_never_changes_earlier_logits_and_the_flops_are_a_measured_count(make_model, n_kv_head):
     model = make_model(seed=2, n_kv_head=n_kv_head)
     idx = torch.randint(0, 97, (1, 30), generator=torch.Generator().manual_seed(3))
     with torch.inference_mode():
@@ -68,6 +68,14 @@ def test_changing_a_token_never_changes_earlier_logits(make_model, n_kv_head):
             if t > 0:
                 assert (out[:, :t] - base[:, :t]).abs().max().item() <= 1e-6
             assert (out[:, t] - base[:, t]).abs().max().item() > 1e-3  # the change does matter
+    # The math SDPA backend spells attention out as matmuls (full scores, K/V repeated per query
+    # head), which is exactly what the formula assumes.
+    model.train()
+    batch, seq_len = 2, 24
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        model(idx[:, :seq_len].expand(batch, -1), idx[:, :seq_len].expand(batch, -1))[1].backward()
+    assert model.flops_per_token(seq_len) == counter.get_total_flops() / (batch * seq_len)
+    assert model.flops_per_token() == model.flops_per_token(model.config.block_size)
 
 
 def test_hand_counted_parameters():
@@ -79,20 +87,6 @@ def test_hand_counted_parameters():
     assert (untied.num_params(), untied.num_params(include_embeddings=False)) == (
         embeddings + 2 * block + 12 + head, 2 * block + 12 + head)
     assert untied.lm_head.weight is not untied.tok_emb.weight
-
-
-@pytest.mark.parametrize("n_kv_head", [1, 2, 6])
-def test_flops_per_token_matches_a_measured_count(make_model, n_kv_head):
-    # The math SDPA backend spells attention out as matmuls (full scores, K/V repeated per query
-    # head), which is exactly what the formula assumes.
-    model = make_model(n_kv_head=n_kv_head).train()
-    batch, seq_len = 2, 24
-    idx = torch.randint(0, 97, (batch, seq_len))
-    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
-        _, loss = model(idx, idx)
-        loss.backward()
-    assert model.flops_per_token(seq_len) == counter.get_total_flops() / (batch * seq_len)
-    assert model.flops_per_token() == model.flops_per_token(model.config.block_size)
 
 
 def test_gpt2_initialisation():

@@ -29,14 +29,6 @@ def test_split_batch_keeps_the_global_batch(batch, accum, world, expected):
     assert split.batch_size * split.micro_steps * world == batch * accum
 
 
-def test_split_batch_refuses_when_neither_divides_and_names_what_would_work():
-    with pytest.raises(UserError) as info:
-        split_batch(9, 5, 2)
-    message = str(info.value)
-    assert "\n" not in message and "9 x 5 sequences" in message and "2 processes" in message
-    assert "launch 3, 5, 9 processes" in message and "multiple of 2" in message
-
-
 # A single process: everything is a no-op
 
 
@@ -84,6 +76,12 @@ def test_single_process_context_without_torchrun(monkeypatch):
         init_distributed("cuda:1")
     with pytest.raises(UserError, match="not supported with torchrun"):
         init_distributed("mps")
+    # split_batch refuses when neither divides, naming what would work.
+    with pytest.raises(UserError) as info:
+        split_batch(9, 5, 2)
+    message = str(info.value)
+    assert "\n" not in message and "9 x 5 sequences" in message and "2 processes" in message
+    assert "launch 3, 5, 9 processes" in message and "multiple of 2" in message
 
 
 # Two real processes (gloo)

@@ -110,9 +110,7 @@ def test_a_long_prompt_is_prefilled_in_chunks_between_other_rows_decode_steps(ch
     while not chunked.done.is_set():
         engine.step()
     assert chunked.finish.token_ids == alone.finish.token_ids
-
-
-def test_a_new_request_joins_while_others_are_still_decoding(chat_run):
+    # A new request joins while others are still decoding.
     engine = Engine(chat_run.model, chat_run.token_bytes, max_batch=2)
     short, long = Collector(), Collector()
     engine.submit([5], api_settings(3, temperature=0.0), short)

@@ -70,7 +70,7 @@ def check_offsets(run, text: str, ids: list[int], offsets: list[int], end_ids=()
 
 
 def test_a_character_counts_at_the_token_that_completes_it_a_lone_lead_byte_at_its_own():
-    """The rule on known bytes: "—" over two tokens, and an unfinished character's U+FFFD at the token that began it."""
+    """The rule on known bytes: "—" over two tokens; an unfinished character's U+FFFD at the token beginning it."""
     tokens = [b"a", b"\xe2\x80", b"\x94", b"\xce", b"<|endoftext|>"]
     text = "a\u2014\ufffd"
     offsets = text_offsets(tokens, len(text), ends=[False, False, False, False, True])

@@ -34,18 +34,10 @@ def test_orthogonalize_is_the_quintic_iteration_written_out(shape):
     for _ in range(5):
         gram = x @ x.mT
         x = a * x + (b * gram + c * gram @ gram) @ x
-    expected = x if shape[-2] <= shape[-1] else x.mT
+    expected = x if shape[-2] <= shape[-1] else x.mT  # each matrix of a stack on its own
     torch.testing.assert_close(orthogonalize(g), expected, atol=1e-5, rtol=1e-5)
-
-
-def test_orthogonalize_is_scale_invariant_and_batched_like_one_at_a_time():
-    gen = torch.Generator().manual_seed(1)
-    stack = torch.randn(3, 24, 8, generator=gen)
-    batched = orthogonalize(stack)
-    for i in range(3):
-        torch.testing.assert_close(batched[i], orthogonalize(stack[i]), atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(orthogonalize(1000.0 * stack), batched, atol=1e-5, rtol=1e-5)
-    assert batched.dtype == torch.float32  # fp32 on the CPU, unlike torch.optim.Muon's bf16
+    torch.testing.assert_close(orthogonalize(1000.0 * g), expected, atol=1e-5, rtol=1e-5)  # and at any scale
+    assert orthogonalize(g).dtype == torch.float32  # fp32 on the CPU, unlike torch.optim.Muon's bf16
 
 
 @pytest.mark.skipif(not hasattr(torch.optim, "Muon"), reason="torch.optim.Muon needs torch >= 2.9")

@@ -43,7 +43,8 @@ def make_export(tmp_path_factory, chat_tokenizer):
 def hf_models():
     """transformers models loaded from an export folder, cached by folder."""
     transformers = pytest.importorskip("transformers")
-    return cache(lambda folder: transformers.AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).eval())
+    return cache(lambda folder: transformers.AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
+                 .eval())
 
 
 @pytest.fixture

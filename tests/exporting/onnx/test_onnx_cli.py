@@ -32,7 +32,7 @@ def test_folder_holds_the_graph_the_tokenizer_and_the_readme(dynamic_export):
         assert ast.literal_eval(assigned.value)[0] == folder
 
 
-def test_failed_export_leaves_nothing_that_looks_complete(onnx_run, tmp_path, monkeypatch):
+def test_a_failed_export_leaves_nothing_and_a_killed_ones_leftover_is_removed(onnx_run, tmp_path, monkeypatch):
     import exporting.onnx.writer as writer
 
     def half_written(model, path, **options):
@@ -43,9 +43,17 @@ def test_failed_export_leaves_nothing_that_looks_complete(onnx_run, tmp_path, mo
     with pytest.raises(RuntimeError, match="interrupted"):
         writer.export_onnx(onnx_run, tmp_path / "out")
     assert list(tmp_path.iterdir()) == []  # neither the folder nor its hidden staging sibling
+    # A SIGKILL's leftover is removed by the next export (both formats clean up through exporting.folder).
+    monkeypatch.setattr(writer, "export_graph", lambda model, path, **options: path.write_bytes(b"a graph"))
+    gone = 2**22 + 12345  # above Linux's largest pid: no process has it
+    leftover = tmp_path / f".tiny.{gone}-{'d' * 12}.tmp"
+    leftover.mkdir()
+    writer.export_onnx(onnx_run, tmp_path / "other")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other"]
 
 
-def test_the_static_form_replaces_an_earlier_export_and_takes_a_window_too_short_to_trace(capsys, onnx_run, dynamic_export, tmp_path):
+def test_the_static_form_replaces_an_earlier_export_and_takes_a_window_too_short_to_trace(capsys, onnx_run,
+                                                                                         dynamic_export, tmp_path):
     out = Path(shutil.copytree(dynamic_export.folder, tmp_path / "export"))
     assert main(["--run", str(onnx_run), "--out", str(out), "--format", "onnx", "--static-shapes", "--overwrite"]) == 0
     printed = capsys.readouterr().out
@@ -61,15 +69,3 @@ def test_the_static_form_replaces_an_earlier_export_and_takes_a_window_too_short
                    *capsys.readouterr(), "model.block_size", "--static-shapes")
     assert main(["--run", str(run), "--out", str(tmp_path / "static"), "--format", "onnx", "--static-shapes"]) == 0
     assert (tmp_path / "static" / "model.onnx").is_file()
-
-
-def test_a_sigkill_leftover_is_removed_by_the_next_onnx_export(onnx_run, tmp_path, monkeypatch):
-    """Both formats clean up through exporting.folder; the graph itself is not needed for that."""
-    import exporting.onnx.writer as writer
-
-    monkeypatch.setattr(writer, "export_graph", lambda model, path, **options: path.write_bytes(b"a graph"))
-    gone = 2**22 + 12345  # above Linux's largest pid: no process has it
-    leftover = tmp_path / f".tiny.{gone}-{'d' * 12}.tmp"
-    leftover.mkdir()
-    writer.export_onnx(onnx_run, tmp_path / "other")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["other"]
