@@ -1,8 +1,6 @@
 """The ``attention.py`` command line, a subcommand per mode (``COMMANDS``). Flags are checked and the
 runs loaded before anything is written, so a failed command leaves no file behind."""
 
-from __future__ import annotations
-
 import argparse
 import codecs
 import json

@@ -1,8 +1,6 @@
 """A run's attention over its training, as each evaluation logged it (``roles.attention_summary``),
 and the evaluations at which the run began to copy (``first_copying``, ``first_*induction``)."""
 
-from __future__ import annotations
-
 import math
 from dataclasses import dataclass
 from pathlib import Path

@@ -1,8 +1,6 @@
 """What ``attention.py`` reads from a model's attention (``analysis.roles``): head roles, copy scores,
 the scale's effect, the attention kind in words."""
 
-from __future__ import annotations
-
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass

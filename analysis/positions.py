@@ -3,10 +3,7 @@ the ones it was trained on, and how much attention each head puts on the first t
 
 Length extrapolation scores the same held-out tokens cut into back-to-back windows of each length,
 so the numbers differ only by how much context each token sees and by the positions the model
-meets.
-"""
-
-from __future__ import annotations
+meets."""
 
 from collections.abc import Sequence
 from dataclasses import dataclass

@@ -4,10 +4,7 @@ probe that training records at each evaluation (``attention_summary``).
 Every score takes ``probs`` of shape (..., T, T): row i is where query position i puts its weight
 over key positions 0..T-1. Leading dimensions (batch, heads) are kept, so one call scores every head
 at once. ``attention_maps`` reads them from a model (``GPT.attention_weights``: the forward pass's
-own code).
-"""
-
-from __future__ import annotations
+own code)."""
 
 import math
 from collections.abc import Sequence

@@ -25,10 +25,7 @@ windows (``first_token_table``). The figure is bits/byte against evaluation leng
 
 ``--forms`` times one latent-attention layer of the tiny shape in both forms (``model.gpt.LatentAttention``):
 a training step (forward + backward over a batch of whole windows) and a one-token decode step
-at full context. It is how the model's choice of form for each case was made.
-"""
-
-from __future__ import annotations
+at full context. It is how the model's choice of form for each case was made."""
 
 import argparse
 import math

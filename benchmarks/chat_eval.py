@@ -16,10 +16,7 @@ run's tokenizer and its window):
 - the share of those replies that repeat a 4-gram of words (``data.repetition``): replies that loop;
 - the mean length in tokens of the replies that ended, sampled and greedy, and the share of greedy
   replies that are distinct: beside the bits/byte, they tell a fine-tune that stopped loops from one
-  that taught the model to say almost nothing, or one thing to everyone.
-"""
-
-from __future__ import annotations
+  that taught the model to say almost nothing, or one thing to everyone."""
 
 import argparse
 import statistics

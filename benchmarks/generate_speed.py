@@ -30,10 +30,7 @@ extras; without one its row is skipped with a note.
 
 ``--device cuda`` times the same way on a GPU: the eager step against the compiled one (one CUDA
 graph replayed per token) and transformers, and says whether eager and compiled chose the same
-tokens. ``--dtype bf16`` casts the weights (and so the cache) to bfloat16 there. CI never runs it.
-"""
-
-from __future__ import annotations
+tokens. ``--dtype bf16`` casts the weights (and so the cache) to bfloat16 there. CI never runs it."""
 
 import argparse
 import sys

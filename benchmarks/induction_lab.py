@@ -10,10 +10,7 @@ Each seed is a real ``train.py`` run (in ``--out``/s<seed>, one at a time, so th
 the cores). The table reports, per seed, when the run began to copy (``analysis.history``).
 
 The held-out corpus is made by its own generator, not ``data/sources/synthetic.py``: other letters, a
-word list of another size and shape, other lengths and another seed, and each copy on its own line.
-"""
-
-from __future__ import annotations
+word list of another size and shape, other lengths and another seed, and each copy on its own line."""
 
 import argparse
 import json

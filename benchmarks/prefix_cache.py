@@ -12,10 +12,7 @@ the same (the cache never changes a token), which the script checks.
 
 Sizes follow the model's context (``block_size``): a system prompt of a quarter of it, user
 messages and replies of a sixteenth, so the last turn fits. A random-weight model gets a BPE
-tokenizer with the chat tokens trained here on the plays, with the config's vocabulary size.
-"""
-
-from __future__ import annotations
+tokenizer with the chat tokens trained here on the plays, with the config's vocabulary size."""
 
 import argparse
 import os

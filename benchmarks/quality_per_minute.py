@@ -19,10 +19,7 @@ interpolation along the baseline's curve, not a measurement. Differences smaller
 between the baseline's seeds are no effect.
 
 Each run is a real ``train.py`` run in ``--out``/<name><steps>-s<seed>; ``--reuse`` reads runs already
-finished there, to split one screen over several processes.
-"""
-
-from __future__ import annotations
+finished there, to split one screen over several processes."""
 
 import argparse
 import math

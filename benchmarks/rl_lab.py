@@ -19,10 +19,7 @@ Held-out pass@1 and pass@8 (200 questions no run trained on, 8 samples each at t
 the RL task's own evaluation) are measured on the chat run and on the RL run; the RL run's reward,
 held-out pass@1 and pass@8 and KL are drawn to ``rl/curves.png``, with the chat run's at step 0 (on
 the RL run's evaluation subset, the first point of its periodic line, and on every held-out question,
-beside its final point). ``rl_seconds`` is the RL run's training time.
-"""
-
-from __future__ import annotations
+beside its final point). ``rl_seconds`` is the RL run's training time."""
 
 import argparse
 import json

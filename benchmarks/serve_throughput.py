@@ -14,10 +14,7 @@ Reported: generated tokens/s over the level's wall time, its ratio to one client
 to first token and inter-token latency (for http, between text chunks).
 
 ``--compile both`` also prints compiled over eager level by level with the one-off compile time:
-whether a server repays its compile.
-"""
-
-from __future__ import annotations
+whether a server repays its compile."""
 
 import argparse
 import asyncio

@@ -16,10 +16,7 @@ on each guess, so free text, which repeats little of its prompt, gains little fr
 with a draft; the command says so wherever the ratio is below 1.
 
 The proposals need a model that has learnt to copy: random weights have not, runs/tiny hardly has,
-and runs/tiny-quote (configs/tiny-quote.yaml: runs/tiny after a minute on passages written twice) has.
-"""
-
-from __future__ import annotations
+and runs/tiny-quote (configs/tiny-quote.yaml: runs/tiny after a minute on passages written twice) has."""
 
 import argparse
 import time

@@ -305,7 +305,7 @@ def draw_figure(out: Path, rows: list[dict[str, Any]]) -> Path:
         train = [r for r in records if r.get("kind") == "train" and "rewards/tool_answer_correct/mean" in r]
         evals = [r for r in records if r.get("kind") == "eval" and "val_pass@1" in r]
         line, = curves.plot([r["step"] for r in train], [r["rewards/tool_answer_correct/mean"] for r in train],
-                            linewidth=1, alpha=0.6, label=f"seed {row['seed']}: answers right in the training groups")
+                            linewidth=1, alpha=0.6, label=f"seed {row['seed']}: training groups right (speeches 0)")
         curves.plot([0, *(r["step"] for r in evals)], [row["pass@1_sft"], *(r["val_pass@1"] for r in evals)], "o-",
                     color=line.get_color(), markersize=4, label=f"seed {row['seed']}: held-out pass@1")
     curves.set_ylim(0, 1.05)

@@ -27,10 +27,7 @@ fp32 on the CPU at either precision) is not model FLOPs, so it lowers MFU.
 of the config's model wrapped by ``training.wrap_model`` (DDP, NCCL between GPUs, gloo on CPU), each on
 its own micro-batch, so the all-reduce of every step is in the timing; then rank 0 alone runs the same
 steps without DDP, the baseline. The scaling efficiency is global tokens/s over N x the baseline's
-(with gradient accumulation the trainer all-reduces less often, so it does at least as well).
-"""
-
-from __future__ import annotations
+(with gradient accumulation the trainer all-reduces less often, so it does at least as well)."""
 
 import argparse
 import statistics

@@ -1,9 +1,6 @@
 """What every command line shares: flag mistakes and user errors become one ``error: ...`` line
 (``run_command``); anything else is a bug and keeps its traceback. Each command line adds only the
-failures that are its own (a closed pipe for ``generate.py``, a full disk for ``train.py``).
-"""
-
-from __future__ import annotations
+failures that are its own (a closed pipe for ``generate.py``, a full disk for ``train.py``)."""
 
 import _thread
 import argparse

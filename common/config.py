@@ -8,10 +8,7 @@ is refused with the closest valid one; a section lists the keys it no longer has
 ``REMOVED_KEYS`` (key: ``Removed``, its "off" value and what to do instead): a saved run that wrote
 one at that value still loads, and any other value is refused in one line that says where it went.
 Types are strict: ``true`` is not an int, ``"3"`` is not a number; an int is accepted (and stored
-as a float) where a float is expected.
-"""
-
-from __future__ import annotations
+as a float) where a float is expected."""
 
 import dataclasses
 import difflib

@@ -1,8 +1,6 @@
 """Which device to run on, and how much memory it has: one picker for every command (``train.device``,
 ``--device``), so all accept the same names and fail with the same kind of message."""
 
-from __future__ import annotations
-
 import os
 
 import torch

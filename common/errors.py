@@ -3,8 +3,6 @@
 so the message names the problem and the fix. Filesystem failures the user can fix (full disk,
 read-only mount, a file where a directory should be) become one such line: the path, the cause, the fix."""
 
-from __future__ import annotations
-
 import errno
 import os
 

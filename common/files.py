@@ -2,10 +2,7 @@
 
 Each write goes to a temporary file in the same directory, is flushed and fsync'ed, and is then
 renamed over the target. ``os.replace`` is atomic on POSIX and Windows when both paths are on the
-same filesystem, which holds because the temporary file sits beside the target.
-"""
-
-from __future__ import annotations
+same filesystem, which holds because the temporary file sits beside the target."""
 
 import contextlib
 import os

@@ -7,10 +7,7 @@ export into place. ``held_signals`` notes a signal that comes during such a step
 again once the step is done, through whatever handler was in place before; ``quiet_while_starting``
 turns one that comes while a command imports its libraries into a quiet exit. In training, a
 ``StopRequest`` takes Ctrl-C and SIGTERM as a request to stop after the current step, so a checkpoint
-gets saved.
-"""
-
-from __future__ import annotations
+gets saved."""
 
 import signal
 import sys

@@ -12,10 +12,7 @@ Two things make a PyTorch command collapse on a machine that is doing other work
   ``calm_openmp_workers`` shortens the spin tenfold. Sleeping at once (``OMP_WAIT_POLICY=PASSIVE``)
   would help more beside other work but costs a quiet machine dearly, since every operation then
   wakes its workers. OpenMP reads the setting once, when torch's library loads, so the entry
-  scripts call it before they import anything that imports torch.
-"""
-
-from __future__ import annotations
+  scripts call it before they import anything that imports torch."""
 
 import argparse
 import os
@@ -101,8 +98,7 @@ def busy_cpus(cpus: frozenset[int], seconds: float = 0.1) -> float | None:
     """How many of ``cpus`` other programs keep busy right now: their non-idle share over a short
     sample of the kernel's per-CPU counters (/proc/stat), taken while this process sleeps. A
     direct sample, not the load average: that one trails by a minute, so a command run right
-    after another would count its predecessor as a neighbour. None where the counters cannot be read.
-    """
+    after another would count its predecessor as a neighbour. None where the counters cannot be read."""
     before = _cpu_counters(cpus)
     if before is None:
         return None

@@ -3,10 +3,7 @@
 PyYAML's SafeLoader never runs code, but it still reads a file of any size (``/dev/zero`` never
 ends), lets a later duplicate key silently win, and builds alias graphs whose expansion is
 exponential in the file size (the "billion laughs"). ``BoundedSafeLoader`` refuses the last two
-and ``read_yaml_text`` bounds the first; ``common.config`` (the one YAML reader) uses both.
-"""
-
-from __future__ import annotations
+and ``read_yaml_text`` bounds the first; ``common.config`` (the one YAML reader) uses both."""
 
 import os
 

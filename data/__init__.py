@@ -5,5 +5,4 @@
     batches = TrainBatches(data.train_tokens(), block_size, batch_size, seed=1, rank=rank)   # data.batches.text
     x, y = batches.next()
 
-Nothing is imported here: each module is imported by name, and a run loads only what it reads.
-"""
+Nothing is imported here: each module is imported by name, and a run loads only what it reads."""

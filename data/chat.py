@@ -23,10 +23,7 @@ alone does not fit keeps it whole and reads it through its rolling cache; elsewh
 (``ChatTooLong``).
 
 Tokenizers reserve the chat tokens after ``<|endoftext|>``, then the tool tokens; one from before
-tool calls chats and refuses tools (``NO_TOOL_TOKENS``).
-"""
-
-from __future__ import annotations
+tool calls chats and refuses tools (``NO_TOOL_TOKENS``)."""
 
 import json
 import re
@@ -124,7 +121,7 @@ class ChatTokenIds:
             raise DataError(NO_TOOL_TOKENS)
 
     @classmethod
-    def of(cls, tokenizer: Tokenizer) -> ChatTokenIds:
+    def of(cls, tokenizer: Tokenizer) -> "ChatTokenIds":
         tokens = (*CHAT_SPECIAL_TOKENS, *TOOL_SPECIAL_TOKENS, END_OF_TEXT)
         ids = {token: tokenizer.token_to_id(token) for token in tokens}
         missing = [token for token in (*CHAT_SPECIAL_TOKENS, END_OF_TEXT) if ids[token] is None]

@@ -1,10 +1,7 @@
 """Bits per byte: validation loss measured per byte of text, comparable across tokenizers.
 
 Loss per token depends on how much text a token covers; dividing the summed loss by the UTF-8
-bytes those tokens stand for removes that, so models with different vocabularies compare fairly.
-"""
-
-from __future__ import annotations
+bytes those tokens stand for removes that, so models with different vocabularies compare fairly."""
 
 import math
 

@@ -1,8 +1,5 @@
 """Whether a text repeats itself: a reply loops when some run of ``n`` words comes back later in it,
-overlapping occurrences included. Words, not tokens, so the measure is the same for any tokenizer.
-"""
-
-from __future__ import annotations
+overlapping occurrences included. Words, not tokens, so the measure is the same for any tokenizer."""
 
 import re
 

@@ -1,10 +1,7 @@
 """Byte-level BPE: training, loading, exact encoding of long documents, and bytes per token.
 
 Byte-level means every string maps to UTF-8 bytes, and every byte to one of 256 printable
-characters before BPE sees it; with no normalizer, decode(encode(s)) == s for any string.
-"""
-
-from __future__ import annotations
+characters before BPE sees it; with no normalizer, decode(encode(s)) == s for any string."""
 
 import re
 from functools import lru_cache

@@ -1,10 +1,7 @@
 """The ``evaluate.py`` command line: parse flags, evaluate the run, print lm-eval's table.
 
 User errors and filesystem failures print one ``error: ...`` line and exit 2; Ctrl-C (130) and
-SIGTERM (143) remove the temporary export first.
-"""
-
-from __future__ import annotations
+SIGTERM (143) remove the temporary export first."""
 
 import argparse
 import sys

@@ -1,8 +1,5 @@
 """The one place that calls lm-evaluation-harness (a development dependency, imported only when an
-evaluation runs): its ``hf`` model on a local export, local jsonl tasks, offline.
-"""
-
-from __future__ import annotations
+evaluation runs): its ``hf`` model on a local export, local jsonl tasks, offline."""
 
 import contextlib
 import io

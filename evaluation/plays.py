@@ -1,10 +1,7 @@
 """The plays a run never trained on: the Shakespeare plays its config held out, read as training read them.
 
 The split is the one data preparation made, with the run's own ``data:`` settings, so the tasks
-score exactly its validation text (a chat run splits the plays as its parent does).
-"""
-
-from __future__ import annotations
+score exactly its validation text (a chat run splits the plays as its parent does)."""
 
 from dataclasses import dataclass
 from pathlib import Path

@@ -3,10 +3,7 @@
 The export goes to a hidden folder in TMPDIR that is removed afterwards, so it can never be stale.
 The tasks and results stay in the run's ``eval/`` folder, each score beside the score of guessing.
 With wandb on, the numbers become summary metrics (``eval/<task>/<metric>``) of the run's own wandb
-run when its id is known, else of a new run in the same project.
-"""
-
-from __future__ import annotations
+run when its id is known, else of a new run in the same project."""
 
 import dataclasses
 import json

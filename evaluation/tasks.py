@@ -10,10 +10,7 @@ Three tasks, each a YAML file beside its jsonl file, loaded through lm-eval's in
   speech answers someone else, and that alone would give the answer away.
 
 Items are drawn by a generator seeded by (task, seed), from the plays alone, so the files are the
-same for every run that holds the same plays out.
-"""
-
-from __future__ import annotations
+same for every run that holds the same plays out."""
 
 import json
 import random
@@ -125,7 +122,7 @@ class _RenderedPlay:
     all_lines: list[str]  # every speaker's, sorted
 
     @classmethod
-    def of(cls, play: HeldOutPlay) -> _RenderedPlay:
+    def of(cls, play: HeldOutPlay) -> "_RenderedPlay":
         scenes = [_render(scene) for scene in play.scenes]
         by_speaker: dict[str, set[str]] = {}
         for line in (line for lines in scenes for line in lines):

@@ -4,10 +4,7 @@ share this package's files), print where it went.
 
 User errors and filesystem failures print one ``error: ...`` line and exit 2. Ctrl-C (130) and
 SIGTERM (143) remove the half-written folder first; a SIGKILL's is removed by the next export to
-that parent (``exporting.folder``).
-"""
-
-from __future__ import annotations
+that parent (``exporting.folder``)."""
 
 import argparse
 import importlib
@@ -94,7 +91,7 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _chat(result: ExportResult) -> str:
+def _chat(result: "ExportResult") -> str:
     """Whether the export carries the chat template: only a run tuned on conversations does."""
     return "with the chat template" if result.chat_template else "no chat template: a base model, it continues text"
 

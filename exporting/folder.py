@@ -7,10 +7,7 @@ the destination again, since an export can take minutes, and exports of one ``--
 at a time under a lock, so two that start together cannot both report success. ``--overwrite``
 removes only an earlier export holding nothing but files an export writes. A SIGKILL leaves the
 hidden folders behind; the next export to the same parent removes those whose process is gone,
-and puts back an ``.old`` folder whose replacement never arrived.
-"""
-
-from __future__ import annotations
+and puts back an ``.old`` folder whose replacement never arrived."""
 
 import json
 import os

@@ -4,8 +4,7 @@ run's ``tokenizer.json``.
 
 ``<|endoftext|>`` is the end-of-text, beginning-of-text and padding token at once, as in GPT-2:
 training puts it before every document, and padding positions are masked out. A chat run's
-``<|end|>`` also ends a reply, and its role tokens are never sampled.
-"""
+``<|end|>`` also ends a reply, and its role tokens are never sampled."""
 
 from __future__ import annotations
 

@@ -16,10 +16,7 @@ time). It is written atomically with its checksum beside it; one that fails its 
 load, or whose first logits differ from the eager step's is built again, never used.
 
 Without AOTInductor (torch older than ``MIN_TORCH``) or off the CPU (a GPU replays ``torch.compile``'s
-CUDA graph, already free of Python), ``decode_step`` returns ``torch.compile``'s step instead.
-"""
-
-from __future__ import annotations
+CUDA graph, already free of Python), ``decode_step`` returns ``torch.compile``'s step instead."""
 
 import contextlib
 import functools
@@ -73,7 +70,7 @@ def aot_missing(device: torch.device) -> str | None:
     return None
 
 
-def decode_step(model: GPT, cache: KVCache, *, exact_window: bool = False) -> AotStep | CompiledStep:
+def decode_step(model: GPT, cache: KVCache, *, exact_window: bool = False) -> "AotStep | CompiledStep":
     """The compiled decode step for ``cache``: built ahead of time on the CPU, ``torch.compile``'s
     elsewhere or on a torch without AOTInductor."""
     if aot_missing(cache.device) is None:

@@ -5,10 +5,7 @@ multiplied alone and among others may differ in the last bits, and a near-tie th
 token. The engine chooses once, where it builds its model and cache: ``row_blocked(model)``
 multiplies in fixed blocks of ``ROW_BLOCK`` rows, and a cache with ``whole_buffers`` gives
 one-token attention the same shapes at every length (exact on the CPU when head_dim, or
-kv_latent_dim, is a multiple of 16). The layers never know.
-"""
-
-from __future__ import annotations
+kv_latent_dim, is a multiple of 16). The layers never know."""
 
 import copy
 

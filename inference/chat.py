@@ -10,10 +10,7 @@ tokens, so only a last message too long on its own rolls rather than being refus
 ``use_cache=False`` recomputes the whole window for every token: the reference for the cached path.
 
 With a ``Toolbox`` a reply is decoded by ``inference.tool_use`` and the conversation keeps its calls
-and results; without one ``<|call|>`` is never sampled. Turn i samples from ``seed + i``.
-"""
-
-from __future__ import annotations
+and results; without one ``<|call|>`` is never sampled. Turn i samples from ``seed + i``."""
 
 from dataclasses import dataclass, field, replace
 from typing import Callable

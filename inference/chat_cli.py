@@ -6,10 +6,7 @@ result go to stderr, between replies, never inside one. A line that is not UTF-8
 during a reply stops it, keeping the conversation and the reply so far. Quitting is deliberate:
 Ctrl-D, ``/exit``, or a second Ctrl-C in a row at the prompt; a first one there only says how to
 leave (it often comes a moment too late for a short reply), and drops a half-typed line as a shell
-does. With ``--prompt`` (or ``--prompt-file``) one reply is printed and the command exits.
-"""
-
-from __future__ import annotations
+does. With ``--prompt`` (or ``--prompt-file``) one reply is printed and the command exits."""
 
 import argparse
 import sys

@@ -1,9 +1,6 @@
 """The ``generate.py`` command line: parse and check flags, load a run, stream its continuation.
 
-Flags are checked before anything is printed, so a failed command writes nothing to stdout.
-"""
-
-from __future__ import annotations
+Flags are checked before anything is printed, so a failed command writes nothing to stdout."""
 
 import argparse
 import dataclasses

@@ -13,10 +13,7 @@ slot (``exact_window``), a symbolic size, so a short generation does not attend 
 
 Guards cost little beside the step, so PyTorch's knobs for skipping them gain nothing here. Prompts
 are encoded eagerly: a compile per length would cost more than it saves. The eager path stays the
-reference (tests/inference/test_compiled_step.py bounds the difference in the last bits).
-"""
-
-from __future__ import annotations
+reference (tests/inference/test_compiled_step.py bounds the difference in the last bits)."""
 
 import importlib.util
 import os

@@ -1,8 +1,5 @@
 """From a prompt to streamed continuations: encode, decode ``num_samples`` rows through
-``inference.engine``, hand their text on as it arrives, and time the first token and the rest.
-"""
-
-from __future__ import annotations
+``inference.engine``, hand their text on as it arrives, and time the first token and the rest."""
 
 import time
 from dataclasses import dataclass, replace

@@ -34,8 +34,7 @@ Results go back through a callback, called on the stepping thread with one ``Eve
 a last one carrying the ``Finish``. A callback that raises ends its request (its row is freed) and
 nobody else's: on a caller's thread the exception goes on to the caller, so a command line whose
 reader left ends at once; on the server's loop it is logged, and the callback gets one last event
-with the reason "error", so that whoever waits on it stops waiting.
-"""
+with the reason "error", so that whoever waits on it stops waiting."""
 
 from __future__ import annotations
 
@@ -162,8 +161,7 @@ class Engine:
     ``roll``: the slide (``Window.for_positions``). ``token_bytes`` None: events carry no text.
     ``compile``: decode steps run compiled (``inference.aot_step.decode_step``), made here, once;
     prompts stay eager. ``speculation``: decode steps check proposed tokens
-    (``inference.speculative``); rows with no proposal take the plain step.
-    """
+    (``inference.speculative``); rows with no proposal take the plain step."""
 
     def __init__(
         self,

@@ -14,10 +14,7 @@ Memory is bounded by ``max_bytes``, counting the pages' entries and the index th
 cost an allocation and fill the heap with holes it cannot give back. A page is keyed by its parent
 page's id and its own tokens. The least recently used page is evicted first, and every lookup and
 store touches a prompt's pages from the last to the first, so a page is always evicted before the
-pages it extends (it is worthless without them).
-"""
-
-from __future__ import annotations
+pages it extends (it is worthless without them)."""
 
 import itertools
 from collections import OrderedDict

@@ -4,10 +4,7 @@
 training's samples, the export's generation config). The edges that take it from a user check it
 once with ``check_sampling_args``; the sampler trusts it. Every sampled row consumes exactly one
 uniform draw, whatever its logits, so a row's random stream never depends on what the model
-predicted. The loop that applies these rules, for every caller, is ``inference.engine``.
-"""
-
-from __future__ import annotations
+predicted. The loop that applies these rules, for every caller, is ``inference.engine``."""
 
 import math
 import secrets
@@ -242,8 +239,7 @@ class Window:
     its most recent ``keep`` tokens, encoded again from position 0. Rolling (rotary or no
     positions): the window keeps its first ``sinks`` tokens and its most recent ones, ``keep`` in
     all; ``evicted`` counts the tokens dropped between them, and the cache drops them too
-    (``KVCache.drop``), so nothing is encoded again.
-    """
+    (``KVCache.drop``), so nothing is encoded again."""
 
     block_size: int
     keep: int  # tokens the window holds right after it slides, the newest included
@@ -251,7 +247,7 @@ class Window:
 
     @classmethod
     def for_positions(cls, positions: str, block_size: int, keep_fraction: float | None = None,
-                      sinks: int | None = None, *, roll: bool = True) -> Window:
+                      sinks: int | None = None, *, roll: bool = True) -> "Window":
         """The slide a run's positions allow: learned ones re-encode; rotary and none roll (unless
         ``roll`` is False), keeping ``sinks`` first tokens (None: ``default_sinks``). ``keep_fraction``
         None: that slide's default."""

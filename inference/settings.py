@@ -1,8 +1,5 @@
 """generate.py's settings: the sampling settings plus how many samples, whether cached, compiled
-or speculative (flags serve.py shares); the command line's edge, checked here once.
-"""
-
-from __future__ import annotations
+or speculative (flags serve.py shares); the command line's edge, checked here once."""
 
 import argparse
 from dataclasses import dataclass
@@ -38,7 +35,7 @@ class Speculation:
 
     proposer: str
     k: int
-    draft: GPT | None = None
+    draft: "GPT | None" = None
 
 
 @dataclass(frozen=True)
@@ -73,7 +70,7 @@ class GenerationSettings(SamplingSettings):
         return self.temperature == 0
 
 
-def checked_sinks(flag: int | None, config: GPTConfig) -> int | None:
+def checked_sinks(flag: int | None, config: "GPTConfig") -> int | None:
     """``--sinks`` (``flag``, None: the window's default) for a run of ``config``, refused where it
     cannot apply."""
     if flag is None:

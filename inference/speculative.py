@@ -21,10 +21,7 @@ max(0, p - q), normalised: every emitted token is distributed exactly as plain s
 lookup's q is a point mass. The draws come from the request's own generator, more of them than
 plain sampling takes, so a seed samples other tokens than plain decoding with that seed does.
 Everything a proposer does for a row depends on that row alone, so a request still gets what it
-gets served alone.
-"""
-
-from __future__ import annotations
+gets served alone."""
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field

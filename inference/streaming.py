@@ -4,10 +4,7 @@ A byte-level BPE token is a run of bytes, and one character can be split across 
 is four UTF-8 bytes). The bytes of every token go through one incremental UTF-8 decoder, which
 holds an incomplete character back until its last byte arrives. It turns malformed bytes into
 U+FFFD by the tokenizer's own rule, so the streamed pieces join to
-``tokenizer.decode(ids, skip_special_tokens=False)``.
-"""
-
-from __future__ import annotations
+``tokenizer.decode(ids, skip_special_tokens=False)``."""
 
 import codecs
 from typing import Sequence

@@ -1,8 +1,6 @@
 """What ``generate.py`` reads from the user and writes back: text checked to be UTF-8, and output
 that is never held in a buffer (the chat's typed lines: ``inference.chat_cli.LineReader``)."""
 
-from __future__ import annotations
-
 import codecs
 import sys
 

@@ -16,10 +16,7 @@ Ctrl-C with ``stop_on_interrupt`` ends rows where they are ("cancelled"); a call
 error result, so every call has its result. Past ``max_calls`` ``<|call|>`` is no longer sampled;
 ``max_new_tokens`` counts the reply's tokens over all segments; a prompt that would fill the window
 ends the reply ("length"). Row i's first segment samples from ``seed + i``, later ones from seeds
-derived from it alone (``segment_seed``), so each row gets what it would get decoded alone.
-"""
-
-from __future__ import annotations
+derived from it alone (``segment_seed``), so each row gets what it would get decoded alone."""
 
 import random
 from collections.abc import Callable, Sequence

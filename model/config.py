@@ -1,9 +1,6 @@
 """The model's configuration: its sizes and options, each declared with its bounds, and the rules
 across them that refuse what no model can be built from, in one line naming the key. ``model.gpt``
-builds the network from it.
-"""
-
-from __future__ import annotations
+builds the network from it."""
 
 from typing import Any, ClassVar, Literal
 
@@ -50,7 +47,7 @@ class GPTConfig(Section):
         "zero_init": Removed(False)}
 
     @model_validator(mode="after")
-    def _buildable(self) -> GPTConfig:
+    def _buildable(self) -> "GPTConfig":
         n_head, kind = self.n_head, self.attention
         require(self.n_embd % n_head == 0, f"n_embd ({self.n_embd}) must be divisible by n_head ({n_head}); "
                 "pick n_head from the divisors of n_embd or change n_embd")
@@ -75,7 +72,7 @@ class GPTConfig(Section):
         return self
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> GPTConfig:
+    def from_dict(cls, d: dict[str, Any]) -> "GPTConfig":
         """The config of a model section written by a user (YAML, JSON): unknown, missing,
         mistyped and impossible values are refused in one line each."""
         return build(cls, d, "model")

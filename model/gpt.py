@@ -2,10 +2,7 @@
 reads top to bottom: the layers every block shares, the three kinds of positions (learned, rotary,
 none) and the two attention kinds (grouped-query, DeepSeek's multi-head latent attention) side by
 side, pre-norm RMSNorm blocks with a SwiGLU feed-forward, and the model. A decode step also reads
-``model.kv_cache`` and the one decode loop, ``inference.engine``.
-"""
-
-from __future__ import annotations
+``model.kv_cache`` and the one decode loop, ``inference.engine``."""
 
 import math
 from collections.abc import Callable, Iterator, Sequence

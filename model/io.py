@@ -2,10 +2,7 @@
 
 safetensors holds raw tensors and no code, so loading a downloaded checkpoint cannot execute
 anything. A SHA-256 of the tensors is stored in the file's metadata: the format itself detects a
-truncated file, but not flipped bytes inside the tensor data.
-"""
-
-from __future__ import annotations
+truncated file, but not flipped bytes inside the tensor data."""
 
 import hashlib
 import json

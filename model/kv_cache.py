@@ -3,10 +3,7 @@
 Buffers are allocated once, for what attention stores per token (for grouped-query attention the
 key/value heads only, never the repeated per-query-head copies), and written in place. Growing a
 cache with ``torch.cat`` would copy the whole history at every step, which is what makes naive
-decode loops quadratic in memory traffic.
-"""
-
-from __future__ import annotations
+decode loops quadratic in memory traffic."""
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -55,8 +52,7 @@ class KVCache:
     ``whole_buffers``: in a pass of at most that many tokens per row (True: one, a decode step;
     speculative decoding checks a few at once) every row reads its whole buffer under a mask, so its
     attention has the same shape at every length and beside any other rows (what batch-invariant
-    decoding needs, ``inference.batch_invariant``).
-    """
+    decoding needs, ``inference.batch_invariant``)."""
 
     def __init__(
         self,

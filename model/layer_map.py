@@ -1,10 +1,7 @@
 """The model's layer map: which linear layers a block has (``model.gpt.Block``), and how a fused
 one splits into the projections it computes at once. The Hugging Face export splits the weights by
 it (``exporting.hf.weights``) and LoRA adapts its layers and writes the adapter by it
-(``training.lora``): neither decides what a block holds.
-"""
-
-from __future__ import annotations
+(``training.lora``): neither decides what a block holds."""
 
 from dataclasses import dataclass
 

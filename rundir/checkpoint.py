@@ -2,10 +2,7 @@
 trainer state beside the saved model.
 
 The trainer state holds only tensors, dicts, lists and scalars (training converts its RNG states
-to such types), so it loads with ``torch.load(weights_only=True)``, which unpickles no code.
-"""
-
-from __future__ import annotations
+to such types), so it loads with ``torch.load(weights_only=True)``, which unpickles no code."""
 
 import pickle
 import shutil

@@ -1,8 +1,6 @@
 """The names of the files in a run directory: the one list that training writes by, and that
 generation, serving, the exports, evaluation and analysis read by."""
 
-from __future__ import annotations
-
 # The saved model's two files are named by its own save format (model.io), which also serves
 # directories that are not runs; a run directory holds one such saved model.
 from model.io import MODEL_CONFIG_FILE, WEIGHTS_FILE

@@ -1,9 +1,6 @@
 """Find a trained run and load it for inference: model in eval mode, tokenizer, token bytes. Every
 reader of a trained model loads it here; nothing here unpickles anything, and every problem a user
-can fix is a one-line ``UserError`` naming the file and what to do.
-"""
-
-from __future__ import annotations
+can fix is a one-line ``UserError`` naming the file and what to do."""
 
 from dataclasses import dataclass
 from pathlib import Path

@@ -2,10 +2,7 @@
 the whole run. The kernel drops it when the process exits, kill -9 included, so a crashed run
 never leaves a stale lock behind. The holder's pid and host go to a sidecar file, so a refused
 second training can say who holds the directory. Readers never take the lock. Holding it makes
-it safe to delete the temporary files that killed atomic writes left: nobody else writes them.
-"""
-
-from __future__ import annotations
+it safe to delete the temporary files that killed atomic writes left: nobody else writes them."""
 
 import contextlib
 import os

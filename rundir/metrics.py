@@ -1,8 +1,6 @@
 """metrics.jsonl: one JSON object per logged step and per evaluation, appended by training and read
 by the loss curve and by ``rundir.record``."""
 
-from __future__ import annotations
-
 import json
 import os
 from pathlib import Path
@@ -15,8 +13,7 @@ from common.files import atomic_write_text
 class MetricsLog:
     """Appends records to ``metrics.jsonl``: appending rather than rewriting keeps an overnight run
     linear in its length. Each line goes out in one ``write`` on an ``O_APPEND`` descriptor, which a
-    killed process cannot leave half-done; a line torn by a power cut is skipped by ``read_metrics``.
-    """
+    killed process cannot leave half-done; a line torn by a power cut is skipped by ``read_metrics``."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)

@@ -2,8 +2,6 @@
 started from (parent.json), and ``RunRecord``, the summary of its training that the export's model
 card and evaluation report."""
 
-from __future__ import annotations
-
 import json
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -63,7 +61,7 @@ class RunRecord:
     tokens_per_step: int | None
 
     @classmethod
-    def read(cls, run_dir: Path) -> RunRecord:
+    def read(cls, run_dir: Path) -> "RunRecord":
         """Never fails: a missing or damaged file leaves its part unrecorded."""
         records = read_metrics(run_dir / METRICS_FILE) if (run_dir / METRICS_FILE).is_file() else []
         train = [r for r in records if r.get("kind") == "train"]

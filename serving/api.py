@@ -6,10 +6,7 @@ policy (``data.chat.fit_for_reply``) and answered; the ``X-Dropped-Messages`` he
 messages were left out, and the reply ends where the window is full (a rotary or no-position run's
 rolls on). ``AccessLog`` logs one line per request on the ``serving.access`` logger (client, method,
 path, status, tokens in and out, and time), wrapping the whole app so that a refusal or a bug is
-logged as surely as a reply.
-"""
-
-from __future__ import annotations
+logged as surely as a reply."""
 
 import contextlib
 import logging

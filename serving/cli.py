@@ -2,10 +2,7 @@
 
 User errors (a bad flag, a missing run, a port in use, a KV cache larger than the device's memory)
 exit 2 with one line; Ctrl-C and SIGTERM stop the server gracefully (130, 143). It binds to
-127.0.0.1 unless told otherwise: anyone who can reach the port can use it.
-"""
-
-from __future__ import annotations
+127.0.0.1 unless told otherwise: anyone who can reach the port can use it."""
 
 import argparse
 import contextlib

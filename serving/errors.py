@@ -1,10 +1,7 @@
 """OpenAI's error shape, and the one exception a route raises to answer with it.
 
 Every refusal the server makes (a bad body, an over-size one, a busy engine, a client that left)
-is an ``ApiError``; the app turns it into ``error_body`` with its status, and goes on serving.
-"""
-
-from __future__ import annotations
+is an ``ApiError``; the app turns it into ``error_body`` with its status, and goes on serving."""
 
 
 def error_body(message: str, *, kind: str = "invalid_request_error", param: str | None = None,

@@ -11,10 +11,7 @@ character is written ``bytes:\\xe2\\x80`` as OpenAI writes it. ``text_offset`` i
 itself: ``text[offset[i]:offset[i + 1]]`` is what token i adds to it. A character split over
 several tokens is added by the token that completes it; a lone lead byte is one U+FFFD, added by
 the token holding it. End tokens, an empty prompt's ``<|endoftext|>`` and tokens past a stop
-string add nothing.
-"""
-
-from __future__ import annotations
+string add nothing."""
 
 import codecs
 from collections.abc import Sequence

@@ -5,10 +5,7 @@ A chat reply offered tools (``ReplyCalls``) is read back by the chat format (``d
 once it ends: calls that parse become OpenAI's ``tool_calls``; anything else, a malformed call
 included, is the reply's text, as written. Streamed, the text goes out as it comes until a call
 begins; the call is held until the reply ends and sent then, as tool-call deltas or, if it does not
-parse, as text. The server never runs a tool: the client does.
-"""
-
-from __future__ import annotations
+parse, as text. The server never runs a tool: the client does."""
 
 import time
 import uuid

@@ -12,8 +12,7 @@ A chat request takes OpenAI's tools protocol (``tools``, ``tool_choice``, the as
 ``parse_request`` turns the raw body into one of these models, or a one-line ``RequestError``.
 Requests are checked here once, against the server's ``ServerRules`` too: the routes trust what
 they get. What needs the tokenizer (a prompt's length in tokens, a chat's roles) is checked where
-the prompt is encoded.
-"""
+the prompt is encoded."""
 
 from __future__ import annotations
 

@@ -7,8 +7,6 @@ A chat that may call tools is steered by decoding, never by prompting: with ``to
 with a named function with ``<|call|>`` and the name's tokens, written into the prompt where the
 model would have sampled them. The model writes the rest."""
 
-from __future__ import annotations
-
 import asyncio
 import contextlib
 import time

@@ -1,9 +1,6 @@
 """Delivering a reply while the engine generates it: as Server-Sent Events, or whole once it has
 finished. A client that goes away cancels its request at once, freeing its row: a stream notices
-by itself (its ``finally``), and a whole answer has a watcher listen for the disconnect.
-"""
-
-from __future__ import annotations
+by itself (its ``finally``), and a whole answer has a watcher listen for the disconnect."""
 
 import asyncio
 import json

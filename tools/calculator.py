@@ -6,10 +6,7 @@ handed to ``eval``. Every bound is checked before the work it limits, so a hosti
 time and memory that do not depend on it: the text's length before parsing, the tree's depth before
 walking, each number's size as read, and a power's size from its operands' logarithms before it is
 computed (``9**9**9`` is refused at the outer exponent). Integers stay exact; a division gives a
-decimal with 12 significant digits.
-"""
-
-from __future__ import annotations
+decimal with 12 significant digits."""
 
 import ast
 import math

@@ -10,10 +10,7 @@ where the command runs. Such a function is described by its signature (each para
 
 is ``my_tools:weekday``. It returns text (anything else is written as JSON, or by ``str``).
 ``tools.toolbox`` runs it apart from the caller's process. This package imports nothing else of the
-project: the chat format, the engine and the data sources build on it.
-"""
-
-from __future__ import annotations
+project: the chat format, the engine and the data sources build on it."""
 
 import importlib
 import inspect

@@ -8,10 +8,7 @@ Why a process: a running Python function cannot be stopped from outside, and a t
 ``sys.exit`` or crashes would take the caller with it; a process (leading its own group) can be
 killed. The tools run in one long-lived worker (``tools.worker``) started at the first call, so a
 call costs a round trip over a pipe; a timeout kills it and the next call starts a fresh one.
-Memory is bounded by the time limit; the built-in calculator bounds its own.
-"""
-
-from __future__ import annotations
+Memory is bounded by the time limit; the built-in calculator bounds its own."""
 
 import json
 import os
@@ -150,7 +147,7 @@ class Toolbox:
                 self._worker.close()
                 self._worker = None
 
-    def __enter__(self) -> Toolbox:
+    def __enter__(self) -> "Toolbox":
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -5,10 +5,7 @@ It reads one JSON request per line on stdin (``{"function": "module:function", "
 does cannot break that exchange: the protocol's pipes are moved to private descriptors, the tool's
 stdout goes to stderr and its stdin to /dev/null. A result over ``max_chars`` is refused here, so it
 never crosses the pipe. ``--describe module:function...`` writes each tool's description instead,
-so the caller never imports a user's module itself.
-"""
-
-from __future__ import annotations
+so the caller never imports a user's module itself."""
 
 import json
 import os

@@ -2,10 +2,7 @@
 section of a run config that sets it up.
 
 Without credentials it logs offline, since a login prompt would hang a job with no terminal.
-Anything wandb raises is reported in one line and turns the logger into a no-op.
-"""
-
-from __future__ import annotations
+Anything wandb raises is reported in one line and turns the logger into a no-op."""
 
 import contextlib
 import netrc
@@ -111,7 +108,7 @@ class WandbLogger:
         run_config: dict[str, Any],
         resume_id: str | None = None,
         is_main: bool = True,
-    ) -> WandbLogger:
+    ) -> "WandbLogger":
         """Start (or, given ``resume_id``, continue) the run for ``run_dir``; never raises for
         wandb's sake. When nothing is logged, ``run_id`` still holds ``resume_id``, so a checkpoint
         keeps pointing at the run a later resume should continue."""

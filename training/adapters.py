@@ -1,9 +1,6 @@
 """How a run's weights train: all of them (``Adapters``), or LoRA's adapters on a frozen model
 (``training.lora.LoraAdapters``). Built once by ``training.trainer.adapters_for``; everything that
-differs between the two asks it, so the trainer, checkpoint and kept weights have one path each.
-"""
-
-from __future__ import annotations
+differs between the two asks it, so the trainer, checkpoint and kept weights have one path each."""
 
 from pathlib import Path
 from typing import Any, ContextManager

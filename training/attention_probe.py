@@ -1,10 +1,7 @@
 """The attention probe a text run takes at every evaluation: each layer's attention entropy, the
 induction scores and the loss on both copies of repeated sequences (``analysis.roles``), and now and
 then a figure of the maps (``analysis.plot``). What it reads from the data is fixed when the run
-starts, so two evaluations differ only by the weights.
-"""
-
-from __future__ import annotations
+starts, so two evaluations differ only by the weights."""
 
 from dataclasses import dataclass, field
 from typing import Any

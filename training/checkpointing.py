@@ -6,10 +6,7 @@ state for ``--resume`` go inside the trainer state when the model is whole; unde
 ``torch.distributed.checkpoint`` folder that every rank writes and a later run reshards. That folder
 is written as ``<name>.partial`` and renamed; the trainer state names it, so a crash before that
 state is replaced leaves the previous checkpoint whole. The random streams that the trainer state
-holds are captured and restored here too.
-"""
-
-from __future__ import annotations
+holds are captured and restored here too."""
 
 import random
 from dataclasses import dataclass

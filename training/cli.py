@@ -3,10 +3,7 @@ with it.
 
 Ctrl-C / SIGTERM finish the current step, save a checkpoint and exit with 128 + the signal number;
 ``--resume`` continues from there. train.py shortens OpenMP's spin before this module (and torch)
-is imported.
-"""
-
-from __future__ import annotations
+is imported."""
 
 import argparse
 import shlex

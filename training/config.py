@@ -3,8 +3,7 @@
 A YAML file maps one-to-one onto ``Config``: a top-level section per field, a key per field of that
 section, checked by ``common.config``. ``train`` holds what every run shares; a post-training
 method's own section (``dpo:``, ``rl:``) is declared and validated beside the method, which
-registers it here. Keys that were taken out or moved are answered from each section's ``REMOVED_KEYS``.
-"""
+registers it here. Keys that were taken out or moved are answered from each section's ``REMOVED_KEYS``."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
 """Where and how the model runs: the device, the autocast precision, TF32, the host allocator,
 torch.compile."""
 
-from __future__ import annotations
-
 import contextlib
 import ctypes
 import os

@@ -2,10 +2,7 @@
 
 Without ``torchrun`` everything here is a cheap no-op, so the trainer has a single code path.
 DDP averages gradients over processes and each process averages over its micro-steps, so the
-update is the one a single process would make on the whole global batch.
-"""
-
-from __future__ import annotations
+update is the one a single process would make on the whole global batch."""
 
 import contextlib
 import ctypes

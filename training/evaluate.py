@@ -1,7 +1,5 @@
 """Validation loss (nats per token and bits per byte) and a text sample from the KV-cache path."""
 
-from __future__ import annotations
-
 import contextlib
 import math
 from dataclasses import dataclass, field

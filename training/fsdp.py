@@ -2,10 +2,7 @@
 over the blocks and the root (``training.distributed.shard_model``). Each process holds 1/N of every
 weight, gradient and moment, gathering a block's weights around its forward and backward: memory, not
 speed, for when ``ddp`` does not fit (training/memory_budget.py). Here: the torch it needs, and its
-checkpoint (``ShardedCheckpointer``, with ``training.checkpointing.Checkpointer``'s methods).
-"""
-
-from __future__ import annotations
+checkpoint (``ShardedCheckpointer``, with ``training.checkpointing.Checkpointer``'s methods)."""
 
 import contextlib
 import shutil

@@ -4,10 +4,7 @@ pretraining.
 The parent fixes the model's shape (its ``model_config.json``; a ``model`` field that would change
 it is an error naming the field) and the tokenizer (its ``tokenizer.json``). The optimizer, schedule
 and step start fresh. ``parent.json`` (``rundir.record``) records the parent with a SHA-256 of its
-weights, so a run whose loss measures itself against them resumes only against the same ones.
-"""
-
-from __future__ import annotations
+weights, so a run whose loss measures itself against them resumes only against the same ones."""
 
 import functools
 import hashlib

@@ -3,10 +3,7 @@
 A small corpus is soon learnt by heart, so ``model.safetensors`` holds the weights whose periodic
 evaluation (the same fixed validation subset each time, the last step included) scored lowest. The
 last state stays in the trainer checkpoint for ``--resume``, and the final full validation pass
-scores the kept weights. A run without periodic evaluations keeps its last weights.
-"""
-
-from __future__ import annotations
+scores the kept weights. A run without periodic evaluations keeps its last weights."""
 
 from dataclasses import dataclass
 from pathlib import Path

@@ -11,10 +11,7 @@ the checkpoint.
 The run keeps the adapter in PEFT's files under the Hugging Face export's layer names
 (``model.layer_map.block_linears``), so ``peft.PeftModel.from_pretrained`` on the parent's export
 computes this model: one A and a stacked B on ``attn.qkv`` are three LoRAs on q, k and v sharing A
-(likewise ``gate_up``, ``down`` and ``kv_up``). ``model.safetensors`` holds the merged weights.
-"""
-
-from __future__ import annotations
+(likewise ``gate_up``, ``down`` and ``kv_up``). ``model.safetensors`` holds the merged weights."""
 
 import json
 import math

@@ -5,10 +5,7 @@
 - rl (GRPO): the training reward, held-out pass@1 and pass@k, and the KL to the reference.
 
 train.py draws it when a run ends; the library's ``train`` does not, sparing callers in a loop the
-time matplotlib takes.
-"""
-
-from __future__ import annotations
+time matplotlib takes."""
 
 import io
 import math

@@ -5,10 +5,7 @@ Per device: fp32 weights, gradients and optimizer moments (divided among process
 the blocks being gathered); the activations kept for the backward pass at the per-process
 micro-batch, counted in the rows the model computes (``Config.rows_per_example``), with constants
 fitted to the CPU's measured peak (tests/training/test_memory_budget.py); and the KV cache of the rows
-an rl step decodes, which is gone before the backward pass, so the peak holds the larger of the two.
-"""
-
-from __future__ import annotations
+an rl step decodes, which is gone before the backward pass, so the peak holds the larger of the two."""
 
 from dataclasses import dataclass
 

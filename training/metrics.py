@@ -1,8 +1,6 @@
 """What the metrics record measures: model FLOPs utilisation, throughput, and their formatting
 (the metrics file itself is ``rundir.metrics``)."""
 
-from __future__ import annotations
-
 import json
 import math
 import os

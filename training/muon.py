@@ -9,10 +9,7 @@ torch.optim.Muon always iterates in bfloat16, far slower than the whole step on 
 matrix units (docs/results.md). This one iterates in bf16 on CUDA and fp32 elsewhere, and batches
 all matrices of one shape. Under FSDP a slice's orthogonalised update is not a slice of the whole
 one's, so each update is gathered whole and each process keeps its own rows: the step equals the
-unsharded one, for one all-gather per matrix per step.
-"""
-
-from __future__ import annotations
+unsharded one, for one all-gather per matrix per step."""
 
 from collections import defaultdict
 from typing import Iterable

@@ -2,8 +2,6 @@
 seconds trained out of the budget's (the steps then in the postfix), with the loss, learning rate,
 throughput, model FLOP utilisation and the time left."""
 
-from __future__ import annotations
-
 import math
 from typing import Callable
 
@@ -33,7 +31,7 @@ class StepBar:
             bar_format=_CLOCK_BAR if self.by_clock else None,
         )
 
-    def __enter__(self) -> StepBar:
+    def __enter__(self) -> "StepBar":
         return self
 
     def __exit__(self, *exc: object) -> None:

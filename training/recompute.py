@@ -2,8 +2,6 @@
 for the backward pass and recomputes the rest there, trading about a third more compute for the
 activations of every layer but the one being differentiated."""
 
-from __future__ import annotations
-
 import functools
 from typing import Any
 

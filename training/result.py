@@ -2,8 +2,6 @@
 them, and ``TrainResult``, what a finished (or interrupted) run reached, which ``train.py`` words for
 the user (``training.cli``) and whose numbers close the run's wandb record."""
 
-from __future__ import annotations
-
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any

@@ -9,10 +9,7 @@ May not change, because the saved state belongs to them: ``train.optimizer``, ``
 (ddp saves whole tensors, fsdp a sharded folder), ``train.sampling`` and ``data.format`` (the
 sampler's position), ``train.lora`` (the adapters' shape and scale), ``train.seed`` (the saved random
 streams; a new seed would silently do nothing), the model's shape (``SHAPE_KEYS``) and the tokenizer
-(both checked in ``Trainer.setup``).
-"""
-
-from __future__ import annotations
+(both checked in ``Trainer.setup``)."""
 
 import os
 from pathlib import Path

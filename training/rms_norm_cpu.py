@@ -3,10 +3,7 @@
 ``model.gpt.RMSNorm`` always calls ``F.rms_norm``. Training asks for this path explicitly with
 ``install_cpu_backward(model)``, which swaps each norm for a ``CPUBackwardRMSNorm`` holding the same
 gain; everything else (inference, the server, the export) never meets it. The values are the same
-either way; ``benchmarks/rms_norm_backward.py`` at 9e81adb compared the speed (docs/records.md).
-"""
-
-from __future__ import annotations
+either way; ``benchmarks/rms_norm_backward.py`` at 9e81adb compared the speed (docs/records.md)."""
 
 import torch
 from torch import nn
@@ -66,8 +63,7 @@ class RMSNormCPUFunction(torch.autograd.Function):
         rstd·(g·w − mean(g·w·x̂)·x̂) − rstd·mean(g·w)
 
     whose second term, LayerNorm's centring, RMSNorm lacks: it is added back (docs/results.md).
-    ``native_layer_norm_backward`` is a Core ATen op, PyTorch's documented and stable operator set.
-    """
+    ``native_layer_norm_backward`` is a Core ATen op, PyTorch's documented and stable operator set."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

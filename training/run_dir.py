@@ -4,10 +4,7 @@ given the run's own files once every input has been read.
 ``open_run_dir`` takes the lock, refuses a directory holding another run (unless replaced) or no
 checkpoint to resume, and checks a resumed checkpoint (``training.resume_rules``). ``write_run_files``
 then clears a replaced run and writes the config, tokenizer and parent record, so a run replaced with
-``--overwrite`` stays whole when the new one cannot start. File names and formats belong to ``rundir``.
-"""
-
-from __future__ import annotations
+``--overwrite`` stays whole when the new one cannot start. File names and formats belong to ``rundir``."""
 
 import contextlib
 from pathlib import Path
@@ -57,7 +54,7 @@ def open_run_dir(config: Config, ctx: DistContext, held: contextlib.ExitStack, *
     return state
 
 
-def write_run_files(config: Config, metrics: MetricsLog, tokenizer_path: Path, parent: ParentRun | None, *,
+def write_run_files(config: Config, metrics: MetricsLog, tokenizer_path: Path, parent: "ParentRun | None", *,
                     resume: bool, step: int) -> None:
     """The run's own files: a replaced run cleared, the config (rewritten on resume: a longer budget
     is a legitimate change), a new run's tokenizer and parent record; a resumed run's metrics lose

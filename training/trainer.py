@@ -3,10 +3,7 @@
 Reproducibility: the model is initialised right after ``torch.manual_seed(train.seed)`` on every
 rank (so ranks start identical), then every RNG is reseeded with ``seed + rank`` for dropout. The
 batch sampler has its own generator. Everything that consumes randomness is in the trainer state,
-so a resumed run replays the uninterrupted one exactly (on the CPU, bit for bit).
-"""
-
-from __future__ import annotations
+so a resumed run replays the uninterrupted one exactly (on the CPU, bit for bit)."""
 
 import contextlib
 import math
@@ -70,7 +67,7 @@ class NonFiniteLossError(UserError):
     """The loss or gradient became NaN/Inf; the run stopped without saving."""
 
     @classmethod
-    def at(cls, step: int, loss: float, grad_norm: float, saved_step: int | None, run_dir: Path) -> NonFiniteLossError:
+    def at(cls, step: int, loss: float, grad_norm: float, saved_step: int | None, run_dir: Path) -> "NonFiniteLossError":
         return cls(f"training diverged at step {step}: loss {loss}, gradient norm {grad_norm}; stopped without "
                    f"saving, {_what_is_saved(saved_step, run_dir)}; lower train.lr or raise train.warmup_steps")
 
@@ -80,7 +77,7 @@ class StepFailed(UserError):
     reply, say); the run stopped without saving."""
 
     @classmethod
-    def at(cls, step: int, error: UserError, saved_step: int | None, run_dir: Path) -> StepFailed:
+    def at(cls, step: int, error: UserError, saved_step: int | None, run_dir: Path) -> "StepFailed":
         return cls(f"stopped at step {step}: {error}; nothing was saved, {_what_is_saved(saved_step, run_dir)}")
 
 
@@ -96,8 +93,7 @@ def train(config: Config, *, resume: bool = False, overwrite: bool = False, prog
 
     ``overwrite`` (or ``run.overwrite``) replaces a run already in ``run.out_dir``; without it
     such a directory is refused. ``progress`` shows the progress bar and evaluation lines.
-    ``threads_setting`` names where train.threads came from (train.py: ``--threads``).
-    """
+    ``threads_setting`` names where train.threads came from (train.py: ``--threads``)."""
     config = with_parent(config)  # train.init_from's run is read when the run starts
     ctx = init_distributed(config.train.device)
     trainer = Trainer(config, ctx, progress=progress, threads_setting=threads_setting)

@@ -4,10 +4,7 @@ y is x shifted by one, with -1 where the loss mask is off and over the padding, 
 are learned; right-padding never changes the real tokens' outputs (attention is causal). Rows of
 similar length share a batch: each epoch shuffles, sorts each bucket of ``_BUCKET_BATCHES`` draws by
 length, cuts it into draws and shuffles those, by (seed, epoch) alone, so every rank agrees and a
-resumed run continues exactly; rank r takes the r-th ``batch_size`` rows of a draw.
-"""
-
-from __future__ import annotations
+resumed run continues exactly; rank r takes the r-th ``batch_size`` rows of a draw."""
 
 from typing import Callable, Iterator
 

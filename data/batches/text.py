@@ -1,10 +1,7 @@
 """Batches training reads: sampled windows for training, fixed windows for validation.
 
 A window is block_size + 1 consecutive tokens: x is its first block_size tokens, y the same shifted
-by one. Windows are gathered in one vectorised indexing of the memory-mapped tokens, never row by row.
-"""
-
-from __future__ import annotations
+by one. Windows are gathered in one vectorised indexing of the memory-mapped tokens, never row by row."""
 
 import hashlib
 from typing import Iterator

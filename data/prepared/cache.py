@@ -3,10 +3,7 @@
 An entry is `<cache_dir>/<name>-<key>/`: a meta.json and its kind's files, the key a hash of
 everything that decides the contents. An entry appears only by renaming a complete temporary
 directory (a killed build's `.tmp-*` is removed by the next). Its opener checks the files against
-meta.json's checksums; the main process rebuilds one that fails, and other processes wait for it.
-"""
-
-from __future__ import annotations
+meta.json's checksums; the main process rebuilds one that fails, and other processes wait for it."""
 
 import hashlib
 import json

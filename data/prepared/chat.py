@@ -5,10 +5,7 @@ longer than ``block_size + 1`` tokens is cut by ``data.chat.fit_chat``, exactly 
 inference. One whose last exchange alone does not fit, or that keeps no reply, is dropped; both are
 counted. An entry of the prepared-data cache (``data.prepared.cache``), keyed by the source, split,
 tokenizer hash and block size, is `<cache_dir>/chat-<source>-<key>/`: one checksummed
-``conversations.npz`` (no pickles).
-"""
-
-from __future__ import annotations
+``conversations.npz`` (no pickles)."""
 
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,7 +70,7 @@ class PreparedSequences(cache.TokenizerMixin, Generic[Split]):
     format_version: ClassVar[int]
 
     @classmethod
-    def open(cls, directory: Path, tokenizer_file: Path) -> PreparedSequences:
+    def open(cls, directory: Path, tokenizer_file: Path) -> "PreparedSequences":
         """Open an entry, checking its sequences against their recorded checksum and shape;
         raises DataError if they do not match."""
         meta = cache.read_meta(directory, cls.format_version)

@@ -1,10 +1,7 @@
 """From a `DataConfig` to a cache entry training reads: tokenizer.json, train.bin, val.bin, meta.json,
 as `<cache_dir>/<source>-<key>/` in the prepared-data cache (``data.prepared.cache``). Token files
 are flat uint16 arrays (uint32 when the vocabulary needs it), each document preceded by the
-end-of-text token so the model learns where documents end.
-"""
-
-from __future__ import annotations
+end-of-text token so the model learns where documents end."""
 
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -45,7 +42,7 @@ class PreparedData(TokenizerMixin):
     meta: dict[str, Any]
 
     @classmethod
-    def open(cls, directory: str | Path) -> PreparedData:
+    def open(cls, directory: str | Path) -> "PreparedData":
         """Open an entry, checking it is complete; raises DataError if it is not."""
         directory = Path(directory)
         meta = read_meta(directory, FORMAT_VERSION)
@@ -107,7 +104,7 @@ def entry_dir(cfg: DataConfig, tokenizer_file: Path | None = None) -> Path:
 def prepare_data(
     cfg: DataConfig, *, progress: bool = True, is_main: bool = True, wait_timeout_s: float = 3600.0,
     tokenizer_file: Path | None = None,
-) -> PreparedData:
+) -> "PreparedData":
     """The prepared data for `cfg`, built on a cache miss (main process only); with `tokenizer_file`
     tokenized by that tokenizer.json instead of a newly trained one."""
     spec = cache_spec(cfg, tokenizer_file)

@@ -1,10 +1,7 @@
 """Checksums of the flat token files, recorded when written and verified when opened, with every id
 below the vocabulary size, so a file overwritten in place is rebuilt rather than trained on. Both
 checks run in one sequential read; SHA-256 hashes faster than a disk reads (docs/results.md,
-"Hardening").
-"""
-
-from __future__ import annotations
+"Hardening")."""
 
 import hashlib
 from dataclasses import dataclass

@@ -4,10 +4,7 @@ Each problem is a question such as "What is 23+58?" and its answer "81". Problem
 repeats from the operand pairs in ``0..max_operand``, never listing them all (operands up to 10^12
 cost what 99 does); the held-out ones come first, so none is a training one, and asking for more
 only adds problems at the end. Everything follows from ``seed``. ``conversations`` turns problems
-into chat rows, to fine-tune a base model that is then sometimes right: what RL starts from.
-"""
-
-from __future__ import annotations
+into chat rows, to fine-tune a base model that is then sometimes right: what RL starts from."""
 
 import random
 from dataclasses import dataclass

@@ -9,10 +9,7 @@ A row is one conversation, either:
 
 Each conversation is checked when read; a bad row is an error naming the file and line, or the
 dataset and row (``data.sources.rows``). Held-out conversations come from the dataset's validation
-split when it has one, else by a seeded hash of row ids (data/sources/documents.py).
-"""
-
-from __future__ import annotations
+split when it has one, else by a seeded hash of row ids (data/sources/documents.py)."""
 
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, TypeVar

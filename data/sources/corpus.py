@@ -1,10 +1,7 @@
 """Corpus sources: the embedded plays, a hub dataset, local files, the induction lab's synthetic
 repeats, or the plays' passages written twice (quotes). Each ends as `SourceDocuments` with a stable
 id per document for the split to hash. `source_spec` describes a source for the cache key without
-reading it or importing `datasets`, so a cache hit costs milliseconds.
-"""
-
-from __future__ import annotations
+reading it or importing `datasets`, so a cache hit costs milliseconds."""
 
 import contextlib
 import importlib

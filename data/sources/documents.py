@@ -3,8 +3,6 @@ document-level train/validation split: by a seeded hash of each document's stabl
 document moves no other one. The one exception keeps tiny corpora usable: if one side would be
 empty, the document whose hash is nearest the threshold moves across."""
 
-from __future__ import annotations
-
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass

@@ -1,8 +1,5 @@
 """A Hugging Face hub dataset (or a local directory laid out like one) as a corpus source: the same
-`datasets.load_dataset` call reads both, so the offline tests exercise the real path.
-"""
-
-from __future__ import annotations
+`datasets.load_dataset` call reads both, so the offline tests exercise the real path."""
 
 import contextlib
 import os

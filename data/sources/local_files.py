@@ -1,9 +1,6 @@
 """Local .txt, .jsonl and .parquet files as a corpus source, read with `datasets.load_dataset`. A
 document is a row's text column, or for .txt a whole file (`txt_document`), its id the path below
-the files' common folder; a row's id is its "id" column, else its row number.
-"""
-
-from __future__ import annotations
+the files' common folder; a row's id is its "id" column, else its row number."""
 
 import bz2
 import glob

@@ -5,10 +5,7 @@ by looking back and copying, which is what prompt-lookup speculative decoding ne
 (inference/speculative.py; configs/tiny-quote.yaml, docs/results.md#speculative-decoding). A passage
 is ``min_chars..max_chars`` characters from the start of a random line, cut back to a word's end.
 The plays a text run with the same split holds out (``held_out_plays``) are the validation split, so
-no held-out play is trained on. Everything follows from ``seed``.
-"""
-
-from __future__ import annotations
+no held-out play is trained on. Everything follows from ``seed``."""
 
 import random
 from typing import Any

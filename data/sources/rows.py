@@ -1,9 +1,6 @@
 """Rows of a fine-tuning file or dataset split, each with the place an error about it names, as the
 user finds it: ``FILE line 4`` (1-based, as an editor shows it), ``FILE item 4`` for one JSON array,
-``DESCRIPTION row 4`` for parquet or a hub dataset. Every row has every column, a missing one None.
-"""
-
-from __future__ import annotations
+``DESCRIPTION row 4`` for parquet or a hub dataset. Every row has every column, a missing one None."""
 
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator

@@ -2,10 +2,7 @@
 
 The package is located without importing it (only its data files are used), and each play becomes
 plain play text: speakers become `NAME:` lines, headings and stage directions plain lines, and all
-markdown markup (headings, bold, italics, escapes, hard-break spaces) is removed.
-"""
-
-from __future__ import annotations
+markdown markup (headings, bold, italics, escapes, hard-break spaces) is removed."""
 
 import importlib.metadata
 import importlib.util

@@ -4,10 +4,7 @@ Each speech that answers another speaker becomes a conversation: a system prompt
 and the play, the speech before as the user turn, the reply as the assistant's, preceded by the
 two speakers' previous exchange when they were already trading lines. Stage directions end a
 speech; headings end a scene. An id is ``<play>/<n>``, so the plays held out of pretraining
-(data/sources/documents.py) are held out here too.
-"""
-
-from __future__ import annotations
+(data/sources/documents.py) are held out here too."""
 
 import re
 from dataclasses import dataclass

@@ -3,10 +3,7 @@
 Each document is L made-up words (L in ``min_words..max_words``), then the same L again. Every word
 of the second copy after its first is predictable by finding the current word earlier and copying
 what followed: what an induction head does. Words are consonant-vowel syllables with a leading
-space, so byte-level BPE learns each as one token. Everything follows from ``seed``.
-"""
-
-from __future__ import annotations
+space, so byte-level BPE learns each as one token. Everything follows from ``seed``."""
 
 import random
 from typing import Any

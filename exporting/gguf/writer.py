@@ -12,8 +12,7 @@ The tokenizer goes in as metadata, so llama.cpp tokenizes and detokenizes as we 
 with GPT-2's pre-tokenizer is, in GGUF terms, the ``gpt2`` tokenizer model with the ``gpt-2``
 pre-tokenizer. Tokens are stored in id order as tokenizer.json holds them, merges as "left right"
 strings, and the special tokens as control tokens. A model vocabulary larger than the tokenizer's is
-filled with unused placeholders so that ids and embedding rows line up.
-"""
+filled with unused placeholders so that ids and embedding rows line up."""
 
 from __future__ import annotations
 

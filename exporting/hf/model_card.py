@@ -1,8 +1,6 @@
 """The exported folder's README.md: a Hugging Face model card written from what the run recorded
 (its model config, and ``rundir.record.RunRecord``: its data settings and final bits/byte)."""
 
-from __future__ import annotations
-
 from typing import Any
 
 from model.config import GPTConfig

@@ -3,10 +3,7 @@
 Our fused Q/K/V and gate/up matrices are split as the model's layer map says (``model.layer_map``)
 into transformers' usual separate projections, which tools such as PEFT target by name; latent
 attention's into DeepSeek-style names (``kv_a_proj``, ``k_b_proj``, ``v_b_proj``, ``q_a_proj``,
-``q_b_proj``).
-"""
-
-from __future__ import annotations
+``q_b_proj``)."""
 
 import torch
 

@@ -1,8 +1,6 @@
 """Write a run as a folder that Hugging Face transformers loads on its own. Every format builds
 its folder through ``exporting.folder`` and loads the run through ``rundir.loading.load_run``."""
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path

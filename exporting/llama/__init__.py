@@ -3,8 +3,7 @@
 A run whose options are Llama's (``GPTConfig.llama_blockers``, checked by ``writer``)
 becomes a folder that transformers loads as its own ``LlamaForCausalLM``, with no code shipped and
 no ``trust_remote_code``; the GGUF export (``exporting.gguf``) takes the same runs, for llama.cpp and
-the runtimes built on it.
-"""
+the runtimes built on it."""
 
 from exporting.llama.writer import export_llama, require_llama_shape
 

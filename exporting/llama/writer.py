@@ -2,10 +2,7 @@
 format's files, with ``config.json`` under Llama's model type and without the shipped code.
 
 A run for either Llama format (this folder and GGUF) is refused first, from its config alone, when
-it is not Llama-shaped, then loaded once, with its weights under transformers' Llama names.
-"""
-
-from __future__ import annotations
+it is not Llama-shaped, then loaded once, with its weights under transformers' Llama names."""
 
 from dataclasses import dataclass
 from pathlib import Path

@@ -2,8 +2,7 @@
 
 ``decoder`` wraps the model with explicit cache tensors, ``graph`` exports and checks it, ``writer``
 builds the folder, and ``readme`` writes the folder's README, whose decoding loop imports only
-numpy, onnxruntime and tokenizers.
-"""
+numpy, onnxruntime and tokenizers."""
 
 from exporting.onnx.writer import OnnxExportResult, export_onnx
 

@@ -12,10 +12,7 @@ new tokens, so it records attention's general path (a chunk under a mask), exact
   real tokens with 1 and padding with 0, so rows of different lengths share a batch (left padding).
 - ``StaticDecoder``: fixed shapes for runtimes that need them. The cache is preallocated at
   ``block_size`` positions; each call adds one token per row, written at ``position_ids``, and
-  reads the slots that ``attention_mask`` (batch, block_size) marks as written.
-"""
-
-from __future__ import annotations
+  reads the slots that ``attention_mask`` (batch, block_size) marks as written."""
 
 from collections.abc import Callable
 

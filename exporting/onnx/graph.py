@@ -2,10 +2,7 @@
 
 The exporter is ``torch.onnx.export(..., dynamo=True)``, which sees every shape as a symbol, so
 batch, new tokens and past length become named dynamic axes; the legacy TorchScript tracer has no
-conversion for ``aten::rms_norm`` at any opset.
-"""
-
-from __future__ import annotations
+conversion for ``aten::rms_norm`` at any opset."""
 
 import logging
 import warnings

@@ -1,8 +1,6 @@
 """The exported folder's README.md: what the graph takes and returns, and a decoding loop that
 needs only numpy, onnxruntime and tokenizers (tests run it exactly as written here)."""
 
-from __future__ import annotations
-
 from model.config import GPTConfig
 from model.gpt import GPT
 from exporting.onnx.decoder import cache_entries

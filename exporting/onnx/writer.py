@@ -1,9 +1,6 @@
 """Write a run as a folder that ONNX Runtime decodes with no PyTorch: model.onnx, the tokenizer
 files, config.json and a README.md with the decoding loop, in the layout of Hugging Face Optimum's
-ONNX exports.
-"""
-
-from __future__ import annotations
+ONNX exports."""
 
 import importlib
 from dataclasses import dataclass

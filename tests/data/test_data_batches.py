@@ -15,8 +15,11 @@ def tokens(tmp_path) -> np.memmap:
     return np.memmap(path, dtype=np.uint16, mode="r")
 
 
-@pytest.mark.parametrize("sampler", [TrainBatches, EpochBatches])
-def test_shapes_dtypes_and_targets_shifted_by_one(tokens, sampler):
+@pytest.mark.parametrize("sampling, sampler", [("random", TrainBatches), ("epoch", EpochBatches)])
+def test_the_named_sampler_gives_shapes_dtypes_and_targets_shifted_by_one(tokens, sampling, sampler):
+    made = train_batches(sampling, tokens, 16, 4, seed=2, rank=1, world_size=2)
+    direct = sampler(tokens, 16, 4, seed=2, rank=1, world_size=2)
+    assert type(made) is sampler and torch.equal(made.next()[0], direct.next()[0])
     x, y = sampler(tokens, block_size=16, batch_size=4, seed=0).next()
     assert x.shape == y.shape == (4, 16) and x.dtype == y.dtype == torch.int64
     assert x.is_contiguous() and y.is_contiguous()
@@ -100,13 +103,6 @@ def test_epoch_sampling_state_restores_the_exact_stream(tokens):
     assert all(np.array_equal(a, b) for a, b in zip(expected, epoch_starts(resumed, 80)))
     other_seed = EpochBatches(tokens, 16, 8, seed=4)
     assert not np.array_equal(epoch_starts(other_seed, 1)[0], epoch_starts(EpochBatches(tokens, 16, 8, seed=3), 1)[0])
-
-
-def test_train_batches_builds_the_named_sampler(tokens):
-    for sampling, cls in [("random", TrainBatches), ("epoch", EpochBatches)]:
-        made = train_batches(sampling, tokens, 16, 4, seed=2, rank=1, world_size=2)
-        direct = cls(tokens, 16, 4, seed=2, rank=1, world_size=2)
-        assert type(made) is cls and torch.equal(made.next()[0], direct.next()[0])
 
 
 @pytest.mark.parametrize("make, error, fragment", [

@@ -367,8 +367,10 @@ def test_held_out_pass_at_k_counts_the_questions_and_the_speeches_count_the_call
 
 
 def test_the_shipped_tools_rl_config_reads_and_holds_out_the_sft_runs_held_out_problems(tool_run_dir):
+    from data.config import CalculatorShapes, CalculatorSourceConfig
     from data.sources.tool_arithmetic import calculator_conversations
     from training.config import load_run_config
+    from training.tasks.grpo.config import CalculatorTaskConfig
     from training.tasks.grpo.prompts import prepare_calculator_prompts
 
     root = Path(__file__).parents[2]
@@ -379,11 +381,17 @@ def test_the_shipped_tools_rl_config_reads_and_holds_out_the_sft_runs_held_out_p
     assert rl.rewards == ["tool_answer_correct", "tool_format", "tool_when_needed"]
     sft = load_run_config(root / "configs" / "tiny-tools.yaml",
                           [f"train.init_from={tool_run_dir}", "run.out_dir=unused"]).data
-    train, held_out = calculator_conversations(sft.calculator, sft.val_fraction, sft.split_seed)
-    prompts = prepare_calculator_prompts(tool_run_dir / "tokenizer.json", rl.calculator, window=4096, reply=0,
-                                         train_problems=rl.calculator.train_problems,
-                                         val_problems=rl.calculator.val_problems,
-                                         val_fraction=config.data.val_fraction, split_seed=config.data.split_seed)
-    # Every question of the SFT run's conversations is a prompt, held out exactly where the SFT run holds it out.
+    # The same shapes and split, and as many problems held out as the SFT run holds out ...
+    shapes = {name: getattr(sft.calculator, name) for name in CalculatorShapes.model_fields}
+    assert {name: getattr(rl.calculator, name) for name in CalculatorShapes.model_fields} == shapes
+    assert (config.data.val_fraction, config.data.split_seed) == (sft.val_fraction, sft.split_seed)
+    assert rl.calculator.val_problems == round(sft.val_fraction * sft.calculator.problems)
+    assert rl.calculator.train_problems + rl.calculator.val_problems == sft.calculator.problems
+    # ... make every question of the SFT run's conversations a prompt, held out where the SFT run holds it out.
+    train, held_out = calculator_conversations(CalculatorSourceConfig(**shapes, problems=300), sft.val_fraction,
+                                               sft.split_seed)
+    prompts = prepare_calculator_prompts(tool_run_dir / "tokenizer.json", CalculatorTaskConfig(**shapes),
+                                         train_problems=270, val_problems=30, val_fraction=config.data.val_fraction,
+                                         split_seed=config.data.split_seed, window=4096, reply=0)
     asked = lambda conversations: [m.content for c in conversations for m in c if m.role == "user"]  # noqa: E731
     assert prompts.val.questions == asked(held_out) and prompts.train.questions == asked(train)

@@ -4,10 +4,7 @@ evaluation, chat samples, and the task that trains on them (``ChatTask``).
 A step's loss is the summed cross-entropy over every loss-bearing target of the step (all
 micro-batches and processes) divided by their count, taken before the backward passes and clamped
 to at least 1, so a long reply weighs what its tokens weigh and a step with no target gives zero
-gradients rather than NaN.
-"""
-
-from __future__ import annotations
+gradients rather than NaN."""
 
 import contextlib
 from pathlib import Path

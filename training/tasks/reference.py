@@ -4,8 +4,6 @@ with its adapters off, so no second copy is held. A frozen copy is read from the
 each time the run starts, so a resumed run checks their SHA-256 (``parent.json``): against other
 weights its rewards or KL would silently measure something else."""
 
-from __future__ import annotations
-
 from typing import Protocol
 
 import torch

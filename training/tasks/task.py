@@ -2,8 +2,6 @@
 accumulation of a step's gradient that text training uses (``accumulate_gradients``), and
 ``prepare_task``, the one place that reads ``data.format``."""
 
-from __future__ import annotations
-
 import contextlib
 import importlib
 from abc import ABC, abstractmethod
@@ -151,7 +149,7 @@ TASKS = {"text": "training.tasks.text", "chat": "training.tasks.chat", "preferen
 
 
 def prepare_task(config: Config, tokenizer_file: Path | None, *, progress: bool, is_main: bool, device: torch.device,
-                 adapters: Adapters, resume: bool = False) -> Task:
+                 adapters: "Adapters", resume: bool = False) -> Task:
     """The task ``data.format`` names, its data prepared (``tokenizer_file``: a parent run's
     tokenizer, or the run's own copy when resuming; None trains one) and checked to fit the model."""
     build = importlib.import_module(TASKS[config.data.format]).build

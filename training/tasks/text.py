@@ -1,7 +1,5 @@
 """Pretraining on documents (``data.format: text``): next-token prediction, where every target counts."""
 
-from __future__ import annotations
-
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any

@@ -1,10 +1,7 @@
 """Batches of reply pairs for preference optimisation: x holds the pairs' prompt + chosen rows, then
 their prompt + rejected rows in the same order, padded at the end, so one forward pass scores both
 replies of every pair; y is -1 off the replies. Pairs are drawn as conversations are
-(``data.batches.chat``): grouped by length, once per epoch, exactly resumable.
-"""
-
-from __future__ import annotations
+(``data.batches.chat``): grouped by length, once per epoch, exactly resumable."""
 
 import numpy as np
 import torch

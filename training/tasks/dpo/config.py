@@ -1,8 +1,6 @@
 """The ``dpo:`` section of a run's config (``data.format: preference``): DPO's knobs, as TRL's DPOConfig
 names them, with its defaults."""
 
-from __future__ import annotations
-
 from pydantic import Field
 
 from training.config import MethodSection, register_section

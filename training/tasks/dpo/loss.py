@@ -10,10 +10,7 @@ averaged over the step's pairs. β sets how far the policy may move. The sigmoid
 well met by making both replies less likely, and on a small set the policy drifts until replies
 collapse; RPO's α · NLL(c) (``dpo.rpo_alpha``; TRL's ``loss_type=["sigmoid", "sft"]``) anchors it to
 text it already wrote well, and makes the held-out loss rise again when it drifts. The metrics carry
-TRL's names (``rewards/chosen``, ``rewards/accuracies``, ``rewards/margins``, ``logps/chosen``, ...).
-"""
-
-from __future__ import annotations
+TRL's names (``rewards/chosen``, ``rewards/accuracies``, ``rewards/margins``, ``logps/chosen``, ...)."""
 
 import contextlib
 from typing import Callable, ContextManager

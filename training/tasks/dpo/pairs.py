@@ -7,10 +7,7 @@ files or a hub dataset, in either of TRL's two explicit-prompt shapes (mixable w
 
 Each row is checked when read; a bad one is an error naming the file and line (or dataset and row)
 and what is wrong with the pair. Held-out pairs come as held-out conversations do
-(``data.sources.conversations.load_examples``).
-"""
-
-from __future__ import annotations
+(``data.sources.conversations.load_examples``)."""
 
 from dataclasses import dataclass, field
 from typing import Any

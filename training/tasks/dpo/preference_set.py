@@ -11,10 +11,7 @@ never rejected: such a pair would only teach "shorter". Rows are TRL conversatio
 ``data.format: preference`` reads.
 
 ``--out`` is checked before any reply is made and written whole or not at all; a full disk is one
-line, and Ctrl-C or SIGTERM stop at once with nothing written, exiting 130 or 143.
-"""
-
-from __future__ import annotations
+line, and Ctrl-C or SIGTERM stop at once with nothing written, exiting 130 or 143."""
 
 import argparse
 import json

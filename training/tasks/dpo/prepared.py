@@ -5,10 +5,7 @@ with its generation prompt, then the reply's text and ``<|end|>``, which join in
 whole conversation renders to. The loss mask is on the reply alone. Both sequences share one prompt,
 cut by ``fit_chat`` to leave room for the longer reply within ``block_size + 1`` tokens; a pair whose
 reply alone does not fit is dropped, and cut and dropped pairs are counted. An entry of the prepared
-data cache is `<cache_dir>/preference-<source>-<key>/`, its sequences in one ``conversations.npz``.
-"""
-
-from __future__ import annotations
+data cache is `<cache_dir>/preference-<source>-<key>/`, its sequences in one ``conversations.npz``."""
 
 from dataclasses import dataclass
 from pathlib import Path

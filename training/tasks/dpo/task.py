@@ -1,8 +1,6 @@
 """The DPO task (``data.format: preference``): a chat run learns, from reply pairs, to prefer each chosen
 reply over its rejected one, measured against its frozen parent."""
 
-from __future__ import annotations
-
 from pathlib import Path
 from typing import Any
 
