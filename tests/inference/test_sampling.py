@@ -92,13 +92,7 @@ def test_sampling_is_inverse_cdf_of_one_uniform_per_row_and_never_past_the_mass(
     tokens = sample_next_token(probs.log().expand(20000, 3), temperature=1.0, generator=gen(14))
     freq = torch.bincount(tokens, minlength=3).float() / 20000
     assert (freq - probs).abs().max() < 0.015  # ~4 standard errors
-    # u * total can round up to total; searchsorted then points past the end (or at a filtered id).
-    monkeypatch.setattr(sampling, "uniform_per_row", lambda batch, generator, device: torch.ones(batch))
-    logits = torch.tensor([[0.0, 0.0, 0.0, 5.0, 0.0, 4.0, 0.0, 0.0, 0.0, 0.0]])
-    assert sample_next_token(logits, temperature=1.0, top_k=2).item() == 5
-
-
-def test_generator_list_gives_each_row_its_own_stream():
+    # A list of generators gives each row its own stream.
     logits = torch.randn(3, 25, generator=gen(8))
     batch = sample_next_token(logits, temperature=1.0, generator=[gen(10), gen(11), gen(12)])
     for row in range(3):
@@ -110,6 +104,10 @@ def test_generator_list_gives_each_row_its_own_stream():
     batch, g = sample_next_token(logits, temperature=1.0, generator=gen(13)), gen(13)
     assert batch.tolist() == [sample_next_token(logits[row:row + 1], temperature=1.0, generator=g).item()
                               for row in range(3)]
+    # u * total can round up to total; searchsorted then points past the end (or at a filtered id).
+    monkeypatch.setattr(sampling, "uniform_per_row", lambda batch, generator, device: torch.ones(batch))
+    logits = torch.tensor([[0.0, 0.0, 0.0, 5.0, 0.0, 4.0, 0.0, 0.0, 0.0, 0.0]])
+    assert sample_next_token(logits, temperature=1.0, top_k=2).item() == 5
 
 
 def nucleus_by_full_sort(probs: torch.Tensor, p: float) -> torch.Tensor:

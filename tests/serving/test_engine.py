@@ -157,7 +157,7 @@ class Refusing(Collector):
         super().__call__(event)
 
 
-def test_a_callback_error_on_the_callers_thread_ends_its_request_and_reaches_the_caller(chat_run):
+def test_a_callback_error_ends_its_request_on_the_callers_thread_and_on_the_servers_loop(chat_run, caplog):
     engine = Engine(chat_run.model, chat_run.token_bytes, max_batch=2)
     greedy = api_settings(20, temperature=0.0)
     refusing, other = Refusing(fail_at=3), Collector()
@@ -173,9 +173,7 @@ def test_a_callback_error_on_the_callers_thread_ends_its_request_and_reaches_the
     solo.submit([7, 8], greedy, alone)
     solo.run_until_idle()
     assert other.finish.token_ids == alone.finish.token_ids and other.finish.reason == "length"
-
-
-def test_a_callback_error_on_the_servers_loop_ends_only_its_request(chat_run, caplog):
+    # On the server's loop, it ends only its request.
     greedy = api_settings(20, temperature=0.0)
     with Engine(chat_run.model, chat_run.token_bytes, max_batch=2) as engine:
         refusing, other = Refusing(fail_at=3), Collector()

@@ -41,20 +41,6 @@ def chat() -> ChatReply:
     return ChatReply("m", [1, 2, 3], ChatReplyLogprobs(TOKEN_BYTES, False), headers={"X-Dropped-Messages": "0"})
 
 
-def test_whole_bodies_have_each_endpoints_shape():
-    body = completion(echo="ab").body(FINISH)
-    assert body["object"] == "text_completion" and body["id"].startswith("cmpl-") and body["model"] == "m"
-    assert body["choices"] == [{"index": 0, "text": "abhi", "logprobs": None, "finish_reason": "stop"}]
-    assert body["usage"] == USAGE
-
-    reply = chat()
-    body = reply.body(FINISH)
-    assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
-    assert body["choices"] == [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "logprobs": None,
-                                "finish_reason": "stop"}]
-    assert body["usage"] == USAGE and reply.headers == {"X-Dropped-Messages": "0"}
-
-
 def test_a_completion_and_a_chat_stream_as_openai_defines():
     reply = completion(echo="ab")
     chunks, ticket = stream(reply, EVENTS, include_usage=True)
@@ -77,6 +63,18 @@ def test_a_completion_and_a_chat_stream_as_openai_defines():
                                                           {"content": "i"}, {}]
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop" and "usage" not in chunks[-1]
     assert ticket.cancelled
+    # Whole bodies have each endpoint's shape.
+    body = completion(echo="ab").body(FINISH)
+    assert body["object"] == "text_completion" and body["id"].startswith("cmpl-") and body["model"] == "m"
+    assert body["choices"] == [{"index": 0, "text": "abhi", "logprobs": None, "finish_reason": "stop"}]
+    assert body["usage"] == USAGE
+
+    reply = chat()
+    body = reply.body(FINISH)
+    assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
+    assert body["choices"] == [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "logprobs": None,
+                                "finish_reason": "stop"}]
+    assert body["usage"] == USAGE and reply.headers == {"X-Dropped-Messages": "0"}
 
 
 def _tool_reply(forced_text: str = ""):

@@ -106,6 +106,16 @@ def test_generate_past_the_learned_positions_is_a_clear_error_and_the_config_nam
     rope = read_json(make_export(positions="rope")[1] / "config.json")
     assert (rope["positions"], rope["rotary_base"]) == ("rope", 10000.0)
     assert with_options["value_embeddings"] is True
+    # The attention mask hides padding and leaves no query empty.
+    from exporting.hf.shipped.modeling_minigpt import attention_mask_4d
+
+    padding = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+    mask = attention_mask_4d(padding, batch=2, length=3, past=2, device=torch.device("cpu"))
+    assert mask.shape == (2, 1, 3, 5)
+    assert mask.any(dim=-1).all()  # every query reads at least one key
+    assert not mask[0, 0, :, :2].any()  # real queries of row 0 never read its padding
+    expected_causal = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
+    assert torch.equal(mask[1, 0], expected_causal)  # bottom-right aligned on top of 2 cached positions
 
 
 @pytest.mark.parametrize("positions", ["rope", "none"])
@@ -306,15 +316,3 @@ def test_chat_generation_never_samples_a_role_token(make_export, hf_models):
         seen += sum(bool(roles & set(reply)) for reply in sample(seed, suppress_tokens=None))
     assert stopped > 0
     assert seen > 0  # without the rule this model does sample role tokens, so the check above can fail
-
-
-def test_attention_mask_hides_padding_and_leaves_no_query_empty():
-    from exporting.hf.shipped.modeling_minigpt import attention_mask_4d
-
-    padding = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
-    mask = attention_mask_4d(padding, batch=2, length=3, past=2, device=torch.device("cpu"))
-    assert mask.shape == (2, 1, 3, 5)
-    assert mask.any(dim=-1).all()  # every query reads at least one key
-    assert not mask[0, 0, :, :2].any()  # real queries of row 0 never read its padding
-    expected_causal = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
-    assert torch.equal(mask[1, 0], expected_causal)  # bottom-right aligned on top of 2 cached positions
