@@ -45,7 +45,7 @@ def test_the_grid_the_single_map_and_the_untrained_comparison_are_drawn(run_dir,
     assert "wrote" in capsys.readouterr().err
 
 
-def test_json_holds_the_tokens_and_rows_that_sum_to_one(run_dir, capsys):
+def test_json_holds_rows_that_sum_to_one_and_compare_scale_prints_both_entropies(run_dir, capsys, tmp_path):
     assert main(["--run", str(run_dir), "--prompt", PROMPT, "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     T = len(report["token_ids"])
@@ -56,6 +56,18 @@ def test_json_holds_the_tokens_and_rows_that_sum_to_one(run_dir, capsys):
             for i, row in enumerate(head):
                 assert sum(row) == pytest.approx(1.0, abs=1e-5)
                 assert all(w == 0.0 for w in row[i + 1:])
+    # --compare-scale draws one head and prints both entropies.
+    out = tmp_path / "scale.png"
+    assert main(["--run", str(run_dir), "--prompt", PROMPT, "--layer", "1", "--head", "2", "--compare-scale",
+                 "--out", str(out)]) == 0
+    assert is_png(out)
+    line = capsys.readouterr().out.strip()
+    config = json.loads((run_dir / "model_config.json").read_text())
+    # The d of 1/√d is the dot product's width: latent attention's rotary part (half a head) is in it.
+    d = 16 + (8 if config.get("positions") == "rope" else 0)
+    assert line.startswith(f"layer 1 head 2 (d = {d}): mean attention entropy ")
+    with_scale, without = (float(part.split(" bits")[0].split()[-1]) for part in line.split(","))
+    assert without <= with_scale
 
 
 def test_roles_print_one_row_per_layer_and_head(run_dir, tmp_path, capsys):
@@ -106,20 +118,6 @@ def test_roles_default_to_the_runs_own_validation_text_read_from_its_config(run_
     (run / "config.yaml").write_text(yaml.safe_dump({"data": data, "train": {"init_from": str(tmp_path / "gone")}}))
     assert main(["--run", str(run), "--roles", "--windows", "1"]) == 0
     assert len(head_rows(capsys.readouterr().out)) == 2 * 4
-
-
-def test_compare_scale_draws_one_head_and_prints_both_entropies(run_dir, tmp_path, capsys):
-    out = tmp_path / "scale.png"
-    assert main(["--run", str(run_dir), "--prompt", PROMPT, "--layer", "1", "--head", "2", "--compare-scale",
-                 "--out", str(out)]) == 0
-    assert is_png(out)
-    line = capsys.readouterr().out.strip()
-    config = json.loads((run_dir / "model_config.json").read_text())
-    # The d of 1/√d is the dot product's width: latent attention's rotary part (half a head) is in it.
-    d = 16 + (8 if config.get("positions") == "rope" else 0)
-    assert line.startswith(f"layer 1 head 2 (d = {d}): mean attention entropy ")
-    with_scale, without = (float(part.split(" bits")[0].split()[-1]) for part in line.split(","))
-    assert without <= with_scale
 
 
 @pytest.fixture(scope="module")

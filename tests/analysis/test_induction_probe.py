@@ -63,7 +63,7 @@ def text_windows(count: int = 4) -> torch.Tensor:
     return TRAINED[torch.randint(0, len(TRAINED), (count, BLOCK), generator=g)]
 
 
-def test_an_induction_head_is_seen_on_trained_ids_even_when_most_ids_are_untrained():
+def test_each_hand_built_head_scores_what_it_should_on_trained_ids():
     # head_roles draws from the ids of the held-out windows: every one of them trained. Drawn from
     # the whole vocabulary (most ids untrained and alike), this head would read about 1 / period.
     roles = {(r.layer, r.head): r for r in maps.head_roles(HandBuilt(), text_windows())}
@@ -72,9 +72,7 @@ def test_an_induction_head_is_seen_on_trained_ids_even_when_most_ids_are_untrain
     assert maps.layer_induction(list(roles.values()))[1] > 0.95
     # The same head is blind when the ids it cannot tell apart are drawn: the probe, not the head, fails.
     assert maps.head_roles(HandBuilt(), text_windows(), torch.arange(200, VOCAB))[2].induction < 0.1
-
-
-def test_a_uniform_head_scores_its_share_of_each_query_and_a_previous_token_head_zero():
+    # A uniform head scores its share of each query, and a previous-token head zero.
     roles = {(r.layer, r.head): r for r in maps.head_roles(HandBuilt(), text_windows(), TRAINED)}
     periods = induction_periods(BLOCK, len(TRAINED))
     # Query p + j of a uniform head puts 1 / (p + j + 1) on each key it may see.

@@ -17,7 +17,7 @@ def mla_export(request, make_export, hf_models):
     return run_dir, folder, hf_models(folder)
 
 
-def test_config_json_and_model_card_declare_the_latent_attention(mla_export):
+def test_the_export_declares_latent_attention_and_caches_latents_only_with_our_logits(mla_export):
     run_dir, folder, _ = mla_export
     config = read_json(folder / "config.json")
     ours = load_pretrained(run_dir).config
@@ -29,9 +29,7 @@ def test_config_json_and_model_card_declare_the_latent_attention(mla_export):
     latent = load_pretrained(run_dir).config.kv_latent_dim
     assert "multi-head latent attention" in card and "grouped-query" not in card
     assert f"| attention heads / key-value heads | 4 / 4, from a latent of {latent} |" in card
-
-
-def test_cached_logits_match_ours_and_the_cache_holds_latents_only(mla_export):
+    # Its cached logits are ours, and its cache holds the latents only.
     run_dir, _, theirs = mla_export
     ours = load_pretrained(run_dir)
     ids = torch.randint(0, VOCAB_SIZE, (1, 12), generator=torch.Generator().manual_seed(2))
