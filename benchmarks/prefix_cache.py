@@ -82,7 +82,7 @@ def serve(model: GPT, tokenizer: Tokenizer, token_bytes: list[bytes], talks: lis
     mode = Mode(name, replies=[[] for _ in talks])
     chat = ChatTokenIds.of(tokenizer)
 
-    def next_turn(client: int, finish) -> Request | None:
+    def next_turn(client: int, finish) -> "Request | None":
         talk, replies = talks[client], mode.replies[client]
         if finish is not None:
             mode.prompt_tokens += finish.prompt_tokens

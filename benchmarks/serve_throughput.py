@@ -79,7 +79,7 @@ def summarize(clients: int, timings: list[Timing], seconds: float) -> Level:
 def run_engine(run, work, clients: int, max_batch: int, compile: bool = False) -> Level:
     queues = [work[c::clients] for c in range(clients)]
 
-    def next_request(client: int, finish) -> Request | None:
+    def next_request(client: int, finish) -> "Request | None":
         if not queues[client]:
             return None
         prompt, params = queues[client].pop(0)
