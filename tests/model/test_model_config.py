@@ -1,5 +1,6 @@
 """GPTConfig: derived sizes, the refusals that name the key, the bounds, dict round trip."""
 
+import json
 import math
 import typing
 
@@ -86,9 +87,12 @@ def test_a_removed_option_at_its_off_value_loads(key, off, on):
     assert GPTConfig.from_dict({**VALID, key: off}) == GPTConfig(**VALID)
 
 
-def test_from_dict_round_trips_and_rejects_missing_keys_and_what_is_no_section():
-    cfg = GPTConfig(**VALID, ffn_hidden=96, dropout=0.1, norm_eps=1e-6, tie_embeddings=False)
-    assert GPTConfig.from_dict(cfg.to_dict()) == cfg
+def test_from_dict_round_trips_turns_absent_options_off_and_rejects_missing_keys_and_what_is_no_section():
+    cfg = GPTConfig(**VALID, ffn_hidden=96, dropout=0.1, norm_eps=1e-6, tie_embeddings=False, value_embeddings=True)
+    assert GPTConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+    config = GPTConfig.from_dict(json.loads(json.dumps(VALID)))  # a model_config.json saved before the options
+    assert (config.value_embeddings, config.tie_embeddings, config.positions) == (False, True, "learned")
+    assert (config.attention, config.kv_latent_dim, config.q_latent_dim, config.rope_theta) == ("gqa", None, None, 1e4)
     partial = dict(VALID)
     del partial["n_layer"]
     with pytest.raises(ValueError, match=r"missing required config key 'model.n_layer'"):
