@@ -1,7 +1,9 @@
-"""The server through the real OpenAI client, over a real socket on 127.0.0.1."""
+"""The server through the real OpenAI client, over a real socket on 127.0.0.1; the README's OpenAI snippet."""
 
 import asyncio
+import contextlib
 import http.client
+import io
 import json
 import re
 import socket
@@ -15,7 +17,7 @@ import pytest
 from data.chat import ChatTokenIds, render_chat, to_messages
 from inference.completion import generate_completions
 from inference.settings import GenerationSettings
-from server_process import running_server
+from server_process import ROOT, running_server
 
 openai = pytest.importorskip("openai")
 
@@ -45,6 +47,20 @@ def test_start_up_names_the_api_health_answers_and_a_plain_run_refuses_chat(chat
         with pytest.raises(openai.BadRequestError, match="no chat tokens.*pretrain a new run"):
             client.chat.completions.create(model="tiny-plain", messages=[{"role": "user", "content": "hi"}])
         assert client.completions.create(model="tiny-plain", prompt="hi", max_tokens=3).usage.completion_tokens >= 1
+
+
+def test_the_readme_snippet_run_as_written_prints_generate_py_text(chat_server, chat_run):
+    """Only its address changed: it passes generate.py's sampling settings rather than OpenAI's defaults."""
+    section = (ROOT / "README.md").read_text(encoding="utf-8").split("## Serving an OpenAI-compatible API")[1]
+    snippet = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
+    assert "http://127.0.0.1:8000/v1" in snippet
+    expected = reference(chat_run, chat_run.tokenizer.encode("ROMEO:").ids, max_new_tokens=40, seed=1)
+    assert chat_run.eot_id not in expected.token_ids  # else the server would stop early, and the text differ
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(snippet.replace("http://127.0.0.1:8000/v1", f"{chat_server.base}/v1"), {})
+    assert printed.getvalue().startswith(expected.text + "\n")
+    assert len(printed.getvalue()) > len(expected.text) + 1  # and then the chat reply
 
 
 @pytest.mark.parametrize("header", ["bytes=0-10", "bytes=-5", "bytes=999999-", "bytes=5-2", "bytes=abc",
