@@ -1,4 +1,5 @@
-"""attention.py end to end on saved runs of both attention kinds, and its one-line refusals."""
+"""attention.py end to end on saved runs of both attention kinds, and its one-line refusals; --copy's
+scores where a prompt writes a span twice."""
 
 import json
 import re
@@ -6,9 +7,13 @@ import shutil
 import subprocess
 
 import pytest
+import torch
 
 from analysis.cli import main
+from analysis.maps import SpanRepeat, find_repeat
+from analysis.roles import attention_maps
 from refusal_testkit import one_error_line
+from rundir.loading import load_run
 from run_testkit import build_run, chat_tokenizer
 
 PROMPT = "ROMEO: But soft, what light"
@@ -188,6 +193,7 @@ def test_bad_runs_input_is_one_line_and_exit_2(variant_runs, args, message, caps
     (["--prompt", PROMPT, "--copy", ""], "argument --copy: is empty; give the text, e.g. --copy 281764"),
     (["--prompt", PROMPT, "--copy", "408", "--layer", "0", "--head", "0"], "copy does not take --layer 0 --head 0"),
     (["--roles", "--copy", "408"], "attention.py roles does not take --copy 408"),
+    (["--prompt", PROMPT, "--copy", "409"], "--copy '409' (3 tokens) does not occur twice"),
     (["--copy", "408"], "the following arguments are required: --prompt; see python attention.py copy --help"),
     (["--history", "--induction-threshold", "0"], "argument --induction-threshold: is a weight in (0, 1], got '0'"),
     (["--history", "--induction-threshold", "1.01"], "argument --induction-threshold: is a weight in (0, 1]"),
@@ -205,6 +211,47 @@ def test_bad_input_is_one_line_and_exit_2_and_writes_nothing(run_dir, args, mess
     (tmp_path / "same.txt").write_text("a" * 4000, encoding="utf-8")
     one_error_line(main(["--run", str(run_dir), *args]), *capsys.readouterr(), message)
     assert [p.name for p in tmp_path.iterdir()] == ["same.txt"]
+
+
+CONVERSATION = ('<|user|>What is 12*34?<|end|><|assistant|><|call|>calculator{"expression":"12*34"}<|end|>'
+                "<|tool|>408<|end|><|assistant|>408<|end|>")
+
+
+@pytest.fixture(scope="module")
+def copy_run_dir(tmp_path_factory):
+    return build_run(tmp_path_factory.mktemp("copy") / "run", chat_tokenizer(), block_size=64)
+
+
+def test_copy_scores_are_each_heads_weights_at_the_answers_positions_and_the_copier_is_drawn(copy_run_dir, tmp_path,
+                                                                                             capsys):
+    figure = tmp_path / "copy.png"  # the copier beside the head that copies least
+    assert main(["--run", str(copy_run_dir), "--prompt", CONVERSATION, "--copy", "408", "--out", str(figure)]) == 0
+    assert is_png(figure) and f"wrote {figure}" in capsys.readouterr().err
+    assert main(["--run", str(copy_run_dir), "--prompt", CONVERSATION, "--copy", "408"]) == 0
+    out = capsys.readouterr().out
+    rows = [[float(x) for x in line.strip("|").split("|")] for line in out.splitlines()
+            if line.startswith("| ") and not line.startswith("| layer")]
+    run = load_run(copy_run_dir, torch.device("cpu"))
+    ids = run.tokenizer.encode(CONVERSATION).ids
+    span = run.tokenizer.encode("408").ids
+    # The result's tokens follow <|tool|>, the answer's the last <|assistant|>: found here by the special ids.
+    result = ids.index(run.tokenizer.token_to_id("<|tool|>")) + 1
+    answer = len(ids) - 1 - ids[::-1].index(run.tokenizer.token_to_id("<|assistant|>")) + 1
+    assert ids[result:result + len(span)] == ids[answer:answer + len(span)] == span
+    maps = attention_maps(run.model, torch.tensor([ids]))
+    assert len(rows) == len(maps) * maps[0].shape[1]
+    for layer, head, copy, induction in rows:
+        probs = maps[int(layer)][0, int(head)]
+        want_copy = sum(probs[answer + j - 1, result + j] for j in range(len(span))) / len(span)
+        want_induction = sum(probs[answer + j, result + j + 1] for j in range(len(span))) / len(span)
+        assert (copy, induction) == (pytest.approx(float(want_copy), abs=6e-4),
+                                     pytest.approx(float(want_induction), abs=6e-4))
+    assert f"tokens {result}-{result + len(span) - 1} written again at {answer}-{answer + len(span) - 1}" in out
+    # A repeat is found by its tokens, never overlapping.
+    assert find_repeat([5, 1, 2, 7, 1, 2, 9], [1, 2]) == SpanRepeat(offset=1, period=3, length=2)
+    assert find_repeat([1, 1, 1], [1, 1]) is None  # the two would share a token
+    assert find_repeat([1, 1, 1, 1], [1, 1]) == SpanRepeat(0, 2, 2)
+    assert find_repeat([3, 4, 5], [4]) is None
 
 
 FORMATS = [(".pdf", b"%PDF"), (".svg", b"<?xml"), (".PNG", b"\x89PNG")]

@@ -1,4 +1,5 @@
-"""generate.py through ``main(argv)``: output, run discovery and user errors, and a few real processes."""
+"""generate.py through ``main(argv)``: output, run discovery and user errors, and a few real processes; at the
+edges, near-zero temperature, and stdout closed, full or left by its reader (one line, exit 2, or quiet)."""
 
 import io
 import json
@@ -8,10 +9,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from refusal_testkit import one_error_line
 from run_testkit import build_model
 from inference.completion import encode_prompt, generate_completions
+from inference.sampling import sample_next_token
 from inference.settings import GenerationSettings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -178,13 +181,14 @@ def test_damaged_weights_and_mismatched_tokenizer(cli, copy_run, tmp_path, token
     assert_user_error(cli, ["--run", mismatched], "has 300 tokens but the model's vocab_size is 200")
 
 
-def generate_py(*argv, cwd=REPO, stdin: bytes = b"") -> subprocess.CompletedProcess:
-    # One intra-op thread: the test model is tiny and the test machine's cores are shared.
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONIOENCODING": "utf-8"}
-    return subprocess.run(
-        [sys.executable, str(REPO / "generate.py"), *map(str, argv)],
-        cwd=cwd, input=stdin, capture_output=True, env=env, timeout=120,
-    )
+# One intra-op thread: the test model is tiny and the test machine's cores are shared.
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONIOENCODING": "utf-8"}
+
+
+def generate_py(*argv, cwd=REPO, stdin: bytes = b"", stdout=subprocess.PIPE) -> subprocess.CompletedProcess:
+    """generate.py as a process, with ``stdout`` its standard output (a pipe by default, or a file descriptor)."""
+    return subprocess.run([sys.executable, str(REPO / "generate.py"), *map(str, argv)], cwd=cwd, input=stdin,
+                          stdout=stdout, stderr=subprocess.PIPE, env=ENV, timeout=120)
 
 
 def test_subprocess_streams_identical_greedy_text_with_and_without_cache(run_dir, loaded_run, cli):
@@ -224,3 +228,72 @@ def test_sinks_reach_a_rolling_run_and_are_refused_past_its_window(cli, tokenize
     texts = [cli("--run", rope, "--prompt", "O", "--temperature", 0, "--max-new-tokens", 90, "--quiet",
                  *sinks)[1] for sinks in ([], ["--sinks", 4], ["--sinks", 0])]
     assert texts[0] == texts[1] != texts[2]
+
+
+# At the edges
+
+
+def test_tiny_temperatures_sample_the_argmax_and_ties_share_the_draw(cli, run_dir):
+    logits = torch.tensor([[1.0, 5.0, 2.0, -3.0], [7.0, 7.0, 0.0, float("-inf")]])
+    for temperature in (1e-39, 1e-30, 1e-45):
+        g = torch.Generator().manual_seed(0)
+        picked = sample_next_token(logits, temperature=temperature, generator=g)
+        assert picked[0].item() == 1 and picked[1].item() in (0, 1)
+    # Across seeds, a tie at the maximum is split between the tied ids and nothing else.
+    seen = {sample_next_token(logits[1:], temperature=1e-39, generator=torch.Generator().manual_seed(s)).item()
+            for s in range(32)}
+    assert seen == {0, 1}
+    # generate.py at a near-zero temperature prints the greedy text.
+    greedy, tiny = (cli("--run", run_dir, "--prompt", "JULIET:", "--temperature", temperature, "--max-new-tokens", 24,
+                        "--quiet") for temperature in ("0", "1e-39"))
+    assert greedy[0] == 0 and greedy == tiny, greedy[2]
+
+
+def _reader_gone() -> int:
+    """The writing end of a pipe whose reader has already left (as `| head` does after its bytes):
+    every write fails with EPIPE, from the first, however quick or slow the machine."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    return write_end
+
+
+def test_a_reader_that_leaves_ends_the_command_quietly_and_a_closed_stdout_is_one_line(run_dir):
+    pipe = _reader_gone()
+    try:
+        # --quiet: the first write is the first token's text, from inside the decode loop.
+        done = generate_py("--run", run_dir, "--prompt", "ROMEO:", "--max-new-tokens", 60, "--quiet", stdout=pipe)
+    finally:
+        os.close(pipe)
+    assert (done.returncode, done.stderr.decode()) == (0, "")
+    # Closed stdout is one line and exit 2.
+    command = f'"{sys.executable}" generate.py --run "{run_dir}" --prompt hi --max-new-tokens 4 >&-'
+    proc = subprocess.run(["bash", "-c", command], cwd=REPO, env=ENV, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr
+    assert proc.stderr.strip() == "error: standard output is closed; redirect it to a file or a pipe"
+    # A reader that leaves the chat ends it quietly.
+    pipe = _reader_gone()
+    try:
+        done = generate_py("--run", run_dir, "--chat", "--max-new-tokens", 5, stdout=pipe,
+                           stdin=b"".join(f"line {i}\n".encode() for i in range(200)))
+    finally:
+        os.close(pipe)
+    err = done.stderr.decode()
+    assert done.returncode == 0 and err == f"chatting with {run_dir} (type a message; /help lists the commands)\n"
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="this system has no /dev/full")
+def test_a_full_disk_under_output_is_one_line(cli, run_dir, monkeypatch):
+    with open("/dev/full", "w") as full:  # every flush fails with ENOSPC
+        monkeypatch.setattr(sys, "stdout", full)
+        code, _, err = cli("--run", run_dir, "--prompt", "hi", "--max-new-tokens", 4)
+        monkeypatch.undo()
+    assert code == 2 and err.count("\n") == 1
+    assert err.startswith("error: cannot write the output: ") and "No space left on device" in err
+    # Streamed from a process.
+    with open("/dev/full", "wb") as full:
+        done = generate_py("--run", run_dir, "--prompt", "ROMEO:", "--max-new-tokens", 60, "--quiet",
+                           stdout=full.fileno())
+    err = done.stderr.decode()
+    assert done.returncode == 2 and err.count("\n") == 1, err[-3000:]
+    assert err.startswith("error: cannot write the output: ") and "No space left on device" in err

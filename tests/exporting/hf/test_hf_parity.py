@@ -8,7 +8,7 @@ import textwrap
 import pytest
 import torch
 
-from export_testkit import BLOCK_SIZE, MLA_KINDS, VOCAB_SIZE
+from export_testkit import BLOCK_SIZE, MLA_KINDS, VOCAB_SIZE, read_json
 
 transformers = pytest.importorskip("transformers")
 
@@ -98,8 +98,6 @@ def test_generate_past_the_learned_positions_is_a_clear_error_and_the_config_nam
     with pytest.raises(ValueError, match="keep the prompt plus max_new_tokens within"):
         model(_random_ids(torch.Generator().manual_seed(5), BLOCK_SIZE + 1))
     # config.json names only the options that are on.
-    from export_testkit import read_json
-
     plain = read_json(make_export()[1] / "config.json")
     with_options = read_json(make_export(options=True)[1] / "config.json")
     assert not {"value_embeddings", "positions", "rotary_base"} & plain.keys()
@@ -116,6 +114,32 @@ def test_generate_past_the_learned_positions_is_a_clear_error_and_the_config_nam
     assert not mask[0, 0, :, :2].any()  # real queries of row 0 never read its padding
     expected_causal = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
     assert torch.equal(mask[1, 0], expected_causal)  # bottom-right aligned on top of 2 cached positions
+
+
+@pytest.mark.parametrize("kind", list(MLA_KINDS))
+def test_a_latent_attention_export_declares_it_and_its_cache_holds_the_latents_only(make_export, hf_models, kind):
+    """Its logits and greedy tokens are rows of the tables above; here, what only latent attention has."""
+    run_dir, folder = make_export(**MLA_KINDS[kind])
+    ours, theirs = load_pretrained(run_dir), hf_models(folder)
+    config = read_json(folder / "config.json")
+    assert (config["attention"], config["kv_latent_dim"], config["q_latent_dim"]) == (
+        "mla", ours.config.kv_latent_dim, ours.config.q_latent_dim)
+    # The model card names it too.
+    card = (folder / "README.md").read_text(encoding="utf-8")
+    assert "multi-head latent attention" in card and "grouped-query" not in card
+    assert f"| attention heads / key-value heads | 4 / 4, from a latent of {ours.config.kv_latent_dim} |" in card
+    # Its cached logits are ours, and its cache holds the latents only.
+    ids = _random_ids(torch.Generator().manual_seed(2), 12)
+    with torch.no_grad():
+        out = theirs(ids[:, :9], use_cache=True)
+        steps = [out.logits]
+        for t in range(9, 12):
+            out = theirs(ids[:, t:t + 1], past_key_values=out.past_key_values, use_cache=True)
+            steps.append(out.logits)
+        torch.testing.assert_close(torch.cat(steps, dim=1), ours(ids), atol=ATOL, rtol=0)
+    layer = out.past_key_values.layers[0]
+    width = ours.config.kv_latent_dim + ours.config.rope_dim  # the rotary key beside the latent
+    assert layer.keys.shape == (1, 1, 12, width) and layer.values.numel() == 0
 
 
 @pytest.mark.parametrize("positions", ["rope", "none"])
