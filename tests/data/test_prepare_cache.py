@@ -1,3 +1,8 @@
+"""prepare_data's cache: token files equal a direct tokenization, an entry is reused, rebuilt or left
+half-made by nothing; and a cache entry is trusted for its content, not its size: token files overwritten
+in place, truncated, ids beyond the vocabulary and a meta.json that parses to the wrong shape all get the
+entry rebuilt, and the rebuilt entry equals the original."""
+
 import errno
 import json
 import os
@@ -16,6 +21,7 @@ import data.sources.shakespeare as shakespeare_module
 from common.errors import DataError, describe_os_error
 from data.config import DataConfig, FilesSourceConfig
 from data.prepared.text import PreparedData, entry_dir, prepare_data
+from data.prepared.token_files import digest_token_file
 from data.sources.documents import hash_split
 from data.sources.shakespeare import shakespeare_documents
 from data_testkit import cache_contents, direct_tokens, make_documents
@@ -151,7 +157,7 @@ def test_a_prepare_killed_halfway_is_never_taken_for_a_finished_one(files_cfg, t
     assert data.directory == entry and data.val_tokens().size > 0 and cache_contents(files_cfg) == [entry.name]
 
 
-def test_recovers_from_a_damaged_entry_and_spares_other_hosts_temp_dirs(files_cfg):
+def test_dead_prepares_temp_dirs_are_removed_and_other_hosts_spared(files_cfg):
     entry = entry_dir(files_cfg)
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
@@ -162,15 +168,7 @@ def test_recovers_from_a_damaged_entry_and_spares_other_hosts_temp_dirs(files_cf
     elsewhere.mkdir(parents=True)
     data = prepare_data(files_cfg, progress=False)
     assert not stale.exists() and elsewhere.exists()
-    elsewhere.rmdir()
-    good = data.train_tokens().tolist()
-
-    with open(entry / "train.bin", "r+b") as f:  # a damaged (truncated) entry is rebuilt
-        f.truncate(10)
-    with pytest.raises(DataError, match="truncated"):
-        PreparedData.open(entry)
-    assert prepare_data(files_cfg, progress=False).train_tokens().tolist() == good
-    assert cache_contents(files_cfg) == [entry.name]
+    assert data.directory == entry
 
 
 def test_non_main_processes_wait_for_the_main_one(files_cfg):
@@ -255,3 +253,54 @@ def test_a_full_disk_under_the_cache_names_the_entry_and_the_cause(tmp_path, mou
     assert describe_os_error(full.value) == (f"{entry_dir(cfg)}: No space left on device; the disk is full; free "
                                              "space on it or choose a directory on another disk")
     assert os.listdir(disk / "cache") == []  # nothing half-written left behind
+
+
+def _same_size_garbage(data, fill: int | None = None) -> None:
+    count = data.train_path.stat().st_size // np.dtype(data.dtype).itemsize
+    random = np.random.default_rng(0).integers(0, data.vocab_size, count)
+    (np.full(count, fill) if fill is not None else random).astype(data.dtype).tofile(data.train_path)
+
+
+def _edit_meta(data, edit) -> None:
+    meta = json.loads((data.directory / "meta.json").read_text())
+    edit(meta)
+    (data.directory / "meta.json").write_text(json.dumps(meta))
+
+
+def _one_past_the_vocabulary_with_its_checksum(data) -> None:
+    ids = np.array(data.val_tokens())
+    ids[-1] = data.vocab_size
+    ids.tofile(data.val_path)
+    _edit_meta(data, lambda meta: meta["splits"]["val"].update(sha256=digest_token_file(data.val_path, data.dtype).sha256))
+
+
+DAMAGES = {
+    "truncated": (lambda data: os.truncate(data.train_path, 10), "truncated"),
+    "random_in_range": (_same_size_garbage, "delete that cache entry"),
+    "all_ff": (lambda data: _same_size_garbage(data, fill=np.iinfo(data.dtype).max), "delete that cache entry"),
+    "meta_is_a_list": (lambda data: (data.directory / "meta.json").write_text("[]"), "delete that cache entry"),
+    "meta_lost_checksum": (lambda data: _edit_meta(data, lambda meta: meta["splits"]["train"].pop("sha256")),
+                           "delete that cache entry"),
+    "out_of_range_with_a_matching_checksum": (_one_past_the_vocabulary_with_its_checksum, "token id 300, beyond the vocabulary"),
+}
+
+
+@pytest.mark.parametrize("damage, fragment", DAMAGES.values(), ids=DAMAGES)
+def test_a_damaged_entry_is_refused_then_rebuilt_equal(files_cfg, damage, fragment):
+    original = prepare_data(files_cfg, progress=False)
+    before = [np.array(original.train_tokens()), np.array(original.val_tokens())]
+    damage(original)
+    with pytest.raises(DataError, match=fragment):
+        PreparedData.open(original.directory)
+    rebuilt = prepare_data(files_cfg, progress=False)
+    assert rebuilt.directory == original.directory and cache_contents(files_cfg) == [rebuilt.directory.name]
+    assert all(np.array_equal(a, b) for a, b in zip([rebuilt.train_tokens(), rebuilt.val_tokens()], before))
+
+
+def test_recorded_digest_equals_a_fresh_read(files_cfg):
+    data = prepare_data(files_cfg, progress=False)
+    for split, path in (("train", data.train_path), ("val", data.val_path)):
+        recorded = data.meta["splits"][split]
+        found = digest_token_file(path, data.dtype)
+        assert (found.sha256, found.max_id) == (recorded["sha256"], recorded["max_id"])
+        assert found.max_id == int(np.array(np.memmap(path, dtype=data.dtype, mode="r")).max())
