@@ -11,8 +11,7 @@ from tokenizers import Tokenizer, pre_tokenizers
 
 import data.tokenizer as tk
 from common.errors import DataError
-from data.tokenizer import byte_to_unicode, encode_documents, load_tokenizer, split_for_encoding, token_byte_lengths, train_tokenizer
-from data_testkit import make_documents
+from data.tokenizer import byte_to_unicode, encode_documents, load_tokenizer, split_for_encoding, token_byte_lengths
 from model.config import GPTConfig
 from model.gpt import GPT
 from model.io import save_pretrained
@@ -35,11 +34,6 @@ HOSTILE = [
     "unpaired-looking surrogates are not str, but \U0010ffff is",
     "mixed: Ωmega ß ẞ ﬁ ﬀ Ǆ İ ı",
 ]
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> Tokenizer:
-    return train_tokenizer(make_documents(30), vocab_size=400)
 
 
 @pytest.mark.parametrize("text", HOSTILE)
