@@ -3,9 +3,17 @@
 from pathlib import Path
 
 import pytest
+from tokenizers import Tokenizer
 
 from data.config import DataConfig, FilesSourceConfig
+from data.tokenizer import train_tokenizer
 from data_testkit import make_documents
+
+
+@pytest.fixture(scope="session")
+def tokenizer() -> Tokenizer:
+    """A tokenizer of 400 ids trained on 40 documents, with the chat and tool tokens (tests do not change it)."""
+    return train_tokenizer(make_documents(40), 400)
 
 
 @pytest.fixture

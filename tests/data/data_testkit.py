@@ -3,7 +3,10 @@
 import random
 from pathlib import Path
 
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, pre_tokenizers, trainers
+
+from data.chat import CHAT_SPECIAL_TOKENS
+from data.tokenizer import EOT, new_tokenizer
 
 _WORDS = (
     "the king queen lord lady good night sweet love death crown sword heart blood fair "
@@ -43,3 +46,12 @@ def direct_tokens(tokenizer, texts: list[str]) -> list[int]:
             out.append(eot)
             out.extend(plain.encode(text, add_special_tokens=False).ids)
     return out
+
+
+def pre_tool_tokenizer() -> Tokenizer:
+    """As tokenizers were trained before the tool tokens: <|endoftext|> and the chat tokens only."""
+    tokenizer = new_tokenizer()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=[EOT, *CHAT_SPECIAL_TOKENS], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator(make_documents(30), trainer)
+    return tokenizer

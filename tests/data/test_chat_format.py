@@ -3,16 +3,14 @@
 import re
 
 import pytest
-from tokenizers import Tokenizer, pre_tokenizers, trainers
 
 from common.errors import DataError
 from data.chat import (
     CHAT_SPECIAL_TOKENS, CHAT_TEMPLATE, END_OF_TURN, TOOL_SPECIAL_TOKENS, ChatTokenIds, ChatTooLong, Message, ToolCall,
     chat_text, encode_plain, fit_chat, parse_reply, render_chat, to_messages,
 )
-from data.tokenizer import EOT, new_tokenizer, train_tokenizer
-
-from data_testkit import make_documents
+from data.tokenizer import EOT, new_tokenizer
+from data_testkit import pre_tool_tokenizer
 
 CONVERSATION = [
     {"role": "system", "content": "You are Hamlet."},
@@ -21,11 +19,6 @@ CONVERSATION = [
     {"role": "user", "content": "Long live the king!"},
     {"role": "assistant", "content": "Bernardo?"},
 ]
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> Tokenizer:
-    return train_tokenizer(make_documents(30), vocab_size=400)
 
 
 def test_every_trained_tokenizer_reserves_the_chat_tokens_after_eot_then_the_tool_tokens(tokenizer):
@@ -100,15 +93,6 @@ TOOL_CONVERSATION = [
     {"role": "tool", "tool_call_id": "call_1", "content": "281764"},
     {"role": "assistant", "content": "It is 281764."},
 ]
-
-
-def old_tokenizer() -> Tokenizer:
-    """As tokenizers were trained before the tool tokens: <|endoftext|> and the chat tokens only."""
-    tokenizer = new_tokenizer()
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=[EOT, *CHAT_SPECIAL_TOKENS], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tokenizer.train_from_iterator(make_documents(30), trainer)
-    return tokenizer
 
 
 def test_a_tool_conversation_renders_to_known_text_and_ids(tokenizer):
@@ -225,7 +209,7 @@ def test_typed_call_text_is_never_a_call(tokenizer):  # "<|call|>" typed or gene
 
 
 def test_a_tokenizer_from_before_tool_calls_chats_as_before_and_refuses_tools_in_one_line():
-    old = old_tokenizer()
+    old = pre_tool_tokenizer()
     special = ChatTokenIds.of(old)
     assert not special.has_tools and "tool" not in special.role
     assert special.reply_suppress_ids(tools=False) == special.suppress_ids == (1, 2, 3)

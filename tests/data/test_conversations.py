@@ -7,7 +7,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from tokenizers import Tokenizer
 
 from common.errors import DataError
 from data.batches.chat import ChatBatches, collate
@@ -17,13 +16,6 @@ from data.prepared.chat import tokenize_conversations
 from data.sources.conversations import conversations_spec, load_conversations
 from data.sources.documents import hash_split
 from data.sources.shakespeare import play_files, play_id
-from data.tokenizer import train_tokenizer
-from data_testkit import make_documents
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> Tokenizer:
-    return train_tokenizer(make_documents(40), 400)
 
 
 def _files_cfg(*paths: Path) -> DataConfig:

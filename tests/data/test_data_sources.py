@@ -1,16 +1,26 @@
-"""Hub and local-file sources, exercised offline through the same `datasets.load_dataset` calls."""
+"""Hub and local-file sources, exercised offline through the same `datasets.load_dataset` calls; a source
+that cannot be read (a malformed .jsonl line named by file and line among them) is one line; an unreachable
+hub is named as a network problem at once, with the offline alternatives, instead of after tens of seconds
+of retries or as a 'dataset not found'."""
 
 import json
+import os
+import socket
+import subprocess
+import sys
+import threading
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+import data.sources.hub as hub
 from common.errors import DataError
 from data.config import DataConfig, FilesSourceConfig, HubSourceConfig
 from data.prepared.text import prepare_data
 from data.sources.corpus import load_source
+from data.sources.hub import check_hub_reachable
 from data_testkit import direct_tokens, make_documents
 
 
@@ -127,6 +137,12 @@ def _unreadable_parquet(tmp_path: Path) -> DataConfig:
     return cfg
 
 
+# A .jsonl file whose fourth line (after a blank one) is malformed, and the reason its refusal gives.
+GOOD_LINES = '{"text": "ok"}\n\n{"text": "also ok"}\n'
+MALFORMED_LINES = [('{"text": broken', "Expecting value"), ("[1, 2]", "a JSON list, not an object"),
+                   ('"text"', "a JSON str")]
+
+
 # Each source refusal: one line naming the problem and its fix, before anything is cached.
 @pytest.mark.parametrize("make_cfg, fragment", [
     (lambda tmp: _hub(tmp, val=["", ""]), r"validation split .*'validation'.* holds no text.*val_split: null"),
@@ -147,11 +163,63 @@ def _unreadable_parquet(tmp_path: Path) -> DataConfig:
     (lambda tmp: _files(tmp, {"a.txt": "x", "b.jsonl": "x"}), "mixes formats"),
     (lambda tmp: _files(tmp, {}, ["*.txt"]), r"no file matches '.*\*\.txt'"),
     (lambda tmp: _files(tmp, {}, ["missing.txt"]), "no such file"),
+    *[(lambda tmp, bad=bad: _files(tmp, {"a.jsonl": '{"text": "fine"}\n' * 3, "b.jsonl": GOOD_LINES + bad + "\n"}),
+       rf"^cannot read local jsonl files.*b\.jsonl line 4: .*{reason}") for bad, reason in MALFORMED_LINES],
 ], ids=["hub-empty-validation", "hub-no-text-column", "hub-column-not-text", "hub-no-folder", "hub-no-split",
         "hub-unreadable-parquet", "hub-loading-script", "hub-offline", "jsonl-no-text-column", "txt-not-utf8",
-        "jsonl-not-utf8", "unknown-format", "mixed-formats", "no-match", "no-such-file"])
+        "jsonl-not-utf8", "unknown-format", "mixed-formats", "no-match", "no-such-file", "jsonl-broken-line",
+        "jsonl-list-line", "jsonl-string-line"])
 def test_a_source_that_cannot_be_read_is_one_line_before_anything_is_cached(tmp_path, make_cfg, fragment):
     cfg = make_cfg(tmp_path)
     with pytest.raises(DataError, match=fragment) as info:
         prepare_data(cfg, progress=False)
     assert "\n" not in str(info.value) and not list((tmp_path / "cache").glob("*"))  # nothing cached
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed again when the block ends: connections are refused
+
+
+def test_train_with_an_unreachable_hub_is_one_line_naming_the_network(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "0", "HF_DATASETS_OFFLINE": "0",
+           "HF_ENDPOINT": f"http://127.0.0.1:{_closed_port()}", "OMP_NUM_THREADS": "1"}
+    args = ["--set", "data.source=hub", "--set", "data.hub.name=someone/some-corpus",
+            "--set", f"data.cache_dir={tmp_path / 'cache'}", "--set", f"run.out_dir={tmp_path / 'run'}",
+            "--set", "logging.wandb.mode=disabled", "--no-progress"]
+    proc = subprocess.run([sys.executable, "train.py", "--config", "configs/tiny.yaml", *args],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert "a network problem" in lines[0] and "not a missing dataset" in lines[0]
+    assert "data.source: files" in lines[0] and "hf download" in lines[0]
+
+
+def test_a_hub_that_never_answers_is_given_up_on_after_the_timeout(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "0")
+    release = threading.Event()
+
+    def never_answers(*args, **kwargs):
+        release.wait(30)
+        raise OSError("released by the test")  # like a late refusal; the probe has given up by then
+
+    monkeypatch.setattr(hub.socket, "create_connection", never_answers)
+    try:
+        with pytest.raises(ConnectionError, match="no answer from huggingface.co:443 within 0.2 s"):
+            check_hub_reachable("someone/some-corpus", timeout_s=0.2)
+    finally:
+        release.set()  # the probe's thread ends now, not in the middle of a later test
+
+
+def test_local_directories_and_offline_mode_are_not_probed(monkeypatch, tmp_path):
+    monkeypatch.setattr(hub.socket, "create_connection", lambda *a, **k: pytest.fail("probed the network"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "0")
+    check_hub_reachable(str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    check_hub_reachable("someone/some-corpus")

@@ -1,4 +1,12 @@
+"""prepare_data's cache: token files equal a direct tokenization, an entry is reused, rebuilt or left
+half-made by nothing; and a cache entry is trusted for its content, not its size: token files overwritten
+in place, truncated, ids beyond the vocabulary and a meta.json that parses to the wrong shape all get the
+entry rebuilt, and the rebuilt entry equals the original. Chat preparation shares the cache: an entry reused
+without reading the conversations, a damaged one refused and rebuilt equal, and, for text and chat alike, a
+failed build leaving nothing and other processes waiting for the main one, even past a damaged entry."""
+
 import errno
+import functools
 import json
 import os
 import socket
@@ -11,11 +19,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import data.prepared.chat as chat_module
 import data.prepared.text as prepare_module
 import data.sources.shakespeare as shakespeare_module
 from common.errors import DataError, describe_os_error
 from data.config import DataConfig, FilesSourceConfig
+from data.prepared.chat import PreparedChat, prepare_chat_data
 from data.prepared.text import PreparedData, entry_dir, prepare_data
+from data.prepared.token_files import digest_token_file
 from data.sources.documents import hash_split
 from data.sources.shakespeare import shakespeare_documents
 from data_testkit import cache_contents, direct_tokens, make_documents
@@ -92,22 +103,6 @@ def test_changed_settings_or_files_make_a_new_entry(files_cfg, txt_corpus):
     assert entry_dir(files_cfg) != first and first.is_dir() and other_vocab.is_dir()
 
 
-def test_a_failed_prepare_leaves_nothing_and_the_next_one_succeeds(files_cfg, monkeypatch):
-    real = prepare_module._write_tokens
-
-    def crash_on_val(dataset, path, *, label, **kwargs):
-        if label == "val":
-            raise KeyboardInterrupt  # like Ctrl-C halfway through
-        return real(dataset, path, label=label, **kwargs)
-
-    monkeypatch.setattr(prepare_module, "_write_tokens", crash_on_val)
-    with pytest.raises(KeyboardInterrupt):
-        prepare_data(files_cfg, progress=False)
-    assert cache_contents(files_cfg) == []
-    monkeypatch.setattr(prepare_module, "_write_tokens", real)
-    assert prepare_data(files_cfg, progress=False).val_tokens().size > 0
-
-
 _KILLED_PREPARE = """
 import sys, time
 from pathlib import Path
@@ -151,7 +146,7 @@ def test_a_prepare_killed_halfway_is_never_taken_for_a_finished_one(files_cfg, t
     assert data.directory == entry and data.val_tokens().size > 0 and cache_contents(files_cfg) == [entry.name]
 
 
-def test_recovers_from_a_damaged_entry_and_spares_other_hosts_temp_dirs(files_cfg):
+def test_dead_prepares_temp_dirs_are_removed_and_other_hosts_spared(files_cfg):
     entry = entry_dir(files_cfg)
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
@@ -162,35 +157,7 @@ def test_recovers_from_a_damaged_entry_and_spares_other_hosts_temp_dirs(files_cf
     elsewhere.mkdir(parents=True)
     data = prepare_data(files_cfg, progress=False)
     assert not stale.exists() and elsewhere.exists()
-    elsewhere.rmdir()
-    good = data.train_tokens().tolist()
-
-    with open(entry / "train.bin", "r+b") as f:  # a damaged (truncated) entry is rebuilt
-        f.truncate(10)
-    with pytest.raises(DataError, match="truncated"):
-        PreparedData.open(entry)
-    assert prepare_data(files_cfg, progress=False).train_tokens().tolist() == good
-    assert cache_contents(files_cfg) == [entry.name]
-
-
-def test_non_main_processes_wait_for_the_main_one(files_cfg):
-    with pytest.raises(DataError, match="waited 0.2 s for the main process"):  # in one line, when it times out
-        prepare_data(files_cfg, progress=False, is_main=False, wait_timeout_s=0.2)
-    results: dict[str, object] = {}
-
-    def worker() -> None:
-        try:
-            results["data"] = prepare_data(files_cfg, progress=False, is_main=False, wait_timeout_s=120)
-        except BaseException as exc:  # report in the main thread
-            results["error"] = exc
-
-    thread = threading.Thread(target=worker)
-    thread.start()
-    time.sleep(0.3)
-    assert "data" not in results  # nothing to return until the main process has prepared
-    main = prepare_data(files_cfg, progress=False)
-    thread.join(timeout=120)
-    assert "error" not in results and results["data"].directory == main.directory
+    assert data.directory == entry
 
 
 def test_shakespeare_metadata_lists_the_held_out_plays(tmp_path, monkeypatch):
@@ -255,3 +222,206 @@ def test_a_full_disk_under_the_cache_names_the_entry_and_the_cause(tmp_path, mou
     assert describe_os_error(full.value) == (f"{entry_dir(cfg)}: No space left on device; the disk is full; free "
                                              "space on it or choose a directory on another disk")
     assert os.listdir(disk / "cache") == []  # nothing half-written left behind
+
+
+def _same_size_garbage(data, fill: int | None = None) -> None:
+    count = data.train_path.stat().st_size // np.dtype(data.dtype).itemsize
+    random = np.random.default_rng(0).integers(0, data.vocab_size, count)
+    (np.full(count, fill) if fill is not None else random).astype(data.dtype).tofile(data.train_path)
+
+
+def _edit_meta(data, edit) -> None:
+    meta = json.loads((data.directory / "meta.json").read_text())
+    edit(meta)
+    (data.directory / "meta.json").write_text(json.dumps(meta))
+
+
+def _one_past_the_vocabulary_with_its_checksum(data) -> None:
+    ids = np.array(data.val_tokens())
+    ids[-1] = data.vocab_size
+    ids.tofile(data.val_path)
+    _edit_meta(data, lambda meta: meta["splits"]["val"].update(sha256=digest_token_file(data.val_path, data.dtype).sha256))
+
+
+DAMAGES = {
+    "truncated": (lambda data: os.truncate(data.train_path, 10), "truncated"),
+    "random_in_range": (_same_size_garbage, "delete that cache entry"),
+    "all_ff": (lambda data: _same_size_garbage(data, fill=np.iinfo(data.dtype).max), "delete that cache entry"),
+    "meta_is_a_list": (lambda data: (data.directory / "meta.json").write_text("[]"), "delete that cache entry"),
+    "meta_lost_checksum": (lambda data: _edit_meta(data, lambda meta: meta["splits"]["train"].pop("sha256")),
+                           "delete that cache entry"),
+    "out_of_range_with_a_matching_checksum": (_one_past_the_vocabulary_with_its_checksum, "token id 300, beyond the vocabulary"),
+}
+
+
+@pytest.mark.parametrize("damage, fragment", DAMAGES.values(), ids=DAMAGES)
+def test_a_damaged_entry_is_refused_then_rebuilt_equal(files_cfg, damage, fragment):
+    original = prepare_data(files_cfg, progress=False)
+    before = [np.array(original.train_tokens()), np.array(original.val_tokens())]
+    damage(original)
+    with pytest.raises(DataError, match=fragment):
+        PreparedData.open(original.directory)
+    rebuilt = prepare_data(files_cfg, progress=False)
+    assert rebuilt.directory == original.directory and cache_contents(files_cfg) == [rebuilt.directory.name]
+    assert all(np.array_equal(a, b) for a, b in zip([rebuilt.train_tokens(), rebuilt.val_tokens()], before))
+
+
+def test_recorded_digest_equals_a_fresh_read(files_cfg):
+    data = prepare_data(files_cfg, progress=False)
+    for split, path in (("train", data.train_path), ("val", data.val_path)):
+        recorded = data.meta["splits"][split]
+        found = digest_token_file(path, data.dtype)
+        assert (found.sha256, found.max_id) == (recorded["sha256"], recorded["max_id"])
+        assert found.max_id == int(np.array(np.memmap(path, dtype=data.dtype, mode="r")).max())
+
+
+# Chat preparation in the same cache
+BLOCK_SIZE = 64
+
+
+@pytest.fixture
+def chat_setup(tmp_path: Path, tokenizer) -> tuple[DataConfig, Path]:
+    """(config, tokenizer file): 40 short conversations as JSONL, and a tokenizer with the chat tokens."""
+    rows = [{"messages": [{"role": "user", "content": f"question {i}: {text[:60]}"},
+                          {"role": "assistant", "content": f"answer {i}: {text[60:120]}"}]}
+            for i, text in enumerate(make_documents(40))]
+    corpus = tmp_path / "chats.jsonl"
+    corpus.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    tokenizer_file = tmp_path / "tokenizer.json"
+    tokenizer.save(str(tokenizer_file))
+    cfg = DataConfig(source="files", format="chat", cache_dir=str(tmp_path / "cache"),
+                     files=FilesSourceConfig(paths=[str(corpus)]))
+    return cfg, tokenizer_file
+
+
+def _prepare(setup: tuple[DataConfig, Path], **kwargs) -> PreparedChat:
+    cfg, tokenizer_file = setup
+    return prepare_chat_data(cfg, tokenizer_file, BLOCK_SIZE, progress=False, **kwargs)
+
+
+def _arrays(data: PreparedData | PreparedChat) -> list[np.ndarray]:
+    if isinstance(data, PreparedData):
+        return [np.array(data.train_tokens()), np.array(data.val_tokens())]
+    return [np.array(a) for split in (data.train, data.val) for a in (split.ids, split.mask, split.offsets)]
+
+
+def test_a_chat_entry_is_reused_without_reading_the_conversations(chat_setup, monkeypatch):
+    first = _prepare(chat_setup)
+    assert len(first.train) > 0 and len(first.val) > 0
+    assert first.train.offsets[-1] == len(first.train.ids) == first.meta["splits"]["train"]["tokens"]
+
+    monkeypatch.setattr(chat_module, "load_conversations", lambda *a, **k: pytest.fail("read them again"))
+    second = _prepare(chat_setup)
+    assert second.directory == first.directory and second.meta == first.meta
+    assert all(np.array_equal(a, b) for a, b in zip(_arrays(first), _arrays(second)))
+    assert cache_contents(chat_setup[0]) == [first.directory.name]
+
+
+def _damage(entry: Path, how: str) -> None:
+    conversations = entry / chat_module.CONVERSATIONS_FILE
+    if how == "truncated":
+        with open(conversations, "r+b") as f:
+            f.truncate(conversations.stat().st_size // 2)
+    elif how == "overwritten_same_size":
+        raw = bytearray(conversations.read_bytes())
+        middle = len(raw) // 2
+        raw[middle : middle + 16] = bytes(b ^ 0xFF for b in raw[middle : middle + 16])  # np.load still reads it
+        conversations.write_bytes(bytes(raw))
+    elif how == "meta_is_a_list":
+        (entry / "meta.json").write_text("[]")
+    else:
+        meta = json.loads((entry / "meta.json").read_text())
+        del meta["conversations_sha256"]
+        (entry / "meta.json").write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize("how", ["truncated", "overwritten_same_size", "meta_is_a_list", "meta_lost_checksum"])
+def test_a_damaged_chat_entry_is_refused_then_rebuilt_equal(chat_setup, how):
+    original = _prepare(chat_setup)
+    before = _arrays(original)
+    _damage(original.directory, how)
+    with pytest.raises(DataError, match="delete that cache entry"):
+        PreparedChat.open(original.directory, chat_setup[1])
+    rebuilt = _prepare(chat_setup)
+    assert rebuilt.directory == original.directory
+    assert all(np.array_equal(a, b) for a, b in zip(before, _arrays(rebuilt)))
+    assert cache_contents(chat_setup[0]) == [original.directory.name]
+
+
+def test_a_chat_build_that_loses_the_race_to_publish_takes_the_winners_entry(chat_setup, monkeypatch):
+    real = chat_module.load_conversations
+    winner: dict[str, PreparedChat] = {}
+
+    def another_process_finishes_first(*args, **kwargs):
+        monkeypatch.setattr(chat_module, "load_conversations", real)
+        winner["data"] = _prepare(chat_setup)  # publishes the entry while our build is under way
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(chat_module, "load_conversations", another_process_finishes_first)
+    ours = _prepare(chat_setup)
+    assert ours.directory == winner["data"].directory and ours.meta == winner["data"].meta
+    assert cache_contents(chat_setup[0]) == [ours.directory.name]  # our temporary directory is gone
+
+
+# Text and chat alike: (config, module, its step a failure interrupts, prepare, a damage a waiter must not take)
+@pytest.fixture(params=["text", "chat"])
+def kind(request, files_cfg, chat_setup):
+    if request.param == "text":
+        return files_cfg, prepare_module, "_write_tokens", functools.partial(prepare_data, files_cfg, progress=False), \
+            _same_size_garbage
+    return chat_setup[0], chat_module, "tokenize_conversations", functools.partial(_prepare, chat_setup), \
+        lambda data: _damage(data.directory, "overwritten_same_size")
+
+
+def test_a_failed_prepare_leaves_nothing_and_the_next_one_succeeds(kind, monkeypatch):
+    cfg, module, step, prepare, _ = kind
+    real, calls = getattr(module, step), []
+
+    def crash_on_val(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:  # the validation split's
+            raise KeyboardInterrupt  # like Ctrl-C halfway through
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, step, crash_on_val)
+    with pytest.raises(KeyboardInterrupt):
+        prepare()
+    assert cache_contents(cfg) == []
+    monkeypatch.setattr(module, step, real)
+    data = prepare()
+    assert (len(data.val) if isinstance(data, PreparedChat) else data.val_tokens().size) > 0
+
+
+def _wait_in_thread(prepare, results: dict[str, object]) -> threading.Thread:
+    def worker() -> None:
+        try:
+            results["data"] = prepare(is_main=False, wait_timeout_s=120)
+        except BaseException as exc:  # report in the main thread
+            results["error"] = exc
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    return thread
+
+
+def test_other_processes_wait_for_the_main_one_even_past_a_damaged_entry(kind):
+    _, _, _, prepare, damage = kind
+    with pytest.raises(DataError, match="waited 0.2 s for the main process"):  # in one line, when it times out
+        prepare(is_main=False, wait_timeout_s=0.2)
+    results: dict[str, object] = {}
+    thread = _wait_in_thread(prepare, results)
+    time.sleep(0.3)
+    assert not results  # nothing to return until the main process has prepared
+    main = prepare()
+    thread.join(timeout=120)
+    assert "error" not in results and results["data"].directory == main.directory
+
+    damage(main)
+    results.clear()
+    thread = _wait_in_thread(prepare, results)
+    time.sleep(0.3)
+    assert not results  # a damaged entry is not taken: the waiter keeps waiting
+    rebuilt = prepare()
+    thread.join(timeout=120)
+    assert "error" not in results
+    assert all(np.array_equal(a, b) for a, b in zip(_arrays(rebuilt), _arrays(results["data"])))

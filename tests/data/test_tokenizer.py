@@ -1,15 +1,21 @@
+"""The byte-level tokenizer: exact round trips on hostile text, byte accounting, and a missing or damaged
+tokenizer refused in one line (a run's damaged one asks for the run's own file back rather than new data)."""
+
 import json
 import random
 
 import numpy as np
 import pytest
+import torch
 from tokenizers import Tokenizer, pre_tokenizers
 
 import data.tokenizer as tk
 from common.errors import DataError
-from data.tokenizer import byte_to_unicode, encode_documents, load_tokenizer, split_for_encoding, token_byte_lengths, train_tokenizer
-
-from data_testkit import make_documents
+from data.tokenizer import byte_to_unicode, encode_documents, load_tokenizer, split_for_encoding, token_byte_lengths
+from model.config import GPTConfig
+from model.gpt import GPT
+from model.io import save_pretrained
+from rundir.loading import load_run
 
 HOSTILE = [
     "",
@@ -28,11 +34,6 @@ HOSTILE = [
     "unpaired-looking surrogates are not str, but \U0010ffff is",
     "mixed: Ωmega ß ẞ ﬁ ﬀ Ǆ İ ı",
 ]
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> Tokenizer:
-    return train_tokenizer(make_documents(30), vocab_size=400)
 
 
 @pytest.mark.parametrize("text", HOSTILE)
@@ -115,3 +116,13 @@ def test_saved_file_loads_with_tokenizers_and_transformers_and_has_no_normalizer
 def test_a_missing_or_damaged_tokenizer_or_a_token_of_no_bytes_is_refused(tmp_path, read, fragment):
     with pytest.raises(DataError, match=fragment):
         read(tmp_path)
+
+
+def test_a_damaged_run_tokenizer_asks_for_the_runs_own_file(tokenizer, tmp_path):
+    torch.manual_seed(0)
+    save_pretrained(GPT(GPTConfig(vocab_size=tokenizer.get_vocab_size(), block_size=16, n_layer=1, n_head=2,
+                                  n_kv_head=1, n_embd=16)), tmp_path / "run")
+    (tmp_path / "run" / "tokenizer.json").write_text('{"not": "a tokenizer"')
+    with pytest.raises(DataError) as info:
+        load_run(tmp_path / "run", "cpu")
+    assert "restore the run's own tokenizer.json" in str(info.value) and "prepare the data again" not in str(info.value)

@@ -10,17 +10,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tokenizers import Tokenizer, pre_tokenizers, trainers
+from tokenizers import Tokenizer
 
 from common.errors import DataError
-from data.chat import CHAT_SPECIAL_TOKENS, ChatTokenIds, Message, ToolCall, chat_text
+from data.chat import ChatTokenIds, Message, ToolCall, chat_text
 from data.config import CalculatorSourceConfig, DataConfig, FilesSourceConfig
 from data.prepared.chat import prepare_chat_data
 from data.sources.conversations import load_conversations
 from data.sources.shakespeare_chat import shakespeare_chat
 from data.sources.tool_arithmetic import PHRASINGS, WORDS, calculator_chats, tool_problems
-from data.tokenizer import EOT, new_tokenizer, train_tokenizer
-from data_testkit import make_documents
+from data_testkit import pre_tool_tokenizer
 from tools.calculator import calculator
 
 SMALL = {"problems": 60, "digits": 3, "operations": "+-*", "max_terms": 3}
@@ -159,8 +158,7 @@ def _tokenizer_file(tmp_path: Path, tokenizer: Tokenizer) -> Path:
     return path
 
 
-def test_preparation_learns_the_calls_and_answers_and_not_the_results(tmp_path):
-    tokenizer = train_tokenizer(make_documents(40), 400)
+def test_preparation_learns_the_calls_and_answers_and_not_the_results(tmp_path, tokenizer):
     prepared = prepare_chat_data(_config(tmp_path), _tokenizer_file(tmp_path, tokenizer), 128, progress=False)
     special = ChatTokenIds.of(tokenizer)
     assert len(prepared.train) == 48 and prepared.meta["splits"]["train"]["dropped"] == 0
@@ -177,12 +175,8 @@ def test_preparation_learns_the_calls_and_answers_and_not_the_results(tmp_path):
 
 
 def test_a_tokenizer_from_before_tool_calls_is_refused_before_any_work(tmp_path):
-    old = new_tokenizer()
-    old.train_from_iterator(make_documents(20), trainers.BpeTrainer(
-        vocab_size=400, special_tokens=[EOT, *CHAT_SPECIAL_TOKENS], show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     with pytest.raises(DataError, match=r"^this run's tokenizer has no tool tokens") as info:
-        prepare_chat_data(_config(tmp_path), _tokenizer_file(tmp_path, old), 128, progress=False)
+        prepare_chat_data(_config(tmp_path), _tokenizer_file(tmp_path, pre_tool_tokenizer()), 128, progress=False)
     assert "\n" not in str(info.value)
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
 

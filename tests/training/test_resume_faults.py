@@ -1,7 +1,13 @@
 """--resume with settings the checkpoint depends on, with a damaged trainer state or a damaged
-metrics.jsonl: one clear error naming the key or file, or a resume that keeps the good lines."""
+metrics.jsonl: one clear error naming the key or file, or a resume that keeps the good lines. A
+post-training run measures itself against its parent's weights (DPO's rewards, GRPO's KL): resumed after
+those weights changed, it is refused in one line, before anything is written, where its reference is a
+frozen copy read from the parent's file. A LoRA run's reference comes from its own checkpoint, and a GRPO
+run without a KL penalty has none: both resume."""
 
+import hashlib
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -9,12 +15,15 @@ import torch
 import yaml
 
 import training.trainer as trainer_module
+from chat_testkit import preference_file
 from common.errors import UserError
 from exporting.cli import main as export
 from inference.cli import main as generate
-from rundir.checkpoint import CheckpointError
+from model.io import load_pretrained, save_pretrained
+from rundir.checkpoint import CheckpointError, load_trainer_state
 from rundir.metrics import read_metrics
 from training.config import load_run_config
+from training.init_from import InitFromError
 from training.trainer import train
 
 QUIET = {"interval": 0, "sample_tokens": 0}
@@ -168,3 +177,57 @@ def test_a_run_saved_with_the_removed_options_off_still_generates_exports_and_re
     assert generate(greedy) == 2
     err = capsys.readouterr().err
     assert "model.bigram_buckets was removed" in err and "docs/records.md" in err and err.count("\n") == 1
+
+
+@pytest.fixture
+def parent(parent_run, tmp_path) -> Path:  # a copy of the parent run, whose weights the test may change
+    return Path(shutil.copytree(parent_run, tmp_path / "parent"))
+
+
+def _post_training(kind: str, make_config, parent: Path, tmp_path: Path, max_steps: int):
+    common = dict(eval={"interval": 0, "sample_tokens": 0, "final_max_batches": 1}, run={"checkpoint_interval": 1})
+    train_section = {"init_from": str(parent), "max_steps": max_steps, "batch_size": 2, "warmup_steps": 0}
+    if kind.startswith("dpo"):
+        pairs = tmp_path / "pairs.jsonl"
+        if not pairs.exists():
+            preference_file(pairs, count=20)
+        lora = {"lora": {"rank": 2}} if kind == "dpo-lora" else {}
+        return make_config(tmp_path / "run", data={"format": "preference", "files": {"paths": [str(pairs)]}},
+                           train={**train_section, **lora}, **common)
+    beta = 0.0 if kind == "rl-no-kl" else 0.1
+    return make_config(tmp_path / "run", data={"format": "rl"}, train=train_section,
+                       rl={"group_size": 2, "max_new_tokens": 2, "eval_samples": 2, "beta": beta,
+                           "arithmetic": {"train_problems": 20, "val_problems": 4, "max_operand": 9}}, **common)
+
+
+def _change_weights(run: Path) -> None:
+    model = load_pretrained(run)
+    with torch.no_grad():
+        next(model.parameters()).add_(0.01)
+    save_pretrained(model, run)
+
+
+@pytest.mark.parametrize("kind, put_back", [("dpo", False), ("rl-kl", False), ("dpo", True), ("rl-kl", True),
+                                            ("dpo-lora", False), ("rl-no-kl", False)])
+def test_a_run_whose_reference_changed_is_refused_on_resume_unless_put_back_or_not_the_parents_file(
+        kind, put_back, make_config, parent, tmp_path):
+    train(_post_training(kind, make_config, parent, tmp_path, 1), progress=False)
+    record = json.loads((tmp_path / "run" / "parent.json").read_text())
+    original = (parent / "model.safetensors").read_bytes()
+    assert record["weights_sha256"] == hashlib.sha256(original).hexdigest()
+    before = _snapshot(tmp_path / "run")
+    _change_weights(parent)
+    if put_back:
+        (parent / "model.safetensors").write_bytes(original)
+    resumed = _post_training(kind, make_config, parent, tmp_path, 2)
+    if put_back or kind in ("dpo-lora", "rl-no-kl"):
+        assert train(resumed, resume=True, progress=False).step == 2
+        assert load_trainer_state(tmp_path / "run")["step"] == 2
+        return
+    with pytest.raises(InitFromError) as error:
+        train(resumed, resume=True, progress=False)
+    message = str(error.value)
+    assert "\n" not in message and message.startswith(f"cannot resume {tmp_path / 'run'}: its reference, "
+                                                      f"{parent / 'model.safetensors'} (train.init_from), changed")
+    assert "put the parent's weights back to resume" in message
+    assert _snapshot(tmp_path / "run") == before  # nothing written, nothing lost

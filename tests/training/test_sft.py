@@ -1,5 +1,8 @@
-"""Supervised fine-tuning: the assistant-only loss, and a fine-tuning run that resumes exactly."""
+"""Supervised fine-tuning: the assistant-only loss, a fine-tuning run that resumes exactly, and SFT on the
+built-in conversations that call the calculator (a real run from a pretrained parent, learning the calls and
+answers, the results being the tool's) with the shipped configs/tiny-tools.yaml, which reads."""
 
+import copy
 import json
 from pathlib import Path
 
@@ -8,20 +11,22 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from chat_testkit import chat_file, preference_file
+from chat_testkit import chat_file, preference_file, pretrain
 from common.errors import UserError
+from data.batches.chat import iter_chat_val_batches
+from data.chat import ChatTokenIds
+from data.prepared.chat import ChatSplit
+from data.sources.conversations import load_conversations
+from data.tokenizer import load_tokenizer
 from model.config import GPTConfig
 from model.gpt import GPT
 from model.io import load_pretrained
+from training.config import load_run_config
 from training.distributed import init_distributed
-from data.prepared.chat import ChatSplit
-from training.resume_rules import check_data_format
-from data.batches.chat import iter_chat_val_batches
-from data.chat import ChatTokenIds
 from training.evaluate import score_batches
-from training.tasks.chat import (
-    accumulate_chat_gradients, ended_share, evaluate_chat, held_out_replies, held_out_rows,
-)
+from training.resume_rules import check_data_format
+from training.tasks.chat import (accumulate_chat_gradients, ended_share, evaluate_chat, held_out_replies,
+                                  held_out_rows)
 from training.tasks.dpo.loss import evaluate_preferences
 from training.tasks.dpo.prepared import PreferenceSplit
 from training.tasks.reference import FrozenReference
@@ -198,3 +203,39 @@ def test_fine_tuning_data_needs_a_parent_run(make_config, tmp_path, data_format,
     config = make_config(data={"format": data_format, "files": {"paths": [str(write(tmp_path / "data.jsonl"))]}})
     with pytest.raises(UserError, match=f"data.format: {data_format} fine-tunes a trained run: set train.init_from"):
         Trainer(config, init_distributed("cpu"), progress=False).setup(resume=False, overwrite=False)
+
+
+CALCULATOR = {"problems": 80, "digits": 2, "operations": "+*", "max_terms": 2}
+
+
+@pytest.fixture(scope="module")
+def tool_parent_run(base_raw, tmp_path_factory) -> Path:
+    raw = copy.deepcopy(base_raw)
+    raw["model"]["block_size"] = 96  # a call and its result need more than the tests' usual 32
+    return pretrain(raw, tmp_path_factory.mktemp("parent") / "run")
+
+
+def test_a_tool_sft_run_learns_the_calls_from_its_parent(make_config, tool_parent_run, tmp_path):
+    config = make_config(tmp_path / "tools", model={"block_size": 96},
+                         data={"source": "calculator", "format": "chat", "val_fraction": 0.2, "calculator": CALCULATOR},
+                         train={"init_from": str(tool_parent_run), "max_steps": 4, "batch_size": 4, "warmup_steps": 0},
+                         eval={"interval": 0, "max_batches": 1, "sample_tokens": 24, "final_max_batches": 2})
+    result = train(config, progress=False)
+    assert result.step == 4
+    records = [json.loads(line) for line in (tmp_path / "tools" / "metrics.jsonl").read_text().splitlines()]
+    final = next(r for r in records if r["kind"] == "final_eval")
+    assert 0 < final["val_bpb"] < 30
+    # The samples answer held-out questions, from the prompt a chat shows before the reply.
+    held_out = {c[0].content for c in load_conversations(config.data).val}
+    assert final["samples"] and all(s["prompt"].removeprefix("<|user|>").removesuffix("<|end|><|assistant|>")
+                                    in held_out for s in final["samples"])
+    assert ChatTokenIds.of(load_tokenizer(tmp_path / "tools" / "tokenizer.json")).has_tools
+
+
+def test_the_shipped_tools_config_reads(tool_parent_run):
+    config = load_run_config(Path(__file__).parents[2] / "configs" / "tiny-tools.yaml",
+                             [f"train.init_from={tool_parent_run}", "run.out_dir=unused"])
+    assert (config.data.source, config.data.format) == ("calculator", "chat")
+    calculator = config.data.calculator
+    assert (calculator.digits, calculator.operations, calculator.max_terms, calculator.max_exchanges) == (4, "+-*/", 4, 4)
+    assert calculator.parentheses and calculator.words and 0 < calculator.plays_share < 1

@@ -1,4 +1,6 @@
-"""The training loop end to end in-process: learning, accumulation, checkpoints, resume, failures."""
+"""The training loop end to end in-process: learning, accumulation, checkpoints, resume, failures; and the
+default sample prompt, from the run's data: a speaker for the plays, the held-out text's first words for
+any other corpus."""
 
 import os
 import signal
@@ -20,8 +22,10 @@ from model.io import load_pretrained
 from rundir.checkpoint import CheckpointError, load_trainer_state
 from rundir.files import STATE_FILE
 from rundir.metrics import read_metrics
+from run_testkit import chat_tokenizer
 from training.config import load_run_config
 from training.tasks.task import accumulate_gradients
+from training.tasks.text import NEUTRAL_PROMPT, SHAKESPEARE_PROMPT, default_sample_prompt
 from training.trainer import NonFiniteLossError, train
 
 # Fields of metrics.jsonl that depend only on the computation (not on timing).
@@ -382,3 +386,15 @@ def test_a_resume_takes_the_rates_and_muons_momentum_from_the_config(make_config
     assert [len(g["params"]) for g in groups] == [len(groups[0]["params"]), 1]  # the one table (2 layers)
     assert groups[0]["lr"] > 0 and muon_group["lr"] / groups[0]["lr"] == pytest.approx(0.06 / changed.train.lr)
     assert groups[1]["lr"] / groups[0]["lr"] == pytest.approx(0.05 / changed.train.lr)
+
+
+def test_the_sample_prompt_keeps_a_speaker_for_the_plays_and_begins_other_corpora_as_their_held_out_text():
+    tokenizer = chat_tokenizer()
+    val = tokenizer.encode("\n\n  Once upon a time, there was a fox.\nIt ran.", add_special_tokens=False).ids
+    assert tokenizer.decode(val).startswith("\n\n  Once")
+    assert default_sample_prompt("files", tokenizer, val) == "Once upon a"
+    assert default_sample_prompt("hub", tokenizer, val) == "Once upon a"
+    assert default_sample_prompt("shakespeare", tokenizer, val) == SHAKESPEARE_PROMPT
+    # Held-out text without words gets a neutral prompt.
+    blank = tokenizer.encode("\n \n\t", add_special_tokens=False).ids
+    assert default_sample_prompt("files", tokenizer, blank) == default_sample_prompt("files", tokenizer, []) == NEUTRAL_PROMPT
