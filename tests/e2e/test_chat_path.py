@@ -1,4 +1,5 @@
-"""The fine-tuning path as a user runs it: pretrain, chat-tune, ask with ``generate.py --chat --prompt``."""
+"""The fine-tuning path as a user runs it: pretrain, chat-tune, ask with ``generate.py --chat --prompt``; and
+the preference path on from the chat-tuned run: DPO by ``configs/tiny-dpo.yaml``."""
 
 import json
 from pathlib import Path
@@ -13,7 +14,7 @@ from inference.cli import main as cli_main
 from inference.completion import generate_completions
 from inference.settings import GenerationSettings
 from rundir.loading import load_run
-from e2e_testkit import ROOT, chat_tune_args, pretrain_args, quick_settings, run_ok, write_corpora
+from e2e_testkit import ROOT, WORDS, chat_tune_args, pretrain_args, quick_settings, run_ok, write_corpora
 from refusal_testkit import one_error_line
 from server_process import running_server
 
@@ -50,6 +51,27 @@ def test_pretrain_then_chat_tune_then_chat(chat_tuned, capsys) -> None:
     one_error_line(code, *capsys.readouterr(), f"{bad} line 1: the conversation has no assistant turn")
     code = train_cli.main([*common, "--set", f"train.init_from={tmp_path / 'cache'}"])
     assert one_error_line(code, *capsys.readouterr()).startswith("error: train.init_from:")
+
+
+@pytest.mark.e2e
+def test_then_dpo_from_the_chat_tuned_run(chat_tuned) -> None:
+    tmp_path, _, chat, _ = chat_tuned
+    pairs, dpo = tmp_path / "pairs.jsonl", tmp_path / "dpo"
+    pairs.write_text("".join(json.dumps({"prompt": [{"role": "user", "content": f"{a}?"}],
+                                         "chosen": [{"role": "assistant", "content": f"{b}."}],
+                                         "rejected": [{"role": "assistant", "content": f"{a} {a} {a} {a}"}]}) + "\n"
+                             for a in WORDS for b in WORDS))
+    done = run_ok([str(ROOT / "train.py"), "--config", str(ROOT / "configs" / "tiny-dpo.yaml"),
+                   *quick_settings(tmp_path), "--set", f"train.init_from={chat}", "--set", f"data.files.paths=[{pairs}]",
+                   "--set", "train.batch_size=4", "--set", "eval.interval=2", "--set", f"run.out_dir={dpo}",
+                   "--set", "train.max_steps=3"], cwd=tmp_path)
+    assert "done: 3 steps" in done.stdout
+    records = [json.loads(line) for line in (dpo / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["kind"] == "train"]
+    assert train[0]["rewards/accuracies"] == 0 and train[0]["beta"] == 0.1  # the policy starts as the reference
+    final = next(r for r in records if r["kind"] == "final_eval")
+    assert 0 <= final["val_rewards/accuracies"] <= 1 and "val_rewards/margins" in final
+    assert json.loads((dpo / "parent.json").read_text())["init_from"] == str(chat.resolve())
 
 
 CONTROL_TEXT = ("<|system|>", "<|user|>", "<|assistant|>", "<|end|>", "<|endoftext|>")

@@ -25,7 +25,7 @@ def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         f"train.max_steps={TRAIN_STEPS}", "train.max_minutes=null", f"data.val_fraction={VAL_FRACTION}",
         f"data.cache_dir={root / 'cache'}", f"run.out_dir={root / 'run'}", "logging.wandb.mode=disabled",
         "eval.interval=100000", "eval.sample_tokens=0", "run.checkpoint_interval=0",
-        # The model docs/results.md evaluated, and test_evaluate_e2e.py's thresholds were set for:
+        # The model docs/results.md evaluated, and test_evaluate_run.py's thresholds were set for:
         # tiny.yaml before value embeddings and the narrow feed-forward layer. With value
         # embeddings, 400 steps end on the next-line test's margin.
         "model.value_embeddings=false", "model.ffn_hidden=384",

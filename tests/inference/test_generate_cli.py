@@ -1,5 +1,6 @@
 """generate.py through ``main(argv)``: output, run discovery and user errors, and a few real processes; at the
-edges, near-zero temperature, and stdout closed, full or left by its reader (one line, exit 2, or quiet)."""
+edges, near-zero temperature, and stdout closed, full or left by its reader (one line, exit 2, or quiet);
+and windows of a few tokens, every kind of positions, through generate.py and its chat."""
 
 import io
 import json
@@ -10,12 +11,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from tokenizers import Tokenizer
 
 from refusal_testkit import one_error_line
-from run_testkit import build_model
+from run_testkit import build_model, build_run
 from inference.completion import encode_prompt, generate_completions
-from inference.sampling import sample_next_token
+from inference.engine import decode
+from inference.sampling import SamplingSettings, sample_next_token
 from inference.settings import GenerationSettings
+from rundir.loading import load_run
 
 REPO = Path(__file__).resolve().parents[2]
 PROMPT = "JULIET: O 世界 😀"
@@ -217,10 +221,6 @@ def test_subprocess_user_errors_exit_2_without_traceback(run_dir, tmp_path, case
 
 
 def test_sinks_reach_a_rolling_run_and_are_refused_past_its_window(cli, tokenizer_path, tmp_path):
-    from tokenizers import Tokenizer
-
-    from run_testkit import build_run
-
     rope = build_run(tmp_path / "rope", Tokenizer.from_file(str(tokenizer_path)), positions="rope")
     code, out, err = cli("--run", rope, "--prompt", "O", "--sinks", 32)
     assert code == 2 and err == "error: --sinks must be 0 to 31 (the window less one), got 32\n"
@@ -297,3 +297,53 @@ def test_a_full_disk_under_output_is_one_line(cli, run_dir, monkeypatch):
     err = done.stderr.decode()
     assert done.returncode == 2 and err.count("\n") == 1, err[-3000:]
     assert err.startswith("error: cannot write the output: ") and "No space left on device" in err
+
+
+# Windows of a few tokens
+
+WINDOWS = (2, 3, 4)
+POSITIONS = ("learned", "rope", "none")
+LONG_PROMPT = "ROMEO: But soft, what light through yonder window breaks?"
+NEW = 12
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, tokenizer_path):
+    tokenizer = Tokenizer.from_file(str(tokenizer_path))
+    folder = tmp_path_factory.mktemp("small-windows")
+    return {(block, positions): build_run(folder / f"{positions}-{block}", tokenizer, block_size=block,
+                                          positions=positions, never_predicts=("<|endoftext|>", "<|end|>"))
+            for block in WINDOWS for positions in POSITIONS}
+
+
+@pytest.mark.parametrize("positions", POSITIONS)
+@pytest.mark.parametrize("block", WINDOWS)
+def test_generate_py_continues_a_long_prompt_in_any_small_window(block, positions, runs, cli):
+    run_dir = runs[block, positions]
+    code, out, err = cli("--run", run_dir, "--prompt", LONG_PROMPT, "--max-new-tokens", NEW, "--temperature", 0,
+                         "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    run = load_run(run_dir, torch.device("cpu"))
+    ids = run.tokenizer.encode(LONG_PROMPT).ids
+    rolls = positions != "learned"
+    # The whole prompt where the window rolls; its last block_size tokens where it re-encodes.
+    seen = ids if rolls else ids[-block:]
+    assert report["prompt_tokens"] == len(seen) and "longer than the model's" in err
+    assert ("rolls through the cache" in err) == rolls and ("sees only the last" in err) != rolls
+    greedy = SamplingSettings(max_new_tokens=NEW, temperature=0.0, top_p=None)
+    expected, = decode(run.model, [seen], greedy)
+    assert report["samples"][0]["token_ids"] == list(expected.token_ids) and len(expected.token_ids) == NEW
+
+
+@pytest.mark.parametrize("positions", POSITIONS)
+@pytest.mark.parametrize("block", WINDOWS)
+def test_a_chat_in_any_small_window_replies_or_says_in_one_line_why_not(block, positions, runs, cli):
+    code, out, err = cli("--run", runs[block, positions], "--chat", "--prompt", "Who's there?", "--max-new-tokens", NEW,
+                         "--temperature", 0)
+    if positions == "learned":  # a turn's own tokens outgrow the window: nothing to roll, so refused
+        assert (code, out) == (2, "") and err.count("\n") == 1
+        assert err.startswith("error: the last message is ") and err.endswith("shorten it\n")
+    else:
+        assert code == 0 and "Traceback" not in err
+        assert out.endswith("\n") and len(out) > 1

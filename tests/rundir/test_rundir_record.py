@@ -1,4 +1,5 @@
-"""What a run records about itself: its config, its parent, and the summary of its training."""
+"""What a run records about itself: its config, its parent, the summary of its training, and metrics.jsonl
+(appended, truncated on resume and read past damage)."""
 
 import json
 
@@ -7,7 +8,7 @@ import yaml
 
 from common.errors import UserError
 from rundir.files import METRICS_FILE, PARENT_FILE, RUN_CONFIG_FILE
-from rundir.metrics import MetricsLog
+from rundir.metrics import MetricsLog, read_metrics
 from rundir.record import RunRecord, read_config, write_parent_record
 
 
@@ -56,3 +57,21 @@ def test_run_record_describes_the_weights_the_run_kept(tmp_path):
     log.append({"kind": "final_eval", "step": 40, "weights_step": 20, "val_loss": 1.6, "val_bpb": 0.8})
     record = RunRecord.read(tmp_path)
     assert (record.val_bpb, record.val_scope, record.steps) == (0.8, "full validation set at step 20", 40)
+
+
+def test_metrics_log_appends_reads_truncates_and_reads_past_damage(tmp_path):
+    log = MetricsLog(tmp_path / "metrics.jsonl")
+    for step in range(1, 6):
+        log.append({"kind": "train", "step": step, "loss": 1.0 / step})
+    log.append({"kind": "eval", "step": 5, "val_loss": 0.5})
+    with open(log.path, "a") as f:
+        f.write('{"kind": "train", "step": 6, "lo')  # torn by a crash
+    assert [r["step"] for r in read_metrics(log.path)] == [1, 2, 3, 4, 5, 5]
+    log.truncate_after(3)
+    assert [r["step"] for r in read_metrics(log.path)] == [1, 2, 3]
+    log.append({"kind": "train", "step": 4, "loss": 0.2})
+    assert read_metrics(log.path)[-1] == {"kind": "train", "step": 4, "loss": 0.2}
+    path = tmp_path / "damaged" / METRICS_FILE  # damaged lines cost only themselves
+    path.parent.mkdir()
+    path.write_bytes(b'{"step": 1}\n\xff\xfe not utf-8\n[1, 2]\n{"step": 2}\nnot json\n{"step": 3}\n{"step": 4')
+    assert read_metrics(path) == [{"step": 1}, {"step": 2}, {"step": 3}]

@@ -1,4 +1,5 @@
-"""training.distributed: the single-process no-ops, the batch split, and a real 2-process step."""
+"""training.distributed: the single-process no-ops, the batch split, a real 2-process step, and under torchrun
+(e2e) tiny.yaml and train.lora (the adapters alone trained, written by rank 0, resumed on one process)."""
 
 import json
 
@@ -7,8 +8,9 @@ import torch
 from torch import nn
 
 from common.errors import UserError
-from launch_testkit import ROOT, TORCHRUN_VARS, launch, ok
+from launch_testkit import ROOT, TORCHRUN_VARS, launch, ok, train_args
 from model.gpt import unwrap
+from model.io import load_pretrained
 from rundir.checkpoint import load_trainer_state
 from training.distributed import (DistContext, all_reduce_mean, all_reduce_sum, barrier, gather_to_main,
     init_distributed, launched_by_torchrun, select_rank_state, shutdown, split_batch, sync_gradients, wrap_model)
@@ -126,10 +128,32 @@ def test_two_rank_step_equals_single_process_accumulation(two_rank_steps):
 def test_torchrun_two_processes_on_tiny_yaml_with_one_accumulation_step(small_overrides, tmp_path):
     # tiny.yaml has grad_accum_steps 1, so two processes split its batch of sequences instead.
     out = tmp_path / "run"
-    sets = [*small_overrides, "train.max_steps=2", "train.grad_accum_steps=1", "eval.interval=0",
-            "eval.sample_tokens=0", "logging.wandb.mode=disabled", f"run.out_dir={json.dumps(str(out))}"]
-    args = ["train.py", "--config", "configs/tiny.yaml", "--no-progress", *[a for s in sets for a in ("--set", s)]]
+    args = train_args(small_overrides, out, "train.max_steps=2", "train.grad_accum_steps=1", "eval.interval=0",
+                      "eval.sample_tokens=0")
     proc = ok(launch(2, args, timeout=180))
     assert "done: 2 steps" in proc.stdout
     state = load_trainer_state(out)
     assert state["world_size"] == 2 and state["tokens_seen"] == 2 * 4 * 32  # steps x batch x block
+
+
+@pytest.mark.e2e
+@pytest.mark.distributed
+def test_a_lora_run_on_two_processes_trains_the_adapters_alone_and_resumes_on_one(small_overrides, tmp_path):
+    parent, run = tmp_path / "parent", tmp_path / "lora"
+    ok(launch(1, train_args(small_overrides, parent)))
+    lora = [f"train.init_from={json.dumps(str(parent))}", "train.lora.rank=4", "train.lora.dropout=0.1",
+            "train.optimizer=adamw", "train.lr=1e-2", "train.grad_accum_steps=2"]
+    assert "LoRA: " in ok(launch(2, train_args(small_overrides, run, *lora))).stdout
+
+    state = load_trainer_state(run)
+    assert state["world_size"] == 2 and state["step"] == 4
+    before = load_pretrained(parent).state_dict()
+    for name, tensor in state["model"].items():
+        if name.endswith("lora_B"):
+            assert tensor.abs().max() > 0, name  # B started at zero: the adapters trained
+        elif ".parametrizations." not in name or name.endswith(".original"):  # the rest is the adapters' own
+            assert torch.equal(tensor, before[name.replace(".parametrizations.weight.original", ".weight")]), name
+    assert (run / "adapter_model.safetensors").is_file() and (run / "adapter_config.json").is_file()
+
+    resumed = ok(launch(1, [*train_args(small_overrides, run, *lora, "train.max_steps=6"), "--resume"]))
+    assert "done: 6 steps" in resumed.stdout and load_trainer_state(run)["world_size"] == 1

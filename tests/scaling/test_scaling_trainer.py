@@ -1,27 +1,25 @@
-"""The trainer with wandb and torchrun on a shrunk configs/small.yaml (W&B read back: wandb_records.py)."""
+"""The trainer with wandb and torchrun on a shrunk configs/small.yaml (W&B read back: wandb_records.py), and
+small.yaml's GPU path (bf16 autocast, torch.compile, its options) for a few steps of a shrunk model on the
+CPU, so that a change breaking the GPU config fails here first."""
 
 import json
+import math
 import os
+import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 import torch
 
 from launch_testkit import ROOT, torchrun
+from model.io import load_pretrained
+from rundir.checkpoint import load_trainer_state
+from rundir.files import METRICS_FILE
+from rundir.metrics import read_metrics
 from tests.tracking.wandb_records import read_offline_runs
+from training.trainer import train
 
 TRAIN_METRICS = ("loss", "lr", "grad_norm", "tokens", "tokens_per_s", "mfu")
-
-
-def run_training(config):
-    from training.trainer import train
-
-    return train(config, progress=False)
-
-
-def metrics_lines(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 # configs/small.yaml as shipped
@@ -45,13 +43,26 @@ def test_small_config_is_minimind2_small_sized():
     assert 24e6 < params - tables < 28e6
 
 
+@pytest.mark.e2e
+@pytest.mark.skipif(not any(shutil.which(c) for c in ("c++", "g++", "clang++")), reason="torch.compile needs a C++ compiler")
+def test_small_yaml_trains_compiled_in_bf16_on_the_cpu(small_config, capsys):
+    config = small_config("train.precision=bf16", "train.compile=true", "train.max_steps=3", "eval.interval=0",
+                          "eval.sample_tokens=0", "logging.wandb.mode=disabled")
+    assert config.model.value_embeddings and config.train.optimizer == "adamw" and config.train.grad_accum_steps == 2
+    result = train(config, progress=True)
+    out = capsys.readouterr().out
+    assert "(bf16, compiled)" in out and "memory per device: about" in out
+    assert result.step == 3 and math.isfinite(result.val_loss) and math.isfinite(result.last_loss)
+    assert load_trainer_state(result.run_dir)["step"] == 3
+    assert load_pretrained(result.run_dir).config.value_embeddings  # the saved model loads
+
+
 # wandb through the trainer
 
 
 def test_wandb_receives_metrics_samples_summary_and_a_resume_continues_the_run(small_config, tmp_path, monkeypatch):
     """configs/small.yaml on local files: 2 steps, then --resume to 4 steps, logging offline."""
     from training.config import config_to_dict
-    from training.trainer import train
 
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     run_dir = tmp_path / "run"
@@ -74,7 +85,7 @@ def test_wandb_receives_metrics_samples_summary_and_a_resume_continues_the_run(s
     assert {k: v for k, v in second.config.items() if k != "_wandb"} == json.loads(json.dumps(config_to_dict(config)))
 
     # Every line of metrics.jsonl reached wandb with the same values at the same step.
-    lines = metrics_lines(run_dir)
+    lines = read_metrics(run_dir / METRICS_FILE)
     train_lines = [r for r in lines if r["kind"] == "train"]
     assert [r["step"] for r in train_lines] == [1, 2, 3, 4]
     for key in TRAIN_METRICS:
@@ -109,7 +120,7 @@ def test_wandb_failing_to_start_does_not_stop_training(small_config, tmp_path, m
         raise wandb.errors.CommError("could not reach the server")
 
     monkeypatch.setattr(wandb, "init", refuse)
-    result = run_training(small_config("logging.wandb.mode=offline", "train.max_steps=2", "eval.interval=0"))
+    result = train(small_config("logging.wandb.mode=offline", "train.max_steps=2", "eval.interval=0"), progress=False)
     assert result.step == 2 and result.val_loss is not None
     run_dir = tmp_path / "run"
     assert (run_dir / "trainer_state.pt").is_file() and (run_dir / "metrics.jsonl").is_file()
@@ -136,7 +147,7 @@ def test_torchrun_two_processes_train_and_only_rank0_writes(small_overrides, tmp
 
     # One checkpoint, one metrics file, one wandb run: all from rank 0.
     assert sorted(p.name for p in run_dir.glob("trainer_state*")) == ["trainer_state.pt"]
-    lines = metrics_lines(run_dir)
+    lines = read_metrics(run_dir / METRICS_FILE)
     assert [r["step"] for r in lines if r["kind"] == "train"] == [1, 2, 3, 4]
     assert [r["kind"] for r in lines if r["kind"] != "train"] == ["final_eval"]
     [run] = read_offline_runs(run_dir / "wandb")
