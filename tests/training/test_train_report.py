@@ -71,16 +71,23 @@ def test_a_clock_bound_run_shows_progress_evaluations_summary_and_curve(base_raw
     assert (run_dir / "loss_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_a_step_bound_run_counts_to_max_steps_and_evaluates_by_steps(base_raw, tmp_path, capsys):
+def test_a_step_bound_run_counts_to_max_steps_evaluates_by_steps_and_hints_from_its_own_data(base_raw, tmp_path,
+                                                                                             capsys, corpus_file):
     run_dir, out, err = _run(base_raw, tmp_path, capsys, max_steps=12)
     last_bar = [line for line in re.split(r"[\r\n]", err) if line.startswith("train:")][-1]
     assert "| 12/12 " in last_bar, last_bar
-    evals = [r["step"] for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "eval"]
-    assert evals == [10, 12]  # no clock budget: every eval.interval steps, and the last step
+    records = read_metrics(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in records if r["kind"] == "eval"] == [10, 12]  # every eval.interval steps, and the last
     # The final pass scores weights whose sample was shown at their evaluation: it is not shown again.
     lines = out.splitlines()
     final = next(i for i, line in enumerate(lines) if line.startswith("step 12 full validation"))
     assert not lines[final + 1].startswith("  sample:") and sum(line.startswith("  sample:") for line in lines) == 2
+    # The hints sample from the run's own data, not the plays: the corpus's held-out text starts a line with
+    # the prompt's words, and the samples continued it.
+    hint = [line for line in lines if "python generate.py --run" in line][0]
+    prompt = shlex.split(hint.split("#")[0])[-1]
+    assert "ROMEO" not in out and any(line.startswith(prompt) for line in corpus_file.read_text().splitlines())
+    assert next(r for r in records if r["kind"] == "final_eval")["sample"].startswith(prompt)
 
 
 def test_no_clock_evaluation_falls_in_the_last_half_interval_of_the_clock():
@@ -190,18 +197,6 @@ def test_loss_curve_is_in_bits_per_byte_with_nats_per_token_beside(tmp_path, mon
     assert [ax.get_ylabel() for ax in by_step.child_axes] == ["loss (nats/token)"]
 
 
-def test_the_hints_sample_from_the_runs_own_data_not_the_plays(base_raw, tmp_path, capsys, corpus_file):
-    run_dir, out, _ = _run(base_raw, tmp_path, capsys, max_steps=2)
-    hint = [line for line in out.splitlines() if "python generate.py --run" in line][0]
-    prompt = shlex.split(hint.split("#")[0])[-1]
-    assert "ROMEO" not in out
-    # The corpus's held-out text starts a line with the prompt's words, and the samples continued it.
-    assert any(line.startswith(prompt) for line in corpus_file.read_text(encoding="utf-8").splitlines())
-    assert next(r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "final_eval")["sample"].startswith(
-        prompt)
-
-
-
 def test_a_resumed_run_says_what_each_duration_covers():
     line = train_cli.done_line(_result(step=20, tokens_seen=40_960, train_seconds=48.0, earlier_seconds=30.0,
                                        epochs=2.5), session_seconds=30.0)
@@ -223,9 +218,9 @@ def test_chat_tuning_and_the_llama_exports_are_suggested_only_where_they_fit(mak
     old = new_tokenizer()
     old.train_from_iterator(["some natural text"] * 20, trainers.BpeTrainer(vocab_size=280, special_tokens=[EOT]))
     old.save(str(run / "tokenizer.json"))
+    assert not train_cli.suits_chat_tuning(config)
     # learned positions block the llama and gguf exports
     assert not make_config(model={"positions": "rope"}).model.llama_blockers() and config.model.llama_blockers()
-
 
 
 def test_loss_curve_draws_the_final_full_validation_as_its_own_point_at_the_kept_step(tmp_path, monkeypatch):
@@ -244,7 +239,6 @@ def test_loss_curve_draws_the_final_full_validation_as_its_own_point_at_the_kept
         assert list(final.get_xdata()) == pytest.approx(x) and final.get_linestyle() == "None"
         assert [t.get_text() for t in axes.get_legend().get_texts()][1:] == [
             "validation (the evaluation subset)", "full validation (weights of step 20)"]
-
 
 
 def test_a_dpo_run_draws_its_loss_accuracies_and_margins(tmp_path, monkeypatch):
