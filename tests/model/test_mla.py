@@ -1,11 +1,10 @@
 """Multi-head latent attention (model.gpt.LatentAttention): the absorbed decode path against full recomputation in
-the expanded form, and the latent-only cache."""
+the expanded form, and the latent-only cache. (Ragged rows of one cache: test_model_cache.py's rows tests.)"""
 
 import pytest
 import torch
 
 from inference.engine import decode
-from inference.batch_invariant import row_blocked
 from inference.sampling import SamplingSettings
 from model.gpt import GPT
 from run_testkit import MLA_OPTIONS, build_model
@@ -84,49 +83,6 @@ def test_decoding_never_builds_per_head_keys_or_values(monkeypatch, options):
         for block in model.blocks:
             monkeypatch.setattr(block.attn.kv_up, "forward", expanded)
         assert_close(model(idx[:, 8:], cache=cache)[:, -1], full[:, -1])
-
-
-# The cached vector, kv_latent_dim (+ rope_dim 8 with rotary positions), a multiple of 16.
-@pytest.mark.parametrize("kv_latent_dim,options", [(16, {}), (16, MLA_OPTIONS), (8, ROPE)],
-                         ids=["plain", "options", "rope"])
-def test_ragged_rows_decode_together_as_each_alone_bit_for_bit(kv_latent_dim, options):
-    model = row_blocked(mla_model(kv_latent_dim, 24, **options))
-    prompts = [list(range(3, 3 + n)) for n in (1, 5, 12, 30)]
-    rows = [5, 0, 3, 1]  # rows are not in order, and two rows stay empty
-    cache = model.init_cache(6, whole_buffers=True)
-    solo = []
-    with torch.inference_mode():
-        for r, prompt in zip(rows, prompts):
-            model.next_token_logits(torch.tensor([prompt[:-1] or prompt]), cache, [r])
-            alone = model.init_cache(1, whole_buffers=True)
-            model.next_token_logits(torch.tensor([prompt[:-1] or prompt]), alone)
-            solo.append(model.next_token_logits(torch.tensor([[prompt[-1]]]), alone))
-        batched = model.next_token_logits(torch.tensor([[p[-1]] for p in prompts]), cache, rows)
-    for i in range(len(prompts)):  # served beside others == alone (kv_latent_dim a multiple of 16)
-        assert torch.equal(batched[i:i + 1], solo[i]), f"row {rows[i]}"
-
-
-@pytest.mark.parametrize("options", [{}, MLA_OPTIONS, ROPE, ROPE | MLA_OPTIONS, NOPE],
-                         ids=["plain", "options", "rope", "rope-options", "none"])
-@pytest.mark.parametrize("batch_invariant", [False, True])
-def test_ragged_rows_and_chunks_into_them_equal_full_recomputation(batch_invariant, options):
-    model = mla_model(8, None, **options)
-    served = row_blocked(model) if batch_invariant else model
-    seqs = [torch.randint(0, 97, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (20, 24, 26)]
-    done = [3, 9, 1]  # prefilled lengths: ragged
-    cache = model.init_cache(3, whole_buffers=batch_invariant)
-    with torch.no_grad():
-        for r, n in enumerate(done):
-            model(torch.tensor([seqs[r][:n]]), cache=cache, rows=[r])
-        # A 4-token chunk into every row at once (a masked multi-token pass), then one-token steps.
-        chunk = model(torch.tensor([s[n:n + 4] for s, n in zip(seqs, done)]), cache=cache)
-        for r, n in enumerate(done):
-            assert_close(chunk[r], model(torch.tensor([seqs[r][:n + 4]]))[0, n:])
-        for step in range(6):
-            idx = torch.tensor([[s[n + 4 + step]] for s, n in zip(seqs, done)])
-            logits = served.next_token_logits(idx, cache)
-            for r, n in enumerate(done):
-                assert_close(logits[r], model(torch.tensor([seqs[r][:n + 5 + step]]))[0, -1])
 
 
 @pytest.mark.parametrize("positions", ["learned", "rope"])

@@ -7,9 +7,10 @@ import torch
 import model.gpt as gpt
 from inference.batch_invariant import row_blocked
 from model.kv_cache import KVCache
-from run_testkit import ALL_OPTIONS
+from run_testkit import ALL_OPTIONS, MLA_OPTIONS
 
 ATOL = 1e-5  # logits of a few units to a few tens (see conftest): two summation orders differ by ~1e-6
+MLA = dict(attention="mla", n_kv_head=6, kv_latent_dim=8, q_latent_dim=24)  # latent attention (n_head 6)
 
 CONFIGS = [
     dict(n_kv_head=1), dict(n_kv_head=2), dict(n_kv_head=6),
@@ -138,10 +139,12 @@ def prefill(model, cache, r: int, ids: list[int], chunk: int | None = None) -> t
 
 @pytest.mark.parametrize("overrides", [dict(n_kv_head=1), dict(n_kv_head=2), dict(n_kv_head=6),
                                        dict(n_kv_head=2, **ALL_OPTIONS), dict(n_kv_head=2, positions="rope"),
-                                       dict(n_kv_head=2, positions="none", **ALL_OPTIONS)],
-                         ids=["kv1", "kv2", "kv6", "options", "rope", "none-options"])
+                                       dict(n_kv_head=2, positions="none", **ALL_OPTIONS), MLA | dict(kv_latent_dim=16),
+                                       MLA | dict(kv_latent_dim=16, **MLA_OPTIONS), MLA | dict(positions="rope")],
+                         ids=["kv1", "kv2", "kv6", "options", "rope", "none-options", "mla", "mla-options", "mla-rope"])
 def test_rows_at_different_lengths_decode_as_each_would_alone(make_model, overrides):
-    # head_dim 16: rows 64 bytes apart, as bit-exactness on the CPU needs (see _attend_token).
+    # head_dim 16: rows 64 bytes apart, as bit-exactness on the CPU needs (see _attend_token); latent
+    # attention's cached vector, kv_latent_dim (+ the rotary key's 8), a multiple of 16 as well.
     model = row_blocked(make_model(seed=5, n_embd=96, **overrides))
     vocab, block = model.config.vocab_size, model.config.block_size
     g = torch.Generator().manual_seed(6)
@@ -166,11 +169,17 @@ def test_rows_at_different_lengths_decode_as_each_would_alone(make_model, overri
 
 
 EVEN_HEADS = dict(n_embd=48)  # head_dim 8: rotary positions turn pairs
+OPTIONS = [{}, ALL_OPTIONS, dict(positions="rope", **EVEN_HEADS), dict(positions="rope", **EVEN_HEADS, **ALL_OPTIONS),
+           dict(positions="none")]
+OPTION_IDS = ["plain", "options", "rope", "rope-options", "none"]
 
 
-@pytest.mark.parametrize("options", [{}, ALL_OPTIONS, dict(positions="rope", **EVEN_HEADS),
-                                     dict(positions="rope", **EVEN_HEADS, **ALL_OPTIONS), dict(positions="none")],
-                         ids=["plain", "options", "rope", "rope-options", "none"])
+# The same with latent attention (its options the width alone): its chunks take the expanded form, its
+# one-token steps the absorbed one.
+MLA_ROWS = [MLA | {key: value for key, value in options.items() if key != "value_embeddings"} for options in OPTIONS]
+
+
+@pytest.mark.parametrize("options", OPTIONS + MLA_ROWS, ids=OPTION_IDS + [f"mla-{i}" for i in OPTION_IDS])
 @pytest.mark.parametrize("batch_invariant", [False, True])
 def test_ragged_rows_and_chunked_prefill_agree_with_full_recomputation(make_model, batch_invariant, options):
     model = make_model(seed=7, **options)

@@ -118,7 +118,7 @@ def test_an_entry_is_built_once_and_reused_and_a_json_array_reads_as_its_items(t
     items = _prepared(tmp_path / "array", tokenizer, array)
     assert items.train.chosen.ids.tolist() == first.train.chosen.ids.tolist() and len(items.val) == len(first.val)
     array.write_text(json.dumps([*rows[:3], "oops"]), encoding="utf-8")
-    assert f"{array} item 4: a JSON string, not an object" in _refusal(tmp_path, tokenizer, array, 64)
+    assert f"{array} item 4: a JSON string, not an object" in _refusal(tmp_path, tokenizer, array)
 
 
 # Preference files as a hostile user writes them: every case names the file and its 1-based line
@@ -152,6 +152,8 @@ def _third(row: dict) -> str:
      "unknown role 'robot'"),
     (f"{GOOD}\n" + json.dumps({"prompt": "x", "chosen": "a", "rejected": None}) + f"\n{GOOD}\n", "line 2",
      "the pair has no rejected"),
+    (f"{GOOD}\n".encode() + b'{"prompt": "caf\xe9", "chosen": "a", "rejected": "b"}\n', "line 2",
+     "not valid UTF-8 (byte 0xe9, the line's byte 16); fix the file, or set data.files.encoding_errors: replace"),
     ("", "", "is empty: write one JSON object per line"),
     ("\n   \n\n", "", "has only blank lines (3): write one JSON object per line"),
     (f"{GOOD}\n", "", "there is one reply pair, and holding some out for validation needs at least 2"),
@@ -159,21 +161,14 @@ def _third(row: dict) -> str:
      "has no 'prompt', 'chosen', 'rejected' column (columns: question, answer)"),
 ], ids=["missing-chosen", "cut-mid-object", "cut-mid-string", "array-line", "array-first-line", "string-line",
         "python-dict", "number-reply", "no-rejected", "prompt-ends-with-assistant", "reply-from-user", "empty-reply",
-        "unknown-role", "null-reply", "empty-file", "blank-lines", "one-pair", "other-columns"])
+        "unknown-role", "null-reply", "not-utf8", "empty-file", "blank-lines", "one-pair", "other-columns"])
 def test_a_hostile_preference_file_is_one_line_naming_the_file_and_line(tmp_path, tokenizer, content, where,
                                                                           fragment):
     path = tmp_path / "pairs.jsonl"
-    path.write_text(content, encoding="utf-8")
-    message = _refusal(tmp_path, tokenizer, path, 64)
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    message = _refusal(tmp_path, tokenizer, path)
     assert "\n" not in message and fragment in message, message
     assert (f"{path} {where}: " if where else str(path)) in message, message
-
-
-def test_invalid_utf8_names_the_line_and_the_setting_that_replaces_it(tmp_path, tokenizer):
-    path = tmp_path / "pairs.jsonl"
-    path.write_bytes(f"{GOOD}\n".encode() + b'{"prompt": "caf\xe9", "chosen": "a", "rejected": "b"}\n')
-    message = _refusal(tmp_path, tokenizer, path, 64)
-    assert f"{path} line 2: not valid UTF-8 (byte 0xe9" in message and "encoding_errors: replace" in message
 
 
 @pytest.mark.parametrize("pair, fragment", [
@@ -185,30 +180,25 @@ def test_invalid_utf8_names_the_line_and_the_setting_that_replaces_it(tmp_path, 
 def test_a_pair_too_long_for_the_window_blames_the_part_that_is(tmp_path, tokenizer, pair, fragment):
     path = tmp_path / "pairs.jsonl"
     path.write_text("".join(json.dumps(pair) + "\n" for _ in range(4)), encoding="utf-8")
-    message = _refusal(tmp_path, tokenizer, path, 64)
+    message = _refusal(tmp_path, tokenizer, path)
     assert "\n" not in message and "no training reply pair fits in model.block_size 64" in message
     assert re.search(rf"the first: {re.escape(str(path))} line \d: its ", message) and fragment in message, message
     shorten = "shorten the replies" if "reply is" in fragment else "shorten the prompt"
     assert message.endswith(shorten)
 
 
-def _config(cache: Path, path: Path) -> DataConfig:
-    return DataConfig(source="files", format="preference", cache_dir=str(cache), val_fraction=0.2,
-                      files=FilesSourceConfig(paths=[str(path)]))
-
-
 def _prepared(folder: Path, tokenizer, path: Path):
-    tokenizer_file = folder / "tokenizer.json"
+    """``path``'s pairs prepared for a window of 64, into a cache under ``folder``."""
     folder.mkdir(exist_ok=True)
-    tokenizer.save(str(tokenizer_file))
-    return prepare_preference_data(_config(folder / "cache", path), tokenizer_file, 64, progress=False)
+    tokenizer.save(str(folder / "tokenizer.json"))
+    config = DataConfig(source="files", format="preference", cache_dir=str(folder / "cache"), val_fraction=0.2,
+                        files=FilesSourceConfig(paths=[str(path)]))
+    return prepare_preference_data(config, folder / "tokenizer.json", 64, progress=False)
 
 
-def _refusal(folder: Path, tokenizer, path: Path, block_size: int) -> str:
-    tokenizer_file = folder / "tokenizer.json"
-    tokenizer.save(str(tokenizer_file))
+def _refusal(folder: Path, tokenizer, path: Path) -> str:
     with pytest.raises(DataError) as error:
-        prepare_preference_data(_config(folder / "cache", path), tokenizer_file, block_size, progress=False)
+        _prepared(folder, tokenizer, path)
     return str(error.value)
 
 
@@ -216,5 +206,5 @@ def test_a_bad_row_of_a_parquet_file_is_named_by_its_1_based_row(tmp_path, token
     rows = [{"prompt": "Hi", "chosen": "a", "rejected": "b"}] * 3 + [{"prompt": "Hi", "chosen": None, "rejected": "b"}]
     path = tmp_path / "pairs.parquet"
     pq.write_table(pa.Table.from_pylist(rows), path)
-    message = _refusal(tmp_path, tokenizer, path, 64)
+    message = _refusal(tmp_path, tokenizer, path)
     assert message == f"{path} row 4: the pair has no chosen; give it prompt, chosen and rejected"

@@ -1,6 +1,7 @@
 """Training's side of a checkpoint: the optimizer continuing from one, RNG state round trips, the
 shape a resume must keep, and MFU accounting (the files themselves: tests/rundir)."""
 
+import copy
 import json
 import random
 from contextlib import nullcontext
@@ -16,7 +17,7 @@ from training.checkpointing import capture_rng_state, restore_rng_state
 from training.config import TrainConfig
 from training import metrics
 from training.metrics import known_gpu_peak, measure_matmul_flops, mfu
-from training.optim import build_optimizer, plan_param_groups
+from training.optim import build_optimizer, load_optimizer_state, plan_param_groups, set_learning_rate
 from training.resume_rules import check_model_shape
 
 SHAPE = dict(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_kv_head=1, n_embd=32)
@@ -39,26 +40,36 @@ def test_rng_states_survive_a_weights_only_round_trip(tmp_path):
     assert draws() == expected
 
 
+@pytest.mark.parametrize("legacy", [False, True], ids=["today", "lr-scale-keys"])
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
-def test_the_optimizer_continues_from_a_checkpoint(tmp_path, optimizer):
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(**SHAPE))
+def test_the_optimizer_continues_from_a_checkpoint(tmp_path, optimizer, legacy):
+    # Earlier versions kept each group's scale as an "lr_scale" key in the optimizer's groups; their
+    # checkpoints still resume, and the key does not come back into the groups (the plan owns it).
     cfg = TrainConfig(max_steps=1, optimizer=optimizer)
-    opt = build_optimizer(plan_param_groups(model, cfg), cfg, torch.device("cpu"))
+    models, plans, optimizers = [], [], []
+    for seed in (0, 1):  # the one trained, then the one a resume builds (its weights are loaded)
+        torch.manual_seed(seed)
+        models.append(GPT(GPTConfig(**SHAPE)))
+        plans.append(plan_param_groups(models[-1], cfg))
+        optimizers.append(build_optimizer(plans[-1], cfg, torch.device("cpu")))
+    (model, fresh), (opt, fresh_opt) = models, optimizers
     x = torch.randint(0, 64, (2, 16))
     model(x, x)[1].backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
-    save_checkpoint(tmp_path, model, {"step": 1, "model": model.state_dict(), "optimizer": opt.state_dict()})
-
+    saved = copy.deepcopy(opt.state_dict())
+    for part in ([saved] if "param_groups" in saved else saved.values()) if legacy else []:
+        for group in part["param_groups"]:
+            group["lr_scale"] = 7.0  # whatever it was, the config's scale is the one that runs
+    save_checkpoint(tmp_path, model, {"step": 1, "model": model.state_dict(), "optimizer": saved})
     state = load_trainer_state(tmp_path)
-    fresh = GPT(GPTConfig(**SHAPE))
-    fresh_opt = build_optimizer(plan_param_groups(fresh, cfg), cfg, torch.device("cpu"))
     fresh.load_state_dict(state["model"])
-    fresh_opt.load_state_dict(state["optimizer"])
+    load_optimizer_state(fresh_opt, state["optimizer"])
+    assert all("lr_scale" not in g for g in fresh_opt.param_groups)
     # The optimizer continues identically: one more identical step gives identical weights. (The
     # weights and the model files round trip: tests/rundir/test_rundir_checkpoint.py.)
-    for m, o in ((model, opt), (fresh, fresh_opt)):
+    for m, o, plan in zip(models, optimizers, plans):
+        set_learning_rate(o, plan, 1e-3)
         m(x, x)[1].backward()
         o.step()
         o.zero_grad(set_to_none=True)

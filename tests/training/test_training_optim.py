@@ -1,6 +1,5 @@
 """Parameter groups for weight decay, and the warmup + cosine schedule by steps and by time."""
 
-import copy
 import math
 
 import pytest
@@ -11,10 +10,8 @@ from model.config import GPTConfig
 from model.gpt import GPT
 from training.config import TrainConfig
 from training.muon import Muon
-from training.optim import (
-    LRSchedule, build_optimizer, build_schedule, decayed_and_not, load_optimizer_state,
-    plan_param_groups, planned_steps, set_learning_rate,
-)
+from training.optim import (LRSchedule, build_optimizer, build_schedule, decayed_and_not, plan_param_groups,
+                            planned_steps, set_learning_rate)
 
 
 def tiny_gpt() -> GPT:
@@ -156,33 +153,3 @@ def test_value_embedding_tables_run_at_their_own_rate(optimizer):
     # A model without tables has no such group, whatever the setting.
     plain = plan_param_groups(tiny_gpt(), TrainConfig(max_steps=1, optimizer=optimizer, value_embedding_lr=0.03))
     assert len(plain) == len(groups) - 1
-
-
-@pytest.mark.parametrize("optimizer", ["muon", "adamw"])
-def test_a_state_saved_with_lr_scale_keys_loads_and_steps_the_same(optimizer):
-    # Earlier versions kept each group's scale as an "lr_scale" key in the optimizer's groups; their
-    # checkpoints still resume, and the key does not come back into the groups (the plan owns it).
-    cfg = TrainConfig(max_steps=1, optimizer=optimizer)
-    x = torch.randint(0, 64, (2, 16))
-    runs = []
-    for legacy in (False, True):
-        model = tiny_gpt()
-        groups = plan_param_groups(model, cfg)
-        opt = build_optimizer(groups, cfg, torch.device("cpu"))
-        model(x, x)[1].backward()
-        opt.step()
-        state = copy.deepcopy(opt.state_dict())
-        if legacy:
-            for part in [state] if "param_groups" in state else state.values():
-                for group in part["param_groups"]:
-                    group["lr_scale"] = 7.0  # whatever it was, the config's scale is the one that runs
-        fresh = build_optimizer(groups, cfg, torch.device("cpu"))
-        load_optimizer_state(fresh, state)
-        assert all("lr_scale" not in g for g in fresh.param_groups)
-        set_learning_rate(fresh, groups, 1e-3)
-        opt.zero_grad(set_to_none=True)
-        model(x, x)[1].backward()
-        fresh.step()
-        runs.append([p.detach().clone() for p in model.parameters()])
-    for a, b in zip(*runs):
-        assert torch.equal(a, b)
