@@ -20,6 +20,7 @@ from model.config import GPTConfig
 from model.gpt import GPT
 from refusal_testkit import one_error_line
 from rundir.loading import load_run
+from test_speculative import serve
 
 pytestmark = pytest.mark.skipif(compiler_missing(torch.device("cpu")) is not None,
                                 reason=str(compiler_missing(torch.device("cpu"))))
@@ -37,21 +38,6 @@ LOGPROB_TOLERANCE = 1e-4
 def completions(loaded_run, **settings) -> list[list[int]]:
     result = generate_completions(loaded_run, PROMPT_IDS, GenerationSettings(**settings))
     return [completion.token_ids for completion in result.completions]
-
-
-def served(engine: Engine, requests: list[tuple[list[int], SamplingSettings]]) -> list[Finish]:
-    finishes: dict[int, Finish] = {}
-
-    def collect(i: int):
-        def on(event: Event) -> None:
-            if event.finish is not None:
-                finishes[i] = event.finish
-        return on
-
-    for i, (ids, settings) in enumerate(requests):
-        engine.submit(ids, settings, collect(i), logprobs=3)
-    engine.run_until_idle()
-    return [finishes[i] for i in range(len(requests))]
 
 
 @pytest.fixture(params=DEVICES)
@@ -72,7 +58,7 @@ def test_compiled_tokens_equal_eager_and_the_recomputation_across_the_window(dev
 def test_a_long_generation_compiles_once(device_run):
     engine = Engine(device_run.model, max_batch=1, batch_invariant=False, compile=True)
     graphs = counters["stats"]["unique_graphs"]
-    [finish] = served(engine, [(PROMPT_IDS, SamplingSettings(max_new_tokens=3 * LONG, temperature=0))])
+    [finish] = serve(engine, [(PROMPT_IDS, SamplingSettings(max_new_tokens=3 * LONG, temperature=0))])
     assert finish.completion_tokens == 3 * LONG
     assert counters["stats"]["unique_graphs"] == graphs  # every length, slide included, reused the graph
     assert engine.compiled.compile_seconds > 0
@@ -84,7 +70,7 @@ def test_a_step_compiled_on_one_thread_serves_on_the_engine_thread(device_run):
     per-thread state), it replies as on the thread that compiled it."""
     requests = [(PROMPT_IDS, SamplingSettings(max_new_tokens=40, temperature=0.8, seed=11)),
                 ([7, 8, 9], SamplingSettings(max_new_tokens=25, temperature=0.0))]
-    here = served(Engine(device_run.model, max_batch=3, compile=True), requests)
+    here = serve(Engine(device_run.model, max_batch=3, compile=True), requests, logprobs=3)
     engine = Engine(device_run.model, max_batch=3, compile=True)
     finished: dict[int, Finish] = {}
     done = threading.Event()
@@ -106,8 +92,8 @@ def test_a_step_compiled_on_one_thread_serves_on_the_engine_thread(device_run):
 
 def test_compiled_logprobs_stay_within_the_bound_of_eager(loaded_run):
     request = [(PROMPT_IDS, SamplingSettings(max_new_tokens=LONG, temperature=0))]
-    compiled = served(Engine(loaded_run.model, max_batch=1, batch_invariant=False, compile=True), request)[0]
-    eager = served(Engine(loaded_run.model, max_batch=1, batch_invariant=False), request)[0]
+    compiled, eager = (serve(Engine(loaded_run.model, max_batch=1, batch_invariant=False, compile=compile), request,
+                             logprobs=3)[0] for compile in (True, False))
     assert compiled.token_ids == eager.token_ids
     pairs = [(c, e) for c, e in zip(compiled.logprobs, eager.logprobs)]
     worst = max(abs(c.logprob - e.logprob) for c, e in pairs)
@@ -122,8 +108,8 @@ def test_a_compiled_server_row_equals_the_request_alone_bit_for_bit(device_run):
     mine = (PROMPT_IDS, SamplingSettings(max_new_tokens=50, temperature=0.8, seed=11))
     others = [([7, 8, 9], SamplingSettings(max_new_tokens=20, temperature=1.0, seed=1)),
               ([3] * 20, SamplingSettings(max_new_tokens=70, temperature=0.0))]
-    [alone] = served(engine, [mine])
-    together = served(engine, [others[0], mine, others[1]])[1]
+    [alone] = serve(engine, [mine], logprobs=3)
+    together = serve(engine, [others[0], mine, others[1]], logprobs=3)[1]
     assert together.token_ids == alone.token_ids
     assert together.logprobs == alone.logprobs  # the same bits (a CUDA graph's outputs are copied out)
 
@@ -206,8 +192,8 @@ def test_batch_invariant_rows_of_each_kind_decode_as_eager_bit_for_bit(kind):
     model = GPT(config).eval()
     requests = [(PROMPT_IDS, SamplingSettings(max_new_tokens=LONG, temperature=0.9, seed=1)),
                 ([7, 8, 9], SamplingSettings(max_new_tokens=LONG - 30, temperature=0.0))]
-    eager = served(Engine(model, max_batch=2), requests)
-    compiled = served(Engine(model, max_batch=2, compile=True), requests)
+    eager = serve(Engine(model, max_batch=2), requests)
+    compiled = serve(Engine(model, max_batch=2, compile=True), requests)
     assert [f.token_ids for f in compiled] == [f.token_ids for f in eager]
     assert len(set(eager[0].token_ids)) > 20
 

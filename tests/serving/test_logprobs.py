@@ -4,7 +4,6 @@ small local multiple-choice task as its ``hf`` model does on the exported folder
 
 import json
 
-import httpx
 import pytest
 import torch
 
