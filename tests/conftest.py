@@ -21,7 +21,7 @@ def compile_cache(tmp_path_factory):
 
 # Tiny models on a shared 2-core machine: a second intra-op thread mostly waits for the first, so the
 # tests of these folders run single-threaded, and the setting is restored afterwards.
-SINGLE_THREADED = {"evaluation", "exporting", "inference", "rundir", "serving"}
+SINGLE_THREADED = {"evaluation", "exporting", "inference", "model", "rundir", "serving"}
 
 
 @pytest.fixture(autouse=True)

@@ -36,12 +36,3 @@ def make_model() -> Callable[..., GPT]:
         return randomize_(GPT(GPTConfig(**{**BASE, **overrides})), seed).eval()
 
     return make
-
-
-@pytest.fixture(autouse=True)
-def single_thread():
-    """One thread: the matmuls are tiny, and on a busy machine a second OpenMP thread waits for a core."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)

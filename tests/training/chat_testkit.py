@@ -1,4 +1,5 @@
-"""Small conversation files for the fine-tuning tests (generated, deterministic)."""
+"""Small conversation files for the fine-tuning tests (generated, deterministic), and a reward of one's own for
+the RL runs (``rl.rewards: [chat_testkit:e_share]``)."""
 
 import copy
 import json
@@ -56,3 +57,9 @@ def preference_file(path: Path, count: int = 120, seed: int = 0) -> Path:
         else:
             rows.append({"prompt": prompt[-1]["content"], "chosen": chosen, "rejected": rejected})
     return write_jsonl(path, rows)
+
+
+def e_share(prompt: str, completion: str, row: dict) -> float:
+    """The share of the reply's characters that are the letter e: an untrained model's replies already
+    differ on it, so a group's advantages are not all zero."""
+    return completion.count("e") / max(len(completion), 1)

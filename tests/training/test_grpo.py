@@ -146,7 +146,7 @@ def test_built_in_rewards():
     assert correct("What is 40+2?", " 42 ", row) == 1.0 and correct("", "42.", row) == 0.0
     assert integer_format("", "-7", row) == 1.0 and integer_format("", "seven", row) == 0.0
     assert closeness("", "41", row) == 0.5 and closeness("", "x", row) == 0.0
-    assert reward_function("rl_testkit:e_share")("", "eel", row) == pytest.approx(2 / 3)  # one of your own
+    assert reward_function("chat_testkit:e_share")("", "eel", row) == pytest.approx(2 / 3)  # one of your own
 
 
 # Runs
@@ -173,7 +173,7 @@ def rl_config(make_config, parent_run, mla_parent_run):
                    "lr": 1e-2, "min_lr": 1e-2, "warmup_steps": 0, **train},
             eval={"interval": 2, "max_batches": 2, "sample_tokens": 4, "final_max_batches": 2},
             run={"checkpoint_interval": 1},
-            rl={"group_size": 3, "max_new_tokens": 4, "rewards": ["rl_testkit:e_share", "closeness"],
+            rl={"group_size": 3, "max_new_tokens": 4, "rewards": ["chat_testkit:e_share", "closeness"],
                 "eval_samples": 2, "updates_per_batch": 2, "beta": 0.1,
                 "arithmetic": {"train_problems": 40, "val_problems": 8, "max_operand": 9}, **(rl or {})},
         )
@@ -188,7 +188,7 @@ def test_an_rl_run_logs_trl_names_evaluates_pass_at_k_and_resumes_exactly(rl_con
     records = read_metrics(tmp_path / "whole" / "metrics.jsonl")
     steps = [r for r in records if r["kind"] == "train"]
     assert [r["step"] for r in steps] == [1, 2, 3, 4]
-    for name in ("reward", "reward_std", "frac_reward_zero_std", "rewards/rl_testkit:e_share/mean",
+    for name in ("reward", "reward_std", "frac_reward_zero_std", "rewards/chat_testkit:e_share/mean",
                  "rewards/closeness/mean", "kl", "clip_ratio/region_mean", "completions/mean_length",
                  "completions/clipped_ratio"):
         assert all(name in r for r in steps), name

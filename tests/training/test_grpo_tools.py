@@ -20,7 +20,6 @@ from model.config import GPTConfig
 from model.gpt import GPT
 from rundir.checkpoint import load_trainer_state
 from rundir.metrics import read_metrics
-from rl_testkit import written_out_grpo_loss
 from run_testkit import TOOL_QUESTIONS
 from tools.calculator import calculator
 from training.config import config_from_dict, with_parent
@@ -73,6 +72,19 @@ def _generated_mask(prompts, completions, shape) -> torch.Tensor:
         for j, sampled in enumerate(completion.generated):
             mask[r, len(prompt) - 1 + j] = float(sampled)
     return mask
+
+
+def written_out_grpo_loss(model, rollout, targets: torch.Tensor, mask: torch.Tensor, *, epsilon: float,
+                          beta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each token's loss (the clipped surrogate, on-policy, plus β times the k3 estimate of the KL to
+    the reference) and their token mean Σ(loss·mask)/Σmask, the number the trainer's loss must equal."""
+    logps = torch.log_softmax(model(rollout.x).float(), -1).gather(-1, targets[..., None])[..., 0]
+    ratio = torch.exp(logps - logps.detach())  # on-policy: 1, with the log-probability's gradient
+    a = rollout.advantages[:, None]
+    surrogate = torch.min(ratio * a, ratio.clamp(1 - epsilon, 1 + epsilon) * a)
+    delta = rollout.ref_logps - logps
+    per_token = -surrogate + beta * (torch.exp(delta) - delta - 1)
+    return per_token, (per_token * mask).sum() / mask.sum()
 
 
 def test_collated_targets_are_the_generated_tokens_and_nothing_else():
