@@ -421,21 +421,6 @@ def score(prompt, completion, row):
 """
 
 
-def _rl_run_config(make_config, parent_run: Path, out_dir: Path, reward: str, tmp_path: Path) -> Path:
-    config = make_config(
-        out_dir, model={}, data={"format": "rl"},
-        train={"init_from": str(parent_run), "max_steps": 3, "batch_size": 2, "grad_accum_steps": 2,
-               "warmup_steps": 0},
-        eval={"interval": 0, "sample_tokens": 0, "final_max_batches": 1},
-        run={"checkpoint_interval": 1},
-        rl={"group_size": 3, "max_new_tokens": 3, "rewards": [reward], "eval_samples": 2,
-            "arithmetic": {"train_problems": 40, "val_problems": 4, "max_operand": 9}},
-    )
-    path = tmp_path / "rl.yaml"
-    save_config(config, path)
-    return path
-
-
 @pytest.mark.parametrize("failure, code, said", [
     ("return None", 2, "reward '{module}:score' returned None for the question 'What is "),
     ("return float('nan')", 2, "reward '{module}:score' returned nan for the question 'What is "),
@@ -445,10 +430,11 @@ def _rl_run_config(make_config, parent_run: Path, out_dir: Path, reward: str, tm
     ("raise KeyboardInterrupt", 130, "interrupted; the last saved checkpoint (if any) is intact"),  # as anywhere else
 ])
 def test_a_reward_that_fails_at_step_two_stops_the_run_there_with_the_checkpoint_untouched(
-        make_config, parent_run, tmp_path, monkeypatch, capsys, failure, code, said):
+        rl_config, tmp_path, monkeypatch, capsys, failure, code, said):
     module = _module(tmp_path, monkeypatch, FAILS_LATER.format(failure=failure))
-    out = tmp_path / "run"
-    config_file = _rl_run_config(make_config, parent_run, out, f"{module}:score", tmp_path)
+    out, config_file = tmp_path / "run", tmp_path / "rl.yaml"
+    # One update per batch: the second step samples (and scores) a new one.
+    save_config(rl_config(out, rl={"rewards": [f"{module}:score"], "updates_per_batch": 1}), config_file)
     assert train_cli.main(["--config", str(config_file), "--no-progress"]) == code
     err = capsys.readouterr().err.strip().splitlines()
     assert said.format(module=module) in err[-1]

@@ -73,42 +73,28 @@ def test_a_second_derivative_is_refused_rather_than_wrong():
         grad_x.sum().backward()
 
 
-def test_bf16_autocast_keeps_the_norm_in_float32():
-    # The trainer's precision=bf16 on a CPU: the norm's statistics must not be rounded to bf16.
-    norm = norm_with_gains(16, seed=6)
-    head = torch.nn.Linear(16, 4)
-    x = torch.randn(5, 16, requires_grad=True)
-    x_ref = x.detach().clone().requires_grad_()
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = norm(x)
-        out_ref = textbook_rms_norm(x_ref, norm.weight, norm.eps)
-        head(out).float().sum().backward()
-        head(out_ref).float().sum().backward()
-    assert out.dtype == torch.float32
-    torch.testing.assert_close(out, out_ref, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(x.grad, x_ref.grad, rtol=1e-4, atol=1e-5)
-
-
-def test_a_bf16_input_under_autocast_is_normed_in_float32_with_the_fused_backward():
-    # Latent attention's norms read a matmul's bf16 output under bf16 autocast.
+# The trainer's precision=bf16 on a CPU: the norm's statistics are never rounded to bf16. A residual-stream
+# norm reads fp32 and gives fp32; latent attention's norms read a matmul's bf16 output and give bf16.
+@pytest.mark.parametrize("dtype, rtol", [(torch.float32, 1e-5), (torch.bfloat16, 2**-8)], ids=["fp32", "bf16"])
+def test_under_bf16_autocast_the_norm_computes_in_float32_with_the_fused_backward(dtype, rtol):
     norm = norm_with_gains(16, seed=7)
     gen = torch.Generator().manual_seed(8)
-    x = (torch.randn(3, 5, 16, generator=gen) + 2.0).bfloat16().requires_grad_()
-    grad_out = torch.randn(3, 5, 16, generator=gen).bfloat16()
+    x = (torch.randn(3, 5, 16, generator=gen) + 2.0).to(dtype).requires_grad_()
+    grad_out = torch.randn(3, 5, 16, generator=gen).to(dtype)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = norm(x)
-    assert out.dtype == torch.bfloat16 and "RMSNormCPUFunctionBackward" in backward_functions(out)
+    assert out.dtype == dtype and "RMSNormCPUFunctionBackward" in backward_functions(out)
     grad_x, grad_w = torch.autograd.grad(out, (x, norm.weight), grad_out)
-    assert (grad_x.dtype, grad_w.dtype) == (torch.bfloat16, torch.float32)
+    assert (grad_x.dtype, grad_w.dtype) == (dtype, torch.float32)
 
-    # The formula in fp64 on the same bf16 values; only the output and the input gradient are
-    # rounded to bf16 (a relative step of 2^-8).
+    # The formula in fp64 on the same values; in bf16 only the output and the input gradient are
+    # rounded (a relative step of 2^-8).
     x_ref = x.detach().double().requires_grad_()
     w_ref = norm.weight.detach().double().requires_grad_()
     out_ref = textbook_rms_norm(x_ref, w_ref, norm.eps)
     grad_x_ref, grad_w_ref = torch.autograd.grad(out_ref, (x_ref, w_ref), grad_out.double())
-    torch.testing.assert_close(out.double(), out_ref, rtol=2**-8, atol=1e-6)
-    torch.testing.assert_close(grad_x.double(), grad_x_ref, rtol=2**-8, atol=2**-8 * grad_x_ref.abs().max().item())
+    torch.testing.assert_close(out.double(), out_ref, rtol=rtol, atol=1e-6)
+    torch.testing.assert_close(grad_x.double(), grad_x_ref, rtol=rtol, atol=rtol * grad_x_ref.abs().max().item())
     torch.testing.assert_close(grad_w.double(), grad_w_ref, rtol=1e-5, atol=1e-5)
 
 
