@@ -9,6 +9,7 @@ from analysis.cli import main
 from analysis.history import (INDUCTION_THRESHOLD, AttentionEval, attention_history, first_copying, first_induction,
     first_layer_induction, format_history, read_attention_history)
 from common.errors import UserError
+from test_attention_cli import is_png
 
 
 def evaluation(step, induction, kind="eval", entropy=(5.0, 4.0)):
@@ -113,7 +114,7 @@ def test_history_command_prints_the_table_and_draws_the_curves(tmp_path, capsys)
     assert main(["--run", str(run_dir), "--history", "--out", str(out)]) == 0
     printed = capsys.readouterr()
     assert "first induction head: step 300" in printed.out and "wrote" in printed.err
-    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert is_png(out)
     assert main(["--run", str(run_dir), "--history", "--induction-threshold", "0.7"]) == 0
     assert "first induction head: step 400" in capsys.readouterr().out
     assert not (tmp_path / "attention.png").exists()  # no --out, no figure
@@ -121,10 +122,6 @@ def test_history_command_prints_the_table_and_draws_the_curves(tmp_path, capsys)
     assert main(["--run", str(lab), "--history", "--out", str(tmp_path / "lab.png")]) == 0
     assert "second-copy loss fell: step 150" in capsys.readouterr().out
     assert is_png(tmp_path / "lab.png")
-
-
-def is_png(path):
-    return path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 EVALUATED = [{"kind": "eval", "step": 50, "val_loss": 3.0}, {"kind": "final_eval", "step": 100, "val_loss": 2.9}]

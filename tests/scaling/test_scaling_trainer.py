@@ -12,11 +12,13 @@ import pytest
 import torch
 
 from launch_testkit import ROOT, torchrun
+from model.gpt import GPT
 from model.io import load_pretrained
 from rundir.checkpoint import load_trainer_state
 from rundir.files import METRICS_FILE
 from rundir.metrics import read_metrics
 from tests.tracking.wandb_records import read_offline_runs
+from training.config import config_to_dict, load_run_config
 from training.trainer import train
 
 TRAIN_METRICS = ("loss", "lr", "grad_norm", "tokens", "tokens_per_s", "mfu")
@@ -26,9 +28,6 @@ TRAIN_METRICS = ("loss", "lr", "grad_norm", "tokens", "tokens_per_s", "mfu")
 
 
 def test_small_config_is_minimind2_small_sized():
-    from model.gpt import GPT
-    from training.config import load_run_config
-
     config = load_run_config(ROOT / "configs" / "small.yaml", [])
     assert (config.data.source, config.data.hub.name) == ("hub", "roneneldan/TinyStories")
     assert (config.train.precision, config.train.compile) == ("bf16", True)
@@ -62,8 +61,6 @@ def test_small_yaml_trains_compiled_in_bf16_on_the_cpu(small_config, capsys):
 
 def test_wandb_receives_metrics_samples_summary_and_a_resume_continues_the_run(small_config, tmp_path, monkeypatch):
     """configs/small.yaml on local files: 2 steps, then --resume to 4 steps, logging offline."""
-    from training.config import config_to_dict
-
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     run_dir = tmp_path / "run"
     first_result = train(small_config("logging.wandb.mode=offline", "train.max_steps=2"), progress=False)

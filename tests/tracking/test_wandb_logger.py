@@ -11,7 +11,7 @@ import pytest
 
 from common.errors import UserError
 from tests.tracking.wandb_records import read_offline_runs
-from tracking.wandb_logger import WandbLogger, has_credentials, resolve_mode
+from tracking.wandb_logger import WandbConfig, WandbLogger, has_credentials, resolve_mode
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,12 +25,6 @@ def no_credentials(monkeypatch, tmp_path):
     home.mkdir()
     monkeypatch.setenv("HOME", str(home))
     return home
-
-
-def wandb_config(**kwargs):
-    from tracking.wandb_logger import WandbConfig
-
-    return WandbConfig(**kwargs)
 
 
 def write_netrc(path: Path, machine: str) -> Path:
@@ -84,7 +78,7 @@ def test_offline_run_records_metrics_samples_config_and_summary(tmp_path, no_cre
     run_dir = tmp_path / "run"
     run_config = {"model": {"n_layer": 2, "n_embd": 32}, "train": {"lr": 0.003}}
     logger = WandbLogger.start(
-        wandb_config(mode="auto", project="scaling-test", tags=["t1"]),
+        WandbConfig(mode="auto", project="scaling-test", tags=["t1"]),
         run_dir=run_dir,
         run_config=run_config,
     )
@@ -118,7 +112,7 @@ def test_offline_run_records_metrics_samples_config_and_summary(tmp_path, no_cre
 
 def test_resumed_run_continues_the_same_wandb_run(tmp_path, no_credentials, capsys):
     run_dir = tmp_path / "Bob's run"  # the printed command must survive a space and a quote
-    cfg = wandb_config(mode="offline")
+    cfg = WandbConfig(mode="offline")
     first = WandbLogger.start(cfg, run_dir=run_dir, run_config={"a": 1})
     first.log({"train/loss": 2.0}, step=1)
     first.finish({})
@@ -162,7 +156,7 @@ def test_failing_to_start_or_to_log_is_one_line_and_stops_logging(tmp_path, monk
         raise RuntimeError("service exploded\nwith a second line")
 
     monkeypatch.setattr(wandb, "init", broken_init)
-    logger = WandbLogger.start(wandb_config(mode="offline"), run_dir=tmp_path, run_config={}, resume_id="abc123")
+    logger = WandbLogger.start(WandbConfig(mode="offline"), run_dir=tmp_path, run_config={}, resume_id="abc123")
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["wandb: could not start (RuntimeError: service exploded); training continues without wandb"]
     assert not logger.active and logger.run_id == "abc123"

@@ -10,9 +10,15 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import yaml
 
+import exporting.hf.writer as writer
+from data.chat import CHAT_TEMPLATE
+from exporting.cli import main
+from exporting.folder import EXPORT_FILES
+from exporting.hf import export_run
 from export_testkit import (BLOCK_SIZE, FINAL_BPB, ROOT, assert_one_line_error, export_in_process, read_json,
-    run_export_cli)
+    run_export_cli, train_test_tokenizer)
 from signal_testkit import start_paused, stop
 
 
@@ -21,8 +27,6 @@ def test_folder_holds_what_transformers_and_the_hub_need(make_export):
     names = {path.name for path in folder.iterdir()}
     assert names == {"config.json", "configuration_minigpt.py", "modeling_minigpt.py", "model.safetensors",
                      "generation_config.json", "tokenizer.json", "tokenizer_config.json", "README.md"}
-    from exporting.folder import EXPORT_FILES
-
     assert names <= EXPORT_FILES  # what --overwrite may delete covers what the export writes
     config = read_json(folder / "config.json")
     assert config["model_type"] == "minigpt" and config["architectures"] == ["MiniGPTForCausalLM"]
@@ -36,8 +40,6 @@ def test_folder_holds_what_transformers_and_the_hub_need(make_export):
     assert generation["max_new_tokens"] == BLOCK_SIZE // 2 and "max_length" not in generation
     tokenizer_config = read_json(folder / "tokenizer_config.json")
     assert tokenizer_config["eos_token"] == tokenizer_config["pad_token"] == "<|endoftext|>"
-    from data.chat import CHAT_TEMPLATE
-
     assert tokenizer_config["chat_template"] == CHAT_TEMPLATE
     card = (folder / "README.md").read_text(encoding="utf-8")
     assert f"{FINAL_BPB:.4f} bits/byte" in card and "Shakespeare" in card and "llama.cpp" in card
@@ -60,10 +62,6 @@ def test_shipped_code_imports_nothing_from_this_repository():
 def test_only_a_run_tuned_on_conversations_carries_the_chat_template(copy_run, tmp_path, data_format, template):
     # Every tokenizer reserves the chat tokens; a base (text) run's export must not look like a chat
     # model to the runtimes that pick chat mode when they find a template.
-    import yaml
-
-    from exporting.hf import export_run
-
     saved = yaml.safe_load((copy_run / "config.yaml").read_text())
     saved["data"]["format"] = data_format
     (copy_run / "config.yaml").write_text(yaml.safe_dump(saved))
@@ -78,9 +76,6 @@ def test_only_a_run_tuned_on_conversations_carries_the_chat_template(copy_run, t
 
 
 def test_a_tokenizer_without_chat_tokens_exports_without_a_template(copy_run, tmp_path):
-    from export_testkit import train_test_tokenizer
-    from exporting.hf import export_run
-
     train_test_tokenizer(chat=False).save(str(copy_run / "tokenizer.json"))
     result = export_run(copy_run, tmp_path / "plain")
     assert not result.chat_template
@@ -99,8 +94,6 @@ def test_corrupt_weights_are_refused_like_generate_py_refuses_them(copy_run, tmp
 
 
 def test_existing_output_is_refused_then_replaced_with_overwrite(make_export, tmp_path, capsys):
-    from exporting.cli import main
-
     run_dir, _ = make_export()
     out = tmp_path / "out"
     assert main(["--run", str(run_dir), "--out", str(out)]) == 0
@@ -143,11 +136,9 @@ def _full(path, data):
 ])
 def test_a_disk_that_cannot_take_the_export_is_one_line_and_leaves_nothing(make_export, mount_tmpfs, tmp_path,
                                                                           monkeypatch, capsys, disk, fragments):
-    import exporting.hf.writer
-
     run_dir, folder = make_export()
     if disk == "no-mount":
-        monkeypatch.setattr(exporting.hf.writer, "atomic_write_bytes", _full)
+        monkeypatch.setattr(writer, "atomic_write_bytes", _full)
         parent = tmp_path
     else:
         size = (folder / "model.safetensors").stat().st_size // 2 if disk == "half-the-weights" else 1 << 20
@@ -162,9 +153,6 @@ def _start_paused_export(run_dir: Path, out: Path, marker: Path, release: Path |
     until ``release`` exists."""
     script = textwrap.dedent(f"""
         import pathlib, sys, time
-        import exporting.hf.writer as writer
-        from exporting.cli import main
-
         write = writer.write_json
 
         def paused(path, content):
@@ -217,8 +205,6 @@ def test_a_sigkill_leftover_is_removed_by_the_next_export(make_export, tmp_path,
 
 
 def test_leftovers_of_running_exports_stay_and_an_interrupted_swap_is_undone(make_export, tmp_path):
-    from exporting.hf import export_run
-
     run_dir, folder = make_export()
     parent = tmp_path / "exports"
     parent.mkdir()
@@ -266,8 +252,6 @@ def test_two_exports_to_one_new_folder_cannot_both_succeed(make_export, tmp_path
 def test_a_folder_that_appears_during_the_export_is_never_replaced(make_export, tmp_path, monkeypatch, capsys,
                                                                     overwrite, content):
     """Only --overwrite of an empty folder may take its place: nothing is lost then."""
-    import exporting.hf.writer as writer
-
     run_dir, _ = make_export()
     out = tmp_path / "out"
     write = writer.write_json

@@ -12,7 +12,15 @@ from export_testkit import BLOCK_SIZE, MLA_KINDS, VOCAB_SIZE, read_json
 
 transformers = pytest.importorskip("transformers")
 
+from data.chat import ROLE_TOKENS, chat_text, render_chat, to_messages  # noqa: E402
+from data.tokenizer import load_tokenizer  # noqa: E402
+from exporting.hf.shipped.modeling_minigpt import attention_mask_4d  # noqa: E402
+from inference.completion import generate_completions  # noqa: E402
+from inference.settings import GenerationSettings  # noqa: E402
 from model.io import load_pretrained  # noqa: E402
+from rundir.loading import load_run  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
+from tools import BUILT_IN  # noqa: E402
 
 ATOL = 1e-5
 
@@ -64,10 +72,6 @@ def test_logits_match_ours_in_a_padded_batch(make_export, hf_models, side, kind)
 
 
 def _greedy_like_generate_py(run_dir, prompt_ids: list[int], max_new_tokens: int, use_cache: bool) -> list[int]:
-    from inference.completion import generate_completions
-    from rundir.loading import load_run
-    from inference.settings import GenerationSettings
-
     run = load_run(run_dir, torch.device("cpu"))
     settings = GenerationSettings(max_new_tokens=max_new_tokens, temperature=0.0, use_cache=use_cache, seed=0)
     return generate_completions(run, prompt_ids, settings).completions[0].token_ids
@@ -105,8 +109,6 @@ def test_generate_past_the_learned_positions_is_a_clear_error_and_the_config_nam
     assert (rope["positions"], rope["rotary_base"]) == ("rope", 10000.0)
     assert with_options["value_embeddings"] is True
     # The attention mask hides padding and leaves no query empty.
-    from exporting.hf.shipped.modeling_minigpt import attention_mask_4d
-
     padding = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
     mask = attention_mask_4d(padding, batch=2, length=3, past=2, device=torch.device("cpu"))
     assert mask.shape == (2, 1, 3, 5)
@@ -158,8 +160,6 @@ def test_without_learned_positions_a_sequence_may_run_past_the_trained_context(m
 
 
 def test_weights_are_tied_on_load_unchanged_by_a_save_and_an_untied_head_stored(make_export, tmp_path, hf_models):
-    from safetensors.torch import load_file
-
     _, folder = make_export()
     stored = load_file(folder / "model.safetensors")
     assert "lm_head.weight" not in stored  # declared tied in config.json, stored once
@@ -195,8 +195,6 @@ TEXTS = [
 
 
 def test_tokenizer_encodes_and_decodes_like_ours_and_feeds_generate(make_export, chat_tokenizer, hf_models):
-    from data.tokenizer import load_tokenizer
-
     _, folder = make_export()
     ours = load_tokenizer(chat_tokenizer)
     # Without trust_remote_code: the tokenizer itself needs none of the shipped code.
@@ -235,10 +233,6 @@ CONVERSATIONS = {
 
 @pytest.mark.parametrize("kind", list(CONVERSATIONS))
 def test_chat_template_renders_like_ours(make_export, chat_tokenizer, kind):
-    from data.tokenizer import load_tokenizer
-    from data.chat import chat_text, render_chat, to_messages
-    from tools import BUILT_IN
-
     _, folder = make_export()
     ours = load_tokenizer(chat_tokenizer)
     theirs = transformers.AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
@@ -256,9 +250,6 @@ def test_chat_template_renders_like_ours(make_export, chat_tokenizer, kind):
 def test_the_model_cards_recipe_keeps_typed_control_tokens_as_text(make_export, chat_tokenizer):
     """apply_chat_template turns typed control tokens into real ones (the card warns); the card's
     encode_chat gives our renderer's ids, which keeps them text."""
-    from data.tokenizer import load_tokenizer
-    from data.chat import render_chat, to_messages
-
     _, folder = make_export()
     card = (folder / "README.md").read_text(encoding="utf-8")
     recipe = re.search(r"```python\n(def encode_chat.*?)```", card, re.S).group(1)
@@ -312,8 +303,6 @@ def test_pipeline_generates_text_from_a_folder_alone(make_export, tmp_path):
 def test_chat_generation_never_samples_a_role_token(make_export, hf_models):
     """<|end|> and <|endoftext|> end a reply and role tokens are never sampled, over many seeds (the
     untrained model does sample them without the export's generation config)."""
-    from data.chat import ROLE_TOKENS
-
     _, folder = make_export()
     model = hf_models(folder)
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
