@@ -1,5 +1,5 @@
 """Multi-head latent attention (model.gpt.LatentAttention): the absorbed decode path against full recomputation in
-the expanded form, and the latent-only cache. (Ragged rows of one cache: test_model_cache.py's rows tests.)"""
+the expanded form, and the latent-only cache. (Prefill, decoding and ragged rows of one cache: test_model_cache.py's latent rows.)"""
 
 import pytest
 import torch
@@ -32,21 +32,6 @@ CASE_IDS = [f"{kv}-{q}-{options.get('positions', 'learned')}{'-options' if 'ffn_
 
 def assert_close(got: torch.Tensor, want: torch.Tensor) -> None:
     torch.testing.assert_close(got, want, rtol=RTOL, atol=ATOL * want.abs().max().item())
-
-
-@pytest.mark.parametrize("kv_latent_dim,q_latent_dim,options", CASES, ids=CASE_IDS)
-def test_cached_decode_and_chunked_prefill_equal_full_recomputation(kv_latent_dim, q_latent_dim, options):
-    model = mla_model(kv_latent_dim, q_latent_dim, **options)
-    assert model.config.num_params() == model.num_params()  # the count from the config is the model's
-    idx = torch.randint(0, 97, (3, 30), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        full = model(idx)
-        cache = model.init_cache(3)
-        steps = [model(idx[:, :1], cache=cache)] + [model(idx[:, t:t + 1], cache=cache) for t in range(1, 30)]
-        cache = model.init_cache(3)
-        chunks = [model(idx[:, a:b], cache=cache) for a, b in ((0, 7), (7, 8), (8, 20), (20, 30))]
-    assert_close(torch.cat(steps, dim=1), full)
-    assert_close(torch.cat(chunks, dim=1), full)
 
 
 @pytest.mark.parametrize("kv_latent_dim,q_latent_dim,options", CASES, ids=CASE_IDS)

@@ -24,6 +24,12 @@ CONFIGS = [
     dict(n_kv_head=2, n_embd=48, positions="rope", **ALL_OPTIONS),
     dict(n_kv_head=6, n_embd=48, positions="none"),
     dict(n_kv_head=2, n_embd=48, positions="none", **ALL_OPTIONS),
+    # Latent attention (head_dim 16): kv_latent_dim below, equal to and above it, with and without a query
+    # latent, with the width option, and with rotary positions (the decoupled rotary key) or none.
+    *[dict(MLA, n_embd=96, kv_latent_dim=kv, q_latent_dim=q, **options) for kv, q, options in [
+        (8, None, {}), (16, 24, {}), (48, None, {}), (48, 8, {}), (16, 24, MLA_OPTIONS),
+        (8, None, {"positions": "rope"}), (48, 8, {"positions": "rope", "rope_theta": 100.0}),
+        (16, 24, {"positions": "rope", **MLA_OPTIONS}), (16, None, {"positions": "none"})]],
 ]
 
 

@@ -233,8 +233,8 @@ MLA = dict(attention="mla", n_kv_head=4, kv_latent_dim=16)
 
 @pytest.mark.parametrize("options", [ALL_OPTIONS, MLA_OPTIONS | MLA, dict(tie_embeddings=False, n_kv_head=1),
                                      ALL_OPTIONS | dict(positions="rope"), MLA_OPTIONS | MLA | dict(positions="rope"),
-                                     dict(positions="none")],
-                         ids=["gqa", "mla", "untied-mqa", "gqa-rope", "mla-rope", "none"])
+                                     dict(positions="none"), MLA | dict(q_latent_dim=24, positions="rope")],
+                         ids=["gqa", "mla", "untied-mqa", "gqa-rope", "mla-rope", "none", "mla-q-latent-rope"])
 def test_parameter_count_from_the_config_matches_the_model(options):
     config = GPTConfig(**SHAPE | options)
     model = GPT(config)
