@@ -23,6 +23,7 @@ from safetensors.torch import load_file
 
 import rundir.metrics as metrics_module
 import train as train_cli
+from refusal_testkit import one_error_line
 from rundir.checkpoint import load_trainer_state
 from rundir.lock import hold_run_dir
 from rundir.metrics import read_metrics
@@ -113,9 +114,7 @@ def test_ctrl_c_saves_and_resume_finishes(base_raw, tmp_path):
 def test_bad_input_is_one_line_and_exit_2(args, expected):
     # The other user errors share this path; they are checked in-process (faster).
     proc = run_cli(args)
-    assert proc.returncode == 2
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], proc.stderr
+    one_error_line(proc.returncode, proc.stdout, proc.stderr, expected)
 
 
 @pytest.mark.parametrize("positions", ["rope", "learned"])
