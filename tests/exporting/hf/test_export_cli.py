@@ -153,6 +153,9 @@ def _start_paused_export(run_dir: Path, out: Path, marker: Path, release: Path |
     until ``release`` exists."""
     script = textwrap.dedent(f"""
         import pathlib, sys, time
+        import exporting.hf.writer as writer
+        from exporting.cli import main
+
         write = writer.write_json
 
         def paused(path, content):
