@@ -8,7 +8,7 @@ import re
 import httpx
 import pytest
 
-from server_process import running_server
+from server_process import ROOT, running_server
 from tools import BUILT_IN
 from tools.calculator import calculator
 
@@ -43,11 +43,9 @@ def run_call(call) -> str:
     return calculator(**json.loads(call.function.arguments))
 
 
-def test_the_full_loop_a_call_the_clients_result_and_the_answer(client):
+def test_the_full_loop_a_call_the_clients_result_and_the_answer_and_the_docs_loop_as_written(client, served):
     question = {"role": "user", "content": "What is 12*34?"}
-    first = client.chat.completions.create(model=MODEL, messages=[question], tools=[CALCULATOR], temperature=0,
-                                           max_tokens=60)
-    choice = first.choices[0]
+    choice = ask(client, question["content"]).choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.content is None
     [call] = choice.message.tool_calls
     assert call.type == "function" and call.id.startswith("call_")
@@ -59,6 +57,15 @@ def test_the_full_loop_a_call_the_clients_result_and_the_answer(client):
                                             tools=[CALCULATOR], temperature=0, max_tokens=60)
     assert second.choices[0].finish_reason == "stop"
     assert second.choices[0].message.content == "408" and not second.choices[0].message.tool_calls
+    # docs/serving.md's loop, only its address and question changed: it calls, sends the result, prints the answer.
+    section = (ROOT / "docs" / "serving.md").read_text(encoding="utf-8").split("## Tools")[1]
+    snippet = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
+    assert "http://127.0.0.1:8000/v1" in snippet and "What is 347*812?" in snippet
+    snippet = snippet.replace("http://127.0.0.1:8000/v1", f"{served.base}/v1").replace("347*812", "12*34")
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(snippet, {})
+    assert printed.getvalue() == "408\n"
 
 
 def _streamed(client, messages, **options) -> tuple[str, list[dict], str, list]:
@@ -184,17 +191,3 @@ def test_a_run_from_before_tool_calls_chats_and_refuses_tools_in_one_line(tmp_pa
                 old.chat.completions.create(model="old-chat", **{"messages": [{"role": "user", "content": "hi"}],
                                                                  **request}, max_tokens=3)
             assert info.value.status_code == 400 and "\n" not in info.value.body["message"]
-
-
-def test_the_documented_client_loop_runs_as_written(served):
-    """docs/serving.md's loop, only its address and question changed: it calls, sends the result, prints the answer."""
-    from server_process import ROOT
-
-    section = (ROOT / "docs" / "serving.md").read_text(encoding="utf-8").split("## Tools")[1]
-    snippet = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
-    assert "http://127.0.0.1:8000/v1" in snippet and "What is 347*812?" in snippet
-    snippet = snippet.replace("http://127.0.0.1:8000/v1", f"{served.base}/v1").replace("347*812", "12*34")
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        exec(snippet, {})
-    assert printed.getvalue() == "408\n"
