@@ -191,9 +191,8 @@ def test_dpo_learns_the_preference_logs_trl_names_and_resumes_exactly(dpo_config
     train(dpo_config(tmp_path / "resumed", max_steps=4), progress=False)
     resumed = train(dpo_config(tmp_path / "resumed"), resume=True, progress=False)
     assert resumed.step == whole.step == 8
-    b = load_pretrained(tmp_path / "resumed").state_dict()
-    for name, tensor in load_pretrained(tmp_path / "whole").state_dict().items():
-        torch.testing.assert_close(b[name], tensor, rtol=0, atol=1e-6, msg=name)
+    torch.testing.assert_close(load_pretrained(tmp_path / "resumed").state_dict(),
+                               load_pretrained(tmp_path / "whole").state_dict(), rtol=0, atol=1e-6)
     assert resumed.val_loss == pytest.approx(whole.val_loss, abs=1e-6)
 
 

@@ -187,9 +187,8 @@ def test_fine_tuning_learns_replies_and_resumes_exactly_in_its_own_format(sft_co
         check_data_format(parent_run, "chat")
     resumed = train(sft_config(tmp_path / "resumed"), resume=True, progress=False)
     assert resumed.step == 6
-    b = load_pretrained(tmp_path / "resumed").state_dict()
-    for name, tensor in load_pretrained(tmp_path / "whole").state_dict().items():
-        torch.testing.assert_close(b[name], tensor, rtol=0, atol=1e-6, msg=name)
+    torch.testing.assert_close(load_pretrained(tmp_path / "resumed").state_dict(),
+                               load_pretrained(tmp_path / "whole").state_dict(), rtol=0, atol=1e-6)
     assert resumed.val_bpb == pytest.approx(whole.val_bpb, abs=1e-6)
 
 
