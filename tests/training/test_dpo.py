@@ -94,8 +94,7 @@ def test_a_step_over_micro_batches_is_the_mean_dpo_loss_over_all_its_pairs():
     assert metrics["rewards/margins"] == pytest.approx((chosen - rejected).mean().item(), abs=1e-5)
     assert metrics["rewards/accuracies"] == pytest.approx((chosen > rejected).double().mean().item())
     assert 0 < metrics["rewards/accuracies"] < 1  # the batch tells a right ranking from a wrong one
-    for name, p in direct.named_parameters():
-        torch.testing.assert_close(grads[name], p.grad, rtol=1e-4, atol=1e-6, msg=name)
+    torch.testing.assert_close(grads, {n: p.grad for n, p in direct.named_parameters()}, rtol=1e-4, atol=1e-6)
     assert all(p.grad is None and not p.requires_grad for p in frozen.model.parameters())
 
 

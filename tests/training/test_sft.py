@@ -50,8 +50,7 @@ def test_the_step_loss_is_the_mean_over_every_loss_bearing_target_of_all_micro_b
     expected = F.cross_entropy(logits.flatten(0, 1), torch.cat([y1, y2]).flatten(), ignore_index=-1)
     expected.backward()
     torch.testing.assert_close(loss, expected.detach(), rtol=1e-5, atol=1e-6)
-    for name, p in reference.named_parameters():
-        torch.testing.assert_close(grads[name], p.grad, rtol=1e-4, atol=1e-7, msg=name)
+    torch.testing.assert_close(grads, {n: p.grad for n, p in reference.named_parameters()}, rtol=1e-4, atol=1e-7)
     # A fully masked step gives zero loss and zero gradients, not NaN.
     model = tiny_gpt()
     assert accumulate_chat_gradients(model, [(x1, torch.full_like(y1, -1))] * 2).item() == 0.0
