@@ -1,3 +1,6 @@
+"""Bits per byte and the target sums it is made of. (Over a whole validation pass against a hand
+computation: tests/training/test_training_evaluate.py.)"""
+
 import math
 
 import pytest
@@ -27,13 +30,3 @@ def test_target_sums_skip_ignored_targets_and_charge_zero_byte_ones_only_when_as
     # EOT (0 bytes, ln 4 nats where charged) and position 2 is ignored (-1).
     assert nbytes.item() == 5 and nats.item() == pytest.approx(math.log(4) + math.log(2) + charged, abs=1e-6)
     assert bits_per_byte(nats.item(), nbytes.item()) == pytest.approx((3 + charged / math.log(2)) / 5, abs=1e-6)
-
-
-def test_target_sums_match_the_mean_loss_when_every_target_counts():
-    torch.manual_seed(0)
-    logits = torch.randn(2, 5, 7)
-    targets = torch.randint(1, 7, (2, 5))
-    token_bytes = torch.ones(7, dtype=torch.int64)
-    nats, nbytes = target_nats_and_bytes(logits, targets, token_bytes)
-    mean = torch.nn.functional.cross_entropy(logits.view(-1, 7), targets.view(-1))
-    assert nbytes.item() == 10 and nats.item() == pytest.approx(mean.item() * 10, rel=1e-6)

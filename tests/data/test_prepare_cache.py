@@ -243,29 +243,6 @@ def _one_past_the_vocabulary_with_its_checksum(data) -> None:
     _edit_meta(data, lambda meta: meta["splits"]["val"].update(sha256=digest_token_file(data.val_path, data.dtype).sha256))
 
 
-DAMAGES = {
-    "truncated": (lambda data: os.truncate(data.train_path, 10), "truncated"),
-    "random_in_range": (_same_size_garbage, "delete that cache entry"),
-    "all_ff": (lambda data: _same_size_garbage(data, fill=np.iinfo(data.dtype).max), "delete that cache entry"),
-    "meta_is_a_list": (lambda data: (data.directory / "meta.json").write_text("[]"), "delete that cache entry"),
-    "meta_lost_checksum": (lambda data: _edit_meta(data, lambda meta: meta["splits"]["train"].pop("sha256")),
-                           "delete that cache entry"),
-    "out_of_range_with_a_matching_checksum": (_one_past_the_vocabulary_with_its_checksum, "token id 300, beyond the vocabulary"),
-}
-
-
-@pytest.mark.parametrize("damage, fragment", DAMAGES.values(), ids=DAMAGES)
-def test_a_damaged_entry_is_refused_then_rebuilt_equal(files_cfg, damage, fragment):
-    original = prepare_data(files_cfg, progress=False)
-    before = [np.array(original.train_tokens()), np.array(original.val_tokens())]
-    damage(original)
-    with pytest.raises(DataError, match=fragment):
-        PreparedData.open(original.directory)
-    rebuilt = prepare_data(files_cfg, progress=False)
-    assert rebuilt.directory == original.directory and cache_contents(files_cfg) == [rebuilt.directory.name]
-    assert all(np.array_equal(a, b) for a, b in zip([rebuilt.train_tokens(), rebuilt.val_tokens()], before))
-
-
 def test_recorded_digest_equals_a_fresh_read(files_cfg):
     data = prepare_data(files_cfg, progress=False)
     for split, path in (("train", data.train_path), ("val", data.val_path)):
@@ -317,35 +294,51 @@ def test_a_chat_entry_is_reused_without_reading_the_conversations(chat_setup, mo
     assert cache_contents(chat_setup[0]) == [first.directory.name]
 
 
-def _damage(entry: Path, how: str) -> None:
-    conversations = entry / chat_module.CONVERSATIONS_FILE
-    if how == "truncated":
-        with open(conversations, "r+b") as f:
-            f.truncate(conversations.stat().st_size // 2)
-    elif how == "overwritten_same_size":
-        raw = bytearray(conversations.read_bytes())
-        middle = len(raw) // 2
-        raw[middle : middle + 16] = bytes(b ^ 0xFF for b in raw[middle : middle + 16])  # np.load still reads it
-        conversations.write_bytes(bytes(raw))
-    elif how == "meta_is_a_list":
-        (entry / "meta.json").write_text("[]")
-    else:
-        meta = json.loads((entry / "meta.json").read_text())
-        del meta["conversations_sha256"]
-        (entry / "meta.json").write_text(json.dumps(meta))
+def _conversations(data: PreparedChat) -> Path:
+    return data.directory / chat_module.CONVERSATIONS_FILE
 
 
-@pytest.mark.parametrize("how", ["truncated", "overwritten_same_size", "meta_is_a_list", "meta_lost_checksum"])
-def test_a_damaged_chat_entry_is_refused_then_rebuilt_equal(chat_setup, how):
-    original = _prepare(chat_setup)
+def _overwritten_same_size(data: PreparedChat) -> None:
+    raw = bytearray(_conversations(data).read_bytes())
+    middle = len(raw) // 2
+    raw[middle : middle + 16] = bytes(b ^ 0xFF for b in raw[middle : middle + 16])  # np.load still reads it
+    _conversations(data).write_bytes(bytes(raw))
+
+
+# A damage to a text or a chat entry, and the part of the message that refuses it.
+REBUILD = "delete that cache entry"
+DAMAGES = {
+    "truncated": ("text", lambda data: os.truncate(data.train_path, 10), "truncated"),
+    "random_in_range": ("text", _same_size_garbage, REBUILD),
+    "all_ff": ("text", lambda data: _same_size_garbage(data, fill=np.iinfo(data.dtype).max), REBUILD),
+    "meta_is_a_list": ("text", lambda data: (data.directory / "meta.json").write_text("[]"), REBUILD),
+    "meta_lost_checksum": ("text", lambda data: _edit_meta(data, lambda meta: meta["splits"]["train"].pop("sha256")),
+                           REBUILD),
+    "out_of_range_with_a_matching_checksum": ("text", _one_past_the_vocabulary_with_its_checksum,
+                                              "token id 300, beyond the vocabulary"),
+    "chat-truncated": ("chat", lambda data: os.truncate(_conversations(data), _conversations(data).stat().st_size // 2),
+                       REBUILD),
+    "chat-overwritten_same_size": ("chat", _overwritten_same_size, REBUILD),
+    "chat-meta_is_a_list": ("chat", lambda data: (data.directory / "meta.json").write_text("[]"), REBUILD),
+    "chat-meta_lost_checksum": ("chat", lambda data: _edit_meta(data, lambda meta: meta.pop("conversations_sha256")),
+                                REBUILD),
+}
+
+
+@pytest.mark.parametrize("kind, damage, fragment", DAMAGES.values(), ids=DAMAGES, indirect=["kind"])
+def test_a_damaged_entry_is_refused_then_rebuilt_equal(kind, chat_setup, damage, fragment):
+    cfg, _, _, prepare, _ = kind
+    original = prepare()
     before = _arrays(original)
-    _damage(original.directory, how)
-    with pytest.raises(DataError, match="delete that cache entry"):
-        PreparedChat.open(original.directory, chat_setup[1])
-    rebuilt = _prepare(chat_setup)
-    assert rebuilt.directory == original.directory
+    damage(original)
+    with pytest.raises(DataError, match=fragment):
+        if cfg.format == "chat":
+            PreparedChat.open(original.directory, chat_setup[1])
+        else:
+            PreparedData.open(original.directory)
+    rebuilt = prepare()
+    assert rebuilt.directory == original.directory and cache_contents(cfg) == [rebuilt.directory.name]
     assert all(np.array_equal(a, b) for a, b in zip(before, _arrays(rebuilt)))
-    assert cache_contents(chat_setup[0]) == [original.directory.name]
 
 
 def test_a_chat_build_that_loses_the_race_to_publish_takes_the_winners_entry(chat_setup, monkeypatch):
@@ -370,7 +363,7 @@ def kind(request, files_cfg, chat_setup):
         return files_cfg, prepare_module, "_write_tokens", functools.partial(prepare_data, files_cfg, progress=False), \
             _same_size_garbage
     return chat_setup[0], chat_module, "tokenize_conversations", functools.partial(_prepare, chat_setup), \
-        lambda data: _damage(data.directory, "overwritten_same_size")
+        _overwritten_same_size
 
 
 def test_a_failed_prepare_leaves_nothing_and_the_next_one_succeeds(kind, monkeypatch):

@@ -36,7 +36,7 @@ from training.trainer import Trainer, train
 VOCAB = 40
 
 
-def _model(seed: int = 0) -> GPT:
+def tiny_gpt(seed: int = 0) -> GPT:
     torch.manual_seed(seed)
     return GPT(GPTConfig(vocab_size=VOCAB, block_size=16, n_layer=1, n_head=2, n_kv_head=1, n_embd=16))
 
@@ -77,13 +77,13 @@ def _direct_dpo(policy: GPT, reference: GPT, x: torch.Tensor, y: torch.Tensor, b
 def test_a_step_over_micro_batches_is_the_mean_dpo_loss_over_all_its_pairs():
     g = torch.Generator().manual_seed(4)
     batches = [_pair_batch(g, 3), _pair_batch(g, 3)]
-    policy, reference = _model(0), _model(1)
+    policy, reference = tiny_gpt(0), tiny_gpt(1)
     beta = 0.5
-    frozen = FrozenReference(_model(1))
+    frozen = FrozenReference(tiny_gpt(1))
     loss, metrics = accumulate_dpo_gradients(policy, frozen, batches, beta=beta)
     grads = {n: p.grad.clone() for n, p in policy.named_parameters()}
 
-    direct = _model(0)
+    direct = tiny_gpt(0)
     # One batch of all six pairs: every chosen row, then every rejected row.
     x, y = (torch.cat([b[k][:3] for b in batches] + [b[k][3:] for b in batches]) for k in (0, 1))
     expected, chosen, rejected = _direct_dpo(direct, reference, x, y, beta)
@@ -94,8 +94,7 @@ def test_a_step_over_micro_batches_is_the_mean_dpo_loss_over_all_its_pairs():
     assert metrics["rewards/margins"] == pytest.approx((chosen - rejected).mean().item(), abs=1e-5)
     assert metrics["rewards/accuracies"] == pytest.approx((chosen > rejected).double().mean().item())
     assert 0 < metrics["rewards/accuracies"] < 1  # the batch tells a right ranking from a wrong one
-    for name, p in direct.named_parameters():
-        torch.testing.assert_close(grads[name], p.grad, rtol=1e-4, atol=1e-6, msg=name)
+    torch.testing.assert_close(grads, {n: p.grad for n, p in direct.named_parameters()}, rtol=1e-4, atol=1e-6)
     assert all(p.grad is None and not p.requires_grad for p in frozen.model.parameters())
 
 
@@ -103,12 +102,12 @@ def test_rpo_adds_alpha_times_the_chosen_replies_mean_token_nll_to_each_pair():
     g = torch.Generator().manual_seed(5)
     x, y = _pair_batch(g, 3)
     beta, alpha = 0.5, 0.8
-    policy = _model(0)
-    loss, metrics = accumulate_dpo_gradients(policy, FrozenReference(_model(1)), [(x, y)], beta=beta, rpo_alpha=alpha)
-    plain, _ = accumulate_dpo_gradients(_model(0), FrozenReference(_model(1)), [(x, y)], beta=beta)
+    policy = tiny_gpt(0)
+    loss, metrics = accumulate_dpo_gradients(policy, FrozenReference(tiny_gpt(1)), [(x, y)], beta=beta, rpo_alpha=alpha)
+    plain, _ = accumulate_dpo_gradients(tiny_gpt(0), FrozenReference(tiny_gpt(1)), [(x, y)], beta=beta)
 
-    direct = _model(0)
-    expected, chosen, _ = _direct_dpo(direct, _model(1), x, y, beta)
+    direct = tiny_gpt(0)
+    expected, chosen, _ = _direct_dpo(direct, tiny_gpt(1), x, y, beta)
     logp = torch.log_softmax(direct(x[:3]).double(), dim=-1)
     keep = y[:3] != -1
     nll = -logp[keep].gather(1, y[:3][keep][:, None]).mean()  # over every chosen token of the batch
@@ -191,9 +190,8 @@ def test_dpo_learns_the_preference_logs_trl_names_and_resumes_exactly(dpo_config
     train(dpo_config(tmp_path / "resumed", max_steps=4), progress=False)
     resumed = train(dpo_config(tmp_path / "resumed"), resume=True, progress=False)
     assert resumed.step == whole.step == 8
-    b = load_pretrained(tmp_path / "resumed").state_dict()
-    for name, tensor in load_pretrained(tmp_path / "whole").state_dict().items():
-        torch.testing.assert_close(b[name], tensor, rtol=0, atol=1e-6, msg=name)
+    torch.testing.assert_close(load_pretrained(tmp_path / "resumed").state_dict(),
+                               load_pretrained(tmp_path / "whole").state_dict(), rtol=0, atol=1e-6)
     assert resumed.val_loss == pytest.approx(whole.val_loss, abs=1e-6)
 
 
@@ -224,7 +222,7 @@ def test_fsdp_is_refused_before_any_data_is_read(dpo_config, tmp_path, monkeypat
 def test_a_lora_policy_with_its_adapters_off_is_the_frozen_reference():
     # A LoRA DPO run holds no second model: its policy with the adapters off gives the parent's
     # log-probabilities, though the adapters have moved it.
-    parent, policy = _model(), _model()
+    parent, policy = tiny_gpt(), tiny_gpt()
     adapters = LoraAdapters(LoraConfig(rank=2, trainable_tokens=["<|end|>"]))
     adapters.apply(policy, SimpleNamespace(token_to_id={"<|end|>": 3}.get))
     with torch.no_grad():

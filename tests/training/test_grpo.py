@@ -229,8 +229,7 @@ def test_an_rl_run_logs_trl_names_evaluates_pass_at_k_and_resumes_exactly(rl_con
         resumed = train(rl_config(out, lora=lora, attention=attention), resume=True, progress=False)
         state = load_trainer_state(out)
         assert resumed.step == whole.step == state["step"] == 4
-        for name, tensor in final.items():
-            torch.testing.assert_close(state["model"][name], tensor, rtol=0, atol=0, msg=f"stopped at {stop}: {name}")
+        torch.testing.assert_close(state["model"], final, rtol=0, atol=0, msg=lambda m: f"stopped at {stop}: {m}")
         resumed_steps = [r for r in read_metrics(out / "metrics.jsonl") if r["kind"] == "train"]
         assert [r["reward"] for r in resumed_steps] == [r["reward"] for r in steps], f"stopped at {stop}"
 

@@ -20,12 +20,6 @@ from training.distributed import init_distributed
 from training.trainer import Trainer, train
 
 
-def _setup(config):
-    trainer = Trainer(config, init_distributed("cpu"), progress=False)
-    trainer.setup(resume=False, overwrite=False)
-    return trainer
-
-
 def test_init_from_loads_the_parents_weights_exactly_and_records_the_parent_found_once(make_config, parent_run,
                                                                                         monkeypatch, tmp_path):
     found = []
@@ -36,12 +30,12 @@ def test_init_from_loads_the_parents_weights_exactly_and_records_the_parent_foun
     assert read.parent is None and read.model is None and found == []
     config = make_config(train={"init_from": str(parent_run)})
     assert found == [str(parent_run)] and config.parent.directory == parent_run
-    trainer = _setup(config)
+    trainer = Trainer(config, init_distributed("cpu"), progress=False)
+    trainer.setup(resume=False, overwrite=False)
     assert len(found) == 1 and trainer.parent is config.parent  # the trainer did not look again
     parent = load_pretrained(parent_run)
     assert trainer.model.config == parent.config
-    for name, tensor in parent.state_dict().items():
-        assert torch.equal(trainer.model.state_dict()[name], tensor), name
+    torch.testing.assert_close(trainer.model.state_dict(), parent.state_dict(), rtol=0, atol=0)
     # Fresh optimizer and step; the tokenizer is the parent's, byte for byte, and continued pretraining
     # tokenizes its data with it (none is trained); the parent is recorded.
     assert trainer.step == 0 and not trainer.optimizer.state
@@ -83,7 +77,7 @@ def test_init_from_refuses_a_tokenizer_that_does_not_fit_the_model(make_config, 
     (parent / "tokenizer.json").write_text(bigger.to_str())
     config = make_config(train={"init_from": str(parent)})
     with pytest.raises(UserError, match="is not the tokenizer these weights were trained with"):
-        _setup(config)
+        Trainer(config, init_distributed("cpu"), progress=False).setup(resume=False, overwrite=False)
 
 
 def _snapshot(directory: Path) -> dict[str, bytes]:

@@ -18,9 +18,9 @@ from data.chat import ChatTokenIds
 from data.prepared.chat import ChatSplit
 from data.sources.conversations import load_conversations
 from data.tokenizer import load_tokenizer
-from model.config import GPTConfig
 from model.gpt import GPT
 from model.io import load_pretrained
+from test_dpo import tiny_gpt
 from training.config import load_run_config
 from training.distributed import init_distributed
 from training.evaluate import score_batches
@@ -33,11 +33,6 @@ from training.tasks.reference import FrozenReference
 from training.trainer import Trainer, train
 
 
-def _model() -> GPT:
-    torch.manual_seed(0)
-    return GPT(GPTConfig(vocab_size=40, block_size=16, n_layer=1, n_head=2, n_kv_head=1, n_embd=16))
-
-
 def test_the_step_loss_is_the_mean_over_every_loss_bearing_target_of_all_micro_batches():
     # Two micro-batches with very different numbers of targets (one has none in its first row):
     # the step must equal one batch holding both, not the mean of the two micro-batch means.
@@ -46,19 +41,18 @@ def test_the_step_loss_is_the_mean_over_every_loss_bearing_target_of_all_micro_b
     y1[0] = -1
     y1[1, :9] = -1
     y2[:, :2] = -1
-    model = _model()
+    model = tiny_gpt()
     loss = accumulate_chat_gradients(model, [(x1, y1), (x2, y2)])
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
 
-    reference = _model()
+    reference = tiny_gpt()
     logits = reference(torch.cat([x1, x2]))
     expected = F.cross_entropy(logits.flatten(0, 1), torch.cat([y1, y2]).flatten(), ignore_index=-1)
     expected.backward()
     torch.testing.assert_close(loss, expected.detach(), rtol=1e-5, atol=1e-6)
-    for name, p in reference.named_parameters():
-        torch.testing.assert_close(grads[name], p.grad, rtol=1e-4, atol=1e-7, msg=name)
+    torch.testing.assert_close(grads, {n: p.grad for n, p in reference.named_parameters()}, rtol=1e-4, atol=1e-7)
     # A fully masked step gives zero loss and zero gradients, not NaN.
-    model = _model()
+    model = tiny_gpt()
     assert accumulate_chat_gradients(model, [(x1, torch.full_like(y1, -1))] * 2).item() == 0.0
     assert all(p.grad is not None and torch.all(p.grad == 0) for p in model.parameters())
 
@@ -86,7 +80,7 @@ def test_evaluation_scores_the_replies_alone_in_one_process():
     ids = rng.integers(1, 40, sum(lengths))
     mask = rng.random(sum(lengths)) < 0.4
     split = ChatSplit(ids=ids, mask=mask, offsets=np.cumsum([0, *lengths]))
-    model = _model()
+    model = tiny_gpt()
     token_bytes = torch.ones(40, dtype=torch.long)
     result = evaluate_chat(model, split, token_bytes, batch_size=2, max_batches=None, pad_id=0,
                            device=torch.device("cpu"))  # no process group: one process
@@ -126,7 +120,7 @@ def _held_out(kind: str, model: GPT, split: ChatSplit, token_bytes: torch.Tensor
     options = dict(batch_size=2, max_batches=None, pad_id=0, device=torch.device("cpu"))
     if kind == "chat":
         return evaluate_chat(model, split, token_bytes, **options)
-    return evaluate_preferences(model, FrozenReference(_model()), PreferenceSplit(split, split), token_bytes,
+    return evaluate_preferences(model, FrozenReference(tiny_gpt()), PreferenceSplit(split, split), token_bytes,
                                 beta=0.1, **options)
 
 
@@ -137,7 +131,7 @@ def test_a_chat_model_that_does_not_end_its_turn_scores_worse_bits_per_byte(kind
     end = 39  # <|end|>: no bytes
     token_bytes = torch.ones(40, dtype=torch.long)
     token_bytes[end] = 0
-    split, model = _chat_split(np.random.default_rng(0), end), _model()
+    split, model = _chat_split(np.random.default_rng(0), end), tiny_gpt()
     cpu = torch.device("cpu")
 
     def scores(charge_zero_byte: bool = True):
@@ -157,7 +151,7 @@ def test_a_chat_model_that_does_not_end_its_turn_scores_worse_bits_per_byte(kind
 def test_the_share_of_held_out_replies_that_end_their_turn():
     end, end_of_text = 39, 38
     special = ChatTokenIds({"system": 35, "user": 36, "assistant": 37}, end, end_of_text)
-    split, model = _chat_split(np.random.default_rng(1), end, count=9), _model()
+    split, model = _chat_split(np.random.default_rng(1), end, count=9), tiny_gpt()
     for shift, share in ((30.0, 1.0), (-30.0, 0.0)):
         hook = _end_logit_shifted(model, end, shift)
         finishes = held_out_replies(model, split, special, count=4, max_new_tokens=5, seed=3)
@@ -192,9 +186,8 @@ def test_fine_tuning_learns_replies_and_resumes_exactly_in_its_own_format(sft_co
         check_data_format(parent_run, "chat")
     resumed = train(sft_config(tmp_path / "resumed"), resume=True, progress=False)
     assert resumed.step == 6
-    b = load_pretrained(tmp_path / "resumed").state_dict()
-    for name, tensor in load_pretrained(tmp_path / "whole").state_dict().items():
-        torch.testing.assert_close(b[name], tensor, rtol=0, atol=1e-6, msg=name)
+    torch.testing.assert_close(load_pretrained(tmp_path / "resumed").state_dict(),
+                               load_pretrained(tmp_path / "whole").state_dict(), rtol=0, atol=1e-6)
     assert resumed.val_bpb == pytest.approx(whole.val_bpb, abs=1e-6)
 
 

@@ -18,12 +18,12 @@ import training.muon as muon_module
 from common.device import select_device
 from common.errors import UserError
 from data.prepared.text import prepare_data
-from model.config import GPTConfig
-from model.gpt import GPT, RMSNorm, sdpa
+from model.gpt import RMSNorm, sdpa
 from model.io import load_pretrained
 from rundir.checkpoint import load_trainer_state
 from test_rms_norm_cpu import backward_functions
 from test_training_loop import interrupt_at, max_weight_diff
+from test_training_optim import tiny_gpt
 from training.device import autocast, configure_backends, precision_name, resolve_precision, should_compile
 from training.evaluate import evaluate
 from training.resume_rules import run_precision
@@ -188,9 +188,7 @@ class OutputDtypes(TorchFunctionMode):
     dict(attention="mla", kv_latent_dim=16, q_latent_dim=16, n_kv_head=2, positions="rope", value_embeddings=False),
 ], ids=["tiny", "rope-untied", "mla"])
 def test_a_bf16_step_multiplies_in_bf16_and_keeps_norms_loss_weights_and_optimizer_in_fp32(options):
-    torch.manual_seed(0)
-    config = GPTConfig(**{**dict(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_kv_head=1, n_embd=32), **options})
-    model = GPT(config)
+    model = tiny_gpt(**options)
     install_cpu_backward(model)  # as the trainer does
     norm_io: dict[str, tuple[torch.dtype, torch.Tensor]] = {}
     for name, module in model.named_modules():

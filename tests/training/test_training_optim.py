@@ -14,9 +14,10 @@ from training.optim import (LRSchedule, build_optimizer, build_schedule, decayed
                             planned_steps, set_learning_rate)
 
 
-def tiny_gpt() -> GPT:
+def tiny_gpt(**options) -> GPT:
     torch.manual_seed(0)
-    return GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_kv_head=1, n_embd=32))
+    shape = dict(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_kv_head=1, n_embd=32)
+    return GPT(GPTConfig(**{**shape, **options}))
 
 
 def test_weight_decay_only_on_linear_weights_and_the_optimizer_applies_it_so():
@@ -127,9 +128,7 @@ def test_muon_takes_the_hidden_matrices_and_adamw_the_rest():
 
 @pytest.mark.parametrize("optimizer", ["muon", "adamw"])
 def test_value_embedding_tables_run_at_their_own_rate(optimizer):
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_kv_head=1, n_embd=32,
-                          value_embeddings=True))
+    model = tiny_gpt(value_embeddings=True)
     tables = {id(t.weight) for t in model.value_embs.values()}
     assert len(tables) == 1
 
