@@ -300,13 +300,10 @@ def test_at_a_terminal_ctrl_c_stops_the_reply_and_two_at_an_empty_prompt_quit(en
 GREEDY = dict(temperature=0, max_new_tokens=60)
 
 
-def test_a_session_runs_the_call_and_keeps_it_in_the_conversation(tool_run):
-    from tools import Toolbox, load_tools
-
+def test_a_session_runs_the_call_and_keeps_it_in_the_conversation(tool_run, toolbox):
     shown: list[str] = []
-    with Toolbox(load_tools(["calculator"]), timeout_s=60) as toolbox:
-        session = ChatSession(tool_run, GenerationSettings(**GREEDY), toolbox=toolbox)
-        reply = session.reply("What is 12*34?", on_text=shown.append)
+    session = ChatSession(tool_run, GenerationSettings(**GREEDY), toolbox=toolbox)
+    reply = session.reply("What is 12*34?", on_text=shown.append)
     assert (reply.text, reply.finish_reason, "".join(shown)) == ("408", "end", "408")
     call = ToolCall("calculator", '{"expression":"12*34"}')
     assert [step.call for step in reply.steps] == [call]

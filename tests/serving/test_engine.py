@@ -1,15 +1,17 @@
-"""The engine without a socket: every request gets exactly its solo tokens, whatever else runs."""
+"""The engine without a socket: every request gets exactly its solo tokens, whatever else runs. (The batched
+step's bits, row by row, for every attention kind: tests/model/test_model_cache.py.)"""
 
 import threading
 
 import pytest
 import torch
 
-from inference.batch_invariant import row_blocked
 from inference.completion import generate_completions
 from inference.engine import Engine, EngineBusy, Event
 from inference.sampling import SamplingSettings
 from inference.settings import GenerationSettings
+from rundir.loading import load_run
+from run_testkit import MLA_OPTIONS, build_run, chat_tokenizer
 
 
 def api_settings(max_tokens: int, temperature: float = 1.0, top_p: float = 1.0, **options) -> SamplingSettings:
@@ -63,13 +65,26 @@ def serve_all(engine: Engine, requests) -> list[Collector]:
     return collectors
 
 
-@pytest.mark.parametrize("run_name", ["chat_run", "options_run"])
-def test_32_concurrent_requests_each_equal_their_solo_run_and_generate_py(request, run_name):
-    chat_run = request.getfixturevalue(run_name)
-    requests = mixed_requests(chat_run, 32)
-    with Engine(chat_run.model, chat_run.token_bytes, max_batch=1) as engine:
+MLA = dict(n_kv_head=4, attention="mla", kv_latent_dim=32, q_latent_dim=16)
+# Latent attention (learned and rotary positions) and grouped-query attention with rotary or no positions. The
+# cached vector a multiple of 16: the CPU condition for batch-invariant decoding (model.gpt.LatentAttention).
+# With rotary positions it holds the latent and the rotary key (half of head_dim 16) beside it.
+KINDS = {"plain": MLA | MLA_OPTIONS, "rope": MLA | dict(kv_latent_dim=24, positions="rope"),
+         "gqa-rope": dict(positions="rope"), "gqa-none": dict(positions="none")}
+
+
+# The chat run and its shape with value embeddings (conftest.py): 32 requests on 16 rows. The KINDS: 6 on 4
+# rows, prompts prefilled in chunks of 8; no positions serves through the grouped-query path the rotary run
+# covers, so with the slow tests.
+@pytest.mark.parametrize("kind, count, rows, chunk", [("chat_run", 32, 16, None), ("options_run", 32, 16, None), *[
+    pytest.param(kind, 6, 4, 8, marks=[pytest.mark.e2e] if kind == "gqa-none" else []) for kind in KINDS]])
+def test_concurrent_requests_each_equal_their_solo_run_and_generate_py(request, tmp_path, kind, count, rows, chunk):
+    chat_run = (load_run(build_run(tmp_path / kind, chat_tokenizer(), **KINDS[kind]), torch.device("cpu"))
+                if kind in KINDS else request.getfixturevalue(kind))
+    requests = mixed_requests(chat_run, count)
+    with Engine(chat_run.model, chat_run.token_bytes, max_batch=1, prefill_chunk=chunk) as engine:
         solo = [serve_all(engine, [request])[0].finish for request in requests]
-    with Engine(chat_run.model, chat_run.token_bytes, max_batch=16) as engine:
+    with Engine(chat_run.model, chat_run.token_bytes, max_batch=rows, prefill_chunk=chunk) as engine:
         collectors = serve_all(engine, requests)
     for collect in collectors:  # the streamed pieces join to the whole
         assert collect.text == collect.finish.text
@@ -215,19 +230,3 @@ def test_end_tokens_and_stop_strings_end_a_request_with_reason_stop(chat_run):
     assert (stopped.finish.reason, stopped.finish.text) == ("stop", reference.text)
     assert stopped.finish.token_ids == tuple(reference.token_ids) and stop not in stopped.text
 
-
-def test_a_batched_decode_step_gives_each_row_its_solo_logits_bit_for_bit(chat_run):
-    """What makes the token-for-token equality hold for any model, not only this one's wide logit gaps."""
-    model = row_blocked(chat_run.model)  # the engine's choice (Engine.__init__)
-    cache = model.init_cache(8, whole_buffers=True)
-    prompts = [list(range(5, 5 + n)) for n in (1, 4, 9, 16, 2, 30)]
-    solo_logits = []
-    with torch.inference_mode():
-        for r, prompt in enumerate(prompts):
-            model.next_token_logits(torch.tensor([prompt[:-1] or prompt]), cache, [r])
-            solo = model.init_cache(1, whole_buffers=True)
-            model.next_token_logits(torch.tensor([prompt[:-1] or prompt]), solo)
-            solo_logits.append(model.next_token_logits(torch.tensor([[prompt[-1]]]), solo))
-        batched = model.next_token_logits(torch.tensor([[p[-1]] for p in prompts]), cache, list(range(len(prompts))))
-    for i, alone in enumerate(solo_logits):
-        assert torch.equal(batched[i:i + 1], alone), f"row {i}"

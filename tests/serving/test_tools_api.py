@@ -68,13 +68,12 @@ def test_the_full_loop_a_call_the_clients_result_and_the_answer_and_the_docs_loo
     assert printed.getvalue() == "408\n"
 
 
-def _streamed(client, messages, **options) -> tuple[str, list[dict], str, list]:
-    """(content, tool calls, finish reason, chunks) from a stream, accumulated as clients do."""
-    content, calls, finish, chunks = "", {}, None, []
+def _streamed(client, messages, **options) -> tuple[str, list[dict], str]:
+    """(content, tool calls, finish reason) from a stream, accumulated as clients do."""
+    content, calls, finish = "", {}, None
     options = {"max_tokens": 60, **options}
     for chunk in client.chat.completions.create(model=MODEL, messages=messages, temperature=0, stream=True,
                                                 **options):
-        chunks.append(chunk)
         if not chunk.choices:
             continue
         delta = chunk.choices[0].delta
@@ -86,30 +85,20 @@ def _streamed(client, messages, **options) -> tuple[str, list[dict], str, list]:
                 entry["name"] += piece.function.name or ""
                 entry["arguments"] += piece.function.arguments or ""
         finish = chunk.choices[0].finish_reason or finish
-    return content, [calls[i] for i in sorted(calls)], finish, chunks
+    return content, [calls[i] for i in sorted(calls)], finish
 
 
 def test_the_full_loop_streamed(client):
     question = {"role": "user", "content": "What is 99-45?"}
-    content, calls, finish, chunks = _streamed(client, [question], tools=[CALCULATOR])
+    content, calls, finish = _streamed(client, [question], tools=[CALCULATOR])
     assert (content, finish) == ("", "tool_calls")
     [call] = calls
     assert call["id"].startswith("call_") and (call["name"], call["arguments"]) == ("calculator", '{"expression":"99-45"}')
-    # OpenAI's shape: the call opens with its index, id, type and name, and its arguments follow.
-    opening = chunks[1].choices[0].delta.tool_calls[0]
-    assert (opening.index, opening.type, opening.function.name, opening.function.arguments) == (0, "function",
-                                                                                             "calculator", "")
     assistant = {"role": "assistant", "content": None, "tool_calls": [
         {"id": call["id"], "type": "function", "function": {"name": call["name"], "arguments": call["arguments"]}}]}
     result = {"role": "tool", "tool_call_id": call["id"], "content": calculator("99-45")}
-    content, calls, finish, _ = _streamed(client, [question, assistant, result], tools=[CALCULATOR])
+    content, calls, finish = _streamed(client, [question, assistant, result], tools=[CALCULATOR])
     assert (content, calls, finish) == ("54", [], "stop")
-    # Streamed and whole replies agree.
-    whole = ask(client, "What is 7+8?").choices[0]
-    content, calls, finish, _ = _streamed(client, [{"role": "user", "content": "What is 7+8?"}], tools=[CALCULATOR])
-    assert finish == whole.finish_reason == "tool_calls"
-    assert [(c["name"], c["arguments"]) for c in calls] == \
-           [(c.function.name, c.function.arguments) for c in whole.message.tool_calls]
 
 
 def test_tool_choice_required_and_named_force_a_call_and_none_never_calls(client):
@@ -153,12 +142,12 @@ def test_a_call_that_cannot_be_used_reaches_the_client_as_text(client, question,
     choice = ask(client, question, **options).choices[0]
     assert choice.finish_reason == reason and not choice.message.tool_calls
     assert choice.message.content.startswith("<|call|>")
-    content, calls, finish, _ = _streamed(client, [{"role": "user", "content": question}],
-                                          **{"tools": [CALCULATOR], **options})
+    content, calls, finish = _streamed(client, [{"role": "user", "content": question}],
+                                       **{"tools": [CALCULATOR], **options})
     assert (content, calls, finish) == (choice.message.content, [], reason)
 
 
-def test_the_stream_carries_openais_chunk_shapes(served):
+def test_the_stream_carries_openais_chunk_shapes_and_the_whole_replys_call(served, client):
     body = {"model": MODEL, "messages": [{"role": "user", "content": "What is 7+8?"}], "tools": [CALCULATOR],
             "temperature": 0, "max_tokens": 60, "stream": True}
     with httpx.stream("POST", f"{served.base}/v1/chat/completions", json=body, timeout=60) as response:
@@ -171,6 +160,10 @@ def test_the_stream_carries_openais_chunk_shapes(served):
                        "function": {"name": "calculator", "arguments": ""}}
     assert deltas[2] == ({"tool_calls": [{"index": 0, "function": {"arguments": '{"expression":"7+8"}'}}]}, None)
     assert deltas[3] == ({}, "tool_calls") and len(deltas) == 4
+    whole = ask(client, "What is 7+8?").choices[0]  # the same question whole: the same call
+    assert whole.finish_reason == "tool_calls"
+    assert [(c.function.name, c.function.arguments) for c in whole.message.tool_calls] == [
+        ("calculator", '{"expression":"7+8"}')]
 
 
 def test_a_run_from_before_tool_calls_chats_and_refuses_tools_in_one_line(tmp_path):

@@ -206,7 +206,6 @@ def test_tokenizer_encodes_and_decodes_like_ours_and_feeds_generate(make_export,
         for skip in (False, True):
             assert theirs.decode(ids, skip_special_tokens=skip) == ours.decode(ids, skip_special_tokens=skip)
     assert theirs("<|end|>")["input_ids"] == [ours.token_to_id("<|end|>")]
-    _, folder = make_export()
     inputs = transformers.AutoTokenizer.from_pretrained(folder)("ROMEO:", return_tensors="pt")
     assert set(inputs.keys()) == {"input_ids", "attention_mask"}
     out = hf_models(folder).generate(**inputs, max_new_tokens=4, do_sample=False, eos_token_id=None)

@@ -1,5 +1,6 @@
 """Greedy decoding through the ONNX cache gives generate.py --temperature 0's 100 tokens, in both forms,
-by the tests' loops and by the export README's snippet as written (learned positions: all fit in 128)."""
+by the export README's snippet as written (learned positions: all fit in 128). The tests' own loops decode
+every model variant: test_onnx_parity.py."""
 
 import ast
 import json
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from onnx_testkit import BLOCK_SIZE, PROMPT, greedy_dynamic, greedy_static
+from onnx_testkit import BLOCK_SIZE, PROMPT
 
 ROOT = Path(__file__).resolve().parents[3]
 STEPS = 100
@@ -29,15 +30,9 @@ def generated(onnx_run) -> tuple[list[int], list[int]]:
     report = json.loads(done.stdout)
     prompt_ids = Tokenizer.from_file(str(onnx_run / "tokenizer.json")).encode(PROMPT).ids
     assert report["prompt_tokens"] == len(prompt_ids) and len(prompt_ids) + STEPS <= BLOCK_SIZE
-    return prompt_ids, report["samples"][0]["token_ids"]
-
-
-@pytest.mark.parametrize("form", ["dynamic", "static"])
-def test_each_graph_decodes_generate_py_tokens(form, request, generated):
-    prompt_ids, tokens = generated
+    tokens = report["samples"][0]["token_ids"]
     assert len(tokens) == STEPS and len(set(tokens)) > 10  # a real sequence, not one token repeated
-    greedy = greedy_static if form == "static" else greedy_dynamic
-    assert greedy(request.getfixturevalue(f"{form}_export"), prompt_ids, STEPS) == tokens
+    return prompt_ids, tokens
 
 
 def _readme_snippet(folder: Path) -> str:

@@ -42,23 +42,6 @@ def test_graph_names_and_axes_follow_optimum(dynamic_export):
     assert axes["present.0.key"][0::2] == ["batch", "past_sequence_length + sequence_length"]
 
 
-@pytest.mark.parametrize("batch", [1, 4])
-def test_a_prompt_then_a_chunk_on_top_of_its_past(dynamic_export, batch):
-    model, vocab = dynamic_export.model, dynamic_export.config["vocab_size"]
-    ids = _random_ids(batch, 12, vocab, seed=10 + batch)
-    logits, past = dynamic_export.run(ids[:, :5], np.ones((batch, 5)), np.tile(np.arange(5), (batch, 1)),
-                                      dynamic_export.empty_past(batch))
-    np.testing.assert_allclose(logits, _reference(model, ids[:, :5]), atol=TOLERANCE, rtol=0)
-    assert past["past_key_values.0.key"].shape[2] == 5
-    logits, past = dynamic_export.run(ids[:, 5:], np.ones((batch, 12)), np.tile(np.arange(5, 12), (batch, 1)), past)
-    np.testing.assert_allclose(logits, _reference(model, ids)[:, 5:], atol=TOLERANCE, rtol=0)
-    # and one more token on that past, the decoding step
-    token = _random_ids(batch, 1, vocab, seed=20 + batch)
-    logits, _ = dynamic_export.run(token, np.ones((batch, 13)), np.full((batch, 1), 12), past)
-    full = np.concatenate([ids, token], axis=1)
-    np.testing.assert_allclose(logits[:, -1], _reference(model, full)[:, -1], atol=TOLERANCE, rtol=0)
-
-
 def test_ragged_rows_left_padded_under_the_attention_mask(dynamic_export):
     """Rows of 3, 7 and 10 tokens in one batch match each row run alone, for the prompt and for
     a decoding step after it; padding gets arbitrary token ids, which the mask must hide."""
@@ -125,14 +108,6 @@ VARIANTS = {"mla": MLA | MLA_OPTIONS, "gqa-options": ALL_OPTIONS, "gqa-rope": AL
 SLOW_VARIANTS = ("gqa-options", "mla-rope", "gqa-none")
 
 
-def cases(forms: tuple[str, ...], ids: str) -> pytest.MarkDecorator:
-    """(variant, form) for every variant in each of ``forms``; ``ids`` formats each case's id."""
-    return pytest.mark.parametrize("variant, form", [
-        pytest.param(variant, form, id=ids.format(variant=variant, form=form),
-                     marks=[pytest.mark.e2e] if variant in SLOW_VARIANTS else [])
-        for form in forms for variant in VARIANTS])
-
-
 @pytest.fixture(scope="module")
 def export(tmp_path_factory) -> Callable[[str, str], Exported]:
     """``export(variant, form)``: the variant's run exported in that form, each built once per module
@@ -156,7 +131,9 @@ def export(tmp_path_factory) -> Callable[[str, str], Exported]:
     return get
 
 
-@cases(("dynamic", "static"), "{form}-{variant}")
+@pytest.mark.parametrize("variant, form", [
+    pytest.param(variant, form, id=f"{form}-{variant}", marks=[pytest.mark.e2e] if variant in SLOW_VARIANTS else [])
+    for form in ("dynamic", "static") for variant in VARIANTS])
 def test_cache_names_follow_the_attention_and_greedy_tokens_match(export, variant, form):
     from inference.engine import decode
     from inference.sampling import SamplingSettings
@@ -176,10 +153,22 @@ def test_cache_names_follow_the_attention_and_greedy_tokens_match(export, varian
     assert (greedy_static if static else greedy_dynamic)(exported, prompt, STEPS) == list(expected.token_ids)
 
 
-@cases(("dynamic",), "{variant}-{form}")
-def test_dynamic_logits_on_a_past_batch_4(export, variant, form):
-    exported = export(variant, form)
-    ids = np.random.default_rng(3).integers(0, exported.config["vocab_size"], size=(4, 11))
-    _, past = exported.run(ids[:, :6], np.ones((4, 6)), np.tile(np.arange(6), (4, 1)), exported.empty_past(4))
-    logits, _ = exported.run(ids[:, 6:], np.ones((4, 11)), np.tile(np.arange(6, 11), (4, 1)), past)
-    np.testing.assert_allclose(logits, _reference(exported.model, ids)[:, 6:], atol=TOLERANCE, rtol=0)
+@pytest.mark.parametrize("variant", ["default", *(pytest.param(variant, marks=pytest.mark.e2e)
+                                                 if variant in SLOW_VARIANTS else variant for variant in VARIANTS)])
+def test_a_prompt_then_a_chunk_then_a_token_on_top_of_its_past(request, export, variant):
+    """The dynamic graph, in batches of 1 and 4: of the default run (conftest.py's) and of each variant."""
+    exported = request.getfixturevalue("dynamic_export") if variant == "default" else export(variant, "dynamic")
+    model, vocab = exported.model, exported.config["vocab_size"]
+    for batch in (1, 4):
+        ids = _random_ids(batch, 12, vocab, seed=10 + batch)
+        logits, past = exported.run(ids[:, :5], np.ones((batch, 5)), np.tile(np.arange(5), (batch, 1)),
+                                    exported.empty_past(batch))
+        np.testing.assert_allclose(logits, _reference(model, ids[:, :5]), atol=TOLERANCE, rtol=0)
+        assert past[exported.cache_names()[0]].shape[2] == 5
+        logits, past = exported.run(ids[:, 5:], np.ones((batch, 12)), np.tile(np.arange(5, 12), (batch, 1)), past)
+        np.testing.assert_allclose(logits, _reference(model, ids)[:, 5:], atol=TOLERANCE, rtol=0)
+        # and one more token on that past, the decoding step
+        token = _random_ids(batch, 1, vocab, seed=20 + batch)
+        logits, _ = exported.run(token, np.ones((batch, 13)), np.full((batch, 1), 12), past)
+        full = np.concatenate([ids, token], axis=1)
+        np.testing.assert_allclose(logits[:, -1], _reference(model, full)[:, -1], atol=TOLERANCE, rtol=0)
