@@ -197,6 +197,13 @@ def test_each_hand_built_head_scores_what_it_should_on_trained_ids():
     assert roles[0, 0].induction == 0.0
     assert roles[0, 0].previous_token == 1.0
     assert maps.layer_induction(list(roles.values()))[0] == pytest.approx(expected, rel=1e-5)
+    # What a run logs at each evaluation: the best head, each layer's sum and the copy losses.
+    summary = attention_summary(HandBuiltCopier(), text_windows(), TRAINED)
+    assert summary["induction_best"] == pytest.approx(1.0, abs=0.05)
+    assert summary["induction_layer0"] == pytest.approx(expected, rel=1e-5)
+    assert summary["induction_layer1"] == pytest.approx(1 + expected, abs=0.05)
+    assert summary["repeat_loss_first"] == pytest.approx(math.log(VOCAB), rel=1e-5)
+    assert summary["repeat_loss_second"] < 1e-3
 
 
 def test_periods_and_without_one_induction_is_not_measured_nor_logged():
@@ -245,3 +252,7 @@ class Copier(nn.Module):
                     logits[b, i, int(idx[b, seen[token] + 1])] = 20.0
                 seen[token] = i
         return logits
+
+
+class HandBuiltCopier(HandBuilt):
+    forward = Copier.forward

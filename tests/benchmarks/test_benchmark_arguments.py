@@ -2,7 +2,6 @@
 
 import importlib
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -100,19 +99,6 @@ def test_every_benchmark_script_has_a_smoke_test() -> None:
 
 
 @pytest.mark.parametrize("name", BENCHMARKS)
-def test_every_benchmarks_help_describes_it_in_whole_sentences(name, monkeypatch, capsys):
-    monkeypatch.setattr(sys, "argv", [f"{name}.py", "--help"])
-    main = importlib.import_module(f"benchmarks.{name}").main
-    try:
-        main()
-    except SystemExit as done:
-        assert done.code in (0, None)
-    usage, description = capsys.readouterr().out.split("\n\n")[:2]
-    assert usage.startswith("usage: ")
-    assert " ".join(description.split()).endswith("."), description
-
-
-@pytest.mark.parametrize("name", BENCHMARKS)
 def test_every_benchmark_refuses_a_bad_flag_in_one_line(name, capsys):
     # Several parsed with plain argparse, whose refusal is four lines of usage and its own message.
     main = importlib.import_module(f"benchmarks.{name}").main
@@ -127,11 +113,15 @@ OPTION = re.compile(r"^  (-\w, )?(?P<flag>--[\w-]+) (?P<takes>[A-Z{\[])", re.M)
 
 
 @pytest.mark.parametrize("name", BENCHMARKS)
-def test_every_benchmarks_help_gives_each_value_its_default(name, capsys):
+def test_every_benchmarks_help_describes_it_in_whole_sentences_and_gives_each_value_its_default(name, capsys):
     """A flag that takes a value says what it is when left out, or that it is required."""
     main = importlib.import_module(f"benchmarks.{name}").main
     assert main(["--help"]) == 0
-    options = capsys.readouterr().out.split("\noptions:\n")[1].split("\n\n")[0]
+    said = capsys.readouterr().out
+    usage, description = said.split("\n\n")[:2]
+    assert usage.startswith("usage: ")
+    assert " ".join(description.split()).endswith("."), description
+    options = said.split("\noptions:\n")[1].split("\n\n")[0]
     entries = re.split(r"\n(?=  -)", options)
     silent = [entry.split()[0] for entry in entries if OPTION.match(entry)
               and not re.search(r"\bdefault\b|\brequired\b", " ".join(entry.split()))]

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from common.errors import DataError
 from data.batches.chat import ChatBatches, collate
@@ -122,14 +121,7 @@ def test_batches_start_every_conversation_at_position_0_and_learn_only_replies(t
     batches = ChatBatches(split, 4, pad_id=0, seed=3)
     seen = [batches.next() for _ in range(10)]  # one epoch: every conversation once
     assert sum(int((y[:, :1] != -2).sum()) for _, y in seen) == 40
-    assert 0 <= batches.padding_fraction < 0.5
-    # Resume: the same batches follow from the saved state.
-    state = batches.state_dict()
-    after = [batches.next() for _ in range(3)]
-    again = ChatBatches(split, 4, pad_id=0, seed=3)
-    again.load_state_dict(state)
-    for (xa, ya), (xb, yb) in zip(after, [again.next() for _ in range(3)]):
-        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    assert 0 <= batches.padding_fraction < 0.5  # (their state restores the stream: test_sft.py's resumed run)
 
 
 @pytest.mark.parametrize("source", SOURCES)

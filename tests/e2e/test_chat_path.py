@@ -35,8 +35,6 @@ def chat_tuned(tmp_path_factory) -> tuple[Path, Path, Path, str]:
 def test_pretrain_then_chat_tune_then_chat(chat_tuned, capsys) -> None:
     tmp_path, base, chat, sft_stdout = chat_tuned
     assert "done: 3 steps" in sft_stdout and "bits/byte" in sft_stdout
-    assert json.loads((chat / "parent.json").read_text())["init_from"] == str(base.resolve())
-    assert (chat / "tokenizer.json").read_bytes() == (base / "tokenizer.json").read_bytes()
 
     reply = run_ok([str(ROOT / "generate.py"), "--run", str(chat), "--chat", "--prompt", "the river?",
                     "--max-new-tokens", "8", "--seed", "1"], cwd=tmp_path)
@@ -72,7 +70,6 @@ def test_then_dpo_from_the_chat_tuned_run(chat_tuned) -> None:
     assert train[0]["rewards/accuracies"] == 0 and train[0]["beta"] == 0.1  # the policy starts as the reference
     final = next(r for r in records if r["kind"] == "final_eval")
     assert 0 <= final["val_rewards/accuracies"] <= 1 and "val_rewards/margins" in final
-    assert json.loads((dpo / "parent.json").read_text())["init_from"] == str(chat.resolve())
 
 
 CONTROL_TEXT = ("<|system|>", "<|user|>", "<|assistant|>", "<|end|>", "<|endoftext|>")

@@ -29,7 +29,7 @@ def test_train_tiny_then_generate(tmp_path: Path) -> None:
                  "trainer_state.pt", "metrics.jsonl", "loss_curve.png"):
         assert (run_dir / name).is_file(), f"{name} missing from the run directory"
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert any(r.get("step") == 3 for r in records)
+    assert (records[-1]["kind"], records[-1]["step"]) == ("final_eval", 3)  # the final validation comes last
 
     gen = run_ok([str(ROOT / "generate.py"), "--run", str(run_dir), "--prompt", "ROMEO:", "--max-new-tokens", "20",
                   "--temperature", "0"], cwd=tmp_path, timeout=120)

@@ -104,6 +104,17 @@ def test_wandb_receives_metrics_samples_summary_and_a_resume_continues_the_run(s
     [[prompt, completion]] = second.table(tables[1][1])["data"]
     assert prompt == config.eval.sample_prompt and completion
 
+    # The attention probe's numbers at every evaluation, to wandb and metrics.jsonl (this corpus is too
+    # small for the induction probe: tests/analysis/test_roles.py), and a figure of the maps at the
+    # first evaluation of each process and at its final one.
+    layer = f"attn_entropy_layer{config.model.n_layer - 1}"
+    logged = first.series(f"attn/{layer}") + second.series(f"attn/{layer}")
+    assert logged == [(s, pytest.approx(evals[s][layer])) for s in (2, 4)]
+    maps = first.series("attn/maps") + second.series("attn/maps")
+    assert [s for s, _ in maps] == [2, 4]
+    for run, (_, image) in zip((first, second), maps):
+        assert (run.directory / "files" / image["path"]).read_bytes()[:4] == b"\x89PNG"
+
     # The final numbers are in the summary.
     assert second.summary["val_loss"] == pytest.approx(result.val_loss)
     assert second.summary["val_bpb"] == pytest.approx(result.val_bpb)

@@ -74,48 +74,13 @@ def test_netrc_location_follows_NETRC_and_the_server_host_and_an_unknown_mode_is
 # Real offline runs, read back
 
 
-def test_offline_run_records_metrics_samples_config_and_summary(tmp_path, no_credentials, capsys):
-    run_dir = tmp_path / "run"
-    run_config = {"model": {"n_layer": 2, "n_embd": 32}, "train": {"lr": 0.003}}
-    logger = WandbLogger.start(
-        WandbConfig(mode="auto", project="scaling-test", tags=["t1"]),
-        run_dir=run_dir,
-        run_config=run_config,
-    )
-    assert logger.active and logger.run_id
-    out = capsys.readouterr().out.strip().splitlines()
-    assert len(out) == 1 and "no W&B credentials" in out[0]
-    assert f"wandb sync --id {logger.run_id} {run_dir / 'wandb'}/offline-run-*-{logger.run_id}*" in out[0]
-    assert logger.sync_command is not None and logger.sync_command in out[0]  # train.py says it again at the end
-
-    for step in (10, 20, 30):
-        logger.log({"train/loss": 4.0 - step / 10, "train/lr": 1e-3, "train/tokens_seen": step * 64}, step=step)
-    logger.log({"val/loss": 3.5, "val/bpb": 1.25}, step=30)
-    logger.log_samples(30, [("ROMEO:", " wherefore art"), ("JULIET:", " thou")])
-    logger.finish({"final/val_loss": 3.25, "final/val_bpb": 1.2})
-    logger.finish({"ignored": 1})  # a second finish is a no-op, not an error
-
-    [run] = read_offline_runs(run_dir / "wandb")
-    assert run.run_id == logger.run_id
-    assert run.project == "scaling-test" and run.tags == ["t1"] and run.name == "run"
-    assert {k: run.config[k] for k in run_config} == run_config
-    assert run.series("train/loss") == [(10, 3.0), (20, 2.0), (30, 1.0)]
-    assert run.series("train/tokens_seen") == [(10, 640), (20, 1280), (30, 1920)]
-    assert run.series("val/bpb") == [(30, 1.25)]
-    [(step, ref)] = run.series("samples")
-    assert step == 30
-    assert run.table(ref) == {"columns": ["prompt", "completion"], "data": [["ROMEO:", " wherefore art"], ["JULIET:", " thou"]]}
-    assert run.summary["final/val_loss"] == 3.25 and run.summary["final/val_bpb"] == 1.2
-    assert "ignored" not in run.summary
-    assert run.exit_code == 0
-
-
 def test_resumed_run_continues_the_same_wandb_run(tmp_path, no_credentials, capsys):
     run_dir = tmp_path / "Bob's run"  # the printed command must survive a space and a quote
-    cfg = WandbConfig(mode="offline")
+    cfg = WandbConfig(mode="auto", project="scaling-test", tags=["t1"])  # no credentials: offline
     first = WandbLogger.start(cfg, run_dir=run_dir, run_config={"a": 1})
     first.log({"train/loss": 2.0}, step=1)
     first.finish({})
+    first.finish({"ignored": 1})  # a second finish is a no-op, not an error
     run_id = first.run_id
 
     second = WandbLogger.start(cfg, run_dir=run_dir, run_config={"a": 1}, resume_id=run_id)
@@ -125,12 +90,15 @@ def test_resumed_run_continues_the_same_wandb_run(tmp_path, no_credentials, caps
 
     pieces = read_offline_runs(run_dir / "wandb")
     assert [p.run_id for p in pieces] == [run_id, run_id]
+    assert [(p.project, p.tags, p.name, p.config["a"]) for p in pieces] == [("scaling-test", ["t1"], "Bob's run", 1)] * 2
     assert [p.series("train/loss") for p in pieces] == [[(1, 2.0)], [(2, 1.5)]]
-    # The printed sync command covers both pieces (one line per start).
-    lines = capsys.readouterr().out.strip().splitlines()
-    assert len(lines) == 2 and lines[0] == lines[1]
+    assert "ignored" not in pieces[0].summary and pieces[1].summary["final/val_loss"] == 1.4
+    # The printed sync command covers both pieces (one line per start, saying why it is offline).
+    out, err = capsys.readouterr()
+    lines = out.strip().splitlines()
+    assert len(lines) == 2 and lines[0] == lines[1] and "no W&B credentials" in lines[0] and err == ""
     command = lines[1].split("upload later with: ", 1)[1]
-    assert command.startswith(f"wandb sync --id {run_id} ")
+    assert command.startswith(f"wandb sync --id {run_id} ") and command == second.sync_command
 
     # The command as a user pastes it, through a real shell, with wandb's own --dry-run: it finds
     # both pieces (it lists them by path; the upload orders them by start time). A closed port as

@@ -1,5 +1,5 @@
 """Fixtures for the training tests: a small generated corpus (its tokenizer trains in a fraction of a
-second), tokenized once per session, and a tiny, fast run config."""
+second), tokenized once per session, a tiny, fast run config, and an RL config with the calculator in the loop."""
 
 import copy
 import os
@@ -108,3 +108,28 @@ def make_config(base_raw: dict[str, Any], tmp_path: Path):
 def parent_run(base_raw, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A pretrained run that the fine-tuning tests start from, built once (tests that damage it copy it)."""
     return pretrain(base_raw, tmp_path_factory.mktemp("parent") / "run")
+
+
+# The tool run learned three questions by heart: a seed whose held-out samples it answers with calls that run.
+CALCULATOR = {"seed": 4, "train_problems": 40, "val_problems": 6, "digits": 2, "operations": "+-*", "max_terms": 2}
+
+
+@pytest.fixture
+def tool_rl_config(base_raw, tool_run_dir, tmp_path):
+    """An RL config with the calculator in the loop, from the tiny run that calls it (its shape and
+    tokenizer come from it)."""
+
+    def make(out_dir: Path, rl=None, **train):
+        raw = copy.deepcopy(base_raw)
+        raw.pop("model")
+        raw["data"] = {"format": "rl", "cache_dir": raw["data"]["cache_dir"]}
+        raw["train"].update({"init_from": str(tool_run_dir), "max_steps": 4, "batch_size": 2, "grad_accum_steps": 2,
+                             "lr": 1e-3, "min_lr": 1e-3, "warmup_steps": 0, **train})
+        raw["eval"] = {"interval": 2, "max_batches": 1, "sample_tokens": 40, "final_max_batches": 2}
+        raw["run"] = {"checkpoint_interval": 1, "out_dir": str(out_dir)}
+        raw["rl"] = {"task": "calculator", "tools": ["calculator"], "max_tool_calls": 2, "group_size": 3,
+                     "max_new_tokens": 40, "rewards": ["tool_answer_correct", "tool_format"], "eval_samples": 2,
+                     "updates_per_batch": 2, "beta": 0.1, "calculator": CALCULATOR, **(rl or {})}
+        return with_parent(config_from_dict(raw))
+
+    return make

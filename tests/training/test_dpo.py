@@ -165,8 +165,10 @@ def dpo_config(make_config, parent_run, tmp_path):
     return make
 
 
-def test_dpo_learns_the_preference_logs_trl_names_and_resumes_exactly(dpo_config, tmp_path):
-    whole = train(dpo_config(tmp_path / "whole"), progress=False)
+@pytest.mark.parametrize("lora", [None, {"rank": 4}], ids=["full", "lora"])  # LoRA: the adapters against the parent
+def test_dpo_learns_the_preference_logs_trl_names_and_resumes_exactly(dpo_config, tmp_path, lora):
+    options = {"lora": lora} if lora else {}
+    whole = train(dpo_config(tmp_path / "whole", **options), progress=False)
     records = read_metrics(tmp_path / "whole" / "metrics.jsonl")
     first = next(r for r in records if r["kind"] == "train")
     # The policy starts as the reference: every reward is 0 and the loss is -log σ(0) = log 2.
@@ -186,9 +188,11 @@ def test_dpo_learns_the_preference_logs_trl_names_and_resumes_exactly(dpo_config
     assert "nats/token" not in summary and "of assistant text" not in summary
     assert "the best held-out DPO loss seen" in summary
     assert f"python -m benchmarks.chat_eval --runs {whole.parent} {whole.run_dir}" in summary  # beside its parent's
+    if lora:
+        assert (tmp_path / "whole" / "adapter_model.safetensors").is_file() and whole.adapter.startswith("LoRA: ")
 
-    train(dpo_config(tmp_path / "resumed", max_steps=4), progress=False)
-    resumed = train(dpo_config(tmp_path / "resumed"), resume=True, progress=False)
+    train(dpo_config(tmp_path / "resumed", max_steps=4, **options), progress=False)
+    resumed = train(dpo_config(tmp_path / "resumed", **options), resume=True, progress=False)
     assert resumed.step == whole.step == 8
     torch.testing.assert_close(load_pretrained(tmp_path / "resumed").state_dict(),
                                load_pretrained(tmp_path / "whole").state_dict(), rtol=0, atol=1e-6)
@@ -238,16 +242,6 @@ def test_a_lora_policy_with_its_adapters_off_is_the_frozen_reference():
     assert policy.training  # back in the mode it was in
     moved = reply_logps(policy(x), y).detach()  # adapters on
     assert (moved - expected).abs().max() > 1e-2
-
-
-def test_a_lora_dpo_run_trains_the_adapters_against_the_parent(dpo_config, tmp_path):
-    result = train(dpo_config(tmp_path / "lora", lora={"rank": 4}), progress=False)
-    records = read_metrics(tmp_path / "lora" / "metrics.jsonl")
-    first = next(r for r in records if r["kind"] == "train")
-    assert first["loss"] == pytest.approx(math.log(2), abs=1e-6) and first["rewards/margins"] == 0
-    final = next(r for r in records if r["kind"] == "final_eval")
-    assert final["val_rewards/margins"] > 0 and final["val_loss"] < math.log(2)
-    assert (tmp_path / "lora" / "adapter_model.safetensors").is_file() and result.adapter.startswith("LoRA: ")
 
 
 # The proof against TRL

@@ -85,19 +85,14 @@ def test_a_batch_is_the_chosen_rows_then_the_rejected_rows_padded_to_one_width(t
     assert split.first_reply_prompt(0) == render_chat(tokenizer, [SYSTEM, USER], add_generation_prompt=True).ids
 
 
-def test_training_batches_resume_exactly_and_cover_every_pair_once_an_epoch(tokenizer):
+def test_training_batches_cover_every_pair_once_an_epoch(tokenizer):
+    # (Their state restores the stream exactly: test_dpo.py's run resumes to the same weights.)
     pairs = [_pair(chosen=f"answer {i}.", rejected="no " * (i % 5 + 1)) for i in range(10)]
     split, _ = tokenize_pairs(tokenizer, pairs, 128)
     batches = PreferenceBatches(split, 2, pad_id=0, seed=3)
     seen = [batches.next() for _ in range(5)]
     chosen_rows = sorted(tuple(row[row != 0].tolist()) for x, _ in seen for row in x[:2])
     assert len(set(chosen_rows)) == 10
-    state = batches.state_dict()
-    after = [batches.next() for _ in range(3)]
-    again = PreferenceBatches(split, 2, pad_id=0, seed=3)
-    again.load_state_dict(state)
-    for (x1, y1), (x2, y2) in zip(after, [again.next() for _ in range(3)]):
-        assert x1.equal(x2) and y1.equal(y2)
     assert 0 <= batches.padding_fraction < 1
 
 

@@ -1,6 +1,7 @@
 """GRPO: the loss's gradient against the analytic policy gradient on a one-token task, its clip at its
-bounds, the rollout's metrics by value, and an RL run from a trained parent that logs TRL's metric
-names, evaluates pass@k and resumes exactly. (The token mean over a ragged step: test_grpo_tools.)
+bounds, the rollout's metrics by value, and an RL run from a trained parent, with the calculator in the loop
+too, that logs TRL's metric names, evaluates pass@k and resumes exactly. (The token mean over a ragged step:
+test_grpo_tools.)
 A user's reward function (``rl.rewards: [module:function]``) that misbehaves: refused when the config is
 read where that can be known, else stopped at the step where it fails, in one line naming the reward, what
 it returned or raised and the question, exit 2 and the last checkpoint untouched; Ctrl-C still interrupts."""
@@ -8,6 +9,7 @@ it returned or raised and the question, exit 2 and the last checkpoint untouched
 import itertools
 import math
 import textwrap
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -181,16 +183,22 @@ def rl_config(make_config, parent_run, mla_parent_run):
     return make
 
 
-@pytest.mark.parametrize("attention, lora", [("gqa", None), ("gqa", {"rank": 2}), ("mla", {"rank": 2})],
-                         ids=["gqa-full", "gqa-lora", "mla-lora"])
-def test_an_rl_run_logs_trl_names_evaluates_pass_at_k_and_resumes_exactly(rl_config, tmp_path, attention, lora):
-    whole = train(rl_config(tmp_path / "whole", lora=lora, attention=attention), progress=False)
+@pytest.mark.parametrize("attention, lora", [("gqa", None), ("gqa", {"rank": 2}), ("mla", {"rank": 2}),
+                                             ("calculator", None)],
+                         ids=["gqa-full", "gqa-lora", "mla-lora", "calculator"])
+def test_an_rl_run_logs_trl_names_evaluates_pass_at_k_and_resumes_exactly(rl_config, request, tmp_path, attention,
+                                                                          lora):
+    tools = attention == "calculator"  # in the loop, from the tiny run that calls it (conftest's tool_rl_config)
+    make = request.getfixturevalue("tool_rl_config") if tools else partial(rl_config, lora=lora, attention=attention)
+    whole = train(make(tmp_path / "whole"), progress=False)
     records = read_metrics(tmp_path / "whole" / "metrics.jsonl")
     steps = [r for r in records if r["kind"] == "train"]
     assert [r["step"] for r in steps] == [1, 2, 3, 4]
-    for name in ("reward", "reward_std", "frac_reward_zero_std", "rewards/chat_testkit:e_share/mean",
-                 "rewards/closeness/mean", "kl", "clip_ratio/region_mean", "completions/mean_length",
-                 "completions/clipped_ratio"):
+    own = (["rewards/tool_answer_correct/mean", "rewards/tool_format/mean", "tools/call_frequency",
+            "tools/failure_frequency", "tools/calling_ratio", "tools/parsed_ratio"] if tools else
+           ["rewards/chat_testkit:e_share/mean", "rewards/closeness/mean"])
+    for name in ("reward", "reward_std", "frac_reward_zero_std", "kl", "clip_ratio/region_mean",
+                 "completions/mean_length", "completions/clipped_ratio", *own):
         assert all(name in r for r in steps), name
     # The policy starts as the reference, and the first update of a sampled batch is on-policy.
     assert steps[0]["kl"] == 0 and steps[0]["clip_ratio/region_mean"] == 0
@@ -207,8 +215,12 @@ def test_an_rl_run_logs_trl_names_evaluates_pass_at_k_and_resumes_exactly(rl_con
     assert "val_bpb" not in final
     assert "nats/token" not in summary and "bits/byte" not in summary and "validation loss" not in summary
     assert "the best held-out pass@1 seen" in summary or "no periodic evaluation" in summary
-    assert "--chat --prompt 'What is " in summary  # a question of the kind it learned
     assert final["samples"] and all(s["prompt"].endswith("<|assistant|>") for s in final["samples"])
+    if tools:  # its model calls: its replies are multi-turn, and the samples show the calls and their results
+        assert all(r["tools/calling_ratio"] > 0 for r in steps) and "val_tools/parsed_ratio" in final
+        assert any("<|tool|>" in s["reply"] for s in final["samples"])
+    else:
+        assert "--chat --prompt 'What is " in summary  # a question of the kind it learned
 
     # Each batch serves two updates (rl.updates_per_batch), sampled at steps 1 and 3. Stopped after step 3,
     # between the two updates of a batch, the resumed run must train on the pending rollout; stopped after
@@ -219,14 +231,14 @@ def test_an_rl_run_logs_trl_names_evaluates_pass_at_k_and_resumes_exactly(rl_con
     final = load_trainer_state(tmp_path / "whole")["model"]
     for stop in (3, 2):
         out = tmp_path / f"resumed-{stop}"
-        train(rl_config(out, lora=lora, attention=attention, max_steps=stop), progress=False)
+        train(make(out, max_steps=stop), progress=False)
         if stop == 3 and lora:
             state = load_trainer_state(out)
             for rank in state["ranks"]:
                 rank["batches"].update(rank.pop("task"))  # the old layout
             assert state["ranks"][0]["batches"]["pending"] is not None  # stopped between the updates
             save_checkpoint(out, None, {k: v for k, v in state.items() if k != "format_version"})
-        resumed = train(rl_config(out, lora=lora, attention=attention), resume=True, progress=False)
+        resumed = train(make(out), resume=True, progress=False)
         state = load_trainer_state(out)
         assert resumed.step == whole.step == state["step"] == 4
         torch.testing.assert_close(state["model"], final, rtol=0, atol=0, msg=lambda m: f"stopped at {stop}: {m}")
@@ -349,10 +361,6 @@ def test_keyboard_interrupt_while_importing_or_inside_a_reward_is_not_swallowed(
 # Each score is checked when the reward is called
 
 
-def _exits(prompt, completion, row):
-    raise SystemExit(3)
-
-
 def _interrupted(prompt, completion, row):
     raise KeyboardInterrupt
 
@@ -386,8 +394,7 @@ def test_a_score_that_is_no_finite_number_in_bounds_is_refused_naming_the_reward
     (lambda prompt, completion, row: 1 / 0, "raised ZeroDivisionError: division by zero"),
     (lambda prompt, completion, row: row["solution"], "raised KeyError: 'solution'"),
     (lambda prompt, completion, row: int(completion), "raised ValueError: invalid literal for int()"),
-    (_exits, "called sys.exit(3)"),
-], ids=["divides-by-zero", "reads-a-missing-key", "parses-a-non-number", "calls-sys-exit"])
+], ids=["divides-by-zero", "reads-a-missing-key", "parses-a-non-number"])  # sys.exit: the run at step two below
 def test_a_reward_that_raises_is_one_line_naming_it_and_the_question(function, fragment):
     reward = Reward("mine:score", function)
     with pytest.raises(RewardError) as error:
@@ -420,9 +427,8 @@ def score(prompt, completion, row):
 """
 
 
+# (A score of None or NaN is refused in the same words: the table above.)
 @pytest.mark.parametrize("failure, code, said", [
-    ("return None", 2, "reward '{module}:score' returned None for the question 'What is "),
-    ("return float('nan')", 2, "reward '{module}:score' returned nan for the question 'What is "),
     ("raise RuntimeError('the grader is down')", 2,
      "reward '{module}:score' raised RuntimeError: the grader is down for the question 'What is "),
     ("import sys; sys.exit(3)", 2, "reward '{module}:score' called sys.exit(3) for the question 'What is "),

@@ -1,12 +1,11 @@
 """GRPO with tools in the loop (``rl.tools``): a completion is a multi-turn reply through the engine
 (generate until a call, run it, append the result, go on), the loss and its KL and ratio terms fall
 on the tokens the model generated and never on what a tool inserted, the tool rewards read the
-reply written out in the chat format, and an RL run with the calculator logs TRL's tool metrics,
-evaluates the answer after the calls and resumes exactly; and the RL settings refused in one line."""
+reply written out in the chat format, and held-out pass@k counts the answer after the calls. (An RL run
+with the calculator logs TRL's tool metrics and resumes exactly: test_grpo.)"""
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 
 import pytest
@@ -18,16 +17,12 @@ from data.tokenizer import token_byte_table
 from inference.sampling import SamplingSettings
 from model.config import GPTConfig
 from model.gpt import GPT
-from rundir.checkpoint import load_trainer_state
-from rundir.metrics import read_metrics
 from run_testkit import TOOL_QUESTIONS
 from tools.calculator import calculator
-from training.config import config_from_dict, with_parent
 from training.tasks.grpo.loss import Rollout, accumulate_grpo_gradients, target_logps
 from training.tasks.grpo.rewards import tool_answer_correct, tool_format, tool_when_needed
 from training.tasks.grpo.rollout import (Completion, Sampler, ToolLoop, call_counts, collate_completions,
                                           tool_metrics)
-from training.trainer import train
 
 VOCAB = 23
 GREEDY = SamplingSettings(temperature=0, max_new_tokens=60)
@@ -294,57 +289,6 @@ def test_every_tool_metric_has_its_value_on_hand_made_completions():
 # Runs
 
 
-# The test run learned three questions by heart: a seed whose held-out samples it answers with calls that run.
-CALCULATOR = {"seed": 4, "train_problems": 40, "val_problems": 6, "digits": 2, "operations": "+-*", "max_terms": 2}
-
-
-@pytest.fixture
-def tool_rl_config(base_raw, tool_run_dir, tmp_path):
-    """An RL config with the calculator in the loop, from the tiny run that calls it (its shape and
-    tokenizer come from it)."""
-
-    def make(out_dir: Path, rl=None, **train):
-        raw = copy.deepcopy(base_raw)
-        raw.pop("model")
-        raw["data"] = {"format": "rl", "cache_dir": raw["data"]["cache_dir"]}
-        raw["train"].update({"init_from": str(tool_run_dir), "max_steps": 4, "batch_size": 2, "grad_accum_steps": 2,
-                             "lr": 1e-3, "min_lr": 1e-3, "warmup_steps": 0, **train})
-        raw["eval"] = {"interval": 2, "max_batches": 1, "sample_tokens": 40, "final_max_batches": 2}
-        raw["run"] = {"checkpoint_interval": 1, "out_dir": str(out_dir)}
-        raw["rl"] = {"task": "calculator", "tools": ["calculator"], "max_tool_calls": 2, "group_size": 3,
-                     "max_new_tokens": 40, "rewards": ["tool_answer_correct", "tool_format"], "eval_samples": 2,
-                     "updates_per_batch": 2, "beta": 0.1, "calculator": CALCULATOR, **(rl or {})}
-        return with_parent(config_from_dict(raw))
-
-    return make
-
-
-def test_an_rl_run_with_the_calculator_logs_tool_metrics_and_resumes_exactly(tool_rl_config, tmp_path):
-    whole = train(tool_rl_config(tmp_path / "whole"), progress=False)
-    records = read_metrics(tmp_path / "whole" / "metrics.jsonl")
-    steps = [r for r in records if r["kind"] == "train"]
-    assert [r["step"] for r in steps] == [1, 2, 3, 4]
-    for name in ("rewards/tool_answer_correct/mean", "rewards/tool_format/mean", "tools/call_frequency",
-                 "tools/failure_frequency", "tools/calling_ratio", "tools/parsed_ratio"):
-        assert all(name in r for r in steps), name
-    # The run's model calls: its replies are multi-turn, and its groups carry a signal to learn from.
-    assert all(r["tools/calling_ratio"] > 0 for r in steps)
-    assert any(r["frac_reward_zero_std"] < 1 for r in steps)
-    final = next(r for r in records if r["kind"] == "final_eval")
-    assert 0 <= final["val_pass@1"] <= final["val_pass@2"] <= 1 and "val_tools/parsed_ratio" in final
-    # The samples show the calls and their results.
-    assert any("<|tool|>" in s["reply"] for s in final["samples"])
-    assert whole.step == 4
-
-    # Stopped after step 3, between the two updates of a sampled batch, and resumed: the same weights.
-    train(tool_rl_config(tmp_path / "resumed", max_steps=3), progress=False)
-    train(tool_rl_config(tmp_path / "resumed"), resume=True, progress=False)
-    a, b = load_trainer_state(tmp_path / "whole")["model"], load_trainer_state(tmp_path / "resumed")["model"]
-    torch.testing.assert_close(b, a, rtol=0, atol=0)
-    resumed = read_metrics(tmp_path / "resumed" / "metrics.jsonl")
-    assert [r["reward"] for r in resumed if r["kind"] == "train"] == [r["reward"] for r in steps]
-
-
 def test_held_out_pass_at_k_counts_the_questions_and_the_speeches_count_the_calls_nobody_asked_for(
         tool_rl_config, tool_run, tmp_path):
     from training.distributed import DistContext
@@ -393,6 +337,9 @@ def test_the_shipped_tools_rl_config_reads_and_holds_out_the_sft_runs_held_out_p
                           [f"train.init_from={tool_run_dir}", "run.out_dir=unused"]).data
     # The same shapes and split, and as many problems held out as the SFT run holds out ...
     shapes = {name: getattr(sft.calculator, name) for name in CalculatorShapes.model_fields}
+    assert (sft.source, sft.format) == ("calculator", "chat") and 0 < shapes["plays_share"] < 1  # it reads as written
+    assert [shapes[k] for k in ("digits", "operations", "max_terms", "max_exchanges", "parentheses", "words")] == [
+        4, "+-*/", 4, 4, True, True]
     assert {name: getattr(rl.calculator, name) for name in CalculatorShapes.model_fields} == shapes
     assert (config.data.val_fraction, config.data.split_seed) == (sft.val_fraction, sft.split_seed)
     assert rl.calculator.val_problems == round(sft.val_fraction * sft.calculator.problems)

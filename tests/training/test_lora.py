@@ -180,8 +180,8 @@ def test_lora_is_turned_on_by_one_override(base_raw, parents, tmp_path):
     assert lora == LoraConfig(rank=2) and lora.targets == ["attention", "feed_forward"]
 
 
-def test_a_lora_chat_run_trains_only_the_adapters_and_writes_peft_files_and_merged_weights(lora_config, parents,
-                                                                                           tmp_path, capsys):
+def test_a_lora_chat_run_trains_only_the_adapters_writes_peft_files_and_resumes_exactly_with_its_own_setting(
+        lora_config, parents, tmp_path, capsys):
     run = tmp_path / "run"
     result = train(lora_config(run), progress=True)
     said = capsys.readouterr().out.splitlines()
@@ -217,19 +217,15 @@ def test_a_lora_chat_run_trains_only_the_adapters_and_writes_peft_files_and_merg
     assert config["target_modules"] == sorted(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                                                "down_proj"])
 
-
-def test_a_lora_run_resumes_exactly_and_only_with_its_own_setting(lora_config, tmp_path):
-    whole = train(lora_config(tmp_path / "whole"), progress=False)
+    # Stopped halfway and resumed: the run's weights exactly, and only with its own LoRA setting.
     train(lora_config(tmp_path / "resumed", max_steps=3), progress=False)
     with pytest.raises(CheckpointError, match=r"train\.lora is .*'rank': 2.* but the run was trained with .*'rank': 4"):
         train(lora_config(tmp_path / "resumed", lora={"rank": 2}), resume=True, progress=False)
     resumed = train(lora_config(tmp_path / "resumed"), resume=True, progress=False)
-    assert resumed.step == whole.step == 6
-    a, b = load_trainer_state(tmp_path / "whole")["model"], load_trainer_state(tmp_path / "resumed")["model"]
-    torch.testing.assert_close(b, a, rtol=0, atol=1e-6)
-    assert resumed.val_bpb == pytest.approx(whole.val_bpb, abs=1e-6)
-    assert (tmp_path / "whole" / "adapter_config.json").read_text() == (
-        tmp_path / "resumed" / "adapter_config.json").read_text()
+    assert resumed.step == result.step == 6
+    torch.testing.assert_close(load_trainer_state(tmp_path / "resumed")["model"], state["model"], rtol=0, atol=1e-6)
+    assert resumed.val_bpb == pytest.approx(result.val_bpb, abs=1e-6)
+    assert (run / "adapter_config.json").read_text() == (tmp_path / "resumed" / "adapter_config.json").read_text()
 
 
 def test_a_run_from_before_token_rows_trained_resumes_with_none(lora_config, tmp_path):

@@ -1,6 +1,6 @@
 """Supervised fine-tuning: the assistant-only loss, a fine-tuning run that resumes exactly, and SFT on the
 built-in conversations that call the calculator (a real run from a pretrained parent, learning the calls and
-answers, the results being the tool's) with the shipped configs/tiny-tools.yaml, which reads."""
+answers, the results being the tool's). (The shipped configs/tiny-tools.yaml reads: test_grpo_tools.)"""
 
 import copy
 import json
@@ -21,7 +21,6 @@ from data.tokenizer import load_tokenizer
 from model.gpt import GPT
 from model.io import load_pretrained
 from test_dpo import tiny_gpt
-from training.config import load_run_config
 from training.distributed import init_distributed
 from training.evaluate import score_batches
 from training.resume_rules import check_data_format
@@ -223,12 +222,3 @@ def test_a_tool_sft_run_learns_the_calls_from_its_parent(make_config, tool_paren
     assert final["samples"] and all(s["prompt"].removeprefix("<|user|>").removesuffix("<|end|><|assistant|>")
                                     in held_out for s in final["samples"])
     assert ChatTokenIds.of(load_tokenizer(tmp_path / "tools" / "tokenizer.json")).has_tools
-
-
-def test_the_shipped_tools_config_reads(tool_parent_run):
-    config = load_run_config(Path(__file__).parents[2] / "configs" / "tiny-tools.yaml",
-                             [f"train.init_from={tool_parent_run}", "run.out_dir=unused"])
-    assert (config.data.source, config.data.format) == ("calculator", "chat")
-    calculator = config.data.calculator
-    assert (calculator.digits, calculator.operations, calculator.max_terms, calculator.max_exchanges) == (4, "+-*/", 4, 4)
-    assert calculator.parentheses and calculator.words and 0 < calculator.plays_share < 1

@@ -1,11 +1,11 @@
-"""train.py as a user runs it: a subprocess, exit codes, one-line errors, Ctrl-C and --resume. Signals at
-awkward moments: SIGTERM inside a huge gradient accumulation stops within a micro-batch and leaves the run
-exactly as before the step; SIGTERM during the final validation skips it and reports what was saved. One
-training per run directory (an OS lock naming its holder), leftover temporary files removed on start, and
-every run file readable by the group like any other file. Filesystem faults the user can fix (a full disk: a
-real small tmpfs where this machine lets us mount one, and a patched write everywhere; a read-only
-filesystem; a run directory under a file): each is one line naming the path and the fix, exit 2, and the
-last checkpoint still loads."""
+"""train.py as a user runs it: a subprocess, exit codes, one-line errors, Ctrl-C and --resume. Signals at awkward
+moments: SIGTERM or Ctrl-C inside a huge gradient accumulation stops within a micro-batch, saves and leaves the
+run exactly as before the step; SIGTERM during the final validation skips it and reports what was saved. One
+training per run directory (an OS lock naming its holder), leftover temporary files removed on start, and every
+run file readable by the group like any other file. Filesystem faults the user can fix (a full disk: a real small
+tmpfs where this machine lets us mount one, and a patched write everywhere; a read-only filesystem; a run
+directory under a file): each is one line naming the path and the fix, exit 2, and the last checkpoint still
+loads."""
 
 import errno
 import os
@@ -74,34 +74,6 @@ def wait_for_records(path: Path, count: int, proc: subprocess.Popen, timeout: fl
     raise AssertionError(f"{path} never reached {count} records")
 
 
-@pytest.mark.e2e
-def test_train_cli_end_to_end(base_raw, tmp_path):
-    out = tmp_path / "run"
-    proc = run_cli(["--config", "configs/tiny.yaml", "--no-progress", *small_overrides(base_raw, out, 6)])
-    assert proc.returncode == 0, proc.stderr
-    assert "done: 6 steps" in proc.stdout
-    for name in ("config.yaml", "tokenizer.json", "model_config.json", "model.safetensors", "trainer_state.pt"):
-        assert (out / name).is_file(), name
-    kinds = [(r["kind"], r["step"]) for r in read_metrics(out / "metrics.jsonl")]
-    assert kinds[-1] == ("final_eval", 6) and ("eval", 5) in kinds
-
-
-@pytest.mark.e2e
-def test_ctrl_c_saves_and_resume_finishes(base_raw, tmp_path):
-    out = tmp_path / "run"
-    proc = start_cli(["--config", "configs/tiny.yaml", "--no-progress", *small_overrides(base_raw, out, 100000)])
-    wait_for_records(out / "metrics.jsonl", 3, proc)
-    proc.send_signal(signal.SIGINT)
-    stdout, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 128 + signal.SIGINT, stderr
-    assert "checkpoint saved" in stderr and "--resume" in stderr and "Traceback" not in stderr
-    assert (saved := load_trainer_state(out)["step"]) >= 3
-
-    finish = run_cli(["--config", "configs/tiny.yaml", "--no-progress", "--resume", *small_overrides(base_raw, out, saved + 2)])
-    assert finish.returncode == 0, finish.stderr
-    assert f"done: {saved + 2} steps" in finish.stdout
-
-
 @pytest.mark.parametrize(
     "args, expected",
     [
@@ -146,7 +118,8 @@ def _wait_for_sigterm_handler(pid: int, timeout: float = 60.0) -> None:
 
 
 @pytest.mark.e2e
-def test_sigterm_inside_a_million_micro_batch_step_stops_and_resumes_exactly(base_raw, tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
+def test_a_signal_inside_a_million_micro_batch_step_stops_saves_and_resumes_exactly(base_raw, tmp_path, signum):
     out = tmp_path / "run"
     huge = ["--set", "train.grad_accum_steps=1000000", "--set", "eval.interval=0"]
     args = ["--config", "configs/tiny.yaml", *small_overrides(base_raw, out, 1), *huge]
@@ -155,15 +128,15 @@ def test_sigterm_inside_a_million_micro_batch_step_stops_and_resumes_exactly(bas
         for line in proc.stdout:  # the setup line comes once the loop is about to start
             if line.startswith("training "):
                 break
-        _wait_for_sigterm_handler(proc.pid)  # the loop's handler, installed just after that line
-        proc.send_signal(signal.SIGTERM)
+        _wait_for_sigterm_handler(proc.pid)  # the loop's handlers (SIGINT's too), installed just after that line
+        proc.send_signal(signum)
         _, stderr = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-    assert proc.returncode == 128 + signal.SIGTERM, stderr
-    assert "stopped at step 0; checkpoint saved" in stderr and "Traceback" not in stderr
+    assert proc.returncode == 128 + signum, stderr
+    assert "stopped at step 0; checkpoint saved" in stderr and "--resume" in stderr and "Traceback" not in stderr
 
     # The abandoned step consumed batches and random numbers; both were put back, so resuming
     # with a small accumulation equals a fresh run with it, bit for bit.

@@ -4,8 +4,6 @@ any other corpus."""
 
 import os
 import signal
-import tempfile
-from pathlib import Path
 
 import pytest
 import torch
@@ -22,7 +20,8 @@ from model.io import load_pretrained
 from rundir.checkpoint import CheckpointError, load_trainer_state
 from rundir.files import STATE_FILE
 from rundir.metrics import read_metrics
-from run_testkit import chat_tokenizer
+from run_testkit import build_model, chat_tokenizer
+from training.attention_probe import attention_probe
 from training.config import load_run_config
 from training.tasks.task import accumulate_gradients
 from training.tasks.text import NEUTRAL_PROMPT, SHAKESPEARE_PROMPT, default_sample_prompt
@@ -300,74 +299,24 @@ def test_a_run_dir_holding_a_run_is_refused_resumed_in_its_own_thread_count_or_o
     assert [r["step"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["kind"] == "train"] == [1, 2, 3]
 
 
-class FakeLogger:  # stands in for WandbLogger: records what the trainer sends it
-    started: list[dict] = []
+def test_the_attention_probe_logs_every_evaluation_and_draws_the_maps_at_every_fourth_and_the_final():
+    class Logger:  # what the probe sends a logger (WandbLogger's real figures: tests/scaling)
+        active, logged, images = True, [], []
 
-    def __init__(self, resume_id):
-        self.run_id = resume_id or "run-1"
-        self.sync_command = None  # as WandbLogger when not logging offline
-        self.logged: list[tuple[int, dict]] = []
-        self.samples: list[tuple[int, list]] = []
-        self.finished: list[tuple[dict, int]] = []
-        self.images: list[tuple[str, int, bytes]] = []
-        self.active = True
-        self.folder = Path(tempfile.mkdtemp())  # where the figures it is sent are drawn
+        def log(self, metrics, step):
+            self.logged.append((step, metrics))
 
-    @classmethod
-    def start(cls, cfg, *, run_dir, run_config, resume_id=None, is_main=True):
-        logger = cls(resume_id)
-        cls.started.append({"resume_id": resume_id, "run_config": run_config, "logger": logger})
-        return logger
+        def log_attention_maps(self, key, maps, tokens, title, step):
+            self.images.append((key, step, len(maps), len(tokens)))
 
-    def log(self, metrics, step):
-        self.logged.append((step, dict(metrics)))
-
-    def log_samples(self, step, rows):
-        self.samples.append((step, rows))
-
-    def log_attention_maps(self, key, maps, tokens, title, step):
-        from analysis.plot import draw_attention_grid
-
-        figure = self.folder / f"{key.replace('/', '-')}-{step}.png"
-        draw_attention_grid(maps, tokens, figure, title=title)
-        self.images.append((key, step, figure.read_bytes()))
-
-    def finish(self, summary=None, *, exit_code=0):
-        self.finished.append((dict(summary or {}), exit_code))
-
-
-def test_wandb_gets_metrics_samples_and_the_run_id_survives_resume(make_config, monkeypatch):
-    FakeLogger.started = []
-    monkeypatch.setattr(trainer_module, "WandbLogger", FakeLogger)
-    cfg = make_config(train={"max_steps": 4}, eval={"interval": 2}, logging={"interval": 2})
-    train(cfg, progress=False)
-    first = FakeLogger.started[0]
-    assert first["resume_id"] is None and first["run_config"]["train"]["max_steps"] == 4
-    logger = first["logger"]
-    assert [step for step, m in logger.logged if "train/loss" in m] == [1, 2, 4]
-    assert [step for step, _ in logger.samples] == [2, 4, 4]  # two evaluations and the final one
-    [(prompt, sample)] = logger.samples[0][1]
-    assert prompt and prompt != "ROMEO:" and sample.startswith(prompt)
-    # Attention at every evaluation: per-layer entropy and the best induction score, to wandb and
-    # metrics.jsonl; the maps' figure at the first evaluation and the final one (interval 4).
-    attention = [(step, m) for step, m in logger.logged if "attn/induction_best" in m]
-    assert [step for step, _ in attention] == [2, 4, 4]
-    layers = cfg.model.n_layer
-    assert all(0 <= m[f"attn/attn_entropy_layer{layers - 1}"] and 0 <= m["attn/induction_best"] <= 1
-               for _, m in attention)
-    assert [(key, step) for key, step, _ in logger.images] == [("attn/maps", 2), ("attn/maps", 4)]
-    assert all(png[:4] == b"\x89PNG" for _, _, png in logger.images)
-    evals = [r for r in read_metrics(cfg.out_dir / "metrics.jsonl") if r["kind"] in ("eval", "final_eval")]
-    assert all("induction_best" in r and "attn_entropy_layer0" in r for r in evals)
-    # ...and each layer's summed induction and the probe's first- and second-copy losses (nats).
-    assert all(f"induction_layer{layers - 1}" in r and 0 < r["repeat_loss_second"] and 0 < r["repeat_loss_first"]
-               for r in evals)
-    summary, exit_code = logger.finished[0]
-    assert exit_code == 0 and summary["step"] == 4 and "val_loss" in summary
-    assert load_trainer_state(cfg.out_dir)["wandb_run_id"] == "run-1"
-
-    train(make_config(train={"max_steps": 6}, eval={"interval": 2}), resume=True, progress=False)
-    assert FakeLogger.started[1]["resume_id"] == "run-1"
+    tokenizer, logger = chat_tokenizer(), Logger()
+    model, val = build_model(tokenizer.get_vocab_size(), 32), torch.randint(7, 40, (600,)).numpy()
+    probe = attention_probe(val, tokenizer, "ROMEO: O", block_size=32, skip_id=0, device=torch.device("cpu"))
+    steps = [(1, False), (2, False), (3, False), (4, False), (5, False), (6, False), (6, True)]
+    stats = [probe.record(model, logger, step, tokenizer, final=final, image_interval=4) for step, final in steps]
+    assert logger.logged == [(step, {f"attn/{k}": v for k, v in s.items()}) for (step, _), s in zip(steps, stats)]
+    assert "induction_best" in stats[0] and "attn_entropy_layer1" in stats[0]
+    assert logger.images == [("attn/maps", step, 2, len(probe.prompt_ids)) for step in (1, 5, 6)]
 
 
 def test_a_resume_takes_the_rates_and_muons_momentum_from_the_config(make_config, tmp_path):
