@@ -1,5 +1,5 @@
 """training.distributed: the single-process no-ops, the batch split, a real 2-process step, and under torchrun
-(e2e) tiny.yaml and train.lora (the adapters alone trained, written by rank 0, resumed on one process)."""
+(e2e) train.lora on tiny.yaml (its batch split, the adapters alone trained, written by rank 0, resumed on one)."""
 
 import json
 
@@ -125,28 +125,16 @@ def test_two_rank_step_equals_single_process_accumulation(two_rank_steps):
 
 @pytest.mark.e2e  # two processes over a whole config: the default suite keeps the two-rank step tests
 @pytest.mark.distributed
-def test_torchrun_two_processes_on_tiny_yaml_with_one_accumulation_step(small_overrides, tmp_path):
-    # tiny.yaml has grad_accum_steps 1, so two processes split its batch of sequences instead.
-    out = tmp_path / "run"
-    args = train_args(small_overrides, out, "train.max_steps=2", "train.grad_accum_steps=1", "eval.interval=0",
-                      "eval.sample_tokens=0")
-    proc = ok(launch(2, args, timeout=180))
-    assert "done: 2 steps" in proc.stdout
-    state = load_trainer_state(out)
-    assert state["world_size"] == 2 and state["tokens_seen"] == 2 * 4 * 32  # steps x batch x block
-
-
-@pytest.mark.e2e
-@pytest.mark.distributed
 def test_a_lora_run_on_two_processes_trains_the_adapters_alone_and_resumes_on_one(small_overrides, tmp_path):
     parent, run = tmp_path / "parent", tmp_path / "lora"
     ok(launch(1, train_args(small_overrides, parent)))
+    # tiny.yaml's grad_accum_steps 1: the two processes split its batch of 4 sequences of 32 tokens instead.
     lora = [f"train.init_from={json.dumps(str(parent))}", "train.lora.rank=4", "train.lora.dropout=0.1",
-            "train.optimizer=adamw", "train.lr=1e-2", "train.grad_accum_steps=2"]
+            "train.optimizer=adamw", "train.lr=1e-2"]
     assert "LoRA: " in ok(launch(2, train_args(small_overrides, run, *lora))).stdout
 
     state = load_trainer_state(run)
-    assert state["world_size"] == 2 and state["step"] == 4
+    assert state["world_size"] == 2 and state["step"] == 4 and state["tokens_seen"] == 4 * 4 * 32
     before = load_pretrained(parent).state_dict()
     for name, tensor in state["model"].items():
         if name.endswith("lora_B"):

@@ -85,35 +85,28 @@ def _assert_same_runs(one: Path, two: Path) -> list[tuple[str, int, dict[str, fl
     return alone
 
 
+# The calculator in the loop, from the tiny run that calls it (tests/run_testkit.py), on two-digit problems.
+TOOLS = ("rl.task=calculator rl.tools=[calculator] rl.max_tool_calls=2 rl.max_new_tokens=40 eval.sample_tokens=40 "
+         "rl.calculator.train_problems=40 rl.calculator.val_problems=8 rl.calculator.digits=2 "
+         "rl.calculator.operations=+-* train.lr=1e-3 train.min_lr=1e-3")
+
+
 @pytest.mark.e2e
 @pytest.mark.distributed
-@pytest.mark.parametrize("batch", ["train.batch_size=4 train.grad_accum_steps=2", "train.batch_size=4"],
-                         ids=["micro-batches-become-processes", "a-batch-split-between-processes"])
-def test_rl_on_two_processes_equals_one_process(parent, env, tmp_path, batch):
-    one, two = tmp_path / "one", tmp_path / "two"
+@pytest.mark.parametrize("parent_run, batch", [
+    ("parent", "train.batch_size=4 train.grad_accum_steps=2"), ("parent", "train.batch_size=4"),
+    ("tool_run_dir", f"train.batch_size=4 {TOOLS}")],
+    ids=["micro-batches-become-processes", "a-batch-split-between-processes", "with-the-calculator"])
+def test_rl_on_two_processes_equals_one_process(request, env, tmp_path, parent_run, batch):
+    one, two, parent = tmp_path / "one", tmp_path / "two", request.getfixturevalue(parent_run)
     ok(launch(1, _rl_args(parent, one, *batch.split()), 300, env))
     ok(launch(2, _rl_args(parent, two, *batch.split()), 300, env))
     assert load_trainer_state(two)["world_size"] == 2
 
     alone = _assert_same_runs(one, two)
     assert any(values.get("reward_std") for _, _, values in alone)  # the groups' rewards differ: the runs learn
-
-
-# The calculator in the loop, from the tiny run that calls it (tests/run_testkit.py), on two-digit problems.
-TOOLS = ("rl.task=calculator", "rl.tools=[calculator]", "rl.max_tool_calls=2", "rl.max_new_tokens=40",
-         "eval.sample_tokens=40", "rl.calculator.train_problems=40", "rl.calculator.val_problems=8",
-         "rl.calculator.digits=2", "rl.calculator.operations=+-*", "train.lr=1e-3", "train.min_lr=1e-3")
-
-
-@pytest.mark.e2e
-@pytest.mark.distributed
-def test_rl_with_the_calculator_on_two_processes_equals_one_process(tool_run_dir, env, tmp_path):
-    one, two = tmp_path / "one", tmp_path / "two"
-    args = ("train.batch_size=4", *TOOLS)
-    ok(launch(1, _rl_args(tool_run_dir, one, *args), 300, env))
-    ok(launch(2, _rl_args(tool_run_dir, two, *args), 300, env))
-    alone = _assert_same_runs(one, two)
-    assert all(values["tools/calling_ratio"] > 0 for kind, _, values in alone if kind == "train")  # it calls
+    if "rl.tools" in batch:  # the model calls
+        assert all(values["tools/calling_ratio"] > 0 for kind, _, values in alone if kind == "train")
 
 
 @pytest.mark.e2e
