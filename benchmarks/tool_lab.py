@@ -54,7 +54,7 @@ WHAT = {"base": "a text pretraining on the conversations written out", "sft_play
 PASS_K = 4
 TURNS = 5  # questions in one held-out conversation
 SIZES = {  # the model, the problems and each run's budget
-    "lab": dict(model={"n_layer": 2, "n_head": 4, "n_kv_head": 4, "n_embd": 96, "block_size": 128, "positions": "rope"},
+    "lab": dict(model={"n_layer": 2, "n_head": 4, "n_kv_head": 4, "n_embd": 96, "block_size": 256, "positions": "rope"},
                 problems=20000, held_out=200, conversations_asked=40, plays_prompts=50,
                 base={"max_steps": 100}, sft={"max_steps": 1500}, grpo={"max_steps": 150}, grpo_eval_interval=50),
     # A smoke test of the whole path: a few steps each, and nothing learned.
