@@ -73,7 +73,9 @@ def test_a_full_sequence_and_cached_chunks_and_single_tokens_match_reference(n_k
     assert (torch.cat(pieces, dim=1) - want).abs().max().item() <= 1e-5
     # The cache holds the key/value heads alone: (layers, batch, n_kv_head, max_len, head_dim).
     assert cache.buffers["k"].shape == (1, 3, n_kv_head, 40, 7)
-    assert torch.equal(cache.buffers["k"][0, :, :, :23], k) and torch.equal(cache.buffers["v"][0, :, :, :23], v)
+    # Close, not equal: a chunk's projection may take other BLAS kernels than the whole sequence's.
+    for held, full in ((cache.buffers["k"][0, :, :, :23], k), (cache.buffers["v"][0, :, :, :23], v)):
+        assert (held - full).abs().max().item() <= 1e-5
 
 
 def test_mha_case_equals_torch_multihead_attention():
