@@ -61,12 +61,11 @@ TURNS = 5  # questions in one held-out conversation
 SIZES = {
     "lab": dict(model={"n_layer": 2, "n_head": 4, "n_kv_head": 4, "n_embd": 96, "block_size": 256, "positions": "rope"},
                 problems=40000, held_out=200, conversations_asked=40, plays_prompts=50,
-                base={"max_steps": 400}, sft={"max_steps": 1500}, mixed_batch=56, grpo={"max_steps": 40},
-                grpo_eval_interval=0),
+                base={"max_steps": 400}, sft={"max_steps": 1500}, mixed_batch=56, grpo={"max_steps": 40}),
     # A smoke test of the whole path: a few steps each, and nothing learned.
     "toy": dict(model={"n_layer": 1, "n_head": 2, "n_kv_head": 1, "n_embd": 32, "block_size": 128},
                 problems=200, held_out=20, conversations_asked=1, plays_prompts=3,
-                base={"max_steps": 3}, sft={"max_steps": 3}, mixed_batch=32, grpo={"max_steps": 2}, grpo_eval_interval=0),
+                base={"max_steps": 3}, sft={"max_steps": 3}, mixed_batch=32, grpo={"max_steps": 2}),
 }
 PROBLEMS = {"seed": 0, "digits": 4, "operations": "+-*/", "max_terms": 4, "parentheses": True, "words": True,
             "max_exchanges": 4, "plays_share": 0.9}
@@ -139,7 +138,8 @@ def configs(folder: Path, seed: int, size: str, overwrite: bool) -> dict[str, di
         "data": {"format": "rl", "val_fraction": VAL_FRACTION},
         "train": {"init_from": str(folder / "sft"), "batch_size": 16, "lr": 1e-4, "min_lr": 1e-4,
                   "warmup_steps": 0, "weight_decay": 0.0},
-        "eval": {"interval": s["grpo_eval_interval"], "max_batches": 2, "sample_tokens": REPLY_TOKENS,
+        # No evaluation along the way: the lab measures the run at its end on every held-out question.
+        "eval": {"interval": 0, "max_batches": 2, "sample_tokens": REPLY_TOKENS,
                  "final_max_batches": None},
         "rl": rl_section(size),
     })
@@ -247,11 +247,16 @@ def run_seed(args: argparse.Namespace, seed: int) -> dict[str, Any]:
     seconds = {stage: train_stage(raws[stage], stage, WHAT[stage], label, args.resume) for stage in STAGES}
     evals = time.perf_counter()
     measured = {}
-    for name, run, tools in (("no_tools", "grpo", False), ("sft", "sft", True), ("grpo", "grpo", True)):
+    for name, run, tools in (("no_tools", "grpo", False), ("sft", "sft", True)):
         say(f"{label} held-out pass@1 of the {run} run {'with the calculator' if tools else 'without tools'} "
             f"({SIZES[args.size]['held_out']} problems, {PASS_K} samples each)")
         measured[name] = held_out(folder / run, {**raws["grpo"], "rl": rl_section(args.size, tools=tools)},
                                   batch_size=50)
+    # The GRPO run ends on this same measure (every held-out question, eval.final_max_batches null): read it.
+    from rundir.metrics import read_metrics
+
+    final = [r for r in read_metrics(folder / "grpo" / "metrics.jsonl") if r.get("kind") == "final_eval"][-1]
+    measured["grpo"] = {key.removeprefix("val_"): value for key, value in final.items() if key.startswith("val_")}
     say(f"{label} the grpo run in conversations of {TURNS} held-out questions, and on held-out plays prompts")
     talked = in_conversation(folder / "grpo", args.size)
     say(f"{label} bits/byte on the held-out plays' exchanges")
